@@ -1,0 +1,212 @@
+/*
+ * core.h: the private services every module uses: setting the thread's last error, logging,
+ * the SYMPOOL_* option table, and error-propagation macros. Nothing here is exported.
+ *
+ * Rule: the function that first sees a failure calls sp__error() (which logs at WARN unless
+ * told to stay quiet and fills sp_last_error()); callers only propagate with SP_CHECK*.
+ */
+#ifndef SP_CORE_H
+#define SP_CORE_H
+
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "sympool/status.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#if defined(__GNUC__)
+#define SP_PRINTF(f, a) __attribute__((format(printf, f, a)))
+#define SP_LIKELY(x) __builtin_expect(!!(x), 1)
+#define SP_UNLIKELY(x) __builtin_expect(!!(x), 0)
+#else
+#define SP_PRINTF(f, a)
+#define SP_LIKELY(x) (x)
+#define SP_UNLIKELY(x) (x)
+#endif
+
+/* ---- last error ------------------------------------------------------------------------- */
+
+/* Sets this thread's last-error text to the formatted message, logs it at WARN with the
+ * caller's file:line (subsystem subsys) and returns status, so callers write
+ * `return sp__error(SP_ERR_..., SP_SUB_POOL, "...")`. */
+sp_status_t sp__error_at(sp_status_t status, unsigned subsys, const char *file, int line,
+                         const char *fmt, ...) SP_PRINTF(5, 6);
+#define sp__error(status, subsys, ...) sp__error_at((status), (subsys), __FILE__, __LINE__, __VA_ARGS__)
+
+/* Same, but logs at INFO instead of WARN: for failures that are expected and handled, such as
+ * an OOM that the caller will retry, or a probe for CUDA under SYMPOOL_DEVICE=auto. */
+sp_status_t sp__error_quiet_at(sp_status_t status, unsigned subsys, const char *file, int line,
+                               const char *fmt, ...) SP_PRINTF(5, 6);
+#define sp__error_quiet(status, subsys, ...)                                                       \
+    sp__error_quiet_at((status), (subsys), __FILE__, __LINE__, __VA_ARGS__)
+
+/* Clears this thread's last-error text (tests and retry paths use it). */
+void sp__error_clear(void);
+
+/* ---- logging ---------------------------------------------------------------------------- */
+
+typedef enum { SP_LOG_NONE = 0, SP_LOG_VERSION, SP_LOG_WARN, SP_LOG_INFO, SP_LOG_TRACE } sp_log_level_t;
+
+/* Subsystems (SYMPOOL_DEBUG_SUBSYS=INIT,POOL,... ; ^ negates; ALL). */
+enum {
+    SP_SUB_INIT = 1u << 0,
+    SP_SUB_POOL = 1u << 1,
+    SP_SUB_DEVICE = 1u << 2,
+    SP_SUB_SYM = 1u << 3,
+    SP_SUB_BOOT = 1u << 4,
+    SP_SUB_COLL = 1u << 5,
+    SP_SUB_ENV = 1u << 6,
+    SP_SUB_API = 1u << 7,
+    SP_SUB_HISTORY = 1u << 8,
+    SP_SUB_ALL = 0xffffu
+};
+
+/* The level and mask in force; read with relaxed loads on every log macro before formatting. */
+extern int sp__log_level;
+extern unsigned sp__log_mask;
+
+void sp__log_at(sp_log_level_t level, unsigned subsys, const char *file, int line,
+                const char *fmt, ...) SP_PRINTF(5, 6);
+
+#define SP_LOG_ENABLED(level, subsys)                                                              \
+    (SP_UNLIKELY(sp__log_level >= (int)(level)) && (sp__log_mask & (subsys)))
+#define SP_WARN(subsys, ...)                                                                       \
+    do {                                                                                           \
+        if (SP_LOG_ENABLED(SP_LOG_WARN, (subsys)))                                                 \
+            sp__log_at(SP_LOG_WARN, (subsys), __FILE__, __LINE__, __VA_ARGS__);                    \
+    } while (0)
+#define SP_INFO(subsys, ...)                                                                       \
+    do {                                                                                           \
+        if (SP_LOG_ENABLED(SP_LOG_INFO, (subsys)))                                                 \
+            sp__log_at(SP_LOG_INFO, (subsys), __FILE__, __LINE__, __VA_ARGS__);                    \
+    } while (0)
+#define SP_TRACE(subsys, ...)                                                                      \
+    do {                                                                                           \
+        if (SP_LOG_ENABLED(SP_LOG_TRACE, (subsys)))                                                \
+            sp__log_at(SP_LOG_TRACE, (subsys), __FILE__, __LINE__, __VA_ARGS__);                   \
+    } while (0)
+
+/* The rank and device shown in the log prefix "[r3 d1]" ("[r- d-]" until set). */
+void sp__log_set_rank(int rank);
+void sp__log_set_device(int device);
+
+/* Test hook: every formatted log line (without trailing newline) goes to fn instead of the
+ * log file while it is set; NULL restores the file. Not thread-safe against concurrent logging. */
+typedef void (*sp_log_fn_t)(sp_log_level_t level, const char *line, void *arg);
+void sp__log_set_fn(sp_log_fn_t fn, void *arg);
+
+/* ---- options ---------------------------------------------------------------------------- */
+
+/* One SYMPOOL_* variable per option, from one table in options.c. Read once, lazily,
+ * thread-safely. A bad value warns once and keeps the default. */
+typedef enum {
+    SP_OPT_DEVICE,                    /* enum auto|cuda|host */
+    SP_OPT_DEBUG,                     /* enum NONE|VERSION|WARN|INFO|TRACE */
+    SP_OPT_DEBUG_SUBSYS,              /* mask string */
+    SP_OPT_DEBUG_FILE,                /* string, %h host %p pid %r rank */
+    SP_OPT_INFO,                      /* bool: print the table at init */
+    SP_OPT_ALLOC_CONF,                /* string in PYTORCH_CUDA_ALLOC_CONF syntax */
+    SP_OPT_NO_CACHING,                /* bool */
+    SP_OPT_MAX_SPLIT_SIZE,            /* size; 0 = unlimited (SIZE_MAX) */
+    SP_OPT_MAX_NON_SPLIT_ROUNDING,    /* size; default 20 MiB, minimum 20 MiB */
+    SP_OPT_LARGE_SEGMENT_SIZE,        /* size; default 20 MiB */
+    SP_OPT_GC_THRESHOLD,              /* double in [0,1) ; 0 = off */
+    SP_OPT_ROUNDUP_POWER2_DIVISIONS,  /* string: "N" or "[64:8,256:4,>:1]" */
+    SP_OPT_EXPANDABLE_SEGMENTS,       /* bool (accepted, reported; see pool) */
+    SP_OPT_HOST_CAPACITY,             /* size; default 80GiB */
+    SP_OPT_HOST_DEVICES,              /* long; default 1 */
+    SP_OPT_HOST_FAIL_AFTER,           /* long; 0 = never */
+    SP_OPT_SYM_TIMEOUT,               /* double seconds; default 60 */
+    SP_OPT_SYM_REGISTRAR,             /* enum auto|nccl|mpi */
+    SP_OPT_REPORT,                    /* enum none|table|json|prometheus */
+    SP_OPT_COUNT
+} sp_option_t;
+
+typedef enum { SP_OPT_SRC_DEFAULT, SP_OPT_SRC_ENV, SP_OPT_SRC_CONF, SP_OPT_SRC_API } sp_option_source_t;
+
+int64_t sp__option_int(sp_option_t opt);      /* bool, long, size and enum (index) options */
+double sp__option_double(sp_option_t opt);    /* double options */
+const char *sp__option_string(sp_option_t opt); /* string and enum (name) options; never NULL */
+sp_option_source_t sp__option_source(sp_option_t opt);
+const char *sp__option_name(sp_option_t opt); /* "SYMPOOL_HOST_CAPACITY" */
+
+/* Set an option from code (tests, the CLI's --conf/--capacity); value parsed like the variable.
+ * Returns SP_ERR_INVALID_ARGUMENT (with a message) for a malformed value, changing nothing. */
+sp_status_t sp__option_set(sp_option_t opt, const char *value);
+
+/* Re-read the environment (tests). */
+void sp__options_reload(void);
+
+/* Print every option with its value and source (SYMPOOL_INFO=1, `sympool info`). */
+void sp__options_print(void *file /* FILE * */);
+
+/* Parsers shared with the CLI and the ALLOC_CONF reader. Sizes: "512", "64KiB", "80GiB", "1.5G",
+ * "2MB" (K/M/G/T, optional "iB"/"B", binary multiples). Booleans: 1/0, on/off, yes/no,
+ * true/false (any case). Return false on malformed input, writing nothing. */
+bool sp__parse_size(const char *text, size_t *bytes_p);
+bool sp__parse_bool(const char *text, bool *value_p);
+
+/* The allocator settings that come from SYMPOOL_ALLOC_CONF and the separate variables, resolved
+ * (separate variables win over ALLOC_CONF keys). */
+typedef struct sp_alloc_conf {
+    size_t max_split_size;             /* bytes; SIZE_MAX = unlimited */
+    size_t max_non_split_rounding;     /* bytes */
+    size_t large_segment_size;         /* bytes */
+    double gc_threshold;               /* 0 = off */
+    bool expandable_segments;          /* parsed and reported */
+    bool no_caching;                   /* SYMPOOL_NO_CACHING */
+    uint32_t roundup_divisions[16];    /* per power-of-2 interval from 1 MiB; 0 = none */
+    char conf_text[512];               /* the ALLOC_CONF string as given, for snapshots */
+} sp_alloc_conf_t;
+
+/* Parse a PyTorch-syntax string ("max_split_size_mb:128,garbage_collection_threshold:0.6,...")
+ * onto conf (which holds defaults or earlier values). Unknown keys and bad values return
+ * SP_ERR_INVALID_ARGUMENT naming the key; conf is left unchanged then. */
+sp_status_t sp__alloc_conf_parse(const char *text, sp_alloc_conf_t *conf);
+
+/* The resolved configuration (defaults <- SYMPOOL_ALLOC_CONF <- SYMPOOL_* variables). */
+void sp__alloc_conf_get(sp_alloc_conf_t *conf_p);
+
+/* ---- propagation ------------------------------------------------------------------------ */
+
+#define SP_CHECK(call)                                                                             \
+    do {                                                                                           \
+        sp_status_t sp_check_res_ = (call);                                                        \
+        if (SP_UNLIKELY(sp_check_res_ != SP_SUCCESS)) {                                            \
+            SP_TRACE(SP_SUB_API, "%s -> %s", #call, sp_status_name(sp_check_res_));                \
+            return sp_check_res_;                                                                  \
+        }                                                                                          \
+    } while (0)
+
+#define SP_CHECK_GOTO(call, res, label)                                                            \
+    do {                                                                                           \
+        (res) = (call);                                                                            \
+        if (SP_UNLIKELY((res) != SP_SUCCESS)) {                                                    \
+            SP_TRACE(SP_SUB_API, "%s -> %s", #call, sp_status_name(res));                          \
+            goto label;                                                                            \
+        }                                                                                          \
+    } while (0)
+
+#define SP_ARG_CHECK(cond, subsys, ...)                                                            \
+    do {                                                                                           \
+        if (SP_UNLIKELY(!(cond)))                                                                  \
+            return sp__error(SP_ERR_INVALID_ARGUMENT, (subsys), __VA_ARGS__);                      \
+    } while (0)
+
+/* Mark every exported function. The library is built with -fvisibility=hidden. */
+#define SP_EXPORT __attribute__((visibility("default")))
+
+/* Monotonic time in nanoseconds, and wall-clock microseconds since the epoch. */
+uint64_t sp__now_ns(void);
+int64_t sp__epoch_us(void);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* SP_CORE_H */

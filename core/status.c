@@ -1,0 +1,82 @@
+/*
+ * status.c: names and one-line meanings of every sp_status_t, from one list, and the thread's
+ * last-error text. The function that first sees a failure fills the text through sp__error();
+ * callers only propagate the code.
+ */
+#include <stdio.h>
+#include <string.h>
+
+#include "core/core.h"
+
+/* The one list: code, meaning. The meanings say what to do next where there is something to do. */
+#define SP_STATUS_MAP(X)                                                                           \
+    X(SP_SUCCESS, "success")                                                                       \
+    X(SP_ERR_INVALID_ARGUMENT, "invalid argument: a size, pointer, flag or name is not valid")     \
+    X(SP_ERR_INVALID_USAGE,                                                                        \
+      "invalid usage: pointer not from sympool, double free, or call in the wrong state")         \
+    X(SP_ERR_OUT_OF_MEMORY,                                                                        \
+      "out of device memory after freeing the cache and retrying; see sp_last_error() for "       \
+      "the figures")                                                                               \
+    X(SP_ERR_BUSY, "busy: blocks are still allocated; free them first")                           \
+    X(SP_ERR_DEVICE, "device (CUDA) failure; set SYMPOOL_DEBUG=INFO for details")                  \
+    X(SP_ERR_NCCL, "NCCL failure; set NCCL_DEBUG=WARN and SYMPOOL_DEBUG=INFO for details")         \
+    X(SP_ERR_MPI, "MPI failure")                                                                   \
+    X(SP_ERR_MISMATCH, "ranks disagree in a collective call (size or call order)")                 \
+    X(SP_ERR_TIMEOUT,                                                                              \
+      "a collective call did not complete within its deadline (SYMPOOL_SYM_TIMEOUT)")              \
+    X(SP_ERR_NOT_SUPPORTED, "not supported in this build or on this backend")                      \
+    X(SP_ERR_SYSTEM, "a host allocation or system call failed")                                    \
+    X(SP_ERR_INTERNAL, "internal error in sympool: please report it with SYMPOOL_DEBUG=TRACE")
+
+#define SP_STATUS_NAME(code, text) [code] = #code,
+#define SP_STATUS_TEXT(code, text) [code] = text,
+static const char *const status_names[SP_NUM_STATUS] = {SP_STATUS_MAP(SP_STATUS_NAME)};
+static const char *const status_texts[SP_NUM_STATUS] = {SP_STATUS_MAP(SP_STATUS_TEXT)};
+
+SP_EXPORT const char *sp_status_name(sp_status_t s) {
+    if ((unsigned)s >= SP_NUM_STATUS || status_names[s] == NULL)
+        return "SP_ERR_UNKNOWN";
+    return status_names[s];
+}
+
+SP_EXPORT const char *sp_status_string(sp_status_t s) {
+    if ((unsigned)s >= SP_NUM_STATUS || status_texts[s] == NULL)
+        return "unknown status code";
+    return status_texts[s];
+}
+
+/* ---- last error ------------------------------------------------------------------------- */
+
+/* Long enough for the OOM message with its figures and a pool name. */
+#define SP_LAST_ERROR_MAX 1024
+static _Thread_local char last_error[SP_LAST_ERROR_MAX];
+
+SP_EXPORT const char *sp_last_error(void) { return last_error; }
+
+void sp__error_clear(void) { last_error[0] = '\0'; }
+
+static sp_status_t error_v(sp_log_level_t level, sp_status_t status, unsigned subsys,
+                           const char *file, int line, const char *fmt, va_list ap) {
+    vsnprintf(last_error, sizeof last_error, fmt, ap);
+    if (SP_LOG_ENABLED(level, subsys))
+        sp__log_at(level, subsys, file, line, "%s (%s)", last_error, sp_status_name(status));
+    return status;
+}
+
+sp_status_t sp__error_at(sp_status_t status, unsigned subsys, const char *file, int line,
+                         const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    sp_status_t s = error_v(SP_LOG_WARN, status, subsys, file, line, fmt, ap);
+    va_end(ap);
+    return s;
+}
+
+sp_status_t sp__error_quiet_at(sp_status_t status, unsigned subsys, const char *file, int line,
+                               const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    sp_status_t s = error_v(SP_LOG_INFO, status, subsys, file, line, fmt, ap);
+    va_end(ap);
+    return s;
+}

@@ -1,0 +1,93 @@
+/**
+ * @file pool.h
+ * @brief The per-device caching allocator: one per device per process, with PyTorch's semantics.
+ *
+ * All functions are thread-safe. Devices are numbered from 0 to sp_device_count() - 1.
+ * The backend is chosen once, lazily, from SYMPOOL_DEVICE (auto|cuda|host).
+ */
+#ifndef SYMPOOL_POOL_H
+#define SYMPOOL_POOL_H
+
+#include <stddef.h>
+
+#include "sympool/status.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/** cudaStream_t on cuda; a host stream on host; NULL is the device's default stream. */
+typedef void *sp_stream_t;
+
+/**
+ * Initialize sympool from the environment. Optional: every call initializes lazily.
+ * @return SP_SUCCESS, SP_ERR_DEVICE (backend failed to start), SP_ERR_INVALID_ARGUMENT
+ *         (SYMPOOL_DEVICE names an unknown backend).
+ */
+sp_status_t sp_init(void);
+
+/**
+ * Release every cached segment, pool and stream; the next call initializes again.
+ * @return SP_SUCCESS; SP_ERR_BUSY if blocks are still allocated (then nothing is released).
+ */
+sp_status_t sp_shutdown(void);
+
+/** "cuda" or "host" (initializes lazily; "none" if initialization failed). */
+const char *sp_backend_name(void);
+
+/** Number of devices of the backend (0 if initialization failed). */
+int sp_device_count(void);
+
+/**
+ * Allocate @p size bytes on @p device, ordered on @p stream. A size of 0 gives *ptr_p = NULL.
+ * The calling thread's innermost sp_mempool_begin() pool on that device receives the request.
+ * @return SP_SUCCESS, SP_ERR_INVALID_ARGUMENT (NULL ptr_p, unknown device, size above the
+ *         device), SP_ERR_OUT_OF_MEMORY (after freeing the cache and one retry), SP_ERR_DEVICE.
+ */
+sp_status_t sp_malloc(size_t size, int device, sp_stream_t stream, void **ptr_p);
+
+/**
+ * Return a block to the pool it came from. NULL is a no-op. If the block was used on other
+ * streams (sp_record_stream), it is reused only once those streams have passed this point.
+ * @return SP_SUCCESS, SP_ERR_INVALID_USAGE (a pointer sympool did not return, or a double free).
+ */
+sp_status_t sp_free(void *ptr);
+
+/**
+ * Mark the block holding @p ptr as used on @p stream, so that freeing it waits for that stream.
+ * A use on the block's own allocation stream is ignored.
+ * @return SP_SUCCESS, SP_ERR_INVALID_USAGE (not a live sympool block), SP_ERR_DEVICE.
+ */
+sp_status_t sp_record_stream(void *ptr, sp_stream_t stream);
+
+/**
+ * Release every fully free cached segment of every device back to the device, after waiting
+ * for pending stream uses. Pools whose use count is 0 are released too. Symmetric pools are
+ * not touched (see sp_symmetric_empty_cache, which is collective).
+ */
+sp_status_t sp_empty_cache(void);
+
+/**
+ * Cap this process's reserved memory on @p device at fraction x total device memory.
+ * @param fraction in [0, 1]; 1 removes the cap.
+ * @return SP_SUCCESS, SP_ERR_INVALID_ARGUMENT (fraction outside [0,1], unknown device).
+ */
+sp_status_t sp_set_memory_fraction(double fraction, int device);
+
+/** Free and total bytes of the device as the backend reports them (cudaMemGetInfo). */
+sp_status_t sp_get_memory_info(int device, size_t *free_p, size_t *total_p);
+
+/** Create a stream on @p device. @return SP_SUCCESS, SP_ERR_INVALID_ARGUMENT, SP_ERR_DEVICE. */
+sp_status_t sp_stream_create(int device, sp_stream_t *stream_p);
+
+/** Destroy a stream made by sp_stream_create. NULL (the default stream) is rejected. */
+sp_status_t sp_stream_destroy(sp_stream_t stream);
+
+/** Wait until all work queued on @p stream has completed (on host: completes its events). */
+sp_status_t sp_stream_synchronize(sp_stream_t stream);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* SYMPOOL_POOL_H */

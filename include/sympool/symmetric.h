@@ -1,0 +1,53 @@
+/**
+ * @file symmetric.h
+ * @brief Symmetric MemPools: collective allocations at identical offsets of identically sized,
+ *        registered segments on every rank (NCCL windows on cuda, MPI shared windows on host).
+ */
+#ifndef SYMPOOL_SYMMETRIC_H
+#define SYMPOOL_SYMMETRIC_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "sympool/mempool.h"
+#include "sympool/status.h"
+#include "sympool/world.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct sp_window_info {
+    void *window;         /**< ncclWindow_t on cuda, NULL elsewhere */
+    void *segment_base;   /**< start of the registered segment on this rank */
+    size_t offset;        /**< identical on every rank */
+    size_t segment_size;  /**< identical on every rank */
+    uint64_t segment_seq; /**< identical on every rank */
+} sp_window_info_t;
+
+/** Collective: create a symmetric pool on the world's device (params->device is ignored). */
+sp_status_t sp_symmetric_mempool_create(sp_world_t *w, const sp_mempool_params_t *params,
+                                        sp_mempool_t **pool_p);
+
+/**
+ * Collective: every rank passes the same size in the same call order and receives a block at
+ * the same segment and offset. Mismatch -> SP_ERR_MISMATCH on every rank, nothing allocated.
+ * A rank that does not arrive within SYMPOOL_SYM_TIMEOUT -> SP_ERR_TIMEOUT.
+ */
+sp_status_t sp_symmetric_malloc(sp_mempool_t *pool, size_t size, sp_stream_t stream,
+                                void **ptr_p);
+
+/** Collective: release the segments that are free on every rank, in the same order. */
+sp_status_t sp_symmetric_empty_cache(sp_mempool_t *pool);
+
+/** Where @p ptr lives: window, segment base, offset, size and sequence number. */
+sp_status_t sp_symmetric_window(const void *ptr, sp_window_info_t *info_p);
+
+/** A load/store pointer to the same offset on @p rank; SP_ERR_NOT_SUPPORTED if not reachable. */
+sp_status_t sp_symmetric_peer_ptr(const void *ptr, int rank, void **peer_ptr_p);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* SYMPOOL_SYMMETRIC_H */

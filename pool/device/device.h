@@ -1,0 +1,100 @@
+/*
+ * device.h: the device backend contract. The caching allocator talks to a device only through
+ * this ops table; `host` (host.c, an emulated device on host memory) and `cuda` (cuda.c)
+ * implement it.
+ *
+ * Preconditions, stated once for every op: the backend was initialized by sp__device_select();
+ * `device` is in [0, caps.device_count); output pointers are non-NULL; sizes are > 0.
+ * Every op returns an sp_status_t and writes its outputs (last, *_p) only on success. An op that
+ * fails has already called sp__error() with the backend's own error text (CUDA's string, errno),
+ * except mem_alloc's out-of-memory, which it reports with sp__error_quiet (the allocator retries
+ * and reports the final OOM itself).
+ *
+ * Thread safety: every op may be called from any thread concurrently.
+ */
+#ifndef SP_DEVICE_H
+#define SP_DEVICE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "sympool/status.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct sp_device_caps {
+    int device_count;     /* devices this backend exposes */
+    size_t granularity;   /* allocation granularity in bytes (host: page size; cuda: 512) */
+    bool has_vmm;         /* cuMem virtual memory management available */
+    bool is_emulated;     /* true for host */
+} sp_device_caps_t;
+
+/* Opaque stream and event handles of the backend. NULL stream = the device's default stream. */
+typedef void *sp_dev_stream_t;
+typedef void *sp_dev_event_t;
+
+typedef struct sp_device_ops {
+    const char *name; /* "host" or "cuda" */
+
+    /* Start the backend; fills caps. Called once. */
+    sp_status_t (*init)(sp_device_caps_t *caps_p);
+    /* Release everything the backend holds (streams, events, pools of events). */
+    void (*fini)(void);
+
+    /* Allocate `size` bytes of device memory. Out of memory: SP_ERR_OUT_OF_MEMORY (quiet).
+     * host: exactly at capacity; SYMPOOL_HOST_FAIL_AFTER=N makes the Nth call fail with OOM. */
+    sp_status_t (*mem_alloc)(int device, size_t size, void **ptr_p);
+    /* Free memory from mem_alloc, with the size it was allocated with. */
+    sp_status_t (*mem_free)(int device, void *ptr, size_t size);
+    /* Free and total bytes of the device (host: capacity minus what mem_alloc handed out). */
+    sp_status_t (*mem_get_info)(int device, size_t *free_p, size_t *total_p);
+
+    sp_status_t (*stream_create)(int device, sp_dev_stream_t *stream_p);
+    sp_status_t (*stream_destroy)(int device, sp_dev_stream_t stream);
+    /* Wait for everything queued on the stream. host: completes the stream's recorded events. */
+    sp_status_t (*stream_sync)(int device, sp_dev_stream_t stream);
+    /* Which device a stream belongs to (host: recorded at creation); SP_ERR_INVALID_ARGUMENT for
+     * a handle the backend did not make. NULL (default stream) is not asked. */
+    sp_status_t (*stream_device)(sp_dev_stream_t stream, int *device_p);
+
+    /* Events: created without timing (cuda: cudaEventDisableTiming), pooled by the backend. */
+    sp_status_t (*event_create)(int device, sp_dev_event_t *event_p);
+    sp_status_t (*event_destroy)(int device, sp_dev_event_t event);
+    sp_status_t (*event_record)(int device, sp_dev_event_t event, sp_dev_stream_t stream);
+    /* *done_p = true once the work before the record point has completed.
+     * host: an event completes when its stream is synchronized after the record. */
+    sp_status_t (*event_query)(int device, sp_dev_event_t event, bool *done_p);
+    sp_status_t (*event_sync)(int device, sp_dev_event_t event);
+
+    /* Copy bytes between device (or host) pointers, ordered on the stream (host: immediate).
+     * Used by collectives and tests; NULL on backends that cannot. */
+    sp_status_t (*memcpy_async)(int device, void *dst, const void *src, size_t bytes,
+                                sp_dev_stream_t stream);
+} sp_device_ops_t;
+
+/* The backend in use, selected on first call from SYMPOOL_DEVICE (auto|cuda|host): auto picks
+ * cuda when a GPU answers (cudaGetDeviceCount succeeds with > 0), else host. On failure returns
+ * the status and leaves *ops_p untouched. Thread-safe (once). */
+sp_status_t sp__device_select(const sp_device_ops_t **ops_p, sp_device_caps_t *caps_p);
+
+/* Forget the selection and call fini (sp_shutdown, tests). */
+void sp__device_reset(void);
+
+/* The two implementations. sp__device_cuda_ops is NULL-equivalent when built without CUDA:
+ * sp__device_cuda_available() tells whether this build has it and a GPU answers. */
+extern const sp_device_ops_t sp__device_host_ops;
+const sp_device_ops_t *sp__device_cuda_ops(void); /* NULL when built without CUDA */
+bool sp__device_cuda_available(void);
+
+/* host backend inspection for tests and replay: live mem_alloc count and bytes per device. */
+size_t sp__host_live_allocations(int device);
+size_t sp__host_live_bytes(int device);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* SP_DEVICE_H */

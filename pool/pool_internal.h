@@ -1,0 +1,143 @@
+/*
+ * pool_internal.h: what the caching allocator (pool/) offers the other modules of the library:
+ * pointer lookup, a consistent walk over segments and blocks (snapshots), history hooks, and the
+ * primitives symmetric/ builds its agreement protocol on. Nothing here is exported.
+ *
+ * Locking: every function takes the device allocator's lock itself; none may be called with it
+ * held, except the history hooks, which the allocator calls under its lock.
+ */
+#ifndef SP_POOL_INTERNAL_H
+#define SP_POOL_INTERNAL_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "sympool/mempool.h"
+#include "sympool/pool.h"
+#include "sympool/status.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---- lookup ----------------------------------------------------------------------------- */
+
+/* What sympool knows of a live (allocated) block. */
+typedef struct sp_block_info {
+    int device;             /* device of the block */
+    void *block_base;       /* start of the block (== the pointer sp_malloc returned) */
+    size_t block_size;      /* rounded size of the block */
+    size_t requested_size;  /* what the caller asked for */
+    void *segment_base;     /* start of its segment */
+    size_t segment_size;    /* bytes of its segment */
+    uint64_t segment_seq;   /* the segment's sequence number within its pool (from 0) */
+    sp_mempool_t *pool;     /* owning pool */
+    sp_stream_t stream;     /* allocation stream */
+} sp_block_info_t;
+
+/* Find the live block that contains ptr (anywhere inside it, not only its start).
+ * SP_ERR_INVALID_USAGE (quiet) when ptr is in no live block of any device. */
+sp_status_t sp__pool_lookup(const void *ptr, sp_block_info_t *info_p);
+
+/* ---- walk (snapshots) ------------------------------------------------------------------- */
+
+typedef enum { SP_BLOCK_INACTIVE, SP_BLOCK_ACTIVE_ALLOCATED, SP_BLOCK_ACTIVE_PENDING_FREE } sp_block_state_t;
+
+typedef struct sp_block_view {
+    uintptr_t address;
+    size_t size;
+    size_t requested_size;    /* 0 for inactive blocks */
+    sp_block_state_t state;
+    uint32_t context;         /* history context id of the block's allocation, 0 if none */
+} sp_block_view_t;
+
+typedef struct sp_segment_view {
+    int device;
+    uintptr_t address;
+    size_t total_size;        /* == sum of its blocks' sizes */
+    size_t allocated_size;
+    size_t active_size;
+    size_t requested_size;
+    uintptr_t stream;         /* (uintptr_t) of the stream handle; 0 = default stream */
+    bool is_small;            /* segment_type "small" or "large": from the pool, not the size */
+    bool is_expandable;
+    sp_mempool_id_t pool_id;
+    const char *pool_name;    /* NULL if unnamed */
+    uint64_t segment_seq;
+    uint32_t context;         /* history context id of the segment's allocation, 0 if none */
+    size_t nblocks;
+    const sp_block_view_t *blocks; /* in address order, contiguous */
+} sp_segment_view_t;
+
+typedef void (*sp_segment_visit_fn)(const sp_segment_view_t *segment, void *arg);
+
+/* Visit every segment of `device` (or of every device when device < 0) in address order, under
+ * the allocator lock(s), so that what the visitor sees is one consistent state. pool != NULL
+ * restricts the walk to that pool's segments. The visitor must not call back into sympool. */
+sp_status_t sp__pool_walk(int device, const sp_mempool_t *pool, sp_segment_visit_fn visit,
+                          void *arg);
+
+/* Run fn(arg) while holding every device allocator's lock: the history module uses it to copy
+ * the trace buffers in the same consistent state as a walk. */
+sp_status_t sp__pool_locked(void (*fn)(void *arg), void *arg);
+
+/* ---- pool metadata ---------------------------------------------------------------------- */
+
+const char *sp__mempool_name(const sp_mempool_t *pool); /* NULL if unnamed */
+int sp__mempool_device(const sp_mempool_t *pool);
+
+/* ---- symmetric support ------------------------------------------------------------------ */
+
+/*
+ * A symmetric pool is a MemPool whose segments come from a registrar (the allocator callbacks in
+ * its params) and whose growth and release are collective, so the allocator itself never grows
+ * it (sp_malloc routing and sp_mempool_malloc are refused) and never releases its segments
+ * (sp_empty_cache, the OOM retry and GC skip it). Its free blocks are ordered by
+ * (stream, size, segment_seq, offset) instead of by address, so that best fit picks the same
+ * block on every rank that holds the same cache. Its blocks may still be lent to OOM'ed
+ * requests if params->use_on_oom.
+ */
+sp_status_t sp__mempool_create_symmetric(const sp_mempool_params_t *params, void *sym_state,
+                                         sp_mempool_t **pool_p);
+void *sp__mempool_sym_state(const sp_mempool_t *pool); /* NULL for ordinary pools */
+
+/* This rank's best-fit candidate for `size` on `stream`, without taking it.
+ * *found_p = false when no cached block fits. */
+sp_status_t sp__pool_sym_find(sp_mempool_t *pool, size_t size, sp_stream_t stream,
+                              bool *found_p, uint64_t *segment_seq_p, size_t *offset_p);
+
+/* Take the free block that starts at (segment_seq, offset) for `size` (splitting it by the
+ * pool's rules). SP_ERR_INVALID_USAGE (quiet) if that block is not free and large enough. */
+sp_status_t sp__pool_sym_take(sp_mempool_t *pool, size_t size, sp_stream_t stream,
+                              uint64_t segment_seq, size_t offset, void **ptr_p);
+
+/* Grow one new segment (PyTorch's segment size for `size`) through the pool's allocator
+ * callbacks and take its block at offset 0. The caller guarantees all ranks call this together. */
+sp_status_t sp__pool_sym_grow(sp_mempool_t *pool, size_t size, sp_stream_t stream, void **ptr_p);
+
+/* Synchronize the events of this pool's blocks whose frees are pending, completing those frees. */
+sp_status_t sp__pool_sync_pending(sp_mempool_t *pool);
+
+/* The sequence numbers of the pool's segments that are entirely free, ascending. Writes at most
+ * max of them and the total count to *count_p. */
+sp_status_t sp__pool_free_segments(sp_mempool_t *pool, uint64_t *seqs, size_t max,
+                                   size_t *count_p);
+
+/* Number of segments the pool holds, and the next sequence number it will give. */
+size_t sp__pool_segment_count(const sp_mempool_t *pool);
+uint64_t sp__pool_next_segment_seq(const sp_mempool_t *pool);
+
+/* Release the (entirely free) segment `segment_seq` through the pool's allocator callbacks.
+ * SP_ERR_INVALID_USAGE if it holds an allocated or pending block. */
+sp_status_t sp__pool_release_segment(sp_mempool_t *pool, uint64_t segment_seq);
+
+/* Find a segment of the pool by sequence number: base and size. */
+sp_status_t sp__pool_segment_info(const sp_mempool_t *pool, uint64_t segment_seq,
+                                  void **base_p, size_t *size_p);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* SP_POOL_INTERNAL_H */

@@ -1,0 +1,31 @@
+// mpi_main.cc: main() for the MPI GoogleTest binaries. Every test runs on every rank; only rank 0
+// prints gtest's report, and a rank whose tests fail makes the whole job fail (exit status).
+#include <gtest/gtest.h>
+#include <mpi.h>
+
+#include <cstdio>
+
+namespace {
+// Rank-0-only printing: drop the default printer on the other ranks.
+void quiet_other_ranks(int rank) {
+    if (rank == 0)
+        return;
+    auto &listeners = ::testing::UnitTest::GetInstance()->listeners();
+    delete listeners.Release(listeners.default_result_printer());
+}
+} // namespace
+
+int main(int argc, char **argv) {
+    ::testing::InitGoogleTest(&argc, argv);
+    MPI_Init(&argc, &argv);
+    int rank = 0;
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    quiet_other_ranks(rank);
+    int local = RUN_ALL_TESTS();
+    int global = 0;
+    MPI_Allreduce(&local, &global, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+    if (local != 0)
+        std::fprintf(stderr, "rank %d: tests failed\n", rank);
+    MPI_Finalize();
+    return global;
+}

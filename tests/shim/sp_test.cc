@@ -1,0 +1,76 @@
+// sp_test.cc: the shim's fixture, environment guard and log capture (see sp_test.hpp).
+#include "sp_test.hpp"
+
+#include <cstdlib>
+#include <cstring>
+
+namespace sp {
+
+ScopedEnv::ScopedEnv(std::initializer_list<std::pair<const char *, const char *>> vars) {
+    for (const auto &v : vars) {
+        const char *old = std::getenv(v.first);
+        saved_.push_back({v.first, {old != nullptr, old ? old : ""}});
+        if (v.second)
+            setenv(v.first, v.second, 1);
+        else
+            unsetenv(v.first);
+    }
+    sp__options_reload();
+}
+
+ScopedEnv::~ScopedEnv() {
+    for (const auto &s : saved_) {
+        if (s.second.first)
+            setenv(s.first.c_str(), s.second.second.c_str(), 1);
+        else
+            unsetenv(s.first.c_str());
+    }
+    sp__options_reload();
+}
+
+size_t LogCapture::count(sp_log_level_t level, const std::string &needle) {
+    std::lock_guard<std::mutex> g(mu);
+    size_t n = 0;
+    for (const auto &l : lines)
+        if (l.first == level && (needle.empty() || l.second.find(needle) != std::string::npos))
+            n++;
+    return n;
+}
+
+static void capture(sp_log_level_t level, const char *line, void *arg) {
+    auto *cap = static_cast<LogCapture *>(arg);
+    std::lock_guard<std::mutex> g(cap->mu);
+    cap->lines.emplace_back(level, line);
+}
+
+void Test::SetUp() {
+    sp__error_clear();
+    sp__log_set_fn(capture, &log_);
+}
+
+void Test::TearDown() {
+    if (leak_check_) {
+        for (int d = 0; d < sp_device_count(); d++) {
+            sp_stats_t st;
+            if (sp_memory_stats(d, &st) != SP_SUCCESS)
+                continue;
+            int64_t live = -1;
+            sp_stats_get(&st, "allocation.all.current", &live);
+            EXPECT_EQ(live, 0) << "blocks still allocated on device " << d << " at test end";
+        }
+    }
+    sp_status_t s = sp_shutdown();
+    if (leak_check_)
+        EXPECT_EQ(s, SP_SUCCESS) << "sp_shutdown: " << describe(s);
+    sp__log_set_fn(nullptr, nullptr);
+    if (!warnings_expected_) {
+        std::lock_guard<std::mutex> g(log_.mu);
+        for (const auto &l : log_.lines)
+            if (l.first == SP_LOG_WARN)
+                ADD_FAILURE() << "unexpected warning: " << l.second;
+    }
+}
+
+bool on_gpu() { return std::strcmp(sp_backend_name(), "cuda") == 0; }
+
+} // namespace sp

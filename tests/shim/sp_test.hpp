@@ -1,0 +1,89 @@
+// sp_test.hpp: the thin C++ shim the GoogleTest suites use to call sympool's C API.
+//  - ASSERT_SP_OK / EXPECT_SP_OK print the status name and sp_last_error() on failure.
+//  - EXPECT_SP_STATUS(expr, SP_ERR_...) checks a specific failure.
+//  - sp::ScopedEnv sets SYMPOOL_* variables for one test and re-reads the option table.
+//  - sp::Test is the base fixture: it captures log lines, fails the test on any WARN it did not
+//    expect (sp::Test::expect_warnings()), and at the end checks nothing is left allocated and
+//    shuts sympool down so that every test starts from a fresh allocator.
+#ifndef SP_TEST_HPP
+#define SP_TEST_HPP
+
+#include <gtest/gtest.h>
+
+#include <mutex>
+#include <string>
+#include <utility>
+#include <vector>
+
+extern "C" {
+#include "core/core.h"
+#include <sympool/sympool.h>
+}
+
+namespace sp {
+
+inline std::string describe(sp_status_t s) {
+    return std::string(sp_status_name(s)) + ": " + sp_last_error();
+}
+
+} // namespace sp
+
+#define ASSERT_SP_OK(expr)                                                                          \
+    do {                                                                                            \
+        sp_status_t sp_t_s_ = (expr);                                                               \
+        ASSERT_EQ(sp_t_s_, SP_SUCCESS) << #expr << " -> " << sp::describe(sp_t_s_);                 \
+    } while (0)
+#define EXPECT_SP_OK(expr)                                                                          \
+    do {                                                                                            \
+        sp_status_t sp_t_s_ = (expr);                                                               \
+        EXPECT_EQ(sp_t_s_, SP_SUCCESS) << #expr << " -> " << sp::describe(sp_t_s_);                 \
+    } while (0)
+#define EXPECT_SP_STATUS(expr, want)                                                                \
+    do {                                                                                            \
+        sp_status_t sp_t_s_ = (expr);                                                               \
+        EXPECT_EQ(sp_t_s_, (want)) << #expr << " -> " << sp::describe(sp_t_s_);                     \
+    } while (0)
+
+namespace sp {
+
+// Sets environment variables for its lifetime and re-reads sympool's options on entry and exit.
+class ScopedEnv {
+  public:
+    ScopedEnv(std::initializer_list<std::pair<const char *, const char *>> vars);
+    ~ScopedEnv();
+    ScopedEnv(const ScopedEnv &) = delete;
+    ScopedEnv &operator=(const ScopedEnv &) = delete;
+
+  private:
+    std::vector<std::pair<std::string, std::pair<bool, std::string>>> saved_;
+};
+
+// Captured log lines (all levels) since the fixture started.
+struct LogCapture {
+    std::mutex mu;
+    std::vector<std::pair<sp_log_level_t, std::string>> lines;
+    size_t count(sp_log_level_t level, const std::string &needle = "");
+};
+
+class Test : public ::testing::Test {
+  protected:
+    void SetUp() override;
+    void TearDown() override;
+    // Allow WARN lines in this test (misuse and OOM tests produce them on purpose).
+    void expect_warnings() { warnings_expected_ = true; }
+    // Skip the end-of-test leak check (tests that deliberately leave blocks, e.g. for BUSY).
+    void skip_leak_check() { leak_check_ = false; }
+    size_t warnings(const std::string &needle = "") { return log_.count(SP_LOG_WARN, needle); }
+    LogCapture log_;
+
+  private:
+    bool warnings_expected_ = false;
+    bool leak_check_ = true;
+};
+
+// True when the cuda backend is in use (GPU tests call GTEST_SKIP() otherwise).
+bool on_gpu();
+
+} // namespace sp
+
+#endif // SP_TEST_HPP
