@@ -21,6 +21,13 @@ int sp__world_local_size(const sp_world_t *w);
 void *sp__world_nccl_comm(const sp_world_t *w);
 bool sp__world_is_cuda(const sp_world_t *w);
 
+/* Modules above launch/ (collectives: the SYMPOOL_REPORT table) register work to run at the
+ * start of sp_world_finalize, while the communicator still works. At most 8 hooks; returns
+ * SP_ERR_INTERNAL past that. Registered from a library constructor, so it is thread-safe by
+ * construction. */
+typedef void (*sp_world_finalize_hook_t)(sp_world_t *w);
+sp_status_t sp__world_on_finalize(sp_world_finalize_hook_t hook);
+
 #ifdef __cplusplus
 }
 #endif
