@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# The whole test suite, as CI runs it: install what is missing, then build and test three times:
+#   1. plain (RelWithDebInfo): every unit, MPI (2, 4, 8 ranks), CLI and example test;
+#   2. AddressSanitizer + UndefinedBehaviorSanitizer: the same tests;
+#   3. ThreadSanitizer: the threaded tests (GoogleTest suites named Threads*).
+# Set SYMPOOL_TEST_DEVICE=cuda on a GPU machine to run the suites on the cuda backend.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/deps.sh
+. scripts/env.sh
+jobs=$(nproc)
+export CTEST_OUTPUT_ON_FAILURE=1
+
+if command -v clang-format >/dev/null; then
+  echo "== format check"
+  git ls-files '*.c' '*.h' '*.cc' '*.hpp' | xargs clang-format --dry-run -Werror
+fi
+
+run_build() { # name, cmake args...
+  local dir=$1; shift
+  echo "== build $dir ($*)"
+  cmake -S . -B "$dir" "$@" >/dev/null
+  if ! cmake --build "$dir" -j"$jobs" >"$dir/build.log" 2>&1; then
+    grep -v '^\[' "$dir/build.log" | tail -60
+    echo "build $dir failed (full log: $dir/build.log)"
+    return 1
+  fi
+}
+
+run_build build -DCMAKE_BUILD_TYPE=RelWithDebInfo
+echo "== tests: plain"
+ctest --test-dir build -j"$jobs" --timeout 300
+
+# Open MPI's own allocations are never freed before exit: keep LeakSanitizer on for our code only.
+export LSAN_OPTIONS="suppressions=$PWD/scripts/lsan.supp:print_suppressions=0"
+export ASAN_OPTIONS="detect_leaks=1:abort_on_error=0"
+export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1"
+run_build build-asan -DCMAKE_BUILD_TYPE=Debug -DSYMPOOL_SANITIZE=address,undefined -DSYMPOOL_BUILD_BENCH=OFF
+echo "== tests: AddressSanitizer + UndefinedBehaviorSanitizer"
+ctest --test-dir build-asan -j"$jobs" --timeout 600
+
+export TSAN_OPTIONS="halt_on_error=1"
+run_build build-tsan -DCMAKE_BUILD_TYPE=Debug -DSYMPOOL_SANITIZE=thread -DSYMPOOL_BUILD_BENCH=OFF -DSYMPOOL_BUILD_EXAMPLES=OFF
+echo "== tests: ThreadSanitizer (threaded tests)"
+ctest --test-dir build-tsan -j"$jobs" --timeout 600 -R 'Threads'
