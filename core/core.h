@@ -100,6 +100,12 @@ void sp__log_set_device(int device);
 typedef void (*sp_log_fn_t)(sp_log_level_t level, const char *line, void *arg);
 void sp__log_set_fn(sp_log_fn_t fn, void *arg);
 
+/* Internal to core/ (options.c drives log.c): apply SYMPOOL_DEBUG / _SUBSYS / _FILE. */
+void sp__log_configure(int level, unsigned mask, const char *file_pattern);
+/* "INIT,POOL", "^COLL", "ALL" (any case) -> SP_SUB_* mask; false on an unknown name. */
+bool sp__log_parse_mask(const char *text, unsigned *mask_p);
+const char *sp__log_level_name(int level); /* "WARN" */
+
 /* ---- options ---------------------------------------------------------------------------- */
 
 /* One SYMPOOL_* variable per option, from one table in options.c. Read once, lazily,
@@ -142,6 +148,9 @@ sp_status_t sp__option_set(sp_option_t opt, const char *value);
 /* Re-read the environment (tests). */
 void sp__options_reload(void);
 
+/* Read the table once (idempotent, cheap after the first call; safe to call while loading). */
+void sp__options_ensure(void);
+
 /* Print every option with its value and source (SYMPOOL_INFO=1, `sympool info`). */
 void sp__options_print(void *file /* FILE * */);
 
@@ -168,6 +177,25 @@ typedef struct sp_alloc_conf {
  * onto conf (which holds defaults or earlier values). Unknown keys and bad values return
  * SP_ERR_INVALID_ARGUMENT naming the key; conf is left unchanged then. */
 sp_status_t sp__alloc_conf_parse(const char *text, sp_alloc_conf_t *conf);
+
+/* Keys seen by sp__alloc_conf_parse_ex (bit set in *keys_p). */
+enum {
+    SP_CONF_KEY_MAX_SPLIT_SIZE = 1u << 0,
+    SP_CONF_KEY_MAX_NON_SPLIT_ROUNDING = 1u << 1,
+    SP_CONF_KEY_LARGE_SEGMENT_SIZE = 1u << 2,
+    SP_CONF_KEY_GC_THRESHOLD = 1u << 3,
+    SP_CONF_KEY_ROUNDUP = 1u << 4,
+    SP_CONF_KEY_EXPANDABLE = 1u << 5
+};
+
+/* The quiet form (core/ internal): no log, no last error; on failure writes the reason to why
+ * and leaves conf unchanged. On success *keys_p (if non-NULL) gets the keys present and
+ * roundup_text (if non-NULL) the roundup_power2_divisions value text. */
+sp_status_t sp__alloc_conf_parse_ex(const char *text, sp_alloc_conf_t *conf, unsigned *keys_p,
+                                    char *roundup_text, size_t roundup_len, char *why, size_t why_len);
+
+/* The built-in defaults (max_split_size SIZE_MAX, 20 MiB roundings, no roundup table). */
+void sp__alloc_conf_defaults(sp_alloc_conf_t *conf_p);
 
 /* The resolved configuration (defaults <- SYMPOOL_ALLOC_CONF <- SYMPOOL_* variables). */
 void sp__alloc_conf_get(sp_alloc_conf_t *conf_p);

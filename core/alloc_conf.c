@@ -1,0 +1,342 @@
+/*
+ * alloc_conf.c: reads PyTorch's PYTORCH_CUDA_ALLOC_CONF syntax ("key:value,key:value") so users can
+ * paste the string they already tune, and resolves the allocator settings the pool uses.
+ *
+ * Keys and checks follow PyTorch's AllocatorConfig (facts in shared/reference/pytorch-allocator.md
+ * §1.2, §1.9): *_mb values are MiB; max_split_size_mb and max_non_split_rounding_mb are at least 20
+ * (kLargeBuffer); garbage_collection_threshold lies strictly in (0, 1); roundup_power2_divisions is
+ * "N" (all 16 intervals) or "[64:8,256:4,>:1]" where keys are power-of-2 MB boundaries, the first
+ * entry also fills the intervals below it and ">" fills the rest; expandable_segments is True/False.
+ * CUDA-only keys are checked and ignored (INFO); backend:cudaMallocAsync is refused.
+ *
+ * Invariant: a failed parse changes nothing; we parse into a copy and copy back on success.
+ * No state, no lock: the resolved values live in the option table (options.c), which applies the
+ * ALLOC_CONF keys under the separate SYMPOOL_* variables.
+ */
+#include <ctype.h>
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/core.h"
+
+#define MiB ((size_t)1 << 20)
+#define MIN_SPLIT_MB 20 /* kLargeBuffer / 1 MiB: PyTorch's floor for the two *_mb limits */
+#define N_INTERVALS 16  /* roundup intervals: [1 MiB, 2 MiB), ..., [32 GiB, inf) */
+
+void sp__alloc_conf_defaults(sp_alloc_conf_t *conf_p) {
+    memset(conf_p, 0, sizeof *conf_p);
+    conf_p->max_split_size = SIZE_MAX;
+    conf_p->max_non_split_rounding = 20 * MiB;
+    conf_p->large_segment_size = 20 * MiB;
+}
+
+/* A token of the text: [p, p+len), trimmed. */
+typedef struct {
+    const char *p; /* first character */
+    size_t len;    /* length in characters */
+} span_t;
+
+static span_t trim(const char *p, size_t len) {
+    while (len > 0 && isspace((unsigned char)*p)) {
+        p++;
+        len--;
+    }
+    while (len > 0 && isspace((unsigned char)p[len - 1]))
+        len--;
+    return (span_t){p, len};
+}
+
+static bool span_is(span_t s, const char *word) { return strlen(word) == s.len && strncmp(s.p, word, s.len) == 0; }
+
+/* Non-negative decimal integer, digits only, no overflow. */
+static bool span_uint(span_t s, uint64_t *v_p) {
+    if (s.len == 0 || s.len > 19)
+        return false;
+    uint64_t v = 0;
+    for (size_t i = 0; i < s.len; i++) {
+        if (!isdigit((unsigned char)s.p[i]))
+            return false;
+        v = v * 10 + (uint64_t)(s.p[i] - '0');
+    }
+    *v_p = v;
+    return true;
+}
+
+static bool span_double(span_t s, double *v_p) {
+    char tmp[64];
+    if (s.len == 0 || s.len >= sizeof tmp)
+        return false;
+    memcpy(tmp, s.p, s.len);
+    tmp[s.len] = '\0';
+    char *end;
+    errno = 0;
+    double v = strtod(tmp, &end);
+    if (*end != '\0' || errno != 0 || !isfinite(v))
+        return false;
+    *v_p = v;
+    return true;
+}
+
+/* PyTorch spells booleans True/False; we also take the lower-case forms. */
+static bool span_bool(span_t s, bool *v_p) {
+    if (span_is(s, "True") || span_is(s, "true")) {
+        *v_p = true;
+        return true;
+    }
+    if (span_is(s, "False") || span_is(s, "false")) {
+        *v_p = false;
+        return true;
+    }
+    return false;
+}
+
+static bool pow2_or_zero(uint64_t v) { return (v & (v - 1)) == 0; }
+
+static int log2_u64(uint64_t v) { return 63 - __builtin_clzll(v); }
+
+/* "N" or "[64:8,256:4,>:1]" onto table (which is replaced as a whole). */
+static bool parse_roundup(span_t v, uint32_t table[N_INTERVALS], char *why, size_t why_len) {
+    uint32_t out[N_INTERVALS] = {0};
+    uint64_t n;
+    if (v.len > 0 && v.p[0] != '[') {
+        if (!span_uint(v, &n) || !pow2_or_zero(n) || n > UINT32_MAX) {
+            snprintf(why, why_len, "roundup_power2_divisions: '%.*s' is not a power of 2", (int)v.len, v.p);
+            return false;
+        }
+        for (int i = 0; i < N_INTERVALS; i++)
+            out[i] = (uint32_t)n;
+        memcpy(table, out, sizeof out);
+        return true;
+    }
+    if (v.len < 2 || v.p[v.len - 1] != ']') {
+        snprintf(why, why_len, "roundup_power2_divisions: '%.*s' is neither N nor [MB:N,...,>:N]", (int)v.len, v.p);
+        return false;
+    }
+    const char *p = v.p + 1, *stop = v.p + v.len - 1;
+    int last = -1;      /* index of the last boundary entry */
+    bool saw_gt = false; /* ">" must come last */
+    if (trim(p, (size_t)(stop - p)).len == 0) {
+        snprintf(why, why_len, "roundup_power2_divisions: empty list");
+        return false;
+    }
+    while (p < stop) {
+        const char *comma = memchr(p, ',', (size_t)(stop - p));
+        const char *end = comma ? comma : stop;
+        span_t entry = trim(p, (size_t)(end - p));
+        const char *colon = memchr(entry.p, ':', entry.len);
+        if (colon == NULL || saw_gt) {
+            snprintf(why, why_len, "roundup_power2_divisions: bad entry '%.*s'%s", (int)entry.len, entry.p,
+                     saw_gt ? " after '>'" : " (want MB:N)");
+            return false;
+        }
+        span_t key = trim(entry.p, (size_t)(colon - entry.p));
+        span_t val = trim(colon + 1, (size_t)(entry.p + entry.len - colon - 1));
+        if (!span_uint(val, &n) || !pow2_or_zero(n) || n > UINT32_MAX) {
+            snprintf(why, why_len, "roundup_power2_divisions: value '%.*s' is not a power of 2 or 0", (int)val.len,
+                     val.p);
+            return false;
+        }
+        if (span_is(key, ">")) {
+            for (int i = last + 1; i < N_INTERVALS; i++)
+                out[i] = (uint32_t)n;
+            saw_gt = true;
+        } else {
+            uint64_t mb;
+            if (!span_uint(key, &mb) || mb == 0 || !pow2_or_zero(mb)) {
+                snprintf(why, why_len, "roundup_power2_divisions: boundary '%.*s' is not a power-of-2 MB size",
+                         (int)key.len, key.p);
+                return false;
+            }
+            int idx = log2_u64(mb); /* interval index from 1 MiB; clamped like PyTorch */
+            if (idx > N_INTERVALS - 1)
+                idx = N_INTERVALS - 1;
+            if (idx <= last) {
+                snprintf(why, why_len, "roundup_power2_divisions: boundary '%.*s' is not increasing", (int)key.len,
+                         key.p);
+                return false;
+            }
+            if (last < 0) /* the first entry also covers every interval below it */
+                for (int i = 0; i < idx; i++)
+                    out[i] = (uint32_t)n;
+            out[idx] = (uint32_t)n;
+            last = idx;
+        }
+        p = end + 1;
+    }
+    memcpy(table, out, sizeof out);
+    return true;
+}
+
+/* One "*_mb" key with a floor, to bytes. */
+static bool parse_mb(span_t key, span_t v, uint64_t min_mb, size_t *bytes_p, char *why, size_t why_len) {
+    uint64_t mb;
+    if (!span_uint(v, &mb) || mb > SIZE_MAX / MiB) {
+        snprintf(why, why_len, "%.*s: '%.*s' is not a whole number of MB", (int)key.len, key.p, (int)v.len, v.p);
+        return false;
+    }
+    if (mb < min_mb) {
+        snprintf(why, why_len, "%.*s: %llu is below the minimum %llu (MB)", (int)key.len, key.p,
+                 (unsigned long long)mb, (unsigned long long)min_mb);
+        return false;
+    }
+    *bytes_p = (size_t)mb * MiB;
+    return true;
+}
+
+/* CUDA-only keys: check the value's form, then say that it has no effect here. */
+static bool parse_ignored(span_t key, span_t v, char *why, size_t why_len) {
+    bool b;
+    uint64_t n;
+    if (span_is(key, "backend")) {
+        if (span_is(v, "native"))
+            return true;
+        if (span_is(v, "cudaMallocAsync"))
+            snprintf(why, why_len, "backend: cudaMallocAsync is not supported by sympool (use native)");
+        else
+            snprintf(why, why_len, "backend: '%.*s' is not native or cudaMallocAsync", (int)v.len, v.p);
+        return false;
+    }
+    bool ok = span_is(key, "pinned_num_register_threads") ? (span_uint(v, &n) && n > 0) : span_bool(v, &b);
+    if (!ok) {
+        snprintf(why, why_len, "%.*s: bad value '%.*s'", (int)key.len, key.p, (int)v.len, v.p);
+        return false;
+    }
+    return true;
+}
+
+static const char *const ignored_keys[] = {
+    "backend", "release_lock_on_cudamalloc", "pinned_use_cuda_host_register", "pinned_num_register_threads",
+    "pinned_use_background_threads", "graph_capture_record_stream_reuse",
+};
+
+sp_status_t sp__alloc_conf_parse_ex(const char *text, sp_alloc_conf_t *conf, unsigned *keys_p,
+                                    char *roundup_text, size_t roundup_len, char *why, size_t why_len) {
+    char scratch[8];
+    if (why == NULL) {
+        why = scratch;
+        why_len = sizeof scratch;
+    }
+    why[0] = '\0';
+    if (text == NULL || conf == NULL) {
+        snprintf(why, why_len, "NULL text or conf");
+        return SP_ERR_INVALID_ARGUMENT;
+    }
+    sp_alloc_conf_t c = *conf;
+    unsigned keys = 0;
+    const char *p = text;
+    size_t total = strlen(text);
+    const char *stop = text + total;
+    while (p < stop) {
+        /* A comma inside [...] belongs to the roundup list, not to the key list. */
+        const char *end = p;
+        int depth = 0;
+        while (end < stop && (depth > 0 || *end != ',')) {
+            if (*end == '[')
+                depth++;
+            else if (*end == ']')
+                depth--;
+            end++;
+        }
+        span_t entry = trim(p, (size_t)(end - p));
+        p = end + 1;
+        if (entry.len == 0)
+            continue; /* "a:1,,b:2" and a trailing comma are harmless */
+        const char *colon = memchr(entry.p, ':', entry.len);
+        if (colon == NULL) {
+            snprintf(why, why_len, "'%.*s': expected key:value", (int)entry.len, entry.p);
+            return SP_ERR_INVALID_ARGUMENT;
+        }
+        span_t key = trim(entry.p, (size_t)(colon - entry.p));
+        span_t v = trim(colon + 1, (size_t)(entry.p + entry.len - colon - 1));
+        bool ok;
+        if (span_is(key, "max_split_size_mb")) {
+            ok = parse_mb(key, v, MIN_SPLIT_MB, &c.max_split_size, why, why_len);
+            keys |= SP_CONF_KEY_MAX_SPLIT_SIZE;
+        } else if (span_is(key, "max_non_split_rounding_mb")) {
+            ok = parse_mb(key, v, MIN_SPLIT_MB, &c.max_non_split_rounding, why, why_len);
+            keys |= SP_CONF_KEY_MAX_NON_SPLIT_ROUNDING;
+        } else if (span_is(key, "large_segment_size_mb")) {
+            ok = parse_mb(key, v, 1, &c.large_segment_size, why, why_len);
+            keys |= SP_CONF_KEY_LARGE_SEGMENT_SIZE;
+        } else if (span_is(key, "garbage_collection_threshold")) {
+            ok = span_double(v, &c.gc_threshold) && c.gc_threshold > 0.0 && c.gc_threshold < 1.0;
+            if (!ok)
+                snprintf(why, why_len, "garbage_collection_threshold: '%.*s' is not a number in (0, 1)", (int)v.len,
+                         v.p);
+            keys |= SP_CONF_KEY_GC_THRESHOLD;
+        } else if (span_is(key, "roundup_power2_divisions")) {
+            ok = parse_roundup(v, c.roundup_divisions, why, why_len);
+            if (ok && roundup_text != NULL && roundup_len > 0)
+                snprintf(roundup_text, roundup_len, "%.*s", (int)v.len, v.p);
+            keys |= SP_CONF_KEY_ROUNDUP;
+        } else if (span_is(key, "expandable_segments")) {
+            ok = span_bool(v, &c.expandable_segments);
+            if (!ok)
+                snprintf(why, why_len, "expandable_segments: '%.*s' is not True or False", (int)v.len, v.p);
+            keys |= SP_CONF_KEY_EXPANDABLE;
+        } else {
+            bool known = false;
+            for (size_t i = 0; i < sizeof ignored_keys / sizeof ignored_keys[0]; i++)
+                known = known || span_is(key, ignored_keys[i]);
+            if (!known) {
+                snprintf(why, why_len,
+                         "unknown key '%.*s' (known: max_split_size_mb, max_non_split_rounding_mb, "
+                         "large_segment_size_mb, garbage_collection_threshold, roundup_power2_divisions, "
+                         "expandable_segments, and the CUDA-only keys)",
+                         (int)key.len, key.p);
+                return SP_ERR_INVALID_ARGUMENT;
+            }
+            ok = parse_ignored(key, v, why, why_len);
+            if (!ok)
+                return span_is(key, "backend") && span_is(v, "cudaMallocAsync") ? SP_ERR_NOT_SUPPORTED
+                                                                                  : SP_ERR_INVALID_ARGUMENT;
+            SP_INFO(SP_SUB_ENV, "ALLOC_CONF key %.*s:%.*s has no effect in sympool: ignored", (int)key.len, key.p,
+                    (int)v.len, v.p);
+        }
+        if (!ok)
+            return SP_ERR_INVALID_ARGUMENT;
+    }
+    if (total >= sizeof c.conf_text) {
+        snprintf(why, why_len, "the text is %zu characters; at most %zu are kept", total, sizeof c.conf_text - 1);
+        return SP_ERR_INVALID_ARGUMENT;
+    }
+    memcpy(c.conf_text, text, total + 1);
+    *conf = c;
+    if (keys_p != NULL)
+        *keys_p = keys;
+    return SP_SUCCESS;
+}
+
+sp_status_t sp__alloc_conf_parse(const char *text, sp_alloc_conf_t *conf) {
+    char why[512];
+    sp_status_t s = sp__alloc_conf_parse_ex(text, conf, NULL, NULL, 0, why, sizeof why);
+    if (s != SP_SUCCESS)
+        return sp__error(s, SP_SUB_ENV, "ALLOC_CONF '%s': %s", text ? text : "(null)", why);
+    return SP_SUCCESS;
+}
+
+void sp__alloc_conf_get(sp_alloc_conf_t *conf_p) {
+    sp__options_ensure();
+    sp_alloc_conf_t c;
+    sp__alloc_conf_defaults(&c);
+    /* The option table already holds each key's winner (variable over ALLOC_CONF over default). */
+    int64_t mss = sp__option_int(SP_OPT_MAX_SPLIT_SIZE);
+    c.max_split_size = mss == 0 ? SIZE_MAX : (size_t)mss;
+    c.max_non_split_rounding = (size_t)sp__option_int(SP_OPT_MAX_NON_SPLIT_ROUNDING);
+    c.large_segment_size = (size_t)sp__option_int(SP_OPT_LARGE_SEGMENT_SIZE);
+    c.gc_threshold = sp__option_double(SP_OPT_GC_THRESHOLD);
+    c.expandable_segments = sp__option_int(SP_OPT_EXPANDABLE_SEGMENTS) != 0;
+    c.no_caching = sp__option_int(SP_OPT_NO_CACHING) != 0;
+    const char *roundup = sp__option_string(SP_OPT_ROUNDUP_POWER2_DIVISIONS);
+    if (roundup[0] != '\0') {
+        char why[256];
+        span_t v = trim(roundup, strlen(roundup));
+        if (!parse_roundup(v, c.roundup_divisions, why, sizeof why)) /* validated on set; cannot fail */
+            memset(c.roundup_divisions, 0, sizeof c.roundup_divisions);
+    }
+    snprintf(c.conf_text, sizeof c.conf_text, "%s", sp__option_string(SP_OPT_ALLOC_CONF));
+    *conf_p = c;
+}

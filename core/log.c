@@ -1,0 +1,259 @@
+/*
+ * log.c: one formatted line per event, NCCL-style:
+ *     host:pid:tid [r3 d1] SYMPOOL WARN pool.c:212 message
+ * The level (sp__log_level) and subsystem mask (sp__log_mask) are plain globals that the SP_WARN/
+ * SP_INFO/SP_TRACE macros test before any argument is formatted, so a disabled line costs one
+ * load and a compare. options.c sets them (and the output file pattern) through
+ * sp__log_configure() when it reads SYMPOOL_DEBUG, SYMPOOL_DEBUG_SUBSYS and SYMPOOL_DEBUG_FILE.
+ *
+ * Output goes to stderr unless SYMPOOL_DEBUG_FILE names a file pattern (%h host, %p pid, %r rank).
+ * The file is opened lazily at the first line. A pattern with %r cannot be expanded before the
+ * rank is known, so until sp__log_set_rank() is called those lines go to stderr; setting (or
+ * changing) the rank closes the file so the next line opens the per-rank file.
+ *
+ * The rank is process-wide (one rank per process). The device is per thread (_Thread_local),
+ * like CUDA's current device: a thread that works on device 1 logs "d1" even while another
+ * thread logs "d0".
+ *
+ * Lock: log_lock serializes writing, the test hook and the file state, so every line reaches the
+ * file whole in one fwrite+fflush. Formatting happens before the lock.
+ */
+#include <ctype.h>
+#include <errno.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include "core/core.h"
+
+int sp__log_level = SP_LOG_WARN;
+unsigned sp__log_mask = SP_SUB_ALL;
+
+#define LOG_LINE_MAX 2048   /* longest line written; longer messages end in "..." */
+#define LOG_PATTERN_MAX 512 /* longest SYMPOOL_DEBUG_FILE pattern */
+
+static pthread_mutex_t log_lock = PTHREAD_MUTEX_INITIALIZER;
+static FILE *log_file;                   /* opened file, NULL = none open (log_lock) */
+static char log_pattern[LOG_PATTERN_MAX]; /* SYMPOOL_DEBUG_FILE, "" = stderr (log_lock) */
+static bool log_open_failed;             /* the pattern could not be opened; stderr (log_lock) */
+static sp_log_fn_t log_fn;               /* test hook, NULL = file (log_lock) */
+static void *log_fn_arg;                 /* its argument (log_lock) */
+static int log_rank = -1;                /* this process's rank, -1 = unknown (relaxed atomics) */
+static _Thread_local int log_device = -1; /* this thread's device, -1 = unknown */
+static char log_host[64];                /* short host name, filled once (host_once) */
+static pthread_once_t host_once = PTHREAD_ONCE_INIT;
+
+static const char *const level_names[] = {"NONE", "VERSION", "WARN", "INFO", "TRACE"};
+
+/* Subsystem names in bit order, for SYMPOOL_DEBUG_SUBSYS. */
+static const struct {
+    const char *name; /* upper case, as users write it */
+    unsigned bit;     /* SP_SUB_* */
+} subsys_names[] = {
+    {"INIT", SP_SUB_INIT}, {"POOL", SP_SUB_POOL}, {"DEVICE", SP_SUB_DEVICE},
+    {"SYM", SP_SUB_SYM},   {"BOOT", SP_SUB_BOOT}, {"COLL", SP_SUB_COLL},
+    {"ENV", SP_SUB_ENV},   {"API", SP_SUB_API},   {"HISTORY", SP_SUB_HISTORY},
+    {"ALL", SP_SUB_ALL},
+};
+
+static void host_init(void) {
+    if (gethostname(log_host, sizeof log_host) != 0)
+        strcpy(log_host, "unknown");
+    log_host[sizeof log_host - 1] = '\0';
+    char *dot = strchr(log_host, '.'); /* NCCL shows the short name too */
+    if (dot != NULL)
+        *dot = '\0';
+}
+
+bool sp__log_parse_mask(const char *text, unsigned *mask_p) {
+    const char *p = text;
+    while (isspace((unsigned char)*p))
+        p++;
+    bool negate = false;
+    if (*p == '^') {
+        negate = true;
+        p++;
+    }
+    unsigned mask = 0;
+    int words = 0;
+    while (*p != '\0') {
+        const char *end = strchr(p, ',');
+        size_t len = end ? (size_t)(end - p) : strlen(p);
+        while (len > 0 && isspace((unsigned char)*p)) {
+            p++;
+            len--;
+        }
+        while (len > 0 && isspace((unsigned char)p[len - 1]))
+            len--;
+        bool found = false;
+        for (size_t i = 0; i < sizeof subsys_names / sizeof subsys_names[0]; i++) {
+            if (strlen(subsys_names[i].name) == len && strncasecmp(p, subsys_names[i].name, len) == 0) {
+                mask |= subsys_names[i].bit;
+                found = true;
+                break;
+            }
+        }
+        if (!found)
+            return false; /* an empty word ("INIT,,POOL") is malformed too */
+        words++;
+        if (end == NULL)
+            break;
+        p = end + 1;
+        if (*p == '\0')
+            return false; /* trailing comma */
+    }
+    if (words == 0)
+        return false;
+    *mask_p = negate ? (SP_SUB_ALL & ~mask) : mask;
+    return true;
+}
+
+const char *sp__log_level_name(int level) {
+    if (level < 0 || level > SP_LOG_TRACE)
+        return "?";
+    return level_names[level];
+}
+
+/* Closes the current file (not stderr) so the next line reopens from the pattern. log_lock held. */
+static void close_file_locked(void) {
+    if (log_file != NULL)
+        fclose(log_file);
+    log_file = NULL;
+    log_open_failed = false;
+}
+
+void sp__log_configure(int level, unsigned mask, const char *file_pattern) {
+    __atomic_store_n(&sp__log_level, level, __ATOMIC_RELAXED);
+    __atomic_store_n(&sp__log_mask, mask, __ATOMIC_RELAXED);
+    if (file_pattern == NULL)
+        file_pattern = "";
+    pthread_mutex_lock(&log_lock);
+    if (strcmp(file_pattern, log_pattern) != 0) {
+        close_file_locked();
+        snprintf(log_pattern, sizeof log_pattern, "%s", file_pattern);
+    }
+    pthread_mutex_unlock(&log_lock);
+}
+
+void sp__log_set_rank(int rank) {
+    pthread_mutex_lock(&log_lock);
+    if (__atomic_load_n(&log_rank, __ATOMIC_RELAXED) != rank) {
+        __atomic_store_n(&log_rank, rank, __ATOMIC_RELAXED);
+        if (strstr(log_pattern, "%r") != NULL)
+            close_file_locked(); /* reopen as the per-rank file at the next line */
+    }
+    pthread_mutex_unlock(&log_lock);
+}
+
+void sp__log_set_device(int device) { log_device = device; }
+
+void sp__log_set_fn(sp_log_fn_t fn, void *arg) {
+    pthread_mutex_lock(&log_lock);
+    log_fn = fn;
+    log_fn_arg = arg;
+    pthread_mutex_unlock(&log_lock);
+}
+
+/* Expands %h %p %r (and %% ) of the pattern into out. Returns false when the pattern needs the
+ * rank and it is not known yet. */
+static bool expand_pattern(const char *pattern, char *out, size_t cap) {
+    size_t n = 0;
+    int rank = __atomic_load_n(&log_rank, __ATOMIC_RELAXED);
+    for (const char *p = pattern; *p != '\0' && n + 1 < cap; p++) {
+        char piece[80];
+        const char *add = piece;
+        if (p[0] == '%' && p[1] != '\0') {
+            p++;
+            switch (*p) {
+            case 'h': add = log_host; break;
+            case 'p': snprintf(piece, sizeof piece, "%ld", (long)getpid()); break;
+            case 'r':
+                if (rank < 0)
+                    return false;
+                snprintf(piece, sizeof piece, "%d", rank);
+                break;
+            case '%': add = "%"; break;
+            default: snprintf(piece, sizeof piece, "%%%c", *p); break;
+            }
+        } else {
+            piece[0] = *p;
+            piece[1] = '\0';
+        }
+        size_t len = strlen(add);
+        if (n + len >= cap)
+            len = cap - 1 - n;
+        memcpy(out + n, add, len);
+        n += len;
+    }
+    out[n] = '\0';
+    return true;
+}
+
+/* The stream for the next line: the pattern's file if it can be opened, else stderr. log_lock held. */
+static FILE *stream_locked(void) {
+    if (log_file != NULL)
+        return log_file;
+    if (log_pattern[0] == '\0' || log_open_failed)
+        return stderr;
+    char path[LOG_PATTERN_MAX + 128];
+    if (!expand_pattern(log_pattern, path, sizeof path))
+        return stderr; /* %r before the rank is known */
+    log_file = fopen(path, "a");
+    if (log_file == NULL) {
+        /* Say it once, on stderr, then keep logging there: losing the log silently is worse. */
+        log_open_failed = true;
+        fprintf(stderr, "%s:%ld SYMPOOL WARN cannot open SYMPOOL_DEBUG_FILE '%s': %s; logging to stderr\n",
+                log_host, (long)getpid(), path, strerror(errno));
+        return stderr;
+    }
+    return log_file;
+}
+
+void sp__log_at(sp_log_level_t level, unsigned subsys, const char *file, int line, const char *fmt, ...) {
+    pthread_once(&host_once, host_init);
+    char buf[LOG_LINE_MAX];
+    const char *base = strrchr(file, '/');
+    base = base ? base + 1 : file;
+
+    char rank_s[16] = "-", dev_s[16] = "-";
+    int rank = __atomic_load_n(&log_rank, __ATOMIC_RELAXED);
+    if (rank >= 0)
+        snprintf(rank_s, sizeof rank_s, "%d", rank);
+    if (log_device >= 0)
+        snprintf(dev_s, sizeof dev_s, "%d", log_device);
+
+    int n = snprintf(buf, sizeof buf, "%s:%ld:%ld [r%s d%s] SYMPOOL %s %s:%d ", log_host, (long)getpid(),
+                     (long)syscall(SYS_gettid), rank_s, dev_s, sp__log_level_name(level), base, line);
+    if (n < 0)
+        return;
+    if ((size_t)n < sizeof buf) {
+        va_list ap;
+        va_start(ap, fmt);
+        int m = vsnprintf(buf + n, sizeof buf - (size_t)n, fmt, ap);
+        va_end(ap);
+        if (m > 0)
+            n += m;
+    }
+    size_t len = (size_t)n;
+    if (len >= sizeof buf - 1) { /* truncated: say so, and leave room for the newline */
+        len = sizeof buf - 2;
+        memcpy(buf + len - 3, "...", 3);
+    }
+    while (len > 0 && buf[len - 1] == '\n') /* one line per event, whatever the caller wrote */
+        len--;
+    buf[len] = '\0';
+
+    pthread_mutex_lock(&log_lock);
+    if (log_fn != NULL) {
+        log_fn(level, buf, log_fn_arg);
+    } else {
+        FILE *out = stream_locked();
+        buf[len] = '\n';
+        fwrite(buf, 1, len + 1, out);
+        fflush(out);
+    }
+    pthread_mutex_unlock(&log_lock);
+}
