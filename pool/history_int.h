@@ -44,6 +44,56 @@ void sp__history_context_release(uint32_t context);
 void sp__history_record(int device, sp_trace_action_t action, uintptr_t addr, size_t size,
                         uintptr_t stream, sp_mempool_id_t pool, uint32_t context);
 
+
+/* ---- for snapshot.c and tests (history.c owns these too) --------------------------------- */
+
+/* Stop recording, drop every ring and the context table (sp_shutdown calls it once no block is
+ * live, so that the next initialization starts with no history). */
+void sp__history_shutdown(void);
+
+/* Take one more reference on a context id (0 is ignored): the snapshot writer holds the contexts
+ * of the blocks it copied while it writes them out, after the allocator lock is gone. */
+void sp__history_context_retain(uint32_t context);
+
+/* One frame of a context. Strings are owned by the context and never change while a reference
+ * on it is held. */
+typedef struct sp__history_frame {
+    const char *name;     /* function (or "0x..." when unknown); never NULL */
+    const char *filename; /* source file or object path; never NULL ("??" when unknown) */
+    int line;             /* source line, 0 when unknown */
+} sp__history_frame_t;
+
+/* The frames of a context the caller holds a reference on (*n_p = 0 for context 0 or unknown). */
+void sp__history_context_frames(uint32_t context, const sp__history_frame_t **frames_p,
+                                size_t *n_p);
+
+/* One trace entry as stored (PyTorch's TraceEntry). */
+typedef struct sp__trace_entry {
+    sp_trace_action_t action; /* what happened */
+    uintptr_t addr;           /* block/segment address; device free bytes for SP_TRACE_OOM */
+    size_t size;              /* bytes, per the table above sp__history_record */
+    uintptr_t stream;         /* the stream handle as an integer; 0 = default stream */
+    sp_mempool_id_t pool;     /* pool of the block or segment */
+    int64_t time_us;          /* microseconds since the Unix epoch */
+    uint32_t context;         /* frames (a reference held by the entry), 0 if none */
+} sp__trace_entry_t;
+
+/* PyTorch's action names ("alloc", "free_requested", ..., "oom"); "unknown" when out of range. */
+const char *sp__history_action_name(sp_trace_action_t action);
+
+/* Number of per-device trace buffers that exist (one more than the highest device recorded). */
+int sp__history_device_count(void);
+
+/* Copy device's entries in chronological order into a new array (free with
+ * sp__history_entries_free, which drops the context references the copy took). Safe to call
+ * under the allocator lock (snapshots take it through sp__pool_locked so that the copy and the
+ * segment walk see one state). SP_ERR_SYSTEM when out of host memory. */
+sp_status_t sp__history_copy(int device, sp__trace_entry_t **entries_p, size_t *n_p);
+void sp__history_entries_free(sp__trace_entry_t *entries, size_t n);
+
+/* Whether recording is on, and at which levels (for snapshot's allocator settings and tests). */
+bool sp__history_enabled(void);
+
 #ifdef __cplusplus
 }
 #endif

@@ -42,6 +42,28 @@ sp_status_t sp_dump_snapshot(const char *path);
 /** Write one pool's snapshot (its segments only, with the device traces). */
 sp_status_t sp_mempool_dump_snapshot(const sp_mempool_t *pool, const char *path);
 
+
+/** One stack frame a binding supplies (e.g. a Python frame). Strings are copied by sympool. */
+typedef struct sp_history_frame {
+    const char *name;     /**< function name */
+    const char *filename; /**< source file */
+    int line;             /**< line number, 0 if unknown */
+} sp_history_frame_t;
+
+/**
+ * A binding's frame source: fill at most @p max_frames frames, innermost first, and return how
+ * many were written. Called on the allocating (or freeing) thread, before sympool takes its
+ * allocator lock, only while recording asks for frames; it must not call into sympool.
+ */
+typedef size_t (*sp_history_frames_fn)(sp_history_frame_t *frames, size_t max_frames, void *arg);
+
+/**
+ * Install (or with NULL remove) the frames hook. Its frames come first in a context, followed
+ * by C frames when sp_history_params_t.c_stacks is set. Thread-safe; takes effect for the next
+ * capture.
+ */
+void sp_history_set_frames_hook(sp_history_frames_fn fn, void *arg);
+
 #ifdef __cplusplus
 }
 #endif

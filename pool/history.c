@@ -1,0 +1,575 @@
+/*
+ * history.c: memory history, PyTorch's _record_memory_history. Owns the per-device ring buffers of
+ * trace entries, the table of interned stack contexts (frames from a binding's hook and/or C
+ * frames from backtrace()), and the recording parameters.
+ *
+ * Invariants:
+ *  - A ring of capacity cap (0 = unbounded) holds at most cap entries; when full the oldest is
+ *    overwritten and `head` names the oldest slot, so a read from head wraps in time order.
+ *  - Every context id stored in a trace entry carries one reference; the allocator owns the
+ *    reference sp__history_capture returned. A context is freed when its count drops to zero.
+ *  - Identical stacks (same hook frames and program counters) intern to one context.
+ *
+ * Lock: one mutex (g.lock) guards the rings, the context table and the parameters. The allocator
+ * calls sp__history_record and sp__history_context_release under its own lock, so the order is
+ * always allocator lock -> g.lock; nothing here calls back into the allocator. Stack capture
+ * (backtrace, dladdr, the hook) runs before g.lock is taken, and outside the allocator lock.
+ * sp__history_active is read without the lock (relaxed) so recording off costs one load.
+ */
+#include <dlfcn.h>
+#include <execinfo.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/core.h"
+#include "pool/history_int.h"
+#include "sympool/history.h"
+
+#define MAX_PCS 48       /* C frames captured per stack */
+#define MAX_HOOK 64      /* frames a binding's hook may give per stack */
+#define INITIAL_BUCKETS 1024
+
+int sp__history_active = 0;
+
+typedef struct ring {
+    sp__trace_entry_t *buf; /* entries; `len` valid (g.lock) */
+    size_t len;             /* entries held (g.lock) */
+    size_t alloc;           /* slots allocated in buf (g.lock) */
+    size_t head;            /* oldest entry's slot once full; 0 before (g.lock) */
+} ring_t;
+
+typedef struct context {
+    uint32_t refs;              /* references: blocks, trace entries, snapshot copies (g.lock) */
+    uint32_t next;              /* next id in the same hash bucket, 0 = end (g.lock) */
+    uint64_t hash;              /* of the raw stack, for interning (immutable) */
+    size_t npcs;                /* program counters in pcs (immutable) */
+    void **pcs;                 /* raw C stack, for interning (immutable) */
+    size_t nhook;               /* how many of frames came from the hook (immutable) */
+    size_t nframes;             /* frames (immutable) */
+    sp__history_frame_t *frames; /* hook frames then C frames; strings owned (immutable) */
+} context_t;
+
+static struct {
+    pthread_mutex_t lock;        /* guards everything below */
+    sp_history_enabled_t enabled; /* OFF/STATE/ALL (g.lock; mirrored in sp__history_active) */
+    sp_history_context_t context; /* which records carry frames (g.lock, read racily by capture) */
+    bool c_stacks;               /* capture C frames (g.lock, read racily by capture) */
+    size_t cap;                  /* ring capacity; 0 = unbounded (g.lock) */
+    ring_t *rings;               /* one per device seen (g.lock) */
+    int nrings;                  /* entries in rings (g.lock) */
+    context_t *ctx;              /* contexts by id - 1 (g.lock) */
+    size_t nctx;                 /* slots used in ctx (g.lock) */
+    size_t ctx_alloc;            /* slots allocated in ctx (g.lock) */
+    uint32_t free_ids;           /* head of the free-id list (through context.next), 0 = none */
+    uint32_t *buckets;           /* hash -> first id (g.lock) */
+    size_t nbuckets;             /* power of two (g.lock) */
+    size_t live_ctx;             /* contexts with refs > 0 (g.lock) */
+    sp_history_frames_fn hook;   /* binding's frame source (g.lock; read racily by capture) */
+    void *hook_arg;              /* its argument (g.lock) */
+} g = {.lock = PTHREAD_MUTEX_INITIALIZER};
+
+static const char *const action_names[] = {
+    "alloc",       "free_requested", "free_completed", "segment_alloc", "segment_free",
+    "segment_map", "segment_unmap",  "snapshot",       "oom"};
+
+const char *sp__history_action_name(sp_trace_action_t action) {
+    if ((unsigned)action >= sizeof(action_names) / sizeof(action_names[0]))
+        return "unknown";
+    return action_names[action];
+}
+
+/* ---- contexts --------------------------------------------------------------------------- */
+
+static context_t *ctx_get(uint32_t id) {
+    if (id == 0 || id > g.nctx || g.ctx[id - 1].refs == 0)
+        return NULL;
+    return &g.ctx[id - 1];
+}
+
+static void ctx_destroy(context_t *c) {
+    for (size_t i = 0; i < c->nframes; i++) {
+        free((char *)c->frames[i].name);
+        free((char *)c->frames[i].filename);
+    }
+    free(c->frames);
+    free(c->pcs);
+    memset(c, 0, sizeof(*c));
+}
+
+/* Unlink id from its bucket and put it on the free list. g.lock held. */
+static void ctx_unref_locked(uint32_t id) {
+    context_t *c = ctx_get(id);
+    if (c == NULL || --c->refs > 0)
+        return;
+    uint32_t *link = &g.buckets[c->hash & (g.nbuckets - 1)];
+    while (*link != 0 && *link != id)
+        link = &g.ctx[*link - 1].next;
+    if (*link == id)
+        *link = c->next;
+    ctx_destroy(c);
+    c->next = g.free_ids;
+    g.free_ids = id;
+    g.live_ctx--;
+}
+
+static bool rehash_locked(size_t nbuckets) {
+    uint32_t *b = calloc(nbuckets, sizeof(*b));
+    if (b == NULL)
+        return false;
+    for (size_t i = 0; i < g.nctx; i++) {
+        context_t *c = &g.ctx[i];
+        if (c->refs == 0)
+            continue;
+        size_t k = c->hash & (nbuckets - 1);
+        c->next = b[k];
+        b[k] = (uint32_t)(i + 1);
+    }
+    free(g.buckets);
+    g.buckets = b;
+    g.nbuckets = nbuckets;
+    return true;
+}
+
+static uint64_t hash_bytes(uint64_t h, const void *p, size_t n) {
+    const unsigned char *s = p;
+    for (size_t i = 0; i < n; i++)
+        h = (h ^ s[i]) * 0x100000001b3ull; /* FNV-1a */
+    return h;
+}
+
+static bool same_stack(const context_t *c, void *const *pcs, size_t npcs,
+                       const sp_history_frame_t *hook, size_t nhook) {
+    if (c->npcs != npcs || c->nhook != nhook)
+        return false;
+    if (npcs && memcmp(c->pcs, pcs, npcs * sizeof(void *)) != 0)
+        return false;
+    for (size_t i = 0; i < nhook; i++) {
+        const sp__history_frame_t *f = &c->frames[i];
+        if (f->line != hook[i].line || strcmp(f->name, hook[i].name ? hook[i].name : "??") != 0 ||
+            strcmp(f->filename, hook[i].filename ? hook[i].filename : "??") != 0)
+            return false;
+    }
+    return true;
+}
+
+static char *dup_or(const char *s, const char *fallback) {
+    return strdup(s != NULL ? s : fallback);
+}
+
+/* Symbolize the C frames: dladdr gives the nearest exported symbol and the object file. Source
+ * file and line would need DWARF (addr2line); we keep it cheap and report the object path with
+ * line 0 and "symbol+0xoff" so a person can run addr2line on it. */
+static bool symbolize(sp__history_frame_t *f, void *pc) {
+    Dl_info info;
+    char buf[512];
+    memset(&info, 0, sizeof(info));
+    if (dladdr(pc, &info) != 0 && info.dli_sname != NULL)
+        snprintf(buf, sizeof(buf), "%s+0x%lx", info.dli_sname,
+                 (unsigned long)((char *)pc - (char *)info.dli_saddr));
+    else if (info.dli_fbase != NULL)
+        snprintf(buf, sizeof(buf), "0x%lx", (unsigned long)((char *)pc - (char *)info.dli_fbase));
+    else
+        snprintf(buf, sizeof(buf), "%p", pc);
+    f->name = strdup(buf);
+    f->filename = dup_or(info.dli_fname, "??");
+    f->line = 0;
+    return f->name != NULL && f->filename != NULL;
+}
+
+/* Build a context outside g.lock (the strings are the slow part). */
+static bool ctx_build(context_t *c, void *const *pcs, size_t npcs, const sp_history_frame_t *hook,
+                      size_t nhook) {
+    memset(c, 0, sizeof(*c));
+    c->frames = calloc(npcs + nhook + 1, sizeof(*c->frames));
+    c->pcs = malloc((npcs + 1) * sizeof(void *));
+    if (c->frames == NULL || c->pcs == NULL)
+        goto fail;
+    memcpy(c->pcs, pcs, npcs * sizeof(void *));
+    c->npcs = npcs;
+    c->nhook = nhook;
+    for (size_t i = 0; i < nhook; i++) {
+        c->nframes = i + 1; /* counted first so that a failure frees what was copied */
+        c->frames[i].name = dup_or(hook[i].name, "??");
+        c->frames[i].filename = dup_or(hook[i].filename, "??");
+        c->frames[i].line = hook[i].line;
+        if (c->frames[i].name == NULL || c->frames[i].filename == NULL)
+            goto fail;
+    }
+    for (size_t i = 0; i < npcs; i++) {
+        bool ok = symbolize(&c->frames[c->nframes], pcs[i]);
+        c->nframes++;
+        if (!ok)
+            goto fail;
+    }
+    return true;
+fail:
+    ctx_destroy(c);
+    return false;
+}
+
+/* Insert a built context (or find an identical one that appeared meanwhile). g.lock held.
+ * Returns its id with one reference for the caller, 0 on out of memory (c is destroyed). */
+static uint32_t ctx_insert_locked(context_t *c) {
+    if (g.nbuckets == 0 && !rehash_locked(INITIAL_BUCKETS)) {
+        ctx_destroy(c);
+        return 0;
+    }
+    uint32_t id = g.free_ids;
+    if (id != 0) {
+        g.free_ids = g.ctx[id - 1].next;
+    } else {
+        if (g.nctx == g.ctx_alloc) {
+            size_t n = g.ctx_alloc ? g.ctx_alloc * 2 : 256;
+            context_t *nc = realloc(g.ctx, n * sizeof(*nc));
+            if (nc == NULL || n > UINT32_MAX) {
+                if (nc != NULL)
+                    g.ctx = nc;
+                ctx_destroy(c);
+                return 0;
+            }
+            g.ctx = nc;
+            g.ctx_alloc = n;
+        }
+        id = (uint32_t)++g.nctx;
+    }
+    context_t *slot = &g.ctx[id - 1];
+    *slot = *c;
+    slot->refs = 1;
+    size_t k = slot->hash & (g.nbuckets - 1);
+    slot->next = g.buckets[k];
+    g.buckets[k] = id;
+    g.live_ctx++;
+    if (g.live_ctx > 2 * g.nbuckets)
+        (void)rehash_locked(g.nbuckets * 2); /* on failure the chains just get longer */
+    return id;
+}
+
+static uint32_t ctx_lookup_locked(uint64_t hash, void *const *pcs, size_t npcs,
+                                  const sp_history_frame_t *hook, size_t nhook) {
+    if (g.nbuckets == 0)
+        return 0;
+    for (uint32_t id = g.buckets[hash & (g.nbuckets - 1)]; id != 0; id = g.ctx[id - 1].next) {
+        context_t *c = &g.ctx[id - 1];
+        if (c->hash == hash && same_stack(c, pcs, npcs, hook, nhook)) {
+            c->refs++;
+            return id;
+        }
+    }
+    return 0;
+}
+
+uint32_t sp__history_capture(bool is_free) {
+    if (__atomic_load_n(&sp__history_active, __ATOMIC_RELAXED) == 0)
+        return 0;
+    sp_history_context_t level = __atomic_load_n(&g.context, __ATOMIC_RELAXED);
+    if (level == SP_CONTEXT_NONE || (is_free && level != SP_CONTEXT_ALL))
+        return 0;
+    sp_history_frames_fn hook = __atomic_load_n(&g.hook, __ATOMIC_ACQUIRE);
+    void *hook_arg = g.hook_arg;
+    bool c_stacks = __atomic_load_n(&g.c_stacks, __ATOMIC_RELAXED);
+    if (hook == NULL && !c_stacks)
+        return 0;
+
+    sp_history_frame_t hf[MAX_HOOK];
+    size_t nhook = 0;
+    if (hook != NULL) {
+        nhook = hook(hf, MAX_HOOK, hook_arg);
+        if (nhook > MAX_HOOK)
+            nhook = MAX_HOOK;
+    }
+    void *pcs[MAX_PCS + 2];
+    size_t npcs = 0, skip = 0;
+    if (c_stacks) {
+        int n = backtrace(pcs, MAX_PCS + 2);
+        npcs = n > 0 ? (size_t)n : 0;
+        skip = npcs > 0 ? 1 : 0; /* this function's own frame */
+    }
+    void **stack = pcs + skip;
+    npcs -= skip;
+    if (npcs == 0 && nhook == 0)
+        return 0;
+
+    uint64_t hash = hash_bytes(0xcbf29ce484222325ull, stack, npcs * sizeof(void *));
+    for (size_t i = 0; i < nhook; i++) {
+        if (hf[i].name)
+            hash = hash_bytes(hash, hf[i].name, strlen(hf[i].name));
+        if (hf[i].filename)
+            hash = hash_bytes(hash, hf[i].filename, strlen(hf[i].filename));
+        hash = hash_bytes(hash, &hf[i].line, sizeof(hf[i].line));
+    }
+
+    pthread_mutex_lock(&g.lock);
+    uint32_t id = ctx_lookup_locked(hash, stack, npcs, hf, nhook);
+    pthread_mutex_unlock(&g.lock);
+    if (id != 0)
+        return id;
+
+    context_t c;
+    if (!ctx_build(&c, stack, npcs, hf, nhook))
+        return 0; /* out of host memory: record without frames rather than fail the allocation */
+    c.hash = hash;
+    pthread_mutex_lock(&g.lock);
+    id = ctx_lookup_locked(hash, stack, npcs, hf, nhook);
+    if (id != 0)
+        ctx_destroy(&c); /* another thread interned the same stack meanwhile */
+    else
+        id = ctx_insert_locked(&c);
+    pthread_mutex_unlock(&g.lock);
+    return id;
+}
+
+void sp__history_context_release(uint32_t context) {
+    if (context == 0)
+        return;
+    pthread_mutex_lock(&g.lock);
+    ctx_unref_locked(context);
+    pthread_mutex_unlock(&g.lock);
+}
+
+void sp__history_context_retain(uint32_t context) {
+    if (context == 0)
+        return;
+    pthread_mutex_lock(&g.lock);
+    context_t *c = ctx_get(context);
+    if (c != NULL)
+        c->refs++;
+    pthread_mutex_unlock(&g.lock);
+}
+
+void sp__history_context_frames(uint32_t context, const sp__history_frame_t **frames_p,
+                                size_t *n_p) {
+    pthread_mutex_lock(&g.lock);
+    context_t *c = ctx_get(context);
+    *frames_p = c ? c->frames : NULL;
+    *n_p = c ? c->nframes : 0;
+    pthread_mutex_unlock(&g.lock);
+}
+
+SP_EXPORT void sp_history_set_frames_hook(sp_history_frames_fn fn, void *arg) {
+    pthread_mutex_lock(&g.lock);
+    g.hook_arg = arg;
+    __atomic_store_n(&g.hook, fn, __ATOMIC_RELEASE);
+    pthread_mutex_unlock(&g.lock);
+}
+
+/* ---- rings ------------------------------------------------------------------------------ */
+
+static void ring_clear_locked(ring_t *r) {
+    for (size_t i = 0; i < r->len; i++)
+        ctx_unref_locked(r->buf[i].context);
+    free(r->buf);
+    memset(r, 0, sizeof(*r));
+}
+
+/* Rewrite r in time order keeping the newest `keep` entries (dropping the older ones' refs). */
+static bool ring_linearize_locked(ring_t *r, size_t keep) {
+    size_t n = r->len < keep ? r->len : keep;
+    size_t drop = r->len - n;
+    sp__trace_entry_t *nb = NULL;
+    if (n > 0) {
+        nb = malloc(n * sizeof(*nb));
+        if (nb == NULL)
+            return false;
+    }
+    for (size_t i = 0; i < r->len; i++) {
+        sp__trace_entry_t *e = &r->buf[(r->head + i) % r->len];
+        if (i < drop)
+            ctx_unref_locked(e->context);
+        else
+            nb[i - drop] = *e;
+    }
+    free(r->buf);
+    r->buf = nb;
+    r->len = r->alloc = n;
+    r->head = 0;
+    return true;
+}
+
+void sp__history_record(int device, sp_trace_action_t action, uintptr_t addr, size_t size,
+                        uintptr_t stream, sp_mempool_id_t pool, uint32_t context) {
+    if (__atomic_load_n(&sp__history_active, __ATOMIC_RELAXED) == 0 || device < 0)
+        return;
+    int64_t now = sp__epoch_us();
+    pthread_mutex_lock(&g.lock);
+    if (g.enabled == SP_HISTORY_OFF)
+        goto out;
+    if (device >= g.nrings) {
+        ring_t *nr = realloc(g.rings, (size_t)(device + 1) * sizeof(*nr));
+        if (nr == NULL)
+            goto out; /* the entry is lost; recording must never fail an allocation */
+        memset(nr + g.nrings, 0, (size_t)(device + 1 - g.nrings) * sizeof(*nr));
+        g.rings = nr;
+        g.nrings = device + 1;
+    }
+    ring_t *r = &g.rings[device];
+    sp__trace_entry_t e = {action, addr, size, stream, pool, now, 0};
+    /* PyTorch keeps frames on trace entries only from context "alloc" up. */
+    if (context != 0 && g.context >= SP_CONTEXT_ALLOC) {
+        context_t *c = ctx_get(context);
+        if (c != NULL) {
+            c->refs++;
+            e.context = context;
+        }
+    }
+    if (g.cap != 0 && r->len == g.cap) {
+        ctx_unref_locked(r->buf[r->head].context);
+        r->buf[r->head] = e;
+        r->head = (r->head + 1) % g.cap;
+        goto out;
+    }
+    if (r->len == r->alloc) {
+        size_t n = r->alloc ? r->alloc * 2 : 1024;
+        if (g.cap != 0 && n > g.cap)
+            n = g.cap;
+        sp__trace_entry_t *nb = realloc(r->buf, n * sizeof(*nb));
+        if (nb == NULL) {
+            ctx_unref_locked(e.context);
+            goto out;
+        }
+        r->buf = nb;
+        r->alloc = n;
+    }
+    r->buf[r->len++] = e;
+out:
+    pthread_mutex_unlock(&g.lock);
+}
+
+int sp__history_device_count(void) {
+    pthread_mutex_lock(&g.lock);
+    int n = g.nrings;
+    pthread_mutex_unlock(&g.lock);
+    return n;
+}
+
+sp_status_t sp__history_copy(int device, sp__trace_entry_t **entries_p, size_t *n_p) {
+    pthread_mutex_lock(&g.lock);
+    ring_t *r = (device >= 0 && device < g.nrings) ? &g.rings[device] : NULL;
+    size_t n = r ? r->len : 0;
+    sp__trace_entry_t *out = malloc((n ? n : 1) * sizeof(*out));
+    if (out == NULL) {
+        pthread_mutex_unlock(&g.lock);
+        return sp__error(SP_ERR_SYSTEM, SP_SUB_HISTORY, "out of host memory copying %zu trace entries",
+                         n);
+    }
+    for (size_t i = 0; i < n; i++) {
+        out[i] = r->buf[(r->head + i) % r->len];
+        context_t *c = ctx_get(out[i].context);
+        if (c != NULL)
+            c->refs++;
+        else
+            out[i].context = 0;
+    }
+    pthread_mutex_unlock(&g.lock);
+    *entries_p = out;
+    *n_p = n;
+    return SP_SUCCESS;
+}
+
+void sp__history_entries_free(sp__trace_entry_t *entries, size_t n) {
+    if (entries == NULL)
+        return;
+    pthread_mutex_lock(&g.lock);
+    for (size_t i = 0; i < n; i++)
+        ctx_unref_locked(entries[i].context);
+    pthread_mutex_unlock(&g.lock);
+    free(entries);
+}
+
+bool sp__history_enabled(void) {
+    return __atomic_load_n(&sp__history_active, __ATOMIC_RELAXED) != 0;
+}
+
+/* ---- parameters ------------------------------------------------------------------------- */
+
+SP_EXPORT void sp_history_params_init(sp_history_params_t *params) {
+    if (params == NULL)
+        return;
+    params->enabled = SP_HISTORY_ALL;
+    params->context = SP_CONTEXT_ALL;
+    params->max_entries = 0;
+    params->c_stacks = false;
+}
+
+SP_EXPORT sp_status_t sp_record_memory_history(const sp_history_params_t *params) {
+    SP_ARG_CHECK(params != NULL, SP_SUB_HISTORY, "sp_record_memory_history: params is NULL");
+    SP_ARG_CHECK((unsigned)params->enabled <= SP_HISTORY_ALL, SP_SUB_HISTORY,
+                 "sp_record_memory_history: enabled=%d is not OFF, STATE or ALL",
+                 (int)params->enabled);
+    SP_ARG_CHECK((unsigned)params->context <= SP_CONTEXT_ALL, SP_SUB_HISTORY,
+                 "sp_record_memory_history: context=%d is not NONE, STATE, ALLOC or ALL",
+                 (int)params->context);
+    pthread_mutex_lock(&g.lock);
+    if (params->enabled == SP_HISTORY_OFF) {
+        /* PyTorch: enabled=None stops recording and clears the buffer. Contexts still held by
+         * live blocks stay until the allocator releases them. */
+        __atomic_store_n(&sp__history_active, 0, __ATOMIC_RELAXED);
+        for (int d = 0; d < g.nrings; d++)
+            ring_clear_locked(&g.rings[d]);
+        g.enabled = SP_HISTORY_OFF;
+        __atomic_store_n(&g.context, SP_CONTEXT_NONE, __ATOMIC_RELAXED);
+        pthread_mutex_unlock(&g.lock);
+        SP_INFO(SP_SUB_HISTORY, "memory history off");
+        return SP_SUCCESS;
+    }
+    /* "state" keeps only live-block stacks: PyTorch forces max_entries to 1. */
+    size_t cap = params->enabled == SP_HISTORY_STATE ? 1 : params->max_entries;
+    if (cap != 0) {
+        for (int d = 0; d < g.nrings; d++) {
+            ring_t *r = &g.rings[d];
+            if ((r->len > 0 && r->head != 0) || r->len > cap) {
+                if (!ring_linearize_locked(r, cap)) {
+                    pthread_mutex_unlock(&g.lock);
+                    return sp__error(SP_ERR_SYSTEM, SP_SUB_HISTORY,
+                                     "out of host memory resizing the trace buffer");
+                }
+            }
+        }
+    } else {
+        for (int d = 0; d < g.nrings; d++) {
+            ring_t *r = &g.rings[d];
+            if (r->head != 0 && !ring_linearize_locked(r, r->len)) {
+                pthread_mutex_unlock(&g.lock);
+                return sp__error(SP_ERR_SYSTEM, SP_SUB_HISTORY,
+                                 "out of host memory resizing the trace buffer");
+            }
+        }
+    }
+    g.cap = cap;
+    g.enabled = params->enabled;
+    __atomic_store_n(&g.c_stacks, params->c_stacks, __ATOMIC_RELAXED);
+    __atomic_store_n(&g.context, params->context, __ATOMIC_RELAXED);
+    __atomic_store_n(&sp__history_active, 1, __ATOMIC_RELAXED);
+    pthread_mutex_unlock(&g.lock);
+    SP_INFO(SP_SUB_HISTORY, "memory history %s, context %d, max_entries %zu, c_stacks %d",
+            params->enabled == SP_HISTORY_ALL ? "all" : "state", (int)params->context, cap,
+            (int)params->c_stacks);
+    return SP_SUCCESS;
+}
+
+void sp__history_shutdown(void) {
+    pthread_mutex_lock(&g.lock);
+    __atomic_store_n(&sp__history_active, 0, __ATOMIC_RELAXED);
+    for (int d = 0; d < g.nrings; d++)
+        ring_clear_locked(&g.rings[d]);
+    free(g.rings);
+    g.rings = NULL;
+    g.nrings = 0;
+    g.enabled = SP_HISTORY_OFF;
+    g.context = SP_CONTEXT_NONE;
+    g.c_stacks = false;
+    g.cap = 0;
+    /* Contexts still referenced here are leaked references of blocks that outlived shutdown;
+     * free them all so a new session starts clean. */
+    for (size_t i = 0; i < g.nctx; i++)
+        if (g.ctx[i].refs > 0)
+            ctx_destroy(&g.ctx[i]);
+    free(g.ctx);
+    free(g.buckets);
+    g.ctx = NULL;
+    g.buckets = NULL;
+    g.nctx = g.ctx_alloc = g.nbuckets = g.live_ctx = 0;
+    g.free_ids = 0;
+    pthread_mutex_unlock(&g.lock);
+}
