@@ -1,0 +1,581 @@
+/*
+ * host.c: the emulated device. A product backend, not a mock: every test, the CLI and every
+ * machine without a GPU run the allocator on it, so it keeps the contract of device.h exactly.
+ *
+ * Memory. Device d has a byte budget `capacity` (SYMPOOL_HOST_CAPACITY); mem_alloc succeeds
+ * while live_bytes + size <= capacity and answers SP_ERR_OUT_OF_MEMORY (quiet) otherwise, so
+ * OOM tests are exact to the byte. Each allocation is its own anonymous MAP_NORESERVE mapping:
+ * a large capacity costs nothing until pages are touched, pointers are page aligned, and there
+ * is no fragmentation below the allocator (as with cudaMalloc). Live mappings are kept in a
+ * per-device hash (pointer -> size) so that mem_free can refuse a pointer it did not hand out or
+ * the wrong size without touching anything. SYMPOOL_HOST_FAIL_AFTER=N makes the Nth mem_alloc
+ * call since init fail with OOM, once.
+ *
+ * Streams and events. Host work is done by the time a call returns, but the allocator must see
+ * the same *ordering* it sees on a GPU: an event recorded on stream S is not complete until S
+ * has been synchronized after the record. Each stream therefore counts records (`recorded`) and
+ * the prefix of them known complete (`completed`); an event remembers its stream and sequence
+ * number and is done once completed >= seq. Every handle is registered in a per-device hash,
+ * so an unknown handle is rejected without being dereferenced. Events are pooled per device.
+ *
+ * Lock: one mutex per device guards everything of that device (budget, mapping hash, streams,
+ * events). mmap/munmap run outside it. `g_host` itself is written only by init/fini, which
+ * sp__device_select serializes.
+ */
+#include <errno.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include "core/core.h"
+#include "pool/device/device.h"
+
+/* ---- a small pointer hash (open addressing, linear probing, backward-shift delete) ------- */
+
+typedef struct phash {
+    uintptr_t *keys; /* 0 = empty slot; device lock */
+    uint64_t *vals;  /* value per key; device lock */
+    size_t cap;      /* slots, a power of two (0 before first insert); device lock */
+    size_t count;    /* occupied slots; device lock */
+} phash_t;
+
+static size_t phash_slot(const phash_t *h, uintptr_t key) {
+    uint64_t x = (uint64_t)key;
+    x ^= x >> 33;
+    x *= 0xff51afd7ed558ccdULL;
+    x ^= x >> 33;
+    return (size_t)x & (h->cap - 1);
+}
+
+static bool phash_find(const phash_t *h, uintptr_t key, uint64_t *val_p) {
+    if (h->cap == 0)
+        return false;
+    for (size_t i = phash_slot(h, key);; i = (i + 1) & (h->cap - 1)) {
+        if (h->keys[i] == 0)
+            return false;
+        if (h->keys[i] == key) {
+            if (val_p)
+                *val_p = h->vals[i];
+            return true;
+        }
+    }
+}
+
+static void phash_put_raw(phash_t *h, uintptr_t key, uint64_t val) {
+    size_t i = phash_slot(h, key);
+    while (h->keys[i] != 0 && h->keys[i] != key)
+        i = (i + 1) & (h->cap - 1);
+    if (h->keys[i] == 0)
+        h->count++;
+    h->keys[i] = key;
+    h->vals[i] = val;
+}
+
+/* Insert or overwrite; false only when growing the table fails (nothing changed then). */
+static bool phash_put(phash_t *h, uintptr_t key, uint64_t val) {
+    if ((h->count + 1) * 2 > h->cap) {
+        size_t ncap = h->cap ? h->cap * 2 : 64;
+        uintptr_t *nk = calloc(ncap, sizeof(*nk));
+        uint64_t *nv = calloc(ncap, sizeof(*nv));
+        if (!nk || !nv) {
+            free(nk);
+            free(nv);
+            return false;
+        }
+        phash_t old = *h;
+        h->keys = nk;
+        h->vals = nv;
+        h->cap = ncap;
+        h->count = 0;
+        for (size_t i = 0; i < old.cap; i++)
+            if (old.keys[i] != 0)
+                phash_put_raw(h, old.keys[i], old.vals[i]);
+        free(old.keys);
+        free(old.vals);
+    }
+    phash_put_raw(h, key, val);
+    return true;
+}
+
+static bool phash_del(phash_t *h, uintptr_t key) {
+    if (h->cap == 0)
+        return false;
+    size_t mask = h->cap - 1, i = phash_slot(h, key);
+    while (h->keys[i] != key) {
+        if (h->keys[i] == 0)
+            return false;
+        i = (i + 1) & mask;
+    }
+    /* Backward-shift deletion keeps every probe chain unbroken without tombstones. */
+    for (size_t j = (i + 1) & mask; h->keys[j] != 0; j = (j + 1) & mask) {
+        size_t home = phash_slot(h, h->keys[j]);
+        bool movable = (i <= j) ? (home <= i || home > j) : (home <= i && home > j);
+        if (movable) {
+            h->keys[i] = h->keys[j];
+            h->vals[i] = h->vals[j];
+            i = j;
+        }
+    }
+    h->keys[i] = 0;
+    h->count--;
+    return true;
+}
+
+static void phash_free(phash_t *h) {
+    free(h->keys);
+    free(h->vals);
+    memset(h, 0, sizeof(*h));
+}
+
+/* ---- state -------------------------------------------------------------------------------- */
+
+typedef struct host_stream {
+    int device;         /* owner device; immutable */
+    uint64_t recorded;  /* events recorded on this stream so far; device lock */
+    uint64_t completed; /* records [1, completed] are complete; device lock */
+} host_stream_t;
+
+typedef struct host_event {
+    host_stream_t *stream;   /* stream of the last record, NULL if never recorded; device lock */
+    uint64_t seq;            /* the record's sequence number on `stream`; device lock */
+    struct host_event *next; /* free-list link while pooled; device lock */
+} host_event_t;
+
+typedef struct host_dev {
+    pthread_mutex_t mu;          /* guards every field below */
+    size_t capacity;             /* byte budget; immutable after init */
+    size_t live_bytes;           /* bytes handed out (incl. reservations in flight); mu */
+    size_t live_count;           /* live mappings; mu */
+    phash_t maps;                /* live mapping pointer -> size; mu */
+    phash_t streams;             /* live host_stream_t * (value unused); mu */
+    phash_t events;              /* live (handed out) host_event_t *; mu */
+    host_stream_t default_stream;/* the NULL stream of this device; mu */
+    host_event_t *free_events;   /* pooled events; mu */
+} host_dev_t;
+
+static struct {
+    int count;                  /* devices; set by init, 0 when not initialized */
+    host_dev_t *devs;           /* [count]; set by init */
+    size_t page;                /* page size in bytes */
+    long fail_after;            /* SYMPOOL_HOST_FAIL_AFTER; 0 = never */
+    _Atomic long alloc_calls;   /* mem_alloc calls since init */
+} g_host;
+
+static sp_status_t get_dev(int device, host_dev_t **dev_p) {
+    if (SP_UNLIKELY(device < 0 || device >= g_host.count))
+        return sp__error(SP_ERR_INVALID_ARGUMENT, SP_SUB_DEVICE,
+                         "host device %d does not exist (SYMPOOL_HOST_DEVICES=%d)", device,
+                         g_host.count);
+    *dev_p = &g_host.devs[device];
+    return SP_SUCCESS;
+}
+
+/* The stream a handle names on `dev` (NULL -> default stream); caller holds dev->mu. */
+static host_stream_t *lookup_stream(host_dev_t *dev, sp_dev_stream_t stream) {
+    if (stream == NULL)
+        return &dev->default_stream;
+    return phash_find(&dev->streams, (uintptr_t)stream, NULL) ? (host_stream_t *)stream : NULL;
+}
+
+/* ---- init / fini -------------------------------------------------------------------------- */
+
+static sp_status_t host_init(sp_device_caps_t *caps_p) {
+    int64_t ndev = sp__option_int(SP_OPT_HOST_DEVICES);
+    int64_t cap = sp__option_int(SP_OPT_HOST_CAPACITY);
+    int64_t fail_after = sp__option_int(SP_OPT_HOST_FAIL_AFTER);
+    if (ndev < 1 || ndev > 1024)
+        return sp__error(SP_ERR_INVALID_ARGUMENT, SP_SUB_DEVICE,
+                         "SYMPOOL_HOST_DEVICES=%lld is out of range (1..1024)", (long long)ndev);
+    if (cap <= 0)
+        return sp__error(SP_ERR_INVALID_ARGUMENT, SP_SUB_DEVICE,
+                         "SYMPOOL_HOST_CAPACITY must be > 0 bytes");
+    host_dev_t *devs = calloc((size_t)ndev, sizeof(*devs));
+    if (!devs)
+        return sp__error(SP_ERR_SYSTEM, SP_SUB_DEVICE, "cannot allocate %lld host devices",
+                         (long long)ndev);
+    for (int d = 0; d < (int)ndev; d++) {
+        pthread_mutex_init(&devs[d].mu, NULL);
+        devs[d].capacity = (size_t)cap;
+        devs[d].default_stream.device = d;
+    }
+    long pg = sysconf(_SC_PAGESIZE);
+    g_host.page = pg > 0 ? (size_t)pg : 4096;
+    g_host.devs = devs;
+    g_host.count = (int)ndev;
+    g_host.fail_after = fail_after > 0 ? (long)fail_after : 0;
+    atomic_store(&g_host.alloc_calls, 0);
+
+    sp_device_caps_t caps = {0};
+    caps.device_count = g_host.count;
+    caps.granularity = g_host.page;
+    caps.has_vmm = false;
+    caps.is_emulated = true;
+    SP_INFO(SP_SUB_DEVICE, "host backend: %d device(s) of %zu bytes, fail_after=%ld", g_host.count,
+            (size_t)cap, g_host.fail_after);
+    *caps_p = caps;
+    return SP_SUCCESS;
+}
+
+static void host_fini(void) {
+    for (int d = 0; d < g_host.count; d++) {
+        host_dev_t *dev = &g_host.devs[d];
+        if (dev->live_count > 0)
+            SP_INFO(SP_SUB_DEVICE, "host device %d: unmapping %zu leftover allocation(s), %zu bytes",
+                    d, dev->live_count, dev->live_bytes);
+        for (size_t i = 0; i < dev->maps.cap; i++)
+            if (dev->maps.keys[i] != 0)
+                munmap((void *)dev->maps.keys[i], (size_t)dev->maps.vals[i]);
+        for (size_t i = 0; i < dev->streams.cap; i++)
+            if (dev->streams.keys[i] != 0)
+                free((void *)dev->streams.keys[i]);
+        for (size_t i = 0; i < dev->events.cap; i++)
+            if (dev->events.keys[i] != 0)
+                free((void *)dev->events.keys[i]);
+        while (dev->free_events) {
+            host_event_t *e = dev->free_events;
+            dev->free_events = e->next;
+            free(e);
+        }
+        phash_free(&dev->maps);
+        phash_free(&dev->streams);
+        phash_free(&dev->events);
+        pthread_mutex_destroy(&dev->mu);
+    }
+    free(g_host.devs);
+    g_host.devs = NULL;
+    g_host.count = 0;
+}
+
+/* ---- memory ------------------------------------------------------------------------------- */
+
+static sp_status_t host_mem_alloc(int device, size_t size, void **ptr_p) {
+    host_dev_t *dev;
+    SP_CHECK(get_dev(device, &dev));
+    if (SP_UNLIKELY(size == 0))
+        return sp__error(SP_ERR_INVALID_ARGUMENT, SP_SUB_DEVICE, "mem_alloc of 0 bytes");
+    long call = atomic_fetch_add(&g_host.alloc_calls, 1) + 1;
+    if (g_host.fail_after > 0 && call == g_host.fail_after)
+        return sp__error_quiet(SP_ERR_OUT_OF_MEMORY, SP_SUB_DEVICE,
+                               "host device %d: injected failure of mem_alloc call %ld "
+                               "(SYMPOOL_HOST_FAIL_AFTER)", device, call);
+
+    /* Reserve the bytes first so that concurrent callers never overshoot the budget. */
+    pthread_mutex_lock(&dev->mu);
+    if (size > dev->capacity - dev->live_bytes) {
+        size_t live = dev->live_bytes;
+        pthread_mutex_unlock(&dev->mu);
+        return sp__error_quiet(SP_ERR_OUT_OF_MEMORY, SP_SUB_DEVICE,
+                               "host device %d: cannot allocate %zu bytes (%zu of %zu in use)",
+                               device, size, live, dev->capacity);
+    }
+    dev->live_bytes += size;
+    pthread_mutex_unlock(&dev->mu);
+
+    void *p = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
+                   -1, 0);
+    if (p == MAP_FAILED) {
+        int err = errno;
+        pthread_mutex_lock(&dev->mu);
+        dev->live_bytes -= size;
+        pthread_mutex_unlock(&dev->mu);
+        /* The address space or the map count ran out: to the allocator this is an OOM it can
+         * answer by freeing its cache. */
+        return sp__error_quiet(SP_ERR_OUT_OF_MEMORY, SP_SUB_DEVICE,
+                               "host device %d: mmap of %zu bytes failed: %s", device, size,
+                               strerror(err));
+    }
+    pthread_mutex_lock(&dev->mu);
+    bool ok = phash_put(&dev->maps, (uintptr_t)p, (uint64_t)size);
+    if (ok)
+        dev->live_count++;
+    else
+        dev->live_bytes -= size;
+    pthread_mutex_unlock(&dev->mu);
+    if (!ok) {
+        munmap(p, size);
+        return sp__error(SP_ERR_SYSTEM, SP_SUB_DEVICE, "host device %d: out of host memory for "
+                         "the mapping table", device);
+    }
+    *ptr_p = p;
+    return SP_SUCCESS;
+}
+
+static sp_status_t host_mem_free(int device, void *ptr, size_t size) {
+    host_dev_t *dev;
+    SP_CHECK(get_dev(device, &dev));
+    pthread_mutex_lock(&dev->mu);
+    uint64_t have;
+    if (!phash_find(&dev->maps, (uintptr_t)ptr, &have)) {
+        pthread_mutex_unlock(&dev->mu);
+        return sp__error(SP_ERR_INVALID_USAGE, SP_SUB_DEVICE,
+                         "host device %d: mem_free of %p, which is not a live allocation of this "
+                         "device (double free or foreign pointer)", device, ptr);
+    }
+    if (have != (uint64_t)size) {
+        pthread_mutex_unlock(&dev->mu);
+        return sp__error(SP_ERR_INVALID_USAGE, SP_SUB_DEVICE,
+                         "host device %d: mem_free of %p with size %zu, but it was allocated with "
+                         "%llu bytes", device, ptr, size, (unsigned long long)have);
+    }
+    phash_del(&dev->maps, (uintptr_t)ptr);
+    dev->live_count--;
+    /* Keep the bytes counted until the unmap is done, so a racing alloc cannot exceed the
+     * budget in real address space either. */
+    pthread_mutex_unlock(&dev->mu);
+    if (munmap(ptr, size) != 0)
+        SP_WARN(SP_SUB_DEVICE, "host device %d: munmap(%p, %zu) failed: %s", device, ptr, size,
+                strerror(errno));
+    pthread_mutex_lock(&dev->mu);
+    dev->live_bytes -= size;
+    pthread_mutex_unlock(&dev->mu);
+    return SP_SUCCESS;
+}
+
+static sp_status_t host_mem_get_info(int device, size_t *free_p, size_t *total_p) {
+    host_dev_t *dev;
+    SP_CHECK(get_dev(device, &dev));
+    pthread_mutex_lock(&dev->mu);
+    size_t free_bytes = dev->capacity - dev->live_bytes;
+    pthread_mutex_unlock(&dev->mu);
+    *free_p = free_bytes;
+    *total_p = dev->capacity;
+    return SP_SUCCESS;
+}
+
+/* ---- streams ------------------------------------------------------------------------------ */
+
+static sp_status_t host_stream_create(int device, sp_dev_stream_t *stream_p) {
+    host_dev_t *dev;
+    SP_CHECK(get_dev(device, &dev));
+    host_stream_t *s = calloc(1, sizeof(*s));
+    if (!s)
+        return sp__error(SP_ERR_SYSTEM, SP_SUB_DEVICE, "cannot allocate a host stream");
+    s->device = device;
+    pthread_mutex_lock(&dev->mu);
+    bool ok = phash_put(&dev->streams, (uintptr_t)s, 1);
+    pthread_mutex_unlock(&dev->mu);
+    if (!ok) {
+        free(s);
+        return sp__error(SP_ERR_SYSTEM, SP_SUB_DEVICE, "cannot register a host stream");
+    }
+    *stream_p = s;
+    return SP_SUCCESS;
+}
+
+static sp_status_t host_stream_destroy(int device, sp_dev_stream_t stream) {
+    host_dev_t *dev;
+    SP_CHECK(get_dev(device, &dev));
+    pthread_mutex_lock(&dev->mu);
+    if (stream == NULL || !phash_del(&dev->streams, (uintptr_t)stream)) {
+        pthread_mutex_unlock(&dev->mu);
+        return sp__error(SP_ERR_INVALID_ARGUMENT, SP_SUB_DEVICE,
+                         "host device %d: stream_destroy of unknown stream %p", device, stream);
+    }
+    /* Destroying a stream lets its queued work finish (as cudaStreamDestroy does): events still
+     * pointing at it become complete and forget it, so nothing dangles. */
+    for (size_t i = 0; i < dev->events.cap; i++) {
+        host_event_t *e = (host_event_t *)dev->events.keys[i];
+        if (e && e->stream == (host_stream_t *)stream)
+            e->stream = NULL;
+    }
+    for (host_event_t *e = dev->free_events; e; e = e->next)
+        if (e->stream == (host_stream_t *)stream)
+            e->stream = NULL;
+    pthread_mutex_unlock(&dev->mu);
+    free(stream);
+    return SP_SUCCESS;
+}
+
+static sp_status_t host_stream_sync(int device, sp_dev_stream_t stream) {
+    host_dev_t *dev;
+    SP_CHECK(get_dev(device, &dev));
+    pthread_mutex_lock(&dev->mu);
+    host_stream_t *s = lookup_stream(dev, stream);
+    if (s)
+        s->completed = s->recorded;
+    pthread_mutex_unlock(&dev->mu);
+    if (!s)
+        return sp__error(SP_ERR_INVALID_ARGUMENT, SP_SUB_DEVICE,
+                         "host device %d: stream_sync of unknown stream %p", device, stream);
+    return SP_SUCCESS;
+}
+
+static sp_status_t host_stream_device(sp_dev_stream_t stream, int *device_p) {
+    for (int d = 0; d < g_host.count; d++) {
+        host_dev_t *dev = &g_host.devs[d];
+        pthread_mutex_lock(&dev->mu);
+        bool found = stream != NULL && phash_find(&dev->streams, (uintptr_t)stream, NULL);
+        pthread_mutex_unlock(&dev->mu);
+        if (found) {
+            *device_p = d;
+            return SP_SUCCESS;
+        }
+    }
+    return sp__error(SP_ERR_INVALID_ARGUMENT, SP_SUB_DEVICE,
+                     "%p is not a stream of the host backend", stream);
+}
+
+/* ---- events ------------------------------------------------------------------------------- */
+
+static sp_status_t host_event_create(int device, sp_dev_event_t *event_p) {
+    host_dev_t *dev;
+    SP_CHECK(get_dev(device, &dev));
+    pthread_mutex_lock(&dev->mu);
+    host_event_t *e = dev->free_events;
+    if (e)
+        dev->free_events = e->next;
+    pthread_mutex_unlock(&dev->mu);
+    if (!e && !(e = malloc(sizeof(*e))))
+        return sp__error(SP_ERR_SYSTEM, SP_SUB_DEVICE, "cannot allocate a host event");
+    e->stream = NULL; /* a never-recorded event is complete, as in CUDA */
+    e->seq = 0;
+    e->next = NULL;
+    pthread_mutex_lock(&dev->mu);
+    bool ok = phash_put(&dev->events, (uintptr_t)e, 1);
+    if (!ok) {
+        e->next = dev->free_events;
+        dev->free_events = e;
+    }
+    pthread_mutex_unlock(&dev->mu);
+    if (!ok)
+        return sp__error(SP_ERR_SYSTEM, SP_SUB_DEVICE, "cannot register a host event");
+    *event_p = e;
+    return SP_SUCCESS;
+}
+
+static sp_status_t host_event_destroy(int device, sp_dev_event_t event) {
+    host_dev_t *dev;
+    SP_CHECK(get_dev(device, &dev));
+    pthread_mutex_lock(&dev->mu);
+    bool ok = phash_del(&dev->events, (uintptr_t)event);
+    if (ok) {
+        host_event_t *e = event;
+        e->stream = NULL;
+        e->next = dev->free_events;
+        dev->free_events = e;
+    }
+    pthread_mutex_unlock(&dev->mu);
+    if (!ok)
+        return sp__error(SP_ERR_INVALID_ARGUMENT, SP_SUB_DEVICE,
+                         "host device %d: event_destroy of unknown event %p", device, event);
+    return SP_SUCCESS;
+}
+
+static sp_status_t host_event_record(int device, sp_dev_event_t event, sp_dev_stream_t stream) {
+    host_dev_t *dev;
+    SP_CHECK(get_dev(device, &dev));
+    pthread_mutex_lock(&dev->mu);
+    host_stream_t *s = lookup_stream(dev, stream);
+    bool known = phash_find(&dev->events, (uintptr_t)event, NULL);
+    if (s && known) {
+        host_event_t *e = event;
+        e->stream = s;
+        e->seq = ++s->recorded;
+    }
+    pthread_mutex_unlock(&dev->mu);
+    if (!known)
+        return sp__error(SP_ERR_INVALID_ARGUMENT, SP_SUB_DEVICE,
+                         "host device %d: event_record of unknown event %p", device, event);
+    if (!s)
+        return sp__error(SP_ERR_INVALID_ARGUMENT, SP_SUB_DEVICE,
+                         "host device %d: event_record on unknown stream %p", device, stream);
+    return SP_SUCCESS;
+}
+
+static sp_status_t host_event_query(int device, sp_dev_event_t event, bool *done_p) {
+    host_dev_t *dev;
+    SP_CHECK(get_dev(device, &dev));
+    pthread_mutex_lock(&dev->mu);
+    bool known = phash_find(&dev->events, (uintptr_t)event, NULL);
+    bool done = false;
+    if (known) {
+        host_event_t *e = event;
+        done = e->stream == NULL || e->stream->completed >= e->seq;
+    }
+    pthread_mutex_unlock(&dev->mu);
+    if (!known)
+        return sp__error(SP_ERR_INVALID_ARGUMENT, SP_SUB_DEVICE,
+                         "host device %d: event_query of unknown event %p", device, event);
+    *done_p = done;
+    return SP_SUCCESS;
+}
+
+static sp_status_t host_event_sync(int device, sp_dev_event_t event) {
+    host_dev_t *dev;
+    SP_CHECK(get_dev(device, &dev));
+    pthread_mutex_lock(&dev->mu);
+    bool known = phash_find(&dev->events, (uintptr_t)event, NULL);
+    if (known) {
+        /* Waiting for the event completes its stream up to the record point (host work is
+         * already done); later records on that stream stay pending. */
+        host_event_t *e = event;
+        if (e->stream && e->stream->completed < e->seq)
+            e->stream->completed = e->seq;
+    }
+    pthread_mutex_unlock(&dev->mu);
+    if (!known)
+        return sp__error(SP_ERR_INVALID_ARGUMENT, SP_SUB_DEVICE,
+                         "host device %d: event_sync of unknown event %p", device, event);
+    return SP_SUCCESS;
+}
+
+static sp_status_t host_memcpy_async(int device, void *dst, const void *src, size_t bytes,
+                                     sp_dev_stream_t stream) {
+    host_dev_t *dev;
+    SP_CHECK(get_dev(device, &dev));
+    if (stream != NULL) {
+        pthread_mutex_lock(&dev->mu);
+        bool known = phash_find(&dev->streams, (uintptr_t)stream, NULL);
+        pthread_mutex_unlock(&dev->mu);
+        if (!known)
+            return sp__error(SP_ERR_INVALID_ARGUMENT, SP_SUB_DEVICE,
+                             "host device %d: memcpy_async on unknown stream %p", device, stream);
+    }
+    if (bytes > 0)
+        memmove(dst, src, bytes);
+    return SP_SUCCESS;
+}
+
+/* ---- inspection --------------------------------------------------------------------------- */
+
+size_t sp__host_live_allocations(int device) {
+    if (device < 0 || device >= g_host.count)
+        return 0;
+    host_dev_t *dev = &g_host.devs[device];
+    pthread_mutex_lock(&dev->mu);
+    size_t n = dev->live_count;
+    pthread_mutex_unlock(&dev->mu);
+    return n;
+}
+
+size_t sp__host_live_bytes(int device) {
+    if (device < 0 || device >= g_host.count)
+        return 0;
+    host_dev_t *dev = &g_host.devs[device];
+    pthread_mutex_lock(&dev->mu);
+    size_t n = dev->live_bytes;
+    pthread_mutex_unlock(&dev->mu);
+    return n;
+}
+
+const sp_device_ops_t sp__device_host_ops = {
+    .name = "host",
+    .init = host_init,
+    .fini = host_fini,
+    .mem_alloc = host_mem_alloc,
+    .mem_free = host_mem_free,
+    .mem_get_info = host_mem_get_info,
+    .stream_create = host_stream_create,
+    .stream_destroy = host_stream_destroy,
+    .stream_sync = host_stream_sync,
+    .stream_device = host_stream_device,
+    .event_create = host_event_create,
+    .event_destroy = host_event_destroy,
+    .event_record = host_event_record,
+    .event_query = host_event_query,
+    .event_sync = host_event_sync,
+    .memcpy_async = host_memcpy_async,
+};
