@@ -93,15 +93,30 @@ static sp_status_t cuda_init(sp_device_caps_t *caps_p) {
     if (!devs)
         return sp__error(SP_ERR_SYSTEM, SP_SUB_DEVICE, "cannot allocate %d device records", n);
     bool vmm = true;
+    CUresult (*get_dev)(CUdevice *, int) = NULL;
+    CUresult (*get_attr)(int *, CUdevice_attribute, CUdevice) = NULL;
+    void *fn = NULL;
+    enum cudaDriverEntryPointQueryResult q;
+    if (cudaGetDriverEntryPointByVersion("cuDeviceGet", &fn, 12000, cudaEnableDefault, &q) ==
+            cudaSuccess && q == cudaDriverEntryPointSuccess)
+        get_dev = (CUresult(*)(CUdevice *, int))fn;
+    if (cudaGetDriverEntryPointByVersion("cuDeviceGetAttribute", &fn, 12000, cudaEnableDefault,
+                                         &q) == cudaSuccess && q == cudaDriverEntryPointSuccess)
+        get_attr = (CUresult(*)(int *, CUdevice_attribute, CUdevice))fn;
+    (void)cudaGetLastError();
     for (int d = 0; d < n; d++) {
         pthread_mutex_init(&devs[d].mu, NULL);
-        /* No runtime attribute for VMM: ask the driver (the runtime has initialized it). */
-        CUdevice cud;
+        /* No runtime attribute for VMM: ask the driver, through an entry point the runtime
+         * hands out, so that sympool does not link libcuda.so.1 (absent on GPU-less machines,
+         * where the library must still load and run on the host backend). */
         int v = 0;
-        if (cuDeviceGet(&cud, d) != CUDA_SUCCESS ||
-            cuDeviceGetAttribute(&v, CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED, cud) !=
-                CUDA_SUCCESS)
-            v = 0;
+        if (get_attr && get_dev) {
+            CUdevice cud;
+            if (get_dev(&cud, d) != CUDA_SUCCESS ||
+                get_attr(&v, CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED, cud) !=
+                    CUDA_SUCCESS)
+                v = 0;
+        }
         vmm = vmm && v != 0;
     }
     g_cuda.devs = devs;

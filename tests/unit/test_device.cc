@@ -1,0 +1,450 @@
+// test_device.cc: white-box tests of the device backend contract (pool/device/device.h):
+// backend selection, the host backend's exact byte budget, fault injection, misuse rejection,
+// stream/event ordering and thread safety; and the cuda ops on a GPU (skipped without one).
+// Plain ::testing::Test fixtures: these tests sit below the allocator and must not need it.
+#include <gtest/gtest.h>
+
+#include <sys/mman.h>
+
+#include <cstring>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "sp_test.hpp"
+
+extern "C" {
+#include "core/core.h"
+#include "pool/device/device.h"
+}
+
+namespace {
+
+constexpr size_t kGiB = size_t(1) << 30;
+
+// Selects the backend under a given environment and releases it at the end.
+class DeviceTest : public ::testing::Test {
+  protected:
+    void TearDown() override {
+        sp__device_reset();
+        env_.reset();
+        dev_env_.reset();
+    }
+
+    // Selects the host backend afresh with the given extra variables in force (until the test
+    // ends or the next call).
+    void select_host(std::initializer_list<std::pair<const char *, const char *>> vars) {
+        sp__device_reset();
+        env_.reset();
+        if (!dev_env_)
+            dev_env_ = std::make_unique<sp::ScopedEnv>(
+                std::initializer_list<std::pair<const char *, const char *>>{
+                    {"SYMPOOL_DEVICE", "host"}});
+        env_ = std::make_unique<sp::ScopedEnv>(vars);
+        ASSERT_SP_OK(sp__device_select(&ops_, &caps_));
+        ASSERT_STREQ(ops_->name, "host");
+    }
+
+    std::unique_ptr<sp::ScopedEnv> dev_env_; // SYMPOOL_DEVICE=host
+    std::unique_ptr<sp::ScopedEnv> env_;     // the test's extra variables
+    const sp_device_ops_t *ops_ = nullptr;
+    sp_device_caps_t caps_{};
+};
+
+// ---- selection ------------------------------------------------------------------------------
+
+TEST_F(DeviceTest, AutoPicksHostWithoutGpu) {
+    if (sp__device_cuda_available())
+        GTEST_SKIP() << "a GPU answers here; auto picks cuda";
+    sp::ScopedEnv env({{"SYMPOOL_DEVICE", "auto"}});
+    sp__device_reset();
+    ASSERT_SP_OK(sp__device_select(&ops_, &caps_));
+    EXPECT_STREQ(ops_->name, "host");
+    EXPECT_TRUE(caps_.is_emulated);
+    EXPECT_FALSE(caps_.has_vmm);
+    EXPECT_EQ(caps_.device_count, 1);
+    EXPECT_GE(caps_.granularity, 512u);
+}
+
+TEST_F(DeviceTest, SelectIsRememberedUntilReset) {
+    select_host({{"SYMPOOL_HOST_DEVICES", "2"}});
+    EXPECT_EQ(caps_.device_count, 2);
+    {
+        sp::ScopedEnv env({{"SYMPOOL_HOST_DEVICES", "3"}});
+        const sp_device_ops_t *ops = nullptr;
+        sp_device_caps_t caps{};
+        ASSERT_SP_OK(sp__device_select(&ops, &caps));
+        EXPECT_EQ(ops, ops_);
+        EXPECT_EQ(caps.device_count, 2) << "selection must not change before reset";
+        sp__device_reset();
+        ASSERT_SP_OK(sp__device_select(&ops, &caps));
+        EXPECT_EQ(caps.device_count, 3) << "after reset the options are read again";
+    }
+}
+
+TEST_F(DeviceTest, CudaRequestedFailsClearlyWithoutGpu) {
+    if (sp__device_cuda_available())
+        GTEST_SKIP() << "a GPU answers here";
+    sp::ScopedEnv env({{"SYMPOOL_DEVICE", "cuda"}});
+    sp__device_reset();
+    sp__error_clear();
+    const sp_device_ops_t *ops = &sp__device_host_ops; // must stay untouched
+    sp_device_caps_t caps{};
+    sp_status_t s = sp__device_select(&ops, &caps);
+    if (sp__device_cuda_ops() == nullptr) {
+        EXPECT_EQ(s, SP_ERR_NOT_SUPPORTED) << sp::describe(s);
+        EXPECT_NE(std::string(sp_last_error()).find("without CUDA"), std::string::npos)
+            << sp_last_error();
+    } else {
+        EXPECT_EQ(s, SP_ERR_DEVICE) << sp::describe(s);
+        EXPECT_NE(std::string(sp_last_error()).find("cuda"), std::string::npos) << sp_last_error();
+    }
+    EXPECT_EQ(ops, &sp__device_host_ops);
+    // A failed selection is not remembered: fixing the environment lets the next call succeed.
+    sp::ScopedEnv fix({{"SYMPOOL_DEVICE", "host"}});
+    ASSERT_SP_OK(sp__device_select(&ops, &caps));
+    EXPECT_STREQ(ops->name, "host");
+}
+
+// ---- memory ---------------------------------------------------------------------------------
+
+TEST_F(DeviceTest, CapacityIsExact) {
+    select_host({{"SYMPOOL_HOST_CAPACITY", "1MiB"}});
+    const size_t cap = size_t(1) << 20;
+    size_t fr = 0, tot = 0;
+    ASSERT_SP_OK(ops_->mem_get_info(0, &fr, &tot));
+    EXPECT_EQ(tot, cap);
+    EXPECT_EQ(fr, cap);
+
+    void *a = nullptr, *b = nullptr, *c = nullptr;
+    ASSERT_SP_OK(ops_->mem_alloc(0, cap - 4096, &a));
+    ASSERT_SP_OK(ops_->mem_alloc(0, 4096, &b));
+    EXPECT_EQ(reinterpret_cast<uintptr_t>(a) % 512, 0u);
+    EXPECT_EQ(reinterpret_cast<uintptr_t>(b) % caps_.granularity, 0u);
+    ASSERT_SP_OK(ops_->mem_get_info(0, &fr, &tot));
+    EXPECT_EQ(fr, 0u);
+    EXPECT_SP_STATUS(ops_->mem_alloc(0, 1, &c), SP_ERR_OUT_OF_MEMORY);
+    EXPECT_EQ(c, nullptr) << "output written on failure";
+    EXPECT_EQ(sp__host_live_allocations(0), 2u);
+    EXPECT_EQ(sp__host_live_bytes(0), cap);
+
+    std::memset(a, 0xab, cap - 4096); // the memory is really usable
+    ASSERT_SP_OK(ops_->mem_free(0, b, 4096));
+    ASSERT_SP_OK(ops_->mem_alloc(0, 1, &c));
+    ASSERT_SP_OK(ops_->mem_get_info(0, &fr, &tot));
+    EXPECT_EQ(fr, 4095u);
+    ASSERT_SP_OK(ops_->mem_free(0, c, 1));
+    ASSERT_SP_OK(ops_->mem_free(0, a, cap - 4096));
+    EXPECT_EQ(sp__host_live_allocations(0), 0u);
+    EXPECT_EQ(sp__host_live_bytes(0), 0u);
+}
+
+TEST_F(DeviceTest, HugeCapacityCostsNothingUntilTouched) {
+    select_host({{"SYMPOOL_HOST_CAPACITY", "141GiB"}});
+    size_t fr = 0, tot = 0;
+    ASSERT_SP_OK(ops_->mem_get_info(0, &fr, &tot));
+    EXPECT_EQ(tot, 141 * kGiB);
+    void *p = nullptr;
+    ASSERT_SP_OK(ops_->mem_alloc(0, 100 * kGiB, &p));
+    static_cast<char *>(p)[0] = 1;
+    static_cast<char *>(p)[100 * kGiB - 1] = 2;
+    ASSERT_SP_OK(ops_->mem_get_info(0, &fr, &tot));
+    EXPECT_EQ(fr, 41 * kGiB);
+    ASSERT_SP_OK(ops_->mem_free(0, p, 100 * kGiB));
+    EXPECT_EQ(sp__host_live_bytes(0), 0u);
+}
+
+TEST_F(DeviceTest, FailAfterNFailsTheNthCallOnce) {
+    select_host({{"SYMPOOL_HOST_FAIL_AFTER", "3"}});
+    void *p[5] = {};
+    ASSERT_SP_OK(ops_->mem_alloc(0, 4096, &p[0]));
+    ASSERT_SP_OK(ops_->mem_alloc(0, 4096, &p[1]));
+    EXPECT_SP_STATUS(ops_->mem_alloc(0, 4096, &p[2]), SP_ERR_OUT_OF_MEMORY);
+    EXPECT_EQ(p[2], nullptr);
+    ASSERT_SP_OK(ops_->mem_alloc(0, 4096, &p[3]));
+    ASSERT_SP_OK(ops_->mem_alloc(0, 4096, &p[4]));
+    EXPECT_EQ(sp__host_live_allocations(0), 4u);
+    for (void *q : p)
+        if (q)
+            ASSERT_SP_OK(ops_->mem_free(0, q, 4096));
+
+    // The count starts again at a new init.
+    select_host({{"SYMPOOL_HOST_FAIL_AFTER", "1"}});
+    void *q = nullptr;
+    EXPECT_SP_STATUS(ops_->mem_alloc(0, 4096, &q), SP_ERR_OUT_OF_MEMORY);
+    ASSERT_SP_OK(ops_->mem_alloc(0, 4096, &q));
+    ASSERT_SP_OK(ops_->mem_free(0, q, 4096));
+}
+
+TEST_F(DeviceTest, DevicesHaveTheirOwnBudgets) {
+    select_host({{"SYMPOOL_HOST_DEVICES", "3"}, {"SYMPOOL_HOST_CAPACITY", "64KiB"}});
+    ASSERT_EQ(caps_.device_count, 3);
+    void *p[3] = {};
+    for (int d = 0; d < 3; d++)
+        ASSERT_SP_OK(ops_->mem_alloc(d, 64 * 1024, &p[d]));
+    void *x = nullptr;
+    for (int d = 0; d < 3; d++) {
+        EXPECT_SP_STATUS(ops_->mem_alloc(d, 1, &x), SP_ERR_OUT_OF_MEMORY);
+        EXPECT_EQ(sp__host_live_allocations(d), 1u);
+    }
+    // A pointer of device 0 is not a pointer of device 1.
+    EXPECT_SP_STATUS(ops_->mem_free(1, p[0], 64 * 1024), SP_ERR_INVALID_USAGE);
+    ASSERT_SP_OK(ops_->mem_free(0, p[0], 64 * 1024));
+    EXPECT_EQ(sp__host_live_bytes(0), 0u);
+    EXPECT_EQ(sp__host_live_bytes(1), 64 * 1024u);
+    EXPECT_SP_STATUS(ops_->mem_alloc(1, 1, &x), SP_ERR_OUT_OF_MEMORY);
+    ASSERT_SP_OK(ops_->mem_free(1, p[1], 64 * 1024));
+    ASSERT_SP_OK(ops_->mem_free(2, p[2], 64 * 1024));
+    EXPECT_SP_STATUS(ops_->mem_alloc(3, 1, &x), SP_ERR_INVALID_ARGUMENT);
+}
+
+TEST_F(DeviceTest, MisuseIsRejectedAndChangesNothing) {
+    select_host({{"SYMPOOL_HOST_CAPACITY", "1MiB"}});
+    void *p = nullptr;
+    ASSERT_SP_OK(ops_->mem_alloc(0, 8192, &p));
+    static_cast<char *>(p)[0] = 42;
+    int local = 0;
+    EXPECT_SP_STATUS(ops_->mem_free(0, &local, 8192), SP_ERR_INVALID_USAGE);
+    EXPECT_SP_STATUS(ops_->mem_free(0, static_cast<char *>(p) + 4096, 4096), SP_ERR_INVALID_USAGE);
+    EXPECT_SP_STATUS(ops_->mem_free(0, p, 4096), SP_ERR_INVALID_USAGE);
+    EXPECT_NE(std::string(sp_last_error()).find("8192"), std::string::npos) << sp_last_error();
+    EXPECT_EQ(sp__host_live_allocations(0), 1u);
+    EXPECT_EQ(sp__host_live_bytes(0), 8192u);
+    EXPECT_EQ(static_cast<char *>(p)[0], 42) << "memory still mapped and intact";
+    ASSERT_SP_OK(ops_->mem_free(0, p, 8192));
+    EXPECT_SP_STATUS(ops_->mem_free(0, p, 8192), SP_ERR_INVALID_USAGE);
+    EXPECT_EQ(sp__host_live_allocations(0), 0u);
+    EXPECT_EQ(sp__host_live_bytes(0), 0u);
+
+    int junk = 0;
+    sp_dev_stream_t s = nullptr;
+    int dev = -1;
+    EXPECT_SP_STATUS(ops_->stream_device(&junk, &dev), SP_ERR_INVALID_ARGUMENT);
+    EXPECT_EQ(dev, -1);
+    EXPECT_SP_STATUS(ops_->stream_sync(0, &junk), SP_ERR_INVALID_ARGUMENT);
+    EXPECT_SP_STATUS(ops_->stream_destroy(0, &junk), SP_ERR_INVALID_ARGUMENT);
+    bool done = false;
+    EXPECT_SP_STATUS(ops_->event_query(0, &junk, &done), SP_ERR_INVALID_ARGUMENT);
+    EXPECT_SP_STATUS(ops_->event_destroy(0, &junk), SP_ERR_INVALID_ARGUMENT);
+    ASSERT_SP_OK(ops_->stream_create(0, &s));
+    ASSERT_SP_OK(ops_->stream_destroy(0, s));
+    EXPECT_SP_STATUS(ops_->stream_device(s, &dev), SP_ERR_INVALID_ARGUMENT);
+}
+
+TEST_F(DeviceTest, LeftoverMappingsAreReleasedAtReset) {
+    select_host({{"SYMPOOL_HOST_CAPACITY", "1MiB"}});
+    void *p = nullptr;
+    sp_dev_stream_t s = nullptr;
+    sp_dev_event_t e = nullptr;
+    ASSERT_SP_OK(ops_->mem_alloc(0, 4096, &p));
+    ASSERT_SP_OK(ops_->stream_create(0, &s));
+    ASSERT_SP_OK(ops_->event_create(0, &e));
+    sp__device_reset(); // must not leak (ASan checks) nor crash
+    EXPECT_EQ(sp__host_live_allocations(0), 0u);
+    select_host({{"SYMPOOL_HOST_CAPACITY", "1MiB"}});
+    size_t fr = 0, tot = 0;
+    ASSERT_SP_OK(ops_->mem_get_info(0, &fr, &tot));
+    EXPECT_EQ(fr, tot);
+}
+
+// ---- streams and events ---------------------------------------------------------------------
+
+TEST_F(DeviceTest, EventCompletesOnlyAfterItsStreamIsSynchronized) {
+    select_host({{"SYMPOOL_HOST_DEVICES", "2"}});
+    sp_dev_stream_t a = nullptr, b = nullptr;
+    ASSERT_SP_OK(ops_->stream_create(0, &a));
+    ASSERT_SP_OK(ops_->stream_create(1, &b));
+    int dev = -1;
+    ASSERT_SP_OK(ops_->stream_device(a, &dev));
+    EXPECT_EQ(dev, 0);
+    ASSERT_SP_OK(ops_->stream_device(b, &dev));
+    EXPECT_EQ(dev, 1);
+
+    sp_dev_event_t e = nullptr;
+    ASSERT_SP_OK(ops_->event_create(0, &e));
+    bool done = false;
+    ASSERT_SP_OK(ops_->event_query(0, e, &done));
+    EXPECT_TRUE(done) << "a never-recorded event is complete (as in CUDA)";
+
+    ASSERT_SP_OK(ops_->event_record(0, e, a));
+    ASSERT_SP_OK(ops_->event_query(0, e, &done));
+    EXPECT_FALSE(done);
+    ASSERT_SP_OK(ops_->stream_sync(0, nullptr)); // another stream's sync does not help
+    ASSERT_SP_OK(ops_->event_query(0, e, &done));
+    EXPECT_FALSE(done);
+    ASSERT_SP_OK(ops_->stream_sync(0, a));
+    ASSERT_SP_OK(ops_->event_query(0, e, &done));
+    EXPECT_TRUE(done);
+
+    // A record after the sync waits for the next sync.
+    ASSERT_SP_OK(ops_->event_record(0, e, a));
+    ASSERT_SP_OK(ops_->event_query(0, e, &done));
+    EXPECT_FALSE(done);
+    ASSERT_SP_OK(ops_->stream_sync(0, a));
+    ASSERT_SP_OK(ops_->event_query(0, e, &done));
+    EXPECT_TRUE(done);
+
+    // event_sync completes the stream up to that event only.
+    sp_dev_event_t e2 = nullptr;
+    ASSERT_SP_OK(ops_->event_create(0, &e2));
+    ASSERT_SP_OK(ops_->event_record(0, e, a));
+    ASSERT_SP_OK(ops_->event_record(0, e2, a));
+    ASSERT_SP_OK(ops_->event_sync(0, e));
+    ASSERT_SP_OK(ops_->event_query(0, e, &done));
+    EXPECT_TRUE(done);
+    ASSERT_SP_OK(ops_->event_query(0, e2, &done));
+    EXPECT_FALSE(done);
+    ASSERT_SP_OK(ops_->event_sync(0, e2));
+    ASSERT_SP_OK(ops_->event_query(0, e2, &done));
+    EXPECT_TRUE(done);
+
+    // A stream of device 1 is not a stream of device 0.
+    EXPECT_SP_STATUS(ops_->event_record(0, e, b), SP_ERR_INVALID_ARGUMENT);
+
+    // Destroying a stream completes its pending events instead of leaving them dangling.
+    ASSERT_SP_OK(ops_->event_record(0, e2, a));
+    ASSERT_SP_OK(ops_->stream_destroy(0, a));
+    ASSERT_SP_OK(ops_->event_query(0, e2, &done));
+    EXPECT_TRUE(done);
+
+    ASSERT_SP_OK(ops_->event_destroy(0, e));
+    ASSERT_SP_OK(ops_->event_destroy(0, e2));
+    EXPECT_SP_STATUS(ops_->event_destroy(0, e2), SP_ERR_INVALID_ARGUMENT);
+    ASSERT_SP_OK(ops_->stream_destroy(1, b));
+}
+
+TEST_F(DeviceTest, EventOnDefaultStream) {
+    select_host({});
+    sp_dev_event_t e = nullptr;
+    ASSERT_SP_OK(ops_->event_create(0, &e));
+    ASSERT_SP_OK(ops_->event_record(0, e, nullptr));
+    bool done = true;
+    ASSERT_SP_OK(ops_->event_query(0, e, &done));
+    EXPECT_FALSE(done);
+    ASSERT_SP_OK(ops_->stream_sync(0, nullptr));
+    ASSERT_SP_OK(ops_->event_query(0, e, &done));
+    EXPECT_TRUE(done);
+    ASSERT_SP_OK(ops_->event_destroy(0, e));
+}
+
+TEST_F(DeviceTest, EventsArePooled) {
+    select_host({});
+    sp_dev_event_t e1 = nullptr, e2 = nullptr;
+    ASSERT_SP_OK(ops_->event_create(0, &e1));
+    ASSERT_SP_OK(ops_->event_record(0, e1, nullptr));
+    ASSERT_SP_OK(ops_->event_destroy(0, e1));
+    ASSERT_SP_OK(ops_->event_create(0, &e2));
+    EXPECT_EQ(e1, e2) << "a destroyed event is reused";
+    bool done = false;
+    ASSERT_SP_OK(ops_->event_query(0, e2, &done));
+    EXPECT_TRUE(done) << "a reused event starts unrecorded";
+    ASSERT_SP_OK(ops_->event_destroy(0, e2));
+}
+
+TEST_F(DeviceTest, MemcpyAsyncCopies) {
+    select_host({});
+    void *p = nullptr;
+    ASSERT_SP_OK(ops_->mem_alloc(0, 4096, &p));
+    const char msg[] = "sympool";
+    ASSERT_SP_OK(ops_->memcpy_async(0, p, msg, sizeof(msg), nullptr));
+    EXPECT_STREQ(static_cast<char *>(p), msg);
+    ASSERT_SP_OK(ops_->mem_free(0, p, 4096));
+}
+
+TEST_F(DeviceTest, ConcurrentAllocFreeKeepsCountsExact) {
+    select_host({{"SYMPOOL_HOST_DEVICES", "2"}, {"SYMPOOL_HOST_CAPACITY", "1GiB"}});
+    std::vector<std::thread> threads;
+    std::vector<int> failures(4, 0);
+    for (int t = 0; t < 4; t++) {
+        threads.emplace_back([&, t] {
+            int d = t % 2;
+            sp_dev_stream_t s = nullptr;
+            if (ops_->stream_create(d, &s) != SP_SUCCESS)
+                failures[t]++;
+            for (int i = 0; i < 1000; i++) {
+                size_t sz = 4096 * size_t(1 + (i + t) % 7);
+                void *p = nullptr;
+                if (ops_->mem_alloc(d, sz, &p) != SP_SUCCESS) {
+                    failures[t]++;
+                    continue;
+                }
+                static_cast<char *>(p)[0] = char(i);
+                sp_dev_event_t e = nullptr;
+                bool done = false;
+                if (ops_->event_create(d, &e) != SP_SUCCESS ||
+                    ops_->event_record(d, e, s) != SP_SUCCESS ||
+                    ops_->stream_sync(d, s) != SP_SUCCESS ||
+                    ops_->event_query(d, e, &done) != SP_SUCCESS || !done ||
+                    ops_->event_destroy(d, e) != SP_SUCCESS)
+                    failures[t]++;
+                if (ops_->mem_free(d, p, sz) != SP_SUCCESS)
+                    failures[t]++;
+            }
+            if (ops_->stream_destroy(d, s) != SP_SUCCESS)
+                failures[t]++;
+        });
+    }
+    for (auto &th : threads)
+        th.join();
+    for (int t = 0; t < 4; t++)
+        EXPECT_EQ(failures[t], 0) << "thread " << t;
+    for (int d = 0; d < 2; d++) {
+        EXPECT_EQ(sp__host_live_allocations(d), 0u);
+        EXPECT_EQ(sp__host_live_bytes(d), 0u);
+    }
+}
+
+// ---- cuda (GPU only; never compiled out) ----------------------------------------------------
+
+TEST_F(DeviceTest, CudaOps) {
+    if (!sp__device_cuda_available())
+        GTEST_SKIP() << "no GPU answers here";
+    sp::ScopedEnv env({{"SYMPOOL_DEVICE", "cuda"}});
+    sp__device_reset();
+    ASSERT_SP_OK(sp__device_select(&ops_, &caps_));
+    ASSERT_STREQ(ops_->name, "cuda");
+    EXPECT_FALSE(caps_.is_emulated);
+    EXPECT_EQ(caps_.granularity, 512u);
+    ASSERT_GE(caps_.device_count, 1);
+
+    size_t fr = 0, tot = 0;
+    ASSERT_SP_OK(ops_->mem_get_info(0, &fr, &tot));
+    EXPECT_GT(tot, 0u);
+    EXPECT_LE(fr, tot);
+
+    void *p = nullptr;
+    ASSERT_SP_OK(ops_->mem_alloc(0, 1 << 20, &p));
+    EXPECT_EQ(reinterpret_cast<uintptr_t>(p) % 256, 0u);
+    // An impossible request is a quiet OOM, and the sticky error is cleared: later calls work.
+    void *huge = nullptr;
+    EXPECT_SP_STATUS(ops_->mem_alloc(0, tot * 4, &huge), SP_ERR_OUT_OF_MEMORY);
+
+    sp_dev_stream_t s = nullptr;
+    ASSERT_SP_OK(ops_->stream_create(0, &s));
+    int dev = -1;
+    ASSERT_SP_OK(ops_->stream_device(s, &dev));
+    EXPECT_EQ(dev, 0);
+
+    std::vector<char> src(1 << 20, 7), dst(1 << 20, 0);
+    ASSERT_SP_OK(ops_->memcpy_async(0, p, src.data(), src.size(), s));
+    ASSERT_SP_OK(ops_->memcpy_async(0, dst.data(), p, dst.size(), s));
+    sp_dev_event_t e = nullptr;
+    ASSERT_SP_OK(ops_->event_create(0, &e));
+    ASSERT_SP_OK(ops_->event_record(0, e, s));
+    ASSERT_SP_OK(ops_->event_sync(0, e));
+    bool done = false;
+    ASSERT_SP_OK(ops_->event_query(0, e, &done));
+    EXPECT_TRUE(done);
+    EXPECT_EQ(dst[12345], 7);
+    ASSERT_SP_OK(ops_->event_destroy(0, e));
+    sp_dev_event_t e2 = nullptr;
+    ASSERT_SP_OK(ops_->event_create(0, &e2));
+    EXPECT_EQ(e, e2) << "events are pooled";
+    ASSERT_SP_OK(ops_->event_destroy(0, e2));
+    ASSERT_SP_OK(ops_->stream_sync(0, s));
+    ASSERT_SP_OK(ops_->stream_destroy(0, s));
+    ASSERT_SP_OK(ops_->mem_free(0, p, 1 << 20));
+}
+
+} // namespace
