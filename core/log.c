@@ -213,6 +213,9 @@ static FILE *stream_locked(void) {
 }
 
 void sp__log_at(sp_log_level_t level, unsigned subsys, const char *file, int line, const char *fmt, ...) {
+    /* Also makes every user of logging pull options.o (and its constructor) out of the static
+     * library, so SYMPOOL_DEBUG applies even to a program that never reads an option. */
+    sp__options_ensure();
     pthread_once(&host_once, host_init);
     char buf[LOG_LINE_MAX];
     const char *base = strrchr(file, '/');

@@ -1,0 +1,662 @@
+// test_core.cc: core/ on its own: status names, the thread's last error, the size and bool parsers,
+// the SYMPOOL_* option table (each kind, defaults, warn-once, unknown names, sp__option_set),
+// PyTorch ALLOC_CONF parsing and precedence, the log line format, level/subsystem filtering, and
+// SYMPOOL_DEBUG_FILE. These tests link against core alone (plain ::testing::Test with their own
+// log capture and environment guard), so they do not depend on pool/ being built.
+#include "sp_test.hpp"
+
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <mutex>
+#include <set>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace {
+
+// Sets (or, with nullptr, unsets) variables for one scope and re-reads the options on entry and exit.
+class Env {
+  public:
+    Env(std::initializer_list<std::pair<const char *, const char *>> vars) {
+        for (const auto &v : vars) {
+            const char *old = std::getenv(v.first);
+            saved_.push_back({v.first, {old != nullptr, old ? old : ""}});
+            if (v.second)
+                setenv(v.first, v.second, 1);
+            else
+                unsetenv(v.first);
+        }
+        sp__options_reload();
+    }
+    ~Env() {
+        for (const auto &s : saved_) {
+            if (s.second.first)
+                setenv(s.first.c_str(), s.second.second.c_str(), 1);
+            else
+                unsetenv(s.first.c_str());
+        }
+        sp__options_reload();
+    }
+
+  private:
+    std::vector<std::pair<std::string, std::pair<bool, std::string>>> saved_;
+};
+
+struct Lines {
+    std::mutex mu;
+    std::vector<std::pair<sp_log_level_t, std::string>> v;
+};
+
+void capture(sp_log_level_t level, const char *line, void *arg) {
+    auto *l = static_cast<Lines *>(arg);
+    std::lock_guard<std::mutex> g(l->mu);
+    l->v.emplace_back(level, line);
+}
+
+// Like sp::Test for core: captures every log line and fails on a WARN the test did not expect.
+class CoreTest : public ::testing::Test {
+  protected:
+    void SetUp() override {
+        sp__error_clear();
+        sp__log_set_fn(capture, &lines_);
+    }
+    void TearDown() override {
+        sp__log_set_fn(nullptr, nullptr);
+        if (!warnings_expected_)
+            for (const auto &l : lines_.v)
+                if (l.first == SP_LOG_WARN)
+                    ADD_FAILURE() << "unexpected warning: " << l.second;
+    }
+    void expect_warnings() { warnings_expected_ = true; }
+    size_t count(sp_log_level_t level, const std::string &needle = "") {
+        std::lock_guard<std::mutex> g(lines_.mu);
+        size_t n = 0;
+        for (const auto &l : lines_.v)
+            if (l.first == level && l.second.find(needle) != std::string::npos)
+                n++;
+        return n;
+    }
+    std::string last_line() {
+        std::lock_guard<std::mutex> g(lines_.mu);
+        return lines_.v.empty() ? std::string() : lines_.v.back().second;
+    }
+    Lines lines_;
+
+  private:
+    bool warnings_expected_ = false;
+};
+
+constexpr int64_t KiB = 1024, MiB = 1024 * KiB, GiB = 1024 * MiB;
+
+std::string read_file(const std::string &path) {
+    std::ifstream f(path);
+    std::stringstream ss;
+    ss << f.rdbuf();
+    return ss.str();
+}
+
+} // namespace
+
+// ---- status and last error -----------------------------------------------------------------
+
+TEST_F(CoreTest, StatusNamesAndStringsCoverEveryCode) {
+    const char *names[] = {"SP_SUCCESS",          "SP_ERR_INVALID_ARGUMENT", "SP_ERR_INVALID_USAGE",
+                           "SP_ERR_OUT_OF_MEMORY", "SP_ERR_BUSY",            "SP_ERR_DEVICE",
+                           "SP_ERR_NCCL",          "SP_ERR_MPI",             "SP_ERR_MISMATCH",
+                           "SP_ERR_TIMEOUT",       "SP_ERR_NOT_SUPPORTED",   "SP_ERR_SYSTEM",
+                           "SP_ERR_INTERNAL"};
+    ASSERT_EQ(sizeof names / sizeof names[0], (size_t)SP_NUM_STATUS);
+    std::set<std::string> texts;
+    for (int s = 0; s < SP_NUM_STATUS; s++) {
+        EXPECT_STREQ(sp_status_name((sp_status_t)s), names[s]);
+        std::string t = sp_status_string((sp_status_t)s);
+        EXPECT_FALSE(t.empty());
+        EXPECT_TRUE(texts.insert(t).second) << "duplicate text " << t;
+    }
+    EXPECT_STREQ(sp_status_name((sp_status_t)SP_NUM_STATUS), "SP_ERR_UNKNOWN");
+    EXPECT_STREQ(sp_status_name((sp_status_t)-1), "SP_ERR_UNKNOWN");
+    EXPECT_STREQ(sp_status_string((sp_status_t)999), "unknown status code");
+}
+
+TEST_F(CoreTest, LastErrorIsPerThread) {
+    EXPECT_STREQ(sp_last_error(), "");
+    EXPECT_EQ(sp__error_quiet(SP_ERR_BUSY, SP_SUB_API, "main %d", 1), SP_ERR_BUSY);
+    std::string other;
+    std::thread t([&] {
+        other = sp_last_error(); // a fresh thread starts empty
+        sp__error_quiet(SP_ERR_TIMEOUT, SP_SUB_API, "worker %d", 2);
+        other += "|" + std::string(sp_last_error());
+    });
+    t.join();
+    EXPECT_EQ(other, "|worker 2");
+    EXPECT_STREQ(sp_last_error(), "main 1");
+    sp__error_clear();
+    EXPECT_STREQ(sp_last_error(), "");
+}
+
+TEST_F(CoreTest, ErrorLogsWarnWithStatusName) {
+    expect_warnings();
+    EXPECT_EQ(sp__error(SP_ERR_INVALID_ARGUMENT, SP_SUB_POOL, "bad size %d", 3), SP_ERR_INVALID_ARGUMENT);
+    EXPECT_EQ(count(SP_LOG_WARN, "bad size 3 (SP_ERR_INVALID_ARGUMENT)"), 1u);
+    EXPECT_STREQ(sp_last_error(), "bad size 3");
+}
+
+// ---- parsers ---------------------------------------------------------------------------------
+
+TEST(CoreParse, SizeTable) {
+    struct {
+        const char *text;
+        uint64_t want;
+    } good[] = {
+        {"0", 0},           {"512", 512},         {"64KiB", 64 * KiB},  {"64K", 64 * KiB},
+        {"64kb", 64 * KiB}, {"2MB", 2 * MiB},     {"2m", 2 * MiB},      {"80GiB", 80 * GiB},
+        {"1.5G", 3 * GiB / 2}, {"0.5KiB", 512},   {"1T", 1024 * GiB},   {" 7 MiB ", 7 * MiB},
+        {"512B", 512},      {"17179869183G", 17179869183ull * GiB},
+    };
+    for (const auto &g : good) {
+        size_t got = 1;
+        EXPECT_TRUE(sp__parse_size(g.text, &got)) << g.text;
+        EXPECT_EQ(got, g.want) << g.text;
+    }
+    const char *bad[] = {"",     "-1",   "-1G",  "abc",  "12x",   "1.5",  "1.",      ".5K",  "1..5K",
+                         "1GiBx", "1 G B", "99999999999999999999", "17179869184G", "16777216T", "1iB",
+                         "0x10", "1e3",  "G",    nullptr};
+    for (const char *b : bad) {
+        size_t got = 12345;
+        EXPECT_FALSE(sp__parse_size(b, &got)) << (b ? b : "(null)");
+        EXPECT_EQ(got, 12345u) << "output written on failure for " << (b ? b : "(null)");
+    }
+}
+
+TEST(CoreParse, Bool) {
+    for (const char *t : {"1", "on", "ON", "yes", "Yes", "true", "TRUE"}) {
+        bool v = false;
+        EXPECT_TRUE(sp__parse_bool(t, &v)) << t;
+        EXPECT_TRUE(v) << t;
+    }
+    for (const char *t : {"0", "off", "Off", "no", "NO", "false", "False"}) {
+        bool v = true;
+        EXPECT_TRUE(sp__parse_bool(t, &v)) << t;
+        EXPECT_FALSE(v) << t;
+    }
+    for (const char *t : {"", "2", "y", "enable", "truee", " 1"}) {
+        bool v = true;
+        EXPECT_FALSE(sp__parse_bool(t, &v)) << t;
+        EXPECT_TRUE(v);
+    }
+    bool v;
+    EXPECT_FALSE(sp__parse_bool(nullptr, &v));
+}
+
+// ---- options -------------------------------------------------------------------------------
+
+// Every option unset: the documented defaults, all from "default".
+TEST_F(CoreTest, OptionDefaults) {
+    Env env({{"SYMPOOL_DEVICE", nullptr}, {"SYMPOOL_DEBUG", nullptr}, {"SYMPOOL_DEBUG_SUBSYS", nullptr},
+             {"SYMPOOL_DEBUG_FILE", nullptr}, {"SYMPOOL_INFO", nullptr}, {"SYMPOOL_ALLOC_CONF", nullptr},
+             {"SYMPOOL_NO_CACHING", nullptr}, {"SYMPOOL_MAX_SPLIT_SIZE", nullptr},
+             {"SYMPOOL_MAX_NON_SPLIT_ROUNDING", nullptr}, {"SYMPOOL_LARGE_SEGMENT_SIZE", nullptr},
+             {"SYMPOOL_GC_THRESHOLD", nullptr}, {"SYMPOOL_ROUNDUP_POWER2_DIVISIONS", nullptr},
+             {"SYMPOOL_EXPANDABLE_SEGMENTS", nullptr}, {"SYMPOOL_HOST_CAPACITY", nullptr},
+             {"SYMPOOL_HOST_DEVICES", nullptr}, {"SYMPOOL_HOST_FAIL_AFTER", nullptr},
+             {"SYMPOOL_SYM_TIMEOUT", nullptr}, {"SYMPOOL_SYM_REGISTRAR", nullptr}, {"SYMPOOL_REPORT", nullptr}});
+    for (int o = 0; o < SP_OPT_COUNT; o++)
+        EXPECT_EQ(sp__option_source((sp_option_t)o), SP_OPT_SRC_DEFAULT) << sp__option_name((sp_option_t)o);
+    EXPECT_STREQ(sp__option_string(SP_OPT_DEVICE), "auto");
+    EXPECT_EQ(sp__option_int(SP_OPT_DEVICE), 0);
+    EXPECT_EQ(sp__option_int(SP_OPT_DEBUG), SP_LOG_WARN);
+    EXPECT_EQ(sp__log_level, SP_LOG_WARN);
+    EXPECT_EQ(sp__option_int(SP_OPT_DEBUG_SUBSYS), (int64_t)SP_SUB_ALL);
+    EXPECT_STREQ(sp__option_string(SP_OPT_DEBUG_FILE), "");
+    EXPECT_EQ(sp__option_int(SP_OPT_INFO), 0);
+    EXPECT_STREQ(sp__option_string(SP_OPT_ALLOC_CONF), "");
+    EXPECT_EQ(sp__option_int(SP_OPT_NO_CACHING), 0);
+    EXPECT_EQ(sp__option_int(SP_OPT_MAX_SPLIT_SIZE), 0);
+    EXPECT_EQ(sp__option_int(SP_OPT_MAX_NON_SPLIT_ROUNDING), 20 * MiB);
+    EXPECT_EQ(sp__option_int(SP_OPT_LARGE_SEGMENT_SIZE), 20 * MiB);
+    EXPECT_EQ(sp__option_double(SP_OPT_GC_THRESHOLD), 0.0);
+    EXPECT_STREQ(sp__option_string(SP_OPT_ROUNDUP_POWER2_DIVISIONS), "");
+    EXPECT_EQ(sp__option_int(SP_OPT_EXPANDABLE_SEGMENTS), 0);
+    EXPECT_EQ(sp__option_int(SP_OPT_HOST_CAPACITY), 80 * GiB);
+    EXPECT_EQ(sp__option_int(SP_OPT_HOST_DEVICES), 1);
+    EXPECT_EQ(sp__option_int(SP_OPT_HOST_FAIL_AFTER), 0);
+    EXPECT_EQ(sp__option_double(SP_OPT_SYM_TIMEOUT), 60.0);
+    EXPECT_STREQ(sp__option_string(SP_OPT_SYM_REGISTRAR), "auto");
+    EXPECT_STREQ(sp__option_string(SP_OPT_REPORT), "none");
+
+    sp_alloc_conf_t c;
+    sp__alloc_conf_get(&c);
+    EXPECT_EQ(c.max_split_size, SIZE_MAX);
+    EXPECT_EQ(c.max_non_split_rounding, (size_t)(20 * MiB));
+    EXPECT_EQ(c.large_segment_size, (size_t)(20 * MiB));
+    EXPECT_EQ(c.gc_threshold, 0.0);
+    EXPECT_FALSE(c.expandable_segments);
+    EXPECT_FALSE(c.no_caching);
+    for (uint32_t d : c.roundup_divisions)
+        EXPECT_EQ(d, 0u);
+    EXPECT_STREQ(c.conf_text, "");
+}
+
+TEST_F(CoreTest, OptionNamesFollowTheEnum) {
+    EXPECT_STREQ(sp__option_name(SP_OPT_DEVICE), "SYMPOOL_DEVICE");
+    EXPECT_STREQ(sp__option_name(SP_OPT_HOST_CAPACITY), "SYMPOOL_HOST_CAPACITY");
+    EXPECT_STREQ(sp__option_name(SP_OPT_ROUNDUP_POWER2_DIVISIONS), "SYMPOOL_ROUNDUP_POWER2_DIVISIONS");
+    EXPECT_STREQ(sp__option_name(SP_OPT_REPORT), "SYMPOOL_REPORT");
+    EXPECT_STREQ(sp__option_name(SP_OPT_COUNT), "SYMPOOL_?");
+}
+
+TEST_F(CoreTest, EachKindFromTheEnvironment) {
+    Env env({{"SYMPOOL_DEVICE", "HOST"},              // enum, any case
+             {"SYMPOOL_NO_CACHING", "yes"},           // bool
+             {"SYMPOOL_HOST_DEVICES", "4"},           // long
+             {"SYMPOOL_SYM_TIMEOUT", "2.5"},          // double
+             {"SYMPOOL_HOST_CAPACITY", "1.5G"},       // size
+             {"SYMPOOL_DEBUG_FILE", ""},              // string
+             {"SYMPOOL_REPORT", "json"},
+             {"SYMPOOL_SYM_REGISTRAR", "mpi"},
+             {"SYMPOOL_DEBUG_SUBSYS", "init,pool"}});
+    EXPECT_EQ(sp__option_int(SP_OPT_DEVICE), 2);
+    EXPECT_STREQ(sp__option_string(SP_OPT_DEVICE), "host");
+    EXPECT_EQ(sp__option_source(SP_OPT_DEVICE), SP_OPT_SRC_ENV);
+    EXPECT_EQ(sp__option_int(SP_OPT_NO_CACHING), 1);
+    EXPECT_EQ(sp__option_int(SP_OPT_HOST_DEVICES), 4);
+    EXPECT_DOUBLE_EQ(sp__option_double(SP_OPT_SYM_TIMEOUT), 2.5);
+    EXPECT_EQ(sp__option_int(SP_OPT_HOST_CAPACITY), 3 * GiB / 2);
+    EXPECT_EQ(sp__option_int(SP_OPT_REPORT), 2);
+    EXPECT_STREQ(sp__option_string(SP_OPT_SYM_REGISTRAR), "mpi");
+    EXPECT_EQ(sp__option_int(SP_OPT_DEBUG_SUBSYS), (int64_t)(SP_SUB_INIT | SP_SUB_POOL));
+    EXPECT_EQ(sp__log_mask, (unsigned)(SP_SUB_INIT | SP_SUB_POOL));
+    sp_alloc_conf_t c;
+    sp__alloc_conf_get(&c);
+    EXPECT_TRUE(c.no_caching);
+}
+
+TEST_F(CoreTest, MalformedValueWarnsOnceAndKeepsDefault) {
+    expect_warnings();
+    {
+        Env env({{"SYMPOOL_HOST_CAPACITY", "-5GiB"}});
+        EXPECT_EQ(count(SP_LOG_WARN, "SYMPOOL_HOST_CAPACITY='-5GiB'"), 1u);
+        EXPECT_EQ(sp__option_int(SP_OPT_HOST_CAPACITY), 80 * GiB);
+        EXPECT_EQ(sp__option_source(SP_OPT_HOST_CAPACITY), SP_OPT_SRC_DEFAULT);
+        sp__options_reload();
+        sp__options_reload();
+        EXPECT_EQ(count(SP_LOG_WARN, "SYMPOOL_HOST_CAPACITY"), 1u) << "warned more than once";
+    }
+    // Each kind's range and syntax checks, one at a time.
+    const std::pair<const char *, const char *> bad[] = {
+        {"SYMPOOL_DEVICE", "gpu"},         {"SYMPOOL_NO_CACHING", "maybe"},
+        {"SYMPOOL_HOST_DEVICES", "0"},     {"SYMPOOL_HOST_DEVICES", "65"},
+        {"SYMPOOL_HOST_DEVICES", "3x"},    {"SYMPOOL_HOST_FAIL_AFTER", "-1"},
+        {"SYMPOOL_SYM_TIMEOUT", "0"},      {"SYMPOOL_SYM_TIMEOUT", "nan"},
+        {"SYMPOOL_GC_THRESHOLD", "1"},     {"SYMPOOL_GC_THRESHOLD", "-0.1"},
+        {"SYMPOOL_MAX_SPLIT_SIZE", "19MiB"}, {"SYMPOOL_MAX_NON_SPLIT_ROUNDING", "1MiB"},
+        {"SYMPOOL_DEBUG_SUBSYS", "POOL,FOO"}, {"SYMPOOL_ROUNDUP_POWER2_DIVISIONS", "3"},
+        {"SYMPOOL_ALLOC_CONF", "bogus_key:1"}, {"SYMPOOL_DEBUG", "LOUD"},
+    };
+    for (const auto &b : bad) {
+        size_t before = count(SP_LOG_WARN, b.first);
+        Env env({{b.first, b.second}});
+        EXPECT_EQ(count(SP_LOG_WARN, b.first), before + 1) << b.first << "=" << b.second;
+        EXPECT_GE(count(SP_LOG_WARN, std::string(b.first) + "='" + b.second + "' is malformed"), 1u)
+            << "the warning does not name the variable and its value";
+    }
+    // After the bad value left, the same bad value warns again (tests reuse values).
+    Env again({{"SYMPOOL_HOST_CAPACITY", "-5GiB"}});
+    EXPECT_EQ(count(SP_LOG_WARN, "SYMPOOL_HOST_CAPACITY='-5GiB'"), 2u);
+}
+
+TEST_F(CoreTest, UnknownSympoolVariableWarns) {
+    expect_warnings();
+    {
+        Env env({{"SYMPOOL_HOST_CAPACTIY", "1G"}, {"SYMPOOL_TEST_DEVICE", "host"}});
+        EXPECT_EQ(count(SP_LOG_WARN, "unknown variable SYMPOOL_HOST_CAPACTIY: ignored; known: SYMPOOL_DEVICE"), 1u);
+        sp__options_reload();
+        EXPECT_EQ(count(SP_LOG_WARN, "SYMPOOL_HOST_CAPACTIY"), 1u) << "warned twice";
+        EXPECT_EQ(count(SP_LOG_WARN, "SYMPOOL_TEST_DEVICE"), 0u) << "the allow-listed name warned";
+        EXPECT_EQ(sp__option_int(SP_OPT_HOST_CAPACITY), 80 * GiB);
+    }
+    EXPECT_EQ(count(SP_LOG_WARN, "unknown variable"), 1u);
+}
+
+TEST_F(CoreTest, OptionSet) {
+    Env env({{"SYMPOOL_HOST_CAPACITY", nullptr}, {"SYMPOOL_ALLOC_CONF", nullptr},
+             {"SYMPOOL_MAX_SPLIT_SIZE", nullptr}});
+    ASSERT_SP_OK(sp__option_set(SP_OPT_HOST_CAPACITY, "2GiB"));
+    EXPECT_EQ(sp__option_int(SP_OPT_HOST_CAPACITY), 2 * GiB);
+    EXPECT_EQ(sp__option_source(SP_OPT_HOST_CAPACITY), SP_OPT_SRC_API);
+    {
+        expect_warnings();
+        EXPECT_SP_STATUS(sp__option_set(SP_OPT_HOST_CAPACITY, "lots"), SP_ERR_INVALID_ARGUMENT);
+        EXPECT_NE(std::string(sp_last_error()).find("SYMPOOL_HOST_CAPACITY='lots'"), std::string::npos)
+            << sp_last_error();
+        EXPECT_EQ(sp__option_int(SP_OPT_HOST_CAPACITY), 2 * GiB) << "a failed set changed the value";
+        EXPECT_EQ(sp__option_source(SP_OPT_HOST_CAPACITY), SP_OPT_SRC_API);
+        EXPECT_SP_STATUS(sp__option_set(SP_OPT_COUNT, "1"), SP_ERR_INVALID_ARGUMENT);
+    }
+    // ALLOC_CONF set from code reaches the separate options that were not set.
+    ASSERT_SP_OK(sp__option_set(SP_OPT_ALLOC_CONF, "max_split_size_mb:64,expandable_segments:True"));
+    EXPECT_EQ(sp__option_int(SP_OPT_MAX_SPLIT_SIZE), 64 * MiB);
+    EXPECT_EQ(sp__option_source(SP_OPT_MAX_SPLIT_SIZE), SP_OPT_SRC_CONF);
+    EXPECT_EQ(sp__option_int(SP_OPT_EXPANDABLE_SEGMENTS), 1);
+    ASSERT_SP_OK(sp__option_set(SP_OPT_ALLOC_CONF, nullptr)); // back to the default
+    EXPECT_EQ(sp__option_int(SP_OPT_MAX_SPLIT_SIZE), 0);
+    EXPECT_EQ(sp__option_source(SP_OPT_MAX_SPLIT_SIZE), SP_OPT_SRC_DEFAULT);
+    ASSERT_SP_OK(sp__option_set(SP_OPT_HOST_CAPACITY, nullptr));
+    EXPECT_EQ(sp__option_int(SP_OPT_HOST_CAPACITY), 80 * GiB);
+    // sp__options_reload() forgets API settings: the environment is the truth again.
+    ASSERT_SP_OK(sp__option_set(SP_OPT_HOST_DEVICES, "3"));
+    sp__options_reload();
+    EXPECT_EQ(sp__option_source(SP_OPT_HOST_DEVICES), getenv("SYMPOOL_HOST_DEVICES") ? SP_OPT_SRC_ENV
+                                                                                       : SP_OPT_SRC_DEFAULT);
+}
+
+TEST_F(CoreTest, OptionsPrintShowsValueDefaultAndSource) {
+    Env env({{"SYMPOOL_HOST_DEVICES", "3"}, {"SYMPOOL_ALLOC_CONF", "garbage_collection_threshold:0.5"},
+             {"SYMPOOL_GC_THRESHOLD", nullptr}});
+    char *buf = nullptr;
+    size_t len = 0;
+    FILE *f = open_memstream(&buf, &len);
+    ASSERT_NE(f, nullptr);
+    sp__options_print(f);
+    fclose(f);
+    std::string out(buf, len);
+    free(buf);
+    for (int o = 0; o < SP_OPT_COUNT; o++)
+        EXPECT_NE(out.find(sp__option_name((sp_option_t)o)), std::string::npos) << sp__option_name((sp_option_t)o);
+    EXPECT_NE(out.find("SYMPOOL_HOST_CAPACITY              80GiB"), std::string::npos) << out;
+    size_t dev = out.find("SYMPOOL_HOST_DEVICES");
+    ASSERT_NE(dev, std::string::npos);
+    std::string dev_line = out.substr(dev, out.find('\n', dev) - dev);
+    EXPECT_NE(dev_line.find(" 3 "), std::string::npos) << dev_line;
+    EXPECT_NE(dev_line.find("default 1 "), std::string::npos) << dev_line;
+    EXPECT_NE(dev_line.find("[env]"), std::string::npos) << dev_line;
+    size_t gc = out.find("SYMPOOL_GC_THRESHOLD");
+    std::string gc_line = out.substr(gc, out.find('\n', gc) - gc);
+    EXPECT_NE(gc_line.find("0.5"), std::string::npos) << gc_line;
+    EXPECT_NE(gc_line.find("[ALLOC_CONF]"), std::string::npos) << gc_line;
+}
+
+// ---- ALLOC_CONF ----------------------------------------------------------------------------
+
+class AllocConf : public CoreTest {
+  protected:
+    void SetUp() override {
+        CoreTest::SetUp();
+        sp__alloc_conf_defaults(&c);
+    }
+    sp_alloc_conf_t c;
+};
+
+TEST_F(AllocConf, EachKey) {
+    ASSERT_SP_OK(sp__alloc_conf_parse("max_split_size_mb:128, max_non_split_rounding_mb:40,"
+                                      "large_segment_size_mb:64,garbage_collection_threshold:0.6,"
+                                      "expandable_segments:True",
+                                      &c));
+    EXPECT_EQ(c.max_split_size, (size_t)(128 * MiB));
+    EXPECT_EQ(c.max_non_split_rounding, (size_t)(40 * MiB));
+    EXPECT_EQ(c.large_segment_size, (size_t)(64 * MiB));
+    EXPECT_DOUBLE_EQ(c.gc_threshold, 0.6);
+    EXPECT_TRUE(c.expandable_segments);
+    EXPECT_STREQ(c.conf_text, "max_split_size_mb:128, max_non_split_rounding_mb:40,large_segment_size_mb:64,"
+                              "garbage_collection_threshold:0.6,expandable_segments:True");
+    ASSERT_SP_OK(sp__alloc_conf_parse("expandable_segments:false", &c));
+    EXPECT_FALSE(c.expandable_segments);
+    EXPECT_EQ(c.max_split_size, (size_t)(128 * MiB)) << "keys not named keep their earlier values";
+    ASSERT_SP_OK(sp__alloc_conf_parse("", &c));
+}
+
+TEST_F(AllocConf, RoundupSingleNumberFillsEveryInterval) {
+    ASSERT_SP_OK(sp__alloc_conf_parse("roundup_power2_divisions:4", &c));
+    for (uint32_t d : c.roundup_divisions)
+        EXPECT_EQ(d, 4u);
+}
+
+TEST_F(AllocConf, RoundupListFollowsPyTorch) {
+    ASSERT_SP_OK(sp__alloc_conf_parse("max_split_size_mb:256,roundup_power2_divisions:[64:8,256:4,1024:4,>:1]", &c));
+    // First entry fills indices 0..6 (below and at 64 MB); 128 MB (index 7) and 512 MB (index 9)
+    // are not named and stay 0; ">" fills everything after the last boundary (1024 MB = index 10).
+    const uint32_t want[16] = {8, 8, 8, 8, 8, 8, 8, 0, 4, 0, 4, 1, 1, 1, 1, 1};
+    for (int i = 0; i < 16; i++)
+        EXPECT_EQ(c.roundup_divisions[i], want[i]) << "index " << i;
+    EXPECT_EQ(c.max_split_size, (size_t)(256 * MiB)) << "the comma inside [...] split the keys";
+
+    ASSERT_SP_OK(sp__alloc_conf_parse("roundup_power2_divisions:[1:2,>:0]", &c));
+    const uint32_t want2[16] = {2};
+    for (int i = 0; i < 16; i++)
+        EXPECT_EQ(c.roundup_divisions[i], want2[i]) << "index " << i;
+}
+
+TEST_F(AllocConf, RejectsBadValuesAndLeavesConfUnchanged) {
+    expect_warnings();
+    ASSERT_SP_OK(sp__alloc_conf_parse("max_split_size_mb:100,roundup_power2_divisions:2", &c));
+    const sp_alloc_conf_t before = c;
+    const struct {
+        const char *text;
+        const char *needle; // must appear in sp_last_error()
+    } bad[] = {
+        {"max_split_size_mb:19", "max_split_size_mb"},
+        {"max_non_split_rounding_mb:10", "max_non_split_rounding_mb"},
+        {"max_split_size_mb:abc", "max_split_size_mb"},
+        {"max_split_size_mb:-20", "max_split_size_mb"},
+        {"garbage_collection_threshold:1.0", "garbage_collection_threshold"},
+        {"garbage_collection_threshold:0", "garbage_collection_threshold"},
+        {"roundup_power2_divisions:3", "roundup_power2_divisions"},
+        {"roundup_power2_divisions:[64:3]", "roundup_power2_divisions"},
+        {"roundup_power2_divisions:[96:4]", "roundup_power2_divisions"},
+        {"roundup_power2_divisions:[256:4,64:8]", "roundup_power2_divisions"},
+        {"roundup_power2_divisions:[>:1,64:2]", "roundup_power2_divisions"},
+        {"roundup_power2_divisions:[64:8", "roundup_power2_divisions"},
+        {"expandable_segments:yes", "expandable_segments"},
+        {"max_split_size_mb:64,no_such_key:1", "no_such_key"},
+        {"justakey", "justakey"},
+        {"backend:magic", "backend"},
+        {"pinned_num_register_threads:x", "pinned_num_register_threads"},
+    };
+    for (const auto &b : bad) {
+        sp__error_clear();
+        EXPECT_SP_STATUS(sp__alloc_conf_parse(b.text, &c), SP_ERR_INVALID_ARGUMENT);
+        EXPECT_NE(std::string(sp_last_error()).find(b.needle), std::string::npos)
+            << b.text << " -> " << sp_last_error();
+        EXPECT_EQ(0, std::memcmp(&c, &before, sizeof c)) << b.text << " changed the conf";
+    }
+    EXPECT_SP_STATUS(sp__alloc_conf_parse("backend:cudaMallocAsync", &c), SP_ERR_NOT_SUPPORTED);
+    EXPECT_NE(std::string(sp_last_error()).find("not supported"), std::string::npos);
+}
+
+TEST_F(AllocConf, CudaOnlyKeysAreAcceptedAndIgnored) {
+    ASSERT_SP_OK(sp__alloc_conf_parse("backend:native,release_lock_on_cudamalloc:True,"
+                                      "pinned_use_cuda_host_register:False,pinned_num_register_threads:8,"
+                                      "pinned_use_background_threads:True,graph_capture_record_stream_reuse:False",
+                                      &c));
+    EXPECT_EQ(c.max_split_size, SIZE_MAX);
+}
+
+TEST_F(AllocConf, SeparateVariableBeatsAllocConf) {
+    {
+        Env env({{"SYMPOOL_ALLOC_CONF", "max_split_size_mb:128,roundup_power2_divisions:[64:8,>:2]"},
+                 {"SYMPOOL_MAX_SPLIT_SIZE", nullptr},
+                 {"SYMPOOL_ROUNDUP_POWER2_DIVISIONS", nullptr}});
+        sp_alloc_conf_t g;
+        sp__alloc_conf_get(&g);
+        EXPECT_EQ(g.max_split_size, (size_t)(128 * MiB));
+        EXPECT_EQ(sp__option_source(SP_OPT_MAX_SPLIT_SIZE), SP_OPT_SRC_CONF);
+        EXPECT_EQ(g.roundup_divisions[6], 8u);
+        EXPECT_EQ(g.roundup_divisions[7], 2u);
+        EXPECT_STREQ(g.conf_text, "max_split_size_mb:128,roundup_power2_divisions:[64:8,>:2]");
+    }
+    {
+        Env env({{"SYMPOOL_ALLOC_CONF", "max_split_size_mb:128,roundup_power2_divisions:[64:8,>:2]"},
+                 {"SYMPOOL_MAX_SPLIT_SIZE", "256MiB"},
+                 {"SYMPOOL_ROUNDUP_POWER2_DIVISIONS", "4"},
+                 {"SYMPOOL_NO_CACHING", "1"}});
+        sp_alloc_conf_t g;
+        sp__alloc_conf_get(&g);
+        EXPECT_EQ(g.max_split_size, (size_t)(256 * MiB));
+        EXPECT_EQ(sp__option_source(SP_OPT_MAX_SPLIT_SIZE), SP_OPT_SRC_ENV);
+        for (uint32_t d : g.roundup_divisions)
+            EXPECT_EQ(d, 4u);
+        EXPECT_TRUE(g.no_caching);
+    }
+}
+
+TEST_F(AllocConf, MalformedEnvironmentConfIsIgnoredAsAWhole) {
+    expect_warnings();
+    Env env({{"SYMPOOL_ALLOC_CONF", "max_split_size_mb:128,max_non_split_rounding_mb:5"},
+             {"SYMPOOL_MAX_SPLIT_SIZE", nullptr}});
+    EXPECT_EQ(count(SP_LOG_WARN, "SYMPOOL_ALLOC_CONF"), 1u);
+    EXPECT_EQ(count(SP_LOG_WARN, "max_non_split_rounding_mb"), 1u);
+    sp_alloc_conf_t g;
+    sp__alloc_conf_get(&g);
+    EXPECT_EQ(g.max_split_size, SIZE_MAX) << "the valid key of a bad string was applied";
+    EXPECT_STREQ(g.conf_text, "");
+}
+
+// ---- logging -------------------------------------------------------------------------------
+
+TEST_F(CoreTest, LogLineFormat) {
+    expect_warnings();
+    char host[64] = "";
+    gethostname(host, sizeof host);
+    if (char *dot = std::strchr(host, '.'))
+        *dot = '\0';
+    std::string prefix = std::string(host) + ":" + std::to_string(getpid()) + ":";
+
+    SP_WARN(SP_SUB_POOL, "hello %d", 7);
+    int line = __LINE__ - 1;
+    std::string l = last_line();
+    EXPECT_EQ(l.rfind(prefix, 0), 0u) << l;
+    EXPECT_NE(l.find(" [r- d-] SYMPOOL WARN test_core.cc:" + std::to_string(line) + " hello 7"), std::string::npos)
+        << l;
+    EXPECT_EQ(l.find('\n'), std::string::npos);
+
+    sp__log_set_rank(3);
+    SP_WARN(SP_SUB_POOL, "ranked");
+    EXPECT_NE(last_line().find(" [r3 d-] SYMPOOL WARN test_core.cc:"), std::string::npos) << last_line();
+    sp__log_set_device(1);
+    SP_WARN(SP_SUB_POOL, "ranked");
+    EXPECT_NE(last_line().find(" [r3 d1] "), std::string::npos) << last_line();
+    std::string other;
+    std::thread([&] { // the device is per thread
+        SP_WARN(SP_SUB_POOL, "other thread");
+        other = last_line();
+    }).join();
+    EXPECT_NE(other.find(" [r3 d-] "), std::string::npos) << other;
+    sp__log_set_device(-1);
+    sp__log_set_rank(-1);
+
+    std::string big(5000, 'x'); // a long message is cut, not split over lines
+    SP_WARN(SP_SUB_POOL, "%s\n", big.c_str());
+    EXPECT_LT(last_line().size(), 2100u);
+    EXPECT_EQ(last_line().substr(last_line().size() - 3), "...");
+}
+
+TEST_F(CoreTest, LevelsAndSubsystemMasks) {
+    unsigned m = 0;
+    EXPECT_TRUE(sp__log_parse_mask("INIT,POOL", &m));
+    EXPECT_EQ(m, (unsigned)(SP_SUB_INIT | SP_SUB_POOL));
+    EXPECT_TRUE(sp__log_parse_mask("^coll,history", &m));
+    EXPECT_EQ(m, (unsigned)(SP_SUB_ALL & ~(SP_SUB_COLL | SP_SUB_HISTORY)));
+    EXPECT_TRUE(sp__log_parse_mask("ALL", &m));
+    EXPECT_EQ(m, (unsigned)SP_SUB_ALL);
+    m = 77;
+    for (const char *b : {"", "^", "POOL,", "POOL,,INIT", "POOLS", "ALL^"})
+        EXPECT_FALSE(sp__log_parse_mask(b, &m)) << b;
+    EXPECT_EQ(m, 77u);
+
+    {
+        Env env({{"SYMPOOL_DEBUG", "info"}, {"SYMPOOL_DEBUG_SUBSYS", "^POOL"}});
+        size_t before = lines_.v.size();
+        SP_INFO(SP_SUB_POOL, "pool info");
+        SP_INFO(SP_SUB_INIT, "init info");
+        SP_TRACE(SP_SUB_INIT, "init trace");
+        EXPECT_EQ(lines_.v.size(), before + 1);
+        EXPECT_EQ(count(SP_LOG_INFO, "init info"), 1u);
+        EXPECT_EQ(count(SP_LOG_INFO, "pool info"), 0u);
+    }
+    {
+        Env env({{"SYMPOOL_DEBUG", "NONE"}});
+        size_t before = lines_.v.size();
+        SP_WARN(SP_SUB_ALL, "silent");
+        EXPECT_EQ(lines_.v.size(), before);
+    }
+    {
+        Env env({{"SYMPOOL_DEBUG", "TRACE"}, {"SYMPOOL_DEBUG_SUBSYS", "ENV"}});
+        SP_TRACE(SP_SUB_ENV, "env trace");
+        SP_TRACE(SP_SUB_API, "api trace");
+        EXPECT_EQ(count(SP_LOG_TRACE, "env trace"), 1u);
+        EXPECT_EQ(count(SP_LOG_TRACE, "api trace"), 0u);
+        EXPECT_NE(last_line().find("SYMPOOL TRACE test_core.cc:"), std::string::npos);
+    }
+    EXPECT_EQ(sp__log_level, SP_LOG_WARN);
+    EXPECT_EQ(sp__log_mask, (unsigned)SP_SUB_ALL);
+}
+
+TEST_F(CoreTest, DebugFileWithPidAndRank) {
+    expect_warnings();
+    char dir[] = "/tmp/sp_core_logXXXXXX";
+    ASSERT_NE(mkdtemp(dir), nullptr);
+    std::string pattern = std::string(dir) + "/log.%h.%p.txt";
+    char host[64] = "";
+    gethostname(host, sizeof host);
+    if (char *dot = std::strchr(host, '.'))
+        *dot = '\0';
+    std::string path = std::string(dir) + "/log." + host + "." + std::to_string(getpid()) + ".txt";
+    {
+        Env env({{"SYMPOOL_DEBUG_FILE", pattern.c_str()}});
+        sp__log_set_fn(nullptr, nullptr); // to the file, not the capture
+        std::vector<std::thread> ts;
+        for (int t = 0; t < 4; t++)
+            ts.emplace_back([t] {
+                for (int i = 0; i < 50; i++)
+                    SP_WARN(SP_SUB_POOL, "to the file t%d i%d", t, i);
+            });
+        for (auto &t : ts)
+            t.join();
+        sp__log_set_fn(capture, &lines_);
+    }
+    std::string text = read_file(path);
+    std::istringstream in(text);
+    std::string l;
+    int n = 0;
+    while (std::getline(in, l)) {
+        EXPECT_NE(l.find(" SYMPOOL WARN test_core.cc:"), std::string::npos) << l;
+        EXPECT_NE(l.find("to the file t"), std::string::npos) << l;
+        n++;
+    }
+    EXPECT_EQ(n, 200) << "lines were lost or interleaved";
+    unlink(path.c_str());
+
+    // %r: lines before the rank is known go to stderr; once it is set they go to the rank's file.
+    std::string rpattern = std::string(dir) + "/rank%r.log";
+    std::string rpath = std::string(dir) + "/rank5.log";
+    {
+        Env env({{"SYMPOOL_DEBUG_FILE", rpattern.c_str()}});
+        sp__log_set_fn(nullptr, nullptr);
+        SP_WARN(SP_SUB_POOL, "before the rank (expected on stderr)");
+        EXPECT_NE(access(rpath.c_str(), F_OK), 0);
+        sp__log_set_rank(5);
+        SP_WARN(SP_SUB_POOL, "after the rank");
+        sp__log_set_rank(-1);
+        sp__log_set_fn(capture, &lines_);
+    }
+    std::string rtext = read_file(rpath);
+    EXPECT_NE(rtext.find("[r5 d-] SYMPOOL WARN test_core.cc:"), std::string::npos) << rtext;
+    EXPECT_EQ(rtext.find("before the rank"), std::string::npos);
+    unlink(rpath.c_str());
+    rmdir(dir);
+}
+
+// ---- time ----------------------------------------------------------------------------------
+
+TEST(CoreTime, ClocksMoveForward) {
+    uint64_t a = sp__now_ns();
+    uint64_t b = sp__now_ns();
+    EXPECT_LE(a, b);
+    EXPECT_GT(sp__epoch_us(), 1600000000ll * 1000000ll); // after Sep 2020
+}
