@@ -86,7 +86,14 @@ static void guard_exit(int device, int prev) {
 
 static sp_status_t cuda_init(sp_device_caps_t *caps_p) {
     int n = 0;
-    CU_TRY(cudaGetDeviceCount(&n));
+    cudaError_t err = cudaGetDeviceCount(&n);
+    if (err != cudaSuccess) {
+        (void)cudaGetLastError();
+        return sp__error(SP_ERR_DEVICE, SP_SUB_DEVICE,
+                         "cuda backend unavailable: cudaGetDeviceCount: %s: %s (use "
+                         "SYMPOOL_DEVICE=host or auto on a machine without a usable GPU)",
+                         cudaGetErrorName(err), cudaGetErrorString(err));
+    }
     if (n <= 0)
         return sp__error(SP_ERR_DEVICE, SP_SUB_DEVICE, "cudaGetDeviceCount found no GPU");
     cuda_dev_t *devs = calloc((size_t)n, sizeof(*devs));
