@@ -1,0 +1,76 @@
+/*
+ * coll_int.h: private to collectives/: dtype facts, the IEEE half-precision helpers the host
+ * backend reduces fp16/bf16 with, and the NCCL path's entry points. Nothing here is exported.
+ *
+ * Half types travel through MPI as 16-bit integers; their SUM/PROD/AVG are computed by converting
+ * to float, reducing floats with MPI and rounding once (round-to-nearest-even) back, so the
+ * result equals the float reference rounded. MIN/MAX are exact and use a user-defined MPI_Op
+ * on MPI_UINT16_T that propagates NaN.
+ */
+#ifndef SP_COLL_INT_H
+#define SP_COLL_INT_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <mpi.h>
+
+#include "sympool/collectives.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define SP_NUM_DTYPES ((int)SP_FLOAT64 + 1)
+#define SP_NUM_REDOPS ((int)SP_AVG + 1)
+
+/* Size in bytes of one element; 0 for a value outside the enum. */
+size_t sp__coll_dtype_size(sp_dtype_t dtype);
+/* "bfloat16", "int32", ...; "?" outside the enum. */
+const char *sp__coll_dtype_name(sp_dtype_t dtype);
+/* "sum", "prod", "min", "max", "avg"; "?" outside the enum. */
+const char *sp__coll_op_name(sp_redop_t op);
+
+/* ---- half precision (half.c) ------------------------------------------------------------ */
+
+/* Exact: every fp16/bf16 value (subnormals, inf, NaN with its payload) is a float. */
+float sp__half_to_float(uint16_t h);
+float sp__bf16_to_float(uint16_t b);
+/* Round-to-nearest-even; overflow rounds to inf as IEEE says; NaN stays NaN (quiet, sign kept). */
+uint16_t sp__float_to_half(float f);
+uint16_t sp__float_to_bf16(float f);
+
+/* Convert n half (is_bf16 false) or bfloat16 values to float, and back with rounding. */
+void sp__half_load(const uint16_t *src, float *dst, size_t n, bool is_bf16);
+void sp__half_store(const float *src, uint16_t *dst, size_t n, bool is_bf16);
+
+/* The user-defined MPI_Ops for MIN/MAX of fp16/bf16 on MPI_UINT16_T, created on first use.
+ * is_max selects MAX; NaN propagates; -0 < +0. Returns MPI_OP_NULL if MPI_Op_create failed. */
+MPI_Op sp__half_minmax_op(bool is_bf16, bool is_max);
+
+/* ---- NCCL (coll_nccl.c; cuda backend only) ---------------------------------------------- */
+
+typedef enum { SP_COLL_ALLREDUCE, SP_COLL_ALLGATHER, SP_COLL_REDUCE_SCATTER, SP_COLL_BROADCAST } sp_coll_kind_t;
+
+/* One validated collective call. Counts are per the public API's meaning. */
+typedef struct sp_coll_call {
+    sp_coll_kind_t kind; /* which collective */
+    const void *send;    /* send buffer (may be NULL on non-root broadcast ranks) */
+    void *recv;          /* receive buffer */
+    size_t count;        /* count / send_count / recv_count as the API names it (elements) */
+    sp_dtype_t dtype;    /* element type */
+    sp_redop_t op;       /* reduction (allreduce, reduce_scatter) */
+    int root;            /* broadcast root */
+    sp_stream_t stream;  /* the caller's stream */
+} sp_coll_call_t;
+
+/* Run a validated call on the world's NCCL communicator. SP_ERR_NOT_SUPPORTED in builds without
+ * NCCL. Logs (INFO, COLL) why the call cannot use NCCL's symmetric kernels when it cannot. */
+sp_status_t sp__coll_nccl(sp_world_t *w, const sp_coll_call_t *call);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* SP_COLL_INT_H */

@@ -1,0 +1,134 @@
+/*
+ * coll_nccl.c: the cuda backend's data path: NCCL collectives on the world's communicator and
+ * the caller's stream, for calls that collectives.c has already checked and agreed on.
+ *
+ * NCCL picks its symmetric kernels by itself when both buffers lie in windows registered with
+ * NCCL_WIN_COLL_SYMMETRIC (our symmetric pools' segments) at identical offsets, the op is a sum of
+ * fp32/fp16/bf16 (allreduce, reduce-scatter) or any allgather, there is more than one rank and
+ * the ranks share a node (reference/nccl-windows.md 1.5). We do not force anything; when
+ * SYMPOOL_DEBUG=INFO (subsystem COLL) is on we say why a call cannot use them, so a user who
+ * expected the fast path learns what to change. That diagnosis costs nothing when INFO is off.
+ *
+ * Completion follows NCCL: the call is enqueued on the stream and returns; the stream orders it.
+ * No locks: NCCL serializes on the communicator; callers must not use one world's
+ * communicator from two threads at once (as NCCL requires).
+ */
+#include "collectives/coll_int.h"
+#include "core/core.h"
+#include "launch/launch.h"
+
+#ifdef SP_HAVE_NCCL
+
+#include <cuda_runtime.h>
+/* nccl.h declares a few functions with () instead of (void). */
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wstrict-prototypes"
+#include <nccl.h>
+#pragma GCC diagnostic pop
+
+#include "pool/pool_internal.h"
+#include "sympool/symmetric.h"
+
+static ncclDataType_t nccl_type(sp_dtype_t dtype) {
+    switch (dtype) {
+    case SP_INT8: return ncclInt8;
+    case SP_UINT8: return ncclUint8;
+    case SP_INT32: return ncclInt32;
+    case SP_UINT32: return ncclUint32;
+    case SP_INT64: return ncclInt64;
+    case SP_UINT64: return ncclUint64;
+    case SP_FLOAT16: return ncclFloat16;
+    case SP_BFLOAT16: return ncclBfloat16;
+    case SP_FLOAT32: return ncclFloat32;
+    case SP_FLOAT64: return ncclFloat64;
+    }
+    return ncclInt8;
+}
+
+static ncclRedOp_t nccl_op(sp_redop_t op) {
+    switch (op) {
+    case SP_SUM: return ncclSum;
+    case SP_PROD: return ncclProd;
+    case SP_MIN: return ncclMin;
+    case SP_MAX: return ncclMax;
+    case SP_AVG: return ncclAvg; /* integers: NCCL divides the integer sum (truncating) */
+    }
+    return ncclSum;
+}
+
+/* True when ptr lies in a symmetric pool's registered window on this rank. */
+static bool in_window(const void *ptr) {
+    sp_block_info_t info;
+    if (ptr == NULL || sp__pool_lookup(ptr, &info) != SP_SUCCESS ||
+        sp__mempool_sym_state(info.pool) == NULL)
+        return false;
+    sp_window_info_t win;
+    return sp_symmetric_window(ptr, &win) == SP_SUCCESS && win.window != NULL;
+}
+
+/* Why this call cannot use NCCL's symmetric kernels, or NULL when it can. */
+static const char *no_symmetric_reason(const sp_world_t *w, const sp_coll_call_t *c) {
+    if (sp_world_size(w) < 2)
+        return "a single rank runs a local copy";
+    if (sp__world_local_size(w) != sp_world_size(w))
+        return "ranks span several nodes (NCCL 2.28 has symmetric kernels within one node only)";
+    if (c->kind == SP_COLL_BROADCAST)
+        return "broadcast has no symmetric kernels";
+    if (c->kind != SP_COLL_ALLGATHER) {
+        if (c->op != SP_SUM)
+            return c->op == SP_AVG ? "op avg: symmetric kernels reduce sum only (use sum and scale)"
+                                   : "op is not sum: symmetric kernels reduce sum only";
+        if (c->dtype != SP_FLOAT32 && c->dtype != SP_FLOAT16 && c->dtype != SP_BFLOAT16)
+            return "dtype: symmetric kernels reduce float32, float16 and bfloat16 only";
+    }
+    if (!in_window(c->send))
+        return "send buffer is not in a symmetric window (allocate it with sp_symmetric_malloc)";
+    if (!in_window(c->recv))
+        return "recv buffer is not in a symmetric window (allocate it with sp_symmetric_malloc)";
+    return NULL;
+}
+
+sp_status_t sp__coll_nccl(sp_world_t *w, const sp_coll_call_t *c) {
+    static const char *const fns[] = {"sp_allreduce", "sp_allgather", "sp_reduce_scatter",
+                                      "sp_broadcast"};
+    ncclComm_t comm = (ncclComm_t)sp__world_nccl_comm(w);
+    cudaStream_t stream = (cudaStream_t)c->stream;
+    if (SP_LOG_ENABLED(SP_LOG_INFO, SP_SUB_COLL)) {
+        const char *why = no_symmetric_reason(w, c);
+        if (why != NULL)
+            SP_INFO(SP_SUB_COLL, "%s(%zu x %s, %s): not NCCL's symmetric kernels: %s",
+                    fns[c->kind], c->count, sp__coll_dtype_name(c->dtype),
+                    sp__coll_op_name(c->op), why);
+        sp__error_clear(); /* the window probes may have left a last-error text */
+    }
+    ncclDataType_t t = nccl_type(c->dtype);
+    ncclResult_t r = ncclSuccess;
+    switch (c->kind) {
+    case SP_COLL_ALLREDUCE:
+        r = ncclAllReduce(c->send, c->recv, c->count, t, nccl_op(c->op), comm, stream);
+        break;
+    case SP_COLL_ALLGATHER: r = ncclAllGather(c->send, c->recv, c->count, t, comm, stream); break;
+    case SP_COLL_REDUCE_SCATTER:
+        r = ncclReduceScatter(c->send, c->recv, c->count, t, nccl_op(c->op), comm, stream);
+        break;
+    case SP_COLL_BROADCAST:
+        r = ncclBroadcast(c->send, c->recv, c->count, t, c->root, comm, stream);
+        break;
+    }
+    if (r != ncclSuccess)
+        return sp__error(SP_ERR_NCCL, SP_SUB_COLL, "%s: NCCL failed: %s (%s)", fns[c->kind],
+                         ncclGetErrorString(r), ncclGetLastError(comm));
+    return SP_SUCCESS;
+}
+
+#else /* !SP_HAVE_NCCL */
+
+sp_status_t sp__coll_nccl(sp_world_t *w, const sp_coll_call_t *c) {
+    (void)w;
+    return sp__error(SP_ERR_NOT_SUPPORTED, SP_SUB_COLL,
+                     "collective %d: this build of sympool has no NCCL (rebuild with NCCL for the "
+                     "cuda backend)",
+                     (int)c->kind);
+}
+
+#endif

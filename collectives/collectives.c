@@ -1,0 +1,464 @@
+/*
+ * collectives.c: sp_allreduce, sp_allgather, sp_reduce_scatter and sp_broadcast on the world:
+ * argument checks, the agreement that makes every rank return the same status, and the MPI data
+ * path on the host backend (NCCL on cuda lives in coll_nccl.c).
+ *
+ * Invariants:
+ *  - Nothing is sent before every argument is checked. Checks whose outcome can differ between
+ *    ranks (buffer ownership, NULL pointers, one rank passing another count) feed ONE small
+ *    MPI_Allreduce (the "agreement": 11 int64, MPI_MAX) that precedes the data movement, so a
+ *    bad argument on one rank makes every rank return an error instead of leaving the others
+ *    blocked in MPI: SP_ERR_INVALID_ARGUMENT on every rank when any rank rejected its own
+ *    arguments (the bad rank says why; the others name it), SP_ERR_MISMATCH on every rank when
+ *    the ranks passed different collectives, counts, dtypes, ops or roots.
+ *  - Host stream semantics: the operation has completed when the call returns (the host backend
+ *    runs "kernels" synchronously, so no stream synchronization is needed before reading).
+ *  - fp16/bf16 SUM/PROD/AVG accumulate in float and round once (see half.c); AVG is the sum
+ *    divided by the number of ranks: in float for floating types, and for integer types the sum
+ *    in the element type (wrapping as MPI_SUM does) followed by C's truncating division.
+ *  - MIN/MAX of float32/float64 with NaN inputs are MPI's (unspecified); for fp16/bf16 NaN
+ *    propagates and -0 < +0.
+ *
+ * No locks: every call works on its arguments and the world's communicator; the world is shared
+ * between threads only as far as MPI's thread level allows.
+ */
+#include <limits.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "collectives/coll_int.h"
+#include "core/core.h"
+#include "launch/launch.h"
+#include "pool/pool_internal.h"
+
+/* Elements per MPI call: MPI-3 counts are int. Half-precision arithmetic goes through a float
+ * scratch buffer of at most this many elements (4 MiB), which also bounds its memory. */
+#define MAX_MPI_COUNT ((size_t)INT_MAX)
+#define HALF_CHUNK ((size_t)1 << 20)
+
+static const size_t dtype_sizes[SP_NUM_DTYPES] = {1, 1, 4, 4, 8, 8, 2, 2, 4, 8};
+static const char *const dtype_names[SP_NUM_DTYPES] = {
+    "int8", "uint8", "int32", "uint32", "int64", "uint64", "float16", "bfloat16", "float32",
+    "float64"};
+static const char *const op_names[SP_NUM_REDOPS] = {"sum", "prod", "min", "max", "avg"};
+static const char *const kind_names[] = {"sp_allreduce", "sp_allgather", "sp_reduce_scatter",
+                                         "sp_broadcast"};
+
+size_t sp__coll_dtype_size(sp_dtype_t dtype) {
+    return (unsigned)dtype < (unsigned)SP_NUM_DTYPES ? dtype_sizes[dtype] : 0;
+}
+const char *sp__coll_dtype_name(sp_dtype_t dtype) {
+    return (unsigned)dtype < (unsigned)SP_NUM_DTYPES ? dtype_names[dtype] : "?";
+}
+const char *sp__coll_op_name(sp_redop_t op) {
+    return (unsigned)op < (unsigned)SP_NUM_REDOPS ? op_names[op] : "?";
+}
+
+static MPI_Datatype mpi_type(sp_dtype_t dtype) {
+    switch (dtype) {
+    case SP_INT8: return MPI_INT8_T;
+    case SP_UINT8: return MPI_UINT8_T;
+    case SP_INT32: return MPI_INT32_T;
+    case SP_UINT32: return MPI_UINT32_T;
+    case SP_INT64: return MPI_INT64_T;
+    case SP_UINT64: return MPI_UINT64_T;
+    case SP_FLOAT16:
+    case SP_BFLOAT16: return MPI_UINT16_T; /* moved as bits; reduced by half.c */
+    case SP_FLOAT32: return MPI_FLOAT;
+    case SP_FLOAT64: return MPI_DOUBLE;
+    }
+    return MPI_DATATYPE_NULL;
+}
+
+static bool is_half(sp_dtype_t dtype) { return dtype == SP_FLOAT16 || dtype == SP_BFLOAT16; }
+
+static sp_status_t mpi_fail(int rc, const char *fn, const char *what) {
+    char text[MPI_MAX_ERROR_STRING];
+    int len = 0;
+    if (MPI_Error_string(rc, text, &len) != MPI_SUCCESS)
+        snprintf(text, sizeof text, "error %d", rc);
+    return sp__error(SP_ERR_MPI, SP_SUB_COLL, "%s: %s failed: %s", fn, what, text);
+}
+
+/* ---- argument checks -------------------------------------------------------------------- */
+
+/* [ptr, ptr+bytes) must lie in one live block of this rank's device (within what the caller
+ * asked for, not the rounding slack). */
+static bool check_buffer(const sp_world_t *w, const void *ptr, size_t bytes, const char *what,
+                         char *why, size_t len) {
+    int rank = sp_world_rank(w), dev = sp_world_device(w);
+    if (ptr == NULL) {
+        snprintf(why, len, "%s buffer is NULL", what);
+        return false;
+    }
+    sp_block_info_t info;
+    if (sp__pool_lookup(ptr, &info) != SP_SUCCESS || info.device != dev) {
+        snprintf(why, len,
+                 "%s buffer %p is not sympool device memory of rank %d (device %d): allocate it "
+                 "with sp_malloc or sp_symmetric_malloc",
+                 what, ptr, rank, dev);
+        return false;
+    }
+    size_t limit = info.requested_size ? info.requested_size : info.block_size;
+    size_t off = (size_t)((const char *)ptr - (const char *)info.block_base);
+    if (off > limit || bytes > limit - off) {
+        snprintf(why, len,
+                 "%s buffer %p (%zu bytes) is not sympool device memory of rank %d: it runs %zu "
+                 "bytes past the end of its %zu-byte allocation",
+                 what, ptr, bytes, rank, bytes - (off > limit ? 0 : limit - off), limit);
+        return false;
+    }
+    return true;
+}
+
+static bool overlaps(const void *a, size_t an, const void *b, size_t bn) {
+    uintptr_t x = (uintptr_t)a, y = (uintptr_t)b;
+    return an && bn && x < y + bn && y < x + an;
+}
+
+/* Every check that needs no communication. Returns false with the reason in why. */
+static bool check_local(const sp_world_t *w, const sp_coll_call_t *c, char *why, size_t len) {
+    int n = sp_world_size(w), rank = sp_world_rank(w);
+    if ((unsigned)c->dtype >= (unsigned)SP_NUM_DTYPES) {
+        snprintf(why, len, "dtype %d is not an sp_dtype_t", (int)c->dtype);
+        return false;
+    }
+    bool reduces = c->kind == SP_COLL_ALLREDUCE || c->kind == SP_COLL_REDUCE_SCATTER;
+    if (reduces && (unsigned)c->op >= (unsigned)SP_NUM_REDOPS) {
+        snprintf(why, len, "op %d is not an sp_redop_t", (int)c->op);
+        return false;
+    }
+    if (c->kind == SP_COLL_BROADCAST && (c->root < 0 || c->root >= n)) {
+        snprintf(why, len, "root %d is out of range [0, %d)", c->root, n);
+        return false;
+    }
+    size_t size = dtype_sizes[c->dtype];
+    size_t scale = (c->kind == SP_COLL_ALLREDUCE || c->kind == SP_COLL_BROADCAST) ? 1 : (size_t)n;
+    if (c->count > SIZE_MAX / size / scale || c->count > (size_t)INT64_MAX / size / scale) {
+        snprintf(why, len, "count %zu of %s times %zu rank(s) overflows a byte size", c->count,
+                 dtype_names[c->dtype], scale);
+        return false;
+    }
+    if (c->count == 0)
+        return true; /* a no-op: buffers are not touched and may be NULL */
+    size_t bytes = c->count * size, big = bytes * scale;
+    size_t send_bytes = c->kind == SP_COLL_REDUCE_SCATTER ? big : bytes;
+    size_t recv_bytes = c->kind == SP_COLL_ALLGATHER ? big : bytes;
+    bool uses_send = c->kind != SP_COLL_BROADCAST || rank == c->root;
+    if (uses_send && !check_buffer(w, c->send, send_bytes, "send", why, len))
+        return false;
+    if (!check_buffer(w, c->recv, recv_bytes, "recv", why, len))
+        return false;
+    if (!uses_send || c->send == c->recv)
+        return true; /* in place (allreduce, broadcast root) or send unused */
+    const char *s = c->send, *r = c->recv;
+    if (c->kind == SP_COLL_ALLGATHER && s == r + (size_t)rank * bytes)
+        return true; /* in place: this rank's slot of recv */
+    if (c->kind == SP_COLL_REDUCE_SCATTER && r == s + (size_t)rank * bytes)
+        return true; /* in place: this rank's slot of send */
+    if (overlaps(s, send_bytes, r, recv_bytes)) {
+        snprintf(why, len,
+                 "send %p (%zu bytes) and recv %p (%zu bytes) overlap without being in place "
+                 "(in place is send == recv%s)",
+                 c->send, send_bytes, c->recv, recv_bytes,
+                 c->kind == SP_COLL_ALLGATHER        ? ", or send == recv + rank*count"
+                 : c->kind == SP_COLL_REDUCE_SCATTER ? ", or recv == send + rank*recv_count"
+                                                     : "");
+        return false;
+    }
+    return true;
+}
+
+enum { AG_BAD, AG_KIND, AG_COUNT_HI, AG_COUNT_LO, AG_DTYPE, AG_OP, AG_ROOT, AG_N };
+
+/* The agreement: one MPI_Allreduce(MAX) of (bad rank, and each field with its negation so one
+ * MAX yields both its maximum and its minimum). */
+static sp_status_t agree(sp_world_t *w, const sp_coll_call_t *c, bool ok, const char *why) {
+    const char *fn = kind_names[c->kind];
+    int rank = sp_world_rank(w), n = sp_world_size(w);
+    bool reduces = c->kind == SP_COLL_ALLREDUCE || c->kind == SP_COLL_REDUCE_SCATTER;
+    /* The count is split into two 32-bit halves so its negation cannot overflow int64. */
+    int64_t f[AG_N] = {
+        ok ? 0 : (int64_t)(n - rank),
+        (int64_t)c->kind,
+        (int64_t)(c->count >> 32),
+        (int64_t)(c->count & 0xffffffffu),
+        (int64_t)c->dtype,
+        reduces ? (int64_t)c->op : 0,
+        c->kind == SP_COLL_BROADCAST ? (int64_t)c->root : 0,
+    };
+    int64_t v[2 * AG_N], out[2 * AG_N];
+    for (int i = 0; i < AG_N; i++) {
+        v[i] = f[i];
+        v[AG_N + i] = -f[i];
+    }
+    int rc = MPI_Allreduce(v, out, 2 * AG_N, MPI_INT64_T, MPI_MAX, sp__world_comm(w));
+    if (rc != MPI_SUCCESS)
+        return mpi_fail(rc, fn, "the argument agreement (MPI_Allreduce)");
+    if (!ok)
+        return sp__error(SP_ERR_INVALID_ARGUMENT, SP_SUB_COLL, "%s: %s", fn, why);
+    if (out[AG_BAD] > 0)
+        return sp__error(SP_ERR_INVALID_ARGUMENT, SP_SUB_COLL,
+                         "%s: rank %d rejected its arguments (its log says why); no rank moved "
+                         "any data",
+                         fn, (int)(n - out[AG_BAD]));
+    static const char *const field_names[AG_N] = {"", "collective", "count", "count",
+                                                  "dtype", "op", "root"};
+    for (int i = AG_KIND; i < AG_N; i++) {
+        int64_t hi = out[i], lo = -out[AG_N + i];
+        if (hi == lo)
+            continue;
+        if (i == AG_COUNT_HI || i == AG_COUNT_LO)
+            return sp__error(SP_ERR_MISMATCH, SP_SUB_COLL,
+                             "%s: ranks passed different counts (this rank: %zu); every rank "
+                             "must pass the same count",
+                             fn, c->count);
+        if (i == AG_KIND)
+            return sp__error(SP_ERR_MISMATCH, SP_SUB_COLL,
+                             "%s: ranks called different collectives at the same time "
+                             "(collective ids %lld..%lld)",
+                             fn, (long long)lo, (long long)hi);
+        return sp__error(SP_ERR_MISMATCH, SP_SUB_COLL,
+                         "%s: ranks passed different %s values (smallest %lld, largest %lld)", fn,
+                         field_names[i], (long long)lo, (long long)hi);
+    }
+    return SP_SUCCESS;
+}
+
+/* ---- the host (MPI) data path ----------------------------------------------------------- */
+
+static MPI_Op native_op(sp_redop_t op) {
+    switch (op) {
+    case SP_SUM:
+    case SP_AVG: return MPI_SUM;
+    case SP_PROD: return MPI_PROD;
+    case SP_MIN: return MPI_MIN;
+    case SP_MAX: return MPI_MAX;
+    }
+    return MPI_OP_NULL;
+}
+
+/* The op that reduces dtype's MPI representation directly (half MIN/MAX: half.c's ops). */
+static MPI_Op direct_op(sp_dtype_t dtype, sp_redop_t op) {
+    if (is_half(dtype))
+        return sp__half_minmax_op(dtype == SP_BFLOAT16, op == SP_MAX);
+    return native_op(op);
+}
+
+/* Divide n elements by the number of ranks (AVG after SUM). */
+static void divide(void *buf, size_t n, sp_dtype_t dtype, int nranks) {
+#define SP_DIV(T)                                                                                  \
+    do {                                                                                           \
+        T *p = buf;                                                                                \
+        for (size_t i = 0; i < n; i++)                                                             \
+            p[i] = (T)(p[i] / (T)nranks);                                                          \
+    } while (0)
+    switch (dtype) {
+    case SP_INT8: SP_DIV(int8_t); break;
+    case SP_UINT8: SP_DIV(uint8_t); break;
+    case SP_INT32: SP_DIV(int32_t); break;
+    case SP_UINT32: SP_DIV(uint32_t); break;
+    case SP_INT64: SP_DIV(int64_t); break;
+    case SP_UINT64: SP_DIV(uint64_t); break;
+    case SP_FLOAT32: SP_DIV(float); break;
+    case SP_FLOAT64: SP_DIV(double); break;
+    case SP_FLOAT16:
+    case SP_BFLOAT16: break; /* divided in float before rounding */
+    }
+#undef SP_DIV
+}
+
+static bool half_arith(const sp_coll_call_t *c) {
+    return is_half(c->dtype) && (c->op == SP_SUM || c->op == SP_PROD || c->op == SP_AVG);
+}
+
+static sp_status_t host_allreduce(sp_world_t *w, const sp_coll_call_t *c) {
+    MPI_Comm comm = sp__world_comm(w);
+    int n = sp_world_size(w);
+    size_t size = dtype_sizes[c->dtype];
+    if (half_arith(c)) {
+        bool bf = c->dtype == SP_BFLOAT16;
+        size_t chunk = c->count < HALF_CHUNK ? c->count : HALF_CHUNK;
+        float *tmp = malloc(chunk * sizeof *tmp);
+        if (tmp == NULL)
+            return sp__error(SP_ERR_SYSTEM, SP_SUB_COLL,
+                             "sp_allreduce: cannot allocate %zu bytes of float scratch",
+                             chunk * sizeof *tmp);
+        MPI_Op op = c->op == SP_PROD ? MPI_PROD : MPI_SUM;
+        for (size_t at = 0; at < c->count; at += chunk) {
+            size_t k = c->count - at < chunk ? c->count - at : chunk;
+            sp__half_load((const uint16_t *)c->send + at, tmp, k, bf);
+            int rc = MPI_Allreduce(MPI_IN_PLACE, tmp, (int)k, MPI_FLOAT, op, comm);
+            if (rc != MPI_SUCCESS) {
+                free(tmp);
+                return mpi_fail(rc, "sp_allreduce", "MPI_Allreduce");
+            }
+            if (c->op == SP_AVG)
+                for (size_t i = 0; i < k; i++)
+                    tmp[i] /= (float)n;
+            sp__half_store(tmp, (uint16_t *)c->recv + at, k, bf);
+        }
+        free(tmp);
+        return SP_SUCCESS;
+    }
+    MPI_Op op = direct_op(c->dtype, c->op);
+    if (op == MPI_OP_NULL)
+        return sp__error(SP_ERR_MPI, SP_SUB_COLL, "sp_allreduce: MPI_Op_create failed");
+    for (size_t at = 0; at < c->count; at += MAX_MPI_COUNT) {
+        size_t k = c->count - at < MAX_MPI_COUNT ? c->count - at : MAX_MPI_COUNT;
+        const void *s = c->send == c->recv ? MPI_IN_PLACE : (const char *)c->send + at * size;
+        int rc = MPI_Allreduce(s, (char *)c->recv + at * size, (int)k, mpi_type(c->dtype), op,
+                               comm);
+        if (rc != MPI_SUCCESS)
+            return mpi_fail(rc, "sp_allreduce", "MPI_Allreduce");
+    }
+    if (c->op == SP_AVG)
+        divide(c->recv, c->count, c->dtype, n);
+    return SP_SUCCESS;
+}
+
+static sp_status_t host_allgather(sp_world_t *w, const sp_coll_call_t *c) {
+    int rank = sp_world_rank(w);
+    size_t bytes = c->count * dtype_sizes[c->dtype];
+    const char *slot = (const char *)c->recv + (size_t)rank * bytes;
+    const void *s = (const char *)c->send == slot ? MPI_IN_PLACE : c->send;
+    MPI_Datatype t = mpi_type(c->dtype);
+    int rc = MPI_Allgather(s, (int)c->count, t, c->recv, (int)c->count, t, sp__world_comm(w));
+    return rc == MPI_SUCCESS ? SP_SUCCESS : mpi_fail(rc, "sp_allgather", "MPI_Allgather");
+}
+
+static sp_status_t host_reduce_scatter(sp_world_t *w, const sp_coll_call_t *c) {
+    MPI_Comm comm = sp__world_comm(w);
+    int n = sp_world_size(w);
+    size_t size = dtype_sizes[c->dtype];
+    if (half_arith(c)) {
+        /* Chunk j of the result needs chunk j of every rank's slot of send: gather those into
+         * one float buffer laid out rank by rank, reduce-scatter floats, round once. */
+        bool bf = c->dtype == SP_BFLOAT16;
+        size_t chunk = c->count < HALF_CHUNK ? c->count : HALF_CHUNK;
+        float *in = malloc(chunk * (size_t)n * sizeof *in), *out = malloc(chunk * sizeof *out);
+        if (in == NULL || out == NULL) {
+            free(in);
+            free(out);
+            return sp__error(SP_ERR_SYSTEM, SP_SUB_COLL,
+                             "sp_reduce_scatter: cannot allocate %zu bytes of float scratch",
+                             chunk * ((size_t)n + 1) * sizeof(float));
+        }
+        MPI_Op op = c->op == SP_PROD ? MPI_PROD : MPI_SUM;
+        sp_status_t st = SP_SUCCESS;
+        for (size_t at = 0; at < c->count; at += chunk) {
+            size_t k = c->count - at < chunk ? c->count - at : chunk;
+            for (int i = 0; i < n; i++)
+                sp__half_load((const uint16_t *)c->send + (size_t)i * c->count + at,
+                              in + (size_t)i * k, k, bf);
+            int rc = MPI_Reduce_scatter_block(in, out, (int)k, MPI_FLOAT, op, comm);
+            if (rc != MPI_SUCCESS) {
+                st = mpi_fail(rc, "sp_reduce_scatter", "MPI_Reduce_scatter_block");
+                break;
+            }
+            if (c->op == SP_AVG)
+                for (size_t i = 0; i < k; i++)
+                    out[i] /= (float)n;
+            sp__half_store(out, (uint16_t *)c->recv + at, k, bf);
+        }
+        free(in);
+        free(out);
+        return st;
+    }
+    MPI_Op op = direct_op(c->dtype, c->op);
+    if (op == MPI_OP_NULL)
+        return sp__error(SP_ERR_MPI, SP_SUB_COLL, "sp_reduce_scatter: MPI_Op_create failed");
+    /* In place (recv inside send) needs a separate result buffer: MPI_IN_PLACE would put the
+     * result at the start of send, not at this rank's slot. */
+    bool in_place = overlaps(c->send, c->count * size * (size_t)n, c->recv, c->count * size);
+    void *dst = c->recv;
+    if (in_place && (dst = malloc(c->count * size)) == NULL)
+        return sp__error(SP_ERR_SYSTEM, SP_SUB_COLL,
+                         "sp_reduce_scatter: cannot allocate %zu bytes for the in-place result",
+                         c->count * size);
+    int rc = MPI_Reduce_scatter_block(c->send, dst, (int)c->count, mpi_type(c->dtype), op, comm);
+    if (rc == MPI_SUCCESS && in_place)
+        memcpy(c->recv, dst, c->count * size);
+    if (in_place)
+        free(dst);
+    if (rc != MPI_SUCCESS)
+        return mpi_fail(rc, "sp_reduce_scatter", "MPI_Reduce_scatter_block");
+    if (c->op == SP_AVG)
+        divide(c->recv, c->count, c->dtype, n);
+    return SP_SUCCESS;
+}
+
+static sp_status_t host_broadcast(sp_world_t *w, const sp_coll_call_t *c) {
+    size_t bytes = c->count * dtype_sizes[c->dtype];
+    if (sp_world_rank(w) == c->root && c->send != c->recv)
+        memcpy(c->recv, c->send, bytes); /* checked: they do not overlap */
+    const size_t step = (size_t)1 << 30;
+    for (size_t at = 0; at < bytes; at += step) {
+        size_t k = bytes - at < step ? bytes - at : step;
+        int rc = MPI_Bcast((char *)c->recv + at, (int)k, MPI_BYTE, c->root, sp__world_comm(w));
+        if (rc != MPI_SUCCESS)
+            return mpi_fail(rc, "sp_broadcast", "MPI_Bcast");
+    }
+    return SP_SUCCESS;
+}
+
+/* ---- dispatch --------------------------------------------------------------------------- */
+
+static sp_status_t run(sp_world_t *w, const sp_coll_call_t *c) {
+    const char *fn = kind_names[c->kind];
+    if (w == NULL)
+        return sp__error(SP_ERR_INVALID_ARGUMENT, SP_SUB_COLL, "%s: world is NULL", fn);
+    char why[512];
+    bool ok = check_local(w, c, why, sizeof why);
+    SP_CHECK(agree(w, c, ok, why));
+    if (c->count == 0)
+        return SP_SUCCESS;
+    if (sp__world_is_cuda(w)) {
+        if (sp__world_nccl_comm(w) == NULL)
+            return sp__error(SP_ERR_NOT_SUPPORTED, SP_SUB_COLL,
+                             "%s: the cuda backend needs NCCL, and this world has no NCCL "
+                             "communicator (built without NCCL?)",
+                             fn);
+        return sp__coll_nccl(w, c);
+    }
+    /* MPI-3 counts are int: allgather and reduce_scatter cannot be split into independent
+     * chunks as simply as the element-wise calls, so they refuse what does not fit (the same
+     * decision on every rank: the count is agreed). */
+    if ((c->kind == SP_COLL_ALLGATHER || c->kind == SP_COLL_REDUCE_SCATTER) &&
+        c->count > MAX_MPI_COUNT)
+        return sp__error(SP_ERR_NOT_SUPPORTED, SP_SUB_COLL,
+                         "%s: %zu elements per rank exceed MPI's int count on the host backend",
+                         fn, c->count);
+    switch (c->kind) {
+    case SP_COLL_ALLREDUCE: return host_allreduce(w, c);
+    case SP_COLL_ALLGATHER: return host_allgather(w, c);
+    case SP_COLL_REDUCE_SCATTER: return host_reduce_scatter(w, c);
+    case SP_COLL_BROADCAST: return host_broadcast(w, c);
+    }
+    return sp__error(SP_ERR_INTERNAL, SP_SUB_COLL, "unknown collective %d", (int)c->kind);
+}
+
+SP_EXPORT sp_status_t sp_allreduce(sp_world_t *w, const void *send, void *recv, size_t count,
+                                   sp_dtype_t dtype, sp_redop_t op, sp_stream_t stream) {
+    sp_coll_call_t c = {SP_COLL_ALLREDUCE, send, recv, count, dtype, op, 0, stream};
+    return run(w, &c);
+}
+
+SP_EXPORT sp_status_t sp_allgather(sp_world_t *w, const void *send, void *recv,
+                                   size_t send_count, sp_dtype_t dtype, sp_stream_t stream) {
+    sp_coll_call_t c = {SP_COLL_ALLGATHER, send, recv, send_count, dtype, SP_SUM, 0, stream};
+    return run(w, &c);
+}
+
+SP_EXPORT sp_status_t sp_reduce_scatter(sp_world_t *w, const void *send, void *recv,
+                                        size_t recv_count, sp_dtype_t dtype, sp_redop_t op,
+                                        sp_stream_t stream) {
+    sp_coll_call_t c = {SP_COLL_REDUCE_SCATTER, send, recv, recv_count, dtype, op, 0, stream};
+    return run(w, &c);
+}
+
+SP_EXPORT sp_status_t sp_broadcast(sp_world_t *w, const void *send, void *recv, size_t count,
+                                   sp_dtype_t dtype, int root, sp_stream_t stream) {
+    sp_coll_call_t c = {SP_COLL_BROADCAST, send, recv, count, dtype, SP_SUM, root, stream};
+    return run(w, &c);
+}

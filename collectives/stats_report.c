@@ -1,0 +1,362 @@
+/*
+ * stats_report.c: every memory_stats key (and the symmetric pools' counters) reduced across the
+ * world's ranks in ONE collective, and the report rank 0 writes from it: a table for people,
+ * JSON for programs, Prometheus text exposition for scrapers. SYMPOOL_REPORT=table|json|
+ * prometheus prints it at sp_world_finalize (a hook registered from a library constructor).
+ *
+ * The collective is one MPI_Allreduce over an array of records {min, max, sum, min_rank,
+ * max_rank} with a user-defined, commutative op (ties go to the lower rank, so the result does
+ * not depend on MPI's reduction order). The last record carries an error flag: a rank whose own
+ * arguments or stats failed still joins, so every rank learns of the failure and returns an
+ * error instead of hanging. Prometheus needs every rank's value, which a min/max summary cannot
+ * give: only that format adds a second collective (MPI_Gather to rank 0).
+ *
+ * No locks: the MPI datatype and op are created and freed within each call.
+ */
+#include <ctype.h>
+#include <inttypes.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "collectives/coll_int.h"
+#include "core/core.h"
+#include "launch/launch.h"
+#include "symmetric/sym_int.h"
+
+/* One key's reduction across ranks. */
+typedef struct agg {
+    int64_t min;      /* smallest value over ranks */
+    int64_t max;      /* largest value over ranks */
+    int64_t sum;      /* sum over ranks (wraps like int64) */
+    int32_t min_rank; /* lowest rank holding min */
+    int32_t max_rank; /* lowest rank holding max */
+} agg_t;
+
+enum { N_SYM = 6 };
+static const char *const sym_names[N_SYM] = {"registrations", "deregistrations",
+                                             "agreement_rounds", "mallocs", "growths", "pools"};
+static const char *const sym_help[N_SYM] = {
+    "segments registered by symmetric pools (NCCL windows or MPI shared windows)",
+    "segments deregistered by symmetric pools",
+    "agreement rounds (MPI_Allreduce calls) made by sp_symmetric_malloc",
+    "sp_symmetric_malloc calls that succeeded",
+    "collective segment growths of symmetric pools",
+    "live symmetric pools"};
+
+/* Everything one report needs: the summary plus the symmetric counters' records. */
+typedef struct gathered {
+    size_t nkeys;            /* sp_stats_count() */
+    int nranks;              /* world size */
+    agg_t stats[SP_STATS_MAX]; /* per stats key */
+    agg_t sym[N_SYM];          /* per symmetric counter */
+    int64_t mine[SP_STATS_MAX + N_SYM]; /* this rank's values: stats then counters */
+} gathered_t;
+
+static void combine(void *in_v, void *inout_v, int *len, MPI_Datatype *type) {
+    (void)type;
+    const agg_t *in = in_v;
+    agg_t *io = inout_v;
+    for (int i = 0; i < *len; i++) {
+        if (in[i].min < io[i].min || (in[i].min == io[i].min && in[i].min_rank < io[i].min_rank)) {
+            io[i].min = in[i].min;
+            io[i].min_rank = in[i].min_rank;
+        }
+        if (in[i].max > io[i].max || (in[i].max == io[i].max && in[i].max_rank < io[i].max_rank)) {
+            io[i].max = in[i].max;
+            io[i].max_rank = in[i].max_rank;
+        }
+        io[i].sum = (int64_t)((uint64_t)io[i].sum + (uint64_t)in[i].sum);
+    }
+}
+
+static sp_status_t mpi_fail(int rc, const char *fn, const char *what) {
+    char text[MPI_MAX_ERROR_STRING];
+    int len = 0;
+    if (MPI_Error_string(rc, text, &len) != MPI_SUCCESS)
+        snprintf(text, sizeof text, "error %d", rc);
+    return sp__error(SP_ERR_MPI, SP_SUB_COLL, "%s: %s failed: %s", fn, what, text);
+}
+
+/* The one collective. local_ok false (with why) marks this rank's arguments bad: it still joins
+ * the reduction and then every rank returns SP_ERR_INVALID_ARGUMENT. */
+static sp_status_t gather_all(sp_world_t *w, int device, bool local_ok, const char *why,
+                              const char *fn, gathered_t *g) {
+    int rank = sp_world_rank(w), n = sp_world_size(w);
+    size_t nkeys = sp_stats_count();
+    if (nkeys > SP_STATS_MAX)
+        nkeys = SP_STATS_MAX;
+    char reason[256];
+    snprintf(reason, sizeof reason, "%s", why ? why : "");
+    memset(g, 0, sizeof *g);
+    g->nkeys = nkeys;
+    g->nranks = n;
+    if (local_ok) {
+        sp_stats_t st;
+        if (sp_memory_stats(device, &st) != SP_SUCCESS) {
+            local_ok = false;
+            snprintf(reason, sizeof reason, "device %d has no statistics: %s", device,
+                     sp_last_error());
+        } else {
+            for (size_t i = 0; i < nkeys; i++)
+                g->mine[i] = st.value[i];
+            sp_sym_counters_t sc;
+            sp__symmetric_counters(device, &sc);
+            int64_t cv[N_SYM] = {sc.registrations, sc.deregistrations, sc.agreement_rounds,
+                                 sc.mallocs,       sc.growths,         sc.pools};
+            memcpy(g->mine + nkeys, cv, sizeof cv);
+        }
+    }
+    size_t nrec = nkeys + N_SYM + 1;
+    agg_t rec[SP_STATS_MAX + N_SYM + 1], res[SP_STATS_MAX + N_SYM + 1];
+    for (size_t i = 0; i < nkeys + N_SYM; i++)
+        rec[i] = (agg_t){g->mine[i], g->mine[i], g->mine[i], rank, rank};
+    /* The error record: max = n - (lowest bad rank), 0 when every rank is fine. */
+    int64_t bad = local_ok ? 0 : (int64_t)(n - rank);
+    rec[nrec - 1] = (agg_t){bad, bad, bad, rank, rank};
+
+    MPI_Datatype type;
+    MPI_Op op;
+    int rc = MPI_Type_contiguous((int)sizeof(agg_t), MPI_BYTE, &type);
+    if (rc != MPI_SUCCESS)
+        return mpi_fail(rc, fn, "MPI_Type_contiguous");
+    MPI_Type_commit(&type);
+    rc = MPI_Op_create(combine, 1, &op);
+    if (rc != MPI_SUCCESS) {
+        MPI_Type_free(&type);
+        return mpi_fail(rc, fn, "MPI_Op_create");
+    }
+    rc = MPI_Allreduce(rec, res, (int)nrec, type, op, sp__world_comm(w));
+    MPI_Op_free(&op);
+    MPI_Type_free(&type);
+    if (rc != MPI_SUCCESS)
+        return mpi_fail(rc, fn, "MPI_Allreduce");
+    if (!local_ok)
+        return sp__error(SP_ERR_INVALID_ARGUMENT, SP_SUB_COLL, "%s: %s", fn, reason);
+    if (res[nrec - 1].max > 0)
+        return sp__error(SP_ERR_INVALID_ARGUMENT, SP_SUB_COLL,
+                         "%s: rank %d rejected its arguments (its log says why)", fn,
+                         (int)(n - res[nrec - 1].max));
+    memcpy(g->stats, res, nkeys * sizeof(agg_t));
+    memcpy(g->sym, res + nkeys, N_SYM * sizeof(agg_t));
+    return SP_SUCCESS;
+}
+
+SP_EXPORT sp_status_t sp_stats_aggregate(sp_world_t *w, int device, sp_stats_summary_t *summary_p) {
+    if (w == NULL)
+        return sp__error(SP_ERR_INVALID_ARGUMENT, SP_SUB_COLL, "sp_stats_aggregate: world is NULL");
+    gathered_t *g = malloc(sizeof *g);
+    if (g == NULL)
+        return sp__error(SP_ERR_SYSTEM, SP_SUB_COLL, "sp_stats_aggregate: out of host memory");
+    bool ok = summary_p != NULL;
+    sp_status_t st = gather_all(w, device, ok, "summary_p is NULL", "sp_stats_aggregate", g);
+    if (st == SP_SUCCESS) {
+        sp_stats_summary_t s;
+        memset(&s, 0, sizeof s);
+        for (size_t i = 0; i < g->nkeys; i++) {
+            s.min[i] = g->stats[i].min;
+            s.max[i] = g->stats[i].max;
+            s.sum[i] = g->stats[i].sum;
+            s.min_rank[i] = g->stats[i].min_rank;
+            s.max_rank[i] = g->stats[i].max_rank;
+        }
+        s.nranks = g->nranks;
+        *summary_p = s;
+    }
+    free(g);
+    return st;
+}
+
+/* ---- formatting ------------------------------------------------------------------------- */
+
+static bool is_bytes_key(const char *key) {
+    return strstr(key, "bytes") != NULL || strcmp(key, "max_split_size") == 0;
+}
+
+/* "1.50 GiB", "512 B"; raw number for negative values (max_split_size's "unlimited"). */
+static const char *human(double v, bool bytes, char *buf, size_t len) {
+    if (!bytes || v < 0) {
+        if (v == (double)(int64_t)v)
+            snprintf(buf, len, "%" PRId64, (int64_t)v);
+        else
+            snprintf(buf, len, "%.2f", v);
+        return buf;
+    }
+    static const char *const units[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"};
+    int u = 0;
+    while (v >= 1024.0 && u < 6) {
+        v /= 1024.0;
+        u++;
+    }
+    if (u == 0)
+        snprintf(buf, len, "%.0f B", v);
+    else
+        snprintf(buf, len, "%.2f %s", v, units[u]);
+    return buf;
+}
+
+static void table_row(FILE *out, const char *key, const agg_t *a, int n, bool bytes) {
+    char mn[32], me[32], mx[32], imb[16];
+    double mean = (double)a->sum / n;
+    if (mean > 0)
+        snprintf(imb, sizeof imb, "%.2f", (double)a->max / mean);
+    else
+        snprintf(imb, sizeof imb, "-");
+    fprintf(out, "%-42s %12s %12s %12s %6d %6s\n", key, human((double)a->min, bytes, mn, sizeof mn),
+            human(mean, bytes, me, sizeof me), human((double)a->max, bytes, mx, sizeof mx),
+            a->max_rank, imb);
+}
+
+static bool all_zero(const agg_t *a) { return a->min == 0 && a->max == 0; }
+
+static void write_table(FILE *out, const gathered_t *g, int device) {
+    int n = g->nranks;
+    fprintf(out, "sympool memory statistics: %d rank(s), device %d, backend %s\n", n, device,
+            sp_backend_name());
+    fprintf(out, "%-42s %12s %12s %12s %6s %6s\n", "key", "min", "mean", "max", "worst",
+            "max/mean");
+    size_t zeros = 0;
+    for (size_t i = 0; i < g->nkeys; i++) {
+        if (all_zero(&g->stats[i])) {
+            zeros++;
+            continue;
+        }
+        table_row(out, sp_stats_key(i), &g->stats[i], n, is_bytes_key(sp_stats_key(i)));
+    }
+    for (int j = 0; j < N_SYM; j++) {
+        char key[64];
+        snprintf(key, sizeof key, "symmetric.%s", sym_names[j]);
+        table_row(out, key, &g->sym[j], n, false);
+    }
+    if (zeros == 0)
+        return;
+    /* Complete but compact: the keys that are zero on every rank, wrapped at ~100 columns. */
+    fprintf(out, "zero on every rank (%zu keys):", zeros);
+    size_t col = 100;
+    for (size_t i = 0; i < g->nkeys; i++) {
+        if (!all_zero(&g->stats[i]))
+            continue;
+        size_t len = strlen(sp_stats_key(i));
+        if (col + len + 1 > 100) {
+            fprintf(out, "\n  ");
+            col = 2;
+        }
+        fprintf(out, " %s", sp_stats_key(i));
+        col += len + 1;
+    }
+    fprintf(out, "\n");
+}
+
+static void json_record(FILE *out, const char *key, const agg_t *a, int n, bool first) {
+    fprintf(out,
+            "%s\n    \"%s\": {\"min\": %" PRId64 ", \"max\": %" PRId64 ", \"sum\": %" PRId64
+            ", \"mean\": %.3f, \"min_rank\": %d, \"max_rank\": %d}",
+            first ? "" : ",", key, a->min, a->max, a->sum, (double)a->sum / n, a->min_rank,
+            a->max_rank);
+}
+
+static void write_json(FILE *out, const gathered_t *g, int device) {
+    fprintf(out, "{\n  \"nranks\": %d,\n  \"device\": %d,\n  \"backend\": \"%s\",\n  \"stats\": {",
+            g->nranks, device, sp_backend_name());
+    for (size_t i = 0; i < g->nkeys; i++)
+        json_record(out, sp_stats_key(i), &g->stats[i], g->nranks, i == 0);
+    fprintf(out, "\n  },\n  \"symmetric\": {");
+    for (int j = 0; j < N_SYM; j++)
+        json_record(out, sym_names[j], &g->sym[j], g->nranks, j == 0);
+    fprintf(out, "\n  }\n}\n");
+}
+
+/* Prometheus metric names: [a-zA-Z_:][a-zA-Z0-9_:]*; everything else becomes '_'. */
+static void metric_name(const char *key, char *buf, size_t len) {
+    size_t at = (size_t)snprintf(buf, len, "sympool_");
+    for (const char *p = key; *p && at + 1 < len; p++)
+        buf[at++] = (isalnum((unsigned char)*p) || *p == '_' || *p == ':') ? *p : '_';
+    buf[at] = '\0';
+}
+
+static void prom_metric(FILE *out, const char *key, const char *help, const int64_t *all,
+                        size_t stride, size_t index, int n) {
+    char name[128];
+    metric_name(key, name, sizeof name);
+    fprintf(out, "# HELP %s %s\n# TYPE %s gauge\n", name, help, name);
+    for (int r = 0; r < n; r++)
+        fprintf(out, "%s{rank=\"%d\"} %" PRId64 "\n", name, r, all[(size_t)r * stride + index]);
+}
+
+static void write_prometheus(FILE *out, const gathered_t *g, const int64_t *all) {
+    size_t stride = g->nkeys + N_SYM;
+    for (size_t i = 0; i < g->nkeys; i++) {
+        char help[160];
+        snprintf(help, sizeof help, "PyTorch memory_stats key \"%s\" of each rank",
+                 sp_stats_key(i));
+        prom_metric(out, sp_stats_key(i), help, all, stride, i, g->nranks);
+    }
+    for (int j = 0; j < N_SYM; j++) {
+        char key[64];
+        snprintf(key, sizeof key, "symmetric_%s", sym_names[j]);
+        prom_metric(out, key, sym_help[j], all, stride, g->nkeys + (size_t)j, g->nranks);
+    }
+}
+
+SP_EXPORT sp_status_t sp_stats_report(sp_world_t *w, int device, FILE *out,
+                                      sp_report_format_t format) {
+    static const char fn[] = "sp_stats_report";
+    if (w == NULL)
+        return sp__error(SP_ERR_INVALID_ARGUMENT, SP_SUB_COLL, "%s: world is NULL", fn);
+    int rank = sp_world_rank(w), n = sp_world_size(w);
+    const char *why = NULL;
+    if ((unsigned)format > (unsigned)SP_REPORT_PROMETHEUS)
+        why = "format is not an sp_report_format_t";
+    else if (rank == 0 && out == NULL)
+        why = "out is NULL on rank 0 (the rank that writes)";
+    gathered_t *g = malloc(sizeof *g);
+    if (g == NULL) /* would leave the other ranks waiting; host malloc of ~7 KiB does not fail */
+        return sp__error(SP_ERR_SYSTEM, SP_SUB_COLL, "%s: out of host memory", fn);
+    sp_status_t st = gather_all(w, device, why == NULL, why, fn, g);
+    int64_t *all = NULL;
+    if (st == SP_SUCCESS && format == SP_REPORT_PROMETHEUS) {
+        size_t stride = g->nkeys + N_SYM;
+        if (rank == 0 && (all = malloc((size_t)n * stride * sizeof *all)) == NULL)
+            st = sp__error(SP_ERR_SYSTEM, SP_SUB_COLL, "%s: out of host memory", fn);
+        /* Rank 0 joins the gather even if its buffer failed (with a scratch of its own row),
+         * so that no rank is left waiting. */
+        int64_t scratch[SP_STATS_MAX + N_SYM];
+        int rc = MPI_Gather(g->mine, (int)stride, MPI_INT64_T, all ? (void *)all : scratch,
+                            (int)stride, MPI_INT64_T, 0, sp__world_comm(w));
+        if (rc != MPI_SUCCESS && st == SP_SUCCESS)
+            st = mpi_fail(rc, fn, "MPI_Gather");
+    }
+    if (st == SP_SUCCESS && rank == 0) {
+        switch (format) {
+        case SP_REPORT_TABLE: write_table(out, g, device); break;
+        case SP_REPORT_JSON: write_json(out, g, device); break;
+        case SP_REPORT_PROMETHEUS: write_prometheus(out, g, all); break;
+        }
+        if (fflush(out) != 0 || ferror(out))
+            st = sp__error(SP_ERR_SYSTEM, SP_SUB_COLL, "%s: writing the report failed", fn);
+    }
+    free(all);
+    free(g);
+    return st;
+}
+
+/* ---- SYMPOOL_REPORT at sp_world_finalize ------------------------------------------------ */
+
+static void report_at_finalize(sp_world_t *w) {
+    const char *what = sp__option_string(SP_OPT_REPORT);
+    sp_report_format_t format;
+    if (strcmp(what, "table") == 0)
+        format = SP_REPORT_TABLE;
+    else if (strcmp(what, "json") == 0)
+        format = SP_REPORT_JSON;
+    else if (strcmp(what, "prometheus") == 0)
+        format = SP_REPORT_PROMETHEUS;
+    else
+        return;
+    /* Every rank reads the same environment under mpirun, so every rank joins. A failure was
+     * already logged; finalize goes on. */
+    (void)sp_stats_report(w, sp_world_device(w), stdout, format);
+}
+
+__attribute__((constructor)) static void register_report_hook(void) {
+    (void)sp__world_on_finalize(report_at_finalize);
+}
