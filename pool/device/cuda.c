@@ -27,10 +27,10 @@
 #include <cuda_runtime.h>
 
 typedef struct cuda_dev {
-    pthread_mutex_t mu;    /* guards the pool below */
-    cudaEvent_t *pool;     /* pooled events, [0, npool); mu */
-    size_t npool;          /* pooled events; mu */
-    size_t pool_cap;       /* capacity of `pool` in entries; mu */
+    pthread_mutex_t mu; /* guards the pool below */
+    cudaEvent_t *pool;  /* pooled events, [0, npool); mu */
+    size_t npool;       /* pooled events; mu */
+    size_t pool_cap;    /* capacity of `pool` in entries; mu */
 } cuda_dev_t;
 
 static struct {
@@ -42,9 +42,8 @@ static struct {
 static sp_status_t cuda_fail(cudaError_t err, const char *file, int line, const char *what) {
     (void)cudaGetLastError();
     if (err == cudaErrorMemoryAllocation)
-        return sp__error_quiet_at(SP_ERR_OUT_OF_MEMORY, SP_SUB_DEVICE, file, line,
-                                  "%s: %s: %s", what, cudaGetErrorName(err),
-                                  cudaGetErrorString(err));
+        return sp__error_quiet_at(SP_ERR_OUT_OF_MEMORY, SP_SUB_DEVICE, file, line, "%s: %s: %s",
+                                  what, cudaGetErrorName(err), cudaGetErrorString(err));
     return sp__error_at(SP_ERR_DEVICE, SP_SUB_DEVICE, file, line, "%s: %s: %s", what,
                         cudaGetErrorName(err), cudaGetErrorString(err));
 }
@@ -105,10 +104,12 @@ static sp_status_t cuda_init(sp_device_caps_t *caps_p) {
     void *fn = NULL;
     enum cudaDriverEntryPointQueryResult q;
     if (cudaGetDriverEntryPointByVersion("cuDeviceGet", &fn, 12000, cudaEnableDefault, &q) ==
-            cudaSuccess && q == cudaDriverEntryPointSuccess)
+            cudaSuccess &&
+        q == cudaDriverEntryPointSuccess)
         get_dev = (CUresult(*)(CUdevice *, int))fn;
     if (cudaGetDriverEntryPointByVersion("cuDeviceGetAttribute", &fn, 12000, cudaEnableDefault,
-                                         &q) == cudaSuccess && q == cudaDriverEntryPointSuccess)
+                                         &q) == cudaSuccess &&
+        q == cudaDriverEntryPointSuccess)
         get_attr = (CUresult(*)(int *, CUdevice_attribute, CUdevice))fn;
     (void)cudaGetLastError();
     for (int d = 0; d < n; d++) {
@@ -371,7 +372,9 @@ static void probe(void) {
     g_probe_ok = n > 0;
 }
 
-const sp_device_ops_t *sp__device_cuda_ops(void) { return &cuda_ops; }
+const sp_device_ops_t *sp__device_cuda_ops(void) {
+    return &cuda_ops;
+}
 
 bool sp__device_cuda_available(void) {
     pthread_once(&g_probe_once, probe);
@@ -380,8 +383,12 @@ bool sp__device_cuda_available(void) {
 
 #else /* !SP_HAVE_CUDA */
 
-const sp_device_ops_t *sp__device_cuda_ops(void) { return NULL; }
+const sp_device_ops_t *sp__device_cuda_ops(void) {
+    return NULL;
+}
 
-bool sp__device_cuda_available(void) { return false; }
+bool sp__device_cuda_available(void) {
+    return false;
+}
 
 #endif /* SP_HAVE_CUDA */

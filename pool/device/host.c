@@ -145,23 +145,23 @@ typedef struct host_event {
 } host_event_t;
 
 typedef struct host_dev {
-    pthread_mutex_t mu;          /* guards every field below */
-    size_t capacity;             /* byte budget; immutable after init */
-    size_t live_bytes;           /* bytes handed out (incl. reservations in flight); mu */
-    size_t live_count;           /* live mappings; mu */
-    phash_t maps;                /* live mapping pointer -> size; mu */
-    phash_t streams;             /* live host_stream_t * (value unused); mu */
-    phash_t events;              /* live (handed out) host_event_t *; mu */
-    host_stream_t default_stream;/* the NULL stream of this device; mu */
-    host_event_t *free_events;   /* pooled events; mu */
+    pthread_mutex_t mu;           /* guards every field below */
+    size_t capacity;              /* byte budget; immutable after init */
+    size_t live_bytes;            /* bytes handed out (incl. reservations in flight); mu */
+    size_t live_count;            /* live mappings; mu */
+    phash_t maps;                 /* live mapping pointer -> size; mu */
+    phash_t streams;              /* live host_stream_t * (value unused); mu */
+    phash_t events;               /* live (handed out) host_event_t *; mu */
+    host_stream_t default_stream; /* the NULL stream of this device; mu */
+    host_event_t *free_events;    /* pooled events; mu */
 } host_dev_t;
 
 static struct {
-    int count;                  /* devices; set by init, 0 when not initialized */
-    host_dev_t *devs;           /* [count]; set by init */
-    size_t page;                /* page size in bytes */
-    long fail_after;            /* SYMPOOL_HOST_FAIL_AFTER; 0 = never */
-    _Atomic long alloc_calls;   /* mem_alloc calls since init */
+    int count;                /* devices; set by init, 0 when not initialized */
+    host_dev_t *devs;         /* [count]; set by init */
+    size_t page;              /* page size in bytes */
+    long fail_after;          /* SYMPOOL_HOST_FAIL_AFTER; 0 = never */
+    _Atomic long alloc_calls; /* mem_alloc calls since init */
 } g_host;
 
 static sp_status_t get_dev(int device, host_dev_t **dev_p) {
@@ -223,8 +223,9 @@ static void host_fini(void) {
     for (int d = 0; d < g_host.count; d++) {
         host_dev_t *dev = &g_host.devs[d];
         if (dev->live_count > 0)
-            SP_INFO(SP_SUB_DEVICE, "host device %d: unmapping %zu leftover allocation(s), %zu bytes",
-                    d, dev->live_count, dev->live_bytes);
+            SP_INFO(SP_SUB_DEVICE,
+                    "host device %d: unmapping %zu leftover allocation(s), %zu bytes", d,
+                    dev->live_count, dev->live_bytes);
         for (size_t i = 0; i < dev->maps.cap; i++)
             if (dev->maps.keys[i] != 0)
                 munmap((void *)dev->maps.keys[i], (size_t)dev->maps.vals[i]);
@@ -260,7 +261,8 @@ static sp_status_t host_mem_alloc(int device, size_t size, void **ptr_p) {
     if (g_host.fail_after > 0 && call == g_host.fail_after)
         return sp__error_quiet(SP_ERR_OUT_OF_MEMORY, SP_SUB_DEVICE,
                                "host device %d: injected failure of mem_alloc call %ld "
-                               "(SYMPOOL_HOST_FAIL_AFTER)", device, call);
+                               "(SYMPOOL_HOST_FAIL_AFTER)",
+                               device, call);
 
     /* Reserve the bytes first so that concurrent callers never overshoot the budget. */
     pthread_mutex_lock(&dev->mu);
@@ -296,8 +298,10 @@ static sp_status_t host_mem_alloc(int device, size_t size, void **ptr_p) {
     pthread_mutex_unlock(&dev->mu);
     if (!ok) {
         munmap(p, size);
-        return sp__error(SP_ERR_SYSTEM, SP_SUB_DEVICE, "host device %d: out of host memory for "
-                         "the mapping table", device);
+        return sp__error(SP_ERR_SYSTEM, SP_SUB_DEVICE,
+                         "host device %d: out of host memory for "
+                         "the mapping table",
+                         device);
     }
     *ptr_p = p;
     return SP_SUCCESS;
@@ -312,13 +316,15 @@ static sp_status_t host_mem_free(int device, void *ptr, size_t size) {
         pthread_mutex_unlock(&dev->mu);
         return sp__error(SP_ERR_INVALID_USAGE, SP_SUB_DEVICE,
                          "host device %d: mem_free of %p, which is not a live allocation of this "
-                         "device (double free or foreign pointer)", device, ptr);
+                         "device (double free or foreign pointer)",
+                         device, ptr);
     }
     if (have != (uint64_t)size) {
         pthread_mutex_unlock(&dev->mu);
         return sp__error(SP_ERR_INVALID_USAGE, SP_SUB_DEVICE,
                          "host device %d: mem_free of %p with size %zu, but it was allocated with "
-                         "%llu bytes", device, ptr, size, (unsigned long long)have);
+                         "%llu bytes",
+                         device, ptr, size, (unsigned long long)have);
     }
     phash_del(&dev->maps, (uintptr_t)ptr);
     dev->live_count--;

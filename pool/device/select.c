@@ -18,9 +18,9 @@
 #include "pool/device/device.h"
 
 static struct {
-    pthread_mutex_t mu;           /* guards the fields below */
-    const sp_device_ops_t *ops;   /* selected and initialized backend, NULL if none; mu */
-    sp_device_caps_t caps;        /* its capabilities; mu */
+    pthread_mutex_t mu;         /* guards the fields below */
+    const sp_device_ops_t *ops; /* selected and initialized backend, NULL if none; mu */
+    sp_device_caps_t caps;      /* its capabilities; mu */
 } g_sel = {PTHREAD_MUTEX_INITIALIZER, NULL, {0}};
 
 /* Initialize `ops`; on success record it as the selection. Caller holds g_sel.mu. */
