@@ -293,8 +293,9 @@ sp_status_t sp__alloc_conf_parse_ex(const char *text, sp_alloc_conf_t *conf, uns
             if (!ok)
                 return span_is(key, "backend") && span_is(v, "cudaMallocAsync") ? SP_ERR_NOT_SUPPORTED
                                                                                   : SP_ERR_INVALID_ARGUMENT;
-            SP_INFO(SP_SUB_ENV, "ALLOC_CONF key %.*s:%.*s has no effect in sympool: ignored", (int)key.len, key.p,
-                    (int)v.len, v.p);
+            if (keys_p != NULL) /* applying, not just validating: say it once per application */
+                SP_INFO(SP_SUB_ENV, "ALLOC_CONF key %.*s:%.*s has no effect in sympool: ignored", (int)key.len,
+                        key.p, (int)v.len, v.p);
         }
         if (!ok)
             return SP_ERR_INVALID_ARGUMENT;
@@ -312,7 +313,8 @@ sp_status_t sp__alloc_conf_parse_ex(const char *text, sp_alloc_conf_t *conf, uns
 
 sp_status_t sp__alloc_conf_parse(const char *text, sp_alloc_conf_t *conf) {
     char why[512];
-    sp_status_t s = sp__alloc_conf_parse_ex(text, conf, NULL, NULL, 0, why, sizeof why);
+    unsigned keys;
+    sp_status_t s = sp__alloc_conf_parse_ex(text, conf, &keys, NULL, 0, why, sizeof why);
     if (s != SP_SUCCESS)
         return sp__error(s, SP_SUB_ENV, "ALLOC_CONF '%s': %s", text ? text : "(null)", why);
     return SP_SUCCESS;

@@ -190,7 +190,8 @@ enum {
 
 /* The quiet form (core/ internal): no log, no last error; on failure writes the reason to why
  * and leaves conf unchanged. On success *keys_p (if non-NULL) gets the keys present and
- * roundup_text (if non-NULL) the roundup_power2_divisions value text. */
+ * roundup_text (if non-NULL) the roundup_power2_divisions value text. With keys_p non-NULL the
+ * call counts as applying the text, and each ignored CUDA-only key is logged at INFO. */
 sp_status_t sp__alloc_conf_parse_ex(const char *text, sp_alloc_conf_t *conf, unsigned *keys_p,
                                     char *roundup_text, size_t roundup_len, char *why, size_t why_len);
 

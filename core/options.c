@@ -272,11 +272,8 @@ bool sp__parse_size(const char *text, size_t *bytes_p) {
     }
     if (shift != 0 && (*p == 'i' || *p == 'I'))
         p++;
-    if (*p == 'B' || *p == 'b') {
-        if (shift == 0 && p[-1] == 'i')
-            return false;
+    if (*p == 'B' || *p == 'b')
         p++;
-    }
     while (isspace((unsigned char)*p))
         p++;
     if (*p != '\0')
@@ -464,6 +461,17 @@ static bool is_known_name(const char *name, size_t len) {
     return false;
 }
 
+/* "SYMPOOL_DEVICE, SYMPOOL_DEBUG, ..." from the table, built once (only ever under opts_lock). */
+static const char *known_names(void) {
+    static char list[1024];
+    if (list[0] == '\0') {
+        size_t n = 0;
+        for (int o = 0; o < SP_OPT_COUNT && n < sizeof list; o++)
+            n += (size_t)snprintf(list + n, sizeof list - n, "%s%s", o ? ", " : "", defs[o].name);
+    }
+    return list;
+}
+
 static void warn_unknown_locked(void) {
     char now[UNKNOWN_MAX][64];
     int n_now = 0;
@@ -479,14 +487,8 @@ static void warn_unknown_locked(void) {
         for (int k = 0; k < n_unknown_warned; k++)
             warned = warned || strcmp(unknown_warned[k], now[n_now]) == 0;
         if (!warned)
-            SP_WARN(SP_SUB_ENV,
-                    "unknown variable %s: ignored; known: SYMPOOL_DEVICE, SYMPOOL_DEBUG, SYMPOOL_DEBUG_SUBSYS, "
-                    "SYMPOOL_DEBUG_FILE, SYMPOOL_INFO, SYMPOOL_ALLOC_CONF, SYMPOOL_NO_CACHING, "
-                    "SYMPOOL_MAX_SPLIT_SIZE, SYMPOOL_MAX_NON_SPLIT_ROUNDING, SYMPOOL_LARGE_SEGMENT_SIZE, "
-                    "SYMPOOL_GC_THRESHOLD, SYMPOOL_ROUNDUP_POWER2_DIVISIONS, SYMPOOL_EXPANDABLE_SEGMENTS, "
-                    "SYMPOOL_HOST_CAPACITY, SYMPOOL_HOST_DEVICES, SYMPOOL_HOST_FAIL_AFTER, SYMPOOL_SYM_TIMEOUT, "
-                    "SYMPOOL_SYM_REGISTRAR, SYMPOOL_REPORT (SYMPOOL_INFO=1 prints them)",
-                    now[n_now]);
+            SP_WARN(SP_SUB_ENV, "unknown variable %s: ignored; known: %s (SYMPOOL_INFO=1 prints them)", now[n_now],
+                    known_names());
         n_now++;
     }
     /* Names that left the environment may warn again if they come back. */
@@ -515,8 +517,8 @@ static void load_locked(void) {
             opts[o].has_warned_bad = true;
         }
     }
-    apply_conf_locked();
     configure_log_locked(); /* before the warnings, so SYMPOOL_DEBUG of this load decides */
+    apply_conf_locked();
     for (int o = 0; o < SP_OPT_COUNT; o++)
         if (bad[o])
             SP_WARN(SP_SUB_ENV, "%s='%s' is malformed (%s): using the default '%s'", defs[o].name,

@@ -470,11 +470,14 @@ TEST_F(AllocConf, RejectsBadValuesAndLeavesConfUnchanged) {
 }
 
 TEST_F(AllocConf, CudaOnlyKeysAreAcceptedAndIgnored) {
+    Env env({{"SYMPOOL_DEBUG", "INFO"}});
     ASSERT_SP_OK(sp__alloc_conf_parse("backend:native,release_lock_on_cudamalloc:True,"
                                       "pinned_use_cuda_host_register:False,pinned_num_register_threads:8,"
                                       "pinned_use_background_threads:True,graph_capture_record_stream_reuse:False",
                                       &c));
     EXPECT_EQ(c.max_split_size, SIZE_MAX);
+    EXPECT_EQ(count(SP_LOG_INFO, "has no effect in sympool: ignored"), 6u);
+    EXPECT_EQ(count(SP_LOG_INFO, "ALLOC_CONF key pinned_num_register_threads:8 has no effect"), 1u);
 }
 
 TEST_F(AllocConf, SeparateVariableBeatsAllocConf) {
