@@ -1,0 +1,102 @@
+#!/usr/bin/env python3
+"""mempool.py: a torch.cuda.MemPool whose segments come from sympool, PyTorch's allocator unchanged.
+
+    python3 mempool.py [path/to/libsympool.so]
+
+This is how PyTorch uses ProcessGroupNCCL.mem_allocator: the process keeps PyTorch's own caching
+allocator, and one MemPool takes its *segments* from a pluggable allocator:
+
+    allocator = torch.cuda.memory.CUDAPluggableAllocator(lib, "sp_torch_malloc", "sp_torch_free")
+    pool = torch.cuda.MemPool(allocator.allocator())
+    with torch.cuda.use_mem_pool(pool):
+        t = torch.empty(...)          # PyTorch asks sp_torch_malloc for a 2 / 20 MiB segment
+
+PyTorch still splits, caches and frees blocks inside those segments; sympool sees one allocation
+per PyTorch segment (and, being a caching allocator itself, rounds it by the same rules). When
+the MemPool dies and the cache is emptied, PyTorch hands the segments back through sp_torch_free.
+
+Exits 0 with a message when torch or a CUDA GPU is missing; 1 when a check fails.
+"""
+
+import gc
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import sympool_ctypes as spc  # noqa: E402
+
+MiB = 1 << 20
+
+
+def main():
+    try:
+        import torch
+    except ImportError:
+        print("mempool: torch is not installed; nothing to do (skipped)")
+        return 0
+    if not torch.cuda.is_available():
+        print("mempool: no CUDA GPU is visible to torch; nothing to do (skipped)")
+        return 0
+    if not hasattr(torch.cuda, "MemPool"):
+        print(f"mempool: torch {torch.__version__} has no torch.cuda.MemPool (needs 2.5+); skipped")
+        return 0
+    path = spc.find_library(sys.argv[1] if len(sys.argv) > 1 else None)
+    if not path:
+        print("mempool: libsympool.so not found; pass its path or set SYMPOOL_LIB")
+        return 1
+    path = os.path.abspath(path)
+    os.environ["SYMPOOL_DEVICE"] = "cuda"
+    lib = spc.load(path)
+    if lib.sp_backend_name().decode() != "cuda":
+        print(f"mempool: sympool did not start its cuda backend: {lib.sp_last_error().decode()}")
+        return 1
+
+    dev = torch.cuda.current_device()
+    allocator = torch.cuda.memory.CUDAPluggableAllocator(path, "sp_torch_malloc", "sp_torch_free")
+    pool = torch.cuda.MemPool(allocator.allocator())
+    print(f"mempool: torch {torch.__version__}, {torch.cuda.get_device_name(dev)}, pool id {pool.id}, "
+          f"use_count {pool.use_count()}")
+
+    ok = True
+    with torch.cuda.use_mem_pool(pool):
+        print(f"  inside use_mem_pool: use_count {pool.use_count()}")
+        small = torch.empty(100_000, dtype=torch.uint8, device="cuda")  # a 2 MiB PyTorch segment
+        large = torch.empty(5 * MiB, dtype=torch.uint8, device="cuda")  # a 20 MiB PyTorch segment
+    outside = torch.empty(100_000, dtype=torch.uint8, device="cuda")  # PyTorch's default pool
+
+    segs = pool.snapshot()
+    sizes = sorted(s["total_size"] for s in segs)
+    st = spc.stats(lib, dev)
+    print(f"  PyTorch's pool segments: {sizes}")
+    print(f"  sympool: {st['allocation.all.current']} live allocations, "
+          f"{st['requested_bytes.all.current']} B requested by PyTorch, "
+          f"{st['reserved_bytes.all.current']} B reserved on the GPU")
+    if sizes != [2 * MiB, 20 * MiB]:
+        print("  FAIL: expected one 2 MiB and one 20 MiB segment in the pool")
+        ok = False
+    if st["requested_bytes.all.current"] != sum(sizes):
+        print("  FAIL: sympool should hold exactly the pool's segments")
+        ok = False
+
+    small.fill_(1)
+    large.fill_(2)
+    torch.cuda.synchronize()
+    del small, large, outside
+    gc.collect()
+    del pool
+    gc.collect()
+    torch.cuda.empty_cache()  # releases the dead pool's segments through sp_torch_free
+    torch.cuda.synchronize()
+    st = spc.stats(lib, dev)
+    print(f"  after the pool is gone and empty_cache: sympool holds {st['allocation.all.current']} "
+          f"allocations")
+    if st["allocation.all.current"] != 0:
+        print("  FAIL: PyTorch did not hand the segments back")
+        ok = False
+    spc.check(lib, lib.sp_empty_cache(), "sp_empty_cache")
+    print("mempool: " + ("OK" if ok else "FAILED"))
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,102 @@
+#!/usr/bin/env python3
+"""pluggable_allocator.py: make sympool PyTorch's CUDA allocator for the whole process.
+
+    python3 pluggable_allocator.py [path/to/libsympool.so]
+
+1. torch.cuda.memory.CUDAPluggableAllocator(lib, "sp_torch_malloc", "sp_torch_free") and
+   torch.cuda.memory.change_current_allocator(...): every CUDA tensor now comes from sympool's
+   caching allocator (PyTorch's semantics: rounding, 2/20 MiB segments, per-stream reuse).
+2. sympool's own statistics (sp_memory_stats, the same 122 keys as torch.cuda.memory_stats) are
+   read through ctypes from the same library handle.
+3. sympool MemPools under PyTorch: between sp_mempool_begin(pool) and sp_mempool_end(pool) the
+   tensors this thread allocates land in that pool (the pluggable layer calls sp_torch_malloc on
+   the allocating thread), and freed, they return to it.
+
+Exits 0 with a message when torch or a CUDA GPU is missing; 1 when a check fails.
+"""
+
+import ctypes
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import sympool_ctypes as spc  # noqa: E402
+
+MiB = 1 << 20
+
+
+def main():
+    try:
+        import torch
+    except ImportError:
+        print("pluggable_allocator: torch is not installed; nothing to do (skipped)")
+        return 0
+    if not torch.cuda.is_available():
+        print("pluggable_allocator: no CUDA GPU is visible to torch; nothing to do (skipped)")
+        return 0
+    path = spc.find_library(sys.argv[1] if len(sys.argv) > 1 else None)
+    if not path:
+        print("pluggable_allocator: libsympool.so not found; pass its path or set SYMPOOL_LIB")
+        return 1
+    path = os.path.abspath(path)
+
+    # sympool must drive the GPU here: its host backend would hand PyTorch host pointers.
+    os.environ["SYMPOOL_DEVICE"] = "cuda"
+    lib = spc.load(path)
+    if lib.sp_backend_name().decode() != "cuda":
+        print(f"pluggable_allocator: sympool did not start its cuda backend: {lib.sp_last_error().decode()}")
+        return 1
+
+    # Must come before the first CUDA allocation of the process.
+    allocator = torch.cuda.memory.CUDAPluggableAllocator(path, "sp_torch_malloc", "sp_torch_free")
+    torch.cuda.memory.change_current_allocator(allocator)
+    dev = torch.cuda.current_device()
+    print(f"pluggable_allocator: torch {torch.__version__}, {torch.cuda.get_device_name(dev)}, "
+          f"sympool at {path}")
+
+    ok = True
+    x = torch.randn(1024, 1024, device="cuda")  # 4 MiB: a large block in a 20 MiB segment
+    y = x @ x
+    torch.cuda.synchronize()
+    st = spc.stats(lib, dev)
+    print(f"  after x, y = x @ x: allocated {st['allocated_bytes.all.current']} B in "
+          f"{st['allocation.all.current']} blocks, reserved {st['reserved_bytes.all.current']} B "
+          f"in {st['segment.all.current']} segments")
+    if st["allocated_bytes.all.current"] < 2 * 4 * MiB:
+        print("  FAIL: the two 4 MiB tensors are not in sympool's statistics")
+        ok = False
+    check = float((y - x @ x).abs().max())
+    print(f"  matmul through sympool memory: max |difference| = {check}")
+    del x, y
+    torch.cuda.synchronize()
+    st = spc.stats(lib, dev)
+    print(f"  after del: allocated {st['allocated_bytes.all.current']} B, reserved "
+          f"{st['reserved_bytes.all.current']} B (cached, as PyTorch caches)")
+
+    # A sympool MemPool receives this thread's tensors between begin and end.
+    pool = spc.create_pool(lib, "torch-activations", device=dev)
+    spc.check(lib, lib.sp_mempool_begin(pool), "sp_mempool_begin")
+    try:
+        acts = [torch.empty(3 * MiB, dtype=torch.uint8, device="cuda") for _ in range(4)]
+    finally:
+        spc.check(lib, lib.sp_mempool_end(pool), "sp_mempool_end")
+    used = lib.sp_mempool_used_bytes(pool)
+    print(f"  sympool pool 'torch-activations': used {used} B, total "
+          f"{lib.sp_mempool_total_bytes(pool)} B, use count {lib.sp_mempool_use_count(pool)}")
+    if used != 4 * 3 * MiB:
+        print(f"  FAIL: expected {4 * 3 * MiB} B in the pool")
+        ok = False
+    del acts
+    torch.cuda.synchronize()
+    print(f"  after del: pool used {lib.sp_mempool_used_bytes(pool)} B, "
+          f"{lib.sp_mempool_n_free_blocks(pool)} free block(s)")
+    spc.check(lib, lib.sp_mempool_destroy(pool), "sp_mempool_destroy")
+    torch.cuda.empty_cache()  # PyTorch's pluggable layer has no cache of its own
+    spc.check(lib, lib.sp_empty_cache(), "sp_empty_cache")
+    print(f"  after empty_cache: reserved {lib.sp_memory_reserved(dev)} B")
+    print("pluggable_allocator: " + ("OK" if ok else "FAILED"))
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
