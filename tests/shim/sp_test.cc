@@ -60,8 +60,9 @@ void Test::TearDown() {
         }
     }
     sp_status_t s = sp_shutdown();
-    if (leak_check_)
+    if (leak_check_) {
         EXPECT_EQ(s, SP_SUCCESS) << "sp_shutdown: " << describe(s);
+    }
     sp__log_set_fn(nullptr, nullptr);
     if (!warnings_expected_) {
         std::lock_guard<std::mutex> g(log_.mu);
