@@ -14,6 +14,7 @@
 #include <future>
 #include <string>
 #include <thread>
+#include <vector>
 
 extern "C" {
 #include "pool/pool_internal.h"
@@ -64,7 +65,9 @@ sp_mempool_t *make_pool(const char *name, bool use_on_oom = false, bool no_split
     return pool;
 }
 
-sp_mempool_t *dflt() { return sp_default_mempool(0); }
+sp_mempool_t *dflt() {
+    return sp_default_mempool(0);
+}
 
 bool same_id(sp_mempool_id_t a, sp_mempool_id_t b) {
     return a.first == b.first && a.second == b.second;
@@ -228,6 +231,62 @@ TEST_F(MemPool, TwoThreadsRouteToTheirOwnPools) {
     ASSERT_SP_OK(sp_free(pb));
     ASSERT_SP_OK(sp_mempool_destroy(a));
     ASSERT_SP_OK(sp_mempool_destroy(b));
+}
+
+TEST_F(MemPool, ManyThreadsRouteAndFreeAcrossEachOther) {
+    constexpr int kThreads = 4, kBlocks = 64;
+    sp_mempool_t *pools[kThreads];
+    for (int i = 0; i < kThreads; i++) {
+        pools[i] = make_pool(("t" + std::to_string(i)).c_str());
+        ASSERT_NE(pools[i], nullptr);
+    }
+    std::vector<void *> ptrs[kThreads + 1];
+    sp_status_t st[kThreads + 1];
+    std::vector<std::thread> ts;
+    // Phase 1: threads 0..3 allocate under their own pool; thread 4 allocates unrouted.
+    for (int i = 0; i <= kThreads; i++)
+        ts.emplace_back([&, i] {
+            st[i] = SP_SUCCESS;
+            if (i < kThreads && (st[i] = sp_mempool_begin(pools[i])) != SP_SUCCESS)
+                return;
+            for (int k = 0; k < kBlocks && st[i] == SP_SUCCESS; k++) {
+                void *p = nullptr;
+                st[i] = sp_malloc(size_t(512) * (1 + (k * 7 + i) % 300), 0, nullptr, &p);
+                ptrs[i].push_back(p);
+            }
+            if (i < kThreads && st[i] == SP_SUCCESS)
+                st[i] = sp_mempool_end(pools[i]);
+        });
+    for (auto &t : ts)
+        t.join();
+    ts.clear();
+    for (int i = 0; i <= kThreads; i++) {
+        ASSERT_EQ(st[i], SP_SUCCESS) << "thread " << i;
+        sp_mempool_t *want = i < kThreads ? pools[i] : dflt();
+        for (void *p : ptrs[i])
+            ASSERT_EQ(owner(p), want) << "thread " << i;
+    }
+    // Phase 2: each thread frees the next thread's blocks.
+    for (int i = 0; i <= kThreads; i++)
+        ts.emplace_back([&, i] {
+            st[i] = SP_SUCCESS;
+            for (void *p : ptrs[(i + 1) % (kThreads + 1)])
+                if (st[i] == SP_SUCCESS)
+                    st[i] = sp_free(p);
+        });
+    for (auto &t : ts)
+        t.join();
+    for (int i = 0; i <= kThreads; i++)
+        EXPECT_EQ(st[i], SP_SUCCESS) << "thread " << i;
+    EXPECT_EQ(stat(0, "allocation.all.current"), 0);
+    for (int i = 0; i < kThreads; i++) {
+        EXPECT_EQ(sp_mempool_used_bytes(pools[i]), 0u);
+        EXPECT_GT(sp_mempool_total_bytes(pools[i]), 0u);
+        EXPECT_EQ(sp_mempool_free_bytes(pools[i]), sp_mempool_total_bytes(pools[i]));
+        EXPECT_EQ(sp_mempool_use_count(pools[i]), 1);
+        ASSERT_SP_OK(sp_mempool_destroy(pools[i]));
+    }
+    EXPECT_EQ(sp_memory_reserved(0), sp_mempool_total_bytes(dflt()));
 }
 
 TEST_F(MemPool, BlockReturnsToItsPoolWhoeverFreesIt) {
@@ -445,8 +504,8 @@ TEST_F(MemPool, LimitCapsWhatAPoolReserves) {
     EXPECT_SP_STATUS(sp_mempool_malloc(a, 1 * MiB, nullptr, &p[4]), SP_ERR_OUT_OF_MEMORY);
     EXPECT_EQ(p[4], sentinel) << "outputs are written only on success";
     std::string msg = sp_last_error();
-    EXPECT_TRUE(names_limit(msg, "capped")) << "sp_last_error should name the pool and its limit: "
-                                            << msg;
+    EXPECT_TRUE(names_limit(msg, "capped"))
+        << "sp_last_error should name the pool and its limit: " << msg;
     EXPECT_EQ(sp_mempool_total_bytes(a), 4 * MiB);
     // Routed requests obey the same limit.
     ASSERT_SP_OK(sp_mempool_begin(a));
@@ -526,7 +585,8 @@ TEST_F(MemPool, BeginRoutesOnlyThePoolsDevice) {
     ASSERT_SP_OK(sp_malloc(1000, 0, nullptr, &on0));
     ASSERT_SP_OK(sp_malloc(1000, 1, nullptr, &on1));
     ASSERT_SP_OK(sp_mempool_end(p1));
-    EXPECT_EQ(owner(on0), sp_default_mempool(0)) << "a device-1 pool must not take device-0 requests";
+    EXPECT_EQ(owner(on0), sp_default_mempool(0))
+        << "a device-1 pool must not take device-0 requests";
     EXPECT_EQ(owner(on1), p1);
     EXPECT_EQ(info_of(on1).device, 1);
     EXPECT_EQ(sp_mempool_used_bytes(p1), 1024u);

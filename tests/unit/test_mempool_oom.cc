@@ -59,7 +59,9 @@ sp_mempool_t *make_pool(const char *name, bool use_on_oom = false,
     return pool;
 }
 
-sp_mempool_t *dflt() { return sp_default_mempool(0); }
+sp_mempool_t *dflt() {
+    return sp_default_mempool(0);
+}
 
 // Allocate `size` in `pool` and free it again, leaving one cached free segment there.
 void cache_in(sp_mempool_t *pool, size_t size) {
@@ -81,8 +83,8 @@ struct Counting {
     std::mutex mu;
     std::vector<Call> allocs; // successful alloc calls
     std::vector<Call> frees;
-    size_t refused = 0;       // alloc calls answered with NULL
-    bool fail = false;        // answer every alloc with NULL
+    size_t refused = 0; // alloc calls answered with NULL
+    bool fail = false;  // answer every alloc with NULL
     sp_allocator_t ops;
 };
 
@@ -130,11 +132,11 @@ TEST_F(MemPoolOom, PluggableAllocatorGetsPyTorchSegmentSizes) {
         size_t request, segment;
     };
     const Want wants[] = {
-        {512, 2 * MiB},                    // small
-        {1 * MiB, 2 * MiB},                // the largest small request
-        {1 * MiB + 1, 20 * MiB},           // rounded to 1 MiB + 512: large, below 10 MiB
-        {10 * MiB - 512, 20 * MiB},        // still below 10 MiB
-        {10 * MiB, 10 * MiB},              // from 10 MiB: rounded up to 2 MiB
+        {512, 2 * MiB},             // small
+        {1 * MiB, 2 * MiB},         // the largest small request
+        {1 * MiB + 1, 20 * MiB},    // rounded to 1 MiB + 512: large, below 10 MiB
+        {10 * MiB - 512, 20 * MiB}, // still below 10 MiB
+        {10 * MiB, 10 * MiB},       // from 10 MiB: rounded up to 2 MiB
         {11 * MiB + 1, 12 * MiB},
         {20 * MiB, 20 * MiB},
     };
@@ -368,6 +370,66 @@ TEST_F(MemPoolOom, RequestsRoutedToAPoolNeverBorrow) {
     EXPECT_GE(warnings("acts"), 1u) << "the OOM report names the pool the request was routed to";
     ASSERT_SP_OK(sp_mempool_destroy(acts));
     ASSERT_SP_OK(sp_mempool_destroy(lender));
+}
+
+TEST_F(MemPoolOom, SmallRequestsBorrowFromTheSmallSet) {
+    sp::ScopedEnv env({{"SYMPOOL_HOST_CAPACITY", "64MiB"}});
+    sp_mempool_t *lender = make_pool("lender", true);
+    ASSERT_NE(lender, nullptr);
+    cache_in(lender, 4096); // one free 2 MiB small segment
+    void *live, *p;
+    ASSERT_SP_OK(sp_malloc(62 * MiB, 0, nullptr, &live)); // the device is now full
+    ASSERT_SP_OK(sp_malloc(1000, 0, nullptr, &p));
+    EXPECT_EQ(owner(p), lender);
+    EXPECT_EQ(info_of(p).block_size, 1024u);
+    EXPECT_EQ(stat(0, "allocation.small_pool.current"), 1);
+    EXPECT_EQ(sp_mempool_use_count(lender), 1) << "lending takes no lasting use";
+    ASSERT_SP_OK(sp_free(p));
+    EXPECT_EQ(sp_mempool_used_bytes(lender), 0u);
+    ASSERT_SP_OK(sp_free(live));
+    ASSERT_SP_OK(sp_mempool_destroy(lender));
+}
+
+TEST_F(MemPoolOom, LendingRespectsStreams) {
+    expect_warnings();
+    sp::ScopedEnv env({{"SYMPOOL_HOST_CAPACITY", "64MiB"}});
+    sp_stream_t s1;
+    ASSERT_SP_OK(sp_stream_create(0, &s1));
+    sp_mempool_t *lender = make_pool("lender", true);
+    ASSERT_NE(lender, nullptr);
+    void *c;
+    ASSERT_SP_OK(sp_mempool_malloc(lender, 40 * MiB, s1, &c));
+    ASSERT_SP_OK(sp_free(c));
+    // A free block is only reused by its own stream, lent or not.
+    void *p = nullptr;
+    EXPECT_SP_STATUS(sp_malloc(30 * MiB, 0, nullptr, &p), SP_ERR_OUT_OF_MEMORY);
+    ASSERT_SP_OK(sp_malloc(30 * MiB, 0, s1, &p));
+    EXPECT_EQ(owner(p), lender);
+    ASSERT_SP_OK(sp_free(p));
+    ASSERT_SP_OK(sp_mempool_destroy(lender));
+    ASSERT_SP_OK(sp_stream_destroy(s1));
+}
+
+TEST_F(MemPoolOom, DestroyedPoolNoLongerLends) {
+    expect_warnings();
+    sp::ScopedEnv env({{"SYMPOOL_HOST_CAPACITY", "64MiB"}});
+    sp_mempool_t *lender = make_pool("lender", true);
+    ASSERT_NE(lender, nullptr);
+    // One 40 MiB segment: a live 10 MiB block and a free 30 MiB remainder.
+    void *big, *keep;
+    ASSERT_SP_OK(sp_mempool_malloc(lender, 40 * MiB, nullptr, &big));
+    ASSERT_SP_OK(sp_free(big));
+    ASSERT_SP_OK(sp_mempool_malloc(lender, 10 * MiB, nullptr, &keep));
+    EXPECT_EQ(sp_mempool_total_bytes(lender), 40 * MiB);
+    // PyTorch's destructor clears use_on_oom first; the segment stays for the live block.
+    ASSERT_SP_OK(sp_mempool_destroy(lender));
+    EXPECT_EQ(sp_memory_reserved(0), 40 * MiB);
+    void *p = nullptr;
+    EXPECT_SP_STATUS(sp_malloc(30 * MiB, 0, nullptr, &p), SP_ERR_OUT_OF_MEMORY);
+    EXPECT_EQ(p, nullptr);
+    ASSERT_SP_OK(sp_free(keep));
+    ASSERT_SP_OK(sp_empty_cache());
+    EXPECT_EQ(sp_memory_reserved(0), 0u);
 }
 
 // ---- destroy -----------------------------------------------------------------------------------
