@@ -1,0 +1,322 @@
+/*
+ * alloc_int.h: the private structures of the caching allocator (the pool/ C files only): blocks, segments,
+ * block pools (free sets), MemPools, per-device allocators and the process-wide allocator state.
+ *
+ * Ownership and invariants:
+ *  - A segment is one device (or pluggable-allocator) allocation; its blocks tile it exactly, in
+ *    address order, linked by prev/next. A block is either allocated (in the device's pointer map),
+ *    pending (freed, waiting for events; in no set) or free (in its block pool's free set).
+ *  - Every block and segment belongs to exactly one MemPool and one of its two block pools
+ *    (small or large); a block returns to that pool whoever frees it.
+ *  - Everything below a device allocator is guarded by that allocator's `lock`; the lock order is
+ *    sp__g.init_lock first, then device locks in device order. The routing stack is thread-local.
+ */
+#ifndef SP_ALLOC_INT_H
+#define SP_ALLOC_INT_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "core/core.h"
+#include "pool/device/device.h"
+#include "pool/history_int.h"
+#include "pool/pool_internal.h"
+#include "sympool/mempool.h"
+#include "sympool/pool.h"
+
+/* PyTorch's constants (reference/pytorch-allocator.md section 1.1). */
+#define SP_MIN_BLOCK_SIZE ((size_t)512)
+#define SP_SMALL_SIZE ((size_t)1 << 20)
+#define SP_SMALL_BUFFER ((size_t)2 << 20)
+#define SP_MIN_LARGE_ALLOC ((size_t)10 << 20)
+#define SP_ROUND_LARGE ((size_t)2 << 20)
+
+/* ---- stats (PyTorch's DeviceStats) ------------------------------------------------------- */
+
+typedef struct sp_stat {
+    int64_t current;   /* bytes or count now */
+    int64_t peak;      /* max of current since the last peak reset */
+    int64_t allocated; /* sum of increases since the last accumulated reset */
+    int64_t freed;     /* sum of decreases since the last accumulated reset */
+} sp_stat_t;
+
+enum { SP_STAT_ALL = 0, SP_STAT_SMALL = 1, SP_STAT_LARGE = 2, SP_STAT_NTYPES = 3 };
+
+/* The nine StatArrays, in PyTorch's declaration order. */
+enum {
+    SP_ST_ALLOCATION,
+    SP_ST_SEGMENT,
+    SP_ST_ACTIVE,
+    SP_ST_INACTIVE_SPLIT,
+    SP_ST_ALLOCATED_BYTES,
+    SP_ST_RESERVED_BYTES,
+    SP_ST_ACTIVE_BYTES,
+    SP_ST_INACTIVE_SPLIT_BYTES,
+    SP_ST_REQUESTED_BYTES,
+    SP_ST_NARRAYS
+};
+
+typedef struct sp_dev_stats {
+    sp_stat_t arr[SP_ST_NARRAYS][SP_STAT_NTYPES]; /* [array][all/small/large] */
+    sp_stat_t oversize_allocations;               /* blocks >= max_split_size handed out */
+    sp_stat_t oversize_segments;                  /* segments >= max_split_size */
+    int64_t num_alloc_retries;                    /* alloc_block calls after release_cached */
+    int64_t num_ooms;                             /* OOMs reported to callers */
+    int64_t max_split_size;                       /* bytes; -1 when unlimited */
+    int64_t num_sync_all_streams;                 /* synchronize_and_free_events calls */
+    int64_t num_device_alloc;                     /* successful segment allocations */
+    int64_t num_device_free;                      /* segment releases */
+} sp_dev_stats_t;
+
+/* PyTorch's update_stat: current += delta; peak tracks current; delta > 0 counts as allocated,
+ * delta < 0 as freed. */
+static inline void sp__stat_add(sp_stat_t *s, int64_t delta) {
+    s->current += delta;
+    if (s->current > s->peak)
+        s->peak = s->current;
+    if (delta > 0)
+        s->allocated += delta;
+    else
+        s->freed -= delta;
+}
+
+/* Update array `a` for the aggregate and the small or large type. */
+static inline void sp__stat_arr(sp_dev_stats_t *st, int a, bool is_small, int64_t delta) {
+    sp__stat_add(&st->arr[a][SP_STAT_ALL], delta);
+    sp__stat_add(&st->arr[a][is_small ? SP_STAT_SMALL : SP_STAT_LARGE], delta);
+}
+
+/* ---- blocks, segments, block pools ------------------------------------------------------- */
+
+struct sp_segment;
+struct sp_bpool;
+struct sp_devalloc;
+
+typedef struct sp_block {
+    uintptr_t addr;              /* start address (lock) */
+    size_t size;                 /* bytes, a multiple of 512 (lock) */
+    size_t requested;            /* caller's size while allocated or pending, else 0 (lock) */
+    sp_stream_t stream;          /* allocation stream == its segment's stream (const) */
+    struct sp_segment *seg;      /* owning segment (const) */
+    struct sp_block *prev;       /* lower neighbour in the segment, NULL at its start (lock) */
+    struct sp_block *next;       /* higher neighbour in the segment (lock) */
+    struct sp_block *left;       /* free-set tree links, valid while in_set (lock) */
+    struct sp_block *right;      /* (lock) */
+    struct sp_block *hnext;      /* pointer-map chain while allocated; spare list otherwise */
+    uint64_t gc_count;           /* bpool's get_free_block count when inserted (GC age) */
+    sp_stream_t *uses;           /* streams recorded by sp_record_stream (malloc'd) (lock) */
+    uint32_t nuses;              /* entries in uses (lock) */
+    uint32_t cap_uses;           /* capacity of uses (lock) */
+    uint32_t context;            /* history context of the allocation, 0 if none (lock) */
+    int32_t event_count;         /* outstanding events of a pending free (lock) */
+    int8_t height;               /* AVL height while in_set (lock) */
+    bool allocated;              /* handed out and not yet freed (lock) */
+    bool in_set;                 /* in its bpool's free set (lock) */
+} sp_block_t;
+
+typedef struct sp_segment {
+    uintptr_t base;              /* start address (const) */
+    size_t size;                 /* bytes (const) */
+    sp_stream_t stream;          /* allocation stream (const) */
+    struct sp_bpool *bpool;      /* small or large block pool of its MemPool (const) */
+    uint64_t seq;                /* per-pool sequence number in growth order, from 0 (const) */
+    uint32_t context;            /* history context of the request that grew it (lock) */
+    sp_block_t *head;            /* its lowest block (lock) */
+    struct sp_segment *pprev;    /* pool's segment list, in seq order (lock) */
+    struct sp_segment *pnext;    /* (lock) */
+} sp_segment_t;
+
+/* The free set: an AVL tree ordered by (stream, size, address), or for symmetric pools by
+ * (stream, size, segment seq, offset) so that best fit is rank-independent. */
+typedef struct sp_block_set {
+    sp_block_t *root; /* (lock) */
+    size_t count;     /* blocks in the set (lock) */
+    bool by_seq;      /* symmetric ordering (const) */
+} sp_block_set_t;
+
+void sp__bset_insert(sp_block_set_t *set, sp_block_t *b);
+void sp__bset_remove(sp_block_set_t *set, sp_block_t *b);
+/* The smallest block with key >= (stream, size, -inf), or NULL. */
+sp_block_t *sp__bset_lower_bound(const sp_block_set_t *set, sp_stream_t stream, size_t size);
+
+typedef struct sp_bpool {
+    sp_block_set_t free;         /* cached free blocks (lock) */
+    bool is_small;               /* small (<= 1 MiB requests) or large pool (const) */
+    struct sp_mempool *pool;     /* owning MemPool (const) */
+    uint64_t gfb_count;          /* get_free_block calls while GC is on: the GC clock (lock) */
+} sp_bpool_t;
+
+/* ---- MemPools ---------------------------------------------------------------------------- */
+
+struct sp_mempool {
+    sp_mempool_id_t id;          /* {0,0} default; {0,n} user (const) */
+    int device;                  /* (const) */
+    char *name;                  /* copied at create, may be NULL (const) */
+    sp_allocator_t allocator;    /* pluggable segment allocator if has_allocator (const) */
+    bool has_allocator;          /* (const) */
+    bool is_default;             /* the device's default pool (const) */
+    bool symmetric;              /* made by sp__mempool_create_symmetric (const) */
+    bool no_split;               /* never split (const) */
+    bool use_on_oom;             /* lend free blocks to OOM'ed default requests (lock) */
+    bool destroyed;              /* sp_mempool_destroy was called (lock) */
+    void *sym_state;             /* symmetric module's state (const) */
+    atomic_int use_count;        /* PyTorch's use count; 0 = freeable */
+    sp_bpool_t small;            /* requests <= 1 MiB (lock) */
+    sp_bpool_t large;            /* the rest (lock) */
+    size_t limit;                /* max reserved bytes, 0 = none (lock) */
+    size_t reserved;             /* bytes of its segments (lock) */
+    size_t used;                 /* bytes of its allocated blocks (lock) */
+    size_t nsegments;            /* segments it holds (lock) */
+    uint64_t next_seq;           /* next segment sequence number (lock) */
+    sp_segment_t *seg_head;      /* segments in seq order (lock) */
+    sp_segment_t *seg_tail;      /* (lock) */
+    struct sp_mempool *next;     /* the device's pool list in creation order (lock) */
+    struct sp_devalloc *dev;     /* its device allocator (const) */
+};
+
+/* ---- pointer map ------------------------------------------------------------------------- */
+
+typedef struct sp_ptr_map {
+    sp_block_t **buckets; /* chained by hnext (lock) */
+    size_t mask;          /* nbuckets - 1, a power of two minus one (lock) */
+    size_t count;         /* allocated blocks (lock) */
+} sp_ptr_map_t;
+
+sp_status_t sp__ptr_map_init(sp_ptr_map_t *m);
+void sp__ptr_map_fini(sp_ptr_map_t *m);
+void sp__ptr_map_insert(sp_ptr_map_t *m, sp_block_t *b);
+sp_block_t *sp__ptr_map_find(const sp_ptr_map_t *m, uintptr_t addr);
+sp_block_t *sp__ptr_map_remove(sp_ptr_map_t *m, uintptr_t addr);
+
+/* ---- events ------------------------------------------------------------------------------ */
+
+typedef struct sp_evq_entry {
+    sp_dev_event_t event;         /* recorded on the queue's stream */
+    sp_block_t *block;            /* the pending block it holds back */
+    struct sp_evq_entry *next;    /* FIFO order */
+} sp_evq_entry_t;
+
+typedef struct sp_evq {
+    sp_stream_t stream;           /* the used stream the events were recorded on */
+    sp_evq_entry_t *head, *tail;  /* FIFO (lock) */
+    struct sp_evq *next;          /* the device's queues (lock) */
+} sp_evq_t;
+
+/* ---- per-device allocator ---------------------------------------------------------------- */
+
+typedef struct sp_devalloc {
+    pthread_mutex_t lock;         /* guards everything below and every pool of this device */
+    int device;                   /* (const) */
+    size_t total_mem;             /* device total bytes, read at init (const) */
+    size_t allowed_max;           /* memory-fraction cap, SIZE_MAX = none (lock) */
+    size_t total_reserved;        /* bytes of all segments of the device (lock) */
+    bool gc_enabled;              /* fraction set and gc threshold > 0 (lock) */
+    sp_dev_stats_t stats;         /* (lock) */
+    sp_mempool_t *default_pool;   /* {0,0} (const) */
+    sp_mempool_t *pools;          /* user and symmetric pools in creation order (lock) */
+    sp_mempool_t *pools_tail;     /* (lock) */
+    sp_ptr_map_t map;             /* allocated blocks by start address (lock) */
+    sp_segment_t **segs;          /* all segments sorted by base address (lock) */
+    size_t nsegs;                 /* (lock) */
+    size_t cap_segs;              /* (lock) */
+    sp_evq_t *evqs;               /* per-stream event FIFOs (lock) */
+    size_t pending_events;        /* entries in all evqs (lock) */
+    sp_block_t *spare;            /* recycled block structs (lock) */
+    atomic_uintptr_t lo;          /* lowest segment address ever (free's device guess) */
+    atomic_uintptr_t hi;          /* highest segment end ever */
+} sp_devalloc_t;
+
+typedef struct sp_alloc_global {
+    pthread_mutex_t init_lock;        /* serializes init and shutdown */
+    const sp_device_ops_t *ops;       /* backend (init_lock, then const until shutdown) */
+    sp_device_caps_t caps;            /* backend capabilities */
+    sp_alloc_conf_t conf;             /* resolved allocator options at init */
+    int ndev;                         /* devices */
+    sp_devalloc_t *devs;              /* [ndev] */
+} sp_alloc_global_t;
+
+extern sp_alloc_global_t sp__g;
+extern atomic_int sp__ready; /* 1 once sp__g is initialized */
+
+sp_status_t sp__alloc_init_slow(void);
+static inline sp_status_t sp__alloc_ensure(void) {
+    if (SP_LIKELY(atomic_load_explicit(&sp__ready, memory_order_acquire)))
+        return SP_SUCCESS;
+    return sp__alloc_init_slow();
+}
+/* Ensure init and validate a device number (SP_ERR_INVALID_ARGUMENT with a message). */
+sp_status_t sp__alloc_device(int device, sp_devalloc_t **d_p);
+
+/* ---- allocator.c ------------------------------------------------------------------------- */
+
+size_t sp__round_size(size_t size);
+size_t sp__allocation_size(size_t size);
+void sp__fmt_size(size_t bytes, char *buf, size_t len);
+
+/* The whole malloc path for `pool` (the default pool or a private one). `routed_private` says
+ * the request belongs to a private pool, which turns off the use_on_oom fallback. */
+sp_status_t sp__alloc_malloc(sp_devalloc_t *d, sp_mempool_t *pool, size_t size,
+                             sp_stream_t stream, void **ptr_p);
+/* Free a block (lock held): the free request, then events or free_block. */
+void sp__alloc_free_locked(sp_devalloc_t *d, sp_block_t *b, uint32_t context);
+/* Complete a free: merge, return to the free set, stats (lock held). */
+void sp__alloc_free_block(sp_devalloc_t *d, sp_block_t *b);
+/* Hand out free block b (removed from its set, or fresh) for a rounded size (lock held). */
+void sp__alloc_found_block(sp_devalloc_t *d, sp_block_t *b, size_t size, size_t orig,
+                           uint32_t context);
+/* get_free_block on one block pool (lock held); NULL if none fits. */
+sp_block_t *sp__alloc_get_free_block(sp_devalloc_t *d, sp_bpool_t *bp, size_t size,
+                                     sp_stream_t stream);
+/* Allocate a new segment of alloc_size for bp (lock held). *why_p gets the failure kind:
+ * 0 device OOM, 1 memory fraction, 2 pool limit; other statuses are device errors. */
+sp_status_t sp__alloc_segment(sp_devalloc_t *d, sp_bpool_t *bp, size_t alloc_size,
+                              sp_stream_t stream, uint32_t context, sp_block_t **block_p,
+                              int *why_p);
+/* Release a segment whose only block is free (lock held). */
+void sp__alloc_release_segment(sp_devalloc_t *d, sp_segment_t *seg);
+sp_block_t *sp__block_new(sp_devalloc_t *d);
+void sp__block_recycle(sp_devalloc_t *d, sp_block_t *b);
+/* Is this block a whole free segment that may be released? */
+static inline bool sp__block_releasable(const sp_block_t *b) {
+    return !b->prev && !b->next && !b->allocated && b->event_count == 0 && b->in_set;
+}
+
+/* ---- release.c --------------------------------------------------------------------------- */
+
+void sp__alloc_process_events(sp_devalloc_t *d);
+/* Synchronize the events of every pending block (pool != NULL: only that pool's). */
+void sp__alloc_sync_events(sp_devalloc_t *d, const sp_mempool_t *pool);
+sp_status_t sp__alloc_insert_events(sp_devalloc_t *d, sp_block_t *b);
+/* Release the fully free segments of one pool (stream filter when filter_stream). */
+size_t sp__alloc_release_pool(sp_devalloc_t *d, sp_mempool_t *pool, bool filter_stream,
+                              sp_stream_t stream);
+/* PyTorch's release_cached_blocks({0,0}): sync events, free default and freeable pools. */
+void sp__alloc_release_cached(sp_devalloc_t *d);
+bool sp__alloc_release_available(sp_devalloc_t *d, sp_bpool_t *bp, size_t size,
+                                 sp_stream_t stream);
+void sp__alloc_gc(sp_devalloc_t *d);
+
+/* ---- segments.c -------------------------------------------------------------------------- */
+
+sp_status_t sp__segidx_insert(sp_devalloc_t *d, sp_segment_t *seg);
+void sp__segidx_remove(sp_devalloc_t *d, sp_segment_t *seg);
+sp_segment_t *sp__segidx_find(const sp_devalloc_t *d, uintptr_t addr);
+
+/* ---- mempool.c --------------------------------------------------------------------------- */
+
+sp_mempool_t *sp__mempool_new(sp_devalloc_t *d, const sp_mempool_params_t *params, bool is_default,
+                              bool symmetric);
+void sp__mempool_free_struct(sp_mempool_t *pool);
+/* The calling thread's innermost routed pool on `device`, or NULL. */
+sp_mempool_t *sp__mempool_routed(int device);
+/* Forget the calling thread's routing (sp_shutdown). */
+void sp__mempool_routing_reset(void);
+
+/* ---- stats.c ----------------------------------------------------------------------------- */
+
+void sp__stats_init(sp_dev_stats_t *st, size_t max_split_size);
+
+#endif /* SP_ALLOC_INT_H */

@@ -1,0 +1,616 @@
+/*
+ * allocator.c: the malloc and free paths of the per-device caching allocator, with PyTorch's
+ * semantics (reference/pytorch-allocator.md sections 1-3): rounding, pool choice, best fit,
+ * the split rule, merging on free, segment growth, the use_on_oom fallback, the releases with
+ * their one retry, the OOM report, and the stat updates at exactly PyTorch's points.
+ *
+ * Invariants: a block is allocated (in the pointer map), pending (waiting for events) or free
+ * (in its block pool's set); free neighbours without events are always merged, so two adjacent
+ * free blocks never both sit in a set. Every function here runs with the device lock held,
+ * except the exported entry points, which take it exactly once on the cache-hit path and make
+ * no device call there.
+ */
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "pool/alloc_int.h"
+
+/* ---- sizes ------------------------------------------------------------------------------- */
+
+/* PyTorch's roundup_power2_next_division: the next multiple of floor_pow2(size) / divisions. */
+size_t sp__roundup_power2_next_division(size_t size, size_t divisions);
+size_t sp__roundup_power2_next_division(size_t size, size_t divisions) {
+    if ((size & (size - 1)) == 0)
+        return size;
+    size_t floor2 = (size_t)1 << (63 - __builtin_clzll((unsigned long long)size));
+    size_t step = floor2 >> (63 - __builtin_clzll((unsigned long long)divisions));
+    if (step == 0)
+        return floor2 << 1;
+    size_t down = size & ~(step - 1);
+    return down == size ? size : down + step;
+}
+
+static size_t divisions_for(size_t size) {
+    int idx = (63 - __builtin_clzll((unsigned long long)size)) - 20;
+    if (idx < 0)
+        idx = 0;
+    if (idx > 15)
+        idx = 15;
+    return sp__g.conf.roundup_divisions[idx];
+}
+
+size_t sp__round_size(size_t size) {
+    if (size < SP_MIN_BLOCK_SIZE)
+        return SP_MIN_BLOCK_SIZE;
+    size_t div = divisions_for(size);
+    if (div > 1 && size > SP_MIN_BLOCK_SIZE * div)
+        return sp__roundup_power2_next_division(size, div);
+    return SP_MIN_BLOCK_SIZE * ((size + SP_MIN_BLOCK_SIZE - 1) / SP_MIN_BLOCK_SIZE);
+}
+
+size_t sp__allocation_size(size_t size) {
+    if (size <= SP_SMALL_SIZE)
+        return SP_SMALL_BUFFER;
+    if (size < SP_MIN_LARGE_ALLOC)
+        return sp__g.conf.large_segment_size;
+    return SP_ROUND_LARGE * ((size + SP_ROUND_LARGE - 1) / SP_ROUND_LARGE);
+}
+
+/* PyTorch's format_size: bytes, KiB, MiB or GiB with two decimals. */
+void sp__fmt_size(size_t bytes, char *buf, size_t len) {
+    if (bytes < 1024)
+        snprintf(buf, len, "%zu bytes", bytes);
+    else if (bytes < ((size_t)1 << 20))
+        snprintf(buf, len, "%.2f KiB", (double)bytes / 1024.0);
+    else if (bytes < ((size_t)1 << 30))
+        snprintf(buf, len, "%.2f MiB", (double)bytes / 1048576.0);
+    else
+        snprintf(buf, len, "%.2f GiB", (double)bytes / 1073741824.0);
+}
+
+/* ---- block structs ----------------------------------------------------------------------- */
+
+/* Block structs are recycled through a per-device list so that a split on the cache-hit path
+ * costs no host malloc. */
+sp_block_t *sp__block_new(sp_devalloc_t *d) {
+    sp_block_t *b = d->spare;
+    if (b) {
+        d->spare = b->hnext;
+        memset(b, 0, sizeof(*b));
+        return b;
+    }
+    return calloc(1, sizeof(*b));
+}
+
+void sp__block_recycle(sp_devalloc_t *d, sp_block_t *b) {
+    if (b->context)
+        sp__history_context_release(b->context);
+    free(b->uses);
+    b->uses = NULL;
+    b->hnext = d->spare;
+    d->spare = b;
+}
+
+/* ---- finding and handing out blocks ------------------------------------------------------ */
+
+sp_block_t *sp__alloc_get_free_block(sp_devalloc_t *d, sp_bpool_t *bp, size_t size,
+                                     sp_stream_t stream) {
+    if (SP_UNLIKELY(d->gc_enabled))
+        bp->gfb_count++;
+    sp_block_t *b = sp__bset_lower_bound(&bp->free, stream, size);
+    if (!b || b->stream != stream)
+        return NULL;
+    size_t mss = sp__g.conf.max_split_size;
+    /* Oversize rules: small requests never take oversize blocks, and an oversize request takes
+     * an oversize block only if it wastes less than max_non_split_rounding. */
+    if (size < mss && b->size >= mss)
+        return NULL;
+    if (size >= mss && b->size >= size + sp__g.conf.max_non_split_rounding)
+        return NULL;
+    sp__bset_remove(&bp->free, b);
+    return b;
+}
+
+static bool should_split(const sp_bpool_t *bp, const sp_block_t *b, size_t size) {
+    if (bp->pool->no_split)
+        return false;
+    size_t remaining = b->size - size;
+    if (bp->is_small)
+        return remaining >= SP_MIN_BLOCK_SIZE;
+    return size < sp__g.conf.max_split_size && remaining > SP_SMALL_SIZE;
+}
+
+void sp__alloc_found_block(sp_devalloc_t *d, sp_block_t *b, size_t size, size_t orig,
+                           uint32_t context) {
+    sp_bpool_t *bp = b->seg->bpool;
+    sp_dev_stats_t *st = &d->stats;
+    bool small = bp->is_small;
+    bool already_split = b->prev || b->next;
+    sp_block_t *rem = should_split(bp, b, size) ? sp__block_new(d) : NULL;
+    if (rem) {
+        /* The allocation keeps the low addresses; the remainder moves up and stays cached. */
+        rem->addr = b->addr + size;
+        rem->size = b->size - size;
+        rem->stream = b->stream;
+        rem->seg = b->seg;
+        rem->prev = b;
+        rem->next = b->next;
+        if (b->next)
+            b->next->prev = rem;
+        b->next = rem;
+        b->size = size;
+        rem->gc_count = bp->gfb_count;
+        sp__bset_insert(&bp->free, rem);
+        if (already_split) {
+            sp__stat_arr(st, SP_ST_INACTIVE_SPLIT_BYTES, small, -(int64_t)b->size);
+        } else {
+            sp__stat_arr(st, SP_ST_INACTIVE_SPLIT_BYTES, small, (int64_t)rem->size);
+            sp__stat_arr(st, SP_ST_INACTIVE_SPLIT, small, 1);
+        }
+    } else if (already_split) {
+        sp__stat_arr(st, SP_ST_INACTIVE_SPLIT_BYTES, small, -(int64_t)b->size);
+        sp__stat_arr(st, SP_ST_INACTIVE_SPLIT, small, -1);
+    }
+    b->allocated = true;
+    b->requested = orig;
+    b->context = context;
+    b->nuses = 0;
+    sp__ptr_map_insert(&d->map, b);
+    bp->pool->used += b->size;
+    sp__stat_arr(st, SP_ST_ALLOCATION, small, 1);
+    sp__stat_arr(st, SP_ST_ALLOCATED_BYTES, small, (int64_t)b->size);
+    sp__stat_arr(st, SP_ST_ACTIVE, small, 1);
+    sp__stat_arr(st, SP_ST_ACTIVE_BYTES, small, (int64_t)b->size);
+    sp__stat_arr(st, SP_ST_REQUESTED_BYTES, small, (int64_t)orig);
+    if (b->size >= sp__g.conf.max_split_size)
+        sp__stat_add(&st->oversize_allocations, 1);
+    if (SP_UNLIKELY(sp__history_active))
+        sp__history_record(d->device, SP_TRACE_ALLOC, b->addr, orig, (uintptr_t)b->stream,
+                           bp->pool->id, context);
+}
+
+/* ---- segments ---------------------------------------------------------------------------- */
+
+sp_status_t sp__alloc_segment(sp_devalloc_t *d, sp_bpool_t *bp, size_t alloc_size,
+                              sp_stream_t stream, uint32_t context, sp_block_t **block_p,
+                              int *why_p) {
+    sp_mempool_t *pool = bp->pool;
+    if (d->total_reserved + alloc_size > d->allowed_max ||
+        d->total_reserved + alloc_size < d->total_reserved) {
+        *why_p = 1;
+        return SP_ERR_OUT_OF_MEMORY;
+    }
+    if (pool->limit && pool->reserved + alloc_size > pool->limit) {
+        *why_p = 2;
+        return SP_ERR_OUT_OF_MEMORY;
+    }
+    *why_p = 0;
+    void *ptr = NULL;
+    if (pool->has_allocator) {
+        ptr = pool->allocator.alloc(alloc_size, d->device, stream, pool->allocator.ctx);
+        if (!ptr)
+            return SP_ERR_OUT_OF_MEMORY;
+    } else {
+        sp_status_t s = sp__g.ops->mem_alloc(d->device, alloc_size, &ptr);
+        if (s != SP_SUCCESS)
+            return s; /* OOM is quiet; any other error was reported by the backend */
+    }
+    sp_segment_t *seg = calloc(1, sizeof(*seg));
+    sp_block_t *b = seg ? sp__block_new(d) : NULL;
+    if (seg) {
+        seg->base = (uintptr_t)ptr;
+        seg->size = alloc_size;
+        seg->stream = stream;
+        seg->bpool = bp;
+        seg->head = b;
+    }
+    if (!b || sp__segidx_insert(d, seg) != SP_SUCCESS) {
+        free(seg);
+        if (b)
+            sp__block_recycle(d, b);
+        if (pool->has_allocator)
+            pool->allocator.free(ptr, alloc_size, d->device, stream, pool->allocator.ctx);
+        else
+            (void)sp__g.ops->mem_free(d->device, ptr, alloc_size);
+        return sp__error(SP_ERR_SYSTEM, SP_SUB_POOL, "out of host memory for segment metadata");
+    }
+    seg->seq = pool->next_seq++;
+    seg->context = context;
+    seg->pprev = pool->seg_tail;
+    if (pool->seg_tail)
+        pool->seg_tail->pnext = seg;
+    else
+        pool->seg_head = seg;
+    pool->seg_tail = seg;
+    pool->nsegments++;
+    pool->reserved += alloc_size;
+    d->total_reserved += alloc_size;
+    b->addr = seg->base;
+    b->size = alloc_size;
+    b->stream = stream;
+    b->seg = seg;
+    uintptr_t lo = atomic_load_explicit(&d->lo, memory_order_relaxed);
+    uintptr_t hi = atomic_load_explicit(&d->hi, memory_order_relaxed);
+    if (lo == 0 || seg->base < lo)
+        atomic_store_explicit(&d->lo, seg->base, memory_order_relaxed);
+    if (seg->base + alloc_size > hi)
+        atomic_store_explicit(&d->hi, seg->base + alloc_size, memory_order_relaxed);
+    sp_dev_stats_t *st = &d->stats;
+    sp__stat_arr(st, SP_ST_SEGMENT, bp->is_small, 1);
+    sp__stat_arr(st, SP_ST_RESERVED_BYTES, bp->is_small, (int64_t)alloc_size);
+    if (alloc_size >= sp__g.conf.max_split_size)
+        sp__stat_add(&st->oversize_segments, 1);
+    st->num_device_alloc++;
+    if (SP_UNLIKELY(sp__history_active))
+        sp__history_record(d->device, SP_TRACE_SEGMENT_ALLOC, seg->base, alloc_size,
+                           (uintptr_t)stream, pool->id, context);
+    SP_TRACE(SP_SUB_POOL, "device %d: new %s segment %#" PRIxPTR " of %zu bytes (pool {%" PRIu64
+             ",%" PRIu64 "} seq %" PRIu64 ")", d->device, bp->is_small ? "small" : "large",
+             seg->base, alloc_size, pool->id.first, pool->id.second, seg->seq);
+    *block_p = b;
+    return SP_SUCCESS;
+}
+
+void sp__alloc_release_segment(sp_devalloc_t *d, sp_segment_t *seg) {
+    sp_bpool_t *bp = seg->bpool;
+    sp_mempool_t *pool = bp->pool;
+    sp_block_t *b = seg->head;
+    sp__bset_remove(&bp->free, b);
+    if (pool->has_allocator)
+        pool->allocator.free((void *)seg->base, seg->size, d->device, seg->stream,
+                             pool->allocator.ctx);
+    else
+        (void)sp__g.ops->mem_free(d->device, (void *)seg->base, seg->size); /* logged there */
+    sp_dev_stats_t *st = &d->stats;
+    st->num_device_free++;
+    d->total_reserved -= seg->size;
+    pool->reserved -= seg->size;
+    pool->nsegments--;
+    sp__stat_arr(st, SP_ST_SEGMENT, bp->is_small, -1);
+    sp__stat_arr(st, SP_ST_RESERVED_BYTES, bp->is_small, -(int64_t)seg->size);
+    if (seg->size >= sp__g.conf.max_split_size)
+        sp__stat_add(&st->oversize_segments, -1);
+    if (SP_UNLIKELY(sp__history_active))
+        sp__history_record(d->device, SP_TRACE_SEGMENT_FREE, seg->base, seg->size,
+                           (uintptr_t)seg->stream, pool->id, 0);
+    sp__segidx_remove(d, seg);
+    if (seg->pprev)
+        seg->pprev->pnext = seg->pnext;
+    else
+        pool->seg_head = seg->pnext;
+    if (seg->pnext)
+        seg->pnext->pprev = seg->pprev;
+    else
+        pool->seg_tail = seg->pprev;
+    if (seg->context)
+        sp__history_context_release(seg->context);
+    sp__block_recycle(d, b);
+    free(seg);
+}
+
+/* ---- free -------------------------------------------------------------------------------- */
+
+static bool mergeable(const sp_block_t *n) {
+    return n && n->in_set && !n->allocated && n->event_count == 0 && n->nuses == 0;
+}
+
+void sp__alloc_free_block(sp_devalloc_t *d, sp_block_t *b) {
+    sp_segment_t *seg = b->seg;
+    sp_bpool_t *bp = seg->bpool;
+    sp_dev_stats_t *st = &d->stats;
+    size_t orig_size = b->size, req = b->requested;
+    uintptr_t orig_addr = b->addr;
+    int64_t net_n = 0, net_bytes = 0;
+    sp_block_t *p = b->prev;
+    if (mergeable(p)) {
+        sp__bset_remove(&bp->free, p);
+        b->addr = p->addr;
+        b->size += p->size;
+        b->prev = p->prev;
+        if (b->prev)
+            b->prev->next = b;
+        else
+            seg->head = b;
+        net_n--;
+        net_bytes -= (int64_t)p->size;
+        sp__block_recycle(d, p);
+    }
+    sp_block_t *n = b->next;
+    if (mergeable(n)) {
+        sp__bset_remove(&bp->free, n);
+        b->size += n->size;
+        b->next = n->next;
+        if (b->next)
+            b->next->prev = b;
+        net_n--;
+        net_bytes -= (int64_t)n->size;
+        sp__block_recycle(d, n);
+    }
+    if (b->prev || b->next) {
+        net_n++;
+        net_bytes += (int64_t)b->size;
+    }
+    if (net_n)
+        sp__stat_arr(st, SP_ST_INACTIVE_SPLIT, bp->is_small, net_n);
+    if (net_bytes)
+        sp__stat_arr(st, SP_ST_INACTIVE_SPLIT_BYTES, bp->is_small, net_bytes);
+    sp__stat_arr(st, SP_ST_ACTIVE, bp->is_small, -1);
+    sp__stat_arr(st, SP_ST_ACTIVE_BYTES, bp->is_small, -(int64_t)orig_size);
+    sp__stat_arr(st, SP_ST_REQUESTED_BYTES, bp->is_small, -(int64_t)req);
+    b->requested = 0;
+    b->gc_count = bp->gfb_count;
+    sp__bset_insert(&bp->free, b);
+    if (SP_UNLIKELY(sp__history_active))
+        sp__history_record(d->device, SP_TRACE_FREE_COMPLETED, orig_addr, req,
+                           (uintptr_t)b->stream, bp->pool->id, b->context);
+    if (b->context) {
+        sp__history_context_release(b->context);
+        b->context = 0;
+    }
+    /* SYMPOOL_NO_CACHING: the block is its own segment; give it back at once. */
+    if (SP_UNLIKELY(sp__g.conf.no_caching) && !b->prev && !b->next && !bp->pool->symmetric)
+        sp__alloc_release_segment(d, seg);
+}
+
+void sp__alloc_free_locked(sp_devalloc_t *d, sp_block_t *b, uint32_t context) {
+    sp_bpool_t *bp = b->seg->bpool;
+    sp_dev_stats_t *st = &d->stats;
+    b->allocated = false;
+    bp->pool->used -= b->size;
+    sp__stat_arr(st, SP_ST_ALLOCATION, bp->is_small, -1);
+    sp__stat_arr(st, SP_ST_ALLOCATED_BYTES, bp->is_small, -(int64_t)b->size);
+    if (b->size >= sp__g.conf.max_split_size)
+        sp__stat_add(&st->oversize_allocations, -1);
+    if (SP_UNLIKELY(sp__history_active))
+        sp__history_record(d->device, SP_TRACE_FREE_REQUESTED, b->addr, b->requested,
+                           (uintptr_t)b->stream, bp->pool->id, context ? context : b->context);
+    if (b->nuses == 0 || sp__alloc_insert_events(d, b) != SP_SUCCESS || b->event_count == 0)
+        sp__alloc_free_block(d, b);
+}
+
+/* ---- malloc ------------------------------------------------------------------------------ */
+
+/* use_on_oom: lend a free cached block of a fallback pool (creation order; never a new
+ * segment there). The block stays its pool's and returns there when freed. */
+static sp_block_t *mempool_fallback(sp_devalloc_t *d, size_t size, sp_stream_t stream) {
+    for (sp_mempool_t *p = d->pools; p; p = p->next) {
+        if (!p->use_on_oom || p->destroyed)
+            continue;
+        sp_bpool_t *bp = size <= SP_SMALL_SIZE ? &p->small : &p->large;
+        sp_block_t *b = sp__alloc_get_free_block(d, bp, size, stream);
+        if (b) {
+            SP_INFO(SP_SUB_POOL, "device %d: lending a %zu-byte block of pool \"%s\" {%" PRIu64
+                    ",%" PRIu64 "} to a request of %zu bytes that hit OOM", d->device, b->size,
+                    p->name ? p->name : "", p->id.first, p->id.second, size);
+            return b;
+        }
+    }
+    return NULL;
+}
+
+static sp_status_t report_oom(sp_devalloc_t *d, sp_mempool_t *pool, size_t orig, size_t size,
+                              sp_stream_t stream, bool limit_hit, bool fraction_hit,
+                              uint32_t context) {
+    size_t dfree = 0, dtotal = d->total_mem;
+    (void)sp__g.ops->mem_get_info(d->device, &dfree, &dtotal);
+    d->stats.num_ooms++;
+    if (SP_UNLIKELY(sp__history_active))
+        sp__history_record(d->device, SP_TRACE_OOM, (uintptr_t)dfree, size, (uintptr_t)stream,
+                           pool->id, context);
+    char req[32], tot[32], fre[32], alc[32], unal[32], lim[32], res[32], cap[32];
+    int64_t allocated = d->stats.arr[SP_ST_ALLOCATED_BYTES][SP_STAT_ALL].current;
+    int64_t reserved = d->stats.arr[SP_ST_RESERVED_BYTES][SP_STAT_ALL].current;
+    sp__fmt_size(orig, req, sizeof(req));
+    sp__fmt_size(dtotal, tot, sizeof(tot));
+    sp__fmt_size(dfree, fre, sizeof(fre));
+    sp__fmt_size((size_t)allocated, alc, sizeof(alc));
+    sp__fmt_size((size_t)(reserved - allocated), unal, sizeof(unal));
+    sp__fmt_size(pool->limit, lim, sizeof(lim));
+    sp__fmt_size(pool->reserved, res, sizeof(res));
+    sp__fmt_size(d->allowed_max == SIZE_MAX ? 0 : d->allowed_max, cap, sizeof(cap));
+    char extra[256] = "";
+    if (limit_hit)
+        snprintf(extra, sizeof(extra), "; pool \"%s\" {%" PRIu64 ",%" PRIu64 "} is at its limit "
+                 "of %s (%s reserved); raise it with sp_mempool_set_limit",
+                 pool->name ? pool->name : "", pool->id.first, pool->id.second, lim, res);
+    else if (fraction_hit)
+        snprintf(extra, sizeof(extra), "; the memory fraction caps this process at %s "
+                 "(sp_set_memory_fraction)", cap);
+    return sp__error(SP_ERR_OUT_OF_MEMORY, SP_SUB_POOL,
+                     "out of memory on device %d: tried to allocate %s; device has %s total, %s "
+                     "free; %s allocated by sympool, %s reserved but unallocated%s. If reserved "
+                     "but unallocated memory is large, try SYMPOOL_ALLOC_CONF="
+                     "max_split_size_mb:N to reduce fragmentation",
+                     d->device, req, tot, fre, alc, unal, extra);
+}
+
+sp_status_t sp__alloc_malloc(sp_devalloc_t *d, sp_mempool_t *pool, size_t orig,
+                             sp_stream_t stream, void **ptr_p) {
+    uint32_t ctx = SP_UNLIKELY(sp__history_active) ? sp__history_capture(false) : 0;
+    pthread_mutex_lock(&d->lock);
+    if (SP_UNLIKELY(d->pending_events))
+        sp__alloc_process_events(d);
+    size_t size = sp__round_size(orig);
+    sp_bpool_t *bp = size <= SP_SMALL_SIZE ? &pool->small : &pool->large;
+    bool nocache = sp__g.conf.no_caching;
+    sp_block_t *b = nocache ? NULL : sp__alloc_get_free_block(d, bp, size, stream);
+    if (SP_UNLIKELY(!b)) {
+        size_t alloc_size = nocache ? size : sp__allocation_size(size);
+        bool limit_hit = false, fraction_hit = false;
+        int why = 0;
+        if (d->gc_enabled)
+            sp__alloc_gc(d);
+        sp_status_t s = sp__alloc_segment(d, bp, alloc_size, stream, ctx, &b, &why);
+        limit_hit |= s == SP_ERR_OUT_OF_MEMORY && why == 2;
+        fraction_hit |= s == SP_ERR_OUT_OF_MEMORY && why == 1;
+        if (s == SP_ERR_OUT_OF_MEMORY && pool->is_default)
+            b = mempool_fallback(d, size, stream);
+        if (!b && s == SP_ERR_OUT_OF_MEMORY && sp__alloc_release_available(d, bp, size, stream)) {
+            s = sp__alloc_segment(d, bp, alloc_size, stream, ctx, &b, &why);
+            limit_hit |= s == SP_ERR_OUT_OF_MEMORY && why == 2;
+            fraction_hit |= s == SP_ERR_OUT_OF_MEMORY && why == 1;
+        }
+        if (!b && s == SP_ERR_OUT_OF_MEMORY) {
+            sp__alloc_release_cached(d);
+            d->stats.num_alloc_retries++;
+            s = sp__alloc_segment(d, bp, alloc_size, stream, ctx, &b, &why);
+            limit_hit |= s == SP_ERR_OUT_OF_MEMORY && why == 2;
+            fraction_hit |= s == SP_ERR_OUT_OF_MEMORY && why == 1;
+        }
+        if (!b) {
+            if (s == SP_ERR_OUT_OF_MEMORY)
+                s = report_oom(d, pool, orig, size, stream, limit_hit, fraction_hit, ctx);
+            pthread_mutex_unlock(&d->lock);
+            if (ctx)
+                sp__history_context_release(ctx);
+            return s;
+        }
+        if (ctx && s == SP_SUCCESS)
+            sp__history_context_retain(ctx); /* the new segment and the block each hold one */
+    }
+    sp__alloc_found_block(d, b, size, orig, ctx);
+    *ptr_p = (void *)b->addr;
+    pthread_mutex_unlock(&d->lock);
+    return SP_SUCCESS;
+}
+
+/* ---- public entry points ----------------------------------------------------------------- */
+
+SP_EXPORT sp_status_t sp_malloc(size_t size, int device, sp_stream_t stream, void **ptr_p) {
+    if (SP_UNLIKELY(!ptr_p))
+        return sp__error(SP_ERR_INVALID_ARGUMENT, SP_SUB_POOL, "sp_malloc: ptr_p is NULL");
+    sp_devalloc_t *d;
+    SP_CHECK(sp__alloc_device(device, &d));
+    if (SP_UNLIKELY(size == 0)) {
+        *ptr_p = NULL;
+        return SP_SUCCESS;
+    }
+    if (SP_UNLIKELY(size > d->total_mem)) {
+        char a[32], t[32];
+        sp__fmt_size(size, a, sizeof(a));
+        sp__fmt_size(d->total_mem, t, sizeof(t));
+        return sp__error(SP_ERR_INVALID_ARGUMENT, SP_SUB_POOL,
+                         "sp_malloc: %zu bytes (%s) is more than device %d has in total (%s)",
+                         size, a, device, t);
+    }
+    sp_mempool_t *pool = sp__mempool_routed(device);
+    return sp__alloc_malloc(d, pool ? pool : d->default_pool, size, stream, ptr_p);
+}
+
+/* Explain why ptr is not a live block (slow path of a failed free / record_stream). */
+static sp_status_t explain_bad_pointer(const char *what, const void *ptr) {
+    uintptr_t a = (uintptr_t)ptr;
+    for (int i = 0; i < sp__g.ndev; i++) {
+        sp_devalloc_t *d = &sp__g.devs[i];
+        pthread_mutex_lock(&d->lock);
+        sp_segment_t *seg = sp__segidx_find(d, a);
+        if (seg) {
+            sp_block_t *b = seg->head;
+            while (b && !(a >= b->addr && a < b->addr + b->size))
+                b = b->next;
+            bool start = b && b->addr == a, live = b && b->allocated;
+            uintptr_t base = b ? b->addr : 0;
+            pthread_mutex_unlock(&d->lock);
+            if (start && !live)
+                return sp__error(SP_ERR_INVALID_USAGE, SP_SUB_POOL,
+                                 "%s(%p): the block is not allocated (double free?)", what, ptr);
+            return sp__error(SP_ERR_INVALID_USAGE, SP_SUB_POOL,
+                             "%s(%p): points %zu bytes inside the %s block at %#" PRIxPTR
+                             ", not at its start", what, ptr, (size_t)(a - base),
+                             live ? "allocated" : "free", base);
+        }
+        pthread_mutex_unlock(&d->lock);
+    }
+    return sp__error(SP_ERR_INVALID_USAGE, SP_SUB_POOL,
+                     "%s(%p): not a pointer sympool returned (another allocator's, or already "
+                     "released)", what, ptr);
+}
+
+SP_EXPORT sp_status_t sp_free(void *ptr) {
+    if (!ptr)
+        return SP_SUCCESS;
+    if (SP_UNLIKELY(!atomic_load_explicit(&sp__ready, memory_order_acquire)))
+        return sp__error(SP_ERR_INVALID_USAGE, SP_SUB_POOL,
+                         "sp_free(%p): sympool is not initialized, so this is not its pointer",
+                         ptr);
+    uintptr_t a = (uintptr_t)ptr;
+    uint32_t ctx = SP_UNLIKELY(sp__history_active) ? sp__history_capture(true) : 0;
+    for (int i = 0; i < sp__g.ndev; i++) {
+        sp_devalloc_t *d = &sp__g.devs[i];
+        if (a < atomic_load_explicit(&d->lo, memory_order_relaxed) ||
+            a >= atomic_load_explicit(&d->hi, memory_order_relaxed))
+            continue;
+        pthread_mutex_lock(&d->lock);
+        sp_block_t *b = sp__ptr_map_remove(&d->map, a);
+        if (b) {
+            sp__alloc_free_locked(d, b, ctx);
+            pthread_mutex_unlock(&d->lock);
+            if (ctx)
+                sp__history_context_release(ctx);
+            return SP_SUCCESS;
+        }
+        pthread_mutex_unlock(&d->lock);
+    }
+    if (ctx)
+        sp__history_context_release(ctx);
+    return explain_bad_pointer("sp_free", ptr);
+}
+
+SP_EXPORT sp_status_t sp_record_stream(void *ptr, sp_stream_t stream) {
+    if (SP_UNLIKELY(!atomic_load_explicit(&sp__ready, memory_order_acquire)) || !ptr)
+        return sp__error(SP_ERR_INVALID_USAGE, SP_SUB_POOL,
+                         "sp_record_stream(%p): not a live sympool block", ptr);
+    int sdev = -1;
+    if (stream)
+        SP_CHECK(sp__g.ops->stream_device(stream, &sdev));
+    uintptr_t a = (uintptr_t)ptr;
+    for (int i = 0; i < sp__g.ndev; i++) {
+        sp_devalloc_t *d = &sp__g.devs[i];
+        pthread_mutex_lock(&d->lock);
+        sp_block_t *b = sp__ptr_map_find(&d->map, a);
+        if (!b) {
+            sp_segment_t *seg = sp__segidx_find(d, a);
+            for (b = seg ? seg->head : NULL; b; b = b->next)
+                if (a >= b->addr && a < b->addr + b->size)
+                    break;
+            if (b && !b->allocated)
+                b = NULL;
+        }
+        if (!b) {
+            pthread_mutex_unlock(&d->lock);
+            continue;
+        }
+        if (sdev >= 0 && sdev != i) {
+            pthread_mutex_unlock(&d->lock);
+            return sp__error(SP_ERR_INVALID_ARGUMENT, SP_SUB_POOL,
+                             "sp_record_stream(%p): the stream belongs to device %d, the block "
+                             "to device %d", ptr, sdev, i);
+        }
+        if (stream == b->stream) {
+            pthread_mutex_unlock(&d->lock);
+            return SP_SUCCESS; /* a use on the allocation stream needs no event */
+        }
+        for (uint32_t k = 0; k < b->nuses; k++) {
+            if (b->uses[k] == stream) {
+                pthread_mutex_unlock(&d->lock);
+                return SP_SUCCESS;
+            }
+        }
+        if (b->nuses == b->cap_uses) {
+            uint32_t cap = b->cap_uses ? b->cap_uses * 2 : 4;
+            sp_stream_t *u = realloc(b->uses, cap * sizeof(*u));
+            if (!u) {
+                pthread_mutex_unlock(&d->lock);
+                return sp__error(SP_ERR_SYSTEM, SP_SUB_POOL, "out of host memory");
+            }
+            b->uses = u;
+            b->cap_uses = cap;
+        }
+        b->uses[b->nuses++] = stream;
+        pthread_mutex_unlock(&d->lock);
+        return SP_SUCCESS;
+    }
+    return explain_bad_pointer("sp_record_stream", ptr);
+}

@@ -1,0 +1,256 @@
+/*
+ * api.c: the life cycle of the per-device allocators (lazy init from the environment, shutdown
+ * back to nothing so that the next call re-initializes) and the thin public calls of pool.h
+ * that are not malloc/free: backend and device queries, streams, memory info, the memory
+ * fraction and sp_empty_cache.
+ *
+ * sp__ready is set (release) only after every device allocator is complete, so a reader that
+ * sees it (acquire) sees the whole sp__g. Init and shutdown serialize on sp__g.init_lock and
+ * take device locks after it, in device order. Shutdown assumes no other thread is inside
+ * sympool (it is the process's last call, or a test's).
+ */
+#include <inttypes.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "pool/alloc_int.h"
+
+sp_alloc_global_t sp__g = {.init_lock = PTHREAD_MUTEX_INITIALIZER};
+atomic_int sp__ready;
+
+static void dev_fini(sp_devalloc_t *d) {
+    sp_mempool_t *p = d->pools;
+    while (p) {
+        sp_mempool_t *nx = p->next;
+        sp__mempool_free_struct(p);
+        p = nx;
+    }
+    if (d->default_pool)
+        sp__mempool_free_struct(d->default_pool);
+    sp_block_t *b = d->spare;
+    while (b) {
+        sp_block_t *nx = b->hnext;
+        free(b->uses);
+        free(b);
+        b = nx;
+    }
+    sp__ptr_map_fini(&d->map);
+    free(d->segs);
+    pthread_mutex_destroy(&d->lock);
+}
+
+static sp_status_t dev_init(sp_devalloc_t *d, int device) {
+    memset(d, 0, sizeof(*d));
+    pthread_mutex_init(&d->lock, NULL);
+    d->device = device;
+    d->allowed_max = SIZE_MAX;
+    sp__stats_init(&d->stats, sp__g.conf.max_split_size);
+    size_t dfree = 0, total = 0;
+    SP_CHECK(sp__g.ops->mem_get_info(device, &dfree, &total));
+    d->total_mem = total;
+    SP_CHECK(sp__ptr_map_init(&d->map));
+    d->default_pool = sp__mempool_new(d, NULL, true, false);
+    if (!d->default_pool)
+        return sp__error(SP_ERR_SYSTEM, SP_SUB_POOL, "out of host memory for the default pool");
+    return SP_SUCCESS;
+}
+
+sp_status_t sp__alloc_init_slow(void) {
+    pthread_mutex_lock(&sp__g.init_lock);
+    if (atomic_load_explicit(&sp__ready, memory_order_acquire)) {
+        pthread_mutex_unlock(&sp__g.init_lock);
+        return SP_SUCCESS;
+    }
+    sp_status_t s = sp__device_select(&sp__g.ops, &sp__g.caps);
+    if (s != SP_SUCCESS) {
+        pthread_mutex_unlock(&sp__g.init_lock);
+        return s;
+    }
+    sp__alloc_conf_get(&sp__g.conf);
+    int n = sp__g.caps.device_count;
+    sp__g.devs = calloc(n > 0 ? (size_t)n : 1, sizeof(*sp__g.devs));
+    if (!sp__g.devs) {
+        pthread_mutex_unlock(&sp__g.init_lock);
+        return sp__error(SP_ERR_SYSTEM, SP_SUB_POOL, "out of host memory at init");
+    }
+    int ok = 0;
+    for (; ok < n; ok++) {
+        s = dev_init(&sp__g.devs[ok], ok);
+        if (s != SP_SUCCESS) {
+            dev_fini(&sp__g.devs[ok]);
+            break;
+        }
+    }
+    if (s != SP_SUCCESS) {
+        for (int i = 0; i < ok; i++)
+            dev_fini(&sp__g.devs[i]);
+        free(sp__g.devs);
+        sp__g.devs = NULL;
+        sp__device_reset();
+        pthread_mutex_unlock(&sp__g.init_lock);
+        return s;
+    }
+    sp__g.ndev = n;
+    SP_INFO(SP_SUB_INIT, "allocator ready: backend %s, %d device(s), max_split_size %zu, "
+            "no_caching %d", sp__g.ops->name, n, sp__g.conf.max_split_size,
+            (int)sp__g.conf.no_caching);
+    atomic_store_explicit(&sp__ready, 1, memory_order_release);
+    pthread_mutex_unlock(&sp__g.init_lock);
+    return SP_SUCCESS;
+}
+
+sp_status_t sp__alloc_device(int device, sp_devalloc_t **d_p) {
+    SP_CHECK(sp__alloc_ensure());
+    if (SP_UNLIKELY(device < 0 || device >= sp__g.ndev))
+        return sp__error(SP_ERR_INVALID_ARGUMENT, SP_SUB_POOL,
+                         "device %d does not exist (the %s backend has %d device(s))", device,
+                         sp__g.ops->name, sp__g.ndev);
+    *d_p = &sp__g.devs[device];
+    return SP_SUCCESS;
+}
+
+SP_EXPORT sp_status_t sp_init(void) { return sp__alloc_ensure(); }
+
+/* Release every segment of a pool whatever its state (shutdown: nothing is allocated). */
+static void release_all(sp_devalloc_t *d, sp_mempool_t *p) {
+    sp__alloc_release_pool(d, p, false, NULL);
+    if (p->nsegments)
+        SP_WARN(SP_SUB_POOL, "pool \"%s\": %zu segment(s) could not be released at shutdown",
+                p->name ? p->name : "", p->nsegments);
+}
+
+SP_EXPORT sp_status_t sp_shutdown(void) {
+    pthread_mutex_lock(&sp__g.init_lock);
+    if (!atomic_load_explicit(&sp__ready, memory_order_acquire)) {
+        pthread_mutex_unlock(&sp__g.init_lock);
+        return SP_SUCCESS;
+    }
+    for (int i = 0; i < sp__g.ndev; i++)
+        pthread_mutex_lock(&sp__g.devs[i].lock);
+    for (int i = 0; i < sp__g.ndev; i++) {
+        int64_t live = sp__g.devs[i].stats.arr[SP_ST_ALLOCATION][SP_STAT_ALL].current;
+        if (live) {
+            for (int k = sp__g.ndev - 1; k >= 0; k--)
+                pthread_mutex_unlock(&sp__g.devs[k].lock);
+            pthread_mutex_unlock(&sp__g.init_lock);
+            return sp__error(SP_ERR_BUSY, SP_SUB_POOL,
+                             "sp_shutdown: %" PRId64 " block(s) are still allocated on device "
+                             "%d; free them first (nothing was released)", live, i);
+        }
+    }
+    for (int i = 0; i < sp__g.ndev; i++) {
+        sp_devalloc_t *d = &sp__g.devs[i];
+        sp__alloc_sync_events(d, NULL);
+        release_all(d, d->default_pool);
+        for (sp_mempool_t *p = d->pools; p; p = p->next)
+            release_all(d, p);
+    }
+    for (int i = sp__g.ndev - 1; i >= 0; i--)
+        pthread_mutex_unlock(&sp__g.devs[i].lock);
+    for (int i = 0; i < sp__g.ndev; i++)
+        dev_fini(&sp__g.devs[i]);
+    free(sp__g.devs);
+    sp__g.devs = NULL;
+    sp__g.ndev = 0;
+    atomic_store_explicit(&sp__ready, 0, memory_order_release);
+    sp__mempool_routing_reset();
+    sp__history_shutdown();
+    sp__device_reset();
+    sp__g.ops = NULL;
+    pthread_mutex_unlock(&sp__g.init_lock);
+    return SP_SUCCESS;
+}
+
+SP_EXPORT const char *sp_backend_name(void) {
+    if (sp__alloc_ensure() != SP_SUCCESS)
+        return "none";
+    return sp__g.ops->name;
+}
+
+SP_EXPORT int sp_device_count(void) {
+    if (sp__alloc_ensure() != SP_SUCCESS)
+        return 0;
+    return sp__g.ndev;
+}
+
+SP_EXPORT sp_status_t sp_get_memory_info(int device, size_t *free_p, size_t *total_p) {
+    if (!free_p || !total_p)
+        return sp__error(SP_ERR_INVALID_ARGUMENT, SP_SUB_POOL,
+                         "sp_get_memory_info: NULL output pointer");
+    sp_devalloc_t *d;
+    SP_CHECK(sp__alloc_device(device, &d));
+    size_t f = 0, t = 0;
+    SP_CHECK(sp__g.ops->mem_get_info(device, &f, &t));
+    *free_p = f;
+    *total_p = t;
+    return SP_SUCCESS;
+}
+
+SP_EXPORT sp_status_t sp_set_memory_fraction(double fraction, int device) {
+    sp_devalloc_t *d;
+    SP_CHECK(sp__alloc_device(device, &d));
+    if (!(fraction >= 0.0 && fraction <= 1.0))
+        return sp__error(SP_ERR_INVALID_ARGUMENT, SP_SUB_POOL,
+                         "sp_set_memory_fraction: %g is outside [0, 1]", fraction);
+    pthread_mutex_lock(&d->lock);
+    d->allowed_max = fraction < 1.0 ? (size_t)(fraction * (double)d->total_mem) : SIZE_MAX;
+    d->gc_enabled = d->allowed_max != SIZE_MAX && sp__g.conf.gc_threshold > 0.0;
+    pthread_mutex_unlock(&d->lock);
+    return SP_SUCCESS;
+}
+
+SP_EXPORT sp_status_t sp_empty_cache(void) {
+    SP_CHECK(sp__alloc_ensure());
+    for (int i = 0; i < sp__g.ndev; i++) {
+        sp_devalloc_t *d = &sp__g.devs[i];
+        pthread_mutex_lock(&d->lock);
+        sp__alloc_release_cached(d);
+        pthread_mutex_unlock(&d->lock);
+    }
+    return SP_SUCCESS;
+}
+
+/* ---- streams ----------------------------------------------------------------------------- */
+
+SP_EXPORT sp_status_t sp_stream_create(int device, sp_stream_t *stream_p) {
+    if (!stream_p)
+        return sp__error(SP_ERR_INVALID_ARGUMENT, SP_SUB_POOL, "sp_stream_create: NULL stream_p");
+    sp_devalloc_t *d;
+    SP_CHECK(sp__alloc_device(device, &d));
+    sp_dev_stream_t s = NULL;
+    SP_CHECK(sp__g.ops->stream_create(device, &s));
+    *stream_p = s;
+    return SP_SUCCESS;
+}
+
+static sp_status_t stream_dev(const char *what, sp_stream_t stream, int *device_p) {
+    SP_CHECK(sp__alloc_ensure());
+    int dev = -1;
+    if (sp__g.ops->stream_device(stream, &dev) != SP_SUCCESS)
+        return sp__error(SP_ERR_INVALID_ARGUMENT, SP_SUB_POOL,
+                         "%s: %p is not a stream made by sp_stream_create", what, stream);
+    *device_p = dev;
+    return SP_SUCCESS;
+}
+
+SP_EXPORT sp_status_t sp_stream_destroy(sp_stream_t stream) {
+    if (!stream)
+        return sp__error(SP_ERR_INVALID_ARGUMENT, SP_SUB_POOL,
+                         "sp_stream_destroy: the default stream (NULL) cannot be destroyed");
+    int dev;
+    SP_CHECK(stream_dev("sp_stream_destroy", stream, &dev));
+    return sp__g.ops->stream_destroy(dev, stream);
+}
+
+SP_EXPORT sp_status_t sp_stream_synchronize(sp_stream_t stream) {
+    SP_CHECK(sp__alloc_ensure());
+    if (!stream) {
+        /* The default stream of every device. */
+        for (int i = 0; i < sp__g.ndev; i++)
+            SP_CHECK(sp__g.ops->stream_sync(i, NULL));
+        return SP_SUCCESS;
+    }
+    int dev;
+    SP_CHECK(stream_dev("sp_stream_synchronize", stream, &dev));
+    return sp__g.ops->stream_sync(dev, stream);
+}

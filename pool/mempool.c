@@ -1,0 +1,333 @@
+/*
+ * mempool.c: MemPools with PyTorch's semantics (reference/pytorch-allocator.md section 4) and
+ * CuPy's pool queries and limits.
+ *
+ * Ids come from one process-wide atomic counter starting at 1 ({0,n}); {0,0} is each device's
+ * default pool, made at init and never destroyed. The use count is 1 at create, +1 per active
+ * sp_mempool_begin; destroy drops the creator's use (to 0: the pool becomes "freeable") and
+ * releases its whole free segments now; segments that still hold live blocks are released by a
+ * later sp_empty_cache (or the OOM retry) once their blocks are freed. A destroyed pool's struct
+ * stays in its device's pool list, marked destroyed, until sp_shutdown, so that a second destroy
+ * or a late free is recognized without a use-after-free.
+ *
+ * Routing is a per-thread stack of pools; a generation number bumped by sp_shutdown invalidates
+ * every thread's stack at once. Pool fields are guarded by the device allocator lock, except
+ * use_count (atomic) and the const fields.
+ */
+#include <inttypes.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "pool/alloc_int.h"
+
+#define MAX_ROUTE 32
+
+static atomic_uint_fast64_t g_next_id = 1;
+static atomic_uint g_route_gen = 1;
+
+static _Thread_local sp_mempool_t *tl_route[MAX_ROUTE];
+static _Thread_local int tl_depth;
+static _Thread_local unsigned tl_gen;
+
+static int route_depth(void) {
+    if (tl_depth && tl_gen != atomic_load_explicit(&g_route_gen, memory_order_relaxed))
+        tl_depth = 0; /* sp_shutdown freed every pool since this thread began routing */
+    return tl_depth;
+}
+
+sp_mempool_t *sp__mempool_routed(int device) {
+    int n = route_depth();
+    for (int i = n - 1; i >= 0; i--)
+        if (tl_route[i]->device == device)
+            return tl_route[i];
+    return NULL;
+}
+
+void sp__mempool_routing_reset(void) {
+    atomic_fetch_add(&g_route_gen, 1);
+    tl_depth = 0;
+}
+
+static const char *pname(const sp_mempool_t *p) { return p->name ? p->name : ""; }
+
+sp_mempool_t *sp__mempool_new(sp_devalloc_t *d, const sp_mempool_params_t *params, bool is_default,
+                              bool symmetric) {
+    sp_mempool_t *p = calloc(1, sizeof(*p));
+    if (!p)
+        return NULL;
+    if (params && params->name) {
+        p->name = strdup(params->name);
+        if (!p->name) {
+            free(p);
+            return NULL;
+        }
+    }
+    p->device = d->device;
+    p->dev = d;
+    p->is_default = is_default;
+    p->symmetric = symmetric;
+    if (!is_default)
+        p->id.second = atomic_fetch_add(&g_next_id, 1);
+    if (params) {
+        p->use_on_oom = params->use_on_oom;
+        p->no_split = params->no_split;
+        if (params->allocator) {
+            p->allocator = *params->allocator;
+            p->has_allocator = true;
+        }
+    }
+    atomic_init(&p->use_count, 1);
+    p->small.is_small = true;
+    p->small.pool = p;
+    p->small.free.by_seq = symmetric;
+    p->large.is_small = false;
+    p->large.pool = p;
+    p->large.free.by_seq = symmetric;
+    return p;
+}
+
+void sp__mempool_free_struct(sp_mempool_t *pool) {
+    free(pool->name);
+    free(pool);
+}
+
+static sp_status_t create(const sp_mempool_params_t *params, bool symmetric, void *sym_state,
+                          sp_mempool_t **pool_p) {
+    if (!pool_p)
+        return sp__error(SP_ERR_INVALID_ARGUMENT, SP_SUB_POOL, "sp_mempool_create: pool_p is NULL");
+    sp_mempool_params_t defaults;
+    if (!params) {
+        sp_mempool_params_init(&defaults);
+        params = &defaults;
+    }
+    if (params->allocator && (!params->allocator->alloc || !params->allocator->free))
+        return sp__error(SP_ERR_INVALID_ARGUMENT, SP_SUB_POOL,
+                         "sp_mempool_create: the allocator needs both alloc and free callbacks");
+    if (params->device < -1)
+        return sp__error(SP_ERR_INVALID_ARGUMENT, SP_SUB_POOL,
+                         "sp_mempool_create: device %d does not exist", params->device);
+    sp_devalloc_t *d;
+    SP_CHECK(sp__alloc_device(params->device < 0 ? 0 : params->device, &d));
+    sp_mempool_t *p = sp__mempool_new(d, params, false, symmetric);
+    if (!p)
+        return sp__error(SP_ERR_SYSTEM, SP_SUB_POOL, "sp_mempool_create: out of host memory");
+    p->sym_state = sym_state;
+    pthread_mutex_lock(&d->lock);
+    if (d->pools_tail)
+        d->pools_tail->next = p;
+    else
+        d->pools = p;
+    d->pools_tail = p;
+    pthread_mutex_unlock(&d->lock);
+    SP_INFO(SP_SUB_POOL, "device %d: created %spool \"%s\" {0,%" PRIu64 "}%s%s%s", d->device,
+            symmetric ? "symmetric " : "", pname(p), p->id.second,
+            p->has_allocator ? " with its own allocator" : "", p->use_on_oom ? " use_on_oom" : "",
+            p->no_split ? " no_split" : "");
+    *pool_p = p;
+    return SP_SUCCESS;
+}
+
+SP_EXPORT void sp_mempool_params_init(sp_mempool_params_t *params) {
+    if (!params)
+        return;
+    memset(params, 0, sizeof(*params));
+    params->device = -1;
+}
+
+SP_EXPORT sp_status_t sp_mempool_create(const sp_mempool_params_t *params, sp_mempool_t **pool_p) {
+    return create(params, false, NULL, pool_p);
+}
+
+sp_status_t sp__mempool_create_symmetric(const sp_mempool_params_t *params, void *sym_state,
+                                         sp_mempool_t **pool_p) {
+    return create(params, true, sym_state, pool_p);
+}
+
+void *sp__mempool_sym_state(const sp_mempool_t *pool) { return pool ? pool->sym_state : NULL; }
+const char *sp__mempool_name(const sp_mempool_t *pool) { return pool ? pool->name : NULL; }
+int sp__mempool_device(const sp_mempool_t *pool) { return pool ? pool->device : -1; }
+
+SP_EXPORT sp_status_t sp_mempool_destroy(sp_mempool_t *pool) {
+    if (!pool)
+        return sp__error(SP_ERR_INVALID_ARGUMENT, SP_SUB_POOL, "sp_mempool_destroy: NULL pool");
+    if (pool->is_default)
+        return sp__error(SP_ERR_INVALID_USAGE, SP_SUB_POOL,
+                         "sp_mempool_destroy: the default pool of device %d cannot be destroyed",
+                         pool->device);
+    sp_devalloc_t *d = pool->dev;
+    pthread_mutex_lock(&d->lock);
+    if (pool->destroyed) {
+        pthread_mutex_unlock(&d->lock);
+        return sp__error(SP_ERR_INVALID_USAGE, SP_SUB_POOL,
+                         "sp_mempool_destroy: pool \"%s\" {0,%" PRIu64 "} was already destroyed",
+                         pname(pool), pool->id.second);
+    }
+    if (atomic_load(&pool->use_count) > 1) {
+        pthread_mutex_unlock(&d->lock);
+        return sp__error(SP_ERR_INVALID_USAGE, SP_SUB_POOL,
+                         "sp_mempool_destroy: pool \"%s\" {0,%" PRIu64 "} is still routed by "
+                         "sp_mempool_begin (use count %d); call sp_mempool_end first",
+                         pname(pool), pool->id.second, atomic_load(&pool->use_count));
+    }
+    pool->destroyed = true;
+    pool->use_on_oom = false;
+    atomic_fetch_sub(&pool->use_count, 1);
+    if (!pool->symmetric) {
+        /* PyTorch's emptyCache(id) on a freeable pool: finish its pending frees, then release
+         * every whole free segment through the pool's allocator. */
+        sp__alloc_sync_events(d, pool);
+        sp__alloc_release_pool(d, pool, false, NULL);
+    }
+    SP_INFO(SP_SUB_POOL, "device %d: destroyed pool \"%s\" {0,%" PRIu64 "} (%zu segments, %zu "
+            "bytes still held by live blocks)", d->device, pname(pool), pool->id.second,
+            pool->nsegments, pool->reserved);
+    pthread_mutex_unlock(&d->lock);
+    return SP_SUCCESS;
+}
+
+SP_EXPORT sp_mempool_t *sp_default_mempool(int device) {
+    if (sp__alloc_ensure() != SP_SUCCESS || device < 0 || device >= sp__g.ndev)
+        return NULL;
+    return sp__g.devs[device].default_pool;
+}
+
+SP_EXPORT sp_mempool_id_t sp_mempool_id(const sp_mempool_t *pool) {
+    sp_mempool_id_t none = {0, 0};
+    return pool ? pool->id : none;
+}
+
+SP_EXPORT int sp_mempool_use_count(const sp_mempool_t *pool) {
+    return pool ? atomic_load(&((sp_mempool_t *)pool)->use_count) : 0;
+}
+
+SP_EXPORT bool sp_mempool_is_symmetric(const sp_mempool_t *pool) {
+    return pool && pool->symmetric;
+}
+
+SP_EXPORT sp_status_t sp_mempool_begin(sp_mempool_t *pool) {
+    if (!pool)
+        return sp__error(SP_ERR_INVALID_ARGUMENT, SP_SUB_POOL, "sp_mempool_begin: NULL pool");
+    if (pool->symmetric)
+        return sp__error(SP_ERR_INVALID_USAGE, SP_SUB_POOL,
+                         "sp_mempool_begin: pool \"%s\" is symmetric; allocate in it with "
+                         "sp_symmetric_malloc (collective)", pname(pool));
+    int n = route_depth();
+    for (int i = 0; i < n; i++)
+        if (tl_route[i] == pool)
+            return sp__error(SP_ERR_INVALID_USAGE, SP_SUB_POOL,
+                             "sp_mempool_begin: pool \"%s\" {0,%" PRIu64 "} is already routed on "
+                             "this thread", pname(pool), pool->id.second);
+    if (n == MAX_ROUTE)
+        return sp__error(SP_ERR_INVALID_USAGE, SP_SUB_POOL,
+                         "sp_mempool_begin: more than %d nested pools on this thread", MAX_ROUTE);
+    pthread_mutex_lock(&pool->dev->lock);
+    bool destroyed = pool->destroyed;
+    if (!destroyed)
+        atomic_fetch_add(&pool->use_count, 1);
+    pthread_mutex_unlock(&pool->dev->lock);
+    if (destroyed)
+        return sp__error(SP_ERR_INVALID_USAGE, SP_SUB_POOL,
+                         "sp_mempool_begin: pool \"%s\" {0,%" PRIu64 "} was destroyed",
+                         pname(pool), pool->id.second);
+    tl_gen = atomic_load_explicit(&g_route_gen, memory_order_relaxed);
+    tl_route[n] = pool;
+    tl_depth = n + 1;
+    return SP_SUCCESS;
+}
+
+SP_EXPORT sp_status_t sp_mempool_end(sp_mempool_t *pool) {
+    if (!pool)
+        return sp__error(SP_ERR_INVALID_ARGUMENT, SP_SUB_POOL, "sp_mempool_end: NULL pool");
+    int n = route_depth();
+    if (n == 0 || tl_route[n - 1] != pool)
+        return sp__error(SP_ERR_INVALID_USAGE, SP_SUB_POOL,
+                         "sp_mempool_end: pool \"%s\" is not this thread's innermost routed pool%s",
+                         pname(pool), n == 0 ? " (no sp_mempool_begin is active)" : "");
+    tl_depth = n - 1;
+    atomic_fetch_sub(&pool->use_count, 1);
+    return SP_SUCCESS;
+}
+
+SP_EXPORT sp_status_t sp_mempool_malloc(sp_mempool_t *pool, size_t size, sp_stream_t stream,
+                                        void **ptr_p) {
+    if (!pool || !ptr_p)
+        return sp__error(SP_ERR_INVALID_ARGUMENT, SP_SUB_POOL, "sp_mempool_malloc: NULL %s",
+                         pool ? "ptr_p" : "pool");
+    if (pool->symmetric)
+        return sp__error(SP_ERR_INVALID_USAGE, SP_SUB_POOL,
+                         "sp_mempool_malloc: pool \"%s\" is symmetric; use sp_symmetric_malloc",
+                         pname(pool));
+    sp_devalloc_t *d;
+    SP_CHECK(sp__alloc_device(pool->device, &d));
+    if (pool->destroyed) /* read without the lock: destroy and malloc on one pool race anyway */
+        return sp__error(SP_ERR_INVALID_USAGE, SP_SUB_POOL,
+                         "sp_mempool_malloc: pool \"%s\" {0,%" PRIu64 "} was destroyed",
+                         pname(pool), pool->id.second);
+    if (size == 0) {
+        *ptr_p = NULL;
+        return SP_SUCCESS;
+    }
+    if (size > d->total_mem)
+        return sp__error(SP_ERR_INVALID_ARGUMENT, SP_SUB_POOL,
+                         "sp_mempool_malloc: %zu bytes is more than device %d has in total "
+                         "(%zu bytes)", size, d->device, d->total_mem);
+    return sp__alloc_malloc(d, pool, size, stream, ptr_p);
+}
+
+/* ---- CuPy's queries ---------------------------------------------------------------------- */
+
+typedef enum { Q_USED, Q_TOTAL, Q_NFREE, Q_LIMIT } query_t;
+
+static size_t query(const sp_mempool_t *pool, query_t q) {
+    if (!pool)
+        return 0;
+    pthread_mutex_lock(&pool->dev->lock);
+    size_t v = q == Q_USED    ? pool->used
+               : q == Q_TOTAL ? pool->reserved
+               : q == Q_NFREE ? pool->small.free.count + pool->large.free.count
+                              : pool->limit;
+    pthread_mutex_unlock(&pool->dev->lock);
+    return v;
+}
+
+SP_EXPORT size_t sp_mempool_used_bytes(const sp_mempool_t *pool) { return query(pool, Q_USED); }
+SP_EXPORT size_t sp_mempool_total_bytes(const sp_mempool_t *pool) { return query(pool, Q_TOTAL); }
+SP_EXPORT size_t sp_mempool_n_free_blocks(const sp_mempool_t *pool) {
+    return query(pool, Q_NFREE);
+}
+SP_EXPORT size_t sp_mempool_get_limit(const sp_mempool_t *pool) { return query(pool, Q_LIMIT); }
+
+SP_EXPORT size_t sp_mempool_free_bytes(const sp_mempool_t *pool) {
+    if (!pool)
+        return 0;
+    pthread_mutex_lock(&pool->dev->lock);
+    size_t v = pool->reserved - pool->used;
+    pthread_mutex_unlock(&pool->dev->lock);
+    return v;
+}
+
+SP_EXPORT sp_status_t sp_mempool_free_all_blocks(sp_mempool_t *pool, sp_stream_t stream) {
+    if (!pool)
+        return sp__error(SP_ERR_INVALID_ARGUMENT, SP_SUB_POOL,
+                         "sp_mempool_free_all_blocks: NULL pool");
+    if (pool->symmetric)
+        return sp__error(SP_ERR_INVALID_USAGE, SP_SUB_POOL,
+                         "sp_mempool_free_all_blocks: pool \"%s\" is symmetric; releasing its "
+                         "segments is collective: use sp_symmetric_empty_cache", pname(pool));
+    sp_devalloc_t *d = pool->dev;
+    pthread_mutex_lock(&d->lock);
+    if (d->pending_events)
+        sp__alloc_process_events(d);
+    sp__alloc_release_pool(d, pool, stream != NULL, stream);
+    pthread_mutex_unlock(&d->lock);
+    return SP_SUCCESS;
+}
+
+SP_EXPORT sp_status_t sp_mempool_set_limit(sp_mempool_t *pool, size_t bytes) {
+    if (!pool)
+        return sp__error(SP_ERR_INVALID_ARGUMENT, SP_SUB_POOL, "sp_mempool_set_limit: NULL pool");
+    pthread_mutex_lock(&pool->dev->lock);
+    pool->limit = bytes;
+    pthread_mutex_unlock(&pool->dev->lock);
+    return SP_SUCCESS;
+}

@@ -1,0 +1,220 @@
+/*
+ * release.c: everything that gives memory back or completes delayed frees: the per-stream event
+ * FIFOs of cross-stream frees (insert_events, process_events, synchronize_and_free_events), the
+ * cache releases of the malloc path (release_available_cached_blocks, release_cached_blocks),
+ * per-pool releases, and the garbage_collection_threshold collector
+ * (reference/pytorch-allocator.md sections 1.10, 1.13, 1.14, 2.3).
+ *
+ * Invariants: an event entry holds its block pending (block->event_count counts its entries);
+ * only whole free segments (one block, no events) are ever released; symmetric pools are never
+ * released here (their release is collective, see symmetric/). Every function runs with the
+ * device lock held.
+ */
+#include <stdlib.h>
+
+#include "pool/alloc_int.h"
+
+/* ---- events ------------------------------------------------------------------------------ */
+
+static sp_evq_t *queue_for(sp_devalloc_t *d, sp_stream_t stream) {
+    for (sp_evq_t *q = d->evqs; q; q = q->next)
+        if (q->stream == stream)
+            return q;
+    sp_evq_t *q = calloc(1, sizeof(*q));
+    if (!q)
+        return NULL;
+    q->stream = stream;
+    q->next = d->evqs;
+    d->evqs = q;
+    return q;
+}
+
+sp_status_t sp__alloc_insert_events(sp_devalloc_t *d, sp_block_t *b) {
+    const sp_device_ops_t *ops = sp__g.ops;
+    for (uint32_t i = 0; i < b->nuses; i++) {
+        sp_stream_t s = b->uses[i];
+        sp_evq_entry_t *e = calloc(1, sizeof(*e));
+        sp_evq_t *q = e ? queue_for(d, s) : NULL;
+        sp_dev_event_t ev = NULL;
+        if (!q || ops->event_create(d->device, &ev) != SP_SUCCESS) {
+            /* Without an event the only safe choice is to wait for the stream now. */
+            free(e);
+            (void)ops->stream_sync(d->device, s);
+            continue;
+        }
+        if (ops->event_record(d->device, ev, s) != SP_SUCCESS) {
+            (void)ops->event_destroy(d->device, ev);
+            free(e);
+            (void)ops->stream_sync(d->device, s);
+            continue;
+        }
+        e->event = ev;
+        e->block = b;
+        if (q->tail)
+            q->tail->next = e;
+        else
+            q->head = e;
+        q->tail = e;
+        b->event_count++;
+        d->pending_events++;
+    }
+    b->nuses = 0;
+    return SP_SUCCESS;
+}
+
+/* One entry done: drop it, and complete the block's free when it was the last. */
+static void entry_done(sp_devalloc_t *d, sp_evq_entry_t *e) {
+    (void)sp__g.ops->event_destroy(d->device, e->event);
+    d->pending_events--;
+    sp_block_t *b = e->block;
+    free(e);
+    if (--b->event_count == 0)
+        sp__alloc_free_block(d, b);
+}
+
+static void drop_empty_queues(sp_devalloc_t *d) {
+    sp_evq_t **pp = &d->evqs;
+    while (*pp) {
+        sp_evq_t *q = *pp;
+        if (!q->head) {
+            *pp = q->next;
+            free(q);
+        } else {
+            pp = &q->next;
+        }
+    }
+}
+
+void sp__alloc_process_events(sp_devalloc_t *d) {
+    for (sp_evq_t *q = d->evqs; q; q = q->next) {
+        /* FIFO per stream: stop at the first event not done, so a slow stream delays only its
+         * own queue. */
+        while (q->head) {
+            bool done = false;
+            if (sp__g.ops->event_query(d->device, q->head->event, &done) != SP_SUCCESS || !done)
+                break;
+            sp_evq_entry_t *e = q->head;
+            q->head = e->next;
+            if (!q->head)
+                q->tail = NULL;
+            entry_done(d, e);
+        }
+    }
+    drop_empty_queues(d);
+}
+
+void sp__alloc_sync_events(sp_devalloc_t *d, const sp_mempool_t *pool) {
+    d->stats.num_sync_all_streams++;
+    for (sp_evq_t *q = d->evqs; q; q = q->next) {
+        sp_evq_entry_t *prev = NULL, *e = q->head;
+        while (e) {
+            sp_evq_entry_t *nx = e->next;
+            if (pool && e->block->seg->bpool->pool != pool) {
+                prev = e;
+                e = nx;
+                continue;
+            }
+            (void)sp__g.ops->event_sync(d->device, e->event); /* an error was logged there */
+            if (prev)
+                prev->next = nx;
+            else
+                q->head = nx;
+            if (q->tail == e)
+                q->tail = prev;
+            entry_done(d, e);
+            e = nx;
+        }
+    }
+    drop_empty_queues(d);
+}
+
+/* ---- releases ---------------------------------------------------------------------------- */
+
+size_t sp__alloc_release_pool(sp_devalloc_t *d, sp_mempool_t *pool, bool filter_stream,
+                              sp_stream_t stream) {
+    size_t freed = 0;
+    sp_segment_t *seg = pool->seg_head;
+    while (seg) {
+        sp_segment_t *nx = seg->pnext;
+        if (sp__block_releasable(seg->head) && (!filter_stream || seg->stream == stream)) {
+            freed += seg->size;
+            sp__alloc_release_segment(d, seg);
+        }
+        seg = nx;
+    }
+    return freed;
+}
+
+void sp__alloc_release_cached(sp_devalloc_t *d) {
+    sp__alloc_sync_events(d, NULL);
+    sp__alloc_release_pool(d, d->default_pool, false, NULL);
+    for (sp_mempool_t *p = d->pools; p; p = p->next)
+        if (!p->symmetric && atomic_load_explicit(&p->use_count, memory_order_relaxed) == 0)
+            sp__alloc_release_pool(d, p, false, NULL);
+}
+
+bool sp__alloc_release_available(sp_devalloc_t *d, sp_bpool_t *bp, size_t size,
+                                 sp_stream_t stream) {
+    size_t mss = sp__g.conf.max_split_size;
+    if (mss == SIZE_MAX || bp->pool->symmetric)
+        return false;
+    size_t key = size > mss ? size : mss;
+    sp_block_t *b = sp__bset_lower_bound(&bp->free, stream, key);
+    if (b && b->stream == stream && sp__block_releasable(b)) {
+        sp__alloc_release_segment(d, b->seg);
+        return true;
+    }
+    /* Otherwise release oversize whole-segment blocks of this stream, largest first, until
+     * `key` bytes are freed. */
+    size_t freed = 0;
+    while (freed < key) {
+        sp_segment_t *best = NULL;
+        for (sp_segment_t *s = bp->pool->seg_head; s; s = s->pnext)
+            if (s->bpool == bp && s->stream == stream && s->size >= mss &&
+                sp__block_releasable(s->head) && (!best || s->size > best->size))
+                best = s;
+        if (!best)
+            return false;
+        freed += best->size;
+        sp__alloc_release_segment(d, best);
+    }
+    return true;
+}
+
+/* garbage_collection_threshold: free whole cached segments of the default large pool, oldest
+ * (by the get_free_block clock) first, until reserved memory is back under the threshold. */
+void sp__alloc_gc(sp_devalloc_t *d) {
+    if (d->allowed_max == SIZE_MAX)
+        return;
+    size_t thresh = (size_t)(sp__g.conf.gc_threshold * (double)d->allowed_max);
+    if (d->total_reserved <= thresh)
+        return;
+    size_t target = d->total_reserved - thresh, freed = 0;
+    sp_bpool_t *bp = &d->default_pool->large;
+    while (freed < target) {
+        uint64_t total_age = 0, n = 0;
+        for (sp_segment_t *s = d->default_pool->seg_head; s; s = s->pnext) {
+            if (s->bpool == bp && sp__block_releasable(s->head)) {
+                total_age += bp->gfb_count - s->head->gc_count;
+                n++;
+            }
+        }
+        if (n == 0)
+            break;
+        double avg = (double)total_age / (double)n;
+        bool any = false;
+        sp_segment_t *s = d->default_pool->seg_head;
+        while (s && freed < target) {
+            sp_segment_t *nx = s->pnext;
+            if (s->bpool == bp && sp__block_releasable(s->head) &&
+                (double)(bp->gfb_count - s->head->gc_count) >= avg) {
+                freed += s->size;
+                sp__alloc_release_segment(d, s);
+                any = true;
+            }
+            s = nx;
+        }
+        if (!any)
+            break;
+    }
+}

@@ -1,0 +1,90 @@
+// test_alloc_sizes.cc: PyTorch's size rules on the host backend: 512-byte rounding and
+// roundup_power2_divisions, the small/large pool boundary at 1 MiB, and segment sizes
+// (2 MiB / large_segment_size / 2 MiB-rounded).
+#include "alloc_test_util.hpp"
+
+extern "C" size_t sp__round_size(size_t size);
+extern "C" size_t sp__roundup_power2_next_division(size_t size, size_t divisions);
+
+using namespace sp;
+
+class AllocSizes : public sp::Test {};
+
+TEST_F(AllocSizes, RoundingTable) {
+    ASSERT_SP_OK(sp_init());
+    EXPECT_EQ(sp__round_size(1), 512u);
+    EXPECT_EQ(sp__round_size(511), 512u);
+    EXPECT_EQ(sp__round_size(512), 512u);
+    EXPECT_EQ(sp__round_size(513), 1024u);
+    EXPECT_EQ(sp__round_size(1200), 1536u);
+    EXPECT_EQ(sp__round_size(MiB + 1), MiB + 512);
+    EXPECT_EQ(sp__round_size(100 * MiB + 3), 100 * MiB + 512);
+}
+
+TEST_F(AllocSizes, RoundupPower2Divisions) {
+    // The division step itself: 1200 with 4 divisions goes to the next 256 = 1280.
+    EXPECT_EQ(sp__roundup_power2_next_division(1200, 4), 1280u);
+    EXPECT_EQ(sp__roundup_power2_next_division(1024, 4), 1024u); // powers of two stay
+    EXPECT_EQ(sp__roundup_power2_next_division(MiB + 1, 4), MiB + 256 * KiB);
+    sp::ScopedEnv env({{"SYMPOOL_ALLOC_CONF", "roundup_power2_divisions:4"}});
+    ASSERT_SP_OK(sp_init());
+    // round_size applies divisions only above 512 * divisions (2048 here), as PyTorch does.
+    EXPECT_EQ(sp__round_size(1200), 1536u);
+    EXPECT_EQ(sp__round_size(2049), 2560u);
+    EXPECT_EQ(sp__round_size(3000), 3072u);
+    EXPECT_EQ(sp__round_size(MiB + 1), MiB + 256 * KiB);
+    EXPECT_EQ(sp__round_size(5 * MiB), 5 * MiB);
+    void *p = nullptr;
+    ASSERT_SP_OK(sp_malloc(MiB + 1, 0, nullptr, &p));
+    EXPECT_EQ(stat("allocated_bytes.all.current"), (int64_t)(MiB + 256 * KiB));
+    EXPECT_EQ(stat("requested_bytes.all.current"), (int64_t)(MiB + 1));
+    ASSERT_SP_OK(sp_free(p));
+}
+
+TEST_F(AllocSizes, PoolChoiceAtOneMiB) {
+    void *a = nullptr, *b = nullptr;
+    ASSERT_SP_OK(sp_malloc(MiB, 0, nullptr, &a));
+    EXPECT_EQ(stat("allocation.small_pool.current"), 1);
+    EXPECT_EQ(stat("allocation.large_pool.current"), 0);
+    ASSERT_SP_OK(sp_malloc(MiB + 1, 0, nullptr, &b));
+    EXPECT_EQ(stat("allocation.small_pool.current"), 1);
+    EXPECT_EQ(stat("allocation.large_pool.current"), 1);
+    EXPECT_EQ(stat("allocation.all.current"), 2);
+    ASSERT_SP_OK(sp_free(a));
+    ASSERT_SP_OK(sp_free(b));
+}
+
+TEST_F(AllocSizes, SegmentSizes) {
+    struct {
+        size_t req, seg;
+        const char *type;
+    } cases[] = {{1, 2 * MiB, "small_pool"},          {MiB, 2 * MiB, "small_pool"},
+                 {MiB + 1, 20 * MiB, "large_pool"},   {10 * MiB - 513, 20 * MiB, "large_pool"},
+                 {10 * MiB, 10 * MiB, "large_pool"},  {11 * MiB + 1, 12 * MiB, "large_pool"},
+                 {33 * MiB, 34 * MiB, "large_pool"}};
+    for (auto &c : cases) {
+        void *p = nullptr;
+        ASSERT_SP_OK(sp_malloc(c.req, 0, nullptr, &p));
+        std::string key = std::string("reserved_bytes.") + c.type + ".current";
+        EXPECT_EQ(stat(key.c_str()), (int64_t)c.seg) << "request " << c.req;
+        EXPECT_EQ(stat("segment.all.current"), 1) << "request " << c.req;
+        ASSERT_SP_OK(sp_free(p));
+        ASSERT_SP_OK(sp_empty_cache());
+        EXPECT_EQ(stat("reserved_bytes.all.current"), 0);
+    }
+}
+
+TEST_F(AllocSizes, LargeSegmentSizeOption) {
+    sp::ScopedEnv env({{"SYMPOOL_ALLOC_CONF", "large_segment_size_mb:64"}});
+    void *p = nullptr;
+    ASSERT_SP_OK(sp_malloc(2 * MiB, 0, nullptr, &p));
+    EXPECT_EQ(stat("reserved_bytes.all.current"), (int64_t)(64 * MiB));
+    ASSERT_SP_OK(sp_free(p));
+}
+
+TEST_F(AllocSizes, ZeroSizeGivesNull) {
+    void *p = &p;
+    ASSERT_SP_OK(sp_malloc(0, 0, nullptr, &p));
+    EXPECT_EQ(p, nullptr);
+    EXPECT_EQ(stat("num_device_alloc"), 0);
+}
