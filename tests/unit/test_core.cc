@@ -1,8 +1,8 @@
 // test_core.cc: core/ on its own: status names, the thread's last error, the size and bool parsers,
 // the SYMPOOL_* option table (each kind, defaults, warn-once, unknown names, sp__option_set),
 // PyTorch ALLOC_CONF parsing and precedence, the log line format, level/subsystem filtering, and
-// SYMPOOL_DEBUG_FILE. These tests link against core alone (plain ::testing::Test with their own
-// log capture and environment guard), so they do not depend on pool/ being built.
+// SYMPOOL_DEBUG_FILE. The fixture is sp::Test (unexpected WARN lines fail a test); variables are
+// set through sp::ScopedEnv.
 #include "sp_test.hpp"
 
 #include <unistd.h>
@@ -20,76 +20,27 @@
 
 namespace {
 
-// Sets (or, with nullptr, unsets) variables for one scope and re-reads the options on entry and exit.
-class Env {
-  public:
-    Env(std::initializer_list<std::pair<const char *, const char *>> vars) {
-        for (const auto &v : vars) {
-            const char *old = std::getenv(v.first);
-            saved_.push_back({v.first, {old != nullptr, old ? old : ""}});
-            if (v.second)
-                setenv(v.first, v.second, 1);
-            else
-                unsetenv(v.first);
-        }
-        sp__options_reload();
-    }
-    ~Env() {
-        for (const auto &s : saved_) {
-            if (s.second.first)
-                setenv(s.first.c_str(), s.second.second.c_str(), 1);
-            else
-                unsetenv(s.first.c_str());
-        }
-        sp__options_reload();
-    }
+using Env = sp::ScopedEnv;
 
-  private:
-    std::vector<std::pair<std::string, std::pair<bool, std::string>>> saved_;
-};
-
-struct Lines {
-    std::mutex mu;
-    std::vector<std::pair<sp_log_level_t, std::string>> v;
-};
-
+// Puts log lines into the fixture's capture again after a test sent them to a file.
 void capture(sp_log_level_t level, const char *line, void *arg) {
-    auto *l = static_cast<Lines *>(arg);
-    std::lock_guard<std::mutex> g(l->mu);
-    l->v.emplace_back(level, line);
+    auto *cap = static_cast<sp::LogCapture *>(arg);
+    std::lock_guard<std::mutex> g(cap->mu);
+    cap->lines.emplace_back(level, line);
 }
 
-// Like sp::Test for core: captures every log line and fails on a WARN the test did not expect.
-class CoreTest : public ::testing::Test {
+// sp::Test (fails on unexpected WARN lines) plus helpers over its log capture.
+class CoreTest : public sp::Test {
   protected:
-    void SetUp() override {
-        sp__error_clear();
-        sp__log_set_fn(capture, &lines_);
-    }
-    void TearDown() override {
-        sp__log_set_fn(nullptr, nullptr);
-        if (!warnings_expected_)
-            for (const auto &l : lines_.v)
-                if (l.first == SP_LOG_WARN)
-                    ADD_FAILURE() << "unexpected warning: " << l.second;
-    }
-    void expect_warnings() { warnings_expected_ = true; }
-    size_t count(sp_log_level_t level, const std::string &needle = "") {
-        std::lock_guard<std::mutex> g(lines_.mu);
-        size_t n = 0;
-        for (const auto &l : lines_.v)
-            if (l.first == level && l.second.find(needle) != std::string::npos)
-                n++;
-        return n;
+    size_t count(sp_log_level_t level, const std::string &needle = "") { return log_.count(level, needle); }
+    size_t n_lines() {
+        std::lock_guard<std::mutex> g(log_.mu);
+        return log_.lines.size();
     }
     std::string last_line() {
-        std::lock_guard<std::mutex> g(lines_.mu);
-        return lines_.v.empty() ? std::string() : lines_.v.back().second;
+        std::lock_guard<std::mutex> g(log_.mu);
+        return log_.lines.empty() ? std::string() : log_.lines.back().second;
     }
-    Lines lines_;
-
-  private:
-    bool warnings_expected_ = false;
 };
 
 constexpr int64_t KiB = 1024, MiB = 1024 * KiB, GiB = 1024 * MiB;
@@ -574,19 +525,19 @@ TEST_F(CoreTest, LevelsAndSubsystemMasks) {
 
     {
         Env env({{"SYMPOOL_DEBUG", "info"}, {"SYMPOOL_DEBUG_SUBSYS", "^POOL"}});
-        size_t before = lines_.v.size();
+        size_t before = n_lines();
         SP_INFO(SP_SUB_POOL, "pool info");
         SP_INFO(SP_SUB_INIT, "init info");
         SP_TRACE(SP_SUB_INIT, "init trace");
-        EXPECT_EQ(lines_.v.size(), before + 1);
+        EXPECT_EQ(n_lines(), before + 1);
         EXPECT_EQ(count(SP_LOG_INFO, "init info"), 1u);
         EXPECT_EQ(count(SP_LOG_INFO, "pool info"), 0u);
     }
     {
         Env env({{"SYMPOOL_DEBUG", "NONE"}});
-        size_t before = lines_.v.size();
+        size_t before = n_lines();
         SP_WARN(SP_SUB_ALL, "silent");
-        EXPECT_EQ(lines_.v.size(), before);
+        EXPECT_EQ(n_lines(), before);
     }
     {
         Env env({{"SYMPOOL_DEBUG", "TRACE"}, {"SYMPOOL_DEBUG_SUBSYS", "ENV"}});
@@ -621,7 +572,7 @@ TEST_F(CoreTest, DebugFileWithPidAndRank) {
             });
         for (auto &t : ts)
             t.join();
-        sp__log_set_fn(capture, &lines_);
+        sp__log_set_fn(capture, &log_);
     }
     std::string text = read_file(path);
     std::istringstream in(text);
@@ -646,7 +597,7 @@ TEST_F(CoreTest, DebugFileWithPidAndRank) {
         sp__log_set_rank(5);
         SP_WARN(SP_SUB_POOL, "after the rank");
         sp__log_set_rank(-1);
-        sp__log_set_fn(capture, &lines_);
+        sp__log_set_fn(capture, &log_);
     }
     std::string rtext = read_file(rpath);
     EXPECT_NE(rtext.find("[r5 d-] SYMPOOL WARN test_core.cc:"), std::string::npos) << rtext;
