@@ -1,0 +1,422 @@
+/*
+ * pickle_write.c: the structured emitter behind snapshots (pickle protocol 4 or JSON) and the
+ * atomic file writer. See pickle_write.h for the opcode set.
+ *
+ * Invariants: in pickle mode every open container has a MARK on the unpickler's stack at
+ * mark[depth-1]; items are flushed with SETITEMS/APPENDS every BATCH items (as CPython does) so
+ * that no unpickler has to splice an unbounded stack slice at once; an empty container leaves no
+ * MARK behind. Once `failed` is set every call is a no-op and finish reports the failure.
+ * No lock: an emitter belongs to one thread.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "core/core.h"
+#include "pool/pickle_write.h"
+
+#define BATCH 1000
+
+enum {
+    OP_MARK = '(', OP_STOP = '.', OP_BINFLOAT = 'G', OP_BININT = 'J', OP_BININT1 = 'K',
+    OP_BININT2 = 'M', OP_NONE = 'N', OP_BINUNICODE = 'X', OP_EMPTY_DICT = '}', OP_APPENDS = 'e',
+    OP_EMPTY_LIST = ']', OP_SETITEMS = 'u', OP_PROTO = 0x80, OP_TUPLE2 = 0x86, OP_NEWTRUE = 0x88,
+    OP_NEWFALSE = 0x89, OP_LONG1 = 0x8a, OP_SHORT_BINUNICODE = 0x8c
+};
+
+static void put(sp__emit_t *e, const void *p, size_t n) {
+    if (e->failed)
+        return;
+    if (e->len + n > e->cap) {
+        size_t cap = e->cap ? e->cap : 4096;
+        while (cap < e->len + n)
+            cap *= 2;
+        char *nb = realloc(e->buf, cap);
+        if (nb == NULL) {
+            e->failed = true;
+            return;
+        }
+        e->buf = nb;
+        e->cap = cap;
+    }
+    memcpy(e->buf + e->len, p, n);
+    e->len += n;
+}
+
+static void put1(sp__emit_t *e, unsigned c) {
+    unsigned char b = (unsigned char)c;
+    put(e, &b, 1);
+}
+
+static void puts_(sp__emit_t *e, const char *s) { put(e, s, strlen(s)); }
+
+void sp__emit_init(sp__emit_t *e, bool json) {
+    memset(e, 0, sizeof(*e));
+    e->json = json;
+    if (!json) {
+        put1(e, OP_PROTO);
+        put1(e, 4);
+    }
+}
+
+void sp__emit_discard(sp__emit_t *e) {
+    free(e->buf);
+    memset(e, 0, sizeof(*e));
+}
+
+sp_status_t sp__emit_finish(sp__emit_t *e, char **buf_p, size_t *len_p) {
+    if (!e->json)
+        put1(e, OP_STOP);
+    else
+        put1(e, '\n');
+    if (e->failed || e->depth != 0) {
+        bool oom = e->depth == 0;
+        sp__emit_discard(e);
+        return oom ? sp__error(SP_ERR_SYSTEM, SP_SUB_HISTORY, "out of host memory writing a snapshot")
+                   : sp__error(SP_ERR_INTERNAL, SP_SUB_HISTORY, "snapshot writer: unbalanced containers");
+    }
+    *buf_p = e->buf;
+    *len_p = e->len;
+    e->buf = NULL;
+    e->len = e->cap = 0;
+    return SP_SUCCESS;
+}
+
+/* Called before every item of a list and every key of a dict: commas (JSON) and batching. */
+static void before_item(sp__emit_t *e) {
+    if (e->depth == 0)
+        return;
+    int d = e->depth - 1;
+    if (e->json) {
+        if (e->count[d] > 0)
+            put1(e, ',');
+    } else if (e->count[d] > 0 && e->count[d] % BATCH == 0) {
+        put1(e, e->kind[d] == 'd' ? OP_SETITEMS : OP_APPENDS);
+        e->mark[d] = e->len;
+        put1(e, OP_MARK);
+    }
+    e->count[d]++;
+}
+
+/* Values in a list are items; values in a dict follow their key. */
+static void before_value(sp__emit_t *e) {
+    if (e->depth > 0 && e->kind[e->depth - 1] == 'l')
+        before_item(e);
+}
+
+static void open_container(sp__emit_t *e, char kind) {
+    before_value(e);
+    if (e->depth == SP__EMIT_MAX_DEPTH) {
+        e->failed = true;
+        return;
+    }
+    int d = e->depth++;
+    e->kind[d] = kind;
+    e->count[d] = 0;
+    if (e->json) {
+        put1(e, kind == 'd' ? '{' : '[');
+    } else {
+        put1(e, kind == 'd' ? OP_EMPTY_DICT : OP_EMPTY_LIST);
+        e->mark[d] = e->len;
+        put1(e, OP_MARK);
+    }
+}
+
+static void close_container(sp__emit_t *e, char kind) {
+    if (e->failed)
+        return;
+    if (e->depth == 0 || e->kind[e->depth - 1] != kind) {
+        e->failed = true;
+        return;
+    }
+    int d = --e->depth;
+    if (e->json) {
+        put1(e, kind == 'd' ? '}' : ']');
+    } else if (e->len == e->mark[d] + 1) {
+        e->len--; /* nothing since the MARK: drop it rather than write an empty SETITEMS */
+    } else {
+        put1(e, kind == 'd' ? OP_SETITEMS : OP_APPENDS);
+    }
+}
+
+void sp__emit_dict_begin(sp__emit_t *e) { open_container(e, 'd'); }
+void sp__emit_dict_end(sp__emit_t *e) { close_container(e, 'd'); }
+void sp__emit_list_begin(sp__emit_t *e) { open_container(e, 'l'); }
+void sp__emit_list_end(sp__emit_t *e) { close_container(e, 'l'); }
+
+/* Length of the valid UTF-8 sequence at s (1-4), or 0 when s starts an invalid one. */
+static size_t utf8_len(const unsigned char *s) {
+    unsigned c = s[0];
+    if (c < 0x80)
+        return 1;
+    size_t n = (c & 0xe0) == 0xc0 ? 2 : (c & 0xf0) == 0xe0 ? 3 : (c & 0xf8) == 0xf0 ? 4 : 0;
+    if (n == 0 || (n == 2 && c < 0xc2) || (n == 4 && c > 0xf4))
+        return 0;
+    for (size_t i = 1; i < n; i++)
+        if ((s[i] & 0xc0) != 0x80)
+            return 0;
+    if (n == 3 && ((c == 0xe0 && s[1] < 0xa0) || (c == 0xed && s[1] >= 0xa0)))
+        return 0; /* overlong or a surrogate */
+    if (n == 4 && ((c == 0xf0 && s[1] < 0x90) || (c == 0xf4 && s[1] >= 0x90)))
+        return 0;
+    return n;
+}
+
+static void put_str_pickle(sp__emit_t *e, const char *s) {
+    size_t n = strlen(s);
+    if (n <= 255) {
+        put1(e, OP_SHORT_BINUNICODE);
+        put1(e, (unsigned)n);
+    } else {
+        uint32_t n32 = n > UINT32_MAX ? UINT32_MAX : (uint32_t)n;
+        n = n32;
+        unsigned char le[4] = {n32 & 0xff, (n32 >> 8) & 0xff, (n32 >> 16) & 0xff, n32 >> 24};
+        put1(e, OP_BINUNICODE);
+        put(e, le, 4);
+    }
+    /* Copy, replacing each invalid byte with '?' so the length stays the same. */
+    const unsigned char *p = (const unsigned char *)s;
+    size_t i = 0;
+    while (i < n) {
+        size_t k = utf8_len(p + i);
+        if (k == 0 || i + k > n) {
+            put1(e, '?');
+            i++;
+        } else {
+            put(e, p + i, k);
+            i += k;
+        }
+    }
+}
+
+static void put_str_json(sp__emit_t *e, const char *s) {
+    const unsigned char *p = (const unsigned char *)s;
+    put1(e, '"');
+    while (*p) {
+        unsigned c = *p;
+        size_t k = utf8_len(p);
+        if (c == '"' || c == '\\') {
+            put1(e, '\\');
+            put1(e, c);
+        } else if (c < 0x20) {
+            char esc[8];
+            snprintf(esc, sizeof(esc), "\\u%04x", c);
+            puts_(e, esc);
+        } else if (k == 0) {
+            put1(e, '?');
+            k = 1;
+        } else {
+            put(e, p, k);
+            p += k;
+            continue;
+        }
+        p++;
+    }
+    put1(e, '"');
+}
+
+void sp__emit_key(sp__emit_t *e, const char *key) {
+    if (e->depth == 0 || e->kind[e->depth - 1] != 'd') {
+        e->failed = true;
+        return;
+    }
+    before_item(e);
+    if (e->json) {
+        put_str_json(e, key);
+        put1(e, ':');
+    } else {
+        put_str_pickle(e, key);
+    }
+}
+
+void sp__emit_str(sp__emit_t *e, const char *s) {
+    before_value(e);
+    if (s == NULL)
+        s = "";
+    if (e->json)
+        put_str_json(e, s);
+    else
+        put_str_pickle(e, s);
+}
+
+static void put_int_pickle(sp__emit_t *e, int64_t v) {
+    if (v >= 0 && v <= 0xff) {
+        put1(e, OP_BININT1);
+        put1(e, (unsigned)v);
+    } else if (v >= 0 && v <= 0xffff) {
+        put1(e, OP_BININT2);
+        put1(e, (unsigned)(v & 0xff));
+        put1(e, (unsigned)(v >> 8));
+    } else if (v >= INT32_MIN && v <= INT32_MAX) {
+        uint32_t u = (uint32_t)(int32_t)v;
+        unsigned char le[4] = {u & 0xff, (u >> 8) & 0xff, (u >> 16) & 0xff, u >> 24};
+        put1(e, OP_BININT);
+        put(e, le, 4);
+    } else {
+        /* LONG1: minimal little-endian two's complement. */
+        unsigned char le[8];
+        uint64_t u = (uint64_t)v;
+        size_t n = 8;
+        for (size_t i = 0; i < 8; i++)
+            le[i] = (unsigned char)(u >> (8 * i));
+        /* Drop high bytes that only repeat the sign of the byte below them. */
+        while (n > 1 && ((le[n - 1] == 0x00 && !(le[n - 2] & 0x80)) ||
+                         (le[n - 1] == 0xff && (le[n - 2] & 0x80))))
+            n--;
+        put1(e, OP_LONG1);
+        put1(e, (unsigned)n);
+        put(e, le, n);
+    }
+}
+
+void sp__emit_int(sp__emit_t *e, int64_t v) {
+    before_value(e);
+    if (e->json) {
+        char b[32];
+        snprintf(b, sizeof(b), "%lld", (long long)v);
+        puts_(e, b);
+    } else {
+        put_int_pickle(e, v);
+    }
+}
+
+void sp__emit_uint(sp__emit_t *e, uint64_t v) {
+    if (v <= (uint64_t)INT64_MAX) {
+        sp__emit_int(e, (int64_t)v);
+        return;
+    }
+    before_value(e);
+    if (e->json) {
+        char b[32];
+        snprintf(b, sizeof(b), "%llu", (unsigned long long)v);
+        puts_(e, b);
+    } else {
+        unsigned char le[9];
+        for (size_t i = 0; i < 8; i++)
+            le[i] = (unsigned char)(v >> (8 * i));
+        le[8] = 0; /* keeps it positive */
+        put1(e, OP_LONG1);
+        put1(e, 9);
+        put(e, le, 9);
+    }
+}
+
+void sp__emit_double(sp__emit_t *e, double v) {
+    before_value(e);
+    if (e->json) {
+        char b[40];
+        if (!isfinite(v))
+            snprintf(b, sizeof(b), "null");
+        else
+            snprintf(b, sizeof(b), "%.17g", v);
+        puts_(e, b);
+        return;
+    }
+    uint64_t u;
+    memcpy(&u, &v, sizeof(u));
+    unsigned char be[8];
+    for (size_t i = 0; i < 8; i++)
+        be[i] = (unsigned char)(u >> (56 - 8 * i));
+    put1(e, OP_BINFLOAT);
+    put(e, be, 8);
+}
+
+void sp__emit_bool(sp__emit_t *e, bool v) {
+    before_value(e);
+    if (e->json)
+        puts_(e, v ? "true" : "false");
+    else
+        put1(e, v ? OP_NEWTRUE : OP_NEWFALSE);
+}
+
+void sp__emit_none(sp__emit_t *e) {
+    before_value(e);
+    if (e->json)
+        puts_(e, "null");
+    else
+        put1(e, OP_NONE);
+}
+
+void sp__emit_tuple2(sp__emit_t *e, int64_t a, int64_t b) {
+    if (e->json) {
+        sp__emit_list_begin(e);
+        sp__emit_int(e, a);
+        sp__emit_int(e, b);
+        sp__emit_list_end(e);
+        return;
+    }
+    before_value(e);
+    put_int_pickle(e, a);
+    put_int_pickle(e, b);
+    put1(e, OP_TUPLE2);
+}
+
+/* ---- atomic file write ------------------------------------------------------------------ */
+
+static void fsync_dir_of(const char *path) {
+    char dir[PATH_MAX];
+    const char *slash = strrchr(path, '/');
+    if (slash == NULL)
+        snprintf(dir, sizeof(dir), ".");
+    else if (slash == path)
+        snprintf(dir, sizeof(dir), "/");
+    else
+        snprintf(dir, sizeof(dir), "%.*s", (int)(slash - path), path);
+    int fd = open(dir, O_RDONLY | O_DIRECTORY);
+    if (fd >= 0) {
+        (void)fsync(fd); /* durability of the rename; best effort on filesystems without it */
+        close(fd);
+    }
+}
+
+sp_status_t sp__file_write_atomic(const char *path, const void *buf, size_t len) {
+    SP_ARG_CHECK(path != NULL && path[0] != '\0', SP_SUB_HISTORY, "snapshot path is NULL or empty");
+    char tmp[PATH_MAX];
+    int n = snprintf(tmp, sizeof(tmp), "%s.tmp.XXXXXX", path);
+    SP_ARG_CHECK(n > 0 && (size_t)n < sizeof(tmp), SP_SUB_HISTORY, "snapshot path too long: %s", path);
+    int fd = mkstemp(tmp);
+    if (fd < 0)
+        return sp__error(SP_ERR_SYSTEM, SP_SUB_HISTORY, "cannot create a temporary file next to %s: %s",
+                         path, strerror(errno));
+    const char *p = buf;
+    size_t left = len;
+    while (left > 0) {
+        ssize_t w = write(fd, p, left);
+        if (w < 0 && errno == EINTR)
+            continue;
+        if (w <= 0) {
+            int err = errno;
+            close(fd);
+            unlink(tmp);
+            return sp__error(SP_ERR_SYSTEM, SP_SUB_HISTORY, "cannot write %s: %s", tmp, strerror(err));
+        }
+        p += w;
+        left -= (size_t)w;
+    }
+    /* mkstemp makes the file 0600; snapshots are ordinary user files. */
+    (void)fchmod(fd, 0644);
+    int rs = fsync(fd);
+    int err = errno;
+    if (close(fd) != 0 && rs == 0) {
+        rs = -1;
+        err = errno;
+    }
+    if (rs != 0) {
+        unlink(tmp);
+        return sp__error(SP_ERR_SYSTEM, SP_SUB_HISTORY, "cannot flush %s: %s", tmp, strerror(err));
+    }
+    if (rename(tmp, path) != 0) {
+        err = errno;
+        unlink(tmp);
+        return sp__error(SP_ERR_SYSTEM, SP_SUB_HISTORY, "cannot rename %s to %s: %s", tmp, path,
+                         strerror(err));
+    }
+    fsync_dir_of(path);
+    return SP_SUCCESS;
+}

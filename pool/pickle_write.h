@@ -1,0 +1,70 @@
+/*
+ * pickle_write.h: a small structured emitter that writes the same tree either as a pickle
+ * (protocol 4, using only the opcodes PyTorch's MemoryViz.js unpickler accepts) or as JSON, and
+ * an atomic file writer. snapshot.c builds snapshots with it; tools/ and tests use it to write
+ * synthetic traces. Not thread-safe: one emitter per writer.
+ *
+ * Opcodes used (pickle): PROTO 4, EMPTY_DICT, EMPTY_LIST, MARK, SETITEMS, APPENDS, TUPLE2,
+ * BININT1, BININT2, BININT, LONG1, BINFLOAT, SHORT_BINUNICODE, BINUNICODE, NONE, NEWTRUE,
+ * NEWFALSE, STOP. No FRAME, no memo: every object is written once.
+ */
+#ifndef SP_PICKLE_WRITE_H
+#define SP_PICKLE_WRITE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "sympool/status.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define SP__EMIT_MAX_DEPTH 32
+
+typedef struct sp__emit {
+    char *buf;             /* output bytes */
+    size_t len;            /* bytes written */
+    size_t cap;            /* bytes allocated */
+    bool json;             /* JSON instead of pickle */
+    bool failed;           /* out of memory or misuse; every later call is a no-op */
+    int depth;             /* open containers */
+    size_t mark[SP__EMIT_MAX_DEPTH];  /* pickle: offset of the container's MARK */
+    size_t count[SP__EMIT_MAX_DEPTH]; /* items (dict: keys + values) written in the container */
+    char kind[SP__EMIT_MAX_DEPTH];    /* 'd' dict, 'l' list */
+} sp__emit_t;
+
+/* Start a document (pickle: PROTO 4). */
+void sp__emit_init(sp__emit_t *e, bool json);
+/* Finish it (pickle: STOP) and hand back the bytes (caller frees *buf_p). SP_ERR_SYSTEM when out
+ * of memory, SP_ERR_INTERNAL when containers are unbalanced. Frees the buffer on failure. */
+sp_status_t sp__emit_finish(sp__emit_t *e, char **buf_p, size_t *len_p);
+void sp__emit_discard(sp__emit_t *e);
+
+void sp__emit_dict_begin(sp__emit_t *e);
+void sp__emit_dict_end(sp__emit_t *e);
+void sp__emit_list_begin(sp__emit_t *e);
+void sp__emit_list_end(sp__emit_t *e);
+/* A dict key; the value follows with one of the value calls. */
+void sp__emit_key(sp__emit_t *e, const char *key);
+
+void sp__emit_int(sp__emit_t *e, int64_t v);
+void sp__emit_uint(sp__emit_t *e, uint64_t v);
+void sp__emit_double(sp__emit_t *e, double v); /* JSON: NaN and infinities become null */
+void sp__emit_str(sp__emit_t *e, const char *s); /* invalid UTF-8 bytes become '?' */
+void sp__emit_bool(sp__emit_t *e, bool v);
+void sp__emit_none(sp__emit_t *e);
+/* A 2-tuple of ints (pickle TUPLE2; a 2-item list in JSON). */
+void sp__emit_tuple2(sp__emit_t *e, int64_t a, int64_t b);
+
+/* Write len bytes to path atomically: a temporary file in the same directory, fsync, rename over
+ * path, fsync of the directory. On failure the temporary is removed and path is unchanged.
+ * SP_ERR_INVALID_ARGUMENT (NULL/empty path), SP_ERR_SYSTEM (with the errno text). */
+sp_status_t sp__file_write_atomic(const char *path, const void *buf, size_t len);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* SP_PICKLE_WRITE_H */

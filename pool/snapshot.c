@@ -1,0 +1,410 @@
+/*
+ * snapshot.c: PyTorch-compatible memory snapshots (torch.cuda.memory._snapshot()) of the whole
+ * process (sp_dump_snapshot) or of one pool (sp_mempool_dump_snapshot), written as pickle
+ * protocol 4 or JSON (".json" path) through pickle_write.c, atomically.
+ *
+ * Consistency: the segments come from sp__pool_walk, which holds every device's allocator lock
+ * for the whole walk (pool/segments.c); the traces are copied from inside the visitor at its
+ * first call, so under those same locks. Segments, blocks and traces therefore describe one
+ * instant, and the trace replays backwards to the segment state, which is what MemoryViz.js's
+ * "Allocator State History" needs. (sp__pool_locked cannot be used around the walk: the locks
+ * are not recursive.) When there is no segment at all the traces are copied after the walk; an
+ * allocation racing with that dump may then show a segment_alloc without its segment.
+ *
+ * Every dump appends a `snapshot` entry (addr 0, size = active bytes) to each device's trace, as
+ * PyTorch does, and shows it in the file it writes. No lock of its own; the collection is local.
+ */
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "core/core.h"
+#include "pool/history_int.h"
+#include "pool/pickle_write.h"
+#include "pool/pool_internal.h"
+#include "sympool/history.h"
+#include "sympool/pool.h"
+
+typedef struct seg_copy {
+    sp_segment_view_t view; /* copied view; blocks points into the collection's block array */
+    size_t first_block;     /* index of its first block in collect.blocks */
+} seg_copy_t;
+
+typedef struct trace_copy {
+    bool copied;              /* taken already */
+    sp__trace_entry_t *e;     /* chronological, with context references */
+    size_t n;                 /* entries */
+    size_t active;            /* active bytes of the device's walked segments */
+} trace_copy_t;
+
+typedef struct collect {
+    const sp_mempool_t *pool;     /* NULL: whole process */
+    sp_mempool_id_t pool_id;      /* when pool != NULL */
+    seg_copy_t *segs;             /* segments in walk order */
+    size_t nsegs, segs_alloc;
+    sp_block_view_t *blocks;      /* every segment's blocks, back to back */
+    size_t nblocks, blocks_alloc;
+    trace_copy_t *traces;         /* one per device index */
+    int ndev;                     /* entries in traces */
+    bool failed;                  /* out of memory in the visitor */
+    sp_status_t status;           /* the first failure */
+} collect_t;
+
+static bool grow(void **p, size_t *alloc, size_t need, size_t elem) {
+    if (need <= *alloc)
+        return true;
+    size_t n = *alloc ? *alloc : 64;
+    while (n < need)
+        n *= 2;
+    void *np = realloc(*p, n * elem);
+    if (np == NULL)
+        return false;
+    *p = np;
+    *alloc = n;
+    return true;
+}
+
+static void copy_trace(collect_t *c, int device) {
+    if (device < 0 || device >= c->ndev || c->traces[device].copied)
+        return;
+    trace_copy_t *t = &c->traces[device];
+    sp_status_t s = sp__history_copy(device, &t->e, &t->n);
+    if (s != SP_SUCCESS) {
+        c->failed = true;
+        c->status = s;
+        return;
+    }
+    t->copied = true;
+}
+
+/* Runs under the device's allocator lock: copy, take context references, nothing else. */
+static void visit(const sp_segment_view_t *seg, void *arg) {
+    collect_t *c = arg;
+    if (c->failed)
+        return;
+    /* The walk holds every device's lock for its whole duration, so the first visit is the
+     * moment to copy every trace in the same state as the segments. */
+    for (int d = 0; d < c->ndev; d++)
+        copy_trace(c, d);
+    if (!grow((void **)&c->segs, &c->segs_alloc, c->nsegs + 1, sizeof(*c->segs)) ||
+        !grow((void **)&c->blocks, &c->blocks_alloc, c->nblocks + seg->nblocks, sizeof(*c->blocks))) {
+        c->failed = true;
+        c->status = SP_ERR_SYSTEM;
+        return;
+    }
+    seg_copy_t *sc = &c->segs[c->nsegs++];
+    sc->view = *seg;
+    sc->view.blocks = NULL;
+    sc->view.pool_name = NULL; /* not exported; its storage belongs to the pool */
+    sc->first_block = c->nblocks;
+    sp__history_context_retain(seg->context);
+    for (size_t i = 0; i < seg->nblocks; i++) {
+        c->blocks[c->nblocks++] = seg->blocks[i];
+        sp__history_context_retain(seg->blocks[i].context);
+    }
+    if (seg->device >= 0 && seg->device < c->ndev)
+        c->traces[seg->device].active += seg->active_size;
+}
+
+static void collect_free(collect_t *c) {
+    for (size_t i = 0; i < c->nsegs; i++)
+        sp__history_context_release(c->segs[i].view.context);
+    for (size_t i = 0; i < c->nblocks; i++)
+        sp__history_context_release(c->blocks[i].context);
+    for (int d = 0; d < c->ndev; d++)
+        sp__history_entries_free(c->traces[d].e, c->traces[d].n);
+    free(c->segs);
+    free(c->blocks);
+    free(c->traces);
+}
+
+/* ---- writing ---------------------------------------------------------------------------- */
+
+static void emit_frames(sp__emit_t *e, uint32_t context) {
+    const sp__history_frame_t *f;
+    size_t n;
+    sp__history_context_frames(context, &f, &n);
+    sp__emit_list_begin(e);
+    for (size_t i = 0; i < n; i++) {
+        sp__emit_dict_begin(e);
+        sp__emit_key(e, "filename");
+        sp__emit_str(e, f[i].filename);
+        sp__emit_key(e, "line");
+        sp__emit_int(e, f[i].line);
+        sp__emit_key(e, "name");
+        sp__emit_str(e, f[i].name);
+        sp__emit_dict_end(e);
+    }
+    sp__emit_list_end(e);
+}
+
+static const char *state_name(sp_block_state_t s) {
+    switch (s) {
+    case SP_BLOCK_ACTIVE_ALLOCATED: return "active_allocated";
+    case SP_BLOCK_ACTIVE_PENDING_FREE: return "active_pending_free";
+    default: return "inactive";
+    }
+}
+
+static void emit_segment(sp__emit_t *e, const collect_t *c, const seg_copy_t *sc) {
+    const sp_segment_view_t *v = &sc->view;
+    sp__emit_dict_begin(e);
+    sp__emit_key(e, "device");
+    sp__emit_int(e, v->device);
+    sp__emit_key(e, "address");
+    sp__emit_uint(e, v->address);
+    sp__emit_key(e, "total_size");
+    sp__emit_uint(e, v->total_size);
+    sp__emit_key(e, "allocated_size");
+    sp__emit_uint(e, v->allocated_size);
+    sp__emit_key(e, "active_size");
+    sp__emit_uint(e, v->active_size);
+    sp__emit_key(e, "requested_size");
+    sp__emit_uint(e, v->requested_size);
+    sp__emit_key(e, "stream");
+    sp__emit_uint(e, v->stream);
+    sp__emit_key(e, "segment_type");
+    sp__emit_str(e, v->is_small ? "small" : "large");
+    sp__emit_key(e, "segment_pool_id");
+    sp__emit_tuple2(e, (int64_t)v->pool_id.first, (int64_t)v->pool_id.second);
+    sp__emit_key(e, "is_expandable");
+    sp__emit_bool(e, v->is_expandable);
+    sp__emit_key(e, "frames");
+    emit_frames(e, v->context);
+    sp__emit_key(e, "blocks");
+    sp__emit_list_begin(e);
+    uintptr_t addr = v->address;
+    for (size_t i = 0; i < v->nblocks; i++) {
+        const sp_block_view_t *b = &c->blocks[sc->first_block + i];
+        sp__emit_dict_begin(e);
+        sp__emit_key(e, "address");
+        sp__emit_uint(e, addr); /* PyTorch: segment address + earlier sizes (== b->address) */
+        sp__emit_key(e, "size");
+        sp__emit_uint(e, b->size);
+        sp__emit_key(e, "requested_size");
+        sp__emit_uint(e, b->requested_size);
+        sp__emit_key(e, "state");
+        sp__emit_str(e, state_name(b->state));
+        sp__emit_key(e, "frames");
+        emit_frames(e, b->context);
+        sp__emit_dict_end(e);
+        addr += b->size;
+    }
+    sp__emit_list_end(e);
+    sp__emit_dict_end(e);
+}
+
+static void emit_trace_entry(sp__emit_t *e, const sp__trace_entry_t *t) {
+    sp__emit_dict_begin(e);
+    sp__emit_key(e, "action");
+    sp__emit_str(e, sp__history_action_name(t->action));
+    sp__emit_key(e, t->action == SP_TRACE_OOM ? "device_free" : "addr");
+    sp__emit_uint(e, t->addr);
+    sp__emit_key(e, "size");
+    sp__emit_uint(e, t->size);
+    sp__emit_key(e, "stream");
+    sp__emit_uint(e, t->stream);
+    sp__emit_key(e, "time_us");
+    sp__emit_int(e, t->time_us);
+    sp__emit_key(e, "compile_context");
+    sp__emit_str(e, "N/A");
+    if (t->context != 0) {
+        sp__emit_key(e, "frames");
+        emit_frames(e, t->context);
+    }
+    sp__emit_dict_end(e);
+}
+
+static void emit_settings(sp__emit_t *e) {
+    sp_alloc_conf_t conf;
+    sp__alloc_conf_get(&conf);
+    sp__emit_dict_begin(e);
+    sp__emit_key(e, "PYTORCH_CUDA_ALLOC_CONF");
+    sp__emit_str(e, conf.conf_text);
+    sp__emit_key(e, "max_split_size");
+    sp__emit_int(e, conf.max_split_size == SIZE_MAX ? -1 : (int64_t)conf.max_split_size);
+    sp__emit_key(e, "garbage_collection_threshold");
+    sp__emit_double(e, conf.gc_threshold);
+    sp__emit_key(e, "expandable_segments");
+    sp__emit_bool(e, conf.expandable_segments);
+    sp__emit_key(e, "pinned_num_register_threads");
+    sp__emit_int(e, 1);
+    sp__emit_key(e, "release_lock_on_cudamalloc");
+    sp__emit_bool(e, false);
+    sp__emit_key(e, "pinned_use_cuda_host_register");
+    sp__emit_bool(e, false);
+    sp__emit_key(e, "graph_capture_record_stream_reuse");
+    sp__emit_bool(e, false);
+    sp__emit_key(e, "roundup_power2_divisions");
+    sp__emit_dict_begin(e);
+    for (int i = 0; i < 16; i++) {
+        char key[16];
+        snprintf(key, sizeof(key), "%d", 1 << i);
+        sp__emit_key(e, key);
+        sp__emit_int(e, conf.roundup_divisions[i]);
+    }
+    sp__emit_dict_end(e);
+    sp__emit_dict_end(e);
+}
+
+static bool same_pool(sp_mempool_id_t a, sp_mempool_id_t b) {
+    return a.first == b.first && a.second == b.second;
+}
+
+static void emit_snapshot(sp__emit_t *e, const collect_t *c) {
+    sp__emit_dict_begin(e);
+    sp__emit_key(e, "segments");
+    sp__emit_list_begin(e);
+    for (size_t i = 0; i < c->nsegs; i++)
+        emit_segment(e, c, &c->segs[i]);
+    sp__emit_list_end(e);
+    sp__emit_key(e, "device_traces");
+    sp__emit_list_begin(e);
+    for (int d = 0; d < c->ndev; d++) {
+        const trace_copy_t *t = &c->traces[d];
+        sp__emit_list_begin(e);
+        for (size_t i = 0; i < t->n; i++) {
+            /* A pool's snapshot keeps only that pool's events (and the snapshot marks), so that
+             * replaying them backwards meets only the pool's segments. */
+            if (c->pool != NULL && t->e[i].action != SP_TRACE_SNAPSHOT &&
+                !same_pool(t->e[i].pool, c->pool_id))
+                continue;
+            emit_trace_entry(e, &t->e[i]);
+        }
+        sp__emit_list_end(e);
+    }
+    sp__emit_list_end(e);
+    sp__emit_key(e, "allocator_settings");
+    emit_settings(e);
+    sp__emit_key(e, "external_annotations");
+    sp__emit_list_begin(e);
+    sp__emit_list_end(e);
+    sp__emit_dict_end(e);
+}
+
+static bool ends_with(const char *s, const char *suffix) {
+    size_t n = strlen(s), k = strlen(suffix);
+    return n >= k && strcmp(s + n - k, suffix) == 0;
+}
+
+/* The rank for "%r": pool/ sits below launch/, so it reads what the MPI launchers export (the
+ * same variables sympoolrun and mpirun set); a process outside any launcher is rank 0. */
+static int launcher_rank(void) {
+    static const char *const vars[] = {"OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK",
+                                       "SLURM_PROCID"};
+    for (size_t i = 0; i < sizeof(vars) / sizeof(vars[0]); i++) {
+        const char *v = getenv(vars[i]);
+        if (v != NULL && *v != '\0')
+            return atoi(v);
+    }
+    return 0;
+}
+
+/* Expand %r (rank), %p (pid), %h (host) and %% in a snapshot path, as the log file pattern does
+ * (DESIGN.md: sp_dump_snapshot("rank%r.pickle")). */
+static sp_status_t expand_path(const char *pattern, char *out, size_t cap) {
+    size_t o = 0;
+    for (const char *p = pattern; *p; p++) {
+        char piece[256];
+        if (p[0] == '%' && p[1] == 'r') {
+            snprintf(piece, sizeof(piece), "%d", launcher_rank());
+            p++;
+        } else if (p[0] == '%' && p[1] == 'p') {
+            snprintf(piece, sizeof(piece), "%ld", (long)getpid());
+            p++;
+        } else if (p[0] == '%' && p[1] == 'h') {
+            if (gethostname(piece, sizeof(piece)) != 0)
+                snprintf(piece, sizeof(piece), "unknown");
+            piece[sizeof(piece) - 1] = '\0';
+            p++;
+        } else if (p[0] == '%' && p[1] == '%') {
+            snprintf(piece, sizeof(piece), "%%");
+            p++;
+        } else {
+            piece[0] = *p;
+            piece[1] = '\0';
+        }
+        size_t k = strlen(piece);
+        if (o + k + 1 > cap)
+            return sp__error(SP_ERR_INVALID_ARGUMENT, SP_SUB_HISTORY, "snapshot path too long: %s",
+                             pattern);
+        memcpy(out + o, piece, k);
+        o += k;
+    }
+    out[o] = '\0';
+    return SP_SUCCESS;
+}
+
+/* The whole dump: collect (under the allocator locks), write, release. */
+static sp_status_t dump(const sp_mempool_t *pool, const char *pattern) {
+    SP_ARG_CHECK(pattern != NULL && pattern[0] != '\0', SP_SUB_HISTORY,
+                 "snapshot path is NULL or empty");
+    char path[PATH_MAX];
+    SP_CHECK(expand_path(pattern, path, sizeof(path)));
+    collect_t c;
+    memset(&c, 0, sizeof(c));
+    c.pool = pool;
+    if (pool != NULL)
+        c.pool_id = sp_mempool_id(pool);
+    int ndev = sp_device_count();
+    int nhist = sp__history_device_count();
+    c.ndev = ndev > nhist ? ndev : nhist;
+    if (c.ndev < 1)
+        c.ndev = 1;
+    c.traces = calloc((size_t)c.ndev, sizeof(*c.traces));
+    if (c.traces == NULL)
+        return sp__error(SP_ERR_SYSTEM, SP_SUB_HISTORY, "out of host memory for a snapshot");
+
+    sp_status_t s = sp__pool_walk(pool != NULL ? sp__mempool_device(pool) : -1, pool, visit, &c);
+    if (s == SP_SUCCESS && c.failed)
+        s = c.status == SP_ERR_SYSTEM
+                ? sp__error(SP_ERR_SYSTEM, SP_SUB_HISTORY, "out of host memory for a snapshot")
+                : c.status;
+    if (s != SP_SUCCESS) {
+        collect_free(&c);
+        return s;
+    }
+    for (int d = 0; d < c.ndev && !c.failed; d++)
+        copy_trace(&c, d);
+    if (c.failed) {
+        s = c.status;
+        collect_free(&c);
+        return s;
+    }
+    /* PyTorch appends a `snapshot` entry to every device's history on each snapshot; it is in
+     * the ring for later dumps, and in this file as the last entry. */
+    int64_t now = sp__epoch_us();
+    for (int d = 0; d < c.ndev; d++) {
+        trace_copy_t *t = &c.traces[d];
+        if (!sp__history_enabled())
+            break;
+        sp__history_record(d, SP_TRACE_SNAPSHOT, 0, t->active, 0, c.pool_id, 0);
+        sp__trace_entry_t *ne = realloc(t->e, (t->n + 1) * sizeof(*ne));
+        if (ne == NULL)
+            continue; /* the file simply lacks the marker */
+        t->e = ne;
+        t->e[t->n++] = (sp__trace_entry_t){SP_TRACE_SNAPSHOT, 0, t->active, 0, c.pool_id, now, 0};
+    }
+
+    sp__emit_t e;
+    sp__emit_init(&e, ends_with(path, ".json"));
+    emit_snapshot(&e, &c);
+    collect_free(&c);
+    char *buf = NULL;
+    size_t len = 0;
+    SP_CHECK(sp__emit_finish(&e, &buf, &len));
+    s = sp__file_write_atomic(path, buf, len);
+    free(buf);
+    if (s == SP_SUCCESS)
+        SP_INFO(SP_SUB_HISTORY, "wrote snapshot %s (%zu bytes)", path, len);
+    return s;
+}
+
+SP_EXPORT sp_status_t sp_dump_snapshot(const char *path) { return dump(NULL, path); }
+
+SP_EXPORT sp_status_t sp_mempool_dump_snapshot(const sp_mempool_t *pool, const char *path) {
+    SP_ARG_CHECK(pool != NULL, SP_SUB_HISTORY, "sp_mempool_dump_snapshot: pool is NULL");
+    return dump(pool, path);
+}

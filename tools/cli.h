@@ -1,0 +1,54 @@
+/*
+ * cli.h: the `sympool` command's subcommands (one file each) and the replay engine that tests
+ * drive directly. Everything here runs in the CLI process only; the library is used through its
+ * public API.
+ */
+#ifndef SP_TOOLS_CLI_H
+#define SP_TOOLS_CLI_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "tools/trace.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+int sp_cli_info(int argc, char **argv);
+int sp_cli_replay(int argc, char **argv);
+int sp_cli_plot(int argc, char **argv);
+
+/* What one replay measured. Bytes are summed over devices (each device's own peak). */
+typedef struct replay_result {
+    size_t trace_entries;       /* entries in every device trace */
+    size_t events;              /* allocator calls made: allocs + frees replayed */
+    size_t allocs, frees;       /* of which */
+    size_t seeded_blocks;       /* blocks allocated before the trace started (seeds) */
+    uint64_t seeded_bytes;      /* their requested bytes */
+    size_t ooms;                /* our allocations that failed with OUT_OF_MEMORY */
+    size_t skipped_frees;       /* frees of blocks we never got (OOM'ed) */
+    size_t recorded_ooms;       /* oom events in the recorded trace */
+    int64_t peak_requested;     /* ours: requested_bytes.all.peak */
+    int64_t peak_allocated;     /* ours: allocated_bytes.all.peak */
+    int64_t peak_reserved;      /* ours: reserved_bytes.all.peak */
+    uint64_t pytorch_peak_reserved;  /* PyTorch's, reconstructed from the trace */
+    uint64_t pytorch_final_reserved; /* sum of the final segments */
+    uint64_t trace_peak_requested;   /* seeds + allocs - frees, over the trace */
+    double ns_per_event;        /* wall time of the event loop / events */
+    int devices;                /* devices replayed */
+} replay_result_t;
+
+/* Replay t on the current sympool (already configured: host backend, options). The seeds are
+ * allocated first, then every event in order. When snapshot_out is set, history is recorded and
+ * a snapshot of the replay written there before the blocks are freed. Every block is freed at
+ * the end. Returns false with a reason (sympool failures other than OOM). */
+bool replay_trace(const tr_trace_t *t, const char *snapshot_out, replay_result_t *r, char *err,
+                  size_t errlen);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* SP_TOOLS_CLI_H */

@@ -1,0 +1,729 @@
+/*
+ * pickle_read.c: the restricted pickle reader (see pickle_read.h). It is a plain opcode loop over
+ * a byte buffer with an explicit value stack, a stack of MARK positions and a memo array.
+ *
+ * Invariants: every read is preceded by a bounds check against the bytes left (lengths from the
+ * input are compared with `len - pos`, never added to pos first, so nothing overflows); an opcode
+ * only touches the stack above the innermost MARK, as CPython's metastack does; every value is
+ * allocated from the document's arena and counted against max_values. Errors name the offset of
+ * the opcode being decoded. No globals, no lock.
+ */
+#include "tools/pickle_read.h"
+
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define VALUES_PER_CHUNK 4096
+#define STR_CHUNK (256 * 1024)
+
+typedef struct vchunk {
+    struct vchunk *next;              /* older chunk */
+    size_t used;                      /* values used in v */
+    pk_value_t v[VALUES_PER_CHUNK];   /* the values */
+} vchunk_t;
+
+typedef struct schunk {
+    struct schunk *next; /* older chunk */
+    size_t used, cap;    /* bytes used / available in data */
+    char data[];         /* string bytes */
+} schunk_t;
+
+struct pk_doc {
+    vchunk_t *values;     /* value arena */
+    schunk_t *strings;    /* string arena */
+    size_t nvalues;       /* values made */
+    const pk_value_t *root; /* the unpickled object */
+};
+
+typedef struct parser {
+    const unsigned char *p; /* input */
+    size_t len, pos;        /* input size and cursor */
+    size_t op;              /* offset of the opcode being decoded */
+    pk_doc_t *doc;          /* arena */
+    pk_limits_t lim;        /* bounds */
+    pk_value_t **stack;     /* value stack */
+    size_t sp, scap;        /* stack depth / allocated */
+    size_t *marks;          /* stack depths at each open MARK */
+    size_t nmarks;          /* open MARKs */
+    pk_value_t **memo;      /* memo by index (NULL = unset) */
+    size_t memocap;         /* allocated memo slots */
+    size_t memoused;        /* set memo slots (what MEMOIZE uses as the next index) */
+    char *err;              /* message buffer */
+    size_t errlen;          /* its size */
+} parser_t;
+
+void pk_limits_default(pk_limits_t *lim) {
+    lim->max_depth = 64;
+    lim->max_memo = (size_t)1 << 24;
+    lim->max_values = (size_t)1 << 26;
+    lim->max_str = (size_t)1 << 28;
+}
+
+static bool fail(parser_t *ps, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static bool fail(parser_t *ps, const char *fmt, ...) {
+    char what[200];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(what, sizeof(what), fmt, ap);
+    va_end(ap);
+    if (ps->err != NULL && ps->errlen > 0)
+        snprintf(ps->err, ps->errlen, "pickle: %s at offset %zu", what, ps->op);
+    return false;
+}
+
+/* ---- arena ------------------------------------------------------------------------------ */
+
+static pk_value_t *new_value(parser_t *ps, pk_type_t type) {
+    pk_doc_t *d = ps->doc;
+    if (d->nvalues >= ps->lim.max_values) {
+        fail(ps, "more than %zu values", ps->lim.max_values);
+        return NULL;
+    }
+    if (d->values == NULL || d->values->used == VALUES_PER_CHUNK) {
+        vchunk_t *c = malloc(sizeof(*c));
+        if (c == NULL) {
+            fail(ps, "out of memory");
+            return NULL;
+        }
+        c->next = d->values;
+        c->used = 0;
+        d->values = c;
+    }
+    pk_value_t *v = &d->values->v[d->values->used++];
+    d->nvalues++;
+    memset(v, 0, sizeof(*v));
+    v->type = type;
+    return v;
+}
+
+static char *new_bytes(parser_t *ps, const unsigned char *src, size_t n) {
+    pk_doc_t *d = ps->doc;
+    if (d->strings == NULL || d->strings->cap - d->strings->used < n + 1) {
+        size_t cap = n + 1 > STR_CHUNK ? n + 1 : STR_CHUNK;
+        schunk_t *c = malloc(sizeof(*c) + cap);
+        if (c == NULL) {
+            fail(ps, "out of memory");
+            return NULL;
+        }
+        c->next = d->strings;
+        c->used = 0;
+        c->cap = cap;
+        d->strings = c;
+    }
+    char *s = d->strings->data + d->strings->used;
+    memcpy(s, src, n);
+    s[n] = '\0';
+    d->strings->used += n + 1;
+    return s;
+}
+
+static bool is_container(const pk_value_t *v) {
+    return v->type == PK_LIST || v->type == PK_TUPLE || v->type == PK_DICT;
+}
+
+void pk_free(pk_doc_t *doc) {
+    if (doc == NULL)
+        return;
+    for (vchunk_t *c = doc->values, *n; c != NULL; c = n) {
+        n = c->next;
+        for (size_t i = 0; i < c->used; i++)
+            if (is_container(&c->v[i]))
+                free(c->v[i].u.seq.items);
+        free(c);
+    }
+    for (schunk_t *c = doc->strings, *n; c != NULL; c = n) {
+        n = c->next;
+        free(c);
+    }
+    free(doc);
+}
+
+static bool seq_add(parser_t *ps, pk_value_t *seq, pk_value_t *item) {
+    if (seq->u.seq.n == seq->u.seq.cap) {
+        size_t cap = seq->u.seq.cap ? seq->u.seq.cap * 2 : 4;
+        pk_value_t **ni = realloc(seq->u.seq.items, cap * sizeof(*ni));
+        if (ni == NULL)
+            return fail(ps, "out of memory");
+        seq->u.seq.items = ni;
+        seq->u.seq.cap = cap;
+    }
+    seq->u.seq.items[seq->u.seq.n++] = item;
+    return true;
+}
+
+/* ---- stack ------------------------------------------------------------------------------ */
+
+static size_t base(const parser_t *ps) { return ps->nmarks ? ps->marks[ps->nmarks - 1] : 0; }
+
+static bool push(parser_t *ps, pk_value_t *v) {
+    if (v == NULL)
+        return false;
+    if (ps->sp == ps->scap) {
+        size_t cap = ps->scap ? ps->scap * 2 : 256;
+        pk_value_t **ns = realloc(ps->stack, cap * sizeof(*ns));
+        if (ns == NULL)
+            return fail(ps, "out of memory");
+        ps->stack = ns;
+        ps->scap = cap;
+    }
+    ps->stack[ps->sp++] = v;
+    return true;
+}
+
+/* Require n values above the innermost MARK. */
+static bool need_stack(parser_t *ps, size_t n, const char *opname) {
+    if (ps->sp - base(ps) < n)
+        return fail(ps, "%s needs %zu value%s on the stack", opname, n, n == 1 ? "" : "s");
+    return true;
+}
+
+/* Pop to the innermost MARK: the items are stack[*first_p .. sp) until the next push. */
+static bool pop_mark(parser_t *ps, size_t *first_p, const char *opname) {
+    if (ps->nmarks == 0)
+        return fail(ps, "%s without MARK", opname);
+    *first_p = ps->marks[--ps->nmarks];
+    return true;
+}
+
+/* ---- input ------------------------------------------------------------------------------ */
+
+static bool need(parser_t *ps, size_t n, const char *opname) {
+    if (n > ps->len - ps->pos)
+        return fail(ps, "truncated %s (needs %zu bytes, %zu left)", opname, n, ps->len - ps->pos);
+    return true;
+}
+
+static uint64_t le_uint(const unsigned char *b, size_t n) {
+    uint64_t v = 0;
+    for (size_t i = 0; i < n; i++)
+        v |= (uint64_t)b[i] << (8 * i);
+    return v;
+}
+
+/* Two's complement little-endian of n bytes -> int64 (false if it does not fit). */
+static bool le_int(const unsigned char *b, size_t n, int64_t *out) {
+    if (n == 0) {
+        *out = 0;
+        return true;
+    }
+    size_t k = n > 8 ? 8 : n;
+    uint64_t u = le_uint(b, k);
+    bool neg = (b[k - 1] & 0x80) != 0;
+    for (size_t i = 8; i < n; i++)
+        if (b[i] != (neg ? 0xff : 0x00))
+            return false;
+    if (n > 8 && ((b[n - 1] & 0x80) != 0) != neg)
+        return false;
+    if (k < 8 && neg)
+        u |= ~(uint64_t)0 << (8 * k);
+    *out = (int64_t)u;
+    return true;
+}
+
+static bool push_str(parser_t *ps, pk_type_t type, size_t n, const char *opname) {
+    if (!need(ps, n, opname))
+        return false;
+    if (n > ps->lim.max_str)
+        return fail(ps, "%s of %zu bytes exceeds the limit of %zu", opname, n, ps->lim.max_str);
+    pk_value_t *v = new_value(ps, type);
+    if (v == NULL)
+        return false;
+    char *s = new_bytes(ps, ps->p + ps->pos, n);
+    if (s == NULL)
+        return false;
+    v->u.str.s = s;
+    v->u.str.len = n;
+    ps->pos += n;
+    return push(ps, v);
+}
+
+static bool memo_put(parser_t *ps, size_t idx) {
+    if (!need_stack(ps, 1, "memo put"))
+        return false;
+    if (idx >= ps->lim.max_memo)
+        return fail(ps, "memo index %zu exceeds the limit of %zu", idx, ps->lim.max_memo);
+    if (idx >= ps->memocap) {
+        size_t cap = ps->memocap ? ps->memocap : 1024;
+        while (cap <= idx)
+            cap *= 2;
+        pk_value_t **nm = realloc(ps->memo, cap * sizeof(*nm));
+        if (nm == NULL)
+            return fail(ps, "out of memory");
+        memset(nm + ps->memocap, 0, (cap - ps->memocap) * sizeof(*nm));
+        ps->memo = nm;
+        ps->memocap = cap;
+    }
+    if (ps->memo[idx] == NULL)
+        ps->memoused++;
+    ps->memo[idx] = ps->stack[ps->sp - 1];
+    return true;
+}
+
+static bool memo_get(parser_t *ps, size_t idx) {
+    if (idx >= ps->memocap || ps->memo[idx] == NULL)
+        return fail(ps, "memo key %zu is not defined", idx);
+    return push(ps, ps->memo[idx]);
+}
+
+/* Names of opcodes we refuse because they build arbitrary objects or call code. */
+static const char *forbidden_name(unsigned op) {
+    switch (op) {
+    case 'c': return "GLOBAL";
+    case 0x93: return "STACK_GLOBAL";
+    case 'R': return "REDUCE";
+    case 'b': return "BUILD";
+    case 'i': return "INST";
+    case 'o': return "OBJ";
+    case 0x81: return "NEWOBJ";
+    case 0x92: return "NEWOBJ_EX";
+    case 0x82: return "EXT1";
+    case 0x83: return "EXT2";
+    case 0x84: return "EXT4";
+    case 'P': return "PERSID";
+    case 'Q': return "BINPERSID";
+    case 0x97: return "NEXT_BUFFER";
+    case 0x98: return "READONLY_BUFFER";
+    default: return NULL;
+    }
+}
+
+/* Protocol-0 text opcodes: harmless but never written by protocols 2-5 picklers for our data. */
+static const char *text_name(unsigned op) {
+    switch (op) {
+    case 'I': return "INT";
+    case 'L': return "LONG";
+    case 'F': return "FLOAT";
+    case 'S': return "STRING";
+    case 'V': return "UNICODE";
+    case 'p': return "PUT";
+    case 'g': return "GET";
+    case 0x8f: return "EMPTY_SET";
+    case 0x90: return "ADDITEMS";
+    case 0x91: return "FROZENSET";
+    default: return NULL;
+    }
+}
+
+/* Build a dict/list/tuple from stack[first..sp) and replace those items with it. */
+static bool collapse(parser_t *ps, size_t first, pk_type_t type, const char *opname) {
+    size_t n = ps->sp - first;
+    if (type == PK_DICT && n % 2 != 0)
+        return fail(ps, "%s with an odd number of items", opname);
+    pk_value_t *v = new_value(ps, type);
+    if (v == NULL)
+        return false;
+    for (size_t i = first; i < ps->sp; i++)
+        if (!seq_add(ps, v, ps->stack[i]))
+            return false;
+    ps->sp = first;
+    return push(ps, v);
+}
+
+/* Add stack[first..sp) to the container just below `first` (SETITEMS/APPENDS). */
+static bool extend(parser_t *ps, size_t first, pk_type_t type, const char *opname) {
+    if (first == 0 || first - 1 < base(ps))
+        return fail(ps, "%s has no target", opname);
+    pk_value_t *target = ps->stack[first - 1];
+    if (target->type != type)
+        return fail(ps, "%s target is not a %s", opname, type == PK_DICT ? "dict" : "list");
+    size_t n = ps->sp - first;
+    if (type == PK_DICT && n % 2 != 0)
+        return fail(ps, "%s with an odd number of items", opname);
+    for (size_t i = first; i < ps->sp; i++)
+        if (!seq_add(ps, target, ps->stack[i]))
+            return false;
+    ps->sp = first;
+    return true;
+}
+
+static bool run(parser_t *ps) {
+    int64_t iv;
+    while (ps->pos < ps->len) {
+        ps->op = ps->pos;
+        unsigned op = ps->p[ps->pos++];
+        const unsigned char *a = ps->p + ps->pos; /* argument bytes (after need()) */
+        size_t first;
+        switch (op) {
+        case 0x80: /* PROTO */
+            if (!need(ps, 1, "PROTO"))
+                return false;
+            if (a[0] < 2 || a[0] > 5)
+                return fail(ps, "protocol %u not supported (2-5 are)", a[0]);
+            ps->pos++;
+            break;
+        case 0x95: /* FRAME: a length hint we only validate */
+            if (!need(ps, 8, "FRAME"))
+                return false;
+            if (le_uint(a, 8) > ps->len - ps->pos - 8)
+                return fail(ps, "FRAME of %llu bytes runs past the end",
+                            (unsigned long long)le_uint(a, 8));
+            ps->pos += 8;
+            break;
+        case '.': /* STOP */
+            if (ps->nmarks != 0)
+                return fail(ps, "STOP with an open MARK");
+            if (ps->sp != 1)
+                return fail(ps, "STOP with %zu values on the stack (1 expected)", ps->sp);
+            ps->doc->root = ps->stack[0];
+            return true;
+        case '(': /* MARK */
+            if (ps->nmarks == ps->lim.max_depth)
+                return fail(ps, "nesting deeper than %zu", ps->lim.max_depth);
+            ps->marks[ps->nmarks++] = ps->sp;
+            break;
+        case '0': /* POP */
+            if (ps->sp > base(ps))
+                ps->sp--;
+            else if (!pop_mark(ps, &first, "POP"))
+                return false;
+            break;
+        case '1': /* POP_MARK */
+            if (!pop_mark(ps, &first, "POP_MARK"))
+                return false;
+            ps->sp = first;
+            break;
+        case '2': /* DUP */
+            if (!need_stack(ps, 1, "DUP") || !push(ps, ps->stack[ps->sp - 1]))
+                return false;
+            break;
+        case 'N':
+            if (!push(ps, new_value(ps, PK_NONE)))
+                return false;
+            break;
+        case 0x88: /* NEWTRUE */
+        case 0x89: { /* NEWFALSE */
+            pk_value_t *v = new_value(ps, PK_BOOL);
+            if (v == NULL)
+                return false;
+            v->u.b = op == 0x88;
+            if (!push(ps, v))
+                return false;
+            break;
+        }
+        case 'J': /* BININT */
+        case 'K': /* BININT1 */
+        case 'M': { /* BININT2 */
+            size_t n = op == 'J' ? 4 : op == 'K' ? 1 : 2;
+            if (!need(ps, n, op == 'J' ? "BININT" : op == 'K' ? "BININT1" : "BININT2"))
+                return false;
+            iv = op == 'J' ? (int64_t)(int32_t)(uint32_t)le_uint(a, 4) : (int64_t)le_uint(a, n);
+            ps->pos += n;
+            pk_value_t *v = new_value(ps, PK_INT);
+            if (v == NULL)
+                return false;
+            v->u.i = iv;
+            if (!push(ps, v))
+                return false;
+            break;
+        }
+        case 0x8a: /* LONG1 */
+        case 0x8b: { /* LONG4 */
+            const char *name = op == 0x8a ? "LONG1" : "LONG4";
+            size_t hdr = op == 0x8a ? 1 : 4;
+            if (!need(ps, hdr, name))
+                return false;
+            uint64_t n64 = le_uint(a, hdr);
+            if (op == 0x8b && (n64 & 0x80000000u))
+                return fail(ps, "LONG4 with a negative length");
+            ps->pos += hdr;
+            if (!need(ps, (size_t)n64, name))
+                return false;
+            if (!le_int(ps->p + ps->pos, (size_t)n64, &iv))
+                return fail(ps, "%s integer wider than 64 bits", name);
+            ps->pos += (size_t)n64;
+            pk_value_t *v = new_value(ps, PK_INT);
+            if (v == NULL)
+                return false;
+            v->u.i = iv;
+            if (!push(ps, v))
+                return false;
+            break;
+        }
+        case 'G': { /* BINFLOAT, big-endian */
+            if (!need(ps, 8, "BINFLOAT"))
+                return false;
+            uint64_t u = 0;
+            for (int i = 0; i < 8; i++)
+                u = (u << 8) | a[i];
+            ps->pos += 8;
+            pk_value_t *v = new_value(ps, PK_FLOAT);
+            if (v == NULL)
+                return false;
+            memcpy(&v->u.f, &u, sizeof(u));
+            if (!push(ps, v))
+                return false;
+            break;
+        }
+        case 0x8c: /* SHORT_BINUNICODE */
+        case 'C':  /* SHORT_BINBYTES */
+        case 'U':  /* SHORT_BINSTRING */
+            if (!need(ps, 1, "string length"))
+                return false;
+            ps->pos++;
+            if (!push_str(ps, op == 0x8c ? PK_STR : PK_BYTES, a[0], "string"))
+                return false;
+            break;
+        case 'X': /* BINUNICODE */
+        case 'B': /* BINBYTES */
+        case 'T': { /* BINSTRING (signed length) */
+            if (!need(ps, 4, "string length"))
+                return false;
+            uint64_t n = le_uint(a, 4);
+            if (op == 'T' && (n & 0x80000000u))
+                return fail(ps, "BINSTRING with a negative length");
+            ps->pos += 4;
+            if (!push_str(ps, op == 'X' ? PK_STR : PK_BYTES, (size_t)n, "string"))
+                return false;
+            break;
+        }
+        case 0x8d: /* BINUNICODE8 */
+        case 0x8e: /* BINBYTES8 */
+        case 0x96: { /* BYTEARRAY8 */
+            if (!need(ps, 8, "string length"))
+                return false;
+            uint64_t n = le_uint(a, 8);
+            ps->pos += 8;
+            if (n > ps->len - ps->pos)
+                return fail(ps, "truncated string (needs %llu bytes, %zu left)",
+                            (unsigned long long)n, ps->len - ps->pos);
+            if (!push_str(ps, op == 0x8d ? PK_STR : PK_BYTES, (size_t)n, "string"))
+                return false;
+            break;
+        }
+        case '}': /* EMPTY_DICT */
+            if (!push(ps, new_value(ps, PK_DICT)))
+                return false;
+            break;
+        case ']': /* EMPTY_LIST */
+            if (!push(ps, new_value(ps, PK_LIST)))
+                return false;
+            break;
+        case ')': /* EMPTY_TUPLE */
+            if (!push(ps, new_value(ps, PK_TUPLE)))
+                return false;
+            break;
+        case 'd': /* DICT */
+            if (!pop_mark(ps, &first, "DICT") || !collapse(ps, first, PK_DICT, "DICT"))
+                return false;
+            break;
+        case 'l': /* LIST */
+            if (!pop_mark(ps, &first, "LIST") || !collapse(ps, first, PK_LIST, "LIST"))
+                return false;
+            break;
+        case 't': /* TUPLE */
+            if (!pop_mark(ps, &first, "TUPLE") || !collapse(ps, first, PK_TUPLE, "TUPLE"))
+                return false;
+            break;
+        case 0x85: /* TUPLE1 */
+        case 0x86: /* TUPLE2 */
+        case 0x87: { /* TUPLE3 */
+            size_t n = op - 0x84;
+            if (!need_stack(ps, n, "TUPLEn") || !collapse(ps, ps->sp - n, PK_TUPLE, "TUPLEn"))
+                return false;
+            break;
+        }
+        case 's': /* SETITEM */
+            if (!need_stack(ps, 3, "SETITEM") || !extend(ps, ps->sp - 2, PK_DICT, "SETITEM"))
+                return false;
+            break;
+        case 'u': /* SETITEMS */
+            if (!pop_mark(ps, &first, "SETITEMS") || !extend(ps, first, PK_DICT, "SETITEMS"))
+                return false;
+            break;
+        case 'a': /* APPEND */
+            if (!need_stack(ps, 2, "APPEND") || !extend(ps, ps->sp - 1, PK_LIST, "APPEND"))
+                return false;
+            break;
+        case 'e': /* APPENDS */
+            if (!pop_mark(ps, &first, "APPENDS") || !extend(ps, first, PK_LIST, "APPENDS"))
+                return false;
+            break;
+        case 'q': /* BINPUT */
+            if (!need(ps, 1, "BINPUT"))
+                return false;
+            ps->pos++;
+            if (!memo_put(ps, a[0]))
+                return false;
+            break;
+        case 'r': /* LONG_BINPUT */
+            if (!need(ps, 4, "LONG_BINPUT"))
+                return false;
+            ps->pos += 4;
+            if (!memo_put(ps, (size_t)le_uint(a, 4)))
+                return false;
+            break;
+        case 0x94: /* MEMOIZE */
+            if (!memo_put(ps, ps->memoused))
+                return false;
+            break;
+        case 'h': /* BINGET */
+            if (!need(ps, 1, "BINGET"))
+                return false;
+            ps->pos++;
+            if (!memo_get(ps, a[0]))
+                return false;
+            break;
+        case 'j': /* LONG_BINGET */
+            if (!need(ps, 4, "LONG_BINGET"))
+                return false;
+            ps->pos += 4;
+            if (!memo_get(ps, (size_t)le_uint(a, 4)))
+                return false;
+            break;
+        default: {
+            const char *name = forbidden_name(op);
+            if (name != NULL)
+                return fail(ps, "opcode %s not allowed", name);
+            name = text_name(op);
+            if (name != NULL)
+                return fail(ps, "opcode %s not supported", name);
+            return fail(ps, "unknown opcode 0x%02x", op);
+        }
+        }
+    }
+    ps->op = ps->pos;
+    return fail(ps, "truncated pickle (no STOP)");
+}
+
+bool pk_parse(const void *buf, size_t len, const pk_limits_t *lim, pk_doc_t **doc_p, char *err,
+              size_t errlen) {
+    parser_t ps;
+    memset(&ps, 0, sizeof(ps));
+    ps.p = buf;
+    ps.len = buf != NULL ? len : 0;
+    ps.err = err;
+    ps.errlen = errlen;
+    if (lim != NULL)
+        ps.lim = *lim;
+    else
+        pk_limits_default(&ps.lim);
+    if (ps.lim.max_depth == 0)
+        ps.lim.max_depth = 1;
+    ps.doc = calloc(1, sizeof(*ps.doc));
+    ps.marks = malloc(ps.lim.max_depth * sizeof(*ps.marks));
+    bool ok;
+    if (ps.doc == NULL || ps.marks == NULL)
+        ok = fail(&ps, "out of memory");
+    else if (ps.len == 0)
+        ok = fail(&ps, "empty input");
+    else
+        ok = run(&ps);
+    free(ps.stack);
+    free(ps.marks);
+    free(ps.memo);
+    if (!ok) {
+        pk_free(ps.doc);
+        return false;
+    }
+    *doc_p = ps.doc;
+    return true;
+}
+
+bool pk_parse_file(const char *path, size_t max_bytes, const pk_limits_t *lim, pk_doc_t **doc_p,
+                   char *err, size_t errlen) {
+    FILE *f = fopen(path, "rb");
+    if (f == NULL) {
+        snprintf(err, errlen, "cannot open %s: %s", path, strerror(errno));
+        return false;
+    }
+    size_t cap = 1 << 20, len = 0;
+    unsigned char *buf = malloc(cap);
+    bool ok = buf != NULL;
+    while (ok) {
+        if (len == cap) {
+            if (cap >= max_bytes) {
+                snprintf(err, errlen, "%s is larger than %zu bytes", path, max_bytes);
+                ok = false;
+                break;
+            }
+            cap = cap * 2 > max_bytes ? max_bytes : cap * 2;
+            unsigned char *nb = realloc(buf, cap);
+            if (nb == NULL) {
+                ok = false;
+                break;
+            }
+            buf = nb;
+        }
+        size_t n = fread(buf + len, 1, cap - len, f);
+        len += n;
+        if (n == 0) {
+            if (ferror(f)) {
+                snprintf(err, errlen, "cannot read %s: %s", path, strerror(errno));
+                ok = false;
+            }
+            break;
+        }
+    }
+    fclose(f);
+    if (buf == NULL)
+        snprintf(err, errlen, "out of memory reading %s", path);
+    if (ok)
+        ok = pk_parse(buf, len, lim, doc_p, err, errlen);
+    free(buf);
+    return ok;
+}
+
+/* ---- accessors -------------------------------------------------------------------------- */
+
+const pk_value_t *pk_root(const pk_doc_t *doc) { return doc ? doc->root : NULL; }
+
+const pk_value_t *pk_get(const pk_value_t *dict, const char *key) {
+    if (dict == NULL || dict->type != PK_DICT)
+        return NULL;
+    size_t klen = strlen(key);
+    for (size_t i = dict->u.seq.n; i >= 2; i -= 2) {
+        const pk_value_t *k = dict->u.seq.items[i - 2];
+        if (k->type == PK_STR && k->u.str.len == klen && memcmp(k->u.str.s, key, klen) == 0)
+            return dict->u.seq.items[i - 1];
+    }
+    return NULL;
+}
+
+size_t pk_len(const pk_value_t *seq) {
+    if (seq == NULL || !is_container(seq))
+        return 0;
+    return seq->type == PK_DICT ? seq->u.seq.n / 2 : seq->u.seq.n;
+}
+
+const pk_value_t *pk_at(const pk_value_t *seq, size_t i) {
+    if (seq == NULL || (seq->type != PK_LIST && seq->type != PK_TUPLE) || i >= seq->u.seq.n)
+        return NULL;
+    return seq->u.seq.items[i];
+}
+
+bool pk_int(const pk_value_t *v, int64_t *out) {
+    if (v == NULL)
+        return false;
+    if (v->type == PK_INT)
+        *out = v->u.i;
+    else if (v->type == PK_BOOL)
+        *out = v->u.b;
+    else
+        return false;
+    return true;
+}
+
+bool pk_num(const pk_value_t *v, double *out) {
+    int64_t i;
+    if (v != NULL && v->type == PK_FLOAT) {
+        *out = v->u.f;
+        return true;
+    }
+    if (!pk_int(v, &i))
+        return false;
+    *out = (double)i;
+    return true;
+}
+
+const char *pk_str(const pk_value_t *v) {
+    return v != NULL && v->type == PK_STR ? v->u.str.s : NULL;
+}
+
+bool pk_get_int(const pk_value_t *dict, const char *key, int64_t *out) {
+    return pk_int(pk_get(dict, key), out);
+}
+
+const char *pk_get_str(const pk_value_t *dict, const char *key) { return pk_str(pk_get(dict, key)); }

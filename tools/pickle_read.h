@@ -1,0 +1,91 @@
+/*
+ * pickle_read.h: a restricted pickle reader for PyTorch memory snapshots (protocols 2-5).
+ *
+ * Only data opcodes are accepted: dicts, lists, tuples, ints up to 64 bits, floats, str, bytes,
+ * bools, None, the memo and FRAME. Anything that could name or run code (GLOBAL, STACK_GLOBAL,
+ * REDUCE, BUILD, INST, OBJ, NEWOBJ, EXT*, PERSID, buffers) is rejected with
+ * "opcode GLOBAL at offset N not allowed". Every malformed, truncated or oversized input gives a
+ * one-line error naming the byte offset; nothing aborts. Sizes, nesting and memo are bounded.
+ *
+ * The result is a graph of pk_value_t in one arena (the memo lets a value appear many times, so
+ * consumers must not assume a tree; nothing here walks it recursively). Not thread-safe per
+ * document; documents are independent.
+ */
+#ifndef SP_TOOLS_PICKLE_READ_H
+#define SP_TOOLS_PICKLE_READ_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum {
+    PK_NONE,
+    PK_BOOL,
+    PK_INT,
+    PK_FLOAT,
+    PK_STR,
+    PK_BYTES,
+    PK_LIST,
+    PK_TUPLE,
+    PK_DICT
+} pk_type_t;
+
+typedef struct pk_value pk_value_t;
+struct pk_value {
+    pk_type_t type;
+    union {
+        bool b;
+        int64_t i;
+        double f;
+        struct {
+            const char *s; /* NUL-terminated copy in the arena (may contain NULs for bytes) */
+            size_t len;    /* bytes */
+        } str;
+        struct {
+            pk_value_t **items; /* lists and tuples: items; dicts: key0, val0, key1, val1, ... */
+            size_t n;           /* entries in items */
+            size_t cap;         /* allocated entries */
+        } seq;
+    } u;
+};
+
+typedef struct pk_limits {
+    size_t max_depth;      /* open MARKs at once (default 64) */
+    size_t max_memo;       /* memo entries (default 1 << 24) */
+    size_t max_values;     /* values created (default 1 << 26) */
+    size_t max_str;        /* bytes of one string (default 1 << 28) */
+} pk_limits_t;
+
+typedef struct pk_doc pk_doc_t;
+
+void pk_limits_default(pk_limits_t *lim);
+
+/* Parse buf[0..len). On success *doc_p owns the values and pk_root() is the top object; on failure
+ * returns false and writes "pickle: <what> at offset N" into err. lim may be NULL (defaults). */
+bool pk_parse(const void *buf, size_t len, const pk_limits_t *lim, pk_doc_t **doc_p, char *err,
+              size_t errlen);
+/* Read a whole file (at most max_bytes) and parse it. */
+bool pk_parse_file(const char *path, size_t max_bytes, const pk_limits_t *lim, pk_doc_t **doc_p,
+                   char *err, size_t errlen);
+const pk_value_t *pk_root(const pk_doc_t *doc);
+void pk_free(pk_doc_t *doc);
+
+/* Accessors; all accept NULL and return NULL / false on a type mismatch. */
+const pk_value_t *pk_get(const pk_value_t *dict, const char *key); /* last value for a str key */
+size_t pk_len(const pk_value_t *seq);                              /* list/tuple/dict entries */
+const pk_value_t *pk_at(const pk_value_t *seq, size_t i);          /* list or tuple item */
+bool pk_int(const pk_value_t *v, int64_t *out);                   /* int or bool */
+bool pk_num(const pk_value_t *v, double *out);                    /* int, bool or float */
+const char *pk_str(const pk_value_t *v);                           /* str value or NULL */
+bool pk_get_int(const pk_value_t *dict, const char *key, int64_t *out);
+const char *pk_get_str(const pk_value_t *dict, const char *key);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* SP_TOOLS_PICKLE_READ_H */

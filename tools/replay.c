@@ -1,0 +1,338 @@
+/*
+ * replay.c: `sympool replay TRACE`: replays a PyTorch memory snapshot's trace through sympool on
+ * the host backend and compares our peaks with what PyTorch reserved in the recorded run.
+ *
+ * The replay makes the same requests in the same order: first the seeds (blocks live before
+ * recording began, trace.c), then every `alloc` (sp_malloc of the recorded request on a stream
+ * mapped from the recorded one) and every `free_requested` (sp_free of the block that the
+ * recorded address maps to). free_completed, segment and oom events are PyTorch's own decisions
+ * and are only used for the comparison. Addresses are mapped through a hash map; an allocation
+ * that fails with OUT_OF_MEMORY (with --capacity) is counted and its later free skipped.
+ * No globals, no lock: one replay at a time per process.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include <sympool/sympool.h>
+
+#include "core/core.h" /* sp__option_set: the CLI's --conf and --capacity */
+
+#include "tools/cli.h"
+
+static uint64_t now_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+typedef struct dev_state {
+    tr_map_t blocks;  /* recorded address -> our pointer */
+    tr_map_t streams; /* recorded stream -> sp_stream_t */
+} dev_state_t;
+
+static bool stream_for(dev_state_t *ds, int dev, uint64_t recorded, sp_stream_t *s_p, char *err,
+                       size_t errlen) {
+    uintptr_t v;
+    if (recorded == 0) {
+        *s_p = NULL;
+        return true;
+    }
+    if (tr_map_get(&ds->streams, recorded, &v)) {
+        *s_p = (sp_stream_t)v;
+        return true;
+    }
+    sp_stream_t s;
+    sp_status_t st = sp_stream_create(dev, &s);
+    if (st != SP_SUCCESS) {
+        snprintf(err, errlen, "sp_stream_create: %s: %s", sp_status_name(st), sp_last_error());
+        return false;
+    }
+    if (!tr_map_put(&ds->streams, recorded, (uintptr_t)s)) {
+        snprintf(err, errlen, "out of memory");
+        return false;
+    }
+    *s_p = s;
+    return true;
+}
+
+/* One allocation; OOM is counted, anything else is an error. */
+static bool do_alloc(dev_state_t *ds, int dev, uint64_t addr, uint64_t size, uint64_t stream,
+                     replay_result_t *r, char *err, size_t errlen) {
+    sp_stream_t s;
+    if (!stream_for(ds, dev, stream, &s, err, errlen))
+        return false;
+    void *p = NULL;
+    sp_status_t st = sp_malloc((size_t)size, dev, s, &p);
+    if (st == SP_ERR_OUT_OF_MEMORY) {
+        r->ooms++;
+        return true;
+    }
+    if (st != SP_SUCCESS) {
+        snprintf(err, errlen, "sp_malloc(%llu): %s: %s", (unsigned long long)size,
+                 sp_status_name(st), sp_last_error());
+        return false;
+    }
+    if (p == NULL)
+        return true; /* a 0-byte request: nothing to free later */
+    if (!tr_map_put(&ds->blocks, addr, (uintptr_t)p)) {
+        sp_free(p);
+        snprintf(err, errlen, "out of memory");
+        return false;
+    }
+    return true;
+}
+
+static bool do_free(dev_state_t *ds, uint64_t addr, replay_result_t *r, char *err, size_t errlen) {
+    uintptr_t p;
+    if (!tr_map_del(&ds->blocks, addr, &p)) {
+        r->skipped_frees++;
+        return true;
+    }
+    sp_status_t st = sp_free((void *)p);
+    if (st != SP_SUCCESS) {
+        snprintf(err, errlen, "sp_free: %s: %s", sp_status_name(st), sp_last_error());
+        return false;
+    }
+    return true;
+}
+
+static void free_all(dev_state_t *ds) {
+    for (size_t i = 0; i < ds->blocks.cap; i++)
+        if (ds->blocks.keys[i] != 0)
+            (void)sp_free((void *)ds->blocks.vals[i]);
+    for (size_t i = 0; i < ds->streams.cap; i++)
+        if (ds->streams.keys[i] != 0)
+            (void)sp_stream_destroy((sp_stream_t)ds->streams.vals[i]);
+    tr_map_free(&ds->blocks);
+    tr_map_free(&ds->streams);
+}
+
+static int64_t stat_of(int dev, const char *key) {
+    sp_stats_t st;
+    int64_t v = 0;
+    if (sp_memory_stats(dev, &st) == SP_SUCCESS)
+        (void)sp_stats_get(&st, key, &v);
+    return v;
+}
+
+bool replay_trace(const tr_trace_t *t, const char *snapshot_out, replay_result_t *r, char *err,
+                  size_t errlen) {
+    memset(r, 0, sizeof(*r));
+    int ndev = sp_device_count();
+    if (t->ndev > ndev) {
+        snprintf(err, errlen, "the trace has %d devices but sympool has %d (set SYMPOOL_HOST_DEVICES)",
+                 t->ndev, ndev);
+        return false;
+    }
+    r->devices = t->ndev;
+    dev_state_t *ds = calloc(t->ndev > 0 ? (size_t)t->ndev : 1, sizeof(*ds));
+    if (ds == NULL) {
+        snprintf(err, errlen, "out of memory");
+        return false;
+    }
+    bool ok = true;
+    if (snapshot_out != NULL) {
+        sp_history_params_t hp;
+        sp_history_params_init(&hp);
+        sp_status_t st = sp_record_memory_history(&hp);
+        if (st != SP_SUCCESS) {
+            snprintf(err, errlen, "sp_record_memory_history: %s", sp_last_error());
+            ok = false;
+        }
+    }
+    for (int d = 0; ok && d < t->ndev; d++) {
+        const tr_device_t *td = &t->dev[d];
+        r->trace_entries += td->nev;
+        r->seeded_blocks += td->nseeds;
+        r->seeded_bytes += td->seeded_bytes;
+        r->recorded_ooms += td->recorded_ooms;
+        r->pytorch_peak_reserved += td->peak_reserved;
+        r->pytorch_final_reserved += td->final_reserved;
+        r->trace_peak_requested += td->peak_requested;
+        for (size_t i = 0; ok && i < td->nseeds; i++)
+            ok = do_alloc(&ds[d], d, td->seeds[i].addr, td->seeds[i].size, td->seeds[i].stream, r,
+                          err, errlen);
+    }
+    uint64_t t0 = now_ns();
+    for (int d = 0; ok && d < t->ndev; d++) {
+        const tr_device_t *td = &t->dev[d];
+        for (size_t i = 0; ok && i < td->nev; i++) {
+            const tr_event_t *e = &td->ev[i];
+            if (e->action == TR_ALLOC) {
+                r->allocs++;
+                ok = do_alloc(&ds[d], d, e->addr, e->size, e->stream, r, err, errlen);
+            } else if (e->action == TR_FREE_REQUESTED) {
+                r->frees++;
+                ok = do_free(&ds[d], e->addr, r, err, errlen);
+            }
+        }
+    }
+    uint64_t t1 = now_ns();
+    r->events = r->allocs + r->frees;
+    r->ns_per_event = r->events ? (double)(t1 - t0) / (double)r->events : 0.0;
+    for (int d = 0; d < t->ndev; d++) {
+        r->peak_requested += stat_of(d, "requested_bytes.all.peak");
+        r->peak_allocated += stat_of(d, "allocated_bytes.all.peak");
+        r->peak_reserved += stat_of(d, "reserved_bytes.all.peak");
+    }
+    if (ok && snapshot_out != NULL) {
+        sp_status_t st = sp_dump_snapshot(snapshot_out);
+        if (st != SP_SUCCESS) {
+            snprintf(err, errlen, "sp_dump_snapshot(%s): %s", snapshot_out, sp_last_error());
+            ok = false;
+        }
+    }
+    for (int d = 0; d < t->ndev; d++)
+        free_all(&ds[d]);
+    free(ds);
+    if (snapshot_out != NULL) {
+        sp_history_params_t off;
+        sp_history_params_init(&off);
+        off.enabled = SP_HISTORY_OFF;
+        (void)sp_record_memory_history(&off);
+    }
+    return ok;
+}
+
+/* ---- the command ------------------------------------------------------------------------ */
+
+/* OOMs are an expected outcome of a replay with --capacity: show the first OOM warning (it
+ * explains the state of the device), count the rest, pass every other line through. */
+static void log_filter(sp_log_level_t level, const char *line, void *arg) {
+    size_t *oom_lines = arg;
+    if (level == SP_LOG_WARN && strstr(line, "out of memory") != NULL && (*oom_lines)++ > 0)
+        return;
+    fprintf(stderr, "%s\n", line);
+}
+
+static void print_json(const char *trace, const replay_result_t *r, const char *conf,
+                       const char *capacity) {
+    printf("{\"trace\":\"");
+    for (const char *p = trace; *p; p++) {
+        if (*p == '"' || *p == '\\')
+            putchar('\\');
+        if ((unsigned char)*p >= 0x20)
+            putchar(*p);
+    }
+    printf("\",\"backend\":\"%s\",\"devices\":%d,\"trace_entries\":%zu,\"events\":%zu,"
+           "\"allocs\":%zu,\"frees\":%zu,\"seeded_blocks\":%zu,\"seeded_bytes\":%llu,"
+           "\"peak_requested_bytes\":%lld,\"peak_allocated_bytes\":%lld,"
+           "\"peak_reserved_bytes\":%lld,\"pytorch_peak_reserved_bytes\":%llu,"
+           "\"pytorch_final_reserved_bytes\":%llu,\"trace_peak_requested_bytes\":%llu,"
+           "\"ooms\":%zu,\"recorded_ooms\":%zu,\"skipped_frees\":%zu,\"ns_per_event\":%.1f,"
+           "\"conf\":\"%s\",\"capacity\":\"%s\"}\n",
+           sp_backend_name(), r->devices, r->trace_entries, r->events, r->allocs, r->frees,
+           r->seeded_blocks, (unsigned long long)r->seeded_bytes, (long long)r->peak_requested,
+           (long long)r->peak_allocated, (long long)r->peak_reserved,
+           (unsigned long long)r->pytorch_peak_reserved,
+           (unsigned long long)r->pytorch_final_reserved,
+           (unsigned long long)r->trace_peak_requested, r->ooms, r->recorded_ooms,
+           r->skipped_frees, r->ns_per_event, conf ? conf : "", capacity ? capacity : "");
+}
+
+static double gib(double b) { return b / (1024.0 * 1024.0 * 1024.0); }
+
+static void print_text(const char *trace, const replay_result_t *r) {
+    printf("replay of %s on %s (%d device%s)\n", trace, sp_backend_name(), r->devices,
+           r->devices == 1 ? "" : "s");
+    printf("  trace entries        %zu (%zu allocs, %zu frees replayed)\n", r->trace_entries,
+           r->allocs, r->frees);
+    printf("  seeded blocks        %zu (%.3f GiB live before recording began)\n", r->seeded_blocks,
+           gib((double)r->seeded_bytes));
+    printf("  peak requested       %.3f GiB (trace: %.3f GiB)\n", gib((double)r->peak_requested),
+           gib((double)r->trace_peak_requested));
+    printf("  peak allocated       %.3f GiB\n", gib((double)r->peak_allocated));
+    printf("  peak reserved        %.3f GiB   PyTorch: %.3f GiB (%+.2f%%)\n",
+           gib((double)r->peak_reserved), gib((double)r->pytorch_peak_reserved),
+           r->pytorch_peak_reserved
+               ? 100.0 * ((double)r->peak_reserved - (double)r->pytorch_peak_reserved) /
+                     (double)r->pytorch_peak_reserved
+               : 0.0);
+    printf("  OOMs                 %zu (recorded run: %zu)\n", r->ooms, r->recorded_ooms);
+    printf("  time per event       %.1f ns\n", r->ns_per_event);
+}
+
+int sp_cli_replay(int argc, char **argv) {
+    const char *trace = NULL, *conf = NULL, *capacity = NULL, *snapshot = NULL;
+    bool json = false;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if ((strcmp(a, "--conf") == 0 || strcmp(a, "--capacity") == 0 ||
+             strcmp(a, "--snapshot") == 0) && i + 1 >= argc) {
+            fprintf(stderr, "sympool replay: %s needs a value\n", a);
+            return 2;
+        }
+        if (strcmp(a, "--conf") == 0)
+            conf = argv[++i];
+        else if (strcmp(a, "--capacity") == 0)
+            capacity = argv[++i];
+        else if (strcmp(a, "--snapshot") == 0)
+            snapshot = argv[++i];
+        else if (strcmp(a, "--json") == 0)
+            json = true;
+        else if (a[0] == '-' && a[1] != '\0') {
+            fprintf(stderr, "sympool replay: unknown option %s\n", a);
+            return 2;
+        } else if (trace == NULL)
+            trace = a;
+        else {
+            fprintf(stderr, "sympool replay: more than one trace given (%s)\n", a);
+            return 2;
+        }
+    }
+    if (trace == NULL) {
+        fprintf(stderr, "usage: sympool replay TRACE [--conf K:V,...] [--capacity SIZE] "
+                        "[--snapshot OUT] [--json]\n");
+        return 2;
+    }
+    char err[512];
+    tr_trace_t t;
+    if (!tr_load(trace, &t, err, sizeof(err))) {
+        fprintf(stderr, "sympool replay: %s\n", err);
+        tr_free(&t);
+        return 1;
+    }
+    /* The option table is read once, at the first sympool call: configure it first. A replay
+     * always runs on the emulated device, with one device per recorded device. */
+    setenv("SYMPOOL_DEVICE", "host", 1);
+    if (t.ndev > 1) {
+        char n[16];
+        snprintf(n, sizeof(n), "%d", t.ndev);
+        setenv("SYMPOOL_HOST_DEVICES", n, 1);
+    }
+    /* sp__option_set validates the values (a bad variable would only warn and keep the
+     * default, which would silently replay something else than asked). */
+    if ((conf != NULL && sp__option_set(SP_OPT_ALLOC_CONF, conf) != SP_SUCCESS) ||
+        (capacity != NULL && sp__option_set(SP_OPT_HOST_CAPACITY, capacity) != SP_SUCCESS)) {
+        fprintf(stderr, "sympool replay: %s\n", sp_last_error());
+        tr_free(&t);
+        return 2;
+    }
+    sp_status_t st = sp_init();
+    if (st != SP_SUCCESS) {
+        fprintf(stderr, "sympool replay: sp_init: %s: %s\n", sp_status_name(st), sp_last_error());
+        tr_free(&t);
+        return 1;
+    }
+    replay_result_t r;
+    size_t oom_lines = 0;
+    sp__log_set_fn(log_filter, &oom_lines);
+    bool ok = replay_trace(&t, snapshot, &r, err, sizeof(err));
+    sp__log_set_fn(NULL, NULL);
+    tr_free(&t);
+    if (oom_lines > 1)
+        fprintf(stderr, "sympool replay: %zu more out-of-memory warnings not shown\n", oom_lines - 1);
+    if (!ok) {
+        fprintf(stderr, "sympool replay: %s\n", err);
+        (void)sp_shutdown();
+        return 1;
+    }
+    if (json)
+        print_json(trace, &r, conf, capacity);
+    else
+        print_text(trace, &r);
+    (void)sp_shutdown();
+    return 0;
+}

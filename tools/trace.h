@@ -1,0 +1,94 @@
+/*
+ * trace.h: a PyTorch memory snapshot (as `sympool replay` and `sympool plot` need it): each
+ * device's trace events in order, the blocks that were live before recording began (seeds), and
+ * what PyTorch itself reserved over the recorded run. Plus the address map both tools use.
+ */
+#ifndef SP_TOOLS_TRACE_H
+#define SP_TOOLS_TRACE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "tools/pickle_read.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* PyTorch's trace actions (same order as its TraceEntry::Action). */
+typedef enum {
+    TR_ALLOC,
+    TR_FREE_REQUESTED,
+    TR_FREE_COMPLETED,
+    TR_SEGMENT_ALLOC,
+    TR_SEGMENT_FREE,
+    TR_SEGMENT_MAP,
+    TR_SEGMENT_UNMAP,
+    TR_SNAPSHOT,
+    TR_OOM,
+    TR_OTHER /* an action this version does not know: kept, ignored */
+} tr_action_t;
+
+typedef struct tr_event {
+    tr_action_t action;
+    uint64_t addr;             /* block/segment address; device free bytes for oom */
+    uint64_t size;             /* bytes (alloc: requested; free_*: requested_size; segment_*) */
+    uint64_t stream;           /* recorded stream handle, 0 = default */
+    int64_t time_us;           /* 0 when absent */
+    const pk_value_t *frames;  /* list of frame dicts, or NULL */
+} tr_event_t;
+
+typedef struct tr_seed {
+    uint64_t addr;            /* address of the block in the recorded run */
+    uint64_t size;            /* requested size */
+    uint64_t stream;          /* recorded stream */
+    const pk_value_t *frames; /* frames of the block, or NULL */
+} tr_seed_t;
+
+typedef struct tr_device {
+    tr_event_t *ev;            /* events in order */
+    size_t nev;
+    tr_seed_t *seeds;          /* blocks live before recording began, by address */
+    size_t nseeds;
+    uint64_t seeded_bytes;     /* sum of the seeds' sizes */
+    uint64_t final_reserved;   /* sum of the final segments' total_size */
+    uint64_t start_reserved;   /* reserved before the first event (walking back from the end) */
+    uint64_t peak_reserved;    /* PyTorch's peak reserved over the trace */
+    uint64_t peak_requested;   /* peak of seeds + allocs - free_requested sizes */
+    size_t recorded_ooms;      /* oom events in the trace */
+} tr_device_t;
+
+typedef struct tr_trace {
+    pk_doc_t *doc;       /* the parsed snapshot (frames point into it) */
+    const pk_value_t *root;
+    int ndev;            /* device_traces entries (at least every segment's device + 1) */
+    tr_device_t *dev;    /* per device */
+    size_t nsegments;    /* segments in the snapshot */
+} tr_trace_t;
+
+/* Load a snapshot file (pickle; or JSON is refused with a hint). Fills t; on failure writes a
+ * one-line reason and returns false. */
+bool tr_load(const char *path, tr_trace_t *t, char *err, size_t errlen);
+/* Same from a parsed document (t takes ownership of doc, even on failure). */
+bool tr_from_doc(pk_doc_t *doc, tr_trace_t *t, char *err, size_t errlen);
+void tr_free(tr_trace_t *t);
+
+/* An open-addressing map from recorded addresses (non-zero) to a pointer-sized value. */
+typedef struct tr_map {
+    uint64_t *keys;  /* 0 = empty */
+    uintptr_t *vals; /* values */
+    size_t cap;      /* power of two */
+    size_t n;        /* keys held */
+} tr_map_t;
+
+bool tr_map_put(tr_map_t *m, uint64_t key, uintptr_t val); /* insert or replace; false on OOM */
+bool tr_map_get(const tr_map_t *m, uint64_t key, uintptr_t *val_p);
+bool tr_map_del(tr_map_t *m, uint64_t key, uintptr_t *val_p); /* false when absent */
+void tr_map_free(tr_map_t *m);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* SP_TOOLS_TRACE_H */
