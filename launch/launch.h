@@ -5,6 +5,7 @@
 #define SP_LAUNCH_H
 
 #include <stdbool.h>
+#include <stdint.h>
 
 #include <mpi.h>
 
@@ -27,6 +28,18 @@ bool sp__world_is_cuda(const sp_world_t *w);
  * construction. */
 typedef void (*sp_world_finalize_hook_t)(sp_world_t *w);
 sp_status_t sp__world_on_finalize(sp_world_finalize_hook_t hook);
+
+/* Rank of world rank `world_rank` in the node communicator, -1 if it is on another node (or out
+ * of range). Local: the table is computed once at world creation. */
+int sp__world_node_rank_of(const sp_world_t *w, int world_rank);
+
+/* A per-world counter of symmetric pool creations (symmetric/ checks that every rank calls
+ * sp_symmetric_mempool_create the same number of times). Returns the new value (from 1). */
+uint64_t sp__world_next_pool_serial(sp_world_t *w);
+
+/* Translate an MPI return code: SP_SUCCESS for MPI_SUCCESS, else sp__error(SP_ERR_MPI) naming
+ * `what` and MPI_Error_string's text. The one place MPI errors become sympool errors. */
+sp_status_t sp__world_mpi_status(int rc, const char *what);
 
 #ifdef __cplusplus
 }

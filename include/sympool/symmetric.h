@@ -40,6 +40,16 @@ sp_status_t sp_symmetric_malloc(sp_mempool_t *pool, size_t size, sp_stream_t str
 /** Collective: release the segments that are free on every rank, in the same order. */
 sp_status_t sp_symmetric_empty_cache(sp_mempool_t *pool);
 
+/**
+ * Collective: destroy a symmetric pool. sp_mempool_destroy is not collective, so it cannot
+ * deregister segments; use this instead. Every rank's pending frees are completed first.
+ * @return SP_SUCCESS; SP_ERR_BUSY on every rank if any rank still has a live block in the pool
+ *         (nothing is destroyed); SP_ERR_INVALID_ARGUMENT (NULL); SP_ERR_INVALID_USAGE (not a
+ *         live symmetric pool, or a pool broken by a timeout: it is released at
+ *         sp_world_finalize); SP_ERR_TIMEOUT.
+ */
+sp_status_t sp_symmetric_mempool_destroy(sp_mempool_t *pool);
+
 /** Where @p ptr lives: window, segment base, offset, size and sequence number. */
 sp_status_t sp_symmetric_window(const void *ptr, sp_window_info_t *info_p);
 

@@ -1,0 +1,336 @@
+/*
+ * world.c: the MPI world. Owns sp_world_t: the duplicated communicator, the node communicator,
+ * local rank and device choice, the NCCL communicator on the cuda backend, the finalize hooks,
+ * and whether sympool initialized MPI (and so must finalize it).
+ *
+ * Invariants: a world's communicators are our own duplicates with MPI_ERRORS_RETURN, so an MPI
+ * failure on them comes back as SP_ERR_MPI instead of aborting the job; MPI is finalized only by
+ * the last sp_world_finalize of a world whose sp_world_init initialized it (Sandia OpenSHMEM's
+ * rule: never finalize what you did not initialize).
+ *
+ * Locking: s_lock guards the hook table and the init bookkeeping. A world itself is used by the
+ * thread(s) of its rank under MPI's own rules for collectives (the caller serializes them).
+ */
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/core.h"
+#include "launch/launch.h"
+#include "sympool/pool.h"
+
+#if defined(SP_HAVE_NCCL)
+#include <cuda_runtime.h>
+#include <nccl.h>
+#endif
+
+#define MAX_HOOKS 8
+
+struct sp_world {
+    MPI_Comm comm;        /* our duplicate of the user's communicator (ERRORS_RETURN) */
+    MPI_Comm node_comm;   /* ranks of comm that share memory with this one */
+    int rank;             /* rank in comm */
+    int size;             /* ranks in comm */
+    int local_rank;       /* rank in node_comm */
+    int local_size;       /* ranks in node_comm */
+    int device;           /* local_rank % sp_device_count() */
+    int *node_rank_of;    /* [size]: world rank -> node rank, -1 on other nodes */
+    bool is_cuda;         /* backend is "cuda" and an NCCL communicator was made */
+    bool from_init;       /* made by sp_world_init (counts towards finalizing MPI) */
+    void *nccl_comm;      /* ncclComm_t, NULL on host */
+    uint64_t pool_serial; /* symmetric pool creations on this world (caller's thread) */
+};
+
+static pthread_mutex_t s_lock = PTHREAD_MUTEX_INITIALIZER;
+static sp_world_finalize_hook_t s_hooks[MAX_HOOKS]; /* s_lock */
+static int s_nhooks;                                /* s_lock */
+static bool s_we_initialized_mpi;                   /* s_lock: MPI_Init_thread was ours */
+static int s_init_worlds;                           /* s_lock: live worlds from sp_world_init */
+
+sp_status_t sp__world_mpi_status(int rc, const char *what) {
+    if (SP_LIKELY(rc == MPI_SUCCESS))
+        return SP_SUCCESS;
+    char text[MPI_MAX_ERROR_STRING];
+    int len = 0;
+    if (MPI_Error_string(rc, text, &len) != MPI_SUCCESS)
+        snprintf(text, sizeof text, "MPI error code %d", rc);
+    return sp__error(SP_ERR_MPI, SP_SUB_BOOT, "%s failed: %s", what, text);
+}
+
+sp_status_t sp__world_on_finalize(sp_world_finalize_hook_t hook) {
+    if (!hook)
+        return sp__error(SP_ERR_INVALID_ARGUMENT, SP_SUB_BOOT, "finalize hook is NULL");
+    pthread_mutex_lock(&s_lock);
+    sp_status_t st = SP_SUCCESS;
+    if (s_nhooks >= MAX_HOOKS)
+        st = sp__error(SP_ERR_INTERNAL, SP_SUB_BOOT, "more than %d world finalize hooks",
+                       MAX_HOOKS);
+    else
+        s_hooks[s_nhooks++] = hook;
+    pthread_mutex_unlock(&s_lock);
+    return st;
+}
+
+#if defined(SP_HAVE_NCCL)
+/* NCCL failures carry two texts: the code's generic string and the last detailed message. */
+static sp_status_t nccl_status(ncclResult_t r, ncclComm_t comm, const char *what) {
+    if (r == ncclSuccess)
+        return SP_SUCCESS;
+    const char *last = ncclGetLastError(comm);
+    return sp__error(SP_ERR_NCCL, SP_SUB_BOOT, "%s failed: %s%s%s", what, ncclGetErrorString(r),
+                     last && *last ? ": " : "", last ? last : "");
+}
+
+/* Rank 0 makes the unique id and broadcasts it together with its status, so a failure there
+ * fails every rank instead of leaving them waiting in ncclCommInitRank. Every rank then agrees
+ * on the outcome of ncclCommInitRank, so no rank keeps a communicator the others lack. */
+static sp_status_t nccl_bootstrap(sp_world_t *w) {
+    struct {
+        int ok;
+        ncclUniqueId id;
+    } msg;
+    memset(&msg, 0, sizeof msg);
+    sp_status_t st = SP_SUCCESS;
+    if (w->rank == 0) {
+        st = nccl_status(ncclGetUniqueId(&msg.id), NULL, "ncclGetUniqueId");
+        msg.ok = st == SP_SUCCESS;
+    }
+    SP_CHECK(sp__world_mpi_status(MPI_Bcast(&msg, (int)sizeof msg, MPI_BYTE, 0, w->comm),
+                                  "MPI_Bcast of the NCCL unique id"));
+    if (!msg.ok)
+        return w->rank == 0 ? st
+                            : sp__error(SP_ERR_NCCL, SP_SUB_BOOT,
+                                        "rank 0 could not create the NCCL unique id");
+    ncclComm_t comm = NULL;
+    cudaError_t ce = cudaSetDevice(w->device);
+    if (ce != cudaSuccess) {
+        st = sp__error(SP_ERR_DEVICE, SP_SUB_BOOT, "cudaSetDevice(%d) failed: %s", w->device,
+                       cudaGetErrorString(ce));
+        (void)cudaGetLastError();
+    } else {
+        st = nccl_status(ncclCommInitRank(&comm, w->size, msg.id, w->rank), NULL,
+                         "ncclCommInitRank");
+    }
+    int ok = st == SP_SUCCESS, all = 0;
+    sp_status_t mst = sp__world_mpi_status(
+        MPI_Allreduce(&ok, &all, 1, MPI_INT, MPI_MIN, w->comm), "MPI_Allreduce after NCCL init");
+    if (mst == SP_SUCCESS && all)
+        w->nccl_comm = comm;
+    else {
+        if (comm)
+            ncclCommDestroy(comm);
+        if (st == SP_SUCCESS)
+            st = mst != SP_SUCCESS ? mst
+                                   : sp__error(SP_ERR_NCCL, SP_SUB_BOOT,
+                                               "ncclCommInitRank failed on another rank");
+    }
+    SP_INFO(SP_SUB_BOOT, "NCCL communicator: %s (%d ranks, device %d)",
+            st == SP_SUCCESS ? "ready" : "failed", w->size, w->device);
+    return st;
+}
+#endif
+
+/* Build a world on `comm` (MPI is initialized). Collective over comm. */
+static sp_status_t world_create(MPI_Comm comm, bool from_init, sp_world_t **world_p) {
+    sp_world_t *w = calloc(1, sizeof *w);
+    if (!w)
+        return sp__error(SP_ERR_SYSTEM, SP_SUB_BOOT, "out of host memory for the world");
+    w->comm = w->node_comm = MPI_COMM_NULL;
+    w->from_init = from_init;
+    sp_status_t st;
+    SP_CHECK_GOTO(sp__world_mpi_status(MPI_Comm_dup(comm, &w->comm), "MPI_Comm_dup"), st, fail);
+    MPI_Comm_set_errhandler(w->comm, MPI_ERRORS_RETURN);
+    MPI_Comm_rank(w->comm, &w->rank);
+    MPI_Comm_size(w->comm, &w->size);
+    SP_CHECK_GOTO(sp__world_mpi_status(MPI_Comm_split_type(w->comm, MPI_COMM_TYPE_SHARED, w->rank,
+                                                           MPI_INFO_NULL, &w->node_comm),
+                                       "MPI_Comm_split_type(MPI_COMM_TYPE_SHARED)"),
+                  st, fail);
+    MPI_Comm_set_errhandler(w->node_comm, MPI_ERRORS_RETURN);
+    MPI_Comm_rank(w->node_comm, &w->local_rank);
+    MPI_Comm_size(w->node_comm, &w->local_size);
+    sp__log_set_rank(w->rank);
+
+    /* World rank -> node rank, so peer pointers can name shared-window ranks (local call). */
+    w->node_rank_of = malloc(sizeof(int) * (size_t)w->size);
+    int *all = malloc(sizeof(int) * (size_t)w->size);
+    if (!w->node_rank_of || !all) {
+        free(all);
+        st = sp__error(SP_ERR_SYSTEM, SP_SUB_BOOT, "out of host memory for the rank table");
+        goto fail;
+    }
+    MPI_Group wg, ng;
+    MPI_Comm_group(w->comm, &wg);
+    MPI_Comm_group(w->node_comm, &ng);
+    for (int i = 0; i < w->size; i++)
+        all[i] = i;
+    int rc = MPI_Group_translate_ranks(wg, w->size, all, ng, w->node_rank_of);
+    MPI_Group_free(&wg);
+    MPI_Group_free(&ng);
+    free(all);
+    SP_CHECK_GOTO(sp__world_mpi_status(rc, "MPI_Group_translate_ranks"), st, fail);
+    for (int i = 0; i < w->size; i++)
+        if (w->node_rank_of[i] == MPI_UNDEFINED)
+            w->node_rank_of[i] = -1;
+
+    /* Device by local rank. Every rank checks its own count, then all agree, so a rank whose
+     * backend failed does not leave the others waiting in the NCCL bootstrap. */
+    int ndev = sp_device_count();
+    int ok = ndev > 0, all_ok = 0;
+    if (ok)
+        w->device = w->local_rank % ndev;
+    sp__log_set_device(ok ? w->device : -1);
+    SP_CHECK_GOTO(sp__world_mpi_status(MPI_Allreduce(&ok, &all_ok, 1, MPI_INT, MPI_MIN, w->comm),
+                                       "MPI_Allreduce of the device check"),
+                  st, fail);
+    if (!all_ok) {
+        st = sp__error(SP_ERR_DEVICE, SP_SUB_BOOT,
+                       "%s: no usable device (backend %s, %d devices); set SYMPOOL_DEBUG=INFO",
+                       ok ? "another rank" : "this rank", sp_backend_name(), ndev);
+        goto fail;
+    }
+    if (w->local_size > ndev)
+        SP_INFO(SP_SUB_BOOT, "%d ranks on this node share %d device(s)", w->local_size, ndev);
+
+#if defined(SP_HAVE_NCCL)
+    if (strcmp(sp_backend_name(), "cuda") == 0) {
+        SP_CHECK_GOTO(nccl_bootstrap(w), st, fail);
+        w->is_cuda = true;
+    }
+#endif
+    SP_INFO(SP_SUB_BOOT, "world: rank %d of %d, local rank %d of %d, device %d, backend %s",
+            w->rank, w->size, w->local_rank, w->local_size, w->device, sp_backend_name());
+    *world_p = w;
+    return SP_SUCCESS;
+
+fail:
+    if (w->node_comm != MPI_COMM_NULL)
+        MPI_Comm_free(&w->node_comm);
+    if (w->comm != MPI_COMM_NULL)
+        MPI_Comm_free(&w->comm);
+    free(w->node_rank_of);
+    free(w);
+    return st;
+}
+
+SP_EXPORT sp_status_t sp_world_init(int *argc, char ***argv, sp_world_t **world_p) {
+    SP_ARG_CHECK(world_p, SP_SUB_BOOT, "sp_world_init: world_p is NULL");
+    SP_ARG_CHECK((argc == NULL) == (argv == NULL), SP_SUB_BOOT,
+                 "sp_world_init: pass both argc and argv, or neither");
+    int inited = 0, finalized = 0;
+    MPI_Finalized(&finalized);
+    if (finalized)
+        return sp__error(SP_ERR_INVALID_USAGE, SP_SUB_BOOT,
+                         "sp_world_init: MPI was already finalized in this process");
+    pthread_mutex_lock(&s_lock);
+    MPI_Initialized(&inited);
+    if (!inited) {
+        /* THREAD_MULTIPLE lets the user's threads call sympool's collectives (serialized per
+         * pool); if the MPI library gives less we go on with what we got and say so. */
+        int provided = MPI_THREAD_SINGLE;
+        int rc = MPI_Init_thread(argc, argv, MPI_THREAD_MULTIPLE, &provided);
+        if (rc != MPI_SUCCESS) {
+            pthread_mutex_unlock(&s_lock);
+            return sp__world_mpi_status(rc, "MPI_Init_thread");
+        }
+        s_we_initialized_mpi = true;
+        if (provided < MPI_THREAD_MULTIPLE)
+            SP_INFO(SP_SUB_BOOT, "MPI provides thread level %d, not MPI_THREAD_MULTIPLE: call "
+                                 "sympool's collectives from one thread at a time",
+                    provided);
+    }
+    pthread_mutex_unlock(&s_lock);
+    sp_world_t *w = NULL;
+    sp_status_t st = world_create(MPI_COMM_WORLD, true, &w);
+    pthread_mutex_lock(&s_lock);
+    if (st == SP_SUCCESS)
+        s_init_worlds++;
+    bool finalize_now = st != SP_SUCCESS && s_we_initialized_mpi && s_init_worlds == 0;
+    if (finalize_now)
+        s_we_initialized_mpi = false;
+    pthread_mutex_unlock(&s_lock);
+    if (finalize_now)
+        MPI_Finalize(); /* leave the process as we found it */
+    if (st == SP_SUCCESS)
+        *world_p = w;
+    return st;
+}
+
+SP_EXPORT sp_status_t sp_world_from_comm(MPI_Comm comm, sp_world_t **world_p) {
+    SP_ARG_CHECK(world_p, SP_SUB_BOOT, "sp_world_from_comm: world_p is NULL");
+    int inited = 0, finalized = 0;
+    MPI_Initialized(&inited);
+    MPI_Finalized(&finalized);
+    if (!inited || finalized)
+        return sp__error(SP_ERR_INVALID_USAGE, SP_SUB_BOOT,
+                         "sp_world_from_comm: MPI is %s; initialize it first or use sp_world_init",
+                         finalized ? "already finalized" : "not initialized");
+    SP_ARG_CHECK(comm != MPI_COMM_NULL, SP_SUB_BOOT, "sp_world_from_comm: comm is MPI_COMM_NULL");
+    return world_create(comm, false, world_p);
+}
+
+SP_EXPORT sp_status_t sp_world_finalize(sp_world_t *w) {
+    SP_ARG_CHECK(w, SP_SUB_BOOT, "sp_world_finalize: world is NULL");
+    pthread_mutex_lock(&s_lock);
+    int n = s_nhooks;
+    sp_world_finalize_hook_t hooks[MAX_HOOKS];
+    memcpy(hooks, s_hooks, sizeof hooks);
+    pthread_mutex_unlock(&s_lock);
+    /* Hooks run first, while the communicators still work (reports, symmetric segments). */
+    for (int i = 0; i < n; i++)
+        hooks[i](w);
+
+    sp_status_t st = SP_SUCCESS;
+#if defined(SP_HAVE_NCCL)
+    if (w->nccl_comm) {
+        ncclResult_t r = ncclCommDestroy((ncclComm_t)w->nccl_comm);
+        if (r != ncclSuccess)
+            st = nccl_status(r, NULL, "ncclCommDestroy");
+        w->nccl_comm = NULL;
+    }
+#endif
+    sp_status_t s2 = sp__world_mpi_status(MPI_Comm_free(&w->node_comm), "MPI_Comm_free(node)");
+    if (st == SP_SUCCESS)
+        st = s2;
+    s2 = sp__world_mpi_status(MPI_Comm_free(&w->comm), "MPI_Comm_free");
+    if (st == SP_SUCCESS)
+        st = s2;
+    bool finalize_mpi = false;
+    pthread_mutex_lock(&s_lock);
+    if (w->from_init && --s_init_worlds == 0 && s_we_initialized_mpi) {
+        s_we_initialized_mpi = false;
+        finalize_mpi = true;
+    }
+    pthread_mutex_unlock(&s_lock);
+    free(w->node_rank_of);
+    free(w);
+    sp__log_set_rank(-1);
+    if (finalize_mpi) {
+        s2 = sp__world_mpi_status(MPI_Finalize(), "MPI_Finalize");
+        if (st == SP_SUCCESS)
+            st = s2;
+    }
+    return st;
+}
+
+/* ---- accessors (NULL-safe) ---------------------------------------------------------------- */
+
+SP_EXPORT int sp_world_rank(const sp_world_t *w) { return w ? w->rank : -1; }
+SP_EXPORT int sp_world_size(const sp_world_t *w) { return w ? w->size : 0; }
+SP_EXPORT int sp_world_local_rank(const sp_world_t *w) { return w ? w->local_rank : -1; }
+SP_EXPORT int sp_world_device(const sp_world_t *w) { return w ? w->device : -1; }
+
+MPI_Comm sp__world_comm(const sp_world_t *w) { return w ? w->comm : MPI_COMM_NULL; }
+MPI_Comm sp__world_node_comm(const sp_world_t *w) { return w ? w->node_comm : MPI_COMM_NULL; }
+int sp__world_local_size(const sp_world_t *w) { return w ? w->local_size : 0; }
+void *sp__world_nccl_comm(const sp_world_t *w) { return w ? w->nccl_comm : NULL; }
+bool sp__world_is_cuda(const sp_world_t *w) { return w && w->is_cuda; }
+
+int sp__world_node_rank_of(const sp_world_t *w, int world_rank) {
+    if (!w || world_rank < 0 || world_rank >= w->size)
+        return -1;
+    return w->node_rank_of[world_rank];
+}
+
+uint64_t sp__world_next_pool_serial(sp_world_t *w) { return w ? ++w->pool_serial : 0; }

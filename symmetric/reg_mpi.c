@@ -1,0 +1,134 @@
+/*
+ * reg_mpi.c: the `mpi` registrar. A segment is an MPI shared-memory window on the node
+ * communicator: every rank of the node allocates its own part of the same size with
+ * MPI_Win_allocate_shared, so MPI_Win_shared_query gives a real load/store pointer to any
+ * node-local peer's segment (sp_symmetric_peer_ptr). It is what runs in CI on the host backend.
+ *
+ * Invariants: one window per segment, created and freed collectively in the order the agreement
+ * protocol dictates. If the world spans several nodes, each node's ranks share one window object
+ * per segment and peer pointers exist only within a node. No lock: the caller serializes.
+ */
+#include <string.h>
+
+#include "core/core.h"
+#include "symmetric/registrar.h"
+
+/* Segments start on a page boundary, as device segments do. MPI does not promise it (Open MPI's
+ * osc/sm puts a header before a rank's part), so each part is over-allocated by ALIGN and every
+ * rank aligns its own and its peers' bases the same way: offsets stay identical. */
+#define ALIGN 4096
+
+static void *align_base(void *p) {
+    return (void *)(((uintptr_t)p + ALIGN - 1) / ALIGN * ALIGN);
+}
+
+static sp_status_t mpi_alloc(sp_world_t *w, MPI_Comm comm, int device, size_t size,
+                             sp_sym_seg_t *seg_p) {
+    MPI_Comm node = sp__world_node_comm(w);
+    MPI_Info info;
+    MPI_Info_create(&info);
+    /* Each rank's part starts on its own page instead of right after its neighbour's. */
+    MPI_Info_set(info, "alloc_shared_noncontig", "true");
+    void *base = NULL;
+    MPI_Win win = MPI_WIN_NULL;
+    int rc = MPI_Win_allocate_shared((MPI_Aint)(size + ALIGN), 1, info, node, &base, &win);
+    MPI_Info_free(&info);
+    sp_status_t st = sp__world_mpi_status(rc, "MPI_Win_allocate_shared");
+    if (st == SP_SUCCESS)
+        MPI_Win_set_errhandler(win, MPI_ERRORS_RETURN);
+    /* Every rank learns whether all got their part, so none keeps a segment the others lack.
+     * A partial failure cannot be undone collectively (MPI_Win_free would need every rank), so
+     * the ranks that succeeded keep their window until the world is finalized. */
+    int ok = st == SP_SUCCESS, all = 0;
+    rc = MPI_Allreduce(&ok, &all, 1, MPI_INT, MPI_MIN, comm);
+    if (rc != MPI_SUCCESS)
+        return sp__world_mpi_status(rc, "MPI_Allreduce after MPI_Win_allocate_shared");
+    if (!all) {
+        if (st == SP_SUCCESS) {
+            SP_WARN(SP_SUB_SYM, "another rank could not allocate its %zu-byte shared segment; "
+                                "this rank's part is kept until MPI is finalized",
+                    size);
+            return sp__error(SP_ERR_OUT_OF_MEMORY, SP_SUB_SYM,
+                             "another rank could not allocate a %zu-byte shared segment", size);
+        }
+        return st;
+    }
+    memset(seg_p, 0, sizeof *seg_p);
+    seg_p->base = align_base(base);
+    seg_p->size = size;
+    seg_p->alloc_size = size + ALIGN;
+    seg_p->window = NULL;
+    seg_p->mpi_win = win;
+    (void)device;
+    SP_TRACE(SP_SUB_SYM, "mpi registrar: shared segment %p, %zu bytes", base, size);
+    return SP_SUCCESS;
+}
+
+static sp_status_t mpi_release(sp_world_t *w, MPI_Comm comm, int device, sp_sym_seg_t *seg) {
+    (void)w;
+    (void)comm;
+    (void)device;
+    if (seg->mpi_win == MPI_WIN_NULL)
+        return SP_SUCCESS;
+    /* MPI_Win_free is collective over the node and synchronizes it: no peer can still be
+     * reading this segment through a peer pointer once it returns. */
+    SP_CHECK(sp__world_mpi_status(MPI_Win_free(&seg->mpi_win), "MPI_Win_free"));
+    seg->mpi_win = MPI_WIN_NULL;
+    seg->base = NULL;
+    return SP_SUCCESS;
+}
+
+static sp_status_t mpi_peer_ptr(sp_world_t *w, const sp_sym_seg_t *seg, int rank, size_t offset,
+                                void **ptr_p) {
+    int node_rank = sp__world_node_rank_of(w, rank);
+    if (node_rank < 0)
+        return sp__error(SP_ERR_NOT_SUPPORTED, SP_SUB_SYM,
+                         "sp_symmetric_peer_ptr: rank %d is on another node; shared windows "
+                         "reach only the ranks of this node",
+                         rank);
+    MPI_Aint size = 0;
+    int disp = 0;
+    void *base = NULL;
+    SP_CHECK(sp__world_mpi_status(MPI_Win_shared_query(seg->mpi_win, node_rank, &size, &disp,
+                                                       &base),
+                                  "MPI_Win_shared_query"));
+    if ((size_t)size < seg->alloc_size || offset >= seg->size)
+        return sp__error(SP_ERR_INTERNAL, SP_SUB_SYM,
+                         "rank %d's shared segment has %zu bytes, expected %zu (offset %zu)", rank,
+                         (size_t)size, seg->size, offset);
+    *ptr_p = (char *)align_base(base) + offset;
+    return SP_SUCCESS;
+}
+
+const sp_registrar_ops_t sp__registrar_mpi = {
+    .name = "mpi",
+    .alloc = mpi_alloc,
+    .release = mpi_release,
+    .peer_ptr = mpi_peer_ptr,
+};
+
+sp_status_t sp__registrar_select(const sp_world_t *w, const sp_registrar_ops_t **ops_p) {
+    const char *want = sp__option_string(SP_OPT_SYM_REGISTRAR);
+    bool cuda = sp__world_is_cuda(w);
+    if (strcmp(want, "nccl") == 0 || (strcmp(want, "auto") == 0 && cuda)) {
+#if defined(SP_HAVE_NCCL)
+        if (cuda && sp__world_nccl_comm(w)) {
+            *ops_p = &sp__registrar_nccl;
+            return SP_SUCCESS;
+        }
+        return sp__error(SP_ERR_NOT_SUPPORTED, SP_SUB_SYM,
+                         "the nccl registrar needs the cuda backend and an NCCL communicator "
+                         "(backend here: host); use SYMPOOL_SYM_REGISTRAR=mpi or auto");
+#else
+        return sp__error(SP_ERR_NOT_SUPPORTED, SP_SUB_SYM,
+                         "the nccl registrar is not in this build (no NCCL found at configure "
+                         "time); use SYMPOOL_SYM_REGISTRAR=mpi or auto");
+#endif
+    }
+    if (cuda)
+        return sp__error(SP_ERR_NOT_SUPPORTED, SP_SUB_SYM,
+                         "the mpi registrar gives host memory, not device memory: on the cuda "
+                         "backend use SYMPOOL_SYM_REGISTRAR=nccl or auto");
+    *ops_p = &sp__registrar_mpi;
+    return SP_SUCCESS;
+}

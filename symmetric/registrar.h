@@ -1,0 +1,73 @@
+/*
+ * registrar.h: where a symmetric pool's segments come from and how they are registered, behind
+ * one small ops table (UCX rcache-ops style), so the agreement protocol (symmetric.c) is the
+ * same for NCCL windows on GPUs and MPI shared windows on host memory.
+ *
+ * Contract, stated once: `alloc` and `release` are COLLECTIVE over the world (every rank calls
+ * them with the same size, for the same segment, in the same order: the agreement protocol
+ * guarantees it). They return an sp_status_t, having called sp__error themselves, and on failure
+ * leave nothing allocated on this rank. `peer_ptr` is local. No op takes a sympool lock.
+ */
+#ifndef SP_SYM_REGISTRAR_H
+#define SP_SYM_REGISTRAR_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <mpi.h>
+
+#include "launch/launch.h"
+#include "sympool/status.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* One registered segment on this rank. */
+typedef struct sp_sym_seg {
+    void *base;          /* local address of the segment (what the pool carves) */
+    size_t size;         /* bytes the pool asked for (identical on every rank) */
+    size_t alloc_size;   /* bytes actually allocated and registered (aligned up) */
+    void *window;        /* ncclWindow_t (nccl), NULL for mpi or when NCCL gave none */
+    MPI_Win mpi_win;     /* shared window (mpi), MPI_WIN_NULL for nccl */
+} sp_sym_seg_t;
+
+typedef struct sp_registrar_ops {
+    const char *name; /* "nccl" or "mpi" */
+    /* Collective: allocate and register `size` bytes on every rank. */
+    sp_status_t (*alloc)(sp_world_t *w, MPI_Comm comm, int device, size_t size,
+                         sp_sym_seg_t *seg_p);
+    /* Collective: deregister and free a segment (after the caller's barrier). */
+    sp_status_t (*release)(sp_world_t *w, MPI_Comm comm, int device, sp_sym_seg_t *seg);
+    /* Local: address of the same byte `offset` of this segment on world rank `rank`. */
+    sp_status_t (*peer_ptr)(sp_world_t *w, const sp_sym_seg_t *seg, int rank, size_t offset,
+                            void **ptr_p);
+} sp_registrar_ops_t;
+
+extern const sp_registrar_ops_t sp__registrar_mpi;
+#if defined(SP_HAVE_NCCL)
+extern const sp_registrar_ops_t sp__registrar_nccl;
+#endif
+
+/* The registrar SYMPOOL_SYM_REGISTRAR asks for on this world (auto: nccl on cuda, mpi on host).
+ * SP_ERR_NOT_SUPPORTED when the choice cannot run here (nccl without NCCL or GPU, mpi on cuda). */
+sp_status_t sp__registrar_select(const sp_world_t *w, const sp_registrar_ops_t **ops_p);
+
+/* Counters of symmetric/ (sym_int.h); every update is a relaxed atomic add. */
+typedef enum {
+    SP_SYMC_REGISTRATIONS,
+    SP_SYMC_DEREGISTRATIONS,
+    SP_SYMC_ROUNDS,
+    SP_SYMC_MALLOCS,
+    SP_SYMC_GROWTHS,
+    SP_SYMC_POOLS,
+    SP_SYMC_COUNT
+} sp_symc_t;
+void sp__symc_add(int device, sp_symc_t which, int64_t delta);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* SP_SYM_REGISTRAR_H */

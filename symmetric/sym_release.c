@@ -1,0 +1,383 @@
+/*
+ * sym_release.c: the collective release paths of symmetric MemPools and their bookkeeping:
+ * sp_symmetric_empty_cache, sp_symmetric_mempool_destroy, the world finalize hook, the state
+ * registry, window and peer-pointer queries, and the counters of sym_int.h.
+ *
+ * Release rule: a segment is deregistered and freed only when every rank agrees it is free
+ * everywhere (one MPI_BAND allreduce of a bitmap over segment sequence numbers), after a
+ * barrier, in ascending sequence order on every rank (registrars' release calls are collective).
+ * A segment the pool lets go of outside such a call (sp_mempool_destroy, sp_shutdown) keeps its
+ * registration until the next collective release of its pool or sp_world_finalize.
+ *
+ * Destroy: sp_mempool_destroy is not collective, so it cannot release a registered segment.
+ * sp_symmetric_mempool_destroy (collective, added to symmetric.h) is the way to destroy a
+ * symmetric pool: SP_ERR_BUSY on every rank if any rank still has a live block in it; otherwise
+ * every segment is released collectively and the pool destroyed. A symmetric pool left alive at
+ * sp_world_finalize has its segments released there (the memory under it is gone; a warning
+ * says so).
+ *
+ * Locking: s_reg_lock guards the registry list; each state's lock is held for its calls.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/core.h"
+#include "pool/pool_internal.h"
+#include "symmetric/sym_int.h"
+#include "symmetric/sym_state.h"
+
+static pthread_mutex_t s_reg_lock = PTHREAD_MUTEX_INITIALIZER;
+static sp_sym_state_t *s_states;   /* live states (s_reg_lock) */
+static sp_sym_state_t *s_broken;   /* states of pools broken by a timeout: kept, never freed,
+                                      because an abandoned request may still write their
+                                      buffers (s_reg_lock) */
+
+/* ---- counters ----------------------------------------------------------------------------- */
+
+#define COUNTER_DEVICES 64
+static int64_t s_counters[COUNTER_DEVICES][SP_SYMC_COUNT]; /* relaxed atomics */
+
+void sp__symc_add(int device, sp_symc_t which, int64_t delta) {
+    int d = device < 0 ? 0 : device >= COUNTER_DEVICES ? COUNTER_DEVICES - 1 : device;
+    __atomic_fetch_add(&s_counters[d][which], delta, __ATOMIC_RELAXED);
+}
+
+void sp__symmetric_counters(int device, sp_sym_counters_t *c) {
+    if (!c)
+        return;
+    int64_t v[SP_SYMC_COUNT] = {0};
+    for (int d = 0; d < COUNTER_DEVICES; d++) {
+        if (device >= 0 && d != (device >= COUNTER_DEVICES ? COUNTER_DEVICES - 1 : device))
+            continue;
+        for (int k = 0; k < SP_SYMC_COUNT; k++)
+            v[k] += __atomic_load_n(&s_counters[d][k], __ATOMIC_RELAXED);
+    }
+    c->registrations = v[SP_SYMC_REGISTRATIONS];
+    c->deregistrations = v[SP_SYMC_DEREGISTRATIONS];
+    c->agreement_rounds = v[SP_SYMC_ROUNDS];
+    c->mallocs = v[SP_SYMC_MALLOCS];
+    c->growths = v[SP_SYMC_GROWTHS];
+    c->pools = v[SP_SYMC_POOLS];
+}
+
+/* ---- registry ----------------------------------------------------------------------------- */
+
+void sp__sym_register(sp_sym_state_t *st) {
+    pthread_mutex_lock(&s_reg_lock);
+    st->next = s_states;
+    s_states = st;
+    pthread_mutex_unlock(&s_reg_lock);
+}
+
+void sp__sym_unregister(sp_sym_state_t *st) {
+    pthread_mutex_lock(&s_reg_lock);
+    for (sp_sym_state_t **pp = &s_states; *pp; pp = &(*pp)->next)
+        if (*pp == st) {
+            *pp = st->next;
+            break;
+        }
+    if (st->broken) {
+        st->next = s_broken;
+        s_broken = st;
+    }
+    pthread_mutex_unlock(&s_reg_lock);
+}
+
+bool sp__sym_is_live(const sp_sym_state_t *st) {
+    bool live = false;
+    pthread_mutex_lock(&s_reg_lock);
+    for (sp_sym_state_t *s = s_states; s && !live; s = s->next)
+        live = s == st;
+    pthread_mutex_unlock(&s_reg_lock);
+    return live;
+}
+
+static sp_sym_state_t *find_state(const sp_mempool_t *pool) {
+    void *want = pool ? sp__mempool_sym_state(pool) : NULL;
+    sp_sym_state_t *found = NULL;
+    if (!want)
+        return NULL;
+    pthread_mutex_lock(&s_reg_lock);
+    for (sp_sym_state_t *s = s_states; s && !found; s = s->next)
+        if (s == want && s->pool == pool)
+            found = s;
+    pthread_mutex_unlock(&s_reg_lock);
+    return found;
+}
+
+sp_status_t sp__sym_acquire(const sp_mempool_t *pool, const char *fn, sp_sym_state_t **st_p) {
+    if (!pool)
+        return sp__error(SP_ERR_INVALID_ARGUMENT, SP_SUB_SYM, "%s: pool is NULL", fn);
+    sp_sym_state_t *st = find_state(pool);
+    if (!st)
+        return sp__error(SP_ERR_INVALID_USAGE, SP_SUB_SYM,
+                         "%s: not a live symmetric pool (an ordinary MemPool, or its world was "
+                         "finalized)",
+                         fn);
+    pthread_mutex_lock(&st->lock);
+    if (st->broken) {
+        sp_status_t s = sp__error(SP_ERR_INVALID_USAGE, SP_SUB_SYM,
+                                  "%s: pool broken by timeout (%s)", fn, st->broken_why);
+        pthread_mutex_unlock(&st->lock);
+        return s;
+    }
+    *st_p = st;
+    return SP_SUCCESS;
+}
+
+void sp__sym_release_state(sp_sym_state_t *st) { pthread_mutex_unlock(&st->lock); }
+
+/* ---- collective release ------------------------------------------------------------------- */
+
+/* Release pool segment `seq` (free on every rank), through the free callback, collectively. */
+static sp_status_t release_seq(sp_sym_state_t *st, uint64_t seq) {
+    st->in_release = true;
+    st->release_status = SP_SUCCESS;
+    sp_status_t s = sp__pool_release_segment(st->pool, seq);
+    st->in_release = false;
+    return s != SP_SUCCESS ? s : st->release_status;
+}
+
+sp_status_t sp__sym_release_recs(sp_sym_state_t *st) {
+    sp_status_t first = SP_SUCCESS;
+    while (st->recs) {
+        sp_sym_rec_t *r = st->recs;
+        sp_status_t s = st->reg->release(st->world, st->comm, st->device, &r->seg);
+        if (s != SP_SUCCESS && first == SP_SUCCESS)
+            first = s;
+        st->recs = r->next;
+        free(r);
+        sp__symc_add(st->device, SP_SYMC_DEREGISTRATIONS, 1);
+    }
+    return first;
+}
+
+/* Agree on the pool segments free on every rank: returns a bitmap of nbits (caller frees). */
+static sp_status_t agree_free(sp_sym_state_t *st, const char *what, uint64_t **bits_p,
+                              uint64_t *nbits_p) {
+    if (sp__pool_sync_pending(st->pool) != SP_SUCCESS)
+        SP_INFO(SP_SUB_SYM, "%s: completing pending frees failed: %s", what, sp_last_error());
+    size_t n = 0;
+    uint64_t *seqs = NULL;
+    if (sp__pool_free_segments(st->pool, NULL, 0, &n) == SP_SUCCESS && n > 0) {
+        seqs = malloc(n * sizeof *seqs);
+        if (!seqs || sp__pool_free_segments(st->pool, seqs, n, &n) != SP_SUCCESS)
+            n = 0; /* contributes "nothing free here": safe, releases nothing */
+    }
+    int64_t next = (int64_t)sp__pool_next_segment_seq(st->pool);
+    st->sbuf[0] = next;
+    st->sbuf[1] = -next;
+    sp_status_t s = sp__sym_agree(st, st->comm, st->sbuf, st->rbuf, 2, MPI_INT64_T, MPI_MIN, NULL,
+                                  what);
+    if (s != SP_SUCCESS) {
+        free(seqs);
+        return s;
+    }
+    uint64_t nbits = (uint64_t)(-st->rbuf[1]);
+    size_t words = (size_t)(nbits + 63) / 64 + 1;
+    /* send and receive halves in one allocation, so a timeout can hand it to the graveyard */
+    uint64_t *buf = calloc(2 * words, sizeof *buf);
+    if (!buf) {
+        free(seqs);
+        return sp__error(SP_ERR_SYSTEM, SP_SUB_SYM, "%s: out of host memory", what);
+    }
+    for (size_t i = 0; i < n; i++)
+        if (seqs[i] < nbits)
+            buf[seqs[i] / 64] |= 1ull << (seqs[i] % 64);
+    free(seqs);
+    s = sp__sym_agree(st, st->comm, buf, buf + words, (int)words, MPI_UINT64_T, MPI_BAND, buf,
+                      what);
+    if (s != SP_SUCCESS)
+        return s; /* on timeout buf belongs to the graveyard */
+    memmove(buf, buf + words, words * sizeof *buf);
+    *bits_p = buf;
+    *nbits_p = nbits;
+    return SP_SUCCESS;
+}
+
+static sp_status_t release_agreed(sp_sym_state_t *st, const char *what, size_t *released_p) {
+    uint64_t *bits = NULL, nbits = 0;
+    SP_CHECK(agree_free(st, what, &bits, &nbits));
+    size_t released = 0;
+    sp_status_t s = SP_SUCCESS;
+    bool any = false;
+    for (uint64_t q = 0; q < nbits; q++)
+        any = any || (bits[q / 64] >> (q % 64) & 1);
+    /* Everyone has stopped using these segments (peer pointers included) before any goes. */
+    if (any)
+        s = sp__sym_barrier(st, st->comm, what);
+    for (uint64_t q = 0; s == SP_SUCCESS && q < nbits; q++) {
+        if (!(bits[q / 64] >> (q % 64) & 1))
+            continue;
+        sp_status_t r = release_seq(st, q);
+        if (r != SP_SUCCESS)
+            s = r;
+        else
+            released++;
+    }
+    free(bits);
+    *released_p = released;
+    return s;
+}
+
+SP_EXPORT sp_status_t sp_symmetric_empty_cache(sp_mempool_t *pool) {
+    sp_sym_state_t *st;
+    SP_CHECK(sp__sym_acquire(pool, "sp_symmetric_empty_cache", &st));
+    char what[128];
+    snprintf(what, sizeof what, "sp_symmetric_empty_cache on pool \"%s\"", st->name);
+    size_t n = 0;
+    sp_status_t s = release_agreed(st, what, &n);
+    if (s == SP_SUCCESS)
+        SP_INFO(SP_SUB_SYM, "%s: released %zu segment(s)", what, n);
+    sp__sym_release_state(st);
+    return s;
+}
+
+static void free_state(sp_sym_state_t *st) {
+    sp__sym_unregister(st);
+    sp__symc_add(st->device, SP_SYMC_POOLS, -1);
+    if (st->broken)
+        return; /* kept on s_broken: its communicator and buffers may still be in use */
+    if (st->comm != MPI_COMM_NULL)
+        MPI_Comm_free(&st->comm);
+    pthread_mutex_destroy(&st->lock);
+    free(st);
+}
+
+SP_EXPORT sp_status_t sp_symmetric_mempool_destroy(sp_mempool_t *pool) {
+    sp_sym_state_t *st;
+    SP_CHECK(sp__sym_acquire(pool, "sp_symmetric_mempool_destroy", &st));
+    char what[128];
+    snprintf(what, sizeof what, "sp_symmetric_mempool_destroy of pool \"%s\"", st->name);
+    if (sp__pool_sync_pending(pool) != SP_SUCCESS)
+        SP_INFO(SP_SUB_SYM, "%s: completing pending frees failed: %s", what, sp_last_error());
+    int64_t busy = sp_mempool_used_bytes(pool) > 0;
+    st->sbuf[0] = -busy;
+    st->sbuf[1] = busy ? st->rank : INT64_MAX;
+    sp_status_t s = sp__sym_agree(st, st->comm, st->sbuf, st->rbuf, 2, MPI_INT64_T, MPI_MIN, NULL,
+                                  what);
+    if (s == SP_SUCCESS && st->rbuf[0] != 0)
+        s = sp__error(SP_ERR_BUSY, SP_SUB_SYM,
+                      "%s: rank %lld still has live blocks in it; free them on every rank "
+                      "first (nothing was destroyed)",
+                      what, (long long)st->rbuf[1]);
+    size_t n = 0;
+    if (s == SP_SUCCESS)
+        s = release_agreed(st, what, &n);
+    if (s != SP_SUCCESS) {
+        sp__sym_release_state(st);
+        return s;
+    }
+    /* Segments the pool kept (none expected) go with the pool's destruction; their
+     * registrations, and any orphaned earlier, go here, in creation order on every rank. */
+    size_t left = sp__pool_segment_count(pool);
+    st->in_release = false;
+    sp_status_t d = sp_mempool_destroy(pool);
+    sp_status_t r = sp__sym_release_recs(st);
+    if (left)
+        SP_INFO(SP_SUB_SYM, "%s: %zu segment(s) were not free everywhere", what, left);
+    st->pool = NULL;
+    sp__sym_release_state(st);
+    free_state(st);
+    return d != SP_SUCCESS ? d : r;
+}
+
+/* ---- world finalize --------------------------------------------------------------------- */
+
+/* Runs at the start of sp_world_finalize on every rank: releases, in creation order, the
+ * registrations of this world's pools that are still alive (a pool never destroyed
+ * collectively), so no window outlives the communicator it was made on. */
+static void on_world_finalize(sp_world_t *w) {
+    for (;;) {
+        sp_sym_state_t *st = NULL;
+        pthread_mutex_lock(&s_reg_lock);
+        for (sp_sym_state_t *s = s_states; s; s = s->next)
+            if (s->world == w && (!st || s->serial < st->serial))
+                st = s; /* oldest first: the same order on every rank */
+        pthread_mutex_unlock(&s_reg_lock);
+        if (!st)
+            return;
+        pthread_mutex_lock(&st->lock);
+        if (st->recs)
+            SP_WARN(SP_SUB_SYM, "symmetric pool \"%s\" still holds registered segments at "
+                                "sp_world_finalize: they are released now; destroy it with "
+                                "sp_symmetric_mempool_destroy before finalizing",
+                    st->name);
+        sp__sym_release_recs(st);
+        pthread_mutex_unlock(&st->lock);
+        free_state(st);
+    }
+}
+
+__attribute__((constructor)) static void register_hook(void) {
+    sp__world_on_finalize(on_world_finalize);
+}
+
+/* ---- queries -------------------------------------------------------------------------------- */
+
+/* The live block holding ptr, its symmetric state and its registered segment. */
+static sp_status_t locate(const void *ptr, const char *fn, sp_block_info_t *bi,
+                          sp_sym_state_t **st_p, sp_sym_rec_t **rec_p) {
+    SP_ARG_CHECK(ptr, SP_SUB_SYM, "%s: ptr is NULL", fn);
+    if (sp__pool_lookup(ptr, bi) != SP_SUCCESS)
+        return sp__error(SP_ERR_INVALID_USAGE, SP_SUB_SYM,
+                         "%s(%p): not inside a live sympool block", fn, ptr);
+    if (!bi->pool || !sp_mempool_is_symmetric(bi->pool))
+        return sp__error(SP_ERR_INVALID_USAGE, SP_SUB_SYM,
+                         "%s(%p): the block is not in a symmetric pool", fn, ptr);
+    sp_sym_state_t *st = find_state(bi->pool);
+    if (!st)
+        return sp__error(SP_ERR_INVALID_USAGE, SP_SUB_SYM,
+                         "%s(%p): its symmetric pool's world was finalized", fn, ptr);
+    pthread_mutex_lock(&st->lock);
+    sp_sym_rec_t *rec = st->recs;
+    while (rec && rec->seg.base != bi->segment_base)
+        rec = rec->next;
+    if (!rec) {
+        pthread_mutex_unlock(&st->lock);
+        return sp__error(SP_ERR_INTERNAL, SP_SUB_SYM, "%s(%p): segment %p has no registration",
+                         fn, ptr, bi->segment_base);
+    }
+    *st_p = st;
+    *rec_p = rec;
+    return SP_SUCCESS; /* with st->lock held */
+}
+
+SP_EXPORT sp_status_t sp_symmetric_window(const void *ptr, sp_window_info_t *info_p) {
+    SP_ARG_CHECK(info_p, SP_SUB_SYM, "sp_symmetric_window: info_p is NULL");
+    sp_block_info_t bi;
+    sp_sym_state_t *st;
+    sp_sym_rec_t *rec;
+    SP_CHECK(locate(ptr, "sp_symmetric_window", &bi, &st, &rec));
+    sp_window_info_t info = {
+        .window = rec->seg.window,
+        .segment_base = bi.segment_base,
+        .offset = (size_t)((const char *)ptr - (const char *)bi.segment_base),
+        .segment_size = bi.segment_size,
+        .segment_seq = bi.segment_seq,
+    };
+    pthread_mutex_unlock(&st->lock);
+    *info_p = info;
+    return SP_SUCCESS;
+}
+
+SP_EXPORT sp_status_t sp_symmetric_peer_ptr(const void *ptr, int rank, void **peer_ptr_p) {
+    SP_ARG_CHECK(peer_ptr_p, SP_SUB_SYM, "sp_symmetric_peer_ptr: peer_ptr_p is NULL");
+    sp_block_info_t bi;
+    sp_sym_state_t *st;
+    sp_sym_rec_t *rec;
+    SP_CHECK(locate(ptr, "sp_symmetric_peer_ptr", &bi, &st, &rec));
+    sp_status_t s;
+    int size = sp_world_size(st->world);
+    if (rank < 0 || rank >= size)
+        s = sp__error(SP_ERR_INVALID_ARGUMENT, SP_SUB_SYM,
+                      "sp_symmetric_peer_ptr: rank %d is outside the world (0..%d)", rank,
+                      size - 1);
+    else
+        s = st->reg->peer_ptr(st->world, &rec->seg, rank,
+                              (size_t)((const char *)ptr - (const char *)bi.segment_base),
+                              peer_ptr_p);
+    pthread_mutex_unlock(&st->lock);
+    return s;
+}

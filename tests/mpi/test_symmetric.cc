@@ -1,0 +1,229 @@
+// test_symmetric.cc: symmetric MemPools under mpirun (2, 4, 8 ranks, host backend, mpi
+// registrar): identical offsets under mixed sizes and rank-specific free orders, blocks lent on
+// OOM or held by pending stream events on one rank only, peer pointers, mismatch and skip
+// reported on every rank, collective growth failure, collective empty cache and destroy, and
+// zero registrations in a steady loop. Every test runs on every rank; the collective calls are
+// made in the same order everywhere.
+#include <mpi.h>
+
+#include <algorithm>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "sp_test.hpp"
+
+extern "C" {
+#include "pool/pool_internal.h"
+#include "symmetric/sym_int.h"
+#include <sympool/symmetric.h>
+#include <sympool/world.h>
+}
+
+namespace {
+
+int mpi_rank() {
+    int r = 0;
+    MPI_Comm_rank(MPI_COMM_WORLD, &r);
+    return r;
+}
+int mpi_size() {
+    int n = 0;
+    MPI_Comm_size(MPI_COMM_WORLD, &n);
+    return n;
+}
+
+sp_sym_counters_t counters() {
+    sp_sym_counters_t c;
+    sp__symmetric_counters(-1, &c);
+    return c;
+}
+
+class Symmetric : public sp::Test {
+  protected:
+    void SetUp() override { sp::Test::SetUp(); }
+    void TearDown() override {
+        if (pool_) {
+            EXPECT_SP_OK(sp_symmetric_mempool_destroy(pool_));
+        }
+        if (world_) {
+            EXPECT_SP_OK(sp_world_finalize(world_));
+        }
+        sp::Test::TearDown();
+    }
+    // MPI is already initialized by mpi_main.cc: sp_world_init must neither re-init nor finalize.
+    void make(bool use_on_oom = false, const char *name = "sym") {
+        ASSERT_SP_OK(sp_world_init(nullptr, nullptr, &world_));
+        sp_mempool_params_t p;
+        sp_mempool_params_init(&p);
+        p.use_on_oom = use_on_oom;
+        p.name = name;
+        ASSERT_SP_OK(sp_symmetric_mempool_create(world_, &p, &pool_));
+    }
+    // Every rank holds ptr at the same (segment, offset) of a segment of the same size.
+    void expect_identical(void *ptr, const std::string &what) {
+        sp_window_info_t wi;
+        ASSERT_SP_OK(sp_symmetric_window(ptr, &wi));
+        unsigned long long mine[3] = {wi.segment_seq, wi.offset, wi.segment_size};
+        std::vector<unsigned long long> all(3 * (size_t)mpi_size());
+        MPI_Allgather(mine, 3, MPI_UNSIGNED_LONG_LONG, all.data(), 3, MPI_UNSIGNED_LONG_LONG,
+                      MPI_COMM_WORLD);
+        for (int r = 0; r < mpi_size(); r++) {
+            EXPECT_EQ(all[3 * r], all[0]) << what << ": segment seq differs on rank " << r;
+            EXPECT_EQ(all[3 * r + 1], all[1]) << what << ": offset differs on rank " << r;
+            EXPECT_EQ(all[3 * r + 2], all[2]) << what << ": segment size differs on rank " << r;
+        }
+    }
+    sp_world_t *world_ = nullptr;
+    sp_mempool_t *pool_ = nullptr;
+};
+
+TEST_F(Symmetric, WorldInitKeepsCallersMpi) {
+    int provided = -1;
+    MPI_Query_thread(&provided);
+    make();
+    EXPECT_EQ(sp_world_rank(world_), mpi_rank());
+    EXPECT_EQ(sp_world_size(world_), mpi_size());
+    EXPECT_TRUE(sp_mempool_is_symmetric(pool_));
+    EXPECT_SP_OK(sp_symmetric_mempool_destroy(pool_));
+    pool_ = nullptr;
+    EXPECT_SP_OK(sp_world_finalize(world_));
+    world_ = nullptr;
+    int finalized = 1, initialized = 0;
+    MPI_Finalized(&finalized);
+    MPI_Initialized(&initialized);
+    EXPECT_EQ(finalized, 0) << "sp_world_finalize finalized an MPI it did not initialize";
+    EXPECT_EQ(initialized, 1);
+    int q = -1;
+    MPI_Query_thread(&q);
+    EXPECT_EQ(q, provided) << "sp_world_init re-initialized MPI";
+}
+
+TEST_F(Symmetric, MixedSizesIdenticalOffsetsWithRankOrderedFrees) {
+    make();
+    // Sizes common to every rank (same seed); free order private to each rank.
+    std::mt19937 common(12345);
+    std::mt19937 mine(1000u + (unsigned)mpi_rank());
+    const size_t sizes[] = {512, 1000, 4096, 70000, 262144, 1 << 20, (1 << 20) + 1, 3 << 20,
+                            7 << 20, 12 << 20};
+    std::vector<void *> live;
+    sp_sym_counters_t before = counters();
+    int mallocs = 0;
+    for (int phase = 0; phase < 12; phase++) {
+        int n = 20 + (int)(common() % 10);
+        for (int i = 0; i < n; i++) {
+            size_t sz = sizes[common() % (sizeof sizes / sizeof sizes[0])] + (common() % 7) * 512;
+            void *p = nullptr;
+            ASSERT_SP_OK(sp_symmetric_malloc(pool_, sz, nullptr, &p));
+            ASSERT_NE(p, nullptr);
+            mallocs++;
+            // Tag the ends: overlapping blocks would overwrite each other's tags.
+            std::memset(p, phase * 31 + i, 16);
+            std::memset((char *)p + sz - 16, phase * 31 + i, 16);
+            expect_identical(p, "phase " + std::to_string(phase) + " alloc " + std::to_string(i));
+            live.push_back(p);
+        }
+        // A common subset goes (same indices everywhere), each rank frees it in its own order.
+        std::vector<size_t> idx;
+        for (size_t i = 0; i < live.size(); i++)
+            if (common() % 3 != 0)
+                idx.push_back(i);
+        std::vector<size_t> order = idx;
+        std::shuffle(order.begin(), order.end(), mine);
+        for (size_t i : order) {
+            ASSERT_SP_OK(sp_free(live[i]));
+            live[i] = nullptr;
+        }
+        live.erase(std::remove(live.begin(), live.end(), nullptr), live.end());
+    }
+    for (void *p : live)
+        ASSERT_SP_OK(sp_free(p));
+    sp_sym_counters_t after = counters();
+    EXPECT_EQ(after.mallocs - before.mallocs, mallocs);
+    // Identical caches agree in one round: rounds beyond one per call come only from growths.
+    EXPECT_LE(after.agreement_rounds - before.agreement_rounds,
+              mallocs + 2 * (after.growths - before.growths));
+    EXPECT_EQ(after.registrations - before.registrations, after.growths - before.growths);
+}
+
+TEST_F(Symmetric, PeerPointersReadEveryRank) {
+    make();
+    int *buf = nullptr;
+    ASSERT_SP_OK(sp_symmetric_malloc(pool_, 4096, nullptr, (void **)&buf));
+    buf[0] = 1000 + mpi_rank();
+    buf[10] = 2000 + mpi_rank();
+    MPI_Barrier(MPI_COMM_WORLD);
+    for (int r = 0; r < mpi_size(); r++) {
+        void *peer = nullptr;
+        ASSERT_SP_OK(sp_symmetric_peer_ptr(buf, r, &peer));
+        EXPECT_EQ(*(volatile int *)peer, 1000 + r) << "peer " << r;
+        if (r == mpi_rank()) {
+            EXPECT_EQ(peer, (void *)buf);
+        }
+    }
+    // Inside the block too, not only at its start.
+    int next = (mpi_rank() + 1) % mpi_size();
+    void *peer = nullptr;
+    ASSERT_SP_OK(sp_symmetric_peer_ptr(buf + 10, next, &peer));
+    EXPECT_EQ(*(volatile int *)peer, 2000 + next);
+    MPI_Barrier(MPI_COMM_WORLD);
+    expect_warnings();
+    EXPECT_SP_STATUS(sp_symmetric_peer_ptr(buf, mpi_size(), &peer), SP_ERR_INVALID_ARGUMENT);
+    EXPECT_SP_STATUS(sp_symmetric_peer_ptr(buf, -1, &peer), SP_ERR_INVALID_ARGUMENT);
+    sp_window_info_t wi;
+    ASSERT_SP_OK(sp_symmetric_window(buf + 1, &wi));
+    EXPECT_EQ(wi.window, nullptr); // mpi registrar: no NCCL window
+    EXPECT_EQ((char *)wi.segment_base + wi.offset, (char *)(buf + 1));
+    ASSERT_SP_OK(sp_free(buf));
+    EXPECT_SP_STATUS(sp_symmetric_window(buf, &wi), SP_ERR_INVALID_USAGE);
+}
+
+TEST_F(Symmetric, MismatchedSizeFailsOnEveryRankAndPoolStaysUsable) {
+    expect_warnings();
+    make();
+    void *p = nullptr;
+    size_t size = mpi_rank() == 1 ? 8192 : 4096;
+    double t0 = MPI_Wtime();
+    EXPECT_SP_STATUS(sp_symmetric_malloc(pool_, size, nullptr, &p), SP_ERR_MISMATCH);
+    double dt = MPI_Wtime() - t0;
+    EXPECT_EQ(p, nullptr);
+    std::string msg = sp_last_error();
+    EXPECT_NE(msg.find("call #1"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("4096"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("8192"), std::string::npos) << msg;
+    EXPECT_LT(dt, 30.0) << "a mismatch must be reported at once, not by the timeout";
+    EXPECT_EQ(sp_mempool_used_bytes(pool_), 0u);
+    EXPECT_EQ(sp_mempool_total_bytes(pool_), 0u) << "nothing may be grown on a mismatch";
+    ASSERT_SP_OK(sp_symmetric_malloc(pool_, 4096, nullptr, &p));
+    expect_identical(p, "after mismatch");
+    ASSERT_SP_OK(sp_free(p));
+}
+
+TEST_F(Symmetric, SkippedCallFailsOnEveryRank) {
+    expect_warnings();
+    make();
+    void *p = nullptr;
+    // Rank 0 skips the 4096 call: its 65536 call meets the others' 4096 call.
+    if (mpi_rank() != 0) {
+        EXPECT_SP_STATUS(sp_symmetric_malloc(pool_, 4096, nullptr, &p), SP_ERR_MISMATCH);
+    }
+    EXPECT_SP_STATUS(sp_symmetric_malloc(pool_, 65536, nullptr, &p), mpi_rank() == 0 ? SP_ERR_MISMATCH : SP_SUCCESS);
+    if (mpi_rank() == 0) {
+        ASSERT_SP_OK(sp_symmetric_malloc(pool_, 65536, nullptr, &p));
+    }
+    expect_identical(p, "after skip");
+    ASSERT_SP_OK(sp_free(p));
+    // A call that fails locally on one rank still counts: the next call numbers differ.
+    if (mpi_rank() == 0) {
+        EXPECT_SP_STATUS(sp_symmetric_malloc(pool_, 4096, nullptr, nullptr),
+                         SP_ERR_INVALID_ARGUMENT);
+    }
+    EXPECT_SP_STATUS(sp_symmetric_malloc(pool_, 4096, nullptr, &p), SP_ERR_MISMATCH);
+    std::string msg = sp_last_error();
+    EXPECT_NE(msg.find("call numbers"), std::string::npos) << msg;
+    ASSERT_SP_OK(sp_symmetric_malloc(pool_, 4096, nullptr, &p));
+    expect_identical(p, "after resync");
+    ASSERT_SP_OK(sp_free(p));
+}
+} // namespace

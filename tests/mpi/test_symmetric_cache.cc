@@ -1,0 +1,281 @@
+// test_symmetric_cache.cc: how a symmetric pool's cache stays symmetric when ranks' caches
+// differ (a block lent on OOM, a free held by a pending stream event on one rank), collective
+// growth failure, collective empty cache and destroy, zero registrations in a steady loop, and
+// the creation checks. Runs under mpirun at 2, 4, 8 ranks on the host backend.
+#include <mpi.h>
+
+#include <string>
+#include <vector>
+
+#include "sp_test.hpp"
+
+extern "C" {
+#include "pool/pool_internal.h"
+#include "symmetric/sym_int.h"
+#include <sympool/symmetric.h>
+#include <sympool/world.h>
+}
+
+namespace {
+
+int mpi_rank() {
+    int r = 0;
+    MPI_Comm_rank(MPI_COMM_WORLD, &r);
+    return r;
+}
+int mpi_size() {
+    int n = 0;
+    MPI_Comm_size(MPI_COMM_WORLD, &n);
+    return n;
+}
+
+sp_sym_counters_t counters() {
+    sp_sym_counters_t c;
+    sp__symmetric_counters(-1, &c);
+    return c;
+}
+
+// min and max of a value over the ranks
+void minmax(long long v, long long *lo, long long *hi) {
+    long long in[2] = {v, -v}, out[2];
+    MPI_Allreduce(in, out, 2, MPI_LONG_LONG, MPI_MIN, MPI_COMM_WORLD);
+    *lo = out[0];
+    *hi = -out[1];
+}
+
+class SymmetricCache : public sp::Test {
+  protected:
+    void TearDown() override {
+        if (pool_) {
+            EXPECT_SP_OK(sp_symmetric_mempool_destroy(pool_));
+        }
+        if (world_) {
+            EXPECT_SP_OK(sp_world_finalize(world_));
+        }
+        sp::Test::TearDown();
+    }
+    void make(bool use_on_oom = false) {
+        ASSERT_SP_OK(sp_world_from_comm(MPI_COMM_WORLD, &world_));
+        sp_mempool_params_t p;
+        sp_mempool_params_init(&p);
+        p.use_on_oom = use_on_oom;
+        p.name = "cache";
+        ASSERT_SP_OK(sp_symmetric_mempool_create(world_, &p, &pool_));
+    }
+    void expect_identical(void *ptr, const std::string &what) {
+        sp_window_info_t wi;
+        ASSERT_SP_OK(sp_symmetric_window(ptr, &wi));
+        long long lo, hi;
+        minmax((long long)wi.segment_seq, &lo, &hi);
+        EXPECT_EQ(lo, hi) << what << ": segment seq differs across ranks";
+        minmax((long long)wi.offset, &lo, &hi);
+        EXPECT_EQ(lo, hi) << what << ": offset differs across ranks";
+    }
+    sp_world_t *world_ = nullptr;
+    sp_mempool_t *pool_ = nullptr;
+};
+
+TEST_F(SymmetricCache, BlockLentOnOomOnOneRankStillIdenticalOffsets) {
+    // The same capacity on every rank; only rank 0 runs out and borrows from the pool.
+    sp::ScopedEnv env({{"SYMPOOL_HOST_CAPACITY", "32MiB"}});
+    make(/*use_on_oom=*/true);
+    void *p = nullptr;
+    ASSERT_SP_OK(sp_symmetric_malloc(pool_, 4 << 20, nullptr, &p)); // one 20 MiB segment
+    ASSERT_SP_OK(sp_free(p));
+    void *big = nullptr, *lent = nullptr;
+    if (mpi_rank() == 0) {
+        ASSERT_SP_OK(sp_malloc(24 << 20, 0, nullptr, &big));
+        ASSERT_SP_OK(sp_malloc(16 << 20, 0, nullptr, &lent)); // device full: lent by the pool
+        sp_block_info_t bi;
+        ASSERT_SP_OK(sp__pool_lookup(lent, &bi));
+        EXPECT_EQ(bi.pool, pool_) << "the 16 MiB block should come from the symmetric pool";
+    }
+    sp_sym_counters_t before = counters();
+    void *q = nullptr;
+    ASSERT_SP_OK(sp_symmetric_malloc(pool_, 4 << 20, nullptr, &q));
+    expect_identical(q, "with a block lent on rank 0");
+    sp_sym_counters_t after = counters();
+    long long lo, hi;
+    minmax(after.growths - before.growths, &lo, &hi);
+    EXPECT_EQ(lo, hi) << "every rank grows together or none does";
+    if (mpi_rank() == 0) {
+        ASSERT_SP_OK(sp_free(lent));
+        ASSERT_SP_OK(sp_free(big));
+    }
+    ASSERT_SP_OK(sp_free(q));
+    // Caches equal again: the next call is a one-round hit at the same place everywhere.
+    before = counters();
+    ASSERT_SP_OK(sp_symmetric_malloc(pool_, 4 << 20, nullptr, &q));
+    expect_identical(q, "after the loan came back");
+    after = counters();
+    EXPECT_EQ(after.agreement_rounds - before.agreement_rounds, 1);
+    ASSERT_SP_OK(sp_free(q));
+}
+
+TEST_F(SymmetricCache, FreeHeldByPendingEventOnOneRank) {
+    make();
+    sp_stream_t s = nullptr;
+    ASSERT_SP_OK(sp_stream_create(sp_world_device(world_), &s));
+    void *p = nullptr;
+    ASSERT_SP_OK(sp_symmetric_malloc(pool_, 1 << 20, nullptr, &p));
+    if (mpi_rank() == 0) {
+        ASSERT_SP_OK(sp_record_stream(p, s)); // its free waits for stream s on rank 0 only
+    }
+    ASSERT_SP_OK(sp_free(p));
+    sp_sym_counters_t before = counters();
+    void *q = nullptr;
+    ASSERT_SP_OK(sp_symmetric_malloc(pool_, 1 << 20, nullptr, &q));
+    sp_sym_counters_t after = counters();
+    expect_identical(q, "with a pending free on rank 0");
+    EXPECT_EQ(after.growths, before.growths)
+        << "completing the pending free must make the caches agree without a growth";
+    EXPECT_EQ(after.agreement_rounds - before.agreement_rounds, 2);
+    ASSERT_SP_OK(sp_free(q));
+    ASSERT_SP_OK(sp_stream_destroy(s));
+}
+
+TEST_F(SymmetricCache, EmptyCacheReleasesWhatIsFreeEverywhere) {
+    make();
+    std::vector<void *> v(3);
+    for (auto &p : v)
+        ASSERT_SP_OK(sp_symmetric_malloc(pool_, 12 << 20, nullptr, &p)); // 3 segments
+    ASSERT_EQ(sp__pool_segment_count(pool_), 3u);
+    sp_sym_counters_t before = counters();
+    size_t reserved = sp_memory_reserved(sp_world_device(world_));
+    // Rank 1 keeps block 1; everybody frees the rest.
+    for (size_t i = 0; i < v.size(); i++)
+        if (!(i == 1 && mpi_rank() == 1))
+            ASSERT_SP_OK(sp_free(v[i]));
+    ASSERT_SP_OK(sp_symmetric_empty_cache(pool_));
+    EXPECT_EQ(sp__pool_segment_count(pool_), 1u) << "segment 1 is busy on rank 1, so it stays everywhere";
+    sp_sym_counters_t after = counters();
+    EXPECT_EQ(after.deregistrations - before.deregistrations, 2);
+    EXPECT_LT(sp_memory_reserved(sp_world_device(world_)), reserved);
+    if (mpi_rank() == 1)
+        ASSERT_SP_OK(sp_free(v[1]));
+    ASSERT_SP_OK(sp_symmetric_empty_cache(pool_));
+    EXPECT_EQ(sp__pool_segment_count(pool_), 0u);
+    EXPECT_EQ(sp_mempool_total_bytes(pool_), 0u);
+    after = counters();
+    EXPECT_EQ(after.registrations - after.deregistrations, 0) << "no registration left";
+    // The pool grows again after an empty cache, symmetrically.
+    void *p = nullptr;
+    ASSERT_SP_OK(sp_symmetric_malloc(pool_, 4096, nullptr, &p));
+    expect_identical(p, "after empty cache");
+    ASSERT_SP_OK(sp_free(p));
+}
+
+TEST_F(SymmetricCache, SteadyLoopMakesNoRegistrations) {
+    make();
+    const size_t sizes[] = {4096, 1 << 20, 5 << 20, 24 << 20, 777};
+    auto step = [&]() {
+        void *ptrs[5];
+        for (int i = 0; i < 5; i++)
+            ASSERT_SP_OK(sp_symmetric_malloc(pool_, sizes[i], nullptr, &ptrs[i]));
+        for (int i = 4; i >= 0; i--)
+            ASSERT_SP_OK(sp_free(ptrs[i]));
+    };
+    step(); // warm-up grows the segments
+    sp_sym_counters_t before = counters();
+    for (int it = 0; it < 200; it++)
+        step();
+    sp_sym_counters_t after = counters();
+    EXPECT_EQ(after.registrations - before.registrations, 0);
+    EXPECT_EQ(after.growths - before.growths, 0);
+    EXPECT_EQ(after.mallocs - before.mallocs, 1000);
+    EXPECT_EQ(after.agreement_rounds - before.agreement_rounds, 1000) << "one allreduce per hit";
+}
+
+TEST_F(SymmetricCache, OneRankCannotGrowSoNoneDoes) {
+    expect_warnings();
+    make();
+    void *p = nullptr;
+    ASSERT_SP_OK(sp_symmetric_malloc(pool_, 4096, nullptr, &p)); // a 2 MiB small segment
+    if (mpi_rank() == mpi_size() - 1) {
+        ASSERT_SP_OK(sp_mempool_set_limit(pool_, 4 << 20)); // too small for a 20 MiB segment
+    }
+    sp_sym_counters_t before = counters();
+    void *q = nullptr;
+    EXPECT_SP_STATUS(sp_symmetric_malloc(pool_, 8 << 20, nullptr, &q), SP_ERR_OUT_OF_MEMORY);
+    EXPECT_EQ(q, nullptr);
+    sp_sym_counters_t after = counters();
+    EXPECT_EQ(after.registrations, before.registrations) << "no rank may be left half-grown";
+    EXPECT_EQ(sp__pool_segment_count(pool_), 1u);
+    ASSERT_SP_OK(sp_mempool_set_limit(pool_, 0));
+    ASSERT_SP_OK(sp_symmetric_malloc(pool_, 8 << 20, nullptr, &q));
+    expect_identical(q, "after the failed growth");
+    ASSERT_SP_OK(sp_free(q));
+    ASSERT_SP_OK(sp_free(p));
+}
+
+TEST_F(SymmetricCache, DestroyIsCollectiveAndRefusesLiveBlocks) {
+    expect_warnings();
+    make();
+    void *p = nullptr;
+    ASSERT_SP_OK(sp_symmetric_malloc(pool_, 4096, nullptr, &p));
+    if (mpi_rank() != 0) {
+        ASSERT_SP_OK(sp_free(p));
+    }
+    EXPECT_SP_STATUS(sp_symmetric_mempool_destroy(pool_), SP_ERR_BUSY);
+    if (mpi_rank() == 0) {
+        ASSERT_SP_OK(sp_free(p));
+    }
+    sp_sym_counters_t before = counters();
+    ASSERT_SP_OK(sp_symmetric_mempool_destroy(pool_));
+    sp_sym_counters_t after = counters();
+    EXPECT_EQ(after.deregistrations - before.deregistrations, 1);
+    EXPECT_EQ(after.pools, before.pools - 1);
+    EXPECT_SP_STATUS(sp_symmetric_malloc(pool_, 4096, nullptr, &p), SP_ERR_INVALID_USAGE);
+    pool_ = nullptr;
+}
+
+TEST_F(SymmetricCache, MisuseIsRefusedLocally) {
+    expect_warnings();
+    make();
+    void *p = nullptr;
+    EXPECT_SP_STATUS(sp_symmetric_malloc(nullptr, 64, nullptr, &p), SP_ERR_INVALID_ARGUMENT);
+    EXPECT_SP_STATUS(sp_mempool_malloc(pool_, 64, nullptr, &p), SP_ERR_INVALID_USAGE);
+    sp_mempool_t *plain = nullptr;
+    ASSERT_SP_OK(sp_mempool_create(nullptr, &plain));
+    EXPECT_SP_STATUS(sp_symmetric_malloc(plain, 64, nullptr, &p), SP_ERR_INVALID_USAGE);
+    EXPECT_SP_STATUS(sp_symmetric_empty_cache(plain), SP_ERR_INVALID_USAGE);
+    ASSERT_SP_OK(sp_mempool_destroy(plain));
+    sp_mempool_params_t prm;
+    sp_mempool_params_init(&prm);
+    sp_allocator_t a = {};
+    prm.allocator = &a;
+    sp_mempool_t *q = nullptr;
+    EXPECT_SP_STATUS(sp_symmetric_mempool_create(world_, &prm, &q), SP_ERR_INVALID_ARGUMENT);
+    EXPECT_SP_STATUS(sp_symmetric_mempool_create(nullptr, nullptr, &q), SP_ERR_INVALID_ARGUMENT);
+}
+
+TEST_F(SymmetricCache, CreateWithDifferentFlagsIsAMismatch) {
+    expect_warnings();
+    ASSERT_SP_OK(sp_world_from_comm(MPI_COMM_WORLD, &world_));
+    sp_mempool_params_t p;
+    sp_mempool_params_init(&p);
+    p.no_split = mpi_rank() == 0;
+    sp_mempool_t *q = nullptr;
+    EXPECT_SP_STATUS(sp_symmetric_mempool_create(world_, &p, &q), SP_ERR_MISMATCH);
+    EXPECT_EQ(q, nullptr);
+    p.no_split = false;
+    ASSERT_SP_OK(sp_symmetric_mempool_create(world_, &p, &pool_));
+}
+
+TEST_F(SymmetricCache, PoolLeftAliveIsReleasedAtWorldFinalize) {
+    expect_warnings();
+    make();
+    void *p = nullptr;
+    ASSERT_SP_OK(sp_symmetric_malloc(pool_, 4096, nullptr, &p));
+    ASSERT_SP_OK(sp_free(p));
+    sp_sym_counters_t before = counters();
+    ASSERT_SP_OK(sp_world_finalize(world_));
+    world_ = nullptr;
+    sp_sym_counters_t after = counters();
+    EXPECT_EQ(after.deregistrations - before.deregistrations, 1);
+    EXPECT_EQ(after.pools, before.pools - 1);
+    EXPECT_SP_STATUS(sp_symmetric_malloc(pool_, 4096, nullptr, &p), SP_ERR_INVALID_USAGE);
+    pool_ = nullptr; // sp_shutdown (fixture) drops the pool itself
+}
+
+} // namespace
