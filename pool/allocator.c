@@ -418,6 +418,10 @@ static sp_status_t report_oom(sp_devalloc_t *d, sp_mempool_t *pool, size_t orig,
     else if (fraction_hit)
         snprintf(extra, sizeof(extra), "; the memory fraction caps this process at %s "
                  "(sp_set_memory_fraction)", cap);
+    else if (!pool->is_default)
+        snprintf(extra, sizeof(extra), "; the request went to pool \"%s\" {%" PRIu64 ",%" PRIu64
+                 "} (%s reserved), which never borrows from use_on_oom pools",
+                 pool->name ? pool->name : "", pool->id.first, pool->id.second, res);
     return sp__error(SP_ERR_OUT_OF_MEMORY, SP_SUB_POOL,
                      "out of memory on device %d: tried to allocate %s; device has %s total, %s "
                      "free; %s allocated by sympool, %s reserved but unallocated%s. If reserved "

@@ -1,0 +1,73 @@
+// test_alloc_badinput.cc: bad input gets a status and a message and changes no statistic: a
+// pointer sympool never returned, an interior pointer, a double free, an unknown device, a size
+// above the device, a NULL output pointer.
+#include "alloc_test_util.hpp"
+
+#include <string>
+
+using namespace sp;
+
+class AllocBadInput : public sp::Test {
+  protected:
+    void SetUp() override {
+        sp::Test::SetUp();
+        expect_warnings();
+    }
+};
+
+TEST_F(AllocBadInput, FreeOfForeignInteriorAndFreedPointers) {
+    void *p;
+    ASSERT_SP_OK(sp_malloc(4096, 0, nullptr, &p));
+    sp_stats_t before = snap();
+    int local = 0;
+    EXPECT_SP_STATUS(sp_free(&local), SP_ERR_INVALID_USAGE);
+    EXPECT_NE(std::string(sp_last_error()).find("not a pointer sympool returned"),
+              std::string::npos) << sp_last_error();
+    EXPECT_SP_STATUS(sp_free((char *)p + 512), SP_ERR_INVALID_USAGE);
+    EXPECT_NE(std::string(sp_last_error()).find("inside"), std::string::npos) << sp_last_error();
+    EXPECT_EQ(diff(before, snap()), "");
+    ASSERT_SP_OK(sp_free(p));
+    sp_stats_t after_free = snap();
+    EXPECT_SP_STATUS(sp_free(p), SP_ERR_INVALID_USAGE);
+    EXPECT_NE(std::string(sp_last_error()).find("double free"), std::string::npos)
+        << sp_last_error();
+    EXPECT_EQ(diff(after_free, snap()), "");
+    EXPECT_SP_OK(sp_free(nullptr));
+}
+
+TEST_F(AllocBadInput, UnknownDeviceSizeAboveDeviceNullOutput) {
+    sp::ScopedEnv env({{"SYMPOOL_HOST_CAPACITY", "1GiB"}});
+    void *p = &p;
+    sp_stats_t before = snap();
+    EXPECT_SP_STATUS(sp_malloc(512, 5, nullptr, &p), SP_ERR_INVALID_ARGUMENT);
+    EXPECT_SP_STATUS(sp_malloc(512, -1, nullptr, &p), SP_ERR_INVALID_ARGUMENT);
+    EXPECT_SP_STATUS(sp_malloc(2 * GiB, 0, nullptr, &p), SP_ERR_INVALID_ARGUMENT);
+    EXPECT_NE(std::string(sp_last_error()).find("more than device 0 has"), std::string::npos)
+        << sp_last_error();
+    EXPECT_SP_STATUS(sp_malloc((size_t)1 << 62, 0, nullptr, &p), SP_ERR_INVALID_ARGUMENT);
+    EXPECT_EQ(p, (void *)&p) << "the output is written only on success";
+    EXPECT_SP_STATUS(sp_malloc(512, 0, nullptr, nullptr), SP_ERR_INVALID_ARGUMENT);
+    EXPECT_EQ(diff(before, snap()), "") << "no stat changes, num_ooms included";
+    size_t f, t;
+    EXPECT_SP_STATUS(sp_get_memory_info(4, &f, &t), SP_ERR_INVALID_ARGUMENT);
+    EXPECT_SP_STATUS(sp_get_memory_info(0, nullptr, &t), SP_ERR_INVALID_ARGUMENT);
+    ASSERT_SP_OK(sp_get_memory_info(0, &f, &t));
+    EXPECT_EQ(t, GiB);
+}
+
+TEST_F(AllocBadInput, ShutdownWithLiveBlocksIsBusyAndReleasesNothing) {
+    void *p;
+    ASSERT_SP_OK(sp_malloc(4096, 0, nullptr, &p));
+    EXPECT_SP_STATUS(sp_shutdown(), SP_ERR_BUSY);
+    EXPECT_EQ(stat("reserved_bytes.all.current"), (int64_t)(2 * MiB));
+    ASSERT_SP_OK(sp_free(p));
+    ASSERT_SP_OK(sp_shutdown());
+    EXPECT_STREQ(sp_backend_name(), "host") << "the next call initializes again";
+    EXPECT_EQ(stat("reserved_bytes.all.current"), 0);
+}
+
+TEST_F(AllocBadInput, FreeBeforeInitIsRejected) {
+    ASSERT_SP_OK(sp_shutdown());
+    int x;
+    EXPECT_SP_STATUS(sp_free(&x), SP_ERR_INVALID_USAGE);
+}

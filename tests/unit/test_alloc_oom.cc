@@ -1,0 +1,142 @@
+// test_alloc_oom.cc: the malloc path's releases and one retry, deterministically on the host
+// backend: num_alloc_retries and num_ooms with SYMPOOL_HOST_CAPACITY, fault injection with
+// SYMPOOL_HOST_FAIL_AFTER, the OOM message, the memory fraction cap, the garbage collection
+// threshold, max_split_size releases and SYMPOOL_NO_CACHING.
+#include "alloc_test_util.hpp"
+
+#include <string>
+
+using namespace sp;
+
+class AllocOom : public sp::Test {};
+
+TEST_F(AllocOom, ReleaseCachedThenRetrySucceeds) {
+    sp::ScopedEnv env({{"SYMPOOL_HOST_CAPACITY", "100MiB"}});
+    void *a, *b;
+    ASSERT_SP_OK(sp_malloc(40 * MiB, 0, nullptr, &a));
+    ASSERT_SP_OK(sp_free(a)); // 40 MiB cached
+    ASSERT_SP_OK(sp_malloc(70 * MiB, 0, nullptr, &b));
+    EXPECT_EQ(stat("num_alloc_retries"), 1);
+    EXPECT_EQ(stat("num_ooms"), 0);
+    EXPECT_EQ(stat("num_sync_all_streams"), 1);
+    EXPECT_EQ(stat("num_device_free"), 1);
+    EXPECT_EQ(stat("reserved_bytes.all.current"), (int64_t)(70 * MiB));
+    ASSERT_SP_OK(sp_free(b));
+}
+
+TEST_F(AllocOom, GenuineOomCountsAndReports) {
+    expect_warnings();
+    sp::ScopedEnv env({{"SYMPOOL_HOST_CAPACITY", "100MiB"}});
+    void *a, *b = nullptr;
+    ASSERT_SP_OK(sp_malloc(70 * MiB, 0, nullptr, &a));
+    sp_stats_t before = snap();
+    EXPECT_SP_STATUS(sp_malloc(50 * MiB, 0, nullptr, &b), SP_ERR_OUT_OF_MEMORY);
+    EXPECT_EQ(b, nullptr);
+    std::string msg = sp_last_error();
+    EXPECT_NE(msg.find("tried to allocate 50.00 MiB"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("100.00 MiB total"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("30.00 MiB free"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("70.00 MiB allocated"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("0 bytes reserved but unallocated"), std::string::npos) << msg;
+    EXPECT_EQ(stat("num_ooms"), 1);
+    EXPECT_EQ(stat("num_alloc_retries"), 1);
+    sp_stats_t after = snap();
+    EXPECT_EQ(diff(before, after), "num_alloc_retries num_ooms num_sync_all_streams ");
+    ASSERT_SP_OK(sp_free(a));
+}
+
+TEST_F(AllocOom, FaultInjectionTakesTheRetryPath) {
+    sp::ScopedEnv env({{"SYMPOOL_HOST_FAIL_AFTER", "2"}});
+    void *a, *b;
+    ASSERT_SP_OK(sp_malloc(4 * MiB, 0, nullptr, &a)); // device call 1
+    ASSERT_SP_OK(sp_malloc(4 * MiB, 0, nullptr, &b)); // fits the same 20 MiB segment
+    ASSERT_SP_OK(sp_free(b));
+    ASSERT_SP_OK(sp_malloc(30 * MiB, 0, nullptr, &b)); // call 2 fails, call 3 (retry) works
+    EXPECT_EQ(stat("num_alloc_retries"), 1);
+    EXPECT_EQ(stat("num_ooms"), 0);
+    EXPECT_EQ(stat("num_device_alloc"), 2);
+    ASSERT_SP_OK(sp_free(a));
+    ASSERT_SP_OK(sp_free(b));
+}
+
+TEST_F(AllocOom, MemoryFractionCapsReserved) {
+    expect_warnings();
+    sp::ScopedEnv env({{"SYMPOOL_HOST_CAPACITY", "1GiB"}});
+    ASSERT_SP_OK(sp_set_memory_fraction(0.25, 0));
+    void *a, *b = nullptr;
+    ASSERT_SP_OK(sp_malloc(200 * MiB, 0, nullptr, &a));
+    EXPECT_SP_STATUS(sp_malloc(100 * MiB, 0, nullptr, &b), SP_ERR_OUT_OF_MEMORY);
+    EXPECT_NE(std::string(sp_last_error()).find("memory fraction"), std::string::npos)
+        << sp_last_error();
+    EXPECT_EQ(stat("num_device_alloc"), 1) << "the cap fails before any device call";
+    ASSERT_SP_OK(sp_set_memory_fraction(1.0, 0));
+    ASSERT_SP_OK(sp_malloc(100 * MiB, 0, nullptr, &b));
+    ASSERT_SP_OK(sp_free(a));
+    ASSERT_SP_OK(sp_free(b));
+    EXPECT_SP_STATUS(sp_set_memory_fraction(1.5, 0), SP_ERR_INVALID_ARGUMENT);
+    EXPECT_SP_STATUS(sp_set_memory_fraction(-0.1, 0), SP_ERR_INVALID_ARGUMENT);
+    EXPECT_SP_STATUS(sp_set_memory_fraction(0.5, 3), SP_ERR_INVALID_ARGUMENT);
+}
+
+// Three cached 100 MiB segments; a 150 MiB request misses the cache. With the fraction at
+// 512 MiB and a 0.5 threshold (256 MiB), GC frees one old segment first; without GC it does not.
+static int64_t reserved_after_gc_scenario() {
+    void *p[3], *q;
+    for (auto &x : p)
+        EXPECT_EQ(sp_malloc(100 * MiB, 0, nullptr, &x), SP_SUCCESS);
+    for (auto &x : p)
+        EXPECT_EQ(sp_free(x), SP_SUCCESS);
+    EXPECT_EQ(sp_malloc(150 * MiB, 0, nullptr, &q), SP_SUCCESS);
+    int64_t r = stat("reserved_bytes.all.current");
+    EXPECT_EQ(sp_free(q), SP_SUCCESS);
+    return r;
+}
+
+TEST_F(AllocOom, GarbageCollectionThreshold) {
+    sp::ScopedEnv env({{"SYMPOOL_HOST_CAPACITY", "1GiB"},
+                       {"SYMPOOL_ALLOC_CONF", "garbage_collection_threshold:0.5"}});
+    ASSERT_SP_OK(sp_set_memory_fraction(0.5, 0));
+    EXPECT_EQ(reserved_after_gc_scenario(), (int64_t)(350 * MiB));
+    EXPECT_EQ(stat("num_device_free"), 1);
+}
+
+TEST_F(AllocOom, NoGarbageCollectionWithoutFraction) {
+    sp::ScopedEnv env({{"SYMPOOL_HOST_CAPACITY", "1GiB"},
+                       {"SYMPOOL_ALLOC_CONF", "garbage_collection_threshold:0.5"}});
+    EXPECT_EQ(reserved_after_gc_scenario(), (int64_t)(450 * MiB));
+    EXPECT_EQ(stat("num_device_free"), 0);
+}
+
+TEST_F(AllocOom, MaxSplitSizeReleasesOversizeBlocksBeforeTheFullRelease) {
+    sp::ScopedEnv env({{"SYMPOOL_HOST_CAPACITY", "100MiB"},
+                       {"SYMPOOL_ALLOC_CONF", "max_split_size_mb:20"}});
+    void *a, *small, *live, *b;
+    ASSERT_SP_OK(sp_malloc(30 * MiB, 0, nullptr, &live));
+    ASSERT_SP_OK(sp_malloc(60 * MiB, 0, nullptr, &a));
+    ASSERT_SP_OK(sp_malloc(512, 0, nullptr, &small));
+    ASSERT_SP_OK(sp_free(small)); // a cached small segment the full release would also free
+    ASSERT_SP_OK(sp_free(a));
+    // 38 MiB: the cached 60 MiB block wastes >= 20 MiB (max_non_split_rounding), so it is not
+    // taken; the device has 8 MiB left; release_available_cached_blocks frees the 60 MiB block.
+    ASSERT_SP_OK(sp_malloc(38 * MiB, 0, nullptr, &b));
+    EXPECT_EQ(stat("num_alloc_retries"), 0) << "release_available_cached_blocks was enough";
+    EXPECT_EQ(stat("segment.small_pool.current"), 1) << "the small cache was not touched";
+    EXPECT_EQ(stat("num_device_free"), 1);
+    ASSERT_SP_OK(sp_free(b));
+    ASSERT_SP_OK(sp_free(live));
+}
+
+TEST_F(AllocOom, NoCachingGoesStraightToTheDevice) {
+    sp::ScopedEnv env({{"SYMPOOL_NO_CACHING", "1"}});
+    void *a, *b;
+    ASSERT_SP_OK(sp_malloc(1000, 0, nullptr, &a));
+    EXPECT_EQ(stat("reserved_bytes.all.current"), 1024);
+    EXPECT_EQ(stat("num_device_alloc"), 1);
+    ASSERT_SP_OK(sp_free(a));
+    EXPECT_EQ(stat("reserved_bytes.all.current"), 0);
+    EXPECT_EQ(stat("num_device_free"), 1);
+    EXPECT_EQ(stat("allocation.all.allocated"), 1);
+    ASSERT_SP_OK(sp_malloc(1000, 0, nullptr, &b));
+    EXPECT_EQ(stat("num_device_alloc"), 2);
+    ASSERT_SP_OK(sp_free(b));
+}
