@@ -1,0 +1,513 @@
+// test_collectives.cc: sp_allreduce, sp_allgather, sp_reduce_scatter and sp_broadcast under
+// mpirun (2, 4, 8 ranks, host backend) against straightforward references computed on every
+// rank: every dtype and op, odd counts, in place, data that differs on every rank; fp16/bf16
+// against the float result rounded once (bit-exact where the float sum is exact); and every
+// argument check returning an error on ALL ranks (a rank that hung would time the test out).
+#include "sp_test.hpp"
+
+#include <mpi.h>
+
+#include <cmath>
+#include <cstring>
+#include <string>
+#include <vector>
+
+extern "C" {
+#include <sympool/collectives.h>
+#include <sympool/symmetric.h>
+#include <sympool/world.h>
+}
+
+namespace {
+
+const sp_dtype_t kAllTypes[] = {SP_INT8,    SP_UINT8,    SP_INT32,   SP_UINT32, SP_INT64,
+                                SP_UINT64,  SP_FLOAT16, SP_BFLOAT16, SP_FLOAT32, SP_FLOAT64};
+const sp_redop_t kAllOps[] = {SP_SUM, SP_PROD, SP_MIN, SP_MAX, SP_AVG};
+const size_t kCounts[] = {1, 7, 1001};
+
+size_t type_size(sp_dtype_t t) {
+    switch (t) {
+    case SP_INT8: case SP_UINT8: return 1;
+    case SP_FLOAT16: case SP_BFLOAT16: return 2;
+    case SP_INT32: case SP_UINT32: case SP_FLOAT32: return 4;
+    default: return 8;
+    }
+}
+bool is_unsigned(sp_dtype_t t) { return t == SP_UINT8 || t == SP_UINT32 || t == SP_UINT64; }
+bool is_int(sp_dtype_t t) { return t <= SP_UINT64; }
+bool is_half(sp_dtype_t t) { return t == SP_FLOAT16 || t == SP_BFLOAT16; }
+
+// ---- an independent 16-bit float codec: arithmetic in double, ties to even by nearbyint ----
+struct Fmt {
+    int ebits, mbits;
+};
+Fmt fmt_of(sp_dtype_t t) { return t == SP_BFLOAT16 ? Fmt{8, 7} : Fmt{5, 10}; }
+
+double dec16(uint16_t b, Fmt f) {
+    int bias = (1 << (f.ebits - 1)) - 1;
+    int e = (b >> f.mbits) & ((1 << f.ebits) - 1);
+    int m = b & ((1 << f.mbits) - 1);
+    double s = (b & 0x8000) ? -1.0 : 1.0;
+    if (e == (1 << f.ebits) - 1)
+        return m ? NAN : s * INFINITY;
+    if (e == 0)
+        return s * std::ldexp((double)m, 1 - bias - f.mbits);
+    return s * std::ldexp((double)(m + (1 << f.mbits)), e - bias - f.mbits);
+}
+
+uint16_t enc16(double x, Fmt f) {
+    int bias = (1 << (f.ebits - 1)) - 1, emin = 1 - bias;
+    uint16_t sign = std::signbit(x) ? 0x8000 : 0;
+    uint16_t inf = (uint16_t)(sign | (((1 << f.ebits) - 1) << f.mbits));
+    if (std::isnan(x))
+        return (uint16_t)(inf | (1 << (f.mbits - 1)));
+    double a = std::fabs(x);
+    if (std::isinf(a))
+        return inf;
+    if (a == 0)
+        return sign;
+    int e = std::ilogb(a);
+    if (e < emin)
+        e = emin;
+    double q = std::ldexp(1.0, e - f.mbits);
+    double v = std::nearbyint(a / q) * q; // default rounding mode: to nearest, ties to even
+    double maxv = (2.0 - std::ldexp(1.0, -f.mbits)) * std::ldexp(1.0, bias);
+    if (v > maxv)
+        return inf;
+    if (v < std::ldexp(1.0, emin))
+        return (uint16_t)(sign | (uint16_t)(v / std::ldexp(1.0, emin - f.mbits)));
+    int ve = std::ilogb(v);
+    int mant = (int)(v / std::ldexp(1.0, ve - f.mbits)) - (1 << f.mbits);
+    return (uint16_t)(sign | ((ve + bias) << f.mbits) | mant);
+}
+
+// ---- typed access through doubles (all test values are exact in every type) --------------
+void put(sp_dtype_t t, void *buf, size_t i, double v) {
+    switch (t) {
+    case SP_INT8: ((int8_t *)buf)[i] = (int8_t)v; break;
+    case SP_UINT8: ((uint8_t *)buf)[i] = (uint8_t)v; break;
+    case SP_INT32: ((int32_t *)buf)[i] = (int32_t)v; break;
+    case SP_UINT32: ((uint32_t *)buf)[i] = (uint32_t)v; break;
+    case SP_INT64: ((int64_t *)buf)[i] = (int64_t)v; break;
+    case SP_UINT64: ((uint64_t *)buf)[i] = (uint64_t)v; break;
+    case SP_FLOAT16: case SP_BFLOAT16: ((uint16_t *)buf)[i] = enc16(v, fmt_of(t)); break;
+    case SP_FLOAT32: ((float *)buf)[i] = (float)v; break;
+    case SP_FLOAT64: ((double *)buf)[i] = v; break;
+    }
+}
+double get(sp_dtype_t t, const void *buf, size_t i) {
+    switch (t) {
+    case SP_INT8: return ((const int8_t *)buf)[i];
+    case SP_UINT8: return ((const uint8_t *)buf)[i];
+    case SP_INT32: return ((const int32_t *)buf)[i];
+    case SP_UINT32: return ((const uint32_t *)buf)[i];
+    case SP_INT64: return (double)((const int64_t *)buf)[i];
+    case SP_UINT64: return (double)((const uint64_t *)buf)[i];
+    case SP_FLOAT16: case SP_BFLOAT16: return dec16(((const uint16_t *)buf)[i], fmt_of(t));
+    case SP_FLOAT32: return ((const float *)buf)[i];
+    case SP_FLOAT64: return ((const double *)buf)[i];
+    }
+    return 0;
+}
+
+// Per-rank inputs, different on every rank and element; small enough that no sum or product
+// overflows int8 at 8 ranks, and exact in every type.
+double value(sp_dtype_t t, sp_redop_t op, int rank, size_t i) {
+    if (op == SP_PROD) {
+        if (rank == 0)
+            return 2;
+        return (!is_unsigned(t) && (i + (size_t)rank) % 2) ? -1 : 1;
+    }
+    if (op == SP_MIN || op == SP_MAX) {
+        double v = (double)((rank * 5 + (int)(i % 97) * 3) % 11);
+        return is_unsigned(t) ? v : v - 5;
+    }
+    double v = (double)((rank * 13 + (int)(i % 89) * 7) % 9);
+    return is_unsigned(t) ? v : v - 4;
+}
+
+// The expected reduction of element i over all ranks.
+double reference(sp_dtype_t t, sp_redop_t op, int n, size_t i, size_t index_base = 0) {
+    double acc = value(t, op, 0, index_base + i);
+    for (int r = 1; r < n; r++) {
+        double v = value(t, op, r, index_base + i);
+        switch (op) {
+        case SP_SUM: case SP_AVG: acc += v; break;
+        case SP_PROD: acc *= v; break;
+        case SP_MIN: acc = std::fmin(acc, v); break;
+        case SP_MAX: acc = std::fmax(acc, v); break;
+        }
+    }
+    if (op == SP_AVG) {
+        if (is_int(t))
+            return std::trunc(acc / n); // integer AVG: truncating division of the sum
+        if (t == SP_FLOAT64)
+            return acc / n;
+        float q = (float)acc / (float)n; // float sum divided in float, then rounded once
+        return is_half(t) ? dec16(enc16(q, fmt_of(t)), fmt_of(t)) : (double)q;
+    }
+    return acc;
+}
+
+// A sympool device buffer that frees itself.
+struct Buf {
+    void *p = nullptr;
+    Buf(size_t bytes, int dev) {
+        sp_status_t s = sp_malloc(bytes, dev, nullptr, &p);
+        EXPECT_EQ(s, SP_SUCCESS) << sp::describe(s);
+    }
+    ~Buf() { sp_free(p); }
+    char *c() { return static_cast<char *>(p); }
+};
+
+class Collectives : public sp::Test {
+  protected:
+    void SetUp() override {
+        sp::Test::SetUp();
+        ASSERT_SP_OK(sp_world_from_comm(MPI_COMM_WORLD, &w_));
+        rank_ = sp_world_rank(w_);
+        n_ = sp_world_size(w_);
+        dev_ = sp_world_device(w_);
+    }
+    void TearDown() override {
+        if (w_)
+            EXPECT_SP_OK(sp_world_finalize(w_));
+        sp::Test::TearDown();
+    }
+    // True on every rank iff `ok` is true on every rank (keeps ranks' control flow together).
+    bool all(bool ok) {
+        int v = ok ? 1 : 0, out = 0;
+        MPI_Allreduce(&v, &out, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+        return out == 1;
+    }
+    sp_world_t *w_ = nullptr;
+    int rank_ = -1, n_ = 0, dev_ = -1;
+};
+
+// ---- data -------------------------------------------------------------------------------
+
+TEST_F(Collectives, AllreduceEveryDtypeOpCountInPlace) {
+    for (sp_dtype_t t : kAllTypes)
+        for (sp_redop_t op : kAllOps)
+            for (size_t count : kCounts)
+                for (int in_place = 0; in_place < 2; in_place++) {
+                    size_t bytes = count * type_size(t);
+                    Buf send(bytes, dev_), recv(bytes, dev_);
+                    for (size_t i = 0; i < count; i++)
+                        put(t, send.p, i, value(t, op, rank_, i));
+                    void *dst = in_place ? send.p : recv.p;
+                    sp_status_t s = sp_allreduce(w_, send.p, dst, count, t, op, nullptr);
+                    ASSERT_EQ(s, SP_SUCCESS) << sp::describe(s);
+                    size_t bad = 0;
+                    for (size_t i = 0; i < count; i++) {
+                        double want = reference(t, op, n_, i), got = get(t, dst, i);
+                        if (got != want && bad++ < 3)
+                            ADD_FAILURE() << "dtype " << t << " op " << op << " count " << count
+                                          << " in_place " << in_place << " [" << i
+                                          << "]: got " << got << " want " << want;
+                    }
+                    ASSERT_EQ(bad, 0u);
+                }
+}
+
+TEST_F(Collectives, ReduceScatterEveryDtypeOpCountInPlace) {
+    for (sp_dtype_t t : kAllTypes)
+        for (sp_redop_t op : kAllOps)
+            for (size_t count : kCounts)
+                for (int in_place = 0; in_place < 2; in_place++) {
+                    size_t sz = type_size(t), total = count * (size_t)n_;
+                    Buf send(total * sz, dev_), recv(count * sz, dev_);
+                    for (size_t j = 0; j < total; j++)
+                        put(t, send.p, j, value(t, op, rank_, j));
+                    void *dst = in_place ? send.c() + (size_t)rank_ * count * sz : recv.p;
+                    sp_status_t s = sp_reduce_scatter(w_, send.p, dst, count, t, op, nullptr);
+                    ASSERT_EQ(s, SP_SUCCESS) << sp::describe(s);
+                    size_t bad = 0;
+                    for (size_t i = 0; i < count; i++) {
+                        double want = reference(t, op, n_, i, (size_t)rank_ * count);
+                        double got = get(t, dst, i);
+                        if (got != want && bad++ < 3)
+                            ADD_FAILURE() << "dtype " << t << " op " << op << " count " << count
+                                          << " in_place " << in_place << " [" << i
+                                          << "]: got " << got << " want " << want;
+                    }
+                    ASSERT_EQ(bad, 0u);
+                }
+}
+
+// Raw bytes that differ on every rank and element.
+uint8_t pattern(int rank, size_t byte) { return (uint8_t)(rank * 37 + byte * 11 + 1); }
+
+TEST_F(Collectives, AllgatherEveryDtypeCountInPlace) {
+    for (sp_dtype_t t : kAllTypes)
+        for (size_t count : kCounts)
+            for (int in_place = 0; in_place < 2; in_place++) {
+                size_t bytes = count * type_size(t);
+                Buf send(bytes, dev_), recv(bytes * (size_t)n_, dev_);
+                memset(recv.p, 0xee, bytes * (size_t)n_);
+                char *src = in_place ? recv.c() + (size_t)rank_ * bytes : send.c();
+                for (size_t b = 0; b < bytes; b++)
+                    src[b] = (char)pattern(rank_, b);
+                ASSERT_SP_OK(sp_allgather(w_, src, recv.p, count, t, nullptr));
+                for (int r = 0; r < n_; r++)
+                    for (size_t b = 0; b < bytes; b++)
+                        ASSERT_EQ((uint8_t)recv.c()[(size_t)r * bytes + b], pattern(r, b))
+                            << "dtype " << t << " count " << count << " rank " << r;
+            }
+}
+
+TEST_F(Collectives, BroadcastEveryDtypeCountRootInPlace) {
+    for (sp_dtype_t t : kAllTypes)
+        for (size_t count : kCounts)
+            for (int root = 0; root < n_; root += (n_ > 2 ? n_ - 1 : 1))
+                for (int in_place = 0; in_place < 2; in_place++) {
+                    size_t bytes = count * type_size(t);
+                    Buf send(bytes, dev_), recv(bytes, dev_);
+                    for (size_t b = 0; b < bytes; b++) {
+                        send.c()[b] = (char)pattern(rank_, b);
+                        recv.c()[b] = (char)pattern(rank_ + 100, b);
+                    }
+                    void *src = in_place ? recv.p : send.p;
+                    if (in_place)
+                        memcpy(recv.p, send.p, bytes);
+                    // Non-root ranks' send is not used: pass NULL there to show it.
+                    ASSERT_SP_OK(sp_broadcast(w_, rank_ == root ? src : nullptr, recv.p, count,
+                                              t, root, nullptr));
+                    for (size_t b = 0; b < bytes; b++)
+                        ASSERT_EQ((uint8_t)recv.c()[b], pattern(root, b))
+                            << "dtype " << t << " count " << count << " root " << root;
+                }
+}
+
+// fp16/bf16 SUM and AVG of random values whose float sum is exact: the result must be the exact
+// sum rounded once to nearest-even (and AVG the float quotient rounded once), bit for bit.
+TEST_F(Collectives, HalfTypesRoundTheFloatResultOnce) {
+    const size_t count = 4099; // odd, and large enough to cover many roundings
+    for (sp_dtype_t t : {SP_FLOAT16, SP_BFLOAT16})
+        for (sp_redop_t op : {SP_SUM, SP_AVG}) {
+            Fmt f = fmt_of(t);
+            auto val = [&](int r, size_t i) {
+                uint32_t h = (uint32_t)(r * 2654435761u) ^ (uint32_t)(i * 40503u + 17u);
+                h ^= h >> 13;
+                h *= 0x5bd1e995u;
+                h ^= h >> 15;
+                // magnitude in [1/8, 8), random sign, rounded to the format: exact in float
+                double m = std::ldexp(1.0 + (h & 0xffff) / 65536.0, (int)((h >> 16) % 6) - 3);
+                double v = (h >> 31) ? -m : m;
+                return dec16(enc16(v, f), f);
+            };
+            Buf buf(count * 2, dev_);
+            for (size_t i = 0; i < count; i++)
+                put(t, buf.p, i, val(rank_, i));
+            ASSERT_SP_OK(sp_allreduce(w_, buf.p, buf.p, count, t, op, nullptr));
+            for (size_t i = 0; i < count; i++) {
+                double sum = 0;
+                for (int r = 0; r < n_; r++)
+                    sum += val(r, i);
+                double q = op == SP_SUM ? sum : (double)((float)sum / (float)n_);
+                uint16_t want = enc16(q, f), got = ((uint16_t *)buf.p)[i];
+                ASSERT_EQ(got, want) << "dtype " << t << " op " << op << " [" << i << "] sum "
+                                     << sum;
+            }
+        }
+}
+
+// Infinities, NaN, subnormals, overflow and signed zero through fp16/bf16 reductions.
+TEST_F(Collectives, HalfTypesSpecialValues) {
+    for (sp_dtype_t t : {SP_FLOAT16, SP_BFLOAT16}) {
+        Fmt f = fmt_of(t);
+        double tiny = dec16(1, f);                                   // smallest subnormal
+        double big = t == SP_FLOAT16 ? 60000.0 : std::ldexp(1.5, 127); // two of them overflow
+        const size_t k = 6;
+        Buf sum(k * 2, dev_), mn(k * 2, dev_), mx(k * 2, dev_);
+        double in[k] = {rank_ == 0 ? NAN : 1.0,     // NaN propagates
+                        rank_ == 0 ? INFINITY : 1.0, // inf + finite = inf
+                        rank_ == 0 ? INFINITY : (rank_ == 1 ? -INFINITY : 0.0), // inf - inf
+                        tiny,                      // n subnormals add up exactly
+                        big,                       // overflow rounds to inf
+                        rank_ % 2 ? -0.0 : 0.0};   // -0 < +0 for min/max
+        for (size_t i = 0; i < k; i++) {
+            put(t, sum.p, i, in[i]);
+            put(t, mn.p, i, in[i]);
+            put(t, mx.p, i, in[i]);
+        }
+        ASSERT_SP_OK(sp_allreduce(w_, sum.p, sum.p, k, t, SP_SUM, nullptr));
+        ASSERT_SP_OK(sp_allreduce(w_, mn.p, mn.p, k, t, SP_MIN, nullptr));
+        ASSERT_SP_OK(sp_allreduce(w_, mx.p, mx.p, k, t, SP_MAX, nullptr));
+        EXPECT_TRUE(std::isnan(get(t, sum.p, 0)));
+        EXPECT_EQ(get(t, sum.p, 1), INFINITY);
+        EXPECT_TRUE(std::isnan(get(t, sum.p, 2)));
+        EXPECT_EQ(get(t, sum.p, 3), tiny * n_);
+        EXPECT_EQ(get(t, sum.p, 4), INFINITY);
+        EXPECT_TRUE(std::isnan(get(t, mn.p, 0)));
+        EXPECT_TRUE(std::isnan(get(t, mx.p, 0)));
+        EXPECT_EQ(get(t, mx.p, 1), INFINITY);
+        EXPECT_EQ(get(t, mn.p, 2), -INFINITY);
+        EXPECT_EQ(((uint16_t *)mn.p)[5], 0x8000u); // -0
+        EXPECT_EQ(((uint16_t *)mx.p)[5], 0x0000u); // +0
+    }
+}
+
+// Buffers from a symmetric pool (the training case) work like any sympool buffer.
+TEST_F(Collectives, AllreduceOnSymmetricBuffers) {
+    sp_mempool_params_t params;
+    sp_mempool_params_init(&params);
+    params.name = "grads";
+    sp_mempool_t *pool = nullptr;
+    ASSERT_SP_OK(sp_symmetric_mempool_create(w_, &params, &pool));
+    const size_t count = 1001;
+    void *buf = nullptr;
+    ASSERT_SP_OK(sp_symmetric_malloc(pool, count * sizeof(float), nullptr, &buf));
+    for (size_t i = 0; i < count; i++)
+        ((float *)buf)[i] = (float)(rank_ + 1);
+    ASSERT_SP_OK(sp_allreduce(w_, buf, buf, count, SP_FLOAT32, SP_SUM, nullptr));
+    for (size_t i = 0; i < count; i++)
+        ASSERT_EQ(((float *)buf)[i], (float)(n_ * (n_ + 1) / 2));
+    EXPECT_SP_OK(sp_free(buf));
+    EXPECT_SP_OK(sp_symmetric_mempool_destroy(pool));
+}
+
+// ---- argument checks: every rank returns, every rank reports ----------------------------
+
+class CollectiveArgs : public Collectives {
+  protected:
+    void SetUp() override {
+        Collectives::SetUp();
+        expect_warnings();
+    }
+    // After a refused call, the ranks are still in step: a real allreduce works.
+    void still_in_step() {
+        Buf b(64, dev_);
+        ((int32_t *)b.p)[0] = 1;
+        ASSERT_SP_OK(sp_allreduce(w_, b.p, b.p, 1, SP_INT32, SP_SUM, nullptr));
+        EXPECT_EQ(((int32_t *)b.p)[0], n_);
+    }
+};
+
+TEST_F(CollectiveArgs, NullWorld) {
+    int x = 0;
+    EXPECT_SP_STATUS(sp_allreduce(nullptr, &x, &x, 1, SP_INT32, SP_SUM, nullptr),
+                     SP_ERR_INVALID_ARGUMENT);
+    EXPECT_SP_STATUS(sp_allgather(nullptr, &x, &x, 1, SP_INT32, nullptr), SP_ERR_INVALID_ARGUMENT);
+    EXPECT_SP_STATUS(sp_reduce_scatter(nullptr, &x, &x, 1, SP_INT32, SP_SUM, nullptr),
+                     SP_ERR_INVALID_ARGUMENT);
+    EXPECT_SP_STATUS(sp_broadcast(nullptr, &x, &x, 1, SP_INT32, 0, nullptr),
+                     SP_ERR_INVALID_ARGUMENT);
+}
+
+TEST_F(CollectiveArgs, DtypeOpRootRangeAndCountOverflow) {
+    Buf b(1024, dev_);
+    EXPECT_SP_STATUS(sp_allreduce(w_, b.p, b.p, 4, (sp_dtype_t)42, SP_SUM, nullptr),
+                     SP_ERR_INVALID_ARGUMENT);
+    EXPECT_SP_STATUS(sp_allreduce(w_, b.p, b.p, 4, SP_INT32, (sp_redop_t)-1, nullptr),
+                     SP_ERR_INVALID_ARGUMENT);
+    EXPECT_SP_STATUS(sp_reduce_scatter(w_, b.p, b.c() + 512, 4, SP_INT32, (sp_redop_t)9, nullptr),
+                     SP_ERR_INVALID_ARGUMENT);
+    EXPECT_SP_STATUS(sp_broadcast(w_, b.p, b.p, 4, SP_INT32, n_, nullptr), SP_ERR_INVALID_ARGUMENT);
+    EXPECT_SP_STATUS(sp_broadcast(w_, b.p, b.p, 4, SP_INT32, -1, nullptr), SP_ERR_INVALID_ARGUMENT);
+    EXPECT_SP_STATUS(sp_allreduce(w_, b.p, b.p, SIZE_MAX / 2, SP_INT32, SP_SUM, nullptr),
+                     SP_ERR_INVALID_ARGUMENT);
+    EXPECT_SP_STATUS(sp_allgather(w_, b.p, b.p, SIZE_MAX / 8 / 2, SP_UINT64, nullptr),
+                     SP_ERR_INVALID_ARGUMENT);
+    still_in_step();
+}
+
+TEST_F(CollectiveArgs, CountZeroIsANoOpEvenWithNullBuffers) {
+    EXPECT_SP_OK(sp_allreduce(w_, nullptr, nullptr, 0, SP_FLOAT32, SP_SUM, nullptr));
+    EXPECT_SP_OK(sp_allgather(w_, nullptr, nullptr, 0, SP_FLOAT32, nullptr));
+    EXPECT_SP_OK(sp_reduce_scatter(w_, nullptr, nullptr, 0, SP_FLOAT32, SP_MAX, nullptr));
+    EXPECT_SP_OK(sp_broadcast(w_, nullptr, nullptr, 0, SP_FLOAT32, 0, nullptr));
+    EXPECT_EQ(warnings(), 0u);
+    still_in_step();
+}
+
+TEST_F(CollectiveArgs, NullBufferOnOneRankFailsEverywhere) {
+    Buf b(256, dev_);
+    void *send = rank_ == 1 ? nullptr : b.p;
+    EXPECT_SP_STATUS(sp_allreduce(w_, send, b.p, 8, SP_INT32, SP_SUM, nullptr),
+                     SP_ERR_INVALID_ARGUMENT);
+    if (rank_ != 1) {
+        EXPECT_NE(std::string(sp_last_error()).find("rank 1"), std::string::npos)
+            << sp_last_error();
+    } else {
+        EXPECT_NE(std::string(sp_last_error()).find("NULL"), std::string::npos) << sp_last_error();
+    }
+    still_in_step();
+}
+
+TEST_F(CollectiveArgs, ForeignBufferOnOneRankFailsEverywhere) {
+    Buf sb(256, dev_), rb(256, dev_);
+    std::vector<int32_t> host(64, 0);
+    int bad = n_ - 1;
+    void *recv = rank_ == bad ? (void *)host.data() : rb.p;
+    for (int kind = 0; kind < 4; kind++) {
+        sp_status_t s = SP_SUCCESS;
+        switch (kind) {
+        case 0: s = sp_allreduce(w_, sb.p, recv, 8, SP_INT32, SP_SUM, nullptr); break;
+        case 1: s = sp_broadcast(w_, sb.p, recv, 8, SP_INT32, 0, nullptr); break;
+        case 2: s = sp_allgather(w_, sb.p, recv, 1, SP_INT32, nullptr); break;
+        case 3: s = sp_reduce_scatter(w_, sb.p, recv, 1, SP_INT32, SP_SUM, nullptr); break;
+        }
+        EXPECT_EQ(s, SP_ERR_INVALID_ARGUMENT) << "kind " << kind << ": " << sp::describe(s);
+        std::string msg = sp_last_error();
+        if (rank_ == bad) {
+            EXPECT_NE(msg.find("is not sympool device memory of rank " + std::to_string(bad)),
+                      std::string::npos)
+                << msg;
+        } else {
+            EXPECT_NE(msg.find("rank " + std::to_string(bad)), std::string::npos) << msg;
+        }
+    }
+    EXPECT_EQ(host[0], 0); // nothing was written into the foreign buffer
+    still_in_step();
+}
+
+TEST_F(CollectiveArgs, BufferTooSmallForTheCount) {
+    Buf b(40, dev_); // 10 int32
+    EXPECT_SP_STATUS(sp_allreduce(w_, b.p, b.p, 11, SP_INT32, SP_SUM, nullptr),
+                     SP_ERR_INVALID_ARGUMENT);
+    EXPECT_SP_STATUS(sp_allgather(w_, b.p, b.p, 10, SP_INT32, nullptr), SP_ERR_INVALID_ARGUMENT);
+    // Interior pointer: 8 int32 starting at element 4 runs past the end.
+    EXPECT_SP_STATUS(sp_allreduce(w_, b.c() + 16, b.c() + 16, 8, SP_INT32, SP_SUM, nullptr),
+                     SP_ERR_INVALID_ARGUMENT);
+    still_in_step();
+}
+
+TEST_F(CollectiveArgs, OverlapThatIsNotInPlace) {
+    Buf b(4096, dev_);
+    // allreduce: recv shifted by one element overlaps send.
+    EXPECT_SP_STATUS(sp_allreduce(w_, b.p, b.c() + 4, 16, SP_INT32, SP_SUM, nullptr),
+                     SP_ERR_INVALID_ARGUMENT);
+    // allgather: send inside recv but not at this rank's slot.
+    size_t slot = (size_t)((rank_ + 1) % n_) * 16 * 4;
+    EXPECT_SP_STATUS(sp_allgather(w_, b.c() + slot, b.p, 16, SP_INT32, nullptr),
+                     SP_ERR_INVALID_ARGUMENT);
+    // reduce_scatter: recv inside send but not at this rank's slot.
+    EXPECT_SP_STATUS(sp_reduce_scatter(w_, b.p, b.c() + slot, 16, SP_INT32, SP_SUM, nullptr),
+                     SP_ERR_INVALID_ARGUMENT);
+    // broadcast root: overlapping send and recv (the other ranks learn it from the agreement).
+    EXPECT_SP_STATUS(sp_broadcast(w_, b.p, b.c() + 8, 16, SP_INT32, 0, nullptr),
+                     SP_ERR_INVALID_ARGUMENT);
+    still_in_step();
+}
+
+TEST_F(CollectiveArgs, RanksDisagreeOnCountDtypeOpRoot) {
+    Buf b(4096, dev_);
+    size_t count = rank_ == 0 ? 9 : 8;
+    EXPECT_SP_STATUS(sp_allreduce(w_, b.p, b.p, count, SP_INT32, SP_SUM, nullptr),
+                     SP_ERR_MISMATCH);
+    EXPECT_NE(std::string(sp_last_error()).find("count"), std::string::npos);
+    EXPECT_SP_STATUS(
+        sp_allreduce(w_, b.p, b.p, 8, rank_ == 0 ? SP_FLOAT32 : SP_INT32, SP_SUM, nullptr),
+        SP_ERR_MISMATCH);
+    EXPECT_SP_STATUS(sp_allreduce(w_, b.p, b.p, 8, SP_INT32, rank_ == 0 ? SP_MAX : SP_SUM, nullptr),
+                     SP_ERR_MISMATCH);
+    EXPECT_SP_STATUS(sp_broadcast(w_, b.p, b.p, 8, SP_INT32, rank_ == 0 ? 1 : 0, nullptr),
+                     SP_ERR_MISMATCH);
+    // Zero on one rank only is a disagreement too, not a silent no-op there and a hang elsewhere.
+    EXPECT_SP_STATUS(sp_allreduce(w_, b.p, b.p, rank_ == 0 ? 0 : 8, SP_INT32, SP_SUM, nullptr),
+                     SP_ERR_MISMATCH);
+    still_in_step();
+}
+
+} // namespace

@@ -1,0 +1,429 @@
+// test_stats_report.cc: sp_stats_aggregate against statistics gathered by hand (MPI_Allgather of
+// every rank's sp_memory_stats), and the three report formats parsed back: JSON with a tiny
+// parser, Prometheus line by line (a sample per rank per metric), the table checked for
+// completeness; argument errors on one rank returned on every rank; SYMPOOL_REPORT at finalize.
+#include "sp_test.hpp"
+
+#include <mpi.h>
+
+#include <unistd.h>
+
+#include <cctype>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <regex>
+#include <string>
+#include <vector>
+
+extern "C" {
+#include <sympool/collectives.h>
+#include <sympool/symmetric.h>
+#include <sympool/world.h>
+}
+
+namespace {
+
+// ---- a tiny JSON reader: objects, arrays, strings (no escapes needed), numbers, literals ----
+struct Json {
+    enum Kind { NUL, BOOL, NUM, STR, ARR, OBJ } kind = NUL;
+    std::string text;                          // number text or string value
+    std::vector<Json> arr;                     // ARR
+    std::vector<std::pair<std::string, Json>> obj; // OBJ, in order
+    const Json *get(const std::string &k) const {
+        for (const auto &kv : obj)
+            if (kv.first == k)
+                return &kv.second;
+        return nullptr;
+    }
+    long long i64() const { return std::strtoll(text.c_str(), nullptr, 10); }
+    double num() const { return std::strtod(text.c_str(), nullptr); }
+};
+
+struct Parser {
+    const std::string &s;
+    size_t i = 0;
+    bool ok = true;
+    void ws() {
+        while (i < s.size() && std::isspace((unsigned char)s[i]))
+            i++;
+    }
+    bool eat(char c) {
+        ws();
+        if (i < s.size() && s[i] == c) {
+            i++;
+            return true;
+        }
+        return false;
+    }
+    std::string str() {
+        std::string out;
+        if (!eat('"')) {
+            ok = false;
+            return out;
+        }
+        while (i < s.size() && s[i] != '"') {
+            if (s[i] == '\\') { // keep the escaped character
+                i++;
+                if (i >= s.size())
+                    break;
+            }
+            out += s[i++];
+        }
+        if (i >= s.size())
+            ok = false;
+        i++;
+        return out;
+    }
+    Json value() {
+        Json v;
+        ws();
+        if (i >= s.size()) {
+            ok = false;
+            return v;
+        }
+        char c = s[i];
+        if (c == '{') {
+            i++;
+            v.kind = Json::OBJ;
+            if (eat('}'))
+                return v;
+            do {
+                std::string k = str();
+                if (!eat(':')) {
+                    ok = false;
+                    return v;
+                }
+                v.obj.emplace_back(k, value());
+            } while (ok && eat(','));
+            if (!eat('}'))
+                ok = false;
+        } else if (c == '[') {
+            i++;
+            v.kind = Json::ARR;
+            if (eat(']'))
+                return v;
+            do
+                v.arr.push_back(value());
+            while (ok && eat(','));
+            if (!eat(']'))
+                ok = false;
+        } else if (c == '"') {
+            v.kind = Json::STR;
+            v.text = str();
+        } else if (c == '-' || std::isdigit((unsigned char)c)) {
+            v.kind = Json::NUM;
+            size_t j = i;
+            while (j < s.size() && (std::isdigit((unsigned char)s[j]) || std::strchr("+-.eE", s[j])))
+                j++;
+            v.text = s.substr(i, j - i);
+            i = j;
+        } else if (s.compare(i, 4, "true") == 0 || s.compare(i, 5, "false") == 0) {
+            v.kind = Json::BOOL;
+            v.text = s[i] == 't' ? "true" : "false";
+            i += s[i] == 't' ? 4 : 5;
+        } else if (s.compare(i, 4, "null") == 0) {
+            i += 4;
+        } else {
+            ok = false;
+        }
+        return v;
+    }
+};
+
+bool parse_json(const std::string &text, Json *out) {
+    Parser p{text};
+    *out = p.value();
+    p.ws();
+    return p.ok && p.i == text.size();
+}
+
+// Everything written to a FILE*, read back.
+std::string slurp(FILE *f) {
+    std::string out;
+    std::fflush(f);
+    std::rewind(f);
+    char buf[4096];
+    size_t k;
+    while ((k = std::fread(buf, 1, sizeof buf, f)) > 0)
+        out.append(buf, k);
+    return out;
+}
+
+class StatsReport : public sp::Test {
+  protected:
+    void SetUp() override {
+        sp::Test::SetUp();
+        ASSERT_SP_OK(sp_world_from_comm(MPI_COMM_WORLD, &w_));
+        rank_ = sp_world_rank(w_);
+        n_ = sp_world_size(w_);
+        dev_ = sp_world_device(w_);
+    }
+    void TearDown() override {
+        for (void *p : blocks_)
+            EXPECT_SP_OK(sp_free(p));
+        if (w_)
+            EXPECT_SP_OK(sp_world_finalize(w_));
+        sp::Test::TearDown();
+    }
+    // Rank-dependent usage: rank r holds r+1 blocks of (r+1) MiB and one of 1000 bytes.
+    void allocate_skewed() {
+        for (int k = 0; k <= rank_; k++) {
+            void *p = nullptr;
+            ASSERT_SP_OK(sp_malloc((size_t)(rank_ + 1) << 20, dev_, nullptr, &p));
+            blocks_.push_back(p);
+        }
+        void *p = nullptr;
+        ASSERT_SP_OK(sp_malloc(1000, dev_, nullptr, &p));
+        blocks_.push_back(p);
+    }
+    // Every rank's values, as rank 0 would print them: [rank][key].
+    std::vector<std::vector<int64_t>> gather_by_hand() {
+        sp_stats_t st;
+        EXPECT_SP_OK(sp_memory_stats(dev_, &st));
+        std::vector<int64_t> all((size_t)n_ * SP_STATS_MAX);
+        MPI_Allgather(st.value, SP_STATS_MAX, MPI_INT64_T, all.data(), SP_STATS_MAX, MPI_INT64_T,
+                      MPI_COMM_WORLD);
+        std::vector<std::vector<int64_t>> out((size_t)n_);
+        for (int r = 0; r < n_; r++)
+            out[(size_t)r].assign(all.begin() + (long)r * SP_STATS_MAX,
+                                  all.begin() + (long)(r + 1) * SP_STATS_MAX);
+        return out;
+    }
+    std::string report(sp_report_format_t fmt) {
+        std::unique_ptr<FILE, int (*)(FILE *)> f(std::tmpfile(), std::fclose);
+        EXPECT_NE(f.get(), nullptr);
+        sp_status_t s = sp_stats_report(w_, dev_, f.get(), fmt);
+        EXPECT_EQ(s, SP_SUCCESS) << sp::describe(s);
+        std::string text = slurp(f.get());
+        if (rank_ != 0) {
+            EXPECT_EQ(text, "") << "only rank 0 writes";
+        }
+        return text;
+    }
+    sp_world_t *w_ = nullptr;
+    int rank_ = -1, n_ = 0, dev_ = -1;
+    std::vector<void *> blocks_;
+};
+
+TEST_F(StatsReport, AggregateMatchesStatsGatheredByHand) {
+    allocate_skewed();
+    auto by_rank = gather_by_hand();
+    sp_stats_summary_t sum;
+    ASSERT_SP_OK(sp_stats_aggregate(w_, dev_, &sum));
+    EXPECT_EQ(sum.nranks, n_);
+    size_t nkeys = sp_stats_count();
+    ASSERT_GT(nkeys, 100u);
+    size_t differing = 0;
+    for (size_t i = 0; i < nkeys; i++) {
+        int64_t mn = by_rank[0][i], mx = mn, total = 0;
+        int mnr = 0, mxr = 0;
+        for (int r = 0; r < n_; r++) {
+            int64_t v = by_rank[(size_t)r][i];
+            total += v;
+            if (v < mn) {
+                mn = v;
+                mnr = r;
+            }
+            if (v > mx) {
+                mx = v;
+                mxr = r;
+            }
+        }
+        differing += mn != mx;
+        EXPECT_EQ(sum.min[i], mn) << sp_stats_key(i);
+        EXPECT_EQ(sum.max[i], mx) << sp_stats_key(i);
+        EXPECT_EQ(sum.sum[i], total) << sp_stats_key(i);
+        EXPECT_EQ(sum.min_rank[i], mnr) << sp_stats_key(i) << " (ties go to the lowest rank)";
+        EXPECT_EQ(sum.max_rank[i], mxr) << sp_stats_key(i) << " (ties go to the lowest rank)";
+    }
+    EXPECT_GT(differing, 5u) << "the test's usage should differ between ranks";
+    // The skew is what we made: the last rank holds the most.
+    int64_t cur = -1;
+    sp_stats_t dummy;
+    std::memcpy(dummy.value, sum.max, sizeof dummy.value);
+    ASSERT_SP_OK(sp_stats_get(&dummy, "allocation.all.current", &cur));
+    EXPECT_EQ(cur, n_ + 1);
+}
+
+TEST_F(StatsReport, JsonParsesBackAndMatchesTheAggregate) {
+    allocate_skewed();
+    std::string text = report(SP_REPORT_JSON);
+    sp_stats_summary_t sum;
+    ASSERT_SP_OK(sp_stats_aggregate(w_, dev_, &sum));
+    if (rank_ != 0)
+        return;
+    Json j;
+    ASSERT_TRUE(parse_json(text, &j)) << text.substr(0, 400);
+    ASSERT_EQ(j.kind, Json::OBJ);
+    ASSERT_NE(j.get("nranks"), nullptr);
+    EXPECT_EQ(j.get("nranks")->i64(), n_);
+    const Json *stats = j.get("stats");
+    ASSERT_NE(stats, nullptr);
+    ASSERT_EQ(stats->obj.size(), sp_stats_count());
+    for (size_t i = 0; i < sp_stats_count(); i++) {
+        const Json *k = stats->get(sp_stats_key(i));
+        ASSERT_NE(k, nullptr) << sp_stats_key(i);
+        EXPECT_EQ(k->get("min")->i64(), sum.min[i]) << sp_stats_key(i);
+        EXPECT_EQ(k->get("max")->i64(), sum.max[i]) << sp_stats_key(i);
+        EXPECT_EQ(k->get("sum")->i64(), sum.sum[i]) << sp_stats_key(i);
+        EXPECT_EQ(k->get("min_rank")->i64(), sum.min_rank[i]) << sp_stats_key(i);
+        EXPECT_EQ(k->get("max_rank")->i64(), sum.max_rank[i]) << sp_stats_key(i);
+        EXPECT_NEAR(k->get("mean")->num(), (double)sum.sum[i] / n_,
+                    1e-3 + 1e-9 * std::abs((double)sum.sum[i]))
+            << sp_stats_key(i);
+    }
+    const Json *sym = j.get("symmetric");
+    ASSERT_NE(sym, nullptr);
+    for (const char *k : {"registrations", "deregistrations", "agreement_rounds", "mallocs"})
+        EXPECT_NE(sym->get(k), nullptr) << k;
+}
+
+TEST_F(StatsReport, PrometheusHasEveryMetricForEveryRank) {
+    allocate_skewed();
+    auto by_rank = gather_by_hand();
+    std::string text = report(SP_REPORT_PROMETHEUS);
+    if (rank_ != 0)
+        return;
+    const std::regex sample(R"re(^([a-zA-Z_:][a-zA-Z0-9_:]*)\{rank="(\d+)"\} (-?\d+)$)re");
+    const std::regex help(R"(^# HELP ([a-zA-Z_:][a-zA-Z0-9_:]*) .+$)");
+    const std::regex type(R"(^# TYPE ([a-zA-Z_:][a-zA-Z0-9_:]*) (gauge|counter)$)");
+    std::map<std::string, std::map<int, long long>> values;
+    std::map<std::string, int> helped, typed;
+    size_t pos = 0, lines = 0;
+    while (pos < text.size()) {
+        size_t nl = text.find('\n', pos);
+        ASSERT_NE(nl, std::string::npos) << "last line lacks its newline";
+        std::string line = text.substr(pos, nl - pos);
+        pos = nl + 1;
+        lines++;
+        std::smatch m;
+        if (std::regex_match(line, m, help)) {
+            helped[m[1]]++;
+        } else if (std::regex_match(line, m, type)) {
+            typed[m[1]]++;
+        } else if (std::regex_match(line, m, sample)) {
+            std::string name = m[1];
+            EXPECT_EQ(helped[name], 1) << "HELP before samples: " << name;
+            EXPECT_EQ(typed[name], 1) << "TYPE before samples: " << name;
+            int r = std::stoi(m[2]);
+            EXPECT_EQ(values[name].count(r), 0u) << "duplicate sample " << line;
+            values[name][r] = std::stoll(m[3]);
+        } else {
+            ADD_FAILURE() << "not exposition format: '" << line << "'";
+        }
+    }
+    EXPECT_EQ(values.size(), sp_stats_count() + 6);
+    for (size_t i = 0; i < sp_stats_count(); i++) {
+        std::string name = "sympool_" + std::string(sp_stats_key(i));
+        for (char &c : name)
+            if (c == '.')
+                c = '_';
+        ASSERT_EQ(values[name].size(), (size_t)n_) << name;
+        for (int r = 0; r < n_; r++)
+            EXPECT_EQ(values[name][r], by_rank[(size_t)r][i]) << name << " rank " << r;
+    }
+    EXPECT_EQ(values["sympool_symmetric_registrations"].size(), (size_t)n_);
+    EXPECT_EQ(values["sympool_allocated_bytes_all_current"].size(), (size_t)n_);
+}
+
+TEST_F(StatsReport, TableNamesEveryKeyAndTheWorstRank) {
+    allocate_skewed();
+    std::string text = report(SP_REPORT_TABLE);
+    sp_stats_summary_t sum;
+    ASSERT_SP_OK(sp_stats_aggregate(w_, dev_, &sum));
+    if (rank_ != 0)
+        return;
+    for (size_t i = 0; i < sp_stats_count(); i++) {
+        std::regex word("(^|[ \n])" + std::regex_replace(std::string(sp_stats_key(i)),
+                                                         std::regex(R"(\.)"), R"(\.)") +
+                        "([ \n]|$)");
+        EXPECT_TRUE(std::regex_search(text, word)) << "missing key " << sp_stats_key(i);
+    }
+    EXPECT_NE(text.find("symmetric.registrations"), std::string::npos);
+    EXPECT_NE(text.find("zero on every rank"), std::string::npos);
+    // The row of allocation.all.current: max n+1 held by the last rank, which is the worst.
+    size_t row = text.find("\nallocation.all.current ");
+    ASSERT_NE(row, std::string::npos) << text;
+    std::string line = text.substr(row + 1, text.find('\n', row + 1) - row - 1);
+    char key[64], mn[32], mean[32], mx[32];
+    int worst = -1;
+    ASSERT_EQ(std::sscanf(line.c_str(), "%63s %31s %31s %31s %d", key, mn, mean, mx, &worst), 5)
+        << line;
+    EXPECT_EQ(std::atoll(mx), n_ + 1) << line;
+    EXPECT_EQ(worst, n_ - 1) << line;
+}
+
+TEST_F(StatsReport, SymmetricCountersAreReported) {
+    sp_mempool_params_t params;
+    sp_mempool_params_init(&params);
+    params.name = "counted";
+    sp_mempool_t *pool = nullptr;
+    ASSERT_SP_OK(sp_symmetric_mempool_create(w_, &params, &pool));
+    void *p = nullptr;
+    ASSERT_SP_OK(sp_symmetric_malloc(pool, 4096, nullptr, &p));
+    std::string text = report(SP_REPORT_JSON);
+    EXPECT_SP_OK(sp_free(p));
+    EXPECT_SP_OK(sp_symmetric_mempool_destroy(pool));
+    if (rank_ != 0)
+        return;
+    Json j;
+    ASSERT_TRUE(parse_json(text, &j));
+    const Json *sym = j.get("symmetric");
+    ASSERT_NE(sym, nullptr);
+    EXPECT_GE(sym->get("registrations")->get("min")->i64(), 1);
+    EXPECT_GE(sym->get("mallocs")->get("min")->i64(), 1);
+    EXPECT_GE(sym->get("agreement_rounds")->get("min")->i64(), 1);
+    EXPECT_GE(sym->get("pools")->get("min")->i64(), 1);
+}
+
+TEST_F(StatsReport, BadArgumentsOnOneRankFailEverywhere) {
+    expect_warnings();
+    sp_stats_summary_t sum;
+    EXPECT_SP_STATUS(sp_stats_aggregate(nullptr, dev_, &sum), SP_ERR_INVALID_ARGUMENT);
+    EXPECT_SP_STATUS(sp_stats_aggregate(w_, dev_, rank_ == 1 ? nullptr : &sum),
+                     SP_ERR_INVALID_ARGUMENT);
+    if (rank_ != 1) {
+        EXPECT_NE(std::string(sp_last_error()).find("rank 1"), std::string::npos)
+            << sp_last_error();
+    }
+    EXPECT_SP_STATUS(sp_stats_aggregate(w_, rank_ == n_ - 1 ? 9999 : dev_, &sum),
+                     SP_ERR_INVALID_ARGUMENT);
+    // Rank 0 writes: a NULL file there fails on every rank; elsewhere NULL is fine.
+    EXPECT_SP_STATUS(sp_stats_report(w_, dev_, nullptr, SP_REPORT_TABLE), SP_ERR_INVALID_ARGUMENT);
+    EXPECT_SP_STATUS(sp_stats_report(w_, dev_, stdout, (sp_report_format_t)7),
+                     SP_ERR_INVALID_ARGUMENT);
+    // Still in step.
+    ASSERT_SP_OK(sp_stats_aggregate(w_, dev_, &sum));
+    EXPECT_EQ(sum.nranks, n_);
+}
+
+TEST_F(StatsReport, SympoolReportPrintsAtFinalize) {
+    sp::ScopedEnv env({{"SYMPOOL_REPORT", "json"}});
+    sp_world_t *w2 = nullptr;
+    ASSERT_SP_OK(sp_world_from_comm(MPI_COMM_WORLD, &w2));
+    std::fflush(stdout);
+    FILE *cap = std::tmpfile();
+    ASSERT_NE(cap, nullptr);
+    int saved = dup(1);
+    dup2(fileno(cap), 1);
+    sp_status_t s = sp_world_finalize(w2);
+    std::fflush(stdout);
+    dup2(saved, 1);
+    close(saved);
+    ASSERT_EQ(s, SP_SUCCESS) << sp::describe(s);
+    std::string text = slurp(cap);
+    std::fclose(cap);
+    if (rank_ == 0) {
+        Json j;
+        ASSERT_TRUE(parse_json(text, &j)) << text.substr(0, 300);
+        ASSERT_NE(j.get("stats"), nullptr);
+        EXPECT_EQ(j.get("nranks")->i64(), n_);
+    } else {
+        EXPECT_EQ(text, "");
+    }
+}
+
+} // namespace
