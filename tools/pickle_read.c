@@ -74,6 +74,13 @@ static bool fail(parser_t *ps, const char *fmt, ...) {
     return false;
 }
 
+/* "opcode NAME at offset N not allowed": the offset sits inside, where people look for it. */
+static bool fail_opcode(parser_t *ps, const char *name, const char *why) {
+    if (ps->err != NULL && ps->errlen > 0)
+        snprintf(ps->err, ps->errlen, "pickle: opcode %s at offset %zu %s", name, ps->op, why);
+    return false;
+}
+
 /* ---- arena ------------------------------------------------------------------------------ */
 
 static pk_value_t *new_value(parser_t *ps, pk_type_t type) {
@@ -576,10 +583,10 @@ static bool run(parser_t *ps) {
         default: {
             const char *name = forbidden_name(op);
             if (name != NULL)
-                return fail(ps, "opcode %s not allowed", name);
+                return fail_opcode(ps, name, "not allowed");
             name = text_name(op);
             if (name != NULL)
-                return fail(ps, "opcode %s not supported", name);
+                return fail_opcode(ps, name, "not supported");
             return fail(ps, "unknown opcode 0x%02x", op);
         }
         }

@@ -17,12 +17,12 @@
 #include "tools/cli.h"
 
 #define W 1200
-#define H 720
+#define H 745
 #define PX0 90   /* plot area */
 #define PX1 860
 #define PY0 70
 #define PY1 480
-#define LANE0 520 /* lifetime lanes */
+#define LANE0 545 /* lifetime lanes */
 #define LANE_H 20
 #define TOP_N 8
 #define COLS (PX1 - PX0)
@@ -214,12 +214,19 @@ int sp_cli_plot(int argc, char **argv) {
         }
     }
     tr_map_free(&where);
-    /* Keep those alive at the peak. */
-    size_t m = 0;
+    /* Keep the traced blocks alive at the peak; the seeds are summed into one line (they are
+     * usually the model's weights: many equal blocks that would crowd out everything else). */
+    size_t m = 0, nseed_live = 0;
+    uint64_t seed_live_bytes = 0;
     for (size_t i = 0; i < nlive; i++) {
-        bool born = live[i].born == SIZE_MAX || live[i].born <= apeak_i;
-        if (born && live[i].died > apeak_i)
+        if (live[i].died <= apeak_i)
+            continue;
+        if (live[i].born == SIZE_MAX) {
+            nseed_live++;
+            seed_live_bytes += live[i].size;
+        } else if (live[i].born <= apeak_i) {
             live[m++] = live[i];
+        }
     }
     qsort(live, m, sizeof(*live), cmp_size_desc);
     size_t ntop = m < TOP_N ? m : TOP_N;
@@ -302,35 +309,50 @@ int sp_cli_plot(int argc, char **argv) {
                 k == 0 ? "reserved (segments)" : "allocated (requested bytes)");
     }
     ly += 64;
-    fprintf(f, "<text x=\"%d\" y=\"%d\" font-weight=\"bold\">Largest blocks live at the "
-               "allocated peak</text>\n", lx, ly);
+    fprintf(f, "<text x=\"%d\" y=\"%d\" font-weight=\"bold\">Live at the allocated peak</text>\n",
+            lx, ly);
+    ly += 22;
+    fprintf(f, "<text x=\"%d\" y=\"%d\">%.3f GiB in %zu blocks from before the trace</text>\n",
+            lx, ly, gib((double)seed_live_bytes), nseed_live);
+    ly += 18;
+    fprintf(f, "<text x=\"%d\" y=\"%d\">%.3f GiB in %zu blocks allocated in the trace;</text>\n",
+            lx, ly, gib(apeak - (double)seed_live_bytes), m);
+    ly += 16;
+    fprintf(f, "<text x=\"%d\" y=\"%d\">the largest:</text>\n", lx, ly);
     for (size_t b = 0; b < ntop; b++) {
         char w[160];
         where_of(live[b].frames, w, sizeof(w));
         int y = ly + 22 + (int)b * 36;
         fprintf(f, "<rect x=\"%d\" y=\"%d\" width=\"10\" height=\"10\" fill=\"%s\"/>\n", lx, y - 9,
                 colors[b]);
-        fprintf(f, "<text x=\"%d\" y=\"%d\">%.3f GiB%s</text>\n", lx + 16, y, gib((double)live[b].size),
-                live[b].born == SIZE_MAX ? " (before trace)" : "");
+        fprintf(f, "<text x=\"%d\" y=\"%d\">%.1f MiB, from event %zu</text>\n", lx + 16, y,
+                (double)live[b].size / 1048576.0, live[b].born);
         fprintf(f, "<text x=\"%d\" y=\"%d\" fill=\"#555\" font-size=\"11\">", lx + 16, y + 14);
         xml_text(f, w, 44);
         fprintf(f, "</text>\n");
     }
+    /* the allocated peak, through the chart and the lanes */
+    if (nev > 0) {
+        double x = (double)((use_time ? d->ev[apeak_i].time_us : (int64_t)apeak_i) - t0) /
+                   (span > 0 ? span : 1);
+        fprintf(f, "<line x1=\"%.1f\" x2=\"%.1f\" y1=\"%d\" y2=\"%d\" stroke=\"#3182bd\" "
+                   "stroke-dasharray=\"4 3\"/>\n",
+                PX0 + x * (COLS - 1), PX0 + x * (COLS - 1), PY0, LANE0 + 20 + TOP_N * LANE_H);
+    }
     /* lifetime lanes */
-    fprintf(f, "<text x=\"%d\" y=\"%d\" font-weight=\"bold\">Lifetimes of those blocks</text>\n",
+    fprintf(f, "<text x=\"%d\" y=\"%d\" font-weight=\"bold\">Lifetimes of the largest blocks live at the allocated peak (dashed)</text>\n",
             PX0, LANE0 + 10);
     for (size_t b = 0; b < ntop; b++) {
-        double xa = live[b].born == SIZE_MAX ? 0
-                    : (double)((use_time ? d->ev[live[b].born].time_us : (int64_t)live[b].born) - t0) /
-                          (span > 0 ? span : 1);
+        double xa = (double)((use_time ? d->ev[live[b].born].time_us : (int64_t)live[b].born) - t0) /
+                    (span > 0 ? span : 1);
         double xb = live[b].died >= nev ? 1
                     : (double)((use_time ? d->ev[live[b].died].time_us : (int64_t)live[b].died) - t0) /
                           (span > 0 ? span : 1);
         int y = LANE0 + 20 + (int)b * LANE_H;
         fprintf(f, "<rect x=\"%.1f\" y=\"%d\" width=\"%.1f\" height=\"%d\" fill=\"%s\"/>\n",
                 PX0 + xa * (COLS - 1), y, fmax(2.0, (xb - xa) * (COLS - 1)), LANE_H - 6, colors[b]);
-        fprintf(f, "<text x=\"%d\" y=\"%d\" text-anchor=\"end\" font-size=\"11\">%.2f GiB</text>\n",
-                PX0 - 8, y + 11, gib((double)live[b].size));
+        fprintf(f, "<text x=\"%d\" y=\"%d\" text-anchor=\"end\" font-size=\"11\">%.0f MiB</text>\n",
+                PX0 - 8, y + 11, (double)live[b].size / 1048576.0);
     }
     fprintf(f, "</svg>\n");
 #undef Y

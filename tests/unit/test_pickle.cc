@@ -1,0 +1,444 @@
+// test_pickle.cc: the snapshot writer (pool/pickle_write.c) byte by byte, and the restricted
+// reader (tools/pickle_read.c): round trips, real PyTorch snapshots, and every kind of bad input
+// (malformed, truncated, hostile, oversized) giving a clean error with an offset, under a
+// deterministic fuzzer.
+#include "sp_test.hpp"
+
+#include <cstdint>
+#include <cstdlib>
+#include <algorithm>
+#include <cstring>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+extern "C" {
+#include "pool/pickle_write.h"
+#include "tools/pickle_read.h"
+}
+
+namespace {
+
+using Bytes = std::vector<unsigned char>;
+
+Bytes finish(sp__emit_t *e) {
+    char *buf = nullptr;
+    size_t len = 0;
+    EXPECT_EQ(sp__emit_finish(e, &buf, &len), SP_SUCCESS);
+    Bytes out(buf, buf + len);
+    free(buf);
+    return out;
+}
+
+std::string as_string(const Bytes &b) { return std::string(b.begin(), b.end()); }
+
+Bytes read_file(const std::string &path) {
+    std::ifstream f(path, std::ios::binary);
+    std::stringstream ss;
+    ss << f.rdbuf();
+    std::string s = ss.str();
+    return Bytes(s.begin(), s.end());
+}
+
+std::string data_dir() {
+    const char *d = getenv("SP_TEST_DATA_DIR");
+    return d ? d : "tests/data";
+}
+
+// Parse; on failure return the error text (and "" on success, with *doc_p set when wanted).
+std::string parse(const Bytes &b, pk_doc_t **doc_p = nullptr, const pk_limits_t *lim = nullptr) {
+    pk_doc_t *doc = nullptr;
+    char err[256] = "";
+    if (!pk_parse(b.data(), b.size(), lim, &doc, err, sizeof(err))) {
+        EXPECT_EQ(doc, nullptr);
+        EXPECT_NE(std::string(err), "");
+        return err;
+    }
+    if (doc_p)
+        *doc_p = doc;
+    else
+        pk_free(doc);
+    return "";
+}
+
+TEST(PickleWrite, SmallSnapshotOpcodeByOpcode) {
+    sp__emit_t e;
+    sp__emit_init(&e, false);
+    sp__emit_dict_begin(&e);
+    sp__emit_key(&e, "segments");
+    sp__emit_list_begin(&e);
+    sp__emit_dict_begin(&e);
+    sp__emit_key(&e, "device");
+    sp__emit_int(&e, 0);
+    sp__emit_key(&e, "address");
+    sp__emit_uint(&e, 0x7f0000000000ull);
+    sp__emit_key(&e, "segment_pool_id");
+    sp__emit_tuple2(&e, 0, 1);
+    sp__emit_key(&e, "is_expandable");
+    sp__emit_bool(&e, false);
+    sp__emit_key(&e, "frames");
+    sp__emit_list_begin(&e);
+    sp__emit_list_end(&e);
+    sp__emit_dict_end(&e);
+    sp__emit_list_end(&e);
+    sp__emit_key(&e, "x");
+    sp__emit_double(&e, 0.5);
+    sp__emit_key(&e, "n");
+    sp__emit_none(&e);
+    sp__emit_dict_end(&e);
+    Bytes b = finish(&e);
+
+    const unsigned char want[] = {
+        0x80, 4,                                          // PROTO 4
+        '}', '(',                                         // EMPTY_DICT MARK
+        0x8c, 8, 's', 'e', 'g', 'm', 'e', 'n', 't', 's',  // SHORT_BINUNICODE "segments"
+        ']', '(',                                         // EMPTY_LIST MARK
+        '}', '(',                                         // EMPTY_DICT MARK
+        0x8c, 6, 'd', 'e', 'v', 'i', 'c', 'e', 'K', 0,    // "device" BININT1 0
+        0x8c, 7, 'a', 'd', 'd', 'r', 'e', 's', 's',       // "address"
+        0x8a, 6, 0, 0, 0, 0, 0x00, 0x7f,                  // LONG1 6 bytes 0x7f0000000000
+        0x8c, 15, 's', 'e', 'g', 'm', 'e', 'n', 't', '_', 'p', 'o', 'o', 'l', '_', 'i', 'd',
+        'K', 0, 'K', 1, 0x86,                             // TUPLE2 (0, 1)
+        0x8c, 13, 'i', 's', '_', 'e', 'x', 'p', 'a', 'n', 'd', 'a', 'b', 'l', 'e',
+        0x89,                                             // NEWFALSE
+        0x8c, 6, 'f', 'r', 'a', 'm', 'e', 's', ']',       // empty list: no MARK/APPENDS
+        'u',                                              // SETITEMS (segment dict)
+        'e',                                              // APPENDS (segments list)
+        0x8c, 1, 'x', 'G', 0x3f, 0xe0, 0, 0, 0, 0, 0, 0,  // BINFLOAT 0.5 big-endian
+        0x8c, 1, 'n', 'N',                                // NONE
+        'u', '.'};                                        // SETITEMS STOP
+    ASSERT_EQ(b.size(), sizeof(want));
+    for (size_t i = 0; i < sizeof(want); i++)
+        ASSERT_EQ(b[i], want[i]) << "byte " << i;
+
+    pk_doc_t *doc = nullptr;
+    ASSERT_EQ(parse(b, &doc), "");
+    const pk_value_t *root = pk_root(doc);
+    const pk_value_t *seg = pk_at(pk_get(root, "segments"), 0);
+    int64_t v = -1;
+    EXPECT_TRUE(pk_get_int(seg, "address", &v));
+    EXPECT_EQ(v, 0x7f0000000000ll);
+    const pk_value_t *pid = pk_get(seg, "segment_pool_id");
+    ASSERT_NE(pid, nullptr);
+    EXPECT_EQ(pid->type, PK_TUPLE);
+    EXPECT_EQ(pk_len(pid), 2u);
+    double x = 0;
+    EXPECT_TRUE(pk_num(pk_get(root, "x"), &x));
+    EXPECT_EQ(x, 0.5);
+    EXPECT_EQ(pk_get(root, "n")->type, PK_NONE);
+    pk_free(doc);
+}
+
+TEST(PickleWrite, IntegerEncodingsRoundTrip) {
+    const int64_t vals[] = {0,           1,          255,        256,        65535,
+                            65536,       -1,         -128,       -129,       INT32_MAX,
+                            INT32_MIN,   (int64_t)INT32_MAX + 1, (int64_t)INT32_MIN - 1,
+                            1ll << 47,   -(1ll << 47), INT64_MAX, INT64_MIN};
+    sp__emit_t e;
+    sp__emit_init(&e, false);
+    sp__emit_list_begin(&e);
+    for (int64_t v : vals)
+        sp__emit_int(&e, v);
+    sp__emit_list_end(&e);
+    Bytes b = finish(&e);
+    pk_doc_t *doc = nullptr;
+    ASSERT_EQ(parse(b, &doc), "");
+    const pk_value_t *l = pk_root(doc);
+    ASSERT_EQ(pk_len(l), sizeof(vals) / sizeof(vals[0]));
+    for (size_t i = 0; i < pk_len(l); i++) {
+        int64_t got = 0;
+        ASSERT_TRUE(pk_int(pk_at(l, i), &got));
+        EXPECT_EQ(got, vals[i]) << "index " << i;
+    }
+    pk_free(doc);
+    // Exact encodings of the boundaries.
+    auto enc = [](int64_t v) {
+        sp__emit_t e2;
+        sp__emit_init(&e2, false);
+        sp__emit_int(&e2, v);
+        Bytes out = finish(&e2);
+        return Bytes(out.begin() + 2, out.end() - 1); // strip PROTO and STOP
+    };
+    EXPECT_EQ(enc(255), (Bytes{'K', 255}));
+    EXPECT_EQ(enc(256), (Bytes{'M', 0, 1}));
+    EXPECT_EQ(enc(-1), (Bytes{'J', 0xff, 0xff, 0xff, 0xff}));
+    EXPECT_EQ(enc((int64_t)INT32_MAX + 1), (Bytes{0x8a, 5, 0, 0, 0, 0x80, 0}));
+    EXPECT_EQ(enc((int64_t)INT32_MIN - 1), (Bytes{0x8a, 5, 0xff, 0xff, 0xff, 0x7f, 0xff}));
+}
+
+TEST(PickleWrite, LargeContainersAreBatchedAndStringsLong) {
+    sp__emit_t e;
+    sp__emit_init(&e, false);
+    sp__emit_list_begin(&e);
+    for (int i = 0; i < 2500; i++)
+        sp__emit_int(&e, i);
+    sp__emit_str(&e, std::string(300, 'a').c_str()); // BINUNICODE
+    sp__emit_str(&e, "bad\xff utf8");                  // replaced, length kept
+    sp__emit_list_end(&e);
+    Bytes b = finish(&e);
+    size_t appends = 0;
+    for (unsigned char c : b)
+        appends += c == 'e';
+    EXPECT_GE(appends, 3u); // 1000 + 1000 + 502, as CPython batches
+    pk_doc_t *doc = nullptr;
+    ASSERT_EQ(parse(b, &doc), "");
+    const pk_value_t *l = pk_root(doc);
+    ASSERT_EQ(pk_len(l), 2502u);
+    int64_t v = 0;
+    EXPECT_TRUE(pk_int(pk_at(l, 1999), &v));
+    EXPECT_EQ(v, 1999);
+    EXPECT_EQ(std::string(pk_str(pk_at(l, 2500))), std::string(300, 'a'));
+    EXPECT_EQ(std::string(pk_str(pk_at(l, 2501))), "bad? utf8");
+    pk_free(doc);
+}
+
+TEST(PickleWrite, JsonForm) {
+    sp__emit_t e;
+    sp__emit_init(&e, true);
+    sp__emit_dict_begin(&e);
+    sp__emit_key(&e, "a");
+    sp__emit_list_begin(&e);
+    sp__emit_int(&e, -3);
+    sp__emit_uint(&e, UINT64_MAX);
+    sp__emit_double(&e, 1.5);
+    sp__emit_bool(&e, true);
+    sp__emit_none(&e);
+    sp__emit_list_end(&e);
+    sp__emit_key(&e, "s\"q");
+    sp__emit_str(&e, "tab\there\\");
+    sp__emit_key(&e, "t");
+    sp__emit_tuple2(&e, 0, 7);
+    sp__emit_key(&e, "empty");
+    sp__emit_dict_begin(&e);
+    sp__emit_dict_end(&e);
+    sp__emit_dict_end(&e);
+    EXPECT_EQ(as_string(finish(&e)),
+              "{\"a\":[-3,18446744073709551615,1.5,true,null],\"s\\\"q\":\"tab\\u0009here\\\\\","
+              "\"t\":[0,7],\"empty\":{}}\n");
+}
+
+TEST(PickleWrite, MisuseIsReported) {
+    sp__emit_t e;
+    sp__emit_init(&e, false);
+    sp__emit_list_begin(&e);
+    sp__emit_key(&e, "not in a dict");
+    char *buf = nullptr;
+    size_t len = 0;
+    sp__log_set_fn([](sp_log_level_t, const char *, void *) {}, nullptr);
+    EXPECT_NE(sp__emit_finish(&e, &buf, &len), SP_SUCCESS);
+    sp__log_set_fn(nullptr, nullptr);
+    EXPECT_EQ(buf, nullptr);
+}
+
+// ---- reader ---------------------------------------------------------------------------------
+
+TEST(PickleRead, RealPyTorchSnapshot) {
+    Bytes b = read_file(data_dir() + "/cs336-2.7b-ctx128-forward-bf16.pickle");
+    ASSERT_GT(b.size(), 1000000u);
+    pk_doc_t *doc = nullptr;
+    ASSERT_EQ(parse(b, &doc), "");
+    const pk_value_t *root = pk_root(doc);
+    EXPECT_EQ(pk_len(pk_get(root, "segments")), 688u);
+    EXPECT_EQ(pk_len(pk_at(pk_get(root, "device_traces"), 0)), 5992u);
+    const pk_value_t *e0 = pk_at(pk_at(pk_get(root, "device_traces"), 0), 0);
+    EXPECT_STREQ(pk_get_str(e0, "action"), "segment_alloc");
+    int64_t size = 0;
+    EXPECT_TRUE(pk_get_int(e0, "size", &size));
+    EXPECT_EQ(size, 20971520);
+    // Memoized frames are shared values, and reachable.
+    EXPECT_GT(pk_len(pk_get(e0, "frames")), 10u);
+    double gc = -1;
+    EXPECT_TRUE(pk_num(pk_get(pk_get(root, "allocator_settings"), "garbage_collection_threshold"), &gc));
+    EXPECT_EQ(gc, 0.0);
+    pk_free(doc);
+}
+
+TEST(PickleRead, HostileOpcodesAreRejectedByName) {
+    // pickle.dumps(os.system) style: GLOBAL 'os\nsystem' ... REDUCE.
+    Bytes global = {0x80, 2, 'c', 'o', 's', '\n', 's', 'y', 's', 't', 'e', 'm', '\n', '.'};
+    EXPECT_EQ(parse(global), "pickle: opcode GLOBAL at offset 2 not allowed");
+    Bytes reduce = {0x80, 4, ']', ')', 'R', '.'};
+    EXPECT_EQ(parse(reduce), "pickle: opcode REDUCE at offset 4 not allowed");
+    const struct {
+        unsigned char op;
+        const char *name;
+    } bad[] = {{0x93, "STACK_GLOBAL"}, {'b', "BUILD"}, {'i', "INST"},     {'o', "OBJ"},
+               {0x81, "NEWOBJ"},       {0x92, "NEWOBJ_EX"}, {0x82, "EXT1"}, {'P', "PERSID"},
+               {'Q', "BINPERSID"},     {0x97, "NEXT_BUFFER"}};
+    for (auto &x : bad) {
+        Bytes b = {0x80, 4, 'N', x.op, '.'};
+        EXPECT_EQ(parse(b), std::string("pickle: opcode ") + x.name + " at offset 3 not allowed");
+    }
+}
+
+TEST(PickleRead, MalformedInputsGiveOffsets) {
+    EXPECT_EQ(parse(Bytes{}), "pickle: empty input at offset 0");
+    EXPECT_EQ(parse(Bytes{0x80, 1, 'N', '.'}), "pickle: protocol 1 not supported (2-5 are) at offset 0");
+    EXPECT_EQ(parse(Bytes{0x80, 6, 'N', '.'}), "pickle: protocol 6 not supported (2-5 are) at offset 0");
+    EXPECT_EQ(parse(Bytes{0x80, 4, 'N'}), "pickle: truncated pickle (no STOP) at offset 3");
+    EXPECT_EQ(parse(Bytes{0x80, 4, '.'}), "pickle: STOP with 0 values on the stack (1 expected) at offset 2");
+    EXPECT_EQ(parse(Bytes{0x80, 4, 'N', 'N', '.'}),
+              "pickle: STOP with 2 values on the stack (1 expected) at offset 4");
+    EXPECT_EQ(parse(Bytes{0x80, 4, 'h', 3, '.'}), "pickle: memo key 3 is not defined at offset 2");
+    EXPECT_EQ(parse(Bytes{0x80, 4, 'u', '.'}), "pickle: SETITEMS without MARK at offset 2");
+    EXPECT_EQ(parse(Bytes{0x80, 4, ']', '(', 'N', 'u', '.'}),
+              "pickle: SETITEMS target is not a dict at offset 5");
+    EXPECT_EQ(parse(Bytes{0x80, 4, '}', '(', 'N', 'u', '.'}),
+              "pickle: SETITEMS with an odd number of items at offset 5");
+    EXPECT_EQ(parse(Bytes{0x80, 4, 'a', '.'}), "pickle: APPEND needs 2 values on the stack at offset 2");
+    EXPECT_EQ(parse(Bytes{0x80, 4, 'I', '1', '\n', '.'}), "pickle: opcode INT at offset 2 not supported");
+    EXPECT_EQ(parse(Bytes{0x80, 4, 0xff, '.'}), "pickle: unknown opcode 0xff at offset 2");
+    // A length that runs past the end.
+    EXPECT_EQ(parse(Bytes{0x80, 4, 'X', 0xff, 0xff, 0xff, 0x7f, 'a', '.'}),
+              "pickle: truncated string (needs 2147483647 bytes, 2 left) at offset 2");
+    EXPECT_EQ(parse(Bytes{0x80, 4, 0x8d, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, '.'}),
+              "pickle: truncated string (needs 18446744073709551615 bytes, 1 left) at offset 2");
+    EXPECT_EQ(parse(Bytes{0x80, 4, 0x95, 0xff, 0, 0, 0, 0, 0, 0, 0, 'N', '.'}),
+              "pickle: FRAME of 255 bytes runs past the end at offset 2");
+    // Integers wider than 64 bits.
+    EXPECT_EQ(parse(Bytes{0x80, 4, 0x8a, 9, 0, 0, 0, 0, 0, 0, 0, 0, 1, '.'}),
+              "pickle: LONG1 integer wider than 64 bits at offset 2");
+    EXPECT_EQ(parse(Bytes{0x80, 4, 0x8b, 0, 0, 0, 0x80, '.'}),
+              "pickle: LONG4 with a negative length at offset 2");
+    // A 9-byte LONG1 that still fits (sign extension) is fine.
+    pk_doc_t *doc = nullptr;
+    ASSERT_EQ(parse(Bytes{0x80, 4, 0x8a, 9, 0xfe, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, '.'}, &doc), "");
+    int64_t v = 0;
+    EXPECT_TRUE(pk_int(pk_root(doc), &v));
+    EXPECT_EQ(v, -2);
+    pk_free(doc);
+}
+
+TEST(PickleRead, LimitsBoundDepthMemoAndSizes) {
+    pk_limits_t lim;
+    pk_limits_default(&lim);
+    lim.max_depth = 4;
+    Bytes deep = {0x80, 4};
+    for (int i = 0; i < 5; i++)
+        deep.push_back('(');
+    deep.push_back('.');
+    EXPECT_EQ(parse(deep, nullptr, &lim), "pickle: nesting deeper than 4 at offset 6");
+    pk_limits_default(&lim);
+    lim.max_memo = 100;
+    EXPECT_EQ(parse(Bytes{0x80, 4, 'N', 'r', 0x10, 0x27, 0, 0, '.'}, nullptr, &lim),
+              "pickle: memo index 10000 exceeds the limit of 100 at offset 3");
+    pk_limits_default(&lim);
+    lim.max_str = 4;
+    EXPECT_EQ(parse(Bytes{0x80, 4, 0x8c, 5, 'a', 'b', 'c', 'd', 'e', '.'}, nullptr, &lim),
+              "pickle: string of 5 bytes exceeds the limit of 4 at offset 2");
+    pk_limits_default(&lim);
+    lim.max_values = 3;
+    EXPECT_EQ(parse(Bytes{0x80, 4, ']', '(', 'N', 'N', 'N', 'e', '.'}, nullptr, &lim),
+              "pickle: more than 3 values at offset 6");
+    // The default memo bound refuses a huge LONG_BINPUT index instead of allocating for it.
+    EXPECT_EQ(parse(Bytes{0x80, 4, 'N', 'r', 0xff, 0xff, 0xff, 0xff, '.'}),
+              "pickle: memo index 4294967295 exceeds the limit of 16777216 at offset 3");
+}
+
+TEST(PickleRead, EveryTruncationFailsCleanly) {
+    Bytes b = read_file(data_dir() + "/trace-small-p4.pickle");
+    ASSERT_GT(b.size(), 10000u);
+    ASSERT_EQ(parse(b), "");
+    // Every prefix up to 4 KiB, then a stride through the rest.
+    for (size_t n = 0; n < b.size(); n += n < 4096 ? 1 : 97) {
+        Bytes p(b.begin(), b.begin() + n);
+        std::string err = parse(p);
+        ASSERT_NE(err, "") << "prefix " << n;
+        ASSERT_NE(err.find("at offset"), std::string::npos) << err;
+    }
+}
+
+// xorshift64*: deterministic across platforms.
+struct Rng {
+    uint64_t s;
+    uint64_t next() {
+        s ^= s >> 12;
+        s ^= s << 25;
+        s ^= s >> 27;
+        return s * 0x2545f4914f6cdd1dull;
+    }
+    size_t below(size_t n) { return n ? (size_t)(next() % n) : 0; }
+};
+
+TEST(PickleRead, FuzzMutatedRealTracesAndRandomBytes) {
+    Bytes small = read_file(data_dir() + "/trace-small-p4.pickle");
+    ASSERT_FALSE(small.empty());
+    // Our own writer's output too.
+    sp__emit_t e;
+    sp__emit_init(&e, false);
+    sp__emit_dict_begin(&e);
+    sp__emit_key(&e, "segments");
+    sp__emit_list_begin(&e);
+    for (int i = 0; i < 50; i++) {
+        sp__emit_dict_begin(&e);
+        sp__emit_key(&e, "address");
+        sp__emit_uint(&e, 0x7f0000000000ull + (uint64_t)i * 2097152);
+        sp__emit_key(&e, "pool");
+        sp__emit_tuple2(&e, 0, i);
+        sp__emit_key(&e, "name");
+        sp__emit_str(&e, "block");
+        sp__emit_dict_end(&e);
+    }
+    sp__emit_list_end(&e);
+    sp__emit_dict_end(&e);
+    Bytes ours = finish(&e);
+    const Bytes *seeds[] = {&small, &ours};
+    const unsigned char interesting[] = {'(', ')', ']', '}', 'u', 'e', 'a', 's', 't', '.', 'h',
+                                         'j', 'q', 'r', 0x94, 0x95, 0x8a, 0x8b, 'X', 0x8c, 0x8d,
+                                         'c', 'R', 0x80, 0x85, 0x86, 0x87, '0', '1', '2'};
+    Rng rng{0x5eed5eedull};
+    size_t ok = 0, failed = 0;
+    for (int iter = 0; iter < 3000; iter++) {
+        Bytes b = *seeds[iter % 2];
+        int kind = (int)rng.below(5);
+        int nmut = 1 + (int)rng.below(8);
+        for (int m = 0; m < nmut && !b.empty(); m++) {
+            size_t at = rng.below(b.size());
+            switch (kind) {
+            case 0: b[at] = (unsigned char)rng.next(); break;                         // random byte
+            case 1: b[at] = interesting[rng.below(sizeof(interesting))]; break;      // opcode byte
+            case 2: b.erase(b.begin() + (long)at, b.begin() + (long)std::min(b.size(), at + 1 + rng.below(16))); break;
+            case 3: { // duplicate a slice somewhere else
+                size_t from = rng.below(b.size());
+                size_t len = std::min(b.size() - from, 1 + rng.below(32));
+                Bytes slice(b.begin() + (long)from, b.begin() + (long)(from + len));
+                b.insert(b.begin() + (long)at, slice.begin(), slice.end());
+                break;
+            }
+            default: b[at] ^= (unsigned char)(1u << rng.below(8)); break;          // bit flip
+            }
+        }
+        pk_doc_t *doc = nullptr;
+        char err[256] = "";
+        if (pk_parse(b.data(), b.size(), nullptr, &doc, err, sizeof(err))) {
+            ok++;
+            pk_free(doc);
+        } else {
+            failed++;
+            ASSERT_NE(strstr(err, "at offset"), nullptr) << err;
+        }
+    }
+    // Pure random bytes behind a valid header, and without one.
+    for (int iter = 0; iter < 2000; iter++) {
+        Bytes b;
+        if (iter % 2 == 0) {
+            b.push_back(0x80);
+            b.push_back(4);
+        }
+        size_t n = 1 + rng.below(300);
+        for (size_t i = 0; i < n; i++)
+            b.push_back(iter % 3 == 0 ? interesting[rng.below(sizeof(interesting))]
+                                      : (unsigned char)rng.next());
+        pk_doc_t *doc = nullptr;
+        char err[256] = "";
+        if (pk_parse(b.data(), b.size(), nullptr, &doc, err, sizeof(err)))
+            pk_free(doc);
+        else
+            ASSERT_NE(strstr(err, "at offset"), nullptr) << err;
+    }
+    EXPECT_GT(failed, 100u); // the mutations do hit the checks
+    (void)ok;
+}
+
+} // namespace
