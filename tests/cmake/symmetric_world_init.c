@@ -1,0 +1,85 @@
+/*
+ * symmetric_world_init.c: the path where sympool initializes MPI itself. Its main does NOT call
+ * MPI_Init (unlike tests/mpi/mpi_main.cc): sp_world_init must initialize MPI (thread level
+ * MULTIPLE if the library offers it), and sp_world_finalize must finalize it. It also runs one
+ * symmetric allocation with peer pointers in that world, and, when SP_EXPECT_SYMPOOL_DEBUG is
+ * set, checks that the launcher (sympoolrun) delivered SYMPOOL_DEBUG with that value.
+ * Registered by tests/cmake/symmetric.cmake; prints "world-init-self: ok" on every rank.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <mpi.h>
+
+#include <sympool/symmetric.h>
+#include <sympool/sympool.h>
+#include <sympool/world.h>
+
+static int failures;
+#define CHECK(cond, ...)                                                                           \
+    do {                                                                                           \
+        if (!(cond)) {                                                                             \
+            fprintf(stderr, "world-init-self: FAILED %s: ", #cond);                                \
+            fprintf(stderr, __VA_ARGS__);                                                          \
+            fprintf(stderr, " (%s)\n", sp_last_error());                                           \
+            failures++;                                                                            \
+        }                                                                                          \
+    } while (0)
+
+int main(int argc, char **argv) {
+    int flag = 1;
+    MPI_Initialized(&flag);
+    CHECK(flag == 0, "MPI initialized before sp_world_init");
+    sp_world_t *w = NULL;
+    sp_status_t s = sp_world_init(&argc, &argv, &w);
+    CHECK(s == SP_SUCCESS, "sp_world_init -> %s", sp_status_name(s));
+    if (s != SP_SUCCESS)
+        return 1;
+    MPI_Initialized(&flag);
+    CHECK(flag == 1, "MPI not initialized by sp_world_init");
+    int provided = -1, rank = sp_world_rank(w), size = sp_world_size(w);
+    MPI_Query_thread(&provided);
+    int one = 1, sum = 0;
+    MPI_Allreduce(&one, &sum, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
+    CHECK(sum == size, "world size %d, MPI_COMM_WORLD sum %d", size, sum);
+
+    const char *want = getenv("SP_EXPECT_SYMPOOL_DEBUG");
+    if (want) {
+        const char *got = getenv("SYMPOOL_DEBUG");
+        CHECK(got && strcmp(got, want) == 0, "SYMPOOL_DEBUG is '%s', expected '%s'",
+              got ? got : "(unset)", want);
+    }
+
+    sp_mempool_t *pool = NULL;
+    s = sp_symmetric_mempool_create(w, NULL, &pool);
+    CHECK(s == SP_SUCCESS, "sp_symmetric_mempool_create -> %s", sp_status_name(s));
+    int *buf = NULL;
+    if (s == SP_SUCCESS) {
+        s = sp_symmetric_malloc(pool, 256, NULL, (void **)&buf);
+        CHECK(s == SP_SUCCESS, "sp_symmetric_malloc -> %s", sp_status_name(s));
+    }
+    if (buf) {
+        buf[0] = 7 * rank;
+        MPI_Barrier(MPI_COMM_WORLD);
+        int *peer = NULL;
+        int next = (rank + 1) % size;
+        s = sp_symmetric_peer_ptr(buf, next, (void **)&peer);
+        CHECK(s == SP_SUCCESS && peer && *peer == 7 * next, "peer pointer to rank %d", next);
+        MPI_Barrier(MPI_COMM_WORLD);
+        sp_free(buf);
+    }
+    if (pool) {
+        s = sp_symmetric_mempool_destroy(pool);
+        CHECK(s == SP_SUCCESS, "sp_symmetric_mempool_destroy -> %s", sp_status_name(s));
+    }
+    s = sp_world_finalize(w);
+    CHECK(s == SP_SUCCESS, "sp_world_finalize -> %s", sp_status_name(s));
+    MPI_Finalized(&flag);
+    CHECK(flag == 1, "sp_world_finalize did not finalize the MPI it initialized");
+    s = sp_shutdown();
+    CHECK(s == SP_SUCCESS, "sp_shutdown -> %s", sp_status_name(s));
+    if (failures == 0)
+        printf("world-init-self: ok rank %d of %d (thread level %d)\n", rank, size, provided);
+    return failures ? 1 : 0;
+}

@@ -1,0 +1,78 @@
+// test_symmetric_timeout.cc: a rank that stops calling is reported by SP_ERR_TIMEOUT (naming the
+// call) on the ranks that wait, instead of a hang; the pool is then broken on those ranks and
+// refuses further collective calls, and is released at sp_world_finalize. Uses
+// SYMPOOL_SYM_TIMEOUT from the environment when set (the dedicated registration in
+// tests/cmake/symmetric.cmake sets 1), else sets 1 second itself.
+#include <mpi.h>
+
+#include <cstdlib>
+#include <memory>
+#include <string>
+
+#include "sp_test.hpp"
+
+extern "C" {
+#include <sympool/symmetric.h>
+#include <sympool/world.h>
+}
+
+namespace {
+
+int mpi_rank() {
+    int r = 0;
+    MPI_Comm_rank(MPI_COMM_WORLD, &r);
+    return r;
+}
+
+class SymmetricTimeout : public sp::Test {};
+
+TEST_F(SymmetricTimeout, RankThatStopsCallingIsReportedNotAHang) {
+    expect_warnings();
+    std::unique_ptr<sp::ScopedEnv> env;
+    if (!std::getenv("SYMPOOL_SYM_TIMEOUT"))
+        env.reset(new sp::ScopedEnv({{"SYMPOOL_SYM_TIMEOUT", "1"}}));
+    else
+        EXPECT_EQ(sp__option_source(SP_OPT_SYM_TIMEOUT), SP_OPT_SRC_ENV);
+    double limit = sp__option_double(SP_OPT_SYM_TIMEOUT);
+    ASSERT_GT(limit, 0.0);
+    ASSERT_LE(limit, 10.0) << "this test waits for the timeout: keep it short";
+
+    sp_world_t *w = nullptr;
+    ASSERT_SP_OK(sp_world_init(nullptr, nullptr, &w));
+    sp_mempool_t *pool = nullptr;
+    ASSERT_SP_OK(sp_symmetric_mempool_create(w, nullptr, &pool));
+    void *p = nullptr;
+    ASSERT_SP_OK(sp_symmetric_malloc(pool, 4096, nullptr, &p)); // call #1, everyone
+    ASSERT_SP_OK(sp_free(p));
+
+    if (mpi_rank() != 0) {
+        // Call #2: rank 0 never comes.
+        double t0 = MPI_Wtime();
+        EXPECT_SP_STATUS(sp_symmetric_malloc(pool, 4096, nullptr, &p), SP_ERR_TIMEOUT);
+        double dt = MPI_Wtime() - t0;
+        std::string msg = sp_last_error();
+        EXPECT_NE(msg.find("call #2"), std::string::npos) << msg;
+        EXPECT_NE(msg.find("SYMPOOL_SYM_TIMEOUT"), std::string::npos) << msg;
+        EXPECT_GE(dt, limit * 0.9) << "returned before the deadline";
+        // Broken: further collective calls are refused at once, naming the cause.
+        EXPECT_SP_STATUS(sp_symmetric_malloc(pool, 4096, nullptr, &p), SP_ERR_INVALID_USAGE);
+        msg = sp_last_error();
+        EXPECT_NE(msg.find("broken by timeout"), std::string::npos) << msg;
+        EXPECT_SP_STATUS(sp_symmetric_empty_cache(pool), SP_ERR_INVALID_USAGE);
+        EXPECT_SP_STATUS(sp_symmetric_mempool_destroy(pool), SP_ERR_INVALID_USAGE);
+    }
+    MPI_Barrier(MPI_COMM_WORLD);
+    if (mpi_rank() == 0) {
+        // The late rank arrives: its call completes against the abandoned contributions (the
+        // others still progress them inside MPI_Barrier below) and it gets the cached block.
+        ASSERT_SP_OK(sp_symmetric_malloc(pool, 4096, nullptr, &p));
+        ASSERT_SP_OK(sp_free(p));
+    }
+    MPI_Barrier(MPI_COMM_WORLD);
+    // No collective destroy is possible on a broken pool: sp_world_finalize releases its
+    // segments (with a warning), in the same order on every rank.
+    ASSERT_SP_OK(sp_world_finalize(w));
+    EXPECT_SP_STATUS(sp_symmetric_malloc(pool, 4096, nullptr, &p), SP_ERR_INVALID_USAGE);
+}
+
+} // namespace

@@ -1,0 +1,165 @@
+// test_world.cc: the MPI world under mpirun (2, 4, 8 ranks). mpi_main.cc has already called
+// MPI_Init, so these tests also check that sp_world_init neither re-initializes nor finalizes
+// MPI it did not initialize. (The path where sympool initializes MPI itself is
+// tests/cmake/symmetric_world_init.c, registered by tests/cmake/symmetric.cmake.)
+#include <mpi.h>
+
+#include <cstring>
+#include <vector>
+
+#include "sp_test.hpp"
+
+extern "C" {
+#include "launch/launch.h"
+#include <sympool/world.h>
+}
+
+namespace {
+
+int mpi_rank() {
+    int r = 0;
+    MPI_Comm_rank(MPI_COMM_WORLD, &r);
+    return r;
+}
+int mpi_size() {
+    int n = 0;
+    MPI_Comm_size(MPI_COMM_WORLD, &n);
+    return n;
+}
+
+class World : public sp::Test {};
+
+TEST_F(World, InitOnCallersMpiDuplicatesTheCommunicator) {
+    sp_world_t *w = nullptr;
+    ASSERT_SP_OK(sp_world_init(nullptr, nullptr, &w));
+    EXPECT_EQ(sp_world_rank(w), mpi_rank());
+    EXPECT_EQ(sp_world_size(w), mpi_size());
+    int cmp = MPI_UNEQUAL;
+    MPI_Comm_compare(sp__world_comm(w), MPI_COMM_WORLD, &cmp);
+    EXPECT_EQ(cmp, MPI_CONGRUENT) << "the world must use its own duplicate, not the caller's comm";
+    // Local rank and size agree with MPI's own shared-memory split.
+    MPI_Comm node;
+    MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, mpi_rank(), MPI_INFO_NULL, &node);
+    int lr = -1, ls = 0;
+    MPI_Comm_rank(node, &lr);
+    MPI_Comm_size(node, &ls);
+    MPI_Comm_free(&node);
+    EXPECT_EQ(sp_world_local_rank(w), lr);
+    EXPECT_EQ(sp__world_local_size(w), ls);
+    ASSERT_GT(sp_device_count(), 0);
+    EXPECT_EQ(sp_world_device(w), lr % sp_device_count());
+    EXPECT_EQ(sp__world_node_rank_of(w, mpi_rank()), lr);
+    EXPECT_EQ(sp__world_node_rank_of(w, -1), -1);
+    EXPECT_EQ(sp__world_node_rank_of(w, mpi_size()), -1);
+    EXPECT_EQ(sp__world_is_cuda(w), sp::on_gpu());
+    if (!sp::on_gpu()) {
+        EXPECT_EQ(sp__world_nccl_comm(w), nullptr);
+    }
+    // The world's communicator works and reports errors instead of aborting.
+    int one = 1, sum = 0;
+    ASSERT_EQ(MPI_Allreduce(&one, &sum, 1, MPI_INT, MPI_SUM, sp__world_comm(w)), MPI_SUCCESS);
+    EXPECT_EQ(sum, mpi_size());
+    MPI_Errhandler eh;
+    MPI_Comm_get_errhandler(sp__world_comm(w), &eh);
+    EXPECT_EQ(eh, MPI_ERRORS_RETURN);
+    MPI_Errhandler_free(&eh);
+    ASSERT_SP_OK(sp_world_finalize(w));
+    int finalized = 1;
+    MPI_Finalized(&finalized);
+    EXPECT_EQ(finalized, 0) << "sp_world_finalize finalized MPI it did not initialize";
+}
+
+TEST_F(World, FromCommUsesTheCallersCommunicator) {
+    MPI_Comm half;
+    MPI_Comm_split(MPI_COMM_WORLD, mpi_rank() % 2, mpi_rank(), &half);
+    sp_world_t *w = nullptr;
+    ASSERT_SP_OK(sp_world_from_comm(half, &w));
+    int hr = -1, hs = 0;
+    MPI_Comm_rank(half, &hr);
+    MPI_Comm_size(half, &hs);
+    EXPECT_EQ(sp_world_rank(w), hr);
+    EXPECT_EQ(sp_world_size(w), hs);
+    EXPECT_LE(sp_world_local_rank(w), hr);
+    ASSERT_SP_OK(sp_world_finalize(w));
+    MPI_Comm_free(&half);
+}
+
+TEST_F(World, TwoWorldsAtOnce) {
+    sp_world_t *a = nullptr, *b = nullptr;
+    ASSERT_SP_OK(sp_world_init(nullptr, nullptr, &a));
+    ASSERT_SP_OK(sp_world_from_comm(MPI_COMM_WORLD, &b));
+    EXPECT_NE(sp__world_comm(a), sp__world_comm(b));
+    ASSERT_SP_OK(sp_world_finalize(a));
+    int x = mpi_rank(), m = -1;
+    ASSERT_EQ(MPI_Allreduce(&x, &m, 1, MPI_INT, MPI_MAX, sp__world_comm(b)), MPI_SUCCESS);
+    EXPECT_EQ(m, mpi_size() - 1);
+    ASSERT_SP_OK(sp_world_finalize(b));
+}
+
+sp_world_t *g_hook_world = nullptr;
+int g_hook_calls = 0;
+bool g_hook_comm_ok = false;
+void hook(sp_world_t *w) {
+    if (w != g_hook_world)
+        return;
+    g_hook_calls++;
+    // Hooks run while the communicator still works.
+    int one = 1, sum = 0;
+    g_hook_comm_ok = MPI_Allreduce(&one, &sum, 1, MPI_INT, MPI_SUM, sp__world_comm(w)) ==
+                         MPI_SUCCESS &&
+                     sum == sp_world_size(w);
+}
+
+TEST_F(World, FinalizeHooksRunFirst) {
+    ASSERT_SP_OK(sp__world_on_finalize(hook));
+    ASSERT_SP_OK(sp_world_init(nullptr, nullptr, &g_hook_world));
+    ASSERT_SP_OK(sp_world_finalize(g_hook_world));
+    g_hook_world = nullptr;
+    EXPECT_EQ(g_hook_calls, 1);
+    EXPECT_TRUE(g_hook_comm_ok);
+}
+
+TEST_F(World, HookTableIsBounded) {
+    expect_warnings();
+    EXPECT_SP_STATUS(sp__world_on_finalize(nullptr), SP_ERR_INVALID_ARGUMENT);
+    sp_status_t s = SP_SUCCESS;
+    for (int i = 0; i < 16 && s == SP_SUCCESS; i++)
+        s = sp__world_on_finalize(hook); // hook ignores worlds other than g_hook_world
+    EXPECT_EQ(s, SP_ERR_INTERNAL);
+}
+
+TEST_F(World, AccessorsAreNullSafeAndArgumentsChecked) {
+    expect_warnings();
+    EXPECT_EQ(sp_world_rank(nullptr), -1);
+    EXPECT_EQ(sp_world_size(nullptr), 0);
+    EXPECT_EQ(sp_world_local_rank(nullptr), -1);
+    EXPECT_EQ(sp_world_device(nullptr), -1);
+    EXPECT_EQ(sp__world_comm(nullptr), MPI_COMM_NULL);
+    EXPECT_EQ(sp__world_node_comm(nullptr), MPI_COMM_NULL);
+    EXPECT_EQ(sp__world_nccl_comm(nullptr), nullptr);
+    EXPECT_FALSE(sp__world_is_cuda(nullptr));
+    EXPECT_EQ(sp__world_local_size(nullptr), 0);
+    EXPECT_EQ(sp__world_node_rank_of(nullptr, 0), -1);
+    EXPECT_SP_STATUS(sp_world_init(nullptr, nullptr, nullptr), SP_ERR_INVALID_ARGUMENT);
+    int argc = 0;
+    EXPECT_SP_STATUS(sp_world_init(&argc, nullptr, nullptr), SP_ERR_INVALID_ARGUMENT);
+    sp_world_t *w = nullptr;
+    EXPECT_SP_STATUS(sp_world_from_comm(MPI_COMM_NULL, &w), SP_ERR_INVALID_ARGUMENT);
+    EXPECT_SP_STATUS(sp_world_from_comm(MPI_COMM_WORLD, nullptr), SP_ERR_INVALID_ARGUMENT);
+    EXPECT_SP_STATUS(sp_world_finalize(nullptr), SP_ERR_INVALID_ARGUMENT);
+    EXPECT_EQ(w, nullptr);
+}
+
+TEST_F(World, MpiErrorsBecomeSpErrMpiWithMpisText) {
+    expect_warnings();
+    EXPECT_SP_OK(sp__world_mpi_status(MPI_SUCCESS, "nothing"));
+    EXPECT_SP_STATUS(sp__world_mpi_status(MPI_ERR_COMM, "MPI_Test_thing"), SP_ERR_MPI);
+    std::string msg = sp_last_error();
+    EXPECT_NE(msg.find("MPI_Test_thing failed"), std::string::npos) << msg;
+    char text[MPI_MAX_ERROR_STRING];
+    int len = 0;
+    MPI_Error_string(MPI_ERR_COMM, text, &len);
+    EXPECT_NE(msg.find(text), std::string::npos) << msg;
+}
+
+} // namespace
