@@ -485,7 +485,7 @@ sp_status_t sp__alloc_malloc(sp_devalloc_t *d, sp_mempool_t *pool, size_t orig,
 SP_EXPORT sp_status_t sp_malloc(size_t size, int device, sp_stream_t stream, void **ptr_p) {
     if (SP_UNLIKELY(!ptr_p))
         return sp__error(SP_ERR_INVALID_ARGUMENT, SP_SUB_POOL, "sp_malloc: ptr_p is NULL");
-    sp_devalloc_t *d;
+    sp_devalloc_t *d = NULL;
     SP_CHECK(sp__alloc_device(device, &d));
     if (SP_UNLIKELY(size == 0)) {
         *ptr_p = NULL;

@@ -25,6 +25,9 @@
 static atomic_uint_fast64_t g_next_id = 1;
 static atomic_uint g_route_gen = 1;
 
+/* Threads with a non-empty routing stack; 0 lets sp_malloc skip the thread-local lookup. */
+static atomic_int g_routing_threads;
+
 static _Thread_local sp_mempool_t *tl_route[MAX_ROUTE];
 static _Thread_local int tl_depth;
 static _Thread_local unsigned tl_gen;
@@ -36,6 +39,8 @@ static int route_depth(void) {
 }
 
 sp_mempool_t *sp__mempool_routed(int device) {
+    if (atomic_load_explicit(&g_routing_threads, memory_order_relaxed) == 0)
+        return NULL;
     int n = route_depth();
     for (int i = n - 1; i >= 0; i--)
         if (tl_route[i]->device == device)
@@ -45,6 +50,7 @@ sp_mempool_t *sp__mempool_routed(int device) {
 
 void sp__mempool_routing_reset(void) {
     atomic_fetch_add(&g_route_gen, 1);
+    atomic_store(&g_routing_threads, 0);
     tl_depth = 0;
 }
 
@@ -106,7 +112,7 @@ static sp_status_t create(const sp_mempool_params_t *params, bool symmetric, voi
     if (params->device < -1)
         return sp__error(SP_ERR_INVALID_ARGUMENT, SP_SUB_POOL,
                          "sp_mempool_create: device %d does not exist", params->device);
-    sp_devalloc_t *d;
+    sp_devalloc_t *d = NULL;
     SP_CHECK(sp__alloc_device(params->device < 0 ? 0 : params->device, &d));
     sp_mempool_t *p = sp__mempool_new(d, params, false, symmetric);
     if (!p)
@@ -230,6 +236,8 @@ SP_EXPORT sp_status_t sp_mempool_begin(sp_mempool_t *pool) {
                          "sp_mempool_begin: pool \"%s\" {0,%" PRIu64 "} was destroyed",
                          pname(pool), pool->id.second);
     tl_gen = atomic_load_explicit(&g_route_gen, memory_order_relaxed);
+    if (n == 0)
+        atomic_fetch_add(&g_routing_threads, 1);
     tl_route[n] = pool;
     tl_depth = n + 1;
     return SP_SUCCESS;
@@ -244,6 +252,8 @@ SP_EXPORT sp_status_t sp_mempool_end(sp_mempool_t *pool) {
                          "sp_mempool_end: pool \"%s\" is not this thread's innermost routed pool%s",
                          pname(pool), n == 0 ? " (no sp_mempool_begin is active)" : "");
     tl_depth = n - 1;
+    if (n == 1)
+        atomic_fetch_sub(&g_routing_threads, 1);
     atomic_fetch_sub(&pool->use_count, 1);
     return SP_SUCCESS;
 }
@@ -257,7 +267,7 @@ SP_EXPORT sp_status_t sp_mempool_malloc(sp_mempool_t *pool, size_t size, sp_stre
         return sp__error(SP_ERR_INVALID_USAGE, SP_SUB_POOL,
                          "sp_mempool_malloc: pool \"%s\" is symmetric; use sp_symmetric_malloc",
                          pname(pool));
-    sp_devalloc_t *d;
+    sp_devalloc_t *d = NULL;
     SP_CHECK(sp__alloc_device(pool->device, &d));
     if (pool->destroyed) /* read without the lock: destroy and malloc on one pool race anyway */
         return sp__error(SP_ERR_INVALID_USAGE, SP_SUB_POOL,

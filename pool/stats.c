@@ -105,7 +105,7 @@ SP_EXPORT int64_t sp_stats_value(const sp_stats_t *stats, size_t i) {
 SP_EXPORT sp_status_t sp_memory_stats(int device, sp_stats_t *stats_p) {
     if (!stats_p)
         return sp__error(SP_ERR_INVALID_ARGUMENT, SP_SUB_POOL, "sp_memory_stats: stats_p is NULL");
-    sp_devalloc_t *d;
+    sp_devalloc_t *d = NULL;
     SP_CHECK(sp__alloc_device(device, &d));
     ensure_keys();
     sp_dev_stats_t copy;
@@ -152,7 +152,7 @@ static void reset_peak(sp_stat_t *s) { s->peak = s->current; }
 static void reset_accum(sp_stat_t *s) { s->allocated = s->freed = 0; }
 
 SP_EXPORT sp_status_t sp_reset_peak_memory_stats(int device) {
-    sp_devalloc_t *d;
+    sp_devalloc_t *d = NULL;
     SP_CHECK(sp__alloc_device(device, &d));
     pthread_mutex_lock(&d->lock);
     each_stat(&d->stats, reset_peak);
@@ -161,7 +161,7 @@ SP_EXPORT sp_status_t sp_reset_peak_memory_stats(int device) {
 }
 
 SP_EXPORT sp_status_t sp_reset_accumulated_memory_stats(int device) {
-    sp_devalloc_t *d;
+    sp_devalloc_t *d = NULL;
     SP_CHECK(sp__alloc_device(device, &d));
     pthread_mutex_lock(&d->lock);
     each_stat(&d->stats, reset_accum);

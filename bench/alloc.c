@@ -1,0 +1,101 @@
+/*
+ * alloc.c: the cost of a cached sp_malloc + sp_free pair on the host backend, on 1 and 2
+ * threads, for 512 B, 64 KiB and 4 MiB, next to glibc malloc + free of the same sizes measured in
+ * the same run. One JSON line per case: {"bench":"alloc","size":...,"threads":...,
+ * "ns_per_pair":...,"glibc_ns_per_pair":...,"ratio_to_glibc":...}.
+ *
+ * Each thread warms its block once (so the segment exists) and then times N pairs; the figure
+ * is the mean over all threads' pairs. Usage: bench_alloc [pairs_per_thread].
+ */
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <time.h>
+
+#include "sympool/sympool.h"
+
+static long g_pairs = 2000000;
+
+typedef struct job {
+    size_t size;   /* bytes per allocation */
+    int use_glibc; /* 1: malloc/free; 0: sp_malloc/sp_free */
+    double ns;     /* out: ns per pair */
+    int failed;    /* out: a call failed */
+} job_t;
+
+static double now_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec * 1e9 + (double)ts.tv_nsec;
+}
+
+static void *run(void *arg) {
+    job_t *j = arg;
+    void *p = NULL;
+    if (j->use_glibc) {
+        free(malloc(j->size));
+        double t0 = now_ns();
+        for (long i = 0; i < g_pairs; i++) {
+            p = malloc(j->size);
+            __asm__ volatile("" : : "r"(p) : "memory"); /* keep the pair from being elided */
+            free(p);
+        }
+        j->ns = (now_ns() - t0) / (double)g_pairs;
+        return NULL;
+    }
+    if (sp_malloc(j->size, 0, NULL, &p) != SP_SUCCESS || sp_free(p) != SP_SUCCESS) {
+        j->failed = 1;
+        return NULL;
+    }
+    double t0 = now_ns();
+    for (long i = 0; i < g_pairs; i++) {
+        if (sp_malloc(j->size, 0, NULL, &p) != SP_SUCCESS) {
+            j->failed = 1;
+            return NULL;
+        }
+        sp_free(p);
+    }
+    j->ns = (now_ns() - t0) / (double)g_pairs;
+    return NULL;
+}
+
+static double measure(size_t size, int threads, int glibc, int *failed) {
+    pthread_t th[2];
+    job_t jobs[2] = {{size, glibc, 0, 0}, {size, glibc, 0, 0}};
+    for (int t = 0; t < threads; t++)
+        pthread_create(&th[t], NULL, run, &jobs[t]);
+    double sum = 0;
+    for (int t = 0; t < threads; t++) {
+        pthread_join(th[t], NULL);
+        sum += jobs[t].ns;
+        *failed |= jobs[t].failed;
+    }
+    return sum / threads;
+}
+
+int main(int argc, char **argv) {
+    if (argc > 1)
+        g_pairs = atol(argv[1]);
+    if (g_pairs <= 0)
+        g_pairs = 1;
+    if (sp_init() != SP_SUCCESS) {
+        fprintf(stderr, "bench_alloc: sp_init: %s\n", sp_last_error());
+        return 1;
+    }
+    const size_t sizes[] = {512, 64 * 1024, 4 * 1024 * 1024};
+    int failed = 0;
+    for (int threads = 1; threads <= 2; threads++) {
+        for (int s = 0; s < 3; s++) {
+            double sp = measure(sizes[s], threads, 0, &failed);
+            double gl = measure(sizes[s], threads, 1, &failed);
+            printf("{\"bench\":\"alloc\",\"backend\":\"%s\",\"size\":%zu,\"threads\":%d,"
+                   "\"pairs_per_thread\":%ld,\"ns_per_pair\":%.1f,\"glibc_ns_per_pair\":%.1f,"
+                   "\"ratio_to_glibc\":%.2f}\n",
+                   sp_backend_name(), sizes[s], threads, g_pairs, sp, gl, gl > 0 ? sp / gl : 0.0);
+        }
+    }
+    if (failed)
+        fprintf(stderr, "bench_alloc: a call failed: %s\n", sp_last_error());
+    sp_shutdown();
+    return failed ? 1 : 0;
+}
