@@ -194,56 +194,80 @@ static const char *human(double v, bool bytes, char *buf, size_t len) {
     return buf;
 }
 
+/* Rows where the largest rank exceeds the mean by this much are marked: that rank is the one
+ * to look at (a leak, a skewed shard, a straggler's cache). */
+#define IMBALANCE_MARK 1.10
+
 static void table_row(FILE *out, const char *key, const agg_t *a, int n, bool bytes) {
-    char mn[32], me[32], mx[32], imb[16];
+    char mn[32], me[32], mx[32], imb[16], worst[16];
     double mean = (double)a->sum / n;
+    double ratio = mean > 0 ? (double)a->max / mean : 0;
     if (mean > 0)
-        snprintf(imb, sizeof imb, "%.2f", (double)a->max / mean);
+        snprintf(imb, sizeof imb, "%.2f%s", ratio, ratio >= IMBALANCE_MARK ? " *" : "");
     else
         snprintf(imb, sizeof imb, "-");
-    fprintf(out, "%-42s %12s %12s %12s %6d %6s\n", key, human((double)a->min, bytes, mn, sizeof mn),
-            human(mean, bytes, me, sizeof me), human((double)a->max, bytes, mx, sizeof mx),
-            a->max_rank, imb);
+    /* With every rank equal there is no worst rank. */
+    if (a->min == a->max)
+        snprintf(worst, sizeof worst, "-");
+    else
+        snprintf(worst, sizeof worst, "%d", a->max_rank);
+    fprintf(out, "%-42s %12s %12s %12s %6s  %s\n", key, human((double)a->min, bytes, mn, sizeof mn),
+            human(mean, bytes, me, sizeof me), human((double)a->max, bytes, mx, sizeof mx), worst,
+            imb);
 }
 
 static bool all_zero(const agg_t *a) { return a->min == 0 && a->max == 0; }
+
+/* The keys a person checks first: how much is in use and held, peaks, fragmentation, trouble. */
+static const char *const headline[] = {
+    "allocated_bytes.all.current", "allocated_bytes.all.peak",  "reserved_bytes.all.current",
+    "reserved_bytes.all.peak",     "requested_bytes.all.peak",  "inactive_split_bytes.all.current",
+    "num_device_alloc",            "num_alloc_retries",         "num_ooms"};
 
 static void write_table(FILE *out, const gathered_t *g, int device) {
     int n = g->nranks;
     fprintf(out, "sympool memory statistics: %d rank(s), device %d, backend %s\n", n, device,
             sp_backend_name());
-    fprintf(out, "%-42s %12s %12s %12s %6s %6s\n", "key", "min", "mean", "max", "worst",
+    fprintf(out, "%-42s %12s %12s %12s %6s  %s\n", "key", "min", "mean", "max", "worst",
             "max/mean");
+    fprintf(out, "-- at a glance\n");
+    for (size_t h = 0; h < sizeof headline / sizeof headline[0]; h++)
+        for (size_t i = 0; i < g->nkeys; i++)
+            if (strcmp(sp_stats_key(i), headline[h]) == 0)
+                table_row(out, headline[h], &g->stats[i], n, is_bytes_key(headline[h]));
     size_t zeros = 0;
-    for (size_t i = 0; i < g->nkeys; i++) {
-        if (all_zero(&g->stats[i])) {
-            zeros++;
-            continue;
-        }
-        table_row(out, sp_stats_key(i), &g->stats[i], n, is_bytes_key(sp_stats_key(i)));
-    }
+    for (size_t i = 0; i < g->nkeys; i++)
+        zeros += all_zero(&g->stats[i]);
+    fprintf(out, "-- every key that is not zero everywhere (%zu of %zu)\n", g->nkeys - zeros,
+            g->nkeys);
+    for (size_t i = 0; i < g->nkeys; i++)
+        if (!all_zero(&g->stats[i]))
+            table_row(out, sp_stats_key(i), &g->stats[i], n, is_bytes_key(sp_stats_key(i)));
+    fprintf(out, "-- symmetric pools\n");
     for (int j = 0; j < N_SYM; j++) {
         char key[64];
         snprintf(key, sizeof key, "symmetric.%s", sym_names[j]);
         table_row(out, key, &g->sym[j], n, false);
     }
-    if (zeros == 0)
-        return;
-    /* Complete but compact: the keys that are zero on every rank, wrapped at ~100 columns. */
-    fprintf(out, "zero on every rank (%zu keys):", zeros);
-    size_t col = 100;
-    for (size_t i = 0; i < g->nkeys; i++) {
-        if (!all_zero(&g->stats[i]))
-            continue;
-        size_t len = strlen(sp_stats_key(i));
-        if (col + len + 1 > 100) {
-            fprintf(out, "\n  ");
-            col = 2;
+    if (zeros > 0) {
+        /* Complete but compact: the keys that are zero on every rank, wrapped at ~100 columns. */
+        fprintf(out, "-- zero on every rank (%zu keys):", zeros);
+        size_t col = 100;
+        for (size_t i = 0; i < g->nkeys; i++) {
+            if (!all_zero(&g->stats[i]))
+                continue;
+            size_t len = strlen(sp_stats_key(i));
+            if (col + len + 1 > 100) {
+                fprintf(out, "\n  ");
+                col = 2;
+            }
+            fprintf(out, " %s", sp_stats_key(i));
+            col += len + 1;
         }
-        fprintf(out, " %s", sp_stats_key(i));
-        col += len + 1;
+        fprintf(out, "\n");
     }
-    fprintf(out, "\n");
+    fprintf(out, "worst: the rank holding the max (lowest on ties); * marks max/mean >= %.2f\n",
+            IMBALANCE_MARK);
 }
 
 static void json_record(FILE *out, const char *key, const agg_t *a, int n, bool first) {

@@ -344,6 +344,7 @@ TEST_F(StatsReport, TableNamesEveryKeyAndTheWorstRank) {
     }
     EXPECT_NE(text.find("symmetric.registrations"), std::string::npos);
     EXPECT_NE(text.find("zero on every rank"), std::string::npos);
+    EXPECT_NE(text.find("-- at a glance"), std::string::npos);
     // The row of allocation.all.current: max n+1 held by the last rank, which is the worst.
     size_t row = text.find("\nallocation.all.current ");
     ASSERT_NE(row, std::string::npos) << text;

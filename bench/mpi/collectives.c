@@ -1,0 +1,97 @@
+/*
+ * bench/mpi/collectives.c: sp_allreduce against MPI_Allreduce on the same sympool buffers in the
+ * same run (host backend), fp32 sum, 4 KiB to 64 MiB. One JSON line per size on rank 0:
+ *   {"bench":"collectives","op":"allreduce","dtype":"float32","ranks":4,"bytes":1048576,
+ *    "iters":..,"mpi_us":..,"sympool_us":..,"overhead_pct":..,"agreement_us":..}
+ * Times are medians over iterations of rank 0's wall time per call, each call started after a
+ * barrier; MPI and sympool calls alternate so that drift (frequency, other load) hits both.
+ * agreement_us is a zero-count sp_allreduce: the argument checks and the one small agreement
+ * allreduce every call pays. Usage: mpirun -np 4 bench_collectives [max_bytes]
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <mpi.h>
+
+#include <sympool/collectives.h>
+#include <sympool/sympool.h>
+#include <sympool/world.h>
+
+static int cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+static double median(double *v, int n) {
+    qsort(v, (size_t)n, sizeof *v, cmp_double);
+    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+static void die(const char *what, sp_status_t s) {
+    fprintf(stderr, "bench_collectives: %s: %s: %s\n", what, sp_status_name(s), sp_last_error());
+    MPI_Abort(MPI_COMM_WORLD, 1);
+}
+
+int main(int argc, char **argv) {
+    sp_world_t *w = NULL;
+    sp_status_t s = sp_world_init(&argc, &argv, &w);
+    if (s != SP_SUCCESS) {
+        fprintf(stderr, "sp_world_init: %s: %s\n", sp_status_name(s), sp_last_error());
+        return 1;
+    }
+    int rank = sp_world_rank(w), n = sp_world_size(w), dev = sp_world_device(w);
+    size_t max_bytes = argc > 1 ? (size_t)strtoull(argv[1], NULL, 0) : (size_t)64 << 20;
+    void *send = NULL, *recv = NULL;
+    if ((s = sp_malloc(max_bytes, dev, NULL, &send)) != SP_SUCCESS)
+        die("sp_malloc", s);
+    if ((s = sp_malloc(max_bytes, dev, NULL, &recv)) != SP_SUCCESS)
+        die("sp_malloc", s);
+    for (size_t i = 0; i < max_bytes / sizeof(float); i++)
+        ((float *)send)[i] = (float)(rank + 1);
+
+    enum { MAX_ITERS = 400 };
+    static double t_mpi[MAX_ITERS], t_sp[MAX_ITERS], t_agree[MAX_ITERS];
+    for (size_t bytes = 4096; bytes <= max_bytes; bytes *= 4) {
+        size_t count = bytes / sizeof(float);
+        /* ~0.2 GB of traffic per variant, between 20 and MAX_ITERS calls. */
+        size_t want = ((size_t)200 << 20) / bytes;
+        int iters = want > MAX_ITERS ? MAX_ITERS : (int)want;
+        iters = iters < 20 ? 20 : iters > MAX_ITERS ? MAX_ITERS : iters;
+        for (int warm = 0; warm < 3; warm++) {
+            MPI_Allreduce(send, recv, (int)count, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+            if ((s = sp_allreduce(w, send, recv, count, SP_FLOAT32, SP_SUM, NULL)) != SP_SUCCESS)
+                die("sp_allreduce", s);
+        }
+        for (int it = 0; it < iters; it++) {
+            MPI_Barrier(MPI_COMM_WORLD);
+            double t0 = MPI_Wtime();
+            MPI_Allreduce(send, recv, (int)count, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+            t_mpi[it] = MPI_Wtime() - t0;
+            MPI_Barrier(MPI_COMM_WORLD);
+            t0 = MPI_Wtime();
+            s = sp_allreduce(w, send, recv, count, SP_FLOAT32, SP_SUM, NULL);
+            t_sp[it] = MPI_Wtime() - t0;
+            if (s != SP_SUCCESS)
+                die("sp_allreduce", s);
+            MPI_Barrier(MPI_COMM_WORLD);
+            t0 = MPI_Wtime();
+            s = sp_allreduce(w, send, recv, 0, SP_FLOAT32, SP_SUM, NULL);
+            t_agree[it] = MPI_Wtime() - t0;
+        }
+        if (((float *)recv)[count - 1] != (float)n * (float)(n + 1) / 2.0f)
+            die("wrong result", SP_ERR_INTERNAL);
+        double m = median(t_mpi, iters) * 1e6, p = median(t_sp, iters) * 1e6;
+        double a = median(t_agree, iters) * 1e6;
+        if (rank == 0)
+            printf("{\"bench\":\"collectives\",\"op\":\"allreduce\",\"dtype\":\"float32\","
+                   "\"ranks\":%d,\"bytes\":%zu,\"iters\":%d,\"mpi_us\":%.2f,\"sympool_us\":%.2f,"
+                   "\"overhead_pct\":%.2f,\"agreement_us\":%.2f,\"backend\":\"%s\"}\n",
+                   n, bytes, iters, m, p, 100.0 * (p - m) / m, a, sp_backend_name());
+        fflush(stdout);
+    }
+    sp_free(send);
+    sp_free(recv);
+    s = sp_world_finalize(w);
+    return s == SP_SUCCESS ? 0 : 1;
+}

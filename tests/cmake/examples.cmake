@@ -1,0 +1,23 @@
+# examples.cmake: every example runs as a CTest under mpirun on the host backend (label example):
+# 01_train_step, the README's main job, at 4 ranks as the README runs it; the others at 2.
+# Included from tests/CMakeLists.txt, so SP_TEST_ENV (backend, run-as-root for Open MPI) applies.
+if(SP_HAVE_MPI)
+  set(SP_EXAMPLE_RUNS "01_train_step:4" "02_symmetric_basics:2" "03_stats_report:2")
+  foreach(run ${SP_EXAMPLE_RUNS})
+    string(REPLACE ":" ";" parts ${run})
+    list(GET parts 0 name)
+    list(GET parts 1 np)
+    if(TARGET ${name})
+      set(args)
+      if(name STREQUAL "01_train_step")
+        # Snapshots go to the build tree, not to wherever ctest was started.
+        set(args --out ${CMAKE_CURRENT_BINARY_DIR}/example_01_out)
+      endif()
+      add_test(NAME example.${name}.np${np}
+        COMMAND ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} ${np} --oversubscribe
+                ${MPIEXEC_PREFLAGS} $<TARGET_FILE:${name}> ${args} ${MPIEXEC_POSTFLAGS})
+      set_tests_properties(example.${name}.np${np} PROPERTIES LABELS example TIMEOUT 300
+        ENVIRONMENT "${SP_TEST_ENV}")
+    endif()
+  endforeach()
+endif()
