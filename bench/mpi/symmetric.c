@@ -1,0 +1,158 @@
+/*
+ * bench/mpi/symmetric.c: the cost of sp_symmetric_malloc's agreement next to a bare MPI_Allreduce
+ * of the same bytes, measured in the same run, and the registrations a steady loop makes.
+ *
+ *   mpirun -np N bench_symmetric [iterations]
+ *
+ * Prints one JSON line (rank 0) with, in microseconds per call (mean over iterations of the
+ * slowest rank's mean):
+ *   hit_us          sp_symmetric_malloc served from the cache (one agreement round)
+ *   growth_us       sp_symmetric_malloc that grows and registers a new segment (the cache is
+ *                   emptied collectively between iterations, outside the timing)
+ *   allreduce_us    MPI_Allreduce(MIN) of the agreement vector's 80 bytes on a duplicate of
+ *                   the same communicator
+ *   iallreduce_us   the same as MPI_Iallreduce + MPI_Test polling (what the deadline needs)
+ *   *_ratio         hit_us and growth_us divided by allreduce_us
+ *   registrations_per_1000  segment registrations per 1000 mallocs in a steady mixed loop
+ *                   (target 0)
+ * It reads the counters through symmetric/sym_int.h (the one internal header a bench uses:
+ * the same numbers the stats report prints).
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <mpi.h>
+
+#include <sympool/symmetric.h>
+#include <sympool/sympool.h>
+#include <sympool/world.h>
+
+#include "../../symmetric/sym_int.h"
+
+static double now_us(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec * 1e6 + ts.tv_nsec / 1e3;
+}
+
+static void die(const char *what, sp_status_t s) {
+    fprintf(stderr, "bench_symmetric: %s: %s: %s\n", what, sp_status_name(s), sp_last_error());
+    MPI_Abort(MPI_COMM_WORLD, 1);
+}
+#define OK(call)                                                                                   \
+    do {                                                                                           \
+        sp_status_t s_ = (call);                                                                   \
+        if (s_ != SP_SUCCESS)                                                                      \
+            die(#call, s_);                                                                        \
+    } while (0)
+
+/* The slowest rank's value: what a collective step costs the job. */
+static double worst(double v) {
+    double m = 0;
+    MPI_Allreduce(&v, &m, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+    return m;
+}
+
+static double bench_allreduce(MPI_Comm comm, int iters, int nonblocking) {
+    long long in[10] = {4096, -4096, 7, -7, 1, -1, 0, 0, 512, -512}, out[10];
+    MPI_Barrier(comm);
+    double t0 = now_us();
+    for (int i = 0; i < iters; i++) {
+        if (!nonblocking) {
+            MPI_Allreduce(in, out, 10, MPI_LONG_LONG, MPI_MIN, comm);
+        } else {
+            MPI_Request r;
+            int done = 0;
+            MPI_Iallreduce(in, out, 10, MPI_LONG_LONG, MPI_MIN, comm, &r);
+            while (!done)
+                MPI_Test(&r, &done, MPI_STATUS_IGNORE);
+        }
+    }
+    return worst((now_us() - t0) / iters);
+}
+
+static double bench_hit(sp_mempool_t *pool, int iters) {
+    void *p;
+    OK(sp_symmetric_malloc(pool, 1 << 20, NULL, &p)); /* warm: the segment exists */
+    OK(sp_free(p));
+    MPI_Barrier(MPI_COMM_WORLD);
+    double t = 0;
+    for (int i = 0; i < iters; i++) {
+        double t0 = now_us();
+        OK(sp_symmetric_malloc(pool, 1 << 20, NULL, &p));
+        t += now_us() - t0;
+        OK(sp_free(p));
+    }
+    return worst(t / iters);
+}
+
+static double bench_growth(sp_mempool_t *pool, int iters) {
+    double t = 0;
+    void *p;
+    for (int i = 0; i < iters; i++) {
+        OK(sp_symmetric_empty_cache(pool));
+        MPI_Barrier(MPI_COMM_WORLD);
+        double t0 = now_us();
+        OK(sp_symmetric_malloc(pool, 12 << 20, NULL, &p));
+        t += now_us() - t0;
+        OK(sp_free(p));
+    }
+    OK(sp_symmetric_empty_cache(pool));
+    return worst(t / iters);
+}
+
+static double registrations_per_1000(sp_mempool_t *pool, int device) {
+    const size_t sizes[] = {512, 4096, 100000, 1 << 20, 3 << 20, 9 << 20, 25 << 20, 2048};
+    enum { N = sizeof sizes / sizeof sizes[0] };
+    void *p[N];
+    for (int i = 0; i < N; i++) /* warm-up: grows what the loop needs */
+        OK(sp_symmetric_malloc(pool, sizes[i], NULL, &p[i]));
+    for (int i = 0; i < N; i++)
+        OK(sp_free(p[i]));
+    sp_sym_counters_t a, b;
+    sp__symmetric_counters(device, &a);
+    int mallocs = 0;
+    while (mallocs < 1000) {
+        for (int i = 0; i < N; i++, mallocs++)
+            OK(sp_symmetric_malloc(pool, sizes[i], NULL, &p[i]));
+        for (int i = N - 1; i >= 0; i--)
+            OK(sp_free(p[i]));
+    }
+    sp__symmetric_counters(device, &b);
+    return worst(1000.0 * (double)(b.registrations - a.registrations) / mallocs);
+}
+
+int main(int argc, char **argv) {
+    int iters = argc > 1 ? atoi(argv[1]) : 2000;
+    if (iters < 10)
+        iters = 10;
+    sp_world_t *w;
+    OK(sp_world_init(&argc, &argv, &w));
+    sp_mempool_t *pool;
+    OK(sp_symmetric_mempool_create(w, NULL, &pool));
+    MPI_Comm dup;
+    MPI_Comm_dup(MPI_COMM_WORLD, &dup);
+
+    double ar1 = bench_allreduce(dup, iters, 0);
+    double iar = bench_allreduce(dup, iters, 1);
+    double hit = bench_hit(pool, iters);
+    double ar2 = bench_allreduce(dup, iters, 0);
+    double grow = bench_growth(pool, iters / 40 > 5 ? iters / 40 : 5);
+    double regs = registrations_per_1000(pool, sp_world_device(w));
+    double ar = (ar1 + ar2) / 2;
+
+    int size = sp_world_size(w), cores = (int)sysconf(_SC_NPROCESSORS_ONLN);
+    if (sp_world_rank(w) == 0)
+        printf("{\"bench\":\"symmetric\",\"ranks\":%d,\"cores\":%d,\"oversubscribed\":%s,"
+               "\"backend\":\"%s\",\"iterations\":%d,\"hit_us\":%.2f,\"growth_us\":%.1f,"
+               "\"allreduce_us\":%.2f,\"iallreduce_us\":%.2f,\"hit_ratio\":%.2f,"
+               "\"growth_ratio\":%.1f,\"registrations_per_1000\":%.2f}\n",
+               size, cores, size > cores ? "true" : "false", sp_backend_name(), iters, hit, grow,
+               ar, iar, hit / ar, grow / ar, regs);
+    MPI_Comm_free(&dup);
+    OK(sp_symmetric_mempool_destroy(pool));
+    OK(sp_world_finalize(w));
+    return 0;
+}
