@@ -1,0 +1,587 @@
+// test_history.cc: memory history (pool/history.c) and snapshots (pool/snapshot.c): the ring
+// buffer, each action recorded at PyTorch's moment with PyTorch's size, streams and pools, stack
+// contexts (hook, C frames, interning), and snapshots read back (our reader, python3 when
+// present) including the trace replaying backwards to the snapshot state.
+#include "sp_test.hpp"
+
+#include <dirent.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <map>
+#include <set>
+#include <sstream>
+#include <string>
+#include <vector>
+
+extern "C" {
+#include "pool/history_int.h"
+#include "tools/pickle_read.h"
+}
+
+namespace {
+
+constexpr size_t MiB = 1024 * 1024;
+
+std::vector<sp__trace_entry_t> trace(int dev = 0) {
+    sp__trace_entry_t *e = nullptr;
+    size_t n = 0;
+    EXPECT_EQ(sp__history_copy(dev, &e, &n), SP_SUCCESS);
+    std::vector<sp__trace_entry_t> out(e, e + n);
+    sp__history_entries_free(e, n);
+    return out;
+}
+
+sp_status_t record(sp_history_enabled_t en, size_t max_entries = 0,
+                   sp_history_context_t ctx = SP_CONTEXT_NONE, bool c_stacks = false) {
+    sp_history_params_t p;
+    sp_history_params_init(&p);
+    p.enabled = en;
+    p.max_entries = max_entries;
+    p.context = ctx;
+    p.c_stacks = c_stacks;
+    return sp_record_memory_history(&p);
+}
+
+std::string tempdir() {
+    char tmpl[] = "/tmp/sp_history_XXXXXX";
+    char *d = mkdtemp(tmpl);
+    EXPECT_NE(d, nullptr);
+    return d ? d : "/tmp";
+}
+
+void remove_tree(const std::string &dir) {
+    DIR *d = opendir(dir.c_str());
+    if (!d)
+        return;
+    while (dirent *e = readdir(d))
+        if (strcmp(e->d_name, ".") && strcmp(e->d_name, ".."))
+            unlink((dir + "/" + e->d_name).c_str());
+    closedir(d);
+    rmdir(dir.c_str());
+}
+
+std::vector<std::string> list_dir(const std::string &dir) {
+    std::vector<std::string> out;
+    DIR *d = opendir(dir.c_str());
+    if (!d)
+        return out;
+    while (dirent *e = readdir(d))
+        if (strcmp(e->d_name, ".") && strcmp(e->d_name, ".."))
+            out.push_back(e->d_name);
+    closedir(d);
+    return out;
+}
+
+struct Doc {
+    pk_doc_t *doc = nullptr;
+    explicit Doc(const std::string &path) {
+        char err[256] = "";
+        EXPECT_TRUE(pk_parse_file(path.c_str(), 1u << 30, nullptr, &doc, err, sizeof(err))) << err;
+    }
+    ~Doc() { pk_free(doc); }
+    const pk_value_t *root() const { return pk_root(doc); }
+};
+
+int64_t geti(const pk_value_t *d, const char *k) {
+    int64_t v = -1;
+    EXPECT_TRUE(pk_get_int(d, k, &v)) << k;
+    return v;
+}
+
+class History : public sp::Test {};
+
+// ---- ring buffer ---------------------------------------------------------------------------
+
+TEST_F(History, RingBufferWrapsAndKeepsOrder) {
+    ASSERT_SP_OK(record(SP_HISTORY_ALL, 4));
+    sp_mempool_id_t pool = {0, 0};
+    for (uintptr_t a = 1; a <= 10; a++)
+        sp__history_record(0, SP_TRACE_ALLOC, a, a * 10, 0, pool, 0);
+    auto t = trace();
+    ASSERT_EQ(t.size(), 4u);
+    for (size_t i = 0; i < 4; i++) {
+        EXPECT_EQ(t[i].addr, 7 + i) << "oldest first after wrap-around";
+        EXPECT_EQ(t[i].size, (7 + i) * 10);
+        if (i) {
+            EXPECT_GE(t[i].time_us, t[i - 1].time_us);
+        }
+    }
+    EXPECT_GT(t[0].time_us, 1600000000000000ll); // microseconds since the epoch
+    // Shrinking keeps the newest entries, in order.
+    ASSERT_SP_OK(record(SP_HISTORY_ALL, 2));
+    t = trace();
+    ASSERT_EQ(t.size(), 2u);
+    EXPECT_EQ(t[0].addr, 9u);
+    EXPECT_EQ(t[1].addr, 10u);
+    // Growing (unbounded) keeps them and appends.
+    ASSERT_SP_OK(record(SP_HISTORY_ALL, 0));
+    for (uintptr_t a = 11; a <= 13; a++)
+        sp__history_record(0, SP_TRACE_FREE_REQUESTED, a, 1, 0, pool, 0);
+    t = trace();
+    ASSERT_EQ(t.size(), 5u);
+    EXPECT_EQ(t[0].addr, 9u);
+    EXPECT_EQ(t[4].addr, 13u);
+    EXPECT_EQ(t[4].action, SP_TRACE_FREE_REQUESTED);
+    // "state" keeps one entry (PyTorch forces max_entries = 1).
+    ASSERT_SP_OK(record(SP_HISTORY_STATE, 1000));
+    t = trace();
+    ASSERT_EQ(t.size(), 1u);
+    EXPECT_EQ(t[0].addr, 13u);
+    sp__history_record(0, SP_TRACE_ALLOC, 14, 1, 0, pool, 0);
+    t = trace();
+    ASSERT_EQ(t.size(), 1u);
+    EXPECT_EQ(t[0].addr, 14u);
+    // Off clears and stops recording.
+    ASSERT_SP_OK(record(SP_HISTORY_OFF));
+    EXPECT_EQ(sp__history_active, 0);
+    sp__history_record(0, SP_TRACE_ALLOC, 15, 1, 0, pool, 0);
+    EXPECT_EQ(trace().size(), 0u);
+}
+
+TEST_F(History, UnboundedAndPerDevice) {
+    ASSERT_SP_OK(record(SP_HISTORY_ALL, 0));
+    sp_mempool_id_t pool = {0, 0};
+    for (uintptr_t a = 1; a <= 5000; a++)
+        sp__history_record(0, SP_TRACE_ALLOC, a, 1, 0, pool, 0);
+    sp__history_record(2, SP_TRACE_SEGMENT_ALLOC, 77, 2 * MiB, 0, pool, 0);
+    auto t = trace();
+    ASSERT_EQ(t.size(), 5000u);
+    for (size_t i = 0; i < t.size(); i++)
+        ASSERT_EQ(t[i].addr, i + 1);
+    EXPECT_GE(sp__history_device_count(), 3);
+    EXPECT_EQ(trace(1).size(), 0u);
+    ASSERT_EQ(trace(2).size(), 1u);
+    EXPECT_EQ(trace(2)[0].addr, 77u);
+    EXPECT_STREQ(sp__history_action_name(SP_TRACE_OOM), "oom");
+    EXPECT_STREQ(sp__history_action_name((sp_trace_action_t)99), "unknown");
+}
+
+TEST_F(History, BadParamsChangeNothing) {
+    expect_warnings();
+    ASSERT_SP_OK(record(SP_HISTORY_ALL, 3));
+    EXPECT_SP_STATUS(sp_record_memory_history(nullptr), SP_ERR_INVALID_ARGUMENT);
+    sp_history_params_t p;
+    sp_history_params_init(&p);
+    EXPECT_EQ(p.enabled, SP_HISTORY_ALL);
+    EXPECT_EQ(p.context, SP_CONTEXT_ALL);
+    EXPECT_EQ(p.max_entries, 0u);
+    EXPECT_FALSE(p.c_stacks);
+    p.enabled = (sp_history_enabled_t)7;
+    EXPECT_SP_STATUS(sp_record_memory_history(&p), SP_ERR_INVALID_ARGUMENT);
+    p.enabled = SP_HISTORY_ALL;
+    p.context = (sp_history_context_t)9;
+    EXPECT_SP_STATUS(sp_record_memory_history(&p), SP_ERR_INVALID_ARGUMENT);
+    EXPECT_NE(sp__history_active, 0); // still recording with the old settings
+    sp_mempool_id_t pool = {0, 0};
+    for (uintptr_t a = 1; a <= 5; a++)
+        sp__history_record(0, SP_TRACE_ALLOC, a, 1, 0, pool, 0);
+    EXPECT_EQ(trace().size(), 3u);
+}
+
+// ---- actions from the allocator ------------------------------------------------------------
+
+TEST_F(History, EachActionAtItsMomentWithPyTorchSizes) {
+    ASSERT_SP_OK(record(SP_HISTORY_ALL));
+    void *p = nullptr;
+    ASSERT_SP_OK(sp_malloc(1000, 0, nullptr, &p));
+    auto t = trace();
+    ASSERT_EQ(t.size(), 2u);
+    EXPECT_EQ(t[0].action, SP_TRACE_SEGMENT_ALLOC);
+    EXPECT_EQ(t[0].size, 2 * MiB); // the small-pool segment
+    EXPECT_LE(t[0].addr, (uintptr_t)p);
+    EXPECT_EQ(t[1].action, SP_TRACE_ALLOC);
+    EXPECT_EQ(t[1].addr, (uintptr_t)p);
+    EXPECT_EQ(t[1].size, 1000u); // the request, not the rounded 1024
+    uintptr_t seg = t[0].addr;
+
+    void *big = nullptr;
+    ASSERT_SP_OK(sp_malloc(5 * MiB + 3, 0, nullptr, &big));
+    t = trace();
+    ASSERT_EQ(t.size(), 4u);
+    EXPECT_EQ(t[2].action, SP_TRACE_SEGMENT_ALLOC);
+    EXPECT_EQ(t[2].size, 20 * MiB); // 1-10 MiB requests get a 20 MiB segment
+    EXPECT_EQ(t[3].action, SP_TRACE_ALLOC);
+    EXPECT_EQ(t[3].size, 5 * MiB + 3);
+
+    ASSERT_SP_OK(sp_free(p));
+    t = trace();
+    ASSERT_EQ(t.size(), 6u);
+    EXPECT_EQ(t[4].action, SP_TRACE_FREE_REQUESTED);
+    EXPECT_EQ(t[4].addr, (uintptr_t)p);
+    EXPECT_EQ(t[4].size, 1000u); // requested_size
+    EXPECT_EQ(t[5].action, SP_TRACE_FREE_COMPLETED);
+    EXPECT_EQ(t[5].size, 1000u);
+    ASSERT_SP_OK(sp_free(big));
+    ASSERT_SP_OK(sp_empty_cache());
+    t = trace();
+    ASSERT_EQ(t.size(), 10u);
+    std::multiset<size_t> freed;
+    for (size_t i = 8; i < 10; i++) {
+        EXPECT_EQ(t[i].action, SP_TRACE_SEGMENT_FREE);
+        freed.insert(t[i].size);
+    }
+    EXPECT_EQ(freed, (std::multiset<size_t>{2 * MiB, 20 * MiB}));
+    bool seen_seg = false;
+    for (size_t i = 8; i < 10; i++)
+        seen_seg |= t[i].addr == seg;
+    EXPECT_TRUE(seen_seg);
+}
+
+TEST_F(History, OomRecordsDeviceFreeAndRoundedSize) {
+    expect_warnings();
+    sp::ScopedEnv env({{"SYMPOOL_HOST_CAPACITY", "64MiB"}});
+    ASSERT_SP_OK(record(SP_HISTORY_ALL));
+    void *big = nullptr, *p = nullptr;
+    ASSERT_SP_OK(sp_malloc(40 * MiB, 0, nullptr, &big));
+    EXPECT_SP_STATUS(sp_malloc(30 * MiB + 1, 0, nullptr, &p), SP_ERR_OUT_OF_MEMORY);
+    auto t = trace();
+    ASSERT_FALSE(t.empty());
+    EXPECT_EQ(t.back().action, SP_TRACE_OOM);
+    EXPECT_EQ(t.back().size, 30 * MiB + 512); // rounded to 512 bytes
+    size_t dfree = 0, total = 0;
+    ASSERT_SP_OK(sp_get_memory_info(0, &dfree, &total));
+    EXPECT_EQ(t.back().addr, dfree); // device_free
+    EXPECT_LE(t.back().addr, 24 * MiB);
+    ASSERT_SP_OK(sp_free(big));
+}
+
+TEST_F(History, StreamAndPoolFields) {
+    ASSERT_SP_OK(record(SP_HISTORY_ALL));
+    sp_stream_t s = nullptr;
+    ASSERT_SP_OK(sp_stream_create(0, &s));
+    sp_mempool_params_t mp;
+    sp_mempool_params_init(&mp);
+    sp_mempool_t *pool = nullptr;
+    ASSERT_SP_OK(sp_mempool_create(&mp, &pool));
+    void *a = nullptr, *b = nullptr;
+    ASSERT_SP_OK(sp_malloc(4096, 0, s, &a));
+    ASSERT_SP_OK(sp_mempool_malloc(pool, 8192, nullptr, &b));
+    auto t = trace();
+    sp_mempool_id_t pid = sp_mempool_id(pool);
+    ASSERT_GE(t.size(), 4u);
+    bool saw_a = false, saw_b = false;
+    for (auto &e : t) {
+        if (e.action == SP_TRACE_ALLOC && e.addr == (uintptr_t)a) {
+            saw_a = true;
+            EXPECT_EQ(e.stream, (uintptr_t)s);
+            EXPECT_EQ(e.pool.first, 0u);
+            EXPECT_EQ(e.pool.second, 0u);
+        }
+        if (e.action == SP_TRACE_ALLOC && e.addr == (uintptr_t)b) {
+            saw_b = true;
+            EXPECT_EQ(e.stream, 0u);
+            EXPECT_EQ(e.pool.first, pid.first);
+            EXPECT_EQ(e.pool.second, pid.second);
+        }
+    }
+    EXPECT_TRUE(saw_a);
+    EXPECT_TRUE(saw_b);
+
+    // A pool's snapshot holds only its segments and its events.
+    std::string dir = tempdir();
+    ASSERT_SP_OK(sp_mempool_dump_snapshot(pool, (dir + "/pool.pickle").c_str()));
+    {
+        Doc d(dir + "/pool.pickle");
+        const pk_value_t *segs = pk_get(d.root(), "segments");
+        ASSERT_EQ(pk_len(segs), 1u);
+        const pk_value_t *spid = pk_get(pk_at(segs, 0), "segment_pool_id");
+        int64_t second = -1;
+        ASSERT_TRUE(pk_int(pk_at(spid, 1), &second));
+        EXPECT_EQ((uint64_t)second, pid.second);
+        const pk_value_t *tr = pk_at(pk_get(d.root(), "device_traces"), 0);
+        for (size_t i = 0; i < pk_len(tr); i++) {
+            int64_t addr = geti(pk_at(tr, i), pk_get_str(pk_at(tr, i), "action")[0] == 'o'
+                                                  ? "device_free" : "addr");
+            EXPECT_NE((uintptr_t)addr, (uintptr_t)a) << "default-pool event in a pool snapshot";
+        }
+        EXPECT_STREQ(pk_get_str(pk_at(tr, pk_len(tr) - 1), "action"), "snapshot");
+    }
+    // The whole-process snapshot has both, and records the stream.
+    ASSERT_SP_OK(sp_dump_snapshot((dir + "/all.pickle").c_str()));
+    {
+        Doc d(dir + "/all.pickle");
+        const pk_value_t *segs = pk_get(d.root(), "segments");
+        EXPECT_EQ(pk_len(segs), 2u);
+        bool stream_seen = false;
+        for (size_t i = 0; i < pk_len(segs); i++)
+            stream_seen |= (uintptr_t)geti(pk_at(segs, i), "stream") == (uintptr_t)s;
+        EXPECT_TRUE(stream_seen);
+    }
+    remove_tree(dir);
+    ASSERT_SP_OK(sp_free(a));
+    ASSERT_SP_OK(sp_free(b));
+    ASSERT_SP_OK(sp_mempool_destroy(pool));
+    ASSERT_SP_OK(sp_stream_synchronize(s));
+    ASSERT_SP_OK(sp_stream_destroy(s));
+}
+
+// ---- contexts ------------------------------------------------------------------------------
+
+size_t test_frames(sp_history_frame_t *f, size_t max, void *arg) {
+    int *calls = static_cast<int *>(arg);
+    (*calls)++;
+    if (max < 2)
+        return 0;
+    f[0] = {"train_step", "train.py", 42};
+    f[1] = {"main", "train.py", 7};
+    return 2;
+}
+
+TEST_F(History, FramesFromHookAreInternedAndAttached) {
+    int calls = 0;
+    sp_history_set_frames_hook(test_frames, &calls);
+    ASSERT_SP_OK(record(SP_HISTORY_ALL, 0, SP_CONTEXT_ALL));
+    void *a = nullptr, *b = nullptr;
+    ASSERT_SP_OK(sp_malloc(1000, 0, nullptr, &a));
+    ASSERT_SP_OK(sp_malloc(1000, 0, nullptr, &b));
+    ASSERT_SP_OK(sp_free(a));
+    auto t = trace();
+    std::vector<uint32_t> allocs;
+    uint32_t freectx = 0;
+    for (auto &e : t) {
+        if (e.action == SP_TRACE_ALLOC)
+            allocs.push_back(e.context);
+        if (e.action == SP_TRACE_FREE_REQUESTED)
+            freectx = e.context;
+    }
+    ASSERT_EQ(allocs.size(), 2u);
+    EXPECT_NE(allocs[0], 0u);
+    EXPECT_EQ(allocs[0], allocs[1]) << "identical stacks intern to one context";
+    EXPECT_NE(freectx, 0u) << "context=ALL records frees' stacks";
+    const sp__history_frame_t *f = nullptr;
+    size_t n = 0;
+    sp__history_context_frames(allocs[0], &f, &n);
+    ASSERT_EQ(n, 2u);
+    EXPECT_STREQ(f[0].name, "train_step");
+    EXPECT_STREQ(f[0].filename, "train.py");
+    EXPECT_EQ(f[0].line, 42);
+    EXPECT_GE(calls, 3);
+
+    // The snapshot shows the frames on the live block and on the trace entries.
+    std::string dir = tempdir();
+    ASSERT_SP_OK(sp_dump_snapshot((dir + "/s.pickle").c_str()));
+    {
+        Doc d(dir + "/s.pickle");
+        const pk_value_t *seg = pk_at(pk_get(d.root(), "segments"), 0);
+        bool found = false;
+        const pk_value_t *blocks = pk_get(seg, "blocks");
+        for (size_t i = 0; i < pk_len(blocks); i++) {
+            const pk_value_t *blk = pk_at(blocks, i);
+            if ((uintptr_t)geti(blk, "address") == (uintptr_t)b) {
+                found = true;
+                EXPECT_STREQ(pk_get_str(blk, "state"), "active_allocated");
+                const pk_value_t *fr = pk_get(blk, "frames");
+                ASSERT_EQ(pk_len(fr), 2u);
+                EXPECT_STREQ(pk_get_str(pk_at(fr, 0), "name"), "train_step");
+                EXPECT_EQ(geti(pk_at(fr, 0), "line"), 42);
+            }
+        }
+        EXPECT_TRUE(found);
+        const pk_value_t *tr = pk_at(pk_get(d.root(), "device_traces"), 0);
+        EXPECT_EQ(pk_len(pk_get(pk_at(tr, 1), "frames")), 2u); // the first alloc
+    }
+    remove_tree(dir);
+    ASSERT_SP_OK(sp_free(b));
+    sp_history_set_frames_hook(nullptr, nullptr);
+}
+
+TEST_F(History, ContextLevels) {
+    int calls = 0;
+    sp_history_set_frames_hook(test_frames, &calls);
+    // NONE: no stacks anywhere, the hook is not even called.
+    ASSERT_SP_OK(record(SP_HISTORY_ALL, 0, SP_CONTEXT_NONE));
+    void *a = nullptr;
+    ASSERT_SP_OK(sp_malloc(1000, 0, nullptr, &a));
+    ASSERT_SP_OK(sp_free(a));
+    for (auto &e : trace())
+        EXPECT_EQ(e.context, 0u);
+    EXPECT_EQ(calls, 0);
+    // STATE: stacks on live blocks only, not on trace entries.
+    ASSERT_SP_OK(record(SP_HISTORY_OFF));
+    ASSERT_SP_OK(record(SP_HISTORY_ALL, 0, SP_CONTEXT_STATE));
+    ASSERT_SP_OK(sp_malloc(1000, 0, nullptr, &a));
+    for (auto &e : trace())
+        EXPECT_EQ(e.context, 0u);
+    EXPECT_EQ(calls, 1);
+    // ALLOC: allocations carry stacks; frees do not capture their own.
+    ASSERT_SP_OK(record(SP_HISTORY_ALL, 0, SP_CONTEXT_ALLOC));
+    ASSERT_SP_OK(sp_free(a));
+    EXPECT_EQ(calls, 1);
+    void *b = nullptr;
+    ASSERT_SP_OK(sp_malloc(1000, 0, nullptr, &b));
+    EXPECT_EQ(calls, 2);
+    EXPECT_NE(trace().back().context, 0u);
+    ASSERT_SP_OK(sp_free(b));
+    sp_history_set_frames_hook(nullptr, nullptr);
+}
+
+TEST_F(History, CStacksAreSymbolized) {
+    ASSERT_SP_OK(record(SP_HISTORY_ALL, 0, SP_CONTEXT_ALLOC, true));
+    void *a = nullptr;
+    ASSERT_SP_OK(sp_malloc(1000, 0, nullptr, &a));
+    auto t = trace();
+    ASSERT_EQ(t.back().action, SP_TRACE_ALLOC);
+    const sp__history_frame_t *f = nullptr;
+    size_t n = 0;
+    sp__history_context_frames(t.back().context, &f, &n);
+    ASSERT_GT(n, 2u);
+    bool has_object = false;
+    for (size_t i = 0; i < n; i++) {
+        ASSERT_NE(f[i].name, nullptr);
+        ASSERT_NE(f[i].filename, nullptr);
+        has_object |= strstr(f[i].filename, "test_history") != nullptr;
+    }
+    EXPECT_TRUE(has_object) << "frames name the object file they are in";
+    ASSERT_SP_OK(sp_free(a));
+}
+
+// ---- snapshots -----------------------------------------------------------------------------
+
+// Walk the trace backwards from the snapshot's blocks, as MemoryViz.js does: every alloc must
+// undo a live block and every free_requested a dead one; segment events must match segments.
+void expect_replays_backwards(const pk_value_t *root) {
+    std::set<int64_t> live, segs;
+    const pk_value_t *segments = pk_get(root, "segments");
+    for (size_t i = 0; i < pk_len(segments); i++) {
+        const pk_value_t *s = pk_at(segments, i);
+        segs.insert(geti(s, "address"));
+        const pk_value_t *blocks = pk_get(s, "blocks");
+        int64_t sum = 0, alloc = 0;
+        for (size_t k = 0; k < pk_len(blocks); k++) {
+            const pk_value_t *b = pk_at(blocks, k);
+            EXPECT_EQ(geti(b, "address"), geti(s, "address") + sum);
+            sum += geti(b, "size");
+            if (std::string(pk_get_str(b, "state")) == "active_allocated") {
+                live.insert(geti(b, "address"));
+                alloc += geti(b, "size");
+            }
+        }
+        EXPECT_EQ(sum, geti(s, "total_size"));
+        EXPECT_EQ(alloc, geti(s, "allocated_size"));
+    }
+    const pk_value_t *tr = pk_at(pk_get(root, "device_traces"), 0);
+    for (size_t i = pk_len(tr); i-- > 0;) {
+        const pk_value_t *e = pk_at(tr, i);
+        std::string act = pk_get_str(e, "action");
+        if (act == "snapshot" || act == "oom" || act == "free_completed")
+            continue;
+        int64_t addr = geti(e, "addr");
+        if (act == "alloc") {
+            EXPECT_EQ(live.erase(addr), 1u) << "alloc at entry " << i << " has no live block";
+        } else if (act == "free_requested") {
+            EXPECT_TRUE(live.insert(addr).second) << "free at entry " << i << " of a live block";
+        } else if (act == "segment_alloc") {
+            EXPECT_EQ(segs.erase(addr), 1u) << "segment_alloc at entry " << i << " without segment";
+        } else if (act == "segment_free") {
+            EXPECT_TRUE(segs.insert(addr).second);
+        }
+    }
+    EXPECT_TRUE(live.empty()) << "blocks live before recording began";
+    EXPECT_TRUE(segs.empty()) << "segments before recording began";
+}
+
+TEST_F(History, SnapshotIsConsistentAndReadable) {
+    ASSERT_SP_OK(record(SP_HISTORY_ALL));
+    std::vector<void *> ptrs;
+    for (size_t sz : {1000ul, 3000ul, 600000ul, 3 * MiB, 25 * MiB, 700ul}) {
+        void *p = nullptr;
+        ASSERT_SP_OK(sp_malloc(sz, 0, nullptr, &p));
+        ptrs.push_back(p);
+    }
+    ASSERT_SP_OK(sp_free(ptrs[1])); // an inactive block inside a split segment
+    ASSERT_SP_OK(sp_free(ptrs[4]));
+    std::string dir = tempdir();
+    ASSERT_SP_OK(sp_dump_snapshot((dir + "/snap.pickle").c_str()));
+    ASSERT_SP_OK(sp_dump_snapshot((dir + "/snap.json").c_str()));
+    {
+        Doc d(dir + "/snap.pickle");
+        const pk_value_t *root = d.root();
+        ASSERT_NE(root, nullptr);
+        EXPECT_EQ(pk_len(root), 4u);
+        const pk_value_t *traces = pk_get(root, "device_traces");
+        EXPECT_GE(pk_len(traces), (size_t)sp_device_count());
+        const pk_value_t *tr = pk_at(traces, 0);
+        const pk_value_t *last = pk_at(tr, pk_len(tr) - 1);
+        EXPECT_STREQ(pk_get_str(last, "action"), "snapshot");
+        int64_t active = 0;
+        const pk_value_t *segs = pk_get(root, "segments");
+        for (size_t i = 0; i < pk_len(segs); i++) {
+            active += geti(pk_at(segs, i), "active_size");
+            const char *st = pk_get_str(pk_at(segs, i), "segment_type");
+            ASSERT_NE(st, nullptr);
+            EXPECT_TRUE(!strcmp(st, "small") || !strcmp(st, "large"));
+        }
+        EXPECT_EQ(geti(last, "size"), active);
+        const pk_value_t *settings = pk_get(root, "allocator_settings");
+        EXPECT_EQ(geti(settings, "max_split_size"), -1);
+        EXPECT_EQ(pk_len(pk_get(settings, "roundup_power2_divisions")), 16u);
+        EXPECT_NE(pk_get(root, "external_annotations"), nullptr);
+        expect_replays_backwards(root);
+    }
+    {
+        std::ifstream f(dir + "/snap.json");
+        std::stringstream ss;
+        ss << f.rdbuf();
+        EXPECT_EQ(ss.str().rfind("{\"segments\":[{\"device\":0,", 0), 0u);
+    }
+    if (system("python3 -c 'import json' >/dev/null 2>&1") == 0) {
+        std::string cmd = "python3 -c \"import pickle,json,sys; s=pickle.load(open(sys.argv[1],'rb')); "
+                          "j=json.load(open(sys.argv[2])); assert len(s['segments'])==len(j['segments']); "
+                          "assert s['segments'][0]['segment_pool_id']==(0,0)\" " +
+                          dir + "/snap.pickle " + dir + "/snap.json";
+        EXPECT_EQ(system(cmd.c_str()), 0) << cmd;
+    }
+    // Atomic: the directory holds exactly the two files, no temporaries.
+    auto files = list_dir(dir);
+    EXPECT_EQ(files.size(), 2u);
+    remove_tree(dir);
+    for (size_t i : {0, 2, 3, 5})
+        ASSERT_SP_OK(sp_free(ptrs[i]));
+}
+
+TEST_F(History, SnapshotWriteFailuresLeaveNothing) {
+    expect_warnings();
+    std::string dir = tempdir();
+    EXPECT_SP_STATUS(sp_dump_snapshot((dir + "/no/such/dir/x.pickle").c_str()), SP_ERR_SYSTEM);
+    EXPECT_NE(std::string(sp_last_error()).find("x.pickle"), std::string::npos);
+    EXPECT_SP_STATUS(sp_dump_snapshot(""), SP_ERR_INVALID_ARGUMENT);
+    EXPECT_SP_STATUS(sp_dump_snapshot(nullptr), SP_ERR_INVALID_ARGUMENT);
+    EXPECT_SP_STATUS(sp_mempool_dump_snapshot(nullptr, (dir + "/y.pickle").c_str()),
+                     SP_ERR_INVALID_ARGUMENT);
+    // An existing file is replaced whole.
+    {
+        std::ofstream f(dir + "/old.pickle");
+        f << "old contents";
+    }
+    ASSERT_SP_OK(sp_dump_snapshot((dir + "/old.pickle").c_str()));
+    Doc d(dir + "/old.pickle");
+    EXPECT_NE(d.root(), nullptr);
+    EXPECT_EQ(list_dir(dir).size(), 1u);
+    // %p expands to the pid.
+    ASSERT_SP_OK(sp_dump_snapshot((dir + "/pid%p.pickle").c_str()));
+    struct stat st;
+    EXPECT_EQ(stat((dir + "/pid" + std::to_string(getpid()) + ".pickle").c_str(), &st), 0);
+    remove_tree(dir);
+}
+
+TEST_F(History, SnapshotWithoutHistoryHasEmptyTraces) {
+    void *p = nullptr;
+    ASSERT_SP_OK(sp_malloc(1 << 20, 0, nullptr, &p));
+    std::string dir = tempdir();
+    ASSERT_SP_OK(sp_dump_snapshot((dir + "/s.pickle").c_str()));
+    {
+        Doc d(dir + "/s.pickle");
+        EXPECT_EQ(pk_len(pk_get(d.root(), "segments")), 1u);
+        const pk_value_t *traces = pk_get(d.root(), "device_traces");
+        ASSERT_GE(pk_len(traces), 1u);
+        EXPECT_EQ(pk_len(pk_at(traces, 0)), 0u);
+    }
+    remove_tree(dir);
+    ASSERT_SP_OK(sp_free(p));
+}
+
+} // namespace
