@@ -9,7 +9,10 @@ set(SP_CLI_TOOL_SOURCES
 foreach(t test_pickle test_replay test_history)
   if(TARGET ${t})
     target_sources(${t} PRIVATE ${SP_CLI_TOOL_SOURCES})
-    target_compile_definitions(${t} PRIVATE _GNU_SOURCE)
+    # The data folder also as a compile-time default: the suites must find tests/data even when
+    # SP_TEST_DATA_DIR does not reach them through the test environment.
+    target_compile_definitions(${t} PRIVATE _GNU_SOURCE
+      SP_TEST_DATA_DIR_DEFAULT="${CMAKE_CURRENT_SOURCE_DIR}/data")
   endif()
 endforeach()
 

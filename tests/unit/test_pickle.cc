@@ -43,7 +43,7 @@ Bytes read_file(const std::string &path) {
 
 std::string data_dir() {
     const char *d = getenv("SP_TEST_DATA_DIR");
-    return d ? d : "tests/data";
+    return d ? d : SP_TEST_DATA_DIR_DEFAULT;
 }
 
 // Parse; on failure return the error text (and "" on success, with *doc_p set when wanted).

@@ -1,0 +1,273 @@
+// test_replay.cc: `sympool replay`'s engine (tools/trace.c, tools/replay.c) on small synthetic
+// PyTorch snapshots written with our own writer: seeding (blocks live before recording began),
+// PyTorch's reserved timeline, the replayed peaks, OOMs under a capacity, bad traces; and the
+// real forward trace end to end.
+#include "sp_test.hpp"
+
+#include <unistd.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+extern "C" {
+#include "pool/pickle_write.h"
+#include "tools/cli.h"
+#include "tools/pickle_read.h"
+#include "tools/trace.h"
+}
+
+namespace {
+
+constexpr uint64_t MiB = 1024 * 1024;
+constexpr uint64_t SEG_A = 0x7f0010000000ull; // final segment (20 MiB)
+constexpr uint64_t SEG_B = 0x7f0020000000ull; // made and released during the trace (2 MiB)
+constexpr uint64_t EARLY = 0x7f0030000000ull; // allocated before recording, freed in the trace
+
+struct Ev {
+    const char *action;
+    uint64_t addr, size;
+};
+
+void emit_event(sp__emit_t *e, const Ev &ev, int64_t t) {
+    sp__emit_dict_begin(e);
+    sp__emit_key(e, "action");
+    sp__emit_str(e, ev.action);
+    sp__emit_key(e, strcmp(ev.action, "oom") == 0 ? "device_free" : "addr");
+    sp__emit_uint(e, ev.addr);
+    sp__emit_key(e, "size");
+    sp__emit_uint(e, ev.size);
+    sp__emit_key(e, "stream");
+    sp__emit_int(e, 0);
+    sp__emit_key(e, "time_us");
+    sp__emit_int(e, t);
+    sp__emit_dict_end(e);
+}
+
+void emit_block(sp__emit_t *e, uint64_t addr, uint64_t size, uint64_t req, const char *state) {
+    sp__emit_dict_begin(e);
+    sp__emit_key(e, "address");
+    sp__emit_uint(e, addr);
+    sp__emit_key(e, "size");
+    sp__emit_uint(e, size);
+    sp__emit_key(e, "requested_size");
+    sp__emit_uint(e, req);
+    sp__emit_key(e, "state");
+    sp__emit_str(e, state);
+    sp__emit_key(e, "frames");
+    sp__emit_list_begin(e);
+    sp__emit_list_end(e);
+    sp__emit_dict_end(e);
+}
+
+// The synthetic run (PyTorch's view):
+//   before recording: a 4 MiB block at SEG_A (never freed) and a 3000-byte block at EARLY.
+//   trace: segment_alloc SEG_B 2 MiB; alloc SEG_B 1000; free EARLY (3000); alloc SEG_A+4MiB
+//          2 MiB; free SEG_B; segment_free SEG_B.
+//   end: SEG_A (20 MiB) = [4 MiB allocated (seed)] [2 MiB allocated] [14 MiB inactive].
+std::vector<unsigned char> synthetic(bool with_bad_event = false) {
+    sp__emit_t e;
+    sp__emit_init(&e, false);
+    sp__emit_dict_begin(&e);
+    sp__emit_key(&e, "segments");
+    sp__emit_list_begin(&e);
+    sp__emit_dict_begin(&e);
+    sp__emit_key(&e, "device");
+    sp__emit_int(&e, 0);
+    sp__emit_key(&e, "address");
+    sp__emit_uint(&e, SEG_A);
+    sp__emit_key(&e, "total_size");
+    sp__emit_uint(&e, 20 * MiB);
+    sp__emit_key(&e, "stream");
+    sp__emit_int(&e, 0);
+    sp__emit_key(&e, "segment_type");
+    sp__emit_str(&e, "large");
+    sp__emit_key(&e, "blocks");
+    sp__emit_list_begin(&e);
+    emit_block(&e, SEG_A, 4 * MiB, 4 * MiB, "active_allocated");
+    emit_block(&e, SEG_A + 4 * MiB, 2 * MiB, 2 * MiB, "active_allocated");
+    emit_block(&e, SEG_A + 6 * MiB, 14 * MiB, 0, "inactive");
+    sp__emit_list_end(&e);
+    sp__emit_dict_end(&e);
+    sp__emit_list_end(&e);
+    sp__emit_key(&e, "device_traces");
+    sp__emit_list_begin(&e);
+    sp__emit_list_begin(&e);
+    const Ev evs[] = {{"segment_alloc", SEG_B, 2 * MiB},   {"alloc", SEG_B, 1000},
+                      {"free_requested", EARLY, 3000},      {"free_completed", EARLY, 3000},
+                      {"alloc", SEG_A + 4 * MiB, 2 * MiB},  {"free_requested", SEG_B, 1000},
+                      {"free_completed", SEG_B, 1000},      {"segment_free", SEG_B, 2 * MiB}};
+    int64_t t = 1700000000000000ll;
+    for (const Ev &ev : evs)
+        emit_event(&e, ev, t += 10);
+    if (with_bad_event) {
+        sp__emit_dict_begin(&e);
+        sp__emit_key(&e, "action");
+        sp__emit_str(&e, "alloc");
+        sp__emit_dict_end(&e);
+    }
+    sp__emit_list_end(&e);
+    sp__emit_list_end(&e);
+    sp__emit_dict_end(&e);
+    char *buf = nullptr;
+    size_t len = 0;
+    EXPECT_EQ(sp__emit_finish(&e, &buf, &len), SP_SUCCESS);
+    std::vector<unsigned char> out(buf, buf + len);
+    free(buf);
+    return out;
+}
+
+bool load(const std::vector<unsigned char> &b, tr_trace_t *t, std::string *err) {
+    pk_doc_t *doc = nullptr;
+    char why[256] = "";
+    if (!pk_parse(b.data(), b.size(), nullptr, &doc, why, sizeof(why))) {
+        *err = why;
+        return false;
+    }
+    bool ok = tr_from_doc(doc, t, why, sizeof(why));
+    *err = why;
+    return ok;
+}
+
+class Replay : public sp::Test {};
+
+TEST_F(Replay, FindsSeedsAndPyTorchReserved) {
+    tr_trace_t t;
+    std::string err;
+    ASSERT_TRUE(load(synthetic(), &t, &err)) << err;
+    ASSERT_EQ(t.ndev, 1);
+    const tr_device_t &d = t.dev[0];
+    EXPECT_EQ(d.nev, 8u);
+    ASSERT_EQ(d.nseeds, 2u);
+    EXPECT_EQ(d.seeds[0].addr, SEG_A); // live at the end, no event names it
+    EXPECT_EQ(d.seeds[0].size, 4 * MiB);
+    EXPECT_EQ(d.seeds[1].addr, EARLY); // freed without a recorded alloc
+    EXPECT_EQ(d.seeds[1].size, 3000u);
+    EXPECT_EQ(d.seeded_bytes, 4 * MiB + 3000);
+    EXPECT_EQ(d.final_reserved, 20 * MiB);
+    EXPECT_EQ(d.start_reserved, 20 * MiB);
+    EXPECT_EQ(d.peak_reserved, 22 * MiB); // while SEG_B existed
+    // 4M+3000 -> +1000 -> -3000 -> +2M -> -1000: peak 6 MiB + 1000.
+    EXPECT_EQ(d.peak_requested, 6 * MiB + 1000);
+    tr_free(&t);
+}
+
+TEST_F(Replay, ReplaysRequestsInOrder) {
+    tr_trace_t t;
+    std::string err;
+    ASSERT_TRUE(load(synthetic(), &t, &err)) << err;
+    replay_result_t r;
+    char why[256] = "";
+    ASSERT_TRUE(replay_trace(&t, nullptr, &r, why, sizeof(why))) << why;
+    EXPECT_EQ(r.trace_entries, 8u);
+    EXPECT_EQ(r.allocs, 2u);
+    EXPECT_EQ(r.frees, 2u);
+    EXPECT_EQ(r.events, 4u);
+    EXPECT_EQ(r.seeded_blocks, 2u);
+    EXPECT_EQ(r.skipped_frees, 0u);
+    EXPECT_EQ(r.ooms, 0u);
+    EXPECT_EQ(r.peak_requested, (int64_t)(6 * MiB + 1000)); // the same requests as PyTorch's
+    EXPECT_GE(r.peak_allocated, r.peak_requested);
+    EXPECT_GE(r.peak_reserved, r.peak_allocated);
+    EXPECT_EQ(r.pytorch_peak_reserved, 22 * MiB);
+    EXPECT_EQ(r.trace_peak_requested, 6 * MiB + 1000);
+    // Our allocator needs a 20 MiB segment for the 4 MiB seed, one 2 MiB small segment, and the
+    // 2 MiB block fits in the first segment's remainder: at most PyTorch's 22 MiB.
+    EXPECT_LE((uint64_t)r.peak_reserved, r.pytorch_peak_reserved);
+    tr_free(&t);
+}
+
+TEST_F(Replay, WritesOurSnapshotOfTheReplay) {
+    tr_trace_t t;
+    std::string err;
+    ASSERT_TRUE(load(synthetic(), &t, &err)) << err;
+    char dir[] = "/tmp/sp_replay_XXXXXX";
+    ASSERT_NE(mkdtemp(dir), nullptr);
+    std::string out = std::string(dir) + "/r.pickle";
+    replay_result_t r;
+    char why[256] = "";
+    ASSERT_TRUE(replay_trace(&t, out.c_str(), &r, why, sizeof(why))) << why;
+    tr_free(&t);
+    // Our snapshot is itself a replayable trace: 2 seeds + 2 allocs, and 2 frees.
+    tr_trace_t ours;
+    char e2[256] = "";
+    ASSERT_TRUE(tr_load(out.c_str(), &ours, e2, sizeof(e2))) << e2;
+    size_t allocs = 0, frees = 0;
+    for (size_t i = 0; i < ours.dev[0].nev; i++) {
+        allocs += ours.dev[0].ev[i].action == TR_ALLOC;
+        frees += ours.dev[0].ev[i].action == TR_FREE_REQUESTED;
+    }
+    EXPECT_EQ(allocs, 4u);
+    EXPECT_EQ(frees, 2u);
+    EXPECT_EQ(ours.dev[0].nseeds, 0u) << "recording started before the first allocation";
+    EXPECT_EQ(ours.dev[0].ev[ours.dev[0].nev - 1].action, TR_SNAPSHOT);
+    tr_free(&ours);
+    unlink(out.c_str());
+    rmdir(dir);
+}
+
+TEST_F(Replay, CapacityTurnsIntoCountedOoms) {
+    expect_warnings();
+    sp::ScopedEnv env({{"SYMPOOL_HOST_CAPACITY", "16MiB"}});
+    tr_trace_t t;
+    std::string err;
+    ASSERT_TRUE(load(synthetic(), &t, &err)) << err;
+    replay_result_t r;
+    char why[256] = "";
+    ASSERT_TRUE(replay_trace(&t, nullptr, &r, why, sizeof(why))) << why;
+    EXPECT_GE(r.ooms, 1u); // the 4 MiB seed needs a 20 MiB segment
+    EXPECT_LE(r.peak_reserved, (int64_t)(16 * MiB));
+    tr_free(&t);
+}
+
+TEST_F(Replay, BadTracesAreExplained) {
+    tr_trace_t t;
+    std::string err;
+    EXPECT_FALSE(load(synthetic(true), &t, &err));
+    EXPECT_EQ(err, "device_traces[0][8] (alloc): missing or bad 'addr' or 'size'");
+    tr_free(&t);
+
+    sp__emit_t e;
+    sp__emit_init(&e, false);
+    sp__emit_list_begin(&e);
+    sp__emit_int(&e, 1);
+    sp__emit_list_end(&e);
+    char *buf = nullptr;
+    size_t len = 0;
+    ASSERT_EQ(sp__emit_finish(&e, &buf, &len), SP_SUCCESS);
+    std::vector<unsigned char> b(buf, buf + len);
+    free(buf);
+    EXPECT_FALSE(load(b, &t, &err));
+    EXPECT_EQ(err, "segments[0]: missing or bad 'device'");
+    tr_free(&t);
+
+    EXPECT_FALSE(load({0x80, 4, 'N', '.'}, &t, &err));
+    EXPECT_EQ(err, "not a memory snapshot (top level is not a dict)");
+    tr_free(&t);
+
+    char why[256];
+    EXPECT_FALSE(tr_load("/nonexistent/x.pickle", &t, why, sizeof(why)));
+    EXPECT_NE(std::string(why).find("cannot open"), std::string::npos);
+    tr_free(&t);
+}
+
+TEST_F(Replay, RealForwardTraceStaysWithinPyTorchsReserved) {
+    const char *dd = getenv("SP_TEST_DATA_DIR");
+    std::string path = std::string(dd ? dd : SP_TEST_DATA_DIR_DEFAULT) + "/cs336-2.7b-ctx128-forward-bf16.pickle";
+    tr_trace_t t;
+    char why[256] = "";
+    ASSERT_TRUE(tr_load(path.c_str(), &t, why, sizeof(why))) << why;
+    EXPECT_EQ(t.dev[0].nev, 5992u);
+    EXPECT_EQ(t.dev[0].peak_reserved, 24245174272ull); // sum of the final segments
+    replay_result_t r;
+    ASSERT_TRUE(replay_trace(&t, nullptr, &r, why, sizeof(why))) << why;
+    EXPECT_EQ(r.allocs, 2703u);
+    EXPECT_EQ(r.frees, 1414u);
+    EXPECT_EQ(r.skipped_frees, 0u);
+    EXPECT_EQ((uint64_t)r.peak_requested, r.trace_peak_requested);
+    EXPECT_LE((uint64_t)r.peak_reserved, r.pytorch_peak_reserved);
+    tr_free(&t);
+}
+
+} // namespace
