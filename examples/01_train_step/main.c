@@ -156,7 +156,7 @@ int main(int argc, char **argv) {
                "d_model\n",
                n, sp_backend_name(), scale);
         printf("  d_model %zu (of %d), %d layers, vocab %d, ctx %zu, batch %zu: %.1fM parameters, "
-               "%s gradients (%s) in %zu buckets of <= %s\n",
+               "%s gradients (%s) in %zu buckets (cap %s; a larger tensor gets its own)\n",
                d, D_MODEL, N_LAYERS, VOCAB, T, B, nparams / 1e6, fp32 ? "fp32" : "bf16",
                mib((double)(nparams * esize), b1, sizeof b1), nb,
                mib((double)BUCKET_CAP, b2, sizeof b2));

@@ -1,0 +1,100 @@
+/*
+ * 03_stats_report: every memory_stats key across ranks in one call, in the three report formats.
+ *
+ *   mpirun -np 2 build/examples/03_stats_report [table|json|prometheus|all]   (default: all)
+ *
+ * Each rank makes its allocator look different on purpose: rank r keeps r+1 live blocks of
+ * (r+1) * 8 MiB and frees a few small ones, so min, max, mean, the worst rank and the imbalance
+ * column all say something. Then:
+ *  - sp_stats_aggregate: min / max / sum and the ranks holding them, for a couple of keys;
+ *  - sp_stats_report in the chosen format(s), written by rank 0.
+ * The same report is printed at sp_world_finalize with SYMPOOL_REPORT=table|json|prometheus,
+ * without any code.
+ */
+#include <stdio.h>
+#include <string.h>
+
+#include <mpi.h>
+
+#include <sympool/collectives.h>
+#include <sympool/sympool.h>
+#include <sympool/world.h>
+
+static int g_rank;
+
+#define CHECK(call)                                                                                \
+    do {                                                                                           \
+        sp_status_t s_ = (call);                                                                   \
+        if (s_ != SP_SUCCESS) {                                                                    \
+            fprintf(stderr, "rank %d: %s failed: %s: %s\n", g_rank, #call, sp_status_name(s_),      \
+                    sp_last_error());                                                              \
+            MPI_Abort(MPI_COMM_WORLD, 1);                                                          \
+        }                                                                                          \
+    } while (0)
+
+int main(int argc, char **argv) {
+    const char *which = argc > 1 ? argv[1] : "all";
+    if (strcmp(which, "table") && strcmp(which, "json") && strcmp(which, "prometheus") &&
+        strcmp(which, "all")) {
+        fprintf(stderr, "usage: %s [table|json|prometheus|all]\n", argv[0]);
+        return 2;
+    }
+    sp_world_t *w = NULL;
+    sp_status_t st = sp_world_init(&argc, &argv, &w);
+    if (st != SP_SUCCESS) {
+        fprintf(stderr, "sp_world_init: %s: %s\n", sp_status_name(st), sp_last_error());
+        return 1;
+    }
+    g_rank = sp_world_rank(w);
+    int dev = sp_world_device(w);
+
+    /* Skewed usage: rank r holds r+1 blocks of (r+1)*8 MiB; 16 small blocks come and go. */
+    void *big[64];
+    int nbig = g_rank + 1 < 64 ? g_rank + 1 : 64;
+    for (int i = 0; i < nbig; i++)
+        CHECK(sp_malloc((size_t)(g_rank + 1) << 23, dev, NULL, &big[i]));
+    for (int i = 0; i < 16; i++) {
+        void *p = NULL;
+        CHECK(sp_malloc(4096 + (size_t)i * 512, dev, NULL, &p));
+        CHECK(sp_free(p));
+    }
+
+    sp_stats_summary_t sum;
+    CHECK(sp_stats_aggregate(w, dev, &sum));
+    if (g_rank == 0) {
+        printf("sp_stats_aggregate over %d ranks (one collective):\n", sum.nranks);
+        const char *keys[] = {"allocated_bytes.all.current", "allocation.all.current",
+                              "segment.all.current"};
+        for (size_t k = 0; k < sizeof keys / sizeof keys[0]; k++)
+            for (size_t i = 0; i < sp_stats_count(); i++)
+                if (strcmp(sp_stats_key(i), keys[k]) == 0)
+                    printf("  %-28s min %lld (rank %d)  max %lld (rank %d)  sum %lld\n", keys[k],
+                           (long long)sum.min[i], sum.min_rank[i], (long long)sum.max[i],
+                           sum.max_rank[i], (long long)sum.sum[i]);
+        printf("\n");
+        fflush(stdout);
+    }
+
+    const struct {
+        const char *name;
+        sp_report_format_t format;
+    } formats[] = {{"table", SP_REPORT_TABLE},
+                   {"json", SP_REPORT_JSON},
+                   {"prometheus", SP_REPORT_PROMETHEUS}};
+    for (size_t f = 0; f < 3; f++) {
+        if (strcmp(which, "all") && strcmp(which, formats[f].name))
+            continue;
+        if (g_rank == 0)
+            printf("==== sp_stats_report(..., SP_REPORT_%s) ====\n",
+                   f == 0 ? "TABLE" : f == 1 ? "JSON" : "PROMETHEUS");
+        fflush(stdout);
+        CHECK(sp_stats_report(w, dev, stdout, formats[f].format));
+        if (g_rank == 0)
+            printf("\n");
+    }
+
+    for (int i = 0; i < nbig; i++)
+        CHECK(sp_free(big[i]));
+    CHECK(sp_world_finalize(w));
+    return 0;
+}
