@@ -434,6 +434,14 @@ sp_status_t sp__alloc_malloc(sp_devalloc_t *d, sp_mempool_t *pool, size_t orig,
                              sp_stream_t stream, void **ptr_p) {
     uint32_t ctx = SP_UNLIKELY(sp__history_active) ? sp__history_capture(false) : 0;
     pthread_mutex_lock(&d->lock);
+    if (SP_UNLIKELY(pool->destroyed)) {
+        pthread_mutex_unlock(&d->lock);
+        if (ctx)
+            sp__history_context_release(ctx);
+        return sp__error(SP_ERR_INVALID_USAGE, SP_SUB_POOL,
+                         "malloc in pool \"%s\" {%" PRIu64 ",%" PRIu64 "}: the pool was destroyed",
+                         pool->name ? pool->name : "", pool->id.first, pool->id.second);
+    }
     if (SP_UNLIKELY(d->pending_events))
         sp__alloc_process_events(d);
     size_t size = sp__round_size(orig);

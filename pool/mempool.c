@@ -178,12 +178,11 @@ SP_EXPORT sp_status_t sp_mempool_destroy(sp_mempool_t *pool) {
     pool->destroyed = true;
     pool->use_on_oom = false;
     atomic_fetch_sub(&pool->use_count, 1);
-    if (!pool->symmetric) {
-        /* PyTorch's emptyCache(id) on a freeable pool: finish its pending frees, then release
-         * every whole free segment through the pool's allocator. */
-        sp__alloc_sync_events(d, pool);
-        sp__alloc_release_pool(d, pool, false, NULL);
-    }
+    /* PyTorch's emptyCache(id) on a freeable pool: finish its pending frees, then release every
+     * whole free segment through the pool's allocator (for a symmetric pool, its registrar,
+     * which defers what must be collective). */
+    sp__alloc_sync_events(d, pool);
+    sp__alloc_release_pool(d, pool, false, NULL);
     SP_INFO(SP_SUB_POOL, "device %d: destroyed pool \"%s\" {0,%" PRIu64 "} (%zu segments, %zu "
             "bytes still held by live blocks)", d->device, pname(pool), pool->id.second,
             pool->nsegments, pool->reserved);
@@ -269,10 +268,6 @@ SP_EXPORT sp_status_t sp_mempool_malloc(sp_mempool_t *pool, size_t size, sp_stre
                          pname(pool));
     sp_devalloc_t *d = NULL;
     SP_CHECK(sp__alloc_device(pool->device, &d));
-    if (pool->destroyed) /* read without the lock: destroy and malloc on one pool race anyway */
-        return sp__error(SP_ERR_INVALID_USAGE, SP_SUB_POOL,
-                         "sp_mempool_malloc: pool \"%s\" {0,%" PRIu64 "} was destroyed",
-                         pname(pool), pool->id.second);
     if (size == 0) {
         *ptr_p = NULL;
         return SP_SUCCESS;

@@ -181,8 +181,11 @@ bool sp__alloc_release_available(sp_devalloc_t *d, sp_bpool_t *bp, size_t size,
     return true;
 }
 
-/* garbage_collection_threshold: free whole cached segments of the default large pool, oldest
- * (by the get_free_block clock) first, until reserved memory is back under the threshold. */
+/* garbage_collection_threshold (PyTorch's garbage_collect_cached_blocks): once reserved memory
+ * passes threshold x allowed_max, release whole free segments of the default large pool whose
+ * age (get_free_block calls since they were cached) is at least the average age, all of them in
+ * one pass (PyTorch does not stop a pass at the target, so GC does not re-trigger at once), and
+ * repeat while the target is not reached and a pass freed something. */
 void sp__alloc_gc(sp_devalloc_t *d) {
     if (d->allowed_max == SIZE_MAX)
         return;
@@ -191,30 +194,29 @@ void sp__alloc_gc(sp_devalloc_t *d) {
         return;
     size_t target = d->total_reserved - thresh, freed = 0;
     sp_bpool_t *bp = &d->default_pool->large;
-    while (freed < target) {
-        uint64_t total_age = 0, n = 0;
-        for (sp_segment_t *s = d->default_pool->seg_head; s; s = s->pnext) {
-            if (s->bpool == bp && sp__block_releasable(s->head)) {
-                total_age += bp->gfb_count - s->head->gc_count;
-                n++;
-            }
+    uint64_t total_age = 0, n = 0;
+    for (sp_segment_t *s = d->default_pool->seg_head; s; s = s->pnext) {
+        if (s->bpool == bp && sp__block_releasable(s->head)) {
+            total_age += bp->gfb_count - s->head->gc_count;
+            n++;
         }
-        if (n == 0)
-            break;
+    }
+    bool any = true;
+    while (freed < target && any && n > 0) {
         double avg = (double)total_age / (double)n;
-        bool any = false;
+        any = false;
         sp_segment_t *s = d->default_pool->seg_head;
-        while (s && freed < target) {
+        while (s) {
             sp_segment_t *nx = s->pnext;
-            if (s->bpool == bp && sp__block_releasable(s->head) &&
-                (double)(bp->gfb_count - s->head->gc_count) >= avg) {
+            uint64_t age = s->head ? bp->gfb_count - s->head->gc_count : 0;
+            if (s->bpool == bp && sp__block_releasable(s->head) && (double)age >= avg) {
                 freed += s->size;
+                total_age -= age;
+                n--;
                 sp__alloc_release_segment(d, s);
                 any = true;
             }
             s = nx;
         }
-        if (!any)
-            break;
     }
 }
