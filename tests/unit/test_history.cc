@@ -11,6 +11,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <iterator>
 #include <map>
 #include <set>
 #include <sstream>
@@ -93,6 +94,49 @@ int64_t geti(const pk_value_t *d, const char *k) {
 }
 
 class History : public sp::Test {};
+
+// Walk a pickle opcode by opcode and require only the opcodes PyTorch's MemoryViz.js unpickler
+// handles (reference/pytorch-allocator.md 5.4), protocol 2-4 and LONG1 of at most 8 bytes.
+void expect_memoryviz_opcodes(const std::string &path) {
+    std::ifstream f(path, std::ios::binary);
+    std::string b((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+    auto u8 = [&](size_t i) { return (unsigned char)b[i]; };
+    auto u32 = [&](size_t i) {
+        return (size_t)u8(i) | (size_t)u8(i + 1) << 8 | (size_t)u8(i + 2) << 16 |
+               (size_t)u8(i + 3) << 24;
+    };
+    ASSERT_GE(b.size(), 3u);
+    ASSERT_EQ(u8(0), 0x80);
+    ASSERT_TRUE(u8(1) >= 2 && u8(1) <= 4) << "MemoryViz.js reads protocols 2-4";
+    size_t i = 2;
+    bool stopped = false;
+    while (i < b.size() && !stopped) {
+        unsigned op = u8(i++);
+        switch (op) {
+        case '}': case ']': case ')': case '(': case 'u': case 'e': case 'a': case 's':
+        case 0x86: case 0x85: case 0x87: case 'N': case 0x88: case 0x89: case 0x94: case 't':
+        case 'l': case 'd':
+            break;
+        case 'K': case 'h': case 'q': i += 1; break;
+        case 'M': i += 2; break;
+        case 'J': case 'j': case 'r': i += 4; break;
+        case 'G': case 0x95: i += 8; break;
+        case 0x8a: {
+            size_t n = u8(i);
+            ASSERT_LE(n, 8u) << "LONG1 wider than 8 bytes at " << i - 1;
+            i += 1 + n;
+            break;
+        }
+        case 0x8c: i += 1 + u8(i); break;
+        case 'X': i += 4 + u32(i); break;
+        case '.': stopped = true; break;
+        default: FAIL() << "opcode 0x" << std::hex << op << " at " << std::dec << i - 1
+                        << " is not one MemoryViz.js reads";
+        }
+    }
+    EXPECT_TRUE(stopped);
+    EXPECT_EQ(i, b.size());
+}
 
 // ---- ring buffer ---------------------------------------------------------------------------
 
@@ -384,6 +428,7 @@ TEST_F(History, FramesFromHookAreInternedAndAttached) {
         const pk_value_t *tr = pk_at(pk_get(d.root(), "device_traces"), 0);
         EXPECT_EQ(pk_len(pk_get(pk_at(tr, 1), "frames")), 2u); // the first alloc
     }
+    expect_memoryviz_opcodes(dir + "/s.pickle");
     remove_tree(dir);
     ASSERT_SP_OK(sp_free(b));
     sp_history_set_frames_hook(nullptr, nullptr);
@@ -522,6 +567,7 @@ TEST_F(History, SnapshotIsConsistentAndReadable) {
         EXPECT_NE(pk_get(root, "external_annotations"), nullptr);
         expect_replays_backwards(root);
     }
+    expect_memoryviz_opcodes(dir + "/snap.pickle");
     {
         std::ifstream f(dir + "/snap.json");
         std::stringstream ss;
