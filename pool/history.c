@@ -54,8 +54,8 @@ typedef struct context {
 static struct {
     pthread_mutex_t lock;        /* guards everything below */
     sp_history_enabled_t enabled; /* OFF/STATE/ALL (g.lock; mirrored in sp__history_active) */
-    sp_history_context_t context; /* which records carry frames (g.lock, read racily by capture) */
-    bool c_stacks;               /* capture C frames (g.lock, read racily by capture) */
+    sp_history_context_t context; /* which records carry frames (g.lock; atomic: capture's fast check) */
+    bool c_stacks;               /* capture C frames (g.lock) */
     size_t cap;                  /* ring capacity; 0 = unbounded (g.lock) */
     ring_t *rings;               /* one per device seen (g.lock) */
     int nrings;                  /* entries in rings (g.lock) */
@@ -66,7 +66,7 @@ static struct {
     uint32_t *buckets;           /* hash -> first id (g.lock) */
     size_t nbuckets;             /* power of two (g.lock) */
     size_t live_ctx;             /* contexts with refs > 0 (g.lock) */
-    sp_history_frames_fn hook;   /* binding's frame source (g.lock; read racily by capture) */
+    sp_history_frames_fn hook;   /* binding's frame source (g.lock) */
     void *hook_arg;              /* its argument (g.lock) */
 } g = {.lock = PTHREAD_MUTEX_INITIALIZER};
 
@@ -266,9 +266,13 @@ uint32_t sp__history_capture(bool is_free) {
     sp_history_context_t level = __atomic_load_n(&g.context, __ATOMIC_RELAXED);
     if (level == SP_CONTEXT_NONE || (is_free && level != SP_CONTEXT_ALL))
         return 0;
-    sp_history_frames_fn hook = __atomic_load_n(&g.hook, __ATOMIC_ACQUIRE);
+    /* Read the hook and its argument together (a concurrent sp_history_set_frames_hook must not
+     * pair one hook with another's argument); the hook itself runs with no lock held. */
+    pthread_mutex_lock(&g.lock);
+    sp_history_frames_fn hook = g.hook;
     void *hook_arg = g.hook_arg;
-    bool c_stacks = __atomic_load_n(&g.c_stacks, __ATOMIC_RELAXED);
+    bool c_stacks = g.c_stacks;
+    pthread_mutex_unlock(&g.lock);
     if (hook == NULL && !c_stacks)
         return 0;
 
@@ -349,8 +353,8 @@ void sp__history_context_frames(uint32_t context, const sp__history_frame_t **fr
 
 SP_EXPORT void sp_history_set_frames_hook(sp_history_frames_fn fn, void *arg) {
     pthread_mutex_lock(&g.lock);
+    g.hook = fn;
     g.hook_arg = arg;
-    __atomic_store_n(&g.hook, fn, __ATOMIC_RELEASE);
     pthread_mutex_unlock(&g.lock);
 }
 
@@ -538,7 +542,7 @@ SP_EXPORT sp_status_t sp_record_memory_history(const sp_history_params_t *params
     }
     g.cap = cap;
     g.enabled = params->enabled;
-    __atomic_store_n(&g.c_stacks, params->c_stacks, __ATOMIC_RELAXED);
+    g.c_stacks = params->c_stacks;
     __atomic_store_n(&g.context, params->context, __ATOMIC_RELAXED);
     __atomic_store_n(&sp__history_active, 1, __ATOMIC_RELAXED);
     pthread_mutex_unlock(&g.lock);
@@ -557,7 +561,7 @@ void sp__history_shutdown(void) {
     g.rings = NULL;
     g.nrings = 0;
     g.enabled = SP_HISTORY_OFF;
-    g.context = SP_CONTEXT_NONE;
+    __atomic_store_n(&g.context, SP_CONTEXT_NONE, __ATOMIC_RELAXED);
     g.c_stacks = false;
     g.cap = 0;
     /* Contexts still referenced here are leaked references of blocks that outlived shutdown;

@@ -334,7 +334,10 @@ bool tr_load(const char *path, tr_trace_t *t, char *err, size_t errlen) {
     pk_doc_t *doc = NULL;
     char why[256];
     if (!pk_parse_file(path, (size_t)4 << 30, NULL, &doc, why, sizeof(why))) {
-        snprintf(err, errlen, "%s: %s", path, why);
+        size_t n = strlen(path);
+        bool json = n > 5 && strcmp(path + n - 5, ".json") == 0;
+        snprintf(err, errlen, "%s: %s%s", path, why,
+                 json ? " (JSON snapshots are for viewers; give the .pickle form)" : "");
         return false;
     }
     if (!tr_from_doc(doc, t, why, sizeof(why))) {

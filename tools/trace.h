@@ -67,10 +67,10 @@ typedef struct tr_trace {
     size_t nsegments;    /* segments in the snapshot */
 } tr_trace_t;
 
-/* Load a snapshot file (pickle; or JSON is refused with a hint). Fills t; on failure writes a
- * one-line reason and returns false. */
+/* Load a snapshot file (pickle). Fills t; on failure writes a one-line reason and returns
+ * false. Call tr_free(t) in both cases. */
 bool tr_load(const char *path, tr_trace_t *t, char *err, size_t errlen);
-/* Same from a parsed document (t takes ownership of doc, even on failure). */
+/* Same from a parsed document (t takes ownership of doc, even on failure; call tr_free). */
 bool tr_from_doc(pk_doc_t *doc, tr_trace_t *t, char *err, size_t errlen);
 void tr_free(tr_trace_t *t);
 

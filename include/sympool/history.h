@@ -1,6 +1,13 @@
 /**
  * @file history.h
  * @brief Memory history (PyTorch's _record_memory_history) and snapshots PyTorch's viewer reads.
+ *
+ * Recording keeps, per device, a ring buffer of trace entries with PyTorch's actions and sizes
+ * (alloc: the request; free_requested/free_completed: the block's requested size;
+ * segment_alloc/segment_free: the segment size; oom: the rounded request with the device's free
+ * bytes). Snapshots have PyTorch's structure (segments, device_traces, allocator_settings,
+ * external_annotations) and open in pytorch.org/memory_viz and torch/cuda/_memory_viz.py.
+ * All functions are thread-safe. Recording off costs the allocator one relaxed load per call.
  */
 #ifndef SYMPOOL_HISTORY_H
 #define SYMPOOL_HISTORY_H
@@ -30,18 +37,40 @@ typedef struct sp_history_params {
     bool c_stacks;                /**< record C stack frames */
 } sp_history_params_t;
 
-/** Defaults: enabled ALL, context ALL, max_entries 0 (unbounded), c_stacks false. */
+/** Defaults: enabled ALL, context ALL, max_entries 0 (unbounded), c_stacks false. NULL is ignored. */
 void sp_history_params_init(sp_history_params_t *params);
 
-/** Start, change or stop recording on every device. */
+/**
+ * Start, change or stop recording on every device (PyTorch's meanings): OFF stops and clears
+ * every buffer; STATE keeps only the newest entry (max_entries forced to 1) so that stacks stay on
+ * live blocks; ALL keeps up to max_entries entries, the oldest overwritten first. Changing
+ * max_entries keeps the newest entries. context: NONE records no stacks, STATE stacks on live
+ * blocks only, ALLOC also on trace entries, ALL also captures a stack at each free. Stacks come
+ * from the frames hook (sp_history_set_frames_hook) and, with c_stacks, from backtrace(3):
+ * "symbol+0xoffset" and the object file, line 0 (no debug-info lookup; use addr2line).
+ * @return SP_SUCCESS, SP_ERR_INVALID_ARGUMENT (NULL params, enabled or context out of range;
+ *         nothing changes), SP_ERR_SYSTEM (no host memory to resize the buffers).
+ */
 sp_status_t sp_record_memory_history(const sp_history_params_t *params);
 
-/** Write the whole process's snapshot: ".json" -> JSON; otherwise pickle protocol 4. Atomic. */
+/**
+ * Write the whole process's snapshot: a path ending in ".json" gets JSON, any other pickle
+ * protocol 4 using only the opcodes MemoryViz.js reads. "%r", "%p" and "%h" in the path become the
+ * rank (from the MPI launcher's environment, 0 without one), the pid and the host name. The file
+ * is written to a temporary next to it, synced and renamed, so readers never see half a file.
+ * Each call appends a `snapshot` entry to every device's trace while recording.
+ * @return SP_SUCCESS, SP_ERR_INVALID_ARGUMENT (NULL or empty path, path too long),
+ *         SP_ERR_SYSTEM (cannot create, write or rename the file; out of host memory).
+ */
 sp_status_t sp_dump_snapshot(const char *path);
 
-/** Write one pool's snapshot (its segments only, with the device traces). */
+/**
+ * Write one pool's snapshot: its segments only, and each device's trace filtered to the pool's
+ * events (plus the snapshot markers), so the trace still replays back to the segments shown.
+ * Same path rules as sp_dump_snapshot.
+ * @return as sp_dump_snapshot; SP_ERR_INVALID_ARGUMENT also for a NULL pool.
+ */
 sp_status_t sp_mempool_dump_snapshot(const sp_mempool_t *pool, const char *path);
-
 
 /** One stack frame a binding supplies (e.g. a Python frame). Strings are copied by sympool. */
 typedef struct sp_history_frame {

@@ -252,6 +252,37 @@ TEST_F(Replay, BadTracesAreExplained) {
     tr_free(&t);
 }
 
+// Mutated snapshots that still parse must load or be refused with a reason, never crash.
+TEST_F(Replay, FuzzedSnapshotsLoadOrExplain) {
+    std::vector<unsigned char> base = synthetic();
+    uint64_t s = 0x12345678abcdefull;
+    size_t loaded = 0, refused = 0;
+    for (int iter = 0; iter < 3000; iter++) {
+        std::vector<unsigned char> b = base;
+        for (int m = 0; m < 1 + iter % 4; m++) {
+            s ^= s >> 12;
+            s ^= s << 25;
+            s ^= s >> 27;
+            uint64_t r = s * 0x2545f4914f6cdd1dull;
+            b[2 + (size_t)(r % (b.size() - 3))] = (unsigned char)(r >> 32);
+        }
+        pk_doc_t *doc = nullptr;
+        char why[256] = "";
+        if (!pk_parse(b.data(), b.size(), nullptr, &doc, why, sizeof(why)))
+            continue;
+        tr_trace_t t;
+        if (tr_from_doc(doc, &t, why, sizeof(why))) {
+            loaded++;
+        } else {
+            refused++;
+            EXPECT_NE(why[0], '\0');
+        }
+        tr_free(&t);
+    }
+    EXPECT_GT(loaded, 0u);
+    EXPECT_GT(refused, 0u);
+}
+
 TEST_F(Replay, RealForwardTraceStaysWithinPyTorchsReserved) {
     const char *dd = getenv("SP_TEST_DATA_DIR");
     std::string path = std::string(dd ? dd : SP_TEST_DATA_DIR_DEFAULT) + "/cs336-2.7b-ctx128-forward-bf16.pickle";
