@@ -89,6 +89,26 @@ static inline void sp__stat_arr(sp_dev_stats_t *st, int a, bool is_small, int64_
     sp__stat_add(&st->arr[a][is_small ? SP_STAT_SMALL : SP_STAT_LARGE], delta);
 }
 
+/* The same with a known direction (n >= 0): the hot paths use these to skip the sign tests. */
+static inline void sp__stat_inc1(sp_stat_t *s, int64_t n) {
+    s->current += n;
+    s->allocated += n;
+    if (s->current > s->peak)
+        s->peak = s->current;
+}
+static inline void sp__stat_dec1(sp_stat_t *s, int64_t n) {
+    s->current -= n;
+    s->freed += n;
+}
+static inline void sp__stat_inc(sp_dev_stats_t *st, int a, bool is_small, int64_t n) {
+    sp__stat_inc1(&st->arr[a][SP_STAT_ALL], n);
+    sp__stat_inc1(&st->arr[a][is_small ? SP_STAT_SMALL : SP_STAT_LARGE], n);
+}
+static inline void sp__stat_dec(sp_dev_stats_t *st, int a, bool is_small, int64_t n) {
+    sp__stat_dec1(&st->arr[a][SP_STAT_ALL], n);
+    sp__stat_dec1(&st->arr[a][is_small ? SP_STAT_SMALL : SP_STAT_LARGE], n);
+}
+
 /* ---- blocks, segments, block pools ------------------------------------------------------- */
 
 struct sp_segment;

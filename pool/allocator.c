@@ -144,14 +144,14 @@ void sp__alloc_found_block(sp_devalloc_t *d, sp_block_t *b, size_t size, size_t 
         rem->gc_count = bp->gfb_count;
         sp__bset_insert(&bp->free, rem);
         if (already_split) {
-            sp__stat_arr(st, SP_ST_INACTIVE_SPLIT_BYTES, small, -(int64_t)b->size);
+            sp__stat_dec(st, SP_ST_INACTIVE_SPLIT_BYTES, small, (int64_t)b->size);
         } else {
-            sp__stat_arr(st, SP_ST_INACTIVE_SPLIT_BYTES, small, (int64_t)rem->size);
-            sp__stat_arr(st, SP_ST_INACTIVE_SPLIT, small, 1);
+            sp__stat_inc(st, SP_ST_INACTIVE_SPLIT_BYTES, small, (int64_t)rem->size);
+            sp__stat_inc(st, SP_ST_INACTIVE_SPLIT, small, 1);
         }
     } else if (already_split) {
-        sp__stat_arr(st, SP_ST_INACTIVE_SPLIT_BYTES, small, -(int64_t)b->size);
-        sp__stat_arr(st, SP_ST_INACTIVE_SPLIT, small, -1);
+        sp__stat_dec(st, SP_ST_INACTIVE_SPLIT_BYTES, small, (int64_t)b->size);
+        sp__stat_dec(st, SP_ST_INACTIVE_SPLIT, small, 1);
     }
     b->allocated = true;
     b->requested = orig;
@@ -159,11 +159,11 @@ void sp__alloc_found_block(sp_devalloc_t *d, sp_block_t *b, size_t size, size_t 
     b->nuses = 0;
     sp__ptr_map_insert(&d->map, b);
     bp->pool->used += b->size;
-    sp__stat_arr(st, SP_ST_ALLOCATION, small, 1);
-    sp__stat_arr(st, SP_ST_ALLOCATED_BYTES, small, (int64_t)b->size);
-    sp__stat_arr(st, SP_ST_ACTIVE, small, 1);
-    sp__stat_arr(st, SP_ST_ACTIVE_BYTES, small, (int64_t)b->size);
-    sp__stat_arr(st, SP_ST_REQUESTED_BYTES, small, (int64_t)orig);
+    sp__stat_inc(st, SP_ST_ALLOCATION, small, 1);
+    sp__stat_inc(st, SP_ST_ALLOCATED_BYTES, small, (int64_t)b->size);
+    sp__stat_inc(st, SP_ST_ACTIVE, small, 1);
+    sp__stat_inc(st, SP_ST_ACTIVE_BYTES, small, (int64_t)b->size);
+    sp__stat_inc(st, SP_ST_REQUESTED_BYTES, small, (int64_t)orig);
     if (b->size >= sp__g.conf.max_split_size)
         sp__stat_add(&st->oversize_allocations, 1);
     if (SP_UNLIKELY(sp__history_active))
@@ -238,8 +238,8 @@ sp_status_t sp__alloc_segment(sp_devalloc_t *d, sp_bpool_t *bp, size_t alloc_siz
     if (seg->base + alloc_size > hi)
         atomic_store_explicit(&d->hi, seg->base + alloc_size, memory_order_relaxed);
     sp_dev_stats_t *st = &d->stats;
-    sp__stat_arr(st, SP_ST_SEGMENT, bp->is_small, 1);
-    sp__stat_arr(st, SP_ST_RESERVED_BYTES, bp->is_small, (int64_t)alloc_size);
+    sp__stat_inc(st, SP_ST_SEGMENT, bp->is_small, 1);
+    sp__stat_inc(st, SP_ST_RESERVED_BYTES, bp->is_small, (int64_t)alloc_size);
     if (alloc_size >= sp__g.conf.max_split_size)
         sp__stat_add(&st->oversize_segments, 1);
     st->num_device_alloc++;
@@ -268,8 +268,8 @@ void sp__alloc_release_segment(sp_devalloc_t *d, sp_segment_t *seg) {
     d->total_reserved -= seg->size;
     pool->reserved -= seg->size;
     pool->nsegments--;
-    sp__stat_arr(st, SP_ST_SEGMENT, bp->is_small, -1);
-    sp__stat_arr(st, SP_ST_RESERVED_BYTES, bp->is_small, -(int64_t)seg->size);
+    sp__stat_dec(st, SP_ST_SEGMENT, bp->is_small, 1);
+    sp__stat_dec(st, SP_ST_RESERVED_BYTES, bp->is_small, (int64_t)seg->size);
     if (seg->size >= sp__g.conf.max_split_size)
         sp__stat_add(&st->oversize_segments, -1);
     if (SP_UNLIKELY(sp__history_active))
@@ -336,9 +336,9 @@ void sp__alloc_free_block(sp_devalloc_t *d, sp_block_t *b) {
         sp__stat_arr(st, SP_ST_INACTIVE_SPLIT, bp->is_small, net_n);
     if (net_bytes)
         sp__stat_arr(st, SP_ST_INACTIVE_SPLIT_BYTES, bp->is_small, net_bytes);
-    sp__stat_arr(st, SP_ST_ACTIVE, bp->is_small, -1);
-    sp__stat_arr(st, SP_ST_ACTIVE_BYTES, bp->is_small, -(int64_t)orig_size);
-    sp__stat_arr(st, SP_ST_REQUESTED_BYTES, bp->is_small, -(int64_t)req);
+    sp__stat_dec(st, SP_ST_ACTIVE, bp->is_small, 1);
+    sp__stat_dec(st, SP_ST_ACTIVE_BYTES, bp->is_small, (int64_t)orig_size);
+    sp__stat_dec(st, SP_ST_REQUESTED_BYTES, bp->is_small, (int64_t)req);
     b->requested = 0;
     b->gc_count = bp->gfb_count;
     sp__bset_insert(&bp->free, b);
@@ -359,8 +359,8 @@ void sp__alloc_free_locked(sp_devalloc_t *d, sp_block_t *b, uint32_t context) {
     sp_dev_stats_t *st = &d->stats;
     b->allocated = false;
     bp->pool->used -= b->size;
-    sp__stat_arr(st, SP_ST_ALLOCATION, bp->is_small, -1);
-    sp__stat_arr(st, SP_ST_ALLOCATED_BYTES, bp->is_small, -(int64_t)b->size);
+    sp__stat_dec(st, SP_ST_ALLOCATION, bp->is_small, 1);
+    sp__stat_dec(st, SP_ST_ALLOCATED_BYTES, bp->is_small, (int64_t)b->size);
     if (b->size >= sp__g.conf.max_split_size)
         sp__stat_add(&st->oversize_allocations, -1);
     if (SP_UNLIKELY(sp__history_active))
