@@ -56,7 +56,8 @@ sp_status_t sp_free(void *ptr);
 /**
  * Mark the block holding @p ptr as used on @p stream, so that freeing it waits for that stream.
  * A use on the block's own allocation stream is ignored.
- * @return SP_SUCCESS, SP_ERR_INVALID_USAGE (not a live sympool block), SP_ERR_DEVICE.
+ * @return SP_SUCCESS, SP_ERR_INVALID_USAGE (not a live sympool block), SP_ERR_INVALID_ARGUMENT
+ *         (a stream sp_stream_create did not make, or one of another device), SP_ERR_DEVICE.
  */
 sp_status_t sp_record_stream(void *ptr, sp_stream_t stream);
 
