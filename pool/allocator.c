@@ -87,8 +87,10 @@ sp_block_t *sp__block_new(sp_devalloc_t *d) {
 void sp__block_recycle(sp_devalloc_t *d, sp_block_t *b) {
     if (b->context)
         sp__history_context_release(b->context);
-    free(b->uses);
-    b->uses = NULL;
+    if (b->uses) {
+        free(b->uses);
+        b->uses = NULL;
+    }
     b->hnext = d->spare;
     d->spare = b;
 }

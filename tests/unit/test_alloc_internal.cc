@@ -1,0 +1,159 @@
+// test_alloc_internal.cc: what pool_internal.h offers other modules, checked directly: interior
+// pointer lookup, the segment walk, and the symmetric primitives (ordering by segment sequence
+// number, find/take/grow, free segment lists and release); plus several emulated devices.
+#include "alloc_test_util.hpp"
+
+#include <cstdlib>
+#include <vector>
+
+extern "C" {
+#include "pool/pool_internal.h"
+}
+
+using namespace sp;
+
+class AllocInternal : public sp::Test {};
+
+TEST_F(AllocInternal, LookupFindsInteriorPointers) {
+    void *p;
+    ASSERT_SP_OK(sp_malloc(5000, 0, nullptr, &p));
+    sp_block_info_t info;
+    ASSERT_SP_OK(sp__pool_lookup((char *)p + 4999, &info));
+    EXPECT_EQ(info.block_base, p);
+    EXPECT_EQ(info.block_size, 5120u);
+    EXPECT_EQ(info.requested_size, 5000u);
+    EXPECT_EQ(info.segment_size, 2 * MiB);
+    EXPECT_EQ(info.segment_seq, 0u);
+    EXPECT_EQ(info.pool, sp_default_mempool(0));
+    EXPECT_EQ(sp__pool_lookup((char *)p + 5120, &info), SP_ERR_INVALID_USAGE) << "free tail";
+    ASSERT_SP_OK(sp_free(p));
+    EXPECT_EQ(sp__pool_lookup(p, &info), SP_ERR_INVALID_USAGE);
+}
+
+struct WalkOut {
+    size_t segments = 0, blocks = 0, allocated = 0, total = 0;
+};
+
+static void visit(const sp_segment_view_t *s, void *arg) {
+    auto *w = static_cast<WalkOut *>(arg);
+    w->segments++;
+    w->blocks += s->nblocks;
+    w->allocated += s->allocated_size;
+    w->total += s->total_size;
+    size_t sum = 0;
+    for (size_t i = 0; i < s->nblocks; i++)
+        sum += s->blocks[i].size;
+    EXPECT_EQ(sum, s->total_size);
+}
+
+TEST_F(AllocInternal, WalkSeesOneConsistentState) {
+    void *a, *b;
+    ASSERT_SP_OK(sp_malloc(512, 0, nullptr, &a));
+    ASSERT_SP_OK(sp_malloc(3 * MiB, 0, nullptr, &b));
+    WalkOut w;
+    ASSERT_SP_OK(sp__pool_walk(-1, nullptr, visit, &w));
+    EXPECT_EQ(w.segments, 2u);
+    EXPECT_EQ(w.blocks, 4u);
+    EXPECT_EQ(w.allocated, 512 + 3 * MiB);
+    EXPECT_EQ(w.total, 22 * MiB);
+    ASSERT_SP_OK(sp_free(a));
+    ASSERT_SP_OK(sp_free(b));
+}
+
+static void *plain_alloc(size_t size, int, sp_stream_t, void *ctx) {
+    ++*static_cast<int *>(ctx);
+    return aligned_alloc(4096, size);
+}
+static void plain_free(void *p, size_t, int, sp_stream_t, void *ctx) {
+    --*static_cast<int *>(ctx);
+    free(p);
+}
+
+TEST_F(AllocInternal, SymmetricPrimitives) {
+    int live_segments = 0;
+    sp_allocator_t al = {plain_alloc, plain_free, &live_segments};
+    sp_mempool_params_t prm;
+    sp_mempool_params_init(&prm);
+    prm.allocator = &al;
+    prm.name = "sym";
+    sp_mempool_t *pool;
+    int state = 7;
+    ASSERT_SP_OK(sp__mempool_create_symmetric(&prm, &state, &pool));
+    EXPECT_TRUE(sp_mempool_is_symmetric(pool));
+    EXPECT_EQ(sp__mempool_sym_state(pool), &state);
+    bool found = true;
+    uint64_t seq = 99;
+    size_t off = 99;
+    ASSERT_SP_OK(sp__pool_sym_find(pool, 4 * MiB, nullptr, &found, &seq, &off));
+    EXPECT_FALSE(found);
+    void *g0, *g1, *t;
+    ASSERT_SP_OK(sp__pool_sym_grow(pool, 4 * MiB, nullptr, &g0)); // seq 0: 20 MiB
+    ASSERT_SP_OK(sp__pool_sym_grow(pool, 4 * MiB, nullptr, &g1)); // seq 1: 20 MiB
+    EXPECT_EQ(sp__pool_segment_count(pool), 2u);
+    EXPECT_EQ(sp__pool_next_segment_seq(pool), 2u);
+    EXPECT_EQ(live_segments, 2);
+    // Both segments have a 16 MiB free tail; ties go to the lower sequence number.
+    ASSERT_SP_OK(sp__pool_sym_find(pool, 8 * MiB, nullptr, &found, &seq, &off));
+    EXPECT_TRUE(found);
+    EXPECT_EQ(seq, 0u);
+    EXPECT_EQ(off, 4 * MiB);
+    EXPECT_EQ(sp__pool_sym_take(pool, 8 * MiB, nullptr, 1, 0, &t), SP_ERR_INVALID_USAGE)
+        << "offset 0 of segment 1 is allocated";
+    ASSERT_SP_OK(sp__pool_sym_take(pool, 8 * MiB, nullptr, 1, 4 * MiB, &t));
+    EXPECT_EQ((char *)t, (char *)g1 + 4 * MiB);
+    void *base;
+    size_t size;
+    ASSERT_SP_OK(sp__pool_segment_info(pool, 1, &base, &size));
+    EXPECT_EQ(base, g1);
+    EXPECT_EQ(size, 20 * MiB);
+    // Misuse of the public entry points on a symmetric pool.
+    expect_warnings();
+    void *p;
+    EXPECT_SP_STATUS(sp_mempool_malloc(pool, 512, nullptr, &p), SP_ERR_INVALID_USAGE);
+    EXPECT_SP_STATUS(sp_mempool_begin(pool), SP_ERR_INVALID_USAGE);
+    EXPECT_SP_STATUS(sp_mempool_free_all_blocks(pool, nullptr), SP_ERR_INVALID_USAGE);
+    // The allocator never releases it on its own.
+    ASSERT_SP_OK(sp_free(g0));
+    ASSERT_SP_OK(sp_empty_cache());
+    EXPECT_EQ(live_segments, 2);
+    uint64_t seqs[4];
+    size_t n = 0;
+    ASSERT_SP_OK(sp__pool_free_segments(pool, seqs, 4, &n));
+    ASSERT_EQ(n, 1u);
+    EXPECT_EQ(seqs[0], 0u);
+    EXPECT_EQ(sp__pool_release_segment(pool, 1), SP_ERR_INVALID_USAGE);
+    ASSERT_SP_OK(sp__pool_release_segment(pool, 0));
+    EXPECT_EQ(live_segments, 1);
+    EXPECT_EQ(sp__pool_segment_count(pool), 1u);
+    ASSERT_SP_OK(sp_free(g1));
+    ASSERT_SP_OK(sp_free(t));
+    ASSERT_SP_OK(sp_mempool_destroy(pool));
+    EXPECT_EQ(live_segments, 0) << "destroy releases the free segments through the allocator";
+}
+
+TEST_F(AllocInternal, SeveralDevicesKeepSeparateStats) {
+    sp::ScopedEnv env({{"SYMPOOL_HOST_DEVICES", "2"}});
+    ASSERT_EQ(sp_device_count(), 2);
+    void *a, *b;
+    ASSERT_SP_OK(sp_malloc(4096, 1, nullptr, &a));
+    ASSERT_SP_OK(sp_malloc(4096, 0, nullptr, &b));
+    EXPECT_EQ(stat("allocation.all.current", 1), 1);
+    sp_mempool_params_t prm;
+    sp_mempool_params_init(&prm);
+    prm.device = 1;
+    sp_mempool_t *pool;
+    ASSERT_SP_OK(sp_mempool_create(&prm, &pool));
+    ASSERT_SP_OK(sp_mempool_begin(pool));
+    void *c, *d;
+    ASSERT_SP_OK(sp_malloc(4096, 0, nullptr, &c)); // device 0: not routed
+    ASSERT_SP_OK(sp_malloc(4096, 1, nullptr, &d)); // device 1: routed
+    ASSERT_SP_OK(sp_mempool_end(pool));
+    EXPECT_EQ(sp_mempool_used_bytes(pool), 4096u);
+    EXPECT_EQ(sp_mempool_used_bytes(sp_default_mempool(0)), 8192u);
+    ASSERT_SP_OK(sp_free(a)); // found on device 1 without naming it
+    EXPECT_EQ(stat("allocation.all.current", 1), 1);
+    EXPECT_EQ(stat("allocation.all.current", 0), 2);
+    for (void *p : {b, c, d})
+        ASSERT_SP_OK(sp_free(p));
+    ASSERT_SP_OK(sp_mempool_destroy(pool));
+}
