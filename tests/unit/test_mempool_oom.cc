@@ -456,6 +456,43 @@ TEST_F(MemPoolOom, DestroyWithLiveBlocksDefersTheirSegments) {
     EXPECT_EQ(stat(0, "num_device_free"), 2);
 }
 
+TEST_F(MemPoolOom, EmptyCacheSparesLivePools) {
+    // torch.cuda.empty_cache() releases the default pools and the *freeable* private pools
+    // (use count 0) only; a live MemPool keeps its cache.
+    sp_mempool_t *a = make_pool("alive");
+    ASSERT_NE(a, nullptr);
+    cache_in(a, 4 * MiB);
+    void *d;
+    ASSERT_SP_OK(sp_malloc(4 * MiB, 0, nullptr, &d));
+    ASSERT_SP_OK(sp_free(d));
+    EXPECT_EQ(sp_memory_reserved(0), 40 * MiB);
+    ASSERT_SP_OK(sp_empty_cache());
+    EXPECT_EQ(sp_mempool_total_bytes(dflt()), 0u);
+    EXPECT_EQ(sp_mempool_total_bytes(a), 20 * MiB);
+    EXPECT_EQ(sp_memory_reserved(0), 20 * MiB);
+    ASSERT_SP_OK(sp_mempool_destroy(a));
+    EXPECT_EQ(sp_memory_reserved(0), 0u);
+}
+
+TEST_F(MemPoolOom, ADestroyedPoolTakesNoNewBlocks) {
+    expect_warnings();
+    sp_mempool_t *a = make_pool("gone");
+    ASSERT_NE(a, nullptr);
+    void *p;
+    ASSERT_SP_OK(sp_mempool_malloc(a, 1 * MiB, nullptr, &p));
+    ASSERT_SP_OK(sp_mempool_destroy(a));
+    // PyTorch's releasePool drops the creator's use: nothing holds the pool any more.
+    EXPECT_EQ(sp_mempool_use_count(a), 0);
+    void *q = &q;
+    sp__error_clear();
+    EXPECT_SP_STATUS(sp_mempool_malloc(a, 4096, nullptr, &q), SP_ERR_INVALID_USAGE);
+    EXPECT_STRNE(sp_last_error(), "");
+    EXPECT_EQ(q, &q);
+    EXPECT_EQ(sp_mempool_used_bytes(a), 1 * MiB);
+    ASSERT_SP_OK(sp_free(p));
+    EXPECT_EQ(sp_mempool_used_bytes(a), 0u);
+}
+
 TEST_F(MemPoolOom, DestroyedPoolsCacheIsReleasedByTheOomRetry) {
     sp::ScopedEnv env({{"SYMPOOL_HOST_CAPACITY", "64MiB"}});
     sp_mempool_t *a = make_pool("doomed");
