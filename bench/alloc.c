@@ -5,7 +5,8 @@
  * "ns_per_pair":...,"glibc_ns_per_pair":...,"ratio_to_glibc":...}.
  *
  * Each thread warms its block once (so the segment exists) and then times N pairs; the figure
- * is the mean over all threads' pairs. Usage: bench_alloc [pairs_per_thread].
+ * is the mean over all threads' pairs. Usage: bench_alloc [pairs_per_thread [size threads]]
+ * (with size and threads, only that case runs: handy under perf).
  */
 #include <pthread.h>
 #include <stdio.h>
@@ -82,10 +83,16 @@ int main(int argc, char **argv) {
         fprintf(stderr, "bench_alloc: sp_init: %s\n", sp_last_error());
         return 1;
     }
-    const size_t sizes[] = {512, 64 * 1024, 4 * 1024 * 1024};
+    size_t sizes[] = {512, 64 * 1024, 4 * 1024 * 1024};
+    int nsizes = 3, tmin = 1, tmax = 2;
+    if (argc > 3) {
+        sizes[0] = (size_t)atol(argv[2]);
+        nsizes = 1;
+        tmin = tmax = atoi(argv[3]) == 2 ? 2 : 1;
+    }
     int failed = 0;
-    for (int threads = 1; threads <= 2; threads++) {
-        for (int s = 0; s < 3; s++) {
+    for (int threads = tmin; threads <= tmax; threads++) {
+        for (int s = 0; s < nsizes; s++) {
             double sp = measure(sizes[s], threads, 0, &failed);
             double gl = measure(sizes[s], threads, 1, &failed);
             printf("{\"bench\":\"alloc\",\"backend\":\"%s\",\"size\":%zu,\"threads\":%d,"
