@@ -1,6 +1,7 @@
 /*
- * alloc_int.h: the private structures of the caching allocator (the pool/ C files only): blocks, segments,
- * block pools (free sets), MemPools, per-device allocators and the process-wide allocator state.
+ * alloc_int.h: the private structures of the caching allocator (the pool/ C files only): blocks,
+ * segments, block pools (free sets), MemPools, per-device allocators and the process-wide allocator
+ * state.
  *
  * Ownership and invariants:
  *  - A segment is one device (or pluggable-allocator) allocation; its blocks tile it exactly, in
@@ -116,37 +117,37 @@ struct sp_bpool;
 struct sp_devalloc;
 
 typedef struct sp_block {
-    uintptr_t addr;              /* start address (lock) */
-    size_t size;                 /* bytes, a multiple of 512 (lock) */
-    size_t requested;            /* caller's size while allocated or pending, else 0 (lock) */
-    sp_stream_t stream;          /* allocation stream == its segment's stream (const) */
-    struct sp_segment *seg;      /* owning segment (const) */
-    struct sp_block *prev;       /* lower neighbour in the segment, NULL at its start (lock) */
-    struct sp_block *next;       /* higher neighbour in the segment (lock) */
-    struct sp_block *left;       /* free-set tree links, valid while in_set (lock) */
-    struct sp_block *right;      /* (lock) */
-    struct sp_block *hnext;      /* pointer-map chain while allocated; spare list otherwise */
-    uint64_t gc_count;           /* bpool's get_free_block count when inserted (GC age) */
-    sp_stream_t *uses;           /* streams recorded by sp_record_stream (malloc'd) (lock) */
-    uint32_t nuses;              /* entries in uses (lock) */
-    uint32_t cap_uses;           /* capacity of uses (lock) */
-    uint32_t context;            /* history context of the allocation, 0 if none (lock) */
-    int32_t event_count;         /* outstanding events of a pending free (lock) */
-    int8_t height;               /* AVL height while in_set (lock) */
-    bool allocated;              /* handed out and not yet freed (lock) */
-    bool in_set;                 /* in its bpool's free set (lock) */
+    uintptr_t addr;         /* start address (lock) */
+    size_t size;            /* bytes, a multiple of 512 (lock) */
+    size_t requested;       /* caller's size while allocated or pending, else 0 (lock) */
+    sp_stream_t stream;     /* allocation stream == its segment's stream (const) */
+    struct sp_segment *seg; /* owning segment (const) */
+    struct sp_block *prev;  /* lower neighbour in the segment, NULL at its start (lock) */
+    struct sp_block *next;  /* higher neighbour in the segment (lock) */
+    struct sp_block *left;  /* free-set tree links, valid while in_set (lock) */
+    struct sp_block *right; /* (lock) */
+    struct sp_block *hnext; /* pointer-map chain while allocated; spare list otherwise */
+    uint64_t gc_count;      /* bpool's get_free_block count when inserted (GC age) */
+    sp_stream_t *uses;      /* streams recorded by sp_record_stream (malloc'd) (lock) */
+    uint32_t nuses;         /* entries in uses (lock) */
+    uint32_t cap_uses;      /* capacity of uses (lock) */
+    uint32_t context;       /* history context of the allocation, 0 if none (lock) */
+    int32_t event_count;    /* outstanding events of a pending free (lock) */
+    int8_t height;          /* AVL height while in_set (lock) */
+    bool allocated;         /* handed out and not yet freed (lock) */
+    bool in_set;            /* in its bpool's free set (lock) */
 } sp_block_t;
 
 typedef struct sp_segment {
-    uintptr_t base;              /* start address (const) */
-    size_t size;                 /* bytes (const) */
-    sp_stream_t stream;          /* allocation stream (const) */
-    struct sp_bpool *bpool;      /* small or large block pool of its MemPool (const) */
-    uint64_t seq;                /* per-pool sequence number in growth order, from 0 (const) */
-    uint32_t context;            /* history context of the request that grew it (lock) */
-    sp_block_t *head;            /* its lowest block (lock) */
-    struct sp_segment *pprev;    /* pool's segment list, in seq order (lock) */
-    struct sp_segment *pnext;    /* (lock) */
+    uintptr_t base;           /* start address (const) */
+    size_t size;              /* bytes (const) */
+    sp_stream_t stream;       /* allocation stream (const) */
+    struct sp_bpool *bpool;   /* small or large block pool of its MemPool (const) */
+    uint64_t seq;             /* per-pool sequence number in growth order, from 0 (const) */
+    uint32_t context;         /* history context of the request that grew it (lock) */
+    sp_block_t *head;         /* its lowest block (lock) */
+    struct sp_segment *pprev; /* pool's segment list, in seq order (lock) */
+    struct sp_segment *pnext; /* (lock) */
 } sp_segment_t;
 
 /* The free set: an AVL tree ordered by (stream, size, address), or for symmetric pools by
@@ -163,38 +164,38 @@ void sp__bset_remove(sp_block_set_t *set, sp_block_t *b);
 sp_block_t *sp__bset_lower_bound(const sp_block_set_t *set, sp_stream_t stream, size_t size);
 
 typedef struct sp_bpool {
-    sp_block_set_t free;         /* cached free blocks (lock) */
-    bool is_small;               /* small (<= 1 MiB requests) or large pool (const) */
-    struct sp_mempool *pool;     /* owning MemPool (const) */
-    uint64_t gfb_count;          /* get_free_block calls while GC is on: the GC clock (lock) */
+    sp_block_set_t free;     /* cached free blocks (lock) */
+    bool is_small;           /* small (<= 1 MiB requests) or large pool (const) */
+    struct sp_mempool *pool; /* owning MemPool (const) */
+    uint64_t gfb_count;      /* get_free_block calls while GC is on: the GC clock (lock) */
 } sp_bpool_t;
 
 /* ---- MemPools ---------------------------------------------------------------------------- */
 
 struct sp_mempool {
-    sp_mempool_id_t id;          /* {0,0} default; {0,n} user (const) */
-    int device;                  /* (const) */
-    char *name;                  /* copied at create, may be NULL (const) */
-    sp_allocator_t allocator;    /* pluggable segment allocator if has_allocator (const) */
-    bool has_allocator;          /* (const) */
-    bool is_default;             /* the device's default pool (const) */
-    bool symmetric;              /* made by sp__mempool_create_symmetric (const) */
-    bool no_split;               /* never split (const) */
-    bool use_on_oom;             /* lend free blocks to OOM'ed default requests (lock) */
-    bool destroyed;              /* sp_mempool_destroy was called (lock) */
-    void *sym_state;             /* symmetric module's state (const) */
-    atomic_int use_count;        /* PyTorch's use count; 0 = freeable */
-    sp_bpool_t small;            /* requests <= 1 MiB (lock) */
-    sp_bpool_t large;            /* the rest (lock) */
-    size_t limit;                /* max reserved bytes, 0 = none (lock) */
-    size_t reserved;             /* bytes of its segments (lock) */
-    size_t used;                 /* bytes of its allocated blocks (lock) */
-    size_t nsegments;            /* segments it holds (lock) */
-    uint64_t next_seq;           /* next segment sequence number (lock) */
-    sp_segment_t *seg_head;      /* segments in seq order (lock) */
-    sp_segment_t *seg_tail;      /* (lock) */
-    struct sp_mempool *next;     /* the device's pool list in creation order (lock) */
-    struct sp_devalloc *dev;     /* its device allocator (const) */
+    sp_mempool_id_t id;       /* {0,0} default; {0,n} user (const) */
+    int device;               /* (const) */
+    char *name;               /* copied at create, may be NULL (const) */
+    sp_allocator_t allocator; /* pluggable segment allocator if has_allocator (const) */
+    bool has_allocator;       /* (const) */
+    bool is_default;          /* the device's default pool (const) */
+    bool symmetric;           /* made by sp__mempool_create_symmetric (const) */
+    bool no_split;            /* never split (const) */
+    bool use_on_oom;          /* lend free blocks to OOM'ed default requests (lock) */
+    bool destroyed;           /* sp_mempool_destroy was called (lock) */
+    void *sym_state;          /* symmetric module's state (const) */
+    atomic_int use_count;     /* PyTorch's use count; 0 = freeable */
+    sp_bpool_t small;         /* requests <= 1 MiB (lock) */
+    sp_bpool_t large;         /* the rest (lock) */
+    size_t limit;             /* max reserved bytes, 0 = none (lock) */
+    size_t reserved;          /* bytes of its segments (lock) */
+    size_t used;              /* bytes of its allocated blocks (lock) */
+    size_t nsegments;         /* segments it holds (lock) */
+    uint64_t next_seq;        /* next segment sequence number (lock) */
+    sp_segment_t *seg_head;   /* segments in seq order (lock) */
+    sp_segment_t *seg_tail;   /* (lock) */
+    struct sp_mempool *next;  /* the device's pool list in creation order (lock) */
+    struct sp_devalloc *dev;  /* its device allocator (const) */
 };
 
 /* ---- pointer map ------------------------------------------------------------------------- */
@@ -214,48 +215,48 @@ sp_block_t *sp__ptr_map_remove(sp_ptr_map_t *m, uintptr_t addr);
 /* ---- events ------------------------------------------------------------------------------ */
 
 typedef struct sp_evq_entry {
-    sp_dev_event_t event;         /* recorded on the queue's stream */
-    sp_block_t *block;            /* the pending block it holds back */
-    struct sp_evq_entry *next;    /* FIFO order */
+    sp_dev_event_t event;      /* recorded on the queue's stream */
+    sp_block_t *block;         /* the pending block it holds back */
+    struct sp_evq_entry *next; /* FIFO order */
 } sp_evq_entry_t;
 
 typedef struct sp_evq {
-    sp_stream_t stream;           /* the used stream the events were recorded on */
-    sp_evq_entry_t *head, *tail;  /* FIFO (lock) */
-    struct sp_evq *next;          /* the device's queues (lock) */
+    sp_stream_t stream;          /* the used stream the events were recorded on */
+    sp_evq_entry_t *head, *tail; /* FIFO (lock) */
+    struct sp_evq *next;         /* the device's queues (lock) */
 } sp_evq_t;
 
 /* ---- per-device allocator ---------------------------------------------------------------- */
 
 typedef struct sp_devalloc {
-    pthread_mutex_t lock;         /* guards everything below and every pool of this device */
-    int device;                   /* (const) */
-    size_t total_mem;             /* device total bytes, read at init (const) */
-    size_t allowed_max;           /* memory-fraction cap, SIZE_MAX = none (lock) */
-    size_t total_reserved;        /* bytes of all segments of the device (lock) */
-    bool gc_enabled;              /* fraction set and gc threshold > 0 (lock) */
-    sp_dev_stats_t stats;         /* (lock) */
-    sp_mempool_t *default_pool;   /* {0,0} (const) */
-    sp_mempool_t *pools;          /* user and symmetric pools in creation order (lock) */
-    sp_mempool_t *pools_tail;     /* (lock) */
-    sp_ptr_map_t map;             /* allocated blocks by start address (lock) */
-    sp_segment_t **segs;          /* all segments sorted by base address (lock) */
-    size_t nsegs;                 /* (lock) */
-    size_t cap_segs;              /* (lock) */
-    sp_evq_t *evqs;               /* per-stream event FIFOs (lock) */
-    size_t pending_events;        /* entries in all evqs (lock) */
-    sp_block_t *spare;            /* recycled block structs (lock) */
-    atomic_uintptr_t lo;          /* lowest segment address ever (free's device guess) */
-    atomic_uintptr_t hi;          /* highest segment end ever */
+    pthread_mutex_t lock;       /* guards everything below and every pool of this device */
+    int device;                 /* (const) */
+    size_t total_mem;           /* device total bytes, read at init (const) */
+    size_t allowed_max;         /* memory-fraction cap, SIZE_MAX = none (lock) */
+    size_t total_reserved;      /* bytes of all segments of the device (lock) */
+    bool gc_enabled;            /* fraction set and gc threshold > 0 (lock) */
+    sp_dev_stats_t stats;       /* (lock) */
+    sp_mempool_t *default_pool; /* {0,0} (const) */
+    sp_mempool_t *pools;        /* user and symmetric pools in creation order (lock) */
+    sp_mempool_t *pools_tail;   /* (lock) */
+    sp_ptr_map_t map;           /* allocated blocks by start address (lock) */
+    sp_segment_t **segs;        /* all segments sorted by base address (lock) */
+    size_t nsegs;               /* (lock) */
+    size_t cap_segs;            /* (lock) */
+    sp_evq_t *evqs;             /* per-stream event FIFOs (lock) */
+    size_t pending_events;      /* entries in all evqs (lock) */
+    sp_block_t *spare;          /* recycled block structs (lock) */
+    atomic_uintptr_t lo;        /* lowest segment address ever (free's device guess) */
+    atomic_uintptr_t hi;        /* highest segment end ever */
 } sp_devalloc_t;
 
 typedef struct sp_alloc_global {
-    pthread_mutex_t init_lock;        /* serializes init and shutdown */
-    const sp_device_ops_t *ops;       /* backend (init_lock, then const until shutdown) */
-    sp_device_caps_t caps;            /* backend capabilities */
-    sp_alloc_conf_t conf;             /* resolved allocator options at init */
-    int ndev;                         /* devices */
-    sp_devalloc_t *devs;              /* [ndev] */
+    pthread_mutex_t init_lock;  /* serializes init and shutdown */
+    const sp_device_ops_t *ops; /* backend (init_lock, then const until shutdown) */
+    sp_device_caps_t caps;      /* backend capabilities */
+    sp_alloc_conf_t conf;       /* resolved allocator options at init */
+    int ndev;                   /* devices */
+    sp_devalloc_t *devs;        /* [ndev] */
 } sp_alloc_global_t;
 
 extern sp_alloc_global_t sp__g;
@@ -278,8 +279,8 @@ void sp__fmt_size(size_t bytes, char *buf, size_t len);
 
 /* The whole malloc path for `pool` (the default pool or a private one). `routed_private` says
  * the request belongs to a private pool, which turns off the use_on_oom fallback. */
-sp_status_t sp__alloc_malloc(sp_devalloc_t *d, sp_mempool_t *pool, size_t size,
-                             sp_stream_t stream, void **ptr_p);
+sp_status_t sp__alloc_malloc(sp_devalloc_t *d, sp_mempool_t *pool, size_t size, sp_stream_t stream,
+                             void **ptr_p);
 /* Free a block (lock held): the free request, then events or free_block. */
 void sp__alloc_free_locked(sp_devalloc_t *d, sp_block_t *b, uint32_t context);
 /* Complete a free: merge, return to the free set, stats (lock held). */
@@ -315,8 +316,7 @@ size_t sp__alloc_release_pool(sp_devalloc_t *d, sp_mempool_t *pool, bool filter_
                               sp_stream_t stream);
 /* PyTorch's release_cached_blocks({0,0}): sync events, free default and freeable pools. */
 void sp__alloc_release_cached(sp_devalloc_t *d);
-bool sp__alloc_release_available(sp_devalloc_t *d, sp_bpool_t *bp, size_t size,
-                                 sp_stream_t stream);
+bool sp__alloc_release_available(sp_devalloc_t *d, sp_bpool_t *bp, size_t size, sp_stream_t stream);
 void sp__alloc_gc(sp_devalloc_t *d);
 
 /* ---- segments.c -------------------------------------------------------------------------- */

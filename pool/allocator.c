@@ -248,9 +248,11 @@ sp_status_t sp__alloc_segment(sp_devalloc_t *d, sp_bpool_t *bp, size_t alloc_siz
     if (SP_UNLIKELY(sp__history_active))
         sp__history_record(d->device, SP_TRACE_SEGMENT_ALLOC, seg->base, alloc_size,
                            (uintptr_t)stream, pool->id, context);
-    SP_TRACE(SP_SUB_POOL, "device %d: new %s segment %#" PRIxPTR " of %zu bytes (pool {%" PRIu64
-             ",%" PRIu64 "} seq %" PRIu64 ")", d->device, bp->is_small ? "small" : "large",
-             seg->base, alloc_size, pool->id.first, pool->id.second, seg->seq);
+    SP_TRACE(SP_SUB_POOL,
+             "device %d: new %s segment %#" PRIxPTR " of %zu bytes (pool {%" PRIu64 ",%" PRIu64
+             "} seq %" PRIu64 ")",
+             d->device, bp->is_small ? "small" : "large", seg->base, alloc_size, pool->id.first,
+             pool->id.second, seg->seq);
     *block_p = b;
     return SP_SUCCESS;
 }
@@ -345,8 +347,8 @@ void sp__alloc_free_block(sp_devalloc_t *d, sp_block_t *b) {
     b->gc_count = bp->gfb_count;
     sp__bset_insert(&bp->free, b);
     if (SP_UNLIKELY(sp__history_active))
-        sp__history_record(d->device, SP_TRACE_FREE_COMPLETED, orig_addr, req,
-                           (uintptr_t)b->stream, bp->pool->id, b->context);
+        sp__history_record(d->device, SP_TRACE_FREE_COMPLETED, orig_addr, req, (uintptr_t)b->stream,
+                           bp->pool->id, b->context);
     if (b->context) {
         sp__history_context_release(b->context);
         b->context = 0;
@@ -383,9 +385,10 @@ static sp_block_t *mempool_fallback(sp_devalloc_t *d, size_t size, sp_stream_t s
         sp_bpool_t *bp = size <= SP_SMALL_SIZE ? &p->small : &p->large;
         sp_block_t *b = sp__alloc_get_free_block(d, bp, size, stream);
         if (b) {
-            SP_INFO(SP_SUB_POOL, "device %d: lending a %zu-byte block of pool \"%s\" {%" PRIu64
-                    ",%" PRIu64 "} to a request of %zu bytes that hit OOM", d->device, b->size,
-                    p->name ? p->name : "", p->id.first, p->id.second, size);
+            SP_INFO(SP_SUB_POOL,
+                    "device %d: lending a %zu-byte block of pool \"%s\" {%" PRIu64 ",%" PRIu64
+                    "} to a request of %zu bytes that hit OOM",
+                    d->device, b->size, p->name ? p->name : "", p->id.first, p->id.second, size);
             return b;
         }
     }
@@ -414,14 +417,18 @@ static sp_status_t report_oom(sp_devalloc_t *d, sp_mempool_t *pool, size_t orig,
     sp__fmt_size(d->allowed_max == SIZE_MAX ? 0 : d->allowed_max, cap, sizeof(cap));
     char extra[256] = "";
     if (limit_hit)
-        snprintf(extra, sizeof(extra), "; pool \"%s\" {%" PRIu64 ",%" PRIu64 "} is at its limit "
+        snprintf(extra, sizeof(extra),
+                 "; pool \"%s\" {%" PRIu64 ",%" PRIu64 "} is at its limit "
                  "of %s (%s reserved); raise it with sp_mempool_set_limit",
                  pool->name ? pool->name : "", pool->id.first, pool->id.second, lim, res);
     else if (fraction_hit)
-        snprintf(extra, sizeof(extra), "; the memory fraction caps this process at %s "
-                 "(sp_set_memory_fraction)", cap);
+        snprintf(extra, sizeof(extra),
+                 "; the memory fraction caps this process at %s "
+                 "(sp_set_memory_fraction)",
+                 cap);
     else if (!pool->is_default)
-        snprintf(extra, sizeof(extra), "; the request went to pool \"%s\" {%" PRIu64 ",%" PRIu64
+        snprintf(extra, sizeof(extra),
+                 "; the request went to pool \"%s\" {%" PRIu64 ",%" PRIu64
                  "} (%s reserved), which never borrows from use_on_oom pools",
                  pool->name ? pool->name : "", pool->id.first, pool->id.second, res);
     return sp__error(SP_ERR_OUT_OF_MEMORY, SP_SUB_POOL,
@@ -432,8 +439,8 @@ static sp_status_t report_oom(sp_devalloc_t *d, sp_mempool_t *pool, size_t orig,
                      d->device, req, tot, fre, alc, unal, extra);
 }
 
-sp_status_t sp__alloc_malloc(sp_devalloc_t *d, sp_mempool_t *pool, size_t orig,
-                             sp_stream_t stream, void **ptr_p) {
+sp_status_t sp__alloc_malloc(sp_devalloc_t *d, sp_mempool_t *pool, size_t orig, sp_stream_t stream,
+                             void **ptr_p) {
     uint32_t ctx = SP_UNLIKELY(sp__history_active) ? sp__history_capture(false) : 0;
     pthread_mutex_lock(&d->lock);
     if (SP_UNLIKELY(pool->destroyed)) {
@@ -506,8 +513,8 @@ SP_EXPORT sp_status_t sp_malloc(size_t size, int device, sp_stream_t stream, voi
         sp__fmt_size(size, a, sizeof(a));
         sp__fmt_size(d->total_mem, t, sizeof(t));
         return sp__error(SP_ERR_INVALID_ARGUMENT, SP_SUB_POOL,
-                         "sp_malloc: %zu bytes (%s) is more than device %d has in total (%s)",
-                         size, a, device, t);
+                         "sp_malloc: %zu bytes (%s) is more than device %d has in total (%s)", size,
+                         a, device, t);
     }
     sp_mempool_t *pool = sp__mempool_routed(device);
     return sp__alloc_malloc(d, pool ? pool : d->default_pool, size, stream, ptr_p);
@@ -532,14 +539,15 @@ static sp_status_t explain_bad_pointer(const char *what, const void *ptr) {
                                  "%s(%p): the block is not allocated (double free?)", what, ptr);
             return sp__error(SP_ERR_INVALID_USAGE, SP_SUB_POOL,
                              "%s(%p): points %zu bytes inside the %s block at %#" PRIxPTR
-                             ", not at its start", what, ptr, (size_t)(a - base),
-                             live ? "allocated" : "free", base);
+                             ", not at its start",
+                             what, ptr, (size_t)(a - base), live ? "allocated" : "free", base);
         }
         pthread_mutex_unlock(&d->lock);
     }
     return sp__error(SP_ERR_INVALID_USAGE, SP_SUB_POOL,
                      "%s(%p): not a pointer sympool returned (another allocator's, or already "
-                     "released)", what, ptr);
+                     "released)",
+                     what, ptr);
 }
 
 SP_EXPORT sp_status_t sp_free(void *ptr) {
@@ -600,7 +608,8 @@ SP_EXPORT sp_status_t sp_record_stream(void *ptr, sp_stream_t stream) {
             pthread_mutex_unlock(&d->lock);
             return sp__error(SP_ERR_INVALID_ARGUMENT, SP_SUB_POOL,
                              "sp_record_stream(%p): the stream belongs to device %d, the block "
-                             "to device %d", ptr, sdev, i);
+                             "to device %d",
+                             ptr, sdev, i);
         }
         if (stream == b->stream) {
             pthread_mutex_unlock(&d->lock);

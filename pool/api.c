@@ -97,9 +97,10 @@ sp_status_t sp__alloc_init_slow(void) {
         return s;
     }
     sp__g.ndev = n;
-    SP_INFO(SP_SUB_INIT, "allocator ready: backend %s, %d device(s), max_split_size %zu, "
-            "no_caching %d", sp__g.ops->name, n, sp__g.conf.max_split_size,
-            (int)sp__g.conf.no_caching);
+    SP_INFO(SP_SUB_INIT,
+            "allocator ready: backend %s, %d device(s), max_split_size %zu, "
+            "no_caching %d",
+            sp__g.ops->name, n, sp__g.conf.max_split_size, (int)sp__g.conf.no_caching);
     atomic_store_explicit(&sp__ready, 1, memory_order_release);
     pthread_mutex_unlock(&sp__g.init_lock);
     return SP_SUCCESS;
@@ -115,7 +116,9 @@ sp_status_t sp__alloc_device(int device, sp_devalloc_t **d_p) {
     return SP_SUCCESS;
 }
 
-SP_EXPORT sp_status_t sp_init(void) { return sp__alloc_ensure(); }
+SP_EXPORT sp_status_t sp_init(void) {
+    return sp__alloc_ensure();
+}
 
 /* Release every segment of a pool whatever its state (shutdown: nothing is allocated). */
 static void release_all(sp_devalloc_t *d, sp_mempool_t *p) {
@@ -141,7 +144,8 @@ SP_EXPORT sp_status_t sp_shutdown(void) {
             pthread_mutex_unlock(&sp__g.init_lock);
             return sp__error(SP_ERR_BUSY, SP_SUB_POOL,
                              "sp_shutdown: %" PRId64 " block(s) are still allocated on device "
-                             "%d; free them first (nothing was released)", live, i);
+                             "%d; free them first (nothing was released)",
+                             live, i);
         }
     }
     for (int i = 0; i < sp__g.ndev; i++) {

@@ -10,7 +10,9 @@
  */
 #include "pool/alloc_int.h"
 
-static int height(const sp_block_t *b) { return b ? b->height : 0; }
+static int height(const sp_block_t *b) {
+    return b ? b->height : 0;
+}
 
 static void fix_height(sp_block_t *b) {
     int hl = height(b->left), hr = height(b->right);

@@ -54,7 +54,9 @@ void sp__mempool_routing_reset(void) {
     tl_depth = 0;
 }
 
-static const char *pname(const sp_mempool_t *p) { return p->name ? p->name : ""; }
+static const char *pname(const sp_mempool_t *p) {
+    return p->name ? p->name : "";
+}
 
 sp_mempool_t *sp__mempool_new(sp_devalloc_t *d, const sp_mempool_params_t *params, bool is_default,
                               bool symmetric) {
@@ -149,9 +151,15 @@ sp_status_t sp__mempool_create_symmetric(const sp_mempool_params_t *params, void
     return create(params, true, sym_state, pool_p);
 }
 
-void *sp__mempool_sym_state(const sp_mempool_t *pool) { return pool ? pool->sym_state : NULL; }
-const char *sp__mempool_name(const sp_mempool_t *pool) { return pool ? pool->name : NULL; }
-int sp__mempool_device(const sp_mempool_t *pool) { return pool ? pool->device : -1; }
+void *sp__mempool_sym_state(const sp_mempool_t *pool) {
+    return pool ? pool->sym_state : NULL;
+}
+const char *sp__mempool_name(const sp_mempool_t *pool) {
+    return pool ? pool->name : NULL;
+}
+int sp__mempool_device(const sp_mempool_t *pool) {
+    return pool ? pool->device : -1;
+}
 
 SP_EXPORT sp_status_t sp_mempool_destroy(sp_mempool_t *pool) {
     if (!pool)
@@ -183,9 +191,10 @@ SP_EXPORT sp_status_t sp_mempool_destroy(sp_mempool_t *pool) {
      * which defers what must be collective). */
     sp__alloc_sync_events(d, pool);
     sp__alloc_release_pool(d, pool, false, NULL);
-    SP_INFO(SP_SUB_POOL, "device %d: destroyed pool \"%s\" {0,%" PRIu64 "} (%zu segments, %zu "
-            "bytes still held by live blocks)", d->device, pname(pool), pool->id.second,
-            pool->nsegments, pool->reserved);
+    SP_INFO(SP_SUB_POOL,
+            "device %d: destroyed pool \"%s\" {0,%" PRIu64 "} (%zu segments, %zu "
+            "bytes still held by live blocks)",
+            d->device, pname(pool), pool->id.second, pool->nsegments, pool->reserved);
     pthread_mutex_unlock(&d->lock);
     return SP_SUCCESS;
 }
@@ -215,13 +224,15 @@ SP_EXPORT sp_status_t sp_mempool_begin(sp_mempool_t *pool) {
     if (pool->symmetric)
         return sp__error(SP_ERR_INVALID_USAGE, SP_SUB_POOL,
                          "sp_mempool_begin: pool \"%s\" is symmetric; allocate in it with "
-                         "sp_symmetric_malloc (collective)", pname(pool));
+                         "sp_symmetric_malloc (collective)",
+                         pname(pool));
     int n = route_depth();
     for (int i = 0; i < n; i++)
         if (tl_route[i] == pool)
             return sp__error(SP_ERR_INVALID_USAGE, SP_SUB_POOL,
                              "sp_mempool_begin: pool \"%s\" {0,%" PRIu64 "} is already routed on "
-                             "this thread", pname(pool), pool->id.second);
+                             "this thread",
+                             pname(pool), pool->id.second);
     if (n == MAX_ROUTE)
         return sp__error(SP_ERR_INVALID_USAGE, SP_SUB_POOL,
                          "sp_mempool_begin: more than %d nested pools on this thread", MAX_ROUTE);
@@ -232,8 +243,8 @@ SP_EXPORT sp_status_t sp_mempool_begin(sp_mempool_t *pool) {
     pthread_mutex_unlock(&pool->dev->lock);
     if (destroyed)
         return sp__error(SP_ERR_INVALID_USAGE, SP_SUB_POOL,
-                         "sp_mempool_begin: pool \"%s\" {0,%" PRIu64 "} was destroyed",
-                         pname(pool), pool->id.second);
+                         "sp_mempool_begin: pool \"%s\" {0,%" PRIu64 "} was destroyed", pname(pool),
+                         pool->id.second);
     tl_gen = atomic_load_explicit(&g_route_gen, memory_order_relaxed);
     if (n == 0)
         atomic_fetch_add(&g_routing_threads, 1);
@@ -275,7 +286,8 @@ SP_EXPORT sp_status_t sp_mempool_malloc(sp_mempool_t *pool, size_t size, sp_stre
     if (size > d->total_mem)
         return sp__error(SP_ERR_INVALID_ARGUMENT, SP_SUB_POOL,
                          "sp_mempool_malloc: %zu bytes is more than device %d has in total "
-                         "(%zu bytes)", size, d->device, d->total_mem);
+                         "(%zu bytes)",
+                         size, d->device, d->total_mem);
     return sp__alloc_malloc(d, pool, size, stream, ptr_p);
 }
 
@@ -295,12 +307,18 @@ static size_t query(const sp_mempool_t *pool, query_t q) {
     return v;
 }
 
-SP_EXPORT size_t sp_mempool_used_bytes(const sp_mempool_t *pool) { return query(pool, Q_USED); }
-SP_EXPORT size_t sp_mempool_total_bytes(const sp_mempool_t *pool) { return query(pool, Q_TOTAL); }
+SP_EXPORT size_t sp_mempool_used_bytes(const sp_mempool_t *pool) {
+    return query(pool, Q_USED);
+}
+SP_EXPORT size_t sp_mempool_total_bytes(const sp_mempool_t *pool) {
+    return query(pool, Q_TOTAL);
+}
 SP_EXPORT size_t sp_mempool_n_free_blocks(const sp_mempool_t *pool) {
     return query(pool, Q_NFREE);
 }
-SP_EXPORT size_t sp_mempool_get_limit(const sp_mempool_t *pool) { return query(pool, Q_LIMIT); }
+SP_EXPORT size_t sp_mempool_get_limit(const sp_mempool_t *pool) {
+    return query(pool, Q_LIMIT);
+}
 
 SP_EXPORT size_t sp_mempool_free_bytes(const sp_mempool_t *pool) {
     if (!pool)
@@ -318,7 +336,8 @@ SP_EXPORT sp_status_t sp_mempool_free_all_blocks(sp_mempool_t *pool, sp_stream_t
     if (pool->symmetric)
         return sp__error(SP_ERR_INVALID_USAGE, SP_SUB_POOL,
                          "sp_mempool_free_all_blocks: pool \"%s\" is symmetric; releasing its "
-                         "segments is collective: use sp_symmetric_empty_cache", pname(pool));
+                         "segments is collective: use sp_symmetric_empty_cache",
+                         pname(pool));
     sp_devalloc_t *d = pool->dev;
     pthread_mutex_lock(&d->lock);
     if (d->pending_events)

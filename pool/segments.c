@@ -207,8 +207,8 @@ static sp_status_t check_pool(const sp_mempool_t *pool) {
     return sp__alloc_ensure();
 }
 
-sp_status_t sp__pool_sym_find(sp_mempool_t *pool, size_t size, sp_stream_t stream,
-                              bool *found_p, uint64_t *segment_seq_p, size_t *offset_p) {
+sp_status_t sp__pool_sym_find(sp_mempool_t *pool, size_t size, sp_stream_t stream, bool *found_p,
+                              uint64_t *segment_seq_p, size_t *offset_p) {
     SP_CHECK(check_pool(pool));
     sp_devalloc_t *d = pool->dev;
     size_t rs = sp__round_size(size);
@@ -271,8 +271,9 @@ sp_status_t sp__pool_sym_grow(sp_mempool_t *pool, size_t size, sp_stream_t strea
         return sp__error_quiet(SP_ERR_OUT_OF_MEMORY, SP_SUB_POOL,
                                "symmetric pool \"%s\": cannot grow a segment for %zu bytes (%s)",
                                pool->name ? pool->name : "", size,
-                               why == 2 ? "pool limit" : why == 1 ? "memory fraction"
-                                                                   : "registrar out of memory");
+                               why == 2   ? "pool limit"
+                               : why == 1 ? "memory fraction"
+                                          : "registrar out of memory");
     }
     if (ctx)
         sp__history_context_retain(ctx);
@@ -334,9 +335,8 @@ sp_status_t sp__pool_release_segment(sp_mempool_t *pool, uint64_t segment_seq) {
     sp_segment_t *s = seg_by_seq(pool, segment_seq);
     if (!s || !sp__block_releasable(s->head)) {
         pthread_mutex_unlock(&d->lock);
-        return sp__error(SP_ERR_INVALID_USAGE, SP_SUB_POOL,
-                         "pool \"%s\": segment %llu %s", pool->name ? pool->name : "",
-                         (unsigned long long)segment_seq,
+        return sp__error(SP_ERR_INVALID_USAGE, SP_SUB_POOL, "pool \"%s\": segment %llu %s",
+                         pool->name ? pool->name : "", (unsigned long long)segment_seq,
                          s ? "holds an allocated or pending block" : "does not exist");
     }
     sp__alloc_release_segment(d, s);

@@ -17,8 +17,8 @@
 #define NKEYS 122
 
 typedef struct key {
-    char name[48];   /* flat key */
-    size_t offset;   /* byte offset of the int64 value in sp_dev_stats_t */
+    char name[48]; /* flat key */
+    size_t offset; /* byte offset of the int64 value in sp_dev_stats_t */
 } key_t_;
 
 static key_t_ g_keys[NKEYS];
@@ -33,10 +33,14 @@ static const char *const k_fields[4] = {"allocated", "current", "freed", "peak"}
 
 static size_t field_offset(int f) {
     switch (f) {
-    case 0: return offsetof(sp_stat_t, allocated);
-    case 1: return offsetof(sp_stat_t, current);
-    case 2: return offsetof(sp_stat_t, freed);
-    default: return offsetof(sp_stat_t, peak);
+    case 0:
+        return offsetof(sp_stat_t, allocated);
+    case 1:
+        return offsetof(sp_stat_t, current);
+    case 2:
+        return offsetof(sp_stat_t, freed);
+    default:
+        return offsetof(sp_stat_t, peak);
     }
 }
 
@@ -69,7 +73,10 @@ static void build(void) {
         strcat(k->name, k_fields[f]);
         k->offset = offsetof(sp_dev_stats_t, oversize_segments) + field_offset(f);
     }
-    static const struct { const char *name; size_t off; } scalars[6] = {
+    static const struct {
+        const char *name;
+        size_t off;
+    } scalars[6] = {
         {"num_alloc_retries", offsetof(sp_dev_stats_t, num_alloc_retries)},
         {"num_ooms", offsetof(sp_dev_stats_t, num_ooms)},
         {"max_split_size", offsetof(sp_dev_stats_t, max_split_size)},
@@ -84,14 +91,18 @@ static void build(void) {
     qsort(g_keys, n, sizeof(g_keys[0]), key_cmp);
 }
 
-static void ensure_keys(void) { pthread_once(&g_once, build); }
+static void ensure_keys(void) {
+    pthread_once(&g_once, build);
+}
 
 void sp__stats_init(sp_dev_stats_t *st, size_t max_split_size) {
     memset(st, 0, sizeof(*st));
     st->max_split_size = max_split_size == SIZE_MAX ? -1 : (int64_t)max_split_size;
 }
 
-SP_EXPORT size_t sp_stats_count(void) { return NKEYS; }
+SP_EXPORT size_t sp_stats_count(void) {
+    return NKEYS;
+}
 
 SP_EXPORT const char *sp_stats_key(size_t i) {
     ensure_keys();
@@ -148,8 +159,12 @@ static void each_stat(sp_dev_stats_t *st, void (*fn)(sp_stat_t *)) {
     fn(&st->oversize_segments);
 }
 
-static void reset_peak(sp_stat_t *s) { s->peak = s->current; }
-static void reset_accum(sp_stat_t *s) { s->allocated = s->freed = 0; }
+static void reset_peak(sp_stat_t *s) {
+    s->peak = s->current;
+}
+static void reset_accum(sp_stat_t *s) {
+    s->allocated = s->freed = 0;
+}
 
 SP_EXPORT sp_status_t sp_reset_peak_memory_stats(int device) {
     sp_devalloc_t *d = NULL;

@@ -22,7 +22,8 @@ TEST_F(AllocBadInput, FreeOfForeignInteriorAndFreedPointers) {
     int local = 0;
     EXPECT_SP_STATUS(sp_free(&local), SP_ERR_INVALID_USAGE);
     EXPECT_NE(std::string(sp_last_error()).find("not a pointer sympool returned"),
-              std::string::npos) << sp_last_error();
+              std::string::npos)
+        << sp_last_error();
     EXPECT_SP_STATUS(sp_free((char *)p + 512), SP_ERR_INVALID_USAGE);
     EXPECT_NE(std::string(sp_last_error()).find("inside"), std::string::npos) << sp_last_error();
     EXPECT_EQ(diff(before, snap()), "");

@@ -26,8 +26,8 @@ TEST_F(AllocMemPool, IdsUseCountsAndNestedRouting) {
     void *pb, *pa, *pd;
     ASSERT_SP_OK(sp_malloc(4096, 0, nullptr, &pb));
     expect_warnings();
-    EXPECT_SP_STATUS(sp_mempool_end(a), SP_ERR_INVALID_USAGE); // "a is not innermost"
-    EXPECT_SP_STATUS(sp_mempool_begin(a), SP_ERR_INVALID_USAGE); // "already routed"
+    EXPECT_SP_STATUS(sp_mempool_end(a), SP_ERR_INVALID_USAGE);     // "a is not innermost"
+    EXPECT_SP_STATUS(sp_mempool_begin(a), SP_ERR_INVALID_USAGE);   // "already routed"
     EXPECT_SP_STATUS(sp_mempool_destroy(a), SP_ERR_INVALID_USAGE); // "still routed"
     ASSERT_SP_OK(sp_mempool_end(b));
     ASSERT_SP_OK(sp_malloc(4096, 0, nullptr, &pa));

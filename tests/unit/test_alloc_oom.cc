@@ -139,8 +139,8 @@ TEST_F(AllocOom, NoGarbageCollectionWithoutFraction) {
 }
 
 TEST_F(AllocOom, MaxSplitSizeReleasesOversizeBlocksBeforeTheFullRelease) {
-    sp::ScopedEnv env({{"SYMPOOL_HOST_CAPACITY", "100MiB"},
-                       {"SYMPOOL_ALLOC_CONF", "max_split_size_mb:20"}});
+    sp::ScopedEnv env(
+        {{"SYMPOOL_HOST_CAPACITY", "100MiB"}, {"SYMPOOL_ALLOC_CONF", "max_split_size_mb:20"}});
     void *a, *small, *live, *b;
     ASSERT_SP_OK(sp_malloc(30 * MiB, 0, nullptr, &live));
     ASSERT_SP_OK(sp_malloc(60 * MiB, 0, nullptr, &a));

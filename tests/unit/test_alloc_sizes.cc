@@ -58,9 +58,9 @@ TEST_F(AllocSizes, SegmentSizes) {
     struct {
         size_t req, seg;
         const char *type;
-    } cases[] = {{1, 2 * MiB, "small_pool"},          {MiB, 2 * MiB, "small_pool"},
-                 {MiB + 1, 20 * MiB, "large_pool"},   {10 * MiB - 513, 20 * MiB, "large_pool"},
-                 {10 * MiB, 10 * MiB, "large_pool"},  {11 * MiB + 1, 12 * MiB, "large_pool"},
+    } cases[] = {{1, 2 * MiB, "small_pool"},         {MiB, 2 * MiB, "small_pool"},
+                 {MiB + 1, 20 * MiB, "large_pool"},  {10 * MiB - 513, 20 * MiB, "large_pool"},
+                 {10 * MiB, 10 * MiB, "large_pool"}, {11 * MiB + 1, 12 * MiB, "large_pool"},
                  {33 * MiB, 34 * MiB, "large_pool"}};
     for (auto &c : cases) {
         void *p = nullptr;

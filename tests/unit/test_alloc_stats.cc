@@ -42,16 +42,25 @@ TEST_F(AllocStats, DeltasOfMallocFreeAndEmptyCache) {
     ASSERT_SP_OK(sp_malloc(1000, 0, nullptr, &p));
     sp_stats_t s1 = snap();
     std::map<std::string, int64_t> want = {
-        {"allocation.all.current", 1},         {"allocation.small_pool.current", 1},
-        {"allocation.all.allocated", 1},       {"allocation.all.peak", 1},
-        {"allocated_bytes.all.current", 1024}, {"allocated_bytes.small_pool.allocated", 1024},
-        {"active.all.current", 1},             {"active_bytes.all.current", 1024},
-        {"requested_bytes.all.current", 1000}, {"requested_bytes.small_pool.peak", 1000},
-        {"segment.all.current", 1},            {"segment.small_pool.allocated", 1},
+        {"allocation.all.current", 1},
+        {"allocation.small_pool.current", 1},
+        {"allocation.all.allocated", 1},
+        {"allocation.all.peak", 1},
+        {"allocated_bytes.all.current", 1024},
+        {"allocated_bytes.small_pool.allocated", 1024},
+        {"active.all.current", 1},
+        {"active_bytes.all.current", 1024},
+        {"requested_bytes.all.current", 1000},
+        {"requested_bytes.small_pool.peak", 1000},
+        {"segment.all.current", 1},
+        {"segment.small_pool.allocated", 1},
         {"reserved_bytes.all.current", (int64_t)(2 * MiB)},
-        {"inactive_split.all.current", 1},     {"inactive_split_bytes.all.current", (int64_t)(2 * MiB - 1024)},
-        {"num_device_alloc", 1},               {"allocation.large_pool.current", 0},
-        {"reserved_bytes.large_pool.current", 0}, {"num_device_free", 0}};
+        {"inactive_split.all.current", 1},
+        {"inactive_split_bytes.all.current", (int64_t)(2 * MiB - 1024)},
+        {"num_device_alloc", 1},
+        {"allocation.large_pool.current", 0},
+        {"reserved_bytes.large_pool.current", 0},
+        {"num_device_free", 0}};
     for (auto &kv : want) {
         int64_t a, b;
         ASSERT_SP_OK(sp_stats_get(&s0, kv.first.c_str(), &a));
