@@ -478,6 +478,29 @@ TEST_F(MemPool, FreeAllBlocksPerStreamAndAll) {
     ASSERT_SP_OK(sp_stream_destroy(s1));
 }
 
+TEST_F(MemPool, PendingFreesAreNotFreeBlocksUntilTheirStreamsPass) {
+    sp_mempool_t *a = make_pool("pending");
+    ASSERT_NE(a, nullptr);
+    sp_stream_t s1;
+    ASSERT_SP_OK(sp_stream_create(0, &s1));
+    void *p;
+    ASSERT_SP_OK(sp_mempool_malloc(a, 12 * MiB, nullptr, &p));
+    ASSERT_SP_OK(sp_record_stream(p, s1));
+    ASSERT_SP_OK(sp_free(p));
+    // Freed but still in use on s1: neither used nor a free block, and not releasable.
+    EXPECT_EQ(sp_mempool_used_bytes(a), 0u);
+    EXPECT_EQ(sp_mempool_n_free_blocks(a), 0u);
+    ASSERT_SP_OK(sp_mempool_free_all_blocks(a, nullptr));
+    EXPECT_EQ(sp_mempool_total_bytes(a), 12 * MiB);
+    // Once s1 has passed the free, the block is back in its pool and the segment can go.
+    ASSERT_SP_OK(sp_stream_synchronize(s1));
+    ASSERT_SP_OK(sp_mempool_free_all_blocks(a, nullptr));
+    EXPECT_EQ(sp_mempool_total_bytes(a), 0u);
+    EXPECT_EQ(sp_memory_reserved(0), 0u);
+    ASSERT_SP_OK(sp_mempool_destroy(a));
+    ASSERT_SP_OK(sp_stream_destroy(s1));
+}
+
 bool names_limit(const std::string &msg, const char *pool_name) {
     if (msg.find(pool_name) == std::string::npos)
         return false;

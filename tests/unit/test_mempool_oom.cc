@@ -212,7 +212,9 @@ TEST_F(MemPoolOom, NullFromThePluggableAllocatorIsOutOfMemory) {
     EXPECT_SP_STATUS(sp_mempool_malloc(a, 4096, nullptr, &p), SP_ERR_OUT_OF_MEMORY);
     EXPECT_EQ(p, &p) << "outputs are written only on success";
     EXPECT_STRNE(sp_last_error(), "");
-    EXPECT_GE(c.refused, 1u);
+    // The normal OOM path: the first attempt, then release_cached_blocks and one retry.
+    EXPECT_EQ(c.refused, 2u);
+    EXPECT_EQ(stat(0, "num_alloc_retries"), 1);
     EXPECT_EQ(stat(0, "num_ooms"), 1);
     EXPECT_EQ(stat(0, "segment.all.current"), 0);
     EXPECT_EQ(sp_mempool_total_bytes(a), 0u);
@@ -509,6 +511,28 @@ TEST_F(MemPoolOom, DestroyedPoolsCacheIsReleasedByTheOomRetry) {
     EXPECT_EQ(stat(0, "num_alloc_retries"), 1);
     EXPECT_EQ(stat(0, "num_ooms"), 0);
     ASSERT_SP_OK(sp_free(q));
+}
+
+TEST_F(MemPoolOom, DestroyCompletesPendingFreesThenReleases) {
+    // PyTorch's MemPool destructor runs emptyCache(id): it synchronizes that pool's events
+    // (one synchronize_and_free_events, counted in num_sync_all_streams), so a block freed while
+    // still in use on another stream no longer pins its segment.
+    sp_stream_t s1;
+    ASSERT_SP_OK(sp_stream_create(0, &s1));
+    sp_mempool_t *a = make_pool("pending");
+    ASSERT_NE(a, nullptr);
+    void *p;
+    ASSERT_SP_OK(sp_mempool_malloc(a, 12 * MiB, nullptr, &p));
+    ASSERT_SP_OK(sp_record_stream(p, s1));
+    ASSERT_SP_OK(sp_free(p));
+    EXPECT_EQ(stat(0, "active.all.current"), 1) << "the free waits for s1";
+    EXPECT_EQ(sp_mempool_n_free_blocks(a), 0u);
+    int64_t syncs = stat(0, "num_sync_all_streams");
+    ASSERT_SP_OK(sp_mempool_destroy(a));
+    EXPECT_EQ(stat(0, "num_sync_all_streams"), syncs + 1);
+    EXPECT_EQ(stat(0, "active.all.current"), 0);
+    EXPECT_EQ(sp_memory_reserved(0), 0u);
+    ASSERT_SP_OK(sp_stream_destroy(s1));
 }
 
 TEST_F(MemPoolOom, DestroyReleasesFreeSegmentsAtOnce) {
