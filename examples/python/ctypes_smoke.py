@@ -80,6 +80,39 @@ def main():
     expect(lib.sp_mempool_n_free_blocks(pool) == 1, "one free block in the pool")
     spc.check(lib, lib.sp_mempool_destroy(pool), "sp_mempool_destroy")
 
+    # A segment allocator written in Python (sp_allocator_t through ctypes callbacks): the pool
+    # asks it for PyTorch's segment sizes and hands each segment back with the same size.
+    libc = ctypes.CDLL(None)
+    libc.aligned_alloc.restype = ctypes.c_void_p
+    libc.aligned_alloc.argtypes = [ctypes.c_size_t, ctypes.c_size_t]
+    libc.free.argtypes = [ctypes.c_void_p]
+    calls = {"alloc": [], "free": []}
+
+    def seg_alloc(size, device, stream, ctx):
+        ptr = libc.aligned_alloc(4096, size)
+        calls["alloc"].append((ptr, size, device))
+        return ptr
+
+    def seg_free(ptr, size, device, stream, ctx):
+        calls["free"].append((ptr, size, device))
+        libc.free(ptr)
+
+    segs = spc.Allocator(spc.ALLOC_FN(seg_alloc), spc.FREE_FN(seg_free), None)
+    ppool = spc.create_pool(lib, "python-segments", allocator=segs)
+    spc.check(lib, lib.sp_mempool_begin(ppool), "sp_mempool_begin")
+    small = lib.sp_torch_malloc(100_000, 0, None)
+    huge = lib.sp_torch_malloc((11 << 20) + 1, 0, None)  # fills a 12 MiB segment exactly
+    large = lib.sp_torch_malloc(3 << 20, 0, None)
+    spc.check(lib, lib.sp_mempool_end(ppool), "sp_mempool_end")
+    sizes = [c[1] for c in calls["alloc"]]
+    expect(sizes == [2 << 20, 12 << 20, 20 << 20], f"segment sizes 2, 12, 20 MiB: {sizes}")
+    for ptr, size in ((small, 100_000), (large, 3 << 20), (huge, (11 << 20) + 1)):
+        lib.sp_torch_free(ptr, size, 0, None)
+    expect(calls["free"] == [], "freed blocks stay cached in the pool")
+    spc.check(lib, lib.sp_mempool_destroy(ppool), "sp_mempool_destroy")
+    expect(sorted(calls["free"]) == sorted(calls["alloc"]),
+           "destroy hands every segment back with its size and device")
+
     # Size 0 is NULL without an error; a failure is NULL with a message (and one WARN line).
     expect(lib.sp_torch_malloc(0, 0, None) is None, "size 0 gives NULL")
     print("ctypes_smoke: an unknown device must fail; the WARN line below is expected")

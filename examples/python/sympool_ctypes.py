@@ -29,6 +29,20 @@ class MemPoolId(ctypes.Structure):
     _fields_ = [("first", ctypes.c_uint64), ("second", ctypes.c_uint64)]
 
 
+# sp_allocator_t's callbacks: a segment allocator, like CUDAPluggableAllocator's alloc/free plus
+# a context pointer. alloc returns NULL (None) for out of memory.
+ALLOC_FN = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_void_p,
+                            ctypes.c_void_p)
+FREE_FN = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_void_p,
+                           ctypes.c_void_p)
+
+
+class Allocator(ctypes.Structure):
+    """sp_allocator_t. Keep the object (and its callbacks) alive while the pool exists."""
+
+    _fields_ = [("alloc", ALLOC_FN), ("free", FREE_FN), ("ctx", ctypes.c_void_p)]
+
+
 class MemPoolParams(ctypes.Structure):
     """sp_mempool_params_t (fill with sp_mempool_params_init before changing fields)."""
 
@@ -119,10 +133,14 @@ def stats(lib, device=0):
     return {lib.sp_stats_key(i).decode(): st.value[i] for i in range(lib.sp_stats_count())}
 
 
-def create_pool(lib, name, device=0, use_on_oom=False, no_split=False):
-    """A sympool MemPool (sp_mempool_create) on device; returns its handle."""
+def create_pool(lib, name, device=0, use_on_oom=False, no_split=False, allocator=None):
+    """A sympool MemPool (sp_mempool_create) on device; returns its handle. allocator: an
+    Allocator whose callbacks give the pool its segments (sympool copies the struct, but the
+    Python callback objects must outlive the pool)."""
     params = MemPoolParams()
     lib.sp_mempool_params_init(ctypes.byref(params))
+    if allocator is not None:
+        params.allocator = ctypes.cast(ctypes.pointer(allocator), ctypes.c_void_p)
     params.name = name.encode()
     params.device = device
     params.use_on_oom = use_on_oom
