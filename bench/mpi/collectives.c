@@ -43,6 +43,15 @@ int main(int argc, char **argv) {
         return 1;
     }
     int rank = sp_world_rank(w), n = sp_world_size(w), dev = sp_world_device(w);
+    if (strcmp(sp_backend_name(), "host") != 0) {
+        /* MPI_Allreduce on device memory needs a CUDA-aware MPI: this compares host paths. */
+        if (rank == 0)
+            printf("{\"bench\":\"collectives\",\"skipped\":\"backend %s; run with "
+                   "SYMPOOL_DEVICE=host\"}\n",
+                   sp_backend_name());
+        sp_world_finalize(w);
+        return 0;
+    }
     size_t max_bytes = argc > 1 ? (size_t)strtoull(argv[1], NULL, 0) : (size_t)64 << 20;
     void *send = NULL, *recv = NULL;
     if ((s = sp_malloc(max_bytes, dev, NULL, &send)) != SP_SUCCESS)

@@ -18,6 +18,7 @@
  *    snapshot per rank (DIR/rank<r>.pickle, PyTorch's memory viewer opens them).
  * Exit status 0 when every step verified, 1 otherwise.
  */
+#include <dlfcn.h>
 #include <errno.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -57,6 +58,38 @@ typedef struct bucket {
     void *ptr;    /* symmetric allocation */
     size_t count; /* elements */
 } bucket_t;
+
+/* ---- reaching sympool memory from the host ---------------------------------------------
+ * On the host backend sympool memory is host memory. On cuda it is device memory: the example
+ * copies with cudaMemcpy, looked up at run time from the CUDA runtime (so it builds without CUDA
+ * headers). Host writes then go to a staging buffer first. */
+typedef int (*cuda_memcpy_t)(void *dst, const void *src, size_t bytes, int kind);
+static cuda_memcpy_t g_cuda_memcpy; /* NULL on the host backend */
+
+static int copy_init(void) {
+    if (strcmp(sp_backend_name(), "cuda") != 0)
+        return 0;
+    const char *libs[] = {"libcudart.so", "libcudart.so.13", "libcudart.so.12"};
+    for (size_t i = 0; i < sizeof libs / sizeof libs[0] && !g_cuda_memcpy; i++) {
+        void *h = dlopen(libs[i], RTLD_NOW | RTLD_GLOBAL);
+        if (h)
+            *(void **)&g_cuda_memcpy = dlsym(h, "cudaMemcpy");
+    }
+    return g_cuda_memcpy ? 0 : -1;
+}
+
+/* dst/src: either may be sympool memory. cudaMemcpyDefault (4) infers the direction; on the
+ * legacy default stream it also waits for the collectives enqueued there. */
+static void copy(void *dst, const void *src, size_t bytes) {
+    if (!g_cuda_memcpy) {
+        memcpy(dst, src, bytes);
+        return;
+    }
+    if (g_cuda_memcpy(dst, src, bytes, 4) != 0) {
+        fprintf(stderr, "rank %d: cudaMemcpy failed\n", g_rank);
+        MPI_Abort(MPI_COMM_WORLD, 1);
+    }
+}
 
 static const char *mib(double bytes, char *buf, size_t len) {
     snprintf(buf, len, "%.1f MiB", bytes / (1024.0 * 1024.0));
@@ -114,6 +147,10 @@ int main(int argc, char **argv) {
     }
     g_rank = sp_world_rank(w);
     int n = sp_world_size(w), dev = sp_world_device(w);
+    if (copy_init() != 0) {
+        fprintf(stderr, "rank %d: cuda backend but no libcudart to copy with\n", g_rank);
+        MPI_Abort(MPI_COMM_WORLD, 1);
+    }
     sp_history_params_t hist;
     sp_history_params_init(&hist);
     hist.enabled = SP_HISTORY_ALL;
@@ -184,8 +221,17 @@ int main(int argc, char **argv) {
         CHECK(sp_mempool_malloc(fallback, (size_t)64 << 20, NULL, &p));
         CHECK(sp_free(p));
     }
-    int64_t *bad = NULL; /* wrong-element counter, summed across ranks with sp_allreduce */
-    CHECK(sp_malloc(sizeof *bad, dev, NULL, (void **)&bad));
+    int64_t *bad_dev = NULL, bad = 0; /* wrong elements, summed across ranks with sp_allreduce */
+    CHECK(sp_malloc(sizeof bad, dev, NULL, (void **)&bad_dev));
+    size_t max_bucket = 0;
+    for (size_t b = 0; b < nb; b++)
+        max_bucket = bucket_counts[b] > max_bucket ? bucket_counts[b] : max_bucket;
+    void *staging = NULL; /* host copy of one bucket (cuda backend only) */
+    if (g_cuda_memcpy && (staging = malloc(max_bucket * esize)) == NULL) {
+        fprintf(stderr, "rank %d: out of host memory\n", g_rank);
+        MPI_Abort(MPI_COMM_WORLD, 1);
+    }
+    static const char zeros[64];
 
     /* Activations saved for backward, per layer: input, qkv, attention scores, attention
      * output, MLP hidden; then the logits. */
@@ -199,7 +245,7 @@ int main(int argc, char **argv) {
         for (int l = 0; l < N_LAYERS; l++)
             for (int k = 0; k < 5; k++) {
                 CHECK(sp_malloc(per_layer[k] * 2, dev, NULL, &acts[na]));
-                memset(acts[na], 0, 64); /* a kernel would write it */
+                copy(acts[na], zeros, sizeof zeros); /* a kernel would write it */
                 na++;
             }
         CHECK(sp_malloc(B * T * VOCAB * 2, dev, NULL, &acts[na++]));
@@ -213,34 +259,41 @@ int main(int argc, char **argv) {
         for (size_t b = 0; b < nb; b++) {
             for (size_t k = 0; k < na / nb + 1 && na > 0; k++)
                 CHECK(sp_free(acts[--na]));
+            void *host = staging ? staging : buckets[b].ptr;
+            size_t bytes = buckets[b].count * esize;
             for (size_t i = 0; i < buckets[b].count; i++)
-                put(buckets[b].ptr, i, (float)(g_rank + 1) * (float)step, fp32);
+                put(host, i, (float)(g_rank + 1) * (float)step, fp32);
+            if (staging)
+                copy(buckets[b].ptr, staging, bytes);
             double a0 = MPI_Wtime();
             CHECK(sp_allreduce(w, buckets[b].ptr, buckets[b].ptr, buckets[b].count,
                                fp32 ? SP_FLOAT32 : SP_BFLOAT16, SP_AVG, NULL));
+            if (staging)
+                copy(staging, buckets[b].ptr, bytes); /* waits for the allreduce */
             t_ar += MPI_Wtime() - a0;
             for (size_t i = 0; i < buckets[b].count; i++) {
-                float v = get(buckets[b].ptr, i, fp32);
+                float v = get(host, i, fp32);
                 checksum += v;
                 wrong += v != expect;
             }
         }
         while (na > 0)
             CHECK(sp_free(acts[--na]));
-        *bad = wrong;
-        CHECK(sp_allreduce(w, bad, bad, 1, SP_INT64, SP_SUM, NULL));
+        copy(bad_dev, &wrong, sizeof wrong);
+        CHECK(sp_allreduce(w, bad_dev, bad_dev, 1, SP_INT64, SP_SUM, NULL));
+        copy(&bad, bad_dev, sizeof bad);
         double t_step = MPI_Wtime() - t0;
-        if (*bad != 0)
+        if (bad != 0)
             failed = 1;
         if (g_rank == 0)
             printf("step %d/%d: allreduce %zu buckets %6.1f ms, step %6.1f ms | mean grad %.4f "
                    "(expect %.4f) %s | activations %s, reserved %s\n",
                    step, steps, nb, t_ar * 1e3, t_step * 1e3, checksum / (double)nparams,
-                   (double)expect, *bad == 0 ? "ok" : "WRONG", mib(act_peak, b1, sizeof b1),
+                   (double)expect, bad == 0 ? "ok" : "WRONG", mib(act_peak, b1, sizeof b1),
                    mib((double)sp_memory_reserved(dev), b3, sizeof b3));
-        if (g_rank == 0 && *bad != 0)
+        if (g_rank == 0 && bad != 0)
             printf("  %lld gradient elements differ from the expected average across ranks\n",
-                   (long long)*bad);
+                   (long long)bad);
         fflush(stdout);
     }
 
@@ -262,7 +315,8 @@ int main(int argc, char **argv) {
                    out_dir, n - 1);
     }
 
-    CHECK(sp_free(bad));
+    CHECK(sp_free(bad_dev));
+    free(staging);
     for (size_t b = 0; b < nb; b++)
         CHECK(sp_free(buckets[b].ptr));
     CHECK(sp_symmetric_mempool_destroy(grads));

@@ -15,6 +15,7 @@
  *     (one WARN line per rank says so) and the pool stays usable.
  *  5. Collective teardown: free, sp_symmetric_empty_cache, sp_symmetric_mempool_destroy.
  */
+#include <dlfcn.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <string.h>
@@ -37,6 +38,28 @@ static int g_rank;
             MPI_Abort(MPI_COMM_WORLD, 1);                                                          \
         }                                                                                          \
     } while (0)
+
+/* On cuda, sympool memory is device memory: copy with cudaMemcpy, looked up at run time (no
+ * CUDA headers needed). On the host backend it is host memory. */
+typedef int (*cuda_memcpy_t)(void *dst, const void *src, size_t bytes, int kind);
+static cuda_memcpy_t g_cuda_memcpy;
+
+static void copy(void *dst, const void *src, size_t bytes) {
+    if (strcmp(sp_backend_name(), "cuda") != 0) {
+        memcpy(dst, src, bytes);
+        return;
+    }
+    const char *libs[] = {"libcudart.so", "libcudart.so.13", "libcudart.so.12"};
+    for (size_t i = 0; i < sizeof libs / sizeof libs[0] && !g_cuda_memcpy; i++) {
+        void *h = dlopen(libs[i], RTLD_NOW | RTLD_GLOBAL);
+        if (h)
+            *(void **)&g_cuda_memcpy = dlsym(h, "cudaMemcpy");
+    }
+    if (!g_cuda_memcpy || g_cuda_memcpy(dst, src, bytes, 4 /* cudaMemcpyDefault */) != 0) {
+        fprintf(stderr, "rank %d: cannot copy to/from device memory\n", g_rank);
+        MPI_Abort(MPI_COMM_WORLD, 1);
+    }
+}
 
 /* Print one line per rank, in rank order (rank 0 gathers the lines). */
 static void print_ordered(const char *line, int rank, int n) {
@@ -86,9 +109,10 @@ int main(int argc, char **argv) {
     }
 
     /* 2. Write our rank into buffer 2, read the right neighbour's through its peer pointer. */
-    int32_t *mine = buf[2];
+    int32_t host[1024];
     for (int i = 0; i < 1024; i++)
-        mine[i] = rank * 1000 + i;
+        host[i] = rank * 1000 + i;
+    copy(buf[2], host, sizeof host);
     MPI_Barrier(MPI_COMM_WORLD);
     int right = (rank + 1) % n;
     void *peer = NULL;
@@ -109,10 +133,12 @@ int main(int argc, char **argv) {
 
     /* 3. Allreduce over the symmetric buffer: every element becomes the sum over ranks. */
     for (int i = 0; i < 1024; i++)
-        mine[i] = rank + 1;
-    CHECK(sp_allreduce(w, mine, mine, 1024, SP_INT32, SP_SUM, NULL));
+        host[i] = rank + 1;
+    copy(buf[2], host, sizeof host);
+    CHECK(sp_allreduce(w, buf[2], buf[2], 1024, SP_INT32, SP_SUM, NULL));
+    copy(host, buf[2], sizeof host);
     if (rank == 0)
-        printf("3. sp_allreduce on the symmetric buffer: [0]=%d (expected %d)\n", mine[0],
+        printf("3. sp_allreduce on the symmetric buffer: [0]=%d (expected %d)\n", host[0],
                n * (n + 1) / 2);
 
     /* 4. A size that differs on one rank: SP_ERR_MISMATCH everywhere, no hang. */
