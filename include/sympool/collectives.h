@@ -19,6 +19,7 @@
 extern "C" {
 #endif
 
+/** Element types. fp16/bf16 are reduced in float and rounded once (round-to-nearest-even). */
 typedef enum {
     SP_INT8,
     SP_UINT8,
@@ -32,14 +33,51 @@ typedef enum {
     SP_FLOAT64
 } sp_dtype_t;
 
+/**
+ * Reductions; every one is accepted for every dtype. SP_AVG is the sum divided by the number of
+ * ranks: in float for floating types; for integers the sum in the element type (wrapping as
+ * MPI_SUM/ncclSum do) followed by C's truncating division. MIN/MAX of fp16/bf16 propagate NaN
+ * and order -0 < +0; for float32/float64 NaN handling is MPI's or NCCL's.
+ */
 typedef enum { SP_SUM, SP_PROD, SP_MIN, SP_MAX, SP_AVG } sp_redop_t;
 
+/*
+ * The four collectives below share these rules:
+ *  - Collective over the world: every rank calls with the same count, dtype, op and root.
+ *  - Buffers are sympool memory of this rank's device (sp_malloc, sp_mempool_malloc or
+ *    sp_symmetric_malloc), large enough for the call. Symmetric buffers on the cuda backend get
+ *    NCCL's symmetric kernels when NCCL supports the call (SYMPOOL_DEBUG=INFO, subsystem COLL,
+ *    says why one cannot). In place: send == recv; for allgather send == recv + rank*count
+ *    elements; for reduce_scatter recv == send + rank*recv_count elements. Any other overlap
+ *    is refused.
+ *  - Every argument is checked before any data moves, and the ranks agree on the outcome in one
+ *    small MPI_Allreduce, so every rank returns the same status: SP_ERR_INVALID_ARGUMENT on
+ *    every rank when any rank's arguments are bad (NULL world or buffer, dtype/op/root out of
+ *    range, count * element size overflowing, a buffer that is not sympool device memory of
+ *    this rank or is too small, a forbidden overlap; the bad rank's message says which, the
+ *    others name that rank), SP_ERR_MISMATCH on every rank when ranks pass different counts,
+ *    dtypes, ops, roots or collectives. Nothing is sent then.
+ *  - count 0 is a no-op (after the agreement); buffers may then be NULL.
+ *  - Completion: on the cuda backend the operation is enqueued on @p stream (NCCL semantics);
+ *    on the host backend it has completed when the call returns.
+ *  - Other statuses: SP_ERR_MPI, SP_ERR_NCCL, SP_ERR_NOT_SUPPORTED (cuda without NCCL; on host,
+ *    allgather/reduce_scatter of more than INT_MAX elements per rank), SP_ERR_SYSTEM (host
+ *    scratch for fp16/bf16 could not be allocated).
+ *  - Thread-safety: calls on one world must not run concurrently from several threads (MPI and
+ *    NCCL order collectives per communicator).
+ */
+
+/** Reduce @p count elements of every rank's @p send into every rank's @p recv. */
 sp_status_t sp_allreduce(sp_world_t *w, const void *send, void *recv, size_t count,
                          sp_dtype_t dtype, sp_redop_t op, sp_stream_t stream);
+/** Concatenate every rank's @p send_count elements into @p recv, in rank order. */
 sp_status_t sp_allgather(sp_world_t *w, const void *send, void *recv, size_t send_count,
                          sp_dtype_t dtype, sp_stream_t stream);
+/** Reduce @p send (nranks * recv_count elements); rank r receives block r in @p recv. */
 sp_status_t sp_reduce_scatter(sp_world_t *w, const void *send, void *recv, size_t recv_count,
                               sp_dtype_t dtype, sp_redop_t op, sp_stream_t stream);
+/** Copy @p root's @p send into every rank's @p recv. @p send is read on the root only (it may
+ *  be NULL elsewhere). */
 sp_status_t sp_broadcast(sp_world_t *w, const void *send, void *recv, size_t count,
                          sp_dtype_t dtype, int root, sp_stream_t stream);
 
@@ -52,10 +90,23 @@ typedef struct sp_stats_summary {
 
 typedef enum { SP_REPORT_TABLE, SP_REPORT_JSON, SP_REPORT_PROMETHEUS } sp_report_format_t;
 
-/** Reduce every stats key across ranks in one collective. */
+/**
+ * Collective: reduce every stats key of @p device across ranks in ONE MPI_Allreduce: min, max,
+ * sum, and the lowest rank holding the min and the max. A rank whose arguments or device are bad
+ * still joins, so every rank returns SP_ERR_INVALID_ARGUMENT instead of hanging.
+ * @return SP_SUCCESS, SP_ERR_INVALID_ARGUMENT, SP_ERR_MPI, SP_ERR_SYSTEM.
+ */
 sp_status_t sp_stats_aggregate(sp_world_t *w, int device, sp_stats_summary_t *summary_p);
 
-/** Aggregate and write the report on rank 0 (other ranks write nothing). */
+/**
+ * Collective: aggregate (as sp_stats_aggregate, plus the symmetric pools' registration and
+ * agreement counters) and write the report on rank 0; other ranks write nothing and may pass
+ * out == NULL. TABLE is for people, JSON is one object (keys are stat names), PROMETHEUS is text
+ * exposition with a sample per rank (rank label; one more collective, an MPI_Gather).
+ * SYMPOOL_REPORT=table|json|prometheus prints the same at sp_world_finalize, to stdout.
+ * @return SP_SUCCESS, SP_ERR_INVALID_ARGUMENT (on every rank: bad format, out NULL on rank 0,
+ *         bad device), SP_ERR_MPI, SP_ERR_SYSTEM (writing failed, on rank 0).
+ */
 sp_status_t sp_stats_report(sp_world_t *w, int device, FILE *out, sp_report_format_t format);
 
 #ifdef __cplusplus
