@@ -14,6 +14,13 @@ extern "C" {
 #include <sympool/world.h>
 }
 
+// Open MPI's libraries are built without frame pointers: LeakSanitizer's fast unwinder then
+// stops inside them and the scripts/lsan.supp suppressions (leak:libmpi, ...) cannot match
+// Open MPI's never-freed allocations. The slow unwinder sees the whole stack.
+#if defined(__SANITIZE_ADDRESS__)
+extern "C" const char *__asan_default_options() { return "fast_unwind_on_malloc=0"; }
+#endif
+
 namespace {
 
 int mpi_rank() {
