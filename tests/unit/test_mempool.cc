@@ -10,6 +10,7 @@
 // below 10 MiB, else its size rounded up to 2 MiB.
 #include "sp_test.hpp"
 
+#include <algorithm>
 #include <cstring>
 #include <future>
 #include <string>
@@ -115,6 +116,41 @@ TEST_F(MemPool, IdsComeFromOneCounterAndTheDefaultPoolIsZeroZero) {
     EXPECT_FALSE(sp_mempool_is_symmetric(dflt()));
     ASSERT_SP_OK(sp_mempool_destroy(a));
     ASSERT_SP_OK(sp_mempool_destroy(c));
+}
+
+TEST_F(MemPool, IdsAreUniqueAcrossConcurrentCreates) {
+    constexpr int kThreads = 4, kEach = 16;
+    sp_mempool_t *first = make_pool("first");
+    ASSERT_NE(first, nullptr);
+    std::vector<sp_mempool_t *> made[kThreads];
+    std::vector<std::thread> ts;
+    for (int i = 0; i < kThreads; i++)
+        ts.emplace_back([&, i] {
+            for (int k = 0; k < kEach; k++) {
+                sp_mempool_params_t params;
+                sp_mempool_params_init(&params);
+                sp_mempool_t *p = nullptr;
+                if (sp_mempool_create(&params, &p) == SP_SUCCESS)
+                    made[i].push_back(p);
+            }
+        });
+    for (auto &t : ts)
+        t.join();
+    // One counter: the ids after `first` are exactly the next kThreads * kEach numbers.
+    std::vector<uint64_t> ids;
+    for (auto &v : made)
+        for (sp_mempool_t *p : v) {
+            EXPECT_EQ(sp_mempool_id(p).first, 0u);
+            ids.push_back(sp_mempool_id(p).second);
+        }
+    ASSERT_EQ(ids.size(), size_t(kThreads * kEach));
+    std::sort(ids.begin(), ids.end());
+    for (size_t i = 0; i < ids.size(); i++)
+        EXPECT_EQ(ids[i], sp_mempool_id(first).second + 1 + i);
+    for (auto &v : made)
+        for (sp_mempool_t *p : v)
+            ASSERT_SP_OK(sp_mempool_destroy(p));
+    ASSERT_SP_OK(sp_mempool_destroy(first));
 }
 
 TEST_F(MemPool, UseCountFollowsBeginAndEnd) {
@@ -619,6 +655,24 @@ TEST_F(MemPool, BeginRoutesOnlyThePoolsDevice) {
     ASSERT_SP_OK(sp_free(on0));
     ASSERT_SP_OK(sp_free(on1));
     ASSERT_SP_OK(sp_mempool_destroy(p1));
+}
+
+TEST_F(MemPool, ShutdownEndsEveryRouting) {
+    sp_mempool_t *a = make_pool("before-shutdown");
+    ASSERT_NE(a, nullptr);
+    uint64_t a_id = sp_mempool_id(a).second;
+    ASSERT_SP_OK(sp_mempool_begin(a));
+    // sp_shutdown releases every pool; this thread's routing must not outlive it.
+    ASSERT_SP_OK(sp_shutdown());
+    void *p = nullptr;
+    ASSERT_SP_OK(sp_malloc(1000, 0, nullptr, &p));
+    EXPECT_EQ(owner(p), dflt());
+    ASSERT_SP_OK(sp_free(p));
+    // And the id counter is process-wide: it does not restart after a shutdown.
+    sp_mempool_t *b = make_pool("after-shutdown");
+    ASSERT_NE(b, nullptr);
+    EXPECT_EQ(sp_mempool_id(b).second, a_id + 1);
+    ASSERT_SP_OK(sp_mempool_destroy(b));
 }
 
 // ---- misuse ----------------------------------------------------------------------------------
