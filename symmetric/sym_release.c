@@ -139,11 +139,11 @@ static sp_status_t release_seq(sp_sym_state_t *st, uint64_t seq) {
     return s != SP_SUCCESS ? s : st->release_status;
 }
 
-sp_status_t sp__sym_release_recs(sp_sym_state_t *st) {
+sp_status_t sp__sym_release_recs(sp_sym_state_t *st, MPI_Comm comm) {
     sp_status_t first = SP_SUCCESS;
     while (st->recs) {
         sp_sym_rec_t *r = st->recs;
-        sp_status_t s = st->reg->release(st->world, st->comm, st->device, &r->seg);
+        sp_status_t s = st->reg->release(st->world, comm, st->device, &r->seg);
         if (s != SP_SUCCESS && first == SP_SUCCESS)
             first = s;
         st->recs = r->next;
@@ -274,7 +274,7 @@ SP_EXPORT sp_status_t sp_symmetric_mempool_destroy(sp_mempool_t *pool) {
     size_t left = sp__pool_segment_count(pool);
     st->in_release = false;
     sp_status_t d = sp_mempool_destroy(pool);
-    sp_status_t r = sp__sym_release_recs(st);
+    sp_status_t r = sp__sym_release_recs(st, st->comm);
     if (left)
         SP_INFO(SP_SUB_SYM, "%s: %zu segment(s) were not free everywhere", what, left);
     st->pool = NULL;
@@ -304,7 +304,9 @@ static void on_world_finalize(sp_world_t *w) {
                                 "sp_world_finalize: they are released now; destroy it with "
                                 "sp_symmetric_mempool_destroy before finalizing",
                     st->name);
-        sp__sym_release_recs(st);
+        /* The world's communicator, not the pool's: a pool broken by a timeout on some ranks
+         * has an abandoned collective on its own communicator there, not everywhere. */
+        sp__sym_release_recs(st, sp__world_comm(w));
         pthread_mutex_unlock(&st->lock);
         free_state(st);
     }

@@ -83,8 +83,9 @@ sp_status_t sp__sym_agree(sp_sym_state_t *st, MPI_Comm comm, const void *sbuf, v
 /* A barrier with the same deadline. */
 sp_status_t sp__sym_barrier(sp_sym_state_t *st, MPI_Comm comm, const char *what);
 
-/* Release every registered segment still recorded, in creation order (collective). */
-sp_status_t sp__sym_release_recs(sp_sym_state_t *st);
+/* Release every registered segment still recorded, in creation order (collective over `comm`,
+ * which the nccl registrar's barrier uses). */
+sp_status_t sp__sym_release_recs(sp_sym_state_t *st, MPI_Comm comm);
 
 /* The allocator callbacks the pool calls (symmetric.c). */
 void *sp__sym_seg_alloc(size_t size, int device, void *stream, void *ctx);
