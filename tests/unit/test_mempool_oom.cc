@@ -20,6 +20,20 @@ extern "C" {
 
 namespace {
 
+// Tests that need the host backend's emulated capacity or device count skip on a GPU run
+// (SYMPOOL_TEST_DEVICE=cuda); call it after any ScopedEnv, which must precede initialization.
+#define SKIP_UNLESS_HOST()                                                                         \
+    do {                                                                                           \
+        if (sp::on_gpu())                                                                          \
+            GTEST_SKIP() << "needs the host backend (emulated capacity and devices)";              \
+    } while (0)
+
+// Write to a block to show it is usable; device memory is not host-addressable on a GPU run.
+void touch(void *p, size_t n) {
+    if (!sp::on_gpu())
+        std::memset(p, 0x5a, n);
+}
+
 constexpr size_t KiB = 1024;
 constexpr size_t MiB = 1024 * KiB;
 
@@ -237,6 +251,7 @@ TEST_F(MemPoolOom, NullFromThePluggableAllocatorIsOutOfMemory) {
 TEST_F(MemPoolOom, LivePlainPoolKeepsItsCacheAndTheRequestFails) {
     expect_warnings();
     sp::ScopedEnv env({{"SYMPOOL_HOST_CAPACITY", "64MiB"}});
+    SKIP_UNLESS_HOST();
     sp_mempool_t *plain = make_pool("plain");
     ASSERT_NE(plain, nullptr);
     cache_in(plain, 40 * MiB);
@@ -261,6 +276,7 @@ TEST_F(MemPoolOom, LivePlainPoolKeepsItsCacheAndTheRequestFails) {
 
 TEST_F(MemPoolOom, UseOnOomPoolLendsItsCachedBlock) {
     sp::ScopedEnv env({{"SYMPOOL_HOST_CAPACITY", "64MiB"}});
+    SKIP_UNLESS_HOST();
     sp_mempool_t *lender = make_pool("lender", true);
     ASSERT_NE(lender, nullptr);
     cache_in(lender, 40 * MiB);
@@ -276,7 +292,7 @@ TEST_F(MemPoolOom, UseOnOomPoolLendsItsCachedBlock) {
     EXPECT_EQ(sp_memory_reserved(0), 40 * MiB);
     EXPECT_EQ(stat(0, "num_ooms"), 0);
     EXPECT_EQ(stat(0, "allocation.all.current"), 1);
-    std::memset(p, 0x22, 30 * MiB);
+    touch(p, 30 * MiB);
     // Freed, the block goes back to the lender, not to the default pool.
     ASSERT_SP_OK(sp_free(p));
     EXPECT_EQ(sp_mempool_used_bytes(lender), 0u);
@@ -292,6 +308,7 @@ TEST_F(MemPoolOom, FallbackComesBeforeTheCacheIsReleased) {
     // before release_cached_blocks and the retry (2.8 did it after): the default pool keeps its
     // cache and no retry is counted.
     sp::ScopedEnv env({{"SYMPOOL_HOST_CAPACITY", "64MiB"}});
+    SKIP_UNLESS_HOST();
     sp_mempool_t *lender = make_pool("lender", true);
     ASSERT_NE(lender, nullptr);
     cache_in(lender, 40 * MiB);
@@ -310,6 +327,7 @@ TEST_F(MemPoolOom, FallbackComesBeforeTheCacheIsReleased) {
 
 TEST_F(MemPoolOom, UseOnOomPoolsLendInCreationOrder) {
     sp::ScopedEnv env({{"SYMPOOL_HOST_CAPACITY", "64MiB"}});
+    SKIP_UNLESS_HOST();
     sp_mempool_t *first = make_pool("first", true);
     sp_mempool_t *second = make_pool("second", true);
     ASSERT_NE(first, nullptr);
@@ -337,6 +355,7 @@ TEST_F(MemPoolOom, UseOnOomPoolsLendInCreationOrder) {
 TEST_F(MemPoolOom, FallbackNeverGrowsTheLendingPool) {
     expect_warnings();
     sp::ScopedEnv env({{"SYMPOOL_HOST_CAPACITY", "64MiB"}});
+    SKIP_UNLESS_HOST();
     sp_mempool_t *lender = make_pool("small-lender", true);
     ASSERT_NE(lender, nullptr);
     cache_in(lender, 10 * MiB);
@@ -355,6 +374,7 @@ TEST_F(MemPoolOom, FallbackNeverGrowsTheLendingPool) {
 TEST_F(MemPoolOom, RequestsRoutedToAPoolNeverBorrow) {
     expect_warnings();
     sp::ScopedEnv env({{"SYMPOOL_HOST_CAPACITY", "64MiB"}});
+    SKIP_UNLESS_HOST();
     sp_mempool_t *lender = make_pool("lender", true);
     sp_mempool_t *acts = make_pool("acts");
     ASSERT_NE(lender, nullptr);
@@ -376,6 +396,7 @@ TEST_F(MemPoolOom, RequestsRoutedToAPoolNeverBorrow) {
 
 TEST_F(MemPoolOom, SmallRequestsBorrowFromTheSmallSet) {
     sp::ScopedEnv env({{"SYMPOOL_HOST_CAPACITY", "64MiB"}});
+    SKIP_UNLESS_HOST();
     sp_mempool_t *lender = make_pool("lender", true);
     ASSERT_NE(lender, nullptr);
     cache_in(lender, 4096); // one free 2 MiB small segment
@@ -395,6 +416,7 @@ TEST_F(MemPoolOom, SmallRequestsBorrowFromTheSmallSet) {
 TEST_F(MemPoolOom, LendingRespectsStreams) {
     expect_warnings();
     sp::ScopedEnv env({{"SYMPOOL_HOST_CAPACITY", "64MiB"}});
+    SKIP_UNLESS_HOST();
     sp_stream_t s1;
     ASSERT_SP_OK(sp_stream_create(0, &s1));
     sp_mempool_t *lender = make_pool("lender", true);
@@ -415,6 +437,7 @@ TEST_F(MemPoolOom, LendingRespectsStreams) {
 TEST_F(MemPoolOom, DestroyedPoolNoLongerLends) {
     expect_warnings();
     sp::ScopedEnv env({{"SYMPOOL_HOST_CAPACITY", "64MiB"}});
+    SKIP_UNLESS_HOST();
     sp_mempool_t *lender = make_pool("lender", true);
     ASSERT_NE(lender, nullptr);
     // One 40 MiB segment: a live 10 MiB block and a free 30 MiB remainder.
@@ -447,7 +470,7 @@ TEST_F(MemPoolOom, DestroyWithLiveBlocksDefersTheirSegments) {
     // The free 20 MiB segment went back at once; the one holding p stays.
     EXPECT_EQ(sp_memory_reserved(0), 2 * MiB);
     EXPECT_EQ(stat(0, "num_device_free"), 1);
-    std::memset(p, 0x33, 1 * MiB);
+    touch(p, 1 * MiB);
     EXPECT_EQ(info_of(p).pool, a);
     ASSERT_SP_OK(sp_free(p));
     // As in PyTorch, the now-free segment waits for the next empty_cache.
@@ -497,6 +520,7 @@ TEST_F(MemPoolOom, ADestroyedPoolTakesNoNewBlocks) {
 
 TEST_F(MemPoolOom, DestroyedPoolsCacheIsReleasedByTheOomRetry) {
     sp::ScopedEnv env({{"SYMPOOL_HOST_CAPACITY", "64MiB"}});
+    SKIP_UNLESS_HOST();
     sp_mempool_t *a = make_pool("doomed");
     ASSERT_NE(a, nullptr);
     void *p, *q;
