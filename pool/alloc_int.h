@@ -283,8 +283,9 @@ sp_status_t sp__alloc_malloc(sp_devalloc_t *d, sp_mempool_t *pool, size_t size, 
                              void **ptr_p);
 /* Free a block (lock held): the free request, then events or free_block. */
 void sp__alloc_free_locked(sp_devalloc_t *d, sp_block_t *b, uint32_t context);
-/* Complete a free: merge, return to the free set, stats (lock held). */
-void sp__alloc_free_block(sp_devalloc_t *d, sp_block_t *b);
+/* Complete a free: merge, return to the free set, stats (lock held). free_ctx: history context
+ * of the sp_free call when it completes at once (0 when events completed it later). */
+void sp__alloc_free_block(sp_devalloc_t *d, sp_block_t *b, uint32_t free_ctx);
 /* Hand out free block b (removed from its set, or fresh) for a rounded size (lock held). */
 void sp__alloc_found_block(sp_devalloc_t *d, sp_block_t *b, size_t size, size_t orig,
                            uint32_t context);

@@ -300,7 +300,7 @@ static bool mergeable(const sp_block_t *n) {
     return n && n->in_set && !n->allocated && n->event_count == 0 && n->nuses == 0;
 }
 
-void sp__alloc_free_block(sp_devalloc_t *d, sp_block_t *b) {
+void sp__alloc_free_block(sp_devalloc_t *d, sp_block_t *b, uint32_t free_ctx) {
     sp_segment_t *seg = b->seg;
     sp_bpool_t *bp = seg->bpool;
     sp_dev_stats_t *st = &d->stats;
@@ -348,7 +348,7 @@ void sp__alloc_free_block(sp_devalloc_t *d, sp_block_t *b) {
     sp__bset_insert(&bp->free, b);
     if (SP_UNLIKELY(sp__history_active))
         sp__history_record(d->device, SP_TRACE_FREE_COMPLETED, orig_addr, req, (uintptr_t)b->stream,
-                           bp->pool->id, b->context);
+                           bp->pool->id, free_ctx ? free_ctx : b->context);
     if (b->context) {
         sp__history_context_release(b->context);
         b->context = 0;
@@ -371,7 +371,7 @@ void sp__alloc_free_locked(sp_devalloc_t *d, sp_block_t *b, uint32_t context) {
         sp__history_record(d->device, SP_TRACE_FREE_REQUESTED, b->addr, b->requested,
                            (uintptr_t)b->stream, bp->pool->id, context ? context : b->context);
     if (b->nuses == 0 || sp__alloc_insert_events(d, b) != SP_SUCCESS || b->event_count == 0)
-        sp__alloc_free_block(d, b);
+        sp__alloc_free_block(d, b, context);
 }
 
 /* ---- malloc ------------------------------------------------------------------------------ */

@@ -69,7 +69,7 @@ static void entry_done(sp_devalloc_t *d, sp_evq_entry_t *e) {
     sp_block_t *b = e->block;
     free(e);
     if (--b->event_count == 0)
-        sp__alloc_free_block(d, b);
+        sp__alloc_free_block(d, b, 0);
 }
 
 static void drop_empty_queues(sp_devalloc_t *d) {
