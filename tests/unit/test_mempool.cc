@@ -89,6 +89,8 @@ bool same_id(sp_mempool_id_t a, sp_mempool_id_t b) {
 }
 
 class MemPool : public sp::Test {};
+// Tests that start threads: the CI's ThreadSanitizer pass runs the suites named Threads*.
+class ThreadsMemPool : public sp::Test {};
 
 // ---- ids and use counts ---------------------------------------------------------------------
 
@@ -132,7 +134,7 @@ TEST_F(MemPool, IdsComeFromOneCounterAndTheDefaultPoolIsZeroZero) {
     ASSERT_SP_OK(sp_mempool_destroy(c));
 }
 
-TEST_F(MemPool, IdsAreUniqueAcrossConcurrentCreates) {
+TEST_F(ThreadsMemPool, IdsAreUniqueAcrossConcurrentCreates) {
     constexpr int kThreads = 4, kEach = 16;
     sp_mempool_t *first = make_pool("first");
     ASSERT_NE(first, nullptr);
@@ -224,7 +226,7 @@ TEST_F(MemPool, NestedRoutingIsAStack) {
 
 // ---- routing is per thread; blocks go home ---------------------------------------------------
 
-TEST_F(MemPool, RoutingAppliesOnlyToTheCallingThread) {
+TEST_F(ThreadsMemPool, RoutingAppliesOnlyToTheCallingThread) {
     sp_mempool_t *a = make_pool("mine");
     ASSERT_NE(a, nullptr);
     ASSERT_SP_OK(sp_mempool_begin(a));
@@ -247,7 +249,7 @@ TEST_F(MemPool, RoutingAppliesOnlyToTheCallingThread) {
     ASSERT_SP_OK(sp_mempool_destroy(a));
 }
 
-TEST_F(MemPool, TwoThreadsRouteToTheirOwnPools) {
+TEST_F(ThreadsMemPool, TwoThreadsRouteToTheirOwnPools) {
     sp_mempool_t *a = make_pool("a");
     sp_mempool_t *b = make_pool("b");
     ASSERT_NE(a, nullptr);
@@ -283,7 +285,7 @@ TEST_F(MemPool, TwoThreadsRouteToTheirOwnPools) {
     ASSERT_SP_OK(sp_mempool_destroy(b));
 }
 
-TEST_F(MemPool, ManyThreadsRouteAndFreeAcrossEachOther) {
+TEST_F(ThreadsMemPool, ManyThreadsRouteAndFreeAcrossEachOther) {
     constexpr int kThreads = 4, kBlocks = 64;
     sp_mempool_t *pools[kThreads];
     for (int i = 0; i < kThreads; i++) {
@@ -339,7 +341,7 @@ TEST_F(MemPool, ManyThreadsRouteAndFreeAcrossEachOther) {
     EXPECT_EQ(sp_memory_reserved(0), sp_mempool_total_bytes(dflt()));
 }
 
-TEST_F(MemPool, BlockReturnsToItsPoolWhoeverFreesIt) {
+TEST_F(ThreadsMemPool, BlockReturnsToItsPoolWhoeverFreesIt) {
     sp_mempool_t *a = make_pool("home");
     ASSERT_NE(a, nullptr);
     void *p1, *p2;
@@ -784,7 +786,7 @@ TEST_F(MemPool, NullPoolIsRejectedEverywhere) {
     EXPECT_EQ(sp_default_mempool(sp_device_count()), nullptr);
 }
 
-TEST_F(MemPool, EndingAnotherThreadsRoutingIsMisuse) {
+TEST_F(ThreadsMemPool, EndingAnotherThreadsRoutingIsMisuse) {
     expect_warnings();
     sp_mempool_t *a = make_pool("theirs");
     ASSERT_NE(a, nullptr);
