@@ -269,6 +269,29 @@ TEST_F(SymmetricCache, CreateWithDifferentFlagsIsAMismatch) {
     ASSERT_SP_OK(sp_symmetric_mempool_create(world_, &p, &pool_));
 }
 
+TEST_F(SymmetricCache, RegistrarChoiceIsCheckedAtCreate) {
+    expect_warnings();
+    ASSERT_SP_OK(sp_world_from_comm(MPI_COMM_WORLD, &world_));
+    sp_mempool_t *q = nullptr;
+    {
+        // The host backend has no NCCL communicator: asking for nccl fails on every rank.
+        sp::ScopedEnv env({{"SYMPOOL_SYM_REGISTRAR", "nccl"}});
+        EXPECT_SP_STATUS(sp_symmetric_mempool_create(world_, nullptr, &q), SP_ERR_NOT_SUPPORTED);
+        EXPECT_NE(std::string(sp_last_error()).find("nccl registrar"), std::string::npos)
+            << sp_last_error();
+        EXPECT_EQ(q, nullptr);
+    }
+    {
+        sp::ScopedEnv env({{"SYMPOOL_SYM_REGISTRAR", "mpi"}});
+        ASSERT_SP_OK(sp_symmetric_mempool_create(world_, nullptr, &pool_));
+    }
+    void *p = nullptr;
+    ASSERT_SP_OK(sp_symmetric_malloc(pool_, 100, nullptr, &p));
+    void *peer = nullptr;
+    EXPECT_SP_OK(sp_symmetric_peer_ptr(p, mpi_size() - 1, &peer)); // mpi: load/store peers
+    ASSERT_SP_OK(sp_free(p));
+}
+
 TEST_F(SymmetricCache, PoolLeftAliveIsReleasedAtWorldFinalize) {
     expect_warnings();
     make();

@@ -1,0 +1,88 @@
+// test_symmetric_gpu.cc: the nccl registrar on a real GPU (skips on the host backend). NCCL
+// refuses two ranks of one communicator on one GPU, so rank 0 alone builds a one-rank world on
+// MPI_COMM_SELF: NCCL communicator from a broadcast id, a symmetric pool whose segment is an
+// ncclMemAlloc registered as an NCCL_WIN_COLL_SYMMETRIC window, a symmetric allocation, an
+// ncclAllReduce on it, and the collective release (deregister before ncclMemFree). With one
+// rank NCCL takes its one-rank path (no symmetric kernels); multi-rank runs need several GPUs.
+// Run with SYMPOOL_TEST_DEVICE=cuda on a GPU machine.
+#include <mpi.h>
+
+#include <vector>
+
+#include "sp_test.hpp"
+
+#if __has_include(<cuda_runtime.h>) && __has_include(<nccl.h>)
+#include <cuda_runtime.h>
+#include <nccl.h>
+#define SP_TEST_HAVE_NCCL 1
+#endif
+
+extern "C" {
+#include "launch/launch.h"
+#include "symmetric/sym_int.h"
+#include <sympool/symmetric.h>
+#include <sympool/world.h>
+}
+
+#if defined(__SANITIZE_ADDRESS__)
+extern "C" const char *__asan_default_options() { return "fast_unwind_on_malloc=0"; }
+#endif
+
+namespace {
+
+class SymmetricGpu : public sp::Test {};
+
+TEST_F(SymmetricGpu, NcclWindowAllocationAndAllReduceOnOneRank) {
+#if !defined(SP_TEST_HAVE_NCCL)
+    GTEST_SKIP() << "built without CUDA/NCCL headers";
+#else
+    if (!sp::on_gpu())
+        GTEST_SKIP() << "no GPU: the host backend uses the mpi registrar (other tests)";
+    int rank = 0;
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    if (rank != 0)
+        GTEST_SKIP() << "rank 0 alone drives the GPU (NCCL refuses shared GPUs in one comm)";
+    sp_world_t *w = nullptr;
+    ASSERT_SP_OK(sp_world_from_comm(MPI_COMM_SELF, &w));
+    ASSERT_NE(sp__world_nccl_comm(w), nullptr);
+    sp_sym_counters_t c0;
+    sp__symmetric_counters(-1, &c0);
+    sp_mempool_t *pool = nullptr;
+    ASSERT_SP_OK(sp_symmetric_mempool_create(w, nullptr, &pool));
+    const size_t n = 1 << 18;
+    float *buf = nullptr;
+    ASSERT_SP_OK(sp_symmetric_malloc(pool, n * sizeof(float), nullptr, (void **)&buf));
+    sp_window_info_t wi;
+    ASSERT_SP_OK(sp_symmetric_window(buf, &wi));
+    EXPECT_EQ(wi.offset, 0u);
+    EXPECT_EQ(wi.segment_seq, 0u);
+    // NCCL gives a window when symmetric support is on (one rank: cuMem is enough); record it.
+    RecordProperty("nccl_window", wi.window ? "yes" : "no");
+    void *peer = nullptr;
+    EXPECT_SP_STATUS(sp_symmetric_peer_ptr(buf, 0, &peer), SP_ERR_NOT_SUPPORTED);
+
+    std::vector<float> host(n);
+    for (size_t i = 0; i < n; i++)
+        host[i] = (float)(i % 1000);
+    ASSERT_EQ(cudaMemcpy(buf, host.data(), n * sizeof(float), cudaMemcpyHostToDevice),
+              cudaSuccess);
+    ncclComm_t comm = (ncclComm_t)sp__world_nccl_comm(w);
+    ASSERT_EQ(ncclAllReduce(buf, buf, n, ncclFloat, ncclSum, comm, nullptr), ncclSuccess);
+    ASSERT_EQ(cudaStreamSynchronize(nullptr), cudaSuccess);
+    std::vector<float> back(n);
+    ASSERT_EQ(cudaMemcpy(back.data(), buf, n * sizeof(float), cudaMemcpyDeviceToHost),
+              cudaSuccess);
+    EXPECT_EQ(back, host) << "a one-rank sum is the identity";
+
+    ASSERT_SP_OK(sp_free(buf));
+    ASSERT_SP_OK(sp_symmetric_empty_cache(pool));
+    sp_sym_counters_t c1;
+    sp__symmetric_counters(-1, &c1);
+    EXPECT_EQ(c1.registrations - c0.registrations, 1);
+    EXPECT_EQ(c1.deregistrations - c0.deregistrations, 1);
+    ASSERT_SP_OK(sp_symmetric_mempool_destroy(pool));
+    ASSERT_SP_OK(sp_world_finalize(w));
+#endif
+}
+
+} // namespace
