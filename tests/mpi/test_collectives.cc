@@ -310,6 +310,32 @@ TEST_F(Collectives, HalfTypesRoundTheFloatResultOnce) {
         }
 }
 
+// fp16/bf16 arithmetic goes through a float scratch of 2^20 elements: counts past it take
+// several rounds (allreduce in place, reduce_scatter in place at this rank's slot).
+TEST_F(Collectives, HalfTypesAcrossScratchChunks) {
+    const size_t count = ((size_t)1 << 20) + 3;
+    sp_dtype_t t = SP_BFLOAT16;
+    sp_redop_t op = SP_SUM;
+    Buf a(count * 2, dev_);
+    for (size_t i = 0; i < count; i++)
+        put(t, a.p, i, value(t, op, rank_, i));
+    ASSERT_SP_OK(sp_allreduce(w_, a.p, a.p, count, t, op, nullptr));
+    for (size_t i = 0; i < count; i += 997)
+        ASSERT_EQ(get(t, a.p, i), reference(t, op, n_, i)) << i;
+    ASSERT_EQ(get(t, a.p, count - 1), reference(t, op, n_, count - 1));
+
+    t = SP_FLOAT16;
+    op = SP_AVG;
+    Buf rs(count * 2 * (size_t)n_, dev_);
+    for (size_t j = 0; j < count * (size_t)n_; j++)
+        put(t, rs.p, j, value(t, op, rank_, j));
+    char *mine = rs.c() + (size_t)rank_ * count * 2;
+    ASSERT_SP_OK(sp_reduce_scatter(w_, rs.p, mine, count, t, op, nullptr));
+    for (size_t i = 0; i < count; i += 997)
+        ASSERT_EQ(get(t, mine, i), reference(t, op, n_, i, (size_t)rank_ * count)) << i;
+    ASSERT_EQ(get(t, mine, count - 1), reference(t, op, n_, count - 1, (size_t)rank_ * count));
+}
+
 // Infinities, NaN, subnormals, overflow and signed zero through fp16/bf16 reductions.
 TEST_F(Collectives, HalfTypesSpecialValues) {
     for (sp_dtype_t t : {SP_FLOAT16, SP_BFLOAT16}) {
