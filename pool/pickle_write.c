@@ -27,7 +27,8 @@ enum {
     OP_MARK = '(', OP_STOP = '.', OP_BINFLOAT = 'G', OP_BININT = 'J', OP_BININT1 = 'K',
     OP_BININT2 = 'M', OP_NONE = 'N', OP_BINUNICODE = 'X', OP_EMPTY_DICT = '}', OP_APPENDS = 'e',
     OP_EMPTY_LIST = ']', OP_SETITEMS = 'u', OP_PROTO = 0x80, OP_TUPLE2 = 0x86, OP_NEWTRUE = 0x88,
-    OP_NEWFALSE = 0x89, OP_LONG1 = 0x8a, OP_SHORT_BINUNICODE = 0x8c
+    OP_NEWFALSE = 0x89, OP_LONG1 = 0x8a, OP_SHORT_BINUNICODE = 0x8c, OP_MEMOIZE = 0x94,
+    OP_BINGET = 'h', OP_LONG_BINGET = 'j'
 };
 
 static void put(sp__emit_t *e, const void *p, size_t n) {
@@ -355,6 +356,29 @@ void sp__emit_tuple2(sp__emit_t *e, int64_t a, int64_t b) {
     put_int_pickle(e, a);
     put_int_pickle(e, b);
     put1(e, OP_TUPLE2);
+}
+
+uint32_t sp__emit_memoize(sp__emit_t *e) {
+    if (e->json || e->failed)
+        return UINT32_MAX;
+    put1(e, OP_MEMOIZE);
+    return e->memo_next++;
+}
+
+void sp__emit_memo_get(sp__emit_t *e, uint32_t index) {
+    before_value(e);
+    if (e->json || index >= e->memo_next) {
+        e->failed = true; /* a reference to nothing: the caller's bug */
+        return;
+    }
+    if (index <= 0xff) {
+        put1(e, OP_BINGET);
+        put1(e, index);
+    } else {
+        unsigned char le[4] = {index & 0xff, (index >> 8) & 0xff, (index >> 16) & 0xff, index >> 24};
+        put1(e, OP_LONG_BINGET);
+        put(e, le, 4);
+    }
 }
 
 /* ---- atomic file write ------------------------------------------------------------------ */

@@ -6,7 +6,7 @@
  *
  * Opcodes used (pickle): PROTO 4, EMPTY_DICT, EMPTY_LIST, MARK, SETITEMS, APPENDS, TUPLE2,
  * BININT1, BININT2, BININT, LONG1, BINFLOAT, SHORT_BINUNICODE, BINUNICODE, NONE, NEWTRUE,
- * NEWFALSE, STOP. No FRAME, no memo: every object is written once.
+ * NEWFALSE, STOP, and for shared values MEMOIZE with BINGET/LONG_BINGET. No FRAME.
  */
 #ifndef SP_PICKLE_WRITE_H
 #define SP_PICKLE_WRITE_H
@@ -33,6 +33,7 @@ typedef struct sp__emit {
     size_t mark[SP__EMIT_MAX_DEPTH];  /* pickle: offset of the container's MARK */
     size_t count[SP__EMIT_MAX_DEPTH]; /* items (dict: keys + values) written in the container */
     char kind[SP__EMIT_MAX_DEPTH];    /* 'd' dict, 'l' list */
+    uint32_t memo_next;    /* pickle: the index the next MEMOIZE gives */
 } sp__emit_t;
 
 /* Start a document (pickle: PROTO 4). */
@@ -57,6 +58,13 @@ void sp__emit_bool(sp__emit_t *e, bool v);
 void sp__emit_none(sp__emit_t *e);
 /* A 2-tuple of ints (pickle TUPLE2; a 2-item list in JSON). */
 void sp__emit_tuple2(sp__emit_t *e, int64_t a, int64_t b);
+
+/* Pickle memo, so that a value written many times (a stack shared by thousands of trace entries)
+ * is written once: after a value is complete, sp__emit_memoize (MEMOIZE) returns its memo index;
+ * sp__emit_memo_get (BINGET/LONG_BINGET) writes it again by reference. Pickle only: in JSON,
+ * sp__emit_memoize returns UINT32_MAX and the caller writes the value in full each time. */
+uint32_t sp__emit_memoize(sp__emit_t *e);
+void sp__emit_memo_get(sp__emit_t *e, uint32_t index);
 
 /* Write len bytes to path atomically: a temporary file in the same directory, fsync, rename over
  * path, fsync of the directory. On failure the temporary is removed and path is unchanged.

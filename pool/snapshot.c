@@ -122,10 +122,35 @@ static void collect_free(collect_t *c) {
 
 /* ---- writing ---------------------------------------------------------------------------- */
 
+/* Memo index of each context's frame list once written (pickle only): a stack shared by many
+ * blocks and trace entries is written once, as PyTorch's own pickles do. */
+typedef struct frame_memo {
+    uint32_t *index; /* by context id; UINT32_MAX = not written yet */
+    size_t n;        /* entries in index */
+} frame_memo_t;
+
+/* The memo of the snapshot this thread is writing (set around emit_snapshot in dump()). */
+static _Thread_local frame_memo_t *g_memo;
+
 static void emit_frames(sp__emit_t *e, uint32_t context) {
+    frame_memo_t *m = g_memo;
+    if (m != NULL && context < m->n && m->index[context] != UINT32_MAX) {
+        sp__emit_memo_get(e, m->index[context]); /* before the lookup: it takes history's lock */
+        return;
+    }
     const sp__history_frame_t *f;
     size_t n;
     sp__history_context_frames(context, &f, &n);
+    if (n > 0 && m != NULL && context >= m->n) {
+        size_t nn = (size_t)context * 2 + 16;
+        uint32_t *ni = realloc(m->index, nn * sizeof(*ni));
+        if (ni != NULL) {
+            for (size_t i = m->n; i < nn; i++)
+                ni[i] = UINT32_MAX;
+            m->index = ni;
+            m->n = nn;
+        }
+    }
     sp__emit_list_begin(e);
     for (size_t i = 0; i < n; i++) {
         sp__emit_dict_begin(e);
@@ -138,6 +163,8 @@ static void emit_frames(sp__emit_t *e, uint32_t context) {
         sp__emit_dict_end(e);
     }
     sp__emit_list_end(e);
+    if (n > 0 && m != NULL && context < m->n)
+        m->index[context] = sp__emit_memoize(e);
 }
 
 static const char *state_name(sp_block_state_t s) {
@@ -390,7 +417,11 @@ static sp_status_t dump(const sp_mempool_t *pool, const char *pattern) {
 
     sp__emit_t e;
     sp__emit_init(&e, ends_with(path, ".json"));
+    frame_memo_t memo = {NULL, 0};
+    g_memo = &memo;
     emit_snapshot(&e, &c);
+    g_memo = NULL;
+    free(memo.index);
     collect_free(&c);
     char *buf = NULL;
     size_t len = 0;

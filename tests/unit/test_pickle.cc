@@ -193,6 +193,40 @@ TEST(PickleWrite, LargeContainersAreBatchedAndStringsLong) {
     pk_free(doc);
 }
 
+TEST(PickleWrite, MemoWritesSharedValuesOnce) {
+    sp__emit_t e;
+    sp__emit_init(&e, false);
+    sp__emit_list_begin(&e);
+    sp__emit_list_begin(&e);
+    sp__emit_str(&e, "frame");
+    sp__emit_list_end(&e);
+    uint32_t idx = sp__emit_memoize(&e);
+    EXPECT_EQ(idx, 0u);
+    for (int i = 0; i < 300; i++)
+        sp__emit_memo_get(&e, idx);
+    sp__emit_list_end(&e);
+    Bytes b = finish(&e);
+    // The inner list, MEMOIZE, then BINGET 0 for every later use.
+    const unsigned char head[] = {0x80, 4, ']', '(', ']', '(', 0x8c, 5, 'f', 'r', 'a', 'm', 'e',
+                                  'e', 0x94, 'h', 0, 'h', 0};
+    ASSERT_GE(b.size(), sizeof(head));
+    for (size_t i = 0; i < sizeof(head); i++)
+        EXPECT_EQ(b[i], head[i]) << "byte " << i;
+    EXPECT_LT(b.size(), 2 * 300 + 40u);
+    pk_doc_t *doc = nullptr;
+    ASSERT_EQ(parse(b, &doc), "");
+    const pk_value_t *l = pk_root(doc);
+    ASSERT_EQ(pk_len(l), 301u);
+    EXPECT_EQ(pk_at(l, 300), pk_at(l, 0)); // the same value, by reference
+    EXPECT_STREQ(pk_str(pk_at(pk_at(l, 300), 0)), "frame");
+    pk_free(doc);
+    // JSON has no memo: the caller writes values in full.
+    sp__emit_t j;
+    sp__emit_init(&j, true);
+    EXPECT_EQ(sp__emit_memoize(&j), UINT32_MAX);
+    sp__emit_discard(&j);
+}
+
 TEST(PickleWrite, JsonForm) {
     sp__emit_t e;
     sp__emit_init(&e, true);
