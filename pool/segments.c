@@ -207,10 +207,23 @@ static sp_status_t check_pool(const sp_mempool_t *pool) {
     return sp__alloc_ensure();
 }
 
+/* Sizes the device cannot hold are refused before any rounding can overflow. */
+static sp_status_t check_size(const sp_mempool_t *pool, size_t size) {
+    if (size == 0 || size > pool->dev->total_mem)
+        return sp__error(SP_ERR_INVALID_ARGUMENT, SP_SUB_POOL,
+                         "pool \"%s\": %zu bytes is not a valid request on device %d (%zu bytes)",
+                         pool->name ? pool->name : "", size, pool->device, pool->dev->total_mem);
+    return SP_SUCCESS;
+}
+
 sp_status_t sp__pool_sym_find(sp_mempool_t *pool, size_t size, sp_stream_t stream, bool *found_p,
                               uint64_t *segment_seq_p, size_t *offset_p) {
     SP_CHECK(check_pool(pool));
     sp_devalloc_t *d = pool->dev;
+    if (size == 0 || size > d->total_mem) {
+        *found_p = false;
+        return SP_SUCCESS;
+    }
     size_t rs = sp__round_size(size);
     pthread_mutex_lock(&d->lock);
     if (d->pending_events)
@@ -230,6 +243,7 @@ sp_status_t sp__pool_sym_find(sp_mempool_t *pool, size_t size, sp_stream_t strea
 sp_status_t sp__pool_sym_take(sp_mempool_t *pool, size_t size, sp_stream_t stream,
                               uint64_t segment_seq, size_t offset, void **ptr_p) {
     SP_CHECK(check_pool(pool));
+    SP_CHECK(check_size(pool, size));
     sp_devalloc_t *d = pool->dev;
     size_t rs = sp__round_size(size);
     uint32_t ctx = sp__history_active ? sp__history_capture(false) : 0;
@@ -254,6 +268,7 @@ sp_status_t sp__pool_sym_take(sp_mempool_t *pool, size_t size, sp_stream_t strea
 
 sp_status_t sp__pool_sym_grow(sp_mempool_t *pool, size_t size, sp_stream_t stream, void **ptr_p) {
     SP_CHECK(check_pool(pool));
+    SP_CHECK(check_size(pool, size));
     sp_devalloc_t *d = pool->dev;
     size_t rs = sp__round_size(size);
     uint32_t ctx = sp__history_active ? sp__history_capture(false) : 0;
