@@ -229,9 +229,11 @@ void *sp__sym_seg_alloc(size_t size, int device, void *stream, void *ctx) {
                             "%s: rank %lld cannot grow the pool, so no rank does", what,
                             (long long)st->rbuf[3]);
     else if (s == SP_SUCCESS && st->rbuf[1] != -st->rbuf[2])
-        s = sp__error(SP_ERR_INTERNAL, SP_SUB_SYM,
-                      "%s: ranks ask for different segment sizes (%lld..%lld)", what,
-                      (long long)st->rbuf[1], (long long)-st->rbuf[2]);
+        s = sp__error(SP_ERR_MISMATCH, SP_SUB_SYM,
+                      "%s: ranks want segments of different sizes (%lld..%lld bytes): their "
+                      "allocator settings differ (SYMPOOL_ALLOC_CONF, SYMPOOL_LARGE_SEGMENT_SIZE, "
+                      "...); give every rank the same ones",
+                      what, (long long)st->rbuf[1], (long long)-st->rbuf[2]);
     /* From here every rank takes the same branch: the registrar's collectives follow. */
     if (s == SP_SUCCESS)
         s = st->reg->alloc(st->world, st->comm, device, size, &rec->seg);

@@ -32,7 +32,13 @@ sp_status_t sp_symmetric_mempool_create(sp_world_t *w, const sp_mempool_params_t
 /**
  * Collective: every rank passes the same size in the same call order and receives a block at
  * the same segment and offset. Mismatch -> SP_ERR_MISMATCH on every rank, nothing allocated.
- * A rank that does not arrive within SYMPOOL_SYM_TIMEOUT -> SP_ERR_TIMEOUT.
+ * A rank that does not arrive within SYMPOOL_SYM_TIMEOUT -> SP_ERR_TIMEOUT (naming the call);
+ * the pool is then broken on the ranks that timed out: its live blocks stay valid and may be
+ * freed, further collective calls on it return SP_ERR_INVALID_USAGE, and its segments are
+ * released at sp_world_finalize. One rank failing to grow -> SP_ERR_OUT_OF_MEMORY everywhere.
+ * Not thread-safe against other collective calls on the same pool (order them as MPI does).
+ * @return SP_SUCCESS, SP_ERR_INVALID_ARGUMENT, SP_ERR_INVALID_USAGE, SP_ERR_MISMATCH,
+ *         SP_ERR_OUT_OF_MEMORY, SP_ERR_TIMEOUT, SP_ERR_MPI, SP_ERR_NCCL.
  */
 sp_status_t sp_symmetric_malloc(sp_mempool_t *pool, size_t size, sp_stream_t stream,
                                 void **ptr_p);
