@@ -64,8 +64,8 @@ sp_status_t sp__world_on_finalize(sp_world_finalize_hook_t hook) {
     pthread_mutex_lock(&s_lock);
     sp_status_t st = SP_SUCCESS;
     if (s_nhooks >= MAX_HOOKS)
-        st = sp__error(SP_ERR_INTERNAL, SP_SUB_BOOT, "more than %d world finalize hooks",
-                       MAX_HOOKS);
+        st =
+            sp__error(SP_ERR_INTERNAL, SP_SUB_BOOT, "more than %d world finalize hooks", MAX_HOOKS);
     else
         s_hooks[s_nhooks++] = hook;
     pthread_mutex_unlock(&s_lock);
@@ -113,8 +113,8 @@ static sp_status_t nccl_bootstrap(sp_world_t *w) {
                          "ncclCommInitRank");
     }
     int ok = st == SP_SUCCESS, all = 0;
-    sp_status_t mst = sp__world_mpi_status(
-        MPI_Allreduce(&ok, &all, 1, MPI_INT, MPI_MIN, w->comm), "MPI_Allreduce after NCCL init");
+    sp_status_t mst = sp__world_mpi_status(MPI_Allreduce(&ok, &all, 1, MPI_INT, MPI_MIN, w->comm),
+                                           "MPI_Allreduce after NCCL init");
     if (mst == SP_SUCCESS && all)
         w->nccl_comm = comm;
     else {
@@ -236,8 +236,9 @@ SP_EXPORT sp_status_t sp_world_init(int *argc, char ***argv, sp_world_t **world_
         }
         s_we_initialized_mpi = true;
         if (provided < MPI_THREAD_MULTIPLE)
-            SP_INFO(SP_SUB_BOOT, "MPI provides thread level %d, not MPI_THREAD_MULTIPLE: call "
-                                 "sympool's collectives from one thread at a time",
+            SP_INFO(SP_SUB_BOOT,
+                    "MPI provides thread level %d, not MPI_THREAD_MULTIPLE: call "
+                    "sympool's collectives from one thread at a time",
                     provided);
     }
     pthread_mutex_unlock(&s_lock);
@@ -316,16 +317,34 @@ SP_EXPORT sp_status_t sp_world_finalize(sp_world_t *w) {
 
 /* ---- accessors (NULL-safe) ---------------------------------------------------------------- */
 
-SP_EXPORT int sp_world_rank(const sp_world_t *w) { return w ? w->rank : -1; }
-SP_EXPORT int sp_world_size(const sp_world_t *w) { return w ? w->size : 0; }
-SP_EXPORT int sp_world_local_rank(const sp_world_t *w) { return w ? w->local_rank : -1; }
-SP_EXPORT int sp_world_device(const sp_world_t *w) { return w ? w->device : -1; }
+SP_EXPORT int sp_world_rank(const sp_world_t *w) {
+    return w ? w->rank : -1;
+}
+SP_EXPORT int sp_world_size(const sp_world_t *w) {
+    return w ? w->size : 0;
+}
+SP_EXPORT int sp_world_local_rank(const sp_world_t *w) {
+    return w ? w->local_rank : -1;
+}
+SP_EXPORT int sp_world_device(const sp_world_t *w) {
+    return w ? w->device : -1;
+}
 
-MPI_Comm sp__world_comm(const sp_world_t *w) { return w ? w->comm : MPI_COMM_NULL; }
-MPI_Comm sp__world_node_comm(const sp_world_t *w) { return w ? w->node_comm : MPI_COMM_NULL; }
-int sp__world_local_size(const sp_world_t *w) { return w ? w->local_size : 0; }
-void *sp__world_nccl_comm(const sp_world_t *w) { return w ? w->nccl_comm : NULL; }
-bool sp__world_is_cuda(const sp_world_t *w) { return w && w->is_cuda; }
+MPI_Comm sp__world_comm(const sp_world_t *w) {
+    return w ? w->comm : MPI_COMM_NULL;
+}
+MPI_Comm sp__world_node_comm(const sp_world_t *w) {
+    return w ? w->node_comm : MPI_COMM_NULL;
+}
+int sp__world_local_size(const sp_world_t *w) {
+    return w ? w->local_size : 0;
+}
+void *sp__world_nccl_comm(const sp_world_t *w) {
+    return w ? w->nccl_comm : NULL;
+}
+bool sp__world_is_cuda(const sp_world_t *w) {
+    return w && w->is_cuda;
+}
 
 int sp__world_node_rank_of(const sp_world_t *w, int world_rank) {
     if (!w || world_rank < 0 || world_rank >= w->size)
@@ -333,4 +352,6 @@ int sp__world_node_rank_of(const sp_world_t *w, int world_rank) {
     return w->node_rank_of[world_rank];
 }
 
-uint64_t sp__world_next_pool_serial(sp_world_t *w) { return w ? ++w->pool_serial : 0; }
+uint64_t sp__world_next_pool_serial(sp_world_t *w) {
+    return w ? ++w->pool_serial : 0;
+}

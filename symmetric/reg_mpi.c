@@ -45,8 +45,9 @@ static sp_status_t mpi_alloc(sp_world_t *w, MPI_Comm comm, int device, size_t si
         return sp__world_mpi_status(rc, "MPI_Allreduce after MPI_Win_allocate_shared");
     if (!all) {
         if (st == SP_SUCCESS) {
-            SP_WARN(SP_SUB_SYM, "another rank could not allocate its %zu-byte shared segment; "
-                                "this rank's part is kept until MPI is finalized",
+            SP_WARN(SP_SUB_SYM,
+                    "another rank could not allocate its %zu-byte shared segment; "
+                    "this rank's part is kept until MPI is finalized",
                     size);
             return sp__error(SP_ERR_OUT_OF_MEMORY, SP_SUB_SYM,
                              "another rank could not allocate a %zu-byte shared segment", size);
@@ -89,9 +90,9 @@ static sp_status_t mpi_peer_ptr(sp_world_t *w, const sp_sym_seg_t *seg, int rank
     MPI_Aint size = 0;
     int disp = 0;
     void *base = NULL;
-    SP_CHECK(sp__world_mpi_status(MPI_Win_shared_query(seg->mpi_win, node_rank, &size, &disp,
-                                                       &base),
-                                  "MPI_Win_shared_query"));
+    SP_CHECK(
+        sp__world_mpi_status(MPI_Win_shared_query(seg->mpi_win, node_rank, &size, &disp, &base),
+                             "MPI_Win_shared_query"));
     if ((size_t)size < seg->alloc_size || offset >= seg->size)
         return sp__error(SP_ERR_INTERNAL, SP_SUB_SYM,
                          "rank %d's shared segment has %zu bytes, expected %zu (offset %zu)", rank,

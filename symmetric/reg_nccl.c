@@ -53,7 +53,9 @@ static size_t vmm_granularity(int device) {
     return gran ? gran : (size_t)2 << 20;
 }
 
-static size_t align_up(size_t n, size_t a) { return (n + a - 1) / a * a; }
+static size_t align_up(size_t n, size_t a) {
+    return (n + a - 1) / a * a;
+}
 
 static sp_status_t all_ok(MPI_Comm comm, int ok, int *all_p) {
     return sp__world_mpi_status(MPI_Allreduce(&ok, all_p, 1, MPI_INT, MPI_MIN, comm),
@@ -64,8 +66,8 @@ static sp_status_t nccl_alloc(sp_world_t *w, MPI_Comm comm, int device, size_t s
                               sp_sym_seg_t *seg_p) {
     ncclComm_t nc = (ncclComm_t)sp__world_nccl_comm(w);
     size_t gran = vmm_granularity(device);
-    size_t align = gran % NCCL_WIN_REQUIRED_ALIGNMENT == 0 ? gran
-                                                           : gran * NCCL_WIN_REQUIRED_ALIGNMENT;
+    size_t align =
+        gran % NCCL_WIN_REQUIRED_ALIGNMENT == 0 ? gran : gran * NCCL_WIN_REQUIRED_ALIGNMENT;
     size_t asize = align_up(size, align);
     void *base = NULL;
     sp_status_t st = SP_SUCCESS;
@@ -107,8 +109,9 @@ static sp_status_t nccl_alloc(sp_world_t *w, MPI_Comm comm, int device, size_t s
                                             "ncclCommWindowRegister failed on another rank");
     }
     if (!win)
-        SP_INFO(SP_SUB_SYM, "NCCL gave no window for %zu bytes at %p (symmetric support off?): "
-                            "collectives on it take NCCL's regular path",
+        SP_INFO(SP_SUB_SYM,
+                "NCCL gave no window for %zu bytes at %p (symmetric support off?): "
+                "collectives on it take NCCL's regular path",
                 asize, base);
     seg_p->base = base;
     seg_p->size = size;

@@ -26,11 +26,11 @@ extern "C" {
 
 /* One registered segment on this rank. */
 typedef struct sp_sym_seg {
-    void *base;          /* local address of the segment (what the pool carves) */
-    size_t size;         /* bytes the pool asked for (identical on every rank) */
-    size_t alloc_size;   /* bytes actually allocated and registered (aligned up) */
-    void *window;        /* ncclWindow_t (nccl), NULL for mpi or when NCCL gave none */
-    MPI_Win mpi_win;     /* shared window (mpi), MPI_WIN_NULL for nccl */
+    void *base;        /* local address of the segment (what the pool carves) */
+    size_t size;       /* bytes the pool asked for (identical on every rank) */
+    size_t alloc_size; /* bytes actually allocated and registered (aligned up) */
+    void *window;      /* ncclWindow_t (nccl), NULL for mpi or when NCCL gave none */
+    MPI_Win mpi_win;   /* shared window (mpi), MPI_WIN_NULL for nccl */
 } sp_sym_seg_t;
 
 typedef struct sp_registrar_ops {

@@ -17,8 +17,8 @@ extern "C" {
  * segments registered (windows or shared windows created) and deregistered, and agreement
  * rounds (MPI_Allreduce calls made by sp_symmetric_malloc), live symmetric pools. */
 typedef struct sp_sym_counters {
-    int64_t registrations;   /* segments registered since process start */
-    int64_t deregistrations; /* segments deregistered */
+    int64_t registrations;    /* segments registered since process start */
+    int64_t deregistrations;  /* segments deregistered */
     int64_t agreement_rounds; /* allreduce rounds of sp_symmetric_malloc */
     int64_t mallocs;          /* sp_symmetric_malloc calls that succeeded */
     int64_t growths;          /* collective segment growths */

@@ -28,10 +28,10 @@
 #include "symmetric/sym_state.h"
 
 static pthread_mutex_t s_reg_lock = PTHREAD_MUTEX_INITIALIZER;
-static sp_sym_state_t *s_states;   /* live states (s_reg_lock) */
-static sp_sym_state_t *s_broken;   /* states of pools broken by a timeout: kept, never freed,
-                                      because an abandoned request may still write their
-                                      buffers (s_reg_lock) */
+static sp_sym_state_t *s_states; /* live states (s_reg_lock) */
+static sp_sym_state_t *s_broken; /* states of pools broken by a timeout: kept, never freed,
+                                    because an abandoned request may still write their
+                                    buffers (s_reg_lock) */
 
 /* ---- counters ----------------------------------------------------------------------------- */
 
@@ -126,7 +126,9 @@ sp_status_t sp__sym_acquire(const sp_mempool_t *pool, const char *fn, sp_sym_sta
     return SP_SUCCESS;
 }
 
-void sp__sym_release_state(sp_sym_state_t *st) { pthread_mutex_unlock(&st->lock); }
+void sp__sym_release_state(sp_sym_state_t *st) {
+    pthread_mutex_unlock(&st->lock);
+}
 
 /* ---- collective release ------------------------------------------------------------------- */
 
@@ -168,8 +170,8 @@ static sp_status_t agree_free(sp_sym_state_t *st, const char *what, uint64_t **b
     int64_t next = (int64_t)sp__pool_next_segment_seq(st->pool);
     st->sbuf[0] = next;
     st->sbuf[1] = -next;
-    sp_status_t s = sp__sym_agree(st, st->comm, st->sbuf, st->rbuf, 2, MPI_INT64_T, MPI_MIN, NULL,
-                                  what);
+    sp_status_t s =
+        sp__sym_agree(st, st->comm, st->sbuf, st->rbuf, 2, MPI_INT64_T, MPI_MIN, NULL, what);
     if (s != SP_SUCCESS) {
         free(seqs);
         return s;
@@ -255,8 +257,8 @@ SP_EXPORT sp_status_t sp_symmetric_mempool_destroy(sp_mempool_t *pool) {
     int64_t busy = sp_mempool_used_bytes(pool) > 0;
     st->sbuf[0] = -busy;
     st->sbuf[1] = busy ? st->rank : INT64_MAX;
-    sp_status_t s = sp__sym_agree(st, st->comm, st->sbuf, st->rbuf, 2, MPI_INT64_T, MPI_MIN, NULL,
-                                  what);
+    sp_status_t s =
+        sp__sym_agree(st, st->comm, st->sbuf, st->rbuf, 2, MPI_INT64_T, MPI_MIN, NULL, what);
     if (s == SP_SUCCESS && st->rbuf[0] != 0)
         s = sp__error(SP_ERR_BUSY, SP_SUB_SYM,
                       "%s: rank %lld still has live blocks in it; free them on every rank "
@@ -300,9 +302,10 @@ static void on_world_finalize(sp_world_t *w) {
             return;
         pthread_mutex_lock(&st->lock);
         if (st->recs)
-            SP_WARN(SP_SUB_SYM, "symmetric pool \"%s\" still holds registered segments at "
-                                "sp_world_finalize: they are released now; destroy it with "
-                                "sp_symmetric_mempool_destroy before finalizing",
+            SP_WARN(SP_SUB_SYM,
+                    "symmetric pool \"%s\" still holds registered segments at "
+                    "sp_world_finalize: they are released now; destroy it with "
+                    "sp_symmetric_mempool_destroy before finalizing",
                     st->name);
         /* The world's communicator, not the pool's: a pool broken by a timeout on some ranks
          * has an abandoned collective on its own communicator there, not everywhere. */
@@ -338,8 +341,8 @@ static sp_status_t locate(const void *ptr, const char *fn, sp_block_info_t *bi,
         rec = rec->next;
     if (!rec) {
         pthread_mutex_unlock(&st->lock);
-        return sp__error(SP_ERR_INTERNAL, SP_SUB_SYM, "%s(%p): segment %p has no registration",
-                         fn, ptr, bi->segment_base);
+        return sp__error(SP_ERR_INTERNAL, SP_SUB_SYM, "%s(%p): segment %p has no registration", fn,
+                         ptr, bi->segment_base);
     }
     *st_p = st;
     *rec_p = rec;

@@ -72,9 +72,10 @@ static sp_status_t wait_deadline(sp_sym_state_t *st, MPI_Request *req, void *hea
     sp_status_t s = sp__error(SP_ERR_TIMEOUT, SP_SUB_SYM,
                               "%s: not every rank arrived within %g s (SYMPOOL_SYM_TIMEOUT); a "
                               "rank stopped calling or calls in another order. %s",
-                              what, limit, st ? "The pool is broken: free its blocks, do not "
-                                                "make further collective calls on it"
-                                              : "");
+                              what, limit,
+                              st ? "The pool is broken: free its blocks, do not "
+                                   "make further collective calls on it"
+                                 : "");
     if (st) {
         st->broken = true;
         snprintf(st->broken_why, sizeof st->broken_why, "%s", sp_last_error());
@@ -151,13 +152,14 @@ SP_EXPORT sp_status_t sp_symmetric_mempool_create(sp_world_t *w, const sp_mempoo
     }
     int64_t ok = ls == SP_SUCCESS;
     int64_t v[8] = {(int64_t)st->serial, -(int64_t)st->serial, p.use_on_oom, -(int64_t)p.use_on_oom,
-                    p.no_split, -(int64_t)p.no_split, ok, -ok};
+                    p.no_split,          -(int64_t)p.no_split, ok,           -ok};
     memcpy(b->v, v, sizeof v);
     int64_t *r = b->r;
     char what[96];
-    snprintf(what, sizeof what, "sp_symmetric_mempool_create #%llu", (unsigned long long)st->serial);
-    sp_status_t s = sp__sym_agree(NULL, sp__world_comm(w), b->v, b->r, 8, MPI_INT64_T, MPI_MIN, b,
-                                  what);
+    snprintf(what, sizeof what, "sp_symmetric_mempool_create #%llu",
+             (unsigned long long)st->serial);
+    sp_status_t s =
+        sp__sym_agree(NULL, sp__world_comm(w), b->v, b->r, 8, MPI_INT64_T, MPI_MIN, b, what);
     if (s == SP_ERR_TIMEOUT)
         b = NULL; /* the graveyard owns it now */
     if (s == SP_SUCCESS) {
@@ -206,8 +208,9 @@ void *sp__sym_seg_alloc(size_t size, int device, void *stream, void *ctx) {
     /* Only a growth the protocol started may allocate, and only once per growth: anything else
      * would make this rank enter a collective the others are not in. */
     if (!st->in_grow || st->grow_called) {
-        SP_INFO(SP_SUB_SYM, "symmetric pool \"%s\": segment request outside a collective growth "
-                            "refused",
+        SP_INFO(SP_SUB_SYM,
+                "symmetric pool \"%s\": segment request outside a collective growth "
+                "refused",
                 st->name);
         return NULL;
     }
@@ -222,8 +225,8 @@ void *sp__sym_seg_alloc(size_t size, int device, void *stream, void *ctx) {
     char what[96];
     snprintf(what, sizeof what, "sp_symmetric_malloc call #%llu (growth)",
              (unsigned long long)st->callno);
-    sp_status_t s = sp__sym_agree(st, st->comm, st->sbuf, st->rbuf, 4, MPI_INT64_T, MPI_MIN, NULL,
-                                  what);
+    sp_status_t s =
+        sp__sym_agree(st, st->comm, st->sbuf, st->rbuf, 4, MPI_INT64_T, MPI_MIN, NULL, what);
     if (s == SP_SUCCESS && st->rbuf[0] == 0)
         s = sp__error_quiet(SP_ERR_OUT_OF_MEMORY, SP_SUB_SYM,
                             "%s: rank %lld cannot grow the pool, so no rank does", what,
@@ -270,8 +273,9 @@ void sp__sym_seg_free(void *ptr, size_t size, int device, void *stream, void *ct
          * now would enter a collective alone. Keep it; it goes at the next collective release
          * (sp_symmetric_mempool_destroy or sp_world_finalize). */
         rec->orphan = true;
-        SP_INFO(SP_SUB_SYM, "symmetric pool \"%s\": segment %p released locally; its "
-                            "registration is dropped at the next collective release",
+        SP_INFO(SP_SUB_SYM,
+                "symmetric pool \"%s\": segment %p released locally; its "
+                "registration is dropped at the next collective release",
                 st->name, ptr);
         return;
     }
@@ -304,8 +308,8 @@ static sp_status_t round_(sp_sym_state_t *st, size_t size, sp_stream_t stream, c
         st->sbuf[2 * i + 1] = -f[i];
     }
     sp__symc_add(st->device, SP_SYMC_ROUNDS, 1);
-    SP_CHECK(sp__sym_agree(st, st->comm, st->sbuf, st->rbuf, 2 * NF, MPI_INT64_T, MPI_MIN, NULL,
-                           what));
+    SP_CHECK(
+        sp__sym_agree(st, st->comm, st->sbuf, st->rbuf, 2 * NF, MPI_INT64_T, MPI_MIN, NULL, what));
     for (int i = 0; i < NF; i++) {
         lo[i] = st->rbuf[2 * i];
         hi[i] = -st->rbuf[2 * i + 1];
@@ -319,8 +323,8 @@ static bool same_candidate(const int64_t lo[NF], const int64_t hi[NF]) {
 
 static sp_status_t take(sp_sym_state_t *st, size_t size, sp_stream_t stream, const int64_t lo[NF],
                         const char *what, void **ptr_p) {
-    sp_status_t s = sp__pool_sym_take(st->pool, size, stream, (uint64_t)lo[F_SEG],
-                                      (size_t)lo[F_OFF], ptr_p);
+    sp_status_t s =
+        sp__pool_sym_take(st->pool, size, stream, (uint64_t)lo[F_SEG], (size_t)lo[F_OFF], ptr_p);
     if (s != SP_SUCCESS)
         return sp__error(SP_ERR_INTERNAL, SP_SUB_SYM,
                          "%s: the agreed block (segment %lld, offset %lld) could not be taken "
@@ -347,8 +351,8 @@ static sp_status_t grow(sp_sym_state_t *st, size_t size, sp_stream_t stream, con
         st->sbuf[1] = (int64_t)size;
         st->sbuf[2] = -(int64_t)size;
         st->sbuf[3] = st->rank;
-        SP_CHECK(sp__sym_agree(st, st->comm, st->sbuf, st->rbuf, 4, MPI_INT64_T, MPI_MIN, NULL,
-                               what));
+        SP_CHECK(
+            sp__sym_agree(st, st->comm, st->sbuf, st->rbuf, 4, MPI_INT64_T, MPI_MIN, NULL, what));
     }
     int64_t v[2] = {s == SP_SUCCESS, s == SP_SUCCESS ? INT64_MAX : st->rank};
     memcpy(st->sbuf, v, sizeof v);

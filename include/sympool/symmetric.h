@@ -40,8 +40,7 @@ sp_status_t sp_symmetric_mempool_create(sp_world_t *w, const sp_mempool_params_t
  * @return SP_SUCCESS, SP_ERR_INVALID_ARGUMENT, SP_ERR_INVALID_USAGE, SP_ERR_MISMATCH,
  *         SP_ERR_OUT_OF_MEMORY, SP_ERR_TIMEOUT, SP_ERR_MPI, SP_ERR_NCCL.
  */
-sp_status_t sp_symmetric_malloc(sp_mempool_t *pool, size_t size, sp_stream_t stream,
-                                void **ptr_p);
+sp_status_t sp_symmetric_malloc(sp_mempool_t *pool, size_t size, sp_stream_t stream, void **ptr_p);
 
 /** Collective: release the segments that are free on every rank, in the same order. */
 sp_status_t sp_symmetric_empty_cache(sp_mempool_t *pool);

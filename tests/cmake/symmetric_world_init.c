@@ -19,7 +19,9 @@
 /* See tests/mpi/test_world.cc: LeakSanitizer needs the slow unwinder to match Open MPI's leaks. */
 #if defined(__SANITIZE_ADDRESS__)
 const char *__asan_default_options(void);
-const char *__asan_default_options(void) { return "fast_unwind_on_malloc=0"; }
+const char *__asan_default_options(void) {
+    return "fast_unwind_on_malloc=0";
+}
 #endif
 
 static int failures;

@@ -25,7 +25,9 @@ extern "C" {
 // stops inside them and the scripts/lsan.supp suppressions (leak:libmpi, ...) cannot match
 // Open MPI's never-freed allocations. The slow unwinder sees the whole stack.
 #if defined(__SANITIZE_ADDRESS__)
-extern "C" const char *__asan_default_options() { return "fast_unwind_on_malloc=0"; }
+extern "C" const char *__asan_default_options() {
+    return "fast_unwind_on_malloc=0";
+}
 #endif
 
 namespace {
@@ -112,8 +114,8 @@ TEST_F(Symmetric, MixedSizesIdenticalOffsetsWithRankOrderedFrees) {
     // Sizes common to every rank (same seed); free order private to each rank.
     std::mt19937 common(12345);
     std::mt19937 mine(1000u + (unsigned)mpi_rank());
-    const size_t sizes[] = {512, 1000, 4096, 70000, 262144, 1 << 20, (1 << 20) + 1, 3 << 20,
-                            7 << 20, 12 << 20};
+    const size_t sizes[] = {512,     1000,          4096,    70000,   262144,
+                            1 << 20, (1 << 20) + 1, 3 << 20, 7 << 20, 12 << 20};
     std::vector<void *> live;
     sp_sym_counters_t before = counters();
     int mallocs = 0;
@@ -215,7 +217,8 @@ TEST_F(Symmetric, SkippedCallFailsOnEveryRank) {
     if (mpi_rank() != 0) {
         EXPECT_SP_STATUS(sp_symmetric_malloc(pool_, 4096, nullptr, &p), SP_ERR_MISMATCH);
     }
-    EXPECT_SP_STATUS(sp_symmetric_malloc(pool_, 65536, nullptr, &p), mpi_rank() == 0 ? SP_ERR_MISMATCH : SP_SUCCESS);
+    EXPECT_SP_STATUS(sp_symmetric_malloc(pool_, 65536, nullptr, &p),
+                     mpi_rank() == 0 ? SP_ERR_MISMATCH : SP_SUCCESS);
     if (mpi_rank() == 0) {
         ASSERT_SP_OK(sp_symmetric_malloc(pool_, 65536, nullptr, &p));
     }

@@ -20,7 +20,9 @@ extern "C" {
 // stops inside them and the scripts/lsan.supp suppressions (leak:libmpi, ...) cannot match
 // Open MPI's never-freed allocations. The slow unwinder sees the whole stack.
 #if defined(__SANITIZE_ADDRESS__)
-extern "C" const char *__asan_default_options() { return "fast_unwind_on_malloc=0"; }
+extern "C" const char *__asan_default_options() {
+    return "fast_unwind_on_malloc=0";
+}
 #endif
 
 namespace {
@@ -154,7 +156,8 @@ TEST_F(SymmetricCache, EmptyCacheReleasesWhatIsFreeEverywhere) {
         if (!(i == 1 && mpi_rank() == 1))
             ASSERT_SP_OK(sp_free(v[i]));
     ASSERT_SP_OK(sp_symmetric_empty_cache(pool_));
-    EXPECT_EQ(sp__pool_segment_count(pool_), 1u) << "segment 1 is busy on rank 1, so it stays everywhere";
+    EXPECT_EQ(sp__pool_segment_count(pool_), 1u)
+        << "segment 1 is busy on rank 1, so it stays everywhere";
     sp_sym_counters_t after = counters();
     EXPECT_EQ(after.deregistrations - before.deregistrations, 2);
     EXPECT_LT(sp_memory_reserved(sp_world_device(world_)), reserved);

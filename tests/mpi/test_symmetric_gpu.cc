@@ -25,7 +25,9 @@ extern "C" {
 }
 
 #if defined(__SANITIZE_ADDRESS__)
-extern "C" const char *__asan_default_options() { return "fast_unwind_on_malloc=0"; }
+extern "C" const char *__asan_default_options() {
+    return "fast_unwind_on_malloc=0";
+}
 #endif
 
 namespace {
@@ -64,14 +66,12 @@ TEST_F(SymmetricGpu, NcclWindowAllocationAndAllReduceOnOneRank) {
     std::vector<float> host(n);
     for (size_t i = 0; i < n; i++)
         host[i] = (float)(i % 1000);
-    ASSERT_EQ(cudaMemcpy(buf, host.data(), n * sizeof(float), cudaMemcpyHostToDevice),
-              cudaSuccess);
+    ASSERT_EQ(cudaMemcpy(buf, host.data(), n * sizeof(float), cudaMemcpyHostToDevice), cudaSuccess);
     ncclComm_t comm = (ncclComm_t)sp__world_nccl_comm(w);
     ASSERT_EQ(ncclAllReduce(buf, buf, n, ncclFloat, ncclSum, comm, nullptr), ncclSuccess);
     ASSERT_EQ(cudaStreamSynchronize(nullptr), cudaSuccess);
     std::vector<float> back(n);
-    ASSERT_EQ(cudaMemcpy(back.data(), buf, n * sizeof(float), cudaMemcpyDeviceToHost),
-              cudaSuccess);
+    ASSERT_EQ(cudaMemcpy(back.data(), buf, n * sizeof(float), cudaMemcpyDeviceToHost), cudaSuccess);
     EXPECT_EQ(back, host) << "a one-rank sum is the identity";
 
     ASSERT_SP_OK(sp_free(buf));

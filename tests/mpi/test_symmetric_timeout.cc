@@ -20,7 +20,9 @@ extern "C" {
 // stops inside them and the scripts/lsan.supp suppressions (leak:libmpi, ...) cannot match
 // Open MPI's never-freed allocations. The slow unwinder sees the whole stack.
 #if defined(__SANITIZE_ADDRESS__)
-extern "C" const char *__asan_default_options() { return "fast_unwind_on_malloc=0"; }
+extern "C" const char *__asan_default_options() {
+    return "fast_unwind_on_malloc=0";
+}
 #endif
 
 namespace {

@@ -18,7 +18,9 @@ extern "C" {
 // stops inside them and the scripts/lsan.supp suppressions (leak:libmpi, ...) cannot match
 // Open MPI's never-freed allocations. The slow unwinder sees the whole stack.
 #if defined(__SANITIZE_ADDRESS__)
-extern "C" const char *__asan_default_options() { return "fast_unwind_on_malloc=0"; }
+extern "C" const char *__asan_default_options() {
+    return "fast_unwind_on_malloc=0";
+}
 #endif
 
 namespace {
@@ -112,9 +114,9 @@ void hook(sp_world_t *w) {
     g_hook_calls++;
     // Hooks run while the communicator still works.
     int one = 1, sum = 0;
-    g_hook_comm_ok = MPI_Allreduce(&one, &sum, 1, MPI_INT, MPI_SUM, sp__world_comm(w)) ==
-                         MPI_SUCCESS &&
-                     sum == sp_world_size(w);
+    g_hook_comm_ok =
+        MPI_Allreduce(&one, &sum, 1, MPI_INT, MPI_SUM, sp__world_comm(w)) == MPI_SUCCESS &&
+        sum == sp_world_size(w);
 }
 
 TEST_F(World, FinalizeHooksRunFirst) {
