@@ -42,8 +42,20 @@
 static sp_sym_grave_t *s_graves; /* abandoned requests (never freed: MPI may still write) */
 static pthread_mutex_t s_grave_lock = PTHREAD_MUTEX_INITIALIZER;
 
+/* The name of the operation for messages. `what` NULL means "this pool's current
+ * sp_symmetric_malloc call": formatting that on every call would cost more than a cache hit's
+ * bookkeeping, so it is done only when a message needs it. */
+static const char *describe(const sp_sym_state_t *st, const char *what, char *buf, size_t n) {
+    if (what)
+        return what;
+    snprintf(buf, n, "sp_symmetric_malloc call #%llu on pool \"%s\"",
+             st ? (unsigned long long)st->callno : 0ull, st ? st->name : "");
+    return buf;
+}
+
 static sp_status_t wait_deadline(sp_sym_state_t *st, MPI_Request *req, void *heap,
                                  const char *what) {
+    char wbuf[128];
     double limit = sp__option_double(SP_OPT_SYM_TIMEOUT);
     uint64_t start = sp__now_ns();
     uint64_t deadline = limit > 0 ? start + (uint64_t)(limit * 1e9) : UINT64_MAX;
@@ -51,7 +63,7 @@ static sp_status_t wait_deadline(sp_sym_state_t *st, MPI_Request *req, void *hea
         int done = 0;
         int rc = MPI_Test(req, &done, MPI_STATUS_IGNORE);
         if (rc != MPI_SUCCESS)
-            return sp__world_mpi_status(rc, what);
+            return sp__world_mpi_status(rc, describe(st, what, wbuf, sizeof wbuf));
         if (done)
             return SP_SUCCESS;
         if (spins >= 64) {
@@ -72,7 +84,7 @@ static sp_status_t wait_deadline(sp_sym_state_t *st, MPI_Request *req, void *hea
     sp_status_t s = sp__error(SP_ERR_TIMEOUT, SP_SUB_SYM,
                               "%s: not every rank arrived within %g s (SYMPOOL_SYM_TIMEOUT); a "
                               "rank stopped calling or calls in another order. %s",
-                              what, limit,
+                              describe(st, what, wbuf, sizeof wbuf), limit,
                               st ? "The pool is broken: free its blocks, do not "
                                    "make further collective calls on it"
                                  : "");
@@ -87,16 +99,18 @@ sp_status_t sp__sym_agree(sp_sym_state_t *st, MPI_Comm comm, const void *sbuf, v
                           int count, MPI_Datatype type, MPI_Op op, void *heap, const char *what) {
     MPI_Request req;
     int rc = MPI_Iallreduce(sbuf, rbuf, count, type, op, comm, &req);
+    char wbuf[128];
     if (rc != MPI_SUCCESS)
-        return sp__world_mpi_status(rc, what);
+        return sp__world_mpi_status(rc, describe(st, what, wbuf, sizeof wbuf));
     return wait_deadline(st, &req, heap, what);
 }
 
 sp_status_t sp__sym_barrier(sp_sym_state_t *st, MPI_Comm comm, const char *what) {
     MPI_Request req;
     int rc = MPI_Ibarrier(comm, &req);
+    char wbuf[128];
     if (rc != MPI_SUCCESS)
-        return sp__world_mpi_status(rc, what);
+        return sp__world_mpi_status(rc, describe(st, what, wbuf, sizeof wbuf));
     return wait_deadline(st, &req, NULL, what);
 }
 
@@ -322,14 +336,16 @@ static bool same_candidate(const int64_t lo[NF], const int64_t hi[NF]) {
 }
 
 static sp_status_t take(sp_sym_state_t *st, size_t size, sp_stream_t stream, const int64_t lo[NF],
-                        const char *what, void **ptr_p) {
+                        void **ptr_p) {
     sp_status_t s =
         sp__pool_sym_take(st->pool, size, stream, (uint64_t)lo[F_SEG], (size_t)lo[F_OFF], ptr_p);
+    char wbuf[128];
     if (s != SP_SUCCESS)
         return sp__error(SP_ERR_INTERNAL, SP_SUB_SYM,
                          "%s: the agreed block (segment %lld, offset %lld) could not be taken "
                          "here (%s); was the pool used from another thread meanwhile?",
-                         what, (long long)lo[F_SEG], (long long)lo[F_OFF], sp_status_name(s));
+                         describe(st, NULL, wbuf, sizeof wbuf), (long long)lo[F_SEG],
+                         (long long)lo[F_OFF], sp_status_name(s));
     return SP_SUCCESS;
 }
 
@@ -388,10 +404,9 @@ SP_EXPORT sp_status_t sp_symmetric_malloc(sp_mempool_t *pool, size_t size, sp_st
     SP_CHECK(sp__sym_acquire(pool, "sp_symmetric_malloc", &st));
     /* The call counts even if it fails locally below: a rank that skipped the collective part
      * is then caught by the call numbers at the next call. */
-    uint64_t call = ++st->callno;
-    char what[128];
-    snprintf(what, sizeof what, "sp_symmetric_malloc call #%llu on pool \"%s\"",
-             (unsigned long long)call, st->name);
+    ++st->callno;
+    char wbuf[128];
+#define WHAT describe(st, NULL, wbuf, sizeof wbuf)
     sp_status_t s;
     int64_t lo[NF], hi[NF];
     void *p = NULL;
@@ -399,18 +414,18 @@ SP_EXPORT sp_status_t sp_symmetric_malloc(sp_mempool_t *pool, size_t size, sp_st
         s = sp__error(SP_ERR_INVALID_ARGUMENT, SP_SUB_SYM,
                       "%s: ptr_p is NULL (this rank did not take part; the next call will "
                       "report a mismatch)",
-                      what);
+                      WHAT);
         goto out;
     }
-    SP_CHECK_GOTO(round_(st, size, stream, what, lo, hi), s, out);
+    SP_CHECK_GOTO(round_(st, size, stream, NULL, lo, hi), s, out);
     if (lo[F_SIZE] != hi[F_SIZE] || lo[F_CALL] != hi[F_CALL]) {
-        st->callno = (uint64_t)hi[F_CALL]; /* every rank continues from the same number */
         s = sp__error(SP_ERR_MISMATCH, SP_SUB_SYM,
                       "%s: ranks disagree: sizes from %lld to %lld bytes, call numbers from "
                       "#%lld to #%lld. Every rank must make the same sp_symmetric_malloc calls "
                       "in the same order; nothing was allocated",
-                      what, (long long)lo[F_SIZE], (long long)hi[F_SIZE], (long long)lo[F_CALL],
+                      WHAT, (long long)lo[F_SIZE], (long long)hi[F_SIZE], (long long)lo[F_CALL],
                       (long long)hi[F_CALL]);
+        st->callno = (uint64_t)hi[F_CALL]; /* every rank continues from the same number */
         goto out;
     }
     if (size == 0) {
@@ -418,18 +433,18 @@ SP_EXPORT sp_status_t sp_symmetric_malloc(sp_mempool_t *pool, size_t size, sp_st
         goto out;
     }
     if (same_candidate(lo, hi)) {
-        s = take(st, size, stream, lo, what, &p);
+        s = take(st, size, stream, lo, &p);
         goto out;
     }
     /* The caches differ (events completed at different times, a block lent on OOM): complete
      * this rank's pending frees and look again before paying for a growth. */
     if (sp__pool_sync_pending(pool) != SP_SUCCESS)
-        SP_INFO(SP_SUB_SYM, "%s: completing pending frees failed: %s", what, sp_last_error());
-    SP_CHECK_GOTO(round_(st, size, stream, what, lo, hi), s, out);
+        SP_INFO(SP_SUB_SYM, "%s: completing pending frees failed: %s", WHAT, sp_last_error());
+    SP_CHECK_GOTO(round_(st, size, stream, NULL, lo, hi), s, out);
     if (same_candidate(lo, hi))
-        s = take(st, size, stream, lo, what, &p);
+        s = take(st, size, stream, lo, &p);
     else
-        s = grow(st, size, stream, what, &p);
+        s = grow(st, size, stream, WHAT, &p);
 out:
     if (s == SP_SUCCESS) {
         sp__symc_add(st->device, SP_SYMC_MALLOCS, 1);
@@ -437,4 +452,5 @@ out:
     }
     sp__sym_release_state(st);
     return s;
+#undef WHAT
 }
