@@ -158,14 +158,28 @@ static char *dup_or(const char *s, const char *fallback) {
     return strdup(s != NULL ? s : fallback);
 }
 
+/* How a C frame relates to sympool itself, to drop the allocator's own frames from a stack. */
+typedef enum { FRAME_USER, FRAME_OURS, FRAME_OURS_ENTRY } frame_kind_t;
+
 /* Symbolize the C frames: dladdr gives the nearest exported symbol and the object file. Source
  * file and line would need DWARF (addr2line); we keep it cheap and report the object path with
- * line 0 and "symbol+0xoff" so a person can run addr2line on it. */
-static bool symbolize(sp__history_frame_t *f, void *pc) {
-    Dl_info info;
+ * line 0 and "symbol+0xoff" so a person can run addr2line on it. *kind_p says whether the frame
+ * is in sympool's object with an sp_ name (a public entry point) or no name (a hidden helper). */
+static bool symbolize(sp__history_frame_t *f, void *pc, frame_kind_t *kind_p) {
+    Dl_info info, self;
     char buf[512];
     memset(&info, 0, sizeof(info));
-    if (dladdr(pc, &info) != 0 && info.dli_sname != NULL)
+    memset(&self, 0, sizeof(self));
+    int found = dladdr(pc, &info);
+    *kind_p = FRAME_USER;
+    if (found && dladdr((void *)(uintptr_t)&sp__history_capture, &self) &&
+        info.dli_fbase == self.dli_fbase) {
+        if (info.dli_sname == NULL)
+            *kind_p = FRAME_OURS;
+        else if (strncmp(info.dli_sname, "sp_", 3) == 0)
+            *kind_p = FRAME_OURS_ENTRY;
+    }
+    if (found != 0 && info.dli_sname != NULL)
         snprintf(buf, sizeof(buf), "%s+0x%lx", info.dli_sname,
                  (unsigned long)((char *)pc - (char *)info.dli_saddr));
     else if (info.dli_fbase != NULL)
@@ -197,11 +211,30 @@ static bool ctx_build(context_t *c, void *const *pcs, size_t npcs, const sp_hist
         if (c->frames[i].name == NULL || c->frames[i].filename == NULL)
             goto fail;
     }
+    /* The leading frames inside sympool (hidden helpers, then the public sp_* entry the caller
+     * called) say nothing about the caller: drop them up to the last entry point. The raw pcs
+     * stay whole, so interning is unaffected. */
+    size_t drop = 0;
+    bool leading = true;
     for (size_t i = 0; i < npcs; i++) {
-        bool ok = symbolize(&c->frames[c->nframes], pcs[i]);
+        frame_kind_t kind;
+        bool ok = symbolize(&c->frames[c->nframes], pcs[i], &kind);
         c->nframes++;
         if (!ok)
             goto fail;
+        if (leading && kind == FRAME_USER)
+            leading = false;
+        if (leading && kind == FRAME_OURS_ENTRY)
+            drop = i + 1;
+    }
+    if (drop > 0 && drop < npcs) {
+        sp__history_frame_t *first = &c->frames[nhook];
+        for (size_t i = 0; i < drop; i++) {
+            free((char *)first[i].name);
+            free((char *)first[i].filename);
+        }
+        memmove(first, first + drop, (npcs - drop) * sizeof(*first));
+        c->nframes -= drop;
     }
     return true;
 fail:

@@ -6,6 +6,10 @@ set(SP_CLI_TOOL_SOURCES
   ${PROJECT_SOURCE_DIR}/tools/pickle_read.c
   ${PROJECT_SOURCE_DIR}/tools/trace.c
   ${PROJECT_SOURCE_DIR}/tools/replay.c)
+# test_history exports its symbols (-rdynamic) so that dladdr can name the C frames it checks.
+if(TARGET test_history)
+  set_target_properties(test_history PROPERTIES ENABLE_EXPORTS ON)
+endif()
 foreach(t test_pickle test_replay test_history)
   if(TARGET ${t})
     target_sources(${t} PRIVATE ${SP_CLI_TOOL_SOURCES})
