@@ -23,6 +23,10 @@ TEST_F(AllocEvents, ReuseWaitsForTheOtherStream) {
     ASSERT_SP_OK(sp_malloc(4096, 0, nullptr, &q));
     EXPECT_NE(q, p) << "the block is reused before the other stream passed the free";
     ASSERT_SP_OK(sp_free(q));
+    ASSERT_SP_OK(sp_stream_synchronize(nullptr)); // the default stream: not the one in use
+    ASSERT_SP_OK(sp_malloc(4096, 0, nullptr, &q));
+    EXPECT_NE(q, p);
+    ASSERT_SP_OK(sp_free(q));
     ASSERT_SP_OK(sp_stream_synchronize(other));
     ASSERT_SP_OK(sp_malloc(4096, 0, nullptr, &r));
     EXPECT_EQ(r, p) << "after the sync the block is free again (and merged back)";
