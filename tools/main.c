@@ -17,6 +17,7 @@ static void usage(FILE *out) {
             "      --capacity SIZE                 emulated device size (e.g. 80GiB); OOMs are reported\n"
             "      --snapshot OUT                  write our snapshot of the replay (.pickle or .json)\n"
             "      --json                          one JSON object on stdout\n"
+            "      --repeat N                      replay N times, report the median time per event\n"
             "  plot SNAPSHOT -o OUT.svg [-d DEV]   memory timeline (allocated and reserved over time)\n"
             "  help                                this text\n");
 }

@@ -198,6 +198,11 @@ bool replay_trace(const tr_trace_t *t, const char *snapshot_out, replay_result_t
 
 /* ---- the command ------------------------------------------------------------------------ */
 
+static int cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
 /* OOMs are an expected outcome of a replay with --capacity: show the first OOM warning (it
  * explains the state of the device), count the rest, pass every other line through. */
 static void log_filter(sp_log_level_t level, const char *line, void *arg) {
@@ -257,10 +262,11 @@ static void print_text(const char *trace, const replay_result_t *r) {
 int sp_cli_replay(int argc, char **argv) {
     const char *trace = NULL, *conf = NULL, *capacity = NULL, *snapshot = NULL;
     bool json = false;
+    int repeat = 1;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if ((strcmp(a, "--conf") == 0 || strcmp(a, "--capacity") == 0 ||
-             strcmp(a, "--snapshot") == 0) && i + 1 >= argc) {
+             strcmp(a, "--snapshot") == 0 || strcmp(a, "--repeat") == 0) && i + 1 >= argc) {
             fprintf(stderr, "sympool replay: %s needs a value\n", a);
             return 2;
         }
@@ -272,6 +278,15 @@ int sp_cli_replay(int argc, char **argv) {
             snapshot = argv[++i];
         else if (strcmp(a, "--json") == 0)
             json = true;
+        else if (strcmp(a, "--repeat") == 0) {
+            char *end = NULL;
+            long n = strtol(argv[++i], &end, 10);
+            if (end == argv[i] || *end != '\0' || n < 1 || n > 64) {
+                fprintf(stderr, "sympool replay: --repeat takes 1 to 64, not '%s'\n", argv[i]);
+                return 2;
+            }
+            repeat = (int)n;
+        }
         else if (a[0] == '-' && a[1] != '\0') {
             fprintf(stderr, "sympool replay: unknown option %s\n", a);
             return 2;
@@ -284,7 +299,7 @@ int sp_cli_replay(int argc, char **argv) {
     }
     if (trace == NULL) {
         fprintf(stderr, "usage: sympool replay TRACE [--conf K:V,...] [--capacity SIZE] "
-                        "[--snapshot OUT] [--json]\n");
+                        "[--snapshot OUT] [--json] [--repeat N]\n");
         return 2;
     }
     char err[512];
@@ -320,6 +335,21 @@ int sp_cli_replay(int argc, char **argv) {
     size_t oom_lines = 0;
     sp__log_set_fn(log_filter, &oom_lines);
     bool ok = replay_trace(&t, snapshot, &r, err, sizeof(err));
+    /* --repeat: replay again on a fresh allocator each time and report the median time per event
+     * (the peaks are the same every time: the replay is deterministic). */
+    double ns[64];
+    int nrep = repeat < 64 ? repeat : 64;
+    ns[0] = r.ns_per_event;
+    for (int k = 1; ok && k < nrep; k++) {
+        replay_result_t again;
+        ok = sp_shutdown() == SP_SUCCESS && sp_init() == SP_SUCCESS &&
+             replay_trace(&t, NULL, &again, err, sizeof(err));
+        ns[k] = again.ns_per_event;
+    }
+    if (ok && nrep > 1) {
+        qsort(ns, (size_t)nrep, sizeof(ns[0]), cmp_double);
+        r.ns_per_event = ns[nrep / 2];
+    }
     sp__log_set_fn(NULL, NULL);
     tr_free(&t);
     if (oom_lines > 1)

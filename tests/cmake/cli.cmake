@@ -43,6 +43,15 @@ if(TARGET sympool_cli)
   set_tests_properties(cli.replay_conf PROPERTIES LABELS "unit;cli" TIMEOUT 120
     PASS_REGULAR_EXPRESSION "peak reserved +[0-9.]+ GiB +PyTorch: 22.580 GiB")
 
+  add_test(NAME cli.replay_repeat
+    COMMAND $<TARGET_FILE:sympool_cli> replay ${SP_CLI_TRACE} --json --repeat 3)
+  set_tests_properties(cli.replay_repeat PROPERTIES LABELS "unit;cli" TIMEOUT 120
+    PASS_REGULAR_EXPRESSION "\"peak_reserved_bytes\":24245174272,\"pytorch_peak_reserved_bytes\":24245174272,")
+
+  add_test(NAME cli.replay_bad_repeat
+    COMMAND $<TARGET_FILE:sympool_cli> replay ${SP_CLI_TRACE} --repeat 0)
+  set_tests_properties(cli.replay_bad_repeat PROPERTIES LABELS "unit;cli" TIMEOUT 60 WILL_FAIL TRUE)
+
   add_test(NAME cli.replay_bad_conf
     COMMAND $<TARGET_FILE:sympool_cli> replay ${SP_CLI_TRACE} --conf no_such_key:1)
   set_tests_properties(cli.replay_bad_conf PROPERTIES LABELS "unit;cli" TIMEOUT 60 WILL_FAIL TRUE)
