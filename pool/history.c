@@ -27,8 +27,8 @@
 #include "pool/history_int.h"
 #include "sympool/history.h"
 
-#define MAX_PCS 48       /* C frames captured per stack */
-#define MAX_HOOK 64      /* frames a binding's hook may give per stack */
+#define MAX_PCS 48  /* C frames captured per stack */
+#define MAX_HOOK 64 /* frames a binding's hook may give per stack */
 #define INITIAL_BUCKETS 1024
 
 int sp__history_active = 0;
@@ -41,38 +41,39 @@ typedef struct ring {
 } ring_t;
 
 typedef struct context {
-    uint32_t refs;              /* references: blocks, trace entries, snapshot copies (g.lock) */
-    uint32_t next;              /* next id in the same hash bucket, 0 = end (g.lock) */
-    uint64_t hash;              /* of the raw stack, for interning (immutable) */
-    size_t npcs;                /* program counters in pcs (immutable) */
-    void **pcs;                 /* raw C stack, for interning (immutable) */
-    size_t nhook;               /* how many of frames came from the hook (immutable) */
-    size_t nframes;             /* frames (immutable) */
+    uint32_t refs;               /* references: blocks, trace entries, snapshot copies (g.lock) */
+    uint32_t next;               /* next id in the same hash bucket, 0 = end (g.lock) */
+    uint64_t hash;               /* of the raw stack, for interning (immutable) */
+    size_t npcs;                 /* program counters in pcs (immutable) */
+    void **pcs;                  /* raw C stack, for interning (immutable) */
+    size_t nhook;                /* how many of frames came from the hook (immutable) */
+    size_t nframes;              /* frames (immutable) */
     sp__history_frame_t *frames; /* hook frames then C frames; strings owned (immutable) */
 } context_t;
 
 static struct {
-    pthread_mutex_t lock;        /* guards everything below */
+    pthread_mutex_t lock;         /* guards everything below */
     sp_history_enabled_t enabled; /* OFF/STATE/ALL (g.lock; mirrored in sp__history_active) */
-    sp_history_context_t context; /* which records carry frames (g.lock; atomic: capture's fast check) */
-    bool c_stacks;               /* capture C frames (g.lock) */
-    size_t cap;                  /* ring capacity; 0 = unbounded (g.lock) */
-    ring_t *rings;               /* one per device seen (g.lock) */
-    int nrings;                  /* entries in rings (g.lock) */
-    context_t *ctx;              /* contexts by id - 1 (g.lock) */
-    size_t nctx;                 /* slots used in ctx (g.lock) */
-    size_t ctx_alloc;            /* slots allocated in ctx (g.lock) */
-    uint32_t free_ids;           /* head of the free-id list (through context.next), 0 = none */
-    uint32_t *buckets;           /* hash -> first id (g.lock) */
-    size_t nbuckets;             /* power of two (g.lock) */
-    size_t live_ctx;             /* contexts with refs > 0 (g.lock) */
-    sp_history_frames_fn hook;   /* binding's frame source (g.lock) */
-    void *hook_arg;              /* its argument (g.lock) */
+    sp_history_context_t
+        context;       /* which records carry frames (g.lock; atomic: capture's fast check) */
+    bool c_stacks;     /* capture C frames (g.lock) */
+    size_t cap;        /* ring capacity; 0 = unbounded (g.lock) */
+    ring_t *rings;     /* one per device seen (g.lock) */
+    int nrings;        /* entries in rings (g.lock) */
+    context_t *ctx;    /* contexts by id - 1 (g.lock) */
+    size_t nctx;       /* slots used in ctx (g.lock) */
+    size_t ctx_alloc;  /* slots allocated in ctx (g.lock) */
+    uint32_t free_ids; /* head of the free-id list (through context.next), 0 = none */
+    uint32_t *buckets; /* hash -> first id (g.lock) */
+    size_t nbuckets;   /* power of two (g.lock) */
+    size_t live_ctx;   /* contexts with refs > 0 (g.lock) */
+    sp_history_frames_fn hook; /* binding's frame source (g.lock) */
+    void *hook_arg;            /* its argument (g.lock) */
 } g = {.lock = PTHREAD_MUTEX_INITIALIZER};
 
-static const char *const action_names[] = {
-    "alloc",       "free_requested", "free_completed", "segment_alloc", "segment_free",
-    "segment_map", "segment_unmap",  "snapshot",       "oom"};
+static const char *const action_names[] = {"alloc",         "free_requested", "free_completed",
+                                           "segment_alloc", "segment_free",   "segment_map",
+                                           "segment_unmap", "snapshot",       "oom"};
 
 const char *sp__history_action_name(sp_trace_action_t action) {
     if ((unsigned)action >= sizeof(action_names) / sizeof(action_names[0]))
@@ -487,8 +488,8 @@ sp_status_t sp__history_copy(int device, sp__trace_entry_t **entries_p, size_t *
     sp__trace_entry_t *out = malloc((n ? n : 1) * sizeof(*out));
     if (out == NULL) {
         pthread_mutex_unlock(&g.lock);
-        return sp__error(SP_ERR_SYSTEM, SP_SUB_HISTORY, "out of host memory copying %zu trace entries",
-                         n);
+        return sp__error(SP_ERR_SYSTEM, SP_SUB_HISTORY,
+                         "out of host memory copying %zu trace entries", n);
     }
     for (size_t i = 0; i < n; i++) {
         out[i] = r->buf[(r->head + i) % r->len];

@@ -44,7 +44,6 @@ void sp__history_context_release(uint32_t context);
 void sp__history_record(int device, sp_trace_action_t action, uintptr_t addr, size_t size,
                         uintptr_t stream, sp_mempool_id_t pool, uint32_t context);
 
-
 /* ---- for snapshot.c and tests (history.c owns these too) --------------------------------- */
 
 /* Stop recording, drop every ring and the context table (sp_shutdown calls it once no block is

@@ -24,11 +24,27 @@
 #define BATCH 1000
 
 enum {
-    OP_MARK = '(', OP_STOP = '.', OP_BINFLOAT = 'G', OP_BININT = 'J', OP_BININT1 = 'K',
-    OP_BININT2 = 'M', OP_NONE = 'N', OP_BINUNICODE = 'X', OP_EMPTY_DICT = '}', OP_APPENDS = 'e',
-    OP_EMPTY_LIST = ']', OP_SETITEMS = 'u', OP_PROTO = 0x80, OP_TUPLE2 = 0x86, OP_NEWTRUE = 0x88,
-    OP_NEWFALSE = 0x89, OP_LONG1 = 0x8a, OP_SHORT_BINUNICODE = 0x8c, OP_MEMOIZE = 0x94,
-    OP_BINGET = 'h', OP_LONG_BINGET = 'j'
+    OP_MARK = '(',
+    OP_STOP = '.',
+    OP_BINFLOAT = 'G',
+    OP_BININT = 'J',
+    OP_BININT1 = 'K',
+    OP_BININT2 = 'M',
+    OP_NONE = 'N',
+    OP_BINUNICODE = 'X',
+    OP_EMPTY_DICT = '}',
+    OP_APPENDS = 'e',
+    OP_EMPTY_LIST = ']',
+    OP_SETITEMS = 'u',
+    OP_PROTO = 0x80,
+    OP_TUPLE2 = 0x86,
+    OP_NEWTRUE = 0x88,
+    OP_NEWFALSE = 0x89,
+    OP_LONG1 = 0x8a,
+    OP_SHORT_BINUNICODE = 0x8c,
+    OP_MEMOIZE = 0x94,
+    OP_BINGET = 'h',
+    OP_LONG_BINGET = 'j'
 };
 
 static void put(sp__emit_t *e, const void *p, size_t n) {
@@ -55,7 +71,9 @@ static void put1(sp__emit_t *e, unsigned c) {
     put(e, &b, 1);
 }
 
-static void puts_(sp__emit_t *e, const char *s) { put(e, s, strlen(s)); }
+static void puts_(sp__emit_t *e, const char *s) {
+    put(e, s, strlen(s));
+}
 
 void sp__emit_init(sp__emit_t *e, bool json) {
     memset(e, 0, sizeof(*e));
@@ -79,8 +97,10 @@ sp_status_t sp__emit_finish(sp__emit_t *e, char **buf_p, size_t *len_p) {
     if (e->failed || e->depth != 0) {
         bool oom = e->depth == 0;
         sp__emit_discard(e);
-        return oom ? sp__error(SP_ERR_SYSTEM, SP_SUB_HISTORY, "out of host memory writing a snapshot")
-                   : sp__error(SP_ERR_INTERNAL, SP_SUB_HISTORY, "snapshot writer: unbalanced containers");
+        return oom ? sp__error(SP_ERR_SYSTEM, SP_SUB_HISTORY,
+                               "out of host memory writing a snapshot")
+                   : sp__error(SP_ERR_INTERNAL, SP_SUB_HISTORY,
+                               "snapshot writer: unbalanced containers");
     }
     *buf_p = e->buf;
     *len_p = e->len;
@@ -146,10 +166,18 @@ static void close_container(sp__emit_t *e, char kind) {
     }
 }
 
-void sp__emit_dict_begin(sp__emit_t *e) { open_container(e, 'd'); }
-void sp__emit_dict_end(sp__emit_t *e) { close_container(e, 'd'); }
-void sp__emit_list_begin(sp__emit_t *e) { open_container(e, 'l'); }
-void sp__emit_list_end(sp__emit_t *e) { close_container(e, 'l'); }
+void sp__emit_dict_begin(sp__emit_t *e) {
+    open_container(e, 'd');
+}
+void sp__emit_dict_end(sp__emit_t *e) {
+    close_container(e, 'd');
+}
+void sp__emit_list_begin(sp__emit_t *e) {
+    open_container(e, 'l');
+}
+void sp__emit_list_end(sp__emit_t *e) {
+    close_container(e, 'l');
+}
 
 /* Length of the valid UTF-8 sequence at s (1-4), or 0 when s starts an invalid one. */
 static size_t utf8_len(const unsigned char *s) {
@@ -375,7 +403,8 @@ void sp__emit_memo_get(sp__emit_t *e, uint32_t index) {
         put1(e, OP_BINGET);
         put1(e, index);
     } else {
-        unsigned char le[4] = {index & 0xff, (index >> 8) & 0xff, (index >> 16) & 0xff, index >> 24};
+        unsigned char le[4] = {index & 0xff, (index >> 8) & 0xff, (index >> 16) & 0xff,
+                               index >> 24};
         put1(e, OP_LONG_BINGET);
         put(e, le, 4);
     }
@@ -403,11 +432,12 @@ sp_status_t sp__file_write_atomic(const char *path, const void *buf, size_t len)
     SP_ARG_CHECK(path != NULL && path[0] != '\0', SP_SUB_HISTORY, "snapshot path is NULL or empty");
     char tmp[PATH_MAX];
     int n = snprintf(tmp, sizeof(tmp), "%s.tmp.XXXXXX", path);
-    SP_ARG_CHECK(n > 0 && (size_t)n < sizeof(tmp), SP_SUB_HISTORY, "snapshot path too long: %s", path);
+    SP_ARG_CHECK(n > 0 && (size_t)n < sizeof(tmp), SP_SUB_HISTORY, "snapshot path too long: %s",
+                 path);
     int fd = mkstemp(tmp);
     if (fd < 0)
-        return sp__error(SP_ERR_SYSTEM, SP_SUB_HISTORY, "cannot create a temporary file next to %s: %s",
-                         path, strerror(errno));
+        return sp__error(SP_ERR_SYSTEM, SP_SUB_HISTORY,
+                         "cannot create a temporary file next to %s: %s", path, strerror(errno));
     const char *p = buf;
     size_t left = len;
     while (left > 0) {
@@ -418,7 +448,8 @@ sp_status_t sp__file_write_atomic(const char *path, const void *buf, size_t len)
             int err = errno;
             close(fd);
             unlink(tmp);
-            return sp__error(SP_ERR_SYSTEM, SP_SUB_HISTORY, "cannot write %s: %s", tmp, strerror(err));
+            return sp__error(SP_ERR_SYSTEM, SP_SUB_HISTORY, "cannot write %s: %s", tmp,
+                             strerror(err));
         }
         p += w;
         left -= (size_t)w;

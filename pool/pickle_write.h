@@ -24,16 +24,16 @@ extern "C" {
 #define SP__EMIT_MAX_DEPTH 32
 
 typedef struct sp__emit {
-    char *buf;             /* output bytes */
-    size_t len;            /* bytes written */
-    size_t cap;            /* bytes allocated */
-    bool json;             /* JSON instead of pickle */
-    bool failed;           /* out of memory or misuse; every later call is a no-op */
-    int depth;             /* open containers */
+    char *buf;                        /* output bytes */
+    size_t len;                       /* bytes written */
+    size_t cap;                       /* bytes allocated */
+    bool json;                        /* JSON instead of pickle */
+    bool failed;                      /* out of memory or misuse; every later call is a no-op */
+    int depth;                        /* open containers */
     size_t mark[SP__EMIT_MAX_DEPTH];  /* pickle: offset of the container's MARK */
     size_t count[SP__EMIT_MAX_DEPTH]; /* items (dict: keys + values) written in the container */
     char kind[SP__EMIT_MAX_DEPTH];    /* 'd' dict, 'l' list */
-    uint32_t memo_next;    /* pickle: the index the next MEMOIZE gives */
+    uint32_t memo_next;               /* pickle: the index the next MEMOIZE gives */
 } sp__emit_t;
 
 /* Start a document (pickle: PROTO 4). */
@@ -52,7 +52,7 @@ void sp__emit_key(sp__emit_t *e, const char *key);
 
 void sp__emit_int(sp__emit_t *e, int64_t v);
 void sp__emit_uint(sp__emit_t *e, uint64_t v);
-void sp__emit_double(sp__emit_t *e, double v); /* JSON: NaN and infinities become null */
+void sp__emit_double(sp__emit_t *e, double v);   /* JSON: NaN and infinities become null */
 void sp__emit_str(sp__emit_t *e, const char *s); /* invalid UTF-8 bytes become '?' */
 void sp__emit_bool(sp__emit_t *e, bool v);
 void sp__emit_none(sp__emit_t *e);

@@ -33,19 +33,19 @@ typedef struct seg_copy {
 } seg_copy_t;
 
 typedef struct trace_copy {
-    bool copied;              /* taken already */
-    sp__trace_entry_t *e;     /* chronological, with context references */
-    size_t n;                 /* entries */
-    size_t active;            /* active bytes of the device's walked segments */
+    bool copied;          /* taken already */
+    sp__trace_entry_t *e; /* chronological, with context references */
+    size_t n;             /* entries */
+    size_t active;        /* active bytes of the device's walked segments */
 } trace_copy_t;
 
 typedef struct collect {
     const sp_mempool_t *pool;     /* NULL: whole process */
     sp_mempool_id_t pool_id;      /* when pool != NULL */
     seg_copy_t *segs;             /* segments in walk order */
-    size_t nsegs, segs_alloc;
+    size_t nsegs, segs_alloc;     /* segments held / allocated */
     sp_block_view_t *blocks;      /* every segment's blocks, back to back */
-    size_t nblocks, blocks_alloc;
+    size_t nblocks, blocks_alloc; /* blocks held / allocated */
     trace_copy_t *traces;         /* one per device index */
     int ndev;                     /* entries in traces */
     bool failed;                  /* out of memory in the visitor */
@@ -89,7 +89,8 @@ static void visit(const sp_segment_view_t *seg, void *arg) {
     for (int d = 0; d < c->ndev; d++)
         copy_trace(c, d);
     if (!grow((void **)&c->segs, &c->segs_alloc, c->nsegs + 1, sizeof(*c->segs)) ||
-        !grow((void **)&c->blocks, &c->blocks_alloc, c->nblocks + seg->nblocks, sizeof(*c->blocks))) {
+        !grow((void **)&c->blocks, &c->blocks_alloc, c->nblocks + seg->nblocks,
+              sizeof(*c->blocks))) {
         c->failed = true;
         c->status = SP_ERR_SYSTEM;
         return;
@@ -169,9 +170,12 @@ static void emit_frames(sp__emit_t *e, uint32_t context) {
 
 static const char *state_name(sp_block_state_t s) {
     switch (s) {
-    case SP_BLOCK_ACTIVE_ALLOCATED: return "active_allocated";
-    case SP_BLOCK_ACTIVE_PENDING_FREE: return "active_pending_free";
-    default: return "inactive";
+    case SP_BLOCK_ACTIVE_ALLOCATED:
+        return "active_allocated";
+    case SP_BLOCK_ACTIVE_PENDING_FREE:
+        return "active_pending_free";
+    default:
+        return "inactive";
     }
 }
 
@@ -433,7 +437,9 @@ static sp_status_t dump(const sp_mempool_t *pool, const char *pattern) {
     return s;
 }
 
-SP_EXPORT sp_status_t sp_dump_snapshot(const char *path) { return dump(NULL, path); }
+SP_EXPORT sp_status_t sp_dump_snapshot(const char *path) {
+    return dump(NULL, path);
+}
 
 SP_EXPORT sp_status_t sp_mempool_dump_snapshot(const sp_mempool_t *pool, const char *path) {
     SP_ARG_CHECK(pool != NULL, SP_SUB_HISTORY, "sp_mempool_dump_snapshot: pool is NULL");

@@ -22,22 +22,22 @@ int sp_cli_plot(int argc, char **argv);
 
 /* What one replay measured. Bytes are summed over devices (each device's own peak). */
 typedef struct replay_result {
-    size_t trace_entries;       /* entries in every device trace */
-    size_t events;              /* allocator calls made: allocs + frees replayed */
-    size_t allocs, frees;       /* of which */
-    size_t seeded_blocks;       /* blocks allocated before the trace started (seeds) */
-    uint64_t seeded_bytes;      /* their requested bytes */
-    size_t ooms;                /* our allocations that failed with OUT_OF_MEMORY */
-    size_t skipped_frees;       /* frees of blocks we never got (OOM'ed) */
-    size_t recorded_ooms;       /* oom events in the recorded trace */
-    int64_t peak_requested;     /* ours: requested_bytes.all.peak */
-    int64_t peak_allocated;     /* ours: allocated_bytes.all.peak */
-    int64_t peak_reserved;      /* ours: reserved_bytes.all.peak */
+    size_t trace_entries;            /* entries in every device trace */
+    size_t events;                   /* allocator calls made: allocs + frees replayed */
+    size_t allocs, frees;            /* of which */
+    size_t seeded_blocks;            /* blocks allocated before the trace started (seeds) */
+    uint64_t seeded_bytes;           /* their requested bytes */
+    size_t ooms;                     /* our allocations that failed with OUT_OF_MEMORY */
+    size_t skipped_frees;            /* frees of blocks we never got (OOM'ed) */
+    size_t recorded_ooms;            /* oom events in the recorded trace */
+    int64_t peak_requested;          /* ours: requested_bytes.all.peak */
+    int64_t peak_allocated;          /* ours: allocated_bytes.all.peak */
+    int64_t peak_reserved;           /* ours: reserved_bytes.all.peak */
     uint64_t pytorch_peak_reserved;  /* PyTorch's, reconstructed from the trace */
     uint64_t pytorch_final_reserved; /* sum of the final segments */
     uint64_t trace_peak_requested;   /* seeds + allocs - frees, over the trace */
-    double ns_per_event;        /* wall time of the event loop / events */
-    int devices;                /* devices replayed */
+    double ns_per_event;             /* wall time of the event loop / events */
+    int devices;                     /* devices replayed */
 } replay_result_t;
 
 /* Replay t on the current sympool (already configured: host backend, options). The seeds are

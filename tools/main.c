@@ -9,17 +9,20 @@
 #include "tools/cli.h"
 
 static void usage(FILE *out) {
-    fprintf(out,
-            "usage: sympool <command> [args]\n"
-            "  info                                backend, devices, options (with sources), versions\n"
-            "  replay TRACE [options]              replay a PyTorch memory snapshot through sympool\n"
-            "      --conf KEY:VALUE,...            allocator options (PyTorch syntax)\n"
-            "      --capacity SIZE                 emulated device size (e.g. 80GiB); OOMs are reported\n"
-            "      --snapshot OUT                  write our snapshot of the replay (.pickle or .json)\n"
-            "      --json                          one JSON object on stdout\n"
-            "      --repeat N                      replay N times, report the median time per event\n"
-            "  plot SNAPSHOT -o OUT.svg [-d DEV]   memory timeline (allocated and reserved over time)\n"
-            "  help                                this text\n");
+    fprintf(
+        out,
+        "usage: sympool <command> [args]\n"
+        "  info                                backend, devices, options (with sources), versions\n"
+        "  replay TRACE [options]              replay a PyTorch memory snapshot through sympool\n"
+        "      --conf KEY:VALUE,...            allocator options (PyTorch syntax)\n"
+        "      --capacity SIZE                 emulated device size (e.g. 80GiB); OOMs are "
+        "reported\n"
+        "      --snapshot OUT                  write our snapshot of the replay (.pickle or "
+        ".json)\n"
+        "      --json                          one JSON object on stdout\n"
+        "      --repeat N                      replay N times, report the median time per event\n"
+        "  plot SNAPSHOT -o OUT.svg [-d DEV]   memory timeline (allocated and reserved over time)\n"
+        "  help                                this text\n");
 }
 
 int main(int argc, char **argv) {

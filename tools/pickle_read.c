@@ -20,9 +20,9 @@
 #define STR_CHUNK (256 * 1024)
 
 typedef struct vchunk {
-    struct vchunk *next;              /* older chunk */
-    size_t used;                      /* values used in v */
-    pk_value_t v[VALUES_PER_CHUNK];   /* the values */
+    struct vchunk *next;            /* older chunk */
+    size_t used;                    /* values used in v */
+    pk_value_t v[VALUES_PER_CHUNK]; /* the values */
 } vchunk_t;
 
 typedef struct schunk {
@@ -32,9 +32,9 @@ typedef struct schunk {
 } schunk_t;
 
 struct pk_doc {
-    vchunk_t *values;     /* value arena */
-    schunk_t *strings;    /* string arena */
-    size_t nvalues;       /* values made */
+    vchunk_t *values;       /* value arena */
+    schunk_t *strings;      /* string arena */
+    size_t nvalues;         /* values made */
     const pk_value_t *root; /* the unpickled object */
 };
 
@@ -163,7 +163,9 @@ static bool seq_add(parser_t *ps, pk_value_t *seq, pk_value_t *item) {
 
 /* ---- stack ------------------------------------------------------------------------------ */
 
-static size_t base(const parser_t *ps) { return ps->nmarks ? ps->marks[ps->nmarks - 1] : 0; }
+static size_t base(const parser_t *ps) {
+    return ps->nmarks ? ps->marks[ps->nmarks - 1] : 0;
+}
 
 static bool push(parser_t *ps, pk_value_t *v) {
     if (v == NULL)
@@ -278,39 +280,66 @@ static bool memo_get(parser_t *ps, size_t idx) {
 /* Names of opcodes we refuse because they build arbitrary objects or call code. */
 static const char *forbidden_name(unsigned op) {
     switch (op) {
-    case 'c': return "GLOBAL";
-    case 0x93: return "STACK_GLOBAL";
-    case 'R': return "REDUCE";
-    case 'b': return "BUILD";
-    case 'i': return "INST";
-    case 'o': return "OBJ";
-    case 0x81: return "NEWOBJ";
-    case 0x92: return "NEWOBJ_EX";
-    case 0x82: return "EXT1";
-    case 0x83: return "EXT2";
-    case 0x84: return "EXT4";
-    case 'P': return "PERSID";
-    case 'Q': return "BINPERSID";
-    case 0x97: return "NEXT_BUFFER";
-    case 0x98: return "READONLY_BUFFER";
-    default: return NULL;
+    case 'c':
+        return "GLOBAL";
+    case 0x93:
+        return "STACK_GLOBAL";
+    case 'R':
+        return "REDUCE";
+    case 'b':
+        return "BUILD";
+    case 'i':
+        return "INST";
+    case 'o':
+        return "OBJ";
+    case 0x81:
+        return "NEWOBJ";
+    case 0x92:
+        return "NEWOBJ_EX";
+    case 0x82:
+        return "EXT1";
+    case 0x83:
+        return "EXT2";
+    case 0x84:
+        return "EXT4";
+    case 'P':
+        return "PERSID";
+    case 'Q':
+        return "BINPERSID";
+    case 0x97:
+        return "NEXT_BUFFER";
+    case 0x98:
+        return "READONLY_BUFFER";
+    default:
+        return NULL;
     }
 }
 
 /* Protocol-0 text opcodes: harmless but never written by protocols 2-5 picklers for our data. */
 static const char *text_name(unsigned op) {
     switch (op) {
-    case 'I': return "INT";
-    case 'L': return "LONG";
-    case 'F': return "FLOAT";
-    case 'S': return "STRING";
-    case 'V': return "UNICODE";
-    case 'p': return "PUT";
-    case 'g': return "GET";
-    case 0x8f: return "EMPTY_SET";
-    case 0x90: return "ADDITEMS";
-    case 0x91: return "FROZENSET";
-    default: return NULL;
+    case 'I':
+        return "INT";
+    case 'L':
+        return "LONG";
+    case 'F':
+        return "FLOAT";
+    case 'S':
+        return "STRING";
+    case 'V':
+        return "UNICODE";
+    case 'p':
+        return "PUT";
+    case 'g':
+        return "GET";
+    case 0x8f:
+        return "EMPTY_SET";
+    case 0x90:
+        return "ADDITEMS";
+    case 0x91:
+        return "FROZENSET";
+    default:
+        return NULL;
     }
 }
 
@@ -400,7 +429,7 @@ static bool run(parser_t *ps) {
             if (!push(ps, new_value(ps, PK_NONE)))
                 return false;
             break;
-        case 0x88: /* NEWTRUE */
+        case 0x88:   /* NEWTRUE */
         case 0x89: { /* NEWFALSE */
             pk_value_t *v = new_value(ps, PK_BOOL);
             if (v == NULL)
@@ -410,8 +439,8 @@ static bool run(parser_t *ps) {
                 return false;
             break;
         }
-        case 'J': /* BININT */
-        case 'K': /* BININT1 */
+        case 'J':   /* BININT */
+        case 'K':   /* BININT1 */
         case 'M': { /* BININT2 */
             size_t n = op == 'J' ? 4 : op == 'K' ? 1 : 2;
             if (!need(ps, n, op == 'J' ? "BININT" : op == 'K' ? "BININT1" : "BININT2"))
@@ -426,7 +455,7 @@ static bool run(parser_t *ps) {
                 return false;
             break;
         }
-        case 0x8a: /* LONG1 */
+        case 0x8a:   /* LONG1 */
         case 0x8b: { /* LONG4 */
             const char *name = op == 0x8a ? "LONG1" : "LONG4";
             size_t hdr = op == 0x8a ? 1 : 4;
@@ -473,8 +502,8 @@ static bool run(parser_t *ps) {
             if (!push_str(ps, op == 0x8c ? PK_STR : PK_BYTES, a[0], "string"))
                 return false;
             break;
-        case 'X': /* BINUNICODE */
-        case 'B': /* BINBYTES */
+        case 'X':   /* BINUNICODE */
+        case 'B':   /* BINBYTES */
         case 'T': { /* BINSTRING (signed length) */
             if (!need(ps, 4, "string length"))
                 return false;
@@ -486,8 +515,8 @@ static bool run(parser_t *ps) {
                 return false;
             break;
         }
-        case 0x8d: /* BINUNICODE8 */
-        case 0x8e: /* BINBYTES8 */
+        case 0x8d:   /* BINUNICODE8 */
+        case 0x8e:   /* BINBYTES8 */
         case 0x96: { /* BYTEARRAY8 */
             if (!need(ps, 8, "string length"))
                 return false;
@@ -524,8 +553,8 @@ static bool run(parser_t *ps) {
             if (!pop_mark(ps, &first, "TUPLE") || !collapse(ps, first, PK_TUPLE, "TUPLE"))
                 return false;
             break;
-        case 0x85: /* TUPLE1 */
-        case 0x86: /* TUPLE2 */
+        case 0x85:   /* TUPLE1 */
+        case 0x86:   /* TUPLE2 */
         case 0x87: { /* TUPLE3 */
             size_t n = op - 0x84;
             if (!need_stack(ps, n, "TUPLEn") || !collapse(ps, ps->sp - n, PK_TUPLE, "TUPLEn"))
@@ -675,7 +704,9 @@ bool pk_parse_file(const char *path, size_t max_bytes, const pk_limits_t *lim, p
 
 /* ---- accessors -------------------------------------------------------------------------- */
 
-const pk_value_t *pk_root(const pk_doc_t *doc) { return doc ? doc->root : NULL; }
+const pk_value_t *pk_root(const pk_doc_t *doc) {
+    return doc ? doc->root : NULL;
+}
 
 const pk_value_t *pk_get(const pk_value_t *dict, const char *key) {
     if (dict == NULL || dict->type != PK_DICT)
@@ -733,4 +764,6 @@ bool pk_get_int(const pk_value_t *dict, const char *key, int64_t *out) {
     return pk_int(pk_get(dict, key), out);
 }
 
-const char *pk_get_str(const pk_value_t *dict, const char *key) { return pk_str(pk_get(dict, key)); }
+const char *pk_get_str(const pk_value_t *dict, const char *key) {
+    return pk_str(pk_get(dict, key));
+}

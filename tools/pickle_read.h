@@ -35,29 +35,30 @@ typedef enum {
 } pk_type_t;
 
 typedef struct pk_value pk_value_t;
+/* One unpickled value. Immutable once pk_parse returns; owned by its document. */
 struct pk_value {
-    pk_type_t type;
+    pk_type_t type; /* which member of u is valid */
     union {
-        bool b;
-        int64_t i;
-        double f;
+        bool b;    /* PK_BOOL */
+        int64_t i; /* PK_INT (LONG1/LONG4 beyond 64 bits are refused) */
+        double f;  /* PK_FLOAT */
         struct {
             const char *s; /* NUL-terminated copy in the arena (may contain NULs for bytes) */
             size_t len;    /* bytes */
-        } str;
+        } str;             /* PK_STR (UTF-8 as written) and PK_BYTES */
         struct {
             pk_value_t **items; /* lists and tuples: items; dicts: key0, val0, key1, val1, ... */
             size_t n;           /* entries in items */
             size_t cap;         /* allocated entries */
-        } seq;
-    } u;
+        } seq;                  /* PK_LIST, PK_TUPLE, PK_DICT */
+    } u;                        /* the value */
 };
 
 typedef struct pk_limits {
-    size_t max_depth;      /* open MARKs at once (default 64) */
-    size_t max_memo;       /* memo entries (default 1 << 24) */
-    size_t max_values;     /* values created (default 1 << 26) */
-    size_t max_str;        /* bytes of one string (default 1 << 28) */
+    size_t max_depth;  /* open MARKs at once (default 64) */
+    size_t max_memo;   /* memo entries (default 1 << 24) */
+    size_t max_values; /* values created (default 1 << 26) */
+    size_t max_str;    /* bytes of one string (default 1 << 28) */
 } pk_limits_t;
 
 typedef struct pk_doc pk_doc_t;
@@ -78,8 +79,8 @@ void pk_free(pk_doc_t *doc);
 const pk_value_t *pk_get(const pk_value_t *dict, const char *key); /* last value for a str key */
 size_t pk_len(const pk_value_t *seq);                              /* list/tuple/dict entries */
 const pk_value_t *pk_at(const pk_value_t *seq, size_t i);          /* list or tuple item */
-bool pk_int(const pk_value_t *v, int64_t *out);                   /* int or bool */
-bool pk_num(const pk_value_t *v, double *out);                    /* int, bool or float */
+bool pk_int(const pk_value_t *v, int64_t *out);                    /* int or bool */
+bool pk_num(const pk_value_t *v, double *out);                     /* int, bool or float */
 const char *pk_str(const pk_value_t *v);                           /* str value or NULL */
 bool pk_get_int(const pk_value_t *dict, const char *key, int64_t *out);
 const char *pk_get_str(const pk_value_t *dict, const char *key);

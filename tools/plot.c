@@ -18,7 +18,7 @@
 
 #define W 1200
 #define H 745
-#define PX0 90   /* plot area */
+#define PX0 90 /* plot area */
 #define PX1 860
 #define PY0 70
 #define PY1 480
@@ -31,9 +31,9 @@ static const char *const colors[TOP_N] = {"#d62728", "#9467bd", "#8c564b", "#e37
                                           "#2ca02c", "#bcbd22", "#17becf", "#7f7f7f"};
 
 typedef struct live_block {
-    uint64_t addr, size;  /* recorded address, requested bytes */
-    size_t born, died;    /* event indexes; born = SIZE_MAX for seeds, died = nev if never */
-    const pk_value_t *frames;
+    uint64_t addr, size;      /* recorded address, requested bytes */
+    size_t born, died;        /* event indexes; born = SIZE_MAX for seeds, died = nev if never */
+    const pk_value_t *frames; /* where it was allocated, or NULL */
 } live_block_t;
 
 static int cmp_size_desc(const void *a, const void *b) {
@@ -95,7 +95,9 @@ static double nice_step(double range, int ticks) {
     return (m < 1.5 ? 1 : m < 3.5 ? 2 : m < 7.5 ? 5 : 10) * p;
 }
 
-static double gib(double b) { return b / 1073741824.0; }
+static double gib(double b) {
+    return b / 1073741824.0;
+}
 
 int sp_cli_plot(int argc, char **argv) {
     const char *in = NULL, *out = NULL;
@@ -197,8 +199,8 @@ int sp_cli_plot(int argc, char **argv) {
         return 1;
     }
     for (size_t s = 0; s < d->nseeds; s++) {
-        live[nlive] = (live_block_t){d->seeds[s].addr, d->seeds[s].size, SIZE_MAX, nev,
-                                     d->seeds[s].frames};
+        live[nlive] =
+            (live_block_t){d->seeds[s].addr, d->seeds[s].size, SIZE_MAX, nev, d->seeds[s].frames};
         (void)tr_map_put(&where, d->seeds[s].addr, nlive + 1);
         nlive++;
     }
@@ -245,15 +247,18 @@ int sp_cli_plot(int argc, char **argv) {
     double ytop = ceil(gib(vmax) / ystep) * ystep;
 #define Y(v) (PY1 - (gib(v) / ytop) * (PY1 - PY0))
     const char *base = strrchr(in, '/');
-    fprintf(f, "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%d\" height=\"%d\" "
-               "font-family=\"Helvetica,Arial,sans-serif\" font-size=\"13\">\n", W, H);
+    fprintf(f,
+            "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%d\" height=\"%d\" "
+            "font-family=\"Helvetica,Arial,sans-serif\" font-size=\"13\">\n",
+            W, H);
     fprintf(f, "<rect width=\"%d\" height=\"%d\" fill=\"white\"/>\n", W, H);
-    fprintf(f, "<text x=\"%d\" y=\"30\" font-size=\"18\" font-weight=\"bold\">Memory timeline: ",
-            PX0);
+    fprintf(f,
+            "<text x=\"%d\" y=\"30\" font-size=\"18\" font-weight=\"bold\">Memory timeline: ", PX0);
     xml_text(f, base ? base + 1 : in, 120);
     fprintf(f, " (device %d)</text>\n", dev);
-    fprintf(f, "<text x=\"%d\" y=\"52\" fill=\"#444\">%zu events, %zu segments at the end; "
-               "peak allocated %.2f GiB, peak reserved %.2f GiB</text>\n",
+    fprintf(f,
+            "<text x=\"%d\" y=\"52\" fill=\"#444\">%zu events, %zu segments at the end; "
+            "peak allocated %.2f GiB, peak reserved %.2f GiB</text>\n",
             PX0, nev, t.nsegments, gib(apeak), gib(rpeak));
     /* grid and y axis */
     for (double v = 0; v <= ytop + 1e-9; v += ystep) {
@@ -278,13 +283,16 @@ int sp_cli_plot(int argc, char **argv) {
     const char *fills[2] = {"#fdd0a2", "#9ecae1"}, *strokes[2] = {"#e6550d", "#3182bd"};
     for (int k = 0; k < 2; k++) {
         const double *v = k == 0 ? rmax : amax;
-        fprintf(f, "<path fill=\"%s\" fill-opacity=\"0.8\" stroke=\"%s\" stroke-width=\"1.2\" d=\"M%d %d",
-                fills[k], strokes[k], PX0, PY1);
+        fprintf(
+            f,
+            "<path fill=\"%s\" fill-opacity=\"0.8\" stroke=\"%s\" stroke-width=\"1.2\" d=\"M%d %d",
+            fills[k], strokes[k], PX0, PY1);
         for (int c = 0; c < COLS; c++)
             fprintf(f, " L%d %.1f", PX0 + c, Y(v[c]));
         fprintf(f, " L%d %d Z\"/>\n", PX1 - 1, PY1);
     }
-    fprintf(f, "<rect x=\"%d\" y=\"%d\" width=\"%d\" height=\"%d\" fill=\"none\" stroke=\"#333\"/>\n",
+    fprintf(f,
+            "<rect x=\"%d\" y=\"%d\" width=\"%d\" height=\"%d\" fill=\"none\" stroke=\"#333\"/>\n",
             PX0, PY0, COLS, PY1 - PY0);
     /* peak markers */
     size_t pk_i[2] = {rpeak_i, apeak_i};
@@ -295,15 +303,17 @@ int sp_cli_plot(int argc, char **argv) {
                        : 0;
         double px = PX0 + x * (COLS - 1), py = Y(pk_v[k]);
         fprintf(f, "<circle cx=\"%.1f\" cy=\"%.1f\" r=\"4\" fill=\"%s\"/>\n", px, py, strokes[k]);
-        fprintf(f, "<text x=\"%.1f\" y=\"%.1f\" fill=\"%s\" font-weight=\"bold\" text-anchor=\"%s\">"
-                   "peak %s %.2f GiB</text>\n",
+        fprintf(f,
+                "<text x=\"%.1f\" y=\"%.1f\" fill=\"%s\" font-weight=\"bold\" text-anchor=\"%s\">"
+                "peak %s %.2f GiB</text>\n",
                 px + (px > PX1 - 150 ? -8 : 8), py - 8 + (k == 1 ? 22 : 0), strokes[k],
                 px > PX1 - 150 ? "end" : "start", k == 0 ? "reserved" : "allocated", gib(pk_v[k]));
     }
     /* legend and the largest blocks */
     int lx = PX1 + 25, ly = PY0 + 5;
     for (int k = 0; k < 2; k++) {
-        fprintf(f, "<rect x=\"%d\" y=\"%d\" width=\"14\" height=\"14\" fill=\"%s\" stroke=\"%s\"/>\n",
+        fprintf(f,
+                "<rect x=\"%d\" y=\"%d\" width=\"14\" height=\"14\" fill=\"%s\" stroke=\"%s\"/>\n",
                 lx, ly + k * 22, fills[k], strokes[k]);
         fprintf(f, "<text x=\"%d\" y=\"%d\">%s</text>\n", lx + 22, ly + 12 + k * 22,
                 k == 0 ? "reserved (segments)" : "allocated (requested bytes)");
@@ -312,8 +322,8 @@ int sp_cli_plot(int argc, char **argv) {
     fprintf(f, "<text x=\"%d\" y=\"%d\" font-weight=\"bold\">Live at the allocated peak</text>\n",
             lx, ly);
     ly += 22;
-    fprintf(f, "<text x=\"%d\" y=\"%d\">%.3f GiB in %zu blocks from before the trace</text>\n",
-            lx, ly, gib((double)seed_live_bytes), nseed_live);
+    fprintf(f, "<text x=\"%d\" y=\"%d\">%.3f GiB in %zu blocks from before the trace</text>\n", lx,
+            ly, gib((double)seed_live_bytes), nseed_live);
     ly += 18;
     fprintf(f, "<text x=\"%d\" y=\"%d\">%.3f GiB in %zu blocks allocated in the trace;</text>\n",
             lx, ly, gib(apeak - (double)seed_live_bytes), m);
@@ -335,19 +345,25 @@ int sp_cli_plot(int argc, char **argv) {
     if (nev > 0) {
         double x = (double)((use_time ? d->ev[apeak_i].time_us : (int64_t)apeak_i) - t0) /
                    (span > 0 ? span : 1);
-        fprintf(f, "<line x1=\"%.1f\" x2=\"%.1f\" y1=\"%d\" y2=\"%d\" stroke=\"#3182bd\" "
-                   "stroke-dasharray=\"4 3\"/>\n",
+        fprintf(f,
+                "<line x1=\"%.1f\" x2=\"%.1f\" y1=\"%d\" y2=\"%d\" stroke=\"#3182bd\" "
+                "stroke-dasharray=\"4 3\"/>\n",
                 PX0 + x * (COLS - 1), PX0 + x * (COLS - 1), PY0, LANE0 + 20 + TOP_N * LANE_H);
     }
     /* lifetime lanes */
-    fprintf(f, "<text x=\"%d\" y=\"%d\" font-weight=\"bold\">Lifetimes of the largest blocks live at the allocated peak (dashed)</text>\n",
+    fprintf(f,
+            "<text x=\"%d\" y=\"%d\" font-weight=\"bold\">Lifetimes of the largest blocks live at "
+            "the allocated peak (dashed)</text>\n",
             PX0, LANE0 + 10);
     for (size_t b = 0; b < ntop; b++) {
-        double xa = (double)((use_time ? d->ev[live[b].born].time_us : (int64_t)live[b].born) - t0) /
-                    (span > 0 ? span : 1);
-        double xb = live[b].died >= nev ? 1
-                    : (double)((use_time ? d->ev[live[b].died].time_us : (int64_t)live[b].died) - t0) /
-                          (span > 0 ? span : 1);
+        double xa =
+            (double)((use_time ? d->ev[live[b].born].time_us : (int64_t)live[b].born) - t0) /
+            (span > 0 ? span : 1);
+        double xb =
+            live[b].died >= nev
+                ? 1
+                : (double)((use_time ? d->ev[live[b].died].time_us : (int64_t)live[b].died) - t0) /
+                      (span > 0 ? span : 1);
         int y = LANE0 + 20 + (int)b * LANE_H;
         fprintf(f, "<rect x=\"%.1f\" y=\"%d\" width=\"%.1f\" height=\"%d\" fill=\"%s\"/>\n",
                 PX0 + xa * (COLS - 1), y, fmax(2.0, (xb - xa) * (COLS - 1)), LANE_H - 6, colors[b]);
@@ -358,8 +374,9 @@ int sp_cli_plot(int argc, char **argv) {
 #undef Y
     int rc = fclose(f) == 0 ? 0 : 1;
     if (rc == 0)
-        printf("wrote %s (device %d: %zu events, peak allocated %.3f GiB, peak reserved %.3f GiB)\n",
-               out, dev, nev, gib(apeak), gib(rpeak));
+        printf(
+            "wrote %s (device %d: %zu events, peak allocated %.3f GiB, peak reserved %.3f GiB)\n",
+            out, dev, nev, gib(apeak), gib(rpeak));
     free(live);
     tr_free(&t);
     return rc;

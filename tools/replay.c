@@ -122,8 +122,9 @@ bool replay_trace(const tr_trace_t *t, const char *snapshot_out, replay_result_t
     memset(r, 0, sizeof(*r));
     int ndev = sp_device_count();
     if (t->ndev > ndev) {
-        snprintf(err, errlen, "the trace has %d devices but sympool has %d (set SYMPOOL_HOST_DEVICES)",
-                 t->ndev, ndev);
+        snprintf(err, errlen,
+                 "the trace has %d devices but sympool has %d (set SYMPOOL_HOST_DEVICES)", t->ndev,
+                 ndev);
         return false;
     }
     r->devices = t->ndev;
@@ -233,11 +234,13 @@ static void print_json(const char *trace, const replay_result_t *r, const char *
            (long long)r->peak_allocated, (long long)r->peak_reserved,
            (unsigned long long)r->pytorch_peak_reserved,
            (unsigned long long)r->pytorch_final_reserved,
-           (unsigned long long)r->trace_peak_requested, r->ooms, r->recorded_ooms,
-           r->skipped_frees, r->ns_per_event, conf ? conf : "", capacity ? capacity : "");
+           (unsigned long long)r->trace_peak_requested, r->ooms, r->recorded_ooms, r->skipped_frees,
+           r->ns_per_event, conf ? conf : "", capacity ? capacity : "");
 }
 
-static double gib(double b) { return b / (1024.0 * 1024.0 * 1024.0); }
+static double gib(double b) {
+    return b / (1024.0 * 1024.0 * 1024.0);
+}
 
 static void print_text(const char *trace, const replay_result_t *r) {
     printf("replay of %s on %s (%d device%s)\n", trace, sp_backend_name(), r->devices,
@@ -266,7 +269,8 @@ int sp_cli_replay(int argc, char **argv) {
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if ((strcmp(a, "--conf") == 0 || strcmp(a, "--capacity") == 0 ||
-             strcmp(a, "--snapshot") == 0 || strcmp(a, "--repeat") == 0) && i + 1 >= argc) {
+             strcmp(a, "--snapshot") == 0 || strcmp(a, "--repeat") == 0) &&
+            i + 1 >= argc) {
             fprintf(stderr, "sympool replay: %s needs a value\n", a);
             return 2;
         }
@@ -286,8 +290,7 @@ int sp_cli_replay(int argc, char **argv) {
                 return 2;
             }
             repeat = (int)n;
-        }
-        else if (a[0] == '-' && a[1] != '\0') {
+        } else if (a[0] == '-' && a[1] != '\0') {
             fprintf(stderr, "sympool replay: unknown option %s\n", a);
             return 2;
         } else if (trace == NULL)
@@ -353,7 +356,8 @@ int sp_cli_replay(int argc, char **argv) {
     sp__log_set_fn(NULL, NULL);
     tr_free(&t);
     if (oom_lines > 1)
-        fprintf(stderr, "sympool replay: %zu more out-of-memory warnings not shown\n", oom_lines - 1);
+        fprintf(stderr, "sympool replay: %zu more out-of-memory warnings not shown\n",
+                oom_lines - 1);
     if (!ok) {
         fprintf(stderr, "sympool replay: %s\n", err);
         (void)sp_shutdown();

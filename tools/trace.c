@@ -189,7 +189,7 @@ static bool load_events(const pk_value_t *list, int dev, tr_device_t *d, char *e
 
 /* Seeds, PyTorch's reserved timeline and the requested peak of one device. */
 static bool analyse(const pk_value_t *segments, int dev, tr_device_t *d, char *err, size_t errlen) {
-    tr_map_t live = {0};   /* addresses allocated in the trace and not yet freed */
+    tr_map_t live = {0};    /* addresses allocated in the trace and not yet freed */
     tr_map_t touched = {0}; /* addresses any alloc/free event names */
     size_t cap = 0;
     bool ok = false;

@@ -31,12 +31,12 @@ typedef enum {
 } tr_action_t;
 
 typedef struct tr_event {
-    tr_action_t action;
-    uint64_t addr;             /* block/segment address; device free bytes for oom */
-    uint64_t size;             /* bytes (alloc: requested; free_*: requested_size; segment_*) */
-    uint64_t stream;           /* recorded stream handle, 0 = default */
-    int64_t time_us;           /* 0 when absent */
-    const pk_value_t *frames;  /* list of frame dicts, or NULL */
+    tr_action_t action;       /* what happened */
+    uint64_t addr;            /* block/segment address; device free bytes for oom */
+    uint64_t size;            /* bytes (alloc: requested; free_*: requested_size; segment_*) */
+    uint64_t stream;          /* recorded stream handle, 0 = default */
+    int64_t time_us;          /* 0 when absent */
+    const pk_value_t *frames; /* list of frame dicts, or NULL */
 } tr_event_t;
 
 typedef struct tr_seed {
@@ -47,24 +47,24 @@ typedef struct tr_seed {
 } tr_seed_t;
 
 typedef struct tr_device {
-    tr_event_t *ev;            /* events in order */
-    size_t nev;
-    tr_seed_t *seeds;          /* blocks live before recording began, by address */
-    size_t nseeds;
-    uint64_t seeded_bytes;     /* sum of the seeds' sizes */
-    uint64_t final_reserved;   /* sum of the final segments' total_size */
-    uint64_t start_reserved;   /* reserved before the first event (walking back from the end) */
-    uint64_t peak_reserved;    /* PyTorch's peak reserved over the trace */
-    uint64_t peak_requested;   /* peak of seeds + allocs - free_requested sizes */
-    size_t recorded_ooms;      /* oom events in the trace */
+    tr_event_t *ev;          /* events in order */
+    size_t nev;              /* entries in ev */
+    tr_seed_t *seeds;        /* blocks live before recording began, by address */
+    size_t nseeds;           /* entries in seeds */
+    uint64_t seeded_bytes;   /* sum of the seeds' sizes */
+    uint64_t final_reserved; /* sum of the final segments' total_size */
+    uint64_t start_reserved; /* reserved before the first event (walking back from the end) */
+    uint64_t peak_reserved;  /* PyTorch's peak reserved over the trace */
+    uint64_t peak_requested; /* peak of seeds + allocs - free_requested sizes */
+    size_t recorded_ooms;    /* oom events in the trace */
 } tr_device_t;
 
 typedef struct tr_trace {
-    pk_doc_t *doc;       /* the parsed snapshot (frames point into it) */
-    const pk_value_t *root;
-    int ndev;            /* device_traces entries (at least every segment's device + 1) */
-    tr_device_t *dev;    /* per device */
-    size_t nsegments;    /* segments in the snapshot */
+    pk_doc_t *doc;          /* the parsed snapshot (frames point into it) */
+    const pk_value_t *root; /* its top-level dict (or segment list) */
+    int ndev;               /* device_traces entries (at least every segment's device + 1) */
+    tr_device_t *dev;       /* per device */
+    size_t nsegments;       /* segments in the snapshot */
 } tr_trace_t;
 
 /* Load a snapshot file (pickle). Fills t; on failure writes a one-line reason and returns

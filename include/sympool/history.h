@@ -37,7 +37,7 @@ typedef struct sp_history_params {
     bool c_stacks;                /**< record C stack frames */
 } sp_history_params_t;
 
-/** Defaults: enabled ALL, context ALL, max_entries 0 (unbounded), c_stacks false. NULL is ignored. */
+/** Defaults: enabled ALL, context ALL, max_entries 0 (unbounded), c_stacks false; NULL ignored */
 void sp_history_params_init(sp_history_params_t *params);
 
 /**

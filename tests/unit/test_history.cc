@@ -116,25 +116,60 @@ void expect_memoryviz_opcodes(const std::string &path) {
     while (i < b.size() && !stopped) {
         unsigned op = u8(i++);
         switch (op) {
-        case '}': case ']': case ')': case '(': case 'u': case 'e': case 'a': case 's':
-        case 0x86: case 0x85: case 0x87: case 'N': case 0x88: case 0x89: case 0x94: case 't':
-        case 'l': case 'd':
+        case '}':
+        case ']':
+        case ')':
+        case '(':
+        case 'u':
+        case 'e':
+        case 'a':
+        case 's':
+        case 0x86:
+        case 0x85:
+        case 0x87:
+        case 'N':
+        case 0x88:
+        case 0x89:
+        case 0x94:
+        case 't':
+        case 'l':
+        case 'd':
             break;
-        case 'K': case 'h': case 'q': i += 1; break;
-        case 'M': i += 2; break;
-        case 'J': case 'j': case 'r': i += 4; break;
-        case 'G': case 0x95: i += 8; break;
+        case 'K':
+        case 'h':
+        case 'q':
+            i += 1;
+            break;
+        case 'M':
+            i += 2;
+            break;
+        case 'J':
+        case 'j':
+        case 'r':
+            i += 4;
+            break;
+        case 'G':
+        case 0x95:
+            i += 8;
+            break;
         case 0x8a: {
             size_t n = u8(i);
             ASSERT_LE(n, 8u) << "LONG1 wider than 8 bytes at " << i - 1;
             i += 1 + n;
             break;
         }
-        case 0x8c: i += 1 + u8(i); break;
-        case 'X': i += 4 + u32(i); break;
-        case '.': stopped = true; break;
-        default: FAIL() << "opcode 0x" << std::hex << op << " at " << std::dec << i - 1
-                        << " is not one MemoryViz.js reads";
+        case 0x8c:
+            i += 1 + u8(i);
+            break;
+        case 'X':
+            i += 4 + u32(i);
+            break;
+        case '.':
+            stopped = true;
+            break;
+        default:
+            FAIL() << "opcode 0x" << std::hex << op << " at " << std::dec << i - 1
+                   << " is not one MemoryViz.js reads";
         }
     }
     EXPECT_TRUE(stopped);
@@ -341,8 +376,9 @@ TEST_F(History, StreamAndPoolFields) {
         EXPECT_EQ((uint64_t)second, pid.second);
         const pk_value_t *tr = pk_at(pk_get(d.root(), "device_traces"), 0);
         for (size_t i = 0; i < pk_len(tr); i++) {
-            int64_t addr = geti(pk_at(tr, i), pk_get_str(pk_at(tr, i), "action")[0] == 'o'
-                                                  ? "device_free" : "addr");
+            int64_t addr =
+                geti(pk_at(tr, i),
+                     pk_get_str(pk_at(tr, i), "action")[0] == 'o' ? "device_free" : "addr");
             EXPECT_NE((uintptr_t)addr, (uintptr_t)a) << "default-pool event in a pool snapshot";
         }
         EXPECT_STREQ(pk_get_str(pk_at(tr, pk_len(tr) - 1), "action"), "snapshot");
@@ -618,10 +654,11 @@ TEST_F(History, SnapshotIsConsistentAndReadable) {
         EXPECT_EQ(ss.str().rfind("{\"segments\":[{\"device\":0,", 0), 0u);
     }
     if (system("python3 -c 'import json' >/dev/null 2>&1") == 0) {
-        std::string cmd = "python3 -c \"import pickle,json,sys; s=pickle.load(open(sys.argv[1],'rb')); "
-                          "j=json.load(open(sys.argv[2])); assert len(s['segments'])==len(j['segments']); "
-                          "assert s['segments'][0]['segment_pool_id']==(0,0)\" " +
-                          dir + "/snap.pickle " + dir + "/snap.json";
+        std::string cmd =
+            "python3 -c \"import pickle,json,sys; s=pickle.load(open(sys.argv[1],'rb')); "
+            "j=json.load(open(sys.argv[2])); assert len(s['segments'])==len(j['segments']); "
+            "assert s['segments'][0]['segment_pool_id']==(0,0)\" " +
+            dir + "/snap.pickle " + dir + "/snap.json";
         EXPECT_EQ(system(cmd.c_str()), 0) << cmd;
     }
     // Atomic: the directory holds exactly the two files, no temporaries.

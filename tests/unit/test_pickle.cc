@@ -31,7 +31,9 @@ Bytes finish(sp__emit_t *e) {
     return out;
 }
 
-std::string as_string(const Bytes &b) { return std::string(b.begin(), b.end()); }
+std::string as_string(const Bytes &b) {
+    return std::string(b.begin(), b.end());
+}
 
 Bytes read_file(const std::string &path) {
     std::ifstream f(path, std::ios::binary);
@@ -90,24 +92,24 @@ TEST(PickleWrite, SmallSnapshotOpcodeByOpcode) {
     Bytes b = finish(&e);
 
     const unsigned char want[] = {
-        0x80, 4,                                          // PROTO 4
-        '}', '(',                                         // EMPTY_DICT MARK
-        0x8c, 8, 's', 'e', 'g', 'm', 'e', 'n', 't', 's',  // SHORT_BINUNICODE "segments"
-        ']', '(',                                         // EMPTY_LIST MARK
-        '}', '(',                                         // EMPTY_DICT MARK
-        0x8c, 6, 'd', 'e', 'v', 'i', 'c', 'e', 'K', 0,    // "device" BININT1 0
-        0x8c, 7, 'a', 'd', 'd', 'r', 'e', 's', 's',       // "address"
-        0x8a, 6, 0, 0, 0, 0, 0x00, 0x7f,                  // LONG1 6 bytes 0x7f0000000000
-        0x8c, 15, 's', 'e', 'g', 'm', 'e', 'n', 't', '_', 'p', 'o', 'o', 'l', '_', 'i', 'd',
-        'K', 0, 'K', 1, 0x86,                             // TUPLE2 (0, 1)
-        0x8c, 13, 'i', 's', '_', 'e', 'x', 'p', 'a', 'n', 'd', 'a', 'b', 'l', 'e',
+        0x80, 4,                                               // PROTO 4
+        '}',  '(',                                             // EMPTY_DICT MARK
+        0x8c, 8,   's', 'e', 'g',  'm',  'e',  'n',  't', 's', // SHORT_BINUNICODE "segments"
+        ']',  '(',                                             // EMPTY_LIST MARK
+        '}',  '(',                                             // EMPTY_DICT MARK
+        0x8c, 6,   'd', 'e', 'v',  'i',  'c',  'e',  'K', 0,   // "device" BININT1 0
+        0x8c, 7,   'a', 'd', 'd',  'r',  'e',  's',  's',      // "address"
+        0x8a, 6,   0,   0,   0,    0,    0x00, 0x7f,           // LONG1 6 bytes 0x7f0000000000
+        0x8c, 15,  's', 'e', 'g',  'm',  'e',  'n',  't', '_', 'p', 'o', 'o', 'l', '_',
+        'i',  'd', 'K', 0,   'K',  1,    0x86, // TUPLE2 (0, 1)
+        0x8c, 13,  'i', 's', '_',  'e',  'x',  'p',  'a', 'n', 'd', 'a', 'b', 'l', 'e',
         0x89,                                             // NEWFALSE
-        0x8c, 6, 'f', 'r', 'a', 'm', 'e', 's', ']',       // empty list: no MARK/APPENDS
+        0x8c, 6,   'f', 'r', 'a',  'm',  'e',  's',  ']', // empty list: no MARK/APPENDS
         'u',                                              // SETITEMS (segment dict)
         'e',                                              // APPENDS (segments list)
-        0x8c, 1, 'x', 'G', 0x3f, 0xe0, 0, 0, 0, 0, 0, 0,  // BINFLOAT 0.5 big-endian
-        0x8c, 1, 'n', 'N',                                // NONE
-        'u', '.'};                                        // SETITEMS STOP
+        0x8c, 1,   'x', 'G', 0x3f, 0xe0, 0,    0,    0,   0,   0,   0, // BINFLOAT 0.5 big-endian
+        0x8c, 1,   'n', 'N',                                           // NONE
+        'u',  '.'};                                                    // SETITEMS STOP
     ASSERT_EQ(b.size(), sizeof(want));
     for (size_t i = 0; i < sizeof(want); i++)
         ASSERT_EQ(b[i], want[i]) << "byte " << i;
@@ -131,10 +133,23 @@ TEST(PickleWrite, SmallSnapshotOpcodeByOpcode) {
 }
 
 TEST(PickleWrite, IntegerEncodingsRoundTrip) {
-    const int64_t vals[] = {0,           1,          255,        256,        65535,
-                            65536,       -1,         -128,       -129,       INT32_MAX,
-                            INT32_MIN,   (int64_t)INT32_MAX + 1, (int64_t)INT32_MIN - 1,
-                            1ll << 47,   -(1ll << 47), INT64_MAX, INT64_MIN};
+    const int64_t vals[] = {0,
+                            1,
+                            255,
+                            256,
+                            65535,
+                            65536,
+                            -1,
+                            -128,
+                            -129,
+                            INT32_MAX,
+                            INT32_MIN,
+                            (int64_t)INT32_MAX + 1,
+                            (int64_t)INT32_MIN - 1,
+                            1ll << 47,
+                            -(1ll << 47),
+                            INT64_MAX,
+                            INT64_MIN};
     sp__emit_t e;
     sp__emit_init(&e, false);
     sp__emit_list_begin(&e);
@@ -174,7 +189,7 @@ TEST(PickleWrite, LargeContainersAreBatchedAndStringsLong) {
     for (int i = 0; i < 2500; i++)
         sp__emit_int(&e, i);
     sp__emit_str(&e, std::string(300, 'a').c_str()); // BINUNICODE
-    sp__emit_str(&e, "bad\xff utf8");                  // replaced, length kept
+    sp__emit_str(&e, "bad\xff utf8");                // replaced, length kept
     sp__emit_list_end(&e);
     Bytes b = finish(&e);
     size_t appends = 0;
@@ -207,8 +222,8 @@ TEST(PickleWrite, MemoWritesSharedValuesOnce) {
     sp__emit_list_end(&e);
     Bytes b = finish(&e);
     // The inner list, MEMOIZE, then BINGET 0 for every later use.
-    const unsigned char head[] = {0x80, 4, ']', '(', ']', '(', 0x8c, 5, 'f', 'r', 'a', 'm', 'e',
-                                  'e', 0x94, 'h', 0, 'h', 0};
+    const unsigned char head[] = {0x80, 4,   ']', '(', ']',  '(', 0x8c, 5,   'f', 'r',
+                                  'a',  'm', 'e', 'e', 0x94, 'h', 0,    'h', 0};
     ASSERT_GE(b.size(), sizeof(head));
     for (size_t i = 0; i < sizeof(head); i++)
         EXPECT_EQ(b[i], head[i]) << "byte " << i;
@@ -283,7 +298,8 @@ TEST(PickleRead, RealPyTorchSnapshot) {
     // Memoized frames are shared values, and reachable.
     EXPECT_GT(pk_len(pk_get(e0, "frames")), 10u);
     double gc = -1;
-    EXPECT_TRUE(pk_num(pk_get(pk_get(root, "allocator_settings"), "garbage_collection_threshold"), &gc));
+    EXPECT_TRUE(
+        pk_num(pk_get(pk_get(root, "allocator_settings"), "garbage_collection_threshold"), &gc));
     EXPECT_EQ(gc, 0.0);
     pk_free(doc);
 }
@@ -297,8 +313,8 @@ TEST(PickleRead, HostileOpcodesAreRejectedByName) {
     const struct {
         unsigned char op;
         const char *name;
-    } bad[] = {{0x93, "STACK_GLOBAL"}, {'b', "BUILD"}, {'i', "INST"},     {'o', "OBJ"},
-               {0x81, "NEWOBJ"},       {0x92, "NEWOBJ_EX"}, {0x82, "EXT1"}, {'P', "PERSID"},
+    } bad[] = {{0x93, "STACK_GLOBAL"}, {'b', "BUILD"},       {'i', "INST"},  {'o', "OBJ"},
+               {0x81, "NEWOBJ"},       {0x92, "NEWOBJ_EX"},  {0x82, "EXT1"}, {'P', "PERSID"},
                {'Q', "BINPERSID"},     {0x97, "NEXT_BUFFER"}};
     for (auto &x : bad) {
         Bytes b = {0x80, 4, 'N', x.op, '.'};
@@ -308,10 +324,13 @@ TEST(PickleRead, HostileOpcodesAreRejectedByName) {
 
 TEST(PickleRead, MalformedInputsGiveOffsets) {
     EXPECT_EQ(parse(Bytes{}), "pickle: empty input at offset 0");
-    EXPECT_EQ(parse(Bytes{0x80, 1, 'N', '.'}), "pickle: protocol 1 not supported (2-5 are) at offset 0");
-    EXPECT_EQ(parse(Bytes{0x80, 6, 'N', '.'}), "pickle: protocol 6 not supported (2-5 are) at offset 0");
+    EXPECT_EQ(parse(Bytes{0x80, 1, 'N', '.'}),
+              "pickle: protocol 1 not supported (2-5 are) at offset 0");
+    EXPECT_EQ(parse(Bytes{0x80, 6, 'N', '.'}),
+              "pickle: protocol 6 not supported (2-5 are) at offset 0");
     EXPECT_EQ(parse(Bytes{0x80, 4, 'N'}), "pickle: truncated pickle (no STOP) at offset 3");
-    EXPECT_EQ(parse(Bytes{0x80, 4, '.'}), "pickle: STOP with 0 values on the stack (1 expected) at offset 2");
+    EXPECT_EQ(parse(Bytes{0x80, 4, '.'}),
+              "pickle: STOP with 0 values on the stack (1 expected) at offset 2");
     EXPECT_EQ(parse(Bytes{0x80, 4, 'N', 'N', '.'}),
               "pickle: STOP with 2 values on the stack (1 expected) at offset 4");
     EXPECT_EQ(parse(Bytes{0x80, 4, 'h', 3, '.'}), "pickle: memo key 3 is not defined at offset 2");
@@ -320,8 +339,10 @@ TEST(PickleRead, MalformedInputsGiveOffsets) {
               "pickle: SETITEMS target is not a dict at offset 5");
     EXPECT_EQ(parse(Bytes{0x80, 4, '}', '(', 'N', 'u', '.'}),
               "pickle: SETITEMS with an odd number of items at offset 5");
-    EXPECT_EQ(parse(Bytes{0x80, 4, 'a', '.'}), "pickle: APPEND needs 2 values on the stack at offset 2");
-    EXPECT_EQ(parse(Bytes{0x80, 4, 'I', '1', '\n', '.'}), "pickle: opcode INT at offset 2 not supported");
+    EXPECT_EQ(parse(Bytes{0x80, 4, 'a', '.'}),
+              "pickle: APPEND needs 2 values on the stack at offset 2");
+    EXPECT_EQ(parse(Bytes{0x80, 4, 'I', '1', '\n', '.'}),
+              "pickle: opcode INT at offset 2 not supported");
     EXPECT_EQ(parse(Bytes{0x80, 4, 0xff, '.'}), "pickle: unknown opcode 0xff at offset 2");
     // A length that runs past the end.
     EXPECT_EQ(parse(Bytes{0x80, 4, 'X', 0xff, 0xff, 0xff, 0x7f, 'a', '.'}),
@@ -337,7 +358,10 @@ TEST(PickleRead, MalformedInputsGiveOffsets) {
               "pickle: LONG4 with a negative length at offset 2");
     // A 9-byte LONG1 that still fits (sign extension) is fine.
     pk_doc_t *doc = nullptr;
-    ASSERT_EQ(parse(Bytes{0x80, 4, 0x8a, 9, 0xfe, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, '.'}, &doc), "");
+    ASSERT_EQ(
+        parse(Bytes{0x80, 4, 0x8a, 9, 0xfe, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, '.'},
+              &doc),
+        "");
     int64_t v = 0;
     EXPECT_TRUE(pk_int(pk_root(doc), &v));
     EXPECT_EQ(v, -2);
@@ -418,9 +442,9 @@ TEST(PickleRead, FuzzMutatedRealTracesAndRandomBytes) {
     sp__emit_dict_end(&e);
     Bytes ours = finish(&e);
     const Bytes *seeds[] = {&small, &ours};
-    const unsigned char interesting[] = {'(', ')', ']', '}', 'u', 'e', 'a', 's', 't', '.', 'h',
-                                         'j', 'q', 'r', 0x94, 0x95, 0x8a, 0x8b, 'X', 0x8c, 0x8d,
-                                         'c', 'R', 0x80, 0x85, 0x86, 0x87, '0', '1', '2'};
+    const unsigned char interesting[] = {'(',  ')', ']', '}',  'u',  'e',  'a',  's',  't', '.',
+                                         'h',  'j', 'q', 'r',  0x94, 0x95, 0x8a, 0x8b, 'X', 0x8c,
+                                         0x8d, 'c', 'R', 0x80, 0x85, 0x86, 0x87, '0',  '1', '2'};
     Rng rng{0x5eed5eedull};
     size_t ok = 0, failed = 0;
     for (int iter = 0; iter < 3000; iter++) {
@@ -430,9 +454,16 @@ TEST(PickleRead, FuzzMutatedRealTracesAndRandomBytes) {
         for (int m = 0; m < nmut && !b.empty(); m++) {
             size_t at = rng.below(b.size());
             switch (kind) {
-            case 0: b[at] = (unsigned char)rng.next(); break;                         // random byte
-            case 1: b[at] = interesting[rng.below(sizeof(interesting))]; break;      // opcode byte
-            case 2: b.erase(b.begin() + (long)at, b.begin() + (long)std::min(b.size(), at + 1 + rng.below(16))); break;
+            case 0:
+                b[at] = (unsigned char)rng.next();
+                break; // random byte
+            case 1:
+                b[at] = interesting[rng.below(sizeof(interesting))];
+                break; // opcode byte
+            case 2:
+                b.erase(b.begin() + (long)at,
+                        b.begin() + (long)std::min(b.size(), at + 1 + rng.below(16)));
+                break;
             case 3: { // duplicate a slice somewhere else
                 size_t from = rng.below(b.size());
                 size_t len = std::min(b.size() - from, 1 + rng.below(32));
@@ -440,7 +471,9 @@ TEST(PickleRead, FuzzMutatedRealTracesAndRandomBytes) {
                 b.insert(b.begin() + (long)at, slice.begin(), slice.end());
                 break;
             }
-            default: b[at] ^= (unsigned char)(1u << rng.below(8)); break;          // bit flip
+            default:
+                b[at] ^= (unsigned char)(1u << rng.below(8));
+                break; // bit flip
             }
         }
         pk_doc_t *doc = nullptr;

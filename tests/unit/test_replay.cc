@@ -95,9 +95,9 @@ std::vector<unsigned char> synthetic(bool with_bad_event = false) {
     sp__emit_list_begin(&e);
     sp__emit_list_begin(&e);
     const Ev evs[] = {{"segment_alloc", SEG_B, 2 * MiB},   {"alloc", SEG_B, 1000},
-                      {"free_requested", EARLY, 3000},      {"free_completed", EARLY, 3000},
-                      {"alloc", SEG_A + 4 * MiB, 2 * MiB},  {"free_requested", SEG_B, 1000},
-                      {"free_completed", SEG_B, 1000},      {"segment_free", SEG_B, 2 * MiB}};
+                      {"free_requested", EARLY, 3000},     {"free_completed", EARLY, 3000},
+                      {"alloc", SEG_A + 4 * MiB, 2 * MiB}, {"free_requested", SEG_B, 1000},
+                      {"free_completed", SEG_B, 1000},     {"segment_free", SEG_B, 2 * MiB}};
     int64_t t = 1700000000000000ll;
     for (const Ev &ev : evs)
         emit_event(&e, ev, t += 10);
@@ -285,7 +285,8 @@ TEST_F(Replay, FuzzedSnapshotsLoadOrExplain) {
 
 TEST_F(Replay, RealForwardTraceStaysWithinPyTorchsReserved) {
     const char *dd = getenv("SP_TEST_DATA_DIR");
-    std::string path = std::string(dd ? dd : SP_TEST_DATA_DIR_DEFAULT) + "/cs336-2.7b-ctx128-forward-bf16.pickle";
+    std::string path =
+        std::string(dd ? dd : SP_TEST_DATA_DIR_DEFAULT) + "/cs336-2.7b-ctx128-forward-bf16.pickle";
     tr_trace_t t;
     char why[256] = "";
     ASSERT_TRUE(tr_load(path.c_str(), &t, why, sizeof(why))) << why;
