@@ -9,6 +9,7 @@
  * segments and follows the segment events. Each pixel column shows the maximum reached inside
  * it, so short peaks stay visible however long the trace. No globals, no lock.
  */
+#include <ctype.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -41,27 +42,73 @@ static int cmp_size_desc(const void *a, const void *b) {
     return x->size < y->size ? 1 : x->size > y->size ? -1 : 0;
 }
 
-/* A short "where": the first frame in user Python code, else the first Python frame, else the
- * first frame. */
+/* Frames that say nothing about the caller: the capture machinery, allocator internals and the
+ * interpreter loop (PyTorch's viewer hides most of the same). */
+static bool boring(const char *name) {
+    static const char *const words[] = {
+        "unwind::unwind", "CapturedTraceback", "gather_with_cpp", "CachingAllocator",
+        "_start",         "__libc_start_main", "PyEval_",         "PyObject_",
+        "PyFunction_",    "sp_malloc",         "sp_torch_malloc", "sp_mempool_malloc"};
+    for (size_t i = 0; i < sizeof(words) / sizeof(words[0]); i++)
+        if (strstr(name, words[i]) != NULL)
+            return true;
+    return false;
+}
+
+/* Copy the identifier that ends just before `end` (letters, digits, '_') into out. */
+static void word_before(const char *start, const char *end, char *out, size_t cap) {
+    const char *b = end;
+    while (b > start && (isalnum((unsigned char)b[-1]) || b[-1] == '_'))
+        b--;
+    snprintf(out, cap, "%.*s", (int)(end - b), b);
+}
+
+/* A short "where" for a block: the first frame in the user's own Python code; else, for stacks
+ * without Python (autograd's backward thread), the ATen op and the autograd node
+ * ("aten::bmm in BmmBackward0"); else the first Python frame; else the first telling frame. */
 static void where_of(const pk_value_t *frames, char *out, size_t cap) {
-    const pk_value_t *pick = NULL, *py = NULL;
+    const pk_value_t *user = NULL, *py = NULL, *first = NULL;
+    char op[96] = "", node[96] = "";
     for (size_t i = 0; i < pk_len(frames); i++) {
         const pk_value_t *f = pk_at(frames, i);
-        const char *file = pk_get_str(f, "filename");
-        if (file == NULL)
+        const char *file = pk_get_str(f, "filename"), *name = pk_get_str(f, "name");
+        if (file == NULL || name == NULL || boring(name))
             continue;
+        if (first == NULL)
+            first = f;
         size_t n = strlen(file);
         if (n > 3 && strcmp(file + n - 3, ".py") == 0) {
             if (py == NULL)
                 py = f;
             if (strstr(file, "site-packages") == NULL && strstr(file, "/torch/") == NULL) {
-                pick = f;
+                user = f;
                 break;
             }
         }
+        const char *ops = strstr(name, "at::_ops::");
+        if (op[0] == '\0' && ops != NULL) {
+            const char *e = strstr(ops + 10, "::");
+            if (e != NULL)
+                snprintf(op, sizeof(op), "aten::%.*s", (int)(e - ops - 10), ops + 10);
+        }
+        const char *bw = strstr(name, "Backward");
+        if (node[0] == '\0' && bw != NULL) {
+            const char *e = bw + 8;
+            while (isdigit((unsigned char)*e))
+                e++;
+            word_before(name, e, node, sizeof(node));
+        }
+    }
+    const pk_value_t *pick = user != NULL ? user : NULL;
+    if (pick == NULL && op[0] != '\0') {
+        if (node[0] != '\0')
+            snprintf(out, cap, "%s in %s", op, node);
+        else
+            snprintf(out, cap, "%s", op);
+        return;
     }
     if (pick == NULL)
-        pick = py != NULL ? py : pk_at(frames, 0);
+        pick = py != NULL ? py : first;
     if (pick == NULL) {
         snprintf(out, cap, "(no stack recorded)");
         return;
