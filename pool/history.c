@@ -57,6 +57,7 @@ static struct {
     sp_history_context_t
         context;       /* which records carry frames (g.lock; atomic: capture's fast check) */
     bool c_stacks;     /* capture C frames (g.lock) */
+    int want_frames;   /* hook set or c_stacks (g.lock; atomic: capture's fast exit) */
     size_t cap;        /* ring capacity; 0 = unbounded (g.lock) */
     ring_t *rings;     /* one per device seen (g.lock) */
     int nrings;        /* entries in rings (g.lock) */
@@ -300,6 +301,8 @@ uint32_t sp__history_capture(bool is_free) {
     sp_history_context_t level = __atomic_load_n(&g.context, __ATOMIC_RELAXED);
     if (level == SP_CONTEXT_NONE || (is_free && level != SP_CONTEXT_ALL))
         return 0;
+    if (!__atomic_load_n(&g.want_frames, __ATOMIC_RELAXED))
+        return 0; /* no hook and no C stacks: nothing to capture, no lock taken */
     /* Read the hook and its argument together (a concurrent sp_history_set_frames_hook must not
      * pair one hook with another's argument); the hook itself runs with no lock held. */
     pthread_mutex_lock(&g.lock);
@@ -389,6 +392,7 @@ SP_EXPORT void sp_history_set_frames_hook(sp_history_frames_fn fn, void *arg) {
     pthread_mutex_lock(&g.lock);
     g.hook = fn;
     g.hook_arg = arg;
+    __atomic_store_n(&g.want_frames, fn != NULL || g.c_stacks, __ATOMIC_RELAXED);
     pthread_mutex_unlock(&g.lock);
 }
 
@@ -577,6 +581,7 @@ SP_EXPORT sp_status_t sp_record_memory_history(const sp_history_params_t *params
     g.cap = cap;
     g.enabled = params->enabled;
     g.c_stacks = params->c_stacks;
+    __atomic_store_n(&g.want_frames, g.hook != NULL || g.c_stacks, __ATOMIC_RELAXED);
     __atomic_store_n(&g.context, params->context, __ATOMIC_RELAXED);
     __atomic_store_n(&sp__history_active, 1, __ATOMIC_RELAXED);
     pthread_mutex_unlock(&g.lock);
@@ -597,6 +602,7 @@ void sp__history_shutdown(void) {
     g.enabled = SP_HISTORY_OFF;
     __atomic_store_n(&g.context, SP_CONTEXT_NONE, __ATOMIC_RELAXED);
     g.c_stacks = false;
+    __atomic_store_n(&g.want_frames, g.hook != NULL, __ATOMIC_RELAXED);
     g.cap = 0;
     /* Contexts still referenced here are leaked references of blocks that outlived shutdown;
      * free them all so a new session starts clean. */
