@@ -658,8 +658,8 @@ bool pk_parse(const void *buf, size_t len, const pk_limits_t *lim, pk_doc_t **do
     return true;
 }
 
-bool pk_parse_file(const char *path, size_t max_bytes, const pk_limits_t *lim, pk_doc_t **doc_p,
-                   char *err, size_t errlen) {
+bool pk_read_file(const char *path, size_t max_bytes, unsigned char **buf_p, size_t *len_p,
+                  char *err, size_t errlen) {
     FILE *f = fopen(path, "rb");
     if (f == NULL) {
         snprintf(err, errlen, "cannot open %s: %s", path, strerror(errno));
@@ -668,6 +668,8 @@ bool pk_parse_file(const char *path, size_t max_bytes, const pk_limits_t *lim, p
     size_t cap = 1 << 20, len = 0;
     unsigned char *buf = malloc(cap);
     bool ok = buf != NULL;
+    if (!ok)
+        snprintf(err, errlen, "out of memory reading %s", path);
     while (ok) {
         if (len == cap) {
             if (cap >= max_bytes) {
@@ -678,6 +680,7 @@ bool pk_parse_file(const char *path, size_t max_bytes, const pk_limits_t *lim, p
             cap = cap * 2 > max_bytes ? max_bytes : cap * 2;
             unsigned char *nb = realloc(buf, cap);
             if (nb == NULL) {
+                snprintf(err, errlen, "out of memory reading %s", path);
                 ok = false;
                 break;
             }
@@ -694,10 +697,22 @@ bool pk_parse_file(const char *path, size_t max_bytes, const pk_limits_t *lim, p
         }
     }
     fclose(f);
-    if (buf == NULL)
-        snprintf(err, errlen, "out of memory reading %s", path);
-    if (ok)
-        ok = pk_parse(buf, len, lim, doc_p, err, errlen);
+    if (!ok) {
+        free(buf);
+        return false;
+    }
+    *buf_p = buf;
+    *len_p = len;
+    return true;
+}
+
+bool pk_parse_file(const char *path, size_t max_bytes, const pk_limits_t *lim, pk_doc_t **doc_p,
+                   char *err, size_t errlen) {
+    unsigned char *buf = NULL;
+    size_t len = 0;
+    if (!pk_read_file(path, max_bytes, &buf, &len, err, errlen))
+        return false;
+    bool ok = pk_parse(buf, len, lim, doc_p, err, errlen);
     free(buf);
     return ok;
 }

@@ -69,6 +69,9 @@ void pk_limits_default(pk_limits_t *lim);
  * returns false and writes "pickle: <what> at offset N" into err. lim may be NULL (defaults). */
 bool pk_parse(const void *buf, size_t len, const pk_limits_t *lim, pk_doc_t **doc_p, char *err,
               size_t errlen);
+/* Read a whole file of at most max_bytes into a new buffer (caller frees). */
+bool pk_read_file(const char *path, size_t max_bytes, unsigned char **buf_p, size_t *len_p,
+                  char *err, size_t errlen);
 /* Read a whole file (at most max_bytes) and parse it. */
 bool pk_parse_file(const char *path, size_t max_bytes, const pk_limits_t *lim, pk_doc_t **doc_p,
                    char *err, size_t errlen);

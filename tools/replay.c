@@ -252,7 +252,7 @@ static void print_text(const char *trace, const replay_result_t *r) {
     printf("  peak requested       %.3f GiB (trace: %.3f GiB)\n", gib((double)r->peak_requested),
            gib((double)r->trace_peak_requested));
     printf("  peak allocated       %.3f GiB\n", gib((double)r->peak_allocated));
-    printf("  peak reserved        %.3f GiB   PyTorch: %.3f GiB (%+.2f%%)\n",
+    printf("  peak reserved        %.3f GiB   recorded run: %.3f GiB (%+.2f%%)\n",
            gib((double)r->peak_reserved), gib((double)r->pytorch_peak_reserved),
            r->pytorch_peak_reserved
                ? 100.0 * ((double)r->peak_reserved - (double)r->pytorch_peak_reserved) /

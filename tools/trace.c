@@ -13,6 +13,8 @@
  */
 #include "tools/trace.h"
 
+#include "tools/json_read.h"
+
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -331,13 +333,34 @@ bool tr_from_doc(pk_doc_t *doc, tr_trace_t *t, char *err, size_t errlen) {
 
 bool tr_load(const char *path, tr_trace_t *t, char *err, size_t errlen) {
     memset(t, 0, sizeof(*t));
-    pk_doc_t *doc = NULL;
+    unsigned char *buf = NULL;
+    size_t len = 0;
     char why[256];
-    if (!pk_parse_file(path, (size_t)4 << 30, NULL, &doc, why, sizeof(why))) {
-        size_t n = strlen(path);
-        bool json = n > 5 && strcmp(path + n - 5, ".json") == 0;
-        snprintf(err, errlen, "%s: %s%s", path, why,
-                 json ? " (JSON snapshots are for viewers; give the .pickle form)" : "");
+    if (!pk_read_file(path, (size_t)4 << 30, &buf, &len, why, sizeof(why))) {
+        snprintf(err, errlen, "%s", why);
+        return false;
+    }
+    /* A JSON snapshot (ours, or one a viewer saved) starts with '{' or '[': translate it. */
+    size_t i = 0;
+    while (i < len && (buf[i] == ' ' || buf[i] == '\n' || buf[i] == '\r' || buf[i] == '\t'))
+        i++;
+    if (i < len && (buf[i] == '{' || buf[i] == '[')) {
+        char *pickle = NULL;
+        size_t plen = 0;
+        bool ok = json_to_pickle((const char *)buf, len, &pickle, &plen, why, sizeof(why));
+        free(buf);
+        if (!ok) {
+            snprintf(err, errlen, "%s: %s", path, why);
+            return false;
+        }
+        buf = (unsigned char *)pickle;
+        len = plen;
+    }
+    pk_doc_t *doc = NULL;
+    bool ok = pk_parse(buf, len, NULL, &doc, why, sizeof(why));
+    free(buf);
+    if (!ok) {
+        snprintf(err, errlen, "%s: %s", path, why);
         return false;
     }
     if (!tr_from_doc(doc, t, why, sizeof(why))) {

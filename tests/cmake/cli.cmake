@@ -5,6 +5,7 @@
 set(SP_CLI_TOOL_SOURCES
   ${PROJECT_SOURCE_DIR}/tools/pickle_read.c
   ${PROJECT_SOURCE_DIR}/tools/trace.c
+  ${PROJECT_SOURCE_DIR}/tools/json_read.c
   ${PROJECT_SOURCE_DIR}/tools/replay.c)
 # test_history exports its symbols (-rdynamic) so that dladdr can name the C frames it checks.
 if(TARGET test_history)
@@ -41,7 +42,7 @@ if(TARGET sympool_cli)
     COMMAND $<TARGET_FILE:sympool_cli> replay ${SP_CLI_TRACE} --conf max_split_size_mb:64
             --snapshot ${SP_CLI_OUT}/replay.pickle)
   set_tests_properties(cli.replay_conf PROPERTIES LABELS "unit;cli" TIMEOUT 120
-    PASS_REGULAR_EXPRESSION "peak reserved +[0-9.]+ GiB +PyTorch: 22.580 GiB")
+    PASS_REGULAR_EXPRESSION "peak reserved +[0-9.]+ GiB +recorded run: 22.580 GiB")
 
   add_test(NAME cli.replay_repeat
     COMMAND $<TARGET_FILE:sympool_cli> replay ${SP_CLI_TRACE} --json --repeat 3)

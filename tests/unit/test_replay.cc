@@ -8,12 +8,15 @@
 
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
+#include <iterator>
 #include <string>
 #include <vector>
 
 extern "C" {
 #include "pool/pickle_write.h"
 #include "tools/cli.h"
+#include "tools/json_read.h"
 #include "tools/pickle_read.h"
 #include "tools/trace.h"
 }
@@ -281,6 +284,130 @@ TEST_F(Replay, FuzzedSnapshotsLoadOrExplain) {
     }
     EXPECT_GT(loaded, 0u);
     EXPECT_GT(refused, 0u);
+}
+
+// ---- JSON snapshots -----------------------------------------------------------------------
+
+std::string json_parse(const std::string &text, pk_doc_t **doc_p = nullptr) {
+    char *pk = nullptr;
+    size_t len = 0;
+    char err[256] = "";
+    if (!json_to_pickle(text.data(), text.size(), &pk, &len, err, sizeof(err)))
+        return err;
+    pk_doc_t *doc = nullptr;
+    bool ok = pk_parse(pk, len, nullptr, &doc, err, sizeof(err));
+    free(pk);
+    if (!ok)
+        return err;
+    if (doc_p)
+        *doc_p = doc;
+    else
+        pk_free(doc);
+    return "";
+}
+
+TEST_F(Replay, JsonValuesTranslate) {
+    pk_doc_t *doc = nullptr;
+    ASSERT_EQ(json_parse(" {\"a\": [1, -2, 9223372036854775807, 2.5e3, "
+                         "true, false, null], \"s\": \"q\\\"\\\\\\/\\n\\u00e9\\ud83d\\ude00\", "
+                         "\"e\": {}, \"l\": []} ",
+                         &doc),
+              "");
+    const pk_value_t *root = pk_root(doc);
+    const pk_value_t *a = pk_get(root, "a");
+    ASSERT_EQ(pk_len(a), 7u);
+    int64_t v = 0;
+    EXPECT_TRUE(pk_int(pk_at(a, 1), &v));
+    EXPECT_EQ(v, -2);
+    EXPECT_TRUE(pk_int(pk_at(a, 2), &v));
+    EXPECT_EQ(v, INT64_MAX);
+    double d = 0;
+    EXPECT_TRUE(pk_num(pk_at(a, 3), &d));
+    EXPECT_EQ(d, 2500.0);
+    EXPECT_EQ(pk_at(a, 4)->type, PK_BOOL);
+    EXPECT_EQ(pk_at(a, 6)->type, PK_NONE);
+    EXPECT_STREQ(pk_get_str(root, "s"), "q\"\\/\n\xc3\xa9\xf0\x9f\x98\x80");
+    EXPECT_EQ(pk_len(pk_get(root, "e")), 0u);
+    EXPECT_EQ(pk_get(root, "l")->type, PK_LIST);
+    pk_free(doc);
+    // Beyond int64 the reader refuses, naming the pickle offset.
+    EXPECT_EQ(json_parse("[18446744073709551615]"),
+              "pickle: LONG1 integer wider than 64 bits at offset 4");
+}
+
+TEST_F(Replay, JsonErrorsNameOffsets) {
+    EXPECT_EQ(json_parse(""), "json: truncated input at offset 0");
+    EXPECT_EQ(json_parse("{\"a\" 1}"), "json: expected ':' at offset 5");
+    EXPECT_EQ(json_parse("[1,]"), "json: bad number at offset 3");
+    EXPECT_EQ(json_parse("[1 2]"), "json: expected ',' or ']' at offset 3");
+    EXPECT_EQ(json_parse("{1:2}"), "json: expected a string key at offset 1");
+    EXPECT_EQ(json_parse("\"abc"), "json: unterminated string at offset 4");
+    EXPECT_EQ(json_parse("\"\\ud800\""), "json: lone surrogate at offset 7");
+    EXPECT_EQ(json_parse("\"\\u0000\""), "json: NUL in string at offset 7");
+    EXPECT_EQ(json_parse("[tru]"), "json: unexpected token at offset 1");
+    EXPECT_EQ(json_parse("[1] x"), "json: trailing characters at offset 4");
+    EXPECT_EQ(json_parse("99999999999999999999"), "json: integer out of 64-bit range at offset 20");
+    EXPECT_EQ(json_parse(std::string(40, '[') + std::string(40, ']')),
+              "json: nesting too deep at offset 31");
+}
+
+TEST_F(Replay, JsonSnapshotLoadsLikeThePickle) {
+    ASSERT_SP_OK([] {
+        sp_history_params_t p;
+        sp_history_params_init(&p);
+        return sp_record_memory_history(&p);
+    }());
+    void *a = nullptr, *b = nullptr;
+    ASSERT_SP_OK(sp_malloc(3000, 0, nullptr, &a));
+    ASSERT_SP_OK(sp_malloc(12 * MiB, 0, nullptr, &b));
+    ASSERT_SP_OK(sp_free(a));
+    char dir[] = "/tmp/sp_replay_XXXXXX";
+    ASSERT_NE(mkdtemp(dir), nullptr);
+    std::string pj = std::string(dir) + "/s.json", pp = std::string(dir) + "/s.pickle";
+    ASSERT_SP_OK(sp_dump_snapshot(pj.c_str()));
+    ASSERT_SP_OK(sp_dump_snapshot(pp.c_str()));
+    tr_trace_t tj, tp;
+    char e1[256] = "", e2[256] = "";
+    ASSERT_TRUE(tr_load(pj.c_str(), &tj, e1, sizeof(e1))) << e1;
+    ASSERT_TRUE(tr_load(pp.c_str(), &tp, e2, sizeof(e2))) << e2;
+    EXPECT_EQ(tj.nsegments, tp.nsegments);
+    EXPECT_EQ(tj.dev[0].final_reserved, tp.dev[0].final_reserved);
+    EXPECT_EQ(tj.dev[0].peak_reserved, tp.dev[0].peak_reserved);
+    // The pickle was written one snapshot later: one more `snapshot` entry.
+    EXPECT_EQ(tj.dev[0].nev + 1, tp.dev[0].nev);
+    for (size_t i = 0; i < tj.dev[0].nev; i++) {
+        EXPECT_EQ(tj.dev[0].ev[i].action, tp.dev[0].ev[i].action) << i;
+        EXPECT_EQ(tj.dev[0].ev[i].addr, tp.dev[0].ev[i].addr) << i;
+        EXPECT_EQ(tj.dev[0].ev[i].size, tp.dev[0].ev[i].size) << i;
+    }
+    tr_free(&tj);
+    tr_free(&tp);
+    // A mutated JSON file is refused with a reason or loads; it never crashes.
+    std::ifstream f(pj);
+    std::string text((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+    uint64_t s = 42;
+    for (int iter = 0; iter < 1500; iter++) {
+        std::string m = text;
+        for (int k = 0; k < 1 + iter % 3; k++) {
+            s = s * 6364136223846793005ull + 1442695040888963407ull;
+            m[(size_t)(s >> 33) % m.size()] = "{}[],:\"0a-e\\ "[(s >> 20) % 14];
+        }
+        char *pk = nullptr;
+        size_t len = 0;
+        char err[256] = "";
+        if (json_to_pickle(m.data(), m.size(), &pk, &len, err, sizeof(err))) {
+            pk_doc_t *doc = nullptr;
+            if (pk_parse(pk, len, nullptr, &doc, err, sizeof(err)))
+                pk_free(doc);
+            free(pk);
+        } else {
+            ASSERT_NE(strstr(err, "at offset"), nullptr) << err;
+        }
+    }
+    unlink(pj.c_str());
+    unlink(pp.c_str());
+    rmdir(dir);
+    ASSERT_SP_OK(sp_free(b));
 }
 
 TEST_F(Replay, RealForwardTraceStaysWithinPyTorchsReserved) {

@@ -1,0 +1,349 @@
+/*
+ * json_read.c: reads a JSON memory snapshot (sympool's ".json" snapshots; recent PyTorch viewers
+ * accept the same) by translating it into the equivalent pickle with the library's emitter and
+ * handing that to the restricted pickle reader, so both forms end in the same values and the
+ * same checks.
+ *
+ * The parser is a strict recursive-descent RFC 8259 reader: objects, arrays, strings (with
+ * escapes and surrogate pairs), integers (int64, and uint64 above it), floats, true, false, null.
+ * Nesting is bounded by the emitter's depth (32); every error names its byte offset. No lock.
+ */
+#include "tools/json_read.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "pool/pickle_write.h"
+
+typedef struct jp {
+    const char *p;   /* input */
+    size_t len, pos; /* size, cursor */
+    sp__emit_t *e;   /* output */
+    int depth;       /* open containers */
+    char *err;       /* message buffer */
+    size_t errlen;   /* its size */
+    char *sbuf;      /* decoded string scratch */
+    size_t scap;     /* its size */
+} jp_t;
+
+static bool jfail(jp_t *j, const char *what) {
+    snprintf(j->err, j->errlen, "json: %s at offset %zu", what, j->pos);
+    return false;
+}
+
+static void skip_ws(jp_t *j) {
+    while (j->pos < j->len && (j->p[j->pos] == ' ' || j->p[j->pos] == '\t' ||
+                               j->p[j->pos] == '\n' || j->p[j->pos] == '\r'))
+        j->pos++;
+}
+
+static bool literal(jp_t *j, const char *word) {
+    size_t n = strlen(word);
+    if (j->len - j->pos < n || memcmp(j->p + j->pos, word, n) != 0)
+        return jfail(j, "unexpected token");
+    j->pos += n;
+    return true;
+}
+
+static bool put_utf8(jp_t *j, size_t *o, unsigned long cp) {
+    unsigned char b[4];
+    size_t n;
+    if (cp < 0x80) {
+        b[0] = (unsigned char)cp;
+        n = 1;
+    } else if (cp < 0x800) {
+        b[0] = (unsigned char)(0xc0 | (cp >> 6));
+        b[1] = (unsigned char)(0x80 | (cp & 0x3f));
+        n = 2;
+    } else if (cp < 0x10000) {
+        b[0] = (unsigned char)(0xe0 | (cp >> 12));
+        b[1] = (unsigned char)(0x80 | ((cp >> 6) & 0x3f));
+        b[2] = (unsigned char)(0x80 | (cp & 0x3f));
+        n = 3;
+    } else {
+        b[0] = (unsigned char)(0xf0 | (cp >> 18));
+        b[1] = (unsigned char)(0x80 | ((cp >> 12) & 0x3f));
+        b[2] = (unsigned char)(0x80 | ((cp >> 6) & 0x3f));
+        b[3] = (unsigned char)(0x80 | (cp & 0x3f));
+        n = 4;
+    }
+    if (*o + n + 1 > j->scap) {
+        size_t cap = (j->scap ? j->scap : 256) * 2 + n;
+        char *nb = realloc(j->sbuf, cap);
+        if (nb == NULL)
+            return jfail(j, "out of memory");
+        j->sbuf = nb;
+        j->scap = cap;
+    }
+    memcpy(j->sbuf + *o, b, n);
+    *o += n;
+    return true;
+}
+
+static bool hex4(jp_t *j, unsigned long *v) {
+    if (j->len - j->pos < 4)
+        return jfail(j, "truncated \\u escape");
+    *v = 0;
+    for (int i = 0; i < 4; i++) {
+        char c = j->p[j->pos++];
+        int d = c >= '0' && c <= '9'   ? c - '0'
+                : c >= 'a' && c <= 'f' ? c - 'a' + 10
+                : c >= 'A' && c <= 'F' ? c - 'A' + 10
+                                       : -1;
+        if (d < 0)
+            return jfail(j, "bad \\u escape");
+        *v = *v * 16 + (unsigned long)d;
+    }
+    return true;
+}
+
+/* A string into j->sbuf (NUL-terminated). Embedded NULs are refused: keys and values are C
+ * strings downstream. */
+static bool string(jp_t *j) {
+    size_t o = 0;
+    if (j->sbuf == NULL) {
+        j->sbuf = malloc(256);
+        if (j->sbuf == NULL)
+            return jfail(j, "out of memory");
+        j->scap = 256;
+    }
+    j->pos++; /* the opening quote */
+    for (;;) {
+        if (j->pos >= j->len)
+            return jfail(j, "unterminated string");
+        unsigned char c = (unsigned char)j->p[j->pos];
+        if (c == '"') {
+            j->pos++;
+            break;
+        }
+        if (c < 0x20)
+            return jfail(j, "control character in string");
+        unsigned long cp = c;
+        j->pos++;
+        if (c == '\\') {
+            if (j->pos >= j->len)
+                return jfail(j, "truncated escape");
+            char x = j->p[j->pos++];
+            switch (x) {
+            case '"':
+                cp = '"';
+                break;
+            case '\\':
+                cp = '\\';
+                break;
+            case '/':
+                cp = '/';
+                break;
+            case 'b':
+                cp = '\b';
+                break;
+            case 'f':
+                cp = '\f';
+                break;
+            case 'n':
+                cp = '\n';
+                break;
+            case 'r':
+                cp = '\r';
+                break;
+            case 't':
+                cp = '\t';
+                break;
+            case 'u': {
+                if (!hex4(j, &cp))
+                    return false;
+                if (cp >= 0xd800 && cp < 0xdc00) { /* a surrogate pair */
+                    unsigned long lo;
+                    if (j->len - j->pos < 2 || j->p[j->pos] != '\\' || j->p[j->pos + 1] != 'u')
+                        return jfail(j, "lone surrogate");
+                    j->pos += 2;
+                    if (!hex4(j, &lo) || lo < 0xdc00 || lo > 0xdfff)
+                        return jfail(j, "bad surrogate pair");
+                    cp = 0x10000 + ((cp - 0xd800) << 10) + (lo - 0xdc00);
+                } else if (cp >= 0xdc00 && cp < 0xe000) {
+                    return jfail(j, "lone surrogate");
+                }
+                if (cp == 0)
+                    return jfail(j, "NUL in string");
+                break;
+            }
+            default:
+                return jfail(j, "bad escape");
+            }
+            if (!put_utf8(j, &o, cp))
+                return false;
+            continue;
+        }
+        /* Raw bytes are copied as they are (the emitter replaces invalid UTF-8). */
+        if (o + 2 > j->scap) {
+            size_t cap = (j->scap ? j->scap : 256) * 2;
+            char *nb = realloc(j->sbuf, cap);
+            if (nb == NULL)
+                return jfail(j, "out of memory");
+            j->sbuf = nb;
+            j->scap = cap;
+        }
+        j->sbuf[o++] = (char)c;
+    }
+    j->sbuf[o] = '\0'; /* both writers keep one byte free */
+    return true;
+}
+
+static bool number(jp_t *j) {
+    size_t start = j->pos;
+    bool is_float = false;
+    if (j->pos < j->len && j->p[j->pos] == '-')
+        j->pos++;
+    if (j->pos >= j->len || j->p[j->pos] < '0' || j->p[j->pos] > '9')
+        return jfail(j, "bad number");
+    while (j->pos < j->len) {
+        char c = j->p[j->pos];
+        if (c >= '0' && c <= '9') {
+            j->pos++;
+        } else if (c == '.' || c == 'e' || c == 'E' || c == '+' || (c == '-' && j->pos > start)) {
+            is_float = true;
+            j->pos++;
+        } else {
+            break;
+        }
+    }
+    char buf[64];
+    size_t n = j->pos - start;
+    if (n >= sizeof(buf))
+        return jfail(j, "number too long");
+    memcpy(buf, j->p + start, n);
+    buf[n] = '\0';
+    char *end = NULL;
+    errno = 0;
+    if (!is_float) {
+        if (buf[0] == '-') {
+            long long v = strtoll(buf, &end, 10);
+            if (errno == 0 && *end == '\0') {
+                sp__emit_int(j->e, v);
+                return true;
+            }
+        } else {
+            unsigned long long v = strtoull(buf, &end, 10);
+            if (errno == 0 && *end == '\0') {
+                sp__emit_uint(j->e, v);
+                return true;
+            }
+        }
+        return jfail(j, "integer out of 64-bit range");
+    }
+    double d = strtod(buf, &end);
+    if (*end != '\0' || !isfinite(d))
+        return jfail(j, "bad number");
+    sp__emit_double(j->e, d);
+    return true;
+}
+
+static bool value(jp_t *j);
+
+static bool container(jp_t *j, bool object) {
+    if (++j->depth > SP__EMIT_MAX_DEPTH - 1)
+        return jfail(j, "nesting too deep");
+    j->pos++;
+    if (object)
+        sp__emit_dict_begin(j->e);
+    else
+        sp__emit_list_begin(j->e);
+    skip_ws(j);
+    char close = object ? '}' : ']';
+    if (j->pos < j->len && j->p[j->pos] == close) {
+        j->pos++;
+    } else {
+        for (;;) {
+            skip_ws(j);
+            if (object) {
+                if (j->pos >= j->len || j->p[j->pos] != '"')
+                    return jfail(j, "expected a string key");
+                if (!string(j))
+                    return false;
+                sp__emit_key(j->e, j->sbuf);
+                skip_ws(j);
+                if (j->pos >= j->len || j->p[j->pos] != ':')
+                    return jfail(j, "expected ':'");
+                j->pos++;
+            }
+            if (!value(j))
+                return false;
+            skip_ws(j);
+            if (j->pos < j->len && j->p[j->pos] == ',') {
+                j->pos++;
+                continue;
+            }
+            if (j->pos < j->len && j->p[j->pos] == close) {
+                j->pos++;
+                break;
+            }
+            return jfail(j, object ? "expected ',' or '}'" : "expected ',' or ']'");
+        }
+    }
+    if (object)
+        sp__emit_dict_end(j->e);
+    else
+        sp__emit_list_end(j->e);
+    j->depth--;
+    return true;
+}
+
+static bool value(jp_t *j) {
+    skip_ws(j);
+    if (j->pos >= j->len)
+        return jfail(j, "truncated input");
+    switch (j->p[j->pos]) {
+    case '{':
+        return container(j, true);
+    case '[':
+        return container(j, false);
+    case '"':
+        if (!string(j))
+            return false;
+        sp__emit_str(j->e, j->sbuf);
+        return true;
+    case 't':
+        if (!literal(j, "true"))
+            return false;
+        sp__emit_bool(j->e, true);
+        return true;
+    case 'f':
+        if (!literal(j, "false"))
+            return false;
+        sp__emit_bool(j->e, false);
+        return true;
+    case 'n':
+        if (!literal(j, "null"))
+            return false;
+        sp__emit_none(j->e);
+        return true;
+    default:
+        return number(j);
+    }
+}
+
+bool json_to_pickle(const char *text, size_t len, char **pickle_p, size_t *len_p, char *err,
+                    size_t errlen) {
+    sp__emit_t e;
+    sp__emit_init(&e, false);
+    jp_t j = {text, len, 0, &e, 0, err, errlen, NULL, 0};
+    bool ok = value(&j);
+    if (ok) {
+        skip_ws(&j);
+        if (j.pos != j.len)
+            ok = jfail(&j, "trailing characters");
+    }
+    free(j.sbuf);
+    if (!ok) {
+        sp__emit_discard(&e);
+        return false;
+    }
+    if (sp__emit_finish(&e, pickle_p, len_p) != SP_SUCCESS) {
+        snprintf(err, errlen, "json: out of memory");
+        return false;
+    }
+    return true;
+}
