@@ -755,6 +755,40 @@ TEST_F(History, SnapshotWriteFailuresLeaveNothing) {
     remove_tree(dir);
 }
 
+TEST_F(History, TwoDevicesHaveTheirOwnTraces) {
+    sp::ScopedEnv env({{"SYMPOOL_HOST_DEVICES", "2"}});
+    ASSERT_EQ(sp_device_count(), 2);
+    ASSERT_SP_OK(record(SP_HISTORY_ALL));
+    void *a = nullptr, *b = nullptr;
+    ASSERT_SP_OK(sp_malloc(1000, 1, nullptr, &a));
+    ASSERT_SP_OK(sp_malloc(5000, 0, nullptr, &b));
+    ASSERT_EQ(trace(1).size(), 2u);
+    EXPECT_EQ(trace(1)[1].addr, (uintptr_t)a);
+    ASSERT_EQ(trace(0).size(), 2u);
+    EXPECT_EQ(trace(0)[1].addr, (uintptr_t)b);
+    std::string dir = tempdir();
+    ASSERT_SP_OK(sp_dump_snapshot((dir + "/two.pickle").c_str()));
+    {
+        Doc d(dir + "/two.pickle");
+        const pk_value_t *traces = pk_get(d.root(), "device_traces");
+        ASSERT_EQ(pk_len(traces), 2u);
+        for (int dev = 0; dev < 2; dev++) {
+            const pk_value_t *tr = pk_at(traces, (size_t)dev);
+            ASSERT_EQ(pk_len(tr), 3u); // segment_alloc, alloc, snapshot
+            EXPECT_EQ((uintptr_t)geti(pk_at(tr, 1), "addr"), (uintptr_t)(dev == 1 ? a : b));
+        }
+        const pk_value_t *segs = pk_get(d.root(), "segments");
+        ASSERT_EQ(pk_len(segs), 2u);
+        std::set<int64_t> devs;
+        for (size_t i = 0; i < pk_len(segs); i++)
+            devs.insert(geti(pk_at(segs, i), "device"));
+        EXPECT_EQ(devs, (std::set<int64_t>{0, 1}));
+    }
+    remove_tree(dir);
+    ASSERT_SP_OK(sp_free(a));
+    ASSERT_SP_OK(sp_free(b));
+}
+
 TEST_F(History, SnapshotWithoutHistoryHasEmptyTraces) {
     void *p = nullptr;
     ASSERT_SP_OK(sp_malloc(1 << 20, 0, nullptr, &p));
