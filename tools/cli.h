@@ -33,6 +33,10 @@ typedef struct replay_result {
     int64_t peak_requested;          /* ours: requested_bytes.all.peak */
     int64_t peak_allocated;          /* ours: allocated_bytes.all.peak */
     int64_t peak_reserved;           /* ours: reserved_bytes.all.peak */
+    int64_t end_reserved;            /* ours after the last event: reserved_bytes.all.current */
+    int64_t end_allocated;           /* ours: allocated_bytes.all.current */
+    int64_t end_inactive_split;      /* ours: inactive_split_bytes.all.current (fragmentation) */
+    uint64_t pytorch_end_allocated;  /* the recorded run's allocated blocks at the end */
     uint64_t pytorch_peak_reserved;  /* PyTorch's, reconstructed from the trace */
     uint64_t pytorch_final_reserved; /* sum of the final segments */
     uint64_t trace_peak_requested;   /* seeds + allocs - frees, over the trace */

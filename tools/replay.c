@@ -152,6 +152,7 @@ bool replay_trace(const tr_trace_t *t, const char *snapshot_out, replay_result_t
         r->pytorch_peak_reserved += td->peak_reserved;
         r->pytorch_final_reserved += td->final_reserved;
         r->trace_peak_requested += td->peak_requested;
+        r->pytorch_end_allocated += td->final_allocated;
         for (size_t i = 0; ok && i < td->nseeds; i++)
             ok = do_alloc(&ds[d], d, td->seeds[i].addr, td->seeds[i].size, td->seeds[i].stream, r,
                           err, errlen);
@@ -177,6 +178,9 @@ bool replay_trace(const tr_trace_t *t, const char *snapshot_out, replay_result_t
         r->peak_requested += stat_of(d, "requested_bytes.all.peak");
         r->peak_allocated += stat_of(d, "allocated_bytes.all.peak");
         r->peak_reserved += stat_of(d, "reserved_bytes.all.peak");
+        r->end_reserved += stat_of(d, "reserved_bytes.all.current");
+        r->end_allocated += stat_of(d, "allocated_bytes.all.current");
+        r->end_inactive_split += stat_of(d, "inactive_split_bytes.all.current");
     }
     if (ok && snapshot_out != NULL) {
         sp_status_t st = sp_dump_snapshot(snapshot_out);
@@ -227,6 +231,8 @@ static void print_json(const char *trace, const replay_result_t *r, const char *
            "\"peak_requested_bytes\":%lld,\"peak_allocated_bytes\":%lld,"
            "\"peak_reserved_bytes\":%lld,\"pytorch_peak_reserved_bytes\":%llu,"
            "\"pytorch_final_reserved_bytes\":%llu,\"trace_peak_requested_bytes\":%llu,"
+           "\"end_reserved_bytes\":%lld,\"end_allocated_bytes\":%lld,"
+           "\"end_inactive_split_bytes\":%lld,\"pytorch_end_allocated_bytes\":%llu,"
            "\"ooms\":%zu,\"recorded_ooms\":%zu,\"skipped_frees\":%zu,\"ns_per_event\":%.1f,"
            "\"conf\":\"%s\",\"capacity\":\"%s\"}\n",
            sp_backend_name(), r->devices, r->trace_entries, r->events, r->allocs, r->frees,
@@ -234,8 +240,10 @@ static void print_json(const char *trace, const replay_result_t *r, const char *
            (long long)r->peak_allocated, (long long)r->peak_reserved,
            (unsigned long long)r->pytorch_peak_reserved,
            (unsigned long long)r->pytorch_final_reserved,
-           (unsigned long long)r->trace_peak_requested, r->ooms, r->recorded_ooms, r->skipped_frees,
-           r->ns_per_event, conf ? conf : "", capacity ? capacity : "");
+           (unsigned long long)r->trace_peak_requested, (long long)r->end_reserved,
+           (long long)r->end_allocated, (long long)r->end_inactive_split,
+           (unsigned long long)r->pytorch_end_allocated, r->ooms, r->recorded_ooms,
+           r->skipped_frees, r->ns_per_event, conf ? conf : "", capacity ? capacity : "");
 }
 
 static double gib(double b) {
@@ -258,6 +266,10 @@ static void print_text(const char *trace, const replay_result_t *r) {
                ? 100.0 * ((double)r->peak_reserved - (double)r->pytorch_peak_reserved) /
                      (double)r->pytorch_peak_reserved
                : 0.0);
+    printf("  at the end           %.3f GiB reserved, %.3f GiB allocated (recorded run: %.3f GiB "
+           "allocated), %.3f GiB free in split segments\n",
+           gib((double)r->end_reserved), gib((double)r->end_allocated),
+           gib((double)r->pytorch_end_allocated), gib((double)r->end_inactive_split));
     printf("  OOMs                 %zu (recorded run: %zu)\n", r->ooms, r->recorded_ooms);
     printf("  time per event       %.1f ns\n", r->ns_per_event);
 }

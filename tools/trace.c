@@ -234,6 +234,8 @@ static bool analyse(const pk_value_t *segments, int dev, tr_device_t *d, char *e
             }
             if (!pk_get_int(blk, "requested_size", &req) || req <= 0)
                 req = bsize;
+            if (strcmp(state, "active_allocated") == 0)
+                d->final_allocated += (uint64_t)bsize;
             if (strcmp(state, "inactive") != 0 && !tr_map_get(&touched, baddr, NULL)) {
                 const pk_value_t *fr = pk_get(blk, "frames");
                 if (!add_seed(d, &cap, baddr, (uint64_t)req, (uint64_t)stream,

@@ -47,16 +47,17 @@ typedef struct tr_seed {
 } tr_seed_t;
 
 typedef struct tr_device {
-    tr_event_t *ev;          /* events in order */
-    size_t nev;              /* entries in ev */
-    tr_seed_t *seeds;        /* blocks live before recording began, by address */
-    size_t nseeds;           /* entries in seeds */
-    uint64_t seeded_bytes;   /* sum of the seeds' sizes */
-    uint64_t final_reserved; /* sum of the final segments' total_size */
-    uint64_t start_reserved; /* reserved before the first event (walking back from the end) */
-    uint64_t peak_reserved;  /* PyTorch's peak reserved over the trace */
-    uint64_t peak_requested; /* peak of seeds + allocs - free_requested sizes */
-    size_t recorded_ooms;    /* oom events in the trace */
+    tr_event_t *ev;           /* events in order */
+    size_t nev;               /* entries in ev */
+    tr_seed_t *seeds;         /* blocks live before recording began, by address */
+    size_t nseeds;            /* entries in seeds */
+    uint64_t seeded_bytes;    /* sum of the seeds' sizes */
+    uint64_t final_reserved;  /* sum of the final segments' total_size */
+    uint64_t final_allocated; /* sum of the final active_allocated blocks' sizes */
+    uint64_t start_reserved;  /* reserved before the first event (walking back from the end) */
+    uint64_t peak_reserved;   /* PyTorch's peak reserved over the trace */
+    uint64_t peak_requested;  /* peak of seeds + allocs - free_requested sizes */
+    size_t recorded_ooms;     /* oom events in the trace */
 } tr_device_t;
 
 typedef struct tr_trace {

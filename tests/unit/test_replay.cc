@@ -175,6 +175,9 @@ TEST_F(Replay, ReplaysRequestsInOrder) {
     EXPECT_GE(r.peak_reserved, r.peak_allocated);
     EXPECT_EQ(r.pytorch_peak_reserved, 22 * MiB);
     EXPECT_EQ(r.trace_peak_requested, 6 * MiB + 1000);
+    EXPECT_EQ(r.pytorch_end_allocated, 6 * MiB);    // the two allocated blocks of SEG_A
+    EXPECT_EQ(r.end_allocated, (int64_t)(6 * MiB)); // ours, rounded the same way
+    EXPECT_GE(r.end_reserved, r.end_allocated);
     // Our allocator needs a 20 MiB segment for the 4 MiB seed, one 2 MiB small segment, and the
     // 2 MiB block fits in the first segment's remainder: at most PyTorch's 22 MiB.
     EXPECT_LE((uint64_t)r.peak_reserved, r.pytorch_peak_reserved);
