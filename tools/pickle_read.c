@@ -381,7 +381,7 @@ static bool run(parser_t *ps) {
         ps->op = ps->pos;
         unsigned op = ps->p[ps->pos++];
         const unsigned char *a = ps->p + ps->pos; /* argument bytes (after need()) */
-        size_t first;
+        size_t first = 0; /* set by pop_mark before every use; 0 quiets -O2 */
         switch (op) {
         case 0x80: /* PROTO */
             if (!need(ps, 1, "PROTO"))
