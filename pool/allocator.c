@@ -442,9 +442,9 @@ static sp_status_t report_oom(sp_devalloc_t *d, sp_mempool_t *pool, size_t orig,
 sp_status_t sp__alloc_malloc(sp_devalloc_t *d, sp_mempool_t *pool, size_t orig, sp_stream_t stream,
                              void **ptr_p) {
     uint32_t ctx = SP_UNLIKELY(sp__history_active) ? sp__history_capture(false) : 0;
-    pthread_mutex_lock(&d->lock);
+    sp__lock(&d->lock);
     if (SP_UNLIKELY(pool->destroyed)) {
-        pthread_mutex_unlock(&d->lock);
+        sp__unlock(&d->lock);
         if (ctx)
             sp__history_context_release(ctx);
         return sp__error(SP_ERR_INVALID_USAGE, SP_SUB_POOL,
@@ -483,7 +483,7 @@ sp_status_t sp__alloc_malloc(sp_devalloc_t *d, sp_mempool_t *pool, size_t orig, 
         if (!b) {
             if (s == SP_ERR_OUT_OF_MEMORY)
                 s = report_oom(d, pool, orig, size, stream, limit_hit, fraction_hit, ctx);
-            pthread_mutex_unlock(&d->lock);
+            sp__unlock(&d->lock);
             if (ctx)
                 sp__history_context_release(ctx);
             return s;
@@ -493,7 +493,7 @@ sp_status_t sp__alloc_malloc(sp_devalloc_t *d, sp_mempool_t *pool, size_t orig, 
     }
     sp__alloc_found_block(d, b, size, orig, ctx);
     *ptr_p = (void *)b->addr;
-    pthread_mutex_unlock(&d->lock);
+    sp__unlock(&d->lock);
     return SP_SUCCESS;
 }
 
@@ -525,7 +525,7 @@ static sp_status_t explain_bad_pointer(const char *what, const void *ptr) {
     uintptr_t a = (uintptr_t)ptr;
     for (int i = 0; i < sp__g.ndev; i++) {
         sp_devalloc_t *d = &sp__g.devs[i];
-        pthread_mutex_lock(&d->lock);
+        sp__lock(&d->lock);
         sp_segment_t *seg = sp__segidx_find(d, a);
         if (seg) {
             sp_block_t *b = seg->head;
@@ -533,7 +533,7 @@ static sp_status_t explain_bad_pointer(const char *what, const void *ptr) {
                 b = b->next;
             bool start = b && b->addr == a, live = b && b->allocated;
             uintptr_t base = b ? b->addr : 0;
-            pthread_mutex_unlock(&d->lock);
+            sp__unlock(&d->lock);
             if (start && !live)
                 return sp__error(SP_ERR_INVALID_USAGE, SP_SUB_POOL,
                                  "%s(%p): the block is not allocated (double free?)", what, ptr);
@@ -542,7 +542,7 @@ static sp_status_t explain_bad_pointer(const char *what, const void *ptr) {
                              ", not at its start",
                              what, ptr, (size_t)(a - base), live ? "allocated" : "free", base);
         }
-        pthread_mutex_unlock(&d->lock);
+        sp__unlock(&d->lock);
     }
     return sp__error(SP_ERR_INVALID_USAGE, SP_SUB_POOL,
                      "%s(%p): not a pointer sympool returned (another allocator's, or already "
@@ -564,16 +564,16 @@ SP_EXPORT sp_status_t sp_free(void *ptr) {
         if (a < atomic_load_explicit(&d->lo, memory_order_relaxed) ||
             a >= atomic_load_explicit(&d->hi, memory_order_relaxed))
             continue;
-        pthread_mutex_lock(&d->lock);
+        sp__lock(&d->lock);
         sp_block_t *b = sp__ptr_map_remove(&d->map, a);
         if (b) {
             sp__alloc_free_locked(d, b, ctx);
-            pthread_mutex_unlock(&d->lock);
+            sp__unlock(&d->lock);
             if (ctx)
                 sp__history_context_release(ctx);
             return SP_SUCCESS;
         }
-        pthread_mutex_unlock(&d->lock);
+        sp__unlock(&d->lock);
     }
     if (ctx)
         sp__history_context_release(ctx);
@@ -590,7 +590,7 @@ SP_EXPORT sp_status_t sp_record_stream(void *ptr, sp_stream_t stream) {
     uintptr_t a = (uintptr_t)ptr;
     for (int i = 0; i < sp__g.ndev; i++) {
         sp_devalloc_t *d = &sp__g.devs[i];
-        pthread_mutex_lock(&d->lock);
+        sp__lock(&d->lock);
         sp_block_t *b = sp__ptr_map_find(&d->map, a);
         if (!b) {
             sp_segment_t *seg = sp__segidx_find(d, a);
@@ -601,23 +601,23 @@ SP_EXPORT sp_status_t sp_record_stream(void *ptr, sp_stream_t stream) {
                 b = NULL;
         }
         if (!b) {
-            pthread_mutex_unlock(&d->lock);
+            sp__unlock(&d->lock);
             continue;
         }
         if (sdev >= 0 && sdev != i) {
-            pthread_mutex_unlock(&d->lock);
+            sp__unlock(&d->lock);
             return sp__error(SP_ERR_INVALID_ARGUMENT, SP_SUB_POOL,
                              "sp_record_stream(%p): the stream belongs to device %d, the block "
                              "to device %d",
                              ptr, sdev, i);
         }
         if (stream == b->stream) {
-            pthread_mutex_unlock(&d->lock);
+            sp__unlock(&d->lock);
             return SP_SUCCESS; /* a use on the allocation stream needs no event */
         }
         for (uint32_t k = 0; k < b->nuses; k++) {
             if (b->uses[k] == stream) {
-                pthread_mutex_unlock(&d->lock);
+                sp__unlock(&d->lock);
                 return SP_SUCCESS;
             }
         }
@@ -625,14 +625,14 @@ SP_EXPORT sp_status_t sp_record_stream(void *ptr, sp_stream_t stream) {
             uint32_t cap = b->cap_uses ? b->cap_uses * 2 : 4;
             sp_stream_t *u = realloc(b->uses, cap * sizeof(*u));
             if (!u) {
-                pthread_mutex_unlock(&d->lock);
+                sp__unlock(&d->lock);
                 return sp__error(SP_ERR_SYSTEM, SP_SUB_POOL, "out of host memory");
             }
             b->uses = u;
             b->cap_uses = cap;
         }
         b->uses[b->nuses++] = stream;
-        pthread_mutex_unlock(&d->lock);
+        sp__unlock(&d->lock);
         return SP_SUCCESS;
     }
     return explain_bad_pointer("sp_record_stream", ptr);

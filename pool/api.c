@@ -10,13 +10,41 @@
  * sympool (it is the process's last call, or a test's).
  */
 #include <inttypes.h>
+#include <linux/futex.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 #include "pool/alloc_int.h"
 
 sp_alloc_global_t sp__g = {.init_lock = PTHREAD_MUTEX_INITIALIZER};
 atomic_int sp__ready;
+
+/* ---- the device lock's slow paths (see sp_lock_t) ---------------------------------------- */
+
+void sp__lock_slow(sp_lock_t *l) {
+    for (int i = 0; i < 200; i++) {
+        int c = atomic_load_explicit(&l->v, memory_order_relaxed);
+        if (c == 0 && atomic_compare_exchange_weak_explicit(&l->v, &c, 1, memory_order_acquire,
+                                                            memory_order_relaxed))
+            return;
+#if defined(__x86_64__) || defined(__i386__)
+        __builtin_ia32_pause();
+#endif
+    }
+    /* Mark the lock contended (2) and sleep until the holder's unlock wakes us. */
+    int c = atomic_exchange_explicit(&l->v, 2, memory_order_acquire);
+    while (c != 0) {
+        syscall(SYS_futex, &l->v, FUTEX_WAIT_PRIVATE, 2, NULL, NULL, 0);
+        c = atomic_exchange_explicit(&l->v, 2, memory_order_acquire);
+    }
+}
+
+void sp__unlock_wake(sp_lock_t *l) {
+    atomic_store_explicit(&l->v, 0, memory_order_release);
+    syscall(SYS_futex, &l->v, FUTEX_WAKE_PRIVATE, 1, NULL, NULL, 0);
+}
 
 static void dev_fini(sp_devalloc_t *d) {
     sp_mempool_t *p = d->pools;
@@ -36,18 +64,11 @@ static void dev_fini(sp_devalloc_t *d) {
     }
     sp__ptr_map_fini(&d->map);
     free(d->segs);
-    pthread_mutex_destroy(&d->lock);
 }
 
 static sp_status_t dev_init(sp_devalloc_t *d, int device) {
     memset(d, 0, sizeof(*d));
-    /* Adaptive: spin briefly before sleeping. Critical sections on the cache-hit path are tens
-     * of nanoseconds, so two threads on one device mostly avoid the futex syscall. */
-    pthread_mutexattr_t attr;
-    pthread_mutexattr_init(&attr);
-    pthread_mutexattr_settype(&attr, PTHREAD_MUTEX_ADAPTIVE_NP);
-    pthread_mutex_init(&d->lock, &attr);
-    pthread_mutexattr_destroy(&attr);
+    atomic_init(&d->lock.v, 0);
     d->device = device;
     d->allowed_max = SIZE_MAX;
     sp__stats_init(&d->stats, sp__g.conf.max_split_size);
@@ -135,12 +156,12 @@ SP_EXPORT sp_status_t sp_shutdown(void) {
         return SP_SUCCESS;
     }
     for (int i = 0; i < sp__g.ndev; i++)
-        pthread_mutex_lock(&sp__g.devs[i].lock);
+        sp__lock(&sp__g.devs[i].lock);
     for (int i = 0; i < sp__g.ndev; i++) {
         int64_t live = sp__g.devs[i].stats.arr[SP_ST_ALLOCATION][SP_STAT_ALL].current;
         if (live) {
             for (int k = sp__g.ndev - 1; k >= 0; k--)
-                pthread_mutex_unlock(&sp__g.devs[k].lock);
+                sp__unlock(&sp__g.devs[k].lock);
             pthread_mutex_unlock(&sp__g.init_lock);
             return sp__error(SP_ERR_BUSY, SP_SUB_POOL,
                              "sp_shutdown: %" PRId64 " block(s) are still allocated on device "
@@ -156,7 +177,7 @@ SP_EXPORT sp_status_t sp_shutdown(void) {
             release_all(d, p);
     }
     for (int i = sp__g.ndev - 1; i >= 0; i--)
-        pthread_mutex_unlock(&sp__g.devs[i].lock);
+        sp__unlock(&sp__g.devs[i].lock);
     for (int i = 0; i < sp__g.ndev; i++)
         dev_fini(&sp__g.devs[i]);
     free(sp__g.devs);
@@ -202,10 +223,10 @@ SP_EXPORT sp_status_t sp_set_memory_fraction(double fraction, int device) {
     if (!(fraction >= 0.0 && fraction <= 1.0))
         return sp__error(SP_ERR_INVALID_ARGUMENT, SP_SUB_POOL,
                          "sp_set_memory_fraction: %g is outside [0, 1]", fraction);
-    pthread_mutex_lock(&d->lock);
+    sp__lock(&d->lock);
     d->allowed_max = fraction < 1.0 ? (size_t)(fraction * (double)d->total_mem) : SIZE_MAX;
     d->gc_enabled = d->allowed_max != SIZE_MAX && sp__g.conf.gc_threshold > 0.0;
-    pthread_mutex_unlock(&d->lock);
+    sp__unlock(&d->lock);
     return SP_SUCCESS;
 }
 
@@ -213,9 +234,9 @@ SP_EXPORT sp_status_t sp_empty_cache(void) {
     SP_CHECK(sp__alloc_ensure());
     for (int i = 0; i < sp__g.ndev; i++) {
         sp_devalloc_t *d = &sp__g.devs[i];
-        pthread_mutex_lock(&d->lock);
+        sp__lock(&d->lock);
         sp__alloc_release_cached(d);
-        pthread_mutex_unlock(&d->lock);
+        sp__unlock(&d->lock);
     }
     return SP_SUCCESS;
 }

@@ -120,13 +120,13 @@ static sp_status_t create(const sp_mempool_params_t *params, bool symmetric, voi
     if (!p)
         return sp__error(SP_ERR_SYSTEM, SP_SUB_POOL, "sp_mempool_create: out of host memory");
     p->sym_state = sym_state;
-    pthread_mutex_lock(&d->lock);
+    sp__lock(&d->lock);
     if (d->pools_tail)
         d->pools_tail->next = p;
     else
         d->pools = p;
     d->pools_tail = p;
-    pthread_mutex_unlock(&d->lock);
+    sp__unlock(&d->lock);
     SP_INFO(SP_SUB_POOL, "device %d: created %spool \"%s\" {0,%" PRIu64 "}%s%s%s", d->device,
             symmetric ? "symmetric " : "", pname(p), p->id.second,
             p->has_allocator ? " with its own allocator" : "", p->use_on_oom ? " use_on_oom" : "",
@@ -169,15 +169,15 @@ SP_EXPORT sp_status_t sp_mempool_destroy(sp_mempool_t *pool) {
                          "sp_mempool_destroy: the default pool of device %d cannot be destroyed",
                          pool->device);
     sp_devalloc_t *d = pool->dev;
-    pthread_mutex_lock(&d->lock);
+    sp__lock(&d->lock);
     if (pool->destroyed) {
-        pthread_mutex_unlock(&d->lock);
+        sp__unlock(&d->lock);
         return sp__error(SP_ERR_INVALID_USAGE, SP_SUB_POOL,
                          "sp_mempool_destroy: pool \"%s\" {0,%" PRIu64 "} was already destroyed",
                          pname(pool), pool->id.second);
     }
     if (atomic_load(&pool->use_count) > 1) {
-        pthread_mutex_unlock(&d->lock);
+        sp__unlock(&d->lock);
         return sp__error(SP_ERR_INVALID_USAGE, SP_SUB_POOL,
                          "sp_mempool_destroy: pool \"%s\" {0,%" PRIu64 "} is still routed by "
                          "sp_mempool_begin (use count %d); call sp_mempool_end first",
@@ -195,7 +195,7 @@ SP_EXPORT sp_status_t sp_mempool_destroy(sp_mempool_t *pool) {
             "device %d: destroyed pool \"%s\" {0,%" PRIu64 "} (%zu segments, %zu "
             "bytes still held by live blocks)",
             d->device, pname(pool), pool->id.second, pool->nsegments, pool->reserved);
-    pthread_mutex_unlock(&d->lock);
+    sp__unlock(&d->lock);
     return SP_SUCCESS;
 }
 
@@ -236,11 +236,11 @@ SP_EXPORT sp_status_t sp_mempool_begin(sp_mempool_t *pool) {
     if (n == MAX_ROUTE)
         return sp__error(SP_ERR_INVALID_USAGE, SP_SUB_POOL,
                          "sp_mempool_begin: more than %d nested pools on this thread", MAX_ROUTE);
-    pthread_mutex_lock(&pool->dev->lock);
+    sp__lock(&pool->dev->lock);
     bool destroyed = pool->destroyed;
     if (!destroyed)
         atomic_fetch_add(&pool->use_count, 1);
-    pthread_mutex_unlock(&pool->dev->lock);
+    sp__unlock(&pool->dev->lock);
     if (destroyed)
         return sp__error(SP_ERR_INVALID_USAGE, SP_SUB_POOL,
                          "sp_mempool_begin: pool \"%s\" {0,%" PRIu64 "} was destroyed", pname(pool),
@@ -298,12 +298,12 @@ typedef enum { Q_USED, Q_TOTAL, Q_NFREE, Q_LIMIT } query_t;
 static size_t query(const sp_mempool_t *pool, query_t q) {
     if (!pool)
         return 0;
-    pthread_mutex_lock(&pool->dev->lock);
+    sp__lock(&pool->dev->lock);
     size_t v = q == Q_USED    ? pool->used
                : q == Q_TOTAL ? pool->reserved
                : q == Q_NFREE ? pool->small.free.count + pool->large.free.count
                               : pool->limit;
-    pthread_mutex_unlock(&pool->dev->lock);
+    sp__unlock(&pool->dev->lock);
     return v;
 }
 
@@ -323,9 +323,9 @@ SP_EXPORT size_t sp_mempool_get_limit(const sp_mempool_t *pool) {
 SP_EXPORT size_t sp_mempool_free_bytes(const sp_mempool_t *pool) {
     if (!pool)
         return 0;
-    pthread_mutex_lock(&pool->dev->lock);
+    sp__lock(&pool->dev->lock);
     size_t v = pool->reserved - pool->used;
-    pthread_mutex_unlock(&pool->dev->lock);
+    sp__unlock(&pool->dev->lock);
     return v;
 }
 
@@ -339,19 +339,19 @@ SP_EXPORT sp_status_t sp_mempool_free_all_blocks(sp_mempool_t *pool, sp_stream_t
                          "segments is collective: use sp_symmetric_empty_cache",
                          pname(pool));
     sp_devalloc_t *d = pool->dev;
-    pthread_mutex_lock(&d->lock);
+    sp__lock(&d->lock);
     if (d->pending_events)
         sp__alloc_process_events(d);
     sp__alloc_release_pool(d, pool, stream != NULL, stream);
-    pthread_mutex_unlock(&d->lock);
+    sp__unlock(&d->lock);
     return SP_SUCCESS;
 }
 
 SP_EXPORT sp_status_t sp_mempool_set_limit(sp_mempool_t *pool, size_t bytes) {
     if (!pool)
         return sp__error(SP_ERR_INVALID_ARGUMENT, SP_SUB_POOL, "sp_mempool_set_limit: NULL pool");
-    pthread_mutex_lock(&pool->dev->lock);
+    sp__lock(&pool->dev->lock);
     pool->limit = bytes;
-    pthread_mutex_unlock(&pool->dev->lock);
+    sp__unlock(&pool->dev->lock);
     return SP_SUCCESS;
 }

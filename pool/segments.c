@@ -77,7 +77,7 @@ sp_status_t sp__pool_lookup(const void *ptr, sp_block_info_t *info_p) {
     uintptr_t a = (uintptr_t)ptr;
     for (int i = 0; i < sp__g.ndev; i++) {
         sp_devalloc_t *d = &sp__g.devs[i];
-        pthread_mutex_lock(&d->lock);
+        sp__lock(&d->lock);
         sp_segment_t *seg = sp__segidx_find(d, a);
         sp_block_t *b = seg ? block_at(seg, a) : NULL;
         if (b && b->allocated) {
@@ -90,10 +90,10 @@ sp_status_t sp__pool_lookup(const void *ptr, sp_block_info_t *info_p) {
             info_p->segment_seq = seg->seq;
             info_p->pool = seg->bpool->pool;
             info_p->stream = b->stream;
-            pthread_mutex_unlock(&d->lock);
+            sp__unlock(&d->lock);
             return SP_SUCCESS;
         }
-        pthread_mutex_unlock(&d->lock);
+        sp__unlock(&d->lock);
     }
     return sp__error_quiet(SP_ERR_INVALID_USAGE, SP_SUB_POOL, "%p is not in a live sympool block",
                            ptr);
@@ -101,12 +101,12 @@ sp_status_t sp__pool_lookup(const void *ptr, sp_block_info_t *info_p) {
 
 static void lock_all(void) {
     for (int i = 0; i < sp__g.ndev; i++)
-        pthread_mutex_lock(&sp__g.devs[i].lock);
+        sp__lock(&sp__g.devs[i].lock);
 }
 
 static void unlock_all(void) {
     for (int i = sp__g.ndev - 1; i >= 0; i--)
-        pthread_mutex_unlock(&sp__g.devs[i].lock);
+        sp__unlock(&sp__g.devs[i].lock);
 }
 
 sp_status_t sp__pool_locked(void (*fn)(void *arg), void *arg) {
@@ -225,7 +225,7 @@ sp_status_t sp__pool_sym_find(sp_mempool_t *pool, size_t size, sp_stream_t strea
         return SP_SUCCESS;
     }
     size_t rs = sp__round_size(size);
-    pthread_mutex_lock(&d->lock);
+    sp__lock(&d->lock);
     if (d->pending_events)
         sp__alloc_process_events(d);
     sp_bpool_t *bp = rs <= SP_SMALL_SIZE ? &pool->small : &pool->large;
@@ -236,7 +236,7 @@ sp_status_t sp__pool_sym_find(sp_mempool_t *pool, size_t size, sp_stream_t strea
         sp__bset_insert(&bp->free, b); /* only a probe: put it back */
     }
     *found_p = b != NULL;
-    pthread_mutex_unlock(&d->lock);
+    sp__unlock(&d->lock);
     return SP_SUCCESS;
 }
 
@@ -247,12 +247,12 @@ sp_status_t sp__pool_sym_take(sp_mempool_t *pool, size_t size, sp_stream_t strea
     sp_devalloc_t *d = pool->dev;
     size_t rs = sp__round_size(size);
     uint32_t ctx = sp__history_active ? sp__history_capture(false) : 0;
-    pthread_mutex_lock(&d->lock);
+    sp__lock(&d->lock);
     sp_segment_t *seg = seg_by_seq(pool, segment_seq);
     sp_block_t *b = seg && offset < seg->size ? block_at(seg, seg->base + offset) : NULL;
     if (!b || b->addr != seg->base + offset || !b->in_set || b->size < rs || b->stream != stream ||
         (rs <= SP_SMALL_SIZE) != seg->bpool->is_small) {
-        pthread_mutex_unlock(&d->lock);
+        sp__unlock(&d->lock);
         if (ctx)
             sp__history_context_release(ctx);
         return sp__error_quiet(SP_ERR_INVALID_USAGE, SP_SUB_POOL,
@@ -262,7 +262,7 @@ sp_status_t sp__pool_sym_take(sp_mempool_t *pool, size_t size, sp_stream_t strea
     sp__bset_remove(&seg->bpool->free, b);
     sp__alloc_found_block(d, b, rs, size, ctx);
     *ptr_p = (void *)b->addr;
-    pthread_mutex_unlock(&d->lock);
+    sp__unlock(&d->lock);
     return SP_SUCCESS;
 }
 
@@ -272,13 +272,13 @@ sp_status_t sp__pool_sym_grow(sp_mempool_t *pool, size_t size, sp_stream_t strea
     sp_devalloc_t *d = pool->dev;
     size_t rs = sp__round_size(size);
     uint32_t ctx = sp__history_active ? sp__history_capture(false) : 0;
-    pthread_mutex_lock(&d->lock);
+    sp__lock(&d->lock);
     sp_bpool_t *bp = rs <= SP_SMALL_SIZE ? &pool->small : &pool->large;
     sp_block_t *b = NULL;
     int why = 0;
     sp_status_t s = sp__alloc_segment(d, bp, sp__allocation_size(rs), stream, ctx, &b, &why);
     if (s != SP_SUCCESS) {
-        pthread_mutex_unlock(&d->lock);
+        sp__unlock(&d->lock);
         if (ctx)
             sp__history_context_release(ctx);
         if (s != SP_ERR_OUT_OF_MEMORY)
@@ -294,16 +294,16 @@ sp_status_t sp__pool_sym_grow(sp_mempool_t *pool, size_t size, sp_stream_t strea
         sp__history_context_retain(ctx);
     sp__alloc_found_block(d, b, rs, size, ctx);
     *ptr_p = (void *)b->addr;
-    pthread_mutex_unlock(&d->lock);
+    sp__unlock(&d->lock);
     return SP_SUCCESS;
 }
 
 sp_status_t sp__pool_sync_pending(sp_mempool_t *pool) {
     SP_CHECK(check_pool(pool));
     sp_devalloc_t *d = pool->dev;
-    pthread_mutex_lock(&d->lock);
+    sp__lock(&d->lock);
     sp__alloc_sync_events(d, pool);
-    pthread_mutex_unlock(&d->lock);
+    sp__unlock(&d->lock);
     return SP_SUCCESS;
 }
 
@@ -312,7 +312,7 @@ sp_status_t sp__pool_free_segments(sp_mempool_t *pool, uint64_t *seqs, size_t ma
     SP_CHECK(check_pool(pool));
     sp_devalloc_t *d = pool->dev;
     size_t n = 0;
-    pthread_mutex_lock(&d->lock);
+    sp__lock(&d->lock);
     for (sp_segment_t *s = pool->seg_head; s; s = s->pnext) {
         if (!sp__block_releasable(s->head))
             continue;
@@ -320,7 +320,7 @@ sp_status_t sp__pool_free_segments(sp_mempool_t *pool, uint64_t *seqs, size_t ma
             seqs[n] = s->seq;
         n++;
     }
-    pthread_mutex_unlock(&d->lock);
+    sp__unlock(&d->lock);
     *count_p = n;
     return SP_SUCCESS;
 }
@@ -328,47 +328,47 @@ sp_status_t sp__pool_free_segments(sp_mempool_t *pool, uint64_t *seqs, size_t ma
 size_t sp__pool_segment_count(const sp_mempool_t *pool) {
     if (!pool)
         return 0;
-    pthread_mutex_lock(&pool->dev->lock);
+    sp__lock(&pool->dev->lock);
     size_t n = pool->nsegments;
-    pthread_mutex_unlock(&pool->dev->lock);
+    sp__unlock(&pool->dev->lock);
     return n;
 }
 
 uint64_t sp__pool_next_segment_seq(const sp_mempool_t *pool) {
     if (!pool)
         return 0;
-    pthread_mutex_lock(&pool->dev->lock);
+    sp__lock(&pool->dev->lock);
     uint64_t n = pool->next_seq;
-    pthread_mutex_unlock(&pool->dev->lock);
+    sp__unlock(&pool->dev->lock);
     return n;
 }
 
 sp_status_t sp__pool_release_segment(sp_mempool_t *pool, uint64_t segment_seq) {
     SP_CHECK(check_pool(pool));
     sp_devalloc_t *d = pool->dev;
-    pthread_mutex_lock(&d->lock);
+    sp__lock(&d->lock);
     sp_segment_t *s = seg_by_seq(pool, segment_seq);
     if (!s || !sp__block_releasable(s->head)) {
-        pthread_mutex_unlock(&d->lock);
+        sp__unlock(&d->lock);
         return sp__error(SP_ERR_INVALID_USAGE, SP_SUB_POOL, "pool \"%s\": segment %llu %s",
                          pool->name ? pool->name : "", (unsigned long long)segment_seq,
                          s ? "holds an allocated or pending block" : "does not exist");
     }
     sp__alloc_release_segment(d, s);
-    pthread_mutex_unlock(&d->lock);
+    sp__unlock(&d->lock);
     return SP_SUCCESS;
 }
 
 sp_status_t sp__pool_segment_info(const sp_mempool_t *pool, uint64_t segment_seq, void **base_p,
                                   size_t *size_p) {
     SP_CHECK(check_pool(pool));
-    pthread_mutex_lock(&pool->dev->lock);
+    sp__lock(&pool->dev->lock);
     sp_segment_t *s = seg_by_seq(pool, segment_seq);
     if (s) {
         *base_p = (void *)s->base;
         *size_p = s->size;
     }
-    pthread_mutex_unlock(&pool->dev->lock);
+    sp__unlock(&pool->dev->lock);
     if (!s)
         return sp__error_quiet(SP_ERR_INVALID_ARGUMENT, SP_SUB_POOL, "segment %llu not found",
                                (unsigned long long)segment_seq);

@@ -120,9 +120,9 @@ SP_EXPORT sp_status_t sp_memory_stats(int device, sp_stats_t *stats_p) {
     SP_CHECK(sp__alloc_device(device, &d));
     ensure_keys();
     sp_dev_stats_t copy;
-    pthread_mutex_lock(&d->lock);
+    sp__lock(&d->lock);
     copy = d->stats;
-    pthread_mutex_unlock(&d->lock);
+    sp__unlock(&d->lock);
     memset(stats_p, 0, sizeof(*stats_p));
     for (size_t i = 0; i < NKEYS; i++)
         memcpy(&stats_p->value[i], (const char *)&copy + g_keys[i].offset, sizeof(int64_t));
@@ -169,23 +169,23 @@ static void reset_accum(sp_stat_t *s) {
 SP_EXPORT sp_status_t sp_reset_peak_memory_stats(int device) {
     sp_devalloc_t *d = NULL;
     SP_CHECK(sp__alloc_device(device, &d));
-    pthread_mutex_lock(&d->lock);
+    sp__lock(&d->lock);
     each_stat(&d->stats, reset_peak);
-    pthread_mutex_unlock(&d->lock);
+    sp__unlock(&d->lock);
     return SP_SUCCESS;
 }
 
 SP_EXPORT sp_status_t sp_reset_accumulated_memory_stats(int device) {
     sp_devalloc_t *d = NULL;
     SP_CHECK(sp__alloc_device(device, &d));
-    pthread_mutex_lock(&d->lock);
+    sp__lock(&d->lock);
     each_stat(&d->stats, reset_accum);
     d->stats.num_alloc_retries = 0;
     d->stats.num_ooms = 0;
     d->stats.num_sync_all_streams = 0;
     d->stats.num_device_alloc = 0;
     d->stats.num_device_free = 0;
-    pthread_mutex_unlock(&d->lock);
+    sp__unlock(&d->lock);
     return SP_SUCCESS;
 }
 
@@ -195,9 +195,9 @@ static int64_t read_stat(int device, int a, bool peak) {
     if (device < 0 || device >= sp__g.ndev)
         return 0;
     sp_devalloc_t *d = &sp__g.devs[device];
-    pthread_mutex_lock(&d->lock);
+    sp__lock(&d->lock);
     int64_t v = peak ? d->stats.arr[a][SP_STAT_ALL].peak : d->stats.arr[a][SP_STAT_ALL].current;
-    pthread_mutex_unlock(&d->lock);
+    sp__unlock(&d->lock);
     return v;
 }
 
