@@ -357,6 +357,7 @@ int sp_cli_replay(int argc, char **argv) {
     ns[0] = r.ns_per_event;
     for (int k = 1; ok && k < nrep; k++) {
         replay_result_t again;
+        memset(&again, 0, sizeof(again));
         ok = sp_shutdown() == SP_SUCCESS && sp_init() == SP_SUCCESS &&
              replay_trace(&t, NULL, &again, err, sizeof(err));
         ns[k] = again.ns_per_event;
