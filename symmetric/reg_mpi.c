@@ -12,6 +12,7 @@
 
 #include "core/core.h"
 #include "symmetric/registrar.h"
+#include "sympool/pool.h"
 
 /* Segments start on a page boundary, as device segments do. MPI does not promise it (Open MPI's
  * osc/sm puts a header before a rank's part), so each part is over-allocated by ALIGN and every
@@ -110,16 +111,19 @@ const sp_registrar_ops_t sp__registrar_mpi = {
 
 sp_status_t sp__registrar_select(const sp_world_t *w, const sp_registrar_ops_t **ops_p) {
     const char *want = sp__option_string(SP_OPT_SYM_REGISTRAR);
-    bool cuda = sp__world_is_cuda(w);
+    /* The backend, not the world's NCCL communicator: a cuda build without NCCL still hands
+     * out device memory, which the mpi registrar's host segments cannot stand in for. */
+    bool cuda = strcmp(sp_backend_name(), "cuda") == 0;
     if (strcmp(want, "nccl") == 0 || (strcmp(want, "auto") == 0 && cuda)) {
 #if defined(SP_HAVE_NCCL)
-        if (cuda && sp__world_nccl_comm(w)) {
+        if (cuda && sp__world_is_cuda(w) && sp__world_nccl_comm(w)) {
             *ops_p = &sp__registrar_nccl;
             return SP_SUCCESS;
         }
         return sp__error(SP_ERR_NOT_SUPPORTED, SP_SUB_SYM,
                          "the nccl registrar needs the cuda backend and an NCCL communicator "
-                         "(backend here: host); use SYMPOOL_SYM_REGISTRAR=mpi or auto");
+                         "(backend here: %s); use SYMPOOL_SYM_REGISTRAR=mpi or auto on host",
+                         sp_backend_name());
 #else
         return sp__error(SP_ERR_NOT_SUPPORTED, SP_SUB_SYM,
                          "the nccl registrar is not in this build (no NCCL found at configure "
