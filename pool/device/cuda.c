@@ -141,7 +141,7 @@ static sp_status_t cuda_init(sp_device_caps_t *caps_p) {
 static void cuda_fini(void) {
     for (int d = 0; d < g_cuda.count; d++) {
         cuda_dev_t *dev = &g_cuda.devs[d];
-        int prev;
+        int prev = -1;
         bool guarded = guard_enter(d, &prev) == SP_SUCCESS;
         for (size_t i = 0; i < dev->npool; i++)
             if (cudaEventDestroy(dev->pool[i]) != cudaSuccess)
@@ -159,7 +159,7 @@ static void cuda_fini(void) {
 /* ---- memory ------------------------------------------------------------------------------- */
 
 static sp_status_t cuda_mem_alloc(int device, size_t size, void **ptr_p) {
-    int prev;
+    int prev = -1;
     SP_CHECK(guard_enter(device, &prev));
     sp_status_t res = SP_SUCCESS;
     void *p = NULL;
@@ -172,7 +172,7 @@ out:
 
 static sp_status_t cuda_mem_free(int device, void *ptr, size_t size) {
     (void)size;
-    int prev;
+    int prev = -1;
     SP_CHECK(guard_enter(device, &prev));
     sp_status_t res = SP_SUCCESS;
     CU_TRY_OUT(cudaFree(ptr), res);
@@ -182,7 +182,7 @@ out:
 }
 
 static sp_status_t cuda_mem_get_info(int device, size_t *free_p, size_t *total_p) {
-    int prev;
+    int prev = -1;
     SP_CHECK(guard_enter(device, &prev));
     sp_status_t res = SP_SUCCESS;
     size_t f = 0, t = 0;
@@ -197,7 +197,7 @@ out:
 /* ---- streams ------------------------------------------------------------------------------ */
 
 static sp_status_t cuda_stream_create(int device, sp_dev_stream_t *stream_p) {
-    int prev;
+    int prev = -1;
     SP_CHECK(guard_enter(device, &prev));
     sp_status_t res = SP_SUCCESS;
     cudaStream_t s = NULL;
@@ -209,7 +209,7 @@ out:
 }
 
 static sp_status_t cuda_stream_destroy(int device, sp_dev_stream_t stream) {
-    int prev;
+    int prev = -1;
     SP_CHECK(guard_enter(device, &prev));
     sp_status_t res = SP_SUCCESS;
     CU_TRY_OUT(cudaStreamDestroy((cudaStream_t)stream), res);
@@ -219,7 +219,7 @@ out:
 }
 
 static sp_status_t cuda_stream_sync(int device, sp_dev_stream_t stream) {
-    int prev;
+    int prev = -1;
     SP_CHECK(guard_enter(device, &prev));
     sp_status_t res = SP_SUCCESS;
     CU_TRY_OUT(cudaStreamSynchronize((cudaStream_t)stream), res);
@@ -243,7 +243,7 @@ static sp_status_t cuda_stream_device(sp_dev_stream_t stream, int *device_p) {
 /* ---- events ------------------------------------------------------------------------------- */
 
 static sp_status_t cuda_event_create(int device, sp_dev_event_t *event_p) {
-    int prev;
+    int prev = -1;
     SP_CHECK(guard_enter(device, &prev));
     cuda_dev_t *dev = &g_cuda.devs[device];
     sp_status_t res = SP_SUCCESS;
@@ -281,7 +281,7 @@ static sp_status_t cuda_event_destroy(int device, sp_dev_event_t event) {
     if (pooled)
         return SP_SUCCESS;
     /* No room to pool it: really destroy it. */
-    int prev;
+    int prev = -1;
     SP_CHECK(guard_enter(device, &prev));
     sp_status_t res = SP_SUCCESS;
     CU_TRY_OUT(cudaEventDestroy((cudaEvent_t)event), res);
@@ -291,7 +291,7 @@ out:
 }
 
 static sp_status_t cuda_event_record(int device, sp_dev_event_t event, sp_dev_stream_t stream) {
-    int prev;
+    int prev = -1;
     SP_CHECK(guard_enter(device, &prev));
     sp_status_t res = SP_SUCCESS;
     CU_TRY_OUT(cudaEventRecord((cudaEvent_t)event, (cudaStream_t)stream), res);
@@ -323,7 +323,7 @@ static sp_status_t cuda_event_sync(int device, sp_dev_event_t event) {
 
 static sp_status_t cuda_memcpy_async(int device, void *dst, const void *src, size_t bytes,
                                      sp_dev_stream_t stream) {
-    int prev;
+    int prev = -1;
     SP_CHECK(guard_enter(device, &prev));
     sp_status_t res = SP_SUCCESS;
     CU_TRY_OUT(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, (cudaStream_t)stream), res);

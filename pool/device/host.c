@@ -253,7 +253,7 @@ static void host_fini(void) {
 /* ---- memory ------------------------------------------------------------------------------- */
 
 static sp_status_t host_mem_alloc(int device, size_t size, void **ptr_p) {
-    host_dev_t *dev;
+    host_dev_t *dev = NULL;
     SP_CHECK(get_dev(device, &dev));
     if (SP_UNLIKELY(size == 0))
         return sp__error(SP_ERR_INVALID_ARGUMENT, SP_SUB_DEVICE, "mem_alloc of 0 bytes");
@@ -308,7 +308,7 @@ static sp_status_t host_mem_alloc(int device, size_t size, void **ptr_p) {
 }
 
 static sp_status_t host_mem_free(int device, void *ptr, size_t size) {
-    host_dev_t *dev;
+    host_dev_t *dev = NULL;
     SP_CHECK(get_dev(device, &dev));
     pthread_mutex_lock(&dev->mu);
     uint64_t have;
@@ -341,7 +341,7 @@ static sp_status_t host_mem_free(int device, void *ptr, size_t size) {
 }
 
 static sp_status_t host_mem_get_info(int device, size_t *free_p, size_t *total_p) {
-    host_dev_t *dev;
+    host_dev_t *dev = NULL;
     SP_CHECK(get_dev(device, &dev));
     pthread_mutex_lock(&dev->mu);
     size_t free_bytes = dev->capacity - dev->live_bytes;
@@ -354,7 +354,7 @@ static sp_status_t host_mem_get_info(int device, size_t *free_p, size_t *total_p
 /* ---- streams ------------------------------------------------------------------------------ */
 
 static sp_status_t host_stream_create(int device, sp_dev_stream_t *stream_p) {
-    host_dev_t *dev;
+    host_dev_t *dev = NULL;
     SP_CHECK(get_dev(device, &dev));
     host_stream_t *s = calloc(1, sizeof(*s));
     if (!s)
@@ -372,7 +372,7 @@ static sp_status_t host_stream_create(int device, sp_dev_stream_t *stream_p) {
 }
 
 static sp_status_t host_stream_destroy(int device, sp_dev_stream_t stream) {
-    host_dev_t *dev;
+    host_dev_t *dev = NULL;
     SP_CHECK(get_dev(device, &dev));
     pthread_mutex_lock(&dev->mu);
     if (stream == NULL || !phash_del(&dev->streams, (uintptr_t)stream)) {
@@ -396,7 +396,7 @@ static sp_status_t host_stream_destroy(int device, sp_dev_stream_t stream) {
 }
 
 static sp_status_t host_stream_sync(int device, sp_dev_stream_t stream) {
-    host_dev_t *dev;
+    host_dev_t *dev = NULL;
     SP_CHECK(get_dev(device, &dev));
     pthread_mutex_lock(&dev->mu);
     host_stream_t *s = lookup_stream(dev, stream);
@@ -427,7 +427,7 @@ static sp_status_t host_stream_device(sp_dev_stream_t stream, int *device_p) {
 /* ---- events ------------------------------------------------------------------------------- */
 
 static sp_status_t host_event_create(int device, sp_dev_event_t *event_p) {
-    host_dev_t *dev;
+    host_dev_t *dev = NULL;
     SP_CHECK(get_dev(device, &dev));
     pthread_mutex_lock(&dev->mu);
     host_event_t *e = dev->free_events;
@@ -453,7 +453,7 @@ static sp_status_t host_event_create(int device, sp_dev_event_t *event_p) {
 }
 
 static sp_status_t host_event_destroy(int device, sp_dev_event_t event) {
-    host_dev_t *dev;
+    host_dev_t *dev = NULL;
     SP_CHECK(get_dev(device, &dev));
     pthread_mutex_lock(&dev->mu);
     bool ok = phash_del(&dev->events, (uintptr_t)event);
@@ -471,7 +471,7 @@ static sp_status_t host_event_destroy(int device, sp_dev_event_t event) {
 }
 
 static sp_status_t host_event_record(int device, sp_dev_event_t event, sp_dev_stream_t stream) {
-    host_dev_t *dev;
+    host_dev_t *dev = NULL;
     SP_CHECK(get_dev(device, &dev));
     pthread_mutex_lock(&dev->mu);
     host_stream_t *s = lookup_stream(dev, stream);
@@ -492,7 +492,7 @@ static sp_status_t host_event_record(int device, sp_dev_event_t event, sp_dev_st
 }
 
 static sp_status_t host_event_query(int device, sp_dev_event_t event, bool *done_p) {
-    host_dev_t *dev;
+    host_dev_t *dev = NULL;
     SP_CHECK(get_dev(device, &dev));
     pthread_mutex_lock(&dev->mu);
     bool known = phash_find(&dev->events, (uintptr_t)event, NULL);
@@ -510,7 +510,7 @@ static sp_status_t host_event_query(int device, sp_dev_event_t event, bool *done
 }
 
 static sp_status_t host_event_sync(int device, sp_dev_event_t event) {
-    host_dev_t *dev;
+    host_dev_t *dev = NULL;
     SP_CHECK(get_dev(device, &dev));
     pthread_mutex_lock(&dev->mu);
     bool known = phash_find(&dev->events, (uintptr_t)event, NULL);
@@ -530,7 +530,7 @@ static sp_status_t host_event_sync(int device, sp_dev_event_t event) {
 
 static sp_status_t host_memcpy_async(int device, void *dst, const void *src, size_t bytes,
                                      sp_dev_stream_t stream) {
-    host_dev_t *dev;
+    host_dev_t *dev = NULL;
     SP_CHECK(get_dev(device, &dev));
     if (stream != NULL) {
         pthread_mutex_lock(&dev->mu);
