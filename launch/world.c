@@ -273,6 +273,16 @@ SP_EXPORT sp_status_t sp_world_from_comm(MPI_Comm comm, sp_world_t **world_p) {
 
 SP_EXPORT sp_status_t sp_world_finalize(sp_world_t *w) {
     SP_ARG_CHECK(w, SP_SUB_BOOT, "sp_world_finalize: world is NULL");
+    int finalized = 0;
+    MPI_Finalized(&finalized);
+    if (finalized) {
+        /* Nothing MPI can be undone any more; free what is ours and say what happened. */
+        free(w->node_rank_of);
+        free(w);
+        return sp__error(SP_ERR_INVALID_USAGE, SP_SUB_BOOT,
+                         "sp_world_finalize: MPI was finalized before the world; call "
+                         "sp_world_finalize before MPI_Finalize");
+    }
     pthread_mutex_lock(&s_lock);
     int n = s_nhooks;
     sp_world_finalize_hook_t hooks[MAX_HOOKS];

@@ -81,8 +81,20 @@ int main(int argc, char **argv) {
         s = sp_symmetric_mempool_destroy(pool);
         CHECK(s == SP_SUCCESS, "sp_symmetric_mempool_destroy -> %s", sp_status_name(s));
     }
+    /* A second world from sp_world_init: MPI stays up until the last of them goes. */
+    sp_world_t *w2 = NULL;
+    s = sp_world_init(&argc, &argv, &w2);
+    CHECK(s == SP_SUCCESS, "second sp_world_init -> %s", sp_status_name(s));
     s = sp_world_finalize(w);
     CHECK(s == SP_SUCCESS, "sp_world_finalize -> %s", sp_status_name(s));
+    MPI_Finalized(&flag);
+    CHECK(flag == 0, "MPI finalized while a second world was alive");
+    if (w2) {
+        MPI_Allreduce(&one, &sum, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
+        CHECK(sum == size, "MPI unusable after the first world's finalize");
+        s = sp_world_finalize(w2);
+        CHECK(s == SP_SUCCESS, "second sp_world_finalize -> %s", sp_status_name(s));
+    }
     MPI_Finalized(&flag);
     CHECK(flag == 1, "sp_world_finalize did not finalize the MPI it initialized");
     s = sp_shutdown();
