@@ -8,6 +8,8 @@
 
 #include <cstring>
 #include <string>
+#include <thread>
+#include <vector>
 
 extern "C" {
 #include "pool/pool_internal.h"
@@ -54,6 +56,7 @@ using torch_alloc_fn = void *(*)(size_t, int, void *);
 using torch_free_fn = void (*)(void *, size_t, int, void *);
 
 class Torch : public sp::Test {};
+class ThreadsTorch : public sp::Test {};
 
 TEST_F(Torch, SignaturesMatchCudaPluggableAllocator) {
     torch_alloc_fn a = &sp_torch_malloc;
@@ -180,6 +183,47 @@ TEST_F(Torch, SizeMismatchWarnsButFrees) {
     sp_torch_free(p, 2000, 0, nullptr);
     EXPECT_GE(warnings("2000"), 1u) << "the WARN names the size PyTorch passed";
     EXPECT_EQ(stat(0, "allocation.all.current"), 0) << "the block is freed anyway";
+}
+
+TEST_F(ThreadsTorch, ConcurrentCallersOnTheirOwnStreams) {
+    // PyTorch calls the entry points from any thread (autograd's worker threads included), each
+    // with its current stream.
+    constexpr int kThreads = 4, kIters = 200;
+    sp_stream_t streams[kThreads];
+    for (auto &st : streams)
+        ASSERT_SP_OK(sp_stream_create(0, &st));
+    int bad[kThreads] = {};
+    std::vector<std::thread> ts;
+    for (int i = 0; i < kThreads; i++)
+        ts.emplace_back([&, i] {
+            std::vector<std::pair<void *, size_t>> live;
+            for (int k = 0; k < kIters; k++) {
+                size_t size = size_t(1 + (k * 13 + i * 7) % 97) * 1000;
+                void *p = sp_torch_malloc(size, 0, streams[i]);
+                if (!p) {
+                    bad[i]++;
+                    continue;
+                }
+                live.emplace_back(p, size);
+                if (k % 3 == 2) { // free two of every three, out of order
+                    sp_torch_free(live.front().first, live.front().second, 0, streams[i]);
+                    live.erase(live.begin());
+                    sp_torch_free(live.back().first, live.back().second, 0, streams[i]);
+                    live.pop_back();
+                }
+            }
+            for (auto &b : live)
+                sp_torch_free(b.first, b.second, 0, streams[i]);
+        });
+    for (auto &t : ts)
+        t.join();
+    for (int i = 0; i < kThreads; i++)
+        EXPECT_EQ(bad[i], 0) << "thread " << i;
+    EXPECT_EQ(stat(0, "allocation.all.current"), 0);
+    EXPECT_EQ(stat(0, "requested_bytes.all.current"), 0);
+    EXPECT_EQ(warnings(), 0u);
+    for (auto &st : streams)
+        ASSERT_SP_OK(sp_stream_destroy(st));
 }
 
 } // namespace
