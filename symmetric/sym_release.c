@@ -224,7 +224,7 @@ static sp_status_t release_agreed(sp_sym_state_t *st, const char *what, size_t *
 }
 
 SP_EXPORT sp_status_t sp_symmetric_empty_cache(sp_mempool_t *pool) {
-    sp_sym_state_t *st;
+    sp_sym_state_t *st = NULL;
     SP_CHECK(sp__sym_acquire(pool, "sp_symmetric_empty_cache", &st));
     char what[128];
     snprintf(what, sizeof what, "sp_symmetric_empty_cache on pool \"%s\"", st->name);
@@ -248,7 +248,7 @@ static void free_state(sp_sym_state_t *st) {
 }
 
 SP_EXPORT sp_status_t sp_symmetric_mempool_destroy(sp_mempool_t *pool) {
-    sp_sym_state_t *st;
+    sp_sym_state_t *st = NULL;
     SP_CHECK(sp__sym_acquire(pool, "sp_symmetric_mempool_destroy", &st));
     char what[128];
     snprintf(what, sizeof what, "sp_symmetric_mempool_destroy of pool \"%s\"", st->name);
@@ -322,15 +322,21 @@ __attribute__((constructor)) static void register_hook(void) {
 /* ---- queries -------------------------------------------------------------------------------- */
 
 /* The live block holding ptr, its symmetric state and its registered segment. */
-static sp_status_t locate(const void *ptr, const char *fn, sp_block_info_t *bi,
+/* `quiet`: sp_symmetric_window is also a question ("is this buffer in a window?", asked by the
+ * collectives on every call), so "no" is logged at INFO, not WARN. */
+static sp_status_t locate(const void *ptr, const char *fn, bool quiet, sp_block_info_t *bi,
                           sp_sym_state_t **st_p, sp_sym_rec_t **rec_p) {
     SP_ARG_CHECK(ptr, SP_SUB_SYM, "%s: ptr is NULL", fn);
     if (sp__pool_lookup(ptr, bi) != SP_SUCCESS)
-        return sp__error(SP_ERR_INVALID_USAGE, SP_SUB_SYM,
-                         "%s(%p): not inside a live sympool block", fn, ptr);
+        return quiet ? sp__error_quiet(SP_ERR_INVALID_USAGE, SP_SUB_SYM,
+                                       "%s(%p): not inside a live sympool block", fn, ptr)
+                     : sp__error(SP_ERR_INVALID_USAGE, SP_SUB_SYM,
+                                 "%s(%p): not inside a live sympool block", fn, ptr);
     if (!bi->pool || !sp_mempool_is_symmetric(bi->pool))
-        return sp__error(SP_ERR_INVALID_USAGE, SP_SUB_SYM,
-                         "%s(%p): the block is not in a symmetric pool", fn, ptr);
+        return quiet ? sp__error_quiet(SP_ERR_INVALID_USAGE, SP_SUB_SYM,
+                                       "%s(%p): the block is not in a symmetric pool", fn, ptr)
+                     : sp__error(SP_ERR_INVALID_USAGE, SP_SUB_SYM,
+                                 "%s(%p): the block is not in a symmetric pool", fn, ptr);
     sp_sym_state_t *st = find_state(bi->pool);
     if (!st)
         return sp__error(SP_ERR_INVALID_USAGE, SP_SUB_SYM,
@@ -352,9 +358,9 @@ static sp_status_t locate(const void *ptr, const char *fn, sp_block_info_t *bi,
 SP_EXPORT sp_status_t sp_symmetric_window(const void *ptr, sp_window_info_t *info_p) {
     SP_ARG_CHECK(info_p, SP_SUB_SYM, "sp_symmetric_window: info_p is NULL");
     sp_block_info_t bi;
-    sp_sym_state_t *st;
-    sp_sym_rec_t *rec;
-    SP_CHECK(locate(ptr, "sp_symmetric_window", &bi, &st, &rec));
+    sp_sym_state_t *st = NULL;
+    sp_sym_rec_t *rec = NULL;
+    SP_CHECK(locate(ptr, "sp_symmetric_window", true, &bi, &st, &rec));
     sp_window_info_t info = {
         .window = rec->seg.window,
         .segment_base = bi.segment_base,
@@ -370,9 +376,9 @@ SP_EXPORT sp_status_t sp_symmetric_window(const void *ptr, sp_window_info_t *inf
 SP_EXPORT sp_status_t sp_symmetric_peer_ptr(const void *ptr, int rank, void **peer_ptr_p) {
     SP_ARG_CHECK(peer_ptr_p, SP_SUB_SYM, "sp_symmetric_peer_ptr: peer_ptr_p is NULL");
     sp_block_info_t bi;
-    sp_sym_state_t *st;
-    sp_sym_rec_t *rec;
-    SP_CHECK(locate(ptr, "sp_symmetric_peer_ptr", &bi, &st, &rec));
+    sp_sym_state_t *st = NULL;
+    sp_sym_rec_t *rec = NULL;
+    SP_CHECK(locate(ptr, "sp_symmetric_peer_ptr", false, &bi, &st, &rec));
     sp_status_t s;
     int size = sp_world_size(st->world);
     if (rank < 0 || rank >= size)

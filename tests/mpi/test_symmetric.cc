@@ -188,6 +188,19 @@ TEST_F(Symmetric, PeerPointersReadEveryRank) {
     EXPECT_SP_STATUS(sp_symmetric_window(buf, &wi), SP_ERR_INVALID_USAGE);
 }
 
+TEST_F(Symmetric, WindowQueryOnOtherMemoryIsAQuietNo) {
+    make();
+    // The collectives ask sp_symmetric_window of every buffer: "no" must not log a warning.
+    void *plain = nullptr;
+    ASSERT_SP_OK(sp_malloc(4096, sp_world_device(world_), nullptr, &plain));
+    sp_window_info_t wi;
+    EXPECT_SP_STATUS(sp_symmetric_window(plain, &wi), SP_ERR_INVALID_USAGE);
+    int local = 0;
+    EXPECT_SP_STATUS(sp_symmetric_window(&local, &wi), SP_ERR_INVALID_USAGE);
+    EXPECT_EQ(warnings(), 0u);
+    ASSERT_SP_OK(sp_free(plain));
+}
+
 TEST_F(Symmetric, MismatchedSizeFailsOnEveryRankAndPoolStaysUsable) {
     expect_warnings();
     make();
