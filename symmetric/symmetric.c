@@ -380,6 +380,10 @@ static sp_status_t grow(sp_sym_state_t *st, size_t size, sp_stream_t stream, con
                 if (r->seg.base == bi.segment_base)
                     r->seq = bi.segment_seq;
         sp__symc_add(st->device, SP_SYMC_GROWTHS, 1);
+        SP_INFO(SP_SUB_SYM,
+                "%s: every rank grew a registered segment (%s registrar) for %zu "
+                "bytes",
+                what, st->reg->name, size);
         *ptr_p = p;
         return SP_SUCCESS;
     }
