@@ -47,12 +47,19 @@ TEST_F(SymmetricTimeout, RankThatStopsCallingIsReportedNotAHang) {
     ASSERT_LE(limit, 10.0) << "this test waits for the timeout: keep it short";
 
     sp_world_t *w = nullptr;
-    ASSERT_SP_OK(sp_world_init(nullptr, nullptr, &w));
     sp_mempool_t *pool = nullptr;
-    ASSERT_SP_OK(sp_symmetric_mempool_create(w, nullptr, &pool));
     void *p = nullptr;
-    ASSERT_SP_OK(sp_symmetric_malloc(pool, 4096, nullptr, &p)); // call #1, everyone
-    ASSERT_SP_OK(sp_free(p));
+    {
+        // Setup with a generous deadline: on a loaded, oversubscribed machine ranks may reach
+        // create more than a second apart. Only call #2 below runs under the short one.
+        sp::ScopedEnv setup({{"SYMPOOL_SYM_TIMEOUT", "120"}});
+        ASSERT_SP_OK(sp_world_init(nullptr, nullptr, &w));
+        ASSERT_SP_OK(sp_symmetric_mempool_create(w, nullptr, &pool));
+        ASSERT_SP_OK(sp_symmetric_malloc(pool, 4096, nullptr, &p)); // call #1, everyone
+        ASSERT_SP_OK(sp_free(p));
+        MPI_Barrier(MPI_COMM_WORLD);
+    }
+    ASSERT_EQ(sp__option_double(SP_OPT_SYM_TIMEOUT), limit);
 
     if (mpi_rank() != 0) {
         // Call #2: rank 0 never comes.
@@ -74,6 +81,7 @@ TEST_F(SymmetricTimeout, RankThatStopsCallingIsReportedNotAHang) {
     if (mpi_rank() == 0) {
         // The late rank arrives: its call completes against the abandoned contributions (the
         // others still progress them inside MPI_Barrier below) and it gets the cached block.
+        sp::ScopedEnv late({{"SYMPOOL_SYM_TIMEOUT", "120"}});
         ASSERT_SP_OK(sp_symmetric_malloc(pool, 4096, nullptr, &p));
         ASSERT_SP_OK(sp_free(p));
     }
