@@ -51,7 +51,12 @@ MPI_Op sp__half_minmax_op(bool is_bf16, bool is_max);
 
 /* ---- NCCL (coll_nccl.c; cuda backend only) ---------------------------------------------- */
 
-typedef enum { SP_COLL_ALLREDUCE, SP_COLL_ALLGATHER, SP_COLL_REDUCE_SCATTER, SP_COLL_BROADCAST } sp_coll_kind_t;
+typedef enum {
+    SP_COLL_ALLREDUCE,
+    SP_COLL_ALLGATHER,
+    SP_COLL_REDUCE_SCATTER,
+    SP_COLL_BROADCAST
+} sp_coll_kind_t;
 
 /* One validated collective call. Counts are per the public API's meaning. */
 typedef struct sp_coll_call {

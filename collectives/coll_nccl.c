@@ -31,27 +31,42 @@
 
 static ncclDataType_t nccl_type(sp_dtype_t dtype) {
     switch (dtype) {
-    case SP_INT8: return ncclInt8;
-    case SP_UINT8: return ncclUint8;
-    case SP_INT32: return ncclInt32;
-    case SP_UINT32: return ncclUint32;
-    case SP_INT64: return ncclInt64;
-    case SP_UINT64: return ncclUint64;
-    case SP_FLOAT16: return ncclFloat16;
-    case SP_BFLOAT16: return ncclBfloat16;
-    case SP_FLOAT32: return ncclFloat32;
-    case SP_FLOAT64: return ncclFloat64;
+    case SP_INT8:
+        return ncclInt8;
+    case SP_UINT8:
+        return ncclUint8;
+    case SP_INT32:
+        return ncclInt32;
+    case SP_UINT32:
+        return ncclUint32;
+    case SP_INT64:
+        return ncclInt64;
+    case SP_UINT64:
+        return ncclUint64;
+    case SP_FLOAT16:
+        return ncclFloat16;
+    case SP_BFLOAT16:
+        return ncclBfloat16;
+    case SP_FLOAT32:
+        return ncclFloat32;
+    case SP_FLOAT64:
+        return ncclFloat64;
     }
     return ncclInt8;
 }
 
 static ncclRedOp_t nccl_op(sp_redop_t op) {
     switch (op) {
-    case SP_SUM: return ncclSum;
-    case SP_PROD: return ncclProd;
-    case SP_MIN: return ncclMin;
-    case SP_MAX: return ncclMax;
-    case SP_AVG: return ncclAvg; /* integers: NCCL divides the integer sum (truncating) */
+    case SP_SUM:
+        return ncclSum;
+    case SP_PROD:
+        return ncclProd;
+    case SP_MIN:
+        return ncclMin;
+    case SP_MAX:
+        return ncclMax;
+    case SP_AVG:
+        return ncclAvg; /* integers: NCCL divides the integer sum (truncating) */
     }
     return ncclSum;
 }
@@ -96,9 +111,8 @@ sp_status_t sp__coll_nccl(sp_world_t *w, const sp_coll_call_t *c) {
     if (SP_LOG_ENABLED(SP_LOG_INFO, SP_SUB_COLL)) {
         const char *why = no_symmetric_reason(w, c);
         if (why != NULL)
-            SP_INFO(SP_SUB_COLL, "%s(%zu x %s, %s): not NCCL's symmetric kernels: %s",
-                    fns[c->kind], c->count, sp__coll_dtype_name(c->dtype),
-                    sp__coll_op_name(c->op), why);
+            SP_INFO(SP_SUB_COLL, "%s(%zu x %s, %s): not NCCL's symmetric kernels: %s", fns[c->kind],
+                    c->count, sp__coll_dtype_name(c->dtype), sp__coll_op_name(c->op), why);
         sp__error_clear(); /* the window probes may have left a last-error text */
     }
     ncclDataType_t t = nccl_type(c->dtype);
@@ -107,7 +121,9 @@ sp_status_t sp__coll_nccl(sp_world_t *w, const sp_coll_call_t *c) {
     case SP_COLL_ALLREDUCE:
         r = ncclAllReduce(c->send, c->recv, c->count, t, nccl_op(c->op), comm, stream);
         break;
-    case SP_COLL_ALLGATHER: r = ncclAllGather(c->send, c->recv, c->count, t, comm, stream); break;
+    case SP_COLL_ALLGATHER:
+        r = ncclAllGather(c->send, c->recv, c->count, t, comm, stream);
+        break;
     case SP_COLL_REDUCE_SCATTER:
         r = ncclReduceScatter(c->send, c->recv, c->count, t, nccl_op(c->op), comm, stream);
         break;

@@ -37,9 +37,9 @@
 #define HALF_CHUNK ((size_t)1 << 20)
 
 static const size_t dtype_sizes[SP_NUM_DTYPES] = {1, 1, 4, 4, 8, 8, 2, 2, 4, 8};
-static const char *const dtype_names[SP_NUM_DTYPES] = {
-    "int8", "uint8", "int32", "uint32", "int64", "uint64", "float16", "bfloat16", "float32",
-    "float64"};
+static const char *const dtype_names[SP_NUM_DTYPES] = {"int8",    "uint8",  "int32",   "uint32",
+                                                       "int64",   "uint64", "float16", "bfloat16",
+                                                       "float32", "float64"};
 static const char *const op_names[SP_NUM_REDOPS] = {"sum", "prod", "min", "max", "avg"};
 static const char *const kind_names[] = {"sp_allreduce", "sp_allgather", "sp_reduce_scatter",
                                          "sp_broadcast"};
@@ -56,21 +56,32 @@ const char *sp__coll_op_name(sp_redop_t op) {
 
 static MPI_Datatype mpi_type(sp_dtype_t dtype) {
     switch (dtype) {
-    case SP_INT8: return MPI_INT8_T;
-    case SP_UINT8: return MPI_UINT8_T;
-    case SP_INT32: return MPI_INT32_T;
-    case SP_UINT32: return MPI_UINT32_T;
-    case SP_INT64: return MPI_INT64_T;
-    case SP_UINT64: return MPI_UINT64_T;
+    case SP_INT8:
+        return MPI_INT8_T;
+    case SP_UINT8:
+        return MPI_UINT8_T;
+    case SP_INT32:
+        return MPI_INT32_T;
+    case SP_UINT32:
+        return MPI_UINT32_T;
+    case SP_INT64:
+        return MPI_INT64_T;
+    case SP_UINT64:
+        return MPI_UINT64_T;
     case SP_FLOAT16:
-    case SP_BFLOAT16: return MPI_UINT16_T; /* moved as bits; reduced by half.c */
-    case SP_FLOAT32: return MPI_FLOAT;
-    case SP_FLOAT64: return MPI_DOUBLE;
+    case SP_BFLOAT16:
+        return MPI_UINT16_T; /* moved as bits; reduced by half.c */
+    case SP_FLOAT32:
+        return MPI_FLOAT;
+    case SP_FLOAT64:
+        return MPI_DOUBLE;
     }
     return MPI_DATATYPE_NULL;
 }
 
-static bool is_half(sp_dtype_t dtype) { return dtype == SP_FLOAT16 || dtype == SP_BFLOAT16; }
+static bool is_half(sp_dtype_t dtype) {
+    return dtype == SP_FLOAT16 || dtype == SP_BFLOAT16;
+}
 
 static sp_status_t mpi_fail(int rc, const char *fn, const char *what) {
     char text[MPI_MAX_ERROR_STRING];
@@ -202,8 +213,8 @@ static sp_status_t agree(sp_world_t *w, const sp_coll_call_t *c, bool ok, const 
                          "%s: rank %d rejected its arguments (its log says why); no rank moved "
                          "any data",
                          fn, (int)(n - out[AG_BAD]));
-    static const char *const field_names[AG_N] = {"", "collective", "count", "count",
-                                                  "dtype", "op", "root"};
+    static const char *const field_names[AG_N] = {"",      "collective", "count", "count",
+                                                  "dtype", "op",         "root"};
     for (int i = AG_KIND; i < AG_N; i++) {
         int64_t hi = out[i], lo = -out[AG_N + i];
         if (hi == lo)
@@ -230,10 +241,14 @@ static sp_status_t agree(sp_world_t *w, const sp_coll_call_t *c, bool ok, const 
 static MPI_Op native_op(sp_redop_t op) {
     switch (op) {
     case SP_SUM:
-    case SP_AVG: return MPI_SUM;
-    case SP_PROD: return MPI_PROD;
-    case SP_MIN: return MPI_MIN;
-    case SP_MAX: return MPI_MAX;
+    case SP_AVG:
+        return MPI_SUM;
+    case SP_PROD:
+        return MPI_PROD;
+    case SP_MIN:
+        return MPI_MIN;
+    case SP_MAX:
+        return MPI_MAX;
     }
     return MPI_OP_NULL;
 }
@@ -254,16 +269,33 @@ static void divide(void *buf, size_t n, sp_dtype_t dtype, int nranks) {
             p[i] = (T)(p[i] / (T)nranks);                                                          \
     } while (0)
     switch (dtype) {
-    case SP_INT8: SP_DIV(int8_t); break;
-    case SP_UINT8: SP_DIV(uint8_t); break;
-    case SP_INT32: SP_DIV(int32_t); break;
-    case SP_UINT32: SP_DIV(uint32_t); break;
-    case SP_INT64: SP_DIV(int64_t); break;
-    case SP_UINT64: SP_DIV(uint64_t); break;
-    case SP_FLOAT32: SP_DIV(float); break;
-    case SP_FLOAT64: SP_DIV(double); break;
+    case SP_INT8:
+        SP_DIV(int8_t);
+        break;
+    case SP_UINT8:
+        SP_DIV(uint8_t);
+        break;
+    case SP_INT32:
+        SP_DIV(int32_t);
+        break;
+    case SP_UINT32:
+        SP_DIV(uint32_t);
+        break;
+    case SP_INT64:
+        SP_DIV(int64_t);
+        break;
+    case SP_UINT64:
+        SP_DIV(uint64_t);
+        break;
+    case SP_FLOAT32:
+        SP_DIV(float);
+        break;
+    case SP_FLOAT64:
+        SP_DIV(double);
+        break;
     case SP_FLOAT16:
-    case SP_BFLOAT16: break; /* divided in float before rounding */
+    case SP_BFLOAT16:
+        break; /* divided in float before rounding */
     }
 #undef SP_DIV
 }
@@ -307,8 +339,8 @@ static sp_status_t host_allreduce(sp_world_t *w, const sp_coll_call_t *c) {
     for (size_t at = 0; at < c->count; at += MAX_MPI_COUNT) {
         size_t k = c->count - at < MAX_MPI_COUNT ? c->count - at : MAX_MPI_COUNT;
         const void *s = c->send == c->recv ? MPI_IN_PLACE : (const char *)c->send + at * size;
-        int rc = MPI_Allreduce(s, (char *)c->recv + at * size, (int)k, mpi_type(c->dtype), op,
-                               comm);
+        int rc =
+            MPI_Allreduce(s, (char *)c->recv + at * size, (int)k, mpi_type(c->dtype), op, comm);
         if (rc != MPI_SUCCESS)
             return mpi_fail(rc, "sp_allreduce", "MPI_Allreduce");
     }
@@ -427,13 +459,17 @@ static sp_status_t run(sp_world_t *w, const sp_coll_call_t *c) {
     if ((c->kind == SP_COLL_ALLGATHER || c->kind == SP_COLL_REDUCE_SCATTER) &&
         c->count > MAX_MPI_COUNT)
         return sp__error(SP_ERR_NOT_SUPPORTED, SP_SUB_COLL,
-                         "%s: %zu elements per rank exceed MPI's int count on the host backend",
-                         fn, c->count);
+                         "%s: %zu elements per rank exceed MPI's int count on the host backend", fn,
+                         c->count);
     switch (c->kind) {
-    case SP_COLL_ALLREDUCE: return host_allreduce(w, c);
-    case SP_COLL_ALLGATHER: return host_allgather(w, c);
-    case SP_COLL_REDUCE_SCATTER: return host_reduce_scatter(w, c);
-    case SP_COLL_BROADCAST: return host_broadcast(w, c);
+    case SP_COLL_ALLREDUCE:
+        return host_allreduce(w, c);
+    case SP_COLL_ALLGATHER:
+        return host_allgather(w, c);
+    case SP_COLL_REDUCE_SCATTER:
+        return host_reduce_scatter(w, c);
+    case SP_COLL_BROADCAST:
+        return host_broadcast(w, c);
     }
     return sp__error(SP_ERR_INTERNAL, SP_SUB_COLL, "unknown collective %d", (int)c->kind);
 }
@@ -444,8 +480,8 @@ SP_EXPORT sp_status_t sp_allreduce(sp_world_t *w, const void *send, void *recv, 
     return run(w, &c);
 }
 
-SP_EXPORT sp_status_t sp_allgather(sp_world_t *w, const void *send, void *recv,
-                                   size_t send_count, sp_dtype_t dtype, sp_stream_t stream) {
+SP_EXPORT sp_status_t sp_allgather(sp_world_t *w, const void *send, void *recv, size_t send_count,
+                                   sp_dtype_t dtype, sp_stream_t stream) {
     sp_coll_call_t c = {SP_COLL_ALLGATHER, send, recv, send_count, dtype, SP_SUM, 0, stream};
     return run(w, &c);
 }

@@ -81,7 +81,9 @@ uint16_t sp__float_to_half(float f) {
     return (uint16_t)(sign | r);
 }
 
-float sp__bf16_to_float(uint16_t b) { return bits_float((uint32_t)b << 16); }
+float sp__bf16_to_float(uint16_t b) {
+    return bits_float((uint32_t)b << 16);
+}
 
 uint16_t sp__float_to_bf16(float f) {
     uint32_t u = float_bits(f);

@@ -33,8 +33,8 @@ typedef struct agg {
 } agg_t;
 
 enum { N_SYM = 6 };
-static const char *const sym_names[N_SYM] = {"registrations", "deregistrations",
-                                             "agreement_rounds", "mallocs", "growths", "pools"};
+static const char *const sym_names[N_SYM] = {"registrations", "deregistrations", "agreement_rounds",
+                                             "mallocs",       "growths",         "pools"};
 static const char *const sym_help[N_SYM] = {
     "segments registered by symmetric pools (NCCL windows or MPI shared windows)",
     "segments deregistered by symmetric pools",
@@ -45,10 +45,10 @@ static const char *const sym_help[N_SYM] = {
 
 /* Everything one report needs: the summary plus the symmetric counters' records. */
 typedef struct gathered {
-    size_t nkeys;            /* sp_stats_count() */
-    int nranks;              /* world size */
-    agg_t stats[SP_STATS_MAX]; /* per stats key */
-    agg_t sym[N_SYM];          /* per symmetric counter */
+    size_t nkeys;                       /* sp_stats_count() */
+    int nranks;                         /* world size */
+    agg_t stats[SP_STATS_MAX];          /* per stats key */
+    agg_t sym[N_SYM];                   /* per symmetric counter */
     int64_t mine[SP_STATS_MAX + N_SYM]; /* this rank's values: stats then counters */
 } gathered_t;
 
@@ -216,13 +216,20 @@ static void table_row(FILE *out, const char *key, const agg_t *a, int n, bool by
             imb);
 }
 
-static bool all_zero(const agg_t *a) { return a->min == 0 && a->max == 0; }
+static bool all_zero(const agg_t *a) {
+    return a->min == 0 && a->max == 0;
+}
 
 /* The keys a person checks first: how much is in use and held, peaks, fragmentation, trouble. */
-static const char *const headline[] = {
-    "allocated_bytes.all.current", "allocated_bytes.all.peak",  "reserved_bytes.all.current",
-    "reserved_bytes.all.peak",     "requested_bytes.all.peak",  "inactive_split_bytes.all.current",
-    "num_device_alloc",            "num_alloc_retries",         "num_ooms"};
+static const char *const headline[] = {"allocated_bytes.all.current",
+                                       "allocated_bytes.all.peak",
+                                       "reserved_bytes.all.current",
+                                       "reserved_bytes.all.peak",
+                                       "requested_bytes.all.peak",
+                                       "inactive_split_bytes.all.current",
+                                       "num_device_alloc",
+                                       "num_alloc_retries",
+                                       "num_ooms"};
 
 static void write_table(FILE *out, const gathered_t *g, int device) {
     int n = g->nranks;
@@ -351,9 +358,15 @@ SP_EXPORT sp_status_t sp_stats_report(sp_world_t *w, int device, FILE *out,
     }
     if (st == SP_SUCCESS && rank == 0) {
         switch (format) {
-        case SP_REPORT_TABLE: write_table(out, g, device); break;
-        case SP_REPORT_JSON: write_json(out, g, device); break;
-        case SP_REPORT_PROMETHEUS: write_prometheus(out, g, all); break;
+        case SP_REPORT_TABLE:
+            write_table(out, g, device);
+            break;
+        case SP_REPORT_JSON:
+            write_json(out, g, device);
+            break;
+        case SP_REPORT_PROMETHEUS:
+            write_prometheus(out, g, all);
+            break;
         }
         if (fflush(out) != 0 || ferror(out))
             st = sp__error(SP_ERR_SYSTEM, SP_SUB_COLL, "%s: writing the report failed", fn);

@@ -3,10 +3,10 @@
  * same run (host backend), fp32 sum, 4 KiB to 64 MiB. One JSON line per size on rank 0:
  *   {"bench":"collectives","op":"allreduce","dtype":"float32","ranks":4,"bytes":1048576,
  *    "iters":..,"mpi_us":..,"sympool_us":..,"overhead_pct":..,"agreement_us":..}
- * Times are medians (and minima: *_min_*, the least disturbed by other load) over iterations of rank 0's wall time per call, each call started after a
- * barrier; MPI and sympool calls alternate (and swap order every iteration) so that drift
- * (frequency, other load, cache state) hits both alike.
- * agreement_us is a zero-count sp_allreduce: the argument checks and the one small agreement
+ * Times are medians (and minima: *_min_*, the least disturbed by other load) over iterations of
+ * rank 0's wall time per call, each call started after a barrier; MPI and sympool calls alternate
+ * (and swap order every iteration) so that drift (frequency, other load, cache state) hits both
+ * alike. agreement_us is a zero-count sp_allreduce: the argument checks and the one small agreement
  * allreduce every call pays. Usage: mpirun -np 4 bench_collectives [max_bytes]
  */
 #include <stdbool.h>

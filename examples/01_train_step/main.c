@@ -48,7 +48,7 @@ static int g_rank;
     do {                                                                                           \
         sp_status_t s_ = (call);                                                                   \
         if (s_ != SP_SUCCESS) {                                                                    \
-            fprintf(stderr, "rank %d: %s failed: %s: %s\n", g_rank, #call, sp_status_name(s_),      \
+            fprintf(stderr, "rank %d: %s failed: %s: %s\n", g_rank, #call, sp_status_name(s_),     \
                     sp_last_error());                                                              \
             MPI_Abort(MPI_COMM_WORLD, 1);                                                          \
         }                                                                                          \

@@ -26,7 +26,7 @@ static int g_rank;
     do {                                                                                           \
         sp_status_t s_ = (call);                                                                   \
         if (s_ != SP_SUCCESS) {                                                                    \
-            fprintf(stderr, "rank %d: %s failed: %s: %s\n", g_rank, #call, sp_status_name(s_),      \
+            fprintf(stderr, "rank %d: %s failed: %s: %s\n", g_rank, #call, sp_status_name(s_),     \
                     sp_last_error());                                                              \
             MPI_Abort(MPI_COMM_WORLD, 1);                                                          \
         }                                                                                          \
@@ -78,15 +78,15 @@ int main(int argc, char **argv) {
     const struct {
         const char *name;
         sp_report_format_t format;
-    } formats[] = {{"table", SP_REPORT_TABLE},
-                   {"json", SP_REPORT_JSON},
-                   {"prometheus", SP_REPORT_PROMETHEUS}};
+    } formats[] = {
+        {"table", SP_REPORT_TABLE}, {"json", SP_REPORT_JSON}, {"prometheus", SP_REPORT_PROMETHEUS}};
     for (size_t f = 0; f < 3; f++) {
         if (strcmp(which, "all") && strcmp(which, formats[f].name))
             continue;
         if (g_rank == 0)
-            printf("==== sp_stats_report(..., SP_REPORT_%s) ====\n",
-                   f == 0 ? "TABLE" : f == 1 ? "JSON" : "PROMETHEUS");
+            printf("==== sp_stats_report(..., SP_REPORT_%s) ====\n", f == 0   ? "TABLE"
+                                                                     : f == 1 ? "JSON"
+                                                                              : "PROMETHEUS");
         fflush(stdout);
         CHECK(sp_stats_report(w, dev, stdout, formats[f].format));
         if (g_rank == 0)

@@ -20,28 +20,44 @@ extern "C" {
 
 namespace {
 
-const sp_dtype_t kAllTypes[] = {SP_INT8,    SP_UINT8,    SP_INT32,   SP_UINT32, SP_INT64,
-                                SP_UINT64,  SP_FLOAT16, SP_BFLOAT16, SP_FLOAT32, SP_FLOAT64};
+const sp_dtype_t kAllTypes[] = {SP_INT8,   SP_UINT8,   SP_INT32,    SP_UINT32,  SP_INT64,
+                                SP_UINT64, SP_FLOAT16, SP_BFLOAT16, SP_FLOAT32, SP_FLOAT64};
 const sp_redop_t kAllOps[] = {SP_SUM, SP_PROD, SP_MIN, SP_MAX, SP_AVG};
 const size_t kCounts[] = {1, 7, 1001};
 
 size_t type_size(sp_dtype_t t) {
     switch (t) {
-    case SP_INT8: case SP_UINT8: return 1;
-    case SP_FLOAT16: case SP_BFLOAT16: return 2;
-    case SP_INT32: case SP_UINT32: case SP_FLOAT32: return 4;
-    default: return 8;
+    case SP_INT8:
+    case SP_UINT8:
+        return 1;
+    case SP_FLOAT16:
+    case SP_BFLOAT16:
+        return 2;
+    case SP_INT32:
+    case SP_UINT32:
+    case SP_FLOAT32:
+        return 4;
+    default:
+        return 8;
     }
 }
-bool is_unsigned(sp_dtype_t t) { return t == SP_UINT8 || t == SP_UINT32 || t == SP_UINT64; }
-bool is_int(sp_dtype_t t) { return t <= SP_UINT64; }
-bool is_half(sp_dtype_t t) { return t == SP_FLOAT16 || t == SP_BFLOAT16; }
+bool is_unsigned(sp_dtype_t t) {
+    return t == SP_UINT8 || t == SP_UINT32 || t == SP_UINT64;
+}
+bool is_int(sp_dtype_t t) {
+    return t <= SP_UINT64;
+}
+bool is_half(sp_dtype_t t) {
+    return t == SP_FLOAT16 || t == SP_BFLOAT16;
+}
 
 // ---- an independent 16-bit float codec: arithmetic in double, ties to even by nearbyint ----
 struct Fmt {
     int ebits, mbits;
 };
-Fmt fmt_of(sp_dtype_t t) { return t == SP_BFLOAT16 ? Fmt{8, 7} : Fmt{5, 10}; }
+Fmt fmt_of(sp_dtype_t t) {
+    return t == SP_BFLOAT16 ? Fmt{8, 7} : Fmt{5, 10};
+}
 
 double dec16(uint16_t b, Fmt f) {
     int bias = (1 << (f.ebits - 1)) - 1;
@@ -84,28 +100,57 @@ uint16_t enc16(double x, Fmt f) {
 // ---- typed access through doubles (all test values are exact in every type) --------------
 void put(sp_dtype_t t, void *buf, size_t i, double v) {
     switch (t) {
-    case SP_INT8: ((int8_t *)buf)[i] = (int8_t)v; break;
-    case SP_UINT8: ((uint8_t *)buf)[i] = (uint8_t)v; break;
-    case SP_INT32: ((int32_t *)buf)[i] = (int32_t)v; break;
-    case SP_UINT32: ((uint32_t *)buf)[i] = (uint32_t)v; break;
-    case SP_INT64: ((int64_t *)buf)[i] = (int64_t)v; break;
-    case SP_UINT64: ((uint64_t *)buf)[i] = (uint64_t)v; break;
-    case SP_FLOAT16: case SP_BFLOAT16: ((uint16_t *)buf)[i] = enc16(v, fmt_of(t)); break;
-    case SP_FLOAT32: ((float *)buf)[i] = (float)v; break;
-    case SP_FLOAT64: ((double *)buf)[i] = v; break;
+    case SP_INT8:
+        ((int8_t *)buf)[i] = (int8_t)v;
+        break;
+    case SP_UINT8:
+        ((uint8_t *)buf)[i] = (uint8_t)v;
+        break;
+    case SP_INT32:
+        ((int32_t *)buf)[i] = (int32_t)v;
+        break;
+    case SP_UINT32:
+        ((uint32_t *)buf)[i] = (uint32_t)v;
+        break;
+    case SP_INT64:
+        ((int64_t *)buf)[i] = (int64_t)v;
+        break;
+    case SP_UINT64:
+        ((uint64_t *)buf)[i] = (uint64_t)v;
+        break;
+    case SP_FLOAT16:
+    case SP_BFLOAT16:
+        ((uint16_t *)buf)[i] = enc16(v, fmt_of(t));
+        break;
+    case SP_FLOAT32:
+        ((float *)buf)[i] = (float)v;
+        break;
+    case SP_FLOAT64:
+        ((double *)buf)[i] = v;
+        break;
     }
 }
 double get(sp_dtype_t t, const void *buf, size_t i) {
     switch (t) {
-    case SP_INT8: return ((const int8_t *)buf)[i];
-    case SP_UINT8: return ((const uint8_t *)buf)[i];
-    case SP_INT32: return ((const int32_t *)buf)[i];
-    case SP_UINT32: return ((const uint32_t *)buf)[i];
-    case SP_INT64: return (double)((const int64_t *)buf)[i];
-    case SP_UINT64: return (double)((const uint64_t *)buf)[i];
-    case SP_FLOAT16: case SP_BFLOAT16: return dec16(((const uint16_t *)buf)[i], fmt_of(t));
-    case SP_FLOAT32: return ((const float *)buf)[i];
-    case SP_FLOAT64: return ((const double *)buf)[i];
+    case SP_INT8:
+        return ((const int8_t *)buf)[i];
+    case SP_UINT8:
+        return ((const uint8_t *)buf)[i];
+    case SP_INT32:
+        return ((const int32_t *)buf)[i];
+    case SP_UINT32:
+        return ((const uint32_t *)buf)[i];
+    case SP_INT64:
+        return (double)((const int64_t *)buf)[i];
+    case SP_UINT64:
+        return (double)((const uint64_t *)buf)[i];
+    case SP_FLOAT16:
+    case SP_BFLOAT16:
+        return dec16(((const uint16_t *)buf)[i], fmt_of(t));
+    case SP_FLOAT32:
+        return ((const float *)buf)[i];
+    case SP_FLOAT64:
+        return ((const double *)buf)[i];
     }
     return 0;
 }
@@ -132,10 +177,19 @@ double reference(sp_dtype_t t, sp_redop_t op, int n, size_t i, size_t index_base
     for (int r = 1; r < n; r++) {
         double v = value(t, op, r, index_base + i);
         switch (op) {
-        case SP_SUM: case SP_AVG: acc += v; break;
-        case SP_PROD: acc *= v; break;
-        case SP_MIN: acc = std::fmin(acc, v); break;
-        case SP_MAX: acc = std::fmax(acc, v); break;
+        case SP_SUM:
+        case SP_AVG:
+            acc += v;
+            break;
+        case SP_PROD:
+            acc *= v;
+            break;
+        case SP_MIN:
+            acc = std::fmin(acc, v);
+            break;
+        case SP_MAX:
+            acc = std::fmax(acc, v);
+            break;
         }
     }
     if (op == SP_AVG) {
@@ -208,8 +262,8 @@ TEST_F(Collectives, AllreduceEveryDtypeOpCountInPlace) {
                         double want = reference(t, op, n_, i), got = get(t, dst, i);
                         if (got != want && bad++ < 3)
                             ADD_FAILURE() << "dtype " << t << " op " << op << " count " << count
-                                          << " in_place " << in_place << " [" << i
-                                          << "]: got " << got << " want " << want;
+                                          << " in_place " << in_place << " [" << i << "]: got "
+                                          << got << " want " << want;
                     }
                     ASSERT_TRUE(all_ok(bad == 0)) << "wrong elements on some rank";
                 }
@@ -234,15 +288,17 @@ TEST_F(Collectives, ReduceScatterEveryDtypeOpCountInPlace) {
                         double got = get(t, dst, i);
                         if (got != want && bad++ < 3)
                             ADD_FAILURE() << "dtype " << t << " op " << op << " count " << count
-                                          << " in_place " << in_place << " [" << i
-                                          << "]: got " << got << " want " << want;
+                                          << " in_place " << in_place << " [" << i << "]: got "
+                                          << got << " want " << want;
                     }
                     ASSERT_TRUE(all_ok(bad == 0)) << "wrong elements on some rank";
                 }
 }
 
 // Raw bytes that differ on every rank and element.
-uint8_t pattern(int rank, size_t byte) { return (uint8_t)(rank * 37 + byte * 11 + 1); }
+uint8_t pattern(int rank, size_t byte) {
+    return (uint8_t)(rank * 37 + byte * 11 + 1);
+}
 
 TEST_F(Collectives, AllgatherEveryDtypeCountInPlace) {
     for (sp_dtype_t t : kAllTypes)
@@ -277,8 +333,8 @@ TEST_F(Collectives, BroadcastEveryDtypeCountRootInPlace) {
                     if (in_place)
                         memcpy(recv.p, send.p, bytes);
                     // Non-root ranks' send is not used: pass NULL there to show it.
-                    ASSERT_SP_OK(sp_broadcast(w_, rank_ == root ? src : nullptr, recv.p, count,
-                                              t, root, nullptr));
+                    ASSERT_SP_OK(sp_broadcast(w_, rank_ == root ? src : nullptr, recv.p, count, t,
+                                              root, nullptr));
                     for (size_t b = 0; b < bytes; b++)
                         ASSERT_EQ((uint8_t)recv.c()[b], pattern(root, b))
                             << "dtype " << t << " count " << count << " root " << root;
@@ -312,8 +368,8 @@ TEST_F(Collectives, HalfTypesRoundTheFloatResultOnce) {
                     sum += val(r, i);
                 double q = op == SP_SUM ? sum : (double)((float)sum / (float)n_);
                 uint16_t want = enc16(q, f), got = ((uint16_t *)buf.p)[i];
-                ASSERT_EQ(got, want) << "dtype " << t << " op " << op << " [" << i << "] sum "
-                                     << sum;
+                ASSERT_EQ(got, want)
+                    << "dtype " << t << " op " << op << " [" << i << "] sum " << sum;
             }
         }
 }
@@ -350,16 +406,16 @@ TEST_F(Collectives, HalfTypesAcrossScratchChunks) {
 TEST_F(Collectives, HalfTypesSpecialValues) {
     for (sp_dtype_t t : {SP_FLOAT16, SP_BFLOAT16}) {
         Fmt f = fmt_of(t);
-        double tiny = dec16(1, f);                                   // smallest subnormal
+        double tiny = dec16(1, f);                                     // smallest subnormal
         double big = t == SP_FLOAT16 ? 60000.0 : std::ldexp(1.5, 127); // two of them overflow
         const size_t k = 6;
         Buf sum(k * 2, dev_), mn(k * 2, dev_), mx(k * 2, dev_);
-        double in[k] = {rank_ == 0 ? NAN : 1.0,     // NaN propagates
+        double in[k] = {rank_ == 0 ? NAN : 1.0,      // NaN propagates
                         rank_ == 0 ? INFINITY : 1.0, // inf + finite = inf
                         rank_ == 0 ? INFINITY : (rank_ == 1 ? -INFINITY : 0.0), // inf - inf
-                        tiny,                      // n subnormals add up exactly
-                        big,                       // overflow rounds to inf
-                        rank_ % 2 ? -0.0 : 0.0};   // -0 < +0 for min/max
+                        tiny,                    // n subnormals add up exactly
+                        big,                     // overflow rounds to inf
+                        rank_ % 2 ? -0.0 : 0.0}; // -0 < +0 for min/max
         for (size_t i = 0; i < k; i++) {
             put(t, sum.p, i, in[i]);
             put(t, mn.p, i, in[i]);
@@ -479,10 +535,18 @@ TEST_F(CollectiveArgs, ForeignBufferOnOneRankFailsEverywhere) {
     for (int kind = 0; kind < 4; kind++) {
         sp_status_t s = SP_SUCCESS;
         switch (kind) {
-        case 0: s = sp_allreduce(w_, sb.p, recv, 8, SP_INT32, SP_SUM, nullptr); break;
-        case 1: s = sp_broadcast(w_, sb.p, recv, 8, SP_INT32, 0, nullptr); break;
-        case 2: s = sp_allgather(w_, sb.p, recv, 1, SP_INT32, nullptr); break;
-        case 3: s = sp_reduce_scatter(w_, sb.p, recv, 1, SP_INT32, SP_SUM, nullptr); break;
+        case 0:
+            s = sp_allreduce(w_, sb.p, recv, 8, SP_INT32, SP_SUM, nullptr);
+            break;
+        case 1:
+            s = sp_broadcast(w_, sb.p, recv, 8, SP_INT32, 0, nullptr);
+            break;
+        case 2:
+            s = sp_allgather(w_, sb.p, recv, 1, SP_INT32, nullptr);
+            break;
+        case 3:
+            s = sp_reduce_scatter(w_, sb.p, recv, 1, SP_INT32, SP_SUM, nullptr);
+            break;
         }
         EXPECT_EQ(s, SP_ERR_INVALID_ARGUMENT) << "kind " << kind << ": " << sp::describe(s);
         std::string msg = sp_last_error();
@@ -530,8 +594,7 @@ TEST_F(CollectiveArgs, OverlapThatIsNotInPlace) {
 TEST_F(CollectiveArgs, RanksDisagreeOnCountDtypeOpRoot) {
     Buf b(4096, dev_);
     size_t count = rank_ == 0 ? 9 : 8;
-    EXPECT_SP_STATUS(sp_allreduce(w_, b.p, b.p, count, SP_INT32, SP_SUM, nullptr),
-                     SP_ERR_MISMATCH);
+    EXPECT_SP_STATUS(sp_allreduce(w_, b.p, b.p, count, SP_INT32, SP_SUM, nullptr), SP_ERR_MISMATCH);
     EXPECT_NE(std::string(sp_last_error()).find("count"), std::string::npos);
     EXPECT_SP_STATUS(
         sp_allreduce(w_, b.p, b.p, 8, rank_ == 0 ? SP_FLOAT32 : SP_INT32, SP_SUM, nullptr),

@@ -125,9 +125,9 @@ TEST(HalfCodec, RandomFloatsMatchTheReference) {
 }
 
 TEST(HalfCodec, Boundaries) {
-    EXPECT_EQ(sp__float_to_half(65504.0f), 0x7bffu);    // largest finite
-    EXPECT_EQ(sp__float_to_half(65519.996f), 0x7bffu);  // just below the threshold
-    EXPECT_EQ(sp__float_to_half(65520.0f), 0x7c00u);    // the tie rounds to even: infinity
+    EXPECT_EQ(sp__float_to_half(65504.0f), 0x7bffu);   // largest finite
+    EXPECT_EQ(sp__float_to_half(65519.996f), 0x7bffu); // just below the threshold
+    EXPECT_EQ(sp__float_to_half(65520.0f), 0x7c00u);   // the tie rounds to even: infinity
     EXPECT_EQ(sp__float_to_half(-1e9f), 0xfc00u);
     EXPECT_EQ(sp__float_to_half(std::ldexp(1.0f, -24)), 0x0001u); // smallest subnormal
     EXPECT_EQ(sp__float_to_half(std::ldexp(1.0f, -25)), 0x0000u); // tie to even: zero

@@ -29,8 +29,8 @@ namespace {
 // ---- a tiny JSON reader: objects, arrays, strings (no escapes needed), numbers, literals ----
 struct Json {
     enum Kind { NUL, BOOL, NUM, STR, ARR, OBJ } kind = NUL;
-    std::string text;                          // number text or string value
-    std::vector<Json> arr;                     // ARR
+    std::string text;                              // number text or string value
+    std::vector<Json> arr;                         // ARR
     std::vector<std::pair<std::string, Json>> obj; // OBJ, in order
     const Json *get(const std::string &k) const {
         for (const auto &kv : obj)
@@ -116,7 +116,8 @@ struct Parser {
         } else if (c == '-' || std::isdigit((unsigned char)c)) {
             v.kind = Json::NUM;
             size_t j = i;
-            while (j < s.size() && (std::isdigit((unsigned char)s[j]) || std::strchr("+-.eE", s[j])))
+            while (j < s.size() &&
+                   (std::isdigit((unsigned char)s[j]) || std::strchr("+-.eE", s[j])))
                 j++;
             v.text = s.substr(i, j - i);
             i = j;
@@ -337,9 +338,10 @@ TEST_F(StatsReport, TableNamesEveryKeyAndTheWorstRank) {
     if (rank_ != 0)
         return;
     for (size_t i = 0; i < sp_stats_count(); i++) {
-        std::regex word("(^|[ \n])" + std::regex_replace(std::string(sp_stats_key(i)),
-                                                         std::regex(R"(\.)"), R"(\.)") +
-                        "([ \n]|$)");
+        std::regex word(
+            "(^|[ \n])" +
+            std::regex_replace(std::string(sp_stats_key(i)), std::regex(R"(\.)"), R"(\.)") +
+            "([ \n]|$)");
         EXPECT_TRUE(std::regex_search(text, word)) << "missing key " << sp_stats_key(i);
     }
     EXPECT_NE(text.find("symmetric.registrations"), std::string::npos);
