@@ -16,7 +16,9 @@
  * sp_world_finalize has its segments released there (the memory under it is gone; a warning
  * says so).
  *
- * Locking: s_reg_lock guards the registry list; each state's lock is held for its calls.
+ * Locking: s_reg_lock guards the registry list; each state's lock is held for its calls. The
+ * pool must not be used by another thread of the rank while a collective release runs (an OOM
+ * loan that takes an agreed segment there would keep this rank out of MPI_Win_free).
  */
 #include <stdio.h>
 #include <stdlib.h>
