@@ -33,7 +33,9 @@ ctest --test-dir build -j"$jobs" --timeout 300
 
 # Open MPI's own allocations are never freed before exit: keep LeakSanitizer on for our code only.
 export LSAN_OPTIONS="suppressions=$PWD/scripts/lsan.supp:print_suppressions=0"
-export ASAN_OPTIONS="detect_leaks=1:abort_on_error=0"
+# Open MPI frames are compiled without frame pointers: the slow unwinder is needed for the
+# suppressions above to match its allocations.
+export ASAN_OPTIONS="detect_leaks=1:abort_on_error=0:fast_unwind_on_malloc=0"
 export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1"
 run_build build-asan -DCMAKE_BUILD_TYPE=Debug -DSYMPOOL_SANITIZE=address,undefined -DSYMPOOL_BUILD_BENCH=OFF
 echo "== tests: AddressSanitizer + UndefinedBehaviorSanitizer"
