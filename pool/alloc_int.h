@@ -189,6 +189,17 @@ void sp__bset_insert(sp_block_set_t *set, sp_block_t *b);
 void sp__bset_remove(sp_block_set_t *set, sp_block_t *b);
 /* The smallest block with key >= (stream, size, -inf), or NULL. */
 sp_block_t *sp__bset_lower_bound(const sp_block_set_t *set, sp_stream_t stream, size_t size);
+/* lower_bound that also gives the link pointing at the result (*slot_p) and the result's in-order
+ * predecessor (*pred_p, NULL if none), for sp__bset_replace_at. */
+sp_block_t *sp__bset_find_fit(sp_block_set_t *set, sp_stream_t stream, size_t size,
+                              sp_block_t ***slot_p, sp_block_t **pred_p);
+/* The link pointing at b (in the set) and b's in-order successor (*succ_p, NULL if none). */
+sp_block_t **sp__bset_locate(sp_block_set_t *set, const sp_block_t *b, sp_block_t **succ_p);
+/* a < b in the set's order. */
+bool sp__bset_less(const sp_block_set_t *set, const sp_block_t *a, const sp_block_t *b);
+/* Put nb (not in the set) where old is (*slot == old). Only valid when nb's key sorts strictly
+ * between old's in-order neighbours: then order and balance are unchanged. The count stays. */
+void sp__bset_replace_at(sp_block_t **slot, sp_block_t *old, sp_block_t *nb);
 
 typedef struct sp_bpool {
     sp_block_set_t free;     /* cached free blocks (lock) */

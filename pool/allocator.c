@@ -97,25 +97,34 @@ void sp__block_recycle(sp_devalloc_t *d, sp_block_t *b) {
 
 /* ---- finding and handing out blocks ------------------------------------------------------ */
 
-sp_block_t *sp__alloc_get_free_block(sp_devalloc_t *d, sp_bpool_t *bp, size_t size,
-                                     sp_stream_t stream) {
+/* get_free_block without the removal: the fitting block, the link to it and its in-order
+ * predecessor, so that a split can put the remainder in the block's place in the tree. */
+static inline sp_block_t *find_fit(sp_devalloc_t *d, sp_bpool_t *bp, size_t size,
+                                   sp_stream_t stream, sp_block_t ***slot_p, sp_block_t **pred_p) {
     if (SP_UNLIKELY(d->gc_enabled))
         bp->gfb_count++;
-    sp_block_t *b = sp__bset_lower_bound(&bp->free, stream, size);
+    sp_block_t *b = sp__bset_find_fit(&bp->free, stream, size, slot_p, pred_p);
     if (!b || b->stream != stream)
         return NULL;
     size_t mss = sp__g.conf.max_split_size;
     /* Oversize rules: small requests never take oversize blocks, and an oversize request takes
      * an oversize block only if it wastes less than max_non_split_rounding. */
-    if (size < mss && b->size >= mss)
+    if (SP_UNLIKELY(b->size >= mss) &&
+        (size < mss || b->size >= size + sp__g.conf.max_non_split_rounding))
         return NULL;
-    if (size >= mss && b->size >= size + sp__g.conf.max_non_split_rounding)
-        return NULL;
-    sp__bset_remove(&bp->free, b);
     return b;
 }
 
-static bool should_split(const sp_bpool_t *bp, const sp_block_t *b, size_t size) {
+sp_block_t *sp__alloc_get_free_block(sp_devalloc_t *d, sp_bpool_t *bp, size_t size,
+                                     sp_stream_t stream) {
+    sp_block_t **slot = NULL, *pred = NULL;
+    sp_block_t *b = find_fit(d, bp, size, stream, &slot, &pred);
+    if (b)
+        sp__bset_remove(&bp->free, b);
+    return b;
+}
+
+static inline bool should_split(const sp_bpool_t *bp, const sp_block_t *b, size_t size) {
     if (bp->pool->no_split)
         return false;
     size_t remaining = b->size - size;
@@ -124,8 +133,12 @@ static bool should_split(const sp_bpool_t *bp, const sp_block_t *b, size_t size)
     return size < sp__g.conf.max_split_size && remaining > SP_SMALL_SIZE;
 }
 
-void sp__alloc_found_block(sp_devalloc_t *d, sp_block_t *b, size_t size, size_t orig,
-                           uint32_t context) {
+/* found_block. slot != NULL: b is still in its free set at *slot with in-order predecessor
+ * pred, and leaves it here (the cache-hit path); slot == NULL: b is in no set. */
+static inline __attribute__((always_inline)) void hand_out(sp_devalloc_t *d, sp_block_t *b,
+                                                           sp_block_t **slot, sp_block_t *pred,
+                                                           size_t size, size_t orig,
+                                                           uint32_t context) {
     sp_bpool_t *bp = b->seg->bpool;
     sp_dev_stats_t *st = &d->stats;
     bool small = bp->is_small;
@@ -137,23 +150,35 @@ void sp__alloc_found_block(sp_devalloc_t *d, sp_block_t *b, size_t size, size_t 
         rem->size = b->size - size;
         rem->stream = b->stream;
         rem->seg = b->seg;
+        rem->gc_count = bp->gfb_count;
+        /* The remainder sorts below b (smaller, same stream); if it also sorts above b's
+         * predecessor it can take b's node as it is. b's key must be intact until then. */
+        if (slot && (!pred || sp__bset_less(&bp->free, pred, rem))) {
+            sp__bset_replace_at(slot, b, rem);
+        } else {
+            if (slot)
+                sp__bset_remove(&bp->free, b);
+            sp__bset_insert(&bp->free, rem);
+        }
         rem->prev = b;
         rem->next = b->next;
         if (b->next)
             b->next->prev = rem;
         b->next = rem;
         b->size = size;
-        rem->gc_count = bp->gfb_count;
-        sp__bset_insert(&bp->free, rem);
         if (already_split) {
             sp__stat_dec(st, SP_ST_INACTIVE_SPLIT_BYTES, small, (int64_t)b->size);
         } else {
             sp__stat_inc(st, SP_ST_INACTIVE_SPLIT_BYTES, small, (int64_t)rem->size);
             sp__stat_inc(st, SP_ST_INACTIVE_SPLIT, small, 1);
         }
-    } else if (already_split) {
-        sp__stat_dec(st, SP_ST_INACTIVE_SPLIT_BYTES, small, (int64_t)b->size);
-        sp__stat_dec(st, SP_ST_INACTIVE_SPLIT, small, 1);
+    } else {
+        if (slot)
+            sp__bset_remove(&bp->free, b);
+        if (already_split) {
+            sp__stat_dec(st, SP_ST_INACTIVE_SPLIT_BYTES, small, (int64_t)b->size);
+            sp__stat_dec(st, SP_ST_INACTIVE_SPLIT, small, 1);
+        }
     }
     b->allocated = true;
     b->requested = orig;
@@ -171,6 +196,11 @@ void sp__alloc_found_block(sp_devalloc_t *d, sp_block_t *b, size_t size, size_t 
     if (SP_UNLIKELY(sp__history_active))
         sp__history_record(d->device, SP_TRACE_ALLOC, b->addr, orig, (uintptr_t)b->stream,
                            bp->pool->id, context);
+}
+
+void sp__alloc_found_block(sp_devalloc_t *d, sp_block_t *b, size_t size, size_t orig,
+                           uint32_t context) {
+    hand_out(d, b, NULL, NULL, size, orig, context);
 }
 
 /* ---- segments ---------------------------------------------------------------------------- */
@@ -307,9 +337,18 @@ void sp__alloc_free_block(sp_devalloc_t *d, sp_block_t *b, uint32_t free_ctx) {
     size_t orig_size = b->size, req = b->requested;
     uintptr_t orig_addr = b->addr;
     int64_t net_n = 0, net_bytes = 0;
-    sp_block_t *p = b->prev;
-    if (mergeable(p)) {
-        sp__bset_remove(&bp->free, p);
+    sp_block_set_t *set = &bp->free;
+    sp_block_t *p = b->prev, *n = b->next;
+    bool mp = mergeable(p), mn = mergeable(n);
+    /* The merged block sorts above every neighbour it absorbs (same stream, larger), so it may
+     * take the tree node of one of them (n if it merges, else p) when it also sorts below that
+     * node's successor: no remove + insert. Both merge: p leaves the set first. */
+    if (mp && mn)
+        sp__bset_remove(set, p);
+    sp_block_t *old = mn ? n : mp ? p : NULL, **slot = NULL, *succ = NULL;
+    if (old)
+        slot = sp__bset_locate(set, old, &succ);
+    if (mp) {
         b->addr = p->addr;
         b->size += p->size;
         b->prev = p->prev;
@@ -319,18 +358,14 @@ void sp__alloc_free_block(sp_devalloc_t *d, sp_block_t *b, uint32_t free_ctx) {
             seg->head = b;
         net_n--;
         net_bytes -= (int64_t)p->size;
-        sp__block_recycle(d, p);
     }
-    sp_block_t *n = b->next;
-    if (mergeable(n)) {
-        sp__bset_remove(&bp->free, n);
+    if (mn) {
         b->size += n->size;
         b->next = n->next;
         if (b->next)
             b->next->prev = b;
         net_n--;
         net_bytes -= (int64_t)n->size;
-        sp__block_recycle(d, n);
     }
     if (b->prev || b->next) {
         net_n++;
@@ -345,7 +380,17 @@ void sp__alloc_free_block(sp_devalloc_t *d, sp_block_t *b, uint32_t free_ctx) {
     sp__stat_dec(st, SP_ST_REQUESTED_BYTES, bp->is_small, (int64_t)req);
     b->requested = 0;
     b->gc_count = bp->gfb_count;
-    sp__bset_insert(&bp->free, b);
+    if (slot && (!succ || sp__bset_less(set, b, succ))) {
+        sp__bset_replace_at(slot, old, b);
+    } else {
+        if (old)
+            sp__bset_remove(set, old);
+        sp__bset_insert(set, b);
+    }
+    if (mp)
+        sp__block_recycle(d, p);
+    if (mn)
+        sp__block_recycle(d, n);
     if (SP_UNLIKELY(sp__history_active))
         sp__history_record(d->device, SP_TRACE_FREE_COMPLETED, orig_addr, req, (uintptr_t)b->stream,
                            bp->pool->id, free_ctx ? free_ctx : b->context);
@@ -456,8 +501,15 @@ sp_status_t sp__alloc_malloc(sp_devalloc_t *d, sp_mempool_t *pool, size_t orig, 
     size_t size = sp__round_size(orig);
     sp_bpool_t *bp = size <= SP_SMALL_SIZE ? &pool->small : &pool->large;
     bool nocache = sp__g.conf.no_caching;
-    sp_block_t *b = nocache ? NULL : sp__alloc_get_free_block(d, bp, size, stream);
-    if (SP_UNLIKELY(!b)) {
+    sp_block_t **slot = NULL, *pred = NULL;
+    sp_block_t *b = nocache ? NULL : find_fit(d, bp, size, stream, &slot, &pred);
+    if (SP_LIKELY(b)) {
+        hand_out(d, b, slot, pred, size, orig, ctx);
+        *ptr_p = (void *)b->addr;
+        sp__unlock(&d->lock);
+        return SP_SUCCESS;
+    }
+    {
         size_t alloc_size = nocache ? size : sp__allocation_size(size);
         bool limit_hit = false, fraction_hit = false;
         int why = 0;

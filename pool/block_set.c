@@ -7,6 +7,11 @@
  * every rank holding the same cache picks the same block whatever its virtual addresses.
  * Keys are unique (no two blocks share an address). Insert, remove and lower_bound are O(log n)
  * and allocate nothing. The caller holds the device allocator lock.
+ *
+ * The cache-hit path avoids a remove + insert pair where it can: a split remainder or a merged
+ * block whose key still sorts strictly between the old node's in-order neighbours takes that
+ * node's place in the tree (same links, same height), which keeps both the order and the AVL
+ * balance. sp__bset_find_fit and sp__bset_locate report the link and the neighbour to check.
  */
 #include "pool/alloc_int.h"
 
@@ -124,6 +129,67 @@ void sp__bset_remove(sp_block_set_t *set, sp_block_t *b) {
     b->in_set = false;
     b->left = b->right = NULL;
     set->count--;
+}
+
+bool sp__bset_less(const sp_block_set_t *set, const sp_block_t *a, const sp_block_t *b) {
+    return cmp(set->by_seq, a, b) < 0;
+}
+
+sp_block_t *sp__bset_find_fit(sp_block_set_t *set, sp_stream_t stream, size_t size,
+                              sp_block_t ***slot_p, sp_block_t **pred_p) {
+    uintptr_t s = (uintptr_t)stream;
+    sp_block_t **link = &set->root, **best_link = NULL, *best = NULL, *pred = NULL;
+    sp_block_t *n = set->root;
+    while (n) {
+        uintptr_t ns = (uintptr_t)n->stream;
+        bool less = ns < s || (ns == s && n->size < size);
+        if (less) {
+            pred = n; /* the last node we pass on the right is the largest key below the query */
+            link = &n->right;
+        } else {
+            best = n;
+            best_link = link;
+            link = &n->left;
+        }
+        n = *link;
+    }
+    *slot_p = best_link;
+    *pred_p = pred;
+    return best;
+}
+
+sp_block_t **sp__bset_locate(sp_block_set_t *set, const sp_block_t *b, sp_block_t **succ_p) {
+    sp_block_t **link = &set->root, *succ = NULL;
+    for (sp_block_t *n = set->root; n; n = *link) {
+        int c = cmp(set->by_seq, b, n);
+        if (c == 0) {
+            if (n->right) {
+                succ = n->right;
+                while (succ->left)
+                    succ = succ->left;
+            }
+            *succ_p = succ;
+            return link;
+        }
+        if (c < 0) {
+            succ = n; /* the last node we pass on the left is the smallest key above b */
+            link = &n->left;
+        } else {
+            link = &n->right;
+        }
+    }
+    *succ_p = NULL;
+    return NULL; /* not in the set: unreachable while the caller checks in_set */
+}
+
+void sp__bset_replace_at(sp_block_t **slot, sp_block_t *old, sp_block_t *nb) {
+    nb->left = old->left;
+    nb->right = old->right;
+    nb->height = old->height;
+    nb->in_set = true;
+    *slot = nb;
+    old->in_set = false;
+    old->left = old->right = NULL;
 }
 
 sp_block_t *sp__bset_lower_bound(const sp_block_set_t *set, sp_stream_t stream, size_t size) {
