@@ -64,12 +64,19 @@ static inline void sp__unlock(sp_lock_t *l) {
 
 /* ---- stats (PyTorch's DeviceStats) ------------------------------------------------------- */
 
+/* PyTorch's Stat. `freed` is not kept up to date on the hot path: it is derived as
+ * allocated - (current - base), base being `current` at the last accumulated reset, which lets
+ * every decrement touch one word. sp__stat_freed reads it; stats.c materializes it in copies. */
 typedef struct sp_stat {
     int64_t current;   /* bytes or count now */
     int64_t peak;      /* max of current since the last peak reset */
     int64_t allocated; /* sum of increases since the last accumulated reset */
-    int64_t freed;     /* sum of decreases since the last accumulated reset */
+    int64_t base;      /* current at the last accumulated reset (see above) */
 } sp_stat_t;
+
+static inline int64_t sp__stat_freed(const sp_stat_t *s) {
+    return s->allocated - (s->current - s->base);
+}
 
 enum { SP_STAT_ALL = 0, SP_STAT_SMALL = 1, SP_STAT_LARGE = 2, SP_STAT_NTYPES = 3 };
 
@@ -100,15 +107,13 @@ typedef struct sp_dev_stats {
 } sp_dev_stats_t;
 
 /* PyTorch's update_stat: current += delta; peak tracks current; delta > 0 counts as allocated,
- * delta < 0 as freed. */
+ * delta < 0 as freed (derived, see sp_stat_t). */
 static inline void sp__stat_add(sp_stat_t *s, int64_t delta) {
     s->current += delta;
     if (s->current > s->peak)
         s->peak = s->current;
     if (delta > 0)
         s->allocated += delta;
-    else
-        s->freed -= delta;
 }
 
 /* Update array `a` for the aggregate and the small or large type. */
@@ -125,8 +130,7 @@ static inline void sp__stat_inc1(sp_stat_t *s, int64_t n) {
         s->peak = s->current;
 }
 static inline void sp__stat_dec1(sp_stat_t *s, int64_t n) {
-    s->current -= n;
-    s->freed += n;
+    s->current -= n; /* freed grows by n through its derivation */
 }
 static inline void sp__stat_inc(sp_dev_stats_t *st, int a, bool is_small, int64_t n) {
     sp__stat_inc1(&st->arr[a][SP_STAT_ALL], n);
@@ -246,9 +250,41 @@ typedef struct sp_ptr_map {
 
 sp_status_t sp__ptr_map_init(sp_ptr_map_t *m);
 void sp__ptr_map_fini(sp_ptr_map_t *m);
-void sp__ptr_map_insert(sp_ptr_map_t *m, sp_block_t *b);
 sp_block_t *sp__ptr_map_find(const sp_ptr_map_t *m, uintptr_t addr);
-sp_block_t *sp__ptr_map_remove(sp_ptr_map_t *m, uintptr_t addr);
+/* Double the bucket count (out of line: rare). */
+void sp__ptr_map_grow(sp_ptr_map_t *m);
+
+/* Insert and remove are inline: they sit on every malloc and free. Blocks are 512-byte
+ * aligned: drop those bits and mix with a Fibonacci multiplier; the mask picks the bucket. */
+static inline size_t sp__ptr_map_hash(uintptr_t addr) {
+    uint64_t x = (uint64_t)(addr >> 9);
+    x *= 0x9E3779B97F4A7C15ull;
+    return (size_t)(x >> 17);
+}
+
+static inline void sp__ptr_map_insert(sp_ptr_map_t *m, sp_block_t *b) {
+    if (SP_UNLIKELY(m->count > m->mask))
+        sp__ptr_map_grow(m);
+    sp_block_t **head = &m->buckets[sp__ptr_map_hash(b->addr) & m->mask];
+    b->hnext = *head;
+    *head = b;
+    m->count++;
+}
+
+static inline sp_block_t *sp__ptr_map_remove(sp_ptr_map_t *m, uintptr_t addr) {
+    if (SP_UNLIKELY(!m->buckets))
+        return NULL;
+    sp_block_t **pp = &m->buckets[sp__ptr_map_hash(addr) & m->mask];
+    for (sp_block_t *b = *pp; b; pp = &b->hnext, b = b->hnext) {
+        if (b->addr == addr) {
+            *pp = b->hnext;
+            b->hnext = NULL;
+            m->count--;
+            return b;
+        }
+    }
+    return NULL;
+}
 
 /* ---- events ------------------------------------------------------------------------------ */
 
@@ -293,6 +329,7 @@ typedef struct sp_alloc_global {
     const sp_device_ops_t *ops; /* backend (init_lock, then const until shutdown) */
     sp_device_caps_t caps;      /* backend capabilities */
     sp_alloc_conf_t conf;       /* resolved allocator options at init */
+    bool round_plain;           /* no roundup_power2_divisions: round to 512 B only (const) */
     int ndev;                   /* devices */
     sp_devalloc_t *devs;        /* [ndev] */
 } sp_alloc_global_t;
@@ -308,6 +345,14 @@ static inline sp_status_t sp__alloc_ensure(void) {
 }
 /* Ensure init and validate a device number (SP_ERR_INVALID_ARGUMENT with a message). */
 sp_status_t sp__alloc_device(int device, sp_devalloc_t **d_p);
+/* The hot-path form: the device allocator when initialized and the number valid, else NULL
+ * (then sp__alloc_device initializes or explains). */
+static inline sp_devalloc_t *sp__alloc_device_fast(int device) {
+    if (SP_LIKELY(atomic_load_explicit(&sp__ready, memory_order_acquire)) &&
+        SP_LIKELY((unsigned)device < (unsigned)sp__g.ndev))
+        return &sp__g.devs[device];
+    return NULL;
+}
 
 /* ---- allocator.c ------------------------------------------------------------------------- */
 

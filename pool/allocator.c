@@ -84,6 +84,17 @@ sp_block_t *sp__block_new(sp_devalloc_t *d) {
     return calloc(1, sizeof(*b));
 }
 
+/* sp__block_new for a struct the caller fills completely: no zeroing. A recycled struct's
+ * uses is already NULL (sp__block_recycle frees it). */
+static inline sp_block_t *block_take(sp_devalloc_t *d) {
+    sp_block_t *b = d->spare;
+    if (SP_LIKELY(b)) {
+        d->spare = b->hnext;
+        return b;
+    }
+    return calloc(1, sizeof(*b));
+}
+
 void sp__block_recycle(sp_devalloc_t *d, sp_block_t *b) {
     if (b->context)
         sp__history_context_release(b->context);
@@ -143,14 +154,22 @@ static inline __attribute__((always_inline)) void hand_out(sp_devalloc_t *d, sp_
     sp_dev_stats_t *st = &d->stats;
     bool small = bp->is_small;
     bool already_split = b->prev || b->next;
-    sp_block_t *rem = should_split(bp, b, size) ? sp__block_new(d) : NULL;
+    sp_block_t *rem = should_split(bp, b, size) ? block_take(d) : NULL;
     if (rem) {
-        /* The allocation keeps the low addresses; the remainder moves up and stays cached. */
+        /* The allocation keeps the low addresses; the remainder moves up and stays cached.
+         * Every field is set here or by the set (links, height, in_set) below. */
         rem->addr = b->addr + size;
         rem->size = b->size - size;
+        rem->requested = 0;
         rem->stream = b->stream;
         rem->seg = b->seg;
+        rem->hnext = NULL;
         rem->gc_count = bp->gfb_count;
+        rem->uses = NULL;
+        rem->nuses = rem->cap_uses = 0;
+        rem->context = 0;
+        rem->event_count = 0;
+        rem->allocated = false;
         /* The remainder sorts below b (smaller, same stream); if it also sorts above b's
          * predecessor it can take b's node as it is. b's key must be intact until then. */
         if (slot && (!pred || sp__bset_less(&bp->free, pred, rem))) {
@@ -326,11 +345,12 @@ void sp__alloc_release_segment(sp_devalloc_t *d, sp_segment_t *seg) {
 
 /* ---- free -------------------------------------------------------------------------------- */
 
-static bool mergeable(const sp_block_t *n) {
+static inline bool mergeable(const sp_block_t *n) {
     return n && n->in_set && !n->allocated && n->event_count == 0 && n->nuses == 0;
 }
 
-void sp__alloc_free_block(sp_devalloc_t *d, sp_block_t *b, uint32_t free_ctx) {
+static inline __attribute__((always_inline)) void free_block(sp_devalloc_t *d, sp_block_t *b,
+                                                             uint32_t free_ctx) {
     sp_segment_t *seg = b->seg;
     sp_bpool_t *bp = seg->bpool;
     sp_dev_stats_t *st = &d->stats;
@@ -403,7 +423,12 @@ void sp__alloc_free_block(sp_devalloc_t *d, sp_block_t *b, uint32_t free_ctx) {
         sp__alloc_release_segment(d, seg);
 }
 
-void sp__alloc_free_locked(sp_devalloc_t *d, sp_block_t *b, uint32_t context) {
+void sp__alloc_free_block(sp_devalloc_t *d, sp_block_t *b, uint32_t free_ctx) {
+    free_block(d, b, free_ctx);
+}
+
+static inline __attribute__((always_inline)) void free_locked(sp_devalloc_t *d, sp_block_t *b,
+                                                              uint32_t context) {
     sp_bpool_t *bp = b->seg->bpool;
     sp_dev_stats_t *st = &d->stats;
     b->allocated = false;
@@ -415,8 +440,13 @@ void sp__alloc_free_locked(sp_devalloc_t *d, sp_block_t *b, uint32_t context) {
     if (SP_UNLIKELY(sp__history_active))
         sp__history_record(d->device, SP_TRACE_FREE_REQUESTED, b->addr, b->requested,
                            (uintptr_t)b->stream, bp->pool->id, context ? context : b->context);
-    if (b->nuses == 0 || sp__alloc_insert_events(d, b) != SP_SUCCESS || b->event_count == 0)
-        sp__alloc_free_block(d, b, context);
+    if (SP_LIKELY(b->nuses == 0) || sp__alloc_insert_events(d, b) != SP_SUCCESS ||
+        b->event_count == 0)
+        free_block(d, b, context);
+}
+
+void sp__alloc_free_locked(sp_devalloc_t *d, sp_block_t *b, uint32_t context) {
+    free_locked(d, b, context);
 }
 
 /* ---- malloc ------------------------------------------------------------------------------ */
@@ -498,7 +528,12 @@ sp_status_t sp__alloc_malloc(sp_devalloc_t *d, sp_mempool_t *pool, size_t orig, 
     }
     if (SP_UNLIKELY(d->pending_events))
         sp__alloc_process_events(d);
-    size_t size = sp__round_size(orig);
+    /* Without roundup divisions rounding is to 512 B (orig <= total_mem: no overflow). */
+    size_t size = SP_LIKELY(sp__g.round_plain)
+                      ? (orig < SP_MIN_BLOCK_SIZE ? SP_MIN_BLOCK_SIZE
+                                                  : (orig + SP_MIN_BLOCK_SIZE - 1) &
+                                                        ~(SP_MIN_BLOCK_SIZE - 1))
+                      : sp__round_size(orig);
     sp_bpool_t *bp = size <= SP_SMALL_SIZE ? &pool->small : &pool->large;
     bool nocache = sp__g.conf.no_caching;
     sp_block_t **slot = NULL, *pred = NULL;
@@ -554,8 +589,9 @@ sp_status_t sp__alloc_malloc(sp_devalloc_t *d, sp_mempool_t *pool, size_t orig, 
 SP_EXPORT sp_status_t sp_malloc(size_t size, int device, sp_stream_t stream, void **ptr_p) {
     if (SP_UNLIKELY(!ptr_p))
         return sp__error(SP_ERR_INVALID_ARGUMENT, SP_SUB_POOL, "sp_malloc: ptr_p is NULL");
-    sp_devalloc_t *d = NULL;
-    SP_CHECK(sp__alloc_device(device, &d));
+    sp_devalloc_t *d = sp__alloc_device_fast(device);
+    if (SP_UNLIKELY(!d))
+        SP_CHECK(sp__alloc_device(device, &d));
     if (SP_UNLIKELY(size == 0)) {
         *ptr_p = NULL;
         return SP_SUCCESS;
@@ -618,8 +654,8 @@ SP_EXPORT sp_status_t sp_free(void *ptr) {
             continue;
         sp__lock(&d->lock);
         sp_block_t *b = sp__ptr_map_remove(&d->map, a);
-        if (b) {
-            sp__alloc_free_locked(d, b, ctx);
+        if (SP_LIKELY(b)) {
+            free_locked(d, b, ctx);
             sp__unlock(&d->lock);
             if (ctx)
                 sp__history_context_release(ctx);

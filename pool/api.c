@@ -94,6 +94,10 @@ sp_status_t sp__alloc_init_slow(void) {
         return s;
     }
     sp__alloc_conf_get(&sp__g.conf);
+    sp__g.round_plain = true;
+    for (int i = 0; i < 16; i++)
+        if (sp__g.conf.roundup_divisions[i] > 1)
+            sp__g.round_plain = false;
     int n = sp__g.caps.device_count;
     sp__g.devs = calloc(n > 0 ? (size_t)n : 1, sizeof(*sp__g.devs));
     if (!sp__g.devs) {

@@ -1,7 +1,8 @@
 /*
  * ptr_map.c: the per-device map from a block's start address to its allocated block.
  *
- * A chained hash table (chains through sp_block_t.hnext) with a power-of-two bucket count that
+ * A chained hash table (chains through sp_block_t.hnext; insert and remove are inline in
+ * alloc_int.h) with a power-of-two bucket count that
  * doubles when the load passes 1, so lookups are O(1) on average. It holds exactly the allocated
  * blocks of one device: sp_malloc inserts, the free request removes. The caller holds the device
  * allocator lock. Growth is the only allocation; if it fails the table keeps working, only
@@ -12,13 +13,6 @@
 #include "pool/alloc_int.h"
 
 #define INITIAL_BUCKETS 1024
-
-/* Blocks are 512-byte aligned: drop those bits and mix with a Fibonacci multiplier. */
-static size_t hash(uintptr_t addr) {
-    uint64_t x = (uint64_t)(addr >> 9);
-    x *= 0x9E3779B97F4A7C15ull;
-    return (size_t)(x >> 17);
-}
 
 sp_status_t sp__ptr_map_init(sp_ptr_map_t *m) {
     m->buckets = calloc(INITIAL_BUCKETS, sizeof(*m->buckets));
@@ -36,7 +30,7 @@ void sp__ptr_map_fini(sp_ptr_map_t *m) {
     m->count = 0;
 }
 
-static void grow(sp_ptr_map_t *m) {
+void sp__ptr_map_grow(sp_ptr_map_t *m) {
     size_t n = (m->mask + 1) * 2;
     sp_block_t **nb = calloc(n, sizeof(*nb));
     if (!nb)
@@ -45,7 +39,7 @@ static void grow(sp_ptr_map_t *m) {
         sp_block_t *b = m->buckets[i];
         while (b) {
             sp_block_t *nx = b->hnext;
-            size_t h = hash(b->addr) & (n - 1);
+            size_t h = sp__ptr_map_hash(b->addr) & (n - 1);
             b->hnext = nb[h];
             nb[h] = b;
             b = nx;
@@ -56,35 +50,11 @@ static void grow(sp_ptr_map_t *m) {
     m->mask = n - 1;
 }
 
-void sp__ptr_map_insert(sp_ptr_map_t *m, sp_block_t *b) {
-    if (m->count > m->mask)
-        grow(m);
-    size_t h = hash(b->addr) & m->mask;
-    b->hnext = m->buckets[h];
-    m->buckets[h] = b;
-    m->count++;
-}
-
 sp_block_t *sp__ptr_map_find(const sp_ptr_map_t *m, uintptr_t addr) {
     if (!m->buckets)
         return NULL;
-    for (sp_block_t *b = m->buckets[hash(addr) & m->mask]; b; b = b->hnext)
+    for (sp_block_t *b = m->buckets[sp__ptr_map_hash(addr) & m->mask]; b; b = b->hnext)
         if (b->addr == addr)
             return b;
-    return NULL;
-}
-
-sp_block_t *sp__ptr_map_remove(sp_ptr_map_t *m, uintptr_t addr) {
-    if (!m->buckets)
-        return NULL;
-    sp_block_t **pp = &m->buckets[hash(addr) & m->mask];
-    for (sp_block_t *b = *pp; b; pp = &b->hnext, b = b->hnext) {
-        if (b->addr == addr) {
-            *pp = b->hnext;
-            b->hnext = NULL;
-            m->count--;
-            return b;
-        }
-    }
     return NULL;
 }

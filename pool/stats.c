@@ -38,7 +38,7 @@ static size_t field_offset(int f) {
     case 1:
         return offsetof(sp_stat_t, current);
     case 2:
-        return offsetof(sp_stat_t, freed);
+        return offsetof(sp_stat_t, base); /* holds freed once materialize() ran */
     default:
         return offsetof(sp_stat_t, peak);
     }
@@ -113,6 +113,13 @@ SP_EXPORT int64_t sp_stats_value(const sp_stats_t *stats, size_t i) {
     return stats && i < NKEYS ? stats->value[i] : 0;
 }
 
+static void each_stat(sp_dev_stats_t *st, void (*fn)(sp_stat_t *));
+
+/* In a copy only: replace base by the derived freed count, where the "freed" key points. */
+static void materialize(sp_stat_t *s) {
+    s->base = sp__stat_freed(s);
+}
+
 SP_EXPORT sp_status_t sp_memory_stats(int device, sp_stats_t *stats_p) {
     if (!stats_p)
         return sp__error(SP_ERR_INVALID_ARGUMENT, SP_SUB_POOL, "sp_memory_stats: stats_p is NULL");
@@ -123,6 +130,7 @@ SP_EXPORT sp_status_t sp_memory_stats(int device, sp_stats_t *stats_p) {
     sp__lock(&d->lock);
     copy = d->stats;
     sp__unlock(&d->lock);
+    each_stat(&copy, materialize);
     memset(stats_p, 0, sizeof(*stats_p));
     for (size_t i = 0; i < NKEYS; i++)
         memcpy(&stats_p->value[i], (const char *)&copy + g_keys[i].offset, sizeof(int64_t));
@@ -163,7 +171,8 @@ static void reset_peak(sp_stat_t *s) {
     s->peak = s->current;
 }
 static void reset_accum(sp_stat_t *s) {
-    s->allocated = s->freed = 0;
+    s->allocated = 0;
+    s->base = s->current; /* freed (derived) reads 0 */
 }
 
 SP_EXPORT sp_status_t sp_reset_peak_memory_stats(int device) {
