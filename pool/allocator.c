@@ -514,8 +514,8 @@ static sp_status_t report_oom(sp_devalloc_t *d, sp_mempool_t *pool, size_t orig,
                      d->device, req, tot, fre, alc, unal, extra);
 }
 
-sp_status_t sp__alloc_malloc(sp_devalloc_t *d, sp_mempool_t *pool, size_t orig, sp_stream_t stream,
-                             void **ptr_p) {
+static inline __attribute__((always_inline)) sp_status_t
+alloc_malloc(sp_devalloc_t *d, sp_mempool_t *pool, size_t orig, sp_stream_t stream, void **ptr_p) {
     uint32_t ctx = SP_UNLIKELY(sp__history_active) ? sp__history_capture(false) : 0;
     sp__lock(&d->lock);
     if (SP_UNLIKELY(pool->destroyed)) {
@@ -529,11 +529,11 @@ sp_status_t sp__alloc_malloc(sp_devalloc_t *d, sp_mempool_t *pool, size_t orig, 
     if (SP_UNLIKELY(d->pending_events))
         sp__alloc_process_events(d);
     /* Without roundup divisions rounding is to 512 B (orig <= total_mem: no overflow). */
-    size_t size = SP_LIKELY(sp__g.round_plain)
-                      ? (orig < SP_MIN_BLOCK_SIZE ? SP_MIN_BLOCK_SIZE
-                                                  : (orig + SP_MIN_BLOCK_SIZE - 1) &
-                                                        ~(SP_MIN_BLOCK_SIZE - 1))
-                      : sp__round_size(orig);
+    size_t size =
+        SP_LIKELY(sp__g.round_plain)
+            ? (orig < SP_MIN_BLOCK_SIZE ? SP_MIN_BLOCK_SIZE
+                                        : (orig + SP_MIN_BLOCK_SIZE - 1) & ~(SP_MIN_BLOCK_SIZE - 1))
+            : sp__round_size(orig);
     sp_bpool_t *bp = size <= SP_SMALL_SIZE ? &pool->small : &pool->large;
     bool nocache = sp__g.conf.no_caching;
     sp_block_t **slot = NULL, *pred = NULL;
@@ -584,6 +584,11 @@ sp_status_t sp__alloc_malloc(sp_devalloc_t *d, sp_mempool_t *pool, size_t orig, 
     return SP_SUCCESS;
 }
 
+sp_status_t sp__alloc_malloc(sp_devalloc_t *d, sp_mempool_t *pool, size_t orig, sp_stream_t stream,
+                             void **ptr_p) {
+    return alloc_malloc(d, pool, orig, stream, ptr_p);
+}
+
 /* ---- public entry points ----------------------------------------------------------------- */
 
 SP_EXPORT sp_status_t sp_malloc(size_t size, int device, sp_stream_t stream, void **ptr_p) {
@@ -605,7 +610,7 @@ SP_EXPORT sp_status_t sp_malloc(size_t size, int device, sp_stream_t stream, voi
                          a, device, t);
     }
     sp_mempool_t *pool = sp__mempool_routed(device);
-    return sp__alloc_malloc(d, pool ? pool : d->default_pool, size, stream, ptr_p);
+    return alloc_malloc(d, pool ? pool : d->default_pool, size, stream, ptr_p);
 }
 
 /* Explain why ptr is not a live block (slow path of a failed free / record_stream). */

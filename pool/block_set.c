@@ -11,7 +11,8 @@
  * The cache-hit path avoids a remove + insert pair where it can: a split remainder or a merged
  * block whose key still sorts strictly between the old node's in-order neighbours takes that
  * node's place in the tree (same links, same height), which keeps both the order and the AVL
- * balance. sp__bset_find_fit and sp__bset_locate report the link and the neighbour to check.
+ * balance. sp__bset_find_fit and sp__bset_locate (inline in alloc_int.h, for the hot path)
+ * report the link and the neighbour to check.
  */
 #include "pool/alloc_int.h"
 
@@ -22,21 +23,6 @@ static int height(const sp_block_t *b) {
 static void fix_height(sp_block_t *b) {
     int hl = height(b->left), hr = height(b->right);
     b->height = (int8_t)((hl > hr ? hl : hr) + 1);
-}
-
-/* Compare a and b in the set's order: <0, 0, >0. */
-static int cmp(bool by_seq, const sp_block_t *a, const sp_block_t *b) {
-    uintptr_t sa = (uintptr_t)a->stream, sb = (uintptr_t)b->stream;
-    if (sa != sb)
-        return sa < sb ? -1 : 1;
-    if (a->size != b->size)
-        return a->size < b->size ? -1 : 1;
-    if (by_seq && a->seg->seq != b->seg->seq)
-        return a->seg->seq < b->seg->seq ? -1 : 1;
-    /* Within a segment, offset order equals address order. */
-    if (a->addr != b->addr)
-        return a->addr < b->addr ? -1 : 1;
-    return 0;
 }
 
 static sp_block_t *rot_right(sp_block_t *y) {
@@ -76,7 +62,7 @@ static sp_block_t *balance(sp_block_t *n) {
 static sp_block_t *insert(bool by_seq, sp_block_t *n, sp_block_t *b) {
     if (!n)
         return b;
-    if (cmp(by_seq, b, n) < 0)
+    if (sp__bset_cmp(by_seq, b, n) < 0)
         n->left = insert(by_seq, n->left, b);
     else
         n->right = insert(by_seq, n->right, b);
@@ -96,7 +82,7 @@ static sp_block_t *remove_min(sp_block_t *n, sp_block_t **min_p) {
 static sp_block_t *remove_node(bool by_seq, sp_block_t *n, const sp_block_t *b) {
     if (!n)
         return NULL; /* not found: the caller's in_set flag makes this unreachable */
-    int c = cmp(by_seq, b, n);
+    int c = sp__bset_cmp(by_seq, b, n);
     if (c < 0) {
         n->left = remove_node(by_seq, n->left, b);
     } else if (c > 0) {
@@ -129,67 +115,6 @@ void sp__bset_remove(sp_block_set_t *set, sp_block_t *b) {
     b->in_set = false;
     b->left = b->right = NULL;
     set->count--;
-}
-
-bool sp__bset_less(const sp_block_set_t *set, const sp_block_t *a, const sp_block_t *b) {
-    return cmp(set->by_seq, a, b) < 0;
-}
-
-sp_block_t *sp__bset_find_fit(sp_block_set_t *set, sp_stream_t stream, size_t size,
-                              sp_block_t ***slot_p, sp_block_t **pred_p) {
-    uintptr_t s = (uintptr_t)stream;
-    sp_block_t **link = &set->root, **best_link = NULL, *best = NULL, *pred = NULL;
-    sp_block_t *n = set->root;
-    while (n) {
-        uintptr_t ns = (uintptr_t)n->stream;
-        bool less = ns < s || (ns == s && n->size < size);
-        if (less) {
-            pred = n; /* the last node we pass on the right is the largest key below the query */
-            link = &n->right;
-        } else {
-            best = n;
-            best_link = link;
-            link = &n->left;
-        }
-        n = *link;
-    }
-    *slot_p = best_link;
-    *pred_p = pred;
-    return best;
-}
-
-sp_block_t **sp__bset_locate(sp_block_set_t *set, const sp_block_t *b, sp_block_t **succ_p) {
-    sp_block_t **link = &set->root, *succ = NULL;
-    for (sp_block_t *n = set->root; n; n = *link) {
-        int c = cmp(set->by_seq, b, n);
-        if (c == 0) {
-            if (n->right) {
-                succ = n->right;
-                while (succ->left)
-                    succ = succ->left;
-            }
-            *succ_p = succ;
-            return link;
-        }
-        if (c < 0) {
-            succ = n; /* the last node we pass on the left is the smallest key above b */
-            link = &n->left;
-        } else {
-            link = &n->right;
-        }
-    }
-    *succ_p = NULL;
-    return NULL; /* not in the set: unreachable while the caller checks in_set */
-}
-
-void sp__bset_replace_at(sp_block_t **slot, sp_block_t *old, sp_block_t *nb) {
-    nb->left = old->left;
-    nb->right = old->right;
-    nb->height = old->height;
-    nb->in_set = true;
-    *slot = nb;
-    old->in_set = false;
-    old->left = old->right = NULL;
 }
 
 sp_block_t *sp__bset_lower_bound(const sp_block_set_t *set, sp_stream_t stream, size_t size) {
