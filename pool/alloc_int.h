@@ -277,6 +277,16 @@ static inline void sp__bset_replace_at(sp_block_t **slot, sp_block_t *old, sp_bl
     old->left = old->right = NULL;
 }
 
+/* Debug builds: assert the set's order, AVL balance and count (the in-place replacements above
+ * rely on the caller's neighbour check). Release builds: nothing. */
+#ifndef NDEBUG
+void sp__bset_check(const sp_block_set_t *set);
+#else
+static inline void sp__bset_check(const sp_block_set_t *set) {
+    (void)set;
+}
+#endif
+
 typedef struct sp_bpool {
     sp_block_set_t free;     /* cached free blocks (lock) */
     bool is_small;           /* small (<= 1 MiB requests) or large pool (const) */

@@ -185,6 +185,7 @@ static inline __attribute__((always_inline)) void hand_out(sp_devalloc_t *d, sp_
             b->next->prev = rem;
         b->next = rem;
         b->size = size;
+        sp__bset_check(&bp->free);
         if (already_split) {
             sp__stat_dec(st, SP_ST_INACTIVE_SPLIT_BYTES, small, (int64_t)b->size);
         } else {
@@ -407,6 +408,7 @@ static inline __attribute__((always_inline)) void free_block(sp_devalloc_t *d, s
             sp__bset_remove(set, old);
         sp__bset_insert(set, b);
     }
+    sp__bset_check(set);
     if (mp)
         sp__block_recycle(d, p);
     if (mn)

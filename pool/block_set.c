@@ -14,6 +14,8 @@
  * balance. sp__bset_find_fit and sp__bset_locate (inline in alloc_int.h, for the hot path)
  * report the link and the neighbour to check.
  */
+#include <assert.h>
+
 #include "pool/alloc_int.h"
 
 static int height(const sp_block_t *b) {
@@ -132,3 +134,30 @@ sp_block_t *sp__bset_lower_bound(const sp_block_set_t *set, sp_stream_t stream, 
     }
     return best;
 }
+
+#ifndef NDEBUG
+/* Walk subtree n: in-order keys strictly increasing after *last, AVL heights right and balanced,
+ * every node marked in_set. Returns the subtree height; counts nodes into *count. */
+static int check(bool by_seq, const sp_block_t *n, const sp_block_t **last, size_t *count) {
+    if (!n)
+        return 0;
+    int hl = check(by_seq, n->left, last, count);
+    assert(n->in_set);
+    assert(!*last || sp__bset_cmp(by_seq, *last, n) < 0);
+    *last = n;
+    (*count)++;
+    int hr = check(by_seq, n->right, last, count);
+    assert(hl - hr <= 1 && hr - hl <= 1);
+    assert(n->height == (hl > hr ? hl : hr) + 1);
+    return n->height;
+}
+
+void sp__bset_check(const sp_block_set_t *set) {
+    if (set->count > 1024)
+        return; /* debug builds only, and O(n): keep big caches usable */
+    const sp_block_t *last = NULL;
+    size_t count = 0;
+    (void)check(set->by_seq, set->root, &last, &count);
+    assert(count == set->count);
+}
+#endif
