@@ -6,8 +6,8 @@
  * §1.2, §1.9): *_mb values are MiB; max_split_size_mb and max_non_split_rounding_mb are at least 20
  * (kLargeBuffer); garbage_collection_threshold lies strictly in (0, 1); roundup_power2_divisions is
  * "N" (all 16 intervals) or "[64:8,256:4,>:1]" where keys are power-of-2 MB boundaries, the first
- * entry also fills the intervals below it and ">" fills the rest; expandable_segments is True/False.
- * CUDA-only keys are checked and ignored (INFO); backend:cudaMallocAsync is refused.
+ * entry also fills the intervals below it and ">" fills the rest; expandable_segments is
+ * True/False. CUDA-only keys are checked and ignored (INFO); backend:cudaMallocAsync is refused.
  *
  * Invariant: a failed parse changes nothing; we parse into a copy and copy back on success.
  * No state, no lock: the resolved values live in the option table (options.c), which applies the
@@ -49,7 +49,9 @@ static span_t trim(const char *p, size_t len) {
     return (span_t){p, len};
 }
 
-static bool span_is(span_t s, const char *word) { return strlen(word) == s.len && strncmp(s.p, word, s.len) == 0; }
+static bool span_is(span_t s, const char *word) {
+    return strlen(word) == s.len && strncmp(s.p, word, s.len) == 0;
+}
 
 /* Non-negative decimal integer, digits only, no overflow. */
 static bool span_uint(span_t s, uint64_t *v_p) {
@@ -93,9 +95,13 @@ static bool span_bool(span_t s, bool *v_p) {
     return false;
 }
 
-static bool pow2_or_zero(uint64_t v) { return (v & (v - 1)) == 0; }
+static bool pow2_or_zero(uint64_t v) {
+    return (v & (v - 1)) == 0;
+}
 
-static int log2_u64(uint64_t v) { return 63 - __builtin_clzll(v); }
+static int log2_u64(uint64_t v) {
+    return 63 - __builtin_clzll(v);
+}
 
 /* "N" or "[64:8,256:4,>:1]" onto table (which is replaced as a whole). */
 static bool parse_roundup(span_t v, uint32_t table[N_INTERVALS], char *why, size_t why_len) {
@@ -103,7 +109,8 @@ static bool parse_roundup(span_t v, uint32_t table[N_INTERVALS], char *why, size
     uint64_t n;
     if (v.len > 0 && v.p[0] != '[') {
         if (!span_uint(v, &n) || !pow2_or_zero(n) || n > UINT32_MAX) {
-            snprintf(why, why_len, "roundup_power2_divisions: '%.*s' is not a power of 2", (int)v.len, v.p);
+            snprintf(why, why_len, "roundup_power2_divisions: '%.*s' is not a power of 2",
+                     (int)v.len, v.p);
             return false;
         }
         for (int i = 0; i < N_INTERVALS; i++)
@@ -112,11 +119,12 @@ static bool parse_roundup(span_t v, uint32_t table[N_INTERVALS], char *why, size
         return true;
     }
     if (v.len < 2 || v.p[v.len - 1] != ']') {
-        snprintf(why, why_len, "roundup_power2_divisions: '%.*s' is neither N nor [MB:N,...,>:N]", (int)v.len, v.p);
+        snprintf(why, why_len, "roundup_power2_divisions: '%.*s' is neither N nor [MB:N,...,>:N]",
+                 (int)v.len, v.p);
         return false;
     }
     const char *p = v.p + 1, *stop = v.p + v.len - 1;
-    int last = -1;      /* index of the last boundary entry */
+    int last = -1;       /* index of the last boundary entry */
     bool saw_gt = false; /* ">" must come last */
     if (trim(p, (size_t)(stop - p)).len == 0) {
         snprintf(why, why_len, "roundup_power2_divisions: empty list");
@@ -128,15 +136,16 @@ static bool parse_roundup(span_t v, uint32_t table[N_INTERVALS], char *why, size
         span_t entry = trim(p, (size_t)(end - p));
         const char *colon = memchr(entry.p, ':', entry.len);
         if (colon == NULL || saw_gt) {
-            snprintf(why, why_len, "roundup_power2_divisions: bad entry '%.*s'%s", (int)entry.len, entry.p,
-                     saw_gt ? " after '>'" : " (want MB:N)");
+            snprintf(why, why_len, "roundup_power2_divisions: bad entry '%.*s'%s", (int)entry.len,
+                     entry.p, saw_gt ? " after '>'" : " (want MB:N)");
             return false;
         }
         span_t key = trim(entry.p, (size_t)(colon - entry.p));
         span_t val = trim(colon + 1, (size_t)(entry.p + entry.len - colon - 1));
         if (!span_uint(val, &n) || !pow2_or_zero(n) || n > UINT32_MAX) {
-            snprintf(why, why_len, "roundup_power2_divisions: value '%.*s' is not a power of 2 or 0", (int)val.len,
-                     val.p);
+            snprintf(why, why_len,
+                     "roundup_power2_divisions: value '%.*s' is not a power of 2 or 0",
+                     (int)val.len, val.p);
             return false;
         }
         if (span_is(key, ">")) {
@@ -146,7 +155,8 @@ static bool parse_roundup(span_t v, uint32_t table[N_INTERVALS], char *why, size
         } else {
             uint64_t mb;
             if (!span_uint(key, &mb) || mb == 0 || !pow2_or_zero(mb)) {
-                snprintf(why, why_len, "roundup_power2_divisions: boundary '%.*s' is not a power-of-2 MB size",
+                snprintf(why, why_len,
+                         "roundup_power2_divisions: boundary '%.*s' is not a power-of-2 MB size",
                          (int)key.len, key.p);
                 return false;
             }
@@ -154,8 +164,9 @@ static bool parse_roundup(span_t v, uint32_t table[N_INTERVALS], char *why, size
             if (idx > N_INTERVALS - 1)
                 idx = N_INTERVALS - 1;
             if (idx <= last) {
-                snprintf(why, why_len, "roundup_power2_divisions: boundary '%.*s' is not increasing", (int)key.len,
-                         key.p);
+                snprintf(why, why_len,
+                         "roundup_power2_divisions: boundary '%.*s' is not increasing",
+                         (int)key.len, key.p);
                 return false;
             }
             if (last < 0) /* the first entry also covers every interval below it */
@@ -171,10 +182,12 @@ static bool parse_roundup(span_t v, uint32_t table[N_INTERVALS], char *why, size
 }
 
 /* One "*_mb" key with a floor, to bytes. */
-static bool parse_mb(span_t key, span_t v, uint64_t min_mb, size_t *bytes_p, char *why, size_t why_len) {
+static bool parse_mb(span_t key, span_t v, uint64_t min_mb, size_t *bytes_p, char *why,
+                     size_t why_len) {
     uint64_t mb;
     if (!span_uint(v, &mb) || mb > SIZE_MAX / MiB) {
-        snprintf(why, why_len, "%.*s: '%.*s' is not a whole number of MB", (int)key.len, key.p, (int)v.len, v.p);
+        snprintf(why, why_len, "%.*s: '%.*s' is not a whole number of MB", (int)key.len, key.p,
+                 (int)v.len, v.p);
         return false;
     }
     if (mb < min_mb) {
@@ -194,12 +207,15 @@ static bool parse_ignored(span_t key, span_t v, char *why, size_t why_len) {
         if (span_is(v, "native"))
             return true;
         if (span_is(v, "cudaMallocAsync"))
-            snprintf(why, why_len, "backend: cudaMallocAsync is not supported by sympool (use native)");
+            snprintf(why, why_len,
+                     "backend: cudaMallocAsync is not supported by sympool (use native)");
         else
-            snprintf(why, why_len, "backend: '%.*s' is not native or cudaMallocAsync", (int)v.len, v.p);
+            snprintf(why, why_len, "backend: '%.*s' is not native or cudaMallocAsync", (int)v.len,
+                     v.p);
         return false;
     }
-    bool ok = span_is(key, "pinned_num_register_threads") ? (span_uint(v, &n) && n > 0) : span_bool(v, &b);
+    bool ok = span_is(key, "pinned_num_register_threads") ? (span_uint(v, &n) && n > 0)
+                                                          : span_bool(v, &b);
     if (!ok) {
         snprintf(why, why_len, "%.*s: bad value '%.*s'", (int)key.len, key.p, (int)v.len, v.p);
         return false;
@@ -208,12 +224,17 @@ static bool parse_ignored(span_t key, span_t v, char *why, size_t why_len) {
 }
 
 static const char *const ignored_keys[] = {
-    "backend", "release_lock_on_cudamalloc", "pinned_use_cuda_host_register", "pinned_num_register_threads",
-    "pinned_use_background_threads", "graph_capture_record_stream_reuse",
+    "backend",
+    "release_lock_on_cudamalloc",
+    "pinned_use_cuda_host_register",
+    "pinned_num_register_threads",
+    "pinned_use_background_threads",
+    "graph_capture_record_stream_reuse",
 };
 
 sp_status_t sp__alloc_conf_parse_ex(const char *text, sp_alloc_conf_t *conf, unsigned *keys_p,
-                                    char *roundup_text, size_t roundup_len, char *why, size_t why_len) {
+                                    char *roundup_text, size_t roundup_len, char *why,
+                                    size_t why_len) {
     char scratch[8];
     if (why == NULL) {
         why = scratch;
@@ -264,8 +285,9 @@ sp_status_t sp__alloc_conf_parse_ex(const char *text, sp_alloc_conf_t *conf, uns
         } else if (span_is(key, "garbage_collection_threshold")) {
             ok = span_double(v, &c.gc_threshold) && c.gc_threshold > 0.0 && c.gc_threshold < 1.0;
             if (!ok)
-                snprintf(why, why_len, "garbage_collection_threshold: '%.*s' is not a number in (0, 1)", (int)v.len,
-                         v.p);
+                snprintf(why, why_len,
+                         "garbage_collection_threshold: '%.*s' is not a number in (0, 1)",
+                         (int)v.len, v.p);
             keys |= SP_CONF_KEY_GC_THRESHOLD;
         } else if (span_is(key, "roundup_power2_divisions")) {
             ok = parse_roundup(v, c.roundup_divisions, why, why_len);
@@ -275,7 +297,8 @@ sp_status_t sp__alloc_conf_parse_ex(const char *text, sp_alloc_conf_t *conf, uns
         } else if (span_is(key, "expandable_segments")) {
             ok = span_bool(v, &c.expandable_segments);
             if (!ok)
-                snprintf(why, why_len, "expandable_segments: '%.*s' is not True or False", (int)v.len, v.p);
+                snprintf(why, why_len, "expandable_segments: '%.*s' is not True or False",
+                         (int)v.len, v.p);
             keys |= SP_CONF_KEY_EXPANDABLE;
         } else {
             bool known = false;
@@ -284,24 +307,27 @@ sp_status_t sp__alloc_conf_parse_ex(const char *text, sp_alloc_conf_t *conf, uns
             if (!known) {
                 snprintf(why, why_len,
                          "unknown key '%.*s' (known: max_split_size_mb, max_non_split_rounding_mb, "
-                         "large_segment_size_mb, garbage_collection_threshold, roundup_power2_divisions, "
+                         "large_segment_size_mb, garbage_collection_threshold, "
+                         "roundup_power2_divisions, "
                          "expandable_segments, and the CUDA-only keys)",
                          (int)key.len, key.p);
                 return SP_ERR_INVALID_ARGUMENT;
             }
             ok = parse_ignored(key, v, why, why_len);
             if (!ok)
-                return span_is(key, "backend") && span_is(v, "cudaMallocAsync") ? SP_ERR_NOT_SUPPORTED
-                                                                                  : SP_ERR_INVALID_ARGUMENT;
+                return span_is(key, "backend") && span_is(v, "cudaMallocAsync")
+                           ? SP_ERR_NOT_SUPPORTED
+                           : SP_ERR_INVALID_ARGUMENT;
             if (keys_p != NULL) /* applying, not just validating: say it once per application */
-                SP_INFO(SP_SUB_ENV, "ALLOC_CONF key %.*s:%.*s has no effect in sympool: ignored", (int)key.len,
-                        key.p, (int)v.len, v.p);
+                SP_INFO(SP_SUB_ENV, "ALLOC_CONF key %.*s:%.*s has no effect in sympool: ignored",
+                        (int)key.len, key.p, (int)v.len, v.p);
         }
         if (!ok)
             return SP_ERR_INVALID_ARGUMENT;
     }
     if (total >= sizeof c.conf_text) {
-        snprintf(why, why_len, "the text is %zu characters; at most %zu are kept", total, sizeof c.conf_text - 1);
+        snprintf(why, why_len, "the text is %zu characters; at most %zu are kept", total,
+                 sizeof c.conf_text - 1);
         return SP_ERR_INVALID_ARGUMENT;
     }
     memcpy(c.conf_text, text, total + 1);
@@ -336,7 +362,8 @@ void sp__alloc_conf_get(sp_alloc_conf_t *conf_p) {
     if (roundup[0] != '\0') {
         char why[256];
         span_t v = trim(roundup, strlen(roundup));
-        if (!parse_roundup(v, c.roundup_divisions, why, sizeof why)) /* validated on set; cannot fail */
+        if (!parse_roundup(v, c.roundup_divisions, why,
+                           sizeof why)) /* validated on set; cannot fail */
             memset(c.roundup_divisions, 0, sizeof c.roundup_divisions);
     }
     snprintf(c.conf_text, sizeof c.conf_text, "%s", sp__option_string(SP_OPT_ALLOC_CONF));

@@ -36,7 +36,8 @@ extern "C" {
  * `return sp__error(SP_ERR_..., SP_SUB_POOL, "...")`. */
 sp_status_t sp__error_at(sp_status_t status, unsigned subsys, const char *file, int line,
                          const char *fmt, ...) SP_PRINTF(5, 6);
-#define sp__error(status, subsys, ...) sp__error_at((status), (subsys), __FILE__, __LINE__, __VA_ARGS__)
+#define sp__error(status, subsys, ...)                                                             \
+    sp__error_at((status), (subsys), __FILE__, __LINE__, __VA_ARGS__)
 
 /* Same, but logs at INFO instead of WARN: for failures that are expected and handled, such as
  * an OOM that the caller will retry, or a probe for CUDA under SYMPOOL_DEVICE=auto. */
@@ -50,7 +51,13 @@ void sp__error_clear(void);
 
 /* ---- logging ---------------------------------------------------------------------------- */
 
-typedef enum { SP_LOG_NONE = 0, SP_LOG_VERSION, SP_LOG_WARN, SP_LOG_INFO, SP_LOG_TRACE } sp_log_level_t;
+typedef enum {
+    SP_LOG_NONE = 0,
+    SP_LOG_VERSION,
+    SP_LOG_WARN,
+    SP_LOG_INFO,
+    SP_LOG_TRACE
+} sp_log_level_t;
 
 /* Subsystems (SYMPOOL_DEBUG_SUBSYS=INIT,POOL,... ; ^ negates; ALL). */
 enum {
@@ -70,8 +77,8 @@ enum {
 extern int sp__log_level;
 extern unsigned sp__log_mask;
 
-void sp__log_at(sp_log_level_t level, unsigned subsys, const char *file, int line,
-                const char *fmt, ...) SP_PRINTF(5, 6);
+void sp__log_at(sp_log_level_t level, unsigned subsys, const char *file, int line, const char *fmt,
+                ...) SP_PRINTF(5, 6);
 
 #define SP_LOG_ENABLED(level, subsys)                                                              \
     (SP_UNLIKELY(sp__log_level >= (int)(level)) && (sp__log_mask & (subsys)))
@@ -111,32 +118,37 @@ const char *sp__log_level_name(int level); /* "WARN" */
 /* One SYMPOOL_* variable per option, from one table in options.c. Read once, lazily,
  * thread-safely. A bad value warns once and keeps the default. */
 typedef enum {
-    SP_OPT_DEVICE,                    /* enum auto|cuda|host */
-    SP_OPT_DEBUG,                     /* enum NONE|VERSION|WARN|INFO|TRACE */
-    SP_OPT_DEBUG_SUBSYS,              /* mask string */
-    SP_OPT_DEBUG_FILE,                /* string, %h host %p pid %r rank */
-    SP_OPT_INFO,                      /* bool: print the table at init */
-    SP_OPT_ALLOC_CONF,                /* string in PYTORCH_CUDA_ALLOC_CONF syntax */
-    SP_OPT_NO_CACHING,                /* bool */
-    SP_OPT_MAX_SPLIT_SIZE,            /* size; 0 = unlimited (SIZE_MAX) */
-    SP_OPT_MAX_NON_SPLIT_ROUNDING,    /* size; default 20 MiB, minimum 20 MiB */
-    SP_OPT_LARGE_SEGMENT_SIZE,        /* size; default 20 MiB */
-    SP_OPT_GC_THRESHOLD,              /* double in [0,1) ; 0 = off */
-    SP_OPT_ROUNDUP_POWER2_DIVISIONS,  /* string: "N" or "[64:8,256:4,>:1]" */
-    SP_OPT_EXPANDABLE_SEGMENTS,       /* bool (accepted, reported; see pool) */
-    SP_OPT_HOST_CAPACITY,             /* size; default 80GiB */
-    SP_OPT_HOST_DEVICES,              /* long; default 1 */
-    SP_OPT_HOST_FAIL_AFTER,           /* long; 0 = never */
-    SP_OPT_SYM_TIMEOUT,               /* double seconds; default 60 */
-    SP_OPT_SYM_REGISTRAR,             /* enum auto|nccl|mpi */
-    SP_OPT_REPORT,                    /* enum none|table|json|prometheus */
+    SP_OPT_DEVICE,                   /* enum auto|cuda|host */
+    SP_OPT_DEBUG,                    /* enum NONE|VERSION|WARN|INFO|TRACE */
+    SP_OPT_DEBUG_SUBSYS,             /* mask string */
+    SP_OPT_DEBUG_FILE,               /* string, %h host %p pid %r rank */
+    SP_OPT_INFO,                     /* bool: print the table at init */
+    SP_OPT_ALLOC_CONF,               /* string in PYTORCH_CUDA_ALLOC_CONF syntax */
+    SP_OPT_NO_CACHING,               /* bool */
+    SP_OPT_MAX_SPLIT_SIZE,           /* size; 0 = unlimited (SIZE_MAX) */
+    SP_OPT_MAX_NON_SPLIT_ROUNDING,   /* size; default 20 MiB, minimum 20 MiB */
+    SP_OPT_LARGE_SEGMENT_SIZE,       /* size; default 20 MiB */
+    SP_OPT_GC_THRESHOLD,             /* double in [0,1) ; 0 = off */
+    SP_OPT_ROUNDUP_POWER2_DIVISIONS, /* string: "N" or "[64:8,256:4,>:1]" */
+    SP_OPT_EXPANDABLE_SEGMENTS,      /* bool (accepted, reported; see pool) */
+    SP_OPT_HOST_CAPACITY,            /* size; default 80GiB */
+    SP_OPT_HOST_DEVICES,             /* long; default 1 */
+    SP_OPT_HOST_FAIL_AFTER,          /* long; 0 = never */
+    SP_OPT_SYM_TIMEOUT,              /* double seconds; default 60 */
+    SP_OPT_SYM_REGISTRAR,            /* enum auto|nccl|mpi */
+    SP_OPT_REPORT,                   /* enum none|table|json|prometheus */
     SP_OPT_COUNT
 } sp_option_t;
 
-typedef enum { SP_OPT_SRC_DEFAULT, SP_OPT_SRC_ENV, SP_OPT_SRC_CONF, SP_OPT_SRC_API } sp_option_source_t;
+typedef enum {
+    SP_OPT_SRC_DEFAULT,
+    SP_OPT_SRC_ENV,
+    SP_OPT_SRC_CONF,
+    SP_OPT_SRC_API
+} sp_option_source_t;
 
-int64_t sp__option_int(sp_option_t opt);      /* bool, long, size and enum (index) options */
-double sp__option_double(sp_option_t opt);    /* double options */
+int64_t sp__option_int(sp_option_t opt);        /* bool, long, size and enum (index) options */
+double sp__option_double(sp_option_t opt);      /* double options */
 const char *sp__option_string(sp_option_t opt); /* string and enum (name) options; never NULL */
 sp_option_source_t sp__option_source(sp_option_t opt);
 const char *sp__option_name(sp_option_t opt); /* "SYMPOOL_HOST_CAPACITY" */
@@ -163,14 +175,14 @@ bool sp__parse_bool(const char *text, bool *value_p);
 /* The allocator settings that come from SYMPOOL_ALLOC_CONF and the separate variables, resolved
  * (separate variables win over ALLOC_CONF keys). */
 typedef struct sp_alloc_conf {
-    size_t max_split_size;             /* bytes; SIZE_MAX = unlimited */
-    size_t max_non_split_rounding;     /* bytes */
-    size_t large_segment_size;         /* bytes */
-    double gc_threshold;               /* 0 = off */
-    bool expandable_segments;          /* parsed and reported */
-    bool no_caching;                   /* SYMPOOL_NO_CACHING */
-    uint32_t roundup_divisions[16];    /* per power-of-2 interval from 1 MiB; 0 = none */
-    char conf_text[512];               /* the ALLOC_CONF string as given, for snapshots */
+    size_t max_split_size;          /* bytes; SIZE_MAX = unlimited */
+    size_t max_non_split_rounding;  /* bytes */
+    size_t large_segment_size;      /* bytes */
+    double gc_threshold;            /* 0 = off */
+    bool expandable_segments;       /* parsed and reported */
+    bool no_caching;                /* SYMPOOL_NO_CACHING */
+    uint32_t roundup_divisions[16]; /* per power-of-2 interval from 1 MiB; 0 = none */
+    char conf_text[512];            /* the ALLOC_CONF string as given, for snapshots */
 } sp_alloc_conf_t;
 
 /* Parse a PyTorch-syntax string ("max_split_size_mb:128,garbage_collection_threshold:0.6,...")
@@ -193,7 +205,8 @@ enum {
  * roundup_text (if non-NULL) the roundup_power2_divisions value text. With keys_p non-NULL the
  * call counts as applying the text, and each ignored CUDA-only key is logged at INFO. */
 sp_status_t sp__alloc_conf_parse_ex(const char *text, sp_alloc_conf_t *conf, unsigned *keys_p,
-                                    char *roundup_text, size_t roundup_len, char *why, size_t why_len);
+                                    char *roundup_text, size_t roundup_len, char *why,
+                                    size_t why_len);
 
 /* The built-in defaults (max_split_size SIZE_MAX, 20 MiB roundings, no roundup table). */
 void sp__alloc_conf_defaults(sp_alloc_conf_t *conf_p);

@@ -36,14 +36,14 @@ unsigned sp__log_mask = SP_SUB_ALL;
 #define LOG_PATTERN_MAX 512 /* longest SYMPOOL_DEBUG_FILE pattern */
 
 static pthread_mutex_t log_lock = PTHREAD_MUTEX_INITIALIZER;
-static FILE *log_file;                   /* opened file, NULL = none open (log_lock) */
+static FILE *log_file;                    /* opened file, NULL = none open (log_lock) */
 static char log_pattern[LOG_PATTERN_MAX]; /* SYMPOOL_DEBUG_FILE, "" = stderr (log_lock) */
-static bool log_open_failed;             /* the pattern could not be opened; stderr (log_lock) */
-static sp_log_fn_t log_fn;               /* test hook, NULL = file (log_lock) */
-static void *log_fn_arg;                 /* its argument (log_lock) */
-static int log_rank = -1;                /* this process's rank, -1 = unknown (relaxed atomics) */
+static bool log_open_failed;              /* the pattern could not be opened; stderr (log_lock) */
+static sp_log_fn_t log_fn;                /* test hook, NULL = file (log_lock) */
+static void *log_fn_arg;                  /* its argument (log_lock) */
+static int log_rank = -1;                 /* this process's rank, -1 = unknown (relaxed atomics) */
 static _Thread_local int log_device = -1; /* this thread's device, -1 = unknown */
-static char log_host[64];                /* short host name, filled once (host_once) */
+static char log_host[64];                 /* short host name, filled once (host_once) */
 static pthread_once_t host_once = PTHREAD_ONCE_INIT;
 
 static const char *const level_names[] = {"NONE", "VERSION", "WARN", "INFO", "TRACE"};
@@ -90,7 +90,8 @@ bool sp__log_parse_mask(const char *text, unsigned *mask_p) {
             len--;
         bool found = false;
         for (size_t i = 0; i < sizeof subsys_names / sizeof subsys_names[0]; i++) {
-            if (strlen(subsys_names[i].name) == len && strncasecmp(p, subsys_names[i].name, len) == 0) {
+            if (strlen(subsys_names[i].name) == len &&
+                strncasecmp(p, subsys_names[i].name, len) == 0) {
                 mask |= subsys_names[i].bit;
                 found = true;
                 break;
@@ -148,7 +149,9 @@ void sp__log_set_rank(int rank) {
     pthread_mutex_unlock(&log_lock);
 }
 
-void sp__log_set_device(int device) { log_device = device; }
+void sp__log_set_device(int device) {
+    log_device = device;
+}
 
 void sp__log_set_fn(sp_log_fn_t fn, void *arg) {
     pthread_mutex_lock(&log_lock);
@@ -168,15 +171,23 @@ static bool expand_pattern(const char *pattern, char *out, size_t cap) {
         if (p[0] == '%' && p[1] != '\0') {
             p++;
             switch (*p) {
-            case 'h': add = log_host; break;
-            case 'p': snprintf(piece, sizeof piece, "%ld", (long)getpid()); break;
+            case 'h':
+                add = log_host;
+                break;
+            case 'p':
+                snprintf(piece, sizeof piece, "%ld", (long)getpid());
+                break;
             case 'r':
                 if (rank < 0)
                     return false;
                 snprintf(piece, sizeof piece, "%d", rank);
                 break;
-            case '%': add = "%"; break;
-            default: snprintf(piece, sizeof piece, "%%%c", *p); break;
+            case '%':
+                add = "%";
+                break;
+            default:
+                snprintf(piece, sizeof piece, "%%%c", *p);
+                break;
             }
         } else {
             piece[0] = *p;
@@ -192,7 +203,8 @@ static bool expand_pattern(const char *pattern, char *out, size_t cap) {
     return true;
 }
 
-/* The stream for the next line: the pattern's file if it can be opened, else stderr. log_lock held. */
+/* The stream for the next line: the pattern's file if it can be opened, else stderr. log_lock held.
+ */
 static FILE *stream_locked(void) {
     if (log_file != NULL)
         return log_file;
@@ -205,14 +217,16 @@ static FILE *stream_locked(void) {
     if (log_file == NULL) {
         /* Say it once, on stderr, then keep logging there: losing the log silently is worse. */
         log_open_failed = true;
-        fprintf(stderr, "%s:%ld SYMPOOL WARN cannot open SYMPOOL_DEBUG_FILE '%s': %s; logging to stderr\n",
+        fprintf(stderr,
+                "%s:%ld SYMPOOL WARN cannot open SYMPOOL_DEBUG_FILE '%s': %s; logging to stderr\n",
                 log_host, (long)getpid(), path, strerror(errno));
         return stderr;
     }
     return log_file;
 }
 
-void sp__log_at(sp_log_level_t level, unsigned subsys, const char *file, int line, const char *fmt, ...) {
+void sp__log_at(sp_log_level_t level, unsigned subsys, const char *file, int line, const char *fmt,
+                ...) {
     /* Also makes every user of logging pull options.o (and its constructor) out of the static
      * library, so SYMPOOL_DEBUG applies even to a program that never reads an option. */
     sp__options_ensure();
@@ -228,8 +242,9 @@ void sp__log_at(sp_log_level_t level, unsigned subsys, const char *file, int lin
     if (log_device >= 0)
         snprintf(dev_s, sizeof dev_s, "%d", log_device);
 
-    int n = snprintf(buf, sizeof buf, "%s:%ld:%ld [r%s d%s] SYMPOOL %s %s:%d ", log_host, (long)getpid(),
-                     (long)syscall(SYS_gettid), rank_s, dev_s, sp__log_level_name(level), base, line);
+    int n = snprintf(buf, sizeof buf, "%s:%ld:%ld [r%s d%s] SYMPOOL %s %s:%d ", log_host,
+                     (long)getpid(), (long)syscall(SYS_gettid), rank_s, dev_s,
+                     sp__log_level_name(level), base, line);
     if (n < 0)
         return;
     if ((size_t)n < sizeof buf) {

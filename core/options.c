@@ -36,22 +36,22 @@ typedef enum { K_BOOL, K_LONG, K_DOUBLE, K_SIZE, K_ENUM, K_STRING } opt_kind_t;
 
 /* A parsed value. */
 typedef struct {
-    int64_t i;             /* bool, long, size, enum index, DEBUG_SUBSYS mask */
-    double d;              /* double options */
-    char s[OPT_TEXT_MAX];  /* string value, or the enum's canonical name */
+    int64_t i;            /* bool, long, size, enum index, DEBUG_SUBSYS mask */
+    double d;             /* double options */
+    char s[OPT_TEXT_MAX]; /* string value, or the enum's canonical name */
 } opt_value_t;
 
 /* Extra validation for one option; false with why filled on failure. */
 typedef bool (*opt_check_t)(opt_value_t *v, char *why, size_t why_len);
 
 typedef struct {
-    sp_option_t id;              /* index check: the table is in enum order */
-    const char *name;            /* full variable name */
-    opt_kind_t kind;             /* how the text parses */
-    const char *def;             /* default, as text parsed like the variable */
-    const char *const *choices;  /* K_ENUM: NULL-terminated names, index = value */
-    opt_check_t check;           /* range / syntax check, or NULL */
-    const char *desc;            /* one line for SYMPOOL_INFO=1 */
+    sp_option_t id;             /* index check: the table is in enum order */
+    const char *name;           /* full variable name */
+    opt_kind_t kind;            /* how the text parses */
+    const char *def;            /* default, as text parsed like the variable */
+    const char *const *choices; /* K_ENUM: NULL-terminated names, index = value */
+    opt_check_t check;          /* range / syntax check, or NULL */
+    const char *desc;           /* one line for SYMPOOL_INFO=1 */
 } opt_def_t;
 
 static const char *const device_choices[] = {"auto", "cuda", "host", NULL};
@@ -64,8 +64,9 @@ static const char *const report_choices[] = {"none", "table", "json", "prometheu
 static bool check_subsys(opt_value_t *v, char *why, size_t why_len) {
     unsigned mask;
     if (!sp__log_parse_mask(v->s, &mask)) {
-        snprintf(why, why_len, "want a comma list of INIT,POOL,DEVICE,SYM,BOOT,COLL,ENV,API,HISTORY,ALL, "
-                               "optionally after ^");
+        snprintf(why, why_len,
+                 "want a comma list of INIT,POOL,DEVICE,SYM,BOOT,COLL,ENV,API,HISTORY,ALL, "
+                 "optionally after ^");
         return false;
     }
     v->i = mask;
@@ -90,7 +91,8 @@ static bool check_roundup(opt_value_t *v, char *why, size_t why_len) {
 
 static bool check_split(opt_value_t *v, char *why, size_t why_len) {
     if (v->i != 0 && v->i < 20 * MiB) {
-        snprintf(why, why_len, "want 0 (unlimited) or at least 20MiB, like PyTorch's max_split_size_mb");
+        snprintf(why, why_len,
+                 "want 0 (unlimited) or at least 20MiB, like PyTorch's max_split_size_mb");
         return false;
     }
     return true;
@@ -170,14 +172,14 @@ static const opt_def_t defs[SP_OPT_COUNT] = {
      "free to the device at once (like PYTORCH_NO_CUDA_MEMORY_CACHING)"},
     {SP_OPT_MAX_SPLIT_SIZE, "SYMPOOL_MAX_SPLIT_SIZE", K_SIZE, "0", NULL, check_split,
      "largest cached block that may be split; 0 = unlimited (max_split_size_mb)"},
-    {SP_OPT_MAX_NON_SPLIT_ROUNDING, "SYMPOOL_MAX_NON_SPLIT_ROUNDING", K_SIZE, "20MiB", NULL, check_min20m,
-     "slack allowed when reusing an unsplittable block (max_non_split_rounding_mb)"},
+    {SP_OPT_MAX_NON_SPLIT_ROUNDING, "SYMPOOL_MAX_NON_SPLIT_ROUNDING", K_SIZE, "20MiB", NULL,
+     check_min20m, "slack allowed when reusing an unsplittable block (max_non_split_rounding_mb)"},
     {SP_OPT_LARGE_SEGMENT_SIZE, "SYMPOOL_LARGE_SEGMENT_SIZE", K_SIZE, "20MiB", NULL, check_min1m,
      "segment size for 1-10 MiB requests (large_segment_size_mb)"},
     {SP_OPT_GC_THRESHOLD, "SYMPOOL_GC_THRESHOLD", K_DOUBLE, "0", NULL, check_gc,
      "garbage collection threshold in [0,1); 0 = off (garbage_collection_threshold)"},
-    {SP_OPT_ROUNDUP_POWER2_DIVISIONS, "SYMPOOL_ROUNDUP_POWER2_DIVISIONS", K_STRING, "", NULL, check_roundup,
-     "N or [64:8,256:4,>:1] (roundup_power2_divisions); empty = off"},
+    {SP_OPT_ROUNDUP_POWER2_DIVISIONS, "SYMPOOL_ROUNDUP_POWER2_DIVISIONS", K_STRING, "", NULL,
+     check_roundup, "N or [64:8,256:4,>:1] (roundup_power2_divisions); empty = off"},
     {SP_OPT_EXPANDABLE_SEGMENTS, "SYMPOOL_EXPANDABLE_SEGMENTS", K_BOOL, "0", NULL, NULL,
      "expandable segments (expandable_segments); parsed and reported"},
     {SP_OPT_HOST_CAPACITY, "SYMPOOL_HOST_CAPACITY", K_SIZE, "80GiB", NULL, check_positive,
@@ -208,11 +210,11 @@ typedef struct {
 
 #define UNKNOWN_MAX 32
 static pthread_mutex_t opts_lock = PTHREAD_MUTEX_INITIALIZER;
-static opt_state_t opts[SP_OPT_COUNT];            /* (opts_lock) */
-static char unknown_warned[UNKNOWN_MAX][64];      /* unknown names warned at the last load (opts_lock) */
-static int n_unknown_warned;                      /* (opts_lock) */
+static opt_state_t opts[SP_OPT_COUNT];       /* (opts_lock) */
+static char unknown_warned[UNKNOWN_MAX][64]; /* unknown names warned at the last load (opts_lock) */
+static int n_unknown_warned;                 /* (opts_lock) */
 static pthread_once_t opts_once = PTHREAD_ONCE_INIT;
-static _Thread_local bool opts_loading;           /* this thread is inside a load: don't recurse */
+static _Thread_local bool opts_loading; /* this thread is inside a load: don't recurse */
 
 /* ---- parsers ------------------------------------------------------------------------------ */
 
@@ -264,11 +266,24 @@ bool sp__parse_size(const char *text, size_t *bytes_p) {
         p++;
     int shift = 0;
     switch (toupper((unsigned char)*p)) {
-    case 'K': shift = 10; p++; break;
-    case 'M': shift = 20; p++; break;
-    case 'G': shift = 30; p++; break;
-    case 'T': shift = 40; p++; break;
-    default: break;
+    case 'K':
+        shift = 10;
+        p++;
+        break;
+    case 'M':
+        shift = 20;
+        p++;
+        break;
+    case 'G':
+        shift = 30;
+        p++;
+        break;
+    case 'T':
+        shift = 40;
+        p++;
+        break;
+    default:
+        break;
     }
     if (shift != 0 && (*p == 'i' || *p == 'I'))
         p++;
@@ -284,7 +299,8 @@ bool sp__parse_size(const char *text, size_t *bytes_p) {
     uint64_t bytes = whole * mult;
     /* frac/denom * mult < mult <= 2^40 and frac < 10^9, so frac * mult fits in 64 bits... when
      * mult <= 2^34; above that, divide first. */
-    uint64_t extra = mult <= (1ull << 34) ? frac * mult / denom : frac * (mult / denom) + frac * (mult % denom) / denom;
+    uint64_t extra = mult <= (1ull << 34) ? frac * mult / denom
+                                          : frac * (mult / denom) + frac * (mult % denom) / denom;
     if (shift == 0 && frac != 0)
         return false; /* a fraction of a byte */
     if (bytes > UINT64_MAX - extra || bytes + extra > (uint64_t)SIZE_MAX)
@@ -322,7 +338,8 @@ static bool parse_double(const char *text, double *v_p) {
 }
 
 /* Parses text for option d into *out; false with why filled when malformed. */
-static bool parse_value(const opt_def_t *d, const char *text, opt_value_t *out, char *why, size_t why_len) {
+static bool parse_value(const opt_def_t *d, const char *text, opt_value_t *out, char *why,
+                        size_t why_len) {
     opt_value_t v;
     memset(&v, 0, sizeof v);
     bool ok = true;
@@ -387,7 +404,8 @@ static bool parse_value(const opt_def_t *d, const char *text, opt_value_t *out, 
 static void set_default_locked(sp_option_t o) {
     char why[256];
     bool ok = parse_value(&defs[o], defs[o].def, &opts[o].v, why, sizeof why);
-    (void)ok; /* the defaults are checked by the unit tests (every option starts from its default) */
+    (void)
+        ok; /* the defaults are checked by the unit tests (every option starts from its default) */
     opts[o].src = SP_OPT_SRC_DEFAULT;
 }
 
@@ -406,7 +424,8 @@ static const struct {
     {SP_CONF_KEY_EXPANDABLE, SP_OPT_EXPANDABLE_SEGMENTS},
 };
 
-/* Give every option still at its default (or from an earlier ALLOC_CONF) the ALLOC_CONF key's value. */
+/* Give every option still at its default (or from an earlier ALLOC_CONF) the ALLOC_CONF key's
+ * value. */
 static void apply_conf_locked(void) {
     for (size_t k = 0; k < sizeof conf_map / sizeof conf_map[0]; k++)
         if (opts[conf_map[k].opt].src == SP_OPT_SRC_CONF)
@@ -425,12 +444,23 @@ static void apply_conf_locked(void) {
             continue;
         opt_value_t *v = &opts[conf_map[k].opt].v;
         switch (conf_map[k].opt) {
-        case SP_OPT_MAX_SPLIT_SIZE: v->i = c.max_split_size == SIZE_MAX ? 0 : (int64_t)c.max_split_size; break;
-        case SP_OPT_MAX_NON_SPLIT_ROUNDING: v->i = (int64_t)c.max_non_split_rounding; break;
-        case SP_OPT_LARGE_SEGMENT_SIZE: v->i = (int64_t)c.large_segment_size; break;
-        case SP_OPT_GC_THRESHOLD: v->d = c.gc_threshold; break;
-        case SP_OPT_EXPANDABLE_SEGMENTS: v->i = c.expandable_segments; break;
-        default: break;
+        case SP_OPT_MAX_SPLIT_SIZE:
+            v->i = c.max_split_size == SIZE_MAX ? 0 : (int64_t)c.max_split_size;
+            break;
+        case SP_OPT_MAX_NON_SPLIT_ROUNDING:
+            v->i = (int64_t)c.max_non_split_rounding;
+            break;
+        case SP_OPT_LARGE_SEGMENT_SIZE:
+            v->i = (int64_t)c.large_segment_size;
+            break;
+        case SP_OPT_GC_THRESHOLD:
+            v->d = c.gc_threshold;
+            break;
+        case SP_OPT_EXPANDABLE_SEGMENTS:
+            v->i = c.expandable_segments;
+            break;
+        default:
+            break;
         }
         if (conf_map[k].opt == SP_OPT_ROUNDUP_POWER2_DIVISIONS)
             snprintf(v->s, sizeof v->s, "%s", roundup);
@@ -487,8 +517,9 @@ static void warn_unknown_locked(void) {
         for (int k = 0; k < n_unknown_warned; k++)
             warned = warned || strcmp(unknown_warned[k], now[n_now]) == 0;
         if (!warned)
-            SP_WARN(SP_SUB_ENV, "unknown variable %s: ignored; known: %s (SYMPOOL_INFO=1 prints them)", now[n_now],
-                    known_names());
+            SP_WARN(SP_SUB_ENV,
+                    "unknown variable %s: ignored; known: %s (SYMPOOL_INFO=1 prints them)",
+                    now[n_now], known_names());
         n_now++;
     }
     /* Names that left the environment may warn again if they come back. */
@@ -552,7 +583,9 @@ void sp__options_ensure(void) {
     pthread_once(&opts_once, first_load);
 }
 
-__attribute__((constructor)) static void options_at_load(void) { sp__options_ensure(); }
+__attribute__((constructor)) static void options_at_load(void) {
+    sp__options_ensure();
+}
 
 void sp__options_reload(void) {
     sp__options_ensure();
@@ -565,7 +598,9 @@ void sp__options_reload(void) {
 
 /* ---- access ------------------------------------------------------------------------------- */
 
-static bool valid_opt(sp_option_t opt) { return (unsigned)opt < SP_OPT_COUNT; }
+static bool valid_opt(sp_option_t opt) {
+    return (unsigned)opt < SP_OPT_COUNT;
+}
 
 int64_t sp__option_int(sp_option_t opt) {
     if (!valid_opt(opt))
@@ -604,7 +639,9 @@ sp_option_source_t sp__option_source(sp_option_t opt) {
     return s;
 }
 
-const char *sp__option_name(sp_option_t opt) { return valid_opt(opt) ? defs[opt].name : "SYMPOOL_?"; }
+const char *sp__option_name(sp_option_t opt) {
+    return valid_opt(opt) ? defs[opt].name : "SYMPOOL_?";
+}
 
 sp_status_t sp__option_set(sp_option_t opt, const char *value) {
     SP_ARG_CHECK(valid_opt(opt), SP_SUB_ENV, "option %d is not a valid sp_option_t", (int)opt);
@@ -625,8 +662,8 @@ sp_status_t sp__option_set(sp_option_t opt, const char *value) {
         return SP_SUCCESS;
     }
     if (!parse_value(&defs[opt], value, &v, why, sizeof why))
-        return sp__error(SP_ERR_INVALID_ARGUMENT, SP_SUB_ENV, "%s='%s' is malformed: %s", defs[opt].name, value,
-                         why);
+        return sp__error(SP_ERR_INVALID_ARGUMENT, SP_SUB_ENV, "%s='%s' is malformed: %s",
+                         defs[opt].name, value, why);
     pthread_mutex_lock(&opts_lock);
     opts[opt].v = v;
     opts[opt].src = SP_OPT_SRC_API;
@@ -641,10 +678,14 @@ sp_status_t sp__option_set(sp_option_t opt, const char *value) {
 
 static const char *source_name(sp_option_source_t s) {
     switch (s) {
-    case SP_OPT_SRC_ENV: return "env";
-    case SP_OPT_SRC_CONF: return "ALLOC_CONF";
-    case SP_OPT_SRC_API: return "api";
-    default: return "default";
+    case SP_OPT_SRC_ENV:
+        return "env";
+    case SP_OPT_SRC_CONF:
+        return "ALLOC_CONF";
+    case SP_OPT_SRC_API:
+        return "api";
+    default:
+        return "default";
     }
 }
 
@@ -652,9 +693,15 @@ static const char *source_name(sp_option_source_t s) {
 static void format_value(sp_option_t o, const opt_value_t *v, char *out, size_t cap) {
     static const char *const units[] = {"", "KiB", "MiB", "GiB", "TiB"};
     switch (defs[o].kind) {
-    case K_BOOL: snprintf(out, cap, "%s", v->i ? "on" : "off"); break;
-    case K_LONG: snprintf(out, cap, "%lld", (long long)v->i); break;
-    case K_DOUBLE: snprintf(out, cap, "%g", v->d); break;
+    case K_BOOL:
+        snprintf(out, cap, "%s", v->i ? "on" : "off");
+        break;
+    case K_LONG:
+        snprintf(out, cap, "%lld", (long long)v->i);
+        break;
+    case K_DOUBLE:
+        snprintf(out, cap, "%g", v->d);
+        break;
     case K_SIZE: {
         uint64_t n = (uint64_t)v->i;
         int u = 0;
@@ -665,7 +712,9 @@ static void format_value(sp_option_t o, const opt_value_t *v, char *out, size_t 
         snprintf(out, cap, "%llu%s", (unsigned long long)n, units[u]);
         break;
     }
-    default: snprintf(out, cap, "\"%s\"", v->s); break;
+    default:
+        snprintf(out, cap, "\"%s\"", v->s);
+        break;
     }
 }
 
@@ -682,8 +731,8 @@ void sp__options_print(void *file) {
             memset(&dv, 0, sizeof dv);
         format_value((sp_option_t)o, &opts[o].v, val, sizeof val);
         format_value((sp_option_t)o, &dv, def, sizeof def);
-        fprintf(f, "  %-34s %-16s default %-10s [%s]  %s\n", defs[o].name, val, def, source_name(opts[o].src),
-                defs[o].desc);
+        fprintf(f, "  %-34s %-16s default %-10s [%s]  %s\n", defs[o].name, val, def,
+                source_name(opts[o].src), defs[o].desc);
     }
     pthread_mutex_unlock(&opts_lock);
 }

@@ -13,11 +13,11 @@
     X(SP_SUCCESS, "success")                                                                       \
     X(SP_ERR_INVALID_ARGUMENT, "invalid argument: a size, pointer, flag or name is not valid")     \
     X(SP_ERR_INVALID_USAGE,                                                                        \
-      "invalid usage: pointer not from sympool, double free, or call in the wrong state")         \
+      "invalid usage: pointer not from sympool, double free, or call in the wrong state")          \
     X(SP_ERR_OUT_OF_MEMORY,                                                                        \
-      "out of device memory after freeing the cache and retrying; see sp_last_error() for "       \
+      "out of device memory after freeing the cache and retrying; see sp_last_error() for "        \
       "the figures")                                                                               \
-    X(SP_ERR_BUSY, "busy: blocks are still allocated; free them first")                           \
+    X(SP_ERR_BUSY, "busy: blocks are still allocated; free them first")                            \
     X(SP_ERR_DEVICE, "device (CUDA) failure; set SYMPOOL_DEBUG=INFO for details")                  \
     X(SP_ERR_NCCL, "NCCL failure; set NCCL_DEBUG=WARN and SYMPOOL_DEBUG=INFO for details")         \
     X(SP_ERR_MPI, "MPI failure")                                                                   \
@@ -51,9 +51,13 @@ SP_EXPORT const char *sp_status_string(sp_status_t s) {
 #define SP_LAST_ERROR_MAX 1024
 static _Thread_local char last_error[SP_LAST_ERROR_MAX];
 
-SP_EXPORT const char *sp_last_error(void) { return last_error; }
+SP_EXPORT const char *sp_last_error(void) {
+    return last_error;
+}
 
-void sp__error_clear(void) { last_error[0] = '\0'; }
+void sp__error_clear(void) {
+    last_error[0] = '\0';
+}
 
 static sp_status_t error_v(sp_log_level_t level, sp_status_t status, unsigned subsys,
                            const char *file, int line, const char *fmt, va_list ap) {

@@ -25,15 +25,15 @@ extern "C" {
 
 /* What sympool knows of a live (allocated) block. */
 typedef struct sp_block_info {
-    int device;             /* device of the block */
-    void *block_base;       /* start of the block (== the pointer sp_malloc returned) */
-    size_t block_size;      /* rounded size of the block */
-    size_t requested_size;  /* what the caller asked for */
-    void *segment_base;     /* start of its segment */
-    size_t segment_size;    /* bytes of its segment */
-    uint64_t segment_seq;   /* the segment's sequence number within its pool (from 0) */
-    sp_mempool_t *pool;     /* owning pool */
-    sp_stream_t stream;     /* allocation stream */
+    int device;            /* device of the block */
+    void *block_base;      /* start of the block (== the pointer sp_malloc returned) */
+    size_t block_size;     /* rounded size of the block */
+    size_t requested_size; /* what the caller asked for */
+    void *segment_base;    /* start of its segment */
+    size_t segment_size;   /* bytes of its segment */
+    uint64_t segment_seq;  /* the segment's sequence number within its pool (from 0) */
+    sp_mempool_t *pool;    /* owning pool */
+    sp_stream_t stream;    /* allocation stream */
 } sp_block_info_t;
 
 /* Find the live block that contains ptr (anywhere inside it, not only its start).
@@ -42,30 +42,34 @@ sp_status_t sp__pool_lookup(const void *ptr, sp_block_info_t *info_p);
 
 /* ---- walk (snapshots) ------------------------------------------------------------------- */
 
-typedef enum { SP_BLOCK_INACTIVE, SP_BLOCK_ACTIVE_ALLOCATED, SP_BLOCK_ACTIVE_PENDING_FREE } sp_block_state_t;
+typedef enum {
+    SP_BLOCK_INACTIVE,
+    SP_BLOCK_ACTIVE_ALLOCATED,
+    SP_BLOCK_ACTIVE_PENDING_FREE
+} sp_block_state_t;
 
 typedef struct sp_block_view {
     uintptr_t address;
     size_t size;
-    size_t requested_size;    /* 0 for inactive blocks */
+    size_t requested_size; /* 0 for inactive blocks */
     sp_block_state_t state;
-    uint32_t context;         /* history context id of the block's allocation, 0 if none */
+    uint32_t context; /* history context id of the block's allocation, 0 if none */
 } sp_block_view_t;
 
 typedef struct sp_segment_view {
     int device;
     uintptr_t address;
-    size_t total_size;        /* == sum of its blocks' sizes */
+    size_t total_size; /* == sum of its blocks' sizes */
     size_t allocated_size;
     size_t active_size;
     size_t requested_size;
-    uintptr_t stream;         /* (uintptr_t) of the stream handle; 0 = default stream */
-    bool is_small;            /* segment_type "small" or "large": from the pool, not the size */
+    uintptr_t stream; /* (uintptr_t) of the stream handle; 0 = default stream */
+    bool is_small;    /* segment_type "small" or "large": from the pool, not the size */
     bool is_expandable;
     sp_mempool_id_t pool_id;
-    const char *pool_name;    /* NULL if unnamed */
+    const char *pool_name; /* NULL if unnamed */
     uint64_t segment_seq;
-    uint32_t context;         /* history context id of the segment's allocation, 0 if none */
+    uint32_t context; /* history context id of the segment's allocation, 0 if none */
     size_t nblocks;
     const sp_block_view_t *blocks; /* in address order, contiguous */
 } sp_segment_view_t;
@@ -104,8 +108,8 @@ void *sp__mempool_sym_state(const sp_mempool_t *pool); /* NULL for ordinary pool
 
 /* This rank's best-fit candidate for `size` on `stream`, without taking it.
  * *found_p = false when no cached block fits. */
-sp_status_t sp__pool_sym_find(sp_mempool_t *pool, size_t size, sp_stream_t stream,
-                              bool *found_p, uint64_t *segment_seq_p, size_t *offset_p);
+sp_status_t sp__pool_sym_find(sp_mempool_t *pool, size_t size, sp_stream_t stream, bool *found_p,
+                              uint64_t *segment_seq_p, size_t *offset_p);
 
 /* Take the free block that starts at (segment_seq, offset) for `size` (splitting it by the
  * pool's rules). SP_ERR_INVALID_USAGE (quiet) if that block is not free and large enough. */
@@ -121,8 +125,7 @@ sp_status_t sp__pool_sync_pending(sp_mempool_t *pool);
 
 /* The sequence numbers of the pool's segments that are entirely free, ascending. Writes at most
  * max of them and the total count to *count_p. */
-sp_status_t sp__pool_free_segments(sp_mempool_t *pool, uint64_t *seqs, size_t max,
-                                   size_t *count_p);
+sp_status_t sp__pool_free_segments(sp_mempool_t *pool, uint64_t *seqs, size_t max, size_t *count_p);
 
 /* Number of segments the pool holds, and the next sequence number it will give. */
 size_t sp__pool_segment_count(const sp_mempool_t *pool);
@@ -133,8 +136,8 @@ uint64_t sp__pool_next_segment_seq(const sp_mempool_t *pool);
 sp_status_t sp__pool_release_segment(sp_mempool_t *pool, uint64_t segment_seq);
 
 /* Find a segment of the pool by sequence number: base and size. */
-sp_status_t sp__pool_segment_info(const sp_mempool_t *pool, uint64_t segment_seq,
-                                  void **base_p, size_t *size_p);
+sp_status_t sp__pool_segment_info(const sp_mempool_t *pool, uint64_t segment_seq, void **base_p,
+                                  size_t *size_p);
 
 #ifdef __cplusplus
 }

@@ -40,7 +40,7 @@ typedef struct sp_mempool_params {
     bool use_on_oom;                 /**< lend free cached blocks to allocations that hit OOM */
     bool no_split;                   /**< never split blocks of this pool */
     int device;                      /**< -1: device 0 */
-    const char *name;                /**< shown in logs, reports and snapshots; may be NULL; copied */
+    const char *name; /**< shown in logs, reports and snapshots; may be NULL; copied */
 } sp_mempool_params_t;
 
 /** Fill @p params with the defaults (no allocator, no flags, device -1, no name). */
@@ -84,7 +84,8 @@ sp_status_t sp_mempool_begin(sp_mempool_t *pool);
 /** End the innermost routing of this thread. @return SP_ERR_INVALID_USAGE if @p pool is not it. */
 sp_status_t sp_mempool_end(sp_mempool_t *pool);
 
-/** Allocate in @p pool directly. @return as sp_malloc; SP_ERR_INVALID_USAGE for a symmetric pool. */
+/** Allocate in @p pool directly. @return as sp_malloc; SP_ERR_INVALID_USAGE for a symmetric pool.
+ */
 sp_status_t sp_mempool_malloc(sp_mempool_t *pool, size_t size, sp_stream_t stream, void **ptr_p);
 
 /** Bytes of the pool's segments handed out (allocated blocks). */

@@ -34,10 +34,12 @@ sp_status_t sp_memory_stats(int device, sp_stats_t *stats_p);
 /** Number of keys (122 today). */
 size_t sp_stats_count(void);
 
-/** PyTorch's flat key name for index i ("allocated_bytes.all.current"), sorted; NULL if out of range. */
+/** PyTorch's flat key name for index i ("allocated_bytes.all.current"), sorted; NULL if out of
+ * range. */
 const char *sp_stats_key(size_t i);
 
-/** Look a key up by name. @return SP_SUCCESS, SP_ERR_INVALID_ARGUMENT (unknown key, NULL argument). */
+/** Look a key up by name. @return SP_SUCCESS, SP_ERR_INVALID_ARGUMENT (unknown key, NULL argument).
+ */
 sp_status_t sp_stats_get(const sp_stats_t *stats, const char *key, int64_t *value_p);
 
 /** Set every peak to its current value. */

@@ -30,13 +30,15 @@ typedef enum sp_status {
     SP_NUM_STATUS            /* append new codes above this line, never renumber */
 } sp_status_t;
 
-/** The code's name, e.g. "SP_ERR_OUT_OF_MEMORY". Constant, never NULL ("SP_ERR_UNKNOWN" if out of range). */
+/** The code's name, e.g. "SP_ERR_OUT_OF_MEMORY". Constant, never NULL ("SP_ERR_UNKNOWN" if out of
+ * range). */
 const char *sp_status_name(sp_status_t s);
 
 /** A one-line meaning of the code. Constant, never NULL. */
 const char *sp_status_string(sp_status_t s);
 
-/** This thread's detail text for its last failure, "" if there was none. Valid until the next sympool call. */
+/** This thread's detail text for its last failure, "" if there was none. Valid until the next
+ * sympool call. */
 const char *sp_last_error(void);
 
 #ifdef __cplusplus

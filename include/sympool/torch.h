@@ -15,7 +15,8 @@ extern "C" {
 /** Allocate through sympool (routing included); NULL on failure (the reason in sp_last_error). */
 void *sp_torch_malloc(size_t size, int device, void *stream);
 
-/** Free a pointer from sp_torch_malloc. Failures are logged (PyTorch gives no way to report them). */
+/** Free a pointer from sp_torch_malloc. Failures are logged (PyTorch gives no way to report them).
+ */
 void sp_torch_free(void *ptr, size_t size, int device, void *stream);
 
 #ifdef __cplusplus

@@ -23,7 +23,8 @@ typedef struct sp_world sp_world_t;
  */
 sp_status_t sp_world_init(int *argc, char ***argv, sp_world_t **world_p);
 
-/** As sp_world_init on a communicator the caller owns (MPI must be initialized). Collective over comm. */
+/** As sp_world_init on a communicator the caller owns (MPI must be initialized). Collective over
+ * comm. */
 sp_status_t sp_world_from_comm(MPI_Comm comm, sp_world_t **world_p);
 
 /** Collective: frees the world; finalizes MPI only if sp_world_init initialized it. */

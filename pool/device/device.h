@@ -26,10 +26,10 @@ extern "C" {
 #endif
 
 typedef struct sp_device_caps {
-    int device_count;     /* devices this backend exposes */
-    size_t granularity;   /* allocation granularity in bytes (host: page size; cuda: 512) */
-    bool has_vmm;         /* cuMem virtual memory management available */
-    bool is_emulated;     /* true for host */
+    int device_count;   /* devices this backend exposes */
+    size_t granularity; /* allocation granularity in bytes (host: page size; cuda: 512) */
+    bool has_vmm;       /* cuMem virtual memory management available */
+    bool is_emulated;   /* true for host */
 } sp_device_caps_t;
 
 /* Opaque stream and event handles of the backend. NULL stream = the device's default stream. */

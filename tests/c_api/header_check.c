@@ -14,4 +14,6 @@
 #endif
 
 int sp_header_check_anchor(void);
-int sp_header_check_anchor(void) { return (int)SP_NUM_STATUS + (int)SP_STATS_MAX; }
+int sp_header_check_anchor(void) {
+    return (int)SP_NUM_STATUS + (int)SP_STATS_MAX;
+}

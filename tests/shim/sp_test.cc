@@ -72,6 +72,8 @@ void Test::TearDown() {
     }
 }
 
-bool on_gpu() { return std::strcmp(sp_backend_name(), "cuda") == 0; }
+bool on_gpu() {
+    return std::strcmp(sp_backend_name(), "cuda") == 0;
+}
 
 } // namespace sp

@@ -28,20 +28,20 @@ inline std::string describe(sp_status_t s) {
 
 } // namespace sp
 
-#define ASSERT_SP_OK(expr)                                                                          \
-    do {                                                                                            \
-        sp_status_t sp_t_s_ = (expr);                                                               \
-        ASSERT_EQ(sp_t_s_, SP_SUCCESS) << #expr << " -> " << sp::describe(sp_t_s_);                 \
+#define ASSERT_SP_OK(expr)                                                                         \
+    do {                                                                                           \
+        sp_status_t sp_t_s_ = (expr);                                                              \
+        ASSERT_EQ(sp_t_s_, SP_SUCCESS) << #expr << " -> " << sp::describe(sp_t_s_);                \
     } while (0)
-#define EXPECT_SP_OK(expr)                                                                          \
-    do {                                                                                            \
-        sp_status_t sp_t_s_ = (expr);                                                               \
-        EXPECT_EQ(sp_t_s_, SP_SUCCESS) << #expr << " -> " << sp::describe(sp_t_s_);                 \
+#define EXPECT_SP_OK(expr)                                                                         \
+    do {                                                                                           \
+        sp_status_t sp_t_s_ = (expr);                                                              \
+        EXPECT_EQ(sp_t_s_, SP_SUCCESS) << #expr << " -> " << sp::describe(sp_t_s_);                \
     } while (0)
-#define EXPECT_SP_STATUS(expr, want)                                                                \
-    do {                                                                                            \
-        sp_status_t sp_t_s_ = (expr);                                                               \
-        EXPECT_EQ(sp_t_s_, (want)) << #expr << " -> " << sp::describe(sp_t_s_);                     \
+#define EXPECT_SP_STATUS(expr, want)                                                               \
+    do {                                                                                           \
+        sp_status_t sp_t_s_ = (expr);                                                              \
+        EXPECT_EQ(sp_t_s_, (want)) << #expr << " -> " << sp::describe(sp_t_s_);                    \
     } while (0)
 
 namespace sp {

@@ -32,7 +32,9 @@ void capture(sp_log_level_t level, const char *line, void *arg) {
 // sp::Test (fails on unexpected WARN lines) plus helpers over its log capture.
 class CoreTest : public sp::Test {
   protected:
-    size_t count(sp_log_level_t level, const std::string &needle = "") { return log_.count(level, needle); }
+    size_t count(sp_log_level_t level, const std::string &needle = "") {
+        return log_.count(level, needle);
+    }
     size_t n_lines() {
         std::lock_guard<std::mutex> g(log_.mu);
         return log_.lines.size();
@@ -57,10 +59,12 @@ std::string read_file(const std::string &path) {
 // ---- status and last error -----------------------------------------------------------------
 
 TEST_F(CoreTest, StatusNamesAndStringsCoverEveryCode) {
-    const char *names[] = {"SP_SUCCESS",          "SP_ERR_INVALID_ARGUMENT", "SP_ERR_INVALID_USAGE",
-                           "SP_ERR_OUT_OF_MEMORY", "SP_ERR_BUSY",            "SP_ERR_DEVICE",
-                           "SP_ERR_NCCL",          "SP_ERR_MPI",             "SP_ERR_MISMATCH",
-                           "SP_ERR_TIMEOUT",       "SP_ERR_NOT_SUPPORTED",   "SP_ERR_SYSTEM",
+    const char *names[] = {"SP_SUCCESS",           "SP_ERR_INVALID_ARGUMENT",
+                           "SP_ERR_INVALID_USAGE", "SP_ERR_OUT_OF_MEMORY",
+                           "SP_ERR_BUSY",          "SP_ERR_DEVICE",
+                           "SP_ERR_NCCL",          "SP_ERR_MPI",
+                           "SP_ERR_MISMATCH",      "SP_ERR_TIMEOUT",
+                           "SP_ERR_NOT_SUPPORTED", "SP_ERR_SYSTEM",
                            "SP_ERR_INTERNAL"};
     ASSERT_EQ(sizeof names / sizeof names[0], (size_t)SP_NUM_STATUS);
     std::set<std::string> texts;
@@ -93,7 +97,8 @@ TEST_F(CoreTest, LastErrorIsPerThread) {
 
 TEST_F(CoreTest, ErrorLogsWarnWithStatusName) {
     expect_warnings();
-    EXPECT_EQ(sp__error(SP_ERR_INVALID_ARGUMENT, SP_SUB_POOL, "bad size %d", 3), SP_ERR_INVALID_ARGUMENT);
+    EXPECT_EQ(sp__error(SP_ERR_INVALID_ARGUMENT, SP_SUB_POOL, "bad size %d", 3),
+              SP_ERR_INVALID_ARGUMENT);
     EXPECT_EQ(count(SP_LOG_WARN, "bad size 3 (SP_ERR_INVALID_ARGUMENT)"), 1u);
     EXPECT_STREQ(sp_last_error(), "bad size 3");
 }
@@ -105,19 +110,45 @@ TEST(CoreParse, SizeTable) {
         const char *text;
         uint64_t want;
     } good[] = {
-        {"0", 0},           {"512", 512},         {"64KiB", 64 * KiB},  {"64K", 64 * KiB},
-        {"64kb", 64 * KiB}, {"2MB", 2 * MiB},     {"2m", 2 * MiB},      {"80GiB", 80 * GiB},
-        {"1.5G", 3 * GiB / 2}, {"0.5KiB", 512},   {"1T", 1024 * GiB},   {" 7 MiB ", 7 * MiB},
-        {"512B", 512},      {"17179869183G", 17179869183ull * GiB},
+        {"0", 0},
+        {"512", 512},
+        {"64KiB", 64 * KiB},
+        {"64K", 64 * KiB},
+        {"64kb", 64 * KiB},
+        {"2MB", 2 * MiB},
+        {"2m", 2 * MiB},
+        {"80GiB", 80 * GiB},
+        {"1.5G", 3 * GiB / 2},
+        {"0.5KiB", 512},
+        {"1T", 1024 * GiB},
+        {" 7 MiB ", 7 * MiB},
+        {"512B", 512},
+        {"17179869183G", 17179869183ull * GiB},
     };
     for (const auto &g : good) {
         size_t got = 1;
         EXPECT_TRUE(sp__parse_size(g.text, &got)) << g.text;
         EXPECT_EQ(got, g.want) << g.text;
     }
-    const char *bad[] = {"",     "-1",   "-1G",  "abc",  "12x",   "1.5",  "1.",      ".5K",  "1..5K",
-                         "1GiBx", "1 G B", "99999999999999999999", "17179869184G", "16777216T", "1iB",
-                         "0x10", "1e3",  "G",    nullptr};
+    const char *bad[] = {"",
+                         "-1",
+                         "-1G",
+                         "abc",
+                         "12x",
+                         "1.5",
+                         "1.",
+                         ".5K",
+                         "1..5K",
+                         "1GiBx",
+                         "1 G B",
+                         "99999999999999999999",
+                         "17179869184G",
+                         "16777216T",
+                         "1iB",
+                         "0x10",
+                         "1e3",
+                         "G",
+                         nullptr};
     for (const char *b : bad) {
         size_t got = 12345;
         EXPECT_FALSE(sp__parse_size(b, &got)) << (b ? b : "(null)");
@@ -149,16 +180,28 @@ TEST(CoreParse, Bool) {
 
 // Every option unset: the documented defaults, all from "default".
 TEST_F(CoreTest, OptionDefaults) {
-    Env env({{"SYMPOOL_DEVICE", nullptr}, {"SYMPOOL_DEBUG", nullptr}, {"SYMPOOL_DEBUG_SUBSYS", nullptr},
-             {"SYMPOOL_DEBUG_FILE", nullptr}, {"SYMPOOL_INFO", nullptr}, {"SYMPOOL_ALLOC_CONF", nullptr},
-             {"SYMPOOL_NO_CACHING", nullptr}, {"SYMPOOL_MAX_SPLIT_SIZE", nullptr},
-             {"SYMPOOL_MAX_NON_SPLIT_ROUNDING", nullptr}, {"SYMPOOL_LARGE_SEGMENT_SIZE", nullptr},
-             {"SYMPOOL_GC_THRESHOLD", nullptr}, {"SYMPOOL_ROUNDUP_POWER2_DIVISIONS", nullptr},
-             {"SYMPOOL_EXPANDABLE_SEGMENTS", nullptr}, {"SYMPOOL_HOST_CAPACITY", nullptr},
-             {"SYMPOOL_HOST_DEVICES", nullptr}, {"SYMPOOL_HOST_FAIL_AFTER", nullptr},
-             {"SYMPOOL_SYM_TIMEOUT", nullptr}, {"SYMPOOL_SYM_REGISTRAR", nullptr}, {"SYMPOOL_REPORT", nullptr}});
+    Env env({{"SYMPOOL_DEVICE", nullptr},
+             {"SYMPOOL_DEBUG", nullptr},
+             {"SYMPOOL_DEBUG_SUBSYS", nullptr},
+             {"SYMPOOL_DEBUG_FILE", nullptr},
+             {"SYMPOOL_INFO", nullptr},
+             {"SYMPOOL_ALLOC_CONF", nullptr},
+             {"SYMPOOL_NO_CACHING", nullptr},
+             {"SYMPOOL_MAX_SPLIT_SIZE", nullptr},
+             {"SYMPOOL_MAX_NON_SPLIT_ROUNDING", nullptr},
+             {"SYMPOOL_LARGE_SEGMENT_SIZE", nullptr},
+             {"SYMPOOL_GC_THRESHOLD", nullptr},
+             {"SYMPOOL_ROUNDUP_POWER2_DIVISIONS", nullptr},
+             {"SYMPOOL_EXPANDABLE_SEGMENTS", nullptr},
+             {"SYMPOOL_HOST_CAPACITY", nullptr},
+             {"SYMPOOL_HOST_DEVICES", nullptr},
+             {"SYMPOOL_HOST_FAIL_AFTER", nullptr},
+             {"SYMPOOL_SYM_TIMEOUT", nullptr},
+             {"SYMPOOL_SYM_REGISTRAR", nullptr},
+             {"SYMPOOL_REPORT", nullptr}});
     for (int o = 0; o < SP_OPT_COUNT; o++)
-        EXPECT_EQ(sp__option_source((sp_option_t)o), SP_OPT_SRC_DEFAULT) << sp__option_name((sp_option_t)o);
+        EXPECT_EQ(sp__option_source((sp_option_t)o), SP_OPT_SRC_DEFAULT)
+            << sp__option_name((sp_option_t)o);
     EXPECT_STREQ(sp__option_string(SP_OPT_DEVICE), "auto");
     EXPECT_EQ(sp__option_int(SP_OPT_DEVICE), 0);
     EXPECT_EQ(sp__option_int(SP_OPT_DEBUG), SP_LOG_WARN);
@@ -197,18 +240,19 @@ TEST_F(CoreTest, OptionDefaults) {
 TEST_F(CoreTest, OptionNamesFollowTheEnum) {
     EXPECT_STREQ(sp__option_name(SP_OPT_DEVICE), "SYMPOOL_DEVICE");
     EXPECT_STREQ(sp__option_name(SP_OPT_HOST_CAPACITY), "SYMPOOL_HOST_CAPACITY");
-    EXPECT_STREQ(sp__option_name(SP_OPT_ROUNDUP_POWER2_DIVISIONS), "SYMPOOL_ROUNDUP_POWER2_DIVISIONS");
+    EXPECT_STREQ(sp__option_name(SP_OPT_ROUNDUP_POWER2_DIVISIONS),
+                 "SYMPOOL_ROUNDUP_POWER2_DIVISIONS");
     EXPECT_STREQ(sp__option_name(SP_OPT_REPORT), "SYMPOOL_REPORT");
     EXPECT_STREQ(sp__option_name(SP_OPT_COUNT), "SYMPOOL_?");
 }
 
 TEST_F(CoreTest, EachKindFromTheEnvironment) {
-    Env env({{"SYMPOOL_DEVICE", "HOST"},              // enum, any case
-             {"SYMPOOL_NO_CACHING", "yes"},           // bool
-             {"SYMPOOL_HOST_DEVICES", "4"},           // long
-             {"SYMPOOL_SYM_TIMEOUT", "2.5"},          // double
-             {"SYMPOOL_HOST_CAPACITY", "1.5G"},       // size
-             {"SYMPOOL_DEBUG_FILE", ""},              // string
+    Env env({{"SYMPOOL_DEVICE", "HOST"},        // enum, any case
+             {"SYMPOOL_NO_CACHING", "yes"},     // bool
+             {"SYMPOOL_HOST_DEVICES", "4"},     // long
+             {"SYMPOOL_SYM_TIMEOUT", "2.5"},    // double
+             {"SYMPOOL_HOST_CAPACITY", "1.5G"}, // size
+             {"SYMPOOL_DEBUG_FILE", ""},        // string
              {"SYMPOOL_REPORT", "json"},
              {"SYMPOOL_SYM_REGISTRAR", "mpi"},
              {"SYMPOOL_DEBUG_SUBSYS", "init,pool"}});
@@ -241,14 +285,22 @@ TEST_F(CoreTest, MalformedValueWarnsOnceAndKeepsDefault) {
     }
     // Each kind's range and syntax checks, one at a time.
     const std::pair<const char *, const char *> bad[] = {
-        {"SYMPOOL_DEVICE", "gpu"},         {"SYMPOOL_NO_CACHING", "maybe"},
-        {"SYMPOOL_HOST_DEVICES", "0"},     {"SYMPOOL_HOST_DEVICES", "65"},
-        {"SYMPOOL_HOST_DEVICES", "3x"},    {"SYMPOOL_HOST_FAIL_AFTER", "-1"},
-        {"SYMPOOL_SYM_TIMEOUT", "0"},      {"SYMPOOL_SYM_TIMEOUT", "nan"},
-        {"SYMPOOL_GC_THRESHOLD", "1"},     {"SYMPOOL_GC_THRESHOLD", "-0.1"},
-        {"SYMPOOL_MAX_SPLIT_SIZE", "19MiB"}, {"SYMPOOL_MAX_NON_SPLIT_ROUNDING", "1MiB"},
-        {"SYMPOOL_DEBUG_SUBSYS", "POOL,FOO"}, {"SYMPOOL_ROUNDUP_POWER2_DIVISIONS", "3"},
-        {"SYMPOOL_ALLOC_CONF", "bogus_key:1"}, {"SYMPOOL_DEBUG", "LOUD"},
+        {"SYMPOOL_DEVICE", "gpu"},
+        {"SYMPOOL_NO_CACHING", "maybe"},
+        {"SYMPOOL_HOST_DEVICES", "0"},
+        {"SYMPOOL_HOST_DEVICES", "65"},
+        {"SYMPOOL_HOST_DEVICES", "3x"},
+        {"SYMPOOL_HOST_FAIL_AFTER", "-1"},
+        {"SYMPOOL_SYM_TIMEOUT", "0"},
+        {"SYMPOOL_SYM_TIMEOUT", "nan"},
+        {"SYMPOOL_GC_THRESHOLD", "1"},
+        {"SYMPOOL_GC_THRESHOLD", "-0.1"},
+        {"SYMPOOL_MAX_SPLIT_SIZE", "19MiB"},
+        {"SYMPOOL_MAX_NON_SPLIT_ROUNDING", "1MiB"},
+        {"SYMPOOL_DEBUG_SUBSYS", "POOL,FOO"},
+        {"SYMPOOL_ROUNDUP_POWER2_DIVISIONS", "3"},
+        {"SYMPOOL_ALLOC_CONF", "bogus_key:1"},
+        {"SYMPOOL_DEBUG", "LOUD"},
     };
     for (const auto &b : bad) {
         size_t before = count(SP_LOG_WARN, b.first);
@@ -266,7 +318,9 @@ TEST_F(CoreTest, UnknownSympoolVariableWarns) {
     expect_warnings();
     {
         Env env({{"SYMPOOL_HOST_CAPACTIY", "1G"}, {"SYMPOOL_TEST_DEVICE", "host"}});
-        EXPECT_EQ(count(SP_LOG_WARN, "unknown variable SYMPOOL_HOST_CAPACTIY: ignored; known: SYMPOOL_DEVICE"), 1u);
+        EXPECT_EQ(count(SP_LOG_WARN,
+                        "unknown variable SYMPOOL_HOST_CAPACTIY: ignored; known: SYMPOOL_DEVICE"),
+                  1u);
         sp__options_reload();
         EXPECT_EQ(count(SP_LOG_WARN, "SYMPOOL_HOST_CAPACTIY"), 1u) << "warned twice";
         EXPECT_EQ(count(SP_LOG_WARN, "SYMPOOL_TEST_DEVICE"), 0u) << "the allow-listed name warned";
@@ -276,7 +330,8 @@ TEST_F(CoreTest, UnknownSympoolVariableWarns) {
 }
 
 TEST_F(CoreTest, OptionSet) {
-    Env env({{"SYMPOOL_HOST_CAPACITY", nullptr}, {"SYMPOOL_ALLOC_CONF", nullptr},
+    Env env({{"SYMPOOL_HOST_CAPACITY", nullptr},
+             {"SYMPOOL_ALLOC_CONF", nullptr},
              {"SYMPOOL_MAX_SPLIT_SIZE", nullptr}});
     ASSERT_SP_OK(sp__option_set(SP_OPT_HOST_CAPACITY, "2GiB"));
     EXPECT_EQ(sp__option_int(SP_OPT_HOST_CAPACITY), 2 * GiB);
@@ -284,14 +339,17 @@ TEST_F(CoreTest, OptionSet) {
     {
         expect_warnings();
         EXPECT_SP_STATUS(sp__option_set(SP_OPT_HOST_CAPACITY, "lots"), SP_ERR_INVALID_ARGUMENT);
-        EXPECT_NE(std::string(sp_last_error()).find("SYMPOOL_HOST_CAPACITY='lots'"), std::string::npos)
+        EXPECT_NE(std::string(sp_last_error()).find("SYMPOOL_HOST_CAPACITY='lots'"),
+                  std::string::npos)
             << sp_last_error();
-        EXPECT_EQ(sp__option_int(SP_OPT_HOST_CAPACITY), 2 * GiB) << "a failed set changed the value";
+        EXPECT_EQ(sp__option_int(SP_OPT_HOST_CAPACITY), 2 * GiB)
+            << "a failed set changed the value";
         EXPECT_EQ(sp__option_source(SP_OPT_HOST_CAPACITY), SP_OPT_SRC_API);
         EXPECT_SP_STATUS(sp__option_set(SP_OPT_COUNT, "1"), SP_ERR_INVALID_ARGUMENT);
     }
     // ALLOC_CONF set from code reaches the separate options that were not set.
-    ASSERT_SP_OK(sp__option_set(SP_OPT_ALLOC_CONF, "max_split_size_mb:64,expandable_segments:True"));
+    ASSERT_SP_OK(
+        sp__option_set(SP_OPT_ALLOC_CONF, "max_split_size_mb:64,expandable_segments:True"));
     EXPECT_EQ(sp__option_int(SP_OPT_MAX_SPLIT_SIZE), 64 * MiB);
     EXPECT_EQ(sp__option_source(SP_OPT_MAX_SPLIT_SIZE), SP_OPT_SRC_CONF);
     EXPECT_EQ(sp__option_int(SP_OPT_EXPANDABLE_SEGMENTS), 1);
@@ -303,12 +361,13 @@ TEST_F(CoreTest, OptionSet) {
     // sp__options_reload() forgets API settings: the environment is the truth again.
     ASSERT_SP_OK(sp__option_set(SP_OPT_HOST_DEVICES, "3"));
     sp__options_reload();
-    EXPECT_EQ(sp__option_source(SP_OPT_HOST_DEVICES), getenv("SYMPOOL_HOST_DEVICES") ? SP_OPT_SRC_ENV
-                                                                                       : SP_OPT_SRC_DEFAULT);
+    EXPECT_EQ(sp__option_source(SP_OPT_HOST_DEVICES),
+              getenv("SYMPOOL_HOST_DEVICES") ? SP_OPT_SRC_ENV : SP_OPT_SRC_DEFAULT);
 }
 
 TEST_F(CoreTest, OptionsPrintShowsValueDefaultAndSource) {
-    Env env({{"SYMPOOL_HOST_DEVICES", "3"}, {"SYMPOOL_ALLOC_CONF", "garbage_collection_threshold:0.5"},
+    Env env({{"SYMPOOL_HOST_DEVICES", "3"},
+             {"SYMPOOL_ALLOC_CONF", "garbage_collection_threshold:0.5"},
              {"SYMPOOL_GC_THRESHOLD", nullptr}});
     char *buf = nullptr;
     size_t len = 0;
@@ -319,7 +378,8 @@ TEST_F(CoreTest, OptionsPrintShowsValueDefaultAndSource) {
     std::string out(buf, len);
     free(buf);
     for (int o = 0; o < SP_OPT_COUNT; o++)
-        EXPECT_NE(out.find(sp__option_name((sp_option_t)o)), std::string::npos) << sp__option_name((sp_option_t)o);
+        EXPECT_NE(out.find(sp__option_name((sp_option_t)o)), std::string::npos)
+            << sp__option_name((sp_option_t)o);
     EXPECT_NE(out.find("SYMPOOL_HOST_CAPACITY              80GiB"), std::string::npos) << out;
     size_t dev = out.find("SYMPOOL_HOST_DEVICES");
     ASSERT_NE(dev, std::string::npos);
@@ -354,8 +414,9 @@ TEST_F(AllocConf, EachKey) {
     EXPECT_EQ(c.large_segment_size, (size_t)(64 * MiB));
     EXPECT_DOUBLE_EQ(c.gc_threshold, 0.6);
     EXPECT_TRUE(c.expandable_segments);
-    EXPECT_STREQ(c.conf_text, "max_split_size_mb:128, max_non_split_rounding_mb:40,large_segment_size_mb:64,"
-                              "garbage_collection_threshold:0.6,expandable_segments:True");
+    EXPECT_STREQ(c.conf_text,
+                 "max_split_size_mb:128, max_non_split_rounding_mb:40,large_segment_size_mb:64,"
+                 "garbage_collection_threshold:0.6,expandable_segments:True");
     ASSERT_SP_OK(sp__alloc_conf_parse("expandable_segments:false", &c));
     EXPECT_FALSE(c.expandable_segments);
     EXPECT_EQ(c.max_split_size, (size_t)(128 * MiB)) << "keys not named keep their earlier values";
@@ -369,7 +430,8 @@ TEST_F(AllocConf, RoundupSingleNumberFillsEveryInterval) {
 }
 
 TEST_F(AllocConf, RoundupListFollowsPyTorch) {
-    ASSERT_SP_OK(sp__alloc_conf_parse("max_split_size_mb:256,roundup_power2_divisions:[64:8,256:4,1024:4,>:1]", &c));
+    ASSERT_SP_OK(sp__alloc_conf_parse(
+        "max_split_size_mb:256,roundup_power2_divisions:[64:8,256:4,1024:4,>:1]", &c));
     // First entry fills indices 0..6 (below and at 64 MB); 128 MB (index 7) and 512 MB (index 9)
     // are not named and stay 0; ">" fills everything after the last boundary (1024 MB = index 10).
     const uint32_t want[16] = {8, 8, 8, 8, 8, 8, 8, 0, 4, 0, 4, 1, 1, 1, 1, 1};
@@ -422,10 +484,11 @@ TEST_F(AllocConf, RejectsBadValuesAndLeavesConfUnchanged) {
 
 TEST_F(AllocConf, CudaOnlyKeysAreAcceptedAndIgnored) {
     Env env({{"SYMPOOL_DEBUG", "INFO"}});
-    ASSERT_SP_OK(sp__alloc_conf_parse("backend:native,release_lock_on_cudamalloc:True,"
-                                      "pinned_use_cuda_host_register:False,pinned_num_register_threads:8,"
-                                      "pinned_use_background_threads:True,graph_capture_record_stream_reuse:False",
-                                      &c));
+    ASSERT_SP_OK(sp__alloc_conf_parse(
+        "backend:native,release_lock_on_cudamalloc:True,"
+        "pinned_use_cuda_host_register:False,pinned_num_register_threads:8,"
+        "pinned_use_background_threads:True,graph_capture_record_stream_reuse:False",
+        &c));
     EXPECT_EQ(c.max_split_size, SIZE_MAX);
     EXPECT_EQ(count(SP_LOG_INFO, "has no effect in sympool: ignored"), 6u);
     EXPECT_EQ(count(SP_LOG_INFO, "ALLOC_CONF key pinned_num_register_threads:8 has no effect"), 1u);
@@ -433,9 +496,10 @@ TEST_F(AllocConf, CudaOnlyKeysAreAcceptedAndIgnored) {
 
 TEST_F(AllocConf, SeparateVariableBeatsAllocConf) {
     {
-        Env env({{"SYMPOOL_ALLOC_CONF", "max_split_size_mb:128,roundup_power2_divisions:[64:8,>:2]"},
-                 {"SYMPOOL_MAX_SPLIT_SIZE", nullptr},
-                 {"SYMPOOL_ROUNDUP_POWER2_DIVISIONS", nullptr}});
+        Env env(
+            {{"SYMPOOL_ALLOC_CONF", "max_split_size_mb:128,roundup_power2_divisions:[64:8,>:2]"},
+             {"SYMPOOL_MAX_SPLIT_SIZE", nullptr},
+             {"SYMPOOL_ROUNDUP_POWER2_DIVISIONS", nullptr}});
         sp_alloc_conf_t g;
         sp__alloc_conf_get(&g);
         EXPECT_EQ(g.max_split_size, (size_t)(128 * MiB));
@@ -445,10 +509,11 @@ TEST_F(AllocConf, SeparateVariableBeatsAllocConf) {
         EXPECT_STREQ(g.conf_text, "max_split_size_mb:128,roundup_power2_divisions:[64:8,>:2]");
     }
     {
-        Env env({{"SYMPOOL_ALLOC_CONF", "max_split_size_mb:128,roundup_power2_divisions:[64:8,>:2]"},
-                 {"SYMPOOL_MAX_SPLIT_SIZE", "256MiB"},
-                 {"SYMPOOL_ROUNDUP_POWER2_DIVISIONS", "4"},
-                 {"SYMPOOL_NO_CACHING", "1"}});
+        Env env(
+            {{"SYMPOOL_ALLOC_CONF", "max_split_size_mb:128,roundup_power2_divisions:[64:8,>:2]"},
+             {"SYMPOOL_MAX_SPLIT_SIZE", "256MiB"},
+             {"SYMPOOL_ROUNDUP_POWER2_DIVISIONS", "4"},
+             {"SYMPOOL_NO_CACHING", "1"}});
         sp_alloc_conf_t g;
         sp__alloc_conf_get(&g);
         EXPECT_EQ(g.max_split_size, (size_t)(256 * MiB));
@@ -485,13 +550,15 @@ TEST_F(CoreTest, LogLineFormat) {
     int line = __LINE__ - 1;
     std::string l = last_line();
     EXPECT_EQ(l.rfind(prefix, 0), 0u) << l;
-    EXPECT_NE(l.find(" [r- d-] SYMPOOL WARN test_core.cc:" + std::to_string(line) + " hello 7"), std::string::npos)
+    EXPECT_NE(l.find(" [r- d-] SYMPOOL WARN test_core.cc:" + std::to_string(line) + " hello 7"),
+              std::string::npos)
         << l;
     EXPECT_EQ(l.find('\n'), std::string::npos);
 
     sp__log_set_rank(3);
     SP_WARN(SP_SUB_POOL, "ranked");
-    EXPECT_NE(last_line().find(" [r3 d-] SYMPOOL WARN test_core.cc:"), std::string::npos) << last_line();
+    EXPECT_NE(last_line().find(" [r3 d-] SYMPOOL WARN test_core.cc:"), std::string::npos)
+        << last_line();
     sp__log_set_device(1);
     SP_WARN(SP_SUB_POOL, "ranked");
     EXPECT_NE(last_line().find(" [r3 d1] "), std::string::npos) << last_line();
@@ -499,7 +566,8 @@ TEST_F(CoreTest, LogLineFormat) {
     std::thread([&] { // the device is per thread
         SP_WARN(SP_SUB_POOL, "other thread");
         other = last_line();
-    }).join();
+    })
+        .join();
     EXPECT_NE(other.find(" [r3 d-] "), std::string::npos) << other;
     sp__log_set_device(-1);
     sp__log_set_rank(-1);
