@@ -496,6 +496,9 @@ sp_segment_t *sp__segidx_find(const sp_devalloc_t *d, uintptr_t addr);
 sp_mempool_t *sp__mempool_new(sp_devalloc_t *d, const sp_mempool_params_t *params, bool is_default,
                               bool symmetric);
 void sp__mempool_free_struct(sp_mempool_t *pool);
+/* Threads with a non-empty routing stack (mempool.c): sp_malloc calls sp__mempool_routed
+ * only when it is not 0. */
+extern atomic_int sp__routing_threads;
 /* The calling thread's innermost routed pool on `device`, or NULL. */
 sp_mempool_t *sp__mempool_routed(int device);
 /* Forget the calling thread's routing (sp_shutdown). */

@@ -149,7 +149,7 @@ static inline bool should_split(const sp_bpool_t *bp, const sp_block_t *b, size_
 static inline __attribute__((always_inline)) void hand_out(sp_devalloc_t *d, sp_block_t *b,
                                                            sp_block_t **slot, sp_block_t *pred,
                                                            size_t size, size_t orig,
-                                                           uint32_t context) {
+                                                           uint32_t context, bool hist) {
     sp_bpool_t *bp = b->seg->bpool;
     sp_dev_stats_t *st = &d->stats;
     bool small = bp->is_small;
@@ -213,14 +213,14 @@ static inline __attribute__((always_inline)) void hand_out(sp_devalloc_t *d, sp_
     sp__stat_inc(st, SP_ST_REQUESTED_BYTES, small, (int64_t)orig);
     if (b->size >= sp__g.conf.max_split_size)
         sp__stat_add(&st->oversize_allocations, 1);
-    if (SP_UNLIKELY(sp__history_active))
+    if (SP_UNLIKELY(hist))
         sp__history_record(d->device, SP_TRACE_ALLOC, b->addr, orig, (uintptr_t)b->stream,
                            bp->pool->id, context);
 }
 
 void sp__alloc_found_block(sp_devalloc_t *d, sp_block_t *b, size_t size, size_t orig,
                            uint32_t context) {
-    hand_out(d, b, NULL, NULL, size, orig, context);
+    hand_out(d, b, NULL, NULL, size, orig, context, sp__history_active != 0);
 }
 
 /* ---- segments ---------------------------------------------------------------------------- */
@@ -351,7 +351,7 @@ static inline bool mergeable(const sp_block_t *n) {
 }
 
 static inline __attribute__((always_inline)) void free_block(sp_devalloc_t *d, sp_block_t *b,
-                                                             uint32_t free_ctx) {
+                                                             uint32_t free_ctx, bool hist) {
     sp_segment_t *seg = b->seg;
     sp_bpool_t *bp = seg->bpool;
     sp_dev_stats_t *st = &d->stats;
@@ -413,7 +413,7 @@ static inline __attribute__((always_inline)) void free_block(sp_devalloc_t *d, s
         sp__block_recycle(d, p);
     if (mn)
         sp__block_recycle(d, n);
-    if (SP_UNLIKELY(sp__history_active))
+    if (SP_UNLIKELY(hist))
         sp__history_record(d->device, SP_TRACE_FREE_COMPLETED, orig_addr, req, (uintptr_t)b->stream,
                            bp->pool->id, free_ctx ? free_ctx : b->context);
     if (b->context) {
@@ -426,11 +426,11 @@ static inline __attribute__((always_inline)) void free_block(sp_devalloc_t *d, s
 }
 
 void sp__alloc_free_block(sp_devalloc_t *d, sp_block_t *b, uint32_t free_ctx) {
-    free_block(d, b, free_ctx);
+    free_block(d, b, free_ctx, sp__history_active != 0);
 }
 
 static inline __attribute__((always_inline)) void free_locked(sp_devalloc_t *d, sp_block_t *b,
-                                                              uint32_t context) {
+                                                              uint32_t context, bool hist) {
     sp_bpool_t *bp = b->seg->bpool;
     sp_dev_stats_t *st = &d->stats;
     b->allocated = false;
@@ -439,16 +439,16 @@ static inline __attribute__((always_inline)) void free_locked(sp_devalloc_t *d, 
     sp__stat_dec(st, SP_ST_ALLOCATED_BYTES, bp->is_small, (int64_t)b->size);
     if (b->size >= sp__g.conf.max_split_size)
         sp__stat_add(&st->oversize_allocations, -1);
-    if (SP_UNLIKELY(sp__history_active))
+    if (SP_UNLIKELY(hist))
         sp__history_record(d->device, SP_TRACE_FREE_REQUESTED, b->addr, b->requested,
                            (uintptr_t)b->stream, bp->pool->id, context ? context : b->context);
     if (SP_LIKELY(b->nuses == 0) || sp__alloc_insert_events(d, b) != SP_SUCCESS ||
         b->event_count == 0)
-        free_block(d, b, context);
+        free_block(d, b, context, hist);
 }
 
 void sp__alloc_free_locked(sp_devalloc_t *d, sp_block_t *b, uint32_t context) {
-    free_locked(d, b, context);
+    free_locked(d, b, context, sp__history_active != 0);
 }
 
 /* ---- malloc ------------------------------------------------------------------------------ */
@@ -518,7 +518,9 @@ static sp_status_t report_oom(sp_devalloc_t *d, sp_mempool_t *pool, size_t orig,
 
 static inline __attribute__((always_inline)) sp_status_t
 alloc_malloc(sp_devalloc_t *d, sp_mempool_t *pool, size_t orig, sp_stream_t stream, void **ptr_p) {
-    uint32_t ctx = SP_UNLIKELY(sp__history_active) ? sp__history_capture(false) : 0;
+    /* One read of the history switch per call: its hooks then agree with each other. */
+    bool hist = SP_UNLIKELY(sp__history_active != 0);
+    uint32_t ctx = hist ? sp__history_capture(false) : 0;
     sp__lock(&d->lock);
     if (SP_UNLIKELY(pool->destroyed)) {
         sp__unlock(&d->lock);
@@ -541,7 +543,7 @@ alloc_malloc(sp_devalloc_t *d, sp_mempool_t *pool, size_t orig, sp_stream_t stre
     sp_block_t **slot = NULL, *pred = NULL;
     sp_block_t *b = nocache ? NULL : find_fit(d, bp, size, stream, &slot, &pred);
     if (SP_LIKELY(b)) {
-        hand_out(d, b, slot, pred, size, orig, ctx);
+        hand_out(d, b, slot, pred, size, orig, ctx, hist);
         *ptr_p = (void *)b->addr;
         sp__unlock(&d->lock);
         return SP_SUCCESS;
@@ -611,7 +613,10 @@ SP_EXPORT sp_status_t sp_malloc(size_t size, int device, sp_stream_t stream, voi
                          "sp_malloc: %zu bytes (%s) is more than device %d has in total (%s)", size,
                          a, device, t);
     }
-    sp_mempool_t *pool = sp__mempool_routed(device);
+    sp_mempool_t *pool =
+        SP_UNLIKELY(atomic_load_explicit(&sp__routing_threads, memory_order_relaxed))
+            ? sp__mempool_routed(device)
+            : NULL;
     return alloc_malloc(d, pool ? pool : d->default_pool, size, stream, ptr_p);
 }
 
@@ -653,7 +658,8 @@ SP_EXPORT sp_status_t sp_free(void *ptr) {
                          "sp_free(%p): sympool is not initialized, so this is not its pointer",
                          ptr);
     uintptr_t a = (uintptr_t)ptr;
-    uint32_t ctx = SP_UNLIKELY(sp__history_active) ? sp__history_capture(true) : 0;
+    bool hist = SP_UNLIKELY(sp__history_active != 0);
+    uint32_t ctx = hist ? sp__history_capture(true) : 0;
     for (int i = 0; i < sp__g.ndev; i++) {
         sp_devalloc_t *d = &sp__g.devs[i];
         if (a < atomic_load_explicit(&d->lo, memory_order_relaxed) ||
@@ -662,7 +668,7 @@ SP_EXPORT sp_status_t sp_free(void *ptr) {
         sp__lock(&d->lock);
         sp_block_t *b = sp__ptr_map_remove(&d->map, a);
         if (SP_LIKELY(b)) {
-            free_locked(d, b, ctx);
+            free_locked(d, b, ctx, hist);
             sp__unlock(&d->lock);
             if (ctx)
                 sp__history_context_release(ctx);

@@ -26,7 +26,7 @@ static atomic_uint_fast64_t g_next_id = 1;
 static atomic_uint g_route_gen = 1;
 
 /* Threads with a non-empty routing stack; 0 lets sp_malloc skip the thread-local lookup. */
-static atomic_int g_routing_threads;
+atomic_int sp__routing_threads;
 
 static _Thread_local sp_mempool_t *tl_route[MAX_ROUTE];
 static _Thread_local int tl_depth;
@@ -39,7 +39,7 @@ static int route_depth(void) {
 }
 
 sp_mempool_t *sp__mempool_routed(int device) {
-    if (atomic_load_explicit(&g_routing_threads, memory_order_relaxed) == 0)
+    if (atomic_load_explicit(&sp__routing_threads, memory_order_relaxed) == 0)
         return NULL;
     int n = route_depth();
     for (int i = n - 1; i >= 0; i--)
@@ -50,7 +50,7 @@ sp_mempool_t *sp__mempool_routed(int device) {
 
 void sp__mempool_routing_reset(void) {
     atomic_fetch_add(&g_route_gen, 1);
-    atomic_store(&g_routing_threads, 0);
+    atomic_store(&sp__routing_threads, 0);
     tl_depth = 0;
 }
 
@@ -247,7 +247,7 @@ SP_EXPORT sp_status_t sp_mempool_begin(sp_mempool_t *pool) {
                          pool->id.second);
     tl_gen = atomic_load_explicit(&g_route_gen, memory_order_relaxed);
     if (n == 0)
-        atomic_fetch_add(&g_routing_threads, 1);
+        atomic_fetch_add(&sp__routing_threads, 1);
     tl_route[n] = pool;
     tl_depth = n + 1;
     return SP_SUCCESS;
@@ -263,7 +263,7 @@ SP_EXPORT sp_status_t sp_mempool_end(sp_mempool_t *pool) {
                          pname(pool), n == 0 ? " (no sp_mempool_begin is active)" : "");
     tl_depth = n - 1;
     if (n == 1)
-        atomic_fetch_sub(&g_routing_threads, 1);
+        atomic_fetch_sub(&sp__routing_threads, 1);
     atomic_fetch_sub(&pool->use_count, 1);
     return SP_SUCCESS;
 }
