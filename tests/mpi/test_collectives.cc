@@ -3,9 +3,7 @@
 // rank: every dtype and op, odd counts, in place, data that differs on every rank; fp16/bf16
 // against the float result rounded once (bit-exact where the float sum is exact); and every
 // argument check returning an error on ALL ranks (a rank that hung would time the test out).
-#include "sp_test.hpp"
-
-#include <mpi.h>
+#include "mpi_util.hpp"
 
 #include <cmath>
 #include <cstring>
@@ -14,8 +12,6 @@
 
 extern "C" {
 #include <sympool/collectives.h>
-#include <sympool/symmetric.h>
-#include <sympool/world.h>
 }
 
 namespace {
@@ -51,50 +47,9 @@ bool is_half(sp_dtype_t t) {
     return t == SP_FLOAT16 || t == SP_BFLOAT16;
 }
 
-// ---- an independent 16-bit float codec: arithmetic in double, ties to even by nearbyint ----
-struct Fmt {
-    int ebits, mbits;
-};
+// fp16 or bf16: the reference codec's format (Fmt, dec16, enc16 in mpi_util.hpp)
 Fmt fmt_of(sp_dtype_t t) {
     return t == SP_BFLOAT16 ? Fmt{8, 7} : Fmt{5, 10};
-}
-
-double dec16(uint16_t b, Fmt f) {
-    int bias = (1 << (f.ebits - 1)) - 1;
-    int e = (b >> f.mbits) & ((1 << f.ebits) - 1);
-    int m = b & ((1 << f.mbits) - 1);
-    double s = (b & 0x8000) ? -1.0 : 1.0;
-    if (e == (1 << f.ebits) - 1)
-        return m ? NAN : s * INFINITY;
-    if (e == 0)
-        return s * std::ldexp((double)m, 1 - bias - f.mbits);
-    return s * std::ldexp((double)(m + (1 << f.mbits)), e - bias - f.mbits);
-}
-
-uint16_t enc16(double x, Fmt f) {
-    int bias = (1 << (f.ebits - 1)) - 1, emin = 1 - bias;
-    uint16_t sign = std::signbit(x) ? 0x8000 : 0;
-    uint16_t inf = (uint16_t)(sign | (((1 << f.ebits) - 1) << f.mbits));
-    if (std::isnan(x))
-        return (uint16_t)(inf | (1 << (f.mbits - 1)));
-    double a = std::fabs(x);
-    if (std::isinf(a))
-        return inf;
-    if (a == 0)
-        return sign;
-    int e = std::ilogb(a);
-    if (e < emin)
-        e = emin;
-    double q = std::ldexp(1.0, e - f.mbits);
-    double v = std::nearbyint(a / q) * q; // default rounding mode: to nearest, ties to even
-    double maxv = (2.0 - std::ldexp(1.0, -f.mbits)) * std::ldexp(1.0, bias);
-    if (v > maxv)
-        return inf;
-    if (v < std::ldexp(1.0, emin))
-        return (uint16_t)(sign | (uint16_t)(v / std::ldexp(1.0, emin - f.mbits)));
-    int ve = std::ilogb(v);
-    int mant = (int)(v / std::ldexp(1.0, ve - f.mbits)) - (1 << f.mbits);
-    return (uint16_t)(sign | ((ve + bias) << f.mbits) | mant);
 }
 
 // ---- typed access through doubles (all test values are exact in every type) --------------
@@ -214,23 +169,14 @@ struct Buf {
     char *c() { return static_cast<char *>(p); }
 };
 
-class Collectives : public sp::Test {
+class Collectives : public WorldTest {
   protected:
     void SetUp() override {
-        sp::Test::SetUp();
-        ASSERT_SP_OK(sp_world_from_comm(MPI_COMM_WORLD, &w_));
-        rank_ = sp_world_rank(w_);
-        n_ = sp_world_size(w_);
-        dev_ = sp_world_device(w_);
+        WorldTest::SetUp();
         // These tests fill and read buffers from the host: the host backend's memory. On a GPU
         // the same calls go to NCCL (coll_nccl.c) on device memory.
         if (sp::on_gpu())
             GTEST_SKIP() << "host-memory reference checks; run on the host backend";
-    }
-    void TearDown() override {
-        if (w_)
-            EXPECT_SP_OK(sp_world_finalize(w_));
-        sp::Test::TearDown();
     }
     // True on every rank iff ok on every rank: a failed check ends the test on all ranks
     // together, instead of leaving the others waiting in the next collective.
@@ -239,8 +185,6 @@ class Collectives : public sp::Test {
         MPI_Allreduce(&v, &out, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
         return out == 1;
     }
-    sp_world_t *w_ = nullptr;
-    int rank_ = -1, n_ = 0, dev_ = -1;
 };
 
 // ---- data -------------------------------------------------------------------------------

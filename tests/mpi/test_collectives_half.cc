@@ -3,13 +3,11 @@
 // fp16 and bf16 patterns widens exactly; narrowing rounds to nearest-even at every boundary
 // (ties, subnormals, the overflow threshold, NaN). Runs under mpirun with the other MPI tests,
 // but communicates nothing.
-#include "sp_test.hpp"
+#include "mpi_util.hpp"
 
 #include <cmath>
 #include <cstring>
 #include <random>
-
-#include <mpi.h> // before extern "C": the header pulls in C++ bindings
 
 extern "C" {
 #include "collectives/coll_int.h"
@@ -17,47 +15,7 @@ extern "C" {
 
 namespace {
 
-struct Fmt {
-    int ebits, mbits;
-};
 const Fmt kHalf{5, 10}, kBf16{8, 7};
-
-double dec16(uint16_t b, Fmt f) {
-    int bias = (1 << (f.ebits - 1)) - 1;
-    int e = (b >> f.mbits) & ((1 << f.ebits) - 1);
-    int m = b & ((1 << f.mbits) - 1);
-    double s = (b & 0x8000) ? -1.0 : 1.0;
-    if (e == (1 << f.ebits) - 1)
-        return m ? NAN : s * INFINITY;
-    if (e == 0)
-        return s * std::ldexp((double)m, 1 - bias - f.mbits);
-    return s * std::ldexp((double)(m + (1 << f.mbits)), e - bias - f.mbits);
-}
-
-// Round a finite or infinite double to the format, ties to even; NaN handled by the caller.
-uint16_t enc16(double x, Fmt f) {
-    int bias = (1 << (f.ebits - 1)) - 1, emin = 1 - bias;
-    uint16_t sign = std::signbit(x) ? 0x8000 : 0;
-    uint16_t inf = (uint16_t)(sign | (((1 << f.ebits) - 1) << f.mbits));
-    double a = std::fabs(x);
-    if (std::isinf(a))
-        return inf;
-    if (a == 0)
-        return sign;
-    int e = std::ilogb(a);
-    if (e < emin)
-        e = emin;
-    double q = std::ldexp(1.0, e - f.mbits);
-    double v = std::nearbyint(a / q) * q;
-    double maxv = (2.0 - std::ldexp(1.0, -f.mbits)) * std::ldexp(1.0, bias);
-    if (v > maxv)
-        return inf;
-    if (v < std::ldexp(1.0, emin))
-        return (uint16_t)(sign | (uint16_t)(v / std::ldexp(1.0, emin - f.mbits)));
-    int ve = std::ilogb(v);
-    int mant = (int)(v / std::ldexp(1.0, ve - f.mbits)) - (1 << f.mbits);
-    return (uint16_t)(sign | ((ve + bias) << f.mbits) | mant);
-}
 
 float from_bits(uint32_t u) {
     float f;

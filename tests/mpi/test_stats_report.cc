@@ -2,9 +2,7 @@
 // every rank's sp_memory_stats), and the three report formats parsed back: JSON with a tiny
 // parser, Prometheus line by line (a sample per rank per metric), the table checked for
 // completeness; argument errors on one rank returned on every rank; SYMPOOL_REPORT at finalize.
-#include "sp_test.hpp"
-
-#include <mpi.h>
+#include "mpi_util.hpp"
 
 #include <unistd.h>
 
@@ -20,8 +18,6 @@
 
 extern "C" {
 #include <sympool/collectives.h>
-#include <sympool/symmetric.h>
-#include <sympool/world.h>
 }
 
 namespace {
@@ -153,21 +149,12 @@ std::string slurp(FILE *f) {
     return out;
 }
 
-class StatsReport : public sp::Test {
+class StatsReport : public WorldTest {
   protected:
-    void SetUp() override {
-        sp::Test::SetUp();
-        ASSERT_SP_OK(sp_world_from_comm(MPI_COMM_WORLD, &w_));
-        rank_ = sp_world_rank(w_);
-        n_ = sp_world_size(w_);
-        dev_ = sp_world_device(w_);
-    }
     void TearDown() override {
         for (void *p : blocks_)
             EXPECT_SP_OK(sp_free(p));
-        if (w_)
-            EXPECT_SP_OK(sp_world_finalize(w_));
-        sp::Test::TearDown();
+        WorldTest::TearDown();
     }
     // Rank-dependent usage: rank r holds r+1 blocks of (r+1) MiB and one of 1000 bytes.
     void allocate_skewed() {
@@ -204,8 +191,6 @@ class StatsReport : public sp::Test {
         }
         return text;
     }
-    sp_world_t *w_ = nullptr;
-    int rank_ = -1, n_ = 0, dev_ = -1;
     std::vector<void *> blocks_;
 };
 

@@ -12,63 +12,19 @@
 #include <string>
 #include <vector>
 
-#include "sp_test.hpp"
+#include "mpi_util.hpp"
 
 extern "C" {
 #include "pool/pool_internal.h"
-#include "symmetric/sym_int.h"
-#include <sympool/symmetric.h>
-#include <sympool/world.h>
 }
-
-// Open MPI's libraries are built without frame pointers: LeakSanitizer's fast unwinder then
-// stops inside them and the scripts/lsan.supp suppressions (leak:libmpi, ...) cannot match
-// Open MPI's never-freed allocations. The slow unwinder sees the whole stack.
-#if defined(__SANITIZE_ADDRESS__)
-extern "C" const char *__asan_default_options() {
-    return "fast_unwind_on_malloc=0";
-}
-#endif
 
 namespace {
 
-int mpi_rank() {
-    int r = 0;
-    MPI_Comm_rank(MPI_COMM_WORLD, &r);
-    return r;
-}
-int mpi_size() {
-    int n = 0;
-    MPI_Comm_size(MPI_COMM_WORLD, &n);
-    return n;
-}
-
-sp_sym_counters_t counters() {
-    sp_sym_counters_t c;
-    sp__symmetric_counters(-1, &c);
-    return c;
-}
-
-class Symmetric : public sp::Test {
+class Symmetric : public SymPoolTest {
   protected:
-    void SetUp() override { sp::Test::SetUp(); }
-    void TearDown() override {
-        if (pool_) {
-            EXPECT_SP_OK(sp_symmetric_mempool_destroy(pool_));
-        }
-        if (world_) {
-            EXPECT_SP_OK(sp_world_finalize(world_));
-        }
-        sp::Test::TearDown();
-    }
     // MPI is already initialized by mpi_main.cc: sp_world_init must neither re-init nor finalize.
     void make(bool use_on_oom = false, const char *name = "sym") {
-        ASSERT_SP_OK(sp_world_init(nullptr, nullptr, &world_));
-        sp_mempool_params_t p;
-        sp_mempool_params_init(&p);
-        p.use_on_oom = use_on_oom;
-        p.name = name;
-        ASSERT_SP_OK(sp_symmetric_mempool_create(world_, &p, &pool_));
+        make_pool(/*world_init=*/true, use_on_oom, name);
     }
     // Every rank holds ptr at the same (segment, offset) of a segment of the same size.
     void expect_identical(void *ptr, const std::string &what) {
@@ -84,8 +40,6 @@ class Symmetric : public sp::Test {
             EXPECT_EQ(all[3 * r + 2], all[2]) << what << ": segment size differs on rank " << r;
         }
     }
-    sp_world_t *world_ = nullptr;
-    sp_mempool_t *pool_ = nullptr;
 };
 
 TEST_F(Symmetric, WorldInitKeepsCallersMpi) {
@@ -117,7 +71,7 @@ TEST_F(Symmetric, MixedSizesIdenticalOffsetsWithRankOrderedFrees) {
     const size_t sizes[] = {512,     1000,          4096,    70000,   262144,
                             1 << 20, (1 << 20) + 1, 3 << 20, 7 << 20, 12 << 20};
     std::vector<void *> live;
-    sp_sym_counters_t before = counters();
+    sp_sym_counters_t before = sym_counters();
     int mallocs = 0;
     for (int phase = 0; phase < 12; phase++) {
         int n = 20 + (int)(common() % 10);
@@ -148,7 +102,7 @@ TEST_F(Symmetric, MixedSizesIdenticalOffsetsWithRankOrderedFrees) {
     }
     for (void *p : live)
         ASSERT_SP_OK(sp_free(p));
-    sp_sym_counters_t after = counters();
+    sp_sym_counters_t after = sym_counters();
     EXPECT_EQ(after.mallocs - before.mallocs, mallocs);
     // Identical caches agree in one round: rounds beyond one per call come only from growths.
     EXPECT_LE(after.agreement_rounds - before.agreement_rounds,

@@ -7,81 +7,26 @@
 #include <string>
 #include <vector>
 
-#include "sp_test.hpp"
+#include "mpi_util.hpp"
 
 extern "C" {
 #include "pool/pool_internal.h"
-#include "symmetric/sym_int.h"
-#include <sympool/symmetric.h>
-#include <sympool/world.h>
 }
-
-// Open MPI's libraries are built without frame pointers: LeakSanitizer's fast unwinder then
-// stops inside them and the scripts/lsan.supp suppressions (leak:libmpi, ...) cannot match
-// Open MPI's never-freed allocations. The slow unwinder sees the whole stack.
-#if defined(__SANITIZE_ADDRESS__)
-extern "C" const char *__asan_default_options() {
-    return "fast_unwind_on_malloc=0";
-}
-#endif
 
 namespace {
 
-int mpi_rank() {
-    int r = 0;
-    MPI_Comm_rank(MPI_COMM_WORLD, &r);
-    return r;
-}
-int mpi_size() {
-    int n = 0;
-    MPI_Comm_size(MPI_COMM_WORLD, &n);
-    return n;
-}
-
-sp_sym_counters_t counters() {
-    sp_sym_counters_t c;
-    sp__symmetric_counters(-1, &c);
-    return c;
-}
-
-// min and max of a value over the ranks
-void minmax(long long v, long long *lo, long long *hi) {
-    long long in[2] = {v, -v}, out[2];
-    MPI_Allreduce(in, out, 2, MPI_LONG_LONG, MPI_MIN, MPI_COMM_WORLD);
-    *lo = out[0];
-    *hi = -out[1];
-}
-
-class SymmetricCache : public sp::Test {
+class SymmetricCache : public SymPoolTest {
   protected:
-    void TearDown() override {
-        if (pool_) {
-            EXPECT_SP_OK(sp_symmetric_mempool_destroy(pool_));
-        }
-        if (world_) {
-            EXPECT_SP_OK(sp_world_finalize(world_));
-        }
-        sp::Test::TearDown();
-    }
-    void make(bool use_on_oom = false) {
-        ASSERT_SP_OK(sp_world_from_comm(MPI_COMM_WORLD, &world_));
-        sp_mempool_params_t p;
-        sp_mempool_params_init(&p);
-        p.use_on_oom = use_on_oom;
-        p.name = "cache";
-        ASSERT_SP_OK(sp_symmetric_mempool_create(world_, &p, &pool_));
-    }
+    void make(bool use_on_oom = false) { make_pool(/*world_init=*/false, use_on_oom, "cache"); }
     void expect_identical(void *ptr, const std::string &what) {
         sp_window_info_t wi;
         ASSERT_SP_OK(sp_symmetric_window(ptr, &wi));
         long long lo, hi;
-        minmax((long long)wi.segment_seq, &lo, &hi);
+        rank_minmax((long long)wi.segment_seq, &lo, &hi);
         EXPECT_EQ(lo, hi) << what << ": segment seq differs across ranks";
-        minmax((long long)wi.offset, &lo, &hi);
+        rank_minmax((long long)wi.offset, &lo, &hi);
         EXPECT_EQ(lo, hi) << what << ": offset differs across ranks";
     }
-    sp_world_t *world_ = nullptr;
-    sp_mempool_t *pool_ = nullptr;
 };
 
 TEST_F(SymmetricCache, BlockLentOnOomOnOneRankStillIdenticalOffsets) {
@@ -99,13 +44,13 @@ TEST_F(SymmetricCache, BlockLentOnOomOnOneRankStillIdenticalOffsets) {
         ASSERT_SP_OK(sp__pool_lookup(lent, &bi));
         EXPECT_EQ(bi.pool, pool_) << "the 16 MiB block should come from the symmetric pool";
     }
-    sp_sym_counters_t before = counters();
+    sp_sym_counters_t before = sym_counters();
     void *q = nullptr;
     ASSERT_SP_OK(sp_symmetric_malloc(pool_, 4 << 20, nullptr, &q));
     expect_identical(q, "with a block lent on rank 0");
-    sp_sym_counters_t after = counters();
+    sp_sym_counters_t after = sym_counters();
     long long lo, hi;
-    minmax(after.growths - before.growths, &lo, &hi);
+    rank_minmax(after.growths - before.growths, &lo, &hi);
     EXPECT_EQ(lo, hi) << "every rank grows together or none does";
     if (mpi_rank() == 0) {
         ASSERT_SP_OK(sp_free(lent));
@@ -113,10 +58,10 @@ TEST_F(SymmetricCache, BlockLentOnOomOnOneRankStillIdenticalOffsets) {
     }
     ASSERT_SP_OK(sp_free(q));
     // Caches equal again: the next call is a one-round hit at the same place everywhere.
-    before = counters();
+    before = sym_counters();
     ASSERT_SP_OK(sp_symmetric_malloc(pool_, 4 << 20, nullptr, &q));
     expect_identical(q, "after the loan came back");
-    after = counters();
+    after = sym_counters();
     EXPECT_EQ(after.agreement_rounds - before.agreement_rounds, 1);
     ASSERT_SP_OK(sp_free(q));
 }
@@ -131,10 +76,10 @@ TEST_F(SymmetricCache, FreeHeldByPendingEventOnOneRank) {
         ASSERT_SP_OK(sp_record_stream(p, s)); // its free waits for stream s on rank 0 only
     }
     ASSERT_SP_OK(sp_free(p));
-    sp_sym_counters_t before = counters();
+    sp_sym_counters_t before = sym_counters();
     void *q = nullptr;
     ASSERT_SP_OK(sp_symmetric_malloc(pool_, 1 << 20, nullptr, &q));
-    sp_sym_counters_t after = counters();
+    sp_sym_counters_t after = sym_counters();
     expect_identical(q, "with a pending free on rank 0");
     EXPECT_EQ(after.growths, before.growths)
         << "completing the pending free must make the caches agree without a growth";
@@ -149,7 +94,7 @@ TEST_F(SymmetricCache, EmptyCacheReleasesWhatIsFreeEverywhere) {
     for (auto &p : v)
         ASSERT_SP_OK(sp_symmetric_malloc(pool_, 12 << 20, nullptr, &p)); // 3 segments
     ASSERT_EQ(sp__pool_segment_count(pool_), 3u);
-    sp_sym_counters_t before = counters();
+    sp_sym_counters_t before = sym_counters();
     size_t reserved = sp_memory_reserved(sp_world_device(world_));
     // Rank 1 keeps block 1; everybody frees the rest.
     for (size_t i = 0; i < v.size(); i++)
@@ -158,7 +103,7 @@ TEST_F(SymmetricCache, EmptyCacheReleasesWhatIsFreeEverywhere) {
     ASSERT_SP_OK(sp_symmetric_empty_cache(pool_));
     EXPECT_EQ(sp__pool_segment_count(pool_), 1u)
         << "segment 1 is busy on rank 1, so it stays everywhere";
-    sp_sym_counters_t after = counters();
+    sp_sym_counters_t after = sym_counters();
     EXPECT_EQ(after.deregistrations - before.deregistrations, 2);
     EXPECT_LT(sp_memory_reserved(sp_world_device(world_)), reserved);
     if (mpi_rank() == 1)
@@ -166,7 +111,7 @@ TEST_F(SymmetricCache, EmptyCacheReleasesWhatIsFreeEverywhere) {
     ASSERT_SP_OK(sp_symmetric_empty_cache(pool_));
     EXPECT_EQ(sp__pool_segment_count(pool_), 0u);
     EXPECT_EQ(sp_mempool_total_bytes(pool_), 0u);
-    after = counters();
+    after = sym_counters();
     EXPECT_EQ(after.registrations - after.deregistrations, 0) << "no registration left";
     // The pool grows again after an empty cache, symmetrically.
     void *p = nullptr;
@@ -186,10 +131,10 @@ TEST_F(SymmetricCache, SteadyLoopMakesNoRegistrations) {
             ASSERT_SP_OK(sp_free(ptrs[i]));
     };
     step(); // warm-up grows the segments
-    sp_sym_counters_t before = counters();
+    sp_sym_counters_t before = sym_counters();
     for (int it = 0; it < 200; it++)
         step();
-    sp_sym_counters_t after = counters();
+    sp_sym_counters_t after = sym_counters();
     EXPECT_EQ(after.registrations - before.registrations, 0);
     EXPECT_EQ(after.growths - before.growths, 0);
     EXPECT_EQ(after.mallocs - before.mallocs, 1000);
@@ -204,11 +149,11 @@ TEST_F(SymmetricCache, OneRankCannotGrowSoNoneDoes) {
     if (mpi_rank() == mpi_size() - 1) {
         ASSERT_SP_OK(sp_mempool_set_limit(pool_, 4 << 20)); // too small for a 20 MiB segment
     }
-    sp_sym_counters_t before = counters();
+    sp_sym_counters_t before = sym_counters();
     void *q = nullptr;
     EXPECT_SP_STATUS(sp_symmetric_malloc(pool_, 8 << 20, nullptr, &q), SP_ERR_OUT_OF_MEMORY);
     EXPECT_EQ(q, nullptr);
-    sp_sym_counters_t after = counters();
+    sp_sym_counters_t after = sym_counters();
     EXPECT_EQ(after.registrations, before.registrations) << "no rank may be left half-grown";
     EXPECT_EQ(sp__pool_segment_count(pool_), 1u);
     ASSERT_SP_OK(sp_mempool_set_limit(pool_, 0));
@@ -230,9 +175,9 @@ TEST_F(SymmetricCache, DestroyIsCollectiveAndRefusesLiveBlocks) {
     if (mpi_rank() == 0) {
         ASSERT_SP_OK(sp_free(p));
     }
-    sp_sym_counters_t before = counters();
+    sp_sym_counters_t before = sym_counters();
     ASSERT_SP_OK(sp_symmetric_mempool_destroy(pool_));
-    sp_sym_counters_t after = counters();
+    sp_sym_counters_t after = sym_counters();
     EXPECT_EQ(after.deregistrations - before.deregistrations, 1);
     EXPECT_EQ(after.pools, before.pools - 1);
     EXPECT_SP_STATUS(sp_symmetric_malloc(pool_, 4096, nullptr, &p), SP_ERR_INVALID_USAGE);
@@ -301,10 +246,10 @@ TEST_F(SymmetricCache, PoolLeftAliveIsReleasedAtWorldFinalize) {
     void *p = nullptr;
     ASSERT_SP_OK(sp_symmetric_malloc(pool_, 4096, nullptr, &p));
     ASSERT_SP_OK(sp_free(p));
-    sp_sym_counters_t before = counters();
+    sp_sym_counters_t before = sym_counters();
     ASSERT_SP_OK(sp_world_finalize(world_));
     world_ = nullptr;
-    sp_sym_counters_t after = counters();
+    sp_sym_counters_t after = sym_counters();
     EXPECT_EQ(after.deregistrations - before.deregistrations, 1);
     EXPECT_EQ(after.pools, before.pools - 1);
     EXPECT_SP_STATUS(sp_symmetric_malloc(pool_, 4096, nullptr, &p), SP_ERR_INVALID_USAGE);

@@ -9,7 +9,7 @@
 
 #include <vector>
 
-#include "sp_test.hpp"
+#include "mpi_util.hpp"
 
 #if __has_include(<cuda_runtime.h>) && __has_include(<nccl.h>)
 #include <cuda_runtime.h>
@@ -19,16 +19,7 @@
 
 extern "C" {
 #include "launch/launch.h"
-#include "symmetric/sym_int.h"
-#include <sympool/symmetric.h>
-#include <sympool/world.h>
 }
-
-#if defined(__SANITIZE_ADDRESS__)
-extern "C" const char *__asan_default_options() {
-    return "fast_unwind_on_malloc=0";
-}
-#endif
 
 namespace {
 

@@ -9,29 +9,9 @@
 #include <memory>
 #include <string>
 
-#include "sp_test.hpp"
-
-extern "C" {
-#include <sympool/symmetric.h>
-#include <sympool/world.h>
-}
-
-// Open MPI's libraries are built without frame pointers: LeakSanitizer's fast unwinder then
-// stops inside them and the scripts/lsan.supp suppressions (leak:libmpi, ...) cannot match
-// Open MPI's never-freed allocations. The slow unwinder sees the whole stack.
-#if defined(__SANITIZE_ADDRESS__)
-extern "C" const char *__asan_default_options() {
-    return "fast_unwind_on_malloc=0";
-}
-#endif
+#include "mpi_util.hpp"
 
 namespace {
-
-int mpi_rank() {
-    int r = 0;
-    MPI_Comm_rank(MPI_COMM_WORLD, &r);
-    return r;
-}
 
 class SymmetricTimeout : public sp::Test {};
 

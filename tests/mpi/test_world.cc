@@ -7,34 +7,13 @@
 #include <cstring>
 #include <vector>
 
-#include "sp_test.hpp"
+#include "mpi_util.hpp"
 
 extern "C" {
 #include "launch/launch.h"
-#include <sympool/world.h>
 }
-
-// Open MPI's libraries are built without frame pointers: LeakSanitizer's fast unwinder then
-// stops inside them and the scripts/lsan.supp suppressions (leak:libmpi, ...) cannot match
-// Open MPI's never-freed allocations. The slow unwinder sees the whole stack.
-#if defined(__SANITIZE_ADDRESS__)
-extern "C" const char *__asan_default_options() {
-    return "fast_unwind_on_malloc=0";
-}
-#endif
 
 namespace {
-
-int mpi_rank() {
-    int r = 0;
-    MPI_Comm_rank(MPI_COMM_WORLD, &r);
-    return r;
-}
-int mpi_size() {
-    int n = 0;
-    MPI_Comm_size(MPI_COMM_WORLD, &n);
-    return n;
-}
 
 class World : public sp::Test {};
 
