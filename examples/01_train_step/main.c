@@ -18,7 +18,6 @@
  *    snapshot per rank (DIR/rank<r>.pickle, PyTorch's memory viewer opens them).
  * Exit status 0 when every step verified, 1 otherwise.
  */
-#include <dlfcn.h>
 #include <errno.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -33,6 +32,8 @@
 #include <sympool/sympool.h>
 #include <sympool/world.h>
 
+#include "../common/example_util.h"
+
 #define D_MODEL 2560
 #define N_LAYERS 32
 #define VOCAB 50257
@@ -42,54 +43,10 @@
 #define BUCKET_CAP ((size_t)4 << 20) /* bytes per gradient bucket */
 #define MAX_BUCKETS 256
 
-static int g_rank;
-
-#define CHECK(call)                                                                                \
-    do {                                                                                           \
-        sp_status_t s_ = (call);                                                                   \
-        if (s_ != SP_SUCCESS) {                                                                    \
-            fprintf(stderr, "rank %d: %s failed: %s: %s\n", g_rank, #call, sp_status_name(s_),     \
-                    sp_last_error());                                                              \
-            MPI_Abort(MPI_COMM_WORLD, 1);                                                          \
-        }                                                                                          \
-    } while (0)
-
 typedef struct bucket {
     void *ptr;    /* symmetric allocation */
     size_t count; /* elements */
 } bucket_t;
-
-/* ---- reaching sympool memory from the host ---------------------------------------------
- * On the host backend sympool memory is host memory. On cuda it is device memory: the example
- * copies with cudaMemcpy, looked up at run time from the CUDA runtime (so it builds without CUDA
- * headers). Host writes then go to a staging buffer first. */
-typedef int (*cuda_memcpy_t)(void *dst, const void *src, size_t bytes, int kind);
-static cuda_memcpy_t g_cuda_memcpy; /* NULL on the host backend */
-
-static int copy_init(void) {
-    if (strcmp(sp_backend_name(), "cuda") != 0)
-        return 0;
-    const char *libs[] = {"libcudart.so", "libcudart.so.13", "libcudart.so.12"};
-    for (size_t i = 0; i < sizeof libs / sizeof libs[0] && !g_cuda_memcpy; i++) {
-        void *h = dlopen(libs[i], RTLD_NOW | RTLD_GLOBAL);
-        if (h)
-            *(void **)&g_cuda_memcpy = dlsym(h, "cudaMemcpy");
-    }
-    return g_cuda_memcpy ? 0 : -1;
-}
-
-/* dst/src: either may be sympool memory. cudaMemcpyDefault (4) infers the direction; on the
- * legacy default stream it also waits for the collectives enqueued there. */
-static void copy(void *dst, const void *src, size_t bytes) {
-    if (!g_cuda_memcpy) {
-        memcpy(dst, src, bytes);
-        return;
-    }
-    if (g_cuda_memcpy(dst, src, bytes, 4) != 0) {
-        fprintf(stderr, "rank %d: cudaMemcpy failed\n", g_rank);
-        MPI_Abort(MPI_COMM_WORLD, 1);
-    }
-}
 
 static const char *mib(double bytes, char *buf, size_t len) {
     snprintf(buf, len, "%.1f MiB", bytes / (1024.0 * 1024.0));
@@ -139,13 +96,9 @@ int main(int argc, char **argv) {
         return 2;
     }
 
-    sp_world_t *w = NULL;
-    sp_status_t st = sp_world_init(&argc, &argv, &w);
-    if (st != SP_SUCCESS) {
-        fprintf(stderr, "sp_world_init: %s: %s\n", sp_status_name(st), sp_last_error());
+    sp_world_t *w = example_world_init(&argc, &argv);
+    if (!w)
         return 1;
-    }
-    g_rank = sp_world_rank(w);
     int n = sp_world_size(w), dev = sp_world_device(w);
     if (copy_init() != 0) {
         fprintf(stderr, "rank %d: cuda backend but no libcudart to copy with\n", g_rank);

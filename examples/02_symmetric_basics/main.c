@@ -15,7 +15,6 @@
  *     (one WARN line per rank says so) and the pool stays usable.
  *  5. Collective teardown: free, sp_symmetric_empty_cache, sp_symmetric_mempool_destroy.
  */
-#include <dlfcn.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <string.h>
@@ -27,39 +26,7 @@
 #include <sympool/sympool.h>
 #include <sympool/world.h>
 
-static int g_rank;
-
-#define CHECK(call)                                                                                \
-    do {                                                                                           \
-        sp_status_t s_ = (call);                                                                   \
-        if (s_ != SP_SUCCESS) {                                                                    \
-            fprintf(stderr, "rank %d: %s failed: %s: %s\n", g_rank, #call, sp_status_name(s_),     \
-                    sp_last_error());                                                              \
-            MPI_Abort(MPI_COMM_WORLD, 1);                                                          \
-        }                                                                                          \
-    } while (0)
-
-/* On cuda, sympool memory is device memory: copy with cudaMemcpy, looked up at run time (no
- * CUDA headers needed). On the host backend it is host memory. */
-typedef int (*cuda_memcpy_t)(void *dst, const void *src, size_t bytes, int kind);
-static cuda_memcpy_t g_cuda_memcpy;
-
-static void copy(void *dst, const void *src, size_t bytes) {
-    if (strcmp(sp_backend_name(), "cuda") != 0) {
-        memcpy(dst, src, bytes);
-        return;
-    }
-    const char *libs[] = {"libcudart.so", "libcudart.so.13", "libcudart.so.12"};
-    for (size_t i = 0; i < sizeof libs / sizeof libs[0] && !g_cuda_memcpy; i++) {
-        void *h = dlopen(libs[i], RTLD_NOW | RTLD_GLOBAL);
-        if (h)
-            *(void **)&g_cuda_memcpy = dlsym(h, "cudaMemcpy");
-    }
-    if (!g_cuda_memcpy || g_cuda_memcpy(dst, src, bytes, 4 /* cudaMemcpyDefault */) != 0) {
-        fprintf(stderr, "rank %d: cannot copy to/from device memory\n", g_rank);
-        MPI_Abort(MPI_COMM_WORLD, 1);
-    }
-}
+#include "../common/example_util.h"
 
 /* Print one line per rank, in rank order (rank 0 gathers the lines). */
 static void print_ordered(const char *line, int rank, int n) {
@@ -76,13 +43,13 @@ static void print_ordered(const char *line, int rank, int n) {
 }
 
 int main(int argc, char **argv) {
-    sp_world_t *w = NULL;
-    sp_status_t st = sp_world_init(&argc, &argv, &w);
-    if (st != SP_SUCCESS) {
-        fprintf(stderr, "sp_world_init: %s: %s\n", sp_status_name(st), sp_last_error());
+    sp_world_t *w = example_world_init(&argc, &argv);
+    if (!w)
         return 1;
+    if (copy_init() != 0) {
+        fprintf(stderr, "rank %d: cuda backend but no libcudart to copy with\n", g_rank);
+        MPI_Abort(MPI_COMM_WORLD, 1);
     }
-    g_rank = sp_world_rank(w);
     int rank = g_rank, n = sp_world_size(w);
     if (rank == 0)
         printf("02_symmetric_basics: %d ranks, backend %s\n", n, sp_backend_name());
@@ -116,7 +83,7 @@ int main(int argc, char **argv) {
     MPI_Barrier(MPI_COMM_WORLD);
     int right = (rank + 1) % n;
     void *peer = NULL;
-    st = sp_symmetric_peer_ptr(buf[2], right, &peer);
+    sp_status_t st = sp_symmetric_peer_ptr(buf[2], right, &peer);
     if (rank == 0)
         printf("2. peer access through sp_symmetric_peer_ptr\n");
     if (st == SP_SUCCESS) {

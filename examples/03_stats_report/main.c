@@ -20,17 +20,7 @@
 #include <sympool/sympool.h>
 #include <sympool/world.h>
 
-static int g_rank;
-
-#define CHECK(call)                                                                                \
-    do {                                                                                           \
-        sp_status_t s_ = (call);                                                                   \
-        if (s_ != SP_SUCCESS) {                                                                    \
-            fprintf(stderr, "rank %d: %s failed: %s: %s\n", g_rank, #call, sp_status_name(s_),     \
-                    sp_last_error());                                                              \
-            MPI_Abort(MPI_COMM_WORLD, 1);                                                          \
-        }                                                                                          \
-    } while (0)
+#include "../common/example_util.h"
 
 int main(int argc, char **argv) {
     const char *which = argc > 1 ? argv[1] : "all";
@@ -39,13 +29,9 @@ int main(int argc, char **argv) {
         fprintf(stderr, "usage: %s [table|json|prometheus|all]\n", argv[0]);
         return 2;
     }
-    sp_world_t *w = NULL;
-    sp_status_t st = sp_world_init(&argc, &argv, &w);
-    if (st != SP_SUCCESS) {
-        fprintf(stderr, "sp_world_init: %s: %s\n", sp_status_name(st), sp_last_error());
+    sp_world_t *w = example_world_init(&argc, &argv);
+    if (!w)
         return 1;
-    }
-    g_rank = sp_world_rank(w);
     int dev = sp_world_device(w);
 
     /* Skewed usage: rank r holds r+1 blocks of (r+1)*8 MiB; 16 small blocks come and go. */

@@ -3,7 +3,8 @@
 // min and max of a value over the ranks, fixtures that own a world (and a symmetric pool) for one
 // test and release them in TearDown, and an independent fp16/bf16 reference codec. Header-only:
 // every function is inline, so any test file may include it. No state, no locks.
-#pragma once
+#ifndef SP_MPI_UTIL_HPP
+#define SP_MPI_UTIL_HPP
 
 #include <mpi.h> // before extern "C": the header pulls in C++ bindings
 
@@ -143,3 +144,5 @@ inline uint16_t enc16(double x, Fmt f) {
     int mant = (int)(v / std::ldexp(1.0, ve - f.mbits)) - (1 << f.mbits);
     return (uint16_t)(sign | ((ve + bias) << f.mbits) | mant);
 }
+
+#endif // SP_MPI_UTIL_HPP
