@@ -23,6 +23,7 @@ import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import _sympool_common as common  # noqa: E402
 import sympool_ctypes as spc  # noqa: E402
 
 MiB = 1 << 20
@@ -30,26 +31,9 @@ MiB = 1 << 20
 
 def main():
     try:
-        import torch
-    except ImportError:
-        print("mempool: torch is not installed; nothing to do (skipped)")
-        return 0
-    if not torch.cuda.is_available():
-        print("mempool: no CUDA GPU is visible to torch; nothing to do (skipped)")
-        return 0
-    if not hasattr(torch.cuda, "MemPool"):
-        print(f"mempool: torch {torch.__version__} has no torch.cuda.MemPool (needs 2.5+); skipped")
-        return 0
-    path = spc.find_library(sys.argv[1] if len(sys.argv) > 1 else None)
-    if not path:
-        print("mempool: libsympool.so not found; pass its path or set SYMPOOL_LIB")
-        return 1
-    path = os.path.abspath(path)
-    os.environ["SYMPOOL_DEVICE"] = "cuda"
-    lib = spc.load(path)
-    if lib.sp_backend_name().decode() != "cuda":
-        print(f"mempool: sympool did not start its cuda backend: {lib.sp_last_error().decode()}")
-        return 1
+        torch, path, lib = common.start("mempool", torch_needs=[("MemPool", "needs 2.5+")])
+    except common.Stop as stop:
+        return stop.code
 
     dev = torch.cuda.current_device()
     allocator = torch.cuda.memory.CUDAPluggableAllocator(path, "sp_torch_malloc", "sp_torch_free")

@@ -20,6 +20,7 @@ import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import _sympool_common as common  # noqa: E402
 import sympool_ctypes as spc  # noqa: E402
 
 MiB = 1 << 20
@@ -27,25 +28,9 @@ MiB = 1 << 20
 
 def main():
     try:
-        import torch
-    except ImportError:
-        print("pluggable_allocator: torch is not installed; nothing to do (skipped)")
-        return 0
-    if not torch.cuda.is_available():
-        print("pluggable_allocator: no CUDA GPU is visible to torch; nothing to do (skipped)")
-        return 0
-    path = spc.find_library(sys.argv[1] if len(sys.argv) > 1 else None)
-    if not path:
-        print("pluggable_allocator: libsympool.so not found; pass its path or set SYMPOOL_LIB")
-        return 1
-    path = os.path.abspath(path)
-
-    # sympool must drive the GPU here: its host backend would hand PyTorch host pointers.
-    os.environ["SYMPOOL_DEVICE"] = "cuda"
-    lib = spc.load(path)
-    if lib.sp_backend_name().decode() != "cuda":
-        print(f"pluggable_allocator: sympool did not start its cuda backend: {lib.sp_last_error().decode()}")
-        return 1
+        torch, path, lib = common.start("pluggable_allocator")
+    except common.Stop as stop:
+        return stop.code
 
     # Must come before the first CUDA allocation of the process.
     allocator = torch.cuda.memory.CUDAPluggableAllocator(path, "sp_torch_malloc", "sp_torch_free")

@@ -1,0 +1,51 @@
+"""_sympool_common.py: the start the torch examples share (mempool.py, pluggable_allocator.py).
+
+start() checks for torch and a CUDA GPU, finds libsympool.so (the script's first argument, else
+$SYMPOOL_LIB, else a build folder of this checkout, else the system's library path) and loads it
+with its cuda backend: sympool must drive the GPU there, as its host backend would hand PyTorch
+host pointers. Whatever is missing is printed with the script's name and ends the script through
+Stop: exit 0 when torch, a GPU or a torch feature is missing (nothing to show), 1 otherwise.
+"""
+
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import sympool_ctypes as spc  # noqa: E402
+
+
+class Stop(Exception):
+    """The script cannot go on; main() returns .code (0: skipped, 1: failed)."""
+
+    def __init__(self, code):
+        super().__init__(code)
+        self.code = code
+
+
+def start(name, torch_needs=()):
+    """(torch, path, lib): torch with a visible GPU, the absolute library path, the library loaded
+    by sympool_ctypes on its cuda backend. torch_needs: (attribute of torch.cuda, why) pairs the
+    script needs; a torch without one of them skips. Prints why and raises Stop otherwise."""
+    try:
+        import torch
+    except ImportError:
+        print(f"{name}: torch is not installed; nothing to do (skipped)")
+        raise Stop(0)
+    if not torch.cuda.is_available():
+        print(f"{name}: no CUDA GPU is visible to torch; nothing to do (skipped)")
+        raise Stop(0)
+    for attr, why in torch_needs:
+        if not hasattr(torch.cuda, attr):
+            print(f"{name}: torch {torch.__version__} has no torch.cuda.{attr} ({why}); skipped")
+            raise Stop(0)
+    path = spc.find_library(sys.argv[1] if len(sys.argv) > 1 else None)
+    if not path:
+        print(f"{name}: libsympool.so not found; pass its path or set SYMPOOL_LIB")
+        raise Stop(1)
+    path = os.path.abspath(path)
+    os.environ["SYMPOOL_DEVICE"] = "cuda"
+    lib = spc.load(path)
+    if lib.sp_backend_name().decode() != "cuda":
+        print(f"{name}: sympool did not start its cuda backend: {lib.sp_last_error().decode()}")
+        raise Stop(1)
+    return torch, path, lib
