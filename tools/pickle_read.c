@@ -212,6 +212,15 @@ static uint64_t le_uint(const unsigned char *b, size_t n) {
     return v;
 }
 
+/* The n-byte little-endian unsigned argument of opname, consumed. */
+static bool take_uint(parser_t *ps, size_t n, const char *opname, uint64_t *out) {
+    if (!need(ps, n, opname))
+        return false;
+    *out = le_uint(ps->p + ps->pos, n);
+    ps->pos += n;
+    return true;
+}
+
 /* Two's complement little-endian of n bytes -> int64 (false if it does not fit). */
 static bool le_int(const unsigned char *b, size_t n, int64_t *out) {
     if (n == 0) {
@@ -375,8 +384,17 @@ static bool extend(parser_t *ps, size_t first, pk_type_t type, const char *opnam
     return true;
 }
 
+static bool push_int(parser_t *ps, int64_t iv) {
+    pk_value_t *v = new_value(ps, PK_INT);
+    if (v == NULL)
+        return false;
+    v->u.i = iv;
+    return push(ps, v);
+}
+
 static bool run(parser_t *ps) {
     int64_t iv;
+    uint64_t arg; /* an opcode's unsigned argument, from take_uint */
     while (ps->pos < ps->len) {
         ps->op = ps->pos;
         unsigned op = ps->p[ps->pos++];
@@ -443,15 +461,10 @@ static bool run(parser_t *ps) {
         case 'K':   /* BININT1 */
         case 'M': { /* BININT2 */
             size_t n = op == 'J' ? 4 : op == 'K' ? 1 : 2;
-            if (!need(ps, n, op == 'J' ? "BININT" : op == 'K' ? "BININT1" : "BININT2"))
+            if (!take_uint(ps, n, op == 'J' ? "BININT" : op == 'K' ? "BININT1" : "BININT2", &arg))
                 return false;
-            iv = op == 'J' ? (int64_t)(int32_t)(uint32_t)le_uint(a, 4) : (int64_t)le_uint(a, n);
-            ps->pos += n;
-            pk_value_t *v = new_value(ps, PK_INT);
-            if (v == NULL)
-                return false;
-            v->u.i = iv;
-            if (!push(ps, v))
+            iv = op == 'J' ? (int64_t)(int32_t)(uint32_t)arg : (int64_t)arg;
+            if (!push_int(ps, iv))
                 return false;
             break;
         }
@@ -459,22 +472,17 @@ static bool run(parser_t *ps) {
         case 0x8b: { /* LONG4 */
             const char *name = op == 0x8a ? "LONG1" : "LONG4";
             size_t hdr = op == 0x8a ? 1 : 4;
-            if (!need(ps, hdr, name))
+            uint64_t n64;
+            if (!take_uint(ps, hdr, name, &n64))
                 return false;
-            uint64_t n64 = le_uint(a, hdr);
             if (op == 0x8b && (n64 & 0x80000000u))
                 return fail(ps, "LONG4 with a negative length");
-            ps->pos += hdr;
             if (!need(ps, (size_t)n64, name))
                 return false;
             if (!le_int(ps->p + ps->pos, (size_t)n64, &iv))
                 return fail(ps, "%s integer wider than 64 bits", name);
             ps->pos += (size_t)n64;
-            pk_value_t *v = new_value(ps, PK_INT);
-            if (v == NULL)
-                return false;
-            v->u.i = iv;
-            if (!push(ps, v))
+            if (!push_int(ps, iv))
                 return false;
             break;
         }
@@ -496,39 +504,31 @@ static bool run(parser_t *ps) {
         case 0x8c: /* SHORT_BINUNICODE */
         case 'C':  /* SHORT_BINBYTES */
         case 'U':  /* SHORT_BINSTRING */
-            if (!need(ps, 1, "string length"))
-                return false;
-            ps->pos++;
-            if (!push_str(ps, op == 0x8c ? PK_STR : PK_BYTES, a[0], "string"))
+            if (!take_uint(ps, 1, "string length", &arg) ||
+                !push_str(ps, op == 0x8c ? PK_STR : PK_BYTES, (size_t)arg, "string"))
                 return false;
             break;
-        case 'X':   /* BINUNICODE */
-        case 'B':   /* BINBYTES */
-        case 'T': { /* BINSTRING (signed length) */
-            if (!need(ps, 4, "string length"))
+        case 'X': /* BINUNICODE */
+        case 'B': /* BINBYTES */
+        case 'T': /* BINSTRING (signed length) */
+            if (!take_uint(ps, 4, "string length", &arg))
                 return false;
-            uint64_t n = le_uint(a, 4);
-            if (op == 'T' && (n & 0x80000000u))
+            if (op == 'T' && (arg & 0x80000000u))
                 return fail(ps, "BINSTRING with a negative length");
-            ps->pos += 4;
-            if (!push_str(ps, op == 'X' ? PK_STR : PK_BYTES, (size_t)n, "string"))
+            if (!push_str(ps, op == 'X' ? PK_STR : PK_BYTES, (size_t)arg, "string"))
                 return false;
             break;
-        }
-        case 0x8d:   /* BINUNICODE8 */
-        case 0x8e:   /* BINBYTES8 */
-        case 0x96: { /* BYTEARRAY8 */
-            if (!need(ps, 8, "string length"))
+        case 0x8d: /* BINUNICODE8 */
+        case 0x8e: /* BINBYTES8 */
+        case 0x96: /* BYTEARRAY8 */
+            if (!take_uint(ps, 8, "string length", &arg))
                 return false;
-            uint64_t n = le_uint(a, 8);
-            ps->pos += 8;
-            if (n > ps->len - ps->pos)
+            if (arg > ps->len - ps->pos)
                 return fail(ps, "truncated string (needs %llu bytes, %zu left)",
-                            (unsigned long long)n, ps->len - ps->pos);
-            if (!push_str(ps, op == 0x8d ? PK_STR : PK_BYTES, (size_t)n, "string"))
+                            (unsigned long long)arg, ps->len - ps->pos);
+            if (!push_str(ps, op == 0x8d ? PK_STR : PK_BYTES, (size_t)arg, "string"))
                 return false;
             break;
-        }
         case '}': /* EMPTY_DICT */
             if (!push(ps, new_value(ps, PK_DICT)))
                 return false;
@@ -578,17 +578,11 @@ static bool run(parser_t *ps) {
                 return false;
             break;
         case 'q': /* BINPUT */
-            if (!need(ps, 1, "BINPUT"))
-                return false;
-            ps->pos++;
-            if (!memo_put(ps, a[0]))
+            if (!take_uint(ps, 1, "BINPUT", &arg) || !memo_put(ps, (size_t)arg))
                 return false;
             break;
         case 'r': /* LONG_BINPUT */
-            if (!need(ps, 4, "LONG_BINPUT"))
-                return false;
-            ps->pos += 4;
-            if (!memo_put(ps, (size_t)le_uint(a, 4)))
+            if (!take_uint(ps, 4, "LONG_BINPUT", &arg) || !memo_put(ps, (size_t)arg))
                 return false;
             break;
         case 0x94: /* MEMOIZE */
@@ -596,17 +590,11 @@ static bool run(parser_t *ps) {
                 return false;
             break;
         case 'h': /* BINGET */
-            if (!need(ps, 1, "BINGET"))
-                return false;
-            ps->pos++;
-            if (!memo_get(ps, a[0]))
+            if (!take_uint(ps, 1, "BINGET", &arg) || !memo_get(ps, (size_t)arg))
                 return false;
             break;
         case 'j': /* LONG_BINGET */
-            if (!need(ps, 4, "LONG_BINGET"))
-                return false;
-            ps->pos += 4;
-            if (!memo_get(ps, (size_t)le_uint(a, 4)))
+            if (!take_uint(ps, 4, "LONG_BINGET", &arg) || !memo_get(ps, (size_t)arg))
                 return false;
             break;
         default: {
