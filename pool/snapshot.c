@@ -133,6 +133,28 @@ typedef struct frame_memo {
 /* The memo of the snapshot this thread is writing (set around emit_snapshot in dump()). */
 static _Thread_local frame_memo_t *g_memo;
 
+/* One "key: value" entry of the dict being written; the type says which sp__emit_ writes it. */
+static void kv_int(sp__emit_t *e, const char *key, int64_t v) {
+    sp__emit_key(e, key);
+    sp__emit_int(e, v);
+}
+static void kv_uint(sp__emit_t *e, const char *key, uint64_t v) {
+    sp__emit_key(e, key);
+    sp__emit_uint(e, v);
+}
+static void kv_double(sp__emit_t *e, const char *key, double v) {
+    sp__emit_key(e, key);
+    sp__emit_double(e, v);
+}
+static void kv_str(sp__emit_t *e, const char *key, const char *v) {
+    sp__emit_key(e, key);
+    sp__emit_str(e, v);
+}
+static void kv_bool(sp__emit_t *e, const char *key, bool v) {
+    sp__emit_key(e, key);
+    sp__emit_bool(e, v);
+}
+
 static void emit_frames(sp__emit_t *e, uint32_t context) {
     frame_memo_t *m = g_memo;
     if (m != NULL && context < m->n && m->index[context] != UINT32_MAX) {
@@ -155,12 +177,9 @@ static void emit_frames(sp__emit_t *e, uint32_t context) {
     sp__emit_list_begin(e);
     for (size_t i = 0; i < n; i++) {
         sp__emit_dict_begin(e);
-        sp__emit_key(e, "filename");
-        sp__emit_str(e, f[i].filename);
-        sp__emit_key(e, "line");
-        sp__emit_int(e, f[i].line);
-        sp__emit_key(e, "name");
-        sp__emit_str(e, f[i].name);
+        kv_str(e, "filename", f[i].filename);
+        kv_int(e, "line", f[i].line);
+        kv_str(e, "name", f[i].name);
         sp__emit_dict_end(e);
     }
     sp__emit_list_end(e);
@@ -182,26 +201,17 @@ static const char *state_name(sp_block_state_t s) {
 static void emit_segment(sp__emit_t *e, const collect_t *c, const seg_copy_t *sc) {
     const sp_segment_view_t *v = &sc->view;
     sp__emit_dict_begin(e);
-    sp__emit_key(e, "device");
-    sp__emit_int(e, v->device);
-    sp__emit_key(e, "address");
-    sp__emit_uint(e, v->address);
-    sp__emit_key(e, "total_size");
-    sp__emit_uint(e, v->total_size);
-    sp__emit_key(e, "allocated_size");
-    sp__emit_uint(e, v->allocated_size);
-    sp__emit_key(e, "active_size");
-    sp__emit_uint(e, v->active_size);
-    sp__emit_key(e, "requested_size");
-    sp__emit_uint(e, v->requested_size);
-    sp__emit_key(e, "stream");
-    sp__emit_uint(e, v->stream);
-    sp__emit_key(e, "segment_type");
-    sp__emit_str(e, v->is_small ? "small" : "large");
+    kv_int(e, "device", v->device);
+    kv_uint(e, "address", v->address);
+    kv_uint(e, "total_size", v->total_size);
+    kv_uint(e, "allocated_size", v->allocated_size);
+    kv_uint(e, "active_size", v->active_size);
+    kv_uint(e, "requested_size", v->requested_size);
+    kv_uint(e, "stream", v->stream);
+    kv_str(e, "segment_type", v->is_small ? "small" : "large");
     sp__emit_key(e, "segment_pool_id");
     sp__emit_tuple2(e, (int64_t)v->pool_id.first, (int64_t)v->pool_id.second);
-    sp__emit_key(e, "is_expandable");
-    sp__emit_bool(e, v->is_expandable);
+    kv_bool(e, "is_expandable", v->is_expandable);
     sp__emit_key(e, "frames");
     emit_frames(e, v->context);
     sp__emit_key(e, "blocks");
@@ -210,14 +220,10 @@ static void emit_segment(sp__emit_t *e, const collect_t *c, const seg_copy_t *sc
     for (size_t i = 0; i < v->nblocks; i++) {
         const sp_block_view_t *b = &c->blocks[sc->first_block + i];
         sp__emit_dict_begin(e);
-        sp__emit_key(e, "address");
-        sp__emit_uint(e, addr); /* PyTorch: segment address + earlier sizes (== b->address) */
-        sp__emit_key(e, "size");
-        sp__emit_uint(e, b->size);
-        sp__emit_key(e, "requested_size");
-        sp__emit_uint(e, b->requested_size);
-        sp__emit_key(e, "state");
-        sp__emit_str(e, state_name(b->state));
+        kv_uint(e, "address", addr); /* PyTorch: segment address + earlier sizes (== b->address) */
+        kv_uint(e, "size", b->size);
+        kv_uint(e, "requested_size", b->requested_size);
+        kv_str(e, "state", state_name(b->state));
         sp__emit_key(e, "frames");
         emit_frames(e, b->context);
         sp__emit_dict_end(e);
@@ -229,18 +235,12 @@ static void emit_segment(sp__emit_t *e, const collect_t *c, const seg_copy_t *sc
 
 static void emit_trace_entry(sp__emit_t *e, const sp__trace_entry_t *t) {
     sp__emit_dict_begin(e);
-    sp__emit_key(e, "action");
-    sp__emit_str(e, sp__history_action_name(t->action));
-    sp__emit_key(e, t->action == SP_TRACE_OOM ? "device_free" : "addr");
-    sp__emit_uint(e, t->addr);
-    sp__emit_key(e, "size");
-    sp__emit_uint(e, t->size);
-    sp__emit_key(e, "stream");
-    sp__emit_uint(e, t->stream);
-    sp__emit_key(e, "time_us");
-    sp__emit_int(e, t->time_us);
-    sp__emit_key(e, "compile_context");
-    sp__emit_str(e, "N/A");
+    kv_str(e, "action", sp__history_action_name(t->action));
+    kv_uint(e, t->action == SP_TRACE_OOM ? "device_free" : "addr", t->addr);
+    kv_uint(e, "size", t->size);
+    kv_uint(e, "stream", t->stream);
+    kv_int(e, "time_us", t->time_us);
+    kv_str(e, "compile_context", "N/A");
     if (t->context != 0) {
         sp__emit_key(e, "frames");
         emit_frames(e, t->context);
@@ -252,29 +252,21 @@ static void emit_settings(sp__emit_t *e) {
     sp_alloc_conf_t conf;
     sp__alloc_conf_get(&conf);
     sp__emit_dict_begin(e);
-    sp__emit_key(e, "PYTORCH_CUDA_ALLOC_CONF");
-    sp__emit_str(e, conf.conf_text);
-    sp__emit_key(e, "max_split_size");
-    sp__emit_int(e, conf.max_split_size == SIZE_MAX ? -1 : (int64_t)conf.max_split_size);
-    sp__emit_key(e, "garbage_collection_threshold");
-    sp__emit_double(e, conf.gc_threshold);
-    sp__emit_key(e, "expandable_segments");
-    sp__emit_bool(e, conf.expandable_segments);
-    sp__emit_key(e, "pinned_num_register_threads");
-    sp__emit_int(e, 1);
-    sp__emit_key(e, "release_lock_on_cudamalloc");
-    sp__emit_bool(e, false);
-    sp__emit_key(e, "pinned_use_cuda_host_register");
-    sp__emit_bool(e, false);
-    sp__emit_key(e, "graph_capture_record_stream_reuse");
-    sp__emit_bool(e, false);
+    kv_str(e, "PYTORCH_CUDA_ALLOC_CONF", conf.conf_text);
+    kv_int(e, "max_split_size",
+           conf.max_split_size == SIZE_MAX ? -1 : (int64_t)conf.max_split_size);
+    kv_double(e, "garbage_collection_threshold", conf.gc_threshold);
+    kv_bool(e, "expandable_segments", conf.expandable_segments);
+    kv_int(e, "pinned_num_register_threads", 1);
+    kv_bool(e, "release_lock_on_cudamalloc", false);
+    kv_bool(e, "pinned_use_cuda_host_register", false);
+    kv_bool(e, "graph_capture_record_stream_reuse", false);
     sp__emit_key(e, "roundup_power2_divisions");
     sp__emit_dict_begin(e);
     for (int i = 0; i < 16; i++) {
         char key[16];
         snprintf(key, sizeof(key), "%d", 1 << i);
-        sp__emit_key(e, key);
-        sp__emit_int(e, conf.roundup_divisions[i]);
+        kv_int(e, key, conf.roundup_divisions[i]);
     }
     sp__emit_dict_end(e);
     sp__emit_dict_end(e);
