@@ -48,6 +48,16 @@ inline sp_sym_counters_t sym_counters() {
     return c;
 }
 
+// A symmetric pool on w with default parameters but its name and use_on_oom (collective).
+inline sp_status_t sym_pool_create(sp_world_t *w, const char *name, bool use_on_oom,
+                                   sp_mempool_t **pool_p) {
+    sp_mempool_params_t p;
+    sp_mempool_params_init(&p);
+    p.use_on_oom = use_on_oom;
+    p.name = name;
+    return sp_symmetric_mempool_create(w, &p, pool_p);
+}
+
 // ---- fixtures ------------------------------------------------------------------------------
 
 // A world on MPI_COMM_WORLD for the length of one test, with its rank, size and device.
@@ -90,11 +100,7 @@ class SymPoolTest : public sp::Test {
         } else {
             ASSERT_SP_OK(sp_world_from_comm(MPI_COMM_WORLD, &world_));
         }
-        sp_mempool_params_t p;
-        sp_mempool_params_init(&p);
-        p.use_on_oom = use_on_oom;
-        p.name = name;
-        ASSERT_SP_OK(sp_symmetric_mempool_create(world_, &p, &pool_));
+        ASSERT_SP_OK(sym_pool_create(world_, name, use_on_oom, &pool_));
     }
     sp_world_t *world_ = nullptr;  // owned unless nullptr
     sp_mempool_t *pool_ = nullptr; // owned unless nullptr; symmetric, on world_

@@ -384,11 +384,8 @@ TEST_F(Collectives, HalfTypesSpecialValues) {
 
 // Buffers from a symmetric pool (the training case) work like any sympool buffer.
 TEST_F(Collectives, AllreduceOnSymmetricBuffers) {
-    sp_mempool_params_t params;
-    sp_mempool_params_init(&params);
-    params.name = "grads";
     sp_mempool_t *pool = nullptr;
-    ASSERT_SP_OK(sp_symmetric_mempool_create(w_, &params, &pool));
+    ASSERT_SP_OK(sym_pool_create(w_, "grads", /*use_on_oom=*/false, &pool));
     const size_t count = 1001;
     void *buf = nullptr;
     ASSERT_SP_OK(sp_symmetric_malloc(pool, count * sizeof(float), nullptr, &buf));

@@ -345,11 +345,8 @@ TEST_F(StatsReport, TableNamesEveryKeyAndTheWorstRank) {
 }
 
 TEST_F(StatsReport, SymmetricCountersAreReported) {
-    sp_mempool_params_t params;
-    sp_mempool_params_init(&params);
-    params.name = "counted";
     sp_mempool_t *pool = nullptr;
-    ASSERT_SP_OK(sp_symmetric_mempool_create(w_, &params, &pool));
+    ASSERT_SP_OK(sym_pool_create(w_, "counted", /*use_on_oom=*/false, &pool));
     void *p = nullptr;
     ASSERT_SP_OK(sp_symmetric_malloc(pool, 4096, nullptr, &p));
     std::string text = report(SP_REPORT_JSON);
