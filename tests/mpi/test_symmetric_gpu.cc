@@ -31,9 +31,7 @@ TEST_F(SymmetricGpu, NcclWindowAllocationAndAllReduceOnOneRank) {
 #else
     if (!sp::on_gpu())
         GTEST_SKIP() << "no GPU: the host backend uses the mpi registrar (other tests)";
-    int rank = 0;
-    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-    if (rank != 0)
+    if (mpi_rank() != 0)
         GTEST_SKIP() << "rank 0 alone drives the GPU (NCCL refuses shared GPUs in one comm)";
     sp_world_t *w = nullptr;
     ASSERT_SP_OK(sp_world_from_comm(MPI_COMM_SELF, &w));
