@@ -76,4 +76,19 @@ bool on_gpu() {
     return std::strcmp(sp_backend_name(), "cuda") == 0;
 }
 
+void touch(void *p, size_t n) {
+    if (!on_gpu())
+        std::memset(p, 0x5a, n);
+}
+
+int64_t stat(const char *key, int device) {
+    sp_stats_t st;
+    sp_status_t s = sp_memory_stats(device, &st);
+    EXPECT_EQ(s, SP_SUCCESS) << describe(s);
+    int64_t v = -1;
+    s = sp_stats_get(&st, key, &v);
+    EXPECT_EQ(s, SP_SUCCESS) << key << ": " << describe(s);
+    return v;
+}
+
 } // namespace sp

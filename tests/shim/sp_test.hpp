@@ -84,6 +84,25 @@ class Test : public ::testing::Test {
 // True when the cuda backend is in use (GPU tests call GTEST_SKIP() otherwise).
 bool on_gpu();
 
+constexpr size_t KiB = 1024;
+constexpr size_t MiB = 1024 * KiB;
+
+// Write to a block to show it is usable; device memory is not host-addressable on a GPU run.
+void touch(void *p, size_t n);
+
+constexpr size_t GiB = 1024 * MiB;
+
+// One memory_stats key of a device; an unknown key is a test failure (and returns -1).
+int64_t stat(const char *key, int device = 0);
+
 } // namespace sp
+
+// Tests that need the host backend's emulated capacity or device count skip on a GPU run
+// (SYMPOOL_TEST_DEVICE=cuda); use it after any ScopedEnv, which must precede initialization.
+#define SP_SKIP_UNLESS_HOST()                                                                      \
+    do {                                                                                           \
+        if (sp::on_gpu())                                                                          \
+            GTEST_SKIP() << "needs the host backend (emulated capacity and devices)";              \
+    } while (0)
 
 #endif // SP_TEST_HPP

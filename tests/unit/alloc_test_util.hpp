@@ -1,5 +1,5 @@
-// alloc_test_util.hpp: small helpers shared by the test_alloc_*.cc suites (reading one stats key,
-// the byte constants), so each test states only what it checks.
+// alloc_test_util.hpp: small helpers shared by the test_alloc_*.cc suites (stats snapshots and
+// their differences), so each test states only what it checks.
 #ifndef ALLOC_TEST_UTIL_HPP
 #define ALLOC_TEST_UTIL_HPP
 
@@ -9,18 +9,7 @@
 
 namespace sp {
 
-constexpr size_t KiB = 1024;
-constexpr size_t MiB = 1024 * 1024;
-constexpr size_t GiB = 1024 * MiB;
-
-// One stats key of device 0 (or dev); fails the test on an unknown key.
-inline int64_t stat(const char *key, int dev = 0) {
-    sp_stats_t st;
-    EXPECT_EQ(sp_memory_stats(dev, &st), SP_SUCCESS);
-    int64_t v = -12345;
-    EXPECT_EQ(sp_stats_get(&st, key, &v), SP_SUCCESS) << key;
-    return v;
-}
+// KiB, MiB, GiB and stat(key, dev) come from the shim (sp_test.hpp).
 
 inline sp_stats_t snap(int dev = 0) {
     sp_stats_t st;

@@ -23,32 +23,10 @@ extern "C" {
 
 namespace {
 
-// Tests that need the host backend's emulated capacity or device count skip on a GPU run
-// (SYMPOOL_TEST_DEVICE=cuda); call it after any ScopedEnv, which must precede initialization.
-#define SKIP_UNLESS_HOST()                                                                         \
-    do {                                                                                           \
-        if (sp::on_gpu())                                                                          \
-            GTEST_SKIP() << "needs the host backend (emulated capacity and devices)";              \
-    } while (0)
-
-// Write to a block to show it is usable; device memory is not host-addressable on a GPU run.
-void touch(void *p, size_t n) {
-    if (!sp::on_gpu())
-        std::memset(p, 0x5a, n);
-}
-
-constexpr size_t KiB = 1024;
-constexpr size_t MiB = 1024 * KiB;
-
-int64_t stat(int device, const char *key) {
-    sp_stats_t st;
-    sp_status_t s = sp_memory_stats(device, &st);
-    EXPECT_EQ(s, SP_SUCCESS) << sp::describe(s);
-    int64_t v = -1;
-    s = sp_stats_get(&st, key, &v);
-    EXPECT_EQ(s, SP_SUCCESS) << key << ": " << sp::describe(s);
-    return v;
-}
+using sp::KiB;
+using sp::MiB;
+using sp::stat;
+using sp::touch;
 
 // The pool that owns the live block at p (nullptr if sympool does not know p).
 sp_mempool_t *owner(void *p) {
@@ -330,7 +308,7 @@ TEST_F(ThreadsMemPool, ManyThreadsRouteAndFreeAcrossEachOther) {
         t.join();
     for (int i = 0; i <= kThreads; i++)
         EXPECT_EQ(st[i], SP_SUCCESS) << "thread " << i;
-    EXPECT_EQ(stat(0, "allocation.all.current"), 0);
+    EXPECT_EQ(stat("allocation.all.current"), 0);
     for (int i = 0; i < kThreads; i++) {
         EXPECT_EQ(sp_mempool_used_bytes(pools[i]), 0u);
         EXPECT_GT(sp_mempool_total_bytes(pools[i]), 0u);
@@ -457,9 +435,9 @@ TEST_F(MemPool, NoSplitGivesEachBlockAWholeSegment) {
     EXPECT_EQ(info.requested_size, 512u);
     EXPECT_EQ(sp_mempool_used_bytes(a), 2 * MiB);
     EXPECT_EQ(sp_mempool_n_free_blocks(a), 0u);
-    EXPECT_EQ(stat(0, "allocated_bytes.all.current"), int64_t(2 * MiB));
-    EXPECT_EQ(stat(0, "requested_bytes.all.current"), 512);
-    EXPECT_EQ(stat(0, "inactive_split.all.current"), 0);
+    EXPECT_EQ(stat("allocated_bytes.all.current"), int64_t(2 * MiB));
+    EXPECT_EQ(stat("requested_bytes.all.current"), 512);
+    EXPECT_EQ(stat("inactive_split.all.current"), 0);
     // A second small request cannot share that segment.
     ASSERT_SP_OK(sp_mempool_malloc(a, 512, nullptr, &q));
     EXPECT_EQ(sp_mempool_total_bytes(a), 4 * MiB);
@@ -630,18 +608,18 @@ TEST_F(MemPool, DeviceStatsCountEveryPoolTogether) {
     ASSERT_SP_OK(sp_malloc(1000, 0, nullptr, &p0));
     ASSERT_SP_OK(sp_mempool_malloc(a, 1000, nullptr, &pa));
     ASSERT_SP_OK(sp_mempool_malloc(b, 4 * MiB, nullptr, &pb));
-    EXPECT_EQ(stat(0, "allocation.all.current"), 3);
-    EXPECT_EQ(stat(0, "allocation.small_pool.current"), 2);
-    EXPECT_EQ(stat(0, "allocation.large_pool.current"), 1);
-    EXPECT_EQ(stat(0, "allocated_bytes.all.current"), int64_t(2048 + 4 * MiB));
-    EXPECT_EQ(stat(0, "requested_bytes.all.current"), int64_t(2000 + 4 * MiB));
-    EXPECT_EQ(stat(0, "segment.all.current"), 3);
-    EXPECT_EQ(stat(0, "reserved_bytes.all.current"), int64_t(24 * MiB));
+    EXPECT_EQ(stat("allocation.all.current"), 3);
+    EXPECT_EQ(stat("allocation.small_pool.current"), 2);
+    EXPECT_EQ(stat("allocation.large_pool.current"), 1);
+    EXPECT_EQ(stat("allocated_bytes.all.current"), int64_t(2048 + 4 * MiB));
+    EXPECT_EQ(stat("requested_bytes.all.current"), int64_t(2000 + 4 * MiB));
+    EXPECT_EQ(stat("segment.all.current"), 3);
+    EXPECT_EQ(stat("reserved_bytes.all.current"), int64_t(24 * MiB));
     EXPECT_EQ(sp_memory_allocated(0), 2048 + 4 * MiB);
     EXPECT_EQ(sp_memory_reserved(0), 24 * MiB);
     for (void *p : {p0, pa, pb})
         ASSERT_SP_OK(sp_free(p));
-    EXPECT_EQ(stat(0, "allocation.all.current"), 0);
+    EXPECT_EQ(stat("allocation.all.current"), 0);
     ASSERT_SP_OK(sp_mempool_destroy(a));
     ASSERT_SP_OK(sp_mempool_destroy(b));
     // Destroy released both private pools' free segments at once.
@@ -650,7 +628,7 @@ TEST_F(MemPool, DeviceStatsCountEveryPoolTogether) {
 
 TEST_F(MemPool, BeginRoutesOnlyThePoolsDevice) {
     sp::ScopedEnv env({{"SYMPOOL_HOST_DEVICES", "2"}});
-    SKIP_UNLESS_HOST();
+    SP_SKIP_UNLESS_HOST();
     ASSERT_EQ(sp_device_count(), 2);
     ASSERT_NE(sp_default_mempool(1), nullptr);
     EXPECT_NE(sp_default_mempool(0), sp_default_mempool(1));

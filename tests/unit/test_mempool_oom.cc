@@ -20,32 +20,10 @@ extern "C" {
 
 namespace {
 
-// Tests that need the host backend's emulated capacity or device count skip on a GPU run
-// (SYMPOOL_TEST_DEVICE=cuda); call it after any ScopedEnv, which must precede initialization.
-#define SKIP_UNLESS_HOST()                                                                         \
-    do {                                                                                           \
-        if (sp::on_gpu())                                                                          \
-            GTEST_SKIP() << "needs the host backend (emulated capacity and devices)";              \
-    } while (0)
-
-// Write to a block to show it is usable; device memory is not host-addressable on a GPU run.
-void touch(void *p, size_t n) {
-    if (!sp::on_gpu())
-        std::memset(p, 0x5a, n);
-}
-
-constexpr size_t KiB = 1024;
-constexpr size_t MiB = 1024 * KiB;
-
-int64_t stat(int device, const char *key) {
-    sp_stats_t st;
-    sp_status_t s = sp_memory_stats(device, &st);
-    EXPECT_EQ(s, SP_SUCCESS) << sp::describe(s);
-    int64_t v = -1;
-    s = sp_stats_get(&st, key, &v);
-    EXPECT_EQ(s, SP_SUCCESS) << key << ": " << sp::describe(s);
-    return v;
-}
+using sp::KiB;
+using sp::MiB;
+using sp::stat;
+using sp::touch;
 
 sp_block_info_t info_of(void *p) {
     sp_block_info_t info;
@@ -201,8 +179,8 @@ TEST_F(MemPoolOom, PluggableAllocatorServesRoutedRequestsAndCountsAsReserved) {
     EXPECT_EQ(c.allocs[0].size, 20 * MiB);
     EXPECT_EQ(owner(p), a);
     EXPECT_EQ(sp_memory_reserved(0), 20 * MiB) << "custom segments count in the device's stats";
-    EXPECT_EQ(stat(0, "segment.all.current"), 1);
-    EXPECT_EQ(stat(0, "num_device_alloc"), 1);
+    EXPECT_EQ(stat("segment.all.current"), 1);
+    EXPECT_EQ(stat("num_device_alloc"), 1);
     ASSERT_SP_OK(sp_free(p));
     ASSERT_SP_OK(sp_free(q));
     // Destroy hands the free segment back through the callback at once.
@@ -211,7 +189,7 @@ TEST_F(MemPoolOom, PluggableAllocatorServesRoutedRequestsAndCountsAsReserved) {
     EXPECT_EQ(c.frees[0].ptr, c.allocs[0].ptr);
     EXPECT_EQ(c.frees[0].size, 20 * MiB);
     EXPECT_EQ(sp_memory_reserved(0), 0u);
-    EXPECT_EQ(stat(0, "num_device_free"), 1);
+    EXPECT_EQ(stat("num_device_free"), 1);
 }
 
 TEST_F(MemPoolOom, NullFromThePluggableAllocatorIsOutOfMemory) {
@@ -228,15 +206,15 @@ TEST_F(MemPoolOom, NullFromThePluggableAllocatorIsOutOfMemory) {
     EXPECT_STRNE(sp_last_error(), "");
     // The normal OOM path: the first attempt, then release_cached_blocks and one retry.
     EXPECT_EQ(c.refused, 2u);
-    EXPECT_EQ(stat(0, "num_alloc_retries"), 1);
-    EXPECT_EQ(stat(0, "num_ooms"), 1);
-    EXPECT_EQ(stat(0, "segment.all.current"), 0);
+    EXPECT_EQ(stat("num_alloc_retries"), 1);
+    EXPECT_EQ(stat("num_ooms"), 1);
+    EXPECT_EQ(stat("segment.all.current"), 0);
     EXPECT_EQ(sp_mempool_total_bytes(a), 0u);
     // Routed requests take the same path.
     ASSERT_SP_OK(sp_mempool_begin(a));
     EXPECT_SP_STATUS(sp_malloc(4096, 0, nullptr, &p), SP_ERR_OUT_OF_MEMORY);
     ASSERT_SP_OK(sp_mempool_end(a));
-    EXPECT_EQ(stat(0, "num_ooms"), 2);
+    EXPECT_EQ(stat("num_ooms"), 2);
     // Once the callback gives memory again, so does the pool.
     c.fail = false;
     ASSERT_SP_OK(sp_mempool_malloc(a, 4096, nullptr, &p));
@@ -251,7 +229,7 @@ TEST_F(MemPoolOom, NullFromThePluggableAllocatorIsOutOfMemory) {
 TEST_F(MemPoolOom, LivePlainPoolKeepsItsCacheAndTheRequestFails) {
     expect_warnings();
     sp::ScopedEnv env({{"SYMPOOL_HOST_CAPACITY", "64MiB"}});
-    SKIP_UNLESS_HOST();
+    SP_SKIP_UNLESS_HOST();
     sp_mempool_t *plain = make_pool("plain");
     ASSERT_NE(plain, nullptr);
     cache_in(plain, 40 * MiB);
@@ -263,8 +241,8 @@ TEST_F(MemPoolOom, LivePlainPoolKeepsItsCacheAndTheRequestFails) {
     EXPECT_SP_STATUS(sp_malloc(30 * MiB, 0, nullptr, &p), SP_ERR_OUT_OF_MEMORY);
     EXPECT_EQ(p, nullptr);
     EXPECT_STRNE(sp_last_error(), "");
-    EXPECT_EQ(stat(0, "num_ooms"), 1);
-    EXPECT_EQ(stat(0, "num_alloc_retries"), 1);
+    EXPECT_EQ(stat("num_ooms"), 1);
+    EXPECT_EQ(stat("num_alloc_retries"), 1);
     EXPECT_EQ(sp_mempool_total_bytes(plain), 40 * MiB);
     EXPECT_EQ(sp_mempool_n_free_blocks(plain), 1u);
     // Destroying the pool releases its cache; now the request fits.
@@ -276,7 +254,7 @@ TEST_F(MemPoolOom, LivePlainPoolKeepsItsCacheAndTheRequestFails) {
 
 TEST_F(MemPoolOom, UseOnOomPoolLendsItsCachedBlock) {
     sp::ScopedEnv env({{"SYMPOOL_HOST_CAPACITY", "64MiB"}});
-    SKIP_UNLESS_HOST();
+    SP_SKIP_UNLESS_HOST();
     sp_mempool_t *lender = make_pool("lender", true);
     ASSERT_NE(lender, nullptr);
     cache_in(lender, 40 * MiB);
@@ -290,8 +268,8 @@ TEST_F(MemPoolOom, UseOnOomPoolLendsItsCachedBlock) {
     EXPECT_EQ(sp_mempool_total_bytes(lender), 40 * MiB) << "no new segment in the lending pool";
     EXPECT_EQ(sp_mempool_total_bytes(dflt()), 0u);
     EXPECT_EQ(sp_memory_reserved(0), 40 * MiB);
-    EXPECT_EQ(stat(0, "num_ooms"), 0);
-    EXPECT_EQ(stat(0, "allocation.all.current"), 1);
+    EXPECT_EQ(stat("num_ooms"), 0);
+    EXPECT_EQ(stat("allocation.all.current"), 1);
     touch(p, 30 * MiB);
     // Freed, the block goes back to the lender, not to the default pool.
     ASSERT_SP_OK(sp_free(p));
@@ -308,7 +286,7 @@ TEST_F(MemPoolOom, FallbackComesBeforeTheCacheIsReleased) {
     // before release_cached_blocks and the retry (2.8 did it after): the default pool keeps its
     // cache and no retry is counted.
     sp::ScopedEnv env({{"SYMPOOL_HOST_CAPACITY", "64MiB"}});
-    SKIP_UNLESS_HOST();
+    SP_SKIP_UNLESS_HOST();
     sp_mempool_t *lender = make_pool("lender", true);
     ASSERT_NE(lender, nullptr);
     cache_in(lender, 40 * MiB);
@@ -320,14 +298,14 @@ TEST_F(MemPoolOom, FallbackComesBeforeTheCacheIsReleased) {
     ASSERT_SP_OK(sp_malloc(30 * MiB, 0, nullptr, &p));
     EXPECT_EQ(owner(p), lender);
     EXPECT_EQ(sp_mempool_total_bytes(dflt()), 20 * MiB) << "the default cache was not emptied";
-    EXPECT_EQ(stat(0, "num_alloc_retries"), 0);
+    EXPECT_EQ(stat("num_alloc_retries"), 0);
     ASSERT_SP_OK(sp_free(p));
     ASSERT_SP_OK(sp_mempool_destroy(lender));
 }
 
 TEST_F(MemPoolOom, UseOnOomPoolsLendInCreationOrder) {
     sp::ScopedEnv env({{"SYMPOOL_HOST_CAPACITY", "64MiB"}});
-    SKIP_UNLESS_HOST();
+    SP_SKIP_UNLESS_HOST();
     sp_mempool_t *first = make_pool("first", true);
     sp_mempool_t *second = make_pool("second", true);
     ASSERT_NE(first, nullptr);
@@ -355,7 +333,7 @@ TEST_F(MemPoolOom, UseOnOomPoolsLendInCreationOrder) {
 TEST_F(MemPoolOom, FallbackNeverGrowsTheLendingPool) {
     expect_warnings();
     sp::ScopedEnv env({{"SYMPOOL_HOST_CAPACITY", "64MiB"}});
-    SKIP_UNLESS_HOST();
+    SP_SKIP_UNLESS_HOST();
     sp_mempool_t *lender = make_pool("small-lender", true);
     ASSERT_NE(lender, nullptr);
     cache_in(lender, 10 * MiB);
@@ -366,7 +344,7 @@ TEST_F(MemPoolOom, FallbackNeverGrowsTheLendingPool) {
     EXPECT_EQ(p, nullptr);
     EXPECT_EQ(sp_mempool_total_bytes(lender), 10 * MiB);
     EXPECT_EQ(sp_mempool_used_bytes(lender), 0u);
-    EXPECT_EQ(stat(0, "num_ooms"), 1);
+    EXPECT_EQ(stat("num_ooms"), 1);
     ASSERT_SP_OK(sp_free(live));
     ASSERT_SP_OK(sp_mempool_destroy(lender));
 }
@@ -374,7 +352,7 @@ TEST_F(MemPoolOom, FallbackNeverGrowsTheLendingPool) {
 TEST_F(MemPoolOom, RequestsRoutedToAPoolNeverBorrow) {
     expect_warnings();
     sp::ScopedEnv env({{"SYMPOOL_HOST_CAPACITY", "64MiB"}});
-    SKIP_UNLESS_HOST();
+    SP_SKIP_UNLESS_HOST();
     sp_mempool_t *lender = make_pool("lender", true);
     sp_mempool_t *acts = make_pool("acts");
     ASSERT_NE(lender, nullptr);
@@ -388,7 +366,7 @@ TEST_F(MemPoolOom, RequestsRoutedToAPoolNeverBorrow) {
     EXPECT_EQ(p, nullptr);
     EXPECT_EQ(sp_mempool_used_bytes(lender), 0u);
     EXPECT_EQ(sp_mempool_total_bytes(lender), 40 * MiB);
-    EXPECT_EQ(stat(0, "num_ooms"), 2);
+    EXPECT_EQ(stat("num_ooms"), 2);
     EXPECT_GE(warnings("acts"), 1u) << "the OOM report names the pool the request was routed to";
     ASSERT_SP_OK(sp_mempool_destroy(acts));
     ASSERT_SP_OK(sp_mempool_destroy(lender));
@@ -396,7 +374,7 @@ TEST_F(MemPoolOom, RequestsRoutedToAPoolNeverBorrow) {
 
 TEST_F(MemPoolOom, SmallRequestsBorrowFromTheSmallSet) {
     sp::ScopedEnv env({{"SYMPOOL_HOST_CAPACITY", "64MiB"}});
-    SKIP_UNLESS_HOST();
+    SP_SKIP_UNLESS_HOST();
     sp_mempool_t *lender = make_pool("lender", true);
     ASSERT_NE(lender, nullptr);
     cache_in(lender, 4096); // one free 2 MiB small segment
@@ -405,7 +383,7 @@ TEST_F(MemPoolOom, SmallRequestsBorrowFromTheSmallSet) {
     ASSERT_SP_OK(sp_malloc(1000, 0, nullptr, &p));
     EXPECT_EQ(owner(p), lender);
     EXPECT_EQ(info_of(p).block_size, 1024u);
-    EXPECT_EQ(stat(0, "allocation.small_pool.current"), 1);
+    EXPECT_EQ(stat("allocation.small_pool.current"), 1);
     EXPECT_EQ(sp_mempool_use_count(lender), 1) << "lending takes no lasting use";
     ASSERT_SP_OK(sp_free(p));
     EXPECT_EQ(sp_mempool_used_bytes(lender), 0u);
@@ -416,7 +394,7 @@ TEST_F(MemPoolOom, SmallRequestsBorrowFromTheSmallSet) {
 TEST_F(MemPoolOom, LendingRespectsStreams) {
     expect_warnings();
     sp::ScopedEnv env({{"SYMPOOL_HOST_CAPACITY", "64MiB"}});
-    SKIP_UNLESS_HOST();
+    SP_SKIP_UNLESS_HOST();
     sp_stream_t s1;
     ASSERT_SP_OK(sp_stream_create(0, &s1));
     sp_mempool_t *lender = make_pool("lender", true);
@@ -437,7 +415,7 @@ TEST_F(MemPoolOom, LendingRespectsStreams) {
 TEST_F(MemPoolOom, DestroyedPoolNoLongerLends) {
     expect_warnings();
     sp::ScopedEnv env({{"SYMPOOL_HOST_CAPACITY", "64MiB"}});
-    SKIP_UNLESS_HOST();
+    SP_SKIP_UNLESS_HOST();
     sp_mempool_t *lender = make_pool("lender", true);
     ASSERT_NE(lender, nullptr);
     // One 40 MiB segment: a live 10 MiB block and a free 30 MiB remainder.
@@ -469,7 +447,7 @@ TEST_F(MemPoolOom, DestroyWithLiveBlocksDefersTheirSegments) {
     ASSERT_SP_OK(sp_mempool_destroy(a));
     // The free 20 MiB segment went back at once; the one holding p stays.
     EXPECT_EQ(sp_memory_reserved(0), 2 * MiB);
-    EXPECT_EQ(stat(0, "num_device_free"), 1);
+    EXPECT_EQ(stat("num_device_free"), 1);
     touch(p, 1 * MiB);
     EXPECT_EQ(info_of(p).pool, a);
     ASSERT_SP_OK(sp_free(p));
@@ -477,8 +455,8 @@ TEST_F(MemPoolOom, DestroyWithLiveBlocksDefersTheirSegments) {
     EXPECT_EQ(sp_memory_reserved(0), 2 * MiB);
     ASSERT_SP_OK(sp_empty_cache());
     EXPECT_EQ(sp_memory_reserved(0), 0u);
-    EXPECT_EQ(stat(0, "segment.all.current"), 0);
-    EXPECT_EQ(stat(0, "num_device_free"), 2);
+    EXPECT_EQ(stat("segment.all.current"), 0);
+    EXPECT_EQ(stat("num_device_free"), 2);
 }
 
 TEST_F(MemPoolOom, EmptyCacheSparesLivePools) {
@@ -520,7 +498,7 @@ TEST_F(MemPoolOom, ADestroyedPoolTakesNoNewBlocks) {
 
 TEST_F(MemPoolOom, DestroyedPoolsCacheIsReleasedByTheOomRetry) {
     sp::ScopedEnv env({{"SYMPOOL_HOST_CAPACITY", "64MiB"}});
-    SKIP_UNLESS_HOST();
+    SP_SKIP_UNLESS_HOST();
     sp_mempool_t *a = make_pool("doomed");
     ASSERT_NE(a, nullptr);
     void *p, *q;
@@ -532,8 +510,8 @@ TEST_F(MemPoolOom, DestroyedPoolsCacheIsReleasedByTheOomRetry) {
     ASSERT_SP_OK(sp_malloc(30 * MiB, 0, nullptr, &q));
     EXPECT_EQ(owner(q), dflt());
     EXPECT_EQ(sp_memory_reserved(0), 30 * MiB);
-    EXPECT_EQ(stat(0, "num_alloc_retries"), 1);
-    EXPECT_EQ(stat(0, "num_ooms"), 0);
+    EXPECT_EQ(stat("num_alloc_retries"), 1);
+    EXPECT_EQ(stat("num_ooms"), 0);
     ASSERT_SP_OK(sp_free(q));
 }
 
@@ -549,12 +527,12 @@ TEST_F(MemPoolOom, DestroyCompletesPendingFreesThenReleases) {
     ASSERT_SP_OK(sp_mempool_malloc(a, 12 * MiB, nullptr, &p));
     ASSERT_SP_OK(sp_record_stream(p, s1));
     ASSERT_SP_OK(sp_free(p));
-    EXPECT_EQ(stat(0, "active.all.current"), 1) << "the free waits for s1";
+    EXPECT_EQ(stat("active.all.current"), 1) << "the free waits for s1";
     EXPECT_EQ(sp_mempool_n_free_blocks(a), 0u);
-    int64_t syncs = stat(0, "num_sync_all_streams");
+    int64_t syncs = stat("num_sync_all_streams");
     ASSERT_SP_OK(sp_mempool_destroy(a));
-    EXPECT_EQ(stat(0, "num_sync_all_streams"), syncs + 1);
-    EXPECT_EQ(stat(0, "active.all.current"), 0);
+    EXPECT_EQ(stat("num_sync_all_streams"), syncs + 1);
+    EXPECT_EQ(stat("active.all.current"), 0);
     EXPECT_EQ(sp_memory_reserved(0), 0u);
     ASSERT_SP_OK(sp_stream_destroy(s1));
 }
@@ -567,8 +545,8 @@ TEST_F(MemPoolOom, DestroyReleasesFreeSegmentsAtOnce) {
     EXPECT_EQ(sp_memory_reserved(0), 14 * MiB);
     ASSERT_SP_OK(sp_mempool_destroy(a));
     EXPECT_EQ(sp_memory_reserved(0), 0u);
-    EXPECT_EQ(stat(0, "segment.all.current"), 0);
-    EXPECT_EQ(stat(0, "num_device_free"), 2);
+    EXPECT_EQ(stat("segment.all.current"), 0);
+    EXPECT_EQ(stat("num_device_free"), 2);
 }
 
 } // namespace

@@ -17,31 +17,9 @@ extern "C" {
 
 namespace {
 
-// Tests that need the host backend's emulated capacity or device count skip on a GPU run
-// (SYMPOOL_TEST_DEVICE=cuda); call it after any ScopedEnv, which must precede initialization.
-#define SKIP_UNLESS_HOST()                                                                         \
-    do {                                                                                           \
-        if (sp::on_gpu())                                                                          \
-            GTEST_SKIP() << "needs the host backend (emulated capacity and devices)";              \
-    } while (0)
-
-// Write to a block to show it is usable; device memory is not host-addressable on a GPU run.
-void touch(void *p, size_t n) {
-    if (!sp::on_gpu())
-        std::memset(p, 0x5a, n);
-}
-
-constexpr size_t MiB = 1024 * 1024;
-
-int64_t stat(int device, const char *key) {
-    sp_stats_t st;
-    sp_status_t s = sp_memory_stats(device, &st);
-    EXPECT_EQ(s, SP_SUCCESS) << sp::describe(s);
-    int64_t v = -1;
-    s = sp_stats_get(&st, key, &v);
-    EXPECT_EQ(s, SP_SUCCESS) << key << ": " << sp::describe(s);
-    return v;
-}
+using sp::MiB;
+using sp::stat;
+using sp::touch;
 
 sp_block_info_t info_of(void *p) {
     sp_block_info_t info;
@@ -64,7 +42,7 @@ TEST_F(Torch, SignaturesMatchCudaPluggableAllocator) {
     void *p = a(256, 0, nullptr);
     ASSERT_NE(p, nullptr) << sp_last_error();
     f(p, 256, 0, nullptr);
-    EXPECT_EQ(stat(0, "allocation.all.current"), 0);
+    EXPECT_EQ(stat("allocation.all.current"), 0);
 }
 
 TEST_F(Torch, RoundTripGoesThroughTheCachingAllocator) {
@@ -74,12 +52,12 @@ TEST_F(Torch, RoundTripGoesThroughTheCachingAllocator) {
     EXPECT_EQ(info.requested_size, 1000u);
     EXPECT_EQ(info.block_size, 1024u);
     EXPECT_EQ(info.pool, sp_default_mempool(0));
-    EXPECT_EQ(stat(0, "allocated_bytes.all.current"), 1024);
-    EXPECT_EQ(stat(0, "requested_bytes.all.current"), 1000);
+    EXPECT_EQ(stat("allocated_bytes.all.current"), 1024);
+    EXPECT_EQ(stat("requested_bytes.all.current"), 1000);
     touch(p, 1000);
     sp_torch_free(p, 1000, 0, nullptr);
-    EXPECT_EQ(stat(0, "allocation.all.current"), 0);
-    EXPECT_EQ(stat(0, "requested_bytes.all.current"), 0);
+    EXPECT_EQ(stat("allocation.all.current"), 0);
+    EXPECT_EQ(stat("requested_bytes.all.current"), 0);
     // Cached, as PyTorch's own allocator would: the next request reuses the block.
     EXPECT_EQ(sp_memory_reserved(0), 2 * MiB);
     void *q = sp_torch_malloc(1000, 0, nullptr);
@@ -128,8 +106,8 @@ TEST_F(Torch, ZeroSizeIsNullWithoutAnError) {
     sp__error_clear();
     EXPECT_EQ(sp_torch_malloc(0, 0, nullptr), nullptr);
     EXPECT_STREQ(sp_last_error(), "");
-    EXPECT_EQ(stat(0, "allocation.all.current"), 0);
-    EXPECT_EQ(stat(0, "num_ooms"), 0);
+    EXPECT_EQ(stat("allocation.all.current"), 0);
+    EXPECT_EQ(stat("num_ooms"), 0);
     sp_torch_free(nullptr, 0, 0, nullptr); // PyTorch may free a NULL: a no-op
     EXPECT_EQ(warnings(), 0u);
 }
@@ -137,16 +115,16 @@ TEST_F(Torch, ZeroSizeIsNullWithoutAnError) {
 TEST_F(Torch, OutOfMemoryIsNullWithAMessage) {
     expect_warnings();
     sp::ScopedEnv env({{"SYMPOOL_HOST_CAPACITY", "64MiB"}});
-    SKIP_UNLESS_HOST();
+    SP_SKIP_UNLESS_HOST();
     void *live = sp_torch_malloc(40 * MiB, 0, nullptr);
     ASSERT_NE(live, nullptr) << sp_last_error();
     sp__error_clear();
     EXPECT_EQ(sp_torch_malloc(30 * MiB, 0, nullptr), nullptr);
     EXPECT_STRNE(sp_last_error(), "");
     EXPECT_GE(warnings(), 1u);
-    EXPECT_EQ(stat(0, "num_ooms"), 1);
+    EXPECT_EQ(stat("num_ooms"), 1);
     sp_torch_free(live, 40 * MiB, 0, nullptr);
-    EXPECT_EQ(stat(0, "allocation.all.current"), 0);
+    EXPECT_EQ(stat("allocation.all.current"), 0);
 }
 
 TEST_F(Torch, UnknownDeviceIsNullWithAMessage) {
@@ -173,7 +151,7 @@ TEST_F(Torch, BadFreesAreLoggedAndIgnored) {
     sp_torch_free(p, 1000, 0, nullptr); // double free
     EXPECT_STRNE(sp_last_error(), "");
     EXPECT_GT(warnings(), w);
-    EXPECT_EQ(stat(0, "allocation.all.current"), 0);
+    EXPECT_EQ(stat("allocation.all.current"), 0);
 }
 
 TEST_F(Torch, SizeMismatchWarnsButFrees) {
@@ -182,7 +160,7 @@ TEST_F(Torch, SizeMismatchWarnsButFrees) {
     ASSERT_NE(p, nullptr);
     sp_torch_free(p, 2000, 0, nullptr);
     EXPECT_GE(warnings("2000"), 1u) << "the WARN names the size PyTorch passed";
-    EXPECT_EQ(stat(0, "allocation.all.current"), 0) << "the block is freed anyway";
+    EXPECT_EQ(stat("allocation.all.current"), 0) << "the block is freed anyway";
 }
 
 TEST_F(ThreadsTorch, ConcurrentCallersOnTheirOwnStreams) {
@@ -219,8 +197,8 @@ TEST_F(ThreadsTorch, ConcurrentCallersOnTheirOwnStreams) {
         t.join();
     for (int i = 0; i < kThreads; i++)
         EXPECT_EQ(bad[i], 0) << "thread " << i;
-    EXPECT_EQ(stat(0, "allocation.all.current"), 0);
-    EXPECT_EQ(stat(0, "requested_bytes.all.current"), 0);
+    EXPECT_EQ(stat("allocation.all.current"), 0);
+    EXPECT_EQ(stat("requested_bytes.all.current"), 0);
     EXPECT_EQ(warnings(), 0u);
     for (auto &st : streams)
         ASSERT_SP_OK(sp_stream_destroy(st));
