@@ -516,6 +516,20 @@ static sp_status_t report_oom(sp_devalloc_t *d, sp_mempool_t *pool, size_t orig,
                      d->device, req, tot, fre, alc, unal, extra);
 }
 
+/* A stream is checked on the miss path only: a cache hit implies an earlier miss on the same
+ * stream (blocks are keyed by stream), so the hit path stays free of backend calls. */
+static sp_status_t check_stream(const sp_devalloc_t *d, sp_stream_t stream) {
+    if (!stream)
+        return SP_SUCCESS;
+    int sdev = -1;
+    SP_CHECK(sp__g.ops->stream_device(stream, &sdev));
+    if (SP_UNLIKELY(sdev != d->device))
+        return sp__error(SP_ERR_INVALID_ARGUMENT, SP_SUB_POOL,
+                         "sp_malloc: stream %p belongs to device %d, not to device %d", stream,
+                         sdev, d->device);
+    return SP_SUCCESS;
+}
+
 static inline __attribute__((always_inline)) sp_status_t
 alloc_malloc(sp_devalloc_t *d, sp_mempool_t *pool, size_t orig, sp_stream_t stream, void **ptr_p) {
     /* One read of the history switch per call: its hooks then agree with each other. */
@@ -552,9 +566,16 @@ alloc_malloc(sp_devalloc_t *d, sp_mempool_t *pool, size_t orig, sp_stream_t stre
         size_t alloc_size = nocache ? size : sp__allocation_size(size);
         bool limit_hit = false, fraction_hit = false;
         int why = 0;
+        sp_status_t s = check_stream(d, stream);
+        if (SP_UNLIKELY(s != SP_SUCCESS)) {
+            sp__unlock(&d->lock);
+            if (ctx)
+                sp__history_context_release(ctx);
+            return s;
+        }
         if (d->gc_enabled)
             sp__alloc_gc(d);
-        sp_status_t s = sp__alloc_segment(d, bp, alloc_size, stream, ctx, &b, &why);
+        s = sp__alloc_segment(d, bp, alloc_size, stream, ctx, &b, &why);
         limit_hit |= s == SP_ERR_OUT_OF_MEMORY && why == 2;
         fraction_hit |= s == SP_ERR_OUT_OF_MEMORY && why == 1;
         if (s == SP_ERR_OUT_OF_MEMORY && pool->is_default)

@@ -1,6 +1,6 @@
 // test_alloc_badinput.cc: bad input gets a status and a message and changes no statistic: a
 // pointer sympool never returned, an interior pointer, a double free, an unknown device, a size
-// above the device, a NULL output pointer.
+// above the device, a NULL output pointer, a stream sympool did not make or of another device.
 #include "alloc_test_util.hpp"
 
 #include <string>
@@ -71,4 +71,24 @@ TEST_F(AllocBadInput, FreeBeforeInitIsRejected) {
     ASSERT_SP_OK(sp_shutdown());
     int x;
     EXPECT_SP_STATUS(sp_free(&x), SP_ERR_INVALID_USAGE);
+}
+
+TEST_F(AllocBadInput, ForeignStreamOrStreamOfAnotherDevice) {
+    sp::ScopedEnv env({{"SYMPOOL_HOST_DEVICES", "2"}});
+    SP_SKIP_UNLESS_HOST();
+    sp_stream_t other_dev;
+    ASSERT_SP_OK(sp_stream_create(1, &other_dev));
+    sp_stats_t before = snap();
+    int not_a_stream = 0;
+    void *p = &p;
+    EXPECT_SP_STATUS(sp_malloc(4096, 0, (sp_stream_t)&not_a_stream, &p), SP_ERR_INVALID_ARGUMENT);
+    EXPECT_SP_STATUS(sp_malloc(4096, 0, other_dev, &p), SP_ERR_INVALID_ARGUMENT);
+    EXPECT_NE(std::string(sp_last_error()).find("belongs to device 1"), std::string::npos)
+        << sp_last_error();
+    EXPECT_EQ(p, (void *)&p) << "the output is written only on success";
+    EXPECT_EQ(diff(before, snap()), "") << "no segment, no stat change";
+    // The same stream on its own device is fine.
+    ASSERT_SP_OK(sp_malloc(4096, 1, other_dev, &p));
+    ASSERT_SP_OK(sp_free(p));
+    ASSERT_SP_OK(sp_stream_destroy(other_dev));
 }
