@@ -58,7 +58,7 @@ static bool grow(void **p, size_t *alloc, size_t need, size_t elem) {
     size_t n = *alloc ? *alloc : 64;
     while (n < need)
         n *= 2;
-    void *np = realloc(*p, n * elem);
+    void *np = sp__emit_realloc(*p, n * elem);
     if (np == NULL)
         return false;
     *p = np;
@@ -166,7 +166,7 @@ static void emit_frames(sp__emit_t *e, uint32_t context) {
     sp__history_context_frames(context, &f, &n);
     if (n > 0 && m != NULL && context >= m->n) {
         size_t nn = (size_t)context * 2 + 16;
-        uint32_t *ni = realloc(m->index, nn * sizeof(*ni));
+        uint32_t *ni = sp__emit_realloc(m->index, nn * sizeof(*ni));
         if (ni != NULL) {
             for (size_t i = m->n; i < nn; i++)
                 ni[i] = UINT32_MAX;
@@ -376,7 +376,9 @@ static sp_status_t dump(const sp_mempool_t *pool, const char *pattern) {
     c.ndev = ndev > nhist ? ndev : nhist;
     if (c.ndev < 1)
         c.ndev = 1;
-    c.traces = calloc((size_t)c.ndev, sizeof(*c.traces));
+    c.traces = sp__emit_realloc(NULL, (size_t)c.ndev * sizeof(*c.traces));
+    if (c.traces != NULL)
+        memset(c.traces, 0, (size_t)c.ndev * sizeof(*c.traces));
     if (c.traces == NULL)
         return sp__error(SP_ERR_SYSTEM, SP_SUB_HISTORY, "out of host memory for a snapshot");
 
@@ -404,7 +406,7 @@ static sp_status_t dump(const sp_mempool_t *pool, const char *pattern) {
         if (!sp__history_enabled())
             break;
         sp__history_record(d, SP_TRACE_SNAPSHOT, 0, t->active, 0, c.pool_id, 0);
-        sp__trace_entry_t *ne = realloc(t->e, (t->n + 1) * sizeof(*ne));
+        sp__trace_entry_t *ne = sp__emit_realloc(t->e, (t->n + 1) * sizeof(*ne));
         if (ne == NULL)
             continue; /* the file simply lacks the marker */
         t->e = ne;
