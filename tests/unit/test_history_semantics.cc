@@ -18,7 +18,7 @@
 #include <vector>
 
 extern "C" {
-#include "pool/history_int.h"
+#include "pool/history.h"
 }
 
 using sp::MiB;
