@@ -511,8 +511,9 @@ static sp_status_t report_oom(sp_devalloc_t *d, sp_mempool_t *pool, size_t orig,
                  "; the request went to pool \"%s\" {%" PRIu64 ",%" PRIu64
                  "} (%s reserved), which never borrows from use_on_oom pools",
                  pool->name ? pool->name : "", pool->id.first, pool->id.second, res);
+    /* "Tried to allocate <size>" as PyTorch words it: programs and ported tests match on it. */
     return sp__error(SP_ERR_OUT_OF_MEMORY, SP_SUB_POOL,
-                     "out of memory on device %d: tried to allocate %s; device has %s total, %s "
+                     "out of memory on device %d. Tried to allocate %s; device has %s total, %s "
                      "free; %s allocated by sympool, %s reserved but unallocated%s. If reserved "
                      "but unallocated memory is large, try SYMPOOL_ALLOC_CONF="
                      "max_split_size_mb:N to reduce fragmentation",
@@ -549,7 +550,7 @@ alloc_malloc(sp_devalloc_t *d, sp_mempool_t *pool, size_t orig, sp_stream_t stre
     }
     if (SP_UNLIKELY(d->pending_events))
         sp__alloc_process_events(d);
-    /* Without roundup divisions rounding is to 512 B (orig <= total_mem: no overflow). */
+    /* Without roundup divisions rounding is to 512 B (orig < 1 EB: no overflow). */
     size_t size =
         SP_LIKELY(sp__g.round_plain)
             ? (orig < SP_MIN_BLOCK_SIZE ? SP_MIN_BLOCK_SIZE
@@ -588,7 +589,17 @@ alloc_malloc(sp_devalloc_t *d, sp_mempool_t *pool, size_t orig, sp_stream_t stre
             limit_hit |= s == SP_ERR_OUT_OF_MEMORY && why == 2;
             fraction_hit |= s == SP_ERR_OUT_OF_MEMORY && why == 1;
         }
-        if (!b && s == SP_ERR_OUT_OF_MEMORY) {
+        if (!b && s == SP_ERR_OUT_OF_MEMORY && why == 2) {
+            /* The pool's own limit, not the device, refused: CuPy's rule is to free the pool's
+             * own cached blocks (every stream) and retry once. Other pools' caches cannot help
+             * a limit, so they are left alone; the retry counts as PyTorch's does. */
+            sp__alloc_release_pool(d, pool, false, NULL);
+            d->stats.num_alloc_retries++;
+            s = sp__alloc_segment(d, bp, alloc_size, stream, ctx, &b, &why);
+            limit_hit |= s == SP_ERR_OUT_OF_MEMORY && why == 2;
+            fraction_hit |= s == SP_ERR_OUT_OF_MEMORY && why == 1;
+        }
+        if (!b && s == SP_ERR_OUT_OF_MEMORY && why != 2) {
             sp__alloc_release_cached(d);
             d->stats.num_alloc_retries++;
             s = sp__alloc_segment(d, bp, alloc_size, stream, ctx, &b, &why);
@@ -619,6 +630,24 @@ sp_status_t sp__alloc_malloc(sp_devalloc_t *d, sp_mempool_t *pool, size_t orig, 
 
 /* ---- public entry points ----------------------------------------------------------------- */
 
+/* PyTorch refuses requests of 1 EB and more in allocate(), before its allocator: an OOM, with
+ * no retry and no num_ooms. A request above the device but below 1 EB goes the whole malloc path
+ * (releases, one retry, num_ooms) like any other OOM. Only a size that cannot even be rounded
+ * to a block or segment without overflowing size_t is a bad argument. */
+sp_status_t sp__alloc_check_size(const char *what, int device, size_t size) {
+    if (size < SP_ONE_EB)
+        return SP_SUCCESS;
+    if (size > SP_MAX_ROUNDABLE)
+        return sp__error(SP_ERR_INVALID_ARGUMENT, SP_SUB_POOL,
+                         "%s: %zu bytes cannot be rounded to a block size without overflowing "
+                         "(sizes above %zu are not sizes)",
+                         what, size, (size_t)SP_MAX_ROUNDABLE);
+    return sp__error(SP_ERR_OUT_OF_MEMORY, SP_SUB_POOL,
+                     "out of memory on device %d. Tried to allocate more than 1EB memory "
+                     "(%s of %zu bytes)",
+                     device, what, size);
+}
+
 SP_EXPORT sp_status_t sp_malloc(size_t size, int device, sp_stream_t stream, void **ptr_p) {
     if (SP_UNLIKELY(!ptr_p))
         return sp__error(SP_ERR_INVALID_ARGUMENT, SP_SUB_POOL, "sp_malloc: ptr_p is NULL");
@@ -629,14 +658,8 @@ SP_EXPORT sp_status_t sp_malloc(size_t size, int device, sp_stream_t stream, voi
         *ptr_p = NULL;
         return SP_SUCCESS;
     }
-    if (SP_UNLIKELY(size > d->total_mem)) {
-        char a[32], t[32];
-        sp__fmt_size(size, a, sizeof(a));
-        sp__fmt_size(d->total_mem, t, sizeof(t));
-        return sp__error(SP_ERR_INVALID_ARGUMENT, SP_SUB_POOL,
-                         "sp_malloc: %zu bytes (%s) is more than device %d has in total (%s)", size,
-                         a, device, t);
-    }
+    if (SP_UNLIKELY(size >= SP_ONE_EB))
+        return sp__alloc_check_size("sp_malloc", device, size);
     sp_mempool_t *pool =
         SP_UNLIKELY(atomic_load_explicit(&sp__routing_threads, memory_order_relaxed))
             ? sp__mempool_routed(device)

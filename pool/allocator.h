@@ -40,6 +40,10 @@
 #define SP_SMALL_BUFFER ((size_t)2 << 20)
 #define SP_MIN_LARGE_ALLOC ((size_t)10 << 20)
 #define SP_ROUND_LARGE ((size_t)2 << 20)
+/* PyTorch's cap: a request of 1 EB (2^60 bytes) or more is an OOM before the allocator runs. */
+#define SP_ONE_EB ((size_t)1 << 60)
+/* The largest size the rounding arithmetic handles (power-of-2 division rounding doubles). */
+#define SP_MAX_ROUNDABLE (SIZE_MAX >> 1)
 
 typedef struct sp_bpool {
     sp_block_set_t free;     /* cached free blocks (lock) */
@@ -154,6 +158,10 @@ void sp__fmt_size(size_t bytes, char *buf, size_t len);
  * the request belongs to a private pool, which turns off the use_on_oom fallback. */
 sp_status_t sp__alloc_malloc(sp_devalloc_t *d, sp_mempool_t *pool, size_t size, sp_stream_t stream,
                              void **ptr_p);
+/* The size rule of every malloc entry point, for sizes of 1 EB and more: SP_ERR_OUT_OF_MEMORY
+ * ("Tried to allocate more than 1EB memory", not counted, as PyTorch's allocate()), or
+ * SP_ERR_INVALID_ARGUMENT above SP_MAX_ROUNDABLE. SP_SUCCESS below 1 EB. */
+sp_status_t sp__alloc_check_size(const char *what, int device, size_t size);
 /* Free a block (lock held): the free request, then events or free_block. */
 void sp__alloc_free_locked(sp_devalloc_t *d, sp_block_t *b, uint32_t context);
 /* Complete a free: merge, return to the free set, stats (lock held). free_ctx: history context

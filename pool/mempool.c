@@ -285,11 +285,7 @@ SP_EXPORT sp_status_t sp_mempool_malloc(sp_mempool_t *pool, size_t size, sp_stre
         *ptr_p = NULL;
         return SP_SUCCESS;
     }
-    if (size > d->total_mem)
-        return sp__error(SP_ERR_INVALID_ARGUMENT, SP_SUB_POOL,
-                         "sp_mempool_malloc: %zu bytes is more than device %d has in total "
-                         "(%zu bytes)",
-                         size, d->device, d->total_mem);
+    SP_CHECK(sp__alloc_check_size("sp_mempool_malloc", d->device, size));
     return sp__alloc_malloc(d, pool, size, stream, ptr_p);
 }
 
@@ -341,6 +337,21 @@ SP_EXPORT sp_status_t sp_mempool_free_all_blocks(sp_mempool_t *pool, sp_stream_t
                          "segments is collective: use sp_symmetric_empty_cache",
                          pname(pool));
     sp_devalloc_t *d = pool->dev;
+    if (stream) {
+        /* As every other call: a stream sympool did not make, or one of another device, is a
+         * bad argument (it could never match a cached block, so "success" would hide a bug). */
+        int sdev = -1;
+        if (sp__g.ops->stream_device(stream, &sdev) != SP_SUCCESS)
+            return sp__error(SP_ERR_INVALID_ARGUMENT, SP_SUB_POOL,
+                             "sp_mempool_free_all_blocks: %p is not a stream made by "
+                             "sp_stream_create",
+                             stream);
+        if (sdev != pool->device)
+            return sp__error(SP_ERR_INVALID_ARGUMENT, SP_SUB_POOL,
+                             "sp_mempool_free_all_blocks: stream %p belongs to device %d, pool "
+                             "\"%s\" to device %d",
+                             stream, sdev, pname(pool), pool->device);
+    }
     sp__lock(&d->lock);
     if (d->pending_events)
         sp__alloc_process_events(d);
