@@ -223,7 +223,7 @@ static inline __attribute__((always_inline)) void hand_out(sp_devalloc_t *d, sp_
 
 void sp__alloc_found_block(sp_devalloc_t *d, sp_block_t *b, size_t size, size_t orig,
                            uint32_t context) {
-    hand_out(d, b, NULL, NULL, size, orig, context, sp__history_active != 0);
+    hand_out(d, b, NULL, NULL, size, orig, context, sp__history_on());
 }
 
 /* ---- segments ---------------------------------------------------------------------------- */
@@ -298,7 +298,7 @@ sp_status_t sp__alloc_segment(sp_devalloc_t *d, sp_bpool_t *bp, size_t alloc_siz
     if (alloc_size >= sp__g.conf.max_split_size)
         sp__stat_add(&st->oversize_segments, 1);
     st->num_device_alloc++;
-    if (SP_UNLIKELY(sp__history_active))
+    if (SP_UNLIKELY(sp__history_on()))
         sp__history_record(d->device, SP_TRACE_SEGMENT_ALLOC, seg->base, alloc_size,
                            (uintptr_t)stream, pool->id, context);
     SP_TRACE(SP_SUB_POOL,
@@ -310,7 +310,7 @@ sp_status_t sp__alloc_segment(sp_devalloc_t *d, sp_bpool_t *bp, size_t alloc_siz
     return SP_SUCCESS;
 }
 
-void sp__alloc_release_segment(sp_devalloc_t *d, sp_segment_t *seg) {
+void sp__alloc_release_segment(sp_devalloc_t *d, sp_segment_t *seg, uint32_t context) {
     sp_bpool_t *bp = seg->bpool;
     sp_mempool_t *pool = bp->pool;
     sp_block_t *b = seg->head;
@@ -329,9 +329,12 @@ void sp__alloc_release_segment(sp_devalloc_t *d, sp_segment_t *seg) {
     sp__stat_dec(st, SP_ST_RESERVED_BYTES, bp->is_small, (int64_t)seg->size);
     if (seg->size >= sp__g.conf.max_split_size)
         sp__stat_add(&st->oversize_segments, -1);
-    if (SP_UNLIKELY(sp__history_active))
+    /* PyTorch's release_block: the stack of the call that released the segment when it gathered
+     * one, else the stack the segment was allocated with (recorded only from context "alloc"
+     * up, which sp__history_record decides). */
+    if (SP_UNLIKELY(sp__history_on()))
         sp__history_record(d->device, SP_TRACE_SEGMENT_FREE, seg->base, seg->size,
-                           (uintptr_t)seg->stream, pool->id, 0);
+                           (uintptr_t)seg->stream, pool->id, context ? context : seg->context);
     sp__segidx_remove(d, seg);
     if (seg->pprev)
         seg->pprev->pnext = seg->pnext;
@@ -425,11 +428,11 @@ static inline __attribute__((always_inline)) void free_block(sp_devalloc_t *d, s
     }
     /* SYMPOOL_NO_CACHING: the block is its own segment; give it back at once. */
     if (SP_UNLIKELY(sp__g.conf.no_caching) && !b->prev && !b->next && !bp->pool->symmetric)
-        sp__alloc_release_segment(d, seg);
+        sp__alloc_release_segment(d, seg, free_ctx);
 }
 
 void sp__alloc_free_block(sp_devalloc_t *d, sp_block_t *b, uint32_t free_ctx) {
-    free_block(d, b, free_ctx, sp__history_active != 0);
+    free_block(d, b, free_ctx, sp__history_on());
 }
 
 static inline __attribute__((always_inline)) void free_locked(sp_devalloc_t *d, sp_block_t *b,
@@ -451,7 +454,7 @@ static inline __attribute__((always_inline)) void free_locked(sp_devalloc_t *d, 
 }
 
 void sp__alloc_free_locked(sp_devalloc_t *d, sp_block_t *b, uint32_t context) {
-    free_locked(d, b, context, sp__history_active != 0);
+    free_locked(d, b, context, sp__history_on());
 }
 
 /* ---- malloc ------------------------------------------------------------------------------ */
@@ -481,7 +484,7 @@ static sp_status_t report_oom(sp_devalloc_t *d, sp_mempool_t *pool, size_t orig,
     size_t dfree = 0, dtotal = d->total_mem;
     (void)sp__g.ops->mem_get_info(d->device, &dfree, &dtotal);
     d->stats.num_ooms++;
-    if (SP_UNLIKELY(sp__history_active))
+    if (SP_UNLIKELY(sp__history_on()))
         sp__history_record(d->device, SP_TRACE_OOM, (uintptr_t)dfree, size, (uintptr_t)stream,
                            pool->id, context);
     char req[32], tot[32], fre[32], alc[32], unal[32], lim[32], res[32], cap[32];
@@ -537,7 +540,7 @@ static sp_status_t check_stream(const sp_devalloc_t *d, sp_stream_t stream) {
 static inline __attribute__((always_inline)) sp_status_t
 alloc_malloc(sp_devalloc_t *d, sp_mempool_t *pool, size_t orig, sp_stream_t stream, void **ptr_p) {
     /* One read of the history switch per call: its hooks then agree with each other. */
-    bool hist = SP_UNLIKELY(sp__history_active != 0);
+    bool hist = SP_UNLIKELY(sp__history_on());
     uint32_t ctx = hist ? sp__history_capture(false) : 0;
     sp__lock(&d->lock);
     if (SP_UNLIKELY(pool->destroyed)) {
@@ -578,13 +581,14 @@ alloc_malloc(sp_devalloc_t *d, sp_mempool_t *pool, size_t orig, sp_stream_t stre
             return s;
         }
         if (d->gc_enabled)
-            sp__alloc_gc(d);
+            sp__alloc_gc(d, ctx);
         s = sp__alloc_segment(d, bp, alloc_size, stream, ctx, &b, &why);
         limit_hit |= s == SP_ERR_OUT_OF_MEMORY && why == 2;
         fraction_hit |= s == SP_ERR_OUT_OF_MEMORY && why == 1;
         if (s == SP_ERR_OUT_OF_MEMORY && pool->is_default)
             b = mempool_fallback(d, size, stream);
-        if (!b && s == SP_ERR_OUT_OF_MEMORY && sp__alloc_release_available(d, bp, size, stream)) {
+        if (!b && s == SP_ERR_OUT_OF_MEMORY &&
+            sp__alloc_release_available(d, bp, size, stream, ctx)) {
             s = sp__alloc_segment(d, bp, alloc_size, stream, ctx, &b, &why);
             limit_hit |= s == SP_ERR_OUT_OF_MEMORY && why == 2;
             fraction_hit |= s == SP_ERR_OUT_OF_MEMORY && why == 1;
@@ -593,14 +597,14 @@ alloc_malloc(sp_devalloc_t *d, sp_mempool_t *pool, size_t orig, sp_stream_t stre
             /* The pool's own limit, not the device, refused: CuPy's rule is to free the pool's
              * own cached blocks (every stream) and retry once. Other pools' caches cannot help
              * a limit, so they are left alone; the retry counts as PyTorch's does. */
-            sp__alloc_release_pool(d, pool, false, NULL);
+            sp__alloc_release_pool(d, pool, false, NULL, ctx);
             d->stats.num_alloc_retries++;
             s = sp__alloc_segment(d, bp, alloc_size, stream, ctx, &b, &why);
             limit_hit |= s == SP_ERR_OUT_OF_MEMORY && why == 2;
             fraction_hit |= s == SP_ERR_OUT_OF_MEMORY && why == 1;
         }
         if (!b && s == SP_ERR_OUT_OF_MEMORY && why != 2) {
-            sp__alloc_release_cached(d);
+            sp__alloc_release_cached(d, ctx);
             d->stats.num_alloc_retries++;
             s = sp__alloc_segment(d, bp, alloc_size, stream, ctx, &b, &why);
             limit_hit |= s == SP_ERR_OUT_OF_MEMORY && why == 2;
@@ -705,7 +709,7 @@ SP_EXPORT sp_status_t sp_free(void *ptr) {
                          "sp_free(%p): sympool is not initialized, so this is not its pointer",
                          ptr);
     uintptr_t a = (uintptr_t)ptr;
-    bool hist = SP_UNLIKELY(sp__history_active != 0);
+    bool hist = SP_UNLIKELY(sp__history_on());
     uint32_t ctx = hist ? sp__history_capture(true) : 0;
     for (int i = 0; i < sp__g.ndev; i++) {
         sp_devalloc_t *d = &sp__g.devs[i];

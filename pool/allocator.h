@@ -179,7 +179,9 @@ sp_status_t sp__alloc_segment(sp_devalloc_t *d, sp_bpool_t *bp, size_t alloc_siz
                               sp_stream_t stream, uint32_t context, sp_block_t **block_p,
                               int *why_p);
 /* Release a segment whose only block is free (lock held). */
-void sp__alloc_release_segment(sp_devalloc_t *d, sp_segment_t *seg);
+/* context: the history context of the call that releases it (0: none; the segment_free entry
+ * then carries the segment's own allocation stack, as PyTorch's release_block does). */
+void sp__alloc_release_segment(sp_devalloc_t *d, sp_segment_t *seg, uint32_t context);
 sp_block_t *sp__block_new(sp_devalloc_t *d);
 void sp__block_recycle(sp_devalloc_t *d, sp_block_t *b);
 /* Is this block a whole free segment that may be released? */

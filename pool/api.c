@@ -121,7 +121,7 @@ SP_EXPORT sp_status_t sp_init(void) {
 
 /* Release every segment of a pool whatever its state (shutdown: nothing is allocated). */
 static void release_all(sp_devalloc_t *d, sp_mempool_t *p) {
-    sp__alloc_release_pool(d, p, false, NULL);
+    sp__alloc_release_pool(d, p, false, NULL, 0);
     if (p->nsegments)
         SP_WARN(SP_SUB_POOL, "pool \"%s\": %zu segment(s) could not be released at shutdown",
                 p->name ? p->name : "", p->nsegments);
@@ -210,12 +210,16 @@ SP_EXPORT sp_status_t sp_set_memory_fraction(double fraction, int device) {
 
 SP_EXPORT sp_status_t sp_empty_cache(void) {
     SP_CHECK(sp__alloc_ensure());
+    /* PyTorch's emptyCache gathers its caller's stack only at context "all" (and before taking
+     * the lock), for the segment_free entries of what it releases. */
+    uint32_t ctx = sp__history_capture(true);
     for (int i = 0; i < sp__g.ndev; i++) {
         sp_devalloc_t *d = &sp__g.devs[i];
         sp__lock(&d->lock);
-        sp__alloc_release_cached(d);
+        sp__alloc_release_cached(d, ctx);
         sp__unlock(&d->lock);
     }
+    sp__history_context_release(ctx);
     return SP_SUCCESS;
 }
 

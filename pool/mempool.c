@@ -171,15 +171,20 @@ SP_EXPORT sp_status_t sp_mempool_destroy(sp_mempool_t *pool) {
                          "sp_mempool_destroy: the default pool of device %d cannot be destroyed",
                          pool->device);
     sp_devalloc_t *d = pool->dev;
+    /* PyTorch's MemPool destructor releases through emptyCache(id), which gathers its caller's
+     * stack at context "all" (before the lock) for the segment_free entries. */
+    uint32_t ctx = sp__history_capture(true);
     sp__lock(&d->lock);
     if (pool->destroyed) {
         sp__unlock(&d->lock);
+        sp__history_context_release(ctx);
         return sp__error(SP_ERR_INVALID_USAGE, SP_SUB_POOL,
                          "sp_mempool_destroy: pool \"%s\" {0,%" PRIu64 "} was already destroyed",
                          pname(pool), pool->id.second);
     }
     if (atomic_load(&pool->use_count) > 1) {
         sp__unlock(&d->lock);
+        sp__history_context_release(ctx);
         return sp__error(SP_ERR_INVALID_USAGE, SP_SUB_POOL,
                          "sp_mempool_destroy: pool \"%s\" {0,%" PRIu64 "} is still routed by "
                          "sp_mempool_begin (use count %d); call sp_mempool_end first",
@@ -192,12 +197,13 @@ SP_EXPORT sp_status_t sp_mempool_destroy(sp_mempool_t *pool) {
      * whole free segment through the pool's allocator (for a symmetric pool, its registrar,
      * which defers what must be collective). */
     sp__alloc_sync_events(d, pool);
-    sp__alloc_release_pool(d, pool, false, NULL);
+    sp__alloc_release_pool(d, pool, false, NULL, ctx);
     SP_INFO(SP_SUB_POOL,
             "device %d: destroyed pool \"%s\" {0,%" PRIu64 "} (%zu segments, %zu "
             "bytes still held by live blocks)",
             d->device, pname(pool), pool->id.second, pool->nsegments, pool->reserved);
     sp__unlock(&d->lock);
+    sp__history_context_release(ctx);
     return SP_SUCCESS;
 }
 
@@ -352,11 +358,13 @@ SP_EXPORT sp_status_t sp_mempool_free_all_blocks(sp_mempool_t *pool, sp_stream_t
                              "\"%s\" to device %d",
                              stream, sdev, pname(pool), pool->device);
     }
+    uint32_t ctx = sp__history_capture(true); /* as sp_empty_cache: level "all" only */
     sp__lock(&d->lock);
     if (d->pending_events)
         sp__alloc_process_events(d);
-    sp__alloc_release_pool(d, pool, stream != NULL, stream);
+    sp__alloc_release_pool(d, pool, stream != NULL, stream, ctx);
     sp__unlock(&d->lock);
+    sp__history_context_release(ctx);
     return SP_SUCCESS;
 }
 

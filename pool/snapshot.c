@@ -403,8 +403,8 @@ static sp_status_t dump(const sp_mempool_t *pool, const char *pattern) {
     int64_t now = sp__epoch_us();
     for (int d = 0; d < c.ndev; d++) {
         trace_copy_t *t = &c.traces[d];
-        if (!sp__history_enabled())
-            break;
+        if (!sp__history_keeps_actions())
+            break; /* not recording, or enabled=STATE: no action history, no marker */
         sp__history_record(d, SP_TRACE_SNAPSHOT, 0, t->active, 0, c.pool_id, 0);
         sp__trace_entry_t *ne = sp__emit_realloc(t->e, (t->n + 1) * sizeof(*ne));
         if (ne == NULL)

@@ -65,7 +65,7 @@ sp_status_t sp__pool_sym_take(sp_mempool_t *pool, size_t size, sp_stream_t strea
     SP_CHECK(check_size(pool, size));
     sp_devalloc_t *d = pool->dev;
     size_t rs = sp__round_size(size);
-    uint32_t ctx = sp__history_active ? sp__history_capture(false) : 0;
+    uint32_t ctx = sp__history_on() ? sp__history_capture(false) : 0;
     sp__lock(&d->lock);
     sp_segment_t *seg = seg_by_seq(pool, segment_seq);
     sp_block_t *b =
@@ -91,7 +91,7 @@ sp_status_t sp__pool_sym_grow(sp_mempool_t *pool, size_t size, sp_stream_t strea
     SP_CHECK(check_size(pool, size));
     sp_devalloc_t *d = pool->dev;
     size_t rs = sp__round_size(size);
-    uint32_t ctx = sp__history_active ? sp__history_capture(false) : 0;
+    uint32_t ctx = sp__history_on() ? sp__history_capture(false) : 0;
     sp__lock(&d->lock);
     sp_bpool_t *bp = rs <= SP_SMALL_SIZE ? &pool->small : &pool->large;
     sp_block_t *b = NULL;
@@ -174,7 +174,7 @@ sp_status_t sp__pool_release_segment(sp_mempool_t *pool, uint64_t segment_seq) {
                          pool->name ? pool->name : "", (unsigned long long)segment_seq,
                          s ? "holds an allocated or pending block" : "does not exist");
     }
-    sp__alloc_release_segment(d, s);
+    sp__alloc_release_segment(d, s, 0);
     sp__unlock(&d->lock);
     return SP_SUCCESS;
 }

@@ -31,7 +31,7 @@ typedef enum {
 } sp_history_context_t;
 
 typedef struct sp_history_params {
-    sp_history_enabled_t enabled; /**< OFF clears the buffer; STATE keeps one entry (PyTorch) */
+    sp_history_enabled_t enabled; /**< OFF clears the buffer; STATE keeps no trace entries */
     sp_history_context_t context; /**< which records carry stack frames */
     size_t max_entries;           /**< ring buffer size; 0 = unbounded */
     bool c_stacks;                /**< record C stack frames */
@@ -42,12 +42,13 @@ void sp_history_params_init(sp_history_params_t *params);
 
 /**
  * Start, change or stop recording on every device (PyTorch's meanings): OFF stops and clears
- * every buffer; STATE keeps only the newest entry (max_entries forced to 1) so that stacks stay on
- * live blocks; ALL keeps up to max_entries entries, the oldest overwritten first. Changing
- * max_entries keeps the newest entries. context: NONE records no stacks, STATE stacks on live
- * blocks only, ALLOC also on trace entries, ALL also captures a stack at each free. Stacks come
- * from the frames hook (sp_history_set_frames_hook) and, with c_stacks, from backtrace(3):
- * "symbol+0xoffset" and the object file, line 0 (no debug-info lookup; use addr2line).
+ * every buffer; STATE keeps the stacks of live blocks but no trace entries (no action history, no
+ * snapshot markers; PyTorch keeps a one-entry ring there, i.e. whichever event came last); ALL
+ * keeps up to max_entries entries, the oldest overwritten first. Changing max_entries keeps the
+ * newest entries. context: NONE records no stacks, STATE stacks on live blocks only, ALLOC also on
+ * trace entries, ALL also captures a stack at each free. Stacks come from the frames hook
+ * (sp_history_set_frames_hook) and, with c_stacks, from backtrace(3): "symbol+0xoffset" and the
+ * object file, line 0 (no debug-info lookup; use addr2line).
  * @return SP_SUCCESS, SP_ERR_INVALID_ARGUMENT (NULL params, enabled or context out of range;
  *         nothing changes), SP_ERR_SYSTEM (no host memory to resize the buffers).
  */
