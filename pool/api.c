@@ -56,6 +56,18 @@ static sp_status_t dev_init(sp_devalloc_t *d, int device) {
     return SP_SUCCESS;
 }
 
+/* The one place that knows expandable segments are not implemented (issue 12 item 13): the
+ * option is parsed and shown in snapshots' allocator settings, but segments are allocated whole.
+ * Warn once per process rather than accept it silently. The expandable-segments work deletes
+ * this function and its call in sp__alloc_init_slow (and tests/unit/test_expandable_stub.cc). */
+static void expandable_unimplemented(void) {
+    static atomic_flag warned = ATOMIC_FLAG_INIT;
+    if (!atomic_flag_test_and_set(&warned))
+        SP_WARN(SP_SUB_INIT,
+                "expandable_segments:True is not implemented yet: segments are allocated whole, "
+                "as with expandable_segments:False (the other SYMPOOL_ALLOC_CONF keys apply)");
+}
+
 sp_status_t sp__alloc_init_slow(void) {
     pthread_mutex_lock(&sp__g.init_lock);
     if (atomic_load_explicit(&sp__ready, memory_order_acquire)) {
@@ -68,6 +80,8 @@ sp_status_t sp__alloc_init_slow(void) {
         return s;
     }
     sp__alloc_conf_get(&sp__g.conf);
+    if (sp__g.conf.expandable_segments)
+        expandable_unimplemented();
     sp__g.round_plain = true;
     for (int i = 0; i < 16; i++)
         if (sp__g.conf.roundup_divisions[i] > 1)
