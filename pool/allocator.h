@@ -77,7 +77,8 @@ struct sp_mempool {
     sp_segment_t *seg_head;   /* segments in seq order (lock) */
     sp_segment_t *seg_tail;   /* (lock) */
     struct sp_mempool *next;  /* the device's pool list in creation order (lock) */
-    struct sp_devalloc *dev;  /* its device allocator (const) */
+    struct sp_devalloc *dev;  /* its device allocator (const; freed at sp_shutdown) */
+    uint64_t generation;      /* sp__handles_generation() when made; older = stale (const) */
 };
 
 /* ---- events ------------------------------------------------------------------------------ */

@@ -14,6 +14,7 @@
 #include <string.h>
 
 #include "pool/allocator.h"
+#include "pool/handles.h"
 #include "pool/release.h"
 #include "pool/mempool.h"
 
@@ -24,11 +25,11 @@ static void dev_fini(sp_devalloc_t *d) {
     sp_mempool_t *p = d->pools;
     while (p) {
         sp_mempool_t *nx = p->next;
-        sp__mempool_free_struct(p);
+        sp__mempool_retire(p);
         p = nx;
     }
     if (d->default_pool)
-        sp__mempool_free_struct(d->default_pool);
+        sp__mempool_retire(d->default_pool);
     sp_block_t *b = d->spare;
     while (b) {
         sp_block_t *nx = b->hnext;
@@ -177,6 +178,7 @@ SP_EXPORT sp_status_t sp_shutdown(void) {
     sp__g.ndev = 0;
     atomic_store_explicit(&sp__ready, 0, memory_order_release);
     sp__mempool_routing_reset();
+    sp__handles_next_generation(); /* every pool handle of this session is stale from here */
     sp__history_shutdown();
     sp__device_reset();
     sp__g.ops = NULL;

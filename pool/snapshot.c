@@ -436,6 +436,6 @@ SP_EXPORT sp_status_t sp_dump_snapshot(const char *path) {
 }
 
 SP_EXPORT sp_status_t sp_mempool_dump_snapshot(const sp_mempool_t *pool, const char *path) {
-    SP_ARG_CHECK(pool != NULL, SP_SUB_HISTORY, "sp_mempool_dump_snapshot: pool is NULL");
+    SP_CHECK(sp__mempool_check(pool, "sp_mempool_dump_snapshot"));
     return dump(pool, path);
 }

@@ -21,9 +21,7 @@ static sp_segment_t *seg_by_seq(const sp_mempool_t *pool, uint64_t seq) {
 }
 
 static sp_status_t check_pool(const sp_mempool_t *pool) {
-    if (!pool)
-        return sp__error(SP_ERR_INVALID_ARGUMENT, SP_SUB_POOL, "NULL pool");
-    return sp__alloc_ensure();
+    return sp__mempool_check(pool, "symmetric pool");
 }
 
 /* Sizes the device cannot hold are refused before any rounding can overflow. */
