@@ -736,3 +736,11 @@ void sp__options_print(void *file) {
     }
     pthread_mutex_unlock(&opts_lock);
 }
+
+void sp__options_fork_lock(void) {
+    pthread_mutex_lock(&opts_lock);
+}
+
+void sp__options_fork_unlock(void) {
+    pthread_mutex_unlock(&opts_lock);
+}

@@ -16,6 +16,7 @@
 #include <string.h>
 
 #include "pool/allocator.h"
+#include "pool/fork.h"
 #include "pool/release.h"
 #include "pool/mempool.h"
 #include "pool/segment_index.h"
@@ -704,10 +705,13 @@ static sp_status_t explain_bad_pointer(const char *what, const void *ptr) {
 SP_EXPORT sp_status_t sp_free(void *ptr) {
     if (!ptr)
         return SP_SUCCESS;
-    if (SP_UNLIKELY(!atomic_load_explicit(&sp__ready, memory_order_acquire)))
+    if (SP_UNLIKELY(!atomic_load_explicit(&sp__ready, memory_order_acquire))) {
+        if (sp__fork_cuda_child())
+            return sp__fork_error("sp_free");
         return sp__error(SP_ERR_INVALID_USAGE, SP_SUB_POOL,
                          "sp_free(%p): sympool is not initialized, so this is not its pointer",
                          ptr);
+    }
     uintptr_t a = (uintptr_t)ptr;
     bool hist = SP_UNLIKELY(sp__history_on());
     uint32_t ctx = hist ? sp__history_capture(true) : 0;

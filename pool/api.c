@@ -14,6 +14,7 @@
 #include <string.h>
 
 #include "pool/allocator.h"
+#include "pool/fork.h"
 #include "pool/handles.h"
 #include "pool/release.h"
 #include "pool/mempool.h"
@@ -70,6 +71,9 @@ static void expandable_unimplemented(void) {
 }
 
 sp_status_t sp__alloc_init_slow(void) {
+    sp__fork_register(); /* before init_lock: see pool/fork.h */
+    if (SP_UNLIKELY(sp__fork_cuda_child()))
+        return sp__fork_error("sympool");
     pthread_mutex_lock(&sp__g.init_lock);
     if (atomic_load_explicit(&sp__ready, memory_order_acquire)) {
         pthread_mutex_unlock(&sp__g.init_lock);

@@ -107,3 +107,11 @@ uint64_t sp__handles_generation(void) {
 void sp__handles_next_generation(void) {
     atomic_fetch_add_explicit(&g_generation, 1, memory_order_acq_rel);
 }
+
+void sp__handles_fork_lock(void) {
+    pthread_mutex_lock(&g_lock);
+}
+
+void sp__handles_fork_unlock(void) {
+    pthread_mutex_unlock(&g_lock);
+}

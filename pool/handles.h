@@ -17,5 +17,8 @@ bool sp__handles_known(const void *pool);
 /* The current generation: pools carry the one they were made in; sp_shutdown starts the next. */
 uint64_t sp__handles_generation(void);
 void sp__handles_next_generation(void);
+/* fork() (pool/fork.c): hold the registry's lock across fork(). */
+void sp__handles_fork_lock(void);
+void sp__handles_fork_unlock(void);
 
 #endif /* SP_POOL_HANDLES_H */

@@ -29,6 +29,7 @@
 #include <string.h>
 
 #include "core/core.h"
+#include "pool/fork.h"
 #include "pool/history.h"
 #include "sympool/history.h"
 
@@ -546,6 +547,7 @@ SP_EXPORT void sp_history_params_init(sp_history_params_t *params) {
 }
 
 SP_EXPORT sp_status_t sp_record_memory_history(const sp_history_params_t *params) {
+    sp__fork_register(); /* before g.lock: see pool/fork.h */
     SP_ARG_CHECK(params != NULL, SP_SUB_HISTORY, "sp_record_memory_history: params is NULL");
     SP_ARG_CHECK((unsigned)params->enabled <= SP_HISTORY_ALL, SP_SUB_HISTORY,
                  "sp_record_memory_history: enabled=%d is not OFF, STATE or ALL",
@@ -632,5 +634,13 @@ void sp__history_shutdown(void) {
     g.buckets = NULL;
     g.nctx = g.ctx_alloc = g.nbuckets = g.live_ctx = 0;
     g.free_ids = 0;
+    pthread_mutex_unlock(&g.lock);
+}
+
+void sp__history_fork_lock(void) {
+    pthread_mutex_lock(&g.lock);
+}
+
+void sp__history_fork_unlock(void) {
     pthread_mutex_unlock(&g.lock);
 }

@@ -95,6 +95,10 @@ int sp__history_device_count(void);
 sp_status_t sp__history_copy(int device, sp__trace_entry_t **entries_p, size_t *n_p);
 void sp__history_entries_free(sp__trace_entry_t *entries, size_t n);
 
+/* fork() (pool/fork.c): hold history's lock across fork(); release it in the parent and child. */
+void sp__history_fork_lock(void);
+void sp__history_fork_unlock(void);
+
 /* Whether recording is on, and at which levels (for snapshot's allocator settings and tests). */
 bool sp__history_enabled(void);
 /* Whether trace entries are kept (enabled = SP_HISTORY_ALL). With SP_HISTORY_STATE only the

@@ -58,6 +58,11 @@ int wait_bounded(pid_t pid, std::chrono::milliseconds limit) {
         if (r == pid)
             return WIFEXITED(status) ? WEXITSTATUS(status) : 100 + WTERMSIG(status);
         if (std::chrono::steady_clock::now() > end) {
+            if (getenv("SP_FORK_DEBUG")) {
+                std::string cmd = "gdb -p " + std::to_string(pid) +
+                                  " -batch -ex 'thread apply all bt' 2>/dev/null | head -40";
+                (void)system(cmd.c_str());
+            }
             kill(pid, SIGKILL);
             waitpid(pid, &status, 0);
             return -1;
@@ -75,6 +80,7 @@ TEST_F(Fork, ChildrenForkedWhileThreadsAllocateNeverHang) {
     SP_SKIP_UNLESS_HOST(); // on cuda the child's GPU state is unusable by design
     sp_history_params_t hp;
     sp_history_params_init(&hp);
+    hp.max_entries = 4096; // bounded: each child copies and writes the whole trace
     ASSERT_SP_OK(sp_record_memory_history(&hp)); // the history lock is taken on every call too
     sp_stream_t stream;
     ASSERT_SP_OK(sp_stream_create(0, &stream));
