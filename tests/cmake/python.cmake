@@ -68,6 +68,20 @@ if(Python3_Interpreter_FOUND)
     ENVIRONMENT "${SP_PY_ENV}")
 endif()
 
+# The install path a user takes: cmake --install into a fresh prefix, then import the package
+# from there with no SYMPOOL_LIBRARY: it must find the library through the link next to it.
+if(Python3_Interpreter_FOUND OR SP_TEST_PY)
+  set(SP_INSTALL_PY "${SP_TEST_PY}")
+  if(NOT SP_INSTALL_PY)
+    set(SP_INSTALL_PY "${Python3_EXECUTABLE}")
+  endif()
+  set(SP_PREFIX ${CMAKE_CURRENT_BINARY_DIR}/python_install_prefix)
+  add_test(NAME python.install
+    COMMAND sh -c "rm -rf '${SP_PREFIX}' && '${CMAKE_COMMAND}' --install '${PROJECT_BINARY_DIR}' --prefix '${SP_PREFIX}' >/dev/null && cd / && env -u SYMPOOL_LIBRARY PYTHONPATH='${SP_PREFIX}/${SYMPOOL_PYTHON_SITEDIR}' '${SP_INSTALL_PY}' -c 'import sympool, os; p = sympool.library_path(); assert p.startswith(\"${SP_PREFIX}\"), p; p = sympool.malloc(100); sympool.free(p); print(\"python.install: OK\", sympool.library_path(), sympool.backend())'")
+  set_tests_properties(python.install PROPERTIES LABELS "unit;python" TIMEOUT 120
+    ENVIRONMENT "${SP_PY_ENV}" PASS_REGULAR_EXPRESSION "python.install: OK")
+endif()
+
 if(NOT SP_TEST_PY)
   add_test(NAME python.pytest_missing
     COMMAND sh -c "echo 'no python3 with pytest: install python3-pytest and python3-mpi4py (scripts/deps.sh does) or set -DSYMPOOL_TEST_PYTHON=...'; exit 1")
