@@ -212,6 +212,19 @@ def lib():
     return _lib
 
 
+class _Functions:
+    """c.sp_xxx: the library's function, looked up once (attribute access on this object is
+    cheaper than on the CDLL, which matters on the malloc/free path)."""
+
+    def __getattr__(self, name):
+        fn = getattr(lib(), name)
+        setattr(self, name, fn)
+        return fn
+
+
+c = _Functions()
+
+
 def path():
     """The path the library was loaded from (what torch's CUDAPluggableAllocator is given)."""
     lib()

@@ -14,7 +14,9 @@ import tempfile
 import threading
 
 from . import _lib
-from ._lib import as_device, as_ptr, as_size, as_stream, bad_value, check, lib
+from ._lib import as_device, as_ptr, as_size, as_stream, bad_value, c, check, lib
+
+_SIZE_MAX = _lib.SIZE_MAX
 
 _keys = None
 _keys_lock = threading.Lock()
@@ -72,11 +74,13 @@ def stats_keys():
 
 def memory_stats(device=0):
     """torch.cuda.memory_stats: an OrderedDict of the 122 keys, in PyTorch's order."""
-    d = as_device(device)
+    d = device if type(device) is int and 0 <= device < 1 << 31 else as_device(device)
+    keys = _keys or stats_keys()
     st = _lib.Stats()
-    check(lib().sp_memory_stats(d, ctypes.byref(st)))
-    v = st.value
-    return collections.OrderedDict((k, v[i]) for i, k in enumerate(stats_keys()))
+    status = c.sp_memory_stats(d, ctypes.byref(st))
+    if status:
+        check(status)
+    return collections.OrderedDict(zip(keys, st.value[:len(keys)]))
 
 
 def memory_allocated(device=0):
@@ -134,9 +138,17 @@ def memory_summary(device=0, abbreviated=False):
 def malloc(size, device=0, stream=None):
     """Allocate size bytes on device, ordered on stream; returns the address (0 for size 0). The
     thread's innermost use_mem_pool pool on that device receives it."""
-    n, d, s = as_size(size), as_device(device), as_stream(stream)
+    # The common case (plain ints, default stream) skips the general conversions.
+    if type(size) is not int or not 0 <= size <= _SIZE_MAX:
+        size = as_size(size)
+    if type(device) is not int or not 0 <= device < 1 << 31:
+        device = as_device(device)
+    if stream is not None:
+        stream = as_stream(stream)
     p = ctypes.c_void_p()
-    check(lib().sp_malloc(n, d, s, ctypes.byref(p)))
+    status = c.sp_malloc(size, device, stream, ctypes.byref(p))
+    if status:
+        check(status)
     return p.value or 0
 
 
@@ -145,7 +157,11 @@ caching_allocator_alloc = malloc
 
 def free(ptr):
     """Return a block from malloc (or a pool) to its pool. 0 / None is a no-op."""
-    check(lib().sp_free(as_ptr(ptr)))
+    if type(ptr) is not int or not 0 < ptr <= _SIZE_MAX:
+        ptr = as_ptr(ptr)
+    status = c.sp_free(ptr)
+    if status:
+        check(status)
 
 
 caching_allocator_delete = free
