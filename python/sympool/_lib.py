@@ -278,11 +278,18 @@ def as_size(value, what="size"):
 
 
 def as_device(device):
-    """A device index: an int, or an object with .index (torch.device); None is device 0."""
+    """A device index: an int, "cuda" / "cuda:N", or a torch.device; None is device 0."""
     if device is None:
         return 0
-    if hasattr(device, "index") and not isinstance(device, int):
-        device = device.index if device.index is not None else 0
+    if isinstance(device, str):
+        kind, _, index = device.partition(":")
+        if kind != "cuda" or (index and not index.isdigit()):
+            raise TypeError(f"device must be an int, a torch.device or 'cuda:N', not {device!r}")
+        return int(index) if index else 0
+    if type(device).__name__ == "device" and hasattr(device, "type"):  # torch.device
+        if device.type != "cuda":
+            raise bad_value(f"device {device} is not a CUDA device")
+        return device.index if device.index is not None else 0
     d = as_int(device, "device")
     if d < 0 or d >= 1 << 31:
         raise bad_value(f"device must be in [0, device_count()), got {d}")

@@ -315,9 +315,11 @@ class MemPool:
         """Release the pool's fully free segments (only stream's if given). Collective
         (sp_symmetric_empty_cache) for a symmetric pool, where stream must be None."""
         if self._symmetric:
-            if stream is not None:
-                raise bad_value("a symmetric pool releases its segments on every stream at once")
-            check(lib().sp_symmetric_empty_cache(self._h()))
+            status = lib().sp_symmetric_empty_cache(self._h())  # joined even on a bad stream
+            if stream is not None:  # ... so that no other rank waits for this one
+                raise bad_value("a symmetric pool releases its segments on every stream at once: "
+                                "pass stream=None")
+            check(status)
             return
         check(lib().sp_mempool_free_all_blocks(self._h(), as_stream(stream)))
 

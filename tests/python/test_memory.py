@@ -153,3 +153,10 @@ def test_memory_summary(sp):
 
 def test_library_path(sp):
     assert sp.library_path().endswith((".so", ".so.0")) or ".so" in sp.library_path()
+
+
+def test_device_spellings(sp):
+    assert list(sp.memory_stats("cuda")) == list(sp.memory_stats(0))
+    assert sp.memory_allocated("cuda:0") == sp.memory_allocated(0)
+    with pytest.raises(TypeError):
+        sp.memory_stats("cpu")
