@@ -96,3 +96,19 @@ def test_bad_snapshot_path(sp):
     with pytest.raises(sp.SympoolError) as e:
         sp.dump_snapshot("/nonexistent-dir/x.pickle")
     assert e.value.status == "SP_ERR_SYSTEM"
+
+
+def test_frames_from_another_python_thread(sp):
+    import threading
+    sp.record_memory_history()
+    out = []
+
+    def worker_alloc():
+        out.append(sp.malloc(15000))
+
+    t = threading.Thread(target=worker_alloc)
+    t.start()
+    t.join()
+    ev = [e for e in sp.snapshot()["device_traces"][0] if e.get("size") == 15000]
+    assert ev[-1]["frames"][0]["name"] == "worker_alloc"
+    sp.free(out[0])
