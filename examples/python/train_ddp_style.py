@@ -14,6 +14,9 @@ Without torch (or without a GPU) the same loop runs on sympool's host backend: p
 buckets are host memory reached through ctypes, the "backward pass" writes a gradient that
 depends on the rank, and the check is exact: every bucket must hold the mean over ranks.
 
+The world comes from mpi4py's COMM_WORLD when mpi4py is installed, else from World.init()
+(sympool initializes MPI itself).
+
 At the end, rank 0 prints sympool's statistics table across ranks (World.stats_report).
 """
 
@@ -194,8 +197,11 @@ def main():
     if use_torch:
         import sympool.torch
         sympool.torch.enable()  # before anything touches CUDA: every tensor comes from sympool
-    from mpi4py import MPI
-    world = sympool.World(MPI.COMM_WORLD)
+    try:
+        from mpi4py import MPI
+        world = sympool.World(MPI.COMM_WORLD)
+    except ImportError:  # no mpi4py: sympool initializes (and finalizes) MPI itself
+        world = sympool.World.init()
     pool = sympool.MemPool(symmetric=True, world=world, name="grad_buckets")
     what = (run_torch if use_torch else run_host)(sympool, world, pool, args)
     if world.rank == 0:
