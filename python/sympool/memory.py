@@ -227,6 +227,7 @@ class MemPool:
             raise bad_value("name contains a NUL character")
         self._handle = None
         self._symmetric = symmetric
+        self._user_allocator = allocator
         self._world = world
         params = _lib.MemPoolParams()
         lib().sp_mempool_params_init(ctypes.byref(params))
@@ -266,6 +267,11 @@ class MemPool:
     def id(self):
         pid = lib().sp_mempool_id(self._h())
         return (int(pid.first), int(pid.second))
+
+    @property
+    def allocator(self):
+        """The segment allocator given at creation (None: the device backend), as torch's."""
+        return self._user_allocator
 
     @property
     def is_symmetric(self):
@@ -323,9 +329,19 @@ class MemPool:
             return
         check(lib().sp_mempool_free_all_blocks(self._h(), as_stream(stream)))
 
-    def set_limit(self, size):
-        """Cap the pool's total bytes (0: no limit); a request past it raises OutOfMemoryError."""
-        check(lib().sp_mempool_set_limit(self._h(), as_size(size)))
+    def set_limit(self, size=None, fraction=None):
+        """Cap the pool's total bytes (CuPy's set_limit): size in bytes, or fraction of the
+        device's total memory; 0 or neither removes the limit. A request past it raises
+        OutOfMemoryError."""
+        if size is not None and fraction is not None:
+            raise bad_value("set_limit takes size or fraction, not both")
+        if fraction is not None:
+            if isinstance(fraction, bool) or not isinstance(fraction, (int, float)):
+                raise TypeError(f"fraction must be a float, not {type(fraction).__name__}")
+            if not 0.0 <= fraction <= 1.0:
+                raise bad_value(f"fraction must be in [0, 1], got {fraction}")
+            size = int(get_memory_info(self._device)[1] * fraction)
+        check(lib().sp_mempool_set_limit(self._h(), 0 if size is None else as_size(size)))
 
     def get_limit(self):
         return int(lib().sp_mempool_get_limit(self._h()))
@@ -422,6 +438,11 @@ def snapshot():
     """The process's snapshot as a dict with PyTorch's structure (torch.cuda.memory._snapshot):
     "segments", "device_traces", "allocator_settings", "external_annotations"."""
     return _snapshot_via(lambda path: lib().sp_dump_snapshot(path))
+
+
+def memory_snapshot():
+    """torch.cuda.memory_snapshot: the snapshot's segments (a list of dicts)."""
+    return snapshot()["segments"]
 
 
 def dump_snapshot(path):

@@ -153,3 +153,28 @@ def test_destroy_while_routed_is_refused(sp):
             pool.destroy()
         assert e.value.status == "SP_ERR_INVALID_USAGE"
     pool.destroy()
+
+
+def test_cupy_set_limit_forms_and_allocator_property(sp):
+    segs = (lambda size, dev, stream: 0, lambda *a: None)
+    assert sp.MemPool(segs).allocator is segs
+    pool = sp.MemPool()
+    assert pool.allocator is None
+    pool.set_limit(size=1 << 20)
+    assert pool.get_limit() == 1 << 20
+    total = sp.get_memory_info()[1]
+    pool.set_limit(fraction=0.5)
+    assert abs(pool.get_limit() - total // 2) <= 1
+    pool.set_limit()
+    assert pool.get_limit() == 0
+    with pytest.raises(ValueError):
+        pool.set_limit(size=1, fraction=0.1)
+    with pytest.raises(ValueError):
+        pool.set_limit(fraction=2.0)
+
+
+def test_memory_snapshot_lists_segments(sp):
+    p = sp.malloc(1 << 20)
+    segs = sp.memory_snapshot()
+    assert isinstance(segs, list) and any(s["total_size"] >= 1 << 20 for s in segs)
+    sp.free(p)

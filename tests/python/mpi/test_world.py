@@ -9,6 +9,8 @@ import json
 import pytest
 
 MPI = pytest.importorskip("mpi4py.MPI")
+if MPI.COMM_WORLD.Get_size() < 2:  # e.g. `pytest tests/python` by hand, without mpirun
+    pytest.skip("needs mpirun -np 2 (or more)", allow_module_level=True)
 
 
 @pytest.fixture(scope="module")
