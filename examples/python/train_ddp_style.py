@@ -130,7 +130,8 @@ def run_host(sympool, world, pool, args):
         raise SystemExit(f"rank {world.rank}: weights differ across ranks ({lo} vs {both[0]})")
     for p in params + bufs + [chk]:
         sympool.free(p)
-    return f"{len(buckets)} bucket(s) of {counts} floats; weights checksum {total:.3f} on every rank"
+    return (f"{len(buckets)} bucket(s) of {counts} floats; "
+            f"weights checksum {total:.3f} on every rank")
 
 
 # ---- GPUs with torch ----------------------------------------------------------------------

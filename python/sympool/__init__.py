@@ -20,7 +20,8 @@ from .memory import (MemPool, backend, caching_allocator_alloc, caching_allocato
                      malloc, max_memory_allocated, max_memory_reserved, mem_get_info,
                      memory_allocated, memory_reserved, memory_snapshot, memory_stats,
                      memory_summary, record_stream, reset_accumulated_memory_stats,
-                     reset_peak_memory_stats, set_per_process_memory_fraction, snapshot, stats_keys, use_mem_pool)
+                     reset_peak_memory_stats, set_per_process_memory_fraction, snapshot,
+                     stats_keys, use_mem_pool)
 from .world import World
 
 __version__ = "0.1.0"

@@ -87,7 +87,8 @@ class HistoryFrame(ctypes.Structure):
 FRAMES_FN = ctypes.CFUNCTYPE(ctypes.c_size_t, ctypes.POINTER(HistoryFrame), ctypes.c_size_t,
                              ctypes.c_void_p)
 
-_st, _sz, _i, _vp, _cp = ctypes.c_int, ctypes.c_size_t, ctypes.c_int, ctypes.c_void_p, ctypes.c_char_p
+_st, _sz, _i = ctypes.c_int, ctypes.c_size_t, ctypes.c_int
+_vp, _cp = ctypes.c_void_p, ctypes.c_char_p
 _P = ctypes.POINTER
 _PROTOS = {
     "sp_status_name": (_cp, [_st]),
