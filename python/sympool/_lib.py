@@ -133,6 +133,9 @@ _PROTOS = {
     "sp_dump_snapshot": (_st, [_cp]),
     "sp_mempool_dump_snapshot": (_st, [_vp, _cp]),
     "sp_history_set_frames_hook": (None, [FRAMES_FN, _vp]),
+    "sp_stream_create": (_st, [_i, _P(_vp)]),
+    "sp_stream_destroy": (_st, [_vp]),
+    "sp_stream_synchronize": (_st, [_vp]),
     "sp_torch_malloc": (_vp, [_sz, _i, _vp]),
     "sp_torch_free": (None, [_vp, _sz, _i, _vp]),
 }

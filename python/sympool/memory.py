@@ -172,6 +172,34 @@ def record_stream(ptr, stream):
     check(lib().sp_record_stream(as_ptr(ptr), as_stream(stream)))
 
 
+class Stream:
+    """A sympool stream on device (sp_stream_create): a cudaStream_t on cuda, a host stream on
+    host. Pass it (or its .ptr) wherever a stream is taken. destroy() releases it."""
+
+    def __init__(self, device=0):
+        s = ctypes.c_void_p()
+        check(lib().sp_stream_create(as_device(device), ctypes.byref(s)))
+        self.ptr = self.cuda_stream = s.value
+        self.device = as_device(device)
+
+    def synchronize(self):
+        check(lib().sp_stream_synchronize(self._live()))
+
+    def destroy(self):
+        if self.ptr is not None:
+            check(lib().sp_stream_destroy(self.ptr))
+            self.ptr = self.cuda_stream = None
+
+    def _live(self):
+        if self.ptr is None:
+            raise _lib.SympoolError("SP_ERR_INVALID_USAGE", "this Stream was destroyed")
+        return self.ptr
+
+    def __repr__(self):
+        return f"<sympool.Stream {self.ptr:#x} device={self.device}>" if self.ptr else \
+            "<sympool.Stream destroyed>"
+
+
 # ---- MemPools -------------------------------------------------------------------------------
 
 # Segment-allocator callbacks a pool may call after the Python MemPool object is gone (segments

@@ -178,3 +178,23 @@ def test_memory_snapshot_lists_segments(sp):
     segs = sp.memory_snapshot()
     assert isinstance(segs, list) and any(s["total_size"] >= 1 << 20 for s in segs)
     sp.free(p)
+
+
+def test_streams_keep_their_own_cache(sp):
+    s = sp.Stream()
+    pool = sp.MemPool(name="streams")
+    a = pool.malloc(1000, stream=s)
+    sp.free(a)
+    assert pool.n_free_blocks() == 1
+    b = pool.malloc(1000)  # default stream: never the block cached on s
+    assert b != a
+    pool.free_all_blocks(stream=s)  # releases the segment that is free on s only
+    assert pool.total_bytes() == 2 << 20
+    sp.free(b)
+    s.synchronize()
+    s.destroy()
+    with pytest.raises(sp.SympoolError):
+        s.synchronize()
+    with pytest.raises(sp.SympoolError) as e:
+        sp.malloc(512, stream=0xdead0)  # not a stream sympool made
+    assert e.value.status == "SP_ERR_INVALID_ARGUMENT"
