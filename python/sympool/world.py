@@ -57,7 +57,8 @@ def _comm_handle(comm):
         raise TypeError(f"comm must be an mpi4py.MPI.Comm, not {type(comm).__name__}")
     if comm == MPI.COMM_NULL:
         raise bad_value("comm is MPI.COMM_NULL")
-    handle = MPI._handleof(comm)
+    # mpi4py 3 has MPI._handleof; mpi4py 4 also has Comm.handle.
+    handle = MPI._handleof(comm) if hasattr(MPI, "_handleof") else comm.handle
     # Open MPI's MPI_Comm is a pointer, MPICH's an int: the handle's size tells which.
     ctype = ctypes.c_void_p if MPI._sizeof(MPI.Comm) == ctypes.sizeof(ctypes.c_void_p) \
         else ctypes.c_int
