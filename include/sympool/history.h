@@ -59,9 +59,13 @@ sp_status_t sp_record_memory_history(const sp_history_params_t *params);
  * protocol 4 using only the opcodes MemoryViz.js reads. "%r", "%p" and "%h" in the path become the
  * rank (from the MPI launcher's environment, 0 without one), the pid and the host name. The file
  * is written to a temporary next to it, synced and renamed, so readers never see half a file.
- * Each call appends a `snapshot` entry to every device's trace while recording.
- * @return SP_SUCCESS, SP_ERR_INVALID_ARGUMENT (NULL or empty path, path too long),
- *         SP_ERR_SYSTEM (cannot create, write or rename the file; out of host memory).
+ * An existing target must be a regular file, or a symbolic link to one (the file it names is
+ * replaced, in that file's directory, and the link stays); a FIFO, directory, socket, device node
+ * (/dev/null), a link to one of those or a dangling link is refused and left as it is.
+ * Each call appends a `snapshot` entry to every device's trace while recording all actions.
+ * @return SP_SUCCESS, SP_ERR_INVALID_ARGUMENT (NULL or empty path, path too long, a target that
+ *         is not a regular file), SP_ERR_SYSTEM (cannot create, write or rename the file; out of
+ *         host memory, at any stage).
  */
 sp_status_t sp_dump_snapshot(const char *path);
 
@@ -69,7 +73,8 @@ sp_status_t sp_dump_snapshot(const char *path);
  * Write one pool's snapshot: its segments only, and each device's trace filtered to the pool's
  * events (plus the snapshot markers), so the trace still replays back to the segments shown.
  * Same path rules as sp_dump_snapshot.
- * @return as sp_dump_snapshot; SP_ERR_INVALID_ARGUMENT also for a NULL pool.
+ * @return as sp_dump_snapshot; SP_ERR_INVALID_ARGUMENT also for a NULL or garbage pool handle,
+ *         SP_ERR_INVALID_USAGE for one from before sp_shutdown.
  */
 sp_status_t sp_mempool_dump_snapshot(const sp_mempool_t *pool, const char *path);
 
