@@ -1,7 +1,7 @@
 /*
  * snapshot.c: PyTorch-compatible memory snapshots (torch.cuda.memory._snapshot()) of the whole
  * process (sp_dump_snapshot) or of one pool (sp_mempool_dump_snapshot), written as pickle
- * protocol 4 or JSON (".json" path) through pickle_write.c, atomically.
+ * protocol 4 or JSON (".json" path) through core/core_emit.c, atomically.
  *
  * Consistency: the segments come from sp__pool_walk, which holds every device's allocator lock
  * for the whole walk (pool/segment_index.c); the traces are copied from inside the visitor at its
@@ -22,7 +22,7 @@
 
 #include "core/core.h"
 #include "pool/history.h"
-#include "pool/pickle_write.h"
+#include "core/core_emit.h"
 #include "pool/pool.h"
 #include "sympool/history.h"
 #include "sympool/pool.h"
