@@ -285,8 +285,8 @@ bool sp__opt_parse(sp_option_t o, const char *text, bool lenient, opt_notes_t *n
     opt_value_t v;
     memset(&v, 0, sizeof v);
     bool ok = true;
-    bool b;
-    size_t sz;
+    bool b = false;
+    size_t sz = 0;
     if (strlen(text) >= sizeof v.s) {
         snprintf(why, why_len, "longer than %zu characters", sizeof v.s - 1);
         return false;
