@@ -33,8 +33,8 @@
 
 extern char **environ;
 
-/* Variables that start with SYMPOOL_ but belong to the build or tests, not to the library. */
-static const char *const allowed_names[] = {"SYMPOOL_TEST_DEVICE"};
+/* Variables that start with SYMPOOL_ but belong to the build, the tests or the Python package. */
+static const char *const allowed_names[] = {"SYMPOOL_TEST_DEVICE", "SYMPOOL_LIBRARY"};
 
 typedef struct {
     opt_value_t v;                 /* the value in force */
