@@ -23,7 +23,7 @@
 #include <vector>
 
 extern "C" {
-#include "pool/pickle_write.h"
+#include "core/core_emit.h"
 }
 
 using sp::MiB;
