@@ -130,10 +130,11 @@ typedef enum {
     SP_OPT_LARGE_SEGMENT_SIZE,       /* size; default 20 MiB */
     SP_OPT_GC_THRESHOLD,             /* double in [0,1) ; 0 = off */
     SP_OPT_ROUNDUP_POWER2_DIVISIONS, /* string: "N" or "[64:8,256:4,>:1]" */
-    SP_OPT_EXPANDABLE_SEGMENTS,      /* bool (accepted, reported; see pool) */
+    SP_OPT_EXPANDABLE_SEGMENTS,      /* bool: PyTorch's expandable segments (pool/) */
     SP_OPT_HOST_CAPACITY,            /* size; default 80GiB */
     SP_OPT_HOST_DEVICES,             /* long; default 1 */
     SP_OPT_HOST_FAIL_AFTER,          /* long; 0 = never */
+    SP_OPT_HOST_ARENA,               /* bool: carve host memory from one reservation (replay) */
     SP_OPT_SYM_TIMEOUT,              /* double seconds; default 60 */
     SP_OPT_SYM_REGISTRAR,            /* enum auto|nccl|mpi */
     SP_OPT_REPORT,                   /* enum none|table|json|prometheus */
@@ -179,7 +180,7 @@ typedef struct sp_alloc_conf {
     size_t max_non_split_rounding;  /* bytes */
     size_t large_segment_size;      /* bytes */
     double gc_threshold;            /* 0 = off */
-    bool expandable_segments;       /* parsed and reported */
+    bool expandable_segments;       /* one growing segment per stream and pool kind */
     bool no_caching;                /* SYMPOOL_NO_CACHING */
     uint32_t roundup_divisions[16]; /* per power-of-2 interval from 1 MiB; 0 = none */
     char conf_text[512];            /* the ALLOC_CONF string as given, for snapshots */
