@@ -327,6 +327,10 @@ int sp_cli_replay(int argc, char **argv) {
     /* The option table is read once, at the first sympool call: configure it first. A replay
      * always runs on the emulated device, with one device per recorded device. */
     setenv("SYMPOOL_DEVICE", "host", 1);
+    /* Replay never touches the memory: carve address space from one reservation instead of a
+     * mmap/munmap pair per segment (same budget and OOMs). SYMPOOL_HOST_ARENA=0 measures the
+     * old way. */
+    setenv("SYMPOOL_HOST_ARENA", "1", 0);
     if (t.ndev > 1) {
         char n[16];
         snprintf(n, sizeof(n), "%d", t.ndev);
