@@ -167,6 +167,8 @@ typedef struct sp_block {
     int8_t height;          /* AVL height while in_set (lock) */
     bool allocated;         /* handed out and not yet freed (lock) */
     bool in_set;            /* in its bpool's free set (lock) */
+    bool unmapped;          /* expandable: address space without memory; in its bpool's
+                             * unmapped list (chained by left/right), never in a set (lock) */
 } sp_block_t;
 
 typedef struct sp_segment {
@@ -177,6 +179,9 @@ typedef struct sp_segment {
     uint64_t seq;             /* per-pool sequence number in growth order, from 0 (const) */
     uint32_t context;         /* history context of the request that grew it (lock) */
     sp_block_t *head;         /* its lowest block (lock) */
+    bool expandable;          /* an expandable segment: size is address space (const) */
+    size_t page;              /* expandable: bytes per mapped page (const) */
+    size_t mapped;            /* expandable: bytes mapped (lock) */
     struct sp_segment *pprev; /* pool's segment list, in seq order (lock) */
     struct sp_segment *pnext; /* (lock) */
 } sp_segment_t;
@@ -292,6 +297,7 @@ typedef struct sp_bpool {
     bool is_small;           /* small (<= 1 MiB requests) or large pool (const) */
     struct sp_mempool *pool; /* owning MemPool (const) */
     uint64_t gfb_count;      /* get_free_block calls while GC is on: the GC clock (lock) */
+    sp_block_t *unmapped;    /* expandable: unmapped blocks by (stream, address) (lock) */
 } sp_bpool_t;
 
 /* ---- MemPools ---------------------------------------------------------------------------- */
@@ -412,6 +418,7 @@ typedef struct sp_alloc_global {
     sp_device_caps_t caps;      /* backend capabilities */
     sp_alloc_conf_t conf;       /* resolved allocator options at init */
     bool round_plain;           /* no roundup_power2_divisions: round to 512 B only (const) */
+    bool exp_on;                /* expandable segments in use (conf, backend VMM) (const) */
     int ndev;                   /* devices */
     sp_devalloc_t *devs;        /* [ndev] */
 } sp_alloc_global_t;
@@ -490,6 +497,27 @@ void sp__alloc_gc(sp_devalloc_t *d);
 sp_status_t sp__segidx_insert(sp_devalloc_t *d, sp_segment_t *seg);
 void sp__segidx_remove(sp_devalloc_t *d, sp_segment_t *seg);
 sp_segment_t *sp__segidx_find(const sp_devalloc_t *d, uintptr_t addr);
+
+/* ---- expandable.c ----------------------------------------------------------------------- */
+
+/* Does this pool grow expandable segments? Pools with a pluggable segment allocator and
+ * symmetric pools keep fixed segments. */
+static inline bool sp__exp_pool(const sp_mempool_t *pool) {
+    return sp__g.exp_on && !pool->has_allocator && !pool->symmetric;
+}
+/* Bytes per mapped page of bp's expandable segments. */
+size_t sp__exp_page(const sp_bpool_t *bp);
+/* PyTorch's try_allocate_expandable_block: a free mapped block of >= size bytes, taken out of
+ * the set, mapping pages (and reserving a segment) as needed. *why_p = 2: pool limit. */
+sp_status_t sp__exp_alloc(sp_devalloc_t *d, sp_bpool_t *bp, size_t size, sp_stream_t stream,
+                          uint32_t ctx, sp_block_t **block_p, int *why_p);
+/* Best fit among expandable blocks: from set block b on, the block that can expand least;
+ * when it is not b, *slot_p and *pred_p are updated for it. */
+sp_block_t *sp__exp_best_fit(sp_bpool_t *bp, sp_block_t *b, sp_stream_t stream,
+                             sp_block_t ***slot_p, sp_block_t **pred_p);
+/* Unmap the free pages of an expandable segment (after syncing its stream); releases the
+ * segment when nothing is mapped any more. Returns the bytes unmapped. */
+size_t sp__exp_release(sp_devalloc_t *d, sp_segment_t *seg);
 
 /* ---- mempool.c --------------------------------------------------------------------------- */
 

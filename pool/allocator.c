@@ -117,6 +117,8 @@ static inline sp_block_t *find_fit(sp_devalloc_t *d, sp_bpool_t *bp, size_t size
     sp_block_t *b = sp__bset_find_fit(&bp->free, stream, size, slot_p, pred_p);
     if (!b || b->stream != stream)
         return NULL;
+    if (SP_UNLIKELY(b->seg->expandable))
+        b = sp__exp_best_fit(bp, b, stream, slot_p, pred_p);
     size_t mss = sp__g.conf.max_split_size;
     /* Oversize rules: small requests never take oversize blocks, and an oversize request takes
      * an oversize block only if it wastes less than max_non_split_rounding. */
@@ -139,7 +141,9 @@ static inline bool should_split(const sp_bpool_t *bp, const sp_block_t *b, size_
     if (bp->pool->no_split)
         return false;
     size_t remaining = b->size - size;
-    if (bp->is_small)
+    /* With expandable segments PyTorch splits large blocks down to 512 bytes too: the rest of
+     * a page can always be unmapped, so slack is not kept in the block. */
+    if (bp->is_small || sp__exp_pool(bp->pool))
         return remaining >= SP_MIN_BLOCK_SIZE;
     return size < sp__g.conf.max_split_size && remaining > SP_SMALL_SIZE;
 }
@@ -186,7 +190,9 @@ static inline __attribute__((always_inline)) void hand_out(sp_devalloc_t *d, sp_
         b->next = rem;
         b->size = size;
         sp__bset_check(&bp->free);
-        if (already_split) {
+        /* inactive_split leaves expandable segments out (their free pages can be unmapped). */
+        if (SP_UNLIKELY(b->seg->expandable)) {
+        } else if (already_split) {
             sp__stat_dec(st, SP_ST_INACTIVE_SPLIT_BYTES, small, (int64_t)b->size);
         } else {
             sp__stat_inc(st, SP_ST_INACTIVE_SPLIT_BYTES, small, (int64_t)rem->size);
@@ -195,7 +201,7 @@ static inline __attribute__((always_inline)) void hand_out(sp_devalloc_t *d, sp_
     } else {
         if (slot)
             sp__bset_remove(&bp->free, b);
-        if (already_split) {
+        if (already_split && !b->seg->expandable) {
             sp__stat_dec(st, SP_ST_INACTIVE_SPLIT_BYTES, small, (int64_t)b->size);
             sp__stat_dec(st, SP_ST_INACTIVE_SPLIT, small, 1);
         }
@@ -392,6 +398,8 @@ static inline __attribute__((always_inline)) void free_block(sp_devalloc_t *d, s
         net_n++;
         net_bytes += (int64_t)b->size;
     }
+    if (SP_UNLIKELY(seg->expandable))
+        net_n = net_bytes = 0; /* PyTorch leaves expandable segments out of inactive_split */
     if (net_n)
         sp__stat_arr(st, SP_ST_INACTIVE_SPLIT, bp->is_small, net_n);
     if (net_bytes)
@@ -516,6 +524,20 @@ static sp_status_t report_oom(sp_devalloc_t *d, sp_mempool_t *pool, size_t orig,
                      d->device, req, tot, fre, alc, unal, extra);
 }
 
+/* PyTorch's alloc_block: a new fixed segment, or pages mapped into an expandable segment.
+ * The memory fraction is checked against the fixed segment size either way, as PyTorch does. */
+static sp_status_t grow(sp_devalloc_t *d, sp_bpool_t *bp, size_t size, size_t alloc_size,
+                        sp_stream_t stream, uint32_t ctx, sp_block_t **b_p, int *why_p) {
+    if (!sp__exp_pool(bp->pool))
+        return sp__alloc_segment(d, bp, alloc_size, stream, ctx, b_p, why_p);
+    if (d->total_reserved + alloc_size > d->allowed_max ||
+        d->total_reserved + alloc_size < d->total_reserved) {
+        *why_p = 1;
+        return SP_ERR_OUT_OF_MEMORY;
+    }
+    return sp__exp_alloc(d, bp, size, stream, ctx, b_p, why_p);
+}
+
 /* A stream is checked on the miss path only: a cache hit implies an earlier miss on the same
  * stream (blocks are keyed by stream), so the hit path stays free of backend calls. */
 static sp_status_t check_stream(const sp_devalloc_t *d, sp_stream_t stream) {
@@ -575,20 +597,20 @@ alloc_malloc(sp_devalloc_t *d, sp_mempool_t *pool, size_t orig, sp_stream_t stre
         }
         if (d->gc_enabled)
             sp__alloc_gc(d);
-        s = sp__alloc_segment(d, bp, alloc_size, stream, ctx, &b, &why);
+        s = grow(d, bp, size, alloc_size, stream, ctx, &b, &why);
         limit_hit |= s == SP_ERR_OUT_OF_MEMORY && why == 2;
         fraction_hit |= s == SP_ERR_OUT_OF_MEMORY && why == 1;
         if (s == SP_ERR_OUT_OF_MEMORY && pool->is_default)
             b = mempool_fallback(d, size, stream);
         if (!b && s == SP_ERR_OUT_OF_MEMORY && sp__alloc_release_available(d, bp, size, stream)) {
-            s = sp__alloc_segment(d, bp, alloc_size, stream, ctx, &b, &why);
+            s = grow(d, bp, size, alloc_size, stream, ctx, &b, &why);
             limit_hit |= s == SP_ERR_OUT_OF_MEMORY && why == 2;
             fraction_hit |= s == SP_ERR_OUT_OF_MEMORY && why == 1;
         }
         if (!b && s == SP_ERR_OUT_OF_MEMORY) {
             sp__alloc_release_cached(d);
             d->stats.num_alloc_retries++;
-            s = sp__alloc_segment(d, bp, alloc_size, stream, ctx, &b, &why);
+            s = grow(d, bp, size, alloc_size, stream, ctx, &b, &why);
             limit_hit |= s == SP_ERR_OUT_OF_MEMORY && why == 2;
             fraction_hit |= s == SP_ERR_OUT_OF_MEMORY && why == 1;
         }
@@ -600,7 +622,7 @@ alloc_malloc(sp_devalloc_t *d, sp_mempool_t *pool, size_t orig, sp_stream_t stre
                 sp__history_context_release(ctx);
             return s;
         }
-        if (ctx && s == SP_SUCCESS)
+        if (ctx && s == SP_SUCCESS && !b->seg->expandable)
             sp__history_context_retain(ctx); /* the new segment and the block each hold one */
     }
     sp__alloc_found_block(d, b, size, orig, ctx);

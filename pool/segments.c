@@ -117,10 +117,13 @@ sp_status_t sp__pool_locked(void (*fn)(void *arg), void *arg) {
     return SP_SUCCESS;
 }
 
-static sp_status_t visit_segment(sp_devalloc_t *d, sp_segment_t *seg, sp_segment_visit_fn visit,
-                                 void *arg, sp_block_view_t **buf, size_t *cap) {
+/* Visit the run of mapped blocks that starts at `first` as one segment: a fixed segment is one
+ * run; an expandable segment gives one per contiguous mapped range, as PyTorch's snapshot. */
+static sp_status_t visit_run(sp_devalloc_t *d, sp_segment_t *seg, sp_block_t *first,
+                             sp_segment_visit_fn visit, void *arg, sp_block_view_t **buf,
+                             size_t *cap) {
     size_t n = 0;
-    for (sp_block_t *b = seg->head; b; b = b->next)
+    for (sp_block_t *b = first; b && !b->unmapped; b = b->next)
         n++;
     if (n > *cap) {
         sp_block_view_t *nb = realloc(*buf, n * sizeof(*nb));
@@ -133,21 +136,22 @@ static sp_status_t visit_segment(sp_devalloc_t *d, sp_segment_t *seg, sp_segment
     sp_segment_view_t v;
     memset(&v, 0, sizeof(v));
     v.device = d->device;
-    v.address = seg->base;
-    v.total_size = seg->size;
+    v.address = first->addr;
     v.stream = (uintptr_t)seg->stream;
     v.is_small = seg->bpool->is_small;
+    v.is_expandable = seg->expandable;
     v.pool_id = pool->id;
     v.pool_name = pool->name;
     v.segment_seq = seg->seq;
-    v.context = seg->context;
+    v.context = first == seg->head || !seg->expandable ? seg->context : 0;
     size_t i = 0;
-    for (sp_block_t *b = seg->head; b; b = b->next, i++) {
+    for (sp_block_t *b = first; b && !b->unmapped; b = b->next, i++) {
         sp_block_view_t *bv = &(*buf)[i];
         bv->address = b->addr;
         bv->size = b->size;
         bv->requested_size = b->allocated || b->event_count ? b->requested : 0;
         bv->context = b->context;
+        v.total_size += b->size;
         if (b->allocated) {
             bv->state = SP_BLOCK_ACTIVE_ALLOCATED;
             v.allocated_size += b->size;
@@ -163,6 +167,16 @@ static sp_status_t visit_segment(sp_devalloc_t *d, sp_segment_t *seg, sp_segment
     v.nblocks = n;
     v.blocks = *buf;
     visit(&v, arg);
+    return SP_SUCCESS;
+}
+
+static sp_status_t visit_segment(sp_devalloc_t *d, sp_segment_t *seg, sp_segment_visit_fn visit,
+                                 void *arg, sp_block_view_t **buf, size_t *cap) {
+    if (!seg->expandable)
+        return visit_run(d, seg, seg->head, visit, arg, buf, cap);
+    for (sp_block_t *b = seg->head; b; b = b->next)
+        if (!b->unmapped && (!b->prev || b->prev->unmapped))
+            SP_CHECK(visit_run(d, seg, b, visit, arg, buf, cap));
     return SP_SUCCESS;
 }
 
