@@ -30,7 +30,8 @@
 #include <inttypes.h>
 #include <stdlib.h>
 
-#include "pool/alloc_int.h"
+#include "pool/expandable.h"
+#include "pool/segment_index.h"
 
 /* ---- the unmapped list of a block pool ------------------------------------------------- */
 

@@ -12,7 +12,9 @@
  */
 #include <stdlib.h>
 
-#include "pool/alloc_int.h"
+#include "pool/allocator.h"
+#include "pool/expandable.h"
+#include "pool/release.h"
 
 /* ---- events ------------------------------------------------------------------------------ */
 
