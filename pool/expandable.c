@@ -16,10 +16,10 @@
  *    the pages the request needs there (normally at the end of the segment), merging them with
  *    the free neighbours. Each map: reserved_bytes += bytes, num_device_alloc++, a segment_map
  *    trace entry. The segment count does not change.
- *  - Release (empty_cache, the OOM retry, pool destroy): after synchronizing the segment's
- *    stream, the whole pages inside each free block are unmapped: reserved_bytes -= bytes,
- *    num_device_free++, a segment_unmap entry. A segment that is unmapped end to end gives its
- *    address space back.
+ *  - Release (empty_cache, the OOM retry, pool destroy): after synchronizing the device
+ *    (PyTorch syncs the segment's stream, which in sympool may already be destroyed), the whole
+ * pages inside each free block are unmapped: reserved_bytes -= bytes, num_device_free++, a
+ * segment_unmap entry. A segment that is unmapped end to end gives its address space back.
  *  - Stats otherwise as PyTorch: blocks of expandable segments never count in inactive_split,
  *    and any split leaving >= 512 bytes is made (should_split), in both pools.
  *
@@ -377,9 +377,6 @@ static size_t unmap_block(sp_devalloc_t *d, sp_block_t *b) {
             sp__block_recycle(d, after);
         return 0; /* out of host memory: keep the pages */
     }
-    /* cuMemUnmap does not wait for the GPU: the work queued on the segment's stream must be
-     * done before its pages go. */
-    (void)sp__g.ops->stream_sync(d->device, seg->stream);
     if (sp__g.ops->vmm_unmap(d->device, (void *)begin, end - begin) != SP_SUCCESS) {
         if (before)
             sp__block_recycle(d, before);
@@ -442,8 +439,23 @@ static size_t unmap_block(sp_devalloc_t *d, sp_block_t *b) {
     return len;
 }
 
+/* Does seg hold a free block with a whole page inside? */
+static bool has_free_page(const sp_segment_t *seg) {
+    for (const sp_block_t *b = seg->head; b; b = b->next) {
+        uintptr_t off = b->addr - seg->base;
+        if (free_mapped(b) && (off + seg->page - 1) / seg->page < (off + b->size) / seg->page)
+            return true;
+    }
+    return false;
+}
+
 size_t sp__exp_release(sp_devalloc_t *d, sp_segment_t *seg) {
     size_t freed = 0;
+    /* cuMemUnmap does not wait for the GPU, so the work that used the pages must be done first.
+     * PyTorch syncs the segment's stream; sympool lets users destroy streams, so it syncs the
+     * device (once per segment, and only when there is something to unmap). */
+    if (has_free_page(seg))
+        (void)sp__g.ops->device_sync(d->device); /* an error was logged there */
     /* unmap_block keeps b as the unmapped survivor and only absorbs unmapped neighbours, so
      * the walk can go on from b's next block. */
     for (sp_block_t *b = seg->head; b; b = b->next)

@@ -647,6 +647,16 @@ static sp_status_t cuda_vmm_release(int device, void *base, size_t size) {
     return res;
 }
 
+static sp_status_t cuda_device_sync(int device) {
+    int prev = -1;
+    SP_CHECK(guard_enter(device, &prev));
+    sp_status_t res = SP_SUCCESS;
+    CU_TRY_OUT(cudaDeviceSynchronize(), res);
+out:
+    guard_exit(device, prev);
+    return res;
+}
+
 static const sp_device_ops_t cuda_ops = {
     .name = "cuda",
     .init = cuda_init,
@@ -658,6 +668,7 @@ static const sp_device_ops_t cuda_ops = {
     .stream_destroy = cuda_stream_destroy,
     .stream_sync = cuda_stream_sync,
     .stream_device = cuda_stream_device,
+    .device_sync = cuda_device_sync,
     .event_create = cuda_event_create,
     .event_destroy = cuda_event_destroy,
     .event_record = cuda_event_record,

@@ -61,6 +61,9 @@ typedef struct sp_device_ops {
     /* Which device a stream belongs to (host: recorded at creation); SP_ERR_INVALID_ARGUMENT for
      * a handle the backend did not make. NULL (default stream) is not asked. */
     sp_status_t (*stream_device)(sp_dev_stream_t stream, int *device_p);
+    /* Wait for everything queued on every stream of the device (cudaDeviceSynchronize; host:
+     * completes every stream's recorded events). */
+    sp_status_t (*device_sync)(int device);
 
     /* Events: created without timing (cuda: cudaEventDisableTiming), pooled by the backend. */
     sp_status_t (*event_create)(int device, sp_dev_event_t *event_p);

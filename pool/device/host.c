@@ -586,6 +586,20 @@ static sp_status_t host_stream_sync(int device, sp_dev_stream_t stream) {
     return SP_SUCCESS;
 }
 
+static sp_status_t host_device_sync(int device) {
+    host_dev_t *dev = NULL;
+    SP_CHECK(get_dev(device, &dev));
+    pthread_mutex_lock(&dev->mu);
+    dev->default_stream.completed = dev->default_stream.recorded;
+    for (size_t i = 0; i < dev->streams.cap; i++) {
+        host_stream_t *st = (host_stream_t *)dev->streams.keys[i];
+        if (st)
+            st->completed = st->recorded;
+    }
+    pthread_mutex_unlock(&dev->mu);
+    return SP_SUCCESS;
+}
+
 static sp_status_t host_stream_device(sp_dev_stream_t stream, int *device_p) {
     for (int d = 0; d < g_host.count; d++) {
         host_dev_t *dev = &g_host.devs[d];
@@ -950,6 +964,7 @@ const sp_device_ops_t sp__device_host_ops = {
     .stream_destroy = host_stream_destroy,
     .stream_sync = host_stream_sync,
     .stream_device = host_stream_device,
+    .device_sync = host_device_sync,
     .event_create = host_event_create,
     .event_destroy = host_event_destroy,
     .event_record = host_event_record,
