@@ -379,7 +379,7 @@ static void host_fini(void) {
                 munmap((void *)dev->maps.keys[i], (size_t)dev->maps.vals[i]);
         for (size_t i = 0; i < dev->nresv; i++) {
             if (!arena_owns(&dev->arena, dev->resv[i].base))
-                munmap((void *)dev->resv[i].base, dev->resv[i].size);
+                munmap((void *)dev->resv[i].base, dev->resv[i].size + g_host.page);
             free(dev->resv[i].mapped);
         }
         free(dev->resv);
@@ -757,12 +757,15 @@ static sp_status_t host_vmm_reserve(int device, size_t size, size_t page, void *
     uint8_t *bits = calloc(size / page, 1);
     if (!bits)
         return sp__error(SP_ERR_SYSTEM, SP_SUB_DEVICE, "cannot allocate a page table");
+    /* One guard page after each reservation: two reservations are never adjacent, so a
+     * viewer that merges touching ranges of a stream never joins two segments. */
+    size_t span = size + g_host.page;
     pthread_mutex_lock(&dev->mu);
-    uintptr_t carved = arena_take(&dev->arena, size);
+    uintptr_t carved = arena_take(&dev->arena, span);
     pthread_mutex_unlock(&dev->mu);
     void *p = carved
                   ? (void *)carved
-                  : mmap(NULL, size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+                  : mmap(NULL, span, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
     if (p == MAP_FAILED) {
         int err = errno;
         free(bits);
@@ -785,13 +788,13 @@ static sp_status_t host_vmm_reserve(int device, size_t size, size_t page, void *
         dev->resv[dev->nresv++] = (host_resv_t){(uintptr_t)p, size, page, bits};
         dev->live_count++;
     } else if (carved) {
-        arena_give(&dev->arena, carved, size);
+        arena_give(&dev->arena, carved, span);
     }
     pthread_mutex_unlock(&dev->mu);
     if (!ok) {
         free(bits);
         if (!carved)
-            munmap(p, size);
+            munmap(p, span);
         return sp__error(SP_ERR_SYSTEM, SP_SUB_DEVICE, "cannot record a reservation");
     }
     *base_p = p;
@@ -922,10 +925,10 @@ static sp_status_t host_vmm_release(int device, void *base, size_t size) {
     dev->live_bytes -= mapped; /* pages still mapped go with the reservation */
     bool in_arena = arena_owns(&dev->arena, a);
     if (in_arena)
-        arena_give(&dev->arena, a, size);
+        arena_give(&dev->arena, a, size + g_host.page);
     pthread_mutex_unlock(&dev->mu);
     free(bits);
-    if (!in_arena && munmap(base, size) != 0)
+    if (!in_arena && munmap(base, size + g_host.page) != 0)
         SP_WARN(SP_SUB_DEVICE, "host device %d: munmap(%p, %zu) failed: %s", device, base, size,
                 strerror(errno));
     return SP_SUCCESS;
