@@ -131,6 +131,8 @@ typedef enum {
     SP_OPT_GC_THRESHOLD,             /* double in [0,1) ; 0 = off */
     SP_OPT_ROUNDUP_POWER2_DIVISIONS, /* string: "N" or "[64:8,256:4,>:1]" */
     SP_OPT_EXPANDABLE_SEGMENTS,      /* bool: PyTorch's expandable segments (pool/) */
+    SP_OPT_EXPANDABLE_PAGE,          /* size: large-pool mapping unit; 0 = PyTorch's (20 MiB) */
+    SP_OPT_EXPANDABLE_RECYCLE,       /* bool: move free pages of holes to where a segment grows */
     SP_OPT_HOST_CAPACITY,            /* size; default 80GiB */
     SP_OPT_HOST_DEVICES,             /* long; default 1 */
     SP_OPT_HOST_FAIL_AFTER,          /* long; 0 = never */

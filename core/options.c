@@ -182,6 +182,12 @@ static const opt_def_t defs[SP_OPT_COUNT] = {
      check_roundup, "N or [64:8,256:4,>:1] (roundup_power2_divisions); empty = off"},
     {SP_OPT_EXPANDABLE_SEGMENTS, "SYMPOOL_EXPANDABLE_SEGMENTS", K_BOOL, "0", NULL, NULL,
      "expandable segments (expandable_segments): one growing segment per stream and pool kind"},
+    {SP_OPT_EXPANDABLE_PAGE, "SYMPOOL_EXPANDABLE_PAGE", K_SIZE, "0", NULL, NULL,
+     "ours: large-pool page of expandable segments (e.g. 2MiB, rounded up to the device's "
+     "granularity); 0 = PyTorch's 20 MiB"},
+    {SP_OPT_EXPANDABLE_RECYCLE, "SYMPOOL_EXPANDABLE_RECYCLE", K_BOOL, "0", NULL, NULL,
+     "ours: before an expandable segment grows, unmap whole free pages of its holes (the "
+     "memory moves instead of adding up; costs map/unmap calls)"},
     {SP_OPT_HOST_CAPACITY, "SYMPOOL_HOST_CAPACITY", K_SIZE, "80GiB", NULL, check_positive,
      "memory of each emulated host device"},
     {SP_OPT_HOST_DEVICES, "SYMPOOL_HOST_DEVICES", K_LONG, "1", NULL, check_devices,

@@ -178,6 +178,7 @@ static inline __attribute__((always_inline)) void hand_out(sp_devalloc_t *d, sp_
         rem->context = 0;
         rem->event_count = 0;
         rem->allocated = false;
+        rem->unmapped = false; /* a recycled struct may have been an unmapped block */
         /* The remainder sorts below b (smaller, same stream); if it also sorts above b's
          * predecessor it can take b's node as it is. b's key must be intact until then. */
         if (slot && (!pred || sp__bset_less(&bp->free, pred, rem))) {

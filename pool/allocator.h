@@ -122,6 +122,8 @@ typedef struct sp_alloc_global {
     sp_alloc_conf_t conf;       /* resolved allocator options at init */
     bool round_plain;           /* no roundup_power2_divisions: round to 512 B only (const) */
     bool exp_on;                /* expandable segments in use (conf, backend VMM) (const) */
+    bool exp_recycle;           /* SYMPOOL_EXPANDABLE_RECYCLE (const) */
+    size_t exp_page;            /* SYMPOOL_EXPANDABLE_PAGE for the large pool, 0 = PyTorch's */
     int ndev;                   /* devices */
     sp_devalloc_t *devs;        /* [ndev] */
 } sp_alloc_global_t;

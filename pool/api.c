@@ -75,6 +75,11 @@ sp_status_t sp__alloc_init_slow(void) {
     sp__g.exp_on = sp__g.conf.expandable_segments && !sp__g.conf.no_caching && sp__g.caps.has_vmm &&
                    sp__g.ops->vmm_reserve && sp__g.ops->vmm_map && sp__g.ops->vmm_unmap &&
                    sp__g.ops->vmm_release;
+    sp__g.exp_recycle = sp__option_int(SP_OPT_EXPANDABLE_RECYCLE) != 0;
+    sp__g.exp_page = (size_t)sp__option_int(SP_OPT_EXPANDABLE_PAGE);
+    if (sp__g.exp_page && sp__g.caps.vmm_granularity)
+        sp__g.exp_page = (sp__g.exp_page + sp__g.caps.vmm_granularity - 1) /
+                         sp__g.caps.vmm_granularity * sp__g.caps.vmm_granularity;
     if (sp__g.conf.expandable_segments && !sp__g.exp_on)
         SP_WARN(SP_SUB_INIT, "expandable_segments:True is ignored: %s; segments are fixed-size",
                 sp__g.conf.no_caching ? "SYMPOOL_NO_CACHING is on"

@@ -72,6 +72,10 @@ static void ulist_remove(sp_bpool_t *bp, sp_block_t *b) {
 
 size_t sp__exp_page(const sp_bpool_t *bp) {
     size_t page = bp->is_small ? SP_SMALL_BUFFER : sp__g.conf.large_segment_size;
+    /* SYMPOOL_EXPANDABLE_PAGE (ours): a smaller mapping unit for the large pool, down to the
+     * device's granularity, leaves less of the last page unused. */
+    if (!bp->is_small && sp__g.exp_page)
+        page = sp__g.exp_page;
     size_t g = sp__g.caps.vmm_granularity ? sp__g.caps.vmm_granularity : 1;
     return (page + g - 1) / g * g;
 }
@@ -161,6 +165,8 @@ static void release_segment(sp_devalloc_t *d, sp_segment_t *seg) {
     sp__block_recycle(d, b);
     free(seg);
 }
+
+static size_t unmap_block(sp_devalloc_t *d, sp_block_t *b);
 
 /* ---- map --------------------------------------------------------------------------------- */
 
@@ -286,9 +292,35 @@ static sp_status_t find_room(sp_devalloc_t *d, sp_bpool_t *bp, size_t size, sp_s
     return new_segment(d, bp, stream, c_p);
 }
 
+/* SYMPOOL_EXPANDABLE_RECYCLE (ours, off by default): before mapping, unmap up to `need` bytes
+ * of whole free pages in the holes of this stream's segments of bp, so the physical pages move to
+ * where the segment grows instead of adding to it. PyTorch does this only on OOM (the release
+ * before its retry), so freed holes stay mapped until then and count in reserved memory. */
+static void recycle(sp_devalloc_t *d, sp_bpool_t *bp, sp_stream_t stream, size_t need) {
+    size_t got = 0;
+    bool synced = false;
+    for (sp_segment_t *seg = bp->pool->seg_head; seg && got < need; seg = seg->pnext) {
+        if (!seg->expandable || seg->bpool != bp || seg->stream != stream)
+            continue;
+        for (sp_block_t *b = seg->head; b && got < need; b = b->next) {
+            uintptr_t off = b->addr - seg->base;
+            if (!free_mapped(b) || (off + seg->page - 1) / seg->page >= (off + b->size) / seg->page)
+                continue;
+            if (!synced) {
+                /* The stream's queued work may still use the freed blocks. */
+                (void)sp__g.ops->stream_sync(d->device, stream);
+                synced = true;
+            }
+            got += unmap_block(d, b);
+        }
+    }
+}
+
 sp_status_t sp__exp_alloc(sp_devalloc_t *d, sp_bpool_t *bp, size_t size, sp_stream_t stream,
                           uint32_t ctx, sp_block_t **block_p, int *why_p) {
     *why_p = 0;
+    if (sp__g.exp_recycle)
+        recycle(d, bp, stream, size);
     sp_block_t *c = NULL;
     SP_CHECK(find_room(d, bp, size, stream, &c));
     /* c is an unmapped block, or a free mapped block followed by an unmapped one. */
