@@ -359,3 +359,76 @@ TEST_F(Expandable, ReplayArenaKeepsTheBudget) {
     EXPECT_EQ(sp__host_live_bytes(0), 0u);
     EXPECT_EQ(sp__host_live_allocations(0), 0u);
 }
+
+// A random mix of sizes, two streams, frees and empty_cache calls, with PyTorch's rules and with
+// our options: after every step the snapshot ranges tile what is mapped (their sum is
+// reserved_bytes, the allocated blocks sum to allocated_bytes) and the device holds exactly the
+// mapped bytes.
+class ExpandableModel : public sp::Test, public ::testing::WithParamInterface<int> {};
+
+TEST_P(ExpandableModel, WalkAgreesWithStatsAndDevice) {
+    expect_warnings(); // OOMs at capacity are part of the mix
+    const char *page = GetParam() >= 1 ? "2MiB" : "0";
+    const char *recycle = GetParam() >= 2 ? "1" : "0";
+    sp::ScopedEnv env({{"SYMPOOL_ALLOC_CONF", "expandable_segments:True"},
+                       {"SYMPOOL_HOST_CAPACITY", "1GiB"},
+                       {"SYMPOOL_EXPANDABLE_PAGE", page},
+                       {"SYMPOOL_EXPANDABLE_RECYCLE", recycle}});
+    SP_SKIP_UNLESS_HOST();
+    sp_stream_t st[2];
+    ASSERT_SP_OK(sp_stream_create(0, &st[0]));
+    ASSERT_SP_OK(sp_stream_create(0, &st[1]));
+    std::vector<void *> live;
+    uint64_t x = 0x9E3779B97F4A7C15ull + (uint64_t)GetParam();
+    auto rnd = [&x]() {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        return x;
+    };
+    for (int step = 0; step < 3000; step++) {
+        uint64_t r = rnd();
+        if (r % 100 < 55 || live.empty()) {
+            size_t kind = rnd() % 3;
+            size_t size = kind == 0   ? 1 + rnd() % (1 * MiB)
+                          : kind == 1 ? 1 * MiB + rnd() % (9 * MiB)
+                                      : 10 * MiB + rnd() % (50 * MiB);
+            void *p = nullptr;
+            sp_status_t s = sp_malloc(size, 0, st[rnd() % 2], &p);
+            ASSERT_TRUE(s == SP_SUCCESS || s == SP_ERR_OUT_OF_MEMORY) << describe(s);
+            if (s == SP_SUCCESS)
+                live.push_back(p);
+        } else if (r % 100 < 98) {
+            size_t i = rnd() % live.size();
+            ASSERT_SP_OK(sp_free(live[i]));
+            live[i] = live.back();
+            live.pop_back();
+        } else {
+            ASSERT_SP_OK(sp_empty_cache());
+        }
+        auto w = walk();
+        size_t total = 0, alloc = 0;
+        for (size_t i = 0; i < w.size(); i++) {
+            total += w[i].total;
+            alloc += w[i].allocated;
+            if (i > 0) {
+                ASSERT_GE(w[i].address, w[i - 1].address + w[i - 1].total) << "step " << step;
+            }
+        }
+        ASSERT_EQ((int64_t)total, stat("reserved_bytes.all.current")) << "step " << step;
+        ASSERT_EQ((int64_t)alloc, stat("allocated_bytes.all.current")) << "step " << step;
+        ASSERT_EQ(total, sp__host_live_bytes(0)) << "step " << step;
+    }
+    EXPECT_GT(stat("num_device_alloc"), 100); // the mix maps and unmaps a lot
+    EXPECT_GT(stat("num_device_free"), 50);
+    EXPECT_GT(stat("allocation.all.allocated"), 1000);
+    for (void *p : live)
+        ASSERT_SP_OK(sp_free(p));
+    ASSERT_SP_OK(sp_empty_cache());
+    EXPECT_EQ(stat("reserved_bytes.all.current"), 0);
+    EXPECT_EQ(sp__host_live_allocations(0), 0u);
+    ASSERT_SP_OK(sp_stream_destroy(st[0]));
+    ASSERT_SP_OK(sp_stream_destroy(st[1]));
+}
+
+INSTANTIATE_TEST_SUITE_P(Options, ExpandableModel, ::testing::Values(0, 1, 2));
