@@ -23,3 +23,20 @@ if(TARGET sympool_cli)
       TIMEOUT 120 PASS_REGULAR_EXPRESSION "viewer ok: [0-9]+ segments, [1-9][0-9]* segment_map")
   endif()
 endif()
+
+# replay --compare: one row per configuration and the capacity answer; --json: one object each.
+if(TARGET sympool_cli)
+  add_test(NAME cli.replay_compare
+    COMMAND $<TARGET_FILE:sympool_cli> replay ${SP_EXP_TRACE} --compare "" expandable_segments:True
+            "expandable_segments:True,SYMPOOL_EXPANDABLE_PAGE=2MiB,SYMPOOL_EXPANDABLE_RECYCLE=1"
+            --capacity 24GiB)
+  set_tests_properties(cli.replay_compare PROPERTIES LABELS "unit;cli" TIMEOUT 120
+    PASS_REGULAR_EXPRESSION "\\(defaults\\) +22.580 +1.0092.*expandable_segments:True +22.305 +1.0032.*fits in 24GiB with 3 of 3 configurations; least memory with 'expandable_segments:True,SYMPOOL_EXPANDABLE_PAGE=2MiB,SYMPOOL_EXPANDABLE_RECYCLE=1'")
+  add_test(NAME cli.replay_compare_json
+    COMMAND ${CMAKE_COMMAND} -E env SYMPOOL_DEVICE=host sh -c "'$<TARGET_FILE:sympool_cli>' replay '${SP_EXP_TRACE}' --compare '' expandable_segments:True --json | grep -c '\"peak_reserved_bytes\"'")
+  set_tests_properties(cli.replay_compare_json PROPERTIES LABELS "unit;cli" TIMEOUT 120
+    PASS_REGULAR_EXPRESSION "^2\n")
+  add_test(NAME cli.replay_compare_bad
+    COMMAND $<TARGET_FILE:sympool_cli> replay ${SP_EXP_TRACE} --compare SYMPOOL_NO_SUCH=1)
+  set_tests_properties(cli.replay_compare_bad PROPERTIES LABELS "unit;cli" TIMEOUT 60 WILL_FAIL TRUE)
+endif()
