@@ -106,6 +106,7 @@ void sp__block_recycle(sp_devalloc_t *d, sp_block_t *b) {
         free(b->uses);
         b->uses = NULL;
     }
+    b->seg = NULL; /* a stale lookup index entry must not match a struct on the spare list */
     b->hnext = d->spare;
     d->spare = b;
 }
@@ -352,6 +353,8 @@ void sp__alloc_release_segment(sp_devalloc_t *d, sp_segment_t *seg) {
     if (seg->context)
         sp__history_context_release(seg->context);
     sp__block_recycle(d, b);
+    free(seg->bidx_addr);
+    free(seg->bidx_blk);
     free(seg);
 }
 
@@ -727,6 +730,43 @@ SP_EXPORT sp_status_t sp_free(void *ptr) {
     if (ctx)
         sp__history_context_release(ctx);
     return explain_bad_pointer("sp_free", ptr);
+}
+
+sp_status_t sp__alloc_free_sized(void *ptr, int device, size_t *size_p, int *device_p) {
+    if (SP_UNLIKELY(!atomic_load_explicit(&sp__ready, memory_order_acquire)))
+        return sp__error(
+            SP_ERR_INVALID_USAGE, SP_SUB_POOL,
+            "sp_torch_free(%p): sympool is not initialized, so this is not its pointer", ptr);
+    uintptr_t a = (uintptr_t)ptr;
+    bool hist = SP_UNLIKELY(sp__history_active != 0);
+    uint32_t ctx = hist ? sp__history_capture(true) : 0;
+    /* The device PyTorch names first, then (a mismatch) the others: one locked probe of the
+     * pointer map finds, checks and frees the block. */
+    for (int k = -1; k < sp__g.ndev; k++) {
+        int i = k < 0 ? device : k;
+        if (i < 0 || i >= sp__g.ndev || (k >= 0 && i == device))
+            continue;
+        sp_devalloc_t *d = &sp__g.devs[i];
+        if (a < atomic_load_explicit(&d->lo, memory_order_relaxed) ||
+            a >= atomic_load_explicit(&d->hi, memory_order_relaxed))
+            continue;
+        sp__lock(&d->lock);
+        sp_block_t *b = sp__ptr_map_remove(&d->map, a);
+        if (SP_LIKELY(b)) {
+            size_t req = b->requested;
+            free_locked(d, b, ctx, hist);
+            sp__unlock(&d->lock);
+            if (ctx)
+                sp__history_context_release(ctx);
+            *size_p = req;
+            *device_p = i;
+            return SP_SUCCESS;
+        }
+        sp__unlock(&d->lock);
+    }
+    if (ctx)
+        sp__history_context_release(ctx);
+    return explain_bad_pointer("sp_torch_free", ptr);
 }
 
 SP_EXPORT sp_status_t sp_record_stream(void *ptr, sp_stream_t stream) {

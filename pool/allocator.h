@@ -158,6 +158,11 @@ void sp__fmt_size(size_t bytes, char *buf, size_t len);
  * the request belongs to a private pool, which turns off the use_on_oom fallback. */
 sp_status_t sp__alloc_malloc(sp_devalloc_t *d, sp_mempool_t *pool, size_t size, sp_stream_t stream,
                              void **ptr_p);
+/* sp_torch_free's free: the block that starts at ptr, looked for on `device` first, freed under
+ * one lock. *size_p and *device_p get the block's requested size and device (for the caller's
+ * check of what PyTorch passed). SP_ERR_INVALID_USAGE (explained, WARN) for a pointer that is
+ * not a live block start: nothing is freed then. Takes the device lock itself. */
+sp_status_t sp__alloc_free_sized(void *ptr, int device, size_t *size_p, int *device_p);
 /* Free a block (lock held): the free request, then events or free_block. */
 void sp__alloc_free_locked(sp_devalloc_t *d, sp_block_t *b, uint32_t context);
 /* Complete a free: merge, return to the free set, stats (lock held). free_ctx: history context

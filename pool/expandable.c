@@ -163,6 +163,8 @@ static void release_segment(sp_devalloc_t *d, sp_segment_t *seg) {
     if (seg->context)
         sp__history_context_release(seg->context);
     sp__block_recycle(d, b);
+    free(seg->bidx_addr);
+    free(seg->bidx_blk);
     free(seg);
 }
 
