@@ -520,6 +520,9 @@ int sp_cli_replay(int argc, char **argv) {
         snprintf(n, sizeof(n), "%d", t.ndev);
         setenv("SYMPOOL_HOST_DEVICES", n, 1);
     }
+    /* Loading the trace may already have read the option table (logging does): read the
+     * variables just set. */
+    sp__options_reload();
     if (compare != NULL) {
         int rc = replay_compare(trace, &t, (const char *const *)compare, ncompare, capacity, json,
                                 repeat);
