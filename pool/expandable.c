@@ -298,23 +298,44 @@ static sp_status_t find_room(sp_devalloc_t *d, sp_bpool_t *bp, size_t size, sp_s
  * of whole free pages in the holes of this stream's segments of bp, so the physical pages move to
  * where the segment grows instead of adding to it. PyTorch does this only on OOM (the release
  * before its retry), so freed holes stay mapped until then and count in reserved memory. */
+static bool has_whole_page(const sp_block_t *b) {
+    const sp_segment_t *seg = b->seg;
+    uintptr_t off = b->addr - seg->base;
+    return (off + seg->page - 1) / seg->page < (off + b->size) / seg->page;
+}
+
 static void recycle(sp_devalloc_t *d, sp_bpool_t *bp, sp_stream_t stream, size_t need) {
-    size_t got = 0;
+    size_t page = sp__exp_page(bp), got = 0;
     bool synced = false;
-    for (sp_segment_t *seg = bp->pool->seg_head; seg && got < need; seg = seg->pnext) {
-        if (!seg->expandable || seg->bpool != bp || seg->stream != stream)
-            continue;
-        for (sp_block_t *b = seg->head; b && got < need; b = b->next) {
-            uintptr_t off = b->addr - seg->base;
-            if (!free_mapped(b) || (off + seg->page - 1) / seg->page >= (off + b->size) / seg->page)
-                continue;
-            if (!synced) {
-                /* The stream's queued work may still use the freed blocks. */
-                (void)sp__g.ops->stream_sync(d->device, stream);
-                synced = true;
+    while (got < need) {
+        /* Only free blocks of at least a page can hold a whole one: walk the stream's part of
+         * the free set from there (no mutation while walking), then unmap what was found. */
+        sp_block_t *cand[32];
+        int n = 0;
+        size_t acc = 0;
+        for (sp_block_t *b = sp__bset_lower_bound(&bp->free, stream, page);
+             b && b->stream == stream && n < 32 && got + acc < need;) {
+            if (b->seg->expandable && free_mapped(b) && has_whole_page(b)) {
+                cand[n++] = b;
+                acc += b->size;
             }
-            got += unmap_block(d, b);
+            sp_block_t *succ = NULL;
+            (void)sp__bset_locate(&bp->free, b, &succ);
+            b = succ;
         }
+        if (n == 0)
+            break;
+        if (!synced) {
+            /* The stream's queued work may still use the freed blocks. */
+            (void)sp__g.ops->stream_sync(d->device, stream);
+            synced = true;
+        }
+        size_t round = 0;
+        for (int k = 0; k < n; k++)
+            round += unmap_block(d, cand[k]);
+        if (round == 0)
+            break;
+        got += round;
     }
 }
 
