@@ -527,9 +527,10 @@ static sp_status_t report_oom(sp_devalloc_t *d, sp_mempool_t *pool, size_t orig,
     return sp__error(SP_ERR_OUT_OF_MEMORY, SP_SUB_POOL,
                      "out of memory on device %d: tried to allocate %s; device has %s total, %s "
                      "free; %s allocated by sympool, %s reserved but unallocated%s. If reserved "
-                     "but unallocated memory is large, try SYMPOOL_ALLOC_CONF="
-                     "max_split_size_mb:N to reduce fragmentation",
-                     d->device, req, tot, fre, alc, unal, extra);
+                     "but unallocated memory is large, try SYMPOOL_ALLOC_CONF=%s to "
+                     "reduce fragmentation",
+                     d->device, req, tot, fre, alc, unal, extra,
+                     sp__g.exp_on ? "max_split_size_mb:N" : "expandable_segments:True");
 }
 
 /* PyTorch's alloc_block: a new fixed segment, or pages mapped into an expandable segment.
