@@ -432,3 +432,27 @@ TEST_P(ExpandableModel, WalkAgreesWithStatsAndDevice) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Options, ExpandableModel, ::testing::Values(0, 1, 2));
+
+TEST_F(Expandable, PoolLimitCountsMappedPages) {
+    expect_warnings();
+    sp::ScopedEnv env({{"SYMPOOL_ALLOC_CONF", "expandable_segments:True"}});
+    SP_SKIP_UNLESS_HOST();
+    sp_mempool_params_t pp;
+    sp_mempool_params_init(&pp);
+    pp.name = "capped";
+    sp_mempool_t *pool = nullptr;
+    ASSERT_SP_OK(sp_mempool_create(&pp, &pool));
+    ASSERT_SP_OK(sp_mempool_set_limit(pool, 50 * MiB));
+    void *a, *b = nullptr;
+    ASSERT_SP_OK(sp_mempool_malloc(pool, 30 * MiB, nullptr, &a)); // maps 40 MiB
+    EXPECT_EQ(sp_mempool_total_bytes(pool), 40 * MiB);
+    EXPECT_SP_STATUS(sp_mempool_malloc(pool, 30 * MiB, nullptr, &b), SP_ERR_OUT_OF_MEMORY);
+    EXPECT_NE(std::string(sp_last_error()).find("limit"), std::string::npos) << sp_last_error();
+    ASSERT_SP_OK(sp_mempool_malloc(pool, 10 * MiB, nullptr, &b)); // fits the mapped 40 MiB
+    EXPECT_EQ(sp_mempool_total_bytes(pool), 40 * MiB);
+    ASSERT_SP_OK(sp_free(a));
+    ASSERT_SP_OK(sp_free(b));
+    ASSERT_SP_OK(sp_mempool_destroy(pool));
+    ASSERT_SP_OK(sp_empty_cache());
+    EXPECT_EQ(sp__host_live_allocations(0), 0u);
+}
