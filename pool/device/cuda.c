@@ -584,10 +584,12 @@ static sp_status_t cuda_vmm_map(int device, void *addr, size_t size) {
     size_t i0 = r ? (a - r->base) / r->page : 0, i1 = r ? i0 + size / r->page : 0, done = i0;
     if (res == SP_SUCCESS)
         res = vmm_create(r, i0, i1);
-    for (; res == SP_SUCCESS && done < i1; done++) {
+    while (res == SP_SUCCESS && done < i1) {
         CUresult e = g_vmm.map(r->base + done * r->page, r->page, 0, r->h[done], 0);
         if (e != CUDA_SUCCESS)
-            res = cu_fail(e, "cuMemMap", device);
+            res = cu_fail(e, "cuMemMap", device); /* page `done` stays unmapped */
+        else
+            done++;
     }
     if (res == SP_SUCCESS) {
         CUmemAccessDesc desc;
@@ -600,9 +602,10 @@ static sp_status_t cuda_vmm_map(int device, void *addr, size_t size) {
             res = cu_fail(e, "cuMemSetAccess", device);
     }
     if (res != SP_SUCCESS && r && i1 > i0 && r->h[i0]) {
-        /* Undo: pages [i0, done) were mapped (all of them when only the access failed). */
-        (void)vmm_drop(r, i0, done < i1 ? done : i1, true);
-        (void)vmm_drop(r, done < i1 ? done : i1, i1, false);
+        /* Undo: pages [i0, done) were mapped (all of them when only the access failed); the
+         * rest only created. */
+        (void)vmm_drop(r, i0, done, true);
+        (void)vmm_drop(r, done, i1, false);
     }
     pthread_mutex_unlock(&g_vmm.mu);
     guard_exit(device, prev);
