@@ -121,6 +121,11 @@ sp_block_t *sp__segment_block_at(sp_segment_t *seg, uintptr_t addr) {
     return NULL;
 }
 
+sp_block_t *sp__segidx_block(const sp_devalloc_t *d, uintptr_t addr) {
+    sp_segment_t *seg = sp__segidx_find(d, addr);
+    return seg ? sp__segment_block_at(seg, addr) : NULL;
+}
+
 /* ---- lookup, walk, locked ---------------------------------------------------------------- */
 
 sp_status_t sp__pool_lookup(const void *ptr, sp_block_info_t *info_p) {
@@ -136,10 +141,10 @@ sp_status_t sp__pool_lookup(const void *ptr, sp_block_info_t *info_p) {
         /* A block start (what sp_malloc returned) is one hash probe; an interior pointer a
          * binary search in its segment's block index. */
         sp_block_t *b = sp__ptr_map_find(&d->map, a);
-        sp_segment_t *seg = b ? b->seg : sp__segidx_find(d, a);
-        if (!b && seg)
-            b = sp__segment_block_at(seg, a);
+        if (!b)
+            b = sp__segidx_block(d, a);
         if (b && b->allocated) {
+            sp_segment_t *seg = b->seg;
             info_p->device = i;
             info_p->block_base = (void *)b->addr;
             info_p->block_size = b->size;

@@ -17,7 +17,7 @@
 
 #include <sympool/sympool.h>
 
-#include "core/core.h" /* sp__option_set: the CLI's --conf and --capacity */
+#include "sympool/experimental.h" /* sp_x_option_set: the CLI's --conf and --capacity */
 
 #include "tools/cli.h"
 
@@ -212,9 +212,9 @@ static int cmp_double(const void *a, const void *b) {
 
 /* OOMs are an expected outcome of a replay with --capacity: show the first OOM warning (it
  * explains the state of the device), count the rest, pass every other line through. */
-static void log_filter(sp_log_level_t level, const char *line, void *arg) {
+static void log_filter(int level, const char *line, void *arg) {
     size_t *oom_lines = arg;
-    if (level == SP_LOG_WARN && strstr(line, "out of memory") != NULL && (*oom_lines)++ > 0)
+    if (level == SP_X_LOG_WARN && strstr(line, "out of memory") != NULL && (*oom_lines)++ > 0)
         return;
     fprintf(stderr, "%s\n", line);
 }
@@ -300,7 +300,12 @@ static void print_text(const char *trace, const replay_result_t *r) {
  * SYMPOOL_ALLOC_CONF, SYMPOOL_NAME=VALUE items set that option of ours. Every option starts from
  * the environment again, so one configuration never leaks into the next. */
 static bool apply_conf(const char *conf, const char *capacity, char *err, size_t errlen) {
-    sp__options_reload();
+    /* Options of ours that the previous configuration set go back to their defaults. */
+    static char prev[16][64];
+    static int nprev = 0;
+    for (int k = 0; k < nprev; k++)
+        (void)sp_x_option_set(prev[k], NULL);
+    nprev = 0;
     char alloc[1024] = "";
     size_t used = 0;
     const char *p = conf;
@@ -317,17 +322,12 @@ static bool apply_conf(const char *conf, const char *capacity, char *err, size_t
         char *eq = strchr(item, '=');
         if (strncmp(item, "SYMPOOL_", 8) == 0 && eq != NULL) {
             *eq = '\0';
-            int o = 0;
-            while (o < SP_OPT_COUNT && strcmp(sp__option_name((sp_option_t)o), item) != 0)
-                o++;
-            if (o == SP_OPT_COUNT) {
-                snprintf(err, errlen, "unknown option %s in '%s'", item, conf);
-                return false;
-            }
-            if (sp__option_set((sp_option_t)o, eq + 1) != SP_SUCCESS) {
+            if (sp_x_option_set(item, eq + 1) != SP_SUCCESS) {
                 snprintf(err, errlen, "%s", sp_last_error());
                 return false;
             }
+            if (nprev < 16 && strlen(item) < sizeof(prev[0]))
+                strcpy(prev[nprev++], item);
         } else if (n > 0) {
             if (used + n + 2 >= sizeof(alloc)) {
                 snprintf(err, errlen, "configuration too long: '%s'", conf);
@@ -338,8 +338,8 @@ static bool apply_conf(const char *conf, const char *capacity, char *err, size_t
         }
         p += n + (end ? 1 : 0);
     }
-    if (sp__option_set(SP_OPT_ALLOC_CONF, alloc) != SP_SUCCESS ||
-        (capacity != NULL && sp__option_set(SP_OPT_HOST_CAPACITY, capacity) != SP_SUCCESS)) {
+    if (sp_x_option_set("SYMPOOL_ALLOC_CONF", alloc) != SP_SUCCESS ||
+        (capacity != NULL && sp_x_option_set("SYMPOOL_HOST_CAPACITY", capacity) != SP_SUCCESS)) {
         snprintf(err, errlen, "%s", sp_last_error());
         return false;
     }
@@ -382,7 +382,7 @@ static int replay_compare(const char *trace, const tr_trace_t *t, const char *co
     char err[512] = "";
     size_t oom_lines = 0;
     int rc = 0;
-    sp__log_set_fn(log_filter, &oom_lines);
+    sp_x_log_set_fn(log_filter, &oom_lines);
     for (int i = 0; i < n && rc == 0; i++) {
         err[0] = '\0';
         if (sp_shutdown() != SP_SUCCESS || !apply_conf(confs[i], capacity, err, sizeof(err)) ||
@@ -391,7 +391,7 @@ static int replay_compare(const char *trace, const tr_trace_t *t, const char *co
             rc = confs[i][0] ? 2 : 1;
         }
     }
-    sp__log_set_fn(NULL, NULL);
+    sp_x_log_set_fn(NULL, NULL);
     if (rc == 0 && json) {
         for (int i = 0; i < n; i++)
             print_json(trace, &rs[i], confs[i], capacity);
@@ -508,31 +508,33 @@ int sp_cli_replay(int argc, char **argv) {
         tr_free(&t);
         return 1;
     }
-    /* The option table is read once, at the first sympool call: configure it first. A replay
-     * always runs on the emulated device, with one device per recorded device. */
+    /* A replay always runs on the emulated device, with one device per recorded device.
+     * Loading the trace may already have read the option table (logging does), so the choices
+     * go through the option API, which wins over the variables and takes effect at init.
+     * Replay never touches the memory: it carves address space from one reservation instead of
+     * a mmap/munmap pair per segment (same budget and OOMs), unless SYMPOOL_HOST_ARENA says
+     * otherwise (=0 measures the old way). */
+    char ndev[16];
+    snprintf(ndev, sizeof(ndev), "%d", t.ndev > 1 ? t.ndev : 1);
     setenv("SYMPOOL_DEVICE", "host", 1);
-    /* Replay never touches the memory: carve address space from one reservation instead of a
-     * mmap/munmap pair per segment (same budget and OOMs). SYMPOOL_HOST_ARENA=0 measures the
-     * old way. */
-    setenv("SYMPOOL_HOST_ARENA", "1", 0);
-    if (t.ndev > 1) {
-        char n[16];
-        snprintf(n, sizeof(n), "%d", t.ndev);
-        setenv("SYMPOOL_HOST_DEVICES", n, 1);
+    if (sp_x_option_set("SYMPOOL_DEVICE", "host") != SP_SUCCESS ||
+        (t.ndev > 1 && sp_x_option_set("SYMPOOL_HOST_DEVICES", ndev) != SP_SUCCESS) ||
+        (getenv("SYMPOOL_HOST_ARENA") == NULL &&
+         sp_x_option_set("SYMPOOL_HOST_ARENA", "1") != SP_SUCCESS)) {
+        fprintf(stderr, "sympool replay: %s\n", sp_last_error());
+        tr_free(&t);
+        return 1;
     }
-    /* Loading the trace may already have read the option table (logging does): read the
-     * variables just set. */
-    sp__options_reload();
     if (compare != NULL) {
         int rc = replay_compare(trace, &t, (const char *const *)compare, ncompare, capacity, json,
                                 repeat);
         tr_free(&t);
         return rc;
     }
-    /* sp__option_set validates the values (a bad variable would only warn and keep the
+    /* sp_x_option_set validates the values (a bad variable would only warn and keep the
      * default, which would silently replay something else than asked). */
-    if ((conf != NULL && sp__option_set(SP_OPT_ALLOC_CONF, conf) != SP_SUCCESS) ||
-        (capacity != NULL && sp__option_set(SP_OPT_HOST_CAPACITY, capacity) != SP_SUCCESS)) {
+    if ((conf != NULL && sp_x_option_set("SYMPOOL_ALLOC_CONF", conf) != SP_SUCCESS) ||
+        (capacity != NULL && sp_x_option_set("SYMPOOL_HOST_CAPACITY", capacity) != SP_SUCCESS)) {
         fprintf(stderr, "sympool replay: %s\n", sp_last_error());
         tr_free(&t);
         return 2;
@@ -545,7 +547,7 @@ int sp_cli_replay(int argc, char **argv) {
     }
     replay_result_t r;
     size_t oom_lines = 0;
-    sp__log_set_fn(log_filter, &oom_lines);
+    sp_x_log_set_fn(log_filter, &oom_lines);
     bool ok = replay_trace(&t, snapshot, &r, err, sizeof(err));
     /* --repeat: replay again on a fresh allocator each time and report the median time per event
      * (the peaks are the same every time: the replay is deterministic). */
@@ -563,7 +565,7 @@ int sp_cli_replay(int argc, char **argv) {
         qsort(ns, (size_t)nrep, sizeof(ns[0]), cmp_double);
         r.ns_per_event = ns[nrep / 2];
     }
-    sp__log_set_fn(NULL, NULL);
+    sp_x_log_set_fn(NULL, NULL);
     tr_free(&t);
     if (oom_lines > 1)
         fprintf(stderr, "sympool replay: %zu more out-of-memory warnings not shown\n",
