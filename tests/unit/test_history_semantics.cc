@@ -89,6 +89,8 @@ const char *level_name(sp_history_context_t c) {
 
 class HistorySemantics : public sp::Test {
   protected:
+    // segment_free is a fixed segment's event (expandable segments unmap pages instead).
+    sp::ScopedEnv fixed_{{"SYMPOOL_ALLOC_CONF", "expandable_segments:False"}};
     void SetUp() override {
         sp::Test::SetUp();
         g_op = "none";

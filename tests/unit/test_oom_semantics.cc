@@ -41,6 +41,8 @@ class OomSemantics : public sp::Test {
         sp::Test::SetUp();
         expect_warnings(); // every OOM here is reported at WARN on purpose
     }
+    // The sizes below are those of fixed segments (expandable ones map 20 MiB pages instead).
+    sp::ScopedEnv fixed_{{"SYMPOOL_ALLOC_CONF", "expandable_segments:False"}};
 };
 
 // PyTorch's test_out_of_memory: 800000000 GiB is an OOM, not a bad argument, and a later
@@ -86,7 +88,7 @@ TEST_F(OomSemantics, OnlySizesThatOverflowTheRoundingAreInvalid) {
 }
 
 TEST_F(OomSemantics, AboveTheDeviceWithMaxSplitSize) {
-    sp::ScopedEnv env({{"SYMPOOL_ALLOC_CONF", "max_split_size_mb:20"}});
+    sp::ScopedEnv env({{"SYMPOOL_ALLOC_CONF", "max_split_size_mb:20,expandable_segments:False"}});
     void *p = &p;
     EXPECT_SP_STATUS(sp_malloc((size_t)800000000 * GiB, 0, nullptr, &p), SP_ERR_OUT_OF_MEMORY);
     EXPECT_TRUE(has(sp_last_error(), "Tried to allocate 800000000.00 GiB")) << sp_last_error();
