@@ -146,12 +146,15 @@ static bool check_nonneg(opt_value_t *v, char *why, size_t why_len) {
     return true;
 }
 
+/* 0 and inf both mean "wait forever" (a user's "no timeout"); a finite deadline is capped at one
+ * year so that converting it to nanoseconds past the epoch can never overflow. */
+#define SYM_TIMEOUT_MAX 31536000.0
 static bool check_timeout(opt_value_t *v, char *why, size_t why_len) {
-    if (!(v->d > 0.0)) {
-        snprintf(why, why_len, "want a number of seconds above 0");
-        return false;
-    }
-    return true;
+    bool forever = v->d == 0.0 || (isinf(v->d) && v->d > 0.0);
+    if (forever || (v->d > 0.0 && v->d <= SYM_TIMEOUT_MAX))
+        return true;
+    snprintf(why, why_len, "want 0 or inf (no deadline) or seconds in (0, 31536000]");
+    return false;
 }
 
 /* ---- the table ---------------------------------------------------------------------------- */
@@ -189,7 +192,7 @@ static const opt_def_t defs[SP_OPT_COUNT] = {
     {SP_OPT_HOST_FAIL_AFTER, "SYMPOOL_HOST_FAIL_AFTER", K_LONG, "0", NULL, check_nonneg,
      "make the Nth host device allocation fail; 0 = never"},
     {SP_OPT_SYM_TIMEOUT, "SYMPOOL_SYM_TIMEOUT", K_DOUBLE, "60", NULL, check_timeout,
-     "seconds a symmetric collective waits for every rank"},
+     "deadline in seconds of every collective sympool call's agreement round (0 or inf: none)"},
     {SP_OPT_SYM_REGISTRAR, "SYMPOOL_SYM_REGISTRAR", K_ENUM, "auto", registrar_choices, NULL,
      "who registers symmetric windows: auto, nccl, mpi"},
     {SP_OPT_REPORT, "SYMPOOL_REPORT", K_ENUM, "none", report_choices, NULL,
@@ -327,7 +330,9 @@ static bool parse_double(const char *text, double *v_p) {
     char *end;
     errno = 0;
     double v = strtod(text, &end);
-    if (end == text || errno != 0 || !isfinite(v))
+    /* "inf" is a value (each option's check decides whether it accepts it); an overflowing
+     * literal such as 1e999 (ERANGE) and NaN are not. */
+    if (end == text || errno != 0 || isnan(v))
         return false;
     while (isspace((unsigned char)*end))
         end++;

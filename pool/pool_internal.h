@@ -105,6 +105,9 @@ int sp__mempool_device(const sp_mempool_t *pool);
 sp_status_t sp__mempool_create_symmetric(const sp_mempool_params_t *params, void *sym_state,
                                          sp_mempool_t **pool_p);
 void *sp__mempool_sym_state(const sp_mempool_t *pool); /* NULL for ordinary pools */
+/* sp_mempool_destroy without its refusal of symmetric pools: for symmetric/'s collective
+ * destroy (and the undo of a failed create). */
+sp_status_t sp__mempool_destroy_internal(sp_mempool_t *pool);
 
 /* This rank's best-fit candidate for `size` on `stream`, without taking it.
  * *found_p = false when no cached block fits. */
@@ -119,6 +122,15 @@ sp_status_t sp__pool_sym_take(sp_mempool_t *pool, size_t size, sp_stream_t strea
 /* Grow one new segment (PyTorch's segment size for `size`) through the pool's allocator
  * callbacks and take its block at offset 0. The caller guarantees all ranks call this together. */
 sp_status_t sp__pool_sym_grow(sp_mempool_t *pool, size_t size, sp_stream_t stream, void **ptr_p);
+
+/* Release the free cached segments of `device`'s ordinary pools (sp_empty_cache for one
+ * device; symmetric pools are never touched): the nccl registrar's retry when ncclMemAlloc
+ * finds the device full of sympool's own cache. Returns the bytes released. */
+size_t sp__pool_empty_device_cache(int device);
+
+/* SP_ERR_INVALID_ARGUMENT (naming fn) unless stream is NULL or a stream of the pool's device
+ * that the backend knows: sp_malloc's check, for callers that must check before agreeing. */
+sp_status_t sp__pool_check_stream(const sp_mempool_t *pool, sp_stream_t stream, const char *fn);
 
 /* Synchronize the events of this pool's blocks whose frees are pending, completing those frees. */
 sp_status_t sp__pool_sync_pending(sp_mempool_t *pool);

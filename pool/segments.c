@@ -298,6 +298,33 @@ sp_status_t sp__pool_sym_grow(sp_mempool_t *pool, size_t size, sp_stream_t strea
     return SP_SUCCESS;
 }
 
+size_t sp__pool_empty_device_cache(int device) {
+    if (sp__alloc_ensure() != SP_SUCCESS || device < 0 || device >= sp__g.ndev)
+        return 0;
+    sp_devalloc_t *d = &sp__g.devs[device];
+    sp__lock(&d->lock);
+    size_t before = d->total_reserved;
+    sp__alloc_release_cached(d);
+    size_t freed = before - d->total_reserved;
+    sp__unlock(&d->lock);
+    return freed;
+}
+
+sp_status_t sp__pool_check_stream(const sp_mempool_t *pool, sp_stream_t stream, const char *fn) {
+    SP_CHECK(check_pool(pool));
+    if (!stream)
+        return SP_SUCCESS;
+    int sdev = -1;
+    if (sp__g.ops->stream_device(stream, &sdev) != SP_SUCCESS)
+        return sp__error(SP_ERR_INVALID_ARGUMENT, SP_SUB_POOL, "%s: %p is not a stream (%s)", fn,
+                         stream, sp_last_error());
+    if (sdev != pool->device)
+        return sp__error(SP_ERR_INVALID_ARGUMENT, SP_SUB_POOL,
+                         "%s: stream %p belongs to device %d, not to the pool's device %d", fn,
+                         stream, sdev, pool->device);
+    return SP_SUCCESS;
+}
+
 sp_status_t sp__pool_sync_pending(sp_mempool_t *pool) {
     SP_CHECK(check_pool(pool));
     sp_devalloc_t *d = pool->dev;
