@@ -14,7 +14,7 @@
  * from two threads at once, and window (de)registration from another thread uses the same
  * communicator). The enqueue does not wait for peers, so the lock is held only briefly.
  */
-#include "collectives/coll_int.h"
+#include "collectives/dtype.h"
 #include "core/core.h"
 #include "launch/launch.h"
 
@@ -27,7 +27,7 @@
 #include <nccl.h>
 #pragma GCC diagnostic pop
 
-#include "pool/pool_internal.h"
+#include "pool/pool.h"
 #include "sympool/symmetric.h"
 
 static ncclDataType_t nccl_type(sp_dtype_t dtype) {
