@@ -36,7 +36,7 @@
 #include <nccl.h>
 
 #include "core/core.h"
-#include "pool/pool_internal.h"
+#include "pool/pool.h"
 #include "symmetric/sym_state.h"
 #include "sympool/stats.h"
 
