@@ -187,8 +187,8 @@ static bool check_local(const sp_world_t *w, const sp_coll_call_t *c, char *why,
 
 enum { AG_COUNT_HI, AG_COUNT_LO, AG_DTYPE, AG_OP, AG_ROOT, AG_N };
 
-static const int64_t agree_ops[] = {SP_AGREE_ALLREDUCE, SP_AGREE_ALLGATHER,
-                                    SP_AGREE_REDUCE_SCATTER, SP_AGREE_BROADCAST};
+static const int64_t agree_ops[] = {SP_AGREE_ALLREDUCE, SP_AGREE_ALLGATHER, SP_AGREE_REDUCE_SCATTER,
+                                    SP_AGREE_BROADCAST};
 
 /* The agreement: launch/agree.c's round (the call, this rank's checks, count, dtype, op, root),
  * bounded by SYMPOOL_SYM_TIMEOUT, on the world's agreement communicator, before any data

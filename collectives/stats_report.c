@@ -110,7 +110,7 @@ static sp_status_t gather_all(sp_world_t *w, int device, bool local_ok, const ch
      * by SYMPOOL_SYM_TIMEOUT, and a rank in another call is SP_ERR_MISMATCH naming both. After
      * it the reduction below is the data transfer, MPI's business. */
     sp_agree_t a = {.op = strcmp(fn, "sp_stats_report") == 0 ? SP_AGREE_STATS_REPORT
-                                                               : SP_AGREE_STATS_AGGREGATE,
+                                                             : SP_AGREE_STATS_AGGREGATE,
                     .ok = local_ok,
                     .f = {(int64_t)nkeys}};
     SP_CHECK(sp__world_agree(w, &a, fn));

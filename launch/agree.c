@@ -59,9 +59,9 @@ typedef struct sp_grave {
 } sp_grave_t;
 
 static pthread_mutex_t s_grave_lock = PTHREAD_MUTEX_INITIALIZER;
-static sp_grave_t *s_graves;                                   /* s_grave_lock */
+static sp_grave_t *s_graves; /* s_grave_lock */
 static pthread_mutex_t s_op_lock = PTHREAD_MUTEX_INITIALIZER;
-static MPI_Op s_op = MPI_OP_NULL;                              /* s_op_lock, then constant */
+static MPI_Op s_op = MPI_OP_NULL; /* s_op_lock, then constant */
 
 static const char *const op_names[SP_AGREE_OP_COUNT] = {
     "(none)",
@@ -91,8 +91,8 @@ static void combine(void *in_v, void *io_v, int *len, MPI_Datatype *type) {
     int64_t *io = io_v;
     for (int m = 0; m + W_COUNT <= *len; m += W_COUNT, in += W_COUNT, io += W_COUNT) {
         for (int i = 0; i < W_COUNT; i++) {
-            bool is_lo = i == W_OP_LO || i == W_CALL_LO || i == W_BAD_LO ||
-                         (i >= W_F_LO && i < W_F_HI);
+            bool is_lo =
+                i == W_OP_LO || i == W_CALL_LO || i == W_BAD_LO || (i >= W_F_LO && i < W_F_HI);
             bool is_hi = i == W_OP_HI || i == W_CALL_HI || (i >= W_F_HI && i < W_NBAD);
             if (is_lo)
                 io[i] = in[i] < io[i] ? in[i] : io[i];
@@ -157,8 +157,7 @@ bool sp__agree_pending(MPI_Comm comm) {
     for (sp_grave_t **pp = &s_graves; *pp;) {
         sp_grave_t *g = *pp;
         int done = 0;
-        if (g->comm == comm && MPI_Test(&g->req, &done, MPI_STATUS_IGNORE) == MPI_SUCCESS &&
-            done) {
+        if (g->comm == comm && MPI_Test(&g->req, &done, MPI_STATUS_IGNORE) == MPI_SUCCESS && done) {
             *pp = g->next; /* a late rank completed it: nothing is left to protect */
             free(g->buf);
             free(g);
@@ -271,7 +270,10 @@ const char *sp__agree_bad_ranks(const sp_agree_t *a, char *buf, size_t len) {
             continue;
         listed++;
         at += (size_t)snprintf(buf + at, len - at, "%s%d",
-                               listed == 1 ? "" : listed == a->nbad ? " and " : ", ", r);
+                               listed == 1         ? ""
+                               : listed == a->nbad ? " and "
+                                                   : ", ",
+                               r);
     }
     if (listed != a->nbad)
         snprintf(buf, len, "%d ranks (the lowest %d)", a->nbad, a->bad_lo);

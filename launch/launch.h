@@ -80,19 +80,19 @@ typedef enum sp_agree_op {
 /* One agreement round: the caller fills the inputs; sp__agree fills the outputs. */
 typedef struct sp_agree {
     /* in */
-    int64_t op;              /* sp_agree_op_t */
-    uint64_t callno;         /* this call's number on the communicator (from 1) */
-    bool ok;                 /* this rank's own checks passed */
-    int64_t f[SP_AGREE_NF];  /* operation fields, compared across ranks */
+    int64_t op;             /* sp_agree_op_t */
+    uint64_t callno;        /* this call's number on the communicator (from 1) */
+    bool ok;                /* this rank's own checks passed */
+    int64_t f[SP_AGREE_NF]; /* operation fields, compared across ranks */
     /* out */
-    int64_t op_lo, op_hi;    /* smallest and largest op over ranks */
-    uint64_t call_lo, call_hi; /* smallest and largest call number */
+    int64_t op_lo, op_hi;                     /* smallest and largest op over ranks */
+    uint64_t call_lo, call_hi;                /* smallest and largest call number */
     int64_t lo[SP_AGREE_NF], hi[SP_AGREE_NF]; /* min and max of each field */
-    int nbad;                /* ranks whose ok was false */
-    int bad_lo;              /* the lowest of them, -1 if none */
-    uint64_t bad_set[SP_AGREE_SET_WORDS]; /* ranks < 256 whose ok was false */
-    int late_rank;           /* the rank with the earliest deadline */
-    bool late;               /* the round completed after that deadline (SP_ERR_TIMEOUT) */
+    int nbad;                                 /* ranks whose ok was false */
+    int bad_lo;                               /* the lowest of them, -1 if none */
+    uint64_t bad_set[SP_AGREE_SET_WORDS];     /* ranks < 256 whose ok was false */
+    int late_rank;                            /* the rank with the earliest deadline */
+    bool late; /* the round completed after that deadline (SP_ERR_TIMEOUT) */
 } sp_agree_t;
 
 /* One deadline-bounded agreement round over comm (collective; every round has this shape).

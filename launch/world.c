@@ -35,23 +35,23 @@
 #define MAX_HOOKS 8
 
 struct sp_world {
-    MPI_Comm comm;        /* our duplicate of the user's communicator (ERRORS_RETURN) */
-    MPI_Comm agree_comm;  /* another duplicate, for agreement rounds only */
-    uint64_t callno;      /* world-level collective calls on this rank (atomic) */
+    MPI_Comm comm;              /* our duplicate of the user's communicator (ERRORS_RETURN) */
+    MPI_Comm agree_comm;        /* another duplicate, for agreement rounds only */
+    uint64_t callno;            /* world-level collective calls on this rank (atomic) */
     struct sp_world *next_live; /* live-world list (s_lock) */
     pthread_mutex_t nccl_lock;  /* serializes NCCL calls on nccl_comm */
-    MPI_Comm node_comm;   /* ranks of comm that share memory with this one */
-    int rank;             /* rank in comm */
-    int size;             /* ranks in comm */
-    int local_rank;       /* rank in node_comm */
-    int local_size;       /* ranks in node_comm */
-    int device;           /* local_rank % sp_device_count() */
-    int *node_rank_of;    /* [size]: world rank -> node rank, -1 on other nodes */
-    bool is_cuda;         /* backend is "cuda" and an NCCL communicator was made */
-    bool from_init;       /* made by sp_world_init (counts towards finalizing MPI) */
-    void *nccl_comm;      /* ncclComm_t, NULL on host or after an abort (nccl_lock) */
-    char nccl_why[160];   /* why nccl_comm is NULL on cuda ("" otherwise) (nccl_lock) */
-    uint64_t pool_serial; /* symmetric pool creations on this world (caller's thread) */
+    MPI_Comm node_comm;         /* ranks of comm that share memory with this one */
+    int rank;                   /* rank in comm */
+    int size;                   /* ranks in comm */
+    int local_rank;             /* rank in node_comm */
+    int local_size;             /* ranks in node_comm */
+    int device;                 /* local_rank % sp_device_count() */
+    int *node_rank_of;          /* [size]: world rank -> node rank, -1 on other nodes */
+    bool is_cuda;               /* backend is "cuda" and an NCCL communicator was made */
+    bool from_init;             /* made by sp_world_init (counts towards finalizing MPI) */
+    void *nccl_comm;            /* ncclComm_t, NULL on host or after an abort (nccl_lock) */
+    char nccl_why[160];         /* why nccl_comm is NULL on cuda ("" otherwise) (nccl_lock) */
+    uint64_t pool_serial;       /* symmetric pool creations on this world (caller's thread) */
 };
 
 static pthread_mutex_t s_lock = PTHREAD_MUTEX_INITIALIZER;

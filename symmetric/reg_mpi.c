@@ -40,19 +40,19 @@ static sp_status_t mpi_alloc(sp_sym_state_t *st, size_t size, sp_sym_seg_t *seg_
      * A partial failure cannot be undone collectively (MPI_Win_free would need every rank), so
      * the ranks that succeeded keep their window until the world is finalized. */
     char what[128], ranks[96];
-    snprintf(what, sizeof what, "%zu-byte shared segment of symmetric pool \"%s\"", size,
-             st->name);
+    snprintf(what, sizeof what, "%zu-byte shared segment of symmetric pool \"%s\"", size, st->name);
     sp_agree_t a = {.op = SP_AGREE_SYM_REGISTER, .ok = s == SP_SUCCESS, .f = {(int64_t)size}};
     sp_status_t as = sp__sym_round(st, &a, what);
     if (as != SP_SUCCESS)
         return as;
     if (a.nbad) {
         if (s == SP_SUCCESS) {
-            SP_WARN(SP_SUB_SYM, "%s: %s could not allocate its part; this rank's part is "
-                                "kept until MPI is finalized",
+            SP_WARN(SP_SUB_SYM,
+                    "%s: %s could not allocate its part; this rank's part is "
+                    "kept until MPI is finalized",
                     what, sp__agree_bad_ranks(&a, ranks, sizeof ranks));
-            return sp__error(SP_ERR_OUT_OF_MEMORY, SP_SUB_SYM,
-                             "%s: %s could not allocate its part", what, ranks);
+            return sp__error(SP_ERR_OUT_OF_MEMORY, SP_SUB_SYM, "%s: %s could not allocate its part",
+                             what, ranks);
         }
         return s;
     }

@@ -94,9 +94,9 @@ static sp_status_t mem_alloc(int device, size_t size, void **base_p) {
         /* cuMemCreate out of memory arrives as ncclUnhandledCudaError: treat every failure of
          * the allocation itself as out of memory (the retry and the figures say what to do). */
         const char *last = ncclGetLastError(NULL);
-        return sp__error_quiet(SP_ERR_OUT_OF_MEMORY, SP_SUB_SYM, "ncclMemAlloc(%zu bytes) failed: %s%s%s",
-                               size, ncclGetErrorString(r), last && *last ? ": " : "",
-                               last ? last : "");
+        return sp__error_quiet(SP_ERR_OUT_OF_MEMORY, SP_SUB_SYM,
+                               "ncclMemAlloc(%zu bytes) failed: %s%s%s", size,
+                               ncclGetErrorString(r), last && *last ? ": " : "", last ? last : "");
     }
     *base_p = base;
     return SP_SUCCESS;

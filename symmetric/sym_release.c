@@ -16,9 +16,12 @@
  * sp_world_finalize has its segments released there (the memory under it is gone; a warning
  * says so).
  *
- * Locking: s_reg_lock guards the registry list; each state's lock is held for its calls. The
- * pool must not be used by another thread of the rank while a collective release runs (an OOM
- * loan that takes an agreed segment there would keep this rank out of MPI_Win_free).
+ * Locking: s_reg_lock guards the registry list; each state's lock is held for its calls. A
+ * release detaches each segment under the device lock (one short pool call) and deregisters and
+ * frees it with no pool or device lock held; one agreement round per release batch stands for
+ * the barrier. The pool must not be used by another thread of the rank while a collective
+ * release runs (an OOM loan that takes an agreed segment there would keep this rank out of
+ * MPI_Win_free).
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -134,13 +137,27 @@ void sp__sym_release_state(sp_sym_state_t *st) {
 
 /* ---- collective release ------------------------------------------------------------------- */
 
-/* Release pool segment `seq` (free on every rank), through the free callback, collectively. */
+/* Release pool segment `seq` (free on every rank, agreed): the mirror of growth. One locked
+ * pool call detaches it, then the registrar deregisters and frees it with no lock held. */
 static sp_status_t release_seq(sp_sym_state_t *st, uint64_t seq) {
-    st->in_release = true;
-    st->release_status = SP_SUCCESS;
-    sp_status_t s = sp__pool_release_segment(st->pool, seq);
-    st->in_release = false;
-    return s != SP_SUCCESS ? s : st->release_status;
+    void *base = NULL;
+    size_t size = 0;
+    sp_stream_t stream = NULL;
+    sp_status_t s = sp__pool_sym_detach(st->pool, seq, &base, &size, &stream);
+    if (s != SP_SUCCESS)
+        return s; /* cannot happen for an agreed segment; the registration stays recorded */
+    sp_sym_rec_t **pp = &st->recs;
+    while (*pp && (*pp)->seg.base != base)
+        pp = &(*pp)->next;
+    sp_sym_rec_t *rec = *pp;
+    if (!rec)
+        return sp__error(SP_ERR_INTERNAL, SP_SUB_SYM, "segment %llu at %p has no registration",
+                         (unsigned long long)seq, base);
+    s = st->reg->release(st, &rec->seg, stream);
+    *pp = rec->next;
+    free(rec);
+    sp__symc_add(st->device, SP_SYMC_DEREGISTRATIONS, 1);
+    return s;
 }
 
 sp_status_t sp__sym_release_recs(sp_sym_state_t *st) {
@@ -171,9 +188,7 @@ static sp_status_t agree_free(sp_sym_state_t *st, int op, bool ok, const char *w
         if (!seqs || sp__pool_free_segments(st->pool, seqs, n, &n) != SP_SUCCESS)
             n = 0; /* contributes "nothing free here": safe, releases nothing */
     }
-    *a = (sp_agree_t){.op = op,
-                      .ok = ok,
-                      .f = {(int64_t)sp__pool_next_segment_seq(st->pool)}};
+    *a = (sp_agree_t){.op = op, .ok = ok, .f = {(int64_t)sp__pool_next_segment_seq(st->pool)}};
     sp_status_t s = sp__sym_round(st, a, what);
     if (s != SP_SUCCESS || a->nbad) {
         free(seqs); /* the caller reports bad arguments or live blocks */
@@ -292,7 +307,6 @@ SP_EXPORT sp_status_t sp_symmetric_mempool_destroy(sp_mempool_t *pool) {
     /* Segments the pool kept (none expected) go with the pool's destruction; their
      * registrations, and any orphaned earlier, go here, in creation order on every rank. */
     size_t left = sp__pool_segment_count(pool);
-    st->in_release = false;
     sp_status_t d = sp__mempool_destroy_internal(pool);
     sp_status_t r = sp__sym_release_recs(st);
     if (left)

@@ -9,9 +9,11 @@
  * instead of trusting the pointer the pool holds.
  *
  * Locking: `lock` serializes this rank's calls on the pool (collective calls must in any case be
- * made in the same order on every rank). The allocator callbacks run under the device
- * allocator's lock, inside sp__pool_sym_grow / sp__pool_release_segment, on the thread that
- * holds `lock`; they touch only the fields marked (lock).
+ * made in the same order on every rank) and is held across their agreement rounds and the
+ * registrar's work; it is this pool's alone, so no other pool and no sp_malloc/sp_free waits
+ * for it. No pool or device lock is ever held while ranks wait for each other: growth and
+ * release call pool/ only for short locked steps (plan, adopt, detach). The allocator callbacks
+ * (only the orphan notice, sp__sym_seg_free) run under the device lock and touch `recs` only.
  */
 #ifndef SP_SYM_STATE_H
 #define SP_SYM_STATE_H
@@ -27,7 +29,7 @@
 /* One registered segment, kept in creation order (identical on every rank). */
 typedef struct sp_sym_rec {
     sp_sym_seg_t seg;        /* what the registrar made */
-    uint64_t seq;            /* the pool's segment sequence number; UINT64_MAX until known */
+    uint64_t seq;            /* the pool's segment sequence number (from the adopt) */
     bool orphan;             /* the pool let go of it outside a collective release */
     struct sp_sym_rec *next; /* creation order */
 } sp_sym_rec_t;
@@ -47,12 +49,6 @@ typedef struct sp_sym_state {
     char name[64];                 /* for messages ("" if unnamed) */
     pthread_mutex_t lock;          /* serializes this rank's calls on the pool */
     uint64_t callno;               /* collective calls on this pool on this rank (lock) */
-    bool in_grow;                  /* inside sp__pool_sym_grow for us (lock) */
-    bool grow_called;              /* the alloc callback ran during this growth (lock) */
-    sp_status_t grow_status;       /* why the alloc callback returned NULL (lock) */
-    char grow_why[200];            /* its message (sp_last_error is overwritten by pool/) */
-    bool in_release;               /* inside a collective release (lock) */
-    sp_status_t release_status;    /* first registrar failure of that release (lock) */
     sp_sym_rec_t *recs;            /* registered segments, creation order (lock) */
     bool broken;                   /* a collective timed out: no further collective calls */
     bool abandoned;                /* a round of ours is still pending on comm: never free it */

@@ -12,11 +12,13 @@
  *            numbers resynchronized to the largest so the pool stays usable;
  *            every rank has the same candidate -> take it (the common case: one allreduce).
  *   round 2: candidates differ or none -> each rank completes its pending frees, agree again.
- *   grow:    still different -> every rank grows one segment together: inside the allocator
- *            callback the ranks agree that every rank can grow (a rank whose pool refuses before
- *            calling back contributes its "no" to that same allreduce from outside), then the
- *            registrar allocates and registers collectively, then one more allreduce confirms
- *            the outcome so no rank is left with a block the others lack.
+ *   grow:    still different -> every rank grows one segment together, owned end to end here
+ *            and with no pool or device lock held while ranks wait for each other: the ranks
+ *            agree that every rank has room (pool/'s plan: limit, memory fraction), the
+ *            registrar allocates and registers collectively, then ONE locked pool call adopts
+ *            the segment and hands out its block at offset 0, and a last round confirms the
+ *            outcome so no rank is left with a block the others lack. The size is checked and
+ *            rounded once per call (sp__pool_sym_size); the growth uses that rounded size.
  * Everything is ordered by (segment sequence number, offset), never by address.
  *
  * Every round is launch/agree.c's one message shape (operation, call number on the pool, "my
@@ -27,7 +29,9 @@
  * sp_world_finalize. A rank that arrives after its peers gave up sees the round complete late
  * and breaks its pool too.
  *
- * Locking: the state's lock is held for a whole call; see sym_state.h.
+ * Locking: the state's lock serializes this rank's calls on this pool and is held for a whole
+ * call, across its rounds; it is the pool's own, so other pools, and every sp_malloc/sp_free
+ * (the device lock, taken only inside pool/'s short calls), go on meanwhile; see sym_state.h.
  */
 #include <sched.h>
 #include <stdint.h>
@@ -95,10 +99,10 @@ static sp_status_t make_comms(sp_world_t *w, sp_sym_state_t *st) {
     SP_CHECK(sp__world_mpi_status(MPI_Comm_dup(sp__world_comm(w), &st->comm),
                                   "MPI_Comm_dup for a symmetric pool"));
     MPI_Comm_set_errhandler(st->comm, MPI_ERRORS_RETURN);
-    sp_status_t s = sp__world_mpi_status(
-        MPI_Comm_split_type(st->comm, MPI_COMM_TYPE_SHARED, st->rank, MPI_INFO_NULL,
-                            &st->node_comm),
-        "MPI_Comm_split_type for a symmetric pool");
+    sp_status_t s =
+        sp__world_mpi_status(MPI_Comm_split_type(st->comm, MPI_COMM_TYPE_SHARED, st->rank,
+                                                 MPI_INFO_NULL, &st->node_comm),
+                             "MPI_Comm_split_type for a symmetric pool");
     if (s != SP_SUCCESS) {
         MPI_Comm_free(&st->comm);
         return s;
@@ -186,59 +190,22 @@ SP_EXPORT sp_status_t sp_symmetric_mempool_create(sp_world_t *w, const sp_mempoo
 
 /* ---- the allocator callbacks -------------------------------------------------------------- */
 
+/* pool/ never grows a symmetric pool itself (symmetric/ owns growth: plan, registrar, adopt);
+ * this callback only answers a request that would bypass that. */
 void *sp__sym_seg_alloc(size_t size, int device, void *stream, void *ctx) {
-    (void)stream;
     (void)device;
+    (void)stream;
     sp_sym_state_t *st = ctx;
-    if (!sp__sym_is_live(st))
-        return NULL;
-    /* Only a growth the protocol started may allocate, and only once per growth: anything else
-     * would make this rank enter a collective the others are not in. */
-    if (!st->in_grow || st->grow_called) {
-        SP_INFO(SP_SUB_SYM,
-                "symmetric pool \"%s\": segment request outside a collective growth "
-                "refused",
-                st->name);
-        return NULL;
-    }
-    st->grow_called = true;
-    /* The record is allocated before the agreement so that a host-memory failure here is this
-     * rank's "cannot grow" rather than a rank missing from the registrar's collectives. */
-    sp_sym_rec_t *rec = calloc(1, sizeof *rec);
-    char what[160];
-    snprintf(what, sizeof what, "sp_symmetric_malloc call #%llu (growth) on pool \"%s\"",
-             (unsigned long long)st->callno, st->name);
-    sp_agree_t a = {.op = SP_AGREE_SYM_GROW, .ok = rec != NULL, .f = {(int64_t)size}};
-    sp_status_t s = sp__sym_round(st, &a, what);
-    char ranks[96];
-    if (s == SP_SUCCESS && a.nbad)
-        s = sp__error_quiet(SP_ERR_OUT_OF_MEMORY, SP_SUB_SYM,
-                            "%s: the pool cannot grow on %s, so no rank grows it", what,
-                            sp__agree_bad_ranks(&a, ranks, sizeof ranks));
-    else if (s == SP_SUCCESS && a.lo[0] != a.hi[0])
-        s = sp__error(SP_ERR_MISMATCH, SP_SUB_SYM,
-                      "%s: ranks want segments of different sizes (%lld..%lld bytes): their "
-                      "allocator settings differ (SYMPOOL_ALLOC_CONF, SYMPOOL_LARGE_SEGMENT_SIZE, "
-                      "...); give every rank the same ones",
-                      what, (long long)a.lo[0], (long long)a.hi[0]);
-    /* From here every rank takes the same branch: the registrar's collectives follow. */
-    if (s == SP_SUCCESS)
-        s = st->reg->alloc(st, size, &rec->seg);
-    if (s != SP_SUCCESS) {
-        free(rec);
-        st->grow_status = s;
-        snprintf(st->grow_why, sizeof st->grow_why, "%s", sp_last_error());
-        return NULL;
-    }
-    rec->seq = UINT64_MAX;
-    sp_sym_rec_t **tail = &st->recs;
-    while (*tail)
-        tail = &(*tail)->next;
-    *tail = rec;
-    sp__symc_add(st->device, SP_SYMC_REGISTRATIONS, 1);
-    return rec->seg.base;
+    SP_INFO(SP_SUB_SYM,
+            "symmetric pool \"%s\": a %zu-byte segment outside a collective growth "
+            "was refused",
+            st->name, size);
+    return NULL;
 }
 
+/* pool/ lets go of a segment on its own only when the pool is destroyed with segments still in
+ * it, or at sp_shutdown: releasing the registration now would enter a collective alone, so it
+ * is kept (orphaned) until the next collective release of the pool or sp_world_finalize. */
 void sp__sym_seg_free(void *ptr, size_t size, int device, void *stream, void *ctx) {
     (void)size;
     (void)device;
@@ -246,29 +213,14 @@ void sp__sym_seg_free(void *ptr, size_t size, int device, void *stream, void *ct
     sp_sym_state_t *st = ctx;
     if (!sp__sym_is_live(st))
         return; /* the world was finalized: the registrar already released it */
-    sp_sym_rec_t **pp = &st->recs;
-    while (*pp && (*pp)->seg.base != ptr)
-        pp = &(*pp)->next;
-    sp_sym_rec_t *rec = *pp;
-    if (!rec)
-        return;
-    if (!st->in_release) {
-        /* Released outside a collective call (sp_mempool_destroy, sp_shutdown): releasing it
-         * now would enter a collective alone. Keep it; it goes at the next collective release
-         * (sp_symmetric_mempool_destroy or sp_world_finalize). */
-        rec->orphan = true;
-        SP_INFO(SP_SUB_SYM,
-                "symmetric pool \"%s\": segment %p released locally; its "
-                "registration is dropped at the next collective release",
-                st->name, ptr);
-        return;
-    }
-    sp_status_t s = st->reg->release(st, &rec->seg, stream);
-    if (s != SP_SUCCESS && st->release_status == SP_SUCCESS)
-        st->release_status = s;
-    *pp = rec->next;
-    free(rec);
-    sp__symc_add(st->device, SP_SYMC_DEREGISTRATIONS, 1);
+    for (sp_sym_rec_t *rec = st->recs; rec; rec = rec->next)
+        if (rec->seg.base == ptr) {
+            rec->orphan = true;
+            SP_INFO(SP_SUB_SYM,
+                    "symmetric pool \"%s\": segment %p released locally; its registration is "
+                    "dropped at the next collective release",
+                    st->name, ptr);
+        }
 }
 
 /* ---- malloc ------------------------------------------------------------------------------ */
@@ -276,16 +228,13 @@ void sp__sym_seg_free(void *ptr, size_t size, int device, void *stream, void *ct
 enum { F_SIZE, F_FOUND, F_SEG, F_OFF };
 
 /* One agreement round on (size, candidate); ok false carries this rank's bad argument. */
-static sp_status_t round_(sp_sym_state_t *st, size_t size, sp_stream_t stream, bool ok,
-                          const char *what, sp_agree_t *a) {
+static sp_status_t round_(sp_sym_state_t *st, size_t size, size_t rounded, sp_stream_t stream,
+                          bool ok, const char *what, sp_agree_t *a) {
     bool found = false;
     uint64_t seg = 0;
     size_t off = 0;
-    /* A local failure must not keep this rank out of the round the others are in: it
-     * contributes "no candidate", which at worst makes every rank grow. */
-    if (ok && size > 0 &&
-        sp__pool_sym_find(st->pool, size, stream, &found, &seg, &off) != SP_SUCCESS)
-        found = false;
+    if (ok && rounded > 0)
+        (void)sp__pool_sym_find(st->pool, rounded, stream, &found, &seg, &off);
     *a = (sp_agree_t){.op = SP_AGREE_SYM_MALLOC,
                       .ok = ok,
                       .f = {size > (size_t)INT64_MAX ? INT64_MAX : (int64_t)size, found,
@@ -298,76 +247,117 @@ static bool same_candidate(const sp_agree_t *a) {
     return a->lo[F_FOUND] == 1 && a->lo[F_SEG] == a->hi[F_SEG] && a->lo[F_OFF] == a->hi[F_OFF];
 }
 
-static sp_status_t take(sp_sym_state_t *st, size_t size, sp_stream_t stream, const sp_agree_t *a,
-                        const char *what, void **ptr_p) {
-    sp_status_t s = sp__pool_sym_take(st->pool, size, stream, (uint64_t)a->lo[F_SEG],
+static sp_status_t take(sp_sym_state_t *st, size_t rounded, size_t size, sp_stream_t stream,
+                        const sp_agree_t *a, const char *what, void **ptr_p) {
+    sp_status_t s = sp__pool_sym_take(st->pool, rounded, size, stream, (uint64_t)a->lo[F_SEG],
                                       (size_t)a->lo[F_OFF], ptr_p);
     if (s != SP_SUCCESS)
         return sp__error(SP_ERR_INTERNAL, SP_SUB_SYM,
                          "%s: the agreed block (segment %lld, offset %lld) could not be taken "
                          "here (%s); was the pool used from another thread meanwhile?",
-                         what, (long long)a->lo[F_SEG], (long long)a->lo[F_OFF],
-                         sp_status_name(s));
+                         what, (long long)a->lo[F_SEG], (long long)a->lo[F_OFF], sp_status_name(s));
     return SP_SUCCESS;
 }
 
-/* Every rank grows one segment together (see the file comment). */
-static sp_status_t grow(sp_sym_state_t *st, size_t size, sp_stream_t stream, const char *what,
-                        void **ptr_p) {
-    void *p = NULL;
-    st->in_grow = true;
-    st->grow_called = false;
-    st->grow_status = SP_SUCCESS;
-    sp_status_t s = sp__pool_sym_grow(st->pool, size, stream, &p);
-    st->in_grow = false;
-    if (st->broken)
-        return sp__error(SP_ERR_TIMEOUT, SP_SUB_SYM, "%s", st->broken_why);
-    sp_agree_t a;
-    char ranks[96];
-    if (!st->grow_called) {
-        /* The pool refused before asking us (a limit, host memory): the others are waiting in
-         * the callback's round, so answer it from here with "cannot grow". */
-        a = (sp_agree_t){.op = SP_AGREE_SYM_GROW, .ok = false, .f = {(int64_t)size}};
-        SP_CHECK(sp__sym_round(st, &a, what));
+static void append_rec(sp_sym_state_t *st, sp_sym_rec_t *rec) {
+    sp_sym_rec_t **tail = &st->recs;
+    while (*tail)
+        tail = &(*tail)->next;
+    *tail = rec;
+    sp__symc_add(st->device, SP_SYMC_REGISTRATIONS, 1);
+}
+
+/* Undo a growth some rank could not adopt: give the block back, take the segment out of the
+ * pool where it went in, and release the registration on every rank (the registrar's release
+ * is collective; every rank reaches here from the same agreed outcome). */
+static void undo_growth(sp_sym_state_t *st, sp_sym_rec_t *rec, void *p, uint64_t seq,
+                        sp_stream_t stream) {
+    if (p) {
+        void *base;
+        size_t size;
+        (void)sp_free(p);
+        (void)sp__pool_sym_detach(st->pool, seq, &base, &size, &stream);
     }
-    a = (sp_agree_t){.op = SP_AGREE_SYM_GROW, .ok = s == SP_SUCCESS};
-    SP_CHECK(sp__sym_round(st, &a, what));
-    if (!a.nbad) {
-        sp_block_info_t bi;
-        if (sp__pool_lookup(p, &bi) == SP_SUCCESS)
-            for (sp_sym_rec_t *r = st->recs; r; r = r->next)
-                if (r->seg.base == bi.segment_base)
-                    r->seq = bi.segment_seq;
+    (void)st->reg->release(st, &rec->seg, stream);
+    free(rec);
+}
+
+/* Every rank grows one segment together. The ranks agree that every rank has room (no pool lock
+ * held: a thread's sp_malloc on this device goes on meanwhile), the registrar allocates and
+ * registers collectively (no pool lock held), then one locked pool call adopts the segment and
+ * hands out its block, and a last round confirms it everywhere. */
+static sp_status_t grow(sp_sym_state_t *st, size_t rounded, size_t size, sp_stream_t stream,
+                        const char *what, void **ptr_p) {
+    size_t alloc_size = 0;
+    sp_status_t ps = sp__pool_sym_plan(st->pool, rounded, &alloc_size);
+    sp_sym_rec_t *rec = ps == SP_SUCCESS ? calloc(1, sizeof *rec) : NULL;
+    if (ps == SP_SUCCESS && !rec)
+        ps = sp__error(SP_ERR_SYSTEM, SP_SUB_SYM, "%s: out of host memory", what);
+    char why[200], ranks[96];
+    snprintf(why, sizeof why, "%s", ps == SP_SUCCESS ? "" : sp_last_error());
+    sp_agree_t a = {.op = SP_AGREE_SYM_GROW, .ok = ps == SP_SUCCESS, .f = {(int64_t)alloc_size}};
+    sp_status_t s = sp__sym_round(st, &a, what);
+    if (s == SP_SUCCESS && a.nbad)
+        s = sp__error(SP_ERR_OUT_OF_MEMORY, SP_SUB_SYM,
+                      "%s: cannot grow symmetric pool \"%s\" by a segment for %zu bytes: it "
+                      "cannot grow on %s, so no rank grows it%s%s",
+                      what, st->name, size, sp__agree_bad_ranks(&a, ranks, sizeof ranks),
+                      ps == SP_SUCCESS ? "" : "; here: ", why);
+    else if (s == SP_SUCCESS && a.lo[0] != a.hi[0])
+        s = sp__error(SP_ERR_MISMATCH, SP_SUB_SYM,
+                      "%s: ranks want segments of different sizes (%lld..%lld bytes): their "
+                      "allocator settings differ (SYMPOOL_ALLOC_CONF, SYMPOOL_LARGE_SEGMENT_SIZE, "
+                      "...); give every rank the same ones",
+                      what, (long long)a.lo[0], (long long)a.hi[0]);
+    /* From here every rank takes the same branch: the registrar's collectives follow. */
+    if (s == SP_SUCCESS)
+        s = st->reg->alloc(st, alloc_size, &rec->seg);
+    if (s != SP_SUCCESS) {
+        free(rec);
+        return s;
+    }
+    void *p = NULL;
+    uint64_t seq = 0;
+    sp_status_t as =
+        sp__pool_sym_adopt(st->pool, rec->seg.base, alloc_size, rounded, size, stream, &p, &seq);
+    snprintf(why, sizeof why, "%s", as == SP_SUCCESS ? "" : sp_last_error());
+    a = (sp_agree_t){.op = SP_AGREE_SYM_GROW, .ok = as == SP_SUCCESS};
+    s = sp__sym_round(st, &a, what);
+    if (s == SP_SUCCESS && !a.nbad) {
+        rec->seq = seq;
+        append_rec(st, rec);
         sp__symc_add(st->device, SP_SYMC_GROWTHS, 1);
-        SP_INFO(SP_SUB_SYM, "%s: every rank grew a registered segment (%s registrar) for %zu bytes",
-                what, st->reg->name, size);
+        SP_INFO(SP_SUB_SYM, "%s: every rank grew a registered segment (%s registrar) of %zu bytes",
+                what, st->reg->name, alloc_size);
         *ptr_p = p;
         return SP_SUCCESS;
     }
-    sp__agree_bad_ranks(&a, ranks, sizeof ranks);
-    if (s == SP_SUCCESS) {
-        sp_free(p); /* the block goes back to the cache; its segment stays registered */
-        return sp__error(SP_ERR_OUT_OF_MEMORY, SP_SUB_SYM,
-                         "%s: the pool could not grow on %s, so no rank allocates", what,
-                         ranks);
+    if (s != SP_SUCCESS) {
+        /* The outcome is unknown (the pool is broken now): keep what this rank made, so its
+         * block stays valid and sp_world_finalize releases the registration. */
+        rec->seq = seq;
+        append_rec(st, rec);
+        if (as == SP_SUCCESS)
+            (void)sp_free(p);
+        return s;
     }
-    if (st->grow_status != SP_SUCCESS && st->grow_status != SP_ERR_OUT_OF_MEMORY)
-        return sp__error(st->grow_status, SP_SUB_SYM, "%s: growing a segment failed: %s", what,
-                         st->grow_why);
-    return sp__error(SP_ERR_OUT_OF_MEMORY, SP_SUB_SYM,
-                     "%s: cannot grow symmetric pool \"%s\" by a segment for %zu bytes (it cannot on "
-                     "%s), nothing allocated on any rank",
-                     what, st->name, size, ranks);
+    undo_growth(st, rec, as == SP_SUCCESS ? p : NULL, seq, stream);
+    return sp__error(SP_ERR_SYSTEM, SP_SUB_SYM,
+                     "%s: the new segment could not be adopted on %s (host memory), so no rank "
+                     "keeps it%s%s",
+                     what, sp__agree_bad_ranks(&a, ranks, sizeof ranks),
+                     as == SP_SUCCESS ? "" : "; here: ", why);
 }
 
-/* This rank's own argument checks, made before the first round so a bad argument on one rank
- * is an error on every rank (SP_ERR_INVALID_ARGUMENT) instead of a rank missing from it. */
+/* This rank's own argument checks (the one size check and rounding of the call included), made
+ * before the first round so a bad argument on one rank is an error on every rank
+ * (SP_ERR_INVALID_ARGUMENT) instead of a rank missing from it. */
 static bool check_args(sp_sym_state_t *st, size_t size, sp_stream_t stream, void **ptr_p,
-                       const char *what, char *why, size_t len) {
+                       const char *what, size_t *rounded_p, char *why, size_t len) {
     sp_status_t s = SP_SUCCESS;
     if (!ptr_p)
         s = sp__error(SP_ERR_INVALID_ARGUMENT, SP_SUB_SYM, "%s: ptr_p is NULL", what);
-    else if (size > 0)
+    else if ((s = sp__pool_sym_size(st->pool, size, rounded_p)) == SP_SUCCESS && size > 0)
         s = sp__pool_check_stream(st->pool, stream, what);
     if (s == SP_SUCCESS)
         return true;
@@ -380,14 +370,14 @@ SP_EXPORT sp_status_t sp_symmetric_malloc(sp_mempool_t *pool, size_t size, sp_st
     sp_sym_state_t *st;
     SP_CHECK(sp__sym_acquire(pool, "sp_symmetric_malloc", &st));
     ++st->callno;
-    char what[128], why[256];
+    char what[128], why[256], ranks[96];
     describe(st, NULL, what, sizeof what);
-    bool ok = check_args(st, size, stream, ptr_p, what, why, sizeof why);
+    size_t rounded = 0;
+    bool ok = check_args(st, size, stream, ptr_p, what, &rounded, why, sizeof why);
     sp_agree_t a;
     void *p = NULL;
-    char ranks[96];
     sp_status_t s;
-    SP_CHECK_GOTO(round_(st, size, stream, ok, what, &a), s, out);
+    SP_CHECK_GOTO(round_(st, size, rounded, stream, ok, what, &a), s, out);
     if (a.lo[F_SIZE] != a.hi[F_SIZE]) {
         s = sp__error(SP_ERR_MISMATCH, SP_SUB_SYM,
                       "%s: ranks disagree: sizes from %lld to %lld bytes. Every rank must make "
@@ -399,8 +389,8 @@ SP_EXPORT sp_status_t sp_symmetric_malloc(sp_mempool_t *pool, size_t size, sp_st
     if (a.nbad) {
         s = !ok ? sp__error(SP_ERR_INVALID_ARGUMENT, SP_SUB_SYM, "%s (no rank allocated)", why)
                 : sp__error(SP_ERR_INVALID_ARGUMENT, SP_SUB_SYM,
-                            "%s: %s rejected its arguments (its log says why); no "
-                            "rank allocated",
+                            "%s: %s rejected its arguments (its log says why); no rank "
+                            "allocated",
                             what, sp__agree_bad_ranks(&a, ranks, sizeof ranks));
         goto out;
     }
@@ -409,18 +399,18 @@ SP_EXPORT sp_status_t sp_symmetric_malloc(sp_mempool_t *pool, size_t size, sp_st
         goto out;
     }
     if (same_candidate(&a)) {
-        s = take(st, size, stream, &a, what, &p);
+        s = take(st, rounded, size, stream, &a, what, &p);
         goto out;
     }
     /* The caches differ (events completed at different times, a block lent on OOM): complete
      * this rank's pending frees and look again before paying for a growth. */
     if (sp__pool_sync_pending(pool) != SP_SUCCESS)
         SP_INFO(SP_SUB_SYM, "%s: completing pending frees failed: %s", what, sp_last_error());
-    SP_CHECK_GOTO(round_(st, size, stream, true, what, &a), s, out);
+    SP_CHECK_GOTO(round_(st, size, rounded, stream, true, what, &a), s, out);
     if (same_candidate(&a))
-        s = take(st, size, stream, &a, what, &p);
+        s = take(st, rounded, size, stream, &a, what, &p);
     else
-        s = grow(st, size, stream, what, &p);
+        s = grow(st, rounded, size, stream, what, &p);
 out:
     if (s == SP_SUCCESS) {
         sp__symc_add(st->device, SP_SYMC_MALLOCS, 1);

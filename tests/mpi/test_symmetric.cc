@@ -196,8 +196,7 @@ TEST_F(Symmetric, SkippedCallFailsOnEveryRank) {
     void **out = mpi_rank() == 0 ? nullptr : &p;
     EXPECT_SP_STATUS(sp_symmetric_malloc(pool_, 4096, nullptr, out), SP_ERR_INVALID_ARGUMENT);
     std::string msg = sp_last_error();
-    EXPECT_NE(msg.find(mpi_rank() == 0 ? "ptr_p is NULL" : "rank 0 rejected"),
-              std::string::npos)
+    EXPECT_NE(msg.find(mpi_rank() == 0 ? "ptr_p is NULL" : "rank 0 rejected"), std::string::npos)
         << msg;
     ASSERT_SP_OK(sp_symmetric_malloc(pool_, 4096, nullptr, &p));
     expect_identical(p, "after a bad argument");
