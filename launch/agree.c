@@ -62,6 +62,11 @@ static pthread_mutex_t s_grave_lock = PTHREAD_MUTEX_INITIALIZER;
 static sp_grave_t *s_graves; /* s_grave_lock */
 static pthread_mutex_t s_op_lock = PTHREAD_MUTEX_INITIALIZER;
 static MPI_Op s_op = MPI_OP_NULL; /* s_op_lock, then constant */
+static uint64_t s_rounds;          /* rounds started by this process (relaxed atomic) */
+
+uint64_t sp__agree_rounds(void) {
+    return __atomic_load_n(&s_rounds, __ATOMIC_RELAXED);
+}
 
 static const char *const op_names[SP_AGREE_OP_COUNT] = {
     "(none)",
@@ -217,6 +222,7 @@ sp_status_t sp__agree(MPI_Comm comm, sp_agree_t *a, const char *what, bool *aban
                                            : "out of host memory for the agreement");
     }
     pack(a, rank, deadline, buf);
+    __atomic_fetch_add(&s_rounds, 1, __ATOMIC_RELAXED);
     MPI_Request req;
     int rc = MPI_Iallreduce(buf, buf + W_COUNT, W_COUNT, MPI_INT64_T, op, comm, &req);
     if (rc != MPI_SUCCESS) {
@@ -308,6 +314,7 @@ sp_status_t sp__agree_band(MPI_Comm comm, uint64_t *bits, size_t words, const ch
     if (!buf)
         return sp__error(SP_ERR_SYSTEM, SP_SUB_BOOT, "%s: out of host memory", what);
     memcpy(buf, bits, words * sizeof *buf);
+    __atomic_fetch_add(&s_rounds, 1, __ATOMIC_RELAXED);
     MPI_Request req;
     int rc = MPI_Iallreduce(buf, buf + words, (int)words, MPI_UINT64_T, MPI_BAND, comm, &req);
     if (rc != MPI_SUCCESS) {

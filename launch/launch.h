@@ -112,6 +112,8 @@ double sp__agree_timeout_s(void);
  * of an operation whose first round already agreed on its length (the free-segment bitmap). */
 sp_status_t sp__agree_band(MPI_Comm comm, uint64_t *bits, size_t words, const char *what,
                            bool *abandoned_p);
+/* Agreement rounds this process has started (sp__agree and sp__agree_band), for tests. */
+uint64_t sp__agree_rounds(void);
 /* Does comm still carry a request abandoned at a timeout? (Completed ones are reaped.) */
 bool sp__agree_pending(MPI_Comm comm);
 

@@ -14,7 +14,8 @@
  * symmetric pool: SP_ERR_BUSY on every rank if any rank still has a live block in it; otherwise
  * every segment is released collectively and the pool destroyed. A symmetric pool left alive at
  * sp_world_finalize has its segments released there (the memory under it is gone; a warning
- * says so).
+ * says so), unless a timeout broke it: then a rank may be gone and the collective release could
+ * wait forever, so its registrations are left to process exit (a warning says so).
  *
  * Locking: s_reg_lock guards the registry list; each state's lock is held for its calls. A
  * release detaches each segment under the device lock (one short pool call) and deregisters and
@@ -333,16 +334,25 @@ static void on_world_finalize(sp_world_t *w) {
         if (!st)
             return;
         pthread_mutex_lock(&st->lock);
-        if (st->recs)
+        if (st->recs && st->broken)
+            /* The rank that timed out may be gone: a collective release (MPI_Win_free) could
+             * wait for it forever. The registrations are left to process exit. */
+            SP_WARN(SP_SUB_SYM,
+                    "symmetric pool \"%s\" was broken by a timeout: its registered segments are "
+                    "not released at sp_world_finalize (that is collective, and a rank may be "
+                    "gone); they go with the process",
+                    st->name);
+        else if (st->recs)
             SP_WARN(SP_SUB_SYM,
                     "symmetric pool \"%s\" still holds registered segments at "
                     "sp_world_finalize: they are released now; destroy it with "
                     "sp_symmetric_mempool_destroy before finalizing",
                     st->name);
-        /* No agreement round here: a pool broken by a timeout cannot agree, and the registrars'
-         * release needs none (MPI_Win_free synchronizes the node; NCCL deregistration is local
-         * and the nccl registrar synchronizes what it must). */
-        sp__sym_release_recs(st);
+        /* No agreement round here: the registrars' release needs none (MPI_Win_free
+         * synchronizes the node; NCCL deregistration is local and the nccl registrar
+         * synchronizes what it must). */
+        if (!st->broken)
+            sp__sym_release_recs(st);
         pthread_mutex_unlock(&st->lock);
         free_state(st);
     }

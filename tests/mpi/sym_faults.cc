@@ -274,4 +274,25 @@ TEST_F(SymFaults, BrokenPoolRepeatsTheWholeReason) {
     pool_ = nullptr; // released at sp_world_finalize
 }
 
+// Issue 10 item 13, as the host backend shows it: releasing a batch of segments costs the same
+// agreement rounds whatever its size (the call's round, the free-segment bitmap, one round
+// standing for the barrier), not a barrier per segment.
+TEST_F(SymFaults, ReleaseBatchIsOneBarrierWhateverItsSize) {
+    make_pool();
+    for (int nseg : {1, 3}) {
+        void *p[3] = {};
+        for (int i = 0; i < nseg; i++) // large and live at once: one segment each
+            ASSERT_SP_OK(sp_symmetric_malloc(pool_, 12 * sp::MiB, nullptr, &p[i]));
+        for (int i = 0; i < nseg; i++)
+            ASSERT_SP_OK(sp_free(p[i]));
+        sp_sym_counters_t c0 = sym_counters();
+        uint64_t r0 = sp__agree_rounds();
+        ASSERT_SP_OK(sp_symmetric_empty_cache(pool_));
+        uint64_t rounds = sp__agree_rounds() - r0;
+        sp_sym_counters_t c1 = sym_counters();
+        EXPECT_EQ(c1.deregistrations - c0.deregistrations, nseg);
+        EXPECT_EQ(rounds, 3u) << nseg << " segment(s)";
+    }
+}
+
 } // namespace
