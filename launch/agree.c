@@ -62,7 +62,7 @@ static pthread_mutex_t s_grave_lock = PTHREAD_MUTEX_INITIALIZER;
 static sp_grave_t *s_graves; /* s_grave_lock */
 static pthread_mutex_t s_op_lock = PTHREAD_MUTEX_INITIALIZER;
 static MPI_Op s_op = MPI_OP_NULL; /* s_op_lock, then constant */
-static uint64_t s_rounds;          /* rounds started by this process (relaxed atomic) */
+static uint64_t s_rounds;         /* rounds started by this process (relaxed atomic) */
 
 uint64_t sp__agree_rounds(void) {
     return __atomic_load_n(&s_rounds, __ATOMIC_RELAXED);
