@@ -66,6 +66,10 @@ void sp__sym_unregister(sp_sym_state_t *st);
 /* Is `st` a live state? Caller holds nothing; answer valid while the state's owner runs. */
 bool sp__sym_is_live(const sp_sym_state_t *st);
 
+/* Test hook: seconds the calling thread sleeps at the start of each growth, before its first
+ * round (0: none), so a test can make one rank late inside a growth. Thread-local. */
+extern _Thread_local double sp__sym_test_grow_delay_s;
+
 /* One agreement round on the pool's communicator, numbered with the pool's current call
  * (sp__agree + sp__agree_check). A timeout breaks the pool (later collective calls are refused
  * with the saved reason); a mismatch resynchronizes the call number to the largest, so the pool

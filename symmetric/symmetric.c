@@ -38,6 +38,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "core/core.h"
 #include "pool/pool.h"
@@ -282,6 +283,12 @@ static void undo_growth(sp_sym_state_t *st, sp_sym_rec_t *rec, void *p, uint64_t
     free(rec);
 }
 
+/* A test hook (sym_state.h): seconds this thread sleeps before a growth's first round. */
+_Thread_local double sp__sym_test_grow_delay_s;
+void sp__sym_test_set_grow_delay(double seconds) {
+    sp__sym_test_grow_delay_s = seconds;
+}
+
 /* Every rank grows one segment together. The ranks agree that every rank has room (no pool lock
  * held: a thread's sp_malloc on this device goes on meanwhile), the registrar allocates and
  * registers collectively (no pool lock held), then one locked pool call adopts the segment and
@@ -289,6 +296,12 @@ static void undo_growth(sp_sym_state_t *st, sp_sym_rec_t *rec, void *p, uint64_t
 static sp_status_t grow(sp_sym_state_t *st, size_t rounded, size_t size, sp_stream_t stream,
                         const char *what, void **ptr_p) {
     size_t alloc_size = 0;
+    if (sp__sym_test_grow_delay_s > 0) /* tests: this rank is late inside a growth */
+        nanosleep(&(struct timespec){(time_t)sp__sym_test_grow_delay_s,
+                                     (long)((sp__sym_test_grow_delay_s -
+                                             (double)(time_t)sp__sym_test_grow_delay_s) *
+                                            1e9)},
+                  NULL);
     sp_status_t ps = sp__pool_sym_plan(st->pool, rounded, &alloc_size);
     sp_sym_rec_t *rec = ps == SP_SUCCESS ? calloc(1, sizeof *rec) : NULL;
     if (ps == SP_SUCCESS && !rec)

@@ -3,8 +3,10 @@
 // two ranks, and both succeed well inside the deadline (with the device lock held across a
 // growth, as before, each rank's first growth would wait for the other rank's second, which
 // waits for the lock: a deadlock until the deadline). And an sp_malloc from a third thread
-// completes while a growth waits for a late rank. Run at 2 ranks with MPI_THREAD_MULTIPLE
-// (registered in tests/cmake/symmetric.cmake; not part of the tests/mpi/test_*.cc glob).
+// completes while a growth waits for a late rank. The lateness is placed inside the growth
+// (after the call's first rounds) with symmetric/'s test hook sp__sym_test_set_grow_delay.
+// Run at 2 ranks with MPI_THREAD_MULTIPLE (registered in tests/cmake/symmetric.cmake; not part
+// of the tests/mpi/test_*.cc glob).
 #include <mpi.h>
 
 #include <atomic>
@@ -12,6 +14,8 @@
 #include <thread>
 
 #include "mpi_util.hpp"
+
+extern "C" void sp__sym_test_set_grow_delay(double seconds);
 
 namespace {
 
@@ -46,8 +50,9 @@ TEST_F(SymThreads, TwoPoolsGrowInOppositeOrdersOnTwoRanks) {
     const int kGrowths = 3;
     const size_t kSize = 12 * sp::MiB; // large: one segment per live block
     sp_sym_counters_t before = sym_counters();
-    // Rank 0 grows pool a first, rank 1 pool b first; the other pool's thread starts 200 ms
-    // later, so each rank's first growth waits for the other rank's late thread.
+    // Rank 0 grows pool a first, rank 1 pool b first: the other pool's thread enters each
+    // growth 300 ms late, so each rank's first growth waits for the other rank's late thread
+    // while that rank's own first growth is under way.
     int first = mpi_rank() % 2;
     std::atomic<int> failures{0};
     double took[2] = {0, 0};
@@ -55,19 +60,19 @@ TEST_F(SymThreads, TwoPoolsGrowInOppositeOrdersOnTwoRanks) {
     MPI_Barrier(MPI_COMM_WORLD);
     auto t0 = Clock::now();
     auto grow = [&](int which) {
-        if (which != first)
-            std::this_thread::sleep_for(std::chrono::milliseconds(200));
+        sp__sym_test_set_grow_delay(which != first ? 0.3 : 0.0);
         for (int i = 0; i < kGrowths; i++)
             if (sp_symmetric_malloc(pool_[which], kSize, nullptr, &ptrs[which][i]) != SP_SUCCESS)
                 failures++;
         took[which] = since(t0);
+        sp__sym_test_set_grow_delay(0.0);
     };
     std::thread ta(grow, 0), tb(grow, 1);
     ta.join();
     tb.join();
     EXPECT_EQ(failures.load(), 0) << sp_last_error();
     for (int which = 0; which < 2; which++) {
-        EXPECT_LT(took[which], 5.0) << "pool " << which << ": far from 'well inside' 20 s";
+        EXPECT_LT(took[which], 5.0) << "pool " << which << ": not well inside the 20 s deadline";
         for (int i = 0; i < kGrowths; i++) {
             sp_window_info_t wi{};
             ASSERT_SP_OK(sp_symmetric_window(ptrs[which][i], &wi));
@@ -88,22 +93,21 @@ TEST_F(SymThreads, TwoPoolsGrowInOppositeOrdersOnTwoRanks) {
 
 TEST_F(SymThreads, MallocFromAnotherThreadCompletesWhileAGrowthWaits) {
     sp::ScopedEnv env({{"SYMPOOL_SYM_TIMEOUT", "20"}});
-    const double kLate = 2.0; // rank 1 arrives this late at the growth
+    const double kLate = 2.0; // rank 1 enters the growth this late
     MPI_Barrier(MPI_COMM_WORLD);
     auto t0 = Clock::now();
     void *sym = nullptr;
     std::atomic<bool> grown{false};
     std::thread g([&] {
-        if (mpi_rank() != 0)
-            std::this_thread::sleep_for(std::chrono::duration<double>(kLate));
+        sp__sym_test_set_grow_delay(mpi_rank() == 1 ? kLate : 0.0);
         EXPECT_SP_OK(sp_symmetric_malloc(pool_[0], 16 * sp::MiB, nullptr, &sym));
         grown = true;
     });
     double malloc_done = -1;
     if (mpi_rank() == 0) {
-        // Let the growth start waiting, then allocate new device memory (the device lock and a
-        // new segment of the default pool) and free it.
-        std::this_thread::sleep_for(std::chrono::milliseconds(300));
+        // Let the growth start waiting for rank 1, then allocate new device memory (the device
+        // lock and a new segment of the default pool) and free it.
+        std::this_thread::sleep_for(std::chrono::milliseconds(500));
         auto t1 = Clock::now();
         void *p = nullptr;
         EXPECT_SP_OK(sp_malloc(30 * sp::MiB, sp_world_device(w_), nullptr, &p));
