@@ -62,6 +62,7 @@ static pthread_mutex_t s_grave_lock = PTHREAD_MUTEX_INITIALIZER;
 static sp_grave_t *s_graves; /* s_grave_lock */
 static pthread_mutex_t s_op_lock = PTHREAD_MUTEX_INITIALIZER;
 static MPI_Op s_op = MPI_OP_NULL; /* s_op_lock, then constant */
+static bool s_op_ready;           /* s_op is created (atomic) */
 static uint64_t s_rounds;         /* rounds started by this process (relaxed atomic) */
 
 uint64_t sp__agree_rounds(void) {
@@ -118,10 +119,15 @@ static void combine(void *in_v, void *io_v, int *len, MPI_Datatype *type) {
 }
 
 static MPI_Op agree_op(void) {
+    /* Created once; every later round reads it without the lock. */
+    if (__atomic_load_n(&s_op_ready, __ATOMIC_ACQUIRE))
+        return s_op;
     pthread_mutex_lock(&s_op_lock);
     if (s_op == MPI_OP_NULL && MPI_Op_create(combine, 1, &s_op) != MPI_SUCCESS)
         s_op = MPI_OP_NULL;
     MPI_Op op = s_op;
+    if (op != MPI_OP_NULL)
+        __atomic_store_n(&s_op_ready, true, __ATOMIC_RELEASE);
     pthread_mutex_unlock(&s_op_lock);
     return op;
 }
@@ -205,17 +211,49 @@ static void unpack(const int64_t *w, sp_agree_t *a) {
     a->late_rank = (int)w[W_DEADLINE_RANK];
 }
 
-sp_status_t sp__agree(MPI_Comm comm, sp_agree_t *a, const char *what, bool *abandoned_p) {
+/* Each thread's round buffer, kept between rounds (a cache hit's round must not cost a malloc):
+ * heap memory, because if this rank gives up MPI may still write it when a late rank arrives;
+ * then it goes to the graveyard and the thread makes a new one. Freed at thread exit. */
+static pthread_key_t s_buf_key;
+static pthread_once_t s_buf_once = PTHREAD_ONCE_INIT;
+
+static void make_buf_key(void) {
+    (void)pthread_key_create(&s_buf_key, free);
+}
+
+static int64_t *round_buf(void) {
+    pthread_once(&s_buf_once, make_buf_key);
+    int64_t *buf = pthread_getspecific(s_buf_key);
+    if (!buf && (buf = malloc(2 * W_COUNT * sizeof *buf)) != NULL &&
+        pthread_setspecific(s_buf_key, buf) != 0) {
+        free(buf);
+        buf = NULL;
+    }
+    return buf;
+}
+
+/* The buffer is now the graveyard's: the thread's next round makes a new one. */
+static void give_up_buf(void) {
+    (void)pthread_setspecific(s_buf_key, NULL);
+}
+
+const char *sp__agree_name(const sp_agree_t *a, const char *what, char *buf, size_t n) {
+    if (what)
+        return what;
+    return a->describe ? a->describe(a->describe_ctx, buf, n) : "a collective sympool call";
+}
+
+sp_status_t sp__agree(MPI_Comm comm, sp_agree_t *a, const char *what_in, bool *abandoned_p) {
     *abandoned_p = false;
+    char wbuf[160];
+#define what sp__agree_name(a, what_in, wbuf, sizeof wbuf)
     int rank = 0;
     MPI_Comm_rank(comm, &rank);
     double limit = sp__agree_timeout_s();
     int64_t deadline = deadline_ns(limit);
     MPI_Op op = agree_op();
-    /* Heap buffers: if this rank gives up, MPI may still write them when a late rank arrives. */
-    int64_t *buf = malloc(2 * W_COUNT * sizeof *buf);
+    int64_t *buf = round_buf();
     if (!buf || op == MPI_OP_NULL) {
-        free(buf);
         /* Nothing was sent: the peers will time out, which is what a missing rank looks like. */
         return sp__error(SP_ERR_SYSTEM, SP_SUB_BOOT, "%s: %s", what,
                          op == MPI_OP_NULL ? "MPI_Op_create for the agreement failed"
@@ -225,14 +263,13 @@ sp_status_t sp__agree(MPI_Comm comm, sp_agree_t *a, const char *what, bool *aban
     __atomic_fetch_add(&s_rounds, 1, __ATOMIC_RELAXED);
     MPI_Request req;
     int rc = MPI_Iallreduce(buf, buf + W_COUNT, W_COUNT, MPI_INT64_T, op, comm, &req);
-    if (rc != MPI_SUCCESS) {
-        free(buf);
+    if (rc != MPI_SUCCESS)
         return sp__world_mpi_status(rc, what);
-    }
     for (unsigned spins = 0;; spins++) {
         int done = 0;
         rc = MPI_Test(&req, &done, MPI_STATUS_IGNORE);
         if (rc != MPI_SUCCESS) {
+            give_up_buf();
             bury(req, comm, buf); /* an erroneous request may still be live */
             *abandoned_p = true;
             return sp__world_mpi_status(rc, what);
@@ -241,6 +278,7 @@ sp_status_t sp__agree(MPI_Comm comm, sp_agree_t *a, const char *what, bool *aban
             break;
         if (spins >= 64) {
             if (realtime_ns() >= deadline) {
+                give_up_buf();
                 bury(req, comm, buf);
                 *abandoned_p = true;
                 return sp__error(SP_ERR_TIMEOUT, SP_SUB_BOOT,
@@ -254,7 +292,6 @@ sp_status_t sp__agree(MPI_Comm comm, sp_agree_t *a, const char *what, bool *aban
     }
     unpack(buf + W_COUNT, a);
     int64_t earliest = buf[W_COUNT + W_DEADLINE];
-    free(buf);
     if (earliest != INT64_MAX && realtime_ns() > earliest) {
         a->late = true;
         return sp__error(SP_ERR_TIMEOUT, SP_SUB_BOOT,
@@ -266,6 +303,7 @@ sp_status_t sp__agree(MPI_Comm comm, sp_agree_t *a, const char *what, bool *aban
     }
     return SP_SUCCESS;
 }
+#undef what
 
 /* "rank 1", "ranks 1, 3 and 4"; "5 ranks (the lowest 2)" when they do not all fit. */
 const char *sp__agree_bad_ranks(const sp_agree_t *a, char *buf, size_t len) {
@@ -286,7 +324,11 @@ const char *sp__agree_bad_ranks(const sp_agree_t *a, char *buf, size_t len) {
     return buf;
 }
 
-sp_status_t sp__agree_check(const sp_agree_t *a, const char *what) {
+sp_status_t sp__agree_check(const sp_agree_t *a, const char *what_in) {
+    char wbuf[160];
+    const char *what = a->op_lo == a->op_hi && a->call_lo == a->call_hi
+                           ? ""
+                           : sp__agree_name(a, what_in, wbuf, sizeof wbuf);
     if (a->op_lo != a->op_hi)
         return sp__error(SP_ERR_MISMATCH, SP_SUB_BOOT,
                          "%s: ranks are in different collective calls: %s (call #%llu) and %s "

@@ -84,6 +84,10 @@ typedef struct sp_agree {
     uint64_t callno;        /* this call's number on the communicator (from 1) */
     bool ok;                /* this rank's own checks passed */
     int64_t f[SP_AGREE_NF]; /* operation fields, compared across ranks */
+    /* Names the call for messages when sp__agree's `what` is NULL: formatting the name costs
+     * more than a cache hit's bookkeeping, so it is done only on an error path. */
+    const char *(*describe)(const void *ctx, char *buf, size_t n);
+    const void *describe_ctx;
     /* out */
     int64_t op_lo, op_hi;                     /* smallest and largest op over ranks */
     uint64_t call_lo, call_hi;                /* smallest and largest call number */
@@ -100,6 +104,8 @@ typedef struct sp_agree {
  * rank's deadline passed (*abandoned_p: its request stays pending on comm, which must then never
  * be freed) or the round completed after another rank's deadline. SP_ERR_MPI, SP_ERR_SYSTEM. */
 sp_status_t sp__agree(MPI_Comm comm, sp_agree_t *a, const char *what, bool *abandoned_p);
+/* The call's name: `what`, else a->describe's. */
+const char *sp__agree_name(const sp_agree_t *a, const char *what, char *buf, size_t n);
 /* SP_ERR_MISMATCH (naming both operations or call numbers) unless every rank was in the same op
  * and call. Local. */
 sp_status_t sp__agree_check(const sp_agree_t *a, const char *what);

@@ -57,8 +57,9 @@ sp_status_t sp__sym_round(sp_sym_state_t *st, sp_agree_t *a, const char *what) {
     a->callno = st->callno;
     bool abandoned = false;
     sp_status_t s = sp__agree(st->comm, a, what, &abandoned);
+    char wbuf[160];
     if (s == SP_ERR_TIMEOUT)
-        break_pool(st, abandoned, what);
+        break_pool(st, abandoned, sp__agree_name(a, what, wbuf, sizeof wbuf));
     if (s != SP_SUCCESS)
         return s;
     s = sp__agree_check(a, what);
@@ -84,6 +85,11 @@ static const char *describe(const sp_sym_state_t *st, const char *what, char *bu
     snprintf(buf, n, "sp_symmetric_malloc call #%llu on pool \"%s\"",
              (unsigned long long)st->callno, st->name);
     return buf;
+}
+
+/* sp_agree_t's describe: the current sp_symmetric_malloc call, named only on an error path. */
+static const char *describe_malloc(const void *ctx, char *buf, size_t n) {
+    return describe(ctx, NULL, buf, n);
 }
 
 /* ---- create ------------------------------------------------------------------------------ */
@@ -239,7 +245,9 @@ static sp_status_t round_(sp_sym_state_t *st, size_t size, size_t rounded, sp_st
     *a = (sp_agree_t){.op = SP_AGREE_SYM_MALLOC,
                       .ok = ok,
                       .f = {size > (size_t)INT64_MAX ? INT64_MAX : (int64_t)size, found,
-                            found ? (int64_t)seg : -1, found ? (int64_t)off : -1}};
+                            found ? (int64_t)seg : -1, found ? (int64_t)off : -1},
+                      .describe = describe_malloc,
+                      .describe_ctx = st};
     sp__symc_add(st->device, SP_SYMC_ROUNDS, 1);
     return sp__sym_round(st, a, what);
 }
@@ -249,14 +257,16 @@ static bool same_candidate(const sp_agree_t *a) {
 }
 
 static sp_status_t take(sp_sym_state_t *st, size_t rounded, size_t size, sp_stream_t stream,
-                        const sp_agree_t *a, const char *what, void **ptr_p) {
+                        const sp_agree_t *a, void **ptr_p) {
     sp_status_t s = sp__pool_sym_take(st->pool, rounded, size, stream, (uint64_t)a->lo[F_SEG],
                                       (size_t)a->lo[F_OFF], ptr_p);
+    char what[128];
     if (s != SP_SUCCESS)
         return sp__error(SP_ERR_INTERNAL, SP_SUB_SYM,
                          "%s: the agreed block (segment %lld, offset %lld) could not be taken "
                          "here (%s); was the pool used from another thread meanwhile?",
-                         what, (long long)a->lo[F_SEG], (long long)a->lo[F_OFF], sp_status_name(s));
+                         describe(st, NULL, what, sizeof what), (long long)a->lo[F_SEG],
+                         (long long)a->lo[F_OFF], sp_status_name(s));
     return SP_SUCCESS;
 }
 
@@ -366,12 +376,14 @@ static sp_status_t grow(sp_sym_state_t *st, size_t rounded, size_t size, sp_stre
  * before the first round so a bad argument on one rank is an error on every rank
  * (SP_ERR_INVALID_ARGUMENT) instead of a rank missing from it. */
 static bool check_args(sp_sym_state_t *st, size_t size, sp_stream_t stream, void **ptr_p,
-                       const char *what, size_t *rounded_p, char *why, size_t len) {
+                       size_t *rounded_p, char *why, size_t len) {
     sp_status_t s = SP_SUCCESS;
+    char what[128];
     if (!ptr_p)
-        s = sp__error(SP_ERR_INVALID_ARGUMENT, SP_SUB_SYM, "%s: ptr_p is NULL", what);
-    else if ((s = sp__pool_sym_size(st->pool, size, rounded_p)) == SP_SUCCESS && size > 0)
-        s = sp__pool_check_stream(st->pool, stream, what);
+        s = sp__error(SP_ERR_INVALID_ARGUMENT, SP_SUB_SYM, "%s: ptr_p is NULL",
+                      describe(st, NULL, what, sizeof what));
+    else if ((s = sp__pool_sym_size(st->pool, size, rounded_p)) == SP_SUCCESS && size > 0 && stream)
+        s = sp__pool_check_stream(st->pool, stream, describe(st, NULL, what, sizeof what));
     if (s == SP_SUCCESS)
         return true;
     snprintf(why, len, "%s", sp_last_error());
@@ -383,20 +395,21 @@ SP_EXPORT sp_status_t sp_symmetric_malloc(sp_mempool_t *pool, size_t size, sp_st
     sp_sym_state_t *st;
     SP_CHECK(sp__sym_acquire(pool, "sp_symmetric_malloc", &st));
     ++st->callno;
-    char what[128], why[256], ranks[96];
-    describe(st, NULL, what, sizeof what);
+    /* The call's name is formatted only when a message or a growth needs it (WHAT). */
+    char what[128] = "", why[256], ranks[96];
+#define WHAT (what[0] ? what : describe(st, NULL, what, sizeof what))
     size_t rounded = 0;
-    bool ok = check_args(st, size, stream, ptr_p, what, &rounded, why, sizeof why);
+    bool ok = check_args(st, size, stream, ptr_p, &rounded, why, sizeof why);
     sp_agree_t a;
     void *p = NULL;
     sp_status_t s;
-    SP_CHECK_GOTO(round_(st, size, rounded, stream, ok, what, &a), s, out);
+    SP_CHECK_GOTO(round_(st, size, rounded, stream, ok, NULL, &a), s, out);
     if (a.lo[F_SIZE] != a.hi[F_SIZE]) {
         s = sp__error(SP_ERR_MISMATCH, SP_SUB_SYM,
                       "%s: ranks disagree: sizes from %lld to %lld bytes. Every rank must make "
                       "the same sp_symmetric_malloc calls in the same order; nothing was "
                       "allocated",
-                      what, (long long)a.lo[F_SIZE], (long long)a.hi[F_SIZE]);
+                      WHAT, (long long)a.lo[F_SIZE], (long long)a.hi[F_SIZE]);
         goto out;
     }
     if (a.nbad) {
@@ -404,7 +417,7 @@ SP_EXPORT sp_status_t sp_symmetric_malloc(sp_mempool_t *pool, size_t size, sp_st
                 : sp__error(SP_ERR_INVALID_ARGUMENT, SP_SUB_SYM,
                             "%s: %s rejected its arguments (its log says why); no rank "
                             "allocated",
-                            what, sp__agree_bad_ranks(&a, ranks, sizeof ranks));
+                            WHAT, sp__agree_bad_ranks(&a, ranks, sizeof ranks));
         goto out;
     }
     if (size == 0) {
@@ -412,18 +425,18 @@ SP_EXPORT sp_status_t sp_symmetric_malloc(sp_mempool_t *pool, size_t size, sp_st
         goto out;
     }
     if (same_candidate(&a)) {
-        s = take(st, rounded, size, stream, &a, what, &p);
+        s = take(st, rounded, size, stream, &a, &p);
         goto out;
     }
     /* The caches differ (events completed at different times, a block lent on OOM): complete
      * this rank's pending frees and look again before paying for a growth. */
     if (sp__pool_sync_pending(pool) != SP_SUCCESS)
-        SP_INFO(SP_SUB_SYM, "%s: completing pending frees failed: %s", what, sp_last_error());
-    SP_CHECK_GOTO(round_(st, size, rounded, stream, true, what, &a), s, out);
+        SP_INFO(SP_SUB_SYM, "%s: completing pending frees failed: %s", WHAT, sp_last_error());
+    SP_CHECK_GOTO(round_(st, size, rounded, stream, true, NULL, &a), s, out);
     if (same_candidate(&a))
-        s = take(st, rounded, size, stream, &a, what, &p);
+        s = take(st, rounded, size, stream, &a, &p);
     else
-        s = grow(st, rounded, size, stream, what, &p);
+        s = grow(st, rounded, size, stream, WHAT, &p);
 out:
     if (s == SP_SUCCESS) {
         sp__symc_add(st->device, SP_SYMC_MALLOCS, 1);
@@ -431,4 +444,5 @@ out:
     }
     sp__sym_release_state(st);
     return s;
+#undef WHAT
 }
