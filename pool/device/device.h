@@ -11,6 +11,10 @@
  * and reports the final OOM itself).
  *
  * Thread safety: every op may be called from any thread concurrently.
+ *
+ * Laziness: init and mem_total must not set a device up (no CUDA context); a device is set up by
+ * the first op that works on it. stream_sync(device, NULL) on a device the process never used
+ * returns at once without setting it up.
  */
 #ifndef SP_DEVICE_H
 #define SP_DEVICE_H
@@ -51,6 +55,9 @@ typedef struct sp_device_ops {
     sp_status_t (*mem_free)(int device, void *ptr, size_t size);
     /* Free and total bytes of the device (host: capacity minus what mem_alloc handed out). */
     sp_status_t (*mem_get_info)(int device, size_t *free_p, size_t *total_p);
+    /* Total bytes of the device without setting it up (cuda: cuDeviceTotalMem, no context;
+     * host: the capacity). What the allocator reads at init for every device. */
+    sp_status_t (*mem_total)(int device, size_t *total_p);
 
     sp_status_t (*stream_create)(int device, sp_dev_stream_t *stream_p);
     sp_status_t (*stream_destroy)(int device, sp_dev_stream_t stream);
@@ -88,6 +95,11 @@ void sp__device_reset(void);
 extern const sp_device_ops_t sp__device_host_ops;
 const sp_device_ops_t *sp__device_cuda_ops(void); /* NULL when built without CUDA */
 bool sp__device_cuda_available(void);
+/* Why the probe behind sp__device_cuda_available failed ("" when it did not or never ran). */
+const char *sp__device_cuda_probe_error(void);
+/* Tests: the file whose existence means "an NVIDIA driver is loaded" for auto's fallback WARN
+ * (NULL: the real one); also re-arms the once-per-process WARN. */
+void sp__device_set_driver_marker(const char *path);
 
 /* host backend inspection for tests and replay: live mem_alloc count and bytes per device. */
 size_t sp__host_live_allocations(int device);
