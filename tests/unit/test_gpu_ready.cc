@@ -1,0 +1,176 @@
+// test_gpu_ready.cc: what a first run on a GPU would hit (issue 11), shown where the host backend
+// or a GPU-less cuda build can show it: auto's fallback WARN, device set-up without touching
+// devices, CUDA's pseudo stream handles, stream destroy with queued work, and the messages.
+#include "sp_test.hpp"
+
+#include <cstdint>
+#include <string>
+
+extern "C" {
+#include "pool/device/device.h"
+#include "pool/pool_internal.h"
+}
+
+namespace {
+
+using sp::MiB;
+using sp::stat;
+
+class GpuReady : public sp::Test {
+  protected:
+    void TearDown() override {
+        sp__device_set_driver_marker(nullptr);
+        sp::Test::TearDown();
+    }
+};
+
+// ---- item 2: auto falling back to host says so, at WARN, once ------------------------------
+
+TEST_F(GpuReady, AutoFallbackWarnsOnceWhenAnNvidiaDriverIsPresent) {
+    if (sp__device_cuda_ops() == nullptr)
+        GTEST_SKIP() << "built without CUDA: auto has nothing to fall back from";
+    if (sp__device_cuda_available())
+        GTEST_SKIP() << "a GPU answers here: auto picks cuda";
+    expect_warnings();
+    sp::ScopedEnv env({{"SYMPOOL_DEVICE", "auto"}});
+    sp__device_set_driver_marker("/proc/self/status"); // "a driver is loaded"
+    const sp_device_ops_t *ops = nullptr;
+    sp_device_caps_t caps{};
+    for (int round = 0; round < 3; round++) {
+        sp__device_reset();
+        ASSERT_SP_OK(sp__device_select(&ops, &caps));
+        EXPECT_STREQ(ops->name, "host");
+    }
+    EXPECT_EQ(warnings("falling back to the host backend"), 1u) << "once per process, not per init";
+    EXPECT_EQ(warnings("SYMPOOL_DEVICE=auto"), 1u);
+    sp__device_reset();
+}
+
+TEST_F(GpuReady, AutoFallbackIsInfoWithoutAnNvidiaDriver) {
+    if (sp__device_cuda_available())
+        GTEST_SKIP() << "a GPU answers here: auto picks cuda";
+    sp::ScopedEnv env({{"SYMPOOL_DEVICE", "auto"}});
+    sp__device_set_driver_marker("/nonexistent/sympool-test/nvidia");
+    const sp_device_ops_t *ops = nullptr;
+    sp_device_caps_t caps{};
+    sp__device_reset();
+    ASSERT_SP_OK(sp__device_select(&ops, &caps));
+    EXPECT_STREQ(ops->name, "host");
+    EXPECT_EQ(warnings(), 0u) << "a machine without a GPU is the normal case for host";
+    sp__device_reset();
+}
+
+// ---- item 1: total memory without setting the device up ------------------------------------
+
+TEST_F(GpuReady, TotalMemoryComesFromMemTotalOnEveryDevice) {
+    sp::ScopedEnv env({{"SYMPOOL_DEVICE", "host"},
+                       {"SYMPOOL_HOST_DEVICES", "3"},
+                       {"SYMPOOL_HOST_CAPACITY", "1GiB"}});
+    SP_SKIP_UNLESS_HOST();
+    const sp_device_ops_t *ops = nullptr;
+    sp_device_caps_t caps{};
+    ASSERT_SP_OK(sp__device_select(&ops, &caps));
+    ASSERT_NE(ops->mem_total, nullptr) << "every backend has mem_total";
+    for (int d = 0; d < 3; d++) {
+        size_t total = 0;
+        ASSERT_SP_OK(ops->mem_total(d, &total));
+        EXPECT_EQ(total, size_t(1) << 30);
+    }
+    size_t total = 0;
+    EXPECT_SP_STATUS(ops->mem_total(3, &total), SP_ERR_INVALID_ARGUMENT);
+    expect_warnings();
+    // The allocator sees the same totals (it reads mem_total at init, not mem_get_info).
+    void *p = nullptr;
+    EXPECT_SP_STATUS(sp_malloc((size_t(1) << 30) + 1, 2, nullptr, &p), SP_ERR_INVALID_ARGUMENT);
+}
+
+TEST_F(GpuReady, CudaOpsRefuseBeforeInitWithoutTouchingAnything) {
+    const sp_device_ops_t *cuda = sp__device_cuda_ops();
+    if (cuda == nullptr)
+        GTEST_SKIP() << "built without CUDA";
+    if (sp__device_cuda_available())
+        GTEST_SKIP() << "a GPU answers here";
+    expect_warnings();
+    size_t total = 0;
+    // Not initialized: device 0 does not exist for it, and it says so instead of crashing.
+    EXPECT_SP_STATUS(cuda->mem_total(0, &total), SP_ERR_INVALID_ARGUMENT);
+    EXPECT_SP_STATUS(cuda->stream_sync(0, nullptr), SP_ERR_INVALID_ARGUMENT);
+}
+
+// ---- item 8: CUDA's pseudo stream handles ---------------------------------------------------
+
+TEST_F(GpuReady, CudaStreamLegacyIsTheDefaultStream) {
+    void *const legacy = reinterpret_cast<void *>(uintptr_t(1)); // cudaStreamLegacy
+    void *p = nullptr;
+    ASSERT_SP_OK(sp_malloc(1 * MiB, 0, legacy, &p));
+    sp_block_info_t info;
+    ASSERT_SP_OK(sp__pool_lookup(p, &info));
+    EXPECT_EQ(info.stream, nullptr) << "cudaStreamLegacy keys the cache as NULL does";
+    ASSERT_SP_OK(sp_free(p));
+    void *q = nullptr;
+    ASSERT_SP_OK(sp_malloc(1 * MiB, 0, nullptr, &q));
+    EXPECT_EQ(q, p) << "a block freed on cudaStreamLegacy is reused on NULL";
+    ASSERT_SP_OK(sp_record_stream(q, legacy)); // the allocation stream: no event
+    ASSERT_SP_OK(sp_free(q));
+    void *r = nullptr;
+    ASSERT_SP_OK(sp_malloc(1 * MiB, 0, nullptr, &r));
+    EXPECT_EQ(r, q) << "recording on the allocation stream must not delay the free";
+    ASSERT_SP_OK(sp_free(r));
+}
+
+TEST_F(GpuReady, CudaStreamPerThreadIsRefused) {
+    expect_warnings();
+    void *const per_thread = reinterpret_cast<void *>(uintptr_t(2)); // cudaStreamPerThread
+    void *p = reinterpret_cast<void *>(uintptr_t(0xdead));
+    EXPECT_SP_STATUS(sp_malloc(4096, 0, per_thread, &p), SP_ERR_INVALID_ARGUMENT);
+    EXPECT_NE(std::string(sp_last_error()).find("cudaStreamPerThread"), std::string::npos)
+        << sp_last_error();
+    EXPECT_EQ(p, reinterpret_cast<void *>(uintptr_t(0xdead))) << "output untouched on failure";
+    EXPECT_EQ(stat("allocation.all.current"), 0);
+    void *q = nullptr;
+    ASSERT_SP_OK(sp_malloc(4096, 0, nullptr, &q));
+    EXPECT_SP_STATUS(sp_record_stream(q, per_thread), SP_ERR_INVALID_ARGUMENT);
+    ASSERT_SP_OK(sp_free(q));
+}
+
+// ---- item 8: destroying a stream with queued work -------------------------------------------
+
+TEST_F(GpuReady, StreamDestroyCompletesItsQueuedWorkBeforeTheHandleIsReused) {
+    SP_SKIP_UNLESS_HOST(); // host: events complete at a synchronize (or destroy) of their stream
+    sp_stream_t side;
+    ASSERT_SP_OK(sp_stream_create(0, &side));
+    void *p = nullptr;
+    ASSERT_SP_OK(sp_malloc(1 * MiB, 0, nullptr, &p));
+    ASSERT_SP_OK(sp_record_stream(p, side));
+    ASSERT_SP_OK(sp_free(p)); // pending on side's work
+    EXPECT_EQ(stat("active_bytes.all.current"), int64_t(1 * MiB)) << "still pending";
+    ASSERT_SP_OK(sp_stream_destroy(side));
+    // Another stream may now get the same handle (the cache key): the old work must be done.
+    sp_stream_t next;
+    ASSERT_SP_OK(sp_stream_create(0, &next));
+    void *q = nullptr;
+    ASSERT_SP_OK(sp_malloc(1 * MiB, 0, nullptr, &q));
+    EXPECT_EQ(q, p) << "the destroyed stream's work completed, so its block is free";
+    ASSERT_SP_OK(sp_free(q));
+    // Blocks cached under a destroyed stream's handle are not lost: empty_cache releases them.
+    void *r = nullptr;
+    ASSERT_SP_OK(sp_malloc(1 * MiB, 0, next, &r));
+    ASSERT_SP_OK(sp_free(r));
+    ASSERT_SP_OK(sp_stream_destroy(next));
+    ASSERT_SP_OK(sp_empty_cache());
+    EXPECT_EQ(sp_memory_reserved(0), 0u);
+}
+
+// ---- item 10: messages ----------------------------------------------------------------------
+
+TEST_F(GpuReady, AnInvalidStreamIsNamedAsInvalidNotAsForeign) {
+    expect_warnings();
+    int not_a_stream = 0;
+    EXPECT_SP_STATUS(sp_stream_synchronize(&not_a_stream), SP_ERR_INVALID_ARGUMENT);
+    std::string msg = sp_last_error();
+    EXPECT_NE(msg.find("not a valid stream"), std::string::npos) << msg;
+    EXPECT_EQ(msg.find("made by sp_stream_create"), std::string::npos)
+        << "any CUDA stream is accepted on cuda (PyTorch's too): " << msg;
+}
+
+} // namespace
