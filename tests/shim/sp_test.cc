@@ -3,6 +3,12 @@
 
 #include <cstdlib>
 #include <cstring>
+#include <vector>
+
+extern "C" {
+#include "pool/device/device.h"
+#include "pool/pool_internal.h"
+}
 
 namespace sp {
 
@@ -76,9 +82,39 @@ bool on_gpu() {
     return std::strcmp(sp_backend_name(), "cuda") == 0;
 }
 
+// dst or src lies in a sympool block; the backend copies, ordered on the default stream, and
+// the stream is synchronized so the host side is ready when this returns.
+static void backend_copy(void *dst, const void *src, size_t n, const void *ours) {
+    const sp_device_ops_t *ops = nullptr;
+    sp_status_t s = sp__device_select(&ops, nullptr);
+    ASSERT_EQ(s, SP_SUCCESS) << describe(s);
+    sp_block_info_t info;
+    s = sp__pool_lookup(ours, &info);
+    ASSERT_EQ(s, SP_SUCCESS) << "not sympool memory: " << describe(s);
+    ASSERT_NE(ops->memcpy_async, nullptr);
+    s = ops->memcpy_async(info.device, dst, src, n, nullptr);
+    ASSERT_EQ(s, SP_SUCCESS) << describe(s);
+    s = ops->stream_sync(info.device, nullptr);
+    ASSERT_EQ(s, SP_SUCCESS) << describe(s);
+}
+
+void copy_in(void *sympool_dst, const void *host_src, size_t n) {
+    if (n)
+        backend_copy(sympool_dst, host_src, n, sympool_dst);
+}
+
+void copy_out(void *host_dst, const void *sympool_src, size_t n) {
+    if (n)
+        backend_copy(host_dst, sympool_src, n, sympool_src);
+}
+
 void touch(void *p, size_t n) {
-    if (!on_gpu())
+    if (!on_gpu()) {
         std::memset(p, 0x5a, n);
+        return;
+    }
+    std::vector<unsigned char> pattern(n, 0x5a);
+    copy_in(p, pattern.data(), n);
 }
 
 int64_t stat(const char *key, int device) {

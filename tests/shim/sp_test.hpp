@@ -87,8 +87,14 @@ bool on_gpu();
 constexpr size_t KiB = 1024;
 constexpr size_t MiB = 1024 * KiB;
 
-// Write to a block to show it is usable; device memory is not host-addressable on a GPU run.
+// Write to a block to show it is usable (on a GPU run through a host-to-device copy).
 void touch(void *p, size_t n);
+
+// Copy between host memory and sympool memory of any backend (cudaMemcpy through the backend's
+// memcpy_async and a synchronize on cuda; a plain copy on host). The sympool side must be a
+// live block. Test failures are reported through gtest.
+void copy_in(void *sympool_dst, const void *host_src, size_t n);
+void copy_out(void *host_dst, const void *sympool_src, size_t n);
 
 constexpr size_t GiB = 1024 * MiB;
 
