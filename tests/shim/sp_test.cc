@@ -12,7 +12,24 @@ extern "C" {
 
 namespace sp {
 
+// SYMPOOL_HOST_* variables describe the host backend's emulated device: a test that sets them
+// checks host semantics (capacities, fault injection, device counts), so on a cuda run
+// (SYMPOOL_TEST_DEVICE=cuda) it gets the host backend for its scope instead of failing on a GPU.
+static bool wants_host(std::initializer_list<std::pair<const char *, const char *>> vars) {
+    bool host_vars = false, names_device = false;
+    for (const auto &v : vars) {
+        host_vars |= std::strncmp(v.first, "SYMPOOL_HOST_", 13) == 0 && v.second != nullptr;
+        names_device |= std::strcmp(v.first, "SYMPOOL_DEVICE") == 0;
+    }
+    return host_vars && !names_device;
+}
+
 ScopedEnv::ScopedEnv(std::initializer_list<std::pair<const char *, const char *>> vars) {
+    if (wants_host(vars)) {
+        const char *old = std::getenv("SYMPOOL_DEVICE");
+        saved_.push_back({"SYMPOOL_DEVICE", {old != nullptr, old ? old : ""}});
+        setenv("SYMPOOL_DEVICE", "host", 1);
+    }
     for (const auto &v : vars) {
         const char *old = std::getenv(v.first);
         saved_.push_back({v.first, {old != nullptr, old ? old : ""}});
@@ -25,7 +42,9 @@ ScopedEnv::ScopedEnv(std::initializer_list<std::pair<const char *, const char *>
 }
 
 ScopedEnv::~ScopedEnv() {
-    for (const auto &s : saved_) {
+    // Restore in reverse, so a variable saved twice ends with its oldest value.
+    for (auto it = saved_.rbegin(); it != saved_.rend(); ++it) {
+        const auto &s = *it;
         if (s.second.first)
             setenv(s.first.c_str(), s.second.second.c_str(), 1);
         else
