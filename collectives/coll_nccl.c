@@ -21,7 +21,7 @@
  * No locks: NCCL serializes on the communicator; callers must not use one world's
  * communicator from two threads at once (as NCCL requires).
  */
-#include "collectives/coll_int.h"
+#include "collectives/dtype.h"
 #include "core/core.h"
 #include "launch/launch.h"
 
@@ -36,7 +36,7 @@
 
 #include <pthread.h>
 
-#include "pool/pool_internal.h"
+#include "pool/pool.h"
 #include "sympool/symmetric.h"
 
 bool sp__coll_nccl_built(void) {

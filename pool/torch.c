@@ -27,9 +27,9 @@
 #include <string.h>
 
 #include "core/core.h"
-#include "pool/pool_internal.h"
+#include "pool/pool.h"
 #include "sympool/pool.h"
-#include "pool/torch_int.h"
+#include "pool/torch.h"
 #include "sympool/torch.h"
 
 static atomic_bool g_allow_host; /* tests only (sp__torch_allow_host) */

@@ -8,7 +8,7 @@
 
 extern "C" {
 #include "pool/device/device.h"
-#include "pool/pool_internal.h"
+#include "pool/pool.h"
 }
 
 namespace {

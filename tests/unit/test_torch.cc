@@ -12,8 +12,8 @@
 #include <vector>
 
 extern "C" {
-#include "pool/pool_internal.h"
-#include "pool/torch_int.h"
+#include "pool/pool.h"
+#include "pool/torch.h"
 }
 
 namespace {

@@ -1,8 +1,8 @@
 /*
- * torch_int.h: private to pool/torch.c and its white-box tests.
+ * torch.h: private to pool/torch.c and its white-box tests.
  */
-#ifndef SP_TORCH_INT_H
-#define SP_TORCH_INT_H
+#ifndef SP_POOL_TORCH_H
+#define SP_POOL_TORCH_H
 
 #include <stdbool.h>
 
@@ -19,4 +19,4 @@ void sp__torch_allow_host(bool allow);
 }
 #endif
 
-#endif /* SP_TORCH_INT_H */
+#endif /* SP_POOL_TORCH_H */

@@ -1,5 +1,5 @@
 /*
- * coll_int.h: private to collectives/: dtype facts, the IEEE half-precision helpers the host
+ * dtype.h: private to collectives/: dtype facts, the IEEE half-precision helpers the host
  * backend reduces fp16/bf16 with, and the NCCL path's entry points. Nothing here is exported.
  *
  * Half types travel through MPI as 16-bit integers; their SUM/PROD are computed by converting
@@ -8,8 +8,8 @@
  * to the type (ncclAvg's pre-multiplication), then sums as SUM does. MIN/MAX are exact and use a
  * user-defined MPI_Op on MPI_UINT16_T that propagates NaN.
  */
-#ifndef SP_COLL_INT_H
-#define SP_COLL_INT_H
+#ifndef SP_COLLECTIVES_DTYPE_H
+#define SP_COLLECTIVES_DTYPE_H
 
 #include <stdbool.h>
 #include <stddef.h>
@@ -81,4 +81,4 @@ bool sp__coll_nccl_built(void);
 }
 #endif
 
-#endif /* SP_COLL_INT_H */
+#endif /* SP_COLLECTIVES_DTYPE_H */
