@@ -57,7 +57,7 @@ def train_checks(results):
         dparam = abs(native["param_checksum"] - r["param_checksum"])
         ok = (len(r["losses"]) == len(native["losses"]) and worst <= 1e-5
               and dparam <= 1e-3 * max(1.0, abs(native["param_checksum"])))
-        out.append((mode, ok, f"max |loss diff| {worst:.3g}, |param checksum diff| {dparam:.3g}"))
+        out.append((mode, ok, f"max abs loss diff {worst:.3g}, abs param checksum diff {dparam:.3g}"))
     return out
 
 
