@@ -116,6 +116,12 @@ sp_status_t sp__alloc_device(int device, sp_devalloc_t **d_p) {
     return SP_SUCCESS;
 }
 
+const void *sp__pool_swap_device_ops(const void *ops) {
+    const void *old = sp__g.ops;
+    sp__g.ops = (const sp_device_ops_t *)ops;
+    return old;
+}
+
 SP_EXPORT sp_status_t sp_init(void) {
     return sp__alloc_ensure();
 }

@@ -40,6 +40,11 @@ typedef struct sp_block_info {
  * SP_ERR_INVALID_USAGE (quiet) when ptr is in no live block of any device. */
 sp_status_t sp__pool_lookup(const void *ptr, sp_block_info_t *info_p);
 
+/* Tests only: put `ops` (a struct sp_device_ops *, e.g. the host backend's with one op wrapped)
+ * in place of the initialized backend's table and return the previous one; put that back before
+ * sp_shutdown. No other thread may be inside sympool meanwhile. */
+const void *sp__pool_swap_device_ops(const void *ops);
+
 /* ---- walk (snapshots) ------------------------------------------------------------------- */
 
 typedef enum {

@@ -27,9 +27,10 @@
  * exchanged for cudaStreamCaptureModeRelaxed and restored after, as PyTorch does around its
  * cudaMalloc; so another thread's capture is not invalidated by an allocator refill. Recording an
  * allocator event or synchronizing a stream that is itself capturing is refused with
- * SP_ERR_NOT_SUPPORTED (it would become a node of the graph, or break the capture): blocks used
- * on a capturing stream must stay allocated until the capture ends (allocate a graph's memory
- * from a MemPool that outlives the graph, as torch.cuda.graph(pool=...) does).
+ * SP_ERR_NOT_SUPPORTED (it would become a node of the graph, or break the capture); the
+ * allocator then defers the event of such a free until the capture ended (release.c). Memory a
+ * graph uses must outlive the graph: allocate it from a MemPool kept for the graph's life, as
+ * torch.cuda.graph(pool=...) does.
  *
  * Events are created with cudaEventDisableTiming and pooled per device (a free list), so the
  * allocator's record-on-free path does not pay cudaEventCreate. Lock: one mutex per device guards
@@ -130,8 +131,9 @@ static void relax_exit(enum cudaStreamCaptureMode mode) {
         drop_last_error(err);
 }
 
-/* SP_ERR_NOT_SUPPORTED when `stream` is capturing a graph (see the file comment). */
-static sp_status_t refuse_if_capturing(sp_dev_stream_t stream, const char *what) {
+/* SP_ERR_NOT_SUPPORTED when `stream` is capturing a graph (see the file comment); quiet when the
+ * allocator handles it (event records: it defers the event), logged otherwise. */
+static sp_status_t refuse_if_capturing(sp_dev_stream_t stream, const char *what, bool quiet) {
     enum cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
     cudaError_t err = cudaStreamIsCapturing((cudaStream_t)stream, &st);
     if (err == cudaErrorStreamCaptureImplicit) {
@@ -142,6 +144,10 @@ static sp_status_t refuse_if_capturing(sp_dev_stream_t stream, const char *what)
     }
     if (st == cudaStreamCaptureStatusNone)
         return SP_SUCCESS;
+    if (quiet)
+        return sp__error_quiet(SP_ERR_NOT_SUPPORTED, SP_SUB_DEVICE,
+                               "%s on stream %p: the stream is capturing a CUDA graph", what,
+                               stream);
     return sp__error(SP_ERR_NOT_SUPPORTED, SP_SUB_DEVICE,
                      "%s on stream %p: the stream is capturing a CUDA graph; sympool cannot order "
                      "a free against captured work (keep blocks used in a graph allocated until "
@@ -393,7 +399,7 @@ static sp_status_t cuda_stream_sync(int device, sp_dev_stream_t stream) {
      * context there to learn that would be the harm item of "every device". */
     if (stream == NULL && !device_active(device))
         return SP_SUCCESS;
-    SP_CHECK(refuse_if_capturing(stream, "stream synchronize"));
+    SP_CHECK(refuse_if_capturing(stream, "stream synchronize", false));
     int prev = -1;
     SP_CHECK(guard_enter(device, &prev));
     sp_status_t res = SP_SUCCESS;
@@ -474,7 +480,7 @@ out:
 }
 
 static sp_status_t cuda_event_record(int device, sp_dev_event_t event, sp_dev_stream_t stream) {
-    SP_CHECK(refuse_if_capturing(stream, "recording the allocator's event"));
+    SP_CHECK(refuse_if_capturing(stream, "recording the allocator's event", true));
     int prev = -1;
     SP_CHECK(guard_enter(device, &prev));
     sp_status_t res = SP_SUCCESS;

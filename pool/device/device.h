@@ -70,6 +70,8 @@ typedef struct sp_device_ops {
     /* Events: created without timing (cuda: cudaEventDisableTiming), pooled by the backend. */
     sp_status_t (*event_create)(int device, sp_dev_event_t *event_p);
     sp_status_t (*event_destroy)(int device, sp_dev_event_t event);
+    /* SP_ERR_NOT_SUPPORTED (quiet) when the stream is capturing a CUDA graph: the allocator then
+     * defers the record until the capture ended. */
     sp_status_t (*event_record)(int device, sp_dev_event_t event, sp_dev_stream_t stream);
     /* *done_p = true once the work before the record point has completed.
      * host: an event completes when its stream is synchronized after the record. */

@@ -11,6 +11,8 @@ extern "C" {
 #include "pool/pool.h"
 }
 
+#include <atomic>
+
 namespace {
 
 using sp::MiB;
@@ -159,6 +161,55 @@ TEST_F(GpuReady, StreamDestroyCompletesItsQueuedWorkBeforeTheHandleIsReused) {
     ASSERT_SP_OK(sp_stream_destroy(next));
     ASSERT_SP_OK(sp_empty_cache());
     EXPECT_EQ(sp_memory_reserved(0), 0u);
+}
+
+// ---- item 7: a free during CUDA graph capture defers its event ------------------------------
+
+// The host backend with the cuda backend's capture answer: while `capturing`, recording an event
+// on `captured` is refused with SP_ERR_NOT_SUPPORTED (quiet), as cudaEventRecord on a capturing
+// stream is by the cuda backend.
+std::atomic<bool> g_capturing{false};
+sp_stream_t g_captured = nullptr;
+sp_status_t capturing_record(int device, sp_dev_event_t event, sp_dev_stream_t stream) {
+    if (g_capturing.load() && stream == g_captured)
+        return sp__error_quiet(SP_ERR_NOT_SUPPORTED, SP_SUB_DEVICE, "stream is capturing");
+    return sp__device_host_ops.event_record(device, event, stream);
+}
+sp_status_t capturing_sync(int device, sp_dev_stream_t stream) {
+    if (g_capturing.load() && stream == g_captured)
+        return sp__error(SP_ERR_NOT_SUPPORTED, SP_SUB_DEVICE, "synchronize of a capturing stream");
+    return sp__device_host_ops.stream_sync(device, stream);
+}
+
+TEST_F(GpuReady, FreeOfABlockUsedOnACapturingStreamWaitsForTheCaptureToEnd) {
+    SP_SKIP_UNLESS_HOST();
+    ASSERT_SP_OK(sp_init());
+    sp_stream_t side;
+    ASSERT_SP_OK(sp_stream_create(0, &side));
+    sp_device_ops_t fake = sp__device_host_ops;
+    fake.event_record = capturing_record;
+    fake.stream_sync = capturing_sync;
+    const void *real = sp__pool_swap_device_ops(&fake);
+    g_captured = side;
+    void *p = nullptr, *q = nullptr, *r = nullptr;
+    ASSERT_SP_OK(sp_malloc(1 * MiB, 0, nullptr, &p));
+    ASSERT_SP_OK(sp_record_stream(p, side)); // a kernel of the graph reads p on `side`
+    g_capturing = true;
+    ASSERT_SP_OK(sp_free(p)); // during capture: no event, no synchronize (both would fail)
+    ASSERT_SP_OK(sp_malloc(1 * MiB, 0, nullptr, &q));
+    EXPECT_NE(q, p) << "freed into the cache while its stream's (captured) work is unordered";
+    EXPECT_EQ(warnings(), 0u) << "the deferral is the allocator's business, not a warning";
+    g_capturing = false; // capture ended; the next malloc records the deferred event
+    ASSERT_SP_OK(sp_malloc(1 * MiB, 0, nullptr, &r));
+    EXPECT_NE(r, p) << "the event was recorded after the capture, and `side` has not run since";
+    ASSERT_SP_OK(sp_free(r));
+    ASSERT_SP_OK(sp_stream_synchronize(side));
+    ASSERT_SP_OK(sp_malloc(1 * MiB, 0, nullptr, &r));
+    EXPECT_EQ(r, p) << "once `side` completed, the block is free again";
+    ASSERT_SP_OK(sp_free(r));
+    ASSERT_SP_OK(sp_free(q));
+    sp__pool_swap_device_ops(real);
+    ASSERT_SP_OK(sp_stream_destroy(side));
 }
 
 // ---- item 10: messages ----------------------------------------------------------------------
