@@ -90,6 +90,16 @@ sp_status_t sp__pool_sym_grow(sp_mempool_t *pool, size_t size, sp_stream_t strea
     SP_CHECK(check_pool(pool));
     SP_CHECK(check_size(pool, size));
     sp_devalloc_t *d = pool->dev;
+    /* Growing allocates (ncclMemAlloc) and registers an NCCL window: neither may happen inside
+     * a CUDA graph capture. Refusing here, before the registrar is asked, makes every rank fail
+     * together (symmetric/ answers the others "this rank cannot grow"). */
+    bool capturing = false;
+    if (sp__g.ops->stream_capturing(d->device, stream, &capturing) == SP_SUCCESS && capturing)
+        return sp__error(SP_ERR_NOT_SUPPORTED, SP_SUB_POOL,
+                         "symmetric pool \"%s\": cannot grow by a segment for %zu bytes while "
+                         "stream %p is capturing a CUDA graph (growing allocates and registers "
+                         "an NCCL window); make the pool large enough before capturing",
+                         pool->name ? pool->name : "", size, stream);
     size_t rs = sp__round_size(size);
     uint32_t ctx = sp__history_active ? sp__history_capture(false) : 0;
     sp__lock(&d->lock);

@@ -393,6 +393,8 @@ static sp_status_t grow(sp_sym_state_t *st, size_t size, sp_stream_t stream, con
                          "%s: rank %lld could not grow the pool, so no rank allocates", what,
                          (long long)st->rbuf[1]);
     }
+    if (!st->grow_called && s == SP_ERR_NOT_SUPPORTED)
+        return s; /* this rank's own refusal (e.g. CUDA graph capture) said why at WARN */
     if (st->grow_status != SP_SUCCESS && st->grow_status != SP_ERR_OUT_OF_MEMORY)
         return sp__error(st->grow_status, SP_SUB_SYM, "%s: growing a segment failed: %s", what,
                          st->grow_why);

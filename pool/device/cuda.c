@@ -131,18 +131,27 @@ static void relax_exit(enum cudaStreamCaptureMode mode) {
         drop_last_error(err);
 }
 
-/* SP_ERR_NOT_SUPPORTED when `stream` is capturing a graph (see the file comment); quiet when the
- * allocator handles it (event records: it defers the event), logged otherwise. */
-static sp_status_t refuse_if_capturing(sp_dev_stream_t stream, const char *what, bool quiet) {
+static sp_status_t cuda_stream_capturing(int device, sp_dev_stream_t stream, bool *capturing_p) {
+    (void)device; /* a stream carries its device; the query needs no guard */
     enum cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
     cudaError_t err = cudaStreamIsCapturing((cudaStream_t)stream, &st);
     if (err == cudaErrorStreamCaptureImplicit) {
         drop_last_error(err);
-        st = cudaStreamCaptureStatusActive; /* the legacy stream while another one captures */
-    } else if (err != cudaSuccess) {
-        return cuda_fail(err, __FILE__, __LINE__, "cudaStreamIsCapturing");
+        *capturing_p = true; /* the legacy stream while another blocking stream captures */
+        return SP_SUCCESS;
     }
-    if (st == cudaStreamCaptureStatusNone)
+    if (err != cudaSuccess)
+        return cuda_fail(err, __FILE__, __LINE__, "cudaStreamIsCapturing");
+    *capturing_p = st != cudaStreamCaptureStatusNone;
+    return SP_SUCCESS;
+}
+
+/* SP_ERR_NOT_SUPPORTED when `stream` is capturing a graph (see the file comment); quiet when the
+ * allocator handles it (event records: it defers the event), logged otherwise. */
+static sp_status_t refuse_if_capturing(sp_dev_stream_t stream, const char *what, bool quiet) {
+    bool capturing = false;
+    SP_CHECK(cuda_stream_capturing(-1, stream, &capturing));
+    if (!capturing)
         return SP_SUCCESS;
     if (quiet)
         return sp__error_quiet(SP_ERR_NOT_SUPPORTED, SP_SUB_DEVICE,
@@ -542,6 +551,7 @@ static const sp_device_ops_t cuda_ops = {
     .stream_create = cuda_stream_create,
     .stream_destroy = cuda_stream_destroy,
     .stream_sync = cuda_stream_sync,
+    .stream_capturing = cuda_stream_capturing,
     .stream_device = cuda_stream_device,
     .event_create = cuda_event_create,
     .event_destroy = cuda_event_destroy,

@@ -63,6 +63,9 @@ typedef struct sp_device_ops {
     sp_status_t (*stream_destroy)(int device, sp_dev_stream_t stream);
     /* Wait for everything queued on the stream. host: completes the stream's recorded events. */
     sp_status_t (*stream_sync)(int device, sp_dev_stream_t stream);
+    /* Whether the stream is capturing a CUDA graph (host: never). NULL stream: the legacy default
+     * stream, which counts as capturing while another blocking stream captures. */
+    sp_status_t (*stream_capturing)(int device, sp_dev_stream_t stream, bool *capturing_p);
     /* Which device a stream belongs to (host: recorded at creation); SP_ERR_INVALID_ARGUMENT for
      * a handle the backend did not make. NULL (default stream) is not asked. */
     sp_status_t (*stream_device)(sp_dev_stream_t stream, int *device_p);

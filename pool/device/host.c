@@ -402,6 +402,14 @@ static sp_status_t host_stream_destroy(int device, sp_dev_stream_t stream) {
     return SP_SUCCESS;
 }
 
+/* The emulated device has no graphs: nothing ever captures. */
+static sp_status_t host_stream_capturing(int device, sp_dev_stream_t stream, bool *capturing_p) {
+    (void)device;
+    (void)stream;
+    *capturing_p = false;
+    return SP_SUCCESS;
+}
+
 static sp_status_t host_stream_sync(int device, sp_dev_stream_t stream) {
     host_dev_t *dev = NULL;
     SP_CHECK(get_dev(device, &dev));
@@ -585,6 +593,7 @@ const sp_device_ops_t sp__device_host_ops = {
     .stream_create = host_stream_create,
     .stream_destroy = host_stream_destroy,
     .stream_sync = host_stream_sync,
+    .stream_capturing = host_stream_capturing,
     .stream_device = host_stream_device,
     .event_create = host_event_create,
     .event_destroy = host_event_destroy,
