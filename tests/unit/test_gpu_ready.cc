@@ -99,6 +99,58 @@ TEST_F(GpuReady, CudaOpsRefuseBeforeInitWithoutTouchingAnything) {
     EXPECT_SP_STATUS(cuda->stream_sync(0, nullptr), SP_ERR_INVALID_ARGUMENT);
 }
 
+#if __has_include(<cuda.h>) && __has_include(<cuda_runtime.h>)
+#include <cuda.h>
+#include <cuda_runtime.h>
+
+// Whether the process holds the primary context of `device`, asked without making one.
+int primary_context_active(int device) {
+    void *fn = nullptr;
+    cudaDriverEntryPointQueryResult q{};
+    if (cudaGetDriverEntryPointByVersion("cuDevicePrimaryCtxGetState", &fn, 12000,
+                                         cudaEnableDefault, &q) != cudaSuccess ||
+        q != cudaDriverEntryPointSuccess)
+        return -1;
+    void *get = nullptr;
+    if (cudaGetDriverEntryPointByVersion("cuDeviceGet", &get, 12000, cudaEnableDefault, &q) !=
+            cudaSuccess ||
+        q != cudaDriverEntryPointSuccess)
+        return -1;
+    CUdevice dev;
+    if (reinterpret_cast<CUresult (*)(CUdevice *, int)>(get)(&dev, device) != CUDA_SUCCESS)
+        return -1;
+    unsigned int flags = 0;
+    int active = 0;
+    if (reinterpret_cast<CUresult (*)(CUdevice, unsigned int *, int *)>(fn)(dev, &flags, &active) !=
+        CUDA_SUCCESS)
+        return -1;
+    return active;
+}
+
+// On a GPU: start-up makes no CUDA context; the first allocation makes one on its device only.
+TEST_F(GpuReady, DevicesAreSetUpOnFirstUseOnly) {
+    if (!sp__device_cuda_available())
+        GTEST_SKIP() << "needs a GPU";
+    sp::ScopedEnv env({{"SYMPOOL_DEVICE", "cuda"}});
+    ASSERT_SP_OK(sp_init());
+    int n = sp_device_count();
+    ASSERT_GE(n, 1);
+    if (primary_context_active(0) < 0)
+        GTEST_SKIP() << "the driver does not answer cuDevicePrimaryCtxGetState";
+    for (int d = 0; d < n; d++)
+        EXPECT_EQ(primary_context_active(d), 0) << "sp_init made a context on device " << d;
+    void *p = nullptr;
+    ASSERT_SP_OK(sp_malloc(1 * MiB, 0, nullptr, &p));
+    EXPECT_EQ(primary_context_active(0), 1);
+    ASSERT_SP_OK(sp_free(p));
+    ASSERT_SP_OK(sp_stream_synchronize(nullptr));
+    size_t total = 0, free_b = 0;
+    ASSERT_SP_OK(sp_get_memory_info(0, &free_b, &total));
+    for (int d = 1; d < n; d++)
+        EXPECT_EQ(primary_context_active(d), 0) << "device " << d << " was touched";
+}
+#endif
+
 // ---- item 8: CUDA's pseudo stream handles ---------------------------------------------------
 
 TEST_F(GpuReady, CudaStreamLegacyIsTheDefaultStream) {
