@@ -10,6 +10,7 @@
 #include "sympool/pool.h"
 #include "sympool/stats.h"
 #include "sympool/status.h"
+#include "sympool/summary.h"
 #include "sympool/torch.h"
 
 #define SP_VERSION_MAJOR 0

@@ -6,6 +6,7 @@
 #include <sympool/pool.h>
 #include <sympool/stats.h>
 #include <sympool/status.h>
+#include <sympool/summary.h>
 #include <sympool/torch.h>
 #if defined(SP_CHECK_MPI_HEADERS)
 #include <sympool/collectives.h>
