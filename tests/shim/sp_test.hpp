@@ -111,4 +111,12 @@ int64_t stat(const char *key, int device = 0);
             GTEST_SKIP() << "needs the host backend (emulated capacity and devices)";              \
     } while (0)
 
+// Tests of the host backend's deterministic stream model (an event completes only when its
+// stream is synchronized) skip on a GPU, where an idle stream's event completes at once.
+#define SP_SKIP_ON_GPU(why)                                                                        \
+    do {                                                                                           \
+        if (sp::on_gpu())                                                                          \
+            GTEST_SKIP() << (why);                                                                 \
+    } while (0)
+
 #endif // SP_TEST_HPP
