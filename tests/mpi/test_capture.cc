@@ -1,12 +1,17 @@
-// test_capture.cc: symmetric pools refuse to grow during CUDA graph capture (issue 11 item 7),
-// on every rank together. The host backend has no graphs, so its ops table is wrapped to answer
-// "capturing" for one rank's stream, as the cuda backend's cudaStreamIsCapturing would.
+// test_capture.cc: what the cuda backend does differently, shown with the host backend's ops table
+// wrapped (issue 11): symmetric pools refuse to grow during CUDA graph capture, on every rank
+// together (item 7: the wrapper answers "capturing" for one rank's stream, as cudaStreamIsCapturing
+// would); and collectives on the cuda backend never take the host (MPI) path, so without an NCCL
+// communicator they answer SP_ERR_NOT_SUPPORTED instead of reading device memory from the CPU
+// (item 3: the wrapper is named "cuda").
 #include "mpi_util.hpp"
 
+#include <cstring>
 #include <string>
 
 extern "C" {
 #include "pool/device/device.h"
+#include <sympool/collectives.h>
 #include "pool/pool.h"
 }
 
@@ -50,6 +55,29 @@ TEST_F(Capture, SymmetricGrowthDuringCaptureFailsOnEveryRank) {
     MPI_Barrier(MPI_COMM_WORLD);
     ASSERT_SP_OK(sp_stream_synchronize(s));
     ASSERT_SP_OK(sp_stream_destroy(s));
+}
+
+TEST_F(Capture, CollectivesOnCudaNeverRunTheHostPath) {
+    if (sp::on_gpu())
+        GTEST_SKIP() << "wraps the host backend's ops";
+    expect_warnings();
+    ASSERT_SP_OK(sp_world_from_comm(MPI_COMM_WORLD, &world_));
+    void *buf = nullptr;
+    ASSERT_SP_OK(sp_malloc(64, sp_world_device(world_), nullptr, &buf));
+    std::memset(buf, 0x11, 64);
+    sp_device_ops_t fake = sp__device_host_ops;
+    fake.name = "cuda"; // what the collectives and the torch entry points look at
+    const void *real = sp__pool_swap_device_ops(&fake);
+    EXPECT_STREQ(sp_backend_name(), "cuda");
+    sp_status_t st = sp_allreduce(world_, buf, buf, 16, SP_INT32, SP_SUM, nullptr);
+    std::string msg = sp_last_error();
+    sp__pool_swap_device_ops(real);
+    EXPECT_EQ(st, SP_ERR_NOT_SUPPORTED) << msg;
+    EXPECT_NE(msg.find("NCCL"), std::string::npos) << msg;
+    unsigned char want[64];
+    std::memset(want, 0x11, sizeof want);
+    EXPECT_EQ(std::memcmp(buf, want, sizeof want), 0) << "the host path ran on 'device' memory";
+    ASSERT_SP_OK(sp_free(buf));
 }
 
 } // namespace
