@@ -8,7 +8,7 @@
 
 #include <sympool/sympool.h>
 
-#include "core/core.h" /* sp__options_print: the option table with sources */
+#include "sympool/experimental.h" /* sp_x_options_print: the option table with sources */
 #include "tools/cli.h"
 
 static void human(size_t bytes, char *out, size_t cap) {
@@ -51,7 +51,7 @@ int sp_cli_info(int argc, char **argv) {
     }
     printf("options:\n");
     fflush(stdout);
-    sp__options_print(stdout);
+    sp_x_options_print(stdout);
     fflush(stdout);
     (void)sp_shutdown();
     return st == SP_SUCCESS ? 0 : 1;

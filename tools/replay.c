@@ -17,7 +17,7 @@
 
 #include <sympool/sympool.h>
 
-#include "core/core.h" /* sp__option_set: the CLI's --conf and --capacity */
+#include "sympool/experimental.h" /* sp_x_option_set: the CLI's --conf and --capacity */
 
 #include "tools/cli.h"
 
@@ -210,9 +210,9 @@ static int cmp_double(const void *a, const void *b) {
 
 /* OOMs are an expected outcome of a replay with --capacity: show the first OOM warning (it
  * explains the state of the device), count the rest, pass every other line through. */
-static void log_filter(sp_log_level_t level, const char *line, void *arg) {
+static void log_filter(int level, const char *line, void *arg) {
     size_t *oom_lines = arg;
-    if (level == SP_LOG_WARN && strstr(line, "out of memory") != NULL && (*oom_lines)++ > 0)
+    if (level == SP_X_LOG_WARN && strstr(line, "out of memory") != NULL && (*oom_lines)++ > 0)
         return;
     fprintf(stderr, "%s\n", line);
 }
@@ -332,10 +332,10 @@ int sp_cli_replay(int argc, char **argv) {
         snprintf(n, sizeof(n), "%d", t.ndev);
         setenv("SYMPOOL_HOST_DEVICES", n, 1);
     }
-    /* sp__option_set validates the values (a bad variable would only warn and keep the
+    /* sp_x_option_set validates the values (a bad variable would only warn and keep the
      * default, which would silently replay something else than asked). */
-    if ((conf != NULL && sp__option_set(SP_OPT_ALLOC_CONF, conf) != SP_SUCCESS) ||
-        (capacity != NULL && sp__option_set(SP_OPT_HOST_CAPACITY, capacity) != SP_SUCCESS)) {
+    if ((conf != NULL && sp_x_option_set("SYMPOOL_ALLOC_CONF", conf) != SP_SUCCESS) ||
+        (capacity != NULL && sp_x_option_set("SYMPOOL_HOST_CAPACITY", capacity) != SP_SUCCESS)) {
         fprintf(stderr, "sympool replay: %s\n", sp_last_error());
         tr_free(&t);
         return 2;
@@ -348,7 +348,7 @@ int sp_cli_replay(int argc, char **argv) {
     }
     replay_result_t r;
     size_t oom_lines = 0;
-    sp__log_set_fn(log_filter, &oom_lines);
+    sp_x_log_set_fn(log_filter, &oom_lines);
     bool ok = replay_trace(&t, snapshot, &r, err, sizeof(err));
     /* --repeat: replay again on a fresh allocator each time and report the median time per event
      * (the peaks are the same every time: the replay is deterministic). */
@@ -366,7 +366,7 @@ int sp_cli_replay(int argc, char **argv) {
         qsort(ns, (size_t)nrep, sizeof(ns[0]), cmp_double);
         r.ns_per_event = ns[nrep / 2];
     }
-    sp__log_set_fn(NULL, NULL);
+    sp_x_log_set_fn(NULL, NULL);
     tr_free(&t);
     if (oom_lines > 1)
         fprintf(stderr, "sympool replay: %zu more out-of-memory warnings not shown\n",
