@@ -181,6 +181,8 @@ bool replay_trace(const tr_trace_t *t, const char *snapshot_out, replay_result_t
         r->end_reserved += stat_of(d, "reserved_bytes.all.current");
         r->end_allocated += stat_of(d, "allocated_bytes.all.current");
         r->end_inactive_split += stat_of(d, "inactive_split_bytes.all.current");
+        r->device_allocs += stat_of(d, "num_device_alloc");
+        r->device_frees += stat_of(d, "num_device_free");
     }
     if (ok && snapshot_out != NULL) {
         sp_status_t st = sp_dump_snapshot(snapshot_out);
@@ -217,8 +219,24 @@ static void log_filter(int level, const char *line, void *arg) {
     fprintf(stderr, "%s\n", line);
 }
 
+/* s with JSON's '"' and '\\' escaped and control characters dropped, into buf. */
+static const char *json_text(const char *s, char *buf, size_t len) {
+    size_t k = 0;
+    for (; s && *s && k + 2 < len; s++) {
+        if (*s == '"' || *s == '\\')
+            buf[k++] = '\\';
+        if ((unsigned char)*s >= 0x20)
+            buf[k++] = *s;
+    }
+    buf[k] = '\0';
+    return buf;
+}
+
 static void print_json(const char *trace, const replay_result_t *r, const char *conf,
                        const char *capacity) {
+    char conf_buf[1024], cap_buf[128];
+    conf = json_text(conf, conf_buf, sizeof(conf_buf));
+    capacity = json_text(capacity, cap_buf, sizeof(cap_buf));
     printf("{\"trace\":\"");
     for (const char *p = trace; *p; p++) {
         if (*p == '"' || *p == '\\')
@@ -234,6 +252,7 @@ static void print_json(const char *trace, const replay_result_t *r, const char *
            "\"end_reserved_bytes\":%lld,\"end_allocated_bytes\":%lld,"
            "\"end_inactive_split_bytes\":%lld,\"pytorch_end_allocated_bytes\":%llu,"
            "\"ooms\":%zu,\"recorded_ooms\":%zu,\"skipped_frees\":%zu,\"ns_per_event\":%.1f,"
+           "\"num_device_alloc\":%lld,\"num_device_free\":%lld,"
            "\"conf\":\"%s\",\"capacity\":\"%s\"}\n",
            sp_backend_name(), r->devices, r->trace_entries, r->events, r->allocs, r->frees,
            r->seeded_blocks, (unsigned long long)r->seeded_bytes, (long long)r->peak_requested,
@@ -243,7 +262,8 @@ static void print_json(const char *trace, const replay_result_t *r, const char *
            (unsigned long long)r->trace_peak_requested, (long long)r->end_reserved,
            (long long)r->end_allocated, (long long)r->end_inactive_split,
            (unsigned long long)r->pytorch_end_allocated, r->ooms, r->recorded_ooms,
-           r->skipped_frees, r->ns_per_event, conf ? conf : "", capacity ? capacity : "");
+           r->skipped_frees, r->ns_per_event, (long long)r->device_allocs,
+           (long long)r->device_frees, conf ? conf : "", capacity ? capacity : "");
 }
 
 static double gib(double b) {
@@ -274,10 +294,162 @@ static void print_text(const char *trace, const replay_result_t *r) {
     printf("  time per event       %.1f ns\n", r->ns_per_event);
 }
 
+/* ---- --compare ------------------------------------------------------------------------ */
+
+/* Configure the library for one configuration: PyTorch's KEY:VALUE items go to
+ * SYMPOOL_ALLOC_CONF, SYMPOOL_NAME=VALUE items set that option of ours. Every option starts from
+ * the environment again, so one configuration never leaks into the next. */
+static bool apply_conf(const char *conf, const char *capacity, char *err, size_t errlen) {
+    /* Options of ours that the previous configuration set go back to their defaults. */
+    static char prev[16][64];
+    static int nprev = 0;
+    for (int k = 0; k < nprev; k++)
+        (void)sp_x_option_set(prev[k], NULL);
+    nprev = 0;
+    char alloc[1024] = "";
+    size_t used = 0;
+    const char *p = conf;
+    while (*p) {
+        const char *end = strchr(p, ',');
+        size_t n = end ? (size_t)(end - p) : strlen(p);
+        char item[256];
+        if (n >= sizeof(item)) {
+            snprintf(err, errlen, "configuration item too long in '%s'", conf);
+            return false;
+        }
+        memcpy(item, p, n);
+        item[n] = '\0';
+        char *eq = strchr(item, '=');
+        if (strncmp(item, "SYMPOOL_", 8) == 0 && eq != NULL) {
+            *eq = '\0';
+            if (sp_x_option_set(item, eq + 1) != SP_SUCCESS) {
+                snprintf(err, errlen, "%s", sp_last_error());
+                return false;
+            }
+            if (nprev < 16 && strlen(item) < sizeof(prev[0]))
+                strcpy(prev[nprev++], item);
+        } else if (n > 0) {
+            if (used + n + 2 >= sizeof(alloc)) {
+                snprintf(err, errlen, "configuration too long: '%s'", conf);
+                return false;
+            }
+            used +=
+                (size_t)snprintf(alloc + used, sizeof(alloc) - used, "%s%s", used ? "," : "", item);
+        }
+        p += n + (end ? 1 : 0);
+    }
+    if (sp_x_option_set("SYMPOOL_ALLOC_CONF", alloc) != SP_SUCCESS ||
+        (capacity != NULL && sp_x_option_set("SYMPOOL_HOST_CAPACITY", capacity) != SP_SUCCESS)) {
+        snprintf(err, errlen, "%s", sp_last_error());
+        return false;
+    }
+    return true;
+}
+
+/* One replay per repeat on a fresh allocator each; the median time per event. */
+static bool replay_median(const tr_trace_t *t, const char *snapshot, int repeat, replay_result_t *r,
+                          char *err, size_t errlen) {
+    double ns[64];
+    int nrep = repeat < 64 ? repeat : 64;
+    bool ok = sp_init() == SP_SUCCESS && replay_trace(t, snapshot, r, err, errlen);
+    ns[0] = r->ns_per_event;
+    for (int k = 1; ok && k < nrep; k++) {
+        replay_result_t again;
+        memset(&again, 0, sizeof(again));
+        ok = sp_shutdown() == SP_SUCCESS && sp_init() == SP_SUCCESS &&
+             replay_trace(t, NULL, &again, err, errlen);
+        ns[k] = again.ns_per_event;
+    }
+    if (ok && nrep > 1) {
+        qsort(ns, (size_t)nrep, sizeof(ns[0]), cmp_double);
+        r->ns_per_event = ns[nrep / 2];
+    }
+    if (!ok && err[0] == '\0')
+        snprintf(err, errlen, "sp_init: %s", sp_last_error());
+    return ok;
+}
+
+/* `replay TRACE --compare CONF...`: every configuration on a fresh allocator, one table (or one
+ * JSON object per configuration), and with --capacity the answer: does the job fit, and with
+ * which configuration. */
+static int replay_compare(const char *trace, const tr_trace_t *t, const char *const *confs, int n,
+                          const char *capacity, bool json, int repeat) {
+    replay_result_t *rs = calloc((size_t)n, sizeof(*rs));
+    if (rs == NULL) {
+        fprintf(stderr, "sympool replay: out of memory\n");
+        return 1;
+    }
+    char err[512] = "";
+    size_t oom_lines = 0;
+    int rc = 0;
+    sp_x_log_set_fn(log_filter, &oom_lines);
+    for (int i = 0; i < n && rc == 0; i++) {
+        err[0] = '\0';
+        if (sp_shutdown() != SP_SUCCESS || !apply_conf(confs[i], capacity, err, sizeof(err)) ||
+            !replay_median(t, NULL, repeat, &rs[i], err, sizeof(err))) {
+            fprintf(stderr, "sympool replay: configuration '%s': %s\n", confs[i], err);
+            rc = confs[i][0] ? 2 : 1;
+        }
+    }
+    sp_x_log_set_fn(NULL, NULL);
+    if (rc == 0 && json) {
+        for (int i = 0; i < n; i++)
+            print_json(trace, &rs[i], confs[i], capacity);
+    } else if (rc == 0) {
+        printf("replay of %s: %d configuration%s%s%s\n", trace, n, n == 1 ? "" : "s",
+               capacity ? " at capacity " : "", capacity ? capacity : "");
+        printf("  %-44s %12s %9s %10s %6s %9s\n", "configuration", "peak GiB", "/alloc",
+               "/recorded", "OOMs", "ns/event");
+        for (int i = 0; i < n; i++) {
+            const replay_result_t *r = &rs[i];
+            printf("  %-44s %12.3f %9.4f %+9.2f%% %6zu %9.1f\n",
+                   confs[i][0] ? confs[i] : "(defaults)", gib((double)r->peak_reserved),
+                   r->peak_allocated ? (double)r->peak_reserved / (double)r->peak_allocated : 0.0,
+                   r->pytorch_peak_reserved
+                       ? 100.0 * ((double)r->peak_reserved - (double)r->pytorch_peak_reserved) /
+                             (double)r->pytorch_peak_reserved
+                       : 0.0,
+                   r->ooms, r->ns_per_event);
+        }
+        printf("  recorded run: PyTorch reserved %.3f GiB at its peak\n",
+               gib((double)rs[0].pytorch_peak_reserved));
+        /* The answer: the configurations without OOM, and the one that needs least. */
+        int best = -1, fits = 0;
+        for (int i = 0; i < n; i++) {
+            if (rs[i].ooms > 0)
+                continue;
+            fits++;
+            if (best < 0 || rs[i].peak_reserved < rs[best].peak_reserved)
+                best = i;
+        }
+        if (capacity && best >= 0)
+            printf("  fits in %s with %d of %d configurations; least memory with '%s' (%.3f GiB "
+                   "peak reserved)\n",
+                   capacity, fits, n, confs[best][0] ? confs[best] : "(defaults)",
+                   gib((double)rs[best].peak_reserved));
+        else if (capacity)
+            printf("  does not fit in %s with any of these configurations (fewest OOMs: see the "
+                   "table)\n",
+                   capacity);
+        else if (best >= 0)
+            printf("  least memory with '%s': the job needs %.3f GiB of device memory\n",
+                   confs[best][0] ? confs[best] : "(defaults)",
+                   gib((double)rs[best].peak_reserved));
+    }
+    if (oom_lines > 1)
+        fprintf(stderr, "sympool replay: %zu more out-of-memory warnings not shown\n",
+                oom_lines - 1);
+    (void)sp_shutdown();
+    free(rs);
+    return rc;
+}
+
 int sp_cli_replay(int argc, char **argv) {
     const char *trace = NULL, *conf = NULL, *capacity = NULL, *snapshot = NULL;
     bool json = false;
     int repeat = 1;
+    char **compare = NULL; /* --compare CONF... */
+    int ncompare = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if ((strcmp(a, "--conf") == 0 || strcmp(a, "--capacity") == 0 ||
@@ -294,7 +466,14 @@ int sp_cli_replay(int argc, char **argv) {
             snapshot = argv[++i];
         else if (strcmp(a, "--json") == 0)
             json = true;
-        else if (strcmp(a, "--repeat") == 0) {
+        else if (strcmp(a, "--compare") == 0) {
+            /* Every following argument up to the next option is a configuration. */
+            compare = &argv[i + 1];
+            while (i + 1 < argc && strncmp(argv[i + 1], "--", 2) != 0) {
+                i++;
+                ncompare++;
+            }
+        } else if (strcmp(a, "--repeat") == 0) {
             char *end = NULL;
             long n = strtol(argv[++i], &end, 10);
             if (end == argv[i] || *end != '\0' || n < 1 || n > 64) {
@@ -314,7 +493,12 @@ int sp_cli_replay(int argc, char **argv) {
     }
     if (trace == NULL) {
         fprintf(stderr, "usage: sympool replay TRACE [--conf K:V,...] [--capacity SIZE] "
-                        "[--snapshot OUT] [--json] [--repeat N]\n");
+                        "[--snapshot OUT] [--json] [--repeat N] [--compare CONF...]\n");
+        return 2;
+    }
+    if (compare != NULL && (ncompare == 0 || conf != NULL || snapshot != NULL)) {
+        fprintf(stderr, "sympool replay: --compare takes one or more configurations (\"\" = the "
+                        "defaults) and replaces --conf and --snapshot\n");
         return 2;
     }
     char err[512];
@@ -324,13 +508,28 @@ int sp_cli_replay(int argc, char **argv) {
         tr_free(&t);
         return 1;
     }
-    /* The option table is read once, at the first sympool call: configure it first. A replay
-     * always runs on the emulated device, with one device per recorded device. */
+    /* A replay always runs on the emulated device, with one device per recorded device.
+     * Loading the trace may already have read the option table (logging does), so the choices
+     * go through the option API, which wins over the variables and takes effect at init.
+     * Replay never touches the memory: it carves address space from one reservation instead of
+     * a mmap/munmap pair per segment (same budget and OOMs), unless SYMPOOL_HOST_ARENA says
+     * otherwise (=0 measures the old way). */
+    char ndev[16];
+    snprintf(ndev, sizeof(ndev), "%d", t.ndev > 1 ? t.ndev : 1);
     setenv("SYMPOOL_DEVICE", "host", 1);
-    if (t.ndev > 1) {
-        char n[16];
-        snprintf(n, sizeof(n), "%d", t.ndev);
-        setenv("SYMPOOL_HOST_DEVICES", n, 1);
+    if (sp_x_option_set("SYMPOOL_DEVICE", "host") != SP_SUCCESS ||
+        (t.ndev > 1 && sp_x_option_set("SYMPOOL_HOST_DEVICES", ndev) != SP_SUCCESS) ||
+        (getenv("SYMPOOL_HOST_ARENA") == NULL &&
+         sp_x_option_set("SYMPOOL_HOST_ARENA", "1") != SP_SUCCESS)) {
+        fprintf(stderr, "sympool replay: %s\n", sp_last_error());
+        tr_free(&t);
+        return 1;
+    }
+    if (compare != NULL) {
+        int rc = replay_compare(trace, &t, (const char *const *)compare, ncompare, capacity, json,
+                                repeat);
+        tr_free(&t);
+        return rc;
     }
     /* sp_x_option_set validates the values (a bad variable would only warn and keep the
      * default, which would silently replay something else than asked). */
