@@ -600,17 +600,6 @@ static struct {
     size_t nresv, cap_resv;  /* mu */
 } g_vmm = {.mu = PTHREAD_MUTEX_INITIALIZER};
 
-static void *driver_fn(const char *name) {
-    void *fn = NULL;
-    enum cudaDriverEntryPointQueryResult q;
-    if (cudaGetDriverEntryPointByVersion(name, &fn, 12000, cudaEnableDefault, &q) != cudaSuccess ||
-        q != cudaDriverEntryPointSuccess) {
-        (void)cudaGetLastError();
-        return NULL;
-    }
-    return fn;
-}
-
 /* Look the entry points up once (g_vmm.mu held); false if any is missing. */
 static bool vmm_load(void) {
     if (!g_vmm.loaded) {
