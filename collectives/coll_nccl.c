@@ -9,6 +9,14 @@
  * SYMPOOL_DEBUG=INFO (subsystem COLL) is on we say why a call cannot use them, so a user who
  * expected the fast path learns what to change. That diagnosis costs nothing when INFO is off.
  *
+ * SP_AVG is ncclAvg, whose semantics collectives.h documents and the host path reproduces:
+ * floating types pre-multiply each rank's value by 1/n rounded to the type (PreMulSum), integer
+ * types divide the sum (SumPostDiv).
+ *
+ * The NCCL found at run time (libnccl.so.2 can be another than the one built against, e.g.
+ * PyTorch's) is logged once at INFO on the first collective, and at WARN when it is older than
+ * the headers: the calls made here exist in every NCCL since 2.10.
+ *
  * Completion follows NCCL: the call is enqueued on the stream and returns; the stream orders it.
  * Locking: the world's NCCL lock is held across the enqueue (NCCL forbids using one communicator
  * from two threads at once, and window (de)registration from another thread uses the same
@@ -27,8 +35,33 @@
 #include <nccl.h>
 #pragma GCC diagnostic pop
 
+#include <pthread.h>
+
 #include "pool/pool.h"
 #include "sympool/symmetric.h"
+
+bool sp__coll_nccl_built(void) {
+    return true;
+}
+
+static pthread_once_t g_version_once = PTHREAD_ONCE_INIT;
+
+/* ncclGetVersion: 2.28.9 is 22809 (major*10000 + minor*100 + patch since 2.9). */
+static void log_version(void) {
+    int v = 0;
+    if (ncclGetVersion(&v) != ncclSuccess) {
+        SP_WARN(SP_SUB_COLL, "ncclGetVersion failed; the NCCL library loaded is unknown");
+        return;
+    }
+    int built = NCCL_VERSION_CODE;
+    SP_INFO(SP_SUB_COLL, "NCCL %d.%d.%d at run time (built against %d.%d.%d)", v / 10000,
+            v / 100 % 100, v % 100, built / 10000, built / 100 % 100, built % 100);
+    if (v / 100 < built / 100)
+        SP_WARN(SP_SUB_COLL,
+                "the NCCL loaded at run time (%d.%d.%d) is older than the headers sympool was "
+                "built with (%d.%d.%d); point LD_LIBRARY_PATH at the newer libnccl.so.2",
+                v / 10000, v / 100 % 100, v % 100, built / 10000, built / 100 % 100, built % 100);
+}
 
 static ncclDataType_t nccl_type(sp_dtype_t dtype) {
     switch (dtype) {
@@ -67,7 +100,7 @@ static ncclRedOp_t nccl_op(sp_redop_t op) {
     case SP_MAX:
         return ncclMax;
     case SP_AVG:
-        return ncclAvg; /* integers: NCCL divides the integer sum (truncating) */
+        return ncclAvg; /* floats: pre-multiplied by 1/n in the type; integers: sum / n */
     }
     return ncclSum;
 }
@@ -107,6 +140,7 @@ static const char *no_symmetric_reason(const sp_world_t *w, const sp_coll_call_t
 sp_status_t sp__coll_nccl(sp_world_t *w, const sp_coll_call_t *c) {
     static const char *const fns[] = {"sp_allreduce", "sp_allgather", "sp_reduce_scatter",
                                       "sp_broadcast"};
+    pthread_once(&g_version_once, log_version);
     ncclComm_t comm = (ncclComm_t)sp__world_nccl_comm(w);
     cudaStream_t stream = (cudaStream_t)c->stream;
     if (SP_LOG_ENABLED(SP_LOG_INFO, SP_SUB_COLL)) {
@@ -146,6 +180,10 @@ sp_status_t sp__coll_nccl(sp_world_t *w, const sp_coll_call_t *c) {
 }
 
 #else /* !SP_HAVE_NCCL */
+
+bool sp__coll_nccl_built(void) {
+    return false;
+}
 
 sp_status_t sp__coll_nccl(sp_world_t *w, const sp_coll_call_t *c) {
     (void)w;

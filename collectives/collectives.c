@@ -18,9 +18,14 @@
  *    transfer is MPI's business (it aborts the job by default) or NCCL's (its collectives wait).
  *  - Host stream semantics: the operation has completed when the call returns (the host backend
  *    runs "kernels" synchronously, so no stream synchronization is needed before reading).
- *  - fp16/bf16 SUM/PROD/AVG accumulate in float and round once (see half.c); AVG is the sum
- *    divided by the number of ranks: in float for floating types, and for integer types the sum
- *    in the element type (wrapping as MPI_SUM does) followed by C's truncating division.
+ *  - fp16/bf16 SUM/PROD accumulate in float and round once (see half.c).
+ *  - AVG has NCCL's semantics (ncclAvg), so the host and cuda paths agree: for floating types
+ *    each rank's value is first multiplied by 1/n rounded to the element type (bf16(1/3) is
+ *    0.333984375), the product rounded to the type, and the products are then summed as SUM
+ *    sums them; for integer types the sum in the element type (wrapping as MPI_SUM does)
+ *    followed by C's truncating division. Pre-multiplying cannot overflow where the sum would,
+ *    and it is what NCCL computes on the GPU, where sympool has no kernel of its own to scale
+ *    a sum afterwards.
  *  - MIN/MAX of float32/float64 with NaN inputs are MPI's (unspecified); for fp16/bf16 NaN
  *    propagates and -0 < +0.
  *
@@ -35,6 +40,7 @@
 #include "core/core.h"
 #include "launch/launch.h"
 #include "pool/pool.h"
+#include "sympool/pool.h"
 
 /* Elements per MPI call: MPI-3 counts are int. Half-precision arithmetic goes through a float
  * scratch buffer of at most this many elements (4 MiB), which also bounds its memory. */
@@ -296,6 +302,45 @@ static void divide(void *buf, size_t n, sp_dtype_t dtype, int nranks) {
 #undef SP_DIV
 }
 
+/* 1/n rounded to the element type, as ncclAvg's pre-multiplier (in float for the half types,
+ * whose rounding half.c does). */
+static double avg_scale(sp_dtype_t dtype, int nranks) {
+    double s = 1.0 / (double)nranks;
+    if (dtype == SP_FLOAT32)
+        return (float)s;
+    if (dtype == SP_FLOAT16)
+        return sp__half_to_float(sp__float_to_half((float)s));
+    if (dtype == SP_BFLOAT16)
+        return sp__bf16_to_float(sp__float_to_bf16((float)s));
+    return s;
+}
+
+/* dst[i] = src[i] * scale, rounded to the type (float32, float64); dst may equal src. */
+static void premultiply(void *dst, const void *src, size_t n, sp_dtype_t dtype, double scale) {
+    if (dtype == SP_FLOAT32) {
+        const float *s = src;
+        float *d = dst, k = (float)scale;
+        for (size_t i = 0; i < n; i++)
+            d[i] = s[i] * k;
+    } else {
+        const double *s = src;
+        double *d = dst;
+        for (size_t i = 0; i < n; i++)
+            d[i] = s[i] * scale;
+    }
+}
+
+/* Half values already loaded as floats: x * scale rounded to the half type, back in float. */
+static void premultiply_half(float *v, size_t n, bool is_bf16, float scale) {
+    for (size_t i = 0; i < n; i++)
+        v[i] = is_bf16 ? sp__bf16_to_float(sp__float_to_bf16(v[i] * scale))
+                       : sp__half_to_float(sp__float_to_half(v[i] * scale));
+}
+
+static bool is_float(sp_dtype_t dtype) {
+    return dtype == SP_FLOAT32 || dtype == SP_FLOAT64;
+}
+
 static bool half_arith(const sp_coll_call_t *c) {
     return is_half(c->dtype) && (c->op == SP_SUM || c->op == SP_PROD || c->op == SP_AVG);
 }
@@ -316,14 +361,13 @@ static sp_status_t host_allreduce(sp_world_t *w, const sp_coll_call_t *c) {
         for (size_t at = 0; at < c->count; at += chunk) {
             size_t k = c->count - at < chunk ? c->count - at : chunk;
             sp__half_load((const uint16_t *)c->send + at, tmp, k, bf);
+            if (c->op == SP_AVG)
+                premultiply_half(tmp, k, bf, (float)avg_scale(c->dtype, n));
             int rc = MPI_Allreduce(MPI_IN_PLACE, tmp, (int)k, MPI_FLOAT, op, comm);
             if (rc != MPI_SUCCESS) {
                 free(tmp);
                 return mpi_fail(rc, "sp_allreduce", "MPI_Allreduce");
             }
-            if (c->op == SP_AVG)
-                for (size_t i = 0; i < k; i++)
-                    tmp[i] /= (float)n;
             sp__half_store(tmp, (uint16_t *)c->recv + at, k, bf);
         }
         free(tmp);
@@ -332,15 +376,21 @@ static sp_status_t host_allreduce(sp_world_t *w, const sp_coll_call_t *c) {
     MPI_Op op = direct_op(c->dtype, c->op);
     if (op == MPI_OP_NULL)
         return sp__error(SP_ERR_MPI, SP_SUB_COLL, "sp_allreduce: MPI_Op_create failed");
+    /* Floating AVG: pre-multiply into recv (checked: send and recv are equal or disjoint), then
+     * sum it in place. */
+    bool premul = c->op == SP_AVG && is_float(c->dtype);
+    if (premul)
+        premultiply(c->recv, c->send, c->count, c->dtype, avg_scale(c->dtype, n));
     for (size_t at = 0; at < c->count; at += MAX_MPI_COUNT) {
         size_t k = c->count - at < MAX_MPI_COUNT ? c->count - at : MAX_MPI_COUNT;
-        const void *s = c->send == c->recv ? MPI_IN_PLACE : (const char *)c->send + at * size;
+        const void *s =
+            c->send == c->recv || premul ? MPI_IN_PLACE : (const char *)c->send + at * size;
         int rc =
             MPI_Allreduce(s, (char *)c->recv + at * size, (int)k, mpi_type(c->dtype), op, comm);
         if (rc != MPI_SUCCESS)
             return mpi_fail(rc, "sp_allreduce", "MPI_Allreduce");
     }
-    if (c->op == SP_AVG)
+    if (c->op == SP_AVG && !premul)
         divide(c->recv, c->count, c->dtype, n);
     return SP_SUCCESS;
 }
@@ -379,14 +429,13 @@ static sp_status_t host_reduce_scatter(sp_world_t *w, const sp_coll_call_t *c) {
             for (int i = 0; i < n; i++)
                 sp__half_load((const uint16_t *)c->send + (size_t)i * c->count + at,
                               in + (size_t)i * k, k, bf);
+            if (c->op == SP_AVG)
+                premultiply_half(in, k * (size_t)n, bf, (float)avg_scale(c->dtype, n));
             int rc = MPI_Reduce_scatter_block(in, out, (int)k, MPI_FLOAT, op, comm);
             if (rc != MPI_SUCCESS) {
                 st = mpi_fail(rc, "sp_reduce_scatter", "MPI_Reduce_scatter_block");
                 break;
             }
-            if (c->op == SP_AVG)
-                for (size_t i = 0; i < k; i++)
-                    out[i] /= (float)n;
             sp__half_store(out, (uint16_t *)c->recv + at, k, bf);
         }
         free(in);
@@ -404,14 +453,31 @@ static sp_status_t host_reduce_scatter(sp_world_t *w, const sp_coll_call_t *c) {
         return sp__error(SP_ERR_SYSTEM, SP_SUB_COLL,
                          "sp_reduce_scatter: cannot allocate %zu bytes for the in-place result",
                          c->count * size);
-    int rc = MPI_Reduce_scatter_block(c->send, dst, (int)c->count, mpi_type(c->dtype), op, comm);
+    /* Floating AVG: the pre-multiplied copy of send is scratch (send itself is the caller's). */
+    bool premul = c->op == SP_AVG && is_float(c->dtype);
+    const void *src = c->send;
+    void *scaled = NULL;
+    if (premul) {
+        scaled = malloc(c->count * size * (size_t)n);
+        if (scaled == NULL) {
+            if (in_place)
+                free(dst);
+            return sp__error(SP_ERR_SYSTEM, SP_SUB_COLL,
+                             "sp_reduce_scatter: cannot allocate %zu bytes for avg's scaling",
+                             c->count * size * (size_t)n);
+        }
+        premultiply(scaled, c->send, c->count * (size_t)n, c->dtype, avg_scale(c->dtype, n));
+        src = scaled;
+    }
+    int rc = MPI_Reduce_scatter_block(src, dst, (int)c->count, mpi_type(c->dtype), op, comm);
+    free(scaled);
     if (rc == MPI_SUCCESS && in_place)
         memcpy(c->recv, dst, c->count * size);
     if (in_place)
         free(dst);
     if (rc != MPI_SUCCESS)
         return mpi_fail(rc, "sp_reduce_scatter", "MPI_Reduce_scatter_block");
-    if (c->op == SP_AVG)
+    if (c->op == SP_AVG && !premul)
         divide(c->recv, c->count, c->dtype, n);
     return SP_SUCCESS;
 }
@@ -440,12 +506,19 @@ static sp_status_t run(sp_world_t *w, const sp_coll_call_t *c) {
     SP_CHECK(agree(w, c, ok, why));
     if (c->count == 0)
         return SP_SUCCESS;
-    if (sp__world_is_cuda(w)) {
+    /* The path follows the backend, not whether NCCL came up: on cuda the buffers are device
+     * memory, which the MPI path would read with the CPU (a segfault). */
+    if (strcmp(sp_backend_name(), "cuda") == 0) {
         if (sp__world_nccl_comm(w) == NULL)
             return sp__error(SP_ERR_NOT_SUPPORTED, SP_SUB_COLL,
-                             "%s: the cuda backend needs NCCL, and this world has no NCCL "
-                             "communicator (%s)",
-                             fn, sp__world_nccl_why(w));
+                             "%s: the cuda backend runs collectives with NCCL, and %s%s%s; "
+                             "rebuild with NCCL >= 2.27 (found also as libnccl.so.2, e.g. from "
+                             "PyTorch's nvidia-nccl wheel) or use SYMPOOL_DEVICE=host",
+                             fn,
+                             sp__coll_nccl_built() ? "this world has no NCCL communicator ("
+                                                   : "this sympool was built without NCCL",
+                             sp__coll_nccl_built() ? sp__world_nccl_why(w) : "",
+                             sp__coll_nccl_built() ? ")" : "");
         return sp__coll_nccl(w, c);
     }
     /* MPI-3 counts are int: allgather and reduce_scatter cannot be split into independent

@@ -2,10 +2,11 @@
  * dtype.h: private to collectives/: dtype facts, the IEEE half-precision helpers the host
  * backend reduces fp16/bf16 with, and the NCCL path's entry points. Nothing here is exported.
  *
- * Half types travel through MPI as 16-bit integers; their SUM/PROD/AVG are computed by converting
+ * Half types travel through MPI as 16-bit integers; their SUM/PROD are computed by converting
  * to float, reducing floats with MPI and rounding once (round-to-nearest-even) back, so the
- * result equals the float reference rounded. MIN/MAX are exact and use a user-defined MPI_Op
- * on MPI_UINT16_T that propagates NaN.
+ * result equals the float reference rounded. AVG first rounds each value times bf16/fp16(1/n)
+ * to the type (ncclAvg's pre-multiplication), then sums as SUM does. MIN/MAX are exact and use a
+ * user-defined MPI_Op on MPI_UINT16_T that propagates NaN.
  */
 #ifndef SP_COLLECTIVES_DTYPE_H
 #define SP_COLLECTIVES_DTYPE_H
@@ -73,6 +74,8 @@ typedef struct sp_coll_call {
 /* Run a validated call on the world's NCCL communicator. SP_ERR_NOT_SUPPORTED in builds without
  * NCCL. Logs (INFO, COLL) why the call cannot use NCCL's symmetric kernels when it cannot. */
 sp_status_t sp__coll_nccl(sp_world_t *w, const sp_coll_call_t *call);
+/* Whether this build has NCCL (SP_HAVE_NCCL). */
+bool sp__coll_nccl_built(void);
 
 #ifdef __cplusplus
 }

@@ -719,6 +719,27 @@ sp_status_t sp__alloc_check_size(const char *what, int device, size_t size) {
                      device, what, size);
 }
 
+/* CUDA's pseudo handles: cudaStreamLegacy (1) is the legacy default stream, the same stream as
+ * NULL here (sympool is not built with per-thread default streams), so it maps to NULL and shares
+ * NULL's cached blocks. cudaStreamPerThread (2) names a different stream on every thread, yet
+ * would be one cache key for all of them, letting one thread take another's block unordered: it
+ * is refused. Neither value can be a real handle (host or CUDA), so the check is backend-free. */
+static inline bool is_pseudo_stream(sp_stream_t stream) {
+    return (uintptr_t)stream - 1u < 2u;
+}
+
+static sp_status_t map_pseudo_stream(const char *what, sp_stream_t *stream_p) {
+    if (*stream_p == (sp_stream_t)(uintptr_t)1) {
+        *stream_p = NULL;
+        return SP_SUCCESS;
+    }
+    return sp__error(SP_ERR_INVALID_ARGUMENT, SP_SUB_POOL,
+                     "%s: cudaStreamPerThread is a different stream on every thread and cannot "
+                     "key the cache; pass the thread's real stream (or NULL for the default "
+                     "stream)",
+                     what);
+}
+
 SP_EXPORT sp_status_t sp_malloc(size_t size, int device, sp_stream_t stream, void **ptr_p) {
     if (SP_UNLIKELY(!ptr_p))
         return sp__error(SP_ERR_INVALID_ARGUMENT, SP_SUB_POOL, "sp_malloc: ptr_p is NULL");
@@ -729,6 +750,8 @@ SP_EXPORT sp_status_t sp_malloc(size_t size, int device, sp_stream_t stream, voi
         *ptr_p = NULL;
         return SP_SUCCESS;
     }
+    if (SP_UNLIKELY(is_pseudo_stream(stream)))
+        SP_CHECK(map_pseudo_stream("sp_malloc", &stream));
     if (SP_UNLIKELY(size >= SP_ONE_EB))
         return sp__alloc_check_size("sp_malloc", device, size);
     sp_mempool_t *pool =
@@ -840,6 +863,8 @@ SP_EXPORT sp_status_t sp_record_stream(void *ptr, sp_stream_t stream) {
     if (SP_UNLIKELY(!atomic_load_explicit(&sp__ready, memory_order_acquire)) || !ptr)
         return sp__error(SP_ERR_INVALID_USAGE, SP_SUB_POOL,
                          "sp_record_stream(%p): not a live sympool block", ptr);
+    if (SP_UNLIKELY(is_pseudo_stream(stream)))
+        SP_CHECK(map_pseudo_stream("sp_record_stream", &stream));
     int sdev = -1;
     if (stream)
         SP_CHECK(sp__g.ops->stream_device(stream, &sdev));

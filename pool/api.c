@@ -49,8 +49,9 @@ static sp_status_t dev_init(sp_devalloc_t *d, int device) {
     d->device = device;
     d->allowed_max = SIZE_MAX;
     sp__stats_init(&d->stats, sp__g.conf.max_split_size);
-    size_t dfree = 0, total = 0;
-    SP_CHECK(sp__g.ops->mem_get_info(device, &dfree, &total));
+    size_t total = 0;
+    /* Not mem_get_info: on cuda that would make a context on every device at start-up. */
+    SP_CHECK(sp__g.ops->mem_total(device, &total));
     d->total_mem = total;
     SP_CHECK(sp__ptr_map_init(&d->map));
     d->default_pool = sp__mempool_new(d, NULL, true, false);
@@ -134,6 +135,12 @@ sp_status_t sp__alloc_device(int device, sp_devalloc_t **d_p) {
                          sp__g.ops->name, sp__g.ndev);
     *d_p = &sp__g.devs[device];
     return SP_SUCCESS;
+}
+
+const void *sp__pool_swap_device_ops(const void *ops) {
+    const void *old = sp__g.ops;
+    sp__g.ops = (const sp_device_ops_t *)ops;
+    return old;
 }
 
 SP_EXPORT sp_status_t sp_init(void) {
@@ -265,7 +272,9 @@ static sp_status_t stream_dev(const char *what, sp_stream_t stream, int *device_
     int dev = -1;
     if (sp__g.ops->stream_device(stream, &dev) != SP_SUCCESS)
         return sp__error(SP_ERR_INVALID_ARGUMENT, SP_SUB_POOL,
-                         "%s: %p is not a stream made by sp_stream_create", what, stream);
+                         "%s: %p is not a valid stream of the %s backend (cuda: any CUDA "
+                         "stream; host: one from sp_stream_create)",
+                         what, stream, sp__g.ops->name);
     *device_p = dev;
     return SP_SUCCESS;
 }

@@ -40,6 +40,11 @@ typedef struct sp_block_info {
  * SP_ERR_INVALID_USAGE (quiet) when ptr is in no live block of any device. */
 sp_status_t sp__pool_lookup(const void *ptr, sp_block_info_t *info_p);
 
+/* Tests only: put `ops` (a struct sp_device_ops *, e.g. the host backend's with one op wrapped)
+ * in place of the initialized backend's table and return the previous one; put that back before
+ * sp_shutdown. No other thread may be inside sympool meanwhile. */
+const void *sp__pool_swap_device_ops(const void *ops);
+
 /* ---- walk (snapshots) ------------------------------------------------------------------- */
 
 typedef enum {
@@ -136,7 +141,8 @@ sp_status_t sp__pool_sym_take(sp_mempool_t *pool, size_t rounded, size_t size, s
  * then the registrar allocates with no pool lock held, then adopt: ONE locked call makes
  * [base, base+alloc_size) a segment of the pool and hands out its block at offset 0
  * (SP_ERR_SYSTEM on host memory, leaving base to the caller). */
-sp_status_t sp__pool_sym_plan(sp_mempool_t *pool, size_t rounded, size_t *alloc_size_p);
+sp_status_t sp__pool_sym_plan(sp_mempool_t *pool, size_t rounded, sp_stream_t stream,
+                              size_t *alloc_size_p);
 sp_status_t sp__pool_sym_adopt(sp_mempool_t *pool, void *base, size_t alloc_size, size_t rounded,
                                size_t size, sp_stream_t stream, void **ptr_p,
                                uint64_t *segment_seq_p);

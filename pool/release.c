@@ -9,6 +9,12 @@
  * only whole free segments (one block, no events) are ever released; symmetric pools are never
  * released here (their release is collective, see symmetric/). Every function runs with the
  * device lock held.
+ *
+ * CUDA graph capture: the backend refuses (SP_ERR_NOT_SUPPORTED, quietly) to record an event on
+ * a stream that is capturing, and synchronizing such a stream would break the capture. So a free
+ * of a block used on a capturing stream queues an entry without an event ("deferred"): the
+ * block stays pending, and the event is recorded by the first process_events after the capture
+ * ended, as PyTorch defers such events until no capture is underway.
  */
 #include <stdlib.h>
 
@@ -44,11 +50,15 @@ sp_status_t sp__alloc_insert_events(sp_devalloc_t *d, sp_block_t *b) {
             (void)ops->stream_sync(d->device, s);
             continue;
         }
-        if (ops->event_record(d->device, ev, s) != SP_SUCCESS) {
+        sp_status_t rs = ops->event_record(d->device, ev, s);
+        if (rs != SP_SUCCESS) {
             (void)ops->event_destroy(d->device, ev);
-            free(e);
-            (void)ops->stream_sync(d->device, s);
-            continue;
+            ev = NULL; /* capturing (SP_ERR_NOT_SUPPORTED): a deferred entry, recorded later */
+            if (rs != SP_ERR_NOT_SUPPORTED) {
+                free(e);
+                (void)ops->stream_sync(d->device, s);
+                continue;
+            }
         }
         e->event = ev;
         e->block = b;
@@ -87,12 +97,30 @@ static void drop_empty_queues(sp_devalloc_t *d) {
     }
 }
 
+/* A deferred entry (no event: its stream was capturing at the free) gets its event now; false
+ * while the stream still captures (or the backend cannot make an event), and it stays. */
+static bool record_deferred(sp_devalloc_t *d, sp_stream_t stream, sp_evq_entry_t *e) {
+    if (SP_LIKELY(e->event != NULL))
+        return true;
+    sp_dev_event_t ev = NULL;
+    if (sp__g.ops->event_create(d->device, &ev) != SP_SUCCESS)
+        return false;
+    if (sp__g.ops->event_record(d->device, ev, stream) != SP_SUCCESS) {
+        (void)sp__g.ops->event_destroy(d->device, ev);
+        return false;
+    }
+    e->event = ev;
+    return true;
+}
+
 void sp__alloc_process_events(sp_devalloc_t *d) {
     for (sp_evq_t *q = d->evqs; q; q = q->next) {
         /* FIFO per stream: stop at the first event not done, so a slow stream delays only its
          * own queue. */
         while (q->head) {
             bool done = false;
+            if (!record_deferred(d, q->stream, q->head))
+                break;
             if (sp__g.ops->event_query(d->device, q->head->event, &done) != SP_SUCCESS || !done)
                 break;
             sp_evq_entry_t *e = q->head;
@@ -111,7 +139,8 @@ void sp__alloc_sync_events(sp_devalloc_t *d, const sp_mempool_t *pool) {
         sp_evq_entry_t *prev = NULL, *e = q->head;
         while (e) {
             sp_evq_entry_t *nx = e->next;
-            if (pool && e->block->seg->bpool->pool != pool) {
+            /* A deferred entry whose stream still captures cannot be waited for: it stays. */
+            if ((pool && e->block->seg->bpool->pool != pool) || !record_deferred(d, q->stream, e)) {
                 prev = e;
                 e = nx;
                 continue;

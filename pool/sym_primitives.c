@@ -88,8 +88,20 @@ sp_status_t sp__pool_sym_take(sp_mempool_t *pool, size_t rounded, size_t size, s
     return SP_SUCCESS;
 }
 
-sp_status_t sp__pool_sym_plan(sp_mempool_t *pool, size_t rounded, size_t *alloc_size_p) {
+sp_status_t sp__pool_sym_plan(sp_mempool_t *pool, size_t rounded, sp_stream_t stream,
+                              size_t *alloc_size_p) {
     sp_devalloc_t *d = pool->dev;
+    /* Growing allocates (ncclMemAlloc) and registers an NCCL window: neither may happen inside
+     * a CUDA graph capture. Refusing here, before the registrar is asked, makes every rank fail
+     * together (symmetric/ answers the others "this rank cannot grow"). */
+    bool capturing = false;
+    if (stream && sp__g.ops->stream_capturing(d->device, stream, &capturing) == SP_SUCCESS &&
+        capturing)
+        return sp__error(SP_ERR_NOT_SUPPORTED, SP_SUB_POOL,
+                         "symmetric pool \"%s\": cannot grow by a segment for %zu bytes while "
+                         "stream %p is capturing a CUDA graph (growing allocates and registers "
+                         "an NCCL window); make the pool large enough before capturing",
+                         pool->name ? pool->name : "", rounded, stream);
     size_t alloc_size = sp__allocation_size(rounded);
     sp__lock(&d->lock);
     int why = sp__alloc_segment_room(d, pool, alloc_size);

@@ -12,21 +12,59 @@
  * call except a NULL from alloc, so every failure is logged at WARN (sp__error does that) and its
  * text stays in sp_last_error() for whoever asks.
  *
- * No state, no lock of its own: the allocator's locks cover everything.
+ * Device memory only: PyTorch treats whatever alloc returns as memory of a CUDA device, so every
+ * entry point refuses (NULL + WARN, or a WARN) unless sympool's backend is cuda. Without that, a
+ * failed CUDA probe under SYMPOOL_DEVICE=auto would hand PyTorch mmap'd host memory, and the
+ * first kernel writing to it would fault far from the cause.
+ *
+ * record_stream and empty_cache complete the pluggable allocator (set_record_stream_fn,
+ * set_reset_fn): without the first, a tensor used on a side stream could be reused by the
+ * allocating stream while the side stream still reads it.
+ *
+ * No lock of its own: the allocator's locks cover everything; g_allow_host is a test switch.
  */
+#include <stdatomic.h>
 #include <stddef.h>
+#include <string.h>
 
 #include "core/core.h"
 #include "pool/allocator.h"
 #include "pool/pool.h"
 #include "sympool/pool.h"
+#include "pool/torch.h"
 #include "sympool/torch.h"
+
+static atomic_bool g_allow_host; /* tests only (sp__torch_allow_host) */
+
+void sp__torch_allow_host(bool allow) {
+    atomic_store(&g_allow_host, allow);
+}
+
+/* SP_SUCCESS when the backend hands out device memory PyTorch can use; otherwise the reason is
+ * logged at WARN and kept in sp_last_error. */
+static sp_status_t check_backend(const char *fn) {
+    const char *name = sp_backend_name(); /* initializes on first use */
+    if (SP_LIKELY(strcmp(name, "cuda") == 0) || atomic_load(&g_allow_host))
+        return SP_SUCCESS;
+    if (strcmp(name, "none") == 0)
+        return sp__error(SP_ERR_DEVICE, SP_SUB_API,
+                         "%s: sympool could not start a device backend; PyTorch gets nothing "
+                         "(set SYMPOOL_DEBUG=INFO to see why)",
+                         fn);
+    return sp__error(SP_ERR_NOT_SUPPORTED, SP_SUB_API,
+                     "%s: sympool runs its %s backend, whose memory is host memory that PyTorch "
+                     "would use as device memory; refused. Set SYMPOOL_DEVICE=cuda on a machine "
+                     "with a usable GPU (SYMPOOL_DEBUG=INFO says why cuda was not chosen)",
+                     fn, name);
+}
 
 /* PyTorch never calls alloc with size 0 through the pluggable layer today, but its own
  * raw_alloc(0) returns nullptr without touching the allocator, so size 0 does the same here and
  * is not a failure (no WARN, sp_last_error untouched). */
 SP_EXPORT void *sp_torch_malloc(size_t size, int device, void *stream) {
     if (size == 0)
+        return NULL;
+    if (SP_UNLIKELY(check_backend("sp_torch_malloc") != SP_SUCCESS))
         return NULL;
     void *ptr = NULL;
     sp_status_t s = sp_malloc(size, device, (sp_stream_t)stream, &ptr);
@@ -63,4 +101,23 @@ SP_EXPORT void sp_torch_free(void *ptr, size_t size, int device, void *stream) {
                 "sp_torch_free(%p): PyTorch says size %zu on device %d, but the block was "
                 "allocated with size %zu on device %d; freed it anyway",
                 ptr, size, device, have_size, have_device);
+}
+
+SP_EXPORT void sp_torch_record_stream(void *ptr, void *stream) {
+    if (ptr == NULL || check_backend("sp_torch_record_stream") != SP_SUCCESS)
+        return;
+    /* PyTorch calls this for tensors its pluggable layer allocated: a failure means the pointer
+     * is not ours (sp_record_stream logged why at WARN) and nothing can be delayed. */
+    sp_status_t s = sp_record_stream(ptr, (sp_stream_t)stream);
+    if (s != SP_SUCCESS)
+        SP_INFO(SP_SUB_API, "sp_torch_record_stream(%p, stream=%p) -> %s", ptr, stream,
+                sp_status_name(s));
+}
+
+SP_EXPORT void sp_torch_empty_cache(void) {
+    /* torch.cuda.empty_cache() on the pluggable allocator: release every cached segment (blocks
+     * still waiting for a stream stay until their events complete). */
+    sp_status_t s = sp_empty_cache();
+    if (s != SP_SUCCESS)
+        SP_INFO(SP_SUB_API, "sp_torch_empty_cache -> %s", sp_status_name(s));
 }

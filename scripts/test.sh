@@ -4,7 +4,9 @@
 #   2. AddressSanitizer + UndefinedBehaviorSanitizer: the same tests;
 #   3. ThreadSanitizer: every unit and CLI test (the threaded suites are named Threads*); the MPI
 #      tests are left out: Open MPI is not instrumented, so TSan cannot see its synchronization.
-# Set SYMPOOL_TEST_DEVICE=cuda on a GPU machine to run the suites on the cuda backend.
+# Set SYMPOOL_TEST_DEVICE=cuda on a GPU machine to run the suites on the cuda backend: MPI tests
+# then run at one rank (SYMPOOL_TEST_NP=1,2 to choose), and what needs the host backend skips
+# with a reason. scripts/gpu-check.sh is the whole GPU validation.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/deps.sh
@@ -37,6 +39,11 @@ export LSAN_OPTIONS="suppressions=$PWD/scripts/lsan.supp:print_suppressions=0"
 # Open MPI frames are compiled without frame pointers: the slow unwinder is needed for the
 # suppressions above to match its allocations.
 export ASAN_OPTIONS="detect_leaks=1:abort_on_error=0:fast_unwind_on_malloc=0"
+# The CUDA driver maps memory where ASan keeps its shadow gap: without this, cudaMalloc and
+# context creation fail with "out of memory" under ASan.
+if [ "${SYMPOOL_TEST_DEVICE:-host}" = cuda ]; then
+  export ASAN_OPTIONS="$ASAN_OPTIONS:protect_shadow_gap=0"
+fi
 export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1"
 run_build build-asan -DCMAKE_BUILD_TYPE=Debug -DSYMPOOL_SANITIZE=address,undefined -DSYMPOOL_BUILD_BENCH=OFF
 echo "== tests: AddressSanitizer + UndefinedBehaviorSanitizer"

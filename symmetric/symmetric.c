@@ -312,7 +312,7 @@ static sp_status_t grow(sp_sym_state_t *st, size_t rounded, size_t size, sp_stre
                                              (double)(time_t)sp__sym_test_grow_delay_s) *
                                             1e9)},
                   NULL);
-    sp_status_t ps = sp__pool_sym_plan(st->pool, rounded, &alloc_size);
+    sp_status_t ps = sp__pool_sym_plan(st->pool, rounded, stream, &alloc_size);
     sp_sym_rec_t *rec = ps == SP_SUCCESS ? calloc(1, sizeof *rec) : NULL;
     if (ps == SP_SUCCESS && !rec)
         ps = sp__error(SP_ERR_SYSTEM, SP_SUB_SYM, "%s: out of host memory", what);
@@ -320,7 +320,9 @@ static sp_status_t grow(sp_sym_state_t *st, size_t rounded, size_t size, sp_stre
     snprintf(why, sizeof why, "%s", ps == SP_SUCCESS ? "" : sp_last_error());
     sp_agree_t a = {.op = SP_AGREE_SYM_GROW, .ok = ps == SP_SUCCESS, .f = {(int64_t)alloc_size}};
     sp_status_t s = sp__sym_round(st, &a, what);
-    if (s == SP_SUCCESS && a.nbad)
+    if (s == SP_SUCCESS && a.nbad && ps == SP_ERR_NOT_SUPPORTED)
+        s = sp__error(ps, SP_SUB_SYM, "%s: %s", what, why); /* e.g. a capturing stream */
+    else if (s == SP_SUCCESS && a.nbad)
         s = sp__error(SP_ERR_OUT_OF_MEMORY, SP_SUB_SYM,
                       "%s: cannot grow symmetric pool \"%s\" by a segment for %zu bytes: it "
                       "cannot grow on %s, so no rank grows it%s%s",

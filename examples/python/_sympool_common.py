@@ -49,3 +49,23 @@ def start(name, torch_needs=()):
         print(f"{name}: sympool did not start its cuda backend: {lib.sp_last_error().decode()}")
         raise Stop(1)
     return torch, path, lib
+
+
+def pluggable_allocator(torch, path, lib):
+    """torch.cuda.memory.CUDAPluggableAllocator over libsympool.so with all four entry points:
+    sp_torch_malloc/sp_torch_free, and sp_torch_record_stream / sp_torch_empty_cache wired with
+    set_record_stream_fn / set_reset_fn, so Tensor.record_stream delays reuse and
+    torch.cuda.empty_cache() reaches sympool. A torch without those setters still works, but
+    record_stream is then dropped: that is printed."""
+    import ctypes
+
+    allocator = torch.cuda.memory.CUDAPluggableAllocator(path, "sp_torch_malloc", "sp_torch_free")
+    native = allocator.allocator()
+    for setter, symbol in (("set_record_stream_fn", "sp_torch_record_stream"),
+                           ("set_reset_fn", "sp_torch_empty_cache")):
+        fn = getattr(native, setter, None)
+        if fn is None:
+            print(f"  note: torch {torch.__version__} has no {setter}; {symbol} is not wired")
+            continue
+        fn(ctypes.cast(getattr(lib, symbol), ctypes.c_void_p).value)
+    return allocator

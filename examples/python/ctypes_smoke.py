@@ -4,10 +4,12 @@
 PyTorch resolves "sp_torch_malloc" and "sp_torch_free" in the shared library and calls them as
     void *alloc(size_t size, int device, cudaStream_t stream)
     void  free(void *ptr, size_t size, int device, cudaStream_t stream)
-This script does the same through ctypes on the host backend (no GPU, no torch needed), and checks
-what sympool reports: the exported symbols exist, an allocation shows up in sp_memory_stats with
-PyTorch's rounding, a free returns it, sp_mempool_begin routes the entry point into a MemPool,
-size 0 and failures give NULL, failures leave a message.
+This script does the same through ctypes on the host backend (no GPU, no torch needed). On the
+host backend the entry points refuse (NULL and a message: PyTorch would take host memory for
+device memory), so the script checks that refusal, that all four entry points are exported
+(sp_torch_record_stream and sp_torch_empty_cache too), and runs the rest through sp_malloc /
+sp_free, which the entry points wrap: an allocation shows up in sp_memory_stats with PyTorch's
+rounding, a free returns it, sp_mempool_begin routes it into a MemPool, failures leave a message.
 
     SYMPOOL_DEVICE=host python3 ctypes_smoke.py [path/to/libsympool.so]
 
@@ -48,16 +50,40 @@ def main():
     expect(keys == sorted(keys), "stats keys are sorted as PyTorch sorts them")
     expect("allocated_bytes.all.current" in keys, "allocated_bytes.all.current is a key")
 
-    # Round trip through the PyTorch entry points on the default stream (NULL).
-    p = lib.sp_torch_malloc(1000, 0, None)
-    expect(p is not None, f"sp_torch_malloc(1000) -> {p}: {lib.sp_last_error().decode()}")
+    # The PyTorch entry points refuse the host backend: NULL with a message, nothing allocated.
+    for name in ("sp_torch_record_stream", "sp_torch_empty_cache"):
+        expect(hasattr(lib, name), f"{name} is exported")
+    lib.sp_torch_record_stream.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
+    lib.sp_torch_record_stream.restype = None
+    lib.sp_torch_empty_cache.restype = None
+    print("ctypes_smoke: sp_torch_malloc must refuse the host backend; the WARN below is expected")
+    expect(lib.sp_torch_malloc(1000, 0, None) is None, "sp_torch_malloc refuses the host backend")
+    expect("host" in lib.sp_last_error().decode(), "the refusal names the host backend")
+
+    # What the entry points wrap: sp_malloc / sp_free on the default stream (NULL).
+    lib.sp_malloc.argtypes = [ctypes.c_size_t, ctypes.c_int, ctypes.c_void_p,
+                              ctypes.POINTER(ctypes.c_void_p)]
+    lib.sp_malloc.restype = ctypes.c_int
+    lib.sp_free.argtypes = [ctypes.c_void_p]
+    lib.sp_free.restype = ctypes.c_int
+
+    def sp_malloc(size, device=0):
+        out = ctypes.c_void_p()
+        status = lib.sp_malloc(size, device, None, ctypes.byref(out))
+        return out.value if status == 0 else None
+
+    def sp_free(ptr, size=0, device=0, stream=None):
+        spc.check(lib, lib.sp_free(ptr), "sp_free")
+
+    p = sp_malloc(1000)
+    expect(p is not None, f"sp_malloc(1000) -> {p}: {lib.sp_last_error().decode()}")
     st = spc.stats(lib)
     expect(st["allocated_bytes.all.current"] == 1024, f"1000 B rounds to 1024: {st['allocated_bytes.all.current']}")
     expect(st["requested_bytes.all.current"] == 1000, "requested_bytes counts the request")
     expect(st["segment.all.current"] == 1, "one 2 MiB segment")
     expect(st["reserved_bytes.all.current"] == 2 << 20, "reserved 2 MiB")
     ctypes.memset(p, 0x5A, 1000)  # the host backend's memory is ordinary host memory
-    lib.sp_torch_free(p, 1000, 0, None)
+    sp_free(p)
     st = spc.stats(lib)
     expect(st["allocation.all.current"] == 0, "the free returned the block")
     expect(st["reserved_bytes.all.current"] == 2 << 20, "the segment stays cached")
@@ -69,13 +95,13 @@ def main():
     expect(lib.sp_mempool_use_count(pool) == 1, "use count 1 after create")
     spc.check(lib, lib.sp_mempool_begin(pool), "sp_mempool_begin")
     expect(lib.sp_mempool_use_count(pool) == 2, "use count 2 inside begin")
-    q = lib.sp_torch_malloc(3000, 0, None)
+    q = sp_malloc(3000)
     spc.check(lib, lib.sp_mempool_end(pool), "sp_mempool_end")
-    expect(q is not None, "routed sp_torch_malloc")
+    expect(q is not None, "routed sp_malloc")
     expect(lib.sp_mempool_used_bytes(pool) == 3072, f"pool used 3072: {lib.sp_mempool_used_bytes(pool)}")
     default = lib.sp_default_mempool(0)
     expect(lib.sp_mempool_used_bytes(default) == 0, "default pool untouched")
-    lib.sp_torch_free(q, 3000, 0, None)
+    sp_free(q)
     expect(lib.sp_mempool_used_bytes(pool) == 0, "block back in its pool")
     expect(lib.sp_mempool_n_free_blocks(pool) == 1, "one free block in the pool")
     spc.check(lib, lib.sp_mempool_destroy(pool), "sp_mempool_destroy")
@@ -100,14 +126,14 @@ def main():
     segs = spc.Allocator(spc.ALLOC_FN(seg_alloc), spc.FREE_FN(seg_free), None)
     ppool = spc.create_pool(lib, "python-segments", allocator=segs)
     spc.check(lib, lib.sp_mempool_begin(ppool), "sp_mempool_begin")
-    small = lib.sp_torch_malloc(100_000, 0, None)
-    huge = lib.sp_torch_malloc((11 << 20) + 1, 0, None)  # fills a 12 MiB segment exactly
-    large = lib.sp_torch_malloc(3 << 20, 0, None)
+    small = sp_malloc(100_000)
+    huge = sp_malloc((11 << 20) + 1)  # fills a 12 MiB segment exactly
+    large = sp_malloc(3 << 20)
     spc.check(lib, lib.sp_mempool_end(ppool), "sp_mempool_end")
     sizes = [c[1] for c in calls["alloc"]]
     expect(sizes == [2 << 20, 12 << 20, 20 << 20], f"segment sizes 2, 12, 20 MiB: {sizes}")
     for ptr, size in ((small, 100_000), (large, 3 << 20), (huge, (11 << 20) + 1)):
-        lib.sp_torch_free(ptr, size, 0, None)
+        sp_free(ptr)
     expect(calls["free"] == [], "freed blocks stay cached in the pool")
     spc.check(lib, lib.sp_mempool_destroy(ppool), "sp_mempool_destroy")
     expect(sorted(calls["free"]) == sorted(calls["alloc"]),
@@ -116,12 +142,12 @@ def main():
     # Size 0 is NULL without an error; a failure is NULL with a message (and one WARN line).
     expect(lib.sp_torch_malloc(0, 0, None) is None, "size 0 gives NULL")
     print("ctypes_smoke: an unknown device must fail; the WARN line below is expected")
-    bad = lib.sp_torch_malloc(4096, 99, None)
+    bad = sp_malloc(4096, 99)
     expect(bad is None, "device 99 gives NULL")
     expect(lib.sp_last_error().decode() != "", "the failure left a message in sp_last_error")
 
-    spc.check(lib, lib.sp_empty_cache(), "sp_empty_cache")
-    expect(lib.sp_memory_reserved(0) == 0, "empty_cache released everything")
+    lib.sp_torch_empty_cache()  # what torch.cuda.empty_cache() calls through set_reset_fn
+    expect(lib.sp_memory_reserved(0) == 0, "sp_torch_empty_cache released everything")
     spc.check(lib, lib.sp_shutdown(), "sp_shutdown")
 
     if failures:

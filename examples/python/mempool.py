@@ -36,7 +36,7 @@ def main():
         return stop.code
 
     dev = torch.cuda.current_device()
-    allocator = torch.cuda.memory.CUDAPluggableAllocator(path, "sp_torch_malloc", "sp_torch_free")
+    allocator = common.pluggable_allocator(torch, path, lib)  # + record_stream, empty_cache
     pool = torch.cuda.MemPool(allocator.allocator())
     print(f"mempool: torch {torch.__version__}, {torch.cuda.get_device_name(dev)}, pool id {pool.id}, "
           f"use_count {pool.use_count()}")

@@ -33,7 +33,7 @@ def main():
         return stop.code
 
     # Must come before the first CUDA allocation of the process.
-    allocator = torch.cuda.memory.CUDAPluggableAllocator(path, "sp_torch_malloc", "sp_torch_free")
+    allocator = common.pluggable_allocator(torch, path, lib)  # + record_stream, empty_cache
     torch.cuda.memory.change_current_allocator(allocator)
     dev = torch.cuda.current_device()
     print(f"pluggable_allocator: torch {torch.__version__}, {torch.cuda.get_device_name(dev)}, "

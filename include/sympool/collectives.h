@@ -44,10 +44,13 @@ typedef enum {
 } sp_dtype_t;
 
 /**
- * Reductions; every one is accepted for every dtype. SP_AVG is the sum divided by the number of
- * ranks: in float for floating types; for integers the sum in the element type (wrapping as
- * MPI_SUM/ncclSum do) followed by C's truncating division. MIN/MAX of fp16/bf16 propagate NaN
- * and order -0 < +0; for float32/float64 NaN handling is MPI's or NCCL's.
+ * Reductions; every one is accepted for every dtype. SP_AVG has NCCL's ncclAvg semantics on
+ * both backends: for floating types each rank's value is multiplied by 1/n rounded to the
+ * element type (bf16(1/3) = 0.333984375, so three ranks' bf16 100.0 average to 100.5), the
+ * product rounded to the type, and the products summed as SP_SUM sums them; for integers the sum
+ * in the element type (wrapping as MPI_SUM/ncclSum do) followed by C's truncating division. For
+ * an exact mean of floats, sum with SP_SUM and scale once yourself. MIN/MAX of fp16/bf16 propagate
+ * NaN and order -0 < +0; for float32/float64 NaN handling is MPI's or NCCL's.
  */
 typedef enum { SP_SUM, SP_PROD, SP_MIN, SP_MAX, SP_AVG } sp_redop_t;
 

@@ -86,10 +86,16 @@ sp_status_t sp_get_memory_info(int device, size_t *free_p, size_t *total_p);
 /** Create a stream on @p device. @return SP_SUCCESS, SP_ERR_INVALID_ARGUMENT, SP_ERR_DEVICE. */
 sp_status_t sp_stream_create(int device, sp_stream_t *stream_p);
 
-/** Destroy a stream made by sp_stream_create. NULL (the default stream) is rejected. */
+/** Destroy a stream made by sp_stream_create. NULL (the default stream) is rejected. Waits for
+ * the stream's queued work first: a stream created later may get the same handle, which is the
+ * cache's key for the blocks freed on this one. */
 sp_status_t sp_stream_destroy(sp_stream_t stream);
 
-/** Wait until all work queued on @p stream has completed (on host: completes its events). */
+/** Wait until all work queued on @p stream has completed (on host: completes its events).
+ * NULL: the default stream of every device this process uses (a device it never used is not
+ * touched). Streams: on cuda any valid CUDA stream (PyTorch's too); cudaStreamLegacy is the
+ * default stream (NULL); cudaStreamPerThread is refused by sp_malloc and sp_record_stream, as it
+ * names a different stream on every thread. */
 sp_status_t sp_stream_synchronize(sp_stream_t stream);
 
 #ifdef __cplusplus

@@ -2,19 +2,44 @@
  * cuda.c: the CUDA runtime backend. Compiled only when the build found the CUDA toolkit
  * (SP_HAVE_CUDA); without it sp__device_cuda_ops() is NULL and sp__device_cuda_available() false.
  *
+ * Devices are set up on first use, never before. init only counts devices and asks the driver
+ * for attributes (no context); total memory comes from cuDeviceTotalMem, which needs no context
+ * either. A device gets a context when sympool first does something on it (an allocation, a
+ * stream, an event), and calls that sweep "every device" (sp_stream_synchronize(NULL), fini)
+ * skip a device whose primary context is not active: with 8 ranks on an 8-GPU node each GPU
+ * carries one context, and exclusive-process mode works. Driver entry points are obtained
+ * through cudaGetDriverEntryPointByVersion: libcuda.so.1 is never linked, so a machine without
+ * a driver still loads the library and runs the host backend.
+ *
  * Every op that names a device runs under a device guard: it makes `device` current and puts the
  * caller's current device back afterwards, so the allocator never changes the application's
  * device behind its back. CUDA errors are translated here, at the one place each call is made:
  * cudaErrorMemoryAllocation becomes SP_ERR_OUT_OF_MEMORY (quiet: the allocator frees its cache
- * and retries), anything else SP_ERR_DEVICE with "cudaErrorX: description". The sticky error is
- * cleared with cudaGetLastError() either way so it cannot surface in an unrelated later call.
+ * and retries), anything else SP_ERR_DEVICE with "cudaErrorX: description". A failed call also
+ * leaves its code in the runtime's last-error slot; we take it out (only when the slot holds
+ * that same code, so an older pending error of the application stays for it to see) so that it
+ * does not resurface in an unrelated later cudaGetLastError. A sticky error (illegal address, a
+ * kernel fault) cannot be cleared: every later call in the context fails, and the message says
+ * that the process must restart. A successful call never touches the slot.
+ *
+ * CUDA graphs: calls that are illegal under global stream-capture mode (cudaMalloc, cudaFree,
+ * cudaEventQuery, cudaEventSynchronize, event creation) run with this thread's capture mode
+ * exchanged for cudaStreamCaptureModeRelaxed and restored after, as PyTorch does around its
+ * cudaMalloc; so another thread's capture is not invalidated by an allocator refill. Recording an
+ * allocator event or synchronizing a stream that is itself capturing is refused with
+ * SP_ERR_NOT_SUPPORTED (it would become a node of the graph, or break the capture); the
+ * allocator then defers the event of such a free until the capture ended (release.c). Memory a
+ * graph uses must outlive the graph: allocate it from a MemPool kept for the graph's life, as
+ * torch.cuda.graph(pool=...) does.
  *
  * Events are created with cudaEventDisableTiming and pooled per device (a free list), so the
  * allocator's record-on-free path does not pay cudaEventCreate. Lock: one mutex per device guards
  * its event pool; CUDA itself is thread-safe. g_cuda is written only by init/fini, which
- * sp__device_select serializes.
+ * sp__device_select serializes; `used` is atomic.
  */
 #include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -27,31 +52,130 @@
 #include <cuda_runtime.h>
 
 typedef struct cuda_dev {
+    atomic_bool used;   /* sympool made this device current once (it has a context now) */
     pthread_mutex_t mu; /* guards the pool below */
     cudaEvent_t *pool;  /* pooled events, [0, npool); mu */
     size_t npool;       /* pooled events; mu */
     size_t pool_cap;    /* capacity of `pool` in entries; mu */
 } cuda_dev_t;
 
+/* Driver entry points (NULL when the driver did not hand one out). */
+typedef CUresult (*cu_device_get_fn)(CUdevice *, int);
+typedef CUresult (*cu_device_attr_fn)(int *, CUdevice_attribute, CUdevice);
+typedef CUresult (*cu_total_mem_fn)(size_t *, CUdevice);
+typedef CUresult (*cu_ctx_state_fn)(CUdevice, unsigned int *, int *);
+
 static struct {
-    int count;        /* devices; 0 when not initialized */
-    cuda_dev_t *devs; /* [count] */
+    int count;                  /* devices; 0 when not initialized */
+    cuda_dev_t *devs;           /* [count] */
+    cu_device_get_fn get_dev;   /* cuDeviceGet */
+    cu_device_attr_fn get_attr; /* cuDeviceGetAttribute */
+    cu_total_mem_fn total_mem;  /* cuDeviceTotalMem (the _v2 the runtime maps it to) */
+    cu_ctx_state_fn ctx_state;  /* cuDevicePrimaryCtxGetState */
 } g_cuda;
 
-/* Translate a CUDA failure at the call site; clears the sticky error. */
+/* Errors after which the context is unusable: every later call returns them again. */
+static bool is_sticky(cudaError_t err) {
+    switch (err) {
+    case cudaErrorIllegalAddress:
+    case cudaErrorLaunchFailure:
+    case cudaErrorHardwareStackError:
+    case cudaErrorIllegalInstruction:
+    case cudaErrorMisalignedAddress:
+    case cudaErrorInvalidAddressSpace:
+    case cudaErrorInvalidPc:
+    case cudaErrorAssert:
+    case cudaErrorLaunchTimeout:
+    case cudaErrorECCUncorrectable:
+        return true;
+    default:
+        return false;
+    }
+}
+
+/* Take our own failure out of the runtime's last-error slot, leaving anything else there. */
+static void drop_last_error(cudaError_t err) {
+    if (cudaPeekAtLastError() == err)
+        (void)cudaGetLastError();
+}
+
+/* Translate a CUDA failure at the call site. */
 static sp_status_t cuda_fail(cudaError_t err, const char *file, int line, const char *what) {
-    (void)cudaGetLastError();
+    drop_last_error(err);
     if (err == cudaErrorMemoryAllocation)
         return sp__error_quiet_at(SP_ERR_OUT_OF_MEMORY, SP_SUB_DEVICE, file, line, "%s: %s: %s",
                                   what, cudaGetErrorName(err), cudaGetErrorString(err));
-    return sp__error_at(SP_ERR_DEVICE, SP_SUB_DEVICE, file, line, "%s: %s: %s", what,
-                        cudaGetErrorName(err), cudaGetErrorString(err));
+    return sp__error_at(SP_ERR_DEVICE, SP_SUB_DEVICE, file, line, "%s: %s: %s%s", what,
+                        cudaGetErrorName(err), cudaGetErrorString(err),
+                        is_sticky(err) ? " (a sticky error: this process's CUDA context is "
+                                         "unusable from now on; the process must restart)"
+                                       : "");
+}
+
+/* Relaxed stream-capture mode for this thread around one capture-unsafe call. */
+static enum cudaStreamCaptureMode relax_enter(void) {
+    enum cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
+    cudaError_t err = cudaThreadExchangeStreamCaptureMode(&mode);
+    if (err != cudaSuccess) {
+        drop_last_error(err);
+        return cudaStreamCaptureModeRelaxed; /* nothing to restore */
+    }
+    return mode;
+}
+
+static void relax_exit(enum cudaStreamCaptureMode mode) {
+    if (mode == cudaStreamCaptureModeRelaxed)
+        return;
+    cudaError_t err = cudaThreadExchangeStreamCaptureMode(&mode);
+    if (err != cudaSuccess)
+        drop_last_error(err);
+}
+
+static sp_status_t cuda_stream_capturing(int device, sp_dev_stream_t stream, bool *capturing_p) {
+    (void)device; /* a stream carries its device; the query needs no guard */
+    enum cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
+    cudaError_t err = cudaStreamIsCapturing((cudaStream_t)stream, &st);
+    if (err == cudaErrorStreamCaptureImplicit) {
+        drop_last_error(err);
+        *capturing_p = true; /* the legacy stream while another blocking stream captures */
+        return SP_SUCCESS;
+    }
+    if (err != cudaSuccess)
+        return cuda_fail(err, __FILE__, __LINE__, "cudaStreamIsCapturing");
+    *capturing_p = st != cudaStreamCaptureStatusNone;
+    return SP_SUCCESS;
+}
+
+/* SP_ERR_NOT_SUPPORTED when `stream` is capturing a graph (see the file comment); quiet when the
+ * allocator handles it (event records: it defers the event), logged otherwise. */
+static sp_status_t refuse_if_capturing(sp_dev_stream_t stream, const char *what, bool quiet) {
+    bool capturing = false;
+    SP_CHECK(cuda_stream_capturing(-1, stream, &capturing));
+    if (!capturing)
+        return SP_SUCCESS;
+    if (quiet)
+        return sp__error_quiet(SP_ERR_NOT_SUPPORTED, SP_SUB_DEVICE,
+                               "%s on stream %p: the stream is capturing a CUDA graph", what,
+                               stream);
+    return sp__error(SP_ERR_NOT_SUPPORTED, SP_SUB_DEVICE,
+                     "%s on stream %p: the stream is capturing a CUDA graph; sympool cannot order "
+                     "a free against captured work (keep blocks used in a graph allocated until "
+                     "the capture ends, e.g. in a MemPool that outlives the graph)",
+                     what, stream);
 }
 #define CU_TRY(call)                                                                               \
     do {                                                                                           \
         cudaError_t cu_e_ = (call);                                                                \
         if (SP_UNLIKELY(cu_e_ != cudaSuccess))                                                     \
             return cuda_fail(cu_e_, __FILE__, __LINE__, #call);                                    \
+    } while (0)
+/* A result already in hand (the call ran in relaxed capture mode): translate, leave via `out`. */
+#define CU_CHECK_OUT(err, what, res)                                                               \
+    do {                                                                                           \
+        if (SP_UNLIKELY((err) != cudaSuccess)) {                                                   \
+            (res) = cuda_fail((err), __FILE__, __LINE__, (what));                                  \
+            goto out;                                                                              \
+        }                                                                                          \
     } while (0)
 /* Inside a guarded region: translate, then leave through `out` so the guard is restored. */
 #define CU_TRY_OUT(call, res)                                                                      \
@@ -71,25 +195,58 @@ static sp_status_t guard_enter(int device, int *prev_p) {
     int prev = -1;
     CU_TRY(cudaGetDevice(&prev));
     if (prev != device)
-        CU_TRY(cudaSetDevice(device));
+        CU_TRY(cudaSetDevice(device)); /* CUDA >= 12: makes the primary context if needed */
+    if (SP_UNLIKELY(!atomic_load_explicit(&g_cuda.devs[device].used, memory_order_relaxed)))
+        atomic_store_explicit(&g_cuda.devs[device].used, true, memory_order_relaxed);
     *prev_p = prev;
     return SP_SUCCESS;
 }
 
+/* Whether the process has a context on `device` (made by sympool or by the application), asked
+ * without making one. Unknown (no driver entry point) counts as yes. */
+static bool device_active(int device) {
+    if (atomic_load_explicit(&g_cuda.devs[device].used, memory_order_relaxed))
+        return true;
+    if (!g_cuda.get_dev || !g_cuda.ctx_state)
+        return true;
+    CUdevice cud;
+    unsigned int flags = 0;
+    int active = 0;
+    if (g_cuda.get_dev(&cud, device) != CUDA_SUCCESS ||
+        g_cuda.ctx_state(cud, &flags, &active) != CUDA_SUCCESS)
+        return true;
+    return active != 0;
+}
+
 static void guard_exit(int device, int prev) {
-    if (prev != device && prev >= 0 && cudaSetDevice(prev) != cudaSuccess)
-        (void)cudaGetLastError();
+    if (prev != device && prev >= 0) {
+        cudaError_t err = cudaSetDevice(prev);
+        if (err != cudaSuccess)
+            drop_last_error(err);
+    }
 }
 
 static void cuda_vmm_caps(int ndev, sp_device_caps_t *caps);
 
 /* ---- init / fini -------------------------------------------------------------------------- */
 
+/* One driver entry point, or NULL (an old driver, or none). */
+static void *driver_fn(const char *name) {
+    void *fn = NULL;
+    enum cudaDriverEntryPointQueryResult q = cudaDriverEntryPointSymbolNotFound;
+    cudaError_t err = cudaGetDriverEntryPointByVersion(name, &fn, 12000, cudaEnableDefault, &q);
+    if (err != cudaSuccess) {
+        drop_last_error(err);
+        return NULL;
+    }
+    return q == cudaDriverEntryPointSuccess ? fn : NULL;
+}
+
 static sp_status_t cuda_init(sp_device_caps_t *caps_p) {
     int n = 0;
-    cudaError_t err = cudaGetDeviceCount(&n);
+    cudaError_t err = cudaGetDeviceCount(&n); /* initializes the driver, makes no context */
     if (err != cudaSuccess) {
-        (void)cudaGetLastError();
+        drop_last_error(err);
         /* Every later call retries the selection and fails the same way: warn once per
          * process, then say it at INFO (the status and last-error text are the same). */
         static bool warned; /* sp__device_select serializes init */
@@ -106,30 +263,20 @@ static sp_status_t cuda_init(sp_device_caps_t *caps_p) {
     cuda_dev_t *devs = calloc((size_t)n, sizeof(*devs));
     if (!devs)
         return sp__error(SP_ERR_SYSTEM, SP_SUB_DEVICE, "cannot allocate %d device records", n);
+    g_cuda.get_dev = (cu_device_get_fn)driver_fn("cuDeviceGet");
+    g_cuda.get_attr = (cu_device_attr_fn)driver_fn("cuDeviceGetAttribute");
+    g_cuda.total_mem = (cu_total_mem_fn)driver_fn("cuDeviceTotalMem");
+    g_cuda.ctx_state = (cu_ctx_state_fn)driver_fn("cuDevicePrimaryCtxGetState");
     bool vmm = true;
-    CUresult (*get_dev)(CUdevice *, int) = NULL;
-    CUresult (*get_attr)(int *, CUdevice_attribute, CUdevice) = NULL;
-    void *fn = NULL;
-    enum cudaDriverEntryPointQueryResult q;
-    if (cudaGetDriverEntryPointByVersion("cuDeviceGet", &fn, 12000, cudaEnableDefault, &q) ==
-            cudaSuccess &&
-        q == cudaDriverEntryPointSuccess)
-        get_dev = (CUresult(*)(CUdevice *, int))fn;
-    if (cudaGetDriverEntryPointByVersion("cuDeviceGetAttribute", &fn, 12000, cudaEnableDefault,
-                                         &q) == cudaSuccess &&
-        q == cudaDriverEntryPointSuccess)
-        get_attr = (CUresult(*)(int *, CUdevice_attribute, CUdevice))fn;
-    (void)cudaGetLastError();
     for (int d = 0; d < n; d++) {
         pthread_mutex_init(&devs[d].mu, NULL);
-        /* No runtime attribute for VMM: ask the driver, through an entry point the runtime
-         * hands out, so that sympool does not link libcuda.so.1 (absent on GPU-less machines,
-         * where the library must still load and run on the host backend). */
+        atomic_init(&devs[d].used, false);
+        /* No runtime attribute for VMM: ask the driver (attributes need no context). */
         int v = 0;
-        if (get_attr && get_dev) {
+        if (g_cuda.get_attr && g_cuda.get_dev) {
             CUdevice cud;
-            if (get_dev(&cud, d) != CUDA_SUCCESS ||
-                get_attr(&v, CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED, cud) !=
+            if (g_cuda.get_dev(&cud, d) != CUDA_SUCCESS ||
+                g_cuda.get_attr(&v, CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED, cud) !=
                     CUDA_SUCCESS)
                 v = 0;
         }
@@ -150,13 +297,19 @@ static sp_status_t cuda_init(sp_device_caps_t *caps_p) {
 static void cuda_fini(void) {
     for (int d = 0; d < g_cuda.count; d++) {
         cuda_dev_t *dev = &g_cuda.devs[d];
-        int prev = -1;
-        bool guarded = guard_enter(d, &prev) == SP_SUCCESS;
-        for (size_t i = 0; i < dev->npool; i++)
-            if (cudaEventDestroy(dev->pool[i]) != cudaSuccess)
-                (void)cudaGetLastError();
-        if (guarded)
-            guard_exit(d, prev);
+        /* Only a device with pooled events is visited: the others need nothing, and visiting
+         * them would make a context there. */
+        if (dev->npool > 0) {
+            int prev = -1;
+            bool guarded = guard_enter(d, &prev) == SP_SUCCESS;
+            for (size_t i = 0; i < dev->npool; i++) {
+                cudaError_t err = cudaEventDestroy(dev->pool[i]);
+                if (err != cudaSuccess)
+                    drop_last_error(err);
+            }
+            if (guarded)
+                guard_exit(d, prev);
+        }
         free(dev->pool);
         pthread_mutex_destroy(&dev->mu);
     }
@@ -172,7 +325,10 @@ static sp_status_t cuda_mem_alloc(int device, size_t size, void **ptr_p) {
     SP_CHECK(guard_enter(device, &prev));
     sp_status_t res = SP_SUCCESS;
     void *p = NULL;
-    CU_TRY_OUT(cudaMalloc(&p, size), res);
+    enum cudaStreamCaptureMode mode = relax_enter();
+    cudaError_t err = cudaMalloc(&p, size);
+    relax_exit(mode);
+    CU_CHECK_OUT(err, "cudaMalloc", res);
     *ptr_p = p;
 out:
     guard_exit(device, prev);
@@ -184,7 +340,10 @@ static sp_status_t cuda_mem_free(int device, void *ptr, size_t size) {
     int prev = -1;
     SP_CHECK(guard_enter(device, &prev));
     sp_status_t res = SP_SUCCESS;
-    CU_TRY_OUT(cudaFree(ptr), res);
+    enum cudaStreamCaptureMode mode = relax_enter();
+    cudaError_t err = cudaFree(ptr);
+    relax_exit(mode);
+    CU_CHECK_OUT(err, "cudaFree", res);
 out:
     guard_exit(device, prev);
     return res;
@@ -201,6 +360,25 @@ static sp_status_t cuda_mem_get_info(int device, size_t *free_p, size_t *total_p
 out:
     guard_exit(device, prev);
     return res;
+}
+
+/* Total memory without a context (cuDeviceTotalMem); falls back to cudaMemGetInfo, which makes
+ * one, only when the driver handed out no entry point. */
+static sp_status_t cuda_mem_total(int device, size_t *total_p) {
+    if (SP_UNLIKELY(device < 0 || device >= g_cuda.count))
+        return sp__error(SP_ERR_INVALID_ARGUMENT, SP_SUB_DEVICE,
+                         "cuda device %d does not exist (%d visible)", device, g_cuda.count);
+    CUdevice cud;
+    size_t t = 0;
+    if (g_cuda.get_dev && g_cuda.total_mem && g_cuda.get_dev(&cud, device) == CUDA_SUCCESS &&
+        g_cuda.total_mem(&t, cud) == CUDA_SUCCESS && t > 0) {
+        *total_p = t;
+        return SP_SUCCESS;
+    }
+    size_t f = 0;
+    SP_CHECK(cuda_mem_get_info(device, &f, &t));
+    *total_p = t;
+    return SP_SUCCESS;
 }
 
 /* ---- streams ------------------------------------------------------------------------------ */
@@ -221,6 +399,10 @@ static sp_status_t cuda_stream_destroy(int device, sp_dev_stream_t stream) {
     int prev = -1;
     SP_CHECK(guard_enter(device, &prev));
     sp_status_t res = SP_SUCCESS;
+    /* cudaStreamDestroy returns while queued work still runs, and a stream created next may get
+     * the same handle, which is the allocator's cache key: blocks freed on the old stream would
+     * then be handed to the new one unordered with that work. Wait for it first. */
+    CU_TRY_OUT(cudaStreamSynchronize((cudaStream_t)stream), res);
     CU_TRY_OUT(cudaStreamDestroy((cudaStream_t)stream), res);
 out:
     guard_exit(device, prev);
@@ -228,6 +410,14 @@ out:
 }
 
 static sp_status_t cuda_stream_sync(int device, sp_dev_stream_t stream) {
+    if (SP_UNLIKELY(device < 0 || device >= g_cuda.count))
+        return sp__error(SP_ERR_INVALID_ARGUMENT, SP_SUB_DEVICE,
+                         "cuda device %d does not exist (%d visible)", device, g_cuda.count);
+    /* The default stream of a device this process never used has nothing queued; making a
+     * context there to learn that would be the harm item of "every device". */
+    if (stream == NULL && !device_active(device))
+        return SP_SUCCESS;
+    SP_CHECK(refuse_if_capturing(stream, "stream synchronize", false));
     int prev = -1;
     SP_CHECK(guard_enter(device, &prev));
     sp_status_t res = SP_SUCCESS;
@@ -241,9 +431,10 @@ static sp_status_t cuda_stream_device(sp_dev_stream_t stream, int *device_p) {
     int d = -1;
     cudaError_t err = cudaStreamGetDevice((cudaStream_t)stream, &d);
     if (err != cudaSuccess) {
-        (void)cudaGetLastError();
-        return sp__error(SP_ERR_INVALID_ARGUMENT, SP_SUB_DEVICE, "%p is not a CUDA stream: %s: %s",
-                         stream, cudaGetErrorName(err), cudaGetErrorString(err));
+        drop_last_error(err);
+        return sp__error(SP_ERR_INVALID_ARGUMENT, SP_SUB_DEVICE,
+                         "%p is not a valid CUDA stream: %s: %s", stream, cudaGetErrorName(err),
+                         cudaGetErrorString(err));
     }
     *device_p = d;
     return SP_SUCCESS;
@@ -261,8 +452,12 @@ static sp_status_t cuda_event_create(int device, sp_dev_event_t *event_p) {
     if (dev->npool > 0)
         e = dev->pool[--dev->npool];
     pthread_mutex_unlock(&dev->mu);
-    if (!e)
-        CU_TRY_OUT(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), res);
+    if (!e) {
+        enum cudaStreamCaptureMode mode = relax_enter();
+        cudaError_t err = cudaEventCreateWithFlags(&e, cudaEventDisableTiming);
+        relax_exit(mode);
+        CU_CHECK_OUT(err, "cudaEventCreateWithFlags", res);
+    }
     *event_p = (sp_dev_event_t)e;
 out:
     guard_exit(device, prev);
@@ -293,13 +488,17 @@ static sp_status_t cuda_event_destroy(int device, sp_dev_event_t event) {
     int prev = -1;
     SP_CHECK(guard_enter(device, &prev));
     sp_status_t res = SP_SUCCESS;
-    CU_TRY_OUT(cudaEventDestroy((cudaEvent_t)event), res);
+    enum cudaStreamCaptureMode mode = relax_enter();
+    cudaError_t err = cudaEventDestroy((cudaEvent_t)event);
+    relax_exit(mode);
+    CU_CHECK_OUT(err, "cudaEventDestroy", res);
 out:
     guard_exit(device, prev);
     return res;
 }
 
 static sp_status_t cuda_event_record(int device, sp_dev_event_t event, sp_dev_stream_t stream) {
+    SP_CHECK(refuse_if_capturing(stream, "recording the allocator's event", true));
     int prev = -1;
     SP_CHECK(guard_enter(device, &prev));
     sp_status_t res = SP_SUCCESS;
@@ -311,13 +510,18 @@ out:
 
 static sp_status_t cuda_event_query(int device, sp_dev_event_t event, bool *done_p) {
     (void)device; /* events carry their device; querying needs no guard */
+    /* Our events are never recorded on a capturing stream (cuda_event_record refuses), so a
+     * query is legal during another thread's capture once this thread is in relaxed mode. */
+    enum cudaStreamCaptureMode mode = relax_enter();
     cudaError_t err = cudaEventQuery((cudaEvent_t)event);
+    relax_exit(mode);
     if (err == cudaSuccess) {
         *done_p = true;
         return SP_SUCCESS;
     }
     if (err == cudaErrorNotReady) {
-        (void)cudaGetLastError(); /* not an error, but keep the sticky slot clean */
+        /* Not an error: the runtime does not keep it as the last error, so nothing to take out
+         * (and wiping the slot here would eat an error the application has yet to read). */
         *done_p = false;
         return SP_SUCCESS;
     }
@@ -326,7 +530,11 @@ static sp_status_t cuda_event_query(int device, sp_dev_event_t event, bool *done
 
 static sp_status_t cuda_event_sync(int device, sp_dev_event_t event) {
     (void)device;
-    CU_TRY(cudaEventSynchronize((cudaEvent_t)event));
+    enum cudaStreamCaptureMode mode = relax_enter();
+    cudaError_t err = cudaEventSynchronize((cudaEvent_t)event);
+    relax_exit(mode);
+    if (err != cudaSuccess)
+        return cuda_fail(err, __FILE__, __LINE__, "cudaEventSynchronize");
     return SP_SUCCESS;
 }
 
@@ -391,17 +599,6 @@ static struct {
     cuda_resv_t *resv;       /* live reservations; mu */
     size_t nresv, cap_resv;  /* mu */
 } g_vmm = {.mu = PTHREAD_MUTEX_INITIALIZER};
-
-static void *driver_fn(const char *name) {
-    void *fn = NULL;
-    enum cudaDriverEntryPointQueryResult q;
-    if (cudaGetDriverEntryPointByVersion(name, &fn, 12000, cudaEnableDefault, &q) != cudaSuccess ||
-        q != cudaDriverEntryPointSuccess) {
-        (void)cudaGetLastError();
-        return NULL;
-    }
-    return fn;
-}
 
 /* Look the entry points up once (g_vmm.mu held); false if any is missing. */
 static bool vmm_load(void) {
@@ -673,9 +870,11 @@ static const sp_device_ops_t cuda_ops = {
     .mem_alloc = cuda_mem_alloc,
     .mem_free = cuda_mem_free,
     .mem_get_info = cuda_mem_get_info,
+    .mem_total = cuda_mem_total,
     .stream_create = cuda_stream_create,
     .stream_destroy = cuda_stream_destroy,
     .stream_sync = cuda_stream_sync,
+    .stream_capturing = cuda_stream_capturing,
     .stream_device = cuda_stream_device,
     .device_sync = cuda_device_sync,
     .event_create = cuda_event_create,
@@ -691,7 +890,8 @@ static const sp_device_ops_t cuda_ops = {
 };
 
 static pthread_once_t g_probe_once = PTHREAD_ONCE_INIT;
-static bool g_probe_ok; /* written once under g_probe_once */
+static bool g_probe_ok;         /* written once under g_probe_once */
+static char g_probe_error[256]; /* why the probe failed; written once under g_probe_once */
 
 /* Whether a GPU answers. "CUDA driver version is insufficient" is the normal answer on a
  * machine without a GPU, so the failure is logged at INFO, and the thread's last error is left
@@ -700,14 +900,17 @@ static void probe(void) {
     int n = 0;
     cudaError_t err = cudaGetDeviceCount(&n);
     if (err != cudaSuccess) {
-        (void)cudaGetLastError();
-        SP_INFO(SP_SUB_DEVICE, "no usable GPU: cudaGetDeviceCount: %s: %s", cudaGetErrorName(err),
-                cudaGetErrorString(err));
+        drop_last_error(err);
+        snprintf(g_probe_error, sizeof g_probe_error, "cudaGetDeviceCount: %s: %s",
+                 cudaGetErrorName(err), cudaGetErrorString(err));
+        SP_INFO(SP_SUB_DEVICE, "no usable GPU: %s", g_probe_error);
         g_probe_ok = false;
         return;
     }
-    if (n <= 0)
-        SP_INFO(SP_SUB_DEVICE, "no usable GPU: cudaGetDeviceCount found 0 devices");
+    if (n <= 0) {
+        snprintf(g_probe_error, sizeof g_probe_error, "cudaGetDeviceCount found 0 devices");
+        SP_INFO(SP_SUB_DEVICE, "no usable GPU: %s", g_probe_error);
+    }
     g_probe_ok = n > 0;
 }
 
@@ -720,6 +923,11 @@ bool sp__device_cuda_available(void) {
     return g_probe_ok;
 }
 
+const char *sp__device_cuda_probe_error(void) {
+    pthread_once(&g_probe_once, probe);
+    return g_probe_error;
+}
+
 #else /* !SP_HAVE_CUDA */
 
 const sp_device_ops_t *sp__device_cuda_ops(void) {
@@ -728,6 +936,10 @@ const sp_device_ops_t *sp__device_cuda_ops(void) {
 
 bool sp__device_cuda_available(void) {
     return false;
+}
+
+const char *sp__device_cuda_probe_error(void) {
+    return "this sympool was built without CUDA";
 }
 
 #endif /* SP_HAVE_CUDA */

@@ -11,6 +11,10 @@
  * and reports the final OOM itself).
  *
  * Thread safety: every op may be called from any thread concurrently.
+ *
+ * Laziness: init and mem_total must not set a device up (no CUDA context); a device is set up by
+ * the first op that works on it. stream_sync(device, NULL) on a device the process never used
+ * returns at once without setting it up.
  */
 #ifndef SP_DEVICE_H
 #define SP_DEVICE_H
@@ -53,11 +57,17 @@ typedef struct sp_device_ops {
     sp_status_t (*mem_free)(int device, void *ptr, size_t size);
     /* Free and total bytes of the device (host: capacity minus what mem_alloc handed out). */
     sp_status_t (*mem_get_info)(int device, size_t *free_p, size_t *total_p);
+    /* Total bytes of the device without setting it up (cuda: cuDeviceTotalMem, no context;
+     * host: the capacity). What the allocator reads at init for every device. */
+    sp_status_t (*mem_total)(int device, size_t *total_p);
 
     sp_status_t (*stream_create)(int device, sp_dev_stream_t *stream_p);
     sp_status_t (*stream_destroy)(int device, sp_dev_stream_t stream);
     /* Wait for everything queued on the stream. host: completes the stream's recorded events. */
     sp_status_t (*stream_sync)(int device, sp_dev_stream_t stream);
+    /* Whether the stream is capturing a CUDA graph (host: never). NULL stream: the legacy default
+     * stream, which counts as capturing while another blocking stream captures. */
+    sp_status_t (*stream_capturing)(int device, sp_dev_stream_t stream, bool *capturing_p);
     /* Which device a stream belongs to (host: recorded at creation); SP_ERR_INVALID_ARGUMENT for
      * a handle the backend did not make. NULL (default stream) is not asked. */
     sp_status_t (*stream_device)(sp_dev_stream_t stream, int *device_p);
@@ -68,6 +78,8 @@ typedef struct sp_device_ops {
     /* Events: created without timing (cuda: cudaEventDisableTiming), pooled by the backend. */
     sp_status_t (*event_create)(int device, sp_dev_event_t *event_p);
     sp_status_t (*event_destroy)(int device, sp_dev_event_t event);
+    /* SP_ERR_NOT_SUPPORTED (quiet) when the stream is capturing a CUDA graph: the allocator then
+     * defers the record until the capture ended. */
     sp_status_t (*event_record)(int device, sp_dev_event_t event, sp_dev_stream_t stream);
     /* *done_p = true once the work before the record point has completed.
      * host: an event completes when its stream is synchronized after the record. */
@@ -124,6 +136,11 @@ void sp__device_fork_unlock(void);
 extern const sp_device_ops_t sp__device_host_ops;
 const sp_device_ops_t *sp__device_cuda_ops(void); /* NULL when built without CUDA */
 bool sp__device_cuda_available(void);
+/* Why the probe behind sp__device_cuda_available failed ("" when it did not or never ran). */
+const char *sp__device_cuda_probe_error(void);
+/* Tests: the file whose existence means "an NVIDIA driver is loaded" for auto's fallback WARN
+ * (NULL: the real one); also re-arms the once-per-process WARN. */
+void sp__device_set_driver_marker(const char *path);
 
 /* host backend inspection for tests and replay: live mem_alloc count and bytes per device. */
 size_t sp__host_live_allocations(int device);

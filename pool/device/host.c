@@ -528,6 +528,13 @@ static sp_status_t host_mem_get_info(int device, size_t *free_p, size_t *total_p
     return SP_SUCCESS;
 }
 
+static sp_status_t host_mem_total(int device, size_t *total_p) {
+    host_dev_t *dev = NULL;
+    SP_CHECK(get_dev(device, &dev));
+    *total_p = dev->capacity; /* fixed at init */
+    return SP_SUCCESS;
+}
+
 /* ---- streams ------------------------------------------------------------------------------ */
 
 static sp_status_t host_stream_create(int device, sp_dev_stream_t *stream_p) {
@@ -569,6 +576,14 @@ static sp_status_t host_stream_destroy(int device, sp_dev_stream_t stream) {
             e->stream = NULL;
     pthread_mutex_unlock(&dev->mu);
     free(stream);
+    return SP_SUCCESS;
+}
+
+/* The emulated device has no graphs: nothing ever captures. */
+static sp_status_t host_stream_capturing(int device, sp_dev_stream_t stream, bool *capturing_p) {
+    (void)device;
+    (void)stream;
+    *capturing_p = false;
     return SP_SUCCESS;
 }
 
@@ -974,9 +989,11 @@ const sp_device_ops_t sp__device_host_ops = {
     .mem_alloc = host_mem_alloc,
     .mem_free = host_mem_free,
     .mem_get_info = host_mem_get_info,
+    .mem_total = host_mem_total,
     .stream_create = host_stream_create,
     .stream_destroy = host_stream_destroy,
     .stream_sync = host_stream_sync,
+    .stream_capturing = host_stream_capturing,
     .stream_device = host_stream_device,
     .device_sync = host_device_sync,
     .event_create = host_event_create,

@@ -3,16 +3,22 @@
  * SYMPOOL_DEVICE = auto | cuda | host, initializes it and hands out its ops table and caps.
  *
  * auto picks cuda when this build has CUDA and a GPU answers (sp__device_cuda_available), else
- * host; on a machine whose driver is too old that probe fails, which is the normal case and is
- * logged at INFO only. An explicit `cuda` that cannot be had is an error with a clear message:
- * SP_ERR_NOT_SUPPORTED when the build has no CUDA, SP_ERR_DEVICE with CUDA's own text otherwise.
+ * host. Falling back is said at WARN, once per process, when the machine looks like it has an
+ * NVIDIA GPU (its kernel driver is loaded) and this build has CUDA: then the probe failed for a
+ * reason the user must hear (a driver older than the runtime, a GPU hidden by
+ * CUDA_VISIBLE_DEVICES, a broken install). On a machine without an NVIDIA driver falling back is
+ * the normal case and is said at INFO. An explicit `cuda` that cannot be had is an error with a
+ * clear message: SP_ERR_NOT_SUPPORTED when the build has no CUDA, SP_ERR_DEVICE with CUDA's own
+ * text otherwise.
  *
  * Lock: g_sel.mu guards the selection. A failed selection is not remembered, so a later call
  * (for instance after the environment was fixed) tries again. sp__device_reset calls the
  * backend's fini and forgets; the next select re-reads the options.
  */
 #include <pthread.h>
+#include <stdatomic.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "core/core.h"
 #include "pool/device/device.h"
@@ -22,6 +28,33 @@ static struct {
     const sp_device_ops_t *ops; /* selected and initialized backend, NULL if none; mu */
     sp_device_caps_t caps;      /* its capabilities; mu */
 } g_sel = {PTHREAD_MUTEX_INITIALIZER, NULL, {0}};
+
+/* The file whose presence says "an NVIDIA kernel driver is loaded" (tests point it elsewhere). */
+static const char *_Atomic g_driver_marker = "/proc/driver/nvidia/version";
+static atomic_bool g_fallback_warned; /* the WARN below is said once per process */
+
+void sp__device_set_driver_marker(const char *path) {
+    atomic_store(&g_driver_marker, path ? path : "/proc/driver/nvidia/version");
+    atomic_store(&g_fallback_warned, false);
+}
+
+/* auto chose host although this build has CUDA: say so, loudly when a GPU seems present. */
+static void report_fallback(void) {
+    const char *marker = atomic_load(&g_driver_marker);
+    bool driver = access(marker, F_OK) == 0;
+    if (!driver) {
+        SP_INFO(SP_SUB_INIT, "SYMPOOL_DEVICE=auto: no NVIDIA driver on this machine; using the "
+                             "host backend (emulated device on host memory)");
+        return;
+    }
+    if (atomic_exchange(&g_fallback_warned, true))
+        return;
+    SP_WARN(SP_SUB_INIT,
+            "SYMPOOL_DEVICE=auto: an NVIDIA driver is loaded but CUDA is not usable (%s); "
+            "falling back to the host backend, whose memory is host memory. Set "
+            "SYMPOOL_DEVICE=cuda to make this an error, or SYMPOOL_DEVICE=host to silence it",
+            sp__device_cuda_probe_error());
+}
 
 /* Initialize `ops`; on success record it as the selection. Caller holds g_sel.mu. */
 static sp_status_t start(const sp_device_ops_t *ops, const char *why) {
@@ -57,6 +90,8 @@ static sp_status_t choose(void) {
     }
     if (sp__device_cuda_available())
         return start(sp__device_cuda_ops(), "SYMPOOL_DEVICE=auto, a GPU answered");
+    if (sp__device_cuda_ops() != NULL)
+        report_fallback();
     return start(&sp__device_host_ops, "SYMPOOL_DEVICE=auto, no usable GPU");
 }
 

@@ -1,5 +1,13 @@
 // mpi_util.hpp: helpers shared by the MPI test binaries (tests/mpi/test_*.cc, each linked with
 // mpi_main.cc, which has initialized MPI): this process's rank and size in MPI_COMM_WORLD, the
+// Tests whose point is a disagreement or a difference between ranks skip at one rank (the GPU
+// check runs MPI tests at one rank: NCCL refuses two ranks on one GPU).
+#define SP_SKIP_BELOW_RANKS(n)                                                                     \
+    do {                                                                                           \
+        if (mpi_size() < (n))                                                                      \
+            GTEST_SKIP() << "needs " << (n) << " ranks; this run has " << mpi_size();              \
+    } while (0)
+
 // min and max of a value over the ranks, fixtures that own a world (and a symmetric pool) for one
 // test and release them in TearDown, and an independent fp16/bf16 reference codec. Header-only:
 // every function is inline, so any test file may include it. No state, no locks.

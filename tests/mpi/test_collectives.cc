@@ -126,6 +126,18 @@ double value(sp_dtype_t t, sp_redop_t op, int rank, size_t i) {
     return is_unsigned(t) ? v : v - 4;
 }
 
+// v rounded to the type (float types only).
+double round_to(sp_dtype_t t, double v) {
+    if (is_half(t))
+        return dec16(enc16((float)v, fmt_of(t)), fmt_of(t));
+    return t == SP_FLOAT32 ? (double)(float)v : v;
+}
+
+// ncclAvg's pre-multiplier: 1/n rounded to the type.
+double avg_scale(sp_dtype_t t, int n) {
+    return round_to(t, 1.0 / n);
+}
+
 // The expected reduction of element i over all ranks.
 double reference(sp_dtype_t t, sp_redop_t op, int n, size_t i, size_t index_base = 0) {
     double acc = value(t, op, 0, index_base + i);
@@ -150,10 +162,12 @@ double reference(sp_dtype_t t, sp_redop_t op, int n, size_t i, size_t index_base
     if (op == SP_AVG) {
         if (is_int(t))
             return std::trunc(acc / n); // integer AVG: truncating division of the sum
-        if (t == SP_FLOAT64)
-            return acc / n;
-        float q = (float)acc / (float)n; // float sum divided in float, then rounded once
-        return is_half(t) ? dec16(enc16(q, fmt_of(t)), fmt_of(t)) : (double)q;
+        // Floating AVG is ncclAvg: every value times 1/n rounded to the type, each product
+        // rounded to the type, then summed as SUM sums (halves: in float, rounded once).
+        double s = avg_scale(t, n), sum = 0;
+        for (int r = 0; r < n; r++)
+            sum += round_to(t, value(t, op, r, index_base + i) * s);
+        return t == SP_FLOAT64 ? sum : round_to(t, sum);
     }
     return acc;
 }
@@ -286,7 +300,8 @@ TEST_F(Collectives, BroadcastEveryDtypeCountRootInPlace) {
 }
 
 // fp16/bf16 SUM and AVG of random values whose float sum is exact: the result must be the exact
-// sum rounded once to nearest-even (and AVG the float quotient rounded once), bit for bit.
+// sum rounded once to nearest-even (and AVG the sum of the values pre-multiplied by the rounded
+// 1/n, each product rounded, as ncclAvg does), bit for bit.
 TEST_F(Collectives, HalfTypesRoundTheFloatResultOnce) {
     const size_t count = 4099; // odd, and large enough to cover many roundings
     for (sp_dtype_t t : {SP_FLOAT16, SP_BFLOAT16})
@@ -309,8 +324,8 @@ TEST_F(Collectives, HalfTypesRoundTheFloatResultOnce) {
             for (size_t i = 0; i < count; i++) {
                 double sum = 0;
                 for (int r = 0; r < n_; r++)
-                    sum += val(r, i);
-                double q = op == SP_SUM ? sum : (double)((float)sum / (float)n_);
+                    sum += op == SP_SUM ? val(r, i) : round_to(t, val(r, i) * avg_scale(t, n_));
+                double q = sum;
                 uint16_t want = enc16(q, f), got = ((uint16_t *)buf.p)[i];
                 ASSERT_EQ(got, want)
                     << "dtype " << t << " op " << op << " [" << i << "] sum " << sum;
@@ -348,6 +363,7 @@ TEST_F(Collectives, HalfTypesAcrossScratchChunks) {
 
 // Infinities, NaN, subnormals, overflow and signed zero through fp16/bf16 reductions.
 TEST_F(Collectives, HalfTypesSpecialValues) {
+    SP_SKIP_BELOW_RANKS(2);
     for (sp_dtype_t t : {SP_FLOAT16, SP_BFLOAT16}) {
         Fmt f = fmt_of(t);
         double tiny = dec16(1, f);                                     // smallest subnormal
@@ -399,6 +415,125 @@ TEST_F(Collectives, AllreduceOnSymmetricBuffers) {
 }
 
 // ---- argument checks: every rank returns, every rank reports ----------------------------
+
+// ---- data staged through the backend's copies: the same checks on the cuda backend ----------
+
+// The data tests above read and write buffers from the CPU, which only the host backend allows;
+// these stage every buffer with sp::copy_in/copy_out (cudaMemcpy on cuda), so on a GPU they
+// check NCCL's results for every dtype, op and in-place form against the same references.
+class CollectivesStaged : public WorldTest {
+  protected:
+    bool all_ok(bool ok) {
+        int v = ok ? 1 : 0, out = 0;
+        MPI_Allreduce(&v, &out, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+        return out == 1;
+    }
+    void sync() {
+        if (sp::on_gpu())
+            ASSERT_SP_OK(sp_stream_synchronize(nullptr));
+    }
+};
+
+TEST_F(CollectivesStaged, AllreduceAndReduceScatterEveryDtypeOp) {
+    const size_t count = 1001;
+    for (sp_dtype_t t : kAllTypes)
+        for (sp_redop_t op : kAllOps)
+            for (int in_place = 0; in_place < 2; in_place++) {
+                size_t sz = type_size(t), total = count * (size_t)n_;
+                std::vector<char> host(total * sz), out(total * sz);
+                // allreduce
+                for (size_t i = 0; i < count; i++)
+                    put(t, host.data(), i, value(t, op, rank_, i));
+                Buf send(count * sz, dev_), recv(count * sz, dev_);
+                sp::copy_in(send.p, host.data(), count * sz);
+                void *dst = in_place ? send.p : recv.p;
+                ASSERT_SP_OK(sp_allreduce(w_, send.p, dst, count, t, op, nullptr));
+                sync();
+                sp::copy_out(out.data(), dst, count * sz);
+                size_t bad = 0;
+                for (size_t i = 0; i < count; i++) {
+                    double want = reference(t, op, n_, i), got = get(t, out.data(), i);
+                    if (got != want && bad++ < 3)
+                        ADD_FAILURE()
+                            << "allreduce dtype " << t << " op " << op << " in_place " << in_place
+                            << " [" << i << "]: got " << got << " want " << want;
+                }
+                ASSERT_TRUE(all_ok(bad == 0)) << "allreduce: wrong elements on some rank";
+                // reduce_scatter
+                for (size_t j = 0; j < total; j++)
+                    put(t, host.data(), j, value(t, op, rank_, j));
+                Buf rs(total * sz, dev_), mine(count * sz, dev_);
+                sp::copy_in(rs.p, host.data(), total * sz);
+                void *rdst = in_place ? rs.c() + (size_t)rank_ * count * sz : mine.p;
+                ASSERT_SP_OK(sp_reduce_scatter(w_, rs.p, rdst, count, t, op, nullptr));
+                sync();
+                sp::copy_out(out.data(), rdst, count * sz);
+                for (size_t i = 0; i < count; i++) {
+                    double want = reference(t, op, n_, i, (size_t)rank_ * count);
+                    double got = get(t, out.data(), i);
+                    if (got != want && bad++ < 3)
+                        ADD_FAILURE()
+                            << "reduce_scatter dtype " << t << " op " << op << " in_place "
+                            << in_place << " [" << i << "]: got " << got << " want " << want;
+                }
+                ASSERT_TRUE(all_ok(bad == 0)) << "reduce_scatter: wrong elements on some rank";
+            }
+}
+
+TEST_F(CollectivesStaged, AllgatherAndBroadcastMoveEveryByte) {
+    const size_t bytes = 4099;
+    std::vector<char> host(bytes * (size_t)n_), out(bytes * (size_t)n_);
+    for (size_t b = 0; b < bytes; b++)
+        host[b] = (char)(rank_ * 37 + b * 11 + 1);
+    Buf send(bytes, dev_), recv(bytes * (size_t)n_, dev_);
+    sp::copy_in(send.p, host.data(), bytes);
+    ASSERT_SP_OK(sp_allgather(w_, send.p, recv.p, bytes, SP_UINT8, nullptr));
+    sync();
+    sp::copy_out(out.data(), recv.p, bytes * (size_t)n_);
+    for (int r = 0; r < n_; r++)
+        for (size_t b = 0; b < bytes; b += 7)
+            ASSERT_EQ((uint8_t)out[(size_t)r * bytes + b], (uint8_t)(r * 37 + b * 11 + 1)) << r;
+    int root = n_ - 1;
+    ASSERT_SP_OK(
+        sp_broadcast(w_, rank_ == root ? send.p : nullptr, recv.p, bytes, SP_UINT8, root, nullptr));
+    sync();
+    sp::copy_out(out.data(), recv.p, bytes);
+    for (size_t b = 0; b < bytes; b++)
+        ASSERT_EQ((uint8_t)out[b], (uint8_t)(root * 37 + b * 11 + 1)) << b;
+}
+
+// SP_AVG is ncclAvg on both backends (collectives.h): with three ranks, bf16(1/3) = 0.333984375,
+// so 100 * bf16(1/3) rounds to 33.5 and three of those sum to 100.5, where sum-then-divide would
+// give 100. Integers divide the sum: (7 + 7 + 8) / 3 = 7.
+TEST_F(CollectivesStaged, AvgPreMultipliesAsNcclDoesOnThreeRanks) {
+    if (n_ < 3)
+        GTEST_SKIP() << "needs 3 ranks (1/3 is inexact)";
+    int world_rank = rank_;
+    MPI_Comm sub = MPI_COMM_NULL;
+    ASSERT_EQ(MPI_Comm_split(MPI_COMM_WORLD, world_rank < 3 ? 0 : MPI_UNDEFINED, world_rank, &sub),
+              MPI_SUCCESS);
+    if (sub == MPI_COMM_NULL) {
+        MPI_Barrier(MPI_COMM_WORLD);
+        return;
+    }
+    sp_world_t *w3 = nullptr;
+    ASSERT_SP_OK(sp_world_from_comm(sub, &w3));
+    uint16_t in16 = enc16(100.0, fmt_of(SP_BFLOAT16)), out16 = 0;
+    int32_t in32 = world_rank == 2 ? 8 : 7, out32 = 0;
+    Buf b16(2, sp_world_device(w3)), b32(4, sp_world_device(w3));
+    sp::copy_in(b16.p, &in16, 2);
+    sp::copy_in(b32.p, &in32, 4);
+    EXPECT_SP_OK(sp_allreduce(w3, b16.p, b16.p, 1, SP_BFLOAT16, SP_AVG, nullptr));
+    EXPECT_SP_OK(sp_allreduce(w3, b32.p, b32.p, 1, SP_INT32, SP_AVG, nullptr));
+    sync();
+    sp::copy_out(&out16, b16.p, 2);
+    sp::copy_out(&out32, b32.p, 4);
+    EXPECT_EQ(dec16(out16, fmt_of(SP_BFLOAT16)), 100.5) << "bf16 avg of 100, 100, 100";
+    EXPECT_EQ(out32, 7);
+    EXPECT_SP_OK(sp_world_finalize(w3));
+    MPI_Comm_free(&sub);
+    MPI_Barrier(MPI_COMM_WORLD);
+}
 
 class CollectiveArgs : public Collectives {
   protected:
@@ -455,6 +590,7 @@ TEST_F(CollectiveArgs, CountZeroIsANoOpEvenWithNullBuffers) {
 }
 
 TEST_F(CollectiveArgs, NullBufferOnOneRankFailsEverywhere) {
+    SP_SKIP_BELOW_RANKS(2);
     Buf b(256, dev_);
     void *send = rank_ == 1 ? nullptr : b.p;
     EXPECT_SP_STATUS(sp_allreduce(w_, send, b.p, 8, SP_INT32, SP_SUM, nullptr),
@@ -504,6 +640,7 @@ TEST_F(CollectiveArgs, ForeignBufferOnOneRankFailsEverywhere) {
 }
 
 TEST_F(CollectiveArgs, BufferTooSmallForTheCount) {
+    SP_SKIP_BELOW_RANKS(2);
     Buf b(40, dev_); // 10 int32
     EXPECT_SP_STATUS(sp_allreduce(w_, b.p, b.p, 11, SP_INT32, SP_SUM, nullptr),
                      SP_ERR_INVALID_ARGUMENT);
@@ -515,6 +652,7 @@ TEST_F(CollectiveArgs, BufferTooSmallForTheCount) {
 }
 
 TEST_F(CollectiveArgs, OverlapThatIsNotInPlace) {
+    SP_SKIP_BELOW_RANKS(2);
     Buf b(4096, dev_);
     // allreduce: recv shifted by one element overlaps send.
     EXPECT_SP_STATUS(sp_allreduce(w_, b.p, b.c() + 4, 16, SP_INT32, SP_SUM, nullptr),
@@ -533,6 +671,7 @@ TEST_F(CollectiveArgs, OverlapThatIsNotInPlace) {
 }
 
 TEST_F(CollectiveArgs, RanksDisagreeOnCountDtypeOpRoot) {
+    SP_SKIP_BELOW_RANKS(2);
     Buf b(4096, dev_);
     size_t count = rank_ == 0 ? 9 : 8;
     EXPECT_SP_STATUS(sp_allreduce(w_, b.p, b.p, count, SP_INT32, SP_SUM, nullptr), SP_ERR_MISMATCH);

@@ -3,10 +3,33 @@
 
 #include <cstdlib>
 #include <cstring>
+#include <vector>
+
+extern "C" {
+#include "pool/device/device.h"
+#include "pool/pool.h"
+}
 
 namespace sp {
 
+// SYMPOOL_HOST_* variables describe the host backend's emulated device: a test that sets them
+// checks host semantics (capacities, fault injection, device counts), so on a cuda run
+// (SYMPOOL_TEST_DEVICE=cuda) it gets the host backend for its scope instead of failing on a GPU.
+static bool wants_host(std::initializer_list<std::pair<const char *, const char *>> vars) {
+    bool host_vars = false, names_device = false;
+    for (const auto &v : vars) {
+        host_vars |= std::strncmp(v.first, "SYMPOOL_HOST_", 13) == 0 && v.second != nullptr;
+        names_device |= std::strcmp(v.first, "SYMPOOL_DEVICE") == 0;
+    }
+    return host_vars && !names_device;
+}
+
 ScopedEnv::ScopedEnv(std::initializer_list<std::pair<const char *, const char *>> vars) {
+    if (wants_host(vars)) {
+        const char *old = std::getenv("SYMPOOL_DEVICE");
+        saved_.push_back({"SYMPOOL_DEVICE", {old != nullptr, old ? old : ""}});
+        setenv("SYMPOOL_DEVICE", "host", 1);
+    }
     for (const auto &v : vars) {
         const char *old = std::getenv(v.first);
         saved_.push_back({v.first, {old != nullptr, old ? old : ""}});
@@ -19,7 +42,9 @@ ScopedEnv::ScopedEnv(std::initializer_list<std::pair<const char *, const char *>
 }
 
 ScopedEnv::~ScopedEnv() {
-    for (const auto &s : saved_) {
+    // Restore in reverse, so a variable saved twice ends with its oldest value.
+    for (auto it = saved_.rbegin(); it != saved_.rend(); ++it) {
+        const auto &s = *it;
         if (s.second.first)
             setenv(s.first.c_str(), s.second.second.c_str(), 1);
         else
@@ -76,9 +101,39 @@ bool on_gpu() {
     return std::strcmp(sp_backend_name(), "cuda") == 0;
 }
 
+// dst or src lies in a sympool block; the backend copies, ordered on the default stream, and
+// the stream is synchronized so the host side is ready when this returns.
+static void backend_copy(void *dst, const void *src, size_t n, const void *ours) {
+    const sp_device_ops_t *ops = nullptr;
+    sp_status_t s = sp__device_select(&ops, nullptr);
+    ASSERT_EQ(s, SP_SUCCESS) << describe(s);
+    sp_block_info_t info;
+    s = sp__pool_lookup(ours, &info);
+    ASSERT_EQ(s, SP_SUCCESS) << "not sympool memory: " << describe(s);
+    ASSERT_NE(ops->memcpy_async, nullptr);
+    s = ops->memcpy_async(info.device, dst, src, n, nullptr);
+    ASSERT_EQ(s, SP_SUCCESS) << describe(s);
+    s = ops->stream_sync(info.device, nullptr);
+    ASSERT_EQ(s, SP_SUCCESS) << describe(s);
+}
+
+void copy_in(void *sympool_dst, const void *host_src, size_t n) {
+    if (n)
+        backend_copy(sympool_dst, host_src, n, sympool_dst);
+}
+
+void copy_out(void *host_dst, const void *sympool_src, size_t n) {
+    if (n)
+        backend_copy(host_dst, sympool_src, n, sympool_src);
+}
+
 void touch(void *p, size_t n) {
-    if (!on_gpu())
+    if (!on_gpu()) {
         std::memset(p, 0x5a, n);
+        return;
+    }
+    std::vector<unsigned char> pattern(n, 0x5a);
+    copy_in(p, pattern.data(), n);
 }
 
 int64_t stat(const char *key, int device) {

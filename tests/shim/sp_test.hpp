@@ -87,8 +87,14 @@ bool on_gpu();
 constexpr size_t KiB = 1024;
 constexpr size_t MiB = 1024 * KiB;
 
-// Write to a block to show it is usable; device memory is not host-addressable on a GPU run.
+// Write to a block to show it is usable (on a GPU run through a host-to-device copy).
 void touch(void *p, size_t n);
+
+// Copy between host memory and sympool memory of any backend (cudaMemcpy through the backend's
+// memcpy_async and a synchronize on cuda; a plain copy on host). The sympool side must be a
+// live block. Test failures are reported through gtest.
+void copy_in(void *sympool_dst, const void *host_src, size_t n);
+void copy_out(void *host_dst, const void *sympool_src, size_t n);
 
 constexpr size_t GiB = 1024 * MiB;
 
@@ -103,6 +109,14 @@ int64_t stat(const char *key, int device = 0);
     do {                                                                                           \
         if (sp::on_gpu())                                                                          \
             GTEST_SKIP() << "needs the host backend (emulated capacity and devices)";              \
+    } while (0)
+
+// Tests of the host backend's deterministic stream model (an event completes only when its
+// stream is synchronized) skip on a GPU, where an idle stream's event completes at once.
+#define SP_SKIP_ON_GPU(why)                                                                        \
+    do {                                                                                           \
+        if (sp::on_gpu())                                                                          \
+            GTEST_SKIP() << (why);                                                                 \
     } while (0)
 
 #endif // SP_TEST_HPP

@@ -101,7 +101,7 @@ TEST_F(AllocInternal, SymmetricPrimitives) {
     void *mem[2];
     for (int i = 0; i < 2; i++) {
         size_t asize = 0;
-        ASSERT_SP_OK(sp__pool_sym_plan(pool, 4 * MiB, &asize));
+        ASSERT_SP_OK(sp__pool_sym_plan(pool, 4 * MiB, nullptr, &asize));
         EXPECT_EQ(asize, 20 * MiB);
         mem[i] = aligned_alloc(4096, asize);
         ASSERT_SP_OK(
@@ -129,7 +129,7 @@ TEST_F(AllocInternal, SymmetricPrimitives) {
     // A pool limit leaves no room for another segment.
     ASSERT_SP_OK(sp_mempool_set_limit(pool, 50 * MiB));
     size_t asize = 0;
-    EXPECT_EQ(sp__pool_sym_plan(pool, 4 * MiB, &asize), SP_ERR_OUT_OF_MEMORY);
+    EXPECT_EQ(sp__pool_sym_plan(pool, 4 * MiB, nullptr, &asize), SP_ERR_OUT_OF_MEMORY);
     ASSERT_SP_OK(sp_mempool_set_limit(pool, 0));
     // Misuse of the public entry points on a symmetric pool.
     void *p;

@@ -9,6 +9,7 @@
 //    (CuPy's rule), counted in num_alloc_retries;
 //  - sp_mempool_free_all_blocks rejects a stream sympool did not make.
 #include "alloc_test_util.hpp"
+#include "pool/torch.h"
 
 #include <cstdint>
 #include <string>
@@ -118,7 +119,9 @@ TEST_F(OomSemantics, AboveTheDeviceThroughMempoolMallocAndRouting) {
 }
 
 TEST_F(OomSemantics, TorchEntryPointAnswersNullForAboveTheDevice) {
+    sp__torch_allow_host(true); // the entry points serve only cuda unless a test lifts that
     EXPECT_EQ(sp_torch_malloc((size_t)800000000 * GiB, 0, nullptr), nullptr);
+    sp__torch_allow_host(false);
     EXPECT_EQ(stat("num_ooms"), 1);
 }
 

@@ -13,6 +13,7 @@
 
 extern "C" {
 #include "pool/pool.h"
+#include "pool/torch.h"
 }
 
 namespace {
@@ -33,8 +34,92 @@ sp_block_info_t info_of(void *p) {
 using torch_alloc_fn = void *(*)(size_t, int, void *);
 using torch_free_fn = void (*)(void *, size_t, int, void *);
 
-class Torch : public sp::Test {};
-class ThreadsTorch : public sp::Test {};
+// The entry points refuse the host backend (PyTorch would take host memory for device memory);
+// these fixtures lift that for their tests, which check the logic behind the refusal.
+class Torch : public sp::Test {
+  protected:
+    void SetUp() override {
+        sp::Test::SetUp();
+        sp__torch_allow_host(true);
+    }
+    void TearDown() override {
+        sp__torch_allow_host(false);
+        sp::Test::TearDown();
+    }
+};
+class ThreadsTorch : public Torch {};
+// The product behaviour: no lift.
+class TorchBackend : public sp::Test {};
+
+TEST_F(TorchBackend, HostBackendIsRefusedWithNullAndAMessage) {
+    if (sp::on_gpu())
+        GTEST_SKIP() << "checks the refusal on the host backend";
+    expect_warnings();
+    void *p = sp_torch_malloc(4096, 0, nullptr);
+    EXPECT_EQ(p, nullptr) << "host memory must never reach PyTorch as device memory";
+    EXPECT_NE(std::strstr(sp_last_error(), "host"), nullptr) << sp_last_error();
+    EXPECT_NE(std::strstr(sp_last_error(), "SYMPOOL_DEVICE=cuda"), nullptr) << sp_last_error();
+    EXPECT_GE(warnings("sp_torch_malloc"), 1u);
+    EXPECT_EQ(stat("allocation.all.current"), 0);
+    EXPECT_EQ(stat("segment.all.current"), 0) << "nothing was allocated on the host backend";
+    // record_stream of a real host block is refused as well (PyTorch never saw host memory).
+    void *q = nullptr;
+    ASSERT_SP_OK(sp_malloc(4096, 0, nullptr, &q));
+    sp_torch_record_stream(q, nullptr);
+    EXPECT_GE(warnings("sp_torch_record_stream"), 1u);
+    ASSERT_SP_OK(sp_free(q));
+    // Size 0 stays a quiet NULL whatever the backend.
+    sp__error_clear();
+    EXPECT_EQ(sp_torch_malloc(0, 0, nullptr), nullptr);
+    EXPECT_STREQ(sp_last_error(), "");
+}
+
+TEST_F(TorchBackend, EmptyCacheEntryPointReleasesTheCache) {
+    void *p = nullptr;
+    ASSERT_SP_OK(sp_malloc(1000, 0, nullptr, &p));
+    ASSERT_SP_OK(sp_free(p));
+    EXPECT_EQ(sp_memory_reserved(0), 2 * MiB);
+    using reset_fn = void (*)(void); // CUDAPluggableAllocator.set_reset_fn's type
+    reset_fn f = &sp_torch_empty_cache;
+    f();
+    EXPECT_EQ(sp_memory_reserved(0), 0u);
+}
+
+TEST_F(Torch, RecordStreamDelaysReuseUntilTheSideStreamIsDone) {
+    if (sp::on_gpu())
+        GTEST_SKIP() << "the host backend completes a stream's events at its synchronize";
+    using record_fn = void (*)(void *, void *); // set_record_stream_fn's type
+    record_fn rec = &sp_torch_record_stream;
+    sp_stream_t side;
+    ASSERT_SP_OK(sp_stream_create(0, &side));
+    void *p = sp_torch_malloc(1 << 20, 0, nullptr);
+    ASSERT_NE(p, nullptr) << sp_last_error();
+    rec(p, side); // the tensor is read on `side`
+    sp_torch_free(p, 1 << 20, 0, nullptr);
+    void *q = sp_torch_malloc(1 << 20, 0, nullptr);
+    ASSERT_NE(q, nullptr);
+    EXPECT_NE(q, p) << "reused while the side stream's work may still read it";
+    ASSERT_SP_OK(sp_stream_synchronize(side));
+    void *r = sp_torch_malloc(1 << 20, 0, nullptr);
+    EXPECT_EQ(r, p) << "once the side stream is done, the block is free again";
+    sp_torch_free(q, 1 << 20, 0, nullptr);
+    sp_torch_free(r, 1 << 20, 0, nullptr);
+    // Without a record_stream the free is immediate (the control for the check above).
+    void *a = sp_torch_malloc(1 << 20, 0, nullptr);
+    sp_torch_free(a, 1 << 20, 0, nullptr);
+    void *b = sp_torch_malloc(1 << 20, 0, nullptr);
+    EXPECT_EQ(b, a);
+    sp_torch_free(b, 1 << 20, 0, nullptr);
+    ASSERT_SP_OK(sp_stream_destroy(side));
+}
+
+TEST_F(Torch, RecordStreamOfAForeignPointerIsLoggedAndIgnored) {
+    expect_warnings();
+    int not_ours = 0;
+    sp_torch_record_stream(&not_ours, nullptr);
+    sp_torch_record_stream(nullptr, nullptr); // a no-op
+    EXPECT_GE(warnings("sp_record_stream"), 1u);
+}
 
 TEST_F(Torch, SignaturesMatchCudaPluggableAllocator) {
     torch_alloc_fn a = &sp_torch_malloc;

@@ -1,0 +1,103 @@
+#!/usr/bin/env python3
+"""replay.py ALLOCATOR TRACE --out FILE: replay a PyTorch memory snapshot's trace on the GPU
+through one allocator, in a process of its own:
+
+  torch    PyTorch's caching allocator: torch.cuda.caching_allocator_alloc / _delete, each
+           recorded stream mapped to a torch.cuda.Stream of its own (0 = the default stream)
+  sympool  sympool's cuda backend: sp_malloc / sp_free through ctypes, each recorded stream
+           mapped to an sp_stream_create stream
+
+Both replay the same requests in the same order: every `alloc` and every `free_requested` of
+the trace (frees of blocks allocated before recording began are skipped on both sides), and
+both go through Python per call, so time per operation includes the same interpreter cost.
+Reports the peak reserved bytes and nanoseconds per operation."""
+
+import os
+import pickle
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import common  # noqa: E402
+
+
+def events(path):
+    with open(path, "rb") as f:
+        snap = pickle.load(f)
+    traces = snap.get("device_traces", []) if isinstance(snap, dict) else []
+    out = []
+    for dev, trace in enumerate(traces):
+        for e in trace:
+            if e.get("action") in ("alloc", "free_requested"):
+                out.append((e["action"], dev, e["addr"], e["size"], e.get("stream", 0)))
+    return out
+
+
+def replay_torch(evts):
+    import torch
+
+    streams, live = {}, {}
+    ops = 0
+    torch.cuda.synchronize()
+    t0 = time.perf_counter_ns()
+    for action, dev, addr, size, stream in evts:
+        if action == "alloc":
+            if stream not in streams:
+                streams[stream] = None if stream == 0 else torch.cuda.Stream(device=dev)
+            s = streams[stream]
+            live[addr] = torch.cuda.caching_allocator_alloc(size, dev, s)
+        else:
+            p = live.pop(addr, None)
+            if p is None:
+                continue
+            torch.cuda.caching_allocator_delete(p)
+        ops += 1
+    t1 = time.perf_counter_ns()
+    for p in live.values():
+        torch.cuda.caching_allocator_delete(p)
+    return {"peak_reserved_bytes": torch.cuda.max_memory_reserved(), "ops": ops,
+            "ns_per_op": (t1 - t0) / max(ops, 1)}
+
+
+def replay_sympool(evts):
+    import ctypes
+
+    os.environ["SYMPOOL_DEVICE"] = "cuda"
+    lib = common.load(common.library())
+    streams, live = {}, {}
+    ops = 0
+    out = ctypes.c_void_p()
+    t0 = time.perf_counter_ns()
+    for action, dev, addr, size, stream in evts:
+        if action == "alloc":
+            if stream not in streams:
+                s = ctypes.c_void_p()
+                if stream != 0 and lib.sp_stream_create(dev, ctypes.byref(s)) != 0:
+                    sys.exit(f"sp_stream_create: {lib.sp_last_error().decode()}")
+                streams[stream] = s.value if stream != 0 else None
+            if lib.sp_malloc(size, dev, streams[stream], ctypes.byref(out)) != 0:
+                sys.exit(f"sp_malloc({size}): {lib.sp_last_error().decode()}")
+            live[addr] = out.value
+        else:
+            p = live.pop(addr, None)
+            if p is None:
+                continue
+            lib.sp_free(p)
+        ops += 1
+    t1 = time.perf_counter_ns()
+    for p in live.values():
+        lib.sp_free(p)
+    return {"peak_reserved_bytes": lib.sp_max_memory_reserved(0), "ops": ops,
+            "ns_per_op": (t1 - t0) / max(ops, 1), "backend": lib.sp_backend_name().decode()}
+
+
+def main():
+    which, trace = sys.argv[1], sys.argv[2]
+    evts = events(trace)
+    res = replay_torch(evts) if which == "torch" else replay_sympool(evts)
+    res.update({"allocator": which, "trace": os.path.basename(trace), "events": len(evts)})
+    common.write(res)
+
+
+if __name__ == "__main__":
+    main()

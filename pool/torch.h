@@ -1,0 +1,22 @@
+/*
+ * torch.h: private to pool/torch.c and its white-box tests.
+ */
+#ifndef SP_POOL_TORCH_H
+#define SP_POOL_TORCH_H
+
+#include <stdbool.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Tests only: let the PyTorch entry points serve the host backend, so that their routing, stream
+ * and record-stream logic can be tested without a GPU. Never set by the library itself: PyTorch
+ * would use host memory as device memory. */
+void sp__torch_allow_host(bool allow);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* SP_POOL_TORCH_H */
