@@ -6,6 +6,7 @@
 #define SP_POOL_SUMMARY_H
 
 #include <stddef.h>
+#include <stdint.h>
 
 #include "sympool/stats.h"
 
@@ -13,9 +14,12 @@
 extern "C" {
 #endif
 
+#define SP_SUMMARY_UNKNOWN INT64_MIN
+
 /* Format the summary table of st under the heading title into buf (len bytes, len > 0) as
  * snprintf does: truncated to len-1 bytes, always terminated. Returns the length of the whole
- * text, so a result >= len means it was truncated. Keys missing from st read as 0. */
+ * text, so a result >= len means it was truncated. A value of SP_SUMMARY_UNKNOWN is shown as "-"
+ * (a figure the source cannot give, such as a peak a snapshot does not record). */
 size_t sp__summary_format(const sp_stats_t *st, const char *title, char *buf, size_t len);
 
 #ifdef __cplusplus

@@ -146,25 +146,41 @@ static double gib(double b) {
     return b / 1073741824.0;
 }
 
+static int usage(FILE *out, int rc) {
+    fprintf(out, "usage: sympool plot SNAPSHOT -o OUT.svg [-d DEVICE]\n"
+                 "  -o, --output=OUT.svg   the chart (SVG)\n"
+                 "  -d, --device=N         the device to plot (default 0)\n"
+                 "  -h, --help             this text\n");
+    return rc;
+}
+
 int sp_cli_plot(int argc, char **argv) {
+    static const struct option opts[] = {{"output", required_argument, NULL, 'o'},
+                                         {"device", required_argument, NULL, 'd'},
+                                         {"help", no_argument, NULL, 'h'},
+                                         {0, 0, 0, 0}};
     const char *in = NULL, *out = NULL;
-    int dev = 0;
-    for (int i = 1; i < argc; i++) {
-        if ((strcmp(argv[i], "-o") == 0 || strcmp(argv[i], "-d") == 0) && i + 1 < argc) {
-            if (argv[i][1] == 'o')
-                out = argv[++i];
-            else
-                dev = atoi(argv[++i]);
-        } else if (argv[i][0] == '-') {
-            fprintf(stderr, "sympool plot: unknown option %s\n", argv[i]);
+    int dev = 0, opt;
+    long n;
+    while ((opt = cli_getopt(argc, argv, "plot", "o:d:h", opts)) != -1) {
+        if (opt == 'h')
+            return usage(stdout, 0);
+        if (opt == 'o')
+            out = optarg;
+        else if (opt == 'd' && cli_parse_long(optarg, 0, 4095, &n))
+            dev = (int)n;
+        else {
+            if (opt == 'd')
+                fprintf(stderr, "sympool plot: --device takes 0 to 4095, not '%s'\n", optarg);
             return 2;
-        } else {
-            in = argv[i];
         }
     }
+    if (optind < argc)
+        in = argv[optind];
     if (in == NULL || out == NULL) {
-        fprintf(stderr, "usage: sympool plot SNAPSHOT -o OUT.svg [-d DEVICE]\n");
-        return 2;
+        fprintf(stderr, "sympool plot: %s\n",
+                in == NULL ? "no snapshot given" : "no -o OUT.svg given");
+        return usage(stderr, 2);
     }
     char err[512];
     tr_trace_t t;

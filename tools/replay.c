@@ -274,112 +274,232 @@ static void print_text(const char *trace, const replay_result_t *r) {
     printf("  time per event       %.1f ns\n", r->ns_per_event);
 }
 
-int sp_cli_replay(int argc, char **argv) {
-    const char *trace = NULL, *conf = NULL, *capacity = NULL, *snapshot = NULL;
-    bool json = false;
-    int repeat = 1;
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        if ((strcmp(a, "--conf") == 0 || strcmp(a, "--capacity") == 0 ||
-             strcmp(a, "--snapshot") == 0 || strcmp(a, "--repeat") == 0) &&
-            i + 1 >= argc) {
-            fprintf(stderr, "sympool replay: %s needs a value\n", a);
-            return 2;
+static int usage(FILE *out, int rc) {
+    fprintf(out,
+            "usage: sympool replay TRACE [options]\n"
+            "  Replay a PyTorch memory snapshot's trace (.pickle or .json) through sympool on the\n"
+            "  emulated host device and compare the peaks with what PyTorch reserved.\n"
+            "  -c, --conf=KEY:VALUE,...   allocator options (PYTORCH_CUDA_ALLOC_CONF syntax)\n"
+            "      --capacity=SIZE        emulated device size (e.g. 80GiB); OOMs are counted\n"
+            "  -s, --snapshot=OUT         write our snapshot of the replay (OUT.pickle or "
+            "OUT.json)\n"
+            "  -j, --json                 one JSON object on stdout (one line per configuration)\n"
+            "      --compare CONF [CONF...]  replay once per configuration (\"\" = defaults), one\n"
+            "                             table; the CONFs are the words after it (TRACE first)\n"
+            "  -r, --repeat=N             replay N times (1-64), report the median time per "
+            "event\n"
+            "  -h, --help                 this text\n");
+    return rc;
+}
+
+/* One configuration of --compare (or the only one): its options applied to a fresh allocator,
+ * then one or more replays. */
+static bool run_config(const tr_trace_t *t, const char *conf, bool fresh, const char *snapshot,
+                       int repeat, replay_result_t *r, char *err, size_t errlen) {
+    if (fresh) {
+        sp_status_t st = sp_shutdown();
+        if (st == SP_SUCCESS)
+            st = sp__option_set(SP_OPT_ALLOC_CONF, conf && conf[0] ? conf : NULL);
+        if (st != SP_SUCCESS) {
+            snprintf(err, errlen, "configuration '%s': %s", conf ? conf : "", sp_last_error());
+            return false;
         }
-        if (strcmp(a, "--conf") == 0)
-            conf = argv[++i];
-        else if (strcmp(a, "--capacity") == 0)
-            capacity = argv[++i];
-        else if (strcmp(a, "--snapshot") == 0)
-            snapshot = argv[++i];
-        else if (strcmp(a, "--json") == 0)
-            json = true;
-        else if (strcmp(a, "--repeat") == 0) {
-            char *end = NULL;
-            long n = strtol(argv[++i], &end, 10);
-            if (end == argv[i] || *end != '\0' || n < 1 || n > 64) {
-                fprintf(stderr, "sympool replay: --repeat takes 1 to 64, not '%s'\n", argv[i]);
-                return 2;
-            }
-            repeat = (int)n;
-        } else if (a[0] == '-' && a[1] != '\0') {
-            fprintf(stderr, "sympool replay: unknown option %s\n", a);
-            return 2;
-        } else if (trace == NULL)
-            trace = a;
-        else {
-            fprintf(stderr, "sympool replay: more than one trace given (%s)\n", a);
-            return 2;
-        }
-    }
-    if (trace == NULL) {
-        fprintf(stderr, "usage: sympool replay TRACE [--conf K:V,...] [--capacity SIZE] "
-                        "[--snapshot OUT] [--json] [--repeat N]\n");
-        return 2;
-    }
-    char err[512];
-    tr_trace_t t;
-    if (!tr_load(trace, &t, err, sizeof(err))) {
-        fprintf(stderr, "sympool replay: %s\n", err);
-        tr_free(&t);
-        return 1;
-    }
-    /* The option table is read once, at the first sympool call: configure it first. A replay
-     * always runs on the emulated device, with one device per recorded device. */
-    setenv("SYMPOOL_DEVICE", "host", 1);
-    if (t.ndev > 1) {
-        char n[16];
-        snprintf(n, sizeof(n), "%d", t.ndev);
-        setenv("SYMPOOL_HOST_DEVICES", n, 1);
-    }
-    /* sp__option_set validates the values (a bad variable would only warn and keep the
-     * default, which would silently replay something else than asked). */
-    if ((conf != NULL && sp__option_set(SP_OPT_ALLOC_CONF, conf) != SP_SUCCESS) ||
-        (capacity != NULL && sp__option_set(SP_OPT_HOST_CAPACITY, capacity) != SP_SUCCESS)) {
-        fprintf(stderr, "sympool replay: %s\n", sp_last_error());
-        tr_free(&t);
-        return 2;
     }
     sp_status_t st = sp_init();
     if (st != SP_SUCCESS) {
-        fprintf(stderr, "sympool replay: sp_init: %s: %s\n", sp_status_name(st), sp_last_error());
-        tr_free(&t);
-        return 1;
+        snprintf(err, errlen, "sp_init: %s: %s", sp_status_name(st), sp_last_error());
+        return false;
     }
-    replay_result_t r;
-    size_t oom_lines = 0;
-    sp__log_set_fn(log_filter, &oom_lines);
-    bool ok = replay_trace(&t, snapshot, &r, err, sizeof(err));
+    bool ok = replay_trace(t, snapshot, r, err, errlen);
     /* --repeat: replay again on a fresh allocator each time and report the median time per event
      * (the peaks are the same every time: the replay is deterministic). */
     double ns[64];
     int nrep = repeat < 64 ? repeat : 64;
-    ns[0] = r.ns_per_event;
+    ns[0] = r->ns_per_event;
     for (int k = 1; ok && k < nrep; k++) {
         replay_result_t again;
         memset(&again, 0, sizeof(again));
         ok = sp_shutdown() == SP_SUCCESS && sp_init() == SP_SUCCESS &&
-             replay_trace(&t, NULL, &again, err, sizeof(err));
+             replay_trace(t, NULL, &again, err, errlen);
         ns[k] = again.ns_per_event;
     }
     if (ok && nrep > 1) {
         qsort(ns, (size_t)nrep, sizeof(ns[0]), cmp_double);
-        r.ns_per_event = ns[nrep / 2];
+        r->ns_per_event = ns[nrep / 2];
+    }
+    return ok;
+}
+
+static void print_compare_row(const char *conf, const replay_result_t *r) {
+    printf("  %-32.32s %9.3f %9.3f %9.3f %+8.2f%% %6zu %9.1f\n", conf[0] ? conf : "(defaults)",
+           gib((double)r->peak_requested), gib((double)r->peak_allocated),
+           gib((double)r->peak_reserved),
+           r->pytorch_peak_reserved
+               ? 100.0 * ((double)r->peak_reserved - (double)r->pytorch_peak_reserved) /
+                     (double)r->pytorch_peak_reserved
+               : 0.0,
+           r->ooms, r->ns_per_event);
+}
+
+#define MAX_COMPARE 32
+
+typedef struct replay_args {
+    const char *trace, *conf, *capacity, *snapshot;
+    const char *compare[MAX_COMPARE]; /* --compare configurations */
+    int ncompare;                     /* 0: no --compare */
+    bool json;
+    int repeat;
+} replay_args_t;
+
+/* Parse the command line; returns -1 to go on, else the exit status. */
+static int parse_args(int argc, char **argv, replay_args_t *a) {
+    static const struct option opts[] = {
+        {"conf", required_argument, NULL, 'c'},     {"capacity", required_argument, NULL, 'C'},
+        {"snapshot", required_argument, NULL, 's'}, {"json", no_argument, NULL, 'j'},
+        {"compare", no_argument, NULL, 'K'},        {"repeat", required_argument, NULL, 'r'},
+        {"help", no_argument, NULL, 'h'},           {0, 0, 0, 0}};
+    memset(a, 0, sizeof(*a));
+    a->repeat = 1;
+    bool compare = false;
+    int c;
+    long n;
+    /* '-': words that are not options come back in order as 1, so the CONFs after --compare
+     * stay with it. */
+    while ((c = cli_getopt(argc, argv, "replay", "-c:s:jr:h", opts)) != -1) {
+        switch (c) {
+        case 'h':
+            return usage(stdout, 0);
+        case 'c':
+            a->conf = optarg;
+            break;
+        case 'C':
+            a->capacity = optarg;
+            break;
+        case 's':
+            if (!cli_has_suffix(optarg, ".pickle") && !cli_has_suffix(optarg, ".json")) {
+                fprintf(stderr,
+                        "sympool replay: --snapshot writes OUT.pickle or OUT.json, not '%s'\n",
+                        optarg);
+                return 2;
+            }
+            a->snapshot = optarg;
+            break;
+        case 'j':
+            a->json = true;
+            break;
+        case 'K':
+            compare = true;
+            break;
+        case 'r':
+            if (!cli_parse_long(optarg, 1, 64, &n)) {
+                fprintf(stderr, "sympool replay: --repeat takes 1 to 64, not '%s'\n", optarg);
+                return 2;
+            }
+            a->repeat = (int)n;
+            break;
+        case 1: /* a word: the trace, then (after --compare) configurations */
+            if (compare) {
+                if (a->ncompare == MAX_COMPARE) {
+                    fprintf(stderr, "sympool replay: at most %d configurations\n", MAX_COMPARE);
+                    return 2;
+                }
+                a->compare[a->ncompare++] = optarg;
+            } else if (a->trace == NULL) {
+                a->trace = optarg;
+            } else {
+                fprintf(stderr, "sympool replay: more than one trace given ('%s')\n", optarg);
+                return 2;
+            }
+            break;
+        default:
+            return 2;
+        }
+    }
+    if (a->trace == NULL) {
+        fprintf(stderr, "sympool replay: no trace given\n");
+        return usage(stderr, 2);
+    }
+    if (compare && a->ncompare == 0) {
+        fprintf(stderr, "sympool replay: --compare needs at least one configuration\n");
+        return 2;
+    }
+    if (compare && (a->conf || a->snapshot)) {
+        fprintf(stderr, "sympool replay: --compare takes the configurations itself; it does not "
+                        "go with --conf or --snapshot\n");
+        return 2;
+    }
+    return -1;
+}
+
+/* The allocator options of the command line, checked before anything runs (a bad variable
+ * would only warn and keep the default, which would silently replay something else). */
+static bool configure(const tr_trace_t *t, const replay_args_t *a) {
+    /* A replay always runs on the emulated device, with one device per recorded device. */
+    setenv("SYMPOOL_DEVICE", "host", 1);
+    if (t->ndev > 1) {
+        char n[16];
+        snprintf(n, sizeof(n), "%d", t->ndev);
+        setenv("SYMPOOL_HOST_DEVICES", n, 1);
+    }
+    sp__options_reload();
+    for (int k = 0; k < a->ncompare; k++)
+        if (a->compare[k][0] && sp__option_set(SP_OPT_ALLOC_CONF, a->compare[k]) != SP_SUCCESS)
+            return false;
+    if (a->ncompare > 0)
+        (void)sp__option_set(SP_OPT_ALLOC_CONF, NULL);
+    return (a->conf == NULL || sp__option_set(SP_OPT_ALLOC_CONF, a->conf) == SP_SUCCESS) &&
+           (a->capacity == NULL || sp__option_set(SP_OPT_HOST_CAPACITY, a->capacity) == SP_SUCCESS);
+}
+
+int sp_cli_replay(int argc, char **argv) {
+    replay_args_t a;
+    int rc = parse_args(argc, argv, &a);
+    if (rc >= 0)
+        return rc;
+    char err[512];
+    tr_trace_t t;
+    if (!tr_load(a.trace, &t, err, sizeof(err))) {
+        fprintf(stderr, "sympool replay: %s\n", err);
+        tr_free(&t);
+        return 1;
+    }
+    if (!configure(&t, &a)) {
+        fprintf(stderr, "sympool replay: %s\n", sp_last_error());
+        tr_free(&t);
+        return 2;
+    }
+    size_t oom_lines = 0;
+    sp__log_set_fn(log_filter, &oom_lines);
+    bool ok = true;
+    replay_result_t r;
+    if (a.ncompare == 0) {
+        ok = run_config(&t, a.conf, false, a.snapshot, a.repeat, &r, err, sizeof(err));
+        if (ok && a.json)
+            print_json(a.trace, &r, a.conf, a.capacity);
+        else if (ok)
+            print_text(a.trace, &r);
+    } else {
+        if (!a.json)
+            printf("replay of %s on %s, one row per configuration (GiB)\n  %-32s %9s %9s %9s "
+                   "%9s %6s %9s\n",
+                   a.trace, sp_backend_name(), "configuration", "requested", "allocated",
+                   "reserved", "vs torch", "OOMs", "ns/event");
+        for (int k = 0; ok && k < a.ncompare; k++) {
+            ok = run_config(&t, a.compare[k], true, NULL, a.repeat, &r, err, sizeof(err));
+            if (ok && a.json)
+                print_json(a.trace, &r, a.compare[k], a.capacity);
+            else if (ok)
+                print_compare_row(a.compare[k], &r);
+            fflush(stdout);
+        }
     }
     sp__log_set_fn(NULL, NULL);
     tr_free(&t);
     if (oom_lines > 1)
         fprintf(stderr, "sympool replay: %zu more out-of-memory warnings not shown\n",
                 oom_lines - 1);
-    if (!ok) {
+    if (!ok)
         fprintf(stderr, "sympool replay: %s\n", err);
-        (void)sp_shutdown();
-        return 1;
-    }
-    if (json)
-        print_json(trace, &r, conf, capacity);
-    else
-        print_text(trace, &r);
     (void)sp_shutdown();
-    return 0;
+    return ok ? 0 : 1;
 }
