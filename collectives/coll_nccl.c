@@ -13,7 +13,7 @@
  * No locks: NCCL serializes on the communicator; callers must not use one world's
  * communicator from two threads at once (as NCCL requires).
  */
-#include "collectives/coll_int.h"
+#include "collectives/dtype.h"
 #include "core/core.h"
 #include "launch/launch.h"
 
@@ -26,7 +26,7 @@
 #include <nccl.h>
 #pragma GCC diagnostic pop
 
-#include "pool/pool_internal.h"
+#include "pool/pool.h"
 #include "sympool/symmetric.h"
 
 static ncclDataType_t nccl_type(sp_dtype_t dtype) {

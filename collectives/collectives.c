@@ -26,10 +26,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "collectives/coll_int.h"
+#include "collectives/dtype.h"
 #include "core/core.h"
 #include "launch/launch.h"
-#include "pool/pool_internal.h"
+#include "pool/pool.h"
 
 /* Elements per MPI call: MPI-3 counts are int. Half-precision arithmetic goes through a float
  * scratch buffer of at most this many elements (4 MiB), which also bounds its memory. */

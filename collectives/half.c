@@ -15,7 +15,7 @@
 #include <pthread.h>
 #include <string.h>
 
-#include "collectives/coll_int.h"
+#include "collectives/dtype.h"
 
 /* ---- scalar conversions ----------------------------------------------------------------- */
 

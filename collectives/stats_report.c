@@ -18,10 +18,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "collectives/coll_int.h"
+#include "collectives/dtype.h"
 #include "core/core.h"
 #include "launch/launch.h"
-#include "symmetric/sym_int.h"
+#include "symmetric/symmetric.h"
 
 /* One key's reduction across ranks. */
 typedef struct agg {

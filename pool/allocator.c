@@ -15,7 +15,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "pool/alloc_int.h"
+#include "pool/allocator.h"
+#include "pool/release.h"
+#include "pool/mempool.h"
+#include "pool/segment_index.h"
 
 /* ---- sizes ------------------------------------------------------------------------------- */
 

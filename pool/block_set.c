@@ -11,12 +11,12 @@
  * The cache-hit path avoids a remove + insert pair where it can: a split remainder or a merged
  * block whose key still sorts strictly between the old node's in-order neighbours takes that
  * node's place in the tree (same links, same height), which keeps both the order and the AVL
- * balance. sp__bset_find_fit and sp__bset_locate (inline in alloc_int.h, for the hot path)
+ * balance. sp__bset_find_fit and sp__bset_locate (inline in block_set.h, for the hot path)
  * report the link and the neighbour to check.
  */
 #include <assert.h>
 
-#include "pool/alloc_int.h"
+#include "pool/block_set.h"
 
 static int height(const sp_block_t *b) {
     return b ? b->height : 0;

@@ -24,7 +24,7 @@
 #include <string.h>
 
 #include "core/core.h"
-#include "pool/history_int.h"
+#include "pool/history.h"
 #include "sympool/history.h"
 
 #define MAX_PCS 48  /* C frames captured per stack */

@@ -18,7 +18,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "pool/alloc_int.h"
+#include "pool/allocator.h"
+#include "pool/release.h"
+#include "pool/mempool.h"
 
 #define MAX_ROUTE 32
 

@@ -2,7 +2,7 @@
  * ptr_map.c: the per-device map from a block's start address to its allocated block.
  *
  * A chained hash table (chains through sp_block_t.hnext; insert and remove are inline in
- * alloc_int.h) with a power-of-two bucket count that
+ * ptr_map.h) with a power-of-two bucket count that
  * doubles when the load passes 1, so lookups are O(1) on average. It holds exactly the allocated
  * blocks of one device: sp_malloc inserts, the free request removes. The caller holds the device
  * allocator lock. Growth is the only allocation; if it fails the table keeps working, only
@@ -10,7 +10,7 @@
  */
 #include <stdlib.h>
 
-#include "pool/alloc_int.h"
+#include "pool/ptr_map.h"
 
 #define INITIAL_BUCKETS 1024
 

@@ -12,7 +12,8 @@
  */
 #include <stdlib.h>
 
-#include "pool/alloc_int.h"
+#include "pool/allocator.h"
+#include "pool/release.h"
 
 /* ---- events ------------------------------------------------------------------------------ */
 

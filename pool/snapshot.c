@@ -4,7 +4,7 @@
  * protocol 4 or JSON (".json" path) through pickle_write.c, atomically.
  *
  * Consistency: the segments come from sp__pool_walk, which holds every device's allocator lock
- * for the whole walk (pool/segments.c); the traces are copied from inside the visitor at its
+ * for the whole walk (pool/segment_index.c); the traces are copied from inside the visitor at its
  * first call, so under those same locks. Segments, blocks and traces therefore describe one
  * instant, and the trace replays backwards to the segment state, which is what MemoryViz.js's
  * "Allocator State History" needs. (sp__pool_locked cannot be used around the walk: the locks
@@ -21,9 +21,9 @@
 #include <unistd.h>
 
 #include "core/core.h"
-#include "pool/history_int.h"
+#include "pool/history.h"
 #include "pool/pickle_write.h"
-#include "pool/pool_internal.h"
+#include "pool/pool.h"
 #include "sympool/history.h"
 #include "sympool/pool.h"
 

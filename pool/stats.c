@@ -11,7 +11,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "pool/alloc_int.h"
+#include "pool/allocator.h"
+#include "pool/stats.h"
 #include "sympool/stats.h"
 
 #define NKEYS 122

@@ -16,7 +16,7 @@
 #include <stddef.h>
 
 #include "core/core.h"
-#include "pool/pool_internal.h"
+#include "pool/pool.h"
 #include "sympool/pool.h"
 #include "sympool/torch.h"
 

@@ -54,7 +54,7 @@ extern const sp_registrar_ops_t sp__registrar_nccl;
  * SP_ERR_NOT_SUPPORTED when the choice cannot run here (nccl without NCCL or GPU, mpi on cuda). */
 sp_status_t sp__registrar_select(const sp_world_t *w, const sp_registrar_ops_t **ops_p);
 
-/* Counters of symmetric/ (sym_int.h); every update is a relaxed atomic add. */
+/* Counters of symmetric/ (symmetric.h); every update is a relaxed atomic add. */
 typedef enum {
     SP_SYMC_REGISTRATIONS,
     SP_SYMC_DEREGISTRATIONS,

@@ -1,7 +1,7 @@
 /*
  * sym_release.c: the collective release paths of symmetric MemPools and their bookkeeping:
  * sp_symmetric_empty_cache, sp_symmetric_mempool_destroy, the world finalize hook, the state
- * registry, window and peer-pointer queries, and the counters of sym_int.h.
+ * registry, window and peer-pointer queries, and the counters of symmetric.h.
  *
  * Release rule: a segment is deregistered and freed only when every rank agrees it is free
  * everywhere (one MPI_BAND allreduce of a bitmap over segment sequence numbers), after a
@@ -25,8 +25,8 @@
 #include <string.h>
 
 #include "core/core.h"
-#include "pool/pool_internal.h"
-#include "symmetric/sym_int.h"
+#include "pool/pool.h"
+#include "symmetric/symmetric.h"
 #include "symmetric/sym_state.h"
 
 static pthread_mutex_t s_reg_lock = PTHREAD_MUTEX_INITIALIZER;

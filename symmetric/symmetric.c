@@ -34,7 +34,7 @@
 #include <string.h>
 
 #include "core/core.h"
-#include "pool/pool_internal.h"
+#include "pool/pool.h"
 #include "symmetric/sym_state.h"
 
 /* ---- the agreement primitive ------------------------------------------------------------- */

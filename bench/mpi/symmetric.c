@@ -20,7 +20,7 @@
  *   growth_ratio    growth_us over allreduce_us
  *   registrations_per_1000  segment registrations per 1000 mallocs in a steady mixed loop
  *                   (target 0)
- * It reads the counters through symmetric/sym_int.h (the one internal header a bench uses:
+ * It reads the counters through symmetric/symmetric.h (the one internal header a bench uses:
  * the same numbers the stats report prints).
  */
 #include <stdio.h>
@@ -34,7 +34,7 @@
 #include <sympool/sympool.h>
 #include <sympool/world.h>
 
-#include "../../symmetric/sym_int.h"
+#include "../../symmetric/symmetric.h"
 
 static double now_us(void) {
     struct timespec ts;

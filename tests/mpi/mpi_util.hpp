@@ -14,7 +14,7 @@
 #include "sp_test.hpp"
 
 extern "C" {
-#include "symmetric/sym_int.h"
+#include "symmetric/symmetric.h"
 #include <sympool/symmetric.h>
 #include <sympool/world.h>
 }

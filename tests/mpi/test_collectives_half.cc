@@ -10,7 +10,7 @@
 #include <random>
 
 extern "C" {
-#include "collectives/coll_int.h"
+#include "collectives/dtype.h"
 }
 
 namespace {

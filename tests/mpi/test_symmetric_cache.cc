@@ -10,7 +10,7 @@
 #include "mpi_util.hpp"
 
 extern "C" {
-#include "pool/pool_internal.h"
+#include "pool/pool.h"
 }
 
 namespace {

@@ -1,4 +1,4 @@
-// test_alloc_internal.cc: what pool_internal.h offers other modules, checked directly: interior
+// test_alloc_internal.cc: what pool/pool.h offers other modules, checked directly: interior
 // pointer lookup, the segment walk, and the symmetric primitives (ordering by segment sequence
 // number, find/take/grow, free segment lists and release); plus several emulated devices.
 #include "alloc_test_util.hpp"
@@ -7,7 +7,7 @@
 #include <vector>
 
 extern "C" {
-#include "pool/pool_internal.h"
+#include "pool/pool.h"
 }
 
 using namespace sp;

@@ -9,7 +9,7 @@
 #include <vector>
 
 extern "C" {
-#include "pool/pool_internal.h"
+#include "pool/pool.h"
 }
 
 using namespace sp;

@@ -22,7 +22,7 @@
 #include <vector>
 
 extern "C" {
-#include "pool/history_int.h"
+#include "pool/history.h"
 #include "tools/pickle_read.h"
 }
 

@@ -18,7 +18,7 @@
 #include <vector>
 
 extern "C" {
-#include "pool/pool_internal.h"
+#include "pool/pool.h"
 }
 
 namespace {

@@ -1,13 +1,13 @@
 /*
- * pool_internal.h: what the caching allocator (pool/) offers the other modules of the library:
+ * pool.h: what the caching allocator (pool/) offers the other modules of the library:
  * pointer lookup, a consistent walk over segments and blocks (snapshots), history hooks, and the
  * primitives symmetric/ builds its agreement protocol on. Nothing here is exported.
  *
  * Locking: every function takes the device allocator's lock itself; none may be called with it
  * held, except the history hooks, which the allocator calls under its lock.
  */
-#ifndef SP_POOL_INTERNAL_H
-#define SP_POOL_INTERNAL_H
+#ifndef SP_POOL_POOL_H
+#define SP_POOL_POOL_H
 
 #include <stdbool.h>
 #include <stddef.h>
@@ -143,4 +143,4 @@ sp_status_t sp__pool_segment_info(const sp_mempool_t *pool, uint64_t segment_seq
 }
 #endif
 
-#endif /* SP_POOL_INTERNAL_H */
+#endif /* SP_POOL_POOL_H */

@@ -1,9 +1,9 @@
 /*
- * history_int.h: the hooks the allocator calls to record memory history (history.c owns them).
+ * history.h: the hooks the allocator calls to record memory history (history.c owns them).
  * Cheap when recording is off: one relaxed load.
  */
-#ifndef SP_HISTORY_INT_H
-#define SP_HISTORY_INT_H
+#ifndef SP_POOL_HISTORY_H
+#define SP_POOL_HISTORY_H
 
 #include <stdbool.h>
 #include <stddef.h>
@@ -97,4 +97,4 @@ bool sp__history_enabled(void);
 }
 #endif
 
-#endif /* SP_HISTORY_INT_H */
+#endif /* SP_POOL_HISTORY_H */

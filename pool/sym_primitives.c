@@ -1,196 +1,15 @@
 /*
- * segments.c: the per-device index of segments by address and what pool_internal.h offers the
- * rest of the library on top of it: interior-pointer lookup, the consistent walk snapshots use,
- * running a function under every device lock, and the primitives the symmetric agreement
- * protocol is built on (find/take/grow a block by (segment seq, offset), sync pending frees,
- * list and release whole free segments).
- *
- * The index is a sorted array of segment pointers (binary search; insert and remove shift the
- * array). It is off the hot path: segments are few and change rarely. Every function here either
- * runs with the device lock held (sp__segidx_*) or takes device locks itself, in device order.
+ * sym_primitives.c: what pool/pool.h offers symmetric/ to build its agreement protocol on:
+ * find/take/grow a block by (segment seq, offset), sync pending frees, list and release whole
+ * free segments of a symmetric pool. Each function takes the device lock itself.
  */
 #include <stdlib.h>
 #include <string.h>
 
-#include "pool/alloc_int.h"
-
-/* ---- the address index ------------------------------------------------------------------- */
-
-/* First index whose segment base is > addr. */
-static size_t upper(const sp_devalloc_t *d, uintptr_t addr) {
-    size_t lo = 0, hi = d->nsegs;
-    while (lo < hi) {
-        size_t mid = (lo + hi) / 2;
-        if (d->segs[mid]->base <= addr)
-            lo = mid + 1;
-        else
-            hi = mid;
-    }
-    return lo;
-}
-
-sp_status_t sp__segidx_insert(sp_devalloc_t *d, sp_segment_t *seg) {
-    if (d->nsegs == d->cap_segs) {
-        size_t cap = d->cap_segs ? d->cap_segs * 2 : 64;
-        sp_segment_t **n = realloc(d->segs, cap * sizeof(*n));
-        if (!n)
-            return SP_ERR_SYSTEM;
-        d->segs = n;
-        d->cap_segs = cap;
-    }
-    size_t i = upper(d, seg->base);
-    memmove(&d->segs[i + 1], &d->segs[i], (d->nsegs - i) * sizeof(*d->segs));
-    d->segs[i] = seg;
-    d->nsegs++;
-    return SP_SUCCESS;
-}
-
-void sp__segidx_remove(sp_devalloc_t *d, sp_segment_t *seg) {
-    size_t i = upper(d, seg->base);
-    if (i == 0 || d->segs[i - 1] != seg)
-        return;
-    i--;
-    memmove(&d->segs[i], &d->segs[i + 1], (d->nsegs - i - 1) * sizeof(*d->segs));
-    d->nsegs--;
-}
-
-sp_segment_t *sp__segidx_find(const sp_devalloc_t *d, uintptr_t addr) {
-    size_t i = upper(d, addr);
-    if (i == 0)
-        return NULL;
-    sp_segment_t *s = d->segs[i - 1];
-    return addr < s->base + s->size ? s : NULL;
-}
-
-static sp_block_t *block_at(sp_segment_t *seg, uintptr_t addr) {
-    for (sp_block_t *b = seg->head; b; b = b->next)
-        if (addr >= b->addr && addr < b->addr + b->size)
-            return b;
-    return NULL;
-}
-
-/* ---- lookup, walk, locked ---------------------------------------------------------------- */
-
-sp_status_t sp__pool_lookup(const void *ptr, sp_block_info_t *info_p) {
-    if (!atomic_load_explicit(&sp__ready, memory_order_acquire) || !ptr || !info_p)
-        return sp__error_quiet(SP_ERR_INVALID_USAGE, SP_SUB_POOL, "%p is not in a live block", ptr);
-    uintptr_t a = (uintptr_t)ptr;
-    for (int i = 0; i < sp__g.ndev; i++) {
-        sp_devalloc_t *d = &sp__g.devs[i];
-        sp__lock(&d->lock);
-        sp_segment_t *seg = sp__segidx_find(d, a);
-        sp_block_t *b = seg ? block_at(seg, a) : NULL;
-        if (b && b->allocated) {
-            info_p->device = i;
-            info_p->block_base = (void *)b->addr;
-            info_p->block_size = b->size;
-            info_p->requested_size = b->requested;
-            info_p->segment_base = (void *)seg->base;
-            info_p->segment_size = seg->size;
-            info_p->segment_seq = seg->seq;
-            info_p->pool = seg->bpool->pool;
-            info_p->stream = b->stream;
-            sp__unlock(&d->lock);
-            return SP_SUCCESS;
-        }
-        sp__unlock(&d->lock);
-    }
-    return sp__error_quiet(SP_ERR_INVALID_USAGE, SP_SUB_POOL, "%p is not in a live sympool block",
-                           ptr);
-}
-
-static void lock_all(void) {
-    for (int i = 0; i < sp__g.ndev; i++)
-        sp__lock(&sp__g.devs[i].lock);
-}
-
-static void unlock_all(void) {
-    for (int i = sp__g.ndev - 1; i >= 0; i--)
-        sp__unlock(&sp__g.devs[i].lock);
-}
-
-sp_status_t sp__pool_locked(void (*fn)(void *arg), void *arg) {
-    SP_CHECK(sp__alloc_ensure());
-    lock_all();
-    fn(arg);
-    unlock_all();
-    return SP_SUCCESS;
-}
-
-static sp_status_t visit_segment(sp_devalloc_t *d, sp_segment_t *seg, sp_segment_visit_fn visit,
-                                 void *arg, sp_block_view_t **buf, size_t *cap) {
-    size_t n = 0;
-    for (sp_block_t *b = seg->head; b; b = b->next)
-        n++;
-    if (n > *cap) {
-        sp_block_view_t *nb = realloc(*buf, n * sizeof(*nb));
-        if (!nb)
-            return sp__error(SP_ERR_SYSTEM, SP_SUB_POOL, "out of host memory for a walk");
-        *buf = nb;
-        *cap = n;
-    }
-    sp_mempool_t *pool = seg->bpool->pool;
-    sp_segment_view_t v;
-    memset(&v, 0, sizeof(v));
-    v.device = d->device;
-    v.address = seg->base;
-    v.total_size = seg->size;
-    v.stream = (uintptr_t)seg->stream;
-    v.is_small = seg->bpool->is_small;
-    v.pool_id = pool->id;
-    v.pool_name = pool->name;
-    v.segment_seq = seg->seq;
-    v.context = seg->context;
-    size_t i = 0;
-    for (sp_block_t *b = seg->head; b; b = b->next, i++) {
-        sp_block_view_t *bv = &(*buf)[i];
-        bv->address = b->addr;
-        bv->size = b->size;
-        bv->requested_size = b->allocated || b->event_count ? b->requested : 0;
-        bv->context = b->context;
-        if (b->allocated) {
-            bv->state = SP_BLOCK_ACTIVE_ALLOCATED;
-            v.allocated_size += b->size;
-            v.active_size += b->size;
-        } else if (b->event_count || b->nuses) {
-            bv->state = SP_BLOCK_ACTIVE_PENDING_FREE;
-            v.active_size += b->size;
-        } else {
-            bv->state = SP_BLOCK_INACTIVE;
-        }
-        v.requested_size += bv->requested_size;
-    }
-    v.nblocks = n;
-    v.blocks = *buf;
-    visit(&v, arg);
-    return SP_SUCCESS;
-}
-
-sp_status_t sp__pool_walk(int device, const sp_mempool_t *pool, sp_segment_visit_fn visit,
-                          void *arg) {
-    SP_CHECK(sp__alloc_ensure());
-    if (device >= sp__g.ndev)
-        return sp__error(SP_ERR_INVALID_ARGUMENT, SP_SUB_POOL, "walk: device %d does not exist",
-                         device);
-    sp_block_view_t *buf = NULL;
-    size_t cap = 0;
-    sp_status_t s = SP_SUCCESS;
-    lock_all();
-    for (int i = 0; i < sp__g.ndev && s == SP_SUCCESS; i++) {
-        if (device >= 0 && i != device)
-            continue;
-        sp_devalloc_t *d = &sp__g.devs[i];
-        for (size_t k = 0; k < d->nsegs && s == SP_SUCCESS; k++) {
-            sp_segment_t *seg = d->segs[k];
-            if (pool && seg->bpool->pool != pool)
-                continue;
-            s = visit_segment(d, seg, visit, arg, &buf, &cap);
-        }
-    }
-    unlock_all();
-    free(buf);
-    return s;
-}
+#include "pool/allocator.h"
+#include "pool/mempool.h"
+#include "pool/release.h"
+#include "pool/segment_index.h"
 
 /* ---- symmetric primitives ---------------------------------------------------------------- */
 
@@ -249,7 +68,8 @@ sp_status_t sp__pool_sym_take(sp_mempool_t *pool, size_t size, sp_stream_t strea
     uint32_t ctx = sp__history_active ? sp__history_capture(false) : 0;
     sp__lock(&d->lock);
     sp_segment_t *seg = seg_by_seq(pool, segment_seq);
-    sp_block_t *b = seg && offset < seg->size ? block_at(seg, seg->base + offset) : NULL;
+    sp_block_t *b =
+        seg && offset < seg->size ? sp__segment_block_at(seg, seg->base + offset) : NULL;
     if (!b || b->addr != seg->base + offset || !b->in_set || b->size < rs || b->stream != stream ||
         (rs <= SP_SMALL_SIZE) != seg->bpool->is_small) {
         sp__unlock(&d->lock);

@@ -1,5 +1,5 @@
 /*
- * coll_int.h: private to collectives/: dtype facts, the IEEE half-precision helpers the host
+ * dtype.h: private to collectives/: dtype facts, the IEEE half-precision helpers the host
  * backend reduces fp16/bf16 with, and the NCCL path's entry points. Nothing here is exported.
  *
  * Half types travel through MPI as 16-bit integers; their SUM/PROD/AVG are computed by converting
@@ -7,8 +7,8 @@
  * result equals the float reference rounded. MIN/MAX are exact and use a user-defined MPI_Op
  * on MPI_UINT16_T that propagates NaN.
  */
-#ifndef SP_COLL_INT_H
-#define SP_COLL_INT_H
+#ifndef SP_COLLECTIVES_DTYPE_H
+#define SP_COLLECTIVES_DTYPE_H
 
 #include <stdbool.h>
 #include <stddef.h>
@@ -78,4 +78,4 @@ sp_status_t sp__coll_nccl(sp_world_t *w, const sp_coll_call_t *call);
 }
 #endif
 
-#endif /* SP_COLL_INT_H */
+#endif /* SP_COLLECTIVES_DTYPE_H */

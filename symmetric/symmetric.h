@@ -1,9 +1,9 @@
 /*
- * sym_int.h: what symmetric/ offers the modules above it (collectives/: window lookup for
+ * symmetric.h: what symmetric/ offers the modules above it (collectives/: window lookup for
  * NCCL's symmetric kernels and the counters in the stats report).
  */
-#ifndef SP_SYM_INT_H
-#define SP_SYM_INT_H
+#ifndef SP_SYMMETRIC_SYMMETRIC_H
+#define SP_SYMMETRIC_SYMMETRIC_H
 
 #include <stdint.h>
 
@@ -31,4 +31,4 @@ void sp__symmetric_counters(int device, sp_sym_counters_t *counters_p);
 }
 #endif
 
-#endif /* SP_SYM_INT_H */
+#endif /* SP_SYMMETRIC_SYMMETRIC_H */

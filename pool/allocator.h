@@ -1,0 +1,182 @@
+/*
+ * allocator.h: private to pool/: the caching allocator's structures (block pools, MemPools,
+ * per-device allocators, the process-wide allocator state; blocks and segments are in block.h,
+ * free sets in block_set.h, the pointer map in ptr_map.h, stats in stats.h) and allocator.c's
+ * entry points.
+ *
+ * Ownership and invariants:
+ *  - A segment is one device (or pluggable-allocator) allocation; its blocks tile it exactly, in
+ *    address order, linked by prev/next. A block is either allocated (in the device's pointer map),
+ *    pending (freed, waiting for events; in no set) or free (in its block pool's free set).
+ *  - Every block and segment belongs to exactly one MemPool and one of its two block pools
+ *    (small or large); a block returns to that pool whoever frees it.
+ *  - Everything below a device allocator is guarded by that allocator's `lock`; the lock order is
+ *    sp__g.init_lock first, then device locks in device order. The routing stack is thread-local.
+ */
+#ifndef SP_POOL_ALLOCATOR_H
+#define SP_POOL_ALLOCATOR_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "core/core.h"
+#include "core/core_lock.h"
+#include "pool/block.h"
+#include "pool/block_set.h"
+#include "pool/device/device.h"
+#include "pool/history.h"
+#include "pool/pool.h"
+#include "pool/ptr_map.h"
+#include "pool/stats.h"
+#include "sympool/mempool.h"
+#include "sympool/pool.h"
+
+/* PyTorch's constants (reference/pytorch-allocator.md section 1.1). */
+#define SP_MIN_BLOCK_SIZE ((size_t)512)
+#define SP_SMALL_SIZE ((size_t)1 << 20)
+#define SP_SMALL_BUFFER ((size_t)2 << 20)
+#define SP_MIN_LARGE_ALLOC ((size_t)10 << 20)
+#define SP_ROUND_LARGE ((size_t)2 << 20)
+
+typedef struct sp_bpool {
+    sp_block_set_t free;     /* cached free blocks (lock) */
+    bool is_small;           /* small (<= 1 MiB requests) or large pool (const) */
+    struct sp_mempool *pool; /* owning MemPool (const) */
+    uint64_t gfb_count;      /* get_free_block calls while GC is on: the GC clock (lock) */
+} sp_bpool_t;
+
+/* ---- MemPools ---------------------------------------------------------------------------- */
+
+struct sp_mempool {
+    sp_mempool_id_t id;       /* {0,0} default; {0,n} user (const) */
+    int device;               /* (const) */
+    char *name;               /* copied at create, may be NULL (const) */
+    sp_allocator_t allocator; /* pluggable segment allocator if has_allocator (const) */
+    bool has_allocator;       /* (const) */
+    bool is_default;          /* the device's default pool (const) */
+    bool symmetric;           /* made by sp__mempool_create_symmetric (const) */
+    bool no_split;            /* never split (const) */
+    bool use_on_oom;          /* lend free blocks to OOM'ed default requests (lock) */
+    bool destroyed;           /* sp_mempool_destroy was called (lock) */
+    void *sym_state;          /* symmetric module's state (const) */
+    atomic_int use_count;     /* PyTorch's use count; 0 = freeable */
+    sp_bpool_t small;         /* requests <= 1 MiB (lock) */
+    sp_bpool_t large;         /* the rest (lock) */
+    size_t limit;             /* max reserved bytes, 0 = none (lock) */
+    size_t reserved;          /* bytes of its segments (lock) */
+    size_t used;              /* bytes of its allocated blocks (lock) */
+    size_t nsegments;         /* segments it holds (lock) */
+    uint64_t next_seq;        /* next segment sequence number (lock) */
+    sp_segment_t *seg_head;   /* segments in seq order (lock) */
+    sp_segment_t *seg_tail;   /* (lock) */
+    struct sp_mempool *next;  /* the device's pool list in creation order (lock) */
+    struct sp_devalloc *dev;  /* its device allocator (const) */
+};
+
+/* ---- events ------------------------------------------------------------------------------ */
+
+typedef struct sp_evq_entry {
+    sp_dev_event_t event;      /* recorded on the queue's stream */
+    sp_block_t *block;         /* the pending block it holds back */
+    struct sp_evq_entry *next; /* FIFO order */
+} sp_evq_entry_t;
+
+typedef struct sp_evq {
+    sp_stream_t stream;          /* the used stream the events were recorded on */
+    sp_evq_entry_t *head, *tail; /* FIFO (lock) */
+    struct sp_evq *next;         /* the device's queues (lock) */
+} sp_evq_t;
+
+/* ---- per-device allocator ---------------------------------------------------------------- */
+
+typedef struct sp_devalloc {
+    sp_lock_t lock;             /* guards everything below and every pool of this device */
+    int device;                 /* (const) */
+    size_t total_mem;           /* device total bytes, read at init (const) */
+    size_t allowed_max;         /* memory-fraction cap, SIZE_MAX = none (lock) */
+    size_t total_reserved;      /* bytes of all segments of the device (lock) */
+    bool gc_enabled;            /* fraction set and gc threshold > 0 (lock) */
+    sp_dev_stats_t stats;       /* (lock) */
+    sp_mempool_t *default_pool; /* {0,0} (const) */
+    sp_mempool_t *pools;        /* user and symmetric pools in creation order (lock) */
+    sp_mempool_t *pools_tail;   /* (lock) */
+    sp_ptr_map_t map;           /* allocated blocks by start address (lock) */
+    sp_segment_t **segs;        /* all segments sorted by base address (lock) */
+    size_t nsegs;               /* (lock) */
+    size_t cap_segs;            /* (lock) */
+    sp_evq_t *evqs;             /* per-stream event FIFOs (lock) */
+    size_t pending_events;      /* entries in all evqs (lock) */
+    sp_block_t *spare;          /* recycled block structs (lock) */
+    atomic_uintptr_t lo;        /* lowest segment address ever (free's device guess) */
+    atomic_uintptr_t hi;        /* highest segment end ever */
+} sp_devalloc_t;
+
+typedef struct sp_alloc_global {
+    pthread_mutex_t init_lock;  /* serializes init and shutdown */
+    const sp_device_ops_t *ops; /* backend (init_lock, then const until shutdown) */
+    sp_device_caps_t caps;      /* backend capabilities */
+    sp_alloc_conf_t conf;       /* resolved allocator options at init */
+    bool round_plain;           /* no roundup_power2_divisions: round to 512 B only (const) */
+    int ndev;                   /* devices */
+    sp_devalloc_t *devs;        /* [ndev] */
+} sp_alloc_global_t;
+
+extern sp_alloc_global_t sp__g;
+extern atomic_int sp__ready; /* 1 once sp__g is initialized */
+
+sp_status_t sp__alloc_init_slow(void);
+static inline sp_status_t sp__alloc_ensure(void) {
+    if (SP_LIKELY(atomic_load_explicit(&sp__ready, memory_order_acquire)))
+        return SP_SUCCESS;
+    return sp__alloc_init_slow();
+}
+/* Ensure init and validate a device number (SP_ERR_INVALID_ARGUMENT with a message). */
+sp_status_t sp__alloc_device(int device, sp_devalloc_t **d_p);
+/* The hot-path form: the device allocator when initialized and the number valid, else NULL
+ * (then sp__alloc_device initializes or explains). */
+static inline sp_devalloc_t *sp__alloc_device_fast(int device) {
+    if (SP_LIKELY(atomic_load_explicit(&sp__ready, memory_order_acquire)) &&
+        SP_LIKELY((unsigned)device < (unsigned)sp__g.ndev))
+        return &sp__g.devs[device];
+    return NULL;
+}
+
+/* ---- allocator.c ------------------------------------------------------------------------- */
+
+size_t sp__round_size(size_t size);
+size_t sp__allocation_size(size_t size);
+void sp__fmt_size(size_t bytes, char *buf, size_t len);
+
+/* The whole malloc path for `pool` (the default pool or a private one). `routed_private` says
+ * the request belongs to a private pool, which turns off the use_on_oom fallback. */
+sp_status_t sp__alloc_malloc(sp_devalloc_t *d, sp_mempool_t *pool, size_t size, sp_stream_t stream,
+                             void **ptr_p);
+/* Free a block (lock held): the free request, then events or free_block. */
+void sp__alloc_free_locked(sp_devalloc_t *d, sp_block_t *b, uint32_t context);
+/* Complete a free: merge, return to the free set, stats (lock held). free_ctx: history context
+ * of the sp_free call when it completes at once (0 when events completed it later). */
+void sp__alloc_free_block(sp_devalloc_t *d, sp_block_t *b, uint32_t free_ctx);
+/* Hand out free block b (removed from its set, or fresh) for a rounded size (lock held). */
+void sp__alloc_found_block(sp_devalloc_t *d, sp_block_t *b, size_t size, size_t orig,
+                           uint32_t context);
+/* get_free_block on one block pool (lock held); NULL if none fits. */
+sp_block_t *sp__alloc_get_free_block(sp_devalloc_t *d, sp_bpool_t *bp, size_t size,
+                                     sp_stream_t stream);
+/* Allocate a new segment of alloc_size for bp (lock held). *why_p gets the failure kind:
+ * 0 device OOM, 1 memory fraction, 2 pool limit; other statuses are device errors. */
+sp_status_t sp__alloc_segment(sp_devalloc_t *d, sp_bpool_t *bp, size_t alloc_size,
+                              sp_stream_t stream, uint32_t context, sp_block_t **block_p,
+                              int *why_p);
+/* Release a segment whose only block is free (lock held). */
+void sp__alloc_release_segment(sp_devalloc_t *d, sp_segment_t *seg);
+sp_block_t *sp__block_new(sp_devalloc_t *d);
+void sp__block_recycle(sp_devalloc_t *d, sp_block_t *b);
+/* Is this block a whole free segment that may be released? */
+static inline bool sp__block_releasable(const sp_block_t *b) {
+    return !b->prev && !b->next && !b->allocated && b->event_count == 0 && b->in_set;
+}
+
+#endif /* SP_POOL_ALLOCATOR_H */

@@ -1,0 +1,54 @@
+/*
+ * block.h: private to pool/: blocks and segments, the allocator's two basic structures (see
+ * allocator.h for their ownership and invariants).
+ */
+#ifndef SP_POOL_BLOCK_H
+#define SP_POOL_BLOCK_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "sympool/pool.h"
+
+/* ---- blocks, segments, block pools ------------------------------------------------------- */
+
+struct sp_segment;
+struct sp_bpool;
+struct sp_devalloc;
+
+typedef struct sp_block {
+    uintptr_t addr;         /* start address (lock) */
+    size_t size;            /* bytes, a multiple of 512 (lock) */
+    size_t requested;       /* caller's size while allocated or pending, else 0 (lock) */
+    sp_stream_t stream;     /* allocation stream == its segment's stream (const) */
+    struct sp_segment *seg; /* owning segment (const) */
+    struct sp_block *prev;  /* lower neighbour in the segment, NULL at its start (lock) */
+    struct sp_block *next;  /* higher neighbour in the segment (lock) */
+    struct sp_block *left;  /* free-set tree links, valid while in_set (lock) */
+    struct sp_block *right; /* (lock) */
+    struct sp_block *hnext; /* pointer-map chain while allocated; spare list otherwise */
+    uint64_t gc_count;      /* bpool's get_free_block count when inserted (GC age) */
+    sp_stream_t *uses;      /* streams recorded by sp_record_stream (malloc'd) (lock) */
+    uint32_t nuses;         /* entries in uses (lock) */
+    uint32_t cap_uses;      /* capacity of uses (lock) */
+    uint32_t context;       /* history context of the allocation, 0 if none (lock) */
+    int32_t event_count;    /* outstanding events of a pending free (lock) */
+    int8_t height;          /* AVL height while in_set (lock) */
+    bool allocated;         /* handed out and not yet freed (lock) */
+    bool in_set;            /* in its bpool's free set (lock) */
+} sp_block_t;
+
+typedef struct sp_segment {
+    uintptr_t base;           /* start address (const) */
+    size_t size;              /* bytes (const) */
+    sp_stream_t stream;       /* allocation stream (const) */
+    struct sp_bpool *bpool;   /* small or large block pool of its MemPool (const) */
+    uint64_t seq;             /* per-pool sequence number in growth order, from 0 (const) */
+    uint32_t context;         /* history context of the request that grew it (lock) */
+    sp_block_t *head;         /* its lowest block (lock) */
+    struct sp_segment *pprev; /* pool's segment list, in seq order (lock) */
+    struct sp_segment *pnext; /* (lock) */
+} sp_segment_t;
+
+#endif /* SP_POOL_BLOCK_H */

@@ -1,0 +1,24 @@
+/*
+ * mempool.h: private to pool/: mempool.c's entry points for the rest of the allocator (MemPool
+ * structs, per-thread routing). The public MemPool API is in sympool/mempool.h.
+ */
+#ifndef SP_POOL_MEMPOOL_H
+#define SP_POOL_MEMPOOL_H
+
+#include <stdatomic.h>
+#include <stdbool.h>
+
+#include "pool/allocator.h"
+
+sp_mempool_t *sp__mempool_new(sp_devalloc_t *d, const sp_mempool_params_t *params, bool is_default,
+                              bool symmetric);
+void sp__mempool_free_struct(sp_mempool_t *pool);
+/* Threads with a non-empty routing stack (mempool.c): sp_malloc calls sp__mempool_routed
+ * only when it is not 0. */
+extern atomic_int sp__routing_threads;
+/* The calling thread's innermost routed pool on `device`, or NULL. */
+sp_mempool_t *sp__mempool_routed(int device);
+/* Forget the calling thread's routing (sp_shutdown). */
+void sp__mempool_routing_reset(void);
+
+#endif /* SP_POOL_MEMPOOL_H */

@@ -1,0 +1,61 @@
+/*
+ * ptr_map.h: private to pool/: the per-device map from an allocated block's start address to its
+ * block, a chained hash table (ptr_map.c holds init, find and growth; insert and remove, which sit
+ * on every malloc and free, are inline).
+ */
+#ifndef SP_POOL_PTR_MAP_H
+#define SP_POOL_PTR_MAP_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "core/core.h"
+#include "pool/block.h"
+
+/* ---- pointer map ------------------------------------------------------------------------- */
+
+typedef struct sp_ptr_map {
+    sp_block_t **buckets; /* chained by hnext (lock) */
+    size_t mask;          /* nbuckets - 1, a power of two minus one (lock) */
+    size_t count;         /* allocated blocks (lock) */
+} sp_ptr_map_t;
+
+sp_status_t sp__ptr_map_init(sp_ptr_map_t *m);
+void sp__ptr_map_fini(sp_ptr_map_t *m);
+sp_block_t *sp__ptr_map_find(const sp_ptr_map_t *m, uintptr_t addr);
+/* Double the bucket count (out of line: rare). */
+void sp__ptr_map_grow(sp_ptr_map_t *m);
+
+/* Insert and remove are inline: they sit on every malloc and free. Blocks are 512-byte
+ * aligned: drop those bits and mix with a Fibonacci multiplier; the mask picks the bucket. */
+static inline size_t sp__ptr_map_hash(uintptr_t addr) {
+    uint64_t x = (uint64_t)(addr >> 9);
+    x *= 0x9E3779B97F4A7C15ull;
+    return (size_t)(x >> 17);
+}
+
+static inline void sp__ptr_map_insert(sp_ptr_map_t *m, sp_block_t *b) {
+    if (SP_UNLIKELY(m->count > m->mask))
+        sp__ptr_map_grow(m);
+    sp_block_t **head = &m->buckets[sp__ptr_map_hash(b->addr) & m->mask];
+    b->hnext = *head;
+    *head = b;
+    m->count++;
+}
+
+static inline sp_block_t *sp__ptr_map_remove(sp_ptr_map_t *m, uintptr_t addr) {
+    if (SP_UNLIKELY(!m->buckets))
+        return NULL;
+    sp_block_t **pp = &m->buckets[sp__ptr_map_hash(addr) & m->mask];
+    for (sp_block_t *b = *pp; b; pp = &b->hnext, b = b->hnext) {
+        if (b->addr == addr) {
+            *pp = b->hnext;
+            b->hnext = NULL;
+            m->count--;
+            return b;
+        }
+    }
+    return NULL;
+}
+
+#endif /* SP_POOL_PTR_MAP_H */

@@ -1,0 +1,95 @@
+/*
+ * stats.h: private to pool/: PyTorch's DeviceStats as the allocator keeps them (stats.c reads
+ * and resets them; the inline updates below sit on the malloc and free paths).
+ */
+#ifndef SP_POOL_STATS_H
+#define SP_POOL_STATS_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+/* ---- stats (PyTorch's DeviceStats) ------------------------------------------------------- */
+
+/* PyTorch's Stat. `freed` is not kept up to date on the hot path: it is derived as
+ * allocated - (current - base), base being `current` at the last accumulated reset, which lets
+ * every decrement touch one word. sp__stat_freed reads it; stats.c materializes it in copies. */
+typedef struct sp_stat {
+    int64_t current;   /* bytes or count now */
+    int64_t peak;      /* max of current since the last peak reset */
+    int64_t allocated; /* sum of increases since the last accumulated reset */
+    int64_t base;      /* current at the last accumulated reset (see above) */
+} sp_stat_t;
+
+static inline int64_t sp__stat_freed(const sp_stat_t *s) {
+    return s->allocated - (s->current - s->base);
+}
+
+enum { SP_STAT_ALL = 0, SP_STAT_SMALL = 1, SP_STAT_LARGE = 2, SP_STAT_NTYPES = 3 };
+
+/* The nine StatArrays, in PyTorch's declaration order. */
+enum {
+    SP_ST_ALLOCATION,
+    SP_ST_SEGMENT,
+    SP_ST_ACTIVE,
+    SP_ST_INACTIVE_SPLIT,
+    SP_ST_ALLOCATED_BYTES,
+    SP_ST_RESERVED_BYTES,
+    SP_ST_ACTIVE_BYTES,
+    SP_ST_INACTIVE_SPLIT_BYTES,
+    SP_ST_REQUESTED_BYTES,
+    SP_ST_NARRAYS
+};
+
+typedef struct sp_dev_stats {
+    sp_stat_t arr[SP_ST_NARRAYS][SP_STAT_NTYPES]; /* [array][all/small/large] */
+    sp_stat_t oversize_allocations;               /* blocks >= max_split_size handed out */
+    sp_stat_t oversize_segments;                  /* segments >= max_split_size */
+    int64_t num_alloc_retries;                    /* alloc_block calls after release_cached */
+    int64_t num_ooms;                             /* OOMs reported to callers */
+    int64_t max_split_size;                       /* bytes; -1 when unlimited */
+    int64_t num_sync_all_streams;                 /* synchronize_and_free_events calls */
+    int64_t num_device_alloc;                     /* successful segment allocations */
+    int64_t num_device_free;                      /* segment releases */
+} sp_dev_stats_t;
+
+/* PyTorch's update_stat: current += delta; peak tracks current; delta > 0 counts as allocated,
+ * delta < 0 as freed (derived, see sp_stat_t). */
+static inline void sp__stat_add(sp_stat_t *s, int64_t delta) {
+    s->current += delta;
+    if (s->current > s->peak)
+        s->peak = s->current;
+    if (delta > 0)
+        s->allocated += delta;
+}
+
+/* Update array `a` for the aggregate and the small or large type. */
+static inline void sp__stat_arr(sp_dev_stats_t *st, int a, bool is_small, int64_t delta) {
+    sp__stat_add(&st->arr[a][SP_STAT_ALL], delta);
+    sp__stat_add(&st->arr[a][is_small ? SP_STAT_SMALL : SP_STAT_LARGE], delta);
+}
+
+/* The same with a known direction (n >= 0): the hot paths use these to skip the sign tests. */
+static inline void sp__stat_inc1(sp_stat_t *s, int64_t n) {
+    s->current += n;
+    s->allocated += n;
+    if (s->current > s->peak)
+        s->peak = s->current;
+}
+static inline void sp__stat_dec1(sp_stat_t *s, int64_t n) {
+    s->current -= n; /* freed grows by n through its derivation */
+}
+static inline void sp__stat_inc(sp_dev_stats_t *st, int a, bool is_small, int64_t n) {
+    sp__stat_inc1(&st->arr[a][SP_STAT_ALL], n);
+    sp__stat_inc1(&st->arr[a][is_small ? SP_STAT_SMALL : SP_STAT_LARGE], n);
+}
+static inline void sp__stat_dec(sp_dev_stats_t *st, int a, bool is_small, int64_t n) {
+    sp__stat_dec1(&st->arr[a][SP_STAT_ALL], n);
+    sp__stat_dec1(&st->arr[a][is_small ? SP_STAT_SMALL : SP_STAT_LARGE], n);
+}
+
+/* ---- stats.c ----------------------------------------------------------------------------- */
+
+void sp__stats_init(sp_dev_stats_t *st, size_t max_split_size);
+
+#endif /* SP_POOL_STATS_H */
