@@ -15,7 +15,7 @@
 #include <string.h>
 
 #include "core/core.h"
-#include "pool/summary.h"
+#include "pool/pool_summary.h"
 #include "sympool/pool.h"
 #include "sympool/summary.h"
 

@@ -20,7 +20,7 @@
 
 #include <sympool/sympool.h>
 
-#include "pool/summary.h"
+#include "pool/pool_summary.h"
 #include "tools/cli.h"
 
 #define SMALL_SIZE (1ull << 20)

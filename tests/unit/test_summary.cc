@@ -10,7 +10,7 @@
 #include <vector>
 
 extern "C" {
-#include "pool/summary.h"
+#include "pool/pool_summary.h"
 }
 
 using namespace sp;

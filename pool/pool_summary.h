@@ -1,9 +1,9 @@
 /*
- * summary.h: the table behind sp_memory_summary, for any set of statistics: the library formats
- * a device's live figures, the CLI (`sympool summary`) those it rebuilds from a snapshot.
+ * pool_summary.h: the table behind sp_memory_summary, for any set of statistics: the library
+ * formats a device's live figures, the CLI (`sympool summary`) those it rebuilds from a snapshot.
  */
-#ifndef SP_POOL_SUMMARY_H
-#define SP_POOL_SUMMARY_H
+#ifndef SP_POOL_POOL_SUMMARY_H
+#define SP_POOL_POOL_SUMMARY_H
 
 #include <stddef.h>
 #include <stdint.h>
@@ -26,4 +26,4 @@ size_t sp__summary_format(const sp_stats_t *st, const char *title, char *buf, si
 }
 #endif
 
-#endif /* SP_POOL_SUMMARY_H */
+#endif /* SP_POOL_POOL_SUMMARY_H */
