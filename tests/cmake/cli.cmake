@@ -168,3 +168,40 @@ if(TARGET sympool_cli)
   sp_cli_check(NAME summary_two_files RC 2 REGEX "give exactly one snapshot"
     ARGS summary ${SMALL} ${SMALL})
 endif()
+
+# ---- plot (issue 15 item 6) --------------------------------------------------------------
+if(TARGET sympool_cli)
+  set(BIG ${SP_CLI_TRACE})
+  # A small job reads in MiB, with the peak labels inside the frame and blocks named by where
+  # they were allocated (never "event N").
+  add_test(NAME cli.plot_small_in_mib COMMAND sh -c
+    "'$<TARGET_FILE:sympool_cli>' plot '${SMALL}' -o '${SP_CLI_OUT}/small.svg' && cat '${SP_CLI_OUT}/small.svg'")
+  set_tests_properties(cli.plot_small_in_mib PROPERTIES LABELS "unit;cli" TIMEOUT 60
+    PASS_REGULAR_EXPRESSION ">450 MiB</text>.*peak allocated 441.6 MiB</text>.*4 blocks of 12.5 MiB</text>.*forward transformer.py:22</text>"
+    FAIL_REGULAR_EXPRESSION "GiB</text>;from event [0-9]")
+  # Several snapshots on one chart: the highest and lowest peak marked.
+  sp_cli_check(NAME plot_ranks RC 0
+    REGEX "wrote .*ranks.svg \\(3 snapshots; highest peak allocated: cs336-2.7b-ctx128-forward-bf16 22.234 GiB, lowest: trace-small-p4 0.431 GiB\\)"
+    ARGS plot ${BIG} ${SMALL} ${CMAKE_CURRENT_SOURCE_DIR}/data/trace-small-u64.pickle
+         --output=${SP_CLI_OUT}/ranks.svg)
+  add_test(NAME cli.plot_ranks_marked COMMAND sh -c
+    "'$<TARGET_FILE:sympool_cli>' plot '${SMALL}' '${BIG}' -o '${SP_CLI_OUT}/ranks2.svg' >/dev/null && cat '${SP_CLI_OUT}/ranks2.svg'")
+  set_tests_properties(cli.plot_ranks_marked PROPERTIES LABELS "unit;cli" TIMEOUT 60
+    PASS_REGULAR_EXPRESSION "Memory timeline: 2 ranks.*cs336-2.7b-ctx128-forward-bf16: peak 22.23 GiB \\(max\\).*trace-small-p4: peak 441.6 MiB \\(min\\)")
+  sp_cli_check(NAME plot_png_refused RC 2 REGEX "writes SVG only, not '.*x.png'"
+    ARGS plot ${SMALL} -o ${SP_CLI_OUT}/x.png)
+  sp_cli_check(NAME plot_no_output RC 2 REGEX "no -o OUT.svg given" ARGS plot ${SMALL})
+  sp_cli_check(NAME plot_bad_device RC 1 REGEX "device 5 not in the snapshot \\(1 device\\)"
+    ARGS plot ${SMALL} -d 5 -o ${SP_CLI_OUT}/d5.svg)
+  sp_cli_check(NAME plot_not_a_pickle RC 1 REGEX "not a pickle"
+    ARGS plot ${PROJECT_SOURCE_DIR}/README.md -o ${SP_CLI_OUT}/readme.svg)
+  # The snapshot with 2^64-1 line numbers plots; its frames show no line rather than a bogus one.
+  add_test(NAME cli.plot_u64_lines COMMAND sh -c
+    "'$<TARGET_FILE:sympool_cli>' plot '${CMAKE_CURRENT_SOURCE_DIR}/data/trace-small-u64.pickle' -o '${SP_CLI_OUT}/u64.svg' && cat '${SP_CLI_OUT}/u64.svg'")
+  set_tests_properties(cli.plot_u64_lines PROPERTIES LABELS "unit;cli" TIMEOUT 60
+    PASS_REGULAR_EXPRESSION "peak allocated 441.6 MiB" FAIL_REGULAR_EXPRESSION "18446744073709551615")
+  sp_cli_check(NAME summary_u64 RC 0 REGEX "Allocations           \\|         21 \\|"
+    ARGS summary ${CMAKE_CURRENT_SOURCE_DIR}/data/trace-small-u64.pickle)
+  sp_cli_check(NAME replay_u64 RC 0 REGEX "\"events\":104," ARGS replay --json
+    ${CMAKE_CURRENT_SOURCE_DIR}/data/trace-small-u64.pickle)
+endif()
