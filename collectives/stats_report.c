@@ -411,7 +411,7 @@ static const family_t families[F_SCALAR] = {
 
 typedef struct prom_key {
     int family;       /* F_* */
-    char labels[96];  /* `metric="..",pool=".."` or "" */
+    char labels[128]; /* `metric="..",pool=".."` or "" */
     char scalar[128]; /* F_SCALAR/F_OTHER: the metric name */
     fam_type_t type;  /* F_SCALAR/F_OTHER: its type */
 } prom_key_t;
