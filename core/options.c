@@ -196,8 +196,8 @@ static const opt_def_t defs[SP_OPT_COUNT] = {
      "report at exit: none, table, json, prometheus"},
 };
 
-/* Variables that start with SYMPOOL_ but belong to the build or tests, not to the library. */
-static const char *const allowed_names[] = {"SYMPOOL_TEST_DEVICE"};
+/* Variables that start with SYMPOOL_ but belong to the build, the tests or the Python package. */
+static const char *const allowed_names[] = {"SYMPOOL_TEST_DEVICE", "SYMPOOL_LIBRARY"};
 
 /* ---- state ---------------------------------------------------------------------------- */
 

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs what a fresh Debian/Ubuntu machine lacks to build and test sympool: a compiler, CMake,
-# Open MPI and GoogleTest. Does nothing when they are already there.
+# Open MPI, GoogleTest, and pytest and mpi4py for the system python3. Does nothing when they are
+# already there.
 set -euo pipefail
 need=()
 command -v cmake >/dev/null || need+=(cmake)
@@ -9,6 +10,9 @@ command -v mpicc >/dev/null || need+=(libopenmpi-dev)
 command -v mpirun >/dev/null || need+=(openmpi-bin)
 [ -f /usr/include/gtest/gtest.h ] || need+=(googletest libgtest-dev)
 command -v python3 >/dev/null || need+=(python3)
+# The Python package's tests run with the system interpreter's pytest and mpi4py (Debian's).
+[ -x /usr/bin/python3 ] && /usr/bin/python3 -c 'import pytest' 2>/dev/null || need+=(python3-pytest)
+[ -x /usr/bin/python3 ] && /usr/bin/python3 -c 'import mpi4py' 2>/dev/null || need+=(python3-mpi4py)
 if [ ${#need[@]} -gt 0 ]; then
   echo "sympool: installing ${need[*]}"
   sudo=""

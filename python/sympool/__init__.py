@@ -1,0 +1,37 @@
+"""sympool: a CUDA caching allocator with PyTorch's semantics, MemPools, and symmetric MemPools
+for mpirun-launched jobs, from Python (ctypes over libsympool.so).
+
+    import sympool
+    p = sympool.malloc(1 << 20)
+    print(sympool.memory_stats()["allocated_bytes.all.current"])
+    sympool.free(p)
+
+Names and shapes follow torch.cuda's memory API and CuPy's MemoryPool. The library is found at
+$SYMPOOL_LIBRARY, else next to this package, else through the loader's search path; it is loaded
+on the first call. `import sympool` never imports torch (that is `import sympool.torch`) nor
+mpi4py (imported by World(comm) when needed).
+"""
+
+from ._lib import InvalidArgumentError, OutOfMemoryError, SympoolError
+from ._lib import path as library_path
+from .history import record_memory_history
+from .memory import (
+    MemPool, Stream, backend, caching_allocator_alloc, caching_allocator_delete, device_count,
+    dump_snapshot, empty_cache, free, get_memory_info, init, malloc, max_memory_allocated,
+    max_memory_reserved, mem_get_info, memory_allocated, memory_reserved, memory_snapshot,
+    memory_stats, memory_summary, record_stream, reset_accumulated_memory_stats,
+    reset_peak_memory_stats, set_per_process_memory_fraction, snapshot, stats_keys, use_mem_pool)
+from .world import World
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "InvalidArgumentError", "MemPool", "OutOfMemoryError", "Stream", "SympoolError", "World",
+    "backend", "caching_allocator_alloc", "caching_allocator_delete", "device_count",
+    "dump_snapshot", "empty_cache", "free", "get_memory_info", "init", "library_path", "malloc",
+    "max_memory_allocated", "max_memory_reserved", "mem_get_info", "memory_allocated",
+    "memory_reserved", "memory_snapshot", "memory_stats", "memory_summary",
+    "record_memory_history", "record_stream", "reset_accumulated_memory_stats",
+    "reset_peak_memory_stats", "set_per_process_memory_fraction", "snapshot", "stats_keys",
+    "use_mem_pool",
+]

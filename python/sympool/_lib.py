@@ -1,0 +1,329 @@
+"""_lib: finding and loading libsympool.so, its C declarations, and turning statuses into errors.
+
+Everything else in the package goes through lib() and check(). The declarations mirror
+include/sympool/*.h; keep them in step when those change. Functions that only some builds export
+(MPI, the summary, the torch hooks) are declared when present and looked up with has().
+
+Lookup order (API.md): $SYMPOOL_LIBRARY, else a libsympool.so next to this package (cmake --install
+puts a link there), else the loader's search path (LD_LIBRARY_PATH, ldconfig).
+"""
+
+import ctypes
+import ctypes.util
+import operator
+import os
+import threading
+
+STATS_MAX = 160  # SP_STATS_MAX in include/sympool/stats.h
+SIZE_MAX = (1 << (8 * ctypes.sizeof(ctypes.c_size_t))) - 1
+
+_lock = threading.Lock()
+_lib = None
+_path = None
+
+
+class SympoolError(RuntimeError):
+    """A sympool call failed. .status is the status name ("SP_ERR_MISMATCH"); the message is the
+    library's detail (sp_last_error) for that failure."""
+
+    def __init__(self, status, message):
+        super().__init__(f"{status}: {message}" if message else status)
+        self.status = status
+        self.detail = message
+
+
+class OutOfMemoryError(SympoolError):
+    """SP_ERR_OUT_OF_MEMORY: the device (or the pool's limit) is exhausted after freeing the
+    cache and retrying, as torch.cuda.OutOfMemoryError."""
+
+
+class InvalidArgumentError(SympoolError, ValueError):
+    """SP_ERR_INVALID_ARGUMENT, or an argument the binding refused before calling the library.
+    Both a SympoolError and a ValueError, so either kind of handler catches it."""
+
+
+_ERROR_CLASSES = {"SP_ERR_OUT_OF_MEMORY": OutOfMemoryError,
+                  "SP_ERR_INVALID_ARGUMENT": InvalidArgumentError}
+
+
+class Stats(ctypes.Structure):
+    _fields_ = [("value", ctypes.c_int64 * STATS_MAX)]
+
+
+class StatsSummary(ctypes.Structure):
+    _fields_ = [("min", ctypes.c_int64 * STATS_MAX), ("max", ctypes.c_int64 * STATS_MAX),
+                ("sum", ctypes.c_int64 * STATS_MAX), ("min_rank", ctypes.c_int * STATS_MAX),
+                ("max_rank", ctypes.c_int * STATS_MAX), ("nranks", ctypes.c_int)]
+
+
+class MemPoolId(ctypes.Structure):
+    _fields_ = [("first", ctypes.c_uint64), ("second", ctypes.c_uint64)]
+
+
+ALLOC_FN = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_void_p,
+                            ctypes.c_void_p)
+FREE_FN = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_void_p,
+                           ctypes.c_void_p)
+
+
+class Allocator(ctypes.Structure):
+    _fields_ = [("alloc", ALLOC_FN), ("free", FREE_FN), ("ctx", ctypes.c_void_p)]
+
+
+class MemPoolParams(ctypes.Structure):
+    _fields_ = [("allocator", ctypes.POINTER(Allocator)), ("use_on_oom", ctypes.c_bool),
+                ("no_split", ctypes.c_bool), ("device", ctypes.c_int), ("name", ctypes.c_char_p)]
+
+
+class HistoryParams(ctypes.Structure):
+    _fields_ = [("enabled", ctypes.c_int), ("context", ctypes.c_int),
+                ("max_entries", ctypes.c_size_t), ("c_stacks", ctypes.c_bool)]
+
+
+class HistoryFrame(ctypes.Structure):
+    _fields_ = [("name", ctypes.c_char_p), ("filename", ctypes.c_char_p), ("line", ctypes.c_int)]
+
+
+FRAMES_FN = ctypes.CFUNCTYPE(ctypes.c_size_t, ctypes.POINTER(HistoryFrame), ctypes.c_size_t,
+                             ctypes.c_void_p)
+
+_st, _sz, _i = ctypes.c_int, ctypes.c_size_t, ctypes.c_int
+_vp, _cp = ctypes.c_void_p, ctypes.c_char_p
+_P = ctypes.POINTER
+_PROTOS = {
+    "sp_status_name": (_cp, [_st]),
+    "sp_last_error": (_cp, []),
+    "sp_init": (_st, []),
+    "sp_backend_name": (_cp, []),
+    "sp_device_count": (_i, []),
+    "sp_malloc": (_st, [_sz, _i, _vp, _P(_vp)]),
+    "sp_free": (_st, [_vp]),
+    "sp_record_stream": (_st, [_vp, _vp]),
+    "sp_empty_cache": (_st, []),
+    "sp_set_memory_fraction": (_st, [ctypes.c_double, _i]),
+    "sp_get_memory_info": (_st, [_i, _P(_sz), _P(_sz)]),
+    "sp_memory_stats": (_st, [_i, _P(Stats)]),
+    "sp_stats_count": (_sz, []),
+    "sp_stats_key": (_cp, [_sz]),
+    "sp_reset_peak_memory_stats": (_st, [_i]),
+    "sp_reset_accumulated_memory_stats": (_st, [_i]),
+    "sp_memory_allocated": (_sz, [_i]),
+    "sp_max_memory_allocated": (_sz, [_i]),
+    "sp_memory_reserved": (_sz, [_i]),
+    "sp_max_memory_reserved": (_sz, [_i]),
+    "sp_mempool_params_init": (None, [_P(MemPoolParams)]),
+    "sp_mempool_create": (_st, [_P(MemPoolParams), _P(_vp)]),
+    "sp_mempool_destroy": (_st, [_vp]),
+    "sp_default_mempool": (_vp, [_i]),
+    "sp_mempool_id": (MemPoolId, [_vp]),
+    "sp_mempool_use_count": (_i, [_vp]),
+    "sp_mempool_is_symmetric": (ctypes.c_bool, [_vp]),
+    "sp_mempool_begin": (_st, [_vp]),
+    "sp_mempool_end": (_st, [_vp]),
+    "sp_mempool_malloc": (_st, [_vp, _sz, _vp, _P(_vp)]),
+    "sp_mempool_used_bytes": (_sz, [_vp]),
+    "sp_mempool_total_bytes": (_sz, [_vp]),
+    "sp_mempool_free_bytes": (_sz, [_vp]),
+    "sp_mempool_n_free_blocks": (_sz, [_vp]),
+    "sp_mempool_free_all_blocks": (_st, [_vp, _vp]),
+    "sp_mempool_set_limit": (_st, [_vp, _sz]),
+    "sp_mempool_get_limit": (_sz, [_vp]),
+    "sp_history_params_init": (None, [_P(HistoryParams)]),
+    "sp_record_memory_history": (_st, [_P(HistoryParams)]),
+    "sp_dump_snapshot": (_st, [_cp]),
+    "sp_mempool_dump_snapshot": (_st, [_vp, _cp]),
+    "sp_history_set_frames_hook": (None, [FRAMES_FN, _vp]),
+    "sp_stream_create": (_st, [_i, _P(_vp)]),
+    "sp_stream_destroy": (_st, [_vp]),
+    "sp_stream_synchronize": (_st, [_vp]),
+    "sp_torch_malloc": (_vp, [_sz, _i, _vp]),
+    "sp_torch_free": (None, [_vp, _sz, _i, _vp]),
+}
+# Present only in some builds or versions: declared when exported.
+_OPTIONAL = {
+    "sp_memory_summary": (_st, [_i, _cp, _sz]),
+    "sp_torch_record_stream": (None, [_vp, _vp]),
+    "sp_torch_empty_cache": (None, []),
+    # world.h / symmetric.h / collectives.h (MPI builds). sp_world_from_comm's MPI_Comm is
+    # declared in world.py, where mpi4py tells its size.
+    "sp_world_init": (_st, [_vp, _vp, _P(_vp)]),
+    "sp_world_finalize": (_st, [_vp]),
+    "sp_world_rank": (_i, [_vp]),
+    "sp_world_size": (_i, [_vp]),
+    "sp_world_local_rank": (_i, [_vp]),
+    "sp_world_device": (_i, [_vp]),
+    "sp_symmetric_mempool_create": (_st, [_vp, _P(MemPoolParams), _P(_vp)]),
+    "sp_symmetric_mempool_destroy": (_st, [_vp]),
+    "sp_symmetric_malloc": (_st, [_vp, _sz, _vp, _P(_vp)]),
+    "sp_symmetric_empty_cache": (_st, [_vp]),
+    "sp_allreduce": (_st, [_vp, _vp, _vp, _sz, _i, _i, _vp]),
+    "sp_allgather": (_st, [_vp, _vp, _vp, _sz, _i, _vp]),
+    "sp_reduce_scatter": (_st, [_vp, _vp, _vp, _sz, _i, _i, _vp]),
+    "sp_broadcast": (_st, [_vp, _vp, _vp, _sz, _i, _i, _vp]),
+    "sp_stats_aggregate": (_st, [_vp, _i, _P(StatsSummary)]),
+    "sp_stats_report": (_st, [_vp, _i, _vp, _i]),
+}
+
+
+def _candidates():
+    env = os.environ.get("SYMPOOL_LIBRARY")
+    if env:
+        return [env]  # an explicit choice: no fallback that would hide a wrong path
+    here = os.path.dirname(os.path.abspath(__file__))
+    out = [os.path.join(here, name) for name in ("libsympool.so", "libsympool.so.0")]
+    out = [p for p in out if os.path.exists(p)]
+    found = ctypes.util.find_library("sympool")
+    out.append(found or "libsympool.so")
+    return out
+
+
+def _load():
+    errors = []
+    for path in _candidates():
+        try:
+            # RTLD_GLOBAL: Open MPI's plugins, loaded later by MPI_Init, resolve libmpi's symbols
+            # globally; a library pulled in with RTLD_LOCAL can leave them unresolved.
+            handle = ctypes.CDLL(path, mode=ctypes.RTLD_GLOBAL)
+        except OSError as e:
+            errors.append(f"{path}: {e}")
+            continue
+        return handle, path
+    raise ImportError("sympool: cannot load libsympool.so (" + "; ".join(errors) + "). Set "
+                      "SYMPOOL_LIBRARY to its path, install with `cmake --install build --prefix "
+                      "P` (puts a link next to the package), or add its folder to LD_LIBRARY_PATH.")
+
+
+def _declare(handle):
+    for name, (restype, argtypes) in _PROTOS.items():
+        fn = getattr(handle, name)  # AttributeError: not a sympool library, or too old
+        fn.restype, fn.argtypes = restype, argtypes
+    for name, (restype, argtypes) in _OPTIONAL.items():
+        fn = getattr(handle, name, None)
+        if fn is not None:
+            fn.restype, fn.argtypes = restype, argtypes
+
+
+def lib():
+    """The loaded library (loaded and declared on first use)."""
+    global _lib, _path
+    if _lib is None:
+        with _lock:
+            if _lib is None:
+                handle, path = _load()
+                _declare(handle)
+                _path = path
+                _lib = handle
+    return _lib
+
+
+class _Functions:
+    """c.sp_xxx: the library's function, looked up once (attribute access on this object is
+    cheaper than on the CDLL, which matters on the malloc/free path)."""
+
+    def __getattr__(self, name):
+        fn = getattr(lib(), name)
+        setattr(self, name, fn)
+        return fn
+
+
+c = _Functions()
+
+
+def path():
+    """The path the library was loaded from (what torch's CUDAPluggableAllocator is given)."""
+    lib()
+    return _path
+
+
+def has(name):
+    """Whether this build of the library exports name."""
+    return getattr(lib(), name, None) is not None
+
+
+def status_name(status):
+    return lib().sp_status_name(status).decode(errors="replace")
+
+
+def last_error():
+    return lib().sp_last_error().decode(errors="replace")
+
+
+def check(status):
+    """Raise the SympoolError subclass for status unless it is SP_SUCCESS (0). The message is read
+    right away, on the failing thread, before anything else can overwrite it."""
+    if status != 0:
+        name = status_name(status)
+        raise _ERROR_CLASSES.get(name, SympoolError)(name, last_error())
+
+
+def bad_value(message):
+    """The error for a Python argument refused before reaching C."""
+    return InvalidArgumentError("SP_ERR_INVALID_ARGUMENT", message)
+
+
+# ---- argument conversion: TypeError for a wrong type, ValueError for a wrong value ----------
+
+def as_int(value, what):
+    if isinstance(value, bool):
+        raise TypeError(f"{what} must be an int, not bool")
+    try:
+        return operator.index(value)
+    except TypeError:
+        raise TypeError(f"{what} must be an int, not {type(value).__name__}") from None
+
+
+def as_size(value, what="size"):
+    v = as_int(value, what)
+    if v < 0:
+        raise bad_value(f"{what} must be >= 0, got {v}")
+    if v > SIZE_MAX:
+        raise bad_value(f"{what} {v} does not fit in size_t")
+    return v
+
+
+def as_device(device):
+    """A device index: an int, "cuda" / "cuda:N", or a torch.device; None is device 0."""
+    if device is None:
+        return 0
+    if isinstance(device, str):
+        kind, _, index = device.partition(":")
+        if kind != "cuda" or (index and not index.isdigit()):
+            raise TypeError(f"device must be an int, a torch.device or 'cuda:N', not {device!r}")
+        return int(index) if index else 0
+    if type(device).__name__ == "device" and hasattr(device, "type"):  # torch.device
+        if device.type != "cuda":
+            raise bad_value(f"device {device} is not a CUDA device")
+        return device.index if device.index is not None else 0
+    d = as_int(device, "device")
+    if d < 0 or d >= 1 << 31:
+        raise bad_value(f"device must be in [0, device_count()), got {d}")
+    return d
+
+
+def as_ptr(value, what="ptr"):
+    """An address: an int, or an object with data_ptr() (a tensor). None and 0 are NULL."""
+    if value is None:
+        return None
+    if hasattr(value, "data_ptr") and callable(value.data_ptr):
+        value = value.data_ptr()
+    elif isinstance(value, ctypes.c_void_p):
+        value = value.value or 0
+    v = as_int(value, what)
+    if v < 0 or v > SIZE_MAX:
+        raise bad_value(f"{what} {v:#x} is not an address")
+    return v or None
+
+
+def as_stream(stream):
+    """A stream handle: None (the default stream), an int, or an object with .cuda_stream
+    (torch.cuda.Stream) or .ptr (cupy.cuda.Stream)."""
+    if stream is None:
+        return None
+    for attr in ("cuda_stream", "ptr"):
+        if not isinstance(stream, int) and hasattr(stream, attr):
+            stream = getattr(stream, attr)
+            break
+    v = as_int(stream, "stream")
+    if v < 0 or v > SIZE_MAX:
+        raise bad_value(f"stream {v:#x} is not a stream handle")
+    return v or None

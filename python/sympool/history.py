@@ -1,0 +1,102 @@
+"""history: torch.cuda.memory._record_memory_history's meanings, with Python frames.
+
+While recording asks for stacks, a frames hook (sp_history_set_frames_hook) gives the library the
+allocating thread's Python frames, innermost first, skipping this package's own frames. The hook
+runs on the allocating thread before the library takes any lock; on a thread with no Python
+frames (a C++ thread of torch) it gives none.
+"""
+
+import os
+import sys
+import threading
+
+from . import _lib
+from ._lib import as_int, bad_value, check, lib
+
+_ENABLED = {None: 0, "state": 1, "all": 2}
+_CONTEXT = {None: 0, "state": 1, "alloc": 2, "all": 3}
+_STACKS = ("python", "all")
+_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
+
+_hook_lock = threading.Lock()
+_hook = None  # the installed FRAMES_FN (kept alive while installed, and after: see _install)
+_encoded = {}  # str -> bytes for names and file names (the library copies them per context)
+
+
+def _frames(frames, max_frames, arg):
+    """sp_history_frames_fn: fill frames with this thread's Python stack, innermost first."""
+    try:
+        f = sys._getframe(1)
+        keep = []  # the bytes must live until the library has copied them (until we return)
+        n = 0
+        while f is not None and n < max_frames:
+            code = f.f_code
+            filename = code.co_filename
+            if not filename.startswith(_PACKAGE_DIR):
+                name = _encoded.get(code.co_name)
+                if name is None:
+                    name = _encoded.setdefault(code.co_name, code.co_name.encode(errors="replace"))
+                fname = _encoded.get(filename)
+                if fname is None:
+                    fname = _encoded.setdefault(filename, filename.encode(errors="replace"))
+                keep.append((name, fname))
+                frames[n].name = name
+                frames[n].filename = fname
+                frames[n].line = f.f_lineno or 0
+                n += 1
+            f = f.f_back
+        return n
+    except Exception:  # an exception cannot cross the C frames: record no frames instead
+        return 0
+
+
+def _install(on):
+    global _hook
+    with _hook_lock:
+        if on and _hook is None:
+            _hook = _lib.FRAMES_FN(_frames)
+            lib().sp_history_set_frames_hook(_hook, None)
+        elif not on and _hook is not None:
+            lib().sp_history_set_frames_hook(_lib.FRAMES_FN(), None)
+            # Another thread may be inside the old hook right now: never free it.
+            _lib_keep.append(_hook)
+            _hook = None
+
+
+_lib_keep = []
+
+
+def record_memory_history(enabled="all", context="all", stacks="python", max_entries=sys.maxsize,
+                          *, device=None):
+    """Start, change or stop recording (torch.cuda.memory._record_memory_history).
+
+    enabled: "all" keeps up to max_entries trace entries; "state" keeps only what live blocks
+    need; None stops and clears. context: which records carry stacks: None, "state" (live blocks),
+    "alloc" (also trace entries), "all" (also a stack at each free). stacks: "python" (Python
+    frames) or "all" (Python and C frames). device is accepted for torch's signature (recording
+    covers every device).
+    """
+    if enabled is True:
+        enabled = "all"  # torch's legacy boolean form
+    elif enabled is False:
+        enabled = None
+    if not isinstance(enabled, (str, type(None))) or enabled not in _ENABLED:
+        raise bad_value(f"enabled must be 'all', 'state' or None, got {enabled!r}")
+    if not isinstance(context, (str, type(None))) or context not in _CONTEXT:
+        raise bad_value(f"context must be 'all', 'alloc', 'state' or None, got {context!r}")
+    if stacks not in _STACKS:
+        raise bad_value(f"stacks must be 'python' or 'all', got {stacks!r}")
+    n = as_int(max_entries, "max_entries")
+    if n < 0:
+        raise bad_value(f"max_entries must be >= 0, got {n}")
+    n = min(n, _lib.SIZE_MAX)
+    p = _lib.HistoryParams()
+    lib().sp_history_params_init(p)
+    p.enabled, p.context = _ENABLED[enabled], _CONTEXT[context]
+    p.max_entries, p.c_stacks = n, stacks == "all"
+    want_hook = enabled is not None and context is not None
+    if want_hook:
+        _install(True)  # before recording starts, so the first records have frames
+    check(lib().sp_record_memory_history(p))
+    if not want_hook:
+        _install(False)

@@ -1,0 +1,479 @@
+"""memory: the per-device caching allocator, its statistics, and MemPools (torch.cuda's names).
+
+Every function checks its Python arguments (TypeError / ValueError) before calling the library,
+and turns a failing status into SympoolError (OutOfMemoryError for SP_ERR_OUT_OF_MEMORY).
+"""
+
+import collections
+import contextlib
+import ctypes
+import os
+import pickle
+import shutil
+import tempfile
+import threading
+
+from . import _lib
+from ._lib import as_device, as_ptr, as_size, as_stream, bad_value, c, check, lib
+
+_SIZE_MAX = _lib.SIZE_MAX
+
+_keys = None
+_keys_lock = threading.Lock()
+
+
+def backend():
+    """The device backend: "cuda" or "host" ("none" if it failed to start)."""
+    return lib().sp_backend_name().decode()
+
+
+def device_count():
+    return int(lib().sp_device_count())
+
+
+def init():
+    """Start the backend now (optional: every call starts it lazily)."""
+    check(lib().sp_init())
+
+
+def get_memory_info(device=0):
+    """(free, total) bytes of the device as the backend reports them (torch.cuda.mem_get_info)."""
+    d = as_device(device)
+    free, total = ctypes.c_size_t(), ctypes.c_size_t()
+    check(lib().sp_get_memory_info(d, ctypes.byref(free), ctypes.byref(total)))
+    return int(free.value), int(total.value)
+
+
+mem_get_info = get_memory_info  # torch.cuda's name
+
+
+def empty_cache():
+    """Release every fully free cached segment of every device (not symmetric pools')."""
+    check(lib().sp_empty_cache())
+
+
+def set_per_process_memory_fraction(fraction, device=0):
+    """Cap this process's reserved memory on device at fraction x total (torch.cuda's name)."""
+    if isinstance(fraction, bool) or not isinstance(fraction, (int, float)):
+        raise TypeError(f"fraction must be a float, not {type(fraction).__name__}")
+    if not 0.0 <= fraction <= 1.0:
+        raise bad_value(f"fraction must be in [0, 1], got {fraction}")
+    check(lib().sp_set_memory_fraction(float(fraction), as_device(device)))
+
+
+def stats_keys():
+    """The stats keys, PyTorch's flat names in PyTorch's (sorted) order."""
+    global _keys
+    if _keys is None:
+        with _keys_lock:
+            if _keys is None:
+                L = lib()
+                _keys = tuple(L.sp_stats_key(i).decode() for i in range(L.sp_stats_count()))
+    return _keys
+
+
+def memory_stats(device=0):
+    """torch.cuda.memory_stats: an OrderedDict of the 122 keys, in PyTorch's order."""
+    d = device if type(device) is int and 0 <= device < 1 << 31 else as_device(device)
+    keys = _keys or stats_keys()
+    st = _lib.Stats()
+    status = c.sp_memory_stats(d, ctypes.byref(st))
+    if status:
+        check(status)
+    return collections.OrderedDict(zip(keys, st.value[:len(keys)]))
+
+
+def memory_allocated(device=0):
+    return int(lib().sp_memory_allocated(_known(device)))
+
+
+def max_memory_allocated(device=0):
+    return int(lib().sp_max_memory_allocated(_known(device)))
+
+
+def memory_reserved(device=0):
+    return int(lib().sp_memory_reserved(_known(device)))
+
+
+def max_memory_reserved(device=0):
+    return int(lib().sp_max_memory_reserved(_known(device)))
+
+
+def _known(device):
+    """A device the backend has: the size_t getters return 0 for others, which would hide a
+    typo'd device; refuse it instead."""
+    d = as_device(device)
+    n = device_count()
+    if d >= n:
+        raise bad_value(f"device {d} does not exist ({n} device(s) on the {backend()} backend)")
+    return d
+
+
+def reset_peak_memory_stats(device=0):
+    check(lib().sp_reset_peak_memory_stats(as_device(device)))
+
+
+def reset_accumulated_memory_stats(device=0):
+    check(lib().sp_reset_accumulated_memory_stats(as_device(device)))
+
+
+def memory_summary(device=0, abbreviated=False):
+    """A readable table like torch.cuda.memory_summary (from sp_memory_summary when the library
+    has it, else formatted here from memory_stats). abbreviated is accepted for torch's
+    signature; the table is always the short one."""
+    d = as_device(device)
+    if _lib.has("sp_memory_summary"):
+        size = 1 << 14
+        while True:
+            buf = ctypes.create_string_buffer(size)
+            check(lib().sp_memory_summary(d, buf, size))
+            text = buf.value
+            if len(text) < size - 1 or size >= 1 << 24:
+                return text.decode(errors="replace")
+            size *= 4  # possibly truncated: ask again with more room
+    from ._summary import format_summary
+    return format_summary(memory_stats(d), d, backend())
+
+
+def malloc(size, device=0, stream=None):
+    """Allocate size bytes on device, ordered on stream; returns the address (0 for size 0). The
+    thread's innermost use_mem_pool pool on that device receives it."""
+    # The common case (plain ints, default stream) skips the general conversions.
+    if type(size) is not int or not 0 <= size <= _SIZE_MAX:
+        size = as_size(size)
+    if type(device) is not int or not 0 <= device < 1 << 31:
+        device = as_device(device)
+    if stream is not None:
+        stream = as_stream(stream)
+    p = ctypes.c_void_p()
+    status = c.sp_malloc(size, device, stream, ctypes.byref(p))
+    if status:
+        check(status)
+    return p.value or 0
+
+
+caching_allocator_alloc = malloc
+
+
+def free(ptr):
+    """Return a block from malloc (or a pool) to its pool. 0 / None is a no-op."""
+    if type(ptr) is not int or not 0 < ptr <= _SIZE_MAX:
+        ptr = as_ptr(ptr)
+    status = c.sp_free(ptr)
+    if status:
+        check(status)
+
+
+caching_allocator_delete = free
+
+
+def record_stream(ptr, stream):
+    """Mark the block at ptr as used on stream: freeing it waits for that stream's work."""
+    check(lib().sp_record_stream(as_ptr(ptr), as_stream(stream)))
+
+
+class Stream:
+    """A sympool stream on device (sp_stream_create): a cudaStream_t on cuda, a host stream on
+    host. Pass it (or its .ptr) wherever a stream is taken. destroy() releases it."""
+
+    def __init__(self, device=0):
+        s = ctypes.c_void_p()
+        check(lib().sp_stream_create(as_device(device), ctypes.byref(s)))
+        self.ptr = self.cuda_stream = s.value
+        self.device = as_device(device)
+
+    def synchronize(self):
+        check(lib().sp_stream_synchronize(self._live()))
+
+    def destroy(self):
+        if self.ptr is not None:
+            check(lib().sp_stream_destroy(self.ptr))
+            self.ptr = self.cuda_stream = None
+
+    def _live(self):
+        if self.ptr is None:
+            raise _lib.SympoolError("SP_ERR_INVALID_USAGE", "this Stream was destroyed")
+        return self.ptr
+
+    def __repr__(self):
+        return f"<sympool.Stream {self.ptr:#x} device={self.device}>" if self.ptr else \
+            "<sympool.Stream destroyed>"
+
+
+# ---- MemPools -------------------------------------------------------------------------------
+
+# Segment-allocator callbacks a pool may call after the Python MemPool object is gone (segments
+# holding live blocks are handed back when those blocks are freed): kept for the process's life.
+_keepalive = []
+
+
+def _segment_allocator(allocator):
+    """An sp_allocator_t from a Python allocator: an object with alloc(size, device, stream) ->
+    int and free(ptr, size, device, stream), or an (alloc, free) pair of callables."""
+    if isinstance(allocator, _lib.Allocator):
+        _keepalive.append(allocator)
+        return allocator
+    if isinstance(allocator, tuple) and len(allocator) == 2:
+        alloc_fn, free_fn = allocator
+    else:
+        alloc_fn = getattr(allocator, "alloc", None) or getattr(allocator, "malloc", None)
+        free_fn = getattr(allocator, "free", None)
+    if not callable(alloc_fn) or not callable(free_fn):
+        raise TypeError("allocator must have alloc(size, device, stream) -> int and "
+                        "free(ptr, size, device, stream), or be an (alloc, free) pair")
+
+    def c_alloc(size, device, stream, ctx):
+        try:
+            return alloc_fn(size, device, stream) or None
+        except Exception:  # the pool sees out of memory; an exception cannot cross C frames
+            return None
+
+    def c_free(ptr, size, device, stream, ctx):
+        try:
+            free_fn(ptr, size, device, stream)
+        except Exception:
+            pass
+
+    a = _lib.Allocator(_lib.ALLOC_FN(c_alloc), _lib.FREE_FN(c_free), None)
+    _keepalive.append(a)
+    return a
+
+
+class MemPool:
+    """torch.cuda.MemPool with CuPy's queries. symmetric=True makes a symmetric pool on world's
+    device (collective over world: every rank creates it, and every malloc is collective)."""
+
+    def __init__(self, allocator=None, use_on_oom=False, symmetric=False, *, name=None,
+                 no_split=False, device=0, world=None):
+        for flag, what in ((use_on_oom, "use_on_oom"), (symmetric, "symmetric"),
+                           (no_split, "no_split")):
+            if not isinstance(flag, bool):
+                raise TypeError(f"{what} must be a bool, not {type(flag).__name__}")
+        if name is not None and not isinstance(name, str):
+            raise TypeError(f"name must be a str, not {type(name).__name__}")
+        if name is not None and "\0" in name:
+            raise bad_value("name contains a NUL character")
+        self._handle = None
+        self._symmetric = symmetric
+        self._user_allocator = allocator
+        self._world = world
+        params = _lib.MemPoolParams()
+        lib().sp_mempool_params_init(ctypes.byref(params))
+        params.use_on_oom, params.no_split = use_on_oom, no_split
+        self._name_bytes = name.encode() if name is not None else None
+        params.name = self._name_bytes
+        handle = ctypes.c_void_p()
+        if symmetric:
+            from .world import World
+            if not isinstance(world, World):
+                raise bad_value("MemPool(symmetric=True) needs world=sympool.World(...)")
+            if allocator is not None:
+                raise bad_value("a symmetric pool takes its segments from sympool: no allocator")
+            world._check_open()
+            self._device = world.device
+            check(lib().sp_symmetric_mempool_create(world._handle, ctypes.byref(params),
+                                                    ctypes.byref(handle)))
+            world._pools.append(self)
+        else:
+            if world is not None:
+                raise bad_value("world is only for symmetric=True")
+            self._device = as_device(device)
+            params.device = self._device
+            if allocator is not None:
+                self._allocator = _segment_allocator(allocator)
+                params.allocator = ctypes.pointer(self._allocator)
+            check(lib().sp_mempool_create(ctypes.byref(params), ctypes.byref(handle)))
+        self._handle = handle.value
+        self._name = name
+
+    def _h(self):
+        if self._handle is None:
+            raise _lib.SympoolError("SP_ERR_INVALID_USAGE", "this MemPool was destroyed")
+        return self._handle
+
+    @property
+    def id(self):
+        pid = lib().sp_mempool_id(self._h())
+        return (int(pid.first), int(pid.second))
+
+    @property
+    def allocator(self):
+        """The segment allocator given at creation (None: the device backend), as torch's."""
+        return self._user_allocator
+
+    @property
+    def is_symmetric(self):
+        return bool(lib().sp_mempool_is_symmetric(self._h()))
+
+    @property
+    def device(self):
+        return self._device
+
+    @property
+    def name(self):
+        return self._name
+
+    def use_count(self):
+        return int(lib().sp_mempool_use_count(self._h()))
+
+    def malloc(self, size, stream=None):
+        """Allocate in this pool; collective over the world when the pool is symmetric."""
+        h, p = self._h(), ctypes.c_void_p()
+        if self._symmetric:
+            n = _collective_size(size)
+            if isinstance(n, Exception):
+                # Join the collective with a size every rank refuses, so that the other ranks
+                # get an error instead of waiting for this one; then raise the local reason.
+                lib().sp_symmetric_malloc(h, _lib.SIZE_MAX, as_stream(stream), ctypes.byref(p))
+                if p.value:
+                    lib().sp_free(p)
+                raise n
+            check(lib().sp_symmetric_malloc(h, n, as_stream(stream), ctypes.byref(p)))
+        else:
+            check(lib().sp_mempool_malloc(h, as_size(size), as_stream(stream), ctypes.byref(p)))
+        return p.value or 0
+
+    def used_bytes(self):
+        return int(lib().sp_mempool_used_bytes(self._h()))
+
+    def total_bytes(self):
+        return int(lib().sp_mempool_total_bytes(self._h()))
+
+    def free_bytes(self):
+        return int(lib().sp_mempool_free_bytes(self._h()))
+
+    def n_free_blocks(self):
+        return int(lib().sp_mempool_n_free_blocks(self._h()))
+
+    def free_all_blocks(self, stream=None):
+        """Release the pool's fully free segments (only stream's if given). Collective
+        (sp_symmetric_empty_cache) for a symmetric pool, where stream must be None."""
+        if self._symmetric:
+            status = lib().sp_symmetric_empty_cache(self._h())  # joined even on a bad stream
+            if stream is not None:  # ... so that no other rank waits for this one
+                raise bad_value("a symmetric pool releases its segments on every stream at once: "
+                                "pass stream=None")
+            check(status)
+            return
+        check(lib().sp_mempool_free_all_blocks(self._h(), as_stream(stream)))
+
+    def set_limit(self, size=None, fraction=None):
+        """Cap the pool's total bytes (CuPy's set_limit): size in bytes, or fraction of the
+        device's total memory; 0 or neither removes the limit. A request past it raises
+        OutOfMemoryError."""
+        if size is not None and fraction is not None:
+            raise bad_value("set_limit takes size or fraction, not both")
+        if fraction is not None:
+            if isinstance(fraction, bool) or not isinstance(fraction, (int, float)):
+                raise TypeError(f"fraction must be a float, not {type(fraction).__name__}")
+            if not 0.0 <= fraction <= 1.0:
+                raise bad_value(f"fraction must be in [0, 1], got {fraction}")
+            size = int(get_memory_info(self._device)[1] * fraction)
+        check(lib().sp_mempool_set_limit(self._h(), 0 if size is None else as_size(size)))
+
+    def get_limit(self):
+        return int(lib().sp_mempool_get_limit(self._h()))
+
+    def snapshot(self):
+        """This pool's snapshot as a dict with PyTorch's structure (its segments, and the traces
+        filtered to its events)."""
+        h = self._h()
+        return _snapshot_via(lambda path: lib().sp_mempool_dump_snapshot(h, path))
+
+    def dump_snapshot(self, path):
+        check(lib().sp_mempool_dump_snapshot(self._h(), _path_bytes(path)))
+
+    def destroy(self):
+        """Drop the pool now (collective for a symmetric pool). Blocks still live stay valid and
+        return their segments when freed. A plain pool is also destroyed when collected."""
+        if self._handle is None:
+            return
+        if self._symmetric:
+            check(lib().sp_symmetric_mempool_destroy(self._handle))
+            if self in self._world._pools:
+                self._world._pools.remove(self)
+        else:
+            check(lib().sp_mempool_destroy(self._handle))
+        self._handle = None
+
+    def __del__(self):
+        # Symmetric pools are never destroyed here: collection order differs between ranks and
+        # destroy is collective. World.finalize releases them.
+        if getattr(self, "_handle", None) is not None and not self._symmetric:
+            try:
+                if lib().sp_mempool_destroy(self._handle) == 0:
+                    self._handle = None
+            except Exception:
+                pass
+
+    def __repr__(self):
+        if self._handle is None:
+            return "<sympool.MemPool destroyed>"
+        kind = "symmetric " if self._symmetric else ""
+        return (f"<sympool.MemPool {kind}id={self.id} name={self._name!r} device={self._device} "
+                f"used={self.used_bytes()} total={self.total_bytes()}>")
+
+
+def _collective_size(size):
+    """size as size_t, or the exception to raise after joining the collective call."""
+    try:
+        return as_size(size)
+    except (TypeError, ValueError) as e:
+        return e
+
+
+@contextlib.contextmanager
+def use_mem_pool(pool, device=None):
+    """Route this thread's allocations on the pool's device into pool (torch.cuda.use_mem_pool)."""
+    if not isinstance(pool, MemPool):
+        raise TypeError(f"use_mem_pool needs a sympool.MemPool, not {type(pool).__name__}")
+    if device is not None and as_device(device) != pool.device:
+        raise bad_value(f"pool is on device {pool.device}, not {as_device(device)}")
+    h = pool._h()
+    check(lib().sp_mempool_begin(h))
+    try:
+        yield pool
+    finally:
+        check(lib().sp_mempool_end(h))
+
+
+# ---- snapshots ------------------------------------------------------------------------------
+
+def _path_bytes(path):
+    if not isinstance(path, (str, bytes, os.PathLike)):
+        raise TypeError(f"path must be a str or path-like, not {type(path).__name__}")
+    p = os.fsencode(path)
+    if not p or b"\0" in p:
+        raise bad_value("path is empty or contains a NUL character")
+    return p
+
+
+def _snapshot_via(dump):
+    """Run dump(path) into a private temporary file and load it. Our pickles hold only data
+    opcodes (dicts, lists, strings, numbers), written by the library itself into a folder only
+    this user can write, so loading them runs no code."""
+    folder = tempfile.mkdtemp(prefix="sympool-snapshot-")
+    try:
+        path = os.path.join(folder, "snapshot.pickle")
+        check(dump(os.fsencode(path)))
+        with open(path, "rb") as f:
+            return pickle.load(f)
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def snapshot():
+    """The process's snapshot as a dict with PyTorch's structure (torch.cuda.memory._snapshot):
+    "segments", "device_traces", "allocator_settings", "external_annotations"."""
+    return _snapshot_via(lambda path: lib().sp_dump_snapshot(path))
+
+
+def memory_snapshot():
+    """torch.cuda.memory_snapshot: the snapshot's segments (a list of dicts)."""
+    return snapshot()["segments"]
+
+
+def dump_snapshot(path):
+    """Write the snapshot: ".json" -> JSON, else a pickle PyTorch's memory viewer opens. %r, %p
+    and %h in path become the rank, the pid and the host name."""
+    check(lib().sp_dump_snapshot(_path_bytes(path)))

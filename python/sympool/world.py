@@ -1,0 +1,259 @@
+"""world: the MPI world over mpi4py, collectives on sympool memory, stats across ranks.
+
+World(comm) wraps sp_world_from_comm on an mpi4py communicator (COMM_WORLD by default; the caller
+keeps owning MPI); World.init() lets sympool initialize MPI (and finalize it in finalize()).
+Every method here is collective over the world, like the C calls under it. A rank whose Python
+arguments are wrong still joins the call with an argument the library refuses, so that every rank
+gets an error instead of the others waiting for it; that rank then raises its own ValueError or
+TypeError.
+"""
+
+import ctypes
+import io
+import sys
+
+from . import _lib
+from ._lib import as_device, as_int, as_ptr, as_size, as_stream, bad_value, check, lib
+
+DTYPES = {"int8": 0, "uint8": 1, "int32": 2, "uint32": 3, "int64": 4, "uint64": 5,
+          "float16": 6, "bfloat16": 7, "float32": 8, "float64": 9}
+_DTYPE_ALIASES = {"half": "float16", "float": "float32", "double": "float64", "int": "int32",
+                  "long": "int64", "char": "int8", "byte": "uint8"}
+OPS = {"sum": 0, "prod": 1, "min": 2, "max": 3, "avg": 4}
+FORMATS = {"table": 0, "json": 1, "prometheus": 2}
+_BAD_DTYPE = 1 << 20  # out of range: the library refuses it on this rank, and so on every rank
+
+
+def _need(name):
+    if not _lib.has(name):
+        raise _lib.SympoolError("SP_ERR_NOT_SUPPORTED",
+                                f"{name}: this libsympool.so was built without MPI")
+
+
+def _dtype(dtype):
+    """A dtype name ("float32"), a torch.dtype / numpy dtype, or its str -> sp_dtype_t."""
+    name = dtype if isinstance(dtype, str) else getattr(dtype, "name", None) or str(dtype)
+    if not isinstance(name, str):
+        raise TypeError(f"dtype must be a str such as 'float32', not {type(dtype).__name__}")
+    name = name.rsplit(".", 1)[-1]  # "torch.float32" -> "float32"
+    name = _DTYPE_ALIASES.get(name, name)
+    if name not in DTYPES:
+        raise bad_value(f"dtype {dtype!r} is not one of {', '.join(DTYPES)}")
+    return DTYPES[name]
+
+
+def _op(op):
+    if not isinstance(op, str):
+        raise TypeError(f"op must be a str such as 'sum', not {type(op).__name__}")
+    if op.lower() not in OPS:
+        raise bad_value(f"op {op!r} is not one of {', '.join(OPS)}")
+    return OPS[op.lower()]
+
+
+def _comm_handle(comm):
+    """(ctypes type, value) of comm's MPI_Comm handle as mpi4py sees it."""
+    from mpi4py import MPI
+    if not isinstance(comm, MPI.Comm):
+        raise TypeError(f"comm must be an mpi4py.MPI.Comm, not {type(comm).__name__}")
+    if comm == MPI.COMM_NULL:
+        raise bad_value("comm is MPI.COMM_NULL")
+    # mpi4py 3 has MPI._handleof; mpi4py 4 also has Comm.handle.
+    handle = MPI._handleof(comm) if hasattr(MPI, "_handleof") else comm.handle
+    # Open MPI's MPI_Comm is a pointer, MPICH's an int: the handle's size tells which.
+    ctype = ctypes.c_void_p if MPI._sizeof(MPI.Comm) == ctypes.sizeof(ctypes.c_void_p) \
+        else ctypes.c_int
+    return ctype, handle
+
+
+class World:
+    """The MPI world: rank, size, local rank and the device this rank uses."""
+
+    def __init__(self, comm=None, *, _handle=None):
+        self._pools = []  # symmetric pools made on this world (released by finalize)
+        self._handle = None
+        if _handle is not None:
+            self._handle = _handle
+            return
+        _need("sp_world_from_comm")
+        if comm is None:
+            from mpi4py import MPI
+            comm = MPI.COMM_WORLD
+        ctype, value = _comm_handle(comm)
+        fn = lib().sp_world_from_comm
+        fn.restype, fn.argtypes = ctypes.c_int, [ctype, ctypes.POINTER(ctypes.c_void_p)]
+        w = ctypes.c_void_p()
+        check(fn(value, ctypes.byref(w)))
+        self._handle = w.value
+        self._comm = comm
+
+    @classmethod
+    def init(cls):
+        """sp_world_init: sympool initializes MPI itself if nobody did (and finalize() then
+        finalizes it)."""
+        _need("sp_world_init")
+        w = ctypes.c_void_p()
+        check(lib().sp_world_init(None, None, ctypes.byref(w)))
+        return cls(_handle=w.value)
+
+    def _check_open(self):
+        if self._handle is None:
+            raise _lib.SympoolError("SP_ERR_INVALID_USAGE", "this World was finalized")
+        return self._handle
+
+    @property
+    def rank(self):
+        return int(lib().sp_world_rank(self._check_open()))
+
+    @property
+    def size(self):
+        return int(lib().sp_world_size(self._check_open()))
+
+    @property
+    def local_rank(self):
+        return int(lib().sp_world_local_rank(self._check_open()))
+
+    @property
+    def device(self):
+        return int(lib().sp_world_device(self._check_open()))
+
+    def finalize(self):
+        """Collective: free the world (and its symmetric pools); finalizes MPI only if
+        World.init initialized it."""
+        if self._handle is None:
+            return
+        check(lib().sp_world_finalize(self._handle))
+        for pool in self._pools:
+            pool._handle = None  # released with the world
+        self._pools = []
+        self._handle = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.finalize()
+
+    def __repr__(self):
+        if self._handle is None:
+            return "<sympool.World finalized>"
+        return (f"<sympool.World rank={self.rank} size={self.size} "
+                f"local_rank={self.local_rank} device={self.device}>")
+
+    # ---- collectives ------------------------------------------------------------------------
+
+    def _collective(self, name, send, recv, count, dtype, op=None, root=None, stream=None):
+        """Convert the arguments; on a bad one, join the call with an out-of-range dtype (every
+        rank fails) and raise the local error after."""
+        h = self._check_open()
+        _need(name)
+        try:
+            args = [as_ptr(send, "send"), as_ptr(recv, "recv"), as_size(count, "count"),
+                    _dtype(dtype)]
+            if op is not None:
+                args.append(_op(op))
+            if root is not None:
+                r = as_int(root, "root")
+                if not 0 <= r < self.size:
+                    raise bad_value(f"root {r} is not a rank of this world (size {self.size})")
+                args.append(r)
+            args.append(as_stream(stream))
+        except (TypeError, ValueError) as e:
+            poison = [None, None, 1, _BAD_DTYPE] + ([0] if op is not None else []) + \
+                     ([0] if root is not None else []) + [None]
+            getattr(lib(), name)(h, *poison)
+            raise e
+        check(getattr(lib(), name)(h, *args))
+
+    def allreduce(self, send, recv, count, dtype="float32", op="sum", stream=None):
+        """Reduce count elements of every rank's send into every rank's recv (send == recv: in
+        place). Buffers are sympool addresses of this rank's device."""
+        self._collective("sp_allreduce", send, recv, count, dtype, op=op, stream=stream)
+
+    def allgather(self, send, recv, send_count, dtype="float32", stream=None):
+        self._collective("sp_allgather", send, recv, send_count, dtype, stream=stream)
+
+    def reduce_scatter(self, send, recv, recv_count, dtype="float32", op="sum", stream=None):
+        self._collective("sp_reduce_scatter", send, recv, recv_count, dtype, op=op, stream=stream)
+
+    def broadcast(self, send, recv, count, dtype="float32", root=0, stream=None):
+        self._collective("sp_broadcast", send, recv, count, dtype, root=root, stream=stream)
+
+    # ---- statistics across ranks ------------------------------------------------------------
+
+    def stats_aggregate(self, device=None):
+        """Every stats key across ranks: key -> {"min", "max", "sum", "min_rank", "max_rank"}
+        (the lowest rank holding the min and the max). device: the world's device by default."""
+        h = self._check_open()
+        _need("sp_stats_aggregate")
+        try:
+            d = self.device if device is None else as_device(device)
+        except (TypeError, ValueError) as e:
+            lib().sp_stats_aggregate(h, -1, ctypes.byref(_lib.StatsSummary()))
+            raise e
+        s = _lib.StatsSummary()
+        check(lib().sp_stats_aggregate(h, d, ctypes.byref(s)))
+        from .memory import stats_keys
+        return {k: {"min": s.min[i], "max": s.max[i], "sum": s.sum[i],
+                    "min_rank": s.min_rank[i], "max_rank": s.max_rank[i]}
+                for i, k in enumerate(stats_keys())}
+
+    def stats_report(self, format="table", file=None, device=None):
+        """Aggregate the stats and write the report on rank 0 to file (sys.stdout by default):
+        "table" for people, "json" (one object), "prometheus" (text exposition). Other ranks
+        write nothing. Returns the text on rank 0, None elsewhere."""
+        h = self._check_open()
+        _need("sp_stats_report")
+        try:
+            if not isinstance(format, str):
+                raise TypeError(f"format must be a str, not {type(format).__name__}")
+            if format not in FORMATS:
+                raise bad_value(f"format {format!r} is not one of {', '.join(FORMATS)}")
+            if file is not None and not callable(getattr(file, "write", None)):
+                raise TypeError("file must have a write() method (a text file)")
+            d = self.device if device is None else as_device(device)
+        except (TypeError, ValueError) as e:
+            lib().sp_stats_report(h, -1, None, 0)
+            raise e
+        text = _report_text(h, d, FORMATS[format])
+        if text is None:
+            return None
+        out = sys.stdout if file is None else file
+        if isinstance(out, io.TextIOBase) or not hasattr(out, "mode") or "b" not in out.mode:
+            out.write(text)
+        else:
+            out.write(text.encode())
+        if hasattr(out, "flush"):
+            out.flush()
+        return text
+
+
+def _libc():
+    c = ctypes.CDLL(None)
+    c.open_memstream.restype = ctypes.c_void_p
+    c.open_memstream.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.POINTER(ctypes.c_size_t)]
+    c.fclose.argtypes = [ctypes.c_void_p]
+    c.free.argtypes = [ctypes.c_void_p]
+    return c
+
+
+def _report_text(h, device, fmt):
+    """sp_stats_report into memory (open_memstream), so Python writes it where the caller asked,
+    in order with the rest of Python's output. None on ranks other than 0."""
+    libc = _libc()
+    buf, size = ctypes.c_void_p(), ctypes.c_size_t()
+    fp = libc.open_memstream(ctypes.byref(buf), ctypes.byref(size))
+    if not fp:
+        raise _lib.SympoolError("SP_ERR_SYSTEM", "open_memstream failed")
+    try:
+        status = lib().sp_stats_report(h, device, fp, fmt)
+        err = _lib.last_error() if status else ""
+    finally:
+        libc.fclose(fp)
+    try:
+        text = ctypes.string_at(buf.value, size.value).decode(errors="replace") if buf.value else ""
+    finally:
+        libc.free(buf)
+    if status:
+        name = _lib.status_name(status)
+        raise _lib._ERROR_CLASSES.get(name, _lib.SympoolError)(name, err)
+    return text if lib().sp_world_rank(h) == 0 else None

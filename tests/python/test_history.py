@@ -1,0 +1,114 @@
+"""record_memory_history with PyTorch's meanings, Python frames, snapshots."""
+
+import json
+import pickle
+
+import pytest
+
+
+def _alloc_here(sp, n):
+    return sp.malloc(n)  # the frame the trace must name
+
+
+def test_records_python_frames(sp):
+    sp.record_memory_history()
+    p = _alloc_here(sp, 7000)
+    snap = sp.snapshot()
+    allocs = [e for e in snap["device_traces"][0] if e["action"] == "alloc" and e["size"] == 7000]
+    assert allocs, snap["device_traces"][0]
+    names = [f["name"] for f in allocs[-1]["frames"]]
+    assert names[0] == "_alloc_here"  # innermost first, sympool's own frames left out
+    assert "test_records_python_frames" in names
+    assert allocs[-1]["frames"][0]["filename"].endswith("test_history.py")
+    sp.free(p)
+    frees = [e for e in sp.snapshot()["device_traces"][0] if e["action"].startswith("free")]
+    assert frees and frees[-1]["frames"]  # context "all": a stack at each free too
+
+
+def test_context_none_records_no_frames(sp):
+    sp.record_memory_history(context=None)
+    p = sp.malloc(9000)
+    ev = [e for e in sp.snapshot()["device_traces"][0] if e["action"] == "alloc"]
+    assert ev and not ev[-1].get("frames")
+    sp.free(p)
+
+
+def test_max_entries_and_stop(sp):
+    sp.record_memory_history(max_entries=3)
+    ps = [sp.malloc(512) for _ in range(10)]
+    for p in ps:
+        sp.free(p)
+    trace = sp.snapshot()["device_traces"][0]
+    assert len(trace) <= 4  # 3 entries (+ this snapshot's marker)
+    sp.record_memory_history(enabled=None)
+    assert sp.snapshot()["device_traces"][0] == []
+
+
+def test_state_keeps_live_block_stacks(sp):
+    sp.record_memory_history(enabled="state", context="state")
+    p = _alloc_here(sp, 11000)
+    snap = sp.snapshot()
+    blocks = [b for s in snap["segments"] for b in s["blocks"] if b.get("requested_size") == 11000]
+    assert blocks and blocks[0]["frames"][0]["name"] == "_alloc_here"
+    sp.free(p)
+
+
+def test_c_stacks(sp):
+    sp.record_memory_history(stacks="all")
+    p = _alloc_here(sp, 13000)
+    ev = [e for e in sp.snapshot()["device_traces"][0] if e.get("size") == 13000]
+    frames = ev[-1]["frames"]
+    assert frames[0]["name"] == "_alloc_here"
+    assert len(frames) > 3  # C frames follow the Python ones
+    sp.free(p)
+
+
+def test_dump_snapshot_pickle_and_json(sp, tmp_path):
+    sp.record_memory_history()
+    p = sp.malloc(4096)
+    sp.dump_snapshot(tmp_path / "s.pickle")
+    sp.dump_snapshot(str(tmp_path / "s.json"))
+    with open(tmp_path / "s.pickle", "rb") as f:
+        a = pickle.load(f)
+    with open(tmp_path / "s.json") as f:
+        b = json.load(f)
+    assert set(a) == set(b) >= {"segments", "device_traces", "allocator_settings"}
+    sp.free(p)
+
+
+@pytest.mark.parametrize("kw,exc", [
+    (dict(enabled="yes"), ValueError),
+    (dict(context="some"), ValueError),
+    (dict(stacks="cpp"), ValueError),
+    (dict(max_entries=-1), ValueError),
+    (dict(max_entries="10"), TypeError),
+])
+def test_bad_history_arguments(sp, kw, exc):
+    with pytest.raises(exc):
+        sp.record_memory_history(**kw)
+
+
+def test_bad_snapshot_path(sp):
+    with pytest.raises(TypeError):
+        sp.dump_snapshot(5)
+    with pytest.raises(ValueError):
+        sp.dump_snapshot("")
+    with pytest.raises(sp.SympoolError) as e:
+        sp.dump_snapshot("/nonexistent-dir/x.pickle")
+    assert e.value.status == "SP_ERR_SYSTEM"
+
+
+def test_frames_from_another_python_thread(sp):
+    import threading
+    sp.record_memory_history()
+    out = []
+
+    def worker_alloc():
+        out.append(sp.malloc(15000))
+
+    t = threading.Thread(target=worker_alloc)
+    t.start()
+    t.join()
+    ev = [e for e in sp.snapshot()["device_traces"][0] if e.get("size") == 15000]
+    assert ev[-1]["frames"][0]["name"] == "worker_alloc"
+    sp.free(out[0])

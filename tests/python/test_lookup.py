@@ -1,0 +1,88 @@
+"""Finding the library ($SYMPOOL_LIBRARY, next to the package, loader path), sympool.torch
+without torch, and the Python summary used with libraries that lack sp_memory_summary."""
+
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+PROBE = "import sympool; print(sympool.library_path()); print(sympool.backend())"
+
+
+def run(code, env):
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
+                          timeout=60, cwd="/")
+
+
+def test_sympool_library_wins_and_is_exact(sp):
+    env = dict(os.environ, SYMPOOL_LIBRARY=sp.library_path())
+    out = run(PROBE, env)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split()[0] == sp.library_path()
+    env["SYMPOOL_LIBRARY"] = "/nonexistent/libsympool.so"
+    out = run(PROBE, env)
+    assert out.returncode != 0
+    assert "SYMPOOL_LIBRARY" in out.stderr and "/nonexistent/libsympool.so" in out.stderr
+
+
+def test_next_to_the_package(sp, tmp_path):
+    import sympool
+    pkg = tmp_path / "sympool"
+    shutil.copytree(os.path.dirname(sympool.__file__), pkg,
+                    ignore=shutil.ignore_patterns("__pycache__", "libsympool.so*"))
+    os.symlink(os.path.realpath(sp.library_path()), pkg / "libsympool.so")
+    env = {k: v for k, v in os.environ.items() if k != "SYMPOOL_LIBRARY"}
+    env["PYTHONPATH"] = str(tmp_path)
+    out = run(PROBE, env)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == [str(pkg / "libsympool.so"), "host"]
+
+
+def test_loader_path_then_a_clear_error(sp, tmp_path):
+    import sympool
+    pkg = tmp_path / "sympool"
+    shutil.copytree(os.path.dirname(sympool.__file__), pkg,
+                    ignore=shutil.ignore_patterns("__pycache__", "libsympool.so*"))
+    env = {k: v for k, v in os.environ.items() if k != "SYMPOOL_LIBRARY"}
+    env["PYTHONPATH"] = str(tmp_path)
+    env["LD_LIBRARY_PATH"] = os.path.dirname(os.path.realpath(sp.library_path()))
+    out = run(PROBE, env)
+    assert out.returncode == 0, out.stderr  # dlopen("libsympool.so") through LD_LIBRARY_PATH
+    env["LD_LIBRARY_PATH"] = str(tmp_path)
+    out = run("import sympool\ntry:\n    sympool.backend()\nexcept ImportError as e:\n"
+              "    print('ImportError', e)", env)
+    if "ImportError" not in out.stdout:
+        pytest.skip("a libsympool.so is installed system-wide: the loader finds it")
+    assert "SYMPOOL_LIBRARY" in out.stdout and "cmake --install" in out.stdout
+
+
+def test_import_does_not_load_the_library():
+    env = dict(os.environ, SYMPOOL_LIBRARY="/nonexistent/libsympool.so")
+    out = run("import sympool, sympool.torch; print('imported')", env)
+    assert out.returncode == 0 and out.stdout.strip() == "imported", out.stderr
+
+
+def test_sympool_torch_without_torch(sp):
+    try:
+        import torch  # noqa: F401
+        pytest.skip("torch is installed here: sympool.torch is tested on the GPU machine")
+    except ImportError:
+        pass
+    import sympool.torch
+    for fn in (sympool.torch.enable, sympool.torch.mem_pool, sympool.torch.memory_stats):
+        with pytest.raises(RuntimeError, match="needs PyTorch"):
+            fn()
+    assert "torch" not in sys.modules
+
+
+def test_python_summary_format(sp):
+    from sympool._summary import format_summary
+    st = sp.memory_stats()
+    st["allocated_bytes.all.current"] = 3 << 20
+    st["num_ooms"] = 2
+    text = format_summary(st, 0, "host")
+    lines = text.splitlines()
+    assert len({len(line) for line in lines}) == 1  # a rectangle
+    assert "OOMs: 2" in text and "3 MiB" in text and "Allocated memory" in text

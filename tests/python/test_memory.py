@@ -1,0 +1,162 @@
+"""The allocator and its statistics through the Python package (torch.cuda's names)."""
+
+import collections
+import os
+import subprocess
+import sys
+
+import pytest
+
+
+def test_import_loads_neither_torch_nor_mpi4py():
+    code = ("import sys, sympool; sympool.memory_stats(); "
+            "print('torch' in sys.modules, 'mpi4py' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True, timeout=60)
+    assert out.stdout.split() == ["False", "False"]
+
+
+def test_backend_and_devices(sp):
+    assert sp.backend() == "host"
+    assert sp.device_count() >= 1
+    free, total = sp.get_memory_info(0)
+    assert 0 < free <= total
+
+
+def test_memory_stats_keys_in_pytorch_order(sp):
+    st = sp.memory_stats()
+    assert isinstance(st, collections.OrderedDict)
+    keys = list(st)
+    assert len(keys) == 122
+    assert keys == sorted(keys)
+    for k in ("allocated_bytes.all.current", "reserved_bytes.large_pool.peak", "num_ooms",
+              "num_alloc_retries", "requested_bytes.small_pool.freed", "max_split_size"):
+        assert k in st
+    assert all(isinstance(v, int) for v in st.values())
+
+
+def test_malloc_free_and_helpers(sp):
+    base = sp.memory_allocated()
+    p = sp.malloc(1000)
+    assert p != 0 and p % 512 == 0
+    st = sp.memory_stats()
+    assert st["allocated_bytes.all.current"] == base + 1024  # PyTorch's 512 B rounding
+    assert st["requested_bytes.all.current"] >= 1000
+    assert sp.memory_allocated(0) == base + 1024
+    assert sp.max_memory_allocated() >= base + 1024
+    assert sp.memory_reserved() >= 2 << 20
+    assert sp.max_memory_reserved() >= sp.memory_reserved()
+    sp.free(p)
+    assert sp.memory_allocated() == base
+    assert sp.max_memory_allocated() >= base + 1024
+    sp.reset_peak_memory_stats()
+    assert sp.max_memory_allocated() == base
+    sp.reset_accumulated_memory_stats()
+    assert sp.memory_stats()["allocation.all.allocated"] == 0
+    sp.empty_cache()
+    assert sp.memory_reserved() == 0
+
+
+def test_size_zero_and_null_free(sp):
+    assert sp.malloc(0) == 0
+    sp.free(0)
+    sp.free(None)
+
+
+def test_host_memory_is_usable(sp):
+    import ctypes
+    p = sp.malloc(4096)
+    ctypes.memset(p, 0x5A, 4096)
+    assert ctypes.string_at(p, 4) == b"ZZZZ"
+    sp.free(p)
+
+
+def test_errors_carry_status_and_detail(sp):
+    p = sp.malloc(512)
+    sp.free(p)
+    with pytest.raises(sp.SympoolError) as e:
+        sp.free(p)  # double free
+    assert e.value.status == "SP_ERR_INVALID_USAGE"
+    assert "sp_free" in str(e.value)
+    assert isinstance(e.value, RuntimeError)
+
+
+def test_out_of_memory_is_a_sympool_error():
+    # A fresh process with a small emulated device: the second block cannot fit.
+    code = """if True:
+        import sympool
+        a = sympool.malloc(40 << 20)
+        try:
+            sympool.malloc(40 << 20)
+        except sympool.OutOfMemoryError as e:
+            assert isinstance(e, sympool.SympoolError) and isinstance(e, RuntimeError)
+            print(e.status, sympool.memory_stats()["num_ooms"])
+        """
+    env = dict(os.environ, SYMPOOL_HOST_CAPACITY="64MiB")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
+                         timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["SP_ERR_OUT_OF_MEMORY", "1"]
+
+
+def test_out_of_memory_on_pool_limit(sp):
+    pool = sp.MemPool(name="limited")
+    pool.set_limit(4 << 20)
+    assert pool.get_limit() == 4 << 20
+    with pytest.raises(sp.OutOfMemoryError):
+        pool.malloc(8 << 20)
+    assert sp.memory_stats()["num_ooms"] >= 1
+
+
+@pytest.mark.parametrize("bad", ["1", 1.5, None, True, [1]])
+def test_bad_size_type(sp, bad):
+    with pytest.raises(TypeError):
+        sp.malloc(bad)
+
+
+@pytest.mark.parametrize("call", [
+    lambda sp: sp.malloc(-1),
+    lambda sp: sp.malloc(1 << 64),
+    lambda sp: sp.malloc(16, device=-1),
+    lambda sp: sp.memory_stats(-3),
+    lambda sp: sp.memory_allocated(7),
+    lambda sp: sp.free(-5),
+    lambda sp: sp.set_per_process_memory_fraction(1.5),
+])
+def test_bad_values(sp, call):
+    with pytest.raises(ValueError):
+        call(sp)
+
+
+def test_unknown_device_from_the_library(sp):
+    with pytest.raises(sp.SympoolError) as e:
+        sp.memory_stats(sp.device_count())
+    assert e.value.status == "SP_ERR_INVALID_ARGUMENT"
+    assert isinstance(e.value, ValueError)  # InvalidArgumentError is both
+
+
+def test_bad_stream_type(sp):
+    with pytest.raises(TypeError):
+        sp.malloc(16, stream="s")
+
+
+def test_memory_summary(sp):
+    p = sp.malloc(3 << 20)
+    text = sp.memory_summary()
+    assert isinstance(text, str)
+    for row in ("Allocated memory", "reserved", "Cur Usage", "Peak Usage"):
+        assert row.lower() in text.lower()
+    sp.free(p)
+    with pytest.raises(TypeError):
+        sp.memory_summary("0")
+
+
+def test_library_path(sp):
+    assert sp.library_path().endswith((".so", ".so.0")) or ".so" in sp.library_path()
+
+
+def test_device_spellings(sp):
+    assert list(sp.memory_stats("cuda")) == list(sp.memory_stats(0))
+    assert sp.memory_allocated("cuda:0") == sp.memory_allocated(0)
+    with pytest.raises(TypeError):
+        sp.memory_stats("cpu")

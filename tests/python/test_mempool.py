@@ -1,0 +1,200 @@
+"""MemPools (torch.cuda.MemPool's shape, CuPy's queries) and use_mem_pool routing."""
+
+import ctypes
+import gc
+import threading
+
+import pytest
+
+
+def test_ids_use_count_and_queries(sp):
+    a, b = sp.MemPool(name="a"), sp.MemPool()
+    assert isinstance(a.id, tuple) and len(a.id) == 2
+    assert a.id[0] == 0 and b.id[1] > a.id[1] >= 1
+    assert a.use_count() == 1
+    assert a.is_symmetric is False
+    assert (a.used_bytes(), a.total_bytes(), a.free_bytes(), a.n_free_blocks()) == (0, 0, 0, 0)
+    assert a.get_limit() == 0
+
+
+def test_use_mem_pool_routes_this_thread_only(sp):
+    pool = sp.MemPool(name="routed")
+    other = []
+    with sp.use_mem_pool(pool) as p:
+        assert p is pool and pool.use_count() == 2
+        x = sp.malloc(3000)
+        t = threading.Thread(target=lambda: other.append(sp.malloc(3000)))
+        t.start()
+        t.join()
+    assert pool.use_count() == 1
+    assert pool.used_bytes() == 3072  # only this thread's block
+    sp.free(other[0])
+    sp.free(x)
+    assert pool.used_bytes() == 0 and pool.n_free_blocks() == 1
+    assert pool.total_bytes() == 2 << 20 and pool.free_bytes() == 2 << 20
+    pool.free_all_blocks()
+    assert pool.total_bytes() == 0
+
+
+def test_nested_pools_and_exception_unwinds(sp):
+    outer, inner = sp.MemPool(), sp.MemPool()
+    with pytest.raises(KeyError):
+        with sp.use_mem_pool(outer):
+            with sp.use_mem_pool(inner):
+                y = sp.malloc(100)
+            x = sp.malloc(100)
+            raise KeyError("unwind")
+    assert outer.use_count() == 1 and inner.use_count() == 1
+    assert outer.used_bytes() == 512 and inner.used_bytes() == 512
+    z = sp.malloc(100)  # routing ended: default pool
+    assert outer.used_bytes() == 512
+    for p in (x, y, z):
+        sp.free(p)
+
+
+def test_pool_malloc_and_limit(sp):
+    pool = sp.MemPool(name="direct", no_split=True)
+    p = pool.malloc(1 << 20)
+    assert pool.used_bytes() == 2 << 20  # no_split: the whole small segment is the block
+    pool.set_limit(pool.total_bytes())
+    with pytest.raises(sp.OutOfMemoryError) as e:
+        pool.malloc(64 << 20)
+    assert e.value.status == "SP_ERR_OUT_OF_MEMORY"
+    sp.free(p)
+    pool.set_limit(0)
+    assert pool.get_limit() == 0
+
+
+def test_python_segment_allocator(sp):
+    libc = ctypes.CDLL(None)
+    libc.aligned_alloc.restype = ctypes.c_void_p
+    libc.aligned_alloc.argtypes = [ctypes.c_size_t, ctypes.c_size_t]
+    libc.free.argtypes = [ctypes.c_void_p]
+    calls = []
+
+    class Segments:
+        def alloc(self, size, device, stream):
+            calls.append(("alloc", size))
+            return libc.aligned_alloc(4096, size)
+
+        def free(self, ptr, size, device, stream):
+            calls.append(("free", size))
+            libc.free(ptr)
+
+    pool = sp.MemPool(Segments(), name="py-segments")
+    with sp.use_mem_pool(pool):
+        p = sp.malloc(100_000)
+    assert calls == [("alloc", 2 << 20)]
+    sp.free(p)
+    pool.destroy()
+    assert calls == [("alloc", 2 << 20), ("free", 2 << 20)]
+    with pytest.raises(sp.SympoolError) as e:
+        pool.used_bytes()
+    assert e.value.status == "SP_ERR_INVALID_USAGE"
+
+
+def test_allocator_that_fails_gives_oom(sp):
+    pool = sp.MemPool((lambda size, dev, stream: 0, lambda *a: None), name="empty")
+    with pytest.raises(sp.OutOfMemoryError):
+        pool.malloc(1 << 20)
+
+
+def test_pool_snapshot_is_a_dict(sp):
+    pool = sp.MemPool(name="snap")
+    p = pool.malloc(5000)
+    snap = pool.snapshot()
+    assert set(snap) >= {"segments", "device_traces"}
+    assert len(snap["segments"]) == 1
+    seg = snap["segments"][0]
+    assert seg["total_size"] == 2 << 20
+    assert any(b["state"] == "active_allocated" and b["size"] == 5120 for b in seg["blocks"])
+    sp.free(p)
+
+
+def test_collected_pool_is_destroyed(sp):
+    pool = sp.MemPool(name="temp")
+    p = pool.malloc(512)
+    sp.free(p)
+    del pool
+    gc.collect()
+    sp.empty_cache()
+    assert sp.memory_reserved() == 0
+
+
+@pytest.mark.parametrize("kw,exc", [
+    (dict(symmetric=True), ValueError),           # no world
+    (dict(use_on_oom=1), TypeError),
+    (dict(name=5), TypeError),
+    (dict(device=-1), ValueError),
+    (dict(device="0"), TypeError),
+    (dict(allocator=object()), TypeError),
+])
+def test_bad_pool_arguments(sp, kw, exc):
+    with pytest.raises(exc):
+        sp.MemPool(**kw)
+
+
+def test_unknown_device_pool(sp):
+    with pytest.raises(sp.SympoolError) as e:
+        sp.MemPool(device=sp.device_count())
+    assert e.value.status == "SP_ERR_INVALID_ARGUMENT"
+
+
+def test_use_mem_pool_bad_argument(sp):
+    with pytest.raises(TypeError):
+        with sp.use_mem_pool("pool"):
+            pass
+
+
+def test_destroy_while_routed_is_refused(sp):
+    pool = sp.MemPool()
+    with sp.use_mem_pool(pool):
+        with pytest.raises(sp.SympoolError) as e:
+            pool.destroy()
+        assert e.value.status == "SP_ERR_INVALID_USAGE"
+    pool.destroy()
+
+
+def test_cupy_set_limit_forms_and_allocator_property(sp):
+    segs = (lambda size, dev, stream: 0, lambda *a: None)
+    assert sp.MemPool(segs).allocator is segs
+    pool = sp.MemPool()
+    assert pool.allocator is None
+    pool.set_limit(size=1 << 20)
+    assert pool.get_limit() == 1 << 20
+    total = sp.get_memory_info()[1]
+    pool.set_limit(fraction=0.5)
+    assert abs(pool.get_limit() - total // 2) <= 1
+    pool.set_limit()
+    assert pool.get_limit() == 0
+    with pytest.raises(ValueError):
+        pool.set_limit(size=1, fraction=0.1)
+    with pytest.raises(ValueError):
+        pool.set_limit(fraction=2.0)
+
+
+def test_memory_snapshot_lists_segments(sp):
+    p = sp.malloc(1 << 20)
+    segs = sp.memory_snapshot()
+    assert isinstance(segs, list) and any(s["total_size"] >= 1 << 20 for s in segs)
+    sp.free(p)
+
+
+def test_streams_keep_their_own_cache(sp):
+    s = sp.Stream()
+    pool = sp.MemPool(name="streams")
+    a = pool.malloc(1000, stream=s)
+    sp.free(a)
+    assert pool.n_free_blocks() == 1
+    b = pool.malloc(1000)  # default stream: never the block cached on s
+    assert b != a
+    pool.free_all_blocks(stream=s)  # releases the segment that is free on s only
+    assert pool.total_bytes() == 2 << 20
+    sp.free(b)
+    s.synchronize()
+    s.destroy()
+    with pytest.raises(sp.SympoolError):
+        s.synchronize()
+    with pytest.raises(sp.SympoolError) as e:
+        sp.malloc(512, stream=0xdead0)  # not a stream sympool made
+    assert e.value.status == "SP_ERR_INVALID_ARGUMENT"
