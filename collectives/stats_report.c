@@ -1,8 +1,9 @@
 /*
  * stats_report.c: every memory_stats key (and the symmetric pools' counters) reduced across the
  * world's ranks in ONE collective, and the report rank 0 writes from it: a table for people,
- * JSON for programs, Prometheus text exposition for scrapers. SYMPOOL_REPORT=table|json|
- * prometheus prints it at sp_world_finalize (a hook registered from a library constructor).
+ * JSON for programs, Prometheus text exposition for scrapers. SYMPOOL_REPORT=table|table_all|
+ * json|prometheus prints it at sp_world_finalize (a hook registered from a library constructor),
+ * to stdout or to SYMPOOL_REPORT_FILE (%h %p %r), where it is the file's only content.
  *
  * The collective is one MPI_Allreduce over an array of records {min, max, sum, min_rank,
  * max_rank} with a user-defined, commutative op (ties go to the lower rank, so the result does
@@ -14,6 +15,7 @@
  * No locks: the MPI datatype and op are created and freed within each call.
  */
 #include <ctype.h>
+#include <errno.h>
 #include <inttypes.h>
 #include <stdlib.h>
 #include <string.h>
@@ -21,6 +23,7 @@
 #include "collectives/dtype.h"
 #include "core/core.h"
 #include "launch/launch.h"
+#include "pool/pool.h" /* sp__snapshot_expand_path: SYMPOOL_REPORT_FILE */
 #include "symmetric/symmetric.h"
 
 /* One key's reduction across ranks. */
@@ -582,11 +585,36 @@ SP_EXPORT sp_status_t sp_stats_report(sp_world_t *w, int device, FILE *out,
 
 /* ---- SYMPOOL_REPORT at sp_world_finalize ------------------------------------------------ */
 
+/* Rank 0's destination: SYMPOOL_REPORT_FILE (%h %p %r expanded; truncated if it exists), else
+ * stdout. NULL when the file cannot be opened (logged): rank 0 then still joins the collective,
+ * which fails on every rank, so no rank waits and nothing lands in the program's stdout. */
+static FILE *report_file(sp_world_t *w, bool *opened_p) {
+    *opened_p = false;
+    const char *pattern = sp__option_string(SP_OPT_REPORT_FILE);
+    if (sp_world_rank(w) != 0)
+        return NULL; /* only rank 0 writes */
+    if (pattern[0] == '\0')
+        return stdout;
+    char path[4096];
+    if (sp__snapshot_expand_path(pattern, path, sizeof path) != SP_SUCCESS)
+        return NULL; /* logged: too long */
+    FILE *f = fopen(path, "w");
+    if (f == NULL) {
+        (void)sp__error(SP_ERR_SYSTEM, SP_SUB_COLL, "SYMPOOL_REPORT_FILE: cannot write %s: %s",
+                        path, strerror(errno));
+        return NULL;
+    }
+    *opened_p = true;
+    return f;
+}
+
 static void report_at_finalize(sp_world_t *w) {
     const char *what = sp__option_string(SP_OPT_REPORT);
     sp_report_format_t format;
     if (strcmp(what, "table") == 0)
         format = SP_REPORT_TABLE;
+    else if (strcmp(what, "table_all") == 0)
+        format = SP_REPORT_TABLE_ALL;
     else if (strcmp(what, "json") == 0)
         format = SP_REPORT_JSON;
     else if (strcmp(what, "prometheus") == 0)
@@ -595,7 +623,12 @@ static void report_at_finalize(sp_world_t *w) {
         return;
     /* Every rank reads the same environment under mpirun, so every rank joins. A failure was
      * already logged; finalize goes on. */
-    (void)sp_stats_report(w, sp_world_device(w), stdout, format);
+    bool opened;
+    FILE *out = report_file(w, &opened);
+    (void)sp_stats_report(w, sp_world_device(w), out, format);
+    if (opened && fclose(out) != 0)
+        (void)sp__error(SP_ERR_SYSTEM, SP_SUB_COLL, "SYMPOOL_REPORT_FILE: closing failed: %s",
+                        strerror(errno));
 }
 
 __attribute__((constructor)) static void register_report_hook(void) {

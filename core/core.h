@@ -136,7 +136,8 @@ typedef enum {
     SP_OPT_HOST_FAIL_AFTER,          /* long; 0 = never */
     SP_OPT_SYM_TIMEOUT,              /* double seconds; default 60 */
     SP_OPT_SYM_REGISTRAR,            /* enum auto|nccl|mpi */
-    SP_OPT_REPORT,                   /* enum none|table|json|prometheus */
+    SP_OPT_REPORT,                   /* enum none|table|json|prometheus|table_all */
+    SP_OPT_REPORT_FILE,              /* string, %h host %p pid %r rank; empty = stdout */
     SP_OPT_COUNT
 } sp_option_t;
 

@@ -57,7 +57,8 @@ typedef struct {
 static const char *const device_choices[] = {"auto", "cuda", "host", NULL};
 static const char *const level_choices[] = {"NONE", "VERSION", "WARN", "INFO", "TRACE", NULL};
 static const char *const registrar_choices[] = {"auto", "nccl", "mpi", NULL};
-static const char *const report_choices[] = {"none", "table", "json", "prometheus", NULL};
+static const char *const report_choices[] = {"none",       "table",     "json",
+                                             "prometheus", "table_all", NULL};
 
 /* ---- checks ----------------------------------------------------------------------------- */
 
@@ -193,7 +194,9 @@ static const opt_def_t defs[SP_OPT_COUNT] = {
     {SP_OPT_SYM_REGISTRAR, "SYMPOOL_SYM_REGISTRAR", K_ENUM, "auto", registrar_choices, NULL,
      "who registers symmetric windows: auto, nccl, mpi"},
     {SP_OPT_REPORT, "SYMPOOL_REPORT", K_ENUM, "none", report_choices, NULL,
-     "report at exit: none, table, json, prometheus"},
+     "report at exit: none, table, json, prometheus, table_all (every key)"},
+    {SP_OPT_REPORT_FILE, "SYMPOOL_REPORT_FILE", K_STRING, "", NULL, NULL,
+     "file for SYMPOOL_REPORT (%h host, %p pid, %r rank); empty = stdout"},
 };
 
 /* Variables that start with SYMPOOL_ but belong to the build, the tests or the Python package. */

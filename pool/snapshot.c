@@ -326,8 +326,8 @@ static int launcher_rank(void) {
 }
 
 /* Expand %r (rank), %p (pid), %h (host) and %% in a snapshot path, as the log file pattern does
- * (DESIGN.md: sp_dump_snapshot("rank%r.pickle")). */
-static sp_status_t expand_path(const char *pattern, char *out, size_t cap) {
+ * (DESIGN.md: sp_dump_snapshot("rank%r.pickle")). Also SYMPOOL_REPORT_FILE's (collectives/). */
+sp_status_t sp__snapshot_expand_path(const char *pattern, char *out, size_t cap) {
     size_t o = 0;
     for (const char *p = pattern; *p; p++) {
         char piece[256];
@@ -365,7 +365,7 @@ static sp_status_t dump(const sp_mempool_t *pool, const char *pattern) {
     SP_ARG_CHECK(pattern != NULL && pattern[0] != '\0', SP_SUB_HISTORY,
                  "snapshot path is NULL or empty");
     char path[PATH_MAX];
-    SP_CHECK(expand_path(pattern, path, sizeof(path)));
+    SP_CHECK(sp__snapshot_expand_path(pattern, path, sizeof(path)));
     collect_t c;
     memset(&c, 0, sizeof(c));
     c.pool = pool;

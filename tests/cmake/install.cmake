@@ -30,3 +30,13 @@ add_test(NAME scripts.test_sh_after_run_main
           ${CMAKE_CURRENT_BINARY_DIR}/scripts_check)
 set_tests_properties(scripts.test_sh_after_run_main PROPERTIES LABELS "install" TIMEOUT 300
   PASS_REGULAR_EXPRESSION "scripts ok" RUN_SERIAL TRUE)
+
+# SYMPOOL_REPORT_FILE (issue 15 item 4): the report in its own file, read by jq and promtool.
+find_program(SP_JQ jq)
+if(SP_HAVE_MPI AND TARGET 03_stats_report AND SP_JQ)
+  add_test(NAME reports.file_jq_promtool
+    COMMAND ${CMAKE_CURRENT_SOURCE_DIR}/install/reports_check.sh ${MPIEXEC_EXECUTABLE}
+            $<TARGET_FILE:03_stats_report> ${CMAKE_CURRENT_BINARY_DIR}/reports_check)
+  set_tests_properties(reports.file_jq_promtool PROPERTIES LABELS "mpi;report" TIMEOUT 300
+    PASS_REGULAR_EXPRESSION "reports ok" ENVIRONMENT "${SP_TEST_ENV}")
+endif()
