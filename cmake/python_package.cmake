@@ -5,14 +5,7 @@
 # sympool/libsympool.so -> the installed library, so `import sympool` finds its library with no
 # environment variable. It prints the folder and, when python3 does not search it, the
 # PYTHONPATH line to add.
-find_package(Python3 COMPONENTS Interpreter QUIET)
-if(Python3_Interpreter_FOUND)
-  set(SP_PY_DEFAULT_DIR "lib/python${Python3_VERSION_MAJOR}.${Python3_VERSION_MINOR}/site-packages")
-else()
-  set(SP_PY_DEFAULT_DIR "lib/python3/site-packages")
-endif()
-set(SYMPOOL_PYTHON_SITEDIR "${SP_PY_DEFAULT_DIR}" CACHE STRING
-  "Where cmake --install puts the sympool Python package: relative to the prefix, or absolute")
+include(${CMAKE_CURRENT_LIST_DIR}/python_sitedir.cmake)
 set(SP_PY_INTERP "${Python3_EXECUTABLE}")
 
 install(DIRECTORY ${PROJECT_SOURCE_DIR}/python/sympool DESTINATION ${SYMPOOL_PYTHON_SITEDIR}
