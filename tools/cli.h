@@ -35,7 +35,7 @@ int cli_getopt(int argc, char **argv, const char *cmd, const char *shortopts,
                const struct option *longopts);
 /* A whole decimal integer in [lo, hi]. */
 bool cli_parse_long(const char *s, long lo, long hi, long *out);
-/* True when path ends with suffix (case-insensitive), e.g. ".svg". */
+/* True when path ends with suffix, e.g. ".json" (case-sensitive, as sp_dump_snapshot decides). */
 bool cli_has_suffix(const char *path, const char *suffix);
 
 /* What one replay measured. Bytes are summed over devices (each device's own peak). */

@@ -7,7 +7,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <strings.h>
 
 #include "tools/cli.h"
 
@@ -52,5 +51,5 @@ bool cli_parse_long(const char *s, long lo, long hi, long *out) {
 
 bool cli_has_suffix(const char *path, const char *suffix) {
     size_t n = strlen(path), k = strlen(suffix);
-    return n >= k && strcasecmp(path + n - k, suffix) == 0;
+    return n >= k && strcmp(path + n - k, suffix) == 0;
 }
