@@ -23,7 +23,6 @@
 #include "collectives/dtype.h"
 #include "core/core.h"
 #include "launch/launch.h"
-#include "pool/pool.h" /* sp__snapshot_expand_path: SYMPOOL_REPORT_FILE */
 #include "symmetric/symmetric.h"
 
 /* One key's reduction across ranks. */
@@ -596,8 +595,13 @@ static FILE *report_file(sp_world_t *w, bool *opened_p) {
     if (pattern[0] == '\0')
         return stdout;
     char path[4096];
-    if (sp__snapshot_expand_path(pattern, path, sizeof path) != SP_SUCCESS)
-        return NULL; /* logged: too long */
+    /* The one expansion the log file and snapshots use; rank 0 is the only writer. */
+    if (sp__path_expand(pattern, 0, path, sizeof path) != SP_EXPAND_OK) {
+        (void)sp__error(SP_ERR_INVALID_ARGUMENT, SP_SUB_COLL,
+                        "SYMPOOL_REPORT_FILE: '%s' expands to more than %zu bytes", pattern,
+                        sizeof path - 1);
+        return NULL;
+    }
     FILE *f = fopen(path, "w");
     if (f == NULL) {
         (void)sp__error(SP_ERR_SYSTEM, SP_SUB_COLL, "SYMPOOL_REPORT_FILE: cannot write %s: %s",

@@ -10,8 +10,9 @@
  * True/False. CUDA-only keys are checked and ignored (INFO); backend:cudaMallocAsync is refused.
  *
  * Invariant: a failed parse changes nothing; we parse into a copy and copy back on success.
- * No state, no lock: the resolved values live in the option table (options.c), which applies the
- * ALLOC_CONF keys under the separate SYMPOOL_* variables.
+ * A pure parser: no state, no lock, no logging (what it has to say goes to the caller's note
+ * function), no option reads. config.c resolves the parsed keys under the separate SYMPOOL_*
+ * variables into the typed sp_alloc_conf_t the allocator uses.
  */
 #include <ctype.h>
 #include <errno.h>
@@ -20,7 +21,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "core/core.h"
+#include "core/core.h" /* sp_alloc_conf_t and the parser's prototypes only */
 
 #define MiB ((size_t)1 << 20)
 #define MIN_SPLIT_MB 20 /* kLargeBuffer / 1 MiB: PyTorch's floor for the two *_mb limits */
@@ -232,10 +233,81 @@ static const char *const ignored_keys[] = {
     "graph_capture_record_stream_reuse",
 };
 
+/* One "key:value" entry onto c and *keys (both unchanged on failure). *ignored_p: a CUDA-only key
+ * that is accepted and has no effect here (why says so). */
+static sp_status_t parse_entry(span_t entry, sp_alloc_conf_t *c, unsigned *keys, char *roundup_text,
+                               size_t roundup_len, bool *ignored_p, char *why, size_t why_len) {
+    const char *colon = memchr(entry.p, ':', entry.len);
+    if (colon == NULL) {
+        snprintf(why, why_len, "'%.*s': expected key:value", (int)entry.len, entry.p);
+        return SP_ERR_INVALID_ARGUMENT;
+    }
+    span_t key = trim(entry.p, (size_t)(colon - entry.p));
+    span_t v = trim(colon + 1, (size_t)(entry.p + entry.len - colon - 1));
+    bool ok;
+    unsigned bit = 0;
+    if (span_is(key, "max_split_size_mb")) {
+        ok = parse_mb(key, v, MIN_SPLIT_MB, &c->max_split_size, why, why_len);
+        bit = SP_CONF_KEY_MAX_SPLIT_SIZE;
+    } else if (span_is(key, "max_non_split_rounding_mb")) {
+        ok = parse_mb(key, v, MIN_SPLIT_MB, &c->max_non_split_rounding, why, why_len);
+        bit = SP_CONF_KEY_MAX_NON_SPLIT_ROUNDING;
+    } else if (span_is(key, "large_segment_size_mb")) {
+        ok = parse_mb(key, v, 1, &c->large_segment_size, why, why_len);
+        bit = SP_CONF_KEY_LARGE_SEGMENT_SIZE;
+    } else if (span_is(key, "garbage_collection_threshold")) {
+        double t = 0.0;
+        ok = span_double(v, &t) && t > 0.0 && t < 1.0;
+        if (ok)
+            c->gc_threshold = t;
+        else
+            snprintf(why, why_len, "garbage_collection_threshold: '%.*s' is not a number in (0, 1)",
+                     (int)v.len, v.p);
+        bit = SP_CONF_KEY_GC_THRESHOLD;
+    } else if (span_is(key, "roundup_power2_divisions")) {
+        ok = parse_roundup(v, c->roundup_divisions, why, why_len);
+        if (ok && roundup_text != NULL && roundup_len > 0)
+            snprintf(roundup_text, roundup_len, "%.*s", (int)v.len, v.p);
+        bit = SP_CONF_KEY_ROUNDUP;
+    } else if (span_is(key, "expandable_segments")) {
+        ok = span_bool(v, &c->expandable_segments);
+        if (!ok)
+            snprintf(why, why_len, "expandable_segments: '%.*s' is not True or False", (int)v.len,
+                     v.p);
+        bit = SP_CONF_KEY_EXPANDABLE;
+    } else {
+        bool known = false;
+        for (size_t i = 0; i < sizeof ignored_keys / sizeof ignored_keys[0]; i++)
+            known = known || span_is(key, ignored_keys[i]);
+        if (!known) {
+            snprintf(why, why_len,
+                     "unknown key '%.*s' (known: max_split_size_mb, max_non_split_rounding_mb, "
+                     "large_segment_size_mb, garbage_collection_threshold, "
+                     "roundup_power2_divisions, "
+                     "expandable_segments, and the CUDA-only keys)",
+                     (int)key.len, key.p);
+            return SP_ERR_INVALID_ARGUMENT;
+        }
+        if (!parse_ignored(key, v, why, why_len))
+            return span_is(key, "backend") && span_is(v, "cudaMallocAsync")
+                       ? SP_ERR_NOT_SUPPORTED
+                       : SP_ERR_INVALID_ARGUMENT;
+        snprintf(why, why_len, "ALLOC_CONF key %.*s:%.*s has no effect in sympool: ignored",
+                 (int)key.len, key.p, (int)v.len, v.p);
+        *ignored_p = true;
+        return SP_SUCCESS;
+    }
+    if (!ok)
+        return SP_ERR_INVALID_ARGUMENT;
+    *keys |= bit;
+    return SP_SUCCESS;
+}
+
 sp_status_t sp__alloc_conf_parse_ex(const char *text, sp_alloc_conf_t *conf, unsigned *keys_p,
-                                    char *roundup_text, size_t roundup_len, char *why,
+                                    char *roundup_text, size_t roundup_len, bool lenient,
+                                    sp_alloc_conf_note_fn note, void *note_arg, char *why,
                                     size_t why_len) {
-    char scratch[8];
+    char scratch[512];
     if (why == NULL) {
         why = scratch;
         why_len = sizeof scratch;
@@ -245,10 +317,15 @@ sp_status_t sp__alloc_conf_parse_ex(const char *text, sp_alloc_conf_t *conf, uns
         snprintf(why, why_len, "NULL text or conf");
         return SP_ERR_INVALID_ARGUMENT;
     }
+    size_t total = strlen(text);
+    if (total >= sizeof conf->conf_text) {
+        snprintf(why, why_len, "the text is %zu characters; at most %zu are kept", total,
+                 sizeof conf->conf_text - 1);
+        return SP_ERR_INVALID_ARGUMENT;
+    }
     sp_alloc_conf_t c = *conf;
     unsigned keys = 0;
     const char *p = text;
-    size_t total = strlen(text);
     const char *stop = text + total;
     while (p < stop) {
         /* A comma inside [...] belongs to the roundup list, not to the key list. */
@@ -265,107 +342,20 @@ sp_status_t sp__alloc_conf_parse_ex(const char *text, sp_alloc_conf_t *conf, uns
         p = end + 1;
         if (entry.len == 0)
             continue; /* "a:1,,b:2" and a trailing comma are harmless */
-        const char *colon = memchr(entry.p, ':', entry.len);
-        if (colon == NULL) {
-            snprintf(why, why_len, "'%.*s': expected key:value", (int)entry.len, entry.p);
-            return SP_ERR_INVALID_ARGUMENT;
+        bool ignored = false;
+        char entry_why[512];
+        sp_status_t s = parse_entry(entry, &c, &keys, roundup_text, roundup_len, &ignored,
+                                    entry_why, sizeof entry_why);
+        if (s != SP_SUCCESS && !lenient) {
+            snprintf(why, why_len, "%s", entry_why);
+            return s;
         }
-        span_t key = trim(entry.p, (size_t)(colon - entry.p));
-        span_t v = trim(colon + 1, (size_t)(entry.p + entry.len - colon - 1));
-        bool ok;
-        if (span_is(key, "max_split_size_mb")) {
-            ok = parse_mb(key, v, MIN_SPLIT_MB, &c.max_split_size, why, why_len);
-            keys |= SP_CONF_KEY_MAX_SPLIT_SIZE;
-        } else if (span_is(key, "max_non_split_rounding_mb")) {
-            ok = parse_mb(key, v, MIN_SPLIT_MB, &c.max_non_split_rounding, why, why_len);
-            keys |= SP_CONF_KEY_MAX_NON_SPLIT_ROUNDING;
-        } else if (span_is(key, "large_segment_size_mb")) {
-            ok = parse_mb(key, v, 1, &c.large_segment_size, why, why_len);
-            keys |= SP_CONF_KEY_LARGE_SEGMENT_SIZE;
-        } else if (span_is(key, "garbage_collection_threshold")) {
-            ok = span_double(v, &c.gc_threshold) && c.gc_threshold > 0.0 && c.gc_threshold < 1.0;
-            if (!ok)
-                snprintf(why, why_len,
-                         "garbage_collection_threshold: '%.*s' is not a number in (0, 1)",
-                         (int)v.len, v.p);
-            keys |= SP_CONF_KEY_GC_THRESHOLD;
-        } else if (span_is(key, "roundup_power2_divisions")) {
-            ok = parse_roundup(v, c.roundup_divisions, why, why_len);
-            if (ok && roundup_text != NULL && roundup_len > 0)
-                snprintf(roundup_text, roundup_len, "%.*s", (int)v.len, v.p);
-            keys |= SP_CONF_KEY_ROUNDUP;
-        } else if (span_is(key, "expandable_segments")) {
-            ok = span_bool(v, &c.expandable_segments);
-            if (!ok)
-                snprintf(why, why_len, "expandable_segments: '%.*s' is not True or False",
-                         (int)v.len, v.p);
-            keys |= SP_CONF_KEY_EXPANDABLE;
-        } else {
-            bool known = false;
-            for (size_t i = 0; i < sizeof ignored_keys / sizeof ignored_keys[0]; i++)
-                known = known || span_is(key, ignored_keys[i]);
-            if (!known) {
-                snprintf(why, why_len,
-                         "unknown key '%.*s' (known: max_split_size_mb, max_non_split_rounding_mb, "
-                         "large_segment_size_mb, garbage_collection_threshold, "
-                         "roundup_power2_divisions, "
-                         "expandable_segments, and the CUDA-only keys)",
-                         (int)key.len, key.p);
-                return SP_ERR_INVALID_ARGUMENT;
-            }
-            ok = parse_ignored(key, v, why, why_len);
-            if (!ok)
-                return span_is(key, "backend") && span_is(v, "cudaMallocAsync")
-                           ? SP_ERR_NOT_SUPPORTED
-                           : SP_ERR_INVALID_ARGUMENT;
-            if (keys_p != NULL) /* applying, not just validating: say it once per application */
-                SP_INFO(SP_SUB_ENV, "ALLOC_CONF key %.*s:%.*s has no effect in sympool: ignored",
-                        (int)key.len, key.p, (int)v.len, v.p);
-        }
-        if (!ok)
-            return SP_ERR_INVALID_ARGUMENT;
-    }
-    if (total >= sizeof c.conf_text) {
-        snprintf(why, why_len, "the text is %zu characters; at most %zu are kept", total,
-                 sizeof c.conf_text - 1);
-        return SP_ERR_INVALID_ARGUMENT;
+        if (note != NULL && (s != SP_SUCCESS || ignored))
+            note(note_arg, s != SP_SUCCESS, s, entry_why);
     }
     memcpy(c.conf_text, text, total + 1);
     *conf = c;
     if (keys_p != NULL)
         *keys_p = keys;
     return SP_SUCCESS;
-}
-
-sp_status_t sp__alloc_conf_parse(const char *text, sp_alloc_conf_t *conf) {
-    char why[512];
-    unsigned keys;
-    sp_status_t s = sp__alloc_conf_parse_ex(text, conf, &keys, NULL, 0, why, sizeof why);
-    if (s != SP_SUCCESS)
-        return sp__error(s, SP_SUB_ENV, "ALLOC_CONF '%s': %s", text ? text : "(null)", why);
-    return SP_SUCCESS;
-}
-
-void sp__alloc_conf_get(sp_alloc_conf_t *conf_p) {
-    sp__options_ensure();
-    sp_alloc_conf_t c;
-    sp__alloc_conf_defaults(&c);
-    /* The option table already holds each key's winner (variable over ALLOC_CONF over default). */
-    int64_t mss = sp__option_int(SP_OPT_MAX_SPLIT_SIZE);
-    c.max_split_size = mss == 0 ? SIZE_MAX : (size_t)mss;
-    c.max_non_split_rounding = (size_t)sp__option_int(SP_OPT_MAX_NON_SPLIT_ROUNDING);
-    c.large_segment_size = (size_t)sp__option_int(SP_OPT_LARGE_SEGMENT_SIZE);
-    c.gc_threshold = sp__option_double(SP_OPT_GC_THRESHOLD);
-    c.expandable_segments = sp__option_int(SP_OPT_EXPANDABLE_SEGMENTS) != 0;
-    c.no_caching = sp__option_int(SP_OPT_NO_CACHING) != 0;
-    const char *roundup = sp__option_string(SP_OPT_ROUNDUP_POWER2_DIVISIONS);
-    if (roundup[0] != '\0') {
-        char why[256];
-        span_t v = trim(roundup, strlen(roundup));
-        if (!parse_roundup(v, c.roundup_divisions, why,
-                           sizeof why)) /* validated on set; cannot fail */
-            memset(c.roundup_divisions, 0, sizeof c.roundup_divisions);
-    }
-    snprintf(c.conf_text, sizeof c.conf_text, "%s", sp__option_string(SP_OPT_ALLOC_CONF));
-    *conf_p = c;
 }

@@ -48,6 +48,8 @@ sp_status_t sp__error_quiet_at(sp_status_t status, unsigned subsys, const char *
 
 /* Clears this thread's last-error text (tests and retry paths use it). */
 void sp__error_clear(void);
+/* Sets this thread's last-error text, nothing else (status.c; sp__error_at builds on it). */
+void sp__error_vset(const char *fmt, va_list ap);
 
 /* ---- logging ---------------------------------------------------------------------------- */
 
@@ -73,15 +75,22 @@ enum {
     SP_SUB_ALL = 0xffffu
 };
 
-/* The level and mask in force; read with relaxed loads on every log macro before formatting. */
+/* The level and mask in force; read with relaxed loads on every log macro before formatting.
+ * Until the options are read (the first use, and again after sp_shutdown) the level is
+ * SP_LOG_UNREAD, above every real level, so the first log line goes through sp__log_wanted,
+ * which reads the options (SYMPOOL_DEBUG included) before deciding. */
+#define SP_LOG_UNREAD 100
 extern int sp__log_level;
 extern unsigned sp__log_mask;
 
+/* Writes one line unconditionally (callers test SP_LOG_ENABLED first). */
 void sp__log_at(sp_log_level_t level, unsigned subsys, const char *file, int line, const char *fmt,
                 ...) SP_PRINTF(5, 6);
+/* Reads the options if they are not read yet, then says whether (level, subsys) is logged. */
+bool sp__log_wanted(sp_log_level_t level, unsigned subsys);
 
 #define SP_LOG_ENABLED(level, subsys)                                                              \
-    (SP_UNLIKELY(sp__log_level >= (int)(level)) && (sp__log_mask & (subsys)))
+    (SP_UNLIKELY(sp__log_level >= (int)(level)) && sp__log_wanted((level), (subsys)))
 #define SP_WARN(subsys, ...)                                                                       \
     do {                                                                                           \
         if (SP_LOG_ENABLED(SP_LOG_WARN, (subsys)))                                                 \
@@ -98,16 +107,33 @@ void sp__log_at(sp_log_level_t level, unsigned subsys, const char *file, int lin
             sp__log_at(SP_LOG_TRACE, (subsys), __FILE__, __LINE__, __VA_ARGS__);                   \
     } while (0)
 
-/* The rank and device shown in the log prefix "[r3 d1]" ("[r- d-]" until set). */
+/* The rank and device shown in the log prefix "[r3 d1]" ("[r- d-]" while unknown). The rank is
+ * also the one %r expands to (process.c); setting it reopens a SYMPOOL_DEBUG_FILE with %r. */
 void sp__log_set_rank(int rank);
 void sp__log_set_device(int device);
+
+/* ---- the process (process.c) ------------------------------------------------------------ */
+
+/* The one rank source: the world's rank, else the MPI launcher's (OMPI_COMM_WORLD_RANK,
+ * PMIX_RANK, PMI_RANK, SLURM_PROCID), else -1. */
+int sp__process_rank(void);
+void sp__process_set_rank(int rank); /* the world's rank, -1 = none (sp__log_set_rank calls it) */
+const char *sp__process_host(void);  /* short host name ("node7", not "node7.cluster") */
+
+typedef enum { SP_EXPAND_OK, SP_EXPAND_NO_RANK, SP_EXPAND_TOO_LONG } sp_expand_t;
+
+/* The one expansion of a path pattern: %h short host name, %p pid, %r rank, %% a percent sign;
+ * any other %x stays as written. A %r with the rank unknown becomes unknown_rank, or, when that
+ * is negative, the call returns SP_EXPAND_NO_RANK. SP_EXPAND_TOO_LONG when out (cap bytes,
+ * terminator included) is too small. out is complete only on SP_EXPAND_OK. */
+sp_expand_t sp__path_expand(const char *pattern, int unknown_rank, char *out, size_t cap);
 
 /* Test hook: every formatted log line (without trailing newline) goes to fn instead of the
  * log file while it is set; NULL restores the file. Not thread-safe against concurrent logging. */
 typedef void (*sp_log_fn_t)(sp_log_level_t level, const char *line, void *arg);
 void sp__log_set_fn(sp_log_fn_t fn, void *arg);
 
-/* Internal to core/ (options.c drives log.c): apply SYMPOOL_DEBUG / _SUBSYS / _FILE. */
+/* Internal to core/ (config.c drives log.c): apply SYMPOOL_DEBUG / _SUBSYS / _FILE. */
 void sp__log_configure(int level, unsigned mask, const char *file_pattern);
 /* "INIT,POOL", "^COLL", "ALL" (any case) -> SP_SUB_* mask; false on an unknown name. */
 bool sp__log_parse_mask(const char *text, unsigned *mask_p);
@@ -115,31 +141,55 @@ const char *sp__log_level_name(int level); /* "WARN" */
 
 /* ---- options ---------------------------------------------------------------------------- */
 
-/* One SYMPOOL_* variable per option, from one table in options.c. Read once, lazily,
- * thread-safely. A bad value warns once and keeps the default. */
-typedef enum {
-    SP_OPT_DEVICE,                   /* enum auto|cuda|host */
-    SP_OPT_DEBUG,                    /* enum NONE|VERSION|WARN|INFO|TRACE */
-    SP_OPT_DEBUG_SUBSYS,             /* mask string */
-    SP_OPT_DEBUG_FILE,               /* string, %h host %p pid %r rank */
-    SP_OPT_INFO,                     /* bool: print the table at init */
-    SP_OPT_ALLOC_CONF,               /* string in PYTORCH_CUDA_ALLOC_CONF syntax */
-    SP_OPT_NO_CACHING,               /* bool */
-    SP_OPT_MAX_SPLIT_SIZE,           /* size; 0 = unlimited (SIZE_MAX) */
-    SP_OPT_MAX_NON_SPLIT_ROUNDING,   /* size; default 20 MiB, minimum 20 MiB */
-    SP_OPT_LARGE_SEGMENT_SIZE,       /* size; default 20 MiB */
-    SP_OPT_GC_THRESHOLD,             /* double in [0,1) ; 0 = off */
-    SP_OPT_ROUNDUP_POWER2_DIVISIONS, /* string: "N" or "[64:8,256:4,>:1]" */
-    SP_OPT_EXPANDABLE_SEGMENTS,      /* bool (accepted, reported; see pool) */
-    SP_OPT_HOST_CAPACITY,            /* size; default 80GiB */
-    SP_OPT_HOST_DEVICES,             /* long; default 1 */
-    SP_OPT_HOST_FAIL_AFTER,          /* long; 0 = never */
-    SP_OPT_SYM_TIMEOUT,              /* double seconds; default 60 */
-    SP_OPT_SYM_REGISTRAR,            /* enum auto|nccl|mpi */
-    SP_OPT_REPORT,                   /* enum none|table|json|prometheus|table_all */
-    SP_OPT_REPORT_FILE,              /* string, %h host %p pid %r rank; empty = stdout */
-    SP_OPT_COUNT
-} sp_option_t;
+/* The one list of SYMPOOL_* variables: it generates the sp_option_t enum (here), the table that
+ * parses and validates them (options.c) and the printer (config.c). Columns: the name after
+ * SYMPOOL_ (the enum is SP_OPT_<name>), kind, default as text, enum choices, extra check, the
+ * SYMPOOL_ALLOC_CONF key it also comes from (SP_CONF_KEY_*, 0 = none), description.
+ * Read on first use (not before main), again after sp_shutdown. A bad value warns once and keeps
+ * the default. */
+#define SP_OPTION_LIST(X)                                                                          \
+    X(DEVICE, ENUM, "auto", device_choices, NULL, 0,                                               \
+      "backend: auto (cuda when a GPU answers, else host), cuda, host")                            \
+    X(DEBUG, ENUM, "WARN", level_choices, NULL, 0, "log level: NONE, VERSION, WARN, INFO, TRACE")  \
+    X(DEBUG_SUBSYS, STRING, "ALL", NULL, check_subsys, 0,                                          \
+      "subsystems logged: INIT,POOL,DEVICE,SYM,BOOT,COLL,ENV,API,HISTORY,ALL; ^ = all except")     \
+    X(DEBUG_FILE, STRING, "", NULL, NULL, 0,                                                       \
+      "log file pattern (%h host, %p pid, %r rank); empty = stderr")                               \
+    X(INFO, BOOL, "0", NULL, NULL, 0, "print this table at first load")                            \
+    X(ALLOC_CONF, STRING, "", NULL, check_alloc_conf, 0,                                           \
+      "allocator settings in PYTORCH_CUDA_ALLOC_CONF syntax")                                      \
+    X(NO_CACHING, BOOL, "0", NULL, NULL, 0,                                                        \
+      "free to the device at once (like PYTORCH_NO_CUDA_MEMORY_CACHING)")                          \
+    X(MAX_SPLIT_SIZE, SIZE, "0", NULL, check_split, SP_CONF_KEY_MAX_SPLIT_SIZE,                    \
+      "largest cached block that may be split; 0 = unlimited (max_split_size_mb)")                 \
+    X(MAX_NON_SPLIT_ROUNDING, SIZE, "20MiB", NULL, check_min20m,                                   \
+      SP_CONF_KEY_MAX_NON_SPLIT_ROUNDING,                                                          \
+      "slack allowed when reusing an unsplittable block (max_non_split_rounding_mb)")              \
+    X(LARGE_SEGMENT_SIZE, SIZE, "20MiB", NULL, check_min1m, SP_CONF_KEY_LARGE_SEGMENT_SIZE,        \
+      "segment size for 1-10 MiB requests (large_segment_size_mb)")                                \
+    X(GC_THRESHOLD, DOUBLE, "0", NULL, check_gc, SP_CONF_KEY_GC_THRESHOLD,                         \
+      "garbage collection threshold in [0,1); 0 = off (garbage_collection_threshold)")             \
+    X(ROUNDUP_POWER2_DIVISIONS, STRING, "", NULL, check_roundup, SP_CONF_KEY_ROUNDUP,              \
+      "N or [64:8,256:4,>:1] (roundup_power2_divisions); empty = off")                             \
+    X(EXPANDABLE_SEGMENTS, BOOL, "0", NULL, NULL, SP_CONF_KEY_EXPANDABLE,                          \
+      "expandable segments (expandable_segments); parsed and reported")                            \
+    X(HOST_CAPACITY, SIZE, "80GiB", NULL, check_positive, 0,                                       \
+      "memory of each emulated host device")                                                       \
+    X(HOST_DEVICES, LONG, "1", NULL, check_devices, 0, "number of emulated host devices (1-64)")   \
+    X(HOST_FAIL_AFTER, LONG, "0", NULL, check_nonneg, 0,                                           \
+      "make the Nth host device allocation fail; 0 = never")                                       \
+    X(SYM_TIMEOUT, DOUBLE, "60", NULL, check_timeout, 0,                                           \
+      "seconds a symmetric collective waits for every rank")                                       \
+    X(SYM_REGISTRAR, ENUM, "auto", registrar_choices, NULL, 0,                                     \
+      "who registers symmetric windows: auto, nccl, mpi")                                          \
+    X(REPORT, ENUM, "none", report_choices, NULL, 0,                                               \
+      "report at exit: none, table, json, prometheus, table_all (every key)")                      \
+    X(REPORT_FILE, STRING, "", NULL, NULL, 0,                                                      \
+      "file for SYMPOOL_REPORT (%h host, %p pid, %r rank); empty = stdout")
+
+#define SP_OPT_ENUM_(name, kind, def, choices, check, conf_key, desc) SP_OPT_##name,
+typedef enum { SP_OPTION_LIST(SP_OPT_ENUM_) SP_OPT_COUNT } sp_option_t;
+#undef SP_OPT_ENUM_
 
 typedef enum {
     SP_OPT_SRC_DEFAULT,
@@ -158,11 +208,16 @@ const char *sp__option_name(sp_option_t opt); /* "SYMPOOL_HOST_CAPACITY" */
  * Returns SP_ERR_INVALID_ARGUMENT (with a message) for a malformed value, changing nothing. */
 sp_status_t sp__option_set(sp_option_t opt, const char *value);
 
-/* Re-read the environment (tests). */
+/* Re-read the environment, forgetting values set through sp__option_set (tests). */
 void sp__options_reload(void);
 
-/* Read the table once (idempotent, cheap after the first call; safe to call while loading). */
+/* Read the table at first use (idempotent, cheap after the first call; safe to call while
+ * loading). */
 void sp__options_ensure(void);
+
+/* sp_shutdown: the next first use reads the environment again (values set through
+ * sp__option_set stay). */
+void sp__options_forget(void);
 
 /* Print every option with its value and source (SYMPOOL_INFO=1, `sympool info`). */
 void sp__options_print(void *file /* FILE * */);
@@ -188,7 +243,8 @@ typedef struct sp_alloc_conf {
 
 /* Parse a PyTorch-syntax string ("max_split_size_mb:128,garbage_collection_threshold:0.6,...")
  * onto conf (which holds defaults or earlier values). Unknown keys and bad values return
- * SP_ERR_INVALID_ARGUMENT naming the key; conf is left unchanged then. */
+ * SP_ERR_INVALID_ARGUMENT naming the key (logged at WARN); conf is left unchanged then. Each
+ * ignored CUDA-only key is logged at INFO. */
 sp_status_t sp__alloc_conf_parse(const char *text, sp_alloc_conf_t *conf);
 
 /* Keys seen by sp__alloc_conf_parse_ex (bit set in *keys_p). */
@@ -201,18 +257,25 @@ enum {
     SP_CONF_KEY_EXPANDABLE = 1u << 5
 };
 
-/* The quiet form (core/ internal): no log, no last error; on failure writes the reason to why
- * and leaves conf unchanged. On success *keys_p (if non-NULL) gets the keys present and
- * roundup_text (if non-NULL) the roundup_power2_divisions value text. With keys_p non-NULL the
- * call counts as applying the text, and each ignored CUDA-only key is logged at INFO. */
+/* What the parser says about one entry: bad == true for an entry it rejects (status and why),
+ * false for a CUDA-only key it accepts and ignores (why says so). */
+typedef void (*sp_alloc_conf_note_fn)(void *arg, bool bad, sp_status_t status, const char *why);
+
+/* The quiet form (core/ internal): no log, no last error. strict (lenient == false): the first
+ * bad entry fails the whole text, its reason in why, conf unchanged. lenient: a bad entry is
+ * skipped and reported to note (the others apply, as PyTorch rejects only what it cannot parse).
+ * On success *keys_p (if non-NULL) gets the keys applied and roundup_text (if non-NULL) the
+ * roundup_power2_divisions value text. note (may be NULL) also hears of each ignored key. */
 sp_status_t sp__alloc_conf_parse_ex(const char *text, sp_alloc_conf_t *conf, unsigned *keys_p,
-                                    char *roundup_text, size_t roundup_len, char *why,
+                                    char *roundup_text, size_t roundup_len, bool lenient,
+                                    sp_alloc_conf_note_fn note, void *note_arg, char *why,
                                     size_t why_len);
 
 /* The built-in defaults (max_split_size SIZE_MAX, 20 MiB roundings, no roundup table). */
 void sp__alloc_conf_defaults(sp_alloc_conf_t *conf_p);
 
-/* The resolved configuration (defaults <- SYMPOOL_ALLOC_CONF <- SYMPOOL_* variables). */
+/* The resolved configuration (defaults <- SYMPOOL_ALLOC_CONF <- SYMPOOL_* variables), a typed
+ * copy kept by config.c since the last load or set: no text is parsed again. */
 void sp__alloc_conf_get(sp_alloc_conf_t *conf_p);
 
 /* ---- propagation ------------------------------------------------------------------------ */

@@ -3,13 +3,16 @@
  *     host:pid:tid [r3 d1] SYMPOOL WARN pool.c:212 message
  * The level (sp__log_level) and subsystem mask (sp__log_mask) are plain globals that the SP_WARN/
  * SP_INFO/SP_TRACE macros test before any argument is formatted, so a disabled line costs one
- * load and a compare. options.c sets them (and the output file pattern) through
- * sp__log_configure() when it reads SYMPOOL_DEBUG, SYMPOOL_DEBUG_SUBSYS and SYMPOOL_DEBUG_FILE.
+ * load and a compare. config.c sets them (and the output file pattern) through
+ * sp__log_configure() when it reads SYMPOOL_DEBUG, SYMPOOL_DEBUG_SUBSYS and SYMPOOL_DEBUG_FILE;
+ * until then the level is SP_LOG_UNREAD, which sends the first line through sp__log_wanted
+ * (config.c) to read them. This file writes lines and calls nothing above it.
  *
- * Output goes to stderr unless SYMPOOL_DEBUG_FILE names a file pattern (%h host, %p pid, %r rank).
- * The file is opened lazily at the first line. A pattern with %r cannot be expanded before the
- * rank is known, so until sp__log_set_rank() is called those lines go to stderr; setting (or
- * changing) the rank closes the file so the next line opens the per-rank file.
+ * Output goes to stderr unless SYMPOOL_DEBUG_FILE names a file pattern (%h host, %p pid, %r rank,
+ * expanded by process.c). The file is opened lazily at the first line. A pattern with %r cannot be
+ * expanded before the rank is known, so until it is (sp__log_set_rank, or the launcher's
+ * variables) those lines go to stderr; setting (or changing) the rank closes the file so the next
+ * line opens the per-rank file.
  *
  * The rank is process-wide (one rank per process). The device is per thread (_Thread_local),
  * like CUDA's current device: a thread that works on device 1 logs "d1" even while another
@@ -29,7 +32,7 @@
 
 #include "core/core.h"
 
-int sp__log_level = SP_LOG_WARN;
+int sp__log_level = SP_LOG_UNREAD;
 unsigned sp__log_mask = SP_SUB_ALL;
 
 #define LOG_LINE_MAX 2048   /* longest line written; longer messages end in "..." */
@@ -41,10 +44,7 @@ static char log_pattern[LOG_PATTERN_MAX]; /* SYMPOOL_DEBUG_FILE, "" = stderr (lo
 static bool log_open_failed;              /* the pattern could not be opened; stderr (log_lock) */
 static sp_log_fn_t log_fn;                /* test hook, NULL = file (log_lock) */
 static void *log_fn_arg;                  /* its argument (log_lock) */
-static int log_rank = -1;                 /* this process's rank, -1 = unknown (relaxed atomics) */
 static _Thread_local int log_device = -1; /* this thread's device, -1 = unknown */
-static char log_host[64];                 /* short host name, filled once (host_once) */
-static pthread_once_t host_once = PTHREAD_ONCE_INIT;
 
 static const char *const level_names[] = {"NONE", "VERSION", "WARN", "INFO", "TRACE"};
 
@@ -58,15 +58,6 @@ static const struct {
     {"ENV", SP_SUB_ENV},   {"API", SP_SUB_API},   {"HISTORY", SP_SUB_HISTORY},
     {"ALL", SP_SUB_ALL},
 };
-
-static void host_init(void) {
-    if (gethostname(log_host, sizeof log_host) != 0)
-        strcpy(log_host, "unknown");
-    log_host[sizeof log_host - 1] = '\0';
-    char *dot = strchr(log_host, '.'); /* NCCL shows the short name too */
-    if (dot != NULL)
-        *dot = '\0';
-}
 
 bool sp__log_parse_mask(const char *text, unsigned *mask_p) {
     const char *p = text;
@@ -141,8 +132,9 @@ void sp__log_configure(int level, unsigned mask, const char *file_pattern) {
 
 void sp__log_set_rank(int rank) {
     pthread_mutex_lock(&log_lock);
-    if (__atomic_load_n(&log_rank, __ATOMIC_RELAXED) != rank) {
-        __atomic_store_n(&log_rank, rank, __ATOMIC_RELAXED);
+    int before = sp__process_rank();
+    sp__process_set_rank(rank);
+    if (sp__process_rank() != before) {
         if (strstr(log_pattern, "%r") != NULL)
             close_file_locked(); /* reopen as the per-rank file at the next line */
     }
@@ -160,49 +152,6 @@ void sp__log_set_fn(sp_log_fn_t fn, void *arg) {
     pthread_mutex_unlock(&log_lock);
 }
 
-/* Expands %h %p %r (and %% ) of the pattern into out. Returns false when the pattern needs the
- * rank and it is not known yet. */
-static bool expand_pattern(const char *pattern, char *out, size_t cap) {
-    size_t n = 0;
-    int rank = __atomic_load_n(&log_rank, __ATOMIC_RELAXED);
-    for (const char *p = pattern; *p != '\0' && n + 1 < cap; p++) {
-        char piece[80];
-        const char *add = piece;
-        if (p[0] == '%' && p[1] != '\0') {
-            p++;
-            switch (*p) {
-            case 'h':
-                add = log_host;
-                break;
-            case 'p':
-                snprintf(piece, sizeof piece, "%ld", (long)getpid());
-                break;
-            case 'r':
-                if (rank < 0)
-                    return false;
-                snprintf(piece, sizeof piece, "%d", rank);
-                break;
-            case '%':
-                add = "%";
-                break;
-            default:
-                snprintf(piece, sizeof piece, "%%%c", *p);
-                break;
-            }
-        } else {
-            piece[0] = *p;
-            piece[1] = '\0';
-        }
-        size_t len = strlen(add);
-        if (n + len >= cap)
-            len = cap - 1 - n;
-        memcpy(out + n, add, len);
-        n += len;
-    }
-    out[n] = '\0';
-    return true;
-}
-
 /* The stream for the next line: the pattern's file if it can be opened, else stderr. log_lock held.
  */
 static FILE *stream_locked(void) {
@@ -211,15 +160,19 @@ static FILE *stream_locked(void) {
     if (log_pattern[0] == '\0' || log_open_failed)
         return stderr;
     char path[LOG_PATTERN_MAX + 128];
-    if (!expand_pattern(log_pattern, path, sizeof path))
+    sp_expand_t x = sp__path_expand(log_pattern, -1, path, sizeof path);
+    if (x == SP_EXPAND_NO_RANK)
         return stderr; /* %r before the rank is known */
-    log_file = fopen(path, "a");
+    log_file = x == SP_EXPAND_OK ? fopen(path, "a") : NULL;
+    if (x == SP_EXPAND_TOO_LONG)
+        snprintf(path, sizeof path, "%s", log_pattern);
     if (log_file == NULL) {
         /* Say it once, on stderr, then keep logging there: losing the log silently is worse. */
         log_open_failed = true;
         fprintf(stderr,
                 "%s:%ld SYMPOOL WARN cannot open SYMPOOL_DEBUG_FILE '%s': %s; logging to stderr\n",
-                log_host, (long)getpid(), path, strerror(errno));
+                sp__process_host(), (long)getpid(), path,
+                x == SP_EXPAND_OK ? strerror(errno) : "the expanded name is too long");
         return stderr;
     }
     return log_file;
@@ -227,22 +180,18 @@ static FILE *stream_locked(void) {
 
 void sp__log_at(sp_log_level_t level, unsigned subsys, const char *file, int line, const char *fmt,
                 ...) {
-    /* Also makes every user of logging pull options.o (and its constructor) out of the static
-     * library, so SYMPOOL_DEBUG applies even to a program that never reads an option. */
-    sp__options_ensure();
-    pthread_once(&host_once, host_init);
     char buf[LOG_LINE_MAX];
     const char *base = strrchr(file, '/');
     base = base ? base + 1 : file;
 
     char rank_s[16] = "-", dev_s[16] = "-";
-    int rank = __atomic_load_n(&log_rank, __ATOMIC_RELAXED);
+    int rank = sp__process_rank();
     if (rank >= 0)
         snprintf(rank_s, sizeof rank_s, "%d", rank);
     if (log_device >= 0)
         snprintf(dev_s, sizeof dev_s, "%d", log_device);
 
-    int n = snprintf(buf, sizeof buf, "%s:%ld:%ld [r%s d%s] SYMPOOL %s %s:%d ", log_host,
+    int n = snprintf(buf, sizeof buf, "%s:%ld:%ld [r%s d%s] SYMPOOL %s %s:%d ", sp__process_host(),
                      (long)getpid(), (long)syscall(SYS_gettid), rank_s, dev_s,
                      sp__log_level_name(level), base, line);
     if (n < 0)

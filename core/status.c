@@ -1,7 +1,8 @@
 /*
  * status.c: names and one-line meanings of every sp_status_t, from one list, and the thread's
- * last-error text. The function that first sees a failure fills the text through sp__error();
- * callers only propagate the code.
+ * last-error text. The function that first sees a failure fills the text through sp__error()
+ * (config.c: it sets the text here and logs it); callers only propagate the code. Calls nothing
+ * above it.
  */
 #include <stdio.h>
 #include <string.h>
@@ -59,28 +60,6 @@ void sp__error_clear(void) {
     last_error[0] = '\0';
 }
 
-static sp_status_t error_v(sp_log_level_t level, sp_status_t status, unsigned subsys,
-                           const char *file, int line, const char *fmt, va_list ap) {
+void sp__error_vset(const char *fmt, va_list ap) {
     vsnprintf(last_error, sizeof last_error, fmt, ap);
-    if (SP_LOG_ENABLED(level, subsys))
-        sp__log_at(level, subsys, file, line, "%s (%s)", last_error, sp_status_name(status));
-    return status;
-}
-
-sp_status_t sp__error_at(sp_status_t status, unsigned subsys, const char *file, int line,
-                         const char *fmt, ...) {
-    va_list ap;
-    va_start(ap, fmt);
-    sp_status_t s = error_v(SP_LOG_WARN, status, subsys, file, line, fmt, ap);
-    va_end(ap);
-    return s;
-}
-
-sp_status_t sp__error_quiet_at(sp_status_t status, unsigned subsys, const char *file, int line,
-                               const char *fmt, ...) {
-    va_list ap;
-    va_start(ap, fmt);
-    sp_status_t s = error_v(SP_LOG_INFO, status, subsys, file, line, fmt, ap);
-    va_end(ap);
-    return s;
 }

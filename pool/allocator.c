@@ -148,7 +148,14 @@ static inline bool should_split(const sp_bpool_t *bp, const sp_block_t *b, size_
 }
 
 /* found_block. slot != NULL: b is still in its free set at *slot with in-order predecessor
- * pred, and leaves it here (the cache-hit path); slot == NULL: b is in no set. */
+ * pred, and leaves it here (the cache-hit path); slot == NULL: b is in no set.
+ *
+ * Hot/cold pair: hand_out is the HOT form, forced inline into alloc_malloc's cache-hit path
+ * with `hist` read once by the caller and the tree slot from find_fit, so a hit costs no call
+ * and no second tree walk. sp__alloc_found_block below is its COLD twin: one out-of-line copy
+ * for the miss path and for sym_primitives.c (a fresh segment's block or a block already taken
+ * from its set), so the inline body is not copied into every rare caller. Same body, so the
+ * two cannot drift apart. */
 static inline __attribute__((always_inline)) void hand_out(sp_devalloc_t *d, sp_block_t *b,
                                                            sp_block_t **slot, sp_block_t *pred,
                                                            size_t size, size_t orig,
@@ -221,6 +228,7 @@ static inline __attribute__((always_inline)) void hand_out(sp_devalloc_t *d, sp_
                            bp->pool->id, context);
 }
 
+/* COLD twin of hand_out (see there): b is in no free set. */
 void sp__alloc_found_block(sp_devalloc_t *d, sp_block_t *b, size_t size, size_t orig,
                            uint32_t context) {
     hand_out(d, b, NULL, NULL, size, orig, context, sp__history_active != 0);
@@ -353,6 +361,9 @@ static inline bool mergeable(const sp_block_t *n) {
     return n && n->in_set && !n->allocated && n->event_count == 0 && n->nuses == 0;
 }
 
+/* Hot/cold pair: free_block is the HOT form, forced inline into free_locked (sp_free's path)
+ * with `hist` read once per sp_free call. sp__alloc_free_block below is its COLD twin, the one
+ * out-of-line copy release.c calls when an event completes a pending free later. */
 static inline __attribute__((always_inline)) void free_block(sp_devalloc_t *d, sp_block_t *b,
                                                              uint32_t free_ctx, bool hist) {
     sp_segment_t *seg = b->seg;
@@ -428,6 +439,7 @@ static inline __attribute__((always_inline)) void free_block(sp_devalloc_t *d, s
         sp__alloc_release_segment(d, seg);
 }
 
+/* COLD twin of free_block (see there): completes a free whose events have finished. */
 void sp__alloc_free_block(sp_devalloc_t *d, sp_block_t *b, uint32_t free_ctx) {
     free_block(d, b, free_ctx, sp__history_active != 0);
 }
@@ -448,10 +460,6 @@ static inline __attribute__((always_inline)) void free_locked(sp_devalloc_t *d, 
     if (SP_LIKELY(b->nuses == 0) || sp__alloc_insert_events(d, b) != SP_SUCCESS ||
         b->event_count == 0)
         free_block(d, b, context, hist);
-}
-
-void sp__alloc_free_locked(sp_devalloc_t *d, sp_block_t *b, uint32_t context) {
-    free_locked(d, b, context, sp__history_active != 0);
 }
 
 /* ---- malloc ------------------------------------------------------------------------------ */
@@ -533,6 +541,10 @@ static sp_status_t check_stream(const sp_devalloc_t *d, sp_stream_t stream) {
     return SP_SUCCESS;
 }
 
+/* Hot/cold pair: alloc_malloc is the HOT form, forced inline into sp_malloc so the cache-hit
+ * path is one function with no call between the public entry and hand_out. sp__alloc_malloc
+ * below is its out-of-line twin for sp_mempool_malloc (mempool.c), which is not worth a second
+ * inlined copy of the whole path. */
 static inline __attribute__((always_inline)) sp_status_t
 alloc_malloc(sp_devalloc_t *d, sp_mempool_t *pool, size_t orig, sp_stream_t stream, void **ptr_p) {
     /* One read of the history switch per call: its hooks then agree with each other. */
@@ -612,6 +624,7 @@ alloc_malloc(sp_devalloc_t *d, sp_mempool_t *pool, size_t orig, sp_stream_t stre
     return SP_SUCCESS;
 }
 
+/* Out-of-line twin of alloc_malloc (see there), for sp_mempool_malloc. */
 sp_status_t sp__alloc_malloc(sp_devalloc_t *d, sp_mempool_t *pool, size_t orig, sp_stream_t stream,
                              void **ptr_p) {
     return alloc_malloc(d, pool, orig, stream, ptr_p);
@@ -650,13 +663,10 @@ static sp_status_t explain_bad_pointer(const char *what, const void *ptr) {
     for (int i = 0; i < sp__g.ndev; i++) {
         sp_devalloc_t *d = &sp__g.devs[i];
         sp__lock(&d->lock);
-        sp_segment_t *seg = sp__segidx_find(d, a);
-        if (seg) {
-            sp_block_t *b = seg->head;
-            while (b && !(a >= b->addr && a < b->addr + b->size))
-                b = b->next;
-            bool start = b && b->addr == a, live = b && b->allocated;
-            uintptr_t base = b ? b->addr : 0;
+        sp_block_t *b = sp__segidx_block(d, a);
+        if (b) {
+            bool start = b->addr == a, live = b->allocated;
+            uintptr_t base = b->addr;
             sp__unlock(&d->lock);
             if (start && !live)
                 return sp__error(SP_ERR_INVALID_USAGE, SP_SUB_POOL,
@@ -718,10 +728,7 @@ SP_EXPORT sp_status_t sp_record_stream(void *ptr, sp_stream_t stream) {
         sp__lock(&d->lock);
         sp_block_t *b = sp__ptr_map_find(&d->map, a);
         if (!b) {
-            sp_segment_t *seg = sp__segidx_find(d, a);
-            for (b = seg ? seg->head : NULL; b; b = b->next)
-                if (a >= b->addr && a < b->addr + b->size)
-                    break;
+            b = sp__segidx_block(d, a);
             if (b && !b->allocated)
                 b = NULL;
         }

@@ -150,12 +150,11 @@ size_t sp__round_size(size_t size);
 size_t sp__allocation_size(size_t size);
 void sp__fmt_size(size_t bytes, char *buf, size_t len);
 
-/* The whole malloc path for `pool` (the default pool or a private one). `routed_private` says
- * the request belongs to a private pool, which turns off the use_on_oom fallback. */
+/* The whole malloc path for `pool` (the default pool or a private one): the out-of-line twin
+ * of allocator.c's inline alloc_malloc, which sp_malloc uses. Only the default pool
+ * falls back to use_on_oom pools. */
 sp_status_t sp__alloc_malloc(sp_devalloc_t *d, sp_mempool_t *pool, size_t size, sp_stream_t stream,
                              void **ptr_p);
-/* Free a block (lock held): the free request, then events or free_block. */
-void sp__alloc_free_locked(sp_devalloc_t *d, sp_block_t *b, uint32_t context);
 /* Complete a free: merge, return to the free set, stats (lock held). free_ctx: history context
  * of the sp_free call when it completes at once (0 when events completed it later). */
 void sp__alloc_free_block(sp_devalloc_t *d, sp_block_t *b, uint32_t free_ctx);

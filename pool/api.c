@@ -10,6 +10,7 @@
  * sympool (it is the process's last call, or a test's).
  */
 #include <inttypes.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -96,10 +97,13 @@ sp_status_t sp__alloc_init_slow(void) {
         return s;
     }
     sp__g.ndev = n;
+    char mss[32] = "unlimited"; /* SIZE_MAX means no limit, not 16 EiB */
+    if (sp__g.conf.max_split_size != SIZE_MAX)
+        snprintf(mss, sizeof(mss), "%zu", sp__g.conf.max_split_size);
     SP_INFO(SP_SUB_INIT,
-            "allocator ready: backend %s, %d device(s), max_split_size %zu, "
+            "allocator ready: backend %s, %d device(s), max_split_size %s, "
             "no_caching %d",
-            sp__g.ops->name, n, sp__g.conf.max_split_size, (int)sp__g.conf.no_caching);
+            sp__g.ops->name, n, mss, (int)sp__g.conf.no_caching);
     atomic_store_explicit(&sp__ready, 1, memory_order_release);
     pthread_mutex_unlock(&sp__g.init_lock);
     return SP_SUCCESS;
@@ -166,6 +170,8 @@ SP_EXPORT sp_status_t sp_shutdown(void) {
     sp__history_shutdown();
     sp__device_reset();
     sp__g.ops = NULL;
+    /* A new first call reads the SYMPOOL_* variables again, as the first one did. */
+    sp__options_forget();
     pthread_mutex_unlock(&sp__g.init_lock);
     return SP_SUCCESS;
 }

@@ -40,12 +40,6 @@ typedef struct sp_block_info {
  * SP_ERR_INVALID_USAGE (quiet) when ptr is in no live block of any device. */
 sp_status_t sp__pool_lookup(const void *ptr, sp_block_info_t *info_p);
 
-/* ---- file names ------------------------------------------------------------------------ */
-
-/* Expand %r (rank, from the MPI launcher's variables; 0 outside one), %p (pid), %h (host) and %%
- * of a file name pattern into out (cap bytes). SP_ERR_INVALID_ARGUMENT when it does not fit. */
-sp_status_t sp__snapshot_expand_path(const char *pattern, char *out, size_t cap);
-
 /* ---- walk (snapshots) ------------------------------------------------------------------- */
 
 typedef enum {

@@ -69,6 +69,11 @@ sp_block_t *sp__segment_block_at(sp_segment_t *seg, uintptr_t addr) {
     return NULL;
 }
 
+sp_block_t *sp__segidx_block(const sp_devalloc_t *d, uintptr_t addr) {
+    sp_segment_t *seg = sp__segidx_find(d, addr);
+    return seg ? sp__segment_block_at(seg, addr) : NULL;
+}
+
 /* ---- lookup, walk, locked ---------------------------------------------------------------- */
 
 sp_status_t sp__pool_lookup(const void *ptr, sp_block_info_t *info_p) {
@@ -78,9 +83,9 @@ sp_status_t sp__pool_lookup(const void *ptr, sp_block_info_t *info_p) {
     for (int i = 0; i < sp__g.ndev; i++) {
         sp_devalloc_t *d = &sp__g.devs[i];
         sp__lock(&d->lock);
-        sp_segment_t *seg = sp__segidx_find(d, a);
-        sp_block_t *b = seg ? sp__segment_block_at(seg, a) : NULL;
+        sp_block_t *b = sp__segidx_block(d, a);
         if (b && b->allocated) {
+            sp_segment_t *seg = b->seg;
             info_p->device = i;
             info_p->block_base = (void *)b->addr;
             info_p->block_size = b->size;

@@ -14,5 +14,8 @@ void sp__segidx_remove(sp_devalloc_t *d, sp_segment_t *seg);
 sp_segment_t *sp__segidx_find(const sp_devalloc_t *d, uintptr_t addr);
 /* The block of seg that contains addr, or NULL. */
 sp_block_t *sp__segment_block_at(sp_segment_t *seg, uintptr_t addr);
+/* The one lookup of a pointer anywhere inside a block (its start or its middle): the block of
+ * device d that contains addr, allocated or not (its segment is b->seg), or NULL. */
+sp_block_t *sp__segidx_block(const sp_devalloc_t *d, uintptr_t addr);
 
 #endif /* SP_POOL_SEGMENT_INDEX_H */

@@ -1,7 +1,7 @@
 /*
  * snapshot.c: PyTorch-compatible memory snapshots (torch.cuda.memory._snapshot()) of the whole
  * process (sp_dump_snapshot) or of one pool (sp_mempool_dump_snapshot), written as pickle
- * protocol 4 or JSON (".json" path) through pickle_write.c, atomically.
+ * protocol 4 or JSON (".json" path) through core/core_emit.c, atomically.
  *
  * Consistency: the segments come from sp__pool_walk, which holds every device's allocator lock
  * for the whole walk (pool/segment_index.c); the traces are copied from inside the visitor at its
@@ -22,7 +22,7 @@
 
 #include "core/core.h"
 #include "pool/history.h"
-#include "pool/pickle_write.h"
+#include "core/core_emit.h"
 #include "pool/pool.h"
 #include "sympool/history.h"
 #include "sympool/pool.h"
@@ -312,51 +312,13 @@ static bool ends_with(const char *s, const char *suffix) {
     return n >= k && strcmp(s + n - k, suffix) == 0;
 }
 
-/* The rank for "%r": pool/ sits below launch/, so it reads what the MPI launchers export (the
- * same variables sympoolrun and mpirun set); a process outside any launcher is rank 0. */
-static int launcher_rank(void) {
-    static const char *const vars[] = {"OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK",
-                                       "SLURM_PROCID"};
-    for (size_t i = 0; i < sizeof(vars) / sizeof(vars[0]); i++) {
-        const char *v = getenv(vars[i]);
-        if (v != NULL && *v != '\0')
-            return atoi(v);
-    }
-    return 0;
-}
-
-/* Expand %r (rank), %p (pid), %h (host) and %% in a snapshot path, as the log file pattern does
- * (DESIGN.md: sp_dump_snapshot("rank%r.pickle")). Also SYMPOOL_REPORT_FILE's (collectives/). */
-sp_status_t sp__snapshot_expand_path(const char *pattern, char *out, size_t cap) {
-    size_t o = 0;
-    for (const char *p = pattern; *p; p++) {
-        char piece[256];
-        if (p[0] == '%' && p[1] == 'r') {
-            snprintf(piece, sizeof(piece), "%d", launcher_rank());
-            p++;
-        } else if (p[0] == '%' && p[1] == 'p') {
-            snprintf(piece, sizeof(piece), "%ld", (long)getpid());
-            p++;
-        } else if (p[0] == '%' && p[1] == 'h') {
-            if (gethostname(piece, sizeof(piece)) != 0)
-                snprintf(piece, sizeof(piece), "unknown");
-            piece[sizeof(piece) - 1] = '\0';
-            p++;
-        } else if (p[0] == '%' && p[1] == '%') {
-            snprintf(piece, sizeof(piece), "%%");
-            p++;
-        } else {
-            piece[0] = *p;
-            piece[1] = '\0';
-        }
-        size_t k = strlen(piece);
-        if (o + k + 1 > cap)
-            return sp__error(SP_ERR_INVALID_ARGUMENT, SP_SUB_HISTORY, "snapshot path too long: %s",
-                             pattern);
-        memcpy(out + o, piece, k);
-        o += k;
-    }
-    out[o] = '\0';
+/* Expand %r, %p, %h and %% in a snapshot path with the same function and rank as the log file
+ * pattern (DESIGN.md: sp_dump_snapshot("rank%r.pickle")); a process outside any launcher and
+ * before sp_world_init is rank 0. */
+static sp_status_t expand_path(const char *pattern, char *out, size_t cap) {
+    if (sp__path_expand(pattern, 0, out, cap) != SP_EXPAND_OK)
+        return sp__error(SP_ERR_INVALID_ARGUMENT, SP_SUB_HISTORY, "snapshot path too long: %s",
+                         pattern);
     return SP_SUCCESS;
 }
 
@@ -365,7 +327,7 @@ static sp_status_t dump(const sp_mempool_t *pool, const char *pattern) {
     SP_ARG_CHECK(pattern != NULL && pattern[0] != '\0', SP_SUB_HISTORY,
                  "snapshot path is NULL or empty");
     char path[PATH_MAX];
-    SP_CHECK(sp__snapshot_expand_path(pattern, path, sizeof(path)));
+    SP_CHECK(expand_path(pattern, path, sizeof(path)));
     collect_t c;
     memset(&c, 0, sizeof(c));
     c.pool = pool;

@@ -96,11 +96,6 @@ static void ensure_keys(void) {
     pthread_once(&g_once, build);
 }
 
-void sp__stats_init(sp_dev_stats_t *st, size_t max_split_size) {
-    memset(st, 0, sizeof(*st));
-    st->max_split_size = max_split_size == SIZE_MAX ? -1 : (int64_t)max_split_size;
-}
-
 SP_EXPORT size_t sp_stats_count(void) {
     return NKEYS;
 }

@@ -8,6 +8,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 
 /* ---- stats (PyTorch's DeviceStats) ------------------------------------------------------- */
 
@@ -88,8 +89,10 @@ static inline void sp__stat_dec(sp_dev_stats_t *st, int a, bool is_small, int64_
     sp__stat_dec1(&st->arr[a][is_small ? SP_STAT_SMALL : SP_STAT_LARGE], n);
 }
 
-/* ---- stats.c ----------------------------------------------------------------------------- */
-
-void sp__stats_init(sp_dev_stats_t *st, size_t max_split_size);
+/* Zeroed stats for a new device allocator (inline beside the struct: the one initializer). */
+static inline void sp__stats_init(sp_dev_stats_t *st, size_t max_split_size) {
+    memset(st, 0, sizeof(*st));
+    st->max_split_size = max_split_size == SIZE_MAX ? -1 : (int64_t)max_split_size;
+}
 
 #endif /* SP_POOL_STATS_H */

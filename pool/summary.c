@@ -15,8 +15,8 @@
 #include <string.h>
 
 #include "core/core.h"
-#include "pool/pool_summary.h"
 #include "sympool/pool.h"
+#include "sympool/experimental.h"
 #include "sympool/summary.h"
 
 #define WIDTH 75 /* characters between the outer bars, as PyTorch's table */
@@ -63,7 +63,7 @@ static int64_t value(const sp_stats_t *st, const char *metric, const char *pool,
  * largest binary unit that keeps the number below 1024. */
 static void size_cell(int64_t v, char *cell, size_t cap) {
     static const char *const units[] = {"KiB", "MiB", "GiB", "TiB", "PiB"};
-    if (v == SP_SUMMARY_UNKNOWN) {
+    if (v == SP_X_SUMMARY_UNKNOWN) {
         snprintf(cell, cap, "%6s    ", "-");
         return;
     }
@@ -80,7 +80,7 @@ static void size_cell(int64_t v, char *cell, size_t cap) {
 }
 
 static void count_cell(int64_t v, char *cell, size_t cap) {
-    if (v == SP_SUMMARY_UNKNOWN)
+    if (v == SP_X_SUMMARY_UNKNOWN)
         snprintf(cell, cap, "%10s", "-");
     else
         snprintf(cell, cap, "%10" PRId64, v);
@@ -143,7 +143,7 @@ static void heading(out_t *o, const sp_stats_t *st, const char *title) {
     char d[40], e[40], f[40];
     labelled(d, sizeof(d), "device mallocs", value(st, "num_device_alloc", NULL, NULL));
     labelled(e, sizeof(e), "device frees", value(st, "num_device_free", NULL, NULL));
-    if (split < 0 && split != SP_SUMMARY_UNKNOWN)
+    if (split < 0 && split != SP_X_SUMMARY_UNKNOWN)
         snprintf(f, sizeof(f), "max split: unlimited");
     else {
         char cell[32];
@@ -156,7 +156,8 @@ static void heading(out_t *o, const sp_stats_t *st, const char *title) {
         "Tot Alloc", "Tot Freed");
 }
 
-size_t sp__summary_format(const sp_stats_t *st, const char *title, char *buf, size_t len) {
+SP_EXPORT size_t sp_x_memory_summary_format(const sp_stats_t *st, const char *title, char *buf,
+                                            size_t len) {
     out_t o = {buf, len, 0};
     buf[0] = '\0';
     heading(&o, st, title);
@@ -182,6 +183,6 @@ SP_EXPORT sp_status_t sp_memory_summary(int device, char *buf, size_t len) {
     char title[96];
     snprintf(title, sizeof(title), "sympool memory summary, device %d (%s backend)", device,
              sp_backend_name());
-    (void)sp__summary_format(&st, title, buf, len);
+    (void)sp_x_memory_summary_format(&st, title, buf, len);
     return SP_SUCCESS;
 }

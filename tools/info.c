@@ -8,7 +8,7 @@
 
 #include <sympool/sympool.h>
 
-#include "core/core.h" /* sp__options_print: the option table with sources */
+#include "sympool/experimental.h" /* sp_x_options_print: the option table with sources */
 #include "tools/cli.h"
 
 #if defined(SP_HAVE_CUDA)
@@ -118,7 +118,7 @@ int sp_cli_info(int argc, char **argv) {
     versions();
     printf("options:\n");
     fflush(stdout);
-    sp__options_print(stdout);
+    sp_x_options_print(stdout);
     fflush(stdout);
     (void)sp_shutdown();
     return st == SP_SUCCESS ? 0 : 1;

@@ -17,7 +17,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "pool/pickle_write.h"
+#include "core/core_emit.h"
 
 typedef struct jp {
     const char *p;   /* input */

@@ -17,7 +17,7 @@
 
 #include <sympool/sympool.h>
 
-#include "core/core.h" /* sp__option_set: the CLI's --conf and --capacity */
+#include "sympool/experimental.h" /* sp_x_option_set: the CLI's --conf and --capacity */
 
 #include "tools/cli.h"
 
@@ -210,9 +210,9 @@ static int cmp_double(const void *a, const void *b) {
 
 /* OOMs are an expected outcome of a replay with --capacity: show the first OOM warning (it
  * explains the state of the device), count the rest, pass every other line through. */
-static void log_filter(sp_log_level_t level, const char *line, void *arg) {
+static void log_filter(int level, const char *line, void *arg) {
     size_t *oom_lines = arg;
-    if (level == SP_LOG_WARN && strstr(line, "out of memory") != NULL && (*oom_lines)++ > 0)
+    if (level == SP_X_LOG_WARN && strstr(line, "out of memory") != NULL && (*oom_lines)++ > 0)
         return;
     fprintf(stderr, "%s\n", line);
 }
@@ -299,7 +299,7 @@ static bool run_config(const tr_trace_t *t, const char *conf, bool fresh, const 
     if (fresh) {
         sp_status_t st = sp_shutdown();
         if (st == SP_SUCCESS)
-            st = sp__option_set(SP_OPT_ALLOC_CONF, conf && conf[0] ? conf : NULL);
+            st = sp_x_option_set("SYMPOOL_ALLOC_CONF", conf && conf[0] ? conf : NULL);
         if (st != SP_SUCCESS) {
             snprintf(err, errlen, "configuration '%s': %s", conf ? conf : "", sp_last_error());
             return false;
@@ -441,14 +441,14 @@ static bool configure(const tr_trace_t *t, const replay_args_t *a) {
         snprintf(n, sizeof(n), "%d", t->ndev);
         setenv("SYMPOOL_HOST_DEVICES", n, 1);
     }
-    sp__options_reload();
     for (int k = 0; k < a->ncompare; k++)
-        if (a->compare[k][0] && sp__option_set(SP_OPT_ALLOC_CONF, a->compare[k]) != SP_SUCCESS)
+        if (a->compare[k][0] && sp_x_option_set("SYMPOOL_ALLOC_CONF", a->compare[k]) != SP_SUCCESS)
             return false;
     if (a->ncompare > 0)
-        (void)sp__option_set(SP_OPT_ALLOC_CONF, NULL);
-    return (a->conf == NULL || sp__option_set(SP_OPT_ALLOC_CONF, a->conf) == SP_SUCCESS) &&
-           (a->capacity == NULL || sp__option_set(SP_OPT_HOST_CAPACITY, a->capacity) == SP_SUCCESS);
+        (void)sp_x_option_set("SYMPOOL_ALLOC_CONF", NULL);
+    return (a->conf == NULL || sp_x_option_set("SYMPOOL_ALLOC_CONF", a->conf) == SP_SUCCESS) &&
+           (a->capacity == NULL ||
+            sp_x_option_set("SYMPOOL_HOST_CAPACITY", a->capacity) == SP_SUCCESS);
 }
 
 int sp_cli_replay(int argc, char **argv) {
@@ -469,7 +469,7 @@ int sp_cli_replay(int argc, char **argv) {
         return 2;
     }
     size_t oom_lines = 0;
-    sp__log_set_fn(log_filter, &oom_lines);
+    sp_x_log_set_fn(log_filter, &oom_lines);
     bool ok = true;
     replay_result_t r;
     if (a.ncompare == 0) {
@@ -493,7 +493,7 @@ int sp_cli_replay(int argc, char **argv) {
             fflush(stdout);
         }
     }
-    sp__log_set_fn(NULL, NULL);
+    sp_x_log_set_fn(NULL, NULL);
     tr_free(&t);
     if (oom_lines > 1)
         fprintf(stderr, "sympool replay: %zu more out-of-memory warnings not shown\n",

@@ -20,7 +20,7 @@
 
 #include <sympool/sympool.h>
 
-#include "pool/pool_summary.h"
+#include "sympool/experimental.h" /* sp_x_memory_summary_format */
 #include "tools/cli.h"
 
 #define SMALL_SIZE (1ull << 20)
@@ -172,7 +172,7 @@ static void walk_trace(const tr_device_t *td, dev_figs_t *d) {
 
 static void to_stats(const dev_figs_t *d, sp_stats_t *st) {
     for (size_t i = 0; i < SP_STATS_MAX; i++)
-        st->value[i] = SP_SUMMARY_UNKNOWN;
+        st->value[i] = SP_X_SUMMARY_UNKNOWN;
     for (int m = 0; m < M_TRACED; m++)
         for (int p = 0; p < 3; p++) {
             const fig_t *f = &d->f[m][p];
@@ -253,7 +253,7 @@ int sp_cli_summary(int argc, char **argv) {
         char title[160], text[SP_MEMORY_SUMMARY_MAX];
         const char *base = strrchr(path, '/');
         snprintf(title, sizeof(title), "snapshot %.100s, device %d", base ? base + 1 : path, dev);
-        sp__summary_format(&st, title, text, sizeof(text));
+        sp_x_memory_summary_format(&st, title, text, sizeof(text));
         fputs(text, stdout);
     }
     tr_free(&t);

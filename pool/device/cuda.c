@@ -88,10 +88,16 @@ static sp_status_t cuda_init(sp_device_caps_t *caps_p) {
     cudaError_t err = cudaGetDeviceCount(&n);
     if (err != cudaSuccess) {
         (void)cudaGetLastError();
-        return sp__error(SP_ERR_DEVICE, SP_SUB_DEVICE,
-                         "cuda backend unavailable: cudaGetDeviceCount: %s: %s (use "
-                         "SYMPOOL_DEVICE=host or auto on a machine without a usable GPU)",
-                         cudaGetErrorName(err), cudaGetErrorString(err));
+        /* Every later call retries the selection and fails the same way: warn once per
+         * process, then say it at INFO (the status and last-error text are the same). */
+        static bool warned; /* sp__device_select serializes init */
+        sp_status_t (*report)(sp_status_t, unsigned, const char *, int, const char *, ...) =
+            warned ? sp__error_quiet_at : sp__error_at;
+        warned = true;
+        return report(SP_ERR_DEVICE, SP_SUB_DEVICE, __FILE__, __LINE__,
+                      "cuda backend unavailable: cudaGetDeviceCount: %s: %s (use "
+                      "SYMPOOL_DEVICE=host or auto on a machine without a usable GPU)",
+                      cudaGetErrorName(err), cudaGetErrorString(err));
     }
     if (n <= 0)
         return sp__error(SP_ERR_DEVICE, SP_SUB_DEVICE, "cudaGetDeviceCount found no GPU");

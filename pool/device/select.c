@@ -42,10 +42,16 @@ static sp_status_t choose(void) {
         return start(&sp__device_host_ops, "SYMPOOL_DEVICE=host");
     if (strcmp(want, "cuda") == 0) {
         const sp_device_ops_t *cuda = sp__device_cuda_ops();
-        if (!cuda)
-            return sp__error(SP_ERR_NOT_SUPPORTED, SP_SUB_INIT,
-                             "SYMPOOL_DEVICE=cuda, but this sympool was built without CUDA; "
-                             "rebuild with the CUDA toolkit or use SYMPOOL_DEVICE=host");
+        if (!cuda) {
+            /* Warned once per process; later calls fail the same way at INFO. */
+            static bool warned; /* (g_sel.mu) */
+            sp_status_t (*report)(sp_status_t, unsigned, const char *, int, const char *, ...) =
+                warned ? sp__error_quiet_at : sp__error_at;
+            warned = true;
+            return report(SP_ERR_NOT_SUPPORTED, SP_SUB_INIT, __FILE__, __LINE__,
+                          "SYMPOOL_DEVICE=cuda, but this sympool was built without CUDA; "
+                          "rebuild with the CUDA toolkit or use SYMPOOL_DEVICE=host");
+        }
         /* cuda's init reports the CUDA error (e.g. an insufficient driver) itself. */
         return start(cuda, "SYMPOOL_DEVICE=cuda");
     }

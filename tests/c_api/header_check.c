@@ -8,6 +8,7 @@
 #include <sympool/status.h>
 #include <sympool/summary.h>
 #include <sympool/torch.h>
+#include <sympool/experimental.h>
 #if defined(SP_CHECK_MPI_HEADERS)
 #include <sympool/collectives.h>
 #include <sympool/symmetric.h>

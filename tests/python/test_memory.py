@@ -160,3 +160,16 @@ def test_device_spellings(sp):
     assert sp.memory_allocated("cuda:0") == sp.memory_allocated(0)
     with pytest.raises(TypeError):
         sp.memory_stats("cpu")
+
+
+def test_environment_set_after_loading_the_library_is_read():
+    # issue 12 item 1: options are read at the first call, not when the library loads, so
+    # os.environ set after loading (before the first allocator call) counts.
+    code = ("import os, sympool; sympool._lib.lib(); "
+            "os.environ['SYMPOOL_HOST_CAPACITY'] = '3GiB'; "
+            "print(sympool.get_memory_info(0)[1])")
+    env = dict(os.environ, SYMPOOL_DEVICE="host")
+    env.pop("SYMPOOL_HOST_CAPACITY", None)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
+                         check=True, timeout=60)
+    assert int(out.stdout.split()[-1]) == 3 << 30, out.stderr

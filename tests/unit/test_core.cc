@@ -524,16 +524,44 @@ TEST_F(AllocConf, SeparateVariableBeatsAllocConf) {
     }
 }
 
-TEST_F(AllocConf, MalformedEnvironmentConfIsIgnoredAsAWhole) {
+// issue 12 item 12: one bad key no longer throws the whole string away (PyTorch rejects only what
+// it cannot parse); each bad entry warns once, and not again while the text stays the same.
+TEST_F(AllocConf, BadEntryKeepsTheValidKeysAndWarnsOncePerBadKey) {
     expect_warnings();
-    Env env({{"SYMPOOL_ALLOC_CONF", "max_split_size_mb:128,max_non_split_rounding_mb:5"},
-             {"SYMPOOL_MAX_SPLIT_SIZE", nullptr}});
-    EXPECT_EQ(count(SP_LOG_WARN, "SYMPOOL_ALLOC_CONF"), 1u);
-    EXPECT_EQ(count(SP_LOG_WARN, "max_non_split_rounding_mb"), 1u);
-    sp_alloc_conf_t g;
-    sp__alloc_conf_get(&g);
-    EXPECT_EQ(g.max_split_size, SIZE_MAX) << "the valid key of a bad string was applied";
-    EXPECT_STREQ(g.conf_text, "");
+    {
+        Env env({{"SYMPOOL_ALLOC_CONF", "max_split_size_mb:128,max_non_split_rounding_mb:5"},
+                 {"SYMPOOL_MAX_SPLIT_SIZE", nullptr}});
+        EXPECT_EQ(count(SP_LOG_WARN, "SYMPOOL_ALLOC_CONF"), 1u);
+        EXPECT_EQ(count(SP_LOG_WARN, "max_non_split_rounding_mb"), 1u);
+        sp_alloc_conf_t g;
+        sp__alloc_conf_get(&g);
+        EXPECT_EQ(g.max_split_size, (size_t)(128 * MiB)) << "the valid key was thrown away";
+        EXPECT_EQ(g.max_non_split_rounding, (size_t)(20 * MiB)) << "the bad key was applied";
+        EXPECT_EQ(sp__option_source(SP_OPT_MAX_SPLIT_SIZE), SP_OPT_SRC_CONF);
+        EXPECT_STREQ(g.conf_text, "max_split_size_mb:128,max_non_split_rounding_mb:5");
+    }
+    const char *text = "max_split_size_mb:64,backend:cudaMallocAsync,garbage_collection_threshold:"
+                       "0.5,bogus:1,bogus:2";
+    size_t before = count(SP_LOG_WARN, "SYMPOOL_ALLOC_CONF");
+    {
+        Env env({{"SYMPOOL_ALLOC_CONF", text},
+                 {"SYMPOOL_MAX_SPLIT_SIZE", nullptr},
+                 {"SYMPOOL_GC_THRESHOLD", nullptr}});
+        EXPECT_EQ(count(SP_LOG_WARN, "SYMPOOL_ALLOC_CONF"), before + 2) << "one per bad key";
+        EXPECT_EQ(count(SP_LOG_WARN, "backend: cudaMallocAsync is not supported"), 1u);
+        EXPECT_EQ(count(SP_LOG_WARN, "unknown key 'bogus'"), 1u);
+        sp__options_reload();
+        sp__options_reload();
+        EXPECT_EQ(count(SP_LOG_WARN, "SYMPOOL_ALLOC_CONF"), before + 2) << "warned again";
+        sp_alloc_conf_t g;
+        sp__alloc_conf_get(&g);
+        EXPECT_EQ(g.max_split_size, (size_t)(64 * MiB));
+        EXPECT_DOUBLE_EQ(g.gc_threshold, 0.5);
+    }
+    // From code (the CLI's --conf) the string stays all or nothing: a clear error, no change.
+    EXPECT_SP_STATUS(sp__option_set(SP_OPT_ALLOC_CONF, "max_split_size_mb:64,bogus:1"),
+                     SP_ERR_INVALID_ARGUMENT);
+    EXPECT_EQ(sp__option_source(SP_OPT_MAX_SPLIT_SIZE), SP_OPT_SRC_DEFAULT);
 }
 
 // ---- logging -------------------------------------------------------------------------------

@@ -10,6 +10,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <climits>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
@@ -752,6 +753,47 @@ TEST_F(History, SnapshotWriteFailuresLeaveNothing) {
     ASSERT_SP_OK(sp_dump_snapshot((dir + "/pid%p.pickle").c_str()));
     struct stat st;
     EXPECT_EQ(stat((dir + "/pid" + std::to_string(getpid()) + ".pickle").c_str(), &st), 0);
+    remove_tree(dir);
+}
+
+// issue 9 item 4: snapshots and the log file expand %h/%p/%r with one function and one rank:
+// the world's rank once set, else the launcher's variables, else (snapshots only) 0.
+TEST_F(History, SnapshotPathExpandsLikeTheLogFile) {
+    expect_warnings(); // the over-long path
+    std::string dir = tempdir();
+    sp::ScopedEnv env({{"OMPI_COMM_WORLD_RANK", nullptr},
+                       {"PMIX_RANK", nullptr},
+                       {"PMI_RANK", nullptr},
+                       {"SLURM_PROCID", nullptr}});
+    char want[1024];
+    ASSERT_EQ(sp__path_expand((dir + "/s.%h.%p.%r.pickle").c_str(), 0, want, sizeof want),
+              SP_EXPAND_OK);
+    char host[256];
+    gethostname(host, sizeof host);
+    host[sizeof host - 1] = '\0';
+    std::string shorthost(host);
+    shorthost = shorthost.substr(0, shorthost.find('.'));
+    EXPECT_EQ(std::string(want),
+              dir + "/s." + shorthost + "." + std::to_string(getpid()) + ".0.pickle");
+    ASSERT_SP_OK(sp_dump_snapshot((dir + "/s.%h.%p.%r.pickle").c_str()));
+    struct stat st;
+    EXPECT_EQ(stat(want, &st), 0) << want;
+    // The launcher's rank, then the world's, win over 0; the log file sees the same.
+    {
+        sp::ScopedEnv launcher({{"PMI_RANK", "6"}});
+        ASSERT_SP_OK(sp_dump_snapshot((dir + "/r%r.pickle").c_str()));
+        EXPECT_EQ(stat((dir + "/r6.pickle").c_str(), &st), 0);
+        sp__log_set_rank(2);
+        ASSERT_SP_OK(sp_dump_snapshot((dir + "/r%r.pickle").c_str()));
+        EXPECT_EQ(stat((dir + "/r2.pickle").c_str(), &st), 0);
+        EXPECT_EQ(sp__path_expand("%r", -1, want, sizeof want), SP_EXPAND_OK);
+        EXPECT_STREQ(want, "2");
+        sp__log_set_rank(-1);
+    }
+    EXPECT_EQ(sp__path_expand("log%r", -1, want, sizeof want), SP_EXPAND_NO_RANK)
+        << "the log file waits for a rank it does not know";
+    std::string longpath(PATH_MAX + 10, 'x');
+    EXPECT_SP_STATUS(sp_dump_snapshot(longpath.c_str()), SP_ERR_INVALID_ARGUMENT);
     remove_tree(dir);
 }
 

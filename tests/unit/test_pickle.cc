@@ -1,4 +1,4 @@
-// test_pickle.cc: the snapshot writer (pool/pickle_write.c) byte by byte, and the restricted
+// test_pickle.cc: the snapshot writer (core/core_emit.c) byte by byte, and the restricted
 // reader (tools/pickle_read.c): round trips, real PyTorch snapshots, and every kind of bad input
 // (malformed, truncated, hostile, oversized) giving a clean error with an offset, under a
 // deterministic fuzzer.
@@ -14,7 +14,7 @@
 #include <vector>
 
 extern "C" {
-#include "pool/pickle_write.h"
+#include "core/core_emit.h"
 #include "tools/pickle_read.h"
 }
 

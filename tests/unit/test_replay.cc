@@ -14,7 +14,7 @@
 #include <vector>
 
 extern "C" {
-#include "pool/pickle_write.h"
+#include "core/core_emit.h"
 #include "tools/cli.h"
 #include "tools/json_read.h"
 #include "tools/pickle_read.h"

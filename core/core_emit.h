@@ -1,5 +1,5 @@
 /*
- * pickle_write.h: a small structured emitter that writes the same tree either as a pickle
+ * core_emit.h: a small structured emitter that writes the same tree either as a pickle
  * (protocol 4, using only the opcodes PyTorch's MemoryViz.js unpickler accepts) or as JSON, and
  * an atomic file writer. snapshot.c builds snapshots with it; tools/ and tests use it to write
  * synthetic traces. Not thread-safe: one emitter per writer.
@@ -8,8 +8,8 @@
  * BININT1, BININT2, BININT, LONG1, BINFLOAT, SHORT_BINUNICODE, BINUNICODE, NONE, NEWTRUE,
  * NEWFALSE, STOP, and for shared values MEMOIZE with BINGET/LONG_BINGET. No FRAME.
  */
-#ifndef SP_PICKLE_WRITE_H
-#define SP_PICKLE_WRITE_H
+#ifndef SP_CORE_EMIT_H
+#define SP_CORE_EMIT_H
 
 #include <stdbool.h>
 #include <stddef.h>
@@ -75,4 +75,4 @@ sp_status_t sp__file_write_atomic(const char *path, const void *buf, size_t len)
 }
 #endif
 
-#endif /* SP_PICKLE_WRITE_H */
+#endif /* SP_CORE_EMIT_H */

@@ -1,6 +1,6 @@
 /*
- * pickle_write.c: the structured emitter behind snapshots (pickle protocol 4 or JSON) and the
- * atomic file writer. See pickle_write.h for the opcode set.
+ * core_emit.c: the structured emitter behind snapshots (pickle protocol 4 or JSON) and the
+ * atomic file writer. See core_emit.h for the opcode set.
  *
  * Invariants: in pickle mode every open container has a MARK on the unpickler's stack at
  * mark[depth-1]; items are flushed with SETITEMS/APPENDS every BATCH items (as CPython does) so
@@ -19,7 +19,7 @@
 #include <unistd.h>
 
 #include "core/core.h"
-#include "pool/pickle_write.h"
+#include "core/core_emit.h"
 
 #define BATCH 1000
 

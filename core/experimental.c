@@ -1,0 +1,49 @@
+/*
+ * experimental.c: sympool/experimental.h's option and log services for tools/ and bench/, thin
+ * wrappers over core's internal calls (so those folders include no private header). Unstable by
+ * contract. The symmetric counters live in symmetric/sym_experimental.c; a build without MPI
+ * has no symmetric pools and answers zeros here.
+ */
+#include <string.h>
+
+#include "core/core.h"
+#include "sympool/experimental.h"
+
+SP_EXPORT sp_status_t sp_x_option_set(const char *name, const char *value) {
+    SP_ARG_CHECK(name != NULL, SP_SUB_ENV, "sp_x_option_set: name is NULL");
+    for (int o = 0; o < SP_OPT_COUNT; o++)
+        if (strcmp(sp__option_name((sp_option_t)o), name) == 0)
+            return sp__option_set((sp_option_t)o, value);
+    return sp__error(SP_ERR_INVALID_ARGUMENT, SP_SUB_ENV,
+                     "sp_x_option_set: %s is not a SYMPOOL_* option (sympool info lists them)",
+                     name);
+}
+
+SP_EXPORT void sp_x_options_print(FILE *f) {
+    sp__options_print(f);
+}
+
+/* The user's function behind the log hook (set and cleared with the hook itself). */
+static sp_x_log_fn x_fn;
+static void *x_arg;
+
+static void trampoline(sp_log_level_t level, const char *line, void *arg) {
+    (void)arg;
+    x_fn((int)level, line, x_arg);
+}
+
+SP_EXPORT void sp_x_log_set_fn(sp_x_log_fn fn, void *arg) {
+    sp__log_set_fn(NULL, NULL); /* no line reaches the trampoline while x_fn changes */
+    x_fn = fn;
+    x_arg = arg;
+    if (fn != NULL)
+        sp__log_set_fn(trampoline, NULL);
+}
+
+#ifndef SP_HAVE_MPI
+SP_EXPORT void sp_x_symmetric_counters(int device, sp_x_symmetric_counters_t *counters_p) {
+    (void)device;
+    if (counters_p != NULL)
+        memset(counters_p, 0, sizeof *counters_p);
+}
+#endif

@@ -1,0 +1,62 @@
+/*
+ * options.h: private to core/: the SYMPOOL_* option table (generated from SP_OPTION_LIST in
+ * core.h) and its parsers, which options.c implements; config.c keeps the values in force.
+ */
+#ifndef SP_CORE_OPTIONS_H
+#define SP_CORE_OPTIONS_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "core/core.h"
+
+#define OPT_TEXT_MAX 512 /* longest string value kept (ALLOC_CONF's conf_text is 512 too) */
+
+typedef enum { K_BOOL, K_LONG, K_DOUBLE, K_SIZE, K_ENUM, K_STRING } opt_kind_t;
+
+/* A parsed value, typed: nothing is parsed from text twice. */
+typedef struct {
+    int64_t i;                  /* bool, long, size, enum index, DEBUG_SUBSYS mask */
+    double d;                   /* double options */
+    char s[OPT_TEXT_MAX];       /* string value, or the enum's canonical name */
+    sp_alloc_conf_t conf;       /* ALLOC_CONF: the parsed keys; ROUNDUP: its divisions table */
+    unsigned conf_keys;         /* ALLOC_CONF: the SP_CONF_KEY_* it set */
+    char roundup[OPT_TEXT_MAX]; /* ALLOC_CONF: its roundup_power2_divisions text, for display */
+} opt_value_t;
+
+/* What parsing a value had to say besides yes or no: the bad entries a lenient ALLOC_CONF parse
+ * skipped (bad) and the CUDA-only keys it ignores (!bad). Duplicates are kept once. */
+#define OPT_NOTES_MAX 8
+typedef struct {
+    int n;                         /* notes kept */
+    bool bad[OPT_NOTES_MAX];       /* a skipped entry (WARN) or an ignored key (INFO) */
+    char text[OPT_NOTES_MAX][256]; /* what to log */
+} opt_notes_t;
+
+/* Extra validation for one option; false with why filled on failure. lenient: the value comes
+ * from the environment, where a partly bad ALLOC_CONF keeps its good keys; notes may be NULL. */
+typedef bool (*opt_check_t)(opt_value_t *v, bool lenient, opt_notes_t *notes, char *why,
+                            size_t why_len);
+
+typedef struct {
+    const char *name;           /* full variable name */
+    opt_kind_t kind;            /* how the text parses */
+    const char *def;            /* default, as text parsed like the variable */
+    const char *const *choices; /* K_ENUM: NULL-terminated names, index = value */
+    opt_check_t check;          /* range / syntax check, or NULL */
+    unsigned conf_key;          /* the SYMPOOL_ALLOC_CONF key it also comes from, 0 = none */
+    const char *desc;           /* one line for SYMPOOL_INFO=1 */
+} opt_def_t;
+
+/* The table, in sp_option_t order. */
+extern const opt_def_t sp__opt_defs[SP_OPT_COUNT];
+
+/* Parse text for option o into *out; false with why filled when malformed (out unchanged). */
+bool sp__opt_parse(sp_option_t o, const char *text, bool lenient, opt_notes_t *notes,
+                   opt_value_t *out, char *why, size_t why_len);
+
+/* The value as a user would write it: sizes in the largest exact binary unit. */
+void sp__opt_format(sp_option_t o, const opt_value_t *v, char *out, size_t cap);
+
+#endif /* SP_CORE_OPTIONS_H */

@@ -1,0 +1,100 @@
+/*
+ * process.c: who this process is, for log lines and file names: its rank, short host name and
+ * pid, and the one expansion of %h, %p, %r and %% in a path pattern (SYMPOOL_DEBUG_FILE,
+ * sp_dump_snapshot's path).
+ *
+ * One rank source: the rank the world set (sp__log_set_rank, from launch/), else the rank the
+ * MPI launchers export (mpirun, srun, sympoolrun: so pool/, below launch/, and lines logged before
+ * sp_world_init agree with it), else unknown (-1). The rank is process-wide; relaxed atomics.
+ */
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "core/core.h"
+
+static int world_rank = -1; /* set by the world, -1 = not set (relaxed atomics) */
+static char host[64];       /* short host name, filled once (host_once) */
+static pthread_once_t host_once = PTHREAD_ONCE_INIT;
+
+static void host_init(void) {
+    if (gethostname(host, sizeof host) != 0)
+        strcpy(host, "unknown");
+    host[sizeof host - 1] = '\0';
+    char *dot = strchr(host, '.'); /* NCCL shows the short name too */
+    if (dot != NULL)
+        *dot = '\0';
+}
+
+const char *sp__process_host(void) {
+    pthread_once(&host_once, host_init);
+    return host;
+}
+
+void sp__process_set_rank(int rank) {
+    __atomic_store_n(&world_rank, rank, __ATOMIC_RELAXED);
+}
+
+/* The launchers' rank variables, read each time: a test may set them. */
+static int launcher_rank(void) {
+    static const char *const vars[] = {"OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK",
+                                       "SLURM_PROCID"};
+    for (size_t i = 0; i < sizeof vars / sizeof vars[0]; i++) {
+        const char *v = getenv(vars[i]);
+        if (v != NULL && *v != '\0')
+            return atoi(v);
+    }
+    return -1;
+}
+
+int sp__process_rank(void) {
+    int r = __atomic_load_n(&world_rank, __ATOMIC_RELAXED);
+    return r >= 0 ? r : launcher_rank();
+}
+
+sp_expand_t sp__path_expand(const char *pattern, int unknown_rank, char *out, size_t cap) {
+    size_t n = 0;
+    int rank = sp__process_rank();
+    if (rank < 0)
+        rank = unknown_rank;
+    for (const char *p = pattern; *p != '\0'; p++) {
+        char piece[80];
+        const char *add = piece;
+        if (p[0] == '%' && p[1] != '\0') {
+            p++;
+            switch (*p) {
+            case 'h':
+                add = sp__process_host();
+                break;
+            case 'p':
+                snprintf(piece, sizeof piece, "%ld", (long)getpid());
+                break;
+            case 'r':
+                if (rank < 0)
+                    return SP_EXPAND_NO_RANK;
+                snprintf(piece, sizeof piece, "%d", rank);
+                break;
+            case '%':
+                add = "%";
+                break;
+            default: /* not ours: kept as written */
+                snprintf(piece, sizeof piece, "%%%c", *p);
+                break;
+            }
+        } else {
+            piece[0] = *p;
+            piece[1] = '\0';
+        }
+        size_t len = strlen(add);
+        if (n + len + 1 > cap)
+            return SP_EXPAND_TOO_LONG;
+        memcpy(out + n, add, len);
+        n += len;
+    }
+    if (cap == 0)
+        return SP_EXPAND_TOO_LONG;
+    out[n] = '\0';
+    return SP_EXPAND_OK;
+}

@@ -1,0 +1,67 @@
+/*
+ * sympool/experimental.h: UNSTABLE. The few internal services the sympool CLI (tools/) and the
+ * benchmarks (bench/) need beyond the public API, so that they include no private header. Names,
+ * shapes and behaviour may change in any release without notice; programs outside this
+ * repository should not use them. Not included by sympool.h. Not part of API.md's contract.
+ */
+#ifndef SYMPOOL_EXPERIMENTAL_H
+#define SYMPOOL_EXPERIMENTAL_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include "sympool/stats.h"
+#include "sympool/status.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/** Set the option named `name` (a SYMPOOL_* variable name, e.g. "SYMPOOL_ALLOC_CONF") from code,
+ * parsed like the variable and winning over it; value NULL restores the default. Returns
+ * SP_ERR_INVALID_ARGUMENT (with sp_last_error()) for an unknown name or a malformed value, and
+ * then changes nothing. Thread-safe; takes effect at the next initialization. */
+sp_status_t sp_x_option_set(const char *name, const char *value);
+
+/** Print every SYMPOOL_* option with its value, default and source to `f` (`sympool info`). */
+void sp_x_options_print(FILE *f);
+
+/** Log levels as passed to an sp_x_log_fn. */
+enum { SP_X_LOG_VERSION = 1, SP_X_LOG_WARN = 2, SP_X_LOG_INFO = 3, SP_X_LOG_TRACE = 4 };
+
+/** Receives every log line sympool would write (without the newline) while set. */
+typedef void (*sp_x_log_fn)(int level, const char *line, void *arg);
+
+/** Route log lines to fn (NULL: back to stderr or SYMPOOL_DEBUG_FILE). Not thread-safe against
+ * concurrent logging. */
+void sp_x_log_set_fn(sp_x_log_fn fn, void *arg);
+
+/** Totals over this process's symmetric pools on `device` (device < 0: all devices). */
+typedef struct sp_x_symmetric_counters {
+    int64_t registrations;    /**< segments registered since process start */
+    int64_t deregistrations;  /**< segments deregistered */
+    int64_t agreement_rounds; /**< allreduce rounds of sp_symmetric_malloc */
+    int64_t mallocs;          /**< sp_symmetric_malloc calls that succeeded */
+    int64_t growths;          /**< collective segment growths */
+    int64_t pools;            /**< live symmetric pools */
+} sp_x_symmetric_counters_t;
+
+/** Fill *counters_p (every field 0 when the build has no symmetric pools). */
+void sp_x_symmetric_counters(int device, sp_x_symmetric_counters_t *counters_p);
+
+/** A figure sp_x_memory_summary_format shows as "-": one its source cannot give (a snapshot
+ * records no peak of rounded allocated bytes, for example). */
+#define SP_X_SUMMARY_UNKNOWN INT64_MIN
+
+/** sp_memory_summary's table for any statistics (`sympool summary` rebuilds them from a
+ * snapshot) under the heading `title`, written like snprintf: truncated to len-1 bytes, always
+ * terminated (len > 0). Returns the length of the whole text (>= len: truncated). */
+size_t sp_x_memory_summary_format(const sp_stats_t *stats, const char *title, char *buf,
+                                  size_t len);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* SYMPOOL_EXPERIMENTAL_H */

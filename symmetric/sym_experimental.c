@@ -1,0 +1,22 @@
+/*
+ * sym_experimental.c: sympool/experimental.h's symmetric counters (bench/mpi/symmetric.c reads
+ * them), a copy of what symmetric/symmetric.h offers collectives/. Unstable by contract.
+ */
+#include <string.h>
+
+#include "core/core.h"
+#include "symmetric/symmetric.h"
+#include "sympool/experimental.h"
+
+SP_EXPORT void sp_x_symmetric_counters(int device, sp_x_symmetric_counters_t *counters_p) {
+    if (counters_p == NULL)
+        return;
+    sp_sym_counters_t c;
+    sp__symmetric_counters(device, &c);
+    counters_p->registrations = c.registrations;
+    counters_p->deregistrations = c.deregistrations;
+    counters_p->agreement_rounds = c.agreement_rounds;
+    counters_p->mallocs = c.mallocs;
+    counters_p->growths = c.growths;
+    counters_p->pools = c.pools;
+}
