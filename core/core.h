@@ -172,12 +172,21 @@ const char *sp__log_level_name(int level); /* "WARN" */
     X(ROUNDUP_POWER2_DIVISIONS, STRING, "", NULL, check_roundup, SP_CONF_KEY_ROUNDUP,              \
       "N or [64:8,256:4,>:1] (roundup_power2_divisions); empty = off")                             \
     X(EXPANDABLE_SEGMENTS, BOOL, "0", NULL, NULL, SP_CONF_KEY_EXPANDABLE,                          \
-      "expandable segments (expandable_segments); parsed and reported")                            \
+      "expandable segments (expandable_segments): one growing segment per stream and pool kind")   \
+    X(EXPANDABLE_PAGE, SIZE, "0", NULL, NULL, 0,                                                   \
+      "ours: large-pool page of expandable segments (e.g. 2MiB, rounded up to the device's "       \
+      "granularity); 0 = PyTorch's 20 MiB")                                                        \
+    X(EXPANDABLE_RECYCLE, BOOL, "0", NULL, NULL, 0,                                                \
+      "ours: before an expandable segment grows, unmap whole free pages of its holes (the memory " \
+      "moves instead of adding up; costs map/unmap calls)")                                        \
     X(HOST_CAPACITY, SIZE, "80GiB", NULL, check_positive, 0,                                       \
       "memory of each emulated host device")                                                       \
     X(HOST_DEVICES, LONG, "1", NULL, check_devices, 0, "number of emulated host devices (1-64)")   \
     X(HOST_FAIL_AFTER, LONG, "0", NULL, check_nonneg, 0,                                           \
       "make the Nth host device allocation fail; 0 = never")                                       \
+    X(HOST_ARENA, BOOL, "0", NULL, NULL, 0,                                                        \
+      "host: hand out address space carved from one reservation per device, never accessible "     \
+      "(no system call per segment; for replay, which never touches the memory)")                  \
     X(SYM_TIMEOUT, DOUBLE, "60", NULL, check_timeout, 0,                                           \
       "seconds a symmetric collective waits for every rank")                                       \
     X(SYM_REGISTRAR, ENUM, "auto", registrar_choices, NULL, 0,                                     \
@@ -235,7 +244,7 @@ typedef struct sp_alloc_conf {
     size_t max_non_split_rounding;  /* bytes */
     size_t large_segment_size;      /* bytes */
     double gc_threshold;            /* 0 = off */
-    bool expandable_segments;       /* parsed and reported */
+    bool expandable_segments;       /* one growing segment per stream and pool kind */
     bool no_caching;                /* SYMPOOL_NO_CACHING */
     uint32_t roundup_divisions[16]; /* per power-of-2 interval from 1 MiB; 0 = none */
     char conf_text[512];            /* the ALLOC_CONF string as given, for snapshots */

@@ -16,6 +16,7 @@
 #include <string.h>
 
 #include "pool/allocator.h"
+#include "pool/expandable.h"
 #include "pool/release.h"
 #include "pool/mempool.h"
 #include "pool/segment_index.h"
@@ -105,6 +106,7 @@ void sp__block_recycle(sp_devalloc_t *d, sp_block_t *b) {
         free(b->uses);
         b->uses = NULL;
     }
+    b->seg = NULL; /* a stale lookup index entry must not match a struct on the spare list */
     b->hnext = d->spare;
     d->spare = b;
 }
@@ -120,6 +122,8 @@ static inline sp_block_t *find_fit(sp_devalloc_t *d, sp_bpool_t *bp, size_t size
     sp_block_t *b = sp__bset_find_fit(&bp->free, stream, size, slot_p, pred_p);
     if (!b || b->stream != stream)
         return NULL;
+    if (SP_UNLIKELY(b->seg->expandable))
+        b = sp__exp_best_fit(bp, b, stream, slot_p, pred_p);
     size_t mss = sp__g.conf.max_split_size;
     /* Oversize rules: small requests never take oversize blocks, and an oversize request takes
      * an oversize block only if it wastes less than max_non_split_rounding. */
@@ -142,7 +146,9 @@ static inline bool should_split(const sp_bpool_t *bp, const sp_block_t *b, size_
     if (bp->pool->no_split)
         return false;
     size_t remaining = b->size - size;
-    if (bp->is_small)
+    /* With expandable segments PyTorch splits large blocks down to 512 bytes too: the rest of
+     * a page can always be unmapped, so slack is not kept in the block. */
+    if (bp->is_small || sp__exp_pool(bp->pool))
         return remaining >= SP_MIN_BLOCK_SIZE;
     return size < sp__g.conf.max_split_size && remaining > SP_SMALL_SIZE;
 }
@@ -180,6 +186,7 @@ static inline __attribute__((always_inline)) void hand_out(sp_devalloc_t *d, sp_
         rem->context = 0;
         rem->event_count = 0;
         rem->allocated = false;
+        rem->unmapped = false; /* a recycled struct may have been an unmapped block */
         /* The remainder sorts below b (smaller, same stream); if it also sorts above b's
          * predecessor it can take b's node as it is. b's key must be intact until then. */
         if (slot && (!pred || sp__bset_less(&bp->free, pred, rem))) {
@@ -196,7 +203,9 @@ static inline __attribute__((always_inline)) void hand_out(sp_devalloc_t *d, sp_
         b->next = rem;
         b->size = size;
         sp__bset_check(&bp->free);
-        if (already_split) {
+        /* inactive_split leaves expandable segments out (their free pages can be unmapped). */
+        if (SP_UNLIKELY(b->seg->expandable)) {
+        } else if (already_split) {
             sp__stat_dec(st, SP_ST_INACTIVE_SPLIT_BYTES, small, (int64_t)b->size);
         } else {
             sp__stat_inc(st, SP_ST_INACTIVE_SPLIT_BYTES, small, (int64_t)rem->size);
@@ -205,7 +214,7 @@ static inline __attribute__((always_inline)) void hand_out(sp_devalloc_t *d, sp_
     } else {
         if (slot)
             sp__bset_remove(&bp->free, b);
-        if (already_split) {
+        if (already_split && !b->seg->expandable) {
             sp__stat_dec(st, SP_ST_INACTIVE_SPLIT_BYTES, small, (int64_t)b->size);
             sp__stat_dec(st, SP_ST_INACTIVE_SPLIT, small, 1);
         }
@@ -352,6 +361,8 @@ void sp__alloc_release_segment(sp_devalloc_t *d, sp_segment_t *seg) {
     if (seg->context)
         sp__history_context_release(seg->context);
     sp__block_recycle(d, b);
+    free(seg->bidx_addr);
+    free(seg->bidx_blk);
     free(seg);
 }
 
@@ -406,6 +417,8 @@ static inline __attribute__((always_inline)) void free_block(sp_devalloc_t *d, s
         net_n++;
         net_bytes += (int64_t)b->size;
     }
+    if (SP_UNLIKELY(seg->expandable))
+        net_n = net_bytes = 0; /* PyTorch leaves expandable segments out of inactive_split */
     if (net_n)
         sp__stat_arr(st, SP_ST_INACTIVE_SPLIT, bp->is_small, net_n);
     if (net_bytes)
@@ -522,9 +535,24 @@ static sp_status_t report_oom(sp_devalloc_t *d, sp_mempool_t *pool, size_t orig,
     return sp__error(SP_ERR_OUT_OF_MEMORY, SP_SUB_POOL,
                      "out of memory on device %d: tried to allocate %s; device has %s total, %s "
                      "free; %s allocated by sympool, %s reserved but unallocated%s. If reserved "
-                     "but unallocated memory is large, try SYMPOOL_ALLOC_CONF="
-                     "max_split_size_mb:N to reduce fragmentation",
-                     d->device, req, tot, fre, alc, unal, extra);
+                     "but unallocated memory is large, try SYMPOOL_ALLOC_CONF=%s to "
+                     "reduce fragmentation",
+                     d->device, req, tot, fre, alc, unal, extra,
+                     sp__g.exp_on ? "max_split_size_mb:N" : "expandable_segments:True");
+}
+
+/* PyTorch's alloc_block: a new fixed segment, or pages mapped into an expandable segment.
+ * The memory fraction is checked against the fixed segment size either way, as PyTorch does. */
+static sp_status_t grow(sp_devalloc_t *d, sp_bpool_t *bp, size_t size, size_t alloc_size,
+                        sp_stream_t stream, uint32_t ctx, sp_block_t **b_p, int *why_p) {
+    if (!sp__exp_pool(bp->pool))
+        return sp__alloc_segment(d, bp, alloc_size, stream, ctx, b_p, why_p);
+    if (d->total_reserved + alloc_size > d->allowed_max ||
+        d->total_reserved + alloc_size < d->total_reserved) {
+        *why_p = 1;
+        return SP_ERR_OUT_OF_MEMORY;
+    }
+    return sp__exp_alloc(d, bp, size, stream, ctx, b_p, why_p);
 }
 
 /* A stream is checked on the miss path only: a cache hit implies an earlier miss on the same
@@ -590,20 +618,20 @@ alloc_malloc(sp_devalloc_t *d, sp_mempool_t *pool, size_t orig, sp_stream_t stre
         }
         if (d->gc_enabled)
             sp__alloc_gc(d);
-        s = sp__alloc_segment(d, bp, alloc_size, stream, ctx, &b, &why);
+        s = grow(d, bp, size, alloc_size, stream, ctx, &b, &why);
         limit_hit |= s == SP_ERR_OUT_OF_MEMORY && why == 2;
         fraction_hit |= s == SP_ERR_OUT_OF_MEMORY && why == 1;
         if (s == SP_ERR_OUT_OF_MEMORY && pool->is_default)
             b = mempool_fallback(d, size, stream);
         if (!b && s == SP_ERR_OUT_OF_MEMORY && sp__alloc_release_available(d, bp, size, stream)) {
-            s = sp__alloc_segment(d, bp, alloc_size, stream, ctx, &b, &why);
+            s = grow(d, bp, size, alloc_size, stream, ctx, &b, &why);
             limit_hit |= s == SP_ERR_OUT_OF_MEMORY && why == 2;
             fraction_hit |= s == SP_ERR_OUT_OF_MEMORY && why == 1;
         }
         if (!b && s == SP_ERR_OUT_OF_MEMORY) {
             sp__alloc_release_cached(d);
             d->stats.num_alloc_retries++;
-            s = sp__alloc_segment(d, bp, alloc_size, stream, ctx, &b, &why);
+            s = grow(d, bp, size, alloc_size, stream, ctx, &b, &why);
             limit_hit |= s == SP_ERR_OUT_OF_MEMORY && why == 2;
             fraction_hit |= s == SP_ERR_OUT_OF_MEMORY && why == 1;
         }
@@ -615,7 +643,7 @@ alloc_malloc(sp_devalloc_t *d, sp_mempool_t *pool, size_t orig, sp_stream_t stre
                 sp__history_context_release(ctx);
             return s;
         }
-        if (ctx && s == SP_SUCCESS)
+        if (ctx && s == SP_SUCCESS && !b->seg->expandable)
             sp__history_context_retain(ctx); /* the new segment and the block each hold one */
     }
     sp__alloc_found_block(d, b, size, orig, ctx);
@@ -713,6 +741,43 @@ SP_EXPORT sp_status_t sp_free(void *ptr) {
     if (ctx)
         sp__history_context_release(ctx);
     return explain_bad_pointer("sp_free", ptr);
+}
+
+sp_status_t sp__alloc_free_sized(void *ptr, int device, size_t *size_p, int *device_p) {
+    if (SP_UNLIKELY(!atomic_load_explicit(&sp__ready, memory_order_acquire)))
+        return sp__error(
+            SP_ERR_INVALID_USAGE, SP_SUB_POOL,
+            "sp_torch_free(%p): sympool is not initialized, so this is not its pointer", ptr);
+    uintptr_t a = (uintptr_t)ptr;
+    bool hist = SP_UNLIKELY(sp__history_active != 0);
+    uint32_t ctx = hist ? sp__history_capture(true) : 0;
+    /* The device PyTorch names first, then (a mismatch) the others: one locked probe of the
+     * pointer map finds, checks and frees the block. */
+    for (int k = -1; k < sp__g.ndev; k++) {
+        int i = k < 0 ? device : k;
+        if (i < 0 || i >= sp__g.ndev || (k >= 0 && i == device))
+            continue;
+        sp_devalloc_t *d = &sp__g.devs[i];
+        if (a < atomic_load_explicit(&d->lo, memory_order_relaxed) ||
+            a >= atomic_load_explicit(&d->hi, memory_order_relaxed))
+            continue;
+        sp__lock(&d->lock);
+        sp_block_t *b = sp__ptr_map_remove(&d->map, a);
+        if (SP_LIKELY(b)) {
+            size_t req = b->requested;
+            free_locked(d, b, ctx, hist);
+            sp__unlock(&d->lock);
+            if (ctx)
+                sp__history_context_release(ctx);
+            *size_p = req;
+            *device_p = i;
+            return SP_SUCCESS;
+        }
+        sp__unlock(&d->lock);
+    }
+    if (ctx)
+        sp__history_context_release(ctx);
+    return explain_bad_pointer("sp_torch_free", ptr);
 }
 
 SP_EXPORT sp_status_t sp_record_stream(void *ptr, sp_stream_t stream) {

@@ -46,6 +46,7 @@ typedef struct sp_bpool {
     bool is_small;           /* small (<= 1 MiB requests) or large pool (const) */
     struct sp_mempool *pool; /* owning MemPool (const) */
     uint64_t gfb_count;      /* get_free_block calls while GC is on: the GC clock (lock) */
+    sp_block_t *unmapped;    /* expandable: unmapped blocks by (stream, address) (lock) */
 } sp_bpool_t;
 
 /* ---- MemPools ---------------------------------------------------------------------------- */
@@ -120,6 +121,9 @@ typedef struct sp_alloc_global {
     sp_device_caps_t caps;      /* backend capabilities */
     sp_alloc_conf_t conf;       /* resolved allocator options at init */
     bool round_plain;           /* no roundup_power2_divisions: round to 512 B only (const) */
+    bool exp_on;                /* expandable segments in use (conf, backend VMM) (const) */
+    bool exp_recycle;           /* SYMPOOL_EXPANDABLE_RECYCLE (const) */
+    size_t exp_page;            /* SYMPOOL_EXPANDABLE_PAGE for the large pool, 0 = PyTorch's */
     int ndev;                   /* devices */
     sp_devalloc_t *devs;        /* [ndev] */
 } sp_alloc_global_t;
@@ -155,6 +159,11 @@ void sp__fmt_size(size_t bytes, char *buf, size_t len);
  * falls back to use_on_oom pools. */
 sp_status_t sp__alloc_malloc(sp_devalloc_t *d, sp_mempool_t *pool, size_t size, sp_stream_t stream,
                              void **ptr_p);
+/* sp_torch_free's free: the block that starts at ptr, looked for on `device` first, freed under
+ * one lock. *size_p and *device_p get the block's requested size and device (for the caller's
+ * check of what PyTorch passed). SP_ERR_INVALID_USAGE (explained, WARN) for a pointer that is
+ * not a live block start: nothing is freed then. Takes the device lock itself. */
+sp_status_t sp__alloc_free_sized(void *ptr, int device, size_t *size_p, int *device_p);
 /* Complete a free: merge, return to the free set, stats (lock held). free_ctx: history context
  * of the sp_free call when it completes at once (0 when events completed it later). */
 void sp__alloc_free_block(sp_devalloc_t *d, sp_block_t *b, uint32_t free_ctx);

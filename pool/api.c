@@ -73,6 +73,18 @@ sp_status_t sp__alloc_init_slow(void) {
     for (int i = 0; i < 16; i++)
         if (sp__g.conf.roundup_divisions[i] > 1)
             sp__g.round_plain = false;
+    sp__g.exp_on = sp__g.conf.expandable_segments && !sp__g.conf.no_caching && sp__g.caps.has_vmm &&
+                   sp__g.ops->vmm_reserve && sp__g.ops->vmm_map && sp__g.ops->vmm_unmap &&
+                   sp__g.ops->vmm_release;
+    sp__g.exp_recycle = sp__option_int(SP_OPT_EXPANDABLE_RECYCLE) != 0;
+    sp__g.exp_page = (size_t)sp__option_int(SP_OPT_EXPANDABLE_PAGE);
+    if (sp__g.exp_page && sp__g.caps.vmm_granularity)
+        sp__g.exp_page = (sp__g.exp_page + sp__g.caps.vmm_granularity - 1) /
+                         sp__g.caps.vmm_granularity * sp__g.caps.vmm_granularity;
+    if (sp__g.conf.expandable_segments && !sp__g.exp_on)
+        SP_WARN(SP_SUB_INIT, "expandable_segments:True is ignored: %s; segments are fixed-size",
+                sp__g.conf.no_caching ? "SYMPOOL_NO_CACHING is on"
+                                      : "this backend or device has no virtual memory support");
     int n = sp__g.caps.device_count;
     sp__g.devs = calloc(n > 0 ? (size_t)n : 1, sizeof(*sp__g.devs));
     if (!sp__g.devs) {
@@ -102,8 +114,8 @@ sp_status_t sp__alloc_init_slow(void) {
         snprintf(mss, sizeof(mss), "%zu", sp__g.conf.max_split_size);
     SP_INFO(SP_SUB_INIT,
             "allocator ready: backend %s, %d device(s), max_split_size %s, "
-            "no_caching %d",
-            sp__g.ops->name, n, mss, (int)sp__g.conf.no_caching);
+            "no_caching %d, expandable_segments %d",
+            sp__g.ops->name, n, mss, (int)sp__g.conf.no_caching, (int)sp__g.exp_on);
     atomic_store_explicit(&sp__ready, 1, memory_order_release);
     pthread_mutex_unlock(&sp__g.init_lock);
     return SP_SUCCESS;

@@ -37,18 +37,27 @@ typedef struct sp_block {
     int8_t height;          /* AVL height while in_set (lock) */
     bool allocated;         /* handed out and not yet freed (lock) */
     bool in_set;            /* in its bpool's free set (lock) */
+    bool unmapped;          /* expandable: address space without memory; in its bpool's
+                             * unmapped list (chained by left/right), never in a set (lock) */
 } sp_block_t;
 
 typedef struct sp_segment {
-    uintptr_t base;           /* start address (const) */
-    size_t size;              /* bytes (const) */
-    sp_stream_t stream;       /* allocation stream (const) */
-    struct sp_bpool *bpool;   /* small or large block pool of its MemPool (const) */
-    uint64_t seq;             /* per-pool sequence number in growth order, from 0 (const) */
-    uint32_t context;         /* history context of the request that grew it (lock) */
-    sp_block_t *head;         /* its lowest block (lock) */
-    struct sp_segment *pprev; /* pool's segment list, in seq order (lock) */
-    struct sp_segment *pnext; /* (lock) */
+    uintptr_t base;             /* start address (const) */
+    size_t size;                /* bytes (const) */
+    sp_stream_t stream;         /* allocation stream (const) */
+    struct sp_bpool *bpool;     /* small or large block pool of its MemPool (const) */
+    uint64_t seq;               /* per-pool sequence number in growth order, from 0 (const) */
+    uint32_t context;           /* history context of the request that grew it (lock) */
+    sp_block_t *head;           /* its lowest block (lock) */
+    bool expandable;            /* an expandable segment: size is address space (const) */
+    size_t page;                /* expandable: bytes per mapped page (const) */
+    size_t mapped;              /* expandable: bytes mapped (lock) */
+    uintptr_t *bidx_addr;       /* lookup index: block starts when last built, sorted (lock) */
+    struct sp_block **bidx_blk; /* the blocks at those starts; validated on use (lock) */
+    size_t bidx_n;              /* entries (lock) */
+    size_t bidx_cap;            /* capacity of both arrays (lock) */
+    struct sp_segment *pprev;   /* pool's segment list, in seq order (lock) */
+    struct sp_segment *pnext;   /* (lock) */
 } sp_segment_t;
 
 #endif /* SP_POOL_BLOCK_H */

@@ -19,6 +19,7 @@
 #include <string.h>
 
 #include "pool/allocator.h"
+#include "pool/expandable.h"
 #include "pool/release.h"
 #include "pool/mempool.h"
 
@@ -93,6 +94,14 @@ sp_mempool_t *sp__mempool_new(sp_devalloc_t *d, const sp_mempool_params_t *param
     p->large.is_small = false;
     p->large.pool = p;
     p->large.free.by_seq = symmetric;
+    if (sp__g.exp_on && !sp__exp_pool(p))
+        SP_INFO(SP_SUB_POOL,
+                "pool \"%s\" {0,%" PRIu64 "} keeps fixed segments although expandable_segments is "
+                "on: %s",
+                p->name ? p->name : "", p->id.second,
+                symmetric ? "an NCCL window cannot cover memory mapped after it is registered, so "
+                            "a symmetric pool grows one window-registered segment at a time"
+                          : "its pluggable segment allocator cannot map pages (as in PyTorch)");
     return p;
 }
 

@@ -13,6 +13,7 @@
 #include <stdlib.h>
 
 #include "pool/allocator.h"
+#include "pool/expandable.h"
 #include "pool/release.h"
 
 /* ---- events ------------------------------------------------------------------------------ */
@@ -137,7 +138,10 @@ size_t sp__alloc_release_pool(sp_devalloc_t *d, sp_mempool_t *pool, bool filter_
     sp_segment_t *seg = pool->seg_head;
     while (seg) {
         sp_segment_t *nx = seg->pnext;
-        if (sp__block_releasable(seg->head) && (!filter_stream || seg->stream == stream)) {
+        if (seg->expandable) {
+            if (!filter_stream || seg->stream == stream)
+                freed += sp__exp_release(d, seg); /* its free pages; the segment when empty */
+        } else if (sp__block_releasable(seg->head) && (!filter_stream || seg->stream == stream)) {
             freed += seg->size;
             sp__alloc_release_segment(d, seg);
         }

@@ -12,6 +12,7 @@
 #include <string.h>
 
 #include "pool/allocator.h"
+#include "pool/ptr_map.h"
 #include "pool/segment_index.h"
 
 /* ---- the address index ------------------------------------------------------------------- */
@@ -62,8 +63,59 @@ sp_segment_t *sp__segidx_find(const sp_devalloc_t *d, uintptr_t addr) {
     return addr < s->base + s->size ? s : NULL;
 }
 
-sp_block_t *sp__segment_block_at(sp_segment_t *seg, uintptr_t addr) {
+/* Interior-pointer lookup in O(log n): each segment keeps a sorted array of its block starts,
+ * built on first use. Splits and merges do not maintain it (that would cost the hot path);
+ * instead a hit is validated: the struct found must still belong to this segment and contain
+ * the address. Blocks tile their segment, so a struct that passes is the right block (recycled
+ * structs have seg == NULL). A miss rebuilds the array once, in O(n). */
+static bool bidx_build(sp_segment_t *seg) {
+    size_t n = 0;
     for (sp_block_t *b = seg->head; b; b = b->next)
+        n++;
+    if (n > seg->bidx_cap) {
+        uintptr_t *na = realloc(seg->bidx_addr, n * sizeof(*na));
+        if (na)
+            seg->bidx_addr = na;
+        sp_block_t **nb = na ? realloc(seg->bidx_blk, n * sizeof(*nb)) : NULL;
+        if (nb)
+            seg->bidx_blk = nb;
+        if (!na || !nb) {
+            seg->bidx_n = 0;
+            return false;
+        }
+        seg->bidx_cap = n;
+    }
+    size_t i = 0;
+    for (sp_block_t *b = seg->head; b; b = b->next, i++) {
+        seg->bidx_addr[i] = b->addr;
+        seg->bidx_blk[i] = b;
+    }
+    seg->bidx_n = n;
+    return true;
+}
+
+static sp_block_t *bidx_find(const sp_segment_t *seg, uintptr_t addr) {
+    size_t lo = 0, hi = seg->bidx_n; /* first start > addr */
+    while (lo < hi) {
+        size_t mid = (lo + hi) / 2;
+        if (seg->bidx_addr[mid] <= addr)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    if (lo == 0)
+        return NULL;
+    sp_block_t *b = seg->bidx_blk[lo - 1];
+    return b->seg == seg && addr >= b->addr && addr < b->addr + b->size ? b : NULL;
+}
+
+sp_block_t *sp__segment_block_at(sp_segment_t *seg, uintptr_t addr) {
+    sp_block_t *b = bidx_find(seg, addr);
+    if (b || addr < seg->base || addr >= seg->base + seg->size)
+        return b;
+    if (bidx_build(seg))
+        return bidx_find(seg, addr);
+    for (b = seg->head; b; b = b->next) /* out of host memory for the index: walk */
         if (addr >= b->addr && addr < b->addr + b->size)
             return b;
     return NULL;
@@ -82,8 +134,15 @@ sp_status_t sp__pool_lookup(const void *ptr, sp_block_info_t *info_p) {
     uintptr_t a = (uintptr_t)ptr;
     for (int i = 0; i < sp__g.ndev; i++) {
         sp_devalloc_t *d = &sp__g.devs[i];
+        if (a < atomic_load_explicit(&d->lo, memory_order_relaxed) ||
+            a >= atomic_load_explicit(&d->hi, memory_order_relaxed))
+            continue; /* never in this device's address range */
         sp__lock(&d->lock);
-        sp_block_t *b = sp__segidx_block(d, a);
+        /* A block start (what sp_malloc returned) is one hash probe; an interior pointer a
+         * binary search in its segment's block index. */
+        sp_block_t *b = sp__ptr_map_find(&d->map, a);
+        if (!b)
+            b = sp__segidx_block(d, a);
         if (b && b->allocated) {
             sp_segment_t *seg = b->seg;
             info_p->device = i;
@@ -122,10 +181,13 @@ sp_status_t sp__pool_locked(void (*fn)(void *arg), void *arg) {
     return SP_SUCCESS;
 }
 
-static sp_status_t visit_segment(sp_devalloc_t *d, sp_segment_t *seg, sp_segment_visit_fn visit,
-                                 void *arg, sp_block_view_t **buf, size_t *cap) {
+/* Visit the run of mapped blocks that starts at `first` as one segment: a fixed segment is one
+ * run; an expandable segment gives one per contiguous mapped range, as PyTorch's snapshot. */
+static sp_status_t visit_run(sp_devalloc_t *d, sp_segment_t *seg, sp_block_t *first,
+                             sp_segment_visit_fn visit, void *arg, sp_block_view_t **buf,
+                             size_t *cap) {
     size_t n = 0;
-    for (sp_block_t *b = seg->head; b; b = b->next)
+    for (sp_block_t *b = first; b && !b->unmapped; b = b->next)
         n++;
     if (n > *cap) {
         sp_block_view_t *nb = realloc(*buf, n * sizeof(*nb));
@@ -138,21 +200,22 @@ static sp_status_t visit_segment(sp_devalloc_t *d, sp_segment_t *seg, sp_segment
     sp_segment_view_t v;
     memset(&v, 0, sizeof(v));
     v.device = d->device;
-    v.address = seg->base;
-    v.total_size = seg->size;
+    v.address = first->addr;
     v.stream = (uintptr_t)seg->stream;
     v.is_small = seg->bpool->is_small;
+    v.is_expandable = seg->expandable;
     v.pool_id = pool->id;
     v.pool_name = pool->name;
     v.segment_seq = seg->seq;
-    v.context = seg->context;
+    v.context = first == seg->head || !seg->expandable ? seg->context : 0;
     size_t i = 0;
-    for (sp_block_t *b = seg->head; b; b = b->next, i++) {
+    for (sp_block_t *b = first; b && !b->unmapped; b = b->next, i++) {
         sp_block_view_t *bv = &(*buf)[i];
         bv->address = b->addr;
         bv->size = b->size;
         bv->requested_size = b->allocated || b->event_count ? b->requested : 0;
         bv->context = b->context;
+        v.total_size += b->size;
         if (b->allocated) {
             bv->state = SP_BLOCK_ACTIVE_ALLOCATED;
             v.allocated_size += b->size;
@@ -168,6 +231,16 @@ static sp_status_t visit_segment(sp_devalloc_t *d, sp_segment_t *seg, sp_segment
     v.nblocks = n;
     v.blocks = *buf;
     visit(&v, arg);
+    return SP_SUCCESS;
+}
+
+static sp_status_t visit_segment(sp_devalloc_t *d, sp_segment_t *seg, sp_segment_visit_fn visit,
+                                 void *arg, sp_block_view_t **buf, size_t *cap) {
+    if (!seg->expandable)
+        return visit_run(d, seg, seg->head, visit, arg, buf, cap);
+    for (sp_block_t *b = seg->head; b; b = b->next)
+        if (!b->unmapped && (!b->prev || b->prev->unmapped))
+            SP_CHECK(visit_run(d, seg, b, visit, arg, buf, cap));
     return SP_SUCCESS;
 }
 

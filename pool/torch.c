@@ -7,7 +7,8 @@
  *
  * Both are thin: sp_torch_malloc is sp_malloc (so sp_mempool_begin routing applies, and
  * torch.cuda.MemPool(allocator) backed by these functions ends up in sympool's caching allocator
- * as well), and sp_torch_free is sp_free. PyTorch offers no way to report a failure from either
+ * as well), and sp_torch_free is sp_free with PyTorch's size and device checked in the same
+ * locked lookup. PyTorch offers no way to report a failure from either
  * call except a NULL from alloc, so every failure is logged at WARN (sp__error does that) and its
  * text stays in sp_last_error() for whoever asks.
  *
@@ -16,6 +17,7 @@
 #include <stddef.h>
 
 #include "core/core.h"
+#include "pool/allocator.h"
 #include "pool/pool.h"
 #include "sympool/pool.h"
 #include "sympool/torch.h"
@@ -45,31 +47,20 @@ SP_EXPORT void sp_torch_free(void *ptr, size_t size, int device, void *stream) {
     /* PyTorch's pluggable layer hands back the size, device and stream it recorded at alloc. A
      * mismatch means the pointer did not come from sp_torch_malloc as PyTorch believes (another
      * allocator's pointer, or memory corruption in the caller's bookkeeping): worth a WARN, but
-     * the block is still freed, because the pointer is what identifies it. */
-    sp_block_info_t info;
-    if (sp__pool_lookup(ptr, &info) != SP_SUCCESS) {
-        sp__error(SP_ERR_INVALID_USAGE, SP_SUB_API,
-                  "sp_torch_free(%p, size=%zu, device=%d): not a live sympool block (freed "
-                  "twice, or allocated by another allocator); ignored",
-                  ptr, size, device);
+     * the block is still freed, because the pointer is what identifies it. One locked lookup
+     * finds, checks and frees it; a pointer that is no live block start is left alone (the
+     * allocator explains it at WARN). */
+    size_t have_size = 0;
+    int have_device = -1;
+    sp_status_t s = sp__alloc_free_sized(ptr, device, &have_size, &have_device);
+    if (s != SP_SUCCESS) {
+        SP_INFO(SP_SUB_API, "sp_torch_free(%p, size=%zu, device=%d, stream=%p) -> %s; ignored", ptr,
+                size, device, stream, sp_status_name(s));
         return;
     }
-    if (info.block_base != ptr) {
-        sp__error(SP_ERR_INVALID_USAGE, SP_SUB_API,
-                  "sp_torch_free(%p): points %zu bytes inside the block at %p, not at its start; "
-                  "ignored",
-                  ptr, (size_t)((const char *)ptr - (const char *)info.block_base),
-                  info.block_base);
-        return;
-    }
-    if (info.requested_size != size || info.device != device)
+    if (have_size != size || have_device != device)
         SP_WARN(SP_SUB_API,
                 "sp_torch_free(%p): PyTorch says size %zu on device %d, but the block was "
-                "allocated with size %zu on device %d; freeing it anyway",
-                ptr, size, device, info.requested_size, info.device);
-    /* Another thread may free the block between the lookup and here; sp_free reports that. */
-    sp_status_t s = sp_free(ptr);
-    if (s != SP_SUCCESS)
-        SP_INFO(SP_SUB_API, "sp_torch_free(%p, size=%zu, device=%d, stream=%p) -> %s", ptr, size,
-                device, stream, sp_status_name(s));
+                "allocated with size %zu on device %d; freed it anyway",
+                ptr, size, device, have_size, have_device);
 }

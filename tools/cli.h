@@ -58,6 +58,8 @@ typedef struct replay_result {
     uint64_t pytorch_peak_reserved;  /* PyTorch's, reconstructed from the trace */
     uint64_t pytorch_final_reserved; /* sum of the final segments */
     uint64_t trace_peak_requested;   /* seeds + allocs - frees, over the trace */
+    int64_t device_allocs;           /* ours: num_device_alloc (segments and page maps) */
+    int64_t device_frees;            /* ours: num_device_free (segment frees and unmaps) */
     double ns_per_event;             /* wall time of the event loop / events */
     int devices;                     /* devices replayed */
 } replay_result_t;

@@ -181,6 +181,8 @@ bool replay_trace(const tr_trace_t *t, const char *snapshot_out, replay_result_t
         r->end_reserved += stat_of(d, "reserved_bytes.all.current");
         r->end_allocated += stat_of(d, "allocated_bytes.all.current");
         r->end_inactive_split += stat_of(d, "inactive_split_bytes.all.current");
+        r->device_allocs += stat_of(d, "num_device_alloc");
+        r->device_frees += stat_of(d, "num_device_free");
     }
     if (ok && snapshot_out != NULL) {
         sp_status_t st = sp_dump_snapshot(snapshot_out);
@@ -217,8 +219,24 @@ static void log_filter(int level, const char *line, void *arg) {
     fprintf(stderr, "%s\n", line);
 }
 
+/* s with JSON's '"' and '\\' escaped and control characters dropped, into buf. */
+static const char *json_text(const char *s, char *buf, size_t len) {
+    size_t k = 0;
+    for (; s && *s && k + 2 < len; s++) {
+        if (*s == '"' || *s == '\\')
+            buf[k++] = '\\';
+        if ((unsigned char)*s >= 0x20)
+            buf[k++] = *s;
+    }
+    buf[k] = '\0';
+    return buf;
+}
+
 static void print_json(const char *trace, const replay_result_t *r, const char *conf,
                        const char *capacity) {
+    char conf_buf[1024], cap_buf[128];
+    conf = json_text(conf, conf_buf, sizeof(conf_buf));
+    capacity = json_text(capacity, cap_buf, sizeof(cap_buf));
     printf("{\"trace\":\"");
     for (const char *p = trace; *p; p++) {
         if (*p == '"' || *p == '\\')
@@ -234,6 +252,7 @@ static void print_json(const char *trace, const replay_result_t *r, const char *
            "\"end_reserved_bytes\":%lld,\"end_allocated_bytes\":%lld,"
            "\"end_inactive_split_bytes\":%lld,\"pytorch_end_allocated_bytes\":%llu,"
            "\"ooms\":%zu,\"recorded_ooms\":%zu,\"skipped_frees\":%zu,\"ns_per_event\":%.1f,"
+           "\"num_device_alloc\":%lld,\"num_device_free\":%lld,"
            "\"conf\":\"%s\",\"capacity\":\"%s\"}\n",
            sp_backend_name(), r->devices, r->trace_entries, r->events, r->allocs, r->frees,
            r->seeded_blocks, (unsigned long long)r->seeded_bytes, (long long)r->peak_requested,
@@ -243,7 +262,8 @@ static void print_json(const char *trace, const replay_result_t *r, const char *
            (unsigned long long)r->trace_peak_requested, (long long)r->end_reserved,
            (long long)r->end_allocated, (long long)r->end_inactive_split,
            (unsigned long long)r->pytorch_end_allocated, r->ooms, r->recorded_ooms,
-           r->skipped_frees, r->ns_per_event, conf ? conf : "", capacity ? capacity : "");
+           r->skipped_frees, r->ns_per_event, (long long)r->device_allocs,
+           (long long)r->device_frees, conf ? conf : "", capacity ? capacity : "");
 }
 
 static double gib(double b) {
@@ -274,47 +294,64 @@ static void print_text(const char *trace, const replay_result_t *r) {
     printf("  time per event       %.1f ns\n", r->ns_per_event);
 }
 
-static int usage(FILE *out, int rc) {
-    fprintf(out,
-            "usage: sympool replay TRACE [options]\n"
-            "  Replay a PyTorch memory snapshot's trace (.pickle or .json) through sympool on the\n"
-            "  emulated host device and compare the peaks with what PyTorch reserved.\n"
-            "  -c, --conf=KEY:VALUE,...   allocator options (PYTORCH_CUDA_ALLOC_CONF syntax)\n"
-            "      --capacity=SIZE        emulated device size (e.g. 80GiB); OOMs are counted\n"
-            "  -s, --snapshot=OUT         write our snapshot of the replay (OUT.pickle or "
-            "OUT.json)\n"
-            "  -j, --json                 one JSON object on stdout (one line per configuration)\n"
-            "      --compare CONF [CONF...]  replay once per configuration (\"\" = defaults), one\n"
-            "                             table; the CONFs are the words after it (TRACE first)\n"
-            "  -r, --repeat=N             replay N times (1-64), report the median time per "
-            "event\n"
-            "  -h, --help                 this text\n");
-    return rc;
-}
+/* ---- --compare ------------------------------------------------------------------------ */
 
-/* One configuration of --compare (or the only one): its options applied to a fresh allocator,
- * then one or more replays. */
-static bool run_config(const tr_trace_t *t, const char *conf, bool fresh, const char *snapshot,
-                       int repeat, replay_result_t *r, char *err, size_t errlen) {
-    if (fresh) {
-        sp_status_t st = sp_shutdown();
-        if (st == SP_SUCCESS)
-            st = sp_x_option_set("SYMPOOL_ALLOC_CONF", conf && conf[0] ? conf : NULL);
-        if (st != SP_SUCCESS) {
-            snprintf(err, errlen, "configuration '%s': %s", conf ? conf : "", sp_last_error());
+/* Configure the library for one configuration: PyTorch's KEY:VALUE items go to
+ * SYMPOOL_ALLOC_CONF, SYMPOOL_NAME=VALUE items set that option of ours. Every option starts from
+ * the environment again, so one configuration never leaks into the next. */
+static bool apply_conf(const char *conf, const char *capacity, char *err, size_t errlen) {
+    /* Options of ours that the previous configuration set go back to their defaults. */
+    static char prev[16][64];
+    static int nprev = 0;
+    for (int k = 0; k < nprev; k++)
+        (void)sp_x_option_set(prev[k], NULL);
+    nprev = 0;
+    char alloc[1024] = "";
+    size_t used = 0;
+    const char *p = conf;
+    while (*p) {
+        const char *end = strchr(p, ',');
+        size_t n = end ? (size_t)(end - p) : strlen(p);
+        char item[256];
+        if (n >= sizeof(item)) {
+            snprintf(err, errlen, "configuration item too long in '%s'", conf);
             return false;
         }
+        memcpy(item, p, n);
+        item[n] = '\0';
+        char *eq = strchr(item, '=');
+        if (strncmp(item, "SYMPOOL_", 8) == 0 && eq != NULL) {
+            *eq = '\0';
+            if (sp_x_option_set(item, eq + 1) != SP_SUCCESS) {
+                snprintf(err, errlen, "%s", sp_last_error());
+                return false;
+            }
+            if (nprev < 16 && strlen(item) < sizeof(prev[0]))
+                strcpy(prev[nprev++], item);
+        } else if (n > 0) {
+            if (used + n + 2 >= sizeof(alloc)) {
+                snprintf(err, errlen, "configuration too long: '%s'", conf);
+                return false;
+            }
+            used +=
+                (size_t)snprintf(alloc + used, sizeof(alloc) - used, "%s%s", used ? "," : "", item);
+        }
+        p += n + (end ? 1 : 0);
     }
-    sp_status_t st = sp_init();
-    if (st != SP_SUCCESS) {
-        snprintf(err, errlen, "sp_init: %s: %s", sp_status_name(st), sp_last_error());
+    if (sp_x_option_set("SYMPOOL_ALLOC_CONF", alloc) != SP_SUCCESS ||
+        (capacity != NULL && sp_x_option_set("SYMPOOL_HOST_CAPACITY", capacity) != SP_SUCCESS)) {
+        snprintf(err, errlen, "%s", sp_last_error());
         return false;
     }
-    bool ok = replay_trace(t, snapshot, r, err, errlen);
-    /* --repeat: replay again on a fresh allocator each time and report the median time per event
-     * (the peaks are the same every time: the replay is deterministic). */
+    return true;
+}
+
+/* One replay per repeat on a fresh allocator each; the median time per event. */
+static bool replay_median(const tr_trace_t *t, const char *snapshot, int repeat, replay_result_t *r,
+                          char *err, size_t errlen) {
     double ns[64];
     int nrep = repeat < 64 ? repeat : 64;
+    bool ok = sp_init() == SP_SUCCESS && replay_trace(t, snapshot, r, err, errlen);
     ns[0] = r->ns_per_event;
     for (int k = 1; ok && k < nrep; k++) {
         replay_result_t again;
@@ -327,18 +364,105 @@ static bool run_config(const tr_trace_t *t, const char *conf, bool fresh, const 
         qsort(ns, (size_t)nrep, sizeof(ns[0]), cmp_double);
         r->ns_per_event = ns[nrep / 2];
     }
+    if (!ok && err[0] == '\0')
+        snprintf(err, errlen, "sp_init: %s", sp_last_error());
     return ok;
 }
 
-static void print_compare_row(const char *conf, const replay_result_t *r) {
-    printf("  %-32.32s %9.3f %9.3f %9.3f %+8.2f%% %6zu %9.1f\n", conf[0] ? conf : "(defaults)",
-           gib((double)r->peak_requested), gib((double)r->peak_allocated),
-           gib((double)r->peak_reserved),
-           r->pytorch_peak_reserved
-               ? 100.0 * ((double)r->peak_reserved - (double)r->pytorch_peak_reserved) /
-                     (double)r->pytorch_peak_reserved
-               : 0.0,
-           r->ooms, r->ns_per_event);
+/* `replay TRACE --compare CONF...`: every configuration on a fresh allocator, one table (or one
+ * JSON object per configuration), and with --capacity the answer: does the job fit, and with
+ * which configuration. */
+static int replay_compare(const char *trace, const tr_trace_t *t, const char *const *confs, int n,
+                          const char *capacity, bool json, int repeat) {
+    replay_result_t *rs = calloc((size_t)n, sizeof(*rs));
+    if (rs == NULL) {
+        fprintf(stderr, "sympool replay: out of memory\n");
+        return 1;
+    }
+    char err[512] = "";
+    size_t oom_lines = 0;
+    int rc = 0;
+    sp_x_log_set_fn(log_filter, &oom_lines);
+    for (int i = 0; i < n && rc == 0; i++) {
+        err[0] = '\0';
+        if (sp_shutdown() != SP_SUCCESS || !apply_conf(confs[i], capacity, err, sizeof(err)) ||
+            !replay_median(t, NULL, repeat, &rs[i], err, sizeof(err))) {
+            fprintf(stderr, "sympool replay: configuration '%s': %s\n", confs[i], err);
+            rc = confs[i][0] ? 2 : 1;
+        }
+    }
+    sp_x_log_set_fn(NULL, NULL);
+    if (rc == 0 && json) {
+        for (int i = 0; i < n; i++)
+            print_json(trace, &rs[i], confs[i], capacity);
+    } else if (rc == 0) {
+        printf("replay of %s: %d configuration%s%s%s\n", trace, n, n == 1 ? "" : "s",
+               capacity ? " at capacity " : "", capacity ? capacity : "");
+        printf("  %-44s %12s %9s %10s %6s %9s\n", "configuration", "peak GiB", "/alloc",
+               "/recorded", "OOMs", "ns/event");
+        for (int i = 0; i < n; i++) {
+            const replay_result_t *r = &rs[i];
+            printf("  %-44s %12.3f %9.4f %+9.2f%% %6zu %9.1f\n",
+                   confs[i][0] ? confs[i] : "(defaults)", gib((double)r->peak_reserved),
+                   r->peak_allocated ? (double)r->peak_reserved / (double)r->peak_allocated : 0.0,
+                   r->pytorch_peak_reserved
+                       ? 100.0 * ((double)r->peak_reserved - (double)r->pytorch_peak_reserved) /
+                             (double)r->pytorch_peak_reserved
+                       : 0.0,
+                   r->ooms, r->ns_per_event);
+        }
+        printf("  recorded run: PyTorch reserved %.3f GiB at its peak\n",
+               gib((double)rs[0].pytorch_peak_reserved));
+        /* The answer: the configurations without OOM, and the one that needs least. */
+        int best = -1, fits = 0;
+        for (int i = 0; i < n; i++) {
+            if (rs[i].ooms > 0)
+                continue;
+            fits++;
+            if (best < 0 || rs[i].peak_reserved < rs[best].peak_reserved)
+                best = i;
+        }
+        if (capacity && best >= 0)
+            printf("  fits in %s with %d of %d configurations; least memory with '%s' (%.3f GiB "
+                   "peak reserved)\n",
+                   capacity, fits, n, confs[best][0] ? confs[best] : "(defaults)",
+                   gib((double)rs[best].peak_reserved));
+        else if (capacity)
+            printf("  does not fit in %s with any of these configurations (fewest OOMs: see the "
+                   "table)\n",
+                   capacity);
+        else if (best >= 0)
+            printf("  least memory with '%s': the job needs %.3f GiB of device memory\n",
+                   confs[best][0] ? confs[best] : "(defaults)",
+                   gib((double)rs[best].peak_reserved));
+    }
+    if (oom_lines > 1)
+        fprintf(stderr, "sympool replay: %zu more out-of-memory warnings not shown\n",
+                oom_lines - 1);
+    (void)sp_shutdown();
+    free(rs);
+    return rc;
+}
+
+static int usage(FILE *out, int rc) {
+    fprintf(out,
+            "usage: sympool replay TRACE [options]\n"
+            "  Replay a PyTorch memory snapshot's trace (.pickle or .json) through sympool on the\n"
+            "  emulated host device and compare the peaks with what PyTorch reserved.\n"
+            "  -c, --conf=KEY:VALUE,...   allocator options (PYTORCH_CUDA_ALLOC_CONF syntax)\n"
+            "      --capacity=SIZE        emulated device size (e.g. 80GiB); OOMs are counted\n"
+            "  -s, --snapshot=OUT         write our snapshot of the replay (OUT.pickle or "
+            "OUT.json)\n"
+            "  -j, --json                 one JSON object on stdout (one line per configuration)\n"
+            "      --compare CONF [CONF...]  replay once per configuration (\"\" = defaults) on a\n"
+            "                             fresh allocator, one table; KEY:VALUE items go to\n"
+            "                             SYMPOOL_ALLOC_CONF, SYMPOOL_NAME=VALUE items set that\n"
+            "                             option; with --capacity it says which configurations\n"
+            "                             fit. The CONFs are the words after it (TRACE first)\n"
+            "  -r, --repeat=N             replay N times (1-64), report the median time per "
+            "event\n"
+            "  -h, --help                 this text\n");
+    return rc;
 }
 
 #define MAX_COMPARE 32
@@ -431,26 +555,6 @@ static int parse_args(int argc, char **argv, replay_args_t *a) {
     return -1;
 }
 
-/* The allocator options of the command line, checked before anything runs (a bad variable
- * would only warn and keep the default, which would silently replay something else). */
-static bool configure(const tr_trace_t *t, const replay_args_t *a) {
-    /* A replay always runs on the emulated device, with one device per recorded device. */
-    setenv("SYMPOOL_DEVICE", "host", 1);
-    if (t->ndev > 1) {
-        char n[16];
-        snprintf(n, sizeof(n), "%d", t->ndev);
-        setenv("SYMPOOL_HOST_DEVICES", n, 1);
-    }
-    for (int k = 0; k < a->ncompare; k++)
-        if (a->compare[k][0] && sp_x_option_set("SYMPOOL_ALLOC_CONF", a->compare[k]) != SP_SUCCESS)
-            return false;
-    if (a->ncompare > 0)
-        (void)sp_x_option_set("SYMPOOL_ALLOC_CONF", NULL);
-    return (a->conf == NULL || sp_x_option_set("SYMPOOL_ALLOC_CONF", a->conf) == SP_SUCCESS) &&
-           (a->capacity == NULL ||
-            sp_x_option_set("SYMPOOL_HOST_CAPACITY", a->capacity) == SP_SUCCESS);
-}
-
 int sp_cli_replay(int argc, char **argv) {
     replay_args_t a;
     int rc = parse_args(argc, argv, &a);
@@ -463,43 +567,77 @@ int sp_cli_replay(int argc, char **argv) {
         tr_free(&t);
         return 1;
     }
-    if (!configure(&t, &a)) {
+    /* A replay always runs on the emulated device, with one device per recorded device.
+     * Loading the trace may already have read the option table (logging does), so the choices
+     * go through the option API, which wins over the variables and takes effect at init.
+     * Replay never touches the memory: it carves address space from one reservation instead of
+     * a mmap/munmap pair per segment (same budget and OOMs), unless SYMPOOL_HOST_ARENA says
+     * otherwise (=0 measures the old way). */
+    char ndev[16];
+    snprintf(ndev, sizeof(ndev), "%d", t.ndev > 1 ? t.ndev : 1);
+    setenv("SYMPOOL_DEVICE", "host", 1);
+    if (sp_x_option_set("SYMPOOL_DEVICE", "host") != SP_SUCCESS ||
+        (t.ndev > 1 && sp_x_option_set("SYMPOOL_HOST_DEVICES", ndev) != SP_SUCCESS) ||
+        (getenv("SYMPOOL_HOST_ARENA") == NULL &&
+         sp_x_option_set("SYMPOOL_HOST_ARENA", "1") != SP_SUCCESS)) {
+        fprintf(stderr, "sympool replay: %s\n", sp_last_error());
+        tr_free(&t);
+        return 1;
+    }
+    if (a.ncompare > 0) {
+        rc = replay_compare(a.trace, &t, a.compare, a.ncompare, a.capacity, a.json, a.repeat);
+        tr_free(&t);
+        return rc;
+    }
+    /* sp_x_option_set validates the values (a bad variable would only warn and keep the
+     * default, which would silently replay something else than asked). */
+    if ((a.conf != NULL && sp_x_option_set("SYMPOOL_ALLOC_CONF", a.conf) != SP_SUCCESS) ||
+        (a.capacity != NULL &&
+         sp_x_option_set("SYMPOOL_HOST_CAPACITY", a.capacity) != SP_SUCCESS)) {
         fprintf(stderr, "sympool replay: %s\n", sp_last_error());
         tr_free(&t);
         return 2;
     }
+    sp_status_t st = sp_init();
+    if (st != SP_SUCCESS) {
+        fprintf(stderr, "sympool replay: sp_init: %s: %s\n", sp_status_name(st), sp_last_error());
+        tr_free(&t);
+        return 1;
+    }
+    replay_result_t r;
     size_t oom_lines = 0;
     sp_x_log_set_fn(log_filter, &oom_lines);
-    bool ok = true;
-    replay_result_t r;
-    if (a.ncompare == 0) {
-        ok = run_config(&t, a.conf, false, a.snapshot, a.repeat, &r, err, sizeof(err));
-        if (ok && a.json)
-            print_json(a.trace, &r, a.conf, a.capacity);
-        else if (ok)
-            print_text(a.trace, &r);
-    } else {
-        if (!a.json)
-            printf("replay of %s on %s, one row per configuration (GiB)\n  %-32s %9s %9s %9s "
-                   "%9s %6s %9s\n",
-                   a.trace, sp_backend_name(), "configuration", "requested", "allocated",
-                   "reserved", "vs torch", "OOMs", "ns/event");
-        for (int k = 0; ok && k < a.ncompare; k++) {
-            ok = run_config(&t, a.compare[k], true, NULL, a.repeat, &r, err, sizeof(err));
-            if (ok && a.json)
-                print_json(a.trace, &r, a.compare[k], a.capacity);
-            else if (ok)
-                print_compare_row(a.compare[k], &r);
-            fflush(stdout);
-        }
+    bool ok = replay_trace(&t, a.snapshot, &r, err, sizeof(err));
+    /* --repeat: replay again on a fresh allocator each time and report the median time per event
+     * (the peaks are the same every time: the replay is deterministic). */
+    double ns[64];
+    int nrep = a.repeat < 64 ? a.repeat : 64;
+    ns[0] = r.ns_per_event;
+    for (int k = 1; ok && k < nrep; k++) {
+        replay_result_t again;
+        memset(&again, 0, sizeof(again));
+        ok = sp_shutdown() == SP_SUCCESS && sp_init() == SP_SUCCESS &&
+             replay_trace(&t, NULL, &again, err, sizeof(err));
+        ns[k] = again.ns_per_event;
+    }
+    if (ok && nrep > 1) {
+        qsort(ns, (size_t)nrep, sizeof(ns[0]), cmp_double);
+        r.ns_per_event = ns[nrep / 2];
     }
     sp_x_log_set_fn(NULL, NULL);
     tr_free(&t);
     if (oom_lines > 1)
         fprintf(stderr, "sympool replay: %zu more out-of-memory warnings not shown\n",
                 oom_lines - 1);
-    if (!ok)
+    if (!ok) {
         fprintf(stderr, "sympool replay: %s\n", err);
+        (void)sp_shutdown();
+        return 1;
+    }
+    if (a.json)
+        print_json(a.trace, &r, a.conf, a.capacity);
+    else
+        print_text(a.trace, &r);
     (void)sp_shutdown();
-    return ok ? 0 : 1;
+    return 0;
 }

@@ -81,6 +81,8 @@ static void guard_exit(int device, int prev) {
         (void)cudaGetLastError();
 }
 
+static void cuda_vmm_caps(int ndev, sp_device_caps_t *caps);
+
 /* ---- init / fini -------------------------------------------------------------------------- */
 
 static sp_status_t cuda_init(sp_device_caps_t *caps_p) {
@@ -140,6 +142,7 @@ static sp_status_t cuda_init(sp_device_caps_t *caps_p) {
     caps.granularity = 512;
     caps.has_vmm = vmm;
     caps.is_emulated = false;
+    cuda_vmm_caps(n, &caps);
     *caps_p = caps;
     return SP_SUCCESS;
 }
@@ -338,6 +341,331 @@ out:
     return res;
 }
 
+/* ---- virtual memory (expandable segments) --------------------------------------------------
+ * cuMemAddressReserve / cuMemCreate / cuMemMap / cuMemSetAccess, as PyTorch's ExpandableSegment
+ * uses them: each page of a reservation is its own physical allocation (pinned, on the device,
+ * exportable as a POSIX file descriptor, GPUDirect RDMA capable where the device supports it),
+ * mapped and made read-write for the device; unmapping releases the page's handle. The driver
+ * functions come from cudaGetDriverEntryPointByVersion, like cuda_init's, so libcuda is never
+ * linked. One mutex guards the table of reservations and their page handles; it is held across
+ * the driver calls of one op, which keeps an op all or nothing. */
+
+typedef CUresult (*pfn_reserve_t)(CUdeviceptr *, size_t, size_t, CUdeviceptr, unsigned long long);
+typedef CUresult (*pfn_addr_free_t)(CUdeviceptr, size_t);
+typedef CUresult (*pfn_create_t)(CUmemGenericAllocationHandle *, size_t,
+                                 const CUmemAllocationProp *, unsigned long long);
+typedef CUresult (*pfn_release_t)(CUmemGenericAllocationHandle);
+typedef CUresult (*pfn_map_t)(CUdeviceptr, size_t, size_t, CUmemGenericAllocationHandle,
+                              unsigned long long);
+typedef CUresult (*pfn_unmap_t)(CUdeviceptr, size_t);
+typedef CUresult (*pfn_set_access_t)(CUdeviceptr, size_t, const CUmemAccessDesc *, size_t);
+typedef CUresult (*pfn_granularity_t)(size_t *, const CUmemAllocationProp *,
+                                      CUmemAllocationGranularity_flags);
+typedef CUresult (*pfn_err_t)(CUresult, const char **);
+typedef CUresult (*pfn_dev_get_t)(CUdevice *, int);
+typedef CUresult (*pfn_attr_t)(int *, CUdevice_attribute, CUdevice);
+
+typedef struct cuda_resv {
+    int device;                      /* owning device */
+    CUdeviceptr base;                /* start of the reservation */
+    size_t size;                     /* bytes */
+    size_t page;                     /* bytes per physical allocation */
+    CUmemGenericAllocationHandle *h; /* [size / page], 0 = not mapped */
+} cuda_resv_t;
+
+static struct {
+    pthread_mutex_t mu;      /* guards every field below but the function pointers */
+    bool loaded;             /* entry points looked up (under mu) */
+    pfn_reserve_t reserve;   /* cuMemAddressReserve */
+    pfn_addr_free_t afree;   /* cuMemAddressFree */
+    pfn_create_t create;     /* cuMemCreate */
+    pfn_release_t release;   /* cuMemRelease */
+    pfn_map_t map;           /* cuMemMap */
+    pfn_unmap_t unmap;       /* cuMemUnmap */
+    pfn_set_access_t access; /* cuMemSetAccess */
+    pfn_granularity_t gran;  /* cuMemGetAllocationGranularity */
+    pfn_err_t err_name;      /* cuGetErrorName */
+    pfn_dev_get_t dev_get;   /* cuDeviceGet */
+    pfn_attr_t attr;         /* cuDeviceGetAttribute */
+    bool no_fd;              /* POSIX-FD handles refused once: request none from then on */
+    cuda_resv_t *resv;       /* live reservations; mu */
+    size_t nresv, cap_resv;  /* mu */
+} g_vmm = {.mu = PTHREAD_MUTEX_INITIALIZER};
+
+static void *driver_fn(const char *name) {
+    void *fn = NULL;
+    enum cudaDriverEntryPointQueryResult q;
+    if (cudaGetDriverEntryPointByVersion(name, &fn, 12000, cudaEnableDefault, &q) != cudaSuccess ||
+        q != cudaDriverEntryPointSuccess) {
+        (void)cudaGetLastError();
+        return NULL;
+    }
+    return fn;
+}
+
+/* Look the entry points up once (g_vmm.mu held); false if any is missing. */
+static bool vmm_load(void) {
+    if (!g_vmm.loaded) {
+        g_vmm.reserve = (pfn_reserve_t)driver_fn("cuMemAddressReserve");
+        g_vmm.afree = (pfn_addr_free_t)driver_fn("cuMemAddressFree");
+        g_vmm.create = (pfn_create_t)driver_fn("cuMemCreate");
+        g_vmm.release = (pfn_release_t)driver_fn("cuMemRelease");
+        g_vmm.map = (pfn_map_t)driver_fn("cuMemMap");
+        g_vmm.unmap = (pfn_unmap_t)driver_fn("cuMemUnmap");
+        g_vmm.access = (pfn_set_access_t)driver_fn("cuMemSetAccess");
+        g_vmm.gran = (pfn_granularity_t)driver_fn("cuMemGetAllocationGranularity");
+        g_vmm.err_name = (pfn_err_t)driver_fn("cuGetErrorName");
+        g_vmm.dev_get = (pfn_dev_get_t)driver_fn("cuDeviceGet");
+        g_vmm.attr = (pfn_attr_t)driver_fn("cuDeviceGetAttribute");
+        g_vmm.loaded = true;
+    }
+    return g_vmm.reserve && g_vmm.afree && g_vmm.create && g_vmm.release && g_vmm.map &&
+           g_vmm.unmap && g_vmm.access && g_vmm.gran && g_vmm.dev_get && g_vmm.attr;
+}
+
+/* Translate a driver failure: out of memory is quiet (the allocator frees its cache and
+ * retries), anything else SP_ERR_DEVICE with the driver's name for the code. */
+static sp_status_t cu_fail(CUresult r, const char *what, int device) {
+    const char *name = NULL;
+    if (!g_vmm.err_name || g_vmm.err_name(r, &name) != CUDA_SUCCESS || !name)
+        name = "CUDA_ERROR_?";
+    if (r == CUDA_ERROR_OUT_OF_MEMORY)
+        return sp__error_quiet(SP_ERR_OUT_OF_MEMORY, SP_SUB_DEVICE, "device %d: %s: %s (%d)",
+                               device, what, name, (int)r);
+    return sp__error(SP_ERR_DEVICE, SP_SUB_DEVICE, "device %d: %s: %s (%d)", device, what, name,
+                     (int)r);
+}
+
+/* The allocation properties PyTorch's expandable segments use (g_vmm.mu held). */
+static CUmemAllocationProp page_prop(int device) {
+    CUmemAllocationProp prop;
+    memset(&prop, 0, sizeof(prop));
+    prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+    prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    prop.location.id = device;
+    prop.requestedHandleTypes =
+        g_vmm.no_fd ? CU_MEM_HANDLE_TYPE_NONE : CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+    CUdevice cud;
+    int rdma = 0;
+    if (g_vmm.dev_get(&cud, device) == CUDA_SUCCESS &&
+        g_vmm.attr(&rdma, CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED, cud) ==
+            CUDA_SUCCESS &&
+        rdma)
+        prop.allocFlags.gpuDirectRDMACapable = 1;
+    return prop;
+}
+
+/* Fill caps.vmm_granularity (the largest minimum granularity over the devices); turns has_vmm
+ * off when the entry points are missing. Called by cuda_init. */
+static void cuda_vmm_caps(int ndev, sp_device_caps_t *caps) {
+    pthread_mutex_lock(&g_vmm.mu);
+    bool ok = caps->has_vmm && vmm_load();
+    size_t g = 0;
+    for (int d = 0; ok && d < ndev; d++) {
+        CUmemAllocationProp prop = page_prop(d);
+        size_t gd = 0;
+        if (g_vmm.gran(&gd, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM) != CUDA_SUCCESS || gd == 0)
+            ok = false;
+        else if (gd > g)
+            g = gd;
+    }
+    pthread_mutex_unlock(&g_vmm.mu);
+    caps->has_vmm = ok;
+    caps->vmm_granularity = ok ? g : 0;
+}
+
+static cuda_resv_t *vmm_find(int device, CUdeviceptr addr) {
+    for (size_t i = 0; i < g_vmm.nresv; i++) {
+        cuda_resv_t *r = &g_vmm.resv[i];
+        if (r->device == device && addr >= r->base && addr < r->base + r->size)
+            return r;
+    }
+    return NULL;
+}
+
+static sp_status_t cuda_vmm_reserve(int device, size_t size, size_t page, void **base_p) {
+    if (page == 0 || size == 0 || size % page != 0)
+        return sp__error(SP_ERR_INVALID_ARGUMENT, SP_SUB_DEVICE,
+                         "vmm_reserve of %zu bytes in pages of %zu", size, page);
+    int prev = -1;
+    SP_CHECK(guard_enter(device, &prev));
+    CUmemGenericAllocationHandle *h = calloc(size / page, sizeof(*h));
+    sp_status_t res = SP_SUCCESS;
+    pthread_mutex_lock(&g_vmm.mu);
+    CUdeviceptr base = 0;
+    CUresult r = CUDA_SUCCESS;
+    if (!h || !vmm_load())
+        res = sp__error(h ? SP_ERR_NOT_SUPPORTED : SP_ERR_SYSTEM, SP_SUB_DEVICE,
+                        h ? "the CUDA driver lacks the virtual memory entry points"
+                          : "cannot allocate a page table");
+    else if ((r = g_vmm.reserve(&base, size, 0, 0, 0)) != CUDA_SUCCESS)
+        res = cu_fail(r, "cuMemAddressReserve", device);
+    if (res == SP_SUCCESS && g_vmm.nresv == g_vmm.cap_resv) {
+        size_t ncap = g_vmm.cap_resv ? g_vmm.cap_resv * 2 : 8;
+        cuda_resv_t *nr = realloc(g_vmm.resv, ncap * sizeof(*nr));
+        if (nr) {
+            g_vmm.resv = nr;
+            g_vmm.cap_resv = ncap;
+        } else {
+            (void)g_vmm.afree(base, size);
+            res = sp__error(SP_ERR_SYSTEM, SP_SUB_DEVICE, "cannot record a reservation");
+        }
+    }
+    if (res == SP_SUCCESS)
+        g_vmm.resv[g_vmm.nresv++] = (cuda_resv_t){device, base, size, page, h};
+    pthread_mutex_unlock(&g_vmm.mu);
+    guard_exit(device, prev);
+    if (res != SP_SUCCESS) {
+        free(h);
+        return res;
+    }
+    *base_p = (void *)(uintptr_t)base;
+    return SP_SUCCESS;
+}
+
+/* Validate a page-aligned range of one reservation, every page in state `mapped`. */
+static sp_status_t vmm_range(int device, CUdeviceptr a, size_t size, bool mapped, const char *op,
+                             cuda_resv_t **r_p) {
+    cuda_resv_t *r = vmm_find(device, a);
+    if (!r || size == 0 || (a - r->base) % r->page != 0 || size % r->page != 0 ||
+        size > r->base + r->size - a)
+        return sp__error(SP_ERR_INVALID_ARGUMENT, SP_SUB_DEVICE,
+                         "device %d: %s(%#llx, %zu) is not a range of whole pages of one "
+                         "reservation",
+                         device, op, (unsigned long long)a, size);
+    for (size_t i = (a - r->base) / r->page; i < (a - r->base + size) / r->page; i++)
+        if ((r->h[i] != 0) != mapped)
+            return sp__error(SP_ERR_INVALID_USAGE, SP_SUB_DEVICE, "device %d: %s: page %zu is %s",
+                             device, op, i, mapped ? "not mapped" : "already mapped");
+    *r_p = r;
+    return SP_SUCCESS;
+}
+
+/* Unmap and release pages [i0, i1) of r that hold a handle (g_vmm.mu held); the first error. */
+static sp_status_t vmm_drop(cuda_resv_t *r, size_t i0, size_t i1, bool mapped) {
+    sp_status_t res = SP_SUCCESS;
+    for (size_t i = i0; i < i1; i++) {
+        if (!r->h[i])
+            continue;
+        CUresult e = mapped ? g_vmm.unmap(r->base + i * r->page, r->page) : CUDA_SUCCESS;
+        if (e != CUDA_SUCCESS && res == SP_SUCCESS)
+            res = cu_fail(e, "cuMemUnmap", r->device);
+        e = g_vmm.release(r->h[i]);
+        if (e != CUDA_SUCCESS && res == SP_SUCCESS)
+            res = cu_fail(e, "cuMemRelease", r->device);
+        r->h[i] = 0;
+    }
+    return res;
+}
+
+/* Create the physical pages [i0, i1) (g_vmm.mu held); all or nothing. */
+static sp_status_t vmm_create(cuda_resv_t *r, size_t i0, size_t i1) {
+    for (size_t i = i0; i < i1; i++) {
+        CUmemAllocationProp prop = page_prop(r->device);
+        CUmemGenericAllocationHandle h = 0;
+        CUresult e = g_vmm.create(&h, r->page, &prop, 0);
+        if ((e == CUDA_ERROR_NOT_SUPPORTED || e == CUDA_ERROR_INVALID_VALUE) && !g_vmm.no_fd) {
+            /* No shareable handles here (containers without the capability): plain pages. */
+            g_vmm.no_fd = true;
+            prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_NONE;
+            e = g_vmm.create(&h, r->page, &prop, 0);
+        }
+        if (e != CUDA_SUCCESS) {
+            sp_status_t res = cu_fail(e, "cuMemCreate", r->device);
+            (void)vmm_drop(r, i0, i, false);
+            return res;
+        }
+        r->h[i] = h;
+    }
+    return SP_SUCCESS;
+}
+
+static sp_status_t cuda_vmm_map(int device, void *addr, size_t size) {
+    int prev = -1;
+    SP_CHECK(guard_enter(device, &prev));
+    CUdeviceptr a = (CUdeviceptr)(uintptr_t)addr;
+    cuda_resv_t *r = NULL;
+    pthread_mutex_lock(&g_vmm.mu);
+    sp_status_t res = vmm_range(device, a, size, false, "vmm_map", &r);
+    size_t i0 = r ? (a - r->base) / r->page : 0, i1 = r ? i0 + size / r->page : 0, done = i0;
+    if (res == SP_SUCCESS)
+        res = vmm_create(r, i0, i1);
+    while (res == SP_SUCCESS && done < i1) {
+        CUresult e = g_vmm.map(r->base + done * r->page, r->page, 0, r->h[done], 0);
+        if (e != CUDA_SUCCESS)
+            res = cu_fail(e, "cuMemMap", device); /* page `done` stays unmapped */
+        else
+            done++;
+    }
+    if (res == SP_SUCCESS) {
+        CUmemAccessDesc desc;
+        memset(&desc, 0, sizeof(desc));
+        desc.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+        desc.location.id = device;
+        desc.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+        CUresult e = g_vmm.access(a, size, &desc, 1);
+        if (e != CUDA_SUCCESS)
+            res = cu_fail(e, "cuMemSetAccess", device);
+    }
+    if (res != SP_SUCCESS && r && i1 > i0 && r->h[i0]) {
+        /* Undo: pages [i0, done) were mapped (all of them when only the access failed); the
+         * rest only created. */
+        (void)vmm_drop(r, i0, done, true);
+        (void)vmm_drop(r, done, i1, false);
+    }
+    pthread_mutex_unlock(&g_vmm.mu);
+    guard_exit(device, prev);
+    return res;
+}
+
+static sp_status_t cuda_vmm_unmap(int device, void *addr, size_t size) {
+    int prev = -1;
+    SP_CHECK(guard_enter(device, &prev));
+    CUdeviceptr a = (CUdeviceptr)(uintptr_t)addr;
+    cuda_resv_t *r = NULL;
+    pthread_mutex_lock(&g_vmm.mu);
+    sp_status_t res = vmm_range(device, a, size, true, "vmm_unmap", &r);
+    if (res == SP_SUCCESS)
+        res = vmm_drop(r, (a - r->base) / r->page, (a - r->base + size) / r->page, true);
+    pthread_mutex_unlock(&g_vmm.mu);
+    guard_exit(device, prev);
+    return res;
+}
+
+static sp_status_t cuda_vmm_release(int device, void *base, size_t size) {
+    int prev = -1;
+    SP_CHECK(guard_enter(device, &prev));
+    CUdeviceptr a = (CUdeviceptr)(uintptr_t)base;
+    pthread_mutex_lock(&g_vmm.mu);
+    cuda_resv_t *r = vmm_find(device, a);
+    sp_status_t res = SP_SUCCESS;
+    if (!r || r->base != a || r->size != size) {
+        res = sp__error(SP_ERR_INVALID_USAGE, SP_SUB_DEVICE,
+                        "device %d: vmm_release(%p, %zu) is not a live reservation", device, base,
+                        size);
+    } else {
+        res = vmm_drop(r, 0, size / r->page, true); /* pages still mapped go with it */
+        CUresult e = g_vmm.afree(a, size);
+        if (e != CUDA_SUCCESS && res == SP_SUCCESS)
+            res = cu_fail(e, "cuMemAddressFree", device);
+        free(r->h);
+        *r = g_vmm.resv[--g_vmm.nresv];
+    }
+    pthread_mutex_unlock(&g_vmm.mu);
+    guard_exit(device, prev);
+    return res;
+}
+
+static sp_status_t cuda_device_sync(int device) {
+    int prev = -1;
+    SP_CHECK(guard_enter(device, &prev));
+    sp_status_t res = SP_SUCCESS;
+    CU_TRY_OUT(cudaDeviceSynchronize(), res);
+out:
+    guard_exit(device, prev);
+    return res;
+}
+
 static const sp_device_ops_t cuda_ops = {
     .name = "cuda",
     .init = cuda_init,
@@ -349,12 +677,17 @@ static const sp_device_ops_t cuda_ops = {
     .stream_destroy = cuda_stream_destroy,
     .stream_sync = cuda_stream_sync,
     .stream_device = cuda_stream_device,
+    .device_sync = cuda_device_sync,
     .event_create = cuda_event_create,
     .event_destroy = cuda_event_destroy,
     .event_record = cuda_event_record,
     .event_query = cuda_event_query,
     .event_sync = cuda_event_sync,
     .memcpy_async = cuda_memcpy_async,
+    .vmm_reserve = cuda_vmm_reserve,
+    .vmm_map = cuda_vmm_map,
+    .vmm_unmap = cuda_vmm_unmap,
+    .vmm_release = cuda_vmm_release,
 };
 
 static pthread_once_t g_probe_once = PTHREAD_ONCE_INIT;

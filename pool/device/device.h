@@ -26,10 +26,12 @@ extern "C" {
 #endif
 
 typedef struct sp_device_caps {
-    int device_count;   /* devices this backend exposes */
-    size_t granularity; /* allocation granularity in bytes (host: page size; cuda: 512) */
-    bool has_vmm;       /* cuMem virtual memory management available */
-    bool is_emulated;   /* true for host */
+    int device_count;       /* devices this backend exposes */
+    size_t granularity;     /* allocation granularity in bytes (host: page size; cuda: 512) */
+    bool has_vmm;           /* vmm_* ops available (host: always; cuda: VMM-capable devices) */
+    size_t vmm_granularity; /* vmm_map page size must be a multiple of this (host: page size;
+                             * cuda: cuMemGetAllocationGranularity, minimum) */
+    bool is_emulated;       /* true for host */
 } sp_device_caps_t;
 
 /* Opaque stream and event handles of the backend. NULL stream = the device's default stream. */
@@ -59,6 +61,9 @@ typedef struct sp_device_ops {
     /* Which device a stream belongs to (host: recorded at creation); SP_ERR_INVALID_ARGUMENT for
      * a handle the backend did not make. NULL (default stream) is not asked. */
     sp_status_t (*stream_device)(sp_dev_stream_t stream, int *device_p);
+    /* Wait for everything queued on every stream of the device (cudaDeviceSynchronize; host:
+     * completes every stream's recorded events). */
+    sp_status_t (*device_sync)(int device);
 
     /* Events: created without timing (cuda: cudaEventDisableTiming), pooled by the backend. */
     sp_status_t (*event_create)(int device, sp_dev_event_t *event_p);
@@ -73,6 +78,24 @@ typedef struct sp_device_ops {
      * Used by collectives and tests; NULL on backends that cannot. */
     sp_status_t (*memcpy_async)(int device, void *dst, const void *src, size_t bytes,
                                 sp_dev_stream_t stream);
+
+    /* Virtual memory (expandable segments), when caps.has_vmm; NULL otherwise.
+     * A reservation is a range of address space with no memory behind it, managed in pages of
+     * `page` bytes (a multiple of caps.vmm_granularity; `size` a multiple of `page`). Pages are
+     * mapped (physical memory created and made read-write for `device`) and unmapped in
+     * page-aligned ranges inside it. Only mapped bytes count as device memory: host: against
+     * SYMPOOL_HOST_CAPACITY and mem_get_info, and each vmm_map is one device allocation for
+     * SYMPOOL_HOST_FAIL_AFTER.
+     * vmm_reserve: out of address space -> SP_ERR_OUT_OF_MEMORY (quiet).
+     * vmm_map: all or nothing: every page of [addr, addr+size) must be unmapped before; out of
+     *   memory -> SP_ERR_OUT_OF_MEMORY (quiet) and nothing is mapped.
+     * vmm_unmap: every page of the range must be mapped; the caller has synchronized the work
+     *   that used it (unmapping does not wait, as cuMemUnmap does not).
+     * vmm_release: frees the reservation; pages still mapped are unmapped first. */
+    sp_status_t (*vmm_reserve)(int device, size_t size, size_t page, void **base_p);
+    sp_status_t (*vmm_map)(int device, void *addr, size_t size);
+    sp_status_t (*vmm_unmap)(int device, void *addr, size_t size);
+    sp_status_t (*vmm_release)(int device, void *base, size_t size);
 } sp_device_ops_t;
 
 /* The backend in use, selected on first call from SYMPOOL_DEVICE (auto|cuda|host): auto picks

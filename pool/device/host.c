@@ -11,6 +11,20 @@
  * the wrong size without touching anything. SYMPOOL_HOST_FAIL_AFTER=N makes the Nth mem_alloc
  * call since init fail with OOM, once.
  *
+ * Virtual memory (expandable segments). vmm_reserve makes a PROT_NONE, MAP_NORESERVE mapping
+ * (address space only); vmm_map makes pages of it read-write and counts them against the budget
+ * like mem_alloc (and as one allocation call for FAIL_AFTER); vmm_unmap maps PROT_NONE over them
+ * again (MAP_FIXED), which drops their contents and gives the bytes back. Each reservation keeps
+ * one byte per page saying whether it is mapped, so a map over a mapped page or an unmap of an
+ * unmapped one is refused without changing anything.
+ *
+ * Arena (SYMPOOL_HOST_ARENA, for replay). Replay never touches device memory, and one mmap plus
+ * one munmap per segment was most of its time. With the arena on, each device reserves one large
+ * PROT_NONE range at init and mem_alloc/vmm_reserve carve address space out of it: a bump pointer
+ * plus, per exact size, a stack of ranges freed earlier. No system call per segment, and the same
+ * budget, OOM and fault-injection rules; the memory is not accessible. When the arena is full,
+ * allocations fall back to mmap.
+ *
  * Streams and events. Host work is done by the time a call returns, but the allocator must see
  * the same *ordering* it sees on a GPU: an event recorded on stream S is not complete until S
  * has been synchronized after the record. Each stream therefore counts records (`recorded`) and
@@ -144,8 +158,33 @@ typedef struct host_event {
     struct host_event *next; /* free-list link while pooled; device lock */
 } host_event_t;
 
+/* A vmm_reserve'd range. */
+typedef struct host_resv {
+    uintptr_t base;  /* start (page aligned); mu */
+    size_t size;     /* bytes, npages * page; mu */
+    size_t page;     /* mapping unit in bytes; mu */
+    uint8_t *mapped; /* [npages]: 1 when the page is mapped; mu */
+} host_resv_t;
+
+/* Address space carved from the device's arena (see the top of the file). */
+typedef struct host_arena {
+    uintptr_t base;   /* start of the reservation, 0 when there is no arena; mu */
+    size_t size;      /* bytes reserved; mu */
+    size_t used;      /* bump offset; mu */
+    phash_t free_top; /* size -> 1 + index of the top node of its stack of freed ranges; mu */
+    uintptr_t *naddr; /* node address, [nnodes]; mu */
+    uint32_t *nnext;  /* node link: 1 + index of the next node, 0 = end; mu */
+    size_t nnodes;    /* nodes in use or on the spare list; mu */
+    size_t cap_nodes; /* capacity of naddr/nnext; mu */
+    uint32_t spare;   /* 1 + index of the first spare node, 0 = none; mu */
+} host_arena_t;
+
 typedef struct host_dev {
     pthread_mutex_t mu;           /* guards every field below */
+    host_resv_t *resv;            /* live reservations, unordered; mu */
+    size_t nresv;                 /* mu */
+    size_t cap_resv;              /* mu */
+    host_arena_t arena;           /* mu */
     size_t capacity;              /* byte budget; immutable after init */
     size_t live_bytes;            /* bytes handed out (incl. reservations in flight); mu */
     size_t live_count;            /* live mappings; mu */
@@ -180,6 +219,111 @@ static host_stream_t *lookup_stream(host_dev_t *dev, sp_dev_stream_t stream) {
     return phash_find(&dev->streams, (uintptr_t)stream, NULL) ? (host_stream_t *)stream : NULL;
 }
 
+/* ---- the arena (SYMPOOL_HOST_ARENA) -------------------------------------------------------- */
+
+static size_t page_up(size_t n) {
+    return (n + g_host.page - 1) & ~(g_host.page - 1);
+}
+
+static bool arena_owns(const host_arena_t *a, uintptr_t p) {
+    return a->base != 0 && p >= a->base && p < a->base + a->size;
+}
+
+/* Overwrite the value of a key known to be present (no growth, so it cannot fail). */
+static void phash_update(phash_t *h, uintptr_t key, uint64_t val) {
+    for (size_t i = phash_slot(h, key);; i = (i + 1) & (h->cap - 1)) {
+        if (h->keys[i] == key) {
+            h->vals[i] = val;
+            return;
+        }
+    }
+}
+
+/* Carve `size` bytes (dev->mu held): the last range of exactly this size freed, else fresh
+ * space at the bump pointer. 0 when there is no arena or it is full. */
+static uintptr_t arena_take(host_arena_t *a, size_t size) {
+    if (a->base == 0)
+        return 0;
+    uint64_t top = 0;
+    if (phash_find(&a->free_top, (uintptr_t)size, &top)) {
+        uint32_t i = (uint32_t)top - 1;
+        uintptr_t p = a->naddr[i];
+        if (a->nnext[i])
+            phash_update(&a->free_top, (uintptr_t)size, a->nnext[i]);
+        else
+            phash_del(&a->free_top, (uintptr_t)size);
+        a->nnext[i] = a->spare;
+        a->spare = i + 1;
+        return p;
+    }
+    size_t need = page_up(size);
+    if (need > a->size - a->used)
+        return 0;
+    uintptr_t p = a->base + a->used;
+    a->used += need;
+    return p;
+}
+
+/* Return a carved range (dev->mu held). Without host memory for the bookkeeping the range is
+ * simply not reused: it is address space only. */
+static void arena_give(host_arena_t *a, uintptr_t p, size_t size) {
+    uint32_t i;
+    if (a->spare) {
+        i = a->spare - 1;
+        a->spare = a->nnext[i];
+    } else {
+        if (a->nnodes == a->cap_nodes) {
+            size_t ncap = a->cap_nodes ? a->cap_nodes * 2 : 256;
+            uintptr_t *na = realloc(a->naddr, ncap * sizeof(*na));
+            if (na)
+                a->naddr = na;
+            uint32_t *nn = na ? realloc(a->nnext, ncap * sizeof(*nn)) : NULL;
+            if (nn)
+                a->nnext = nn;
+            if (!na || !nn)
+                return;
+            a->cap_nodes = ncap;
+        }
+        i = (uint32_t)a->nnodes++;
+    }
+    uint64_t top = 0;
+    (void)phash_find(&a->free_top, (uintptr_t)size, &top);
+    if (!phash_put(&a->free_top, (uintptr_t)size, (uint64_t)i + 1)) {
+        a->nnext[i] = a->spare;
+        a->spare = i + 1;
+        return;
+    }
+    a->naddr[i] = p;
+    a->nnext[i] = (uint32_t)top;
+}
+
+/* Reserve the arena of one device: 16 x capacity of address space, less if the kernel refuses,
+ * never less than the capacity itself (then no arena: mmap per allocation, as without it). */
+static void arena_init(host_arena_t *a, size_t capacity, int ndev) {
+    size_t want = capacity > SIZE_MAX / 16 ? SIZE_MAX : capacity * 16;
+    size_t cap_all = ((size_t)64 << 40) / (size_t)ndev; /* 64 TiB for all devices together */
+    if (want > cap_all)
+        want = cap_all;
+    for (size_t sz = page_up(want); sz >= capacity && sz > 0; sz = page_up(sz / 2)) {
+        void *p = mmap(NULL, sz, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+        if (p != MAP_FAILED) {
+            a->base = (uintptr_t)p;
+            a->size = sz;
+            return;
+        }
+    }
+    SP_INFO(SP_SUB_DEVICE, "host arena: cannot reserve address space; using mmap per allocation");
+}
+
+static void arena_fini(host_arena_t *a) {
+    if (a->base)
+        munmap((void *)a->base, a->size);
+    phash_free(&a->free_top);
+    free(a->naddr);
+    free(a->nnext);
+    memset(a, 0, sizeof(*a));
+}
+
 /* ---- init / fini -------------------------------------------------------------------------- */
 
 static sp_status_t host_init(sp_device_caps_t *caps_p) {
@@ -207,14 +351,18 @@ static sp_status_t host_init(sp_device_caps_t *caps_p) {
     g_host.count = (int)ndev;
     g_host.fail_after = fail_after > 0 ? (long)fail_after : 0;
     atomic_store(&g_host.alloc_calls, 0);
+    if (sp__option_int(SP_OPT_HOST_ARENA))
+        for (int d = 0; d < (int)ndev; d++)
+            arena_init(&devs[d].arena, (size_t)cap, (int)ndev);
 
     sp_device_caps_t caps = {0};
     caps.device_count = g_host.count;
     caps.granularity = g_host.page;
-    caps.has_vmm = false;
+    caps.has_vmm = true;
+    caps.vmm_granularity = g_host.page;
     caps.is_emulated = true;
-    SP_INFO(SP_SUB_DEVICE, "host backend: %d device(s) of %zu bytes, fail_after=%ld", g_host.count,
-            (size_t)cap, g_host.fail_after);
+    SP_INFO(SP_SUB_DEVICE, "host backend: %d device(s) of %zu bytes, fail_after=%ld, arena %s",
+            g_host.count, (size_t)cap, g_host.fail_after, devs[0].arena.base ? "on" : "off");
     *caps_p = caps;
     return SP_SUCCESS;
 }
@@ -227,8 +375,15 @@ static void host_fini(void) {
                     "host device %d: unmapping %zu leftover allocation(s), %zu bytes", d,
                     dev->live_count, dev->live_bytes);
         for (size_t i = 0; i < dev->maps.cap; i++)
-            if (dev->maps.keys[i] != 0)
+            if (dev->maps.keys[i] != 0 && !arena_owns(&dev->arena, dev->maps.keys[i]))
                 munmap((void *)dev->maps.keys[i], (size_t)dev->maps.vals[i]);
+        for (size_t i = 0; i < dev->nresv; i++) {
+            if (!arena_owns(&dev->arena, dev->resv[i].base))
+                munmap((void *)dev->resv[i].base, dev->resv[i].size + g_host.page);
+            free(dev->resv[i].mapped);
+        }
+        free(dev->resv);
+        arena_fini(&dev->arena);
         for (size_t i = 0; i < dev->streams.cap; i++)
             if (dev->streams.keys[i] != 0)
                 free((void *)dev->streams.keys[i]);
@@ -274,6 +429,22 @@ static sp_status_t host_mem_alloc(int device, size_t size, void **ptr_p) {
                                device, size, live, dev->capacity);
     }
     dev->live_bytes += size;
+    uintptr_t carved = arena_take(&dev->arena, size);
+    if (carved) {
+        bool put = phash_put(&dev->maps, carved, (uint64_t)size);
+        if (put)
+            dev->live_count++;
+        else {
+            arena_give(&dev->arena, carved, size);
+            dev->live_bytes -= size;
+        }
+        pthread_mutex_unlock(&dev->mu);
+        if (!put)
+            return sp__error(SP_ERR_SYSTEM, SP_SUB_DEVICE,
+                             "host device %d: out of host memory for the mapping table", device);
+        *ptr_p = (void *)carved;
+        return SP_SUCCESS;
+    }
     pthread_mutex_unlock(&dev->mu);
 
     void *p = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
@@ -328,6 +499,12 @@ static sp_status_t host_mem_free(int device, void *ptr, size_t size) {
     }
     phash_del(&dev->maps, (uintptr_t)ptr);
     dev->live_count--;
+    if (arena_owns(&dev->arena, (uintptr_t)ptr)) {
+        arena_give(&dev->arena, (uintptr_t)ptr, size);
+        dev->live_bytes -= size;
+        pthread_mutex_unlock(&dev->mu);
+        return SP_SUCCESS;
+    }
     /* Keep the bytes counted until the unmap is done, so a racing alloc cannot exceed the
      * budget in real address space either. */
     pthread_mutex_unlock(&dev->mu);
@@ -406,6 +583,20 @@ static sp_status_t host_stream_sync(int device, sp_dev_stream_t stream) {
     if (!s)
         return sp__error(SP_ERR_INVALID_ARGUMENT, SP_SUB_DEVICE,
                          "host device %d: stream_sync of unknown stream %p", device, stream);
+    return SP_SUCCESS;
+}
+
+static sp_status_t host_device_sync(int device) {
+    host_dev_t *dev = NULL;
+    SP_CHECK(get_dev(device, &dev));
+    pthread_mutex_lock(&dev->mu);
+    dev->default_stream.completed = dev->default_stream.recorded;
+    for (size_t i = 0; i < dev->streams.cap; i++) {
+        host_stream_t *st = (host_stream_t *)dev->streams.keys[i];
+        if (st)
+            st->completed = st->recorded;
+    }
+    pthread_mutex_unlock(&dev->mu);
     return SP_SUCCESS;
 }
 
@@ -545,6 +736,204 @@ static sp_status_t host_memcpy_async(int device, void *dst, const void *src, siz
     return SP_SUCCESS;
 }
 
+/* ---- virtual memory ------------------------------------------------------------------------ */
+
+/* The reservation containing addr (dev->mu held), or NULL. */
+static host_resv_t *find_resv(host_dev_t *dev, uintptr_t addr) {
+    for (size_t i = 0; i < dev->nresv; i++)
+        if (addr >= dev->resv[i].base && addr < dev->resv[i].base + dev->resv[i].size)
+            return &dev->resv[i];
+    return NULL;
+}
+
+static sp_status_t host_vmm_reserve(int device, size_t size, size_t page, void **base_p) {
+    host_dev_t *dev = NULL;
+    SP_CHECK(get_dev(device, &dev));
+    if (page == 0 || page % g_host.page != 0 || size == 0 || size % page != 0)
+        return sp__error(SP_ERR_INVALID_ARGUMENT, SP_SUB_DEVICE,
+                         "host device %d: vmm_reserve of %zu bytes in pages of %zu: the page must "
+                         "be a multiple of %zu and the size a multiple of the page",
+                         device, size, page, g_host.page);
+    uint8_t *bits = calloc(size / page, 1);
+    if (!bits)
+        return sp__error(SP_ERR_SYSTEM, SP_SUB_DEVICE, "cannot allocate a page table");
+    /* One guard page after each reservation: two reservations are never adjacent, so a
+     * viewer that merges touching ranges of a stream never joins two segments. */
+    size_t span = size + g_host.page;
+    pthread_mutex_lock(&dev->mu);
+    uintptr_t carved = arena_take(&dev->arena, span);
+    pthread_mutex_unlock(&dev->mu);
+    void *p = carved
+                  ? (void *)carved
+                  : mmap(NULL, span, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (p == MAP_FAILED) {
+        int err = errno;
+        free(bits);
+        return sp__error_quiet(SP_ERR_OUT_OF_MEMORY, SP_SUB_DEVICE,
+                               "host device %d: cannot reserve %zu bytes of address space: %s",
+                               device, size, strerror(err));
+    }
+    pthread_mutex_lock(&dev->mu);
+    bool ok = true;
+    if (dev->nresv == dev->cap_resv) {
+        size_t ncap = dev->cap_resv ? dev->cap_resv * 2 : 8;
+        host_resv_t *nr = realloc(dev->resv, ncap * sizeof(*nr));
+        ok = nr != NULL;
+        if (ok) {
+            dev->resv = nr;
+            dev->cap_resv = ncap;
+        }
+    }
+    if (ok) {
+        dev->resv[dev->nresv++] = (host_resv_t){(uintptr_t)p, size, page, bits};
+        dev->live_count++;
+    } else if (carved) {
+        arena_give(&dev->arena, carved, span);
+    }
+    pthread_mutex_unlock(&dev->mu);
+    if (!ok) {
+        free(bits);
+        if (!carved)
+            munmap(p, span);
+        return sp__error(SP_ERR_SYSTEM, SP_SUB_DEVICE, "cannot record a reservation");
+    }
+    *base_p = p;
+    return SP_SUCCESS;
+}
+
+/* Validate [addr, addr+size) as whole pages of one reservation, all in state `mapped`
+ * (dev->mu held). */
+static sp_status_t check_range(host_dev_t *dev, int device, uintptr_t addr, size_t size,
+                               bool mapped, const char *op, host_resv_t **r_p) {
+    host_resv_t *r = find_resv(dev, addr);
+    if (!r || size == 0 || (addr - r->base) % r->page != 0 || size % r->page != 0 ||
+        size > r->base + r->size - addr)
+        return sp__error(SP_ERR_INVALID_ARGUMENT, SP_SUB_DEVICE,
+                         "host device %d: %s(%#lx, %zu) is not a range of whole pages of one "
+                         "reservation",
+                         device, op, (unsigned long)addr, size);
+    size_t i0 = (addr - r->base) / r->page, n = size / r->page;
+    for (size_t i = i0; i < i0 + n; i++)
+        if ((r->mapped[i] != 0) != mapped)
+            return sp__error(SP_ERR_INVALID_USAGE, SP_SUB_DEVICE,
+                             "host device %d: %s: page %zu of the reservation at %#lx is %s",
+                             device, op, i, (unsigned long)r->base,
+                             mapped ? "not mapped" : "already mapped");
+    *r_p = r;
+    return SP_SUCCESS;
+}
+
+static void mark_pages(host_resv_t *r, uintptr_t addr, size_t size, uint8_t v) {
+    memset(r->mapped + (addr - r->base) / r->page, v, size / r->page);
+}
+
+static sp_status_t host_vmm_map(int device, void *addr, size_t size) {
+    host_dev_t *dev = NULL;
+    SP_CHECK(get_dev(device, &dev));
+    uintptr_t a = (uintptr_t)addr;
+    host_resv_t *r = NULL;
+    pthread_mutex_lock(&dev->mu);
+    sp_status_t s = check_range(dev, device, a, size, false, "vmm_map", &r);
+    if (s != SP_SUCCESS) {
+        pthread_mutex_unlock(&dev->mu);
+        return s;
+    }
+    long call = atomic_fetch_add(&g_host.alloc_calls, 1) + 1;
+    if (g_host.fail_after > 0 && call == g_host.fail_after) {
+        pthread_mutex_unlock(&dev->mu);
+        return sp__error_quiet(SP_ERR_OUT_OF_MEMORY, SP_SUB_DEVICE,
+                               "host device %d: injected failure of allocation call %ld "
+                               "(vmm_map, SYMPOOL_HOST_FAIL_AFTER)",
+                               device, call);
+    }
+    if (size > dev->capacity - dev->live_bytes) {
+        size_t live = dev->live_bytes;
+        pthread_mutex_unlock(&dev->mu);
+        return sp__error_quiet(SP_ERR_OUT_OF_MEMORY, SP_SUB_DEVICE,
+                               "host device %d: cannot map %zu bytes (%zu of %zu in use)", device,
+                               size, live, dev->capacity);
+    }
+    /* Count the bytes and claim the pages first, so concurrent maps cannot overshoot the
+     * budget or map the same page twice; undone if the kernel refuses. */
+    dev->live_bytes += size;
+    mark_pages(r, a, size, 1);
+    bool in_arena = arena_owns(&dev->arena, a);
+    pthread_mutex_unlock(&dev->mu);
+    if (in_arena || mprotect(addr, size, PROT_READ | PROT_WRITE) == 0)
+        return SP_SUCCESS;
+    int err = errno;
+    pthread_mutex_lock(&dev->mu);
+    r = find_resv(dev, a);
+    if (r)
+        mark_pages(r, a, size, 0);
+    dev->live_bytes -= size;
+    pthread_mutex_unlock(&dev->mu);
+    return sp__error_quiet(SP_ERR_OUT_OF_MEMORY, SP_SUB_DEVICE,
+                           "host device %d: cannot map %zu bytes at %p: %s", device, size, addr,
+                           strerror(err));
+}
+
+/* Drop the pages' contents and access: a fresh PROT_NONE mapping over them. */
+static void drop_pages(int device, void *addr, size_t size) {
+    if (mmap(addr, size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED, -1,
+             0) == MAP_FAILED)
+        SP_WARN(SP_SUB_DEVICE, "host device %d: cannot unmap %zu bytes at %p: %s", device, size,
+                addr, strerror(errno));
+}
+
+static sp_status_t host_vmm_unmap(int device, void *addr, size_t size) {
+    host_dev_t *dev = NULL;
+    SP_CHECK(get_dev(device, &dev));
+    uintptr_t a = (uintptr_t)addr;
+    host_resv_t *r = NULL;
+    pthread_mutex_lock(&dev->mu);
+    sp_status_t s = check_range(dev, device, a, size, true, "vmm_unmap", &r);
+    if (s != SP_SUCCESS) {
+        pthread_mutex_unlock(&dev->mu);
+        return s;
+    }
+    mark_pages(r, a, size, 0);
+    bool in_arena = arena_owns(&dev->arena, a);
+    /* The bytes stay counted until the pages are really gone (as in mem_free). */
+    pthread_mutex_unlock(&dev->mu);
+    if (!in_arena)
+        drop_pages(device, addr, size);
+    pthread_mutex_lock(&dev->mu);
+    dev->live_bytes -= size;
+    pthread_mutex_unlock(&dev->mu);
+    return SP_SUCCESS;
+}
+
+static sp_status_t host_vmm_release(int device, void *base, size_t size) {
+    host_dev_t *dev = NULL;
+    SP_CHECK(get_dev(device, &dev));
+    uintptr_t a = (uintptr_t)base;
+    pthread_mutex_lock(&dev->mu);
+    host_resv_t *r = find_resv(dev, a);
+    if (!r || r->base != a || r->size != size) {
+        pthread_mutex_unlock(&dev->mu);
+        return sp__error(SP_ERR_INVALID_USAGE, SP_SUB_DEVICE,
+                         "host device %d: vmm_release(%p, %zu) is not a live reservation", device,
+                         base, size);
+    }
+    size_t mapped = 0;
+    for (size_t i = 0; i < size / r->page; i++)
+        mapped += r->mapped[i] ? r->page : 0;
+    uint8_t *bits = r->mapped;
+    *r = dev->resv[--dev->nresv];
+    dev->live_count--;
+    dev->live_bytes -= mapped; /* pages still mapped go with the reservation */
+    bool in_arena = arena_owns(&dev->arena, a);
+    if (in_arena)
+        arena_give(&dev->arena, a, size + g_host.page);
+    pthread_mutex_unlock(&dev->mu);
+    free(bits);
+    if (!in_arena && munmap(base, size + g_host.page) != 0)
+        SP_WARN(SP_SUB_DEVICE, "host device %d: munmap(%p, %zu) failed: %s", device, base, size,
+                strerror(errno));
+    return SP_SUCCESS;
+}
+
 /* ---- inspection --------------------------------------------------------------------------- */
 
 size_t sp__host_live_allocations(int device) {
@@ -578,10 +967,15 @@ const sp_device_ops_t sp__device_host_ops = {
     .stream_destroy = host_stream_destroy,
     .stream_sync = host_stream_sync,
     .stream_device = host_stream_device,
+    .device_sync = host_device_sync,
     .event_create = host_event_create,
     .event_destroy = host_event_destroy,
     .event_record = host_event_record,
     .event_query = host_event_query,
     .event_sync = host_event_sync,
     .memcpy_async = host_memcpy_async,
+    .vmm_reserve = host_vmm_reserve,
+    .vmm_map = host_vmm_map,
+    .vmm_unmap = host_vmm_unmap,
+    .vmm_release = host_vmm_release,
 };

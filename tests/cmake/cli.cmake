@@ -129,13 +129,13 @@ if(TARGET sympool_cli)
     ARGS summary ${PROJECT_SOURCE_DIR}/CMakeLists.txt)
   # --compare: one row per configuration, defaults first.
   # (CMake drops empty arguments, so the "" configuration goes through the shell.)
-  add_test(NAME cli.replay_compare COMMAND sh -c
+  add_test(NAME cli.replay_compare_rows COMMAND sh -c
     "'$<TARGET_FILE:sympool_cli>' replay '${SMALL}' --compare '' max_split_size_mb:64 garbage_collection_threshold:0.5 2>&1; echo rc=$?")
-  set_tests_properties(cli.replay_compare PROPERTIES LABELS "unit;cli" TIMEOUT 120
+  set_tests_properties(cli.replay_compare_rows PROPERTIES LABELS "unit;cli" TIMEOUT 120
     PASS_REGULAR_EXPRESSION "configuration.*\n  \\(defaults\\) .*\n  max_split_size_mb:64 .*\n  garbage_collection_threshold:0.5 .*rc=0")
-  add_test(NAME cli.replay_compare_json COMMAND sh -c
+  add_test(NAME cli.replay_compare_json_lines COMMAND sh -c
     "'$<TARGET_FILE:sympool_cli>' replay '${SMALL}' --json --compare '' max_split_size_mb:64 2>&1; echo rc=$?")
-  set_tests_properties(cli.replay_compare_json PROPERTIES LABELS "unit;cli" TIMEOUT 120
+  set_tests_properties(cli.replay_compare_json_lines PROPERTIES LABELS "unit;cli" TIMEOUT 120
     PASS_REGULAR_EXPRESSION "^\\{[^\n]*\"conf\":\"\"[^\n]*\n\\{[^\n]*\"conf\":\"max_split_size_mb:64\"[^\n]*\nrc=0")
   sp_cli_check(NAME replay_compare_bad_conf RC 2 REGEX "no_such_key"
     ARGS replay ${SMALL} --compare "" no_such_key:1)

@@ -62,7 +62,8 @@ TEST_F(DeviceTest, AutoPicksHostWithoutGpu) {
     ASSERT_SP_OK(sp__device_select(&ops_, &caps_));
     EXPECT_STREQ(ops_->name, "host");
     EXPECT_TRUE(caps_.is_emulated);
-    EXPECT_FALSE(caps_.has_vmm);
+    EXPECT_TRUE(caps_.has_vmm); // host reservations back expandable segments
+    EXPECT_GE(caps_.vmm_granularity, 4096u);
     EXPECT_EQ(caps_.device_count, 1);
     EXPECT_GE(caps_.granularity, 512u);
 }

@@ -1,0 +1,522 @@
+/*
+ * expandable.c: PyTorch's expandable segments (expandable_segments:True; the rules of
+ * CUDACachingAllocator.cpp's ExpandableSegment and of the allocator code that uses it,
+ * reference/pytorch-allocator.md section 1.11).
+ *
+ * An expandable segment reserves address space for 1.125 x the device's memory (vmm_reserve)
+ * and maps physical pages into it as the pool grows: 2 MiB pages for the small pool, the large
+ * segment size (20 MiB) for the large pool. There is one per (MemPool, small/large, stream),
+ * made on demand; a new one only when no existing one has room. Its blocks tile it as in any
+ * segment, but some are *unmapped*: address space without memory, never in a free set, kept in
+ * their block pool's `unmapped` list ordered by (stream, address). A block is mapped or not as
+ * a whole, and unmapped blocks always start and end on page boundaries.
+ *
+ *  - Growth (try_allocate_expandable_block): the lowest address, over every expandable segment
+ *    of the stream and pool, where a run of free and unmapped blocks holds the request; map just
+ *    the pages the request needs there (normally at the end of the segment), merging them with
+ *    the free neighbours. Each map: reserved_bytes += bytes, num_device_alloc++, a segment_map
+ *    trace entry. The segment count does not change.
+ *  - Release (empty_cache, the OOM retry, pool destroy): after synchronizing the device
+ *    (PyTorch syncs the segment's stream, which in sympool may already be destroyed), the whole
+ * pages inside each free block are unmapped: reserved_bytes -= bytes, num_device_free++, a
+ * segment_unmap entry. A segment that is unmapped end to end gives its address space back.
+ *  - Stats otherwise as PyTorch: blocks of expandable segments never count in inactive_split,
+ *    and any split leaving >= 512 bytes is made (should_split), in both pools.
+ *
+ * Pools with a pluggable segment allocator and symmetric pools keep fixed segments (a custom
+ * allocator cannot map pages, and an NCCL window cannot cover memory mapped after it was
+ * registered). Every function runs with the device lock held.
+ */
+#include <inttypes.h>
+#include <stdlib.h>
+
+#include "pool/expandable.h"
+#include "pool/segment_index.h"
+
+/* ---- the unmapped list of a block pool ------------------------------------------------- */
+
+/* Unmapped blocks are in no free set, so their set links (left, right) chain the list. */
+static bool ulist_before(const sp_block_t *a, const sp_block_t *b) {
+    if (a->stream != b->stream)
+        return (uintptr_t)a->stream < (uintptr_t)b->stream;
+    return a->addr < b->addr;
+}
+
+static void ulist_insert(sp_bpool_t *bp, sp_block_t *b) {
+    sp_block_t *prev = NULL, *cur = bp->unmapped;
+    while (cur && ulist_before(cur, b)) {
+        prev = cur;
+        cur = cur->right;
+    }
+    b->left = prev;
+    b->right = cur;
+    if (cur)
+        cur->left = b;
+    if (prev)
+        prev->right = b;
+    else
+        bp->unmapped = b;
+}
+
+static void ulist_remove(sp_bpool_t *bp, sp_block_t *b) {
+    if (b->left)
+        b->left->right = b->right;
+    else
+        bp->unmapped = b->right;
+    if (b->right)
+        b->right->left = b->left;
+    b->left = b->right = NULL;
+}
+
+/* ---- segments ---------------------------------------------------------------------------- */
+
+size_t sp__exp_page(const sp_bpool_t *bp) {
+    size_t page = bp->is_small ? SP_SMALL_BUFFER : sp__g.conf.large_segment_size;
+    /* SYMPOOL_EXPANDABLE_PAGE (ours): a smaller mapping unit for the large pool, down to the
+     * device's granularity, leaves less of the last page unused. */
+    if (!bp->is_small && sp__g.exp_page)
+        page = sp__g.exp_page;
+    size_t g = sp__g.caps.vmm_granularity ? sp__g.caps.vmm_granularity : 1;
+    return (page + g - 1) / g * g;
+}
+
+static void note_range(sp_devalloc_t *d, uintptr_t base, size_t size) {
+    uintptr_t lo = atomic_load_explicit(&d->lo, memory_order_relaxed);
+    uintptr_t hi = atomic_load_explicit(&d->hi, memory_order_relaxed);
+    if (lo == 0 || base < lo)
+        atomic_store_explicit(&d->lo, base, memory_order_relaxed);
+    if (base + size > hi)
+        atomic_store_explicit(&d->hi, base + size, memory_order_relaxed);
+}
+
+/* Reserve a new expandable segment for (bp, stream): one unmapped block covering it. */
+static sp_status_t new_segment(sp_devalloc_t *d, sp_bpool_t *bp, sp_stream_t stream,
+                               sp_block_t **block_p) {
+    size_t page = sp__exp_page(bp);
+    /* PyTorch reserves 1 1/8 of the device's memory, so that pages unmapped early in the
+     * segment can be mapped again at its end. */
+    size_t want = d->total_mem + d->total_mem / 8;
+    size_t vsize = page * ((want + page - 1) / page);
+    void *base = NULL;
+    sp_status_t s = sp__g.ops->vmm_reserve(d->device, vsize, page, &base);
+    if (s != SP_SUCCESS)
+        return s;
+    sp_segment_t *seg = calloc(1, sizeof(*seg));
+    sp_block_t *b = seg ? sp__block_new(d) : NULL;
+    if (seg) {
+        seg->base = (uintptr_t)base;
+        seg->size = vsize;
+        seg->stream = stream;
+        seg->bpool = bp;
+        seg->head = b;
+        seg->expandable = true;
+        seg->page = page;
+    }
+    if (!b || sp__segidx_insert(d, seg) != SP_SUCCESS) {
+        free(seg);
+        if (b)
+            sp__block_recycle(d, b);
+        (void)sp__g.ops->vmm_release(d->device, base, vsize);
+        return sp__error(SP_ERR_SYSTEM, SP_SUB_POOL, "out of host memory for segment metadata");
+    }
+    sp_mempool_t *pool = bp->pool;
+    seg->seq = pool->next_seq++;
+    seg->pprev = pool->seg_tail;
+    if (pool->seg_tail)
+        pool->seg_tail->pnext = seg;
+    else
+        pool->seg_head = seg;
+    pool->seg_tail = seg;
+    pool->nsegments++;
+    note_range(d, seg->base, vsize);
+    b->addr = seg->base;
+    b->size = vsize;
+    b->stream = stream;
+    b->seg = seg;
+    b->unmapped = true;
+    ulist_insert(bp, b);
+    SP_TRACE(SP_SUB_POOL,
+             "device %d: new expandable %s segment %#" PRIxPTR " (%zu bytes of address space, "
+             "pages of %zu)",
+             d->device, bp->is_small ? "small" : "large", seg->base, vsize, page);
+    *block_p = b;
+    return SP_SUCCESS;
+}
+
+/* Give an expandable segment that is unmapped end to end back (its one block is unmapped). */
+static void release_segment(sp_devalloc_t *d, sp_segment_t *seg) {
+    sp_bpool_t *bp = seg->bpool;
+    sp_mempool_t *pool = bp->pool;
+    sp_block_t *b = seg->head;
+    ulist_remove(bp, b);
+    (void)sp__g.ops->vmm_release(d->device, (void *)seg->base, seg->size); /* logged there */
+    sp__segidx_remove(d, seg);
+    if (seg->pprev)
+        seg->pprev->pnext = seg->pnext;
+    else
+        pool->seg_head = seg->pnext;
+    if (seg->pnext)
+        seg->pnext->pprev = seg->pprev;
+    else
+        pool->seg_tail = seg->pprev;
+    pool->nsegments--;
+    if (seg->context)
+        sp__history_context_release(seg->context);
+    sp__block_recycle(d, b);
+    free(seg->bidx_addr);
+    free(seg->bidx_blk);
+    free(seg);
+}
+
+static size_t unmap_block(sp_devalloc_t *d, sp_block_t *b);
+
+/* ---- map --------------------------------------------------------------------------------- */
+
+/* A block that can become part of a new allocation: not allocated, no pending events. */
+static bool allocatable(const sp_block_t *b) {
+    return b && !b->allocated && b->event_count == 0 && b->nuses == 0;
+}
+
+static bool free_mapped(const sp_block_t *b) {
+    return b && b->in_set && allocatable(b);
+}
+
+/* b absorbs its neighbour n (n is before or after b), which leaves its set or list. */
+static void absorb(sp_devalloc_t *d, sp_block_t *b, sp_block_t *n) {
+    if (n == b->prev) {
+        b->addr = n->addr;
+        b->prev = n->prev;
+        if (b->prev)
+            b->prev->next = b;
+        else
+            b->seg->head = b;
+    } else {
+        b->next = n->next;
+        if (b->next)
+            b->next->prev = b;
+    }
+    b->size += n->size;
+    sp__block_recycle(d, n);
+}
+
+/* Map the pages under the first `size` bytes of unmapped block m (whole pages; the rest of m
+ * stays unmapped after it), then merge m with its free neighbours and put it in the free set:
+ * m is the block holding the new memory. *why_p = 2 when the pool's limit refused it. */
+static sp_status_t map_block(sp_devalloc_t *d, sp_block_t *m, size_t size, uint32_t ctx,
+                             int *why_p) {
+    sp_segment_t *seg = m->seg;
+    sp_bpool_t *bp = seg->bpool;
+    sp_mempool_t *pool = bp->pool;
+    size_t len = (size + seg->page - 1) / seg->page * seg->page;
+    if (len > m->size)
+        len = m->size;
+    if (pool->limit && pool->reserved + len > pool->limit) {
+        *why_p = 2;
+        return SP_ERR_OUT_OF_MEMORY; /* the caller reports the pool limit */
+    }
+    sp_status_t s = sp__g.ops->vmm_map(d->device, (void *)m->addr, len);
+    if (s != SP_SUCCESS)
+        return s;
+    uintptr_t at = m->addr;
+    ulist_remove(bp, m);
+    m->unmapped = false;
+    if (len < m->size) {
+        sp_block_t *rem = sp__block_new(d);
+        if (rem) {
+            rem->addr = m->addr + len;
+            rem->size = m->size - len;
+            rem->stream = m->stream;
+            rem->seg = seg;
+            rem->unmapped = true;
+            rem->prev = m;
+            rem->next = m->next;
+            if (m->next)
+                m->next->prev = rem;
+            m->next = rem;
+            m->size = len;
+            ulist_insert(bp, rem);
+        } else {
+            /* No struct for the remainder: give the pages back rather than corrupt the tiling. */
+            (void)sp__g.ops->vmm_unmap(d->device, (void *)m->addr, len);
+            m->unmapped = true;
+            ulist_insert(bp, m);
+            return sp__error(SP_ERR_SYSTEM, SP_SUB_POOL, "out of host memory for a block");
+        }
+    }
+    sp_block_t *p = m->prev, *n = m->next;
+    if (free_mapped(p)) {
+        sp__bset_remove(&bp->free, p);
+        absorb(d, m, p);
+    }
+    if (free_mapped(n)) {
+        sp__bset_remove(&bp->free, n);
+        absorb(d, m, n);
+    }
+    m->gc_count = bp->gfb_count;
+    sp__bset_insert(&bp->free, m);
+    d->total_reserved += len;
+    pool->reserved += len;
+    seg->mapped += len;
+    sp_dev_stats_t *st = &d->stats;
+    sp__stat_inc(st, SP_ST_RESERVED_BYTES, bp->is_small, (int64_t)len);
+    st->num_device_alloc++;
+    if (SP_UNLIKELY(sp__history_active))
+        sp__history_record(d->device, SP_TRACE_SEGMENT_MAP, at, len, (uintptr_t)m->stream, pool->id,
+                           ctx);
+    if (!m->prev && !seg->context && ctx) {
+        seg->context = ctx; /* the stack of the request that first mapped the segment's start */
+        sp__history_context_retain(ctx);
+    }
+    return SP_SUCCESS;
+}
+
+/* Free and unmapped blocks from b on hold `size` bytes of address space. */
+static bool has_room(const sp_block_t *b, size_t size) {
+    size_t bytes = 0;
+    for (; bytes < size && allocatable(b); b = b->next)
+        bytes += b->size;
+    return bytes >= size;
+}
+
+/* PyTorch's find_expandable_block: the lowest address (per stream, over the pool's segments)
+ * where free and unmapped space together hold size bytes; else a new segment. */
+static sp_status_t find_room(sp_devalloc_t *d, sp_bpool_t *bp, size_t size, sp_stream_t stream,
+                             sp_block_t **c_p) {
+    for (sp_block_t *u = bp->unmapped; u; u = u->right) {
+        if (u->stream != stream)
+            continue;
+        sp_block_t *c = free_mapped(u->prev) ? u->prev : u;
+        if (has_room(c, size)) {
+            *c_p = c;
+            return SP_SUCCESS;
+        }
+    }
+    return new_segment(d, bp, stream, c_p);
+}
+
+/* SYMPOOL_EXPANDABLE_RECYCLE (ours, off by default): before mapping, unmap up to `need` bytes
+ * of whole free pages in the holes of this stream's segments of bp, so the physical pages move to
+ * where the segment grows instead of adding to it. PyTorch does this only on OOM (the release
+ * before its retry), so freed holes stay mapped until then and count in reserved memory. */
+static bool has_whole_page(const sp_block_t *b) {
+    const sp_segment_t *seg = b->seg;
+    uintptr_t off = b->addr - seg->base;
+    return (off + seg->page - 1) / seg->page < (off + b->size) / seg->page;
+}
+
+static void recycle(sp_devalloc_t *d, sp_bpool_t *bp, sp_stream_t stream, size_t need) {
+    size_t page = sp__exp_page(bp), got = 0;
+    bool synced = false;
+    while (got < need) {
+        /* Only free blocks of at least a page can hold a whole one: walk the stream's part of
+         * the free set from there (no mutation while walking), then unmap what was found. */
+        sp_block_t *cand[32];
+        int n = 0;
+        size_t acc = 0;
+        for (sp_block_t *b = sp__bset_lower_bound(&bp->free, stream, page);
+             b && b->stream == stream && n < 32 && got + acc < need;) {
+            if (b->seg->expandable && free_mapped(b) && has_whole_page(b)) {
+                cand[n++] = b;
+                acc += b->size;
+            }
+            sp_block_t *succ = NULL;
+            (void)sp__bset_locate(&bp->free, b, &succ);
+            b = succ;
+        }
+        if (n == 0)
+            break;
+        if (!synced) {
+            /* The stream's queued work may still use the freed blocks. */
+            (void)sp__g.ops->stream_sync(d->device, stream);
+            synced = true;
+        }
+        size_t round = 0;
+        for (int k = 0; k < n; k++)
+            round += unmap_block(d, cand[k]);
+        if (round == 0)
+            break;
+        got += round;
+    }
+}
+
+sp_status_t sp__exp_alloc(sp_devalloc_t *d, sp_bpool_t *bp, size_t size, sp_stream_t stream,
+                          uint32_t ctx, sp_block_t **block_p, int *why_p) {
+    *why_p = 0;
+    if (sp__g.exp_recycle)
+        recycle(d, bp, stream, size);
+    sp_block_t *c = NULL;
+    SP_CHECK(find_room(d, bp, size, stream, &c));
+    /* c is an unmapped block, or a free mapped block followed by an unmapped one. */
+    if (c->unmapped)
+        SP_CHECK(map_block(d, c, c->size < size ? c->size : size, ctx, why_p));
+    while (c->size < size) {
+        /* Invariant: c is free and mapped, and its next block is unmapped: map what is still
+         * missing there, which merges into c's successor-to-be. */
+        sp_block_t *nc = c->next;
+        size_t missing = size - c->size;
+        SP_CHECK(map_block(d, nc, missing < nc->size ? missing : nc->size, ctx, why_p));
+        c = nc;
+    }
+    sp__bset_remove(&bp->free, c);
+    *block_p = c;
+    return SP_SUCCESS;
+}
+
+/* ---- best fit ----------------------------------------------------------------------------- */
+
+/* What a free block can grow to: itself plus the unmapped space right after it. */
+static size_t exp_size(const sp_block_t *b) {
+    return b->size + (b->next && b->next->unmapped ? b->next->size : 0);
+}
+
+/* The link to b in the set and b's in-order predecessor (NULL if none). */
+static sp_block_t **refit(sp_block_set_t *set, const sp_block_t *b, sp_block_t **pred_p) {
+    sp_block_t **link = &set->root, *pred = NULL;
+    for (sp_block_t *n = set->root; n; n = *link) {
+        int c = sp__bset_cmp(set->by_seq, b, n);
+        if (c == 0) {
+            if (n->left) {
+                pred = n->left;
+                while (pred->right)
+                    pred = pred->right;
+            }
+            break;
+        }
+        if (c > 0) {
+            pred = n;
+            link = &n->right;
+        } else {
+            link = &n->left;
+        }
+    }
+    *pred_p = pred;
+    return link;
+}
+
+sp_block_t *sp__exp_best_fit(sp_bpool_t *bp, sp_block_t *b, sp_stream_t stream,
+                             sp_block_t ***slot_p, sp_block_t **pred_p) {
+    /* PyTorch's get_free_block: for the purposes of best fit a block of an expandable segment
+     * counts as the size it can expand to, so walk on (in set order) while the next block of
+     * the stream can expand to less. */
+    sp_block_t *cur = b;
+    while (cur->seg->expandable) {
+        sp_block_t *succ = NULL;
+        (void)sp__bset_locate(&bp->free, cur, &succ);
+        if (!succ || succ->stream != stream || exp_size(succ) >= exp_size(cur))
+            break;
+        cur = succ;
+    }
+    if (cur != b)
+        *slot_p = refit(&bp->free, cur, pred_p);
+    return cur;
+}
+
+/* ---- unmap ------------------------------------------------------------------------------- */
+
+/* Unmap the whole pages inside free mapped block b; the block that stays at b is the unmapped
+ * part (merged with unmapped neighbours), free slivers before and after stay in the set.
+ * Returns the bytes unmapped. */
+static size_t unmap_block(sp_devalloc_t *d, sp_block_t *b) {
+    sp_segment_t *seg = b->seg;
+    sp_bpool_t *bp = seg->bpool;
+    uintptr_t begin = seg->base + (b->addr - seg->base + seg->page - 1) / seg->page * seg->page;
+    uintptr_t end = seg->base + (b->addr + b->size - seg->base) / seg->page * seg->page;
+    if (begin >= end)
+        return 0;
+    sp_block_t *before = begin > b->addr ? sp__block_new(d) : NULL;
+    sp_block_t *after = end < b->addr + b->size ? sp__block_new(d) : NULL;
+    if ((begin > b->addr && !before) || (end < b->addr + b->size && !after)) {
+        if (before)
+            sp__block_recycle(d, before);
+        if (after)
+            sp__block_recycle(d, after);
+        return 0; /* out of host memory: keep the pages */
+    }
+    if (sp__g.ops->vmm_unmap(d->device, (void *)begin, end - begin) != SP_SUCCESS) {
+        if (before)
+            sp__block_recycle(d, before);
+        if (after)
+            sp__block_recycle(d, after);
+        return 0; /* logged by the backend; the pages stay mapped and cached */
+    }
+    sp__bset_remove(&bp->free, b);
+    if (before) {
+        before->addr = b->addr;
+        before->size = begin - b->addr;
+        before->stream = b->stream;
+        before->seg = seg;
+        before->prev = b->prev;
+        before->next = b;
+        if (b->prev)
+            b->prev->next = before;
+        else
+            seg->head = before;
+        b->prev = before;
+        before->gc_count = bp->gfb_count;
+        sp__bset_insert(&bp->free, before);
+    }
+    if (after) {
+        after->addr = end;
+        after->size = b->addr + b->size - end;
+        after->stream = b->stream;
+        after->seg = seg;
+        after->next = b->next;
+        after->prev = b;
+        if (b->next)
+            b->next->prev = after;
+        b->next = after;
+        after->gc_count = bp->gfb_count;
+        sp__bset_insert(&bp->free, after);
+    }
+    b->addr = begin;
+    b->size = end - begin;
+    b->unmapped = true;
+    if (b->prev && b->prev->unmapped) {
+        ulist_remove(bp, b->prev);
+        absorb(d, b, b->prev);
+    }
+    if (b->next && b->next->unmapped) {
+        ulist_remove(bp, b->next);
+        absorb(d, b, b->next);
+    }
+    ulist_insert(bp, b);
+    size_t len = end - begin;
+    sp_mempool_t *pool = bp->pool;
+    d->total_reserved -= len;
+    pool->reserved -= len;
+    seg->mapped -= len;
+    sp_dev_stats_t *st = &d->stats;
+    sp__stat_dec(st, SP_ST_RESERVED_BYTES, bp->is_small, (int64_t)len);
+    st->num_device_free++;
+    if (SP_UNLIKELY(sp__history_active))
+        sp__history_record(d->device, SP_TRACE_SEGMENT_UNMAP, begin, len, (uintptr_t)b->stream,
+                           pool->id, 0);
+    return len;
+}
+
+/* Does seg hold a free block with a whole page inside? */
+static bool has_free_page(const sp_segment_t *seg) {
+    for (const sp_block_t *b = seg->head; b; b = b->next) {
+        uintptr_t off = b->addr - seg->base;
+        if (free_mapped(b) && (off + seg->page - 1) / seg->page < (off + b->size) / seg->page)
+            return true;
+    }
+    return false;
+}
+
+size_t sp__exp_release(sp_devalloc_t *d, sp_segment_t *seg) {
+    size_t freed = 0;
+    /* cuMemUnmap does not wait for the GPU, so the work that used the pages must be done first.
+     * PyTorch syncs the segment's stream; sympool lets users destroy streams, so it syncs the
+     * device (once per segment, and only when there is something to unmap). */
+    if (has_free_page(seg))
+        (void)sp__g.ops->device_sync(d->device); /* an error was logged there */
+    /* unmap_block keeps b as the unmapped survivor and only absorbs unmapped neighbours, so
+     * the walk can go on from b's next block. */
+    for (sp_block_t *b = seg->head; b; b = b->next)
+        if (free_mapped(b))
+            freed += unmap_block(d, b);
+    if (seg->head->unmapped && !seg->head->next)
+        release_segment(d, seg);
+    return freed;
+}

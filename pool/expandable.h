@@ -1,0 +1,29 @@
+/*
+ * expandable.h: private to pool/: expandable segments (expandable.c), what the malloc, release
+ * and walk paths call. Every function runs with the device lock held.
+ */
+#ifndef SP_POOL_EXPANDABLE_H
+#define SP_POOL_EXPANDABLE_H
+
+#include "pool/allocator.h"
+
+/* Does this pool grow expandable segments? Pools with a pluggable segment allocator and
+ * symmetric pools keep fixed segments. */
+static inline bool sp__exp_pool(const sp_mempool_t *pool) {
+    return sp__g.exp_on && !pool->has_allocator && !pool->symmetric;
+}
+/* Bytes per mapped page of bp's expandable segments. */
+size_t sp__exp_page(const sp_bpool_t *bp);
+/* PyTorch's try_allocate_expandable_block: a free mapped block of >= size bytes, taken out of
+ * the set, mapping pages (and reserving a segment) as needed. *why_p = 2: pool limit. */
+sp_status_t sp__exp_alloc(sp_devalloc_t *d, sp_bpool_t *bp, size_t size, sp_stream_t stream,
+                          uint32_t ctx, sp_block_t **block_p, int *why_p);
+/* Best fit among expandable blocks: from set block b on, the block that can expand least;
+ * when it is not b, *slot_p and *pred_p are updated for it. */
+sp_block_t *sp__exp_best_fit(sp_bpool_t *bp, sp_block_t *b, sp_stream_t stream,
+                             sp_block_t ***slot_p, sp_block_t **pred_p);
+/* Unmap the free pages of an expandable segment (after syncing its stream); releases the
+ * segment when nothing is mapped any more. Returns the bytes unmapped. */
+size_t sp__exp_release(sp_devalloc_t *d, sp_segment_t *seg);
+
+#endif /* SP_POOL_EXPANDABLE_H */

@@ -1,0 +1,458 @@
+// test_expandable.cc: expandable segments (pool/expandable.c) on the host backend, with PyTorch's
+// behaviours: growth at the end of one segment per stream and pool kind, pages of 2 MiB (small)
+// and 20 MiB (large), unmapping on empty_cache, the OOM retry unmapping another stream's free
+// pages, stats (reserved_bytes, num_device_alloc/free, no segment count, no inactive_split) and
+// trace entries (segment_map/segment_unmap), one snapshot segment per mapped range, OOM at
+// capacity counting mapped pages, fault injection during a map, and the pools that keep fixed
+// segments. Also the host backend's vmm_* ops themselves.
+#include "alloc_test_util.hpp"
+
+#include <unistd.h>
+
+#include <cstdio>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+extern "C" {
+#include "pool/device/device.h"
+#include "pool/history.h"
+#include "pool/pool.h"
+}
+
+using namespace sp;
+
+namespace {
+
+struct Range {
+    uintptr_t address;
+    size_t total;
+    size_t allocated;
+    bool expandable;
+    size_t nblocks;
+};
+
+void visit(const sp_segment_view_t *v, void *arg) {
+    auto *out = static_cast<std::vector<Range> *>(arg);
+    out->push_back({v->address, v->total_size, v->allocated_size, v->is_expandable, v->nblocks});
+}
+
+std::vector<Range> walk(const sp_mempool_t *pool = nullptr) {
+    std::vector<Range> r;
+    EXPECT_EQ(sp__pool_walk(0, pool, visit, &r), SP_SUCCESS);
+    return r;
+}
+
+std::vector<sp__trace_entry_t> trace() {
+    sp__trace_entry_t *e = nullptr;
+    size_t n = 0;
+    EXPECT_EQ(sp__history_copy(0, &e, &n), SP_SUCCESS);
+    std::vector<sp__trace_entry_t> out(e, e + n);
+    sp__history_entries_free(e, n);
+    return out;
+}
+
+void record_all() {
+    sp_history_params_t p;
+    sp_history_params_init(&p);
+    p.enabled = SP_HISTORY_ALL;
+    ASSERT_EQ(sp_record_memory_history(&p), SP_SUCCESS);
+}
+
+size_t count(const std::vector<sp__trace_entry_t> &t, sp_trace_action_t a) {
+    size_t n = 0;
+    for (auto &e : t)
+        n += e.action == a;
+    return n;
+}
+
+} // namespace
+
+class Expandable : public sp::Test {};
+
+TEST_F(Expandable, GrowsAtTheEndInWholePages) {
+    sp::ScopedEnv env({{"SYMPOOL_ALLOC_CONF", "expandable_segments:True"}});
+    SP_SKIP_UNLESS_HOST();
+    void *a, *b, *c;
+    ASSERT_SP_OK(sp_malloc(30 * MiB, 0, nullptr, &a)); // maps 2 pages of 20 MiB
+    EXPECT_EQ(stat("reserved_bytes.all.current"), (int64_t)(40 * MiB));
+    ASSERT_SP_OK(sp_malloc(30 * MiB, 0, nullptr, &b)); // 10 MiB free + 1 more page, contiguous
+    EXPECT_EQ((uintptr_t)b, (uintptr_t)a + 30 * MiB);
+    EXPECT_EQ(stat("reserved_bytes.all.current"), (int64_t)(60 * MiB));
+    EXPECT_EQ(stat("reserved_bytes.large_pool.current"), (int64_t)(60 * MiB));
+    EXPECT_EQ(stat("num_device_alloc"), 2);
+    EXPECT_EQ(stat("segment.all.current"), 0);     // maps are not segments (PyTorch)
+    ASSERT_SP_OK(sp_malloc(1000, 0, nullptr, &c)); // the small pool: its own segment, 2 MiB page
+    EXPECT_EQ(stat("reserved_bytes.small_pool.current"), (int64_t)(2 * MiB));
+    // Splits keep no slack (512 B rule) and never count as inactive_split.
+    EXPECT_EQ(stat("allocated_bytes.all.current"), (int64_t)(60 * MiB + 1024));
+    EXPECT_EQ(stat("inactive_split.all.current"), 0);
+    EXPECT_EQ(stat("inactive_split_bytes.all.current"), 0);
+    auto r = walk();
+    ASSERT_EQ(r.size(), 2u);
+    for (auto &x : r)
+        EXPECT_TRUE(x.expandable);
+    ASSERT_SP_OK(sp_free(a));
+    ASSERT_SP_OK(sp_free(b));
+    ASSERT_SP_OK(sp_free(c));
+    EXPECT_EQ(stat("inactive_split_bytes.all.current"), 0);
+}
+
+TEST_F(Expandable, FreeBlockPlusUnmappedTailIsReusedBeforeMapping) {
+    sp::ScopedEnv env({{"SYMPOOL_ALLOC_CONF", "expandable_segments:True"}});
+    SP_SKIP_UNLESS_HOST();
+    void *a, *b;
+    ASSERT_SP_OK(sp_malloc(60 * MiB, 0, nullptr, &a));
+    ASSERT_SP_OK(sp_free(a));
+    ASSERT_SP_OK(sp_malloc(70 * MiB, 0, nullptr, &b)); // 60 cached + 1 page at the end
+    EXPECT_EQ(b, a);
+    EXPECT_EQ(stat("reserved_bytes.all.current"), (int64_t)(80 * MiB));
+    EXPECT_EQ(stat("num_alloc_retries"), 0);
+    ASSERT_SP_OK(sp_free(b));
+}
+
+TEST_F(Expandable, EmptyCacheUnmapsFreePagesOnly) {
+    sp::ScopedEnv env({{"SYMPOOL_ALLOC_CONF", "expandable_segments:True"}});
+    SP_SKIP_UNLESS_HOST();
+    void *a, *b, *c;
+    ASSERT_SP_OK(sp_malloc(30 * MiB, 0, nullptr, &a));
+    ASSERT_SP_OK(sp_malloc(50 * MiB, 0, nullptr, &b));
+    ASSERT_SP_OK(sp_malloc(20 * MiB, 0, nullptr, &c)); // [0,30) [30,80) [80,100): 5 pages
+    EXPECT_EQ(stat("reserved_bytes.all.current"), (int64_t)(100 * MiB));
+    record_all();
+    ASSERT_SP_OK(sp_free(b));
+    ASSERT_SP_OK(sp_empty_cache()); // pages [40,80) are wholly free; [30,40) keeps a's page
+    EXPECT_EQ(stat("reserved_bytes.all.current"), (int64_t)(60 * MiB));
+    EXPECT_EQ(stat("num_device_free"), 1);
+    EXPECT_EQ(sp__host_live_bytes(0), 60 * MiB);
+    auto t = trace();
+    ASSERT_EQ(count(t, SP_TRACE_SEGMENT_UNMAP), 1u);
+    for (auto &e : t)
+        if (e.action == SP_TRACE_SEGMENT_UNMAP) {
+            EXPECT_EQ(e.addr, (uintptr_t)a + 40 * MiB);
+            EXPECT_EQ(e.size, 40 * MiB);
+        }
+    // The snapshot shows the two mapped ranges as two segments, blocks tiling each.
+    auto r = walk();
+    ASSERT_EQ(r.size(), 2u);
+    EXPECT_EQ(r[0].address, (uintptr_t)a);
+    EXPECT_EQ(r[0].total, 40 * MiB);
+    EXPECT_EQ(r[0].nblocks, 2u); // a and the 10 MiB sliver
+    EXPECT_EQ(r[1].address, (uintptr_t)c);
+    EXPECT_EQ(r[1].total, 20 * MiB);
+    // A new request fills the hole at the lowest address (PyTorch's rule), not the end.
+    void *d;
+    ASSERT_SP_OK(sp_malloc(45 * MiB, 0, nullptr, &d));
+    EXPECT_EQ((uintptr_t)d, (uintptr_t)a + 30 * MiB);
+    EXPECT_EQ(walk().size(), 1u);
+    ASSERT_SP_OK(sp_free(a));
+    ASSERT_SP_OK(sp_free(c));
+    ASSERT_SP_OK(sp_free(d));
+    ASSERT_SP_OK(sp_empty_cache()); // everything unmapped: the reservation goes too
+    EXPECT_EQ(stat("reserved_bytes.all.current"), 0);
+    EXPECT_EQ(sp__host_live_allocations(0), 0u);
+    EXPECT_EQ(sp__host_live_bytes(0), 0u);
+    EXPECT_TRUE(walk().empty());
+    t = trace();
+    EXPECT_EQ(count(t, SP_TRACE_SEGMENT_ALLOC), 0u);
+    EXPECT_EQ(count(t, SP_TRACE_SEGMENT_FREE), 0u);
+    EXPECT_GE(count(t, SP_TRACE_SEGMENT_MAP), 1u);
+}
+
+TEST_F(Expandable, OneSegmentPerStreamAndPoolKind) {
+    sp::ScopedEnv env({{"SYMPOOL_ALLOC_CONF", "expandable_segments:True"}});
+    SP_SKIP_UNLESS_HOST();
+    sp_stream_t s1, s2;
+    ASSERT_SP_OK(sp_stream_create(0, &s1));
+    ASSERT_SP_OK(sp_stream_create(0, &s2));
+    void *a, *b, *c, *d;
+    ASSERT_SP_OK(sp_malloc(30 * MiB, 0, s1, &a));
+    ASSERT_SP_OK(sp_malloc(30 * MiB, 0, s2, &b));
+    ASSERT_SP_OK(sp_malloc(5 * MiB, 0, s1, &c)); // s1's segment again, right after a
+    ASSERT_SP_OK(sp_malloc(4096, 0, s1, &d));    // s1's small segment
+    EXPECT_EQ((uintptr_t)c, (uintptr_t)a + 30 * MiB);
+    EXPECT_EQ(sp__host_live_allocations(0), 3u); // three reservations
+    EXPECT_EQ(walk().size(), 3u);
+    EXPECT_EQ(stat("reserved_bytes.all.current"), (int64_t)(40 * MiB + 40 * MiB + 2 * MiB));
+    for (void *p : {a, b, c, d})
+        ASSERT_SP_OK(sp_free(p));
+    ASSERT_SP_OK(sp_empty_cache());
+    EXPECT_EQ(sp__host_live_allocations(0), 0u);
+    ASSERT_SP_OK(sp_stream_destroy(s1));
+    ASSERT_SP_OK(sp_stream_destroy(s2));
+}
+
+TEST_F(Expandable, OomAtCapacityCountsMappedPages) {
+    expect_warnings();
+    sp::ScopedEnv env(
+        {{"SYMPOOL_ALLOC_CONF", "expandable_segments:True"}, {"SYMPOOL_HOST_CAPACITY", "100MiB"}});
+    SP_SKIP_UNLESS_HOST();
+    void *a, *b = nullptr;
+    ASSERT_SP_OK(sp_malloc(60 * MiB, 0, nullptr, &a));
+    size_t fr = 0, tot = 0;
+    ASSERT_SP_OK(sp_get_memory_info(0, &fr, &tot));
+    EXPECT_EQ(fr, 40 * MiB); // the address space reserved costs nothing
+    EXPECT_SP_STATUS(sp_malloc(50 * MiB, 0, nullptr, &b), SP_ERR_OUT_OF_MEMORY); // 3 pages
+    EXPECT_EQ(b, nullptr);
+    EXPECT_EQ(stat("num_ooms"), 1);
+    EXPECT_EQ(stat("reserved_bytes.all.current"), (int64_t)(60 * MiB));
+    ASSERT_SP_OK(sp_malloc(40 * MiB, 0, nullptr, &b)); // exactly at capacity
+    EXPECT_EQ(stat("reserved_bytes.all.current"), (int64_t)(100 * MiB));
+    ASSERT_SP_OK(sp_free(a));
+    ASSERT_SP_OK(sp_free(b));
+}
+
+TEST_F(Expandable, OomRetryUnmapsAnotherStreamsFreePages) {
+    sp::ScopedEnv env(
+        {{"SYMPOOL_ALLOC_CONF", "expandable_segments:True"}, {"SYMPOOL_HOST_CAPACITY", "100MiB"}});
+    SP_SKIP_UNLESS_HOST();
+    sp_stream_t s1, s2;
+    ASSERT_SP_OK(sp_stream_create(0, &s1));
+    ASSERT_SP_OK(sp_stream_create(0, &s2));
+    void *a, *b;
+    ASSERT_SP_OK(sp_malloc(60 * MiB, 0, s1, &a));
+    ASSERT_SP_OK(sp_free(a)); // 60 MiB mapped and cached on s1
+    ASSERT_SP_OK(sp_malloc(60 * MiB, 0, s2, &b));
+    EXPECT_EQ(stat("num_alloc_retries"), 1);
+    EXPECT_EQ(stat("num_device_free"), 1); // s1's pages, unmapped by the release
+    EXPECT_EQ(stat("reserved_bytes.all.current"), (int64_t)(60 * MiB));
+    EXPECT_EQ(sp__host_live_allocations(0), 1u); // s1's reservation went with its last page
+    ASSERT_SP_OK(sp_free(b));
+    ASSERT_SP_OK(sp_stream_destroy(s1));
+    ASSERT_SP_OK(sp_stream_destroy(s2));
+}
+
+TEST_F(Expandable, FaultInjectionDuringMapTakesTheRetryPath) {
+    sp::ScopedEnv env(
+        {{"SYMPOOL_ALLOC_CONF", "expandable_segments:True"}, {"SYMPOOL_HOST_FAIL_AFTER", "2"}});
+    SP_SKIP_UNLESS_HOST();
+    void *a, *b;
+    ASSERT_SP_OK(sp_malloc(30 * MiB, 0, nullptr, &a)); // map call 1
+    ASSERT_SP_OK(sp_malloc(30 * MiB, 0, nullptr, &b)); // map call 2 fails, retry maps (call 3)
+    EXPECT_EQ(stat("num_alloc_retries"), 1);
+    EXPECT_EQ(stat("num_ooms"), 0);
+    EXPECT_EQ(stat("num_device_alloc"), 2);
+    EXPECT_EQ((uintptr_t)b, (uintptr_t)a + 30 * MiB);
+    EXPECT_EQ(stat("reserved_bytes.all.current"), (int64_t)(60 * MiB));
+    EXPECT_EQ(sp__host_live_bytes(0), 60 * MiB);
+    ASSERT_SP_OK(sp_free(a));
+    ASSERT_SP_OK(sp_free(b));
+}
+
+TEST_F(Expandable, SnapshotFilesCarryMapsAndExpandableSegments) {
+    sp::ScopedEnv env({{"SYMPOOL_ALLOC_CONF", "expandable_segments:True"}});
+    SP_SKIP_UNLESS_HOST();
+    record_all();
+    void *a, *b;
+    ASSERT_SP_OK(sp_malloc(30 * MiB, 0, nullptr, &a));
+    ASSERT_SP_OK(sp_malloc(30 * MiB, 0, nullptr, &b));
+    ASSERT_SP_OK(sp_free(b));
+    ASSERT_SP_OK(sp_empty_cache());
+    char path[] = "/tmp/sp_exp_XXXXXX.json";
+    int fd = mkstemps(path, 5);
+    ASSERT_GE(fd, 0);
+    close(fd);
+    ASSERT_SP_OK(sp_dump_snapshot(path));
+    std::ifstream f(path);
+    std::stringstream ss;
+    ss << f.rdbuf();
+    std::string j = ss.str();
+    std::remove(path);
+    EXPECT_NE(j.find("\"is_expandable\":true"), std::string::npos) << j.substr(0, 400);
+    EXPECT_NE(j.find("\"segment_map\""), std::string::npos);
+    EXPECT_NE(j.find("\"segment_unmap\""), std::string::npos);
+    EXPECT_EQ(j.find("\"segment_alloc\""), std::string::npos);
+    EXPECT_NE(j.find("\"expandable_segments\":true"), std::string::npos);
+    ASSERT_SP_OK(sp_free(a));
+}
+
+TEST_F(Expandable, PluggablePoolsKeepFixedSegmentsAndSaySo) {
+    sp::ScopedEnv env(
+        {{"SYMPOOL_ALLOC_CONF", "expandable_segments:True"}, {"SYMPOOL_DEBUG", "INFO"}});
+    SP_SKIP_UNLESS_HOST();
+    static size_t live = 0;
+    sp_allocator_t al;
+    al.alloc = [](size_t size, int, sp_stream_t, void *) -> void * {
+        live += size;
+        return aligned_alloc(4096, size);
+    };
+    al.free = [](void *p, size_t size, int, sp_stream_t, void *) {
+        live -= size;
+        free(p);
+    };
+    al.ctx = nullptr;
+    sp_mempool_params_t pp;
+    sp_mempool_params_init(&pp);
+    pp.allocator = &al;
+    pp.name = "custom";
+    sp_mempool_t *custom = nullptr, *plain = nullptr;
+    ASSERT_SP_OK(sp_mempool_create(&pp, &custom));
+    EXPECT_EQ(log_.count(SP_LOG_INFO, "keeps fixed segments"), 1u);
+    sp_mempool_params_init(&pp);
+    ASSERT_SP_OK(sp_mempool_create(&pp, &plain));
+    void *a, *b;
+    ASSERT_SP_OK(sp_mempool_malloc(custom, 30 * MiB, nullptr, &a));
+    ASSERT_SP_OK(sp_mempool_malloc(plain, 30 * MiB, nullptr, &b));
+    auto rc = walk(custom), rp = walk(plain);
+    ASSERT_EQ(rc.size(), 1u);
+    EXPECT_FALSE(rc[0].expandable);
+    EXPECT_EQ(rc[0].total, 30 * MiB); // a fixed segment of PyTorch's size
+    EXPECT_EQ(live, 30 * MiB);
+    ASSERT_EQ(rp.size(), 1u);
+    EXPECT_TRUE(rp[0].expandable);
+    EXPECT_EQ(rp[0].total, 40 * MiB);
+    ASSERT_SP_OK(sp_free(a));
+    ASSERT_SP_OK(sp_free(b));
+    ASSERT_SP_OK(sp_mempool_destroy(custom));
+    ASSERT_SP_OK(sp_mempool_destroy(plain));
+    ASSERT_SP_OK(sp_empty_cache());
+    EXPECT_EQ(live, 0u);
+    EXPECT_EQ(sp__host_live_allocations(0), 0u);
+}
+
+TEST_F(Expandable, HostVmmOpsValidateAndCount) {
+    expect_warnings();
+    sp::ScopedEnv env({{"SYMPOOL_HOST_CAPACITY", "8MiB"}});
+    SP_SKIP_UNLESS_HOST();
+    ASSERT_SP_OK(sp_init());
+    const sp_device_ops_t *ops = nullptr;
+    sp_device_caps_t caps;
+    ASSERT_SP_OK(sp__device_select(&ops, &caps));
+    ASSERT_TRUE(caps.has_vmm);
+    const size_t pg = 2 * MiB;
+    void *base = nullptr;
+    ASSERT_SP_OK(ops->vmm_reserve(0, 64 * MiB, pg, &base)); // address space beyond capacity
+    char *p = static_cast<char *>(base);
+    EXPECT_EQ(sp__host_live_bytes(0), 0u);
+    ASSERT_SP_OK(ops->vmm_map(0, p + pg, 2 * pg));
+    p[pg] = 1; // mapped pages are memory
+    p[3 * pg - 1] = 2;
+    EXPECT_EQ(sp__host_live_bytes(0), 2 * pg);
+    EXPECT_SP_STATUS(ops->vmm_map(0, p + 2 * pg, pg), SP_ERR_INVALID_USAGE);     // mapped
+    EXPECT_SP_STATUS(ops->vmm_map(0, p + 1, pg), SP_ERR_INVALID_ARGUMENT);       // unaligned
+    EXPECT_SP_STATUS(ops->vmm_unmap(0, p, pg), SP_ERR_INVALID_USAGE);            // not mapped
+    EXPECT_SP_STATUS(ops->vmm_map(0, p + 3 * pg, 3 * pg), SP_ERR_OUT_OF_MEMORY); // 10 > 8 MiB
+    EXPECT_EQ(sp__host_live_bytes(0), 2 * pg);
+    ASSERT_SP_OK(ops->vmm_unmap(0, p + pg, pg));
+    EXPECT_EQ(sp__host_live_bytes(0), pg);
+    ASSERT_SP_OK(ops->vmm_map(0, p + pg, pg));
+    EXPECT_EQ(p[pg], 0); // an unmapped page comes back empty
+    EXPECT_SP_STATUS(ops->vmm_release(0, p + pg, 64 * MiB - pg), SP_ERR_INVALID_USAGE);
+    ASSERT_SP_OK(ops->vmm_release(0, base, 64 * MiB)); // mapped pages go with it
+    EXPECT_EQ(sp__host_live_bytes(0), 0u);
+    EXPECT_EQ(sp__host_live_allocations(0), 0u);
+}
+
+TEST_F(Expandable, ReplayArenaKeepsTheBudget) {
+    sp::ScopedEnv env({{"SYMPOOL_HOST_ARENA", "1"},
+                       {"SYMPOOL_HOST_CAPACITY", "100MiB"},
+                       {"SYMPOOL_ALLOC_CONF", "expandable_segments:True"}});
+    SP_SKIP_UNLESS_HOST();
+    void *a, *b;
+    ASSERT_SP_OK(sp_malloc(60 * MiB, 0, nullptr, &a));
+    ASSERT_SP_OK(sp_malloc(40 * MiB, 0, nullptr, &b));
+    EXPECT_EQ(sp__host_live_bytes(0), 100 * MiB);
+    ASSERT_SP_OK(sp_free(a));
+    ASSERT_SP_OK(sp_free(b));
+    ASSERT_SP_OK(sp_empty_cache());
+    EXPECT_EQ(sp__host_live_bytes(0), 0u);
+    EXPECT_EQ(sp__host_live_allocations(0), 0u);
+}
+
+// A random mix of sizes, two streams, frees and empty_cache calls, with PyTorch's rules and with
+// our options: after every step the snapshot ranges tile what is mapped (their sum is
+// reserved_bytes, the allocated blocks sum to allocated_bytes) and the device holds exactly the
+// mapped bytes.
+class ExpandableModel : public sp::Test, public ::testing::WithParamInterface<int> {};
+
+TEST_P(ExpandableModel, WalkAgreesWithStatsAndDevice) {
+    expect_warnings(); // OOMs at capacity are part of the mix
+    const char *page = GetParam() >= 1 ? "2MiB" : "0";
+    const char *recycle = GetParam() >= 2 ? "1" : "0";
+    sp::ScopedEnv env({{"SYMPOOL_ALLOC_CONF", "expandable_segments:True"},
+                       {"SYMPOOL_HOST_CAPACITY", "1GiB"},
+                       {"SYMPOOL_EXPANDABLE_PAGE", page},
+                       {"SYMPOOL_EXPANDABLE_RECYCLE", recycle}});
+    SP_SKIP_UNLESS_HOST();
+    sp_stream_t st[2];
+    ASSERT_SP_OK(sp_stream_create(0, &st[0]));
+    ASSERT_SP_OK(sp_stream_create(0, &st[1]));
+    std::vector<void *> live;
+    uint64_t x = 0x9E3779B97F4A7C15ull + (uint64_t)GetParam();
+    auto rnd = [&x]() {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        return x;
+    };
+    for (int step = 0; step < 3000; step++) {
+        uint64_t r = rnd();
+        if (r % 100 < 55 || live.empty()) {
+            size_t kind = rnd() % 3;
+            size_t size = kind == 0   ? 1 + rnd() % (1 * MiB)
+                          : kind == 1 ? 1 * MiB + rnd() % (9 * MiB)
+                                      : 10 * MiB + rnd() % (50 * MiB);
+            void *p = nullptr;
+            sp_status_t s = sp_malloc(size, 0, st[rnd() % 2], &p);
+            ASSERT_TRUE(s == SP_SUCCESS || s == SP_ERR_OUT_OF_MEMORY) << describe(s);
+            if (s == SP_SUCCESS)
+                live.push_back(p);
+        } else if (r % 100 < 98) {
+            size_t i = rnd() % live.size();
+            ASSERT_SP_OK(sp_free(live[i]));
+            live[i] = live.back();
+            live.pop_back();
+        } else {
+            ASSERT_SP_OK(sp_empty_cache());
+        }
+        auto w = walk();
+        size_t total = 0, alloc = 0;
+        for (size_t i = 0; i < w.size(); i++) {
+            total += w[i].total;
+            alloc += w[i].allocated;
+            if (i > 0) {
+                ASSERT_GE(w[i].address, w[i - 1].address + w[i - 1].total) << "step " << step;
+            }
+        }
+        ASSERT_EQ((int64_t)total, stat("reserved_bytes.all.current")) << "step " << step;
+        ASSERT_EQ((int64_t)alloc, stat("allocated_bytes.all.current")) << "step " << step;
+        ASSERT_EQ(total, sp__host_live_bytes(0)) << "step " << step;
+    }
+    EXPECT_GT(stat("num_device_alloc"), 100); // the mix maps and unmaps a lot
+    EXPECT_GT(stat("num_device_free"), 50);
+    EXPECT_GT(stat("allocation.all.allocated"), 1000);
+    for (void *p : live)
+        ASSERT_SP_OK(sp_free(p));
+    ASSERT_SP_OK(sp_empty_cache());
+    EXPECT_EQ(stat("reserved_bytes.all.current"), 0);
+    EXPECT_EQ(sp__host_live_allocations(0), 0u);
+    ASSERT_SP_OK(sp_stream_destroy(st[0]));
+    ASSERT_SP_OK(sp_stream_destroy(st[1]));
+}
+
+INSTANTIATE_TEST_SUITE_P(Options, ExpandableModel, ::testing::Values(0, 1, 2));
+
+TEST_F(Expandable, PoolLimitCountsMappedPages) {
+    expect_warnings();
+    sp::ScopedEnv env({{"SYMPOOL_ALLOC_CONF", "expandable_segments:True"}});
+    SP_SKIP_UNLESS_HOST();
+    sp_mempool_params_t pp;
+    sp_mempool_params_init(&pp);
+    pp.name = "capped";
+    sp_mempool_t *pool = nullptr;
+    ASSERT_SP_OK(sp_mempool_create(&pp, &pool));
+    ASSERT_SP_OK(sp_mempool_set_limit(pool, 50 * MiB));
+    void *a, *b = nullptr;
+    ASSERT_SP_OK(sp_mempool_malloc(pool, 30 * MiB, nullptr, &a)); // maps 40 MiB
+    EXPECT_EQ(sp_mempool_total_bytes(pool), 40 * MiB);
+    EXPECT_SP_STATUS(sp_mempool_malloc(pool, 30 * MiB, nullptr, &b), SP_ERR_OUT_OF_MEMORY);
+    EXPECT_NE(std::string(sp_last_error()).find("limit"), std::string::npos) << sp_last_error();
+    ASSERT_SP_OK(sp_mempool_malloc(pool, 10 * MiB, nullptr, &b)); // fits the mapped 40 MiB
+    EXPECT_EQ(sp_mempool_total_bytes(pool), 40 * MiB);
+    ASSERT_SP_OK(sp_free(a));
+    ASSERT_SP_OK(sp_free(b));
+    ASSERT_SP_OK(sp_mempool_destroy(pool));
+    ASSERT_SP_OK(sp_empty_cache());
+    EXPECT_EQ(sp__host_live_allocations(0), 0u);
+}
