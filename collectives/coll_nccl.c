@@ -10,8 +10,9 @@
  * expected the fast path learns what to change. That diagnosis costs nothing when INFO is off.
  *
  * Completion follows NCCL: the call is enqueued on the stream and returns; the stream orders it.
- * No locks: NCCL serializes on the communicator; callers must not use one world's
- * communicator from two threads at once (as NCCL requires).
+ * Locking: the world's NCCL lock is held across the enqueue (NCCL forbids using one communicator
+ * from two threads at once, and window (de)registration from another thread uses the same
+ * communicator). The enqueue does not wait for peers, so the lock is held only briefly.
  */
 #include "collectives/dtype.h"
 #include "core/core.h"
@@ -117,6 +118,12 @@ sp_status_t sp__coll_nccl(sp_world_t *w, const sp_coll_call_t *c) {
     }
     ncclDataType_t t = nccl_type(c->dtype);
     ncclResult_t r = ncclSuccess;
+    sp__world_nccl_lock(w);
+    comm = (ncclComm_t)sp__world_nccl_comm(w); /* re-read: an abort may have happened */
+    if (!comm) {
+        sp__world_nccl_unlock(w);
+        return sp__error(SP_ERR_NCCL, SP_SUB_COLL, "%s: %s", fns[c->kind], sp__world_nccl_why(w));
+    }
     switch (c->kind) {
     case SP_COLL_ALLREDUCE:
         r = ncclAllReduce(c->send, c->recv, c->count, t, nccl_op(c->op), comm, stream);
@@ -131,6 +138,7 @@ sp_status_t sp__coll_nccl(sp_world_t *w, const sp_coll_call_t *c) {
         r = ncclBroadcast(c->send, c->recv, c->count, t, c->root, comm, stream);
         break;
     }
+    sp__world_nccl_unlock(w);
     if (r != ncclSuccess)
         return sp__error(SP_ERR_NCCL, SP_SUB_COLL, "%s: NCCL failed: %s (%s)", fns[c->kind],
                          ncclGetErrorString(r), ncclGetLastError(comm));

@@ -5,12 +5,17 @@
  *
  * Invariants:
  *  - Nothing is sent before every argument is checked. Checks whose outcome can differ between
- *    ranks (buffer ownership, NULL pointers, one rank passing another count) feed ONE small
- *    MPI_Allreduce (the "agreement": 11 int64, MPI_MAX) that precedes the data movement, so a
- *    bad argument on one rank makes every rank return an error instead of leaving the others
- *    blocked in MPI: SP_ERR_INVALID_ARGUMENT on every rank when any rank rejected its own
- *    arguments (the bad rank says why; the others name it), SP_ERR_MISMATCH on every rank when
- *    the ranks passed different collectives, counts, dtypes, ops or roots.
+ *    ranks (buffer ownership, NULL pointers, one rank passing another count) feed ONE agreement
+ *    round (launch/agree.c: the same message shape as every collective sympool call, bounded by
+ *    SYMPOOL_SYM_TIMEOUT) that precedes the data movement, so a bad argument on one rank makes
+ *    every rank return an error instead of leaving the others blocked in MPI:
+ *    SP_ERR_INVALID_ARGUMENT on every rank when any rank rejected its own arguments (the bad
+ *    rank says why; the others name it), SP_ERR_MISMATCH on every rank when the ranks are in
+ *    different collective calls (naming both) or passed different counts, dtypes, ops or
+ *    roots, SP_ERR_TIMEOUT (naming the call) on every rank that arrived when one did not.
+ *  - The deadline covers the agreement only. Once every rank has agreed the data moves through
+ *    MPI (host) or NCCL (cuda) on the world's data communicator; a rank that dies during that
+ *    transfer is MPI's business (it aborts the job by default) or NCCL's (its collectives wait).
  *  - Host stream semantics: the operation has completed when the call returns (the host backend
  *    runs "kernels" synchronously, so no stream synchronization is needed before reading).
  *  - fp16/bf16 SUM/PROD/AVG accumulate in float and round once (see half.c); AVG is the sum
@@ -180,43 +185,39 @@ static bool check_local(const sp_world_t *w, const sp_coll_call_t *c, char *why,
     return true;
 }
 
-enum { AG_BAD, AG_KIND, AG_COUNT_HI, AG_COUNT_LO, AG_DTYPE, AG_OP, AG_ROOT, AG_N };
+enum { AG_COUNT_HI, AG_COUNT_LO, AG_DTYPE, AG_OP, AG_ROOT, AG_N };
 
-/* The agreement: one MPI_Allreduce(MAX) of (bad rank, and each field with its negation so one
- * MAX yields both its maximum and its minimum). */
+static const int64_t agree_ops[] = {SP_AGREE_ALLREDUCE, SP_AGREE_ALLGATHER, SP_AGREE_REDUCE_SCATTER,
+                                    SP_AGREE_BROADCAST};
+
+/* The agreement: launch/agree.c's round (the call, this rank's checks, count, dtype, op, root),
+ * bounded by SYMPOOL_SYM_TIMEOUT, on the world's agreement communicator, before any data
+ * moves. A rank in another collective call is SP_ERR_MISMATCH naming both. */
 static sp_status_t agree(sp_world_t *w, const sp_coll_call_t *c, bool ok, const char *why) {
     const char *fn = kind_names[c->kind];
-    int rank = sp_world_rank(w), n = sp_world_size(w);
     bool reduces = c->kind == SP_COLL_ALLREDUCE || c->kind == SP_COLL_REDUCE_SCATTER;
-    /* The count is split into two 32-bit halves so its negation cannot overflow int64. */
-    int64_t f[AG_N] = {
-        ok ? 0 : (int64_t)(n - rank),
-        (int64_t)c->kind,
-        (int64_t)(c->count >> 32),
-        (int64_t)(c->count & 0xffffffffu),
-        (int64_t)c->dtype,
-        reduces ? (int64_t)c->op : 0,
-        c->kind == SP_COLL_BROADCAST ? (int64_t)c->root : 0,
-    };
-    int64_t v[2 * AG_N], out[2 * AG_N];
-    for (int i = 0; i < AG_N; i++) {
-        v[i] = f[i];
-        v[AG_N + i] = -f[i];
-    }
-    int rc = MPI_Allreduce(v, out, 2 * AG_N, MPI_INT64_T, MPI_MAX, sp__world_comm(w));
-    if (rc != MPI_SUCCESS)
-        return mpi_fail(rc, fn, "the argument agreement (MPI_Allreduce)");
+    /* The count is split into two 32-bit halves so it fits int64 whatever size_t holds. */
+    sp_agree_t a = {.op = agree_ops[c->kind],
+                    .ok = ok,
+                    .f = {
+                        (int64_t)(c->count >> 32),
+                        (int64_t)(c->count & 0xffffffffu),
+                        (int64_t)c->dtype,
+                        reduces ? (int64_t)c->op : 0,
+                        c->kind == SP_COLL_BROADCAST ? (int64_t)c->root : 0,
+                    }};
+    SP_CHECK(sp__world_agree(w, &a, fn));
     if (!ok)
         return sp__error(SP_ERR_INVALID_ARGUMENT, SP_SUB_COLL, "%s: %s", fn, why);
-    if (out[AG_BAD] > 0)
+    char ranks[96];
+    if (a.nbad)
         return sp__error(SP_ERR_INVALID_ARGUMENT, SP_SUB_COLL,
-                         "%s: rank %d rejected its arguments (its log says why); no rank moved "
-                         "any data",
-                         fn, (int)(n - out[AG_BAD]));
-    static const char *const field_names[AG_N] = {"",      "collective", "count", "count",
-                                                  "dtype", "op",         "root"};
-    for (int i = AG_KIND; i < AG_N; i++) {
-        int64_t hi = out[i], lo = -out[AG_N + i];
+                         "%s: %s rejected its arguments (its log says why); no rank "
+                         "moved any data",
+                         fn, sp__agree_bad_ranks(&a, ranks, sizeof ranks));
+    static const char *const field_names[AG_N] = {"count", "count", "dtype", "op", "root"};
+    for (int i = 0; i < AG_N; i++) {
+        int64_t hi = a.hi[i], lo = a.lo[i];
         if (hi == lo)
             continue;
         if (i == AG_COUNT_HI || i == AG_COUNT_LO)
@@ -224,11 +225,6 @@ static sp_status_t agree(sp_world_t *w, const sp_coll_call_t *c, bool ok, const 
                              "%s: ranks passed different counts (this rank: %zu); every rank "
                              "must pass the same count",
                              fn, c->count);
-        if (i == AG_KIND)
-            return sp__error(SP_ERR_MISMATCH, SP_SUB_COLL,
-                             "%s: ranks called different collectives at the same time "
-                             "(collective ids %lld..%lld)",
-                             fn, (long long)lo, (long long)hi);
         return sp__error(SP_ERR_MISMATCH, SP_SUB_COLL,
                          "%s: ranks passed different %s values (smallest %lld, largest %lld)", fn,
                          field_names[i], (long long)lo, (long long)hi);
@@ -438,8 +434,7 @@ static sp_status_t host_broadcast(sp_world_t *w, const sp_coll_call_t *c) {
 
 static sp_status_t run(sp_world_t *w, const sp_coll_call_t *c) {
     const char *fn = kind_names[c->kind];
-    if (w == NULL)
-        return sp__error(SP_ERR_INVALID_ARGUMENT, SP_SUB_COLL, "%s: world is NULL", fn);
+    SP_CHECK(sp__world_check(w, fn));
     char why[512];
     bool ok = check_local(w, c, why, sizeof why);
     SP_CHECK(agree(w, c, ok, why));
@@ -449,8 +444,8 @@ static sp_status_t run(sp_world_t *w, const sp_coll_call_t *c) {
         if (sp__world_nccl_comm(w) == NULL)
             return sp__error(SP_ERR_NOT_SUPPORTED, SP_SUB_COLL,
                              "%s: the cuda backend needs NCCL, and this world has no NCCL "
-                             "communicator (built without NCCL?)",
-                             fn);
+                             "communicator (%s)",
+                             fn, sp__world_nccl_why(w));
         return sp__coll_nccl(w, c);
     }
     /* MPI-3 counts are int: allgather and reduce_scatter cannot be split into independent

@@ -108,6 +108,22 @@ static sp_status_t gather_all(sp_world_t *w, int device, bool local_ok, const ch
             memcpy(g->mine + nkeys, cv, sizeof cv);
         }
     }
+    /* The agreement round every collective sympool call starts with (launch/agree.c): bounded
+     * by SYMPOOL_SYM_TIMEOUT, and a rank in another call is SP_ERR_MISMATCH naming both. After
+     * it the reduction below is the data transfer, MPI's business. */
+    sp_agree_t a = {.op = strcmp(fn, "sp_stats_report") == 0 ? SP_AGREE_STATS_REPORT
+                                                             : SP_AGREE_STATS_AGGREGATE,
+                    .ok = local_ok,
+                    .f = {(int64_t)nkeys}};
+    SP_CHECK(sp__world_agree(w, &a, fn));
+    if (!local_ok)
+        return sp__error(SP_ERR_INVALID_ARGUMENT, SP_SUB_COLL, "%s: %s", fn, reason);
+    if (a.nbad) {
+        char ranks[96];
+        return sp__error(SP_ERR_INVALID_ARGUMENT, SP_SUB_COLL,
+                         "%s: %s rejected its arguments (its log says why)", fn,
+                         sp__agree_bad_ranks(&a, ranks, sizeof ranks));
+    }
     size_t nrec = nkeys + N_SYM + 1;
     agg_t rec[SP_STATS_MAX + N_SYM + 1], res[SP_STATS_MAX + N_SYM + 1];
     for (size_t i = 0; i < nkeys + N_SYM; i++)
@@ -144,8 +160,7 @@ static sp_status_t gather_all(sp_world_t *w, int device, bool local_ok, const ch
 }
 
 SP_EXPORT sp_status_t sp_stats_aggregate(sp_world_t *w, int device, sp_stats_summary_t *summary_p) {
-    if (w == NULL)
-        return sp__error(SP_ERR_INVALID_ARGUMENT, SP_SUB_COLL, "sp_stats_aggregate: world is NULL");
+    SP_CHECK(sp__world_check(w, "sp_stats_aggregate"));
     gathered_t *g = malloc(sizeof *g);
     if (g == NULL)
         return sp__error(SP_ERR_SYSTEM, SP_SUB_COLL, "sp_stats_aggregate: out of host memory");
@@ -534,8 +549,7 @@ static void write_prometheus(FILE *out, const gathered_t *g, const int64_t *all)
 SP_EXPORT sp_status_t sp_stats_report(sp_world_t *w, int device, FILE *out,
                                       sp_report_format_t format) {
     static const char fn[] = "sp_stats_report";
-    if (w == NULL)
-        return sp__error(SP_ERR_INVALID_ARGUMENT, SP_SUB_COLL, "%s: world is NULL", fn);
+    SP_CHECK(sp__world_check(w, fn));
     int rank = sp_world_rank(w), n = sp_world_size(w);
     const char *why = NULL;
     if ((unsigned)format > (unsigned)SP_REPORT_TABLE_ALL)

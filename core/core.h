@@ -188,7 +188,7 @@ const char *sp__log_level_name(int level); /* "WARN" */
       "host: hand out address space carved from one reservation per device, never accessible "     \
       "(no system call per segment; for replay, which never touches the memory)")                  \
     X(SYM_TIMEOUT, DOUBLE, "60", NULL, check_timeout, 0,                                           \
-      "seconds a symmetric collective waits for every rank")                                       \
+      "deadline (s) of each collective call's agreement round; 0 or inf: none")                    \
     X(SYM_REGISTRAR, ENUM, "auto", registrar_choices, NULL, 0,                                     \
       "who registers symmetric windows: auto, nccl, mpi")                                          \
     X(REPORT, ENUM, "none", report_choices, NULL, 0,                                               \

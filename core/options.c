@@ -142,14 +142,17 @@ static bool check_nonneg(opt_value_t *v, bool lenient, opt_notes_t *notes, char 
     return true;
 }
 
+/* 0 and inf both mean "wait forever" (a user's "no timeout"); a finite deadline is capped at one
+ * year so that converting it to nanoseconds past the epoch can never overflow. */
+#define SYM_TIMEOUT_MAX 31536000.0
 static bool check_timeout(opt_value_t *v, bool lenient, opt_notes_t *notes, char *why,
                           size_t why_len) {
     (void)lenient, (void)notes; /* only ALLOC_CONF parses leniently */
-    if (!(v->d > 0.0)) {
-        snprintf(why, why_len, "want a number of seconds above 0");
-        return false;
-    }
-    return true;
+    bool forever = v->d == 0.0 || (isinf(v->d) && v->d > 0.0);
+    if (forever || (v->d > 0.0 && v->d <= SYM_TIMEOUT_MAX))
+        return true;
+    snprintf(why, why_len, "want 0 or inf (no deadline) or seconds in (0, 31536000]");
+    return false;
 }
 
 /* ---- the table ---------------------------------------------------------------------------- */
@@ -270,7 +273,9 @@ static bool parse_double(const char *text, double *v_p) {
     char *end;
     errno = 0;
     double v = strtod(text, &end);
-    if (end == text || errno != 0 || !isfinite(v))
+    /* "inf" is a value (each option's check decides whether it accepts it); an overflowing
+     * literal such as 1e999 (ERANGE) and NaN are not. */
+    if (end == text || errno != 0 || isnan(v))
         return false;
     while (isspace((unsigned char)*end))
         end++;

@@ -5,6 +5,7 @@
 #define SP_LAUNCH_H
 
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 
 #include <mpi.h>
@@ -21,6 +22,16 @@ int sp__world_local_size(const sp_world_t *w);
 /* The NCCL communicator (ncclComm_t) on the cuda backend, NULL elsewhere. */
 void *sp__world_nccl_comm(const sp_world_t *w);
 bool sp__world_is_cuda(const sp_world_t *w);
+/* Serialize this process's NCCL calls on the world's communicator (NCCL forbids using one
+ * communicator from two threads at once). Held across the NCCL call only: never across an MPI
+ * agreement, so a rank waiting for its peers never holds it. */
+void sp__world_nccl_lock(sp_world_t *w);
+void sp__world_nccl_unlock(sp_world_t *w);
+/* Abort the world's NCCL communicator (ncclCommAbort, never ncclCommDestroy on an error path:
+ * it could wait for peers); later NCCL calls on the world fail with `why`. Takes nccl_lock. */
+void sp__world_nccl_abort(sp_world_t *w, const char *why);
+/* Why the world has no NCCL communicator ("aborted after: ..."). */
+const char *sp__world_nccl_why(const sp_world_t *w);
 
 /* Modules above launch/ (collectives: the SYMPOOL_REPORT table) register work to run at the
  * start of sp_world_finalize, while the communicator still works. At most 8 hooks; returns
@@ -40,6 +51,84 @@ uint64_t sp__world_next_pool_serial(sp_world_t *w);
 /* Translate an MPI return code: SP_SUCCESS for MPI_SUCCESS, else sp__error(SP_ERR_MPI) naming
  * `what` and MPI_Error_string's text. The one place MPI errors become sympool errors. */
 sp_status_t sp__world_mpi_status(int rc, const char *what);
+
+/* ---- agreement rounds (agree.c) ------------------------------------------------------- */
+
+/* What every collective sympool call agrees on first; the op names both sides of a mix-up. */
+typedef enum sp_agree_op {
+    SP_AGREE_NONE,
+    SP_AGREE_POOL_CREATE,
+    SP_AGREE_SYM_MALLOC,
+    SP_AGREE_SYM_GROW,
+    SP_AGREE_SYM_REGISTER,
+    SP_AGREE_SYM_EMPTY_CACHE,
+    SP_AGREE_SYM_DESTROY,
+    SP_AGREE_ALLREDUCE,
+    SP_AGREE_ALLGATHER,
+    SP_AGREE_REDUCE_SCATTER,
+    SP_AGREE_BROADCAST,
+    SP_AGREE_STATS_AGGREGATE,
+    SP_AGREE_STATS_REPORT,
+    SP_AGREE_NCCL_READY,
+    SP_AGREE_SYM_RELEASE,
+    SP_AGREE_OP_COUNT
+} sp_agree_op_t;
+
+#define SP_AGREE_NF 8        /* operation fields per round */
+#define SP_AGREE_SET_WORDS 4 /* ranks 0..255 are named individually in the "not ok" set */
+
+/* One agreement round: the caller fills the inputs; sp__agree fills the outputs. */
+typedef struct sp_agree {
+    /* in */
+    int64_t op;             /* sp_agree_op_t */
+    uint64_t callno;        /* this call's number on the communicator (from 1) */
+    bool ok;                /* this rank's own checks passed */
+    int64_t f[SP_AGREE_NF]; /* operation fields, compared across ranks */
+    /* Names the call for messages when sp__agree's `what` is NULL: formatting the name costs
+     * more than a cache hit's bookkeeping, so it is done only on an error path. */
+    const char *(*describe)(const void *ctx, char *buf, size_t n);
+    const void *describe_ctx;
+    /* out */
+    int64_t op_lo, op_hi;                     /* smallest and largest op over ranks */
+    uint64_t call_lo, call_hi;                /* smallest and largest call number */
+    int64_t lo[SP_AGREE_NF], hi[SP_AGREE_NF]; /* min and max of each field */
+    int nbad;                                 /* ranks whose ok was false */
+    int bad_lo;                               /* the lowest of them, -1 if none */
+    uint64_t bad_set[SP_AGREE_SET_WORDS];     /* ranks < 256 whose ok was false */
+    int late_rank;                            /* the rank with the earliest deadline */
+    bool late; /* the round completed after that deadline (SP_ERR_TIMEOUT) */
+} sp_agree_t;
+
+/* One deadline-bounded agreement round over comm (collective; every round has this shape).
+ * SP_SUCCESS: the outputs are filled; check them with sp__agree_check. SP_ERR_TIMEOUT: this
+ * rank's deadline passed (*abandoned_p: its request stays pending on comm, which must then never
+ * be freed) or the round completed after another rank's deadline. SP_ERR_MPI, SP_ERR_SYSTEM. */
+sp_status_t sp__agree(MPI_Comm comm, sp_agree_t *a, const char *what, bool *abandoned_p);
+/* The call's name: `what`, else a->describe's. */
+const char *sp__agree_name(const sp_agree_t *a, const char *what, char *buf, size_t n);
+/* SP_ERR_MISMATCH (naming both operations or call numbers) unless every rank was in the same op
+ * and call. Local. */
+sp_status_t sp__agree_check(const sp_agree_t *a, const char *what);
+/* "1, 3 and 4": the ranks whose ok was false. */
+const char *sp__agree_bad_ranks(const sp_agree_t *a, char *buf, size_t len);
+const char *sp__agree_op_name(int64_t op);
+/* SYMPOOL_SYM_TIMEOUT in seconds; 0 when there is no deadline. */
+double sp__agree_timeout_s(void);
+/* A deadline-bounded in-place MPI_BAND allreduce of `words` 64-bit words: the follow-up round
+ * of an operation whose first round already agreed on its length (the free-segment bitmap). */
+sp_status_t sp__agree_band(MPI_Comm comm, uint64_t *bits, size_t words, const char *what,
+                           bool *abandoned_p);
+/* Agreement rounds this process has started (sp__agree and sp__agree_band), for tests. */
+uint64_t sp__agree_rounds(void);
+/* Does comm still carry a request abandoned at a timeout? (Completed ones are reaped.) */
+bool sp__agree_pending(MPI_Comm comm);
+
+/* A world-level round (create, collectives, statistics) on the world's own agreement
+ * communicator, numbered by the world's call counter. SP_ERR_INVALID_USAGE if w is not a live
+ * world. Then sp__agree_check. */
+sp_status_t sp__world_agree(sp_world_t *w, sp_agree_t *a, const char *what);
+/* SP_ERR_INVALID_USAGE (naming fn) unless w is a live world (not NULL, not finalized). */
+sp_status_t sp__world_check(const sp_world_t *w, const char *fn);
 
 #ifdef __cplusplus
 }

@@ -8,8 +8,15 @@
  * the last sp_world_finalize of a world whose sp_world_init initialized it (Sandia OpenSHMEM's
  * rule: never finalize what you did not initialize).
  *
- * Locking: s_lock guards the hook table and the init bookkeeping. A world itself is used by the
- * thread(s) of its rank under MPI's own rules for collectives (the caller serializes them).
+ * Two communicators per world: `comm` carries the data of collectives, `agree_comm` only the
+ * agreement rounds (agree.c) that start every collective call. A round abandoned at a timeout
+ * stays pending on agree_comm, so the data path never matches a stale round, and finalize never
+ * frees a communicator that still carries one (MPI would progress it on a freed communicator).
+ *
+ * Locking: s_lock guards the hook table, the live-world list and the init bookkeeping;
+ * nccl_lock serializes this process's NCCL calls on the world's communicator (NCCL forbids
+ * concurrent use of one communicator). A world itself is used by the thread(s) of its rank
+ * under MPI's own rules for collectives (the caller orders them).
  */
 #include <pthread.h>
 #include <stdio.h>
@@ -28,18 +35,23 @@
 #define MAX_HOOKS 8
 
 struct sp_world {
-    MPI_Comm comm;        /* our duplicate of the user's communicator (ERRORS_RETURN) */
-    MPI_Comm node_comm;   /* ranks of comm that share memory with this one */
-    int rank;             /* rank in comm */
-    int size;             /* ranks in comm */
-    int local_rank;       /* rank in node_comm */
-    int local_size;       /* ranks in node_comm */
-    int device;           /* local_rank % sp_device_count() */
-    int *node_rank_of;    /* [size]: world rank -> node rank, -1 on other nodes */
-    bool is_cuda;         /* backend is "cuda" and an NCCL communicator was made */
-    bool from_init;       /* made by sp_world_init (counts towards finalizing MPI) */
-    void *nccl_comm;      /* ncclComm_t, NULL on host */
-    uint64_t pool_serial; /* symmetric pool creations on this world (caller's thread) */
+    MPI_Comm comm;              /* our duplicate of the user's communicator (ERRORS_RETURN) */
+    MPI_Comm agree_comm;        /* another duplicate, for agreement rounds only */
+    uint64_t callno;            /* world-level collective calls on this rank (atomic) */
+    struct sp_world *next_live; /* live-world list (s_lock) */
+    pthread_mutex_t nccl_lock;  /* serializes NCCL calls on nccl_comm */
+    MPI_Comm node_comm;         /* ranks of comm that share memory with this one */
+    int rank;                   /* rank in comm */
+    int size;                   /* ranks in comm */
+    int local_rank;             /* rank in node_comm */
+    int local_size;             /* ranks in node_comm */
+    int device;                 /* local_rank % sp_device_count() */
+    int *node_rank_of;          /* [size]: world rank -> node rank, -1 on other nodes */
+    bool is_cuda;               /* backend is "cuda" and an NCCL communicator was made */
+    bool from_init;             /* made by sp_world_init (counts towards finalizing MPI) */
+    void *nccl_comm;            /* ncclComm_t, NULL on host or after an abort (nccl_lock) */
+    char nccl_why[160];         /* why nccl_comm is NULL on cuda ("" otherwise) (nccl_lock) */
+    uint64_t pool_serial;       /* symmetric pool creations on this world (caller's thread) */
 };
 
 static pthread_mutex_t s_lock = PTHREAD_MUTEX_INITIALIZER;
@@ -47,6 +59,67 @@ static sp_world_finalize_hook_t s_hooks[MAX_HOOKS]; /* s_lock */
 static int s_nhooks;                                /* s_lock */
 static bool s_we_initialized_mpi;                   /* s_lock: MPI_Init_thread was ours */
 static int s_init_worlds;                           /* s_lock: live worlds from sp_world_init */
+static sp_world_t *s_live;                          /* s_lock: every live world */
+
+static bool is_live_locked(const sp_world_t *w) {
+    for (sp_world_t *x = s_live; x; x = x->next_live)
+        if (x == w)
+            return true;
+    return false;
+}
+
+sp_status_t sp__world_check(const sp_world_t *w, const char *fn) {
+    if (!w)
+        return sp__error(SP_ERR_INVALID_ARGUMENT, SP_SUB_BOOT, "%s: world is NULL", fn);
+    pthread_mutex_lock(&s_lock);
+    bool live = is_live_locked(w);
+    pthread_mutex_unlock(&s_lock);
+    if (!live)
+        return sp__error(SP_ERR_INVALID_USAGE, SP_SUB_BOOT,
+                         "%s: %p is not a live world (already finalized, or not from "
+                         "sp_world_init/sp_world_from_comm)",
+                         fn, (const void *)w);
+    return SP_SUCCESS;
+}
+
+sp_status_t sp__world_agree(sp_world_t *w, sp_agree_t *a, const char *what) {
+    SP_CHECK(sp__world_check(w, what));
+    a->callno = __atomic_add_fetch(&w->callno, 1, __ATOMIC_RELAXED);
+    bool abandoned = false;
+    SP_CHECK(sp__agree(w->agree_comm, a, what, &abandoned));
+    sp_status_t s = sp__agree_check(a, what);
+    /* A rank skipped or added a call: every rank continues from the largest number, so one
+     * mistake is one error on every rank, not an error at every later call. */
+    if (s == SP_ERR_MISMATCH && a->call_hi > a->callno)
+        __atomic_store_n(&w->callno, a->call_hi, __ATOMIC_RELAXED);
+    return s;
+}
+
+void sp__world_nccl_abort(sp_world_t *w, const char *why) {
+    pthread_mutex_lock(&w->nccl_lock);
+#if defined(SP_HAVE_NCCL)
+    if (w->nccl_comm) {
+        SP_WARN(SP_SUB_BOOT, "aborting the world's NCCL communicator after: %s", why);
+        ncclCommAbort((ncclComm_t)w->nccl_comm);
+        w->nccl_comm = NULL;
+        snprintf(w->nccl_why, sizeof w->nccl_why, "aborted after: %s", why);
+    }
+#else
+    (void)why;
+#endif
+    pthread_mutex_unlock(&w->nccl_lock);
+}
+
+const char *sp__world_nccl_why(const sp_world_t *w) {
+    return w && w->nccl_why[0] ? w->nccl_why : "no NCCL communicator in this world";
+}
+
+void sp__world_nccl_lock(sp_world_t *w) {
+    pthread_mutex_lock(&w->nccl_lock);
+}
+void sp__world_nccl_unlock(sp_world_t *w) {
+    pthread_mutex_unlock(&w->nccl_lock);
+}
 
 sp_status_t sp__world_mpi_status(int rc, const char *what) {
     if (SP_LIKELY(rc == MPI_SUCCESS))
@@ -83,8 +156,11 @@ static sp_status_t nccl_status(ncclResult_t r, ncclComm_t comm, const char *what
 }
 
 /* Rank 0 makes the unique id and broadcasts it together with its status, so a failure there
- * fails every rank instead of leaving them waiting in ncclCommInitRank. Every rank then agrees
- * on the outcome of ncclCommInitRank, so no rank keeps a communicator the others lack. */
+ * fails every rank instead of leaving them waiting in ncclCommInitRank. ncclCommInitRank is
+ * itself collective and blocks inside NCCL where no deadline reaches, so every rank first
+ * agrees that every rank has its device set (a rank whose device set-up failed would otherwise
+ * leave the others there forever), and afterwards that every rank has a communicator; on any
+ * failure a communicator is aborted (ncclCommAbort: ncclCommDestroy could wait for peers). */
 static sp_status_t nccl_bootstrap(sp_world_t *w) {
     struct {
         int ok;
@@ -102,24 +178,30 @@ static sp_status_t nccl_bootstrap(sp_world_t *w) {
         return w->rank == 0 ? st
                             : sp__error(SP_ERR_NCCL, SP_SUB_BOOT,
                                         "rank 0 could not create the NCCL unique id");
-    ncclComm_t comm = NULL;
     cudaError_t ce = cudaSetDevice(w->device);
     if (ce != cudaSuccess) {
         st = sp__error(SP_ERR_DEVICE, SP_SUB_BOOT, "cudaSetDevice(%d) failed: %s", w->device,
                        cudaGetErrorString(ce));
         (void)cudaGetLastError();
-    } else {
-        st = nccl_status(ncclCommInitRank(&comm, w->size, msg.id, w->rank), NULL,
-                         "ncclCommInitRank");
     }
     int ok = st == SP_SUCCESS, all = 0;
+    SP_CHECK(sp__world_mpi_status(MPI_Allreduce(&ok, &all, 1, MPI_INT, MPI_MIN, w->comm),
+                                  "MPI_Allreduce before ncclCommInitRank"));
+    if (!all)
+        return st != SP_SUCCESS ? st
+                                : sp__error(SP_ERR_DEVICE, SP_SUB_BOOT,
+                                            "another rank could not set its device up, so no "
+                                            "rank enters ncclCommInitRank");
+    ncclComm_t comm = NULL;
+    st = nccl_status(ncclCommInitRank(&comm, w->size, msg.id, w->rank), NULL, "ncclCommInitRank");
+    ok = st == SP_SUCCESS;
     sp_status_t mst = sp__world_mpi_status(MPI_Allreduce(&ok, &all, 1, MPI_INT, MPI_MIN, w->comm),
                                            "MPI_Allreduce after NCCL init");
     if (mst == SP_SUCCESS && all)
         w->nccl_comm = comm;
     else {
         if (comm)
-            ncclCommDestroy(comm);
+            ncclCommAbort(comm);
         if (st == SP_SUCCESS)
             st = mst != SP_SUCCESS ? mst
                                    : sp__error(SP_ERR_NCCL, SP_SUB_BOOT,
@@ -136,11 +218,15 @@ static sp_status_t world_create(MPI_Comm comm, bool from_init, sp_world_t **worl
     sp_world_t *w = calloc(1, sizeof *w);
     if (!w)
         return sp__error(SP_ERR_SYSTEM, SP_SUB_BOOT, "out of host memory for the world");
-    w->comm = w->node_comm = MPI_COMM_NULL;
+    w->comm = w->node_comm = w->agree_comm = MPI_COMM_NULL;
     w->from_init = from_init;
+    pthread_mutex_init(&w->nccl_lock, NULL);
     sp_status_t st;
     SP_CHECK_GOTO(sp__world_mpi_status(MPI_Comm_dup(comm, &w->comm), "MPI_Comm_dup"), st, fail);
     MPI_Comm_set_errhandler(w->comm, MPI_ERRORS_RETURN);
+    SP_CHECK_GOTO(sp__world_mpi_status(MPI_Comm_dup(comm, &w->agree_comm), "MPI_Comm_dup"), st,
+                  fail);
+    MPI_Comm_set_errhandler(w->agree_comm, MPI_ERRORS_RETURN);
     MPI_Comm_rank(w->comm, &w->rank);
     MPI_Comm_size(w->comm, &w->size);
     SP_CHECK_GOTO(sp__world_mpi_status(MPI_Comm_split_type(w->comm, MPI_COMM_TYPE_SHARED, w->rank,
@@ -201,15 +287,22 @@ static sp_status_t world_create(MPI_Comm comm, bool from_init, sp_world_t **worl
 #endif
     SP_INFO(SP_SUB_BOOT, "world: rank %d of %d, local rank %d of %d, device %d, backend %s",
             w->rank, w->size, w->local_rank, w->local_size, w->device, sp_backend_name());
+    pthread_mutex_lock(&s_lock);
+    w->next_live = s_live;
+    s_live = w;
+    pthread_mutex_unlock(&s_lock);
     *world_p = w;
     return SP_SUCCESS;
 
 fail:
+    if (w->agree_comm != MPI_COMM_NULL)
+        MPI_Comm_free(&w->agree_comm);
     if (w->node_comm != MPI_COMM_NULL)
         MPI_Comm_free(&w->node_comm);
     if (w->comm != MPI_COMM_NULL)
         MPI_Comm_free(&w->comm);
     free(w->node_rank_of);
+    pthread_mutex_destroy(&w->nccl_lock);
     free(w);
     return st;
 }
@@ -271,14 +364,37 @@ SP_EXPORT sp_status_t sp_world_from_comm(MPI_Comm comm, sp_world_t **world_p) {
     return world_create(comm, false, world_p);
 }
 
+/* Take w off the live list: the one finalize that succeeds here owns its teardown; a second
+ * call (or a pointer that never was a world) is refused before anything is touched. */
+static bool take_live(sp_world_t *w) {
+    pthread_mutex_lock(&s_lock);
+    bool live = false;
+    for (sp_world_t **pp = &s_live; *pp; pp = &(*pp)->next_live)
+        if (*pp == w) {
+            *pp = w->next_live;
+            live = true;
+            break;
+        }
+    pthread_mutex_unlock(&s_lock);
+    return live;
+}
+
+static void free_world(sp_world_t *w) {
+    pthread_mutex_destroy(&w->nccl_lock);
+    free(w->node_rank_of);
+    free(w);
+}
+
 SP_EXPORT sp_status_t sp_world_finalize(sp_world_t *w) {
     SP_ARG_CHECK(w, SP_SUB_BOOT, "sp_world_finalize: world is NULL");
+    /* Run the hooks while the world is still live (they make collective calls on it). */
+    SP_CHECK(sp__world_check(w, "sp_world_finalize"));
     int finalized = 0;
     MPI_Finalized(&finalized);
     if (finalized) {
         /* Nothing MPI can be undone any more; free what is ours and say what happened. */
-        free(w->node_rank_of);
-        free(w);
+        if (take_live(w))
+            free_world(w);
         return sp__error(SP_ERR_INVALID_USAGE, SP_SUB_BOOT,
                          "sp_world_finalize: MPI was finalized before the world; call "
                          "sp_world_finalize before MPI_Finalize");
@@ -291,6 +407,9 @@ SP_EXPORT sp_status_t sp_world_finalize(sp_world_t *w) {
     /* Hooks run first, while the communicators still work (reports, symmetric segments). */
     for (int i = 0; i < n; i++)
         hooks[i](w);
+    if (!take_live(w))
+        return sp__error(SP_ERR_INVALID_USAGE, SP_SUB_BOOT,
+                         "sp_world_finalize: the world was finalized by another call meanwhile");
 
     sp_status_t st = SP_SUCCESS;
 #if defined(SP_HAVE_NCCL)
@@ -307,6 +426,13 @@ SP_EXPORT sp_status_t sp_world_finalize(sp_world_t *w) {
     s2 = sp__world_mpi_status(MPI_Comm_free(&w->comm), "MPI_Comm_free");
     if (st == SP_SUCCESS)
         st = s2;
+    /* A round abandoned at a timeout that no late rank completed: MPI may still progress it,
+     * so its communicator is left allocated (a small leak, instead of a use after free). */
+    if (sp__agree_pending(w->agree_comm))
+        SP_WARN(SP_SUB_BOOT, "sp_world_finalize: an agreement round abandoned at a timeout is "
+                             "still pending; its communicator is left allocated");
+    else
+        MPI_Comm_free(&w->agree_comm);
     bool finalize_mpi = false;
     pthread_mutex_lock(&s_lock);
     if (w->from_init && --s_init_worlds == 0 && s_we_initialized_mpi) {
@@ -314,8 +440,7 @@ SP_EXPORT sp_status_t sp_world_finalize(sp_world_t *w) {
         finalize_mpi = true;
     }
     pthread_mutex_unlock(&s_lock);
-    free(w->node_rank_of);
-    free(w);
+    free_world(w);
     sp__log_set_rank(-1);
     if (finalize_mpi) {
         s2 = sp__world_mpi_status(MPI_Finalize(), "MPI_Finalize");

@@ -245,20 +245,22 @@ void sp__alloc_found_block(sp_devalloc_t *d, sp_block_t *b, size_t size, size_t 
 
 /* ---- segments ---------------------------------------------------------------------------- */
 
+int sp__alloc_segment_room(const sp_devalloc_t *d, const sp_mempool_t *pool, size_t alloc_size) {
+    if (d->total_reserved + alloc_size > d->allowed_max ||
+        d->total_reserved + alloc_size < d->total_reserved)
+        return 1;
+    if (pool->limit && pool->reserved + alloc_size > pool->limit)
+        return 2;
+    return 0;
+}
+
 sp_status_t sp__alloc_segment(sp_devalloc_t *d, sp_bpool_t *bp, size_t alloc_size,
                               sp_stream_t stream, uint32_t context, sp_block_t **block_p,
                               int *why_p) {
     sp_mempool_t *pool = bp->pool;
-    if (d->total_reserved + alloc_size > d->allowed_max ||
-        d->total_reserved + alloc_size < d->total_reserved) {
-        *why_p = 1;
+    *why_p = sp__alloc_segment_room(d, pool, alloc_size);
+    if (*why_p)
         return SP_ERR_OUT_OF_MEMORY;
-    }
-    if (pool->limit && pool->reserved + alloc_size > pool->limit) {
-        *why_p = 2;
-        return SP_ERR_OUT_OF_MEMORY;
-    }
-    *why_p = 0;
     void *ptr = NULL;
     if (pool->has_allocator) {
         ptr = pool->allocator.alloc(alloc_size, d->device, stream, pool->allocator.ctx);
@@ -269,6 +271,20 @@ sp_status_t sp__alloc_segment(sp_devalloc_t *d, sp_bpool_t *bp, size_t alloc_siz
         if (s != SP_SUCCESS)
             return s; /* OOM is quiet; any other error was reported by the backend */
     }
+    sp_status_t s = sp__alloc_install_segment(d, bp, ptr, alloc_size, stream, context, block_p);
+    if (s != SP_SUCCESS) {
+        if (pool->has_allocator)
+            pool->allocator.free(ptr, alloc_size, d->device, stream, pool->allocator.ctx);
+        else
+            (void)sp__g.ops->mem_free(d->device, ptr, alloc_size);
+    }
+    return s;
+}
+
+sp_status_t sp__alloc_install_segment(sp_devalloc_t *d, sp_bpool_t *bp, void *ptr,
+                                      size_t alloc_size, sp_stream_t stream, uint32_t context,
+                                      sp_block_t **block_p) {
+    sp_mempool_t *pool = bp->pool;
     sp_segment_t *seg = calloc(1, sizeof(*seg));
     sp_block_t *b = seg ? sp__block_new(d) : NULL;
     if (seg) {
@@ -282,10 +298,6 @@ sp_status_t sp__alloc_segment(sp_devalloc_t *d, sp_bpool_t *bp, size_t alloc_siz
         free(seg);
         if (b)
             sp__block_recycle(d, b);
-        if (pool->has_allocator)
-            pool->allocator.free(ptr, alloc_size, d->device, stream, pool->allocator.ctx);
-        else
-            (void)sp__g.ops->mem_free(d->device, ptr, alloc_size);
         return sp__error(SP_ERR_SYSTEM, SP_SUB_POOL, "out of host memory for segment metadata");
     }
     seg->seq = pool->next_seq++;
@@ -328,15 +340,22 @@ sp_status_t sp__alloc_segment(sp_devalloc_t *d, sp_bpool_t *bp, size_t alloc_siz
 }
 
 void sp__alloc_release_segment(sp_devalloc_t *d, sp_segment_t *seg) {
+    sp_mempool_t *pool = seg->bpool->pool;
+    void *base = (void *)seg->base;
+    size_t size = seg->size;
+    sp_stream_t stream = seg->stream;
+    sp__alloc_detach_segment(d, seg);
+    if (pool->has_allocator)
+        pool->allocator.free(base, size, d->device, stream, pool->allocator.ctx);
+    else
+        (void)sp__g.ops->mem_free(d->device, base, size); /* logged there */
+}
+
+void sp__alloc_detach_segment(sp_devalloc_t *d, sp_segment_t *seg) {
     sp_bpool_t *bp = seg->bpool;
     sp_mempool_t *pool = bp->pool;
     sp_block_t *b = seg->head;
     sp__bset_remove(&bp->free, b);
-    if (pool->has_allocator)
-        pool->allocator.free((void *)seg->base, seg->size, d->device, seg->stream,
-                             pool->allocator.ctx);
-    else
-        (void)sp__g.ops->mem_free(d->device, (void *)seg->base, seg->size); /* logged there */
     sp_dev_stats_t *st = &d->stats;
     st->num_device_free++;
     d->total_reserved -= seg->size;

@@ -178,8 +178,19 @@ sp_block_t *sp__alloc_get_free_block(sp_devalloc_t *d, sp_bpool_t *bp, size_t si
 sp_status_t sp__alloc_segment(sp_devalloc_t *d, sp_bpool_t *bp, size_t alloc_size,
                               sp_stream_t stream, uint32_t context, sp_block_t **block_p,
                               int *why_p);
+/* Is there room for alloc_size more bytes on d for pool (lock held)? 0 yes, 1 memory fraction,
+ * 2 pool limit. */
+int sp__alloc_segment_room(const sp_devalloc_t *d, const sp_mempool_t *pool, size_t alloc_size);
+/* Make memory at ptr (allocated by the caller) a segment of bp with one free block, returned in
+ * *block_p (lock held). SP_ERR_SYSTEM (host memory) leaves ptr to the caller. */
+sp_status_t sp__alloc_install_segment(sp_devalloc_t *d, sp_bpool_t *bp, void *ptr,
+                                      size_t alloc_size, sp_stream_t stream, uint32_t context,
+                                      sp_block_t **block_p);
 /* Release a segment whose only block is free (lock held). */
 void sp__alloc_release_segment(sp_devalloc_t *d, sp_segment_t *seg);
+/* sp__alloc_release_segment without freeing the memory: the segment leaves the pool, the index
+ * and the statistics; the caller (symmetric/, outside the lock) frees its memory. */
+void sp__alloc_detach_segment(sp_devalloc_t *d, sp_segment_t *seg);
 sp_block_t *sp__block_new(sp_devalloc_t *d);
 void sp__block_recycle(sp_devalloc_t *d, sp_block_t *b);
 /* Is this block a whole free segment that may be released? */

@@ -175,6 +175,17 @@ int sp__mempool_device(const sp_mempool_t *pool) {
 SP_EXPORT sp_status_t sp_mempool_destroy(sp_mempool_t *pool) {
     if (!pool)
         return sp__error(SP_ERR_INVALID_ARGUMENT, SP_SUB_POOL, "sp_mempool_destroy: NULL pool");
+    /* Destroying a symmetric pool is collective (its segments are registered on every rank):
+     * a local destroy would leave this rank serving nothing while the others still agree. */
+    if (pool->symmetric)
+        return sp__error(SP_ERR_INVALID_USAGE, SP_SUB_POOL,
+                         "sp_mempool_destroy: pool \"%s\" is symmetric; destroy it on every rank "
+                         "with sp_symmetric_mempool_destroy (collective)",
+                         pname(pool));
+    return sp__mempool_destroy_internal(pool);
+}
+
+sp_status_t sp__mempool_destroy_internal(sp_mempool_t *pool) {
     if (pool->is_default)
         return sp__error(SP_ERR_INVALID_USAGE, SP_SUB_POOL,
                          "sp_mempool_destroy: the default pool of device %d cannot be destroyed",

@@ -105,20 +105,51 @@ int sp__mempool_device(const sp_mempool_t *pool);
 sp_status_t sp__mempool_create_symmetric(const sp_mempool_params_t *params, void *sym_state,
                                          sp_mempool_t **pool_p);
 void *sp__mempool_sym_state(const sp_mempool_t *pool); /* NULL for ordinary pools */
+/* sp_mempool_destroy without its refusal of symmetric pools: for symmetric/'s collective
+ * destroy (and the undo of a failed create). */
+sp_status_t sp__mempool_destroy_internal(sp_mempool_t *pool);
 
-/* This rank's best-fit candidate for `size` on `stream`, without taking it.
+/* The one size check and rounding of a symmetric allocation: *rounded_p = 0 for size 0;
+ * SP_ERR_INVALID_ARGUMENT for a size the device cannot hold. The functions below take the
+ * rounded size it gives. */
+sp_status_t sp__pool_sym_size(const sp_mempool_t *pool, size_t size, size_t *rounded_p);
+
+/* This rank's best-fit candidate for `rounded` bytes on `stream`, without taking it.
  * *found_p = false when no cached block fits. */
-sp_status_t sp__pool_sym_find(sp_mempool_t *pool, size_t size, sp_stream_t stream, bool *found_p,
+sp_status_t sp__pool_sym_find(sp_mempool_t *pool, size_t rounded, sp_stream_t stream, bool *found_p,
                               uint64_t *segment_seq_p, size_t *offset_p);
 
-/* Take the free block that starts at (segment_seq, offset) for `size` (splitting it by the
- * pool's rules). SP_ERR_INVALID_USAGE (quiet) if that block is not free and large enough. */
-sp_status_t sp__pool_sym_take(sp_mempool_t *pool, size_t size, sp_stream_t stream,
+/* Take the free block that starts at (segment_seq, offset) for `rounded` bytes (`size` asked),
+ * splitting it by the pool's rules. SP_ERR_INVALID_USAGE (quiet) if that block is not free and
+ * large enough. */
+sp_status_t sp__pool_sym_take(sp_mempool_t *pool, size_t rounded, size_t size, sp_stream_t stream,
                               uint64_t segment_seq, size_t offset, void **ptr_p);
 
-/* Grow one new segment (PyTorch's segment size for `size`) through the pool's allocator
- * callbacks and take its block at offset 0. The caller guarantees all ranks call this together. */
-sp_status_t sp__pool_sym_grow(sp_mempool_t *pool, size_t size, sp_stream_t stream, void **ptr_p);
+/* Growth, owned by symmetric/: plan (PyTorch's segment size for `rounded`, checked against the
+ * memory fraction and the pool's limit; SP_ERR_OUT_OF_MEMORY, quiet, when there is no room),
+ * then the registrar allocates with no pool lock held, then adopt: ONE locked call makes
+ * [base, base+alloc_size) a segment of the pool and hands out its block at offset 0
+ * (SP_ERR_SYSTEM on host memory, leaving base to the caller). */
+sp_status_t sp__pool_sym_plan(sp_mempool_t *pool, size_t rounded, size_t *alloc_size_p);
+sp_status_t sp__pool_sym_adopt(sp_mempool_t *pool, void *base, size_t alloc_size, size_t rounded,
+                               size_t size, sp_stream_t stream, void **ptr_p,
+                               uint64_t *segment_seq_p);
+
+/* Release, the mirror: detach the entirely free segment `segment_seq` from the pool under the
+ * lock (it leaves the pool, the address index and the statistics) and return its memory and
+ * the stream its blocks were used on; the caller deregisters and frees it with no lock held.
+ * SP_ERR_INVALID_USAGE if it holds an allocated or pending block. */
+sp_status_t sp__pool_sym_detach(sp_mempool_t *pool, uint64_t segment_seq, void **base_p,
+                                size_t *size_p, sp_stream_t *stream_p);
+
+/* Release the free cached segments of `device`'s ordinary pools (sp_empty_cache for one
+ * device; symmetric pools are never touched): the nccl registrar's retry when ncclMemAlloc
+ * finds the device full of sympool's own cache. Returns the bytes released. */
+size_t sp__pool_empty_device_cache(int device);
+
+/* SP_ERR_INVALID_ARGUMENT (naming fn) unless stream is NULL or a stream of the pool's device
+ * that the backend knows: sp_malloc's check, for callers that must check before agreeing. */
+sp_status_t sp__pool_check_stream(const sp_mempool_t *pool, sp_stream_t stream, const char *fn);
 
 /* Synchronize the events of this pool's blocks whose frees are pending, completing those frees. */
 sp_status_t sp__pool_sync_pending(sp_mempool_t *pool);
@@ -130,10 +161,6 @@ sp_status_t sp__pool_free_segments(sp_mempool_t *pool, uint64_t *seqs, size_t ma
 /* Number of segments the pool holds, and the next sequence number it will give. */
 size_t sp__pool_segment_count(const sp_mempool_t *pool);
 uint64_t sp__pool_next_segment_seq(const sp_mempool_t *pool);
-
-/* Release the (entirely free) segment `segment_seq` through the pool's allocator callbacks.
- * SP_ERR_INVALID_USAGE if it holds an allocated or pending block. */
-sp_status_t sp__pool_release_segment(sp_mempool_t *pool, uint64_t segment_seq);
 
 /* Find a segment of the pool by sequence number: base and size. */
 sp_status_t sp__pool_segment_info(const sp_mempool_t *pool, uint64_t segment_seq, void **base_p,

@@ -1,7 +1,10 @@
 /*
  * sym_primitives.c: what pool/pool.h offers symmetric/ to build its agreement protocol on:
- * find/take/grow a block by (segment seq, offset), sync pending frees, list and release whole
- * free segments of a symmetric pool. Each function takes the device lock itself.
+ * check and round a size once, find/take a block by (segment seq, offset), plan a growth,
+ * adopt a segment the registrar made and hand out its block, sync pending frees, list whole
+ * free segments and detach one. Each function takes the device lock itself, briefly: none
+ * allocates device memory or waits for another rank (symmetric/ does that with no pool lock
+ * held, between these calls).
  */
 #include <stdlib.h>
 #include <string.h>
@@ -26,29 +29,33 @@ static sp_status_t check_pool(const sp_mempool_t *pool) {
     return sp__alloc_ensure();
 }
 
-/* Sizes the device cannot hold are refused before any rounding can overflow. */
-static sp_status_t check_size(const sp_mempool_t *pool, size_t size) {
-    if (size == 0 || size > pool->dev->total_mem)
+sp_status_t sp__pool_sym_size(const sp_mempool_t *pool, size_t size, size_t *rounded_p) {
+    SP_CHECK(check_pool(pool));
+    if (size == 0) {
+        *rounded_p = 0;
+        return SP_SUCCESS;
+    }
+    /* Sizes the device cannot hold are refused before the rounding can overflow. */
+    if (size > pool->dev->total_mem)
         return sp__error(SP_ERR_INVALID_ARGUMENT, SP_SUB_POOL,
-                         "pool \"%s\": %zu bytes is not a valid request on device %d (%zu bytes)",
+                         "pool \"%s\": %zu bytes is more than device %d holds (%zu bytes)",
                          pool->name ? pool->name : "", size, pool->device, pool->dev->total_mem);
+    *rounded_p = sp__round_size(size);
     return SP_SUCCESS;
 }
 
-sp_status_t sp__pool_sym_find(sp_mempool_t *pool, size_t size, sp_stream_t stream, bool *found_p,
+static sp_bpool_t *bpool_for(sp_mempool_t *pool, size_t rounded) {
+    return rounded <= SP_SMALL_SIZE ? &pool->small : &pool->large;
+}
+
+sp_status_t sp__pool_sym_find(sp_mempool_t *pool, size_t rounded, sp_stream_t stream, bool *found_p,
                               uint64_t *segment_seq_p, size_t *offset_p) {
-    SP_CHECK(check_pool(pool));
     sp_devalloc_t *d = pool->dev;
-    if (size == 0 || size > d->total_mem) {
-        *found_p = false;
-        return SP_SUCCESS;
-    }
-    size_t rs = sp__round_size(size);
     sp__lock(&d->lock);
     if (d->pending_events)
         sp__alloc_process_events(d);
-    sp_bpool_t *bp = rs <= SP_SMALL_SIZE ? &pool->small : &pool->large;
-    sp_block_t *b = sp__alloc_get_free_block(d, bp, rs, stream);
+    sp_bpool_t *bp = bpool_for(pool, rounded);
+    sp_block_t *b = sp__alloc_get_free_block(d, bp, rounded, stream);
     if (b) {
         *segment_seq_p = b->seg->seq;
         *offset_p = b->addr - b->seg->base;
@@ -59,62 +66,111 @@ sp_status_t sp__pool_sym_find(sp_mempool_t *pool, size_t size, sp_stream_t strea
     return SP_SUCCESS;
 }
 
-sp_status_t sp__pool_sym_take(sp_mempool_t *pool, size_t size, sp_stream_t stream,
+sp_status_t sp__pool_sym_take(sp_mempool_t *pool, size_t rounded, size_t size, sp_stream_t stream,
                               uint64_t segment_seq, size_t offset, void **ptr_p) {
-    SP_CHECK(check_pool(pool));
-    SP_CHECK(check_size(pool, size));
     sp_devalloc_t *d = pool->dev;
-    size_t rs = sp__round_size(size);
     uint32_t ctx = sp__history_active ? sp__history_capture(false) : 0;
     sp__lock(&d->lock);
     sp_segment_t *seg = seg_by_seq(pool, segment_seq);
     sp_block_t *b =
         seg && offset < seg->size ? sp__segment_block_at(seg, seg->base + offset) : NULL;
-    if (!b || b->addr != seg->base + offset || !b->in_set || b->size < rs || b->stream != stream ||
-        (rs <= SP_SMALL_SIZE) != seg->bpool->is_small) {
+    if (!b || b->addr != seg->base + offset || !b->in_set || b->size < rounded ||
+        b->stream != stream || (rounded <= SP_SMALL_SIZE) != seg->bpool->is_small) {
         sp__unlock(&d->lock);
         if (ctx)
             sp__history_context_release(ctx);
         return sp__error_quiet(SP_ERR_INVALID_USAGE, SP_SUB_POOL,
-                               "no free block of %zu bytes at segment %llu offset %zu", rs,
+                               "no free block of %zu bytes at segment %llu offset %zu", rounded,
                                (unsigned long long)segment_seq, offset);
     }
     sp__bset_remove(&seg->bpool->free, b);
-    sp__alloc_found_block(d, b, rs, size, ctx);
+    sp__alloc_found_block(d, b, rounded, size, ctx);
     *ptr_p = (void *)b->addr;
     sp__unlock(&d->lock);
     return SP_SUCCESS;
 }
 
-sp_status_t sp__pool_sym_grow(sp_mempool_t *pool, size_t size, sp_stream_t stream, void **ptr_p) {
-    SP_CHECK(check_pool(pool));
-    SP_CHECK(check_size(pool, size));
+sp_status_t sp__pool_sym_plan(sp_mempool_t *pool, size_t rounded, size_t *alloc_size_p) {
     sp_devalloc_t *d = pool->dev;
-    size_t rs = sp__round_size(size);
-    uint32_t ctx = sp__history_active ? sp__history_capture(false) : 0;
+    size_t alloc_size = sp__allocation_size(rounded);
     sp__lock(&d->lock);
-    sp_bpool_t *bp = rs <= SP_SMALL_SIZE ? &pool->small : &pool->large;
-    sp_block_t *b = NULL;
-    int why = 0;
-    sp_status_t s = sp__alloc_segment(d, bp, sp__allocation_size(rs), stream, ctx, &b, &why);
-    if (s != SP_SUCCESS) {
-        sp__unlock(&d->lock);
-        if (ctx)
-            sp__history_context_release(ctx);
-        if (s != SP_ERR_OUT_OF_MEMORY)
-            return s;
-        return sp__error_quiet(SP_ERR_OUT_OF_MEMORY, SP_SUB_POOL,
-                               "symmetric pool \"%s\": cannot grow a segment for %zu bytes (%s)",
-                               pool->name ? pool->name : "", size,
-                               why == 2   ? "pool limit"
-                               : why == 1 ? "memory fraction"
-                                          : "registrar out of memory");
-    }
-    if (ctx)
-        sp__history_context_retain(ctx);
-    sp__alloc_found_block(d, b, rs, size, ctx);
-    *ptr_p = (void *)b->addr;
+    int why = sp__alloc_segment_room(d, pool, alloc_size);
     sp__unlock(&d->lock);
+    if (why)
+        return sp__error_quiet(SP_ERR_OUT_OF_MEMORY, SP_SUB_POOL,
+                               "symmetric pool \"%s\": no room for a %zu-byte segment (%s)",
+                               pool->name ? pool->name : "", alloc_size,
+                               why == 2 ? "pool limit, sp_mempool_set_limit"
+                                        : "memory fraction, sp_set_memory_fraction");
+    *alloc_size_p = alloc_size;
+    return SP_SUCCESS;
+}
+
+sp_status_t sp__pool_sym_adopt(sp_mempool_t *pool, void *base, size_t alloc_size, size_t rounded,
+                               size_t size, sp_stream_t stream, void **ptr_p,
+                               uint64_t *segment_seq_p) {
+    sp_devalloc_t *d = pool->dev;
+    uint32_t ctx = sp__history_active ? sp__history_capture(false) : 0;
+    sp_block_t *b = NULL;
+    sp__lock(&d->lock);
+    sp_status_t s =
+        sp__alloc_install_segment(d, bpool_for(pool, rounded), base, alloc_size, stream, ctx, &b);
+    if (s == SP_SUCCESS) {
+        if (ctx)
+            sp__history_context_retain(ctx); /* one reference for the segment, one the block */
+        sp__alloc_found_block(d, b, rounded, size, ctx);
+        *ptr_p = (void *)b->addr;
+        *segment_seq_p = b->seg->seq;
+    }
+    sp__unlock(&d->lock);
+    if (s != SP_SUCCESS && ctx)
+        sp__history_context_release(ctx);
+    return s;
+}
+
+sp_status_t sp__pool_sym_detach(sp_mempool_t *pool, uint64_t segment_seq, void **base_p,
+                                size_t *size_p, sp_stream_t *stream_p) {
+    sp_devalloc_t *d = pool->dev;
+    sp__lock(&d->lock);
+    sp_segment_t *s = seg_by_seq(pool, segment_seq);
+    if (!s || !sp__block_releasable(s->head)) {
+        sp__unlock(&d->lock);
+        return sp__error(SP_ERR_INVALID_USAGE, SP_SUB_POOL, "pool \"%s\": segment %llu %s",
+                         pool->name ? pool->name : "", (unsigned long long)segment_seq,
+                         s ? "holds an allocated or pending block" : "does not exist");
+    }
+    *base_p = (void *)s->base;
+    *size_p = s->size;
+    *stream_p = s->stream;
+    sp__alloc_detach_segment(d, s);
+    sp__unlock(&d->lock);
+    return SP_SUCCESS;
+}
+
+size_t sp__pool_empty_device_cache(int device) {
+    if (sp__alloc_ensure() != SP_SUCCESS || device < 0 || device >= sp__g.ndev)
+        return 0;
+    sp_devalloc_t *d = &sp__g.devs[device];
+    sp__lock(&d->lock);
+    size_t before = d->total_reserved;
+    sp__alloc_release_cached(d);
+    size_t freed = before - d->total_reserved;
+    sp__unlock(&d->lock);
+    return freed;
+}
+
+sp_status_t sp__pool_check_stream(const sp_mempool_t *pool, sp_stream_t stream, const char *fn) {
+    SP_CHECK(check_pool(pool));
+    if (!stream)
+        return SP_SUCCESS;
+    int sdev = -1;
+    if (sp__g.ops->stream_device(stream, &sdev) != SP_SUCCESS)
+        return sp__error(SP_ERR_INVALID_ARGUMENT, SP_SUB_POOL, "%s: %p is not a stream (%s)", fn,
+                         stream, sp_last_error());
+    if (sdev != pool->device)
+        return sp__error(SP_ERR_INVALID_ARGUMENT, SP_SUB_POOL,
+                         "%s: stream %p belongs to device %d, not to the pool's device %d", fn,
+                         stream, sdev, pool->device);
     return SP_SUCCESS;
 }
 
@@ -161,22 +217,6 @@ uint64_t sp__pool_next_segment_seq(const sp_mempool_t *pool) {
     uint64_t n = pool->next_seq;
     sp__unlock(&pool->dev->lock);
     return n;
-}
-
-sp_status_t sp__pool_release_segment(sp_mempool_t *pool, uint64_t segment_seq) {
-    SP_CHECK(check_pool(pool));
-    sp_devalloc_t *d = pool->dev;
-    sp__lock(&d->lock);
-    sp_segment_t *s = seg_by_seq(pool, segment_seq);
-    if (!s || !sp__block_releasable(s->head)) {
-        sp__unlock(&d->lock);
-        return sp__error(SP_ERR_INVALID_USAGE, SP_SUB_POOL, "pool \"%s\": segment %llu %s",
-                         pool->name ? pool->name : "", (unsigned long long)segment_seq,
-                         s ? "holds an allocated or pending block" : "does not exist");
-    }
-    sp__alloc_release_segment(d, s);
-    sp__unlock(&d->lock);
-    return SP_SUCCESS;
 }
 
 sp_status_t sp__pool_segment_info(const sp_mempool_t *pool, uint64_t segment_seq, void **base_p,

@@ -8,10 +8,11 @@
  * protocol dictates. If the world spans several nodes, each node's ranks share one window object
  * per segment and peer pointers exist only within a node. No lock: the caller serializes.
  */
+#include <stdio.h>
 #include <string.h>
 
 #include "core/core.h"
-#include "symmetric/registrar.h"
+#include "symmetric/sym_state.h"
 #include "sympool/pool.h"
 
 /* Segments start on a page boundary, as device segments do. MPI does not promise it (Open MPI's
@@ -23,37 +24,37 @@ static void *align_base(void *p) {
     return (void *)(((uintptr_t)p + ALIGN - 1) / ALIGN * ALIGN);
 }
 
-static sp_status_t mpi_alloc(sp_world_t *w, MPI_Comm comm, int device, size_t size,
-                             sp_sym_seg_t *seg_p) {
-    MPI_Comm node = sp__world_node_comm(w);
+static sp_status_t mpi_alloc(sp_sym_state_t *st, size_t size, sp_sym_seg_t *seg_p) {
     MPI_Info info;
     MPI_Info_create(&info);
     /* Each rank's part starts on its own page instead of right after its neighbour's. */
     MPI_Info_set(info, "alloc_shared_noncontig", "true");
     void *base = NULL;
     MPI_Win win = MPI_WIN_NULL;
-    int rc = MPI_Win_allocate_shared((MPI_Aint)(size + ALIGN), 1, info, node, &base, &win);
+    int rc = MPI_Win_allocate_shared((MPI_Aint)(size + ALIGN), 1, info, st->node_comm, &base, &win);
     MPI_Info_free(&info);
-    sp_status_t st = sp__world_mpi_status(rc, "MPI_Win_allocate_shared");
-    if (st == SP_SUCCESS)
+    sp_status_t s = sp__world_mpi_status(rc, "MPI_Win_allocate_shared");
+    if (s == SP_SUCCESS)
         MPI_Win_set_errhandler(win, MPI_ERRORS_RETURN);
     /* Every rank learns whether all got their part, so none keeps a segment the others lack.
      * A partial failure cannot be undone collectively (MPI_Win_free would need every rank), so
      * the ranks that succeeded keep their window until the world is finalized. */
-    int ok = st == SP_SUCCESS, all = 0;
-    rc = MPI_Allreduce(&ok, &all, 1, MPI_INT, MPI_MIN, comm);
-    if (rc != MPI_SUCCESS)
-        return sp__world_mpi_status(rc, "MPI_Allreduce after MPI_Win_allocate_shared");
-    if (!all) {
-        if (st == SP_SUCCESS) {
+    char what[128], ranks[96];
+    snprintf(what, sizeof what, "%zu-byte shared segment of symmetric pool \"%s\"", size, st->name);
+    sp_agree_t a = {.op = SP_AGREE_SYM_REGISTER, .ok = s == SP_SUCCESS, .f = {(int64_t)size}};
+    sp_status_t as = sp__sym_round(st, &a, what);
+    if (as != SP_SUCCESS)
+        return as;
+    if (a.nbad) {
+        if (s == SP_SUCCESS) {
             SP_WARN(SP_SUB_SYM,
-                    "another rank could not allocate its %zu-byte shared segment; "
-                    "this rank's part is kept until MPI is finalized",
-                    size);
-            return sp__error(SP_ERR_OUT_OF_MEMORY, SP_SUB_SYM,
-                             "another rank could not allocate a %zu-byte shared segment", size);
+                    "%s: %s could not allocate its part; this rank's part is "
+                    "kept until MPI is finalized",
+                    what, sp__agree_bad_ranks(&a, ranks, sizeof ranks));
+            return sp__error(SP_ERR_OUT_OF_MEMORY, SP_SUB_SYM, "%s: %s could not allocate its part",
+                             what, ranks);
         }
-        return st;
+        return s;
     }
     memset(seg_p, 0, sizeof *seg_p);
     seg_p->base = align_base(base);
@@ -61,15 +62,13 @@ static sp_status_t mpi_alloc(sp_world_t *w, MPI_Comm comm, int device, size_t si
     seg_p->alloc_size = size + ALIGN;
     seg_p->window = NULL;
     seg_p->mpi_win = win;
-    (void)device;
     SP_TRACE(SP_SUB_SYM, "mpi registrar: shared segment %p, %zu bytes", base, size);
     return SP_SUCCESS;
 }
 
-static sp_status_t mpi_release(sp_world_t *w, MPI_Comm comm, int device, sp_sym_seg_t *seg) {
-    (void)w;
-    (void)comm;
-    (void)device;
+static sp_status_t mpi_release(sp_sym_state_t *st, sp_sym_seg_t *seg, void *stream) {
+    (void)st;
+    (void)stream; /* host memory: the host backend's work is complete when its calls return */
     if (seg->mpi_win == MPI_WIN_NULL)
         return SP_SUCCESS;
     /* MPI_Win_free is collective over the node and synchronizes it: no peer can still be

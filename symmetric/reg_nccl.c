@@ -7,17 +7,38 @@
  * Invariants: one window per physical allocation (2.28 registers only the first physical segment
  * of a multi-segment buffer); sizes aligned to NCCL_WIN_REQUIRED_ALIGNMENT and to the VMM
  * recommended granularity; the window handle starts NULL because 2.28's early-return paths
- * leave it unwritten; teardown is stream sync, MPI barrier, deregister, free (§8.5).
- * No lock: the agreement protocol serializes calls and keeps them in the same order on all ranks.
+ * leave it unwritten.
+ *
+ * Growth: ncclMemAlloc on every rank; the ranks agree (pool round) that every rank has its
+ * memory. ncclMemAlloc reports an out-of-memory cuMemCreate as ncclUnhandledCudaError, so any
+ * failure there is treated as out of memory: every rank that failed releases its device's
+ * non-symmetric free cache and retries once, and the ranks agree again; then
+ * SP_ERR_OUT_OF_MEMORY naming the ranks, with PyTorch-style figures. ncclCommWindowRegister is
+ * collective and blocks inside NCCL where no deadline reaches, so the ranks agree that every
+ * rank is ready right before it, with the world's NCCL lock held (NCCL forbids concurrent use
+ * of one communicator; two pools growing at once in different orders then time out in the
+ * ready round instead of deadlocking inside NCCL). A registration that fails on a rank may
+ * leave its peers blocked inside NCCL: every rank then aborts the world's NCCL communicator
+ * (ncclCommAbort), so they get an error instead of waiting forever.
+ *
+ * Release: the caller agrees once per batch (no barrier here); this synchronizes only the stream
+ * the segment's blocks were used on, deregisters (local in NCCL) under the NCCL lock, frees.
+ * ncclMemAlloc and ncclMemFree use and may change the current device: the caller's is restored.
+ * No pool or device lock is held by the callers (symmetric/ owns growth and release).
  */
 #if defined(SP_HAVE_NCCL)
+
+#include <stdio.h>
+#include <string.h>
 
 #include <cuda.h>
 #include <cuda_runtime.h>
 #include <nccl.h>
 
 #include "core/core.h"
-#include "symmetric/registrar.h"
+#include "pool/pool.h"
+#include "symmetric/sym_state.h"
+#include "sympool/stats.h"
 
 static sp_status_t nccl_err(ncclResult_t r, ncclComm_t comm, const char *what) {
     const char *last = ncclGetLastError(comm);
@@ -57,98 +78,192 @@ static size_t align_up(size_t n, size_t a) {
     return (n + a - 1) / a * a;
 }
 
-static sp_status_t all_ok(MPI_Comm comm, int ok, int *all_p) {
-    return sp__world_mpi_status(MPI_Allreduce(&ok, all_p, 1, MPI_INT, MPI_MIN, comm),
-                                "MPI_Allreduce in the nccl registrar");
-}
-
-static sp_status_t nccl_alloc(sp_world_t *w, MPI_Comm comm, int device, size_t size,
-                              sp_sym_seg_t *seg_p) {
-    ncclComm_t nc = (ncclComm_t)sp__world_nccl_comm(w);
-    size_t gran = vmm_granularity(device);
-    size_t align =
-        gran % NCCL_WIN_REQUIRED_ALIGNMENT == 0 ? gran : gran * NCCL_WIN_REQUIRED_ALIGNMENT;
-    size_t asize = align_up(size, align);
-    void *base = NULL;
-    sp_status_t st = SP_SUCCESS;
+/* ncclMemAlloc/ncclMemFree on `device`, restoring the caller's current device afterwards. */
+static sp_status_t mem_alloc(int device, size_t size, void **base_p) {
+    int prev = -1;
+    if (cudaGetDevice(&prev) != cudaSuccess)
+        prev = -1;
     cudaError_t ce = cudaSetDevice(device);
     if (ce != cudaSuccess)
-        st = cuda_err(ce, "cudaSetDevice");
-    if (st == SP_SUCCESS) {
-        ncclResult_t r = ncclMemAlloc(&base, asize);
-        if (r != ncclSuccess) {
-            base = NULL;
-            st = nccl_err(r, nc, "ncclMemAlloc");
-        }
+        return cuda_err(ce, "cudaSetDevice before ncclMemAlloc");
+    void *base = NULL;
+    ncclResult_t r = ncclMemAlloc(&base, size);
+    if (prev >= 0 && prev != device)
+        (void)cudaSetDevice(prev);
+    if (r != ncclSuccess) {
+        /* cuMemCreate out of memory arrives as ncclUnhandledCudaError: treat every failure of
+         * the allocation itself as out of memory (the retry and the figures say what to do). */
+        const char *last = ncclGetLastError(NULL);
+        return sp__error_quiet(SP_ERR_OUT_OF_MEMORY, SP_SUB_SYM,
+                               "ncclMemAlloc(%zu bytes) failed: %s%s%s", size,
+                               ncclGetErrorString(r), last && *last ? ": " : "", last ? last : "");
     }
-    /* ncclMemAlloc is local and can fail on one rank only; the registration that follows is
-     * collective, so every rank first learns that every rank has its memory. */
-    int all = 0;
-    sp_status_t ms = all_ok(comm, st == SP_SUCCESS, &all);
-    if (ms != SP_SUCCESS || !all) {
-        if (base)
-            ncclMemFree(base);
-        if (st != SP_SUCCESS)
-            return st;
-        return ms != SP_SUCCESS ? ms
-                                : sp__error(SP_ERR_OUT_OF_MEMORY, SP_SUB_SYM,
-                                            "another rank could not ncclMemAlloc %zu bytes", asize);
-    }
-    ncclWindow_t win = NULL; /* 2.28 may return success without writing it */
-    ncclResult_t r = ncclCommWindowRegister(nc, base, asize, &win, NCCL_WIN_COLL_SYMMETRIC);
-    st = r == ncclSuccess ? SP_SUCCESS : nccl_err(r, nc, "ncclCommWindowRegister");
-    ms = all_ok(comm, st == SP_SUCCESS, &all);
-    if (ms != SP_SUCCESS || !all) {
-        if (st == SP_SUCCESS && win)
-            ncclCommWindowDeregister(nc, win); /* local in NCCL */
-        ncclMemFree(base);
-        if (st != SP_SUCCESS)
-            return st;
-        return ms != SP_SUCCESS ? ms
-                                : sp__error(SP_ERR_NCCL, SP_SUB_SYM,
-                                            "ncclCommWindowRegister failed on another rank");
-    }
-    if (!win)
-        SP_INFO(SP_SUB_SYM,
-                "NCCL gave no window for %zu bytes at %p (symmetric support off?): "
-                "collectives on it take NCCL's regular path",
-                asize, base);
-    seg_p->base = base;
-    seg_p->size = size;
-    seg_p->alloc_size = asize;
-    seg_p->window = win;
-    seg_p->mpi_win = MPI_WIN_NULL;
-    SP_INFO(SP_SUB_SYM, "nccl registrar: window %p on %zu bytes at %p (granularity %zu)",
-            (void *)win, asize, base, gran);
+    *base_p = base;
     return SP_SUCCESS;
 }
 
-static sp_status_t nccl_release(sp_world_t *w, MPI_Comm comm, int device, sp_sym_seg_t *seg) {
+static void mem_free(int device, void *base) {
+    int prev = -1;
+    if (cudaGetDevice(&prev) != cudaSuccess)
+        prev = -1;
+    (void)cudaSetDevice(device);
+    ncclResult_t r = ncclMemFree(base);
+    if (r != ncclSuccess)
+        SP_WARN(SP_SUB_SYM, "ncclMemFree(%p) failed: %s", base, ncclGetErrorString(r));
+    if (prev >= 0 && prev != device)
+        (void)cudaSetDevice(prev);
+    (void)cudaGetLastError();
+}
+
+/* PyTorch-style figures for the out-of-memory message. */
+static void oom_figures(int device, char *buf, size_t len) {
+    size_t fre = 0, tot = 0;
+    int prev = -1;
+    if (cudaGetDevice(&prev) != cudaSuccess)
+        prev = -1;
+    if (cudaSetDevice(device) == cudaSuccess && cudaMemGetInfo(&fre, &tot) == cudaSuccess)
+        snprintf(buf, len,
+                 "GPU %d has a total capacity of %.2f GiB of which %.2f GiB is free; sympool "
+                 "holds %.2f GiB reserved on it",
+                 device, tot / 1073741824.0, fre / 1073741824.0,
+                 sp_memory_reserved(device) / 1073741824.0);
+    else
+        snprintf(buf, len, "device %d's free memory is unknown", device);
+    if (prev >= 0 && prev != device)
+        (void)cudaSetDevice(prev);
+    (void)cudaGetLastError();
+}
+
+/* Memory on every rank, or on none: one round, and when a rank failed one cache release and
+ * retry on the ranks that failed, then a second round. */
+static sp_status_t alloc_everywhere(sp_sym_state_t *st, size_t asize, const char *what,
+                                    void **base_p) {
+    void *base = NULL;
+    sp_status_t s = mem_alloc(st->device, asize, &base);
+    sp_agree_t a = {.op = SP_AGREE_SYM_REGISTER, .ok = base != NULL, .f = {(int64_t)asize}};
+    sp_status_t as = sp__sym_round(st, &a, what);
+    size_t freed = 0;
+    if (as == SP_SUCCESS && a.nbad) {
+        if (!base) {
+            freed = sp__pool_empty_device_cache(st->device);
+            s = mem_alloc(st->device, asize, &base);
+        }
+        a = (sp_agree_t){.op = SP_AGREE_SYM_REGISTER, .ok = base != NULL, .f = {(int64_t)asize}};
+        as = sp__sym_round(st, &a, what);
+    }
+    if (as == SP_SUCCESS && !a.nbad) {
+        *base_p = base;
+        return SP_SUCCESS;
+    }
+    if (base)
+        mem_free(st->device, base);
+    if (as != SP_SUCCESS)
+        return as;
+    char ranks[96], fig[200];
+    oom_figures(st->device, fig, sizeof fig);
+    return sp__error(SP_ERR_OUT_OF_MEMORY, SP_SUB_SYM,
+                     "%s: out of memory: ncclMemAlloc of %zu bytes failed on %s even after "
+                     "releasing their non-symmetric cache (%zu bytes here); %s. This rank: %s",
+                     what, asize, sp__agree_bad_ranks(&a, ranks, sizeof ranks), freed, fig,
+                     s == SP_SUCCESS ? "allocated" : sp_last_error());
+}
+
+static sp_status_t nccl_alloc(sp_sym_state_t *st, size_t size, sp_sym_seg_t *seg_p) {
+    sp_world_t *w = st->world;
+    size_t gran = vmm_granularity(st->device);
+    size_t align =
+        gran % NCCL_WIN_REQUIRED_ALIGNMENT == 0 ? gran : gran * NCCL_WIN_REQUIRED_ALIGNMENT;
+    size_t asize = align_up(size, align);
+    char what[128];
+    snprintf(what, sizeof what, "NCCL window of %zu bytes for symmetric pool \"%s\"", asize,
+             st->name);
+    void *base = NULL;
+    SP_CHECK(alloc_everywhere(st, asize, what, &base));
+
+    /* Every rank ready, then the collective registration, under the world's NCCL lock. */
+    sp__world_nccl_lock(w);
     ncclComm_t nc = (ncclComm_t)sp__world_nccl_comm(w);
-    sp_status_t st = SP_SUCCESS;
-    cudaError_t ce = cudaSetDevice(device);
-    if (ce == cudaSuccess)
-        ce = cudaDeviceSynchronize(); /* no kernel of ours may still touch the segment */
+    sp_agree_t a = {.op = SP_AGREE_NCCL_READY, .ok = nc != NULL, .f = {(int64_t)asize}};
+    sp_status_t s = sp__sym_round(st, &a, what);
+    if (s == SP_SUCCESS && a.nbad)
+        s = sp__error(SP_ERR_NCCL, SP_SUB_SYM, "%s: a rank has no NCCL communicator (%s)", what,
+                      sp__world_nccl_why(w));
+    ncclWindow_t win = NULL; /* 2.28 may return success without writing it */
+    bool registered = false;
+    if (s == SP_SUCCESS) {
+        ncclResult_t r = ncclCommWindowRegister(nc, base, asize, &win, NCCL_WIN_COLL_SYMMETRIC);
+        registered = r == ncclSuccess;
+        if (!registered)
+            s = nccl_err(r, nc, "ncclCommWindowRegister");
+    }
+    sp__world_nccl_unlock(w);
+    sp_agree_t c = {.op = SP_AGREE_SYM_REGISTER, .ok = registered, .f = {(int64_t)asize}};
+    sp_status_t cs = st->broken ? SP_ERR_TIMEOUT : sp__sym_round(st, &c, what);
+    if (cs == SP_SUCCESS && !c.nbad) {
+        if (!win)
+            SP_INFO(SP_SUB_SYM,
+                    "NCCL gave no window for %zu bytes at %p (symmetric support off?): "
+                    "collectives on it take NCCL's regular path",
+                    asize, base);
+        memset(seg_p, 0, sizeof *seg_p);
+        seg_p->base = base;
+        seg_p->size = size;
+        seg_p->alloc_size = asize;
+        seg_p->window = win;
+        seg_p->mpi_win = MPI_WIN_NULL;
+        SP_INFO(SP_SUB_SYM, "nccl registrar: window %p on %zu bytes at %p (granularity %zu)",
+                (void *)win, asize, base, gran);
+        return SP_SUCCESS;
+    }
+    /* A rank's registration failed (or the outcome is unknown): peers may be blocked inside
+     * NCCL's part of that registration, which only an abort releases. */
+    if (registered && win) {
+        sp__world_nccl_lock(w);
+        if (sp__world_nccl_comm(w))
+            (void)ncclCommWindowDeregister((ncclComm_t)sp__world_nccl_comm(w), win);
+        sp__world_nccl_unlock(w);
+    }
+    sp__world_nccl_abort(w, what);
+    mem_free(st->device, base);
+    if (s != SP_SUCCESS)
+        return s;
+    if (cs != SP_SUCCESS)
+        return cs;
+    char ranks[96];
+    return sp__error(SP_ERR_NCCL, SP_SUB_SYM,
+                     "%s: ncclCommWindowRegister failed on %s; the world's NCCL "
+                     "communicator was aborted so that no rank waits inside NCCL",
+                     what, sp__agree_bad_ranks(&c, ranks, sizeof ranks));
+}
+
+static sp_status_t nccl_release(sp_sym_state_t *st, sp_sym_seg_t *seg, void *stream) {
+    sp_world_t *w = st->world;
+    sp_status_t s = SP_SUCCESS;
+    int prev = -1;
+    if (cudaGetDevice(&prev) != cudaSuccess)
+        prev = -1;
+    cudaError_t ce = cudaSetDevice(st->device);
+    if (ce == cudaSuccess) /* only the work on the segment's stream can still touch it */
+        ce = cudaStreamSynchronize((cudaStream_t)stream);
     if (ce != cudaSuccess)
-        st = cuda_err(ce, "cudaDeviceSynchronize before deregistering a window");
-    /* Deregistration is local in NCCL: the barrier makes sure no peer still reads this segment
-     * through its mapping when it goes away. */
-    sp_status_t bs = sp__world_mpi_status(MPI_Barrier(comm), "MPI_Barrier before deregistering");
-    if (st == SP_SUCCESS)
-        st = bs;
+        s = cuda_err(ce, "cudaStreamSynchronize before deregistering a window");
+    if (prev >= 0 && prev != st->device)
+        (void)cudaSetDevice(prev);
     if (seg->window) {
-        ncclResult_t r = ncclCommWindowDeregister(nc, (ncclWindow_t)seg->window);
-        if (r != ncclSuccess && st == SP_SUCCESS)
-            st = nccl_err(r, nc, "ncclCommWindowDeregister");
+        sp__world_nccl_lock(w);
+        ncclComm_t nc = (ncclComm_t)sp__world_nccl_comm(w);
+        /* Deregistration is local in NCCL; after an abort the window went with the comm. */
+        ncclResult_t r = nc ? ncclCommWindowDeregister(nc, (ncclWindow_t)seg->window) : ncclSuccess;
+        sp__world_nccl_unlock(w);
+        if (r != ncclSuccess && s == SP_SUCCESS)
+            s = nccl_err(r, nc, "ncclCommWindowDeregister");
         seg->window = NULL;
     }
     if (seg->base) {
-        ncclResult_t r = ncclMemFree(seg->base);
-        if (r != ncclSuccess && st == SP_SUCCESS)
-            st = nccl_err(r, nc, "ncclMemFree");
+        mem_free(st->device, seg->base);
         seg->base = NULL;
     }
-    return st;
+    return s;
 }
 
 static sp_status_t nccl_peer_ptr(sp_world_t *w, const sp_sym_seg_t *seg, int rank, size_t offset,

@@ -3,10 +3,15 @@
  * one small ops table (UCX rcache-ops style), so the agreement protocol (symmetric.c) is the
  * same for NCCL windows on GPUs and MPI shared windows on host memory.
  *
- * Contract, stated once: `alloc` and `release` are COLLECTIVE over the world (every rank calls
- * them with the same size, for the same segment, in the same order: the agreement protocol
- * guarantees it). They return an sp_status_t, having called sp__error themselves, and on failure
- * leave nothing allocated on this rank. `peer_ptr` is local. No op takes a sympool lock.
+ * Contract, stated once: `alloc` and `release` are COLLECTIVE over the pool's communicators
+ * (every rank calls them with the same size, for the same segment, in the same order: the
+ * agreement protocol guarantees it, and each pool has communicators of its own, so two pools
+ * growing from two threads never interleave). `alloc` agrees with the other ranks through the
+ * pool's rounds (sp__sym_round), so every rank learns the outcome within the deadline and no
+ * rank keeps a segment the others lack. They return an sp_status_t, having called sp__error
+ * themselves, and on failure leave nothing allocated on this rank. `release` does no barrier:
+ * the caller agrees once per release batch. `peer_ptr` is local. No op is called with a pool or
+ * device lock held, and no op takes one.
  */
 #ifndef SP_SYM_REGISTRAR_H
 #define SP_SYM_REGISTRAR_H
@@ -33,13 +38,16 @@ typedef struct sp_sym_seg {
     MPI_Win mpi_win;   /* shared window (mpi), MPI_WIN_NULL for nccl */
 } sp_sym_seg_t;
 
+struct sp_sym_state;
+
 typedef struct sp_registrar_ops {
     const char *name; /* "nccl" or "mpi" */
-    /* Collective: allocate and register `size` bytes on every rank. */
-    sp_status_t (*alloc)(sp_world_t *w, MPI_Comm comm, int device, size_t size,
-                         sp_sym_seg_t *seg_p);
-    /* Collective: deregister and free a segment (after the caller's barrier). */
-    sp_status_t (*release)(sp_world_t *w, MPI_Comm comm, int device, sp_sym_seg_t *seg);
+    /* Collective: allocate and register `size` bytes on every rank for pool `st`. */
+    sp_status_t (*alloc)(struct sp_sym_state *st, size_t size, sp_sym_seg_t *seg_p);
+    /* Collective: deregister and free a segment (after the caller's agreement). `stream` is the
+     * stream the segment's blocks were used on (NULL: the default stream), the only work that
+     * must be complete before the memory goes. */
+    sp_status_t (*release)(struct sp_sym_state *st, sp_sym_seg_t *seg, void *stream);
     /* Local: address of the same byte `offset` of this segment on world rank `rank`. */
     sp_status_t (*peer_ptr)(sp_world_t *w, const sp_sym_seg_t *seg, int rank, size_t offset,
                             void **ptr_p);

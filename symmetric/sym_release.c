@@ -14,11 +14,15 @@
  * symmetric pool: SP_ERR_BUSY on every rank if any rank still has a live block in it; otherwise
  * every segment is released collectively and the pool destroyed. A symmetric pool left alive at
  * sp_world_finalize has its segments released there (the memory under it is gone; a warning
- * says so).
+ * says so), unless a timeout broke it: then a rank may be gone and the collective release could
+ * wait forever, so its registrations are left to process exit (a warning says so).
  *
- * Locking: s_reg_lock guards the registry list; each state's lock is held for its calls. The
- * pool must not be used by another thread of the rank while a collective release runs (an OOM
- * loan that takes an agreed segment there would keep this rank out of MPI_Win_free).
+ * Locking: s_reg_lock guards the registry list; each state's lock is held for its calls. A
+ * release detaches each segment under the device lock (one short pool call) and deregisters and
+ * frees it with no pool or device lock held; one agreement round per release batch stands for
+ * the barrier. The pool must not be used by another thread of the rank while a collective
+ * release runs (an OOM loan that takes an agreed segment there would keep this rank out of
+ * MPI_Win_free).
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -134,20 +138,34 @@ void sp__sym_release_state(sp_sym_state_t *st) {
 
 /* ---- collective release ------------------------------------------------------------------- */
 
-/* Release pool segment `seq` (free on every rank), through the free callback, collectively. */
+/* Release pool segment `seq` (free on every rank, agreed): the mirror of growth. One locked
+ * pool call detaches it, then the registrar deregisters and frees it with no lock held. */
 static sp_status_t release_seq(sp_sym_state_t *st, uint64_t seq) {
-    st->in_release = true;
-    st->release_status = SP_SUCCESS;
-    sp_status_t s = sp__pool_release_segment(st->pool, seq);
-    st->in_release = false;
-    return s != SP_SUCCESS ? s : st->release_status;
+    void *base = NULL;
+    size_t size = 0;
+    sp_stream_t stream = NULL;
+    sp_status_t s = sp__pool_sym_detach(st->pool, seq, &base, &size, &stream);
+    if (s != SP_SUCCESS)
+        return s; /* cannot happen for an agreed segment; the registration stays recorded */
+    sp_sym_rec_t **pp = &st->recs;
+    while (*pp && (*pp)->seg.base != base)
+        pp = &(*pp)->next;
+    sp_sym_rec_t *rec = *pp;
+    if (!rec)
+        return sp__error(SP_ERR_INTERNAL, SP_SUB_SYM, "segment %llu at %p has no registration",
+                         (unsigned long long)seq, base);
+    s = st->reg->release(st, &rec->seg, stream);
+    *pp = rec->next;
+    free(rec);
+    sp__symc_add(st->device, SP_SYMC_DEREGISTRATIONS, 1);
+    return s;
 }
 
-sp_status_t sp__sym_release_recs(sp_sym_state_t *st, MPI_Comm comm) {
+sp_status_t sp__sym_release_recs(sp_sym_state_t *st) {
     sp_status_t first = SP_SUCCESS;
     while (st->recs) {
         sp_sym_rec_t *r = st->recs;
-        sp_status_t s = st->reg->release(st->world, comm, st->device, &r->seg);
+        sp_status_t s = st->reg->release(st, &r->seg, NULL);
         if (s != SP_SUCCESS && first == SP_SUCCESS)
             first = s;
         st->recs = r->next;
@@ -157,9 +175,11 @@ sp_status_t sp__sym_release_recs(sp_sym_state_t *st, MPI_Comm comm) {
     return first;
 }
 
-/* Agree on the pool segments free on every rank: returns a bitmap of nbits (caller frees). */
-static sp_status_t agree_free(sp_sym_state_t *st, const char *what, uint64_t **bits_p,
-                              uint64_t *nbits_p) {
+/* Agree on the pool segments free on every rank: returns a bitmap of nbits (caller frees).
+ * The first round has the common shape (operation `op`, this pool's call number) and agrees on
+ * the bitmap's length; the second ANDs the bitmaps. */
+static sp_status_t agree_free(sp_sym_state_t *st, int op, bool ok, const char *what,
+                              uint64_t **bits_p, uint64_t *nbits_p, sp_agree_t *a) {
     if (sp__pool_sync_pending(st->pool) != SP_SUCCESS)
         SP_INFO(SP_SUB_SYM, "%s: completing pending frees failed: %s", what, sp_last_error());
     size_t n = 0;
@@ -169,48 +189,49 @@ static sp_status_t agree_free(sp_sym_state_t *st, const char *what, uint64_t **b
         if (!seqs || sp__pool_free_segments(st->pool, seqs, n, &n) != SP_SUCCESS)
             n = 0; /* contributes "nothing free here": safe, releases nothing */
     }
-    int64_t next = (int64_t)sp__pool_next_segment_seq(st->pool);
-    st->sbuf[0] = next;
-    st->sbuf[1] = -next;
-    sp_status_t s =
-        sp__sym_agree(st, st->comm, st->sbuf, st->rbuf, 2, MPI_INT64_T, MPI_MIN, NULL, what);
-    if (s != SP_SUCCESS) {
-        free(seqs);
+    *a = (sp_agree_t){.op = op, .ok = ok, .f = {(int64_t)sp__pool_next_segment_seq(st->pool)}};
+    sp_status_t s = sp__sym_round(st, a, what);
+    if (s != SP_SUCCESS || a->nbad) {
+        free(seqs); /* the caller reports bad arguments or live blocks */
+        *bits_p = NULL;
+        *nbits_p = 0;
         return s;
     }
-    uint64_t nbits = (uint64_t)(-st->rbuf[1]);
+    uint64_t nbits = (uint64_t)a->hi[0];
     size_t words = (size_t)(nbits + 63) / 64 + 1;
-    /* send and receive halves in one allocation, so a timeout can hand it to the graveyard */
-    uint64_t *buf = calloc(2 * words, sizeof *buf);
+    uint64_t *buf = calloc(words, sizeof *buf);
     if (!buf) {
         free(seqs);
+        /* The peers wait in the bitmap round until their deadline: this rank cannot join. */
         return sp__error(SP_ERR_SYSTEM, SP_SUB_SYM, "%s: out of host memory", what);
     }
     for (size_t i = 0; i < n; i++)
         if (seqs[i] < nbits)
             buf[seqs[i] / 64] |= 1ull << (seqs[i] % 64);
     free(seqs);
-    s = sp__sym_agree(st, st->comm, buf, buf + words, (int)words, MPI_UINT64_T, MPI_BAND, buf,
-                      what);
-    if (s != SP_SUCCESS)
-        return s; /* on timeout buf belongs to the graveyard */
-    memmove(buf, buf + words, words * sizeof *buf);
+    s = sp__sym_band(st, buf, words, what);
+    if (s != SP_SUCCESS) {
+        free(buf);
+        return s;
+    }
     *bits_p = buf;
     *nbits_p = nbits;
     return SP_SUCCESS;
 }
 
-static sp_status_t release_agreed(sp_sym_state_t *st, const char *what, size_t *released_p) {
-    uint64_t *bits = NULL, nbits = 0;
-    SP_CHECK(agree_free(st, what, &bits, &nbits));
+/* Release the agreed segments: one agreement round first, so that every rank has stopped using
+ * them (peer pointers included) before any goes; then each, in ascending sequence order. */
+static sp_status_t release_agreed(sp_sym_state_t *st, const char *what, const uint64_t *bits,
+                                  uint64_t nbits, size_t *released_p) {
     size_t released = 0;
     sp_status_t s = SP_SUCCESS;
     bool any = false;
     for (uint64_t q = 0; q < nbits; q++)
         any = any || (bits[q / 64] >> (q % 64) & 1);
-    /* Everyone has stopped using these segments (peer pointers included) before any goes. */
-    if (any)
-        s = sp__sym_barrier(st, st->comm, what);
+    if (any) {
+        sp_agree_t a = {.op = SP_AGREE_SYM_RELEASE, .ok = true};
+        s = sp__sym_round(st, &a, what);
+    }
     for (uint64_t q = 0; s == SP_SUCCESS && q < nbits; q++) {
         if (!(bits[q / 64] >> (q % 64) & 1))
             continue;
@@ -220,7 +241,6 @@ static sp_status_t release_agreed(sp_sym_state_t *st, const char *what, size_t *
         else
             released++;
     }
-    free(bits);
     *released_p = released;
     return s;
 }
@@ -228,10 +248,17 @@ static sp_status_t release_agreed(sp_sym_state_t *st, const char *what, size_t *
 SP_EXPORT sp_status_t sp_symmetric_empty_cache(sp_mempool_t *pool) {
     sp_sym_state_t *st = NULL;
     SP_CHECK(sp__sym_acquire(pool, "sp_symmetric_empty_cache", &st));
+    ++st->callno;
     char what[128];
-    snprintf(what, sizeof what, "sp_symmetric_empty_cache on pool \"%s\"", st->name);
+    snprintf(what, sizeof what, "sp_symmetric_empty_cache call #%llu on pool \"%s\"",
+             (unsigned long long)st->callno, st->name);
+    uint64_t *bits = NULL, nbits = 0;
     size_t n = 0;
-    sp_status_t s = release_agreed(st, what, &n);
+    sp_agree_t a;
+    sp_status_t s = agree_free(st, SP_AGREE_SYM_EMPTY_CACHE, true, what, &bits, &nbits, &a);
+    if (s == SP_SUCCESS)
+        s = release_agreed(st, what, bits, nbits, &n);
+    free(bits);
     if (s == SP_SUCCESS)
         SP_INFO(SP_SUB_SYM, "%s: released %zu segment(s)", what, n);
     sp__sym_release_state(st);
@@ -241,10 +268,14 @@ SP_EXPORT sp_status_t sp_symmetric_empty_cache(sp_mempool_t *pool) {
 static void free_state(sp_sym_state_t *st) {
     sp__sym_unregister(st);
     sp__symc_add(st->device, SP_SYMC_POOLS, -1);
-    if (st->broken)
-        return; /* kept on s_broken: its communicator and buffers may still be in use */
+    if (st->node_comm != MPI_COMM_NULL)
+        MPI_Comm_free(&st->node_comm);
+    if (st->abandoned && sp__agree_pending(st->comm))
+        return; /* kept on s_broken: a round abandoned at a timeout is pending on its comm */
     if (st->comm != MPI_COMM_NULL)
         MPI_Comm_free(&st->comm);
+    if (st->broken)
+        return; /* on s_broken; the late rank completed its round, but keep it simple */
     pthread_mutex_destroy(&st->lock);
     free(st);
 }
@@ -252,23 +283,24 @@ static void free_state(sp_sym_state_t *st) {
 SP_EXPORT sp_status_t sp_symmetric_mempool_destroy(sp_mempool_t *pool) {
     sp_sym_state_t *st = NULL;
     SP_CHECK(sp__sym_acquire(pool, "sp_symmetric_mempool_destroy", &st));
-    char what[128];
-    snprintf(what, sizeof what, "sp_symmetric_mempool_destroy of pool \"%s\"", st->name);
-    if (sp__pool_sync_pending(pool) != SP_SUCCESS)
-        SP_INFO(SP_SUB_SYM, "%s: completing pending frees failed: %s", what, sp_last_error());
-    int64_t busy = sp_mempool_used_bytes(pool) > 0;
-    st->sbuf[0] = -busy;
-    st->sbuf[1] = busy ? st->rank : INT64_MAX;
-    sp_status_t s =
-        sp__sym_agree(st, st->comm, st->sbuf, st->rbuf, 2, MPI_INT64_T, MPI_MIN, NULL, what);
-    if (s == SP_SUCCESS && st->rbuf[0] != 0)
-        s = sp__error(SP_ERR_BUSY, SP_SUB_SYM,
-                      "%s: rank %lld still has live blocks in it; free them on every rank "
-                      "first (nothing was destroyed)",
-                      what, (long long)st->rbuf[1]);
+    ++st->callno;
+    char what[128], ranks[96];
+    snprintf(what, sizeof what, "sp_symmetric_mempool_destroy (call #%llu) of pool \"%s\"",
+             (unsigned long long)st->callno, st->name);
+    uint64_t *bits = NULL, nbits = 0;
     size_t n = 0;
+    sp_agree_t a;
+    /* One round agrees on the call, on "no live block anywhere" and on the free segments. */
+    sp_status_t s = agree_free(st, SP_AGREE_SYM_DESTROY, sp_mempool_used_bytes(pool) == 0, what,
+                               &bits, &nbits, &a);
+    if (s == SP_SUCCESS && a.nbad)
+        s = sp__error(SP_ERR_BUSY, SP_SUB_SYM,
+                      "%s: %s still has live blocks in it; free them on every rank "
+                      "first (nothing was destroyed)",
+                      what, sp__agree_bad_ranks(&a, ranks, sizeof ranks));
     if (s == SP_SUCCESS)
-        s = release_agreed(st, what, &n);
+        s = release_agreed(st, what, bits, nbits, &n);
+    free(bits);
     if (s != SP_SUCCESS) {
         sp__sym_release_state(st);
         return s;
@@ -276,9 +308,8 @@ SP_EXPORT sp_status_t sp_symmetric_mempool_destroy(sp_mempool_t *pool) {
     /* Segments the pool kept (none expected) go with the pool's destruction; their
      * registrations, and any orphaned earlier, go here, in creation order on every rank. */
     size_t left = sp__pool_segment_count(pool);
-    st->in_release = false;
-    sp_status_t d = sp_mempool_destroy(pool);
-    sp_status_t r = sp__sym_release_recs(st, st->comm);
+    sp_status_t d = sp__mempool_destroy_internal(pool);
+    sp_status_t r = sp__sym_release_recs(st);
     if (left)
         SP_INFO(SP_SUB_SYM, "%s: %zu segment(s) were not free everywhere", what, left);
     st->pool = NULL;
@@ -303,15 +334,25 @@ static void on_world_finalize(sp_world_t *w) {
         if (!st)
             return;
         pthread_mutex_lock(&st->lock);
-        if (st->recs)
+        if (st->recs && st->broken)
+            /* The rank that timed out may be gone: a collective release (MPI_Win_free) could
+             * wait for it forever. The registrations are left to process exit. */
+            SP_WARN(SP_SUB_SYM,
+                    "symmetric pool \"%s\" was broken by a timeout: its registered segments are "
+                    "not released at sp_world_finalize (that is collective, and a rank may be "
+                    "gone); they go with the process",
+                    st->name);
+        else if (st->recs)
             SP_WARN(SP_SUB_SYM,
                     "symmetric pool \"%s\" still holds registered segments at "
                     "sp_world_finalize: they are released now; destroy it with "
                     "sp_symmetric_mempool_destroy before finalizing",
                     st->name);
-        /* The world's communicator, not the pool's: a pool broken by a timeout on some ranks
-         * has an abandoned collective on its own communicator there, not everywhere. */
-        sp__sym_release_recs(st, sp__world_comm(w));
+        /* No agreement round here: the registrars' release needs none (MPI_Win_free
+         * synchronizes the node; NCCL deregistration is local and the nccl registrar
+         * synchronizes what it must). */
+        if (!st->broken)
+            sp__sym_release_recs(st);
         pthread_mutex_unlock(&st->lock);
         free_state(st);
     }

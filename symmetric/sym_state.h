@@ -9,9 +9,11 @@
  * instead of trusting the pointer the pool holds.
  *
  * Locking: `lock` serializes this rank's calls on the pool (collective calls must in any case be
- * made in the same order on every rank). The allocator callbacks run under the device
- * allocator's lock, inside sp__pool_sym_grow / sp__pool_release_segment, on the thread that
- * holds `lock`; they touch only the fields marked (lock).
+ * made in the same order on every rank) and is held across their agreement rounds and the
+ * registrar's work; it is this pool's alone, so no other pool and no sp_malloc/sp_free waits
+ * for it. No pool or device lock is ever held while ranks wait for each other: growth and
+ * release call pool/ only for short locked steps (plan, adopt, detach). The allocator callbacks
+ * (only the orphan notice, sp__sym_seg_free) run under the device lock and touch `recs` only.
  */
 #ifndef SP_SYM_STATE_H
 #define SP_SYM_STATE_H
@@ -20,47 +22,37 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "launch/launch.h"
 #include "symmetric/registrar.h"
 #include "sympool/symmetric.h"
 
 /* One registered segment, kept in creation order (identical on every rank). */
 typedef struct sp_sym_rec {
     sp_sym_seg_t seg;        /* what the registrar made */
-    uint64_t seq;            /* the pool's segment sequence number; UINT64_MAX until known */
+    uint64_t seq;            /* the pool's segment sequence number (from the adopt) */
     bool orphan;             /* the pool let go of it outside a collective release */
     struct sp_sym_rec *next; /* creation order */
 } sp_sym_rec_t;
-
-/* A nonblocking collective abandoned at a timeout: its buffers must outlive it. */
-typedef struct sp_sym_grave {
-    MPI_Request req;           /* never completed when abandoned */
-    void *buf;                 /* send+receive buffers the request may still write */
-    struct sp_sym_grave *next; /* graveyard list (s_reg_lock) */
-} sp_sym_grave_t;
 
 typedef struct sp_sym_state {
     struct sp_sym_state *next;     /* registry list (registry lock) */
     sp_world_t *world;             /* the world it was created on */
     sp_mempool_t *pool;            /* the MemPool (pool/ owns it) */
     const sp_registrar_ops_t *reg; /* nccl or mpi */
-    MPI_Comm comm;                 /* private duplicate of the world communicator */
+    MPI_Comm comm;                 /* private duplicate of the world communicator: this pool's
+                                      agreement rounds and its registrar's collectives */
+    MPI_Comm node_comm;            /* this pool's own node communicator (shared windows), so two
+                                      pools growing at once never interleave on one */
     int device;                    /* the world's device */
     int rank;                      /* world rank */
     uint64_t serial;               /* creation number on this world, identical on every rank */
     char name[64];                 /* for messages ("" if unnamed) */
     pthread_mutex_t lock;          /* serializes this rank's calls on the pool */
-    uint64_t callno;               /* sp_symmetric_malloc calls on this rank (lock) */
-    bool in_grow;                  /* inside sp__pool_sym_grow for us (lock) */
-    bool grow_called;              /* the alloc callback ran during this growth (lock) */
-    sp_status_t grow_status;       /* why the alloc callback returned NULL (lock) */
-    char grow_why[200];            /* its message (sp_last_error is overwritten by pool/) */
-    bool in_release;               /* inside a collective release (lock) */
-    sp_status_t release_status;    /* first registrar failure of that release (lock) */
+    uint64_t callno;               /* collective calls on this pool on this rank (lock) */
     sp_sym_rec_t *recs;            /* registered segments, creation order (lock) */
     bool broken;                   /* a collective timed out: no further collective calls */
-    char broken_why[160];          /* the timeout message, repeated to later callers */
-    int64_t sbuf[16];              /* send buffer of the agreement rounds (lock) */
-    int64_t rbuf[16];              /* receive buffer of the agreement rounds (lock) */
+    bool abandoned;                /* a round of ours is still pending on comm: never free it */
+    char broken_why[256];          /* what timed out, repeated to later callers */
 } sp_sym_state_t;
 
 /* Find the live state of `pool` and lock it; NULL (with sp__error) when pool is not a live
@@ -74,18 +66,20 @@ void sp__sym_unregister(sp_sym_state_t *st);
 /* Is `st` a live state? Caller holds nothing; answer valid while the state's owner runs. */
 bool sp__sym_is_live(const sp_sym_state_t *st);
 
-/* Agreement with a deadline: MPI_Iallreduce(sbuf -> rbuf) on comm, polled until done or
- * SYMPOOL_SYM_TIMEOUT. On expiry returns SP_ERR_TIMEOUT with "<what>: ..." and, if st is
- * given, marks it broken. `heap` (may be NULL) is a buffer the request uses that must be
- * kept alive on timeout; on success the caller still owns it. */
-sp_status_t sp__sym_agree(sp_sym_state_t *st, MPI_Comm comm, const void *sbuf, void *rbuf,
-                          int count, MPI_Datatype type, MPI_Op op, void *heap, const char *what);
-/* A barrier with the same deadline. */
-sp_status_t sp__sym_barrier(sp_sym_state_t *st, MPI_Comm comm, const char *what);
+/* Test hook: seconds the calling thread sleeps at the start of each growth, before its first
+ * round (0: none), so a test can make one rank late inside a growth. Thread-local. */
+extern _Thread_local double sp__sym_test_grow_delay_s;
 
-/* Release every registered segment still recorded, in creation order (collective over `comm`,
- * which the nccl registrar's barrier uses). */
-sp_status_t sp__sym_release_recs(sp_sym_state_t *st, MPI_Comm comm);
+/* One agreement round on the pool's communicator, numbered with the pool's current call
+ * (sp__agree + sp__agree_check). A timeout breaks the pool (later collective calls are refused
+ * with the saved reason); a mismatch resynchronizes the call number to the largest, so the pool
+ * stays usable. */
+sp_status_t sp__sym_round(sp_sym_state_t *st, sp_agree_t *a, const char *what);
+/* The free-segment bitmap's follow-up round (sp__agree_band), with the same timeout rule. */
+sp_status_t sp__sym_band(sp_sym_state_t *st, uint64_t *bits, size_t words, const char *what);
+
+/* Release every registered segment still recorded, in creation order (collective). */
+sp_status_t sp__sym_release_recs(sp_sym_state_t *st);
 
 /* The allocator callbacks the pool calls (symmetric.c). */
 void *sp__sym_seg_alloc(size_t size, int device, void *stream, void *ctx);

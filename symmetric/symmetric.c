@@ -12,35 +12,69 @@
  *            numbers resynchronized to the largest so the pool stays usable;
  *            every rank has the same candidate -> take it (the common case: one allreduce).
  *   round 2: candidates differ or none -> each rank completes its pending frees, agree again.
- *   grow:    still different -> every rank grows one segment together: inside the allocator
- *            callback the ranks agree that every rank can grow (a rank whose pool refuses before
- *            calling back contributes its "no" to that same allreduce from outside), then the
- *            registrar allocates and registers collectively, then one more allreduce confirms
- *            the outcome so no rank is left with a block the others lack.
+ *   grow:    still different -> every rank grows one segment together, owned end to end here
+ *            and with no pool or device lock held while ranks wait for each other: the ranks
+ *            agree that every rank has room (pool/'s plan: limit, memory fraction), the
+ *            registrar allocates and registers collectively, then ONE locked pool call adopts
+ *            the segment and hands out its block at offset 0, and a last round confirms the
+ *            outcome so no rank is left with a block the others lack. The size is checked and
+ *            rounded once per call (sp__pool_sym_size); the growth uses that rounded size.
  * Everything is ordered by (segment sequence number, offset), never by address.
  *
- * Deadline: every round is an MPI_Iallreduce polled until SYMPOOL_SYM_TIMEOUT; on expiry the
- * call fails with SP_ERR_TIMEOUT naming the call. The pending request cannot be cancelled (MPI
- * forbids cancelling collectives), so the pool is marked broken: its private communicator and
- * buffers are abandoned, later collective calls on it return SP_ERR_INVALID_USAGE, its live
- * blocks stay valid and can be freed, and its segments are released at sp_world_finalize.
+ * Every round is launch/agree.c's one message shape (operation, call number on the pool, "my
+ * checks passed", fields), bounded by SYMPOOL_SYM_TIMEOUT; a rank in another call on the same
+ * pool (empty cache, destroy) is reported as SP_ERR_MISMATCH naming both calls. On a timeout
+ * the pool is marked broken: later collective calls on it return SP_ERR_INVALID_USAGE with the
+ * saved reason, its live blocks stay valid and can be freed, and its segments are released at
+ * sp_world_finalize. A rank that arrives after its peers gave up sees the round complete late
+ * and breaks its pool too.
  *
- * Locking: the state's lock is held for a whole call; see sym_state.h.
+ * Locking: the state's lock serializes this rank's calls on this pool and is held for a whole
+ * call, across its rounds; it is the pool's own, so other pools, and every sp_malloc/sp_free
+ * (the device lock, taken only inside pool/'s short calls), go on meanwhile; see sym_state.h.
  */
 #include <sched.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "core/core.h"
 #include "pool/pool.h"
 #include "symmetric/sym_state.h"
 
-/* ---- the agreement primitive ------------------------------------------------------------- */
+/* ---- rounds --------------------------------------------------------------------------- */
 
-static sp_sym_grave_t *s_graves; /* abandoned requests (never freed: MPI may still write) */
-static pthread_mutex_t s_grave_lock = PTHREAD_MUTEX_INITIALIZER;
+static void break_pool(sp_sym_state_t *st, bool abandoned, const char *what) {
+    st->broken = true;
+    st->abandoned = st->abandoned || abandoned;
+    snprintf(st->broken_why, sizeof st->broken_why,
+             "%s timed out (SYMPOOL_SYM_TIMEOUT=%g s; 0 = none)", what, sp__agree_timeout_s());
+}
+
+sp_status_t sp__sym_round(sp_sym_state_t *st, sp_agree_t *a, const char *what) {
+    a->callno = st->callno;
+    bool abandoned = false;
+    sp_status_t s = sp__agree(st->comm, a, what, &abandoned);
+    char wbuf[160];
+    if (s == SP_ERR_TIMEOUT)
+        break_pool(st, abandoned, sp__agree_name(a, what, wbuf, sizeof wbuf));
+    if (s != SP_SUCCESS)
+        return s;
+    s = sp__agree_check(a, what);
+    if (s == SP_ERR_MISMATCH && a->call_hi > st->callno)
+        st->callno = a->call_hi; /* every rank continues from the same number */
+    return s;
+}
+
+sp_status_t sp__sym_band(sp_sym_state_t *st, uint64_t *bits, size_t words, const char *what) {
+    bool abandoned = false;
+    sp_status_t s = sp__agree_band(st->comm, bits, words, what, &abandoned);
+    if (s == SP_ERR_TIMEOUT)
+        break_pool(st, abandoned, what);
+    return s;
+}
 
 /* The name of the operation for messages. `what` NULL means "this pool's current
  * sp_symmetric_malloc call": formatting that on every call would cost more than a cache hit's
@@ -49,226 +83,136 @@ static const char *describe(const sp_sym_state_t *st, const char *what, char *bu
     if (what)
         return what;
     snprintf(buf, n, "sp_symmetric_malloc call #%llu on pool \"%s\"",
-             st ? (unsigned long long)st->callno : 0ull, st ? st->name : "");
+             (unsigned long long)st->callno, st->name);
     return buf;
 }
 
-static sp_status_t wait_deadline(sp_sym_state_t *st, MPI_Request *req, void *heap,
-                                 const char *what) {
-    char wbuf[128];
-    double limit = sp__option_double(SP_OPT_SYM_TIMEOUT);
-    uint64_t start = sp__now_ns();
-    uint64_t deadline = limit > 0 ? start + (uint64_t)(limit * 1e9) : UINT64_MAX;
-    for (unsigned spins = 0;; spins++) {
-        int done = 0;
-        int rc = MPI_Test(req, &done, MPI_STATUS_IGNORE);
-        if (rc != MPI_SUCCESS)
-            return sp__world_mpi_status(rc, describe(st, what, wbuf, sizeof wbuf));
-        if (done)
-            return SP_SUCCESS;
-        if (spins >= 64) {
-            if (sp__now_ns() >= deadline)
-                break;
-            sched_yield(); /* oversubscribed ranks must let the late one run */
-        }
-    }
-    sp_sym_grave_t *g = calloc(1, sizeof *g);
-    if (g) {
-        g->req = *req;
-        g->buf = heap;
-        pthread_mutex_lock(&s_grave_lock);
-        g->next = s_graves;
-        s_graves = g;
-        pthread_mutex_unlock(&s_grave_lock);
-    }
-    sp_status_t s = sp__error(SP_ERR_TIMEOUT, SP_SUB_SYM,
-                              "%s: not every rank arrived within %g s (SYMPOOL_SYM_TIMEOUT); a "
-                              "rank stopped calling or calls in another order. %s",
-                              describe(st, what, wbuf, sizeof wbuf), limit,
-                              st ? "The pool is broken: free its blocks, do not "
-                                   "make further collective calls on it"
-                                 : "");
-    if (st) {
-        st->broken = true;
-        snprintf(st->broken_why, sizeof st->broken_why, "%s", sp_last_error());
-    }
-    return s;
-}
-
-sp_status_t sp__sym_agree(sp_sym_state_t *st, MPI_Comm comm, const void *sbuf, void *rbuf,
-                          int count, MPI_Datatype type, MPI_Op op, void *heap, const char *what) {
-    MPI_Request req;
-    int rc = MPI_Iallreduce(sbuf, rbuf, count, type, op, comm, &req);
-    char wbuf[128];
-    if (rc != MPI_SUCCESS)
-        return sp__world_mpi_status(rc, describe(st, what, wbuf, sizeof wbuf));
-    return wait_deadline(st, &req, heap, what);
-}
-
-sp_status_t sp__sym_barrier(sp_sym_state_t *st, MPI_Comm comm, const char *what) {
-    MPI_Request req;
-    int rc = MPI_Ibarrier(comm, &req);
-    char wbuf[128];
-    if (rc != MPI_SUCCESS)
-        return sp__world_mpi_status(rc, describe(st, what, wbuf, sizeof wbuf));
-    return wait_deadline(st, &req, NULL, what);
+/* sp_agree_t's describe: the current sp_symmetric_malloc call, named only on an error path. */
+static const char *describe_malloc(const void *ctx, char *buf, size_t n) {
+    return describe(ctx, NULL, buf, n);
 }
 
 /* ---- create ------------------------------------------------------------------------------ */
 
+static void free_new_state(sp_sym_state_t *st, sp_mempool_t *pool) {
+    if (pool)
+        sp__mempool_destroy_internal(pool);
+    pthread_mutex_destroy(&st->lock);
+    free(st);
+}
+
+/* The pool's own communicators (collective over the world; every rank has agreed to create). */
+static sp_status_t make_comms(sp_world_t *w, sp_sym_state_t *st) {
+    SP_CHECK(sp__world_mpi_status(MPI_Comm_dup(sp__world_comm(w), &st->comm),
+                                  "MPI_Comm_dup for a symmetric pool"));
+    MPI_Comm_set_errhandler(st->comm, MPI_ERRORS_RETURN);
+    sp_status_t s =
+        sp__world_mpi_status(MPI_Comm_split_type(st->comm, MPI_COMM_TYPE_SHARED, st->rank,
+                                                 MPI_INFO_NULL, &st->node_comm),
+                             "MPI_Comm_split_type for a symmetric pool");
+    if (s != SP_SUCCESS) {
+        MPI_Comm_free(&st->comm);
+        return s;
+    }
+    MPI_Comm_set_errhandler(st->node_comm, MPI_ERRORS_RETURN);
+    return SP_SUCCESS;
+}
+
 SP_EXPORT sp_status_t sp_symmetric_mempool_create(sp_world_t *w, const sp_mempool_params_t *params,
                                                   sp_mempool_t **pool_p) {
-    SP_ARG_CHECK(w, SP_SUB_SYM, "sp_symmetric_mempool_create: world is NULL");
-    SP_ARG_CHECK(pool_p, SP_SUB_SYM, "sp_symmetric_mempool_create: pool_p is NULL");
+    static const char fn[] = "sp_symmetric_mempool_create";
+    SP_CHECK(sp__world_check(w, fn));
     sp_mempool_params_t p;
     sp_mempool_params_init(&p);
     if (params)
         p = *params;
-    SP_ARG_CHECK(!p.allocator, SP_SUB_SYM,
-                 "sp_symmetric_mempool_create: params->allocator must be NULL (a symmetric "
-                 "pool's segments come from its registrar)");
-    const sp_registrar_ops_t *reg = NULL;
-    sp_status_t rs = sp__registrar_select(w, &reg);
-
     sp_sym_state_t *st = calloc(1, sizeof *st);
-    if (!st)
-        return sp__error(SP_ERR_SYSTEM, SP_SUB_SYM, "out of host memory for a symmetric pool");
+    if (!st) /* the peers time out: this rank cannot even take part */
+        return sp__error(SP_ERR_SYSTEM, SP_SUB_SYM, "%s: out of host memory", fn);
     pthread_mutex_init(&st->lock, NULL);
     st->world = w;
-    st->reg = reg;
-    st->comm = MPI_COMM_NULL;
+    st->comm = st->node_comm = MPI_COMM_NULL;
     st->device = sp_world_device(w);
     st->rank = sp_world_rank(w);
     st->serial = sp__world_next_pool_serial(w);
     snprintf(st->name, sizeof st->name, "%s", p.name ? p.name : "");
 
-    /* Local work first (registrar choice, the MemPool itself), then ONE agreement that also
-     * checks every rank is in the same create call with the same flags; any failure or
-     * mismatch undoes the local work everywhere. */
+    /* Local work first (argument checks, registrar choice, the MemPool itself), then ONE
+     * agreement that also checks every rank is in the same create call with the same flags; a
+     * bad argument or failure on any rank undoes the local work everywhere. */
+    sp_status_t ls = SP_SUCCESS;
+    if (!pool_p)
+        ls = sp__error(SP_ERR_INVALID_ARGUMENT, SP_SUB_SYM, "%s: pool_p is NULL", fn);
+    else if (p.allocator)
+        ls = sp__error(SP_ERR_INVALID_ARGUMENT, SP_SUB_SYM,
+                       "%s: params->allocator must be NULL (a symmetric pool's segments come "
+                       "from its registrar)",
+                       fn);
+    if (ls == SP_SUCCESS)
+        ls = sp__registrar_select(w, &st->reg);
     sp_mempool_t *pool = NULL;
-    sp_status_t ls = rs;
     if (ls == SP_SUCCESS) {
         sp_allocator_t cb = {.alloc = sp__sym_seg_alloc, .free = sp__sym_seg_free, .ctx = st};
         p.allocator = &cb;
         p.device = st->device;
         ls = sp__mempool_create_symmetric(&p, st, &pool);
     }
-    /* Heap buffers: if the agreement times out, MPI may still write them later. */
-    struct {
-        int64_t v[8], r[8];
-    } *b = calloc(1, sizeof *b);
-    if (!b) {
-        if (pool)
-            sp_mempool_destroy(pool);
-        pthread_mutex_destroy(&st->lock);
-        free(st);
-        return sp__error(SP_ERR_SYSTEM, SP_SUB_SYM, "out of host memory for a symmetric pool");
-    }
-    int64_t ok = ls == SP_SUCCESS;
-    int64_t v[8] = {(int64_t)st->serial, -(int64_t)st->serial, p.use_on_oom, -(int64_t)p.use_on_oom,
-                    p.no_split,          -(int64_t)p.no_split, ok,           -ok};
-    memcpy(b->v, v, sizeof v);
-    int64_t *r = b->r;
-    char what[96];
-    snprintf(what, sizeof what, "sp_symmetric_mempool_create #%llu",
-             (unsigned long long)st->serial);
-    sp_status_t s =
-        sp__sym_agree(NULL, sp__world_comm(w), b->v, b->r, 8, MPI_INT64_T, MPI_MIN, b, what);
-    if (s == SP_ERR_TIMEOUT)
-        b = NULL; /* the graveyard owns it now */
-    if (s == SP_SUCCESS) {
-        if (r[0] != -r[1])
-            s = sp__error(SP_ERR_MISMATCH, SP_SUB_SYM,
-                          "%s: ranks are at different symmetric pool creations (#%lld..#%lld): "
-                          "every rank must create the same pools in the same order",
-                          what, (long long)r[0], (long long)-r[1]);
-        else if (r[2] != -r[3] || r[4] != -r[5])
-            s = sp__error(SP_ERR_MISMATCH, SP_SUB_SYM,
-                          "%s: ranks pass different use_on_oom/no_split flags", what);
-        else if (ls != SP_SUCCESS)
-            s = ls;
-        else if (r[6] == 0)
-            s = sp__error(SP_ERR_INVALID_USAGE, SP_SUB_SYM,
-                          "%s: another rank could not create its pool (see its log)", what);
+    char what[96], why[200];
+    snprintf(what, sizeof what, "%s #%llu", fn, (unsigned long long)st->serial);
+    snprintf(why, sizeof why, "%s", ls == SP_SUCCESS ? "" : sp_last_error());
+    sp_agree_t a = {.op = SP_AGREE_POOL_CREATE,
+                    .ok = ls == SP_SUCCESS,
+                    .f = {(int64_t)st->serial, p.use_on_oom, p.no_split}};
+    sp_status_t s = sp__world_agree(w, &a, what);
+    if (s == SP_SUCCESS && a.lo[0] != a.hi[0])
+        s = sp__error(SP_ERR_MISMATCH, SP_SUB_SYM,
+                      "%s: ranks are at different symmetric pool creations (#%lld..#%lld): "
+                      "every rank must create the same pools in the same order",
+                      what, (long long)a.lo[0], (long long)a.hi[0]);
+    else if (s == SP_SUCCESS && (a.lo[1] != a.hi[1] || a.lo[2] != a.hi[2]))
+        s = sp__error(SP_ERR_MISMATCH, SP_SUB_SYM,
+                      "%s: ranks pass different use_on_oom/no_split flags", what);
+    else if (s == SP_SUCCESS && a.nbad) {
+        char ranks[96];
+        s = ls != SP_SUCCESS ? sp__error(ls, SP_SUB_SYM, "%s", why)
+                             : sp__error(SP_ERR_INVALID_USAGE, SP_SUB_SYM,
+                                         "%s: %s could not create the pool (its log "
+                                         "say why); no rank has it",
+                                         what, sp__agree_bad_ranks(&a, ranks, sizeof ranks));
     }
     if (s == SP_SUCCESS)
-        s = sp__world_mpi_status(MPI_Comm_dup(sp__world_comm(w), &st->comm),
-                                 "MPI_Comm_dup for a symmetric pool");
-    free(b);
+        s = make_comms(w, st);
     if (s != SP_SUCCESS) {
-        if (pool)
-            sp_mempool_destroy(pool);
-        pthread_mutex_destroy(&st->lock);
-        free(st);
+        free_new_state(st, pool);
         return s;
     }
-    MPI_Comm_set_errhandler(st->comm, MPI_ERRORS_RETURN);
     st->pool = pool;
     sp__sym_register(st);
     sp__symc_add(st->device, SP_SYMC_POOLS, 1);
     SP_INFO(SP_SUB_SYM, "symmetric pool #%llu \"%s\" on device %d, registrar %s",
-            (unsigned long long)st->serial, st->name, st->device, reg->name);
+            (unsigned long long)st->serial, st->name, st->device, st->reg->name);
     *pool_p = pool;
     return SP_SUCCESS;
 }
 
 /* ---- the allocator callbacks -------------------------------------------------------------- */
 
+/* pool/ never grows a symmetric pool itself (symmetric/ owns growth: plan, registrar, adopt);
+ * this callback only answers a request that would bypass that. */
 void *sp__sym_seg_alloc(size_t size, int device, void *stream, void *ctx) {
+    (void)device;
     (void)stream;
     sp_sym_state_t *st = ctx;
-    if (!sp__sym_is_live(st))
-        return NULL;
-    /* Only a growth the protocol started may allocate, and only once per growth: anything else
-     * would make this rank enter a collective the others are not in. */
-    if (!st->in_grow || st->grow_called) {
-        SP_INFO(SP_SUB_SYM,
-                "symmetric pool \"%s\": segment request outside a collective growth "
-                "refused",
-                st->name);
-        return NULL;
-    }
-    st->grow_called = true;
-    /* The record is allocated before the agreement so that a host-memory failure here is this
-     * rank's "cannot grow" rather than a rank missing from the registrar's collectives. */
-    sp_sym_rec_t *rec = calloc(1, sizeof *rec);
-    st->sbuf[0] = rec != NULL;
-    st->sbuf[1] = (int64_t)size;
-    st->sbuf[2] = -(int64_t)size;
-    st->sbuf[3] = rec ? INT64_MAX : st->rank; /* lowest rank that cannot grow */
-    char what[96];
-    snprintf(what, sizeof what, "sp_symmetric_malloc call #%llu (growth)",
-             (unsigned long long)st->callno);
-    sp_status_t s =
-        sp__sym_agree(st, st->comm, st->sbuf, st->rbuf, 4, MPI_INT64_T, MPI_MIN, NULL, what);
-    if (s == SP_SUCCESS && st->rbuf[0] == 0)
-        s = sp__error_quiet(SP_ERR_OUT_OF_MEMORY, SP_SUB_SYM,
-                            "%s: rank %lld cannot grow the pool, so no rank does", what,
-                            (long long)st->rbuf[3]);
-    else if (s == SP_SUCCESS && st->rbuf[1] != -st->rbuf[2])
-        s = sp__error(SP_ERR_MISMATCH, SP_SUB_SYM,
-                      "%s: ranks want segments of different sizes (%lld..%lld bytes): their "
-                      "allocator settings differ (SYMPOOL_ALLOC_CONF, SYMPOOL_LARGE_SEGMENT_SIZE, "
-                      "...); give every rank the same ones",
-                      what, (long long)st->rbuf[1], (long long)-st->rbuf[2]);
-    /* From here every rank takes the same branch: the registrar's collectives follow. */
-    if (s == SP_SUCCESS)
-        s = st->reg->alloc(st->world, st->comm, device, size, &rec->seg);
-    if (s != SP_SUCCESS) {
-        free(rec);
-        st->grow_status = s;
-        snprintf(st->grow_why, sizeof st->grow_why, "%s", sp_last_error());
-        return NULL;
-    }
-    rec->seq = UINT64_MAX;
-    sp_sym_rec_t **tail = &st->recs;
-    while (*tail)
-        tail = &(*tail)->next;
-    *tail = rec;
-    sp__symc_add(st->device, SP_SYMC_REGISTRATIONS, 1);
-    return rec->seg.base;
+    SP_INFO(SP_SUB_SYM,
+            "symmetric pool \"%s\": a %zu-byte segment outside a collective growth "
+            "was refused",
+            st->name, size);
+    return NULL;
 }
 
+/* pool/ lets go of a segment on its own only when the pool is destroyed with segments still in
+ * it, or at sp_shutdown: releasing the registration now would enter a collective alone, so it
+ * is kept (orphaned) until the next collective release of the pool or sp_world_finalize. */
 void sp__sym_seg_free(void *ptr, size_t size, int device, void *stream, void *ctx) {
     (void)size;
     (void)device;
@@ -276,179 +220,223 @@ void sp__sym_seg_free(void *ptr, size_t size, int device, void *stream, void *ct
     sp_sym_state_t *st = ctx;
     if (!sp__sym_is_live(st))
         return; /* the world was finalized: the registrar already released it */
-    sp_sym_rec_t **pp = &st->recs;
-    while (*pp && (*pp)->seg.base != ptr)
-        pp = &(*pp)->next;
-    sp_sym_rec_t *rec = *pp;
-    if (!rec)
-        return;
-    if (!st->in_release) {
-        /* Released outside a collective call (sp_mempool_destroy, sp_shutdown): releasing it
-         * now would enter a collective alone. Keep it; it goes at the next collective release
-         * (sp_symmetric_mempool_destroy or sp_world_finalize). */
-        rec->orphan = true;
-        SP_INFO(SP_SUB_SYM,
-                "symmetric pool \"%s\": segment %p released locally; its "
-                "registration is dropped at the next collective release",
-                st->name, ptr);
-        return;
-    }
-    sp_status_t s = st->reg->release(st->world, st->comm, st->device, &rec->seg);
-    if (s != SP_SUCCESS && st->release_status == SP_SUCCESS)
-        st->release_status = s;
-    *pp = rec->next;
-    free(rec);
-    sp__symc_add(st->device, SP_SYMC_DEREGISTRATIONS, 1);
+    for (sp_sym_rec_t *rec = st->recs; rec; rec = rec->next)
+        if (rec->seg.base == ptr) {
+            rec->orphan = true;
+            SP_INFO(SP_SUB_SYM,
+                    "symmetric pool \"%s\": segment %p released locally; its registration is "
+                    "dropped at the next collective release",
+                    st->name, ptr);
+        }
 }
 
 /* ---- malloc ------------------------------------------------------------------------------ */
 
-enum { F_SIZE, F_CALL, F_FOUND, F_SEG, F_OFF, NF };
+enum { F_SIZE, F_FOUND, F_SEG, F_OFF };
 
-/* One agreement round on (size, call, candidate). Fills lo[]/hi[] with min and max. */
-static sp_status_t round_(sp_sym_state_t *st, size_t size, sp_stream_t stream, const char *what,
-                          int64_t lo[NF], int64_t hi[NF]) {
+/* One agreement round on (size, candidate); ok false carries this rank's bad argument. */
+static sp_status_t round_(sp_sym_state_t *st, size_t size, size_t rounded, sp_stream_t stream,
+                          bool ok, const char *what, sp_agree_t *a) {
     bool found = false;
     uint64_t seg = 0;
     size_t off = 0;
-    /* A local failure must not keep this rank out of the allreduce the others are in: it
-     * contributes "no candidate", which at worst makes every rank grow. */
-    if (size > 0 && sp__pool_sym_find(st->pool, size, stream, &found, &seg, &off) != SP_SUCCESS)
-        found = false;
-    int64_t f[NF] = {size > (size_t)INT64_MAX ? INT64_MAX : (int64_t)size, (int64_t)st->callno,
-                     found, found ? (int64_t)seg : -1, found ? (int64_t)off : -1};
-    for (int i = 0; i < NF; i++) {
-        st->sbuf[2 * i] = f[i];
-        st->sbuf[2 * i + 1] = -f[i];
-    }
+    if (ok && rounded > 0)
+        (void)sp__pool_sym_find(st->pool, rounded, stream, &found, &seg, &off);
+    *a = (sp_agree_t){.op = SP_AGREE_SYM_MALLOC,
+                      .ok = ok,
+                      .f = {size > (size_t)INT64_MAX ? INT64_MAX : (int64_t)size, found,
+                            found ? (int64_t)seg : -1, found ? (int64_t)off : -1},
+                      .describe = describe_malloc,
+                      .describe_ctx = st};
     sp__symc_add(st->device, SP_SYMC_ROUNDS, 1);
-    SP_CHECK(
-        sp__sym_agree(st, st->comm, st->sbuf, st->rbuf, 2 * NF, MPI_INT64_T, MPI_MIN, NULL, what));
-    for (int i = 0; i < NF; i++) {
-        lo[i] = st->rbuf[2 * i];
-        hi[i] = -st->rbuf[2 * i + 1];
-    }
-    return SP_SUCCESS;
+    return sp__sym_round(st, a, what);
 }
 
-static bool same_candidate(const int64_t lo[NF], const int64_t hi[NF]) {
-    return lo[F_FOUND] == 1 && lo[F_SEG] == hi[F_SEG] && lo[F_OFF] == hi[F_OFF];
+static bool same_candidate(const sp_agree_t *a) {
+    return a->lo[F_FOUND] == 1 && a->lo[F_SEG] == a->hi[F_SEG] && a->lo[F_OFF] == a->hi[F_OFF];
 }
 
-static sp_status_t take(sp_sym_state_t *st, size_t size, sp_stream_t stream, const int64_t lo[NF],
-                        void **ptr_p) {
-    sp_status_t s =
-        sp__pool_sym_take(st->pool, size, stream, (uint64_t)lo[F_SEG], (size_t)lo[F_OFF], ptr_p);
-    char wbuf[128];
+static sp_status_t take(sp_sym_state_t *st, size_t rounded, size_t size, sp_stream_t stream,
+                        const sp_agree_t *a, void **ptr_p) {
+    sp_status_t s = sp__pool_sym_take(st->pool, rounded, size, stream, (uint64_t)a->lo[F_SEG],
+                                      (size_t)a->lo[F_OFF], ptr_p);
+    char what[128];
     if (s != SP_SUCCESS)
         return sp__error(SP_ERR_INTERNAL, SP_SUB_SYM,
                          "%s: the agreed block (segment %lld, offset %lld) could not be taken "
                          "here (%s); was the pool used from another thread meanwhile?",
-                         describe(st, NULL, wbuf, sizeof wbuf), (long long)lo[F_SEG],
-                         (long long)lo[F_OFF], sp_status_name(s));
+                         describe(st, NULL, what, sizeof what), (long long)a->lo[F_SEG],
+                         (long long)a->lo[F_OFF], sp_status_name(s));
     return SP_SUCCESS;
 }
 
-/* Every rank grows one segment together (see the file comment). */
-static sp_status_t grow(sp_sym_state_t *st, size_t size, sp_stream_t stream, const char *what,
-                        void **ptr_p) {
-    void *p = NULL;
-    st->in_grow = true;
-    st->grow_called = false;
-    st->grow_status = SP_SUCCESS;
-    sp_status_t s = sp__pool_sym_grow(st->pool, size, stream, &p);
-    st->in_grow = false;
-    if (st->broken)
-        return sp__error(SP_ERR_TIMEOUT, SP_SUB_SYM, "%s", st->broken_why);
-    if (!st->grow_called) {
-        /* The pool refused before asking us (a limit, host memory): the others are waiting in
-         * the callback's allreduce, so answer it from here with "cannot grow". */
-        st->sbuf[0] = 0;
-        st->sbuf[1] = (int64_t)size;
-        st->sbuf[2] = -(int64_t)size;
-        st->sbuf[3] = st->rank;
-        SP_CHECK(
-            sp__sym_agree(st, st->comm, st->sbuf, st->rbuf, 4, MPI_INT64_T, MPI_MIN, NULL, what));
+static void append_rec(sp_sym_state_t *st, sp_sym_rec_t *rec) {
+    sp_sym_rec_t **tail = &st->recs;
+    while (*tail)
+        tail = &(*tail)->next;
+    *tail = rec;
+    sp__symc_add(st->device, SP_SYMC_REGISTRATIONS, 1);
+}
+
+/* Undo a growth some rank could not adopt: give the block back, take the segment out of the
+ * pool where it went in, and release the registration on every rank (the registrar's release
+ * is collective; every rank reaches here from the same agreed outcome). */
+static void undo_growth(sp_sym_state_t *st, sp_sym_rec_t *rec, void *p, uint64_t seq,
+                        sp_stream_t stream) {
+    if (p) {
+        void *base;
+        size_t size;
+        (void)sp_free(p);
+        (void)sp__pool_sym_detach(st->pool, seq, &base, &size, &stream);
     }
-    int64_t v[2] = {s == SP_SUCCESS, s == SP_SUCCESS ? INT64_MAX : st->rank};
-    memcpy(st->sbuf, v, sizeof v);
-    SP_CHECK(sp__sym_agree(st, st->comm, st->sbuf, st->rbuf, 2, MPI_INT64_T, MPI_MIN, NULL, what));
-    if (st->rbuf[0] == 1) {
-        sp_block_info_t bi;
-        if (sp__pool_lookup(p, &bi) == SP_SUCCESS)
-            for (sp_sym_rec_t *r = st->recs; r; r = r->next)
-                if (r->seg.base == bi.segment_base)
-                    r->seq = bi.segment_seq;
+    (void)st->reg->release(st, &rec->seg, stream);
+    free(rec);
+}
+
+/* A test hook (sym_state.h): seconds this thread sleeps before a growth's first round. */
+_Thread_local double sp__sym_test_grow_delay_s;
+void sp__sym_test_set_grow_delay(double seconds) {
+    sp__sym_test_grow_delay_s = seconds;
+}
+
+/* Every rank grows one segment together. The ranks agree that every rank has room (no pool lock
+ * held: a thread's sp_malloc on this device goes on meanwhile), the registrar allocates and
+ * registers collectively (no pool lock held), then one locked pool call adopts the segment and
+ * hands out its block, and a last round confirms it everywhere. */
+static sp_status_t grow(sp_sym_state_t *st, size_t rounded, size_t size, sp_stream_t stream,
+                        const char *what, void **ptr_p) {
+    size_t alloc_size = 0;
+    if (sp__sym_test_grow_delay_s > 0) /* tests: this rank is late inside a growth */
+        nanosleep(&(struct timespec){(time_t)sp__sym_test_grow_delay_s,
+                                     (long)((sp__sym_test_grow_delay_s -
+                                             (double)(time_t)sp__sym_test_grow_delay_s) *
+                                            1e9)},
+                  NULL);
+    sp_status_t ps = sp__pool_sym_plan(st->pool, rounded, &alloc_size);
+    sp_sym_rec_t *rec = ps == SP_SUCCESS ? calloc(1, sizeof *rec) : NULL;
+    if (ps == SP_SUCCESS && !rec)
+        ps = sp__error(SP_ERR_SYSTEM, SP_SUB_SYM, "%s: out of host memory", what);
+    char why[200], ranks[96];
+    snprintf(why, sizeof why, "%s", ps == SP_SUCCESS ? "" : sp_last_error());
+    sp_agree_t a = {.op = SP_AGREE_SYM_GROW, .ok = ps == SP_SUCCESS, .f = {(int64_t)alloc_size}};
+    sp_status_t s = sp__sym_round(st, &a, what);
+    if (s == SP_SUCCESS && a.nbad)
+        s = sp__error(SP_ERR_OUT_OF_MEMORY, SP_SUB_SYM,
+                      "%s: cannot grow symmetric pool \"%s\" by a segment for %zu bytes: it "
+                      "cannot grow on %s, so no rank grows it%s%s",
+                      what, st->name, size, sp__agree_bad_ranks(&a, ranks, sizeof ranks),
+                      ps == SP_SUCCESS ? "" : "; here: ", why);
+    else if (s == SP_SUCCESS && a.lo[0] != a.hi[0])
+        s = sp__error(SP_ERR_MISMATCH, SP_SUB_SYM,
+                      "%s: ranks want segments of different sizes (%lld..%lld bytes): their "
+                      "allocator settings differ (SYMPOOL_ALLOC_CONF, SYMPOOL_LARGE_SEGMENT_SIZE, "
+                      "...); give every rank the same ones",
+                      what, (long long)a.lo[0], (long long)a.hi[0]);
+    /* From here every rank takes the same branch: the registrar's collectives follow. */
+    if (s == SP_SUCCESS)
+        s = st->reg->alloc(st, alloc_size, &rec->seg);
+    if (s != SP_SUCCESS) {
+        free(rec);
+        return s;
+    }
+    void *p = NULL;
+    uint64_t seq = 0;
+    sp_status_t as =
+        sp__pool_sym_adopt(st->pool, rec->seg.base, alloc_size, rounded, size, stream, &p, &seq);
+    snprintf(why, sizeof why, "%s", as == SP_SUCCESS ? "" : sp_last_error());
+    a = (sp_agree_t){.op = SP_AGREE_SYM_GROW, .ok = as == SP_SUCCESS};
+    s = sp__sym_round(st, &a, what);
+    if (s == SP_SUCCESS && !a.nbad) {
+        rec->seq = seq;
+        append_rec(st, rec);
         sp__symc_add(st->device, SP_SYMC_GROWTHS, 1);
-        SP_INFO(SP_SUB_SYM,
-                "%s: every rank grew a registered segment (%s registrar) for %zu "
-                "bytes",
-                what, st->reg->name, size);
+        SP_INFO(SP_SUB_SYM, "%s: every rank grew a registered segment (%s registrar) of %zu bytes",
+                what, st->reg->name, alloc_size);
         *ptr_p = p;
         return SP_SUCCESS;
     }
-    if (s == SP_SUCCESS) {
-        sp_free(p); /* the block goes back to the cache; its segment stays registered */
-        return sp__error(SP_ERR_OUT_OF_MEMORY, SP_SUB_SYM,
-                         "%s: rank %lld could not grow the pool, so no rank allocates", what,
-                         (long long)st->rbuf[1]);
+    if (s != SP_SUCCESS) {
+        /* The outcome is unknown (the pool is broken now): keep what this rank made, so its
+         * block stays valid and sp_world_finalize releases the registration. */
+        rec->seq = seq;
+        append_rec(st, rec);
+        if (as == SP_SUCCESS)
+            (void)sp_free(p);
+        return s;
     }
-    if (st->grow_status != SP_SUCCESS && st->grow_status != SP_ERR_OUT_OF_MEMORY)
-        return sp__error(st->grow_status, SP_SUB_SYM, "%s: growing a segment failed: %s", what,
-                         st->grow_why);
-    return sp__error(SP_ERR_OUT_OF_MEMORY, SP_SUB_SYM,
-                     "%s: cannot grow symmetric pool \"%s\" by a segment for %zu bytes (rank "
-                     "%lld cannot), nothing allocated on any rank",
-                     what, st->name, size, (long long)st->rbuf[1]);
+    undo_growth(st, rec, as == SP_SUCCESS ? p : NULL, seq, stream);
+    return sp__error(SP_ERR_SYSTEM, SP_SUB_SYM,
+                     "%s: the new segment could not be adopted on %s (host memory), so no rank "
+                     "keeps it%s%s",
+                     what, sp__agree_bad_ranks(&a, ranks, sizeof ranks),
+                     as == SP_SUCCESS ? "" : "; here: ", why);
+}
+
+/* This rank's own argument checks (the one size check and rounding of the call included), made
+ * before the first round so a bad argument on one rank is an error on every rank
+ * (SP_ERR_INVALID_ARGUMENT) instead of a rank missing from it. */
+static bool check_args(sp_sym_state_t *st, size_t size, sp_stream_t stream, void **ptr_p,
+                       size_t *rounded_p, char *why, size_t len) {
+    sp_status_t s = SP_SUCCESS;
+    char what[128];
+    if (!ptr_p)
+        s = sp__error(SP_ERR_INVALID_ARGUMENT, SP_SUB_SYM, "%s: ptr_p is NULL",
+                      describe(st, NULL, what, sizeof what));
+    else if ((s = sp__pool_sym_size(st->pool, size, rounded_p)) == SP_SUCCESS && size > 0 && stream)
+        s = sp__pool_check_stream(st->pool, stream, describe(st, NULL, what, sizeof what));
+    if (s == SP_SUCCESS)
+        return true;
+    snprintf(why, len, "%s", sp_last_error());
+    return false;
 }
 
 SP_EXPORT sp_status_t sp_symmetric_malloc(sp_mempool_t *pool, size_t size, sp_stream_t stream,
                                           void **ptr_p) {
     sp_sym_state_t *st;
     SP_CHECK(sp__sym_acquire(pool, "sp_symmetric_malloc", &st));
-    /* The call counts even if it fails locally below: a rank that skipped the collective part
-     * is then caught by the call numbers at the next call. */
     ++st->callno;
-    char wbuf[128];
-#define WHAT describe(st, NULL, wbuf, sizeof wbuf)
-    sp_status_t s;
-    int64_t lo[NF], hi[NF];
+    /* The call's name is formatted only when a message or a growth needs it (WHAT). */
+    char what[128] = "", why[256], ranks[96];
+#define WHAT (what[0] ? what : describe(st, NULL, what, sizeof what))
+    size_t rounded = 0;
+    bool ok = check_args(st, size, stream, ptr_p, &rounded, why, sizeof why);
+    sp_agree_t a;
     void *p = NULL;
-    if (!ptr_p) {
-        s = sp__error(SP_ERR_INVALID_ARGUMENT, SP_SUB_SYM,
-                      "%s: ptr_p is NULL (this rank did not take part; the next call will "
-                      "report a mismatch)",
-                      WHAT);
+    sp_status_t s;
+    SP_CHECK_GOTO(round_(st, size, rounded, stream, ok, NULL, &a), s, out);
+    if (a.lo[F_SIZE] != a.hi[F_SIZE]) {
+        s = sp__error(SP_ERR_MISMATCH, SP_SUB_SYM,
+                      "%s: ranks disagree: sizes from %lld to %lld bytes. Every rank must make "
+                      "the same sp_symmetric_malloc calls in the same order; nothing was "
+                      "allocated",
+                      WHAT, (long long)a.lo[F_SIZE], (long long)a.hi[F_SIZE]);
         goto out;
     }
-    SP_CHECK_GOTO(round_(st, size, stream, NULL, lo, hi), s, out);
-    if (lo[F_SIZE] != hi[F_SIZE] || lo[F_CALL] != hi[F_CALL]) {
-        s = sp__error(SP_ERR_MISMATCH, SP_SUB_SYM,
-                      "%s: ranks disagree: sizes from %lld to %lld bytes, call numbers from "
-                      "#%lld to #%lld. Every rank must make the same sp_symmetric_malloc calls "
-                      "in the same order; nothing was allocated",
-                      WHAT, (long long)lo[F_SIZE], (long long)hi[F_SIZE], (long long)lo[F_CALL],
-                      (long long)hi[F_CALL]);
-        st->callno = (uint64_t)hi[F_CALL]; /* every rank continues from the same number */
+    if (a.nbad) {
+        s = !ok ? sp__error(SP_ERR_INVALID_ARGUMENT, SP_SUB_SYM, "%s (no rank allocated)", why)
+                : sp__error(SP_ERR_INVALID_ARGUMENT, SP_SUB_SYM,
+                            "%s: %s rejected its arguments (its log says why); no rank "
+                            "allocated",
+                            WHAT, sp__agree_bad_ranks(&a, ranks, sizeof ranks));
         goto out;
     }
     if (size == 0) {
         s = SP_SUCCESS; /* p stays NULL, as sp_malloc(0) */
         goto out;
     }
-    if (same_candidate(lo, hi)) {
-        s = take(st, size, stream, lo, &p);
+    if (same_candidate(&a)) {
+        s = take(st, rounded, size, stream, &a, &p);
         goto out;
     }
     /* The caches differ (events completed at different times, a block lent on OOM): complete
      * this rank's pending frees and look again before paying for a growth. */
     if (sp__pool_sync_pending(pool) != SP_SUCCESS)
         SP_INFO(SP_SUB_SYM, "%s: completing pending frees failed: %s", WHAT, sp_last_error());
-    SP_CHECK_GOTO(round_(st, size, stream, NULL, lo, hi), s, out);
-    if (same_candidate(lo, hi))
-        s = take(st, size, stream, lo, &p);
+    SP_CHECK_GOTO(round_(st, size, rounded, stream, true, NULL, &a), s, out);
+    if (same_candidate(&a))
+        s = take(st, rounded, size, stream, &a, &p);
     else
-        s = grow(st, size, stream, WHAT, &p);
+        s = grow(st, rounded, size, stream, WHAT, &p);
 out:
     if (s == SP_SUCCESS) {
         sp__symc_add(st->device, SP_SYMC_MALLOCS, 1);

@@ -27,6 +27,11 @@ typedef struct sp_sym_counters {
 
 void sp__symmetric_counters(int device, sp_sym_counters_t *counters_p);
 
+/* Test hook: the calling thread sleeps `seconds` at the start of each of its growths, before
+ * the growth's first agreement round (0: none), so a test can make one rank late inside a
+ * growth. Thread-local; never set by the library itself. */
+void sp__sym_test_set_grow_delay(double seconds);
+
 #ifdef __cplusplus
 }
 #endif

@@ -2,6 +2,16 @@
  * @file collectives.h
  * @brief Collectives on (symmetric) device buffers and per-rank statistics in one call.
  *        Every function here is collective over the world.
+ *
+ * Every call starts with one agreement round over the world (the same for every collective
+ * sympool call: which call, its number, every rank's argument checks), bounded by
+ * SYMPOOL_SYM_TIMEOUT (world.h). A rank that does not arrive makes every rank that did return
+ * SP_ERR_TIMEOUT naming the call; a rank in another collective call makes every rank return
+ * SP_ERR_MISMATCH naming both; a bad argument on one rank makes every rank return
+ * SP_ERR_INVALID_ARGUMENT (the others naming it). No data moves unless every rank agreed. The
+ * deadline covers that round only: once the data moves (MPI on host memory, NCCL on GPUs) a
+ * peer that dies mid-transfer is MPI's business (it aborts the job by default) or NCCL's (its
+ * kernels wait); sympool cannot bound that wait.
  */
 #ifndef SYMPOOL_COLLECTIVES_H
 #define SYMPOOL_COLLECTIVES_H

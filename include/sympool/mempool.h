@@ -57,7 +57,8 @@ sp_status_t sp_mempool_create(const sp_mempool_params_t *params, sp_mempool_t **
  * Drop the creator's use and release the pool's free cached segments now. Segments still holding
  * live blocks are released when those blocks are freed and the cache is emptied.
  * @return SP_SUCCESS, SP_ERR_INVALID_ARGUMENT (NULL), SP_ERR_INVALID_USAGE (the default pool,
- *         a pool already destroyed, a pool still routed by sp_mempool_begin).
+ *         a pool already destroyed, a pool still routed by sp_mempool_begin, a symmetric pool:
+ *         destroying one is collective, use sp_symmetric_mempool_destroy).
  */
 sp_status_t sp_mempool_destroy(sp_mempool_t *pool);
 

@@ -25,33 +25,51 @@ typedef struct sp_window_info {
     uint64_t segment_seq; /**< identical on every rank */
 } sp_window_info_t;
 
-/** Collective: create a symmetric pool on the world's device (params->device is ignored). */
+/**
+ * Collective: create a symmetric pool on the world's device (params->device is ignored). Every
+ * rank checks its own arguments and creates its local pool, then the ranks agree (one round,
+ * bounded by SYMPOOL_SYM_TIMEOUT): any failure or difference (flags, creation order) is an error
+ * on every rank and no rank keeps a pool. A timeout (a rank late or absent) leaves the world
+ * usable (world.h).
+ * @return SP_SUCCESS, SP_ERR_INVALID_ARGUMENT (NULL pool_p, params->allocator set),
+ *         SP_ERR_INVALID_USAGE (not a live world, or another rank failed), SP_ERR_MISMATCH,
+ *         SP_ERR_TIMEOUT, SP_ERR_NOT_SUPPORTED (no registrar here), SP_ERR_MPI.
+ */
 sp_status_t sp_symmetric_mempool_create(sp_world_t *w, const sp_mempool_params_t *params,
                                         sp_mempool_t **pool_p);
 
 /**
  * Collective: every rank passes the same size in the same call order and receives a block at
- * the same segment and offset. Mismatch -> SP_ERR_MISMATCH on every rank, nothing allocated.
- * A rank that does not arrive within SYMPOOL_SYM_TIMEOUT -> SP_ERR_TIMEOUT (naming the call);
- * the pool is then broken on the ranks that timed out: its live blocks stay valid and may be
- * freed, further collective calls on it return SP_ERR_INVALID_USAGE, and its segments are
- * released at sp_world_finalize. One rank failing to grow -> SP_ERR_OUT_OF_MEMORY everywhere.
- * Not thread-safe against other collective calls on the same pool (order them as MPI does).
+ * the same segment and offset. Mismatch (sizes, or a rank in another call on this pool such as
+ * sp_symmetric_empty_cache) -> SP_ERR_MISMATCH on every rank naming both, nothing allocated. A
+ * bad argument on one rank (NULL ptr_p, a size the device cannot hold, a handle that is not a
+ * stream of the pool's device) -> SP_ERR_INVALID_ARGUMENT on every rank. A rank that does not
+ * arrive within SYMPOOL_SYM_TIMEOUT -> SP_ERR_TIMEOUT (naming the call); the pool is then broken
+ * on the ranks that timed out, and on a late rank when it arrives (it fails at once): its live
+ * blocks stay valid and may be freed, further collective calls on it return
+ * SP_ERR_INVALID_USAGE with the reason, and its segments stay registered until the process
+ * exits (releasing them is collective and the missing rank may be gone). A
+ * rank that cannot grow -> SP_ERR_OUT_OF_MEMORY everywhere, naming the ranks that could not.
+ * Growth holds no lock of the allocator while ranks wait for each other: other threads'
+ * sp_malloc/sp_free, and other symmetric pools, go on meanwhile. Calls on one pool are
+ * serialized on this rank; calls on different pools may run from different threads at once
+ * (MPI_THREAD_MULTIPLE), in any order across ranks.
  * @return SP_SUCCESS, SP_ERR_INVALID_ARGUMENT, SP_ERR_INVALID_USAGE, SP_ERR_MISMATCH,
  *         SP_ERR_OUT_OF_MEMORY, SP_ERR_TIMEOUT, SP_ERR_MPI, SP_ERR_NCCL.
  */
 sp_status_t sp_symmetric_malloc(sp_mempool_t *pool, size_t size, sp_stream_t stream, void **ptr_p);
 
-/** Collective: release the segments that are free on every rank, in the same order. */
+/** Collective: release the segments that are free on every rank, in the same order (one
+ * agreement round for the whole batch). SP_ERR_MISMATCH, SP_ERR_TIMEOUT as sp_symmetric_malloc. */
 sp_status_t sp_symmetric_empty_cache(sp_mempool_t *pool);
 
 /**
  * Collective: destroy a symmetric pool. sp_mempool_destroy is not collective, so it cannot
  * deregister segments; use this instead. Every rank's pending frees are completed first.
  * @return SP_SUCCESS; SP_ERR_BUSY on every rank if any rank still has a live block in the pool
- *         (nothing is destroyed); SP_ERR_INVALID_ARGUMENT (NULL); SP_ERR_INVALID_USAGE (not a
- *         live symmetric pool, or a pool broken by a timeout: it is released at
- *         sp_world_finalize); SP_ERR_TIMEOUT.
+ *         (nothing is destroyed; the message names those ranks); SP_ERR_MISMATCH (a rank in
+ *         another call on the pool); SP_ERR_INVALID_ARGUMENT (NULL); SP_ERR_INVALID_USAGE (not a
+ *         live symmetric pool, or a pool broken by a timeout); SP_ERR_TIMEOUT.
  */
 sp_status_t sp_symmetric_mempool_destroy(sp_mempool_t *pool);
 

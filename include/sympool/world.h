@@ -27,7 +27,29 @@ sp_status_t sp_world_init(int *argc, char ***argv, sp_world_t **world_p);
  * comm. */
 sp_status_t sp_world_from_comm(MPI_Comm comm, sp_world_t **world_p);
 
-/** Collective: frees the world; finalizes MPI only if sp_world_init initialized it. */
+/**
+ * Collective: frees the world; finalizes MPI only if sp_world_init initialized it. First it
+ * runs what must happen while the world still works (SYMPOOL_REPORT, releasing the segments of
+ * symmetric pools still alive). Calling it twice on one world, or on a pointer that is not a
+ * world, is refused without touching anything.
+ *
+ * Deadlines: every collective sympool call on a world (sp_symmetric_mempool_create, the
+ * collectives and the statistics of collectives.h, and the symmetric pool calls) starts with an
+ * agreement round bounded by SYMPOOL_SYM_TIMEOUT (seconds; 0 or inf: no deadline; at most one
+ * year). A rank whose deadline passes returns SP_ERR_TIMEOUT naming the call; a rank that
+ * arrives after a peer's deadline returns SP_ERR_TIMEOUT too. The world stays usable after a
+ * timeout in a world-level call: the abandoned round stays pending on a communicator of its own
+ * and is completed by the late rank's call, after which the ranks are in step again (a rank that
+ * skipped the call instead gets SP_ERR_TIMEOUT or SP_ERR_MISMATCH at its next call, then is in
+ * step). A round still pending at sp_world_finalize (the peer never came) leaves that
+ * communicator allocated, with a warning, rather than freeing it under MPI. The deadline covers
+ * agreement only: once ranks have agreed, the data moves through MPI or NCCL, and a peer that
+ * dies during that transfer is MPI's or NCCL's business (MPI aborts the job by default; NCCL
+ * waits).
+ *
+ * @return SP_SUCCESS, SP_ERR_INVALID_ARGUMENT (NULL), SP_ERR_INVALID_USAGE (not a live world,
+ *         or MPI already finalized), SP_ERR_MPI, SP_ERR_NCCL.
+ */
 sp_status_t sp_world_finalize(sp_world_t *world);
 
 int sp_world_rank(const sp_world_t *w);       /**< rank in the world's communicator, -1 for NULL */

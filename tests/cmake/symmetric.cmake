@@ -60,3 +60,47 @@ if(TARGET test_symmetric_timeout)
   set_tests_properties(mpi.test_symmetric_timeout.env_timeout_1s.np4 PROPERTIES LABELS mpi
     TIMEOUT 120 ENVIRONMENT "${SP_TEST_ENV};SYMPOOL_SYM_TIMEOUT=1")
 endif()
+
+# Issue 9 item 2: growth holds no pool lock while ranks wait (two threads, two pools, opposite
+# orders; an sp_malloc during a growth waiting for a late rank). Needs MPI_THREAD_MULTIPLE.
+add_executable(sym_threads ${PROJECT_SOURCE_DIR}/tests/mpi/sym_threads.cc
+                           ${PROJECT_SOURCE_DIR}/tests/mpi/mpi_main.cc)
+target_compile_options(sym_threads PRIVATE ${SP_WARN_CXX})
+target_compile_definitions(sym_threads PRIVATE SP_MPI_THREAD_MULTIPLE=1)
+target_link_libraries(sym_threads PRIVATE sp_test_shim MPI::MPI_CXX MPI::MPI_C)
+add_test(NAME mpi.sym_threads.np2
+  COMMAND ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} 2 --oversubscribe $<TARGET_FILE:sym_threads>)
+set_tests_properties(mpi.sym_threads.np2 PROPERTIES LABELS mpi TIMEOUT 120
+  ENVIRONMENT "${SP_TEST_ENV}")
+
+# Issue 10: every collective call a clear error on every rank (skip, add, delay, bad arguments),
+# each scenario bounded by SYMPOOL_SYM_TIMEOUT=1; at 2 and 4 ranks only.
+add_executable(sym_faults ${PROJECT_SOURCE_DIR}/tests/mpi/sym_faults.cc
+                          ${PROJECT_SOURCE_DIR}/tests/mpi/mpi_main.cc)
+target_compile_options(sym_faults PRIVATE ${SP_WARN_CXX})
+target_link_libraries(sym_faults PRIVATE sp_test_shim MPI::MPI_CXX MPI::MPI_C)
+foreach(np 2 4)
+  add_test(NAME mpi.sym_faults.np${np}
+    COMMAND ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} ${np} --oversubscribe
+            $<TARGET_FILE:sym_faults>)
+  set_tests_properties(mpi.sym_faults.np${np} PROPERTIES LABELS mpi TIMEOUT 180
+    ENVIRONMENT "${SP_TEST_ENV}")
+endforeach()
+
+# Issue 10: a rank that _exits right before each kind of collective call; the survivors get
+# SP_ERR_TIMEOUT naming the call within the deadline. Open MPI lets survivors go on only with
+# orte_abort_on_non_zero_status=0; mpirun's own status is not the verdict (the survivors cannot
+# finalize with a dead peer), the printed lines are.
+add_executable(sym_exit ${PROJECT_SOURCE_DIR}/tests/mpi/sym_exit.c)
+target_compile_options(sym_exit PRIVATE ${SP_WARN})
+target_link_libraries(sym_exit PRIVATE sympool_static MPI::MPI_C)
+foreach(call create malloc empty_cache destroy allreduce allgather reduce_scatter broadcast
+        stats_aggregate stats_report)
+  add_test(NAME mpi.sym_exit.${call}.np3
+    COMMAND ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} 3 --oversubscribe
+            --mca orte_abort_on_non_zero_status 0 $<TARGET_FILE:sym_exit> ${call})
+  set_tests_properties(mpi.sym_exit.${call}.np3 PROPERTIES LABELS mpi TIMEOUT 60
+    ENVIRONMENT "${SP_TEST_ENV};SYMPOOL_SYM_TIMEOUT=1"
+    PASS_REGULAR_EXPRESSION "sym-exit: ok rank 0.*sym-exit: ok rank 1|sym-exit: ok rank 1.*sym-exit: ok rank 0"
+    FAIL_REGULAR_EXPRESSION "sym-exit: FAIL")
+endforeach()

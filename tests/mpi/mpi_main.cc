@@ -27,7 +27,17 @@ void quiet_other_ranks(int rank) {
 
 int main(int argc, char **argv) {
     ::testing::InitGoogleTest(&argc, argv);
+#if defined(SP_MPI_THREAD_MULTIPLE)
+    // Binaries whose tests call sympool's collectives from several threads at once.
+    int provided = 0;
+    MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
+    if (provided < MPI_THREAD_MULTIPLE) {
+        std::fprintf(stderr, "MPI_THREAD_MULTIPLE is not available (got %d)\n", provided);
+        MPI_Abort(MPI_COMM_WORLD, 2);
+    }
+#else
     MPI_Init(&argc, &argv);
+#endif
     int rank = 0;
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);
     quiet_other_ranks(rank);

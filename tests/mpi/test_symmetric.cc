@@ -191,14 +191,31 @@ TEST_F(Symmetric, SkippedCallFailsOnEveryRank) {
     }
     expect_identical(p, "after skip");
     ASSERT_SP_OK(sp_free(p));
-    // A call that fails locally on one rank still counts: the next call numbers differ.
-    if (mpi_rank() == 0) {
-        EXPECT_SP_STATUS(sp_symmetric_malloc(pool_, 4096, nullptr, nullptr),
-                         SP_ERR_INVALID_ARGUMENT);
-    }
-    EXPECT_SP_STATUS(sp_symmetric_malloc(pool_, 4096, nullptr, &p), SP_ERR_MISMATCH);
+    // A bad argument on one rank still takes part: every rank fails that call with
+    // SP_ERR_INVALID_ARGUMENT (the others naming the rank), and the next call is in step.
+    void **out = mpi_rank() == 0 ? nullptr : &p;
+    EXPECT_SP_STATUS(sp_symmetric_malloc(pool_, 4096, nullptr, out), SP_ERR_INVALID_ARGUMENT);
     std::string msg = sp_last_error();
-    EXPECT_NE(msg.find("call numbers"), std::string::npos) << msg;
+    EXPECT_NE(msg.find(mpi_rank() == 0 ? "ptr_p is NULL" : "rank 0 rejected"), std::string::npos)
+        << msg;
+    ASSERT_SP_OK(sp_symmetric_malloc(pool_, 4096, nullptr, &p));
+    expect_identical(p, "after a bad argument");
+    ASSERT_SP_OK(sp_free(p));
+}
+
+TEST_F(Symmetric, SkippedCallNamesBothCallNumbers) {
+    expect_warnings();
+    make();
+    void *p = nullptr;
+    if (mpi_rank() == 0) { // rank 0 makes one call the others do not
+        EXPECT_SP_STATUS(sp_symmetric_empty_cache(pool_), SP_ERR_MISMATCH);
+        std::string msg = sp_last_error();
+        EXPECT_NE(msg.find("sp_symmetric_empty_cache"), std::string::npos) << msg;
+        EXPECT_NE(msg.find("sp_symmetric_malloc"), std::string::npos) << msg;
+    } else {
+        EXPECT_SP_STATUS(sp_symmetric_malloc(pool_, 4096, nullptr, &p), SP_ERR_MISMATCH);
+    }
+    // Resynchronized: the next call works everywhere.
     ASSERT_SP_OK(sp_symmetric_malloc(pool_, 4096, nullptr, &p));
     expect_identical(p, "after resync");
     ASSERT_SP_OK(sp_free(p));

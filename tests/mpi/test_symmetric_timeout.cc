@@ -1,6 +1,7 @@
 // test_symmetric_timeout.cc: a rank that stops calling is reported by SP_ERR_TIMEOUT (naming the
 // call) on the ranks that wait, instead of a hang; the pool is then broken on those ranks and
-// refuses further collective calls, and is released at sp_world_finalize. Uses
+// refuses further collective calls; sp_world_finalize leaves its registrations to process exit. The
+// late rank, when it comes, fails too (SP_ERR_TIMEOUT) and its pool breaks as well. Uses
 // SYMPOOL_SYM_TIMEOUT from the environment when set (the dedicated registration in
 // tests/cmake/symmetric.cmake sets 1), else sets 1 second itself.
 #include <mpi.h>
@@ -59,15 +60,21 @@ TEST_F(SymmetricTimeout, RankThatStopsCallingIsReportedNotAHang) {
     }
     MPI_Barrier(MPI_COMM_WORLD);
     if (mpi_rank() == 0) {
-        // The late rank arrives: its call completes against the abandoned contributions (the
-        // others still progress them inside MPI_Barrier below) and it gets the cached block.
+        // The late rank arrives: its round completes at once against the abandoned
+        // contributions, after their deadline, so it fails too (it must not go on alone) and its
+        // pool breaks like the others'.
         sp::ScopedEnv late({{"SYMPOOL_SYM_TIMEOUT", "120"}});
-        ASSERT_SP_OK(sp_symmetric_malloc(pool, 4096, nullptr, &p));
-        ASSERT_SP_OK(sp_free(p));
+        double t0 = MPI_Wtime();
+        EXPECT_SP_STATUS(sp_symmetric_malloc(pool, 4096, nullptr, &p), SP_ERR_TIMEOUT);
+        EXPECT_LT(MPI_Wtime() - t0, 5.0) << "the late rank learns at once, not at its deadline";
+        std::string msg = sp_last_error();
+        EXPECT_NE(msg.find("stopped waiting at its deadline"), std::string::npos) << msg;
+        EXPECT_SP_STATUS(sp_symmetric_malloc(pool, 4096, nullptr, &p), SP_ERR_INVALID_USAGE);
     }
     MPI_Barrier(MPI_COMM_WORLD);
-    // No collective destroy is possible on a broken pool: sp_world_finalize releases its
-    // segments (with a warning), in the same order on every rank.
+    // No collective destroy is possible on a broken pool: sp_world_finalize leaves its
+    // registered segment to process exit (with a warning) instead of a collective release that
+    // could wait for a rank that is gone.
     ASSERT_SP_OK(sp_world_finalize(w));
     EXPECT_SP_STATUS(sp_symmetric_malloc(pool, 4096, nullptr, &p), SP_ERR_INVALID_USAGE);
 }

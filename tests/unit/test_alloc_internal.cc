@@ -69,6 +69,10 @@ static void plain_free(void *p, size_t, int, sp_stream_t, void *ctx) {
     free(p);
 }
 
+// The primitives symmetric/ builds growth and release on: plan and adopt (the memory comes from
+// the caller, as the registrar's does, allocated with no pool lock held), detach (the memory
+// goes back to the caller). The pool's allocator callbacks only hear of segments pool/ lets go
+// of on its own (destroy), never of adopted or detached ones.
 TEST_F(AllocInternal, SymmetricPrimitives) {
     int live_segments = 0;
     sp_allocator_t al = {plain_alloc, plain_free, &live_segments};
@@ -81,54 +85,80 @@ TEST_F(AllocInternal, SymmetricPrimitives) {
     ASSERT_SP_OK(sp__mempool_create_symmetric(&prm, &state, &pool));
     EXPECT_TRUE(sp_mempool_is_symmetric(pool));
     EXPECT_EQ(sp__mempool_sym_state(pool), &state);
+    size_t rounded = 0;
+    ASSERT_SP_OK(sp__pool_sym_size(pool, 4 * MiB - 3, &rounded));
+    EXPECT_EQ(rounded, 4 * MiB);
+    ASSERT_SP_OK(sp__pool_sym_size(pool, 0, &rounded));
+    EXPECT_EQ(rounded, 0u);
+    expect_warnings();
+    EXPECT_SP_STATUS(sp__pool_sym_size(pool, SIZE_MAX, &rounded), SP_ERR_INVALID_ARGUMENT);
     bool found = true;
     uint64_t seq = 99;
     size_t off = 99;
     ASSERT_SP_OK(sp__pool_sym_find(pool, 4 * MiB, nullptr, &found, &seq, &off));
     EXPECT_FALSE(found);
-    void *g0, *g1, *t;
-    ASSERT_SP_OK(sp__pool_sym_grow(pool, 4 * MiB, nullptr, &g0)); // seq 0: 20 MiB
-    ASSERT_SP_OK(sp__pool_sym_grow(pool, 4 * MiB, nullptr, &g1)); // seq 1: 20 MiB
+    void *g[2], *t;
+    void *mem[2];
+    for (int i = 0; i < 2; i++) {
+        size_t asize = 0;
+        ASSERT_SP_OK(sp__pool_sym_plan(pool, 4 * MiB, &asize));
+        EXPECT_EQ(asize, 20 * MiB);
+        mem[i] = aligned_alloc(4096, asize);
+        ASSERT_SP_OK(
+            sp__pool_sym_adopt(pool, mem[i], asize, 4 * MiB, 4 * MiB, nullptr, &g[i], &seq));
+        EXPECT_EQ(seq, (uint64_t)i);
+        EXPECT_EQ(g[i], mem[i]);
+    }
     EXPECT_EQ(sp__pool_segment_count(pool), 2u);
     EXPECT_EQ(sp__pool_next_segment_seq(pool), 2u);
-    EXPECT_EQ(live_segments, 2);
+    EXPECT_EQ(live_segments, 0) << "adopted memory is not the allocator callbacks'";
     // Both segments have a 16 MiB free tail; ties go to the lower sequence number.
     ASSERT_SP_OK(sp__pool_sym_find(pool, 8 * MiB, nullptr, &found, &seq, &off));
     EXPECT_TRUE(found);
     EXPECT_EQ(seq, 0u);
     EXPECT_EQ(off, 4 * MiB);
-    EXPECT_EQ(sp__pool_sym_take(pool, 8 * MiB, nullptr, 1, 0, &t), SP_ERR_INVALID_USAGE)
+    EXPECT_EQ(sp__pool_sym_take(pool, 8 * MiB, 8 * MiB, nullptr, 1, 0, &t), SP_ERR_INVALID_USAGE)
         << "offset 0 of segment 1 is allocated";
-    ASSERT_SP_OK(sp__pool_sym_take(pool, 8 * MiB, nullptr, 1, 4 * MiB, &t));
-    EXPECT_EQ((char *)t, (char *)g1 + 4 * MiB);
+    ASSERT_SP_OK(sp__pool_sym_take(pool, 8 * MiB, 8 * MiB, nullptr, 1, 4 * MiB, &t));
+    EXPECT_EQ((char *)t, (char *)g[1] + 4 * MiB);
     void *base;
     size_t size;
     ASSERT_SP_OK(sp__pool_segment_info(pool, 1, &base, &size));
-    EXPECT_EQ(base, g1);
+    EXPECT_EQ(base, g[1]);
     EXPECT_EQ(size, 20 * MiB);
+    // A pool limit leaves no room for another segment.
+    ASSERT_SP_OK(sp_mempool_set_limit(pool, 50 * MiB));
+    size_t asize = 0;
+    EXPECT_EQ(sp__pool_sym_plan(pool, 4 * MiB, &asize), SP_ERR_OUT_OF_MEMORY);
+    ASSERT_SP_OK(sp_mempool_set_limit(pool, 0));
     // Misuse of the public entry points on a symmetric pool.
-    expect_warnings();
     void *p;
     EXPECT_SP_STATUS(sp_mempool_malloc(pool, 512, nullptr, &p), SP_ERR_INVALID_USAGE);
     EXPECT_SP_STATUS(sp_mempool_begin(pool), SP_ERR_INVALID_USAGE);
     EXPECT_SP_STATUS(sp_mempool_free_all_blocks(pool, nullptr), SP_ERR_INVALID_USAGE);
+    EXPECT_SP_STATUS(sp_mempool_destroy(pool), SP_ERR_INVALID_USAGE);
     // The allocator never releases it on its own.
-    ASSERT_SP_OK(sp_free(g0));
+    ASSERT_SP_OK(sp_free(g[0]));
     ASSERT_SP_OK(sp_empty_cache());
-    EXPECT_EQ(live_segments, 2);
+    EXPECT_EQ(sp__pool_segment_count(pool), 2u);
     uint64_t seqs[4];
     size_t n = 0;
     ASSERT_SP_OK(sp__pool_free_segments(pool, seqs, 4, &n));
     ASSERT_EQ(n, 1u);
     EXPECT_EQ(seqs[0], 0u);
-    EXPECT_EQ(sp__pool_release_segment(pool, 1), SP_ERR_INVALID_USAGE);
-    ASSERT_SP_OK(sp__pool_release_segment(pool, 0));
-    EXPECT_EQ(live_segments, 1);
+    sp_stream_t st = (sp_stream_t)1;
+    EXPECT_EQ(sp__pool_sym_detach(pool, 1, &base, &size, &st), SP_ERR_INVALID_USAGE);
+    ASSERT_SP_OK(sp__pool_sym_detach(pool, 0, &base, &size, &st));
+    EXPECT_EQ(base, mem[0]);
+    EXPECT_EQ(size, 20 * MiB);
+    EXPECT_EQ(st, nullptr);
+    free(base);
     EXPECT_EQ(sp__pool_segment_count(pool), 1u);
-    ASSERT_SP_OK(sp_free(g1));
+    ASSERT_SP_OK(sp_free(g[1]));
     ASSERT_SP_OK(sp_free(t));
-    ASSERT_SP_OK(sp_mempool_destroy(pool));
-    EXPECT_EQ(live_segments, 0) << "destroy releases the free segments through the allocator";
+    ASSERT_SP_OK(sp__mempool_destroy_internal(pool));
+    // Destroy hands the segment pool/ still holds to the callbacks (plain_free frees mem[1]).
+    EXPECT_EQ(live_segments, -1);
 }
 
 TEST_F(AllocInternal, SeveralDevicesKeepSeparateStats) {

@@ -291,7 +291,11 @@ TEST_F(CoreTest, MalformedValueWarnsOnceAndKeepsDefault) {
         {"SYMPOOL_HOST_DEVICES", "65"},
         {"SYMPOOL_HOST_DEVICES", "3x"},
         {"SYMPOOL_HOST_FAIL_AFTER", "-1"},
-        {"SYMPOOL_SYM_TIMEOUT", "0"},
+        {"SYMPOOL_SYM_TIMEOUT", "1e11"}, // past one year: "no timeout" is 0 or inf
+        {"SYMPOOL_SYM_TIMEOUT", "1e99"},
+        {"SYMPOOL_SYM_TIMEOUT", "1e999"}, // overflows a double
+        {"SYMPOOL_SYM_TIMEOUT", "-1"},
+        {"SYMPOOL_SYM_TIMEOUT", "-inf"},
         {"SYMPOOL_SYM_TIMEOUT", "nan"},
         {"SYMPOOL_GC_THRESHOLD", "1"},
         {"SYMPOOL_GC_THRESHOLD", "-0.1"},

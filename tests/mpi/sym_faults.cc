@@ -1,0 +1,298 @@
+// sym_faults.cc: every collective sympool call gives a clear error on every rank, never a hang
+// or a crash (issue 10), with ranks that skip, add, delay calls or pass bad arguments. Each
+// scenario is bounded by a short SYMPOOL_SYM_TIMEOUT (1 s), so a regression fails instead of
+// hanging. Run at 2 and 4 ranks (tests/cmake/symmetric.cmake; not the tests/mpi/test_*.cc glob,
+// so it does not also run at 8 oversubscribed ranks).
+#include <mpi.h>
+
+#include <chrono>
+#include <cmath>
+#include <functional>
+#include <string>
+#include <thread>
+
+#include "mpi_util.hpp"
+
+extern "C" {
+#include "launch/launch.h"
+#include <sympool/collectives.h>
+}
+
+namespace {
+
+bool has(const std::string &msg, const std::string &needle) {
+    return msg.find(needle) != std::string::npos;
+}
+
+void sleep_s(double s) {
+    std::this_thread::sleep_for(std::chrono::duration<double>(s));
+}
+
+class SymFaults : public sp::Test {
+  protected:
+    void SetUp() override {
+        sp::Test::SetUp();
+        expect_warnings();
+        ASSERT_SP_OK(sp_world_from_comm(MPI_COMM_WORLD, &w_));
+        rank_ = sp_world_rank(w_);
+        n_ = sp_world_size(w_);
+    }
+    void TearDown() override {
+        if (pool_)
+            EXPECT_SP_OK(sp_symmetric_mempool_destroy(pool_));
+        if (w_)
+            EXPECT_SP_OK(sp_world_finalize(w_));
+        MPI_Barrier(MPI_COMM_WORLD);
+        sp::Test::TearDown();
+    }
+    void make_pool() { ASSERT_SP_OK(sym_pool_create(w_, "faults", false, &pool_)); }
+    sp_world_t *w_ = nullptr;
+    sp_mempool_t *pool_ = nullptr;
+    int rank_ = -1, n_ = 0;
+    sp::ScopedEnv env_{{{"SYMPOOL_SYM_TIMEOUT", "1"}}};
+};
+
+// Item 1: an extra sp_symmetric_malloc on one rank meets the others' destroy or empty cache:
+// SP_ERR_MISMATCH on every rank, naming both calls; afterwards the ranks are in step again.
+TEST_F(SymFaults, ExtraMallocAgainstDestroyOrEmptyCacheIsAMismatchNamingBoth) {
+    make_pool();
+    void *p = nullptr;
+    for (int other = 0; other < 2; other++) {
+        sp_status_t s;
+        if (rank_ == 0)
+            s = sp_symmetric_malloc(pool_, 4096, nullptr, &p);
+        else
+            s = other == 0 ? sp_symmetric_mempool_destroy(pool_) : sp_symmetric_empty_cache(pool_);
+        EXPECT_EQ(s, SP_ERR_MISMATCH) << sp::describe(s);
+        std::string msg = sp_last_error();
+        EXPECT_TRUE(has(msg, "sp_symmetric_malloc")) << msg;
+        EXPECT_TRUE(
+            has(msg, other == 0 ? "sp_symmetric_mempool_destroy" : "sp_symmetric_empty_cache"))
+            << msg;
+        EXPECT_FALSE(has(msg, "#-")) << msg;
+    }
+    ASSERT_SP_OK(sp_symmetric_malloc(pool_, 4096, nullptr, &p));
+    ASSERT_SP_OK(sp_free(p));
+    ASSERT_SP_OK(sp_symmetric_mempool_destroy(pool_));
+    pool_ = nullptr;
+}
+
+// Item 1, world level: one rank in sp_allreduce while the others create a symmetric pool.
+TEST_F(SymFaults, DifferentWorldCallsAreAMismatchNamingBoth) {
+    sp_mempool_t *q = nullptr;
+    int32_t *buf = nullptr;
+    ASSERT_SP_OK(sp_malloc(64, sp_world_device(w_), nullptr, (void **)&buf));
+    sp_status_t s = rank_ == 0 ? sp_allreduce(w_, buf, buf, 4, SP_INT32, SP_SUM, nullptr)
+                               : sp_symmetric_mempool_create(w_, nullptr, &q);
+    EXPECT_EQ(s, SP_ERR_MISMATCH) << sp::describe(s);
+    std::string msg = sp_last_error();
+    EXPECT_TRUE(has(msg, "sp_allreduce") && has(msg, "sp_symmetric_mempool_create")) << msg;
+    EXPECT_EQ(q, nullptr);
+    ASSERT_SP_OK(sp_allreduce(w_, buf, buf, 4, SP_INT32, SP_SUM, nullptr)); // in step again
+    ASSERT_SP_OK(sp_free(buf));
+}
+
+// Item 2: a rank late to create (after the others timed out): SP_ERR_TIMEOUT on every rank,
+// the late one included, no crash in finalize, and the world works afterwards.
+TEST_F(SymFaults, LateCreateTimesOutEverywhereAndFinalizeIsSafe) {
+    sp_mempool_t *q = nullptr;
+    if (rank_ == n_ - 1)
+        sleep_s(2.5);
+    auto t0 = std::chrono::steady_clock::now();
+    sp_status_t s = sp_symmetric_mempool_create(w_, nullptr, &q);
+    double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    EXPECT_EQ(s, SP_ERR_TIMEOUT) << sp::describe(s);
+    std::string msg = sp_last_error();
+    EXPECT_TRUE(has(msg, "sp_symmetric_mempool_create")) << msg;
+    if (rank_ == n_ - 1)
+        EXPECT_LT(dt, 0.5) << "the late rank learns at once that the others gave up";
+    else
+        EXPECT_NEAR(dt, 1.0, 0.9);
+    EXPECT_EQ(q, nullptr);
+    MPI_Barrier(MPI_COMM_WORLD); // the early ranks wait for the late one outside sympool
+    int32_t *buf = nullptr;
+    ASSERT_SP_OK(sp_malloc(64, sp_world_device(w_), nullptr, (void **)&buf));
+    buf[0] = 1;
+    ASSERT_SP_OK(sp_allreduce(w_, buf, buf, 1, SP_INT32, SP_SUM, nullptr));
+    EXPECT_EQ(buf[0], n_);
+    ASSERT_SP_OK(sp_free(buf));
+    ASSERT_SP_OK(sp_world_finalize(w_)); // the abandoned round was completed by the late rank
+    w_ = nullptr;
+}
+
+// Item 3: the deadline's range.
+TEST_F(SymFaults, TimeoutRangeZeroAndInfMeanNoDeadlineAndHugeValuesAreRejected) {
+    {
+        sp::ScopedEnv e({{"SYMPOOL_SYM_TIMEOUT", "1e11"}});
+        EXPECT_EQ(sp__agree_timeout_s(), 60.0) << "rejected: the default stays";
+        EXPECT_GE(warnings("SYMPOOL_SYM_TIMEOUT"), 1u);
+    }
+    {
+        sp::ScopedEnv e({{"SYMPOOL_SYM_TIMEOUT", "1e99"}});
+        EXPECT_EQ(sp__agree_timeout_s(), 60.0);
+    }
+    for (const char *forever : {"0", "inf", "INF"}) {
+        sp::ScopedEnv e({{"SYMPOOL_SYM_TIMEOUT", forever}});
+        EXPECT_EQ(sp__agree_timeout_s(), 0.0) << forever;
+        // A collective call works under "no deadline".
+        int32_t *buf = nullptr;
+        ASSERT_SP_OK(sp_malloc(64, sp_world_device(w_), nullptr, (void **)&buf));
+        buf[0] = rank_;
+        ASSERT_SP_OK(sp_allreduce(w_, buf, buf, 1, SP_INT32, SP_MAX, nullptr));
+        EXPECT_EQ(buf[0], n_ - 1);
+        ASSERT_SP_OK(sp_free(buf));
+    }
+    sp::ScopedEnv e({{"SYMPOOL_SYM_TIMEOUT", "31536000"}}); // one year: accepted, no overflow
+    EXPECT_EQ(sp__agree_timeout_s(), 31536000.0);
+    make_pool();
+    void *p = nullptr;
+    ASSERT_SP_OK(sp_symmetric_malloc(pool_, 4096, nullptr, &p));
+    ASSERT_SP_OK(sp_free(p));
+}
+
+// Item 4: a rank that skips a collective or a statistics call: SP_ERR_TIMEOUT naming the call
+// on every rank that arrived, within the deadline; the skipping rank makes the call late, learns
+// it timed out, and the world is in step again.
+TEST_F(SymFaults, SkippedCollectivesAndStatsTimeOutNamingTheCall) {
+    const size_t dev = (size_t)sp_world_device(w_);
+    int32_t *buf = nullptr;
+    ASSERT_SP_OK(sp_malloc(4096, (int)dev, nullptr, (void **)&buf));
+    int32_t *big = nullptr;
+    ASSERT_SP_OK(sp_malloc(4096 * (size_t)n_, (int)dev, nullptr, (void **)&big));
+    sp_stats_summary_t sum;
+    FILE *out = std::tmpfile();
+    struct Call {
+        const char *name;
+        std::function<sp_status_t()> fn;
+    } calls[] = {
+        {"sp_allreduce", [&] { return sp_allreduce(w_, buf, buf, 4, SP_INT32, SP_SUM, nullptr); }},
+        {"sp_allgather", [&] { return sp_allgather(w_, buf, big, 4, SP_INT32, nullptr); }},
+        {"sp_reduce_scatter",
+         [&] { return sp_reduce_scatter(w_, big, buf, 4, SP_INT32, SP_SUM, nullptr); }},
+        {"sp_broadcast", [&] { return sp_broadcast(w_, buf, buf, 4, SP_INT32, 0, nullptr); }},
+        {"sp_stats_aggregate", [&] { return sp_stats_aggregate(w_, (int)dev, &sum); }},
+        {"sp_stats_report", [&] { return sp_stats_report(w_, (int)dev, out, SP_REPORT_JSON); }},
+    };
+    for (auto &c : calls) {
+        MPI_Barrier(MPI_COMM_WORLD);
+        if (rank_ != 0) {
+            auto t0 = std::chrono::steady_clock::now();
+            sp_status_t s = c.fn();
+            double dt =
+                std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+            EXPECT_EQ(s, SP_ERR_TIMEOUT) << c.name << ": " << sp::describe(s);
+            EXPECT_TRUE(has(sp_last_error(), c.name)) << sp_last_error();
+            EXPECT_GE(dt, 0.9) << c.name;
+            EXPECT_LT(dt, 3.0) << c.name;
+        }
+        MPI_Barrier(MPI_COMM_WORLD);
+        if (rank_ == 0) { // late: the others gave up
+            sp_status_t s = c.fn();
+            EXPECT_EQ(s, SP_ERR_TIMEOUT) << c.name << ": " << sp::describe(s);
+        }
+        sp_status_t again = c.fn();
+        ASSERT_EQ(again, SP_SUCCESS)
+            << c.name << ": the ranks are in step again: " << sp::describe(again);
+    }
+    std::fclose(out);
+    ASSERT_SP_OK(sp_free(buf));
+    ASSERT_SP_OK(sp_free(big));
+}
+
+// Item 5: the ranks that cannot grow are the ones named.
+TEST_F(SymFaults, RanksThatCannotGrowAreNamed) {
+    make_pool();
+    bool limited = rank_ % 2 == 1; // rank 1 (and 3)
+    if (limited)
+        ASSERT_SP_OK(sp_mempool_set_limit(pool_, 1 * sp::MiB));
+    void *p = nullptr;
+    EXPECT_SP_STATUS(sp_symmetric_malloc(pool_, 8 * sp::MiB, nullptr, &p), SP_ERR_OUT_OF_MEMORY);
+    std::string msg = sp_last_error();
+    std::string want = n_ >= 4 ? "ranks 1 and 3" : "rank 1";
+    EXPECT_TRUE(has(msg, "cannot grow on " + want)) << msg;
+    EXPECT_FALSE(has(msg, "rank 0")) << msg;
+    EXPECT_EQ(p, nullptr);
+}
+
+// Item 6: sp_mempool_destroy refuses a symmetric pool; the pool keeps working and the
+// collective destroy succeeds everywhere.
+TEST_F(SymFaults, LocalDestroyOfASymmetricPoolIsRefused) {
+    make_pool();
+    if (rank_ == 0) {
+        EXPECT_SP_STATUS(sp_mempool_destroy(pool_), SP_ERR_INVALID_USAGE);
+        EXPECT_TRUE(has(sp_last_error(), "sp_symmetric_mempool_destroy")) << sp_last_error();
+    }
+    void *p = nullptr;
+    ASSERT_SP_OK(sp_symmetric_malloc(pool_, 4096, nullptr, &p));
+    ASSERT_SP_OK(sp_free(p));
+    ASSERT_SP_OK(sp_symmetric_mempool_destroy(pool_));
+    pool_ = nullptr;
+}
+
+// Item 7: a handle that is not a stream, on one rank: SP_ERR_INVALID_ARGUMENT everywhere.
+TEST_F(SymFaults, BadStreamOnOneRankFailsEverywhere) {
+    make_pool();
+    int not_a_stream = 0;
+    sp_stream_t s = rank_ == 1 ? (sp_stream_t)&not_a_stream : nullptr;
+    void *p = nullptr;
+    EXPECT_SP_STATUS(sp_symmetric_malloc(pool_, 4096, s, &p), SP_ERR_INVALID_ARGUMENT);
+    EXPECT_TRUE(has(sp_last_error(), rank_ == 1 ? "not a stream" : "rank 1 rejected"))
+        << sp_last_error();
+    EXPECT_EQ(p, nullptr);
+    ASSERT_SP_OK(sp_symmetric_malloc(pool_, 4096, nullptr, &p));
+    ASSERT_SP_OK(sp_free(p));
+}
+
+// Item 8: sp_world_finalize twice is an error, not a use after free.
+TEST_F(SymFaults, DoubleFinalizeIsAnError) {
+    ASSERT_SP_OK(sp_world_finalize(w_));
+    EXPECT_SP_STATUS(sp_world_finalize(w_), SP_ERR_INVALID_USAGE);
+    EXPECT_TRUE(has(sp_last_error(), "not a live world")) << sp_last_error();
+    int32_t x = 0;
+    EXPECT_SP_STATUS(sp_allreduce(w_, &x, &x, 1, SP_INT32, SP_SUM, nullptr), SP_ERR_INVALID_USAGE);
+    w_ = nullptr;
+}
+
+// Item 9: after a timeout the saved reason is whole in later calls' messages.
+TEST_F(SymFaults, BrokenPoolRepeatsTheWholeReason) {
+    make_pool();
+    void *p = nullptr;
+    if (rank_ != 0) {
+        EXPECT_SP_STATUS(sp_symmetric_malloc(pool_, 4096, nullptr, &p), SP_ERR_TIMEOUT);
+        EXPECT_SP_STATUS(sp_symmetric_malloc(pool_, 4096, nullptr, &p), SP_ERR_INVALID_USAGE);
+        std::string msg = sp_last_error();
+        EXPECT_TRUE(has(msg, "pool broken by timeout (sp_symmetric_malloc call #1 on pool "
+                             "\"faults\" timed out (SYMPOOL_SYM_TIMEOUT=1 s; 0 = none))"))
+            << msg;
+    }
+    MPI_Barrier(MPI_COMM_WORLD);
+    if (rank_ == 0) { // late: it learns the others gave up, and its pool breaks too
+        EXPECT_SP_STATUS(sp_symmetric_malloc(pool_, 4096, nullptr, &p), SP_ERR_TIMEOUT);
+        EXPECT_SP_STATUS(sp_symmetric_empty_cache(pool_), SP_ERR_INVALID_USAGE);
+    }
+    EXPECT_SP_STATUS(sp_symmetric_mempool_destroy(pool_), SP_ERR_INVALID_USAGE);
+    pool_ = nullptr; // released at sp_world_finalize
+}
+
+// Issue 10 item 13, as the host backend shows it: releasing a batch of segments costs the same
+// agreement rounds whatever its size (the call's round, the free-segment bitmap, one round
+// standing for the barrier), not a barrier per segment.
+TEST_F(SymFaults, ReleaseBatchIsOneBarrierWhateverItsSize) {
+    make_pool();
+    for (int nseg : {1, 3}) {
+        void *p[3] = {};
+        for (int i = 0; i < nseg; i++) // large and live at once: one segment each
+            ASSERT_SP_OK(sp_symmetric_malloc(pool_, 12 * sp::MiB, nullptr, &p[i]));
+        for (int i = 0; i < nseg; i++)
+            ASSERT_SP_OK(sp_free(p[i]));
+        sp_sym_counters_t c0 = sym_counters();
+        uint64_t r0 = sp__agree_rounds();
+        ASSERT_SP_OK(sp_symmetric_empty_cache(pool_));
+        uint64_t rounds = sp__agree_rounds() - r0;
+        sp_sym_counters_t c1 = sym_counters();
+        EXPECT_EQ(c1.deregistrations - c0.deregistrations, nseg);
+        EXPECT_EQ(rounds, 3u) << nseg << " segment(s)";
+    }
+}
+
+} // namespace
