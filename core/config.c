@@ -452,3 +452,14 @@ void sp__options_print(void *file) {
     }
     pthread_mutex_unlock(&opts_lock);
 }
+
+/* fork() (pool/fork.c): first_mu, then opts_lock, the order a first load takes them. */
+void sp__options_fork_lock(void) {
+    pthread_mutex_lock(&first_mu);
+    pthread_mutex_lock(&opts_lock);
+}
+
+void sp__options_fork_unlock(void) {
+    pthread_mutex_unlock(&opts_lock);
+    pthread_mutex_unlock(&first_mu);
+}

@@ -228,6 +228,13 @@ void sp__options_ensure(void);
  * sp__option_set stay). */
 void sp__options_forget(void);
 
+/* fork() (pool/fork.c): hold the option table's and the log's locks across fork() (taken last:
+ * both are leaves of the lock order, options before log) and release them in parent and child. */
+void sp__options_fork_lock(void);
+void sp__options_fork_unlock(void);
+void sp__log_fork_lock(void);
+void sp__log_fork_unlock(void);
+
 /* Print every option with its value and source (SYMPOOL_INFO=1, `sympool info`). */
 void sp__options_print(void *file /* FILE * */);
 

@@ -5,13 +5,16 @@
  * Invariants: in pickle mode every open container has a MARK on the unpickler's stack at
  * mark[depth-1]; items are flushed with SETITEMS/APPENDS every BATCH items (as CPython does) so
  * that no unpickler has to splice an unbounded stack slice at once; an empty container leaves no
- * MARK behind. Once `failed` is set every call is a no-op and finish reports the failure.
- * No lock: an emitter belongs to one thread.
+ * MARK behind. Once `failed` is set every call is a no-op and finish reports the failure
+ * (`oom` says whether it was host memory, so that a failure with containers still open is not
+ * mistaken for the caller's imbalance). No lock: an emitter belongs to one thread; the fault hook
+ * is one atomic counter.
  */
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
 #include <math.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -47,6 +50,25 @@ enum {
     OP_LONG_BINGET = 'j'
 };
 
+/* Allocations left before the injected failure; 0 = no fault armed. */
+static atomic_long g_fault_left;
+
+void sp__emit_fault_after(long n) {
+    atomic_store(&g_fault_left, n > 0 ? n : 0);
+}
+
+void *sp__emit_realloc(void *p, size_t n) {
+    long left = atomic_load_explicit(&g_fault_left, memory_order_relaxed);
+    if (SP_UNLIKELY(left > 0)) {
+        /* Count down to 1, then stay there: the armed call and every later one fail. */
+        if (left == 1 || atomic_fetch_sub(&g_fault_left, 1) <= 1) {
+            atomic_store(&g_fault_left, 1);
+            return NULL;
+        }
+    }
+    return realloc(p, n);
+}
+
 static void put(sp__emit_t *e, const void *p, size_t n) {
     if (e->failed)
         return;
@@ -54,9 +76,10 @@ static void put(sp__emit_t *e, const void *p, size_t n) {
         size_t cap = e->cap ? e->cap : 4096;
         while (cap < e->len + n)
             cap *= 2;
-        char *nb = realloc(e->buf, cap);
+        char *nb = sp__emit_realloc(e->buf, cap);
         if (nb == NULL) {
             e->failed = true;
+            e->oom = true;
             return;
         }
         e->buf = nb;
@@ -95,10 +118,16 @@ sp_status_t sp__emit_finish(sp__emit_t *e, char **buf_p, size_t *len_p) {
     else
         put1(e, '\n');
     if (e->failed || e->depth != 0) {
-        bool oom = e->depth == 0;
+        /* Out of memory stops the writer wherever it was, containers open or not: that is the
+         * cause to report. Only a writer that never ran out and still ends unbalanced is our
+         * bug. */
+        bool oom = e->oom;
+        size_t cap = e->cap;
         sp__emit_discard(e);
         return oom ? sp__error(SP_ERR_SYSTEM, SP_SUB_HISTORY,
-                               "out of host memory writing a snapshot")
+                               "out of host memory writing a snapshot (growing its %zu-byte "
+                               "buffer failed)",
+                               cap)
                    : sp__error(SP_ERR_INTERNAL, SP_SUB_HISTORY,
                                "snapshot writer: unbalanced containers");
     }
@@ -428,8 +457,60 @@ static void fsync_dir_of(const char *path) {
     }
 }
 
-sp_status_t sp__file_write_atomic(const char *path, const void *buf, size_t len) {
-    SP_ARG_CHECK(path != NULL && path[0] != '\0', SP_SUB_HISTORY, "snapshot path is NULL or empty");
+/* Where the bytes for `path` go: path itself when it does not exist or is a regular file, the
+ * file a symbolic link names when that is a regular file (resolved, so the temporary and the
+ * rename happen in the real file's directory and the link survives); anything else is refused. */
+static sp_status_t resolve_target(const char *path, char *out, size_t cap) {
+    struct stat st;
+    if (lstat(path, &st) != 0) {
+        if (errno == ENOENT || errno == ENOTDIR) {
+            /* A new file (or a missing directory, which creating the temporary reports). */
+            snprintf(out, cap, "%s", path);
+            return SP_SUCCESS;
+        }
+        return sp__error(SP_ERR_SYSTEM, SP_SUB_HISTORY, "cannot inspect %s: %s", path,
+                         strerror(errno));
+    }
+    if (S_ISREG(st.st_mode)) {
+        snprintf(out, cap, "%s", path);
+        return SP_SUCCESS;
+    }
+    if (S_ISLNK(st.st_mode)) {
+        char real[PATH_MAX];
+        struct stat ts;
+        if (realpath(path, real) == NULL || stat(real, &ts) != 0)
+            return sp__error(SP_ERR_INVALID_ARGUMENT, SP_SUB_HISTORY,
+                             "%s is a symbolic link to nothing that exists (%s); snapshots are "
+                             "written through a link only to an existing regular file",
+                             path, strerror(errno));
+        if (!S_ISREG(ts.st_mode))
+            return sp__error(SP_ERR_INVALID_ARGUMENT, SP_SUB_HISTORY,
+                             "%s links to %s, which is not a regular file; refusing to replace "
+                             "it with a snapshot",
+                             path, real);
+        if (strlen(real) + 1 > cap)
+            return sp__error(SP_ERR_INVALID_ARGUMENT, SP_SUB_HISTORY, "snapshot path too long: %s",
+                             real);
+        snprintf(out, cap, "%s", real);
+        return SP_SUCCESS;
+    }
+    const char *kind = S_ISDIR(st.st_mode)    ? "a directory"
+                       : S_ISFIFO(st.st_mode) ? "a FIFO"
+                       : S_ISSOCK(st.st_mode) ? "a socket"
+                       : S_ISCHR(st.st_mode)  ? "a character device"
+                       : S_ISBLK(st.st_mode)  ? "a block device"
+                                              : "not a regular file";
+    return sp__error(SP_ERR_INVALID_ARGUMENT, SP_SUB_HISTORY,
+                     "%s is %s, not a regular file; refusing to replace it with a snapshot", path,
+                     kind);
+}
+
+sp_status_t sp__file_write_atomic(const char *target, const void *buf, size_t len) {
+    SP_ARG_CHECK(target != NULL && target[0] != '\0', SP_SUB_HISTORY,
+                 "snapshot path is NULL or empty");
+    char resolved[PATH_MAX];
+    SP_CHECK(resolve_target(target, resolved, sizeof(resolved)));
+    const char *path = resolved;
     char tmp[PATH_MAX];
     int n = snprintf(tmp, sizeof(tmp), "%s.tmp.XXXXXX", path);
     SP_ARG_CHECK(n > 0 && (size_t)n < sizeof(tmp), SP_SUB_HISTORY, "snapshot path too long: %s",

@@ -29,6 +29,7 @@ typedef struct sp__emit {
     size_t cap;                       /* bytes allocated */
     bool json;                        /* JSON instead of pickle */
     bool failed;                      /* out of memory or misuse; every later call is a no-op */
+    bool oom;                         /* the failure was out of host memory (not misuse) */
     int depth;                        /* open containers */
     size_t mark[SP__EMIT_MAX_DEPTH];  /* pickle: offset of the container's MARK */
     size_t count[SP__EMIT_MAX_DEPTH]; /* items (dict: keys + values) written in the container */
@@ -39,7 +40,8 @@ typedef struct sp__emit {
 /* Start a document (pickle: PROTO 4). */
 void sp__emit_init(sp__emit_t *e, bool json);
 /* Finish it (pickle: STOP) and hand back the bytes (caller frees *buf_p). SP_ERR_SYSTEM when out
- * of memory, SP_ERR_INTERNAL when containers are unbalanced. Frees the buffer on failure. */
+ * of host memory at any point (whatever was left open then), SP_ERR_INTERNAL when the caller's
+ * containers are unbalanced. Frees the buffer on failure. */
 sp_status_t sp__emit_finish(sp__emit_t *e, char **buf_p, size_t *len_p);
 void sp__emit_discard(sp__emit_t *e);
 
@@ -68,8 +70,21 @@ void sp__emit_memo_get(sp__emit_t *e, uint32_t index);
 
 /* Write len bytes to path atomically: a temporary file in the same directory, fsync, rename over
  * path, fsync of the directory. On failure the temporary is removed and path is unchanged.
- * SP_ERR_INVALID_ARGUMENT (NULL/empty path), SP_ERR_SYSTEM (with the errno text). */
+ * Targets: a new name or an existing regular file is (re)placed; a symbolic link to a regular
+ * file is written through (the file it names is replaced, in its own directory, and the link
+ * stays); anything else that exists (FIFO, directory, socket, device node such as /dev/null, a
+ * link to one of those, a dangling link) is refused, because the rename would replace it with a
+ * regular file. The check and the rename are not one atomic step: a target swapped for a
+ * non-regular file in between is still replaced.
+ * SP_ERR_INVALID_ARGUMENT (NULL/empty path, a target that is not a regular file), SP_ERR_SYSTEM
+ * (with the errno text). */
 sp_status_t sp__file_write_atomic(const char *path, const void *buf, size_t len);
+
+/* Host allocations of the snapshot writer (the emitter's buffer, snapshot.c's collection): realloc
+ * with a fault hook. sp__emit_fault_after(n) makes the n-th allocation from now fail (and every
+ * one after it until reset); 0 turns the hook off. For tests of the out-of-host-memory paths. */
+void *sp__emit_realloc(void *p, size_t n);
+void sp__emit_fault_after(long n);
 
 #ifdef __cplusplus
 }

@@ -224,3 +224,11 @@ void sp__log_at(sp_log_level_t level, unsigned subsys, const char *file, int lin
     }
     pthread_mutex_unlock(&log_lock);
 }
+
+void sp__log_fork_lock(void) {
+    pthread_mutex_lock(&log_lock);
+}
+
+void sp__log_fork_unlock(void) {
+    pthread_mutex_unlock(&log_lock);
+}

@@ -17,6 +17,7 @@
 
 #include "pool/allocator.h"
 #include "pool/expandable.h"
+#include "pool/fork.h"
 #include "pool/release.h"
 #include "pool/mempool.h"
 #include "pool/segment_index.h"
@@ -240,7 +241,7 @@ static inline __attribute__((always_inline)) void hand_out(sp_devalloc_t *d, sp_
 /* COLD twin of hand_out (see there): b is in no free set. */
 void sp__alloc_found_block(sp_devalloc_t *d, sp_block_t *b, size_t size, size_t orig,
                            uint32_t context) {
-    hand_out(d, b, NULL, NULL, size, orig, context, sp__history_active != 0);
+    hand_out(d, b, NULL, NULL, size, orig, context, sp__history_on());
 }
 
 /* ---- segments ---------------------------------------------------------------------------- */
@@ -327,7 +328,7 @@ sp_status_t sp__alloc_install_segment(sp_devalloc_t *d, sp_bpool_t *bp, void *pt
     if (alloc_size >= sp__g.conf.max_split_size)
         sp__stat_add(&st->oversize_segments, 1);
     st->num_device_alloc++;
-    if (SP_UNLIKELY(sp__history_active))
+    if (SP_UNLIKELY(sp__history_on()))
         sp__history_record(d->device, SP_TRACE_SEGMENT_ALLOC, seg->base, alloc_size,
                            (uintptr_t)stream, pool->id, context);
     SP_TRACE(SP_SUB_POOL,
@@ -339,12 +340,14 @@ sp_status_t sp__alloc_install_segment(sp_devalloc_t *d, sp_bpool_t *bp, void *pt
     return SP_SUCCESS;
 }
 
-void sp__alloc_release_segment(sp_devalloc_t *d, sp_segment_t *seg) {
+static void detach_segment(sp_devalloc_t *d, sp_segment_t *seg, uint32_t context);
+
+void sp__alloc_release_segment(sp_devalloc_t *d, sp_segment_t *seg, uint32_t context) {
     sp_mempool_t *pool = seg->bpool->pool;
     void *base = (void *)seg->base;
     size_t size = seg->size;
     sp_stream_t stream = seg->stream;
-    sp__alloc_detach_segment(d, seg);
+    detach_segment(d, seg, context);
     if (pool->has_allocator)
         pool->allocator.free(base, size, d->device, stream, pool->allocator.ctx);
     else
@@ -352,6 +355,10 @@ void sp__alloc_release_segment(sp_devalloc_t *d, sp_segment_t *seg) {
 }
 
 void sp__alloc_detach_segment(sp_devalloc_t *d, sp_segment_t *seg) {
+    detach_segment(d, seg, 0);
+}
+
+static void detach_segment(sp_devalloc_t *d, sp_segment_t *seg, uint32_t context) {
     sp_bpool_t *bp = seg->bpool;
     sp_mempool_t *pool = bp->pool;
     sp_block_t *b = seg->head;
@@ -365,9 +372,12 @@ void sp__alloc_detach_segment(sp_devalloc_t *d, sp_segment_t *seg) {
     sp__stat_dec(st, SP_ST_RESERVED_BYTES, bp->is_small, (int64_t)seg->size);
     if (seg->size >= sp__g.conf.max_split_size)
         sp__stat_add(&st->oversize_segments, -1);
-    if (SP_UNLIKELY(sp__history_active))
+    /* PyTorch's release_block: the stack of the call that released the segment when it gathered
+     * one, else the stack the segment was allocated with (recorded only from context "alloc"
+     * up, which sp__history_record decides). */
+    if (SP_UNLIKELY(sp__history_on()))
         sp__history_record(d->device, SP_TRACE_SEGMENT_FREE, seg->base, seg->size,
-                           (uintptr_t)seg->stream, pool->id, 0);
+                           (uintptr_t)seg->stream, pool->id, context ? context : seg->context);
     sp__segidx_remove(d, seg);
     if (seg->pprev)
         seg->pprev->pnext = seg->pnext;
@@ -468,12 +478,12 @@ static inline __attribute__((always_inline)) void free_block(sp_devalloc_t *d, s
     }
     /* SYMPOOL_NO_CACHING: the block is its own segment; give it back at once. */
     if (SP_UNLIKELY(sp__g.conf.no_caching) && !b->prev && !b->next && !bp->pool->symmetric)
-        sp__alloc_release_segment(d, seg);
+        sp__alloc_release_segment(d, seg, free_ctx);
 }
 
 /* COLD twin of free_block (see there): completes a free whose events have finished. */
 void sp__alloc_free_block(sp_devalloc_t *d, sp_block_t *b, uint32_t free_ctx) {
-    free_block(d, b, free_ctx, sp__history_active != 0);
+    free_block(d, b, free_ctx, sp__history_on());
 }
 
 static inline __attribute__((always_inline)) void free_locked(sp_devalloc_t *d, sp_block_t *b,
@@ -521,7 +531,7 @@ static sp_status_t report_oom(sp_devalloc_t *d, sp_mempool_t *pool, size_t orig,
     size_t dfree = 0, dtotal = d->total_mem;
     (void)sp__g.ops->mem_get_info(d->device, &dfree, &dtotal);
     d->stats.num_ooms++;
-    if (SP_UNLIKELY(sp__history_active))
+    if (SP_UNLIKELY(sp__history_on()))
         sp__history_record(d->device, SP_TRACE_OOM, (uintptr_t)dfree, size, (uintptr_t)stream,
                            pool->id, context);
     char req[32], tot[32], fre[32], alc[32], unal[32], lim[32], res[32], cap[32];
@@ -551,8 +561,9 @@ static sp_status_t report_oom(sp_devalloc_t *d, sp_mempool_t *pool, size_t orig,
                  "; the request went to pool \"%s\" {%" PRIu64 ",%" PRIu64
                  "} (%s reserved), which never borrows from use_on_oom pools",
                  pool->name ? pool->name : "", pool->id.first, pool->id.second, res);
+    /* "Tried to allocate <size>" as PyTorch words it: programs and ported tests match on it. */
     return sp__error(SP_ERR_OUT_OF_MEMORY, SP_SUB_POOL,
-                     "out of memory on device %d: tried to allocate %s; device has %s total, %s "
+                     "out of memory on device %d. Tried to allocate %s; device has %s total, %s "
                      "free; %s allocated by sympool, %s reserved but unallocated%s. If reserved "
                      "but unallocated memory is large, try SYMPOOL_ALLOC_CONF=%s to "
                      "reduce fragmentation",
@@ -595,7 +606,7 @@ static sp_status_t check_stream(const sp_devalloc_t *d, sp_stream_t stream) {
 static inline __attribute__((always_inline)) sp_status_t
 alloc_malloc(sp_devalloc_t *d, sp_mempool_t *pool, size_t orig, sp_stream_t stream, void **ptr_p) {
     /* One read of the history switch per call: its hooks then agree with each other. */
-    bool hist = SP_UNLIKELY(sp__history_active != 0);
+    bool hist = SP_UNLIKELY(sp__history_on());
     uint32_t ctx = hist ? sp__history_capture(false) : 0;
     sp__lock(&d->lock);
     if (SP_UNLIKELY(pool->destroyed)) {
@@ -608,7 +619,7 @@ alloc_malloc(sp_devalloc_t *d, sp_mempool_t *pool, size_t orig, sp_stream_t stre
     }
     if (SP_UNLIKELY(d->pending_events))
         sp__alloc_process_events(d);
-    /* Without roundup divisions rounding is to 512 B (orig <= total_mem: no overflow). */
+    /* Without roundup divisions rounding is to 512 B (orig < 1 EB: no overflow). */
     size_t size =
         SP_LIKELY(sp__g.round_plain)
             ? (orig < SP_MIN_BLOCK_SIZE ? SP_MIN_BLOCK_SIZE
@@ -636,19 +647,30 @@ alloc_malloc(sp_devalloc_t *d, sp_mempool_t *pool, size_t orig, sp_stream_t stre
             return s;
         }
         if (d->gc_enabled)
-            sp__alloc_gc(d);
+            sp__alloc_gc(d, ctx);
         s = grow(d, bp, size, alloc_size, stream, ctx, &b, &why);
         limit_hit |= s == SP_ERR_OUT_OF_MEMORY && why == 2;
         fraction_hit |= s == SP_ERR_OUT_OF_MEMORY && why == 1;
         if (s == SP_ERR_OUT_OF_MEMORY && pool->is_default)
             b = mempool_fallback(d, size, stream);
-        if (!b && s == SP_ERR_OUT_OF_MEMORY && sp__alloc_release_available(d, bp, size, stream)) {
+        if (!b && s == SP_ERR_OUT_OF_MEMORY &&
+            sp__alloc_release_available(d, bp, size, stream, ctx)) {
             s = grow(d, bp, size, alloc_size, stream, ctx, &b, &why);
             limit_hit |= s == SP_ERR_OUT_OF_MEMORY && why == 2;
             fraction_hit |= s == SP_ERR_OUT_OF_MEMORY && why == 1;
         }
-        if (!b && s == SP_ERR_OUT_OF_MEMORY) {
-            sp__alloc_release_cached(d);
+        if (!b && s == SP_ERR_OUT_OF_MEMORY && why == 2) {
+            /* The pool's own limit, not the device, refused: CuPy's rule is to free the pool's
+             * own cached blocks (every stream) and retry once. Other pools' caches cannot help
+             * a limit, so they are left alone; the retry counts as PyTorch's does. */
+            sp__alloc_release_pool(d, pool, false, NULL, ctx);
+            d->stats.num_alloc_retries++;
+            s = grow(d, bp, size, alloc_size, stream, ctx, &b, &why);
+            limit_hit |= s == SP_ERR_OUT_OF_MEMORY && why == 2;
+            fraction_hit |= s == SP_ERR_OUT_OF_MEMORY && why == 1;
+        }
+        if (!b && s == SP_ERR_OUT_OF_MEMORY && why != 2) {
+            sp__alloc_release_cached(d, ctx);
             d->stats.num_alloc_retries++;
             s = grow(d, bp, size, alloc_size, stream, ctx, &b, &why);
             limit_hit |= s == SP_ERR_OUT_OF_MEMORY && why == 2;
@@ -679,6 +701,24 @@ sp_status_t sp__alloc_malloc(sp_devalloc_t *d, sp_mempool_t *pool, size_t orig, 
 
 /* ---- public entry points ----------------------------------------------------------------- */
 
+/* PyTorch refuses requests of 1 EB and more in allocate(), before its allocator: an OOM, with
+ * no retry and no num_ooms. A request above the device but below 1 EB goes the whole malloc path
+ * (releases, one retry, num_ooms) like any other OOM. Only a size that cannot even be rounded
+ * to a block or segment without overflowing size_t is a bad argument. */
+sp_status_t sp__alloc_check_size(const char *what, int device, size_t size) {
+    if (size < SP_ONE_EB)
+        return SP_SUCCESS;
+    if (size > SP_MAX_ROUNDABLE)
+        return sp__error(SP_ERR_INVALID_ARGUMENT, SP_SUB_POOL,
+                         "%s: %zu bytes cannot be rounded to a block size without overflowing "
+                         "(sizes above %zu are not sizes)",
+                         what, size, (size_t)SP_MAX_ROUNDABLE);
+    return sp__error(SP_ERR_OUT_OF_MEMORY, SP_SUB_POOL,
+                     "out of memory on device %d. Tried to allocate more than 1EB memory "
+                     "(%s of %zu bytes)",
+                     device, what, size);
+}
+
 SP_EXPORT sp_status_t sp_malloc(size_t size, int device, sp_stream_t stream, void **ptr_p) {
     if (SP_UNLIKELY(!ptr_p))
         return sp__error(SP_ERR_INVALID_ARGUMENT, SP_SUB_POOL, "sp_malloc: ptr_p is NULL");
@@ -689,14 +729,8 @@ SP_EXPORT sp_status_t sp_malloc(size_t size, int device, sp_stream_t stream, voi
         *ptr_p = NULL;
         return SP_SUCCESS;
     }
-    if (SP_UNLIKELY(size > d->total_mem)) {
-        char a[32], t[32];
-        sp__fmt_size(size, a, sizeof(a));
-        sp__fmt_size(d->total_mem, t, sizeof(t));
-        return sp__error(SP_ERR_INVALID_ARGUMENT, SP_SUB_POOL,
-                         "sp_malloc: %zu bytes (%s) is more than device %d has in total (%s)", size,
-                         a, device, t);
-    }
+    if (SP_UNLIKELY(size >= SP_ONE_EB))
+        return sp__alloc_check_size("sp_malloc", device, size);
     sp_mempool_t *pool =
         SP_UNLIKELY(atomic_load_explicit(&sp__routing_threads, memory_order_relaxed))
             ? sp__mempool_routed(device)
@@ -734,12 +768,15 @@ static sp_status_t explain_bad_pointer(const char *what, const void *ptr) {
 SP_EXPORT sp_status_t sp_free(void *ptr) {
     if (!ptr)
         return SP_SUCCESS;
-    if (SP_UNLIKELY(!atomic_load_explicit(&sp__ready, memory_order_acquire)))
+    if (SP_UNLIKELY(!atomic_load_explicit(&sp__ready, memory_order_acquire))) {
+        if (sp__fork_cuda_child())
+            return sp__fork_error("sp_free");
         return sp__error(SP_ERR_INVALID_USAGE, SP_SUB_POOL,
                          "sp_free(%p): sympool is not initialized, so this is not its pointer",
                          ptr);
+    }
     uintptr_t a = (uintptr_t)ptr;
-    bool hist = SP_UNLIKELY(sp__history_active != 0);
+    bool hist = SP_UNLIKELY(sp__history_on());
     uint32_t ctx = hist ? sp__history_capture(true) : 0;
     for (int i = 0; i < sp__g.ndev; i++) {
         sp_devalloc_t *d = &sp__g.devs[i];
@@ -768,7 +805,7 @@ sp_status_t sp__alloc_free_sized(void *ptr, int device, size_t *size_p, int *dev
             SP_ERR_INVALID_USAGE, SP_SUB_POOL,
             "sp_torch_free(%p): sympool is not initialized, so this is not its pointer", ptr);
     uintptr_t a = (uintptr_t)ptr;
-    bool hist = SP_UNLIKELY(sp__history_active != 0);
+    bool hist = SP_UNLIKELY(sp__history_on());
     uint32_t ctx = hist ? sp__history_capture(true) : 0;
     /* The device PyTorch names first, then (a mismatch) the others: one locked probe of the
      * pointer map finds, checks and frees the block. */

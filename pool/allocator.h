@@ -40,6 +40,10 @@
 #define SP_SMALL_BUFFER ((size_t)2 << 20)
 #define SP_MIN_LARGE_ALLOC ((size_t)10 << 20)
 #define SP_ROUND_LARGE ((size_t)2 << 20)
+/* PyTorch's cap: a request of 1 EB (2^60 bytes) or more is an OOM before the allocator runs. */
+#define SP_ONE_EB ((size_t)1 << 60)
+/* The largest size the rounding arithmetic handles (power-of-2 division rounding doubles). */
+#define SP_MAX_ROUNDABLE (SIZE_MAX >> 1)
 
 typedef struct sp_bpool {
     sp_block_set_t free;     /* cached free blocks (lock) */
@@ -74,7 +78,8 @@ struct sp_mempool {
     sp_segment_t *seg_head;   /* segments in seq order (lock) */
     sp_segment_t *seg_tail;   /* (lock) */
     struct sp_mempool *next;  /* the device's pool list in creation order (lock) */
-    struct sp_devalloc *dev;  /* its device allocator (const) */
+    struct sp_devalloc *dev;  /* its device allocator (const; freed at sp_shutdown) */
+    uint64_t generation;      /* sp__handles_generation() when made; older = stale (const) */
 };
 
 /* ---- events ------------------------------------------------------------------------------ */
@@ -159,6 +164,10 @@ void sp__fmt_size(size_t bytes, char *buf, size_t len);
  * falls back to use_on_oom pools. */
 sp_status_t sp__alloc_malloc(sp_devalloc_t *d, sp_mempool_t *pool, size_t size, sp_stream_t stream,
                              void **ptr_p);
+/* The size rule of every malloc entry point, for sizes of 1 EB and more: SP_ERR_OUT_OF_MEMORY
+ * ("Tried to allocate more than 1EB memory", not counted, as PyTorch's allocate()), or
+ * SP_ERR_INVALID_ARGUMENT above SP_MAX_ROUNDABLE. SP_SUCCESS below 1 EB. */
+sp_status_t sp__alloc_check_size(const char *what, int device, size_t size);
 /* sp_torch_free's free: the block that starts at ptr, looked for on `device` first, freed under
  * one lock. *size_p and *device_p get the block's requested size and device (for the caller's
  * check of what PyTorch passed). SP_ERR_INVALID_USAGE (explained, WARN) for a pointer that is
@@ -187,7 +196,9 @@ sp_status_t sp__alloc_install_segment(sp_devalloc_t *d, sp_bpool_t *bp, void *pt
                                       size_t alloc_size, sp_stream_t stream, uint32_t context,
                                       sp_block_t **block_p);
 /* Release a segment whose only block is free (lock held). */
-void sp__alloc_release_segment(sp_devalloc_t *d, sp_segment_t *seg);
+/* context: the history context of the call that releases it (0: none; the segment_free entry
+ * then carries the segment's own allocation stack, as PyTorch's release_block does). */
+void sp__alloc_release_segment(sp_devalloc_t *d, sp_segment_t *seg, uint32_t context);
 /* sp__alloc_release_segment without freeing the memory: the segment leaves the pool, the index
  * and the statistics; the caller (symmetric/, outside the lock) frees its memory. */
 void sp__alloc_detach_segment(sp_devalloc_t *d, sp_segment_t *seg);

@@ -15,6 +15,8 @@
 #include <string.h>
 
 #include "pool/allocator.h"
+#include "pool/fork.h"
+#include "pool/handles.h"
 #include "pool/release.h"
 #include "pool/mempool.h"
 
@@ -25,11 +27,11 @@ static void dev_fini(sp_devalloc_t *d) {
     sp_mempool_t *p = d->pools;
     while (p) {
         sp_mempool_t *nx = p->next;
-        sp__mempool_free_struct(p);
+        sp__mempool_retire(p);
         p = nx;
     }
     if (d->default_pool)
-        sp__mempool_free_struct(d->default_pool);
+        sp__mempool_retire(d->default_pool);
     sp_block_t *b = d->spare;
     while (b) {
         sp_block_t *nx = b->hnext;
@@ -58,6 +60,9 @@ static sp_status_t dev_init(sp_devalloc_t *d, int device) {
 }
 
 sp_status_t sp__alloc_init_slow(void) {
+    sp__fork_register(); /* before init_lock: see pool/fork.h */
+    if (SP_UNLIKELY(sp__fork_cuda_child()))
+        return sp__fork_error("sympool");
     pthread_mutex_lock(&sp__g.init_lock);
     if (atomic_load_explicit(&sp__ready, memory_order_acquire)) {
         pthread_mutex_unlock(&sp__g.init_lock);
@@ -137,7 +142,7 @@ SP_EXPORT sp_status_t sp_init(void) {
 
 /* Release every segment of a pool whatever its state (shutdown: nothing is allocated). */
 static void release_all(sp_devalloc_t *d, sp_mempool_t *p) {
-    sp__alloc_release_pool(d, p, false, NULL);
+    sp__alloc_release_pool(d, p, false, NULL, 0);
     if (p->nsegments)
         SP_WARN(SP_SUB_POOL, "pool \"%s\": %zu segment(s) could not be released at shutdown",
                 p->name ? p->name : "", p->nsegments);
@@ -179,6 +184,7 @@ SP_EXPORT sp_status_t sp_shutdown(void) {
     sp__g.ndev = 0;
     atomic_store_explicit(&sp__ready, 0, memory_order_release);
     sp__mempool_routing_reset();
+    sp__handles_next_generation(); /* every pool handle of this session is stale from here */
     sp__history_shutdown();
     sp__device_reset();
     sp__g.ops = NULL;
@@ -228,12 +234,16 @@ SP_EXPORT sp_status_t sp_set_memory_fraction(double fraction, int device) {
 
 SP_EXPORT sp_status_t sp_empty_cache(void) {
     SP_CHECK(sp__alloc_ensure());
+    /* PyTorch's emptyCache gathers its caller's stack only at context "all" (and before taking
+     * the lock), for the segment_free entries of what it releases. */
+    uint32_t ctx = sp__history_capture(true);
     for (int i = 0; i < sp__g.ndev; i++) {
         sp_devalloc_t *d = &sp__g.devs[i];
         sp__lock(&d->lock);
-        sp__alloc_release_cached(d);
+        sp__alloc_release_cached(d, ctx);
         sp__unlock(&d->lock);
     }
+    sp__history_context_release(ctx);
     return SP_SUCCESS;
 }
 

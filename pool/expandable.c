@@ -260,7 +260,7 @@ static sp_status_t map_block(sp_devalloc_t *d, sp_block_t *m, size_t size, uint3
     sp_dev_stats_t *st = &d->stats;
     sp__stat_inc(st, SP_ST_RESERVED_BYTES, bp->is_small, (int64_t)len);
     st->num_device_alloc++;
-    if (SP_UNLIKELY(sp__history_active))
+    if (SP_UNLIKELY(sp__history_on()))
         sp__history_record(d->device, SP_TRACE_SEGMENT_MAP, at, len, (uintptr_t)m->stream, pool->id,
                            ctx);
     if (!m->prev && !seg->context && ctx) {
@@ -488,7 +488,7 @@ static size_t unmap_block(sp_devalloc_t *d, sp_block_t *b) {
     sp_dev_stats_t *st = &d->stats;
     sp__stat_dec(st, SP_ST_RESERVED_BYTES, bp->is_small, (int64_t)len);
     st->num_device_free++;
-    if (SP_UNLIKELY(sp__history_active))
+    if (SP_UNLIKELY(sp__history_on()))
         sp__history_record(d->device, SP_TRACE_SEGMENT_UNMAP, begin, len, (uintptr_t)b->stream,
                            pool->id, 0);
     return len;

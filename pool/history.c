@@ -14,7 +14,12 @@
  * calls sp__history_record and sp__history_context_release under its own lock, so the order is
  * always allocator lock -> g.lock; nothing here calls back into the allocator. Stack capture
  * (backtrace, dladdr, the hook) runs before g.lock is taken, and outside the allocator lock.
- * sp__history_active is read without the lock (relaxed) so recording off costs one load.
+ * sp__history_active is read without the lock (relaxed atomic loads, sp__history_on) so
+ * recording off costs one load; g_keep_actions likewise lets enabled=STATE skip g.lock.
+ *
+ * enabled=STATE keeps the stacks of live blocks (their contexts) but no trace entries at all:
+ * PyTorch shrinks its ring to one entry for it, which keeps only whichever event came last; we
+ * keep none, so a snapshot taken with "state" has empty device traces.
  */
 #include <dlfcn.h>
 #include <execinfo.h>
@@ -24,6 +29,7 @@
 #include <string.h>
 
 #include "core/core.h"
+#include "pool/fork.h"
 #include "pool/history.h"
 #include "sympool/history.h"
 
@@ -32,6 +38,8 @@
 #define INITIAL_BUCKETS 1024
 
 int sp__history_active = 0;
+/* 1 while trace entries are kept (enabled=ALL); atomic stores under g.lock, relaxed loads. */
+static int g_keep_actions = 0;
 
 typedef struct ring {
     sp__trace_entry_t *buf; /* entries; `len` valid (g.lock) */
@@ -431,11 +439,11 @@ static bool ring_linearize_locked(ring_t *r, size_t keep) {
 
 void sp__history_record(int device, sp_trace_action_t action, uintptr_t addr, size_t size,
                         uintptr_t stream, sp_mempool_id_t pool, uint32_t context) {
-    if (__atomic_load_n(&sp__history_active, __ATOMIC_RELAXED) == 0 || device < 0)
+    if (__atomic_load_n(&g_keep_actions, __ATOMIC_RELAXED) == 0 || device < 0)
         return;
     int64_t now = sp__epoch_us();
     pthread_mutex_lock(&g.lock);
-    if (g.enabled == SP_HISTORY_OFF)
+    if (g.enabled != SP_HISTORY_ALL)
         goto out;
     if (device >= g.nrings) {
         ring_t *nr = realloc(g.rings, (size_t)(device + 1) * sizeof(*nr));
@@ -523,6 +531,10 @@ bool sp__history_enabled(void) {
     return __atomic_load_n(&sp__history_active, __ATOMIC_RELAXED) != 0;
 }
 
+bool sp__history_keeps_actions(void) {
+    return __atomic_load_n(&g_keep_actions, __ATOMIC_RELAXED) != 0;
+}
+
 /* ---- parameters ------------------------------------------------------------------------- */
 
 SP_EXPORT void sp_history_params_init(sp_history_params_t *params) {
@@ -535,6 +547,7 @@ SP_EXPORT void sp_history_params_init(sp_history_params_t *params) {
 }
 
 SP_EXPORT sp_status_t sp_record_memory_history(const sp_history_params_t *params) {
+    sp__fork_register(); /* before g.lock: see pool/fork.h */
     SP_ARG_CHECK(params != NULL, SP_SUB_HISTORY, "sp_record_memory_history: params is NULL");
     SP_ARG_CHECK((unsigned)params->enabled <= SP_HISTORY_ALL, SP_SUB_HISTORY,
                  "sp_record_memory_history: enabled=%d is not OFF, STATE or ALL",
@@ -547,6 +560,7 @@ SP_EXPORT sp_status_t sp_record_memory_history(const sp_history_params_t *params
         /* PyTorch: enabled=None stops recording and clears the buffer. Contexts still held by
          * live blocks stay until the allocator releases them. */
         __atomic_store_n(&sp__history_active, 0, __ATOMIC_RELAXED);
+        __atomic_store_n(&g_keep_actions, 0, __ATOMIC_RELAXED);
         for (int d = 0; d < g.nrings; d++)
             ring_clear_locked(&g.rings[d]);
         g.enabled = SP_HISTORY_OFF;
@@ -555,8 +569,11 @@ SP_EXPORT sp_status_t sp_record_memory_history(const sp_history_params_t *params
         SP_INFO(SP_SUB_HISTORY, "memory history off");
         return SP_SUCCESS;
     }
-    /* "state" keeps only live-block stacks: PyTorch forces max_entries to 1. */
-    size_t cap = params->enabled == SP_HISTORY_STATE ? 1 : params->max_entries;
+    /* "state" keeps only live-block stacks, no action history (see the top of the file). */
+    if (params->enabled == SP_HISTORY_STATE)
+        for (int d = 0; d < g.nrings; d++)
+            ring_clear_locked(&g.rings[d]);
+    size_t cap = params->enabled == SP_HISTORY_STATE ? 0 : params->max_entries;
     if (cap != 0) {
         for (int d = 0; d < g.nrings; d++) {
             ring_t *r = &g.rings[d];
@@ -583,6 +600,7 @@ SP_EXPORT sp_status_t sp_record_memory_history(const sp_history_params_t *params
     g.c_stacks = params->c_stacks;
     __atomic_store_n(&g.want_frames, g.hook != NULL || g.c_stacks, __ATOMIC_RELAXED);
     __atomic_store_n(&g.context, params->context, __ATOMIC_RELAXED);
+    __atomic_store_n(&g_keep_actions, params->enabled == SP_HISTORY_ALL, __ATOMIC_RELAXED);
     __atomic_store_n(&sp__history_active, 1, __ATOMIC_RELAXED);
     pthread_mutex_unlock(&g.lock);
     SP_INFO(SP_SUB_HISTORY, "memory history %s, context %d, max_entries %zu, c_stacks %d",
@@ -594,6 +612,7 @@ SP_EXPORT sp_status_t sp_record_memory_history(const sp_history_params_t *params
 void sp__history_shutdown(void) {
     pthread_mutex_lock(&g.lock);
     __atomic_store_n(&sp__history_active, 0, __ATOMIC_RELAXED);
+    __atomic_store_n(&g_keep_actions, 0, __ATOMIC_RELAXED);
     for (int d = 0; d < g.nrings; d++)
         ring_clear_locked(&g.rings[d]);
     free(g.rings);
@@ -615,5 +634,13 @@ void sp__history_shutdown(void) {
     g.buckets = NULL;
     g.nctx = g.ctx_alloc = g.nbuckets = g.live_ctx = 0;
     g.free_ids = 0;
+    pthread_mutex_unlock(&g.lock);
+}
+
+void sp__history_fork_lock(void) {
+    pthread_mutex_lock(&g.lock);
+}
+
+void sp__history_fork_unlock(void) {
     pthread_mutex_unlock(&g.lock);
 }

@@ -27,8 +27,13 @@ typedef enum {
     SP_TRACE_OOM
 } sp_trace_action_t;
 
-/* Nonzero while recording (any level). Read without the lock. */
+/* Nonzero while recording (any level). Written with atomic stores by sp_record_memory_history;
+ * read only through sp__history_on() (a relaxed atomic load: a plain read would race). */
 extern int sp__history_active;
+
+static inline bool sp__history_on(void) {
+    return __atomic_load_n(&sp__history_active, __ATOMIC_RELAXED) != 0;
+}
 
 /* Capture the calling thread's stack for an allocation (or a free, with is_free), if the context
  * level asks for it. Call BEFORE taking the allocator lock. Returns a context id (0 = none) that
@@ -90,8 +95,15 @@ int sp__history_device_count(void);
 sp_status_t sp__history_copy(int device, sp__trace_entry_t **entries_p, size_t *n_p);
 void sp__history_entries_free(sp__trace_entry_t *entries, size_t n);
 
+/* fork() (pool/fork.c): hold history's lock across fork(); release it in the parent and child. */
+void sp__history_fork_lock(void);
+void sp__history_fork_unlock(void);
+
 /* Whether recording is on, and at which levels (for snapshot's allocator settings and tests). */
 bool sp__history_enabled(void);
+/* Whether trace entries are kept (enabled = SP_HISTORY_ALL). With SP_HISTORY_STATE only the
+ * stacks of live blocks are kept: no action history, no snapshot markers. */
+bool sp__history_keeps_actions(void);
 
 #ifdef __cplusplus
 }

@@ -10,6 +10,12 @@
  * stays in its device's pool list, marked destroyed, until sp_shutdown, so that a second destroy
  * or a late free is recognized without a use-after-free.
  *
+ * Handles: every public call checks its pool handle (sp__mempool_check) before reading through
+ * it: a handle sympool never gave out is SP_ERR_INVALID_ARGUMENT, one from before sp_shutdown is
+ * SP_ERR_INVALID_USAGE (handles.c keeps the registry; pool structs are retired at shutdown, never
+ * freed). The queries that cannot return a status answer 0 for a bad handle and leave the reason
+ * in sp_last_error(); NULL stays a quiet 0 there.
+ *
  * Routing is a per-thread stack of pools; a generation number bumped by sp_shutdown invalidates
  * every thread's stack at once. Pool fields are guarded by the device allocator lock, except
  * use_count (atomic) and the const fields.
@@ -20,8 +26,9 @@
 
 #include "pool/allocator.h"
 #include "pool/expandable.h"
-#include "pool/release.h"
+#include "pool/handles.h"
 #include "pool/mempool.h"
+#include "pool/release.h"
 
 #define MAX_ROUTE 32
 
@@ -59,6 +66,36 @@ void sp__mempool_routing_reset(void) {
 
 static const char *pname(const sp_mempool_t *p) {
     return p->name ? p->name : "";
+}
+
+/* A handle of this session: known to the registry and of the current generation. Reads the
+ * struct only once the registry says it is one. */
+static bool handle_live(const sp_mempool_t *pool) {
+    return pool && sp__handles_known(pool) && pool->generation == sp__handles_generation() &&
+           atomic_load_explicit(&sp__ready, memory_order_acquire);
+}
+
+sp_status_t sp__mempool_check(const sp_mempool_t *pool, const char *what) {
+    if (SP_UNLIKELY(!pool))
+        return sp__error(SP_ERR_INVALID_ARGUMENT, SP_SUB_POOL, "%s: NULL pool", what);
+    if (SP_UNLIKELY(!sp__handles_known(pool)))
+        return sp__error(SP_ERR_INVALID_ARGUMENT, SP_SUB_POOL,
+                         "%s: %p is not a pool handle sympool gave out (sp_mempool_create, "
+                         "sp_default_mempool)",
+                         what, (const void *)pool);
+    if (SP_UNLIKELY(pool->generation != sp__handles_generation() ||
+                    !atomic_load_explicit(&sp__ready, memory_order_acquire)))
+        return sp__error(SP_ERR_INVALID_USAGE, SP_SUB_POOL,
+                         "%s: pool handle %p is stale: its pool {%" PRIu64 ",%" PRIu64
+                         "} was released by sp_shutdown, and handles do not outlive it; create "
+                         "the pool again",
+                         what, (const void *)pool, pool->id.first, pool->id.second);
+    return SP_SUCCESS;
+}
+
+/* For the queries without a status: NULL is a quiet "no", a bad handle says why. */
+static bool query_ok(const sp_mempool_t *pool, const char *what) {
+    return pool && sp__mempool_check(pool, what) == SP_SUCCESS;
 }
 
 sp_mempool_t *sp__mempool_new(sp_devalloc_t *d, const sp_mempool_params_t *params, bool is_default,
@@ -102,12 +139,23 @@ sp_mempool_t *sp__mempool_new(sp_devalloc_t *d, const sp_mempool_params_t *param
                 symmetric ? "an NCCL window cannot cover memory mapped after it is registered, so "
                             "a symmetric pool grows one window-registered segment at a time"
                           : "its pluggable segment allocator cannot map pages (as in PyTorch)");
+    p->generation = sp__handles_generation();
+    if (!sp__handles_add(p)) {
+        free(p->name);
+        free(p);
+        return NULL;
+    }
     return p;
 }
 
-void sp__mempool_free_struct(sp_mempool_t *pool) {
+void sp__mempool_retire(sp_mempool_t *pool) {
+    /* The struct stays (see handles.c): only what it owns goes, and nothing may follow `dev`. */
     free(pool->name);
-    free(pool);
+    pool->name = NULL;
+    pool->next = NULL;
+    pool->seg_head = pool->seg_tail = NULL;
+    pool->sym_state = NULL;
+    pool->destroyed = true;
 }
 
 static sp_status_t create(const sp_mempool_params_t *params, bool symmetric, void *sym_state,
@@ -163,18 +211,17 @@ sp_status_t sp__mempool_create_symmetric(const sp_mempool_params_t *params, void
 }
 
 void *sp__mempool_sym_state(const sp_mempool_t *pool) {
-    return pool ? pool->sym_state : NULL;
+    return handle_live(pool) ? pool->sym_state : NULL;
 }
 const char *sp__mempool_name(const sp_mempool_t *pool) {
-    return pool ? pool->name : NULL;
+    return handle_live(pool) ? pool->name : NULL;
 }
 int sp__mempool_device(const sp_mempool_t *pool) {
-    return pool ? pool->device : -1;
+    return handle_live(pool) ? pool->device : -1;
 }
 
 SP_EXPORT sp_status_t sp_mempool_destroy(sp_mempool_t *pool) {
-    if (!pool)
-        return sp__error(SP_ERR_INVALID_ARGUMENT, SP_SUB_POOL, "sp_mempool_destroy: NULL pool");
+    SP_CHECK(sp__mempool_check(pool, "sp_mempool_destroy"));
     /* Destroying a symmetric pool is collective (its segments are registered on every rank):
      * a local destroy would leave this rank serving nothing while the others still agree. */
     if (pool->symmetric)
@@ -191,15 +238,20 @@ sp_status_t sp__mempool_destroy_internal(sp_mempool_t *pool) {
                          "sp_mempool_destroy: the default pool of device %d cannot be destroyed",
                          pool->device);
     sp_devalloc_t *d = pool->dev;
+    /* PyTorch's MemPool destructor releases through emptyCache(id), which gathers its caller's
+     * stack at context "all" (before the lock) for the segment_free entries. */
+    uint32_t ctx = sp__history_capture(true);
     sp__lock(&d->lock);
     if (pool->destroyed) {
         sp__unlock(&d->lock);
+        sp__history_context_release(ctx);
         return sp__error(SP_ERR_INVALID_USAGE, SP_SUB_POOL,
                          "sp_mempool_destroy: pool \"%s\" {0,%" PRIu64 "} was already destroyed",
                          pname(pool), pool->id.second);
     }
     if (atomic_load(&pool->use_count) > 1) {
         sp__unlock(&d->lock);
+        sp__history_context_release(ctx);
         return sp__error(SP_ERR_INVALID_USAGE, SP_SUB_POOL,
                          "sp_mempool_destroy: pool \"%s\" {0,%" PRIu64 "} is still routed by "
                          "sp_mempool_begin (use count %d); call sp_mempool_end first",
@@ -212,12 +264,13 @@ sp_status_t sp__mempool_destroy_internal(sp_mempool_t *pool) {
      * whole free segment through the pool's allocator (for a symmetric pool, its registrar,
      * which defers what must be collective). */
     sp__alloc_sync_events(d, pool);
-    sp__alloc_release_pool(d, pool, false, NULL);
+    sp__alloc_release_pool(d, pool, false, NULL, ctx);
     SP_INFO(SP_SUB_POOL,
             "device %d: destroyed pool \"%s\" {0,%" PRIu64 "} (%zu segments, %zu "
             "bytes still held by live blocks)",
             d->device, pname(pool), pool->id.second, pool->nsegments, pool->reserved);
     sp__unlock(&d->lock);
+    sp__history_context_release(ctx);
     return SP_SUCCESS;
 }
 
@@ -229,20 +282,20 @@ SP_EXPORT sp_mempool_t *sp_default_mempool(int device) {
 
 SP_EXPORT sp_mempool_id_t sp_mempool_id(const sp_mempool_t *pool) {
     sp_mempool_id_t none = {0, 0};
-    return pool ? pool->id : none;
+    return query_ok(pool, "sp_mempool_id") ? pool->id : none;
 }
 
 SP_EXPORT int sp_mempool_use_count(const sp_mempool_t *pool) {
-    return pool ? atomic_load(&((sp_mempool_t *)pool)->use_count) : 0;
+    return query_ok(pool, "sp_mempool_use_count") ? atomic_load(&((sp_mempool_t *)pool)->use_count)
+                                                  : 0;
 }
 
 SP_EXPORT bool sp_mempool_is_symmetric(const sp_mempool_t *pool) {
-    return pool && pool->symmetric;
+    return query_ok(pool, "sp_mempool_is_symmetric") && pool->symmetric;
 }
 
 SP_EXPORT sp_status_t sp_mempool_begin(sp_mempool_t *pool) {
-    if (!pool)
-        return sp__error(SP_ERR_INVALID_ARGUMENT, SP_SUB_POOL, "sp_mempool_begin: NULL pool");
+    SP_CHECK(sp__mempool_check(pool, "sp_mempool_begin"));
     if (pool->symmetric)
         return sp__error(SP_ERR_INVALID_USAGE, SP_SUB_POOL,
                          "sp_mempool_begin: pool \"%s\" is symmetric; allocate in it with "
@@ -276,8 +329,7 @@ SP_EXPORT sp_status_t sp_mempool_begin(sp_mempool_t *pool) {
 }
 
 SP_EXPORT sp_status_t sp_mempool_end(sp_mempool_t *pool) {
-    if (!pool)
-        return sp__error(SP_ERR_INVALID_ARGUMENT, SP_SUB_POOL, "sp_mempool_end: NULL pool");
+    SP_CHECK(sp__mempool_check(pool, "sp_mempool_end"));
     int n = route_depth();
     if (n == 0 || tl_route[n - 1] != pool)
         return sp__error(SP_ERR_INVALID_USAGE, SP_SUB_POOL,
@@ -292,9 +344,9 @@ SP_EXPORT sp_status_t sp_mempool_end(sp_mempool_t *pool) {
 
 SP_EXPORT sp_status_t sp_mempool_malloc(sp_mempool_t *pool, size_t size, sp_stream_t stream,
                                         void **ptr_p) {
-    if (!pool || !ptr_p)
-        return sp__error(SP_ERR_INVALID_ARGUMENT, SP_SUB_POOL, "sp_mempool_malloc: NULL %s",
-                         pool ? "ptr_p" : "pool");
+    SP_CHECK(sp__mempool_check(pool, "sp_mempool_malloc"));
+    if (!ptr_p)
+        return sp__error(SP_ERR_INVALID_ARGUMENT, SP_SUB_POOL, "sp_mempool_malloc: NULL ptr_p");
     if (pool->symmetric)
         return sp__error(SP_ERR_INVALID_USAGE, SP_SUB_POOL,
                          "sp_mempool_malloc: pool \"%s\" is symmetric; use sp_symmetric_malloc",
@@ -305,11 +357,7 @@ SP_EXPORT sp_status_t sp_mempool_malloc(sp_mempool_t *pool, size_t size, sp_stre
         *ptr_p = NULL;
         return SP_SUCCESS;
     }
-    if (size > d->total_mem)
-        return sp__error(SP_ERR_INVALID_ARGUMENT, SP_SUB_POOL,
-                         "sp_mempool_malloc: %zu bytes is more than device %d has in total "
-                         "(%zu bytes)",
-                         size, d->device, d->total_mem);
+    SP_CHECK(sp__alloc_check_size("sp_mempool_malloc", d->device, size));
     return sp__alloc_malloc(d, pool, size, stream, ptr_p);
 }
 
@@ -318,7 +366,9 @@ SP_EXPORT sp_status_t sp_mempool_malloc(sp_mempool_t *pool, size_t size, sp_stre
 typedef enum { Q_USED, Q_TOTAL, Q_NFREE, Q_LIMIT } query_t;
 
 static size_t query(const sp_mempool_t *pool, query_t q) {
-    if (!pool)
+    static const char *const names[] = {"sp_mempool_used_bytes", "sp_mempool_total_bytes",
+                                        "sp_mempool_n_free_blocks", "sp_mempool_get_limit"};
+    if (!query_ok(pool, names[q]))
         return 0;
     sp__lock(&pool->dev->lock);
     size_t v = q == Q_USED    ? pool->used
@@ -343,7 +393,7 @@ SP_EXPORT size_t sp_mempool_get_limit(const sp_mempool_t *pool) {
 }
 
 SP_EXPORT size_t sp_mempool_free_bytes(const sp_mempool_t *pool) {
-    if (!pool)
+    if (!query_ok(pool, "sp_mempool_free_bytes"))
         return 0;
     sp__lock(&pool->dev->lock);
     size_t v = pool->reserved - pool->used;
@@ -352,26 +402,40 @@ SP_EXPORT size_t sp_mempool_free_bytes(const sp_mempool_t *pool) {
 }
 
 SP_EXPORT sp_status_t sp_mempool_free_all_blocks(sp_mempool_t *pool, sp_stream_t stream) {
-    if (!pool)
-        return sp__error(SP_ERR_INVALID_ARGUMENT, SP_SUB_POOL,
-                         "sp_mempool_free_all_blocks: NULL pool");
+    SP_CHECK(sp__mempool_check(pool, "sp_mempool_free_all_blocks"));
     if (pool->symmetric)
         return sp__error(SP_ERR_INVALID_USAGE, SP_SUB_POOL,
                          "sp_mempool_free_all_blocks: pool \"%s\" is symmetric; releasing its "
                          "segments is collective: use sp_symmetric_empty_cache",
                          pname(pool));
     sp_devalloc_t *d = pool->dev;
+    if (stream) {
+        /* As every other call: a stream sympool did not make, or one of another device, is a
+         * bad argument (it could never match a cached block, so "success" would hide a bug). */
+        int sdev = -1;
+        if (sp__g.ops->stream_device(stream, &sdev) != SP_SUCCESS)
+            return sp__error(SP_ERR_INVALID_ARGUMENT, SP_SUB_POOL,
+                             "sp_mempool_free_all_blocks: %p is not a stream made by "
+                             "sp_stream_create",
+                             stream);
+        if (sdev != pool->device)
+            return sp__error(SP_ERR_INVALID_ARGUMENT, SP_SUB_POOL,
+                             "sp_mempool_free_all_blocks: stream %p belongs to device %d, pool "
+                             "\"%s\" to device %d",
+                             stream, sdev, pname(pool), pool->device);
+    }
+    uint32_t ctx = sp__history_capture(true); /* as sp_empty_cache: level "all" only */
     sp__lock(&d->lock);
     if (d->pending_events)
         sp__alloc_process_events(d);
-    sp__alloc_release_pool(d, pool, stream != NULL, stream);
+    sp__alloc_release_pool(d, pool, stream != NULL, stream, ctx);
     sp__unlock(&d->lock);
+    sp__history_context_release(ctx);
     return SP_SUCCESS;
 }
 
 SP_EXPORT sp_status_t sp_mempool_set_limit(sp_mempool_t *pool, size_t bytes) {
-    if (!pool)
-        return sp__error(SP_ERR_INVALID_ARGUMENT, SP_SUB_POOL, "sp_mempool_set_limit: NULL pool");
+    SP_CHECK(sp__mempool_check(pool, "sp_mempool_set_limit"));
     sp__lock(&pool->dev->lock);
     pool->limit = bytes;
     sp__unlock(&pool->dev->lock);

@@ -12,7 +12,9 @@
 
 sp_mempool_t *sp__mempool_new(sp_devalloc_t *d, const sp_mempool_params_t *params, bool is_default,
                               bool symmetric);
-void sp__mempool_free_struct(sp_mempool_t *pool);
+/* sp_shutdown: free what the pool owns but keep the struct, so that its handle stays readable
+ * and recognizably stale (handles.c). */
+void sp__mempool_retire(sp_mempool_t *pool);
 /* Threads with a non-empty routing stack (mempool.c): sp_malloc calls sp__mempool_routed
  * only when it is not 0. */
 extern atomic_int sp__routing_threads;

@@ -88,6 +88,12 @@ sp_status_t sp__pool_locked(void (*fn)(void *arg), void *arg);
 
 /* ---- pool metadata ---------------------------------------------------------------------- */
 
+/* Check a pool handle before reading through it: SP_ERR_INVALID_ARGUMENT (NULL, or not a handle
+ * sympool gave out), SP_ERR_INVALID_USAGE (a handle from before sp_shutdown), with the message
+ * set. `what` names the public call in the message. */
+sp_status_t sp__mempool_check(const sp_mempool_t *pool, const char *what);
+
+/* These answer NULL / -1 for a bad handle (quietly). */
 const char *sp__mempool_name(const sp_mempool_t *pool); /* NULL if unnamed */
 int sp__mempool_device(const sp_mempool_t *pool);
 

@@ -133,7 +133,7 @@ void sp__alloc_sync_events(sp_devalloc_t *d, const sp_mempool_t *pool) {
 /* ---- releases ---------------------------------------------------------------------------- */
 
 size_t sp__alloc_release_pool(sp_devalloc_t *d, sp_mempool_t *pool, bool filter_stream,
-                              sp_stream_t stream) {
+                              sp_stream_t stream, uint32_t context) {
     size_t freed = 0;
     sp_segment_t *seg = pool->seg_head;
     while (seg) {
@@ -143,30 +143,30 @@ size_t sp__alloc_release_pool(sp_devalloc_t *d, sp_mempool_t *pool, bool filter_
                 freed += sp__exp_release(d, seg); /* its free pages; the segment when empty */
         } else if (sp__block_releasable(seg->head) && (!filter_stream || seg->stream == stream)) {
             freed += seg->size;
-            sp__alloc_release_segment(d, seg);
+            sp__alloc_release_segment(d, seg, context);
         }
         seg = nx;
     }
     return freed;
 }
 
-void sp__alloc_release_cached(sp_devalloc_t *d) {
+void sp__alloc_release_cached(sp_devalloc_t *d, uint32_t context) {
     sp__alloc_sync_events(d, NULL);
-    sp__alloc_release_pool(d, d->default_pool, false, NULL);
+    sp__alloc_release_pool(d, d->default_pool, false, NULL, context);
     for (sp_mempool_t *p = d->pools; p; p = p->next)
         if (!p->symmetric && atomic_load_explicit(&p->use_count, memory_order_relaxed) == 0)
-            sp__alloc_release_pool(d, p, false, NULL);
+            sp__alloc_release_pool(d, p, false, NULL, context);
 }
 
-bool sp__alloc_release_available(sp_devalloc_t *d, sp_bpool_t *bp, size_t size,
-                                 sp_stream_t stream) {
+bool sp__alloc_release_available(sp_devalloc_t *d, sp_bpool_t *bp, size_t size, sp_stream_t stream,
+                                 uint32_t context) {
     size_t mss = sp__g.conf.max_split_size;
     if (mss == SIZE_MAX || bp->pool->symmetric)
         return false;
     size_t key = size > mss ? size : mss;
     sp_block_t *b = sp__bset_lower_bound(&bp->free, stream, key);
     if (b && b->stream == stream && sp__block_releasable(b)) {
-        sp__alloc_release_segment(d, b->seg);
+        sp__alloc_release_segment(d, b->seg, context);
         return true;
     }
     /* Otherwise release oversize whole-segment blocks of this stream, largest first, until
@@ -181,7 +181,7 @@ bool sp__alloc_release_available(sp_devalloc_t *d, sp_bpool_t *bp, size_t size,
         if (!best)
             return false;
         freed += best->size;
-        sp__alloc_release_segment(d, best);
+        sp__alloc_release_segment(d, best, context);
     }
     return true;
 }
@@ -191,7 +191,7 @@ bool sp__alloc_release_available(sp_devalloc_t *d, sp_bpool_t *bp, size_t size,
  * age (get_free_block calls since they were cached) is at least the average age, all of them in
  * one pass (PyTorch does not stop a pass at the target, so GC does not re-trigger at once), and
  * repeat while the target is not reached and a pass freed something. */
-void sp__alloc_gc(sp_devalloc_t *d) {
+void sp__alloc_gc(sp_devalloc_t *d, uint32_t context) {
     if (d->allowed_max == SIZE_MAX)
         return;
     size_t thresh = (size_t)(sp__g.conf.gc_threshold * (double)d->allowed_max);
@@ -218,7 +218,7 @@ void sp__alloc_gc(sp_devalloc_t *d) {
                 freed += s->size;
                 total_age -= age;
                 n--;
-                sp__alloc_release_segment(d, s);
+                sp__alloc_release_segment(d, s, context);
                 any = true;
             }
             s = nx;

@@ -14,12 +14,15 @@ void sp__alloc_process_events(sp_devalloc_t *d);
 /* Synchronize the events of every pending block (pool != NULL: only that pool's). */
 void sp__alloc_sync_events(sp_devalloc_t *d, const sp_mempool_t *pool);
 sp_status_t sp__alloc_insert_events(sp_devalloc_t *d, sp_block_t *b);
+/* Every release below takes `context`, the history context of the call that releases (0 if it
+ * gathered none), for the segment_free entries (sp__alloc_release_segment). */
 /* Release the fully free segments of one pool (stream filter when filter_stream). */
 size_t sp__alloc_release_pool(sp_devalloc_t *d, sp_mempool_t *pool, bool filter_stream,
-                              sp_stream_t stream);
+                              sp_stream_t stream, uint32_t context);
 /* PyTorch's release_cached_blocks({0,0}): sync events, free default and freeable pools. */
-void sp__alloc_release_cached(sp_devalloc_t *d);
-bool sp__alloc_release_available(sp_devalloc_t *d, sp_bpool_t *bp, size_t size, sp_stream_t stream);
-void sp__alloc_gc(sp_devalloc_t *d);
+void sp__alloc_release_cached(sp_devalloc_t *d, uint32_t context);
+bool sp__alloc_release_available(sp_devalloc_t *d, sp_bpool_t *bp, size_t size, sp_stream_t stream,
+                                 uint32_t context);
+void sp__alloc_gc(sp_devalloc_t *d, uint32_t context);
 
 #endif /* SP_POOL_RELEASE_H */

@@ -58,7 +58,7 @@ static bool grow(void **p, size_t *alloc, size_t need, size_t elem) {
     size_t n = *alloc ? *alloc : 64;
     while (n < need)
         n *= 2;
-    void *np = realloc(*p, n * elem);
+    void *np = sp__emit_realloc(*p, n * elem);
     if (np == NULL)
         return false;
     *p = np;
@@ -166,7 +166,7 @@ static void emit_frames(sp__emit_t *e, uint32_t context) {
     sp__history_context_frames(context, &f, &n);
     if (n > 0 && m != NULL && context >= m->n) {
         size_t nn = (size_t)context * 2 + 16;
-        uint32_t *ni = realloc(m->index, nn * sizeof(*ni));
+        uint32_t *ni = sp__emit_realloc(m->index, nn * sizeof(*ni));
         if (ni != NULL) {
             for (size_t i = m->n; i < nn; i++)
                 ni[i] = UINT32_MAX;
@@ -338,7 +338,9 @@ static sp_status_t dump(const sp_mempool_t *pool, const char *pattern) {
     c.ndev = ndev > nhist ? ndev : nhist;
     if (c.ndev < 1)
         c.ndev = 1;
-    c.traces = calloc((size_t)c.ndev, sizeof(*c.traces));
+    c.traces = sp__emit_realloc(NULL, (size_t)c.ndev * sizeof(*c.traces));
+    if (c.traces != NULL)
+        memset(c.traces, 0, (size_t)c.ndev * sizeof(*c.traces));
     if (c.traces == NULL)
         return sp__error(SP_ERR_SYSTEM, SP_SUB_HISTORY, "out of host memory for a snapshot");
 
@@ -363,10 +365,10 @@ static sp_status_t dump(const sp_mempool_t *pool, const char *pattern) {
     int64_t now = sp__epoch_us();
     for (int d = 0; d < c.ndev; d++) {
         trace_copy_t *t = &c.traces[d];
-        if (!sp__history_enabled())
-            break;
+        if (!sp__history_keeps_actions())
+            break; /* not recording, or enabled=STATE: no action history, no marker */
         sp__history_record(d, SP_TRACE_SNAPSHOT, 0, t->active, 0, c.pool_id, 0);
-        sp__trace_entry_t *ne = realloc(t->e, (t->n + 1) * sizeof(*ne));
+        sp__trace_entry_t *ne = sp__emit_realloc(t->e, (t->n + 1) * sizeof(*ne));
         if (ne == NULL)
             continue; /* the file simply lacks the marker */
         t->e = ne;
@@ -396,6 +398,6 @@ SP_EXPORT sp_status_t sp_dump_snapshot(const char *path) {
 }
 
 SP_EXPORT sp_status_t sp_mempool_dump_snapshot(const sp_mempool_t *pool, const char *path) {
-    SP_ARG_CHECK(pool != NULL, SP_SUB_HISTORY, "sp_mempool_dump_snapshot: pool is NULL");
+    SP_CHECK(sp__mempool_check(pool, "sp_mempool_dump_snapshot"));
     return dump(pool, path);
 }

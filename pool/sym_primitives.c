@@ -24,9 +24,7 @@ static sp_segment_t *seg_by_seq(const sp_mempool_t *pool, uint64_t seq) {
 }
 
 static sp_status_t check_pool(const sp_mempool_t *pool) {
-    if (!pool)
-        return sp__error(SP_ERR_INVALID_ARGUMENT, SP_SUB_POOL, "NULL pool");
-    return sp__alloc_ensure();
+    return sp__mempool_check(pool, "symmetric pool");
 }
 
 sp_status_t sp__pool_sym_size(const sp_mempool_t *pool, size_t size, size_t *rounded_p) {
@@ -69,7 +67,7 @@ sp_status_t sp__pool_sym_find(sp_mempool_t *pool, size_t rounded, sp_stream_t st
 sp_status_t sp__pool_sym_take(sp_mempool_t *pool, size_t rounded, size_t size, sp_stream_t stream,
                               uint64_t segment_seq, size_t offset, void **ptr_p) {
     sp_devalloc_t *d = pool->dev;
-    uint32_t ctx = sp__history_active ? sp__history_capture(false) : 0;
+    uint32_t ctx = sp__history_on() ? sp__history_capture(false) : 0;
     sp__lock(&d->lock);
     sp_segment_t *seg = seg_by_seq(pool, segment_seq);
     sp_block_t *b =
@@ -110,7 +108,7 @@ sp_status_t sp__pool_sym_adopt(sp_mempool_t *pool, void *base, size_t alloc_size
                                size_t size, sp_stream_t stream, void **ptr_p,
                                uint64_t *segment_seq_p) {
     sp_devalloc_t *d = pool->dev;
-    uint32_t ctx = sp__history_active ? sp__history_capture(false) : 0;
+    uint32_t ctx = sp__history_on() ? sp__history_capture(false) : 0;
     sp_block_t *b = NULL;
     sp__lock(&d->lock);
     sp_status_t s =
@@ -153,7 +151,7 @@ size_t sp__pool_empty_device_cache(int device) {
     sp_devalloc_t *d = &sp__g.devs[device];
     sp__lock(&d->lock);
     size_t before = d->total_reserved;
-    sp__alloc_release_cached(d);
+    sp__alloc_release_cached(d, 0);
     size_t freed = before - d->total_reserved;
     sp__unlock(&d->lock);
     return freed;

@@ -113,8 +113,9 @@ static sp_sym_state_t *find_state(const sp_mempool_t *pool) {
 }
 
 sp_status_t sp__sym_acquire(const sp_mempool_t *pool, const char *fn, sp_sym_state_t **st_p) {
-    if (!pool)
-        return sp__error(SP_ERR_INVALID_ARGUMENT, SP_SUB_SYM, "%s: pool is NULL", fn);
+    /* NULL or garbage: SP_ERR_INVALID_ARGUMENT; a handle from before sp_shutdown:
+     * SP_ERR_INVALID_USAGE; neither is read through (pool/handles.c). */
+    SP_CHECK(sp__mempool_check(pool, fn));
     sp_sym_state_t *st = find_state(pool);
     if (!st)
         return sp__error(SP_ERR_INVALID_USAGE, SP_SUB_SYM,

@@ -31,7 +31,7 @@ typedef enum {
 } sp_history_context_t;
 
 typedef struct sp_history_params {
-    sp_history_enabled_t enabled; /**< OFF clears the buffer; STATE keeps one entry (PyTorch) */
+    sp_history_enabled_t enabled; /**< OFF clears the buffer; STATE keeps no trace entries */
     sp_history_context_t context; /**< which records carry stack frames */
     size_t max_entries;           /**< ring buffer size; 0 = unbounded */
     bool c_stacks;                /**< record C stack frames */
@@ -42,12 +42,13 @@ void sp_history_params_init(sp_history_params_t *params);
 
 /**
  * Start, change or stop recording on every device (PyTorch's meanings): OFF stops and clears
- * every buffer; STATE keeps only the newest entry (max_entries forced to 1) so that stacks stay on
- * live blocks; ALL keeps up to max_entries entries, the oldest overwritten first. Changing
- * max_entries keeps the newest entries. context: NONE records no stacks, STATE stacks on live
- * blocks only, ALLOC also on trace entries, ALL also captures a stack at each free. Stacks come
- * from the frames hook (sp_history_set_frames_hook) and, with c_stacks, from backtrace(3):
- * "symbol+0xoffset" and the object file, line 0 (no debug-info lookup; use addr2line).
+ * every buffer; STATE keeps the stacks of live blocks but no trace entries (no action history, no
+ * snapshot markers; PyTorch keeps a one-entry ring there, i.e. whichever event came last); ALL
+ * keeps up to max_entries entries, the oldest overwritten first. Changing max_entries keeps the
+ * newest entries. context: NONE records no stacks, STATE stacks on live blocks only, ALLOC also on
+ * trace entries, ALL also captures a stack at each free. Stacks come from the frames hook
+ * (sp_history_set_frames_hook) and, with c_stacks, from backtrace(3): "symbol+0xoffset" and the
+ * object file, line 0 (no debug-info lookup; use addr2line).
  * @return SP_SUCCESS, SP_ERR_INVALID_ARGUMENT (NULL params, enabled or context out of range;
  *         nothing changes), SP_ERR_SYSTEM (no host memory to resize the buffers).
  */
@@ -58,9 +59,13 @@ sp_status_t sp_record_memory_history(const sp_history_params_t *params);
  * protocol 4 using only the opcodes MemoryViz.js reads. "%r", "%p" and "%h" in the path become the
  * rank (from the MPI launcher's environment, 0 without one), the pid and the host name. The file
  * is written to a temporary next to it, synced and renamed, so readers never see half a file.
- * Each call appends a `snapshot` entry to every device's trace while recording.
- * @return SP_SUCCESS, SP_ERR_INVALID_ARGUMENT (NULL or empty path, path too long),
- *         SP_ERR_SYSTEM (cannot create, write or rename the file; out of host memory).
+ * An existing target must be a regular file, or a symbolic link to one (the file it names is
+ * replaced, in that file's directory, and the link stays); a FIFO, directory, socket, device node
+ * (/dev/null), a link to one of those or a dangling link is refused and left as it is.
+ * Each call appends a `snapshot` entry to every device's trace while recording all actions.
+ * @return SP_SUCCESS, SP_ERR_INVALID_ARGUMENT (NULL or empty path, path too long, a target that
+ *         is not a regular file), SP_ERR_SYSTEM (cannot create, write or rename the file; out of
+ *         host memory, at any stage).
  */
 sp_status_t sp_dump_snapshot(const char *path);
 
@@ -68,7 +73,8 @@ sp_status_t sp_dump_snapshot(const char *path);
  * Write one pool's snapshot: its segments only, and each device's trace filtered to the pool's
  * events (plus the snapshot markers), so the trace still replays back to the segments shown.
  * Same path rules as sp_dump_snapshot.
- * @return as sp_dump_snapshot; SP_ERR_INVALID_ARGUMENT also for a NULL pool.
+ * @return as sp_dump_snapshot; SP_ERR_INVALID_ARGUMENT also for a NULL or garbage pool handle,
+ *         SP_ERR_INVALID_USAGE for one from before sp_shutdown.
  */
 sp_status_t sp_mempool_dump_snapshot(const sp_mempool_t *pool, const char *path);
 

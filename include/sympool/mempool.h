@@ -46,6 +46,13 @@ typedef struct sp_mempool_params {
 /** Fill @p params with the defaults (no allocator, no flags, device -1, no name). */
 void sp_mempool_params_init(sp_mempool_params_t *params);
 
+/*
+ * Handles: every call below checks its pool handle before reading through it. NULL, or a pointer
+ * sympool never gave out, is SP_ERR_INVALID_ARGUMENT; a handle from before sp_shutdown (every
+ * pool, the default pools included, ends there) is SP_ERR_INVALID_USAGE. The queries that return
+ * a value answer 0 ({0,0}, false) for a bad handle and leave the reason in sp_last_error().
+ */
+
 /**
  * Create a pool with id {0,n} and use count 1.
  * @return SP_SUCCESS, SP_ERR_INVALID_ARGUMENT (NULL pool_p, unknown device, allocator without
@@ -56,9 +63,10 @@ sp_status_t sp_mempool_create(const sp_mempool_params_t *params, sp_mempool_t **
 /**
  * Drop the creator's use and release the pool's free cached segments now. Segments still holding
  * live blocks are released when those blocks are freed and the cache is emptied.
- * @return SP_SUCCESS, SP_ERR_INVALID_ARGUMENT (NULL), SP_ERR_INVALID_USAGE (the default pool,
- *         a pool already destroyed, a pool still routed by sp_mempool_begin, a symmetric pool:
- *         destroying one is collective, use sp_symmetric_mempool_destroy).
+ * @return SP_SUCCESS, SP_ERR_INVALID_ARGUMENT (NULL, not a pool handle), SP_ERR_INVALID_USAGE
+ *         (the default pool, a pool already destroyed, a pool still routed by sp_mempool_begin,
+ *         a handle from before sp_shutdown, a symmetric pool: destroying one is collective, use
+ *         sp_symmetric_mempool_destroy).
  */
 sp_status_t sp_mempool_destroy(sp_mempool_t *pool);
 
@@ -98,10 +106,14 @@ size_t sp_mempool_free_bytes(const sp_mempool_t *pool);
 /** Number of free cached blocks. */
 size_t sp_mempool_n_free_blocks(const sp_mempool_t *pool);
 
-/** Release the pool's fully free segments; NULL stream: all streams, else only that stream's. */
+/** Release the pool's fully free segments; NULL stream: all streams, else only that stream's.
+ * @return SP_SUCCESS, SP_ERR_INVALID_ARGUMENT (bad handle, a stream sympool did not make or of
+ *         another device), SP_ERR_INVALID_USAGE (stale handle, symmetric pool). */
 sp_status_t sp_mempool_free_all_blocks(sp_mempool_t *pool, sp_stream_t stream);
 
-/** Cap the pool's total bytes; 0 = no limit. A request that would pass it fails with OOM. */
+/** Cap the pool's total bytes; 0 = no limit. A request that would pass it first releases the
+ * pool's own free cached segments (every stream) and retries once (CuPy's rule; counted in
+ * num_alloc_retries); if it would still pass the limit it fails with OOM. */
 sp_status_t sp_mempool_set_limit(sp_mempool_t *pool, size_t bytes);
 /** The pool's cap, 0 if none. */
 size_t sp_mempool_get_limit(const sp_mempool_t *pool);

@@ -41,8 +41,13 @@ int sp_device_count(void);
 /**
  * Allocate @p size bytes on @p device, ordered on @p stream. A size of 0 gives *ptr_p = NULL.
  * The calling thread's innermost sp_mempool_begin() pool on that device receives the request.
- * @return SP_SUCCESS, SP_ERR_INVALID_ARGUMENT (NULL ptr_p, unknown device, size above the
- *         device), SP_ERR_OUT_OF_MEMORY (after freeing the cache and one retry), SP_ERR_DEVICE.
+ * A size the device cannot hold is an out-of-memory like any other, after the releases and the
+ * one retry (counted in num_alloc_retries and num_ooms; the message says "Tried to allocate
+ * <size>", as PyTorch's does); 1 EB or more is PyTorch's "Tried to allocate more than 1EB
+ * memory", refused before the allocator runs (not counted).
+ * @return SP_SUCCESS, SP_ERR_INVALID_ARGUMENT (NULL ptr_p, unknown device, a stream sympool did
+ *         not make, a size above SIZE_MAX/2 that no rounding can represent),
+ *         SP_ERR_OUT_OF_MEMORY (after freeing the cache and one retry), SP_ERR_DEVICE.
  */
 sp_status_t sp_malloc(size_t size, int device, sp_stream_t stream, void **ptr_p);
 

@@ -79,6 +79,14 @@ typedef struct sp_device_ops {
     sp_status_t (*memcpy_async)(int device, void *dst, const void *src, size_t bytes,
                                 sp_dev_stream_t stream);
 
+    /* fork(): take every lock the backend has (fork_lock) and release them again (fork_unlock,
+     * in the parent and in the child), so that a child inherits the backend's state whole and its
+     * locks free. Optional: NULL when the backend is never used in a child (cuda: a child of a
+     * process that initialized CUDA cannot use it, so pool/fork.c turns the allocator off there).
+     */
+    void (*fork_lock)(void);
+    void (*fork_unlock)(void);
+
     /* Virtual memory (expandable segments), when caps.has_vmm; NULL otherwise.
      * A reservation is a range of address space with no memory behind it, managed in pages of
      * `page` bytes (a multiple of caps.vmm_granularity; `size` a multiple of `page`). Pages are
@@ -105,6 +113,11 @@ sp_status_t sp__device_select(const sp_device_ops_t **ops_p, sp_device_caps_t *c
 
 /* Forget the selection and call fini (sp_shutdown, tests). */
 void sp__device_reset(void);
+
+/* fork() (pool/fork.c): hold the selection lock and the selected backend's locks across fork(),
+ * and release them in the parent and the child. */
+void sp__device_fork_lock(void);
+void sp__device_fork_unlock(void);
 
 /* The two implementations. sp__device_cuda_ops is NULL-equivalent when built without CUDA:
  * sp__device_cuda_available() tells whether this build has it and a GPU answers. */

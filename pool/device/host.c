@@ -956,6 +956,17 @@ size_t sp__host_live_bytes(int device) {
     return n;
 }
 
+/* fork(): every device's mutex, in device order (no path holds two of them at once). */
+static void host_fork_lock(void) {
+    for (int d = 0; d < g_host.count; d++)
+        pthread_mutex_lock(&g_host.devs[d].mu);
+}
+
+static void host_fork_unlock(void) {
+    for (int d = g_host.count - 1; d >= 0; d--)
+        pthread_mutex_unlock(&g_host.devs[d].mu);
+}
+
 const sp_device_ops_t sp__device_host_ops = {
     .name = "host",
     .init = host_init,
@@ -974,6 +985,8 @@ const sp_device_ops_t sp__device_host_ops = {
     .event_query = host_event_query,
     .event_sync = host_event_sync,
     .memcpy_async = host_memcpy_async,
+    .fork_lock = host_fork_lock,
+    .fork_unlock = host_fork_unlock,
     .vmm_reserve = host_vmm_reserve,
     .vmm_map = host_vmm_map,
     .vmm_unmap = host_vmm_unmap,

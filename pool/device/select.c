@@ -86,3 +86,15 @@ void sp__device_reset(void) {
     }
     pthread_mutex_unlock(&g_sel.mu);
 }
+
+void sp__device_fork_lock(void) {
+    pthread_mutex_lock(&g_sel.mu);
+    if (g_sel.ops && g_sel.ops->fork_lock)
+        g_sel.ops->fork_lock();
+}
+
+void sp__device_fork_unlock(void) {
+    if (g_sel.ops && g_sel.ops->fork_unlock)
+        g_sel.ops->fork_unlock();
+    pthread_mutex_unlock(&g_sel.mu);
+}

@@ -1,6 +1,7 @@
 // test_alloc_badinput.cc: bad input gets a status and a message and changes no statistic: a
 // pointer sympool never returned, an interior pointer, a double free, an unknown device, a size
-// above the device, a NULL output pointer, a stream sympool did not make or of another device.
+// that overflows the rounding, a NULL output pointer, a stream sympool did not make or of another
+// device.
 #include "alloc_test_util.hpp"
 
 #include <string>
@@ -42,13 +43,17 @@ TEST_F(AllocBadInput, UnknownDeviceSizeAboveDeviceNullOutput) {
     sp_stats_t before = snap();
     EXPECT_SP_STATUS(sp_malloc(512, 5, nullptr, &p), SP_ERR_INVALID_ARGUMENT);
     EXPECT_SP_STATUS(sp_malloc(512, -1, nullptr, &p), SP_ERR_INVALID_ARGUMENT);
-    EXPECT_SP_STATUS(sp_malloc(2 * GiB, 0, nullptr, &p), SP_ERR_INVALID_ARGUMENT);
-    EXPECT_NE(std::string(sp_last_error()).find("more than device 0 has"), std::string::npos)
-        << sp_last_error();
-    EXPECT_SP_STATUS(sp_malloc((size_t)1 << 62, 0, nullptr, &p), SP_ERR_INVALID_ARGUMENT);
+    // Sizes that overflow the rounding are bad arguments; a size above the device is an OOM
+    // (test_oom_semantics.cc), and 1 EB or more PyTorch's uncounted "more than 1EB" OOM.
+    EXPECT_SP_STATUS(sp_malloc(SIZE_MAX, 0, nullptr, &p), SP_ERR_INVALID_ARGUMENT);
+    EXPECT_SP_STATUS(sp_malloc((size_t)1 << 62, 0, nullptr, &p), SP_ERR_OUT_OF_MEMORY);
     EXPECT_EQ(p, (void *)&p) << "the output is written only on success";
     EXPECT_SP_STATUS(sp_malloc(512, 0, nullptr, nullptr), SP_ERR_INVALID_ARGUMENT);
     EXPECT_EQ(diff(before, snap()), "") << "no stat changes, num_ooms included";
+    EXPECT_SP_STATUS(sp_malloc(2 * GiB, 0, nullptr, &p), SP_ERR_OUT_OF_MEMORY);
+    EXPECT_NE(std::string(sp_last_error()).find("Tried to allocate 2.00 GiB"), std::string::npos)
+        << sp_last_error();
+    EXPECT_EQ(diff(before, snap()), "num_alloc_retries num_ooms num_sync_all_streams ");
     size_t f, t;
     EXPECT_SP_STATUS(sp_get_memory_info(4, &f, &t), SP_ERR_INVALID_ARGUMENT);
     EXPECT_SP_STATUS(sp_get_memory_info(0, nullptr, &t), SP_ERR_INVALID_ARGUMENT);

@@ -33,7 +33,7 @@ TEST_F(AllocOom, GenuineOomCountsAndReports) {
     EXPECT_SP_STATUS(sp_malloc(50 * MiB, 0, nullptr, &b), SP_ERR_OUT_OF_MEMORY);
     EXPECT_EQ(b, nullptr);
     std::string msg = sp_last_error();
-    EXPECT_NE(msg.find("tried to allocate 50.00 MiB"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("Tried to allocate 50.00 MiB"), std::string::npos) << msg;
     EXPECT_NE(msg.find("100.00 MiB total"), std::string::npos) << msg;
     EXPECT_NE(msg.find("30.00 MiB free"), std::string::npos) << msg;
     EXPECT_NE(msg.find("70.00 MiB allocated"), std::string::npos) << msg;

@@ -1,0 +1,98 @@
+/*
+ * fork.c: what a child process inherits when its parent calls fork() while other threads are
+ * inside sympool (issue 12 item 7).
+ *
+ * fork() copies only the calling thread; a lock another thread held at that moment stays held in
+ * the child forever, and the structure it guarded may be half updated. So the prepare handler
+ * takes every lock sympool has, in the global lock order, and waits for the threads inside to
+ * leave: sp__g.init_lock, the device allocator locks (device order), the backend selection and the
+ * backend's own locks, the history lock, the pool-handle registry lock, then core's option and
+ * log locks (leaves). The parent handler and the child handler release them in reverse order, so
+ * the child starts with a consistent allocator and every lock free.
+ *
+ * Host backend: its memory is private anonymous mappings, copied into the child, so the child's
+ * allocator is fully usable (its blocks are the parent's, copy-on-write). cuda backend: a CUDA
+ * context does not survive fork(), so the child's allocator is turned off: every call that would
+ * initialize or use it fails with SP_ERR_DEVICE and a message saying why (a clear error, never a
+ * hang); blocks inherited from the parent are not freed (their memory belongs to the parent).
+ *
+ * Thread that forks from inside a sympool callback (a frames hook, a pluggable allocator) while
+ * it holds a sympool lock would wait on itself in prepare: that is not supported.
+ */
+#include <pthread.h>
+#include <stdatomic.h>
+
+#include "core/core.h"
+#include "pool/allocator.h"
+#include "pool/fork.h"
+#include "pool/handles.h"
+#include "pool/history.h"
+
+static pthread_once_t g_once = PTHREAD_ONCE_INIT;
+static int g_locked_devs;        /* device locks prepare took (init_lock held while set) */
+static atomic_bool g_cuda_child; /* this process is a fork child of a cuda parent */
+
+static void prepare(void) {
+    pthread_mutex_lock(&sp__g.init_lock);
+    /* Under init_lock sp__ready and sp__g.devs cannot change. */
+    g_locked_devs = atomic_load_explicit(&sp__ready, memory_order_acquire) ? sp__g.ndev : 0;
+    for (int i = 0; i < g_locked_devs; i++)
+        sp__lock(&sp__g.devs[i].lock);
+    sp__device_fork_lock();
+    sp__history_fork_lock();
+    sp__handles_fork_lock();
+    sp__options_fork_lock();
+    sp__log_fork_lock();
+}
+
+static void release(void) {
+    sp__log_fork_unlock();
+    sp__options_fork_unlock();
+    sp__handles_fork_unlock();
+    sp__history_fork_unlock();
+    sp__device_fork_unlock();
+    for (int i = g_locked_devs - 1; i >= 0; i--)
+        sp__unlock(&sp__g.devs[i].lock);
+}
+
+static void parent(void) {
+    release();
+    pthread_mutex_unlock(&sp__g.init_lock);
+}
+
+static void child(void) {
+    bool cuda = g_locked_devs > 0 && sp__g.ops != NULL && !sp__g.caps.is_emulated;
+    release();
+    if (cuda) {
+        /* Every entry point now goes to sp__alloc_init_slow (or checks sp__ready) and fails
+         * there with the reason; nothing inherited is touched. */
+        atomic_store(&g_cuda_child, true);
+        atomic_store_explicit(&sp__ready, 0, memory_order_release);
+    }
+    pthread_mutex_unlock(&sp__g.init_lock);
+}
+
+static void do_register(void) {
+    int rc = pthread_atfork(prepare, parent, child);
+    if (rc != 0)
+        SP_WARN(SP_SUB_INIT,
+                "pthread_atfork failed (%d): a process forked while other threads use sympool "
+                "may hang in the child",
+                rc);
+}
+
+void sp__fork_register(void) {
+    pthread_once(&g_once, do_register);
+}
+
+bool sp__fork_cuda_child(void) {
+    return atomic_load_explicit(&g_cuda_child, memory_order_relaxed);
+}
+
+sp_status_t sp__fork_error(const char *what) {
+    return sp__error(SP_ERR_DEVICE, SP_SUB_INIT,
+                     "%s: this process was forked from one whose sympool used CUDA; a CUDA "
+                     "context does not survive fork(), so sympool is unusable here (start the "
+                     "process with spawn/exec instead of fork, or fork before using the GPU)",
+                     what);
+}

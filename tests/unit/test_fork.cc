@@ -1,0 +1,159 @@
+// test_fork.cc: fork() while other threads are inside sympool (issue 12 item 7). sympool's
+// pthread_atfork handlers hold its locks across the fork, so the child inherits a consistent
+// allocator with every lock free: on the host backend it allocates, frees, empties the cache,
+// reads stats and writes a snapshot; it never hangs. Each child is bounded by a deadline and
+// killed when it passes it, so a regression fails the test instead of hanging it.
+#include "sp_test.hpp"
+
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <cstring>
+#include <chrono>
+#include <string>
+#include <thread>
+#include <vector>
+
+using sp::KiB;
+using sp::MiB;
+
+namespace {
+
+// What a child does with the allocator it inherited; its exit code says which step failed.
+int child_work(sp_stream_t stream, const std::string &snap) {
+    void *p = nullptr, *q = nullptr;
+    if (sp_malloc(64 * KiB, 0, nullptr, &p) != SP_SUCCESS)
+        return 10;
+    if (sp_malloc(3 * MiB, 0, stream, &q) != SP_SUCCESS)
+        return 11;
+    if (sp_record_stream(p, stream) != SP_SUCCESS)
+        return 12;
+    if (sp_free(p) != SP_SUCCESS || sp_free(q) != SP_SUCCESS)
+        return 13;
+    if (sp_empty_cache() != SP_SUCCESS)
+        return 14;
+    sp_stats_t st;
+    if (sp_memory_stats(0, &st) != SP_SUCCESS)
+        return 15;
+    if (sp_dump_snapshot(snap.c_str()) != SP_SUCCESS)
+        return 16;
+    sp_history_params_t hp;
+    sp_history_params_init(&hp);
+    hp.enabled = SP_HISTORY_OFF;
+    if (sp_record_memory_history(&hp) != SP_SUCCESS)
+        return 17;
+    return 0;
+}
+
+// Wait for pid until the deadline; kill it when it passes. Returns the exit status, or -1 when
+// the child had to be killed (it hung).
+int wait_bounded(pid_t pid, std::chrono::milliseconds limit) {
+    auto end = std::chrono::steady_clock::now() + limit;
+    for (;;) {
+        int status = 0;
+        pid_t r = waitpid(pid, &status, WNOHANG);
+        if (r == pid)
+            return WIFEXITED(status) ? WEXITSTATUS(status) : 100 + WTERMSIG(status);
+        if (std::chrono::steady_clock::now() > end) {
+            if (getenv("SP_FORK_DEBUG")) {
+                std::string cmd = "gdb -p " + std::to_string(pid) +
+                                  " -batch -ex 'thread apply all bt' 2>/dev/null | head -40";
+                (void)system(cmd.c_str());
+            }
+            kill(pid, SIGKILL);
+            waitpid(pid, &status, 0);
+            return -1;
+        }
+        std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    }
+}
+
+} // namespace
+
+class Fork : public sp::Test {};
+
+TEST_F(Fork, ChildrenForkedWhileThreadsAllocateNeverHang) {
+    sp::ScopedEnv env({{"SYMPOOL_HOST_CAPACITY", "1GiB"}});
+    SP_SKIP_UNLESS_HOST(); // on cuda the child's GPU state is unusable by design
+    sp_history_params_t hp;
+    sp_history_params_init(&hp);
+    hp.max_entries = 4096; // bounded: each child copies and writes the whole trace
+    ASSERT_SP_OK(sp_record_memory_history(&hp)); // the history lock is taken on every call too
+    sp_stream_t stream;
+    ASSERT_SP_OK(sp_stream_create(0, &stream));
+    std::atomic<bool> stop{false};
+    std::vector<std::thread> workers;
+    for (int t = 0; t < 3; t++) {
+        workers.emplace_back([&, t] {
+            std::vector<void *> live;
+            unsigned x = 12345u + (unsigned)t;
+            while (!stop.load(std::memory_order_relaxed)) {
+                x = x * 1103515245u + 12345u;
+                size_t size = (x >> 8) % (2 * MiB) + 1;
+                void *p = nullptr;
+                if (sp_malloc(size, 0, (x & 1) ? stream : nullptr, &p) == SP_SUCCESS)
+                    live.push_back(p);
+                if (live.size() > 16 || (x & 64)) {
+                    for (void *q : live)
+                        (void)sp_free(q);
+                    live.clear();
+                }
+                if ((x & 1023) == 7)
+                    (void)sp_empty_cache();
+            }
+            for (void *q : live)
+                (void)sp_free(q);
+        });
+    }
+    char dir[] = "/tmp/sp_fork_XXXXXX";
+    ASSERT_NE(mkdtemp(dir), nullptr);
+    int hung = 0, failed = 0;
+    std::string codes;
+    for (int i = 0; i < 30; i++) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(3));
+        std::string snap = std::string(dir) + "/child" + std::to_string(i) + ".pickle";
+        pid_t pid = fork();
+        if (pid < 0) {
+            codes += std::string("fork:") + strerror(errno) + " ";
+            failed++;
+            break;
+        }
+        if (pid == 0)
+            _exit(child_work(stream, snap));
+        int rc = wait_bounded(pid, std::chrono::seconds(5));
+        if (rc == -1)
+            hung++;
+        else if (rc != 0)
+            failed++;
+        codes += std::to_string(rc) + " ";
+        unlink(snap.c_str());
+    }
+    stop = true;
+    for (auto &w : workers)
+        w.join();
+    rmdir(dir);
+    EXPECT_EQ(hung, 0) << "children that hung (killed at their deadline); exit codes: " << codes;
+    EXPECT_EQ(failed, 0) << "exit codes: " << codes;
+    // The parent is unharmed.
+    void *p = nullptr;
+    ASSERT_SP_OK(sp_malloc(4096, 0, nullptr, &p));
+    ASSERT_SP_OK(sp_free(p));
+    ASSERT_SP_OK(sp_stream_destroy(stream));
+}
+
+// A child forked from a parent that never initialized sympool initializes its own.
+TEST_F(Fork, ChildOfAnUninitializedParentInitializes) {
+    SP_SKIP_UNLESS_HOST();
+    ASSERT_SP_OK(sp_shutdown());
+    pid_t pid = fork();
+    ASSERT_GE(pid, 0);
+    if (pid == 0) {
+        void *p = nullptr;
+        int rc = sp_malloc(4096, 0, nullptr, &p) == SP_SUCCESS && sp_free(p) == SP_SUCCESS ? 0 : 1;
+        _exit(rc);
+    }
+    EXPECT_EQ(wait_bounded(pid, std::chrono::seconds(20)), 0);
+}

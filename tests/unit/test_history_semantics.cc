@@ -1,0 +1,209 @@
+// test_history_semantics.cc: the history details PyTorch's own tests look at (issue 12 item 5).
+//  - segment_free carries a stack by PyTorch's rule: the stack of the call that released the
+//    segment when that call gathered one (empty_cache and pool releases at context "all"; the
+//    malloc whose OOM retry released it at any level), else the stack the segment was allocated
+//    with; and trace entries keep stacks only from context "alloc" up. So with "all" an
+//    empty_cache shows in the snapshot, with "alloc" and "state" it does not (PyTorch's
+//    test_memory_plots_free_segment_stack).
+//  - enabled = SP_HISTORY_STATE keeps the stacks of live blocks but no action history.
+#include "sp_test.hpp"
+
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <iterator>
+#include <string>
+#include <vector>
+
+extern "C" {
+#include "pool/history.h"
+}
+
+using sp::MiB;
+
+namespace {
+
+// The "Python" frame the binding would report: the name of the operation the test is in.
+const char *g_op = "none";
+
+size_t op_frames(sp_history_frame_t *f, size_t max, void *) {
+    if (max < 1)
+        return 0;
+    f[0] = {g_op, "test.py", 1};
+    return 1;
+}
+
+std::vector<sp__trace_entry_t> trace(int dev = 0) {
+    sp__trace_entry_t *e = nullptr;
+    size_t n = 0;
+    EXPECT_EQ(sp__history_copy(dev, &e, &n), SP_SUCCESS);
+    std::vector<sp__trace_entry_t> out(e, e + n);
+    sp__history_entries_free(e, n);
+    return out;
+}
+
+sp_status_t record(sp_history_enabled_t en, sp_history_context_t ctx) {
+    sp_history_params_t p;
+    sp_history_params_init(&p);
+    p.enabled = en;
+    p.context = ctx;
+    return sp_record_memory_history(&p);
+}
+
+// The first frame's name of a context ("" when it has none).
+std::string top(uint32_t context) {
+    const sp__history_frame_t *f = nullptr;
+    size_t n = 0;
+    sp__history_context_frames(context, &f, &n);
+    return n ? f[0].name : "";
+}
+
+// The frame names of every segment_free entry, in order ("" for an entry without frames).
+std::vector<std::string> segment_free_tops() {
+    std::vector<std::string> out;
+    for (auto &e : trace())
+        if (e.action == SP_TRACE_SEGMENT_FREE)
+            out.push_back(e.context ? top(e.context) : "");
+    return out;
+}
+
+std::string dump_json() {
+    char path[] = "/tmp/sp_hist_sem_XXXXXX.json";
+    int fd = mkstemps(path, 5);
+    EXPECT_GE(fd, 0);
+    close(fd);
+    EXPECT_EQ(sp_dump_snapshot(path), SP_SUCCESS) << sp_last_error();
+    std::ifstream f(path);
+    std::string s((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+    unlink(path);
+    return s;
+}
+
+const char *level_name(sp_history_context_t c) {
+    return c == SP_CONTEXT_ALL ? "all" : c == SP_CONTEXT_ALLOC ? "alloc" : "state";
+}
+
+} // namespace
+
+class HistorySemantics : public sp::Test {
+  protected:
+    // segment_free is a fixed segment's event (expandable segments unmap pages instead).
+    sp::ScopedEnv fixed_{{"SYMPOOL_ALLOC_CONF", "expandable_segments:False"}};
+    void SetUp() override {
+        sp::Test::SetUp();
+        g_op = "none";
+        sp_history_set_frames_hook(op_frames, nullptr);
+    }
+    void TearDown() override {
+        sp_history_set_frames_hook(nullptr, nullptr);
+        sp::Test::TearDown();
+    }
+};
+
+// PyTorch's test_memory_plots_free_segment_stack, on sympool.
+TEST_F(HistorySemantics, EmptyCacheStackOnlyWithContextAll) {
+    for (sp_history_context_t ctx : {SP_CONTEXT_ALLOC, SP_CONTEXT_ALL, SP_CONTEXT_STATE}) {
+        SCOPED_TRACE(level_name(ctx));
+        ASSERT_SP_OK(sp_empty_cache());
+        ASSERT_SP_OK(record(SP_HISTORY_ALL, ctx));
+        void *x = nullptr;
+        g_op = "rand";
+        ASSERT_SP_OK(sp_malloc(3 * 4 * 4, 0, nullptr, &x));
+        g_op = "del";
+        ASSERT_SP_OK(sp_free(x));
+        g_op = "empty_cache";
+        ASSERT_SP_OK(sp_empty_cache());
+        g_op = "snapshot";
+        auto tops = segment_free_tops();
+        ASSERT_EQ(tops.size(), 1u);
+        if (ctx == SP_CONTEXT_ALL)
+            EXPECT_EQ(tops[0], "empty_cache");
+        else if (ctx == SP_CONTEXT_ALLOC)
+            EXPECT_EQ(tops[0], "rand") << "falls back to the segment's allocation stack";
+        else
+            EXPECT_EQ(tops[0], "") << "no stacks on trace entries below alloc";
+        std::string ss = dump_json();
+        EXPECT_EQ(ss.find("empty_cache") != std::string::npos, ctx == SP_CONTEXT_ALL);
+        ASSERT_SP_OK(record(SP_HISTORY_OFF, SP_CONTEXT_NONE));
+    }
+}
+
+// A segment released by a malloc's OOM retry carries that malloc's stack (PyTorch passes the
+// malloc's context, gathered at level "state", down to release_block).
+TEST_F(HistorySemantics, OomRetryReleaseCarriesTheMallocStack) {
+    expect_warnings();
+    sp::ScopedEnv env({{"SYMPOOL_HOST_CAPACITY", "100MiB"}});
+    for (sp_history_context_t ctx : {SP_CONTEXT_ALLOC, SP_CONTEXT_ALL, SP_CONTEXT_STATE}) {
+        SCOPED_TRACE(level_name(ctx));
+        ASSERT_SP_OK(record(SP_HISTORY_ALL, ctx));
+        void *a = nullptr, *b = nullptr;
+        g_op = "first";
+        ASSERT_SP_OK(sp_malloc(40 * MiB, 0, nullptr, &a));
+        ASSERT_SP_OK(sp_free(a));
+        g_op = "second";
+        ASSERT_SP_OK(sp_malloc(70 * MiB, 0, nullptr, &b)); // releases the cached 40 MiB
+        auto tops = segment_free_tops();
+        ASSERT_EQ(tops.size(), 1u);
+        EXPECT_EQ(tops[0], ctx == SP_CONTEXT_STATE ? "" : "second");
+        ASSERT_SP_OK(sp_free(b));
+        ASSERT_SP_OK(sp_empty_cache());
+        ASSERT_SP_OK(record(SP_HISTORY_OFF, SP_CONTEXT_NONE));
+    }
+}
+
+// Pool releases gather the releasing call's stack at context "all" too.
+TEST_F(HistorySemantics, PoolReleasesCarryTheirCallersStackAtAll) {
+    ASSERT_SP_OK(record(SP_HISTORY_ALL, SP_CONTEXT_ALL));
+    sp_mempool_params_t params;
+    sp_mempool_params_init(&params);
+    sp_mempool_t *pool = nullptr;
+    ASSERT_SP_OK(sp_mempool_create(&params, &pool));
+    void *a = nullptr, *b = nullptr;
+    g_op = "alloc_a";
+    ASSERT_SP_OK(sp_mempool_malloc(pool, 4096, nullptr, &a));
+    g_op = "alloc_b";
+    ASSERT_SP_OK(sp_mempool_malloc(pool, 4 * MiB, nullptr, &b));
+    ASSERT_SP_OK(sp_free(a));
+    ASSERT_SP_OK(sp_free(b));
+    g_op = "free_all_blocks";
+    ASSERT_SP_OK(sp_mempool_free_all_blocks(pool, nullptr));
+    auto tops = segment_free_tops();
+    ASSERT_EQ(tops.size(), 2u);
+    EXPECT_EQ(tops[0], "free_all_blocks");
+    EXPECT_EQ(tops[1], "free_all_blocks");
+    g_op = "alloc_c";
+    ASSERT_SP_OK(sp_mempool_malloc(pool, 4096, nullptr, &a));
+    ASSERT_SP_OK(sp_free(a));
+    g_op = "destroy";
+    ASSERT_SP_OK(sp_mempool_destroy(pool));
+    tops = segment_free_tops();
+    ASSERT_EQ(tops.size(), 3u);
+    EXPECT_EQ(tops[2], "destroy");
+    ASSERT_SP_OK(record(SP_HISTORY_OFF, SP_CONTEXT_NONE));
+}
+
+// enabled="state": live blocks keep their stacks, no action is kept.
+TEST_F(HistorySemantics, EnabledStateKeepsLiveStacksButNoActions) {
+    ASSERT_SP_OK(record(SP_HISTORY_STATE, SP_CONTEXT_ALL));
+    void *a = nullptr, *b = nullptr;
+    g_op = "keep_me";
+    ASSERT_SP_OK(sp_malloc(1000, 0, nullptr, &b));
+    g_op = "gone";
+    ASSERT_SP_OK(sp_malloc(1000, 0, nullptr, &a));
+    ASSERT_SP_OK(sp_free(a));
+    ASSERT_SP_OK(sp_empty_cache());
+    EXPECT_EQ(trace().size(), 0u) << "no action history with enabled=state";
+    std::string ss = dump_json();
+    EXPECT_NE(ss.find("keep_me"), std::string::npos) << "the live block's stack is kept";
+    EXPECT_EQ(ss.find("\"action\""), std::string::npos) << ss.substr(0, 2000);
+    EXPECT_EQ(trace().size(), 0u) << "a dump adds no snapshot entry either";
+    ASSERT_SP_OK(sp_free(b));
+    // Switching to "all" starts recording actions from there.
+    ASSERT_SP_OK(record(SP_HISTORY_ALL, SP_CONTEXT_ALL));
+    ASSERT_SP_OK(sp_malloc(1000, 0, nullptr, &a));
+    ASSERT_SP_OK(sp_free(a));
+    EXPECT_GE(trace().size(), 3u);
+    ASSERT_SP_OK(record(SP_HISTORY_OFF, SP_CONTEXT_NONE));
+}

@@ -1,0 +1,218 @@
+// test_snapshot_target.cc: what sp_dump_snapshot may write over, and how it fails (issue 12
+// items 9 and 10).
+//  - A target that exists and is not a regular file (a FIFO, a directory, a socket, a device
+//    such as /dev/null) is refused with SP_ERR_INVALID_ARGUMENT and left exactly as it was; no
+//    temporary file is left behind.
+//  - A symbolic link to a regular file is written through: the file it names gets the snapshot
+//    (atomically, by a rename in that file's directory) and the link stays a link. A link to
+//    anything else, or a dangling link, is refused like the thing it names.
+//  - Running out of host memory while the snapshot is being built is SP_ERR_SYSTEM naming the
+//    cause, not SP_ERR_INTERNAL; tested with the snapshot writer's allocation fault hook.
+#include "sp_test.hpp"
+
+#include <dirent.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <fstream>
+#include <iterator>
+#include <string>
+#include <vector>
+
+extern "C" {
+#include "core/core_emit.h"
+}
+
+using sp::MiB;
+
+namespace {
+
+std::string tempdir() {
+    char tmpl[] = "/tmp/sp_snaptarget_XXXXXX";
+    char *d = mkdtemp(tmpl);
+    EXPECT_NE(d, nullptr);
+    return d ? d : "/tmp";
+}
+
+std::vector<std::string> list_dir(const std::string &dir) {
+    std::vector<std::string> out;
+    DIR *d = opendir(dir.c_str());
+    if (!d)
+        return out;
+    while (dirent *e = readdir(d))
+        if (strcmp(e->d_name, ".") && strcmp(e->d_name, ".."))
+            out.push_back(e->d_name);
+    closedir(d);
+    return out;
+}
+
+void remove_tree(const std::string &dir) {
+    for (auto &n : list_dir(dir)) {
+        std::string p = dir + "/" + n;
+        struct stat st;
+        if (lstat(p.c_str(), &st) == 0 && S_ISDIR(st.st_mode))
+            remove_tree(p);
+        else
+            unlink(p.c_str());
+    }
+    rmdir(dir.c_str());
+}
+
+mode_t kind_of(const std::string &path) {
+    struct stat st;
+    return lstat(path.c_str(), &st) == 0 ? (st.st_mode & S_IFMT) : 0;
+}
+
+std::string read_all(const std::string &path) {
+    std::ifstream f(path, std::ios::binary);
+    return std::string((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+}
+
+} // namespace
+
+class SnapshotTarget : public sp::Test {
+  protected:
+    void SetUp() override {
+        sp::Test::SetUp();
+        expect_warnings();
+        dir_ = tempdir();
+    }
+    void TearDown() override {
+        sp__emit_fault_after(0);
+        remove_tree(dir_);
+        sp::Test::TearDown();
+    }
+    std::string dir_;
+};
+
+TEST_F(SnapshotTarget, FifoIsRefusedAndKept) {
+    std::string fifo = dir_ + "/pipe.pickle";
+    ASSERT_EQ(mkfifo(fifo.c_str(), 0600), 0);
+    EXPECT_SP_STATUS(sp_dump_snapshot(fifo.c_str()), SP_ERR_INVALID_ARGUMENT);
+    EXPECT_NE(std::string(sp_last_error()).find("not a regular file"), std::string::npos)
+        << sp_last_error();
+    EXPECT_EQ(kind_of(fifo), (mode_t)S_IFIFO) << "the FIFO was replaced";
+    EXPECT_EQ(list_dir(dir_).size(), 1u) << "a temporary file was left behind";
+}
+
+TEST_F(SnapshotTarget, DirectoryAndSocketAreRefused) {
+    std::string sub = dir_ + "/sub.json";
+    ASSERT_EQ(mkdir(sub.c_str(), 0700), 0);
+    EXPECT_SP_STATUS(sp_dump_snapshot(sub.c_str()), SP_ERR_INVALID_ARGUMENT);
+    EXPECT_EQ(kind_of(sub), (mode_t)S_IFDIR);
+
+    std::string sock = dir_ + "/sock.pickle";
+    int fd = socket(AF_UNIX, SOCK_STREAM, 0);
+    ASSERT_GE(fd, 0);
+    sockaddr_un addr;
+    std::memset(&addr, 0, sizeof addr);
+    addr.sun_family = AF_UNIX;
+    ASSERT_LT(sock.size(), sizeof(addr.sun_path));
+    std::strcpy(addr.sun_path, sock.c_str());
+    ASSERT_EQ(bind(fd, (sockaddr *)&addr, sizeof addr), 0);
+    EXPECT_SP_STATUS(sp_dump_snapshot(sock.c_str()), SP_ERR_INVALID_ARGUMENT);
+    EXPECT_EQ(kind_of(sock), (mode_t)S_IFSOCK);
+    close(fd);
+    EXPECT_EQ(list_dir(dir_).size(), 2u);
+}
+
+// As root the old behaviour replaced the system's /dev/null with a regular file.
+TEST_F(SnapshotTarget, DeviceNodeIsRefused) {
+    ASSERT_EQ(kind_of("/dev/null"), (mode_t)S_IFCHR);
+    EXPECT_SP_STATUS(sp_dump_snapshot("/dev/null"), SP_ERR_INVALID_ARGUMENT);
+    EXPECT_EQ(kind_of("/dev/null"), (mode_t)S_IFCHR);
+    void *p = nullptr;
+    ASSERT_SP_OK(sp_mempool_malloc(sp_default_mempool(0), 4096, nullptr, &p));
+    EXPECT_SP_STATUS(sp_mempool_dump_snapshot(sp_default_mempool(0), "/dev/null"),
+                     SP_ERR_INVALID_ARGUMENT);
+    EXPECT_EQ(kind_of("/dev/null"), (mode_t)S_IFCHR);
+    ASSERT_SP_OK(sp_free(p));
+}
+
+TEST_F(SnapshotTarget, SymlinkToRegularFileIsWrittenThrough) {
+    std::string real_dir = dir_ + "/real";
+    ASSERT_EQ(mkdir(real_dir.c_str(), 0700), 0);
+    std::string target = real_dir + "/target.json";
+    {
+        std::ofstream f(target);
+        f << "old";
+    }
+    std::string link = dir_ + "/link.json";
+    ASSERT_EQ(symlink(target.c_str(), link.c_str()), 0);
+    ASSERT_SP_OK(sp_dump_snapshot(link.c_str()));
+    EXPECT_EQ(kind_of(link), (mode_t)S_IFLNK) << "the link stays a link";
+    std::string body = read_all(target);
+    EXPECT_NE(body.find("\"segments\""), std::string::npos) << body.substr(0, 200);
+    EXPECT_EQ(list_dir(real_dir).size(), 1u);
+    EXPECT_EQ(list_dir(dir_).size(), 2u);
+    // A relative link works the same (resolved against the link's directory).
+    std::string rel = dir_ + "/rel.pickle";
+    ASSERT_EQ(symlink("real/target.json", rel.c_str()), 0);
+    ASSERT_SP_OK(sp_dump_snapshot(rel.c_str()));
+    EXPECT_EQ(kind_of(rel), (mode_t)S_IFLNK);
+    EXPECT_EQ(read_all(target).compare(0, 2, "\x80\x04"), 0) << "now a pickle";
+}
+
+TEST_F(SnapshotTarget, SymlinkToSomethingElseOrNothingIsRefused) {
+    std::string fifo = dir_ + "/pipe";
+    ASSERT_EQ(mkfifo(fifo.c_str(), 0600), 0);
+    std::string to_fifo = dir_ + "/to_fifo.pickle";
+    ASSERT_EQ(symlink(fifo.c_str(), to_fifo.c_str()), 0);
+    EXPECT_SP_STATUS(sp_dump_snapshot(to_fifo.c_str()), SP_ERR_INVALID_ARGUMENT);
+    EXPECT_EQ(kind_of(fifo), (mode_t)S_IFIFO);
+    EXPECT_EQ(kind_of(to_fifo), (mode_t)S_IFLNK);
+    std::string to_null = dir_ + "/to_null.pickle";
+    ASSERT_EQ(symlink("/dev/null", to_null.c_str()), 0);
+    EXPECT_SP_STATUS(sp_dump_snapshot(to_null.c_str()), SP_ERR_INVALID_ARGUMENT);
+    EXPECT_EQ(kind_of("/dev/null"), (mode_t)S_IFCHR);
+    std::string dangling = dir_ + "/dangling.pickle";
+    ASSERT_EQ(symlink((dir_ + "/nowhere/x").c_str(), dangling.c_str()), 0);
+    EXPECT_SP_STATUS(sp_dump_snapshot(dangling.c_str()), SP_ERR_INVALID_ARGUMENT);
+    EXPECT_EQ(kind_of(dangling), (mode_t)S_IFLNK);
+    EXPECT_EQ(list_dir(dir_).size(), 4u);
+}
+
+TEST_F(SnapshotTarget, NewAndRegularTargetsStillWork) {
+    std::string p = dir_ + "/new.pickle";
+    ASSERT_SP_OK(sp_dump_snapshot(p.c_str()));
+    EXPECT_EQ(kind_of(p), (mode_t)S_IFREG);
+    ASSERT_SP_OK(sp_dump_snapshot(p.c_str())); // replaced whole
+    EXPECT_EQ(list_dir(dir_).size(), 1u);
+}
+
+// Host OOM at every allocation the writer makes, one after another: each is SP_ERR_SYSTEM with
+// the cause, leaves no file, and the allocator carries on.
+TEST_F(SnapshotTarget, HostOomWhileBuildingIsSystemError) {
+    sp_history_params_t hp;
+    sp_history_params_init(&hp);
+    ASSERT_SP_OK(sp_record_memory_history(&hp));
+    std::vector<void *> live;
+    for (int i = 0; i < 200; i++) {
+        void *p = nullptr;
+        ASSERT_SP_OK(sp_malloc((size_t)(i % 7 + 1) * 4096, 0, nullptr, &p));
+        live.push_back(p);
+    }
+    std::string p = dir_ + "/oom.pickle";
+    int failures = 0;
+    for (long n = 1; n < 64; n++) {
+        sp__emit_fault_after(n);
+        sp_status_t s = sp_dump_snapshot(p.c_str());
+        sp__emit_fault_after(0);
+        if (s == SP_SUCCESS)
+            break; // past the last allocation the writer makes
+        failures++;
+        EXPECT_EQ(s, SP_ERR_SYSTEM) << "fault at allocation " << n << ": " << sp::describe(s);
+        EXPECT_NE(std::string(sp_last_error()).find("out of host memory"), std::string::npos)
+            << sp_last_error();
+        EXPECT_EQ(list_dir(dir_).size(), 0u) << "a partial file was left";
+    }
+    EXPECT_GT(failures, 0);
+    EXPECT_EQ(kind_of(p), (mode_t)S_IFREG);
+    for (void *q : live)
+        ASSERT_SP_OK(sp_free(q));
+    hp.enabled = SP_HISTORY_OFF;
+    ASSERT_SP_OK(sp_record_memory_history(&hp));
+}
