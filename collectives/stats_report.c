@@ -1,8 +1,9 @@
 /*
  * stats_report.c: every memory_stats key (and the symmetric pools' counters) reduced across the
  * world's ranks in ONE collective, and the report rank 0 writes from it: a table for people,
- * JSON for programs, Prometheus text exposition for scrapers. SYMPOOL_REPORT=table|json|
- * prometheus prints it at sp_world_finalize (a hook registered from a library constructor).
+ * JSON for programs, Prometheus text exposition for scrapers. SYMPOOL_REPORT=table|table_all|
+ * json|prometheus prints it at sp_world_finalize (a hook registered from a library constructor),
+ * to stdout or to SYMPOOL_REPORT_FILE (%h %p %r), where it is the file's only content.
  *
  * The collective is one MPI_Allreduce over an array of records {min, max, sum, min_rank,
  * max_rank} with a user-defined, commutative op (ties go to the lower rank, so the result does
@@ -14,6 +15,7 @@
  * No locks: the MPI datatype and op are created and freed within each call.
  */
 #include <ctype.h>
+#include <errno.h>
 #include <inttypes.h>
 #include <stdlib.h>
 #include <string.h>
@@ -245,18 +247,93 @@ static const char *const headline[] = {"allocated_bytes.all.current",
                                        "num_device_alloc",
                                        "num_alloc_retries",
                                        "num_ooms"};
+#define N_HEADLINE (sizeof headline / sizeof headline[0])
 
-static void write_table(FILE *out, const gathered_t *g, int device) {
-    int n = g->nranks;
-    fprintf(out, "sympool memory statistics: %d rank(s), device %d, backend %s\n", n, device,
-            sp_backend_name());
+static bool is_headline(const char *key) {
+    for (size_t h = 0; h < N_HEADLINE; h++)
+        if (strcmp(key, headline[h]) == 0)
+            return true;
+    return false;
+}
+
+static double imbalance(const agg_t *a, int n) {
+    double mean = (double)a->sum / n;
+    return mean > 0 ? (double)a->max / mean : 0;
+}
+
+static void table_head(FILE *out, const gathered_t *g, int device) {
+    fprintf(out, "sympool memory statistics: %d rank(s), device %d, backend %s\n", g->nranks,
+            device, sp_backend_name());
     fprintf(out, "%-42s %12s %12s %12s %6s  %s\n", "key", "min", "mean", "max", "worst",
             "max/mean");
-    fprintf(out, "-- at a glance\n");
-    for (size_t h = 0; h < sizeof headline / sizeof headline[0]; h++)
+    fprintf(out, "-- key figures\n");
+    for (size_t h = 0; h < N_HEADLINE; h++)
         for (size_t i = 0; i < g->nkeys; i++)
             if (strcmp(sp_stats_key(i), headline[h]) == 0)
-                table_row(out, headline[h], &g->stats[i], n, is_bytes_key(headline[h]));
+                table_row(out, headline[h], &g->stats[i], g->nranks, is_bytes_key(headline[h]));
+}
+
+static void table_symmetric(FILE *out, const gathered_t *g) {
+    fprintf(out, "-- symmetric pools\n");
+    for (int j = 0; j < N_SYM; j++) {
+        char key[64];
+        snprintf(key, sizeof key, "symmetric.%s", sym_names[j]);
+        table_row(out, key, &g->sym[j], g->nranks, false);
+    }
+}
+
+static void table_legend(FILE *out) {
+    fprintf(out, "worst: the rank holding the max (lowest on ties); * marks max/mean >= %.2f\n",
+            IMBALANCE_MARK);
+}
+
+/* The default table: the key figures, then the keys where one rank stands out (most imbalanced
+ * first), the symmetric counters if any pool exists, and one line saying how to see the rest. */
+static void write_table(FILE *out, const gathered_t *g, int device) {
+    int n = g->nranks;
+    table_head(out, g, device);
+    size_t order[SP_STATS_MAX], m = 0, nonzero = 0;
+    for (size_t i = 0; i < g->nkeys; i++) {
+        nonzero += !all_zero(&g->stats[i]);
+        if (!is_headline(sp_stats_key(i)) && imbalance(&g->stats[i], n) >= IMBALANCE_MARK)
+            order[m++] = i;
+    }
+    /* Insertion sort by imbalance, descending (at most SP_STATS_MAX keys). */
+    for (size_t a = 1; a < m; a++)
+        for (size_t b = a;
+             b > 0 && imbalance(&g->stats[order[b]], n) > imbalance(&g->stats[order[b - 1]], n);
+             b--) {
+            size_t t = order[b];
+            order[b] = order[b - 1];
+            order[b - 1] = t;
+        }
+    if (m == 0) {
+        fprintf(out, "-- imbalanced keys: none (no key has max/mean >= %.2f)\n", IMBALANCE_MARK);
+    } else {
+        size_t shown = m < 12 ? m : 12;
+        fprintf(out, "-- imbalanced keys (max/mean >= %.2f): %zu, most imbalanced first%s\n",
+                IMBALANCE_MARK, m, shown < m ? "; the first 12" : "");
+        for (size_t k = 0; k < shown; k++)
+            table_row(out, sp_stats_key(order[k]), &g->stats[order[k]], n,
+                      is_bytes_key(sp_stats_key(order[k])));
+    }
+    bool sym = false;
+    for (int j = 0; j < N_SYM; j++)
+        sym |= !all_zero(&g->sym[j]);
+    if (sym)
+        table_symmetric(out, g);
+    fprintf(out,
+            "-- %zu of %zu keys are non-zero; every key: SYMPOOL_REPORT=table_all "
+            "(SP_REPORT_TABLE_ALL), or json/prometheus\n",
+            nonzero, g->nkeys);
+    table_legend(out);
+}
+
+/* The full table: the key figures, every key that is not zero everywhere, the symmetric
+ * counters, and the names of the keys that are zero on every rank. */
+static void write_table_all(FILE *out, const gathered_t *g, int device) {
+    int n = g->nranks;
+    table_head(out, g, device);
     size_t zeros = 0;
     for (size_t i = 0; i < g->nkeys; i++)
         zeros += all_zero(&g->stats[i]);
@@ -265,12 +342,7 @@ static void write_table(FILE *out, const gathered_t *g, int device) {
     for (size_t i = 0; i < g->nkeys; i++)
         if (!all_zero(&g->stats[i]))
             table_row(out, sp_stats_key(i), &g->stats[i], n, is_bytes_key(sp_stats_key(i)));
-    fprintf(out, "-- symmetric pools\n");
-    for (int j = 0; j < N_SYM; j++) {
-        char key[64];
-        snprintf(key, sizeof key, "symmetric.%s", sym_names[j]);
-        table_row(out, key, &g->sym[j], n, false);
-    }
+    table_symmetric(out, g);
     if (zeros > 0) {
         /* Complete but compact: the keys that are zero on every rank, wrapped at ~100 columns. */
         fprintf(out, "-- zero on every rank (%zu keys):", zeros);
@@ -288,8 +360,7 @@ static void write_table(FILE *out, const gathered_t *g, int device) {
         }
         fprintf(out, "\n");
     }
-    fprintf(out, "worst: the rank holding the max (lowest on ties); * marks max/mean >= %.2f\n",
-            IMBALANCE_MARK);
+    table_legend(out);
 }
 
 static void json_record(FILE *out, const char *key, const agg_t *a, int n, bool first) {
@@ -311,35 +382,167 @@ static void write_json(FILE *out, const gathered_t *g, int device) {
     fprintf(out, "\n  }\n}\n");
 }
 
+/* ---- Prometheus ---------------------------------------------------------------------------
+ * Few metric families with labels instead of one gauge per key: the stat and the pool kind are
+ * labels (metric="allocated", pool="large_pool"), so a query can sum or compare them. Values that
+ * only grow (a stat's "allocated" and "freed" totals, the num_* event counts, the symmetric
+ * pools' event counts) are counters named *_total; current values and peaks are gauges. A key
+ * this code does not know (a future one) is still exported, as a gauge named after it. */
+
+typedef enum { FAM_GAUGE, FAM_COUNTER } fam_type_t;
+
+typedef struct family {
+    const char *name; /* full metric name, _total included for counters */
+    fam_type_t type;
+    const char *help;
+} family_t;
+
+enum {
+    F_BYTES,
+    F_BYTES_PEAK,
+    F_BYTES_ALLOC,
+    F_BYTES_FREED,
+    F_BLOCKS,
+    F_BLOCKS_PEAK,
+    F_BLOCKS_ALLOC,
+    F_BLOCKS_FREED,
+    F_SCALAR, /* num_* and max_split_size: a family of their own each, named below */
+    F_OTHER   /* unknown key: a gauge of its own */
+};
+
+static const family_t families[F_SCALAR] = {
+    {"sympool_memory_bytes", FAM_GAUGE,
+     "bytes now, by stat (allocated, reserved, active, inactive_split, requested) and pool"},
+    {"sympool_memory_peak_bytes", FAM_GAUGE, "peak bytes since the last peak reset"},
+    {"sympool_memory_allocated_bytes_total", FAM_COUNTER,
+     "bytes ever added to the stat (PyTorch's .allocated)"},
+    {"sympool_memory_freed_bytes_total", FAM_COUNTER,
+     "bytes ever removed from the stat (PyTorch's .freed)"},
+    {"sympool_blocks", FAM_GAUGE,
+     "blocks or segments now, by stat (allocation, segment, active, inactive_split, "
+     "oversize_allocations, oversize_segments) and pool"},
+    {"sympool_blocks_peak", FAM_GAUGE, "peak count since the last peak reset"},
+    {"sympool_blocks_allocated_total", FAM_COUNTER, "blocks or segments ever added"},
+    {"sympool_blocks_freed_total", FAM_COUNTER, "blocks or segments ever removed"},
+};
+
+typedef struct prom_key {
+    int family;       /* F_* */
+    char labels[128]; /* `metric="..",pool=".."` or "" */
+    char scalar[128]; /* F_SCALAR/F_OTHER: the metric name */
+    fam_type_t type;  /* F_SCALAR/F_OTHER: its type */
+} prom_key_t;
+
 /* Prometheus metric names: [a-zA-Z_:][a-zA-Z0-9_:]*; everything else becomes '_'. */
-static void metric_name(const char *key, char *buf, size_t len) {
-    size_t at = (size_t)snprintf(buf, len, "sympool_");
+static void metric_name(const char *prefix, const char *key, const char *suffix, char *buf,
+                        size_t len) {
+    size_t at = (size_t)snprintf(buf, len, "%s", prefix);
     for (const char *p = key; *p && at + 1 < len; p++)
         buf[at++] = (isalnum((unsigned char)*p) || *p == '_' || *p == ':') ? *p : '_';
     buf[at] = '\0';
+    snprintf(buf + at, len - at, "%s", suffix);
 }
 
-static void prom_metric(FILE *out, const char *key, const char *help, const int64_t *all,
-                        size_t stride, size_t index, int n) {
-    char name[128];
-    metric_name(key, name, sizeof name);
-    fprintf(out, "# HELP %s %s\n# TYPE %s gauge\n", name, help, name);
-    for (int r = 0; r < n; r++)
-        fprintf(out, "%s{rank=\"%d\"} %" PRId64 "\n", name, r, all[(size_t)r * stride + index]);
+/* Sort one memory_stats key into its family and labels. */
+static void classify(const char *key, prom_key_t *k) {
+    static const char *const fields[4] = {"current", "peak", "allocated", "freed"};
+    memset(k, 0, sizeof *k);
+    char stat[64], pool[32], field[32];
+    int parts = 0;
+    const char *dot1 = strchr(key, '.'), *dot2 = dot1 ? strchr(dot1 + 1, '.') : NULL;
+    if (dot1 && dot2 && !strchr(dot2 + 1, '.')) {
+        snprintf(stat, sizeof stat, "%.*s", (int)(dot1 - key), key);
+        snprintf(pool, sizeof pool, "%.*s", (int)(dot2 - dot1 - 1), dot1 + 1);
+        snprintf(field, sizeof field, "%s", dot2 + 1);
+        parts = 3;
+    } else if (dot1 && !dot2) { /* oversize_allocations.current */
+        snprintf(stat, sizeof stat, "%.*s", (int)(dot1 - key), key);
+        snprintf(pool, sizeof pool, "all");
+        snprintf(field, sizeof field, "%s", dot1 + 1);
+        parts = 2;
+    }
+    int f = -1;
+    for (int i = 0; parts > 0 && i < 4; i++)
+        if (strcmp(field, fields[i]) == 0)
+            f = i;
+    if (f >= 0) {
+        size_t sl = strlen(stat);
+        bool bytes = sl > 6 && strcmp(stat + sl - 6, "_bytes") == 0;
+        if (bytes)
+            stat[sl - 6] = '\0'; /* the family says bytes; the label names the stat */
+        k->family = (bytes ? F_BYTES : F_BLOCKS) + f;
+        snprintf(k->labels, sizeof k->labels, "metric=\"%s\",pool=\"%s\"", stat, pool);
+        return;
+    }
+    if (strncmp(key, "num_", 4) == 0) {
+        k->family = F_SCALAR;
+        k->type = FAM_COUNTER;
+        metric_name("sympool_", key + 4, "_total", k->scalar, sizeof k->scalar);
+    } else if (strcmp(key, "max_split_size") == 0) {
+        k->family = F_SCALAR;
+        k->type = FAM_GAUGE;
+        snprintf(k->scalar, sizeof k->scalar, "sympool_max_split_size_bytes");
+    } else {
+        k->family = F_OTHER;
+        k->type = FAM_GAUGE;
+        metric_name("sympool_", key, "", k->scalar, sizeof k->scalar);
+    }
+}
+
+static void prom_head(FILE *out, const char *name, const char *help, fam_type_t type) {
+    fprintf(out, "# HELP %s %s\n# TYPE %s %s\n", name, help, name,
+            type == FAM_COUNTER ? "counter" : "gauge");
+}
+
+/* One sample per rank. max_split_size's -1 ("unlimited") is +Inf. */
+static void prom_samples(FILE *out, const char *name, const char *labels, const int64_t *all,
+                         size_t stride, size_t index, int n, bool inf_if_negative) {
+    for (int r = 0; r < n; r++) {
+        int64_t v = all[(size_t)r * stride + index];
+        fprintf(out, "%s{%s%srank=\"%d\"} ", name, labels, labels[0] ? "," : "", r);
+        if (inf_if_negative && v < 0)
+            fprintf(out, "+Inf\n");
+        else
+            fprintf(out, "%" PRId64 "\n", v);
+    }
 }
 
 static void write_prometheus(FILE *out, const gathered_t *g, const int64_t *all) {
     size_t stride = g->nkeys + N_SYM;
-    for (size_t i = 0; i < g->nkeys; i++) {
-        char help[160];
-        snprintf(help, sizeof help, "PyTorch memory_stats key \"%s\" of each rank",
-                 sp_stats_key(i));
-        prom_metric(out, sp_stats_key(i), help, all, stride, i, g->nranks);
+    prom_key_t *keys = malloc(g->nkeys * sizeof *keys);
+    if (keys == NULL)
+        return; /* the caller's fflush/ferror check reports a short report as a failure */
+    for (size_t i = 0; i < g->nkeys; i++)
+        classify(sp_stats_key(i), &keys[i]);
+    for (int f = 0; f < F_SCALAR; f++) {
+        bool any = false;
+        for (size_t i = 0; i < g->nkeys; i++) {
+            if (keys[i].family != f)
+                continue;
+            if (!any)
+                prom_head(out, families[f].name, families[f].help, families[f].type);
+            any = true;
+            prom_samples(out, families[f].name, keys[i].labels, all, stride, i, g->nranks, false);
+        }
     }
+    for (size_t i = 0; i < g->nkeys; i++) {
+        if (keys[i].family < F_SCALAR)
+            continue;
+        char help[160];
+        snprintf(help, sizeof help, "PyTorch memory_stats key \"%s\"%s", sp_stats_key(i),
+                 strcmp(sp_stats_key(i), "max_split_size") == 0 ? " (+Inf: unlimited)" : "");
+        prom_head(out, keys[i].scalar, help, keys[i].type);
+        prom_samples(out, keys[i].scalar, "", all, stride, i, g->nranks,
+                     strcmp(sp_stats_key(i), "max_split_size") == 0);
+    }
+    free(keys);
     for (int j = 0; j < N_SYM; j++) {
-        char key[64];
-        snprintf(key, sizeof key, "symmetric_%s", sym_names[j]);
-        prom_metric(out, key, sym_help[j], all, stride, g->nkeys + (size_t)j, g->nranks);
+        char name[96];
+        bool counter = strcmp(sym_names[j], "pools") != 0; /* the rest only grow */
+        snprintf(name, sizeof name, "sympool_symmetric_%s%s", sym_names[j],
+                 counter ? "_total" : "");
+        prom_head(out, name, sym_help[j], counter ? FAM_COUNTER : FAM_GAUGE);
+        prom_samples(out, name, "", all, stride, g->nkeys + (size_t)j, g->nranks, false);
     }
 }
 
@@ -349,7 +552,7 @@ SP_EXPORT sp_status_t sp_stats_report(sp_world_t *w, int device, FILE *out,
     SP_CHECK(sp__world_check(w, fn));
     int rank = sp_world_rank(w), n = sp_world_size(w);
     const char *why = NULL;
-    if ((unsigned)format > (unsigned)SP_REPORT_PROMETHEUS)
+    if ((unsigned)format > (unsigned)SP_REPORT_TABLE_ALL)
         why = "format is not an sp_report_format_t";
     else if (rank == 0 && out == NULL)
         why = "out is NULL on rank 0 (the rank that writes)";
@@ -381,6 +584,9 @@ SP_EXPORT sp_status_t sp_stats_report(sp_world_t *w, int device, FILE *out,
         case SP_REPORT_PROMETHEUS:
             write_prometheus(out, g, all);
             break;
+        case SP_REPORT_TABLE_ALL:
+            write_table_all(out, g, device);
+            break;
         }
         if (fflush(out) != 0 || ferror(out))
             st = sp__error(SP_ERR_SYSTEM, SP_SUB_COLL, "%s: writing the report failed", fn);
@@ -392,11 +598,41 @@ SP_EXPORT sp_status_t sp_stats_report(sp_world_t *w, int device, FILE *out,
 
 /* ---- SYMPOOL_REPORT at sp_world_finalize ------------------------------------------------ */
 
+/* Rank 0's destination: SYMPOOL_REPORT_FILE (%h %p %r expanded; truncated if it exists), else
+ * stdout. NULL when the file cannot be opened (logged): rank 0 then still joins the collective,
+ * which fails on every rank, so no rank waits and nothing lands in the program's stdout. */
+static FILE *report_file(sp_world_t *w, bool *opened_p) {
+    *opened_p = false;
+    const char *pattern = sp__option_string(SP_OPT_REPORT_FILE);
+    if (sp_world_rank(w) != 0)
+        return NULL; /* only rank 0 writes */
+    if (pattern[0] == '\0')
+        return stdout;
+    char path[4096];
+    /* The one expansion the log file and snapshots use; rank 0 is the only writer. */
+    if (sp__path_expand(pattern, 0, path, sizeof path) != SP_EXPAND_OK) {
+        (void)sp__error(SP_ERR_INVALID_ARGUMENT, SP_SUB_COLL,
+                        "SYMPOOL_REPORT_FILE: '%s' expands to more than %zu bytes", pattern,
+                        sizeof path - 1);
+        return NULL;
+    }
+    FILE *f = fopen(path, "w");
+    if (f == NULL) {
+        (void)sp__error(SP_ERR_SYSTEM, SP_SUB_COLL, "SYMPOOL_REPORT_FILE: cannot write %s: %s",
+                        path, strerror(errno));
+        return NULL;
+    }
+    *opened_p = true;
+    return f;
+}
+
 static void report_at_finalize(sp_world_t *w) {
     const char *what = sp__option_string(SP_OPT_REPORT);
     sp_report_format_t format;
     if (strcmp(what, "table") == 0)
         format = SP_REPORT_TABLE;
+    else if (strcmp(what, "table_all") == 0)
+        format = SP_REPORT_TABLE_ALL;
     else if (strcmp(what, "json") == 0)
         format = SP_REPORT_JSON;
     else if (strcmp(what, "prometheus") == 0)
@@ -405,7 +641,12 @@ static void report_at_finalize(sp_world_t *w) {
         return;
     /* Every rank reads the same environment under mpirun, so every rank joins. A failure was
      * already logged; finalize goes on. */
-    (void)sp_stats_report(w, sp_world_device(w), stdout, format);
+    bool opened;
+    FILE *out = report_file(w, &opened);
+    (void)sp_stats_report(w, sp_world_device(w), out, format);
+    if (opened && fclose(out) != 0)
+        (void)sp__error(SP_ERR_SYSTEM, SP_SUB_COLL, "SYMPOOL_REPORT_FILE: closing failed: %s",
+                        strerror(errno));
 }
 
 __attribute__((constructor)) static void register_report_hook(void) {

@@ -192,7 +192,9 @@ const char *sp__log_level_name(int level); /* "WARN" */
     X(SYM_REGISTRAR, ENUM, "auto", registrar_choices, NULL, 0,                                     \
       "who registers symmetric windows: auto, nccl, mpi")                                          \
     X(REPORT, ENUM, "none", report_choices, NULL, 0,                                               \
-      "report at exit: none, table, json, prometheus")
+      "report at exit: none, table, json, prometheus, table_all (every key)")                      \
+    X(REPORT_FILE, STRING, "", NULL, NULL, 0,                                                      \
+      "file for SYMPOOL_REPORT (%h host, %p pid, %r rank); empty = stdout")
 
 #define SP_OPT_ENUM_(name, kind, def, choices, check, conf_key, desc) SP_OPT_##name,
 typedef enum { SP_OPTION_LIST(SP_OPT_ENUM_) SP_OPT_COUNT } sp_option_t;

@@ -18,7 +18,8 @@
 static const char *const device_choices[] = {"auto", "cuda", "host", NULL};
 static const char *const level_choices[] = {"NONE", "VERSION", "WARN", "INFO", "TRACE", NULL};
 static const char *const registrar_choices[] = {"auto", "nccl", "mpi", NULL};
-static const char *const report_choices[] = {"none", "table", "json", "prometheus", NULL};
+static const char *const report_choices[] = {"none",       "table",     "json",
+                                             "prometheus", "table_all", NULL};
 
 /* ---- checks ----------------------------------------------------------------------------- */
 

@@ -15,8 +15,8 @@
 #include <string.h>
 
 #include "core/core.h"
-#include "pool/summary.h"
 #include "sympool/pool.h"
+#include "sympool/experimental.h"
 #include "sympool/summary.h"
 
 #define WIDTH 75 /* characters between the outer bars, as PyTorch's table */
@@ -63,6 +63,10 @@ static int64_t value(const sp_stats_t *st, const char *metric, const char *pool,
  * largest binary unit that keeps the number below 1024. */
 static void size_cell(int64_t v, char *cell, size_t cap) {
     static const char *const units[] = {"KiB", "MiB", "GiB", "TiB", "PiB"};
+    if (v == SP_X_SUMMARY_UNKNOWN) {
+        snprintf(cell, cap, "%6s    ", "-");
+        return;
+    }
     double mag = v < 0 ? -(double)v : (double)v;
     if (mag < 1024.0) {
         snprintf(cell, cap, "%6" PRId64 " B  ", v);
@@ -76,7 +80,17 @@ static void size_cell(int64_t v, char *cell, size_t cap) {
 }
 
 static void count_cell(int64_t v, char *cell, size_t cap) {
-    snprintf(cell, cap, "%10" PRId64, v);
+    if (v == SP_X_SUMMARY_UNKNOWN)
+        snprintf(cell, cap, "%10s", "-");
+    else
+        snprintf(cell, cap, "%10" PRId64, v);
+}
+
+/* "label: N" for the heading, "-" for an unknown figure. */
+static void labelled(char *out, size_t cap, const char *label, int64_t v) {
+    char n[24];
+    count_cell(v, n, sizeof(n));
+    snprintf(out, cap, "%s: %s", label, n + strspn(n, " "));
 }
 
 typedef struct metric {
@@ -121,15 +135,15 @@ static void heading(out_t *o, const sp_stats_t *st, const char *title) {
     put(o, "|%*s%s%*s|\n", left, "", title, right, "");
     rule(o, '-');
     char a[40], b[40], c[40];
-    snprintf(a, sizeof(a), "OOMs: %" PRId64, value(st, "num_ooms", NULL, NULL));
-    snprintf(b, sizeof(b), "alloc retries: %" PRId64, value(st, "num_alloc_retries", NULL, NULL));
-    snprintf(c, sizeof(c), "stream syncs: %" PRId64, value(st, "num_sync_all_streams", NULL, NULL));
+    labelled(a, sizeof(a), "OOMs", value(st, "num_ooms", NULL, NULL));
+    labelled(b, sizeof(b), "alloc retries", value(st, "num_alloc_retries", NULL, NULL));
+    labelled(c, sizeof(c), "stream syncs", value(st, "num_sync_all_streams", NULL, NULL));
     put(o, "| %-23s| %-23s| %-24s|\n", a, b, c);
     int64_t split = value(st, "max_split_size", NULL, NULL);
     char d[40], e[40], f[40];
-    snprintf(d, sizeof(d), "device mallocs: %" PRId64, value(st, "num_device_alloc", NULL, NULL));
-    snprintf(e, sizeof(e), "device frees: %" PRId64, value(st, "num_device_free", NULL, NULL));
-    if (split < 0)
+    labelled(d, sizeof(d), "device mallocs", value(st, "num_device_alloc", NULL, NULL));
+    labelled(e, sizeof(e), "device frees", value(st, "num_device_free", NULL, NULL));
+    if (split < 0 && split != SP_X_SUMMARY_UNKNOWN)
         snprintf(f, sizeof(f), "max split: unlimited");
     else {
         char cell[32];
@@ -142,7 +156,8 @@ static void heading(out_t *o, const sp_stats_t *st, const char *title) {
         "Tot Alloc", "Tot Freed");
 }
 
-size_t sp__summary_format(const sp_stats_t *st, const char *title, char *buf, size_t len) {
+SP_EXPORT size_t sp_x_memory_summary_format(const sp_stats_t *st, const char *title, char *buf,
+                                            size_t len) {
     out_t o = {buf, len, 0};
     buf[0] = '\0';
     heading(&o, st, title);
@@ -168,6 +183,6 @@ SP_EXPORT sp_status_t sp_memory_summary(int device, char *buf, size_t len) {
     char title[96];
     snprintf(title, sizeof(title), "sympool memory summary, device %d (%s backend)", device,
              sp_backend_name());
-    (void)sp__summary_format(&st, title, buf, len);
+    (void)sp_x_memory_summary_format(&st, title, buf, len);
     return SP_SUCCESS;
 }

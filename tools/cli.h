@@ -10,15 +10,33 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include <getopt.h>
+
 #include "tools/trace.h"
 
 #ifdef __cplusplus
 extern "C" {
 #endif
 
+/* The subcommands: argv[0] is the command's name; each parses its options with getopt_long
+ * (--opt=value and --opt value, -h/--help) and returns the process exit status: 0 done,
+ * 1 failed, 2 usage error (refused before doing anything). */
 int sp_cli_info(int argc, char **argv);
 int sp_cli_replay(int argc, char **argv);
 int sp_cli_plot(int argc, char **argv);
+int sp_cli_summary(int argc, char **argv);
+
+/* ---- shared by the subcommands (cli_util.c) ---------------------------------------------- */
+
+/* getopt_long for subcommand cmd with our own messages: an unknown option or a missing value
+ * prints "sympool CMD: ..." and returns '?'. Resets getopt's state on the first call for argv
+ * (optind == 0). */
+int cli_getopt(int argc, char **argv, const char *cmd, const char *shortopts,
+               const struct option *longopts);
+/* A whole decimal integer in [lo, hi]. */
+bool cli_parse_long(const char *s, long lo, long hi, long *out);
+/* True when path ends with suffix, e.g. ".json" (case-sensitive, as sp_dump_snapshot decides). */
+bool cli_has_suffix(const char *path, const char *suffix);
 
 /* What one replay measured. Bytes are summed over devices (each device's own peak). */
 typedef struct replay_result {

@@ -11,6 +11,16 @@
 #include "sympool/experimental.h" /* sp_x_options_print: the option table with sources */
 #include "tools/cli.h"
 
+#if defined(SP_HAVE_CUDA)
+#include <cuda_runtime_api.h>
+#endif
+#if defined(SP_HAVE_NCCL)
+#include <nccl.h>
+#endif
+#if defined(SP_HAVE_MPI)
+#include <mpi.h>
+#endif
+
 static void human(size_t bytes, char *out, size_t cap) {
     static const char *const units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
     double v = (double)bytes;
@@ -22,13 +32,69 @@ static void human(size_t bytes, char *out, size_t cap) {
     snprintf(out, cap, u == 0 ? "%.0f %s" : "%.2f %s", v, units[u]);
 }
 
-int sp_cli_info(int argc, char **argv) {
-    if (argc > 1 && (strcmp(argv[1], "-h") == 0 || strcmp(argv[1], "--help") == 0)) {
-        printf("usage: sympool info\n");
-        return 0;
+/* The versions of what this build links, each as built against and as loaded at run time;
+ * "not linked" for what it was built without. None of these calls needs a GPU or MPI_Init. */
+static void versions(void) {
+    printf("versions:\n  sympool %d.%d.%d\n", SP_VERSION_MAJOR, SP_VERSION_MINOR, SP_VERSION_PATCH);
+#if defined(SP_HAVE_CUDA)
+    int rt = 0, drv = 0;
+    bool have_rt = cudaRuntimeGetVersion(&rt) == cudaSuccess;
+    bool have_drv = cudaDriverGetVersion(&drv) == cudaSuccess && drv > 0;
+    printf("  CUDA runtime %d.%d (built with %d.%d), driver ", have_rt ? rt / 1000 : 0,
+           have_rt ? rt % 1000 / 10 : 0, CUDART_VERSION / 1000, CUDART_VERSION % 1000 / 10);
+    if (have_drv)
+        printf("supports CUDA %d.%d\n", drv / 1000, drv % 1000 / 10);
+    else
+        printf("none found\n");
+#else
+    printf("  CUDA not linked (host backend only)\n");
+#endif
+#if defined(SP_HAVE_NCCL)
+    int nv = 0;
+    if (ncclGetVersion(&nv) == ncclSuccess)
+        printf("  NCCL %d.%d.%d (built with %d.%d.%d)\n", nv / 10000, nv / 100 % 100, nv % 100,
+               NCCL_MAJOR, NCCL_MINOR, NCCL_PATCH);
+    else
+        printf("  NCCL version unavailable (built with %d.%d.%d)\n", NCCL_MAJOR, NCCL_MINOR,
+               NCCL_PATCH);
+#else
+    printf("  NCCL not linked\n");
+#endif
+#if defined(SP_HAVE_MPI)
+    char lib[MPI_MAX_LIBRARY_VERSION_STRING];
+    int len = 0, major = 0, minor = 0;
+    (void)MPI_Get_version(&major, &minor);
+    if (MPI_Get_library_version(lib, &len) == MPI_SUCCESS) {
+        lib[len < MPI_MAX_LIBRARY_VERSION_STRING ? len : MPI_MAX_LIBRARY_VERSION_STRING - 1] = '\0';
+        char *nl = strchr(lib, '\n'); /* Open MPI adds its repository and release date */
+        if (nl != NULL)
+            *nl = '\0';
+        char *comma = strchr(lib, ',');
+        if (comma != NULL)
+            *comma = '\0';
+        printf("  MPI %d.%d standard, %s\n", major, minor, lib);
+    } else {
+        printf("  MPI %d.%d standard\n", major, minor);
     }
-    if (argc > 1) {
-        fprintf(stderr, "sympool info: unexpected argument '%s'\n", argv[1]);
+#else
+    printf("  MPI not linked (no symmetric pools or collectives)\n");
+#endif
+}
+
+int sp_cli_info(int argc, char **argv) {
+    static const struct option opts[] = {{"help", no_argument, NULL, 'h'}, {0, 0, 0, 0}};
+    int c;
+    while ((c = cli_getopt(argc, argv, "info", "h", opts)) != -1) {
+        if (c == 'h') {
+            printf("usage: sympool info\n"
+                   "  The backend and its devices, every SYMPOOL_* option with its value and\n"
+                   "  source, and the versions of sympool, CUDA, NCCL and MPI in this build.\n");
+            return 0;
+        }
+        return 2;
+    }
+    if (optind < argc) {
+        fprintf(stderr, "sympool info: unexpected argument '%s'\n", argv[optind]);
         return 2;
     }
     printf("sympool %d.%d.%d\n", SP_VERSION_MAJOR, SP_VERSION_MINOR, SP_VERSION_PATCH);
@@ -49,6 +115,7 @@ int sp_cli_info(int argc, char **argv) {
         human(total, t, sizeof(t));
         printf("  device %d: capacity %s (%zu bytes), free %s\n", d, t, total, f);
     }
+    versions();
     printf("options:\n");
     fflush(stdout);
     sp_x_options_print(stdout);

@@ -5,7 +5,8 @@
  * same checks.
  *
  * The parser is a strict recursive-descent RFC 8259 reader: objects, arrays, strings (with
- * escapes and surrogate pairs), integers (int64, and uint64 above it), floats, true, false, null.
+ * escapes and surrogate pairs), integers (int64, uint64 above it, and as a double beyond),
+ * floats, true, false, null.
  * Nesting is bounded by the emitter's depth (32); every error names its byte offset. No lock.
  */
 #include "tools/json_read.h"
@@ -210,7 +211,7 @@ static bool number(jp_t *j) {
             break;
         }
     }
-    char buf[64];
+    char buf[512]; /* integers wider than 64 bits become doubles, so they may be long */
     size_t n = j->pos - start;
     if (n >= sizeof(buf))
         return jfail(j, "number too long");
@@ -232,7 +233,8 @@ static bool number(jp_t *j) {
                 return true;
             }
         }
-        return jfail(j, "integer out of 64-bit range");
+        /* Wider than 64 bits: kept as the double a JavaScript viewer reads, so the file still
+         * loads and only a consumer that needs the exact integer refuses it (pk_int fails). */
     }
     double d = strtod(buf, &end);
     if (*end != '\0' || !isfinite(d))

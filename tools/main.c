@@ -1,44 +1,73 @@
 /*
- * main.c: the `sympool` command: dispatches to info, replay and plot (one file each).
- * Options that configure the library (--conf, --capacity) are applied by the subcommand through
- * the environment before its first sympool call, since the option table is read once.
+ * main.c: the `sympool` command: global options (--version, --help), then one subcommand
+ * (info, replay, plot, summary; one file each) that parses its own options with getopt_long.
+ * Options that configure the library (--conf, --capacity) are applied by the subcommand before
+ * its first sympool call.
  */
 #include <stdio.h>
 #include <string.h>
 
+#include <sympool/sympool.h>
+
 #include "tools/cli.h"
 
 static void usage(FILE *out) {
-    fprintf(
-        out,
-        "usage: sympool <command> [args]\n"
-        "  info                                backend, devices, options (with sources), versions\n"
-        "  replay TRACE [options]              replay a PyTorch memory snapshot through sympool\n"
-        "      --conf KEY:VALUE,...            allocator options (PyTorch syntax)\n"
-        "      --capacity SIZE                 emulated device size (e.g. 80GiB); OOMs are "
-        "reported\n"
-        "      --snapshot OUT                  write our snapshot of the replay (.pickle or "
-        ".json)\n"
-        "      --json                          one JSON object on stdout\n"
-        "      --repeat N                      replay N times, report the median time per event\n"
-        "  plot SNAPSHOT -o OUT.svg [-d DEV]   memory timeline (allocated and reserved over time)\n"
-        "  help                                this text\n");
+    fprintf(out,
+            "usage: sympool [--version] [--help] <command> [options]\n"
+            "commands:\n"
+            "  info                       backend, devices, options (with sources), versions\n"
+            "  replay TRACE [options]     replay a PyTorch memory snapshot through sympool\n"
+            "  plot SNAPSHOT... -o OUT.svg  memory timeline; several snapshots (one per rank) on\n"
+            "                             one chart\n"
+            "  summary SNAPSHOT           the memory summary table of a snapshot's state\n"
+            "  help                       this text\n"
+            "Every command takes --help (e.g. sympool replay --help).\n");
+}
+
+static void version(void) {
+    printf("sympool %d.%d.%d\n", SP_VERSION_MAJOR, SP_VERSION_MINOR, SP_VERSION_PATCH);
 }
 
 int main(int argc, char **argv) {
-    if (argc < 2) {
+    static const struct option opts[] = {
+        {"version", no_argument, NULL, 'V'}, {"help", no_argument, NULL, 'h'}, {0, 0, 0, 0}};
+    int c;
+    optind = 0;
+    /* '+': stop at the command; its options are its own. */
+    while ((c = cli_getopt(argc, argv, "", "+Vh", opts)) != -1) {
+        if (c == 'V') {
+            version();
+            return 0;
+        }
+        if (c == 'h') {
+            usage(stdout);
+            return 0;
+        }
         usage(stderr);
         return 2;
     }
-    const char *cmd = argv[1];
+    if (optind >= argc) {
+        usage(stderr);
+        return 2;
+    }
+    char **sub = argv + optind;
+    int nsub = argc - optind;
+    const char *cmd = sub[0];
+    optind = 0; /* the subcommand's getopt starts afresh */
     if (strcmp(cmd, "info") == 0)
-        return sp_cli_info(argc - 1, argv + 1);
+        return sp_cli_info(nsub, sub);
     if (strcmp(cmd, "replay") == 0)
-        return sp_cli_replay(argc - 1, argv + 1);
+        return sp_cli_replay(nsub, sub);
     if (strcmp(cmd, "plot") == 0)
-        return sp_cli_plot(argc - 1, argv + 1);
-    if (strcmp(cmd, "help") == 0 || strcmp(cmd, "--help") == 0 || strcmp(cmd, "-h") == 0) {
+        return sp_cli_plot(nsub, sub);
+    if (strcmp(cmd, "summary") == 0)
+        return sp_cli_summary(nsub, sub);
+    if (strcmp(cmd, "help") == 0) {
         usage(stdout);
+        return 0;
+    }
+    if (strcmp(cmd, "version") == 0) {
+        version();
         return 0;
     }
     fprintf(stderr, "sympool: unknown command '%s'\n", cmd);

@@ -221,24 +221,31 @@ static bool take_uint(parser_t *ps, size_t n, const char *opname, uint64_t *out)
     return true;
 }
 
-/* Two's complement little-endian of n bytes -> int64 (false if it does not fit). */
-static bool le_int(const unsigned char *b, size_t n, int64_t *out) {
+/* A LONG1/LONG4 argument: n bytes of two's complement, little-endian, sorted into the three
+ * integer kinds by range. Bytes beyond the 8th must be pure sign extension (or, for PK_UINT, one
+ * zero byte above a set top bit); anything else is wider than [-2^63, 2^64). */
+static pk_type_t le_long(const unsigned char *b, size_t n, int64_t *i_p, uint64_t *u_p) {
     if (n == 0) {
-        *out = 0;
-        return true;
+        *i_p = 0;
+        return PK_INT;
     }
+    bool neg = (b[n - 1] & 0x80) != 0; /* the sign of the whole number */
     size_t k = n > 8 ? 8 : n;
-    uint64_t u = le_uint(b, k);
-    bool neg = (b[k - 1] & 0x80) != 0;
     for (size_t i = 8; i < n; i++)
         if (b[i] != (neg ? 0xff : 0x00))
-            return false;
-    if (n > 8 && ((b[n - 1] & 0x80) != 0) != neg)
-        return false;
+            return PK_BIGINT;
+    uint64_t u = le_uint(b, k);
     if (k < 8 && neg)
         u |= ~(uint64_t)0 << (8 * k);
-    *out = (int64_t)u;
-    return true;
+    bool top = (u >> 63) != 0; /* bit 63 of the low 8 bytes */
+    if (neg && !top)
+        return PK_BIGINT; /* below -2^63 */
+    if (!neg && top) {
+        *u_p = u; /* [2^63, 2^64): 9 bytes with a zero sign byte */
+        return PK_UINT;
+    }
+    *i_p = (int64_t)u;
+    return PK_INT;
 }
 
 static bool push_str(parser_t *ps, pk_type_t type, size_t n, const char *opname) {
@@ -479,10 +486,23 @@ static bool run(parser_t *ps) {
                 return fail(ps, "LONG4 with a negative length");
             if (!need(ps, (size_t)n64, name))
                 return false;
-            if (!le_int(ps->p + ps->pos, (size_t)n64, &iv))
-                return fail(ps, "%s integer wider than 64 bits", name);
+            uint64_t uv = 0;
+            pk_type_t kind = le_long(ps->p + ps->pos, (size_t)n64, &iv, &uv);
             ps->pos += (size_t)n64;
-            if (!push_int(ps, iv))
+            if (kind == PK_INT) {
+                if (!push_int(ps, iv))
+                    return false;
+                break;
+            }
+            /* Kept, not refused: only a consumer that needs this number will fail. */
+            pk_value_t *v = new_value(ps, kind);
+            if (v == NULL)
+                return false;
+            if (kind == PK_UINT)
+                v->u.u = uv;
+            else
+                v->u.bits = n64;
+            if (!push(ps, v))
                 return false;
             break;
         }
@@ -633,6 +653,9 @@ bool pk_parse(const void *buf, size_t len, const pk_limits_t *lim, pk_doc_t **do
         ok = fail(&ps, "out of memory");
     else if (ps.len == 0)
         ok = fail(&ps, "empty input");
+    else if (ps.p[0] != 0x80) /* protocols 2-5 open with PROTO */
+        ok = fail(&ps, "not a pickle (protocol 2-5 pickles start with byte 0x80, not 0x%02x)",
+                  ps.p[0]);
     else
         ok = run(&ps);
     free(ps.stack);
@@ -743,7 +766,19 @@ bool pk_int(const pk_value_t *v, int64_t *out) {
     else if (v->type == PK_BOOL)
         *out = v->u.b;
     else
+        return false; /* PK_UINT and PK_BIGINT do not fit */
+    return true;
+}
+
+bool pk_uint(const pk_value_t *v, uint64_t *out) {
+    int64_t i;
+    if (v != NULL && v->type == PK_UINT) {
+        *out = v->u.u;
+        return true;
+    }
+    if (!pk_int(v, &i) || i < 0)
         return false;
+    *out = (uint64_t)i;
     return true;
 }
 
@@ -751,6 +786,10 @@ bool pk_num(const pk_value_t *v, double *out) {
     int64_t i;
     if (v != NULL && v->type == PK_FLOAT) {
         *out = v->u.f;
+        return true;
+    }
+    if (v != NULL && v->type == PK_UINT) {
+        *out = (double)v->u.u;
         return true;
     }
     if (!pk_int(v, &i))
@@ -765,6 +804,10 @@ const char *pk_str(const pk_value_t *v) {
 
 bool pk_get_int(const pk_value_t *dict, const char *key, int64_t *out) {
     return pk_int(pk_get(dict, key), out);
+}
+
+bool pk_get_uint(const pk_value_t *dict, const char *key, uint64_t *out) {
+    return pk_uint(pk_get(dict, key), out);
 }
 
 const char *pk_get_str(const pk_value_t *dict, const char *key) {

@@ -1,11 +1,14 @@
 /*
  * pickle_read.h: a restricted pickle reader for PyTorch memory snapshots (protocols 2-5).
  *
- * Only data opcodes are accepted: dicts, lists, tuples, ints up to 64 bits, floats, str, bytes,
- * bools, None, the memo and FRAME. Anything that could name or run code (GLOBAL, STACK_GLOBAL,
- * REDUCE, BUILD, INST, OBJ, NEWOBJ, EXT*, PERSID, buffers) is rejected with
- * "opcode GLOBAL at offset N not allowed". Every malformed, truncated or oversized input gives a
- * one-line error naming the byte offset; nothing aborts. Sizes, nesting and memo are bounded.
+ * Only data opcodes are accepted: dicts, lists, tuples, ints, floats, str, bytes, bools, None, the
+ * memo and FRAME. Integers keep their signedness: [-2^63, 2^63) is PK_INT, [2^63, 2^64) is
+ * PK_UINT (real snapshots carry C++ line numbers of 2^64-1), and any wider integer is PK_BIGINT,
+ * which has no value: the document still loads, and only a consumer that needs that number
+ * refuses it (pk_int/pk_uint/pk_num return false). Anything that could name or run code (GLOBAL,
+ * STACK_GLOBAL, REDUCE, BUILD, INST, OBJ, NEWOBJ, EXT*, PERSID, buffers) is rejected with "opcode
+ * GLOBAL at offset N not allowed". Every malformed, truncated or oversized input gives a one-line
+ * error naming the byte offset; nothing aborts. Sizes, nesting and memo are bounded.
  *
  * The result is a graph of pk_value_t in one arena (the memo lets a value appear many times, so
  * consumers must not assume a tree; nothing here walks it recursively). Not thread-safe per
@@ -25,7 +28,9 @@ extern "C" {
 typedef enum {
     PK_NONE,
     PK_BOOL,
-    PK_INT,
+    PK_INT,    /* fits int64_t: u.i */
+    PK_UINT,   /* in [2^63, 2^64): u.u */
+    PK_BIGINT, /* outside [-2^63, 2^64): u.bits holds its width in bytes, no value */
     PK_FLOAT,
     PK_STR,
     PK_BYTES,
@@ -39,9 +44,11 @@ typedef struct pk_value pk_value_t;
 struct pk_value {
     pk_type_t type; /* which member of u is valid */
     union {
-        bool b;    /* PK_BOOL */
-        int64_t i; /* PK_INT (LONG1/LONG4 beyond 64 bits are refused) */
-        double f;  /* PK_FLOAT */
+        bool b;        /* PK_BOOL */
+        int64_t i;     /* PK_INT */
+        uint64_t u;    /* PK_UINT (always >= 2^63) */
+        uint64_t bits; /* PK_BIGINT: bytes of its LONG1/LONG4 encoding */
+        double f;      /* PK_FLOAT */
         struct {
             const char *s; /* NUL-terminated copy in the arena (may contain NULs for bytes) */
             size_t len;    /* bytes */
@@ -82,10 +89,12 @@ void pk_free(pk_doc_t *doc);
 const pk_value_t *pk_get(const pk_value_t *dict, const char *key); /* last value for a str key */
 size_t pk_len(const pk_value_t *seq);                              /* list/tuple/dict entries */
 const pk_value_t *pk_at(const pk_value_t *seq, size_t i);          /* list or tuple item */
-bool pk_int(const pk_value_t *v, int64_t *out);                    /* int or bool */
-bool pk_num(const pk_value_t *v, double *out);                     /* int, bool or float */
-const char *pk_str(const pk_value_t *v);                           /* str value or NULL */
+bool pk_int(const pk_value_t *v, int64_t *out);   /* int or bool that fits int64_t */
+bool pk_uint(const pk_value_t *v, uint64_t *out); /* int or bool in [0, 2^64) */
+bool pk_num(const pk_value_t *v, double *out);    /* int (not BIGINT), bool or float */
+const char *pk_str(const pk_value_t *v);          /* str value or NULL */
 bool pk_get_int(const pk_value_t *dict, const char *key, int64_t *out);
+bool pk_get_uint(const pk_value_t *dict, const char *key, uint64_t *out);
 const char *pk_get_str(const pk_value_t *dict, const char *key);
 
 #ifdef __cplusplus

@@ -1,15 +1,22 @@
 /*
- * plot.c: `sympool plot SNAPSHOT -o OUT.svg [-d DEV]`: one SVG a person reads at a glance:
- * allocated (requested bytes of live blocks) and reserved bytes over time for one device, the
- * peaks marked, and the largest blocks live at the allocated peak listed with where they were
- * allocated and drawn as lifetime bars under the chart.
+ * plot.c: `sympool plot SNAPSHOT... -o OUT.svg [-d DEV]`: one SVG a person reads at a glance.
+ *
+ * One snapshot: allocated (requested bytes of live blocks) and reserved bytes over time, the
+ * peaks marked inside the frame, and the largest blocks live at the allocated peak listed by
+ * where they were allocated (the first telling stack frame; their size when no stack was
+ * recorded) and drawn as lifetime bars under the chart.
+ * Several snapshots (one per rank: `sympool plot out/rank*.pickle`): every rank's allocated
+ * curve on one chart against the time since that rank's first event, the ranks with the highest
+ * and the lowest peak drawn bold and labelled, and a table of every rank's peaks.
  *
  * The curves come from the trace (trace.c): allocated starts at the seeds' bytes and follows
  * alloc/free_requested; reserved starts at the value reconstructed backwards from the final
  * segments and follows the segment events. Each pixel column shows the maximum reached inside
- * it, so short peaks stay visible however long the trace. No globals, no lock.
+ * it, so short peaks stay visible however long the trace. The axis unit follows the largest
+ * value (GiB, MiB or KiB), so a small job reads "350 MiB", not "0.35 GiB". No globals, no lock.
  */
 #include <ctype.h>
+#include <errno.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -110,15 +117,18 @@ static void where_of(const pk_value_t *frames, char *out, size_t cap) {
     if (pick == NULL)
         pick = py != NULL ? py : first;
     if (pick == NULL) {
-        snprintf(out, cap, "(no stack recorded)");
+        out[0] = '\0'; /* no stack recorded: the caller names the block by its size */
         return;
     }
     const char *name = pk_get_str(pick, "name"), *file = pk_get_str(pick, "filename");
     const char *base = file ? strrchr(file, '/') : NULL;
     int64_t line = 0;
-    (void)pk_get_int(pick, "line", &line);
-    snprintf(out, cap, "%s %s:%lld", name ? name : "?", base ? base + 1 : (file ? file : "?"),
-             (long long)line);
+    /* C++ frames without a known line carry 0 or 2^64-1 (which pk_get_int refuses): no line. */
+    if (pk_get_int(pick, "line", &line) && line > 0)
+        snprintf(out, cap, "%s %s:%lld", name ? name : "?", base ? base + 1 : (file ? file : "?"),
+                 (long long)line);
+    else
+        snprintf(out, cap, "%s %s", name ? name : "?", base ? base + 1 : (file ? file : "?"));
 }
 
 static void xml_text(FILE *f, const char *s, size_t max) {
@@ -146,60 +156,67 @@ static double gib(double b) {
     return b / 1073741824.0;
 }
 
-int sp_cli_plot(int argc, char **argv) {
-    const char *in = NULL, *out = NULL;
-    int dev = 0;
-    for (int i = 1; i < argc; i++) {
-        if ((strcmp(argv[i], "-o") == 0 || strcmp(argv[i], "-d") == 0) && i + 1 < argc) {
-            if (argv[i][1] == 'o')
-                out = argv[++i];
-            else
-                dev = atoi(argv[++i]);
-        } else if (argv[i][0] == '-') {
-            fprintf(stderr, "sympool plot: unknown option %s\n", argv[i]);
-            return 2;
-        } else {
-            in = argv[i];
-        }
-    }
-    if (in == NULL || out == NULL) {
-        fprintf(stderr, "usage: sympool plot SNAPSHOT -o OUT.svg [-d DEVICE]\n");
-        return 2;
-    }
-    char err[512];
-    tr_trace_t t;
-    if (!tr_load(in, &t, err, sizeof(err))) {
-        fprintf(stderr, "sympool plot: %s\n", err);
-        tr_free(&t);
-        return 1;
-    }
-    if (dev < 0 || dev >= t.ndev) {
-        fprintf(stderr, "sympool plot: device %d not in the snapshot (%d devices)\n", dev, t.ndev);
-        tr_free(&t);
-        return 2;
-    }
-    const tr_device_t *d = &t.dev[dev];
-    size_t nev = d->nev;
+/* A size for people: "22.23 GiB", "350.0 MiB", "12.5 KiB", "512 B". */
+static void human(double v, char *out, size_t cap) {
+    if (v >= 1073741824.0)
+        snprintf(out, cap, "%.2f GiB", v / 1073741824.0);
+    else if (v >= 1048576.0)
+        snprintf(out, cap, "%.1f MiB", v / 1048576.0);
+    else if (v >= 1024.0)
+        snprintf(out, cap, "%.1f KiB", v / 1024.0);
+    else
+        snprintf(out, cap, "%.0f B", v);
+}
 
-    /* Time axis: time_us when the trace has it, else the event index. */
-    int64_t t0 = 0, t1 = 0;
-    bool use_time = nev > 0 && d->ev[0].time_us != 0 && d->ev[nev - 1].time_us > d->ev[0].time_us;
-    if (use_time) {
-        t0 = d->ev[0].time_us;
-        t1 = d->ev[nev - 1].time_us;
-    } else {
-        t1 = nev > 1 ? (int64_t)nev - 1 : 1;
-    }
-    double span = (double)(t1 - t0);
+/* The y axis unit: the largest that keeps the top of the axis at 1 or more. */
+typedef struct unit {
+    const char *name;
+    double bytes;
+} unit_t;
 
-    /* Per-column maxima of both curves, and the peaks. */
-    double amax[COLS], rmax[COLS];
+static unit_t unit_for(double vmax) {
+    if (vmax >= 1073741824.0)
+        return (unit_t){"GiB", 1073741824.0};
+    if (vmax >= 1048576.0)
+        return (unit_t){"MiB", 1048576.0};
+    if (vmax >= 1024.0)
+        return (unit_t){"KiB", 1024.0};
+    return (unit_t){"B", 1.0};
+}
+
+/* One snapshot's curves on one device. */
+typedef struct series {
+    const char *path;        /* as given */
+    char label[64];          /* "rank 3" for rank3.pickle, else the file name */
+    tr_trace_t t;            /* the loaded snapshot */
+    int dev;                 /* the device plotted */
+    const tr_device_t *d;    /* t.dev[dev] */
+    bool use_time;           /* time_us present and increasing */
+    double span;             /* time_us (or event index) from the first event to the last */
+    double amax[COLS];       /* allocated, the maximum inside each pixel column */
+    double rmax[COLS];       /* reserved, the same */
+    double apeak, rpeak;     /* the peaks */
+    size_t apeak_i, rpeak_i; /* the events where they were reached */
+} series_t;
+
+/* Where event i lies on the x axis, 0..1. With times, all series share one time scale (gspan,
+ * microseconds) from their own first event; without, each spans the axis by event index. */
+static double xfrac(const series_t *s, size_t i, double gspan, bool time_axis) {
+    if (s->d->nev == 0)
+        return 0;
+    if (time_axis)
+        return gspan > 0 ? (double)(s->d->ev[i].time_us - s->d->ev[0].time_us) / gspan : 0;
+    return s->d->nev > 1 ? (double)i / (double)(s->d->nev - 1) : 0;
+}
+
+static void curves(series_t *s, double gspan, bool time_axis) {
+    const tr_device_t *d = s->d;
     for (int c = 0; c < COLS; c++)
-        amax[c] = rmax[c] = -1;
+        s->amax[c] = s->rmax[c] = -1;
     double alloc = (double)d->seeded_bytes, resv = (double)d->start_reserved;
-    double apeak = alloc, rpeak = resv;
-    size_t apeak_i = 0, rpeak_i = 0;
-    for (size_t i = 0; i < nev; i++) {
+    s->apeak = alloc;
+    s->rpeak = resv;
+    for (size_t i = 0; i < d->nev; i++) {
         const tr_event_t *e = &d->ev[i];
         if (e->action == TR_ALLOC)
             alloc += (double)e->size;
@@ -209,46 +226,190 @@ int sp_cli_plot(int argc, char **argv) {
             resv += (double)e->size;
         else if (e->action == TR_SEGMENT_FREE || e->action == TR_SEGMENT_UNMAP)
             resv -= (double)e->size;
-        double x = (double)((use_time ? e->time_us : (int64_t)i) - t0) / (span > 0 ? span : 1);
-        int c = (int)(x * (COLS - 1) + 0.5);
+        int c = (int)(xfrac(s, i, gspan, time_axis) * (COLS - 1) + 0.5);
         c = c < 0 ? 0 : c >= COLS ? COLS - 1 : c;
-        if (alloc > amax[c])
-            amax[c] = alloc;
-        if (resv > rmax[c])
-            rmax[c] = resv;
-        if (alloc > apeak) {
-            apeak = alloc;
-            apeak_i = i;
+        s->amax[c] = fmax(s->amax[c], alloc);
+        s->rmax[c] = fmax(s->rmax[c], resv);
+        if (alloc > s->apeak) {
+            s->apeak = alloc;
+            s->apeak_i = i;
         }
-        if (resv > rpeak) {
-            rpeak = resv;
-            rpeak_i = i;
+        if (resv > s->rpeak) {
+            s->rpeak = resv;
+            s->rpeak_i = i;
         }
     }
-    /* Columns without events keep the previous level. */
+    /* Columns without events keep the previous level; past a shorter series' end, -1 (none). */
+    int last = d->nev ? (int)(xfrac(s, d->nev - 1, gspan, time_axis) * (COLS - 1) + 0.5) : 0;
     double la = (double)d->seeded_bytes, lr = (double)d->start_reserved;
     for (int c = 0; c < COLS; c++) {
-        if (amax[c] < 0)
-            amax[c] = la;
-        if (rmax[c] < 0)
-            rmax[c] = lr;
-        la = amax[c];
-        lr = rmax[c];
+        if (c > last && d->nev > 0) {
+            s->amax[c] = s->rmax[c] = -1;
+            continue;
+        }
+        if (s->amax[c] < 0)
+            s->amax[c] = la;
+        if (s->rmax[c] < 0)
+            s->rmax[c] = lr;
+        la = s->amax[c];
+        lr = s->rmax[c];
     }
+}
 
-    /* Blocks live at the allocated peak: seeds and traced allocations, replayed to apeak_i. */
-    size_t cap = d->nseeds + nev + 1, nlive = 0;
-    live_block_t *live = calloc(cap, sizeof(*live));
-    tr_map_t where = {0};
-    if (live == NULL) {
-        fprintf(stderr, "sympool plot: out of memory\n");
-        tr_free(&t);
-        return 1;
+/* "rank 3" for ".../rank3.pickle", else the file name without its extension. */
+static void label_of(const char *path, char *out, size_t cap) {
+    const char *base = strrchr(path, '/');
+    base = base ? base + 1 : path;
+    if (strncmp(base, "rank", 4) == 0 && isdigit((unsigned char)base[4])) {
+        snprintf(out, cap, "rank %ld", strtol(base + 4, NULL, 10));
+        return;
     }
-    for (size_t s = 0; s < d->nseeds; s++) {
+    const char *dot = strrchr(base, '.');
+    int n = dot && dot > base ? (int)(dot - base) : (int)strlen(base);
+    snprintf(out, cap, "%.*s", n > 40 ? 40 : n, base);
+}
+
+/* The device to plot: the one asked for, else the first whose trace has events. */
+static bool pick_device(series_t *s, int asked, char *err, size_t errlen) {
+    if (asked >= 0) {
+        if (asked >= s->t.ndev) {
+            snprintf(err, errlen, "%s: device %d not in the snapshot (%d device%s)", s->path, asked,
+                     s->t.ndev, s->t.ndev == 1 ? "" : "s");
+            return false;
+        }
+        s->dev = asked;
+    } else {
+        s->dev = 0;
+        for (int d = s->t.ndev - 1; d >= 0; d--)
+            if (s->t.dev[d].nev > 0)
+                s->dev = d;
+        if (s->t.ndev == 0) {
+            snprintf(err, errlen, "%s: the snapshot has no device", s->path);
+            return false;
+        }
+    }
+    s->d = &s->t.dev[s->dev];
+    const tr_device_t *d = s->d;
+    s->use_time =
+        d->nev > 0 && d->ev[0].time_us != 0 && d->ev[d->nev - 1].time_us > d->ev[0].time_us;
+    s->span = s->use_time ? (double)(d->ev[d->nev - 1].time_us - d->ev[0].time_us)
+                          : (double)(d->nev > 1 ? d->nev - 1 : 1);
+    return true;
+}
+
+/* ---- drawing ---------------------------------------------------------------------------- */
+
+typedef struct frame {
+    double ytop; /* top of the y axis, in unit */
+    unit_t unit; /* the y axis unit */
+} frame_t;
+
+static double ypix(const frame_t *fr, double bytes) {
+    return PY1 - (bytes / fr->unit.bytes / fr->ytop) * (PY1 - PY0);
+}
+
+static void svg_open(FILE *f, int h) {
+    fprintf(f,
+            "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%d\" height=\"%d\" "
+            "font-family=\"Helvetica,Arial,sans-serif\" font-size=\"13\">\n",
+            W, h);
+    fprintf(f, "<rect width=\"%d\" height=\"%d\" fill=\"white\"/>\n", W, h);
+}
+
+/* Grid, y labels in the frame's unit, x ticks and the frame itself. */
+static frame_t axes(FILE *f, double vmax, double xrange, const char *xlabel) {
+    frame_t fr;
+    fr.unit = unit_for(vmax > 0 ? vmax : 1);
+    double top = (vmax > 0 ? vmax : 1) / fr.unit.bytes;
+    double ystep = nice_step(top, 6);
+    fr.ytop = ceil(top / ystep - 1e-9) * ystep;
+    for (int k = 0; k * ystep <= fr.ytop + 1e-9; k++) {
+        double v = k * ystep, y = PY1 - v / fr.ytop * (PY1 - PY0);
+        fprintf(f, "<line x1=\"%d\" x2=\"%d\" y1=\"%.1f\" y2=\"%.1f\" stroke=\"#e5e5e5\"/>\n", PX0,
+                PX1, y, y);
+        fprintf(f, "<text x=\"%d\" y=\"%.1f\" text-anchor=\"end\">%g %s</text>\n", PX0 - 8, y + 4,
+                v, fr.unit.name);
+    }
+    double xstep = nice_step(xrange > 0 ? xrange : 1, 8);
+    for (int k = 0; k * xstep <= xrange + 1e-9; k++) {
+        double v = k * xstep, x = PX0 + (xrange > 0 ? v / xrange : 0) * (COLS - 1);
+        fprintf(f, "<line x1=\"%.1f\" x2=\"%.1f\" y1=\"%d\" y2=\"%d\" stroke=\"#999\"/>\n", x, x,
+                PY1, PY1 + 5);
+        fprintf(f, "<text x=\"%.1f\" y=\"%d\" text-anchor=\"middle\">%g</text>\n", x, PY1 + 19, v);
+    }
+    fprintf(f, "<text x=\"%d\" y=\"%d\" text-anchor=\"middle\" fill=\"#444\">%s</text>\n",
+            (PX0 + PX1) / 2, PY1 + 36, xlabel);
+    return fr;
+}
+
+static void frame_box(FILE *f) {
+    fprintf(f,
+            "<rect x=\"%d\" y=\"%d\" width=\"%d\" height=\"%d\" fill=\"none\" stroke=\"#333\"/>\n",
+            PX0, PY0, COLS, PY1 - PY0);
+}
+
+/* A marker and its label, kept inside the frame: left of the point in the right half, below it
+ * near the top; *taken is the y of a label already there, to step around it. */
+static void peak_label(FILE *f, double px, double py, const char *color, const char *text,
+                       double *taken) {
+    fprintf(f, "<circle cx=\"%.1f\" cy=\"%.1f\" r=\"4\" fill=\"%s\"/>\n", px, py, color);
+    bool left = px > (PX0 + PX1) / 2.0;
+    double x = left ? px - 8 : px + 8, y = py - 8;
+    if (y < PY0 + 16)
+        y = py + 18;
+    if (*taken > 0 && fabs(y - *taken) < 16)
+        y = *taken + 16 < PY1 - 4 ? *taken + 16 : *taken - 16;
+    *taken = y;
+    x = fmin(fmax(x, PX0 + 4), PX1 - 4);
+    fprintf(f,
+            "<text x=\"%.1f\" y=\"%.1f\" fill=\"%s\" font-weight=\"bold\" text-anchor=\"%s\" "
+            "stroke=\"white\" stroke-width=\"3\" paint-order=\"stroke\">",
+            x, y, color, left ? "end" : "start");
+    xml_text(f, text, 120);
+    fprintf(f, "</text>\n");
+}
+
+static void area(FILE *f, const double *v, const char *fill, const char *stroke,
+                 const frame_t *fr) {
+    fprintf(f,
+            "<path fill=\"%s\" fill-opacity=\"0.8\" stroke=\"%s\" stroke-width=\"1.2\" d=\"M%d %d",
+            fill, stroke, PX0, PY1);
+    int c = 0;
+    for (; c < COLS && v[c] >= 0; c++)
+        fprintf(f, " L%d %.1f", PX0 + c, ypix(fr, v[c]));
+    fprintf(f, " L%d %d Z\"/>\n", PX0 + (c > 0 ? c - 1 : 0), PY1);
+}
+
+static void polyline(FILE *f, const double *v, const char *color, double width, const frame_t *fr) {
+    fprintf(f, "<polyline fill=\"none\" stroke=\"%s\" stroke-width=\"%.1f\" points=\"", color,
+            width);
+    for (int c = 0; c < COLS && v[c] >= 0; c++)
+        fprintf(f, "%d,%.1f ", PX0 + c, ypix(fr, v[c]));
+    fprintf(f, "\"/>\n");
+}
+
+/* ---- one snapshot --------------------------------------------------------------------------- */
+
+typedef struct live_group {
+    uint64_t size;   /* requested bytes of each block */
+    char where[160]; /* where they were allocated ("" = no stack recorded) */
+    size_t n;        /* blocks */
+} live_group_t;
+
+/* Blocks live at the allocated peak that were allocated in the trace, largest first; the seeds
+ * (usually the weights: many equal blocks) are only counted. Returns the list (caller frees). */
+static live_block_t *live_at_peak(const series_t *s, size_t *m_p, size_t *nseed_p,
+                                  uint64_t *seed_bytes_p) {
+    const tr_device_t *d = s->d;
+    size_t nev = d->nev, nlive = 0;
+    live_block_t *live = calloc(d->nseeds + nev + 1, sizeof(*live));
+    tr_map_t where = {0};
+    if (live == NULL)
+        return NULL;
+    for (size_t k = 0; k < d->nseeds; k++) {
         live[nlive] =
-            (live_block_t){d->seeds[s].addr, d->seeds[s].size, SIZE_MAX, nev, d->seeds[s].frames};
-        (void)tr_map_put(&where, d->seeds[s].addr, nlive + 1);
+            (live_block_t){d->seeds[k].addr, d->seeds[k].size, SIZE_MAX, nev, d->seeds[k].frames};
+        (void)tr_map_put(&where, d->seeds[k].addr, nlive + 1);
         nlive++;
     }
     for (size_t i = 0; i < nev; i++) {
@@ -263,100 +424,102 @@ int sp_cli_plot(int argc, char **argv) {
         }
     }
     tr_map_free(&where);
-    /* Keep the traced blocks alive at the peak; the seeds are summed into one line (they are
-     * usually the model's weights: many equal blocks that would crowd out everything else). */
-    size_t m = 0, nseed_live = 0;
-    uint64_t seed_live_bytes = 0;
+    size_t m = 0, nseed = 0;
+    uint64_t seed_bytes = 0;
     for (size_t i = 0; i < nlive; i++) {
-        if (live[i].died <= apeak_i)
+        if (live[i].died <= s->apeak_i)
             continue;
         if (live[i].born == SIZE_MAX) {
-            nseed_live++;
-            seed_live_bytes += live[i].size;
-        } else if (live[i].born <= apeak_i) {
+            nseed++;
+            seed_bytes += live[i].size;
+        } else if (live[i].born <= s->apeak_i) {
             live[m++] = live[i];
         }
     }
     qsort(live, m, sizeof(*live), cmp_size_desc);
-    size_t ntop = m < TOP_N ? m : TOP_N;
+    *m_p = m;
+    *nseed_p = nseed;
+    *seed_bytes_p = seed_bytes;
+    return live;
+}
 
-    FILE *f = fopen(out, "w");
-    if (f == NULL) {
-        fprintf(stderr, "sympool plot: cannot write %s\n", out);
-        free(live);
-        tr_free(&t);
-        return 1;
+#define MAX_GROUPS 64
+
+/* Blocks of one size from one place make one line ("96 blocks of 50.0 MiB"). The blocks come
+ * largest first, so the groups do too; group_of[i] is block i's group, or -1 past MAX_GROUPS. */
+static size_t group_blocks(const live_block_t *live, size_t m, live_group_t *g, int *group_of) {
+    size_t ng = 0;
+    for (size_t i = 0; i < m; i++) {
+        char w[160];
+        where_of(live[i].frames, w, sizeof(w));
+        group_of[i] = -1;
+        for (size_t k = 0; k < ng && group_of[i] < 0; k++)
+            if (g[k].size == live[i].size && strcmp(g[k].where, w) == 0)
+                group_of[i] = (int)k;
+        if (group_of[i] < 0 && ng < MAX_GROUPS) {
+            g[ng].size = live[i].size;
+            snprintf(g[ng].where, sizeof(g[ng].where), "%s", w);
+            g[ng].n = 0;
+            group_of[i] = (int)ng++;
+        }
+        if (group_of[i] >= 0)
+            g[group_of[i]].n++;
     }
-    double vmax = rpeak > apeak ? rpeak : apeak;
-    if (vmax <= 0)
-        vmax = 1;
-    double ystep = nice_step(gib(vmax), 6);
-    double ytop = ceil(gib(vmax) / ystep) * ystep;
-#define Y(v) (PY1 - (gib(v) / ytop) * (PY1 - PY0))
-    const char *base = strrchr(in, '/');
-    fprintf(f,
-            "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%d\" height=\"%d\" "
-            "font-family=\"Helvetica,Arial,sans-serif\" font-size=\"13\">\n",
-            W, H);
-    fprintf(f, "<rect width=\"%d\" height=\"%d\" fill=\"white\"/>\n", W, H);
+    return ng;
+}
+
+static int render_single(FILE *f, series_t *s) {
+    const tr_device_t *d = s->d;
+    size_t nev = d->nev, m = 0, nseed = 0;
+    uint64_t seed_bytes = 0;
+    live_block_t *live = live_at_peak(s, &m, &nseed, &seed_bytes);
+    if (live == NULL)
+        return -1;
+    live_group_t groups[MAX_GROUPS];
+    int *group_of = calloc(m ? m : 1, sizeof(*group_of));
+    if (group_of == NULL) {
+        free(live);
+        return -1;
+    }
+    size_t ng = group_blocks(live, m, groups, group_of);
+    if (ng > TOP_N)
+        ng = TOP_N;
+    char a[32], r[32];
+    human(s->apeak, a, sizeof a);
+    human(s->rpeak, r, sizeof r);
+
+    svg_open(f, H);
     fprintf(f,
             "<text x=\"%d\" y=\"30\" font-size=\"18\" font-weight=\"bold\">Memory timeline: ", PX0);
-    xml_text(f, base ? base + 1 : in, 120);
-    fprintf(f, " (device %d)</text>\n", dev);
+    const char *base = strrchr(s->path, '/');
+    xml_text(f, base ? base + 1 : s->path, 120);
+    fprintf(f, " (device %d)</text>\n", s->dev);
     fprintf(f,
             "<text x=\"%d\" y=\"52\" fill=\"#444\">%zu events, %zu segments at the end; "
-            "peak allocated %.2f GiB, peak reserved %.2f GiB</text>\n",
-            PX0, nev, t.nsegments, gib(apeak), gib(rpeak));
-    /* grid and y axis */
-    for (double v = 0; v <= ytop + 1e-9; v += ystep) {
-        double y = PY1 - v / ytop * (PY1 - PY0);
-        fprintf(f, "<line x1=\"%d\" x2=\"%d\" y1=\"%.1f\" y2=\"%.1f\" stroke=\"#e5e5e5\"/>\n", PX0,
-                PX1, y, y);
-        fprintf(f, "<text x=\"%d\" y=\"%.1f\" text-anchor=\"end\">%g GiB</text>\n", PX0 - 8, y + 4,
-                v);
-    }
-    /* x axis */
-    double xr = use_time ? span / 1e6 : span;
-    double xstep = nice_step(xr > 0 ? xr : 1, 8);
-    for (double v = 0; v <= xr + 1e-9; v += xstep) {
-        double x = PX0 + (xr > 0 ? v / xr : 0) * (COLS - 1);
-        fprintf(f, "<line x1=\"%.1f\" x2=\"%.1f\" y1=\"%d\" y2=\"%d\" stroke=\"#999\"/>\n", x, x,
-                PY1, PY1 + 5);
-        fprintf(f, "<text x=\"%.1f\" y=\"%d\" text-anchor=\"middle\">%g</text>\n", x, PY1 + 19, v);
-    }
-    fprintf(f, "<text x=\"%d\" y=\"%d\" text-anchor=\"middle\" fill=\"#444\">%s</text>\n",
-            (PX0 + PX1) / 2, PY1 + 36, use_time ? "time since the first event (s)" : "event");
-    /* areas: reserved behind allocated */
+            "peak allocated %s, peak reserved %s</text>\n",
+            PX0, nev, s->t.nsegments, a, r);
+    frame_t fr = axes(f, fmax(s->apeak, s->rpeak), s->use_time ? s->span / 1e6 : s->span,
+                      s->use_time ? "time since the first event (s)" : "event");
     const char *fills[2] = {"#fdd0a2", "#9ecae1"}, *strokes[2] = {"#e6550d", "#3182bd"};
-    for (int k = 0; k < 2; k++) {
-        const double *v = k == 0 ? rmax : amax;
-        fprintf(
-            f,
-            "<path fill=\"%s\" fill-opacity=\"0.8\" stroke=\"%s\" stroke-width=\"1.2\" d=\"M%d %d",
-            fills[k], strokes[k], PX0, PY1);
-        for (int c = 0; c < COLS; c++)
-            fprintf(f, " L%d %.1f", PX0 + c, Y(v[c]));
-        fprintf(f, " L%d %d Z\"/>\n", PX1 - 1, PY1);
-    }
-    fprintf(f,
-            "<rect x=\"%d\" y=\"%d\" width=\"%d\" height=\"%d\" fill=\"none\" stroke=\"#333\"/>\n",
-            PX0, PY0, COLS, PY1 - PY0);
-    /* peak markers */
-    size_t pk_i[2] = {rpeak_i, apeak_i};
-    double pk_v[2] = {rpeak, apeak};
-    for (int k = 0; k < 2; k++) {
-        double x = nev ? (double)((use_time ? d->ev[pk_i[k]].time_us : (int64_t)pk_i[k]) - t0) /
-                             (span > 0 ? span : 1)
-                       : 0;
-        double px = PX0 + x * (COLS - 1), py = Y(pk_v[k]);
-        fprintf(f, "<circle cx=\"%.1f\" cy=\"%.1f\" r=\"4\" fill=\"%s\"/>\n", px, py, strokes[k]);
+    area(f, s->rmax, fills[0], strokes[0], &fr);
+    area(f, s->amax, fills[1], strokes[1], &fr);
+    frame_box(f);
+    /* the allocated peak, through the chart and the lanes */
+    double xp = PX0 + xfrac(s, s->apeak_i, s->span, s->use_time) * (COLS - 1);
+    if (nev > 0)
         fprintf(f,
-                "<text x=\"%.1f\" y=\"%.1f\" fill=\"%s\" font-weight=\"bold\" text-anchor=\"%s\">"
-                "peak %s %.2f GiB</text>\n",
-                px + (px > PX1 - 150 ? -8 : 8), py - 8 + (k == 1 ? 22 : 0), strokes[k],
-                px > PX1 - 150 ? "end" : "start", k == 0 ? "reserved" : "allocated", gib(pk_v[k]));
-    }
-    /* legend and the largest blocks */
+                "<line x1=\"%.1f\" x2=\"%.1f\" y1=\"%d\" y2=\"%d\" stroke=\"#3182bd\" "
+                "stroke-dasharray=\"4 3\"/>\n",
+                xp, xp, PY0, LANE0 + 20 + TOP_N * LANE_H);
+    double taken = 0;
+    char text[96];
+    snprintf(text, sizeof text, "peak reserved %s", r);
+    peak_label(f, PX0 + xfrac(s, s->rpeak_i, s->span, s->use_time) * (COLS - 1),
+               ypix(&fr, s->rpeak), strokes[0], text, &taken);
+    snprintf(text, sizeof text, "peak allocated %s", a);
+    peak_label(f, xp, ypix(&fr, s->apeak), strokes[1], text, &taken);
+
+    /* legend and the largest blocks, named by where they were allocated */
     int lx = PX1 + 25, ly = PY0 + 5;
     for (int k = 0; k < 2; k++) {
         fprintf(f,
@@ -368,63 +531,262 @@ int sp_cli_plot(int argc, char **argv) {
     ly += 64;
     fprintf(f, "<text x=\"%d\" y=\"%d\" font-weight=\"bold\">Live at the allocated peak</text>\n",
             lx, ly);
-    ly += 22;
-    fprintf(f, "<text x=\"%d\" y=\"%d\">%.3f GiB in %zu blocks from before the trace</text>\n", lx,
-            ly, gib((double)seed_live_bytes), nseed_live);
-    ly += 18;
-    fprintf(f, "<text x=\"%d\" y=\"%d\">%.3f GiB in %zu blocks allocated in the trace;</text>\n",
-            lx, ly, gib(apeak - (double)seed_live_bytes), m);
-    ly += 16;
-    fprintf(f, "<text x=\"%d\" y=\"%d\">the largest:</text>\n", lx, ly);
-    for (size_t b = 0; b < ntop; b++) {
-        char w[160];
-        where_of(live[b].frames, w, sizeof(w));
+    human((double)seed_bytes, a, sizeof a);
+    fprintf(f, "<text x=\"%d\" y=\"%d\">%s in %zu blocks from before the trace</text>\n", lx,
+            ly + 22, a, nseed);
+    human(s->apeak - (double)seed_bytes, a, sizeof a);
+    fprintf(f, "<text x=\"%d\" y=\"%d\">%s in %zu blocks allocated in the trace;</text>\n", lx,
+            ly + 40, a, m);
+    fprintf(f, "<text x=\"%d\" y=\"%d\">the largest:</text>\n", lx, ly + 56);
+    ly += 56;
+    for (size_t b = 0; b < ng; b++) {
         int y = ly + 22 + (int)b * 36;
+        human((double)groups[b].size, a, sizeof a);
         fprintf(f, "<rect x=\"%d\" y=\"%d\" width=\"10\" height=\"10\" fill=\"%s\"/>\n", lx, y - 9,
                 colors[b]);
-        fprintf(f, "<text x=\"%d\" y=\"%d\">%.1f MiB, from event %zu</text>\n", lx + 16, y,
-                (double)live[b].size / 1048576.0, live[b].born);
+        if (groups[b].n > 1)
+            fprintf(f, "<text x=\"%d\" y=\"%d\">%zu blocks of %s</text>\n", lx + 16, y, groups[b].n,
+                    a);
+        else
+            fprintf(f, "<text x=\"%d\" y=\"%d\">%s</text>\n", lx + 16, y, a);
         fprintf(f, "<text x=\"%d\" y=\"%d\" fill=\"#555\" font-size=\"11\">", lx + 16, y + 14);
-        xml_text(f, w, 44);
+        xml_text(f, groups[b].where[0] ? groups[b].where : "(no stack recorded)", 50);
         fprintf(f, "</text>\n");
     }
-    /* the allocated peak, through the chart and the lanes */
-    if (nev > 0) {
-        double x = (double)((use_time ? d->ev[apeak_i].time_us : (int64_t)apeak_i) - t0) /
-                   (span > 0 ? span : 1);
-        fprintf(f,
-                "<line x1=\"%.1f\" x2=\"%.1f\" y1=\"%d\" y2=\"%d\" stroke=\"#3182bd\" "
-                "stroke-dasharray=\"4 3\"/>\n",
-                PX0 + x * (COLS - 1), PX0 + x * (COLS - 1), PY0, LANE0 + 20 + TOP_N * LANE_H);
-    }
-    /* lifetime lanes */
+    /* lifetime lanes: one per group, every block of the group in it */
     fprintf(f,
             "<text x=\"%d\" y=\"%d\" font-weight=\"bold\">Lifetimes of the largest blocks live at "
             "the allocated peak (dashed)</text>\n",
             PX0, LANE0 + 10);
-    for (size_t b = 0; b < ntop; b++) {
-        double xa =
-            (double)((use_time ? d->ev[live[b].born].time_us : (int64_t)live[b].born) - t0) /
-            (span > 0 ? span : 1);
-        double xb =
-            live[b].died >= nev
-                ? 1
-                : (double)((use_time ? d->ev[live[b].died].time_us : (int64_t)live[b].died) - t0) /
-                      (span > 0 ? span : 1);
+    for (size_t b = 0; b < ng; b++) {
         int y = LANE0 + 20 + (int)b * LANE_H;
-        fprintf(f, "<rect x=\"%.1f\" y=\"%d\" width=\"%.1f\" height=\"%d\" fill=\"%s\"/>\n",
-                PX0 + xa * (COLS - 1), y, fmax(2.0, (xb - xa) * (COLS - 1)), LANE_H - 6, colors[b]);
-        fprintf(f, "<text x=\"%d\" y=\"%d\" text-anchor=\"end\" font-size=\"11\">%.0f MiB</text>\n",
-                PX0 - 8, y + 11, (double)live[b].size / 1048576.0);
+        for (size_t k = 0; k < m; k++) {
+            if (group_of[k] != (int)b)
+                continue;
+            double xa = xfrac(s, live[k].born, s->span, s->use_time);
+            double xb = live[k].died >= nev ? 1 : xfrac(s, live[k].died, s->span, s->use_time);
+            fprintf(f,
+                    "<rect x=\"%.1f\" y=\"%d\" width=\"%.1f\" height=\"%d\" fill=\"%s\" "
+                    "fill-opacity=\"%.2f\"/>\n",
+                    PX0 + xa * (COLS - 1), y, fmax(2.0, (xb - xa) * (COLS - 1)), LANE_H - 6,
+                    colors[b], groups[b].n > 1 ? 0.45 : 1.0);
+        }
+        human((double)groups[b].size, a, sizeof a);
+        char times[24] = "";
+        if (groups[b].n > 1)
+            snprintf(times, sizeof times, " x%zu", groups[b].n);
+        fprintf(f, "<text x=\"%d\" y=\"%d\" text-anchor=\"end\" font-size=\"11\">%s%s</text>\n",
+                PX0 - 8, y + 11, a, times);
     }
     fprintf(f, "</svg>\n");
-#undef Y
-    int rc = fclose(f) == 0 ? 0 : 1;
-    if (rc == 0)
-        printf(
-            "wrote %s (device %d: %zu events, peak allocated %.3f GiB, peak reserved %.3f GiB)\n",
-            out, dev, nev, gib(apeak), gib(rpeak));
+    free(group_of);
     free(live);
-    tr_free(&t);
+    return 0;
+}
+
+/* ---- several snapshots ---------------------------------------------------------------------- */
+
+#define MH 600 /* height of the several-ranks chart */
+
+static int render_multi(FILE *f, series_t *s, size_t n, size_t hi, size_t lo, bool time_axis,
+                        double gspan) {
+    double vmax = 0;
+    for (size_t k = 0; k < n; k++)
+        vmax = fmax(vmax, s[k].apeak);
+    char a[32], b[32];
+    human(s[hi].apeak, a, sizeof a);
+    human(s[lo].apeak, b, sizeof b);
+    bool same = s[hi].apeak == s[lo].apeak; /* no max or min rank to mark */
+    svg_open(f, MH);
+    fprintf(f,
+            "<text x=\"%d\" y=\"30\" font-size=\"18\" font-weight=\"bold\">Memory timeline: %zu "
+            "ranks</text>\n",
+            PX0, n);
+    fprintf(f, "<text x=\"%d\" y=\"52\" fill=\"#444\">allocated (requested bytes) of every rank; ",
+            PX0);
+    if (same) {
+        fprintf(f, "every rank peaks at %s</text>\n", a);
+    } else {
+        fprintf(f, "highest peak: ");
+        xml_text(f, s[hi].label, 40);
+        fprintf(f, " %s, lowest peak: ", a);
+        xml_text(f, s[lo].label, 40);
+        fprintf(f, " %s</text>\n", b);
+    }
+    frame_t fr = axes(f, vmax, time_axis ? gspan / 1e6 : 100,
+                      time_axis ? "time since each rank's first event (s)"
+                                : "progress through each rank's trace (%)");
+    for (size_t k = 0; k < n; k++)
+        if (k != hi && k != lo)
+            polyline(f, s[k].amax, "#b0b0b0", 1.0, &fr);
+    polyline(f, s[lo].amax, "#1f77b4", 2.5, &fr);
+    polyline(f, s[hi].amax, "#d62728", 2.5, &fr);
+    frame_box(f);
+    double taken = 0;
+    char text[128];
+    if (same)
+        snprintf(text, sizeof text, "every rank: peak %s", a);
+    else
+        snprintf(text, sizeof text, "%s: peak %s (max)", s[hi].label, a);
+    peak_label(f, PX0 + xfrac(&s[hi], s[hi].apeak_i, gspan, time_axis) * (COLS - 1),
+               ypix(&fr, s[hi].apeak), "#d62728", text, &taken);
+    if (!same) {
+        snprintf(text, sizeof text, "%s: peak %s (min)", s[lo].label, b);
+        peak_label(f, PX0 + xfrac(&s[lo], s[lo].apeak_i, gspan, time_axis) * (COLS - 1),
+                   ypix(&fr, s[lo].apeak), "#1f77b4", text, &taken);
+    }
+    /* the ranks by peak, highest first */
+    size_t order[64], shown = 0;
+    bool used[4096] = {false};
+    size_t want = n < 16 ? n : 15;
+    while (shown < want) {
+        size_t best = SIZE_MAX;
+        for (size_t k = 0; k < n && k < 4096; k++)
+            if (!used[k] && (best == SIZE_MAX || s[k].apeak > s[best].apeak))
+                best = k;
+        if (best == SIZE_MAX)
+            break;
+        used[best] = true;
+        order[shown++] = best;
+    }
+    int lx = PX1 + 25, ly = PY0 + 12;
+    fprintf(f, "<text x=\"%d\" y=\"%d\" font-weight=\"bold\">Peak allocated / reserved</text>\n",
+            lx, ly);
+    for (size_t j = 0; j < shown; j++) {
+        const series_t *r = &s[order[j]];
+        human(r->apeak, a, sizeof a);
+        human(r->rpeak, b, sizeof b);
+        bool is_hi = !same && order[j] == hi, is_lo = !same && order[j] == lo;
+        const char *color = is_hi ? "#d62728" : is_lo ? "#1f77b4" : "#333";
+        fprintf(f, "<text x=\"%d\" y=\"%d\" fill=\"%s\">", lx, ly + 22 + (int)j * 18, color);
+        xml_text(f, r->label, 18);
+        fprintf(f, ": %s / %s%s</text>\n", a, b, is_hi ? " (max)" : is_lo ? " (min)" : "");
+    }
+    if (shown < n) {
+        human(s[lo].apeak, a, sizeof a);
+        human(s[lo].rpeak, b, sizeof b);
+        fprintf(f, "<text x=\"%d\" y=\"%d\" fill=\"#444\">... %zu more; lowest: </text>\n", lx,
+                ly + 22 + (int)shown * 18, n - shown);
+        fprintf(f, "<text x=\"%d\" y=\"%d\" fill=\"#1f77b4\">", lx, ly + 40 + (int)shown * 18);
+        xml_text(f, s[lo].label, 18);
+        fprintf(f, ": %s / %s (min)</text>\n", a, b);
+    }
+    fprintf(f, "</svg>\n");
+    return 0;
+}
+
+/* ---- the command ------------------------------------------------------------------------ */
+
+#define MAX_SNAPSHOTS 1024
+
+static int usage(FILE *out, int rc) {
+    fprintf(out,
+            "usage: sympool plot SNAPSHOT... -o OUT.svg [-d DEVICE]\n"
+            "  The memory timeline of a snapshot (.pickle or .json) as an SVG. With several\n"
+            "  snapshots (one per rank, e.g. out/rank*.pickle), every rank's allocated curve on\n"
+            "  one chart, the ranks with the highest and lowest peak marked.\n"
+            "  -o, --output=OUT.svg   the chart (SVG; for PNG: rsvg-convert -o OUT.png OUT.svg)\n"
+            "  -d, --device=N         the device to plot (default: the first with events)\n"
+            "  -h, --help             this text\n");
+    return rc;
+}
+
+int sp_cli_plot(int argc, char **argv) {
+    static const struct option opts[] = {{"output", required_argument, NULL, 'o'},
+                                         {"device", required_argument, NULL, 'd'},
+                                         {"help", no_argument, NULL, 'h'},
+                                         {0, 0, 0, 0}};
+    const char *out = NULL;
+    int dev = -1, opt;
+    long n;
+    while ((opt = cli_getopt(argc, argv, "plot", "o:d:h", opts)) != -1) {
+        if (opt == 'h')
+            return usage(stdout, 0);
+        if (opt == 'o')
+            out = optarg;
+        else if (opt == 'd' && cli_parse_long(optarg, 0, 4095, &n))
+            dev = (int)n;
+        else {
+            if (opt == 'd')
+                fprintf(stderr, "sympool plot: --device takes 0 to 4095, not '%s'\n", optarg);
+            return 2;
+        }
+    }
+    size_t nin = (size_t)(argc - optind);
+    if (nin == 0 || out == NULL) {
+        fprintf(stderr, "sympool plot: %s\n",
+                nin == 0 ? "no snapshot given" : "no -o OUT.svg given");
+        return usage(stderr, 2);
+    }
+    if (!cli_has_suffix(out, ".svg")) {
+        fprintf(stderr,
+                "sympool plot: writes SVG only, not '%s'; use -o OUT.svg (and for a PNG: "
+                "rsvg-convert -o OUT.png OUT.svg)\n",
+                out);
+        return 2;
+    }
+    if (nin > MAX_SNAPSHOTS) {
+        fprintf(stderr, "sympool plot: at most %d snapshots\n", MAX_SNAPSHOTS);
+        return 2;
+    }
+    series_t *s = calloc(nin, sizeof(*s));
+    if (s == NULL) {
+        fprintf(stderr, "sympool plot: out of memory\n");
+        return 1;
+    }
+    int rc = 0;
+    char err[512];
+    size_t loaded = 0;
+    for (; loaded < nin && rc == 0; loaded++) {
+        series_t *x = &s[loaded];
+        x->path = argv[optind + (int)loaded];
+        label_of(x->path, x->label, sizeof x->label);
+        if (!tr_load(x->path, &x->t, err, sizeof(err)) || !pick_device(x, dev, err, sizeof(err))) {
+            fprintf(stderr, "sympool plot: %s\n", err);
+            rc = 1;
+        }
+    }
+    /* One time scale when every snapshot has times; else each spans the axis. */
+    bool time_axis = true;
+    double gspan = 0;
+    for (size_t k = 0; rc == 0 && k < nin; k++) {
+        time_axis &= s[k].use_time;
+        gspan = fmax(gspan, s[k].span);
+    }
+    size_t hi = 0, lo = 0;
+    for (size_t k = 0; rc == 0 && k < nin; k++) {
+        curves(&s[k], nin == 1 ? s[k].span : gspan, nin == 1 ? s[k].use_time : time_axis);
+        if (s[k].apeak > s[hi].apeak)
+            hi = k;
+        if (s[k].apeak < s[lo].apeak)
+            lo = k;
+    }
+    FILE *f = rc == 0 ? fopen(out, "w") : NULL;
+    if (rc == 0 && f == NULL) {
+        fprintf(stderr, "sympool plot: cannot write %s: %s\n", out, strerror(errno));
+        rc = 1;
+    }
+    if (f != NULL) {
+        int r =
+            nin == 1 ? render_single(f, &s[0]) : render_multi(f, s, nin, hi, lo, time_axis, gspan);
+        if (fclose(f) != 0 || r != 0) {
+            fprintf(stderr, "sympool plot: writing %s failed\n", out);
+            rc = 1;
+        }
+    }
+    if (rc == 0 && nin == 1)
+        printf("wrote %s (device %d: %zu events, peak allocated %.3f GiB, peak reserved %.3f "
+               "GiB)\n",
+               out, s[0].dev, s[0].d->nev, gib(s[0].apeak), gib(s[0].rpeak));
+    else if (rc == 0 && s[hi].apeak == s[lo].apeak)
+        printf("wrote %s (%zu snapshots; every one peaks at %.3f GiB allocated)\n", out, nin,
+               gib(s[hi].apeak));
+    else if (rc == 0)
+        printf("wrote %s (%zu snapshots; highest peak allocated: %s %.3f GiB, lowest: %s %.3f "
+               "GiB)\n",
+               out, nin, s[hi].label, gib(s[hi].apeak), s[lo].label, gib(s[lo].apeak));
+    for (size_t k = 0; k < loaded; k++)
+        tr_free(&s[k].t);
+    free(s);
     return rc;
 }

@@ -444,66 +444,125 @@ static int replay_compare(const char *trace, const tr_trace_t *t, const char *co
     return rc;
 }
 
-int sp_cli_replay(int argc, char **argv) {
-    const char *trace = NULL, *conf = NULL, *capacity = NULL, *snapshot = NULL;
-    bool json = false;
-    int repeat = 1;
-    char **compare = NULL; /* --compare CONF... */
-    int ncompare = 0;
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        if ((strcmp(a, "--conf") == 0 || strcmp(a, "--capacity") == 0 ||
-             strcmp(a, "--snapshot") == 0 || strcmp(a, "--repeat") == 0) &&
-            i + 1 >= argc) {
-            fprintf(stderr, "sympool replay: %s needs a value\n", a);
-            return 2;
-        }
-        if (strcmp(a, "--conf") == 0)
-            conf = argv[++i];
-        else if (strcmp(a, "--capacity") == 0)
-            capacity = argv[++i];
-        else if (strcmp(a, "--snapshot") == 0)
-            snapshot = argv[++i];
-        else if (strcmp(a, "--json") == 0)
-            json = true;
-        else if (strcmp(a, "--compare") == 0) {
-            /* Every following argument up to the next option is a configuration. */
-            compare = &argv[i + 1];
-            while (i + 1 < argc && strncmp(argv[i + 1], "--", 2) != 0) {
-                i++;
-                ncompare++;
-            }
-        } else if (strcmp(a, "--repeat") == 0) {
-            char *end = NULL;
-            long n = strtol(argv[++i], &end, 10);
-            if (end == argv[i] || *end != '\0' || n < 1 || n > 64) {
-                fprintf(stderr, "sympool replay: --repeat takes 1 to 64, not '%s'\n", argv[i]);
+static int usage(FILE *out, int rc) {
+    fprintf(out,
+            "usage: sympool replay TRACE [options]\n"
+            "  Replay a PyTorch memory snapshot's trace (.pickle or .json) through sympool on the\n"
+            "  emulated host device and compare the peaks with what PyTorch reserved.\n"
+            "  -c, --conf=KEY:VALUE,...   allocator options (PYTORCH_CUDA_ALLOC_CONF syntax)\n"
+            "      --capacity=SIZE        emulated device size (e.g. 80GiB); OOMs are counted\n"
+            "  -s, --snapshot=OUT         write our snapshot of the replay (OUT.pickle or "
+            "OUT.json)\n"
+            "  -j, --json                 one JSON object on stdout (one line per configuration)\n"
+            "      --compare CONF [CONF...]  replay once per configuration (\"\" = defaults) on a\n"
+            "                             fresh allocator, one table; KEY:VALUE items go to\n"
+            "                             SYMPOOL_ALLOC_CONF, SYMPOOL_NAME=VALUE items set that\n"
+            "                             option; with --capacity it says which configurations\n"
+            "                             fit. The CONFs are the words after it (TRACE first)\n"
+            "  -r, --repeat=N             replay N times (1-64), report the median time per "
+            "event\n"
+            "  -h, --help                 this text\n");
+    return rc;
+}
+
+#define MAX_COMPARE 32
+
+typedef struct replay_args {
+    const char *trace, *conf, *capacity, *snapshot;
+    const char *compare[MAX_COMPARE]; /* --compare configurations */
+    int ncompare;                     /* 0: no --compare */
+    bool json;
+    int repeat;
+} replay_args_t;
+
+/* Parse the command line; returns -1 to go on, else the exit status. */
+static int parse_args(int argc, char **argv, replay_args_t *a) {
+    static const struct option opts[] = {
+        {"conf", required_argument, NULL, 'c'},     {"capacity", required_argument, NULL, 'C'},
+        {"snapshot", required_argument, NULL, 's'}, {"json", no_argument, NULL, 'j'},
+        {"compare", no_argument, NULL, 'K'},        {"repeat", required_argument, NULL, 'r'},
+        {"help", no_argument, NULL, 'h'},           {0, 0, 0, 0}};
+    memset(a, 0, sizeof(*a));
+    a->repeat = 1;
+    bool compare = false;
+    int c;
+    long n;
+    /* '-': words that are not options come back in order as 1, so the CONFs after --compare
+     * stay with it. */
+    while ((c = cli_getopt(argc, argv, "replay", "-c:s:jr:h", opts)) != -1) {
+        switch (c) {
+        case 'h':
+            return usage(stdout, 0);
+        case 'c':
+            a->conf = optarg;
+            break;
+        case 'C':
+            a->capacity = optarg;
+            break;
+        case 's':
+            if (!cli_has_suffix(optarg, ".pickle") && !cli_has_suffix(optarg, ".json")) {
+                fprintf(stderr,
+                        "sympool replay: --snapshot writes OUT.pickle or OUT.json, not '%s'\n",
+                        optarg);
                 return 2;
             }
-            repeat = (int)n;
-        } else if (a[0] == '-' && a[1] != '\0') {
-            fprintf(stderr, "sympool replay: unknown option %s\n", a);
-            return 2;
-        } else if (trace == NULL)
-            trace = a;
-        else {
-            fprintf(stderr, "sympool replay: more than one trace given (%s)\n", a);
+            a->snapshot = optarg;
+            break;
+        case 'j':
+            a->json = true;
+            break;
+        case 'K':
+            compare = true;
+            break;
+        case 'r':
+            if (!cli_parse_long(optarg, 1, 64, &n)) {
+                fprintf(stderr, "sympool replay: --repeat takes 1 to 64, not '%s'\n", optarg);
+                return 2;
+            }
+            a->repeat = (int)n;
+            break;
+        case 1: /* a word: the trace, then (after --compare) configurations */
+            if (compare) {
+                if (a->ncompare == MAX_COMPARE) {
+                    fprintf(stderr, "sympool replay: at most %d configurations\n", MAX_COMPARE);
+                    return 2;
+                }
+                a->compare[a->ncompare++] = optarg;
+            } else if (a->trace == NULL) {
+                a->trace = optarg;
+            } else {
+                fprintf(stderr, "sympool replay: more than one trace given ('%s')\n", optarg);
+                return 2;
+            }
+            break;
+        default:
             return 2;
         }
     }
-    if (trace == NULL) {
-        fprintf(stderr, "usage: sympool replay TRACE [--conf K:V,...] [--capacity SIZE] "
-                        "[--snapshot OUT] [--json] [--repeat N] [--compare CONF...]\n");
+    if (a->trace == NULL) {
+        fprintf(stderr, "sympool replay: no trace given\n");
+        return usage(stderr, 2);
+    }
+    if (compare && a->ncompare == 0) {
+        fprintf(stderr, "sympool replay: --compare needs at least one configuration\n");
         return 2;
     }
-    if (compare != NULL && (ncompare == 0 || conf != NULL || snapshot != NULL)) {
-        fprintf(stderr, "sympool replay: --compare takes one or more configurations (\"\" = the "
-                        "defaults) and replaces --conf and --snapshot\n");
+    if (compare && (a->conf || a->snapshot)) {
+        fprintf(stderr, "sympool replay: --compare takes the configurations itself; it does not "
+                        "go with --conf or --snapshot\n");
         return 2;
     }
+    return -1;
+}
+
+int sp_cli_replay(int argc, char **argv) {
+    replay_args_t a;
+    int rc = parse_args(argc, argv, &a);
+    if (rc >= 0)
+        return rc;
     char err[512];
     tr_trace_t t;
-    if (!tr_load(trace, &t, err, sizeof(err))) {
+    if (!tr_load(a.trace, &t, err, sizeof(err))) {
         fprintf(stderr, "sympool replay: %s\n", err);
         tr_free(&t);
         return 1;
@@ -525,16 +584,16 @@ int sp_cli_replay(int argc, char **argv) {
         tr_free(&t);
         return 1;
     }
-    if (compare != NULL) {
-        int rc = replay_compare(trace, &t, (const char *const *)compare, ncompare, capacity, json,
-                                repeat);
+    if (a.ncompare > 0) {
+        rc = replay_compare(a.trace, &t, a.compare, a.ncompare, a.capacity, a.json, a.repeat);
         tr_free(&t);
         return rc;
     }
     /* sp_x_option_set validates the values (a bad variable would only warn and keep the
      * default, which would silently replay something else than asked). */
-    if ((conf != NULL && sp_x_option_set("SYMPOOL_ALLOC_CONF", conf) != SP_SUCCESS) ||
-        (capacity != NULL && sp_x_option_set("SYMPOOL_HOST_CAPACITY", capacity) != SP_SUCCESS)) {
+    if ((a.conf != NULL && sp_x_option_set("SYMPOOL_ALLOC_CONF", a.conf) != SP_SUCCESS) ||
+        (a.capacity != NULL &&
+         sp_x_option_set("SYMPOOL_HOST_CAPACITY", a.capacity) != SP_SUCCESS)) {
         fprintf(stderr, "sympool replay: %s\n", sp_last_error());
         tr_free(&t);
         return 2;
@@ -548,11 +607,11 @@ int sp_cli_replay(int argc, char **argv) {
     replay_result_t r;
     size_t oom_lines = 0;
     sp_x_log_set_fn(log_filter, &oom_lines);
-    bool ok = replay_trace(&t, snapshot, &r, err, sizeof(err));
+    bool ok = replay_trace(&t, a.snapshot, &r, err, sizeof(err));
     /* --repeat: replay again on a fresh allocator each time and report the median time per event
      * (the peaks are the same every time: the replay is deterministic). */
     double ns[64];
-    int nrep = repeat < 64 ? repeat : 64;
+    int nrep = a.repeat < 64 ? a.repeat : 64;
     ns[0] = r.ns_per_event;
     for (int k = 1; ok && k < nrep; k++) {
         replay_result_t again;
@@ -575,10 +634,10 @@ int sp_cli_replay(int argc, char **argv) {
         (void)sp_shutdown();
         return 1;
     }
-    if (json)
-        print_json(trace, &r, conf, capacity);
+    if (a.json)
+        print_json(a.trace, &r, a.conf, a.capacity);
     else
-        print_text(trace, &r);
+        print_text(a.trace, &r);
     (void)sp_shutdown();
     return 0;
 }

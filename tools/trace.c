@@ -160,7 +160,8 @@ static bool load_events(const pk_value_t *list, int dev, tr_device_t *d, char *e
         const pk_value_t *e = pk_at(list, i);
         tr_event_t *ev = &d->ev[i];
         const char *act = pk_get_str(e, "action");
-        int64_t addr = 0, size = 0, stream = 0, t = 0;
+        uint64_t addr = 0, size = 0, stream = 0;
+        int64_t t = 0;
         if (act == NULL) {
             snprintf(err, errlen, "device_traces[%d][%zu]: no 'action' string", dev, i);
             return false;
@@ -168,17 +169,20 @@ static bool load_events(const pk_value_t *list, int dev, tr_device_t *d, char *e
         ev->action = action_of(act);
         const char *addr_key = ev->action == TR_OOM ? "device_free" : "addr";
         if (ev->action != TR_OTHER && ev->action != TR_SNAPSHOT &&
-            (!pk_get_int(e, addr_key, &addr) || !pk_get_int(e, "size", &size) || size < 0)) {
+            (!pk_get_uint(e, addr_key, &addr) || !pk_get_uint(e, "size", &size))) {
             snprintf(err, errlen, "device_traces[%d][%zu] (%s): missing or bad '%s' or 'size'", dev,
                      i, act, addr_key);
             return false;
         }
-        (void)pk_get_int(e, "size", &size);
-        (void)pk_get_int(e, "stream", &stream);
+        (void)pk_get_uint(e, "size", &size);
+        /* Streams are handles: PyTorch pickles them as unsigned, a few as negative ints. */
+        int64_t sstream = 0;
+        if (!pk_get_uint(e, "stream", &stream) && pk_get_int(e, "stream", &sstream))
+            stream = (uint64_t)sstream;
         (void)pk_get_int(e, "time_us", &t);
-        ev->addr = (uint64_t)addr;
-        ev->size = size > 0 ? (uint64_t)size : 0;
-        ev->stream = (uint64_t)stream;
+        ev->addr = addr;
+        ev->size = size;
+        ev->stream = stream;
         ev->time_us = t;
         const pk_value_t *fr = pk_get(e, "frames");
         ev->frames = fr != NULL && fr->type == PK_LIST ? fr : NULL;
@@ -210,11 +214,13 @@ static bool analyse(const pk_value_t *segments, int dev, tr_device_t *d, char *e
     }
     for (size_t s = 0; s < pk_len(segments); s++) {
         const pk_value_t *seg = pk_at(segments, s);
-        int64_t sdev = 0, total = 0, addr = 0, stream = 0;
+        int64_t sdev = 0, total = 0, stream = 0;
+        uint64_t addr = 0;
         (void)pk_get_int(seg, "device", &sdev);
         if (sdev != dev)
             continue;
-        if (!pk_get_int(seg, "total_size", &total) || !pk_get_int(seg, "address", &addr)) {
+        if (!pk_get_int(seg, "total_size", &total) || total < 0 ||
+            !pk_get_uint(seg, "address", &addr)) {
             snprintf(err, errlen, "segments[%zu]: missing 'address' or 'total_size'", s);
             goto out;
         }
@@ -346,6 +352,14 @@ bool tr_load(const char *path, tr_trace_t *t, char *err, size_t errlen) {
     size_t i = 0;
     while (i < len && (buf[i] == ' ' || buf[i] == '\n' || buf[i] == '\r' || buf[i] == '\t'))
         i++;
+    if (i < len && buf[i] != 0x80 && buf[i] != '{' && buf[i] != '[') {
+        snprintf(err, errlen,
+                 "%s: not a pickle (nor a JSON snapshot): it starts with byte 0x%02x, a pickle "
+                 "with 0x80",
+                 path, buf[i]);
+        free(buf);
+        return false;
+    }
     if (i < len && (buf[i] == '{' || buf[i] == '[')) {
         char *pickle = NULL;
         size_t plen = 0;

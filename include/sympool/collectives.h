@@ -101,7 +101,14 @@ typedef struct sp_stats_summary {
     int nranks;
 } sp_stats_summary_t;
 
-typedef enum { SP_REPORT_TABLE, SP_REPORT_JSON, SP_REPORT_PROMETHEUS } sp_report_format_t;
+/** Report formats. SP_REPORT_TABLE is short: the key figures and the imbalanced keys;
+ * SP_REPORT_TABLE_ALL (a sympool addition) adds every other key. */
+typedef enum {
+    SP_REPORT_TABLE,
+    SP_REPORT_JSON,
+    SP_REPORT_PROMETHEUS,
+    SP_REPORT_TABLE_ALL
+} sp_report_format_t;
 
 /**
  * Collective: reduce every stats key of @p device across ranks in ONE MPI_Allreduce: min, max,

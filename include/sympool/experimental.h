@@ -7,9 +7,11 @@
 #ifndef SYMPOOL_EXPERIMENTAL_H
 #define SYMPOOL_EXPERIMENTAL_H
 
+#include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
 
+#include "sympool/stats.h"
 #include "sympool/status.h"
 
 #ifdef __cplusplus
@@ -47,6 +49,16 @@ typedef struct sp_x_symmetric_counters {
 
 /** Fill *counters_p (every field 0 when the build has no symmetric pools). */
 void sp_x_symmetric_counters(int device, sp_x_symmetric_counters_t *counters_p);
+
+/** A figure sp_x_memory_summary_format shows as "-": one its source cannot give (a snapshot
+ * records no peak of rounded allocated bytes, for example). */
+#define SP_X_SUMMARY_UNKNOWN INT64_MIN
+
+/** sp_memory_summary's table for any statistics (`sympool summary` rebuilds them from a
+ * snapshot) under the heading `title`, written like snprintf: truncated to len-1 bytes, always
+ * terminated (len > 0). Returns the length of the whole text (>= len: truncated). */
+size_t sp_x_memory_summary_format(const sp_stats_t *stats, const char *title, char *buf,
+                                  size_t len);
 
 #ifdef __cplusplus
 }

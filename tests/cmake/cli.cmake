@@ -6,7 +6,8 @@ set(SP_CLI_TOOL_SOURCES
   ${PROJECT_SOURCE_DIR}/tools/pickle_read.c
   ${PROJECT_SOURCE_DIR}/tools/trace.c
   ${PROJECT_SOURCE_DIR}/tools/json_read.c
-  ${PROJECT_SOURCE_DIR}/tools/replay.c)
+  ${PROJECT_SOURCE_DIR}/tools/replay.c
+  ${PROJECT_SOURCE_DIR}/tools/cli_util.c)
 # test_history exports its symbols (-rdynamic) so that dladdr can name the C frames it checks.
 if(TARGET test_history)
   set_target_properties(test_history PROPERTIES ENABLE_EXPORTS ON)
@@ -84,4 +85,123 @@ if(TARGET sympool_cli)
     set_tests_properties(cli.snapshot_python_load PROPERTIES LABELS "unit;cli;python" TIMEOUT 120
       PASS_REGULAR_EXPRESSION "python ok 688")
   endif()
+endif()
+
+# ---- the command line itself (issue 15): getopt_long, --help everywhere, refusals ---------
+# sp_cli_check(NAME n RC code REGEX re ARGS ...): run `sympool ARGS...` with stdout and stderr
+# together, then check the output and the exit status (the wrapper prints "rc=N" last).
+if(TARGET sympool_cli)
+  function(sp_cli_check)
+    cmake_parse_arguments(A "" "NAME;RC;REGEX" "ARGS;ENV" ${ARGN})
+    add_test(NAME cli.${A_NAME}
+      COMMAND sh -c "\"$@\" 2>&1; echo \"rc=$?\"" sh $<TARGET_FILE:sympool_cli> ${A_ARGS})
+    set_tests_properties(cli.${A_NAME} PROPERTIES LABELS "unit;cli" TIMEOUT 120
+      PASS_REGULAR_EXPRESSION "${A_REGEX}.*rc=${A_RC}\n" ENVIRONMENT "SYMPOOL_DEVICE=host;${A_ENV}")
+  endfunction()
+  set(SMALL ${CMAKE_CURRENT_SOURCE_DIR}/data/trace-small-p4.pickle)
+
+  sp_cli_check(NAME version RC 0 REGEX "^sympool [0-9]+\\.[0-9]+\\.[0-9]+\n" ARGS --version)
+  sp_cli_check(NAME help RC 0 REGEX "usage: sympool .*summary SNAPSHOT" ARGS --help)
+  sp_cli_check(NAME no_command RC 2 REGEX "usage: sympool" ARGS)
+  sp_cli_check(NAME bad_global_option RC 2 REGEX "sympool: unknown option '--frob'" ARGS --frob)
+  foreach(cmd info replay plot summary)
+    sp_cli_check(NAME ${cmd}_help RC 0 REGEX "usage: sympool ${cmd}" ARGS ${cmd} --help)
+    sp_cli_check(NAME ${cmd}_h RC 0 REGEX "usage: sympool ${cmd}" ARGS ${cmd} -h)
+    sp_cli_check(NAME ${cmd}_unknown_option RC 2
+      REGEX "sympool ${cmd}: unknown option '--no-such-option' \\(see sympool ${cmd} --help\\)"
+      ARGS ${cmd} --no-such-option)
+  endforeach()
+  sp_cli_check(NAME replay_missing_value RC 2 REGEX "sympool replay: option '--conf' needs a value"
+    ARGS replay ${SMALL} --conf)
+  # --opt=value and --opt value mean the same.
+  sp_cli_check(NAME replay_opt_equals RC 0
+    REGEX "\"ooms\":[1-9][0-9]*,.*\"capacity\":\"64MiB\"" ARGS replay ${SMALL} --json --capacity=64MiB)
+  sp_cli_check(NAME replay_snapshot_txt RC 2
+    REGEX "--snapshot writes OUT.pickle or OUT.json, not '.*out.txt'"
+    ARGS replay ${SMALL} --snapshot ${SP_CLI_OUT}/out.txt)
+  sp_cli_check(NAME replay_two_traces RC 2 REGEX "more than one trace" ARGS replay ${SMALL} ${SMALL})
+  sp_cli_check(NAME replay_repeat_garbage RC 2 REGEX "--repeat takes 1 to 64, not '3x'"
+    ARGS replay ${SMALL} --repeat=3x)
+  # A file that is not a pickle says so, not "memo key 105 is not defined".
+  sp_cli_check(NAME replay_not_a_pickle RC 1 REGEX "CMakeLists.txt: not a pickle"
+    ARGS replay ${PROJECT_SOURCE_DIR}/CMakeLists.txt)
+  sp_cli_check(NAME summary_not_a_pickle RC 1 REGEX "CMakeLists.txt: not a pickle"
+    ARGS summary ${PROJECT_SOURCE_DIR}/CMakeLists.txt)
+  # --compare: one row per configuration, defaults first.
+  # (CMake drops empty arguments, so the "" configuration goes through the shell.)
+  add_test(NAME cli.replay_compare_rows COMMAND sh -c
+    "'$<TARGET_FILE:sympool_cli>' replay '${SMALL}' --compare '' max_split_size_mb:64 garbage_collection_threshold:0.5 2>&1; echo rc=$?")
+  set_tests_properties(cli.replay_compare_rows PROPERTIES LABELS "unit;cli" TIMEOUT 120
+    PASS_REGULAR_EXPRESSION "configuration.*\n  \\(defaults\\) .*\n  max_split_size_mb:64 .*\n  garbage_collection_threshold:0.5 .*rc=0")
+  add_test(NAME cli.replay_compare_json_lines COMMAND sh -c
+    "'$<TARGET_FILE:sympool_cli>' replay '${SMALL}' --json --compare '' max_split_size_mb:64 2>&1; echo rc=$?")
+  set_tests_properties(cli.replay_compare_json_lines PROPERTIES LABELS "unit;cli" TIMEOUT 120
+    PASS_REGULAR_EXPRESSION "^\\{[^\n]*\"conf\":\"\"[^\n]*\n\\{[^\n]*\"conf\":\"max_split_size_mb:64\"[^\n]*\nrc=0")
+  sp_cli_check(NAME replay_compare_bad_conf RC 2 REGEX "no_such_key"
+    ARGS replay ${SMALL} --compare "" no_such_key:1)
+  # info: every linked library's version.
+  set(SP_INFO_RE "versions:\n  sympool [0-9.]+\n")
+  if(SP_HAVE_CUDA)
+    string(APPEND SP_INFO_RE "  CUDA runtime [0-9]+\\.[0-9]+ \\(built with [0-9.]+\\)[^\n]*\n")
+  else()
+    string(APPEND SP_INFO_RE "  CUDA not linked[^\n]*\n")
+  endif()
+  if(SP_HAVE_NCCL)
+    string(APPEND SP_INFO_RE "  NCCL 2\\.[0-9]+\\.[0-9]+ \\(built with [0-9.]+\\)\n")
+  else()
+    string(APPEND SP_INFO_RE "  NCCL not linked\n")
+  endif()
+  if(SP_HAVE_MPI)
+    string(APPEND SP_INFO_RE "  MPI [0-9]\\.[0-9] standard[^\n]*\n")
+  else()
+    string(APPEND SP_INFO_RE "  MPI not linked[^\n]*\n")
+  endif()
+  sp_cli_check(NAME info_versions RC 0 REGEX "${SP_INFO_RE}" ARGS info)
+  sp_cli_check(NAME info_extra_arg RC 2 REGEX "unexpected argument 'x'" ARGS info x)
+  # summary: the snapshot's end state and the trace's peaks; "-" where a snapshot cannot tell.
+  sp_cli_check(NAME summary RC 0
+    REGEX "snapshot trace-small-p4.pickle, device 0.*\\| Requested memory      \\|  300\\.1 MiB \\|  312\\.6 MiB \\|  389\\.8 MiB \\|   89\\.7 MiB \\|.*\\| Reserved memory       \\|  320\\.0 MiB \\|  320\\.0 MiB \\|.*\\| Allocations           \\|         21 \\|         26 \\|         58 \\|         37 \\|"
+    ARGS summary ${SMALL})
+  sp_cli_check(NAME summary_device RC 0 REGEX "device 0" ARGS summary --device=0 ${SMALL})
+  sp_cli_check(NAME summary_no_device RC 1 REGEX "has 1 device; no device 3"
+    ARGS summary -d 3 ${SMALL})
+  sp_cli_check(NAME summary_two_files RC 2 REGEX "give exactly one snapshot"
+    ARGS summary ${SMALL} ${SMALL})
+endif()
+
+# ---- plot (issue 15 item 6) --------------------------------------------------------------
+if(TARGET sympool_cli)
+  set(BIG ${SP_CLI_TRACE})
+  # A small job reads in MiB, with the peak labels inside the frame and blocks named by where
+  # they were allocated (never "event N").
+  add_test(NAME cli.plot_small_in_mib COMMAND sh -c
+    "'$<TARGET_FILE:sympool_cli>' plot '${SMALL}' -o '${SP_CLI_OUT}/small.svg' && cat '${SP_CLI_OUT}/small.svg'")
+  set_tests_properties(cli.plot_small_in_mib PROPERTIES LABELS "unit;cli" TIMEOUT 60
+    PASS_REGULAR_EXPRESSION ">450 MiB</text>.*peak allocated 441.6 MiB</text>.*4 blocks of 12.5 MiB</text>.*forward transformer.py:22</text>"
+    FAIL_REGULAR_EXPRESSION "GiB</text>;from event [0-9]")
+  # Several snapshots on one chart: the highest and lowest peak marked.
+  sp_cli_check(NAME plot_ranks RC 0
+    REGEX "wrote .*ranks.svg \\(3 snapshots; highest peak allocated: cs336-2.7b-ctx128-forward-bf16 22.234 GiB, lowest: trace-small-p4 0.431 GiB\\)"
+    ARGS plot ${BIG} ${SMALL} ${CMAKE_CURRENT_SOURCE_DIR}/data/trace-small-u64.pickle
+         --output=${SP_CLI_OUT}/ranks.svg)
+  add_test(NAME cli.plot_ranks_marked COMMAND sh -c
+    "'$<TARGET_FILE:sympool_cli>' plot '${SMALL}' '${BIG}' -o '${SP_CLI_OUT}/ranks2.svg' >/dev/null && cat '${SP_CLI_OUT}/ranks2.svg'")
+  set_tests_properties(cli.plot_ranks_marked PROPERTIES LABELS "unit;cli" TIMEOUT 60
+    PASS_REGULAR_EXPRESSION "Memory timeline: 2 ranks.*cs336-2.7b-ctx128-forward-bf16: peak 22.23 GiB \\(max\\).*trace-small-p4: peak 441.6 MiB \\(min\\)")
+  sp_cli_check(NAME plot_png_refused RC 2 REGEX "writes SVG only, not '.*x.png'"
+    ARGS plot ${SMALL} -o ${SP_CLI_OUT}/x.png)
+  sp_cli_check(NAME plot_no_output RC 2 REGEX "no -o OUT.svg given" ARGS plot ${SMALL})
+  sp_cli_check(NAME plot_bad_device RC 1 REGEX "device 5 not in the snapshot \\(1 device\\)"
+    ARGS plot ${SMALL} -d 5 -o ${SP_CLI_OUT}/d5.svg)
+  sp_cli_check(NAME plot_not_a_pickle RC 1 REGEX "not a pickle"
+    ARGS plot ${PROJECT_SOURCE_DIR}/README.md -o ${SP_CLI_OUT}/readme.svg)
+  # The snapshot with 2^64-1 line numbers plots; its frames show no line rather than a bogus one.
+  add_test(NAME cli.plot_u64_lines COMMAND sh -c
+    "'$<TARGET_FILE:sympool_cli>' plot '${CMAKE_CURRENT_SOURCE_DIR}/data/trace-small-u64.pickle' -o '${SP_CLI_OUT}/u64.svg' && cat '${SP_CLI_OUT}/u64.svg'")
+  set_tests_properties(cli.plot_u64_lines PROPERTIES LABELS "unit;cli" TIMEOUT 60
+    PASS_REGULAR_EXPRESSION "peak allocated 441.6 MiB" FAIL_REGULAR_EXPRESSION "18446744073709551615")
+  sp_cli_check(NAME summary_u64 RC 0 REGEX "Allocations           \\|         21 \\|"
+    ARGS summary ${CMAKE_CURRENT_SOURCE_DIR}/data/trace-small-u64.pickle)
+  sp_cli_check(NAME replay_u64 RC 0 REGEX "\"events\":104," ARGS replay --json
+    ${CMAKE_CURRENT_SOURCE_DIR}/data/trace-small-u64.pickle)
 endif()

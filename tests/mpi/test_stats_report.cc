@@ -275,58 +275,111 @@ TEST_F(StatsReport, JsonParsesBackAndMatchesTheAggregate) {
         EXPECT_NE(sym->get(k), nullptr) << k;
 }
 
-TEST_F(StatsReport, PrometheusHasEveryMetricForEveryRank) {
+// The name and labels (without rank) a memory_stats key is exported under: the stat and pool as
+// labels, current/peak as gauges, the monotonic totals and num_* as counters named *_total.
+std::pair<std::string, std::string> prom_series(const std::string &key) {
+    static const std::map<std::string, std::string> fields = {
+        {"current", ""}, {"peak", "_peak"}, {"allocated", "_allocated"}, {"freed", "_freed"}};
+    std::vector<std::string> parts;
+    size_t a = 0;
+    while (true) {
+        size_t b = key.find('.', a);
+        parts.push_back(key.substr(a, b - a));
+        if (b == std::string::npos)
+            break;
+        a = b + 1;
+    }
+    if (parts.size() == 2) // oversize_*.field
+        parts = {parts[0], "all", parts[1]};
+    if (parts.size() == 3) {
+        std::string stat = parts[0], suffix = fields.at(parts[2]);
+        bool bytes = stat.size() > 6 && stat.compare(stat.size() - 6, 6, "_bytes") == 0;
+        if (bytes)
+            stat.resize(stat.size() - 6);
+        bool counter = parts[2] == "allocated" || parts[2] == "freed";
+        std::string name = bytes ? "sympool_memory" + suffix + "_bytes" : "sympool_blocks" + suffix;
+        if (counter)
+            name += "_total";
+        return {name, "metric=\"" + stat + "\",pool=\"" + parts[1] + "\""};
+    }
+    if (key.rfind("num_", 0) == 0)
+        return {"sympool_" + key.substr(4) + "_total", ""};
+    if (key == "max_split_size")
+        return {"sympool_max_split_size_bytes", ""};
+    return {"sympool_" + key, ""};
+}
+
+TEST_F(StatsReport, PrometheusHasEveryKeyForEveryRankAsLabelledFamilies) {
     allocate_skewed();
     auto by_rank = gather_by_hand();
     std::string text = report(SP_REPORT_PROMETHEUS);
     if (rank_ != 0)
         return;
-    const std::regex sample(R"re(^([a-zA-Z_:][a-zA-Z0-9_:]*)\{rank="(\d+)"\} (-?\d+)$)re");
+    const std::regex sample(
+        R"re(^([a-zA-Z_:][a-zA-Z0-9_:]*)\{((?:[a-z_]+="[a-z_]+",)*)rank="(\d+)"\} (-?\d+|\+Inf)$)re");
     const std::regex help(R"(^# HELP ([a-zA-Z_:][a-zA-Z0-9_:]*) .+$)");
     const std::regex type(R"(^# TYPE ([a-zA-Z_:][a-zA-Z0-9_:]*) (gauge|counter)$)");
-    std::map<std::string, std::map<int, long long>> values;
-    std::map<std::string, int> helped, typed;
-    size_t pos = 0, lines = 0;
+    // series (name{labels}) -> rank -> value
+    std::map<std::string, std::map<int, std::string>> values;
+    std::map<std::string, int> helped;
+    std::map<std::string, std::string> typed;
+    size_t pos = 0;
     while (pos < text.size()) {
         size_t nl = text.find('\n', pos);
         ASSERT_NE(nl, std::string::npos) << "last line lacks its newline";
         std::string line = text.substr(pos, nl - pos);
         pos = nl + 1;
-        lines++;
         std::smatch m;
         if (std::regex_match(line, m, help)) {
-            helped[m[1]]++;
+            EXPECT_EQ(helped[m[1]]++, 0) << "one family, one HELP: " << m[1];
         } else if (std::regex_match(line, m, type)) {
-            typed[m[1]]++;
+            std::string name = m[1];
+            typed[name] = m[2];
+            bool total = name.size() > 6 && name.compare(name.size() - 6, 6, "_total") == 0;
+            EXPECT_EQ(total, m[2] == "counter") << "counters and only counters end in _total";
         } else if (std::regex_match(line, m, sample)) {
             std::string name = m[1];
             EXPECT_EQ(helped[name], 1) << "HELP before samples: " << name;
-            EXPECT_EQ(typed[name], 1) << "TYPE before samples: " << name;
-            int r = std::stoi(m[2]);
-            EXPECT_EQ(values[name].count(r), 0u) << "duplicate sample " << line;
-            values[name][r] = std::stoll(m[3]);
+            EXPECT_EQ(typed.count(name), 1u) << "TYPE before samples: " << name;
+            std::string series = name + "{" + std::string(m[2]) + "}";
+            int r = std::stoi(m[3]);
+            EXPECT_EQ(values[series].count(r), 0u) << "duplicate sample " << line;
+            values[series][r] = m[4];
+            if (typed[name] == "counter") {
+                EXPECT_NE(m[4].str()[0], '-') << "a negative counter: " << line;
+            }
         } else {
             ADD_FAILURE() << "not exposition format: '" << line << "'";
         }
     }
+    EXPECT_LE(typed.size(), 25u) << "families, not one name per key";
     EXPECT_EQ(values.size(), sp_stats_count() + 6);
     for (size_t i = 0; i < sp_stats_count(); i++) {
-        std::string name = "sympool_" + std::string(sp_stats_key(i));
-        for (char &c : name)
-            if (c == '.')
-                c = '_';
-        ASSERT_EQ(values[name].size(), (size_t)n_) << name;
-        for (int r = 0; r < n_; r++)
-            EXPECT_EQ(values[name][r], by_rank[(size_t)r][i]) << name << " rank " << r;
+        auto s = prom_series(sp_stats_key(i));
+        std::string series = s.first + "{" + s.second + (s.second.empty() ? "" : ",") + "}";
+        ASSERT_EQ(values[series].size(), (size_t)n_) << sp_stats_key(i) << " as " << series;
+        for (int r = 0; r < n_; r++) {
+            int64_t want = by_rank[(size_t)r][i];
+            std::string got = values[series][r];
+            if (std::string(sp_stats_key(i)) == "max_split_size" && want < 0)
+                EXPECT_EQ(got, "+Inf");
+            else
+                EXPECT_EQ(got, std::to_string(want)) << series << " rank " << r;
+        }
     }
-    EXPECT_EQ(values["sympool_symmetric_registrations"].size(), (size_t)n_);
-    EXPECT_EQ(values["sympool_allocated_bytes_all_current"].size(), (size_t)n_);
+    EXPECT_EQ(typed["sympool_memory_bytes"], "gauge");
+    EXPECT_EQ(typed["sympool_memory_allocated_bytes_total"], "counter");
+    EXPECT_EQ(typed["sympool_ooms_total"], "counter");
+    EXPECT_EQ(typed["sympool_symmetric_registrations_total"], "counter");
+    EXPECT_EQ(typed["sympool_symmetric_pools"], "gauge");
+    EXPECT_EQ(values["sympool_memory_bytes{metric=\"allocated\",pool=\"all\",}"].size(),
+              (size_t)n_);
 }
 
-TEST_F(StatsReport, TableNamesEveryKeyAndTheWorstRank) {
+TEST_F(StatsReport, TableAllNamesEveryKeyAndTheWorstRank) {
     SP_SKIP_BELOW_RANKS(2);
     allocate_skewed();
-    std::string text = report(SP_REPORT_TABLE);
+    std::string text = report(SP_REPORT_TABLE_ALL);
     sp_stats_summary_t sum;
     ASSERT_SP_OK(sp_stats_aggregate(w_, dev_, &sum));
     if (rank_ != 0)
@@ -340,7 +393,7 @@ TEST_F(StatsReport, TableNamesEveryKeyAndTheWorstRank) {
     }
     EXPECT_NE(text.find("symmetric.registrations"), std::string::npos);
     EXPECT_NE(text.find("zero on every rank"), std::string::npos);
-    EXPECT_NE(text.find("-- at a glance"), std::string::npos);
+    EXPECT_NE(text.find("-- key figures"), std::string::npos);
     // The row of allocation.all.current: max n+1 held by the last rank, which is the worst.
     size_t row = text.find("\nallocation.all.current ");
     ASSERT_NE(row, std::string::npos) << text;
@@ -351,6 +404,42 @@ TEST_F(StatsReport, TableNamesEveryKeyAndTheWorstRank) {
         << line;
     EXPECT_EQ(std::atoll(mx), n_ + 1) << line;
     EXPECT_EQ(worst, n_ - 1) << line;
+}
+
+// The default table is short: the key figures first, then only the keys where a rank stands out
+// (most imbalanced first), and a pointer to the full table.
+TEST_F(StatsReport, TableLeadsWithKeyFiguresAndImbalancedKeys) {
+    allocate_skewed();
+    std::string text = report(SP_REPORT_TABLE);
+    if (rank_ != 0)
+        return;
+    size_t lines = 0;
+    for (char c : text)
+        lines += c == '\n';
+    EXPECT_LE(lines, 30u) << text;
+    size_t key_figures = text.find("-- key figures\nallocated_bytes.all.current ");
+    size_t imbalanced = text.find("-- imbalanced keys");
+    ASSERT_NE(key_figures, std::string::npos) << text;
+    ASSERT_NE(imbalanced, std::string::npos) << text;
+    EXPECT_LT(key_figures, imbalanced);
+    EXPECT_NE(text.find("SYMPOOL_REPORT=table_all"), std::string::npos) << text;
+    // Every imbalanced row is marked, and sorted by its max/mean.
+    double prev = 1e300;
+    size_t rows = 0;
+    for (size_t p = text.find('\n', imbalanced) + 1; p < text.size() && text[p] != '-';
+         p = text.find('\n', p) + 1) {
+        std::string line = text.substr(p, text.find('\n', p) - p);
+        ASSERT_NE(line.find(" *"), std::string::npos) << line;
+        double ratio = std::atof(line.substr(line.rfind("  ") + 2).c_str());
+        EXPECT_LE(ratio, prev) << line;
+        prev = ratio;
+        rows++;
+    }
+    if (n_ > 1) {
+        EXPECT_GT(rows, 0u) << text;
+    }
+    // Without a symmetric pool the symmetric counters stay out of the short table.
+    EXPECT_EQ(text.find("symmetric.registrations"), std::string::npos) << text;
 }
 
 TEST_F(StatsReport, SymmetricCountersAreReported) {

@@ -351,9 +351,6 @@ TEST(PickleRead, MalformedInputsGiveOffsets) {
               "pickle: truncated string (needs 18446744073709551615 bytes, 1 left) at offset 2");
     EXPECT_EQ(parse(Bytes{0x80, 4, 0x95, 0xff, 0, 0, 0, 0, 0, 0, 0, 'N', '.'}),
               "pickle: FRAME of 255 bytes runs past the end at offset 2");
-    // Integers wider than 64 bits.
-    EXPECT_EQ(parse(Bytes{0x80, 4, 0x8a, 9, 0, 0, 0, 0, 0, 0, 0, 0, 1, '.'}),
-              "pickle: LONG1 integer wider than 64 bits at offset 2");
     EXPECT_EQ(parse(Bytes{0x80, 4, 0x8b, 0, 0, 0, 0x80, '.'}),
               "pickle: LONG4 with a negative length at offset 2");
     // A 9-byte LONG1 that still fits (sign extension) is fine.
@@ -366,6 +363,75 @@ TEST(PickleRead, MalformedInputsGiveOffsets) {
     EXPECT_TRUE(pk_int(pk_root(doc), &v));
     EXPECT_EQ(v, -2);
     pk_free(doc);
+}
+
+// Issue 12 item 4: every integer in [-2^63, 2^64) keeps its value and signedness; wider ones
+// load as PK_BIGINT (the document is not refused) and only the accessors that need a value fail.
+TEST(PickleRead, IntegersOfEveryWidthLoad) {
+    struct Case {
+        Bytes arg; // LONG1 payload
+        pk_type_t type;
+        int64_t i;
+        uint64_t u;
+    };
+    const Case cases[] = {
+        {{0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x00}, PK_UINT, 0, UINT64_MAX},
+        {{0, 0, 0, 0, 0, 0, 0, 0x80, 0x00}, PK_UINT, 0, 1ull << 63},
+        {{0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x7f}, PK_INT, INT64_MAX, 0},
+        {{0, 0, 0, 0, 0, 0, 0, 0x80}, PK_INT, INT64_MIN, 0},
+        {{0, 0, 0, 0, 0, 0, 0, 0x80, 0xff}, PK_INT, INT64_MIN, 0},
+        {{0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x7f, 0xff}, PK_BIGINT, 0, 0}, // -2^63-1
+        {{0, 0, 0, 0, 0, 0, 0, 0, 0x01}, PK_BIGINT, 0, 0},                         // 2^64
+        {{}, PK_INT, 0, 0},
+        {{0x80}, PK_INT, -128, 0},
+    };
+    for (const Case &c : cases) {
+        Bytes b = {0x80, 4, 0x8a, (unsigned char)c.arg.size()};
+        b.insert(b.end(), c.arg.begin(), c.arg.end());
+        b.push_back('.');
+        pk_doc_t *doc = nullptr;
+        ASSERT_EQ(parse(b, &doc), "");
+        const pk_value_t *v = pk_root(doc);
+        EXPECT_EQ(v->type, c.type);
+        int64_t i = 0;
+        uint64_t u = 0;
+        double d = 0;
+        EXPECT_EQ(pk_int(v, &i), c.type == PK_INT);
+        EXPECT_EQ(pk_uint(v, &u), c.type == PK_UINT || (c.type == PK_INT && c.i >= 0));
+        EXPECT_EQ(pk_num(v, &d), c.type != PK_BIGINT);
+        if (c.type == PK_INT) {
+            EXPECT_EQ(i, c.i);
+        }
+        if (c.type == PK_UINT) {
+            EXPECT_EQ(u, c.u);
+            EXPECT_EQ(d, (double)c.u);
+        }
+        pk_free(doc);
+    }
+    // A 300-byte LONG4 inside a dict: the dict loads, the other key is usable.
+    Bytes b = {0x80, 4, '}', '(', 'X', 1, 0, 0, 0, 'a', 0x8b, 0x2c, 0x01, 0, 0};
+    b.insert(b.end(), 300, 0x11);
+    Bytes tail = {'X', 1, 0, 0, 0, 'b', 'K', 7, 'u', '.'};
+    b.insert(b.end(), tail.begin(), tail.end());
+    pk_doc_t *doc = nullptr;
+    ASSERT_EQ(parse(b, &doc), "");
+    EXPECT_EQ(pk_get(pk_root(doc), "a")->type, PK_BIGINT);
+    EXPECT_EQ(pk_get(pk_root(doc), "a")->u.bits, 300u);
+    int64_t i = 0;
+    EXPECT_FALSE(pk_get_int(pk_root(doc), "a", &i));
+    EXPECT_TRUE(pk_get_int(pk_root(doc), "b", &i));
+    EXPECT_EQ(i, 7);
+    pk_free(doc);
+}
+
+TEST(PickleRead, TextIsNotAPickle) {
+    const std::string text = "# sympool\n";
+    EXPECT_EQ(parse(Bytes(text.begin(), text.end())),
+              "pickle: not a pickle (protocol 2-5 pickles start with byte 0x80, not 0x23) at "
+              "offset 0");
+    EXPECT_EQ(parse(Bytes{'h', 3, '.'}),
+              "pickle: not a pickle (protocol 2-5 pickles start with byte 0x80, not 0x68) at "
+              "offset 0");
 }
 
 TEST(PickleRead, LimitsBoundDepthMemoAndSizes) {

@@ -24,6 +24,11 @@ extern "C" {
 namespace {
 
 constexpr uint64_t MiB = 1024 * 1024;
+
+std::string data_dir() {
+    const char *d = getenv("SP_TEST_DATA_DIR");
+    return d ? d : SP_TEST_DATA_DIR_DEFAULT;
+}
 constexpr uint64_t SEG_A = 0x7f0010000000ull; // final segment (20 MiB)
 constexpr uint64_t SEG_B = 0x7f0020000000ull; // made and released during the trace (2 MiB)
 constexpr uint64_t EARLY = 0x7f0030000000ull; // allocated before recording, freed in the trace
@@ -333,9 +338,68 @@ TEST_F(Replay, JsonValuesTranslate) {
     EXPECT_EQ(pk_len(pk_get(root, "e")), 0u);
     EXPECT_EQ(pk_get(root, "l")->type, PK_LIST);
     pk_free(doc);
-    // Beyond int64 the reader refuses, naming the pickle offset.
-    EXPECT_EQ(json_parse("[18446744073709551615]"),
-              "pickle: LONG1 integer wider than 64 bits at offset 4");
+    // Unsigned 64-bit integers keep their value and signedness; wider ones load as the double
+    // a JavaScript viewer would read, and only an exact-integer consumer refuses them.
+    ASSERT_EQ(json_parse("[18446744073709551615, 9223372036854775808, -9223372036854775808, "
+                         "1180591620717411303424]",
+                         &doc),
+              "");
+    a = pk_root(doc);
+    uint64_t u = 0;
+    EXPECT_EQ(pk_at(a, 0)->type, PK_UINT);
+    EXPECT_TRUE(pk_uint(pk_at(a, 0), &u));
+    EXPECT_EQ(u, UINT64_MAX);
+    EXPECT_FALSE(pk_int(pk_at(a, 0), &v)) << "2^64-1 does not fit int64";
+    EXPECT_TRUE(pk_uint(pk_at(a, 1), &u));
+    EXPECT_EQ(u, 1ull << 63);
+    EXPECT_TRUE(pk_int(pk_at(a, 2), &v));
+    EXPECT_EQ(v, INT64_MIN);
+    EXPECT_FALSE(pk_int(pk_at(a, 3), &v));
+    EXPECT_TRUE(pk_num(pk_at(a, 3), &d));
+    EXPECT_EQ(d, 1180591620717411303424.0);
+    pk_free(doc);
+}
+
+// Issue 12 item 4: a real-shaped PyTorch snapshot whose C++ frames carry line 2^64-1 (LONG1, 9
+// bytes), with a 2^70 field in one frame and signed extremes in the annotations, loads whole;
+// the values are there with their signedness, and the replay runs as on the original file.
+TEST_F(Replay, SnapshotWithUnsigned64BitIntegersLoads) {
+    tr_trace_t t, orig;
+    char err[256] = "";
+    ASSERT_TRUE(tr_load((data_dir() + "/trace-small-u64.pickle").c_str(), &t, err, sizeof(err)))
+        << err;
+    ASSERT_TRUE(tr_load((data_dir() + "/trace-small-p4.pickle").c_str(), &orig, err, sizeof(err)))
+        << err;
+    const pk_value_t *f0 = pk_at(t.dev[0].ev[0].frames, 0);
+    ASSERT_NE(f0, nullptr);
+    const pk_value_t *line = pk_get(f0, "line");
+    ASSERT_NE(line, nullptr);
+    EXPECT_EQ(line->type, PK_UINT);
+    uint64_t u = 0;
+    int64_t i = 0;
+    EXPECT_TRUE(pk_get_uint(f0, "line", &u));
+    EXPECT_EQ(u, UINT64_MAX);
+    EXPECT_FALSE(pk_get_int(f0, "line", &i)) << "refused where an int64 is needed";
+    const pk_value_t *huge = pk_get(f0, "huge");
+    ASSERT_NE(huge, nullptr);
+    EXPECT_EQ(huge->type, PK_BIGINT);
+    EXPECT_FALSE(pk_uint(huge, &u));
+    double d;
+    EXPECT_FALSE(pk_num(huge, &d));
+    const pk_value_t *ann = pk_at(pk_get(t.root, "external_annotations"), 0);
+    EXPECT_TRUE(pk_get_int(ann, "neg", &i));
+    EXPECT_EQ(i, INT64_MIN);
+    EXPECT_EQ(pk_get(ann, "negbig")->type, PK_BIGINT);
+    // The same events as the original, so the same replay.
+    ASSERT_EQ(t.dev[0].nev, orig.dev[0].nev);
+    replay_result_t r1, r2;
+    ASSERT_TRUE(replay_trace(&t, nullptr, &r1, err, sizeof(err))) << err;
+    ASSERT_SP_OK(sp_shutdown());
+    ASSERT_TRUE(replay_trace(&orig, nullptr, &r2, err, sizeof(err))) << err;
+    EXPECT_EQ(r1.peak_reserved, r2.peak_reserved);
+    EXPECT_EQ(r1.events, r2.events);
+    tr_free(&t);
+    tr_free(&orig);
 }
 
 TEST_F(Replay, JsonErrorsNameOffsets) {
@@ -349,7 +413,9 @@ TEST_F(Replay, JsonErrorsNameOffsets) {
     EXPECT_EQ(json_parse("\"\\u0000\""), "json: NUL in string at offset 7");
     EXPECT_EQ(json_parse("[tru]"), "json: unexpected token at offset 1");
     EXPECT_EQ(json_parse("[1] x"), "json: trailing characters at offset 4");
-    EXPECT_EQ(json_parse("99999999999999999999"), "json: integer out of 64-bit range at offset 20");
+    // Beyond 64 bits is not an error: the integer loads as a double (JsonValuesTranslate).
+    EXPECT_EQ(json_parse("99999999999999999999"), "");
+    EXPECT_EQ(json_parse(std::string(600, '9')), "json: number too long at offset 600");
     EXPECT_EQ(json_parse(std::string(40, '[') + std::string(40, ']')),
               "json: nesting too deep at offset 31");
 }

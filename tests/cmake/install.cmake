@@ -1,0 +1,42 @@
+# The newcomer's path (issue 15): what README promises a user outside this tree.
+#  - install.consumers: `cmake --install --prefix`, then programs built against the installed
+#    package with pkg-config (shared; static after moving the prefix) and with find_package.
+#  - scripts.*: test.sh states the options it needs (a build/ configured by run-main.sh must not
+#    hide the tests) and fails on an empty test run.
+set(SP_INSTALL_EXTRA_CFLAGS "")
+if(SYMPOOL_SANITIZE)
+  set(SP_INSTALL_EXTRA_CFLAGS "-fsanitize=${SYMPOOL_SANITIZE}")
+endif()
+find_program(SP_PKG_CONFIG pkg-config)
+if(SP_PKG_CONFIG)
+  if(SP_HAVE_MPI)
+    set(SP_INSTALL_MPI 1)
+  else()
+    set(SP_INSTALL_MPI 0)
+  endif()
+  add_test(NAME install.consumers
+    COMMAND ${CMAKE_CURRENT_SOURCE_DIR}/install/check.sh ${PROJECT_BINARY_DIR} ${PROJECT_SOURCE_DIR}
+            ${CMAKE_CURRENT_BINARY_DIR}/install_check ${CMAKE_INSTALL_LIBDIR} ${CMAKE_C_COMPILER}
+            ${SP_INSTALL_MPI} "${SP_INSTALL_EXTRA_CFLAGS}")
+  set_tests_properties(install.consumers PROPERTIES LABELS "install" TIMEOUT 300
+    PASS_REGULAR_EXPRESSION "consumer ok.*consumer ok.*consumer ok.*install ok"
+    ENVIRONMENT "${SP_TEST_ENV}" RUN_SERIAL TRUE)
+endif()
+
+# A build/ that run-main.sh configured with tests off, then configured the way test.sh does:
+# the tests come back. And an empty run fails with the flag test.sh passes.
+add_test(NAME scripts.test_sh_after_run_main
+  COMMAND ${CMAKE_CURRENT_SOURCE_DIR}/install/scripts_check.sh ${PROJECT_SOURCE_DIR}
+          ${CMAKE_CURRENT_BINARY_DIR}/scripts_check)
+set_tests_properties(scripts.test_sh_after_run_main PROPERTIES LABELS "install" TIMEOUT 300
+  PASS_REGULAR_EXPRESSION "scripts ok" RUN_SERIAL TRUE)
+
+# SYMPOOL_REPORT_FILE (issue 15 item 4): the report in its own file, read by jq and promtool.
+find_program(SP_JQ jq)
+if(SP_HAVE_MPI AND TARGET 03_stats_report AND SP_JQ)
+  add_test(NAME reports.file_jq_promtool
+    COMMAND ${CMAKE_CURRENT_SOURCE_DIR}/install/reports_check.sh ${MPIEXEC_EXECUTABLE}
+            $<TARGET_FILE:03_stats_report> ${CMAKE_CURRENT_BINARY_DIR}/reports_check)
+  set_tests_properties(reports.file_jq_promtool PROPERTIES LABELS "mpi;report" TIMEOUT 300
+    PASS_REGULAR_EXPRESSION "reports ok" ENVIRONMENT "${SP_TEST_ENV}")
+endif()

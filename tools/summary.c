@@ -1,0 +1,261 @@
+/*
+ * summary.c: `sympool summary SNAPSHOT`: the sp_memory_summary table of a snapshot's state, one
+ * per device, without replaying anything.
+ *
+ * What a snapshot holds decides what can be shown. The segments give the state at the end
+ * exactly: reserved bytes and segments, allocated, active, requested and non-releasable bytes and
+ * block counts, split by the segments' pool (large/small). The trace (device_traces) records
+ * requested sizes of allocations and frees and the sizes of segment allocations and frees, so for
+ * requested bytes, allocations, reserved bytes and segments it also gives the peak and the totals
+ * over the recorded window: the state before the first event is the end state minus every
+ * change, and the walk forward from there finds the peak. Figures a snapshot cannot give (the peak
+ * of rounded allocated bytes, retries) are shown as "-". Allocations and frees are put in the
+ * small pool when their size is at most 1 MiB and segments when they are 2 MiB, as PyTorch does.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <getopt.h>
+
+#include <sympool/sympool.h>
+
+#include "sympool/experimental.h" /* sp_x_memory_summary_format */
+#include "tools/cli.h"
+
+#define SMALL_SIZE (1ull << 20)
+#define SMALL_SEGMENT (2ull << 20)
+
+enum { M_REQUESTED, M_ALLOCATION, M_RESERVED, M_SEGMENT, M_TRACED };
+static const char *const k_traced[M_TRACED] = {"requested_bytes", "allocation", "reserved_bytes",
+                                               "segment"};
+static const char *const k_pools[3] = {"all", "large_pool", "small_pool"};
+
+typedef struct fig {
+    int64_t end;       /* from the segments */
+    int64_t up, down;  /* sums of the trace's increases and decreases */
+    int64_t cur, peak; /* during the forward walk */
+} fig_t;
+
+typedef struct dev_figs {
+    fig_t f[M_TRACED][3];
+    int64_t allocated[3], active[3], active_n[3], split[3], split_n[3]; /* end state only */
+    int64_t ooms;
+} dev_figs_t;
+
+static void set(sp_stats_t *st, const char *metric, const char *pool, const char *field,
+                int64_t v) {
+    char key[96];
+    snprintf(key, sizeof(key), "%s%s%s%s%s", metric, pool ? "." : "", pool ? pool : "",
+             field ? "." : "", field ? field : "");
+    for (size_t i = 0; i < sp_stats_count(); i++)
+        if (strcmp(sp_stats_key(i), key) == 0)
+            st->value[i] = v;
+}
+
+static void set4(sp_stats_t *st, const char *metric, int pool, int64_t cur, int64_t peak,
+                 int64_t alloc, int64_t freed) {
+    set(st, metric, k_pools[pool], "current", cur);
+    set(st, metric, k_pools[pool], "peak", peak);
+    set(st, metric, k_pools[pool], "allocated", alloc);
+    set(st, metric, k_pools[pool], "freed", freed);
+}
+
+/* Add v to a metric for the pool p (1 large, 2 small) and for all. */
+static void add_end(dev_figs_t *d, int m, int p, int64_t v) {
+    d->f[m][0].end += v;
+    d->f[m][p].end += v;
+}
+
+static bool read_segments(const pk_value_t *segments, int dev, dev_figs_t *d, char *err,
+                          size_t errlen) {
+    for (size_t s = 0; s < pk_len(segments); s++) {
+        const pk_value_t *seg = pk_at(segments, s);
+        int64_t sdev = 0, total = 0;
+        (void)pk_get_int(seg, "device", &sdev);
+        if (sdev != dev)
+            continue;
+        if (!pk_get_int(seg, "total_size", &total) || total < 0) {
+            snprintf(err, errlen, "segments[%zu]: missing or bad 'total_size'", s);
+            return false;
+        }
+        const char *type = pk_get_str(seg, "segment_type");
+        int p = type ? (strcmp(type, "small") == 0 ? 2 : 1)
+                     : ((uint64_t)total == SMALL_SEGMENT ? 2 : 1);
+        add_end(d, M_RESERVED, p, total);
+        add_end(d, M_SEGMENT, p, 1);
+        const pk_value_t *blocks = pk_get(seg, "blocks");
+        size_t nb = pk_len(blocks);
+        for (size_t b = 0; b < nb; b++) {
+            const pk_value_t *blk = pk_at(blocks, b);
+            int64_t size = 0, req = 0;
+            const char *state = pk_get_str(blk, "state");
+            if (!pk_get_int(blk, "size", &size) || size < 0 || state == NULL) {
+                snprintf(err, errlen, "segments[%zu].blocks[%zu]: missing 'size' or 'state'", s, b);
+                return false;
+            }
+            if (!pk_get_int(blk, "requested_size", &req) || req < 0)
+                req = size;
+            bool allocated = strcmp(state, "active_allocated") == 0;
+            bool active = allocated || strcmp(state, "active_pending_free") == 0;
+            int idx[2] = {0, p};
+            for (int k = 0; k < 2; k++) {
+                int q = idx[k];
+                if (allocated)
+                    d->allocated[q] += size;
+                if (active) {
+                    d->active[q] += size;
+                    d->active_n[q]++;
+                } else if (nb > 1) { /* an inactive piece of a split segment */
+                    d->split[q] += size;
+                    d->split_n[q]++;
+                }
+            }
+            if (allocated) {
+                add_end(d, M_REQUESTED, p, req);
+                add_end(d, M_ALLOCATION, p, 1);
+            }
+        }
+    }
+    return true;
+}
+
+/* The change one trace event makes to a metric of one pool; 0 when none. */
+static int64_t delta(const tr_event_t *e, int m, int p) {
+    bool alloc_ev = e->action == TR_ALLOC || e->action == TR_FREE_REQUESTED;
+    bool seg_ev = e->action == TR_SEGMENT_ALLOC || e->action == TR_SEGMENT_FREE ||
+                  e->action == TR_SEGMENT_MAP || e->action == TR_SEGMENT_UNMAP;
+    int ep = alloc_ev ? (e->size <= SMALL_SIZE ? 2 : 1) : (e->size == SMALL_SEGMENT ? 2 : 1);
+    if (p != 0 && p != ep)
+        return 0;
+    int sign =
+        (e->action == TR_ALLOC || e->action == TR_SEGMENT_ALLOC || e->action == TR_SEGMENT_MAP)
+            ? 1
+            : -1;
+    int64_t size = e->size > (uint64_t)INT64_MAX ? INT64_MAX : (int64_t)e->size;
+    switch (m) {
+    case M_REQUESTED:
+        return alloc_ev ? sign * size : 0;
+    case M_ALLOCATION:
+        return alloc_ev ? sign : 0;
+    case M_RESERVED:
+        return seg_ev ? sign * size : 0;
+    default: /* segments: a map/unmap grows or shrinks one, it does not make one */
+        return (e->action == TR_SEGMENT_ALLOC || e->action == TR_SEGMENT_FREE) ? sign : 0;
+    }
+}
+
+static void walk_trace(const tr_device_t *td, dev_figs_t *d) {
+    d->ooms = (int64_t)td->recorded_ooms;
+    for (int m = 0; m < M_TRACED; m++)
+        for (int p = 0; p < 3; p++) {
+            fig_t *f = &d->f[m][p];
+            for (size_t i = 0; i < td->nev; i++) {
+                int64_t v = delta(&td->ev[i], m, p);
+                if (v > 0)
+                    f->up += v;
+                else
+                    f->down -= v;
+            }
+            /* The state before the first event, then forward to find the peak. */
+            f->cur = f->end - f->up + f->down;
+            f->peak = f->cur;
+            int64_t start = f->cur;
+            for (size_t i = 0; i < td->nev; i++) {
+                f->cur += delta(&td->ev[i], m, p);
+                if (f->cur > f->peak)
+                    f->peak = f->cur;
+            }
+            f->up += start; /* what was live at the start was allocated before it */
+        }
+}
+
+static void to_stats(const dev_figs_t *d, sp_stats_t *st) {
+    for (size_t i = 0; i < SP_STATS_MAX; i++)
+        st->value[i] = SP_X_SUMMARY_UNKNOWN;
+    for (int m = 0; m < M_TRACED; m++)
+        for (int p = 0; p < 3; p++) {
+            const fig_t *f = &d->f[m][p];
+            set4(st, k_traced[m], p, f->end, f->peak, f->up, f->down);
+        }
+    for (int p = 0; p < 3; p++) {
+        set(st, "allocated_bytes", k_pools[p], "current", d->allocated[p]);
+        set(st, "active_bytes", k_pools[p], "current", d->active[p]);
+        set(st, "active", k_pools[p], "current", d->active_n[p]);
+        set(st, "inactive_split_bytes", k_pools[p], "current", d->split[p]);
+        set(st, "inactive_split", k_pools[p], "current", d->split_n[p]);
+    }
+    set(st, "num_ooms", NULL, NULL, d->ooms);
+}
+
+static int usage(FILE *out, int rc) {
+    fprintf(out,
+            "usage: sympool summary SNAPSHOT [-d DEVICE]\n"
+            "  The sp_memory_summary table of a PyTorch or sympool memory snapshot (.pickle or\n"
+            "  .json): the state at the end from its segments; peaks and totals over the\n"
+            "  recorded trace where the trace gives them (\"-\" where it cannot).\n"
+            "  -d, --device=N   only device N (default: every device)\n"
+            "  -h, --help       this text\n");
+    return rc;
+}
+
+int sp_cli_summary(int argc, char **argv) {
+    static const struct option opts[] = {
+        {"device", required_argument, NULL, 'd'}, {"help", no_argument, NULL, 'h'}, {0, 0, 0, 0}};
+    long only = -1;
+    int c;
+    while ((c = cli_getopt(argc, argv, "summary", "d:h", opts)) != -1) {
+        if (c == 'h')
+            return usage(stdout, 0);
+        if (c == 'd') {
+            if (!cli_parse_long(optarg, 0, 4095, &only)) {
+                fprintf(stderr, "sympool summary: --device takes 0 to 4095, not '%s'\n", optarg);
+                return 2;
+            }
+            continue;
+        }
+        return 2;
+    }
+    if (optind != argc - 1) {
+        fprintf(stderr, "sympool summary: %s\n",
+                optind == argc ? "no snapshot given" : "give exactly one snapshot");
+        return usage(stderr, 2);
+    }
+    const char *path = argv[optind];
+    char err[512];
+    tr_trace_t t;
+    if (!tr_load(path, &t, err, sizeof(err))) {
+        fprintf(stderr, "sympool summary: %s\n", err);
+        tr_free(&t);
+        return 1;
+    }
+    if (only >= t.ndev) {
+        fprintf(stderr, "sympool summary: %s has %d device%s; no device %ld\n", path, t.ndev,
+                t.ndev == 1 ? "" : "s", only);
+        tr_free(&t);
+        return 1;
+    }
+    const pk_value_t *segments = t.root->type == PK_LIST ? t.root : pk_get(t.root, "segments");
+    int rc = 0;
+    for (int dev = 0; dev < t.ndev && rc == 0; dev++) {
+        if (only >= 0 && dev != only)
+            continue;
+        dev_figs_t d;
+        memset(&d, 0, sizeof(d));
+        if (!read_segments(segments, dev, &d, err, sizeof(err))) {
+            fprintf(stderr, "sympool summary: %s: %s\n", path, err);
+            rc = 1;
+            break;
+        }
+        walk_trace(&t.dev[dev], &d);
+        sp_stats_t st;
+        to_stats(&d, &st);
+        char title[160], text[SP_MEMORY_SUMMARY_MAX];
+        const char *base = strrchr(path, '/');
+        snprintf(title, sizeof(title), "snapshot %.100s, device %d", base ? base + 1 : path, dev);
+        sp_x_memory_summary_format(&st, title, text, sizeof(text));
+        fputs(text, stdout);
+    }
+    tr_free(&t);
+    return rc;
+}
