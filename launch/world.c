@@ -182,7 +182,8 @@ static sp_status_t nccl_bootstrap(sp_world_t *w) {
     if (ce != cudaSuccess) {
         st = sp__error(SP_ERR_DEVICE, SP_SUB_BOOT, "cudaSetDevice(%d) failed: %s", w->device,
                        cudaGetErrorString(ce));
-        (void)cudaGetLastError();
+        if (cudaPeekAtLastError() == ce) /* ours only: a caller's pending error stays theirs */
+            (void)cudaGetLastError();
     }
     int ok = st == SP_SUCCESS, all = 0;
     SP_CHECK(sp__world_mpi_status(MPI_Allreduce(&ok, &all, 1, MPI_INT, MPI_MIN, w->comm),

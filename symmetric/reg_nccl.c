@@ -46,9 +46,38 @@ static sp_status_t nccl_err(ncclResult_t r, ncclComm_t comm, const char *what) {
                      last && *last ? ": " : "", last ? last : "");
 }
 
+/* Take our own failure out of the runtime's last-error slot and leave anything else there: a
+ * caller's pending error is theirs to see, and a sticky error (the context is lost) stays
+ * whatever we do. */
+static void drop_own_error(cudaError_t e) {
+    if (e != cudaSuccess && cudaPeekAtLastError() == e)
+        (void)cudaGetLastError();
+}
+
+/* For a sequence of calls whose failures are handled on the spot: clear what they left in the
+ * last-error slot only if the caller had nothing pending there. */
+static void drop_errors_since(cudaError_t pending_before) {
+    if (pending_before == cudaSuccess)
+        (void)cudaGetLastError();
+}
+
 static sp_status_t cuda_err(cudaError_t e, const char *what) {
-    (void)cudaGetLastError(); /* clear the sticky error so the next call starts clean */
+    drop_own_error(e);
     return sp__error(SP_ERR_DEVICE, SP_SUB_SYM, "%s failed: %s", what, cudaGetErrorString(e));
+}
+
+/* The window calls appeared in NCCL 2.27 and ncclMemAlloc in 2.19. The headers we build against
+ * have them, but the libnccl.so.2 loaded at run time may be older (PyTorch's wheel, a system
+ * copy): weak references resolve to NULL there instead of failing the load or the first call,
+ * and registration is refused with a message on every rank (the ready round carries it). */
+#pragma weak ncclCommWindowRegister
+#pragma weak ncclCommWindowDeregister
+#pragma weak ncclMemAlloc
+#pragma weak ncclMemFree
+
+static bool window_api_loaded(void) {
+    return ncclCommWindowRegister != NULL && ncclCommWindowDeregister != NULL &&
+           ncclMemAlloc != NULL && ncclMemFree != NULL;
 }
 
 /* The VMM recommended granularity of `device`, read through the runtime's driver entry point so
@@ -59,6 +88,7 @@ static size_t vmm_granularity(int device) {
     void *fn = NULL;
     enum cudaDriverEntryPointQueryResult q;
     size_t gran = 0;
+    cudaError_t pending = cudaPeekAtLastError();
     if (cudaGetDriverEntryPointByVersion("cuMemGetAllocationGranularity", &fn, 12000,
                                          cudaEnableDefault, &q) == cudaSuccess &&
         q == cudaDriverEntryPointSuccess && fn) {
@@ -70,7 +100,7 @@ static size_t vmm_granularity(int device) {
         if (((gran_fn)fn)(&gran, &prop, CU_MEM_ALLOC_GRANULARITY_RECOMMENDED) != CUDA_SUCCESS)
             gran = 0;
     }
-    (void)cudaGetLastError();
+    drop_errors_since(pending);
     return gran ? gran : (size_t)2 << 20;
 }
 
@@ -103,6 +133,7 @@ static sp_status_t mem_alloc(int device, size_t size, void **base_p) {
 }
 
 static void mem_free(int device, void *base) {
+    cudaError_t pending = cudaPeekAtLastError();
     int prev = -1;
     if (cudaGetDevice(&prev) != cudaSuccess)
         prev = -1;
@@ -112,12 +143,13 @@ static void mem_free(int device, void *base) {
         SP_WARN(SP_SUB_SYM, "ncclMemFree(%p) failed: %s", base, ncclGetErrorString(r));
     if (prev >= 0 && prev != device)
         (void)cudaSetDevice(prev);
-    (void)cudaGetLastError();
+    drop_errors_since(pending);
 }
 
 /* PyTorch-style figures for the out-of-memory message. */
 static void oom_figures(int device, char *buf, size_t len) {
     size_t fre = 0, tot = 0;
+    cudaError_t pending = cudaPeekAtLastError();
     int prev = -1;
     if (cudaGetDevice(&prev) != cudaSuccess)
         prev = -1;
@@ -131,7 +163,7 @@ static void oom_figures(int device, char *buf, size_t len) {
         snprintf(buf, len, "device %d's free memory is unknown", device);
     if (prev >= 0 && prev != device)
         (void)cudaSetDevice(prev);
-    (void)cudaGetLastError();
+    drop_errors_since(pending);
 }
 
 /* Memory on every rank, or on none: one round, and when a rank failed one cache release and
@@ -177,6 +209,19 @@ static sp_status_t nccl_alloc(sp_sym_state_t *st, size_t size, sp_sym_seg_t *seg
     char what[128];
     snprintf(what, sizeof what, "NCCL window of %zu bytes for symmetric pool \"%s\"", asize,
              st->name);
+    /* Every rank's libnccl.so.2 has the window calls, or none registers (one round). */
+    sp_agree_t api = {.op = SP_AGREE_NCCL_READY, .ok = window_api_loaded(), .f = {(int64_t)asize}};
+    SP_CHECK(sp__sym_round(st, &api, what));
+    if (api.nbad) {
+        char ranks[96];
+        int v = 0;
+        (void)ncclGetVersion(&v);
+        return sp__error(SP_ERR_NOT_SUPPORTED, SP_SUB_SYM,
+                         "%s: the libnccl.so.2 loaded on %s lacks ncclMemAlloc or the window "
+                         "calls (NCCL >= 2.27 needed; loaded here: %d); put a newer NCCL first "
+                         "on LD_LIBRARY_PATH",
+                         what, sp__agree_bad_ranks(&api, ranks, sizeof ranks), v);
+    }
     void *base = NULL;
     SP_CHECK(alloc_everywhere(st, asize, what, &base));
 
