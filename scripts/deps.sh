@@ -13,6 +13,10 @@ command -v python3 >/dev/null || need+=(python3)
 # The Python package's tests run with the system interpreter's pytest and mpi4py (Debian's).
 [ -x /usr/bin/python3 ] && /usr/bin/python3 -c 'import pytest' 2>/dev/null || need+=(python3-pytest)
 [ -x /usr/bin/python3 ] && /usr/bin/python3 -c 'import mpi4py' 2>/dev/null || need+=(python3-mpi4py)
+# The install and report tests build a consumer with pkg-config and read the JSON report with jq;
+# without them those tests are not registered, so install them rather than test less.
+command -v pkg-config >/dev/null || need+=(pkgconf)
+command -v jq >/dev/null || need+=(jq)
 if [ ${#need[@]} -gt 0 ]; then
   echo "sympool: installing ${need[*]}"
   sudo=""
