@@ -282,15 +282,18 @@ sp_status_t sp__alloc_segment(sp_devalloc_t *d, sp_bpool_t *bp, size_t alloc_siz
     return s;
 }
 
-sp_status_t sp__alloc_install_segment(sp_devalloc_t *d, sp_bpool_t *bp, void *ptr,
-                                      size_t alloc_size, sp_stream_t stream, uint32_t context,
-                                      sp_block_t **block_p) {
+/* A new segment [base, base + size) of bp's pool: its metadata, one block covering it (not yet in
+ * any free set), its place in the segment index, the pool's segment list and the device's
+ * address range. Accounting (reserved bytes, stats) is the caller's: fixed and expandable
+ * segments count differently. Under the device lock. */
+sp_status_t sp__alloc_segment_new(sp_devalloc_t *d, sp_bpool_t *bp, uintptr_t base, size_t size,
+                                  sp_stream_t stream, sp_segment_t **seg_p) {
     sp_mempool_t *pool = bp->pool;
     sp_segment_t *seg = calloc(1, sizeof(*seg));
     sp_block_t *b = seg ? sp__block_new(d) : NULL;
     if (seg) {
-        seg->base = (uintptr_t)ptr;
-        seg->size = alloc_size;
+        seg->base = base;
+        seg->size = size;
         seg->stream = stream;
         seg->bpool = bp;
         seg->head = b;
@@ -302,7 +305,6 @@ sp_status_t sp__alloc_install_segment(sp_devalloc_t *d, sp_bpool_t *bp, void *pt
         return sp__error(SP_ERR_SYSTEM, SP_SUB_POOL, "out of host memory for segment metadata");
     }
     seg->seq = pool->next_seq++;
-    seg->context = context;
     seg->pprev = pool->seg_tail;
     if (pool->seg_tail)
         pool->seg_tail->pnext = seg;
@@ -310,18 +312,30 @@ sp_status_t sp__alloc_install_segment(sp_devalloc_t *d, sp_bpool_t *bp, void *pt
         pool->seg_head = seg;
     pool->seg_tail = seg;
     pool->nsegments++;
-    pool->reserved += alloc_size;
-    d->total_reserved += alloc_size;
-    b->addr = seg->base;
-    b->size = alloc_size;
+    b->addr = base;
+    b->size = size;
     b->stream = stream;
     b->seg = seg;
     uintptr_t lo = atomic_load_explicit(&d->lo, memory_order_relaxed);
     uintptr_t hi = atomic_load_explicit(&d->hi, memory_order_relaxed);
-    if (lo == 0 || seg->base < lo)
-        atomic_store_explicit(&d->lo, seg->base, memory_order_relaxed);
-    if (seg->base + alloc_size > hi)
-        atomic_store_explicit(&d->hi, seg->base + alloc_size, memory_order_relaxed);
+    if (lo == 0 || base < lo)
+        atomic_store_explicit(&d->lo, base, memory_order_relaxed);
+    if (base + size > hi)
+        atomic_store_explicit(&d->hi, base + size, memory_order_relaxed);
+    *seg_p = seg;
+    return SP_SUCCESS;
+}
+
+sp_status_t sp__alloc_install_segment(sp_devalloc_t *d, sp_bpool_t *bp, void *ptr,
+                                      size_t alloc_size, sp_stream_t stream, uint32_t context,
+                                      sp_block_t **block_p) {
+    sp_mempool_t *pool = bp->pool;
+    sp_segment_t *seg = NULL;
+    SP_CHECK(sp__alloc_segment_new(d, bp, (uintptr_t)ptr, alloc_size, stream, &seg));
+    sp_block_t *b = seg->head;
+    seg->context = context;
+    pool->reserved += alloc_size;
+    d->total_reserved += alloc_size;
     sp_dev_stats_t *st = &d->stats;
     sp__stat_inc(st, SP_ST_SEGMENT, bp->is_small, 1);
     sp__stat_inc(st, SP_ST_RESERVED_BYTES, bp->is_small, (int64_t)alloc_size);

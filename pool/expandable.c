@@ -80,15 +80,6 @@ size_t sp__exp_page(const sp_bpool_t *bp) {
     return (page + g - 1) / g * g;
 }
 
-static void note_range(sp_devalloc_t *d, uintptr_t base, size_t size) {
-    uintptr_t lo = atomic_load_explicit(&d->lo, memory_order_relaxed);
-    uintptr_t hi = atomic_load_explicit(&d->hi, memory_order_relaxed);
-    if (lo == 0 || base < lo)
-        atomic_store_explicit(&d->lo, base, memory_order_relaxed);
-    if (base + size > hi)
-        atomic_store_explicit(&d->hi, base + size, memory_order_relaxed);
-}
-
 /* Reserve a new expandable segment for (bp, stream): one unmapped block covering it. */
 static sp_status_t new_segment(sp_devalloc_t *d, sp_bpool_t *bp, sp_stream_t stream,
                                sp_block_t **block_p) {
@@ -101,38 +92,15 @@ static sp_status_t new_segment(sp_devalloc_t *d, sp_bpool_t *bp, sp_stream_t str
     sp_status_t s = sp__g.ops->vmm_reserve(d->device, vsize, page, &base);
     if (s != SP_SUCCESS)
         return s;
-    sp_segment_t *seg = calloc(1, sizeof(*seg));
-    sp_block_t *b = seg ? sp__block_new(d) : NULL;
-    if (seg) {
-        seg->base = (uintptr_t)base;
-        seg->size = vsize;
-        seg->stream = stream;
-        seg->bpool = bp;
-        seg->head = b;
-        seg->expandable = true;
-        seg->page = page;
-    }
-    if (!b || sp__segidx_insert(d, seg) != SP_SUCCESS) {
-        free(seg);
-        if (b)
-            sp__block_recycle(d, b);
+    sp_segment_t *seg = NULL;
+    s = sp__alloc_segment_new(d, bp, (uintptr_t)base, vsize, stream, &seg);
+    if (s != SP_SUCCESS) {
         (void)sp__g.ops->vmm_release(d->device, base, vsize);
-        return sp__error(SP_ERR_SYSTEM, SP_SUB_POOL, "out of host memory for segment metadata");
+        return s;
     }
-    sp_mempool_t *pool = bp->pool;
-    seg->seq = pool->next_seq++;
-    seg->pprev = pool->seg_tail;
-    if (pool->seg_tail)
-        pool->seg_tail->pnext = seg;
-    else
-        pool->seg_head = seg;
-    pool->seg_tail = seg;
-    pool->nsegments++;
-    note_range(d, seg->base, vsize);
-    b->addr = seg->base;
-    b->size = vsize;
-    b->stream = stream;
-    b->seg = seg;
+    seg->expandable = true;
+    seg->page = page;
+    sp_block_t *b = seg->head;
     b->unmapped = true;
     ulist_insert(bp, b);
     SP_TRACE(SP_SUB_POOL,
