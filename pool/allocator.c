@@ -282,6 +282,30 @@ sp_status_t sp__alloc_segment(sp_devalloc_t *d, sp_bpool_t *bp, size_t alloc_siz
     return s;
 }
 
+/* The mirror of sp__alloc_segment_new: out of the segment index and the pool's list, its head
+ * block recycled, its metadata freed. The memory itself and the byte/stat accounting are the
+ * caller's.
+ * Under the device lock. */
+void sp__alloc_segment_delete(sp_devalloc_t *d, sp_segment_t *seg) {
+    sp_mempool_t *pool = seg->bpool->pool;
+    sp__segidx_remove(d, seg);
+    if (seg->pprev)
+        seg->pprev->pnext = seg->pnext;
+    else
+        pool->seg_head = seg->pnext;
+    if (seg->pnext)
+        seg->pnext->pprev = seg->pprev;
+    else
+        pool->seg_tail = seg->pprev;
+    pool->nsegments--;
+    if (seg->context)
+        sp__history_context_release(seg->context);
+    sp__block_recycle(d, seg->head);
+    free(seg->bidx_addr);
+    free(seg->bidx_blk);
+    free(seg);
+}
+
 /* A new segment [base, base + size) of bp's pool: its metadata, one block covering it (not yet in
  * any free set), its place in the segment index, the pool's segment list and the device's
  * address range. Accounting (reserved bytes, stats) is the caller's: fixed and expandable
@@ -381,7 +405,6 @@ static void detach_segment(sp_devalloc_t *d, sp_segment_t *seg, uint32_t context
     st->num_device_free++;
     d->total_reserved -= seg->size;
     pool->reserved -= seg->size;
-    pool->nsegments--;
     sp__stat_dec(st, SP_ST_SEGMENT, bp->is_small, 1);
     sp__stat_dec(st, SP_ST_RESERVED_BYTES, bp->is_small, (int64_t)seg->size);
     if (seg->size >= sp__g.conf.max_split_size)
@@ -392,21 +415,7 @@ static void detach_segment(sp_devalloc_t *d, sp_segment_t *seg, uint32_t context
     if (SP_UNLIKELY(sp__history_on()))
         sp__history_record(d->device, SP_TRACE_SEGMENT_FREE, seg->base, seg->size,
                            (uintptr_t)seg->stream, pool->id, context ? context : seg->context);
-    sp__segidx_remove(d, seg);
-    if (seg->pprev)
-        seg->pprev->pnext = seg->pnext;
-    else
-        pool->seg_head = seg->pnext;
-    if (seg->pnext)
-        seg->pnext->pprev = seg->pprev;
-    else
-        pool->seg_tail = seg->pprev;
-    if (seg->context)
-        sp__history_context_release(seg->context);
-    sp__block_recycle(d, b);
-    free(seg->bidx_addr);
-    free(seg->bidx_blk);
-    free(seg);
+    sp__alloc_segment_delete(d, seg);
 }
 
 /* ---- free -------------------------------------------------------------------------------- */

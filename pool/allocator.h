@@ -192,6 +192,7 @@ sp_status_t sp__alloc_segment(sp_devalloc_t *d, sp_bpool_t *bp, size_t alloc_siz
 int sp__alloc_segment_room(const sp_devalloc_t *d, const sp_mempool_t *pool, size_t alloc_size);
 /* Make memory at ptr (allocated by the caller) a segment of bp with one free block, returned in
  * *block_p (lock held). SP_ERR_SYSTEM (host memory) leaves ptr to the caller. */
+void sp__alloc_segment_delete(sp_devalloc_t *d, sp_segment_t *seg);
 sp_status_t sp__alloc_segment_new(sp_devalloc_t *d, sp_bpool_t *bp, uintptr_t base, size_t size,
                                   sp_stream_t stream, sp_segment_t **seg_p);
 sp_status_t sp__alloc_install_segment(sp_devalloc_t *d, sp_bpool_t *bp, void *ptr,

@@ -114,26 +114,10 @@ static sp_status_t new_segment(sp_devalloc_t *d, sp_bpool_t *bp, sp_stream_t str
 /* Give an expandable segment that is unmapped end to end back (its one block is unmapped). */
 static void release_segment(sp_devalloc_t *d, sp_segment_t *seg) {
     sp_bpool_t *bp = seg->bpool;
-    sp_mempool_t *pool = bp->pool;
     sp_block_t *b = seg->head;
     ulist_remove(bp, b);
     (void)sp__g.ops->vmm_release(d->device, (void *)seg->base, seg->size); /* logged there */
-    sp__segidx_remove(d, seg);
-    if (seg->pprev)
-        seg->pprev->pnext = seg->pnext;
-    else
-        pool->seg_head = seg->pnext;
-    if (seg->pnext)
-        seg->pnext->pprev = seg->pprev;
-    else
-        pool->seg_tail = seg->pprev;
-    pool->nsegments--;
-    if (seg->context)
-        sp__history_context_release(seg->context);
-    sp__block_recycle(d, b);
-    free(seg->bidx_addr);
-    free(seg->bidx_blk);
-    free(seg);
+    sp__alloc_segment_delete(d, seg);
 }
 
 static size_t unmap_block(sp_devalloc_t *d, sp_block_t *b);
