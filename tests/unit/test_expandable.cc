@@ -23,6 +23,11 @@ extern "C" {
 
 using namespace sp;
 
+// The tests that assert PyTorch's own rules (20 MiB large pages, holes kept mapped until a
+// release) switch our two defaults off.
+#define PYTORCH_PAGES                                                                              \
+    {"SYMPOOL_EXPANDABLE_PAGE", "0"}, { "SYMPOOL_EXPANDABLE_RECYCLE", "0" }
+
 namespace {
 
 struct Range {
@@ -72,7 +77,7 @@ size_t count(const std::vector<sp__trace_entry_t> &t, sp_trace_action_t a) {
 class Expandable : public sp::Test {};
 
 TEST_F(Expandable, GrowsAtTheEndInWholePages) {
-    sp::ScopedEnv env({{"SYMPOOL_ALLOC_CONF", "expandable_segments:True"}});
+    sp::ScopedEnv env({{"SYMPOOL_ALLOC_CONF", "expandable_segments:True"}, PYTORCH_PAGES});
     SP_SKIP_UNLESS_HOST();
     void *a, *b, *c;
     ASSERT_SP_OK(sp_malloc(30 * MiB, 0, nullptr, &a)); // maps 2 pages of 20 MiB
@@ -100,7 +105,7 @@ TEST_F(Expandable, GrowsAtTheEndInWholePages) {
 }
 
 TEST_F(Expandable, FreeBlockPlusUnmappedTailIsReusedBeforeMapping) {
-    sp::ScopedEnv env({{"SYMPOOL_ALLOC_CONF", "expandable_segments:True"}});
+    sp::ScopedEnv env({{"SYMPOOL_ALLOC_CONF", "expandable_segments:True"}, PYTORCH_PAGES});
     SP_SKIP_UNLESS_HOST();
     void *a, *b;
     ASSERT_SP_OK(sp_malloc(60 * MiB, 0, nullptr, &a));
@@ -113,7 +118,7 @@ TEST_F(Expandable, FreeBlockPlusUnmappedTailIsReusedBeforeMapping) {
 }
 
 TEST_F(Expandable, EmptyCacheUnmapsFreePagesOnly) {
-    sp::ScopedEnv env({{"SYMPOOL_ALLOC_CONF", "expandable_segments:True"}});
+    sp::ScopedEnv env({{"SYMPOOL_ALLOC_CONF", "expandable_segments:True"}, PYTORCH_PAGES});
     SP_SKIP_UNLESS_HOST();
     void *a, *b, *c;
     ASSERT_SP_OK(sp_malloc(30 * MiB, 0, nullptr, &a));
@@ -161,7 +166,7 @@ TEST_F(Expandable, EmptyCacheUnmapsFreePagesOnly) {
 }
 
 TEST_F(Expandable, OneSegmentPerStreamAndPoolKind) {
-    sp::ScopedEnv env({{"SYMPOOL_ALLOC_CONF", "expandable_segments:True"}});
+    sp::ScopedEnv env({{"SYMPOOL_ALLOC_CONF", "expandable_segments:True"}, PYTORCH_PAGES});
     SP_SKIP_UNLESS_HOST();
     sp_stream_t s1, s2;
     ASSERT_SP_OK(sp_stream_create(0, &s1));
@@ -186,7 +191,7 @@ TEST_F(Expandable, OneSegmentPerStreamAndPoolKind) {
 TEST_F(Expandable, OomAtCapacityCountsMappedPages) {
     expect_warnings();
     sp::ScopedEnv env(
-        {{"SYMPOOL_ALLOC_CONF", "expandable_segments:True"}, {"SYMPOOL_HOST_CAPACITY", "100MiB"}});
+        {{"SYMPOOL_ALLOC_CONF", "expandable_segments:True"}, PYTORCH_PAGES, {"SYMPOOL_HOST_CAPACITY", "100MiB"}});
     SP_SKIP_UNLESS_HOST();
     void *a, *b = nullptr;
     ASSERT_SP_OK(sp_malloc(60 * MiB, 0, nullptr, &a));
@@ -205,7 +210,7 @@ TEST_F(Expandable, OomAtCapacityCountsMappedPages) {
 
 TEST_F(Expandable, OomRetryUnmapsAnotherStreamsFreePages) {
     sp::ScopedEnv env(
-        {{"SYMPOOL_ALLOC_CONF", "expandable_segments:True"}, {"SYMPOOL_HOST_CAPACITY", "100MiB"}});
+        {{"SYMPOOL_ALLOC_CONF", "expandable_segments:True"}, PYTORCH_PAGES, {"SYMPOOL_HOST_CAPACITY", "100MiB"}});
     SP_SKIP_UNLESS_HOST();
     sp_stream_t s1, s2;
     ASSERT_SP_OK(sp_stream_create(0, &s1));
@@ -225,7 +230,7 @@ TEST_F(Expandable, OomRetryUnmapsAnotherStreamsFreePages) {
 
 TEST_F(Expandable, FaultInjectionDuringMapTakesTheRetryPath) {
     sp::ScopedEnv env(
-        {{"SYMPOOL_ALLOC_CONF", "expandable_segments:True"}, {"SYMPOOL_HOST_FAIL_AFTER", "2"}});
+        {{"SYMPOOL_ALLOC_CONF", "expandable_segments:True"}, PYTORCH_PAGES, {"SYMPOOL_HOST_FAIL_AFTER", "2"}});
     SP_SKIP_UNLESS_HOST();
     void *a, *b;
     ASSERT_SP_OK(sp_malloc(30 * MiB, 0, nullptr, &a)); // map call 1
@@ -241,7 +246,7 @@ TEST_F(Expandable, FaultInjectionDuringMapTakesTheRetryPath) {
 }
 
 TEST_F(Expandable, SnapshotFilesCarryMapsAndExpandableSegments) {
-    sp::ScopedEnv env({{"SYMPOOL_ALLOC_CONF", "expandable_segments:True"}});
+    sp::ScopedEnv env({{"SYMPOOL_ALLOC_CONF", "expandable_segments:True"}, PYTORCH_PAGES});
     SP_SKIP_UNLESS_HOST();
     record_all();
     void *a, *b;
@@ -269,7 +274,7 @@ TEST_F(Expandable, SnapshotFilesCarryMapsAndExpandableSegments) {
 
 TEST_F(Expandable, PluggablePoolsKeepFixedSegmentsAndSaySo) {
     sp::ScopedEnv env(
-        {{"SYMPOOL_ALLOC_CONF", "expandable_segments:True"}, {"SYMPOOL_DEBUG", "INFO"}});
+        {{"SYMPOOL_ALLOC_CONF", "expandable_segments:True"}, PYTORCH_PAGES, {"SYMPOOL_DEBUG", "INFO"}});
     SP_SKIP_UNLESS_HOST();
     static size_t live = 0;
     sp_allocator_t al;
@@ -435,7 +440,7 @@ INSTANTIATE_TEST_SUITE_P(Options, ExpandableModel, ::testing::Values(0, 1, 2));
 
 TEST_F(Expandable, PoolLimitCountsMappedPages) {
     expect_warnings();
-    sp::ScopedEnv env({{"SYMPOOL_ALLOC_CONF", "expandable_segments:True"}});
+    sp::ScopedEnv env({{"SYMPOOL_ALLOC_CONF", "expandable_segments:True"}, PYTORCH_PAGES});
     SP_SKIP_UNLESS_HOST();
     sp_mempool_params_t pp;
     sp_mempool_params_init(&pp);
