@@ -310,8 +310,8 @@ static void recycle(sp_devalloc_t *d, sp_bpool_t *bp, sp_stream_t stream, size_t
     /* Synchronizing a capturing stream would break the capture; its pool (a graph's) keeps
      * PyTorch's rules. */
     bool capturing = false;
-    if (stream && (sp__g.ops->stream_capturing(d->device, stream, &capturing) != SP_SUCCESS ||
-                   capturing))
+    if (stream &&
+        (sp__g.ops->stream_capturing(d->device, stream, &capturing) != SP_SUCCESS || capturing))
         return;
     recycler_t r = {.d = d, .stream = stream, .need = need};
     sp_mempool_t *pool = bp->pool;

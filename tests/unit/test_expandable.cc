@@ -26,7 +26,9 @@ using namespace sp;
 // The tests that assert PyTorch's own rules (20 MiB large pages, holes kept mapped until a
 // release) switch our two defaults off.
 #define PYTORCH_PAGES                                                                              \
-    {"SYMPOOL_EXPANDABLE_PAGE", "0"}, { "SYMPOOL_EXPANDABLE_RECYCLE", "0" }
+    {"SYMPOOL_EXPANDABLE_PAGE", "0"}, {                                                            \
+        "SYMPOOL_EXPANDABLE_RECYCLE", "0"                                                          \
+    }
 
 namespace {
 
@@ -190,8 +192,9 @@ TEST_F(Expandable, OneSegmentPerStreamAndPoolKind) {
 
 TEST_F(Expandable, OomAtCapacityCountsMappedPages) {
     expect_warnings();
-    sp::ScopedEnv env(
-        {{"SYMPOOL_ALLOC_CONF", "expandable_segments:True"}, PYTORCH_PAGES, {"SYMPOOL_HOST_CAPACITY", "100MiB"}});
+    sp::ScopedEnv env({{"SYMPOOL_ALLOC_CONF", "expandable_segments:True"},
+                       PYTORCH_PAGES,
+                       {"SYMPOOL_HOST_CAPACITY", "100MiB"}});
     SP_SKIP_UNLESS_HOST();
     void *a, *b = nullptr;
     ASSERT_SP_OK(sp_malloc(60 * MiB, 0, nullptr, &a));
@@ -209,8 +212,9 @@ TEST_F(Expandable, OomAtCapacityCountsMappedPages) {
 }
 
 TEST_F(Expandable, OomRetryUnmapsAnotherStreamsFreePages) {
-    sp::ScopedEnv env(
-        {{"SYMPOOL_ALLOC_CONF", "expandable_segments:True"}, PYTORCH_PAGES, {"SYMPOOL_HOST_CAPACITY", "100MiB"}});
+    sp::ScopedEnv env({{"SYMPOOL_ALLOC_CONF", "expandable_segments:True"},
+                       PYTORCH_PAGES,
+                       {"SYMPOOL_HOST_CAPACITY", "100MiB"}});
     SP_SKIP_UNLESS_HOST();
     sp_stream_t s1, s2;
     ASSERT_SP_OK(sp_stream_create(0, &s1));
@@ -229,8 +233,9 @@ TEST_F(Expandable, OomRetryUnmapsAnotherStreamsFreePages) {
 }
 
 TEST_F(Expandable, FaultInjectionDuringMapTakesTheRetryPath) {
-    sp::ScopedEnv env(
-        {{"SYMPOOL_ALLOC_CONF", "expandable_segments:True"}, PYTORCH_PAGES, {"SYMPOOL_HOST_FAIL_AFTER", "2"}});
+    sp::ScopedEnv env({{"SYMPOOL_ALLOC_CONF", "expandable_segments:True"},
+                       PYTORCH_PAGES,
+                       {"SYMPOOL_HOST_FAIL_AFTER", "2"}});
     SP_SKIP_UNLESS_HOST();
     void *a, *b;
     ASSERT_SP_OK(sp_malloc(30 * MiB, 0, nullptr, &a)); // map call 1
@@ -273,8 +278,9 @@ TEST_F(Expandable, SnapshotFilesCarryMapsAndExpandableSegments) {
 }
 
 TEST_F(Expandable, PluggablePoolsKeepFixedSegmentsAndSaySo) {
-    sp::ScopedEnv env(
-        {{"SYMPOOL_ALLOC_CONF", "expandable_segments:True"}, PYTORCH_PAGES, {"SYMPOOL_DEBUG", "INFO"}});
+    sp::ScopedEnv env({{"SYMPOOL_ALLOC_CONF", "expandable_segments:True"},
+                       PYTORCH_PAGES,
+                       {"SYMPOOL_DEBUG", "INFO"}});
     SP_SKIP_UNLESS_HOST();
     static size_t live = 0;
     sp_allocator_t al;
