@@ -467,3 +467,52 @@ TEST_F(Expandable, PoolLimitCountsMappedPages) {
     ASSERT_SP_OK(sp_empty_cache());
     EXPECT_EQ(sp__host_live_allocations(0), 0u);
 }
+
+// Our defaults (2 MiB large pages, recycling): before the large pool grows, the whole free pages
+// of the small pool and of another stream's segment are unmapped, so the physical memory moves
+// instead of adding up; PyTorch's rules keep them mapped until a release.
+static void free_pages_elsewhere_then_grow(bool pytorch) {
+    sp_stream_t s1;
+    ASSERT_SP_OK(sp_stream_create(0, &s1));
+    std::vector<void *> small;
+    for (int i = 0; i < 8; i++) { // 8 x 1 MiB: 4 small pages
+        void *p;
+        ASSERT_SP_OK(sp_malloc(1 * MiB, 0, nullptr, &p));
+        small.push_back(p);
+    }
+    void *other;
+    ASSERT_SP_OK(sp_malloc(6 * MiB, 0, s1, &other)); // another stream's large segment
+    for (void *p : small)
+        ASSERT_SP_OK(sp_free(p));
+    ASSERT_SP_OK(sp_free(other));
+    int64_t before = stat("reserved_bytes.all.current");
+    void *big;
+    ASSERT_SP_OK(sp_malloc(10 * MiB, 0, nullptr, &big));
+    if (pytorch) {
+        EXPECT_EQ(before, 28 * (int64_t)MiB); // 4 small pages + one 20 MiB page
+        EXPECT_EQ(stat("reserved_bytes.small_pool.current"), 8 * (int64_t)MiB);
+        EXPECT_EQ(stat("num_device_free"), 0);
+        EXPECT_EQ(stat("reserved_bytes.all.current"), before + 20 * (int64_t)MiB);
+    } else {
+        EXPECT_EQ(before, 14 * (int64_t)MiB); // 4 small pages + three 2 MiB pages
+        EXPECT_EQ(stat("reserved_bytes.small_pool.current"), 0);
+        EXPECT_GE(stat("num_device_free"), 2);
+        EXPECT_EQ(stat("reserved_bytes.all.current"), 10 * (int64_t)MiB); // moved, not added
+    }
+    ASSERT_SP_OK(sp_free(big));
+    ASSERT_SP_OK(sp_empty_cache());
+    EXPECT_EQ(stat("reserved_bytes.all.current"), 0);
+    ASSERT_SP_OK(sp_stream_destroy(s1));
+}
+
+TEST_F(Expandable, DefaultsRecycleSmallPoolAndOtherStreamPages) {
+    sp::ScopedEnv env({{"SYMPOOL_ALLOC_CONF", "expandable_segments:True"}});
+    SP_SKIP_UNLESS_HOST();
+    free_pages_elsewhere_then_grow(false);
+}
+
+TEST_F(Expandable, PyTorchRulesKeepFreePagesMappedUntilARelease) {
+    sp::ScopedEnv env({{"SYMPOOL_ALLOC_CONF", "expandable_segments:True"}, PYTORCH_PAGES});
+    SP_SKIP_UNLESS_HOST();
+    free_pages_elsewhere_then_grow(true);
+}
