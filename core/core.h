@@ -179,6 +179,9 @@ const char *sp__log_level_name(int level); /* "WARN" */
     X(EXPANDABLE_RECYCLE, BOOL, "1", NULL, NULL, 0,                                                \
       "ours: before an expandable segment grows, unmap whole free pages of the pool's segments "   \
       "(the memory moves instead of adding up; costs map/unmap calls); 0 = PyTorch's rules")       \
+    X(EXPANDABLE_BORROW, BOOL, "1", NULL, NULL, 0,                                                 \
+      "ours: a small request that would map a new small-pool page takes a free piece of the "      \
+      "large pool's expandable segments instead; 0 = PyTorch's rules")                             \
     X(HOST_CAPACITY, SIZE, "80GiB", NULL, check_positive, 0,                                       \
       "memory of each emulated host device")                                                       \
     X(HOST_DEVICES, LONG, "1", NULL, check_devices, 0, "number of emulated host devices (1-64)")   \

@@ -334,9 +334,31 @@ static void recycle(sp_devalloc_t *d, sp_bpool_t *bp, sp_stream_t stream, size_t
     }
 }
 
+/* SYMPOOL_EXPANDABLE_BORROW (ours): a small request that finds no free small block would map a
+ * new 2 MiB small-pool page. Instead it takes the smallest free block of the pool's large
+ * expandable segments that holds it (same stream), if any: mapped memory that a 2 MiB unit
+ * often cannot give back (pieces under a page at the ends of holes and of the last page), where
+ * a new small page would add to the reservation. The block stays the large pool's (its stats,
+ * its merges when freed). PyTorch keeps the pools apart to protect large segments from small
+ * blocks; with pages unmapped as they free up, a small block pins at most the pages under it,
+ * as a small-pool page would. */
+static sp_block_t *borrow_large(sp_bpool_t *bp, size_t size, sp_stream_t stream) {
+    sp_bpool_t *lp = &bp->pool->large;
+    if (!bp->is_small || bp->pool->no_split)
+        return NULL;
+    sp_block_t *b = sp__bset_lower_bound(&lp->free, stream, size);
+    if (!b || b->stream != stream || !b->seg->expandable || !allocatable(b) ||
+        b->size >= sp__g.conf.max_split_size)
+        return NULL; /* small requests never take oversize blocks */
+    sp__bset_remove(&lp->free, b);
+    return b;
+}
+
 sp_status_t sp__exp_alloc(sp_devalloc_t *d, sp_bpool_t *bp, size_t size, sp_stream_t stream,
                           uint32_t ctx, sp_block_t **block_p, int *why_p) {
     *why_p = 0;
+    if (sp__g.exp_borrow && (*block_p = borrow_large(bp, size, stream)) != NULL)
+        return SP_SUCCESS;
     if (sp__g.exp_recycle)
         recycle(d, bp, stream, size);
     sp_block_t *c = NULL;

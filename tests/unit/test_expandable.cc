@@ -24,11 +24,12 @@ extern "C" {
 using namespace sp;
 
 // The tests that assert PyTorch's own rules (20 MiB large pages, holes kept mapped until a
-// release) switch our two defaults off.
+// release, small requests in the small pool) switch our three defaults off.
+// clang-format off
 #define PYTORCH_PAGES                                                                              \
-    {"SYMPOOL_EXPANDABLE_PAGE", "0"}, {                                                            \
-        "SYMPOOL_EXPANDABLE_RECYCLE", "0"                                                          \
-    }
+    {"SYMPOOL_EXPANDABLE_PAGE", "0"}, {"SYMPOOL_EXPANDABLE_RECYCLE", "0"},                         \
+    {"SYMPOOL_EXPANDABLE_BORROW", "0"}
+// clang-format on
 
 namespace {
 
@@ -515,4 +516,35 @@ TEST_F(Expandable, PyTorchRulesKeepFreePagesMappedUntilARelease) {
     sp::ScopedEnv env({{"SYMPOOL_ALLOC_CONF", "expandable_segments:True"}, PYTORCH_PAGES});
     SP_SKIP_UNLESS_HOST();
     free_pages_elsewhere_then_grow(true);
+}
+
+// SYMPOOL_EXPANDABLE_BORROW (default): a small request with no free small block takes the free
+// end of the large pool's last page instead of mapping a 2 MiB small-pool page; the block stays
+// the large pool's. With the option off a small page is mapped, as in PyTorch.
+static void small_request_after_large(bool borrow) {
+    void *big, *small;
+    ASSERT_SP_OK(sp_malloc(3 * MiB, 0, nullptr, &big)); // two 2 MiB pages, 1 MiB free at the end
+    ASSERT_SP_OK(sp_malloc(64 * KiB, 0, nullptr, &small));
+    EXPECT_EQ(stat("reserved_bytes.all.current"), (borrow ? 4 : 6) * (int64_t)MiB);
+    EXPECT_EQ(stat("reserved_bytes.small_pool.current"), borrow ? 0 : 2 * (int64_t)MiB);
+    EXPECT_EQ(stat("allocated_bytes.large_pool.current"),
+              (int64_t)(3 * MiB + (borrow ? 64 * KiB : 0)));
+    EXPECT_EQ((uintptr_t)small == (uintptr_t)big + 3 * MiB, borrow);
+    ASSERT_SP_OK(sp_free(small));
+    ASSERT_SP_OK(sp_free(big));
+    ASSERT_SP_OK(sp_empty_cache());
+    EXPECT_EQ(stat("reserved_bytes.all.current"), 0);
+}
+
+TEST_F(Expandable, SmallRequestBorrowsTheLargePoolsFreePiece) {
+    sp::ScopedEnv env({{"SYMPOOL_ALLOC_CONF", "expandable_segments:True"}});
+    SP_SKIP_UNLESS_HOST();
+    small_request_after_large(true);
+}
+
+TEST_F(Expandable, WithoutBorrowASmallRequestMapsASmallPage) {
+    sp::ScopedEnv env(
+        {{"SYMPOOL_ALLOC_CONF", "expandable_segments:True"}, {"SYMPOOL_EXPANDABLE_BORROW", "0"}});
+    SP_SKIP_UNLESS_HOST();
+    small_request_after_large(false);
 }
