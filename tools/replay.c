@@ -408,17 +408,20 @@ static bool replay_median(const tr_trace_t *t, const char *snapshot, int repeat,
 
 /* The summary line answers "which configuration fits in N GiB, at what peak": with --capacity
  * the configurations that ran without OOM, least peak reserved first, each with its peak, then
- * those that did not fit with their OOM counts; without it, what each needs (its peak). */
+ * those that did not fit with their OOM counts, fewest first; without it, what each needs (its
+ * peak). */
 static void print_answer(const char *const *confs, const replay_result_t *rs, int n,
                          const char *capacity) {
     int order[MAX_COMPARE_ROWS], fits = 0;
     for (int i = 0; i < n; i++)
         order[i] = i;
-    for (int i = 1; i < n; i++) /* insertion sort: fitting first, then by peak reserved */
+    /* insertion sort: fitting first by peak reserved, then the others by OOMs */
+    for (int i = 1; i < n; i++)
         for (int k = i; k > 0; k--) {
             const replay_result_t *a = &rs[order[k - 1]], *b = &rs[order[k]];
-            bool swap =
-                (a->ooms > 0) != (b->ooms > 0) ? a->ooms > 0 : b->peak_reserved < a->peak_reserved;
+            bool swap = (a->ooms > 0) != (b->ooms > 0) ? a->ooms > 0
+                        : a->ooms != b->ooms           ? b->ooms < a->ooms
+                                                       : b->peak_reserved < a->peak_reserved;
             if (!swap)
                 break;
             int tmp = order[k];
