@@ -177,7 +177,7 @@ const char *sp__log_level_name(int level); /* "WARN" */
       "ours: large-pool page of expandable segments (rounded up to the device's granularity); "    \
       "0 = PyTorch's 20 MiB")                                                                      \
     X(EXPANDABLE_RECYCLE, BOOL, "1", NULL, NULL, 0,                                                \
-      "ours: before an expandable segment grows, unmap whole free pages of the pool's segments "   \
+      "ours: before the default pool's expandable segments grow, unmap their whole free pages "    \
       "(the memory moves instead of adding up; costs map/unmap calls); 0 = PyTorch's rules")       \
     X(EXPANDABLE_BORROW, BOOL, "1", NULL, NULL, 0,                                                 \
       "ours: a small request that would map a new small-pool page takes a free piece of the "      \

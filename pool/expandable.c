@@ -246,10 +246,10 @@ static sp_status_t find_room(sp_devalloc_t *d, sp_bpool_t *bp, size_t size, sp_s
     return new_segment(d, bp, stream, c_p);
 }
 
-/* SYMPOOL_EXPANDABLE_RECYCLE (ours): before mapping, unmap up to `need` bytes of whole free
- * pages anywhere in the growing pool's expandable segments (its small and large pools, every
- * stream, any hole, not only the growing segment's), so the physical pages move to where the
- * segment grows instead of adding to it. PyTorch does this only on OOM (the release before its
+/* SYMPOOL_EXPANDABLE_RECYCLE (ours): before the default pool maps, unmap up to `need` bytes of
+ * whole free pages anywhere in its expandable segments (its small and large pools, every stream,
+ * any hole, not only the growing segment's), so the physical pages move to where the segment
+ * grows instead of adding to it. PyTorch does this only on OOM (the release before its
  * retry), so freed holes stay mapped until then and count in reserved memory. */
 static bool has_whole_page(const sp_block_t *b) {
     const sp_segment_t *seg = b->seg;
@@ -307,8 +307,11 @@ static bool recycle_stream(recycler_t *r, sp_bpool_t *bp, sp_stream_t s) {
 }
 
 static void recycle(sp_devalloc_t *d, sp_bpool_t *bp, sp_stream_t stream, size_t need) {
-    /* Synchronizing a capturing stream would break the capture; its pool (a graph's) keeps
-     * PyTorch's rules. */
+    /* Only the default pool: PyTorch never unmaps a live MemPool's free memory behind its back
+     * (a CUDA graph's pool keeps the memory its replays use), and synchronizing a capturing
+     * stream would break the capture. */
+    if (!bp->pool->is_default)
+        return;
     bool capturing = false;
     if (stream &&
         (sp__g.ops->stream_capturing(d->device, stream, &capturing) != SP_SUCCESS || capturing))

@@ -548,3 +548,27 @@ TEST_F(Expandable, WithoutBorrowASmallRequestMapsASmallPage) {
     SP_SKIP_UNLESS_HOST();
     small_request_after_large(false);
 }
+
+// Recycling is the default pool's: a live MemPool keeps its free pages mapped when it grows, as
+// in PyTorch (a graph's pool must keep the memory its replays use).
+TEST_F(Expandable, MemPoolsKeepTheirFreePagesWhenTheyGrow) {
+    sp::ScopedEnv env({{"SYMPOOL_ALLOC_CONF", "expandable_segments:True"}});
+    SP_SKIP_UNLESS_HOST();
+    sp_mempool_params_t pp;
+    sp_mempool_params_init(&pp);
+    sp_mempool_t *pool = nullptr;
+    ASSERT_SP_OK(sp_mempool_create(&pp, &pool));
+    sp_stream_t s1;
+    ASSERT_SP_OK(sp_stream_create(0, &s1));
+    void *a, *b;
+    ASSERT_SP_OK(sp_mempool_malloc(pool, 6 * MiB, s1, &a));
+    ASSERT_SP_OK(sp_free(a));
+    ASSERT_SP_OK(sp_mempool_malloc(pool, 10 * MiB, nullptr, &b)); // another stream: no fit
+    EXPECT_EQ(stat("num_device_free"), 0);
+    EXPECT_EQ(sp_mempool_total_bytes(pool), 16 * MiB);
+    ASSERT_SP_OK(sp_free(b));
+    ASSERT_SP_OK(sp_mempool_destroy(pool));
+    ASSERT_SP_OK(sp_empty_cache());
+    ASSERT_SP_OK(sp_stream_destroy(s1));
+    EXPECT_EQ(stat("reserved_bytes.all.current"), 0);
+}
