@@ -30,6 +30,7 @@
 #include <string.h>
 
 #include "core/options.h"
+#include "sympool/version.h"
 
 extern char **environ;
 
@@ -284,12 +285,7 @@ static void first_load(void) {
     pthread_mutex_unlock(&opts_lock);
     if (level == SP_LOG_VERSION || level >= SP_LOG_INFO)
         sp__log_at(SP_LOG_VERSION, SP_SUB_INIT, __FILE__, __LINE__, "sympool version %s",
-#ifdef SP_VERSION_STRING
-                   SP_VERSION_STRING
-#else
-                   "unknown"
-#endif
-        );
+                   sp_version());
     if (info)
         sp__options_print(stderr);
     opts_loading = false;
