@@ -23,7 +23,16 @@ from .memory import (
     reset_peak_memory_stats, set_per_process_memory_fraction, snapshot, stats_keys, use_mem_pool)
 from .world import World
 
-__version__ = "0.1.0"
+
+
+def __getattr__(name):
+    # The version is the library's (sp_version), not a copy here: read when first asked for, so
+    # that `import sympool` still loads nothing.
+    if name == "__version__":
+        from . import _lib
+        return _lib.lib().sp_version().decode()
+    raise AttributeError(f"module 'sympool' has no attribute {name!r}")
+
 
 __all__ = [
     "InvalidArgumentError", "MemPool", "OutOfMemoryError", "Stream", "SympoolError", "World",

@@ -93,6 +93,7 @@ _P = ctypes.POINTER
 _PROTOS = {
     "sp_status_name": (_cp, [_st]),
     "sp_last_error": (_cp, []),
+    "sp_version": (_cp, []),
     "sp_init": (_st, []),
     "sp_backend_name": (_cp, []),
     "sp_device_count": (_i, []),
