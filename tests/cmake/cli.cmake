@@ -107,6 +107,7 @@ if(TARGET sympool_cli)
   foreach(cmd info replay plot summary)
     sp_cli_check(NAME ${cmd}_help RC 0 REGEX "usage: sympool ${cmd}" ARGS ${cmd} --help)
     sp_cli_check(NAME ${cmd}_h RC 0 REGEX "usage: sympool ${cmd}" ARGS ${cmd} -h)
+    sp_cli_check(NAME help_${cmd} RC 0 REGEX "usage: sympool ${cmd}" ARGS help ${cmd})
     sp_cli_check(NAME ${cmd}_unknown_option RC 2
       REGEX "sympool ${cmd}: unknown option '--no-such-option' \\(see sympool ${cmd} --help\\)"
       ARGS ${cmd} --no-such-option)
