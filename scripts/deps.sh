@@ -23,6 +23,8 @@ command -v python3 >/dev/null || need+=(python3)
 # without them those tests are not registered, so install them rather than test less.
 command -v pkg-config >/dev/null || need+=(pkgconf)
 command -v jq >/dev/null || need+=(jq)
+# `man sympool` is generated from the command's --help at build time (200 KB, perl).
+command -v help2man >/dev/null || need+=(help2man)
 if [ ${#need[@]} -gt 0 ]; then
   echo "sympool: installing ${need[*]}"
   sudo=""
