@@ -28,9 +28,10 @@ sympool.free(p)
 print("pip: import ok", sympool.__version__, lib)
 PY
 version=$(LD_PRELOAD=$preload "$vpy" -c 'import sympool; print(sympool.__version__)')
-"$vpy" -m pip show sympool | grep -qx "Version: $version" ||
-  { echo "FAIL: pip show:"; "$vpy" -m pip show sympool; exit 1; }
-"$work/venv/bin/sympool" --version | grep -qx "sympool $version" ||
-  { echo "FAIL: the sympool command:"; "$work/venv/bin/sympool" --version; exit 1; }
+# Whole outputs first: grep -q closing the pipe early would fail pip's write under pipefail.
+show=$("$vpy" -m pip show sympool)
+grep -qx "Version: $version" <<<"$show" || { echo "FAIL: pip show:"; echo "$show"; exit 1; }
+cli=$("$work/venv/bin/sympool" --version)
+grep -qx "sympool $version" <<<"$cli" || { echo "FAIL: the sympool command: $cli"; exit 1; }
 rm -rf "$work"
 echo "pip ok"
