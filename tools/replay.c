@@ -124,11 +124,13 @@ static int64_t stat_of(int dev, const char *key) {
  * threshold has the limit to act on that it has on a GPU; without one the fraction stays unset
  * and nothing else changes. */
 static bool gc_configured(const char *conf) {
-    const char *env[] = {conf, getenv("SYMPOOL_ALLOC_CONF"), getenv("SYMPOOL_GC_THRESHOLD")};
-    for (size_t i = 0; i < sizeof(env) / sizeof(env[0]); i++)
-        if (env[i] != NULL && (i == 2 ? env[i][0] != '\0'
-                                      : strstr(env[i], "garbage_collection_threshold") != NULL ||
-                                            strstr(env[i], "SYMPOOL_GC_THRESHOLD") != NULL))
+    const char *gc = getenv("SYMPOOL_GC_THRESHOLD");
+    if (gc != NULL && gc[0] != '\0')
+        return true;
+    const char *text[] = {conf, getenv("SYMPOOL_ALLOC_CONF"), getenv("PYTORCH_CUDA_ALLOC_CONF")};
+    for (size_t i = 0; i < sizeof(text) / sizeof(text[0]); i++)
+        if (text[i] != NULL && (strstr(text[i], "garbage_collection_threshold") != NULL ||
+                                strstr(text[i], "SYMPOOL_GC_THRESHOLD") != NULL))
             return true;
     return false;
 }
