@@ -66,5 +66,6 @@ void cuda_double_make_sticky(int dev, int err);
 void cuda_double_inject(const char *fn, int code, int skip);
 size_t cuda_double_memory_used(int dev);
 int cuda_double_live_vmm_handles(void);
+int cuda_double_device_of(const void *p); /* -1: not device memory */
 
 #endif

@@ -459,6 +459,10 @@ DBL_EXPORT int dbl_vmm_range(const void *p, uintptr_t *base_p, size_t *size_p, i
     return rc;
 }
 
+DBL_EXPORT int cuda_double_device_of(const void *p) {
+    return dbl_mem_device(p);
+}
+
 DBL_EXPORT int cuda_double_live_vmm_handles(void) {
     pthread_mutex_lock(&g_mu);
     int n = g_live_handles;
