@@ -76,7 +76,7 @@ int main(int argc, char **argv) {
     reset_fn_t reset = (reset_fn_t)sym(lib, "sp_torch_empty_cache");
     void *drv = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
     int (*contexts)(int) = drv ? (int (*)(int))dlsym(drv, "cuda_double_primary_contexts") : NULL;
-    size_t (*used)(int) = drv ? (size_t (*)(int))dlsym(drv, "cuda_double_memory_used") : NULL;
+    size_t (*used)(int) = drv ? (size_t(*)(int))dlsym(drv, "cuda_double_memory_used") : NULL;
     int (*device_of)(const void *) =
         drv ? (int (*)(const void *))dlsym(drv, "cuda_double_device_of") : NULL;
     if (!contexts || !used || !device_of) {
@@ -124,8 +124,10 @@ int main(int argc, char **argv) {
         record(p, side);
         dfree(p, n, dev, stream);
         void *r = alloc(n, dev, stream);
-        CHECK(r != NULL && r != p, "%p was handed out again while a stream recorded on it still "
-                                   "had work queued", p);
+        CHECK(r != NULL && r != p,
+              "%p was handed out again while a stream recorded on it still "
+              "had work queued",
+              p);
         CHECK(cudaStreamSynchronize(side) == cudaSuccess, "sync side");
         void *r2 = alloc(n, dev, stream);
         CHECK(r2 == p, "after the side stream completed, %p should be reused (got %p)", p, r2);
