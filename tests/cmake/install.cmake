@@ -40,3 +40,15 @@ if(SP_HAVE_MPI AND TARGET 03_stats_report AND SP_JQ)
   set_tests_properties(reports.file_jq_promtool PROPERTIES LABELS "mpi;report" TIMEOUT 300
     PASS_REGULAR_EXPRESSION "reports ok" ENVIRONMENT "${SP_TEST_ENV}")
 endif()
+
+# NCCL as PyTorch's nvidia-nccl wheel lays it out (include/nccl.h, lib/libnccl.so.2 only), found
+# through SYMPOOL_NCCL_ROOT: the library builds with the project's warnings and its installed
+# consumers link. Library and CLI only (about 70 s on two cores without ccache).
+if(SP_HAVE_NCCL AND SP_PKG_CONFIG AND NOT SYMPOOL_SANITIZE)
+  add_test(NAME install.nccl_wheel_layout
+    COMMAND ${CMAKE_CURRENT_SOURCE_DIR}/install/nccl_wheel_check.sh ${PROJECT_SOURCE_DIR}
+            ${CMAKE_CURRENT_BINARY_DIR}/nccl_wheel_check ${NCCL_INCLUDE_DIR} ${NCCL_LIBRARY}
+            ${CMAKE_INSTALL_LIBDIR} ${CMAKE_C_COMPILER} ${SP_INSTALL_MPI})
+  set_tests_properties(install.nccl_wheel_layout PROPERTIES LABELS "install" TIMEOUT 600
+    PASS_REGULAR_EXPRESSION "wheel layout ok" ENVIRONMENT "${SP_TEST_ENV}" RUN_SERIAL TRUE)
+endif()
