@@ -95,7 +95,8 @@ def main():
         md += ["", "| training mode | ms/step | peak reserved (bytes) | final loss |",
                "|---|---|---|---|"]
         for k, v in tr:
-            peak = v.get("peak_reserved_bytes", v.get("sympool_peak_reserved_bytes"))
+            peak = v.get("peak_reserved_bytes", v.get("sympool_peak_reserved_bytes",
+                                                      v.get("torch_peak_reserved_bytes")))
             md.append(f"| {v['mode']} | {v['ms_per_step']:.2f} | {peak} | {v['losses'][-1]:.6f} |")
     rp = [(k, v) for k, v in sorted(results.items()) if k.startswith("replay_")]
     if rp:
