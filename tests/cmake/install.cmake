@@ -52,3 +52,15 @@ if(SP_HAVE_NCCL AND SP_PKG_CONFIG AND NOT SYMPOOL_SANITIZE)
   set_tests_properties(install.nccl_wheel_layout PROPERTIES LABELS "install" TIMEOUT 600
     PASS_REGULAR_EXPRESSION "wheel layout ok" ENVIRONMENT "${SP_TEST_ENV}" RUN_SERIAL TRUE)
 endif()
+
+# scripts/gpu-check.sh without a GPU: --plan fits one device call, the no-GPU run writes its
+# two-file report to --out, a failed step's log is inside it, the deadline cuts late steps.
+# Two CMake configures, no build (about 30 s, mostly waiting).
+find_package(Python3 COMPONENTS Interpreter QUIET)
+if(Python3_Interpreter_FOUND)
+  add_test(NAME scripts.gpu_check_no_gpu
+    COMMAND ${CMAKE_CURRENT_SOURCE_DIR}/install/gpu_check_check.sh ${PROJECT_SOURCE_DIR}
+            ${CMAKE_CURRENT_BINARY_DIR}/gpu_check_check)
+  set_tests_properties(scripts.gpu_check_no_gpu PROPERTIES LABELS "install" TIMEOUT 300
+    PASS_REGULAR_EXPRESSION "gpu-check ok")
+endif()
