@@ -118,8 +118,7 @@ static sp_status_t mem_alloc(int device, size_t size, void **base_p) {
         return cuda_err(ce, "cudaSetDevice before ncclMemAlloc");
     void *base = NULL;
     ncclResult_t r = ncclMemAlloc(&base, size);
-    if (prev >= 0 && prev != device)
-        (void)cudaSetDevice(prev);
+    sp__cuda_restore_device(device, prev);
     if (r != ncclSuccess) {
         /* cuMemCreate out of memory arrives as ncclUnhandledCudaError: treat every failure of
          * the allocation itself as out of memory (the retry and the figures say what to do). */
@@ -141,8 +140,7 @@ static void mem_free(int device, void *base) {
     ncclResult_t r = ncclMemFree(base);
     if (r != ncclSuccess)
         SP_WARN(SP_SUB_SYM, "ncclMemFree(%p) failed: %s", base, ncclGetErrorString(r));
-    if (prev >= 0 && prev != device)
-        (void)cudaSetDevice(prev);
+    sp__cuda_restore_device(device, prev);
     drop_errors_since(pending);
 }
 
@@ -161,8 +159,7 @@ static void oom_figures(int device, char *buf, size_t len) {
                  sp_memory_reserved(device) / 1073741824.0);
     else
         snprintf(buf, len, "device %d's free memory is unknown", device);
-    if (prev >= 0 && prev != device)
-        (void)cudaSetDevice(prev);
+    sp__cuda_restore_device(device, prev);
     drop_errors_since(pending);
 }
 
@@ -292,8 +289,7 @@ static sp_status_t nccl_release(sp_sym_state_t *st, sp_sym_seg_t *seg, void *str
         ce = cudaStreamSynchronize((cudaStream_t)stream);
     if (ce != cudaSuccess)
         s = cuda_err(ce, "cudaStreamSynchronize before deregistering a window");
-    if (prev >= 0 && prev != st->device)
-        (void)cudaSetDevice(prev);
+    sp__cuda_restore_device(st->device, prev);
     if (seg->window) {
         sp__world_nccl_lock(w);
         ncclComm_t nc = (ncclComm_t)sp__world_nccl_comm(w);

@@ -202,11 +202,9 @@ static sp_status_t guard_enter(int device, int *prev_p) {
     return SP_SUCCESS;
 }
 
-/* Whether the process has a context on `device` (made by sympool or by the application), asked
- * without making one. Unknown (no driver entry point) counts as yes. */
-static bool device_active(int device) {
-    if (atomic_load_explicit(&g_cuda.devs[device].used, memory_order_relaxed))
-        return true;
+/* Whether `device` has an active primary context, without making one; no driver entry point to
+ * ask counts as yes (the old behaviour: switch back). */
+static bool has_primary_context(int device) {
     if (!g_cuda.get_dev || !g_cuda.ctx_state)
         return true;
     CUdevice cud;
@@ -218,12 +216,27 @@ static bool device_active(int device) {
     return active != 0;
 }
 
+/* Whether the process has a context on `device` (made by sympool or by the application), asked
+ * without making one. Unknown (no driver entry point) counts as yes. */
+static bool device_active(int device) {
+    if (atomic_load_explicit(&g_cuda.devs[device].used, memory_order_relaxed))
+        return true;
+    return has_primary_context(device);
+}
+
+/* PyTorch's MaybeExchangeDevice: back to the caller's device only when that device has a primary
+ * context. A thread that never set a device reads 0 from cudaGetDevice; setting 0 back would make
+ * a context on GPU 0 (hundreds of MiB, and a failure under exclusive-process mode). */
 static void guard_exit(int device, int prev) {
-    if (prev != device && prev >= 0) {
+    if (prev != device && prev >= 0 && prev < g_cuda.count && has_primary_context(prev)) {
         cudaError_t err = cudaSetDevice(prev);
         if (err != cudaSuccess)
             drop_last_error(err);
     }
+}
+
+void sp__cuda_restore_device(int device, int prev) {
+    guard_exit(device, prev);
 }
 
 static void cuda_vmm_caps(int ndev, sp_device_caps_t *caps);
