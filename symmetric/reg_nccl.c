@@ -284,11 +284,15 @@ static sp_status_t nccl_release(sp_sym_state_t *st, sp_sym_seg_t *seg, void *str
     int prev = -1;
     if (cudaGetDevice(&prev) != cudaSuccess)
         prev = -1;
+    /* The whole device, not the segment's stream: sympool lets a user destroy a stream while
+     * blocks allocated on it are cached, and synchronizing a destroyed stream is undefined. A
+     * release is rare (empty_cache, pool destruction), so the wider wait costs little. */
+    (void)stream;
     cudaError_t ce = cudaSetDevice(st->device);
-    if (ce == cudaSuccess) /* only the work on the segment's stream can still touch it */
-        ce = cudaStreamSynchronize((cudaStream_t)stream);
+    if (ce == cudaSuccess)
+        ce = cudaDeviceSynchronize();
     if (ce != cudaSuccess)
-        s = cuda_err(ce, "cudaStreamSynchronize before deregistering a window");
+        s = cuda_err(ce, "cudaDeviceSynchronize before deregistering a window");
     sp__cuda_restore_device(st->device, prev);
     if (seg->window) {
         sp__world_nccl_lock(w);

@@ -131,10 +131,20 @@ static void relax_exit(enum cudaStreamCaptureMode mode) {
         drop_last_error(err);
 }
 
+static sp_status_t guard_enter(int device, int *prev_p);
+static void guard_exit(int device, int prev);
+
 static sp_status_t cuda_stream_capturing(int device, sp_dev_stream_t stream, bool *capturing_p) {
-    (void)device; /* a stream carries its device; the query needs no guard */
+    /* A stream carries its device and needs no guard; the legacy stream (NULL) is the current
+     * device's, so for a named device it is asked there. */
+    int prev = -1;
+    bool guarded = stream == NULL && device >= 0;
+    if (guarded)
+        SP_CHECK(guard_enter(device, &prev));
     enum cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
     cudaError_t err = cudaStreamIsCapturing((cudaStream_t)stream, &st);
+    if (guarded)
+        guard_exit(device, prev);
     if (err == cudaErrorStreamCaptureImplicit) {
         drop_last_error(err);
         *capturing_p = true; /* the legacy stream while another blocking stream captures */
@@ -774,8 +784,11 @@ static sp_status_t vmm_create(cuda_resv_t *r, size_t i0, size_t i1) {
         CUmemAllocationProp prop = page_prop(r->device);
         CUmemGenericAllocationHandle h = 0;
         CUresult e = g_vmm.create(&h, r->page, &prop, 0);
-        if ((e == CUDA_ERROR_NOT_SUPPORTED || e == CUDA_ERROR_INVALID_VALUE) && !g_vmm.no_fd) {
-            /* No shareable handles here (containers without the capability): plain pages. */
+        if ((e == CUDA_ERROR_NOT_SUPPORTED || e == CUDA_ERROR_INVALID_VALUE ||
+             e == CUDA_ERROR_NOT_PERMITTED) &&
+            !g_vmm.no_fd) {
+            /* No shareable handles here (containers without the capability, where the driver
+             * answers NOT_SUPPORTED, INVALID_VALUE or NOT_PERMITTED): plain pages. */
             g_vmm.no_fd = true;
             prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_NONE;
             e = g_vmm.create(&h, r->page, &prop, 0);
@@ -866,10 +879,16 @@ static sp_status_t cuda_vmm_release(int device, void *base, size_t size) {
     return res;
 }
 
+/* Refused (SP_ERR_NOT_SUPPORTED, quiet) while the device's legacy stream counts as capturing,
+ * i.e. a blocking stream of this device captures a graph: cudaDeviceSynchronize would invalidate
+ * that capture. The allocator then keeps its cache (as PyTorch releases nothing while a capture
+ * is under way). */
 static sp_status_t cuda_device_sync(int device) {
     int prev = -1;
     SP_CHECK(guard_enter(device, &prev));
-    sp_status_t res = SP_SUCCESS;
+    sp_status_t res = refuse_if_capturing(NULL, "cudaDeviceSynchronize", true);
+    if (res != SP_SUCCESS)
+        goto out;
     CU_TRY_OUT(cudaDeviceSynchronize(), res);
 out:
     guard_exit(device, prev);
