@@ -233,6 +233,7 @@ TEST_F(Torch, MallocStatusTellsAnOutOfMemoryFromOtherFailures) {
 
 // torch.cuda.set_per_process_memory_fraction reaches sympool's cap through set_memory_fraction_fn.
 TEST_F(Torch, MemoryFractionEntryPointCapsTheDevice) {
+    expect_warnings();
     sp::ScopedEnv env({{"SYMPOOL_HOST_CAPACITY", "64MiB"}});
     SP_SKIP_UNLESS_HOST();
     sp_torch_set_memory_fraction(0.25, 0);
@@ -261,6 +262,7 @@ TEST_F(Torch, SegmentEntryPointsDoNotCache) {
 }
 
 TEST_F(Torch, SegmentOutOfMemoryIsNull) {
+    expect_warnings();
     sp::ScopedEnv env({{"SYMPOOL_HOST_CAPACITY", "64MiB"}});
     SP_SKIP_UNLESS_HOST();
     void *a = sp_torch_segment_malloc(40 * MiB, 0, nullptr);
