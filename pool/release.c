@@ -193,8 +193,10 @@ void sp__alloc_release_cached(sp_devalloc_t *d, uint32_t context) {
      * would break the capture, and a captured graph may still use the memory. The OOM retry then
      * fails as an OOM, and empty_cache keeps the cache. */
     if (capture_underway(d)) {
-        SP_INFO(SP_SUB_POOL, "device %d: a CUDA graph capture is under way; cached segments are "
-                "not released", d->device);
+        SP_INFO(SP_SUB_POOL,
+                "device %d: a CUDA graph capture is under way; cached segments are "
+                "not released",
+                d->device);
         return;
     }
     sp__alloc_sync_events(d, NULL);

@@ -35,7 +35,7 @@
 #include "sympool/torch.h"
 
 static atomic_bool g_allow_host; /* tests only (sp__torch_allow_host) */
-static atomic_long g_segments;    /* live sp_torch_segment_malloc segments (tests) */
+static atomic_long g_segments;   /* live sp_torch_segment_malloc segments (tests) */
 
 void sp__torch_allow_host(bool allow) {
     atomic_store(&g_allow_host, allow);
@@ -91,9 +91,9 @@ SP_EXPORT void *sp_torch_malloc(size_t size, int device, void *stream) {
     return ptr;
 }
 
-/* torch.cuda.set_per_process_memory_fraction under change_current_allocator (set_memory_fraction_fn):
- * sympool's own cap. PyTorch offers no way to report a failure (a fraction outside [0, 1] is
- * refused by torch before it gets here), so it is logged. */
+/* torch.cuda.set_per_process_memory_fraction under change_current_allocator
+ * (set_memory_fraction_fn): sympool's own cap. PyTorch offers no way to report a failure (a
+ * fraction outside [0, 1] is refused by torch before it gets here), so it is logged. */
 SP_EXPORT void sp_torch_set_memory_fraction(double fraction, int device) {
     sp_status_t s = sp_set_memory_fraction(fraction, device);
     if (s != SP_SUCCESS)
@@ -137,8 +137,10 @@ SP_EXPORT void sp_torch_segment_free(void *ptr, size_t size, int device, void *s
         return;
     if (!atomic_load_explicit(&sp__ready, memory_order_acquire) || device < 0 ||
         device >= sp__g.ndev) {
-        SP_WARN(SP_SUB_API, "sp_torch_segment_free(%p, size=%zu, device=%d): not a segment of "
-                "sp_torch_segment_malloc; ignored", ptr, size, device);
+        SP_WARN(SP_SUB_API,
+                "sp_torch_segment_free(%p, size=%zu, device=%d): not a segment of "
+                "sp_torch_segment_malloc; ignored",
+                ptr, size, device);
         return;
     }
     /* PyTorch synchronized the pool's streams (its release_cached_blocks) before handing the

@@ -58,9 +58,11 @@ void *sympool_shim_malloc(size_t size, int device, stream_t stream) {
     int s = g_malloc(size, device, stream, &ptr);
     if (s == 0)
         return ptr;
-    TORCH_CHECK_WITH(OutOfMemoryError, s != g_oom_status, "CUDA out of memory in sympool: tried to "
-                     "allocate ", size, " bytes on device ", device, ". sympool says: ",
-                     last_error(), " (sympool.torch.memory_stats() and "
+    TORCH_CHECK_WITH(OutOfMemoryError, s != g_oom_status,
+                     "CUDA out of memory in sympool: tried to "
+                     "allocate ",
+                     size, " bytes on device ", device, ". sympool says: ", last_error(),
+                     " (sympool.torch.memory_stats() and "
                      "sympool.memory_summary() show what it holds)");
     TORCH_CHECK(false, "sympool could not allocate ", size, " bytes on device ", device, ": ",
                 last_error());
@@ -74,9 +76,11 @@ void sympool_shim_free(void *ptr, size_t size, int device, stream_t stream) {
 void sympool_shim_begin_allocate_to_pool(int device, pool_id_t id,
                                          std::function<bool(stream_t)> filter) {
     (void)filter;
-    TORCH_CHECK(false, "sympool.torch.enable() does not give CUDA graphs or "
-                "torch.cuda.use_mem_pool a private pool (pool (", id.first, ", ", id.second,
-                ") on device ", device, "): memory captured into a graph would be reused by "
+    TORCH_CHECK(false,
+                "sympool.torch.enable() does not give CUDA graphs or "
+                "torch.cuda.use_mem_pool a private pool (pool (",
+                id.first, ", ", id.second, ") on device ", device,
+                "): memory captured into a graph would be reused by "
                 "other work. Capture graphs, or use MemPools, without enable() "
                 "(sympool.torch.mem_pool() gives a MemPool backed by sympool)");
 }
