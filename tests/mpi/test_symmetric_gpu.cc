@@ -78,4 +78,35 @@ TEST_F(SymmetricGpu, NcclWindowAllocationAndAllReduceOnOneRank) {
 #endif
 }
 
+// NCCL 2.28 registers a "window" even without symmetric support (then a local buffer
+// registration); sympool infers the support from NCCL's own rule and says so instead of claiming
+// symmetric kernels apply. NCCL_WIN_ENABLE=0, set before the communicator exists, turns it off.
+TEST_F(SymmetricGpu, WindowWithoutSymmetricSupportIsSaidToBeLocal) {
+#if !defined(SP_TEST_HAVE_NCCL)
+    GTEST_SKIP() << "sympool built without NCCL";
+#else
+    if (!sp::on_gpu())
+        GTEST_SKIP() << "no GPU: the host backend uses the mpi registrar (other tests)";
+    if (mpi_rank() != 0)
+        GTEST_SKIP() << "rank 0 alone drives the GPU (NCCL refuses shared GPUs in one comm)";
+    sp::ScopedEnv env({{"NCCL_WIN_ENABLE", "0"}});
+    sp_world_t *w = nullptr;
+    ASSERT_SP_OK(sp_world_from_comm(MPI_COMM_SELF, &w));
+    sp_mempool_t *pool = nullptr;
+    ASSERT_SP_OK(sp_symmetric_mempool_create(w, nullptr, &pool));
+    expect_warnings();
+    void *buf = nullptr;
+    ASSERT_SP_OK(sp_symmetric_malloc(pool, 4096, nullptr, &buf));
+    sp_window_info_t wi;
+    ASSERT_SP_OK(sp_symmetric_window(buf, &wi));
+    if (wi.window) // 2.28: a local registration; 2.29 and later give no window at all
+        EXPECT_EQ(warnings("no symmetric support in this world (NCCL_WIN_ENABLE=0)"), 1u);
+    else
+        EXPECT_EQ(warnings("no symmetric support"), 0u);
+    ASSERT_SP_OK(sp_free(buf));
+    ASSERT_SP_OK(sp_symmetric_mempool_destroy(pool));
+    ASSERT_SP_OK(sp_world_finalize(w));
+#endif
+}
+
 } // namespace
