@@ -20,6 +20,7 @@
 #define _GNU_SOURCE
 #endif
 #include <errno.h>
+#include <execinfo.h>
 #include <pthread.h>
 #include <stdarg.h>
 #include <stdatomic.h>
@@ -109,8 +110,17 @@ DBL_EXPORT bool dbl_ctx_active(int dev) {
 DBL_EXPORT void dbl_ctx_make(int dev) {
     bool was = false;
     if (dev >= 0 && dev < MAX_DEV &&
-        atomic_compare_exchange_strong(&g_ctx_active[dev], &was, true))
+        atomic_compare_exchange_strong(&g_ctx_active[dev], &was, true)) {
         atomic_fetch_add(&g_ctx_made[dev], 1);
+        /* CUDA_DOUBLE_TRACE_CONTEXTS=1: who made it (a test that counts contexts failed). */
+        const char *t = getenv("CUDA_DOUBLE_TRACE_CONTEXTS");
+        if (t && *t == '1') {
+            fprintf(stderr, "cuda-double[%d]: primary context made on device %d by:\n",
+                    (int)getpid(), dev);
+            void *bt[32];
+            backtrace_symbols_fd(bt, backtrace(bt, 32), 2);
+        }
+    }
 }
 
 DBL_EXPORT int dbl_sticky(int dev) {
