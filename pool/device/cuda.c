@@ -133,12 +133,18 @@ static void relax_exit(enum cudaStreamCaptureMode mode) {
 
 static sp_status_t guard_enter(int device, int *prev_p);
 static void guard_exit(int device, int prev);
+static bool device_active(int device);
 
 static sp_status_t cuda_stream_capturing(int device, sp_dev_stream_t stream, bool *capturing_p) {
     /* A stream carries its device and needs no guard; the legacy stream (NULL) is the current
      * device's, so for a named device it is asked there. */
     int prev = -1;
     bool guarded = stream == NULL && device >= 0;
+    if (guarded && !device_active(device)) {
+        /* No context, so no stream of it can capture; asking there would make a context. */
+        *capturing_p = false;
+        return SP_SUCCESS;
+    }
     if (guarded)
         SP_CHECK(guard_enter(device, &prev));
     enum cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
