@@ -11,6 +11,7 @@
 
 extern "C" {
 #include "pool/pool.h"
+#include "sympool/torch.h"
 }
 
 namespace {
@@ -31,6 +32,9 @@ void inject(const char *fn, int code, int skip) {
 }
 int live_vmm_handles() {
     return hook<int (*)()>("cuda_double_live_vmm_handles")();
+}
+size_t memory_used(int dev) {
+    return hook<size_t (*)(int)>("cuda_double_memory_used")(dev);
 }
 
 class CudaPaths : public sp::Test {
@@ -121,6 +125,17 @@ TEST_F(CudaPaths, NothingIsReleasedWhileACaptureIsUnderWay) {
     ASSERT_EQ(cudaStreamDestroy(s), cudaSuccess);
     ASSERT_SP_OK(sp_empty_cache());
     EXPECT_EQ(stat("reserved_bytes.all.current"), 0);
+}
+
+// Behind torch.cuda.MemPool, PyTorch caches: sympool's segment entry points take exactly what
+// PyTorch asks from the device and give it back at once (sympool.torch.mem_pool()).
+TEST_F(CudaPaths, TorchSegmentsAreExactAndGivenBackAtOnce) {
+    void *a = sp_torch_segment_malloc(2 * MiB, 0, nullptr);
+    ASSERT_NE(a, nullptr) << sp_last_error();
+    EXPECT_EQ(memory_used(0), 2 * MiB) << "not one 2 MiB device allocation";
+    EXPECT_EQ(stat("reserved_bytes.all.current"), 0) << "in sympool's cache";
+    sp_torch_segment_free(a, 2 * MiB, 0, nullptr);
+    EXPECT_EQ(memory_used(0), 0u) << "not given back to the device";
 }
 
 } // namespace
