@@ -90,7 +90,10 @@ plan_gpu() {
 -DSYMPOOL_WITH_NCCL=ON -DSYMPOOL_NCCL_ROOT=\"\$NCCL_ROOT\" -DSYMPOOL_BUILD_BENCH=OFF \$CMAKE_DEPS_STR \
 \$SYMPOOL_GPU_CHECK_CMAKE_ARGS \
 && cmake --build $B -j$JOBS"
-    plan suite_cuda 70 "ctest --test-dir $B -j4 --timeout 40 --output-on-failure -E '^mpi\.test_symmetric_gpu'"
+    # The packaging tests (install.*, scripts.*: builds and CMake runs of their own, no GPU in
+    # them) are CI's; the window test has its own step.
+    plan suite_cuda 70 "ctest --test-dir $B -j4 --timeout 40 --output-on-failure \
+-E '^mpi\.test_symmetric_gpu|^install\.|^scripts\.'"
     plan nccl_window_np1 20 "ctest --test-dir $B -R '^mpi\.test_symmetric_gpu\.np1\$' --output-on-failure"
     plan expandable_cuda 20 "SYMPOOL_ALLOC_CONF=expandable_segments:True ctest --test-dir $B \
 -R 'Expandable|expandable' -j4 --timeout 30 --output-on-failure"
