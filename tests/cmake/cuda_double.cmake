@@ -54,7 +54,47 @@ foreach(gpus 1 2)
     PASS_REGULAR_EXPRESSION "torch-harness: ok" FAIL_REGULAR_EXPRESSION "torch-harness: FAIL")
 endforeach()
 
+# Without a usable GPU (none, or the host backend chosen), PyTorch gets NULL, never host memory.
+add_test(NAME cuda_double.torch_harness.no_gpu
+  COMMAND $<TARGET_FILE:sp_torch_harness> $<TARGET_FILE:sympool> --expect-refused)
+add_test(NAME cuda_double.torch_harness.host_backend
+  COMMAND $<TARGET_FILE:sp_torch_harness> $<TARGET_FILE:sympool> --expect-refused)
+set_tests_properties(cuda_double.torch_harness.no_gpu PROPERTIES LABELS cuda_double TIMEOUT 60
+  ENVIRONMENT "${SP_DBL_ENV_BASE};CUDA_DOUBLE_GPUS=0"
+  PASS_REGULAR_EXPRESSION "torch-harness: ok" FAIL_REGULAR_EXPRESSION "torch-harness: FAIL")
+set(env ${SP_DBL_ENV})
+list(REMOVE_ITEM env "SYMPOOL_DEVICE=cuda")
+set_tests_properties(cuda_double.torch_harness.host_backend PROPERTIES LABELS cuda_double
+  TIMEOUT 60 ENVIRONMENT "${env};SYMPOOL_DEVICE=host"
+  PASS_REGULAR_EXPRESSION "torch-harness: ok" FAIL_REGULAR_EXPRESSION "torch-harness: FAIL")
+
 if(SP_HAVE_MPI)
+  # sympool's NCCL paths with failures injected into the doubles (tests/cuda_double/).
+  add_executable(test_cuda_double_mpi ${PROJECT_SOURCE_DIR}/tests/cuda_double/test_cuda_double_mpi.cc
+    ${CMAKE_CURRENT_SOURCE_DIR}/mpi/mpi_main.cc)
+  target_compile_options(test_cuda_double_mpi PRIVATE ${SP_WARN_CXX})
+  target_include_directories(test_cuda_double_mpi PRIVATE ${CMAKE_CURRENT_SOURCE_DIR}/mpi)
+  target_include_directories(test_cuda_double_mpi SYSTEM PRIVATE ${CUDAToolkit_INCLUDE_DIRS}
+    ${NCCL_INCLUDE_DIR})
+  target_link_libraries(test_cuda_double_mpi PRIVATE sp_test_shim MPI::MPI_CXX MPI::MPI_C
+    ${CMAKE_DL_LIBS})
+  add_dependencies(test_cuda_double_mpi sp_cuda_double)
+  foreach(np 2 4)
+    add_test(NAME cuda_double.mpi.test_cuda_double_mpi.np${np}
+      COMMAND ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} ${np} --oversubscribe
+              ${MPIEXEC_PREFLAGS} $<TARGET_FILE:test_cuda_double_mpi> ${MPIEXEC_POSTFLAGS})
+    set_tests_properties(cuda_double.mpi.test_cuda_double_mpi.np${np} PROPERTIES
+      LABELS cuda_double TIMEOUT 300
+      ENVIRONMENT "${SP_DBL_ENV_MPI};CUDA_DOUBLE_MEMORY=256MiB;SYMPOOL_SYM_TIMEOUT=20")
+  endforeach()
+  add_test(NAME cuda_double.mpi.test_cuda_double_mpi.old_nccl.np2
+    COMMAND ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} 2 --oversubscribe
+            ${MPIEXEC_PREFLAGS} $<TARGET_FILE:test_cuda_double_mpi> ${MPIEXEC_POSTFLAGS}
+            --gtest_filter=*NcclVersionIsLoggedOnce)
+  set_tests_properties(cuda_double.mpi.test_cuda_double_mpi.old_nccl.np2 PROPERTIES
+    LABELS cuda_double TIMEOUT 120
+    ENVIRONMENT "${SP_DBL_ENV_MPI};CUDA_DOUBLE_NCCL_VERSION=22703")
+
   foreach(src ${SP_MPI_TESTS})
     get_filename_component(name ${src} NAME_WE)
     set(nps 1 2 4)

@@ -60,8 +60,8 @@ int dbl_vmm_range(const void *p, uintptr_t *base_p, size_t *size_p, int *dev_p);
 int dbl_rt_stream(void *stream, int *dev_p, bool *capturing_p);
 
 /* Test hooks (exported, unversioned, from libcuda.so.1). */
-int cuda_double_primary_contexts(int dev);  /* contexts made on dev so far */
-int cuda_double_contexts_total(void);       /* over all devices */
+int cuda_double_primary_contexts(int dev); /* contexts made on dev so far */
+int cuda_double_contexts_total(void);      /* over all devices */
 void cuda_double_make_sticky(int dev, int err);
 void cuda_double_inject(const char *fn, int code, int skip);
 size_t cuda_double_memory_used(int dev);

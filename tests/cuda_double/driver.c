@@ -55,11 +55,24 @@ static size_t parse_size(const char *s, size_t dflt) {
     char *end = NULL;
     unsigned long long v = strtoull(s, &end, 10);
     switch (end && *end ? *end : 0) {
-    case 'K': case 'k': v <<= 10; break;
-    case 'M': case 'm': v <<= 20; break;
-    case 'G': case 'g': v <<= 30; break;
-    case 'T': case 't': v <<= 40; break;
-    default: break;
+    case 'K':
+    case 'k':
+        v <<= 10;
+        break;
+    case 'M':
+    case 'm':
+        v <<= 20;
+        break;
+    case 'G':
+    case 'g':
+        v <<= 30;
+        break;
+    case 'T':
+    case 't':
+        v <<= 40;
+        break;
+    default:
+        break;
     }
     return v ? (size_t)v : dflt;
 }
@@ -217,12 +230,12 @@ typedef struct vmm_handle {
 typedef struct region {
     uintptr_t base;
     size_t size;
-    char *shadow;      /* host view of the bytes */
+    char *shadow; /* host view of the bytes */
     int dev;
-    bool vmm;          /* a cuMemMap mapping (else a cudaMalloc allocation) */
-    bool access;       /* cuMemSetAccess granted read-write (always for cudaMalloc) */
-    vmm_handle_t *h;   /* vmm only */
-    size_t acct;       /* bytes counted against the device's capacity (cudaMalloc only) */
+    bool vmm;        /* a cuMemMap mapping (else a cudaMalloc allocation) */
+    bool access;     /* cuMemSetAccess granted read-write (always for cudaMalloc) */
+    vmm_handle_t *h; /* vmm only */
+    size_t acct;     /* bytes counted against the device's capacity (cudaMalloc only) */
 } region_t;
 
 typedef struct resv {
@@ -484,19 +497,32 @@ DBL_EXPORT int cuda_double_live_vmm_handles(void) {
 
 static const char *cu_name(CUresult r) {
     switch (r) {
-    case CUDA_SUCCESS: return "CUDA_SUCCESS";
-    case CUDA_ERROR_INVALID_VALUE: return "CUDA_ERROR_INVALID_VALUE";
-    case CUDA_ERROR_OUT_OF_MEMORY: return "CUDA_ERROR_OUT_OF_MEMORY";
-    case CUDA_ERROR_NOT_INITIALIZED: return "CUDA_ERROR_NOT_INITIALIZED";
-    case CUDA_ERROR_INVALID_DEVICE: return "CUDA_ERROR_INVALID_DEVICE";
-    case CUDA_ERROR_NO_DEVICE: return "CUDA_ERROR_NO_DEVICE";
-    case CUDA_ERROR_INVALID_CONTEXT: return "CUDA_ERROR_INVALID_CONTEXT";
-    case CUDA_ERROR_INVALID_HANDLE: return "CUDA_ERROR_INVALID_HANDLE";
-    case CUDA_ERROR_ILLEGAL_ADDRESS: return "CUDA_ERROR_ILLEGAL_ADDRESS";
-    case CUDA_ERROR_NOT_PERMITTED: return "CUDA_ERROR_NOT_PERMITTED";
-    case CUDA_ERROR_NOT_SUPPORTED: return "CUDA_ERROR_NOT_SUPPORTED";
-    case CUDA_ERROR_UNKNOWN: return "CUDA_ERROR_UNKNOWN";
-    default: return NULL;
+    case CUDA_SUCCESS:
+        return "CUDA_SUCCESS";
+    case CUDA_ERROR_INVALID_VALUE:
+        return "CUDA_ERROR_INVALID_VALUE";
+    case CUDA_ERROR_OUT_OF_MEMORY:
+        return "CUDA_ERROR_OUT_OF_MEMORY";
+    case CUDA_ERROR_NOT_INITIALIZED:
+        return "CUDA_ERROR_NOT_INITIALIZED";
+    case CUDA_ERROR_INVALID_DEVICE:
+        return "CUDA_ERROR_INVALID_DEVICE";
+    case CUDA_ERROR_NO_DEVICE:
+        return "CUDA_ERROR_NO_DEVICE";
+    case CUDA_ERROR_INVALID_CONTEXT:
+        return "CUDA_ERROR_INVALID_CONTEXT";
+    case CUDA_ERROR_INVALID_HANDLE:
+        return "CUDA_ERROR_INVALID_HANDLE";
+    case CUDA_ERROR_ILLEGAL_ADDRESS:
+        return "CUDA_ERROR_ILLEGAL_ADDRESS";
+    case CUDA_ERROR_NOT_PERMITTED:
+        return "CUDA_ERROR_NOT_PERMITTED";
+    case CUDA_ERROR_NOT_SUPPORTED:
+        return "CUDA_ERROR_NOT_SUPPORTED";
+    case CUDA_ERROR_UNKNOWN:
+        return "CUDA_ERROR_UNKNOWN";
+    default:
+        return NULL;
     }
 }
 
@@ -522,9 +548,9 @@ static CUresult cu_fail(const char *fn, CUresult r, const char *fmt, ...) {
         machine();                                                                                 \
         int inj_ = dbl_inject_take(fn);                                                            \
         if (inj_)                                                                                  \
-            return cu_fail(fn, (CUresult)inj_, "injected by the test");                           \
+            return cu_fail(fn, (CUresult)inj_, "injected by the test");                            \
         if (!atomic_load(&g_initialized))                                                          \
-            return cu_fail(fn, CUDA_ERROR_NOT_INITIALIZED, "cuInit was not called");              \
+            return cu_fail(fn, CUDA_ERROR_NOT_INITIALIZED, "cuInit was not called");               \
     } while (0)
 
 static CUresult check_dev(const char *fn, int dev) {
@@ -656,7 +682,8 @@ DBL_EXPORT CUresult cuMemGetAllocationGranularity(size_t *g, const CUmemAllocati
     CUresult r = check_prop("cuMemGetAllocationGranularity", prop);
     if (r != CUDA_SUCCESS)
         return r;
-    if (option != CU_MEM_ALLOC_GRANULARITY_MINIMUM && option != CU_MEM_ALLOC_GRANULARITY_RECOMMENDED)
+    if (option != CU_MEM_ALLOC_GRANULARITY_MINIMUM &&
+        option != CU_MEM_ALLOC_GRANULARITY_RECOMMENDED)
         return cu_fail("cuMemGetAllocationGranularity", CUDA_ERROR_INVALID_VALUE, "option %d",
                        (int)option);
     *g = GRAN;
@@ -805,7 +832,8 @@ DBL_EXPORT CUresult cuMemAddressFree(CUdeviceptr ptr, size_t size) {
                        (unsigned long long)ptr, size);
     }
     for (size_t k = 0; k < g_nreg; k++)
-        if (g_reg[k].vmm && g_reg[k].base >= (uintptr_t)ptr && g_reg[k].base < (uintptr_t)ptr + size) {
+        if (g_reg[k].vmm && g_reg[k].base >= (uintptr_t)ptr &&
+            g_reg[k].base < (uintptr_t)ptr + size) {
             pthread_mutex_unlock(&g_mu);
             return cu_fail("cuMemAddressFree", CUDA_ERROR_INVALID_VALUE,
                            "(%#llx, %zu) still has a mapping at %#lx: cuMemUnmap it first",
@@ -872,8 +900,8 @@ DBL_EXPORT CUresult cuMemUnmap(CUdeviceptr ptr, size_t size) {
     CUresult r = CUDA_SUCCESS;
     size_t first = (size_t)i, n = 0;
     if (i < 0 || !g_reg[i].vmm || g_reg[i].base != a || size == 0) {
-        r = cu_fail("cuMemUnmap", CUDA_ERROR_INVALID_VALUE,
-                    "(%#lx, %zu) does not start a mapping", (unsigned long)a, size);
+        r = cu_fail("cuMemUnmap", CUDA_ERROR_INVALID_VALUE, "(%#lx, %zu) does not start a mapping",
+                    (unsigned long)a, size);
     } else {
         uintptr_t at = a;
         for (size_t k = first; k < g_nreg && at < end; k++, n++) {
@@ -912,8 +940,8 @@ DBL_EXPORT CUresult cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUmemAcce
         return cu_fail("cuMemSetAccess", CUDA_ERROR_INVALID_VALUE, "no descriptors");
     bool rw = false;
     for (size_t k = 0; k < count; k++) {
-        if (desc[k].location.type != CU_MEM_LOCATION_TYPE_DEVICE ||
-            desc[k].location.id < 0 || desc[k].location.id >= g_ndev)
+        if (desc[k].location.type != CU_MEM_LOCATION_TYPE_DEVICE || desc[k].location.id < 0 ||
+            desc[k].location.id >= g_ndev)
             return cu_fail("cuMemSetAccess", CUDA_ERROR_INVALID_DEVICE,
                            "descriptor %zu names location type %d id %d", k,
                            (int)desc[k].location.type, desc[k].location.id);
@@ -969,8 +997,8 @@ DBL_EXPORT CUresult cuMemGetAddressRange(CUdeviceptr *base, size_t *size, CUdevi
     }
     pthread_mutex_unlock(&g_mu);
     if (i < 0)
-        return cu_fail("cuMemGetAddressRange", CUDA_ERROR_NOT_FOUND,
-                       "%#llx is not device memory", (unsigned long long)ptr);
+        return cu_fail("cuMemGetAddressRange", CUDA_ERROR_NOT_FOUND, "%#llx is not device memory",
+                       (unsigned long long)ptr);
     return CUDA_SUCCESS;
 }
 

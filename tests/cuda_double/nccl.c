@@ -78,15 +78,24 @@ static char g_last[512]; /* ncclGetLastError: process-wide, as NCCL's */
 
 static const char *res_name(ncclResult_t r) {
     switch (r) {
-    case ncclSuccess: return "ncclSuccess";
-    case ncclUnhandledCudaError: return "ncclUnhandledCudaError";
-    case ncclSystemError: return "ncclSystemError";
-    case ncclInternalError: return "ncclInternalError";
-    case ncclInvalidArgument: return "ncclInvalidArgument";
-    case ncclInvalidUsage: return "ncclInvalidUsage";
-    case ncclRemoteError: return "ncclRemoteError";
-    case ncclInProgress: return "ncclInProgress";
-    default: return "ncclResult?";
+    case ncclSuccess:
+        return "ncclSuccess";
+    case ncclUnhandledCudaError:
+        return "ncclUnhandledCudaError";
+    case ncclSystemError:
+        return "ncclSystemError";
+    case ncclInternalError:
+        return "ncclInternalError";
+    case ncclInvalidArgument:
+        return "ncclInvalidArgument";
+    case ncclInvalidUsage:
+        return "ncclInvalidUsage";
+    case ncclRemoteError:
+        return "ncclRemoteError";
+    case ncclInProgress:
+        return "ncclInProgress";
+    default:
+        return "ncclResult?";
     }
 }
 
@@ -109,21 +118,30 @@ static ncclResult_t fail(const char *fn, ncclResult_t r, const char *fmt, ...) {
     do {                                                                                           \
         int inj_ = dbl_inject_take(fn);                                                            \
         if (inj_)                                                                                  \
-            return fail(fn, (ncclResult_t)inj_, "injected by the test");                          \
+            return fail(fn, (ncclResult_t)inj_, "injected by the test");                           \
     } while (0)
 
 /* NCCL's texts (src/init.cc, ncclGetErrorString, 2.28). */
 const char *ncclGetErrorString(ncclResult_t r) {
     switch (r) {
-    case ncclSuccess: return "no error";
-    case ncclUnhandledCudaError: return "unhandled cuda error (run with NCCL_DEBUG=INFO for details)";
-    case ncclSystemError: return "unhandled system error (run with NCCL_DEBUG=INFO for details)";
-    case ncclInternalError: return "internal error - please report this issue to the NCCL developers";
-    case ncclInvalidArgument: return "invalid argument (run with NCCL_DEBUG=WARN for details)";
-    case ncclInvalidUsage: return "invalid usage (run with NCCL_DEBUG=WARN for details)";
-    case ncclRemoteError: return "remote process exited or there was a network error";
-    case ncclInProgress: return "NCCL operation in progress";
-    default: return "unknown result code";
+    case ncclSuccess:
+        return "no error";
+    case ncclUnhandledCudaError:
+        return "unhandled cuda error (run with NCCL_DEBUG=INFO for details)";
+    case ncclSystemError:
+        return "unhandled system error (run with NCCL_DEBUG=INFO for details)";
+    case ncclInternalError:
+        return "internal error - please report this issue to the NCCL developers";
+    case ncclInvalidArgument:
+        return "invalid argument (run with NCCL_DEBUG=WARN for details)";
+    case ncclInvalidUsage:
+        return "invalid usage (run with NCCL_DEBUG=WARN for details)";
+    case ncclRemoteError:
+        return "remote process exited or there was a network error";
+    case ncclInProgress:
+        return "NCCL operation in progress";
+    default:
+        return "unknown result code";
     }
 }
 
@@ -203,8 +221,8 @@ ncclResult_t ncclCommInitRank(ncclComm_t *out, int nranks, ncclUniqueId id, int 
         return fail("ncclCommInitRank", ncclInvalidArgument, "comm is NULL");
     *out = NULL;
     if (nranks < 1 || nranks > MAX_RANKS || rank < 0 || rank >= nranks)
-        return fail("ncclCommInitRank", ncclInvalidArgument, "rank %d of %d (the double: at most %d)",
-                    rank, nranks, MAX_RANKS);
+        return fail("ncclCommInitRank", ncclInvalidArgument,
+                    "rank %d of %d (the double: at most %d)", rank, nranks, MAX_RANKS);
     int dev = 0;
     if (cudaGetDevice(&dev) != cudaSuccess)
         return fail("ncclCommInitRank", ncclUnhandledCudaError, "cudaGetDevice failed");
@@ -242,8 +260,9 @@ ncclResult_t ncclCommInitRank(ncclComm_t *out, int nranks, ncclUniqueId id, int 
     }
     for (int i = 0; i < nranks; i++)
         if (h->arg[i][0] != nranks) {
-            r = fail("ncclCommInitRank", ncclInvalidUsage, "rank %d says %lld ranks, rank %d says %d",
-                     i, (long long)h->arg[i][0], rank, nranks);
+            r = fail("ncclCommInitRank", ncclInvalidUsage,
+                     "rank %d says %lld ranks, rank %d says %d", i, (long long)h->arg[i][0], rank,
+                     nranks);
             break;
         }
     /* NCCL refuses two ranks of one communicator on one GPU (src/init.cc: "Duplicate GPU
@@ -252,8 +271,8 @@ ncclResult_t ncclCommInitRank(ncclComm_t *out, int nranks, ncclUniqueId id, int 
         for (int j = i + 1; j < nranks && r == ncclSuccess; j++)
             if (h->dev[i] == h->dev[j])
                 r = fail("ncclCommInitRank", ncclInvalidUsage,
-                         "Duplicate GPU detected : rank %d and rank %d both on CUDA device %d", i, j,
-                         h->dev[i]);
+                         "Duplicate GPU detected : rank %d and rank %d both on CUDA device %d", i,
+                         j, h->dev[i]);
     ncclResult_t r2 = barrier(c, "ncclCommInitRank"); /* nobody reuses arg[] before all checked */
     if (r == ncclSuccess)
         r = r2;
@@ -384,8 +403,9 @@ ncclResult_t ncclMemAlloc(void **ptr, size_t size) {
         cr = cuMemCreate(&h, asize, &prop, 0);
     }
     if (cr != CUDA_SUCCESS)
-        return fail("ncclMemAlloc", ncclUnhandledCudaError, "Cuda failure %d '%s' (cuMemCreate of %zu bytes)",
-                    (int)cr, cr == CUDA_ERROR_OUT_OF_MEMORY ? "out of memory" : "error", asize);
+        return fail("ncclMemAlloc", ncclUnhandledCudaError,
+                    "Cuda failure %d '%s' (cuMemCreate of %zu bytes)", (int)cr,
+                    cr == CUDA_ERROR_OUT_OF_MEMORY ? "out of memory" : "error", asize);
     CUdeviceptr va = 0;
     cr = cuMemAddressReserve(&va, asize, gran, 0, 0);
     if (cr == CUDA_SUCCESS) {
@@ -410,7 +430,8 @@ ncclResult_t ncclMemAlloc(void **ptr, size_t size) {
             (void)cuMemAddressFree(va, asize);
         }
         (void)cuMemRelease(h);
-        return fail("ncclMemAlloc", ncclUnhandledCudaError, "reserve/map/access failed: %d", (int)cr);
+        return fail("ncclMemAlloc", ncclUnhandledCudaError, "reserve/map/access failed: %d",
+                    (int)cr);
     }
     *a = (nalloc_t){(uintptr_t)va, asize, h, NULL};
     pthread_mutex_lock(&g_mu);
@@ -420,7 +441,6 @@ ncclResult_t ncclMemAlloc(void **ptr, size_t size) {
     *ptr = (void *)(uintptr_t)va;
     return ncclSuccess;
 }
-
 
 ncclResult_t ncclMemFree(void *ptr) {
     ENTER("ncclMemFree");
@@ -552,11 +572,24 @@ ncclResult_t ncclCommWindowDeregister(ncclComm_t c, ncclWindow_t win) {
 
 static size_t type_size(ncclDataType_t t) {
     switch (t) {
-    case ncclInt8: case ncclUint8: case ncclFloat8e4m3: case ncclFloat8e5m2: return 1;
-    case ncclFloat16: case ncclBfloat16: return 2;
-    case ncclInt32: case ncclUint32: case ncclFloat32: return 4;
-    case ncclInt64: case ncclUint64: case ncclFloat64: return 8;
-    default: return 0;
+    case ncclInt8:
+    case ncclUint8:
+    case ncclFloat8e4m3:
+    case ncclFloat8e5m2:
+        return 1;
+    case ncclFloat16:
+    case ncclBfloat16:
+        return 2;
+    case ncclInt32:
+    case ncclUint32:
+    case ncclFloat32:
+        return 4;
+    case ncclInt64:
+    case ncclUint64:
+    case ncclFloat64:
+        return 8;
+    default:
+        return 0;
     }
 }
 
@@ -583,10 +616,10 @@ static uint16_t f2h(double x) {
     if (x < ldexp(1.0, -25))
         return sign;
     int e;
-    frexp(x, &e); /* x = f * 2^e, f in [0.5, 1) */
-    int ue = e - 1 + 15; /* biased exponent of x */
+    frexp(x, &e);                                               /* x = f * 2^e, f in [0.5, 1) */
+    int ue = e - 1 + 15;                                        /* biased exponent of x */
     double q = ue <= 0 ? ldexp(x, 24) : ldexp(x, 10 - (e - 1)); /* units of the last place */
-    double r = nearbyint(q);                                     /* ties to even (default mode) */
+    double r = nearbyint(q);                                    /* ties to even (default mode) */
     uint32_t v = (uint32_t)r;
     if (ue <= 0)
         return sign | (uint16_t)v; /* subnormal (may round up into the normal range: fine) */
@@ -625,11 +658,21 @@ static uint16_t f2b(double x) {
         const T *b = (const T *)x;                                                                 \
         for (size_t i = 0; i < k; i++)                                                             \
             switch (op) {                                                                          \
-            case ncclSum: case ncclAvg: a[i] = (T)(a[i] + b[i]); break;                            \
-            case ncclProd: a[i] = (T)(a[i] * b[i]); break;                                         \
-            case ncclMax: a[i] = a[i] > b[i] ? a[i] : b[i]; break;                                 \
-            case ncclMin: a[i] = a[i] < b[i] ? a[i] : b[i]; break;                                 \
-            default: break;                                                                        \
+            case ncclSum:                                                                          \
+            case ncclAvg:                                                                          \
+                a[i] = (T)(a[i] + b[i]);                                                           \
+                break;                                                                             \
+            case ncclProd:                                                                         \
+                a[i] = (T)(a[i] * b[i]);                                                           \
+                break;                                                                             \
+            case ncclMax:                                                                          \
+                a[i] = a[i] > b[i] ? a[i] : b[i];                                                  \
+                break;                                                                             \
+            case ncclMin:                                                                          \
+                a[i] = a[i] < b[i] ? a[i] : b[i];                                                  \
+                break;                                                                             \
+            default:                                                                               \
+                break;                                                                             \
             }                                                                                      \
     } while (0)
 #define RED_FLT(T)                                                                                 \
@@ -645,11 +688,21 @@ static uint16_t f2b(double x) {
                 continue;                                                                          \
             }                                                                                      \
             switch (op) {                                                                          \
-            case ncclSum: case ncclAvg: a[i] = a[i] + v; break;                                    \
-            case ncclProd: a[i] = a[i] * v; break;                                                 \
-            case ncclMax: a[i] = a[i] > v ? a[i] : v; break;                                       \
-            case ncclMin: a[i] = a[i] < v ? a[i] : v; break;                                       \
-            default: break;                                                                        \
+            case ncclSum:                                                                          \
+            case ncclAvg:                                                                          \
+                a[i] = a[i] + v;                                                                   \
+                break;                                                                             \
+            case ncclProd:                                                                         \
+                a[i] = a[i] * v;                                                                   \
+                break;                                                                             \
+            case ncclMax:                                                                          \
+                a[i] = a[i] > v ? a[i] : v;                                                        \
+                break;                                                                             \
+            case ncclMin:                                                                          \
+                a[i] = a[i] < v ? a[i] : v;                                                        \
+                break;                                                                             \
+            default:                                                                               \
+                break;                                                                             \
             }                                                                                      \
         }                                                                                          \
     } while (0)
@@ -661,14 +714,30 @@ static void reduce(void *acc, const void *x, size_t k, ncclDataType_t t, ncclRed
         return;
     }
     switch (t) {
-    case ncclInt8: RED_INT(int8_t); break;
-    case ncclUint8: RED_INT(uint8_t); break;
-    case ncclInt32: RED_INT(int32_t); break;
-    case ncclUint32: RED_INT(uint32_t); break;
-    case ncclInt64: RED_INT(int64_t); break;
-    case ncclUint64: RED_INT(uint64_t); break;
-    case ncclFloat32: RED_FLT(float); break;
-    case ncclFloat64: RED_FLT(double); break;
+    case ncclInt8:
+        RED_INT(int8_t);
+        break;
+    case ncclUint8:
+        RED_INT(uint8_t);
+        break;
+    case ncclInt32:
+        RED_INT(int32_t);
+        break;
+    case ncclUint32:
+        RED_INT(uint32_t);
+        break;
+    case ncclInt64:
+        RED_INT(int64_t);
+        break;
+    case ncclUint64:
+        RED_INT(uint64_t);
+        break;
+    case ncclFloat32:
+        RED_FLT(float);
+        break;
+    case ncclFloat64:
+        RED_FLT(double);
+        break;
     case ncclFloat16:
     case ncclBfloat16: {
         uint16_t *a = acc;
@@ -683,11 +752,21 @@ static void reduce(void *acc, const void *x, size_t k, ncclDataType_t t, ncclRed
             double res = v;
             if (!first)
                 switch (op) {
-                case ncclSum: case ncclAvg: res = o + v; break;
-                case ncclProd: res = o * v; break;
-                case ncclMax: res = o > v ? o : v; break;
-                case ncclMin: res = o < v ? o : v; break;
-                default: break;
+                case ncclSum:
+                case ncclAvg:
+                    res = o + v;
+                    break;
+                case ncclProd:
+                    res = o * v;
+                    break;
+                case ncclMax:
+                    res = o > v ? o : v;
+                    break;
+                case ncclMin:
+                    res = o < v ? o : v;
+                    break;
+                default:
+                    break;
                 }
             a[i] = bf ? f2b(res) : f2h(res);
         }
@@ -703,13 +782,26 @@ static void post_div(void *acc, size_t k, ncclDataType_t t, int n) {
     for (size_t i = 0; i < k; i++)                                                                 \
         ((T *)acc)[i] = (T)(((T *)acc)[i] / (T)n);
     switch (t) {
-    case ncclInt8: DIV(int8_t); break;
-    case ncclUint8: DIV(uint8_t); break;
-    case ncclInt32: DIV(int32_t); break;
-    case ncclUint32: DIV(uint32_t); break;
-    case ncclInt64: DIV(int64_t); break;
-    case ncclUint64: DIV(uint64_t); break;
-    default: break;
+    case ncclInt8:
+        DIV(int8_t);
+        break;
+    case ncclUint8:
+        DIV(uint8_t);
+        break;
+    case ncclInt32:
+        DIV(int32_t);
+        break;
+    case ncclUint32:
+        DIV(uint32_t);
+        break;
+    case ncclInt64:
+        DIV(int64_t);
+        break;
+    case ncclUint64:
+        DIV(uint64_t);
+        break;
+    default:
+        break;
     }
 #undef DIV
 }
@@ -746,8 +838,9 @@ static ncclResult_t coll(int kind, const void *send, void *recv, size_t count, n
         return fail(fn, ncclInvalidArgument, "stream of device %d, communicator on device %d", sdev,
                     c->dev);
     if (capturing)
-        return fail(fn, ncclInvalidUsage,
-                    "a collective on a capturing stream (legal in NCCL; not modelled by the double)");
+        return fail(
+            fn, ncclInvalidUsage,
+            "a collective on a capturing stream (legal in NCCL; not modelled by the double)");
     int n = c->nranks;
     size_t send_n = kind == K_REDUCESCATTER ? count * (size_t)n : count;
     size_t recv_n = kind == K_ALLGATHER ? count * (size_t)n : count;
@@ -780,13 +873,14 @@ static ncclResult_t coll(int kind, const void *send, void *recv, size_t count, n
         return r;
     for (int i = 0; i < n && r == ncclSuccess; i++)
         if (memcmp(h->arg[i], me, 5 * sizeof(int64_t)) != 0)
-            r = fail(fn, ncclInvalidUsage,
-                     "rank %d called %s(count %lld, type %lld, op %lld, root %lld) while rank %d "
-                     "called %s(count %zu, type %d, op %lld, root %lld): NCCL would hang or corrupt",
-                     i, h->arg[i][0] >= 0 && h->arg[i][0] < 4 ? k_names[h->arg[i][0]] : "?",
-                     (long long)h->arg[i][1], (long long)h->arg[i][2], (long long)h->arg[i][3],
-                     (long long)h->arg[i][4], c->rank, fn, count, (int)t, (long long)me[3],
-                     (long long)me[4]);
+            r = fail(
+                fn, ncclInvalidUsage,
+                "rank %d called %s(count %lld, type %lld, op %lld, root %lld) while rank %d "
+                "called %s(count %zu, type %d, op %lld, root %lld): NCCL would hang or corrupt",
+                i, h->arg[i][0] >= 0 && h->arg[i][0] < 4 ? k_names[h->arg[i][0]] : "?",
+                (long long)h->arg[i][1], (long long)h->arg[i][2], (long long)h->arg[i][3],
+                (long long)h->arg[i][4], c->rank, fn, count, (int)t, (long long)me[3],
+                (long long)me[4]);
     ncclResult_t r2 = barrier(c, fn);
     if (r != ncclSuccess)
         return r;

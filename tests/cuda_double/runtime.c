@@ -78,12 +78,12 @@ typedef struct event {
     unsigned flags;
     stream_t *stream; /* last record, NULL if never recorded */
     uint64_t seq;
-    bool captured;    /* last recorded into a capture */
+    bool captured; /* last recorded into a capture */
 } event_t;
 
 static pthread_mutex_t g_rt = PTHREAD_MUTEX_INITIALIZER;
-static stream_t *g_streams;          /* g_rt */
-static stream_t g_legacy[MAX_DEV];   /* g_rt */
+static stream_t *g_streams;        /* g_rt */
+static stream_t g_legacy[MAX_DEV]; /* g_rt */
 
 /* Live handles, so a foreign or stale one is refused without being trusted (g_rt). */
 typedef struct hnode {
@@ -145,14 +145,14 @@ static int cur_dev(void) {
     X(cudaErrorNoDevice, "no CUDA-capable device is detected")                                     \
     X(cudaErrorInvalidDevice, "invalid device ordinal")                                            \
     X(cudaErrorInvalidResourceHandle, "invalid resource handle")                                   \
-    X(cudaErrorIllegalState, "the operation cannot be performed in the present state")            \
+    X(cudaErrorIllegalState, "the operation cannot be performed in the present state")             \
     X(cudaErrorNotReady, "device not ready")                                                       \
     X(cudaErrorIllegalAddress, "an illegal memory access was encountered")                         \
     X(cudaErrorLaunchFailure, "unspecified launch failure")                                        \
     X(cudaErrorHardwareStackError, "hardware stack error")                                         \
     X(cudaErrorIllegalInstruction, "an illegal instruction was encountered")                       \
     X(cudaErrorMisalignedAddress, "misaligned address")                                            \
-    X(cudaErrorInvalidAddressSpace, "operation not supported on global/shared address space")     \
+    X(cudaErrorInvalidAddressSpace, "operation not supported on global/shared address space")      \
     X(cudaErrorInvalidPc, "invalid program counter")                                               \
     X(cudaErrorAssert, "device-side assert triggered")                                             \
     X(cudaErrorLaunchTimeout, "the launch timed out and was terminated")                           \
@@ -160,7 +160,8 @@ static int cur_dev(void) {
     X(cudaErrorNotPermitted, "operation not permitted")                                            \
     X(cudaErrorNotSupported, "operation not supported")                                            \
     X(cudaErrorStreamCaptureUnsupported, "operation not permitted when stream is capturing")       \
-    X(cudaErrorStreamCaptureInvalidated, "operation failed due to a previous error during capture") \
+    X(cudaErrorStreamCaptureInvalidated,                                                           \
+      "operation failed due to a previous error during capture")                                   \
     X(cudaErrorStreamCaptureImplicit,                                                              \
       "operation would make the legacy stream depend on a capturing blocking stream")              \
     X(cudaErrorCapturedEvent,                                                                      \
@@ -173,7 +174,7 @@ DBL_EXPORT const char *cudaGetErrorName(cudaError_t e) {
 #define X(n, s)                                                                                    \
     case n:                                                                                        \
         return #n;
-    switch (e) { ERRS(X) default: break; }
+    switch (e) { ERRS(X) default : break; }
 #undef X
     return "cudaErrorUnknown";
 }
@@ -182,7 +183,7 @@ DBL_EXPORT const char *cudaGetErrorString(cudaError_t e) {
 #define X(n, s)                                                                                    \
     case n:                                                                                        \
         return s;
-    switch (e) { ERRS(X) default: break; }
+    switch (e) { ERRS(X) default : break; }
 #undef X
     return "unrecognized error code";
 }
@@ -220,10 +221,10 @@ static void rt_init(void) {
         if (inj_) {                                                                                \
             if (inj_ >= 700 && inj_ <= 720)                                                        \
                 dbl_set_sticky(cur_dev(), inj_);                                                   \
-            return rt_fail(fn, (cudaError_t)inj_, "injected by the test");                        \
+            return rt_fail(fn, (cudaError_t)inj_, "injected by the test");                         \
         }                                                                                          \
         if (g_init_res != CUDA_SUCCESS)                                                            \
-            return rt_fail(fn, cudaErrorNoDevice, "no device (CUDA_DOUBLE_GPUS=0)");              \
+            return rt_fail(fn, cudaErrorNoDevice, "no device (CUDA_DOUBLE_GPUS=0)");               \
     } while (0)
 
 /* The current device's primary context, made if needed; its sticky error if it has one. */
@@ -255,7 +256,8 @@ DBL_EXPORT cudaError_t cudaPeekAtLastError(void) {
     return s ? (cudaError_t)s : t_last;
 }
 
-/* ---- capture rules ---------------------------------------------------------------------------- */
+/* ---- capture rules ----------------------------------------------------------------------------
+ */
 
 /* Whether this thread may make a potentially unsafe call now (g_rt held); invalidates the
  * captures that forbid it. */
@@ -357,7 +359,8 @@ DBL_EXPORT int dbl_rt_stream(void *h, int *dev_p, bool *capturing_p) {
     return rc;
 }
 
-/* ---- devices ---------------------------------------------------------------------------------- */
+/* ---- devices ----------------------------------------------------------------------------------
+ */
 
 DBL_EXPORT cudaError_t cudaGetDeviceCount(int *n) {
     RT_ENTER("cudaGetDeviceCount");
@@ -434,9 +437,9 @@ DBL_EXPORT cudaError_t cudaDriverGetVersion(int *v) {
  * (cudaGetDriverEntryPointByVersion docs); only the double's own driver functions are handed out,
  * so a process under the doubles never reaches a real libcuda. */
 DBL_EXPORT cudaError_t cudaGetDriverEntryPointByVersion(const char *symbol, void **fn,
-                                                         unsigned int version,
-                                                         unsigned long long flags,
-                                                         enum cudaDriverEntryPointQueryResult *st) {
+                                                        unsigned int version,
+                                                        unsigned long long flags,
+                                                        enum cudaDriverEntryPointQueryResult *st) {
     RT_ENTER("cudaGetDriverEntryPointByVersion");
     if (!symbol || !fn)
         return rt_fail("cudaGetDriverEntryPointByVersion", cudaErrorInvalidValue, "NULL");
@@ -453,8 +456,8 @@ DBL_EXPORT cudaError_t cudaGetDriverEntryPointByVersion(const char *symbol, void
 }
 
 DBL_EXPORT cudaError_t cudaGetDriverEntryPoint(const char *symbol, void **fn,
-                                                unsigned long long flags,
-                                                enum cudaDriverEntryPointQueryResult *st) {
+                                               unsigned long long flags,
+                                               enum cudaDriverEntryPointQueryResult *st) {
     return cudaGetDriverEntryPointByVersion(symbol, fn, 13000, flags, st);
 }
 
@@ -565,11 +568,20 @@ static cudaError_t check_kind(const char *fn, void *dst, const void *src, enum c
     bool dd = dbl_mem_device(dst) >= 0, sd = dbl_mem_device(src) >= 0;
     bool ok = true;
     switch (k) {
-    case cudaMemcpyHostToHost: ok = !dd && !sd; break;
-    case cudaMemcpyHostToDevice: ok = dd && !sd; break;
-    case cudaMemcpyDeviceToHost: ok = !dd && sd; break;
-    case cudaMemcpyDeviceToDevice: ok = dd && sd; break;
-    case cudaMemcpyDefault: break;
+    case cudaMemcpyHostToHost:
+        ok = !dd && !sd;
+        break;
+    case cudaMemcpyHostToDevice:
+        ok = dd && !sd;
+        break;
+    case cudaMemcpyDeviceToHost:
+        ok = !dd && sd;
+        break;
+    case cudaMemcpyDeviceToDevice:
+        ok = dd && sd;
+        break;
+    case cudaMemcpyDefault:
+        break;
     default:
         return rt_fail(fn, cudaErrorInvalidValue, "kind %d", (int)k);
     }
@@ -580,8 +592,8 @@ static cudaError_t check_kind(const char *fn, void *dst, const void *src, enum c
     return cudaSuccess;
 }
 
-static cudaError_t do_copy(const char *fn, int dev, void *dst, const void *src, size_t n,
-                           int value, bool set) {
+static cudaError_t do_copy(const char *fn, int dev, void *dst, const void *src, size_t n, int value,
+                           bool set) {
     int rc = set ? dbl_set(dst, value, n) : dbl_copy(dst, src, n);
     if (rc == cudaErrorIllegalAddress) {
         dbl_set_sticky(dev, rc); /* a fault on a GPU is sticky */
@@ -742,10 +754,10 @@ DBL_EXPORT cudaError_t cudaStreamQuery(cudaStream_t h) {
     UNSAFE("cudaStreamQuery");
     pthread_mutex_lock(&g_rt);
     stream_t *s = stream_of(h);
-    cudaError_t e = !s ? cudaErrorInvalidResourceHandle
-                  : s->capturing ? cudaErrorStreamCaptureUnsupported
-                  : s->pending || s->completed < s->recorded ? cudaErrorNotReady
-                                                             : cudaSuccess;
+    cudaError_t e = !s                                         ? cudaErrorInvalidResourceHandle
+                    : s->capturing                             ? cudaErrorStreamCaptureUnsupported
+                    : s->pending || s->completed < s->recorded ? cudaErrorNotReady
+                                                               : cudaSuccess;
     if (s && s->capturing)
         s->invalidated = true;
     pthread_mutex_unlock(&g_rt);
@@ -778,7 +790,7 @@ DBL_EXPORT cudaError_t cudaStreamIsCapturing(cudaStream_t h, enum cudaStreamCapt
     else if (s->legacy && blocking_capture_on(s->dev))
         e = cudaErrorStreamCaptureImplicit; /* cudaStreamIsCapturing docs */
     else
-        *st = !s->capturing     ? cudaStreamCaptureStatusNone
+        *st = !s->capturing    ? cudaStreamCaptureStatusNone
               : s->invalidated ? cudaStreamCaptureStatusInvalidated
                                : cudaStreamCaptureStatusActive;
     pthread_mutex_unlock(&g_rt);
@@ -843,9 +855,9 @@ DBL_EXPORT cudaError_t cudaGraphDestroy(cudaGraph_t g) {
 
 DBL_EXPORT cudaError_t cudaThreadExchangeStreamCaptureMode(enum cudaStreamCaptureMode *mode) {
     RT_ENTER("cudaThreadExchangeStreamCaptureMode");
-    if (!mode || (*mode != cudaStreamCaptureModeGlobal &&
-                  *mode != cudaStreamCaptureModeThreadLocal &&
-                  *mode != cudaStreamCaptureModeRelaxed))
+    if (!mode ||
+        (*mode != cudaStreamCaptureModeGlobal && *mode != cudaStreamCaptureModeThreadLocal &&
+         *mode != cudaStreamCaptureModeRelaxed))
         return rt_fail("cudaThreadExchangeStreamCaptureMode", cudaErrorInvalidValue, "mode %d",
                        mode ? (int)*mode : -1);
     enum cudaStreamCaptureMode old = t_mode;
@@ -964,7 +976,7 @@ DBL_EXPORT cudaError_t cudaEventSynchronize(cudaEvent_t h) {
     UNSAFE("cudaEventSynchronize");
     pthread_mutex_lock(&g_rt);
     event_t *e = event_of(h);
-    cudaError_t err = !e ? cudaErrorInvalidResourceHandle
+    cudaError_t err = !e            ? cudaErrorInvalidResourceHandle
                       : e->captured ? cudaErrorCapturedEvent
                                     : cudaSuccess;
     if (err == cudaSuccess && e->stream && e->stream->completed < e->seq)

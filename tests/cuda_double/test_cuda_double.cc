@@ -37,7 +37,8 @@ bool under_double() {
 #define NEED_DOUBLE()                                                                              \
     do {                                                                                           \
         if (!under_double())                                                                       \
-            GTEST_SKIP() << "runs under the CUDA doubles only (LD_LIBRARY_PATH=<build>/cuda-double)"; \
+            GTEST_SKIP()                                                                           \
+                << "runs under the CUDA doubles only (LD_LIBRARY_PATH=<build>/cuda-double)";       \
     } while (0)
 
 int contexts(int dev) {
@@ -233,16 +234,18 @@ TEST(CudaDoubleRules, StickyErrorsStay) {
 
 TEST(CudaDoubleRules, VmmOrdersGranularityAndCapacity) {
     NEED_DOUBLE();
-    auto gran = drv<CUresult (*)(size_t *, const CUmemAllocationProp *,
-                                 CUmemAllocationGranularity_flags)>("cuMemGetAllocationGranularity");
+    auto gran =
+        drv<CUresult (*)(size_t *, const CUmemAllocationProp *, CUmemAllocationGranularity_flags)>(
+            "cuMemGetAllocationGranularity");
     auto create = drv<CUresult (*)(CUmemGenericAllocationHandle *, size_t,
                                    const CUmemAllocationProp *, unsigned long long)>("cuMemCreate");
-    auto reserve = drv<CUresult (*)(CUdeviceptr *, size_t, size_t, CUdeviceptr,
-                                    unsigned long long)>("cuMemAddressReserve");
+    auto reserve =
+        drv<CUresult (*)(CUdeviceptr *, size_t, size_t, CUdeviceptr, unsigned long long)>(
+            "cuMemAddressReserve");
     auto map = drv<CUresult (*)(CUdeviceptr, size_t, size_t, CUmemGenericAllocationHandle,
                                 unsigned long long)>("cuMemMap");
-    auto access = drv<CUresult (*)(CUdeviceptr, size_t, const CUmemAccessDesc *, size_t)>(
-        "cuMemSetAccess");
+    auto access =
+        drv<CUresult (*)(CUdeviceptr, size_t, const CUmemAccessDesc *, size_t)>("cuMemSetAccess");
     auto unmap = drv<CUresult (*)(CUdeviceptr, size_t)>("cuMemUnmap");
     auto release = drv<CUresult (*)(CUmemGenericAllocationHandle)>("cuMemRelease");
     auto afree = drv<CUresult (*)(CUdeviceptr, size_t)>("cuMemAddressFree");
@@ -325,7 +328,6 @@ template <typename F> bool ranks(int n, F body) {
     return ok;
 }
 
-
 TEST(CudaDoubleNccl, AvgPremultipliesFloatsAndDividesIntegers) {
     NEED_DOUBLE();
     ncclUniqueId id;
@@ -390,16 +392,17 @@ TEST(CudaDoubleNccl, WindowRules) {
         // 2.28: NULL or size 0 returns success and leaves *win alone.
         ok = ok && ncclCommWindowRegister(c, nullptr, 0, &w, 0) == ncclSuccess && w == nullptr;
         // Not VMM memory: refused (every rank gets an error, the call is collective).
-        ok = ok && ncclCommWindowRegister(c, plain, 4 << 20, &w, NCCL_WIN_COLL_SYMMETRIC) !=
-                       ncclSuccess;
+        ok = ok &&
+             ncclCommWindowRegister(c, plain, 4 << 20, &w, NCCL_WIN_COLL_SYMMETRIC) != ncclSuccess;
         // Offsets must be 4096-aligned.
-        ok = ok && ncclCommWindowRegister(c, static_cast<char *>(m) + 100, 4096, &w, 0) !=
-                       ncclSuccess;
+        ok = ok &&
+             ncclCommWindowRegister(c, static_cast<char *>(m) + 100, 4096, &w, 0) != ncclSuccess;
         // Sizes must be equal on every rank.
-        ok = ok && ncclCommWindowRegister(c, m, r == 0 ? 1 << 20 : 2 << 20, &w, 0) ==
-                       ncclInvalidUsage;
-        ok = ok && ncclCommWindowRegister(c, m, 2 << 20, &w, NCCL_WIN_COLL_SYMMETRIC) ==
-                       ncclSuccess && w != nullptr;
+        ok = ok &&
+             ncclCommWindowRegister(c, m, r == 0 ? 1 << 20 : 2 << 20, &w, 0) == ncclInvalidUsage;
+        ok = ok &&
+             ncclCommWindowRegister(c, m, 2 << 20, &w, NCCL_WIN_COLL_SYMMETRIC) == ncclSuccess &&
+             w != nullptr;
         // Deregister before free.
         ok = ok && ncclMemFree(m) == ncclInvalidUsage;
         ok = ok && ncclCommWindowDeregister(c, w) == ncclSuccess;

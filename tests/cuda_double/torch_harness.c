@@ -74,9 +74,20 @@ int main(int argc, char **argv) {
     free_fn_t dfree = (free_fn_t)sym(lib, "sp_torch_free");
     record_fn_t record = (record_fn_t)sym(lib, "sp_torch_record_stream");
     reset_fn_t reset = (reset_fn_t)sym(lib, "sp_torch_empty_cache");
+    if (argc > 2 && strcmp(argv[2], "--expect-refused") == 0) {
+        /* No GPU answers, or the host backend: PyTorch must get NULL, never host memory. */
+        void *p = alloc(4096, 0, NULL);
+        CHECK(p == NULL, "alloc handed out %p without a cuda backend", p);
+        record(p, NULL);
+        dfree(p, 4096, 0, NULL);
+        reset();
+        if (g_fails == 0)
+            printf("torch-harness: ok (refused)\n");
+        return g_fails != 0;
+    }
     void *drv = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
     int (*contexts)(int) = drv ? (int (*)(int))dlsym(drv, "cuda_double_primary_contexts") : NULL;
-    size_t (*used)(int) = drv ? (size_t (*)(int))dlsym(drv, "cuda_double_memory_used") : NULL;
+    size_t (*used)(int) = drv ? (size_t(*)(int))dlsym(drv, "cuda_double_memory_used") : NULL;
     int (*device_of)(const void *) =
         drv ? (int (*)(const void *))dlsym(drv, "cuda_double_device_of") : NULL;
     if (!contexts || !used || !device_of) {
@@ -124,8 +135,10 @@ int main(int argc, char **argv) {
         record(p, side);
         dfree(p, n, dev, stream);
         void *r = alloc(n, dev, stream);
-        CHECK(r != NULL && r != p, "%p was handed out again while a stream recorded on it still "
-                                   "had work queued", p);
+        CHECK(r != NULL && r != p,
+              "%p was handed out again while a stream recorded on it still "
+              "had work queued",
+              p);
         CHECK(cudaStreamSynchronize(side) == cudaSuccess, "sync side");
         void *r2 = alloc(n, dev, stream);
         CHECK(r2 == p, "after the side stream completed, %p should be reused (got %p)", p, r2);
