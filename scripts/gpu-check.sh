@@ -87,7 +87,7 @@ tname() { echo "$1" | tr -c 'A-Za-z0-9_\n' '_'; }
 plan_gpu() {
     plan scripts_parse 5 check_scripts_parse
     plan build 150 "cmake -S . -B $B -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSYMPOOL_WITH_CUDA=ON \
--DSYMPOOL_WITH_NCCL=ON -DSYMPOOL_NCCL_ROOT=\"\$NCCL_ROOT\" -DSYMPOOL_BUILD_BENCH=OFF \$CMAKE_DEPS_STR \
+-DSYMPOOL_WITH_NCCL=ON -DSYMPOOL_NCCL_ROOT=\"\$NCCL_ROOT\" -DSYMPOOL_BUILD_TESTS=ON -DSYMPOOL_BUILD_BENCH=OFF \$CMAKE_DEPS_STR \
 \$SYMPOOL_GPU_CHECK_CMAKE_ARGS \
 && cmake --build $B -j$JOBS"
     # The packaging tests (install.*, scripts.*: builds and CMake runs of their own, no GPU in
@@ -97,8 +97,8 @@ plan_gpu() {
     plan nccl_window_np1 20 "ctest --test-dir $B -R '^mpi\.test_symmetric_gpu\.np1\$' --output-on-failure"
     plan expandable_cuda 20 "SYMPOOL_ALLOC_CONF=expandable_segments:True ctest --test-dir $B \
 -R 'Expandable|expandable' -j4 --timeout 30 --output-on-failure"
-    plan example_pluggable 15 "python3 examples/python/pluggable_allocator.py \"\$SYMPOOL_LIB\""
-    plan example_mempool 15 "python3 examples/python/mempool.py \"\$SYMPOOL_LIB\""
+    plan example_pluggable 15 "python3 examples/python/pluggable_allocator.py \"\$SYMPOOL_LIBRARY\""
+    plan example_mempool 15 "python3 examples/python/mempool.py \"\$SYMPOOL_LIBRARY\""
     plan train_native 30 "python3 bench/gpu/train_check.py native --out \"\$WORK/train_native.json\""
     # The first enable() builds sympool.torch's C++ shim against torch (cached afterwards).
     plan train_pluggable 50 "python3 bench/gpu/train_check.py pluggable --out \"\$WORK/train_pluggable.json\""
@@ -272,13 +272,13 @@ NCCL_ROOT=${SYMPOOL_NCCL_ROOT:-$(python3 -c 'import nvidia.nccl as m, os; f = ge
 export NCCL_ROOT
 export CMAKE_DEPS_STR="${CMAKE_DEPS[*]}"
 export SYMPOOL_TEST_DEVICE=cuda
-export SYMPOOL_LIB=$ROOT/$B/libsympool.so
+export SYMPOOL_LIBRARY=$ROOT/$B/libsympool.so
 export SYMPOOL_CACHE_DIR=$WORK/cache
 export PYTHONUNBUFFERED=1
 
 plan_gpu
 for i in "${!PLAN_NAMES[@]}"; do
-    if [ "${PLAN_NAMES[$i]}" != scripts_parse ] && [ "${PLAN_NAMES[$i]}" != build ] && [ ! -f "$SYMPOOL_LIB" ]; then
+    if [ "${PLAN_NAMES[$i]}" != scripts_parse ] && [ "${PLAN_NAMES[$i]}" != build ] && [ ! -f "$SYMPOOL_LIBRARY" ]; then
         printf '%s\tFAIL\t0\tnot run: the build failed\n' "${PLAN_NAMES[$i]}" >>"$STEPS"
         FAILED=1
         continue

@@ -1,6 +1,7 @@
 # The newcomer's path (issue 15): what README promises a user outside this tree.
 #  - install.consumers: `cmake --install --prefix`, then programs built against the installed
-#    package with pkg-config (shared; static after moving the prefix) and with find_package.
+#    package with pkg-config (shared, C and C++; static after moving the prefix) and with
+#    find_package (a C project and a C++-only one).
 #  - scripts.*: test.sh states the options it needs (a build/ configured by run-main.sh must not
 #    hide the tests) and fails on an empty test run.
 set(SP_INSTALL_EXTRA_CFLAGS "")
@@ -17,9 +18,9 @@ if(SP_PKG_CONFIG)
   add_test(NAME install.consumers
     COMMAND ${CMAKE_CURRENT_SOURCE_DIR}/install/check.sh ${PROJECT_BINARY_DIR} ${PROJECT_SOURCE_DIR}
             ${CMAKE_CURRENT_BINARY_DIR}/install_check ${CMAKE_INSTALL_LIBDIR} ${CMAKE_C_COMPILER}
-            ${SP_INSTALL_MPI} "${SP_INSTALL_EXTRA_CFLAGS}")
+            ${CMAKE_CXX_COMPILER} ${SP_INSTALL_MPI} "${SP_INSTALL_EXTRA_CFLAGS}")
   set_tests_properties(install.consumers PROPERTIES LABELS "install" TIMEOUT 300
-    PASS_REGULAR_EXPRESSION "consumer ok.*consumer ok.*consumer ok.*install ok"
+    PASS_REGULAR_EXPRESSION "consumer ok.*consumer ok.*consumer ok.*consumer ok.*consumer ok.*install ok"
     ENVIRONMENT "${SP_TEST_ENV}" RUN_SERIAL TRUE)
 endif()
 
@@ -43,24 +44,35 @@ endif()
 
 # NCCL as PyTorch's nvidia-nccl wheel lays it out (include/nccl.h, lib/libnccl.so.2 only), found
 # through SYMPOOL_NCCL_ROOT: the library builds with the project's warnings and its installed
-# consumers link. Library and CLI only (about 70 s on two cores without ccache).
+# consumers link. Library and CLI only (53 s without ccache, 21-28 s with it, on two shared cores).
 if(SP_HAVE_NCCL AND SP_PKG_CONFIG AND NOT SYMPOOL_SANITIZE)
   add_test(NAME install.nccl_wheel_layout
     COMMAND ${CMAKE_CURRENT_SOURCE_DIR}/install/nccl_wheel_check.sh ${PROJECT_SOURCE_DIR}
             ${CMAKE_CURRENT_BINARY_DIR}/nccl_wheel_check ${NCCL_INCLUDE_DIR} ${NCCL_LIBRARY}
-            ${CMAKE_INSTALL_LIBDIR} ${CMAKE_C_COMPILER} ${SP_INSTALL_MPI})
+            ${CMAKE_INSTALL_LIBDIR} ${CMAKE_C_COMPILER} ${CMAKE_CXX_COMPILER} ${SP_INSTALL_MPI})
   set_tests_properties(install.nccl_wheel_layout PROPERTIES LABELS "install" TIMEOUT 600
     PASS_REGULAR_EXPRESSION "wheel layout ok" ENVIRONMENT "${SP_TEST_ENV}" RUN_SERIAL TRUE)
 endif()
 
 # scripts/gpu-check.sh without a GPU: --plan fits one device call, the no-GPU run writes its
 # two-file report to --out, a failed step's log is inside it, the deadline cuts late steps.
-# Two CMake configures, no build (about 30 s, mostly waiting).
+# Two CMake configures, no build (15-26 s, mostly waiting); unsanitized build only, as above.
 find_package(Python3 COMPONENTS Interpreter QUIET)
-if(Python3_Interpreter_FOUND)
+if(Python3_Interpreter_FOUND AND NOT SYMPOOL_SANITIZE)
   add_test(NAME scripts.gpu_check_no_gpu
     COMMAND ${CMAKE_CURRENT_SOURCE_DIR}/install/gpu_check_check.sh ${PROJECT_SOURCE_DIR}
             ${CMAKE_CURRENT_BINARY_DIR}/gpu_check_check)
   set_tests_properties(scripts.gpu_check_no_gpu PROPERTIES LABELS "install" TIMEOUT 300
     PASS_REGULAR_EXPRESSION "gpu-check ok")
+endif()
+
+# The default build needs no GoogleTest (a library-only configure), and -DSYMPOOL_BUILD_TESTS=ON
+# without it fails saying so. Two configures, no build (10-30 s): in the unsanitized build only,
+# as a configure does not depend on the sanitizer.
+if(NOT SYMPOOL_SANITIZE)
+  add_test(NAME install.configure_without_gtest
+    COMMAND ${CMAKE_CURRENT_SOURCE_DIR}/install/configure_check.sh ${PROJECT_SOURCE_DIR}
+            ${CMAKE_CURRENT_BINARY_DIR}/configure_check)
+  set_tests_properties(install.configure_without_gtest PROPERTIES LABELS "install" TIMEOUT 120
+    PASS_REGULAR_EXPRESSION "configure ok")
 endif()
