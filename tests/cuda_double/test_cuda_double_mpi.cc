@@ -16,7 +16,7 @@
 #include <nccl.h>
 
 extern "C" {
-#include "launch/launch.h"
+#include "world/world.h"
 #include <sympool/collectives.h>
 }
 
