@@ -474,6 +474,25 @@ TEST_F(CudaDoubleSympool, FreshThreadOnDeviceOneLeavesDeviceZeroAlone) {
     EXPECT_SP_OK(sp_empty_cache());
 }
 
+TEST_F(CudaDoubleSympool, EmptyCacheAndOomReleaseLeaveUnusedDevicesBare) {
+    NEED_DOUBLE();
+    // Everything on device 0, the device this thread set: releasing the cache (empty_cache, and
+    // the OOM path that releases it before retrying) must not visit device 1, which has no
+    // context and therefore nothing cached and no capture under way.
+    ASSERT_EQ(cudaSetDevice(0), cudaSuccess);
+    void *p = nullptr;
+    ASSERT_SP_OK(sp_malloc(1 << 20, 0, nullptr, &p));
+    ASSERT_SP_OK(sp_free(p));
+    ASSERT_SP_OK(sp_empty_cache());
+    size_t fr = 0, tot = 0;
+    ASSERT_SP_OK(sp_get_memory_info(0, &fr, &tot));
+    void *q = nullptr;
+    expect_warnings();
+    EXPECT_SP_STATUS(sp_malloc(tot + (1 << 20), 0, nullptr, &q), SP_ERR_OUT_OF_MEMORY);
+    EXPECT_EQ(contexts(1), 0) << "device 1 was set up by a release on device 0 "
+                                 "(CUDA_DOUBLE_TRACE_CONTEXTS=1 says where)";
+}
+
 TEST_F(CudaDoubleSympool, HostDereferenceOfSympoolMemoryFaults) {
     NEED_DOUBLE();
     void *p = nullptr;
