@@ -170,7 +170,9 @@ TEST_F(CudaDoubleMpi, ReleaseFailuresAreReportedAndNothingLeaks) {
     EXPECT_NE(s, SP_SUCCESS) << "a failed deregistration is reported";
     ASSERT_SP_OK(sp_symmetric_malloc(pool_, 4096, nullptr, &a));
     ASSERT_SP_OK(sp_free(a));
-    inject("cudaStreamSynchronize", cudaErrorInvalidValue);
+    // The nccl registrar synchronizes the device before deregistering (the segment's stream may
+    // have been destroyed by then).
+    inject("cudaDeviceSynchronize", cudaErrorInvalidValue);
     EXPECT_NE(sp_symmetric_empty_cache(pool_), SP_SUCCESS);
 }
 
