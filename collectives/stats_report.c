@@ -626,7 +626,7 @@ static FILE *report_file(sp_world_t *w, bool *opened_p) {
     return f;
 }
 
-static void report_at_finalize(sp_world_t *w) {
+static sp_status_t report_at_finalize(sp_world_t *w, bool in_step) {
     const char *what = sp__option_string(SP_OPT_REPORT);
     sp_report_format_t format;
     if (strcmp(what, "table") == 0)
@@ -638,7 +638,13 @@ static void report_at_finalize(sp_world_t *w) {
     else if (strcmp(what, "prometheus") == 0)
         format = SP_REPORT_PROMETHEUS;
     else
-        return;
+        return SP_SUCCESS;
+    if (!in_step) {
+        /* The report is collective: with a rank late or gone it would only time out again. */
+        SP_WARN(SP_SUB_COLL, "SYMPOOL_REPORT=%s: no report, the ranks did not all reach "
+                             "sp_world_finalize in time", what);
+        return SP_SUCCESS;
+    }
     /* Every rank reads the same environment under mpirun, so every rank joins. A failure was
      * already logged; finalize goes on. */
     bool opened;
@@ -647,6 +653,7 @@ static void report_at_finalize(sp_world_t *w) {
     if (opened && fclose(out) != 0)
         (void)sp__error(SP_ERR_SYSTEM, SP_SUB_COLL, "SYMPOOL_REPORT_FILE: closing failed: %s",
                         strerror(errno));
+    return SP_SUCCESS;
 }
 
 __attribute__((constructor)) static void register_report_hook(void) {
