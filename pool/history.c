@@ -29,6 +29,7 @@
 #include <string.h>
 
 #include "core/core.h"
+#include "pool/allocator.h"
 #include "pool/fork.h"
 #include "pool/history.h"
 #include "sympool/history.h"
@@ -547,6 +548,7 @@ SP_EXPORT void sp_history_params_init(sp_history_params_t *params) {
 }
 
 SP_EXPORT sp_status_t sp_record_memory_history(const sp_history_params_t *params) {
+    SP_GATE("sp_record_memory_history");
     sp__fork_register(); /* before g.lock: see pool/fork.h */
     SP_ARG_CHECK(params != NULL, SP_SUB_HISTORY, "sp_record_memory_history: params is NULL");
     SP_ARG_CHECK((unsigned)params->enabled <= SP_HISTORY_ALL, SP_SUB_HISTORY,

@@ -21,6 +21,7 @@
 #include <unistd.h>
 
 #include "core/core.h"
+#include "pool/allocator.h"
 #include "pool/history.h"
 #include "core/core_emit.h"
 #include "pool/pool.h"
@@ -394,10 +395,12 @@ static sp_status_t dump(const sp_mempool_t *pool, const char *pattern) {
 }
 
 SP_EXPORT sp_status_t sp_dump_snapshot(const char *path) {
+    SP_GATE("sp_dump_snapshot");
     return dump(NULL, path);
 }
 
 SP_EXPORT sp_status_t sp_mempool_dump_snapshot(const sp_mempool_t *pool, const char *path) {
+    SP_GATE("sp_mempool_dump_snapshot");
     SP_CHECK(sp__mempool_check(pool, "sp_mempool_dump_snapshot"));
     return dump(pool, path);
 }
