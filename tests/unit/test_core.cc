@@ -5,8 +5,12 @@
 // set through sp::ScopedEnv.
 #include "sp_test.hpp"
 
+#include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
+#include <atomic>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -703,6 +707,46 @@ TEST_F(CoreTest, DebugFileWithPidAndRank) {
     EXPECT_NE(rtext.find("[r5 d-] SYMPOOL WARN test_core.cc:"), std::string::npos) << rtext;
     EXPECT_EQ(rtext.find("before the rank"), std::string::npos);
     unlink(rpath.c_str());
+    rmdir(dir);
+}
+
+// A FIFO (or any non-regular file) as SYMPOOL_DEBUG_FILE is refused with a message, and the lines
+// go to stderr: opening a FIFO for writing used to wait, with the log lock held, for a reader
+// that never comes.
+TEST_F(CoreTest, DebugFileThatIsAFifoIsRefused) {
+    expect_warnings();
+    char dir[] = "/tmp/sp_core_fifoXXXXXX";
+    ASSERT_NE(mkdtemp(dir), nullptr);
+    std::string fifo = std::string(dir) + "/log.fifo";
+    ASSERT_EQ(mkfifo(fifo.c_str(), 0600), 0);
+    std::string err;
+    {
+        Env env({{"SYMPOOL_DEBUG_FILE", fifo.c_str()}});
+        sp__log_set_fn(nullptr, nullptr);
+        testing::internal::CaptureStderr();
+        std::atomic<bool> done{false};
+        std::thread t([&] {
+            SP_WARN(SP_SUB_POOL, "a line for the fifo");
+            done = true;
+        });
+        for (int i = 0; i < 1000 && !done; i++)
+            std::this_thread::sleep_for(std::chrono::milliseconds(5));
+        bool returned = done;
+        if (!returned) { // a reader lets the blocked open return, so the test ends
+            int fd = open(fifo.c_str(), O_RDONLY | O_NONBLOCK);
+            t.join();
+            close(fd);
+        } else {
+            t.join();
+        }
+        err = testing::internal::GetCapturedStderr();
+        sp__log_set_fn(capture, &log_);
+        EXPECT_TRUE(returned) << "logging blocked on a FIFO";
+    }
+    EXPECT_NE(err.find("cannot open SYMPOOL_DEBUG_FILE"), std::string::npos) << err;
+    EXPECT_NE(err.find("FIFO"), std::string::npos) << err;
+    EXPECT_NE(err.find("a line for the fifo"), std::string::npos) << err;
+    unlink(fifo.c_str());
     rmdir(dir);
 }
 
