@@ -63,6 +63,29 @@ TEST_F(SymmetricCache, UseOnOomIsRefusedAndBlocksAreNeverLent) {
     ASSERT_SP_OK(sp_free(r));
 }
 
+// On the host backend a symmetric segment is an MPI window the backend never sees: growth must
+// still stay within SYMPOOL_HOST_CAPACITY, and a rank with a small device fails the growth on
+// every rank (OUT_OF_MEMORY, naming it) instead of reserving far past its capacity.
+TEST_F(SymmetricCache, GrowthHonoursTheHostCapacityOnEveryRank) {
+    expect_warnings();
+    sp::ScopedEnv env({{"SYMPOOL_HOST_CAPACITY", mpi_rank() == 0 ? "64MiB" : "1GiB"}});
+    make();
+    void *p = nullptr, *q = nullptr;
+    ASSERT_SP_OK(sp_symmetric_malloc(pool_, 40 << 20, nullptr, &p)); // fits every device
+    // Another 40 MiB while the first is live: 80 MiB would exceed rank 0's 64 MiB.
+    EXPECT_SP_STATUS(sp_symmetric_malloc(pool_, 40 << 20, nullptr, &q), SP_ERR_OUT_OF_MEMORY);
+    std::string msg = sp_last_error();
+    EXPECT_NE(msg.find("rank 0"), std::string::npos) << msg;
+    if (mpi_rank() == 0) {
+        EXPECT_NE(msg.find("SYMPOOL_HOST_CAPACITY"), std::string::npos) << msg;
+    }
+    EXPECT_EQ(q, nullptr);
+    EXPECT_EQ(sp_memory_reserved(sp_world_device(world_)), (size_t)40 << 20);
+    ASSERT_SP_OK(sp_symmetric_malloc(pool_, 16 << 20, nullptr, &q)); // 56 MiB: within every one
+    ASSERT_SP_OK(sp_free(q));
+    ASSERT_SP_OK(sp_free(p));
+}
+
 TEST_F(SymmetricCache, FreeHeldByPendingEventOnOneRank) {
     SP_SKIP_BELOW_RANKS(2);
     make();
