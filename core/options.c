@@ -93,14 +93,18 @@ static bool check_min20m(opt_value_t *v, bool lenient, opt_notes_t *notes, char 
     return true;
 }
 
-static bool check_min1m(opt_value_t *v, bool lenient, opt_notes_t *notes, char *why,
-                        size_t why_len) {
+static bool check_large_seg(opt_value_t *v, bool lenient, opt_notes_t *notes, char *why,
+                            size_t why_len) {
     (void)lenient, (void)notes; /* only ALLOC_CONF parses leniently */
-    if (v->i < MiB) {
-        snprintf(why, why_len, "want at least 1MiB");
-        return false;
-    }
-    return true;
+    if (v->i < (int64_t)SP_LARGE_SEGMENT_MIN)
+        snprintf(why, why_len, "want at least 10MiB (it serves every request of up to 10 MiB)");
+    else if (v->i > (int64_t)SP_LARGE_SEGMENT_MAX)
+        snprintf(why, why_len, "want at most 1TiB");
+    else if (v->i % (int64_t)SP_LARGE_SEGMENT_STEP != 0)
+        snprintf(why, why_len, "want a multiple of 2MiB");
+    else
+        return true;
+    return false;
 }
 
 static bool check_positive(opt_value_t *v, bool lenient, opt_notes_t *notes, char *why,
