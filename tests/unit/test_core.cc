@@ -298,6 +298,7 @@ TEST_F(CoreTest, MalformedValueWarnsOnceAndKeepsDefault) {
         {"SYMPOOL_SYM_TIMEOUT", "1e11"}, // past one year: "no timeout" is 0 or inf
         {"SYMPOOL_SYM_TIMEOUT", "1e99"},
         {"SYMPOOL_SYM_TIMEOUT", "1e999"}, // overflows a double
+        {"SYMPOOL_SYM_TIMEOUT", "1e-320"}, // underflows: a number, below 1 ns
         {"SYMPOOL_SYM_TIMEOUT", "-1"},
         {"SYMPOOL_SYM_TIMEOUT", "-inf"},
         {"SYMPOOL_SYM_TIMEOUT", "nan"},
@@ -314,12 +315,45 @@ TEST_F(CoreTest, MalformedValueWarnsOnceAndKeepsDefault) {
         size_t before = count(SP_LOG_WARN, b.first);
         Env env({{b.first, b.second}});
         EXPECT_EQ(count(SP_LOG_WARN, b.first), before + 1) << b.first << "=" << b.second;
-        EXPECT_GE(count(SP_LOG_WARN, std::string(b.first) + "='" + b.second + "' is malformed"), 1u)
+        EXPECT_GE(count(SP_LOG_WARN, std::string(b.first) + "='" + b.second + "' is malformed") +
+                      count(SP_LOG_WARN, std::string(b.first) + "='" + b.second + "' is out of range"),
+                  1u)
             << "the warning does not name the variable and its value";
     }
     // After the bad value left, the same bad value warns again (tests reuse values).
     Env again({{"SYMPOOL_HOST_CAPACITY", "-5GiB"}});
     EXPECT_EQ(count(SP_LOG_WARN, "SYMPOOL_HOST_CAPACITY='-5GiB'"), 2u);
+}
+
+// A number outside its option's range is called that, not "malformed": 1e-320 (which strtod
+// reports as an underflow) is a well-formed number below the deadline's 1 ns resolution.
+TEST_F(CoreTest, OutOfRangeIsNotMalformed) {
+    expect_warnings();
+    {
+        Env env({{"SYMPOOL_SYM_TIMEOUT", "1e-320"}});
+        EXPECT_EQ(count(SP_LOG_WARN, "SYMPOOL_SYM_TIMEOUT='1e-320' is out of range (want 0 or inf"),
+                  1u);
+        EXPECT_EQ(count(SP_LOG_WARN, "malformed"), 0u);
+        EXPECT_EQ(sp__option_double(SP_OPT_SYM_TIMEOUT), 60.0);
+    }
+    {
+        Env env({{"SYMPOOL_SYM_TIMEOUT", "1e-9"}});
+        EXPECT_EQ(sp__option_double(SP_OPT_SYM_TIMEOUT), 1e-9);
+    }
+    {
+        Env env({{"SYMPOOL_SYM_TIMEOUT", "soon"}});
+        EXPECT_EQ(count(SP_LOG_WARN, "SYMPOOL_SYM_TIMEOUT='soon' is malformed (want a number)"), 1u);
+    }
+}
+
+// A message that quotes the previous one (sp_last_error() as its own argument) comes out whole:
+// it used to be formatted into the buffer it was read from.
+TEST_F(CoreTest, ErrorQuotingThePreviousErrorIsWhole) {
+    expect_warnings();
+    (void)sp__error(SP_ERR_DEVICE, SP_SUB_POOL, "the first reason, %d bytes", 4096);
+    (void)sp__error(SP_ERR_INVALID_ARGUMENT, SP_SUB_POOL, "stream %p is not a stream (%s)",
+                    (void *)0x10, sp_last_error());
+    EXPECT_STREQ(sp_last_error(), "stream 0x10 is not a stream (the first reason, 4096 bytes)");
 }
 
 TEST_F(CoreTest, UnknownSympoolVariableWarns) {
