@@ -482,16 +482,31 @@ SP_EXPORT sp_status_t sp_world_finalize(sp_world_t *w) {
 
 /* ---- accessors (NULL-safe) ---------------------------------------------------------------- */
 
+/* A finalized world's memory is freed: the accessors look the pointer up among the live worlds
+ * before reading it, so a stale pointer answers like NULL instead of reading freed memory. */
+static const sp_world_t *live_or_null(const sp_world_t *w) {
+    if (!w)
+        return NULL;
+    pthread_mutex_lock(&s_lock);
+    bool live = is_live_locked(w);
+    pthread_mutex_unlock(&s_lock);
+    return live ? w : NULL;
+}
+
 SP_EXPORT int sp_world_rank(const sp_world_t *w) {
+    w = live_or_null(w);
     return w ? w->rank : -1;
 }
 SP_EXPORT int sp_world_size(const sp_world_t *w) {
+    w = live_or_null(w);
     return w ? w->size : 0;
 }
 SP_EXPORT int sp_world_local_rank(const sp_world_t *w) {
+    w = live_or_null(w);
     return w ? w->local_rank : -1;
 }
 SP_EXPORT int sp_world_device(const sp_world_t *w) {
+    w = live_or_null(w);
     return w ? w->device : -1;
 }
 

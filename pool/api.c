@@ -334,6 +334,18 @@ SP_EXPORT sp_status_t sp_stream_destroy(sp_stream_t stream) {
                          "sp_stream_destroy: the default stream (NULL) cannot be destroyed");
     int dev = -1;
     SP_CHECK(stream_dev("sp_stream_destroy", stream, &dev));
+    /* Cached blocks are keyed by their stream, and a cache hit never asks the backend whether
+     * the stream still exists: a free segment kept under this stream would let a later
+     * sp_malloc on the destroyed stream succeed. Release those segments now (a segment with a
+     * live block on it stays until the block is freed and the cache emptied). */
+    sp_devalloc_t *d = &sp__g.devs[dev];
+    sp__lock(&d->lock);
+    sp__alloc_sync_events(d, NULL);
+    sp__alloc_release_pool(d, d->default_pool, true, stream, 0);
+    for (sp_mempool_t *p = d->pools; p; p = p->next)
+        if (!p->symmetric)
+            sp__alloc_release_pool(d, p, true, stream, 0);
+    sp__unlock(&d->lock);
     return sp__g.ops->stream_destroy(dev, stream);
 }
 

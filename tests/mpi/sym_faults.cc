@@ -248,6 +248,11 @@ TEST_F(SymFaults, DoubleFinalizeIsAnError) {
     ASSERT_SP_OK(sp_world_finalize(w_));
     EXPECT_SP_STATUS(sp_world_finalize(w_), SP_ERR_INVALID_USAGE);
     EXPECT_TRUE(has(sp_last_error(), "not a live world")) << sp_last_error();
+    // The accessors answer like NULL, without reading the freed world.
+    EXPECT_EQ(sp_world_rank(w_), -1);
+    EXPECT_EQ(sp_world_size(w_), 0);
+    EXPECT_EQ(sp_world_local_rank(w_), -1);
+    EXPECT_EQ(sp_world_device(w_), -1);
     int32_t x = 0;
     EXPECT_SP_STATUS(sp_allreduce(w_, &x, &x, 1, SP_INT32, SP_SUM, nullptr), SP_ERR_INVALID_USAGE);
     w_ = nullptr;
