@@ -647,8 +647,10 @@ static sp_status_t report_at_finalize(sp_world_t *w, bool in_step) {
         return SP_SUCCESS;
     if (!in_step) {
         /* The report is collective: with a rank late or gone it would only time out again. */
-        SP_WARN(SP_SUB_COLL, "SYMPOOL_REPORT=%s: no report, the ranks did not all reach "
-                             "sp_world_finalize in time", what);
+        SP_WARN(SP_SUB_COLL,
+                "SYMPOOL_REPORT=%s: no report, the ranks did not all reach "
+                "sp_world_finalize in time",
+                what);
         return SP_SUCCESS;
     }
     /* Every rank reads the same environment under mpirun, so every rank joins. A failure was

@@ -266,9 +266,8 @@ static void load_locked(bool keep_api) {
     for (int o = 0; o < SP_OPT_COUNT; o++)
         if (bad[o]) {
             bool range = strncmp(why[o], SP_OPT_OUT_OF_RANGE, strlen(SP_OPT_OUT_OF_RANGE)) == 0;
-            SP_WARN(SP_SUB_ENV, "%s='%s' is %s (%s): using the default '%s'",
-                    sp__opt_defs[o].name, opts[o].warned_bad,
-                    range ? "out of range" : "malformed",
+            SP_WARN(SP_SUB_ENV, "%s='%s' is %s (%s): using the default '%s'", sp__opt_defs[o].name,
+                    opts[o].warned_bad, range ? "out of range" : "malformed",
                     range ? why[o] + strlen(SP_OPT_OUT_OF_RANGE) : why[o], sp__opt_defs[o].def);
         }
     log_conf_notes_locked(conf_warn);
@@ -388,14 +387,13 @@ sp_status_t sp__option_set(sp_option_t opt, const char *value) {
     opt_notes_t notes = {0};
     char why[256];
     if (value != NULL && !sp__opt_parse(opt, value, false, &notes, &v, why, sizeof why))
-        return sp__error(SP_ERR_INVALID_ARGUMENT, SP_SUB_ENV, "%s='%s' is %s: %s",
-                         sp__opt_defs[opt].name, value,
-                         strncmp(why, SP_OPT_OUT_OF_RANGE, strlen(SP_OPT_OUT_OF_RANGE)) == 0
-                             ? "out of range"
-                             : "malformed",
-                         strncmp(why, SP_OPT_OUT_OF_RANGE, strlen(SP_OPT_OUT_OF_RANGE)) == 0
-                             ? why + strlen(SP_OPT_OUT_OF_RANGE)
-                             : why);
+        return sp__error(
+            SP_ERR_INVALID_ARGUMENT, SP_SUB_ENV, "%s='%s' is %s: %s", sp__opt_defs[opt].name, value,
+            strncmp(why, SP_OPT_OUT_OF_RANGE, strlen(SP_OPT_OUT_OF_RANGE)) == 0 ? "out of range"
+                                                                                : "malformed",
+            strncmp(why, SP_OPT_OUT_OF_RANGE, strlen(SP_OPT_OUT_OF_RANGE)) == 0
+                ? why + strlen(SP_OPT_OUT_OF_RANGE)
+                : why);
     pthread_mutex_lock(&opts_lock);
     if (value == NULL) { /* back to the default */
         set_default_locked(opt);

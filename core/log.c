@@ -160,8 +160,7 @@ void sp__log_set_fn(sp_log_fn_t fn, void *arg) {
 static FILE *open_regular(const char *path, const char **why) {
     int fd = open(path, O_WRONLY | O_APPEND | O_CREAT | O_NONBLOCK | O_CLOEXEC, 0644);
     if (fd < 0) {
-        *why = errno == ENXIO ? "it is a FIFO with no reader, not a regular file"
-                              : strerror(errno);
+        *why = errno == ENXIO ? "it is a FIFO with no reader, not a regular file" : strerror(errno);
         return NULL;
     }
     struct stat st;

@@ -150,7 +150,7 @@ sp_gate_t sp__gate_enter(void);
 void sp__gate_leave(sp_gate_t *g);
 sp_status_t sp__gate_refused(const char *fn);
 #define SP_GATE_OR(fail_value)                                                                     \
-    __attribute__((cleanup(sp__gate_leave))) sp_gate_t sp_gate_ = sp__gate_enter();               \
+    __attribute__((cleanup(sp__gate_leave))) sp_gate_t sp_gate_ = sp__gate_enter();                \
     if (SP_UNLIKELY(!sp_gate_.in))                                                                 \
     return (fail_value)
 #define SP_GATE(fn) SP_GATE_OR(sp__gate_refused(fn))

@@ -46,8 +46,7 @@ void sp__gate_leave(sp_gate_t *g) {
 
 sp_status_t sp__gate_refused(const char *fn) {
     return sp__error(SP_ERR_INVALID_USAGE, SP_SUB_POOL,
-                     "%s: called while sp_shutdown runs in another thread; nothing was done",
-                     fn);
+                     "%s: called while sp_shutdown runs in another thread; nothing was done", fn);
 }
 
 static void dev_fini(sp_devalloc_t *d) {

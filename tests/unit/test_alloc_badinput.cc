@@ -101,7 +101,8 @@ TEST_F(AllocBadInput, ForeignStreamOrStreamOfAnotherDevice) {
 // A destroyed stream is refused even when a cached block keyed by it exists: the hit path never
 // asks the backend about the stream, so destroying one releases its free cached segments.
 TEST_F(AllocBadInput, DestroyedStreamIsRefusedAlsoOnACacheHit) {
-    SP_SKIP_UNLESS_HOST(); // a host stream's pointer is invalid once destroyed; CUDA's may be reused
+    SP_SKIP_UNLESS_HOST(); // a host stream's pointer is invalid once destroyed; CUDA's may be
+                           // reused
     sp_stream_t s;
     ASSERT_SP_OK(sp_stream_create(0, &s));
     void *p = nullptr, *q = nullptr;

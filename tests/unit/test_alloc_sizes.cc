@@ -123,7 +123,8 @@ TEST_F(AllocSizes, LargeSegmentSizeWholeRange) {
     for (const Case &c : cases) {
         std::string what = c.env ? std::string("SYMPOOL_LARGE_SEGMENT_SIZE=") + c.env
                                  : std::string("SYMPOOL_ALLOC_CONF=") + c.conf;
-        sp::ScopedEnv env({{"SYMPOOL_LARGE_SEGMENT_SIZE", c.env}, {"SYMPOOL_ALLOC_CONF", c.conf},
+        sp::ScopedEnv env({{"SYMPOOL_LARGE_SEGMENT_SIZE", c.env},
+                           {"SYMPOOL_ALLOC_CONF", c.conf},
                            {"SYMPOOL_HOST_CAPACITY", "64MiB"}});
         EXPECT_EQ((size_t)sp__option_int(SP_OPT_LARGE_SEGMENT_SIZE), c.want) << what;
         SCOPED_TRACE(what);

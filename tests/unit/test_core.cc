@@ -297,7 +297,7 @@ TEST_F(CoreTest, MalformedValueWarnsOnceAndKeepsDefault) {
         {"SYMPOOL_HOST_FAIL_AFTER", "-1"},
         {"SYMPOOL_SYM_TIMEOUT", "1e11"}, // past one year: "no timeout" is 0 or inf
         {"SYMPOOL_SYM_TIMEOUT", "1e99"},
-        {"SYMPOOL_SYM_TIMEOUT", "1e999"}, // overflows a double
+        {"SYMPOOL_SYM_TIMEOUT", "1e999"},  // overflows a double
         {"SYMPOOL_SYM_TIMEOUT", "1e-320"}, // underflows: a number, below 1 ns
         {"SYMPOOL_SYM_TIMEOUT", "-1"},
         {"SYMPOOL_SYM_TIMEOUT", "-inf"},
@@ -315,9 +315,10 @@ TEST_F(CoreTest, MalformedValueWarnsOnceAndKeepsDefault) {
         size_t before = count(SP_LOG_WARN, b.first);
         Env env({{b.first, b.second}});
         EXPECT_EQ(count(SP_LOG_WARN, b.first), before + 1) << b.first << "=" << b.second;
-        EXPECT_GE(count(SP_LOG_WARN, std::string(b.first) + "='" + b.second + "' is malformed") +
-                      count(SP_LOG_WARN, std::string(b.first) + "='" + b.second + "' is out of range"),
-                  1u)
+        EXPECT_GE(
+            count(SP_LOG_WARN, std::string(b.first) + "='" + b.second + "' is malformed") +
+                count(SP_LOG_WARN, std::string(b.first) + "='" + b.second + "' is out of range"),
+            1u)
             << "the warning does not name the variable and its value";
     }
     // After the bad value left, the same bad value warns again (tests reuse values).
@@ -342,7 +343,8 @@ TEST_F(CoreTest, OutOfRangeIsNotMalformed) {
     }
     {
         Env env({{"SYMPOOL_SYM_TIMEOUT", "soon"}});
-        EXPECT_EQ(count(SP_LOG_WARN, "SYMPOOL_SYM_TIMEOUT='soon' is malformed (want a number)"), 1u);
+        EXPECT_EQ(count(SP_LOG_WARN, "SYMPOOL_SYM_TIMEOUT='soon' is malformed (want a number)"),
+                  1u);
     }
 }
 
