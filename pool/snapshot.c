@@ -364,11 +364,16 @@ static sp_status_t dump(const sp_mempool_t *pool, const char *pattern) {
     /* PyTorch appends a `snapshot` entry to every device's history on each snapshot; it is in
      * the ring for later dumps, and in this file as the last entry. */
     int64_t now = sp__epoch_us();
+    /* enabled=STATE: the one-entry ring was copied before the marker, as PyTorch copies its
+     * traces before its snapshot records one; the marker replaces it in the ring only. */
+    bool state_only = sp__history_state_only();
     for (int d = 0; d < c.ndev; d++) {
         trace_copy_t *t = &c.traces[d];
         if (!sp__history_keeps_actions())
-            break; /* not recording, or enabled=STATE: no action history, no marker */
+            break; /* not recording: no action history, no marker */
         sp__history_record(d, SP_TRACE_SNAPSHOT, 0, t->active, 0, c.pool_id, 0);
+        if (state_only)
+            continue;
         sp__trace_entry_t *ne = sp__emit_realloc(t->e, (t->n + 1) * sizeof(*ne));
         if (ne == NULL)
             continue; /* the file simply lacks the marker */
