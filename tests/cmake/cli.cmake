@@ -34,6 +34,18 @@ if(TARGET sympool_cli)
   set_tests_properties(cli.replay_json PROPERTIES LABELS "unit;cli" TIMEOUT 120
     PASS_REGULAR_EXPRESSION "\"events\":[0-9]+,.*\"peak_requested_bytes\":[0-9]+,\"peak_allocated_bytes\":[0-9]+,\"peak_reserved_bytes\":[0-9]+,\"pytorch_peak_reserved_bytes\":[0-9]+,.*\"ooms\":0,.*\"ns_per_event\":[0-9.]+")
 
+  # Extreme but legal values (sizes near 2^64, time_us at +-2^63 or going backwards, an alloc
+  # at address 0, sums past 4 EiB): each command handles the snapshot or refuses it naming the
+  # field. The snapshots are written by the script.
+  find_package(Python3 COMPONENTS Interpreter QUIET)
+  if(Python3_EXECUTABLE)
+    add_test(NAME cli.extreme_values
+      COMMAND ${Python3_EXECUTABLE} ${PROJECT_SOURCE_DIR}/tests/fuzz/cli_extreme.py
+              $<TARGET_FILE:sympool_cli> ${SP_CLI_OUT}/extreme)
+    set_tests_properties(cli.extreme_values PROPERTIES LABELS "unit;cli" TIMEOUT 300
+      PASS_REGULAR_EXPRESSION "cli-extreme: ok")
+  endif()
+
   add_test(NAME cli.replay_capacity_oom
     COMMAND $<TARGET_FILE:sympool_cli> replay ${SP_CLI_TRACE} --json --capacity 16GiB)
   set_tests_properties(cli.replay_capacity_oom PROPERTIES LABELS "unit;cli" TIMEOUT 120
