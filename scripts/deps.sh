@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs what a fresh Debian/Ubuntu machine lacks to build and test sympool: a compiler, CMake,
-# Open MPI, GoogleTest, and pytest and mpi4py for the system python3. Does nothing when they are
+# Open MPI, GoogleTest, pytest and mpi4py for the system python3, and clang with its libFuzzer
+# runtime for the fuzz stage. Does nothing when they are
 # already there.
 set -euo pipefail
 need=()
@@ -17,6 +18,10 @@ command -v python3 >/dev/null || need+=(python3)
 # without them those tests are not registered, so install them rather than test less.
 command -v pkg-config >/dev/null || need+=(pkgconf)
 command -v jq >/dev/null || need+=(jq)
+# The fuzz stage (tests/fuzz/run.sh) needs clang and its libFuzzer runtime (libclang-rt-dev).
+command -v clang >/dev/null || need+=(clang)
+compgen -G '/usr/lib/llvm-*/lib/clang/*/lib/linux/libclang_rt.fuzzer-*.a' >/dev/null ||
+  need+=(libclang-rt-dev)
 if [ ${#need[@]} -gt 0 ]; then
   echo "sympool: installing ${need[*]}"
   sudo=""
