@@ -660,8 +660,8 @@ static sp_status_t report_at_finalize(sp_world_t *w, bool in_step) {
             char why[512];
             snprintf(why, sizeof why, "%s", sp_last_error()); /* not formatted into itself */
             (void)sp__error(SP_ERR_SYSTEM, SP_SUB_COLL,
-                            "SYMPOOL_REPORT_FILE: the report was not written to %s (a previous "
-                            "file there is unchanged): %s",
+                            "SYMPOOL_REPORT_FILE: cannot write %s (a previous file there is "
+                            "unchanged): %s",
                             path, why);
         }
         free(mem);
