@@ -90,7 +90,8 @@ void sp__log_at(sp_log_level_t level, unsigned subsys, const char *file, int lin
 bool sp__log_wanted(sp_log_level_t level, unsigned subsys);
 
 #define SP_LOG_ENABLED(level, subsys)                                                              \
-    (SP_UNLIKELY(sp__log_level >= (int)(level)) && sp__log_wanted((level), (subsys)))
+    (SP_UNLIKELY(__atomic_load_n(&sp__log_level, __ATOMIC_RELAXED) >= (int)(level)) &&             \
+     sp__log_wanted((level), (subsys)))
 #define SP_WARN(subsys, ...)                                                                       \
     do {                                                                                           \
         if (SP_LOG_ENABLED(SP_LOG_WARN, (subsys)))                                                 \

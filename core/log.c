@@ -1,9 +1,10 @@
 /*
  * log.c: one formatted line per event, NCCL-style:
  *     host:pid:tid [r3 d1] SYMPOOL WARN pool.c:212 message
- * The level (sp__log_level) and subsystem mask (sp__log_mask) are plain globals that the SP_WARN/
+ * The level (sp__log_level) and subsystem mask (sp__log_mask) are globals that the SP_WARN/
  * SP_INFO/SP_TRACE macros test before any argument is formatted, so a disabled line costs one
- * load and a compare. config.c sets them (and the output file pattern) through
+ * load and a compare; relaxed atomic loads, as sp_shutdown resets the level while other threads
+ * may be logging. config.c sets them (and the output file pattern) through
  * sp__log_configure() when it reads SYMPOOL_DEBUG, SYMPOOL_DEBUG_SUBSYS and SYMPOOL_DEBUG_FILE;
  * until then the level is SP_LOG_UNREAD, which sends the first line through sp__log_wanted
  * (config.c) to read them. This file writes lines and calls nothing above it.
