@@ -41,7 +41,7 @@ for t in pickle json; do
   "$out/fuzz_$t" -max_total_time="$secs" -max_len=65536 -timeout=10 -rss_limit_mb=2048 \
     -print_final_stats=1 -artifact_prefix="$out/$t-" "$out/corpus_$t" "$out/seeds_$t" \
     >"$out/$t.log" 2>&1 || { tail -60 "$out/$t.log"; echo "fuzz: $t reader FAILED"; exit 1; }
-  grep -E '^stat::number_of_executed_runs|^stat::new_units_added' "$out/$t.log" | tr '\n' ' '
+  grep -E '^stat::number_of_executed_units|^stat::new_units_added' "$out/$t.log" | tr '\n' ' '
   echo
 done
 echo "fuzz: ok"
