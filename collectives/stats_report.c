@@ -22,6 +22,7 @@
 
 #include "collectives/dtype.h"
 #include "core/core.h"
+#include "core/core_emit.h"
 #include "world/world.h"
 #include "symmetric/symmetric.h"
 
@@ -578,35 +579,40 @@ SP_EXPORT sp_status_t sp_stats_report(sp_world_t *w, int device, FILE *out,
 
 /* ---- SYMPOOL_REPORT at sp_world_finalize ------------------------------------------------ */
 
-/* Rank 0's destination: SYMPOOL_REPORT_FILE (%h %p %r expanded; truncated if it exists), else
- * stdout. NULL when the file cannot be opened (logged): rank 0 then still joins the collective,
- * which fails on every rank, so no rank waits and nothing lands in the program's stdout. */
-static FILE *report_file(sp_world_t *w, bool *opened_p) {
-    *opened_p = false;
+/* Rank 0's destination: SYMPOOL_REPORT_FILE (%h %p %r expanded) into path (then *to_file), else
+ * stdout. The file is written like a snapshot: the report goes to memory, then to a temporary
+ * file beside the target that is renamed over it, so a full disk or a crash leaves the previous
+ * report whole; and a target that is not a regular file (a FIFO would block the write forever)
+ * is refused. NULL when the name cannot be expanded or memory is short (logged): rank 0 then
+ * still joins the collective, which fails on every rank, so no rank waits and nothing lands in
+ * the program's stdout. */
+static FILE *report_out(sp_world_t *w, char *path, size_t cap, char **mem, size_t *mem_len,
+                        bool *to_file) {
+    *to_file = false;
     const char *pattern = sp__option_string(SP_OPT_REPORT_FILE);
     if (sp_world_rank(w) != 0)
         return NULL; /* only rank 0 writes */
     if (pattern[0] == '\0')
         return stdout;
-    char path[4096];
     /* The one expansion the log file and snapshots use; rank 0 is the only writer. */
-    if (sp__path_expand(pattern, 0, path, sizeof path) != SP_EXPAND_OK) {
+    if (sp__path_expand(pattern, 0, path, cap) != SP_EXPAND_OK) {
         (void)sp__error(SP_ERR_INVALID_ARGUMENT, SP_SUB_COLL,
                         "SYMPOOL_REPORT_FILE: '%s' expands to more than %zu bytes", pattern,
-                        sizeof path - 1);
+                        cap - 1);
         return NULL;
     }
-    FILE *f = fopen(path, "w");
+    FILE *f = open_memstream(mem, mem_len);
     if (f == NULL) {
-        (void)sp__error(SP_ERR_SYSTEM, SP_SUB_COLL, "SYMPOOL_REPORT_FILE: cannot write %s: %s",
-                        path, strerror(errno));
+        (void)sp__error(SP_ERR_SYSTEM, SP_SUB_COLL,
+                        "SYMPOOL_REPORT_FILE: no memory to build the report for %s: %s", path,
+                        strerror(errno));
         return NULL;
     }
-    *opened_p = true;
+    *to_file = true;
     return f;
 }
 
-static void report_at_finalize(sp_world_t *w) {
+static sp_status_t report_at_finalize(sp_world_t *w, bool in_step) {
     const char *what = sp__option_string(SP_OPT_REPORT);
     sp_report_format_t format;
     if (strcmp(what, "table") == 0)
@@ -618,15 +624,39 @@ static void report_at_finalize(sp_world_t *w) {
     else if (strcmp(what, "prometheus") == 0)
         format = SP_REPORT_PROMETHEUS;
     else
-        return;
+        return SP_SUCCESS;
+    if (!in_step) {
+        /* The report is collective: with a rank late or gone it would only time out again. */
+        SP_WARN(SP_SUB_COLL,
+                "SYMPOOL_REPORT=%s: no report, the ranks did not all reach "
+                "sp_world_finalize in time",
+                what);
+        return SP_SUCCESS;
+    }
     /* Every rank reads the same environment under mpirun, so every rank joins. A failure was
      * already logged; finalize goes on. */
-    bool opened;
-    FILE *out = report_file(w, &opened);
-    (void)sp_stats_report(w, sp_world_device(w), out, format);
-    if (opened && fclose(out) != 0)
-        (void)sp__error(SP_ERR_SYSTEM, SP_SUB_COLL, "SYMPOOL_REPORT_FILE: closing failed: %s",
-                        strerror(errno));
+    char path[4096];
+    char *mem = NULL;
+    size_t mem_len = 0;
+    bool to_file;
+    FILE *out = report_out(w, path, sizeof path, &mem, &mem_len, &to_file);
+    sp_status_t s = sp_stats_report(w, sp_world_device(w), out, format);
+    if (to_file) {
+        bool ok = fclose(out) == 0; /* mem and mem_len are final only now */
+        if (s == SP_SUCCESS && !ok)
+            (void)sp__error(SP_ERR_SYSTEM, SP_SUB_COLL,
+                            "SYMPOOL_REPORT_FILE: no memory to build the report for %s", path);
+        else if (s == SP_SUCCESS && sp__file_write_atomic(path, mem, mem_len) != SP_SUCCESS) {
+            char why[512];
+            snprintf(why, sizeof why, "%s", sp_last_error()); /* not formatted into itself */
+            (void)sp__error(SP_ERR_SYSTEM, SP_SUB_COLL,
+                            "SYMPOOL_REPORT_FILE: cannot write %s (a previous file there is "
+                            "unchanged): %s",
+                            path, why);
+        }
+        free(mem);
+    }
+    return SP_SUCCESS;
 }
 
 __attribute__((constructor)) static void register_report_hook(void) {

@@ -253,7 +253,15 @@ static sp_status_t parse_entry(span_t entry, sp_alloc_conf_t *c, unsigned *keys,
         ok = parse_mb(key, v, MIN_SPLIT_MB, &c->max_non_split_rounding, why, why_len);
         bit = SP_CONF_KEY_MAX_NON_SPLIT_ROUNDING;
     } else if (span_is(key, "large_segment_size_mb")) {
-        ok = parse_mb(key, v, 1, &c->large_segment_size, why, why_len);
+        size_t seg = 0;
+        ok = parse_mb(key, v, SP_LARGE_SEGMENT_MIN / MiB, &seg, why, why_len);
+        if (ok && (seg > SP_LARGE_SEGMENT_MAX || seg % SP_LARGE_SEGMENT_STEP != 0)) {
+            snprintf(why, why_len, "large_segment_size_mb: %zu is %s (MB)", seg / MiB,
+                     seg > SP_LARGE_SEGMENT_MAX ? "above the maximum 1048576" : "not even");
+            ok = false;
+        }
+        if (ok)
+            c->large_segment_size = seg;
         bit = SP_CONF_KEY_LARGE_SEGMENT_SIZE;
     } else if (span_is(key, "garbage_collection_threshold")) {
         double t = 0.0;

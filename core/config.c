@@ -278,11 +278,15 @@ static void load_locked(bool keep_api) {
     configure_log_locked(); /* before the warnings, so SYMPOOL_DEBUG of this load decides */
     resolve_locked();
     for (int o = 0; o < SP_OPT_COUNT; o++)
-        if (bad[o])
-            SP_WARN(SP_SUB_ENV, "%s='%s' is malformed (%s): using the default '%s'",
+        if (bad[o]) {
+            bool range = strncmp(why[o], SP_OPT_OUT_OF_RANGE, strlen(SP_OPT_OUT_OF_RANGE)) == 0;
+            SP_WARN(SP_SUB_ENV, "%s='%s' is %s (%s): using the default '%s'",
                     o == SP_OPT_ALLOC_CONF && getenv(sp__opt_defs[o].name) == NULL
                         ? "PYTORCH_CUDA_ALLOC_CONF"
-                        : sp__opt_defs[o].name, opts[o].warned_bad, why[o], sp__opt_defs[o].def);
+                        : sp__opt_defs[o].name,
+                    opts[o].warned_bad, range ? "out of range" : "malformed",
+                    range ? why[o] + strlen(SP_OPT_OUT_OF_RANGE) : why[o], sp__opt_defs[o].def);
+        }
     log_conf_notes_locked(conf_warn);
     warn_unknown_locked();
 }
@@ -395,8 +399,13 @@ sp_status_t sp__option_set(sp_option_t opt, const char *value) {
     opt_notes_t notes = {0};
     char why[256];
     if (value != NULL && !sp__opt_parse(opt, value, false, &notes, &v, why, sizeof why))
-        return sp__error(SP_ERR_INVALID_ARGUMENT, SP_SUB_ENV, "%s='%s' is malformed: %s",
-                         sp__opt_defs[opt].name, value, why);
+        return sp__error(
+            SP_ERR_INVALID_ARGUMENT, SP_SUB_ENV, "%s='%s' is %s: %s", sp__opt_defs[opt].name, value,
+            strncmp(why, SP_OPT_OUT_OF_RANGE, strlen(SP_OPT_OUT_OF_RANGE)) == 0 ? "out of range"
+                                                                                : "malformed",
+            strncmp(why, SP_OPT_OUT_OF_RANGE, strlen(SP_OPT_OUT_OF_RANGE)) == 0
+                ? why + strlen(SP_OPT_OUT_OF_RANGE)
+                : why);
     pthread_mutex_lock(&opts_lock);
     if (value == NULL) { /* back to the default */
         set_default_locked(opt);

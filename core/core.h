@@ -90,7 +90,8 @@ void sp__log_at(sp_log_level_t level, unsigned subsys, const char *file, int lin
 bool sp__log_wanted(sp_log_level_t level, unsigned subsys);
 
 #define SP_LOG_ENABLED(level, subsys)                                                              \
-    (SP_UNLIKELY(sp__log_level >= (int)(level)) && sp__log_wanted((level), (subsys)))
+    (SP_UNLIKELY(__atomic_load_n(&sp__log_level, __ATOMIC_RELAXED) >= (int)(level)) &&             \
+     sp__log_wanted((level), (subsys)))
 #define SP_WARN(subsys, ...)                                                                       \
     do {                                                                                           \
         if (SP_LOG_ENABLED(SP_LOG_WARN, (subsys)))                                                 \
@@ -175,7 +176,7 @@ const char *sp__log_level_name(int level); /* "WARN" */
     X(MAX_NON_SPLIT_ROUNDING, SIZE, "20MiB", NULL, check_min20m,                                   \
       SP_CONF_KEY_MAX_NON_SPLIT_ROUNDING,                                                          \
       "slack allowed when reusing an unsplittable block (max_non_split_rounding_mb)")              \
-    X(LARGE_SEGMENT_SIZE, SIZE, "20MiB", NULL, check_min1m, SP_CONF_KEY_LARGE_SEGMENT_SIZE,        \
+    X(LARGE_SEGMENT_SIZE, SIZE, "20MiB", NULL, check_large_seg, SP_CONF_KEY_LARGE_SEGMENT_SIZE,    \
       "segment size for 1-10 MiB requests (large_segment_size_mb)")                                \
     X(GC_THRESHOLD, DOUBLE, "0", NULL, check_gc, SP_CONF_KEY_GC_THRESHOLD,                         \
       "garbage collection threshold in [0,1); 0 = off (garbage_collection_threshold)")             \
@@ -260,10 +261,17 @@ bool sp__parse_bool(const char *text, bool *value_p);
 
 /* The allocator settings that come from SYMPOOL_ALLOC_CONF and the separate variables, resolved
  * (separate variables win over ALLOC_CONF keys). */
+/* The segment that serves every request of 1 to 10 MiB must hold the largest of them (10 MiB,
+ * the allocator's SP_MIN_LARGE_ALLOC), be a whole number of 2 MiB pages (expandable segments map
+ * it in pages of that granularity), and stay far from size arithmetic's overflow. */
+#define SP_LARGE_SEGMENT_MIN ((size_t)10 << 20)
+#define SP_LARGE_SEGMENT_MAX ((size_t)1 << 40)
+#define SP_LARGE_SEGMENT_STEP ((size_t)2 << 20)
+
 typedef struct sp_alloc_conf {
     size_t max_split_size;          /* bytes; SIZE_MAX = unlimited */
     size_t max_non_split_rounding;  /* bytes */
-    size_t large_segment_size;      /* bytes */
+    size_t large_segment_size;      /* bytes, in [SP_LARGE_SEGMENT_MIN, SP_LARGE_SEGMENT_MAX] */
     double gc_threshold;            /* 0 = off */
     bool expandable_segments;       /* one growing segment per stream and pool kind */
     bool no_caching;                /* SYMPOOL_NO_CACHING */

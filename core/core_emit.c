@@ -480,17 +480,16 @@ static sp_status_t resolve_target(const char *path, char *out, size_t cap) {
         struct stat ts;
         if (realpath(path, real) == NULL || stat(real, &ts) != 0)
             return sp__error(SP_ERR_INVALID_ARGUMENT, SP_SUB_HISTORY,
-                             "%s is a symbolic link to nothing that exists (%s); snapshots are "
+                             "%s is a symbolic link to nothing that exists (%s); files are "
                              "written through a link only to an existing regular file",
                              path, strerror(errno));
         if (!S_ISREG(ts.st_mode))
             return sp__error(SP_ERR_INVALID_ARGUMENT, SP_SUB_HISTORY,
                              "%s links to %s, which is not a regular file; refusing to replace "
-                             "it with a snapshot",
+                             "it",
                              path, real);
         if (strlen(real) + 1 > cap)
-            return sp__error(SP_ERR_INVALID_ARGUMENT, SP_SUB_HISTORY, "snapshot path too long: %s",
-                             real);
+            return sp__error(SP_ERR_INVALID_ARGUMENT, SP_SUB_HISTORY, "path too long: %s", real);
         snprintf(out, cap, "%s", real);
         return SP_SUCCESS;
     }
@@ -501,20 +500,17 @@ static sp_status_t resolve_target(const char *path, char *out, size_t cap) {
                        : S_ISBLK(st.st_mode)  ? "a block device"
                                               : "not a regular file";
     return sp__error(SP_ERR_INVALID_ARGUMENT, SP_SUB_HISTORY,
-                     "%s is %s, not a regular file; refusing to replace it with a snapshot", path,
-                     kind);
+                     "%s is %s, not a regular file; refusing to replace it", path, kind);
 }
 
 sp_status_t sp__file_write_atomic(const char *target, const void *buf, size_t len) {
-    SP_ARG_CHECK(target != NULL && target[0] != '\0', SP_SUB_HISTORY,
-                 "snapshot path is NULL or empty");
+    SP_ARG_CHECK(target != NULL && target[0] != '\0', SP_SUB_HISTORY, "path is NULL or empty");
     char resolved[PATH_MAX];
     SP_CHECK(resolve_target(target, resolved, sizeof(resolved)));
     const char *path = resolved;
     char tmp[PATH_MAX];
     int n = snprintf(tmp, sizeof(tmp), "%s.tmp.XXXXXX", path);
-    SP_ARG_CHECK(n > 0 && (size_t)n < sizeof(tmp), SP_SUB_HISTORY, "snapshot path too long: %s",
-                 path);
+    SP_ARG_CHECK(n > 0 && (size_t)n < sizeof(tmp), SP_SUB_HISTORY, "path too long: %s", path);
     int fd = mkstemp(tmp);
     if (fd < 0)
         return sp__error(SP_ERR_SYSTEM, SP_SUB_HISTORY,

@@ -1,9 +1,10 @@
 /*
  * log.c: one formatted line per event, NCCL-style:
  *     host:pid:tid [r3 d1] SYMPOOL WARN pool.c:212 message
- * The level (sp__log_level) and subsystem mask (sp__log_mask) are plain globals that the SP_WARN/
+ * The level (sp__log_level) and subsystem mask (sp__log_mask) are globals that the SP_WARN/
  * SP_INFO/SP_TRACE macros test before any argument is formatted, so a disabled line costs one
- * load and a compare. config.c sets them (and the output file pattern) through
+ * load and a compare; relaxed atomic loads, as sp_shutdown resets the level while other threads
+ * may be logging. config.c sets them (and the output file pattern) through
  * sp__log_configure() when it reads SYMPOOL_DEBUG, SYMPOOL_DEBUG_SUBSYS and SYMPOOL_DEBUG_FILE;
  * until then the level is SP_LOG_UNREAD, which sends the first line through sp__log_wanted
  * (config.c) to read them. This file writes lines and calls nothing above it.
@@ -23,10 +24,12 @@
  */
 #include <ctype.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -152,6 +155,38 @@ void sp__log_set_fn(sp_log_fn_t fn, void *arg) {
     pthread_mutex_unlock(&log_lock);
 }
 
+/* Open path for appending, only if it is (or becomes) a regular file. O_NONBLOCK: opening a FIFO
+ * for writing would otherwise wait, with log_lock held, until some process opens it for reading
+ * (forever, for most); a FIFO, socket, device or directory is refused with *why set. */
+static FILE *open_regular(const char *path, const char **why) {
+    int fd = open(path, O_WRONLY | O_APPEND | O_CREAT | O_NONBLOCK | O_CLOEXEC, 0644);
+    if (fd < 0) {
+        *why = errno == ENXIO ? "it is a FIFO with no reader, not a regular file" : strerror(errno);
+        return NULL;
+    }
+    struct stat st;
+    if (fstat(fd, &st) != 0) {
+        *why = strerror(errno);
+        close(fd);
+        return NULL;
+    }
+    if (!S_ISREG(st.st_mode)) {
+        *why = S_ISFIFO(st.st_mode)   ? "it is a FIFO, not a regular file"
+               : S_ISSOCK(st.st_mode) ? "it is a socket, not a regular file"
+               : S_ISCHR(st.st_mode)  ? "it is a character device, not a regular file"
+                                      : "it is not a regular file";
+        close(fd);
+        return NULL;
+    }
+    (void)fcntl(fd, F_SETFL, O_APPEND); /* writes may block like any file's */
+    FILE *f = fdopen(fd, "a");
+    if (f == NULL) {
+        *why = strerror(errno);
+        close(fd);
+    }
+    return f;
+}
+
 /* The stream for the next line: the pattern's file if it can be opened, else stderr. log_lock held.
  */
 static FILE *stream_locked(void) {
@@ -163,7 +198,9 @@ static FILE *stream_locked(void) {
     sp_expand_t x = sp__path_expand(log_pattern, -1, path, sizeof path);
     if (x == SP_EXPAND_NO_RANK)
         return stderr; /* %r before the rank is known */
-    log_file = x == SP_EXPAND_OK ? fopen(path, "a") : NULL;
+    const char *why = "the expanded name is too long";
+    if (x == SP_EXPAND_OK)
+        log_file = open_regular(path, &why);
     if (x == SP_EXPAND_TOO_LONG)
         snprintf(path, sizeof path, "%s", log_pattern);
     if (log_file == NULL) {
@@ -171,8 +208,7 @@ static FILE *stream_locked(void) {
         log_open_failed = true;
         fprintf(stderr,
                 "%s:%ld SYMPOOL WARN cannot open SYMPOOL_DEBUG_FILE '%s': %s; logging to stderr\n",
-                sp__process_host(), (long)getpid(), path,
-                x == SP_EXPAND_OK ? strerror(errno) : "the expanded name is too long");
+                sp__process_host(), (long)getpid(), path, why);
         return stderr;
     }
     return log_file;

@@ -6,6 +6,7 @@
  */
 #include <ctype.h>
 #include <errno.h>
+#include <float.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -93,14 +94,18 @@ static bool check_min20m(opt_value_t *v, bool lenient, opt_notes_t *notes, char 
     return true;
 }
 
-static bool check_min1m(opt_value_t *v, bool lenient, opt_notes_t *notes, char *why,
-                        size_t why_len) {
+static bool check_large_seg(opt_value_t *v, bool lenient, opt_notes_t *notes, char *why,
+                            size_t why_len) {
     (void)lenient, (void)notes; /* only ALLOC_CONF parses leniently */
-    if (v->i < MiB) {
-        snprintf(why, why_len, "want at least 1MiB");
-        return false;
-    }
-    return true;
+    if (v->i < (int64_t)SP_LARGE_SEGMENT_MIN)
+        snprintf(why, why_len, "want at least 10MiB (it serves every request of up to 10 MiB)");
+    else if (v->i > (int64_t)SP_LARGE_SEGMENT_MAX)
+        snprintf(why, why_len, "want at most 1TiB");
+    else if (v->i % (int64_t)SP_LARGE_SEGMENT_STEP != 0)
+        snprintf(why, why_len, "want a multiple of 2MiB");
+    else
+        return true;
+    return false;
 }
 
 static bool check_positive(opt_value_t *v, bool lenient, opt_notes_t *notes, char *why,
@@ -149,9 +154,10 @@ static bool check_timeout(opt_value_t *v, bool lenient, opt_notes_t *notes, char
                           size_t why_len) {
     (void)lenient, (void)notes; /* only ALLOC_CONF parses leniently */
     bool forever = v->d == 0.0 || (isinf(v->d) && v->d > 0.0);
-    if (forever || (v->d > 0.0 && v->d <= SYM_TIMEOUT_MAX))
+    /* Below a nanosecond a deadline is not representable (the clock counts nanoseconds). */
+    if (forever || (v->d >= 1e-9 && v->d <= SYM_TIMEOUT_MAX))
         return true;
-    snprintf(why, why_len, "want 0 or inf (no deadline) or seconds in (0, 31536000]");
+    snprintf(why, why_len, "want 0 or inf (no deadline) or seconds in [1e-9, 31536000]");
     return false;
 }
 
@@ -274,8 +280,9 @@ static bool parse_double(const char *text, double *v_p) {
     errno = 0;
     double v = strtod(text, &end);
     /* "inf" is a value (each option's check decides whether it accepts it); an overflowing
-     * literal such as 1e999 (ERANGE) and NaN are not. */
-    if (end == text || errno != 0 || isnan(v))
+     * literal such as 1e999 (ERANGE) and NaN are not. An underflowing one (1e-320: ERANGE with a
+     * tiny result) is a well-formed number; its option's check judges its range. */
+    if (end == text || isnan(v) || (errno != 0 && !(errno == ERANGE && fabs(v) <= DBL_MIN)))
         return false;
     while (isspace((unsigned char)*end))
         end++;
@@ -342,8 +349,16 @@ bool sp__opt_parse(sp_option_t o, const char *text, bool lenient, opt_notes_t *n
     }
     if (ok && d->kind != K_ENUM && d->kind != K_STRING)
         snprintf(v.s, sizeof v.s, "%s", text);
-    if (ok && d->check != NULL)
+    if (ok && d->check != NULL) {
         ok = d->check(&v, lenient, notes, why, why_len);
+        /* A number that parsed but is outside the option's range is not "malformed": say so
+         * (config.c words the warning after this prefix). */
+        if (!ok && (d->kind == K_LONG || d->kind == K_DOUBLE || d->kind == K_SIZE)) {
+            char range[256];
+            snprintf(range, sizeof range, "%s", why);
+            snprintf(why, why_len, "%s%s", SP_OPT_OUT_OF_RANGE, range);
+        }
+    }
     if (ok)
         *out = v;
     return ok;

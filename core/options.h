@@ -53,6 +53,8 @@ typedef struct {
 extern const opt_def_t sp__opt_defs[SP_OPT_COUNT];
 
 /* Parse text for option o into *out; false with why filled when malformed (out unchanged). */
+/* The prefix of sp__opt_parse's `why` when a number parsed but its option's check refused it. */
+#define SP_OPT_OUT_OF_RANGE "out of range: "
 bool sp__opt_parse(sp_option_t o, const char *text, bool lenient, opt_notes_t *notes,
                    opt_value_t *out, char *why, size_t why_len);
 

@@ -61,5 +61,9 @@ void sp__error_clear(void) {
 }
 
 void sp__error_vset(const char *fmt, va_list ap) {
-    vsnprintf(last_error, sizeof last_error, fmt, ap);
+    /* Formatted aside first: a message often quotes the previous one (sp_last_error() as an
+     * argument), and vsnprintf into the buffer it reads from is undefined (it garbled them). */
+    char text[SP_LAST_ERROR_MAX];
+    vsnprintf(text, sizeof text, fmt, ap);
+    memcpy(last_error, text, sizeof text);
 }

@@ -523,10 +523,12 @@ static inline __attribute__((always_inline)) void free_locked(sp_devalloc_t *d, 
 /* ---- malloc ------------------------------------------------------------------------------ */
 
 /* use_on_oom: lend a free cached block of a fallback pool (creation order; never a new
- * segment there). The block stays its pool's and returns there when freed. */
+ * segment there). The block stays its pool's and returns there when freed. Never a symmetric
+ * pool's (its create refuses use_on_oom): a loan on one rank between an agreement and the take
+ * would make the ranks' caches diverge. */
 static sp_block_t *mempool_fallback(sp_devalloc_t *d, size_t size, sp_stream_t stream) {
     for (sp_mempool_t *p = d->pools; p; p = p->next) {
-        if (!p->use_on_oom || p->destroyed)
+        if (!p->use_on_oom || p->destroyed || p->symmetric)
             continue;
         sp_bpool_t *bp = size <= SP_SMALL_SIZE ? &p->small : &p->large;
         sp_block_t *b = sp__alloc_get_free_block(d, bp, size, stream);

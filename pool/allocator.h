@@ -138,6 +138,24 @@ extern sp_alloc_global_t sp__g;
 extern atomic_int sp__ready; /* 1 once sp__g is initialized */
 
 sp_status_t sp__alloc_init_slow(void);
+/* The shutdown gate. The cold public calls (statistics, summaries, snapshots, empty_cache,
+ * streams, MemPool management) pass it for their whole length; sp_shutdown closes it and waits
+ * for the calls inside, so it never frees what one of them reads, and a call arriving while it
+ * runs is refused with SP_ERR_INVALID_USAGE. The allocation fast path (sp_malloc, sp_free,
+ * sp_record_stream) takes no gate: a shared atomic on every allocation would cost more than the
+ * cache hit itself; pool.h says what the caller guarantees instead. */
+typedef struct sp_gate {
+    bool in;
+} sp_gate_t;
+sp_gate_t sp__gate_enter(void);
+void sp__gate_leave(sp_gate_t *g);
+sp_status_t sp__gate_refused(const char *fn);
+#define SP_GATE_OR(fail_value)                                                                     \
+    __attribute__((cleanup(sp__gate_leave))) sp_gate_t sp_gate_ = sp__gate_enter();                \
+    if (SP_UNLIKELY(!sp_gate_.in))                                                                 \
+    return (fail_value)
+#define SP_GATE(fn) SP_GATE_OR(sp__gate_refused(fn))
+
 static inline sp_status_t sp__alloc_ensure(void) {
     if (SP_LIKELY(atomic_load_explicit(&sp__ready, memory_order_acquire)))
         return SP_SUCCESS;

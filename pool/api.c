@@ -6,10 +6,11 @@
  *
  * sp__ready is set (release) only after every device allocator is complete, so a reader that
  * sees it (acquire) sees the whole sp__g. Init and shutdown serialize on sp__g.init_lock and
- * take device locks after it, in device order. Shutdown assumes no other thread is inside
- * sympool (it is the process's last call, or a test's).
+ * take device locks after it, in device order. Shutdown first closes the gate (below) and waits
+ * for the cold calls inside; the allocation path is the caller's to stop (pool.h).
  */
 #include <inttypes.h>
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -22,6 +23,31 @@
 
 sp_alloc_global_t sp__g = {.init_lock = PTHREAD_MUTEX_INITIALIZER};
 atomic_int sp__ready;
+
+/* The shutdown gate (allocator.h). Sequentially consistent: a call counts itself in, then looks
+ * at `closing`; shutdown sets `closing`, then looks at the count. Either the call sees closing
+ * (and leaves) or shutdown sees the call (and waits for it). */
+static atomic_int s_inside;
+static atomic_int s_closing;
+static pthread_mutex_t s_shutdown_lock = PTHREAD_MUTEX_INITIALIZER; /* one shutdown at a time */
+
+sp_gate_t sp__gate_enter(void) {
+    atomic_fetch_add(&s_inside, 1);
+    if (SP_LIKELY(!atomic_load(&s_closing)))
+        return (sp_gate_t){.in = true};
+    atomic_fetch_sub(&s_inside, 1);
+    return (sp_gate_t){.in = false};
+}
+
+void sp__gate_leave(sp_gate_t *g) {
+    if (g->in)
+        atomic_fetch_sub(&s_inside, 1);
+}
+
+sp_status_t sp__gate_refused(const char *fn) {
+    return sp__error(SP_ERR_INVALID_USAGE, SP_SUB_POOL,
+                     "%s: called while sp_shutdown runs in another thread; nothing was done", fn);
+}
 
 static void dev_fini(sp_devalloc_t *d) {
     sp_mempool_t *p = d->pools;
@@ -156,7 +182,22 @@ static void release_all(sp_devalloc_t *d, sp_mempool_t *p) {
                 p->name ? p->name : "", p->nsegments);
 }
 
+static sp_status_t shutdown_locked(void);
+
 SP_EXPORT sp_status_t sp_shutdown(void) {
+    pthread_mutex_lock(&s_shutdown_lock);
+    /* Close the gate, then wait for the calls already inside: they hold no lock shutdown needs
+     * first (init_lock is taken only after they left), so the wait ends. */
+    atomic_store(&s_closing, 1);
+    while (atomic_load(&s_inside) > 0)
+        sched_yield();
+    sp_status_t s = shutdown_locked();
+    atomic_store(&s_closing, 0);
+    pthread_mutex_unlock(&s_shutdown_lock);
+    return s;
+}
+
+static sp_status_t shutdown_locked(void) {
     pthread_mutex_lock(&sp__g.init_lock);
     if (!atomic_load_explicit(&sp__ready, memory_order_acquire)) {
         pthread_mutex_unlock(&sp__g.init_lock);
@@ -203,18 +244,21 @@ SP_EXPORT sp_status_t sp_shutdown(void) {
 }
 
 SP_EXPORT const char *sp_backend_name(void) {
+    SP_GATE_OR("none");
     if (sp__alloc_ensure() != SP_SUCCESS)
         return "none";
     return sp__g.ops->name;
 }
 
 SP_EXPORT int sp_device_count(void) {
+    SP_GATE_OR(0);
     if (sp__alloc_ensure() != SP_SUCCESS)
         return 0;
     return sp__g.ndev;
 }
 
 SP_EXPORT sp_status_t sp_get_memory_info(int device, size_t *free_p, size_t *total_p) {
+    SP_GATE("sp_get_memory_info");
     if (!free_p || !total_p)
         return sp__error(SP_ERR_INVALID_ARGUMENT, SP_SUB_POOL,
                          "sp_get_memory_info: NULL output pointer");
@@ -228,6 +272,7 @@ SP_EXPORT sp_status_t sp_get_memory_info(int device, size_t *free_p, size_t *tot
 }
 
 SP_EXPORT sp_status_t sp_set_memory_fraction(double fraction, int device) {
+    SP_GATE("sp_set_memory_fraction");
     sp_devalloc_t *d = NULL;
     SP_CHECK(sp__alloc_device(device, &d));
     if (!(fraction >= 0.0 && fraction <= 1.0))
@@ -241,6 +286,7 @@ SP_EXPORT sp_status_t sp_set_memory_fraction(double fraction, int device) {
 }
 
 SP_EXPORT sp_status_t sp_empty_cache(void) {
+    SP_GATE("sp_empty_cache");
     SP_CHECK(sp__alloc_ensure());
     /* PyTorch's emptyCache gathers its caller's stack only at context "all" (and before taking
      * the lock), for the segment_free entries of what it releases. */
@@ -258,6 +304,7 @@ SP_EXPORT sp_status_t sp_empty_cache(void) {
 /* ---- streams ----------------------------------------------------------------------------- */
 
 SP_EXPORT sp_status_t sp_stream_create(int device, sp_stream_t *stream_p) {
+    SP_GATE("sp_stream_create");
     if (!stream_p)
         return sp__error(SP_ERR_INVALID_ARGUMENT, SP_SUB_POOL, "sp_stream_create: NULL stream_p");
     sp_devalloc_t *d = NULL;
@@ -281,15 +328,29 @@ static sp_status_t stream_dev(const char *what, sp_stream_t stream, int *device_
 }
 
 SP_EXPORT sp_status_t sp_stream_destroy(sp_stream_t stream) {
+    SP_GATE("sp_stream_destroy");
     if (!stream)
         return sp__error(SP_ERR_INVALID_ARGUMENT, SP_SUB_POOL,
                          "sp_stream_destroy: the default stream (NULL) cannot be destroyed");
     int dev = -1;
     SP_CHECK(stream_dev("sp_stream_destroy", stream, &dev));
+    /* Cached blocks are keyed by their stream, and a cache hit never asks the backend whether
+     * the stream still exists: a free segment kept under this stream would let a later
+     * sp_malloc on the destroyed stream succeed. Release those segments now (a segment with a
+     * live block on it stays until the block is freed and the cache emptied). */
+    sp_devalloc_t *d = &sp__g.devs[dev];
+    sp__lock(&d->lock);
+    sp__alloc_sync_events(d, NULL);
+    sp__alloc_release_pool(d, d->default_pool, true, stream, 0);
+    for (sp_mempool_t *p = d->pools; p; p = p->next)
+        if (!p->symmetric)
+            sp__alloc_release_pool(d, p, true, stream, 0);
+    sp__unlock(&d->lock);
     return sp__g.ops->stream_destroy(dev, stream);
 }
 
 SP_EXPORT sp_status_t sp_stream_synchronize(sp_stream_t stream) {
+    SP_GATE("sp_stream_synchronize");
     SP_CHECK(sp__alloc_ensure());
     if (!stream) {
         /* The default stream of every device. */

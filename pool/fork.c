@@ -85,6 +85,14 @@ void sp__fork_register(void) {
     pthread_once(&g_once, do_register);
 }
 
+/* At load, before any sympool lock can be taken: a process may fork while another thread holds
+ * the log lock on an error path long before (or without ever) initializing the allocator, and
+ * registering only at allocator or history init left those children hanging on it. (A static
+ * link keeps this object: api.c, which every entry point reaches, references it.) */
+__attribute__((constructor)) static void register_at_load(void) {
+    sp__fork_register();
+}
+
 bool sp__fork_cuda_child(void) {
     return atomic_load_explicit(&g_cuda_child, memory_order_relaxed);
 }

@@ -15,11 +15,11 @@
  * always allocator lock -> g.lock; nothing here calls back into the allocator. Stack capture
  * (backtrace, dladdr, the hook) runs before g.lock is taken, and outside the allocator lock.
  * sp__history_active is read without the lock (relaxed atomic loads, sp__history_on) so
- * recording off costs one load; g_keep_actions likewise lets enabled=STATE skip g.lock.
+ * recording off costs one load; g_keep_actions likewise lets recording off skip g.lock.
  *
- * enabled=STATE keeps the stacks of live blocks (their contexts) but no trace entries at all:
- * PyTorch shrinks its ring to one entry for it, which keeps only whichever event came last; we
- * keep none, so a snapshot taken with "state" has empty device traces.
+ * enabled=STATE keeps the stacks of live blocks (their contexts) and a ring of exactly one trace
+ * entry, whichever event came last: PyTorch's _record_memory_history sets max_entries to 1
+ * unless enabled is "all", so a snapshot taken after empty_cache ends in its segment_free.
  */
 #include <dlfcn.h>
 #include <execinfo.h>
@@ -29,6 +29,7 @@
 #include <string.h>
 
 #include "core/core.h"
+#include "pool/allocator.h"
 #include "pool/fork.h"
 #include "pool/history.h"
 #include "sympool/history.h"
@@ -443,7 +444,7 @@ void sp__history_record(int device, sp_trace_action_t action, uintptr_t addr, si
         return;
     int64_t now = sp__epoch_us();
     pthread_mutex_lock(&g.lock);
-    if (g.enabled != SP_HISTORY_ALL)
+    if (g.enabled == SP_HISTORY_OFF)
         goto out;
     if (device >= g.nrings) {
         ring_t *nr = realloc(g.rings, (size_t)(device + 1) * sizeof(*nr));
@@ -535,6 +536,13 @@ bool sp__history_keeps_actions(void) {
     return __atomic_load_n(&g_keep_actions, __ATOMIC_RELAXED) != 0;
 }
 
+bool sp__history_state_only(void) {
+    pthread_mutex_lock(&g.lock);
+    bool state = g.enabled == SP_HISTORY_STATE;
+    pthread_mutex_unlock(&g.lock);
+    return state;
+}
+
 /* ---- parameters ------------------------------------------------------------------------- */
 
 SP_EXPORT void sp_history_params_init(sp_history_params_t *params) {
@@ -547,6 +555,7 @@ SP_EXPORT void sp_history_params_init(sp_history_params_t *params) {
 }
 
 SP_EXPORT sp_status_t sp_record_memory_history(const sp_history_params_t *params) {
+    SP_GATE("sp_record_memory_history");
     sp__fork_register(); /* before g.lock: see pool/fork.h */
     SP_ARG_CHECK(params != NULL, SP_SUB_HISTORY, "sp_record_memory_history: params is NULL");
     SP_ARG_CHECK((unsigned)params->enabled <= SP_HISTORY_ALL, SP_SUB_HISTORY,
@@ -569,11 +578,8 @@ SP_EXPORT sp_status_t sp_record_memory_history(const sp_history_params_t *params
         SP_INFO(SP_SUB_HISTORY, "memory history off");
         return SP_SUCCESS;
     }
-    /* "state" keeps only live-block stacks, no action history (see the top of the file). */
-    if (params->enabled == SP_HISTORY_STATE)
-        for (int d = 0; d < g.nrings; d++)
-            ring_clear_locked(&g.rings[d]);
-    size_t cap = params->enabled == SP_HISTORY_STATE ? 0 : params->max_entries;
+    /* "state": a ring of one entry whatever max_entries says (see the top of the file). */
+    size_t cap = params->enabled == SP_HISTORY_STATE ? 1 : params->max_entries;
     if (cap != 0) {
         for (int d = 0; d < g.nrings; d++) {
             ring_t *r = &g.rings[d];
@@ -600,7 +606,7 @@ SP_EXPORT sp_status_t sp_record_memory_history(const sp_history_params_t *params
     g.c_stacks = params->c_stacks;
     __atomic_store_n(&g.want_frames, g.hook != NULL || g.c_stacks, __ATOMIC_RELAXED);
     __atomic_store_n(&g.context, params->context, __ATOMIC_RELAXED);
-    __atomic_store_n(&g_keep_actions, params->enabled == SP_HISTORY_ALL, __ATOMIC_RELAXED);
+    __atomic_store_n(&g_keep_actions, 1, __ATOMIC_RELAXED);
     __atomic_store_n(&sp__history_active, 1, __ATOMIC_RELAXED);
     pthread_mutex_unlock(&g.lock);
     SP_INFO(SP_SUB_HISTORY, "memory history %s, context %d, max_entries %zu, c_stacks %d",

@@ -101,9 +101,10 @@ void sp__history_fork_unlock(void);
 
 /* Whether recording is on, and at which levels (for snapshot's allocator settings and tests). */
 bool sp__history_enabled(void);
-/* Whether trace entries are kept (enabled = SP_HISTORY_ALL). With SP_HISTORY_STATE only the
- * stacks of live blocks are kept: no action history, no snapshot markers. */
+/* Whether trace entries are kept (recording on). With SP_HISTORY_STATE the ring holds one. */
 bool sp__history_keeps_actions(void);
+/* Whether recording is SP_HISTORY_STATE (stacks of live blocks and a one-entry ring). */
+bool sp__history_state_only(void);
 
 #ifdef __cplusplus
 }

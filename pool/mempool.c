@@ -202,6 +202,7 @@ SP_EXPORT void sp_mempool_params_init(sp_mempool_params_t *params) {
 }
 
 SP_EXPORT sp_status_t sp_mempool_create(const sp_mempool_params_t *params, sp_mempool_t **pool_p) {
+    SP_GATE("sp_mempool_create");
     return create(params, false, NULL, pool_p);
 }
 
@@ -221,6 +222,7 @@ int sp__mempool_device(const sp_mempool_t *pool) {
 }
 
 SP_EXPORT sp_status_t sp_mempool_destroy(sp_mempool_t *pool) {
+    SP_GATE("sp_mempool_destroy");
     SP_CHECK(sp__mempool_check(pool, "sp_mempool_destroy"));
     /* Destroying a symmetric pool is collective (its segments are registered on every rank):
      * a local destroy would leave this rank serving nothing while the others still agree. */
@@ -402,6 +404,7 @@ SP_EXPORT size_t sp_mempool_free_bytes(const sp_mempool_t *pool) {
 }
 
 SP_EXPORT sp_status_t sp_mempool_free_all_blocks(sp_mempool_t *pool, sp_stream_t stream) {
+    SP_GATE("sp_mempool_free_all_blocks");
     SP_CHECK(sp__mempool_check(pool, "sp_mempool_free_all_blocks"));
     if (pool->symmetric)
         return sp__error(SP_ERR_INVALID_USAGE, SP_SUB_POOL,
@@ -435,6 +438,7 @@ SP_EXPORT sp_status_t sp_mempool_free_all_blocks(sp_mempool_t *pool, sp_stream_t
 }
 
 SP_EXPORT sp_status_t sp_mempool_set_limit(sp_mempool_t *pool, size_t bytes) {
+    SP_GATE("sp_mempool_set_limit");
     SP_CHECK(sp__mempool_check(pool, "sp_mempool_set_limit"));
     sp__lock(&pool->dev->lock);
     pool->limit = bytes;

@@ -21,6 +21,7 @@
 #include <unistd.h>
 
 #include "core/core.h"
+#include "pool/allocator.h"
 #include "pool/history.h"
 #include "core/core_emit.h"
 #include "pool/pool.h"
@@ -363,11 +364,16 @@ static sp_status_t dump(const sp_mempool_t *pool, const char *pattern) {
     /* PyTorch appends a `snapshot` entry to every device's history on each snapshot; it is in
      * the ring for later dumps, and in this file as the last entry. */
     int64_t now = sp__epoch_us();
+    /* enabled=STATE: the one-entry ring was copied before the marker, as PyTorch copies its
+     * traces before its snapshot records one; the marker replaces it in the ring only. */
+    bool state_only = sp__history_state_only();
     for (int d = 0; d < c.ndev; d++) {
         trace_copy_t *t = &c.traces[d];
         if (!sp__history_keeps_actions())
-            break; /* not recording, or enabled=STATE: no action history, no marker */
+            break; /* not recording: no action history, no marker */
         sp__history_record(d, SP_TRACE_SNAPSHOT, 0, t->active, 0, c.pool_id, 0);
+        if (state_only)
+            continue;
         sp__trace_entry_t *ne = sp__emit_realloc(t->e, (t->n + 1) * sizeof(*ne));
         if (ne == NULL)
             continue; /* the file simply lacks the marker */
@@ -394,10 +400,12 @@ static sp_status_t dump(const sp_mempool_t *pool, const char *pattern) {
 }
 
 SP_EXPORT sp_status_t sp_dump_snapshot(const char *path) {
+    SP_GATE("sp_dump_snapshot");
     return dump(NULL, path);
 }
 
 SP_EXPORT sp_status_t sp_mempool_dump_snapshot(const sp_mempool_t *pool, const char *path) {
+    SP_GATE("sp_mempool_dump_snapshot");
     SP_CHECK(sp__mempool_check(pool, "sp_mempool_dump_snapshot"));
     return dump(pool, path);
 }

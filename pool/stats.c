@@ -117,6 +117,7 @@ static void materialize(sp_stat_t *s) {
 }
 
 SP_EXPORT sp_status_t sp_memory_stats(int device, sp_stats_t *stats_p) {
+    SP_GATE("sp_memory_stats");
     if (!stats_p)
         return sp__error(SP_ERR_INVALID_ARGUMENT, SP_SUB_POOL, "sp_memory_stats: stats_p is NULL");
     sp_devalloc_t *d = NULL;
@@ -172,6 +173,7 @@ static void reset_accum(sp_stat_t *s) {
 }
 
 SP_EXPORT sp_status_t sp_reset_peak_memory_stats(int device) {
+    SP_GATE("sp_reset_peak_memory_stats");
     sp_devalloc_t *d = NULL;
     SP_CHECK(sp__alloc_device(device, &d));
     sp__lock(&d->lock);
@@ -181,6 +183,7 @@ SP_EXPORT sp_status_t sp_reset_peak_memory_stats(int device) {
 }
 
 SP_EXPORT sp_status_t sp_reset_accumulated_memory_stats(int device) {
+    SP_GATE("sp_reset_accumulated_memory_stats");
     sp_devalloc_t *d = NULL;
     SP_CHECK(sp__alloc_device(device, &d));
     sp__lock(&d->lock);
@@ -195,6 +198,7 @@ SP_EXPORT sp_status_t sp_reset_accumulated_memory_stats(int device) {
 }
 
 static int64_t read_stat(int device, int a, bool peak) {
+    SP_GATE_OR(0);
     if (!atomic_load_explicit(&sp__ready, memory_order_acquire) && sp__alloc_ensure() != SP_SUCCESS)
         return 0;
     if (device < 0 || device >= sp__g.ndev)

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs what a fresh Debian/Ubuntu machine lacks to build and test sympool: a compiler, CMake,
 # Open MPI, GoogleTest, and pytest, mpi4py, pip, setuptools, wheel and venv for the system
-# python3. Does nothing when they are already there.
+# python3, and clang with its libFuzzer runtime for the fuzz stage. Does nothing when they are
+# already there.
 set -euo pipefail
 need=()
 command -v cmake >/dev/null || need+=(cmake)
@@ -25,6 +26,10 @@ command -v pkg-config >/dev/null || need+=(pkgconf)
 command -v jq >/dev/null || need+=(jq)
 # `man sympool` is generated from the command's --help at build time (200 KB, perl).
 command -v help2man >/dev/null || need+=(help2man)
+# The fuzz stage (tests/fuzz/run.sh) needs clang and its libFuzzer runtime (libclang-rt-dev).
+command -v clang >/dev/null || need+=(clang)
+compgen -G '/usr/lib/llvm-*/lib/clang/*/lib/linux/libclang_rt.fuzzer-*.a' >/dev/null ||
+  need+=(libclang-rt-dev)
 if [ ${#need[@]} -gt 0 ]; then
   echo "sympool: installing ${need[*]}"
   sudo=""

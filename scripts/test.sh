@@ -4,6 +4,8 @@
 #   2. AddressSanitizer + UndefinedBehaviorSanitizer: the same tests;
 #   3. ThreadSanitizer: every unit and CLI test (the threaded suites are named Threads*); the MPI
 #      tests are left out: Open MPI is not instrumented, so TSan cannot see its synchronization.
+# Between 1 and 2, libFuzzer runs on the snapshot readers for a bounded time (tests/fuzz/run.sh,
+# about a minute with its build); skipped with a message where clang's fuzzer runtime is missing.
 # Set SYMPOOL_TEST_DEVICE=cuda on a GPU machine to run the suites on the cuda backend: MPI tests
 # then run at one rank (SYMPOOL_TEST_NP=1,2 to choose), and what needs the host backend skips
 # with a reason. scripts/gpu-check.sh is the whole GPU validation.
@@ -47,6 +49,9 @@ if [ -d build/cuda-double ]; then
   echo "== tests: cuda backend under the CUDA/NCCL doubles"
   ctest --test-dir build -j"$jobs" --timeout 300 --no-tests=error -L cuda_double
 fi
+
+echo "== fuzz: snapshot readers"
+tests/fuzz/run.sh build "${SYMPOOL_FUZZ_SECONDS:-20}"
 
 # Open MPI's own allocations are never freed before exit: keep LeakSanitizer on for our code only.
 export LSAN_OPTIONS="suppressions=$PWD/scripts/lsan.supp:print_suppressions=0"

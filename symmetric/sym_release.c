@@ -217,37 +217,111 @@ SP_EXPORT sp_status_t sp_symmetric_mempool_destroy(sp_mempool_t *pool) {
 
 /* ---- world finalize --------------------------------------------------------------------- */
 
-/* Runs at the start of sp_world_finalize on every rank: releases, in creation order, the
- * registrations of this world's pools that are still alive (a pool never destroyed
- * collectively), so no window outlives the communicator it was made on. */
-static void on_world_finalize(sp_world_t *w) {
-    for (;;) {
-        sp_sym_state_t *st = sp__sym_oldest(w);
-        if (!st)
-            return;
+static bool bit_(const uint64_t *bits, uint64_t i) {
+    return bits[i / 64] >> (i % 64) & 1;
+}
+
+/* Which of this world's pools can be released collectively: one round agrees on the largest
+ * creation serial, one MPI_BAND round on two bitmaps over the serials: [0, words) "this rank can
+ * release it" (live and not broken), [words, 2 words) "this rank cannot". A pool is released
+ * only where the first is set everywhere; where neither is, the ranks disagree. */
+static sp_status_t agree_releasable(sp_world_t *w, sp_sym_state_t **v, size_t n, uint64_t **bits_p,
+                                    uint64_t *nbits_p) {
+    const char *what = "sp_world_finalize (symmetric pools)";
+    int64_t top = 0;
+    for (size_t i = 0; i < n; i++)
+        top = (int64_t)v[i]->serial > top ? (int64_t)v[i]->serial : top;
+    sp_agree_t a = {.op = SP_AGREE_WORLD_FINALIZE, .ok = true, .f = {top}};
+    SP_CHECK(sp__world_agree(w, &a, what));
+    uint64_t nbits = (uint64_t)a.hi[0] + 1;
+    size_t words = (size_t)(nbits + 63) / 64;
+    uint64_t *bits = calloc(2 * words, sizeof *bits);
+    if (!bits) /* the peers time out in the bitmap round: this rank cannot join it */
+        return sp__error(SP_ERR_SYSTEM, SP_SUB_SYM, "%s: out of host memory", what);
+    for (uint64_t q = 0; q < nbits; q++)
+        bits[words + q / 64] |= 1ull << (q % 64); /* absent here: cannot */
+    for (size_t i = 0; i < n; i++) {
+        uint64_t q = v[i]->serial;
+        pthread_mutex_lock(&v[i]->lock);
+        bool can = !v[i]->broken;
+        pthread_mutex_unlock(&v[i]->lock);
+        if (can) {
+            bits[q / 64] |= 1ull << (q % 64);
+            bits[words + q / 64] &= ~(1ull << (q % 64));
+        }
+    }
+    sp_status_t s = sp__world_band(w, bits, 2 * words, what);
+    if (s != SP_SUCCESS) {
+        free(bits);
+        return s;
+    }
+    *bits_p = bits;
+    *nbits_p = nbits;
+    return SP_SUCCESS;
+}
+
+/* Runs in sp_world_finalize on every rank: releases, in creation order, the registrations of
+ * this world's pools that are still alive (a pool never destroyed collectively), so no window
+ * outlives the communicator it was made on; but only the pools every rank can release (a rank
+ * whose pool a timeout broke never enters MPI_Win_free, and a peer that did would wait for it
+ * forever). The rest are left to process exit; if the ranks disagree about a pool, finalize
+ * fails on every rank with SP_ERR_TIMEOUT naming it. */
+static sp_status_t on_world_finalize(sp_world_t *w, bool in_step) {
+    size_t n = 0;
+    sp_sym_state_t **v = NULL;
+    if (!sp__sym_of_world(w, &v, &n))
+        in_step = false; /* cannot list them: release nothing collectively */
+    uint64_t *bits = NULL, nbits = 0;
+    sp_status_t s = SP_SUCCESS;
+    if (in_step)
+        s = agree_releasable(w, v, n, &bits, &nbits);
+    size_t words = (size_t)(nbits + 63) / 64;
+    sp_status_t err = s;
+    for (size_t i = 0; i < n; i++) {
+        sp_sym_state_t *st = v[i];
         pthread_mutex_lock(&st->lock);
-        if (st->recs && st->broken)
-            /* The rank that timed out may be gone: a collective release (MPI_Win_free) could
-             * wait for it forever. The registrations are left to process exit. */
-            SP_WARN(SP_SUB_SYM,
-                    "symmetric pool \"%s\" was broken by a timeout: its registered segments are "
-                    "not released at sp_world_finalize (that is collective, and a rank may be "
-                    "gone); they go with the process",
-                    st->name);
-        else if (st->recs)
+        bool known = bits && st->serial < nbits;
+        bool release = known && bit_(bits, st->serial);
+        bool split = known && !release && !bit_(bits + words, st->serial);
+        if (release && st->recs)
             SP_WARN(SP_SUB_SYM,
                     "symmetric pool \"%s\" still holds registered segments at "
                     "sp_world_finalize: they are released now; destroy it with "
                     "sp_symmetric_mempool_destroy before finalizing",
                     st->name);
-        /* No agreement round here: the registrars' release needs none (MPI_Win_free
+        else if (st->recs)
+            SP_WARN(SP_SUB_SYM,
+                    "symmetric pool \"%s\"%s: its registered segments are not released at "
+                    "sp_world_finalize (that is collective, and a rank may be late or gone); "
+                    "they go with the process",
+                    st->name,
+                    st->broken ? " was broken by a timeout"
+                    : split    ? " was broken by a timeout on another rank"
+                    : !in_step ? " is in a world whose ranks did not all reach finalize"
+                               : " could not be agreed on");
+        if (split && err == SP_SUCCESS)
+            err = sp__error(SP_ERR_TIMEOUT, SP_SUB_SYM,
+                            "sp_world_finalize: symmetric pool \"%s\" was broken by a timeout on "
+                            "some ranks only; its registered segments were released on no rank "
+                            "(they go with the process)",
+                            st->name);
+        /* No agreement round per pool: the registrars' release needs none (MPI_Win_free
          * synchronizes the node; NCCL deregistration is local and the nccl registrar
          * synchronizes what it must). */
-        if (!st->broken)
+        if (release)
             sp__sym_release_recs(st);
+        else if (!st->broken)
+            while (st->recs) { /* the records only; the registrations stay */
+                sp_sym_rec_t *r = st->recs;
+                st->recs = r->next;
+                free(r);
+            }
         pthread_mutex_unlock(&st->lock);
         free_state(st);
     }
+    free(bits);
+    free(v);
+    return err;
 }
 
 __attribute__((constructor)) static void register_hook(void) {

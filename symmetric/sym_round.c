@@ -94,15 +94,28 @@ sp_sym_state_t *sp__sym_find(const sp_mempool_t *pool) {
     return found;
 }
 
-/* The oldest live state of world `w` (lowest serial: the same pool on every rank), or NULL. */
-sp_sym_state_t *sp__sym_oldest(const sp_world_t *w) {
-    sp_sym_state_t *st = NULL;
+static int by_serial(const void *x, const void *y) {
+    const sp_sym_state_t *a = *(sp_sym_state_t *const *)x, *b = *(sp_sym_state_t *const *)y;
+    return a->serial < b->serial ? -1 : a->serial > b->serial;
+}
+
+bool sp__sym_of_world(const sp_world_t *w, sp_sym_state_t ***v_p, size_t *n_p) {
+    size_t n = 0, cap = 0;
     pthread_mutex_lock(&s_reg_lock);
     for (sp_sym_state_t *s = s_states; s; s = s->next)
-        if (s->world == w && (!st || s->serial < st->serial))
-            st = s;
+        cap += s->world == w;
+    sp_sym_state_t **v = cap ? malloc(cap * sizeof *v) : NULL;
+    for (sp_sym_state_t *s = s_states; s && v; s = s->next)
+        if (s->world == w)
+            v[n++] = s;
     pthread_mutex_unlock(&s_reg_lock);
-    return st;
+    if (cap && !v)
+        return false;
+    if (n > 1)
+        qsort(v, n, sizeof *v, by_serial); /* oldest first: the same order on every rank */
+    *v_p = v;
+    *n_p = n;
+    return true;
 }
 
 sp_status_t sp__sym_acquire(const sp_mempool_t *pool, const char *fn, sp_sym_state_t **st_p) {

@@ -68,8 +68,9 @@ void sp__sym_unregister(sp_sym_state_t *st);
 bool sp__sym_is_live(const sp_sym_state_t *st);
 /* The live state of `pool`, or NULL; the caller locks it before use. */
 sp_sym_state_t *sp__sym_find(const sp_mempool_t *pool);
-/* The oldest live state of world `w` (the same pool on every rank), or NULL. */
-sp_sym_state_t *sp__sym_oldest(const sp_world_t *w);
+/* The live states of world `w`, oldest first (lowest serial: the same order on every rank), in
+ * a new array (caller frees; NULL when none). False when out of host memory. */
+bool sp__sym_of_world(const sp_world_t *w, sp_sym_state_t ***v_p, size_t *n_p);
 
 /* Test hook: seconds the calling thread sleeps at the start of each growth, before its first
  * round (0: none), so a test can make one rank late inside a growth. Thread-local. */

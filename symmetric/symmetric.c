@@ -117,6 +117,13 @@ SP_EXPORT sp_status_t sp_symmetric_mempool_create(sp_world_t *w, const sp_mempoo
                        "%s: params->allocator must be NULL (a symmetric pool's segments come "
                        "from its registrar)",
                        fn);
+    else if (p.use_on_oom)
+        /* A loan to another thread's sp_malloc that hit OOM can land between a symmetric
+         * malloc's agreement and its take, on one rank only: the ranks' caches diverge. */
+        ls = sp__error(SP_ERR_INVALID_ARGUMENT, SP_SUB_SYM,
+                       "%s: params->use_on_oom must be false (a symmetric pool's blocks are "
+                       "never lent: a loan on one rank would make the ranks' caches differ)",
+                       fn);
     if (ls == SP_SUCCESS)
         ls = sp__registrar_select(w, &st->reg);
     sp_mempool_t *pool = NULL;

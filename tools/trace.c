@@ -145,6 +145,15 @@ static bool add_seed(tr_device_t *d, size_t *cap, uint64_t addr, uint64_t size, 
     return true;
 }
 
+/* Bounds on what a snapshot may hold, so that every sum and difference the commands compute in
+ * 64 bits stays exact: a size below 1 EB (PyTorch refuses an allocation of 1 EB or more before
+ * its allocator runs, so no recorded size reaches it), bytes live or reserved at once below
+ * 4 EiB, and time_us in [0, 2^53] (microseconds since 1970, exact in a double; the year 2255). A
+ * snapshot past them is refused naming the field, instead of printing "-2 B" or overflowing. */
+#define TR_SIZE_LIMIT ((uint64_t)1 << 60)
+#define TR_SUM_LIMIT ((int64_t)1 << 62)
+#define TR_TIME_LIMIT ((int64_t)1 << 53)
+
 static bool load_events(const pk_value_t *list, int dev, tr_device_t *d, char *err, size_t errlen) {
     size_t n = pk_len(list);
     if (list != NULL && list->type != PK_LIST) {
@@ -175,11 +184,32 @@ static bool load_events(const pk_value_t *list, int dev, tr_device_t *d, char *e
             return false;
         }
         (void)pk_get_uint(e, "size", &size);
+        if (ev->action != TR_OTHER && size >= TR_SIZE_LIMIT) {
+            snprintf(err, errlen,
+                     "device_traces[%d][%zu] (%s): size %llu is 1 EB or more, which no PyTorch "
+                     "allocation reaches",
+                     dev, i, act, (unsigned long long)size);
+            return false;
+        }
+        if (addr == 0 && (ev->action == TR_ALLOC || ev->action == TR_FREE_REQUESTED ||
+                          ev->action == TR_FREE_COMPLETED || ev->action == TR_SEGMENT_ALLOC ||
+                          ev->action == TR_SEGMENT_FREE)) {
+            snprintf(err, errlen, "device_traces[%d][%zu] (%s): addr 0 is not a block address", dev,
+                     i, act);
+            return false;
+        }
         /* Streams are handles: PyTorch pickles them as unsigned, a few as negative ints. */
         int64_t sstream = 0;
         if (!pk_get_uint(e, "stream", &stream) && pk_get_int(e, "stream", &sstream))
             stream = (uint64_t)sstream;
-        (void)pk_get_int(e, "time_us", &t);
+        if (pk_get(e, "time_us") != NULL &&
+            (!pk_get_int(e, "time_us", &t) || t < 0 || t > TR_TIME_LIMIT)) {
+            snprintf(err, errlen,
+                     "device_traces[%d][%zu] (%s): time_us is not a time in [0, 2^53] "
+                     "microseconds",
+                     dev, i, act);
+            return false;
+        }
         ev->addr = addr;
         ev->size = size;
         ev->stream = stream;
@@ -205,9 +235,12 @@ static bool analyse(const pk_value_t *segments, int dev, tr_device_t *d, char *e
             if (!tr_map_put(&live, e->addr, 1) || !tr_map_put(&touched, e->addr, 1))
                 goto oom;
         } else if (e->action == TR_FREE_REQUESTED) {
-            if (!tr_map_del(&live, e->addr, NULL) &&
-                !add_seed(d, &cap, e->addr, e->size, e->stream, e->frames))
-                goto oom;
+            if (!tr_map_del(&live, e->addr, NULL)) {
+                if (d->seeded_bytes + e->size >= (uint64_t)TR_SUM_LIMIT)
+                    goto too_much;
+                if (!add_seed(d, &cap, e->addr, e->size, e->stream, e->frames))
+                    goto oom;
+            }
             if (!tr_map_put(&touched, e->addr, 1))
                 goto oom;
         }
@@ -224,6 +257,14 @@ static bool analyse(const pk_value_t *segments, int dev, tr_device_t *d, char *e
             snprintf(err, errlen, "segments[%zu]: missing 'address' or 'total_size'", s);
             goto out;
         }
+        if ((uint64_t)total >= TR_SIZE_LIMIT ||
+            d->final_reserved + (uint64_t)total >= (uint64_t)TR_SUM_LIMIT) {
+            snprintf(err, errlen,
+                     "segments[%zu]: total_size %lld is 1 EB or more, or the segments together "
+                     "reach 4 EiB",
+                     s, (long long)total);
+            goto out;
+        }
         (void)pk_get_int(seg, "stream", &stream);
         d->final_reserved += (uint64_t)total;
         const pk_value_t *blocks = pk_get(seg, "blocks");
@@ -238,12 +279,21 @@ static bool analyse(const pk_value_t *segments, int dev, tr_device_t *d, char *e
                 snprintf(err, errlen, "segments[%zu].blocks[%zu]: missing 'size' or 'state'", s, b);
                 goto out;
             }
-            if (!pk_get_int(blk, "requested_size", &req) || req <= 0)
+            if ((uint64_t)bsize > (uint64_t)total) {
+                snprintf(err, errlen,
+                         "segments[%zu].blocks[%zu]: size %lld is more than its segment's "
+                         "total_size %lld",
+                         s, b, (long long)bsize, (long long)total);
+                goto out;
+            }
+            if (!pk_get_int(blk, "requested_size", &req) || req <= 0 || req > bsize)
                 req = bsize;
             if (strcmp(state, "active_allocated") == 0)
                 d->final_allocated += (uint64_t)bsize;
             if (strcmp(state, "inactive") != 0 && !tr_map_get(&touched, baddr, NULL)) {
                 const pk_value_t *fr = pk_get(blk, "frames");
+                if (d->seeded_bytes + (uint64_t)req >= (uint64_t)TR_SUM_LIMIT)
+                    goto too_much;
                 if (!add_seed(d, &cap, baddr, (uint64_t)req, (uint64_t)stream,
                               fr != NULL && fr->type == PK_LIST ? fr : NULL))
                     goto oom;
@@ -264,6 +314,11 @@ static bool analyse(const pk_value_t *segments, int dev, tr_device_t *d, char *e
             r += (int64_t)e->size;
         if (r > peak)
             peak = r;
+        if (r >= TR_SUM_LIMIT || r <= -TR_SUM_LIMIT) {
+            snprintf(err, errlen,
+                     "device_traces[%d][%zu]: the segments reserved at once reach 4 EiB", dev, i);
+            goto out;
+        }
     }
     d->start_reserved = r > 0 ? (uint64_t)r : 0;
     d->peak_reserved = (uint64_t)peak;
@@ -276,9 +331,17 @@ static bool analyse(const pk_value_t *segments, int dev, tr_device_t *d, char *e
             req -= (int64_t)d->ev[i].size;
         if (req > rpeak)
             rpeak = req;
+        if (req >= TR_SUM_LIMIT || req <= -TR_SUM_LIMIT) {
+            snprintf(err, errlen, "device_traces[%d][%zu]: the bytes requested at once reach 4 EiB",
+                     dev, i);
+            goto out;
+        }
     }
     d->peak_requested = (uint64_t)rpeak;
     ok = true;
+    goto out;
+too_much:
+    snprintf(err, errlen, "device %d: the blocks live before the trace reach 4 EiB", dev);
     goto out;
 oom:
     snprintf(err, errlen, "out of memory");

@@ -85,6 +85,7 @@ static const char *const op_names[SP_AGREE_OP_COUNT] = {
     "sp_stats_report",
     "NCCL set-up (every rank ready)",
     "symmetric segment release",
+    "sp_world_finalize",
 };
 
 const char *sp__agree_op_name(int64_t op) {

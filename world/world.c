@@ -95,6 +95,12 @@ sp_status_t sp__world_agree(sp_world_t *w, sp_agree_t *a, const char *what) {
     return s;
 }
 
+sp_status_t sp__world_band(sp_world_t *w, uint64_t *bits, size_t words, const char *what) {
+    SP_CHECK(sp__world_check(w, what));
+    bool abandoned = false;
+    return sp__agree_band(w->agree_comm, bits, words, what, &abandoned);
+}
+
 void sp__world_nccl_abort(sp_world_t *w, const char *why) {
     pthread_mutex_lock(&w->nccl_lock);
 #if defined(SP_HAVE_NCCL)
@@ -417,23 +423,44 @@ SP_EXPORT sp_status_t sp_world_finalize(sp_world_t *w) {
     sp_world_finalize_hook_t hooks[MAX_HOOKS];
     memcpy(hooks, s_hooks, sizeof hooks);
     pthread_mutex_unlock(&s_lock);
-    /* Hooks run first, while the communicators still work (reports, symmetric segments). */
-    for (int i = 0; i < n; i++)
-        hooks[i](w);
+    /* Agree first, with the deadline: the hooks' collective work (the report, MPI_Win_free of
+     * symmetric segments) blocks with no deadline of its own, so a late, gone or busy rank
+     * must be known before any of it starts. Without that round a healthy rank waited forever
+     * in MPI_Win_free for a peer that had left its broken pool to process exit. */
+    sp_agree_t a = {.op = SP_AGREE_WORLD_FINALIZE, .ok = true};
+    sp_status_t st = sp__world_agree(w, &a, "sp_world_finalize");
+    bool in_step = st == SP_SUCCESS;
+    char first_msg[512] = "";
+    if (!in_step)
+        snprintf(first_msg, sizeof first_msg,
+                 "%s; nothing collective was released (registered symmetric segments stay until "
+                 "the process exits)",
+                 sp_last_error());
+    /* Hooks run while the communicators still work. The first failure is what finalize
+     * returns; later hooks still let go of what is theirs. */
+    for (int i = 0; i < n; i++) {
+        sp_status_t h = hooks[i](w, in_step);
+        if (h != SP_SUCCESS && st == SP_SUCCESS) {
+            st = h;
+            snprintf(first_msg, sizeof first_msg, "%s", sp_last_error());
+        }
+    }
     if (!take_live(w))
         return sp__error(SP_ERR_INVALID_USAGE, SP_SUB_BOOT,
                          "sp_world_finalize: the world was finalized by another call meanwhile");
 
-    sp_status_t st = SP_SUCCESS;
+    sp_status_t s2;
 #if defined(SP_HAVE_NCCL)
     if (w->nccl_comm) {
-        ncclResult_t r = ncclCommDestroy((ncclComm_t)w->nccl_comm);
-        if (r != ncclSuccess)
-            st = nccl_status(r, NULL, "ncclCommDestroy");
+        /* ncclCommDestroy waits for the peers; a world out of step aborts instead. */
+        ncclResult_t r = in_step ? ncclCommDestroy((ncclComm_t)w->nccl_comm)
+                                 : ncclCommAbort((ncclComm_t)w->nccl_comm);
+        if (r != ncclSuccess && st == SP_SUCCESS)
+            st = nccl_status(r, NULL, in_step ? "ncclCommDestroy" : "ncclCommAbort");
         w->nccl_comm = NULL;
     }
 #endif
-    sp_status_t s2 = sp__world_mpi_status(MPI_Comm_free(&w->node_comm), "MPI_Comm_free(node)");
+    s2 = sp__world_mpi_status(MPI_Comm_free(&w->node_comm), "MPI_Comm_free(node)");
     if (st == SP_SUCCESS)
         st = s2;
     s2 = sp__world_mpi_status(MPI_Comm_free(&w->comm), "MPI_Comm_free");
@@ -460,21 +487,38 @@ SP_EXPORT sp_status_t sp_world_finalize(sp_world_t *w) {
         if (st == SP_SUCCESS)
             st = s2;
     }
+    if (first_msg[0]) /* the first failure's text, which later steps may have overwritten */
+        (void)sp__error_quiet(st, SP_SUB_BOOT, "%s", first_msg);
     return st;
 }
 
 /* ---- accessors (NULL-safe) ---------------------------------------------------------------- */
 
+/* A finalized world's memory is freed: the accessors look the pointer up among the live worlds
+ * before reading it, so a stale pointer answers like NULL instead of reading freed memory. */
+static const sp_world_t *live_or_null(const sp_world_t *w) {
+    if (!w)
+        return NULL;
+    pthread_mutex_lock(&s_lock);
+    bool live = is_live_locked(w);
+    pthread_mutex_unlock(&s_lock);
+    return live ? w : NULL;
+}
+
 SP_EXPORT int sp_world_rank(const sp_world_t *w) {
+    w = live_or_null(w);
     return w ? w->rank : -1;
 }
 SP_EXPORT int sp_world_size(const sp_world_t *w) {
+    w = live_or_null(w);
     return w ? w->size : 0;
 }
 SP_EXPORT int sp_world_local_rank(const sp_world_t *w) {
+    w = live_or_null(w);
     return w ? w->local_rank : -1;
 }
 SP_EXPORT int sp_world_device(const sp_world_t *w) {
+    w = live_or_null(w);
     return w ? w->device : -1;
 }
 

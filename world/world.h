@@ -34,11 +34,14 @@ void sp__world_nccl_abort(sp_world_t *w, const char *why);
 /* Why the world has no NCCL communicator ("aborted after: ..."). */
 const char *sp__world_nccl_why(const sp_world_t *w);
 
-/* Modules above world/ (collectives: the SYMPOOL_REPORT table) register work to run at the
- * start of sp_world_finalize, while the communicator still works. At most 8 hooks; returns
- * SP_ERR_INTERNAL past that. Registered from a library constructor, so it is thread-safe by
- * construction. */
-typedef void (*sp_world_finalize_hook_t)(sp_world_t *w);
+/* Modules above world/ (collectives: the SYMPOOL_REPORT table; symmetric: registered segments)
+ * register work to run in sp_world_finalize, after every rank agreed (with the deadline) that it
+ * is finalizing. `in_step` is false when that round failed (a rank is late, gone, or in another
+ * call): a hook must then make no collective call and only let go of what is local. A hook
+ * returns what it could not do (its message set); finalize returns the first such status. At
+ * most 8 hooks; SP_ERR_INTERNAL past that. Registered from a library constructor, so it is
+ * thread-safe by construction, and the order is the same on every rank. */
+typedef sp_status_t (*sp_world_finalize_hook_t)(sp_world_t *w, bool in_step);
 sp_status_t sp__world_on_finalize(sp_world_finalize_hook_t hook);
 
 /* Rank of world rank `world_rank` in the node communicator, -1 if it is on another node (or out
@@ -78,6 +81,7 @@ typedef enum sp_agree_op {
     SP_AGREE_STATS_REPORT,
     SP_AGREE_NCCL_READY,
     SP_AGREE_SYM_RELEASE,
+    SP_AGREE_WORLD_FINALIZE,
     SP_AGREE_OP_COUNT
 } sp_agree_op_t;
 
@@ -134,6 +138,9 @@ bool sp__agree_pending(MPI_Comm comm);
  * communicator, numbered by the world's call counter. SP_ERR_INVALID_USAGE if w is not a live
  * world. Then sp__agree_check. */
 sp_status_t sp__world_agree(sp_world_t *w, sp_agree_t *a, const char *what);
+/* A deadline-bounded MPI_BAND round of `words` words on the world's agreement communicator
+ * (sp__agree_band), after a world round that agreed on the length. */
+sp_status_t sp__world_band(sp_world_t *w, uint64_t *bits, size_t words, const char *what);
 /* SP_ERR_INVALID_USAGE (naming fn) unless w is a live world (not NULL, not finalized). */
 sp_status_t sp__world_check(const sp_world_t *w, const char *fn);
 

@@ -31,7 +31,7 @@ typedef enum {
 } sp_history_context_t;
 
 typedef struct sp_history_params {
-    sp_history_enabled_t enabled; /**< OFF clears the buffer; STATE keeps no trace entries */
+    sp_history_enabled_t enabled; /**< OFF clears the buffer; STATE keeps one trace entry */
     sp_history_context_t context; /**< which records carry stack frames */
     size_t max_entries;           /**< ring buffer size; 0 = unbounded */
     bool c_stacks;                /**< record C stack frames */
@@ -42,8 +42,8 @@ void sp_history_params_init(sp_history_params_t *params);
 
 /**
  * Start, change or stop recording on every device (PyTorch's meanings): OFF stops and clears
- * every buffer; STATE keeps the stacks of live blocks but no trace entries (no action history, no
- * snapshot markers; PyTorch keeps a one-entry ring there, i.e. whichever event came last); ALL
+ * every buffer; STATE keeps the stacks of live blocks and a ring of exactly one trace entry
+ * (whichever event came last, as PyTorch's max_entries of 1 there; max_entries is ignored); ALL
  * keeps up to max_entries entries, the oldest overwritten first. Changing max_entries keeps the
  * newest entries. context: NONE records no stacks, STATE stacks on live blocks only, ALLOC also on
  * trace entries, ALL also captures a stack at each free. Stacks come from the frames hook

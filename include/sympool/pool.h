@@ -28,6 +28,12 @@ sp_status_t sp_init(void);
 
 /**
  * Release every cached segment, pool and stream; the next call initializes again.
+ * Other threads' calls: shutdown waits for the calls already inside sympool, and a call that
+ * arrives while it runs returns SP_ERR_INVALID_USAGE (a query that returns a number returns 0,
+ * sp_backend_name "none"); calls after it returned initialize again. The caller guarantees that
+ * no thread is inside sp_malloc, sp_free, sp_record_stream, sp_mempool_malloc or the sp_torch_*
+ * calls while it runs (the allocation path takes no gate, to stay cheap; every block must be
+ * freed before shutdown anyway), and that no symmetric pool or world call runs concurrently.
  * @return SP_SUCCESS; SP_ERR_BUSY if blocks are still allocated (then nothing is released).
  */
 sp_status_t sp_shutdown(void);

@@ -63,6 +63,7 @@ sp_status_t sp_world_from_comm(MPI_Comm comm, sp_world_t **world_p);
  */
 sp_status_t sp_world_finalize(sp_world_t *world);
 
+/* The accessors answer like NULL for a world already finalized (they never read freed memory). */
 int sp_world_rank(const sp_world_t *w);       /**< rank in the world's communicator, -1 for NULL */
 int sp_world_size(const sp_world_t *w);       /**< number of ranks, 0 for NULL */
 int sp_world_local_rank(const sp_world_t *w); /**< rank among the ranks of this node, -1 for NULL */

@@ -70,8 +70,8 @@ def record_memory_history(enabled="all", context="all", stacks="python", max_ent
                           device=None, clear_history=False):
     """Start, change or stop recording (torch.cuda.memory._record_memory_history).
 
-    enabled: "all" keeps up to max_entries trace entries; "state" keeps only what live blocks
-    need; None stops and clears. context: which records carry stacks: None, "state" (live blocks),
+    enabled: "all" keeps up to max_entries trace entries; "state" keeps what live blocks need and
+    one trace entry (the last, as torch does); None stops and clears. context: which records carry stacks: None, "state" (live blocks),
     "alloc" (also trace entries), "all" (also a stack at each free). stacks: "python" (Python
     frames) or "all" (Python and C frames). device is accepted for torch's signature (recording
     covers every device). clear_history=True drops the trace entries recorded so far.

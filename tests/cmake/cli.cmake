@@ -12,7 +12,13 @@ set(SP_CLI_TOOL_SOURCES
 if(TARGET test_history)
   set_target_properties(test_history PROPERTIES ENABLE_EXPORTS ON)
 endif()
-foreach(t test_pickle test_replay test_history)
+# test_fuzz_repro replays tests/fuzz/repro through what the fuzzer runs (tests/fuzz/fuzz_one.c).
+if(TARGET test_fuzz_repro)
+  target_sources(test_fuzz_repro PRIVATE ${PROJECT_SOURCE_DIR}/tests/fuzz/fuzz_one.c)
+  target_compile_definitions(test_fuzz_repro PRIVATE
+    SP_FUZZ_REPRO_DIR="${PROJECT_SOURCE_DIR}/tests/fuzz/repro")
+endif()
+foreach(t test_pickle test_replay test_history test_fuzz_repro)
   if(TARGET ${t})
     target_sources(${t} PRIVATE ${SP_CLI_TOOL_SOURCES})
     # The data folder also as a compile-time default: the suites must find tests/data even when
@@ -33,6 +39,18 @@ if(TARGET sympool_cli)
     COMMAND $<TARGET_FILE:sympool_cli> replay ${SP_CLI_TRACE} --json)
   set_tests_properties(cli.replay_json PROPERTIES LABELS "unit;cli" TIMEOUT 120
     PASS_REGULAR_EXPRESSION "\"events\":[0-9]+,.*\"peak_requested_bytes\":[0-9]+,\"peak_allocated_bytes\":[0-9]+,\"peak_reserved_bytes\":[0-9]+,\"pytorch_peak_reserved_bytes\":[0-9]+,.*\"ooms\":0,.*\"ns_per_event\":[0-9.]+")
+
+  # Extreme but legal values (sizes near 2^64, time_us at +-2^63 or going backwards, an alloc
+  # at address 0, sums past 4 EiB): each command handles the snapshot or refuses it naming the
+  # field. The snapshots are written by the script; the same ones are in tests/fuzz/repro.
+  find_package(Python3 COMPONENTS Interpreter QUIET)
+  if(Python3_EXECUTABLE)
+    add_test(NAME cli.extreme_values
+      COMMAND ${Python3_EXECUTABLE} ${PROJECT_SOURCE_DIR}/tests/fuzz/cli_extreme.py
+              $<TARGET_FILE:sympool_cli> ${SP_CLI_OUT}/extreme)
+    set_tests_properties(cli.extreme_values PROPERTIES LABELS "unit;cli" TIMEOUT 300
+      PASS_REGULAR_EXPRESSION "cli-extreme: ok")
+  endif()
 
   add_test(NAME cli.replay_capacity_oom
     COMMAND $<TARGET_FILE:sympool_cli> replay ${SP_CLI_TRACE} --json --capacity 16GiB)

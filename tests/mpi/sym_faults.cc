@@ -248,6 +248,11 @@ TEST_F(SymFaults, DoubleFinalizeIsAnError) {
     ASSERT_SP_OK(sp_world_finalize(w_));
     EXPECT_SP_STATUS(sp_world_finalize(w_), SP_ERR_INVALID_USAGE);
     EXPECT_TRUE(has(sp_last_error(), "not a live world")) << sp_last_error();
+    // The accessors answer like NULL, without reading the freed world.
+    EXPECT_EQ(sp_world_rank(w_), -1);
+    EXPECT_EQ(sp_world_size(w_), 0);
+    EXPECT_EQ(sp_world_local_rank(w_), -1);
+    EXPECT_EQ(sp_world_device(w_), -1);
     int32_t x = 0;
     EXPECT_SP_STATUS(sp_allreduce(w_, &x, &x, 1, SP_INT32, SP_SUM, nullptr), SP_ERR_INVALID_USAGE);
     w_ = nullptr;
@@ -293,6 +298,60 @@ TEST_F(SymFaults, ReleaseBatchIsOneBarrierWhateverItsSize) {
         EXPECT_EQ(c1.deregistrations - c0.deregistrations, nseg);
         EXPECT_EQ(rounds, 3u) << nseg << " segment(s)";
     }
+}
+
+// Finalize agrees first, with the deadline. A pool a timeout broke on some ranks only: the
+// healthy rank must not enter MPI_Win_free alone (it waited there forever); every rank returns
+// SP_ERR_TIMEOUT naming the pool, and nothing is released collectively.
+TEST_F(SymFaults, FinalizeWithAPoolBrokenOnSomeRanksOnlyFailsEverywhere) {
+    make_pool();
+    void *p = nullptr;
+    ASSERT_SP_OK(sp_symmetric_malloc(pool_, 4096, nullptr, &p)); // a registered segment
+    ASSERT_SP_OK(sp_free(p));
+    if (rank_ != 0) // rank 0 never comes: the others' pool breaks, rank 0's does not
+        EXPECT_SP_STATUS(sp_symmetric_malloc(pool_, 4096, nullptr, &p), SP_ERR_TIMEOUT);
+    MPI_Barrier(MPI_COMM_WORLD);
+    sp_status_t s = sp_world_finalize(w_);
+    EXPECT_EQ(s, SP_ERR_TIMEOUT) << sp::describe(s);
+    std::string msg = sp_last_error();
+    EXPECT_TRUE(has(msg, "\"faults\"") && has(msg, "some ranks only")) << msg;
+    EXPECT_SP_STATUS(sp_symmetric_malloc(pool_, 4096, nullptr, &p), SP_ERR_INVALID_USAGE);
+    w_ = nullptr;
+    pool_ = nullptr; // its registration goes with the process
+}
+
+// A rank that reaches finalize long after the others: they stop waiting at their deadline
+// instead of waiting for it, and it learns at once that they gave up; SP_ERR_TIMEOUT everywhere.
+TEST_F(SymFaults, FinalizeWithALateRankTimesOutEverywhere) {
+    make_pool();
+    void *p = nullptr;
+    ASSERT_SP_OK(sp_symmetric_malloc(pool_, 4096, nullptr, &p));
+    ASSERT_SP_OK(sp_free(p));
+    if (rank_ == n_ - 1)
+        sleep_s(4);
+    auto t0 = std::chrono::steady_clock::now();
+    sp_status_t s = sp_world_finalize(w_);
+    double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    EXPECT_EQ(s, SP_ERR_TIMEOUT) << sp::describe(s);
+    std::string msg = sp_last_error();
+    EXPECT_TRUE(has(msg, "sp_world_finalize") && has(msg, "nothing collective was released"))
+        << msg;
+    EXPECT_LT(dt, 3.0) << "bounded by SYMPOOL_SYM_TIMEOUT=1, not by the late rank";
+    w_ = nullptr;
+    pool_ = nullptr;
+}
+
+// In step: finalize releases a pool left alive and succeeds.
+TEST_F(SymFaults, FinalizeInStepReleasesLivePools) {
+    make_pool();
+    void *p = nullptr;
+    ASSERT_SP_OK(sp_symmetric_malloc(pool_, 4096, nullptr, &p));
+    ASSERT_SP_OK(sp_free(p));
+    sp_sym_counters_t c0 = sym_counters();
+    ASSERT_SP_OK(sp_world_finalize(w_));
+    EXPECT_EQ(sym_counters().deregistrations - c0.deregistrations, 1);
+    w_ = nullptr;
+    pool_ = nullptr;
 }
 
 } // namespace

@@ -11,9 +11,13 @@
 
 #include "mpi_util.hpp"
 
+#include <sys/resource.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cctype>
+#include <cerrno>
+#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -507,6 +511,60 @@ TEST_F(StatsReport, SympoolReportPrintsAtFinalize) {
         EXPECT_EQ(j.get("nranks")->i64(), n_);
     } else {
         EXPECT_EQ(text, "");
+    }
+}
+
+// SYMPOOL_REPORT_FILE is written like a snapshot: a FIFO is refused with a message (opening it
+// for writing blocked rank 0 forever); a write that fails (a full disk; here a file size limit)
+// leaves the previous report whole, and the message names the path and the cause.
+TEST_F(StatsReport, ReportFileIsRegularAndWrittenAtomically) {
+    expect_warnings();
+    char dir[] = "/tmp/sp_report_XXXXXX";
+    ASSERT_NE(mkdtemp(dir), nullptr);
+    std::string fifo = std::string(dir) + "/report.fifo", file = std::string(dir) + "/report.json";
+    ASSERT_EQ(mkfifo(fifo.c_str(), 0600), 0);
+    {
+        sp::ScopedEnv env({{"SYMPOOL_REPORT", "json"}, {"SYMPOOL_REPORT_FILE", fifo.c_str()}});
+        sp_world_t *w2 = nullptr;
+        ASSERT_SP_OK(sp_world_from_comm(MPI_COMM_WORLD, &w2));
+        ASSERT_SP_OK(sp_world_finalize(w2));
+        if (rank_ == 0) {
+            EXPECT_GE(warnings("is a FIFO, not a regular file"), 1u);
+        }
+    }
+    {
+        FILE *f = std::fopen(file.c_str(), "w");
+        ASSERT_NE(f, nullptr);
+        std::fputs("the previous report\n", f);
+        std::fclose(f);
+        sp::ScopedEnv env({{"SYMPOOL_REPORT", "json"}, {"SYMPOOL_REPORT_FILE", file.c_str()}});
+        sp_world_t *w2 = nullptr;
+        ASSERT_SP_OK(sp_world_from_comm(MPI_COMM_WORLD, &w2));
+        struct rlimit old;
+        ASSERT_EQ(getrlimit(RLIMIT_FSIZE, &old), 0);
+        if (rank_ == 0) { // the disk is "full" after 64 bytes
+            std::signal(SIGXFSZ, SIG_IGN);
+            struct rlimit small = {64, old.rlim_max};
+            ASSERT_EQ(setrlimit(RLIMIT_FSIZE, &small), 0);
+        }
+        sp_status_t s = sp_world_finalize(w2);
+        if (rank_ == 0)
+            setrlimit(RLIMIT_FSIZE, &old);
+        ASSERT_SP_OK(s);
+        if (rank_ == 0) {
+            FILE *r = std::fopen(file.c_str(), "r");
+            ASSERT_NE(r, nullptr);
+            EXPECT_EQ(slurp(r), "the previous report\n");
+            std::fclose(r);
+            EXPECT_GE(warnings("SYMPOOL_REPORT_FILE: cannot write " + file), 1u);
+            EXPECT_GE(warnings(std::strerror(EFBIG)), 1u);
+        }
+    }
+    MPI_Barrier(MPI_COMM_WORLD);
+    if (rank_ == 0) {
+        unlink(fifo.c_str());
+        unlink(file.c_str());
+        rmdir(dir);
     }
 }
 

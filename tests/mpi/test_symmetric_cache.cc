@@ -1,7 +1,7 @@
 // test_symmetric_cache.cc: how a symmetric pool's cache stays symmetric when ranks' caches
-// differ (a block lent on OOM, a free held by a pending stream event on one rank), collective
-// growth failure, collective empty cache and destroy, zero registrations in a steady loop, and
-// the creation checks. Runs under mpirun at 2, 4, 8 ranks on the host backend.
+// differ (a free held by a pending stream event on one rank; no block ever lent on OOM),
+// collective growth failure, collective empty cache and destroy, zero registrations in a steady
+// loop, and the creation checks. Runs under mpirun at 2, 4, 8 ranks on the host backend.
 #include <mpi.h>
 
 #include <string>
@@ -30,41 +30,61 @@ class SymmetricCache : public SymPoolTest {
     }
 };
 
-TEST_F(SymmetricCache, BlockLentOnOomOnOneRankStillIdenticalOffsets) {
-    // The same capacity on every rank; only rank 0 runs out and borrows from the pool.
-    sp::ScopedEnv env({{"SYMPOOL_HOST_CAPACITY", "32MiB"}});
-    make(/*use_on_oom=*/true);
+// A symmetric pool's blocks are never lent on OOM: a loan to another thread's sp_malloc between
+// an agreement and its take made the ranks diverge. use_on_oom is refused at create on every
+// rank (no rank keeps a pool), and a rank that runs out never borrows from a symmetric pool.
+TEST_F(SymmetricCache, UseOnOomIsRefusedAndBlocksAreNeverLent) {
+    expect_warnings();
+    sp::ScopedEnv env({{"SYMPOOL_HOST_CAPACITY", "32MiB"}}); // before the allocator starts
+    ASSERT_SP_OK(sp_world_from_comm(MPI_COMM_WORLD, &world_));
+    sp_mempool_t *q = nullptr;
+    EXPECT_SP_STATUS(sym_pool_create(world_, "lender", /*use_on_oom=*/true, &q),
+                     SP_ERR_INVALID_ARGUMENT);
+    EXPECT_NE(std::string(sp_last_error()).find("use_on_oom"), std::string::npos)
+        << sp_last_error();
+    EXPECT_EQ(q, nullptr);
+    // Only rank 0 asks: a mismatch on every rank, still no pool.
+    EXPECT_NE(sym_pool_create(world_, "lender", mpi_rank() == 0, &q), SP_SUCCESS);
+    EXPECT_EQ(q, nullptr);
+
+    ASSERT_SP_OK(sym_pool_create(world_, "cache", false, &pool_));
     void *p = nullptr;
     ASSERT_SP_OK(sp_symmetric_malloc(pool_, 4 << 20, nullptr, &p)); // one 20 MiB segment
     ASSERT_SP_OK(sp_free(p));
-    void *big = nullptr, *lent = nullptr;
     if (mpi_rank() == 0) {
+        void *big = nullptr, *lent = nullptr;
         ASSERT_SP_OK(sp_malloc(24 << 20, 0, nullptr, &big));
-        ASSERT_SP_OK(sp_malloc(16 << 20, 0, nullptr, &lent)); // device full: lent by the pool
-        sp_block_info_t bi;
-        ASSERT_SP_OK(sp__pool_lookup(lent, &bi));
-        EXPECT_EQ(bi.pool, pool_) << "the 16 MiB block should come from the symmetric pool";
-    }
-    sp_sym_counters_t before = sym_counters();
-    void *q = nullptr;
-    ASSERT_SP_OK(sp_symmetric_malloc(pool_, 4 << 20, nullptr, &q));
-    expect_identical(q, "with a block lent on rank 0");
-    sp_sym_counters_t after = sym_counters();
-    long long lo, hi;
-    rank_minmax(after.growths - before.growths, &lo, &hi);
-    EXPECT_EQ(lo, hi) << "every rank grows together or none does";
-    if (mpi_rank() == 0) {
-        ASSERT_SP_OK(sp_free(lent));
+        EXPECT_SP_STATUS(sp_malloc(16 << 20, 0, nullptr, &lent), SP_ERR_OUT_OF_MEMORY);
+        EXPECT_EQ(lent, nullptr);
         ASSERT_SP_OK(sp_free(big));
     }
+    void *r = nullptr;
+    ASSERT_SP_OK(sp_symmetric_malloc(pool_, 4 << 20, nullptr, &r));
+    expect_identical(r, "after an OOM on rank 0");
+    ASSERT_SP_OK(sp_free(r));
+}
+
+// On the host backend a symmetric segment is an MPI window the backend never sees: growth must
+// still stay within SYMPOOL_HOST_CAPACITY, and a rank with a small device fails the growth on
+// every rank (OUT_OF_MEMORY, naming it) instead of reserving far past its capacity.
+TEST_F(SymmetricCache, GrowthHonoursTheHostCapacityOnEveryRank) {
+    expect_warnings();
+    sp::ScopedEnv env({{"SYMPOOL_HOST_CAPACITY", mpi_rank() == 0 ? "64MiB" : "1GiB"}});
+    make();
+    void *p = nullptr, *q = nullptr;
+    ASSERT_SP_OK(sp_symmetric_malloc(pool_, 40 << 20, nullptr, &p)); // fits every device
+    // Another 40 MiB while the first is live: 80 MiB would exceed rank 0's 64 MiB.
+    EXPECT_SP_STATUS(sp_symmetric_malloc(pool_, 40 << 20, nullptr, &q), SP_ERR_OUT_OF_MEMORY);
+    std::string msg = sp_last_error();
+    EXPECT_NE(msg.find("rank 0"), std::string::npos) << msg;
+    if (mpi_rank() == 0) {
+        EXPECT_NE(msg.find("SYMPOOL_HOST_CAPACITY"), std::string::npos) << msg;
+    }
+    EXPECT_EQ(q, nullptr);
+    EXPECT_EQ(sp_memory_reserved(sp_world_device(world_)), (size_t)40 << 20);
+    ASSERT_SP_OK(sp_symmetric_malloc(pool_, 16 << 20, nullptr, &q)); // 56 MiB: within every one
     ASSERT_SP_OK(sp_free(q));
-    // Caches equal again: the next call is a one-round hit at the same place everywhere.
-    before = sym_counters();
-    ASSERT_SP_OK(sp_symmetric_malloc(pool_, 4 << 20, nullptr, &q));
-    expect_identical(q, "after the loan came back");
-    after = sym_counters();
-    EXPECT_EQ(after.agreement_rounds - before.agreement_rounds, 1);
-    ASSERT_SP_OK(sp_free(q));
+    ASSERT_SP_OK(sp_free(p));
 }
 
 TEST_F(SymmetricCache, FreeHeldByPendingEventOnOneRank) {

@@ -87,15 +87,18 @@ TEST_F(World, TwoWorldsAtOnce) {
 sp_world_t *g_hook_world = nullptr;
 int g_hook_calls = 0;
 bool g_hook_comm_ok = false;
-void hook(sp_world_t *w) {
+bool g_hook_in_step = false;
+sp_status_t hook(sp_world_t *w, bool in_step) {
     if (w != g_hook_world)
-        return;
+        return SP_SUCCESS;
     g_hook_calls++;
+    g_hook_in_step = in_step;
     // Hooks run while the communicator still works.
     int one = 1, sum = 0;
     g_hook_comm_ok =
         MPI_Allreduce(&one, &sum, 1, MPI_INT, MPI_SUM, sp__world_comm(w)) == MPI_SUCCESS &&
         sum == sp_world_size(w);
+    return SP_SUCCESS;
 }
 
 TEST_F(World, FinalizeHooksRunFirst) {
@@ -105,6 +108,7 @@ TEST_F(World, FinalizeHooksRunFirst) {
     g_hook_world = nullptr;
     EXPECT_EQ(g_hook_calls, 1);
     EXPECT_TRUE(g_hook_comm_ok);
+    EXPECT_TRUE(g_hook_in_step) << "every rank reached finalize in time";
 }
 
 TEST_F(World, HookTableIsBounded) {

@@ -98,3 +98,24 @@ TEST_F(AllocBadInput, ForeignStreamOrStreamOfAnotherDevice) {
     ASSERT_SP_OK(sp_free(p));
     ASSERT_SP_OK(sp_stream_destroy(other_dev));
 }
+
+// A destroyed stream is refused even when a cached block keyed by it exists: the hit path never
+// asks the backend about the stream, so destroying one releases its free cached segments.
+TEST_F(AllocBadInput, DestroyedStreamIsRefusedAlsoOnACacheHit) {
+    SP_SKIP_UNLESS_HOST(); // a host stream's pointer is invalid once destroyed; CUDA's may be
+                           // reused
+    sp_stream_t s;
+    ASSERT_SP_OK(sp_stream_create(0, &s));
+    void *p = nullptr, *q = nullptr;
+    ASSERT_SP_OK(sp_malloc(4096, 0, s, &p));
+    ASSERT_SP_OK(sp_malloc(3 * sp::MiB, 0, s, &q));
+    ASSERT_SP_OK(sp_free(p)); // both cached under s
+    ASSERT_SP_OK(sp_free(q));
+    EXPECT_EQ(stat("reserved_bytes.all.current"), (int64_t)(2 * sp::MiB + 20 * sp::MiB));
+    ASSERT_SP_OK(sp_stream_destroy(s));
+    EXPECT_EQ(stat("reserved_bytes.all.current"), 0) << "its free segments went with it";
+    void *r = &r;
+    EXPECT_SP_STATUS(sp_malloc(4096, 0, s, &r), SP_ERR_INVALID_ARGUMENT);
+    EXPECT_SP_STATUS(sp_malloc(3 * sp::MiB, 0, s, &r), SP_ERR_INVALID_ARGUMENT);
+    EXPECT_EQ(r, (void *)&r);
+}

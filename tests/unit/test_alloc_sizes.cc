@@ -3,6 +3,10 @@
 // (2 MiB / large_segment_size / 2 MiB-rounded).
 #include "alloc_test_util.hpp"
 
+extern "C" {
+#include "pool/pool.h"
+}
+
 extern "C" size_t sp__round_size(size_t size);
 extern "C" size_t sp__roundup_power2_next_division(size_t size, size_t divisions);
 
@@ -80,6 +84,65 @@ TEST_F(AllocSizes, LargeSegmentSizeOption) {
     ASSERT_SP_OK(sp_malloc(2 * MiB, 0, nullptr, &p));
     EXPECT_EQ(stat("reserved_bytes.all.current"), (int64_t)(64 * MiB));
     ASSERT_SP_OK(sp_free(p));
+}
+
+// The large segment serves every request below 10 MiB, so it is validated: below 10 MiB, above
+// 1 TiB or not a multiple of 2 MiB is refused (a warning, the default stays); every value in
+// force serves the largest such request and frees it. Below 10 MiB used to be accepted, then
+// segments were smaller than requests and frees failed.
+TEST_F(AllocSizes, LargeSegmentSizeWholeRange) {
+    expect_warnings();
+    struct Case {
+        const char *env, *conf;
+        size_t want; // in force afterwards; 20 MiB = the default (refused)
+    };
+    const Case cases[] = {
+        {"0", nullptr, 20 * MiB},
+        {"1", nullptr, 20 * MiB},
+        {"1MiB", nullptr, 20 * MiB},
+        {"9MiB", nullptr, 20 * MiB},
+        {"10485760", nullptr, 10 * MiB},
+        {"10485761", nullptr, 20 * MiB},
+        {"11MiB", nullptr, 20 * MiB},
+        {"12MiB", nullptr, 12 * MiB},
+        {"64MiB", nullptr, 64 * MiB},
+        {"1TiB", nullptr, (size_t)1 << 40},
+        {"1026GiB", nullptr, 20 * MiB},
+        {"8EiB", nullptr, 20 * MiB},
+        {"-1", nullptr, 20 * MiB},
+        {nullptr, "large_segment_size_mb:0", 20 * MiB},
+        {nullptr, "large_segment_size_mb:1", 20 * MiB},
+        {nullptr, "large_segment_size_mb:9", 20 * MiB},
+        {nullptr, "large_segment_size_mb:10", 10 * MiB},
+        {nullptr, "large_segment_size_mb:11", 20 * MiB},
+        {nullptr, "large_segment_size_mb:22", 22 * MiB},
+        {nullptr, "large_segment_size_mb:1048576", (size_t)1 << 40},
+        {nullptr, "large_segment_size_mb:1048578", 20 * MiB},
+        {nullptr, "large_segment_size_mb:18446744073709551615", 20 * MiB},
+    };
+    for (const Case &c : cases) {
+        std::string what = c.env ? std::string("SYMPOOL_LARGE_SEGMENT_SIZE=") + c.env
+                                 : std::string("SYMPOOL_ALLOC_CONF=") + c.conf;
+        sp::ScopedEnv env({{"SYMPOOL_LARGE_SEGMENT_SIZE", c.env},
+                           {"SYMPOOL_ALLOC_CONF", c.conf},
+                           {"SYMPOOL_HOST_CAPACITY", "64MiB"}});
+        EXPECT_EQ((size_t)sp__option_int(SP_OPT_LARGE_SEGMENT_SIZE), c.want) << what;
+        SCOPED_TRACE(what);
+        void *p = nullptr, *q = nullptr;
+        sp_status_t s = sp_malloc(10 * MiB - 512, 0, nullptr, &p); // the largest it serves
+        if (c.want > 64 * MiB) {
+            EXPECT_EQ(s, SP_ERR_OUT_OF_MEMORY) << what; // a segment larger than the device
+        } else {
+            ASSERT_SP_OK(s);
+            ASSERT_SP_OK(sp_malloc(MiB + 512, 0, nullptr, &q));
+            sp_block_info_t bi;
+            ASSERT_SP_OK(sp__pool_lookup(p, &bi));
+            EXPECT_GE(bi.segment_size, 10 * MiB - 512) << what;
+            ASSERT_SP_OK(sp_free(q));
+            ASSERT_SP_OK(sp_free(p));
+        }
+        ASSERT_SP_OK(sp_shutdown()); // the next case initializes with its own settings
+    }
 }
 
 TEST_F(AllocSizes, ZeroSizeGivesNull) {

@@ -5,8 +5,12 @@
 // set through sp::ScopedEnv.
 #include "sp_test.hpp"
 
+#include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
+#include <atomic>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -293,7 +297,8 @@ TEST_F(CoreTest, MalformedValueWarnsOnceAndKeepsDefault) {
         {"SYMPOOL_HOST_FAIL_AFTER", "-1"},
         {"SYMPOOL_SYM_TIMEOUT", "1e11"}, // past one year: "no timeout" is 0 or inf
         {"SYMPOOL_SYM_TIMEOUT", "1e99"},
-        {"SYMPOOL_SYM_TIMEOUT", "1e999"}, // overflows a double
+        {"SYMPOOL_SYM_TIMEOUT", "1e999"},  // overflows a double
+        {"SYMPOOL_SYM_TIMEOUT", "1e-320"}, // underflows: a number, below 1 ns
         {"SYMPOOL_SYM_TIMEOUT", "-1"},
         {"SYMPOOL_SYM_TIMEOUT", "-inf"},
         {"SYMPOOL_SYM_TIMEOUT", "nan"},
@@ -310,12 +315,47 @@ TEST_F(CoreTest, MalformedValueWarnsOnceAndKeepsDefault) {
         size_t before = count(SP_LOG_WARN, b.first);
         Env env({{b.first, b.second}});
         EXPECT_EQ(count(SP_LOG_WARN, b.first), before + 1) << b.first << "=" << b.second;
-        EXPECT_GE(count(SP_LOG_WARN, std::string(b.first) + "='" + b.second + "' is malformed"), 1u)
+        EXPECT_GE(
+            count(SP_LOG_WARN, std::string(b.first) + "='" + b.second + "' is malformed") +
+                count(SP_LOG_WARN, std::string(b.first) + "='" + b.second + "' is out of range"),
+            1u)
             << "the warning does not name the variable and its value";
     }
     // After the bad value left, the same bad value warns again (tests reuse values).
     Env again({{"SYMPOOL_HOST_CAPACITY", "-5GiB"}});
     EXPECT_EQ(count(SP_LOG_WARN, "SYMPOOL_HOST_CAPACITY='-5GiB'"), 2u);
+}
+
+// A number outside its option's range is called that, not "malformed": 1e-320 (which strtod
+// reports as an underflow) is a well-formed number below the deadline's 1 ns resolution.
+TEST_F(CoreTest, OutOfRangeIsNotMalformed) {
+    expect_warnings();
+    {
+        Env env({{"SYMPOOL_SYM_TIMEOUT", "1e-320"}});
+        EXPECT_EQ(count(SP_LOG_WARN, "SYMPOOL_SYM_TIMEOUT='1e-320' is out of range (want 0 or inf"),
+                  1u);
+        EXPECT_EQ(count(SP_LOG_WARN, "malformed"), 0u);
+        EXPECT_EQ(sp__option_double(SP_OPT_SYM_TIMEOUT), 60.0);
+    }
+    {
+        Env env({{"SYMPOOL_SYM_TIMEOUT", "1e-9"}});
+        EXPECT_EQ(sp__option_double(SP_OPT_SYM_TIMEOUT), 1e-9);
+    }
+    {
+        Env env({{"SYMPOOL_SYM_TIMEOUT", "soon"}});
+        EXPECT_EQ(count(SP_LOG_WARN, "SYMPOOL_SYM_TIMEOUT='soon' is malformed (want a number)"),
+                  1u);
+    }
+}
+
+// A message that quotes the previous one (sp_last_error() as its own argument) comes out whole:
+// it used to be formatted into the buffer it was read from.
+TEST_F(CoreTest, ErrorQuotingThePreviousErrorIsWhole) {
+    expect_warnings();
+    (void)sp__error(SP_ERR_DEVICE, SP_SUB_POOL, "the first reason, %d bytes", 4096);
+    (void)sp__error(SP_ERR_INVALID_ARGUMENT, SP_SUB_POOL, "stream %p is not a stream (%s)",
+                    (void *)0x10, sp_last_error());
+    EXPECT_STREQ(sp_last_error(), "stream 0x10 is not a stream (the first reason, 4096 bytes)");
 }
 
 TEST_F(CoreTest, UnknownSympoolVariableWarns) {
@@ -733,6 +773,46 @@ TEST_F(CoreTest, DebugFileWithPidAndRank) {
     EXPECT_NE(rtext.find("[r5 d-] SYMPOOL WARN test_core.cc:"), std::string::npos) << rtext;
     EXPECT_EQ(rtext.find("before the rank"), std::string::npos);
     unlink(rpath.c_str());
+    rmdir(dir);
+}
+
+// A FIFO (or any non-regular file) as SYMPOOL_DEBUG_FILE is refused with a message, and the lines
+// go to stderr: opening a FIFO for writing used to wait, with the log lock held, for a reader
+// that never comes.
+TEST_F(CoreTest, DebugFileThatIsAFifoIsRefused) {
+    expect_warnings();
+    char dir[] = "/tmp/sp_core_fifoXXXXXX";
+    ASSERT_NE(mkdtemp(dir), nullptr);
+    std::string fifo = std::string(dir) + "/log.fifo";
+    ASSERT_EQ(mkfifo(fifo.c_str(), 0600), 0);
+    std::string err;
+    {
+        Env env({{"SYMPOOL_DEBUG_FILE", fifo.c_str()}});
+        sp__log_set_fn(nullptr, nullptr);
+        testing::internal::CaptureStderr();
+        std::atomic<bool> done{false};
+        std::thread t([&] {
+            SP_WARN(SP_SUB_POOL, "a line for the fifo");
+            done = true;
+        });
+        for (int i = 0; i < 1000 && !done; i++)
+            std::this_thread::sleep_for(std::chrono::milliseconds(5));
+        bool returned = done;
+        if (!returned) { // a reader lets the blocked open return, so the test ends
+            int fd = open(fifo.c_str(), O_RDONLY | O_NONBLOCK);
+            t.join();
+            close(fd);
+        } else {
+            t.join();
+        }
+        err = testing::internal::GetCapturedStderr();
+        sp__log_set_fn(capture, &log_);
+        EXPECT_TRUE(returned) << "logging blocked on a FIFO";
+    }
+    EXPECT_NE(err.find("cannot open SYMPOOL_DEBUG_FILE"), std::string::npos) << err;
+    EXPECT_NE(err.find("FIFO"), std::string::npos) << err;
+    EXPECT_NE(err.find("a line for the fifo"), std::string::npos) << err;
+    unlink(fifo.c_str());
     rmdir(dir);
 }
 

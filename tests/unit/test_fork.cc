@@ -157,3 +157,36 @@ TEST_F(Fork, ChildOfAnUninitializedParentInitializes) {
     }
     EXPECT_EQ(wait_bounded(pid, std::chrono::seconds(20)), 0);
 }
+
+// fork() before the allocator was ever initialized, while another thread logs (an error path
+// takes the log lock): the handlers are registered when the library loads, not at the first
+// allocator use, so the child never inherits a held log lock.
+TEST_F(Fork, ChildForkedWhileAThreadLogsBeforeAnyInitNeverHangs) {
+    char path[] = "/tmp/sp_fork_log_XXXXXX";
+    int fd = mkstemp(path);
+    ASSERT_GE(fd, 0);
+    close(fd);
+    sp::ScopedEnv env({{"SYMPOOL_DEBUG_FILE", path}, {"SYMPOOL_DEBUG", "WARN"}});
+    sp__log_set_fn(nullptr, nullptr); // the file, under sympool's own log lock only
+    std::atomic<bool> stop{false};
+    std::thread logger([&] {
+        while (!stop.load(std::memory_order_relaxed))
+            (void)sp_stats_get(nullptr, nullptr, nullptr); // an error: one log line
+    });
+    int hung = 0;
+    std::string codes;
+    for (int i = 0; i < 30; i++) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+        pid_t pid = fork();
+        ASSERT_GE(pid, 0);
+        if (pid == 0)
+            _exit(sp_stats_get(nullptr, nullptr, nullptr) == SP_ERR_INVALID_ARGUMENT ? 0 : 1);
+        int rc = wait_bounded(pid, std::chrono::seconds(2));
+        hung += rc == -1;
+        codes += std::to_string(rc) + " ";
+    }
+    stop = true;
+    logger.join();
+    unlink(path);
+    EXPECT_EQ(hung, 0) << "children that hung on a lock held at fork; exit codes: " << codes;
+}

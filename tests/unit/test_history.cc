@@ -209,11 +209,17 @@ TEST_F(History, RingBufferWrapsAndKeepsOrder) {
     EXPECT_EQ(t[0].addr, 9u);
     EXPECT_EQ(t[4].addr, 13u);
     EXPECT_EQ(t[4].action, SP_TRACE_FREE_REQUESTED);
-    // "state" keeps live blocks' stacks but no action history (test_history_semantics.cc).
+    // "state" keeps a ring of exactly one entry, whatever max_entries says, as PyTorch does:
+    // the newest so far, then each new one.
     ASSERT_SP_OK(record(SP_HISTORY_STATE, 1000));
-    EXPECT_EQ(trace().size(), 0u);
+    t = trace();
+    ASSERT_EQ(t.size(), 1u);
+    EXPECT_EQ(t[0].addr, 13u);
     sp__history_record(0, SP_TRACE_ALLOC, 14, 1, 0, pool, 0);
-    EXPECT_EQ(trace().size(), 0u);
+    t = trace();
+    ASSERT_EQ(t.size(), 1u);
+    EXPECT_EQ(t[0].addr, 14u);
+    EXPECT_EQ(t[0].action, SP_TRACE_ALLOC);
     // Off clears and stops recording.
     ASSERT_SP_OK(record(SP_HISTORY_OFF));
     EXPECT_EQ(sp__history_active, 0);

@@ -184,21 +184,29 @@ TEST_F(HistorySemantics, PoolReleasesCarryTheirCallersStackAtAll) {
     ASSERT_SP_OK(record(SP_HISTORY_OFF, SP_CONTEXT_NONE));
 }
 
-// enabled="state": live blocks keep their stacks, no action is kept.
-TEST_F(HistorySemantics, EnabledStateKeepsLiveStacksButNoActions) {
+// enabled="state": live blocks keep their stacks, and the ring keeps exactly one trace entry
+// (PyTorch's _record_memory_history sets max_entries to 1 unless enabled is "all"): after
+// empty_cache the last entry is its segment_free; a dump shows it, then its own snapshot marker
+// replaces it in the ring.
+TEST_F(HistorySemantics, EnabledStateKeepsLiveStacksAndOneTraceEntry) {
     ASSERT_SP_OK(record(SP_HISTORY_STATE, SP_CONTEXT_ALL));
     void *a = nullptr, *b = nullptr;
     g_op = "keep_me";
     ASSERT_SP_OK(sp_malloc(1000, 0, nullptr, &b));
     g_op = "gone";
-    ASSERT_SP_OK(sp_malloc(1000, 0, nullptr, &a));
+    ASSERT_SP_OK(sp_malloc(3 * MiB, 0, nullptr, &a)); // its own segment, released below
     ASSERT_SP_OK(sp_free(a));
     ASSERT_SP_OK(sp_empty_cache());
-    EXPECT_EQ(trace().size(), 0u) << "no action history with enabled=state";
+    auto t = trace();
+    ASSERT_EQ(t.size(), 1u) << "a ring of one entry with enabled=state";
+    EXPECT_EQ(t[0].action, SP_TRACE_SEGMENT_FREE);
     std::string ss = dump_json();
     EXPECT_NE(ss.find("keep_me"), std::string::npos) << "the live block's stack is kept";
-    EXPECT_EQ(ss.find("\"action\""), std::string::npos) << ss.substr(0, 2000);
-    EXPECT_EQ(trace().size(), 0u) << "a dump adds no snapshot entry either";
+    EXPECT_NE(ss.find("\"segment_free\""), std::string::npos) << ss.substr(0, 2000);
+    EXPECT_EQ(ss.find("\"snapshot\""), std::string::npos) << "the marker is not in this dump";
+    t = trace();
+    ASSERT_EQ(t.size(), 1u);
+    EXPECT_EQ(t[0].action, SP_TRACE_SNAPSHOT) << "the marker replaced it in the ring";
     ASSERT_SP_OK(sp_free(b));
     // Switching to "all" starts recording actions from there.
     ASSERT_SP_OK(record(SP_HISTORY_ALL, SP_CONTEXT_ALL));

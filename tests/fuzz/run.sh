@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# Fuzz the snapshot readers (tools/pickle_read.c, tools/json_read.c, and the trace loader of
+# tools/trace.c) with libFuzzer, AddressSanitizer and UndefinedBehaviorSanitizer, for a bounded
+# time, from seeds cut out of tests/data (seeds.py). A crash, a sanitizer report, a leak or an
+# input slower than 10 s fails; the failing input is left in OUT/ (reproduce with
+# OUT/fuzz_pickle FILE) and belongs, once fixed, in tests/fuzz/repro/ (test_fuzz_repro.cc replays
+# those in every build).
+#   tests/fuzz/run.sh LIB_DIR [SECONDS_PER_TARGET]
+# LIB_DIR is a build directory holding libsympool.a (the readers' few library calls: errors,
+# the emitter). Needs clang with its libFuzzer runtime; without it, says so and skips.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+lib_dir=${1:-build}
+secs=${2:-20}
+out=$lib_dir/fuzz
+mkdir -p "$out"
+cc=${SP_FUZZ_CC:-clang}
+probe='int LLVMFuzzerTestOneInput(const unsigned char *d, unsigned long n) { return (int)(d && n) * 0; }'
+if ! command -v "$cc" >/dev/null ||
+   ! echo "$probe" | "$cc" -x c - -fsanitize=fuzzer,address -o "$out/probe" 2>/dev/null; then
+  echo "fuzz: SKIPPED: $cc with its libFuzzer runtime (-fsanitize=fuzzer) is missing;" \
+       "scripts/deps.sh installs it"
+  exit 0
+fi
+flags=(-g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all -D_GNU_SOURCE -I. -Iinclude)
+srcs=(tests/fuzz/fuzz_main.c tests/fuzz/fuzz_one.c tools/pickle_read.c tools/json_read.c
+      tools/trace.c)
+libs=("$lib_dir/libsympool.a" -lpthread -ldl -lm)
+"$cc" "${flags[@]}" -DSP_FUZZ_JSON=0 "${srcs[@]}" "${libs[@]}" -o "$out/fuzz_pickle"
+"$cc" "${flags[@]}" -DSP_FUZZ_JSON=1 "${srcs[@]}" "${libs[@]}" -o "$out/fuzz_json"
+python3 tests/fuzz/seeds.py tests/data "$out/seeds_pickle" "$out/seeds_json"
+cp tests/fuzz/repro/*.pickle "$out/seeds_pickle/" 2>/dev/null || true
+cp tests/fuzz/repro/*.json "$out/seeds_json/" 2>/dev/null || true
+export ASAN_OPTIONS="${ASAN_OPTIONS:-}:detect_leaks=1"
+export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1"
+for t in pickle json; do
+  mkdir -p "$out/corpus_$t"
+  echo "fuzz: $t reader, ${secs} s"
+  # The first directory collects new inputs; the seeds are read only. -timeout: one input
+  # slower than that is a defect (a reader must refuse quickly, not loop).
+  "$out/fuzz_$t" -max_total_time="$secs" -max_len=65536 -timeout=10 -rss_limit_mb=2048 \
+    -print_final_stats=1 -artifact_prefix="$out/$t-" "$out/corpus_$t" "$out/seeds_$t" \
+    >"$out/$t.log" 2>&1 || { tail -60 "$out/$t.log"; echo "fuzz: $t reader FAILED"; exit 1; }
+  grep -E '^stat::number_of_executed_units|^stat::new_units_added' "$out/$t.log" | tr '\n' ' '
+  echo
+done
+echo "fuzz: ok"
