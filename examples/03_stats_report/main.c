@@ -59,8 +59,8 @@ int main(int argc, char **argv) {
             for (size_t i = 0; i < sp_stats_count(); i++)
                 if (strcmp(sp_stats_key(i), keys[k]) == 0)
                     fprintf(talk, "  %-28s min %lld (rank %d)  max %lld (rank %d)  sum %lld\n",
-                            keys[k], (long long)sum.min[i], sum.min_rank[i],
-                            (long long)sum.max[i], sum.max_rank[i], (long long)sum.sum[i]);
+                            keys[k], (long long)sum.min[i], sum.min_rank[i], (long long)sum.max[i],
+                            sum.max_rank[i], (long long)sum.sum[i]);
         fprintf(talk, "\n");
         fflush(talk);
     }

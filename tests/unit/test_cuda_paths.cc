@@ -75,8 +75,8 @@ TEST_F(CudaPaths, GuardGivesBackACallersDevice) {
 // cuMemCreate answers CUDA_ERROR_NOT_PERMITTED for shareable handles where the container lacks
 // the capability: expandable segments go on with plain pages.
 TEST_F(CudaPaths, ExpandableSegmentsFallBackWhenHandlesAreNotPermitted) {
-    sp::ScopedEnv env({{"CUDA_DOUBLE_NO_POSIX_FD", "1"},
-                       {"SYMPOOL_ALLOC_CONF", "expandable_segments:True"}});
+    sp::ScopedEnv env(
+        {{"CUDA_DOUBLE_NO_POSIX_FD", "1"}, {"SYMPOOL_ALLOC_CONF", "expandable_segments:True"}});
     void *p = nullptr;
     ASSERT_SP_OK(sp_malloc(MiB, 0, nullptr, &p));
     EXPECT_GT(live_vmm_handles(), 0) << "not an expandable (VMM) segment";
