@@ -11,9 +11,9 @@
 # is configured in the root namespace, and no route leads anywhere else. Open MPI starts its
 # daemons through an rsh agent (written next to the hostfile) that enters the node's namespaces;
 # ranks talk over TCP between nodes and shared memory within a node (btl tcp,self,vader).
-# Ranks yield when idle: every "node" shares this machine's cores, and ranks polling their TCP
-# and shared-memory queues at full speed starve the rank they wait for (8.9 s instead of 37 s
-# for one collectives test at 2 nodes x 2 ranks on a loaded 2-core machine).
+# Ranks yield when idle: every "node" shares this machine's cores, and Open MPI does not know
+# it (each node's slots are not oversubscribed), so ranks polling their TCP and shared-memory
+# queues at full speed would starve the rank they wait for.
 #
 # Everything made here carries the prefix "spmn-<pid of this script>-": namespaces, host names,
 # /etc/netns/<ns>/ (the per-namespace hosts file `ip netns exec` mounts) and the temporary
