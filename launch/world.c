@@ -51,10 +51,12 @@ struct sp_world {
     int *node_of;               /* [size]: world rank -> node index (by each node's lowest rank) */
     char (*node_name)[SP_WORLD_NODE_NAME]; /* [nnodes]: host name of each node's lowest rank */
     bool is_cuda;                          /* backend is "cuda" and an NCCL communicator was made */
-    bool from_init;       /* made by sp_world_init (counts towards finalizing MPI) */
-    void *nccl_comm;      /* ncclComm_t, NULL on host or after an abort (nccl_lock) */
-    char nccl_why[160];   /* why nccl_comm is NULL on cuda ("" otherwise) (nccl_lock) */
-    uint64_t pool_serial; /* symmetric pool creations on this world (caller's thread) */
+    bool from_init;         /* made by sp_world_init (counts towards finalizing MPI) */
+    void *nccl_comm;        /* ncclComm_t, NULL on host or after an abort (nccl_lock) */
+    char nccl_why[160];     /* why nccl_comm is NULL on cuda ("" otherwise) (nccl_lock) */
+    uint64_t pool_serial;   /* symmetric pool creations on this world (caller's thread) */
+    uint64_t coll_eligible; /* collectives whose buffers could use symmetric kernels (atomic) */
+    uint64_t coll_fallback; /* collectives that could not (atomic) */
 };
 
 static pthread_mutex_t s_lock = PTHREAD_MUTEX_INITIALIZER;
@@ -566,6 +568,16 @@ int sp__world_node_rank_of(const sp_world_t *w, int world_rank) {
     if (!w || world_rank < 0 || world_rank >= w->size)
         return -1;
     return w->node_rank_of[world_rank];
+}
+
+void sp__world_count_collective(sp_world_t *w, bool eligible) {
+    if (w)
+        __atomic_add_fetch(eligible ? &w->coll_eligible : &w->coll_fallback, 1, __ATOMIC_RELAXED);
+}
+
+void sp__world_collective_counts(const sp_world_t *w, uint64_t *eligible_p, uint64_t *fallback_p) {
+    *eligible_p = w ? __atomic_load_n(&w->coll_eligible, __ATOMIC_RELAXED) : 0;
+    *fallback_p = w ? __atomic_load_n(&w->coll_fallback, __ATOMIC_RELAXED) : 0;
 }
 
 uint64_t sp__world_next_pool_serial(sp_world_t *w) {

@@ -29,6 +29,10 @@ def test_world_matches_mpi4py(world):
     comm = MPI.COMM_WORLD
     assert (world.rank, world.size) == (comm.Get_rank(), comm.Get_size())
     assert 0 <= world.local_rank < world.size
+    assert world.local_rank < world.local_size <= world.size
+    assert 1 <= world.node_count <= world.size
+    assert world.node(0) == 0 and world.node_name(0)
+    assert world.node_name() == world.node_name(world.node())
     assert world.device == 0  # one emulated device on the host backend
     assert world.size >= 2
 
