@@ -17,6 +17,10 @@ command -v python3 >/dev/null || need+=(python3)
 # without them those tests are not registered, so install them rather than test less.
 command -v pkg-config >/dev/null || need+=(pkgconf)
 command -v jq >/dev/null || need+=(jq)
+# The multinode tests (tests/multinode/mn-run.sh) make network and UTS namespaces with ip(8)
+# and unshare(1); without them they skip, so install them rather than test less.
+command -v ip >/dev/null || need+=(iproute2)
+command -v unshare >/dev/null || need+=(util-linux)
 if [ ${#need[@]} -gt 0 ]; then
   echo "sympool: installing ${need[*]}"
   sudo=""
