@@ -22,7 +22,7 @@
 
 #include "collectives/dtype.h"
 #include "core/core.h"
-#include "launch/launch.h"
+#include "world/world.h"
 #include "symmetric/symmetric.h"
 
 /* One key's reduction across ranks. */
@@ -34,20 +34,20 @@ typedef struct agg {
     int32_t max_rank; /* lowest rank holding max */
 } agg_t;
 
-enum { N_SYM = 8 };
-static const char *const sym_names[N_SYM] = {
-    "registrations", "deregistrations", "agreement_rounds",     "mallocs",
-    "growths",       "pools",           "collectives_eligible", "collectives_fallback"};
+/* The symmetric pools' counters, then this world's counts of collectives that could or could not
+ * use symmetric kernels. */
+enum { N_SYMC = SP_SYMC_COUNT, N_SYM = SP_SYMC_COUNT + 2 };
+#define X(e, field, help) #field,
+static const char *const sym_names[N_SYM] = {SP_SYMC_LIST(X) "collectives_eligible",
+                                             "collectives_fallback"};
+#undef X
+#define X(e, field, help) help,
 static const char *const sym_help[N_SYM] = {
-    "segments registered by symmetric pools (NCCL windows or MPI shared windows)",
-    "segments deregistered by symmetric pools",
-    "agreement rounds (MPI_Allreduce calls) made by sp_symmetric_malloc",
-    "sp_symmetric_malloc calls that succeeded",
-    "collective segment growths of symmetric pools",
-    "live symmetric pools",
-    "collectives on this world whose buffers could use symmetric kernels (both in registered "
-    "symmetric segments; on cuda also a dtype and op NCCL's symmetric kernels take)",
+    SP_SYMC_LIST(X) "collectives on this world whose buffers could use symmetric kernels (both in "
+                    "registered symmetric segments; on cuda also a dtype and op NCCL's symmetric "
+                    "kernels take)",
     "collectives on this world that could not (SYMPOOL_DEBUG=INFO says why)"};
+#undef X
 
 /* Keys after memory_stats' own: the device's view of its memory (sp_device_usage). */
 enum { N_DEV = 2 };
@@ -100,14 +100,6 @@ static void combine(void *in_v, void *inout_v, int *len, MPI_Datatype *type) {
     }
 }
 
-static sp_status_t mpi_fail(int rc, const char *fn, const char *what) {
-    char text[MPI_MAX_ERROR_STRING];
-    int len = 0;
-    if (MPI_Error_string(rc, text, &len) != MPI_SUCCESS)
-        snprintf(text, sizeof text, "error %d", rc);
-    return sp__error(SP_ERR_MPI, SP_SUB_COLL, "%s: %s failed: %s", fn, what, text);
-}
-
 /* The one collective. local_ok false (with why) marks this rank's arguments bad: it still joins
  * the reduction and then every rank returns SP_ERR_INVALID_ARGUMENT. */
 static sp_status_t gather_nodes(sp_world_t *w, const agg_t *rec, size_t nrec, MPI_Datatype type,
@@ -141,13 +133,13 @@ static sp_status_t gather_all(sp_world_t *w, int device, bool local_ok, const ch
             sp__symmetric_counters(device, &sc);
             uint64_t eligible = 0, fallback = 0;
             sp__world_collective_counts(w, &eligible, &fallback);
-            int64_t cv[N_SYM] = {sc.registrations,  sc.deregistrations, sc.agreement_rounds,
-                                 sc.mallocs,        sc.growths,         sc.pools,
-                                 (int64_t)eligible, (int64_t)fallback};
+#define X(e, field, help) sc.field,
+            int64_t cv[N_SYM] = {SP_SYMC_LIST(X)(int64_t) eligible, (int64_t)fallback};
+#undef X
             memcpy(g->mine + nkeys, cv, sizeof cv);
         }
     }
-    /* The agreement round every collective sympool call starts with (launch/agree.c): bounded
+    /* The agreement round every collective sympool call starts with (world/agree.c): bounded
      * by SYMPOOL_SYM_TIMEOUT, and a rank in another call is SP_ERR_MISMATCH naming both. After
      * it the reduction below is the data transfer, MPI's business. */
     sp_agree_t a = {.op = strcmp(fn, "sp_stats_report") == 0 ? SP_AGREE_STATS_REPORT
@@ -175,12 +167,12 @@ static sp_status_t gather_all(sp_world_t *w, int device, bool local_ok, const ch
     MPI_Op op;
     int rc = MPI_Type_contiguous((int)sizeof(agg_t), MPI_BYTE, &type);
     if (rc != MPI_SUCCESS)
-        return mpi_fail(rc, fn, "MPI_Type_contiguous");
+        return sp__mpi_status(rc, SP_SUB_COLL, fn, "MPI_Type_contiguous");
     MPI_Type_commit(&type);
     rc = MPI_Op_create(combine, 1, &op);
     if (rc != MPI_SUCCESS) {
         MPI_Type_free(&type);
-        return mpi_fail(rc, fn, "MPI_Op_create");
+        return sp__mpi_status(rc, SP_SUB_COLL, fn, "MPI_Op_create");
     }
     rc = MPI_Allreduce(rec, res, (int)nrec, type, op, sp__world_comm(w));
     sp_status_t nst = SP_SUCCESS;
@@ -189,7 +181,7 @@ static sp_status_t gather_all(sp_world_t *w, int device, bool local_ok, const ch
     MPI_Op_free(&op);
     MPI_Type_free(&type);
     if (rc != MPI_SUCCESS)
-        return mpi_fail(rc, fn, "MPI_Allreduce");
+        return sp__mpi_status(rc, SP_SUB_COLL, fn, "MPI_Allreduce");
     SP_CHECK(nst);
     if (!local_ok)
         return sp__error(SP_ERR_INVALID_ARGUMENT, SP_SUB_COLL, "%s: %s", fn, reason);
@@ -212,7 +204,7 @@ static sp_status_t gather_nodes(sp_world_t *w, const agg_t *rec, size_t nrec, MP
     agg_t node_res[SP_STATS_MAX + N_SYM + 1];
     int rc = MPI_Reduce(rec, node_res, (int)nrec, type, op, 0, sp__world_node_comm(w));
     if (rc != MPI_SUCCESS)
-        return mpi_fail(rc, fn, "MPI_Reduce over the node");
+        return sp__mpi_status(rc, SP_SUB_COLL, fn, "MPI_Reduce over the node");
     int *counts = NULL, *displs = NULL;
     agg_t *all = NULL;
     int send = sp_world_local_rank(w) == 0 ? (int)nrec : 0;
@@ -245,7 +237,7 @@ static sp_status_t gather_nodes(sp_world_t *w, const agg_t *rec, size_t nrec, MP
             free(counts);
             free(displs);
             free(all);
-            return mpi_fail(rc, fn, "MPI_Gatherv of the node aggregates");
+            return sp__mpi_status(rc, SP_SUB_COLL, fn, "MPI_Gatherv of the node aggregates");
         }
     }
     free(counts);
@@ -295,17 +287,7 @@ static const char *human(double v, bool bytes, char *buf, size_t len) {
             snprintf(buf, len, "%.2f", v);
         return buf;
     }
-    static const char *const units[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"};
-    int u = 0;
-    while (v >= 1024.0 && u < 6) {
-        v /= 1024.0;
-        u++;
-    }
-    if (u == 0)
-        snprintf(buf, len, "%.0f B", v);
-    else
-        snprintf(buf, len, "%.2f %s", v, units[u]);
-    return buf;
+    return sp__size_format(v, SP_SIZE_HUMAN, buf, len);
 }
 
 /* Rows where the largest rank exceeds the mean by this much are marked: that rank is the one
@@ -811,7 +793,7 @@ SP_EXPORT sp_status_t sp_stats_report(sp_world_t *w, int device, FILE *out,
         int rc = MPI_Gather(g->mine, (int)stride, MPI_INT64_T, all ? (void *)all : scratch,
                             (int)stride, MPI_INT64_T, 0, sp__world_comm(w));
         if (rc != MPI_SUCCESS && st == SP_SUCCESS)
-            st = mpi_fail(rc, fn, "MPI_Gather");
+            st = sp__mpi_status(rc, SP_SUB_COLL, fn, "MPI_Gather");
     }
     if (st == SP_SUCCESS && rank == 0) {
         switch (format) {
