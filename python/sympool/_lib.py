@@ -57,6 +57,11 @@ class StatsSummary(ctypes.Structure):
                 ("max_rank", ctypes.c_int * STATS_MAX), ("nranks", ctypes.c_int)]
 
 
+class DeviceUsage(ctypes.Structure):
+    _fields_ = [("total", ctypes.c_size_t), ("used", ctypes.c_size_t),
+                ("reserved", ctypes.c_size_t), ("untracked", ctypes.c_size_t)]
+
+
 class MemPoolId(ctypes.Structure):
     _fields_ = [("first", ctypes.c_uint64), ("second", ctypes.c_uint64)]
 
@@ -104,6 +109,7 @@ _PROTOS = {
     "sp_empty_cache": (_st, []),
     "sp_set_memory_fraction": (_st, [ctypes.c_double, _i]),
     "sp_get_memory_info": (_st, [_i, _P(_sz), _P(_sz)]),
+    "sp_device_usage": (_st, [_i, _P(DeviceUsage)]),
     "sp_memory_stats": (_st, [_i, _P(Stats)]),
     "sp_stats_count": (_sz, []),
     "sp_stats_key": (_cp, [_sz]),
