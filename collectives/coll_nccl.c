@@ -5,9 +5,10 @@
  * NCCL picks its symmetric kernels by itself when both buffers lie in windows registered with
  * NCCL_WIN_COLL_SYMMETRIC (our symmetric pools' segments) at identical offsets, the op is a sum of
  * fp32/fp16/bf16 (allreduce, reduce-scatter) or any allgather, there is more than one rank and
- * the ranks share a node (reference/nccl-windows.md 1.5). We do not force anything; when
- * SYMPOOL_DEBUG=INFO (subsystem COLL) is on we say why a call cannot use them, so a user who
- * expected the fast path learns what to change. That diagnosis costs nothing when INFO is off.
+ * the ranks share a node (reference/nccl-windows.md 1.5). We do not force anything; collectives.c
+ * counts every call as eligible or not (symmetric.collectives_eligible/_fallback in the stats
+ * report) and says why not at SYMPOOL_DEBUG=INFO (subsystem COLL), so a user who expected the
+ * fast path learns what to change.
  *
  * SP_AVG is ncclAvg, whose semantics collectives.h documents and the host path reproduces:
  * floating types pre-multiply each rank's value by 1/n rounded to the type (PreMulSum), integer
@@ -63,51 +64,12 @@ static void log_version(void) {
                 v / 10000, v / 100 % 100, v % 100, built / 10000, built / 100 % 100, built % 100);
 }
 
-/* True when ptr lies in a symmetric pool's registered window on this rank. */
-static bool in_window(const void *ptr) {
-    sp_block_info_t info;
-    if (ptr == NULL || sp__pool_lookup(ptr, &info) != SP_SUCCESS ||
-        sp__mempool_sym_state(info.pool) == NULL)
-        return false;
-    sp_window_info_t win;
-    return sp_symmetric_window(ptr, &win) == SP_SUCCESS && win.window != NULL;
-}
-
-/* Why this call cannot use NCCL's symmetric kernels, or NULL when it can. */
-static const char *no_symmetric_reason(const sp_world_t *w, const sp_coll_call_t *c) {
-    if (sp_world_size(w) < 2)
-        return "a single rank runs a local copy";
-    if (sp__world_local_size(w) != sp_world_size(w))
-        return "ranks span several nodes (NCCL 2.28 has symmetric kernels within one node only)";
-    if (c->kind == SP_COLL_BROADCAST)
-        return "broadcast has no symmetric kernels";
-    if (c->kind != SP_COLL_ALLGATHER) {
-        if (c->op != SP_SUM)
-            return c->op == SP_AVG ? "op avg: symmetric kernels reduce sum only (use sum and scale)"
-                                   : "op is not sum: symmetric kernels reduce sum only";
-        if (c->dtype != SP_FLOAT32 && c->dtype != SP_FLOAT16 && c->dtype != SP_BFLOAT16)
-            return "dtype: symmetric kernels reduce float32, float16 and bfloat16 only";
-    }
-    if (!in_window(c->send))
-        return "send buffer is not in a symmetric window (allocate it with sp_symmetric_malloc)";
-    if (!in_window(c->recv))
-        return "recv buffer is not in a symmetric window (allocate it with sp_symmetric_malloc)";
-    return NULL;
-}
-
 sp_status_t sp__coll_nccl(sp_world_t *w, const sp_coll_call_t *c) {
     static const char *const fns[] = {"sp_allreduce", "sp_allgather", "sp_reduce_scatter",
                                       "sp_broadcast"};
     pthread_once(&g_version_once, log_version);
     ncclComm_t comm = (ncclComm_t)sp__world_nccl_comm(w);
     cudaStream_t stream = (cudaStream_t)c->stream;
-    if (SP_LOG_ENABLED(SP_LOG_INFO, SP_SUB_COLL)) {
-        const char *why = no_symmetric_reason(w, c);
-        if (why != NULL)
-            SP_INFO(SP_SUB_COLL, "%s(%zu x %s, %s): not NCCL's symmetric kernels: %s", fns[c->kind],
-                    c->count, sp__coll_dtype_name(c->dtype), sp__coll_op_name(c->op), why);
-        sp__error_clear(); /* the window probes may have left a last-error text */
-    }
     ncclDataType_t t = (ncclDataType_t)sp__coll_nccl_type(c->dtype);
     ncclResult_t r = ncclSuccess;
     sp__world_nccl_lock(w);

@@ -41,6 +41,7 @@
 #include "world/world.h"
 #include "pool/pool.h"
 #include "sympool/pool.h"
+#include "sympool/symmetric.h"
 
 /* Elements per MPI call: MPI-3 counts are int. Half-precision arithmetic goes through a float
  * scratch buffer of at most this many elements (4 MiB), which also bounds its memory. */
@@ -435,6 +436,59 @@ static sp_status_t host_broadcast(sp_world_t *w, const sp_coll_call_t *c) {
     return SP_SUCCESS;
 }
 
+/* ---- symmetric kernels: eligible or not --------------------------------------------------- */
+
+/* True when ptr lies in a registered segment of a symmetric pool on this rank: on cuda an NCCL
+ * window, on host an MPI shared window (the mpi registrar has no NCCL window handle). */
+static bool in_symmetric_segment(const void *ptr, bool cuda) {
+    sp_block_info_t info;
+    if (ptr == NULL || sp__pool_lookup(ptr, &info) != SP_SUCCESS ||
+        sp__mempool_sym_state(info.pool) == NULL)
+        return false;
+    sp_window_info_t win;
+    return sp_symmetric_window(ptr, &win) == SP_SUCCESS && (!cuda || win.window != NULL);
+}
+
+/* Why this call cannot use symmetric kernels, or NULL when it can. The buffers decide on every
+ * backend; on cuda the call must also be one NCCL's symmetric kernels take (NCCL 2.28). */
+static const char *no_symmetric_reason(const sp_world_t *w, const sp_coll_call_t *c, bool cuda) {
+    if (sp_world_size(w) < 2)
+        return "a single rank runs a local copy";
+    if (cuda) {
+        if (sp__world_local_size(w) != sp_world_size(w))
+            return "ranks span several nodes (NCCL 2.28 has symmetric kernels within one node "
+                   "only)";
+        if (c->kind == SP_COLL_BROADCAST)
+            return "broadcast has no symmetric kernels";
+        if (c->kind != SP_COLL_ALLGATHER) {
+            if (c->op != SP_SUM)
+                return c->op == SP_AVG
+                           ? "op avg: symmetric kernels reduce sum only (use sum and scale)"
+                           : "op is not sum: symmetric kernels reduce sum only";
+            if (c->dtype != SP_FLOAT32 && c->dtype != SP_FLOAT16 && c->dtype != SP_BFLOAT16)
+                return "dtype: symmetric kernels reduce float32, float16 and bfloat16 only";
+        }
+    }
+    if (!in_symmetric_segment(c->send, cuda))
+        return "send buffer is not in a registered symmetric segment (allocate it with "
+               "sp_symmetric_malloc)";
+    if (!in_symmetric_segment(c->recv, cuda))
+        return "recv buffer is not in a registered symmetric segment (allocate it with "
+               "sp_symmetric_malloc)";
+    return NULL;
+}
+
+/* Count the call as eligible or not (symmetric.collectives_eligible/_fallback in the report)
+ * and say why not at INFO, so a silent fallback is visible. */
+static void count_symmetric(sp_world_t *w, const sp_coll_call_t *c, bool cuda) {
+    const char *why = no_symmetric_reason(w, c, cuda);
+    sp__error_clear(); /* the window probes may have left a last-error text */
+    sp__world_count_collective(w, why == NULL);
+    if (why != NULL)
+        SP_INFO(SP_SUB_COLL, "%s(%zu x %s, %s): not symmetric kernels: %s", kind_names[c->kind],
+                c->count, sp__coll_dtype_name(c->dtype), sp__coll_op_name(c->op), why);
+}
+
 /* ---- dispatch --------------------------------------------------------------------------- */
 
 static sp_status_t run(sp_world_t *w, const sp_coll_call_t *c) {
@@ -445,9 +499,11 @@ static sp_status_t run(sp_world_t *w, const sp_coll_call_t *c) {
     SP_CHECK(agree(w, c, ok, why));
     if (c->count == 0)
         return SP_SUCCESS;
+    bool cuda = strcmp(sp_backend_name(), "cuda") == 0;
+    count_symmetric(w, c, cuda);
     /* The path follows the backend, not whether NCCL came up: on cuda the buffers are device
      * memory, which the MPI path would read with the CPU (a segfault). */
-    if (strcmp(sp_backend_name(), "cuda") == 0) {
+    if (cuda) {
         if (sp__world_nccl_comm(w) == NULL)
             return sp__error(SP_ERR_NOT_SUPPORTED, SP_SUB_COLL,
                              "%s: the cuda backend runs collectives with NCCL, and %s%s%s; "

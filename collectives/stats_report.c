@@ -35,19 +35,51 @@ typedef struct agg {
     int32_t max_rank; /* lowest rank holding max */
 } agg_t;
 
-enum { N_SYM = SP_SYMC_COUNT };
+/* The symmetric pools' counters, then this world's counts of collectives that could or could not
+ * use symmetric kernels. */
+enum { N_SYMC = SP_SYMC_COUNT, N_SYM = SP_SYMC_COUNT + 2 };
 #define X(e, field, help) #field,
-static const char *const sym_names[N_SYM] = {SP_SYMC_LIST(X)};
+static const char *const sym_names[N_SYM] = {SP_SYMC_LIST(X) "collectives_eligible",
+                                             "collectives_fallback"};
 #undef X
 #define X(e, field, help) help,
-static const char *const sym_help[N_SYM] = {SP_SYMC_LIST(X)};
+static const char *const sym_help[N_SYM] = {
+    SP_SYMC_LIST(X) "collectives on this world whose buffers could use symmetric kernels (both in "
+                    "registered symmetric segments; on cuda also a dtype and op NCCL's symmetric "
+                    "kernels take)",
+    "collectives on this world that could not (SYMPOOL_DEBUG=INFO says why)"};
 #undef X
+
+/* Keys after memory_stats' own: the device's view of its memory (sp_device_usage). */
+enum { N_DEV = 2 };
+static const char *const dev_names[N_DEV] = {"device.used_bytes", "device.untracked_bytes"};
+
+static size_t mem_keys(void) {
+    size_t n = sp_stats_count();
+    return n > SP_STATS_MAX - N_DEV ? SP_STATS_MAX - N_DEV : n;
+}
+
+SP_EXPORT size_t sp_stats_summary_count(void) {
+    return mem_keys() + N_DEV;
+}
+
+SP_EXPORT const char *sp_stats_summary_key(size_t i) {
+    size_t n = mem_keys();
+    if (i < n)
+        return sp_stats_key(i);
+    return i - n < N_DEV ? dev_names[i - n] : NULL;
+}
+#define skey sp_stats_summary_key
 
 /* Everything one report needs: the summary plus the symmetric counters' records. */
 typedef struct gathered {
-    size_t nkeys;                       /* sp_stats_count() */
+    size_t nkeys;                       /* sp_stats_summary_count() */
     int nranks;                         /* world size */
-    agg_t stats[SP_STATS_MAX];          /* per stats key */
+    const sp_world_t *w;                /* the world (node of each rank: local queries) */
+    int nnodes;                         /* sp_world_node_count(w) */
+    agg_t *nodes;                       /* rank 0, when asked: [nnodes][nkeys + N_SYM] */
+    int worst_w;                        /* width of the table's "worst" column */
+    agg_t stats[SP_STATS_MAX];          /* per summary key (memory_stats, then device.*) */
     agg_t sym[N_SYM];                   /* per symmetric counter */
     int64_t mine[SP_STATS_MAX + N_SYM]; /* this rank's values: stats then counters */
 } gathered_t;
@@ -71,30 +103,39 @@ static void combine(void *in_v, void *inout_v, int *len, MPI_Datatype *type) {
 
 /* The one collective. local_ok false (with why) marks this rank's arguments bad: it still joins
  * the reduction and then every rank returns SP_ERR_INVALID_ARGUMENT. */
+static sp_status_t gather_nodes(sp_world_t *w, const agg_t *rec, size_t nrec, MPI_Datatype type,
+                                MPI_Op op, const char *fn, gathered_t *g);
+
 static sp_status_t gather_all(sp_world_t *w, int device, bool local_ok, const char *why,
-                              const char *fn, gathered_t *g) {
+                              const char *fn, bool per_node, gathered_t *g) {
     int rank = sp_world_rank(w), n = sp_world_size(w);
-    size_t nkeys = sp_stats_count();
-    if (nkeys > SP_STATS_MAX)
-        nkeys = SP_STATS_MAX;
+    size_t nmem = mem_keys(), nkeys = nmem + N_DEV;
     char reason[256];
     snprintf(reason, sizeof reason, "%s", why ? why : "");
     memset(g, 0, sizeof *g);
     g->nkeys = nkeys;
     g->nranks = n;
+    g->w = w;
+    g->nnodes = sp_world_node_count(w);
     if (local_ok) {
         sp_stats_t st;
-        if (sp_memory_stats(device, &st) != SP_SUCCESS) {
+        sp_device_usage_t u;
+        if (sp_memory_stats(device, &st) != SP_SUCCESS ||
+            sp_device_usage(device, &u) != SP_SUCCESS) {
             local_ok = false;
             snprintf(reason, sizeof reason, "device %d has no statistics: %s", device,
                      sp_last_error());
         } else {
-            for (size_t i = 0; i < nkeys; i++)
+            for (size_t i = 0; i < nmem; i++)
                 g->mine[i] = st.value[i];
+            g->mine[nmem] = (int64_t)u.used;
+            g->mine[nmem + 1] = (int64_t)u.untracked;
             sp_sym_counters_t sc;
             sp__symmetric_counters(device, &sc);
+            uint64_t eligible = 0, fallback = 0;
+            sp__world_collective_counts(w, &eligible, &fallback);
 #define X(e, field, help) sc.field,
-            int64_t cv[N_SYM] = {SP_SYMC_LIST(X)};
+            int64_t cv[N_SYM] = {SP_SYMC_LIST(X)(int64_t) eligible, (int64_t)fallback};
 #undef X
             memcpy(g->mine + nkeys, cv, sizeof cv);
         }
@@ -135,10 +176,14 @@ static sp_status_t gather_all(sp_world_t *w, int device, bool local_ok, const ch
         return sp__mpi_status(rc, SP_SUB_COLL, fn, "MPI_Op_create");
     }
     rc = MPI_Allreduce(rec, res, (int)nrec, type, op, sp__world_comm(w));
+    sp_status_t nst = SP_SUCCESS;
+    if (rc == MPI_SUCCESS && per_node)
+        nst = gather_nodes(w, rec, nrec, type, op, fn, g);
     MPI_Op_free(&op);
     MPI_Type_free(&type);
     if (rc != MPI_SUCCESS)
         return sp__mpi_status(rc, SP_SUB_COLL, fn, "MPI_Allreduce");
+    SP_CHECK(nst);
     if (!local_ok)
         return sp__error(SP_ERR_INVALID_ARGUMENT, SP_SUB_COLL, "%s: %s", fn, reason);
     if (res[nrec - 1].max > 0)
@@ -150,13 +195,67 @@ static sp_status_t gather_all(sp_world_t *w, int device, bool local_ok, const ch
     return SP_SUCCESS;
 }
 
+/* Per-node aggregates, for the report: the same reduction within each node (to its lowest rank),
+ * then the node leaders' results to rank 0. Two steps instead of gathering every rank's record
+ * at rank 0: rank 0 receives one record set per node, not per rank. Runs after the agreement and
+ * the job-wide reduction, so every rank is known to be here. */
+static sp_status_t gather_nodes(sp_world_t *w, const agg_t *rec, size_t nrec, MPI_Datatype type,
+                                MPI_Op op, const char *fn, gathered_t *g) {
+    int rank = sp_world_rank(w), n = sp_world_size(w), nn = sp_world_node_count(w);
+    agg_t node_res[SP_STATS_MAX + N_SYM + 1];
+    int rc = MPI_Reduce(rec, node_res, (int)nrec, type, op, 0, sp__world_node_comm(w));
+    if (rc != MPI_SUCCESS)
+        return sp__mpi_status(rc, SP_SUB_COLL, fn, "MPI_Reduce over the node");
+    int *counts = NULL, *displs = NULL;
+    agg_t *all = NULL;
+    int send = sp_world_local_rank(w) == 0 ? (int)nrec : 0;
+    bool ok = true;
+    if (rank == 0) {
+        counts = calloc((size_t)n, sizeof *counts);
+        displs = calloc((size_t)n, sizeof *displs);
+        all = malloc((size_t)nn * nrec * sizeof *all);
+        ok = counts && displs && all;
+        int seen = -1; /* nodes are numbered by their lowest rank: leaders come in node order */
+        for (int r = 0; ok && r < n; r++)
+            if (sp_world_node(w, r) > seen) {
+                seen = sp_world_node(w, r);
+                counts[r] = (int)nrec;
+                displs[r] = seen * (int)nrec;
+            }
+        if (!ok) {
+            /* Rank 0 still takes part (receiving nothing, if it has the count arrays), so no
+             * leader is left waiting; it then fails alone, like a failed write. */
+            free(all);
+            all = NULL;
+            if (counts)
+                memset(counts, 0, sizeof *counts * (size_t)n);
+            send = 0;
+        }
+    }
+    if (rank != 0 || (counts && displs)) {
+        rc = MPI_Gatherv(node_res, send, type, all, counts, displs, type, 0, sp__world_comm(w));
+        if (rc != MPI_SUCCESS) {
+            free(counts);
+            free(displs);
+            free(all);
+            return sp__mpi_status(rc, SP_SUB_COLL, fn, "MPI_Gatherv of the node aggregates");
+        }
+    }
+    free(counts);
+    free(displs);
+    if (!ok)
+        return sp__error(SP_ERR_SYSTEM, SP_SUB_COLL, "%s: out of host memory for %d nodes", fn, nn);
+    g->nodes = all;
+    return SP_SUCCESS;
+}
+
 SP_EXPORT sp_status_t sp_stats_aggregate(sp_world_t *w, int device, sp_stats_summary_t *summary_p) {
     SP_CHECK(sp__world_check(w, "sp_stats_aggregate"));
     gathered_t *g = malloc(sizeof *g);
     if (g == NULL)
         return sp__error(SP_ERR_SYSTEM, SP_SUB_COLL, "sp_stats_aggregate: out of host memory");
     bool ok = summary_p != NULL;
-    sp_status_t st = gather_all(w, device, ok, "summary_p is NULL", "sp_stats_aggregate", g);
+    sp_status_t st = gather_all(w, device, ok, "summary_p is NULL", "sp_stats_aggregate", false, g);
     if (st == SP_SUCCESS) {
         sp_stats_summary_t s;
         memset(&s, 0, sizeof s);
@@ -196,8 +295,16 @@ static const char *human(double v, bool bytes, char *buf, size_t len) {
  * to look at (a leak, a skewed shard, a straggler's cache). */
 #define IMBALANCE_MARK 1.10
 
-static void table_row(FILE *out, const char *key, const agg_t *a, int n, bool bytes) {
-    char mn[32], me[32], mx[32], imb[16], worst[16];
+/* "3@node7": a rank with the name of its node. */
+static const char *rank_at(const gathered_t *g, int rank, char *buf, size_t len) {
+    const char *node = sp_world_node_name(g->w, sp_world_node(g->w, rank));
+    snprintf(buf, len, "%d@%s", rank, node ? node : "?");
+    return buf;
+}
+
+static void table_row(FILE *out, const gathered_t *g, const char *key, const agg_t *a, bool bytes) {
+    int n = g->nranks;
+    char mn[32], me[32], mx[32], imb[16], worst[96];
     double mean = (double)a->sum / n;
     double ratio = mean > 0 ? (double)a->max / mean : 0;
     if (mean > 0)
@@ -208,10 +315,10 @@ static void table_row(FILE *out, const char *key, const agg_t *a, int n, bool by
     if (a->min == a->max)
         snprintf(worst, sizeof worst, "-");
     else
-        snprintf(worst, sizeof worst, "%d", a->max_rank);
-    fprintf(out, "%-42s %12s %12s %12s %6s  %s\n", key, human((double)a->min, bytes, mn, sizeof mn),
-            human(mean, bytes, me, sizeof me), human((double)a->max, bytes, mx, sizeof mx), worst,
-            imb);
+        rank_at(g, a->max_rank, worst, sizeof worst);
+    fprintf(out, "%-42s %12s %12s %12s %*s  %s\n", key, human((double)a->min, bytes, mn, sizeof mn),
+            human(mean, bytes, me, sizeof me), human((double)a->max, bytes, mx, sizeof mx),
+            g->worst_w, worst, imb);
 }
 
 static bool all_zero(const agg_t *a) {
@@ -227,7 +334,9 @@ static const char *const headline[] = {"allocated_bytes.all.current",
                                        "inactive_split_bytes.all.current",
                                        "num_device_alloc",
                                        "num_alloc_retries",
-                                       "num_ooms"};
+                                       "num_ooms",
+                                       "device.used_bytes",
+                                       "device.untracked_bytes"};
 #define N_HEADLINE (sizeof headline / sizeof headline[0])
 
 static bool is_headline(const char *key) {
@@ -242,16 +351,76 @@ static double imbalance(const agg_t *a, int n) {
     return mean > 0 ? (double)a->max / mean : 0;
 }
 
-static void table_head(FILE *out, const gathered_t *g, int device) {
-    fprintf(out, "sympool memory statistics: %d rank(s), device %d, backend %s\n", g->nranks,
-            device, sp_backend_name());
-    fprintf(out, "%-42s %12s %12s %12s %6s  %s\n", "key", "min", "mean", "max", "worst",
+static void table_head(FILE *out, gathered_t *g, int device) {
+    /* The "worst" column fits the longest rank@node. */
+    g->worst_w = 6;
+    for (int k = 0; k < g->nnodes; k++) {
+        const char *name = sp_world_node_name(g->w, k);
+        int len = (int)snprintf(NULL, 0, "%d@%s", g->nranks - 1, name ? name : "?");
+        if (len > g->worst_w)
+            g->worst_w = len;
+    }
+    fprintf(out, "sympool memory statistics: %d rank(s) on %d node(s), device %d, backend %s\n",
+            g->nranks, g->nnodes, device, sp_backend_name());
+    fprintf(out, "%-42s %12s %12s %12s %*s  %s\n", "key", "min", "mean", "max", g->worst_w, "worst",
             "max/mean");
     fprintf(out, "-- key figures\n");
     for (size_t h = 0; h < N_HEADLINE; h++)
         for (size_t i = 0; i < g->nkeys; i++)
-            if (strcmp(sp_stats_key(i), headline[h]) == 0)
-                table_row(out, headline[h], &g->stats[i], g->nranks, is_bytes_key(headline[h]));
+            if (strcmp(skey(i), headline[h]) == 0)
+                table_row(out, g, headline[h], &g->stats[i], is_bytes_key(headline[h]));
+}
+
+/* Per-node sums of the figures that add up across ranks, most reserved first; the rank holding
+ * the most reserved memory on each node. Only when the job spans nodes. */
+#define NODE_ROWS 16
+static void table_nodes(FILE *out, const gathered_t *g) {
+    if (g->nnodes < 2 || g->nodes == NULL)
+        return;
+    static const char *const cols[] = {"allocated_bytes.all.current", "reserved_bytes.all.current",
+                                       "device.used_bytes", "device.untracked_bytes"};
+    static const char *const heads[] = {"allocated", "reserved", "device used", "untracked"};
+    enum { NC = sizeof cols / sizeof cols[0] };
+    size_t idx[NC];
+    for (int c = 0; c < NC; c++)
+        for (size_t i = 0; i < g->nkeys; i++)
+            if (strcmp(skey(i), cols[c]) == 0)
+                idx[c] = i;
+    size_t stride = g->nkeys + N_SYM + 1, rsv = idx[1];
+    int order[NODE_ROWS], m = 0;
+    /* The NODE_ROWS nodes with the most reserved, by insertion (ties: lower node first). */
+    for (int k = 0; k < g->nnodes; k++) {
+        int64_t v = g->nodes[(size_t)k * stride + rsv].sum;
+        int at = m < NODE_ROWS ? m++ : NODE_ROWS;
+        while (at > 0 && g->nodes[(size_t)order[at - 1] * stride + rsv].sum < v) {
+            if (at < NODE_ROWS)
+                order[at] = order[at - 1];
+            at--;
+        }
+        if (at < NODE_ROWS)
+            order[at] = k;
+    }
+    if (m < g->nnodes)
+        fprintf(out,
+                "-- per node (%d nodes; the %d with most reserved): sums over the node's "
+                "ranks\n",
+                g->nnodes, m);
+    else
+        fprintf(out, "-- per node (%d nodes): sums over the node's ranks\n", g->nnodes);
+    fprintf(out, "%-24s %5s %12s %12s %12s %12s  %s\n", "node", "ranks", heads[0], heads[1],
+            heads[2], heads[3], "most reserved");
+    for (int j = 0; j < m; j++) {
+        const agg_t *a = &g->nodes[(size_t)order[j] * stride];
+        int ranks = 0;
+        for (int r = 0; r < g->nranks; r++)
+            ranks += sp_world_node(g->w, r) == order[j];
+        char v[NC][32], worst[96];
+        for (int c = 0; c < NC; c++)
+            human((double)a[idx[c]].sum, true, v[c], sizeof v[c]);
+        const char *name = sp_world_node_name(g->w, order[j]);
+        fprintf(out, "%-24s %5d %12s %12s %12s %12s  %s\n", name ? name : "?", ranks, v[0], v[1],
+                v[2], v[3], rank_at(g, a[rsv].max_rank, worst, sizeof worst));
+    }
 }
 
 static void table_symmetric(FILE *out, const gathered_t *g) {
@@ -259,24 +428,26 @@ static void table_symmetric(FILE *out, const gathered_t *g) {
     for (int j = 0; j < N_SYM; j++) {
         char key[64];
         snprintf(key, sizeof key, "symmetric.%s", sym_names[j]);
-        table_row(out, key, &g->sym[j], g->nranks, false);
+        table_row(out, g, key, &g->sym[j], false);
     }
 }
 
 static void table_legend(FILE *out) {
-    fprintf(out, "worst: the rank holding the max (lowest on ties); * marks max/mean >= %.2f\n",
+    fprintf(out,
+            "worst: the rank holding the max (lowest on ties) @ its node; * marks max/mean >= "
+            "%.2f\n",
             IMBALANCE_MARK);
 }
 
 /* The default table: the key figures, then the keys where one rank stands out (most imbalanced
  * first), the symmetric counters if any pool exists, and one line saying how to see the rest. */
-static void write_table(FILE *out, const gathered_t *g, int device) {
+static void write_table(FILE *out, gathered_t *g, int device) {
     int n = g->nranks;
     table_head(out, g, device);
     size_t order[SP_STATS_MAX], m = 0, nonzero = 0;
     for (size_t i = 0; i < g->nkeys; i++) {
         nonzero += !all_zero(&g->stats[i]);
-        if (!is_headline(sp_stats_key(i)) && imbalance(&g->stats[i], n) >= IMBALANCE_MARK)
+        if (!is_headline(skey(i)) && imbalance(&g->stats[i], n) >= IMBALANCE_MARK)
             order[m++] = i;
     }
     /* Insertion sort by imbalance, descending (at most SP_STATS_MAX keys). */
@@ -295,14 +466,14 @@ static void write_table(FILE *out, const gathered_t *g, int device) {
         fprintf(out, "-- imbalanced keys (max/mean >= %.2f): %zu, most imbalanced first%s\n",
                 IMBALANCE_MARK, m, shown < m ? "; the first 12" : "");
         for (size_t k = 0; k < shown; k++)
-            table_row(out, sp_stats_key(order[k]), &g->stats[order[k]], n,
-                      is_bytes_key(sp_stats_key(order[k])));
+            table_row(out, g, skey(order[k]), &g->stats[order[k]], is_bytes_key(skey(order[k])));
     }
     bool sym = false;
     for (int j = 0; j < N_SYM; j++)
         sym |= !all_zero(&g->sym[j]);
     if (sym)
         table_symmetric(out, g);
+    table_nodes(out, g);
     fprintf(out,
             "-- %zu of %zu keys are non-zero; every key: SYMPOOL_REPORT=table_all "
             "(SP_REPORT_TABLE_ALL), or json/prometheus\n",
@@ -312,8 +483,7 @@ static void write_table(FILE *out, const gathered_t *g, int device) {
 
 /* The full table: the key figures, every key that is not zero everywhere, the symmetric
  * counters, and the names of the keys that are zero on every rank. */
-static void write_table_all(FILE *out, const gathered_t *g, int device) {
-    int n = g->nranks;
+static void write_table_all(FILE *out, gathered_t *g, int device) {
     table_head(out, g, device);
     size_t zeros = 0;
     for (size_t i = 0; i < g->nkeys; i++)
@@ -322,8 +492,9 @@ static void write_table_all(FILE *out, const gathered_t *g, int device) {
             g->nkeys);
     for (size_t i = 0; i < g->nkeys; i++)
         if (!all_zero(&g->stats[i]))
-            table_row(out, sp_stats_key(i), &g->stats[i], n, is_bytes_key(sp_stats_key(i)));
+            table_row(out, g, skey(i), &g->stats[i], is_bytes_key(skey(i)));
     table_symmetric(out, g);
+    table_nodes(out, g);
     if (zeros > 0) {
         /* Complete but compact: the keys that are zero on every rank, wrapped at ~100 columns. */
         fprintf(out, "-- zero on every rank (%zu keys):", zeros);
@@ -331,12 +502,12 @@ static void write_table_all(FILE *out, const gathered_t *g, int device) {
         for (size_t i = 0; i < g->nkeys; i++) {
             if (!all_zero(&g->stats[i]))
                 continue;
-            size_t len = strlen(sp_stats_key(i));
+            size_t len = strlen(skey(i));
             if (col + len + 1 > 100) {
                 fprintf(out, "\n  ");
                 col = 2;
             }
-            fprintf(out, " %s", sp_stats_key(i));
+            fprintf(out, " %s", skey(i));
             col += len + 1;
         }
         fprintf(out, "\n");
@@ -344,23 +515,70 @@ static void write_table_all(FILE *out, const gathered_t *g, int device) {
     table_legend(out);
 }
 
-static void json_record(FILE *out, const char *key, const agg_t *a, int n, bool first) {
+/* A JSON string: host names are plain, but nothing in them may break the document. */
+static void json_string(FILE *out, const char *str) {
+    fputc('"', out);
+    for (const unsigned char *p = (const unsigned char *)(str ? str : "?"); *p; p++) {
+        if (*p == '"' || *p == '\\')
+            fprintf(out, "\\%c", *p);
+        else if (*p < 0x20)
+            fprintf(out, "\\u%04x", *p);
+        else
+            fputc(*p, out);
+    }
+    fputc('"', out);
+}
+
+static void json_record(FILE *out, const gathered_t *g, const char *key, const agg_t *a, int n,
+                        bool first, const char *indent) {
     fprintf(out,
-            "%s\n    \"%s\": {\"min\": %" PRId64 ", \"max\": %" PRId64 ", \"sum\": %" PRId64
-            ", \"mean\": %.3f, \"min_rank\": %d, \"max_rank\": %d}",
-            first ? "" : ",", key, a->min, a->max, a->sum, (double)a->sum / n, a->min_rank,
-            a->max_rank);
+            "%s\n%s\"%s\": {\"min\": %" PRId64 ", \"max\": %" PRId64 ", \"sum\": %" PRId64
+            ", \"mean\": %.3f, \"min_rank\": %d, \"max_rank\": %d, \"min_node\": ",
+            first ? "" : ",", indent, key, a->min, a->max, a->sum, n > 0 ? (double)a->sum / n : 0.0,
+            a->min_rank, a->max_rank);
+    json_string(out, sp_world_node_name(g->w, sp_world_node(g->w, a->min_rank)));
+    fprintf(out, ", \"max_node\": ");
+    json_string(out, sp_world_node_name(g->w, sp_world_node(g->w, a->max_rank)));
+    fputc('}', out);
+}
+
+/* One object per node: its name, its ranks, and every key and counter reduced over them. */
+static void json_nodes(FILE *out, const gathered_t *g) {
+    size_t stride = g->nkeys + N_SYM + 1;
+    fprintf(out, ",\n  \"nodes\": [");
+    for (int k = 0; g->nodes && k < g->nnodes; k++) {
+        const agg_t *a = &g->nodes[(size_t)k * stride];
+        fprintf(out, "%s\n    {\"node\": %d, \"name\": ", k ? "," : "", k);
+        json_string(out, sp_world_node_name(g->w, k));
+        fprintf(out, ", \"ranks\": [");
+        int ranks = 0;
+        for (int r = 0; r < g->nranks; r++)
+            if (sp_world_node(g->w, r) == k)
+                fprintf(out, "%s%d", ranks++ ? ", " : "", r);
+        fprintf(out, "],\n     \"stats\": {");
+        for (size_t i = 0; i < g->nkeys; i++)
+            json_record(out, g, skey(i), &a[i], ranks, i == 0, "       ");
+        fprintf(out, "},\n     \"symmetric\": {");
+        for (int j = 0; j < N_SYM; j++)
+            json_record(out, g, sym_names[j], &a[g->nkeys + (size_t)j], ranks, j == 0, "       ");
+        fprintf(out, "}}");
+    }
+    fprintf(out, "\n  ]");
 }
 
 static void write_json(FILE *out, const gathered_t *g, int device) {
-    fprintf(out, "{\n  \"nranks\": %d,\n  \"device\": %d,\n  \"backend\": \"%s\",\n  \"stats\": {",
-            g->nranks, device, sp_backend_name());
+    fprintf(out,
+            "{\n  \"nranks\": %d,\n  \"nnodes\": %d,\n  \"device\": %d,\n  \"backend\": "
+            "\"%s\",\n  \"stats\": {",
+            g->nranks, g->nnodes, device, sp_backend_name());
     for (size_t i = 0; i < g->nkeys; i++)
-        json_record(out, sp_stats_key(i), &g->stats[i], g->nranks, i == 0);
+        json_record(out, g, skey(i), &g->stats[i], g->nranks, i == 0, "    ");
     fprintf(out, "\n  },\n  \"symmetric\": {");
     for (int j = 0; j < N_SYM; j++)
-        json_record(out, sym_names[j], &g->sym[j], g->nranks, j == 0);
-    fprintf(out, "\n  }\n}\n");
+        json_record(out, g, sym_names[j], &g->sym[j], g->nranks, j == 0, "    ");
+    fprintf(out, "\n  }");
+    json_nodes(out, g);
+    fprintf(out, "\n}\n");
 }
 
 /* ---- Prometheus ---------------------------------------------------------------------------
@@ -476,11 +694,28 @@ static void prom_head(FILE *out, const char *name, const char *help, fam_type_t 
 }
 
 /* One sample per rank. max_split_size's -1 ("unlimited") is +Inf. */
-static void prom_samples(FILE *out, const char *name, const char *labels, const int64_t *all,
-                         size_t stride, size_t index, int n, bool inf_if_negative) {
+/* A label value: backslash, double quote and newline escaped as the exposition format says. */
+static void prom_label_value(FILE *out, const char *v) {
+    for (const char *p = v ? v : "?"; *p; p++) {
+        if (*p == '\\' || *p == '"')
+            fprintf(out, "\\%c", *p);
+        else if (*p == '\n')
+            fputs("\\n", out);
+        else
+            fputc(*p, out);
+    }
+}
+
+/* Every sample carries its rank and its node, so a query can aggregate per node
+ * (sum by (node) (...)) next to the job. */
+static void prom_samples(FILE *out, const gathered_t *g, const char *name, const char *labels,
+                         const int64_t *all, size_t stride, size_t index, int n,
+                         bool inf_if_negative) {
     for (int r = 0; r < n; r++) {
         int64_t v = all[(size_t)r * stride + index];
-        fprintf(out, "%s{%s%srank=\"%d\"} ", name, labels, labels[0] ? "," : "", r);
+        fprintf(out, "%s{%s%srank=\"%d\",node=\"", name, labels, labels[0] ? "," : "", r);
+        prom_label_value(out, sp_world_node_name(g->w, sp_world_node(g->w, r)));
+        fputs("\"} ", out);
         if (inf_if_negative && v < 0)
             fprintf(out, "+Inf\n");
         else
@@ -494,7 +729,7 @@ static void write_prometheus(FILE *out, const gathered_t *g, const int64_t *all)
     if (keys == NULL)
         return; /* the caller's fflush/ferror check reports a short report as a failure */
     for (size_t i = 0; i < g->nkeys; i++)
-        classify(sp_stats_key(i), &keys[i]);
+        classify(skey(i), &keys[i]);
     for (int f = 0; f < F_SCALAR; f++) {
         bool any = false;
         for (size_t i = 0; i < g->nkeys; i++) {
@@ -503,18 +738,25 @@ static void write_prometheus(FILE *out, const gathered_t *g, const int64_t *all)
             if (!any)
                 prom_head(out, families[f].name, families[f].help, families[f].type);
             any = true;
-            prom_samples(out, families[f].name, keys[i].labels, all, stride, i, g->nranks, false);
+            prom_samples(out, g, families[f].name, keys[i].labels, all, stride, i, g->nranks,
+                         false);
         }
     }
     for (size_t i = 0; i < g->nkeys; i++) {
         if (keys[i].family < F_SCALAR)
             continue;
         char help[160];
-        snprintf(help, sizeof help, "PyTorch memory_stats key \"%s\"%s", sp_stats_key(i),
-                 strcmp(sp_stats_key(i), "max_split_size") == 0 ? " (+Inf: unlimited)" : "");
+        if (i >= mem_keys())
+            snprintf(help, sizeof help, "%s",
+                     i == mem_keys() ? "device memory in use by anyone (total - free)"
+                                     : "device memory in use that sympool did not reserve "
+                                       "(NCCL, other libraries and processes)");
+        else
+            snprintf(help, sizeof help, "PyTorch memory_stats key \"%s\"%s", skey(i),
+                     strcmp(skey(i), "max_split_size") == 0 ? " (+Inf: unlimited)" : "");
         prom_head(out, keys[i].scalar, help, keys[i].type);
-        prom_samples(out, keys[i].scalar, "", all, stride, i, g->nranks,
-                     strcmp(sp_stats_key(i), "max_split_size") == 0);
+        prom_samples(out, g, keys[i].scalar, "", all, stride, i, g->nranks,
+                     strcmp(skey(i), "max_split_size") == 0);
     }
     free(keys);
     for (int j = 0; j < N_SYM; j++) {
@@ -523,7 +765,7 @@ static void write_prometheus(FILE *out, const gathered_t *g, const int64_t *all)
         snprintf(name, sizeof name, "sympool_symmetric_%s%s", sym_names[j],
                  counter ? "_total" : "");
         prom_head(out, name, sym_help[j], counter ? FAM_COUNTER : FAM_GAUGE);
-        prom_samples(out, name, "", all, stride, g->nkeys + (size_t)j, g->nranks, false);
+        prom_samples(out, g, name, "", all, stride, g->nkeys + (size_t)j, g->nranks, false);
     }
 }
 
@@ -540,7 +782,7 @@ SP_EXPORT sp_status_t sp_stats_report(sp_world_t *w, int device, FILE *out,
     gathered_t *g = malloc(sizeof *g);
     if (g == NULL) /* would leave the other ranks waiting; host malloc of ~7 KiB does not fail */
         return sp__error(SP_ERR_SYSTEM, SP_SUB_COLL, "%s: out of host memory", fn);
-    sp_status_t st = gather_all(w, device, why == NULL, why, fn, g);
+    sp_status_t st = gather_all(w, device, why == NULL, why, fn, true, g);
     int64_t *all = NULL;
     if (st == SP_SUCCESS && format == SP_REPORT_PROMETHEUS) {
         size_t stride = g->nkeys + N_SYM;
@@ -573,6 +815,7 @@ SP_EXPORT sp_status_t sp_stats_report(sp_world_t *w, int device, FILE *out,
             st = sp__error(SP_ERR_SYSTEM, SP_SUB_COLL, "%s: writing the report failed", fn);
     }
     free(all);
+    free(g->nodes);
     free(g);
     return st;
 }

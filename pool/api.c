@@ -271,6 +271,29 @@ SP_EXPORT sp_status_t sp_get_memory_info(int device, size_t *free_p, size_t *tot
     return SP_SUCCESS;
 }
 
+SP_EXPORT sp_status_t sp_device_usage(int device, sp_device_usage_t *usage_p) {
+    SP_ARG_CHECK(usage_p, SP_SUB_POOL, "sp_device_usage: usage_p is NULL");
+    sp_devalloc_t *d = NULL;
+    SP_CHECK(sp__alloc_device(device, &d));
+    size_t f = 0, t = 0;
+    SP_CHECK(sp__g.ops->mem_get_info(device, &f, &t));
+    sp__lock(&d->lock);
+    size_t reserved = d->total_reserved;
+    /* On the emulated device a pool's own allocator (symmetric pools: MPI shared windows) gives
+     * host memory the device never counted; on a GPU every segment is device memory. */
+    if (sp__g.caps.is_emulated)
+        for (sp_mempool_t *p = d->pools; p; p = p->next)
+            if ((p->has_allocator || p->symmetric) && p->reserved <= reserved)
+                reserved -= p->reserved;
+    sp__unlock(&d->lock);
+    size_t used = t >= f ? t - f : 0;
+    *usage_p = (sp_device_usage_t){.total = t,
+                                   .used = used,
+                                   .reserved = reserved,
+                                   .untracked = used > reserved ? used - reserved : 0};
+    return SP_SUCCESS;
+}
+
 SP_EXPORT sp_status_t sp_set_memory_fraction(double fraction, int device) {
     SP_GATE("sp_set_memory_fraction");
     sp_devalloc_t *d = NULL;

@@ -5,6 +5,9 @@
  * the total allocated and the total freed. Sizes are shown in the unit that keeps them below
  * 1024 (B, KiB, MiB, GiB, TiB), counts as integers.
  *
+ * sp_memory_summary adds the device's own view (sp_device_usage): memory in use by anyone, what
+ * sympool holds of it, and the rest, which no statistics key shows.
+ *
  * The figures are one copy taken by sp_memory_stats under the device lock; formatting happens
  * on that copy without any lock. The writer works like snprintf: it counts what it would write
  * and stores only what fits, so truncation is never an error.
@@ -171,6 +174,21 @@ SP_EXPORT sp_status_t sp_memory_summary(int device, char *buf, size_t len) {
     char title[96];
     snprintf(title, sizeof(title), "sympool memory summary, device %d (%s backend)", device,
              sp_backend_name());
-    (void)sp_x_memory_summary_format(&st, title, buf, len);
+    size_t pos = sp_x_memory_summary_format(&st, title, buf, len);
+    /* What the device itself says, next to what sympool holds: memory sympool did not reserve
+     * (NCCL's buffers, other libraries and processes) shows nowhere else. */
+    sp_device_usage_t u;
+    if (sp_device_usage(device, &u) == SP_SUCCESS) {
+        out_t o = {buf, len, pos};
+        static const char *const labels[3] = {"Device used (anyone)", "  held by sympool",
+                                              "  not sympool's"};
+        size_t v[3] = {u.used, u.reserved, u.untracked};
+        for (int i = 0; i < 3; i++) {
+            char cell[32];
+            size_cell((int64_t)v[i], cell, sizeof(cell));
+            put(&o, "| %-21s | %10s | %10s | %10s | %10s |\n", labels[i], cell, "-", "-", "-");
+        }
+        rule(&o, '=');
+    }
     return SP_SUCCESS;
 }

@@ -24,6 +24,10 @@ command -v python3 >/dev/null || need+=(python3)
 # without them those tests are not registered, so install them rather than test less.
 command -v pkg-config >/dev/null || need+=(pkgconf)
 command -v jq >/dev/null || need+=(jq)
+# The multinode tests (tests/multinode/mn-run.sh) make network and UTS namespaces with ip(8)
+# and unshare(1); without them they skip, so install them rather than test less.
+command -v ip >/dev/null || need+=(iproute2)
+command -v unshare >/dev/null || need+=(util-linux)
 # `man sympool` is generated from the command's --help at build time (200 KB, perl).
 command -v help2man >/dev/null || need+=(help2man)
 # The fuzz stage (tests/fuzz/run.sh) needs clang and its libFuzzer runtime (libclang-rt-dev).

@@ -47,11 +47,16 @@ struct sp_world {
     int local_size;             /* ranks in node_comm */
     int device;                 /* local_rank % sp_device_count() */
     int *node_rank_of;          /* [size]: world rank -> node rank, -1 on other nodes */
-    bool is_cuda;               /* backend is "cuda" and an NCCL communicator was made */
-    bool from_init;             /* made by sp_world_init (counts towards finalizing MPI) */
-    void *nccl_comm;            /* ncclComm_t, NULL on host or after an abort (nccl_lock) */
-    char nccl_why[160];         /* why nccl_comm is NULL on cuda ("" otherwise) (nccl_lock) */
-    uint64_t pool_serial;       /* symmetric pool creations on this world (caller's thread) */
+    int nnodes;                 /* node communicators in the world */
+    int *node_of;               /* [size]: world rank -> node index (by each node's lowest rank) */
+    char (*node_name)[SP_WORLD_NODE_NAME]; /* [nnodes]: host name of each node's lowest rank */
+    bool is_cuda;                          /* backend is "cuda" and an NCCL communicator was made */
+    bool from_init;         /* made by sp_world_init (counts towards finalizing MPI) */
+    void *nccl_comm;        /* ncclComm_t, NULL on host or after an abort (nccl_lock) */
+    char nccl_why[160];     /* why nccl_comm is NULL on cuda ("" otherwise) (nccl_lock) */
+    uint64_t pool_serial;   /* symmetric pool creations on this world (caller's thread) */
+    uint64_t coll_eligible; /* collectives whose buffers could use symmetric kernels (atomic) */
+    uint64_t coll_fallback; /* collectives that could not (atomic) */
 };
 
 static pthread_mutex_t s_lock = PTHREAD_MUTEX_INITIALIZER;
@@ -210,6 +215,59 @@ static sp_status_t nccl_bootstrap(sp_world_t *w) {
 }
 #endif
 
+/* The node table: which node every rank is on, and each node's host name. A node is what MPI
+ * puts in one MPI_COMM_TYPE_SHARED communicator (Open MPI: the ranks of one daemon, i.e. one host
+ * of the hostfile); its name is the host name its lowest rank reports. One MPI_Allgather of a
+ * fixed record per rank at world creation; afterwards every query is local. Nodes are numbered
+ * by their lowest world rank, so the numbering is the same on every rank. */
+static sp_status_t node_table(sp_world_t *w) {
+    typedef struct {
+        int leader;                    /* world rank of this rank's node's lowest rank */
+        char host[SP_WORLD_NODE_NAME]; /* this rank's host name */
+    } node_rec_t;
+    int leader = w->rank;
+    for (int i = 0; i < w->size; i++)
+        if (w->node_rank_of[i] >= 0) {
+            leader = i; /* the lowest world rank on this node */
+            break;
+        }
+    node_rec_t mine;
+    memset(&mine, 0, sizeof mine);
+    mine.leader = leader;
+    snprintf(mine.host, sizeof mine.host, "%s", sp__process_host());
+    node_rec_t *all = malloc(sizeof *all * (size_t)w->size);
+    int *index = malloc(sizeof(int) * (size_t)w->size);
+    w->node_of = malloc(sizeof(int) * (size_t)w->size);
+    /* Like the rank table above: a few bytes per rank, which host malloc does not refuse. */
+    sp_status_t st =
+        !all || !index || !w->node_of
+            ? sp__error(SP_ERR_SYSTEM, SP_SUB_BOOT, "out of host memory for the node table")
+            : sp__world_mpi_status(MPI_Allgather(&mine, (int)sizeof mine, MPI_BYTE, all,
+                                                 (int)sizeof mine, MPI_BYTE, w->comm),
+                                   "MPI_Allgather of the node table");
+    if (st == SP_SUCCESS) {
+        w->nnodes = 0;
+        for (int i = 0; i < w->size; i++)
+            index[i] = all[i].leader == i ? w->nnodes++ : -1;
+        w->node_name = calloc((size_t)w->nnodes, sizeof *w->node_name);
+        if (!w->node_name)
+            st = sp__error(SP_ERR_SYSTEM, SP_SUB_BOOT, "out of host memory for the node names");
+    }
+    if (st == SP_SUCCESS) {
+        for (int i = 0; i < w->size; i++) {
+            int l = all[i].leader;
+            w->node_of[i] = l >= 0 && l < w->size ? index[l] : -1;
+            if (l == i) {
+                memcpy(w->node_name[index[i]], all[i].host, SP_WORLD_NODE_NAME);
+                w->node_name[index[i]][SP_WORLD_NODE_NAME - 1] = '\0';
+            }
+        }
+    }
+    free(all);
+    free(index);
+    return st;
+}
+
 /* Build a world on `comm` (MPI is initialized). Collective over comm. */
 static sp_status_t world_create(MPI_Comm comm, bool from_init, sp_world_t **world_p) {
     sp_world_t *w = calloc(1, sizeof *w);
@@ -256,6 +314,7 @@ static sp_status_t world_create(MPI_Comm comm, bool from_init, sp_world_t **worl
     for (int i = 0; i < w->size; i++)
         if (w->node_rank_of[i] == MPI_UNDEFINED)
             w->node_rank_of[i] = -1;
+    SP_CHECK_GOTO(node_table(w), st, fail);
 
     /* Device by local rank. Every rank checks its own count, then all agree, so a rank whose
      * backend failed does not leave the others waiting in the NCCL bootstrap. */
@@ -304,8 +363,11 @@ static sp_status_t world_create(MPI_Comm comm, bool from_init, sp_world_t **worl
         w->is_cuda = true;
     }
 #endif
-    SP_INFO(SP_SUB_BOOT, "world: rank %d of %d, local rank %d of %d, device %d, backend %s",
-            w->rank, w->size, w->local_rank, w->local_size, w->device, sp_backend_name());
+    SP_INFO(SP_SUB_BOOT,
+            "world: rank %d of %d, local rank %d of %d on node %d of %d (%s), device %d, "
+            "backend %s",
+            w->rank, w->size, w->local_rank, w->local_size, w->node_of[w->rank], w->nnodes,
+            w->node_name[w->node_of[w->rank]], w->device, sp_backend_name());
     pthread_mutex_lock(&s_lock);
     w->next_live = s_live;
     s_live = w;
@@ -321,6 +383,8 @@ fail:
     if (w->comm != MPI_COMM_NULL)
         MPI_Comm_free(&w->comm);
     free(w->node_rank_of);
+    free(w->node_of);
+    free(w->node_name);
     pthread_mutex_destroy(&w->nccl_lock);
     free(w);
     return st;
@@ -401,6 +465,8 @@ static bool take_live(sp_world_t *w) {
 static void free_world(sp_world_t *w) {
     pthread_mutex_destroy(&w->nccl_lock);
     free(w->node_rank_of);
+    free(w->node_of);
+    free(w->node_name);
     free(w);
 }
 
@@ -521,6 +587,22 @@ SP_EXPORT int sp_world_device(const sp_world_t *w) {
     w = live_or_null(w);
     return w ? w->device : -1;
 }
+SP_EXPORT int sp_world_local_size(const sp_world_t *w) {
+    return w ? w->local_size : 0;
+}
+SP_EXPORT int sp_world_node_count(const sp_world_t *w) {
+    return w ? w->nnodes : 0;
+}
+SP_EXPORT int sp_world_node(const sp_world_t *w, int rank) {
+    if (!w || rank < 0 || rank >= w->size)
+        return -1;
+    return w->node_of[rank];
+}
+SP_EXPORT const char *sp_world_node_name(const sp_world_t *w, int node) {
+    if (!w || node < 0 || node >= w->nnodes)
+        return NULL;
+    return w->node_name[node];
+}
 
 MPI_Comm sp__world_comm(const sp_world_t *w) {
     return w ? w->comm : MPI_COMM_NULL;
@@ -542,6 +624,16 @@ int sp__world_node_rank_of(const sp_world_t *w, int world_rank) {
     if (!w || world_rank < 0 || world_rank >= w->size)
         return -1;
     return w->node_rank_of[world_rank];
+}
+
+void sp__world_count_collective(sp_world_t *w, bool eligible) {
+    if (w)
+        __atomic_add_fetch(eligible ? &w->coll_eligible : &w->coll_fallback, 1, __ATOMIC_RELAXED);
+}
+
+void sp__world_collective_counts(const sp_world_t *w, uint64_t *eligible_p, uint64_t *fallback_p) {
+    *eligible_p = w ? __atomic_load_n(&w->coll_eligible, __ATOMIC_RELAXED) : 0;
+    *fallback_p = w ? __atomic_load_n(&w->coll_fallback, __ATOMIC_RELAXED) : 0;
 }
 
 uint64_t sp__world_next_pool_serial(sp_world_t *w) {

@@ -48,6 +48,12 @@ sp_status_t sp__world_on_finalize(sp_world_finalize_hook_t hook);
  * of range). Local: the table is computed once at world creation. */
 int sp__world_node_rank_of(const sp_world_t *w, int world_rank);
 
+/* Per-world counts of collectives (with data to move) whose buffers could use symmetric kernels
+ * (both in registered symmetric segments, and on cuda a call NCCL's symmetric kernels take)
+ * and of those that could not. Thread-safe (atomic). */
+void sp__world_count_collective(sp_world_t *w, bool eligible);
+void sp__world_collective_counts(const sp_world_t *w, uint64_t *eligible_p, uint64_t *fallback_p);
+
 /* A per-world counter of symmetric pool creations (symmetric/ checks that every rank calls
  * sp_symmetric_mempool_create the same number of times). Returns the new value (from 1). */
 uint64_t sp__world_next_pool_serial(sp_world_t *w);

@@ -94,7 +94,7 @@ sp_status_t sp_reduce_scatter(sp_world_t *w, const void *send, void *recv, size_
 sp_status_t sp_broadcast(sp_world_t *w, const void *send, void *recv, size_t count,
                          sp_dtype_t dtype, int root, sp_stream_t stream);
 
-/** Per key i, across ranks. */
+/** Per summary key i (sp_stats_summary_key), across ranks. */
 typedef struct sp_stats_summary {
     int64_t min[SP_STATS_MAX], max[SP_STATS_MAX], sum[SP_STATS_MAX];
     int min_rank[SP_STATS_MAX], max_rank[SP_STATS_MAX];
@@ -110,9 +110,17 @@ typedef enum {
     SP_REPORT_TABLE_ALL
 } sp_report_format_t;
 
+/** Keys of a summary: every memory_stats key (sp_stats_key(i) for i < sp_stats_count()), then
+ * "device.used_bytes" and "device.untracked_bytes" (sp_device_usage: device memory in use by
+ * anyone, and the part of it sympool did not reserve). <= SP_STATS_MAX. Local. */
+size_t sp_stats_summary_count(void);
+/** The name of summary key @p i; NULL if i >= sp_stats_summary_count(). Local. */
+const char *sp_stats_summary_key(size_t i);
+
 /**
- * Collective: reduce every stats key of @p device across ranks in ONE MPI_Allreduce: min, max,
- * sum, and the lowest rank holding the min and the max. A rank whose arguments or device are bad
+ * Collective: reduce every summary key of @p device (sp_stats_summary_key) across ranks in ONE
+ * MPI_Allreduce: min, max, sum, and the lowest rank holding the min and the max
+ * (sp_world_node(w, rank) names its node). A rank whose arguments or device are bad
  * still joins, so every rank returns SP_ERR_INVALID_ARGUMENT instead of hanging.
  * @return SP_SUCCESS, SP_ERR_INVALID_ARGUMENT, SP_ERR_MPI, SP_ERR_SYSTEM.
  */
@@ -120,9 +128,15 @@ sp_status_t sp_stats_aggregate(sp_world_t *w, int device, sp_stats_summary_t *su
 
 /**
  * Collective: aggregate (as sp_stats_aggregate, plus the symmetric pools' registration and
- * agreement counters) and write the report on rank 0; other ranks write nothing and may pass
- * out == NULL. TABLE is for people, JSON is one object (keys are stat names), PROMETHEUS is text
- * exposition with a sample per rank (rank label; one more collective, an MPI_Gather).
+ * agreement counters and the world's symmetric.collectives_eligible/_fallback counts) and write
+ * the report on rank 0; other ranks write nothing and may pass out == NULL. Every rank is named
+ * with its node ("3@node7"), and the job's figures come with per-node aggregates (two more
+ * collectives: a reduction within each node and an MPI_Gatherv of one record set per node to
+ * rank 0). TABLE is for people (a per-node section when the job spans nodes: the 16 nodes
+ * with most reserved memory), JSON is one object (keys are stat names; min_node/max_node with
+ * every record; "nodes": every node's name, ranks and reduced keys), PROMETHEUS is text
+ * exposition with a sample per rank (rank and node labels, so `sum by (node)` aggregates per
+ * node; one more collective, an MPI_Gather).
  * SYMPOOL_REPORT=table|json|prometheus prints the same at sp_world_finalize, to stdout.
  * @return SP_SUCCESS, SP_ERR_INVALID_ARGUMENT (on every rank: bad format, out NULL on rank 0,
  *         bad device), SP_ERR_MPI, SP_ERR_SYSTEM (writing failed, on rank 0).

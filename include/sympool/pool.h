@@ -89,6 +89,31 @@ sp_status_t sp_set_memory_fraction(double fraction, int device);
 /** Free and total bytes of the device as the backend reports them (cudaMemGetInfo). */
 sp_status_t sp_get_memory_info(int device, size_t *free_p, size_t *total_p);
 
+/** Device memory as the device sees it, against what this process's sympool holds. */
+typedef struct sp_device_usage {
+    size_t total;     /**< the device's memory (sp_get_memory_info's total) */
+    size_t used;      /**< total - free: in use by anyone (every process and library) */
+    size_t reserved;  /**< of it, segments this process's sympool holds on the device */
+    size_t untracked; /**< used - reserved (at least 0): memory sympool did not reserve, e.g.
+                           NCCL's own buffers, other libraries, other processes */
+} sp_device_usage_t;
+
+/**
+ * Device memory in use that sympool did not reserve: total - free from the backend's memory
+ * info, less the bytes of this process's segments that are device memory. On cuda that is every
+ * segment (pluggable and symmetric segments included: ncclMemAlloc is device memory), and other
+ * processes on the same GPU count as untracked. On the host backend the emulated device counts
+ * what was taken from it by anyone in this process (sympool's own segments and any other
+ * mem_alloc of the device); segments from a MemPool's own allocator or from MPI shared windows
+ * (symmetric pools there) are host memory, not the emulated device's, and are not subtracted.
+ * Local, thread-safe; the two figures are read one after the other, so a concurrent allocation
+ * may show in one of them only (untracked is clamped at 0).
+ * `device.used_bytes` and `device.untracked_bytes` in sp_stats_aggregate, every report and
+ * sp_memory_summary are these figures.
+ * @return SP_SUCCESS, SP_ERR_INVALID_ARGUMENT (NULL, unknown device), SP_ERR_DEVICE.
+ */
+sp_status_t sp_device_usage(int device, sp_device_usage_t *usage_p);
+
 /** Create a stream on @p device. @return SP_SUCCESS, SP_ERR_INVALID_ARGUMENT, SP_ERR_DEVICE. */
 sp_status_t sp_stream_create(int device, sp_stream_t *stream_p);
 

@@ -21,7 +21,9 @@ extern "C" {
 /**
  * Write @p device's memory summary into @p buf as a NUL-terminated multi-line text. A summary
  * longer than len-1 bytes is truncated to len-1 bytes; @p buf is always terminated.
- * Thread-safe; the figures are one consistent copy (sp_memory_stats).
+ * Thread-safe; the figures are one consistent copy (sp_memory_stats). Three closing rows give
+ * the device's own view (sp_device_usage): device memory in use by anyone, the part sympool
+ * holds, and the part it does not (device.used_bytes, device.untracked_bytes).
  * @return SP_SUCCESS (also when truncated), SP_ERR_INVALID_ARGUMENT (buf NULL, len 0, unknown
  *         device: buf is then left unchanged).
  */

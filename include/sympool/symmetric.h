@@ -79,7 +79,18 @@ sp_status_t sp_symmetric_mempool_destroy(sp_mempool_t *pool);
 /** Where @p ptr lives: window, segment base, offset, size and sequence number. */
 sp_status_t sp_symmetric_window(const void *ptr, sp_window_info_t *info_p);
 
-/** A load/store pointer to the same offset on @p rank; SP_ERR_NOT_SUPPORTED if not reachable. */
+/**
+ * A load/store pointer to the same offset on @p rank. Local (not collective), thread-safe.
+ * Peer pointers exist within a node only: with the `mpi` registrar a segment is an MPI shared
+ * window on the pool's own node communicator, so every rank of sp_world_node(w, rank) == this
+ * rank's node is reachable and no other is. NCCL windows are registered on the whole job's
+ * communicator (collectives across nodes use them), but this call gives no host pointer into
+ * them.
+ * @return SP_SUCCESS; SP_ERR_NOT_SUPPORTED when @p rank is on another node (the message names
+ *         both nodes by index and host name) or the registrar has no host peer pointers (nccl);
+ *         SP_ERR_INVALID_ARGUMENT (NULL, a rank outside the world, @p ptr not in a symmetric
+ *         pool).
+ */
 sp_status_t sp_symmetric_peer_ptr(const void *ptr, int rank, void **peer_ptr_p);
 
 #ifdef __cplusplus

@@ -67,7 +67,33 @@ sp_status_t sp_world_finalize(sp_world_t *world);
 int sp_world_rank(const sp_world_t *w);       /**< rank in the world's communicator, -1 for NULL */
 int sp_world_size(const sp_world_t *w);       /**< number of ranks, 0 for NULL */
 int sp_world_local_rank(const sp_world_t *w); /**< rank among the ranks of this node, -1 for NULL */
-int sp_world_device(const sp_world_t *w);     /**< the device this rank uses, -1 for NULL */
+/** The device this rank uses: sp_world_local_rank() modulo the node's device count, so the ranks
+ * of one node take devices 0, 1, 2, ... in rank order and every node starts again at 0. -1 for
+ * NULL. */
+int sp_world_device(const sp_world_t *w);
+
+/**
+ * @name Nodes
+ * A node is what MPI puts in one MPI_COMM_TYPE_SHARED communicator: the ranks that share memory
+ * (Open MPI: the ranks started by one daemon, i.e. one host of the hostfile). Nodes are numbered
+ * 0..sp_world_node_count()-1 in the order of their lowest world rank, identically on every rank;
+ * the table is gathered once when the world is made (one MPI_Allgather of a 68-byte record per
+ * rank), so these calls are local, thread-safe and O(1).
+ * @{
+ */
+/** Longest node name kept, the terminating NUL included (longer host names are cut). */
+#define SP_WORLD_NODE_NAME 64
+/** Ranks on this rank's node (the size of its node communicator); 0 for NULL. */
+int sp_world_local_size(const sp_world_t *w);
+/** Number of nodes the world spans; 0 for NULL. */
+int sp_world_node_count(const sp_world_t *w);
+/** The node of world rank @p rank; -1 for NULL or a rank outside the world. */
+int sp_world_node(const sp_world_t *w, int rank);
+/** The host name of node @p node (short form, as its lowest rank's gethostname() says, up to the
+ * first dot); NULL for NULL or a node outside 0..sp_world_node_count()-1. Valid until
+ * sp_world_finalize. */
+const char *sp_world_node_name(const sp_world_t *w, int node);
+/** @} */
 
 #ifdef __cplusplus
 }

@@ -17,7 +17,7 @@ from ._lib import path as library_path
 from .history import _record_memory_history, record_memory_history
 from .memory import (
     MemPool, Stream, _dump_snapshot, _snapshot, backend, caching_allocator_alloc,
-    caching_allocator_delete, device_count, dump_snapshot, empty_cache, free,
+    caching_allocator_delete, device_count, device_usage, dump_snapshot, empty_cache, free,
     get_default_memory_pool, get_memory_info, init, malloc, max_memory_allocated,
     max_memory_reserved, mem_get_info, memory_allocated, memory_reserved, memory_snapshot,
     memory_stats, memory_summary, record_stream, reset_accumulated_memory_stats,
@@ -37,6 +37,7 @@ def __getattr__(name):
 __all__ = [
     "InvalidArgumentError", "MemPool", "OutOfMemoryError", "Stream", "SympoolError", "World",
     "backend", "caching_allocator_alloc", "caching_allocator_delete", "device_count",
+    "device_usage",
     "dump_snapshot", "empty_cache", "free", "get_default_memory_pool", "get_memory_info", "init",
     "library_path", "malloc",
     "max_memory_allocated", "max_memory_reserved", "mem_get_info", "memory_allocated",

@@ -57,6 +57,11 @@ class StatsSummary(ctypes.Structure):
                 ("max_rank", ctypes.c_int * STATS_MAX), ("nranks", ctypes.c_int)]
 
 
+class DeviceUsage(ctypes.Structure):
+    _fields_ = [("total", ctypes.c_size_t), ("used", ctypes.c_size_t),
+                ("reserved", ctypes.c_size_t), ("untracked", ctypes.c_size_t)]
+
+
 class MemPoolId(ctypes.Structure):
     _fields_ = [("first", ctypes.c_uint64), ("second", ctypes.c_uint64)]
 
@@ -104,6 +109,7 @@ _PROTOS = {
     "sp_empty_cache": (_st, []),
     "sp_set_memory_fraction": (_st, [ctypes.c_double, _i]),
     "sp_get_memory_info": (_st, [_i, _P(_sz), _P(_sz)]),
+    "sp_device_usage": (_st, [_i, _P(DeviceUsage)]),
     "sp_memory_stats": (_st, [_i, _P(Stats)]),
     "sp_stats_count": (_sz, []),
     "sp_stats_key": (_cp, [_sz]),
@@ -158,6 +164,10 @@ _OPTIONAL = {
     "sp_world_size": (_i, [_vp]),
     "sp_world_local_rank": (_i, [_vp]),
     "sp_world_device": (_i, [_vp]),
+    "sp_world_local_size": (_i, [_vp]),
+    "sp_world_node_count": (_i, [_vp]),
+    "sp_world_node": (_i, [_vp, _i]),
+    "sp_world_node_name": (_cp, [_vp, _i]),
     "sp_symmetric_mempool_create": (_st, [_vp, _P(MemPoolParams), _P(_vp)]),
     "sp_symmetric_mempool_destroy": (_st, [_vp]),
     "sp_symmetric_malloc": (_st, [_vp, _sz, _vp, _P(_vp)]),
@@ -166,6 +176,8 @@ _OPTIONAL = {
     "sp_allgather": (_st, [_vp, _vp, _vp, _sz, _i, _vp]),
     "sp_reduce_scatter": (_st, [_vp, _vp, _vp, _sz, _i, _i, _vp]),
     "sp_broadcast": (_st, [_vp, _vp, _vp, _sz, _i, _i, _vp]),
+    "sp_stats_summary_count": (_sz, []),
+    "sp_stats_summary_key": (_cp, [_sz]),
     "sp_stats_aggregate": (_st, [_vp, _i, _P(StatsSummary)]),
     "sp_stats_report": (_st, [_vp, _i, _vp, _i]),
 }

@@ -43,6 +43,17 @@ def get_memory_info(device=0):
     return int(free.value), int(total.value)
 
 
+def device_usage(device=0):
+    """The device's memory against sympool's: {"total", "used" (total - free, anyone),
+    "reserved" (sympool's device segments), "untracked" (used - reserved: NCCL, other libraries
+    and processes)} in bytes."""
+    d = as_device(device)
+    u = _lib.DeviceUsage()
+    check(lib().sp_device_usage(d, ctypes.byref(u)))
+    return {"total": int(u.total), "used": int(u.used), "reserved": int(u.reserved),
+            "untracked": int(u.untracked)}
+
+
 mem_get_info = get_memory_info  # torch.cuda's name
 
 

@@ -120,6 +120,34 @@ class World:
     def device(self):
         return int(lib().sp_world_device(self._check_open()))
 
+    @property
+    def local_size(self):
+        """Ranks on this rank's node."""
+        return int(lib().sp_world_local_size(self._check_open()))
+
+    @property
+    def node_count(self):
+        """Nodes the world spans (MPI's shared-memory groups, numbered by their lowest rank)."""
+        return int(lib().sp_world_node_count(self._check_open()))
+
+    def node(self, rank=None):
+        """The node of `rank` (this rank by default)."""
+        h = self._check_open()
+        r = self.rank if rank is None else int(rank)
+        n = int(lib().sp_world_node(h, r))
+        if n < 0:
+            raise ValueError(f"rank {r} is outside the world (0..{self.size - 1})")
+        return n
+
+    def node_name(self, node=None):
+        """The host name of `node` (this rank's node by default)."""
+        h = self._check_open()
+        k = self.node() if node is None else int(node)
+        name = lib().sp_world_node_name(h, k)
+        if name is None:
+            raise ValueError(f"node {k} is outside 0..{self.node_count - 1}")
+        return name.decode()
+
     def finalize(self):
         """Collective: free the world (and its symmetric pools); finalizes MPI only if
         World.init initialized it."""
@@ -224,7 +252,9 @@ class World:
 
     def stats_aggregate(self, device=None):
         """Every stats key across ranks: key -> {"min", "max", "sum", "min_rank", "max_rank"}
-        (the lowest rank holding the min and the max). device: the world's device by default."""
+        (the lowest rank holding the min and the max): the memory_stats keys, then
+        "device.used_bytes" and "device.untracked_bytes" (device memory in use by anyone, and
+        the part sympool did not reserve). device: the world's device by default."""
         h = self._check_open()
         _need("sp_stats_aggregate")
         try:
@@ -234,9 +264,11 @@ class World:
             raise e
         s = _lib.StatsSummary()
         check(lib().sp_stats_aggregate(h, d, ctypes.byref(s)))
+        L = lib()
+        keys = [L.sp_stats_summary_key(i).decode() for i in range(L.sp_stats_summary_count())]
         return {k: {"min": s.min[i], "max": s.max[i], "sum": s.sum[i],
                     "min_rank": s.min_rank[i], "max_rank": s.max_rank[i]}
-                for i, k in enumerate(stats_keys())}
+                for i, k in enumerate(keys)}
 
     def stats_report(self, format="table", file=None, device=None):
         """Aggregate the stats and write the report on rank 0 to file (sys.stdout by default):

@@ -30,7 +30,7 @@ grep -q "SYMPOOL_REPORT_FILE: cannot write" "$work/stderr" || { echo "FAIL: no w
 
 echo "== prometheus"
 SYMPOOL_REPORT=prometheus SYMPOOL_REPORT_FILE="$work/metrics.prom" run
-grep -q '^sympool_memory_allocated_bytes_total{metric="allocated",pool="all",rank="1"} ' \
+grep -q '^sympool_memory_allocated_bytes_total{metric="allocated",pool="all",rank="1",node="[^"]*"} ' \
   "$work/metrics.prom" || { echo "FAIL: prometheus families"; exit 1; }
 if command -v promtool >/dev/null; then
   promtool check metrics <"$work/metrics.prom" || { echo "FAIL: promtool"; exit 1; }

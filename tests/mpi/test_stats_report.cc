@@ -28,7 +28,9 @@
 #include <vector>
 
 extern "C" {
+#include "pool/device/device.h"
 #include <sympool/collectives.h>
+#include <sympool/summary.h>
 }
 
 namespace {
@@ -260,19 +262,49 @@ TEST_F(StatsReport, JsonParsesBackAndMatchesTheAggregate) {
     EXPECT_EQ(j.get("nranks")->i64(), n_);
     const Json *stats = j.get("stats");
     ASSERT_NE(stats, nullptr);
-    ASSERT_EQ(stats->obj.size(), sp_stats_count());
-    for (size_t i = 0; i < sp_stats_count(); i++) {
-        const Json *k = stats->get(sp_stats_key(i));
-        ASSERT_NE(k, nullptr) << sp_stats_key(i);
-        EXPECT_EQ(k->get("min")->i64(), sum.min[i]) << sp_stats_key(i);
-        EXPECT_EQ(k->get("max")->i64(), sum.max[i]) << sp_stats_key(i);
-        EXPECT_EQ(k->get("sum")->i64(), sum.sum[i]) << sp_stats_key(i);
-        EXPECT_EQ(k->get("min_rank")->i64(), sum.min_rank[i]) << sp_stats_key(i);
-        EXPECT_EQ(k->get("max_rank")->i64(), sum.max_rank[i]) << sp_stats_key(i);
-        EXPECT_NEAR(k->get("mean")->num(), (double)sum.sum[i] / n_,
-                    1e-3 + 1e-9 * std::abs((double)sum.sum[i]))
-            << sp_stats_key(i);
+    ASSERT_EQ(stats->obj.size(), sp_stats_summary_count());
+    for (size_t i = 0; i < sp_stats_summary_count(); i++) {
+        const char *key = sp_stats_summary_key(i);
+        const Json *k = stats->get(key);
+        ASSERT_NE(k, nullptr) << key;
+        // The device's figures move between the two collectives; the rest must be equal.
+        bool moves = std::strncmp(key, "device.", 7) == 0;
+        if (!moves) {
+            EXPECT_EQ(k->get("min")->i64(), sum.min[i]) << key;
+            EXPECT_EQ(k->get("max")->i64(), sum.max[i]) << key;
+            EXPECT_EQ(k->get("sum")->i64(), sum.sum[i]) << key;
+            EXPECT_EQ(k->get("min_rank")->i64(), sum.min_rank[i]) << key;
+            EXPECT_EQ(k->get("max_rank")->i64(), sum.max_rank[i]) << key;
+            EXPECT_NEAR(k->get("mean")->num(), (double)sum.sum[i] / n_,
+                        1e-3 + 1e-9 * std::abs((double)sum.sum[i]))
+                << key;
+        }
+        // Every record names the node of its min and max rank.
+        ASSERT_NE(k->get("max_node"), nullptr) << key;
+        EXPECT_EQ(k->get("max_node")->text,
+                  sp_world_node_name(w_, sp_world_node(w_, (int)k->get("max_rank")->i64())))
+            << key;
     }
+    // Per node: every node once, its ranks, and sums that add up to the job's.
+    ASSERT_NE(j.get("nnodes"), nullptr);
+    EXPECT_EQ(j.get("nnodes")->i64(), sp_world_node_count(w_));
+    const Json *nodes = j.get("nodes");
+    ASSERT_NE(nodes, nullptr);
+    ASSERT_EQ(nodes->kind, Json::ARR);
+    ASSERT_EQ(nodes->arr.size(), (size_t)sp_world_node_count(w_));
+    size_t ranks_seen = 0;
+    int64_t allocated = 0;
+    for (size_t k = 0; k < nodes->arr.size(); k++) {
+        const Json &node = nodes->arr[k];
+        EXPECT_EQ(node.get("name")->text, sp_world_node_name(w_, (int)k));
+        for (const Json &r : node.get("ranks")->arr) {
+            EXPECT_EQ(sp_world_node(w_, (int)r.i64()), (int)k);
+            ranks_seen++;
+        }
+        allocated += node.get("stats")->get("allocated_bytes.all.current")->get("sum")->i64();
+    }
+    EXPECT_EQ(ranks_seen, (size_t)n_);
+    EXPECT_EQ(allocated, stats->get("allocated_bytes.all.current")->get("sum")->i64());
     const Json *sym = j.get("symmetric");
     ASSERT_NE(sym, nullptr);
     for (const char *k : {"registrations", "deregistrations", "agreement_rounds", "mallocs"})
@@ -320,7 +352,7 @@ TEST_F(StatsReport, PrometheusHasEveryKeyForEveryRankAsLabelledFamilies) {
     if (rank_ != 0)
         return;
     const std::regex sample(
-        R"re(^([a-zA-Z_:][a-zA-Z0-9_:]*)\{((?:[a-z_]+="[a-z_]+",)*)rank="(\d+)"\} (-?\d+|\+Inf)$)re");
+        R"re(^([a-zA-Z_:][a-zA-Z0-9_:]*)\{((?:[a-z_]+="[a-z_]+",)*)rank="(\d+)",node="([^"]*)"\} (-?\d+|\+Inf)$)re");
     const std::regex help(R"(^# HELP ([a-zA-Z_:][a-zA-Z0-9_:]*) .+$)");
     const std::regex type(R"(^# TYPE ([a-zA-Z_:][a-zA-Z0-9_:]*) (gauge|counter)$)");
     // series (name{labels}) -> rank -> value
@@ -347,17 +379,20 @@ TEST_F(StatsReport, PrometheusHasEveryKeyForEveryRankAsLabelledFamilies) {
             EXPECT_EQ(typed.count(name), 1u) << "TYPE before samples: " << name;
             std::string series = name + "{" + std::string(m[2]) + "}";
             int r = std::stoi(m[3]);
+            EXPECT_EQ(m[4].str(), sp_world_node_name(w_, sp_world_node(w_, r))) << line;
             EXPECT_EQ(values[series].count(r), 0u) << "duplicate sample " << line;
-            values[series][r] = m[4];
+            values[series][r] = m[5];
             if (typed[name] == "counter") {
-                EXPECT_NE(m[4].str()[0], '-') << "a negative counter: " << line;
+                EXPECT_NE(m[5].str()[0], '-') << "a negative counter: " << line;
             }
         } else {
             ADD_FAILURE() << "not exposition format: '" << line << "'";
         }
     }
     EXPECT_LE(typed.size(), 25u) << "families, not one name per key";
-    EXPECT_EQ(values.size(), sp_stats_count() + 6);
+    // memory_stats keys, device.used/untracked, and 8 symmetric counters.
+    EXPECT_EQ(values.size(), sp_stats_count() + 2 + 8);
+    EXPECT_EQ(values["sympool_device_untracked_bytes{}"].size(), (size_t)n_);
     for (size_t i = 0; i < sp_stats_count(); i++) {
         auto s = prom_series(sp_stats_key(i));
         std::string series = s.first + "{" + s.second + (s.second.empty() ? "" : ",") + "}";
@@ -408,6 +443,10 @@ TEST_F(StatsReport, TableAllNamesEveryKeyAndTheWorstRank) {
         << line;
     EXPECT_EQ(std::atoll(mx), n_ + 1) << line;
     EXPECT_EQ(worst, n_ - 1) << line;
+    // The worst rank is named with its node.
+    std::string at =
+        std::to_string(n_ - 1) + "@" + sp_world_node_name(w_, sp_world_node(w_, n_ - 1));
+    EXPECT_NE(line.find(" " + at + " "), std::string::npos) << line;
 }
 
 // The default table is short: the key figures first, then only the keys where a rank stands out
@@ -420,7 +459,14 @@ TEST_F(StatsReport, TableLeadsWithKeyFiguresAndImbalancedKeys) {
     size_t lines = 0;
     for (char c : text)
         lines += c == '\n';
-    EXPECT_LE(lines, 30u) << text;
+    // Two more key figures (device.*), and a per-node section only when the job spans nodes.
+    int nodes = sp_world_node_count(w_);
+    EXPECT_LE(lines, 32u + (nodes > 1 ? 2u + (unsigned)nodes : 0u)) << text;
+    EXPECT_EQ(text.find("-- per node"), nodes > 1 ? text.find("-- per node") : std::string::npos)
+        << text;
+    if (nodes > 1) {
+        EXPECT_NE(text.find("-- per node"), std::string::npos) << text;
+    }
     size_t key_figures = text.find("-- key figures\nallocated_bytes.all.current ");
     size_t imbalanced = text.find("-- imbalanced keys");
     ASSERT_NE(key_figures, std::string::npos) << text;
@@ -566,6 +612,110 @@ TEST_F(StatsReport, ReportFileIsRegularAndWrittenAtomically) {
         unlink(file.c_str());
         rmdir(dir);
     }
+}
+
+// Device memory taken outside the pool (as NCCL or another library would take it) shows as
+// device.untracked_bytes: in sp_device_usage, in the aggregate, in memory_summary and in the
+// report. On the host backend the emulated device counts every allocation from it.
+TEST_F(StatsReport, MemoryOutsideThePoolIsUntracked) {
+    SP_SKIP_UNLESS_HOST(); // on a GPU other processes change the device's free memory meanwhile
+    void *held = nullptr;
+    ASSERT_SP_OK(sp_malloc(4 << 20, dev_, nullptr, &held)); // sympool's own: tracked
+    blocks_.push_back(held);
+    sp_device_usage_t before;
+    ASSERT_SP_OK(sp_device_usage(dev_, &before));
+    EXPECT_GE(before.reserved, (size_t)4 << 20);
+    EXPECT_EQ(before.used, before.reserved + before.untracked);
+    // Rank r takes (r+1) x 3 MiB straight from the device, outside every pool.
+    const size_t outside = ((size_t)rank_ + 1) * (3u << 20);
+    const sp_device_ops_t *ops = nullptr;
+    sp_device_caps_t caps;
+    ASSERT_SP_OK(sp__device_select(&ops, &caps)); // the backend sympool already uses
+    void *raw = nullptr;
+    ASSERT_SP_OK(ops->mem_alloc(dev_, outside, &raw));
+    sp_device_usage_t u;
+    ASSERT_SP_OK(sp_device_usage(dev_, &u));
+    EXPECT_EQ(u.untracked, before.untracked + outside);
+    EXPECT_EQ(u.used, before.used + outside);
+    EXPECT_EQ(u.reserved, before.reserved);
+    expect_warnings();
+    EXPECT_SP_STATUS(sp_device_usage(dev_, nullptr), SP_ERR_INVALID_ARGUMENT);
+    EXPECT_SP_STATUS(sp_device_usage(9999, &u), SP_ERR_INVALID_ARGUMENT);
+
+    sp_stats_summary_t sum;
+    ASSERT_SP_OK(sp_stats_aggregate(w_, dev_, &sum));
+    size_t iu = sp_stats_summary_count();
+    for (size_t i = 0; i < sp_stats_summary_count(); i++)
+        if (std::strcmp(sp_stats_summary_key(i), "device.untracked_bytes") == 0)
+            iu = i;
+    ASSERT_LT(iu, sp_stats_summary_count());
+    EXPECT_EQ(sp_stats_summary_key(sp_stats_summary_count()), nullptr);
+    EXPECT_EQ(sum.max_rank[iu], n_ - 1) << "the rank that took the most";
+    EXPECT_GE(sum.max[iu], (int64_t)(n_ * (3 << 20)));
+
+    char buf[8192];
+    ASSERT_SP_OK(sp_memory_summary(dev_, buf, sizeof buf));
+    std::string summary = buf;
+    EXPECT_NE(summary.find("not sympool's"), std::string::npos) << summary;
+    EXPECT_NE(summary.find("Device used"), std::string::npos) << summary;
+
+    std::string text = report(SP_REPORT_TABLE);
+    ASSERT_SP_OK(ops->mem_free(dev_, raw, outside));
+    sp_device_usage_t after;
+    ASSERT_SP_OK(sp_device_usage(dev_, &after));
+    EXPECT_EQ(after.untracked, before.untracked);
+    if (rank_ == 0) {
+        size_t row = text.find("\ndevice.untracked_bytes ");
+        ASSERT_NE(row, std::string::npos) << text;
+        std::string line = text.substr(row + 1, text.find('\n', row + 1) - row - 1);
+        if (n_ > 1) {
+            std::string at = std::to_string(n_ - 1) + "@";
+            EXPECT_NE(line.find(" " + at), std::string::npos) << line;
+        }
+    }
+}
+
+// Collectives are counted per world as able to use symmetric kernels or not, and the reason for
+// a fallback is logged at INFO.
+TEST_F(StatsReport, CollectivesAreCountedEligibleOrFallback) {
+    SP_SKIP_BELOW_RANKS(2);
+    sp_mempool_t *pool = nullptr;
+    ASSERT_SP_OK(sym_pool_create(w_, "eligible", false, &pool));
+    float *sym = nullptr, *plain = nullptr;
+    ASSERT_SP_OK(sp_symmetric_malloc(pool, 64 * sizeof(float), nullptr, (void **)&sym));
+    ASSERT_SP_OK(sp_malloc(64 * sizeof(float), dev_, nullptr, (void **)&plain));
+    auto counts = [&](int64_t *eligible, int64_t *fallback) {
+        std::string text = report(SP_REPORT_JSON);
+        int64_t v[2] = {0, 0};
+        if (rank_ == 0) {
+            Json j;
+            ASSERT_TRUE(parse_json(text, &j));
+            v[0] = j.get("symmetric")->get("collectives_eligible")->get("min")->i64();
+            v[1] = j.get("symmetric")->get("collectives_fallback")->get("min")->i64();
+        }
+        MPI_Bcast(v, 2, MPI_INT64_T, 0, MPI_COMM_WORLD);
+        *eligible = v[0];
+        *fallback = v[1];
+    };
+    int64_t e0, f0, e1, f1, e2, f2;
+    counts(&e0, &f0);
+    ASSERT_SP_OK(sp_allreduce(w_, sym, sym, 64, SP_FLOAT32, SP_SUM, nullptr));
+    counts(&e1, &f1);
+    EXPECT_EQ(e1, e0 + 1);
+    EXPECT_EQ(f1, f0);
+    {
+        sp::ScopedEnv env({{"SYMPOOL_DEBUG", "INFO"}, {"SYMPOOL_DEBUG_SUBSYS", "COLL"}});
+        ASSERT_SP_OK(sp_allreduce(w_, plain, plain, 64, SP_FLOAT32, SP_SUM, nullptr));
+        EXPECT_EQ(log_.count(SP_LOG_INFO, "sp_allreduce(64 x float32, sum): not symmetric kernels: "
+                                          "send buffer is not in a registered symmetric segment"),
+                  1u);
+    }
+    counts(&e2, &f2);
+    EXPECT_EQ(e2, e1);
+    EXPECT_EQ(f2, f1 + 1);
+    ASSERT_SP_OK(sp_free(sym));
+    ASSERT_SP_OK(sp_free(plain));
+    ASSERT_SP_OK(sp_symmetric_mempool_destroy(pool));
 }
 
 } // namespace

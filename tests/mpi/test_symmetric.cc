@@ -113,10 +113,11 @@ TEST_F(Symmetric, MixedSizesIdenticalOffsetsWithRankOrderedFrees) {
     EXPECT_EQ(after.registrations - before.registrations, after.growths - before.growths);
 }
 
-TEST_F(Symmetric, PeerPointersReadEveryRank) {
-    // Host loads and stores through the mpi registrar's shared segments; on a GPU the nccl
-    // registrar refuses host peer pointers (test_symmetric_gpu and
-    // RegistrarChoiceIsCheckedAtCreate check that).
+// Peer pointers reach every rank of this node and no rank of another node (one node under a
+// plain mpirun; several under tests/multinode/mn-run.sh, where this test runs too). Host loads
+// and stores through the mpi registrar's shared segments; on a GPU the nccl registrar refuses
+// host peer pointers (test_symmetric_gpu and RegistrarChoiceIsCheckedAtCreate check that).
+TEST_F(Symmetric, PeerPointersReadEveryRankOfTheNodeOnly) {
     SP_SKIP_ON_GPU("peer pointers are host loads of the mpi registrar's shared memory");
     make();
     int *buf = nullptr;
@@ -124,19 +125,38 @@ TEST_F(Symmetric, PeerPointersReadEveryRank) {
     buf[0] = 1000 + mpi_rank();
     buf[10] = 2000 + mpi_rank();
     MPI_Barrier(MPI_COMM_WORLD);
+    int my_node = sp_world_node(world_, mpi_rank());
+    int next_local = -1, reached = 0;
     for (int r = 0; r < mpi_size(); r++) {
         void *peer = nullptr;
+        if (sp_world_node(world_, r) != my_node) {
+            expect_warnings();
+            EXPECT_SP_STATUS(sp_symmetric_peer_ptr(buf, r, &peer), SP_ERR_NOT_SUPPORTED);
+            std::string msg = sp_last_error();
+            std::string there = sp_world_node_name(world_, sp_world_node(world_, r));
+            EXPECT_NE(msg.find("rank " + std::to_string(r) + " is on node"), std::string::npos)
+                << msg;
+            EXPECT_NE(msg.find("(" + there + ")"), std::string::npos) << msg;
+            EXPECT_EQ(peer, nullptr);
+            continue;
+        }
         ASSERT_SP_OK(sp_symmetric_peer_ptr(buf, r, &peer));
         EXPECT_EQ(*(volatile int *)peer, 1000 + r) << "peer " << r;
+        reached++;
         if (r == mpi_rank()) {
             EXPECT_EQ(peer, (void *)buf);
+        } else if (next_local < 0 || (next_local < mpi_rank() && r > mpi_rank())) {
+            next_local = r;
         }
     }
+    EXPECT_EQ(reached, sp_world_local_size(world_));
     // Inside the block too, not only at its start.
-    int next = (mpi_rank() + 1) % mpi_size();
+    if (next_local >= 0) {
+        void *peer = nullptr;
+        ASSERT_SP_OK(sp_symmetric_peer_ptr(buf + 10, next_local, &peer));
+        EXPECT_EQ(*(volatile int *)peer, 2000 + next_local);
+    }
     void *peer = nullptr;
-    ASSERT_SP_OK(sp_symmetric_peer_ptr(buf + 10, next, &peer));
-    EXPECT_EQ(*(volatile int *)peer, 2000 + next);
     MPI_Barrier(MPI_COMM_WORLD);
     expect_warnings();
     EXPECT_SP_STATUS(sp_symmetric_peer_ptr(buf, mpi_size(), &peer), SP_ERR_INVALID_ARGUMENT);

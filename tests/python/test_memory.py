@@ -23,6 +23,16 @@ def test_backend_and_devices(sp):
     assert 0 < free <= total
 
 
+def test_device_usage_counts_sympool_segments_as_tracked(sp):
+    p = sp.malloc(1 << 20)
+    try:
+        u = sp.device_usage(0)
+        assert u["reserved"] >= 1 << 20
+        assert u["used"] == u["reserved"] + u["untracked"] <= u["total"]
+    finally:
+        sp.free(p)
+
+
 def test_memory_stats_keys_in_pytorch_order(sp):
     st = sp.memory_stats()
     assert isinstance(st, collections.OrderedDict)

@@ -29,6 +29,10 @@ def test_world_matches_mpi4py(world):
     comm = MPI.COMM_WORLD
     assert (world.rank, world.size) == (comm.Get_rank(), comm.Get_size())
     assert 0 <= world.local_rank < world.size
+    assert world.local_rank < world.local_size <= world.size
+    assert 1 <= world.node_count <= world.size
+    assert world.node(0) == 0 and world.node_name(0)
+    assert world.node_name() == world.node_name(world.node())
     assert world.device == 0  # one emulated device on the host backend
     assert world.size >= 2
 
@@ -84,7 +88,8 @@ def test_stats_aggregate(world):
     assert set(cur) == {"min", "max", "sum", "min_rank", "max_rank"}
     assert cur["max_rank"] == world.size - 1 and cur["min_rank"] == 0
     assert cur["max"] - cur["min"] == 1024 * (world.size - 1)
-    assert len(agg) == 122
+    assert len(agg) == 122 + 2  # memory_stats, then device.used_bytes and device.untracked_bytes
+    assert agg["device.untracked_bytes"]["min"] >= 0
     sympool.free(p)
 
 
