@@ -104,14 +104,15 @@ sp_status_t sp__pool_sym_plan(sp_mempool_t *pool, size_t rounded, sp_stream_t st
                          pool->name ? pool->name : "", rounded, stream);
     size_t alloc_size = sp__allocation_size(rounded);
     sp__lock(&d->lock);
-    int why = sp__alloc_segment_room(d, pool, alloc_size);
+    sp_grow_refusal_t why = sp__alloc_segment_room(d, pool, alloc_size);
     sp__unlock(&d->lock);
-    if (why)
+    if (why != SP_GROW_DEVICE)
         return sp__error_quiet(SP_ERR_OUT_OF_MEMORY, SP_SUB_POOL,
                                "symmetric pool \"%s\": no room for a %zu-byte segment (%s)",
                                pool->name ? pool->name : "", alloc_size,
-                               why == 2 ? "pool limit, sp_mempool_set_limit"
-                                        : "memory fraction, sp_set_memory_fraction");
+                               why == SP_GROW_POOL_LIMIT
+                                   ? "pool limit, sp_mempool_set_limit"
+                                   : "memory fraction, sp_set_memory_fraction");
     *alloc_size_p = alloc_size;
     return SP_SUCCESS;
 }
