@@ -564,8 +564,8 @@ static sp_status_t report_oom(sp_devalloc_t *d, sp_mempool_t *pool, size_t orig,
         sp__history_record(d->device, SP_TRACE_OOM, (uintptr_t)dfree, size, (uintptr_t)stream,
                            pool->id, context);
     char req[32], tot[32], fre[32], alc[32], unal[32], lim[32], res[32], cap[32];
-    int64_t allocated = d->stats.arr[SP_ST_ALLOCATED_BYTES][SP_STAT_ALL].current;
-    int64_t reserved = d->stats.arr[SP_ST_RESERVED_BYTES][SP_STAT_ALL].current;
+    int64_t allocated = sp__stat_all_current(&d->stats, SP_ST_ALLOCATED_BYTES);
+    int64_t reserved = sp__stat_all_current(&d->stats, SP_ST_RESERVED_BYTES);
     sp__fmt_size(orig, req, sizeof(req));
     sp__fmt_size(dtotal, tot, sizeof(tot));
     sp__fmt_size(dfree, fre, sizeof(fre));
