@@ -22,6 +22,18 @@
  * time: the deadline is compared across ranks (same clock on one node; NTP-close across nodes,
  * far below any useful deadline).
  *
+ * Two wire forms. Every round first goes out in the SHORT form, which MPI reduces with its
+ * built-in MPI_MAX (a user-defined op costs a call per element and keeps MPI off its tuned
+ * paths): each value v travels as v and ~v, and since ~ reverses the order of int64, the maximum
+ * of ~v is ~min(v). So one MPI_MAX gives the min and max of the op, the call number and every
+ * field, whether any rank's checks failed, the lowest failed rank, the earliest deadline (to the
+ * ns: the late rule below must see exactly the deadline a rank gave up at) and, for messages, the
+ * rank that set it (a key of the deadline in ms above 21 bits of rank: the lowest rank among
+ * those whose deadline falls in the earliest millisecond).
+ * Only when some rank's checks failed does a FULL round follow (the same inputs, the user-defined
+ * op, W_* layout below) for the count and the set of failed ranks; every rank sees the same
+ * short result, so every rank takes the second round or none does.
+ *
  * Locking: s_grave_lock guards the graveyard; the MPI op is created once under s_op_lock.
  */
 #include <pthread.h>
@@ -50,6 +62,25 @@ enum {
     W_DEADLINE_RANK,
     W_COUNT
 };
+
+/* Short wire layout: int64 words, all reduced by MPI_MAX (see the top of the file). */
+enum {
+    S_OP,                              /* op */
+    S_NOT_OP,                          /* ~op: the max is ~(smallest op) */
+    S_CALL,                            /* call number */
+    S_NOT_CALL,                        /* ~call number */
+    S_F,                               /* the fields */
+    S_NOT_F = S_F + SP_AGREE_NF,       /* ~fields */
+    S_ANY_BAD = S_NOT_F + SP_AGREE_NF, /* 1 when this rank's checks failed */
+    S_NOT_BAD_RANK,                    /* ~rank when they failed, else INT64_MIN */
+    S_NOT_DEADLINE,                    /* ~deadline in ns (INT64_MAX when none) */
+    S_NOT_LATE_KEY,                    /* ~(deadline ms << 21 | rank), INT64_MIN for none */
+    S_COUNT
+};
+#define S_RANK_BITS 21
+#define S_RANK_MASK (((int64_t)1 << S_RANK_BITS) - 1)
+/* Deadlines in ms below 2^42 (until the year 2109) fit above the rank bits. */
+#define S_DEADLINE_MS_MAX ((int64_t)1 << (62 - S_RANK_BITS))
 
 typedef struct sp_grave {
     MPI_Request req;       /* abandoned, maybe still pending */
@@ -211,6 +242,41 @@ static void unpack(const int64_t *w, sp_agree_t *a) {
     a->late_rank = (int)w[W_DEADLINE_RANK];
 }
 
+static void pack_short(const sp_agree_t *a, int rank, int64_t deadline, int64_t *w) {
+    w[S_OP] = a->op;
+    w[S_NOT_OP] = ~a->op;
+    w[S_CALL] = (int64_t)a->callno;
+    w[S_NOT_CALL] = ~(int64_t)a->callno;
+    for (int i = 0; i < SP_AGREE_NF; i++) {
+        w[S_F + i] = a->f[i];
+        w[S_NOT_F + i] = ~a->f[i];
+    }
+    w[S_ANY_BAD] = !a->ok;
+    w[S_NOT_BAD_RANK] = a->ok ? INT64_MIN : ~(int64_t)rank;
+    w[S_NOT_DEADLINE] = ~deadline;
+    int64_t ms = deadline == INT64_MAX ? S_DEADLINE_MS_MAX : deadline / 1000000;
+    int64_t r = rank < (int)S_RANK_MASK ? rank : S_RANK_MASK;
+    w[S_NOT_LATE_KEY] = ms >= S_DEADLINE_MS_MAX ? INT64_MIN : ~(ms << S_RANK_BITS | r);
+}
+
+/* The outputs of a short round; *earliest_p gets the earliest deadline (ns, INT64_MAX: none).
+ * Whether the full round must follow is w[S_ANY_BAD]. */
+static void unpack_short(const int64_t *w, sp_agree_t *a, int64_t *earliest_p) {
+    a->op_lo = ~w[S_NOT_OP];
+    a->op_hi = w[S_OP];
+    a->call_lo = (uint64_t)~w[S_NOT_CALL];
+    a->call_hi = (uint64_t)w[S_CALL];
+    for (int i = 0; i < SP_AGREE_NF; i++) {
+        a->lo[i] = ~w[S_NOT_F + i];
+        a->hi[i] = w[S_F + i];
+    }
+    a->nbad = 0;
+    a->bad_lo = w[S_ANY_BAD] ? (int)~w[S_NOT_BAD_RANK] : -1;
+    memset(a->bad_set, 0, sizeof a->bad_set);
+    *earliest_p = ~w[S_NOT_DEADLINE];
+    a->late_rank = w[S_NOT_LATE_KEY] == INT64_MIN ? 0 : (int)(~w[S_NOT_LATE_KEY] & S_RANK_MASK);
+}
+
 /* Each thread's round buffer, kept between rounds (a cache hit's round must not cost a malloc):
  * heap memory, because if this rank gives up MPI may still write it when a late rank arrives;
  * then it goes to the graveyard and the thread makes a new one. Freed at thread exit. */
@@ -243,6 +309,34 @@ const char *sp__agree_name(const sp_agree_t *a, const char *what, char *buf, siz
     return a->describe ? a->describe(a->describe_ctx, buf, n) : "a collective sympool call";
 }
 
+/* Wait for one round's request until this rank's deadline. On an MPI error or the deadline the
+ * request and buf go to the graveyard (*abandoned_p). */
+static sp_status_t wait_round(MPI_Request *req, MPI_Comm comm, int64_t *buf, int64_t deadline,
+                              double limit, bool thread_buf, const char *what, bool *abandoned_p) {
+    for (unsigned spins = 0;; spins++) {
+        int done = 0;
+        int rc = MPI_Test(req, &done, MPI_STATUS_IGNORE);
+        bool expired = !done && spins >= 64 && realtime_ns() >= deadline;
+        if (rc != MPI_SUCCESS || expired) {
+            if (thread_buf)
+                give_up_buf();
+            bury(*req, comm, buf); /* an erroneous request may still be live */
+            *abandoned_p = true;
+            if (rc != MPI_SUCCESS)
+                return sp__world_mpi_status(rc, what);
+            return sp__error(SP_ERR_TIMEOUT, SP_SUB_BOOT,
+                             "%s: timed out: not every rank arrived within %g s "
+                             "(SYMPOOL_SYM_TIMEOUT); a rank stopped calling, died, or calls "
+                             "in another order",
+                             what, limit);
+        }
+        if (done)
+            return SP_SUCCESS;
+        if (spins >= 64)
+            sched_yield(); /* oversubscribed ranks must let the late one run */
+    }
+}
+
 sp_status_t sp__agree(MPI_Comm comm, sp_agree_t *a, const char *what_in, bool *abandoned_p) {
     *abandoned_p = false;
     char wbuf[160];
@@ -251,47 +345,21 @@ sp_status_t sp__agree(MPI_Comm comm, sp_agree_t *a, const char *what_in, bool *a
     MPI_Comm_rank(comm, &rank);
     double limit = sp__agree_timeout_s();
     int64_t deadline = deadline_ns(limit);
-    MPI_Op op = agree_op();
     int64_t *buf = round_buf();
-    if (!buf || op == MPI_OP_NULL) {
+    if (!buf)
         /* Nothing was sent: the peers will time out, which is what a missing rank looks like. */
-        return sp__error(SP_ERR_SYSTEM, SP_SUB_BOOT, "%s: %s", what,
-                         op == MPI_OP_NULL ? "MPI_Op_create for the agreement failed"
-                                           : "out of host memory for the agreement");
-    }
-    pack(a, rank, deadline, buf);
+        return sp__error(SP_ERR_SYSTEM, SP_SUB_BOOT, "%s: out of host memory for the agreement",
+                         what);
+    pack_short(a, rank, deadline, buf);
     __atomic_fetch_add(&s_rounds, 1, __ATOMIC_RELAXED);
     MPI_Request req;
-    int rc = MPI_Iallreduce(buf, buf + W_COUNT, W_COUNT, MPI_INT64_T, op, comm, &req);
+    int rc = MPI_Iallreduce(buf, buf + W_COUNT, S_COUNT, MPI_INT64_T, MPI_MAX, comm, &req);
     if (rc != MPI_SUCCESS)
         return sp__world_mpi_status(rc, what);
-    for (unsigned spins = 0;; spins++) {
-        int done = 0;
-        rc = MPI_Test(&req, &done, MPI_STATUS_IGNORE);
-        if (rc != MPI_SUCCESS) {
-            give_up_buf();
-            bury(req, comm, buf); /* an erroneous request may still be live */
-            *abandoned_p = true;
-            return sp__world_mpi_status(rc, what);
-        }
-        if (done)
-            break;
-        if (spins >= 64) {
-            if (realtime_ns() >= deadline) {
-                give_up_buf();
-                bury(req, comm, buf);
-                *abandoned_p = true;
-                return sp__error(SP_ERR_TIMEOUT, SP_SUB_BOOT,
-                                 "%s: timed out: not every rank arrived within %g s "
-                                 "(SYMPOOL_SYM_TIMEOUT); a rank stopped calling, died, or calls "
-                                 "in another order",
-                                 what, limit);
-            }
-            sched_yield(); /* oversubscribed ranks must let the late one run */
-        }
-    }
-    unpack(buf + W_COUNT, a);
-    int64_t earliest = buf[W_COUNT + W_DEADLINE];
+    SP_CHECK(wait_round(&req, comm, buf, deadline, limit, true, what, abandoned_p));
+    int64_t earliest = INT64_MAX;
+    unpack_short(buf + W_COUNT, a, &earliest);
+    bool any_bad = buf[W_COUNT + S_ANY_BAD] != 0;
     if (earliest != INT64_MAX && realtime_ns() > earliest) {
         a->late = true;
         return sp__error(SP_ERR_TIMEOUT, SP_SUB_BOOT,
@@ -301,6 +369,21 @@ sp_status_t sp__agree(MPI_Comm comm, sp_agree_t *a, const char *what_in, bool *a
                          a->op_lo == a->op_hi ? "" : " and ",
                          a->op_lo == a->op_hi ? "" : sp__agree_op_name(a->op_hi));
     }
+    if (SP_LIKELY(!any_bad))
+        return SP_SUCCESS;
+
+    /* Some rank's checks failed: the full round names them (same inputs, same deadline). */
+    MPI_Op op = agree_op();
+    if (op == MPI_OP_NULL)
+        return sp__error(SP_ERR_SYSTEM, SP_SUB_BOOT, "%s: MPI_Op_create for the agreement failed",
+                         what);
+    pack(a, rank, deadline, buf);
+    __atomic_fetch_add(&s_rounds, 1, __ATOMIC_RELAXED);
+    rc = MPI_Iallreduce(buf, buf + W_COUNT, W_COUNT, MPI_INT64_T, op, comm, &req);
+    if (rc != MPI_SUCCESS)
+        return sp__world_mpi_status(rc, what);
+    SP_CHECK(wait_round(&req, comm, buf, deadline, limit, true, what, abandoned_p));
+    unpack(buf + W_COUNT, a);
     return SP_SUCCESS;
 }
 #undef what
@@ -363,24 +446,7 @@ sp_status_t sp__agree_band(MPI_Comm comm, uint64_t *bits, size_t words, const ch
         free(buf);
         return sp__world_mpi_status(rc, what);
     }
-    for (unsigned spins = 0;; spins++) {
-        int done = 0;
-        rc = MPI_Test(&req, &done, MPI_STATUS_IGNORE);
-        if (rc != MPI_SUCCESS || (!done && spins >= 64 && realtime_ns() >= deadline)) {
-            bury(req, comm, (int64_t *)buf);
-            *abandoned_p = true;
-            if (rc != MPI_SUCCESS)
-                return sp__world_mpi_status(rc, what);
-            return sp__error(SP_ERR_TIMEOUT, SP_SUB_BOOT,
-                             "%s: timed out: not every rank arrived within %g s "
-                             "(SYMPOOL_SYM_TIMEOUT)",
-                             what, limit);
-        }
-        if (done)
-            break;
-        if (spins >= 64)
-            sched_yield();
-    }
+    SP_CHECK(wait_round(&req, comm, (int64_t *)buf, deadline, limit, false, what, abandoned_p));
     memcpy(bits, buf + words, words * sizeof *buf);
     free(buf);
     return SP_SUCCESS;
