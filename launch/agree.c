@@ -90,14 +90,14 @@ enum {
 /* Deadlines in ms below 2^42 (until the year 2109) fit above the rank bits. */
 #define S_DEADLINE_MS_MAX ((int64_t)1 << (62 - S_RANK_BITS))
 
-/* Worlds up to this size agree point to point (see the top of the file). */
-#define P2P_MAX_RANKS 8
+#define P2P_MAX_RANKS SP_AGREE_P2P_MAX_RANKS
 #define P2P_TAG 0x5350 /* the agreement communicators carry nothing else point to point */
 /* The requests of one round: a collective's one, or a send and a receive per peer. */
 #define MAX_REQS (2 * (P2P_MAX_RANKS - 1))
 /* A thread's round buffer: one full record per rank of a small world, or the collective's
  * send and receive halves. */
-#define BUF_WORDS (P2P_MAX_RANKS * W_COUNT)
+#define P2P_WORDS (W_COUNT + SP_AGREE_PAYLOAD_MAX / 8) /* a record and its payload */
+#define BUF_WORDS (P2P_MAX_RANKS * P2P_WORDS)
 
 typedef struct sp_grave {
     MPI_Request reqs[MAX_REQS]; /* abandoned, maybe still pending */
@@ -372,11 +372,16 @@ static sp_status_t check_late(sp_agree_t *a, int64_t earliest, const char *what)
 }
 
 /* A small world's round: every full record to every peer, combined locally (top of the file).
- * Record p lives at buf + p * W_COUNT. */
+ * Record p (and its payload) lives at buf + p * P2P_WORDS. */
 static sp_status_t agree_p2p(MPI_Comm comm, sp_agree_t *a, int rank, int size, int64_t deadline,
                              double limit, int64_t *buf, const char *what, bool *abandoned_p) {
-    int64_t *mine = buf + (size_t)rank * W_COUNT;
+    int64_t *mine = buf + (size_t)rank * P2P_WORDS;
     pack(a, rank, deadline, mine);
+    /* Every message has one length whatever the call, so a rank in another call is a mismatch
+     * and never a truncation: an absent payload travels as zeros. */
+    memset(mine + W_COUNT, 0, SP_AGREE_PAYLOAD_MAX);
+    if (a->payload_bytes)
+        memcpy(mine + W_COUNT, a->payload, a->payload_bytes);
     __atomic_fetch_add(&s_rounds, 1, __ATOMIC_RELAXED);
     MPI_Request reqs[MAX_REQS];
     for (int i = 0; i < MAX_REQS; i++)
@@ -385,11 +390,11 @@ static sp_status_t agree_p2p(MPI_Comm comm, sp_agree_t *a, int rank, int size, i
     for (int p = 0; p < size; p++) {
         if (p == rank)
             continue;
-        int rc =
-            MPI_Irecv(buf + (size_t)p * W_COUNT, W_COUNT, MPI_INT64_T, p, P2P_TAG, comm, &reqs[n]);
+        int rc = MPI_Irecv(buf + (size_t)p * P2P_WORDS, P2P_WORDS, MPI_INT64_T, p, P2P_TAG, comm,
+                           &reqs[n]);
         if (rc != MPI_SUCCESS)
             reqs[n] = MPI_REQUEST_NULL;
-        else if ((rc = MPI_Isend(mine, W_COUNT, MPI_INT64_T, p, P2P_TAG, comm, &reqs[n + 1])) !=
+        else if ((rc = MPI_Isend(mine, P2P_WORDS, MPI_INT64_T, p, P2P_TAG, comm, &reqs[n + 1])) !=
                  MPI_SUCCESS)
             reqs[n + 1] = MPI_REQUEST_NULL;
         if (rc != MPI_SUCCESS) {
@@ -407,13 +412,25 @@ static sp_status_t agree_p2p(MPI_Comm comm, sp_agree_t *a, int rank, int size, i
     memcpy(acc, buf, sizeof acc);
     int len = W_COUNT;
     for (int p = 1; p < size; p++)
-        combine(buf + (size_t)p * W_COUNT, acc, &len, NULL);
+        combine(buf + (size_t)p * P2P_WORDS, acc, &len, NULL);
     unpack(acc, a);
+    if (a->gathered)
+        for (int p = 0; p < size; p++)
+            memcpy((char *)a->gathered + (size_t)p * SP_AGREE_PAYLOAD_MAX,
+                   buf + (size_t)p * P2P_WORDS + W_COUNT, SP_AGREE_PAYLOAD_MAX);
+    a->payload_gathered = a->gathered != NULL;
     return check_late(a, acc[W_DEADLINE], what);
+}
+
+bool sp__agree_carries_payload(MPI_Comm comm) {
+    int size = 1;
+    MPI_Comm_size(comm, &size);
+    return size <= P2P_MAX_RANKS;
 }
 
 sp_status_t sp__agree(MPI_Comm comm, sp_agree_t *a, const char *what_in, bool *abandoned_p) {
     *abandoned_p = false;
+    a->payload_gathered = false;
     char wbuf[160];
 #define what sp__agree_name(a, what_in, wbuf, sizeof wbuf)
     int rank = 0;

@@ -95,6 +95,10 @@ sp_status_t sp__world_agree(sp_world_t *w, sp_agree_t *a, const char *what) {
     return s;
 }
 
+bool sp__world_agree_payload(const sp_world_t *w) {
+    return sp__agree_carries_payload(w->agree_comm);
+}
+
 void sp__world_nccl_abort(sp_world_t *w, const char *why) {
     pthread_mutex_lock(&w->nccl_lock);
 #if defined(SP_HAVE_NCCL)
