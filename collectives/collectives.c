@@ -4,18 +4,23 @@
  * path on the host backend (NCCL on cuda lives in coll_nccl.c).
  *
  * Invariants:
- *  - Nothing is sent before every argument is checked. Checks whose outcome can differ between
- *    ranks (buffer ownership, NULL pointers, one rank passing another count) feed ONE agreement
- *    round (launch/agree.c: the same message shape as every collective sympool call, bounded by
- *    SYMPOOL_SYM_TIMEOUT) that precedes the data movement, so a bad argument on one rank makes
- *    every rank return an error instead of leaving the others blocked in MPI:
+ *  - Nothing is sent before this rank's arguments are checked, and no data is used before every
+ *    rank's are. Checks whose outcome can differ between ranks (buffer ownership, NULL
+ *    pointers, one rank passing another count) feed ONE agreement round (launch/agree.c: the
+ *    same message shape as every collective sympool call, bounded by SYMPOOL_SYM_TIMEOUT) that
+ *    precedes the data movement, so a bad argument on one rank makes every rank return an error
+ *    instead of leaving the others blocked in MPI:
  *    SP_ERR_INVALID_ARGUMENT on every rank when any rank rejected its own arguments (the bad
  *    rank says why; the others name it), SP_ERR_MISMATCH on every rank when the ranks are in
  *    different collective calls (naming both) or passed different counts, dtypes, ops or
  *    roots, SP_ERR_TIMEOUT (naming the call) on every rank that arrived when one did not.
- *  - The deadline covers the agreement only. Once every rank has agreed the data moves through
- *    MPI (host) or NCCL (cuda) on the world's data communicator; a rank that dies during that
- *    transfer is MPI's business (it aborts the job by default) or NCCL's (its collectives wait).
+ *  - A small allreduce (fused()) sends its input inside the agreement round itself, from the
+ *    ranks whose own checks passed, and each rank reduces the gathered inputs once the round says
+ *    every rank agreed: the deadline then covers the whole call.
+ *  - Otherwise the deadline covers the agreement only. Once every rank has agreed the data
+ *    moves through MPI (host) or NCCL (cuda) on the world's data communicator; a rank that dies
+ *    during that transfer is MPI's business (it aborts the job by default) or NCCL's (its
+ *    collectives wait).
  *  - Host stream semantics: the operation has completed when the call returns (the host backend
  *    runs "kernels" synchronously, so no stream synchronization is needed before reading).
  *  - fp16/bf16 SUM/PROD accumulate in float and round once (see half.c).
