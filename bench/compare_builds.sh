@@ -16,7 +16,7 @@ tmp=$(mktemp)
 trap 'rm -f "$tmp" "$tmp.cg"' EXIT
 tag() { sed "s/^{/{\"build\":\"$1\",\"date\":\"$date\",/"; }
 one() { # one() BUILD DIR: one run of every bench of that build
-  SYMPOOL_DEVICE=host "$2/bench/bench_alloc_scale" 5 1000000 1000000 | tag "$1"
+  SYMPOOL_DEVICE=host "$2/bench/bench_alloc_scale" 3 1000000 500000 | tag "$1"
   if command -v mpirun >/dev/null 2>&1; then
     SYMPOOL_DEVICE=host OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 \
       mpirun -np 2 "$2/bench/bench_small_calls" 2000 15 2>/dev/null | tag "$1"
