@@ -331,13 +331,20 @@ const char *sp__agree_name(const sp_agree_t *a, const char *what, char *buf, siz
 
 /* Wait for one round's requests until this rank's deadline. On an MPI error or the deadline the
  * requests and buf go to the graveyard (*abandoned_p). */
+/* How long a round polls before it starts yielding the CPU between polls. */
+#define SPIN_NS 50000
+
 static sp_status_t wait_round(int nreqs, MPI_Request *reqs, MPI_Comm comm, int64_t *buf,
                               int64_t deadline, double limit, bool thread_buf, const char *what,
                               bool *abandoned_p) {
+    int64_t spin_until = 0; /* real time until which this rank polls without yielding */
     for (unsigned spins = 0;; spins++) {
         int done = 0;
         int rc = MPI_Testall(nreqs, reqs, &done, MPI_STATUSES_IGNORE);
-        bool expired = !done && spins >= 64 && realtime_ns() >= deadline;
+        int64_t now = !done && spins >= 64 ? realtime_ns() : 0;
+        if (now && !spin_until)
+            spin_until = now + SPIN_NS;
+        bool expired = now && now >= deadline;
         if (rc != MPI_SUCCESS || expired) {
             if (thread_buf)
                 give_up_buf();
@@ -353,8 +360,11 @@ static sp_status_t wait_round(int nreqs, MPI_Request *reqs, MPI_Comm comm, int64
         }
         if (done)
             return SP_SUCCESS;
-        if (spins >= 64)
-            sched_yield(); /* oversubscribed ranks must let the late one run */
+        /* Oversubscribed ranks must let the late one run, but a yield on a busy machine gives
+         * the CPU away for a whole time slice: poll a while first, as MPI's own blocking calls
+         * do, so that a peer a few microseconds late costs microseconds. */
+        if (now >= spin_until && now)
+            sched_yield();
     }
 }
 
