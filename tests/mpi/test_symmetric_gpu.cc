@@ -50,6 +50,7 @@ TEST_F(SymmetricGpu, NcclWindowAllocationAndAllReduceOnOneRank) {
     // NCCL gives a window when symmetric support is on (one rank: cuMem is enough); record it.
     RecordProperty("nccl_window", wi.window ? "yes" : "no");
     void *peer = nullptr;
+    expect_warnings(); // the refusal below is logged at WARN
     EXPECT_SP_STATUS(sp_symmetric_peer_ptr(buf, 0, &peer), SP_ERR_NOT_SUPPORTED);
 
     std::vector<float> host(n);
