@@ -4,18 +4,23 @@
  * path on the host backend (NCCL on cuda lives in coll_nccl.c).
  *
  * Invariants:
- *  - Nothing is sent before every argument is checked. Checks whose outcome can differ between
- *    ranks (buffer ownership, NULL pointers, one rank passing another count) feed ONE agreement
- *    round (world/agree.c: the same message shape as every collective sympool call, bounded by
- *    SYMPOOL_SYM_TIMEOUT) that precedes the data movement, so a bad argument on one rank makes
- *    every rank return an error instead of leaving the others blocked in MPI:
+ *  - Nothing is sent before this rank's arguments are checked, and no data is used before every
+ *    rank's are. Checks whose outcome can differ between ranks (buffer ownership, NULL
+ *    pointers, one rank passing another count) feed ONE agreement round (world/agree.c: the
+ *    same message shape as every collective sympool call, bounded by SYMPOOL_SYM_TIMEOUT) that
+ *    precedes the data movement, so a bad argument on one rank makes every rank return an error
+ *    instead of leaving the others blocked in MPI:
  *    SP_ERR_INVALID_ARGUMENT on every rank when any rank rejected its own arguments (the bad
  *    rank says why; the others name it), SP_ERR_MISMATCH on every rank when the ranks are in
  *    different collective calls (naming both) or passed different counts, dtypes, ops or
  *    roots, SP_ERR_TIMEOUT (naming the call) on every rank that arrived when one did not.
- *  - The deadline covers the agreement only. Once every rank has agreed the data moves through
- *    MPI (host) or NCCL (cuda) on the world's data communicator; a rank that dies during that
- *    transfer is MPI's business (it aborts the job by default) or NCCL's (its collectives wait).
+ *  - A small allreduce (fused()) sends its input inside the agreement round itself, from the
+ *    ranks whose own checks passed, and each rank reduces the gathered inputs once the round says
+ *    every rank agreed: the deadline then covers the whole call.
+ *  - Otherwise the deadline covers the agreement only. Once every rank has agreed the data
+ *    moves through MPI (host) or NCCL (cuda) on the world's data communicator; a rank that dies
+ *    during that transfer is MPI's business (it aborts the job by default) or NCCL's (its
+ *    collectives wait).
  *  - Host stream semantics: the operation has completed when the call returns (the host backend
  *    runs "kernels" synchronously, so no stream synchronization is needed before reading).
  *  - fp16/bf16 SUM/PROD accumulate in float and round once (see half.c).
@@ -152,7 +157,8 @@ static const int64_t agree_ops[] = {SP_AGREE_ALLREDUCE, SP_AGREE_ALLGATHER, SP_A
 /* The agreement: world/agree.c's round (the call, this rank's checks, count, dtype, op, root),
  * bounded by SYMPOOL_SYM_TIMEOUT, on the world's agreement communicator, before any data
  * moves. A rank in another collective call is SP_ERR_MISMATCH naming both. */
-static sp_status_t agree(sp_world_t *w, const sp_coll_call_t *c, bool ok, const char *why) {
+static sp_status_t agree(sp_world_t *w, const sp_coll_call_t *c, bool ok, const char *why,
+                         void *gathered) {
     const char *fn = kind_names[c->kind];
     bool reduces = c->kind == SP_COLL_ALLREDUCE || c->kind == SP_COLL_REDUCE_SCATTER;
     /* The count is split into two 32-bit halves so it fits int64 whatever size_t holds. */
@@ -165,6 +171,11 @@ static sp_status_t agree(sp_world_t *w, const sp_coll_call_t *c, bool ok, const 
                         reduces ? (int64_t)c->op : 0,
                         c->kind == SP_COLL_BROADCAST ? (int64_t)c->root : 0,
                     }};
+    if (gathered && ok) { /* only a rank whose arguments passed reads its send buffer */
+        a.payload = c->send;
+        a.payload_bytes = c->count * sp__coll_dtype_size(c->dtype);
+    }
+    a.gathered = gathered;
     SP_CHECK(sp__world_agree(w, &a, fn));
     if (!ok)
         return sp__error(SP_ERR_INVALID_ARGUMENT, SP_SUB_COLL, "%s: %s", fn, why);
@@ -491,16 +502,47 @@ static void count_symmetric(sp_world_t *w, const sp_coll_call_t *c, bool cuda) {
 
 /* ---- dispatch --------------------------------------------------------------------------- */
 
+/* A small allreduce on the host backend whose data can travel inside the agreement round: every
+ * rank then reduces all ranks' inputs itself, in one fixed order, instead of a second exchange.
+ * The same decision on every rank once count, dtype and op agree (the round checks that before
+ * the data is used). Half types and AVG keep the MPI path, which owns their rounding rules. */
+static bool fused(sp_world_t *w, const sp_coll_call_t *c) {
+    return c->kind == SP_COLL_ALLREDUCE && c->count > 0 && !is_half(c->dtype) && c->op != SP_AVG &&
+           c->count * sp__coll_dtype_size(c->dtype) <= SP_AGREE_PAYLOAD_MAX &&
+           strcmp(sp_backend_name(), "host") == 0 && sp__world_agree_payload(w);
+}
+
+/* recv = x_0 op (x_1 op (... op x_{n-1})) over the gathered inputs: the same order, so the same
+ * bits, on every rank. */
+static sp_status_t reduce_gathered(sp_world_t *w, const sp_coll_call_t *c, const char *gathered) {
+    int n = sp_world_size(w);
+    size_t bytes = c->count * sp__coll_dtype_size(c->dtype);
+    char acc[SP_AGREE_PAYLOAD_MAX];
+    memcpy(acc, gathered + (size_t)(n - 1) * SP_AGREE_PAYLOAD_MAX, bytes);
+    for (int p = n - 2; p >= 0; p--) {
+        int rc = MPI_Reduce_local(gathered + (size_t)p * SP_AGREE_PAYLOAD_MAX, acc, (int)c->count,
+                                  sp__coll_mpi_type(c->dtype), sp__coll_mpi_op(c->op));
+        if (rc != MPI_SUCCESS)
+            return sp__mpi_status(rc, SP_SUB_COLL, "sp_allreduce", "MPI_Reduce_local");
+    }
+    memcpy(c->recv, acc, bytes);
+    return SP_SUCCESS;
+}
+
 static sp_status_t run(sp_world_t *w, const sp_coll_call_t *c) {
     const char *fn = kind_names[c->kind];
     SP_CHECK(sp__world_check(w, fn));
     char why[512];
     bool ok = check_local(w, c, why, sizeof why);
-    SP_CHECK(agree(w, c, ok, why));
+    char gathered[SP_AGREE_P2P_MAX_RANKS * SP_AGREE_PAYLOAD_MAX];
+    bool fuse = fused(w, c);
+    SP_CHECK(agree(w, c, ok, why, fuse ? gathered : NULL));
     if (c->count == 0)
         return SP_SUCCESS;
     bool cuda = strcmp(sp_backend_name(), "cuda") == 0;
     count_symmetric(w, c, cuda);
+    if (fuse)
+        return reduce_gathered(w, c, gathered);
     /* The path follows the backend, not whether NCCL came up: on cuda the buffers are device
      * memory, which the MPI path would read with the CPU (a segfault). */
     if (cuda) {

@@ -46,13 +46,19 @@ static size_t divisions_for(size_t size) {
     return sp__g.conf.roundup_divisions[idx];
 }
 
+/* The 512 B rounding, all of it without roundup divisions (size < 1 EB: no overflow). */
+static inline size_t round_512(size_t size) {
+    return size < SP_MIN_BLOCK_SIZE ? SP_MIN_BLOCK_SIZE
+                                    : (size + SP_MIN_BLOCK_SIZE - 1) & ~(SP_MIN_BLOCK_SIZE - 1);
+}
+
 size_t sp__round_size(size_t size) {
     if (size < SP_MIN_BLOCK_SIZE)
         return SP_MIN_BLOCK_SIZE;
     size_t div = divisions_for(size);
     if (div > 1 && size > SP_MIN_BLOCK_SIZE * div)
         return sp__roundup_power2_next_division(size, div);
-    return SP_MIN_BLOCK_SIZE * ((size + SP_MIN_BLOCK_SIZE - 1) / SP_MIN_BLOCK_SIZE);
+    return round_512(size);
 }
 
 size_t sp__allocation_size(size_t size) {
@@ -239,21 +245,21 @@ void sp__alloc_found_block(sp_devalloc_t *d, sp_block_t *b, size_t size, size_t 
 
 /* ---- segments ---------------------------------------------------------------------------- */
 
-int sp__alloc_segment_room(const sp_devalloc_t *d, const sp_mempool_t *pool, size_t alloc_size) {
-    if (d->total_reserved + alloc_size > d->allowed_max ||
-        d->total_reserved + alloc_size < d->total_reserved)
-        return 1;
+sp_grow_refusal_t sp__alloc_segment_room(const sp_devalloc_t *d, const sp_mempool_t *pool,
+                                         size_t alloc_size) {
+    if (!sp__alloc_fraction_room(d, alloc_size))
+        return SP_GROW_FRACTION;
     if (pool->limit && pool->reserved + alloc_size > pool->limit)
-        return 2;
-    return 0;
+        return SP_GROW_POOL_LIMIT;
+    return SP_GROW_DEVICE;
 }
 
 sp_status_t sp__alloc_segment(sp_devalloc_t *d, sp_bpool_t *bp, size_t alloc_size,
                               sp_stream_t stream, uint32_t context, sp_block_t **block_p,
-                              int *why_p) {
+                              sp_grow_refusal_t *why_p) {
     sp_mempool_t *pool = bp->pool;
     *why_p = sp__alloc_segment_room(d, pool, alloc_size);
-    if (*why_p)
+    if (*why_p != SP_GROW_DEVICE)
         return SP_ERR_OUT_OF_MEMORY;
     void *ptr = NULL;
     if (pool->has_allocator) {
@@ -553,8 +559,8 @@ static sp_status_t report_oom(sp_devalloc_t *d, sp_mempool_t *pool, size_t orig,
         sp__history_record(d->device, SP_TRACE_OOM, (uintptr_t)dfree, size, (uintptr_t)stream,
                            pool->id, context);
     char req[32], tot[32], fre[32], alc[32], unal[32], lim[32], res[32], cap[32];
-    int64_t allocated = d->stats.arr[SP_ST_ALLOCATED_BYTES][SP_STAT_ALL].current;
-    int64_t reserved = d->stats.arr[SP_ST_RESERVED_BYTES][SP_STAT_ALL].current;
+    int64_t allocated = sp__stat_all_current(&d->stats, SP_ST_ALLOCATED_BYTES);
+    int64_t reserved = sp__stat_all_current(&d->stats, SP_ST_RESERVED_BYTES);
     sp__fmt_size(orig, req, sizeof(req));
     sp__fmt_size(dtotal, tot, sizeof(tot));
     sp__fmt_size(dfree, fre, sizeof(fre));
@@ -592,15 +598,27 @@ static sp_status_t report_oom(sp_devalloc_t *d, sp_mempool_t *pool, size_t orig,
 /* PyTorch's alloc_block: a new fixed segment, or pages mapped into an expandable segment.
  * The memory fraction is checked against the fixed segment size either way, as PyTorch does. */
 static sp_status_t grow(sp_devalloc_t *d, sp_bpool_t *bp, size_t size, size_t alloc_size,
-                        sp_stream_t stream, uint32_t ctx, sp_block_t **b_p, int *why_p) {
+                        sp_stream_t stream, uint32_t ctx, sp_block_t **b_p,
+                        sp_grow_refusal_t *why_p) {
     if (!sp__exp_pool(bp->pool))
         return sp__alloc_segment(d, bp, alloc_size, stream, ctx, b_p, why_p);
-    if (d->total_reserved + alloc_size > d->allowed_max ||
-        d->total_reserved + alloc_size < d->total_reserved) {
-        *why_p = 1;
+    if (!sp__alloc_fraction_room(d, alloc_size)) {
+        *why_p = SP_GROW_FRACTION;
         return SP_ERR_OUT_OF_MEMORY;
     }
     return sp__exp_alloc(d, bp, size, stream, ctx, b_p, why_p);
+}
+
+/* One step of the growth ladder: grow, and remember in *refused (a bit per sp_grow_refusal_t)
+ * who refused it, so that the OOM report can name the pool limit or the fraction met on any
+ * step. */
+static sp_status_t grow_step(sp_devalloc_t *d, sp_bpool_t *bp, size_t size, size_t alloc_size,
+                             sp_stream_t stream, uint32_t ctx, sp_block_t **b_p,
+                             sp_grow_refusal_t *why_p, unsigned *refused) {
+    sp_status_t s = grow(d, bp, size, alloc_size, stream, ctx, b_p, why_p);
+    if (s == SP_ERR_OUT_OF_MEMORY)
+        *refused |= 1u << *why_p;
+    return s;
 }
 
 /* A stream is checked on the miss path only: a cache hit implies an earlier miss on the same
@@ -637,12 +655,7 @@ alloc_malloc(sp_devalloc_t *d, sp_mempool_t *pool, size_t orig, sp_stream_t stre
     }
     if (SP_UNLIKELY(d->pending_events))
         sp__alloc_process_events(d);
-    /* Without roundup divisions rounding is to 512 B (orig < 1 EB: no overflow). */
-    size_t size =
-        SP_LIKELY(sp__g.round_plain)
-            ? (orig < SP_MIN_BLOCK_SIZE ? SP_MIN_BLOCK_SIZE
-                                        : (orig + SP_MIN_BLOCK_SIZE - 1) & ~(SP_MIN_BLOCK_SIZE - 1))
-            : sp__round_size(orig);
+    size_t size = SP_LIKELY(sp__g.round_plain) ? round_512(orig) : sp__round_size(orig);
     sp_bpool_t *bp = size <= SP_SMALL_SIZE ? &pool->small : &pool->large;
     bool nocache = sp__g.conf.no_caching;
     sp_block_t **slot = NULL, *pred = NULL;
@@ -655,8 +668,8 @@ alloc_malloc(sp_devalloc_t *d, sp_mempool_t *pool, size_t orig, sp_stream_t stre
     }
     {
         size_t alloc_size = nocache ? size : sp__allocation_size(size);
-        bool limit_hit = false, fraction_hit = false;
-        int why = 0;
+        unsigned refused = 0; /* bits 1 << sp_grow_refusal_t met on the way */
+        sp_grow_refusal_t why = SP_GROW_DEVICE;
         sp_status_t s = check_stream(d, stream);
         if (SP_UNLIKELY(s != SP_SUCCESS)) {
             sp__unlock(&d->lock);
@@ -666,37 +679,29 @@ alloc_malloc(sp_devalloc_t *d, sp_mempool_t *pool, size_t orig, sp_stream_t stre
         }
         if (d->gc_enabled)
             sp__alloc_gc(d, ctx);
-        s = grow(d, bp, size, alloc_size, stream, ctx, &b, &why);
-        limit_hit |= s == SP_ERR_OUT_OF_MEMORY && why == 2;
-        fraction_hit |= s == SP_ERR_OUT_OF_MEMORY && why == 1;
+        s = grow_step(d, bp, size, alloc_size, stream, ctx, &b, &why, &refused);
         if (s == SP_ERR_OUT_OF_MEMORY && pool->is_default)
             b = mempool_fallback(d, size, stream);
         if (!b && s == SP_ERR_OUT_OF_MEMORY &&
-            sp__alloc_release_available(d, bp, size, stream, ctx)) {
-            s = grow(d, bp, size, alloc_size, stream, ctx, &b, &why);
-            limit_hit |= s == SP_ERR_OUT_OF_MEMORY && why == 2;
-            fraction_hit |= s == SP_ERR_OUT_OF_MEMORY && why == 1;
-        }
-        if (!b && s == SP_ERR_OUT_OF_MEMORY && why == 2) {
+            sp__alloc_release_available(d, bp, size, stream, ctx))
+            s = grow_step(d, bp, size, alloc_size, stream, ctx, &b, &why, &refused);
+        if (!b && s == SP_ERR_OUT_OF_MEMORY && why == SP_GROW_POOL_LIMIT) {
             /* The pool's own limit, not the device, refused: CuPy's rule is to free the pool's
              * own cached blocks (every stream) and retry once. Other pools' caches cannot help
              * a limit, so they are left alone; the retry counts as PyTorch's does. */
             sp__alloc_release_pool(d, pool, false, NULL, ctx);
             d->stats.num_alloc_retries++;
-            s = grow(d, bp, size, alloc_size, stream, ctx, &b, &why);
-            limit_hit |= s == SP_ERR_OUT_OF_MEMORY && why == 2;
-            fraction_hit |= s == SP_ERR_OUT_OF_MEMORY && why == 1;
+            s = grow_step(d, bp, size, alloc_size, stream, ctx, &b, &why, &refused);
         }
-        if (!b && s == SP_ERR_OUT_OF_MEMORY && why != 2) {
+        if (!b && s == SP_ERR_OUT_OF_MEMORY && why != SP_GROW_POOL_LIMIT) {
             sp__alloc_release_cached(d, ctx);
             d->stats.num_alloc_retries++;
-            s = grow(d, bp, size, alloc_size, stream, ctx, &b, &why);
-            limit_hit |= s == SP_ERR_OUT_OF_MEMORY && why == 2;
-            fraction_hit |= s == SP_ERR_OUT_OF_MEMORY && why == 1;
+            s = grow_step(d, bp, size, alloc_size, stream, ctx, &b, &why, &refused);
         }
         if (!b) {
             if (s == SP_ERR_OUT_OF_MEMORY)
-                s = report_oom(d, pool, orig, size, stream, limit_hit, fraction_hit, ctx);
+                s = report_oom(d, pool, orig, size, stream, refused & (1u << SP_GROW_POOL_LIMIT),
+                               refused & (1u << SP_GROW_FRACTION), ctx);
             sp__unlock(&d->lock);
             if (ctx)
                 sp__history_context_release(ctx);

@@ -201,14 +201,28 @@ void sp__alloc_found_block(sp_devalloc_t *d, sp_block_t *b, size_t size, size_t 
 /* get_free_block on one block pool (lock held); NULL if none fits. */
 sp_block_t *sp__alloc_get_free_block(sp_devalloc_t *d, sp_bpool_t *bp, size_t size,
                                      sp_stream_t stream);
-/* Allocate a new segment of alloc_size for bp (lock held). *why_p gets the failure kind:
- * 0 device OOM, 1 memory fraction, 2 pool limit; other statuses are device errors. */
+/* Why growing by a segment (or by pages of an expandable one) was refused; the OOM report
+ * names the pool limit or the memory fraction when one of them was the reason. */
+typedef enum sp_grow_refusal {
+    SP_GROW_DEVICE = 0,     /* the device (or the pluggable allocator) had no memory */
+    SP_GROW_FRACTION = 1,   /* sp_set_memory_fraction's cap */
+    SP_GROW_POOL_LIMIT = 2, /* the MemPool's sp_mempool_set_limit */
+} sp_grow_refusal_t;
+
+/* Allocate a new segment of alloc_size for bp (lock held). On SP_ERR_OUT_OF_MEMORY *why_p says
+ * who refused; other statuses are device errors. */
 sp_status_t sp__alloc_segment(sp_devalloc_t *d, sp_bpool_t *bp, size_t alloc_size,
                               sp_stream_t stream, uint32_t context, sp_block_t **block_p,
-                              int *why_p);
-/* Is there room for alloc_size more bytes on d for pool (lock held)? 0 yes, 1 memory fraction,
- * 2 pool limit. */
-int sp__alloc_segment_room(const sp_devalloc_t *d, const sp_mempool_t *pool, size_t alloc_size);
+                              sp_grow_refusal_t *why_p);
+/* Does the memory fraction leave room for alloc_size more bytes on d (lock held)? */
+static inline bool sp__alloc_fraction_room(const sp_devalloc_t *d, size_t alloc_size) {
+    size_t total = d->total_reserved + alloc_size;
+    return total >= d->total_reserved && total <= d->allowed_max;
+}
+/* Is there room for alloc_size more bytes on d for pool (lock held)? SP_GROW_DEVICE (0) when
+ * there is, else the fraction or the pool limit that refuses. */
+sp_grow_refusal_t sp__alloc_segment_room(const sp_devalloc_t *d, const sp_mempool_t *pool,
+                                         size_t alloc_size);
 /* Make memory at ptr (allocated by the caller) a segment of bp with one free block, returned in
  * *block_p (lock held). SP_ERR_SYSTEM (host memory) leaves ptr to the caller. */
 void sp__alloc_segment_delete(sp_devalloc_t *d, sp_segment_t *seg);

@@ -206,7 +206,7 @@ static sp_status_t shutdown_locked(void) {
     for (int i = 0; i < sp__g.ndev; i++)
         sp__lock(&sp__g.devs[i].lock);
     for (int i = 0; i < sp__g.ndev; i++) {
-        int64_t live = sp__g.devs[i].stats.arr[SP_ST_ALLOCATION][SP_STAT_ALL].current;
+        int64_t live = sp__stat_all_current(&sp__g.devs[i].stats, SP_ST_ALLOCATION);
         if (live) {
             for (int k = sp__g.ndev - 1; k >= 0; k--)
                 sp__unlock(&sp__g.devs[k].lock);

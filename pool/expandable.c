@@ -153,9 +153,10 @@ static void absorb(sp_devalloc_t *d, sp_block_t *b, sp_block_t *n) {
 
 /* Map the pages under the first `size` bytes of unmapped block m (whole pages; the rest of m
  * stays unmapped after it), then merge m with its free neighbours and put it in the free set:
- * m is the block holding the new memory. *why_p = 2 when the pool's limit refused it. */
+ * m is the block holding the new memory. *why_p = SP_GROW_POOL_LIMIT when the pool's limit
+ * refused it. */
 static sp_status_t map_block(sp_devalloc_t *d, sp_block_t *m, size_t size, uint32_t ctx,
-                             int *why_p) {
+                             sp_grow_refusal_t *why_p) {
     sp_segment_t *seg = m->seg;
     sp_bpool_t *bp = seg->bpool;
     sp_mempool_t *pool = bp->pool;
@@ -163,7 +164,7 @@ static sp_status_t map_block(sp_devalloc_t *d, sp_block_t *m, size_t size, uint3
     if (len > m->size)
         len = m->size;
     if (pool->limit && pool->reserved + len > pool->limit) {
-        *why_p = 2;
+        *why_p = SP_GROW_POOL_LIMIT;
         return SP_ERR_OUT_OF_MEMORY; /* the caller reports the pool limit */
     }
     sp_status_t s = sp__g.ops->vmm_map(d->device, (void *)m->addr, len);
@@ -358,8 +359,8 @@ static sp_block_t *borrow_large(sp_bpool_t *bp, size_t size, sp_stream_t stream)
 }
 
 sp_status_t sp__exp_alloc(sp_devalloc_t *d, sp_bpool_t *bp, size_t size, sp_stream_t stream,
-                          uint32_t ctx, sp_block_t **block_p, int *why_p) {
-    *why_p = 0;
+                          uint32_t ctx, sp_block_t **block_p, sp_grow_refusal_t *why_p) {
+    *why_p = SP_GROW_DEVICE;
     if (sp__g.exp_borrow && (*block_p = borrow_large(bp, size, stream)) != NULL)
         return SP_SUCCESS;
     if (sp__g.exp_recycle)

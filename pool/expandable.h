@@ -15,9 +15,10 @@ static inline bool sp__exp_pool(const sp_mempool_t *pool) {
 /* Bytes per mapped page of bp's expandable segments. */
 size_t sp__exp_page(const sp_bpool_t *bp);
 /* PyTorch's try_allocate_expandable_block: a free mapped block of >= size bytes, taken out of
- * the set, mapping pages (and reserving a segment) as needed. *why_p = 2: pool limit. */
+ * the set, mapping pages (and reserving a segment) as needed. On SP_ERR_OUT_OF_MEMORY *why_p
+ * is SP_GROW_POOL_LIMIT when the pool's limit refused. */
 sp_status_t sp__exp_alloc(sp_devalloc_t *d, sp_bpool_t *bp, size_t size, sp_stream_t stream,
-                          uint32_t ctx, sp_block_t **block_p, int *why_p);
+                          uint32_t ctx, sp_block_t **block_p, sp_grow_refusal_t *why_p);
 /* Best fit among expandable blocks: from set block b on, the block that can expand least;
  * when it is not b, *slot_p and *pred_p are updated for it. */
 sp_block_t *sp__exp_best_fit(sp_bpool_t *bp, sp_block_t *b, sp_stream_t stream,

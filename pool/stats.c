@@ -127,6 +127,7 @@ SP_EXPORT sp_status_t sp_memory_stats(int device, sp_stats_t *stats_p) {
     sp__lock(&d->lock);
     copy = d->stats;
     sp__unlock(&d->lock);
+    sp__stats_settle(&copy);
     each_stat(&copy, materialize);
     memset(stats_p, 0, sizeof(*stats_p));
     for (size_t i = 0; i < NKEYS; i++)
@@ -177,6 +178,7 @@ SP_EXPORT sp_status_t sp_reset_peak_memory_stats(int device) {
     sp_devalloc_t *d = NULL;
     SP_CHECK(sp__alloc_device(device, &d));
     sp__lock(&d->lock);
+    sp__stats_settle(&d->stats); /* the aggregates' peaks reset to their derived currents */
     each_stat(&d->stats, reset_peak);
     sp__unlock(&d->lock);
     return SP_SUCCESS;
@@ -187,7 +189,7 @@ SP_EXPORT sp_status_t sp_reset_accumulated_memory_stats(int device) {
     sp_devalloc_t *d = NULL;
     SP_CHECK(sp__alloc_device(device, &d));
     sp__lock(&d->lock);
-    each_stat(&d->stats, reset_accum);
+    each_stat(&d->stats, reset_accum); /* the aggregates follow from small and large */
     d->stats.num_alloc_retries = 0;
     d->stats.num_ooms = 0;
     d->stats.num_sync_all_streams = 0;
@@ -205,7 +207,7 @@ static int64_t read_stat(int device, int a, bool peak) {
         return 0;
     sp_devalloc_t *d = &sp__g.devs[device];
     sp__lock(&d->lock);
-    int64_t v = peak ? d->stats.arr[a][SP_STAT_ALL].peak : d->stats.arr[a][SP_STAT_ALL].current;
+    int64_t v = peak ? d->stats.arr[a][SP_STAT_ALL].peak : sp__stat_all_current(&d->stats, a);
     sp__unlock(&d->lock);
     return v;
 }

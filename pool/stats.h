@@ -42,8 +42,13 @@ enum {
     SP_ST_NARRAYS
 };
 
+/* The "all" entry of each StatArray keeps only its peak up to date: every update changes the
+ * aggregate and exactly one of small/large by the same delta, and the resets reset all three
+ * together, so the aggregate's current, allocated and base always equal the small and large
+ * pool's sums. The hot paths then update one type's counters plus the aggregate's peak instead of
+ * two full Stats; readers go through sp__stat_all (or sp__stats_settle on a copy). */
 typedef struct sp_dev_stats {
-    sp_stat_t arr[SP_ST_NARRAYS][SP_STAT_NTYPES]; /* [array][all/small/large] */
+    sp_stat_t arr[SP_ST_NARRAYS][SP_STAT_NTYPES]; /* [array][all/small/large]; all: peak only */
     sp_stat_t oversize_allocations;               /* blocks >= max_split_size handed out */
     sp_stat_t oversize_segments;                  /* segments >= max_split_size */
     int64_t num_alloc_retries;                    /* alloc_block calls after release_cached */
@@ -64,10 +69,38 @@ static inline void sp__stat_add(sp_stat_t *s, int64_t delta) {
         s->allocated += delta;
 }
 
+/* The aggregate's current: the small and large pools' sum (see sp_dev_stats_t). */
+static inline int64_t sp__stat_all_current(const sp_dev_stats_t *st, int a) {
+    return st->arr[a][SP_STAT_SMALL].current + st->arr[a][SP_STAT_LARGE].current;
+}
+
+/* The aggregate's peak after an increase of its current. */
+static inline void sp__stat_all_rose(sp_dev_stats_t *st, int a) {
+    int64_t cur = sp__stat_all_current(st, a);
+    if (cur > st->arr[a][SP_STAT_ALL].peak)
+        st->arr[a][SP_STAT_ALL].peak = cur;
+}
+
+/* The whole aggregate Stat of array a, derived. */
+static inline sp_stat_t sp__stat_all(const sp_dev_stats_t *st, int a) {
+    const sp_stat_t *sm = &st->arr[a][SP_STAT_SMALL], *lg = &st->arr[a][SP_STAT_LARGE];
+    sp_stat_t all = {sm->current + lg->current, st->arr[a][SP_STAT_ALL].peak,
+                     sm->allocated + lg->allocated, sm->base + lg->base};
+    return all;
+}
+
+/* Write the derived aggregates into st (a copy, or the live stats under the lock: harmless, as
+ * the hot paths never read the aggregate's current, allocated or base). */
+static inline void sp__stats_settle(sp_dev_stats_t *st) {
+    for (int a = 0; a < SP_ST_NARRAYS; a++)
+        st->arr[a][SP_STAT_ALL] = sp__stat_all(st, a);
+}
+
 /* Update array `a` for the aggregate and the small or large type. */
 static inline void sp__stat_arr(sp_dev_stats_t *st, int a, bool is_small, int64_t delta) {
-    sp__stat_add(&st->arr[a][SP_STAT_ALL], delta);
     sp__stat_add(&st->arr[a][is_small ? SP_STAT_SMALL : SP_STAT_LARGE], delta);
+    if (delta > 0)
+        sp__stat_all_rose(st, a);
 }
 
 /* The same with a known direction (n >= 0): the hot paths use these to skip the sign tests. */
@@ -81,11 +114,10 @@ static inline void sp__stat_dec1(sp_stat_t *s, int64_t n) {
     s->current -= n; /* freed grows by n through its derivation */
 }
 static inline void sp__stat_inc(sp_dev_stats_t *st, int a, bool is_small, int64_t n) {
-    sp__stat_inc1(&st->arr[a][SP_STAT_ALL], n);
     sp__stat_inc1(&st->arr[a][is_small ? SP_STAT_SMALL : SP_STAT_LARGE], n);
+    sp__stat_all_rose(st, a);
 }
 static inline void sp__stat_dec(sp_dev_stats_t *st, int a, bool is_small, int64_t n) {
-    sp__stat_dec1(&st->arr[a][SP_STAT_ALL], n);
     sp__stat_dec1(&st->arr[a][is_small ? SP_STAT_SMALL : SP_STAT_LARGE], n);
 }
 

@@ -104,13 +104,13 @@ sp_status_t sp__pool_sym_plan(sp_mempool_t *pool, size_t rounded, sp_stream_t st
                          pool->name ? pool->name : "", rounded, stream);
     size_t alloc_size = sp__allocation_size(rounded);
     sp__lock(&d->lock);
-    int why = sp__alloc_segment_room(d, pool, alloc_size);
+    sp_grow_refusal_t why = sp__alloc_segment_room(d, pool, alloc_size);
     size_t reserved = d->total_reserved;
     sp__unlock(&d->lock);
     /* On the host backend a symmetric segment is an MPI shared window, not the backend's memory,
      * so the backend's budget (SYMPOOL_HOST_CAPACITY) never sees it: hold growth to it here, as
      * the device itself does on cuda. Every rank learns which rank could not grow. */
-    if (!why && sp__g.caps.is_emulated &&
+    if (why == SP_GROW_DEVICE && sp__g.caps.is_emulated &&
         (alloc_size > d->total_mem || reserved > d->total_mem - alloc_size)) {
         char cap[32], res[32];
         sp__fmt_size(d->total_mem, cap, sizeof cap);
@@ -121,12 +121,13 @@ sp_status_t sp__pool_sym_plan(sp_mempool_t *pool, size_t rounded, sp_stream_t st
                                pool->name ? pool->name : "", sp__process_rank(), alloc_size,
                                d->device, res, cap);
     }
-    if (why)
+    if (why != SP_GROW_DEVICE)
         return sp__error_quiet(SP_ERR_OUT_OF_MEMORY, SP_SUB_POOL,
                                "symmetric pool \"%s\": no room for a %zu-byte segment (%s)",
                                pool->name ? pool->name : "", alloc_size,
-                               why == 2 ? "pool limit, sp_mempool_set_limit"
-                                        : "memory fraction, sp_set_memory_fraction");
+                               why == SP_GROW_POOL_LIMIT
+                                   ? "pool limit, sp_mempool_set_limit"
+                                   : "memory fraction, sp_set_memory_fraction");
     *alloc_size_p = alloc_size;
     return SP_SUCCESS;
 }

@@ -5,9 +5,9 @@
  *
  * One message shape for every kind of round (sp_agree_t): the operation, its call number on the
  * communicator, whether this rank's own checks passed, eight operation fields, and this rank's
- * deadline. It is reduced by ONE MPI_Iallreduce with a user-defined op into the minimum and the
- * maximum of every field, the set and count of ranks whose checks failed, and the earliest
- * deadline with its rank. Because every round has the same length and names its operation, a
+ * deadline. Every rank computes from all of them the minimum and the maximum of every field, the
+ * set and count of ranks whose checks failed, and the earliest deadline with its rank (how the
+ * records travel: below). Because every round has the same length and names its operation, a
  * rank that is in another call than its peers is matched against their round and every rank
  * sees both operations (SP_ERR_MISMATCH), never an MPI truncation.
  *
@@ -21,6 +21,26 @@
  * round completes within MPI's progress latency of that deadline. Real time, not monotonic
  * time: the deadline is compared across ranks (same clock on one node; NTP-close across nodes,
  * far below any useful deadline).
+ *
+ * Small worlds (at most P2P_MAX_RANKS ranks) exchange the FULL record (W_* layout below) point
+ * to point: every rank sends its record to every other rank and receives theirs on the same
+ * communicator and tag, then combines them locally in one fixed order, so every rank computes the
+ * same result. MPI's non-overtaking rule matches the k-th record a rank sends to a peer with the
+ * k-th receive that peer posts, which is exactly the matching a collective gives (and abandoned
+ * requests keep their place, as an abandoned collective does). On one node that costs what a
+ * bare 8-byte MPI_Allreduce does, where a nonblocking collective costs about three times that.
+ *
+ * Larger worlds use a collective. Every round first goes out in the SHORT form, which MPI reduces
+ * with its built-in MPI_MAX (a user-defined op costs a call per element and keeps MPI off its tuned
+ * paths): each value v travels as v and ~v, and since ~ reverses the order of int64, the maximum
+ * of ~v is ~min(v). So one MPI_MAX gives the min and max of the op, the call number and every
+ * field, whether any rank's checks failed, the lowest failed rank, the earliest deadline (to the
+ * ns: the late rule below must see exactly the deadline a rank gave up at) and, for messages, the
+ * rank that set it (a key of the deadline in ms above 21 bits of rank: the lowest rank among
+ * those whose deadline falls in the earliest millisecond).
+ * Only when some rank's checks failed does a FULL round follow (the same inputs, the user-defined
+ * op, W_* layout below) for the count and the set of failed ranks; every rank sees the same
+ * short result, so every rank takes the second round or none does.
  *
  * Locking: s_grave_lock guards the graveyard; the MPI op is created once under s_op_lock.
  */
@@ -51,10 +71,39 @@ enum {
     W_COUNT
 };
 
+/* Short wire layout: int64 words, all reduced by MPI_MAX (see the top of the file). */
+enum {
+    S_OP,                              /* op */
+    S_NOT_OP,                          /* ~op: the max is ~(smallest op) */
+    S_CALL,                            /* call number */
+    S_NOT_CALL,                        /* ~call number */
+    S_F,                               /* the fields */
+    S_NOT_F = S_F + SP_AGREE_NF,       /* ~fields */
+    S_ANY_BAD = S_NOT_F + SP_AGREE_NF, /* 1 when this rank's checks failed */
+    S_NOT_BAD_RANK,                    /* ~rank when they failed, else INT64_MIN */
+    S_NOT_DEADLINE,                    /* ~deadline in ns (INT64_MAX when none) */
+    S_NOT_LATE_KEY,                    /* ~(deadline ms << 21 | rank), INT64_MIN for none */
+    S_COUNT
+};
+#define S_RANK_BITS 21
+#define S_RANK_MASK (((int64_t)1 << S_RANK_BITS) - 1)
+/* Deadlines in ms below 2^42 (until the year 2109) fit above the rank bits. */
+#define S_DEADLINE_MS_MAX ((int64_t)1 << (62 - S_RANK_BITS))
+
+#define P2P_MAX_RANKS SP_AGREE_P2P_MAX_RANKS
+#define P2P_TAG 0x5350 /* the agreement communicators carry nothing else point to point */
+/* The requests of one round: a collective's one, or a send and a receive per peer. */
+#define MAX_REQS (2 * (P2P_MAX_RANKS - 1))
+/* A thread's round buffer: one full record per rank of a small world, or the collective's
+ * send and receive halves. */
+#define P2P_WORDS (W_COUNT + SP_AGREE_PAYLOAD_MAX / 8) /* a record and its payload */
+#define BUF_WORDS (P2P_MAX_RANKS * P2P_WORDS)
+
 typedef struct sp_grave {
-    MPI_Request req;       /* abandoned, maybe still pending */
-    MPI_Comm comm;         /* the communicator it is on */
-    int64_t *buf;          /* its send and receive buffers */
+    MPI_Request reqs[MAX_REQS]; /* abandoned, maybe still pending */
+    int nreqs;
+    MPI_Comm comm;         /* the communicator they are on */
+    int64_t *buf;          /* their send and receive buffers */
     struct sp_grave *next; /* s_grave_lock */
 } sp_grave_t;
 
@@ -150,11 +199,12 @@ static int64_t deadline_ns(double limit) {
     return limit > 0.0 ? realtime_ns() + (int64_t)(limit * 1e9) : INT64_MAX;
 }
 
-static void bury(MPI_Request req, MPI_Comm comm, int64_t *buf) {
+static void bury(const MPI_Request *reqs, int nreqs, MPI_Comm comm, int64_t *buf) {
     sp_grave_t *g = malloc(sizeof *g);
     if (!g)
-        return; /* the buffer then leaks with the request: never freed, still safe */
-    g->req = req;
+        return; /* the buffer then leaks with the requests: never freed, still safe */
+    memcpy(g->reqs, reqs, (size_t)nreqs * sizeof *reqs);
+    g->nreqs = nreqs;
     g->comm = comm;
     g->buf = buf;
     pthread_mutex_lock(&s_grave_lock);
@@ -169,7 +219,8 @@ bool sp__agree_pending(MPI_Comm comm) {
     for (sp_grave_t **pp = &s_graves; *pp;) {
         sp_grave_t *g = *pp;
         int done = 0;
-        if (g->comm == comm && MPI_Test(&g->req, &done, MPI_STATUS_IGNORE) == MPI_SUCCESS && done) {
+        if (g->comm == comm &&
+            MPI_Testall(g->nreqs, g->reqs, &done, MPI_STATUSES_IGNORE) == MPI_SUCCESS && done) {
             *pp = g->next; /* a late rank completed it: nothing is left to protect */
             free(g->buf);
             free(g);
@@ -212,6 +263,41 @@ static void unpack(const int64_t *w, sp_agree_t *a) {
     a->late_rank = (int)w[W_DEADLINE_RANK];
 }
 
+static void pack_short(const sp_agree_t *a, int rank, int64_t deadline, int64_t *w) {
+    w[S_OP] = a->op;
+    w[S_NOT_OP] = ~a->op;
+    w[S_CALL] = (int64_t)a->callno;
+    w[S_NOT_CALL] = ~(int64_t)a->callno;
+    for (int i = 0; i < SP_AGREE_NF; i++) {
+        w[S_F + i] = a->f[i];
+        w[S_NOT_F + i] = ~a->f[i];
+    }
+    w[S_ANY_BAD] = !a->ok;
+    w[S_NOT_BAD_RANK] = a->ok ? INT64_MIN : ~(int64_t)rank;
+    w[S_NOT_DEADLINE] = ~deadline;
+    int64_t ms = deadline == INT64_MAX ? S_DEADLINE_MS_MAX : deadline / 1000000;
+    int64_t r = rank < (int)S_RANK_MASK ? rank : S_RANK_MASK;
+    w[S_NOT_LATE_KEY] = ms >= S_DEADLINE_MS_MAX ? INT64_MIN : ~(ms << S_RANK_BITS | r);
+}
+
+/* The outputs of a short round; *earliest_p gets the earliest deadline (ns, INT64_MAX: none).
+ * Whether the full round must follow is w[S_ANY_BAD]. */
+static void unpack_short(const int64_t *w, sp_agree_t *a, int64_t *earliest_p) {
+    a->op_lo = ~w[S_NOT_OP];
+    a->op_hi = w[S_OP];
+    a->call_lo = (uint64_t)~w[S_NOT_CALL];
+    a->call_hi = (uint64_t)w[S_CALL];
+    for (int i = 0; i < SP_AGREE_NF; i++) {
+        a->lo[i] = ~w[S_NOT_F + i];
+        a->hi[i] = w[S_F + i];
+    }
+    a->nbad = 0;
+    a->bad_lo = w[S_ANY_BAD] ? (int)~w[S_NOT_BAD_RANK] : -1;
+    memset(a->bad_set, 0, sizeof a->bad_set);
+    *earliest_p = ~w[S_NOT_DEADLINE];
+    a->late_rank = w[S_NOT_LATE_KEY] == INT64_MIN ? 0 : (int)(~w[S_NOT_LATE_KEY] & S_RANK_MASK);
+}
+
 /* Each thread's round buffer, kept between rounds (a cache hit's round must not cost a malloc):
  * heap memory, because if this rank gives up MPI may still write it when a late rank arrives;
  * then it goes to the graveyard and the thread makes a new one. Freed at thread exit. */
@@ -225,7 +311,7 @@ static void make_buf_key(void) {
 static int64_t *round_buf(void) {
     pthread_once(&s_buf_once, make_buf_key);
     int64_t *buf = pthread_getspecific(s_buf_key);
-    if (!buf && (buf = malloc(2 * W_COUNT * sizeof *buf)) != NULL &&
+    if (!buf && (buf = malloc(BUF_WORDS * sizeof *buf)) != NULL &&
         pthread_setspecific(s_buf_key, buf) != 0) {
         free(buf);
         buf = NULL;
@@ -244,64 +330,159 @@ const char *sp__agree_name(const sp_agree_t *a, const char *what, char *buf, siz
     return a->describe ? a->describe(a->describe_ctx, buf, n) : "a collective sympool call";
 }
 
+/* Wait for one round's requests until this rank's deadline. On an MPI error or the deadline the
+ * requests and buf go to the graveyard (*abandoned_p). */
+/* How long a round polls before it starts yielding the CPU between polls. */
+#define SPIN_NS 50000
+
+static sp_status_t wait_round(int nreqs, MPI_Request *reqs, MPI_Comm comm, int64_t *buf,
+                              int64_t deadline, double limit, bool thread_buf, const char *what,
+                              bool *abandoned_p) {
+    int64_t spin_until = 0; /* real time until which this rank polls without yielding */
+    for (unsigned spins = 0;; spins++) {
+        int done = 0;
+        int rc = MPI_Testall(nreqs, reqs, &done, MPI_STATUSES_IGNORE);
+        int64_t now = !done && spins >= 64 ? realtime_ns() : 0;
+        if (now && !spin_until)
+            spin_until = now + SPIN_NS;
+        bool expired = now && now >= deadline;
+        if (rc != MPI_SUCCESS || expired) {
+            if (thread_buf)
+                give_up_buf();
+            bury(reqs, nreqs, comm, buf); /* an erroneous request may still be live */
+            *abandoned_p = true;
+            if (rc != MPI_SUCCESS)
+                return sp__world_mpi_status(rc, what);
+            return sp__error(SP_ERR_TIMEOUT, SP_SUB_BOOT,
+                             "%s: timed out: not every rank arrived within %g s "
+                             "(SYMPOOL_SYM_TIMEOUT); a rank stopped calling, died, or calls "
+                             "in another order",
+                             what, limit);
+        }
+        if (done)
+            return SP_SUCCESS;
+        /* Oversubscribed ranks must let the late one run, but a yield on a busy machine gives
+         * the CPU away for a whole time slice: poll a while first, as MPI's own blocking calls
+         * do, so that a peer a few microseconds late costs microseconds. */
+        if (now >= spin_until && now)
+            sched_yield();
+    }
+}
+
+/* The late rule: a round that completed after the earliest contributor's deadline. */
+static sp_status_t check_late(sp_agree_t *a, int64_t earliest, const char *what) {
+    if (earliest == INT64_MAX || realtime_ns() <= earliest)
+        return SP_SUCCESS;
+    a->late = true;
+    return sp__error(SP_ERR_TIMEOUT, SP_SUB_BOOT,
+                     "%s: timed out: rank %d stopped waiting at its deadline (SYMPOOL_SYM_"
+                     "TIMEOUT) before every rank arrived; the ranks were in %s%s%s",
+                     what, a->late_rank, sp__agree_op_name(a->op_lo),
+                     a->op_lo == a->op_hi ? "" : " and ",
+                     a->op_lo == a->op_hi ? "" : sp__agree_op_name(a->op_hi));
+}
+
+/* A small world's round: every full record to every peer, combined locally (top of the file).
+ * Record p (and its payload) lives at buf + p * P2P_WORDS. */
+static sp_status_t agree_p2p(MPI_Comm comm, sp_agree_t *a, int rank, int size, int64_t deadline,
+                             double limit, int64_t *buf, const char *what, bool *abandoned_p) {
+    int64_t *mine = buf + (size_t)rank * P2P_WORDS;
+    pack(a, rank, deadline, mine);
+    /* Every message has one length whatever the call, so a rank in another call is a mismatch
+     * and never a truncation: an absent payload travels as zeros. */
+    memset(mine + W_COUNT, 0, SP_AGREE_PAYLOAD_MAX);
+    if (a->payload_bytes)
+        memcpy(mine + W_COUNT, a->payload, a->payload_bytes);
+    __atomic_fetch_add(&s_rounds, 1, __ATOMIC_RELAXED);
+    MPI_Request reqs[MAX_REQS];
+    for (int i = 0; i < MAX_REQS; i++)
+        reqs[i] = MPI_REQUEST_NULL; /* a failed post leaves its request undefined */
+    int n = 0;
+    for (int p = 0; p < size; p++) {
+        if (p == rank)
+            continue;
+        int rc = MPI_Irecv(buf + (size_t)p * P2P_WORDS, P2P_WORDS, MPI_INT64_T, p, P2P_TAG, comm,
+                           &reqs[n]);
+        if (rc != MPI_SUCCESS)
+            reqs[n] = MPI_REQUEST_NULL;
+        else if ((rc = MPI_Isend(mine, P2P_WORDS, MPI_INT64_T, p, P2P_TAG, comm, &reqs[n + 1])) !=
+                 MPI_SUCCESS)
+            reqs[n + 1] = MPI_REQUEST_NULL;
+        if (rc != MPI_SUCCESS) {
+            /* The requests already posted may be live: they keep the buffer. */
+            give_up_buf();
+            bury(reqs, n + 2, comm, buf);
+            *abandoned_p = true;
+            return sp__world_mpi_status(rc, what);
+        }
+        n += 2;
+    }
+    SP_CHECK(wait_round(n, reqs, comm, buf, deadline, limit, true, what, abandoned_p));
+    /* One fixed order (rank 0 up) on every rank; combine is order-independent anyway. */
+    int64_t acc[W_COUNT];
+    memcpy(acc, buf, sizeof acc);
+    int len = W_COUNT;
+    for (int p = 1; p < size; p++)
+        combine(buf + (size_t)p * P2P_WORDS, acc, &len, NULL);
+    unpack(acc, a);
+    if (a->gathered)
+        for (int p = 0; p < size; p++)
+            memcpy((char *)a->gathered + (size_t)p * SP_AGREE_PAYLOAD_MAX,
+                   buf + (size_t)p * P2P_WORDS + W_COUNT, SP_AGREE_PAYLOAD_MAX);
+    a->payload_gathered = a->gathered != NULL;
+    return check_late(a, acc[W_DEADLINE], what);
+}
+
+bool sp__agree_carries_payload(MPI_Comm comm) {
+    int size = 1;
+    MPI_Comm_size(comm, &size);
+    return size <= P2P_MAX_RANKS;
+}
+
 sp_status_t sp__agree(MPI_Comm comm, sp_agree_t *a, const char *what_in, bool *abandoned_p) {
     *abandoned_p = false;
+    a->payload_gathered = false;
     char wbuf[160];
 #define what sp__agree_name(a, what_in, wbuf, sizeof wbuf)
     int rank = 0;
     MPI_Comm_rank(comm, &rank);
     double limit = sp__agree_timeout_s();
     int64_t deadline = deadline_ns(limit);
-    MPI_Op op = agree_op();
     int64_t *buf = round_buf();
-    if (!buf || op == MPI_OP_NULL) {
+    if (!buf)
         /* Nothing was sent: the peers will time out, which is what a missing rank looks like. */
-        return sp__error(SP_ERR_SYSTEM, SP_SUB_BOOT, "%s: %s", what,
-                         op == MPI_OP_NULL ? "MPI_Op_create for the agreement failed"
-                                           : "out of host memory for the agreement");
-    }
-    pack(a, rank, deadline, buf);
+        return sp__error(SP_ERR_SYSTEM, SP_SUB_BOOT, "%s: out of host memory for the agreement",
+                         what);
+    int size = 1;
+    MPI_Comm_size(comm, &size);
+    if (size <= P2P_MAX_RANKS)
+        return agree_p2p(comm, a, rank, size, deadline, limit, buf, what, abandoned_p);
+    pack_short(a, rank, deadline, buf);
     __atomic_fetch_add(&s_rounds, 1, __ATOMIC_RELAXED);
     MPI_Request req;
-    int rc = MPI_Iallreduce(buf, buf + W_COUNT, W_COUNT, MPI_INT64_T, op, comm, &req);
+    int rc = MPI_Iallreduce(buf, buf + W_COUNT, S_COUNT, MPI_INT64_T, MPI_MAX, comm, &req);
     if (rc != MPI_SUCCESS)
         return sp__world_mpi_status(rc, what);
-    for (unsigned spins = 0;; spins++) {
-        int done = 0;
-        rc = MPI_Test(&req, &done, MPI_STATUS_IGNORE);
-        if (rc != MPI_SUCCESS) {
-            give_up_buf();
-            bury(req, comm, buf); /* an erroneous request may still be live */
-            *abandoned_p = true;
-            return sp__world_mpi_status(rc, what);
-        }
-        if (done)
-            break;
-        if (spins >= 64) {
-            if (realtime_ns() >= deadline) {
-                give_up_buf();
-                bury(req, comm, buf);
-                *abandoned_p = true;
-                return sp__error(SP_ERR_TIMEOUT, SP_SUB_BOOT,
-                                 "%s: timed out: not every rank arrived within %g s "
-                                 "(SYMPOOL_SYM_TIMEOUT); a rank stopped calling, died, or calls "
-                                 "in another order",
-                                 what, limit);
-            }
-            sched_yield(); /* oversubscribed ranks must let the late one run */
-        }
-    }
+    SP_CHECK(wait_round(1, &req, comm, buf, deadline, limit, true, what, abandoned_p));
+    int64_t earliest = INT64_MAX;
+    unpack_short(buf + W_COUNT, a, &earliest);
+    bool any_bad = buf[W_COUNT + S_ANY_BAD] != 0;
+    SP_CHECK(check_late(a, earliest, what));
+    if (SP_LIKELY(!any_bad))
+        return SP_SUCCESS;
+
+    /* Some rank's checks failed: the full round names them (same inputs, same deadline). */
+    MPI_Op op = agree_op();
+    if (op == MPI_OP_NULL)
+        return sp__error(SP_ERR_SYSTEM, SP_SUB_BOOT, "%s: MPI_Op_create for the agreement failed",
+                         what);
+    pack(a, rank, deadline, buf);
+    __atomic_fetch_add(&s_rounds, 1, __ATOMIC_RELAXED);
+    rc = MPI_Iallreduce(buf, buf + W_COUNT, W_COUNT, MPI_INT64_T, op, comm, &req);
+    if (rc != MPI_SUCCESS)
+        return sp__world_mpi_status(rc, what);
+    SP_CHECK(wait_round(1, &req, comm, buf, deadline, limit, true, what, abandoned_p));
     unpack(buf + W_COUNT, a);
-    int64_t earliest = buf[W_COUNT + W_DEADLINE];
-    if (earliest != INT64_MAX && realtime_ns() > earliest) {
-        a->late = true;
-        return sp__error(SP_ERR_TIMEOUT, SP_SUB_BOOT,
-                         "%s: timed out: rank %d stopped waiting at its deadline (SYMPOOL_SYM_"
-                         "TIMEOUT) before every rank arrived; the ranks were in %s%s%s",
-                         what, a->late_rank, sp__agree_op_name(a->op_lo),
-                         a->op_lo == a->op_hi ? "" : " and ",
-                         a->op_lo == a->op_hi ? "" : sp__agree_op_name(a->op_hi));
-    }
     return SP_SUCCESS;
 }
 #undef what
@@ -364,24 +545,7 @@ sp_status_t sp__agree_band(MPI_Comm comm, uint64_t *bits, size_t words, const ch
         free(buf);
         return sp__world_mpi_status(rc, what);
     }
-    for (unsigned spins = 0;; spins++) {
-        int done = 0;
-        rc = MPI_Test(&req, &done, MPI_STATUS_IGNORE);
-        if (rc != MPI_SUCCESS || (!done && spins >= 64 && realtime_ns() >= deadline)) {
-            bury(req, comm, (int64_t *)buf);
-            *abandoned_p = true;
-            if (rc != MPI_SUCCESS)
-                return sp__world_mpi_status(rc, what);
-            return sp__error(SP_ERR_TIMEOUT, SP_SUB_BOOT,
-                             "%s: timed out: not every rank arrived within %g s "
-                             "(SYMPOOL_SYM_TIMEOUT)",
-                             what, limit);
-        }
-        if (done)
-            break;
-        if (spins >= 64)
-            sched_yield();
-    }
+    SP_CHECK(wait_round(1, &req, comm, (int64_t *)buf, deadline, limit, false, what, abandoned_p));
     memcpy(bits, buf + words, words * sizeof *buf);
     free(buf);
     return SP_SUCCESS;

@@ -106,6 +106,10 @@ sp_status_t sp__world_band(sp_world_t *w, uint64_t *bits, size_t words, const ch
     return sp__agree_band(w->agree_comm, bits, words, what, &abandoned);
 }
 
+bool sp__world_agree_payload(const sp_world_t *w) {
+    return sp__agree_carries_payload(w->agree_comm);
+}
+
 void sp__world_nccl_abort(sp_world_t *w, const char *why) {
     pthread_mutex_lock(&w->nccl_lock);
 #if defined(SP_HAVE_NCCL)

@@ -91,8 +91,10 @@ typedef enum sp_agree_op {
     SP_AGREE_OP_COUNT
 } sp_agree_op_t;
 
-#define SP_AGREE_NF 8        /* operation fields per round */
-#define SP_AGREE_SET_WORDS 4 /* ranks 0..255 are named individually in the "not ok" set */
+#define SP_AGREE_NF 8            /* operation fields per round */
+#define SP_AGREE_SET_WORDS 4     /* ranks 0..255 are named individually in the "not ok" set */
+#define SP_AGREE_PAYLOAD_MAX 64  /* bytes of data a round can carry (sp__agree_carries_payload) */
+#define SP_AGREE_P2P_MAX_RANKS 8 /* worlds up to this size agree point to point (agree.c) */
 
 /* One agreement round: the caller fills the inputs; sp__agree fills the outputs. */
 typedef struct sp_agree {
@@ -105,6 +107,12 @@ typedef struct sp_agree {
      * more than a cache hit's bookkeeping, so it is done only on an error path. */
     const char *(*describe)(const void *ctx, char *buf, size_t n);
     const void *describe_ctx;
+    /* Optional data that travels with the round where sp__agree_carries_payload says so (a
+     * small collective's whole input): payload_bytes <= SP_AGREE_PAYLOAD_MAX, and `gathered`
+     * (SP_AGREE_PAYLOAD_MAX bytes per rank, rank order) receives every rank's, zero-padded. */
+    const void *payload;
+    size_t payload_bytes;
+    void *gathered;
     /* out */
     int64_t op_lo, op_hi;                     /* smallest and largest op over ranks */
     uint64_t call_lo, call_hi;                /* smallest and largest call number */
@@ -113,7 +121,8 @@ typedef struct sp_agree {
     int bad_lo;                               /* the lowest of them, -1 if none */
     uint64_t bad_set[SP_AGREE_SET_WORDS];     /* ranks < 256 whose ok was false */
     int late_rank;                            /* the rank with the earliest deadline */
-    bool late; /* the round completed after that deadline (SP_ERR_TIMEOUT) */
+    bool late;             /* the round completed after that deadline (SP_ERR_TIMEOUT) */
+    bool payload_gathered; /* `gathered` was filled */
 } sp_agree_t;
 
 /* One deadline-bounded agreement round over comm (collective; every round has this shape).
@@ -121,6 +130,8 @@ typedef struct sp_agree {
  * rank's deadline passed (*abandoned_p: its request stays pending on comm, which must then never
  * be freed) or the round completed after another rank's deadline. SP_ERR_MPI, SP_ERR_SYSTEM. */
 sp_status_t sp__agree(MPI_Comm comm, sp_agree_t *a, const char *what, bool *abandoned_p);
+/* Do rounds on comm carry a payload (small worlds, which exchange records point to point)? */
+bool sp__agree_carries_payload(MPI_Comm comm);
 /* The call's name: `what`, else a->describe's. */
 const char *sp__agree_name(const sp_agree_t *a, const char *what, char *buf, size_t n);
 /* SP_ERR_MISMATCH (naming both operations or call numbers) unless every rank was in the same op
@@ -147,6 +158,8 @@ sp_status_t sp__world_agree(sp_world_t *w, sp_agree_t *a, const char *what);
 /* A deadline-bounded MPI_BAND round of `words` words on the world's agreement communicator
  * (sp__agree_band), after a world round that agreed on the length. */
 sp_status_t sp__world_band(sp_world_t *w, uint64_t *bits, size_t words, const char *what);
+/* Do w's agreement rounds carry a payload (sp__agree_carries_payload)? w is live. */
+bool sp__world_agree_payload(const sp_world_t *w);
 /* SP_ERR_INVALID_USAGE (naming fn) unless w is a live world (not NULL, not finalized). */
 sp_status_t sp__world_check(const sp_world_t *w, const char *fn);
 

@@ -227,6 +227,26 @@ TEST_F(Collectives, AllreduceEveryDtypeOpCountInPlace) {
                 }
 }
 
+// A small allreduce travels inside the agreement round and every rank reduces the inputs
+// itself: the order must be one fixed order, so that a float sum whose value depends on the
+// association comes out bit for bit the same on every rank (and equal to x0 + (x1 + ...)).
+TEST_F(Collectives, SmallAllreduceGivesTheSameBitsOnEveryRank) {
+    const double mine[4] = {1e16, 1.0, -1e16, 3.0};
+    Buf buf(2 * sizeof(double), dev_);
+    double *d = static_cast<double *>(buf.p);
+    d[0] = mine[rank_ % 4];
+    d[1] = rank_ % 2 ? 0.1 : 0.7;
+    ASSERT_SP_OK(sp_allreduce(w_, d, d, 2, SP_FLOAT64, SP_SUM, nullptr));
+    double want = mine[(n_ - 1) % 4];
+    for (int p = n_ - 2; p >= 0; p--)
+        want = mine[p % 4] + want;
+    EXPECT_EQ(d[0], want);
+    std::vector<double> all(2 * (size_t)n_);
+    MPI_Allgather(d, 2, MPI_DOUBLE, all.data(), 2, MPI_DOUBLE, MPI_COMM_WORLD);
+    for (int p = 0; p < n_; p++)
+        EXPECT_EQ(std::memcmp(&all[2 * (size_t)p], d, 2 * sizeof(double)), 0) << "rank " << p;
+}
+
 TEST_F(Collectives, ReduceScatterEveryDtypeOpCountInPlace) {
     for (sp_dtype_t t : kAllTypes)
         for (sp_redop_t op : kAllOps)

@@ -154,4 +154,61 @@ TEST_F(World, MpiErrorsBecomeSpErrMpiWithMpisText) {
     EXPECT_NE(msg.find(text), std::string::npos) << msg;
 }
 
+// The agreement's short round travels every value as v and ~v under MPI_MAX: the extremes of
+// int64 and negative fields must come back as the exact min and max, the op and call number
+// as well, and a failed rank must still be counted and named (the full round that follows).
+TEST_F(World, AgreementGivesExactMinAndMaxAndNamesFailedRanks) {
+    MPI_Comm comm;
+    ASSERT_EQ(MPI_Comm_dup(MPI_COMM_WORLD, &comm), MPI_SUCCESS);
+    int rank = 0, size = 0;
+    MPI_Comm_rank(comm, &rank);
+    MPI_Comm_size(comm, &size);
+    for (int with_bad : {0, 1}) {
+        sp_agree_t a;
+        std::memset(&a, 0, sizeof a);
+        a.op = SP_AGREE_ALLREDUCE;
+        a.callno = 7;
+        a.ok = !(with_bad && rank == size - 1);
+        a.f[0] = rank == 0 ? INT64_MIN : INT64_MAX;
+        a.f[1] = -1 - rank;
+        a.f[2] = 42;
+        a.f[3] = rank == 1 ? INT64_MAX : 0;
+        bool abandoned = true;
+        ASSERT_SP_OK(sp__agree(comm, &a, "test round", &abandoned));
+        EXPECT_FALSE(abandoned);
+        EXPECT_SP_OK(sp__agree_check(&a, "test round"));
+        EXPECT_EQ(a.op_lo, SP_AGREE_ALLREDUCE);
+        EXPECT_EQ(a.op_hi, SP_AGREE_ALLREDUCE);
+        EXPECT_EQ(a.call_lo, 7u);
+        EXPECT_EQ(a.call_hi, 7u);
+        EXPECT_EQ(a.lo[0], INT64_MIN);
+        EXPECT_EQ(a.hi[0], INT64_MAX);
+        EXPECT_EQ(a.lo[1], -size);
+        EXPECT_EQ(a.hi[1], -1);
+        EXPECT_EQ(a.lo[2], 42);
+        EXPECT_EQ(a.hi[2], 42);
+        EXPECT_EQ(a.lo[3], 0);
+        EXPECT_EQ(a.hi[3], INT64_MAX);
+        EXPECT_FALSE(a.late);
+        EXPECT_EQ(a.nbad, with_bad);
+        EXPECT_EQ(a.bad_lo, with_bad ? size - 1 : -1);
+        EXPECT_EQ(a.bad_set[0], with_bad ? 1ull << (size - 1) : 0ull);
+    }
+    // A rank in another call: both sides are named, on every rank.
+    sp_agree_t a;
+    std::memset(&a, 0, sizeof a);
+    a.op = rank == 0 ? SP_AGREE_BROADCAST : SP_AGREE_ALLGATHER;
+    a.callno = rank == 0 ? 3 : 4;
+    a.ok = true;
+    bool abandoned = true;
+    ASSERT_SP_OK(sp__agree(comm, &a, "test round", &abandoned));
+    EXPECT_EQ(a.op_lo, SP_AGREE_ALLGATHER);
+    EXPECT_EQ(a.op_hi, SP_AGREE_BROADCAST);
+    EXPECT_EQ(a.call_lo, 3u);
+    EXPECT_EQ(a.call_hi, 4u);
+    expect_warnings();
+    EXPECT_SP_STATUS(sp__agree_check(&a, "test round"), SP_ERR_MISMATCH);
+    MPI_Comm_free(&comm);
+}
+
 } // namespace

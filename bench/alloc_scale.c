@@ -1,0 +1,197 @@
+/*
+ * alloc_scale.c: how the cached malloc + free pair scales, on the host backend, one JSON line per
+ * case, every figure a median over interleaved rounds of the same run:
+ *
+ *   {"bench":"alloc_scale","case":"pair",...}      one thread, 512 B: ns per pair next to glibc's
+ *   {"bench":"alloc_scale","case":"threads",...}   two threads on one device: per-thread ns per
+ *                                                  pair over one thread's (the rounds alternate)
+ *   {"bench":"alloc_scale","case":"free_set",...}  the same pair with N free blocks in the set
+ *                                                  over the pair with only the warm block's
+ *                                                  segment (the rounds alternate: fill, measure,
+ *                                                  empty, measure)
+ *   {"bench":"alloc_scale","case":"metadata",...}  host heap bytes (mallinfo2) per live 512-byte
+ *                                                  block, pointer map and segments included
+ *
+ * Usage: bench_alloc_scale [rounds [free_blocks [pairs]]] (defaults 7, 1000000, 1000000).
+ * SYMPOOL_HOST_CAPACITY must allow free_blocks * 1.5 KiB (the default host capacity does).
+ */
+#include <malloc.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <time.h>
+
+#include "sympool/sympool.h"
+
+static long g_pairs = 1000000;
+
+static double now_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec * 1e9 + (double)ts.tv_nsec;
+}
+
+static int cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+static double median(double *v, int n) {
+    qsort(v, (size_t)n, sizeof *v, cmp_double);
+    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+static void die(const char *what) {
+    fprintf(stderr, "bench_alloc_scale: %s: %s\n", what, sp_last_error());
+    exit(1);
+}
+
+typedef struct job {
+    int glibc;
+    double ns;
+} job_t;
+
+static void *pairs(void *arg) {
+    job_t *j = arg;
+    void *p = NULL;
+    if (j->glibc) {
+        free(malloc(512));
+        double t0 = now_ns();
+        for (long i = 0; i < g_pairs; i++) {
+            p = malloc(512);
+            __asm__ volatile("" : : "r"(p) : "memory");
+            free(p);
+        }
+        j->ns = (now_ns() - t0) / (double)g_pairs;
+        return NULL;
+    }
+    if (sp_malloc(512, 0, NULL, &p) != SP_SUCCESS || sp_free(p) != SP_SUCCESS)
+        die("sp_malloc");
+    double t0 = now_ns();
+    for (long i = 0; i < g_pairs; i++) {
+        if (sp_malloc(512, 0, NULL, &p) != SP_SUCCESS)
+            die("sp_malloc");
+        sp_free(p);
+    }
+    j->ns = (now_ns() - t0) / (double)g_pairs;
+    return NULL;
+}
+
+/* ns per pair per thread, averaged over `threads` threads running at once. */
+static double run_pairs(int threads, int glibc) {
+    pthread_t th[2];
+    job_t jobs[2] = {{glibc, 0}, {glibc, 0}};
+    for (int t = 0; t < threads; t++)
+        pthread_create(&th[t], NULL, pairs, &jobs[t]);
+    double sum = 0;
+    for (int t = 0; t < threads; t++) {
+        pthread_join(th[t], NULL);
+        sum += jobs[t].ns;
+    }
+    return sum / threads;
+}
+
+/* n free blocks of 1 KiB, each between two live 512-byte blocks (so none merges), in the
+ * default pool's small free set; *keep_p and *drop_p get the live blocks to free afterwards. */
+static void fill(long n, void ***keep_p) {
+    void **keep = malloc((size_t)n * sizeof *keep), **drop = malloc((size_t)n * sizeof *drop);
+    if (!keep || !drop)
+        die("out of host memory");
+    for (long i = 0; i < n; i++)
+        if (sp_malloc(1024, 0, NULL, &drop[i]) != SP_SUCCESS ||
+            sp_malloc(512, 0, NULL, &keep[i]) != SP_SUCCESS)
+            die("fill");
+    for (long i = 0; i < n; i++)
+        sp_free(drop[i]);
+    free(drop);
+    *keep_p = keep;
+}
+
+static void unfill(long n, void **keep) {
+    for (long i = 0; i < n; i++)
+        sp_free(keep[i]);
+    free(keep);
+    if (sp_empty_cache() != SP_SUCCESS)
+        die("sp_empty_cache");
+}
+
+int main(int argc, char **argv) {
+    int rounds = argc > 1 ? atoi(argv[1]) : 7;
+    long nfree = argc > 2 ? atol(argv[2]) : 1000000;
+    if (argc > 3)
+        g_pairs = atol(argv[3]);
+    if (rounds < 1 || rounds > 64)
+        rounds = 7;
+    if (nfree < 1)
+        nfree = 1;
+    if (g_pairs < 1)
+        g_pairs = 1;
+    if (sp_init() != SP_SUCCESS)
+        die("sp_init");
+    const char *be = sp_backend_name();
+
+    /* Host heap per live block, first, while no block struct is recycled: the array of pointers
+     * is allocated before the first reading. */
+    long nlive = nfree;
+    void **live = malloc((size_t)nlive * sizeof *live);
+    if (!live)
+        die("out of host memory");
+    struct mallinfo2 m0 = mallinfo2();
+    for (long i = 0; i < nlive; i++)
+        if (sp_malloc(512, 0, NULL, &live[i]) != SP_SUCCESS)
+            die("sp_malloc");
+    struct mallinfo2 m1 = mallinfo2();
+    double per =
+        ((double)(m1.uordblks + m1.hblkhd) - (double)(m0.uordblks + m0.hblkhd)) / (double)nlive;
+    printf("{\"bench\":\"alloc_scale\",\"case\":\"metadata\",\"backend\":\"%s\",\"size\":512,"
+           "\"live_blocks\":%ld,\"host_bytes_per_block\":%.1f}\n",
+           be, nlive, per);
+    for (long i = 0; i < nlive; i++)
+        sp_free(live[i]);
+    free(live);
+    if (sp_empty_cache() != SP_SUCCESS)
+        die("sp_empty_cache");
+
+    double sp1[64], gl1[64], sp2[64], r_gl[64], r_thr[64], empty[64], full[64], r_set[64];
+    for (int r = 0; r < rounds; r++) {
+        /* Alternate the order so that neither side always runs first. */
+        if (r % 2) {
+            gl1[r] = run_pairs(1, 1);
+            sp1[r] = run_pairs(1, 0);
+            sp2[r] = run_pairs(2, 0);
+        } else {
+            sp2[r] = run_pairs(2, 0);
+            sp1[r] = run_pairs(1, 0);
+            gl1[r] = run_pairs(1, 1);
+        }
+        r_gl[r] = sp1[r] / gl1[r];
+        r_thr[r] = sp2[r] / sp1[r];
+    }
+    printf("{\"bench\":\"alloc_scale\",\"case\":\"pair\",\"backend\":\"%s\",\"size\":512,"
+           "\"rounds\":%d,\"pairs\":%ld,\"ns_per_pair\":%.2f,\"glibc_ns_per_pair\":%.2f,"
+           "\"ratio_to_glibc\":%.2f}\n",
+           be, rounds, g_pairs, median(sp1, rounds), median(gl1, rounds), median(r_gl, rounds));
+    printf("{\"bench\":\"alloc_scale\",\"case\":\"threads\",\"backend\":\"%s\",\"size\":512,"
+           "\"rounds\":%d,\"pairs\":%ld,\"ns_1_thread\":%.2f,\"ns_per_thread_2_threads\":%.2f,"
+           "\"ratio\":%.2f}\n",
+           be, rounds, g_pairs, median(sp1, rounds), median(sp2, rounds), median(r_thr, rounds));
+    fflush(stdout);
+
+    for (int r = 0; r < rounds; r++) {
+        empty[r] = run_pairs(1, 0);
+        void **keep = NULL;
+        fill(nfree, &keep);
+        full[r] = run_pairs(1, 0);
+        unfill(nfree, keep);
+        r_set[r] = full[r] / empty[r];
+    }
+    printf("{\"bench\":\"alloc_scale\",\"case\":\"free_set\",\"backend\":\"%s\",\"size\":512,"
+           "\"rounds\":%d,\"pairs\":%ld,\"free_blocks\":%ld,\"ns_empty_set\":%.2f,"
+           "\"ns_full_set\":%.2f,\"ratio\":%.2f}\n",
+           be, rounds, g_pairs, nfree, median(empty, rounds), median(full, rounds),
+           median(r_set, rounds));
+    fflush(stdout);
+
+    sp_shutdown();
+    return 0;
+}
