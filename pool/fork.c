@@ -1,6 +1,6 @@
 /*
  * fork.c: what a child process inherits when its parent calls fork() while other threads are
- * inside sympool (issue 12 item 7).
+ * inside sympool.
  *
  * fork() copies only the calling thread; a lock another thread held at that moment stays held in
  * the child forever, and the structure it guarded may be half updated. So the prepare handler

@@ -1,6 +1,6 @@
 /*
  * handles.c: the registry of every MemPool handle sympool has given out, for the checks at the
- * top of every public call that takes a pool (issue 12 item 6).
+ * top of every public call that takes a pool.
  *
  * A handle is the address of its pool struct. Pool structs are never freed, only retired (at
  * sp_shutdown), so an address in the registry always points at a readable struct, and a stale

@@ -1,4 +1,4 @@
-# The newcomer's path (issue 15): what README promises a user outside this tree.
+# The newcomer's path: what README promises a user outside this tree.
 #  - install.consumers: `cmake --install --prefix`, then programs built against the installed
 #    package with pkg-config (shared, C and C++; static after moving the prefix) and with
 #    find_package (a C project and a C++-only one).
@@ -32,7 +32,7 @@ add_test(NAME scripts.test_sh_after_run_main
 set_tests_properties(scripts.test_sh_after_run_main PROPERTIES LABELS "install" TIMEOUT 300
   PASS_REGULAR_EXPRESSION "scripts ok" RUN_SERIAL TRUE)
 
-# SYMPOOL_REPORT_FILE (issue 15 item 4): the report in its own file, read by jq and promtool.
+# SYMPOOL_REPORT_FILE: the report in its own file, read by jq and promtool.
 find_program(SP_JQ jq)
 if(SP_HAVE_MPI AND TARGET 03_stats_report AND SP_JQ)
   add_test(NAME reports.file_jq_promtool

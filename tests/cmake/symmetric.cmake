@@ -61,7 +61,7 @@ if(TARGET test_symmetric_timeout)
     TIMEOUT 120 ENVIRONMENT "${SP_TEST_ENV};SYMPOOL_SYM_TIMEOUT=1")
 endif()
 
-# Issue 9 item 2: growth holds no pool lock while ranks wait (two threads, two pools, opposite
+# Growth holds no pool lock while ranks wait (two threads, two pools, opposite
 # orders; an sp_malloc during a growth waiting for a late rank). Needs MPI_THREAD_MULTIPLE.
 add_executable(sym_threads ${PROJECT_SOURCE_DIR}/tests/mpi/sym_threads.cc
                            ${PROJECT_SOURCE_DIR}/tests/mpi/mpi_main.cc)
@@ -73,7 +73,7 @@ add_test(NAME mpi.sym_threads.np2
 set_tests_properties(mpi.sym_threads.np2 PROPERTIES LABELS mpi TIMEOUT 120
   ENVIRONMENT "${SP_TEST_ENV}")
 
-# Issue 10: every collective call a clear error on every rank (skip, add, delay, bad arguments),
+# Every collective call a clear error on every rank (skip, add, delay, bad arguments),
 # each scenario bounded by SYMPOOL_SYM_TIMEOUT=1; at 2 and 4 ranks only.
 add_executable(sym_faults ${PROJECT_SOURCE_DIR}/tests/mpi/sym_faults.cc
                           ${PROJECT_SOURCE_DIR}/tests/mpi/mpi_main.cc)
@@ -87,7 +87,7 @@ foreach(np 2 4)
     ENVIRONMENT "${SP_TEST_ENV}")
 endforeach()
 
-# Issue 10: a rank that _exits right before each kind of collective call; the survivors get
+# A rank that _exits right before each kind of collective call; the survivors get
 # SP_ERR_TIMEOUT naming the call within the deadline. Open MPI lets survivors go on only with
 # orte_abort_on_non_zero_status=0; mpirun's own status is not the verdict (the survivors cannot
 # finalize with a dead peer), the printed lines are.

@@ -1,5 +1,5 @@
 // sym_faults.cc: every collective sympool call gives a clear error on every rank, never a hang
-// or a crash (issue 10), with ranks that skip, add, delay calls or pass bad arguments. Each
+// or a crash, with ranks that skip, add, delay calls or pass bad arguments. Each
 // scenario is bounded by a short SYMPOOL_SYM_TIMEOUT (1 s), so a regression fails instead of
 // hanging. Run at 2 and 4 ranks (tests/cmake/symmetric.cmake; not the tests/mpi/test_*.cc glob,
 // so it does not also run at 8 oversubscribed ranks).
@@ -279,7 +279,7 @@ TEST_F(SymFaults, BrokenPoolRepeatsTheWholeReason) {
     pool_ = nullptr; // released at sp_world_finalize
 }
 
-// Issue 10 item 13, as the host backend shows it: releasing a batch of segments costs the same
+// As the host backend shows it: releasing a batch of segments costs the same
 // agreement rounds whatever its size (the call's round, the free-segment bitmap, one round
 // standing for the barrier), not a barrier per segment.
 TEST_F(SymFaults, ReleaseBatchIsOneBarrierWhateverItsSize) {

@@ -1,5 +1,5 @@
 // sym_threads.cc: symmetric growth holds no pool or device lock while ranks wait for each other
-// (issue 9 item 2). Two threads each grow their own symmetric pool, in opposite orders on the
+// Two threads each grow their own symmetric pool, in opposite orders on the
 // two ranks, and both succeed well inside the deadline (with the device lock held across a
 // growth, as before, each rank's first growth would wait for the other rank's second, which
 // waits for the lock: a deadlock until the deadline). And an sp_malloc from a third thread

@@ -1,5 +1,5 @@
 // test_capture.cc: what the cuda backend does differently, shown with the host backend's ops table
-// wrapped (issue 11): symmetric pools refuse to grow during CUDA graph capture, on every rank
+// wrapped: symmetric pools refuse to grow during CUDA graph capture, on every rank
 // together (item 7: the wrapper answers "capturing" for one rank's stream, as cudaStreamIsCapturing
 // would); and collectives on the cuda backend never take the host (MPI) path, so without an NCCL
 // communicator they answer SP_ERR_NOT_SUPPORTED instead of reading device memory from the CPU

@@ -173,7 +173,7 @@ def test_device_spellings(sp):
 
 
 def test_environment_set_after_loading_the_library_is_read():
-    # issue 12 item 1: options are read at the first call, not when the library loads, so
+    # Options are read at the first call, not when the library loads, so
     # os.environ set after loading (before the first allocator call) counts.
     code = ("import os, sympool; sympool._lib.lib(); "
             "os.environ['SYMPOOL_HOST_CAPACITY'] = '3GiB'; "

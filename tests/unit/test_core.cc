@@ -598,7 +598,7 @@ TEST_F(AllocConf, SeparateVariableBeatsAllocConf) {
     }
 }
 
-// issue 12 item 12: one bad key no longer throws the whole string away (PyTorch rejects only what
+// One bad key no longer throws the whole string away (PyTorch rejects only what
 // it cannot parse); each bad entry warns once, and not again while the text stays the same.
 TEST_F(AllocConf, BadEntryKeepsTheValidKeysAndWarnsOncePerBadKey) {
     expect_warnings();

@@ -1,4 +1,4 @@
-// test_fork.cc: fork() while other threads are inside sympool (issue 12 item 7). sympool's
+// test_fork.cc: fork() while other threads are inside sympool. sympool's
 // pthread_atfork handlers hold its locks across the fork, so the child inherits a consistent
 // allocator with every lock free: on the host backend it allocates, frees, empties the cache,
 // reads stats and writes a snapshot; it never hangs. Each child is bounded by a deadline and

@@ -1,4 +1,4 @@
-// test_gpu_ready.cc: what a first run on a GPU would hit (issue 11), shown where the host backend
+// test_gpu_ready.cc: what a first run on a GPU would hit, shown where the host backend
 // or a GPU-less cuda build can show it: auto's fallback WARN, device set-up without touching
 // devices, CUDA's pseudo stream handles, stream destroy with queued work, and the messages.
 #include "sp_test.hpp"

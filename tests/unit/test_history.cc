@@ -758,7 +758,7 @@ TEST_F(History, SnapshotWriteFailuresLeaveNothing) {
     remove_tree(dir);
 }
 
-// issue 9 item 4: snapshots and the log file expand %h/%p/%r with one function and one rank:
+// Snapshots and the log file expand %h/%p/%r with one function and one rank:
 // the world's rank once set, else the launcher's variables, else (snapshots only) 0.
 TEST_F(History, SnapshotPathExpandsLikeTheLogFile) {
     expect_warnings(); // the over-long path

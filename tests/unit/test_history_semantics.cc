@@ -1,4 +1,4 @@
-// test_history_semantics.cc: the history details PyTorch's own tests look at (issue 12 item 5).
+// test_history_semantics.cc: the history details PyTorch's own tests look at.
 //  - segment_free carries a stack by PyTorch's rule: the stack of the call that released the
 //    segment when that call gathered one (empty_cache and pool releases at context "all"; the
 //    malloc whose OOM retry released it at any level), else the stack the segment was allocated

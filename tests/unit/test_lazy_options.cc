@@ -1,5 +1,5 @@
 // test_lazy_options.cc: the SYMPOOL_* variables are read at sympool's first use, not before
-// main() (issue 12 item 1): a setenv in the program before its first call counts, logging
+// main(): a setenv in the program before its first call counts, logging
 // included, and sp_shutdown followed by a new first call reads them again. ctest runs each TEST
 // in its own process, so nothing in sympool has run when a test body starts; the tests use no
 // fixture for that reason (sp::Test's setup would be fine, but keeps nothing to prove).

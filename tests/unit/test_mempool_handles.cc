@@ -1,4 +1,4 @@
-// test_mempool_handles.cc: MemPool handles are checked before use (issue 12 item 6). A handle
+// test_mempool_handles.cc: MemPool handles are checked before use. A handle
 // sympool never gave out is SP_ERR_INVALID_ARGUMENT, a handle whose pool is gone (released by
 // sp_shutdown, also after a new initialization) is SP_ERR_INVALID_USAGE; neither is ever read
 // through, so AddressSanitizer and UndefinedBehaviorSanitizer stay quiet on every call below.

@@ -1,4 +1,4 @@
-// test_startup_log.cc: what the first call logs (issue 15 item 8): the INFO line says
+// test_startup_log.cc: what the first call logs: the INFO line says
 // "unlimited" for an unlimited max_split_size rather than SIZE_MAX in bytes, and
 // SYMPOOL_DEVICE=cuda on a machine without a usable GPU warns once per process, however often it is
 // retried.
