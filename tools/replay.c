@@ -249,12 +249,15 @@ static bool build_segment(dev_state_t *ds, int dev, const tr_device_t *td, const
         if (b == NULL || st != SP_SUCCESS)
             break;
         at = b->addr;
-        /* The block's own size keeps the layout; its request when that is what rounding gives. */
-        uint64_t want = b->size;
-        if (!sg->is_small && want <= small_max) {
+        /* Its recorded request (the stats then match the recorded run's); a block that a
+         * request of another pool's size made whole keeps its own size. */
+        uint64_t want = b->req;
+        if (!sg->is_small && b->size <= small_max) {
             at += b->size;
             continue; /* not a large-pool request: left to the free space */
         }
+        if (!sg->is_small && want <= small_max)
+            want = b->size;
         if (sg->is_small && want > small_max)
             want = small_max;
         fs->frames = b->frames;
@@ -356,6 +359,13 @@ static bool build_start(dev_state_t *ds, int d, const tr_device_t *td, frames_sr
                       errlen);
     }
     fs->frames = NULL;
+    /* The starting state is where the recorded run stood, not something the trace did: the
+     * peaks and counts start from it (PyTorch's trace shows none of it either). */
+    if (ok && (sp_reset_peak_memory_stats(d) != SP_SUCCESS ||
+               sp_reset_accumulated_memory_stats(d) != SP_SUCCESS)) {
+        snprintf(err, errlen, "sp_reset_peak_memory_stats: %s", sp_last_error());
+        ok = false;
+    }
     return ok;
 }
 
