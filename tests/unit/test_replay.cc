@@ -521,3 +521,208 @@ TEST_F(Replay, RealForwardTraceStaysWithinPyTorchsReserved) {
 }
 
 } // namespace
+
+namespace {
+
+// A general synthetic snapshot: segments (with a pool id and stream), events with streams, and
+// allocator_settings.
+struct SBlock {
+    uint64_t size, req;
+    const char *state;
+};
+struct SSeg {
+    uint64_t addr, size, stream, pool;
+    const char *type;
+    std::vector<SBlock> blocks;
+};
+struct SEv {
+    const char *action;
+    uint64_t addr, size, stream;
+};
+
+std::vector<unsigned char> snapshot_of(const std::vector<SSeg> &segs, const std::vector<SEv> &evs,
+                                       const char *conf, bool expandable) {
+    sp__emit_t e;
+    sp__emit_init(&e, false);
+    sp__emit_dict_begin(&e);
+    sp__emit_key(&e, "segments");
+    sp__emit_list_begin(&e);
+    for (const SSeg &s : segs) {
+        sp__emit_dict_begin(&e);
+        sp__emit_key(&e, "device");
+        sp__emit_int(&e, 0);
+        sp__emit_key(&e, "address");
+        sp__emit_uint(&e, s.addr);
+        sp__emit_key(&e, "total_size");
+        sp__emit_uint(&e, s.size);
+        sp__emit_key(&e, "stream");
+        sp__emit_uint(&e, s.stream);
+        sp__emit_key(&e, "segment_type");
+        sp__emit_str(&e, s.type);
+        sp__emit_key(&e, "segment_pool_id");
+        sp__emit_list_begin(&e);
+        sp__emit_int(&e, 0);
+        sp__emit_uint(&e, s.pool);
+        sp__emit_list_end(&e);
+        sp__emit_key(&e, "blocks");
+        sp__emit_list_begin(&e);
+        uint64_t a = s.addr;
+        for (const SBlock &b : s.blocks) {
+            emit_block(&e, a, b.size, b.req, b.state);
+            a += b.size;
+        }
+        sp__emit_list_end(&e);
+        sp__emit_dict_end(&e);
+    }
+    sp__emit_list_end(&e);
+    sp__emit_key(&e, "device_traces");
+    sp__emit_list_begin(&e);
+    sp__emit_list_begin(&e);
+    for (const SEv &ev : evs) {
+        sp__emit_dict_begin(&e);
+        sp__emit_key(&e, "action");
+        sp__emit_str(&e, ev.action);
+        sp__emit_key(&e, "addr");
+        sp__emit_uint(&e, ev.addr);
+        sp__emit_key(&e, "size");
+        sp__emit_uint(&e, ev.size);
+        sp__emit_key(&e, "stream");
+        sp__emit_uint(&e, ev.stream);
+        sp__emit_dict_end(&e);
+    }
+    sp__emit_list_end(&e);
+    sp__emit_list_end(&e);
+    sp__emit_key(&e, "allocator_settings");
+    sp__emit_dict_begin(&e);
+    sp__emit_key(&e, "PYTORCH_CUDA_ALLOC_CONF");
+    sp__emit_str(&e, conf);
+    sp__emit_key(&e, "max_split_size");
+    sp__emit_int(&e, -1);
+    sp__emit_key(&e, "expandable_segments");
+    sp__emit_bool(&e, expandable);
+    sp__emit_dict_end(&e);
+    sp__emit_dict_end(&e);
+    char *buf = nullptr;
+    size_t len = 0;
+    EXPECT_EQ(sp__emit_finish(&e, &buf, &len), SP_SUCCESS);
+    std::vector<unsigned char> out(buf, buf + len);
+    free(buf);
+    return out;
+}
+
+constexpr uint64_t S1 = 0x1000, S2 = 0x2000; // recorded side streams
+constexpr uint64_t X = 0x7e0000000000ull;    // addresses of segments made in the trace
+
+// Ten streams, each allocating 30 MiB blocks in its own segments, then the user's empty_cache
+// between two rounds: PyTorch peaked at one round's segments (10 x 30 MiB), because the
+// empty_cache released the first round's before the second. Without replaying the empty_cache
+// the second round (on new streams' cached blocks of other sizes) would add its own.
+TEST_F(Replay, EmptyCacheRunsAreReplayed) {
+    std::vector<SEv> evs;
+    for (int round = 0; round < 2; round++) {
+        uint64_t sz = round == 0 ? 30 * MiB : 40 * MiB;
+        for (uint64_t s = 1; s <= 10; s++) {
+            uint64_t a = X + (uint64_t)round * (1ull << 32) + s * (64 * MiB);
+            evs.push_back({"segment_alloc", a, sz, s * 0x100});
+            evs.push_back({"alloc", a, sz, s * 0x100});
+        }
+        for (uint64_t s = 1; s <= 10; s++) {
+            uint64_t a = X + (uint64_t)round * (1ull << 32) + s * (64 * MiB);
+            evs.push_back({"free_requested", a, sz, s * 0x100});
+            evs.push_back({"free_completed", a, sz, s * 0x100});
+        }
+        for (uint64_t s = 1; s <= 10; s++)
+            evs.push_back({"segment_free", X + (uint64_t)round * (1ull << 32) + s * (64 * MiB),
+                           sz, s * 0x100});
+    }
+    tr_trace_t t;
+    std::string err;
+    ASSERT_TRUE(load(snapshot_of({}, evs, "", false), &t, &err)) << err;
+    EXPECT_EQ(t.dev[0].empty_cache_runs, 2u);
+    EXPECT_EQ(t.dev[0].nstreams, 11u); // ten and the default stream
+    EXPECT_EQ(t.dev[0].peak_reserved, 400 * MiB);
+    replay_result_t r;
+    char why[256] = "";
+    ASSERT_TRUE(replay_trace(&t, nullptr, &r, why, sizeof(why))) << why;
+    EXPECT_EQ(r.empty_caches, 2u);
+    EXPECT_EQ(r.device_frees, 20);
+    EXPECT_EQ((uint64_t)r.peak_reserved, r.pytorch_peak_reserved);
+    EXPECT_EQ(r.end_reserved, 0);
+    tr_free(&t);
+}
+
+// A block used on another stream: PyTorch's free_completed comes later (after the next
+// allocation), so that allocation cannot reuse it and needs a segment of its own.
+TEST_F(Replay, DeferredFreesWaitForTheirCompletion) {
+    const std::vector<SEv> evs = {
+        {"segment_alloc", X, 20 * MiB, S1},      {"alloc", X, 20 * MiB, S1},
+        {"free_requested", X, 20 * MiB, S1},     {"segment_alloc", X + 64 * MiB, 20 * MiB, S1},
+        {"alloc", X + 64 * MiB, 20 * MiB, S1},   {"free_completed", X, 20 * MiB, S1},
+        {"alloc", X, 20 * MiB, S1},              {"free_requested", X, 20 * MiB, S1},
+        {"free_completed", X, 20 * MiB, S1},     {"free_requested", X + 64 * MiB, 20 * MiB, S1},
+        {"free_completed", X + 64 * MiB, 20 * MiB, S1}};
+    const std::vector<SSeg> segs = {
+        {X, 20 * MiB, S1, 0, "large", {{20 * MiB, 0, "inactive"}}},
+        {X + 64 * MiB, 20 * MiB, S1, 0, "large", {{20 * MiB, 0, "inactive"}}}};
+    tr_trace_t t;
+    std::string err;
+    ASSERT_TRUE(load(snapshot_of(segs, evs, "", false), &t, &err)) << err;
+    EXPECT_EQ(t.dev[0].deferred_frees, 1u);
+    EXPECT_EQ(t.dev[0].nstart, 0u);
+    replay_result_t r;
+    char why[256] = "";
+    ASSERT_TRUE(replay_trace(&t, nullptr, &r, why, sizeof(why))) << why;
+    EXPECT_EQ(r.deferred_frees, 1u);
+    EXPECT_EQ(r.device_allocs, 2); // an immediate free would have let the second reuse the first
+    EXPECT_EQ((uint64_t)r.peak_reserved, r.pytorch_peak_reserved);
+    tr_free(&t);
+}
+
+// A private pool's segment existed before the trace; allocations at its addresses go to a pool
+// of ours (not the default pool's cached segment of the same size).
+TEST_F(Replay, PrivatePoolsAreRoutedByAddress) {
+    const uint64_t P = 0x7d0000000000ull, D = 0x7c0000000000ull;
+    const std::vector<SSeg> segs = {
+        {D, 20 * MiB, 0, 0, "large", {{20 * MiB, 0, "inactive"}}},
+        {P, 20 * MiB, 0, 1, "large", {{20 * MiB, 0, "inactive"}}}};
+    const std::vector<SEv> evs = {{"alloc", P, 16 * MiB, 0},
+                                  {"alloc", D, 16 * MiB, 0},
+                                  {"free_requested", P, 16 * MiB, 0},
+                                  {"free_completed", P, 16 * MiB, 0},
+                                  {"free_requested", D, 16 * MiB, 0},
+                                  {"free_completed", D, 16 * MiB, 0}};
+    tr_trace_t t;
+    std::string err;
+    ASSERT_TRUE(load(snapshot_of(segs, evs, "", false), &t, &err)) << err;
+    ASSERT_EQ(t.dev[0].npools, 1u);
+    EXPECT_EQ(t.dev[0].pools[0].second, 1u);
+    EXPECT_EQ(t.dev[0].nstart, 2u);
+    EXPECT_EQ(t.dev[0].ev[0].pool, 1u);
+    EXPECT_EQ(t.dev[0].ev[1].pool, 0u);
+    replay_result_t r;
+    char why[256] = "";
+    ASSERT_TRUE(replay_trace(&t, nullptr, &r, why, sizeof(why))) << why;
+    // Both requests fit their own pool's cached segment: nothing new is reserved.
+    EXPECT_EQ(r.device_allocs, 0);
+    EXPECT_EQ(r.peak_reserved, (int64_t)(40 * MiB));
+    tr_free(&t);
+}
+
+// allocator_settings become the replay's configuration; per_process_memory_fraction is read
+// from the settings string.
+TEST_F(Replay, RecordedSettingsTranslate) {
+    tr_trace_t t;
+    std::string err;
+    ASSERT_TRUE(load(snapshot_of({}, {}, "expandable_segments:True,per_process_memory_fraction:0.5,"
+                                         "backend:cudaMallocAsync",
+                                 true),
+                     &t, &err))
+        << err;
+    EXPECT_TRUE(t.settings.recorded);
+    EXPECT_STREQ(t.settings.conf, "expandable_segments:True");
+    EXPECT_DOUBLE_EQ(t.settings.fraction, 0.5);
+    EXPECT_NE(strstr(t.settings.dropped, "backend:cudaMallocAsync"), nullptr);
+    tr_free(&t);
+}
+
+} // namespace
