@@ -26,6 +26,9 @@ int sp_cli_replay(int argc, char **argv);
 int sp_cli_plot(int argc, char **argv);
 int sp_cli_summary(int argc, char **argv);
 
+/* `sympool info TRACE` (trace_info.c): what a snapshot holds. Returns the exit status. */
+int cli_trace_info(const char *path);
+
 /* ---- shared by the subcommands (cli_util.c) ---------------------------------------------- */
 
 /* getopt_long for subcommand cmd with our own messages: an unknown option or a missing value

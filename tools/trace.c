@@ -709,6 +709,7 @@ bool tr_load(const char *path, tr_trace_t *t, char *err, size_t errlen) {
         return false;
     }
     /* A JSON snapshot (ours, or one a viewer saved) starts with '{' or '[': translate it. */
+    bool json = false;
     size_t i = 0;
     while (i < len && (buf[i] == ' ' || buf[i] == '\n' || buf[i] == '\r' || buf[i] == '\t'))
         i++;
@@ -731,7 +732,9 @@ bool tr_load(const char *path, tr_trace_t *t, char *err, size_t errlen) {
         }
         buf = (unsigned char *)pickle;
         len = plen;
+        json = true;
     }
+    int protocol = !json && len > 1 && buf[0] == 0x80 ? buf[1] : 0;
     pk_doc_t *doc = NULL;
     bool ok = pk_parse(buf, len, NULL, &doc, why, sizeof(why));
     free(buf);
@@ -743,6 +746,7 @@ bool tr_load(const char *path, tr_trace_t *t, char *err, size_t errlen) {
         snprintf(err, errlen, "%s: %s", path, why);
         return false;
     }
+    t->protocol = protocol;
     return true;
 }
 

@@ -110,7 +110,8 @@ typedef struct tr_settings {
 
 typedef struct tr_trace {
     pk_doc_t *doc;          /* the parsed snapshot (frames point into it) */
-    const char *format;     /* "dict", "segment list (legacy)" */
+    const char *format;     /* what the top level is (dict with or without settings, list) */
+    int protocol;           /* pickle protocol; 0 for a JSON snapshot */
     tr_settings_t settings; /* what the snapshot records */
     const pk_value_t *root; /* its top-level dict (or segment list) */
     int ndev;               /* device_traces entries (at least every segment's device + 1) */
