@@ -354,6 +354,8 @@ static bool build_start(dev_state_t *ds, int d, const tr_device_t *td, frames_sr
         }
     ds->nholes = 0;
     for (size_t i = 0; ok && i < td->nseeds; i++) {
+        if (td->seeds[i].in_start)
+            continue;
         fs->frames = td->seeds[i].frames;
         ok = do_alloc(ds, d, td->seeds[i].addr, td->seeds[i].size, td->seeds[i].stream, 0, r, err,
                       errlen);
@@ -435,8 +437,8 @@ bool replay_trace(const tr_trace_t *t, const char *snapshot_out, replay_result_t
     for (int d = 0; ok && d < t->ndev; d++) {
         const tr_device_t *td = &t->dev[d];
         r->trace_entries += td->nev;
-        r->seeded_blocks += td->nseeds;
-        r->seeded_bytes += td->seeded_bytes;
+        r->seeded_blocks += td->nloose;
+        r->seeded_bytes += td->loose_bytes;
         r->start_segments += td->nstart;
         r->start_bytes += td->start_bytes;
         r->recorded_ooms += td->recorded_ooms;
@@ -884,7 +886,7 @@ int sp_cli_replay(int argc, char **argv) {
         return rc;
     char err[512];
     tr_trace_t t;
-    if (!tr_load(a.trace, &t, err, sizeof(err))) {
+    if (!tr_load_opts(a.trace, a.snapshot != NULL, &t, err, sizeof(err))) {
         fprintf(stderr, "sympool replay: %s\n", err);
         tr_free(&t);
         return 1;

@@ -143,7 +143,7 @@ static bool add_seed(tr_device_t *d, size_t *cap, uint64_t addr, uint64_t size, 
         d->seeds = ns;
         *cap = n;
     }
-    d->seeds[d->nseeds++] = (tr_seed_t){addr, size, bsize, stream, frames};
+    d->seeds[d->nseeds++] = (tr_seed_t){addr, size, bsize, stream, frames, false};
     d->seeded_bytes += size;
     return true;
 }
@@ -467,40 +467,35 @@ static bool analyse(const pk_value_t *segments, const tr_settings_t *set, int de
         qsort(d->start, d->nstart, sizeof(*d->start), cmp_sseg);
     if (d->nseeds > 1)
         qsort(d->seeds, d->nseeds, sizeof(*d->seeds), cmp_seed);
-    /* Seeds inside a start segment become its blocks; the others stay seeds. */
-    {
-        size_t keep = 0, k = 0;
-        uint64_t seeded = 0;
-        for (size_t i = 0; i < d->nseeds; i++) {
-            const tr_seed_t *sd = &d->seeds[i];
-            while (k < d->nstart && d->start[k].addr + d->start[k].size <= sd->addr)
-                k++;
-            if (k < d->nstart && d->start[k].addr <= sd->addr) {
-                tr_sseg_t *sg = &d->start[k];
-                uint64_t end = sg->addr + sg->size;
-                if (i + 1 < d->nseeds && d->seeds[i + 1].addr < end)
-                    end = d->seeds[i + 1].addr;
-                uint64_t bs = sd->bsize ? sd->bsize : round512(sd->size);
-                if (bs > end - sd->addr)
-                    bs = end - sd->addr;
-                if (bs == 0)
-                    continue;
-                if (!GROW(d->sblocks, d->nsblocks, cap_sb))
-                    goto oom;
-                if (sg->n == 0)
-                    sg->first = d->nsblocks;
-                sg->n++;
-                d->sblocks[d->nsblocks++] = (tr_sblock_t){sd->addr, bs, sd->size, sd->frames};
-            } else {
-                d->seeds[keep++] = *sd;
-                seeded += sd->size;
-            }
+    /* Seeds inside a start segment become its blocks too. */
+    for (size_t i = 0, k = 0; i < d->nseeds; i++) {
+        tr_seed_t *sd = &d->seeds[i];
+        while (k < d->nstart && d->start[k].addr + d->start[k].size <= sd->addr)
+            k++;
+        if (k < d->nstart && d->start[k].addr <= sd->addr) {
+            tr_sseg_t *sg = &d->start[k];
+            uint64_t end = sg->addr + sg->size;
+            if (i + 1 < d->nseeds && d->seeds[i + 1].addr < end)
+                end = d->seeds[i + 1].addr;
+            uint64_t bs = sd->bsize ? sd->bsize : round512(sd->size);
+            if (bs > end - sd->addr)
+                bs = end - sd->addr;
+            sd->in_start = true;
+            if (bs == 0)
+                continue;
+            if (!GROW(d->sblocks, d->nsblocks, cap_sb))
+                goto oom;
+            if (sg->n == 0)
+                sg->first = d->nsblocks;
+            sg->n++;
+            d->sblocks[d->nsblocks++] = (tr_sblock_t){sd->addr, bs, sd->size, sd->frames};
+        } else {
+            d->nloose++;
+            d->loose_bytes += sd->size;
         }
-        d->nseeds = keep;
-        d->seeded_bytes = seeded;
-        for (size_t i = 0; i < d->nstart; i++)
-            d->start_bytes += d->start[i].size;
     }
+    for (size_t i = 0; i < d->nstart; i++)
+        d->start_bytes += d->start[i].size;
     /* Runs of segment frees: the user's empty_cache, unless the allocator released inside a
      * malloc (garbage collection, oversize blocks), which then allocates at once. A release
      * for an OOM retry empties the cache too: replaying it as empty_cache is what happened. */
@@ -545,10 +540,7 @@ static bool analyse(const pk_value_t *segments, const tr_settings_t *set, int de
     d->start_reserved = r > 0 ? (uint64_t)r : 0;
     d->peak_reserved = (uint64_t)peak;
 
-    int64_t req = (int64_t)d->seeded_bytes, rpeak;
-    for (size_t i = 0; i < d->nsblocks; i++)
-        req += (int64_t)d->sblocks[i].req;
-    rpeak = req;
+    int64_t req = (int64_t)d->seeded_bytes, rpeak = req;
     for (size_t i = 0; i < d->nev; i++) {
         if (d->ev[i].action == TR_ALLOC)
             req += (int64_t)d->ev[i].size;
@@ -700,6 +692,10 @@ bool tr_from_doc(pk_doc_t *doc, tr_trace_t *t, char *err, size_t errlen) {
 }
 
 bool tr_load(const char *path, tr_trace_t *t, char *err, size_t errlen) {
+    return tr_load_opts(path, true, t, err, errlen);
+}
+
+bool tr_load_opts(const char *path, bool frames, tr_trace_t *t, char *err, size_t errlen) {
     memset(t, 0, sizeof(*t));
     unsigned char *buf = NULL;
     size_t len = 0;
@@ -736,7 +732,7 @@ bool tr_load(const char *path, tr_trace_t *t, char *err, size_t errlen) {
     }
     int protocol = !json && len > 1 && buf[0] == 0x80 ? buf[1] : 0;
     pk_doc_t *doc = NULL;
-    bool ok = pk_parse(buf, len, NULL, &doc, why, sizeof(why));
+    bool ok = pk_parse_skip(buf, len, NULL, frames ? NULL : "frames", &doc, why, sizeof(why));
     free(buf);
     if (!ok) {
         snprintf(err, errlen, "%s: %s", path, why);

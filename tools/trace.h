@@ -51,6 +51,7 @@ typedef struct tr_seed {
     uint64_t bsize;           /* block size when the final state shows it, else 0 */
     uint64_t stream;          /* recorded stream */
     const pk_value_t *frames; /* frames of the block, or NULL */
+    bool in_start;            /* inside a start segment (rebuilt with it, not requested) */
 } tr_seed_t;
 
 /* A block of a segment that existed before recording began, as it was then. */
@@ -87,10 +88,12 @@ typedef struct tr_device {
     size_t empty_cache_runs;  /* TR_F_EMPTY_CACHE events */
     size_t internal_frees;    /* segment frees the allocator made inside a malloc */
     size_t deferred_frees;    /* TR_F_DEFERRED events */
-    tr_seed_t *seeds;         /* blocks live before recording began outside the start
-                               * segments (allocated first, as requests), by address */
+    tr_seed_t *seeds;         /* blocks live before recording began, by address; those not
+                               * in_start are requested before the first event */
     size_t nseeds;            /* entries in seeds */
     uint64_t seeded_bytes;    /* sum of the seeds' sizes */
+    size_t nloose;            /* seeds outside the start segments */
+    uint64_t loose_bytes;     /* their sizes */
     uint64_t final_reserved;  /* sum of the final segments' total_size */
     uint64_t final_allocated; /* sum of the final active_allocated blocks' sizes */
     uint64_t start_reserved;  /* reserved before the first event (walking back from the end) */
@@ -122,6 +125,9 @@ typedef struct tr_trace {
 /* Load a snapshot file (pickle). Fills t; on failure writes a one-line reason and returns
  * false. Call tr_free(t) in both cases. */
 bool tr_load(const char *path, tr_trace_t *t, char *err, size_t errlen);
+/* tr_load; frames false skips every stack while loading (the frames pointers are NULL): what a
+ * replay without a snapshot of its own needs, at a fraction of the cost. */
+bool tr_load_opts(const char *path, bool frames, tr_trace_t *t, char *err, size_t errlen);
 /* Same from a parsed document (t takes ownership of doc, even on failure; call tr_free). */
 bool tr_from_doc(pk_doc_t *doc, tr_trace_t *t, char *err, size_t errlen);
 void tr_free(tr_trace_t *t);

@@ -19,7 +19,7 @@ int cli_trace_info(const char *path) {
                                         "other"};
     char err[512];
     tr_trace_t t;
-    if (!tr_load(path, &t, err, sizeof(err))) {
+    if (!tr_load_opts(path, false, &t, err, sizeof(err))) {
         fprintf(stderr, "sympool info: %s\n", err);
         tr_free(&t);
         return 1;
@@ -56,7 +56,7 @@ int cli_trace_info(const char *path) {
         printf("  starting state: %zu segments (%.3f GiB; PyTorch reserved %.3f GiB before the "
                "first event), %zu live blocks in them, %zu outside (%.3f GiB)\n",
                dv->nstart, gib(dv->start_bytes), gib(dv->start_reserved), dv->nsblocks,
-               dv->nseeds, gib(dv->seeded_bytes));
+               dv->nloose, gib(dv->loose_bytes));
         printf("  PyTorch reserved: peak %.3f GiB, at the end %.3f GiB (%.3f GiB allocated); "
                "recorded OOMs: %zu\n",
                gib(dv->peak_reserved), gib(dv->final_reserved), gib(dv->final_allocated),

@@ -156,11 +156,17 @@ TEST_F(Replay, FindsSeedsAndPyTorchReserved) {
     EXPECT_EQ(d.sblocks[d.start[0].first].addr, SEG_A);
     EXPECT_EQ(d.sblocks[d.start[0].first].req, 4 * MiB);
     EXPECT_EQ(d.start_bytes, 20 * MiB);
-    // EARLY (freed without a recorded alloc) lies in no segment the snapshot knows: a seed.
-    ASSERT_EQ(d.nseeds, 1u);
-    EXPECT_EQ(d.seeds[0].addr, EARLY);
-    EXPECT_EQ(d.seeds[0].size, 3000u);
-    EXPECT_EQ(d.seeded_bytes, 3000u);
+    // Blocks live at the start: the one in SEG_A, and EARLY (freed without a recorded alloc),
+    // which lies in no segment the snapshot knows: it is requested before the first event.
+    ASSERT_EQ(d.nseeds, 2u);
+    EXPECT_EQ(d.seeds[0].addr, SEG_A);
+    EXPECT_TRUE(d.seeds[0].in_start);
+    EXPECT_EQ(d.seeds[1].addr, EARLY);
+    EXPECT_EQ(d.seeds[1].size, 3000u);
+    EXPECT_FALSE(d.seeds[1].in_start);
+    EXPECT_EQ(d.seeded_bytes, 4 * MiB + 3000);
+    EXPECT_EQ(d.nloose, 1u);
+    EXPECT_EQ(d.loose_bytes, 3000u);
     EXPECT_EQ(d.final_reserved, 20 * MiB);
     EXPECT_EQ(d.start_reserved, 20 * MiB);
     EXPECT_EQ(d.peak_reserved, 22 * MiB); // while SEG_B existed
@@ -723,6 +729,49 @@ TEST_F(Replay, RecordedSettingsTranslate) {
     EXPECT_DOUBLE_EQ(t.settings.fraction, 0.5);
     EXPECT_NE(strstr(t.settings.dropped, "backend:cudaMallocAsync"), nullptr);
     tr_free(&t);
+}
+
+} // namespace
+
+namespace {
+
+// Loading without stacks (what a replay without --snapshot does) reads the same trace.
+TEST_F(Replay, SkippingFramesLoadsTheSameTrace) {
+    for (const char *name : {"cs336-2.7b-ctx128-forward-bf16.pickle",
+                             "real-sqattn-empty-cache.pickle", "real-attention-state-only.pickle",
+                             "real-layoutediting-legacy-list.pickle"}) {
+        std::string path = data_dir() + "/" + name;
+        tr_trace_t a, b;
+        char why[256] = "";
+        ASSERT_TRUE(tr_load(path.c_str(), &a, why, sizeof(why))) << why;
+        ASSERT_TRUE(tr_load_opts(path.c_str(), false, &b, why, sizeof(why))) << why;
+        ASSERT_EQ(a.ndev, b.ndev) << name;
+        EXPECT_STREQ(a.settings.conf, b.settings.conf) << name;
+        for (int d = 0; d < a.ndev; d++) {
+            const tr_device_t &x = a.dev[d], &y = b.dev[d];
+            ASSERT_EQ(x.nev, y.nev) << name;
+            size_t with_frames = 0;
+            for (size_t i = 0; i < x.nev; i++) {
+                EXPECT_EQ(x.ev[i].action, y.ev[i].action);
+                EXPECT_EQ(x.ev[i].addr, y.ev[i].addr);
+                EXPECT_EQ(x.ev[i].size, y.ev[i].size);
+                EXPECT_EQ(x.ev[i].stream, y.ev[i].stream);
+                EXPECT_EQ(x.ev[i].flags, y.ev[i].flags);
+                EXPECT_EQ(y.ev[i].frames, nullptr);
+                with_frames += x.ev[i].frames != nullptr;
+            }
+            EXPECT_EQ(with_frames == 0, x.nev == 0) << name << ": the full load keeps the stacks";
+            EXPECT_EQ(x.nstart, y.nstart);
+            EXPECT_EQ(x.nsblocks, y.nsblocks);
+            EXPECT_EQ(x.nseeds, y.nseeds);
+            EXPECT_EQ(x.nloose, y.nloose);
+            EXPECT_EQ(x.start_bytes, y.start_bytes);
+            EXPECT_EQ(x.peak_reserved, y.peak_reserved);
+            EXPECT_EQ(x.final_allocated, y.final_allocated);
+        }
+        tr_free(&a);
+        tr_free(&b);
+    }
 }
 
 } // namespace
