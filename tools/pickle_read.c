@@ -15,6 +15,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #define VALUES_PER_CHUNK 4096
 #define STR_CHUNK (256 * 1024)
@@ -59,6 +60,10 @@ typedef struct parser {
     bool skipping;          /* inside such a value */
     size_t skip_base;       /* its stack index */
     pk_value_t *skipped;    /* what every skipped value is (one PK_NONE) */
+    size_t skipped_at;      /* stack depth right after the last skipped string's push */
+    size_t skipped_str;     /* its input offset and length */
+    size_t skipped_len;
+    pk_type_t skipped_type; /* PK_STR or PK_BYTES */
 } parser_t;
 
 void pk_limits_default(pk_limits_t *lim) {
@@ -213,6 +218,7 @@ static bool push(parser_t *ps, pk_value_t *v) {
         ps->scap = cap;
     }
     ps->stack[ps->sp++] = v;
+    ps->skipped_at = 0; /* push_str sets it again after a skipped string */
     return true;
 }
 
@@ -287,6 +293,14 @@ static bool push_str(parser_t *ps, pk_type_t type, size_t n, const char *opname)
         return false;
     if (n > ps->lim.max_str)
         return fail(ps, "%s of %zu bytes exceeds the limit of %zu", opname, n, ps->lim.max_str);
+    if (ps->skipping) {
+        /* Made only if the memo keeps it (it may be used again outside the skipped value). */
+        ps->skipped_str = ps->pos;
+        ps->skipped_len = n;
+        ps->skipped_type = type;
+        ps->pos += n;
+        return push(ps, ps->skipped) && (ps->skipped_at = ps->sp, true);
+    }
     pk_value_t *v = new_value(ps, type);
     if (v == NULL)
         return false;
@@ -317,7 +331,18 @@ static bool memo_put(parser_t *ps, size_t idx) {
     }
     if (ps->memo[idx] == NULL)
         ps->memoused++;
-    ps->memo[idx] = ps->stack[ps->sp - 1];
+    pk_value_t *top = ps->stack[ps->sp - 1];
+    if (top == ps->skipped && top != NULL && ps->skipped_at == ps->sp) {
+        /* A skipped string the memo keeps: it is made now. */
+        pk_value_t *v = new_value(ps, ps->skipped_type);
+        char *str = v ? new_bytes(ps, ps->p + ps->skipped_str, ps->skipped_len) : NULL;
+        if (str == NULL)
+            return false;
+        v->u.str.s = str;
+        v->u.str.len = ps->skipped_len;
+        top = v;
+    }
+    ps->memo[idx] = top;
     return true;
 }
 
@@ -768,7 +793,13 @@ bool pk_read_file(const char *path, size_t max_bytes, unsigned char **buf_p, siz
         snprintf(err, errlen, "cannot open %s: %s", path, strerror(errno));
         return false;
     }
+    /* A regular file's size (plus one byte, to see the end without growing) is all we read: one
+     * allocation, no copies while growing. */
     size_t cap = 1 << 20, len = 0;
+    struct stat sb;
+    if (fstat(fileno(f), &sb) == 0 && S_ISREG(sb.st_mode) && sb.st_size >= 0 &&
+        (uint64_t)sb.st_size < max_bytes)
+        cap = (size_t)sb.st_size + 1;
     unsigned char *buf = malloc(cap);
     bool ok = buf != NULL;
     if (!ok)
