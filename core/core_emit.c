@@ -85,7 +85,8 @@ static void put(sp__emit_t *e, const void *p, size_t n) {
         e->buf = nb;
         e->cap = cap;
     }
-    memcpy(e->buf + e->len, p, n);
+    if (p != NULL)
+        memcpy(e->buf + e->len, p, n);
     e->len += n;
 }
 
@@ -109,6 +110,7 @@ void sp__emit_init(sp__emit_t *e, bool json) {
 
 void sp__emit_discard(sp__emit_t *e) {
     free(e->buf);
+    free(e->jmemo);
     memset(e, 0, sizeof(*e));
 }
 
@@ -135,6 +137,9 @@ sp_status_t sp__emit_finish(sp__emit_t *e, char **buf_p, size_t *len_p) {
     *len_p = e->len;
     e->buf = NULL;
     e->len = e->cap = 0;
+    free(e->jmemo);
+    e->jmemo = NULL;
+    e->jmemo_n = e->jmemo_cap = 0;
     return SP_SUCCESS;
 }
 
@@ -170,6 +175,7 @@ static void open_container(sp__emit_t *e, char kind) {
     e->kind[d] = kind;
     e->count[d] = 0;
     if (e->json) {
+        e->vstart[d] = e->len;
         put1(e, kind == 'd' ? '{' : '[');
     } else {
         put1(e, kind == 'd' ? OP_EMPTY_DICT : OP_EMPTY_LIST);
@@ -188,6 +194,8 @@ static void close_container(sp__emit_t *e, char kind) {
     int d = --e->depth;
     if (e->json) {
         put1(e, kind == 'd' ? '}' : ']');
+        e->last_start = e->vstart[d];
+        e->last_len = e->len - e->vstart[d];
     } else if (e->len == e->mark[d] + 1) {
         e->len--; /* nothing since the MARK: drop it rather than write an empty SETITEMS */
     } else {
@@ -238,10 +246,19 @@ static void put_str_pickle(sp__emit_t *e, const char *s) {
         put1(e, OP_BINUNICODE);
         put(e, le, 4);
     }
-    /* Copy, replacing each invalid byte with '?' so the length stays the same. */
+    /* Copy, replacing each invalid byte with '?' so the length stays the same; runs of ASCII
+     * (nearly every string: names, file names) in one piece. */
     const unsigned char *p = (const unsigned char *)s;
     size_t i = 0;
     while (i < n) {
+        size_t run = 0;
+        while (i + run < n && p[i + run] < 0x80)
+            run++;
+        if (run > 0) {
+            put(e, p + i, run);
+            i += run;
+            continue;
+        }
         size_t k = utf8_len(p + i);
         if (k == 0 || i + k > n) {
             put1(e, '?');
@@ -257,6 +274,14 @@ static void put_str_json(sp__emit_t *e, const char *s) {
     const unsigned char *p = (const unsigned char *)s;
     put1(e, '"');
     while (*p) {
+        const unsigned char *q = p;
+        while (*q >= 0x20 && *q < 0x80 && *q != '"' && *q != '\\')
+            q++;
+        if (q > p) {
+            put(e, p, (size_t)(q - p));
+            p = q;
+            continue;
+        }
         unsigned c = *p;
         size_t k = utf8_len(p);
         if (c == '"' || c == '\\') {
@@ -416,14 +441,36 @@ void sp__emit_tuple2(sp__emit_t *e, int64_t a, int64_t b) {
 }
 
 uint32_t sp__emit_memoize(sp__emit_t *e) {
-    if (e->json || e->failed)
+    if (e->failed)
         return UINT32_MAX;
+    if (e->json) {
+        if (e->last_len == 0 || e->last_start + e->last_len != e->len)
+            return UINT32_MAX; /* not right after a container: the caller writes it again */
+        if (e->jmemo_n == e->jmemo_cap) {
+            uint32_t cap = e->jmemo_cap ? e->jmemo_cap * 2 : 64;
+            size_t *nm = sp__emit_realloc(e->jmemo, (size_t)cap * 2 * sizeof(*nm));
+            if (nm == NULL)
+                return UINT32_MAX;
+            e->jmemo = nm;
+            e->jmemo_cap = cap;
+        }
+        e->jmemo[2 * e->jmemo_n] = e->last_start;
+        e->jmemo[2 * e->jmemo_n + 1] = e->last_len;
+        return e->jmemo_n++;
+    }
     put1(e, OP_MEMOIZE);
     return e->memo_next++;
 }
 
 void sp__emit_memo_get(sp__emit_t *e, uint32_t index) {
     before_value(e);
+    if (e->json && index < e->jmemo_n && !e->failed) {
+        size_t start = e->jmemo[2 * index], n = e->jmemo[2 * index + 1];
+        put(e, NULL, n); /* room first: the copy comes from the buffer itself */
+        if (!e->failed)
+            memcpy(e->buf + e->len - n, e->buf + start, n);
+        return;
+    }
     if (e->json || index >= e->memo_next) {
         e->failed = true; /* a reference to nothing: the caller's bug */
         return;
