@@ -304,18 +304,70 @@ static void put_str_json(sp__emit_t *e, const char *s) {
     put1(e, '"');
 }
 
-void sp__emit_key(sp__emit_t *e, const char *key) {
+static void put_memo_get(sp__emit_t *e, uint32_t index);
+
+/* Pickle: a string by address: BINGET once it has been written, else written and memoized. A
+ * small direct-mapped table (a clash just writes the string again). */
+static void put_str_static(sp__emit_t *e, const char *s) {
+    size_t h = ((uintptr_t)s >> 3) * 0x9e3779b97f4a7c15ull >> 56;
+    if (e->skey[h] == s) {
+        put_memo_get(e, e->sidx[h]);
+        return;
+    }
+    put_str_pickle(e, s);
+    if (e->failed)
+        return;
+    put1(e, OP_MEMOIZE);
+    e->skey[h] = s;
+    e->sidx[h] = e->memo_next++;
+}
+
+static void key(sp__emit_t *e, const char *k, bool fixed) {
     if (e->depth == 0 || e->kind[e->depth - 1] != 'd') {
         e->failed = true;
         return;
     }
     before_item(e);
     if (e->json) {
-        put_str_json(e, key);
+        put_str_json(e, k);
         put1(e, ':');
+    } else if (fixed) {
+        put_str_static(e, k);
     } else {
-        put_str_pickle(e, key);
+        put_str_pickle(e, k);
     }
+}
+
+void sp__emit_key(sp__emit_t *e, const char *k) {
+    key(e, k, false);
+}
+
+void sp__emit_key_static(sp__emit_t *e, const char *k) {
+    key(e, k, true);
+}
+
+void sp__emit_str_static(sp__emit_t *e, const char *s) {
+    before_value(e);
+    if (s == NULL)
+        s = "";
+    if (e->json)
+        put_str_json(e, s);
+    else
+        put_str_static(e, s);
+}
+
+/* Decimal digits of v into b (at least 21 bytes), NUL-terminated; the length. */
+static size_t fmt_u64(char *b, uint64_t v) {
+    char t[24];
+    size_t n = 0;
+    do {
+        t[n++] = (char)('0' + v % 10);
+        v /= 10;
+    } while (v != 0);
+    for (size_t i = 0; i < n; i++)
+        b[i] = t[n - 1 - i];
+    b[n] = '\0';
+    return n;
 }
 
 void sp__emit_str(sp__emit_t *e, const char *s) {
@@ -362,8 +414,11 @@ void sp__emit_int(sp__emit_t *e, int64_t v) {
     before_value(e);
     if (e->json) {
         char b[32];
-        snprintf(b, sizeof(b), "%lld", (long long)v);
-        puts_(e, b);
+        size_t n = 0;
+        if (v < 0)
+            b[n++] = '-';
+        n += fmt_u64(b + n, v < 0 ? 0 - (uint64_t)v : (uint64_t)v);
+        put(e, b, n);
     } else {
         put_int_pickle(e, v);
     }
@@ -377,8 +432,7 @@ void sp__emit_uint(sp__emit_t *e, uint64_t v) {
     before_value(e);
     if (e->json) {
         char b[32];
-        snprintf(b, sizeof(b), "%llu", (unsigned long long)v);
-        puts_(e, b);
+        put(e, b, fmt_u64(b, v));
     } else {
         unsigned char le[9];
         for (size_t i = 0; i < 8; i++)
@@ -475,14 +529,17 @@ void sp__emit_memo_get(sp__emit_t *e, uint32_t index) {
         e->failed = true; /* a reference to nothing: the caller's bug */
         return;
     }
+    put_memo_get(e, index);
+}
+
+static void put_memo_get(sp__emit_t *e, uint32_t index) {
     if (index <= 0xff) {
-        put1(e, OP_BINGET);
-        put1(e, index);
+        unsigned char op[2] = {OP_BINGET, (unsigned char)index};
+        put(e, op, 2);
     } else {
-        unsigned char le[4] = {index & 0xff, (index >> 8) & 0xff, (index >> 16) & 0xff,
-                               index >> 24};
-        put1(e, OP_LONG_BINGET);
-        put(e, le, 4);
+        unsigned char op[5] = {OP_LONG_BINGET, index & 0xff, (index >> 8) & 0xff,
+                               (index >> 16) & 0xff, index >> 24};
+        put(e, op, 5);
     }
 }
 

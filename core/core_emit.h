@@ -39,6 +39,8 @@ typedef struct sp__emit {
     size_t last_start, last_len;       /* JSON: the last container closed (its bytes) */
     size_t *jmemo;                     /* JSON: memoized values as (start, len) pairs */
     uint32_t jmemo_n, jmemo_cap;       /* pairs held / allocated */
+    const char *skey[256];             /* pickle: strings memoized by address (keys, names) */
+    uint32_t sidx[256];                /* their memo indexes */
 } sp__emit_t;
 
 /* Start a document (pickle: PROTO 4). */
@@ -64,6 +66,12 @@ void sp__emit_bool(sp__emit_t *e, bool v);
 void sp__emit_none(sp__emit_t *e);
 /* A 2-tuple of ints (pickle TUPLE2; a 2-item list in JSON). */
 void sp__emit_tuple2(sp__emit_t *e, int64_t a, int64_t b);
+
+/* A string whose bytes stay the same at this address for the whole document (a literal, a name
+ * in a table): pickle writes it once and then refers to it (as Python's pickler does for every
+ * string); JSON writes it in full. sp__emit_key_static: the same for a dict key. */
+void sp__emit_str_static(sp__emit_t *e, const char *s);
+void sp__emit_key_static(sp__emit_t *e, const char *key);
 
 /* Memo, so that a value written many times (a stack shared by thousands of trace entries) is
  * built once: after a value is complete, sp__emit_memoize returns its memo index and

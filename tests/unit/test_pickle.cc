@@ -590,3 +590,34 @@ TEST(PickleRead, FuzzMutatedRealTracesAndRandomBytes) {
 }
 
 } // namespace
+
+// Fixed keys and names are written once and referred to after (pickle); JSON writes them each
+// time. The document reads back the same.
+TEST(PickleWrite, StaticStringsAreMemoized) {
+    for (bool json : {false, true}) {
+        sp__emit_t e;
+        sp__emit_init(&e, json);
+        sp__emit_list_begin(&e);
+        for (int i = 0; i < 3; i++) {
+            sp__emit_dict_begin(&e);
+            sp__emit_key_static(&e, "action");
+            sp__emit_str_static(&e, "free_requested");
+            sp__emit_dict_end(&e);
+        }
+        sp__emit_list_end(&e);
+        Bytes b = finish(&e);
+        std::string text(b.begin(), b.end());
+        size_t n = 0;
+        for (size_t at = text.find("free_requested"); at != std::string::npos;
+             at = text.find("free_requested", at + 1))
+            n++;
+        EXPECT_EQ(n, json ? 3u : 1u);
+        if (json)
+            continue;
+        pk_doc_t *doc = nullptr;
+        ASSERT_EQ(parse(b, &doc), "");
+        for (size_t i = 0; i < 3; i++)
+            EXPECT_STREQ(pk_get_str(pk_at(pk_root(doc), i), "action"), "free_requested");
+        pk_free(doc);
+    }
+}
