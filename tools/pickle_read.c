@@ -501,10 +501,97 @@ static bool end_of_skip(const parser_t *ps, unsigned op, const unsigned char *a)
     }
 }
 
+/* The opcodes a skipped value is made of, without building anything: every value is the one
+ * PK_NONE, a BINGET does not read the memo, only the stack depth, the MARKs and the memo (for
+ * later references outside) are kept. Returns at the first opcode it does not take (or that
+ * would fail), or when the stack is back just above the skipped value, for the general loop
+ * to decide. */
+static void skip_fast(parser_t *ps) {
+    const unsigned char *p = ps->p;
+    while (ps->pos < ps->len && ps->sp > ps->skip_base + 1) {
+        size_t pos = ps->pos, left = ps->len - pos - 1, n = 0;
+        unsigned op = p[pos];
+        if (ps->sp + 1 >= ps->scap)
+            return; /* push grows the stack */
+        switch (op) {
+        case 'h': /* BINGET */
+        case 'K': /* BININT1 */
+            n = 1;
+            goto push;
+        case 'M': /* BININT2 */
+            n = 2;
+            goto push;
+        case 'j': /* LONG_BINGET */
+        case 'J': /* BININT */
+            n = 4;
+            goto push;
+        case 0x8a: /* LONG1 */
+            if (left < 1 || left - 1 < p[pos + 1])
+                return;
+            n = 1 + (size_t)p[pos + 1];
+            goto push;
+        case '}':
+        case ']':
+        case ')':
+        case 'N':
+        case 0x88:
+        case 0x89:
+            goto push;
+        case 0x8c: /* SHORT_BINUNICODE: made if the memo keeps it */
+            if (left < 1 || left - 1 < p[pos + 1] || p[pos + 1] > ps->lim.max_str)
+                return;
+            ps->skipped_str = pos + 2;
+            ps->skipped_len = p[pos + 1];
+            ps->skipped_type = PK_STR;
+            ps->stack[ps->sp++] = ps->skipped;
+            ps->skipped_at = ps->sp;
+            ps->pos = pos + 2 + p[pos + 1];
+            continue;
+        case 0x94: /* MEMOIZE */
+            if (!memo_put(ps, ps->memoused))
+                return;
+            ps->pos = pos + 1;
+            continue;
+        case '(': /* MARK */
+            if (ps->nmarks == ps->lim.max_depth)
+                return;
+            ps->marks[ps->nmarks++] = ps->sp;
+            ps->pos = pos + 1;
+            continue;
+        case 'u': /* SETITEMS */
+        case 'e': { /* APPENDS */
+            if (ps->nmarks == 0)
+                return;
+            size_t first = ps->marks[ps->nmarks - 1];
+            size_t below = ps->nmarks > 1 ? ps->marks[ps->nmarks - 2] : 0;
+            if (first == 0 || first - 1 < below || (op == 'u' && (ps->sp - first) % 2 != 0))
+                return;
+            ps->nmarks--;
+            ps->sp = first;
+            ps->pos = pos + 1;
+            continue;
+        }
+        default:
+            return;
+        }
+    push:
+        if (left < n)
+            return;
+        ps->stack[ps->sp++] = ps->skipped;
+        ps->skipped_at = 0;
+        ps->pos = pos + 1 + n;
+    }
+}
+
 static bool run(parser_t *ps) {
     int64_t iv;
     uint64_t arg; /* an opcode's unsigned argument, from take_uint */
     while (ps->pos < ps->len) {
+        if (ps->skipping && ps->sp > ps->skip_base + 1) {
+            skip_fast(ps);
+            if (ps->pos >= ps->len)
+                break;
+        }
         ps->op = ps->pos;
         unsigned op = ps->p[ps->pos++];
         const unsigned char *a = ps->p + ps->pos; /* argument bytes (after need()) */
