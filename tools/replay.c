@@ -614,7 +614,9 @@ static void print_text(const char *trace, const tr_trace_t *t, const replay_resu
                    gib((double)r->start_bytes), gib((double)r->pytorch_start_reserved));
         if (t->settings.dropped[0] || t->settings.fraction > 0)
             printf(" settings that do not replay exactly (above);");
-        printf(" otherwise the allocators' choices differ\n");
+        printf(" otherwise the allocators chose differently (among free blocks of one size both "
+               "take the lowest address, and the emulated device's addresses are not the "
+               "recorded GPU's)\n");
     }
 }
 
