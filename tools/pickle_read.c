@@ -430,7 +430,8 @@ static bool collapse(parser_t *ps, size_t first, pk_type_t type, const char *opn
     pk_value_t *v = new_value(ps, type);
     if (v == NULL || !seq_reserve(ps, v, n))
         return false;
-    memcpy(v->u.seq.items, ps->stack + first, n * sizeof(*v->u.seq.items));
+    if (n > 0) /* an empty container has no item array */
+        memcpy(v->u.seq.items, ps->stack + first, n * sizeof(*v->u.seq.items));
     v->u.seq.n = n;
     ps->sp = first;
     return push(ps, v);
@@ -452,8 +453,9 @@ static bool extend(parser_t *ps, size_t first, pk_type_t type, const char *opnam
         return fail(ps, "%s with an odd number of items", opname);
     if (!seq_reserve(ps, target, n))
         return false;
-    memcpy(target->u.seq.items + target->u.seq.n, ps->stack + first,
-           n * sizeof(*target->u.seq.items));
+    if (n > 0)
+        memcpy(target->u.seq.items + target->u.seq.n, ps->stack + first,
+               n * sizeof(*target->u.seq.items));
     target->u.seq.n += n;
     ps->sp = first;
     return true;
