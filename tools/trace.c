@@ -15,9 +15,13 @@
 
 #include "tools/json_read.h"
 
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 /* ---- address map ------------------------------------------------------------------------ */
 
@@ -695,12 +699,43 @@ bool tr_load(const char *path, tr_trace_t *t, char *err, size_t errlen) {
     return tr_load_opts(path, true, t, err, errlen);
 }
 
+/* The file's bytes: a regular file is mapped (read-only, its pages populated in one call: no
+ * copy, no fault per page), anything else read. */
+static bool read_whole(const char *path, unsigned char **buf_p, size_t *len_p, bool *mapped_p,
+                       char *err, size_t errlen) {
+    *mapped_p = false;
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    struct stat sb;
+    if (fd >= 0 && fstat(fd, &sb) == 0 && S_ISREG(sb.st_mode) && sb.st_size > 0 &&
+        (uint64_t)sb.st_size <= ((uint64_t)4 << 30)) {
+        void *p = mmap(NULL, (size_t)sb.st_size, PROT_READ, MAP_PRIVATE | MAP_POPULATE, fd, 0);
+        if (p != MAP_FAILED) {
+            close(fd);
+            *buf_p = p;
+            *len_p = (size_t)sb.st_size;
+            *mapped_p = true;
+            return true;
+        }
+    }
+    if (fd >= 0)
+        close(fd);
+    return pk_read_file(path, (size_t)4 << 30, buf_p, len_p, err, errlen);
+}
+
+static void release(unsigned char *buf, size_t len, bool mapped) {
+    if (mapped)
+        munmap(buf, len);
+    else
+        free(buf);
+}
+
 bool tr_load_opts(const char *path, bool frames, tr_trace_t *t, char *err, size_t errlen) {
     memset(t, 0, sizeof(*t));
     unsigned char *buf = NULL;
     size_t len = 0;
+    bool mapped = false;
     char why[256];
-    if (!pk_read_file(path, (size_t)4 << 30, &buf, &len, why, sizeof(why))) {
+    if (!read_whole(path, &buf, &len, &mapped, why, sizeof(why))) {
         snprintf(err, errlen, "%s", why);
         return false;
     }
@@ -714,14 +749,14 @@ bool tr_load_opts(const char *path, bool frames, tr_trace_t *t, char *err, size_
                  "%s: not a pickle (nor a JSON snapshot): it starts with byte 0x%02x, a pickle "
                  "with 0x80",
                  path, buf[i]);
-        free(buf);
+        release(buf, len, mapped);
         return false;
     }
     if (i < len && (buf[i] == '{' || buf[i] == '[')) {
         char *pickle = NULL;
         size_t plen = 0;
         bool ok = json_to_pickle((const char *)buf, len, &pickle, &plen, why, sizeof(why));
-        free(buf);
+        release(buf, len, mapped);
         if (!ok) {
             snprintf(err, errlen, "%s: %s", path, why);
             return false;
@@ -733,7 +768,7 @@ bool tr_load_opts(const char *path, bool frames, tr_trace_t *t, char *err, size_
     int protocol = !json && len > 1 && buf[0] == 0x80 ? buf[1] : 0;
     pk_doc_t *doc = NULL;
     bool ok = pk_parse_skip(buf, len, NULL, frames ? NULL : "frames", &doc, why, sizeof(why));
-    free(buf);
+    release(buf, len, mapped);
     if (!ok) {
         snprintf(err, errlen, "%s: %s", path, why);
         return false;
