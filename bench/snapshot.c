@@ -110,8 +110,8 @@ int main(int argc, char **argv) {
     sp_history_set_frames_hook(frames_hook, &site);
     char here[4096];
     snprintf(here, sizeof(here), "bench_snapshot_%d", (int)getpid());
-    const char *where[2][2] = {{"/dev/shm/sp_bench_snapshot.pickle", "/dev/shm/sp_bench_snapshot.json"},
-                               {NULL, NULL}};
+    const char *where[2][2] = {
+        {"/dev/shm/sp_bench_snapshot.pickle", "/dev/shm/sp_bench_snapshot.json"}, {NULL, NULL}};
     char disk_p[4200], disk_j[4200];
     snprintf(disk_p, sizeof(disk_p), "%s.pickle", here);
     snprintf(disk_j, sizeof(disk_j), "%s.json", here);

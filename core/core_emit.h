@@ -24,17 +24,17 @@ extern "C" {
 #define SP__EMIT_MAX_DEPTH 32
 
 typedef struct sp__emit {
-    char *buf;                        /* output bytes */
-    size_t len;                       /* bytes written */
-    size_t cap;                       /* bytes allocated */
-    bool json;                        /* JSON instead of pickle */
-    bool failed;                      /* out of memory or misuse; every later call is a no-op */
-    bool oom;                         /* the failure was out of host memory (not misuse) */
-    int depth;                        /* open containers */
-    size_t mark[SP__EMIT_MAX_DEPTH];  /* pickle: offset of the container's MARK */
-    size_t count[SP__EMIT_MAX_DEPTH]; /* items (dict: keys + values) written in the container */
-    char kind[SP__EMIT_MAX_DEPTH];    /* 'd' dict, 'l' list */
-    uint32_t memo_next;               /* pickle: the index the next MEMOIZE gives */
+    char *buf;                         /* output bytes */
+    size_t len;                        /* bytes written */
+    size_t cap;                        /* bytes allocated */
+    bool json;                         /* JSON instead of pickle */
+    bool failed;                       /* out of memory or misuse; every later call is a no-op */
+    bool oom;                          /* the failure was out of host memory (not misuse) */
+    int depth;                         /* open containers */
+    size_t mark[SP__EMIT_MAX_DEPTH];   /* pickle: offset of the container's MARK */
+    size_t count[SP__EMIT_MAX_DEPTH];  /* items (dict: keys + values) written in the container */
+    char kind[SP__EMIT_MAX_DEPTH];     /* 'd' dict, 'l' list */
+    uint32_t memo_next;                /* pickle: the index the next MEMOIZE gives */
     size_t vstart[SP__EMIT_MAX_DEPTH]; /* JSON: offset where each open container began */
     size_t last_start, last_len;       /* JSON: the last container closed (its bytes) */
     size_t *jmemo;                     /* JSON: memoized values as (start, len) pairs */

@@ -487,8 +487,18 @@ static bool end_of_skip(const parser_t *ps, unsigned op, const unsigned char *a)
     if (ps->sp != ps->skip_base + 1)
         return false;
     switch (op) {
-    case 0x8c: case 'X': case 0x8d: case 'C': case 'U': case 'T': case 'B': case 0x8e:
-    case 'u': case 's': case 'd': case '.':
+    case 0x8c:
+    case 'X':
+    case 0x8d:
+    case 'C':
+    case 'U':
+    case 'T':
+    case 'B':
+    case 0x8e:
+    case 'u':
+    case 's':
+    case 'd':
+    case '.':
         return true;
     case 'h':
     case 'j': {
@@ -560,7 +570,7 @@ static void skip_fast(parser_t *ps) {
             ps->marks[ps->nmarks++] = ps->sp;
             ps->pos = pos + 1;
             continue;
-        case 'u': /* SETITEMS */
+        case 'u':   /* SETITEMS */
         case 'e': { /* APPENDS */
             if (ps->nmarks == 0)
                 return;

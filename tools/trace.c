@@ -163,8 +163,7 @@ static int cmp_u64(const void *a, const void *b) {
 }
 
 /* A growable array of T (grow before writing element n). */
-#define GROW(arr, n, cap)                                                                          \
-    ((n) < (cap) ? true : grow_array((void **)&(arr), &(cap), sizeof(*(arr))))
+#define GROW(arr, n, cap) ((n) < (cap) ? true : grow_array((void **)&(arr), &(cap), sizeof(*(arr))))
 
 static bool grow_array(void **arr, size_t *cap, size_t elem) {
     size_t n = *cap ? *cap * 2 : 32;
@@ -321,8 +320,8 @@ static bool load_events(const pk_value_t *list, int dev, tr_device_t *d, char *e
  * start is not known); their seeds are allocated as requests. */
 static bool analyse(const pk_value_t *segments, const tr_settings_t *set, int dev, tr_device_t *d,
                     char *err, size_t errlen) {
-    tr_map_t live = {0};    /* addresses allocated in the trace and not yet freed */
-    tr_map_t touched = {0}; /* addresses any alloc/free event names */
+    tr_map_t live = {0};     /* addresses allocated in the trace and not yet freed */
+    tr_map_t touched = {0};  /* addresses any alloc/free event names */
     tr_map_t segfirst = {0}; /* segment address -> 1 first allocated, 2 first freed in the trace */
     tr_map_t streams = {0};
     uint64_t *mapped = NULL; /* addresses of segment_map/unmap events */
@@ -349,8 +348,8 @@ static bool analyse(const pk_value_t *segments, const tr_settings_t *set, int de
                 goto oom;
             /* PyTorch completes a free at once (the next entry) unless other streams used the
              * block: then events hold it until a later malloc or empty_cache sees them done. */
-            if (i + 1 < d->nev && !(d->ev[i + 1].action == TR_FREE_COMPLETED &&
-                                    d->ev[i + 1].addr == e->addr)) {
+            if (i + 1 < d->nev &&
+                !(d->ev[i + 1].action == TR_FREE_COMPLETED && d->ev[i + 1].addr == e->addr)) {
                 e->flags |= TR_F_DEFERRED;
                 d->deferred_frees++;
             }
@@ -417,14 +416,14 @@ static bool analyse(const pk_value_t *segments, const tr_settings_t *set, int de
         if (in_start) {
             if (!GROW(d->start, d->nstart, cap_start))
                 goto oom;
-            d->start[d->nstart++] = (tr_sseg_t){addr,
-                                                (uint64_t)total,
-                                                ustream,
-                                                (uint16_t)pool,
-                                                stype != NULL ? strcmp(stype, "small") == 0
-                                                              : total == (2 << 20),
-                                                0,
-                                                0};
+            d->start[d->nstart++] =
+                (tr_sseg_t){addr,
+                            (uint64_t)total,
+                            ustream,
+                            (uint16_t)pool,
+                            stype != NULL ? strcmp(stype, "small") == 0 : total == (2 << 20),
+                            0,
+                            0};
         }
         d->final_reserved += (uint64_t)total;
         const pk_value_t *blocks = pk_get(seg, "blocks");
@@ -580,8 +579,8 @@ static void read_settings(const pk_value_t *as, tr_settings_t *st) {
 #define ADD(...)                                                                                   \
     do {                                                                                           \
         if (used < sizeof(st->conf))                                                               \
-            used += (size_t)snprintf(st->conf + used, sizeof(st->conf) - used, "%s",               \
-                                     used ? "," : "");                                             \
+            used +=                                                                                \
+                (size_t)snprintf(st->conf + used, sizeof(st->conf) - used, "%s", used ? "," : ""); \
         if (used < sizeof(st->conf))                                                               \
             used += (size_t)snprintf(st->conf + used, sizeof(st->conf) - used, __VA_ARGS__);       \
     } while (0)

@@ -104,11 +104,11 @@ typedef struct tr_device {
 
 /* The allocator settings a snapshot records, translated. */
 typedef struct tr_settings {
-    bool recorded;        /* the snapshot has allocator_settings */
-    char conf[512];       /* SYMPOOL_ALLOC_CONF equivalent ("" = defaults) */
-    double fraction;      /* per_process_memory_fraction from the conf string, 0 = none */
-    char dropped[256];    /* settings that do not apply to a replay, for the output */
-    bool gc_or_split;     /* gc threshold or max_split_size set: releases inside malloc */
+    bool recorded;     /* the snapshot has allocator_settings */
+    char conf[512];    /* SYMPOOL_ALLOC_CONF equivalent ("" = defaults) */
+    double fraction;   /* per_process_memory_fraction from the conf string, 0 = none */
+    char dropped[256]; /* settings that do not apply to a replay, for the output */
+    bool gc_or_split;  /* gc threshold or max_split_size set: releases inside malloc */
 } tr_settings_t;
 
 typedef struct tr_trace {

@@ -13,10 +13,9 @@ static double gib(uint64_t b) {
 }
 
 int cli_trace_info(const char *path) {
-    static const char *const names[] = {"alloc",         "free_requested", "free_completed",
-                                        "segment_alloc", "segment_free",   "segment_map",
-                                        "segment_unmap", "snapshot",       "oom",
-                                        "other"};
+    static const char *const names[] = {
+        "alloc",       "free_requested", "free_completed", "segment_alloc", "segment_free",
+        "segment_map", "segment_unmap",  "snapshot",       "oom",           "other"};
     char err[512];
     tr_trace_t t;
     if (!tr_load_opts(path, false, &t, err, sizeof(err))) {
@@ -55,8 +54,8 @@ int cli_trace_info(const char *path) {
                dv->empty_cache_runs, dv->deferred_frees, dv->internal_frees);
         printf("  starting state: %zu segments (%.3f GiB; PyTorch reserved %.3f GiB before the "
                "first event), %zu live blocks in them, %zu outside (%.3f GiB)\n",
-               dv->nstart, gib(dv->start_bytes), gib(dv->start_reserved), dv->nsblocks,
-               dv->nloose, gib(dv->loose_bytes));
+               dv->nstart, gib(dv->start_bytes), gib(dv->start_reserved), dv->nsblocks, dv->nloose,
+               gib(dv->loose_bytes));
         printf("  PyTorch reserved: peak %.3f GiB, at the end %.3f GiB (%.3f GiB allocated); "
                "recorded OOMs: %zu\n",
                gib(dv->peak_reserved), gib(dv->final_reserved), gib(dv->final_allocated),

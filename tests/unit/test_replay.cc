@@ -638,8 +638,8 @@ TEST_F(Replay, EmptyCacheRunsAreReplayed) {
             evs.push_back({"free_completed", a, sz, s * 0x100});
         }
         for (uint64_t s = 1; s <= 10; s++)
-            evs.push_back({"segment_free", X + (uint64_t)round * (1ull << 32) + s * (64 * MiB),
-                           sz, s * 0x100});
+            evs.push_back({"segment_free", X + (uint64_t)round * (1ull << 32) + s * (64 * MiB), sz,
+                           s * 0x100});
     }
     tr_trace_t t;
     std::string err;
@@ -660,13 +660,17 @@ TEST_F(Replay, EmptyCacheRunsAreReplayed) {
 // A block used on another stream: PyTorch's free_completed comes later (after the next
 // allocation), so that allocation cannot reuse it and needs a segment of its own.
 TEST_F(Replay, DeferredFreesWaitForTheirCompletion) {
-    const std::vector<SEv> evs = {
-        {"segment_alloc", X, 20 * MiB, S1},      {"alloc", X, 20 * MiB, S1},
-        {"free_requested", X, 20 * MiB, S1},     {"segment_alloc", X + 64 * MiB, 20 * MiB, S1},
-        {"alloc", X + 64 * MiB, 20 * MiB, S1},   {"free_completed", X, 20 * MiB, S1},
-        {"alloc", X, 20 * MiB, S1},              {"free_requested", X, 20 * MiB, S1},
-        {"free_completed", X, 20 * MiB, S1},     {"free_requested", X + 64 * MiB, 20 * MiB, S1},
-        {"free_completed", X + 64 * MiB, 20 * MiB, S1}};
+    const std::vector<SEv> evs = {{"segment_alloc", X, 20 * MiB, S1},
+                                  {"alloc", X, 20 * MiB, S1},
+                                  {"free_requested", X, 20 * MiB, S1},
+                                  {"segment_alloc", X + 64 * MiB, 20 * MiB, S1},
+                                  {"alloc", X + 64 * MiB, 20 * MiB, S1},
+                                  {"free_completed", X, 20 * MiB, S1},
+                                  {"alloc", X, 20 * MiB, S1},
+                                  {"free_requested", X, 20 * MiB, S1},
+                                  {"free_completed", X, 20 * MiB, S1},
+                                  {"free_requested", X + 64 * MiB, 20 * MiB, S1},
+                                  {"free_completed", X + 64 * MiB, 20 * MiB, S1}};
     const std::vector<SSeg> segs = {
         {X, 20 * MiB, S1, 0, "large", {{20 * MiB, 0, "inactive"}}},
         {X + 64 * MiB, 20 * MiB, S1, 0, "large", {{20 * MiB, 0, "inactive"}}}};
@@ -688,15 +692,12 @@ TEST_F(Replay, DeferredFreesWaitForTheirCompletion) {
 // of ours (not the default pool's cached segment of the same size).
 TEST_F(Replay, PrivatePoolsAreRoutedByAddress) {
     const uint64_t P = 0x7d0000000000ull, D = 0x7c0000000000ull;
-    const std::vector<SSeg> segs = {
-        {D, 20 * MiB, 0, 0, "large", {{20 * MiB, 0, "inactive"}}},
-        {P, 20 * MiB, 0, 1, "large", {{20 * MiB, 0, "inactive"}}}};
-    const std::vector<SEv> evs = {{"alloc", P, 16 * MiB, 0},
-                                  {"alloc", D, 16 * MiB, 0},
-                                  {"free_requested", P, 16 * MiB, 0},
-                                  {"free_completed", P, 16 * MiB, 0},
-                                  {"free_requested", D, 16 * MiB, 0},
-                                  {"free_completed", D, 16 * MiB, 0}};
+    const std::vector<SSeg> segs = {{D, 20 * MiB, 0, 0, "large", {{20 * MiB, 0, "inactive"}}},
+                                    {P, 20 * MiB, 0, 1, "large", {{20 * MiB, 0, "inactive"}}}};
+    const std::vector<SEv> evs = {
+        {"alloc", P, 16 * MiB, 0},          {"alloc", D, 16 * MiB, 0},
+        {"free_requested", P, 16 * MiB, 0}, {"free_completed", P, 16 * MiB, 0},
+        {"free_requested", D, 16 * MiB, 0}, {"free_completed", D, 16 * MiB, 0}};
     tr_trace_t t;
     std::string err;
     ASSERT_TRUE(load(snapshot_of(segs, evs, "", false), &t, &err)) << err;
@@ -719,8 +720,9 @@ TEST_F(Replay, PrivatePoolsAreRoutedByAddress) {
 TEST_F(Replay, RecordedSettingsTranslate) {
     tr_trace_t t;
     std::string err;
-    ASSERT_TRUE(load(snapshot_of({}, {}, "expandable_segments:True,per_process_memory_fraction:0.5,"
-                                         "backend:cudaMallocAsync",
+    ASSERT_TRUE(load(snapshot_of({}, {},
+                                 "expandable_segments:True,per_process_memory_fraction:0.5,"
+                                 "backend:cudaMallocAsync",
                                  true),
                      &t, &err))
         << err;
@@ -737,9 +739,9 @@ namespace {
 
 // Loading without stacks (what a replay without --snapshot does) reads the same trace.
 TEST_F(Replay, SkippingFramesLoadsTheSameTrace) {
-    for (const char *name : {"cs336-2.7b-ctx128-forward-bf16.pickle",
-                             "real-sqattn-empty-cache.pickle", "real-attention-state-only.pickle",
-                             "real-layoutediting-legacy-list.pickle"}) {
+    for (const char *name :
+         {"cs336-2.7b-ctx128-forward-bf16.pickle", "real-sqattn-empty-cache.pickle",
+          "real-attention-state-only.pickle", "real-layoutediting-legacy-list.pickle"}) {
         std::string path = data_dir() + "/" + name;
         tr_trace_t a, b;
         char why[256] = "";
