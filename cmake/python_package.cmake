@@ -33,3 +33,37 @@ install(CODE "
     endif()
   endif()
 ")
+
+# The distribution's metadata beside the package, as pip writes it, so that `pip show sympool`,
+# importlib.metadata.version("sympool") and `pip uninstall sympool` (the Python package; the
+# library stays in lib/) know a CMake-installed sympool. The version is project(VERSION)'s.
+set(SP_DIST_INFO "sympool-${PROJECT_VERSION}.dist-info")
+file(WRITE ${PROJECT_BINARY_DIR}/python_dist_info/METADATA
+"Metadata-Version: 2.1
+Name: sympool
+Version: ${PROJECT_VERSION}
+Summary: A CUDA caching allocator with PyTorch's semantics, MemPools and symmetric (NCCL-window) pools for mpirun-launched jobs
+License: MIT
+Requires-Python: >=3.8
+")
+file(WRITE ${PROJECT_BINARY_DIR}/python_dist_info/INSTALLER "cmake\n")
+install(FILES ${PROJECT_BINARY_DIR}/python_dist_info/METADATA
+  ${PROJECT_BINARY_DIR}/python_dist_info/INSTALLER
+  DESTINATION ${SYMPOOL_PYTHON_SITEDIR}/${SP_DIST_INFO})
+install(CODE "
+  set(sp_sitedir \"${SYMPOOL_PYTHON_SITEDIR}\")
+  if(NOT IS_ABSOLUTE \"\${sp_sitedir}\")
+    set(sp_sitedir \"\${CMAKE_INSTALL_PREFIX}/\${sp_sitedir}\")
+  endif()
+  set(sp_root \"\$ENV{DESTDIR}\${sp_sitedir}\")
+  file(GLOB_RECURSE sp_files LIST_DIRECTORIES false RELATIVE \"\${sp_root}\"
+    \"\${sp_root}/sympool/*\" \"\${sp_root}/${SP_DIST_INFO}/*\")
+  set(sp_record \"\")
+  foreach(f \${sp_files})
+    if(NOT f STREQUAL \"${SP_DIST_INFO}/RECORD\")
+      string(APPEND sp_record \"\${f},,\\n\")
+    endif()
+  endforeach()
+  string(APPEND sp_record \"${SP_DIST_INFO}/RECORD,,\\n\")
+  file(WRITE \"\${sp_root}/${SP_DIST_INFO}/RECORD\" \"\${sp_record}\")
+")

@@ -24,7 +24,7 @@
  */
 #include "collectives/dtype.h"
 #include "core/core.h"
-#include "launch/launch.h"
+#include "world/world.h"
 
 #ifdef SP_HAVE_NCCL
 
@@ -61,48 +61,6 @@ static void log_version(void) {
                 "the NCCL loaded at run time (%d.%d.%d) is older than the headers sympool was "
                 "built with (%d.%d.%d); point LD_LIBRARY_PATH at the newer libnccl.so.2",
                 v / 10000, v / 100 % 100, v % 100, built / 10000, built / 100 % 100, built % 100);
-}
-
-static ncclDataType_t nccl_type(sp_dtype_t dtype) {
-    switch (dtype) {
-    case SP_INT8:
-        return ncclInt8;
-    case SP_UINT8:
-        return ncclUint8;
-    case SP_INT32:
-        return ncclInt32;
-    case SP_UINT32:
-        return ncclUint32;
-    case SP_INT64:
-        return ncclInt64;
-    case SP_UINT64:
-        return ncclUint64;
-    case SP_FLOAT16:
-        return ncclFloat16;
-    case SP_BFLOAT16:
-        return ncclBfloat16;
-    case SP_FLOAT32:
-        return ncclFloat32;
-    case SP_FLOAT64:
-        return ncclFloat64;
-    }
-    return ncclInt8;
-}
-
-static ncclRedOp_t nccl_op(sp_redop_t op) {
-    switch (op) {
-    case SP_SUM:
-        return ncclSum;
-    case SP_PROD:
-        return ncclProd;
-    case SP_MIN:
-        return ncclMin;
-    case SP_MAX:
-        return ncclMax;
-    case SP_AVG:
-        return ncclAvg; /* floats: pre-multiplied by 1/n in the type; integers: sum / n */
-    }
-    return ncclSum;
 }
 
 /* True when ptr lies in a symmetric pool's registered window on this rank. */
@@ -150,7 +108,7 @@ sp_status_t sp__coll_nccl(sp_world_t *w, const sp_coll_call_t *c) {
                     c->count, sp__coll_dtype_name(c->dtype), sp__coll_op_name(c->op), why);
         sp__error_clear(); /* the window probes may have left a last-error text */
     }
-    ncclDataType_t t = nccl_type(c->dtype);
+    ncclDataType_t t = (ncclDataType_t)sp__coll_nccl_type(c->dtype);
     ncclResult_t r = ncclSuccess;
     sp__world_nccl_lock(w);
     comm = (ncclComm_t)sp__world_nccl_comm(w); /* re-read: an abort may have happened */
@@ -160,13 +118,15 @@ sp_status_t sp__coll_nccl(sp_world_t *w, const sp_coll_call_t *c) {
     }
     switch (c->kind) {
     case SP_COLL_ALLREDUCE:
-        r = ncclAllReduce(c->send, c->recv, c->count, t, nccl_op(c->op), comm, stream);
+        r = ncclAllReduce(c->send, c->recv, c->count, t, (ncclRedOp_t)sp__coll_nccl_op(c->op), comm,
+                          stream);
         break;
     case SP_COLL_ALLGATHER:
         r = ncclAllGather(c->send, c->recv, c->count, t, comm, stream);
         break;
     case SP_COLL_REDUCE_SCATTER:
-        r = ncclReduceScatter(c->send, c->recv, c->count, t, nccl_op(c->op), comm, stream);
+        r = ncclReduceScatter(c->send, c->recv, c->count, t, (ncclRedOp_t)sp__coll_nccl_op(c->op),
+                              comm, stream);
         break;
     case SP_COLL_BROADCAST:
         r = ncclBroadcast(c->send, c->recv, c->count, t, c->root, comm, stream);

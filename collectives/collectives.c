@@ -6,7 +6,7 @@
  * Invariants:
  *  - Nothing is sent before every argument is checked. Checks whose outcome can differ between
  *    ranks (buffer ownership, NULL pointers, one rank passing another count) feed ONE agreement
- *    round (launch/agree.c: the same message shape as every collective sympool call, bounded by
+ *    round (world/agree.c: the same message shape as every collective sympool call, bounded by
  *    SYMPOOL_SYM_TIMEOUT) that precedes the data movement, so a bad argument on one rank makes
  *    every rank return an error instead of leaving the others blocked in MPI:
  *    SP_ERR_INVALID_ARGUMENT on every rank when any rank rejected its own arguments (the bad
@@ -38,7 +38,7 @@
 
 #include "collectives/dtype.h"
 #include "core/core.h"
-#include "launch/launch.h"
+#include "world/world.h"
 #include "pool/pool.h"
 #include "sympool/pool.h"
 
@@ -47,59 +47,11 @@
 #define MAX_MPI_COUNT ((size_t)INT_MAX)
 #define HALF_CHUNK ((size_t)1 << 20)
 
-static const size_t dtype_sizes[SP_NUM_DTYPES] = {1, 1, 4, 4, 8, 8, 2, 2, 4, 8};
-static const char *const dtype_names[SP_NUM_DTYPES] = {"int8",    "uint8",  "int32",   "uint32",
-                                                       "int64",   "uint64", "float16", "bfloat16",
-                                                       "float32", "float64"};
-static const char *const op_names[SP_NUM_REDOPS] = {"sum", "prod", "min", "max", "avg"};
 static const char *const kind_names[] = {"sp_allreduce", "sp_allgather", "sp_reduce_scatter",
                                          "sp_broadcast"};
 
-size_t sp__coll_dtype_size(sp_dtype_t dtype) {
-    return (unsigned)dtype < (unsigned)SP_NUM_DTYPES ? dtype_sizes[dtype] : 0;
-}
-const char *sp__coll_dtype_name(sp_dtype_t dtype) {
-    return (unsigned)dtype < (unsigned)SP_NUM_DTYPES ? dtype_names[dtype] : "?";
-}
-const char *sp__coll_op_name(sp_redop_t op) {
-    return (unsigned)op < (unsigned)SP_NUM_REDOPS ? op_names[op] : "?";
-}
-
-static MPI_Datatype mpi_type(sp_dtype_t dtype) {
-    switch (dtype) {
-    case SP_INT8:
-        return MPI_INT8_T;
-    case SP_UINT8:
-        return MPI_UINT8_T;
-    case SP_INT32:
-        return MPI_INT32_T;
-    case SP_UINT32:
-        return MPI_UINT32_T;
-    case SP_INT64:
-        return MPI_INT64_T;
-    case SP_UINT64:
-        return MPI_UINT64_T;
-    case SP_FLOAT16:
-    case SP_BFLOAT16:
-        return MPI_UINT16_T; /* moved as bits; reduced by half.c */
-    case SP_FLOAT32:
-        return MPI_FLOAT;
-    case SP_FLOAT64:
-        return MPI_DOUBLE;
-    }
-    return MPI_DATATYPE_NULL;
-}
-
 static bool is_half(sp_dtype_t dtype) {
     return dtype == SP_FLOAT16 || dtype == SP_BFLOAT16;
-}
-
-static sp_status_t mpi_fail(int rc, const char *fn, const char *what) {
-    char text[MPI_MAX_ERROR_STRING];
-    int len = 0;
-    if (MPI_Error_string(rc, text, &len) != MPI_SUCCESS)
-        snprintf(text, sizeof text, "error %d", rc);
-    return sp__error(SP_ERR_MPI, SP_SUB_COLL, "%s: %s failed: %s", fn, what, text);
 }
 
 /* ---- argument checks -------------------------------------------------------------------- */
@@ -154,11 +106,11 @@ static bool check_local(const sp_world_t *w, const sp_coll_call_t *c, char *why,
         snprintf(why, len, "root %d is out of range [0, %d)", c->root, n);
         return false;
     }
-    size_t size = dtype_sizes[c->dtype];
+    size_t size = sp__coll_dtype_size(c->dtype);
     size_t scale = (c->kind == SP_COLL_ALLREDUCE || c->kind == SP_COLL_BROADCAST) ? 1 : (size_t)n;
     if (c->count > SIZE_MAX / size / scale || c->count > (size_t)INT64_MAX / size / scale) {
         snprintf(why, len, "count %zu of %s times %zu rank(s) overflows a byte size", c->count,
-                 dtype_names[c->dtype], scale);
+                 sp__coll_dtype_name(c->dtype), scale);
         return false;
     }
     if (c->count == 0)
@@ -196,7 +148,7 @@ enum { AG_COUNT_HI, AG_COUNT_LO, AG_DTYPE, AG_OP, AG_ROOT, AG_N };
 static const int64_t agree_ops[] = {SP_AGREE_ALLREDUCE, SP_AGREE_ALLGATHER, SP_AGREE_REDUCE_SCATTER,
                                     SP_AGREE_BROADCAST};
 
-/* The agreement: launch/agree.c's round (the call, this rank's checks, count, dtype, op, root),
+/* The agreement: world/agree.c's round (the call, this rank's checks, count, dtype, op, root),
  * bounded by SYMPOOL_SYM_TIMEOUT, on the world's agreement communicator, before any data
  * moves. A rank in another collective call is SP_ERR_MISMATCH naming both. */
 static sp_status_t agree(sp_world_t *w, const sp_coll_call_t *c, bool ok, const char *why) {
@@ -240,26 +192,11 @@ static sp_status_t agree(sp_world_t *w, const sp_coll_call_t *c, bool ok, const 
 
 /* ---- the host (MPI) data path ----------------------------------------------------------- */
 
-static MPI_Op native_op(sp_redop_t op) {
-    switch (op) {
-    case SP_SUM:
-    case SP_AVG:
-        return MPI_SUM;
-    case SP_PROD:
-        return MPI_PROD;
-    case SP_MIN:
-        return MPI_MIN;
-    case SP_MAX:
-        return MPI_MAX;
-    }
-    return MPI_OP_NULL;
-}
-
 /* The op that reduces dtype's MPI representation directly (half MIN/MAX: half.c's ops). */
 static MPI_Op direct_op(sp_dtype_t dtype, sp_redop_t op) {
     if (is_half(dtype))
         return sp__half_minmax_op(dtype == SP_BFLOAT16, op == SP_MAX);
-    return native_op(op);
+    return sp__coll_mpi_op(op);
 }
 
 /* Divide n elements by the number of ranks (AVG after SUM). */
@@ -348,7 +285,7 @@ static bool half_arith(const sp_coll_call_t *c) {
 static sp_status_t host_allreduce(sp_world_t *w, const sp_coll_call_t *c) {
     MPI_Comm comm = sp__world_comm(w);
     int n = sp_world_size(w);
-    size_t size = dtype_sizes[c->dtype];
+    size_t size = sp__coll_dtype_size(c->dtype);
     if (half_arith(c)) {
         bool bf = c->dtype == SP_BFLOAT16;
         size_t chunk = c->count < HALF_CHUNK ? c->count : HALF_CHUNK;
@@ -366,7 +303,7 @@ static sp_status_t host_allreduce(sp_world_t *w, const sp_coll_call_t *c) {
             int rc = MPI_Allreduce(MPI_IN_PLACE, tmp, (int)k, MPI_FLOAT, op, comm);
             if (rc != MPI_SUCCESS) {
                 free(tmp);
-                return mpi_fail(rc, "sp_allreduce", "MPI_Allreduce");
+                return sp__mpi_status(rc, SP_SUB_COLL, "sp_allreduce", "MPI_Allreduce");
             }
             sp__half_store(tmp, (uint16_t *)c->recv + at, k, bf);
         }
@@ -385,10 +322,10 @@ static sp_status_t host_allreduce(sp_world_t *w, const sp_coll_call_t *c) {
         size_t k = c->count - at < MAX_MPI_COUNT ? c->count - at : MAX_MPI_COUNT;
         const void *s =
             c->send == c->recv || premul ? MPI_IN_PLACE : (const char *)c->send + at * size;
-        int rc =
-            MPI_Allreduce(s, (char *)c->recv + at * size, (int)k, mpi_type(c->dtype), op, comm);
+        int rc = MPI_Allreduce(s, (char *)c->recv + at * size, (int)k, sp__coll_mpi_type(c->dtype),
+                               op, comm);
         if (rc != MPI_SUCCESS)
-            return mpi_fail(rc, "sp_allreduce", "MPI_Allreduce");
+            return sp__mpi_status(rc, SP_SUB_COLL, "sp_allreduce", "MPI_Allreduce");
     }
     if (c->op == SP_AVG && !premul)
         divide(c->recv, c->count, c->dtype, n);
@@ -397,18 +334,18 @@ static sp_status_t host_allreduce(sp_world_t *w, const sp_coll_call_t *c) {
 
 static sp_status_t host_allgather(sp_world_t *w, const sp_coll_call_t *c) {
     int rank = sp_world_rank(w);
-    size_t bytes = c->count * dtype_sizes[c->dtype];
+    size_t bytes = c->count * sp__coll_dtype_size(c->dtype);
     const char *slot = (const char *)c->recv + (size_t)rank * bytes;
     const void *s = (const char *)c->send == slot ? MPI_IN_PLACE : c->send;
-    MPI_Datatype t = mpi_type(c->dtype);
+    MPI_Datatype t = sp__coll_mpi_type(c->dtype);
     int rc = MPI_Allgather(s, (int)c->count, t, c->recv, (int)c->count, t, sp__world_comm(w));
-    return rc == MPI_SUCCESS ? SP_SUCCESS : mpi_fail(rc, "sp_allgather", "MPI_Allgather");
+    return sp__mpi_status(rc, SP_SUB_COLL, "sp_allgather", "MPI_Allgather");
 }
 
 static sp_status_t host_reduce_scatter(sp_world_t *w, const sp_coll_call_t *c) {
     MPI_Comm comm = sp__world_comm(w);
     int n = sp_world_size(w);
-    size_t size = dtype_sizes[c->dtype];
+    size_t size = sp__coll_dtype_size(c->dtype);
     if (half_arith(c)) {
         /* Chunk j of the result needs chunk j of every rank's slot of send: gather those into
          * one float buffer laid out rank by rank, reduce-scatter floats, round once. */
@@ -433,7 +370,8 @@ static sp_status_t host_reduce_scatter(sp_world_t *w, const sp_coll_call_t *c) {
                 premultiply_half(in, k * (size_t)n, bf, (float)avg_scale(c->dtype, n));
             int rc = MPI_Reduce_scatter_block(in, out, (int)k, MPI_FLOAT, op, comm);
             if (rc != MPI_SUCCESS) {
-                st = mpi_fail(rc, "sp_reduce_scatter", "MPI_Reduce_scatter_block");
+                st = sp__mpi_status(rc, SP_SUB_COLL, "sp_reduce_scatter",
+                                    "MPI_Reduce_scatter_block");
                 break;
             }
             sp__half_store(out, (uint16_t *)c->recv + at, k, bf);
@@ -469,21 +407,22 @@ static sp_status_t host_reduce_scatter(sp_world_t *w, const sp_coll_call_t *c) {
         premultiply(scaled, c->send, c->count * (size_t)n, c->dtype, avg_scale(c->dtype, n));
         src = scaled;
     }
-    int rc = MPI_Reduce_scatter_block(src, dst, (int)c->count, mpi_type(c->dtype), op, comm);
+    int rc =
+        MPI_Reduce_scatter_block(src, dst, (int)c->count, sp__coll_mpi_type(c->dtype), op, comm);
     free(scaled);
     if (rc == MPI_SUCCESS && in_place)
         memcpy(c->recv, dst, c->count * size);
     if (in_place)
         free(dst);
     if (rc != MPI_SUCCESS)
-        return mpi_fail(rc, "sp_reduce_scatter", "MPI_Reduce_scatter_block");
+        return sp__mpi_status(rc, SP_SUB_COLL, "sp_reduce_scatter", "MPI_Reduce_scatter_block");
     if (c->op == SP_AVG && !premul)
         divide(c->recv, c->count, c->dtype, n);
     return SP_SUCCESS;
 }
 
 static sp_status_t host_broadcast(sp_world_t *w, const sp_coll_call_t *c) {
-    size_t bytes = c->count * dtype_sizes[c->dtype];
+    size_t bytes = c->count * sp__coll_dtype_size(c->dtype);
     if (sp_world_rank(w) == c->root && c->send != c->recv)
         memcpy(c->recv, c->send, bytes); /* checked: they do not overlap */
     const size_t step = (size_t)1 << 30;
@@ -491,7 +430,7 @@ static sp_status_t host_broadcast(sp_world_t *w, const sp_coll_call_t *c) {
         size_t k = bytes - at < step ? bytes - at : step;
         int rc = MPI_Bcast((char *)c->recv + at, (int)k, MPI_BYTE, c->root, sp__world_comm(w));
         if (rc != MPI_SUCCESS)
-            return mpi_fail(rc, "sp_broadcast", "MPI_Bcast");
+            return sp__mpi_status(rc, SP_SUB_COLL, "sp_broadcast", "MPI_Bcast");
     }
     return SP_SUCCESS;
 }

@@ -1,5 +1,5 @@
 /*
- * dtype.h: private to collectives/: dtype facts, the IEEE half-precision helpers the host
+ * dtype.h: private to collectives/: dtype facts (dtype.c), the IEEE half-precision helpers the host
  * backend reduces fp16/bf16 with, and the NCCL path's entry points. Nothing here is exported.
  *
  * Half types travel through MPI as 16-bit integers; their SUM/PROD are computed by converting
@@ -32,6 +32,16 @@ size_t sp__coll_dtype_size(sp_dtype_t dtype);
 const char *sp__coll_dtype_name(sp_dtype_t dtype);
 /* "sum", "prod", "min", "max", "avg"; "?" outside the enum. */
 const char *sp__coll_op_name(sp_redop_t op);
+/* How MPI carries dtype (half types as MPI_UINT16_T bits); MPI_DATATYPE_NULL outside the enum. */
+MPI_Datatype sp__coll_mpi_type(sp_dtype_t dtype);
+/* MPI's built-in op for op (SP_AVG: MPI_SUM, scaled by the caller); MPI_OP_NULL outside it. */
+MPI_Op sp__coll_mpi_op(sp_redop_t op);
+#ifdef SP_HAVE_NCCL
+/* ncclDataType_t / ncclRedOp_t values, as int so that nccl.h stays out of this header;
+ * -1 outside the enums (dtype.c). */
+int sp__coll_nccl_type(sp_dtype_t dtype);
+int sp__coll_nccl_op(sp_redop_t op);
+#endif
 
 /* ---- half precision (half.c) ------------------------------------------------------------ */
 

@@ -22,7 +22,7 @@
 
 #include "collectives/dtype.h"
 #include "core/core.h"
-#include "launch/launch.h"
+#include "world/world.h"
 #include "symmetric/symmetric.h"
 
 /* One key's reduction across ranks. */
@@ -34,16 +34,13 @@ typedef struct agg {
     int32_t max_rank; /* lowest rank holding max */
 } agg_t;
 
-enum { N_SYM = 6 };
-static const char *const sym_names[N_SYM] = {"registrations", "deregistrations", "agreement_rounds",
-                                             "mallocs",       "growths",         "pools"};
-static const char *const sym_help[N_SYM] = {
-    "segments registered by symmetric pools (NCCL windows or MPI shared windows)",
-    "segments deregistered by symmetric pools",
-    "agreement rounds (MPI_Allreduce calls) made by sp_symmetric_malloc",
-    "sp_symmetric_malloc calls that succeeded",
-    "collective segment growths of symmetric pools",
-    "live symmetric pools"};
+enum { N_SYM = SP_SYMC_COUNT };
+#define X(e, field, help) #field,
+static const char *const sym_names[N_SYM] = {SP_SYMC_LIST(X)};
+#undef X
+#define X(e, field, help) help,
+static const char *const sym_help[N_SYM] = {SP_SYMC_LIST(X)};
+#undef X
 
 /* Everything one report needs: the summary plus the symmetric counters' records. */
 typedef struct gathered {
@@ -71,14 +68,6 @@ static void combine(void *in_v, void *inout_v, int *len, MPI_Datatype *type) {
     }
 }
 
-static sp_status_t mpi_fail(int rc, const char *fn, const char *what) {
-    char text[MPI_MAX_ERROR_STRING];
-    int len = 0;
-    if (MPI_Error_string(rc, text, &len) != MPI_SUCCESS)
-        snprintf(text, sizeof text, "error %d", rc);
-    return sp__error(SP_ERR_MPI, SP_SUB_COLL, "%s: %s failed: %s", fn, what, text);
-}
-
 /* The one collective. local_ok false (with why) marks this rank's arguments bad: it still joins
  * the reduction and then every rank returns SP_ERR_INVALID_ARGUMENT. */
 static sp_status_t gather_all(sp_world_t *w, int device, bool local_ok, const char *why,
@@ -103,12 +92,13 @@ static sp_status_t gather_all(sp_world_t *w, int device, bool local_ok, const ch
                 g->mine[i] = st.value[i];
             sp_sym_counters_t sc;
             sp__symmetric_counters(device, &sc);
-            int64_t cv[N_SYM] = {sc.registrations, sc.deregistrations, sc.agreement_rounds,
-                                 sc.mallocs,       sc.growths,         sc.pools};
+#define X(e, field, help) sc.field,
+            int64_t cv[N_SYM] = {SP_SYMC_LIST(X)};
+#undef X
             memcpy(g->mine + nkeys, cv, sizeof cv);
         }
     }
-    /* The agreement round every collective sympool call starts with (launch/agree.c): bounded
+    /* The agreement round every collective sympool call starts with (world/agree.c): bounded
      * by SYMPOOL_SYM_TIMEOUT, and a rank in another call is SP_ERR_MISMATCH naming both. After
      * it the reduction below is the data transfer, MPI's business. */
     sp_agree_t a = {.op = strcmp(fn, "sp_stats_report") == 0 ? SP_AGREE_STATS_REPORT
@@ -136,18 +126,18 @@ static sp_status_t gather_all(sp_world_t *w, int device, bool local_ok, const ch
     MPI_Op op;
     int rc = MPI_Type_contiguous((int)sizeof(agg_t), MPI_BYTE, &type);
     if (rc != MPI_SUCCESS)
-        return mpi_fail(rc, fn, "MPI_Type_contiguous");
+        return sp__mpi_status(rc, SP_SUB_COLL, fn, "MPI_Type_contiguous");
     MPI_Type_commit(&type);
     rc = MPI_Op_create(combine, 1, &op);
     if (rc != MPI_SUCCESS) {
         MPI_Type_free(&type);
-        return mpi_fail(rc, fn, "MPI_Op_create");
+        return sp__mpi_status(rc, SP_SUB_COLL, fn, "MPI_Op_create");
     }
     rc = MPI_Allreduce(rec, res, (int)nrec, type, op, sp__world_comm(w));
     MPI_Op_free(&op);
     MPI_Type_free(&type);
     if (rc != MPI_SUCCESS)
-        return mpi_fail(rc, fn, "MPI_Allreduce");
+        return sp__mpi_status(rc, SP_SUB_COLL, fn, "MPI_Allreduce");
     if (!local_ok)
         return sp__error(SP_ERR_INVALID_ARGUMENT, SP_SUB_COLL, "%s: %s", fn, reason);
     if (res[nrec - 1].max > 0)
@@ -571,7 +561,7 @@ SP_EXPORT sp_status_t sp_stats_report(sp_world_t *w, int device, FILE *out,
         int rc = MPI_Gather(g->mine, (int)stride, MPI_INT64_T, all ? (void *)all : scratch,
                             (int)stride, MPI_INT64_T, 0, sp__world_comm(w));
         if (rc != MPI_SUCCESS && st == SP_SUCCESS)
-            st = mpi_fail(rc, fn, "MPI_Gather");
+            st = sp__mpi_status(rc, SP_SUB_COLL, fn, "MPI_Gather");
     }
     if (st == SP_SUCCESS && rank == 0) {
         switch (format) {

@@ -8,7 +8,8 @@
  * (writing lines) and status.c (the last-error text) call nothing here.
  *
  * Precedence for the allocator keys: a separate variable (SYMPOOL_MAX_SPLIT_SIZE, ...) or an API
- * set wins over the same key inside SYMPOOL_ALLOC_CONF, which wins over the default. The winner is
+ * set wins over the same key inside SYMPOOL_ALLOC_CONF (PYTORCH_CUDA_ALLOC_CONF when that is
+ * unset), which wins over the default. The winner is
  * kept with its source (typed, no text round trip), so sp__alloc_conf_get() and `SYMPOOL_INFO=1`
  * agree. A SYMPOOL_ALLOC_CONF with some bad entries keeps its good ones and warns once per bad one
  * (PyTorch rejects only what it cannot parse); sp__option_set is strict and changes nothing.
@@ -30,6 +31,7 @@
 #include <string.h>
 
 #include "core/options.h"
+#include "sympool/version.h"
 
 extern char **environ;
 
@@ -212,6 +214,12 @@ static void warn_unknown_locked(void) {
     n_unknown_warned = n_now;
 }
 
+/* The variable the ALLOC_CONF text came from, for messages. */
+static const char *conf_var_locked(void) {
+    return opts[SP_OPT_ALLOC_CONF].src == SP_OPT_SRC_PYTORCH ? "PYTORCH_CUDA_ALLOC_CONF"
+                                                             : "SYMPOOL_ALLOC_CONF";
+}
+
 /* What the ALLOC_CONF parse said: the skipped entries at WARN (once per text: warn_bad), the
  * ignored CUDA-only keys at INFO. */
 static void log_conf_notes_locked(bool warn_bad) {
@@ -220,9 +228,8 @@ static void log_conf_notes_locked(bool warn_bad) {
             SP_INFO(SP_SUB_ENV, "%s", conf_notes.text[k]);
         else if (warn_bad)
             SP_WARN(SP_SUB_ENV,
-                    "SYMPOOL_ALLOC_CONF='%s' is malformed in part (%s): that entry is ignored, "
-                    "the others apply",
-                    opts[SP_OPT_ALLOC_CONF].warned_bad, conf_notes.text[k]);
+                    "%s='%s' is malformed in part (%s): that entry is ignored, the others apply",
+                    conf_var_locked(), opts[SP_OPT_ALLOC_CONF].warned_bad, conf_notes.text[k]);
     }
     conf_notes.n = 0;
 }
@@ -237,6 +244,13 @@ static void load_locked(bool keep_api) {
         if (keep_api && opts[o].src == SP_OPT_SRC_API)
             continue;
         const char *env = getenv(sp__opt_defs[o].name);
+        sp_option_source_t src = SP_OPT_SRC_ENV;
+        /* A PyTorch job already states its allocator settings in PyTorch's variable; taking
+         * them when sympool's own is unset keeps one place to set them. */
+        if (env == NULL && o == SP_OPT_ALLOC_CONF) {
+            env = getenv("PYTORCH_CUDA_ALLOC_CONF");
+            src = SP_OPT_SRC_PYTORCH;
+        }
         set_default_locked((sp_option_t)o);
         if (env == NULL) {
             opts[o].has_warned_bad = false;
@@ -247,7 +261,7 @@ static void load_locked(bool keep_api) {
         bool same = opts[o].has_warned_bad && strcmp(opts[o].warned_bad, env) == 0;
         if (sp__opt_parse((sp_option_t)o, env, true, notes, &v, why[o], sizeof why[o])) {
             opts[o].v = v;
-            opts[o].src = SP_OPT_SRC_ENV;
+            opts[o].src = src;
             bool partly_bad = false;
             for (int k = 0; notes != NULL && k < notes->n; k++)
                 partly_bad = partly_bad || notes->bad[k];
@@ -266,7 +280,9 @@ static void load_locked(bool keep_api) {
     for (int o = 0; o < SP_OPT_COUNT; o++)
         if (bad[o])
             SP_WARN(SP_SUB_ENV, "%s='%s' is malformed (%s): using the default '%s'",
-                    sp__opt_defs[o].name, opts[o].warned_bad, why[o], sp__opt_defs[o].def);
+                    o == SP_OPT_ALLOC_CONF && getenv(sp__opt_defs[o].name) == NULL
+                        ? "PYTORCH_CUDA_ALLOC_CONF"
+                        : sp__opt_defs[o].name, opts[o].warned_bad, why[o], sp__opt_defs[o].def);
     log_conf_notes_locked(conf_warn);
     warn_unknown_locked();
 }
@@ -284,12 +300,7 @@ static void first_load(void) {
     pthread_mutex_unlock(&opts_lock);
     if (level == SP_LOG_VERSION || level >= SP_LOG_INFO)
         sp__log_at(SP_LOG_VERSION, SP_SUB_INIT, __FILE__, __LINE__, "sympool version %s",
-#ifdef SP_VERSION_STRING
-                   SP_VERSION_STRING
-#else
-                   "unknown"
-#endif
-        );
+                   sp_version());
     if (info)
         sp__options_print(stderr);
     opts_loading = false;
@@ -429,6 +440,8 @@ static const char *source_name(sp_option_source_t s) {
         return "ALLOC_CONF";
     case SP_OPT_SRC_API:
         return "api";
+    case SP_OPT_SRC_PYTORCH:
+        return "PYTORCH_CUDA_ALLOC_CONF";
     default:
         return "default";
     }

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs what a fresh Debian/Ubuntu machine lacks to build and test sympool: a compiler, CMake,
-# Open MPI, GoogleTest, and pytest and mpi4py for the system python3. Does nothing when they are
-# already there.
+# Open MPI, GoogleTest, and pytest, mpi4py, pip, setuptools, wheel and venv for the system
+# python3. Does nothing when they are already there.
 set -euo pipefail
 need=()
 command -v cmake >/dev/null || need+=(cmake)
@@ -13,10 +13,18 @@ command -v python3 >/dev/null || need+=(python3)
 # The Python package's tests run with the system interpreter's pytest and mpi4py (Debian's).
 [ -x /usr/bin/python3 ] && /usr/bin/python3 -c 'import pytest' 2>/dev/null || need+=(python3-pytest)
 [ -x /usr/bin/python3 ] && /usr/bin/python3 -c 'import mpi4py' 2>/dev/null || need+=(python3-mpi4py)
+# `pip install --no-build-isolation --no-index .` (README, test python.pip_install) builds with the
+# system's pip, setuptools and wheel, in a venv.
+[ -x /usr/bin/python3 ] && /usr/bin/python3 -c 'import pip' 2>/dev/null || need+=(python3-pip)
+[ -x /usr/bin/python3 ] && /usr/bin/python3 -c 'import setuptools' 2>/dev/null || need+=(python3-setuptools)
+[ -x /usr/bin/python3 ] && /usr/bin/python3 -c 'import wheel' 2>/dev/null || need+=(python3-wheel)
+[ -x /usr/bin/python3 ] && /usr/bin/python3 -c 'import ensurepip' 2>/dev/null || need+=(python3-venv)
 # The install and report tests build a consumer with pkg-config and read the JSON report with jq;
 # without them those tests are not registered, so install them rather than test less.
 command -v pkg-config >/dev/null || need+=(pkgconf)
 command -v jq >/dev/null || need+=(jq)
+# `man sympool` is generated from the command's --help at build time (200 KB, perl).
+command -v help2man >/dev/null || need+=(help2man)
 if [ ${#need[@]} -gt 0 ]; then
   echo "sympool: installing ${need[*]}"
   sudo=""

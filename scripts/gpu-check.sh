@@ -161,7 +161,7 @@ fi
 NCCL_ROOT=${SYMPOOL_NCCL_ROOT:-$(python3 -c 'import nvidia.nccl, os; print(list(nvidia.nccl.__path__)[0])' 2>/dev/null)}
 [ -n "$NCCL_ROOT" ] && export LD_LIBRARY_PATH=$NCCL_ROOT/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 export SYMPOOL_TEST_DEVICE=cuda
-export SYMPOOL_LIB=$ROOT/build-gpu-check/libsympool.so
+export SYMPOOL_LIBRARY=$ROOT/build-gpu-check/libsympool.so
 export PYTHONUNBUFFERED=1
 B=build-gpu-check
 
@@ -169,11 +169,11 @@ step scripts_parse 60 check_scripts_parse
 step build 240 bash -c "cmake -S . -B $B -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSYMPOOL_WITH_CUDA=ON \
     -DSYMPOOL_WITH_NCCL=ON -DSYMPOOL_NCCL_ROOT='$NCCL_ROOT' -DSYMPOOL_BUILD_BENCH=OFF ${CMAKE_DEPS[*]} && \
     cmake --build $B -j$JOBS" || { echo "gpu-check: the build failed; nothing else can run"; }
-if [ -f "$SYMPOOL_LIB" ]; then
+if [ -f "$SYMPOOL_LIBRARY" ]; then
     step suite_cuda 150 ctest --test-dir $B -j4 --timeout 60 --output-on-failure
     step nccl_window_np1 60 ctest --test-dir $B -R '^mpi\.test_symmetric_gpu\.np1$' --output-on-failure
-    step example_pluggable 60 python3 examples/python/pluggable_allocator.py "$SYMPOOL_LIB"
-    step example_mempool 60 python3 examples/python/mempool.py "$SYMPOOL_LIB"
+    step example_pluggable 60 python3 examples/python/pluggable_allocator.py "$SYMPOOL_LIBRARY"
+    step example_mempool 60 python3 examples/python/mempool.py "$SYMPOOL_LIBRARY"
     for mode in native pluggable mempool; do
         step train_$mode 90 python3 bench/gpu/train_check.py $mode --out "$WORK/train_$mode.json"
     done

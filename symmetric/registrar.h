@@ -22,7 +22,8 @@
 
 #include <mpi.h>
 
-#include "launch/launch.h"
+#include "symmetric/symmetric.h"
+#include "world/world.h"
 #include "sympool/status.h"
 
 #ifdef __cplusplus
@@ -61,18 +62,6 @@ extern const sp_registrar_ops_t sp__registrar_nccl;
 /* The registrar SYMPOOL_SYM_REGISTRAR asks for on this world (auto: nccl on cuda, mpi on host).
  * SP_ERR_NOT_SUPPORTED when the choice cannot run here (nccl without NCCL or GPU, mpi on cuda). */
 sp_status_t sp__registrar_select(const sp_world_t *w, const sp_registrar_ops_t **ops_p);
-
-/* Counters of symmetric/ (symmetric.h); every update is a relaxed atomic add. */
-typedef enum {
-    SP_SYMC_REGISTRATIONS,
-    SP_SYMC_DEREGISTRATIONS,
-    SP_SYMC_ROUNDS,
-    SP_SYMC_MALLOCS,
-    SP_SYMC_GROWTHS,
-    SP_SYMC_POOLS,
-    SP_SYMC_COUNT
-} sp_symc_t;
-void sp__symc_add(int device, sp_symc_t which, int64_t delta);
 
 #ifdef __cplusplus
 }

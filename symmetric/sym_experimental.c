@@ -13,10 +13,8 @@ SP_EXPORT void sp_x_symmetric_counters(int device, sp_x_symmetric_counters_t *co
         return;
     sp_sym_counters_t c;
     sp__symmetric_counters(device, &c);
-    counters_p->registrations = c.registrations;
-    counters_p->deregistrations = c.deregistrations;
-    counters_p->agreement_rounds = c.agreement_rounds;
-    counters_p->mallocs = c.mallocs;
-    counters_p->growths = c.growths;
-    counters_p->pools = c.pools;
+    /* The public struct names its fields as SP_SYMC_LIST does (header_check compiles both). */
+#define X(e, field, help) counters_p->field = c.field;
+    SP_SYMC_LIST(X)
+#undef X
 }

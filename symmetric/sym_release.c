@@ -1,7 +1,7 @@
 /*
- * sym_release.c: the collective release paths of symmetric MemPools and their bookkeeping:
- * sp_symmetric_empty_cache, sp_symmetric_mempool_destroy, the world finalize hook, the state
- * registry, window and peer-pointer queries, and the counters of symmetric.h.
+ * sym_release.c: the collective release paths of symmetric MemPools: sp_symmetric_empty_cache,
+ * sp_symmetric_mempool_destroy and the world finalize hook. The registry and counters they
+ * update live in sym_round.c.
  *
  * Release rule: a segment is deregistered and freed only when every rank agrees it is free
  * everywhere (one MPI_BAND allreduce of a bitmap over segment sequence numbers), after a
@@ -17,7 +17,7 @@
  * says so), unless a timeout broke it: then a rank may be gone and the collective release could
  * wait forever, so its registrations are left to process exit (a warning says so).
  *
- * Locking: s_reg_lock guards the registry list; each state's lock is held for its calls. A
+ * Locking: each state's lock is held for its calls (sym_round.c's registry has its own). A
  * release detaches each segment under the device lock (one short pool call) and deregisters and
  * frees it with no pool or device lock held; one agreement round per release batch stands for
  * the barrier. The pool must not be used by another thread of the rank while a collective
@@ -32,110 +32,6 @@
 #include "pool/pool.h"
 #include "symmetric/symmetric.h"
 #include "symmetric/sym_state.h"
-
-static pthread_mutex_t s_reg_lock = PTHREAD_MUTEX_INITIALIZER;
-static sp_sym_state_t *s_states; /* live states (s_reg_lock) */
-static sp_sym_state_t *s_broken; /* states of pools broken by a timeout: kept, never freed,
-                                    because an abandoned request may still write their
-                                    buffers (s_reg_lock) */
-
-/* ---- counters ----------------------------------------------------------------------------- */
-
-#define COUNTER_DEVICES 64
-static int64_t s_counters[COUNTER_DEVICES][SP_SYMC_COUNT]; /* relaxed atomics */
-
-void sp__symc_add(int device, sp_symc_t which, int64_t delta) {
-    int d = device < 0 ? 0 : device >= COUNTER_DEVICES ? COUNTER_DEVICES - 1 : device;
-    __atomic_fetch_add(&s_counters[d][which], delta, __ATOMIC_RELAXED);
-}
-
-void sp__symmetric_counters(int device, sp_sym_counters_t *c) {
-    if (!c)
-        return;
-    int64_t v[SP_SYMC_COUNT] = {0};
-    for (int d = 0; d < COUNTER_DEVICES; d++) {
-        if (device >= 0 && d != (device >= COUNTER_DEVICES ? COUNTER_DEVICES - 1 : device))
-            continue;
-        for (int k = 0; k < SP_SYMC_COUNT; k++)
-            v[k] += __atomic_load_n(&s_counters[d][k], __ATOMIC_RELAXED);
-    }
-    c->registrations = v[SP_SYMC_REGISTRATIONS];
-    c->deregistrations = v[SP_SYMC_DEREGISTRATIONS];
-    c->agreement_rounds = v[SP_SYMC_ROUNDS];
-    c->mallocs = v[SP_SYMC_MALLOCS];
-    c->growths = v[SP_SYMC_GROWTHS];
-    c->pools = v[SP_SYMC_POOLS];
-}
-
-/* ---- registry ----------------------------------------------------------------------------- */
-
-void sp__sym_register(sp_sym_state_t *st) {
-    pthread_mutex_lock(&s_reg_lock);
-    st->next = s_states;
-    s_states = st;
-    pthread_mutex_unlock(&s_reg_lock);
-}
-
-void sp__sym_unregister(sp_sym_state_t *st) {
-    pthread_mutex_lock(&s_reg_lock);
-    for (sp_sym_state_t **pp = &s_states; *pp; pp = &(*pp)->next)
-        if (*pp == st) {
-            *pp = st->next;
-            break;
-        }
-    if (st->broken) {
-        st->next = s_broken;
-        s_broken = st;
-    }
-    pthread_mutex_unlock(&s_reg_lock);
-}
-
-bool sp__sym_is_live(const sp_sym_state_t *st) {
-    bool live = false;
-    pthread_mutex_lock(&s_reg_lock);
-    for (sp_sym_state_t *s = s_states; s && !live; s = s->next)
-        live = s == st;
-    pthread_mutex_unlock(&s_reg_lock);
-    return live;
-}
-
-static sp_sym_state_t *find_state(const sp_mempool_t *pool) {
-    void *want = pool ? sp__mempool_sym_state(pool) : NULL;
-    sp_sym_state_t *found = NULL;
-    if (!want)
-        return NULL;
-    pthread_mutex_lock(&s_reg_lock);
-    for (sp_sym_state_t *s = s_states; s && !found; s = s->next)
-        if (s == want && s->pool == pool)
-            found = s;
-    pthread_mutex_unlock(&s_reg_lock);
-    return found;
-}
-
-sp_status_t sp__sym_acquire(const sp_mempool_t *pool, const char *fn, sp_sym_state_t **st_p) {
-    /* NULL or garbage: SP_ERR_INVALID_ARGUMENT; a handle from before sp_shutdown:
-     * SP_ERR_INVALID_USAGE; neither is read through (pool/handles.c). */
-    SP_CHECK(sp__mempool_check(pool, fn));
-    sp_sym_state_t *st = find_state(pool);
-    if (!st)
-        return sp__error(SP_ERR_INVALID_USAGE, SP_SUB_SYM,
-                         "%s: not a live symmetric pool (an ordinary MemPool, or its world was "
-                         "finalized)",
-                         fn);
-    pthread_mutex_lock(&st->lock);
-    if (st->broken) {
-        sp_status_t s = sp__error(SP_ERR_INVALID_USAGE, SP_SUB_SYM,
-                                  "%s: pool broken by timeout (%s)", fn, st->broken_why);
-        pthread_mutex_unlock(&st->lock);
-        return s;
-    }
-    *st_p = st;
-    return SP_SUCCESS;
-}
-
-void sp__sym_release_state(sp_sym_state_t *st) {
-    pthread_mutex_unlock(&st->lock);
-}
 
 /* ---- collective release ------------------------------------------------------------------- */
 
@@ -326,12 +222,7 @@ SP_EXPORT sp_status_t sp_symmetric_mempool_destroy(sp_mempool_t *pool) {
  * collectively), so no window outlives the communicator it was made on. */
 static void on_world_finalize(sp_world_t *w) {
     for (;;) {
-        sp_sym_state_t *st = NULL;
-        pthread_mutex_lock(&s_reg_lock);
-        for (sp_sym_state_t *s = s_states; s; s = s->next)
-            if (s->world == w && (!st || s->serial < st->serial))
-                st = s; /* oldest first: the same order on every rank */
-        pthread_mutex_unlock(&s_reg_lock);
+        sp_sym_state_t *st = sp__sym_oldest(w);
         if (!st)
             return;
         pthread_mutex_lock(&st->lock);
@@ -361,78 +252,4 @@ static void on_world_finalize(sp_world_t *w) {
 
 __attribute__((constructor)) static void register_hook(void) {
     sp__world_on_finalize(on_world_finalize);
-}
-
-/* ---- queries -------------------------------------------------------------------------------- */
-
-/* The live block holding ptr, its symmetric state and its registered segment. */
-/* `quiet`: sp_symmetric_window is also a question ("is this buffer in a window?", asked by the
- * collectives on every call), so "no" is logged at INFO, not WARN. */
-static sp_status_t locate(const void *ptr, const char *fn, bool quiet, sp_block_info_t *bi,
-                          sp_sym_state_t **st_p, sp_sym_rec_t **rec_p) {
-    SP_ARG_CHECK(ptr, SP_SUB_SYM, "%s: ptr is NULL", fn);
-    if (sp__pool_lookup(ptr, bi) != SP_SUCCESS)
-        return quiet ? sp__error_quiet(SP_ERR_INVALID_USAGE, SP_SUB_SYM,
-                                       "%s(%p): not inside a live sympool block", fn, ptr)
-                     : sp__error(SP_ERR_INVALID_USAGE, SP_SUB_SYM,
-                                 "%s(%p): not inside a live sympool block", fn, ptr);
-    if (!bi->pool || !sp_mempool_is_symmetric(bi->pool))
-        return quiet ? sp__error_quiet(SP_ERR_INVALID_USAGE, SP_SUB_SYM,
-                                       "%s(%p): the block is not in a symmetric pool", fn, ptr)
-                     : sp__error(SP_ERR_INVALID_USAGE, SP_SUB_SYM,
-                                 "%s(%p): the block is not in a symmetric pool", fn, ptr);
-    sp_sym_state_t *st = find_state(bi->pool);
-    if (!st)
-        return sp__error(SP_ERR_INVALID_USAGE, SP_SUB_SYM,
-                         "%s(%p): its symmetric pool's world was finalized", fn, ptr);
-    pthread_mutex_lock(&st->lock);
-    sp_sym_rec_t *rec = st->recs;
-    while (rec && rec->seg.base != bi->segment_base)
-        rec = rec->next;
-    if (!rec) {
-        pthread_mutex_unlock(&st->lock);
-        return sp__error(SP_ERR_INTERNAL, SP_SUB_SYM, "%s(%p): segment %p has no registration", fn,
-                         ptr, bi->segment_base);
-    }
-    *st_p = st;
-    *rec_p = rec;
-    return SP_SUCCESS; /* with st->lock held */
-}
-
-SP_EXPORT sp_status_t sp_symmetric_window(const void *ptr, sp_window_info_t *info_p) {
-    SP_ARG_CHECK(info_p, SP_SUB_SYM, "sp_symmetric_window: info_p is NULL");
-    sp_block_info_t bi;
-    sp_sym_state_t *st = NULL;
-    sp_sym_rec_t *rec = NULL;
-    SP_CHECK(locate(ptr, "sp_symmetric_window", true, &bi, &st, &rec));
-    sp_window_info_t info = {
-        .window = rec->seg.window,
-        .segment_base = bi.segment_base,
-        .offset = (size_t)((const char *)ptr - (const char *)bi.segment_base),
-        .segment_size = bi.segment_size,
-        .segment_seq = bi.segment_seq,
-    };
-    pthread_mutex_unlock(&st->lock);
-    *info_p = info;
-    return SP_SUCCESS;
-}
-
-SP_EXPORT sp_status_t sp_symmetric_peer_ptr(const void *ptr, int rank, void **peer_ptr_p) {
-    SP_ARG_CHECK(peer_ptr_p, SP_SUB_SYM, "sp_symmetric_peer_ptr: peer_ptr_p is NULL");
-    sp_block_info_t bi;
-    sp_sym_state_t *st = NULL;
-    sp_sym_rec_t *rec = NULL;
-    SP_CHECK(locate(ptr, "sp_symmetric_peer_ptr", false, &bi, &st, &rec));
-    sp_status_t s;
-    int size = sp_world_size(st->world);
-    if (rank < 0 || rank >= size)
-        s = sp__error(SP_ERR_INVALID_ARGUMENT, SP_SUB_SYM,
-                      "sp_symmetric_peer_ptr: rank %d is outside the world (0..%d)", rank,
-                      size - 1);
-    else
-        s = st->reg->peer_ptr(st->world, &rec->seg, rank,
-                              (size_t)((const char *)ptr - (const char *)bi.segment_base),
-                              peer_ptr_p);
-    pthread_mutex_unlock(&st->lock);
-    return s;
 }

@@ -1,6 +1,7 @@
 /*
  * sym_state.h: the per-pool state of a symmetric MemPool, shared by the agreement protocol
- * (symmetric.c) and the collective release paths (sym_release.c). Internal to symmetric/.
+ * (symmetric.c), the rounds and registry (sym_round.c), the collective release paths
+ * (sym_release.c) and the queries (sym_query.c). Internal to symmetric/.
  *
  * Lifetime: a state is created by sp_symmetric_mempool_create and lives in a process-wide
  * registry until sp_symmetric_mempool_destroy or the world's finalize hook frees it. Because
@@ -22,7 +23,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-#include "launch/launch.h"
+#include "world/world.h"
 #include "symmetric/registrar.h"
 #include "sympool/symmetric.h"
 
@@ -60,11 +61,15 @@ typedef struct sp_sym_state {
 sp_status_t sp__sym_acquire(const sp_mempool_t *pool, const char *fn, sp_sym_state_t **st_p);
 void sp__sym_release_state(sp_sym_state_t *st);
 
-/* Registry (sym_release.c). */
+/* Registry (sym_round.c). */
 void sp__sym_register(sp_sym_state_t *st);
 void sp__sym_unregister(sp_sym_state_t *st);
 /* Is `st` a live state? Caller holds nothing; answer valid while the state's owner runs. */
 bool sp__sym_is_live(const sp_sym_state_t *st);
+/* The live state of `pool`, or NULL; the caller locks it before use. */
+sp_sym_state_t *sp__sym_find(const sp_mempool_t *pool);
+/* The oldest live state of world `w` (the same pool on every rank), or NULL. */
+sp_sym_state_t *sp__sym_oldest(const sp_world_t *w);
 
 /* Test hook: seconds the calling thread sleeps at the start of each growth, before its first
  * round (0: none), so a test can make one rank late inside a growth. Thread-local. */

@@ -1,7 +1,8 @@
 /*
  * symmetric.c: symmetric MemPools and their agreement protocol (DESIGN.md, "Symmetric MemPools").
- * Owns sp_symmetric_mempool_create, sp_symmetric_malloc, the deadline-bounded agreement rounds
- * and the allocator callbacks through which the pool grows (the registrar makes the segment).
+ * Owns sp_symmetric_mempool_create, sp_symmetric_malloc and the allocator callbacks through
+ * which the pool grows (the registrar makes the segment); the deadline-bounded rounds it runs
+ * are sym_round.c's.
  *
  * The protocol, per sp_symmetric_malloc (all ranks take the same path, because every decision
  * is made from the same allreduced vector):
@@ -21,7 +22,7 @@
  *            rounded once per call (sp__pool_sym_size); the growth uses that rounded size.
  * Everything is ordered by (segment sequence number, offset), never by address.
  *
- * Every round is launch/agree.c's one message shape (operation, call number on the pool, "my
+ * Every round is world/agree.c's one message shape (operation, call number on the pool, "my
  * checks passed", fields), bounded by SYMPOOL_SYM_TIMEOUT; a rank in another call on the same
  * pool (empty cache, destroy) is reported as SP_ERR_MISMATCH naming both calls. On a timeout
  * the pool is marked broken: later collective calls on it return SP_ERR_INVALID_USAGE with the
@@ -43,38 +44,6 @@
 #include "core/core.h"
 #include "pool/pool.h"
 #include "symmetric/sym_state.h"
-
-/* ---- rounds --------------------------------------------------------------------------- */
-
-static void break_pool(sp_sym_state_t *st, bool abandoned, const char *what) {
-    st->broken = true;
-    st->abandoned = st->abandoned || abandoned;
-    snprintf(st->broken_why, sizeof st->broken_why,
-             "%s timed out (SYMPOOL_SYM_TIMEOUT=%g s; 0 = none)", what, sp__agree_timeout_s());
-}
-
-sp_status_t sp__sym_round(sp_sym_state_t *st, sp_agree_t *a, const char *what) {
-    a->callno = st->callno;
-    bool abandoned = false;
-    sp_status_t s = sp__agree(st->comm, a, what, &abandoned);
-    char wbuf[160];
-    if (s == SP_ERR_TIMEOUT)
-        break_pool(st, abandoned, sp__agree_name(a, what, wbuf, sizeof wbuf));
-    if (s != SP_SUCCESS)
-        return s;
-    s = sp__agree_check(a, what);
-    if (s == SP_ERR_MISMATCH && a->call_hi > st->callno)
-        st->callno = a->call_hi; /* every rank continues from the same number */
-    return s;
-}
-
-sp_status_t sp__sym_band(sp_sym_state_t *st, uint64_t *bits, size_t words, const char *what) {
-    bool abandoned = false;
-    sp_status_t s = sp__agree_band(st->comm, bits, words, what, &abandoned);
-    if (s == SP_ERR_TIMEOUT)
-        break_pool(st, abandoned, what);
-    return s;
-}
 
 /* The name of the operation for messages. `what` NULL means "this pool's current
  * sp_symmetric_malloc call": formatting that on every call would cost more than a cache hit's

@@ -13,19 +13,35 @@
 extern "C" {
 #endif
 
-/* Totals over this process's symmetric pools on `device` (device < 0: all devices):
- * segments registered (windows or shared windows created) and deregistered, and agreement
- * rounds (MPI_Allreduce calls made by sp_symmetric_malloc), live symmetric pools. */
+/* The counters of symmetric/, one list: X(ENUM, field, help). Totals over this process's
+ * symmetric pools; every update is a relaxed atomic add (sp__symc_add). The stats report, the
+ * experimental header's copy and the struct below are all generated from it. */
+#define SP_SYMC_LIST(X)                                                                            \
+    X(REGISTRATIONS, registrations,                                                                \
+      "segments registered by symmetric pools (NCCL windows or MPI shared windows)")               \
+    X(DEREGISTRATIONS, deregistrations, "segments deregistered by symmetric pools")                \
+    X(ROUNDS, agreement_rounds,                                                                    \
+      "agreement rounds (MPI_Allreduce calls) made by sp_symmetric_malloc")                        \
+    X(MALLOCS, mallocs, "sp_symmetric_malloc calls that succeeded")                                \
+    X(GROWTHS, growths, "collective segment growths of symmetric pools")                           \
+    X(POOLS, pools, "live symmetric pools")
+
+typedef enum {
+#define X(e, field, help) SP_SYMC_##e,
+    SP_SYMC_LIST(X)
+#undef X
+        SP_SYMC_COUNT
+} sp_symc_t;
+
+/* Totals on `device` (device < 0: all devices), one field per SP_SYMC_LIST entry. */
 typedef struct sp_sym_counters {
-    int64_t registrations;    /* segments registered since process start */
-    int64_t deregistrations;  /* segments deregistered */
-    int64_t agreement_rounds; /* allreduce rounds of sp_symmetric_malloc */
-    int64_t mallocs;          /* sp_symmetric_malloc calls that succeeded */
-    int64_t growths;          /* collective segment growths */
-    int64_t pools;            /* live symmetric pools */
+#define X(e, field, help) int64_t field;
+    SP_SYMC_LIST(X)
+#undef X
 } sp_sym_counters_t;
 
 void sp__symmetric_counters(int device, sp_sym_counters_t *counters_p);
+void sp__symc_add(int device, sp_symc_t which, int64_t delta);
 
 /* Test hook: the calling thread sleeps `seconds` at the start of each of its growths, before
  * the growth's first agreement round (0: none), so a test can make one rank late inside a

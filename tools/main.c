@@ -20,7 +20,7 @@ static void usage(FILE *out) {
             "  plot SNAPSHOT... -o OUT.svg  memory timeline; several snapshots (one per rank) on\n"
             "                             one chart\n"
             "  summary SNAPSHOT           the memory summary table of a snapshot's state\n"
-            "  help                       this text\n"
+            "  help [COMMAND]             this text, or COMMAND's (= sympool COMMAND --help)\n"
             "Every command takes --help (e.g. sympool replay --help).\n");
 }
 
@@ -54,6 +54,14 @@ int main(int argc, char **argv) {
     int nsub = argc - optind;
     const char *cmd = sub[0];
     optind = 0; /* the subcommand's getopt starts afresh */
+    /* `sympool help replay` is `sympool replay --help`, as git and pip read it. */
+    char *help_argv[3] = {NULL, "--help", NULL};
+    if (strcmp(cmd, "help") == 0 && nsub > 1 && strcmp(sub[1], "help") != 0) {
+        help_argv[0] = sub[1];
+        sub = help_argv;
+        nsub = 2;
+        cmd = sub[0];
+    }
     if (strcmp(cmd, "info") == 0)
         return sp_cli_info(nsub, sub);
     if (strcmp(cmd, "replay") == 0)

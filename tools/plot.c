@@ -1,8 +1,9 @@
 /*
  * plot.c: `sympool plot SNAPSHOT... -o OUT.svg [-d DEV]`: one SVG a person reads at a glance.
  *
- * One snapshot: allocated (requested bytes of live blocks) and reserved bytes over time, the
- * peaks marked inside the frame, and the largest blocks live at the allocated peak listed by
+ * One snapshot: requested bytes of live blocks (what a PyTorch trace records; the summary's
+ * "Requested memory" row) and reserved bytes over time, the
+ * peaks marked inside the frame, and the largest blocks live at the requested peak listed by
  * where they were allocated (the first telling stack frame; their size when no stack was
  * recorded) and drawn as lifetime bars under the chart.
  * Several snapshots (one per rank: `sympool plot out/rank*.pickle`): every rank's allocated
@@ -256,6 +257,23 @@ static void curves(series_t *s, double gspan, bool time_axis) {
     }
 }
 
+/* Requested above reserved in some column: the segments that held those blocks were made
+ * before the recorded window, which a reader must be told rather than left to puzzle over. */
+static bool partial_trace(const series_t *s) {
+    for (int i = 0; i < COLS; i++)
+        if (s->amax[i] > s->rmax[i])
+            return true;
+    return false;
+}
+
+/* Every rank drew the same curve: they overlap into one line, which the subtitle says. */
+static bool same_curves(const series_t *s, size_t n) {
+    for (size_t k = 1; k < n; k++)
+        if (memcmp(s[k].amax, s[0].amax, sizeof s[0].amax) != 0)
+            return false;
+    return true;
+}
+
 /* "rank 3" for ".../rank3.pickle", else the file name without its extension. */
 static void label_of(const char *path, char *out, size_t cap) {
     const char *base = strrchr(path, '/');
@@ -496,8 +514,14 @@ static int render_single(FILE *f, series_t *s) {
     fprintf(f, " (device %d)</text>\n", s->dev);
     fprintf(f,
             "<text x=\"%d\" y=\"52\" fill=\"#444\">%zu events, %zu segments at the end; "
-            "peak allocated %s, peak reserved %s</text>\n",
+            "peak requested %s, peak reserved %s</text>\n",
             PX0, nev, s->t.nsegments, a, r);
+    if (partial_trace(s))
+        fprintf(f,
+                "<text x=\"%d\" y=\"66\" font-size=\"12\" fill=\"#b00\">a partial trace: requested "
+                "rises above reserved, so the trace lacks segment events from before its "
+                "window (recording began late, or the ring buffer dropped them)</text>\n",
+                PX0);
     frame_t fr = axes(f, fmax(s->apeak, s->rpeak), s->use_time ? s->span / 1e6 : s->span,
                       s->use_time ? "time since the first event (s)" : "event");
     const char *fills[2] = {"#fdd0a2", "#9ecae1"}, *strokes[2] = {"#e6550d", "#3182bd"};
@@ -516,7 +540,7 @@ static int render_single(FILE *f, series_t *s) {
     snprintf(text, sizeof text, "peak reserved %s", r);
     peak_label(f, PX0 + xfrac(s, s->rpeak_i, s->span, s->use_time) * (COLS - 1),
                ypix(&fr, s->rpeak), strokes[0], text, &taken);
-    snprintf(text, sizeof text, "peak allocated %s", a);
+    snprintf(text, sizeof text, "peak requested %s", a);
     peak_label(f, xp, ypix(&fr, s->apeak), strokes[1], text, &taken);
 
     /* legend and the largest blocks, named by where they were allocated */
@@ -526,10 +550,10 @@ static int render_single(FILE *f, series_t *s) {
                 "<rect x=\"%d\" y=\"%d\" width=\"14\" height=\"14\" fill=\"%s\" stroke=\"%s\"/>\n",
                 lx, ly + k * 22, fills[k], strokes[k]);
         fprintf(f, "<text x=\"%d\" y=\"%d\">%s</text>\n", lx + 22, ly + 12 + k * 22,
-                k == 0 ? "reserved (segments)" : "allocated (requested bytes)");
+                k == 0 ? "reserved (segments)" : "requested (live allocations)");
     }
     ly += 64;
-    fprintf(f, "<text x=\"%d\" y=\"%d\" font-weight=\"bold\">Live at the allocated peak</text>\n",
+    fprintf(f, "<text x=\"%d\" y=\"%d\" font-weight=\"bold\">Live at the requested peak</text>\n",
             lx, ly);
     human((double)seed_bytes, a, sizeof a);
     fprintf(f, "<text x=\"%d\" y=\"%d\">%s in %zu blocks from before the trace</text>\n", lx,
@@ -556,7 +580,7 @@ static int render_single(FILE *f, series_t *s) {
     /* lifetime lanes: one per group, every block of the group in it */
     fprintf(f,
             "<text x=\"%d\" y=\"%d\" font-weight=\"bold\">Lifetimes of the largest blocks live at "
-            "the allocated peak (dashed)</text>\n",
+            "the requested peak (dashed)</text>\n",
             PX0, LANE0 + 10);
     for (size_t b = 0; b < ng; b++) {
         int y = LANE0 + 20 + (int)b * LANE_H;
@@ -602,9 +626,13 @@ static int render_multi(FILE *f, series_t *s, size_t n, size_t hi, size_t lo, bo
             "<text x=\"%d\" y=\"30\" font-size=\"18\" font-weight=\"bold\">Memory timeline: %zu "
             "ranks</text>\n",
             PX0, n);
-    fprintf(f, "<text x=\"%d\" y=\"52\" fill=\"#444\">allocated (requested bytes) of every rank; ",
+    fprintf(f, "<text x=\"%d\" y=\"52\" fill=\"#444\">requested bytes of every rank; ",
             PX0);
-    if (same) {
+    if (same && same_curves(s, n)) {
+        fprintf(f, "every rank peaks at %s, and every rank's curve is the same: one line for %zu "
+                   "ranks</text>\n",
+                a, n);
+    } else if (same) {
         fprintf(f, "every rank peaks at %s</text>\n", a);
     } else {
         fprintf(f, "highest peak: ");
@@ -650,7 +678,7 @@ static int render_multi(FILE *f, series_t *s, size_t n, size_t hi, size_t lo, bo
         order[shown++] = best;
     }
     int lx = PX1 + 25, ly = PY0 + 12;
-    fprintf(f, "<text x=\"%d\" y=\"%d\" font-weight=\"bold\">Peak allocated / reserved</text>\n",
+    fprintf(f, "<text x=\"%d\" y=\"%d\" font-weight=\"bold\">Peak requested / reserved</text>\n",
             lx, ly);
     for (size_t j = 0; j < shown; j++) {
         const series_t *r = &s[order[j]];
@@ -683,7 +711,7 @@ static int usage(FILE *out, int rc) {
     fprintf(out,
             "usage: sympool plot SNAPSHOT... -o OUT.svg [-d DEVICE]\n"
             "  The memory timeline of a snapshot (.pickle or .json) as an SVG. With several\n"
-            "  snapshots (one per rank, e.g. out/rank*.pickle), every rank's allocated curve on\n"
+            "  snapshots (one per rank, e.g. out/rank*.pickle), every rank's requested curve on\n"
             "  one chart, the ranks with the highest and lowest peak marked.\n"
             "  -o, --output=OUT.svg   the chart (SVG; for PNG: rsvg-convert -o OUT.png OUT.svg)\n"
             "  -d, --device=N         the device to plot (default: the first with events)\n"
@@ -774,15 +802,18 @@ int sp_cli_plot(int argc, char **argv) {
             rc = 1;
         }
     }
+    if (rc == 0 && nin == 1 && partial_trace(&s[0]))
+        printf("note: a partial trace: requested rises above reserved (segment events from "
+               "before the recorded window are missing)\n");
     if (rc == 0 && nin == 1)
-        printf("wrote %s (device %d: %zu events, peak allocated %.3f GiB, peak reserved %.3f "
+        printf("wrote %s (device %d: %zu events, peak requested %.3f GiB, peak reserved %.3f "
                "GiB)\n",
                out, s[0].dev, s[0].d->nev, gib(s[0].apeak), gib(s[0].rpeak));
     else if (rc == 0 && s[hi].apeak == s[lo].apeak)
-        printf("wrote %s (%zu snapshots; every one peaks at %.3f GiB allocated)\n", out, nin,
+        printf("wrote %s (%zu snapshots; every one peaks at %.3f GiB requested)\n", out, nin,
                gib(s[hi].apeak));
     else if (rc == 0)
-        printf("wrote %s (%zu snapshots; highest peak allocated: %s %.3f GiB, lowest: %s %.3f "
+        printf("wrote %s (%zu snapshots; highest peak requested: %s %.3f GiB, lowest: %s %.3f "
                "GiB)\n",
                out, nin, s[hi].label, gib(s[hi].apeak), s[lo].label, gib(s[lo].apeak));
     for (size_t k = 0; k < loaded; k++)

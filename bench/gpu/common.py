@@ -8,10 +8,11 @@ import sys
 
 
 def library():
-    """libsympool.so from $SYMPOOL_LIB (gpu-check.sh sets it to its CUDA build)."""
-    path = os.environ.get("SYMPOOL_LIB")
+    """libsympool.so from $SYMPOOL_LIBRARY, the variable the sympool package reads (gpu-check.sh
+    sets it to its CUDA build)."""
+    path = os.environ.get("SYMPOOL_LIBRARY")
     if not path or not os.path.exists(path):
-        sys.exit(f"{sys.argv[0]}: set SYMPOOL_LIB to libsympool.so (got {path!r})")
+        sys.exit(f"{sys.argv[0]}: set SYMPOOL_LIBRARY to libsympool.so (got {path!r})")
     return os.path.abspath(path)
 
 

@@ -19,6 +19,7 @@
  * Exit status 0 when every step verified, 1 otherwise.
  */
 #include <errno.h>
+#include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -251,9 +252,16 @@ int main(int argc, char **argv) {
     }
 
     /* ---- statistics across ranks, snapshots per rank --------------------------------- */
-    if (g_rank == 0)
+    /* With SYMPOOL_REPORT set, sp_world_finalize prints the report: one table, not two alike. */
+    const char *at_exit = getenv("SYMPOOL_REPORT");
+    bool report_at_exit = at_exit != NULL && *at_exit != '\0' && strcmp(at_exit, "none") != 0;
+    if (g_rank == 0 && report_at_exit)
+        printf("\n(statistics across ranks: SYMPOOL_REPORT=%s prints them at sp_world_finalize)\n",
+               at_exit);
+    else if (g_rank == 0)
         printf("\n");
-    CHECK(sp_stats_report(w, dev, stdout, SP_REPORT_TABLE));
+    if (!report_at_exit)
+        CHECK(sp_stats_report(w, dev, stdout, SP_REPORT_TABLE));
     if (mkdir(out_dir, 0777) != 0 && errno != EEXIST) {
         fprintf(stderr, "rank %d: cannot create %s: %s\n", g_rank, out_dir, strerror(errno));
         failed = 1;

@@ -11,6 +11,7 @@
  * The same report is printed at sp_world_finalize with SYMPOOL_REPORT=table|json|prometheus,
  * without any code.
  */
+#include <stdbool.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -24,9 +25,9 @@
 
 int main(int argc, char **argv) {
     const char *which = argc > 1 ? argv[1] : "all";
-    if (strcmp(which, "table") && strcmp(which, "json") && strcmp(which, "prometheus") &&
-        strcmp(which, "all")) {
-        fprintf(stderr, "usage: %s [table|json|prometheus|all]\n", argv[0]);
+    if (strcmp(which, "table") && strcmp(which, "table_all") && strcmp(which, "json") &&
+        strcmp(which, "prometheus") && strcmp(which, "all")) {
+        fprintf(stderr, "usage: %s [table|table_all|json|prometheus|all]\n", argv[0]);
         return 2;
     }
     sp_world_t *w = example_world_init(&argc, &argv);
@@ -45,37 +46,42 @@ int main(int argc, char **argv) {
         CHECK(sp_free(p));
     }
 
+    /* With one format chosen, stdout carries the report alone, so that `... prometheus |
+     * promtool check metrics` and `... json | jq` read it as is; the rest goes to stderr. */
+    FILE *talk = strcmp(which, "all") == 0 ? stdout : stderr;
     sp_stats_summary_t sum;
     CHECK(sp_stats_aggregate(w, dev, &sum));
     if (g_rank == 0) {
-        printf("sp_stats_aggregate over %d ranks (one collective):\n", sum.nranks);
+        fprintf(talk, "sp_stats_aggregate over %d ranks (one collective):\n", sum.nranks);
         const char *keys[] = {"allocated_bytes.all.current", "allocation.all.current",
                               "segment.all.current"};
         for (size_t k = 0; k < sizeof keys / sizeof keys[0]; k++)
             for (size_t i = 0; i < sp_stats_count(); i++)
                 if (strcmp(sp_stats_key(i), keys[k]) == 0)
-                    printf("  %-28s min %lld (rank %d)  max %lld (rank %d)  sum %lld\n", keys[k],
-                           (long long)sum.min[i], sum.min_rank[i], (long long)sum.max[i],
-                           sum.max_rank[i], (long long)sum.sum[i]);
-        printf("\n");
-        fflush(stdout);
+                    fprintf(talk, "  %-28s min %lld (rank %d)  max %lld (rank %d)  sum %lld\n",
+                            keys[k], (long long)sum.min[i], sum.min_rank[i],
+                            (long long)sum.max[i], sum.max_rank[i], (long long)sum.sum[i]);
+        fprintf(talk, "\n");
+        fflush(talk);
     }
 
     const struct {
-        const char *name;
+        const char *name, *enumerator;
         sp_report_format_t format;
-    } formats[] = {
-        {"table", SP_REPORT_TABLE}, {"json", SP_REPORT_JSON}, {"prometheus", SP_REPORT_PROMETHEUS}};
-    for (size_t f = 0; f < 3; f++) {
-        if (strcmp(which, "all") && strcmp(which, formats[f].name))
+        bool in_all; /* table_all repeats table with every key: asked for by name only */
+    } formats[] = {{"table", "TABLE", SP_REPORT_TABLE, true},
+                   {"table_all", "TABLE_ALL", SP_REPORT_TABLE_ALL, false},
+                   {"json", "JSON", SP_REPORT_JSON, true},
+                   {"prometheus", "PROMETHEUS", SP_REPORT_PROMETHEUS, true}};
+    for (size_t f = 0; f < sizeof formats / sizeof formats[0]; f++) {
+        bool all = strcmp(which, "all") == 0;
+        if (strcmp(which, formats[f].name) != 0 && !(all && formats[f].in_all))
             continue;
         if (g_rank == 0)
-            printf("==== sp_stats_report(..., SP_REPORT_%s) ====\n", f == 0   ? "TABLE"
-                                                                     : f == 1 ? "JSON"
-                                                                              : "PROMETHEUS");
-        fflush(stdout);
+            fprintf(talk, "==== sp_stats_report(..., SP_REPORT_%s) ====\n", formats[f].enumerator);
+        fflush(talk);
         CHECK(sp_stats_report(w, dev, stdout, formats[f].format));
-        if (g_rank == 0)
+        if (g_rank == 0 && talk == stdout)
             printf("\n");
     }
 

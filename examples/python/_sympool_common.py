@@ -1,17 +1,19 @@
-"""_sympool_common.py: the start the torch examples share (mempool.py, pluggable_allocator.py).
+"""_sympool_common.py: the start the Python examples share (ctypes_smoke.py, mempool.py,
+pluggable_allocator.py), on the `sympool` package.
 
-start() checks for torch and a CUDA GPU, finds libsympool.so (the script's first argument, else
-$SYMPOOL_LIB, else a build folder of this checkout, else the system's library path) and loads it
-with its cuda backend: sympool must drive the GPU there, as its host backend would hand PyTorch
-host pointers. Whatever is missing is printed with the script's name and ends the script through
-Stop: exit 0 when torch, a GPU or a torch feature is missing (nothing to show), 1 otherwise.
+load_sympool() imports the package (from this checkout's python/ when it is not installed) with
+the library at the script's first argument (it becomes $SYMPOOL_LIBRARY), else the package's own
+lookup ($SYMPOOL_LIBRARY, next to the package, the loader's path). start() also checks for torch
+and a CUDA GPU and wants the cuda backend: sympool must drive the GPU there, as its host backend
+would hand PyTorch host pointers. Whatever is missing is printed with the script's name and ends
+the script through Stop: exit 0 when torch, a GPU or a torch feature is missing (nothing to
+show), 1 otherwise.
 """
 
 import os
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import sympool_ctypes as spc  # noqa: E402
+ROOT = os.path.abspath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
 
 
 class Stop(Exception):
@@ -22,10 +24,29 @@ class Stop(Exception):
         self.code = code
 
 
+def load_sympool(name):
+    """(sympool, path, lib): the package, its library's absolute path and the loaded library (the
+    package's declarations of the C entry points)."""
+    if len(sys.argv) > 1:
+        os.environ["SYMPOOL_LIBRARY"] = sys.argv[1]
+    try:
+        import sympool
+    except ImportError:
+        sys.path.insert(0, os.path.join(ROOT, "python"))
+        import sympool
+    try:
+        lib = sympool._lib.lib()
+    except ImportError as e:
+        print(f"{name}: {e}")
+        raise Stop(1)
+    return sympool, sympool.library_path(), lib
+
+
 def start(name, torch_needs=()):
-    """(torch, path, lib): torch with a visible GPU, the absolute library path, the library loaded
-    by sympool_ctypes on its cuda backend. torch_needs: (attribute of torch.cuda, why) pairs the
-    script needs; a torch without one of them skips. Prints why and raises Stop otherwise."""
+    """(torch, sympool, path, lib): torch with a visible GPU, the package, the absolute library
+    path and the library, on sympool's cuda backend. torch_needs: (attribute of torch.cuda,
+    why) pairs the script needs; a torch without one of them skips. Prints why and raises Stop
+    otherwise."""
     try:
         import torch
     except ImportError:
@@ -38,17 +59,12 @@ def start(name, torch_needs=()):
         if not hasattr(torch.cuda, attr):
             print(f"{name}: torch {torch.__version__} has no torch.cuda.{attr} ({why}); skipped")
             raise Stop(0)
-    path = spc.find_library(sys.argv[1] if len(sys.argv) > 1 else None)
-    if not path:
-        print(f"{name}: libsympool.so not found; pass its path or set SYMPOOL_LIB")
-        raise Stop(1)
-    path = os.path.abspath(path)
     os.environ["SYMPOOL_DEVICE"] = "cuda"
-    lib = spc.load(path)
-    if lib.sp_backend_name().decode() != "cuda":
+    sympool, path, lib = load_sympool(name)
+    if sympool.backend() != "cuda":
         print(f"{name}: sympool did not start its cuda backend: {lib.sp_last_error().decode()}")
         raise Stop(1)
-    return torch, path, lib
+    return torch, sympool, path, lib
 
 
 def pluggable_allocator(torch, path, lib):

@@ -24,14 +24,13 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _sympool_common as common  # noqa: E402
-import sympool_ctypes as spc  # noqa: E402
 
 MiB = 1 << 20
 
 
 def main():
     try:
-        torch, path, lib = common.start("mempool", torch_needs=[("MemPool", "needs 2.5+")])
+        torch, sympool, path, lib = common.start("mempool", torch_needs=[("MemPool", "needs 2.5+")])
     except common.Stop as stop:
         return stop.code
 
@@ -50,7 +49,7 @@ def main():
 
     segs = pool.snapshot()
     sizes = sorted(s["total_size"] for s in segs)
-    st = spc.stats(lib, dev)
+    st = sympool.memory_stats(dev)
     print(f"  PyTorch's pool segments: {sizes}")
     print(f"  sympool: {st['allocation.all.current']} live allocations, "
           f"{st['requested_bytes.all.current']} B requested by PyTorch, "
@@ -71,13 +70,13 @@ def main():
     gc.collect()
     torch.cuda.empty_cache()  # releases the dead pool's segments through sp_torch_free
     torch.cuda.synchronize()
-    st = spc.stats(lib, dev)
+    st = sympool.memory_stats(dev)
     print(f"  after the pool is gone and empty_cache: sympool holds {st['allocation.all.current']} "
           f"allocations")
     if st["allocation.all.current"] != 0:
         print("  FAIL: PyTorch did not hand the segments back")
         ok = False
-    spc.check(lib, lib.sp_empty_cache(), "sp_empty_cache")
+    sympool.empty_cache()
     print("mempool: " + ("OK" if ok else "FAILED"))
     return 0 if ok else 1
 

@@ -21,14 +21,13 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _sympool_common as common  # noqa: E402
-import sympool_ctypes as spc  # noqa: E402
 
 MiB = 1 << 20
 
 
 def main():
     try:
-        torch, path, lib = common.start("pluggable_allocator")
+        torch, sympool, path, lib = common.start("pluggable_allocator")
     except common.Stop as stop:
         return stop.code
 
@@ -43,7 +42,7 @@ def main():
     x = torch.randn(1024, 1024, device="cuda")  # 4 MiB: a large block in a 20 MiB segment
     y = x @ x
     torch.cuda.synchronize()
-    st = spc.stats(lib, dev)
+    st = sympool.memory_stats(dev)
     print(f"  after x, y = x @ x: allocated {st['allocated_bytes.all.current']} B in "
           f"{st['allocation.all.current']} blocks, reserved {st['reserved_bytes.all.current']} B "
           f"in {st['segment.all.current']} segments")
@@ -54,31 +53,28 @@ def main():
     print(f"  matmul through sympool memory: max |difference| = {check}")
     del x, y
     torch.cuda.synchronize()
-    st = spc.stats(lib, dev)
+    st = sympool.memory_stats(dev)
     print(f"  after del: allocated {st['allocated_bytes.all.current']} B, reserved "
           f"{st['reserved_bytes.all.current']} B (cached, as PyTorch caches)")
 
     # A sympool MemPool receives this thread's tensors between begin and end.
-    pool = spc.create_pool(lib, "torch-activations", device=dev)
-    spc.check(lib, lib.sp_mempool_begin(pool), "sp_mempool_begin")
-    try:
+    pool = sympool.MemPool(name="torch-activations", device=dev)
+    with sympool.use_mem_pool(pool):
         acts = [torch.empty(3 * MiB, dtype=torch.uint8, device="cuda") for _ in range(4)]
-    finally:
-        spc.check(lib, lib.sp_mempool_end(pool), "sp_mempool_end")
-    used = lib.sp_mempool_used_bytes(pool)
+    used = pool.used_bytes()
     print(f"  sympool pool 'torch-activations': used {used} B, total "
-          f"{lib.sp_mempool_total_bytes(pool)} B, use count {lib.sp_mempool_use_count(pool)}")
+          f"{pool.total_bytes()} B, use count {pool.use_count()}")
     if used != 4 * 3 * MiB:
         print(f"  FAIL: expected {4 * 3 * MiB} B in the pool")
         ok = False
     del acts
     torch.cuda.synchronize()
-    print(f"  after del: pool used {lib.sp_mempool_used_bytes(pool)} B, "
-          f"{lib.sp_mempool_n_free_blocks(pool)} free block(s)")
-    spc.check(lib, lib.sp_mempool_destroy(pool), "sp_mempool_destroy")
+    print(f"  after del: pool used {pool.used_bytes()} B, "
+          f"{pool.n_free_blocks()} free block(s)")
+    pool.destroy()
     torch.cuda.empty_cache()  # PyTorch's pluggable layer has no cache of its own
-    spc.check(lib, lib.sp_empty_cache(), "sp_empty_cache")
-    print(f"  after empty_cache: reserved {lib.sp_memory_reserved(dev)} B")
+    sympool.empty_cache()
+    print(f"  after empty_cache: reserved {sympool.memory_reserved(dev)} B")
     print("pluggable_allocator: " + ("OK" if ok else "FAILED"))
     return 0 if ok else 1
 

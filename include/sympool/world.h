@@ -5,6 +5,17 @@
 #ifndef SYMPOOL_WORLD_H
 #define SYMPOOL_WORLD_H
 
+/* A C++ program includes this header too: without these, Open MPI's and MPICH's mpi.h pull in
+ * their deprecated C++ bindings, whose symbols live in a library (libmpi_cxx) that sympool's
+ * link line does not name. sympool uses the C API only. */
+#if defined(__cplusplus)
+#ifndef OMPI_SKIP_MPICXX
+#define OMPI_SKIP_MPICXX 1
+#endif
+#ifndef MPICH_SKIP_MPICXX
+#define MPICH_SKIP_MPICXX 1
+#endif
+#endif
 #include <mpi.h>
 
 #include "sympool/status.h"

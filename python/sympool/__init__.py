@@ -14,21 +14,31 @@ mpi4py (imported by World(comm) when needed).
 
 from ._lib import InvalidArgumentError, OutOfMemoryError, SympoolError
 from ._lib import path as library_path
-from .history import record_memory_history
+from .history import _record_memory_history, record_memory_history
 from .memory import (
-    MemPool, Stream, backend, caching_allocator_alloc, caching_allocator_delete, device_count,
-    dump_snapshot, empty_cache, free, get_memory_info, init, malloc, max_memory_allocated,
+    MemPool, Stream, _dump_snapshot, _snapshot, backend, caching_allocator_alloc,
+    caching_allocator_delete, device_count, dump_snapshot, empty_cache, free,
+    get_default_memory_pool, get_memory_info, init, malloc, max_memory_allocated,
     max_memory_reserved, mem_get_info, memory_allocated, memory_reserved, memory_snapshot,
     memory_stats, memory_summary, record_stream, reset_accumulated_memory_stats,
     reset_peak_memory_stats, set_per_process_memory_fraction, snapshot, stats_keys, use_mem_pool)
 from .world import World
 
-__version__ = "0.1.0"
+
+def __getattr__(name):
+    # The version is the library's (sp_version), not a copy here: read when first asked for, so
+    # that `import sympool` still loads nothing.
+    if name == "__version__":
+        from . import _lib
+        return _lib.lib().sp_version().decode()
+    raise AttributeError(f"module 'sympool' has no attribute {name!r}")
+
 
 __all__ = [
     "InvalidArgumentError", "MemPool", "OutOfMemoryError", "Stream", "SympoolError", "World",
     "backend", "caching_allocator_alloc", "caching_allocator_delete", "device_count",
-    "dump_snapshot", "empty_cache", "free", "get_memory_info", "init", "library_path", "malloc",
+    "dump_snapshot", "empty_cache", "free", "get_default_memory_pool", "get_memory_info", "init",
+    "library_path", "malloc",
     "max_memory_allocated", "max_memory_reserved", "mem_get_info", "memory_allocated",
     "memory_reserved", "memory_snapshot", "memory_stats", "memory_summary",
     "record_memory_history", "record_stream", "reset_accumulated_memory_stats",

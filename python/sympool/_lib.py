@@ -20,6 +20,7 @@ SIZE_MAX = (1 << (8 * ctypes.sizeof(ctypes.c_size_t))) - 1
 _lock = threading.Lock()
 _lib = None
 _path = None
+_keys = None
 
 
 class SympoolError(RuntimeError):
@@ -93,6 +94,7 @@ _P = ctypes.POINTER
 _PROTOS = {
     "sp_status_name": (_cp, [_st]),
     "sp_last_error": (_cp, []),
+    "sp_version": (_cp, []),
     "sp_init": (_st, []),
     "sp_backend_name": (_cp, []),
     "sp_device_count": (_i, []),
@@ -111,6 +113,7 @@ _PROTOS = {
     "sp_max_memory_allocated": (_sz, [_i]),
     "sp_memory_reserved": (_sz, [_i]),
     "sp_max_memory_reserved": (_sz, [_i]),
+    "sp_memory_summary": (_st, [_i, _cp, _sz]),
     "sp_mempool_params_init": (None, [_P(MemPoolParams)]),
     "sp_mempool_create": (_st, [_P(MemPoolParams), _P(_vp)]),
     "sp_mempool_destroy": (_st, [_vp]),
@@ -141,7 +144,6 @@ _PROTOS = {
 }
 # Present only in some builds or versions: declared when exported.
 _OPTIONAL = {
-    "sp_memory_summary": (_st, [_i, _cp, _sz]),
     "sp_torch_record_stream": (None, [_vp, _vp]),
     "sp_torch_empty_cache": (None, []),
     # world.h / symmetric.h / collectives.h (MPI builds). sp_world_from_comm's MPI_Comm is
@@ -168,7 +170,10 @@ _OPTIONAL = {
 def _candidates():
     env = os.environ.get("SYMPOOL_LIBRARY")
     if env:
-        return [env]  # an explicit choice: no fallback that would hide a wrong path
+        # An explicit choice: no fallback that would hide a wrong path. A relative path is taken
+        # from the current folder now, so that library_path() (which child processes and
+        # torch's CUDAPluggableAllocator are given) still names it after a chdir.
+        return [os.path.abspath(env) if os.sep in env else env]
     here = os.path.dirname(os.path.abspath(__file__))
     out = [os.path.join(here, name) for name in ("libsympool.so", "libsympool.so.0")]
     out = [p for p in out if os.path.exists(p)]
@@ -238,6 +243,17 @@ def path():
 def has(name):
     """Whether this build of the library exports name."""
     return getattr(lib(), name, None) is not None
+
+
+def stats_keys():
+    """The stats keys, PyTorch's flat names in PyTorch's (sorted) order."""
+    global _keys
+    if _keys is None:
+        L = lib()  # before _lock: the first lib() takes it
+        with _lock:
+            if _keys is None:
+                _keys = tuple(L.sp_stats_key(i).decode() for i in range(L.sp_stats_count()))
+    return _keys
 
 
 def status_name(status):

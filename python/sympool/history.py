@@ -67,14 +67,14 @@ _lib_keep = []
 
 
 def record_memory_history(enabled="all", context="all", stacks="python", max_entries=sys.maxsize,
-                          *, device=None):
+                          device=None, clear_history=False):
     """Start, change or stop recording (torch.cuda.memory._record_memory_history).
 
     enabled: "all" keeps up to max_entries trace entries; "state" keeps only what live blocks
     need; None stops and clears. context: which records carry stacks: None, "state" (live blocks),
     "alloc" (also trace entries), "all" (also a stack at each free). stacks: "python" (Python
     frames) or "all" (Python and C frames). device is accepted for torch's signature (recording
-    covers every device).
+    covers every device). clear_history=True drops the trace entries recorded so far.
     """
     if enabled is True:
         enabled = "all"  # torch's legacy boolean form
@@ -94,9 +94,26 @@ def record_memory_history(enabled="all", context="all", stacks="python", max_ent
     lib().sp_history_params_init(p)
     p.enabled, p.context = _ENABLED[enabled], _CONTEXT[context]
     p.max_entries, p.c_stacks = n, stacks == "all"
+    if not isinstance(clear_history, bool):
+        raise TypeError(f"clear_history must be a bool, not {type(clear_history).__name__}")
+    if device is not None:
+        _lib.as_device(device)
+    if clear_history and enabled is not None:
+        off = _lib.HistoryParams()
+        lib().sp_history_params_init(off)
+        off.enabled = _ENABLED[None]  # OFF clears the buffer; recording restarts below
+        check(lib().sp_record_memory_history(off))
     want_hook = enabled is not None and context is not None
     if want_hook:
         _install(True)  # before recording starts, so the first records have frames
     check(lib().sp_record_memory_history(p))
     if not want_hook:
         _install(False)
+
+
+def _record_memory_history(enabled="all", context="all", stacks="all", max_entries=sys.maxsize,
+                           device=None, clear_history=False, compile_context=False,
+                           global_record_annotations=False):
+    """torch.cuda.memory._record_memory_history's name, positional order and defaults (stacks
+    "all"). compile_context and global_record_annotations are accepted and have no effect."""
+    record_memory_history(enabled, context, stacks, max_entries, device, clear_history)

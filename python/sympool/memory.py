@@ -15,12 +15,11 @@ import threading
 
 from . import _lib
 from ._lib import as_device, as_ptr, as_size, as_stream, bad_value, c, check, lib
+from ._lib import stats_keys  # noqa: F401  (sympool.stats_keys; world.py uses it too)
+from .history import _record_memory_history, record_memory_history  # noqa: F401 (torch's place)
+from .world import World
 
 _SIZE_MAX = _lib.SIZE_MAX
-
-_keys = None
-_keys_lock = threading.Lock()
-
 
 def backend():
     """The device backend: "cuda" or "host" ("none" if it failed to start)."""
@@ -61,21 +60,10 @@ def set_per_process_memory_fraction(fraction, device=0):
     check(lib().sp_set_memory_fraction(float(fraction), as_device(device)))
 
 
-def stats_keys():
-    """The stats keys, PyTorch's flat names in PyTorch's (sorted) order."""
-    global _keys
-    if _keys is None:
-        with _keys_lock:
-            if _keys is None:
-                L = lib()
-                _keys = tuple(L.sp_stats_key(i).decode() for i in range(L.sp_stats_count()))
-    return _keys
-
-
 def memory_stats(device=0):
     """torch.cuda.memory_stats: an OrderedDict of the 122 keys, in PyTorch's order."""
     d = device if type(device) is int and 0 <= device < 1 << 31 else as_device(device)
-    keys = _keys or stats_keys()
+    keys = stats_keys()
     st = _lib.Stats()
     status = c.sp_memory_stats(d, ctypes.byref(st))
     if status:
@@ -117,22 +105,23 @@ def reset_accumulated_memory_stats(device=0):
     check(lib().sp_reset_accumulated_memory_stats(as_device(device)))
 
 
-def memory_summary(device=0, abbreviated=False):
-    """A readable table like torch.cuda.memory_summary (from sp_memory_summary when the library
-    has it, else formatted here from memory_stats). abbreviated is accepted for torch's
-    signature; the table is always the short one."""
+def memory_summary(device=None, abbreviated=False):
+    """torch.cuda.memory_summary: the library's table (sp_memory_summary). abbreviated=True
+    leaves out the per-pool rows ("from large pool", "from small pool"), as PyTorch's does."""
     d = as_device(device)
-    if _lib.has("sp_memory_summary"):
-        size = 1 << 14
-        while True:
-            buf = ctypes.create_string_buffer(size)
-            check(lib().sp_memory_summary(d, buf, size))
-            text = buf.value
-            if len(text) < size - 1 or size >= 1 << 24:
-                return text.decode(errors="replace")
-            size *= 4  # possibly truncated: ask again with more room
-    from ._summary import format_summary
-    return format_summary(memory_stats(d), d, backend())
+    size = 1 << 14
+    while True:
+        buf = ctypes.create_string_buffer(size)
+        check(lib().sp_memory_summary(d, buf, size))
+        text = buf.value
+        if len(text) < size - 1 or size >= 1 << 24:
+            break
+        size *= 4  # possibly truncated: ask again with more room
+    text = text.decode(errors="replace")
+    if abbreviated:
+        text = "".join(line for line in text.splitlines(keepends=True)
+                       if "from large pool" not in line and "from small pool" not in line)
+    return text
 
 
 def malloc(size, device=0, stream=None):
@@ -240,11 +229,12 @@ def _segment_allocator(allocator):
 
 
 class MemPool:
-    """torch.cuda.MemPool with CuPy's queries. symmetric=True makes a symmetric pool on world's
-    device (collective over world: every rank creates it, and every malloc is collective)."""
+    """torch.cuda.MemPool(allocator, use_on_oom, no_split) with CuPy's queries. symmetric=True
+    makes a symmetric pool on world's device (collective over world: every rank creates it, and
+    every malloc is collective)."""
 
-    def __init__(self, allocator=None, use_on_oom=False, symmetric=False, *, name=None,
-                 no_split=False, device=0, world=None):
+    def __init__(self, allocator=None, use_on_oom=False, no_split=False, *, symmetric=False,
+                 name=None, device=0, world=None):
         for flag, what in ((use_on_oom, "use_on_oom"), (symmetric, "symmetric"),
                            (no_split, "no_split")):
             if not isinstance(flag, bool):
@@ -262,18 +252,15 @@ class MemPool:
         params.use_on_oom, params.no_split = use_on_oom, no_split
         self._name_bytes = name.encode() if name is not None else None
         params.name = self._name_bytes
+        self._owned = True
         handle = ctypes.c_void_p()
         if symmetric:
-            from .world import World
             if not isinstance(world, World):
                 raise bad_value("MemPool(symmetric=True) needs world=sympool.World(...)")
             if allocator is not None:
                 raise bad_value("a symmetric pool takes its segments from sympool: no allocator")
-            world._check_open()
             self._device = world.device
-            check(lib().sp_symmetric_mempool_create(world._handle, ctypes.byref(params),
-                                                    ctypes.byref(handle)))
-            world._pools.append(self)
+            handle.value = world.create_symmetric_pool(params, self)
         else:
             if world is not None:
                 raise bad_value("world is only for symmetric=True")
@@ -374,11 +361,12 @@ class MemPool:
     def get_limit(self):
         return int(lib().sp_mempool_get_limit(self._h()))
 
-    def snapshot(self):
+    def snapshot(self, include_traces=True):
         """This pool's snapshot as a dict with PyTorch's structure (its segments, and the traces
-        filtered to its events)."""
+        filtered to its events; include_traces=False leaves the traces empty)."""
         h = self._h()
-        return _snapshot_via(lambda path: lib().sp_mempool_dump_snapshot(h, path))
+        return _without_traces(_snapshot_via(lambda path: lib().sp_mempool_dump_snapshot(h, path)),
+                               include_traces)
 
     def dump_snapshot(self, path):
         check(lib().sp_mempool_dump_snapshot(self._h(), _path_bytes(path)))
@@ -388,10 +376,10 @@ class MemPool:
         return their segments when freed. A plain pool is also destroyed when collected."""
         if self._handle is None:
             return
+        if not self._owned:
+            raise bad_value("the default pool is never destroyed")
         if self._symmetric:
-            check(lib().sp_symmetric_mempool_destroy(self._handle))
-            if self in self._world._pools:
-                self._world._pools.remove(self)
+            self._world.destroy_symmetric_pool(self._handle, self)
         else:
             check(lib().sp_mempool_destroy(self._handle))
         self._handle = None
@@ -399,12 +387,16 @@ class MemPool:
     def __del__(self):
         # Symmetric pools are never destroyed here: collection order differs between ranks and
         # destroy is collective. World.finalize releases them.
-        if getattr(self, "_handle", None) is not None and not self._symmetric:
+        if getattr(self, "_handle", None) is not None and not self._symmetric and self._owned:
             try:
                 if lib().sp_mempool_destroy(self._handle) == 0:
                     self._handle = None
             except Exception:
                 pass
+
+    def _released(self):
+        """The world released this symmetric pool (World.finalize)."""
+        self._handle = None
 
     def __repr__(self):
         if self._handle is None:
@@ -462,18 +454,72 @@ def _snapshot_via(dump):
         shutil.rmtree(folder, ignore_errors=True)
 
 
-def snapshot():
+def _without_traces(snap, include_traces):
+    if not include_traces:
+        snap["device_traces"] = [[] for _ in snap.get("device_traces", [])]
+    return snap
+
+
+def snapshot(device=None, include_traces=True):
     """The process's snapshot as a dict with PyTorch's structure (torch.cuda.memory._snapshot):
-    "segments", "device_traces", "allocator_settings", "external_annotations"."""
-    return _snapshot_via(lambda path: lib().sp_dump_snapshot(path))
+    "segments", "device_traces", "allocator_settings", "external_annotations". device is
+    accepted for torch's signature (the snapshot covers every device)."""
+    if device is not None:
+        as_device(device)
+    return _without_traces(_snapshot_via(lambda path: lib().sp_dump_snapshot(path)),
+                           include_traces)
 
 
-def memory_snapshot():
-    """torch.cuda.memory_snapshot: the snapshot's segments (a list of dicts)."""
-    return snapshot()["segments"]
+_snapshot = snapshot  # torch.cuda.memory's name
 
 
-def dump_snapshot(path):
+def memory_snapshot(mempool_id=None, include_traces=True):
+    """torch.cuda.memory_snapshot: the snapshot's segments (a list of dicts); with mempool_id
+    (a MemPool's id tuple, or a MemPool) only that pool's segments."""
+    segments = snapshot(include_traces=include_traces)["segments"]
+    if mempool_id is None:
+        return segments
+    if isinstance(mempool_id, MemPool):
+        mempool_id = mempool_id.id
+    try:
+        want = tuple(int(v) for v in mempool_id)
+    except TypeError:
+        raise TypeError("mempool_id must be a (int, int) pool id or a MemPool") from None
+    return [s for s in segments if tuple(s.get("segment_pool_id", ())) == want]
+
+
+def dump_snapshot(path="dump_snapshot.pickle"):
     """Write the snapshot: ".json" -> JSON, else a pickle PyTorch's memory viewer opens. %r, %p
     and %h in path become the rank, the pid and the host name."""
     check(lib().sp_dump_snapshot(_path_bytes(path)))
+
+
+def _dump_snapshot(filename="dump_snapshot.pickle"):
+    """torch.cuda.memory._dump_snapshot's name and default file."""
+    dump_snapshot(filename)
+
+
+# ---- the default pool (CuPy's get_default_memory_pool) ---------------------------------------
+
+_default_pools = {}
+_default_lock = threading.Lock()
+
+
+def get_default_memory_pool(device=0):
+    """The device's default pool as a MemPool (CuPy's cupy.get_default_memory_pool()): the pool
+    sympool.malloc uses outside use_mem_pool, with used_bytes(), total_bytes(), free_bytes(),
+    n_free_blocks(), free_all_blocks(), set_limit() and get_limit(). Never destroyed."""
+    d = as_device(device)
+    with _default_lock:
+        pool = _default_pools.get(d)
+        if pool is None or pool._handle is None:
+            handle = lib().sp_default_mempool(d)
+            if not handle:
+                raise bad_value(f"device {d} does not exist ({device_count()} device(s) on the "
+                                f"{backend()} backend)")
+            pool = MemPool.__new__(MemPool)
+            pool._handle, pool._owned, pool._symmetric = handle, False, False
+            pool._user_allocator = pool._world = pool._name = None
+            pool._device = d
+            _default_pools[d] = pool
+        return pool

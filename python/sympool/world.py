@@ -13,14 +13,11 @@ import io
 import sys
 
 from . import _lib
-from ._lib import as_device, as_int, as_ptr, as_size, as_stream, bad_value, check, lib
+from ._array import DTYPES, describe, dtype_name
+from ._lib import as_device, as_int, as_size, as_stream, bad_value, check, lib, stats_keys
 
-DTYPES = {"int8": 0, "uint8": 1, "int32": 2, "uint32": 3, "int64": 4, "uint64": 5,
-          "float16": 6, "bfloat16": 7, "float32": 8, "float64": 9}
-_DTYPE_ALIASES = {"half": "float16", "float": "float32", "double": "float64", "int": "int32",
-                  "long": "int64", "char": "int8", "byte": "uint8"}
-OPS = {"sum": 0, "prod": 1, "min": 2, "max": 3, "avg": 4}
-FORMATS = {"table": 0, "json": 1, "prometheus": 2}
+OPS = {"sum": 0, "prod": 1, "min": 2, "max": 3, "avg": 4}  # sp_redop_t
+FORMATS = {"table": 0, "json": 1, "prometheus": 2, "table_all": 3}  # sp_report_format_t
 _BAD_DTYPE = 1 << 20  # out of range: the library refuses it on this rank, and so on every rank
 
 
@@ -31,23 +28,30 @@ def _need(name):
 
 
 def _dtype(dtype):
-    """A dtype name ("float32"), a torch.dtype / numpy dtype, or its str -> sp_dtype_t."""
-    name = dtype if isinstance(dtype, str) else getattr(dtype, "name", None) or str(dtype)
-    if not isinstance(name, str):
-        raise TypeError(f"dtype must be a str such as 'float32', not {type(dtype).__name__}")
-    name = name.rsplit(".", 1)[-1]  # "torch.float32" -> "float32"
-    name = _DTYPE_ALIASES.get(name, name)
-    if name not in DTYPES:
-        raise bad_value(f"dtype {dtype!r} is not one of {', '.join(DTYPES)}")
-    return DTYPES[name]
+    """A dtype name ("float32"), a NumPy or torch dtype or its spelling -> sp_dtype_t."""
+    return DTYPES[dtype_name(dtype)]
 
 
 def _op(op):
-    if not isinstance(op, str):
-        raise TypeError(f"op must be a str such as 'sum', not {type(op).__name__}")
-    if op.lower() not in OPS:
+    """"sum" (any case), mpi4py's MPI.SUM/PROD/MIN/MAX, or torch.distributed's ReduceOp.SUM/
+    PRODUCT/MIN/MAX/AVG -> sp_redop_t."""
+    if isinstance(op, str):
+        name = op.lower()
+    elif type(op).__module__.startswith("mpi4py") and type(op).__name__ == "Op":
+        from mpi4py import MPI
+        names = ((MPI.SUM, "sum"), (MPI.PROD, "prod"), (MPI.MIN, "min"), (MPI.MAX, "max"))
+        name = next((n for o, n in names if op == o), None)  # Op is not hashable
+        if name is None:
+            raise bad_value(f"op {op!r}: only MPI.SUM, MPI.PROD, MPI.MIN and MPI.MAX reduce here")
+    elif "ReduceOp" in type(op).__name__ or "RedOpType" in type(op).__name__:
+        name = str(op).rsplit(".", 1)[-1].lower()
+        name = {"product": "prod"}.get(name, name)
+    else:
+        raise TypeError(f"op must be a str such as 'sum' or an mpi4py.MPI.Op, not "
+                        f"{type(op).__name__}")
+    if name not in OPS:
         raise bad_value(f"op {op!r} is not one of {', '.join(OPS)}")
-    return OPS[op.lower()]
+    return OPS[name]
 
 
 def _comm_handle(comm):
@@ -123,9 +127,26 @@ class World:
             return
         check(lib().sp_world_finalize(self._handle))
         for pool in self._pools:
-            pool._handle = None  # released with the world
+            pool._released()  # released with the world
         self._pools = []
         self._handle = None
+
+    def create_symmetric_pool(self, params, pool):
+        """Collective: sp_symmetric_mempool_create with params (an _lib.MemPoolParams); returns
+        the handle. pool (the Python MemPool) is released by finalize(). MemPool(symmetric=True,
+        world=...) calls this."""
+        h = self._check_open()
+        _need("sp_symmetric_mempool_create")
+        handle = ctypes.c_void_p()
+        check(lib().sp_symmetric_mempool_create(h, ctypes.byref(params), ctypes.byref(handle)))
+        self._pools.append(pool)
+        return handle.value
+
+    def destroy_symmetric_pool(self, handle, pool):
+        """Collective: sp_symmetric_mempool_destroy; forget pool."""
+        check(lib().sp_symmetric_mempool_destroy(handle))
+        if pool in self._pools:
+            self._pools.remove(pool)
 
     def __enter__(self):
         return self
@@ -141,14 +162,26 @@ class World:
 
     # ---- collectives ------------------------------------------------------------------------
 
-    def _collective(self, name, send, recv, count, dtype, op=None, root=None, stream=None):
+    def _collective(self, name, send, recv, count, dtype, count_from, op=None, root=None,
+                    stream=None):
         """Convert the arguments; on a bad one, join the call with an out-of-range dtype (every
-        rank fails) and raise the local error after."""
+        rank fails) and raise the local error after. count_from: "send" or "recv", the buffer
+        whose size gives count when count is None."""
         h = self._check_open()
         _need(name)
         try:
-            args = [as_ptr(send, "send"), as_ptr(recv, "recv"), as_size(count, "count"),
-                    _dtype(dtype)]
+            sp, s_count, s_dtype = describe(send, "send")
+            if recv is None:
+                rp, r_count, r_dtype = sp, s_count, s_dtype  # in place
+            else:
+                rp, r_count, r_dtype = describe(recv, "recv")
+            if count is None:
+                count = s_count if count_from == "send" else r_count
+                if count is None:
+                    raise TypeError(f"count is needed: the {count_from} buffer is an address")
+            if dtype is None:
+                dtype = s_dtype or r_dtype or "float32"
+            args = [sp, rp, as_size(count, "count"), _dtype(dtype)]
             if op is not None:
                 args.append(_op(op))
             if root is not None:
@@ -164,19 +197,28 @@ class World:
             raise e
         check(getattr(lib(), name)(h, *args))
 
-    def allreduce(self, send, recv, count, dtype="float32", op="sum", stream=None):
-        """Reduce count elements of every rank's send into every rank's recv (send == recv: in
-        place). Buffers are sympool addresses of this rank's device."""
-        self._collective("sp_allreduce", send, recv, count, dtype, op=op, stream=stream)
+    # Buffers: sympool memory of this rank's device, as an int address or an object that
+    # describes itself (a torch or CuPy tensor, anything with __cuda_array_interface__, __dlpack__
+    # or the buffer protocol); count and dtype then default to the object's. recv=None: in place.
+    # op: "sum", "prod", "min", "max", "avg", or mpi4py's MPI.SUM-style ops.
 
-    def allgather(self, send, recv, send_count, dtype="float32", stream=None):
-        self._collective("sp_allgather", send, recv, send_count, dtype, stream=stream)
+    def allreduce(self, send, recv=None, count=None, dtype=None, op="sum", stream=None):
+        """Reduce count elements of every rank's send into every rank's recv."""
+        self._collective("sp_allreduce", send, recv, count, dtype, "send", op=op, stream=stream)
 
-    def reduce_scatter(self, send, recv, recv_count, dtype="float32", op="sum", stream=None):
-        self._collective("sp_reduce_scatter", send, recv, recv_count, dtype, op=op, stream=stream)
+    def allgather(self, send, recv, send_count=None, dtype=None, stream=None):
+        """Gather send_count elements of every rank's send into recv, in rank order."""
+        self._collective("sp_allgather", send, recv, send_count, dtype, "send", stream=stream)
 
-    def broadcast(self, send, recv, count, dtype="float32", root=0, stream=None):
-        self._collective("sp_broadcast", send, recv, count, dtype, root=root, stream=stream)
+    def reduce_scatter(self, send, recv, recv_count=None, dtype=None, op="sum", stream=None):
+        """Reduce send across ranks; rank r gets the r-th block of recv_count elements."""
+        self._collective("sp_reduce_scatter", send, recv, recv_count, dtype, "recv", op=op,
+                         stream=stream)
+
+    def broadcast(self, send, recv=None, count=None, dtype=None, root=0, stream=None):
+        """Root's send to every rank's recv."""
+        self._collective("sp_broadcast", send, recv, count, dtype, "send", root=root,
+                         stream=stream)
 
     # ---- statistics across ranks ------------------------------------------------------------
 
@@ -192,7 +234,6 @@ class World:
             raise e
         s = _lib.StatsSummary()
         check(lib().sp_stats_aggregate(h, d, ctypes.byref(s)))
-        from .memory import stats_keys
         return {k: {"min": s.min[i], "max": s.max[i], "sum": s.sum[i],
                     "min_rank": s.min_rank[i], "max_rank": s.max_rank[i]}
                 for i, k in enumerate(stats_keys())}
@@ -200,7 +241,7 @@ class World:
     def stats_report(self, format="table", file=None, device=None):
         """Aggregate the stats and write the report on rank 0 to file (sys.stdout by default):
         "table" for people, "json" (one object), "prometheus" (text exposition). Other ranks
-        write nothing. Returns the text on rank 0, None elsewhere."""
+        write nothing. "table_all" lists every key. Returns the text on rank 0, None elsewhere."""
         h = self._check_open()
         _need("sp_stats_report")
         try:

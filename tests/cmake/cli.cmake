@@ -65,7 +65,7 @@ if(TARGET sympool_cli)
   add_test(NAME cli.plot
     COMMAND $<TARGET_FILE:sympool_cli> plot ${SP_CLI_TRACE} -o ${SP_CLI_OUT}/timeline.svg)
   set_tests_properties(cli.plot PROPERTIES LABELS "unit;cli" TIMEOUT 60
-    PASS_REGULAR_EXPRESSION "wrote .*timeline.svg .*peak allocated 22.234 GiB, peak reserved 22.580 GiB")
+    PASS_REGULAR_EXPRESSION "wrote .*timeline.svg .*peak requested 22.234 GiB, peak reserved 22.580 GiB")
 
   add_test(NAME cli.info COMMAND $<TARGET_FILE:sympool_cli> info)
   set_tests_properties(cli.info PROPERTIES LABELS "unit;cli" TIMEOUT 60
@@ -100,6 +100,11 @@ if(TARGET sympool_cli)
   endfunction()
   set(SMALL ${CMAKE_CURRENT_SOURCE_DIR}/data/trace-small-p4.pickle)
 
+  if(SP_HELP2MAN)
+    add_test(NAME cli.man_page COMMAND sh -c "cat '${PROJECT_BINARY_DIR}/sympool.1'")
+    set_tests_properties(cli.man_page PROPERTIES LABELS "unit;cli" TIMEOUT 30
+      PASS_REGULAR_EXPRESSION "\\.TH SYMPOOL.*replay")
+  endif()
   sp_cli_check(NAME version RC 0 REGEX "^sympool [0-9]+\\.[0-9]+\\.[0-9]+\n" ARGS --version)
   sp_cli_check(NAME help RC 0 REGEX "usage: sympool .*summary SNAPSHOT" ARGS --help)
   sp_cli_check(NAME no_command RC 2 REGEX "usage: sympool" ARGS)
@@ -107,6 +112,7 @@ if(TARGET sympool_cli)
   foreach(cmd info replay plot summary)
     sp_cli_check(NAME ${cmd}_help RC 0 REGEX "usage: sympool ${cmd}" ARGS ${cmd} --help)
     sp_cli_check(NAME ${cmd}_h RC 0 REGEX "usage: sympool ${cmd}" ARGS ${cmd} -h)
+    sp_cli_check(NAME help_${cmd} RC 0 REGEX "usage: sympool ${cmd}" ARGS help ${cmd})
     sp_cli_check(NAME ${cmd}_unknown_option RC 2
       REGEX "sympool ${cmd}: unknown option '--no-such-option' \\(see sympool ${cmd} --help\\)"
       ARGS ${cmd} --no-such-option)
@@ -177,17 +183,24 @@ if(TARGET sympool_cli)
   add_test(NAME cli.plot_small_in_mib COMMAND sh -c
     "'$<TARGET_FILE:sympool_cli>' plot '${SMALL}' -o '${SP_CLI_OUT}/small.svg' && cat '${SP_CLI_OUT}/small.svg'")
   set_tests_properties(cli.plot_small_in_mib PROPERTIES LABELS "unit;cli" TIMEOUT 60
-    PASS_REGULAR_EXPRESSION ">450 MiB</text>.*peak allocated 441.6 MiB</text>.*4 blocks of 12.5 MiB</text>.*forward transformer.py:22</text>"
+    PASS_REGULAR_EXPRESSION ">450 MiB</text>.*peak requested 441.6 MiB</text>.*4 blocks of 12.5 MiB</text>.*forward transformer.py:22</text>"
     FAIL_REGULAR_EXPRESSION "GiB</text>;from event [0-9]")
   # Several snapshots on one chart: the highest and lowest peak marked.
   sp_cli_check(NAME plot_ranks RC 0
-    REGEX "wrote .*ranks.svg \\(3 snapshots; highest peak allocated: cs336-2.7b-ctx128-forward-bf16 22.234 GiB, lowest: trace-small-p4 0.431 GiB\\)"
+    REGEX "wrote .*ranks.svg \\(3 snapshots; highest peak requested: cs336-2.7b-ctx128-forward-bf16 22.234 GiB, lowest: trace-small-p4 0.431 GiB\\)"
     ARGS plot ${BIG} ${SMALL} ${CMAKE_CURRENT_SOURCE_DIR}/data/trace-small-u64.pickle
          --output=${SP_CLI_OUT}/ranks.svg)
   add_test(NAME cli.plot_ranks_marked COMMAND sh -c
     "'$<TARGET_FILE:sympool_cli>' plot '${SMALL}' '${BIG}' -o '${SP_CLI_OUT}/ranks2.svg' >/dev/null && cat '${SP_CLI_OUT}/ranks2.svg'")
   set_tests_properties(cli.plot_ranks_marked PROPERTIES LABELS "unit;cli" TIMEOUT 60
     PASS_REGULAR_EXPRESSION "Memory timeline: 2 ranks.*cs336-2.7b-ctx128-forward-bf16: peak 22.23 GiB \\(max\\).*trace-small-p4: peak 441.6 MiB \\(min\\)")
+  # A trace whose requested bytes rise above its reserved ones says it is partial; a whole one not.
+  sp_cli_check(NAME plot_partial_trace RC 0 REGEX "note: a partial trace.*wrote .*partial.svg"
+    ARGS plot ${SMALL} -o ${SP_CLI_OUT}/partial.svg)
+  add_test(NAME cli.plot_whole_trace_no_note
+    COMMAND $<TARGET_FILE:sympool_cli> plot ${BIG} -o ${SP_CLI_OUT}/whole.svg)
+  set_tests_properties(cli.plot_whole_trace_no_note PROPERTIES LABELS "unit;cli" TIMEOUT 60
+    PASS_REGULAR_EXPRESSION "wrote " FAIL_REGULAR_EXPRESSION "partial")
   sp_cli_check(NAME plot_png_refused RC 2 REGEX "writes SVG only, not '.*x.png'"
     ARGS plot ${SMALL} -o ${SP_CLI_OUT}/x.png)
   sp_cli_check(NAME plot_no_output RC 2 REGEX "no -o OUT.svg given" ARGS plot ${SMALL})
@@ -199,7 +212,7 @@ if(TARGET sympool_cli)
   add_test(NAME cli.plot_u64_lines COMMAND sh -c
     "'$<TARGET_FILE:sympool_cli>' plot '${CMAKE_CURRENT_SOURCE_DIR}/data/trace-small-u64.pickle' -o '${SP_CLI_OUT}/u64.svg' && cat '${SP_CLI_OUT}/u64.svg'")
   set_tests_properties(cli.plot_u64_lines PROPERTIES LABELS "unit;cli" TIMEOUT 60
-    PASS_REGULAR_EXPRESSION "peak allocated 441.6 MiB" FAIL_REGULAR_EXPRESSION "18446744073709551615")
+    PASS_REGULAR_EXPRESSION "peak requested 441.6 MiB" FAIL_REGULAR_EXPRESSION "18446744073709551615")
   sp_cli_check(NAME summary_u64 RC 0 REGEX "Allocations           \\|         21 \\|"
     ARGS summary ${CMAKE_CURRENT_SOURCE_DIR}/data/trace-small-u64.pickle)
   sp_cli_check(NAME replay_u64 RC 0 REGEX "\"events\":104," ARGS replay --json

@@ -1,6 +1,7 @@
 # The newcomer's path (issue 15): what README promises a user outside this tree.
 #  - install.consumers: `cmake --install --prefix`, then programs built against the installed
-#    package with pkg-config (shared; static after moving the prefix) and with find_package.
+#    package with pkg-config (shared, C and C++; static after moving the prefix) and with
+#    find_package (a C project and a C++-only one).
 #  - scripts.*: test.sh states the options it needs (a build/ configured by run-main.sh must not
 #    hide the tests) and fails on an empty test run.
 set(SP_INSTALL_EXTRA_CFLAGS "")
@@ -17,9 +18,9 @@ if(SP_PKG_CONFIG)
   add_test(NAME install.consumers
     COMMAND ${CMAKE_CURRENT_SOURCE_DIR}/install/check.sh ${PROJECT_BINARY_DIR} ${PROJECT_SOURCE_DIR}
             ${CMAKE_CURRENT_BINARY_DIR}/install_check ${CMAKE_INSTALL_LIBDIR} ${CMAKE_C_COMPILER}
-            ${SP_INSTALL_MPI} "${SP_INSTALL_EXTRA_CFLAGS}")
+            ${CMAKE_CXX_COMPILER} ${SP_INSTALL_MPI} "${SP_INSTALL_EXTRA_CFLAGS}")
   set_tests_properties(install.consumers PROPERTIES LABELS "install" TIMEOUT 300
-    PASS_REGULAR_EXPRESSION "consumer ok.*consumer ok.*consumer ok.*install ok"
+    PASS_REGULAR_EXPRESSION "consumer ok.*consumer ok.*consumer ok.*consumer ok.*consumer ok.*install ok"
     ENVIRONMENT "${SP_TEST_ENV}" RUN_SERIAL TRUE)
 endif()
 
@@ -39,4 +40,15 @@ if(SP_HAVE_MPI AND TARGET 03_stats_report AND SP_JQ)
             $<TARGET_FILE:03_stats_report> ${CMAKE_CURRENT_BINARY_DIR}/reports_check)
   set_tests_properties(reports.file_jq_promtool PROPERTIES LABELS "mpi;report" TIMEOUT 300
     PASS_REGULAR_EXPRESSION "reports ok" ENVIRONMENT "${SP_TEST_ENV}")
+endif()
+
+# The default build needs no GoogleTest (a library-only configure), and -DSYMPOOL_BUILD_TESTS=ON
+# without it fails saying so. Two configures, no build (10-30 s): in the unsanitized build only,
+# as a configure does not depend on the sanitizer.
+if(NOT SYMPOOL_SANITIZE)
+  add_test(NAME install.configure_without_gtest
+    COMMAND ${CMAKE_CURRENT_SOURCE_DIR}/install/configure_check.sh ${PROJECT_SOURCE_DIR}
+            ${CMAKE_CURRENT_BINARY_DIR}/configure_check)
+  set_tests_properties(install.configure_without_gtest PROPERTIES LABELS "install" TIMEOUT 120
+    PASS_REGULAR_EXPRESSION "configure ok")
 endif()

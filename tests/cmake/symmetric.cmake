@@ -1,4 +1,4 @@
-# symmetric.cmake: registrations for launch/ and symmetric/ beyond the tests/mpi glob:
+# symmetric.cmake: registrations for world/ and symmetric/ beyond the tests/mpi glob:
 #  - the path where sympool initializes MPI itself (a main without MPI_Init), singleton and
 #    under mpirun;
 #  - the sympoolrun launcher: --help, the forwarding flags (with a fake Open MPI launcher that
@@ -21,7 +21,7 @@ set_tests_properties(mpi.world_init_self.singleton mpi.world_init_self.np2 PROPE
   PASS_REGULAR_EXPRESSION "world-init-self: ok rank 0"
   FAIL_REGULAR_EXPRESSION "FAILED")
 
-set(SP_SYMPOOLRUN ${PROJECT_SOURCE_DIR}/launch/sympoolrun)
+set(SP_SYMPOOLRUN ${PROJECT_SOURCE_DIR}/tools/sympoolrun)
 set(SP_FAKE_LAUNCHER ${CMAKE_CURRENT_BINARY_DIR}/fake-ompi-mpirun)
 file(WRITE ${SP_FAKE_LAUNCHER}
   "#!/bin/sh\n"

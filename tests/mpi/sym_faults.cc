@@ -14,7 +14,7 @@
 #include "mpi_util.hpp"
 
 extern "C" {
-#include "launch/launch.h"
+#include "world/world.h"
 #include <sympool/collectives.h>
 }
 

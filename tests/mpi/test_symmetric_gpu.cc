@@ -18,7 +18,7 @@
 #endif
 
 extern "C" {
-#include "launch/launch.h"
+#include "world/world.h"
 }
 
 namespace {

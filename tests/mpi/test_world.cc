@@ -10,7 +10,7 @@
 #include "mpi_util.hpp"
 
 extern "C" {
-#include "launch/launch.h"
+#include "world/world.h"
 }
 
 namespace {

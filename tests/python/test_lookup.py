@@ -1,5 +1,5 @@
-"""Finding the library ($SYMPOOL_LIBRARY, next to the package, loader path), sympool.torch
-without torch, and the Python summary used with libraries that lack sp_memory_summary."""
+"""Finding the library ($SYMPOOL_LIBRARY, relative or not, next to the package, loader path) and
+sympool.torch without torch."""
 
 import os
 import shutil
@@ -77,12 +77,14 @@ def test_sympool_torch_without_torch(sp):
     assert "torch" not in sys.modules
 
 
-def test_python_summary_format(sp):
-    from sympool._summary import format_summary
-    st = sp.memory_stats()
-    st["allocated_bytes.all.current"] = 3 << 20
-    st["num_ooms"] = 2
-    text = format_summary(st, 0, "host")
-    lines = text.splitlines()
-    assert len({len(line) for line in lines}) == 1  # a rectangle
-    assert "OOMs: 2" in text and "3 MiB" in text and "Allocated memory" in text
+def test_relative_sympool_library_is_made_absolute(sp, tmp_path):
+    # python/README's command runs from the clone with SYMPOOL_LIBRARY=build/libsympool.so: the
+    # path the package reports (and child processes inherit through it) must survive a chdir.
+    lib = os.path.realpath(sp.library_path())
+    rel = os.path.relpath(lib, str(tmp_path))
+    env = dict(os.environ, SYMPOOL_LIBRARY=rel)
+    out = subprocess.run([sys.executable, "-c", "import os, sympool; p = sympool.library_path(); "
+                          "os.chdir('/'); print(p); print(sympool.backend())"],
+                         capture_output=True, text=True, env=env, timeout=60, cwd=str(tmp_path))
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == [lib, "host"]

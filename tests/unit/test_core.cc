@@ -369,6 +369,36 @@ TEST_F(CoreTest, OptionSet) {
               getenv("SYMPOOL_HOST_DEVICES") ? SP_OPT_SRC_ENV : SP_OPT_SRC_DEFAULT);
 }
 
+TEST_F(CoreTest, PytorchAllocConfAppliesOnlyWhenOursIsUnset) {
+    {
+        Env env({{"SYMPOOL_ALLOC_CONF", nullptr},
+                 {"SYMPOOL_MAX_SPLIT_SIZE", nullptr},
+                 {"PYTORCH_CUDA_ALLOC_CONF", "max_split_size_mb:64"}});
+        EXPECT_EQ(sp__option_int(SP_OPT_MAX_SPLIT_SIZE), 64 * MiB);
+        EXPECT_EQ(sp__option_source(SP_OPT_ALLOC_CONF), SP_OPT_SRC_PYTORCH);
+        EXPECT_EQ(sp__option_source(SP_OPT_MAX_SPLIT_SIZE), SP_OPT_SRC_CONF);
+        char *buf = nullptr;
+        size_t len = 0;
+        FILE *f = open_memstream(&buf, &len);
+        ASSERT_NE(f, nullptr);
+        sp__options_print(f);
+        fclose(f);
+        std::string out(buf, len);
+        free(buf);
+        size_t at = out.find("SYMPOOL_ALLOC_CONF");
+        ASSERT_NE(at, std::string::npos) << out;
+        std::string line = out.substr(at, out.find('\n', at) - at);
+        EXPECT_NE(line.find("[PYTORCH_CUDA_ALLOC_CONF]"), std::string::npos) << line;
+    }
+    {
+        Env env({{"SYMPOOL_ALLOC_CONF", "max_split_size_mb:32"},
+                 {"SYMPOOL_MAX_SPLIT_SIZE", nullptr},
+                 {"PYTORCH_CUDA_ALLOC_CONF", "max_split_size_mb:64"}});
+        EXPECT_EQ(sp__option_int(SP_OPT_MAX_SPLIT_SIZE), 32 * MiB) << "ours must win";
+        EXPECT_EQ(sp__option_source(SP_OPT_ALLOC_CONF), SP_OPT_SRC_ENV);
+    }
+}
+
 TEST_F(CoreTest, OptionsPrintShowsValueDefaultAndSource) {
     Env env({{"SYMPOOL_HOST_DEVICES", "3"},
              {"SYMPOOL_ALLOC_CONF", "garbage_collection_threshold:0.5"},

@@ -88,10 +88,96 @@ def test_stats_aggregate(world):
     sympool.free(p)
 
 
-@pytest.mark.parametrize("fmt", ["table", "json", "prometheus"])
+class CudaArray:
+    """What CuPy and Numba tensors show: __cuda_array_interface__ over sympool memory."""
+
+    def __init__(self, addr, n, typestr="<f4"):
+        self.__cuda_array_interface__ = {"shape": (n,), "typestr": typestr, "data": (addr, False),
+                                         "strides": None, "version": 3}
+
+
+class DLPackArray:
+    """A DLPack producer (__dlpack__ / __dlpack_device__) over sympool memory."""
+
+    _NAME = b"dltensor"
+
+    def __init__(self, addr, n):
+        from sympool._array import _DLTensor
+
+        class Managed(ctypes.Structure):
+            _fields_ = [("dl_tensor", _DLTensor), ("manager_ctx", ctypes.c_void_p),
+                        ("deleter", ctypes.c_void_p)]
+
+        self._shape = (ctypes.c_int64 * 1)(n)
+        self._m = Managed()
+        t = self._m.dl_tensor
+        t.data, t.ndim = addr, 1
+        t.device.device_type, t.device.device_id = 1, 0  # kDLCPU: the host backend's memory
+        t.dtype.code, t.dtype.bits, t.dtype.lanes = 2, 32, 1  # float32
+        t.shape = ctypes.cast(self._shape, ctypes.POINTER(ctypes.c_int64))
+
+    def __dlpack__(self, stream=None):
+        new = ctypes.pythonapi.PyCapsule_New
+        new.restype, new.argtypes = ctypes.py_object, [ctypes.c_void_p, ctypes.c_char_p,
+                                                      ctypes.c_void_p]
+        return new(ctypes.addressof(self._m), self._NAME, None)
+
+    def __dlpack_device__(self):
+        return (1, 0)
+
+
+@pytest.mark.parametrize("kind", ["buffer", "cuda_array_interface", "dlpack"])
+def test_collectives_take_array_objects(world, kind):
+    """count and dtype come from the object; recv=None is in place; mpi4py's ops work."""
+    import sympool
+    pool = sympool.MemPool(symmetric=True, world=world, name="arrays")
+    n = 1000
+    a = pool.malloc(n * 4)
+    x = floats(a, n)
+    for i in range(n):
+        x[i] = world.rank + 1
+    wrap = {"buffer": lambda p: floats(p, n), "cuda_array_interface": lambda p: CudaArray(p, n),
+            "dlpack": lambda p: DLPackArray(p, n)}[kind]
+    world.allreduce(wrap(a), op=MPI.SUM)
+    total = world.size * (world.size + 1) / 2
+    assert x[0] == total and x[n - 1] == total
+    world.allreduce(wrap(a), wrap(a), op="max")
+    assert x[n - 1] == total
+    g = pool.malloc(n * 4 * world.size)
+    world.allgather(wrap(a), floats(g, n * world.size))  # send_count from send: n
+    assert floats(g, n * world.size)[n * world.size - 1] == total
+    world.broadcast(wrap(a), root=0, dtype="f4")  # NumPy's spelling, same type
+    sympool.free(g)
+    sympool.free(a)
+    pool.destroy()
+
+
+def test_collective_dtype_names_and_ops(world):
+    import sympool
+    pool = sympool.MemPool(symmetric=True, world=world, name="names")
+    a = pool.malloc(64 * 8)
+    x = (ctypes.c_double * 64).from_address(a)
+    for i in range(64):
+        x[i] = world.rank
+    world.allreduce(a, a, 64, dtype="<f8", op=MPI.MAX)
+    assert x[63] == world.size - 1
+    world.allreduce(a, a, 64, dtype="double", op="SUM")
+    assert x[0] == (world.size - 1) * world.size
+    with pytest.raises(ValueError, match="dtype"):
+        world.allreduce(a, a, 64, dtype="complex64")
+    with pytest.raises(ValueError, match="op"):
+        world.allreduce(a, a, 64, dtype="float64", op=MPI.BAND)
+    with pytest.raises(TypeError, match="count is needed"):
+        world.allreduce(a, a, dtype="float64")
+    sympool.free(a)
+    pool.destroy()
+
+
+@pytest.mark.parametrize("fmt", ["table", "json", "prometheus", "table_all"])
 def test_stats_report(world, fmt):
     buf = io.StringIO()
     text = world.stats_report(fmt, file=buf)
+    short = world.stats_report("table", file=io.StringIO()) if fmt == "table_all" else None
     if world.rank == 0:
         assert text == buf.getvalue() and text
         if fmt == "json":
@@ -101,6 +187,8 @@ def test_stats_report(world, fmt):
             assert "# TYPE" in text
         else:
             assert "allocated" in text
+        if fmt == "table_all":  # every key: more than the table's key figures
+            assert len(text.splitlines()) > len(short.splitlines())
     else:
         assert text is None and buf.getvalue() == ""
 

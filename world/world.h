@@ -1,8 +1,9 @@
 /*
- * launch.h: the world's internals that symmetric/ and collectives/ use. launch/world.c owns them.
+ * world/world.h: the world's internals that symmetric/ and collectives/ use: world.c owns the
+ * world, agree.c the agreement round every collective call makes.
  */
-#ifndef SP_LAUNCH_H
-#define SP_LAUNCH_H
+#ifndef SP_WORLD_INT_H
+#define SP_WORLD_INT_H
 
 #include <stdbool.h>
 #include <stddef.h>
@@ -33,7 +34,7 @@ void sp__world_nccl_abort(sp_world_t *w, const char *why);
 /* Why the world has no NCCL communicator ("aborted after: ..."). */
 const char *sp__world_nccl_why(const sp_world_t *w);
 
-/* Modules above launch/ (collectives: the SYMPOOL_REPORT table) register work to run at the
+/* Modules above world/ (collectives: the SYMPOOL_REPORT table) register work to run at the
  * start of sp_world_finalize, while the communicator still works. At most 8 hooks; returns
  * SP_ERR_INTERNAL past that. Registered from a library constructor, so it is thread-safe by
  * construction. */
@@ -49,8 +50,14 @@ int sp__world_node_rank_of(const sp_world_t *w, int world_rank);
 uint64_t sp__world_next_pool_serial(sp_world_t *w);
 
 /* Translate an MPI return code: SP_SUCCESS for MPI_SUCCESS, else sp__error(SP_ERR_MPI) naming
- * `what` and MPI_Error_string's text. The one place MPI errors become sympool errors. */
-sp_status_t sp__world_mpi_status(int rc, const char *what);
+ * `fn` (the sympool call, may be NULL), `what` (the MPI call) and MPI_Error_string's text,
+ * logged under `subsys`. The one place MPI errors become sympool errors (mpi_error.c). */
+sp_status_t sp__mpi_status_at(int rc, unsigned subsys, const char *fn, const char *what,
+                              const char *file, int line);
+#define sp__mpi_status(rc, subsys, fn, what)                                                       \
+    sp__mpi_status_at((rc), (subsys), (fn), (what), __FILE__, __LINE__)
+/* The world's own MPI calls (subsystem BOOT, no sympool call named). */
+#define sp__world_mpi_status(rc, what) sp__mpi_status((rc), SP_SUB_BOOT, NULL, (what))
 
 /* ---- agreement rounds (agree.c) ------------------------------------------------------- */
 
@@ -134,4 +141,4 @@ sp_status_t sp__world_check(const sp_world_t *w, const char *fn);
 }
 #endif
 
-#endif /* SP_LAUNCH_H */
+#endif /* SP_WORLD_INT_H */

@@ -24,7 +24,7 @@
 #include <string.h>
 
 #include "core/core.h"
-#include "launch/launch.h"
+#include "world/world.h"
 #include "sympool/pool.h"
 
 #if defined(SP_HAVE_NCCL)
@@ -119,16 +119,6 @@ void sp__world_nccl_lock(sp_world_t *w) {
 }
 void sp__world_nccl_unlock(sp_world_t *w) {
     pthread_mutex_unlock(&w->nccl_lock);
-}
-
-sp_status_t sp__world_mpi_status(int rc, const char *what) {
-    if (SP_LIKELY(rc == MPI_SUCCESS))
-        return SP_SUCCESS;
-    char text[MPI_MAX_ERROR_STRING];
-    int len = 0;
-    if (MPI_Error_string(rc, text, &len) != MPI_SUCCESS)
-        snprintf(text, sizeof text, "MPI error code %d", rc);
-    return sp__error(SP_ERR_MPI, SP_SUB_BOOT, "%s failed: %s", what, text);
 }
 
 sp_status_t sp__world_on_finalize(sp_world_finalize_hook_t hook) {

@@ -33,7 +33,7 @@
 #include <time.h>
 
 #include "core/core.h"
-#include "launch/launch.h"
+#include "world/world.h"
 
 /* Wire layout: int64 words, each reduced by its own rule (see combine). */
 enum {

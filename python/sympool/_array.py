@@ -1,0 +1,149 @@
+"""_array: what a collective needs from a buffer object: its address, element count and dtype.
+
+Accepted: an int address (or None, a ctypes.c_void_p) with no count or dtype of its own; a torch
+tensor (data_ptr, numel, dtype); an object with __cuda_array_interface__ (CuPy, Numba, torch);
+one with __dlpack__ (any DLPack producer); one with the buffer protocol (memoryview, ctypes
+arrays, NumPy arrays over host memory). Only the memory must be sympool's (the library checks
+that on every rank and refuses other memory); the object must be contiguous.
+"""
+
+import ctypes
+import re
+
+from ._lib import as_ptr, bad_value
+
+# sp_dtype_t names, in the header's order (include/sympool/collectives.h; tests/python/test_abi.py
+# checks the two agree).
+DTYPES = {"int8": 0, "uint8": 1, "int32": 2, "uint32": 3, "int64": 4, "uint64": 5,
+          "float16": 6, "bfloat16": 7, "float32": 8, "float64": 9}
+_ITEMSIZE = {"int8": 1, "uint8": 1, "int32": 4, "uint32": 4, "int64": 8, "uint64": 8,
+             "float16": 2, "bfloat16": 2, "float32": 4, "float64": 8}
+# C, torch and NumPy spellings of the same types.
+_ALIASES = {"half": "float16", "float": "float32", "single": "float32", "double": "float64",
+            "int": "int32", "intc": "int32", "uintc": "uint32", "long": "int64",
+            "longlong": "int64", "ulonglong": "uint64", "char": "int8", "byte": "int8",
+            "ubyte": "uint8", "bf16": "bfloat16", "fp16": "float16", "fp32": "float32",
+            "fp64": "float64"}
+_KIND = {"f": "float", "i": "int", "u": "uint"}
+# struct/buffer-protocol format characters (native sizes on Linux x86-64 and aarch64).
+_FORMATS = {"b": "int8", "B": "uint8", "i": "int32", "I": "uint32", "l": "int64", "L": "uint64",
+            "q": "int64", "Q": "uint64", "e": "float16", "f": "float32", "d": "float64",
+            "c": "int8"}
+
+
+def dtype_name(dtype):
+    """A dtype ("float32", "f4", "<f4", "double", np.float32, np.dtype, torch.float32, ...) ->
+    one of DTYPES' names; ValueError (InvalidArgumentError) for a type sympool cannot reduce."""
+    if isinstance(dtype, str):
+        name = dtype
+    elif isinstance(getattr(dtype, "name", None), str):  # numpy.dtype
+        name = dtype.name
+    elif isinstance(dtype, type):  # numpy.float32, the class
+        name = dtype.__name__
+    else:
+        name = str(dtype)  # torch.float32 -> "torch.float32"
+    name = name.rsplit(".", 1)[-1].strip()
+    if name in _FORMATS:  # one case-sensitive character: "B" is uint8, "b" int8
+        name = _FORMATS[name]
+    name = name.lower()
+    name = _ALIASES.get(name, name)
+    m = re.fullmatch(r"[<>|=]?([fiu])([1248])", name)  # NumPy's typestr: "<f4", "u1"
+    if m:
+        name = f"{_KIND[m.group(1)]}{8 * int(m.group(2))}"
+    if name not in DTYPES:
+        raise bad_value(f"dtype {dtype!r} is not one of {', '.join(DTYPES)} (or a NumPy/torch "
+                        "spelling of one)")
+    return name
+
+
+def _contiguous(shape, strides, itemsize):
+    if strides is None:
+        return True
+    expect = itemsize
+    for n, st in zip(reversed(shape), reversed(strides)):
+        if n != 1 and st != expect:
+            return False
+        expect *= n
+    return True
+
+
+def _prod(shape):
+    n = 1
+    for d in shape:
+        n *= int(d)
+    return n
+
+
+class _DLDevice(ctypes.Structure):
+    _fields_ = [("device_type", ctypes.c_int32), ("device_id", ctypes.c_int32)]
+
+
+class _DLDataType(ctypes.Structure):
+    _fields_ = [("code", ctypes.c_uint8), ("bits", ctypes.c_uint8), ("lanes", ctypes.c_uint16)]
+
+
+class _DLTensor(ctypes.Structure):
+    _fields_ = [("data", ctypes.c_void_p), ("device", _DLDevice), ("ndim", ctypes.c_int32),
+                ("dtype", _DLDataType), ("shape", ctypes.POINTER(ctypes.c_int64)),
+                ("strides", ctypes.POINTER(ctypes.c_int64)), ("byte_offset", ctypes.c_uint64)]
+
+
+_DL_CODES = {0: "int", 1: "uint", 2: "float", 4: "bfloat"}
+
+
+def _from_dlpack(obj):
+    capsule = obj.__dlpack__()
+    get = ctypes.pythonapi.PyCapsule_GetPointer
+    get.restype, get.argtypes = ctypes.c_void_p, [ctypes.py_object, ctypes.c_char_p]
+    # DLManagedTensor starts with its DLTensor; the capsule keeps it alive while we read it and
+    # calls its deleter when dropped, since nothing here consumes it.
+    t = _DLTensor.from_address(get(capsule, b"dltensor"))
+    kind = _DL_CODES.get(t.dtype.code)
+    if kind is None or t.dtype.lanes != 1:
+        raise bad_value(f"DLPack dtype code {t.dtype.code} x{t.dtype.lanes} is not reducible")
+    name = f"{kind}{t.dtype.bits}"
+    shape = [t.shape[i] for i in range(t.ndim)]
+    strides = None if not t.strides else [t.strides[i] * (t.dtype.bits // 8)
+                                          for i in range(t.ndim)]
+    if not _contiguous(shape, strides, t.dtype.bits // 8):
+        raise bad_value("the DLPack tensor is not contiguous")
+    return (t.data or 0) + t.byte_offset, _prod(shape), name
+
+
+def describe(obj, what):
+    """(address or None, element count or None, dtype name or None) of a buffer object."""
+    if obj is None or isinstance(obj, (int, ctypes.c_void_p)):
+        return as_ptr(obj, what), None, None
+    if hasattr(obj, "data_ptr") and hasattr(obj, "numel") and hasattr(obj, "dtype"):  # torch
+        if hasattr(obj, "is_contiguous") and not obj.is_contiguous():
+            raise bad_value(f"{what} is not contiguous")
+        return as_ptr(obj.data_ptr(), what), int(obj.numel()), dtype_name(obj.dtype)
+    cai = getattr(obj, "__cuda_array_interface__", None)
+    if cai is not None:
+        name = dtype_name(cai["typestr"])
+        shape = tuple(cai["shape"])
+        if not _contiguous(shape, cai.get("strides"), _ITEMSIZE[name]):
+            raise bad_value(f"{what} is not contiguous")
+        return as_ptr(cai["data"][0], what), _prod(shape), name
+    if hasattr(obj, "__dlpack__"):
+        ptr, count, name = _from_dlpack(obj)
+        return as_ptr(ptr, what), count, dtype_name(name)
+    try:
+        view = memoryview(obj)
+    except TypeError:
+        raise TypeError(f"{what} must be an address (int), a tensor or an object with "
+                        f"__cuda_array_interface__, __dlpack__ or the buffer protocol, not "
+                        f"{type(obj).__name__}") from None
+    with view:
+        if not view.c_contiguous:
+            raise bad_value(f"{what} is not contiguous")
+        fmt = view.format.lstrip("@=<>!")
+        name = dtype_name(fmt) if fmt in _FORMATS else None
+        if name is None or _ITEMSIZE[name] != view.itemsize:
+            raise bad_value(f"{what}: buffer format {view.format!r} is not a reducible dtype")
+        if view.nbytes == 0:
+            return None, 0, name
+        if view.readonly:
+            raise bad_value(f"{what} is a read-only buffer")
+        addr = ctypes.addressof(ctypes.c_char.from_buffer(view))
+        return addr, view.nbytes // view.itemsize, name

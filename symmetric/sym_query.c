@@ -1,0 +1,82 @@
+/*
+ * sym_query.c: the local questions about symmetric buffers: sp_symmetric_window (which window
+ * and offset a pointer lies in) and sp_symmetric_peer_ptr (the same byte on another rank). No
+ * round: each answer comes from this rank's registry, under the pool state's lock.
+ */
+#include "core/core.h"
+#include "pool/pool.h"
+#include "symmetric/sym_state.h"
+
+/* ---- queries -------------------------------------------------------------------------------- */
+
+/* The live block holding ptr, its symmetric state and its registered segment. */
+/* `quiet`: sp_symmetric_window is also a question ("is this buffer in a window?", asked by the
+ * collectives on every call), so "no" is logged at INFO, not WARN. */
+static sp_status_t locate(const void *ptr, const char *fn, bool quiet, sp_block_info_t *bi,
+                          sp_sym_state_t **st_p, sp_sym_rec_t **rec_p) {
+    SP_ARG_CHECK(ptr, SP_SUB_SYM, "%s: ptr is NULL", fn);
+    if (sp__pool_lookup(ptr, bi) != SP_SUCCESS)
+        return quiet ? sp__error_quiet(SP_ERR_INVALID_USAGE, SP_SUB_SYM,
+                                       "%s(%p): not inside a live sympool block", fn, ptr)
+                     : sp__error(SP_ERR_INVALID_USAGE, SP_SUB_SYM,
+                                 "%s(%p): not inside a live sympool block", fn, ptr);
+    if (!bi->pool || !sp_mempool_is_symmetric(bi->pool))
+        return quiet ? sp__error_quiet(SP_ERR_INVALID_USAGE, SP_SUB_SYM,
+                                       "%s(%p): the block is not in a symmetric pool", fn, ptr)
+                     : sp__error(SP_ERR_INVALID_USAGE, SP_SUB_SYM,
+                                 "%s(%p): the block is not in a symmetric pool", fn, ptr);
+    sp_sym_state_t *st = sp__sym_find(bi->pool);
+    if (!st)
+        return sp__error(SP_ERR_INVALID_USAGE, SP_SUB_SYM,
+                         "%s(%p): its symmetric pool's world was finalized", fn, ptr);
+    pthread_mutex_lock(&st->lock);
+    sp_sym_rec_t *rec = st->recs;
+    while (rec && rec->seg.base != bi->segment_base)
+        rec = rec->next;
+    if (!rec) {
+        pthread_mutex_unlock(&st->lock);
+        return sp__error(SP_ERR_INTERNAL, SP_SUB_SYM, "%s(%p): segment %p has no registration", fn,
+                         ptr, bi->segment_base);
+    }
+    *st_p = st;
+    *rec_p = rec;
+    return SP_SUCCESS; /* with st->lock held */
+}
+
+SP_EXPORT sp_status_t sp_symmetric_window(const void *ptr, sp_window_info_t *info_p) {
+    SP_ARG_CHECK(info_p, SP_SUB_SYM, "sp_symmetric_window: info_p is NULL");
+    sp_block_info_t bi;
+    sp_sym_state_t *st = NULL;
+    sp_sym_rec_t *rec = NULL;
+    SP_CHECK(locate(ptr, "sp_symmetric_window", true, &bi, &st, &rec));
+    sp_window_info_t info = {
+        .window = rec->seg.window,
+        .segment_base = bi.segment_base,
+        .offset = (size_t)((const char *)ptr - (const char *)bi.segment_base),
+        .segment_size = bi.segment_size,
+        .segment_seq = bi.segment_seq,
+    };
+    pthread_mutex_unlock(&st->lock);
+    *info_p = info;
+    return SP_SUCCESS;
+}
+
+SP_EXPORT sp_status_t sp_symmetric_peer_ptr(const void *ptr, int rank, void **peer_ptr_p) {
+    SP_ARG_CHECK(peer_ptr_p, SP_SUB_SYM, "sp_symmetric_peer_ptr: peer_ptr_p is NULL");
+    sp_block_info_t bi;
+    sp_sym_state_t *st = NULL;
+    sp_sym_rec_t *rec = NULL;
+    SP_CHECK(locate(ptr, "sp_symmetric_peer_ptr", false, &bi, &st, &rec));
+    sp_status_t s;
+    int size = sp_world_size(st->world);
+    if (rank < 0 || rank >= size)
+        s = sp__error(SP_ERR_INVALID_ARGUMENT, SP_SUB_SYM,
+                      "sp_symmetric_peer_ptr: rank %d is outside the world (0..%d)", rank,
+                      size - 1);
+    else
+        s = st->reg->peer_ptr(st->world, &rec->seg, rank,
+                              (size_t)((const char *)ptr - (const char *)bi.segment_base),
+                              peer_ptr_p);
+    pthread_mutex_unlock(&st->lock);
+    return s;
+}

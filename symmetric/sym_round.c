@@ -1,0 +1,163 @@
+/*
+ * sym_round.c: the floor of symmetric/ that everything above it stands on: the per-pool
+ * agreement rounds (sp__sym_round, sp__sym_band, with the rule that a timeout breaks the pool),
+ * the process-wide registry of live symmetric states, and the counters of symmetric.h. The
+ * registrars (reg_mpi.c, reg_nccl.c), the protocol (symmetric.c) and the release paths
+ * (sym_release.c) call down into it; it calls nothing of theirs.
+ *
+ * Locking: s_reg_lock guards the registry lists and is never held while calling out; a state's
+ * own lock is taken by sp__sym_acquire and held for the caller's whole call. Counters are
+ * relaxed atomics.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/core.h"
+#include "pool/pool.h"
+#include "symmetric/sym_state.h"
+#include "symmetric/symmetric.h"
+
+static pthread_mutex_t s_reg_lock = PTHREAD_MUTEX_INITIALIZER;
+static sp_sym_state_t *s_states; /* live states (s_reg_lock) */
+static sp_sym_state_t *s_broken; /* states of pools broken by a timeout: kept, never freed,
+                                    because an abandoned request may still write their
+                                    buffers (s_reg_lock) */
+
+/* ---- counters ----------------------------------------------------------------------------- */
+
+#define COUNTER_DEVICES 64
+static int64_t s_counters[COUNTER_DEVICES][SP_SYMC_COUNT]; /* relaxed atomics */
+
+void sp__symc_add(int device, sp_symc_t which, int64_t delta) {
+    int d = device < 0 ? 0 : device >= COUNTER_DEVICES ? COUNTER_DEVICES - 1 : device;
+    __atomic_fetch_add(&s_counters[d][which], delta, __ATOMIC_RELAXED);
+}
+
+void sp__symmetric_counters(int device, sp_sym_counters_t *c) {
+    if (!c)
+        return;
+    int64_t v[SP_SYMC_COUNT] = {0};
+    for (int d = 0; d < COUNTER_DEVICES; d++) {
+        if (device >= 0 && d != (device >= COUNTER_DEVICES ? COUNTER_DEVICES - 1 : device))
+            continue;
+        for (int k = 0; k < SP_SYMC_COUNT; k++)
+            v[k] += __atomic_load_n(&s_counters[d][k], __ATOMIC_RELAXED);
+    }
+#define X(e, field, help) c->field = v[SP_SYMC_##e];
+    SP_SYMC_LIST(X)
+#undef X
+}
+
+/* ---- registry ----------------------------------------------------------------------------- */
+
+void sp__sym_register(sp_sym_state_t *st) {
+    pthread_mutex_lock(&s_reg_lock);
+    st->next = s_states;
+    s_states = st;
+    pthread_mutex_unlock(&s_reg_lock);
+}
+
+void sp__sym_unregister(sp_sym_state_t *st) {
+    pthread_mutex_lock(&s_reg_lock);
+    for (sp_sym_state_t **pp = &s_states; *pp; pp = &(*pp)->next)
+        if (*pp == st) {
+            *pp = st->next;
+            break;
+        }
+    if (st->broken) {
+        st->next = s_broken;
+        s_broken = st;
+    }
+    pthread_mutex_unlock(&s_reg_lock);
+}
+
+bool sp__sym_is_live(const sp_sym_state_t *st) {
+    bool live = false;
+    pthread_mutex_lock(&s_reg_lock);
+    for (sp_sym_state_t *s = s_states; s && !live; s = s->next)
+        live = s == st;
+    pthread_mutex_unlock(&s_reg_lock);
+    return live;
+}
+
+sp_sym_state_t *sp__sym_find(const sp_mempool_t *pool) {
+    void *want = pool ? sp__mempool_sym_state(pool) : NULL;
+    sp_sym_state_t *found = NULL;
+    if (!want)
+        return NULL;
+    pthread_mutex_lock(&s_reg_lock);
+    for (sp_sym_state_t *s = s_states; s && !found; s = s->next)
+        if (s == want && s->pool == pool)
+            found = s;
+    pthread_mutex_unlock(&s_reg_lock);
+    return found;
+}
+
+/* The oldest live state of world `w` (lowest serial: the same pool on every rank), or NULL. */
+sp_sym_state_t *sp__sym_oldest(const sp_world_t *w) {
+    sp_sym_state_t *st = NULL;
+    pthread_mutex_lock(&s_reg_lock);
+    for (sp_sym_state_t *s = s_states; s; s = s->next)
+        if (s->world == w && (!st || s->serial < st->serial))
+            st = s;
+    pthread_mutex_unlock(&s_reg_lock);
+    return st;
+}
+
+sp_status_t sp__sym_acquire(const sp_mempool_t *pool, const char *fn, sp_sym_state_t **st_p) {
+    /* NULL or garbage: SP_ERR_INVALID_ARGUMENT; a handle from before sp_shutdown:
+     * SP_ERR_INVALID_USAGE; neither is read through (pool/handles.c). */
+    SP_CHECK(sp__mempool_check(pool, fn));
+    sp_sym_state_t *st = sp__sym_find(pool);
+    if (!st)
+        return sp__error(SP_ERR_INVALID_USAGE, SP_SUB_SYM,
+                         "%s: not a live symmetric pool (an ordinary MemPool, or its world was "
+                         "finalized)",
+                         fn);
+    pthread_mutex_lock(&st->lock);
+    if (st->broken) {
+        sp_status_t s = sp__error(SP_ERR_INVALID_USAGE, SP_SUB_SYM,
+                                  "%s: pool broken by timeout (%s)", fn, st->broken_why);
+        pthread_mutex_unlock(&st->lock);
+        return s;
+    }
+    *st_p = st;
+    return SP_SUCCESS;
+}
+
+void sp__sym_release_state(sp_sym_state_t *st) {
+    pthread_mutex_unlock(&st->lock);
+}
+
+/* ---- rounds --------------------------------------------------------------------------- */
+
+static void break_pool(sp_sym_state_t *st, bool abandoned, const char *what) {
+    st->broken = true;
+    st->abandoned = st->abandoned || abandoned;
+    snprintf(st->broken_why, sizeof st->broken_why,
+             "%s timed out (SYMPOOL_SYM_TIMEOUT=%g s; 0 = none)", what, sp__agree_timeout_s());
+}
+
+sp_status_t sp__sym_round(sp_sym_state_t *st, sp_agree_t *a, const char *what) {
+    a->callno = st->callno;
+    bool abandoned = false;
+    sp_status_t s = sp__agree(st->comm, a, what, &abandoned);
+    char wbuf[160];
+    if (s == SP_ERR_TIMEOUT)
+        break_pool(st, abandoned, sp__agree_name(a, what, wbuf, sizeof wbuf));
+    if (s != SP_SUCCESS)
+        return s;
+    s = sp__agree_check(a, what);
+    if (s == SP_ERR_MISMATCH && a->call_hi > st->callno)
+        st->callno = a->call_hi; /* every rank continues from the same number */
+    return s;
+}
+
+sp_status_t sp__sym_band(sp_sym_state_t *st, uint64_t *bits, size_t words, const char *what) {
+    bool abandoned = false;
+    sp_status_t s = sp__agree_band(st->comm, bits, words, what, &abandoned);
+    if (s == SP_ERR_TIMEOUT)
+        break_pool(st, abandoned, what);
+    return s;
+}
