@@ -519,80 +519,90 @@ static bool end_of_skip(const parser_t *ps, unsigned op, const unsigned char *a)
  * would fail), or when the stack is back just above the skipped value, for the general loop
  * to decide. */
 static void skip_fast(parser_t *ps) {
+    /* The hot state in locals (written back at every exit and around memo_put). */
     const unsigned char *p = ps->p;
-    while (ps->pos < ps->len && ps->sp > ps->skip_base + 1) {
-        size_t pos = ps->pos, left = ps->len - pos - 1, n = 0;
+    const size_t len = ps->len, floor = ps->skip_base + 1, scap = ps->scap;
+    pk_value_t **stack = ps->stack, *const skipped = ps->skipped;
+    size_t pos = ps->pos, sp = ps->sp, skipped_at = ps->skipped_at;
+    while (pos < len && sp > floor && sp + 1 < scap) {
+        size_t left = len - pos - 1, n = 0;
         unsigned op = p[pos];
-        if (ps->sp + 1 >= ps->scap)
-            return; /* push grows the stack */
         switch (op) {
         case 'h': /* BINGET */
         case 'K': /* BININT1 */
             n = 1;
-            goto push;
+            break;
         case 'M': /* BININT2 */
             n = 2;
-            goto push;
+            break;
         case 'j': /* LONG_BINGET */
         case 'J': /* BININT */
             n = 4;
-            goto push;
+            break;
         case 0x8a: /* LONG1 */
             if (left < 1 || left - 1 < p[pos + 1])
-                return;
+                goto out;
             n = 1 + (size_t)p[pos + 1];
-            goto push;
+            break;
         case '}':
         case ']':
         case ')':
         case 'N':
         case 0x88:
         case 0x89:
-            goto push;
+            break;
         case 0x8c: /* SHORT_BINUNICODE: made if the memo keeps it */
             if (left < 1 || left - 1 < p[pos + 1] || p[pos + 1] > ps->lim.max_str)
-                return;
+                goto out;
             ps->skipped_str = pos + 2;
             ps->skipped_len = p[pos + 1];
             ps->skipped_type = PK_STR;
-            ps->stack[ps->sp++] = ps->skipped;
-            ps->skipped_at = ps->sp;
-            ps->pos = pos + 2 + p[pos + 1];
+            stack[sp++] = skipped;
+            skipped_at = sp;
+            pos += 2 + (size_t)p[pos + 1];
             continue;
-        case 0x94: /* MEMOIZE */
-            if (!memo_put(ps, ps->memoused))
+        case 0x94: { /* MEMOIZE */
+            ps->pos = pos;
+            ps->sp = sp;
+            ps->skipped_at = skipped_at;
+            bool ok = memo_put(ps, ps->memoused);
+            if (!ok)
                 return;
-            ps->pos = pos + 1;
+            pos++;
             continue;
+        }
         case '(': /* MARK */
             if (ps->nmarks == ps->lim.max_depth)
-                return;
-            ps->marks[ps->nmarks++] = ps->sp;
-            ps->pos = pos + 1;
+                goto out;
+            ps->marks[ps->nmarks++] = sp;
+            pos++;
             continue;
-        case 'u':   /* SETITEMS */
+        case 'u': /* SETITEMS */
         case 'e': { /* APPENDS */
             if (ps->nmarks == 0)
-                return;
+                goto out;
             size_t first = ps->marks[ps->nmarks - 1];
             size_t below = ps->nmarks > 1 ? ps->marks[ps->nmarks - 2] : 0;
-            if (first == 0 || first - 1 < below || (op == 'u' && (ps->sp - first) % 2 != 0))
-                return;
+            if (first == 0 || first - 1 < below || (op == 'u' && (sp - first) % 2 != 0))
+                goto out;
             ps->nmarks--;
-            ps->sp = first;
-            ps->pos = pos + 1;
+            sp = first;
+            pos++;
             continue;
         }
         default:
-            return;
+            goto out;
         }
-    push:
         if (left < n)
-            return;
-        ps->stack[ps->sp++] = ps->skipped;
-        ps->skipped_at = 0;
-        ps->pos = pos + 1 + n;
+            goto out;
+        stack[sp++] = skipped;
+        skipped_at = 0;
+        pos += 1 + n;
     }
+out:
+    ps->pos = pos;
+    ps->sp = sp;
+    ps->skipped_at = skipped_at;
 }
 
 static bool run(parser_t *ps) {
