@@ -69,22 +69,27 @@ void *sp__emit_realloc(void *p, size_t n) {
     return realloc(p, n);
 }
 
-static void put(sp__emit_t *e, const void *p, size_t n) {
+/* Grow the buffer for n more bytes (the cold half of put). */
+static __attribute__((noinline)) bool grow(sp__emit_t *e, size_t n) {
+    size_t cap = e->cap ? e->cap : 4096;
+    while (cap < e->len + n)
+        cap *= 2;
+    char *nb = sp__emit_realloc(e->buf, cap);
+    if (nb == NULL) {
+        e->failed = true;
+        e->oom = true;
+        return false;
+    }
+    e->buf = nb;
+    e->cap = cap;
+    return true;
+}
+
+static inline void put(sp__emit_t *e, const void *p, size_t n) {
     if (e->failed)
         return;
-    if (e->len + n > e->cap) {
-        size_t cap = e->cap ? e->cap : 4096;
-        while (cap < e->len + n)
-            cap *= 2;
-        char *nb = sp__emit_realloc(e->buf, cap);
-        if (nb == NULL) {
-            e->failed = true;
-            e->oom = true;
-            return;
-        }
-        e->buf = nb;
-        e->cap = cap;
-    }
+    if (e->len + n > e->cap && !grow(e, n))
+        return;
     if (p != NULL)
         memcpy(e->buf + e->len, p, n);
     e->len += n;
