@@ -577,7 +577,7 @@ static void skip_fast(parser_t *ps) {
             ps->marks[ps->nmarks++] = sp;
             pos++;
             continue;
-        case 'u': /* SETITEMS */
+        case 'u':   /* SETITEMS */
         case 'e': { /* APPENDS */
             if (ps->nmarks == 0)
                 goto out;
