@@ -188,17 +188,7 @@ static const char *human(double v, bool bytes, char *buf, size_t len) {
             snprintf(buf, len, "%.2f", v);
         return buf;
     }
-    static const char *const units[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"};
-    int u = 0;
-    while (v >= 1024.0 && u < 6) {
-        v /= 1024.0;
-        u++;
-    }
-    if (u == 0)
-        snprintf(buf, len, "%.0f B", v);
-    else
-        snprintf(buf, len, "%.2f %s", v, units[u]);
-    return buf;
+    return sp__size_format(v, SP_SIZE_HUMAN, buf, len);
 }
 
 /* Rows where the largest rank exceeds the mean by this much are marked: that rank is the one

@@ -122,6 +122,16 @@ const char *sp__process_host(void);  /* short host name ("node7", not "node7.clu
 
 typedef enum { SP_EXPAND_OK, SP_EXPAND_NO_RANK, SP_EXPAND_TOO_LONG } sp_expand_t;
 
+/* ---- sizes for people (size_format.c) ---------------------------------------------------- */
+
+typedef enum {
+    SP_SIZE_HUMAN,   /* "512 B", "1.50 GiB": reports and the CLI */
+    SP_SIZE_PYTORCH, /* PyTorch's format_size: "512 bytes", "1.50 GiB" (OOM messages) */
+    SP_SIZE_CELL,    /* memory_summary's 10-character cell: "   1.5 GiB" */
+} sp_size_style_t;
+/* Format `bytes` in `style` into buf (always terminated); returns buf. */
+const char *sp__size_format(double bytes, sp_size_style_t style, char *buf, size_t cap);
+
 /* The one expansion of a path pattern: %h short host name, %p pid, %r rank, %% a percent sign;
  * any other %x stays as written. A %r with the rank unknown becomes unknown_rank, or, when that
  * is negative, the call returns SP_EXPAND_NO_RANK. SP_EXPAND_TOO_LONG when out (cap bytes,

@@ -63,16 +63,9 @@ size_t sp__allocation_size(size_t size) {
     return SP_ROUND_LARGE * ((size + SP_ROUND_LARGE - 1) / SP_ROUND_LARGE);
 }
 
-/* PyTorch's format_size: bytes, KiB, MiB or GiB with two decimals. */
+/* PyTorch's format_size (the OOM message's figures). */
 void sp__fmt_size(size_t bytes, char *buf, size_t len) {
-    if (bytes < 1024)
-        snprintf(buf, len, "%zu bytes", bytes);
-    else if (bytes < ((size_t)1 << 20))
-        snprintf(buf, len, "%.2f KiB", (double)bytes / 1024.0);
-    else if (bytes < ((size_t)1 << 30))
-        snprintf(buf, len, "%.2f MiB", (double)bytes / 1048576.0);
-    else
-        snprintf(buf, len, "%.2f GiB", (double)bytes / 1073741824.0);
+    sp__size_format((double)bytes, SP_SIZE_PYTORCH, buf, len);
 }
 
 /* ---- block structs ----------------------------------------------------------------------- */

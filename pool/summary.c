@@ -59,24 +59,12 @@ static int64_t value(const sp_stats_t *st, const char *metric, const char *pool,
     return v;
 }
 
-/* A size in a 10-character cell: bytes below 1 KiB as an integer, otherwise one decimal in the
- * largest binary unit that keeps the number below 1024. */
+/* A size in a 10-character cell ("-" for a figure the source cannot give). */
 static void size_cell(int64_t v, char *cell, size_t cap) {
-    static const char *const units[] = {"KiB", "MiB", "GiB", "TiB", "PiB"};
-    if (v == SP_X_SUMMARY_UNKNOWN) {
+    if (v == SP_X_SUMMARY_UNKNOWN)
         snprintf(cell, cap, "%6s    ", "-");
-        return;
-    }
-    double mag = v < 0 ? -(double)v : (double)v;
-    if (mag < 1024.0) {
-        snprintf(cell, cap, "%6" PRId64 " B  ", v);
-        return;
-    }
-    double x = (double)v / 1024.0;
-    int u = 0;
-    for (; u < 4 && (x >= 1023.95 || x <= -1023.95); u++)
-        x /= 1024.0;
-    snprintf(cell, cap, "%6.1f %s", x, units[u]);
+    else
+        sp__size_format((double)v, SP_SIZE_CELL, cell, cap);
 }
 
 static void count_cell(int64_t v, char *cell, size_t cap) {

@@ -8,7 +8,7 @@
 
 #include <sympool/sympool.h>
 
-#include "sympool/experimental.h" /* sp_x_options_print: the option table with sources */
+#include "sympool/experimental.h" /* sp_x_options_print, sp_x_size_format */
 #include "tools/cli.h"
 
 #if defined(SP_HAVE_CUDA)
@@ -22,14 +22,7 @@
 #endif
 
 static void human(size_t bytes, char *out, size_t cap) {
-    static const char *const units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
-    double v = (double)bytes;
-    int u = 0;
-    while (v >= 1024.0 && u < 4) {
-        v /= 1024.0;
-        u++;
-    }
-    snprintf(out, cap, u == 0 ? "%.0f %s" : "%.2f %s", v, units[u]);
+    sp_x_size_format((double)bytes, out, cap);
 }
 
 /* The versions of what this build links, each as built against and as loaded at run time;

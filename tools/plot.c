@@ -23,6 +23,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "sympool/experimental.h" /* sp_x_size_format */
 #include "tools/cli.h"
 
 #define W 1200
@@ -157,16 +158,9 @@ static double gib(double b) {
     return b / 1073741824.0;
 }
 
-/* A size for people: "22.23 GiB", "350.0 MiB", "12.5 KiB", "512 B". */
+/* A size for people: "22.23 GiB", "512 B". */
 static void human(double v, char *out, size_t cap) {
-    if (v >= 1073741824.0)
-        snprintf(out, cap, "%.2f GiB", v / 1073741824.0);
-    else if (v >= 1048576.0)
-        snprintf(out, cap, "%.1f MiB", v / 1048576.0);
-    else if (v >= 1024.0)
-        snprintf(out, cap, "%.1f KiB", v / 1024.0);
-    else
-        snprintf(out, cap, "%.0f B", v);
+    sp_x_size_format(v, out, cap);
 }
 
 /* The y axis unit: the largest that keeps the top of the axis at 1 or more. */
@@ -626,11 +620,11 @@ static int render_multi(FILE *f, series_t *s, size_t n, size_t hi, size_t lo, bo
             "<text x=\"%d\" y=\"30\" font-size=\"18\" font-weight=\"bold\">Memory timeline: %zu "
             "ranks</text>\n",
             PX0, n);
-    fprintf(f, "<text x=\"%d\" y=\"52\" fill=\"#444\">requested bytes of every rank; ",
-            PX0);
+    fprintf(f, "<text x=\"%d\" y=\"52\" fill=\"#444\">requested bytes of every rank; ", PX0);
     if (same && same_curves(s, n)) {
-        fprintf(f, "every rank peaks at %s, and every rank's curve is the same: one line for %zu "
-                   "ranks</text>\n",
+        fprintf(f,
+                "every rank peaks at %s, and every rank's curve is the same: one line for %zu "
+                "ranks</text>\n",
                 a, n);
     } else if (same) {
         fprintf(f, "every rank peaks at %s</text>\n", a);

@@ -65,6 +65,11 @@ void sp_x_symmetric_counters(int device, sp_x_symmetric_counters_t *counters_p);
 size_t sp_x_memory_summary_format(const sp_stats_t *stats, const char *title, char *buf,
                                   size_t len);
 
+/** A byte count for people, as sympool's reports write it: "512 B", else two decimals in the
+ * largest binary unit that keeps the number below 1024 ("1.50 GiB", up to EiB). Writes at most
+ * cap bytes into buf, always terminated (cap > 0); returns buf. */
+const char *sp_x_size_format(double bytes, char *buf, size_t cap);
+
 #ifdef __cplusplus
 }
 #endif

@@ -183,7 +183,7 @@ if(TARGET sympool_cli)
   add_test(NAME cli.plot_small_in_mib COMMAND sh -c
     "'$<TARGET_FILE:sympool_cli>' plot '${SMALL}' -o '${SP_CLI_OUT}/small.svg' && cat '${SP_CLI_OUT}/small.svg'")
   set_tests_properties(cli.plot_small_in_mib PROPERTIES LABELS "unit;cli" TIMEOUT 60
-    PASS_REGULAR_EXPRESSION ">450 MiB</text>.*peak requested 441.6 MiB</text>.*4 blocks of 12.5 MiB</text>.*forward transformer.py:22</text>"
+    PASS_REGULAR_EXPRESSION ">450 MiB</text>.*peak requested 441.62 MiB</text>.*4 blocks of 12.50 MiB</text>.*forward transformer.py:22</text>"
     FAIL_REGULAR_EXPRESSION "GiB</text>;from event [0-9]")
   # Several snapshots on one chart: the highest and lowest peak marked.
   sp_cli_check(NAME plot_ranks RC 0
@@ -193,7 +193,7 @@ if(TARGET sympool_cli)
   add_test(NAME cli.plot_ranks_marked COMMAND sh -c
     "'$<TARGET_FILE:sympool_cli>' plot '${SMALL}' '${BIG}' -o '${SP_CLI_OUT}/ranks2.svg' >/dev/null && cat '${SP_CLI_OUT}/ranks2.svg'")
   set_tests_properties(cli.plot_ranks_marked PROPERTIES LABELS "unit;cli" TIMEOUT 60
-    PASS_REGULAR_EXPRESSION "Memory timeline: 2 ranks.*cs336-2.7b-ctx128-forward-bf16: peak 22.23 GiB \\(max\\).*trace-small-p4: peak 441.6 MiB \\(min\\)")
+    PASS_REGULAR_EXPRESSION "Memory timeline: 2 ranks.*cs336-2.7b-ctx128-forward-bf16: peak 22.23 GiB \\(max\\).*trace-small-p4: peak 441.62 MiB \\(min\\)")
   # A trace whose requested bytes rise above its reserved ones says it is partial; a whole one not.
   sp_cli_check(NAME plot_partial_trace RC 0 REGEX "note: a partial trace.*wrote .*partial.svg"
     ARGS plot ${SMALL} -o ${SP_CLI_OUT}/partial.svg)
@@ -212,7 +212,7 @@ if(TARGET sympool_cli)
   add_test(NAME cli.plot_u64_lines COMMAND sh -c
     "'$<TARGET_FILE:sympool_cli>' plot '${CMAKE_CURRENT_SOURCE_DIR}/data/trace-small-u64.pickle' -o '${SP_CLI_OUT}/u64.svg' && cat '${SP_CLI_OUT}/u64.svg'")
   set_tests_properties(cli.plot_u64_lines PROPERTIES LABELS "unit;cli" TIMEOUT 60
-    PASS_REGULAR_EXPRESSION "peak requested 441.6 MiB" FAIL_REGULAR_EXPRESSION "18446744073709551615")
+    PASS_REGULAR_EXPRESSION "peak requested 441.62 MiB" FAIL_REGULAR_EXPRESSION "18446744073709551615")
   sp_cli_check(NAME summary_u64 RC 0 REGEX "Allocations           \\|         21 \\|"
     ARGS summary ${CMAKE_CURRENT_SOURCE_DIR}/data/trace-small-u64.pickle)
   sp_cli_check(NAME replay_u64 RC 0 REGEX "\"events\":104," ARGS replay --json

@@ -1,0 +1,72 @@
+/*
+ * size_format.c: the one place a byte count becomes text for people. Three forms, because two
+ * must match PyTorch to the character where users compare our output with theirs:
+ *   SP_SIZE_PYTORCH  PyTorch's format_size (CUDACachingAllocator's OOM message): "512 bytes",
+ *                    then KiB, MiB or GiB with two decimals, GiB the largest unit;
+ *   SP_SIZE_CELL     memory_summary's 10-character cell: "   512 B  " below 1 KiB, else one
+ *                    decimal in the largest binary unit that keeps the number below 1024
+ *                    (up to PiB), negative values (freed amounts) kept;
+ *   SP_SIZE_HUMAN    reports and the CLI: "512 B", else two decimals in the largest binary unit
+ *                    that keeps the number below 1024 (up to EiB).
+ * Sizes are doubles so that means and sizes near 2^64 format without overflow.
+ */
+#include <stdio.h>
+
+#include "core/core.h"
+#include "sympool/experimental.h"
+
+static const char *const k_units[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"};
+
+static void pytorch(double v, char *buf, size_t cap) {
+    if (v < 1024.0)
+        snprintf(buf, cap, "%.0f bytes", v);
+    else if (v < 1048576.0)
+        snprintf(buf, cap, "%.2f KiB", v / 1024.0);
+    else if (v < 1073741824.0)
+        snprintf(buf, cap, "%.2f MiB", v / 1048576.0);
+    else
+        snprintf(buf, cap, "%.2f GiB", v / 1073741824.0);
+}
+
+static void cell(double v, char *buf, size_t cap) {
+    double mag = v < 0 ? -v : v;
+    if (mag < 1024.0) {
+        snprintf(buf, cap, "%6.0f B  ", v);
+        return;
+    }
+    double x = v / 1024.0;
+    int u = 1;
+    for (; u < 5 && (x >= 1023.95 || x <= -1023.95); u++)
+        x /= 1024.0;
+    snprintf(buf, cap, "%6.1f %s", x, k_units[u]);
+}
+
+static void human(double v, char *buf, size_t cap) {
+    int u = 0;
+    while ((v >= 1024.0 || v <= -1024.0) && u < 6) {
+        v /= 1024.0;
+        u++;
+    }
+    snprintf(buf, cap, u == 0 ? "%.0f %s" : "%.2f %s", v, k_units[u]);
+}
+
+const char *sp__size_format(double bytes, sp_size_style_t style, char *buf, size_t cap) {
+    if (!buf || cap == 0)
+        return "";
+    switch (style) {
+    case SP_SIZE_PYTORCH:
+        pytorch(bytes, buf, cap);
+        break;
+    case SP_SIZE_CELL:
+        cell(bytes, buf, cap);
+        break;
+    default:
+        human(bytes, buf, cap);
+        break;
+    }
+    return buf;
+}
+
+SP_EXPORT const char *sp_x_size_format(double bytes, char *buf, size_t cap) {
+    return sp__size_format(bytes, SP_SIZE_HUMAN, buf, cap);
+}
