@@ -183,12 +183,15 @@ const char *sp__log_level_name(int level); /* "WARN" */
       "N or [64:8,256:4,>:1] (roundup_power2_divisions); empty = off")                             \
     X(EXPANDABLE_SEGMENTS, BOOL, "0", NULL, NULL, SP_CONF_KEY_EXPANDABLE,                          \
       "expandable segments (expandable_segments): one growing segment per stream and pool kind")   \
-    X(EXPANDABLE_PAGE, SIZE, "0", NULL, NULL, 0,                                                   \
-      "ours: large-pool page of expandable segments (e.g. 2MiB, rounded up to the device's "       \
-      "granularity); 0 = PyTorch's 20 MiB")                                                        \
-    X(EXPANDABLE_RECYCLE, BOOL, "0", NULL, NULL, 0,                                                \
-      "ours: before an expandable segment grows, unmap whole free pages of its holes (the memory " \
-      "moves instead of adding up; costs map/unmap calls)")                                        \
+    X(EXPANDABLE_PAGE, SIZE, "2MiB", NULL, NULL, 0,                                                \
+      "ours: large-pool page of expandable segments (rounded up to the device's granularity); "    \
+      "0 = PyTorch's 20 MiB")                                                                      \
+    X(EXPANDABLE_RECYCLE, BOOL, "1", NULL, NULL, 0,                                                \
+      "ours: before the default pool's expandable segments grow, unmap their whole free pages "    \
+      "(the memory moves instead of adding up; costs map/unmap calls); 0 = PyTorch's rules")       \
+    X(EXPANDABLE_BORROW, BOOL, "1", NULL, NULL, 0,                                                 \
+      "ours: a small request that would map a new small-pool page takes a free piece of the "      \
+      "large pool's expandable segments instead; 0 = PyTorch's rules")                             \
     X(HOST_CAPACITY, SIZE, "80GiB", NULL, check_positive, 0,                                       \
       "memory of each emulated host device")                                                       \
     X(HOST_DEVICES, LONG, "1", NULL, check_devices, 0, "number of emulated host devices (1-64)")   \

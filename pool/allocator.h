@@ -128,6 +128,7 @@ typedef struct sp_alloc_global {
     bool round_plain;           /* no roundup_power2_divisions: round to 512 B only (const) */
     bool exp_on;                /* expandable segments in use (conf, backend VMM) (const) */
     bool exp_recycle;           /* SYMPOOL_EXPANDABLE_RECYCLE (const) */
+    bool exp_borrow;            /* SYMPOOL_EXPANDABLE_BORROW (const) */
     size_t exp_page;            /* SYMPOOL_EXPANDABLE_PAGE for the large pool, 0 = PyTorch's */
     int ndev;                   /* devices */
     sp_devalloc_t *devs;        /* [ndev] */

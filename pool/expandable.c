@@ -246,27 +246,36 @@ static sp_status_t find_room(sp_devalloc_t *d, sp_bpool_t *bp, size_t size, sp_s
     return new_segment(d, bp, stream, c_p);
 }
 
-/* SYMPOOL_EXPANDABLE_RECYCLE (ours, off by default): before mapping, unmap up to `need` bytes
- * of whole free pages in the holes of this stream's segments of bp, so the physical pages move to
- * where the segment grows instead of adding to it. PyTorch does this only on OOM (the release
- * before its retry), so freed holes stay mapped until then and count in reserved memory. */
+/* SYMPOOL_EXPANDABLE_RECYCLE (ours): before the default pool maps, unmap up to `need` bytes of
+ * whole free pages anywhere in its expandable segments (its small and large pools, every stream,
+ * any hole, not only the growing segment's), so the physical pages move to where the segment
+ * grows instead of adding to it. PyTorch does this only on OOM (the release before its
+ * retry), so freed holes stay mapped until then and count in reserved memory. */
 static bool has_whole_page(const sp_block_t *b) {
     const sp_segment_t *seg = b->seg;
     uintptr_t off = b->addr - seg->base;
     return (off + seg->page - 1) / seg->page < (off + b->size) / seg->page;
 }
 
-static void recycle(sp_devalloc_t *d, sp_bpool_t *bp, sp_stream_t stream, size_t need) {
-    size_t page = sp__exp_page(bp), got = 0;
-    bool synced = false;
-    while (got < need) {
+typedef struct recycler {
+    sp_devalloc_t *d;
+    sp_stream_t stream; /* the growing stream */
+    size_t need, got;
+    bool synced_own, synced_all;
+} recycler_t;
+
+/* Unmap whole free pages of stream s's blocks in bp, smallest blocks first (large free blocks are
+ * the likeliest to serve a later request whole). false when the device refused an unmap. */
+static bool recycle_stream(recycler_t *r, sp_bpool_t *bp, sp_stream_t s) {
+    size_t page = sp__exp_page(bp);
+    while (r->got < r->need) {
         /* Only free blocks of at least a page can hold a whole one: walk the stream's part of
          * the free set from there (no mutation while walking), then unmap what was found. */
         sp_block_t *cand[32];
         int n = 0;
         size_t acc = 0;
-        for (sp_block_t *b = sp__bset_lower_bound(&bp->free, stream, page);
-             b && b->stream == stream && n < 32 && got + acc < need;) {
+        for (sp_block_t *b = sp__bset_lower_bound(&bp->free, s, page);
+             b && b->stream == s && n < 32 && r->got + acc < r->need;) {
             if (b->seg->expandable && free_mapped(b) && has_whole_page(b)) {
                 cand[n++] = b;
                 acc += b->size;
@@ -276,24 +285,83 @@ static void recycle(sp_devalloc_t *d, sp_bpool_t *bp, sp_stream_t stream, size_t
             b = succ;
         }
         if (n == 0)
-            break;
-        if (!synced) {
-            /* The stream's queued work may still use the freed blocks. */
-            (void)sp__g.ops->stream_sync(d->device, stream);
-            synced = true;
+            return true;
+        /* cuMemUnmap does not wait for the GPU: the work queued on the blocks' stream must be
+         * done. The growing stream is alive (it is in use); another stream may have been
+         * destroyed since its blocks were freed, so those wait for the whole device, once. */
+        if (s == r->stream && !r->synced_own && !r->synced_all) {
+            (void)sp__g.ops->stream_sync(r->d->device, s);
+            r->synced_own = true;
+        } else if (s != r->stream && !r->synced_all) {
+            (void)sp__g.ops->device_sync(r->d->device);
+            r->synced_all = true;
         }
         size_t round = 0;
         for (int k = 0; k < n; k++)
-            round += unmap_block(d, cand[k]);
+            round += unmap_block(r->d, cand[k]);
         if (round == 0)
-            break;
-        got += round;
+            return false;
+        r->got += round;
     }
+    return true;
+}
+
+static void recycle(sp_devalloc_t *d, sp_bpool_t *bp, sp_stream_t stream, size_t need) {
+    /* Only the default pool: PyTorch never unmaps a live MemPool's free memory behind its back
+     * (a CUDA graph's pool keeps the memory its replays use), and synchronizing a capturing
+     * stream would break the capture. */
+    if (!bp->pool->is_default)
+        return;
+    bool capturing = false;
+    if (stream &&
+        (sp__g.ops->stream_capturing(d->device, stream, &capturing) != SP_SUCCESS || capturing))
+        return;
+    recycler_t r = {.d = d, .stream = stream, .need = need};
+    sp_mempool_t *pool = bp->pool;
+    sp_bpool_t *order[2] = {bp, bp == &pool->small ? &pool->large : &pool->small};
+    /* The growing stream's own pages first (no device-wide wait), then every other stream's. */
+    for (int k = 0; k < 2 && r.got < need; k++)
+        if (!recycle_stream(&r, order[k], stream))
+            return;
+    for (int k = 0; k < 2 && r.got < need; k++) {
+        sp_bpool_t *p = order[k];
+        /* The set is ordered by stream first: visit each stream's part in turn. */
+        for (sp_block_t *b = sp__bset_lower_bound(&p->free, NULL, 0); b && r.got < need;) {
+            sp_stream_t s = b->stream;
+            if (s != stream && !recycle_stream(&r, p, s))
+                return;
+            if ((uintptr_t)s == UINTPTR_MAX)
+                break;
+            b = sp__bset_lower_bound(&p->free, (sp_stream_t)((uintptr_t)s + 1), 0);
+        }
+    }
+}
+
+/* SYMPOOL_EXPANDABLE_BORROW (ours): a small request that finds no free small block would map a
+ * new 2 MiB small-pool page. Instead it takes the smallest free block of the pool's large
+ * expandable segments that holds it (same stream), if any: mapped memory that a 2 MiB unit
+ * often cannot give back (pieces under a page at the ends of holes and of the last page), where
+ * a new small page would add to the reservation. The block stays the large pool's (its stats,
+ * its merges when freed). PyTorch keeps the pools apart to protect large segments from small
+ * blocks; with pages unmapped as they free up, a small block pins at most the pages under it,
+ * as a small-pool page would. */
+static sp_block_t *borrow_large(sp_bpool_t *bp, size_t size, sp_stream_t stream) {
+    sp_bpool_t *lp = &bp->pool->large;
+    if (!bp->is_small || bp->pool->no_split)
+        return NULL;
+    sp_block_t *b = sp__bset_lower_bound(&lp->free, stream, size);
+    if (!b || b->stream != stream || !b->seg->expandable || !allocatable(b) ||
+        b->size >= sp__g.conf.max_split_size)
+        return NULL; /* small requests never take oversize blocks */
+    sp__bset_remove(&lp->free, b);
+    return b;
 }
 
 sp_status_t sp__exp_alloc(sp_devalloc_t *d, sp_bpool_t *bp, size_t size, sp_stream_t stream,
                           uint32_t ctx, sp_block_t **block_p, int *why_p) {
     *why_p = 0;
+    if (sp__g.exp_borrow && (*block_p = borrow_large(bp, size, stream)) != NULL)
+        return SP_SUCCESS;
     if (sp__g.exp_recycle)
         recycle(d, bp, stream, size);
     sp_block_t *c = NULL;

@@ -10,6 +10,7 @@
  * that fails with OUT_OF_MEMORY (with --capacity) is counted and its later free skipped.
  * No globals, no lock: one replay at a time per process.
  */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -404,6 +405,40 @@ static bool replay_device(dev_state_t *ds, int d, const tr_device_t *td, frames_
     return ok;
 }
 
+/* PyTorch's garbage_collection_threshold acts only under a memory fraction (a fraction of 1
+ * clears it). With --capacity and a threshold configured, replay caps the process at the
+ * capacity with the largest fraction below 1 (a byte under the emulated device), so the
+ * threshold has the limit to act on that it has on a GPU; without one the fraction stays unset
+ * and nothing else changes. */
+static bool gc_configured(const char *conf) {
+    const char *gc = getenv("SYMPOOL_GC_THRESHOLD");
+    if (gc != NULL && gc[0] != '\0')
+        return true;
+    const char *text[] = {conf, getenv("SYMPOOL_ALLOC_CONF"), getenv("PYTORCH_CUDA_ALLOC_CONF")};
+    for (size_t i = 0; i < sizeof(text) / sizeof(text[0]); i++)
+        if (text[i] != NULL && (strstr(text[i], "garbage_collection_threshold") != NULL ||
+                                strstr(text[i], "SYMPOOL_GC_THRESHOLD") != NULL))
+            return true;
+    return false;
+}
+
+static bool init_capped(int ndev, const char *conf, const char *capacity, char *err,
+                        size_t errlen) {
+    if (sp_init() != SP_SUCCESS) {
+        snprintf(err, errlen, "sp_init: %s", sp_last_error());
+        return false;
+    }
+    if (capacity == NULL || !gc_configured(conf))
+        return true;
+    for (int d = 0; d < ndev; d++) {
+        if (sp_set_memory_fraction(nextafter(1.0, 0.0), d) != SP_SUCCESS) {
+            snprintf(err, errlen, "sp_set_memory_fraction: %s", sp_last_error());
+            return false;
+        }
+    }
+    return true;
+}
+
 bool replay_trace(const tr_trace_t *t, const char *snapshot_out, replay_result_t *r, char *err,
                   size_t errlen) {
     memset(r, 0, sizeof(*r));
@@ -555,6 +590,9 @@ static void print_json(const char *trace, const replay_result_t *r, const char *
         r->empty_caches, r->deferred_frees, conf ? conf : "", capacity ? capacity : "");
 }
 
+#define MAX_COMPARE 32
+#define MAX_COMPARE_ROWS MAX_COMPARE
+
 static double gib(double b) {
     return b / (1024.0 * 1024.0 * 1024.0);
 }
@@ -672,16 +710,17 @@ static bool apply_conf(const char *conf, const char *capacity, char *err, size_t
 }
 
 /* One replay per repeat on a fresh allocator each; the median time per event. */
-static bool replay_median(const tr_trace_t *t, const char *snapshot, int repeat, replay_result_t *r,
-                          char *err, size_t errlen) {
+static bool replay_median(const tr_trace_t *t, const char *snapshot, int repeat, const char *conf,
+                          const char *capacity, replay_result_t *r, char *err, size_t errlen) {
     double ns[64];
     int nrep = repeat < 64 ? repeat : 64;
-    bool ok = sp_init() == SP_SUCCESS && replay_trace(t, snapshot, r, err, errlen);
+    bool ok = init_capped(t->ndev, conf, capacity, err, errlen) &&
+              replay_trace(t, snapshot, r, err, errlen);
     ns[0] = r->ns_per_event;
     for (int k = 1; ok && k < nrep; k++) {
         replay_result_t again;
         memset(&again, 0, sizeof(again));
-        ok = sp_shutdown() == SP_SUCCESS && sp_init() == SP_SUCCESS &&
+        ok = sp_shutdown() == SP_SUCCESS && init_capped(t->ndev, conf, capacity, err, errlen) &&
              replay_trace(t, NULL, &again, err, errlen);
         ns[k] = again.ns_per_event;
     }
@@ -692,6 +731,52 @@ static bool replay_median(const tr_trace_t *t, const char *snapshot, int repeat,
     if (!ok && err[0] == '\0')
         snprintf(err, errlen, "sp_init: %s", sp_last_error());
     return ok;
+}
+
+/* The summary line answers "which configuration fits in N GiB, at what peak": with --capacity
+ * the configurations that ran without OOM, least peak reserved first, each with its peak, then
+ * those that did not fit with their OOM counts, fewest first; without it, what each needs (its
+ * peak). */
+static void print_answer(const char *const *confs, const replay_result_t *rs, int n,
+                         const char *capacity) {
+    int order[MAX_COMPARE_ROWS], fits = 0;
+    for (int i = 0; i < n; i++)
+        order[i] = i;
+    /* insertion sort: fitting first by peak reserved, then the others by OOMs */
+    for (int i = 1; i < n; i++)
+        for (int k = i; k > 0; k--) {
+            const replay_result_t *a = &rs[order[k - 1]], *b = &rs[order[k]];
+            bool swap = (a->ooms > 0) != (b->ooms > 0) ? a->ooms > 0
+                        : a->ooms != b->ooms           ? b->ooms < a->ooms
+                                                       : b->peak_reserved < a->peak_reserved;
+            if (!swap)
+                break;
+            int tmp = order[k];
+            order[k] = order[k - 1];
+            order[k - 1] = tmp;
+        }
+    for (int i = 0; i < n; i++)
+        fits += capacity == NULL || rs[i].ooms == 0;
+    if (capacity && fits == 0)
+        printf("  does not fit in %s with any of the %d configurations:", capacity, n);
+    else if (capacity)
+        printf("  fits in %s with %d of %d configurations:", capacity, fits, n);
+    else
+        printf("  peak reserved (the memory the job needs), least first:");
+    for (int j = 0; j < n; j++) {
+        int i = order[j];
+        const char *name = confs[i][0] ? confs[i] : "(defaults)";
+        if (capacity && rs[i].ooms > 0)
+            printf("%s '%s' (%zu OOMs)",
+                   j == 0      ? ""
+                   : j == fits ? "; not with"
+                               : ",",
+                   name, rs[i].ooms);
+        else
+            printf("%s '%s' at %.3f GiB peak", j == 0 ? "" : ",", name,
+                   gib((double)rs[i].peak_reserved));
+    }
+    printf("\n");
 }
 
 /* `replay TRACE --compare CONF...`: every configuration on a fresh allocator, one table (or one
@@ -711,7 +796,7 @@ static int replay_compare(const char *trace, const tr_trace_t *t, const char *co
     for (int i = 0; i < n && rc == 0; i++) {
         err[0] = '\0';
         if (sp_shutdown() != SP_SUCCESS || !apply_conf(confs[i], capacity, err, sizeof(err)) ||
-            !replay_median(t, NULL, repeat, &rs[i], err, sizeof(err))) {
+            !replay_median(t, NULL, repeat, confs[i], capacity, &rs[i], err, sizeof(err))) {
             fprintf(stderr, "sympool replay: configuration '%s': %s\n", confs[i], err);
             rc = confs[i][0] ? 2 : 1;
         }
@@ -738,28 +823,7 @@ static int replay_compare(const char *trace, const tr_trace_t *t, const char *co
         }
         printf("  recorded run: PyTorch reserved %.3f GiB at its peak\n",
                gib((double)rs[0].pytorch_peak_reserved));
-        /* The answer: the configurations without OOM, and the one that needs least. */
-        int best = -1, fits = 0;
-        for (int i = 0; i < n; i++) {
-            if (rs[i].ooms > 0)
-                continue;
-            fits++;
-            if (best < 0 || rs[i].peak_reserved < rs[best].peak_reserved)
-                best = i;
-        }
-        if (capacity && best >= 0)
-            printf("  fits in %s with %d of %d configurations; least memory with '%s' (%.3f GiB "
-                   "peak reserved)\n",
-                   capacity, fits, n, confs[best][0] ? confs[best] : "(defaults)",
-                   gib((double)rs[best].peak_reserved));
-        else if (capacity)
-            printf("  does not fit in %s with any of these configurations (fewest OOMs: see the "
-                   "table)\n",
-                   capacity);
-        else if (best >= 0)
-            printf("  least memory with '%s': the job needs %.3f GiB of device memory\n",
-                   confs[best][0] ? confs[best] : "(defaults)",
-                   gib((double)rs[best].peak_reserved));
+        print_answer(confs, rs, n, capacity);
     }
     if (oom_lines > 1)
         fprintf(stderr, "sympool replay: %zu more out-of-memory warnings not shown\n",
@@ -789,8 +853,6 @@ static int usage(FILE *out, int rc) {
             "  -h, --help                 this text\n");
     return rc;
 }
-
-#define MAX_COMPARE 32
 
 typedef struct replay_args {
     const char *trace, *conf, *capacity, *snapshot;
@@ -927,9 +989,8 @@ int sp_cli_replay(int argc, char **argv) {
         tr_free(&t);
         return 2;
     }
-    sp_status_t st = sp_init();
-    if (st != SP_SUCCESS) {
-        fprintf(stderr, "sympool replay: sp_init: %s: %s\n", sp_status_name(st), sp_last_error());
+    if (!init_capped(t.ndev, conf, a.capacity, err, sizeof(err))) {
+        fprintf(stderr, "sympool replay: %s\n", err);
         tr_free(&t);
         return 1;
     }
@@ -945,7 +1006,8 @@ int sp_cli_replay(int argc, char **argv) {
     for (int k = 1; ok && k < nrep; k++) {
         replay_result_t again;
         memset(&again, 0, sizeof(again));
-        ok = sp_shutdown() == SP_SUCCESS && sp_init() == SP_SUCCESS &&
+        ok = sp_shutdown() == SP_SUCCESS &&
+             init_capped(t.ndev, conf, a.capacity, err, sizeof(err)) &&
              replay_trace(&t, NULL, &again, err, sizeof(err));
         ns[k] = again.ns_per_event;
     }

@@ -331,6 +331,21 @@ static bool analyse(const pk_value_t *segments, const tr_settings_t *set, int de
     bool ok = false;
     if (!tr_map_put(&streams, ~(uint64_t)0, 1)) /* the default stream, as a non-zero key */
         goto oom;
+    /* Backwards: a free_requested whose free_completed comes later in the trace (before the
+     * address is allocated again). A trace without free_completed entries (older or hand-made)
+     * completes every free at once. */
+    for (size_t i = d->nev; i-- > 0;) {
+        tr_event_t *e = &d->ev[i];
+        if (e->action == TR_FREE_COMPLETED) {
+            if (!tr_map_put(&live, e->addr, 1))
+                goto oom;
+        } else if (e->action == TR_ALLOC) {
+            (void)tr_map_del(&live, e->addr, NULL);
+        } else if (e->action == TR_FREE_REQUESTED && tr_map_del(&live, e->addr, NULL)) {
+            e->flags |= TR_F_DEFERRED;
+        }
+    }
+    tr_map_free(&live);
     for (size_t i = 0; i < d->nev; i++) {
         tr_event_t *e = &d->ev[i];
         if (!tr_map_put(&streams, e->stream ? e->stream : ~(uint64_t)0, 1))
@@ -347,12 +362,14 @@ static bool analyse(const pk_value_t *segments, const tr_settings_t *set, int de
             if (!tr_map_put(&touched, e->addr, 1))
                 goto oom;
             /* PyTorch completes a free at once (the next entry) unless other streams used the
-             * block: then events hold it until a later malloc or empty_cache sees them done. */
+             * block: then events hold it until a later malloc or empty_cache sees them done,
+             * and its free_completed comes later (the backward pass below marked those). */
             if (i + 1 < d->nev &&
-                !(d->ev[i + 1].action == TR_FREE_COMPLETED && d->ev[i + 1].addr == e->addr)) {
-                e->flags |= TR_F_DEFERRED;
+                !(d->ev[i + 1].action == TR_FREE_COMPLETED && d->ev[i + 1].addr == e->addr) &&
+                (e->flags & TR_F_DEFERRED))
                 d->deferred_frees++;
-            }
+            else
+                e->flags &= (uint8_t)~TR_F_DEFERRED;
             break;
         case TR_SEGMENT_ALLOC:
         case TR_SEGMENT_FREE:

@@ -47,6 +47,14 @@ def main(path):
         elif e["action"] in ("segment_unmap", "segment_free"):
             segs.append([a, n, e["stream"]])
         segs.sort(key=lambda x: x[0])
+        # Touching ranges of one stream are one mapped range again (an unmapped hole put back).
+        merged = []
+        for x in segs:
+            if merged and merged[-1][0] + merged[-1][1] == x[0] and merged[-1][2] == x[2]:
+                merged[-1][1] += x[1]
+            else:
+                merged.append(x)
+        segs = merged
         assert all(x[1] >= 0 for x in segs)
     # What is left is the starting state (segments that existed before the first entry: a
     # replay rebuilds the recorded run's before replaying its trace).

@@ -23,6 +23,14 @@ extern "C" {
 
 using namespace sp;
 
+// The tests that assert PyTorch's own rules (20 MiB large pages, holes kept mapped until a
+// release, small requests in the small pool) switch our three defaults off.
+// clang-format off
+#define PYTORCH_PAGES                                                                              \
+    {"SYMPOOL_EXPANDABLE_PAGE", "0"}, {"SYMPOOL_EXPANDABLE_RECYCLE", "0"},                         \
+    {"SYMPOOL_EXPANDABLE_BORROW", "0"}
+// clang-format on
+
 namespace {
 
 struct Range {
@@ -72,7 +80,7 @@ size_t count(const std::vector<sp__trace_entry_t> &t, sp_trace_action_t a) {
 class Expandable : public sp::Test {};
 
 TEST_F(Expandable, GrowsAtTheEndInWholePages) {
-    sp::ScopedEnv env({{"SYMPOOL_ALLOC_CONF", "expandable_segments:True"}});
+    sp::ScopedEnv env({{"SYMPOOL_ALLOC_CONF", "expandable_segments:True"}, PYTORCH_PAGES});
     SP_SKIP_UNLESS_HOST();
     void *a, *b, *c;
     ASSERT_SP_OK(sp_malloc(30 * MiB, 0, nullptr, &a)); // maps 2 pages of 20 MiB
@@ -100,7 +108,7 @@ TEST_F(Expandable, GrowsAtTheEndInWholePages) {
 }
 
 TEST_F(Expandable, FreeBlockPlusUnmappedTailIsReusedBeforeMapping) {
-    sp::ScopedEnv env({{"SYMPOOL_ALLOC_CONF", "expandable_segments:True"}});
+    sp::ScopedEnv env({{"SYMPOOL_ALLOC_CONF", "expandable_segments:True"}, PYTORCH_PAGES});
     SP_SKIP_UNLESS_HOST();
     void *a, *b;
     ASSERT_SP_OK(sp_malloc(60 * MiB, 0, nullptr, &a));
@@ -113,7 +121,7 @@ TEST_F(Expandable, FreeBlockPlusUnmappedTailIsReusedBeforeMapping) {
 }
 
 TEST_F(Expandable, EmptyCacheUnmapsFreePagesOnly) {
-    sp::ScopedEnv env({{"SYMPOOL_ALLOC_CONF", "expandable_segments:True"}});
+    sp::ScopedEnv env({{"SYMPOOL_ALLOC_CONF", "expandable_segments:True"}, PYTORCH_PAGES});
     SP_SKIP_UNLESS_HOST();
     void *a, *b, *c;
     ASSERT_SP_OK(sp_malloc(30 * MiB, 0, nullptr, &a));
@@ -161,7 +169,7 @@ TEST_F(Expandable, EmptyCacheUnmapsFreePagesOnly) {
 }
 
 TEST_F(Expandable, OneSegmentPerStreamAndPoolKind) {
-    sp::ScopedEnv env({{"SYMPOOL_ALLOC_CONF", "expandable_segments:True"}});
+    sp::ScopedEnv env({{"SYMPOOL_ALLOC_CONF", "expandable_segments:True"}, PYTORCH_PAGES});
     SP_SKIP_UNLESS_HOST();
     sp_stream_t s1, s2;
     ASSERT_SP_OK(sp_stream_create(0, &s1));
@@ -185,8 +193,9 @@ TEST_F(Expandable, OneSegmentPerStreamAndPoolKind) {
 
 TEST_F(Expandable, OomAtCapacityCountsMappedPages) {
     expect_warnings();
-    sp::ScopedEnv env(
-        {{"SYMPOOL_ALLOC_CONF", "expandable_segments:True"}, {"SYMPOOL_HOST_CAPACITY", "100MiB"}});
+    sp::ScopedEnv env({{"SYMPOOL_ALLOC_CONF", "expandable_segments:True"},
+                       PYTORCH_PAGES,
+                       {"SYMPOOL_HOST_CAPACITY", "100MiB"}});
     SP_SKIP_UNLESS_HOST();
     void *a, *b = nullptr;
     ASSERT_SP_OK(sp_malloc(60 * MiB, 0, nullptr, &a));
@@ -204,8 +213,9 @@ TEST_F(Expandable, OomAtCapacityCountsMappedPages) {
 }
 
 TEST_F(Expandable, OomRetryUnmapsAnotherStreamsFreePages) {
-    sp::ScopedEnv env(
-        {{"SYMPOOL_ALLOC_CONF", "expandable_segments:True"}, {"SYMPOOL_HOST_CAPACITY", "100MiB"}});
+    sp::ScopedEnv env({{"SYMPOOL_ALLOC_CONF", "expandable_segments:True"},
+                       PYTORCH_PAGES,
+                       {"SYMPOOL_HOST_CAPACITY", "100MiB"}});
     SP_SKIP_UNLESS_HOST();
     sp_stream_t s1, s2;
     ASSERT_SP_OK(sp_stream_create(0, &s1));
@@ -224,8 +234,9 @@ TEST_F(Expandable, OomRetryUnmapsAnotherStreamsFreePages) {
 }
 
 TEST_F(Expandable, FaultInjectionDuringMapTakesTheRetryPath) {
-    sp::ScopedEnv env(
-        {{"SYMPOOL_ALLOC_CONF", "expandable_segments:True"}, {"SYMPOOL_HOST_FAIL_AFTER", "2"}});
+    sp::ScopedEnv env({{"SYMPOOL_ALLOC_CONF", "expandable_segments:True"},
+                       PYTORCH_PAGES,
+                       {"SYMPOOL_HOST_FAIL_AFTER", "2"}});
     SP_SKIP_UNLESS_HOST();
     void *a, *b;
     ASSERT_SP_OK(sp_malloc(30 * MiB, 0, nullptr, &a)); // map call 1
@@ -241,7 +252,7 @@ TEST_F(Expandable, FaultInjectionDuringMapTakesTheRetryPath) {
 }
 
 TEST_F(Expandable, SnapshotFilesCarryMapsAndExpandableSegments) {
-    sp::ScopedEnv env({{"SYMPOOL_ALLOC_CONF", "expandable_segments:True"}});
+    sp::ScopedEnv env({{"SYMPOOL_ALLOC_CONF", "expandable_segments:True"}, PYTORCH_PAGES});
     SP_SKIP_UNLESS_HOST();
     record_all();
     void *a, *b;
@@ -268,8 +279,9 @@ TEST_F(Expandable, SnapshotFilesCarryMapsAndExpandableSegments) {
 }
 
 TEST_F(Expandable, PluggablePoolsKeepFixedSegmentsAndSaySo) {
-    sp::ScopedEnv env(
-        {{"SYMPOOL_ALLOC_CONF", "expandable_segments:True"}, {"SYMPOOL_DEBUG", "INFO"}});
+    sp::ScopedEnv env({{"SYMPOOL_ALLOC_CONF", "expandable_segments:True"},
+                       PYTORCH_PAGES,
+                       {"SYMPOOL_DEBUG", "INFO"}});
     SP_SKIP_UNLESS_HOST();
     static size_t live = 0;
     sp_allocator_t al;
@@ -435,7 +447,7 @@ INSTANTIATE_TEST_SUITE_P(Options, ExpandableModel, ::testing::Values(0, 1, 2));
 
 TEST_F(Expandable, PoolLimitCountsMappedPages) {
     expect_warnings();
-    sp::ScopedEnv env({{"SYMPOOL_ALLOC_CONF", "expandable_segments:True"}});
+    sp::ScopedEnv env({{"SYMPOOL_ALLOC_CONF", "expandable_segments:True"}, PYTORCH_PAGES});
     SP_SKIP_UNLESS_HOST();
     sp_mempool_params_t pp;
     sp_mempool_params_init(&pp);
@@ -455,4 +467,108 @@ TEST_F(Expandable, PoolLimitCountsMappedPages) {
     ASSERT_SP_OK(sp_mempool_destroy(pool));
     ASSERT_SP_OK(sp_empty_cache());
     EXPECT_EQ(sp__host_live_allocations(0), 0u);
+}
+
+// Our defaults (2 MiB large pages, recycling): before the large pool grows, the whole free pages
+// of the small pool and of another stream's segment are unmapped, so the physical memory moves
+// instead of adding up; PyTorch's rules keep them mapped until a release.
+static void free_pages_elsewhere_then_grow(bool pytorch) {
+    sp_stream_t s1;
+    ASSERT_SP_OK(sp_stream_create(0, &s1));
+    std::vector<void *> small;
+    for (int i = 0; i < 8; i++) { // 8 x 1 MiB: 4 small pages
+        void *p;
+        ASSERT_SP_OK(sp_malloc(1 * MiB, 0, nullptr, &p));
+        small.push_back(p);
+    }
+    void *other;
+    ASSERT_SP_OK(sp_malloc(6 * MiB, 0, s1, &other)); // another stream's large segment
+    for (void *p : small)
+        ASSERT_SP_OK(sp_free(p));
+    ASSERT_SP_OK(sp_free(other));
+    int64_t before = stat("reserved_bytes.all.current");
+    void *big;
+    ASSERT_SP_OK(sp_malloc(10 * MiB, 0, nullptr, &big));
+    if (pytorch) {
+        EXPECT_EQ(before, 28 * (int64_t)MiB); // 4 small pages + one 20 MiB page
+        EXPECT_EQ(stat("reserved_bytes.small_pool.current"), 8 * (int64_t)MiB);
+        EXPECT_EQ(stat("num_device_free"), 0);
+        EXPECT_EQ(stat("reserved_bytes.all.current"), before + 20 * (int64_t)MiB);
+    } else {
+        EXPECT_EQ(before, 14 * (int64_t)MiB); // 4 small pages + three 2 MiB pages
+        EXPECT_EQ(stat("reserved_bytes.small_pool.current"), 0);
+        EXPECT_GE(stat("num_device_free"), 2);
+        EXPECT_EQ(stat("reserved_bytes.all.current"), 10 * (int64_t)MiB); // moved, not added
+    }
+    ASSERT_SP_OK(sp_free(big));
+    ASSERT_SP_OK(sp_empty_cache());
+    EXPECT_EQ(stat("reserved_bytes.all.current"), 0);
+    ASSERT_SP_OK(sp_stream_destroy(s1));
+}
+
+TEST_F(Expandable, DefaultsRecycleSmallPoolAndOtherStreamPages) {
+    sp::ScopedEnv env({{"SYMPOOL_ALLOC_CONF", "expandable_segments:True"}});
+    SP_SKIP_UNLESS_HOST();
+    free_pages_elsewhere_then_grow(false);
+}
+
+TEST_F(Expandable, PyTorchRulesKeepFreePagesMappedUntilARelease) {
+    sp::ScopedEnv env({{"SYMPOOL_ALLOC_CONF", "expandable_segments:True"}, PYTORCH_PAGES});
+    SP_SKIP_UNLESS_HOST();
+    free_pages_elsewhere_then_grow(true);
+}
+
+// SYMPOOL_EXPANDABLE_BORROW (default): a small request with no free small block takes the free
+// end of the large pool's last page instead of mapping a 2 MiB small-pool page; the block stays
+// the large pool's. With the option off a small page is mapped, as in PyTorch.
+static void small_request_after_large(bool borrow) {
+    void *big, *small;
+    ASSERT_SP_OK(sp_malloc(3 * MiB, 0, nullptr, &big)); // two 2 MiB pages, 1 MiB free at the end
+    ASSERT_SP_OK(sp_malloc(64 * KiB, 0, nullptr, &small));
+    EXPECT_EQ(stat("reserved_bytes.all.current"), (borrow ? 4 : 6) * (int64_t)MiB);
+    EXPECT_EQ(stat("reserved_bytes.small_pool.current"), borrow ? 0 : 2 * (int64_t)MiB);
+    EXPECT_EQ(stat("allocated_bytes.large_pool.current"),
+              (int64_t)(3 * MiB + (borrow ? 64 * KiB : 0)));
+    EXPECT_EQ((uintptr_t)small == (uintptr_t)big + 3 * MiB, borrow);
+    ASSERT_SP_OK(sp_free(small));
+    ASSERT_SP_OK(sp_free(big));
+    ASSERT_SP_OK(sp_empty_cache());
+    EXPECT_EQ(stat("reserved_bytes.all.current"), 0);
+}
+
+TEST_F(Expandable, SmallRequestBorrowsTheLargePoolsFreePiece) {
+    sp::ScopedEnv env({{"SYMPOOL_ALLOC_CONF", "expandable_segments:True"}});
+    SP_SKIP_UNLESS_HOST();
+    small_request_after_large(true);
+}
+
+TEST_F(Expandable, WithoutBorrowASmallRequestMapsASmallPage) {
+    sp::ScopedEnv env(
+        {{"SYMPOOL_ALLOC_CONF", "expandable_segments:True"}, {"SYMPOOL_EXPANDABLE_BORROW", "0"}});
+    SP_SKIP_UNLESS_HOST();
+    small_request_after_large(false);
+}
+
+// Recycling is the default pool's: a live MemPool keeps its free pages mapped when it grows, as
+// in PyTorch (a graph's pool must keep the memory its replays use).
+TEST_F(Expandable, MemPoolsKeepTheirFreePagesWhenTheyGrow) {
+    sp::ScopedEnv env({{"SYMPOOL_ALLOC_CONF", "expandable_segments:True"}});
+    SP_SKIP_UNLESS_HOST();
+    sp_mempool_params_t pp;
+    sp_mempool_params_init(&pp);
+    sp_mempool_t *pool = nullptr;
+    ASSERT_SP_OK(sp_mempool_create(&pp, &pool));
+    sp_stream_t s1;
+    ASSERT_SP_OK(sp_stream_create(0, &s1));
+    void *a, *b;
+    ASSERT_SP_OK(sp_mempool_malloc(pool, 6 * MiB, s1, &a));
+    ASSERT_SP_OK(sp_free(a));
+    ASSERT_SP_OK(sp_mempool_malloc(pool, 10 * MiB, nullptr, &b)); // another stream: no fit
+    EXPECT_EQ(stat("num_device_free"), 0);
+    EXPECT_EQ(sp_mempool_total_bytes(pool), 16 * MiB);
+    ASSERT_SP_OK(sp_free(b));
+    ASSERT_SP_OK(sp_mempool_destroy(pool));
+    ASSERT_SP_OK(sp_empty_cache());
+    ASSERT_SP_OK(sp_stream_destroy(s1));
+    EXPECT_EQ(stat("reserved_bytes.all.current"), 0);
 }
