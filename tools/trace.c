@@ -779,6 +779,7 @@ bool tr_load_opts(const char *path, bool frames, tr_trace_t *t, char *err, size_
         }
         buf = (unsigned char *)pickle;
         len = plen;
+        mapped = false; /* the translation is ours, from malloc */
         json = true;
     }
     int protocol = !json && len > 1 && buf[0] == 0x80 ? buf[1] : 0;
