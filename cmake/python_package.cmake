@@ -9,7 +9,7 @@ include(${CMAKE_CURRENT_LIST_DIR}/python_sitedir.cmake)
 set(SP_PY_INTERP "${Python3_EXECUTABLE}")
 
 install(DIRECTORY ${PROJECT_SOURCE_DIR}/python/sympool DESTINATION ${SYMPOOL_PYTHON_SITEDIR}
-  FILES_MATCHING PATTERN "*.py" PATTERN "__pycache__" EXCLUDE)
+  FILES_MATCHING PATTERN "*.py" PATTERN "*.cpp" PATTERN "__pycache__" EXCLUDE)
 # At install time (the prefix may be --prefix's): link the library next to the package, relative
 # so that the prefix can move, and say where the package went.
 install(CODE "

@@ -132,10 +132,17 @@ sp_status_t sp__coll_nccl(sp_world_t *w, const sp_coll_call_t *c) {
         r = ncclBroadcast(c->send, c->recv, c->count, t, c->root, comm, stream);
         break;
     }
+    /* NCCL's text is read under the lock: once it is released, another thread may abort (and
+     * free) the communicator that ncclGetLastError reads. */
+    char last[256] = "";
+    if (r != ncclSuccess) {
+        const char *l = ncclGetLastError(comm);
+        snprintf(last, sizeof last, "%s", l ? l : "");
+    }
     sp__world_nccl_unlock(w);
     if (r != ncclSuccess)
         return sp__error(SP_ERR_NCCL, SP_SUB_COLL, "%s: NCCL failed: %s (%s)", fns[c->kind],
-                         ncclGetErrorString(r), ncclGetLastError(comm));
+                         ncclGetErrorString(r), last);
     return SP_SUCCESS;
 }
 

@@ -529,8 +529,11 @@ size_t sp__exp_release(sp_devalloc_t *d, sp_segment_t *seg) {
     /* cuMemUnmap does not wait for the GPU, so the work that used the pages must be done first.
      * PyTorch syncs the segment's stream; sympool lets users destroy streams, so it syncs the
      * device (once per segment, and only when there is something to unmap). */
-    if (has_free_page(seg))
-        (void)sp__g.ops->device_sync(d->device); /* an error was logged there */
+    /* If the device cannot be synchronized (an error, logged there, or a graph capture under
+     * way), nothing is unmapped: pages still in use by the GPU must stay mapped, so they stay
+     * cached for a later release. */
+    if (has_free_page(seg) && sp__g.ops->device_sync(d->device) != SP_SUCCESS)
+        return 0;
     /* unmap_block keeps b as the unmapped survivor and only absorbs unmapped neighbours, so
      * the walk can go on from b's next block. */
     for (sp_block_t *b = seg->head; b; b = b->next)

@@ -178,6 +178,14 @@ uint64_t sp__pool_next_segment_seq(const sp_mempool_t *pool);
 sp_status_t sp__pool_segment_info(const sp_mempool_t *pool, uint64_t segment_seq, void **base_p,
                                   size_t *size_p);
 
+/* After CUDA work on `device` outside the device backend (symmetric/, collectives/): make `prev`
+ * (the caller's device from cudaGetDevice before the switch; -1: unknown) current again, but only
+ * when it has a primary context, as PyTorch's MaybeExchangeDevice does. A thread that never chose
+ * a device reads 0 from cudaGetDevice, and setting it back would make a context on GPU 0 that the
+ * process never asked for. Errors are dropped (the switch back is best effort). Built with CUDA
+ * only (pool/device/cuda.c). */
+void sp__cuda_restore_device(int device, int prev);
+
 #ifdef __cplusplus
 }
 #endif

@@ -35,6 +35,7 @@
 #include "sympool/torch.h"
 
 static atomic_bool g_allow_host; /* tests only (sp__torch_allow_host) */
+static atomic_long g_segments;   /* live sp_torch_segment_malloc segments (tests) */
 
 void sp__torch_allow_host(bool allow) {
     atomic_store(&g_allow_host, allow);
@@ -61,22 +62,95 @@ static sp_status_t check_backend(const char *fn) {
 /* PyTorch never calls alloc with size 0 through the pluggable layer today, but its own
  * raw_alloc(0) returns nullptr without touching the allocator, so size 0 does the same here and
  * is not a failure (no WARN, sp_last_error untouched). */
-SP_EXPORT void *sp_torch_malloc(size_t size, int device, void *stream) {
+SP_EXPORT int sp_torch_malloc_status(size_t size, int device, void *stream, void **ptr_p) {
+    *ptr_p = NULL;
     if (size == 0)
-        return NULL;
-    if (SP_UNLIKELY(check_backend("sp_torch_malloc") != SP_SUCCESS))
-        return NULL;
-    void *ptr = NULL;
-    sp_status_t s = sp_malloc(size, device, (sp_stream_t)stream, &ptr);
+        return SP_SUCCESS;
+    sp_status_t s = check_backend("sp_torch_malloc");
+    if (SP_UNLIKELY(s != SP_SUCCESS))
+        return s;
+    s = sp_malloc(size, device, (sp_stream_t)stream, ptr_p);
     if (s != SP_SUCCESS) {
         /* The allocator has already set sp_last_error and logged the reason at WARN (OOM,
          * unknown device, ...). Add which entry point failed at INFO, so a user reading a
          * PyTorch "CUDA out of memory" can tie it to this call without a second WARN line. */
         SP_INFO(SP_SUB_API, "sp_torch_malloc(size=%zu, device=%d, stream=%p) -> %s", size, device,
                 stream, sp_status_name(s));
+    }
+    return s;
+}
+
+/* PyTorch's change_current_allocator path keeps whatever this returns, NULL included, and hands
+ * it to the tensor: a NULL here becomes an illegal-address fault in the first kernel, not an
+ * OutOfMemoryError. sympool.torch.enable() therefore goes through a small C++ shim that calls
+ * sp_torch_malloc_status and throws PyTorch's own OutOfMemoryError; this plain C form is for
+ * torch.cuda.MemPool, whose caller checks for NULL. */
+SP_EXPORT void *sp_torch_malloc(size_t size, int device, void *stream) {
+    void *ptr = NULL;
+    (void)sp_torch_malloc_status(size, device, stream, &ptr);
+    return ptr;
+}
+
+/* torch.cuda.set_per_process_memory_fraction under change_current_allocator
+ * (set_memory_fraction_fn): sympool's own cap. PyTorch offers no way to report a failure (a
+ * fraction outside [0, 1] is refused by torch before it gets here), so it is logged. */
+SP_EXPORT void sp_torch_set_memory_fraction(double fraction, int device) {
+    sp_status_t s = sp_set_memory_fraction(fraction, device);
+    if (s != SP_SUCCESS)
+        SP_WARN(SP_SUB_API, "sp_torch_set_memory_fraction(%g, device=%d) -> %s: %s", fraction,
+                device, sp_status_name(s), sp_last_error());
+}
+
+/* Segments for torch.cuda.MemPool(allocator): PyTorch splits and caches inside what these return,
+ * so sympool must not cache as well: a second cache would round PyTorch's 2 MiB segment up to one
+ * of sympool's 20 MiB ones, keep what PyTorch frees out of reach of torch.cuda.empty_cache(), and
+ * keep a destroyed pool's memory reserved. Each call is one device allocation and each free gives
+ * it straight back to the device. */
+SP_EXPORT void *sp_torch_segment_malloc(size_t size, int device, void *stream) {
+    if (size == 0 || check_backend("sp_torch_segment_malloc") != SP_SUCCESS)
+        return NULL;
+    if (sp__alloc_ensure() != SP_SUCCESS)
+        return NULL;
+    if (device < 0 || device >= sp__g.ndev) {
+        (void)sp__error(SP_ERR_INVALID_ARGUMENT, SP_SUB_API,
+                        "sp_torch_segment_malloc: device %d is not one of the %d devices", device,
+                        sp__g.ndev);
         return NULL;
     }
+    void *ptr = NULL;
+    sp_status_t s = sp__g.ops->mem_alloc(device, size, &ptr);
+    if (s == SP_ERR_OUT_OF_MEMORY) {
+        /* Quiet: PyTorch frees its own cache and retries, then raises OutOfMemoryError itself. */
+        (void)sp__error_quiet(SP_ERR_OUT_OF_MEMORY, SP_SUB_API,
+                              "sp_torch_segment_malloc: %zu bytes do not fit on device %d", size,
+                              device);
+        return NULL;
+    }
+    if (s != SP_SUCCESS)
+        return NULL; /* the backend reported it */
+    atomic_fetch_add(&g_segments, 1);
     return ptr;
+}
+
+SP_EXPORT void sp_torch_segment_free(void *ptr, size_t size, int device, void *stream) {
+    if (ptr == NULL)
+        return;
+    if (!atomic_load_explicit(&sp__ready, memory_order_acquire) || device < 0 ||
+        device >= sp__g.ndev) {
+        SP_WARN(SP_SUB_API,
+                "sp_torch_segment_free(%p, size=%zu, device=%d): not a segment of "
+                "sp_torch_segment_malloc; ignored",
+                ptr, size, device);
+        return;
+    }
+    /* PyTorch synchronized the pool's streams (its release_cached_blocks) before handing the
+     * segment back, as it does before cudaFree. */
+    if (sp__g.ops->mem_free(device, ptr, size) == SP_SUCCESS)
+        atomic_fetch_sub(&g_segments, 1);
+}
+
+long sp__torch_live_segments(void) {
+    return atomic_load(&g_segments);
 }
 
 SP_EXPORT void sp_torch_free(void *ptr, size_t size, int device, void *stream) {

@@ -14,6 +14,8 @@ extern "C" {
  * and record-stream logic can be tested without a GPU. Never set by the library itself: PyTorch
  * would use host memory as device memory. */
 void sp__torch_allow_host(bool allow);
+/* Tests: segments from sp_torch_segment_malloc not yet freed. */
+long sp__torch_live_segments(void);
 
 #ifdef __cplusplus
 }

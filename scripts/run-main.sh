@@ -12,4 +12,17 @@ main_opts=(-DCMAKE_BUILD_TYPE=Release -DSYMPOOL_BUILD_EXAMPLES=ON -DSYMPOOL_BUIL
 cmake -S . -B build "${main_opts[@]}" >/dev/null
 cmake --build build -j"$(nproc)" --target 01_train_step >/dev/null
 mkdir -p out
-exec mpirun -np "${NP:-4}" build/examples/01_train_step "$@"
+# On the cuda backend each rank needs a GPU of its own (NCCL refuses two ranks on one GPU, and
+# sp_world_init says so). With fewer GPUs than the 4 default ranks and no NP given, run the
+# host backend and say so, rather than fail.
+np=${NP:-4}
+gpus=0
+if command -v nvidia-smi >/dev/null 2>&1; then
+  gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)
+fi
+if [ -z "${NP:-}" ] && [ "${SYMPOOL_DEVICE:-auto}" != host ] && [ "$gpus" -gt 0 ] && [ "$gpus" -lt "$np" ]; then
+  echo "run-main: $gpus GPU(s) here, $np ranks: running on the host backend (SYMPOOL_DEVICE=host)."
+  echo "run-main: for the GPUs, run NP=$gpus $0"
+  export SYMPOOL_DEVICE=host
+fi
+exec mpirun -np "$np" build/examples/01_train_step "$@"

@@ -34,11 +34,19 @@ run_build() { # name, cmake args...
 # off), and CMake keeps cached values that a command line does not override.
 # (tests/install/scripts_check.sh reads plain_opts: keep it on one line.)
 all_on=(-DSYMPOOL_BUILD_TESTS=ON -DSYMPOOL_BUILD_EXAMPLES=ON)
-plain_opts=(-DCMAKE_BUILD_TYPE=RelWithDebInfo -DSYMPOOL_BUILD_TESTS=ON -DSYMPOOL_BUILD_EXAMPLES=ON -DSYMPOOL_BUILD_BENCH=ON -DSYMPOOL_SANITIZE=)
+plain_opts=(-DCMAKE_BUILD_TYPE=RelWithDebInfo -DSYMPOOL_BUILD_TESTS=ON -DSYMPOOL_BUILD_EXAMPLES=ON -DSYMPOOL_BUILD_BENCH=ON -DSYMPOOL_SANITIZE= -DSYMPOOL_CUDA_DOUBLE=ON)
 run_build build "${plain_opts[@]}"
 echo "== tests: plain"
 # --no-tests=error: a build that registered no tests is a failure, not a pass.
-ctest --test-dir build -j"$jobs" --timeout 300 --no-tests=error
+ctest --test-dir build -j"$jobs" --timeout 300 --no-tests=error -LE cuda_double
+
+# The cuda backend under the CUDA runtime/driver and NCCL test doubles (tests/cuda_double), in the
+# plain build: the same suites plus the doubles' own rules. Built only where the toolkit's headers
+# and NCCL are (CMake says so when they are not).
+if [ -d build/cuda-double ]; then
+  echo "== tests: cuda backend under the CUDA/NCCL doubles"
+  ctest --test-dir build -j"$jobs" --timeout 300 --no-tests=error -L cuda_double
+fi
 
 # Open MPI's own allocations are never freed before exit: keep LeakSanitizer on for our code only.
 export LSAN_OPTIONS="suppressions=$PWD/scripts/lsan.supp:print_suppressions=0"

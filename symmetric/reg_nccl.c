@@ -21,14 +21,21 @@
  * leave its peers blocked inside NCCL: every rank then aborts the world's NCCL communicator
  * (ncclCommAbort), so they get an error instead of waiting forever.
  *
- * Release: the caller agrees once per batch (no barrier here); this synchronizes only the stream
- * the segment's blocks were used on, deregisters (local in NCCL) under the NCCL lock, frees.
+ * Release: the caller agrees once per batch (no barrier here); this synchronizes the device (the
+ * segment's stream may have been destroyed by then), deregisters (local in NCCL) under the NCCL
+ * lock, frees.
+ *
+ * Symmetric support: NCCL 2.28 answers a window registration with success even when the world
+ * has no symmetric support, and the "window" is then a local buffer registration. It offers no
+ * query, so symmetric_support() infers it from NCCL's own rule and the log says which it is.
  * ncclMemAlloc and ncclMemFree use and may change the current device: the caller's is restored.
  * No pool or device lock is held by the callers (symmetric/ owns growth and release).
  */
 #if defined(SP_HAVE_NCCL)
 
+#include <stdatomic.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include <cuda.h>
@@ -118,8 +125,7 @@ static sp_status_t mem_alloc(int device, size_t size, void **base_p) {
         return cuda_err(ce, "cudaSetDevice before ncclMemAlloc");
     void *base = NULL;
     ncclResult_t r = ncclMemAlloc(&base, size);
-    if (prev >= 0 && prev != device)
-        (void)cudaSetDevice(prev);
+    sp__cuda_restore_device(device, prev);
     if (r != ncclSuccess) {
         /* cuMemCreate out of memory arrives as ncclUnhandledCudaError: treat every failure of
          * the allocation itself as out of memory (the retry and the figures say what to do). */
@@ -141,8 +147,7 @@ static void mem_free(int device, void *base) {
     ncclResult_t r = ncclMemFree(base);
     if (r != ncclSuccess)
         SP_WARN(SP_SUB_SYM, "ncclMemFree(%p) failed: %s", base, ncclGetErrorString(r));
-    if (prev >= 0 && prev != device)
-        (void)cudaSetDevice(prev);
+    sp__cuda_restore_device(device, prev);
     drop_errors_since(pending);
 }
 
@@ -161,8 +166,7 @@ static void oom_figures(int device, char *buf, size_t len) {
                  sp_memory_reserved(device) / 1073741824.0);
     else
         snprintf(buf, len, "device %d's free memory is unknown", device);
-    if (prev >= 0 && prev != device)
-        (void)cudaSetDevice(prev);
+    sp__cuda_restore_device(device, prev);
     drop_errors_since(pending);
 }
 
@@ -200,6 +204,47 @@ static sp_status_t alloc_everywhere(sp_sym_state_t *st, size_t asize, const char
                      s == SP_SUCCESS ? "allocated" : sp_last_error());
 }
 
+/* Whether NCCL gave this world symmetric support, which 2.28 does not let one query: it is on when
+ * NCCL_WIN_ENABLE and cuMem are on and every pair of this node's GPUs reaches each other by CUDA
+ * P2P (reference/nccl-windows.md 1.3). Without it, 2.28 still returns success and a window that
+ * is only a local buffer registration, on which the symmetric kernels never run. Collective over
+ * the node (one all-gather of the ranks' devices); called where every rank grows the pool. On
+ * "no", *why names the reason. */
+static bool symmetric_support(sp_sym_state_t *st, char *why, size_t len) {
+    const char *e = getenv("NCCL_WIN_ENABLE");
+    if (e && strcmp(e, "0") == 0) {
+        snprintf(why, len, "NCCL_WIN_ENABLE=0");
+        return false;
+    }
+    e = getenv("NCCL_CUMEM_ENABLE");
+    if (e && strcmp(e, "0") == 0) {
+        snprintf(why, len, "NCCL_CUMEM_ENABLE=0");
+        return false;
+    }
+    MPI_Comm node = sp__world_node_comm(st->world);
+    int n = sp__world_local_size(st->world);
+    int *devs = n > 1 ? malloc(sizeof(int) * (size_t)n) : NULL;
+    if (n <= 1 || !devs ||
+        MPI_Allgather(&st->device, 1, MPI_INT, devs, 1, MPI_INT, node) != MPI_SUCCESS) {
+        free(devs);
+        return true; /* one rank on the node (trivially all P2P), or unknown: NCCL's default */
+    }
+    cudaError_t pending = cudaPeekAtLastError();
+    bool ok = true;
+    for (int i = 0; i < n && ok; i++) {
+        int can = 0;
+        if (devs[i] == st->device)
+            continue;
+        if (cudaDeviceCanAccessPeer(&can, st->device, devs[i]) != cudaSuccess || !can) {
+            snprintf(why, len, "GPU %d cannot reach GPU %d by CUDA P2P", st->device, devs[i]);
+            ok = false;
+        }
+    }
+    drop_errors_since(pending);
+    free(devs);
+    return ok;
+}
+
 static sp_status_t nccl_alloc(sp_sym_state_t *st, size_t size, sp_sym_seg_t *seg_p) {
     sp_world_t *w = st->world;
     size_t gran = vmm_granularity(st->device);
@@ -224,6 +269,8 @@ static sp_status_t nccl_alloc(sp_sym_state_t *st, size_t size, sp_sym_seg_t *seg
     }
     void *base = NULL;
     SP_CHECK(alloc_everywhere(st, asize, what, &base));
+    char no_sym[96] = "";
+    bool symmetric = symmetric_support(st, no_sym, sizeof no_sym);
 
     /* Every rank ready, then the collective registration, under the world's NCCL lock. */
     sp__world_nccl_lock(w);
@@ -245,18 +292,28 @@ static sp_status_t nccl_alloc(sp_sym_state_t *st, size_t size, sp_sym_seg_t *seg
     sp_agree_t c = {.op = SP_AGREE_SYM_REGISTER, .ok = registered, .f = {(int64_t)asize}};
     sp_status_t cs = st->broken ? SP_ERR_TIMEOUT : sp__sym_round(st, &c, what);
     if (cs == SP_SUCCESS && !c.nbad) {
+        static atomic_bool warned;
         if (!win)
             SP_INFO(SP_SUB_SYM,
                     "NCCL gave no window for %zu bytes at %p (symmetric support off?): "
                     "collectives on it take NCCL's regular path",
                     asize, base);
+        else if (!symmetric && !atomic_exchange(&warned, true))
+            SP_WARN(SP_SUB_SYM,
+                    "NCCL has no symmetric support in this world (%s): its windows are local "
+                    "buffer registrations, and collectives on symmetric pools take NCCL's "
+                    "regular kernels",
+                    no_sym);
         memset(seg_p, 0, sizeof *seg_p);
         seg_p->base = base;
         seg_p->size = size;
         seg_p->alloc_size = asize;
         seg_p->window = win;
         seg_p->mpi_win = MPI_WIN_NULL;
-        SP_INFO(SP_SUB_SYM, "nccl registrar: window %p on %zu bytes at %p (granularity %zu)",
+        SP_INFO(SP_SUB_SYM, "nccl registrar: %s %p on %zu bytes at %p (granularity %zu)",
+                !win        ? "no window"
+                : symmetric ? "symmetric window"
+                            : "local registration (no symmetric support)",
                 (void *)win, asize, base, gran);
         return SP_SUCCESS;
     }
@@ -287,21 +344,26 @@ static sp_status_t nccl_release(sp_sym_state_t *st, sp_sym_seg_t *seg, void *str
     int prev = -1;
     if (cudaGetDevice(&prev) != cudaSuccess)
         prev = -1;
+    /* The whole device, not the segment's stream: sympool lets a user destroy a stream while
+     * blocks allocated on it are cached, and synchronizing a destroyed stream is undefined. A
+     * release is rare (empty_cache, pool destruction), so the wider wait costs little. */
+    (void)stream;
     cudaError_t ce = cudaSetDevice(st->device);
-    if (ce == cudaSuccess) /* only the work on the segment's stream can still touch it */
-        ce = cudaStreamSynchronize((cudaStream_t)stream);
+    if (ce == cudaSuccess)
+        ce = cudaDeviceSynchronize();
     if (ce != cudaSuccess)
-        s = cuda_err(ce, "cudaStreamSynchronize before deregistering a window");
-    if (prev >= 0 && prev != st->device)
-        (void)cudaSetDevice(prev);
+        s = cuda_err(ce, "cudaDeviceSynchronize before deregistering a window");
+    sp__cuda_restore_device(st->device, prev);
     if (seg->window) {
         sp__world_nccl_lock(w);
         ncclComm_t nc = (ncclComm_t)sp__world_nccl_comm(w);
         /* Deregistration is local in NCCL; after an abort the window went with the comm. */
         ncclResult_t r = nc ? ncclCommWindowDeregister(nc, (ncclWindow_t)seg->window) : ncclSuccess;
-        sp__world_nccl_unlock(w);
+        /* The error text under the lock: once it is released, another thread may abort (and
+         * free) the communicator that ncclGetLastError reads. */
         if (r != ncclSuccess && s == SP_SUCCESS)
             s = nccl_err(r, nc, "ncclCommWindowDeregister");
+        sp__world_nccl_unlock(w);
         seg->window = NULL;
     }
     if (seg->base) {

@@ -254,17 +254,39 @@ static sp_status_t world_create(MPI_Comm comm, bool from_init, sp_world_t **worl
     /* Device by local rank. Every rank checks its own count, then all agree, so a rank whose
      * backend failed does not leave the others waiting in the NCCL bootstrap. */
     int ndev = sp_device_count();
-    int ok = ndev > 0, all_ok = 0;
+    int ok = ndev > 0;
     if (ok)
         w->device = w->local_rank % ndev;
     sp__log_set_device(ok ? w->device : -1);
-    SP_CHECK_GOTO(sp__world_mpi_status(MPI_Allreduce(&ok, &all_ok, 1, MPI_INT, MPI_MIN, w->comm),
+    /* NCCL refuses two ranks of one communicator on one GPU ("Duplicate GPU detected", from
+     * inside ncclCommInitRank, on some ranks only): more ranks on a node than GPUs is refused
+     * here, on every rank, with what to do instead. The host backend and a cuda build without
+     * NCCL share devices fine. */
+    bool nccl_world = false;
+#if defined(SP_HAVE_NCCL)
+    nccl_world = strcmp(sp_backend_name(), "cuda") == 0;
+#endif
+    bool crowded = ok && nccl_world && w->local_size > ndev;
+    /* MAX over the ranks: [0] a rank without a device, [1]/[2] the most crowded node's ranks
+     * and devices. */
+    int mine[3] = {!ok, crowded ? w->local_size : 0, crowded ? ndev : 0}, worst[3] = {0, 0, 0};
+    SP_CHECK_GOTO(sp__world_mpi_status(MPI_Allreduce(mine, worst, 3, MPI_INT, MPI_MAX, w->comm),
                                        "MPI_Allreduce of the device check"),
                   st, fail);
-    if (!all_ok) {
+    if (worst[0]) {
         st = sp__error(SP_ERR_DEVICE, SP_SUB_BOOT,
                        "%s: no usable device (backend %s, %d devices); set SYMPOOL_DEBUG=INFO",
                        ok ? "another rank" : "this rank", sp_backend_name(), ndev);
+        goto fail;
+    }
+    if (worst[1]) {
+        st = sp__error(SP_ERR_INVALID_USAGE, SP_SUB_BOOT,
+                       "%s: %d ranks on one node share %d GPU(s), and NCCL refuses two ranks of "
+                       "one communicator on one GPU. Start at most %d rank(s) per node (mpirun "
+                       "-np %d on one node, or --map-by ppr:%d:node), or run the host backend "
+                       "(SYMPOOL_DEVICE=host)",
+                       crowded ? "this node" : "another node", worst[1], worst[2], worst[2],
+                       worst[2], worst[2]);
         goto fail;
     }
     if (w->local_size > ndev)

@@ -2,8 +2,9 @@
 """replay.py ALLOCATOR TRACE --out FILE: replay a PyTorch memory snapshot's trace on the GPU
 through one allocator, in a process of its own:
 
-  torch    PyTorch's caching allocator: torch.cuda.caching_allocator_alloc / _delete, each
-           recorded stream mapped to a torch.cuda.Stream of its own (0 = the default stream)
+  torch    PyTorch's caching allocator: the raw_alloc / raw_delete bindings behind
+           torch.cuda.caching_allocator_alloc / _delete (without its per-call device context),
+           each recorded stream mapped to a torch.cuda.Stream of its own (0 = the default stream)
   sympool  sympool's cuda backend: sp_malloc / sp_free through ctypes, each recorded stream
            mapped to an sp_stream_create stream
 
@@ -36,25 +37,38 @@ def events(path):
 def replay_torch(evts):
     import torch
 
+    # torch.cuda.caching_allocator_alloc enters `with torch.cuda.device(dev)` on every call (a
+    # device switch and back, in Python), which sympool's side does not pay: call the binding
+    # behind it directly, with the device set once and the streams resolved to handles up front,
+    # so both sides time one ctypes-or-binding call per operation.
+    raw_alloc = torch._C._cuda_cudaCachingAllocator_raw_alloc
+    raw_delete = torch._C._cuda_cudaCachingAllocator_raw_delete
+    devs = sorted({e[1] for e in evts})
+    if len(devs) > 1:
+        sys.exit(f"replay.py: the trace uses devices {devs}; the torch side replays one device")
+    dev = devs[0] if devs else 0
+    torch.cuda.set_device(dev)
     streams, live = {}, {}
+    for _, _, _, _, stream in evts:
+        if stream not in streams:
+            streams[stream] = (torch.cuda.default_stream(dev) if stream == 0
+                               else torch.cuda.Stream(device=dev))
+    handles = {k: v.cuda_stream for k, v in streams.items()}
     ops = 0
     torch.cuda.synchronize()
     t0 = time.perf_counter_ns()
-    for action, dev, addr, size, stream in evts:
+    for action, _, addr, size, stream in evts:
         if action == "alloc":
-            if stream not in streams:
-                streams[stream] = None if stream == 0 else torch.cuda.Stream(device=dev)
-            s = streams[stream]
-            live[addr] = torch.cuda.caching_allocator_alloc(size, dev, s)
+            live[addr] = raw_alloc(size, handles[stream])
         else:
             p = live.pop(addr, None)
             if p is None:
                 continue
-            torch.cuda.caching_allocator_delete(p)
+            raw_delete(p)
         ops += 1
     t1 = time.perf_counter_ns()
     for p in live.values():
-        torch.cuda.caching_allocator_delete(p)
+        raw_delete(p)
     return {"peak_reserved_bytes": torch.cuda.max_memory_reserved(), "ops": ops,
             "ns_per_op": (t1 - t0) / max(ops, 1)}
 

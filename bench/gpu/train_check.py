@@ -3,10 +3,11 @@
 AdamW step) on the GPU with one allocator, in a process of its own:
 
   native     PyTorch's own caching allocator (the reference)
-  pluggable  sympool for the whole process (CUDAPluggableAllocator + change_current_allocator,
-             with record_stream and empty_cache wired)
-  mempool    sympool behind torch.cuda.MemPool(allocator) around the loop (PyTorch's allocator
-             elsewhere)
+  pluggable  sympool for the whole process (sympool.torch.enable(): change_current_allocator
+             through its C++ shim, record_stream, empty_cache and memory fraction wired)
+  mempool    sympool behind torch.cuda.MemPool around the loop (sympool.torch.mem_pool(), its
+             non-caching segment entry points; PyTorch's allocator elsewhere); the pool is
+             destroyed before the allocator
 
 Deterministic algorithms and a fixed seed: the losses and the final parameters must match the
 native run (gpu-check.sh compares the JSON files). Records the losses, a parameter checksum,
@@ -55,22 +56,26 @@ def main():
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
     lib = None
-    ctx = None
+    pool = None
     if mode in ("pluggable", "mempool"):
         path = common.library()
         os.environ["SYMPOOL_DEVICE"] = "cuda"
-        import _sympool_common as spcommon
+        os.environ["SYMPOOL_LIBRARY"] = path
+        sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..",
+                                        "python"))
+        import sympool.torch as spt
         lib = common.load(path)
-        allocator = spcommon.pluggable_allocator(torch, path, lib)
+        # What a user runs: enable() (its C++ shim turns an OOM into torch.OutOfMemoryError) and
+        # mem_pool() (sympool's non-caching segment entry points behind torch.cuda.MemPool).
         if mode == "pluggable":
-            torch.cuda.memory.change_current_allocator(allocator)
+            spt.enable()
         else:
-            pool = torch.cuda.MemPool(allocator.allocator())
-            ctx = torch.cuda.use_mem_pool(pool)
+            pool = spt.mem_pool()
     dev = torch.device("cuda")
     gen = torch.Generator().manual_seed(1)
     data = torch.randint(0, VOCAB, (STEPS, BATCH, SEQ + 1), generator=gen)
     losses = []
+    ctx = torch.cuda.use_mem_pool(pool) if pool is not None else None
     if ctx is not None:
         ctx.__enter__()
     try:
@@ -93,15 +98,27 @@ def main():
     finally:
         if ctx is not None:
             ctx.__exit__(None, None, None)
+    # The pool must not outlive its allocator (PyTorch before pytorch#171962 crashes at exit when
+    # it does): drop every tensor from it, then the pool, while the allocator and the library are
+    # still alive; the pool's segments go back through sympool's segment free here, not at exit.
+    del model, opt, batch, logits, loss
+    if pool is not None:
+        del ctx, pool
+        import gc
+        gc.collect()
+        torch.cuda.empty_cache()
     result = {"mode": mode, "steps": STEPS, "losses": losses, "param_checksum": checksum,
               "ms_per_step": 1e3 * elapsed / STEPS}
     if mode == "native":
         result["peak_reserved_bytes"] = torch.cuda.max_memory_reserved()
-    else:
+    elif mode == "pluggable":
         result["sympool_peak_reserved_bytes"] = lib.sp_max_memory_reserved(0)
         result["sympool_backend"] = lib.sp_backend_name().decode()
-        if mode == "mempool":
-            result["torch_peak_reserved_bytes"] = torch.cuda.max_memory_reserved()
+    else:
+        # sympool only hands PyTorch its segments here: the reserved bytes are PyTorch's.
+        result["sympool_backend"] = lib.sp_backend_name().decode()
+        result["torch_peak_reserved_bytes"] = torch.cuda.max_memory_reserved()
+        result["torch_reserved_after_pool_destroyed"] = torch.cuda.memory_reserved()
     common.write(result)
 
 

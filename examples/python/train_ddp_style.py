@@ -60,6 +60,9 @@ def parse():
 def want_torch(mode):
     if mode == "host":
         return False
+    if mode == "auto" and os.environ.get("SYMPOOL_DEVICE") == "host":
+        # sympool is told to run its host backend: PyTorch cannot use its memory as CUDA memory.
+        return False
     try:
         import torch
         ok = torch.cuda.is_available()

@@ -19,6 +19,21 @@ extern "C" {
  * would use host memory as device memory. Size 0 is NULL without an error. */
 void *sp_torch_malloc(size_t size, int device, void *stream);
 
+/** sp_torch_malloc with its status: SP_SUCCESS (and *ptr_p; NULL for size 0), or the failure
+ * (SP_ERR_OUT_OF_MEMORY when the device is exhausted after sympool's own retry). For a caller
+ * that must tell an OOM from other failures (sympool.torch's C++ shim, which raises
+ * torch.OutOfMemoryError: PyTorch's change_current_allocator path does not check for NULL). */
+int sp_torch_malloc_status(size_t size, int device, void *stream, void **ptr_p);
+
+/** For CUDAPluggableAllocator.set_memory_fraction_fn: sp_set_memory_fraction (failures logged). */
+void sp_torch_set_memory_fraction(double fraction, int device);
+
+/** Non-caching segments for torch.cuda.MemPool(allocator) (sympool.torch.mem_pool()): one device
+ * allocation per call, given straight back by sp_torch_segment_free, since PyTorch caches inside
+ * them. NULL when out of memory (PyTorch's MemPool path turns that into its OOM handling). */
+void *sp_torch_segment_malloc(size_t size, int device, void *stream);
+void sp_torch_segment_free(void *ptr, size_t size, int device, void *stream);
+
 /** Free a pointer from sp_torch_malloc. Failures are logged (PyTorch gives no way to report them).
  */
 void sp_torch_free(void *ptr, size_t size, int device, void *stream);

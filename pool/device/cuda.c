@@ -131,10 +131,26 @@ static void relax_exit(enum cudaStreamCaptureMode mode) {
         drop_last_error(err);
 }
 
+static sp_status_t guard_enter(int device, int *prev_p);
+static void guard_exit(int device, int prev);
+static bool device_active(int device);
+
 static sp_status_t cuda_stream_capturing(int device, sp_dev_stream_t stream, bool *capturing_p) {
-    (void)device; /* a stream carries its device; the query needs no guard */
+    /* A stream carries its device and needs no guard; the legacy stream (NULL) is the current
+     * device's, so for a named device it is asked there. */
+    int prev = -1;
+    bool guarded = stream == NULL && device >= 0;
+    if (guarded && !device_active(device)) {
+        /* No context, so no stream of it can capture; asking there would make a context. */
+        *capturing_p = false;
+        return SP_SUCCESS;
+    }
+    if (guarded)
+        SP_CHECK(guard_enter(device, &prev));
     enum cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
     cudaError_t err = cudaStreamIsCapturing((cudaStream_t)stream, &st);
+    if (guarded)
+        guard_exit(device, prev);
     if (err == cudaErrorStreamCaptureImplicit) {
         drop_last_error(err);
         *capturing_p = true; /* the legacy stream while another blocking stream captures */
@@ -202,11 +218,9 @@ static sp_status_t guard_enter(int device, int *prev_p) {
     return SP_SUCCESS;
 }
 
-/* Whether the process has a context on `device` (made by sympool or by the application), asked
- * without making one. Unknown (no driver entry point) counts as yes. */
-static bool device_active(int device) {
-    if (atomic_load_explicit(&g_cuda.devs[device].used, memory_order_relaxed))
-        return true;
+/* Whether `device` has an active primary context, without making one; no driver entry point to
+ * ask counts as yes (the old behaviour: switch back). */
+static bool has_primary_context(int device) {
     if (!g_cuda.get_dev || !g_cuda.ctx_state)
         return true;
     CUdevice cud;
@@ -218,12 +232,27 @@ static bool device_active(int device) {
     return active != 0;
 }
 
+/* Whether the process has a context on `device` (made by sympool or by the application), asked
+ * without making one. Unknown (no driver entry point) counts as yes. */
+static bool device_active(int device) {
+    if (atomic_load_explicit(&g_cuda.devs[device].used, memory_order_relaxed))
+        return true;
+    return has_primary_context(device);
+}
+
+/* PyTorch's MaybeExchangeDevice: back to the caller's device only when that device has a primary
+ * context. A thread that never set a device reads 0 from cudaGetDevice; setting 0 back would make
+ * a context on GPU 0 (hundreds of MiB, and a failure under exclusive-process mode). */
 static void guard_exit(int device, int prev) {
-    if (prev != device && prev >= 0) {
+    if (prev != device && prev >= 0 && prev < g_cuda.count && has_primary_context(prev)) {
         cudaError_t err = cudaSetDevice(prev);
         if (err != cudaSuccess)
             drop_last_error(err);
     }
+}
+
+void sp__cuda_restore_device(int device, int prev) {
+    guard_exit(device, prev);
 }
 
 static void cuda_vmm_caps(int ndev, sp_device_caps_t *caps);
@@ -761,8 +790,11 @@ static sp_status_t vmm_create(cuda_resv_t *r, size_t i0, size_t i1) {
         CUmemAllocationProp prop = page_prop(r->device);
         CUmemGenericAllocationHandle h = 0;
         CUresult e = g_vmm.create(&h, r->page, &prop, 0);
-        if ((e == CUDA_ERROR_NOT_SUPPORTED || e == CUDA_ERROR_INVALID_VALUE) && !g_vmm.no_fd) {
-            /* No shareable handles here (containers without the capability): plain pages. */
+        if ((e == CUDA_ERROR_NOT_SUPPORTED || e == CUDA_ERROR_INVALID_VALUE ||
+             e == CUDA_ERROR_NOT_PERMITTED) &&
+            !g_vmm.no_fd) {
+            /* No shareable handles here (containers without the capability, where the driver
+             * answers NOT_SUPPORTED, INVALID_VALUE or NOT_PERMITTED): plain pages. */
             g_vmm.no_fd = true;
             prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_NONE;
             e = g_vmm.create(&h, r->page, &prop, 0);
@@ -853,10 +885,16 @@ static sp_status_t cuda_vmm_release(int device, void *base, size_t size) {
     return res;
 }
 
+/* Refused (SP_ERR_NOT_SUPPORTED, quiet) while the device's legacy stream counts as capturing,
+ * i.e. a blocking stream of this device captures a graph: cudaDeviceSynchronize would invalidate
+ * that capture. The allocator then keeps its cache (as PyTorch releases nothing while a capture
+ * is under way). */
 static sp_status_t cuda_device_sync(int device) {
     int prev = -1;
     SP_CHECK(guard_enter(device, &prev));
-    sp_status_t res = SP_SUCCESS;
+    sp_status_t res = refuse_if_capturing(NULL, "cudaDeviceSynchronize", true);
+    if (res != SP_SUCCESS)
+        goto out;
     CU_TRY_OUT(cudaDeviceSynchronize(), res);
 out:
     guard_exit(device, prev);

@@ -146,6 +146,10 @@ _PROTOS = {
 _OPTIONAL = {
     "sp_torch_record_stream": (None, [_vp, _vp]),
     "sp_torch_empty_cache": (None, []),
+    "sp_torch_malloc_status": (_st, [_sz, _i, _vp, _P(_vp)]),
+    "sp_torch_set_memory_fraction": (None, [ctypes.c_double, _i]),
+    "sp_torch_segment_malloc": (_vp, [_sz, _i, _vp]),
+    "sp_torch_segment_free": (None, [_vp, _sz, _i, _vp]),
     # world.h / symmetric.h / collectives.h (MPI builds). sp_world_from_comm's MPI_Comm is
     # declared in world.py, where mpi4py tells its size.
     "sp_world_init": (_st, [_vp, _vp, _P(_vp)]),

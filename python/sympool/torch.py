@@ -3,22 +3,37 @@
 
 Two modes:
 - enable(): the whole process's CUDA allocations go to sympool's caching allocator
-  (torch.cuda.memory.change_current_allocator with sympool's entry points). Must run before CUDA
-  is initialized, on the cuda backend.
-- mem_pool(**kw): one torch.cuda.MemPool whose segments come from sympool; the rest of the process
-  stays on PyTorch's allocator.
+  (torch.cuda.memory.change_current_allocator). Must run before CUDA is initialized, on the cuda
+  backend. PyTorch's pluggable layer takes whatever the allocation function returns, NULL
+  included, so enable() builds (once, cached) a small C++ shim against the running torch that
+  raises torch.OutOfMemoryError when sympool is out of memory; without a C++ compiler and torch's
+  headers, enable() refuses with the compiler's message rather than let an OOM become an
+  illegal-address fault. Under enable(), CUDA graph capture and torch.cuda.use_mem_pool raise a
+  RuntimeError when they begin (sympool gives them no private pool);
+  torch.cuda.set_per_process_memory_fraction sets sympool's cap.
+- mem_pool(**kw): one torch.cuda.MemPool whose segments come from sympool's non-caching segment
+  entry points (one device allocation per PyTorch segment, given back at once when PyTorch frees
+  it: torch.cuda.empty_cache() and the pool's destruction return the memory to the device); the
+  rest of the process stays on PyTorch's allocator. An OOM there is PyTorch's own
+  torch.OutOfMemoryError (its MemPool path checks for NULL).
 memory_stats() reads the right statistics in either mode.
 
 Not run in this repository's CI (no torch, no GPU there): the GPU validation runs it.
 """
 
 import ctypes
+import hashlib
+import os
+import subprocess
+import tempfile
 
 from . import _lib
 from . import memory as _memory
 
 _enabled = False
-_allocator = None  # the torch allocator object made for sympool (one per process)
+_allocator = None  # the torch allocator object enable() installs (one per process)
+_segment_allocator = None  # the one behind mem_pool()'s MemPools
+_shim_lib = None  # the C++ shim, once built and loaded
 
 
 def _torch():
@@ -54,20 +69,104 @@ def _fn_addr(name):
     return ctypes.cast(getattr(_lib.lib(), name), ctypes.c_void_p).value
 
 
+def _cache_dir():
+    d = os.environ.get("SYMPOOL_CACHE_DIR") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"),
+        "sympool")
+    os.makedirs(d, exist_ok=True)
+    return d
+
+
+def _shim(torch):
+    """The C++ shim (_torch_shim.cpp) built for this torch, loaded and pointed at the library.
+    Built once per torch installation into $SYMPOOL_CACHE_DIR (default ~/.cache/sympool); ranks
+    that build it at the same time each write their own file and rename it into place."""
+    global _shim_lib
+    if _shim_lib is not None:
+        return _shim_lib
+    src = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_torch_shim.cpp")
+    tdir = os.path.dirname(os.path.abspath(torch.__file__))
+    abi = int(bool(getattr(torch._C, "_GLIBCXX_USE_CXX11_ABI", True)))
+    with open(src, "rb") as f:
+        key = hashlib.sha256(f.read() + repr((torch.__version__, tdir, abi)).encode()).hexdigest()
+    out = os.path.join(_cache_dir(), "torch_shim-%s.so" % key[:16])
+    if not os.path.exists(out):
+        cxx = os.environ.get("CXX", "c++")
+        fd, tmp = tempfile.mkstemp(suffix=".so", dir=os.path.dirname(out))
+        os.close(fd)
+        cmd = [cxx, "-O2", "-std=c++17", "-shared", "-fPIC", "-D_GLIBCXX_USE_CXX11_ABI=%d" % abi,
+               "-I", os.path.join(tdir, "include"), src, "-o", tmp,
+               "-L", os.path.join(tdir, "lib"), "-lc10", "-Wl,-rpath," + os.path.join(tdir, "lib")]
+        try:
+            r = subprocess.run(cmd, capture_output=True, text=True)
+        except OSError as e:
+            r = None
+            why = str(e)
+        if r is None or r.returncode != 0:
+            if r is not None:
+                why = (r.stderr or r.stdout).strip()[-1500:]
+            os.unlink(tmp)
+            raise RuntimeError(
+                "sympool.torch.enable() needs a small C++ shim built against this torch, so that "
+                "an out-of-memory reaches you as torch.OutOfMemoryError (PyTorch's pluggable "
+                "allocator would otherwise use a NULL pointer and fault on an illegal address); "
+                "building it failed. Install a C++ compiler (or set CXX), or use "
+                "sympool.torch.mem_pool() instead. Command: %s\n%s" % (" ".join(cmd), why))
+        os.replace(tmp, out)
+    shim = ctypes.CDLL(out)
+    shim.sympool_shim_init.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_int]
+    shim.sympool_shim_init(_fn_addr("sp_torch_malloc_status"), _fn_addr("sp_torch_free"),
+                           _fn_addr("sp_last_error"), _oom_status())
+    _shim_lib = shim
+    return shim
+
+
+def _oom_status():
+    # The status codes are an enum in sympool/status.h; its names are the stable part.
+    return next(i for i in range(64) if _lib.status_name(i) == "SP_ERR_OUT_OF_MEMORY")
+
+
+def _shim_addr(shim, name):
+    return ctypes.cast(getattr(shim, name), ctypes.c_void_p).value
+
+
 def _torch_allocator(torch):
-    """torch's allocator object over sympool's entry points, from the library already loaded
-    (the same handle sympool's Python functions use, so they see the same state)."""
+    """torch's allocator object for enable(): the shim's alloc/free (which call the library the
+    sympool package loaded, so sympool's Python functions see the same state), record_stream,
+    empty_cache and memory fraction wired to the library, and the private-pool hooks to the
+    shim, which refuses them."""
     global _allocator
     if _allocator is None:
-        alloc = torch._C._cuda_customAllocator(_fn_addr("sp_torch_malloc"),
-                                               _fn_addr("sp_torch_free"))
-        # record_stream and empty_cache hooks, when this library and torch both have them.
-        if _lib.has("sp_torch_record_stream") and hasattr(alloc, "set_record_stream_fn"):
-            alloc.set_record_stream_fn(_fn_addr("sp_torch_record_stream"))
-        if _lib.has("sp_torch_empty_cache") and hasattr(alloc, "set_reset_fn"):
-            alloc.set_reset_fn(_fn_addr("sp_torch_empty_cache"))
+        shim = _shim(torch)
+        alloc = torch._C._cuda_customAllocator(_shim_addr(shim, "sympool_shim_malloc"),
+                                               _shim_addr(shim, "sympool_shim_free"))
+        missing = [n for n in ("set_record_stream_fn", "set_begin_allocate_to_pool",
+                               "set_end_allocate_to_pool_fn", "set_release_pool")
+                   if not hasattr(alloc, n)]
+        if missing:
+            raise RuntimeError(
+                f"sympool.torch.enable(): torch {torch.__version__}'s pluggable allocator has no "
+                f"{', '.join(missing)}: Tensor.record_stream and CUDA graphs could not be "
+                "handled safely (needs torch >= 2.3); use sympool.torch.mem_pool() instead")
+        alloc.set_record_stream_fn(_fn_addr("sp_torch_record_stream"))
+        alloc.set_reset_fn(_fn_addr("sp_torch_empty_cache"))
+        if hasattr(alloc, "set_memory_fraction_fn"):
+            alloc.set_memory_fraction_fn(_fn_addr("sp_torch_set_memory_fraction"))
+        alloc.set_begin_allocate_to_pool(_shim_addr(shim, "sympool_shim_begin_allocate_to_pool"))
+        alloc.set_end_allocate_to_pool_fn(_shim_addr(shim, "sympool_shim_end_allocate_to_pool"))
+        alloc.set_release_pool(_shim_addr(shim, "sympool_shim_release_pool"))
         _allocator = alloc
     return _allocator
+
+
+def _segment_allocator_for(torch):
+    """torch's allocator object for mem_pool(): sympool's non-caching segment entry points
+    (PyTorch caches inside the segments; a second cache would hide memory from empty_cache)."""
+    global _segment_allocator
+    if _segment_allocator is None:
+        _segment_allocator = torch._C._cuda_customAllocator(_fn_addr("sp_torch_segment_malloc"),
+                                                            _fn_addr("sp_torch_segment_free"))
+    return _segment_allocator
 
 
 class _Pluggable(object):
@@ -101,8 +200,10 @@ def is_enabled():
 
 
 def mem_pool(**kw):
-    """A torch.cuda.MemPool whose segments come from sympool (kw: MemPool's other arguments,
-    such as use_on_oom). Use with torch.cuda.use_mem_pool(pool)."""
+    """A torch.cuda.MemPool whose segments come from sympool's non-caching segment entry points
+    (kw: MemPool's other arguments, such as use_on_oom). Use with torch.cuda.use_mem_pool(pool).
+    Keep the pool no longer than this module (PyTorch before pytorch#171962 crashes at exit when
+    a MemPool outlives its allocator): delete it, and the tensors from it, when done."""
     torch = _torch()
     if not hasattr(torch.cuda, "MemPool"):
         raise RuntimeError(f"sympool.torch.mem_pool: torch {torch.__version__} has no "
@@ -110,7 +211,7 @@ def mem_pool(**kw):
     if "allocator" in kw:
         raise TypeError("mem_pool: the allocator is sympool's; do not pass allocator=")
     _check_backend()
-    return torch.cuda.MemPool(_torch_allocator(torch), **kw)
+    return torch.cuda.MemPool(_segment_allocator_for(torch), **kw)
 
 
 def memory_stats(device=None):

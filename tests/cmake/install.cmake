@@ -42,6 +42,30 @@ if(SP_HAVE_MPI AND TARGET 03_stats_report AND SP_JQ)
     PASS_REGULAR_EXPRESSION "reports ok" ENVIRONMENT "${SP_TEST_ENV}")
 endif()
 
+# NCCL as PyTorch's nvidia-nccl wheel lays it out (include/nccl.h, lib/libnccl.so.2 only), found
+# through SYMPOOL_NCCL_ROOT: the library builds with the project's warnings and its installed
+# consumers link. Library and CLI only (53 s without ccache, 21-28 s with it, on two shared cores).
+if(SP_HAVE_NCCL AND SP_PKG_CONFIG AND NOT SYMPOOL_SANITIZE)
+  add_test(NAME install.nccl_wheel_layout
+    COMMAND ${CMAKE_CURRENT_SOURCE_DIR}/install/nccl_wheel_check.sh ${PROJECT_SOURCE_DIR}
+            ${CMAKE_CURRENT_BINARY_DIR}/nccl_wheel_check ${NCCL_INCLUDE_DIR} ${NCCL_LIBRARY}
+            ${CMAKE_INSTALL_LIBDIR} ${CMAKE_C_COMPILER} ${CMAKE_CXX_COMPILER} ${SP_INSTALL_MPI})
+  set_tests_properties(install.nccl_wheel_layout PROPERTIES LABELS "install" TIMEOUT 600
+    PASS_REGULAR_EXPRESSION "wheel layout ok" ENVIRONMENT "${SP_TEST_ENV}" RUN_SERIAL TRUE)
+endif()
+
+# scripts/gpu-check.sh without a GPU: --plan fits one device call, the no-GPU run writes its
+# two-file report to --out, a failed step's log is inside it, the deadline cuts late steps.
+# Two CMake configures, no build (15-26 s, mostly waiting); unsanitized build only, as above.
+find_package(Python3 COMPONENTS Interpreter QUIET)
+if(Python3_Interpreter_FOUND AND NOT SYMPOOL_SANITIZE)
+  add_test(NAME scripts.gpu_check_no_gpu
+    COMMAND ${CMAKE_CURRENT_SOURCE_DIR}/install/gpu_check_check.sh ${PROJECT_SOURCE_DIR}
+            ${CMAKE_CURRENT_BINARY_DIR}/gpu_check_check)
+  set_tests_properties(scripts.gpu_check_no_gpu PROPERTIES LABELS "install" TIMEOUT 300
+    PASS_REGULAR_EXPRESSION "gpu-check ok")
+endif()
+
 # The default build needs no GoogleTest (a library-only configure), and -DSYMPOOL_BUILD_TESTS=ON
 # without it fails saying so. Two configures, no build (10-30 s): in the unsanitized build only,
 # as a configure does not depend on the sanitizer.

@@ -130,7 +130,7 @@ if(SP_HAVE_MPI)
     add_test(NAME python.example.train_ddp_style.np2
       COMMAND ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} 2 --oversubscribe ${SP_PY_MPI_FLAGS}
               ${MPIEXEC_PREFLAGS} ${SP_TEST_PY}
-              ${PROJECT_SOURCE_DIR}/examples/python/train_ddp_style.py --steps 3
+              ${PROJECT_SOURCE_DIR}/examples/python/train_ddp_style.py --steps 3 --mode host
               ${MPIEXEC_POSTFLAGS}
       WORKING_DIRECTORY ${CMAKE_CURRENT_BINARY_DIR})
     set_tests_properties(python.pytest_mpi.np2 python.example.train_ddp_style.np2 PROPERTIES

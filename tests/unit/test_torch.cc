@@ -12,6 +12,7 @@
 #include <vector>
 
 extern "C" {
+#include "pool/device/device.h"
 #include "pool/pool.h"
 #include "pool/torch.h"
 }
@@ -210,6 +211,73 @@ TEST_F(Torch, OutOfMemoryIsNullWithAMessage) {
     EXPECT_EQ(stat("num_ooms"), 1);
     sp_torch_free(live, 40 * MiB, 0, nullptr);
     EXPECT_EQ(stat("allocation.all.current"), 0);
+}
+
+// The shim behind sympool.torch.enable() raises torch.OutOfMemoryError only for an OOM: the
+// status must tell it apart from other failures (a NULL alone cannot).
+TEST_F(Torch, MallocStatusTellsAnOutOfMemoryFromOtherFailures) {
+    expect_warnings();
+    sp::ScopedEnv env({{"SYMPOOL_HOST_CAPACITY", "64MiB"}});
+    SP_SKIP_UNLESS_HOST();
+    void *live = nullptr;
+    ASSERT_EQ(sp_torch_malloc_status(40 * MiB, 0, nullptr, &live), SP_SUCCESS) << sp_last_error();
+    void *p = &live;
+    EXPECT_EQ(sp_torch_malloc_status(30 * MiB, 0, nullptr, &p), SP_ERR_OUT_OF_MEMORY);
+    EXPECT_EQ(p, nullptr);
+    EXPECT_EQ(sp_torch_malloc_status(4096, sp_device_count() + 3, nullptr, &p),
+              SP_ERR_INVALID_ARGUMENT);
+    EXPECT_EQ(sp_torch_malloc_status(0, 0, nullptr, &p), SP_SUCCESS);
+    EXPECT_EQ(p, nullptr);
+    sp_torch_free(live, 40 * MiB, 0, nullptr);
+}
+
+// torch.cuda.set_per_process_memory_fraction reaches sympool's cap through set_memory_fraction_fn.
+TEST_F(Torch, MemoryFractionEntryPointCapsTheDevice) {
+    expect_warnings();
+    sp::ScopedEnv env({{"SYMPOOL_HOST_CAPACITY", "64MiB"}});
+    SP_SKIP_UNLESS_HOST();
+    sp_torch_set_memory_fraction(0.25, 0);
+    EXPECT_EQ(sp_torch_malloc(30 * MiB, 0, nullptr), nullptr) << "16 MiB cap";
+    sp_torch_set_memory_fraction(1.0, 0);
+    void *p = sp_torch_malloc(30 * MiB, 0, nullptr);
+    EXPECT_NE(p, nullptr) << sp_last_error();
+    sp_torch_free(p, 30 * MiB, 0, nullptr);
+}
+
+// Behind torch.cuda.MemPool, PyTorch caches: each segment call is one device allocation of exactly
+// the size asked for, and its free gives the memory back at once (nothing stays reserved).
+TEST_F(Torch, SegmentEntryPointsDoNotCache) {
+    SP_SKIP_UNLESS_HOST();
+    ASSERT_EQ(sp_init(), SP_SUCCESS);
+    size_t live0 = sp__host_live_bytes(0);
+    void *a = sp_torch_segment_malloc(2 * MiB, 0, nullptr);
+    ASSERT_NE(a, nullptr) << sp_last_error();
+    touch(a, 2 * MiB);
+    EXPECT_EQ(sp__host_live_bytes(0) - live0, 2 * MiB) << "not rounded up to a 20 MiB segment";
+    EXPECT_EQ(sp__torch_live_segments(), 1);
+    EXPECT_EQ(stat("reserved_bytes.all.current"), 0) << "not in sympool's cache";
+    sp_torch_segment_free(a, 2 * MiB, 0, nullptr);
+    EXPECT_EQ(sp__host_live_bytes(0), live0) << "given back to the device at once";
+    EXPECT_EQ(sp__torch_live_segments(), 0);
+}
+
+TEST_F(Torch, SegmentOutOfMemoryIsNull) {
+    expect_warnings();
+    sp::ScopedEnv env({{"SYMPOOL_HOST_CAPACITY", "64MiB"}});
+    SP_SKIP_UNLESS_HOST();
+    void *a = sp_torch_segment_malloc(40 * MiB, 0, nullptr);
+    ASSERT_NE(a, nullptr) << sp_last_error();
+    EXPECT_EQ(sp_torch_segment_malloc(40 * MiB, 0, nullptr), nullptr);
+    EXPECT_EQ(sp_torch_segment_malloc(4096, sp_device_count() + 3, nullptr), nullptr);
+    sp_torch_segment_free(a, 40 * MiB, 0, nullptr);
+}
+
+TEST_F(TorchBackend, SegmentEntryPointsRefuseTheHostBackend) {
+    if (sp::on_gpu())
+        GTEST_SKIP() << "checks the refusal on the host backend";
+    expect_warnings();
+    EXPECT_EQ(sp_torch_segment_malloc(2 * MiB, 0, nullptr), nullptr);
+    EXPECT_STRNE(sp_last_error(), "");
 }
 
 TEST_F(Torch, UnknownDeviceIsNullWithAMessage) {

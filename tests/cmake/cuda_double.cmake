@@ -1,0 +1,174 @@
+# cuda_double.cmake: the whole suite on the cuda backend under the CUDA/NCCL test doubles
+# (-DSYMPOOL_CUDA_DOUBLE=ON; tests/cuda_double/), label cuda_double: every unit test (what needs
+# the host backend skips with its reason), the MPI tests at 1, 2 and 4 ranks (each rank its own
+# double GPU: CUDA_DOUBLE_GPUS=4, device = local rank, as sp_world_init picks it), the examples,
+# the CLI, the doubles' own rule tests and the PyTorch pluggable-allocator harness. The only
+# difference from a GPU run is LD_LIBRARY_PATH, which puts the doubles before the real libraries.
+if(NOT SYMPOOL_CUDA_DOUBLE)
+  return()
+endif()
+
+set(SP_DBL_LIBDIR ${PROJECT_BINARY_DIR}/cuda-double)
+set(SP_DBL_ENV_BASE "SYMPOOL_DEVICE=cuda" "SYMPOOL_TEST_DEVICE=cuda" "LD_LIBRARY_PATH=${SP_DBL_LIBDIR}"
+  "CUDA_DOUBLE_NCCL_TIMEOUT=60"
+  "SP_TEST_DATA_DIR=${CMAKE_CURRENT_SOURCE_DIR}/data"
+  "OMPI_ALLOW_RUN_AS_ROOT=1" "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1"
+  "OMPI_MCA_rmaps_base_oversubscribe=1" "OMPI_MCA_btl_vader_single_copy_mechanism=none")
+set(SP_DBL_ENV ${SP_DBL_ENV_BASE} "CUDA_DOUBLE_GPUS=1")
+set(SP_DBL_ENV_MPI ${SP_DBL_ENV_BASE} "CUDA_DOUBLE_GPUS=4")
+# Unit tests: the same binaries, each GoogleTest test registered a second time with the doubles'
+# environment when ctest starts (tests/cuda_double/discover.cmake), one GPU each.
+set(SP_DBL_BINARIES)
+foreach(src ${SP_UNIT_TESTS})
+  get_filename_component(name ${src} NAME_WE)
+  list(APPEND SP_DBL_BINARIES "$<TARGET_FILE:${name}>|1")
+endforeach()
+
+# The doubles' own rules, and sympool's cuda path held to them.
+add_executable(test_cuda_double ${PROJECT_SOURCE_DIR}/tests/cuda_double/test_cuda_double.cc)
+target_compile_options(test_cuda_double PRIVATE ${SP_WARN_CXX})
+target_include_directories(test_cuda_double SYSTEM PRIVATE ${CUDAToolkit_INCLUDE_DIRS} ${NCCL_INCLUDE_DIR})
+target_link_libraries(test_cuda_double PRIVATE sp_test_shim GTest::gtest_main ${CMAKE_DL_LIBS})
+add_dependencies(test_cuda_double sp_cuda_double)
+list(APPEND SP_DBL_BINARIES "$<TARGET_FILE:test_cuda_double>|2")
+file(GENERATE OUTPUT ${CMAKE_CURRENT_BINARY_DIR}/cuda_double_tests.cmake CONTENT
+  "set(SP_DBL_BINARIES [==[${SP_DBL_BINARIES}]==])
+set(SP_DBL_ENV [==[${SP_DBL_ENV_BASE}]==])
+include(${PROJECT_SOURCE_DIR}/tests/cuda_double/discover.cmake)
+")
+set_property(DIRECTORY APPEND PROPERTY TEST_INCLUDE_FILES ${CMAKE_CURRENT_BINARY_DIR}/cuda_double_tests.cmake)
+
+# PyTorch's CUDAPluggableAllocator driving sp_torch_* (tests/cuda_double/torch_harness.c).
+add_executable(sp_torch_harness ${PROJECT_SOURCE_DIR}/tests/cuda_double/torch_harness.c)
+target_compile_options(sp_torch_harness PRIVATE ${SP_WARN})
+target_compile_definitions(sp_torch_harness PRIVATE _GNU_SOURCE)
+target_include_directories(sp_torch_harness SYSTEM PRIVATE ${CUDAToolkit_INCLUDE_DIRS})
+target_link_libraries(sp_torch_harness PRIVATE CUDA::cudart ${CMAKE_DL_LIBS})
+add_dependencies(sp_torch_harness sympool)
+add_dependencies(sp_torch_harness sp_cuda_double)
+foreach(gpus 1 2)
+  add_test(NAME cuda_double.torch_harness.gpus${gpus}
+    COMMAND $<TARGET_FILE:sp_torch_harness> $<TARGET_FILE:sympool>)
+  set_tests_properties(cuda_double.torch_harness.gpus${gpus} PROPERTIES LABELS cuda_double
+    TIMEOUT 120 ENVIRONMENT "${SP_DBL_ENV_BASE};CUDA_DOUBLE_GPUS=${gpus};CUDA_DOUBLE_MEMORY=1GiB"
+    PASS_REGULAR_EXPRESSION "torch-harness: ok" FAIL_REGULAR_EXPRESSION "torch-harness: FAIL")
+endforeach()
+
+# Without a usable GPU (none, or the host backend chosen), PyTorch gets NULL, never host memory.
+add_test(NAME cuda_double.torch_harness.no_gpu
+  COMMAND $<TARGET_FILE:sp_torch_harness> $<TARGET_FILE:sympool> --expect-refused)
+add_test(NAME cuda_double.torch_harness.host_backend
+  COMMAND $<TARGET_FILE:sp_torch_harness> $<TARGET_FILE:sympool> --expect-refused)
+set_tests_properties(cuda_double.torch_harness.no_gpu PROPERTIES LABELS cuda_double TIMEOUT 60
+  ENVIRONMENT "${SP_DBL_ENV_BASE};CUDA_DOUBLE_GPUS=0"
+  PASS_REGULAR_EXPRESSION "torch-harness: ok" FAIL_REGULAR_EXPRESSION "torch-harness: FAIL")
+set(env ${SP_DBL_ENV})
+list(REMOVE_ITEM env "SYMPOOL_DEVICE=cuda")
+set_tests_properties(cuda_double.torch_harness.host_backend PROPERTIES LABELS cuda_double
+  TIMEOUT 60 ENVIRONMENT "${env};SYMPOOL_DEVICE=host"
+  PASS_REGULAR_EXPRESSION "torch-harness: ok" FAIL_REGULAR_EXPRESSION "torch-harness: FAIL")
+
+if(SP_HAVE_MPI)
+  # sympool's NCCL paths with failures injected into the doubles (tests/cuda_double/).
+  add_executable(test_cuda_double_mpi ${PROJECT_SOURCE_DIR}/tests/cuda_double/test_cuda_double_mpi.cc
+    ${CMAKE_CURRENT_SOURCE_DIR}/mpi/mpi_main.cc)
+  target_compile_options(test_cuda_double_mpi PRIVATE ${SP_WARN_CXX})
+  target_include_directories(test_cuda_double_mpi PRIVATE ${CMAKE_CURRENT_SOURCE_DIR}/mpi)
+  target_include_directories(test_cuda_double_mpi SYSTEM PRIVATE ${CUDAToolkit_INCLUDE_DIRS}
+    ${NCCL_INCLUDE_DIR})
+  target_link_libraries(test_cuda_double_mpi PRIVATE sp_test_shim MPI::MPI_CXX MPI::MPI_C
+    ${CMAKE_DL_LIBS})
+  add_dependencies(test_cuda_double_mpi sp_cuda_double)
+  foreach(np 2 4)
+    add_test(NAME cuda_double.mpi.test_cuda_double_mpi.np${np}
+      COMMAND ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} ${np} --oversubscribe
+              ${MPIEXEC_PREFLAGS} $<TARGET_FILE:test_cuda_double_mpi> ${MPIEXEC_POSTFLAGS})
+    set_tests_properties(cuda_double.mpi.test_cuda_double_mpi.np${np} PROPERTIES
+      LABELS cuda_double TIMEOUT 300
+      ENVIRONMENT "${SP_DBL_ENV_MPI};CUDA_DOUBLE_MEMORY=256MiB;SYMPOOL_SYM_TIMEOUT=20")
+  endforeach()
+  add_test(NAME cuda_double.mpi.test_cuda_double_mpi.old_nccl.np2
+    COMMAND ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} 2 --oversubscribe
+            ${MPIEXEC_PREFLAGS} $<TARGET_FILE:test_cuda_double_mpi> ${MPIEXEC_POSTFLAGS}
+            --gtest_filter=*NcclVersionIsLoggedOnce)
+  set_tests_properties(cuda_double.mpi.test_cuda_double_mpi.old_nccl.np2 PROPERTIES
+    LABELS cuda_double TIMEOUT 120
+    ENVIRONMENT "${SP_DBL_ENV_MPI};CUDA_DOUBLE_NCCL_VERSION=22703")
+
+  foreach(src ${SP_MPI_TESTS})
+    get_filename_component(name ${src} NAME_WE)
+    set(nps 1 2 4)
+    if(name STREQUAL "test_symmetric_timeout")
+      set(nps 2 4) # a rank that stops calling needs a peer (it fails at one rank on host too)
+    endif()
+    foreach(np ${nps})
+      add_test(NAME cuda_double.mpi.${name}.np${np}
+        COMMAND ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} ${np} --oversubscribe
+                ${MPIEXEC_PREFLAGS} $<TARGET_FILE:${name}> ${MPIEXEC_POSTFLAGS})
+      set_tests_properties(cuda_double.mpi.${name}.np${np} PROPERTIES LABELS cuda_double
+        TIMEOUT 300 ENVIRONMENT "${SP_DBL_ENV_MPI}")
+    endforeach()
+  endforeach()
+
+  if(TARGET sp_world_init_self)
+    add_test(NAME cuda_double.world_init_self.singleton COMMAND $<TARGET_FILE:sp_world_init_self>)
+    add_test(NAME cuda_double.world_init_self.np2
+      COMMAND ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} 2 --oversubscribe
+              $<TARGET_FILE:sp_world_init_self>)
+    set_tests_properties(cuda_double.world_init_self.singleton cuda_double.world_init_self.np2
+      PROPERTIES LABELS cuda_double TIMEOUT 120 ENVIRONMENT "${SP_DBL_ENV_MPI}"
+      PASS_REGULAR_EXPRESSION "world-init-self: ok rank 0" FAIL_REGULAR_EXPRESSION "FAILED")
+  endif()
+
+  # More ranks than GPUs on a node: NCCL refuses the duplicate GPU; sp_world_init must fail on
+  # every rank with a message instead of hanging.
+  if(TARGET sp_world_init_self)
+    add_test(NAME cuda_double.world_init_self.np2_one_gpu
+      COMMAND ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} 2 --oversubscribe
+              $<TARGET_FILE:sp_world_init_self>)
+    set(env ${SP_DBL_ENV})
+    set_tests_properties(cuda_double.world_init_self.np2_one_gpu PROPERTIES LABELS cuda_double
+      TIMEOUT 120 ENVIRONMENT "${env}" WILL_FAIL TRUE)
+  endif()
+
+  set(SP_DBL_EXAMPLES "01_train_step:4" "01_train_step:1" "02_symmetric_basics:2"
+    "02_symmetric_basics:4" "03_stats_report:2")
+  foreach(run ${SP_DBL_EXAMPLES})
+    string(REPLACE ":" ";" parts ${run})
+    list(GET parts 0 name)
+    list(GET parts 1 np)
+    if(TARGET ${name})
+      set(args)
+      if(name STREQUAL "01_train_step")
+        set(args --out ${CMAKE_CURRENT_BINARY_DIR}/cuda_double_example_01_np${np})
+      endif()
+      add_test(NAME cuda_double.example.${name}.np${np}
+        COMMAND ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} ${np} --oversubscribe
+                ${MPIEXEC_PREFLAGS} $<TARGET_FILE:${name}> ${args} ${MPIEXEC_POSTFLAGS})
+      set_tests_properties(cuda_double.example.${name}.np${np} PROPERTIES LABELS cuda_double
+        TIMEOUT 300 ENVIRONMENT "${SP_DBL_ENV_MPI}")
+    endif()
+  endforeach()
+endif()
+
+if(TARGET sympool_cli)
+  add_test(NAME cuda_double.cli.info COMMAND $<TARGET_FILE:sympool_cli> info)
+  set_tests_properties(cuda_double.cli.info PROPERTIES LABELS cuda_double TIMEOUT 60
+    ENVIRONMENT "${SP_DBL_ENV}"
+    PASS_REGULAR_EXPRESSION "backend: cuda.*devices: 1.*NCCL 2\\.28\\.9")
+  add_test(NAME cuda_double.cli.info_auto_picks_cuda COMMAND $<TARGET_FILE:sympool_cli> info)
+  set(env ${SP_DBL_ENV})
+  list(REMOVE_ITEM env "SYMPOOL_DEVICE=cuda")
+  set_tests_properties(cuda_double.cli.info_auto_picks_cuda PROPERTIES LABELS cuda_double
+    TIMEOUT 60 ENVIRONMENT "${env};SYMPOOL_DEVICE=auto" PASS_REGULAR_EXPRESSION "backend: cuda")
+  add_test(NAME cuda_double.cli.info_no_gpu_falls_back COMMAND $<TARGET_FILE:sympool_cli> info)
+  set(env ${SP_DBL_ENV_BASE})
+  list(REMOVE_ITEM env "SYMPOOL_DEVICE=cuda")
+  set_tests_properties(cuda_double.cli.info_no_gpu_falls_back PROPERTIES LABELS cuda_double
+    TIMEOUT 60 ENVIRONMENT "${env};SYMPOOL_DEVICE=auto;CUDA_DOUBLE_GPUS=0"
+    PASS_REGULAR_EXPRESSION "backend: host")
+  set(SP_DBL_TRACE ${CMAKE_CURRENT_SOURCE_DIR}/data/cs336-2.7b-ctx128-forward-bf16.pickle)
+  add_test(NAME cuda_double.cli.replay_json COMMAND $<TARGET_FILE:sympool_cli> replay ${SP_DBL_TRACE} --json)
+  set_tests_properties(cuda_double.cli.replay_json PROPERTIES LABELS cuda_double TIMEOUT 120
+    ENVIRONMENT "${SP_DBL_ENV}" PASS_REGULAR_EXPRESSION "\"ooms\":0,")
+endif()

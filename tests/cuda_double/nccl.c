@@ -1,0 +1,966 @@
+/*
+ * nccl.c: the test double of libnccl.so.2 (NCCL 2.28.9's API, as nccl.h at /usr/local/cuda
+ * declares it), for the functions sympool calls. A test tool, never installed.
+ *
+ * Transport: a communicator is a POSIX shared-memory segment named after the unique id's bytes
+ * ("/cudadbl-<hex>"), joined by every rank of ncclCommInitRank on this machine; ranks meet in a
+ * futex barrier in the segment, and a collective moves data through per-rank slots of it, chunk
+ * by chunk, each rank reading device memory through the doubles' own copies (dbl_copy). The
+ * collectives run when called (NCCL would enqueue them): every rank must call the same
+ * collectives in the same order, which sympool does (it never groups calls). A rank that
+ * disagrees (another collective, count, type or op) fails every rank with ncclInvalidUsage; a
+ * peer that never comes fails after CUDA_DOUBLE_NCCL_TIMEOUT seconds (default 120) with
+ * ncclSystemError; an aborted peer fails the others with ncclRemoteError. Where NCCL would hang
+ * or corrupt memory, the double says so and fails.
+ *
+ * Every failure returns NCCL's code, says why on stderr and keeps the text for ncclGetLastError.
+ */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE
+#endif
+#include <errno.h>
+#include <fcntl.h>
+#include <linux/futex.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/random.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <cuda.h>
+#include <cuda_runtime_api.h>
+#include <nccl.h>
+
+#include "dbl.h"
+
+#define MAX_RANKS 64
+#define SLOT ((size_t)1 << 20) /* bytes per rank per chunk */
+#define COMM_MAGIC 0x6e63636c636f6d6dULL
+#define WIN_MAGIC 0x6e63636c77696e64ULL
+
+typedef struct shm_hdr {
+    _Atomic uint32_t arrive; /* ranks in the current barrier */
+    _Atomic uint32_t gen;    /* barrier generation (the futex word) */
+    _Atomic uint32_t aborted;
+    _Atomic uint32_t joined;
+    int nranks;
+    int dev[MAX_RANKS];
+    int64_t arg[MAX_RANKS][6]; /* each rank's arguments of the current call, compared */
+    char data[];               /* nranks slots of SLOT bytes */
+} shm_hdr_t;
+
+typedef struct ncclWindow_vidmem win_t;
+struct ncclWindow_vidmem {
+    uint64_t magic;
+    struct ncclComm *comm;
+    uintptr_t buff;
+    size_t size;
+    int flags;
+    win_t *next;
+};
+
+struct ncclComm {
+    uint64_t magic;
+    int rank, nranks, dev;
+    shm_hdr_t *shm;
+    size_t shm_size;
+};
+
+static pthread_mutex_t g_mu = PTHREAD_MUTEX_INITIALIZER;
+static char g_last[512]; /* ncclGetLastError: process-wide, as NCCL's */
+
+static const char *res_name(ncclResult_t r) {
+    switch (r) {
+    case ncclSuccess:
+        return "ncclSuccess";
+    case ncclUnhandledCudaError:
+        return "ncclUnhandledCudaError";
+    case ncclSystemError:
+        return "ncclSystemError";
+    case ncclInternalError:
+        return "ncclInternalError";
+    case ncclInvalidArgument:
+        return "ncclInvalidArgument";
+    case ncclInvalidUsage:
+        return "ncclInvalidUsage";
+    case ncclRemoteError:
+        return "ncclRemoteError";
+    case ncclInProgress:
+        return "ncclInProgress";
+    default:
+        return "ncclResult?";
+    }
+}
+
+static ncclResult_t fail(const char *fn, ncclResult_t r, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static ncclResult_t fail(const char *fn, ncclResult_t r, const char *fmt, ...) {
+    char msg[400];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    pthread_mutex_lock(&g_mu);
+    snprintf(g_last, sizeof g_last, "%s", msg);
+    pthread_mutex_unlock(&g_mu);
+    dbl_say(fn, res_name(r), (int)r, "%s", msg);
+    return r;
+}
+
+#define ENTER(fn)                                                                                  \
+    do {                                                                                           \
+        int inj_ = dbl_inject_take(fn);                                                            \
+        if (inj_)                                                                                  \
+            return fail(fn, (ncclResult_t)inj_, "injected by the test");                           \
+    } while (0)
+
+/* NCCL's texts (src/init.cc, ncclGetErrorString, 2.28). */
+const char *ncclGetErrorString(ncclResult_t r) {
+    switch (r) {
+    case ncclSuccess:
+        return "no error";
+    case ncclUnhandledCudaError:
+        return "unhandled cuda error (run with NCCL_DEBUG=INFO for details)";
+    case ncclSystemError:
+        return "unhandled system error (run with NCCL_DEBUG=INFO for details)";
+    case ncclInternalError:
+        return "internal error - please report this issue to the NCCL developers";
+    case ncclInvalidArgument:
+        return "invalid argument (run with NCCL_DEBUG=WARN for details)";
+    case ncclInvalidUsage:
+        return "invalid usage (run with NCCL_DEBUG=WARN for details)";
+    case ncclRemoteError:
+        return "remote process exited or there was a network error";
+    case ncclInProgress:
+        return "NCCL operation in progress";
+    default:
+        return "unknown result code";
+    }
+}
+
+const char *ncclGetLastError(ncclComm_t comm) {
+    (void)comm; /* NCCL 2.28 keeps one process-wide text */
+    return g_last;
+}
+
+ncclResult_t ncclGetVersion(int *v) {
+    if (!v)
+        return fail("ncclGetVersion", ncclInvalidArgument, "version is NULL");
+    const char *e = getenv("CUDA_DOUBLE_NCCL_VERSION");
+    *v = e && *e ? atoi(e) : NCCL_VERSION_CODE;
+    return ncclSuccess;
+}
+
+ncclResult_t ncclGetUniqueId(ncclUniqueId *id) {
+    ENTER("ncclGetUniqueId");
+    if (!id)
+        return fail("ncclGetUniqueId", ncclInvalidArgument, "uniqueId is NULL");
+    memset(id, 0, sizeof *id);
+    if (getrandom(id->internal, 16, 0) != 16)
+        return fail("ncclGetUniqueId", ncclSystemError, "getrandom: %s", strerror(errno));
+    return ncclSuccess;
+}
+
+/* ---- the shared segment ---------------------------------------------------------------------- */
+
+static double timeout_s(void) {
+    const char *e = getenv("CUDA_DOUBLE_NCCL_TIMEOUT");
+    return e && *e ? atof(e) : 120.0;
+}
+
+static double now_s(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
+}
+
+/* Every rank of the communicator here, or an error on every waiting rank. */
+static ncclResult_t barrier(struct ncclComm *c, const char *fn) {
+    shm_hdr_t *h = c->shm;
+    uint32_t g = atomic_load(&h->gen);
+    if (atomic_fetch_add(&h->arrive, 1) == (uint32_t)c->nranks - 1) {
+        atomic_store(&h->arrive, 0);
+        atomic_fetch_add(&h->gen, 1);
+        syscall(SYS_futex, &h->gen, FUTEX_WAKE, INT32_MAX, NULL, NULL, 0);
+        return ncclSuccess;
+    }
+    double end = now_s() + timeout_s();
+    while (atomic_load(&h->gen) == g) {
+        if (atomic_load(&h->aborted))
+            return fail(fn, ncclRemoteError, "rank %d: a peer aborted the communicator", c->rank);
+        if (now_s() > end)
+            return fail(fn, ncclSystemError,
+                        "rank %d: peers did not arrive within %.0f s (NCCL would hang here)",
+                        c->rank, timeout_s());
+        struct timespec ts = {0, 50 * 1000 * 1000};
+        syscall(SYS_futex, &h->gen, FUTEX_WAIT, g, &ts, NULL, 0);
+    }
+    return ncclSuccess;
+}
+
+static void shm_name(const ncclUniqueId *id, char *buf, size_t len) {
+    int n = snprintf(buf, len, "/cudadbl-");
+    for (int i = 0; i < 16 && (size_t)n + 2 < len; i++)
+        n += snprintf(buf + n, len - (size_t)n, "%02x", (unsigned char)id->internal[i]);
+}
+
+static bool comm_ok(ncclComm_t c) {
+    return c && c->magic == COMM_MAGIC;
+}
+
+ncclResult_t ncclCommInitRank(ncclComm_t *out, int nranks, ncclUniqueId id, int rank) {
+    ENTER("ncclCommInitRank");
+    if (!out)
+        return fail("ncclCommInitRank", ncclInvalidArgument, "comm is NULL");
+    *out = NULL;
+    if (nranks < 1 || nranks > MAX_RANKS || rank < 0 || rank >= nranks)
+        return fail("ncclCommInitRank", ncclInvalidArgument,
+                    "rank %d of %d (the double: at most %d)", rank, nranks, MAX_RANKS);
+    int dev = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess)
+        return fail("ncclCommInitRank", ncclUnhandledCudaError, "cudaGetDevice failed");
+    dbl_ctx_make(dev); /* NCCL works in the current device's primary context */
+    char name[64];
+    shm_name(&id, name, sizeof name);
+    size_t size = sizeof(shm_hdr_t) + (size_t)nranks * SLOT;
+    int fd = shm_open(name, O_CREAT | O_RDWR, 0600);
+    if (fd < 0)
+        return fail("ncclCommInitRank", ncclSystemError, "shm_open(%s): %s", name, strerror(errno));
+    if (ftruncate(fd, (off_t)size) != 0) {
+        close(fd);
+        return fail("ncclCommInitRank", ncclSystemError, "ftruncate: %s", strerror(errno));
+    }
+    shm_hdr_t *h = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    close(fd);
+    if (h == MAP_FAILED)
+        return fail("ncclCommInitRank", ncclSystemError, "mmap: %s", strerror(errno));
+    struct ncclComm *c = calloc(1, sizeof *c);
+    if (!c) {
+        munmap(h, size);
+        return fail("ncclCommInitRank", ncclSystemError, "host memory");
+    }
+    *c = (struct ncclComm){COMM_MAGIC, rank, nranks, dev, h, size};
+    h->dev[rank] = dev;
+    h->arg[rank][0] = nranks;
+    atomic_fetch_add(&h->joined, 1);
+    ncclResult_t r = barrier(c, "ncclCommInitRank");
+    if (rank == 0)
+        shm_unlink(name); /* every rank has it mapped now (or never comes) */
+    if (r != ncclSuccess) {
+        munmap(h, size);
+        free(c);
+        return r;
+    }
+    for (int i = 0; i < nranks; i++)
+        if (h->arg[i][0] != nranks) {
+            r = fail("ncclCommInitRank", ncclInvalidUsage,
+                     "rank %d says %lld ranks, rank %d says %d", i, (long long)h->arg[i][0], rank,
+                     nranks);
+            break;
+        }
+    /* NCCL refuses two ranks of one communicator on one GPU (src/init.cc: "Duplicate GPU
+     * detected : rank %d and rank %d both on CUDA device %lx", ncclInvalidUsage). */
+    for (int i = 0; i < nranks && r == ncclSuccess; i++)
+        for (int j = i + 1; j < nranks && r == ncclSuccess; j++)
+            if (h->dev[i] == h->dev[j])
+                r = fail("ncclCommInitRank", ncclInvalidUsage,
+                         "Duplicate GPU detected : rank %d and rank %d both on CUDA device %d", i,
+                         j, h->dev[i]);
+    ncclResult_t r2 = barrier(c, "ncclCommInitRank"); /* nobody reuses arg[] before all checked */
+    if (r == ncclSuccess)
+        r = r2;
+    if (r != ncclSuccess) {
+        munmap(h, size);
+        free(c);
+        return r;
+    }
+    *out = c;
+    return ncclSuccess;
+}
+
+static win_t *g_all_wins; /* every live window (g_mu) */
+
+/* The communicator's windows go with it (g_mu taken here). */
+static void comm_free(struct ncclComm *c) {
+    pthread_mutex_lock(&g_mu);
+    for (win_t **pp = &g_all_wins; *pp;) {
+        win_t *w = *pp;
+        if (w->comm == c) {
+            *pp = w->next;
+            w->magic = 0;
+            free(w);
+        } else {
+            pp = &w->next;
+        }
+    }
+    pthread_mutex_unlock(&g_mu);
+    c->magic = 0;
+    munmap(c->shm, c->shm_size);
+    free(c);
+}
+
+ncclResult_t ncclCommDestroy(ncclComm_t c) {
+    ENTER("ncclCommDestroy");
+    if (!c)
+        return ncclSuccess; /* NCCL returns success on a NULL comm */
+    if (!comm_ok(c))
+        return fail("ncclCommDestroy", ncclInvalidArgument, "not a live communicator");
+    /* "always deregister windows before freeing memory or destroying communicators" (NCCL
+     * 2.28.9 examples/05_symmetric_memory README): said loudly, then destroyed anyway. */
+    bool has_wins = false;
+    pthread_mutex_lock(&g_mu);
+    for (win_t *w = g_all_wins; w; w = w->next)
+        has_wins = has_wins || w->comm == c;
+    pthread_mutex_unlock(&g_mu);
+    if (has_wins)
+        dbl_say("ncclCommDestroy", "warning", 0,
+                "rank %d destroys a communicator with windows still registered", c->rank);
+    comm_free(c);
+    return ncclSuccess;
+}
+
+/* Local in NCCL; peers blocked in this communicator get ncclRemoteError here (NCCL would leave
+ * them to their own abort or timeout). */
+ncclResult_t ncclCommAbort(ncclComm_t c) {
+    ENTER("ncclCommAbort");
+    if (!c)
+        return ncclSuccess;
+    if (!comm_ok(c))
+        return fail("ncclCommAbort", ncclInvalidArgument, "not a live communicator");
+    atomic_store(&c->shm->aborted, 1);
+    syscall(SYS_futex, &c->shm->gen, FUTEX_WAKE, INT32_MAX, NULL, NULL, 0);
+    comm_free(c);
+    return ncclSuccess;
+}
+
+ncclResult_t ncclCommCount(const ncclComm_t c, int *n) {
+    if (!comm_ok(c) || !n)
+        return fail("ncclCommCount", ncclInvalidArgument, "bad argument");
+    *n = c->nranks;
+    return ncclSuccess;
+}
+ncclResult_t ncclCommCuDevice(const ncclComm_t c, int *d) {
+    if (!comm_ok(c) || !d)
+        return fail("ncclCommCuDevice", ncclInvalidArgument, "bad argument");
+    *d = c->dev;
+    return ncclSuccess;
+}
+ncclResult_t ncclCommUserRank(const ncclComm_t c, int *r) {
+    if (!comm_ok(c) || !r)
+        return fail("ncclCommUserRank", ncclInvalidArgument, "bad argument");
+    *r = c->rank;
+    return ncclSuccess;
+}
+
+/* ---- memory ---------------------------------------------------------------------------------- */
+
+typedef struct nalloc {
+    uintptr_t ptr;
+    size_t size;
+    CUmemGenericAllocationHandle h;
+    struct nalloc *next;
+} nalloc_t;
+static nalloc_t *g_allocs; /* g_mu */
+
+/* As NCCL 2.28.9's src/allocator.cc: cuMemCreate of pinned device memory on the current device
+ * with POSIX-FD handles (retried without on NOT_PERMITTED/NOT_SUPPORTED), the size rounded up to
+ * the recommended granularity, a reservation aligned to it, mapped, read-write for the device.
+ * A failed cuMemCreate (out of memory included) is ncclUnhandledCudaError. */
+ncclResult_t ncclMemAlloc(void **ptr, size_t size) {
+    ENTER("ncclMemAlloc");
+    if (!ptr)
+        return fail("ncclMemAlloc", ncclInvalidArgument, "ptr is NULL");
+    *ptr = NULL;
+    if (size == 0)
+        return ncclSuccess;
+    int dev = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess)
+        return fail("ncclMemAlloc", ncclUnhandledCudaError, "cudaGetDevice failed");
+    dbl_ctx_make(dev);
+    CUmemAllocationProp prop;
+    memset(&prop, 0, sizeof prop);
+    prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+    prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    prop.location.id = dev;
+    prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+    size_t gran = 0;
+    CUresult cr = cuMemGetAllocationGranularity(&gran, &prop, CU_MEM_ALLOC_GRANULARITY_RECOMMENDED);
+    if (cr != CUDA_SUCCESS)
+        return fail("ncclMemAlloc", ncclUnhandledCudaError, "cuMemGetAllocationGranularity: %d",
+                    (int)cr);
+    size_t asize = (size + gran - 1) / gran * gran;
+    CUmemGenericAllocationHandle h = 0;
+    cr = cuMemCreate(&h, asize, &prop, 0);
+    if (cr == CUDA_ERROR_NOT_PERMITTED || cr == CUDA_ERROR_NOT_SUPPORTED) {
+        prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_NONE;
+        cr = cuMemCreate(&h, asize, &prop, 0);
+    }
+    if (cr != CUDA_SUCCESS)
+        return fail("ncclMemAlloc", ncclUnhandledCudaError,
+                    "Cuda failure %d '%s' (cuMemCreate of %zu bytes)", (int)cr,
+                    cr == CUDA_ERROR_OUT_OF_MEMORY ? "out of memory" : "error", asize);
+    CUdeviceptr va = 0;
+    cr = cuMemAddressReserve(&va, asize, gran, 0, 0);
+    if (cr == CUDA_SUCCESS) {
+        cr = cuMemMap(va, asize, 0, h, 0);
+        if (cr == CUDA_SUCCESS) {
+            CUmemAccessDesc d;
+            memset(&d, 0, sizeof d);
+            d.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+            d.location.id = dev;
+            d.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+            cr = cuMemSetAccess(va, asize, &d, 1);
+            if (cr != CUDA_SUCCESS)
+                (void)cuMemUnmap(va, asize);
+        }
+        if (cr != CUDA_SUCCESS)
+            (void)cuMemAddressFree(va, asize);
+    }
+    nalloc_t *a = cr == CUDA_SUCCESS ? malloc(sizeof *a) : NULL;
+    if (!a) {
+        if (cr == CUDA_SUCCESS) {
+            (void)cuMemUnmap(va, asize);
+            (void)cuMemAddressFree(va, asize);
+        }
+        (void)cuMemRelease(h);
+        return fail("ncclMemAlloc", ncclUnhandledCudaError, "reserve/map/access failed: %d",
+                    (int)cr);
+    }
+    *a = (nalloc_t){(uintptr_t)va, asize, h, NULL};
+    pthread_mutex_lock(&g_mu);
+    a->next = g_allocs;
+    g_allocs = a;
+    pthread_mutex_unlock(&g_mu);
+    *ptr = (void *)(uintptr_t)va;
+    return ncclSuccess;
+}
+
+ncclResult_t ncclMemFree(void *ptr) {
+    ENTER("ncclMemFree");
+    if (!ptr)
+        return ncclSuccess;
+    pthread_mutex_lock(&g_mu);
+    nalloc_t **pp = &g_allocs;
+    while (*pp && (*pp)->ptr != (uintptr_t)ptr)
+        pp = &(*pp)->next;
+    nalloc_t *a = *pp;
+    bool windowed = false;
+    for (win_t *w = g_all_wins; a && w; w = w->next)
+        if (w->buff >= a->ptr && w->buff < a->ptr + a->size)
+            windowed = true;
+    if (a && !windowed)
+        *pp = a->next;
+    pthread_mutex_unlock(&g_mu);
+    if (!a)
+        return fail("ncclMemFree", ncclInvalidArgument, "%p is not from ncclMemAlloc", ptr);
+    /* "always deregister windows before freeing memory" (2.28.9 symmetric-memory example). */
+    if (windowed)
+        return fail("ncclMemFree", ncclInvalidUsage,
+                    "%p still has a registered window: ncclCommWindowDeregister it first", ptr);
+    CUresult r1 = cuMemUnmap(a->ptr, a->size);
+    CUresult r2 = cuMemRelease(a->h);
+    CUresult r3 = cuMemAddressFree(a->ptr, a->size);
+    free(a);
+    if (r1 != CUDA_SUCCESS || r2 != CUDA_SUCCESS || r3 != CUDA_SUCCESS)
+        return fail("ncclMemFree", ncclUnhandledCudaError, "unmap %d release %d free %d", (int)r1,
+                    (int)r2, (int)r3);
+    return ncclSuccess;
+}
+
+/* ---- windows (NCCL 2.28.9 src/dev_runtime.cc; docs api/comms.html; see
+ * /work/shared/reference/nccl-windows.md §1) ------------------------------------------------- */
+
+/* Collective; in 2.28 "size by default must be equal" on all ranks; NULL buffer or size 0
+ * returns ncclSuccess without writing *win; the memory must be VMM (cuMem/ncclMemAlloc):
+ * "any other type of cuda buffers will fail to be registered" (ncclUnhandledCudaError from
+ * cuMemRetainAllocationHandle); the offset into the allocation 4096-aligned ("Window address must
+ * be suitably aligned.", ncclInvalidArgument); 2.28 maps only the first physical segment, so a
+ * window running past it is refused here (2.29 refuses it too). */
+ncclResult_t ncclCommWindowRegister(ncclComm_t c, void *buff, size_t size, ncclWindow_t *win,
+                                    int flags) {
+    ENTER("ncclCommWindowRegister");
+    if (!comm_ok(c))
+        return fail("ncclCommWindowRegister", ncclInvalidArgument, "not a live communicator");
+    if (!win)
+        return fail("ncclCommWindowRegister", ncclInvalidArgument, "win is NULL");
+    if (buff == NULL || size == 0)
+        return ncclSuccess;
+    if (flags & ~(NCCL_WIN_DEFAULT | NCCL_WIN_COLL_SYMMETRIC))
+        return fail("ncclCommWindowRegister", ncclInvalidArgument, "flags %#x", flags);
+    uintptr_t base = 0;
+    size_t seg = 0;
+    int dev = -1;
+    ncclResult_t r = ncclSuccess;
+    if (dbl_vmm_range(buff, &base, &seg, &dev) != 0)
+        r = fail("ncclCommWindowRegister", ncclUnhandledCudaError,
+                 "%p is not cuMem/ncclMemAlloc memory (cuMemRetainAllocationHandle fails)", buff);
+    else if (dev != c->dev)
+        r = fail("ncclCommWindowRegister", ncclInvalidArgument,
+                 "%p is memory of device %d, the communicator's device is %d", buff, dev, c->dev);
+    else if (((uintptr_t)buff - base) % NCCL_WIN_REQUIRED_ALIGNMENT != 0)
+        r = fail("ncclCommWindowRegister", ncclInvalidArgument,
+                 "Window address must be suitably aligned. (%p is %zu bytes into its allocation)",
+                 buff, (size_t)((uintptr_t)buff - base));
+    else if ((uintptr_t)buff + size > base + seg)
+        r = fail("ncclCommWindowRegister", ncclInvalidArgument,
+                 "[%p, +%zu) spans past its physical allocation of %zu bytes at %#lx", buff, size,
+                 seg, (unsigned long)base);
+    /* Every rank enters (it is collective); then the sizes and flags are compared. */
+    shm_hdr_t *h = c->shm;
+    h->arg[c->rank][0] = r == ncclSuccess ? (int64_t)size : -1;
+    h->arg[c->rank][1] = flags;
+    ncclResult_t rb = barrier(c, "ncclCommWindowRegister");
+    if (rb != ncclSuccess)
+        return rb;
+    ncclResult_t all = r;
+    for (int i = 0; i < c->nranks && all == ncclSuccess; i++) {
+        if (h->arg[i][0] < 0)
+            all = fail("ncclCommWindowRegister", ncclRemoteError, "rank %d could not register", i);
+        else if (h->arg[i][0] != (int64_t)size || h->arg[i][1] != flags)
+            all = fail("ncclCommWindowRegister", ncclInvalidUsage,
+                       "rank %d registers %lld bytes (flags %lld), rank %d %zu (flags %d): 2.28 "
+                       "needs equal sizes on every rank",
+                       i, (long long)h->arg[i][0], (long long)h->arg[i][1], c->rank, size, flags);
+    }
+    rb = barrier(c, "ncclCommWindowRegister");
+    if (all == ncclSuccess)
+        all = rb;
+    if (all != ncclSuccess)
+        return all;
+    win_t *w = calloc(1, sizeof *w);
+    if (!w)
+        return fail("ncclCommWindowRegister", ncclSystemError, "host memory");
+    *w = (win_t){WIN_MAGIC, c, (uintptr_t)buff, size, flags, NULL};
+    pthread_mutex_lock(&g_mu);
+    w->next = g_all_wins;
+    g_all_wins = w;
+    pthread_mutex_unlock(&g_mu);
+    *win = w;
+    return ncclSuccess;
+}
+
+/* "Deregistration is local to the rank" (docs). */
+ncclResult_t ncclCommWindowDeregister(ncclComm_t c, ncclWindow_t win) {
+    ENTER("ncclCommWindowDeregister");
+    if (!comm_ok(c))
+        return fail("ncclCommWindowDeregister", ncclInvalidArgument, "not a live communicator");
+    pthread_mutex_lock(&g_mu);
+    win_t **pp = &g_all_wins;
+    while (*pp && *pp != win)
+        pp = &(*pp)->next;
+    win_t *w = *pp;
+    bool ok = w && w->comm == c;
+    if (ok)
+        *pp = w->next;
+    pthread_mutex_unlock(&g_mu);
+    if (!ok)
+        return fail("ncclCommWindowDeregister", ncclInvalidArgument,
+                    "%p is not a window of this communicator", (void *)win);
+    w->magic = 0;
+    free(w);
+    return ncclSuccess;
+}
+
+/* ---- collectives ----------------------------------------------------------------------------- */
+
+static size_t type_size(ncclDataType_t t) {
+    switch (t) {
+    case ncclInt8:
+    case ncclUint8:
+    case ncclFloat8e4m3:
+    case ncclFloat8e5m2:
+        return 1;
+    case ncclFloat16:
+    case ncclBfloat16:
+        return 2;
+    case ncclInt32:
+    case ncclUint32:
+    case ncclFloat32:
+        return 4;
+    case ncclInt64:
+    case ncclUint64:
+    case ncclFloat64:
+        return 8;
+    default:
+        return 0;
+    }
+}
+
+static float h2f(uint16_t h) {
+    uint32_t s = (uint32_t)(h >> 15) << 31, e = (h >> 10) & 31, m = h & 1023;
+    float f;
+    if (e == 0)
+        f = ldexpf((float)m, -24);
+    else if (e == 31)
+        f = m ? NAN : INFINITY;
+    else
+        f = ldexpf((float)(m | 1024), (int)e - 25);
+    return s ? -f : f;
+}
+
+static uint16_t f2h(double x) {
+    /* Round to nearest even through float's conversion rules, done by hand. */
+    uint16_t sign = signbit(x) ? 0x8000 : 0;
+    x = fabs(x);
+    if (isnan(x))
+        return 0x7e00;
+    if (x >= 65520.0)
+        return sign | 0x7c00;
+    if (x < ldexp(1.0, -25))
+        return sign;
+    int e;
+    frexp(x, &e);                                               /* x = f * 2^e, f in [0.5, 1) */
+    int ue = e - 1 + 15;                                        /* biased exponent of x */
+    double q = ue <= 0 ? ldexp(x, 24) : ldexp(x, 10 - (e - 1)); /* units of the last place */
+    double r = nearbyint(q);                                    /* ties to even (default mode) */
+    uint32_t v = (uint32_t)r;
+    if (ue <= 0)
+        return sign | (uint16_t)v; /* subnormal (may round up into the normal range: fine) */
+    if (v >= 2048) {
+        v >>= 1;
+        ue++;
+    }
+    if (ue >= 31)
+        return sign | 0x7c00;
+    return sign | (uint16_t)((ue << 10) | (v & 1023));
+}
+
+static float b2f(uint16_t b) {
+    uint32_t u = (uint32_t)b << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+static uint16_t f2b(double x) {
+    float f = (float)x;
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    if (isnan(f))
+        return 0x7fc0;
+    u += 0x7fff + ((u >> 16) & 1);
+    return (uint16_t)(u >> 16);
+}
+
+/* acc[i] = op(acc[i], x[i]) for k elements; for ncclAvg on floating types each x is first
+ * multiplied by `scale` in its own type (NCCL src/enqueue.cc hostToDevRedOp: ncclAvg is
+ * ncclDevPreMulSum with 1/nRanks for floating types, ncclDevSumPostDiv for integers). */
+#define RED_INT(T)                                                                                 \
+    do {                                                                                           \
+        T *a = (T *)acc;                                                                           \
+        const T *b = (const T *)x;                                                                 \
+        for (size_t i = 0; i < k; i++)                                                             \
+            switch (op) {                                                                          \
+            case ncclSum:                                                                          \
+            case ncclAvg:                                                                          \
+                a[i] = (T)(a[i] + b[i]);                                                           \
+                break;                                                                             \
+            case ncclProd:                                                                         \
+                a[i] = (T)(a[i] * b[i]);                                                           \
+                break;                                                                             \
+            case ncclMax:                                                                          \
+                a[i] = a[i] > b[i] ? a[i] : b[i];                                                  \
+                break;                                                                             \
+            case ncclMin:                                                                          \
+                a[i] = a[i] < b[i] ? a[i] : b[i];                                                  \
+                break;                                                                             \
+            default:                                                                               \
+                break;                                                                             \
+            }                                                                                      \
+    } while (0)
+#define RED_FLT(T)                                                                                 \
+    do {                                                                                           \
+        T *a = (T *)acc;                                                                           \
+        const T *b = (const T *)x;                                                                 \
+        for (size_t i = 0; i < k; i++) {                                                           \
+            T v = b[i];                                                                            \
+            if (op == ncclAvg)                                                                     \
+                v = (T)(v * (T)scale);                                                             \
+            if (first) {                                                                           \
+                a[i] = v;                                                                          \
+                continue;                                                                          \
+            }                                                                                      \
+            switch (op) {                                                                          \
+            case ncclSum:                                                                          \
+            case ncclAvg:                                                                          \
+                a[i] = a[i] + v;                                                                   \
+                break;                                                                             \
+            case ncclProd:                                                                         \
+                a[i] = a[i] * v;                                                                   \
+                break;                                                                             \
+            case ncclMax:                                                                          \
+                a[i] = a[i] > v ? a[i] : v;                                                        \
+                break;                                                                             \
+            case ncclMin:                                                                          \
+                a[i] = a[i] < v ? a[i] : v;                                                        \
+                break;                                                                             \
+            default:                                                                               \
+                break;                                                                             \
+            }                                                                                      \
+        }                                                                                          \
+    } while (0)
+
+static void reduce(void *acc, const void *x, size_t k, ncclDataType_t t, ncclRedOp_t op,
+                   double scale, bool first) {
+    if (first && (t != ncclFloat32 && t != ncclFloat64 && t != ncclFloat16 && t != ncclBfloat16)) {
+        memcpy(acc, x, k * type_size(t));
+        return;
+    }
+    switch (t) {
+    case ncclInt8:
+        RED_INT(int8_t);
+        break;
+    case ncclUint8:
+        RED_INT(uint8_t);
+        break;
+    case ncclInt32:
+        RED_INT(int32_t);
+        break;
+    case ncclUint32:
+        RED_INT(uint32_t);
+        break;
+    case ncclInt64:
+        RED_INT(int64_t);
+        break;
+    case ncclUint64:
+        RED_INT(uint64_t);
+        break;
+    case ncclFloat32:
+        RED_FLT(float);
+        break;
+    case ncclFloat64:
+        RED_FLT(double);
+        break;
+    case ncclFloat16:
+    case ncclBfloat16: {
+        uint16_t *a = acc;
+        const uint16_t *b = x;
+        bool bf = t == ncclBfloat16;
+        double sc = bf ? b2f(f2b(scale)) : h2f(f2h(scale)); /* the scalar in the type */
+        for (size_t i = 0; i < k; i++) {
+            double v = bf ? b2f(b[i]) : h2f(b[i]);
+            if (op == ncclAvg)
+                v = bf ? b2f(f2b(v * sc)) : h2f(f2h(v * sc));
+            double o = bf ? b2f(a[i]) : h2f(a[i]);
+            double res = v;
+            if (!first)
+                switch (op) {
+                case ncclSum:
+                case ncclAvg:
+                    res = o + v;
+                    break;
+                case ncclProd:
+                    res = o * v;
+                    break;
+                case ncclMax:
+                    res = o > v ? o : v;
+                    break;
+                case ncclMin:
+                    res = o < v ? o : v;
+                    break;
+                default:
+                    break;
+                }
+            a[i] = bf ? f2b(res) : f2h(res);
+        }
+        break;
+    }
+    default:
+        break;
+    }
+}
+
+static void post_div(void *acc, size_t k, ncclDataType_t t, int n) {
+#define DIV(T)                                                                                     \
+    for (size_t i = 0; i < k; i++)                                                                 \
+        ((T *)acc)[i] = (T)(((T *)acc)[i] / (T)n);
+    switch (t) {
+    case ncclInt8:
+        DIV(int8_t);
+        break;
+    case ncclUint8:
+        DIV(uint8_t);
+        break;
+    case ncclInt32:
+        DIV(int32_t);
+        break;
+    case ncclUint32:
+        DIV(uint32_t);
+        break;
+    case ncclInt64:
+        DIV(int64_t);
+        break;
+    case ncclUint64:
+        DIV(uint64_t);
+        break;
+    default:
+        break;
+    }
+#undef DIV
+}
+
+enum { K_ALLREDUCE, K_ALLGATHER, K_REDUCESCATTER, K_BROADCAST };
+static const char *const k_names[] = {"ncclAllReduce", "ncclAllGather", "ncclReduceScatter",
+                                      "ncclBroadcast"};
+
+static ncclResult_t copy_or_fail(const char *fn, void *dst, const void *src, size_t n) {
+    int rc = dbl_copy(dst, src, n);
+    if (rc)
+        return fail(fn, ncclUnhandledCudaError, "Cuda failure %d: copying %zu bytes %p -> %p", rc,
+                    n, src, dst);
+    return ncclSuccess;
+}
+
+static ncclResult_t coll(int kind, const void *send, void *recv, size_t count, ncclDataType_t t,
+                         ncclRedOp_t op, int root, ncclComm_t c, cudaStream_t stream) {
+    const char *fn = k_names[kind];
+    if (!comm_ok(c))
+        return fail(fn, ncclInvalidArgument, "not a live communicator");
+    size_t es = type_size(t);
+    if (es == 0 || t == ncclFloat8e4m3 || t == ncclFloat8e5m2)
+        return fail(fn, ncclInvalidArgument, "datatype %d (not modelled for fp8)", (int)t);
+    if ((kind == K_ALLREDUCE || kind == K_REDUCESCATTER) && (op < ncclSum || op > ncclAvg))
+        return fail(fn, ncclInvalidArgument, "op %d", (int)op);
+    if (kind == K_BROADCAST && (root < 0 || root >= c->nranks))
+        return fail(fn, ncclInvalidArgument, "root %d of %d", root, c->nranks);
+    int sdev = -1;
+    bool capturing = false;
+    if (dbl_rt_stream(stream, &sdev, &capturing) != 0)
+        return fail(fn, ncclInvalidArgument, "stream %p is not a live stream", (void *)stream);
+    if (sdev != c->dev)
+        return fail(fn, ncclInvalidArgument, "stream of device %d, communicator on device %d", sdev,
+                    c->dev);
+    if (capturing)
+        return fail(
+            fn, ncclInvalidUsage,
+            "a collective on a capturing stream (legal in NCCL; not modelled by the double)");
+    int n = c->nranks;
+    size_t send_n = kind == K_REDUCESCATTER ? count * (size_t)n : count;
+    size_t recv_n = kind == K_ALLGATHER ? count * (size_t)n : count;
+    /* NCCL checks that both buffers are device memory of the communicator's device (src/enqueue.cc
+     * ArgsCheck / CudaPtrCheck: "invalid argument"). */
+    bool send_needed = !(kind == K_BROADCAST && c->rank != root);
+    if (count > 0) {
+        if (send_needed && dbl_mem_device(send) != c->dev)
+            return fail(fn, ncclInvalidArgument, "sendbuff %p is not memory of device %d", send,
+                        c->dev);
+        if (dbl_mem_device(recv) != c->dev)
+            return fail(fn, ncclInvalidArgument, "recvbuff %p is not memory of device %d", recv,
+                        c->dev);
+        if (send_needed && dbl_mem_device((const char *)send + send_n * es - 1) != c->dev)
+            return fail(fn, ncclInvalidArgument, "sendbuff %p + %zu bytes runs past device memory",
+                        send, send_n * es);
+        if (dbl_mem_device((char *)recv + recv_n * es - 1) != c->dev)
+            return fail(fn, ncclInvalidArgument, "recvbuff %p + %zu bytes runs past device memory",
+                        recv, recv_n * es);
+    }
+    shm_hdr_t *h = c->shm;
+    int64_t *me = h->arg[c->rank];
+    me[0] = kind;
+    me[1] = (int64_t)count;
+    me[2] = t;
+    me[3] = kind == K_ALLREDUCE || kind == K_REDUCESCATTER ? (int64_t)op : -1;
+    me[4] = kind == K_BROADCAST ? root : -1;
+    ncclResult_t r = barrier(c, fn);
+    if (r != ncclSuccess)
+        return r;
+    for (int i = 0; i < n && r == ncclSuccess; i++)
+        if (memcmp(h->arg[i], me, 5 * sizeof(int64_t)) != 0)
+            r = fail(
+                fn, ncclInvalidUsage,
+                "rank %d called %s(count %lld, type %lld, op %lld, root %lld) while rank %d "
+                "called %s(count %zu, type %d, op %lld, root %lld): NCCL would hang or corrupt",
+                i, h->arg[i][0] >= 0 && h->arg[i][0] < 4 ? k_names[h->arg[i][0]] : "?",
+                (long long)h->arg[i][1], (long long)h->arg[i][2], (long long)h->arg[i][3],
+                (long long)h->arg[i][4], c->rank, fn, count, (int)t, (long long)me[3],
+                (long long)me[4]);
+    ncclResult_t r2 = barrier(c, fn);
+    if (r != ncclSuccess)
+        return r;
+    if (r2 != ncclSuccess)
+        return r2;
+    if (count == 0)
+        return ncclSuccess;
+
+    char *mine = h->data + (size_t)c->rank * SLOT;
+    size_t per = kind == K_REDUCESCATTER ? SLOT / (es * (size_t)n) : SLOT / es; /* elements */
+    char *tmp = malloc(per * es);
+    if (!tmp)
+        return fail(fn, ncclSystemError, "host memory");
+    double scale = 1.0 / n;
+    for (size_t off = 0; off < count && r == ncclSuccess; off += per) {
+        size_t k = count - off < per ? count - off : per;
+        /* 1. each rank puts its part in its slot */
+        if (kind == K_REDUCESCATTER) {
+            for (int j = 0; j < n && r == ncclSuccess; j++)
+                r = copy_or_fail(fn, mine + (size_t)j * k * es,
+                                 (const char *)send + ((size_t)j * count + off) * es, k * es);
+        } else if (send_needed && !(kind == K_BROADCAST && c->rank != root)) {
+            r = copy_or_fail(fn, mine, (const char *)send + off * es, k * es);
+        }
+        /* A rank whose copy failed still takes part in the barriers, so no peer waits. */
+        ncclResult_t rb = barrier(c, fn);
+        if (r == ncclSuccess)
+            r = rb;
+        /* 2. each rank computes its output from every slot */
+        if (r == ncclSuccess) {
+            switch (kind) {
+            case K_ALLREDUCE:
+            case K_REDUCESCATTER: {
+                size_t at = kind == K_REDUCESCATTER ? (size_t)c->rank * k * es : 0;
+                for (int q = 0; q < n; q++)
+                    reduce(tmp, h->data + (size_t)q * SLOT + at, k, t, op, scale, q == 0);
+                if (op == ncclAvg)
+                    post_div(tmp, k, t, n);
+                r = copy_or_fail(fn, (char *)recv + off * es, tmp, k * es);
+                break;
+            }
+            case K_ALLGATHER:
+                for (int q = 0; q < n && r == ncclSuccess; q++)
+                    r = copy_or_fail(fn, (char *)recv + ((size_t)q * count + off) * es,
+                                     h->data + (size_t)q * SLOT, k * es);
+                break;
+            case K_BROADCAST:
+                r = copy_or_fail(fn, (char *)recv + off * es, h->data + (size_t)root * SLOT,
+                                 k * es);
+                break;
+            }
+        }
+        rb = barrier(c, fn);
+        if (r == ncclSuccess)
+            r = rb;
+    }
+    free(tmp);
+    return r;
+}
+
+ncclResult_t ncclAllReduce(const void *send, void *recv, size_t count, ncclDataType_t t,
+                           ncclRedOp_t op, ncclComm_t c, cudaStream_t s) {
+    ENTER("ncclAllReduce");
+    return coll(K_ALLREDUCE, send, recv, count, t, op, 0, c, s);
+}
+
+ncclResult_t ncclAllGather(const void *send, void *recv, size_t count, ncclDataType_t t,
+                           ncclComm_t c, cudaStream_t s) {
+    ENTER("ncclAllGather");
+    return coll(K_ALLGATHER, send, recv, count, t, ncclSum, 0, c, s);
+}
+
+ncclResult_t ncclReduceScatter(const void *send, void *recv, size_t count, ncclDataType_t t,
+                               ncclRedOp_t op, ncclComm_t c, cudaStream_t s) {
+    ENTER("ncclReduceScatter");
+    return coll(K_REDUCESCATTER, send, recv, count, t, op, 0, c, s);
+}
+
+ncclResult_t ncclBroadcast(const void *send, void *recv, size_t count, ncclDataType_t t, int root,
+                           ncclComm_t c, cudaStream_t s) {
+    ENTER("ncclBroadcast");
+    return coll(K_BROADCAST, send, recv, count, t, ncclSum, root, c, s);
+}

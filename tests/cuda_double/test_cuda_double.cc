@@ -1,0 +1,609 @@
+// test_cuda_double.cc: the rules the CUDA/NCCL doubles enforce (each as a GPU does), and
+// sympool's cuda path held to them. Runs only under the doubles (ctest label cuda_double, with
+// CUDA_DOUBLE_GPUS=2); each test runs in its own process there, so contexts and the machine
+// start fresh. The hooks (cuda_double_*) are looked up in the loaded libcuda.so.1.
+#include "sp_test.hpp"
+
+#include <dlfcn.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <cuda.h>
+#include <cuda_runtime_api.h>
+#include <nccl.h>
+
+extern "C" {
+#include "pool/device/device.h"
+}
+
+namespace {
+
+template <typename F> F hook(const char *name) {
+    void *lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
+    void *p = lib ? dlsym(lib, name) : nullptr;
+    return reinterpret_cast<F>(p);
+}
+
+bool under_double() {
+    return hook<int (*)(int)>("cuda_double_primary_contexts") != nullptr;
+}
+
+#define NEED_DOUBLE()                                                                              \
+    do {                                                                                           \
+        if (!under_double())                                                                       \
+            GTEST_SKIP()                                                                           \
+                << "runs under the CUDA doubles only (LD_LIBRARY_PATH=<build>/cuda-double)";       \
+    } while (0)
+
+int contexts(int dev) {
+    return hook<int (*)(int)>("cuda_double_primary_contexts")(dev);
+}
+void inject(const char *fn, int code, int skip = 0) {
+    hook<void (*)(const char *, int, int)>("cuda_double_inject")(fn, code, skip);
+}
+size_t used(int dev) {
+    return hook<size_t (*)(int)>("cuda_double_memory_used")(dev);
+}
+
+template <typename F> F drv(const char *name) {
+    void *fn = nullptr;
+    cudaDriverEntryPointQueryResult q{};
+    if (cudaGetDriverEntryPointByVersion(name, &fn, 12000, cudaEnableDefault, &q) != cudaSuccess ||
+        q != cudaDriverEntryPointSuccess)
+        return nullptr;
+    return reinterpret_cast<F>(fn);
+}
+
+// ---- the doubles' rules ----------------------------------------------------------------------
+
+TEST(CudaDoubleRules, DeviceMemoryFaultsOnHostAccess) {
+    NEED_DOUBLE();
+    void *p = nullptr;
+    ASSERT_EQ(cudaMalloc(&p, 4096), cudaSuccess);
+    EXPECT_EXIT({ *static_cast<volatile char *>(p) = 1; }, ::testing::KilledBySignal(SIGSEGV), "");
+    char b[16] = {1, 2, 3};
+    ASSERT_EQ(cudaMemcpy(p, b, sizeof b, cudaMemcpyHostToDevice), cudaSuccess);
+    char c[16] = {};
+    ASSERT_EQ(cudaMemcpy(c, p, sizeof c, cudaMemcpyDeviceToHost), cudaSuccess);
+    EXPECT_EQ(std::memcmp(b, c, sizeof b), 0);
+    EXPECT_EQ(cudaMemcpy(c, b, sizeof b, cudaMemcpyHostToDevice), cudaErrorInvalidValue)
+        << "the kind says device but dst is host memory";
+    (void)cudaGetLastError();
+    EXPECT_EQ(cudaFree(p), cudaSuccess);
+    EXPECT_EQ(cudaFree(p), cudaErrorInvalidValue) << "double free";
+    EXPECT_EQ(cudaGetLastError(), cudaErrorInvalidValue);
+    EXPECT_EQ(cudaGetLastError(), cudaSuccess) << "a non-sticky error is reset by reading it";
+}
+
+TEST(CudaDoubleRules, ContextsOnlyFromCallsThatMakeThem) {
+    NEED_DOUBLE();
+    int n = 0, d = -1;
+    ASSERT_EQ(cudaGetDeviceCount(&n), cudaSuccess);
+    ASSERT_GE(n, 2);
+    ASSERT_EQ(cudaGetDevice(&d), cudaSuccess);
+    EXPECT_EQ(d, 0);
+    EXPECT_EQ(contexts(0), 0) << "counting and asking make no context";
+    EXPECT_EQ(contexts(1), 0);
+    auto state = drv<CUresult (*)(CUdevice, unsigned *, int *)>("cuDevicePrimaryCtxGetState");
+    ASSERT_NE(state, nullptr);
+    unsigned flags = 0;
+    int active = -1;
+    ASSERT_EQ(state(1, &flags, &active), CUDA_SUCCESS);
+    EXPECT_EQ(active, 0) << "asking does not make one";
+    ASSERT_EQ(cudaSetDevice(1), cudaSuccess);
+    EXPECT_EQ(contexts(1), 1) << "cudaSetDevice makes the primary context (CUDA 12+)";
+    ASSERT_EQ(state(1, &flags, &active), CUDA_SUCCESS);
+    EXPECT_EQ(active, 1);
+}
+
+TEST(CudaDoubleRules, CurrentDeviceIsPerThread) {
+    NEED_DOUBLE();
+    ASSERT_EQ(cudaSetDevice(1), cudaSuccess);
+    int other = -1;
+    std::thread([&] { cudaGetDevice(&other); }).join();
+    EXPECT_EQ(other, 0) << "a new thread starts on device 0";
+    int mine = -1;
+    cudaGetDevice(&mine);
+    EXPECT_EQ(mine, 1);
+}
+
+TEST(CudaDoubleRules, EventsCompleteOnlyWhenTheirStreamDid) {
+    NEED_DOUBLE();
+    cudaStream_t s;
+    cudaEvent_t e;
+    ASSERT_EQ(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess);
+    ASSERT_EQ(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), cudaSuccess);
+    EXPECT_EQ(cudaEventQuery(e), cudaSuccess) << "never recorded";
+    ASSERT_EQ(cudaEventRecord(e, s), cudaSuccess);
+    EXPECT_EQ(cudaEventQuery(e), cudaErrorNotReady);
+    EXPECT_EQ(cudaGetLastError(), cudaSuccess) << "not ready is an answer, not an error";
+    ASSERT_EQ(cudaStreamSynchronize(s), cudaSuccess);
+    EXPECT_EQ(cudaEventQuery(e), cudaSuccess);
+    // An event of device 0 cannot be recorded on a stream of device 1.
+    ASSERT_EQ(cudaSetDevice(1), cudaSuccess);
+    cudaStream_t s1;
+    ASSERT_EQ(cudaStreamCreate(&s1), cudaSuccess);
+    EXPECT_EQ(cudaEventRecord(e, s1), cudaErrorInvalidResourceHandle);
+    (void)cudaGetLastError();
+    int dev = -1;
+    ASSERT_EQ(cudaStreamGetDevice(s, &dev), cudaSuccess);
+    EXPECT_EQ(dev, 0);
+    EXPECT_EQ(cudaStreamDestroy(s1), cudaSuccess);
+    EXPECT_EQ(cudaStreamDestroy(s), cudaSuccess);
+    EXPECT_EQ(cudaStreamDestroy(s), cudaErrorInvalidResourceHandle) << "destroyed twice";
+    (void)cudaGetLastError();
+    EXPECT_EQ(cudaEventDestroy(e), cudaSuccess);
+}
+
+TEST(CudaDoubleRules, GlobalCaptureForbidsUnsafeCallsOnEveryThread) {
+    NEED_DOUBLE();
+    cudaStream_t s;
+    ASSERT_EQ(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess);
+    ASSERT_EQ(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal), cudaSuccess);
+    cudaError_t other = cudaSuccess, relaxed = cudaErrorUnknown;
+    std::thread([&] {
+        void *p = nullptr;
+        other = cudaMalloc(&p, 1 << 20);
+        (void)cudaGetLastError();
+        cudaStreamCaptureMode m = cudaStreamCaptureModeRelaxed;
+        cudaThreadExchangeStreamCaptureMode(&m);
+        relaxed = cudaMalloc(&p, 1 << 20);
+        cudaThreadExchangeStreamCaptureMode(&m);
+        EXPECT_EQ(m, cudaStreamCaptureModeRelaxed) << "the exchange hands back the mode";
+        cudaFree(p); // refused again (global mode back): leaks in the double, fine
+        (void)cudaGetLastError();
+    }).join();
+    EXPECT_EQ(other, cudaErrorStreamCaptureUnsupported);
+    EXPECT_EQ(relaxed, cudaSuccess);
+    cudaGraph_t g = nullptr;
+    EXPECT_EQ(cudaStreamEndCapture(s, &g), cudaErrorStreamCaptureInvalidated)
+        << "the refused call invalidated the capture";
+    EXPECT_EQ(g, nullptr);
+    (void)cudaGetLastError();
+    cudaStreamDestroy(s);
+}
+
+TEST(CudaDoubleRules, ThreadLocalAndRelaxedCaptures) {
+    NEED_DOUBLE();
+    cudaStream_t s;
+    ASSERT_EQ(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess);
+    ASSERT_EQ(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal), cudaSuccess);
+    cudaError_t other = cudaErrorUnknown;
+    void *q = nullptr;
+    std::thread([&] { other = cudaMalloc(&q, 4096); }).join();
+    EXPECT_EQ(other, cudaSuccess) << "a thread-local capture does not concern other threads";
+    void *p = nullptr;
+    EXPECT_EQ(cudaMalloc(&p, 4096), cudaErrorStreamCaptureUnsupported) << "but its own thread";
+    (void)cudaGetLastError();
+    cudaGraph_t g = nullptr;
+    EXPECT_EQ(cudaStreamEndCapture(s, &g), cudaErrorStreamCaptureInvalidated);
+    (void)cudaGetLastError();
+
+    ASSERT_EQ(cudaStreamBeginCapture(s, cudaStreamCaptureModeRelaxed), cudaSuccess);
+    EXPECT_EQ(cudaMalloc(&p, 4096), cudaSuccess) << "relaxed capture allows it";
+    cudaStreamCaptureStatus st{};
+    ASSERT_EQ(cudaStreamIsCapturing(s, &st), cudaSuccess);
+    EXPECT_EQ(st, cudaStreamCaptureStatusActive);
+    EXPECT_EQ(cudaStreamSynchronize(s), cudaErrorStreamCaptureUnsupported)
+        << "a capturing stream cannot be synchronized, in any mode";
+    (void)cudaGetLastError();
+    EXPECT_EQ(cudaStreamEndCapture(s, &g), cudaErrorStreamCaptureInvalidated);
+    (void)cudaGetLastError();
+    EXPECT_EQ(cudaFree(p), cudaSuccess);
+    EXPECT_EQ(cudaFree(q), cudaSuccess);
+    cudaStreamDestroy(s);
+}
+
+TEST(CudaDoubleRules, LegacyStreamWhileABlockingStreamCaptures) {
+    NEED_DOUBLE();
+    cudaStream_t s;
+    ASSERT_EQ(cudaStreamCreate(&s), cudaSuccess); // blocking
+    EXPECT_EQ(cudaStreamBeginCapture(cudaStreamLegacy, cudaStreamCaptureModeGlobal),
+              cudaErrorStreamCaptureUnsupported);
+    (void)cudaGetLastError();
+    ASSERT_EQ(cudaStreamBeginCapture(s, cudaStreamCaptureModeRelaxed), cudaSuccess);
+    cudaStreamCaptureStatus st{};
+    EXPECT_EQ(cudaStreamIsCapturing(nullptr, &st), cudaErrorStreamCaptureImplicit);
+    (void)cudaGetLastError();
+    EXPECT_EQ(cudaDeviceSynchronize(), cudaErrorStreamCaptureUnsupported);
+    (void)cudaGetLastError();
+    cudaGraph_t g = nullptr;
+    cudaStreamEndCapture(s, &g);
+    (void)cudaGetLastError();
+    cudaGraphDestroy(g);
+    cudaStreamDestroy(s);
+}
+
+TEST(CudaDoubleRules, StickyErrorsStay) {
+    NEED_DOUBLE();
+    hook<void (*)(int, int)>("cuda_double_make_sticky")(0, cudaErrorIllegalAddress);
+    void *p = nullptr;
+    EXPECT_EQ(cudaMalloc(&p, 16), cudaErrorIllegalAddress);
+    EXPECT_EQ(cudaGetLastError(), cudaErrorIllegalAddress);
+    EXPECT_EQ(cudaGetLastError(), cudaErrorIllegalAddress) << "a sticky error is never reset";
+    ASSERT_EQ(cudaSetDevice(1), cudaSuccess);
+    EXPECT_EQ(cudaMalloc(&p, 16), cudaSuccess) << "another device's context is fine";
+    EXPECT_EQ(cudaFree(p), cudaSuccess);
+}
+
+TEST(CudaDoubleRules, VmmOrdersGranularityAndCapacity) {
+    NEED_DOUBLE();
+    auto gran =
+        drv<CUresult (*)(size_t *, const CUmemAllocationProp *, CUmemAllocationGranularity_flags)>(
+            "cuMemGetAllocationGranularity");
+    auto create = drv<CUresult (*)(CUmemGenericAllocationHandle *, size_t,
+                                   const CUmemAllocationProp *, unsigned long long)>("cuMemCreate");
+    auto reserve =
+        drv<CUresult (*)(CUdeviceptr *, size_t, size_t, CUdeviceptr, unsigned long long)>(
+            "cuMemAddressReserve");
+    auto map = drv<CUresult (*)(CUdeviceptr, size_t, size_t, CUmemGenericAllocationHandle,
+                                unsigned long long)>("cuMemMap");
+    auto access =
+        drv<CUresult (*)(CUdeviceptr, size_t, const CUmemAccessDesc *, size_t)>("cuMemSetAccess");
+    auto unmap = drv<CUresult (*)(CUdeviceptr, size_t)>("cuMemUnmap");
+    auto release = drv<CUresult (*)(CUmemGenericAllocationHandle)>("cuMemRelease");
+    auto afree = drv<CUresult (*)(CUdeviceptr, size_t)>("cuMemAddressFree");
+    ASSERT_TRUE(gran && create && reserve && map && access && unmap && release && afree);
+    CUmemAllocationProp prop{};
+    prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+    prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    prop.location.id = 0;
+    size_t g = 0;
+    ASSERT_EQ(gran(&g, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM), CUDA_SUCCESS);
+    ASSERT_GT(g, 0u);
+    CUmemGenericAllocationHandle h = 0, h2 = 0;
+    EXPECT_EQ(create(&h, g + 4096, &prop, 0), CUDA_ERROR_INVALID_VALUE) << "not a multiple";
+    ASSERT_EQ(create(&h, 2 * g, &prop, 0), CUDA_SUCCESS);
+    EXPECT_EQ(used(0), 2 * g);
+    CUdeviceptr va = 0;
+    ASSERT_EQ(reserve(&va, 4 * g, 0, 0, 0), CUDA_SUCCESS);
+    EXPECT_EQ(map(va + 4096, 2 * g, 0, h, 0), CUDA_ERROR_INVALID_VALUE) << "unaligned";
+    EXPECT_EQ(map(va + 3 * g, 2 * g, 0, h, 0), CUDA_ERROR_INVALID_VALUE) << "past the reservation";
+    ASSERT_EQ(map(va, 2 * g, 0, h, 0), CUDA_SUCCESS);
+    ASSERT_EQ(create(&h2, g, &prop, 0), CUDA_SUCCESS);
+    EXPECT_EQ(map(va + g, g, 0, h2, 0), CUDA_ERROR_INVALID_VALUE) << "overlaps a mapping";
+    ASSERT_EQ(map(va + 2 * g, g, 0, h2, 0), CUDA_SUCCESS);
+    // Mapped but no access granted yet: the GPU faults there (a sticky error), so the test
+    // checks it in a child process.
+    EXPECT_EXIT(
+        {
+            char b = 0;
+            _exit(cudaMemcpy(&b, reinterpret_cast<void *>(va), 1, cudaMemcpyDeviceToHost) ==
+                          cudaErrorIllegalAddress
+                      ? 0
+                      : 1);
+        },
+        ::testing::ExitedWithCode(0), "");
+    CUmemAccessDesc d{};
+    d.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    d.location.id = 0;
+    d.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+    ASSERT_EQ(access(va, 3 * g, &d, 1), CUDA_SUCCESS);
+    EXPECT_EQ(access(va, 4 * g, &d, 1), CUDA_ERROR_INVALID_VALUE) << "the last page is unmapped";
+    char b = 5, c = 0;
+    ASSERT_EQ(cudaMemcpy(reinterpret_cast<void *>(va + 2 * g), &b, 1, cudaMemcpyHostToDevice),
+              cudaSuccess);
+    ASSERT_EQ(cudaMemcpy(&c, reinterpret_cast<void *>(va + 2 * g), 1, cudaMemcpyDeviceToHost),
+              cudaSuccess);
+    EXPECT_EQ(c, 5);
+    EXPECT_EQ(unmap(va, g), CUDA_ERROR_INVALID_VALUE) << "a sub-range of one mapping";
+    EXPECT_EQ(afree(va, 4 * g), CUDA_ERROR_INVALID_VALUE) << "mappings still there";
+    ASSERT_EQ(release(h), CUDA_SUCCESS);
+    EXPECT_EQ(release(h), CUDA_ERROR_INVALID_VALUE) << "released twice";
+    EXPECT_EQ(used(0), 3 * g) << "a released handle lives while mapped";
+    ASSERT_EQ(unmap(va, 3 * g), CUDA_SUCCESS) << "two whole mappings at once";
+    EXPECT_EQ(used(0), g) << "h2 is not released yet";
+    ASSERT_EQ(release(h2), CUDA_SUCCESS);
+    EXPECT_EQ(used(0), 0u);
+    ASSERT_EQ(afree(va, 4 * g), CUDA_SUCCESS);
+    // Capacity: the device has CUDA_DOUBLE_MEMORY bytes.
+    size_t fr = 0, tot = 0;
+    ASSERT_EQ(cudaMemGetInfo(&fr, &tot), cudaSuccess);
+    EXPECT_EQ(create(&h, (tot / g + 1) * g, &prop, 0), CUDA_ERROR_OUT_OF_MEMORY);
+}
+
+// ---- NCCL across processes --------------------------------------------------------------------
+
+// Runs body(rank) in `n` child processes (rank r on device dev_of(r)); true when all exit 0.
+template <typename F> bool ranks(int n, F body) {
+    std::vector<pid_t> kids;
+    for (int r = 0; r < n; r++) {
+        pid_t pid = fork();
+        if (pid == 0)
+            _exit(body(r) ? 0 : 1);
+        kids.push_back(pid);
+    }
+    bool ok = true;
+    for (pid_t p : kids) {
+        int st = 0;
+        waitpid(p, &st, 0);
+        ok = ok && WIFEXITED(st) && WEXITSTATUS(st) == 0;
+    }
+    return ok;
+}
+
+TEST(CudaDoubleNccl, AvgPremultipliesFloatsAndDividesIntegers) {
+    NEED_DOUBLE();
+    ncclUniqueId id;
+    ASSERT_EQ(ncclGetUniqueId(&id), ncclSuccess);
+    int v = 0;
+    ASSERT_EQ(ncclGetVersion(&v), ncclSuccess);
+    EXPECT_EQ(v, NCCL_VERSION_CODE);
+    EXPECT_TRUE(ranks(2, [&](int r) {
+        if (cudaSetDevice(r) != cudaSuccess)
+            return false;
+        ncclComm_t c = nullptr;
+        if (ncclCommInitRank(&c, 2, id, r) != ncclSuccess)
+            return false;
+        // fp16: 65504 (the largest half) on both ranks. Summed first, it would overflow to inf;
+        // NCCL pre-multiplies each by 1/2 in half precision, so the average is 65504.
+        uint16_t h[2] = {0x7bff, 0x3c00}, out[2] = {};
+        int32_t i[1] = {3 + r}, io[1] = {};
+        void *dh = nullptr, *di = nullptr;
+        bool ok = cudaMalloc(&dh, sizeof h) == cudaSuccess && cudaMalloc(&di, 4) == cudaSuccess &&
+                  cudaMemcpy(dh, h, sizeof h, cudaMemcpyHostToDevice) == cudaSuccess &&
+                  cudaMemcpy(di, i, 4, cudaMemcpyHostToDevice) == cudaSuccess &&
+                  ncclAllReduce(dh, dh, 2, ncclFloat16, ncclAvg, c, nullptr) == ncclSuccess &&
+                  ncclAllReduce(di, di, 1, ncclInt32, ncclAvg, c, nullptr) == ncclSuccess &&
+                  cudaMemcpy(out, dh, sizeof out, cudaMemcpyDeviceToHost) == cudaSuccess &&
+                  cudaMemcpy(io, di, 4, cudaMemcpyDeviceToHost) == cudaSuccess;
+        ok = ok && out[0] == 0x7bff && out[1] == 0x3c00 && io[0] == 3; // (3 + 4) / 2
+        if (!ok)
+            fprintf(stderr, "rank %d: %#x %#x %d\n", r, out[0], out[1], io[0]);
+        // Host memory is not a collective's buffer.
+        ok = ok && ncclAllReduce(i, io, 1, ncclInt32, ncclSum, c, nullptr) == ncclInvalidArgument;
+        return ncclCommDestroy(c) == ncclSuccess && ok;
+    }));
+}
+
+TEST(CudaDoubleNccl, DuplicateGpuIsRefusedOnEveryRank) {
+    NEED_DOUBLE();
+    ncclUniqueId id;
+    ASSERT_EQ(ncclGetUniqueId(&id), ncclSuccess);
+    EXPECT_TRUE(ranks(2, [&](int r) {
+        cudaSetDevice(0);
+        ncclComm_t c = nullptr;
+        ncclResult_t res = ncclCommInitRank(&c, 2, id, r);
+        return res == ncclInvalidUsage && c == nullptr &&
+               std::string(ncclGetLastError(nullptr)).find("Duplicate GPU") != std::string::npos;
+    }));
+}
+
+TEST(CudaDoubleNccl, WindowRules) {
+    NEED_DOUBLE();
+    ncclUniqueId id;
+    ASSERT_EQ(ncclGetUniqueId(&id), ncclSuccess);
+    EXPECT_TRUE(ranks(2, [&](int r) {
+        cudaSetDevice(r);
+        ncclComm_t c = nullptr;
+        if (ncclCommInitRank(&c, 2, id, r) != ncclSuccess)
+            return false;
+        bool ok = true;
+        void *m = nullptr, *plain = nullptr;
+        ok = ok && ncclMemAlloc(&m, 3 << 20) == ncclSuccess && m != nullptr;
+        ok = ok && cudaMalloc(&plain, 4 << 20) == cudaSuccess;
+        ncclWindow_t w = nullptr;
+        // 2.28: NULL or size 0 returns success and leaves *win alone.
+        ok = ok && ncclCommWindowRegister(c, nullptr, 0, &w, 0) == ncclSuccess && w == nullptr;
+        // Not VMM memory: refused (every rank gets an error, the call is collective).
+        ok = ok &&
+             ncclCommWindowRegister(c, plain, 4 << 20, &w, NCCL_WIN_COLL_SYMMETRIC) != ncclSuccess;
+        // Offsets must be 4096-aligned.
+        ok = ok &&
+             ncclCommWindowRegister(c, static_cast<char *>(m) + 100, 4096, &w, 0) != ncclSuccess;
+        // Sizes must be equal on every rank.
+        ok = ok &&
+             ncclCommWindowRegister(c, m, r == 0 ? 1 << 20 : 2 << 20, &w, 0) == ncclInvalidUsage;
+        ok = ok &&
+             ncclCommWindowRegister(c, m, 2 << 20, &w, NCCL_WIN_COLL_SYMMETRIC) == ncclSuccess &&
+             w != nullptr;
+        // Deregister before free.
+        ok = ok && ncclMemFree(m) == ncclInvalidUsage;
+        ok = ok && ncclCommWindowDeregister(c, w) == ncclSuccess;
+        ok = ok && ncclMemFree(m) == ncclSuccess;
+        ok = ok && cudaFree(plain) == cudaSuccess;
+        if (!ok)
+            fprintf(stderr, "rank %d failed\n", r);
+        return ncclCommDestroy(c) == ncclSuccess && ok;
+    }));
+}
+
+TEST(CudaDoubleNccl, AnAbortReachesThePeers) {
+    NEED_DOUBLE();
+    ncclUniqueId id;
+    ASSERT_EQ(ncclGetUniqueId(&id), ncclSuccess);
+    EXPECT_TRUE(ranks(2, [&](int r) {
+        cudaSetDevice(r);
+        ncclComm_t c = nullptr;
+        if (ncclCommInitRank(&c, 2, id, r) != ncclSuccess)
+            return false;
+        if (r == 1)
+            return ncclCommAbort(c) == ncclSuccess;
+        void *b = nullptr;
+        cudaMalloc(&b, 64);
+        ncclResult_t res = ncclAllReduce(b, b, 16, ncclFloat32, ncclSum, c, nullptr);
+        ncclCommAbort(c);
+        return res == ncclRemoteError;
+    }));
+}
+
+// ---- sympool's cuda path under the doubles ---------------------------------------------------
+
+class CudaDoubleSympool : public sp::Test {};
+
+TEST_F(CudaDoubleSympool, OnlyTheDevicesUsedGetAContext) {
+    NEED_DOUBLE();
+    ASSERT_STREQ(sp_backend_name(), "cuda");
+    ASSERT_EQ(sp_device_count(), 2);
+    int before0 = contexts(0);
+    EXPECT_EQ(before0, 0) << "sympool's start-up made a context";
+    void *p = nullptr;
+    std::thread([&] {
+        // A thread that never set a device allocates on device 1.
+        EXPECT_SP_OK(sp_malloc(1 << 20, 1, nullptr, &p));
+        EXPECT_SP_OK(sp_free(p));
+    }).join();
+    EXPECT_EQ(contexts(1), 1);
+    EXPECT_EQ(contexts(0), before0) << "sympool made a context on device 0, which it never used";
+    std::thread([&] { EXPECT_SP_OK(sp_empty_cache()); }).join();
+    EXPECT_EQ(used(1), 0u);
+}
+
+TEST_F(CudaDoubleSympool, FreshThreadOnDeviceOneLeavesDeviceZeroAlone) {
+    NEED_DOUBLE();
+    int c0 = -1;
+    std::thread([&] {
+        // Everything on a thread whose runtime state is untouched: device 0 must stay bare.
+        int before = contexts(0);
+        void *p = nullptr;
+        sp_stream_t s = nullptr;
+        EXPECT_SP_OK(sp_stream_create(1, &s));
+        EXPECT_SP_OK(sp_malloc(4096, 1, s, &p));
+        EXPECT_SP_OK(sp_free(p));
+        EXPECT_SP_OK(sp_stream_synchronize(s));
+        EXPECT_SP_OK(sp_stream_destroy(s));
+        c0 = contexts(0) - before;
+    }).join();
+    EXPECT_EQ(c0, 0);
+    EXPECT_SP_OK(sp_empty_cache());
+}
+
+TEST_F(CudaDoubleSympool, EmptyCacheAndOomReleaseLeaveUnusedDevicesBare) {
+    NEED_DOUBLE();
+    // Everything on device 0, the device this thread set: releasing the cache (empty_cache, and
+    // the OOM path that releases it before retrying) must not visit device 1, which has no
+    // context and therefore nothing cached and no capture under way.
+    ASSERT_EQ(cudaSetDevice(0), cudaSuccess);
+    void *p = nullptr;
+    ASSERT_SP_OK(sp_malloc(1 << 20, 0, nullptr, &p));
+    ASSERT_SP_OK(sp_free(p));
+    ASSERT_SP_OK(sp_empty_cache());
+    size_t fr = 0, tot = 0;
+    ASSERT_SP_OK(sp_get_memory_info(0, &fr, &tot));
+    void *q = nullptr;
+    expect_warnings();
+    EXPECT_SP_STATUS(sp_malloc(tot + (1 << 20), 0, nullptr, &q), SP_ERR_OUT_OF_MEMORY);
+    EXPECT_EQ(contexts(1), 0) << "device 1 was set up by a release on device 0 "
+                                 "(CUDA_DOUBLE_TRACE_CONTEXTS=1 says where)";
+}
+
+TEST_F(CudaDoubleSympool, HostDereferenceOfSympoolMemoryFaults) {
+    NEED_DOUBLE();
+    void *p = nullptr;
+    ASSERT_SP_OK(sp_malloc(4096, 0, nullptr, &p));
+    EXPECT_EXIT({ (void)*static_cast<volatile int *>(p); }, ::testing::KilledBySignal(SIGSEGV), "");
+    sp::touch(p, 4096); // the shim's way (a copy) works
+    ASSERT_SP_OK(sp_free(p));
+}
+
+TEST_F(CudaDoubleSympool, StickyErrorSaysTheProcessMustRestart) {
+    NEED_DOUBLE();
+    expect_warnings();
+    skip_leak_check();
+    hook<void (*)(int, int)>("cuda_double_make_sticky")(0, cudaErrorIllegalAddress);
+    void *p = nullptr;
+    sp_status_t s = sp_malloc(1 << 20, 0, nullptr, &p);
+    EXPECT_EQ(s, SP_ERR_DEVICE);
+    EXPECT_NE(std::string(sp_last_error()).find("sticky"), std::string::npos) << sp_last_error();
+}
+
+TEST_F(CudaDoubleSympool, AllocatingDuringAnotherThreadsGlobalCaptureKeepsItValid) {
+    NEED_DOUBLE();
+    cudaStream_t cs;
+    ASSERT_EQ(cudaStreamCreateWithFlags(&cs, cudaStreamNonBlocking), cudaSuccess);
+    ASSERT_EQ(cudaStreamBeginCapture(cs, cudaStreamCaptureModeGlobal), cudaSuccess);
+    std::thread([&] {
+        void *p = nullptr;
+        EXPECT_SP_OK(sp_malloc(3 << 20, 0, nullptr, &p)); // a new segment: cudaMalloc
+        EXPECT_SP_OK(sp_free(p));
+    }).join();
+    cudaGraph_t g = nullptr;
+    EXPECT_EQ(cudaStreamEndCapture(cs, &g), cudaSuccess) << "sympool invalidated the capture";
+    cudaGraphDestroy(g);
+    cudaStreamDestroy(cs);
+    EXPECT_SP_OK(sp_empty_cache());
+}
+
+TEST_F(CudaDoubleSympool, ExpandableSegmentsFollowTheVmmRules) {
+    NEED_DOUBLE();
+    sp::ScopedEnv env({{"SYMPOOL_EXPANDABLE_SEGMENTS", "1"}});
+    std::vector<void *> ps;
+    for (int i = 0; i < 8; i++) {
+        void *p = nullptr;
+        ASSERT_SP_OK(sp_malloc(size_t(5 + i) << 20, 0, nullptr, &p));
+        sp::touch(p, 4096);
+        ps.push_back(p);
+    }
+    for (void *p : ps)
+        ASSERT_SP_OK(sp_free(p));
+    ASSERT_SP_OK(sp_empty_cache());
+    EXPECT_EQ(used(0), 0u) << "every page unmapped and released";
+    EXPECT_EQ(hook<int (*)()>("cuda_double_live_vmm_handles")(), 0);
+}
+
+TEST_F(CudaDoubleSympool, ExpandableSegmentsWithoutShareableHandles) {
+    NEED_DOUBLE();
+    // Containers without the capability refuse POSIX-FD handles; pages are made without them.
+    sp::ScopedEnv env({{"SYMPOOL_EXPANDABLE_SEGMENTS", "1"}});
+    setenv("CUDA_DOUBLE_NO_POSIX_FD", "1", 1);
+    void *p = nullptr;
+    sp_status_t s = sp_malloc(8 << 20, 0, nullptr, &p);
+    unsetenv("CUDA_DOUBLE_NO_POSIX_FD");
+    ASSERT_SP_OK(s);
+    ASSERT_SP_OK(sp_free(p));
+    ASSERT_SP_OK(sp_empty_cache());
+    EXPECT_EQ(used(0), 0u);
+}
+
+TEST_F(CudaDoubleSympool, FailedMapIsUndone) {
+    NEED_DOUBLE();
+    expect_warnings();
+    sp::ScopedEnv env({{"SYMPOOL_EXPANDABLE_SEGMENTS", "1"}});
+    void *p = nullptr;
+    inject("cuMemMap", CUDA_ERROR_INVALID_VALUE, 1); // the second page's map fails
+    EXPECT_NE(sp_malloc(40 << 20, 0, nullptr, &p), SP_SUCCESS);
+    inject("cuMemSetAccess", CUDA_ERROR_INVALID_VALUE);
+    EXPECT_NE(sp_malloc(40 << 20, 0, nullptr, &p), SP_SUCCESS);
+    ASSERT_SP_OK(sp_malloc(40 << 20, 0, nullptr, &p)); // nothing half-mapped was left
+    ASSERT_SP_OK(sp_free(p));
+    ASSERT_SP_OK(sp_empty_cache());
+    EXPECT_EQ(used(0), 0u);
+    EXPECT_EQ(hook<int (*)()>("cuda_double_live_vmm_handles")(), 0);
+}
+
+TEST_F(CudaDoubleSympool, DeviceFailuresBecomeStatuses) {
+    NEED_DOUBLE();
+    expect_warnings();
+    void *p = nullptr;
+    inject("cudaMalloc", cudaErrorMemoryAllocation);
+    // One OOM: the allocator frees its cache and retries.
+    ASSERT_SP_OK(sp_malloc(1 << 20, 0, nullptr, &p));
+    ASSERT_SP_OK(sp_free(p));
+    inject("cudaMalloc", cudaErrorInvalidValue);
+    EXPECT_SP_STATUS(sp_malloc(64 << 20, 0, nullptr, &p), SP_ERR_DEVICE);
+    EXPECT_EQ(cudaGetLastError(), cudaSuccess) << "sympool took its own error out of the slot";
+    sp_stream_t s = nullptr;
+    inject("cudaStreamCreateWithFlags", cudaErrorInvalidValue);
+    EXPECT_SP_STATUS(sp_stream_create(0, &s), SP_ERR_DEVICE);
+    ASSERT_SP_OK(sp_stream_create(0, &s));
+    inject("cudaStreamSynchronize", cudaErrorInvalidValue);
+    EXPECT_SP_STATUS(sp_stream_synchronize(s), SP_ERR_DEVICE);
+    inject("cudaStreamSynchronize", cudaErrorInvalidValue);
+    EXPECT_SP_STATUS(sp_stream_destroy(s), SP_ERR_DEVICE);
+    ASSERT_SP_OK(sp_stream_destroy(s));
+    // A pending error of the application stays for it to read.
+    void *bad = nullptr;
+    EXPECT_EQ(cudaMalloc(&bad, size_t(1) << 62), cudaErrorMemoryAllocation);
+    ASSERT_SP_OK(sp_malloc(4096, 0, nullptr, &p));
+    ASSERT_SP_OK(sp_free(p));
+    EXPECT_EQ(cudaGetLastError(), cudaErrorMemoryAllocation);
+    ASSERT_SP_OK(sp_empty_cache());
+}
+
+} // namespace

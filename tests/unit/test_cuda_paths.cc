@@ -1,0 +1,141 @@
+// test_cuda_paths.cc: the cuda backend's device guard, VMM and capture paths, shown on the
+// CUDA/NCCL test doubles (tests/cuda_double: label cuda_double), which count primary contexts,
+// refuse shareable handles, inject failures and model stream capture as the documentation
+// describes. Everywhere else (host backend, or a real GPU, where the doubles' hooks are absent)
+// these tests skip: what they check needs a machine the test can set up and look into.
+#include "sp_test.hpp"
+
+#include <dlfcn.h>
+
+#include <cuda_runtime.h>
+
+extern "C" {
+#include "pool/pool.h"
+#include "sympool/torch.h"
+}
+
+namespace {
+
+using sp::MiB;
+using sp::stat;
+
+template <class F> F hook(const char *name) {
+    return reinterpret_cast<F>(dlsym(RTLD_DEFAULT, name));
+}
+
+// The doubles' test hooks (tests/cuda_double/dbl.h), found at run time: NULL on a real driver.
+int primary_contexts(int dev) {
+    return hook<int (*)(int)>("cuda_double_primary_contexts")(dev);
+}
+void inject(const char *fn, int code, int skip) {
+    hook<void (*)(const char *, int, int)>("cuda_double_inject")(fn, code, skip);
+}
+int live_vmm_handles() {
+    return hook<int (*)()>("cuda_double_live_vmm_handles")();
+}
+size_t memory_used(int dev) {
+    return hook<size_t (*)(int)>("cuda_double_memory_used")(dev);
+}
+
+class CudaPaths : public sp::Test {
+  protected:
+    void SetUp() override {
+        sp::Test::SetUp();
+        const char *dev = getenv("SYMPOOL_DEVICE");
+        if (!hook<void *>("cuda_double_primary_contexts") || !dev || std::string(dev) != "cuda")
+            GTEST_SKIP() << "needs the CUDA/NCCL test doubles (label cuda_double)";
+    }
+};
+
+// PyTorch's MaybeExchangeDevice: after work on device 1, a caller that never chose a device (it
+// reads 0) is not switched back to 0, which would make a context there.
+TEST_F(CudaPaths, GuardMakesNoContextOnTheCallersUnchosenDevice) {
+    sp::ScopedEnv env({{"CUDA_DOUBLE_GPUS", "2"}}); // read at the doubles' first call
+    ASSERT_EQ(sp_device_count(), 2) << sp_last_error();
+    void *p = nullptr;
+    ASSERT_SP_OK(sp_malloc(MiB, 1, nullptr, &p));
+    ASSERT_SP_OK(sp_free(p));
+    EXPECT_EQ(primary_contexts(1), 1);
+    EXPECT_EQ(primary_contexts(0), 0) << "the guard switched back to a device without a context";
+}
+
+// A caller whose device has a context gets it back.
+TEST_F(CudaPaths, GuardGivesBackACallersDevice) {
+    sp::ScopedEnv env({{"CUDA_DOUBLE_GPUS", "2"}});
+    ASSERT_EQ(cudaSetDevice(0), cudaSuccess); // makes device 0's context
+    ASSERT_EQ(sp_device_count(), 2);
+    void *p = nullptr;
+    ASSERT_SP_OK(sp_malloc(MiB, 1, nullptr, &p));
+    int cur = -1;
+    ASSERT_EQ(cudaGetDevice(&cur), cudaSuccess);
+    EXPECT_EQ(cur, 0);
+    ASSERT_SP_OK(sp_free(p));
+}
+
+// cuMemCreate answers CUDA_ERROR_NOT_PERMITTED for shareable handles where the container lacks
+// the capability: expandable segments go on with plain pages.
+TEST_F(CudaPaths, ExpandableSegmentsFallBackWhenHandlesAreNotPermitted) {
+    sp::ScopedEnv env({{"CUDA_DOUBLE_NO_POSIX_FD", "1"},
+                       {"SYMPOOL_ALLOC_CONF", "expandable_segments:True"}});
+    void *p = nullptr;
+    ASSERT_SP_OK(sp_malloc(MiB, 0, nullptr, &p));
+    EXPECT_GT(live_vmm_handles(), 0) << "not an expandable (VMM) segment";
+    sp::touch(p, MiB);
+    ASSERT_SP_OK(sp_free(p));
+}
+
+// cuMemUnmap does not wait for the GPU: when the device cannot be synchronized, no page is
+// unmapped (it stays cached), and a later release that can synchronize unmaps it.
+TEST_F(CudaPaths, NoUnmapAfterAFailedDeviceSynchronize) {
+    expect_warnings();
+    sp::ScopedEnv env({{"SYMPOOL_ALLOC_CONF", "expandable_segments:True"}});
+    void *p = nullptr;
+    ASSERT_SP_OK(sp_malloc(4 * MiB, 0, nullptr, &p));
+    ASSERT_SP_OK(sp_free(p));
+    int64_t reserved = stat("reserved_bytes.all.current");
+    int handles = live_vmm_handles();
+    ASSERT_GT(reserved, 0);
+    inject("cudaDeviceSynchronize", (int)cudaErrorUnknown, 0);
+    (void)sp_empty_cache();
+    EXPECT_EQ(live_vmm_handles(), handles) << "pages were unmapped after a failed synchronize";
+    EXPECT_EQ(stat("reserved_bytes.all.current"), reserved);
+    ASSERT_SP_OK(sp_empty_cache());
+    EXPECT_EQ(stat("reserved_bytes.all.current"), 0);
+}
+
+// While a blocking stream captures a graph (global mode), empty_cache releases nothing (as
+// PyTorch releases no cached block while a capture is under way): synchronizing the device or
+// freeing memory would invalidate the capture.
+TEST_F(CudaPaths, NothingIsReleasedWhileACaptureIsUnderWay) {
+    void *p = nullptr;
+    ASSERT_SP_OK(sp_malloc(MiB, 0, nullptr, &p));
+    ASSERT_SP_OK(sp_free(p));
+    int64_t reserved = stat("reserved_bytes.all.current");
+    ASSERT_GT(reserved, 0);
+    cudaStream_t s = nullptr;
+    ASSERT_EQ(cudaStreamCreate(&s), cudaSuccess);
+    ASSERT_EQ(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal), cudaSuccess);
+    (void)sp_empty_cache();
+    EXPECT_EQ(stat("reserved_bytes.all.current"), reserved);
+    cudaGraph_t g = nullptr;
+    EXPECT_EQ(cudaStreamEndCapture(s, &g), cudaSuccess) << "the release broke the capture";
+    if (g)
+        (void)cudaGraphDestroy(g);
+    (void)cudaGetLastError();
+    ASSERT_EQ(cudaStreamDestroy(s), cudaSuccess);
+    ASSERT_SP_OK(sp_empty_cache());
+    EXPECT_EQ(stat("reserved_bytes.all.current"), 0);
+}
+
+// Behind torch.cuda.MemPool, PyTorch caches: sympool's segment entry points take exactly what
+// PyTorch asks from the device and give it back at once (sympool.torch.mem_pool()).
+TEST_F(CudaPaths, TorchSegmentsAreExactAndGivenBackAtOnce) {
+    void *a = sp_torch_segment_malloc(2 * MiB, 0, nullptr);
+    ASSERT_NE(a, nullptr) << sp_last_error();
+    EXPECT_EQ(memory_used(0), 2 * MiB) << "not one 2 MiB device allocation";
+    EXPECT_EQ(stat("reserved_bytes.all.current"), 0) << "in sympool's cache";
+    sp_torch_segment_free(a, 2 * MiB, 0, nullptr);
+    EXPECT_EQ(memory_used(0), 0u) << "not given back to the device";
+}
+
+} // namespace
