@@ -740,8 +740,8 @@ namespace {
 // Loading without stacks (what a replay without --snapshot does) reads the same trace.
 TEST_F(Replay, SkippingFramesLoadsTheSameTrace) {
     for (const char *name :
-         {"cs336-2.7b-ctx128-forward-bf16.pickle", "real-sqattn-empty-cache.pickle",
-          "real-attention-state-only.pickle", "real-layoutediting-legacy-list.pickle"}) {
+         {"cs336-2.7b-ctx128-forward-bf16.pickle", "real/sqattn-empty-cache.pickle",
+          "real/attention-state-only.pickle", "real/layoutediting-legacy-list.pickle"}) {
         std::string path = data_dir() + "/" + name;
         tr_trace_t a, b;
         char why[256] = "";
