@@ -69,23 +69,29 @@ void *sp__emit_realloc(void *p, size_t n) {
     return realloc(p, n);
 }
 
-static void put(sp__emit_t *e, const void *p, size_t n) {
+/* Grow the buffer for n more bytes (the cold half of put). */
+static __attribute__((noinline)) bool grow(sp__emit_t *e, size_t n) {
+    size_t cap = e->cap ? e->cap : 4096;
+    while (cap < e->len + n)
+        cap *= 2;
+    char *nb = sp__emit_realloc(e->buf, cap);
+    if (nb == NULL) {
+        e->failed = true;
+        e->oom = true;
+        return false;
+    }
+    e->buf = nb;
+    e->cap = cap;
+    return true;
+}
+
+static inline void put(sp__emit_t *e, const void *p, size_t n) {
     if (e->failed)
         return;
-    if (e->len + n > e->cap) {
-        size_t cap = e->cap ? e->cap : 4096;
-        while (cap < e->len + n)
-            cap *= 2;
-        char *nb = sp__emit_realloc(e->buf, cap);
-        if (nb == NULL) {
-            e->failed = true;
-            e->oom = true;
-            return;
-        }
-        e->buf = nb;
-        e->cap = cap;
-    }
-    memcpy(e->buf + e->len, p, n);
+    if (e->len + n > e->cap && !grow(e, n))
+        return;
+    if (p != NULL)
+        memcpy(e->buf + e->len, p, n);
     e->len += n;
 }
 
@@ -109,6 +115,7 @@ void sp__emit_init(sp__emit_t *e, bool json) {
 
 void sp__emit_discard(sp__emit_t *e) {
     free(e->buf);
+    free(e->jmemo);
     memset(e, 0, sizeof(*e));
 }
 
@@ -135,6 +142,9 @@ sp_status_t sp__emit_finish(sp__emit_t *e, char **buf_p, size_t *len_p) {
     *len_p = e->len;
     e->buf = NULL;
     e->len = e->cap = 0;
+    free(e->jmemo);
+    e->jmemo = NULL;
+    e->jmemo_n = e->jmemo_cap = 0;
     return SP_SUCCESS;
 }
 
@@ -170,6 +180,7 @@ static void open_container(sp__emit_t *e, char kind) {
     e->kind[d] = kind;
     e->count[d] = 0;
     if (e->json) {
+        e->vstart[d] = e->len;
         put1(e, kind == 'd' ? '{' : '[');
     } else {
         put1(e, kind == 'd' ? OP_EMPTY_DICT : OP_EMPTY_LIST);
@@ -188,6 +199,8 @@ static void close_container(sp__emit_t *e, char kind) {
     int d = --e->depth;
     if (e->json) {
         put1(e, kind == 'd' ? '}' : ']');
+        e->last_start = e->vstart[d];
+        e->last_len = e->len - e->vstart[d];
     } else if (e->len == e->mark[d] + 1) {
         e->len--; /* nothing since the MARK: drop it rather than write an empty SETITEMS */
     } else {
@@ -238,10 +251,19 @@ static void put_str_pickle(sp__emit_t *e, const char *s) {
         put1(e, OP_BINUNICODE);
         put(e, le, 4);
     }
-    /* Copy, replacing each invalid byte with '?' so the length stays the same. */
+    /* Copy, replacing each invalid byte with '?' so the length stays the same; runs of ASCII
+     * (nearly every string: names, file names) in one piece. */
     const unsigned char *p = (const unsigned char *)s;
     size_t i = 0;
     while (i < n) {
+        size_t run = 0;
+        while (i + run < n && p[i + run] < 0x80)
+            run++;
+        if (run > 0) {
+            put(e, p + i, run);
+            i += run;
+            continue;
+        }
         size_t k = utf8_len(p + i);
         if (k == 0 || i + k > n) {
             put1(e, '?');
@@ -257,6 +279,14 @@ static void put_str_json(sp__emit_t *e, const char *s) {
     const unsigned char *p = (const unsigned char *)s;
     put1(e, '"');
     while (*p) {
+        const unsigned char *q = p;
+        while (*q >= 0x20 && *q < 0x80 && *q != '"' && *q != '\\')
+            q++;
+        if (q > p) {
+            put(e, p, (size_t)(q - p));
+            p = q;
+            continue;
+        }
         unsigned c = *p;
         size_t k = utf8_len(p);
         if (c == '"' || c == '\\') {
@@ -279,18 +309,70 @@ static void put_str_json(sp__emit_t *e, const char *s) {
     put1(e, '"');
 }
 
-void sp__emit_key(sp__emit_t *e, const char *key) {
+static void put_memo_get(sp__emit_t *e, uint32_t index);
+
+/* Pickle: a string by address: BINGET once it has been written, else written and memoized. A
+ * small direct-mapped table (a clash just writes the string again). */
+static void put_str_static(sp__emit_t *e, const char *s) {
+    size_t h = ((uintptr_t)s >> 3) * 0x9e3779b97f4a7c15ull >> 56;
+    if (e->skey[h] == s) {
+        put_memo_get(e, e->sidx[h]);
+        return;
+    }
+    put_str_pickle(e, s);
+    if (e->failed)
+        return;
+    put1(e, OP_MEMOIZE);
+    e->skey[h] = s;
+    e->sidx[h] = e->memo_next++;
+}
+
+static void key(sp__emit_t *e, const char *k, bool fixed) {
     if (e->depth == 0 || e->kind[e->depth - 1] != 'd') {
         e->failed = true;
         return;
     }
     before_item(e);
     if (e->json) {
-        put_str_json(e, key);
+        put_str_json(e, k);
         put1(e, ':');
+    } else if (fixed) {
+        put_str_static(e, k);
     } else {
-        put_str_pickle(e, key);
+        put_str_pickle(e, k);
     }
+}
+
+void sp__emit_key(sp__emit_t *e, const char *k) {
+    key(e, k, false);
+}
+
+void sp__emit_key_static(sp__emit_t *e, const char *k) {
+    key(e, k, true);
+}
+
+void sp__emit_str_static(sp__emit_t *e, const char *s) {
+    before_value(e);
+    if (s == NULL)
+        s = "";
+    if (e->json)
+        put_str_json(e, s);
+    else
+        put_str_static(e, s);
+}
+
+/* Decimal digits of v into b (at least 21 bytes), NUL-terminated; the length. */
+static size_t fmt_u64(char *b, uint64_t v) {
+    char t[24];
+    size_t n = 0;
+    do {
+        t[n++] = (char)('0' + v % 10);
+        v /= 10;
+    } while (v != 0);
+    for (size_t i = 0; i < n; i++)
+        b[i] = t[n - 1 - i];
+    b[n] = '\0';
+    return n;
 }
 
 void sp__emit_str(sp__emit_t *e, const char *s) {
@@ -337,8 +419,11 @@ void sp__emit_int(sp__emit_t *e, int64_t v) {
     before_value(e);
     if (e->json) {
         char b[32];
-        snprintf(b, sizeof(b), "%lld", (long long)v);
-        puts_(e, b);
+        size_t n = 0;
+        if (v < 0)
+            b[n++] = '-';
+        n += fmt_u64(b + n, v < 0 ? 0 - (uint64_t)v : (uint64_t)v);
+        put(e, b, n);
     } else {
         put_int_pickle(e, v);
     }
@@ -352,8 +437,7 @@ void sp__emit_uint(sp__emit_t *e, uint64_t v) {
     before_value(e);
     if (e->json) {
         char b[32];
-        snprintf(b, sizeof(b), "%llu", (unsigned long long)v);
-        puts_(e, b);
+        put(e, b, fmt_u64(b, v));
     } else {
         unsigned char le[9];
         for (size_t i = 0; i < 8; i++)
@@ -416,26 +500,51 @@ void sp__emit_tuple2(sp__emit_t *e, int64_t a, int64_t b) {
 }
 
 uint32_t sp__emit_memoize(sp__emit_t *e) {
-    if (e->json || e->failed)
+    if (e->failed)
         return UINT32_MAX;
+    if (e->json) {
+        if (e->last_len == 0 || e->last_start + e->last_len != e->len)
+            return UINT32_MAX; /* not right after a container: the caller writes it again */
+        if (e->jmemo_n == e->jmemo_cap) {
+            uint32_t cap = e->jmemo_cap ? e->jmemo_cap * 2 : 64;
+            size_t *nm = sp__emit_realloc(e->jmemo, (size_t)cap * 2 * sizeof(*nm));
+            if (nm == NULL)
+                return UINT32_MAX;
+            e->jmemo = nm;
+            e->jmemo_cap = cap;
+        }
+        e->jmemo[2 * e->jmemo_n] = e->last_start;
+        e->jmemo[2 * e->jmemo_n + 1] = e->last_len;
+        return e->jmemo_n++;
+    }
     put1(e, OP_MEMOIZE);
     return e->memo_next++;
 }
 
 void sp__emit_memo_get(sp__emit_t *e, uint32_t index) {
     before_value(e);
+    if (e->json && index < e->jmemo_n && !e->failed) {
+        size_t start = e->jmemo[2 * index], n = e->jmemo[2 * index + 1];
+        put(e, NULL, n); /* room first: the copy comes from the buffer itself */
+        if (!e->failed)
+            memcpy(e->buf + e->len - n, e->buf + start, n);
+        return;
+    }
     if (e->json || index >= e->memo_next) {
         e->failed = true; /* a reference to nothing: the caller's bug */
         return;
     }
+    put_memo_get(e, index);
+}
+
+static void put_memo_get(sp__emit_t *e, uint32_t index) {
     if (index <= 0xff) {
-        put1(e, OP_BINGET);
-        put1(e, index);
+        unsigned char op[2] = {OP_BINGET, (unsigned char)index};
+        put(e, op, 2);
     } else {
-        unsigned char le[4] = {index & 0xff, (index >> 8) & 0xff, (index >> 16) & 0xff,
-                               index >> 24};
-        put1(e, OP_LONG_BINGET);
-        put(e, le, 4);
+        unsigned char op[5] = {OP_LONG_BINGET, index & 0xff, (index >> 8) & 0xff,
+                               (index >> 16) & 0xff, index >> 24};
+        put(e, op, 5);
     }
 }
 

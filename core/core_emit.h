@@ -24,17 +24,23 @@ extern "C" {
 #define SP__EMIT_MAX_DEPTH 32
 
 typedef struct sp__emit {
-    char *buf;                        /* output bytes */
-    size_t len;                       /* bytes written */
-    size_t cap;                       /* bytes allocated */
-    bool json;                        /* JSON instead of pickle */
-    bool failed;                      /* out of memory or misuse; every later call is a no-op */
-    bool oom;                         /* the failure was out of host memory (not misuse) */
-    int depth;                        /* open containers */
-    size_t mark[SP__EMIT_MAX_DEPTH];  /* pickle: offset of the container's MARK */
-    size_t count[SP__EMIT_MAX_DEPTH]; /* items (dict: keys + values) written in the container */
-    char kind[SP__EMIT_MAX_DEPTH];    /* 'd' dict, 'l' list */
-    uint32_t memo_next;               /* pickle: the index the next MEMOIZE gives */
+    char *buf;                         /* output bytes */
+    size_t len;                        /* bytes written */
+    size_t cap;                        /* bytes allocated */
+    bool json;                         /* JSON instead of pickle */
+    bool failed;                       /* out of memory or misuse; every later call is a no-op */
+    bool oom;                          /* the failure was out of host memory (not misuse) */
+    int depth;                         /* open containers */
+    size_t mark[SP__EMIT_MAX_DEPTH];   /* pickle: offset of the container's MARK */
+    size_t count[SP__EMIT_MAX_DEPTH];  /* items (dict: keys + values) written in the container */
+    char kind[SP__EMIT_MAX_DEPTH];     /* 'd' dict, 'l' list */
+    uint32_t memo_next;                /* pickle: the index the next MEMOIZE gives */
+    size_t vstart[SP__EMIT_MAX_DEPTH]; /* JSON: offset where each open container began */
+    size_t last_start, last_len;       /* JSON: the last container closed (its bytes) */
+    size_t *jmemo;                     /* JSON: memoized values as (start, len) pairs */
+    uint32_t jmemo_n, jmemo_cap;       /* pairs held / allocated */
+    const char *skey[256];             /* pickle: strings memoized by address (keys, names) */
+    uint32_t sidx[256];                /* their memo indexes */
 } sp__emit_t;
 
 /* Start a document (pickle: PROTO 4). */
@@ -61,10 +67,17 @@ void sp__emit_none(sp__emit_t *e);
 /* A 2-tuple of ints (pickle TUPLE2; a 2-item list in JSON). */
 void sp__emit_tuple2(sp__emit_t *e, int64_t a, int64_t b);
 
-/* Pickle memo, so that a value written many times (a stack shared by thousands of trace entries)
- * is written once: after a value is complete, sp__emit_memoize (MEMOIZE) returns its memo index;
- * sp__emit_memo_get (BINGET/LONG_BINGET) writes it again by reference. Pickle only: in JSON,
- * sp__emit_memoize returns UINT32_MAX and the caller writes the value in full each time. */
+/* A string whose bytes stay the same at this address for the whole document (a literal, a name
+ * in a table): pickle writes it once and then refers to it (as Python's pickler does for every
+ * string); JSON writes it in full. sp__emit_key_static: the same for a dict key. */
+void sp__emit_str_static(sp__emit_t *e, const char *s);
+void sp__emit_key_static(sp__emit_t *e, const char *key);
+
+/* Memo, so that a value written many times (a stack shared by thousands of trace entries) is
+ * built once: after a value is complete, sp__emit_memoize returns its memo index and
+ * sp__emit_memo_get writes it again. Pickle: MEMOIZE and BINGET/LONG_BINGET (a reference). JSON:
+ * the memoized value must be a container (list or dict) just closed; memo_get copies its bytes
+ * (JSON has no references, but copying is far cheaper than building it again). */
 uint32_t sp__emit_memoize(sp__emit_t *e);
 void sp__emit_memo_get(sp__emit_t *e, uint32_t index);
 

@@ -15,6 +15,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "sympool/experimental.h"
+
 #include "pool/allocator.h"
 #include "pool/fork.h"
 #include "pool/handles.h"
@@ -320,6 +322,17 @@ SP_EXPORT sp_status_t sp_empty_cache(void) {
         sp__alloc_release_cached(d, ctx);
         sp__unlock(&d->lock);
     }
+    sp__history_context_release(ctx);
+    return SP_SUCCESS;
+}
+
+SP_EXPORT sp_status_t sp_x_empty_cache_device(int device) {
+    sp_devalloc_t *d = NULL;
+    SP_CHECK(sp__alloc_device(device, &d));
+    uint32_t ctx = sp__history_capture(true);
+    sp__lock(&d->lock);
+    sp__alloc_release_cached(d, ctx);
+    sp__unlock(&d->lock);
     sp__history_context_release(ctx);
     return SP_SUCCESS;
 }

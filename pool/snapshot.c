@@ -135,24 +135,25 @@ typedef struct frame_memo {
 static _Thread_local frame_memo_t *g_memo;
 
 /* One "key: value" entry of the dict being written; the type says which sp__emit_ writes it. */
+/* The kv_ helpers take literal keys only: the writer refers back to a key by its address. */
 static void kv_int(sp__emit_t *e, const char *key, int64_t v) {
-    sp__emit_key(e, key);
+    sp__emit_key_static(e, key);
     sp__emit_int(e, v);
 }
 static void kv_uint(sp__emit_t *e, const char *key, uint64_t v) {
-    sp__emit_key(e, key);
+    sp__emit_key_static(e, key);
     sp__emit_uint(e, v);
 }
 static void kv_double(sp__emit_t *e, const char *key, double v) {
-    sp__emit_key(e, key);
+    sp__emit_key_static(e, key);
     sp__emit_double(e, v);
 }
 static void kv_str(sp__emit_t *e, const char *key, const char *v) {
-    sp__emit_key(e, key);
+    sp__emit_key_static(e, key);
     sp__emit_str(e, v);
 }
 static void kv_bool(sp__emit_t *e, const char *key, bool v) {
-    sp__emit_key(e, key);
+    sp__emit_key_static(e, key);
     sp__emit_bool(e, v);
 }
 
@@ -210,12 +211,12 @@ static void emit_segment(sp__emit_t *e, const collect_t *c, const seg_copy_t *sc
     kv_uint(e, "requested_size", v->requested_size);
     kv_uint(e, "stream", v->stream);
     kv_str(e, "segment_type", v->is_small ? "small" : "large");
-    sp__emit_key(e, "segment_pool_id");
+    sp__emit_key_static(e, "segment_pool_id");
     sp__emit_tuple2(e, (int64_t)v->pool_id.first, (int64_t)v->pool_id.second);
     kv_bool(e, "is_expandable", v->is_expandable);
-    sp__emit_key(e, "frames");
+    sp__emit_key_static(e, "frames");
     emit_frames(e, v->context);
-    sp__emit_key(e, "blocks");
+    sp__emit_key_static(e, "blocks");
     sp__emit_list_begin(e);
     uintptr_t addr = v->address;
     for (size_t i = 0; i < v->nblocks; i++) {
@@ -224,8 +225,9 @@ static void emit_segment(sp__emit_t *e, const collect_t *c, const seg_copy_t *sc
         kv_uint(e, "address", addr); /* PyTorch: segment address + earlier sizes (== b->address) */
         kv_uint(e, "size", b->size);
         kv_uint(e, "requested_size", b->requested_size);
-        kv_str(e, "state", state_name(b->state));
-        sp__emit_key(e, "frames");
+        sp__emit_key_static(e, "state");
+        sp__emit_str_static(e, state_name(b->state));
+        sp__emit_key_static(e, "frames");
         emit_frames(e, b->context);
         sp__emit_dict_end(e);
         addr += b->size;
@@ -236,14 +238,16 @@ static void emit_segment(sp__emit_t *e, const collect_t *c, const seg_copy_t *sc
 
 static void emit_trace_entry(sp__emit_t *e, const sp__trace_entry_t *t) {
     sp__emit_dict_begin(e);
-    kv_str(e, "action", sp__history_action_name(t->action));
+    sp__emit_key_static(e, "action");
+    sp__emit_str_static(e, sp__history_action_name(t->action));
     kv_uint(e, t->action == SP_TRACE_OOM ? "device_free" : "addr", t->addr);
     kv_uint(e, "size", t->size);
     kv_uint(e, "stream", t->stream);
     kv_int(e, "time_us", t->time_us);
-    kv_str(e, "compile_context", "N/A");
+    sp__emit_key_static(e, "compile_context");
+    sp__emit_str_static(e, "N/A");
     if (t->context != 0) {
-        sp__emit_key(e, "frames");
+        sp__emit_key_static(e, "frames");
         emit_frames(e, t->context);
     }
     sp__emit_dict_end(e);
@@ -262,12 +266,13 @@ static void emit_settings(sp__emit_t *e) {
     kv_bool(e, "release_lock_on_cudamalloc", false);
     kv_bool(e, "pinned_use_cuda_host_register", false);
     kv_bool(e, "graph_capture_record_stream_reuse", false);
-    sp__emit_key(e, "roundup_power2_divisions");
+    sp__emit_key_static(e, "roundup_power2_divisions");
     sp__emit_dict_begin(e);
     for (int i = 0; i < 16; i++) {
         char key[16];
         snprintf(key, sizeof(key), "%d", 1 << i);
-        kv_int(e, key, conf.roundup_divisions[i]);
+        sp__emit_key(e, key); /* a buffer of ours, not a fixed string */
+        sp__emit_int(e, conf.roundup_divisions[i]);
     }
     sp__emit_dict_end(e);
     sp__emit_dict_end(e);
@@ -279,12 +284,12 @@ static bool same_pool(sp_mempool_id_t a, sp_mempool_id_t b) {
 
 static void emit_snapshot(sp__emit_t *e, const collect_t *c) {
     sp__emit_dict_begin(e);
-    sp__emit_key(e, "segments");
+    sp__emit_key_static(e, "segments");
     sp__emit_list_begin(e);
     for (size_t i = 0; i < c->nsegs; i++)
         emit_segment(e, c, &c->segs[i]);
     sp__emit_list_end(e);
-    sp__emit_key(e, "device_traces");
+    sp__emit_key_static(e, "device_traces");
     sp__emit_list_begin(e);
     for (int d = 0; d < c->ndev; d++) {
         const trace_copy_t *t = &c->traces[d];
@@ -300,9 +305,9 @@ static void emit_snapshot(sp__emit_t *e, const collect_t *c) {
         sp__emit_list_end(e);
     }
     sp__emit_list_end(e);
-    sp__emit_key(e, "allocator_settings");
+    sp__emit_key_static(e, "allocator_settings");
     emit_settings(e);
-    sp__emit_key(e, "external_annotations");
+    sp__emit_key_static(e, "external_annotations");
     sp__emit_list_begin(e);
     sp__emit_list_end(e);
     sp__emit_dict_end(e);

@@ -26,6 +26,9 @@ int sp_cli_replay(int argc, char **argv);
 int sp_cli_plot(int argc, char **argv);
 int sp_cli_summary(int argc, char **argv);
 
+/* `sympool info TRACE` (trace_info.c): what a snapshot holds. Returns the exit status. */
+int cli_trace_info(const char *path);
+
 /* ---- shared by the subcommands (cli_util.c) ---------------------------------------------- */
 
 /* getopt_long for subcommand cmd with our own messages: an unknown option or a missing value
@@ -43,7 +46,7 @@ typedef struct replay_result {
     size_t trace_entries;            /* entries in every device trace */
     size_t events;                   /* allocator calls made: allocs + frees replayed */
     size_t allocs, frees;            /* of which */
-    size_t seeded_blocks;            /* blocks allocated before the trace started (seeds) */
+    size_t seeded_blocks;            /* live blocks at the start outside the start segments */
     uint64_t seeded_bytes;           /* their requested bytes */
     size_t ooms;                     /* our allocations that failed with OUT_OF_MEMORY */
     size_t skipped_frees;            /* frees of blocks we never got (OOM'ed) */
@@ -60,6 +63,12 @@ typedef struct replay_result {
     uint64_t trace_peak_requested;   /* seeds + allocs - frees, over the trace */
     int64_t device_allocs;           /* ours: num_device_alloc (segments and page maps) */
     int64_t device_frees;            /* ours: num_device_free (segment frees and unmaps) */
+    size_t start_segments;           /* segments rebuilt as they were before the trace */
+    uint64_t start_bytes;            /* their bytes */
+    size_t start_blocks;             /* their live blocks */
+    uint64_t pytorch_start_reserved; /* PyTorch's reserved before the first event */
+    size_t empty_caches;             /* the user's empty_cache calls replayed */
+    size_t deferred_frees;           /* frees held back for other streams, replayed */
     double ns_per_event;             /* wall time of the event loop / events */
     int devices;                     /* devices replayed */
 } replay_result_t;

@@ -79,15 +79,19 @@ int sp_cli_info(int argc, char **argv) {
     int c;
     while ((c = cli_getopt(argc, argv, "info", "h", opts)) != -1) {
         if (c == 'h') {
-            printf("usage: sympool info\n"
+            printf("usage: sympool info [TRACE]\n"
                    "  The backend and its devices, every SYMPOOL_* option with its value and\n"
-                   "  source, and the versions of sympool, CUDA, NCCL and MPI in this build.\n");
+                   "  source, and the versions of sympool, CUDA, NCCL and MPI in this build.\n"
+                   "  With TRACE (a PyTorch memory snapshot, .pickle or .json): its format,\n"
+                   "  devices, streams, events by action, pools, starting state and settings.\n");
             return 0;
         }
         return 2;
     }
+    if (optind + 1 == argc)
+        return cli_trace_info(argv[optind]);
     if (optind < argc) {
-        fprintf(stderr, "sympool info: unexpected argument '%s'\n", argv[optind]);
+        fprintf(stderr, "sympool info: unexpected argument '%s'\n", argv[optind + 1]);
         return 2;
     }
     printf("sympool %d.%d.%d\n", SP_VERSION_MAJOR, SP_VERSION_MINOR, SP_VERSION_PATCH);

@@ -15,6 +15,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #define VALUES_PER_CHUNK 4096
 #define STR_CHUNK (256 * 1024)
@@ -34,6 +35,7 @@ typedef struct schunk {
 struct pk_doc {
     vchunk_t *values;       /* value arena */
     schunk_t *strings;      /* string arena */
+    schunk_t *items;        /* arena of the containers' item arrays */
     size_t nvalues;         /* values made */
     const pk_value_t *root; /* the unpickled object */
 };
@@ -53,6 +55,15 @@ typedef struct parser {
     size_t memoused;        /* set memo slots (what MEMOIZE uses as the next index) */
     char *err;              /* message buffer */
     size_t errlen;          /* its size */
+    const char *skip_key;   /* the values under this dict key are skipped (NULL: none) */
+    size_t skip_len;        /* strlen(skip_key) */
+    bool skipping;          /* inside such a value */
+    size_t skip_base;       /* its stack index */
+    pk_value_t *skipped;    /* what every skipped value is (one PK_NONE) */
+    size_t skipped_at;      /* stack depth right after the last skipped string's push */
+    size_t skipped_str;     /* its input offset and length */
+    size_t skipped_len;
+    pk_type_t skipped_type; /* PK_STR or PK_BYTES */
 } parser_t;
 
 void pk_limits_default(pk_limits_t *lim) {
@@ -131,33 +142,61 @@ static bool is_container(const pk_value_t *v) {
     return v->type == PK_LIST || v->type == PK_TUPLE || v->type == PK_DICT;
 }
 
+static void free_chunks(schunk_t *c) {
+    for (schunk_t *n; c != NULL; c = n) {
+        n = c->next;
+        free(c);
+    }
+}
+
 void pk_free(pk_doc_t *doc) {
     if (doc == NULL)
         return;
     for (vchunk_t *c = doc->values, *n; c != NULL; c = n) {
         n = c->next;
-        for (size_t i = 0; i < c->used; i++)
-            if (is_container(&c->v[i]))
-                free(c->v[i].u.seq.items);
         free(c);
     }
-    for (schunk_t *c = doc->strings, *n; c != NULL; c = n) {
-        n = c->next;
-        free(c);
-    }
+    free_chunks(doc->strings);
+    free_chunks(doc->items);
     free(doc);
 }
 
-static bool seq_add(parser_t *ps, pk_value_t *seq, pk_value_t *item) {
-    if (seq->u.seq.n == seq->u.seq.cap) {
-        size_t cap = seq->u.seq.cap ? seq->u.seq.cap * 2 : 4;
-        pk_value_t **ni = realloc(seq->u.seq.items, cap * sizeof(*ni));
-        if (ni == NULL)
-            return fail(ps, "out of memory");
-        seq->u.seq.items = ni;
-        seq->u.seq.cap = cap;
+/* Item arrays come from an arena too (a malloc and free per container was a fifth of loading
+ * a snapshot); a container that grows moves to a larger array and leaves the old one. */
+static pk_value_t **new_items(parser_t *ps, size_t n) {
+    pk_doc_t *d = ps->doc;
+    size_t bytes = n * sizeof(pk_value_t *);
+    if (d->items == NULL || d->items->cap - d->items->used < bytes) {
+        size_t cap = bytes > STR_CHUNK ? bytes : STR_CHUNK;
+        schunk_t *c = malloc(sizeof(*c) + cap);
+        if (c == NULL) {
+            fail(ps, "out of memory");
+            return NULL;
+        }
+        c->next = d->items;
+        c->used = 0;
+        c->cap = cap;
+        d->items = c;
     }
-    seq->u.seq.items[seq->u.seq.n++] = item;
+    pk_value_t **it = (pk_value_t **)(void *)(d->items->data + d->items->used);
+    d->items->used += bytes;
+    return it;
+}
+
+/* Room for `more` items in seq. */
+static bool seq_reserve(parser_t *ps, pk_value_t *seq, size_t more) {
+    if (seq->u.seq.cap - seq->u.seq.n >= more)
+        return true;
+    size_t cap = seq->u.seq.cap * 2;
+    if (cap < seq->u.seq.n + more)
+        cap = seq->u.seq.n + more;
+    pk_value_t **ni = new_items(ps, cap);
+    if (ni == NULL)
+        return false;
+    if (seq->u.seq.n > 0)
+        memcpy(ni, seq->u.seq.items, seq->u.seq.n * sizeof(*ni));
+    seq->u.seq.items = ni;
+    seq->u.seq.cap = cap;
     return true;
 }
 
@@ -179,6 +218,7 @@ static bool push(parser_t *ps, pk_value_t *v) {
         ps->scap = cap;
     }
     ps->stack[ps->sp++] = v;
+    ps->skipped_at = 0; /* push_str sets it again after a skipped string */
     return true;
 }
 
@@ -253,6 +293,14 @@ static bool push_str(parser_t *ps, pk_type_t type, size_t n, const char *opname)
         return false;
     if (n > ps->lim.max_str)
         return fail(ps, "%s of %zu bytes exceeds the limit of %zu", opname, n, ps->lim.max_str);
+    if (ps->skipping) {
+        /* Made only if the memo keeps it (it may be used again outside the skipped value). */
+        ps->skipped_str = ps->pos;
+        ps->skipped_len = n;
+        ps->skipped_type = type;
+        ps->pos += n;
+        return push(ps, ps->skipped) && (ps->skipped_at = ps->sp, true);
+    }
     pk_value_t *v = new_value(ps, type);
     if (v == NULL)
         return false;
@@ -283,7 +331,18 @@ static bool memo_put(parser_t *ps, size_t idx) {
     }
     if (ps->memo[idx] == NULL)
         ps->memoused++;
-    ps->memo[idx] = ps->stack[ps->sp - 1];
+    pk_value_t *top = ps->stack[ps->sp - 1];
+    if (top == ps->skipped && top != NULL && ps->skipped_at == ps->sp) {
+        /* A skipped string the memo keeps: it is made now. */
+        pk_value_t *v = new_value(ps, ps->skipped_type);
+        char *str = v ? new_bytes(ps, ps->p + ps->skipped_str, ps->skipped_len) : NULL;
+        if (str == NULL)
+            return false;
+        v->u.str.s = str;
+        v->u.str.len = ps->skipped_len;
+        top = v;
+    }
+    ps->memo[idx] = top;
     return true;
 }
 
@@ -364,12 +423,16 @@ static bool collapse(parser_t *ps, size_t first, pk_type_t type, const char *opn
     size_t n = ps->sp - first;
     if (type == PK_DICT && n % 2 != 0)
         return fail(ps, "%s with an odd number of items", opname);
+    if (ps->skipping && first > ps->skip_base) {
+        ps->sp = first;
+        return push(ps, ps->skipped);
+    }
     pk_value_t *v = new_value(ps, type);
-    if (v == NULL)
+    if (v == NULL || !seq_reserve(ps, v, n))
         return false;
-    for (size_t i = first; i < ps->sp; i++)
-        if (!seq_add(ps, v, ps->stack[i]))
-            return false;
+    if (n > 0) /* an empty container has no item array */
+        memcpy(v->u.seq.items, ps->stack + first, n * sizeof(*v->u.seq.items));
+    v->u.seq.n = n;
     ps->sp = first;
     return push(ps, v);
 }
@@ -379,19 +442,28 @@ static bool extend(parser_t *ps, size_t first, pk_type_t type, const char *opnam
     if (first == 0 || first - 1 < base(ps))
         return fail(ps, "%s has no target", opname);
     pk_value_t *target = ps->stack[first - 1];
+    if (target == ps->skipped && ps->skipped != NULL) {
+        ps->sp = first;
+        return true;
+    }
     if (target->type != type)
         return fail(ps, "%s target is not a %s", opname, type == PK_DICT ? "dict" : "list");
     size_t n = ps->sp - first;
     if (type == PK_DICT && n % 2 != 0)
         return fail(ps, "%s with an odd number of items", opname);
-    for (size_t i = first; i < ps->sp; i++)
-        if (!seq_add(ps, target, ps->stack[i]))
-            return false;
+    if (!seq_reserve(ps, target, n))
+        return false;
+    if (n > 0)
+        memcpy(target->u.seq.items + target->u.seq.n, ps->stack + first,
+               n * sizeof(*target->u.seq.items));
+    target->u.seq.n += n;
     ps->sp = first;
     return true;
 }
 
 static bool push_int(parser_t *ps, int64_t iv) {
+    if (ps->skipping)
+        return push(ps, ps->skipped);
     pk_value_t *v = new_value(ps, PK_INT);
     if (v == NULL)
         return false;
@@ -399,13 +471,154 @@ static bool push_int(parser_t *ps, int64_t iv) {
     return push(ps, v);
 }
 
+/* Skipping (pk_parse_skip): a list pushed right after the key string starts a skipped value. */
+static bool starts_skip(const parser_t *ps) {
+    const pk_value_t *k = ps->sp > base(ps) ? ps->stack[ps->sp - 1] : NULL;
+    return k != NULL && k->type == PK_STR && k->u.str.len == ps->skip_len &&
+           memcmp(k->u.str.s, ps->skip_key, ps->skip_len) == 0;
+}
+
+/* The skipped value is complete once the stack is back at it and the dict being built goes on:
+ * the next key (a string) is pushed, or the dict is finished. (Its items are dicts, so a string
+ * pushed right above it is never one of them.) */
+static bool end_of_skip(const parser_t *ps, unsigned op, const unsigned char *a) {
+    if (ps->sp <= ps->skip_base)
+        return true;
+    if (ps->sp != ps->skip_base + 1)
+        return false;
+    switch (op) {
+    case 0x8c:
+    case 'X':
+    case 0x8d:
+    case 'C':
+    case 'U':
+    case 'T':
+    case 'B':
+    case 0x8e:
+    case 'u':
+    case 's':
+    case 'd':
+    case '.':
+        return true;
+    case 'h':
+    case 'j': {
+        size_t n = op == 'h' ? 1 : 4;
+        if (n > ps->len - ps->pos)
+            return true; /* the opcode itself reports the truncation */
+        size_t idx = (size_t)le_uint(a, n);
+        return idx < ps->memocap && ps->memo[idx] != NULL && ps->memo[idx]->type == PK_STR;
+    }
+    default:
+        return false;
+    }
+}
+
+/* The opcodes a skipped value is made of, without building anything: every value is the one
+ * PK_NONE, a BINGET does not read the memo, only the stack depth, the MARKs and the memo (for
+ * later references outside) are kept. Returns at the first opcode it does not take (or that
+ * would fail), or when the stack is back just above the skipped value, for the general loop
+ * to decide. */
+static void skip_fast(parser_t *ps) {
+    /* The hot state in locals (written back at every exit and around memo_put). */
+    const unsigned char *p = ps->p;
+    const size_t len = ps->len, floor = ps->skip_base + 1, scap = ps->scap;
+    pk_value_t **stack = ps->stack, *const skipped = ps->skipped;
+    size_t pos = ps->pos, sp = ps->sp, skipped_at = ps->skipped_at;
+    while (pos < len && sp > floor && sp + 1 < scap) {
+        size_t left = len - pos - 1, n = 0;
+        unsigned op = p[pos];
+        switch (op) {
+        case 'h': /* BINGET */
+        case 'K': /* BININT1 */
+            n = 1;
+            break;
+        case 'M': /* BININT2 */
+            n = 2;
+            break;
+        case 'j': /* LONG_BINGET */
+        case 'J': /* BININT */
+            n = 4;
+            break;
+        case 0x8a: /* LONG1 */
+            if (left < 1 || left - 1 < p[pos + 1])
+                goto out;
+            n = 1 + (size_t)p[pos + 1];
+            break;
+        case '}':
+        case ']':
+        case ')':
+        case 'N':
+        case 0x88:
+        case 0x89:
+            break;
+        case 0x8c: /* SHORT_BINUNICODE: made if the memo keeps it */
+            if (left < 1 || left - 1 < p[pos + 1] || p[pos + 1] > ps->lim.max_str)
+                goto out;
+            ps->skipped_str = pos + 2;
+            ps->skipped_len = p[pos + 1];
+            ps->skipped_type = PK_STR;
+            stack[sp++] = skipped;
+            skipped_at = sp;
+            pos += 2 + (size_t)p[pos + 1];
+            continue;
+        case 0x94: { /* MEMOIZE */
+            ps->pos = pos;
+            ps->sp = sp;
+            ps->skipped_at = skipped_at;
+            bool ok = memo_put(ps, ps->memoused);
+            if (!ok)
+                return;
+            pos++;
+            continue;
+        }
+        case '(': /* MARK */
+            if (ps->nmarks == ps->lim.max_depth)
+                goto out;
+            ps->marks[ps->nmarks++] = sp;
+            pos++;
+            continue;
+        case 'u':   /* SETITEMS */
+        case 'e': { /* APPENDS */
+            if (ps->nmarks == 0)
+                goto out;
+            size_t first = ps->marks[ps->nmarks - 1];
+            size_t below = ps->nmarks > 1 ? ps->marks[ps->nmarks - 2] : 0;
+            if (first == 0 || first - 1 < below || (op == 'u' && (sp - first) % 2 != 0))
+                goto out;
+            ps->nmarks--;
+            sp = first;
+            pos++;
+            continue;
+        }
+        default:
+            goto out;
+        }
+        if (left < n)
+            goto out;
+        stack[sp++] = skipped;
+        skipped_at = 0;
+        pos += 1 + n;
+    }
+out:
+    ps->pos = pos;
+    ps->sp = sp;
+    ps->skipped_at = skipped_at;
+}
+
 static bool run(parser_t *ps) {
     int64_t iv;
     uint64_t arg; /* an opcode's unsigned argument, from take_uint */
     while (ps->pos < ps->len) {
+        if (ps->skipping && ps->sp > ps->skip_base + 1) {
+            skip_fast(ps);
+            if (ps->pos >= ps->len)
+                break;
+        }
         ps->op = ps->pos;
         unsigned op = ps->p[ps->pos++];
         const unsigned char *a = ps->p + ps->pos; /* argument bytes (after need()) */
+        if (ps->skipping && end_of_skip(ps, op, a))
+            ps->skipping = false;
         size_t first = 0; /* set by pop_mark before every use; 0 quiets -O2 */
         switch (op) {
         case 0x80: /* PROTO */
@@ -451,7 +664,7 @@ static bool run(parser_t *ps) {
                 return false;
             break;
         case 'N':
-            if (!push(ps, new_value(ps, PK_NONE)))
+            if (!push(ps, ps->skipping ? ps->skipped : new_value(ps, PK_NONE)))
                 return false;
             break;
         case 0x88:   /* NEWTRUE */
@@ -550,15 +763,19 @@ static bool run(parser_t *ps) {
                 return false;
             break;
         case '}': /* EMPTY_DICT */
-            if (!push(ps, new_value(ps, PK_DICT)))
+            if (!push(ps, ps->skipping ? ps->skipped : new_value(ps, PK_DICT)))
                 return false;
             break;
         case ']': /* EMPTY_LIST */
-            if (!push(ps, new_value(ps, PK_LIST)))
+            if (!ps->skipping && ps->skip_key != NULL && starts_skip(ps)) {
+                ps->skipping = true;
+                ps->skip_base = ps->sp;
+            }
+            if (!push(ps, ps->skipping ? ps->skipped : new_value(ps, PK_LIST)))
                 return false;
             break;
         case ')': /* EMPTY_TUPLE */
-            if (!push(ps, new_value(ps, PK_TUPLE)))
+            if (!push(ps, ps->skipping ? ps->skipped : new_value(ps, PK_TUPLE)))
                 return false;
             break;
         case 'd': /* DICT */
@@ -634,8 +851,15 @@ static bool run(parser_t *ps) {
 
 bool pk_parse(const void *buf, size_t len, const pk_limits_t *lim, pk_doc_t **doc_p, char *err,
               size_t errlen) {
+    return pk_parse_skip(buf, len, lim, NULL, doc_p, err, errlen);
+}
+
+bool pk_parse_skip(const void *buf, size_t len, const pk_limits_t *lim, const char *skip_key,
+                   pk_doc_t **doc_p, char *err, size_t errlen) {
     parser_t ps;
     memset(&ps, 0, sizeof(ps));
+    ps.skip_key = skip_key;
+    ps.skip_len = skip_key != NULL ? strlen(skip_key) : 0;
     ps.p = buf;
     ps.len = buf != NULL ? len : 0;
     ps.err = err;
@@ -653,6 +877,8 @@ bool pk_parse(const void *buf, size_t len, const pk_limits_t *lim, pk_doc_t **do
         ok = fail(&ps, "out of memory");
     else if (ps.len == 0)
         ok = fail(&ps, "empty input");
+    else if (skip_key != NULL && (ps.skipped = new_value(&ps, PK_NONE)) == NULL)
+        ok = false;
     else if (ps.p[0] != 0x80) /* protocols 2-5 open with PROTO */
         ok = fail(&ps, "not a pickle (protocol 2-5 pickles start with byte 0x80, not 0x%02x)",
                   ps.p[0]);
@@ -676,7 +902,13 @@ bool pk_read_file(const char *path, size_t max_bytes, unsigned char **buf_p, siz
         snprintf(err, errlen, "cannot open %s: %s", path, strerror(errno));
         return false;
     }
+    /* A regular file's size (plus one byte, to see the end without growing) is all we read: one
+     * allocation, no copies while growing. */
     size_t cap = 1 << 20, len = 0;
+    struct stat sb;
+    if (fstat(fileno(f), &sb) == 0 && S_ISREG(sb.st_mode) && sb.st_size >= 0 &&
+        (uint64_t)sb.st_size < max_bytes)
+        cap = (size_t)sb.st_size + 1;
     unsigned char *buf = malloc(cap);
     bool ok = buf != NULL;
     if (!ok)

@@ -76,6 +76,11 @@ void pk_limits_default(pk_limits_t *lim);
  * returns false and writes "pickle: <what> at offset N" into err. lim may be NULL (defaults). */
 bool pk_parse(const void *buf, size_t len, const pk_limits_t *lim, pk_doc_t **doc_p, char *err,
               size_t errlen);
+/* pk_parse, except that every value stored under the dict key skip_key (a list, e.g. "frames")
+ * is not built: it reads as PK_NONE, as does everything inside it. Loading what a replay needs
+ * then costs a fraction of the whole document. skip_key NULL: pk_parse. */
+bool pk_parse_skip(const void *buf, size_t len, const pk_limits_t *lim, const char *skip_key,
+                   pk_doc_t **doc_p, char *err, size_t errlen);
 /* Read a whole file of at most max_bytes into a new buffer (caller frees). */
 bool pk_read_file(const char *path, size_t max_bytes, unsigned char **buf_p, size_t *len_p,
                   char *err, size_t errlen);

@@ -29,9 +29,50 @@ static uint64_t now_ns(void) {
 }
 
 typedef struct dev_state {
-    tr_map_t blocks;  /* recorded address -> our pointer */
-    tr_map_t streams; /* recorded stream -> sp_stream_t */
+    tr_map_t blocks;        /* recorded address -> our pointer */
+    tr_map_t streams;       /* recorded stream -> sp_stream_t */
+    tr_map_t pending;       /* recorded address of a deferred free -> its side stream */
+    sp_stream_t *side;      /* side streams not holding a pending free */
+    size_t nside, cap_side; /* entries / capacity of side */
+    sp_stream_t *all_side;  /* every side stream made (destroyed at the end) */
+    size_t nall_side, cap_all_side;
+    sp_mempool_t **pools; /* the trace's private pools, by index */
+    size_t npools;
+    void **holes; /* placeholders of the starting state's free space */
+    size_t nholes, cap_holes;
 } dev_state_t;
+
+/* The recorded stack handed to the history hook while a snapshot of the replay is recorded,
+ * so that our snapshot shows the original frames. */
+typedef struct frames_src {
+    const pk_value_t *frames; /* list of frame dicts, or NULL */
+} frames_src_t;
+
+static size_t frames_hook(sp_history_frame_t *out, size_t max, void *arg) {
+    const frames_src_t *fs = arg;
+    size_t n = pk_len(fs->frames), k = 0;
+    for (size_t i = 0; i < n && k < max; i++) {
+        const pk_value_t *f = pk_at(fs->frames, i);
+        int64_t line = 0;
+        (void)pk_get_int(f, "line", &line);
+        const char *name = pk_get_str(f, "name"), *file = pk_get_str(f, "filename");
+        out[k++] = (sp_history_frame_t){name ? name : "??", file ? file : "??", (int)line};
+    }
+    return k;
+}
+
+static bool push_ptr(void ***arr, size_t *n, size_t *cap, void *p) {
+    if (*n == *cap) {
+        size_t nc = *cap ? *cap * 2 : 16;
+        void **na = realloc(*arr, nc * sizeof(*na));
+        if (na == NULL)
+            return false;
+        *arr = na;
+        *cap = nc;
+    }
+    (*arr)[(*n)++] = p;
+    return true;
+}
 
 static bool stream_for(dev_state_t *ds, int dev, uint64_t recorded, sp_stream_t *s_p, char *err,
                        size_t errlen) {
@@ -58,14 +99,22 @@ static bool stream_for(dev_state_t *ds, int dev, uint64_t recorded, sp_stream_t 
     return true;
 }
 
+/* One request to the pool the recorded one went to. */
+static sp_status_t request(dev_state_t *ds, int dev, uint16_t pool, size_t size, sp_stream_t s,
+                           void **p) {
+    if (pool > 0 && pool <= ds->npools)
+        return sp_mempool_malloc(ds->pools[pool - 1], size, s, p);
+    return sp_malloc(size, dev, s, p);
+}
+
 /* One allocation; OOM is counted, anything else is an error. */
 static bool do_alloc(dev_state_t *ds, int dev, uint64_t addr, uint64_t size, uint64_t stream,
-                     replay_result_t *r, char *err, size_t errlen) {
+                     uint16_t pool, replay_result_t *r, char *err, size_t errlen) {
     sp_stream_t s;
     if (!stream_for(ds, dev, stream, &s, err, errlen))
         return false;
     void *p = NULL;
-    sp_status_t st = sp_malloc((size_t)size, dev, s, &p);
+    sp_status_t st = request(ds, dev, pool, (size_t)size, s, &p);
     if (st == SP_ERR_OUT_OF_MEMORY) {
         r->ooms++;
         return true;
@@ -85,15 +134,151 @@ static bool do_alloc(dev_state_t *ds, int dev, uint64_t addr, uint64_t size, uin
     return true;
 }
 
-static bool do_free(dev_state_t *ds, uint64_t addr, replay_result_t *r, char *err, size_t errlen) {
+/* A free. A deferred one (PyTorch held the block for other streams' work) is used on a side
+ * stream first, so that it stays pending until its free_completed synchronizes that stream. */
+static bool do_free(dev_state_t *ds, int dev, const tr_event_t *e, replay_result_t *r, char *err,
+                    size_t errlen) {
     uintptr_t p;
-    if (!tr_map_del(&ds->blocks, addr, &p)) {
+    if (!tr_map_del(&ds->blocks, e->addr, &p)) {
         r->skipped_frees++;
         return true;
     }
-    sp_status_t st = sp_free((void *)p);
+    sp_status_t st = SP_SUCCESS;
+    if (e->flags & TR_F_DEFERRED) {
+        sp_stream_t side = NULL;
+        if (ds->nside > 0) {
+            side = ds->side[--ds->nside];
+        } else {
+            st = sp_stream_create(dev, &side);
+            if (st == SP_SUCCESS &&
+                !push_ptr((void ***)&ds->all_side, &ds->nall_side, &ds->cap_all_side, side)) {
+                (void)sp_stream_destroy(side);
+                snprintf(err, errlen, "out of memory");
+                return false;
+            }
+        }
+        if (st == SP_SUCCESS)
+            st = sp_record_stream((void *)p, side);
+        if (st == SP_SUCCESS && !tr_map_put(&ds->pending, e->addr, (uintptr_t)side)) {
+            snprintf(err, errlen, "out of memory");
+            return false;
+        }
+        r->deferred_frees++;
+    }
+    if (st == SP_SUCCESS)
+        st = sp_free((void *)p);
     if (st != SP_SUCCESS) {
         snprintf(err, errlen, "sp_free: %s: %s", sp_status_name(st), sp_last_error());
+        return false;
+    }
+    return true;
+}
+
+/* PyTorch saw the deferred free's events done: our side stream's work completes too (the block
+ * returns to the cache at the next malloc, as PyTorch's process_events does). */
+static bool do_free_completed(dev_state_t *ds, uint64_t addr, char *err, size_t errlen) {
+    uintptr_t side;
+    if (!tr_map_del(&ds->pending, addr, &side))
+        return true;
+    sp_status_t st = sp_stream_synchronize((sp_stream_t)side);
+    if (st != SP_SUCCESS ||
+        !push_ptr((void ***)&ds->side, &ds->nside, &ds->cap_side, (void *)side)) {
+        snprintf(err, errlen, "sp_stream_synchronize: %s", sp_last_error());
+        return false;
+    }
+    return true;
+}
+
+/* The user's empty_cache on this device, and the private pools whose segments it freed
+ * (PyTorch frees a pool's cache there only once the pool is no longer used). */
+static bool do_empty_cache(dev_state_t *ds, int dev, const tr_event_t *e, const tr_event_t *end,
+                           replay_result_t *r, char *err, size_t errlen) {
+    r->empty_caches++;
+    sp_status_t st = sp_x_empty_cache_device(dev);
+    for (; st == SP_SUCCESS && e < end &&
+           (e->action == TR_SEGMENT_FREE || e->action == TR_SEGMENT_UNMAP);
+         e++)
+        if (e->pool > 0 && e->pool <= ds->npools)
+            st = sp_mempool_free_all_blocks(ds->pools[e->pool - 1], NULL);
+    if (st != SP_SUCCESS) {
+        snprintf(err, errlen, "empty_cache: %s", sp_last_error());
+        return false;
+    }
+    return true;
+}
+
+/* One segment as it was before recording began: the whole segment is requested once (so that
+ * the allocator makes a segment of its size) and given back, then carved in address order:
+ * its live blocks (kept, their recorded addresses mapped) and placeholders for the free space
+ * between them (given back once every start segment of the device is built, so they merge into
+ * the free blocks PyTorch had). While it is being carved every earlier start segment is full,
+ * so the carving can only come from this one. */
+static bool build_segment(dev_state_t *ds, int dev, const tr_device_t *td, const tr_sseg_t *sg,
+                          frames_src_t *fs, replay_result_t *r, char *err, size_t errlen) {
+    const size_t small_max = (size_t)1 << 20;
+    sp_stream_t s;
+    if (!stream_for(ds, dev, sg->stream, &s, err, errlen))
+        return false;
+    void *p = NULL;
+    sp_status_t st = SP_SUCCESS;
+    if (!sg->is_small) {
+        st = request(ds, dev, sg->pool, (size_t)sg->size, s, &p);
+        if (st == SP_SUCCESS)
+            st = sp_free(p);
+    }
+    uint64_t at = sg->addr, end = sg->addr + sg->size;
+    for (size_t i = 0; st == SP_SUCCESS && i <= sg->n; i++) {
+        const tr_sblock_t *b = i < sg->n ? &td->sblocks[sg->first + i] : NULL;
+        uint64_t gap_end = b ? b->addr : end;
+        /* Free space before the block (or at the segment's end): placeholders the pool of
+         * this segment accepts (the small pool takes requests up to 1 MiB). */
+        while (st == SP_SUCCESS && at < gap_end) {
+            uint64_t n = gap_end - at;
+            if (sg->is_small && n > small_max)
+                n = small_max;
+            if (!sg->is_small && n <= small_max)
+                break; /* the block before absorbs it: PyTorch does not split off <= 1 MiB */
+            st = request(ds, dev, sg->pool, (size_t)n, s, &p);
+            if (st == SP_SUCCESS && p != NULL &&
+                !push_ptr(&ds->holes, &ds->nholes, &ds->cap_holes, p)) {
+                (void)sp_free(p);
+                snprintf(err, errlen, "out of memory");
+                return false;
+            }
+            at += n;
+        }
+        if (b == NULL || st != SP_SUCCESS)
+            break;
+        at = b->addr;
+        /* Its recorded request (the stats then match the recorded run's); a block that a
+         * request of another pool's size made whole keeps its own size. */
+        uint64_t want = b->req;
+        if (!sg->is_small && b->size <= small_max) {
+            at += b->size;
+            continue; /* not a large-pool request: left to the free space */
+        }
+        if (!sg->is_small && want <= small_max)
+            want = b->size;
+        if (sg->is_small && want > small_max)
+            want = small_max;
+        fs->frames = b->frames;
+        p = NULL;
+        st = request(ds, dev, sg->pool, (size_t)want, s, &p);
+        if (st == SP_SUCCESS && p != NULL && !tr_map_put(&ds->blocks, b->addr, (uintptr_t)p)) {
+            (void)sp_free(p);
+            snprintf(err, errlen, "out of memory");
+            return false;
+        }
+        r->start_blocks++;
+        at = b->addr + b->size;
+    }
+    fs->frames = NULL;
+    if (st == SP_ERR_OUT_OF_MEMORY) {
+        r->ooms++;
+        return true;
+    }
+    if (st != SP_SUCCESS) {
+        snprintf(err, errlen, "starting state: %s: %s", sp_status_name(st), sp_last_error());
         return false;
     }
     return true;
@@ -103,11 +288,23 @@ static void free_all(dev_state_t *ds) {
     for (size_t i = 0; i < ds->blocks.cap; i++)
         if (ds->blocks.keys[i] != 0)
             (void)sp_free((void *)ds->blocks.vals[i]);
+    for (size_t i = 0; i < ds->nholes; i++)
+        (void)sp_free(ds->holes[i]);
+    for (size_t i = 0; i < ds->nall_side; i++)
+        (void)sp_stream_destroy(ds->all_side[i]);
     for (size_t i = 0; i < ds->streams.cap; i++)
         if (ds->streams.keys[i] != 0)
             (void)sp_stream_destroy((sp_stream_t)ds->streams.vals[i]);
+    for (size_t i = 0; i < ds->npools; i++)
+        if (ds->pools[i] != NULL)
+            (void)sp_mempool_destroy(ds->pools[i]);
     tr_map_free(&ds->blocks);
     tr_map_free(&ds->streams);
+    tr_map_free(&ds->pending);
+    free(ds->side);
+    free(ds->all_side);
+    free(ds->pools);
+    free(ds->holes);
 }
 
 static int64_t stat_of(int dev, const char *key) {
@@ -116,6 +313,96 @@ static int64_t stat_of(int dev, const char *key) {
     if (sp_memory_stats(dev, &st) == SP_SUCCESS)
         (void)sp_stats_get(&st, key, &v);
     return v;
+}
+
+static bool history(sp_history_enabled_t enabled, char *err, size_t errlen) {
+    sp_history_params_t hp;
+    sp_history_params_init(&hp);
+    hp.enabled = enabled;
+    if (sp_record_memory_history(&hp) != SP_SUCCESS) {
+        snprintf(err, errlen, "sp_record_memory_history: %s", sp_last_error());
+        return false;
+    }
+    return true;
+}
+
+/* The starting state of one device: its private pools, the segments that existed before
+ * recording began (as they were), then the live blocks outside them as requests. */
+static bool build_start(dev_state_t *ds, int d, const tr_device_t *td, frames_src_t *fs,
+                        replay_result_t *r, char *err, size_t errlen) {
+    ds->pools = calloc(td->npools ? td->npools : 1, sizeof(*ds->pools));
+    if (ds->pools == NULL) {
+        snprintf(err, errlen, "out of memory");
+        return false;
+    }
+    ds->npools = td->npools;
+    for (size_t i = 0; i < td->npools; i++) {
+        sp_mempool_params_t mp;
+        sp_mempool_params_init(&mp);
+        mp.device = d;
+        if (sp_mempool_create(&mp, &ds->pools[i]) != SP_SUCCESS) {
+            snprintf(err, errlen, "sp_mempool_create: %s", sp_last_error());
+            return false;
+        }
+    }
+    bool ok = true;
+    for (size_t i = 0; ok && i < td->nstart; i++)
+        ok = build_segment(ds, d, td, &td->start[i], fs, r, err, errlen);
+    for (size_t i = 0; ok && i < ds->nholes; i++)
+        if (sp_free(ds->holes[i]) != SP_SUCCESS) {
+            snprintf(err, errlen, "sp_free: %s", sp_last_error());
+            ok = false;
+        }
+    ds->nholes = 0;
+    for (size_t i = 0; ok && i < td->nseeds; i++) {
+        if (td->seeds[i].in_start)
+            continue;
+        fs->frames = td->seeds[i].frames;
+        ok = do_alloc(ds, d, td->seeds[i].addr, td->seeds[i].size, td->seeds[i].stream, 0, r, err,
+                      errlen);
+    }
+    fs->frames = NULL;
+    /* The starting state is where the recorded run stood, not something the trace did: the
+     * peaks and counts start from it (PyTorch's trace shows none of it either). */
+    if (ok && (sp_reset_peak_memory_stats(d) != SP_SUCCESS ||
+               sp_reset_accumulated_memory_stats(d) != SP_SUCCESS)) {
+        snprintf(err, errlen, "sp_reset_peak_memory_stats: %s", sp_last_error());
+        ok = false;
+    }
+    return ok;
+}
+
+/* Every event of one device in order. */
+static bool replay_device(dev_state_t *ds, int d, const tr_device_t *td, frames_src_t *fs,
+                          bool with_frames, replay_result_t *r, char *err, size_t errlen) {
+    bool ok = true;
+    const tr_event_t *end = td->ev + td->nev;
+    for (const tr_event_t *e = td->ev; ok && e < end; e++) {
+        if (with_frames)
+            fs->frames = e->frames;
+        switch (e->action) {
+        case TR_ALLOC:
+            r->allocs++;
+            ok = do_alloc(ds, d, e->addr, e->size, e->stream, e->pool, r, err, errlen);
+            break;
+        case TR_FREE_REQUESTED:
+            r->frees++;
+            ok = do_free(ds, d, e, r, err, errlen);
+            break;
+        case TR_FREE_COMPLETED:
+            if (ds->pending.n > 0)
+                ok = do_free_completed(ds, e->addr, err, errlen);
+            break;
+        case TR_SEGMENT_FREE:
+        case TR_SEGMENT_UNMAP:
+            if (e->flags & TR_F_EMPTY_CACHE)
+                ok = do_empty_cache(ds, d, e, end, r, err, errlen);
+            break;
+        default:
+            break;
+        }
+    }
+    return ok;
 }
 
 /* PyTorch's garbage_collection_threshold acts only under a memory fraction (a fraction of 1
@@ -168,45 +455,42 @@ bool replay_trace(const tr_trace_t *t, const char *snapshot_out, replay_result_t
         snprintf(err, errlen, "out of memory");
         return false;
     }
+    frames_src_t fs = {NULL};
     bool ok = true;
-    if (snapshot_out != NULL) {
-        sp_history_params_t hp;
-        sp_history_params_init(&hp);
-        sp_status_t st = sp_record_memory_history(&hp);
-        if (st != SP_SUCCESS) {
-            snprintf(err, errlen, "sp_record_memory_history: %s", sp_last_error());
+    /* The recorded run's memory fraction, against the emulated device's capacity. */
+    for (int d = 0; ok && t->settings.fraction > 0 && d < t->ndev; d++)
+        if (sp_set_memory_fraction(t->settings.fraction, d) != SP_SUCCESS) {
+            snprintf(err, errlen, "sp_set_memory_fraction: %s", sp_last_error());
             ok = false;
         }
+    /* Our snapshot: the starting state as live blocks with their recorded stacks (recording
+     * "state": no trace entries for it), then every event in the trace. */
+    if (ok && snapshot_out != NULL) {
+        sp_history_set_frames_hook(frames_hook, &fs);
+        ok = history(SP_HISTORY_STATE, err, errlen);
     }
     for (int d = 0; ok && d < t->ndev; d++) {
         const tr_device_t *td = &t->dev[d];
         r->trace_entries += td->nev;
-        r->seeded_blocks += td->nseeds;
-        r->seeded_bytes += td->seeded_bytes;
+        r->seeded_blocks += td->nloose;
+        r->seeded_bytes += td->loose_bytes;
+        r->start_segments += td->nstart;
+        r->start_bytes += td->start_bytes;
         r->recorded_ooms += td->recorded_ooms;
         r->pytorch_peak_reserved += td->peak_reserved;
         r->pytorch_final_reserved += td->final_reserved;
+        r->pytorch_start_reserved += td->start_reserved;
         r->trace_peak_requested += td->peak_requested;
         r->pytorch_end_allocated += td->final_allocated;
-        for (size_t i = 0; ok && i < td->nseeds; i++)
-            ok = do_alloc(&ds[d], d, td->seeds[i].addr, td->seeds[i].size, td->seeds[i].stream, r,
-                          err, errlen);
+        ok = build_start(&ds[d], d, td, &fs, r, err, errlen);
     }
+    if (ok && snapshot_out != NULL)
+        ok = history(SP_HISTORY_ALL, err, errlen);
     uint64_t t0 = now_ns();
-    for (int d = 0; ok && d < t->ndev; d++) {
-        const tr_device_t *td = &t->dev[d];
-        for (size_t i = 0; ok && i < td->nev; i++) {
-            const tr_event_t *e = &td->ev[i];
-            if (e->action == TR_ALLOC) {
-                r->allocs++;
-                ok = do_alloc(&ds[d], d, e->addr, e->size, e->stream, r, err, errlen);
-            } else if (e->action == TR_FREE_REQUESTED) {
-                r->frees++;
-                ok = do_free(&ds[d], e->addr, r, err, errlen);
-            }
-        }
-    }
+    for (int d = 0; ok && d < t->ndev; d++)
+        ok = replay_device(&ds[d], d, &t->dev[d], &fs, snapshot_out != NULL, r, err, errlen);
     uint64_t t1 = now_ns();
+    fs.frames = NULL;
     r->events = r->allocs + r->frees;
     r->ns_per_event = r->events ? (double)(t1 - t0) / (double)r->events : 0.0;
     for (int d = 0; d < t->ndev; d++) {
@@ -226,6 +510,8 @@ bool replay_trace(const tr_trace_t *t, const char *snapshot_out, replay_result_t
             ok = false;
         }
     }
+    if (snapshot_out != NULL)
+        sp_history_set_frames_hook(NULL, NULL);
     for (int d = 0; d < t->ndev; d++)
         free_all(&ds[d]);
     free(ds);
@@ -279,26 +565,29 @@ static void print_json(const char *trace, const replay_result_t *r, const char *
         if ((unsigned char)*p >= 0x20)
             putchar(*p);
     }
-    printf("\",\"backend\":\"%s\",\"devices\":%d,\"trace_entries\":%zu,\"events\":%zu,"
-           "\"allocs\":%zu,\"frees\":%zu,\"seeded_blocks\":%zu,\"seeded_bytes\":%llu,"
-           "\"peak_requested_bytes\":%lld,\"peak_allocated_bytes\":%lld,"
-           "\"peak_reserved_bytes\":%lld,\"pytorch_peak_reserved_bytes\":%llu,"
-           "\"pytorch_final_reserved_bytes\":%llu,\"trace_peak_requested_bytes\":%llu,"
-           "\"end_reserved_bytes\":%lld,\"end_allocated_bytes\":%lld,"
-           "\"end_inactive_split_bytes\":%lld,\"pytorch_end_allocated_bytes\":%llu,"
-           "\"ooms\":%zu,\"recorded_ooms\":%zu,\"skipped_frees\":%zu,\"ns_per_event\":%.1f,"
-           "\"num_device_alloc\":%lld,\"num_device_free\":%lld,"
-           "\"conf\":\"%s\",\"capacity\":\"%s\"}\n",
-           sp_backend_name(), r->devices, r->trace_entries, r->events, r->allocs, r->frees,
-           r->seeded_blocks, (unsigned long long)r->seeded_bytes, (long long)r->peak_requested,
-           (long long)r->peak_allocated, (long long)r->peak_reserved,
-           (unsigned long long)r->pytorch_peak_reserved,
-           (unsigned long long)r->pytorch_final_reserved,
-           (unsigned long long)r->trace_peak_requested, (long long)r->end_reserved,
-           (long long)r->end_allocated, (long long)r->end_inactive_split,
-           (unsigned long long)r->pytorch_end_allocated, r->ooms, r->recorded_ooms,
-           r->skipped_frees, r->ns_per_event, (long long)r->device_allocs,
-           (long long)r->device_frees, conf ? conf : "", capacity ? capacity : "");
+    printf(
+        "\",\"backend\":\"%s\",\"devices\":%d,\"trace_entries\":%zu,\"events\":%zu,"
+        "\"allocs\":%zu,\"frees\":%zu,\"seeded_blocks\":%zu,\"seeded_bytes\":%llu,"
+        "\"peak_requested_bytes\":%lld,\"peak_allocated_bytes\":%lld,"
+        "\"peak_reserved_bytes\":%lld,\"pytorch_peak_reserved_bytes\":%llu,"
+        "\"pytorch_final_reserved_bytes\":%llu,\"trace_peak_requested_bytes\":%llu,"
+        "\"end_reserved_bytes\":%lld,\"end_allocated_bytes\":%lld,"
+        "\"end_inactive_split_bytes\":%lld,\"pytorch_end_allocated_bytes\":%llu,"
+        "\"ooms\":%zu,\"recorded_ooms\":%zu,\"skipped_frees\":%zu,\"ns_per_event\":%.1f,"
+        "\"num_device_alloc\":%lld,\"num_device_free\":%lld,"
+        "\"start_segments\":%zu,\"start_bytes\":%llu,\"pytorch_start_reserved_bytes\":%llu,"
+        "\"empty_caches\":%zu,\"deferred_frees\":%zu,"
+        "\"conf\":\"%s\",\"capacity\":\"%s\"}\n",
+        sp_backend_name(), r->devices, r->trace_entries, r->events, r->allocs, r->frees,
+        r->seeded_blocks, (unsigned long long)r->seeded_bytes, (long long)r->peak_requested,
+        (long long)r->peak_allocated, (long long)r->peak_reserved,
+        (unsigned long long)r->pytorch_peak_reserved, (unsigned long long)r->pytorch_final_reserved,
+        (unsigned long long)r->trace_peak_requested, (long long)r->end_reserved,
+        (long long)r->end_allocated, (long long)r->end_inactive_split,
+        (unsigned long long)r->pytorch_end_allocated, r->ooms, r->recorded_ooms, r->skipped_frees,
+        r->ns_per_event, (long long)r->device_allocs, (long long)r->device_frees, r->start_segments,
+        (unsigned long long)r->start_bytes, (unsigned long long)r->pytorch_start_reserved,
+        r->empty_caches, r->deferred_frees, conf ? conf : "", capacity ? capacity : "");
 }
 
 #define MAX_COMPARE 32
@@ -308,28 +597,64 @@ static double gib(double b) {
     return b / (1024.0 * 1024.0 * 1024.0);
 }
 
-static void print_text(const char *trace, const replay_result_t *r) {
+static double pct(double ours, double theirs) {
+    return theirs > 0 ? 100.0 * (ours - theirs) / theirs : 0.0;
+}
+
+static void print_text(const char *trace, const tr_trace_t *t, const replay_result_t *r,
+                       const char *user_conf, const char *conf) {
     printf("replay of %s on %s (%d device%s)\n", trace, sp_backend_name(), r->devices,
            r->devices == 1 ? "" : "s");
-    printf("  trace entries        %zu (%zu allocs, %zu frees replayed)\n", r->trace_entries,
-           r->allocs, r->frees);
-    printf("  seeded blocks        %zu (%.3f GiB live before recording began)\n", r->seeded_blocks,
-           gib((double)r->seeded_bytes));
+    if (user_conf != NULL)
+        printf("  settings             --conf '%s'\n", user_conf);
+    else if (t->settings.recorded)
+        printf("  settings             the snapshot's: '%s'\n", conf && *conf ? conf : "defaults");
+    else
+        printf("  settings             defaults (the snapshot records none)\n");
+    if (t->settings.fraction > 0)
+        printf("  memory fraction      %.3f of the emulated device (set --capacity to the "
+               "recorded GPU's)\n",
+               t->settings.fraction);
+    if (t->settings.dropped[0])
+        printf("  not replayed         %s\n", t->settings.dropped);
+    printf("  trace entries        %zu (%zu allocs, %zu frees replayed; %zu empty_cache, %zu "
+           "frees held for other streams)\n",
+           r->trace_entries, r->allocs, r->frees, r->empty_caches, r->deferred_frees);
+    printf("  starting state       %zu segments, %.3f GiB (recorded run: %.3f GiB reserved); "
+           "%zu live blocks in them, %zu more (%.3f GiB) outside\n",
+           r->start_segments, gib((double)r->start_bytes), gib((double)r->pytorch_start_reserved),
+           r->start_blocks, r->seeded_blocks, gib((double)r->seeded_bytes));
     printf("  peak requested       %.3f GiB (trace: %.3f GiB)\n", gib((double)r->peak_requested),
            gib((double)r->trace_peak_requested));
     printf("  peak allocated       %.3f GiB\n", gib((double)r->peak_allocated));
+    double dev = pct((double)r->peak_reserved, (double)r->pytorch_peak_reserved);
     printf("  peak reserved        %.3f GiB   recorded run: %.3f GiB (%+.2f%%)\n",
-           gib((double)r->peak_reserved), gib((double)r->pytorch_peak_reserved),
-           r->pytorch_peak_reserved
-               ? 100.0 * ((double)r->peak_reserved - (double)r->pytorch_peak_reserved) /
-                     (double)r->pytorch_peak_reserved
-               : 0.0);
+           gib((double)r->peak_reserved), gib((double)r->pytorch_peak_reserved), dev);
     printf("  at the end           %.3f GiB reserved, %.3f GiB allocated (recorded run: %.3f GiB "
            "allocated), %.3f GiB free in split segments\n",
            gib((double)r->end_reserved), gib((double)r->end_allocated),
            gib((double)r->pytorch_end_allocated), gib((double)r->end_inactive_split));
     printf("  OOMs                 %zu (recorded run: %zu)\n", r->ooms, r->recorded_ooms);
     printf("  time per event       %.1f ns\n", r->ns_per_event);
+    if (dev > 2.0 || dev < -2.0) {
+        /* Why the replay may not match the recorded run. */
+        printf("  differs by more than 2%%:");
+        if (user_conf != NULL)
+            printf(" --conf replaces the recorded settings;");
+        if (!t->settings.recorded)
+            printf(" the snapshot records no allocator settings;");
+        if (r->recorded_ooms > 0 || r->ooms > 0)
+            printf(" the recorded run hit OOM (its device's free memory is not in the trace);");
+        if (r->pytorch_start_reserved != r->start_bytes)
+            printf(" the starting state found (%.3f GiB) is not what the trace implies (%.3f "
+                   "GiB: expandable segments the trace maps, or an inconsistent trace);",
+                   gib((double)r->start_bytes), gib((double)r->pytorch_start_reserved));
+        if (t->settings.dropped[0] || t->settings.fraction > 0)
+            printf(" settings that do not replay exactly (above);");
+        printf(" otherwise the allocators chose differently (among free blocks of one size both "
+               "take the lowest address, and the emulated device's addresses are not the "
+               "recorded GPU's)\n");
+    }
 }
 
 /* ---- --compare ------------------------------------------------------------------------ */
@@ -624,7 +949,7 @@ int sp_cli_replay(int argc, char **argv) {
         return rc;
     char err[512];
     tr_trace_t t;
-    if (!tr_load(a.trace, &t, err, sizeof(err))) {
+    if (!tr_load_opts(a.trace, a.snapshot != NULL, &t, err, sizeof(err))) {
         fprintf(stderr, "sympool replay: %s\n", err);
         tr_free(&t);
         return 1;
@@ -651,16 +976,20 @@ int sp_cli_replay(int argc, char **argv) {
         tr_free(&t);
         return rc;
     }
-    /* sp_x_option_set validates the values (a bad variable would only warn and keep the
+    /* Without --conf the replay runs with the settings the snapshot records.
+     * sp_x_option_set validates the values (a bad variable would only warn and keep the
      * default, which would silently replay something else than asked). */
-    if ((a.conf != NULL && sp_x_option_set("SYMPOOL_ALLOC_CONF", a.conf) != SP_SUCCESS) ||
+    const char *conf = a.conf;
+    if (conf == NULL && t.settings.recorded)
+        conf = t.settings.conf;
+    if ((conf != NULL && sp_x_option_set("SYMPOOL_ALLOC_CONF", conf) != SP_SUCCESS) ||
         (a.capacity != NULL &&
          sp_x_option_set("SYMPOOL_HOST_CAPACITY", a.capacity) != SP_SUCCESS)) {
         fprintf(stderr, "sympool replay: %s\n", sp_last_error());
         tr_free(&t);
         return 2;
     }
-    if (!init_capped(t.ndev, a.conf, a.capacity, err, sizeof(err))) {
+    if (!init_capped(t.ndev, conf, a.capacity, err, sizeof(err))) {
         fprintf(stderr, "sympool replay: %s\n", err);
         tr_free(&t);
         return 1;
@@ -678,7 +1007,7 @@ int sp_cli_replay(int argc, char **argv) {
         replay_result_t again;
         memset(&again, 0, sizeof(again));
         ok = sp_shutdown() == SP_SUCCESS &&
-             init_capped(t.ndev, a.conf, a.capacity, err, sizeof(err)) &&
+             init_capped(t.ndev, conf, a.capacity, err, sizeof(err)) &&
              replay_trace(&t, NULL, &again, err, sizeof(err));
         ns[k] = again.ns_per_event;
     }
@@ -687,19 +1016,20 @@ int sp_cli_replay(int argc, char **argv) {
         r.ns_per_event = ns[nrep / 2];
     }
     sp_x_log_set_fn(NULL, NULL);
-    tr_free(&t);
     if (oom_lines > 1)
         fprintf(stderr, "sympool replay: %zu more out-of-memory warnings not shown\n",
                 oom_lines - 1);
     if (!ok) {
         fprintf(stderr, "sympool replay: %s\n", err);
+        tr_free(&t);
         (void)sp_shutdown();
         return 1;
     }
     if (a.json)
-        print_json(a.trace, &r, a.conf, a.capacity);
+        print_json(a.trace, &r, conf, a.capacity);
     else
-        print_text(a.trace, &r);
+        print_text(a.trace, &t, &r, a.conf, conf);
+    tr_free(&t);
     (void)sp_shutdown();
     return 0;
 }

@@ -15,15 +15,22 @@
 
 #include "tools/json_read.h"
 
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 /* ---- address map ------------------------------------------------------------------------ */
 
+/* Fibonacci hashing, keeping the product's top bits: recorded addresses are 512-byte to 2 MiB
+ * aligned, so their low bits are zero and only the high bits of the product vary with all of
+ * the key's bits. */
 static size_t slot_of(uint64_t key, size_t cap) {
     uint64_t h = key * 0x9e3779b97f4a7c15ull;
-    return (size_t)(h >> 17) & (cap - 1);
+    return (size_t)(h >> (64 - __builtin_ctzll((unsigned long long)cap)));
 }
 
 static bool map_grow(tr_map_t *m) {
@@ -130,8 +137,8 @@ static int cmp_seed(const void *a, const void *b) {
     return x->addr < y->addr ? -1 : x->addr > y->addr;
 }
 
-static bool add_seed(tr_device_t *d, size_t *cap, uint64_t addr, uint64_t size, uint64_t stream,
-                     const pk_value_t *frames) {
+static bool add_seed(tr_device_t *d, size_t *cap, uint64_t addr, uint64_t size, uint64_t bsize,
+                     uint64_t stream, const pk_value_t *frames) {
     if (d->nseeds == *cap) {
         size_t n = *cap ? *cap * 2 : 64;
         tr_seed_t *ns = realloc(d->seeds, n * sizeof(*ns));
@@ -140,11 +147,77 @@ static bool add_seed(tr_device_t *d, size_t *cap, uint64_t addr, uint64_t size, 
         d->seeds = ns;
         *cap = n;
     }
-    d->seeds[d->nseeds++] = (tr_seed_t){addr, size, stream, frames};
+    d->seeds[d->nseeds++] = (tr_seed_t){addr, size, bsize, stream, frames, false};
     d->seeded_bytes += size;
     return true;
 }
 
+static int cmp_sseg(const void *a, const void *b) {
+    const tr_sseg_t *x = a, *y = b;
+    return x->addr < y->addr ? -1 : x->addr > y->addr;
+}
+
+static int cmp_u64(const void *a, const void *b) {
+    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* A growable array of T (grow before writing element n). */
+#define GROW(arr, n, cap) ((n) < (cap) ? true : grow_array((void **)&(arr), &(cap), sizeof(*(arr))))
+
+static bool grow_array(void **arr, size_t *cap, size_t elem) {
+    size_t n = *cap ? *cap * 2 : 32;
+    void *na = realloc(*arr, n * elem);
+    if (na == NULL)
+        return false;
+    *arr = na;
+    *cap = n;
+    return true;
+}
+
+/* A private pool's segment, for routing allocations by recorded address. */
+typedef struct pool_range {
+    uint64_t addr, end;
+    uint16_t pool;
+} pool_range_t;
+
+static int cmp_range(const void *a, const void *b) {
+    const pool_range_t *x = a, *y = b;
+    return x->addr < y->addr ? -1 : x->addr > y->addr;
+}
+
+static uint16_t pool_at(const pool_range_t *r, size_t n, uint64_t addr) {
+    size_t lo = 0, hi = n;
+    while (lo < hi) {
+        size_t mid = (lo + hi) / 2;
+        if (r[mid].addr <= addr)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return lo > 0 && addr < r[lo - 1].end ? r[lo - 1].pool : 0;
+}
+
+/* 1 + the index of segment_pool_id in d->pools (added when new); 0 for the default pool. */
+static int pool_index(tr_device_t *d, size_t *cap, const pk_value_t *id) {
+    uint64_t f = 0, sec = 0;
+    if (pk_len(id) != 2 || !pk_uint(pk_at(id, 0), &f) || !pk_uint(pk_at(id, 1), &sec) ||
+        (f == 0 && sec == 0))
+        return 0;
+    for (size_t i = 0; i < d->npools; i++)
+        if (d->pools[i].first == f && d->pools[i].second == sec)
+            return (int)i + 1;
+    if (d->npools >= 65535 || !GROW(d->pools, d->npools, *cap))
+        return -1;
+    d->pools[d->npools++] = (tr_pool_id_t){f, sec};
+    return (int)d->npools;
+}
+
+static uint64_t round512(uint64_t n) {
+    return n < 512 ? 512 : (n + 511) & ~(uint64_t)511;
+}
+
+/* One event dict in one pass over its keys (a lookup per key would walk it six times). */
 /* Bounds on what a snapshot may hold, so that every sum and difference the commands compute in
  * 64 bits stays exact: a size below 1 EB (PyTorch refuses an allocation of 1 EB or more before
  * its allocator runs, so no recorded size reaches it), bytes live or reserved at once below
@@ -153,6 +226,69 @@ static bool add_seed(tr_device_t *d, size_t *cap, uint64_t addr, uint64_t size, 
 #define TR_SIZE_LIMIT ((uint64_t)1 << 60)
 #define TR_SUM_LIMIT ((int64_t)1 << 62)
 #define TR_TIME_LIMIT ((int64_t)1 << 53)
+
+static bool read_event(const pk_value_t *e, tr_event_t *ev, const char **act_p, bool *have_addr_p,
+                       bool *have_size_p, bool *bad_time_p) {
+    const char *act = NULL;
+    const pk_value_t *addr = NULL, *dfree = NULL, *size = NULL, *stream = NULL, *t = NULL,
+                     *fr = NULL;
+    if (e == NULL || e->type != PK_DICT)
+        return false;
+    pk_value_t *const *it = e->u.seq.items;
+    for (size_t k = 0; k + 1 < e->u.seq.n; k += 2) {
+        const pk_value_t *key = it[k], *val = it[k + 1];
+        if (key->type != PK_STR)
+            continue;
+        const char *ks = key->u.str.s;
+        switch (key->u.str.len) {
+        case 4:
+            if (memcmp(ks, "addr", 4) == 0)
+                addr = val;
+            else if (memcmp(ks, "size", 4) == 0)
+                size = val;
+            break;
+        case 6:
+            if (memcmp(ks, "action", 6) == 0)
+                act = pk_str(val);
+            else if (memcmp(ks, "stream", 6) == 0)
+                stream = val;
+            else if (memcmp(ks, "frames", 6) == 0)
+                fr = val;
+            break;
+        case 7:
+            if (memcmp(ks, "time_us", 7) == 0)
+                t = val;
+            break;
+        case 11:
+            if (memcmp(ks, "device_free", 11) == 0)
+                dfree = val;
+            break;
+        default:
+            break;
+        }
+    }
+    *act_p = act;
+    if (act == NULL)
+        return true;
+    ev->action = action_of(act);
+    uint64_t u = 0;
+    int64_t i = 0;
+    *have_addr_p = pk_uint(ev->action == TR_OOM ? dfree : addr, &u);
+    ev->addr = u;
+    u = 0;
+    *have_size_p = pk_uint(size, &u);
+    ev->size = u;
+    /* Streams are handles: PyTorch pickles them as unsigned, a few as negative ints. */
+    if (pk_uint(stream, &u))
+        ev->stream = u;
+    else if (pk_int(stream, &i))
+        ev->stream = (uint64_t)i;
+    if (pk_int(t, &i))
+        ev->time_us = i;
+    *bad_time_p = t != NULL && (!pk_int(t, &i) || i < 0 || i > TR_TIME_LIMIT);
+    ev->frames = fr != NULL && fr->type == PK_LIST ? fr : NULL;
+    return true;
+}
 
 static bool load_events(const pk_value_t *list, int dev, tr_device_t *d, char *err, size_t errlen) {
     size_t n = pk_len(list);
@@ -166,56 +302,40 @@ static bool load_events(const pk_value_t *list, int dev, tr_device_t *d, char *e
         return false;
     }
     for (size_t i = 0; i < n; i++) {
-        const pk_value_t *e = pk_at(list, i);
         tr_event_t *ev = &d->ev[i];
-        const char *act = pk_get_str(e, "action");
-        uint64_t addr = 0, size = 0, stream = 0;
-        int64_t t = 0;
-        if (act == NULL) {
+        const char *act = NULL;
+        bool have_addr = false, have_size = false, bad_time = false;
+        if (!read_event(list->u.seq.items[i], ev, &act, &have_addr, &have_size, &bad_time) ||
+            act == NULL) {
             snprintf(err, errlen, "device_traces[%d][%zu]: no 'action' string", dev, i);
             return false;
         }
-        ev->action = action_of(act);
-        const char *addr_key = ev->action == TR_OOM ? "device_free" : "addr";
-        if (ev->action != TR_OTHER && ev->action != TR_SNAPSHOT &&
-            (!pk_get_uint(e, addr_key, &addr) || !pk_get_uint(e, "size", &size))) {
+        if (ev->action != TR_OTHER && ev->action != TR_SNAPSHOT && (!have_addr || !have_size)) {
             snprintf(err, errlen, "device_traces[%d][%zu] (%s): missing or bad '%s' or 'size'", dev,
-                     i, act, addr_key);
+                     i, act, ev->action == TR_OOM ? "device_free" : "addr");
             return false;
         }
-        (void)pk_get_uint(e, "size", &size);
-        if (ev->action != TR_OTHER && size >= TR_SIZE_LIMIT) {
+        if (ev->action != TR_OTHER && ev->action != TR_OOM && ev->size >= TR_SIZE_LIMIT) {
             snprintf(err, errlen,
                      "device_traces[%d][%zu] (%s): size %llu is 1 EB or more, which no PyTorch "
                      "allocation reaches",
-                     dev, i, act, (unsigned long long)size);
+                     dev, i, act, (unsigned long long)ev->size);
             return false;
         }
-        if (addr == 0 && (ev->action == TR_ALLOC || ev->action == TR_FREE_REQUESTED ||
-                          ev->action == TR_FREE_COMPLETED || ev->action == TR_SEGMENT_ALLOC ||
-                          ev->action == TR_SEGMENT_FREE)) {
+        if (ev->addr == 0 && (ev->action == TR_ALLOC || ev->action == TR_FREE_REQUESTED ||
+                              ev->action == TR_FREE_COMPLETED || ev->action == TR_SEGMENT_ALLOC ||
+                              ev->action == TR_SEGMENT_FREE)) {
             snprintf(err, errlen, "device_traces[%d][%zu] (%s): addr 0 is not a block address", dev,
                      i, act);
             return false;
         }
-        /* Streams are handles: PyTorch pickles them as unsigned, a few as negative ints. */
-        int64_t sstream = 0;
-        if (!pk_get_uint(e, "stream", &stream) && pk_get_int(e, "stream", &sstream))
-            stream = (uint64_t)sstream;
-        if (pk_get(e, "time_us") != NULL &&
-            (!pk_get_int(e, "time_us", &t) || t < 0 || t > TR_TIME_LIMIT)) {
+        if (bad_time) {
             snprintf(err, errlen,
                      "device_traces[%d][%zu] (%s): time_us is not a time in [0, 2^53] "
                      "microseconds",
                      dev, i, act);
             return false;
         }
-        ev->addr = addr;
-        ev->size = size;
-        ev->stream = stream;
-        ev->time_us = t;
-        const pk_value_t *fr = pk_get(e, "frames");
-        ev->frames = fr != NULL && fr->type == PK_LIST ? fr : NULL;
         d->nev++;
         if (ev->action == TR_OOM)
             d->recorded_ooms++;
@@ -223,32 +343,91 @@ static bool load_events(const pk_value_t *list, int dev, tr_device_t *d, char *e
     return true;
 }
 
-/* Seeds, PyTorch's reserved timeline and the requested peak of one device. */
-static bool analyse(const pk_value_t *segments, int dev, tr_device_t *d, char *err, size_t errlen) {
-    tr_map_t live = {0};    /* addresses allocated in the trace and not yet freed */
-    tr_map_t touched = {0}; /* addresses any alloc/free event names */
-    size_t cap = 0;
+/* Seeds, the starting state, PyTorch's reserved timeline and the requested peak of one device.
+ *
+ * The starting state: a segment existed before recording began when the trace frees it before
+ * (or without) allocating it, or when it is in the final state and no segment event names its
+ * address. Its live blocks then are the seeds inside it; everything else in it was cached free.
+ * Expandable segments whose pages the trace maps or unmaps are left out (their extent at the
+ * start is not known); their seeds are allocated as requests. */
+static bool analyse(const pk_value_t *segments, const tr_settings_t *set, int dev, tr_device_t *d,
+                    char *err, size_t errlen) {
+    tr_map_t live = {0};     /* addresses allocated in the trace and not yet freed */
+    tr_map_t touched = {0};  /* addresses any alloc/free event names */
+    tr_map_t segfirst = {0}; /* segment address -> 1 first allocated, 2 first freed in the trace */
+    tr_map_t streams = {0};
+    uint64_t *mapped = NULL; /* addresses of segment_map/unmap events */
+    size_t nmapped = 0, cap_mapped = 0, cap = 0, cap_start = 0, cap_pools = 0, cap_sb = 0;
+    pool_range_t *ranges = NULL;
+    size_t nranges = 0, cap_ranges = 0;
     bool ok = false;
+    if (!tr_map_put(&streams, ~(uint64_t)0, 1)) /* the default stream, as a non-zero key */
+        goto oom;
+    /* Backwards: a free_requested whose free_completed comes later in the trace (before the
+     * address is allocated again). A trace without free_completed entries (older or hand-made)
+     * completes every free at once. */
+    for (size_t i = d->nev; i-- > 0;) {
+        tr_event_t *e = &d->ev[i];
+        if (e->action == TR_FREE_COMPLETED) {
+            if (!tr_map_put(&live, e->addr, 1))
+                goto oom;
+        } else if (e->action == TR_ALLOC) {
+            (void)tr_map_del(&live, e->addr, NULL);
+        } else if (e->action == TR_FREE_REQUESTED && tr_map_del(&live, e->addr, NULL)) {
+            e->flags |= TR_F_DEFERRED;
+        }
+    }
+    tr_map_free(&live);
     for (size_t i = 0; i < d->nev; i++) {
-        const tr_event_t *e = &d->ev[i];
-        if (e->action == TR_ALLOC) {
+        tr_event_t *e = &d->ev[i];
+        if (!tr_map_put(&streams, e->stream ? e->stream : ~(uint64_t)0, 1))
+            goto oom;
+        switch (e->action) {
+        case TR_ALLOC:
             if (!tr_map_put(&live, e->addr, 1) || !tr_map_put(&touched, e->addr, 1))
                 goto oom;
-        } else if (e->action == TR_FREE_REQUESTED) {
+            break;
+        case TR_FREE_REQUESTED:
             if (!tr_map_del(&live, e->addr, NULL)) {
                 if (d->seeded_bytes + e->size >= (uint64_t)TR_SUM_LIMIT)
                     goto too_much;
-                if (!add_seed(d, &cap, e->addr, e->size, e->stream, e->frames))
+                if (!add_seed(d, &cap, e->addr, e->size, 0, e->stream, e->frames))
                     goto oom;
             }
             if (!tr_map_put(&touched, e->addr, 1))
                 goto oom;
+            /* PyTorch completes a free at once (the next entry) unless other streams used the
+             * block: then events hold it until a later malloc or empty_cache sees them done,
+             * and its free_completed comes later (the backward pass below marked those). */
+            if (i + 1 < d->nev &&
+                !(d->ev[i + 1].action == TR_FREE_COMPLETED && d->ev[i + 1].addr == e->addr) &&
+                (e->flags & TR_F_DEFERRED))
+                d->deferred_frees++;
+            else
+                e->flags &= (uint8_t)~TR_F_DEFERRED;
+            break;
+        case TR_SEGMENT_ALLOC:
+        case TR_SEGMENT_FREE:
+            if (!tr_map_get(&segfirst, e->addr, NULL) &&
+                !tr_map_put(&segfirst, e->addr, e->action == TR_SEGMENT_ALLOC ? 1 : 2))
+                goto oom;
+            break;
+        case TR_SEGMENT_MAP:
+        case TR_SEGMENT_UNMAP:
+            if (!GROW(mapped, nmapped, cap_mapped))
+                goto oom;
+            mapped[nmapped++] = e->addr;
+            break;
+        default:
+            break;
         }
     }
+    if (nmapped > 1)
+        qsort(mapped, nmapped, sizeof(*mapped), cmp_u64);
     for (size_t s = 0; s < pk_len(segments); s++) {
         const pk_value_t *seg = pk_at(segments, s);
         int64_t sdev = 0, total = 0, stream = 0;
-        uint64_t addr = 0;
+        uint64_t addr = 0, ustream = 0;
         (void)pk_get_int(seg, "device", &sdev);
         if (sdev != dev)
             continue;
@@ -257,6 +436,10 @@ static bool analyse(const pk_value_t *segments, int dev, tr_device_t *d, char *e
             snprintf(err, errlen, "segments[%zu]: missing 'address' or 'total_size'", s);
             goto out;
         }
+        if (!pk_get_uint(seg, "stream", &ustream) && pk_get_int(seg, "stream", &stream))
+            ustream = (uint64_t)stream;
+        if (!tr_map_put(&streams, ustream ? ustream : ~(uint64_t)0, 1))
+            goto oom;
         if ((uint64_t)total >= TR_SIZE_LIMIT ||
             d->final_reserved + (uint64_t)total >= (uint64_t)TR_SUM_LIMIT) {
             snprintf(err, errlen,
@@ -265,7 +448,43 @@ static bool analyse(const pk_value_t *segments, int dev, tr_device_t *d, char *e
                      s, (long long)total);
             goto out;
         }
-        (void)pk_get_int(seg, "stream", &stream);
+        int pool = pool_index(d, &cap_pools, pk_get(seg, "segment_pool_id"));
+        if (pool < 0)
+            goto oom;
+        if (pool > 0) {
+            if (!GROW(ranges, nranges, cap_ranges))
+                goto oom;
+            ranges[nranges++] = (pool_range_t){addr, addr + (uint64_t)total, (uint16_t)pool};
+        }
+        const pk_value_t *expv = pk_get(seg, "is_expandable");
+        bool expandable = expv != NULL && expv->type == PK_BOOL && expv->u.b;
+        const char *stype = pk_get_str(seg, "segment_type");
+        bool in_start = !tr_map_get(&segfirst, addr, NULL);
+        if (in_start && expandable && nmapped > 0) {
+            /* the first map/unmap address at or above addr */
+            size_t lo = 0, hi = nmapped;
+            while (lo < hi) {
+                size_t mid = (lo + hi) / 2;
+                if (mapped[mid] < addr)
+                    lo = mid + 1;
+                else
+                    hi = mid;
+            }
+            if (lo < nmapped && mapped[lo] < addr + (uint64_t)total)
+                in_start = false;
+        }
+        if (in_start) {
+            if (!GROW(d->start, d->nstart, cap_start))
+                goto oom;
+            d->start[d->nstart++] =
+                (tr_sseg_t){addr,
+                            (uint64_t)total,
+                            ustream,
+                            (uint16_t)pool,
+                            stype != NULL ? strcmp(stype, "small") == 0 : total == (2 << 20),
+                            0,
+                            0};
+        }
         d->final_reserved += (uint64_t)total;
         const pk_value_t *blocks = pk_get(seg, "blocks");
         /* Block addresses are the segment's plus the sizes before them (MemoryViz does the
@@ -294,15 +513,90 @@ static bool analyse(const pk_value_t *segments, int dev, tr_device_t *d, char *e
                 const pk_value_t *fr = pk_get(blk, "frames");
                 if (d->seeded_bytes + (uint64_t)req >= (uint64_t)TR_SUM_LIMIT)
                     goto too_much;
-                if (!add_seed(d, &cap, baddr, (uint64_t)req, (uint64_t)stream,
+                if (!add_seed(d, &cap, baddr, (uint64_t)req, (uint64_t)bsize, ustream,
                               fr != NULL && fr->type == PK_LIST ? fr : NULL))
                     goto oom;
             }
             baddr += (uint64_t)bsize;
         }
     }
+    if (nranges > 1)
+        qsort(ranges, nranges, sizeof(*ranges), cmp_range);
+    /* Segments the trace frees before allocating them existed at the start too. */
+    for (size_t i = 0; i < d->nev; i++) {
+        const tr_event_t *e = &d->ev[i];
+        uintptr_t first = 0;
+        if (e->action != TR_SEGMENT_FREE || !tr_map_get(&segfirst, e->addr, &first) || first != 2)
+            continue;
+        (void)tr_map_put(&segfirst, e->addr, 3); /* only its first free counts */
+        if (!GROW(d->start, d->nstart, cap_start))
+            goto oom;
+        d->start[d->nstart++] = (tr_sseg_t){
+            e->addr, e->size, e->stream, pool_at(ranges, nranges, e->addr), e->size == (2 << 20),
+            0,       0};
+    }
+    if (d->nstart > 1)
+        qsort(d->start, d->nstart, sizeof(*d->start), cmp_sseg);
     if (d->nseeds > 1)
         qsort(d->seeds, d->nseeds, sizeof(*d->seeds), cmp_seed);
+    /* Seeds inside a start segment become its blocks too. */
+    for (size_t i = 0, k = 0; i < d->nseeds; i++) {
+        tr_seed_t *sd = &d->seeds[i];
+        while (k < d->nstart && d->start[k].addr + d->start[k].size <= sd->addr)
+            k++;
+        if (k < d->nstart && d->start[k].addr <= sd->addr) {
+            tr_sseg_t *sg = &d->start[k];
+            uint64_t end = sg->addr + sg->size;
+            if (i + 1 < d->nseeds && d->seeds[i + 1].addr < end)
+                end = d->seeds[i + 1].addr;
+            uint64_t bs = sd->bsize ? sd->bsize : round512(sd->size);
+            if (bs > end - sd->addr)
+                bs = end - sd->addr;
+            sd->in_start = true;
+            if (bs == 0)
+                continue;
+            if (!GROW(d->sblocks, d->nsblocks, cap_sb))
+                goto oom;
+            if (sg->n == 0)
+                sg->first = d->nsblocks;
+            sg->n++;
+            d->sblocks[d->nsblocks++] = (tr_sblock_t){sd->addr, bs, sd->size, sd->frames};
+        } else {
+            d->nloose++;
+            d->loose_bytes += sd->size;
+        }
+    }
+    for (size_t i = 0; i < d->nstart; i++)
+        d->start_bytes += d->start[i].size;
+    /* Runs of segment frees: the user's empty_cache, unless the allocator released inside a
+     * malloc (garbage collection, oversize blocks), which then allocates at once. A release
+     * for an OOM retry empties the cache too: replaying it as empty_cache is what happened. */
+    for (size_t i = 0; i < d->nev;) {
+        tr_event_t *e = &d->ev[i];
+        if (e->action != TR_SEGMENT_FREE && e->action != TR_SEGMENT_UNMAP) {
+            if (e->action == TR_ALLOC && nranges > 0)
+                e->pool = pool_at(ranges, nranges, e->addr);
+            i++;
+            continue;
+        }
+        size_t j = i;
+        while (j < d->nev &&
+               (d->ev[j].action == TR_SEGMENT_FREE || d->ev[j].action == TR_SEGMENT_UNMAP)) {
+            if (nranges > 0)
+                d->ev[j].pool = pool_at(ranges, nranges, d->ev[j].addr);
+            j++;
+        }
+        bool internal = set->gc_or_split && j < d->nev &&
+                        (d->ev[j].action == TR_SEGMENT_ALLOC || d->ev[j].action == TR_SEGMENT_MAP);
+        if (internal) {
+            d->internal_frees += j - i;
+        } else {
+            e->flags |= TR_F_EMPTY_CACHE;
+            d->empty_cache_runs++;
+        }
+        i = j;
+    }
+    d->nstreams = streams.n;
 
     /* Reserved before each event, walking back from the end state. */
     int64_t r = (int64_t)d->final_reserved, peak = r;
@@ -348,7 +642,83 @@ oom:
 out:
     tr_map_free(&live);
     tr_map_free(&touched);
+    tr_map_free(&segfirst);
+    tr_map_free(&streams);
+    free(mapped);
+    free(ranges);
     return ok;
+}
+
+/* The snapshot's allocator_settings as a SYMPOOL_ALLOC_CONF string. The structured keys are
+ * the settings in force; the PYTORCH_CUDA_ALLOC_CONF string adds what they do not show
+ * (large_segment_size_mb, max_non_split_rounding_mb, per_process_memory_fraction). */
+static void read_settings(const pk_value_t *as, tr_settings_t *st) {
+    memset(st, 0, sizeof(*st));
+    if (as == NULL || as->type != PK_DICT)
+        return;
+    st->recorded = true;
+    size_t used = 0, dused = 0;
+#define ADD(...)                                                                                   \
+    do {                                                                                           \
+        if (used < sizeof(st->conf))                                                               \
+            used +=                                                                                \
+                (size_t)snprintf(st->conf + used, sizeof(st->conf) - used, "%s", used ? "," : ""); \
+        if (used < sizeof(st->conf))                                                               \
+            used += (size_t)snprintf(st->conf + used, sizeof(st->conf) - used, __VA_ARGS__);       \
+    } while (0)
+    int64_t mss = -1;
+    if (pk_get_int(as, "max_split_size", &mss) && mss > 0 && mss != INT64_MAX) {
+        ADD("max_split_size_mb:%lld", (long long)(mss >> 20));
+        st->gc_or_split = true;
+    }
+    double gc = 0;
+    if (pk_num(pk_get(as, "garbage_collection_threshold"), &gc) && gc > 0) {
+        ADD("garbage_collection_threshold:%g", gc);
+        st->gc_or_split = true;
+    }
+    const pk_value_t *ex = pk_get(as, "expandable_segments");
+    if (ex != NULL && ex->type == PK_BOOL)
+        ADD("expandable_segments:%s", ex->u.b ? "True" : "False");
+    const pk_value_t *rp = pk_get(as, "roundup_power2_divisions");
+    if (rp != NULL && rp->type == PK_DICT) {
+        char list[256];
+        size_t lu = 0;
+        for (size_t k = 0; k + 1 < rp->u.seq.n; k += 2) {
+            int64_t v = 0;
+            const char *key = pk_str(rp->u.seq.items[k]);
+            if (key != NULL && pk_int(rp->u.seq.items[k + 1], &v) && v > 0 && lu < sizeof(list))
+                lu += (size_t)snprintf(list + lu, sizeof(list) - lu, "%s%s:%lld", lu ? "," : "",
+                                       key, (long long)v);
+        }
+        if (lu > 0 && lu < sizeof(list))
+            ADD("roundup_power2_divisions:[%s]", list);
+    }
+    /* Items of the string the structured keys do not carry. */
+    const char *conf = pk_get_str(as, "PYTORCH_CUDA_ALLOC_CONF");
+    for (const char *p = conf; p != NULL && *p;) {
+        const char *end = strchr(p, ',');
+        size_t n = end ? (size_t)(end - p) : strlen(p);
+        char item[128];
+        if (n < sizeof(item)) {
+            memcpy(item, p, n);
+            item[n] = '\0';
+            char *colon = strchr(item, ':');
+            if (colon != NULL && (strncmp(item, "large_segment_size_mb:", 22) == 0 ||
+                                  strncmp(item, "max_non_split_rounding_mb:", 26) == 0)) {
+                ADD("%s", item);
+            } else if (colon != NULL && strncmp(item, "per_process_memory_fraction:", 28) == 0) {
+                st->fraction = strtod(colon + 1, NULL);
+            } else if (colon != NULL && strncmp(item, "backend:", 8) == 0 &&
+                       strcmp(colon + 1, "native") != 0 && dused < sizeof(st->dropped)) {
+                dused += (size_t)snprintf(st->dropped + dused, sizeof(st->dropped) - dused,
+                                          "%s%s (not the caching allocator: no segments to "
+                                          "replay)",
+                                          dused ? "; " : "", item);
+            }
+        }
+        p += n + (end ? 1 : 0);
+    }
+#undef ADD
 }
 
 bool tr_from_doc(pk_doc_t *doc, tr_trace_t *t, char *err, size_t errlen) {
@@ -358,9 +728,13 @@ bool tr_from_doc(pk_doc_t *doc, tr_trace_t *t, char *err, size_t errlen) {
     const pk_value_t *segments = NULL, *traces = NULL;
     if (t->root != NULL && t->root->type == PK_LIST) {
         segments = t->root; /* an old-style snapshot: just the segment list */
+        t->format = "segment list (legacy, state only)";
     } else if (t->root != NULL && t->root->type == PK_DICT) {
         segments = pk_get(t->root, "segments");
         traces = pk_get(t->root, "device_traces");
+        read_settings(pk_get(t->root, "allocator_settings"), &t->settings);
+        t->format = t->settings.recorded ? "snapshot with allocator_settings"
+                                         : "snapshot without allocator_settings (older torch)";
     } else {
         snprintf(err, errlen, "not a memory snapshot (top level is not a dict)");
         return false;
@@ -396,22 +770,58 @@ bool tr_from_doc(pk_doc_t *doc, tr_trace_t *t, char *err, size_t errlen) {
     }
     for (int d = 0; d < ndev; d++) {
         if (!load_events(pk_at(traces, (size_t)d), d, &t->dev[d], err, errlen) ||
-            !analyse(segments, d, &t->dev[d], err, errlen))
+            !analyse(segments, &t->settings, d, &t->dev[d], err, errlen))
             return false;
     }
     return true;
 }
 
 bool tr_load(const char *path, tr_trace_t *t, char *err, size_t errlen) {
+    return tr_load_opts(path, true, t, err, errlen);
+}
+
+/* The file's bytes: a regular file is mapped (read-only, its pages populated in one call: no
+ * copy, no fault per page), anything else read. */
+static bool read_whole(const char *path, unsigned char **buf_p, size_t *len_p, bool *mapped_p,
+                       char *err, size_t errlen) {
+    *mapped_p = false;
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    struct stat sb;
+    if (fd >= 0 && fstat(fd, &sb) == 0 && S_ISREG(sb.st_mode) && sb.st_size > 0 &&
+        (uint64_t)sb.st_size <= ((uint64_t)4 << 30)) {
+        void *p = mmap(NULL, (size_t)sb.st_size, PROT_READ, MAP_PRIVATE | MAP_POPULATE, fd, 0);
+        if (p != MAP_FAILED) {
+            close(fd);
+            *buf_p = p;
+            *len_p = (size_t)sb.st_size;
+            *mapped_p = true;
+            return true;
+        }
+    }
+    if (fd >= 0)
+        close(fd);
+    return pk_read_file(path, (size_t)4 << 30, buf_p, len_p, err, errlen);
+}
+
+static void release(unsigned char *buf, size_t len, bool mapped) {
+    if (mapped)
+        munmap(buf, len);
+    else
+        free(buf);
+}
+
+bool tr_load_opts(const char *path, bool frames, tr_trace_t *t, char *err, size_t errlen) {
     memset(t, 0, sizeof(*t));
     unsigned char *buf = NULL;
     size_t len = 0;
+    bool mapped = false;
     char why[256];
-    if (!pk_read_file(path, (size_t)4 << 30, &buf, &len, why, sizeof(why))) {
+    if (!read_whole(path, &buf, &len, &mapped, why, sizeof(why))) {
         snprintf(err, errlen, "%s", why);
         return false;
     }
     /* A JSON snapshot (ours, or one a viewer saved) starts with '{' or '[': translate it. */
+    bool json = false;
     size_t i = 0;
     while (i < len && (buf[i] == ' ' || buf[i] == '\n' || buf[i] == '\r' || buf[i] == '\t'))
         i++;
@@ -420,24 +830,27 @@ bool tr_load(const char *path, tr_trace_t *t, char *err, size_t errlen) {
                  "%s: not a pickle (nor a JSON snapshot): it starts with byte 0x%02x, a pickle "
                  "with 0x80",
                  path, buf[i]);
-        free(buf);
+        release(buf, len, mapped);
         return false;
     }
     if (i < len && (buf[i] == '{' || buf[i] == '[')) {
         char *pickle = NULL;
         size_t plen = 0;
         bool ok = json_to_pickle((const char *)buf, len, &pickle, &plen, why, sizeof(why));
-        free(buf);
+        release(buf, len, mapped);
         if (!ok) {
             snprintf(err, errlen, "%s: %s", path, why);
             return false;
         }
         buf = (unsigned char *)pickle;
         len = plen;
+        mapped = false; /* the translation is ours, from malloc */
+        json = true;
     }
+    int protocol = !json && len > 1 && buf[0] == 0x80 ? buf[1] : 0;
     pk_doc_t *doc = NULL;
-    bool ok = pk_parse(buf, len, NULL, &doc, why, sizeof(why));
-    free(buf);
+    bool ok = pk_parse_skip(buf, len, NULL, frames ? NULL : "frames", &doc, why, sizeof(why));
+    release(buf, len, mapped);
     if (!ok) {
         snprintf(err, errlen, "%s: %s", path, why);
         return false;
@@ -446,6 +859,7 @@ bool tr_load(const char *path, tr_trace_t *t, char *err, size_t errlen) {
         snprintf(err, errlen, "%s: %s", path, why);
         return false;
     }
+    t->protocol = protocol;
     return true;
 }
 
@@ -454,6 +868,9 @@ void tr_free(tr_trace_t *t) {
         for (int d = 0; d < t->ndev; d++) {
             free(t->dev[d].ev);
             free(t->dev[d].seeds);
+            free(t->dev[d].start);
+            free(t->dev[d].sblocks);
+            free(t->dev[d].pools);
         }
         free(t->dev);
     }

@@ -30,8 +30,14 @@ typedef enum {
     TR_OTHER /* an action this version does not know: kept, ignored */
 } tr_action_t;
 
+/* tr_event_t.flags */
+#define TR_F_DEFERRED 1u    /* free_requested whose free_completed comes later (stream uses) */
+#define TR_F_EMPTY_CACHE 2u /* first of a run of segment frees the user's empty_cache made */
+
 typedef struct tr_event {
     tr_action_t action;       /* what happened */
+    uint8_t flags;            /* TR_F_* */
+    uint16_t pool;            /* alloc: 1 + index into the device's pools, 0 = default pool */
     uint64_t addr;            /* block/segment address; device free bytes for oom */
     uint64_t size;            /* bytes (alloc: requested; free_*: requested_size; segment_*) */
     uint64_t stream;          /* recorded stream handle, 0 = default */
@@ -42,16 +48,52 @@ typedef struct tr_event {
 typedef struct tr_seed {
     uint64_t addr;            /* address of the block in the recorded run */
     uint64_t size;            /* requested size */
+    uint64_t bsize;           /* block size when the final state shows it, else 0 */
     uint64_t stream;          /* recorded stream */
     const pk_value_t *frames; /* frames of the block, or NULL */
+    bool in_start;            /* inside a start segment (rebuilt with it, not requested) */
 } tr_seed_t;
+
+/* A block of a segment that existed before recording began, as it was then. */
+typedef struct tr_sblock {
+    uint64_t addr;            /* recorded address */
+    uint64_t size;            /* block bytes */
+    uint64_t req;             /* requested bytes */
+    const pk_value_t *frames; /* its stack, or NULL */
+} tr_sblock_t;
+
+/* A segment that existed before recording began: the starting state, rebuilt as it was. */
+typedef struct tr_sseg {
+    uint64_t addr, size, stream; /* recorded address, bytes, stream */
+    uint16_t pool;               /* 1 + index into the device's pools, 0 = default pool */
+    bool is_small;               /* small pool (segment_type "small") */
+    size_t first, n;             /* its live blocks: sblocks[first .. first+n), by address */
+} tr_sseg_t;
+
+typedef struct tr_pool_id {
+    uint64_t first, second; /* PyTorch's MempoolId_t */
+} tr_pool_id_t;
 
 typedef struct tr_device {
     tr_event_t *ev;           /* events in order */
     size_t nev;               /* entries in ev */
-    tr_seed_t *seeds;         /* blocks live before recording began, by address */
+    tr_sseg_t *start;         /* segments before recording began (not expandable), by address */
+    size_t nstart;            /* entries in start */
+    tr_sblock_t *sblocks;     /* their live blocks */
+    size_t nsblocks;          /* entries in sblocks */
+    uint64_t start_bytes;     /* bytes of the start segments */
+    tr_pool_id_t *pools;      /* private pools (segment_pool_id other than (0,0)) */
+    size_t npools;            /* entries in pools */
+    size_t nstreams;          /* distinct streams in events and segments (0 included) */
+    size_t empty_cache_runs;  /* TR_F_EMPTY_CACHE events */
+    size_t internal_frees;    /* segment frees the allocator made inside a malloc */
+    size_t deferred_frees;    /* TR_F_DEFERRED events */
+    tr_seed_t *seeds;         /* blocks live before recording began, by address; those not
+                               * in_start are requested before the first event */
     size_t nseeds;            /* entries in seeds */
     uint64_t seeded_bytes;    /* sum of the seeds' sizes */
+    size_t nloose;            /* seeds outside the start segments */
+    uint64_t loose_bytes;     /* their sizes */
     uint64_t final_reserved;  /* sum of the final segments' total_size */
     uint64_t final_allocated; /* sum of the final active_allocated blocks' sizes */
     uint64_t start_reserved;  /* reserved before the first event (walking back from the end) */
@@ -60,8 +102,20 @@ typedef struct tr_device {
     size_t recorded_ooms;     /* oom events in the trace */
 } tr_device_t;
 
+/* The allocator settings a snapshot records, translated. */
+typedef struct tr_settings {
+    bool recorded;     /* the snapshot has allocator_settings */
+    char conf[512];    /* SYMPOOL_ALLOC_CONF equivalent ("" = defaults) */
+    double fraction;   /* per_process_memory_fraction from the conf string, 0 = none */
+    char dropped[256]; /* settings that do not apply to a replay, for the output */
+    bool gc_or_split;  /* gc threshold or max_split_size set: releases inside malloc */
+} tr_settings_t;
+
 typedef struct tr_trace {
     pk_doc_t *doc;          /* the parsed snapshot (frames point into it) */
+    const char *format;     /* what the top level is (dict with or without settings, list) */
+    int protocol;           /* pickle protocol; 0 for a JSON snapshot */
+    tr_settings_t settings; /* what the snapshot records */
     const pk_value_t *root; /* its top-level dict (or segment list) */
     int ndev;               /* device_traces entries (at least every segment's device + 1) */
     tr_device_t *dev;       /* per device */
@@ -71,6 +125,9 @@ typedef struct tr_trace {
 /* Load a snapshot file (pickle). Fills t; on failure writes a one-line reason and returns
  * false. Call tr_free(t) in both cases. */
 bool tr_load(const char *path, tr_trace_t *t, char *err, size_t errlen);
+/* tr_load; frames false skips every stack while loading (the frames pointers are NULL): what a
+ * replay without a snapshot of its own needs, at a fraction of the cost. */
+bool tr_load_opts(const char *path, bool frames, tr_trace_t *t, char *err, size_t errlen);
 /* Same from a parsed document (t takes ownership of doc, even on failure; call tr_free). */
 bool tr_from_doc(pk_doc_t *doc, tr_trace_t *t, char *err, size_t errlen);
 void tr_free(tr_trace_t *t);

@@ -37,6 +37,11 @@ typedef void (*sp_x_log_fn)(int level, const char *line, void *arg);
  * concurrent logging. */
 void sp_x_log_set_fn(sp_x_log_fn fn, void *arg);
 
+/** PyTorch's emptyCache for one device only (sp_empty_cache does every device): wait for the
+ * pending frees' events, release the default pool's free cached segments and those of pools
+ * whose use count is 0. `sympool replay` replays one device's trace at a time. */
+sp_status_t sp_x_empty_cache_device(int device);
+
 /** Totals over this process's symmetric pools on `device` (device < 0: all devices). */
 typedef struct sp_x_symmetric_counters {
     int64_t registrations;    /**< segments registered since process start */

@@ -181,7 +181,7 @@ if(TARGET sympool_cli)
     string(APPEND SP_INFO_RE "  MPI not linked[^\n]*\n")
   endif()
   sp_cli_check(NAME info_versions RC 0 REGEX "${SP_INFO_RE}" ARGS info)
-  sp_cli_check(NAME info_extra_arg RC 2 REGEX "unexpected argument 'x'" ARGS info x)
+  sp_cli_check(NAME info_extra_arg RC 2 REGEX "unexpected argument 'y'" ARGS info x y)
   # summary: the snapshot's end state and the trace's peaks; "-" where a snapshot cannot tell.
   sp_cli_check(NAME summary RC 0
     REGEX "snapshot trace-small-p4.pickle, device 0.*\\| Requested memory      \\|  300\\.1 MiB \\|  312\\.6 MiB \\|  389\\.8 MiB \\|   89\\.7 MiB \\|.*\\| Reserved memory       \\|  320\\.0 MiB \\|  320\\.0 MiB \\|.*\\| Allocations           \\|         21 \\|         26 \\|         58 \\|         37 \\|"
@@ -235,4 +235,31 @@ if(TARGET sympool_cli)
     ARGS summary ${CMAKE_CURRENT_SOURCE_DIR}/data/trace-small-u64.pickle)
   sp_cli_check(NAME replay_u64 RC 0 REGEX "\"events\":104," ARGS replay --json
     ${CMAKE_CURRENT_SOURCE_DIR}/data/trace-small-u64.pickle)
+endif()
+
+# Real traces of other people's runs (tests/data/real/SOURCES.md): the replay rebuilds the starting
+# state and replays the user's empty_cache calls.
+if(TARGET sympool_cli)
+  set(SP_DATA ${CMAKE_CURRENT_SOURCE_DIR}/data)
+  # 28 empty_cache calls: replayed (each releases the cached segments, 421 device frees).
+  add_test(NAME cli.replay_empty_cache
+    COMMAND $<TARGET_FILE:sympool_cli> replay ${SP_DATA}/real/sqattn-empty-cache.pickle --json)
+  set_tests_properties(cli.replay_empty_cache PROPERTIES LABELS "unit;cli" TIMEOUT 60
+    PASS_REGULAR_EXPRESSION "\"num_device_free\":421,.*\"empty_caches\":28,")
+  # State-only snapshots (no trace): the starting state is the snapshot, to the byte.
+  add_test(NAME cli.replay_state_only
+    COMMAND $<TARGET_FILE:sympool_cli> replay ${SP_DATA}/real/attention-state-only.pickle --json)
+  set_tests_properties(cli.replay_state_only PROPERTIES LABELS "unit;cli" TIMEOUT 60
+    PASS_REGULAR_EXPRESSION "\"peak_reserved_bytes\":16236150784,\"pytorch_peak_reserved_bytes\":16236150784,")
+  add_test(NAME cli.replay_legacy_list
+    COMMAND $<TARGET_FILE:sympool_cli> replay ${SP_DATA}/real/layoutediting-legacy-list.pickle)
+  set_tests_properties(cli.replay_legacy_list PROPERTIES LABELS "unit;cli" TIMEOUT 60
+    PASS_REGULAR_EXPRESSION "settings +defaults \\(the snapshot records none\\).*peak reserved +3.398 GiB +recorded run: 3.398 GiB \\(\\+0.00%\\)")
+  add_test(NAME cli.info_trace
+    COMMAND $<TARGET_FILE:sympool_cli> info ${SP_DATA}/real/sqattn-empty-cache.pickle)
+  set_tests_properties(cli.info_trace PROPERTIES LABELS "unit;cli" TIMEOUT 60
+    PASS_REGULAR_EXPRESSION "format: pickle protocol 4, snapshot with allocator_settings.*segment_alloc 420, segment_free 420.*empty_cache calls: 28.*starting state: 4 segments")
+  add_test(NAME cli.info_trace_missing
+    COMMAND $<TARGET_FILE:sympool_cli> info ${SP_DATA}/does-not-exist.pickle)
+  set_tests_properties(cli.info_trace_missing PROPERTIES LABELS "unit;cli" TIMEOUT 60 WILL_FAIL TRUE)
 endif()

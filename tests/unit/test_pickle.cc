@@ -235,11 +235,26 @@ TEST(PickleWrite, MemoWritesSharedValuesOnce) {
     EXPECT_EQ(pk_at(l, 300), pk_at(l, 0)); // the same value, by reference
     EXPECT_STREQ(pk_str(pk_at(pk_at(l, 300), 0)), "frame");
     pk_free(doc);
-    // JSON has no memo: the caller writes values in full.
+    // JSON has no references: a memoized container is copied, byte for byte; nothing that is
+    // not a container just closed can be memoized.
     sp__emit_t j;
     sp__emit_init(&j, true);
     EXPECT_EQ(sp__emit_memoize(&j), UINT32_MAX);
-    sp__emit_discard(&j);
+    sp__emit_list_begin(&j);
+    sp__emit_dict_begin(&j);
+    sp__emit_key(&j, "name");
+    sp__emit_str(&j, "f\"x");
+    sp__emit_dict_end(&j);
+    uint32_t ji = sp__emit_memoize(&j);
+    EXPECT_EQ(ji, 0u);
+    sp__emit_int(&j, 7);
+    EXPECT_EQ(sp__emit_memoize(&j), UINT32_MAX);
+    for (int i = 0; i < 2; i++)
+        sp__emit_memo_get(&j, ji);
+    sp__emit_list_end(&j);
+    Bytes jb = finish(&j);
+    EXPECT_EQ(std::string(jb.begin(), jb.end()),
+              "[{\"name\":\"f\\\"x\"},7,{\"name\":\"f\\\"x\"},{\"name\":\"f\\\"x\"}]\n");
 }
 
 TEST(PickleWrite, JsonForm) {
@@ -575,3 +590,34 @@ TEST(PickleRead, FuzzMutatedRealTracesAndRandomBytes) {
 }
 
 } // namespace
+
+// Fixed keys and names are written once and referred to after (pickle); JSON writes them each
+// time. The document reads back the same.
+TEST(PickleWrite, StaticStringsAreMemoized) {
+    for (bool json : {false, true}) {
+        sp__emit_t e;
+        sp__emit_init(&e, json);
+        sp__emit_list_begin(&e);
+        for (int i = 0; i < 3; i++) {
+            sp__emit_dict_begin(&e);
+            sp__emit_key_static(&e, "action");
+            sp__emit_str_static(&e, "free_requested");
+            sp__emit_dict_end(&e);
+        }
+        sp__emit_list_end(&e);
+        Bytes b = finish(&e);
+        std::string text(b.begin(), b.end());
+        size_t n = 0;
+        for (size_t at = text.find("free_requested"); at != std::string::npos;
+             at = text.find("free_requested", at + 1))
+            n++;
+        EXPECT_EQ(n, json ? 3u : 1u);
+        if (json)
+            continue;
+        pk_doc_t *doc = nullptr;
+        ASSERT_EQ(parse(b, &doc), "");
+        for (size_t i = 0; i < 3; i++)
+            EXPECT_STREQ(pk_get_str(pk_at(pk_root(doc), i), "action"), "free_requested");
+        pk_free(doc);
+    }
+}
