@@ -484,8 +484,11 @@ bool replay_trace(const tr_trace_t *t, const char *snapshot_out, replay_result_t
         r->pytorch_end_allocated += td->final_allocated;
         ok = build_start(&ds[d], d, td, &fs, r, err, errlen);
     }
+    /* "state" keeps one trace entry (the last of the starting state, as PyTorch's ring of one
+     * does); it is not part of the recorded run, so the buffer is cleared (OFF keeps the live
+     * blocks' stacks) before the trace is recorded. */
     if (ok && snapshot_out != NULL)
-        ok = history(SP_HISTORY_ALL, err, errlen);
+        ok = history(SP_HISTORY_OFF, err, errlen) && history(SP_HISTORY_ALL, err, errlen);
     uint64_t t0 = now_ns();
     for (int d = 0; ok && d < t->ndev; d++)
         ok = replay_device(&ds[d], d, &t->dev[d], &fs, snapshot_out != NULL, r, err, errlen);
