@@ -182,19 +182,21 @@ TEST_F(World, AgreementGivesExactMinAndMaxAndNamesFailedRanks) {
         EXPECT_EQ(a.call_lo, 7u);
         EXPECT_EQ(a.call_hi, 7u);
         EXPECT_EQ(a.lo[0], INT64_MIN);
-        EXPECT_EQ(a.hi[0], INT64_MAX);
+        EXPECT_EQ(a.hi[0], size > 1 ? INT64_MAX : INT64_MIN); // one rank: rank 0's alone
         EXPECT_EQ(a.lo[1], -size);
         EXPECT_EQ(a.hi[1], -1);
         EXPECT_EQ(a.lo[2], 42);
         EXPECT_EQ(a.hi[2], 42);
         EXPECT_EQ(a.lo[3], 0);
-        EXPECT_EQ(a.hi[3], INT64_MAX);
+        EXPECT_EQ(a.hi[3], size > 1 ? INT64_MAX : 0);
         EXPECT_FALSE(a.late);
         EXPECT_EQ(a.nbad, with_bad);
         EXPECT_EQ(a.bad_lo, with_bad ? size - 1 : -1);
         EXPECT_EQ(a.bad_set[0], with_bad ? 1ull << (size - 1) : 0ull);
     }
-    // A rank in another call: both sides are named, on every rank.
+    // A rank in another call: both sides are named, on every rank (needs a second rank).
+    if (size < 2)
+        return;
     sp_agree_t a;
     std::memset(&a, 0, sizeof a);
     a.op = rank == 0 ? SP_AGREE_BROADCAST : SP_AGREE_ALLGATHER;
