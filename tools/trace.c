@@ -13,7 +13,7 @@
  */
 #include "tools/trace.h"
 
-#include "tools/json_read.h"
+#include "sympool/experimental.h"
 
 #include <fcntl.h>
 #include <stdio.h>
@@ -836,7 +836,7 @@ bool tr_load_opts(const char *path, bool frames, tr_trace_t *t, char *err, size_
     if (i < len && (buf[i] == '{' || buf[i] == '[')) {
         char *pickle = NULL;
         size_t plen = 0;
-        bool ok = json_to_pickle((const char *)buf, len, &pickle, &plen, why, sizeof(why));
+        bool ok = sp_x_json_to_pickle((const char *)buf, len, &pickle, &plen, why, sizeof(why));
         release(buf, len, mapped);
         if (!ok) {
             snprintf(err, errlen, "%s: %s", path, why);

@@ -7,6 +7,7 @@
 #ifndef SYMPOOL_EXPERIMENTAL_H
 #define SYMPOOL_EXPERIMENTAL_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -69,6 +70,13 @@ size_t sp_x_memory_summary_format(const sp_stats_t *stats, const char *title, ch
  * largest binary unit that keeps the number below 1024 ("1.50 GiB", up to EiB). Writes at most
  * cap bytes into buf, always terminated (cap > 0); returns buf. */
 const char *sp_x_size_format(double bytes, char *buf, size_t cap);
+
+/** Translate a JSON memory snapshot (text, len bytes; not NUL-terminated) into the equivalent
+ * pickle, which the caller frees with free(). A strict RFC 8259 reader with nesting bounded at
+ * 32: on malformed input returns false with a message naming the byte offset in err (errlen
+ * bytes, always terminated when errlen > 0) and writes nothing to *pickle_p / *len_p. */
+bool sp_x_json_to_pickle(const char *text, size_t len, char **pickle_p, size_t *len_p, char *err,
+                         size_t errlen);
 
 #ifdef __cplusplus
 }

@@ -5,7 +5,6 @@
 set(SP_CLI_TOOL_SOURCES
   ${PROJECT_SOURCE_DIR}/tools/pickle_read.c
   ${PROJECT_SOURCE_DIR}/tools/trace.c
-  ${PROJECT_SOURCE_DIR}/tools/json_read.c
   ${PROJECT_SOURCE_DIR}/tools/replay.c
   ${PROJECT_SOURCE_DIR}/tools/cli_util.c)
 # test_history exports its symbols (-rdynamic) so that dladdr can name the C frames it checks.

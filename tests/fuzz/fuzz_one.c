@@ -1,6 +1,6 @@
 /*
  * fuzz_one.c: one fuzz input through the snapshot readers (tools/pickle_read.c,
- * tools/json_read.c) and the trace loader every CLI command starts with (tools/trace.c).
+ * core/json_read.c) and the trace loader every CLI command starts with (tools/trace.c).
  * The limits are smaller than the CLI's so that one input stays fast; the code paths are the
  * same.
  */
@@ -9,7 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "tools/json_read.h"
+#include "sympool/experimental.h"
 #include "tools/pickle_read.h"
 #include "tools/trace.h"
 
@@ -19,7 +19,7 @@ int sp_fuzz_one(const uint8_t *data, size_t size, int json) {
     size_t plen = 0;
     const void *buf = data;
     if (json) {
-        if (!json_to_pickle((const char *)data, size, &pickle, &plen, err, sizeof err))
+        if (!sp_x_json_to_pickle((const char *)data, size, &pickle, &plen, err, sizeof err))
             return 0;
         buf = pickle;
         size = plen;

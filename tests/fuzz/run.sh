@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Fuzz the snapshot readers (tools/pickle_read.c, tools/json_read.c, and the trace loader of
+# Fuzz the snapshot readers (tools/pickle_read.c, core/json_read.c from libsympool.a, and the trace loader of
 # tools/trace.c) with libFuzzer, AddressSanitizer and UndefinedBehaviorSanitizer, for a bounded
 # time, from seeds cut out of tests/data (seeds.py). A crash, a sanitizer report, a leak or an
 # input slower than 10 s fails; the failing input is left in OUT/ (reproduce with
@@ -23,8 +23,7 @@ if ! command -v "$cc" >/dev/null ||
   exit 0
 fi
 flags=(-g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all -D_GNU_SOURCE -I. -Iinclude)
-srcs=(tests/fuzz/fuzz_main.c tests/fuzz/fuzz_one.c tools/pickle_read.c tools/json_read.c
-      tools/trace.c)
+srcs=(tests/fuzz/fuzz_main.c tests/fuzz/fuzz_one.c tools/pickle_read.c tools/trace.c)
 libs=("$lib_dir/libsympool.a" -lpthread -ldl -lm)
 "$cc" "${flags[@]}" -DSP_FUZZ_JSON=0 "${srcs[@]}" "${libs[@]}" -o "$out/fuzz_pickle"
 "$cc" "${flags[@]}" -DSP_FUZZ_JSON=1 "${srcs[@]}" "${libs[@]}" -o "$out/fuzz_json"

@@ -16,7 +16,7 @@
 extern "C" {
 #include "core/core_emit.h"
 #include "tools/cli.h"
-#include "tools/json_read.h"
+#include "sympool/experimental.h"
 #include "tools/pickle_read.h"
 #include "tools/trace.h"
 }
@@ -328,7 +328,7 @@ std::string json_parse(const std::string &text, pk_doc_t **doc_p = nullptr) {
     char *pk = nullptr;
     size_t len = 0;
     char err[256] = "";
-    if (!json_to_pickle(text.data(), text.size(), &pk, &len, err, sizeof(err)))
+    if (!sp_x_json_to_pickle(text.data(), text.size(), &pk, &len, err, sizeof(err)))
         return err;
     pk_doc_t *doc = nullptr;
     bool ok = pk_parse(pk, len, nullptr, &doc, err, sizeof(err));
@@ -492,7 +492,7 @@ TEST_F(Replay, JsonSnapshotLoadsLikeThePickle) {
         char *pk = nullptr;
         size_t len = 0;
         char err[256] = "";
-        if (json_to_pickle(m.data(), m.size(), &pk, &len, err, sizeof(err))) {
+        if (sp_x_json_to_pickle(m.data(), m.size(), &pk, &len, err, sizeof(err))) {
             pk_doc_t *doc = nullptr;
             if (pk_parse(pk, len, nullptr, &doc, err, sizeof(err)))
                 pk_free(doc);

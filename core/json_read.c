@@ -1,15 +1,16 @@
 /*
  * json_read.c: reads a JSON memory snapshot (sympool's ".json" snapshots; recent PyTorch viewers
- * accept the same) by translating it into the equivalent pickle with the library's emitter and
- * handing that to the restricted pickle reader, so both forms end in the same values and the
- * same checks.
+ * accept the same) by translating it into the equivalent pickle with core_emit.c's emitter, so
+ * the CLI's restricted pickle reader sees both forms as the same values with the same checks.
+ * It lives beside the emitter that writes those snapshots (the reverse of its JSON form) and is
+ * offered to tools/ as sp_x_json_to_pickle (sympool/experimental.h).
  *
  * The parser is a strict recursive-descent RFC 8259 reader: objects, arrays, strings (with
  * escapes and surrogate pairs), integers (int64, uint64 above it, and as a double beyond),
  * floats, true, false, null.
  * Nesting is bounded by the emitter's depth (32); every error names its byte offset. No lock.
  */
-#include "tools/json_read.h"
+#include "sympool/experimental.h"
 
 #include <errno.h>
 #include <math.h>
@@ -17,6 +18,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/core.h"
 #include "core/core_emit.h"
 
 typedef struct jp {
@@ -327,8 +329,8 @@ static bool value(jp_t *j) {
     }
 }
 
-bool json_to_pickle(const char *text, size_t len, char **pickle_p, size_t *len_p, char *err,
-                    size_t errlen) {
+SP_EXPORT bool sp_x_json_to_pickle(const char *text, size_t len, char **pickle_p, size_t *len_p,
+                                   char *err, size_t errlen) {
     sp__emit_t e;
     sp__emit_init(&e, false);
     jp_t j = {text, len, 0, &e, 0, err, errlen, NULL, 0};
