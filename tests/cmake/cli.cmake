@@ -104,7 +104,7 @@ if(TARGET sympool_cli)
   endif()
 endif()
 
-# ---- the command line itself (issue 15): getopt_long, --help everywhere, refusals ---------
+# ---- the command line itself: getopt_long, --help everywhere, refusals ---------
 # sp_cli_check(NAME n RC code REGEX re ARGS ...): run `sympool ARGS...` with stdout and stderr
 # together, then check the output and the exit status (the wrapper prints "rc=N" last).
 if(TARGET sympool_cli)
@@ -192,7 +192,7 @@ if(TARGET sympool_cli)
     ARGS summary ${SMALL} ${SMALL})
 endif()
 
-# ---- plot (issue 15 item 6) --------------------------------------------------------------
+# ---- plot --------------------------------------------------------------
 if(TARGET sympool_cli)
   set(BIG ${SP_CLI_TRACE})
   # A small job reads in MiB, with the peak labels inside the frame and blocks named by where

@@ -1,5 +1,4 @@
-// test_oom_semantics.cc: where sympool's out-of-memory answers follow PyTorch and CuPy (issue 12
-// items 2, 3 and 11):
+// test_oom_semantics.cc: where sympool's out-of-memory answers follow PyTorch and CuPy:
 //  - a request larger than the device is an OOM that went through the release-and-retry path
 //    (num_alloc_retries, num_ooms), reported as PyTorch does ("Tried to allocate 800000000.00
 //    GiB"), also with max_split_size_mb and through sp_mempool_malloc; at or above 1 EB it is

@@ -380,7 +380,7 @@ TEST(PickleRead, MalformedInputsGiveOffsets) {
     pk_free(doc);
 }
 
-// Issue 12 item 4: every integer in [-2^63, 2^64) keeps its value and signedness; wider ones
+// Every integer in [-2^63, 2^64) keeps its value and signedness; wider ones
 // load as PK_BIGINT (the document is not refused) and only the accessors that need a value fail.
 TEST(PickleRead, IntegersOfEveryWidthLoad) {
     struct Case {

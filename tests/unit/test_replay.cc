@@ -388,7 +388,7 @@ TEST_F(Replay, JsonValuesTranslate) {
     pk_free(doc);
 }
 
-// Issue 12 item 4: a real-shaped PyTorch snapshot whose C++ frames carry line 2^64-1 (LONG1, 9
+// A real-shaped PyTorch snapshot whose C++ frames carry line 2^64-1 (LONG1, 9
 // bytes), with a 2^70 field in one frame and signed extremes in the annotations, loads whole;
 // the values are there with their signedness, and the replay runs as on the original file.
 TEST_F(Replay, SnapshotWithUnsigned64BitIntegersLoads) {

@@ -1,5 +1,4 @@
-// test_snapshot_target.cc: what sp_dump_snapshot may write over, and how it fails (issue 12
-// items 9 and 10).
+// test_snapshot_target.cc: what sp_dump_snapshot may write over, and how it fails.
 //  - A target that exists and is not a regular file (a FIFO, a directory, a socket, a device
 //    such as /dev/null) is refused with SP_ERR_INVALID_ARGUMENT and left exactly as it was; no
 //    temporary file is left behind.

@@ -1,5 +1,5 @@
-// test_threads_stress.cc: eight threads doing everything at once for a bounded time (issue 12
-// item 8): malloc/free on two streams, record_stream, MemPool begin/end, snapshots, empty_cache,
+// test_threads_stress.cc: eight threads doing everything at once for a bounded time:
+// malloc/free on two streams, record_stream, MemPool begin/end, snapshots, empty_cache,
 // stats, and memory history switched on and off. It asserts only that every call succeeds (or
 // fails the way it may, OOM) and that nothing is left allocated; its real check is
 // ThreadSanitizer, whose stage runs every `unit` test (scripts/test.sh), and AddressSanitizer.
