@@ -14,6 +14,7 @@
 #include <time.h>
 
 #include "sympool/sympool.h"
+#include "bench_util.h"
 
 static long g_pairs = 2000000;
 
@@ -24,31 +25,25 @@ typedef struct job {
     int failed;    /* out: a call failed */
 } job_t;
 
-static double now_ns(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec * 1e9 + (double)ts.tv_nsec;
-}
-
 static void *run(void *arg) {
     job_t *j = arg;
     void *p = NULL;
     if (j->use_glibc) {
         free(malloc(j->size));
-        double t0 = now_ns();
+        double t0 = bench_now_ns();
         for (long i = 0; i < g_pairs; i++) {
             p = malloc(j->size);
             __asm__ volatile("" : : "r"(p) : "memory"); /* keep the pair from being elided */
             free(p);
         }
-        j->ns = (now_ns() - t0) / (double)g_pairs;
+        j->ns = (bench_now_ns() - t0) / (double)g_pairs;
         return NULL;
     }
     if (sp_malloc(j->size, 0, NULL, &p) != SP_SUCCESS || sp_free(p) != SP_SUCCESS) {
         j->failed = 1;
         return NULL;
     }
-    double t0 = now_ns();
+    double t0 = bench_now_ns();
     for (long i = 0; i < g_pairs; i++) {
         if (sp_malloc(j->size, 0, NULL, &p) != SP_SUCCESS) {
             j->failed = 1;
@@ -56,7 +51,7 @@ static void *run(void *arg) {
         }
         sp_free(p);
     }
-    j->ns = (now_ns() - t0) / (double)g_pairs;
+    j->ns = (bench_now_ns() - t0) / (double)g_pairs;
     return NULL;
 }
 

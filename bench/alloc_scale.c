@@ -1,6 +1,6 @@
 /*
  * alloc_scale.c: how the cached malloc + free pair scales, on the host backend, one JSON line per
- * case, every figure a median over interleaved rounds of the same run:
+ * case, every figure a bench_median over interleaved rounds of the same run:
  *
  *   {"bench":"alloc_scale","case":"pair",...}      one thread, 512 B: ns per pair next to glibc's
  *   {"bench":"alloc_scale","case":"threads",...}   two threads on one device: per-thread ns per
@@ -22,24 +22,9 @@
 #include <time.h>
 
 #include "sympool/sympool.h"
+#include "bench_util.h"
 
 static long g_pairs = 1000000;
-
-static double now_ns(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec * 1e9 + (double)ts.tv_nsec;
-}
-
-static int cmp_double(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
-
-static double median(double *v, int n) {
-    qsort(v, (size_t)n, sizeof *v, cmp_double);
-    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
 
 static void die(const char *what) {
     fprintf(stderr, "bench_alloc_scale: %s: %s\n", what, sp_last_error());
@@ -56,24 +41,24 @@ static void *pairs(void *arg) {
     void *p = NULL;
     if (j->glibc) {
         free(malloc(512));
-        double t0 = now_ns();
+        double t0 = bench_now_ns();
         for (long i = 0; i < g_pairs; i++) {
             p = malloc(512);
             __asm__ volatile("" : : "r"(p) : "memory");
             free(p);
         }
-        j->ns = (now_ns() - t0) / (double)g_pairs;
+        j->ns = (bench_now_ns() - t0) / (double)g_pairs;
         return NULL;
     }
     if (sp_malloc(512, 0, NULL, &p) != SP_SUCCESS || sp_free(p) != SP_SUCCESS)
         die("sp_malloc");
-    double t0 = now_ns();
+    double t0 = bench_now_ns();
     for (long i = 0; i < g_pairs; i++) {
         if (sp_malloc(512, 0, NULL, &p) != SP_SUCCESS)
             die("sp_malloc");
         sp_free(p);
     }
-    j->ns = (now_ns() - t0) / (double)g_pairs;
+    j->ns = (bench_now_ns() - t0) / (double)g_pairs;
     return NULL;
 }
 
@@ -170,11 +155,13 @@ int main(int argc, char **argv) {
     printf("{\"bench\":\"alloc_scale\",\"case\":\"pair\",\"backend\":\"%s\",\"size\":512,"
            "\"rounds\":%d,\"pairs\":%ld,\"ns_per_pair\":%.2f,\"glibc_ns_per_pair\":%.2f,"
            "\"ratio_to_glibc\":%.2f}\n",
-           be, rounds, g_pairs, median(sp1, rounds), median(gl1, rounds), median(r_gl, rounds));
+           be, rounds, g_pairs, bench_median(sp1, rounds), bench_median(gl1, rounds),
+           bench_median(r_gl, rounds));
     printf("{\"bench\":\"alloc_scale\",\"case\":\"threads\",\"backend\":\"%s\",\"size\":512,"
            "\"rounds\":%d,\"pairs\":%ld,\"ns_1_thread\":%.2f,\"ns_per_thread_2_threads\":%.2f,"
            "\"ratio\":%.2f}\n",
-           be, rounds, g_pairs, median(sp1, rounds), median(sp2, rounds), median(r_thr, rounds));
+           be, rounds, g_pairs, bench_median(sp1, rounds), bench_median(sp2, rounds),
+           bench_median(r_thr, rounds));
     fflush(stdout);
 
     for (int r = 0; r < rounds; r++) {
@@ -188,8 +175,8 @@ int main(int argc, char **argv) {
     printf("{\"bench\":\"alloc_scale\",\"case\":\"free_set\",\"backend\":\"%s\",\"size\":512,"
            "\"rounds\":%d,\"pairs\":%ld,\"free_blocks\":%ld,\"ns_empty_set\":%.2f,"
            "\"ns_full_set\":%.2f,\"ratio\":%.2f}\n",
-           be, rounds, g_pairs, nfree, median(empty, rounds), median(full, rounds),
-           median(r_set, rounds));
+           be, rounds, g_pairs, nfree, bench_median(empty, rounds), bench_median(full, rounds),
+           bench_median(r_set, rounds));
     fflush(stdout);
 
     sp_shutdown();

@@ -10,12 +10,7 @@
 #include <time.h>
 
 #include "sympool/sympool.h"
-
-static double now_ns(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec * 1e9 + (double)ts.tv_nsec;
-}
+#include "bench_util.h"
 
 static int cmp_double(const void *a, const void *b) {
     double x = *(const double *)a, y = *(const double *)b;
@@ -30,22 +25,22 @@ static double median(double *v, int n) {
 /* ns per sp_memory_stats call over n calls; a negative value on failure. */
 static double time_stats(long n) {
     sp_stats_t st;
-    double t0 = now_ns();
+    double t0 = bench_now_ns();
     for (long i = 0; i < n; i++)
         if (sp_memory_stats(0, &st) != SP_SUCCESS)
             return -1;
-    return (now_ns() - t0) / (double)n;
+    return (bench_now_ns() - t0) / (double)n;
 }
 
 /* ns per cached sp_malloc + sp_free pair of 4096 bytes over n pairs. */
 static double time_pairs(long n) {
     void *p = NULL;
-    double t0 = now_ns();
+    double t0 = bench_now_ns();
     for (long i = 0; i < n; i++) {
         if (sp_malloc(4096, 0, NULL, &p) != SP_SUCCESS || sp_free(p) != SP_SUCCESS)
             return -1;
     }
-    return (now_ns() - t0) / (double)n;
+    return (bench_now_ns() - t0) / (double)n;
 }
 
 int main(int argc, char **argv) {

@@ -16,20 +16,10 @@
 #include <unistd.h>
 
 #include "sympool/sympool.h"
-
-static double now_ns(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec * 1e9 + (double)ts.tv_nsec;
-}
-
-static int cmp_double(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
+#include "bench_util.h"
 
 static double median(double *v, int n) {
-    qsort(v, (size_t)n, sizeof(*v), cmp_double);
+    qsort(v, (size_t)n, sizeof(*v), bench_cmp_double);
     return v[n / 2];
 }
 
@@ -77,25 +67,25 @@ static int fill(size_t entries, unsigned *site) {
 }
 
 static double dump_ms(const char *path) {
-    double t0 = now_ns();
+    double t0 = bench_now_ns();
     if (sp_dump_snapshot(path) != SP_SUCCESS) {
         fprintf(stderr, "bench_snapshot: %s: %s\n", path, sp_last_error());
         exit(1);
     }
-    double ms = (now_ns() - t0) / 1e6;
+    double ms = (bench_now_ns() - t0) / 1e6;
     unlink(path);
     return ms;
 }
 
 static double pairs_ns(long pairs) {
     void *p = NULL;
-    double t0 = now_ns();
+    double t0 = bench_now_ns();
     for (long i = 0; i < pairs; i++) {
         if (sp_malloc(4096, 0, NULL, &p) != SP_SUCCESS)
             exit(1);
         sp_free(p);
     }
-    return (now_ns() - t0) / (double)pairs;
+    return (bench_now_ns() - t0) / (double)pairs;
 }
 
 int main(int argc, char **argv) {

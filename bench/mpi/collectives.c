@@ -19,16 +19,7 @@
 #include <sympool/collectives.h>
 #include <sympool/sympool.h>
 #include <sympool/world.h>
-
-static int cmp_double(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
-
-static double median(double *v, int n) {
-    qsort(v, (size_t)n, sizeof *v, cmp_double);
-    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
+#include "../bench_util.h"
 
 static void die(const char *what, sp_status_t s) {
     fprintf(stderr, "bench_collectives: %s: %s: %s\n", what, sp_status_name(s), sp_last_error());
@@ -97,9 +88,10 @@ int main(int argc, char **argv) {
         }
         if (((float *)recv)[count - 1] != (float)n * (float)(n + 1) / 2.0f)
             die("wrong result", SP_ERR_INTERNAL);
-        double m = median(t_mpi, iters) * 1e6, p = median(t_sp, iters) * 1e6;
-        double a = median(t_agree, iters) * 1e6;
-        /* median() sorted them: [0] is the fastest call, the least disturbed by other load. */
+        double m = bench_median(t_mpi, iters) * 1e6, p = bench_median(t_sp, iters) * 1e6;
+        double a = bench_median(t_agree, iters) * 1e6;
+        /* bench_median() sorted them: [0] is the fastest call, the least disturbed by other load.
+         */
         double m_min = t_mpi[0] * 1e6, p_min = t_sp[0] * 1e6;
         if (rank == 0)
             printf("{\"bench\":\"collectives\",\"op\":\"allreduce\",\"dtype\":\"float32\","

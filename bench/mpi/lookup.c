@@ -20,24 +20,9 @@
 #include <sympool/collectives.h>
 #include <sympool/sympool.h>
 #include <sympool/world.h>
+#include "../bench_util.h"
 
 #define NBLOCKS 4000
-
-static int cmp_double(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
-
-static double median(double *v, int n) {
-    qsort(v, (size_t)n, sizeof *v, cmp_double);
-    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
-
-static double now_ns(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec * 1e9 + (double)ts.tv_nsec;
-}
 
 static void die(const char *what, sp_status_t s) {
     fprintf(stderr, "bench_lookup: %s: %s: %s\n", what, sp_status_name(s), sp_last_error());
@@ -47,13 +32,13 @@ static void die(const char *what, sp_status_t s) {
 /* Median wall time of one 1-float allreduce on buf. */
 static double time_allreduce(sp_world_t *w, void *buf, double *scratch, int iters) {
     for (int i = 0; i < iters; i++) {
-        double t0 = now_ns();
+        double t0 = bench_now_ns();
         sp_status_t s = sp_allreduce(w, buf, buf, 1, SP_FLOAT32, SP_SUM, NULL);
-        scratch[i] = now_ns() - t0;
+        scratch[i] = bench_now_ns() - t0;
         if (s != SP_SUCCESS)
             die("sp_allreduce", s);
     }
-    return median(scratch, iters);
+    return bench_median(scratch, iters);
 }
 
 int main(int argc, char **argv) {
@@ -95,7 +80,7 @@ int main(int argc, char **argv) {
         l[r] = time_allreduce(w, last, scratch, iters);
         li[r] = time_allreduce(w, (char *)last + 256, scratch, iters);
     }
-    double fm = median(f, 5), lm = median(l, 5), lim = median(li, 5);
+    double fm = bench_median(f, 5), lm = bench_median(l, 5), lim = bench_median(li, 5);
     if (rank == 0)
         printf(
             "{\"bench\":\"lookup\",\"blocks\":%d,\"ranks\":%d,\"first_ns\":%.0f,\"last_ns\":%.0f,"

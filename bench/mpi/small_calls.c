@@ -4,9 +4,9 @@
  *   - sp_allreduce of 8 bytes (two float32, sum) over MPI_Allreduce of the same 8 bytes;
  *   - a cached sp_symmetric_malloc (one agreement round, no growth) over the same MPI_Allreduce.
  * The three are timed in interleaved blocks (the order rotates every block); a block's figure is
- * the slowest rank's mean per call, and every reported figure is the median over the blocks (the
- * ratios are medians of per-block ratios, so noise that hits a block hits both sides).
- * One JSON line on rank 0:
+ * the slowest rank's mean per call, and every reported figure is the bench_median over the blocks
+ * (the ratios are medians of per-block ratios, so noise that hits a block hits both sides). One
+ * JSON line on rank 0:
  *   {"bench":"small_calls","ranks":2,"blocks":..,"per_block":..,"mpi_allreduce_8b_us":..,
  *    "sp_allreduce_8b_us":..,"sym_hit_us":..,"allreduce_ratio":..,"sym_hit_ratio":..}
  * Usage: mpirun -np 2 bench_small_calls [calls_per_block [blocks]]
@@ -21,6 +21,7 @@
 #include <sympool/symmetric.h>
 #include <sympool/sympool.h>
 #include <sympool/world.h>
+#include "../bench_util.h"
 
 static void die(const char *what, sp_status_t s) {
     fprintf(stderr, "bench_small_calls: %s: %s: %s\n", what, sp_status_name(s), sp_last_error());
@@ -32,16 +33,6 @@ static void die(const char *what, sp_status_t s) {
         if (s_ != SP_SUCCESS)                                                                      \
             die(#call, s_);                                                                        \
     } while (0)
-
-static int cmp_double(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
-
-static double median(double *v, int n) {
-    qsort(v, (size_t)n, sizeof *v, cmp_double);
-    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
 
 /* The slowest rank's value: what a collective step costs the job. */
 static double worst(double v) {
@@ -110,9 +101,9 @@ int main(int argc, char **argv) {
         printf("{\"bench\":\"small_calls\",\"backend\":\"%s\",\"ranks\":%d,\"blocks\":%d,"
                "\"per_block\":%d,\"mpi_allreduce_8b_us\":%.3f,\"sp_allreduce_8b_us\":%.3f,"
                "\"sym_hit_us\":%.3f,\"allreduce_ratio\":%.2f,\"sym_hit_ratio\":%.2f}\n",
-               sp_backend_name(), size, blocks, per, median(t[K_MPI], blocks),
-               median(t[K_SP_ALLREDUCE], blocks), median(t[K_SYM_HIT], blocks),
-               median(r_ar, blocks), median(r_sym, blocks));
+               sp_backend_name(), size, blocks, per, bench_median(t[K_MPI], blocks),
+               bench_median(t[K_SP_ALLREDUCE], blocks), bench_median(t[K_SYM_HIT], blocks),
+               bench_median(r_ar, blocks), bench_median(r_sym, blocks));
     OK(sp_free(send));
     OK(sp_free(recv));
     MPI_Comm_free(&dup);

@@ -34,6 +34,7 @@
 #include <sympool/sympool.h>
 #include <sympool/experimental.h>
 #include <sympool/world.h>
+#include "../bench_util.h"
 
 static double now_us(void) {
     struct timespec ts;
@@ -59,16 +60,11 @@ static double worst(double v) {
     return m;
 }
 
-static int cmp_double(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
-
 static double median(const double *v, int n) {
     double tmp[64];
     for (int i = 0; i < n; i++)
         tmp[i] = v[i];
-    qsort(tmp, (size_t)n, sizeof tmp[0], cmp_double);
+    qsort(tmp, (size_t)n, sizeof tmp[0], bench_cmp_double);
     return n % 2 ? tmp[n / 2] : (tmp[n / 2 - 1] + tmp[n / 2]) / 2;
 }
 
