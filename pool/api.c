@@ -274,6 +274,7 @@ SP_EXPORT sp_status_t sp_get_memory_info(int device, size_t *free_p, size_t *tot
 }
 
 SP_EXPORT sp_status_t sp_device_usage(int device, sp_device_usage_t *usage_p) {
+    SP_GATE("sp_device_usage");
     SP_ARG_CHECK(usage_p, SP_SUB_POOL, "sp_device_usage: usage_p is NULL");
     sp_devalloc_t *d = NULL;
     SP_CHECK(sp__alloc_device(device, &d));
@@ -327,6 +328,7 @@ SP_EXPORT sp_status_t sp_empty_cache(void) {
 }
 
 SP_EXPORT sp_status_t sp_x_empty_cache_device(int device) {
+    SP_GATE("sp_x_empty_cache_device");
     sp_devalloc_t *d = NULL;
     SP_CHECK(sp__alloc_device(device, &d));
     uint32_t ctx = sp__history_capture(true);
