@@ -351,16 +351,6 @@ void sp__emit_key_static(sp__emit_t *e, const char *k) {
     key(e, k, true);
 }
 
-void sp__emit_str_static(sp__emit_t *e, const char *s) {
-    before_value(e);
-    if (s == NULL)
-        s = "";
-    if (e->json)
-        put_str_json(e, s);
-    else
-        put_str_static(e, s);
-}
-
 /* Decimal digits of v into b (at least 21 bytes), NUL-terminated; the length. */
 static size_t fmt_u64(char *b, uint64_t v) {
     char t[24];
@@ -375,14 +365,26 @@ static size_t fmt_u64(char *b, uint64_t v) {
     return n;
 }
 
-void sp__emit_str(sp__emit_t *e, const char *s) {
+/* `fixed`: s is a string that outlives the emitter (a literal), so a pickle may refer back to it
+ * by address instead of writing it again. */
+static void str(sp__emit_t *e, const char *s, bool fixed) {
     before_value(e);
     if (s == NULL)
         s = "";
     if (e->json)
         put_str_json(e, s);
+    else if (fixed)
+        put_str_static(e, s);
     else
         put_str_pickle(e, s);
+}
+
+void sp__emit_str(sp__emit_t *e, const char *s) {
+    str(e, s, false);
+}
+
+void sp__emit_str_static(sp__emit_t *e, const char *s) {
+    str(e, s, true);
 }
 
 static void put_int_pickle(sp__emit_t *e, int64_t v) {

@@ -20,11 +20,8 @@
 #include <sympool/sympool.h>
 #include <sympool/world.h>
 #include "../bench_util.h"
-
-static void die(const char *what, sp_status_t s) {
-    fprintf(stderr, "bench_collectives: %s: %s: %s\n", what, sp_status_name(s), sp_last_error());
-    MPI_Abort(MPI_COMM_WORLD, 1);
-}
+#define BENCH_NAME "bench_collectives"
+#include "mpi_bench.h"
 
 int main(int argc, char **argv) {
     sp_world_t *w = NULL;

@@ -21,13 +21,10 @@
 #include <sympool/sympool.h>
 #include <sympool/world.h>
 #include "../bench_util.h"
+#define BENCH_NAME "bench_lookup"
+#include "mpi_bench.h"
 
 #define NBLOCKS 4000
-
-static void die(const char *what, sp_status_t s) {
-    fprintf(stderr, "bench_lookup: %s: %s: %s\n", what, sp_status_name(s), sp_last_error());
-    MPI_Abort(MPI_COMM_WORLD, 1);
-}
 
 /* Median wall time of one 1-float allreduce on buf. */
 static double time_allreduce(sp_world_t *w, void *buf, double *scratch, int iters) {

@@ -29,11 +29,8 @@
 #include <sympool/collectives.h>
 #include <sympool/sympool.h>
 #include <sympool/symmetric.h>
-
-static void die(const char *what, sp_status_t s) {
-    fprintf(stderr, "bench_scale: %s: %s: %s\n", what, sp_status_name(s), sp_last_error());
-    MPI_Abort(MPI_COMM_WORLD, 1);
-}
+#define BENCH_NAME "bench_scale"
+#include "mpi_bench.h"
 
 static long rss_kib(void) {
     FILE *f = fopen("/proc/self/status", "r");

@@ -22,24 +22,8 @@
 #include <sympool/sympool.h>
 #include <sympool/world.h>
 #include "../bench_util.h"
-
-static void die(const char *what, sp_status_t s) {
-    fprintf(stderr, "bench_small_calls: %s: %s: %s\n", what, sp_status_name(s), sp_last_error());
-    MPI_Abort(MPI_COMM_WORLD, 1);
-}
-#define OK(call)                                                                                   \
-    do {                                                                                           \
-        sp_status_t s_ = (call);                                                                   \
-        if (s_ != SP_SUCCESS)                                                                      \
-            die(#call, s_);                                                                        \
-    } while (0)
-
-/* The slowest rank's value: what a collective step costs the job. */
-static double worst(double v) {
-    double m = 0;
-    MPI_Allreduce(&v, &m, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
-    return m;
-}
+#define BENCH_NAME "bench_small_calls"
+#include "mpi_bench.h"
 
 enum { K_MPI, K_SP_ALLREDUCE, K_SYM_HIT, K_COUNT };
 

@@ -35,29 +35,13 @@
 #include <sympool/experimental.h>
 #include <sympool/world.h>
 #include "../bench_util.h"
+#define BENCH_NAME "bench_symmetric"
+#include "mpi_bench.h"
 
 static double now_us(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return ts.tv_sec * 1e6 + ts.tv_nsec / 1e3;
-}
-
-static void die(const char *what, sp_status_t s) {
-    fprintf(stderr, "bench_symmetric: %s: %s: %s\n", what, sp_status_name(s), sp_last_error());
-    MPI_Abort(MPI_COMM_WORLD, 1);
-}
-#define OK(call)                                                                                   \
-    do {                                                                                           \
-        sp_status_t s_ = (call);                                                                   \
-        if (s_ != SP_SUCCESS)                                                                      \
-            die(#call, s_);                                                                        \
-    } while (0)
-
-/* The slowest rank's value: what a collective step costs the job. */
-static double worst(double v) {
-    double m = 0;
-    MPI_Allreduce(&v, &m, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
-    return m;
 }
 
 static double median(const double *v, int n) {
