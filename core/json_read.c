@@ -331,6 +331,15 @@ static bool value(jp_t *j) {
 
 SP_EXPORT bool sp_x_json_to_pickle(const char *text, size_t len, char **pickle_p, size_t *len_p,
                                    char *err, size_t errlen) {
+    char scratch[1];
+    if (err == NULL || errlen == 0) { /* messages go nowhere, but the parser always writes one */
+        err = scratch;
+        errlen = sizeof scratch;
+    }
+    if ((text == NULL && len > 0) || pickle_p == NULL || len_p == NULL) {
+        snprintf(err, errlen, "json: text, pickle_p or len_p is NULL");
+        return false;
+    }
     sp__emit_t e;
     sp__emit_init(&e, false);
     jp_t j = {text, len, 0, &e, 0, err, errlen, NULL, 0};
