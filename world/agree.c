@@ -22,13 +22,16 @@
  * time: the deadline is compared across ranks (same clock on one node; NTP-close across nodes,
  * far below any useful deadline).
  *
- * Small worlds (at most P2P_MAX_RANKS ranks) exchange the FULL record (W_* layout below) point
- * to point: every rank sends its record to every other rank and receives theirs on the same
- * communicator and tag, then combines them locally in one fixed order, so every rank computes the
- * same result. MPI's non-overtaking rule matches the k-th record a rank sends to a peer with the
- * k-th receive that peer posts, which is exactly the matching a collective gives (and abandoned
- * requests keep their place, as an abandoned collective does). On one node that costs what a
- * bare 8-byte MPI_Allreduce does, where a nonblocking collective costs about three times that.
+ * Small worlds (at most P2P_MAX_RANKS ranks) exchange their records point to point: every rank
+ * sends its own inputs (R_* layout below: op, call number, fields, ok, deadline, then any payload)
+ * to every other rank and receives theirs on the same communicator and tag, then computes the
+ * outputs locally from all of them in rank order, so every rank computes the same result. MPI's
+ * non-overtaking rule matches the k-th record a rank sends to a peer with the k-th receive that
+ * peer posts, which is exactly the matching a collective gives (and abandoned requests keep their
+ * place, as an abandoned collective does). On one node that costs what a bare 8-byte
+ * MPI_Allreduce does, where a nonblocking collective costs about three times that. A record is
+ * sent only as long as its payload needs; every receive is posted for the longest record, so a
+ * rank in another call (or with another count) is a mismatch and never an MPI truncation.
  *
  * Larger worlds use a collective. Every round first goes out in the SHORT form, which MPI reduces
  * with its built-in MPI_MAX (a user-defined op costs a call per element and keeps MPI off its tuned
@@ -90,14 +93,27 @@ enum {
 /* Deadlines in ms below 2^42 (until the year 2109) fit above the rank bits. */
 #define S_DEADLINE_MS_MAX ((int64_t)1 << (62 - S_RANK_BITS))
 
+/* A small world's record: one rank's own inputs, as it sends them to every peer. */
+enum {
+    R_OP,                      /* op */
+    R_CALL,                    /* call number */
+    R_F,                       /* the fields */
+    R_CMP = R_F + SP_AGREE_NF, /* words R_OP..R_CMP-1 get a min and a max over the ranks */
+    R_OK = R_CMP,              /* 1 when this rank's checks passed */
+    R_DEADLINE,                /* deadline in ns (INT64_MAX when none) */
+    R_COUNT                    /* the payload follows, in whole words */
+};
+
 #define P2P_MAX_RANKS SP_AGREE_P2P_MAX_RANKS
 #define P2P_TAG 0x5350 /* the agreement communicators carry nothing else point to point */
 /* The requests of one round: a collective's one, or a send and a receive per peer. */
 #define MAX_REQS (2 * (P2P_MAX_RANKS - 1))
-/* A thread's round buffer: one full record per rank of a small world, or the collective's
- * send and receive halves. */
-#define P2P_WORDS (W_COUNT + SP_AGREE_PAYLOAD_MAX / 8) /* a record and its payload */
+/* A thread's round buffer: one record (with room for the largest payload) per rank of a small
+ * world, or the collective's send and receive halves. */
+#define P2P_WORDS (R_COUNT + SP_AGREE_PAYLOAD_MAX / 8)
 #define BUF_WORDS (P2P_MAX_RANKS * P2P_WORDS)
+_Static_assert(BUF_WORDS >= 2 * (int)W_COUNT && (int)W_COUNT >= (int)S_COUNT,
+               "round buffer too small");
 
 typedef struct sp_grave {
     MPI_Request reqs[MAX_REQS]; /* abandoned, maybe still pending */
@@ -327,21 +343,29 @@ static void give_up_buf(void) {
 const char *sp__agree_name(const sp_agree_t *a, const char *what, char *buf, size_t n) {
     if (what)
         return what;
-    return a->describe ? a->describe(a->describe_ctx, buf, n) : "a collective sympool call";
+    return a && a->describe ? a->describe(a->describe_ctx, buf, n) : "a collective sympool call";
 }
 
+/* The name of the call for a message, formatted only on the error path that needs it (a cache
+ * hit's round must not pay for a snprintf): WHAT(a, what_in) in a function with char wbuf[160]. */
+#define WHAT(a, what_in) sp__agree_name((a), (what_in), wbuf, sizeof wbuf)
+
 /* Wait for one round's requests until this rank's deadline. On an MPI error or the deadline the
- * requests and buf go to the graveyard (*abandoned_p). */
+ * requests and buf go to the graveyard (*abandoned_p). `a` (may be NULL) and `what` name the
+ * call in the message. */
 /* How long a round polls before it starts yielding the CPU between polls. */
 #define SPIN_NS 50000
 
 static sp_status_t wait_round(int nreqs, MPI_Request *reqs, MPI_Comm comm, int64_t *buf,
-                              int64_t deadline, double limit, bool thread_buf, const char *what,
-                              bool *abandoned_p) {
+                              int64_t deadline, double limit, bool thread_buf, const sp_agree_t *a,
+                              const char *what, bool *abandoned_p) {
     int64_t spin_until = 0; /* real time until which this rank polls without yielding */
     for (unsigned spins = 0;; spins++) {
         int done = 0;
-        int rc = MPI_Testall(nreqs, reqs, &done, MPI_STATUSES_IGNORE);
+        int rc = nreqs == 1 ? MPI_Test(reqs, &done, MPI_STATUS_IGNORE)
+                            : MPI_Testall(nreqs, reqs, &done, MPI_STATUSES_IGNORE);
+        if (SP_LIKELY(done && rc == MPI_SUCCESS))
+            return SP_SUCCESS;
         int64_t now = !done && spins >= 64 ? realtime_ns() : 0;
         if (now && !spin_until)
             spin_until = now + SPIN_NS;
@@ -351,16 +375,15 @@ static sp_status_t wait_round(int nreqs, MPI_Request *reqs, MPI_Comm comm, int64
                 give_up_buf();
             bury(reqs, nreqs, comm, buf); /* an erroneous request may still be live */
             *abandoned_p = true;
+            char wbuf[160];
             if (rc != MPI_SUCCESS)
-                return sp__world_mpi_status(rc, what);
+                return sp__world_mpi_status(rc, WHAT(a, what));
             return sp__error(SP_ERR_TIMEOUT, SP_SUB_BOOT,
                              "%s: timed out: not every rank arrived within %g s "
                              "(SYMPOOL_SYM_TIMEOUT); a rank stopped calling, died, or calls "
                              "in another order",
-                             what, limit);
+                             WHAT(a, what), limit);
         }
-        if (done)
-            return SP_SUCCESS;
         /* Oversubscribed ranks must let the late one run, but a yield on a busy machine gives
          * the CPU away for a whole time slice: poll a while first, as MPI's own blocking calls
          * do, so that a peer a few microseconds late costs microseconds. */
@@ -374,38 +397,80 @@ static sp_status_t check_late(sp_agree_t *a, int64_t earliest, const char *what)
     if (earliest == INT64_MAX || realtime_ns() <= earliest)
         return SP_SUCCESS;
     a->late = true;
+    char wbuf[160];
     return sp__error(SP_ERR_TIMEOUT, SP_SUB_BOOT,
                      "%s: timed out: rank %d stopped waiting at its deadline (SYMPOOL_SYM_"
                      "TIMEOUT) before every rank arrived; the ranks were in %s%s%s",
-                     what, a->late_rank, sp__agree_op_name(a->op_lo),
+                     WHAT(a, what), a->late_rank, sp__agree_op_name(a->op_lo),
                      a->op_lo == a->op_hi ? "" : " and ",
                      a->op_lo == a->op_hi ? "" : sp__agree_op_name(a->op_hi));
 }
 
-/* A small world's round: every full record to every peer, combined locally (top of the file).
- * Record p (and its payload) lives at buf + p * P2P_WORDS. */
+/* The outputs of a small world's round from every rank's record (buf + p * P2P_WORDS, rank
+ * order): the same computation on every rank. The earliest deadline goes to *earliest_p; its
+ * rank, the lowest on ties (strict <, ranks in order), to a->late_rank. */
+static void outputs_p2p(const int64_t *buf, int size, sp_agree_t *a, int64_t *earliest_p) {
+    int64_t lo[R_CMP], hi[R_CMP];
+    memcpy(lo, buf, sizeof lo);
+    memcpy(hi, buf, sizeof hi);
+    int nbad = 0, bad_lo = -1, late_rank = 0;
+    int64_t earliest = INT64_MAX;
+    memset(a->bad_set, 0, sizeof a->bad_set);
+    for (int p = 0; p < size; p++) {
+        const int64_t *r = buf + (size_t)p * P2P_WORDS;
+        for (int i = 0; p && i < R_CMP; i++) {
+            lo[i] = r[i] < lo[i] ? r[i] : lo[i];
+            hi[i] = r[i] > hi[i] ? r[i] : hi[i];
+        }
+        if (!r[R_OK]) {
+            bad_lo = nbad++ ? bad_lo : p;
+            a->bad_set[p / 64] |= 1ull << (p % 64); /* p < P2P_MAX_RANKS <= 256 */
+        }
+        if (r[R_DEADLINE] < earliest) {
+            earliest = r[R_DEADLINE];
+            late_rank = p;
+        }
+    }
+    a->op_lo = lo[R_OP];
+    a->op_hi = hi[R_OP];
+    a->call_lo = (uint64_t)lo[R_CALL];
+    a->call_hi = (uint64_t)hi[R_CALL];
+    memcpy(a->lo, lo + R_F, sizeof a->lo);
+    memcpy(a->hi, hi + R_F, sizeof a->hi);
+    a->nbad = nbad;
+    a->bad_lo = bad_lo;
+    a->late_rank = late_rank;
+    *earliest_p = earliest;
+}
+
+/* A small world's round: this rank's record to every peer, theirs received, the outputs
+ * computed locally (top of the file). Record p (and its payload) lives at buf + p * P2P_WORDS. */
 static sp_status_t agree_p2p(MPI_Comm comm, sp_agree_t *a, int rank, int size, int64_t deadline,
                              double limit, int64_t *buf, const char *what, bool *abandoned_p) {
     int64_t *mine = buf + (size_t)rank * P2P_WORDS;
-    pack(a, rank, deadline, mine);
-    /* Every message has one length whatever the call, so a rank in another call is a mismatch
-     * and never a truncation: an absent payload travels as zeros. */
-    memset(mine + W_COUNT, 0, SP_AGREE_PAYLOAD_MAX);
-    if (a->payload_bytes)
-        memcpy(mine + W_COUNT, a->payload, a->payload_bytes);
+    mine[R_OP] = a->op;
+    mine[R_CALL] = (int64_t)a->callno;
+    memcpy(mine + R_F, a->f, sizeof a->f);
+    mine[R_OK] = a->ok;
+    mine[R_DEADLINE] = deadline;
+    int words = R_COUNT;
+    if (a->payload_bytes) {
+        words += (int)((a->payload_bytes + 7) / 8);
+        mine[words - 1] = 0; /* the padding of the last word: no uninitialized bytes sent */
+        memcpy(mine + R_COUNT, a->payload, a->payload_bytes);
+    }
     __atomic_fetch_add(&s_rounds, 1, __ATOMIC_RELAXED);
     MPI_Request reqs[MAX_REQS];
-    for (int i = 0; i < MAX_REQS; i++)
-        reqs[i] = MPI_REQUEST_NULL; /* a failed post leaves its request undefined */
     int n = 0;
     for (int p = 0; p < size; p++) {
         if (p == rank)
             continue;
+        reqs[n] = reqs[n + 1] = MPI_REQUEST_NULL; /* a failed post leaves its request undefined */
         int rc = MPI_Irecv(buf + (size_t)p * P2P_WORDS, P2P_WORDS, MPI_INT64_T, p, P2P_TAG, comm,
                            &reqs[n]);
         if (rc != MPI_SUCCESS)
             reqs[n] = MPI_REQUEST_NULL;
-        else if ((rc = MPI_Isend(mine, P2P_WORDS, MPI_INT64_T, p, P2P_TAG, comm, &reqs[n + 1])) !=
+        else if ((rc = MPI_Isend(mine, words, MPI_INT64_T, p, P2P_TAG, comm, &reqs[n + 1])) !=
                  MPI_SUCCESS)
             reqs[n + 1] = MPI_REQUEST_NULL;
         if (rc != MPI_SUCCESS) {
@@ -413,24 +478,22 @@ static sp_status_t agree_p2p(MPI_Comm comm, sp_agree_t *a, int rank, int size, i
             give_up_buf();
             bury(reqs, n + 2, comm, buf);
             *abandoned_p = true;
-            return sp__world_mpi_status(rc, what);
+            char wbuf[160];
+            return sp__world_mpi_status(rc, WHAT(a, what));
         }
         n += 2;
     }
-    SP_CHECK(wait_round(n, reqs, comm, buf, deadline, limit, true, what, abandoned_p));
-    /* One fixed order (rank 0 up) on every rank; combine is order-independent anyway. */
-    int64_t acc[W_COUNT];
-    memcpy(acc, buf, sizeof acc);
-    int len = W_COUNT;
-    for (int p = 1; p < size; p++)
-        combine(buf + (size_t)p * P2P_WORDS, acc, &len, NULL);
-    unpack(acc, a);
-    if (a->gathered)
+    SP_CHECK(wait_round(n, reqs, comm, buf, deadline, limit, true, a, what, abandoned_p));
+    int64_t earliest;
+    outputs_p2p(buf, size, a, &earliest);
+    /* A rank's payload is read only after the round (the caller uses it only once every rank's
+     * checks passed and the fields, so the lengths, agree). */
+    if (a->gathered && a->payload_bytes)
         for (int p = 0; p < size; p++)
             memcpy((char *)a->gathered + (size_t)p * SP_AGREE_PAYLOAD_MAX,
-                   buf + (size_t)p * P2P_WORDS + W_COUNT, SP_AGREE_PAYLOAD_MAX);
-    a->payload_gathered = a->gathered != NULL;
-    return check_late(a, acc[W_DEADLINE], what);
+                   buf + (size_t)p * P2P_WORDS + R_COUNT, a->payload_bytes);
+    a->payload_gathered = a->gathered != NULL && a->payload_bytes;
+    return check_late(a, earliest, what);
 }
 
 bool sp__agree_carries_payload(MPI_Comm comm) {
@@ -439,22 +502,21 @@ bool sp__agree_carries_payload(MPI_Comm comm) {
     return size <= P2P_MAX_RANKS;
 }
 
-sp_status_t sp__agree(MPI_Comm comm, sp_agree_t *a, const char *what_in, bool *abandoned_p) {
+sp_status_t sp__agree(MPI_Comm comm, sp_agree_t *a, const char *what, bool *abandoned_p) {
     *abandoned_p = false;
     a->payload_gathered = false;
+    a->late = false;
     char wbuf[160];
-#define what sp__agree_name(a, what_in, wbuf, sizeof wbuf)
-    int rank = 0;
+    int rank = 0, size = 1;
     MPI_Comm_rank(comm, &rank);
+    MPI_Comm_size(comm, &size);
     double limit = sp__agree_timeout_s();
     int64_t deadline = deadline_ns(limit);
     int64_t *buf = round_buf();
     if (!buf)
         /* Nothing was sent: the peers will time out, which is what a missing rank looks like. */
         return sp__error(SP_ERR_SYSTEM, SP_SUB_BOOT, "%s: out of host memory for the agreement",
-                         what);
-    int size = 1;
-    MPI_Comm_size(comm, &size);
+                         WHAT(a, what));
     if (size <= P2P_MAX_RANKS)
         return agree_p2p(comm, a, rank, size, deadline, limit, buf, what, abandoned_p);
     pack_short(a, rank, deadline, buf);
@@ -462,8 +524,8 @@ sp_status_t sp__agree(MPI_Comm comm, sp_agree_t *a, const char *what_in, bool *a
     MPI_Request req;
     int rc = MPI_Iallreduce(buf, buf + W_COUNT, S_COUNT, MPI_INT64_T, MPI_MAX, comm, &req);
     if (rc != MPI_SUCCESS)
-        return sp__world_mpi_status(rc, what);
-    SP_CHECK(wait_round(1, &req, comm, buf, deadline, limit, true, what, abandoned_p));
+        return sp__world_mpi_status(rc, WHAT(a, what));
+    SP_CHECK(wait_round(1, &req, comm, buf, deadline, limit, true, a, what, abandoned_p));
     int64_t earliest = INT64_MAX;
     unpack_short(buf + W_COUNT, a, &earliest);
     bool any_bad = buf[W_COUNT + S_ANY_BAD] != 0;
@@ -475,17 +537,16 @@ sp_status_t sp__agree(MPI_Comm comm, sp_agree_t *a, const char *what_in, bool *a
     MPI_Op op = agree_op();
     if (op == MPI_OP_NULL)
         return sp__error(SP_ERR_SYSTEM, SP_SUB_BOOT, "%s: MPI_Op_create for the agreement failed",
-                         what);
+                         WHAT(a, what));
     pack(a, rank, deadline, buf);
     __atomic_fetch_add(&s_rounds, 1, __ATOMIC_RELAXED);
     rc = MPI_Iallreduce(buf, buf + W_COUNT, W_COUNT, MPI_INT64_T, op, comm, &req);
     if (rc != MPI_SUCCESS)
-        return sp__world_mpi_status(rc, what);
-    SP_CHECK(wait_round(1, &req, comm, buf, deadline, limit, true, what, abandoned_p));
+        return sp__world_mpi_status(rc, WHAT(a, what));
+    SP_CHECK(wait_round(1, &req, comm, buf, deadline, limit, true, a, what, abandoned_p));
     unpack(buf + W_COUNT, a);
     return SP_SUCCESS;
 }
-#undef what
 
 /* "rank 1", "ranks 1, 3 and 4"; "5 ranks (the lowest 2)" when they do not all fit. */
 const char *sp__agree_bad_ranks(const sp_agree_t *a, char *buf, size_t len) {
@@ -545,7 +606,8 @@ sp_status_t sp__agree_band(MPI_Comm comm, uint64_t *bits, size_t words, const ch
         free(buf);
         return sp__world_mpi_status(rc, what);
     }
-    SP_CHECK(wait_round(1, &req, comm, (int64_t *)buf, deadline, limit, false, what, abandoned_p));
+    SP_CHECK(
+        wait_round(1, &req, comm, (int64_t *)buf, deadline, limit, false, NULL, what, abandoned_p));
     memcpy(bits, buf + words, words * sizeof *buf);
     free(buf);
     return SP_SUCCESS;
