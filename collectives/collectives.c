@@ -62,11 +62,20 @@ static bool is_half(sp_dtype_t dtype) {
 
 /* ---- argument checks -------------------------------------------------------------------- */
 
+/* What one call learns about its world and buffers, once per call: the world's accessors and
+ * the block lookups each cost a lock, and a small collective's whole cost is its bookkeeping. */
+typedef struct call_ctx {
+    int rank, size, device;
+    bool cuda;                           /* the cuda backend (NCCL data path) */
+    bool host;                           /* the host backend (MPI data path) */
+    sp_mempool_t *send_pool, *recv_pool; /* the buffers' pools, NULL where not looked up */
+} call_ctx_t;
+
 /* [ptr, ptr+bytes) must lie in one live block of this rank's device (within what the caller
  * asked for, not the rounding slack). */
-static bool check_buffer(const sp_world_t *w, const void *ptr, size_t bytes, const char *what,
-                         char *why, size_t len) {
-    int rank = sp_world_rank(w), dev = sp_world_device(w);
+static bool check_buffer(const call_ctx_t *x, const void *ptr, size_t bytes, const char *what,
+                         sp_mempool_t **pool_p, char *why, size_t len) {
+    int rank = x->rank, dev = x->device;
     if (ptr == NULL) {
         snprintf(why, len, "%s buffer is NULL", what);
         return false;
@@ -88,6 +97,7 @@ static bool check_buffer(const sp_world_t *w, const void *ptr, size_t bytes, con
                  what, ptr, bytes, rank, bytes - (off > limit ? 0 : limit - off), limit);
         return false;
     }
+    *pool_p = info.pool;
     return true;
 }
 
@@ -97,8 +107,8 @@ static bool overlaps(const void *a, size_t an, const void *b, size_t bn) {
 }
 
 /* Every check that needs no communication. Returns false with the reason in why. */
-static bool check_local(const sp_world_t *w, const sp_coll_call_t *c, char *why, size_t len) {
-    int n = sp_world_size(w), rank = sp_world_rank(w);
+static bool check_local(call_ctx_t *x, const sp_coll_call_t *c, char *why, size_t len) {
+    int n = x->size, rank = x->rank;
     if ((unsigned)c->dtype >= (unsigned)SP_NUM_DTYPES) {
         snprintf(why, len, "dtype %d is not an sp_dtype_t", (int)c->dtype);
         return false;
@@ -125,9 +135,9 @@ static bool check_local(const sp_world_t *w, const sp_coll_call_t *c, char *why,
     size_t send_bytes = c->kind == SP_COLL_REDUCE_SCATTER ? big : bytes;
     size_t recv_bytes = c->kind == SP_COLL_ALLGATHER ? big : bytes;
     bool uses_send = c->kind != SP_COLL_BROADCAST || rank == c->root;
-    if (uses_send && !check_buffer(w, c->send, send_bytes, "send", why, len))
+    if (uses_send && !check_buffer(x, c->send, send_bytes, "send", &x->send_pool, why, len))
         return false;
-    if (!check_buffer(w, c->recv, recv_bytes, "recv", why, len))
+    if (!check_buffer(x, c->recv, recv_bytes, "recv", &x->recv_pool, why, len))
         return false;
     if (!uses_send || c->send == c->recv)
         return true; /* in place (allreduce, broadcast root) or send unused */
@@ -176,7 +186,7 @@ static sp_status_t agree(sp_world_t *w, const sp_coll_call_t *c, bool ok, const 
         a.payload_bytes = c->count * sp__coll_dtype_size(c->dtype);
     }
     a.gathered = gathered;
-    SP_CHECK(sp__world_agree(w, &a, fn));
+    SP_CHECK(sp__world_agree_live(w, &a, fn));
     if (!ok)
         return sp__error(SP_ERR_INVALID_ARGUMENT, SP_SUB_COLL, "%s: %s", fn, why);
     char ranks[96];
@@ -296,7 +306,7 @@ static bool half_arith(const sp_coll_call_t *c) {
 
 static sp_status_t host_allreduce(sp_world_t *w, const sp_coll_call_t *c) {
     MPI_Comm comm = sp__world_comm(w);
-    int n = sp_world_size(w);
+    int n = sp__world_size(w);
     size_t size = sp__coll_dtype_size(c->dtype);
     if (half_arith(c)) {
         bool bf = c->dtype == SP_BFLOAT16;
@@ -345,7 +355,7 @@ static sp_status_t host_allreduce(sp_world_t *w, const sp_coll_call_t *c) {
 }
 
 static sp_status_t host_allgather(sp_world_t *w, const sp_coll_call_t *c) {
-    int rank = sp_world_rank(w);
+    int rank = sp__world_rank(w);
     size_t bytes = c->count * sp__coll_dtype_size(c->dtype);
     const char *slot = (const char *)c->recv + (size_t)rank * bytes;
     const void *s = (const char *)c->send == slot ? MPI_IN_PLACE : c->send;
@@ -356,7 +366,7 @@ static sp_status_t host_allgather(sp_world_t *w, const sp_coll_call_t *c) {
 
 static sp_status_t host_reduce_scatter(sp_world_t *w, const sp_coll_call_t *c) {
     MPI_Comm comm = sp__world_comm(w);
-    int n = sp_world_size(w);
+    int n = sp__world_size(w);
     size_t size = sp__coll_dtype_size(c->dtype);
     if (half_arith(c)) {
         /* Chunk j of the result needs chunk j of every rank's slot of send: gather those into
@@ -435,7 +445,7 @@ static sp_status_t host_reduce_scatter(sp_world_t *w, const sp_coll_call_t *c) {
 
 static sp_status_t host_broadcast(sp_world_t *w, const sp_coll_call_t *c) {
     size_t bytes = c->count * sp__coll_dtype_size(c->dtype);
-    if (sp_world_rank(w) == c->root && c->send != c->recv)
+    if (sp__world_rank(w) == c->root && c->send != c->recv)
         memcpy(c->recv, c->send, bytes); /* checked: they do not overlap */
     const size_t step = (size_t)1 << 30;
     for (size_t at = 0; at < bytes; at += step) {
@@ -449,12 +459,12 @@ static sp_status_t host_broadcast(sp_world_t *w, const sp_coll_call_t *c) {
 
 /* ---- symmetric kernels: eligible or not --------------------------------------------------- */
 
-/* True when ptr lies in a registered segment of a symmetric pool on this rank: on cuda an NCCL
- * window, on host an MPI shared window (the mpi registrar has no NCCL window handle). */
-static bool in_symmetric_segment(const void *ptr, bool cuda) {
-    sp_block_info_t info;
-    if (ptr == NULL || sp__pool_lookup(ptr, &info) != SP_SUCCESS ||
-        sp__mempool_sym_state(info.pool) == NULL)
+/* True when ptr, a block of `pool` (check_buffer's lookup; NULL: none), lies in a registered
+ * segment of a symmetric pool on this rank: on cuda an NCCL window, on host an MPI shared window
+ * (the mpi registrar has no NCCL window handle). The pool handle is checked again here (another
+ * thread may have destroyed it since), so a stale one reads as "not symmetric". */
+static bool in_symmetric_segment(const void *ptr, sp_mempool_t *pool, bool cuda) {
+    if (ptr == NULL || pool == NULL || sp__mempool_sym_state(pool) == NULL)
         return false;
     sp_window_info_t win;
     return sp_symmetric_window(ptr, &win) == SP_SUCCESS && (!cuda || win.window != NULL);
@@ -462,11 +472,13 @@ static bool in_symmetric_segment(const void *ptr, bool cuda) {
 
 /* Why this call cannot use symmetric kernels, or NULL when it can. The buffers decide on every
  * backend; on cuda the call must also be one NCCL's symmetric kernels take (NCCL 2.28). */
-static const char *no_symmetric_reason(const sp_world_t *w, const sp_coll_call_t *c, bool cuda) {
-    if (sp_world_size(w) < 2)
+static const char *no_symmetric_reason(const sp_world_t *w, const call_ctx_t *x,
+                                       const sp_coll_call_t *c) {
+    bool cuda = x->cuda;
+    if (x->size < 2)
         return "a single rank runs a local copy";
     if (cuda) {
-        if (sp__world_local_size(w) != sp_world_size(w))
+        if (sp__world_local_size(w) != x->size)
             return "ranks span several nodes (NCCL 2.28 has symmetric kernels within one node "
                    "only)";
         if (c->kind == SP_COLL_BROADCAST)
@@ -480,10 +492,10 @@ static const char *no_symmetric_reason(const sp_world_t *w, const sp_coll_call_t
                 return "dtype: symmetric kernels reduce float32, float16 and bfloat16 only";
         }
     }
-    if (!in_symmetric_segment(c->send, cuda))
+    if (!in_symmetric_segment(c->send, x->send_pool, cuda))
         return "send buffer is not in a registered symmetric segment (allocate it with "
                "sp_symmetric_malloc)";
-    if (!in_symmetric_segment(c->recv, cuda))
+    if (!in_symmetric_segment(c->recv, x->recv_pool, cuda))
         return "recv buffer is not in a registered symmetric segment (allocate it with "
                "sp_symmetric_malloc)";
     return NULL;
@@ -491,8 +503,8 @@ static const char *no_symmetric_reason(const sp_world_t *w, const sp_coll_call_t
 
 /* Count the call as eligible or not (symmetric.collectives_eligible/_fallback in the report)
  * and say why not at INFO, so a silent fallback is visible. */
-static void count_symmetric(sp_world_t *w, const sp_coll_call_t *c, bool cuda) {
-    const char *why = no_symmetric_reason(w, c, cuda);
+static void count_symmetric(sp_world_t *w, const call_ctx_t *x, const sp_coll_call_t *c) {
+    const char *why = no_symmetric_reason(w, x, c);
     sp__error_clear(); /* the window probes may have left a last-error text */
     sp__world_count_collective(w, why == NULL);
     if (why != NULL)
@@ -506,16 +518,17 @@ static void count_symmetric(sp_world_t *w, const sp_coll_call_t *c, bool cuda) {
  * rank then reduces all ranks' inputs itself, in one fixed order, instead of a second exchange.
  * The same decision on every rank once count, dtype and op agree (the round checks that before
  * the data is used). Half types and AVG keep the MPI path, which owns their rounding rules. */
-static bool fused(sp_world_t *w, const sp_coll_call_t *c) {
+static bool fused(sp_world_t *w, const call_ctx_t *x, const sp_coll_call_t *c) {
     return c->kind == SP_COLL_ALLREDUCE && c->count > 0 && !is_half(c->dtype) && c->op != SP_AVG &&
-           c->count * sp__coll_dtype_size(c->dtype) <= SP_AGREE_PAYLOAD_MAX &&
-           strcmp(sp_backend_name(), "host") == 0 && sp__world_agree_payload(w);
+           c->count * sp__coll_dtype_size(c->dtype) <= SP_AGREE_PAYLOAD_MAX && x->host &&
+           sp__world_agree_payload(w);
 }
 
 /* recv = x_0 op (x_1 op (... op x_{n-1})) over the gathered inputs: the same order, so the same
  * bits, on every rank. */
-static sp_status_t reduce_gathered(sp_world_t *w, const sp_coll_call_t *c, const char *gathered) {
-    int n = sp_world_size(w);
+static sp_status_t reduce_gathered(const call_ctx_t *x, const sp_coll_call_t *c,
+                                   const char *gathered) {
+    int n = x->size;
     size_t bytes = c->count * sp__coll_dtype_size(c->dtype);
     char acc[SP_AGREE_PAYLOAD_MAX];
     memcpy(acc, gathered + (size_t)(n - 1) * SP_AGREE_PAYLOAD_MAX, bytes);
@@ -532,17 +545,23 @@ static sp_status_t reduce_gathered(sp_world_t *w, const sp_coll_call_t *c, const
 static sp_status_t run(sp_world_t *w, const sp_coll_call_t *c) {
     const char *fn = kind_names[c->kind];
     SP_CHECK(sp__world_check(w, fn));
+    const char *backend = sp_backend_name();
+    call_ctx_t x = {.rank = sp__world_rank(w),
+                    .size = sp__world_size(w),
+                    .device = sp__world_device(w),
+                    .cuda = strcmp(backend, "cuda") == 0,
+                    .host = strcmp(backend, "host") == 0};
+    bool cuda = x.cuda;
     char why[512];
-    bool ok = check_local(w, c, why, sizeof why);
+    bool ok = check_local(&x, c, why, sizeof why);
     char gathered[SP_AGREE_P2P_MAX_RANKS * SP_AGREE_PAYLOAD_MAX];
-    bool fuse = fused(w, c);
+    bool fuse = fused(w, &x, c);
     SP_CHECK(agree(w, c, ok, why, fuse ? gathered : NULL));
     if (c->count == 0)
         return SP_SUCCESS;
-    bool cuda = strcmp(sp_backend_name(), "cuda") == 0;
-    count_symmetric(w, c, cuda);
+    count_symmetric(w, &x, c);
     if (fuse)
-        return reduce_gathered(w, c, gathered);
+        return reduce_gathered(&x, c, gathered);
     /* The path follows the backend, not whether NCCL came up: on cuda the buffers are device
      * memory, which the MPI path would read with the CPU (a segfault). */
     if (cuda) {

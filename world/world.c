@@ -89,6 +89,10 @@ sp_status_t sp__world_check(const sp_world_t *w, const char *fn) {
 
 sp_status_t sp__world_agree(sp_world_t *w, sp_agree_t *a, const char *what) {
     SP_CHECK(sp__world_check(w, what));
+    return sp__world_agree_live(w, a, what);
+}
+
+sp_status_t sp__world_agree_live(sp_world_t *w, sp_agree_t *a, const char *what) {
     a->callno = __atomic_add_fetch(&w->callno, 1, __ATOMIC_RELAXED);
     bool abandoned = false;
     SP_CHECK(sp__agree(w->agree_comm, a, what, &abandoned));
@@ -107,7 +111,19 @@ sp_status_t sp__world_band(sp_world_t *w, uint64_t *bits, size_t words, const ch
 }
 
 bool sp__world_agree_payload(const sp_world_t *w) {
-    return sp__agree_carries_payload(w->agree_comm);
+    /* agree_comm is a duplicate of comm: sp__agree_carries_payload(agree_comm) without the
+     * MPI call. */
+    return w->size <= SP_AGREE_P2P_MAX_RANKS;
+}
+
+int sp__world_rank(const sp_world_t *w) {
+    return w->rank;
+}
+int sp__world_size(const sp_world_t *w) {
+    return w->size;
+}
+int sp__world_device(const sp_world_t *w) {
+    return w->device;
 }
 
 void sp__world_nccl_abort(sp_world_t *w, const char *why) {

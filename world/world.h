@@ -160,6 +160,14 @@ sp_status_t sp__world_agree(sp_world_t *w, sp_agree_t *a, const char *what);
 sp_status_t sp__world_band(sp_world_t *w, uint64_t *bits, size_t words, const char *what);
 /* Do w's agreement rounds carry a payload (sp__agree_carries_payload)? w is live. */
 bool sp__world_agree_payload(const sp_world_t *w);
+/* sp__world_agree for a world the caller has just checked live (sp__world_check), so that a
+ * collective's hot path checks it once. */
+sp_status_t sp__world_agree_live(sp_world_t *w, sp_agree_t *a, const char *what);
+/* Rank, size and device of a world the caller has checked live: the public accessors check
+ * liveness under the world lock on every call, which a collective's hot path does once. */
+int sp__world_rank(const sp_world_t *w);
+int sp__world_size(const sp_world_t *w);
+int sp__world_device(const sp_world_t *w);
 /* SP_ERR_INVALID_USAGE (naming fn) unless w is a live world (not NULL, not finalized). */
 sp_status_t sp__world_check(const sp_world_t *w, const char *fn);
 
