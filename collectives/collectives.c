@@ -524,22 +524,77 @@ static bool fused(sp_world_t *w, const call_ctx_t *x, const sp_coll_call_t *c) {
            sp__world_agree_payload(w);
 }
 
+/* acc[i] = in[i] op acc[i] over n elements, the expression MPI_Reduce_local evaluates for the
+ * built-in ops (integers wrap, as MPI's do, computed unsigned so C has no overflow), without a
+ * call into MPI per rank: the fused path exists because a small allreduce is all overhead.
+ * Elements are copied in and out (the buffers are bytes, of any alignment). */
+static void fold(const void *in, void *acc, size_t n, sp_dtype_t dtype, sp_redop_t op) {
+#define FOLD_LOOP(T, EXPR)                                                                         \
+    do {                                                                                           \
+        const char *s_ = in;                                                                       \
+        char *d_ = acc;                                                                            \
+        for (size_t i = 0; i < n; i++) {                                                           \
+            T a, b;                                                                                \
+            memcpy(&a, s_ + i * sizeof(T), sizeof(T));                                             \
+            memcpy(&b, d_ + i * sizeof(T), sizeof(T));                                             \
+            b = (T)(EXPR);                                                                         \
+            memcpy(d_ + i * sizeof(T), &b, sizeof(T));                                             \
+        }                                                                                          \
+    } while (0)
+#define FOLD(T, U)                                                                                 \
+    do {                                                                                           \
+        if (op == SP_SUM)                                                                          \
+            FOLD_LOOP(T, (U)a + (U)b);                                                             \
+        else if (op == SP_PROD)                                                                    \
+            FOLD_LOOP(T, (U)a *(U)b);                                                              \
+        else if (op == SP_MIN)                                                                     \
+            FOLD_LOOP(T, a < b ? a : b);                                                           \
+        else                                                                                       \
+            FOLD_LOOP(T, a > b ? a : b);                                                           \
+    } while (0)
+    switch (dtype) {
+    case SP_INT8:
+        FOLD(int8_t, unsigned);
+        break;
+    case SP_UINT8:
+        FOLD(uint8_t, unsigned);
+        break;
+    case SP_INT32:
+        FOLD(int32_t, uint32_t);
+        break;
+    case SP_UINT32:
+        FOLD(uint32_t, uint32_t);
+        break;
+    case SP_INT64:
+        FOLD(int64_t, uint64_t);
+        break;
+    case SP_UINT64:
+        FOLD(uint64_t, uint64_t);
+        break;
+    case SP_FLOAT32:
+        FOLD(float, float);
+        break;
+    case SP_FLOAT64:
+        FOLD(double, double);
+        break;
+    case SP_FLOAT16:
+    case SP_BFLOAT16:
+        break; /* never fused (fused()) */
+    }
+#undef FOLD
+#undef FOLD_LOOP
+}
+
 /* recv = x_0 op (x_1 op (... op x_{n-1})) over the gathered inputs: the same order, so the same
  * bits, on every rank. */
-static sp_status_t reduce_gathered(const call_ctx_t *x, const sp_coll_call_t *c,
-                                   const char *gathered) {
+static void reduce_gathered(const call_ctx_t *x, const sp_coll_call_t *c, const char *gathered) {
     int n = x->size;
     size_t bytes = c->count * sp__coll_dtype_size(c->dtype);
     char acc[SP_AGREE_PAYLOAD_MAX];
     memcpy(acc, gathered + (size_t)(n - 1) * SP_AGREE_PAYLOAD_MAX, bytes);
-    for (int p = n - 2; p >= 0; p--) {
-        int rc = MPI_Reduce_local(gathered + (size_t)p * SP_AGREE_PAYLOAD_MAX, acc, (int)c->count,
-                                  sp__coll_mpi_type(c->dtype), sp__coll_mpi_op(c->op));
-        if (rc != MPI_SUCCESS)
-            return sp__mpi_status(rc, SP_SUB_COLL, "sp_allreduce", "MPI_Reduce_local");
-    }
+    for (int p = n - 2; p >= 0; p--)
+        fold(gathered + (size_t)p * SP_AGREE_PAYLOAD_MAX, acc, c->count, c->dtype, c->op);
     memcpy(c->recv, acc, bytes);
-    return SP_SUCCESS;
 }
 
 static sp_status_t run(sp_world_t *w, const sp_coll_call_t *c) {
@@ -560,8 +615,10 @@ static sp_status_t run(sp_world_t *w, const sp_coll_call_t *c) {
     if (c->count == 0)
         return SP_SUCCESS;
     count_symmetric(w, &x, c);
-    if (fuse)
-        return reduce_gathered(&x, c, gathered);
+    if (fuse) {
+        reduce_gathered(&x, c, gathered);
+        return SP_SUCCESS;
+    }
     /* The path follows the backend, not whether NCCL came up: on cuda the buffers are device
      * memory, which the MPI path would read with the CPU (a segfault). */
     if (cuda) {
