@@ -20,8 +20,10 @@
  *
  * Locks: first_mu serializes first loads (other threads wait for the table to be complete);
  * opts_lock guards the values and the warn-once records. Readers take it too (values are read at
- * init, not per allocation). sp__option_string() returns a pointer into the table: stable
- * storage, but a concurrent reload/set may rewrite it (tests only).
+ * init, not per allocation), except sp__option_double: every collective call reads its deadline
+ * (SYMPOOL_SYM_TIMEOUT), so the double values are also published, at the end of every change, in
+ * opts_d, which it reads with relaxed atomics. sp__option_string() returns a pointer into the
+ * table: stable storage, but a concurrent reload/set may rewrite it (tests only).
  */
 #include <pthread.h>
 #include <stdarg.h>
@@ -55,6 +57,8 @@ static sp_alloc_conf_t conf_resolved;        /* the allocator settings in force 
 static opt_notes_t conf_notes;               /* what the last ALLOC_CONF parse said (opts_lock) */
 static char unknown_warned[UNKNOWN_MAX][64]; /* unknown names warned at the last load (opts_lock) */
 static int n_unknown_warned;                 /* (opts_lock) */
+static double opts_d[SP_OPT_COUNT]; /* opts[o].v.d as of the last change (written under opts_lock,
+                                       read without it; relaxed atomics) */
 
 /* ---- errors and the log gate ------------------------------------------------------------ */
 
@@ -158,6 +162,8 @@ static void resolve_locked(void) {
            sizeof c.roundup_divisions);
     snprintf(c.conf_text, sizeof c.conf_text, "%s", ac->s);
     conf_resolved = c;
+    for (int o = 0; o < SP_OPT_COUNT; o++) /* every change ends here: publish the doubles */
+        __atomic_store(&opts_d[o], &opts[o].v.d, __ATOMIC_RELAXED);
 }
 
 static void configure_log_locked(void) {
@@ -358,9 +364,8 @@ double sp__option_double(sp_option_t opt) {
     if (!valid_opt(opt))
         return 0.0;
     sp__options_ensure();
-    pthread_mutex_lock(&opts_lock);
-    double v = opts[opt].v.d;
-    pthread_mutex_unlock(&opts_lock);
+    double v;
+    __atomic_load(&opts_d[opt], &v, __ATOMIC_RELAXED);
     return v;
 }
 

@@ -316,27 +316,31 @@ static void unpack_short(const int64_t *w, sp_agree_t *a, int64_t *earliest_p) {
 
 /* Each thread's round buffer, kept between rounds (a cache hit's round must not cost a malloc):
  * heap memory, because if this rank gives up MPI may still write it when a late rank arrives;
- * then it goes to the graveyard and the thread makes a new one. Freed at thread exit. */
+ * then it goes to the graveyard and the thread makes a new one. t_buf is the fast way to it;
+ * the key only frees it at thread exit. */
 static pthread_key_t s_buf_key;
 static pthread_once_t s_buf_once = PTHREAD_ONCE_INIT;
+static _Thread_local int64_t *t_buf;
 
 static void make_buf_key(void) {
     (void)pthread_key_create(&s_buf_key, free);
 }
 
 static int64_t *round_buf(void) {
+    if (SP_LIKELY(t_buf != NULL))
+        return t_buf;
     pthread_once(&s_buf_once, make_buf_key);
-    int64_t *buf = pthread_getspecific(s_buf_key);
-    if (!buf && (buf = malloc(BUF_WORDS * sizeof *buf)) != NULL &&
-        pthread_setspecific(s_buf_key, buf) != 0) {
+    int64_t *buf = malloc(BUF_WORDS * sizeof *buf);
+    if (buf && pthread_setspecific(s_buf_key, buf) != 0) {
         free(buf);
         buf = NULL;
     }
-    return buf;
+    return t_buf = buf;
 }
 
 /* The buffer is now the graveyard's: the thread's next round makes a new one. */
 static void give_up_buf(void) {
+    t_buf = NULL;
     (void)pthread_setspecific(s_buf_key, NULL);
 }
 
