@@ -155,7 +155,9 @@ static void break_pool(sp_sym_state_t *st, bool abandoned, const char *what) {
 sp_status_t sp__sym_round(sp_sym_state_t *st, sp_agree_t *a, const char *what) {
     a->callno = st->callno;
     bool abandoned = false;
-    sp_status_t s = sp__agree(st->comm, a, what, &abandoned);
+    /* st->comm is a duplicate of the world's communicator: the world's rank and size. */
+    sp_status_t s =
+        sp__agree_ranked(st->comm, st->rank, sp__world_size(st->world), a, what, &abandoned);
     char wbuf[160];
     if (s == SP_ERR_TIMEOUT)
         break_pool(st, abandoned, sp__agree_name(a, what, wbuf, sizeof wbuf));

@@ -422,10 +422,13 @@ static void outputs_p2p(const int64_t *buf, int size, sp_agree_t *a, int64_t *ea
     memset(a->bad_set, 0, sizeof a->bad_set);
     for (int p = 0; p < size; p++) {
         const int64_t *r = buf + (size_t)p * P2P_WORDS;
-        for (int i = 0; p && i < R_CMP; i++) {
-            lo[i] = r[i] < lo[i] ? r[i] : lo[i];
-            hi[i] = r[i] > hi[i] ? r[i] : hi[i];
-        }
+        /* lo and hi start as rank 0's record: one equal to it (every rank in the same call with
+         * the same fields, the common case) changes neither. */
+        if (p && memcmp(r, buf, sizeof lo) != 0)
+            for (int i = 0; i < R_CMP; i++) {
+                lo[i] = r[i] < lo[i] ? r[i] : lo[i];
+                hi[i] = r[i] > hi[i] ? r[i] : hi[i];
+            }
         if (!r[R_OK]) {
             bad_lo = nbad++ ? bad_lo : p;
             a->bad_set[p / 64] |= 1ull << (p % 64); /* p < P2P_MAX_RANKS <= 256 */
@@ -507,13 +510,18 @@ bool sp__agree_carries_payload(MPI_Comm comm) {
 }
 
 sp_status_t sp__agree(MPI_Comm comm, sp_agree_t *a, const char *what, bool *abandoned_p) {
+    int rank = 0, size = 1;
+    MPI_Comm_rank(comm, &rank);
+    MPI_Comm_size(comm, &size);
+    return sp__agree_ranked(comm, rank, size, a, what, abandoned_p);
+}
+
+sp_status_t sp__agree_ranked(MPI_Comm comm, int rank, int size, sp_agree_t *a, const char *what,
+                             bool *abandoned_p) {
     *abandoned_p = false;
     a->payload_gathered = false;
     a->late = false;
     char wbuf[160];
-    int rank = 0, size = 1;
-    MPI_Comm_rank(comm, &rank);
-    MPI_Comm_size(comm, &size);
     double limit = sp__agree_timeout_s();
     int64_t deadline = deadline_ns(limit);
     int64_t *buf = round_buf();

@@ -95,7 +95,7 @@ sp_status_t sp__world_agree(sp_world_t *w, sp_agree_t *a, const char *what) {
 sp_status_t sp__world_agree_live(sp_world_t *w, sp_agree_t *a, const char *what) {
     a->callno = __atomic_add_fetch(&w->callno, 1, __ATOMIC_RELAXED);
     bool abandoned = false;
-    SP_CHECK(sp__agree(w->agree_comm, a, what, &abandoned));
+    SP_CHECK(sp__agree_ranked(w->agree_comm, w->rank, w->size, a, what, &abandoned));
     sp_status_t s = sp__agree_check(a, what);
     /* A rank skipped or added a call: every rank continues from the largest number, so one
      * mistake is one error on every rank, not an error at every later call. */

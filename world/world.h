@@ -130,6 +130,10 @@ typedef struct sp_agree {
  * rank's deadline passed (*abandoned_p: its request stays pending on comm, which must then never
  * be freed) or the round completed after another rank's deadline. SP_ERR_MPI, SP_ERR_SYSTEM. */
 sp_status_t sp__agree(MPI_Comm comm, sp_agree_t *a, const char *what, bool *abandoned_p);
+/* sp__agree for a caller that knows this rank's rank in comm and comm's size (a world, a
+ * symmetric pool): no MPI call to ask. */
+sp_status_t sp__agree_ranked(MPI_Comm comm, int rank, int size, sp_agree_t *a, const char *what,
+                             bool *abandoned_p);
 /* Do rounds on comm carry a payload (small worlds, which exchange records point to point)? */
 bool sp__agree_carries_payload(MPI_Comm comm);
 /* The call's name: `what`, else a->describe's. */
