@@ -725,6 +725,13 @@ TEST_F(CollectiveArgs, RanksDisagreeOnCountDtypeOpRoot) {
                      SP_ERR_MISMATCH);
     EXPECT_SP_STATUS(sp_broadcast(w_, b.p, b.p, 8, SP_INT32, rank_ == 0 ? 1 : 0, nullptr),
                      SP_ERR_MISMATCH);
+    // A small allreduce's agreement record carries its input (up to 64 bytes) and a larger
+    // one's none, so the records have different lengths: still a mismatch on every rank, never
+    // an MPI truncation error on the ranks that sent the shorter one.
+    EXPECT_SP_STATUS(sp_allreduce(w_, b.p, b.p, rank_ == 0 ? 16 : 1, SP_INT32, SP_SUM, nullptr),
+                     SP_ERR_MISMATCH);
+    EXPECT_SP_STATUS(sp_allreduce(w_, b.p, b.p, rank_ == 0 ? 16 : 512, SP_INT32, SP_SUM, nullptr),
+                     SP_ERR_MISMATCH);
     // Zero on one rank only is a disagreement too, not a silent no-op there and a hang elsewhere.
     EXPECT_SP_STATUS(sp_allreduce(w_, b.p, b.p, rank_ == 0 ? 0 : 8, SP_INT32, SP_SUM, nullptr),
                      SP_ERR_MISMATCH);
