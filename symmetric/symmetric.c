@@ -374,7 +374,8 @@ SP_EXPORT sp_status_t sp_symmetric_malloc(sp_mempool_t *pool, size_t size, sp_st
     SP_CHECK(sp__sym_acquire(pool, "sp_symmetric_malloc", &st));
     ++st->callno;
     /* The call's name is formatted only when a message or a growth needs it (WHAT). */
-    char what[128] = "", why[256], ranks[96];
+    char what[128], why[256], ranks[96];
+    what[0] = '\0'; /* not the whole array: a cache hit never formats it */
 #define WHAT (what[0] ? what : describe(st, NULL, what, sizeof what))
     size_t rounded = 0;
     bool ok = check_args(st, size, stream, ptr_p, &rounded, why, sizeof why);
