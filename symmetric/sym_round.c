@@ -23,6 +23,15 @@ static sp_sym_state_t *s_states; /* live states (s_reg_lock) */
 static sp_sym_state_t *s_broken; /* states of pools broken by a timeout: kept, never freed,
                                     because an abandoned request may still write their
                                     buffers (s_reg_lock) */
+static uint64_t s_reg_gen;       /* registry changes so far (written under s_reg_lock; atomic) */
+/* This thread's last sp__sym_acquire lookup: t_pool's state was t_state while the registry was
+ * at generation t_gen. While it still is, t_state is still registered, and still t_pool's (a
+ * pool's state changes only at its destroy, which unregisters it, or at sp_shutdown, after
+ * which the pool's handle fails sp__mempool_check): a cache hit's call skips the lock and the
+ * walk. */
+static _Thread_local const sp_mempool_t *t_pool;
+static _Thread_local sp_sym_state_t *t_state;
+static _Thread_local uint64_t t_gen;
 
 /* ---- counters ----------------------------------------------------------------------------- */
 
@@ -55,6 +64,7 @@ void sp__sym_register(sp_sym_state_t *st) {
     pthread_mutex_lock(&s_reg_lock);
     st->next = s_states;
     s_states = st;
+    __atomic_fetch_add(&s_reg_gen, 1, __ATOMIC_RELEASE);
     pthread_mutex_unlock(&s_reg_lock);
 }
 
@@ -69,6 +79,7 @@ void sp__sym_unregister(sp_sym_state_t *st) {
         st->next = s_broken;
         s_broken = st;
     }
+    __atomic_fetch_add(&s_reg_gen, 1, __ATOMIC_RELEASE);
     pthread_mutex_unlock(&s_reg_lock);
 }
 
@@ -122,7 +133,14 @@ sp_status_t sp__sym_acquire(const sp_mempool_t *pool, const char *fn, sp_sym_sta
     /* NULL or garbage: SP_ERR_INVALID_ARGUMENT; a handle from before sp_shutdown:
      * SP_ERR_INVALID_USAGE; neither is read through (pool/handles.c). */
     SP_CHECK(sp__mempool_check(pool, fn));
-    sp_sym_state_t *st = sp__sym_find(pool);
+    /* The generation is read before the walk: a change during it makes the next call walk. */
+    uint64_t gen = __atomic_load_n(&s_reg_gen, __ATOMIC_ACQUIRE);
+    sp_sym_state_t *st = pool == t_pool && gen == t_gen ? t_state : sp__sym_find(pool);
+    if (st) {
+        t_pool = pool;
+        t_state = st;
+        t_gen = gen;
+    }
     if (!st)
         return sp__error(SP_ERR_INVALID_USAGE, SP_SUB_SYM,
                          "%s: not a live symmetric pool (an ordinary MemPool, or its world was "
