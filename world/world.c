@@ -65,6 +65,12 @@ static int s_nhooks;                                /* s_lock */
 static bool s_we_initialized_mpi;                   /* s_lock: MPI_Init_thread was ours */
 static int s_init_worlds;                           /* s_lock: live worlds from sp_world_init */
 static sp_world_t *s_live;                          /* s_lock: every live world */
+static uint64_t s_live_gen; /* changes to s_live so far (written under s_lock; atomic) */
+/* This thread's last world found live by sp__world_check, and s_live_gen then: while no world
+ * was made or finalized since, it is still live, and a collective call skips the lock and the
+ * walk. */
+static _Thread_local const sp_world_t *t_world;
+static _Thread_local uint64_t t_world_gen;
 
 static bool is_live_locked(const sp_world_t *w) {
     for (sp_world_t *x = s_live; x; x = x->next_live)
@@ -76,8 +82,14 @@ static bool is_live_locked(const sp_world_t *w) {
 sp_status_t sp__world_check(const sp_world_t *w, const char *fn) {
     if (!w)
         return sp__error(SP_ERR_INVALID_ARGUMENT, SP_SUB_BOOT, "%s: world is NULL", fn);
+    if (w == t_world && __atomic_load_n(&s_live_gen, __ATOMIC_ACQUIRE) == t_world_gen)
+        return SP_SUCCESS;
     pthread_mutex_lock(&s_lock);
     bool live = is_live_locked(w);
+    if (live) {
+        t_world = w;
+        t_world_gen = __atomic_load_n(&s_live_gen, __ATOMIC_RELAXED);
+    }
     pthread_mutex_unlock(&s_lock);
     if (!live)
         return sp__error(SP_ERR_INVALID_USAGE, SP_SUB_BOOT,
@@ -391,6 +403,7 @@ static sp_status_t world_create(MPI_Comm comm, bool from_init, sp_world_t **worl
     pthread_mutex_lock(&s_lock);
     w->next_live = s_live;
     s_live = w;
+    __atomic_fetch_add(&s_live_gen, 1, __ATOMIC_RELEASE);
     pthread_mutex_unlock(&s_lock);
     *world_p = w;
     return SP_SUCCESS;
@@ -476,6 +489,7 @@ static bool take_live(sp_world_t *w) {
         if (*pp == w) {
             *pp = w->next_live;
             live = true;
+            __atomic_fetch_add(&s_live_gen, 1, __ATOMIC_RELEASE);
             break;
         }
     pthread_mutex_unlock(&s_lock);
