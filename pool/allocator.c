@@ -113,17 +113,17 @@ void sp__block_recycle(sp_devalloc_t *d, sp_block_t *b) {
 
 /* ---- finding and handing out blocks ------------------------------------------------------ */
 
-/* get_free_block without the removal: the fitting block, the link to it and its in-order
- * predecessor, so that a split can put the remainder in the block's place in the tree. */
+/* get_free_block without the removal: the fitting block and its in-order predecessor, so that
+ * a split can put the remainder in the block's place in the tree. */
 static inline sp_block_t *find_fit(sp_devalloc_t *d, sp_bpool_t *bp, size_t size,
-                                   sp_stream_t stream, sp_block_t ***slot_p, sp_block_t **pred_p) {
+                                   sp_stream_t stream, sp_block_t **pred_p) {
     if (SP_UNLIKELY(d->gc_enabled))
         bp->gfb_count++;
-    sp_block_t *b = sp__bset_find_fit(&bp->free, stream, size, slot_p, pred_p);
+    sp_block_t *b = sp__bset_find_fit(&bp->free, stream, size, pred_p);
     if (!b || b->stream != stream)
         return NULL;
     if (SP_UNLIKELY(b->seg->expandable))
-        b = sp__exp_best_fit(bp, b, stream, slot_p, pred_p);
+        b = sp__exp_best_fit(bp, b, stream, pred_p);
     size_t mss = sp__g.conf.max_split_size;
     /* Oversize rules: small requests never take oversize blocks, and an oversize request takes
      * an oversize block only if it wastes less than max_non_split_rounding. */
@@ -135,8 +135,8 @@ static inline sp_block_t *find_fit(sp_devalloc_t *d, sp_bpool_t *bp, size_t size
 
 sp_block_t *sp__alloc_get_free_block(sp_devalloc_t *d, sp_bpool_t *bp, size_t size,
                                      sp_stream_t stream) {
-    sp_block_t **slot = NULL, *pred = NULL;
-    sp_block_t *b = find_fit(d, bp, size, stream, &slot, &pred);
+    sp_block_t *pred = NULL;
+    sp_block_t *b = find_fit(d, bp, size, stream, &pred);
     if (b)
         sp__bset_remove(&bp->free, b);
     return b;
@@ -153,23 +153,24 @@ static inline bool should_split(const sp_bpool_t *bp, const sp_block_t *b, size_
     return size < sp__g.conf.max_split_size && remaining > SP_SMALL_SIZE;
 }
 
-/* found_block. slot != NULL: b is still in its free set at *slot with in-order predecessor
- * pred, and leaves it here (the cache-hit path); slot == NULL: b is in no set.
+/* found_block. b->in_set: b is still in its free set with in-order predecessor pred (from
+ * find_fit), and leaves it here (the cache-hit path); otherwise b is in no set.
  *
  * Hot/cold pair: hand_out is the HOT form, forced inline into alloc_malloc's cache-hit path
- * with `hist` read once by the caller and the tree slot from find_fit, so a hit costs no call
+ * with `hist` read once by the caller and the predecessor from find_fit, so a hit costs no call
  * and no second tree walk. sp__alloc_found_block below is its COLD twin: one out-of-line copy
  * for the miss path and for sym_primitives.c (a fresh segment's block or a block already taken
  * from its set), so the inline body is not copied into every rare caller. Same body, so the
  * two cannot drift apart. */
 static inline __attribute__((always_inline)) void hand_out(sp_devalloc_t *d, sp_block_t *b,
-                                                           sp_block_t **slot, sp_block_t *pred,
-                                                           size_t size, size_t orig,
-                                                           uint32_t context, bool hist) {
+                                                           sp_block_t *pred, size_t size,
+                                                           size_t orig, uint32_t context,
+                                                           bool hist) {
     sp_bpool_t *bp = b->seg->bpool;
     sp_dev_stats_t *st = &d->stats;
     bool small = bp->is_small;
     bool already_split = b->prev || b->next;
+    bool in_set = b->in_set;
     sp_block_t *rem = should_split(bp, b, size) ? block_take(d) : NULL;
     if (rem) {
         /* The allocation keeps the low addresses; the remainder moves up and stays cached.
@@ -189,10 +190,10 @@ static inline __attribute__((always_inline)) void hand_out(sp_devalloc_t *d, sp_
         rem->unmapped = false; /* a recycled struct may have been an unmapped block */
         /* The remainder sorts below b (smaller, same stream); if it also sorts above b's
          * predecessor it can take b's node as it is. b's key must be intact until then. */
-        if (slot && (!pred || sp__bset_less(&bp->free, pred, rem))) {
-            sp__bset_replace_at(slot, b, rem);
+        if (in_set && (!pred || sp__bset_less(&bp->free, pred, rem))) {
+            sp__bset_replace(&bp->free, b, rem);
         } else {
-            if (slot)
+            if (in_set)
                 sp__bset_remove(&bp->free, b);
             sp__bset_insert(&bp->free, rem);
         }
@@ -212,7 +213,7 @@ static inline __attribute__((always_inline)) void hand_out(sp_devalloc_t *d, sp_
             sp__stat_inc(st, SP_ST_INACTIVE_SPLIT, small, 1);
         }
     } else {
-        if (slot)
+        if (in_set)
             sp__bset_remove(&bp->free, b);
         if (already_split && !b->seg->expandable) {
             sp__stat_dec(st, SP_ST_INACTIVE_SPLIT_BYTES, small, (int64_t)b->size);
@@ -240,7 +241,7 @@ static inline __attribute__((always_inline)) void hand_out(sp_devalloc_t *d, sp_
 /* COLD twin of hand_out (see there): b is in no free set. */
 void sp__alloc_found_block(sp_devalloc_t *d, sp_block_t *b, size_t size, size_t orig,
                            uint32_t context) {
-    hand_out(d, b, NULL, NULL, size, orig, context, sp__history_on());
+    hand_out(d, b, NULL, size, orig, context, sp__history_on());
 }
 
 /* ---- segments ---------------------------------------------------------------------------- */
@@ -442,9 +443,9 @@ static inline __attribute__((always_inline)) void free_block(sp_devalloc_t *d, s
      * node's successor: no remove + insert. Both merge: p leaves the set first. */
     if (mp && mn)
         sp__bset_remove(set, p);
-    sp_block_t *old = mn ? n : mp ? p : NULL, **slot = NULL, *succ = NULL;
+    sp_block_t *old = mn ? n : mp ? p : NULL, *succ = NULL;
     if (old)
-        slot = sp__bset_locate(set, old, &succ);
+        succ = sp__bset_succ(set, old);
     if (mp) {
         b->addr = p->addr;
         b->size += p->size;
@@ -479,8 +480,8 @@ static inline __attribute__((always_inline)) void free_block(sp_devalloc_t *d, s
     sp__stat_dec(st, SP_ST_REQUESTED_BYTES, bp->is_small, (int64_t)req);
     b->requested = 0;
     b->gc_count = bp->gfb_count;
-    if (slot && (!succ || sp__bset_less(set, b, succ))) {
-        sp__bset_replace_at(slot, old, b);
+    if (old && (!succ || sp__bset_less(set, b, succ))) {
+        sp__bset_replace(set, old, b);
     } else {
         if (old)
             sp__bset_remove(set, old);
@@ -658,10 +659,10 @@ alloc_malloc(sp_devalloc_t *d, sp_mempool_t *pool, size_t orig, sp_stream_t stre
     size_t size = SP_LIKELY(sp__g.round_plain) ? round_512(orig) : sp__round_size(orig);
     sp_bpool_t *bp = size <= SP_SMALL_SIZE ? &pool->small : &pool->large;
     bool nocache = sp__g.conf.no_caching;
-    sp_block_t **slot = NULL, *pred = NULL;
-    sp_block_t *b = nocache ? NULL : find_fit(d, bp, size, stream, &slot, &pred);
+    sp_block_t *pred = NULL;
+    sp_block_t *b = nocache ? NULL : find_fit(d, bp, size, stream, &pred);
     if (SP_LIKELY(b)) {
-        hand_out(d, b, slot, pred, size, orig, ctx, hist);
+        hand_out(d, b, pred, size, orig, ctx, hist);
         *ptr_p = (void *)b->addr;
         sp__unlock(&d->lock);
         return SP_SUCCESS;

@@ -18,27 +18,28 @@ struct sp_bpool;
 struct sp_devalloc;
 
 typedef struct sp_block {
-    uintptr_t addr;         /* start address (lock) */
-    size_t size;            /* bytes, a multiple of 512 (lock) */
-    size_t requested;       /* caller's size while allocated or pending, else 0 (lock) */
-    sp_stream_t stream;     /* allocation stream == its segment's stream (const) */
-    struct sp_segment *seg; /* owning segment (const) */
-    struct sp_block *prev;  /* lower neighbour in the segment, NULL at its start (lock) */
-    struct sp_block *next;  /* higher neighbour in the segment (lock) */
-    struct sp_block *left;  /* free-set tree links, valid while in_set (lock) */
-    struct sp_block *right; /* (lock) */
-    struct sp_block *hnext; /* pointer-map chain while allocated; spare list otherwise */
-    uint64_t gc_count;      /* bpool's get_free_block count when inserted (GC age) */
-    sp_stream_t *uses;      /* streams recorded by sp_record_stream (malloc'd) (lock) */
-    uint32_t nuses;         /* entries in uses (lock) */
-    uint32_t cap_uses;      /* capacity of uses (lock) */
-    uint32_t context;       /* history context of the allocation, 0 if none (lock) */
-    int32_t event_count;    /* outstanding events of a pending free (lock) */
-    int8_t height;          /* AVL height while in_set (lock) */
-    bool allocated;         /* handed out and not yet freed (lock) */
-    bool in_set;            /* in its bpool's free set (lock) */
-    bool unmapped;          /* expandable: address space without memory; in its bpool's
-                             * unmapped list (chained by left/right), never in a set (lock) */
+    uintptr_t addr;          /* start address (lock) */
+    size_t size;             /* bytes, a multiple of 512 (lock) */
+    size_t requested;        /* caller's size while allocated or pending, else 0 (lock) */
+    sp_stream_t stream;      /* allocation stream == its segment's stream (const) */
+    struct sp_segment *seg;  /* owning segment (const) */
+    struct sp_block *prev;   /* lower neighbour in the segment, NULL at its start (lock) */
+    struct sp_block *next;   /* higher neighbour in the segment (lock) */
+    struct sp_block *left;   /* free-set tree links, valid while in_set (lock) */
+    struct sp_block *right;  /* (lock) */
+    struct sp_block *parent; /* (lock) */
+    struct sp_block *hnext;  /* pointer-map chain while allocated; spare list otherwise */
+    uint64_t gc_count;       /* bpool's get_free_block count when inserted (GC age) */
+    sp_stream_t *uses;       /* streams recorded by sp_record_stream (malloc'd) (lock) */
+    uint32_t nuses;          /* entries in uses (lock) */
+    uint32_t cap_uses;       /* capacity of uses (lock) */
+    uint32_t context;        /* history context of the allocation, 0 if none (lock) */
+    int32_t event_count;     /* outstanding events of a pending free (lock) */
+    int8_t height;           /* AVL height while in_set (lock) */
+    bool allocated;          /* handed out and not yet freed (lock) */
+    bool in_set;             /* in its bpool's free set (lock) */
+    bool unmapped;           /* expandable: address space without memory; in its bpool's
+                              * unmapped list (chained by left/right), never in a set (lock) */
 } sp_block_t;
 
 typedef struct sp_segment {
