@@ -76,8 +76,42 @@ void sp__fmt_size(size_t bytes, char *buf, size_t len) {
 
 /* ---- block structs ----------------------------------------------------------------------- */
 
-/* Block structs are recycled through a per-device list so that a split on the cache-hit path
- * costs no host malloc. */
+/* Block structs come from per-device slabs and go back to a per-device spare list: a split on
+ * the cache-hit path costs no host malloc, and a block costs its struct and no allocator header
+ * (a million live blocks are a million structs). Slabs are freed by sp_shutdown. 1023 structs
+ * keep a slab below glibc's mmap threshold. */
+#define SLAB_BLOCKS 1023
+
+struct sp_block_slab {
+    struct sp_block_slab *next;
+    sp_block_t blocks[SLAB_BLOCKS];
+};
+
+/* A new slab: its first struct for the caller (zeroed), the rest onto the spare list. */
+static sp_block_t *slab_refill(sp_devalloc_t *d) {
+    struct sp_block_slab *s = calloc(1, sizeof(*s));
+    if (!s)
+        return NULL;
+    s->next = d->slabs;
+    d->slabs = s;
+    for (int i = SLAB_BLOCKS - 1; i >= 1; i--) {
+        s->blocks[i].hnext = d->spare;
+        d->spare = &s->blocks[i];
+    }
+    return &s->blocks[0];
+}
+
+void sp__block_slabs_free(sp_devalloc_t *d) {
+    struct sp_block_slab *s = d->slabs;
+    while (s) {
+        struct sp_block_slab *nx = s->next;
+        free(s);
+        s = nx;
+    }
+    d->slabs = NULL;
+    d->spare = NULL;
+}
+
 sp_block_t *sp__block_new(sp_devalloc_t *d) {
     sp_block_t *b = d->spare;
     if (b) {
@@ -85,7 +119,7 @@ sp_block_t *sp__block_new(sp_devalloc_t *d) {
         memset(b, 0, sizeof(*b));
         return b;
     }
-    return calloc(1, sizeof(*b));
+    return slab_refill(d);
 }
 
 /* sp__block_new for a struct the caller fills completely: no zeroing. A recycled struct's
@@ -96,13 +130,14 @@ static inline sp_block_t *block_take(sp_devalloc_t *d) {
         d->spare = b->hnext;
         return b;
     }
-    return calloc(1, sizeof(*b));
+    return slab_refill(d);
 }
 
 void sp__block_recycle(sp_devalloc_t *d, sp_block_t *b) {
     if (b->context)
         sp__history_context_release(b->context);
     if (b->uses) {
+        free(b->uses->s);
         free(b->uses);
         b->uses = NULL;
     }
@@ -177,13 +212,11 @@ static inline __attribute__((always_inline)) void hand_out(sp_devalloc_t *d, sp_
          * Every field is set here or by the set (links, height, in_set) below. */
         rem->addr = b->addr + size;
         rem->size = b->size - size;
-        rem->requested = 0;
         rem->stream = b->stream;
         rem->seg = b->seg;
         rem->hnext = NULL;
         rem->gc_count = bp->gfb_count;
         rem->uses = NULL;
-        rem->nuses = rem->cap_uses = 0;
         rem->context = 0;
         rem->event_count = 0;
         rem->allocated = false;
@@ -223,7 +256,8 @@ static inline __attribute__((always_inline)) void hand_out(sp_devalloc_t *d, sp_
     b->allocated = true;
     b->requested = orig;
     b->context = context;
-    b->nuses = 0;
+    if (SP_UNLIKELY(b->uses))
+        b->uses->n = 0;
     sp__ptr_map_insert(&d->map, b);
     bp->pool->used += b->size;
     sp__stat_inc(st, SP_ST_ALLOCATION, small, 1);
@@ -421,7 +455,7 @@ static void detach_segment(sp_devalloc_t *d, sp_segment_t *seg, uint32_t context
 /* ---- free -------------------------------------------------------------------------------- */
 
 static inline bool mergeable(const sp_block_t *n) {
-    return n && n->in_set && !n->allocated && n->event_count == 0 && n->nuses == 0;
+    return n && n->in_set && !n->allocated && n->event_count == 0 && !sp__block_has_uses(n);
 }
 
 /* Hot/cold pair: free_block is the HOT form, forced inline into free_locked (sp_free's path)
@@ -478,8 +512,7 @@ static inline __attribute__((always_inline)) void free_block(sp_devalloc_t *d, s
     sp__stat_dec(st, SP_ST_ACTIVE, bp->is_small, 1);
     sp__stat_dec(st, SP_ST_ACTIVE_BYTES, bp->is_small, (int64_t)orig_size);
     sp__stat_dec(st, SP_ST_REQUESTED_BYTES, bp->is_small, (int64_t)req);
-    b->requested = 0;
-    b->gc_count = bp->gfb_count;
+    b->gc_count = bp->gfb_count; /* shares requested's storage: req above keeps the value */
     if (old && (!succ || sp__bset_less(set, b, succ))) {
         sp__bset_replace(set, old, b);
     } else {
@@ -522,7 +555,7 @@ static inline __attribute__((always_inline)) void free_locked(sp_devalloc_t *d, 
     if (SP_UNLIKELY(hist))
         sp__history_record(d->device, SP_TRACE_FREE_REQUESTED, b->addr, b->requested,
                            (uintptr_t)b->stream, bp->pool->id, context ? context : b->context);
-    if (SP_LIKELY(b->nuses == 0) || sp__alloc_insert_events(d, b) != SP_SUCCESS ||
+    if (SP_LIKELY(!sp__block_has_uses(b)) || sp__alloc_insert_events(d, b) != SP_SUCCESS ||
         b->event_count == 0)
         free_block(d, b, context, hist);
 }
@@ -922,23 +955,32 @@ SP_EXPORT sp_status_t sp_record_stream(void *ptr, sp_stream_t stream) {
             sp__unlock(&d->lock);
             return SP_SUCCESS; /* a use on the allocation stream needs no event */
         }
-        for (uint32_t k = 0; k < b->nuses; k++) {
-            if (b->uses[k] == stream) {
+        sp_block_uses_t *us = b->uses;
+        for (uint32_t k = 0; us && k < us->n; k++) {
+            if (us->s[k] == stream) {
                 sp__unlock(&d->lock);
                 return SP_SUCCESS;
             }
         }
-        if (b->nuses == b->cap_uses) {
-            uint32_t cap = b->cap_uses ? b->cap_uses * 2 : 4;
-            sp_stream_t *u = realloc(b->uses, cap * sizeof(*u));
+        if (!us) {
+            us = calloc(1, sizeof(*us));
+            if (!us) {
+                sp__unlock(&d->lock);
+                return sp__error(SP_ERR_SYSTEM, SP_SUB_POOL, "out of host memory");
+            }
+            b->uses = us;
+        }
+        if (us->n == us->cap) {
+            uint32_t cap = us->cap ? us->cap * 2 : 4;
+            sp_stream_t *u = realloc(us->s, cap * sizeof(*u));
             if (!u) {
                 sp__unlock(&d->lock);
                 return sp__error(SP_ERR_SYSTEM, SP_SUB_POOL, "out of host memory");
             }
-            b->uses = u;
-            b->cap_uses = cap;
+            us->s = u;
+            us->cap = cap;
         }
-        b->uses[b->nuses++] = stream;
+        us->s[us->n++] = stream;
         sp__unlock(&d->lock);
         return SP_SUCCESS;
     }
