@@ -10,6 +10,7 @@
  * except the exported entry points, which take it exactly once on the cache-hit path and make
  * no device call there.
  */
+#include <assert.h>
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -150,8 +151,8 @@ void sp__block_recycle(sp_devalloc_t *d, sp_block_t *b) {
 
 /* get_free_block without the removal: the fitting block and its in-order predecessor, so that
  * a split can put the remainder in the block's place in the tree. */
-static inline sp_block_t *find_fit(sp_devalloc_t *d, sp_bpool_t *bp, size_t size,
-                                   sp_stream_t stream, sp_block_t **pred_p) {
+static inline __attribute__((always_inline)) sp_block_t *
+find_fit(sp_devalloc_t *d, sp_bpool_t *bp, size_t size, sp_stream_t stream, sp_block_t **pred_p) {
     if (SP_UNLIKELY(d->gc_enabled))
         bp->gfb_count++;
     sp_block_t *b = sp__bset_find_fit(&bp->free, stream, size, pred_p);
@@ -256,8 +257,6 @@ static inline __attribute__((always_inline)) void hand_out(sp_devalloc_t *d, sp_
     b->allocated = true;
     b->requested = orig;
     b->context = context;
-    if (SP_UNLIKELY(b->uses))
-        b->uses->n = 0;
     sp__ptr_map_insert(&d->map, b);
     bp->pool->used += b->size;
     sp__stat_inc(st, SP_ST_ALLOCATION, small, 1);
@@ -454,8 +453,12 @@ static void detach_segment(sp_devalloc_t *d, sp_segment_t *seg, uint32_t context
 
 /* ---- free -------------------------------------------------------------------------------- */
 
+/* A block in the set is free with no events and no recorded streams: a block leaves the set
+ * before it is handed out, and a freed block enters it only once its events are done and its
+ * uses are consumed. */
 static inline bool mergeable(const sp_block_t *n) {
-    return n && n->in_set && !n->allocated && n->event_count == 0 && !sp__block_has_uses(n);
+    assert(!n || !n->in_set || (!n->allocated && n->event_count == 0 && !n->uses));
+    return n && n->in_set;
 }
 
 /* Hot/cold pair: free_block is the HOT form, forced inline into free_locked (sp_free's path)

@@ -46,7 +46,7 @@ typedef struct sp_block {
         struct sp_block *parent; /* free-set tree link while in_set (lock) */
         struct sp_block *hnext;  /* pointer-map chain while allocated; spare list while idle */
     };
-    sp_block_uses_t *uses; /* recorded streams, NULL if never any (lock) */
+    sp_block_uses_t *uses; /* recorded streams of an allocated block, else NULL (lock) */
     uint32_t context;      /* history context of the allocation, 0 if none (lock) */
     int32_t event_count;   /* outstanding events of a pending free (lock) */
     int8_t height;         /* AVL height while in_set (lock) */
@@ -58,7 +58,7 @@ typedef struct sp_block {
 
 /* Does b have recorded streams that its free must wait for? */
 static inline bool sp__block_has_uses(const sp_block_t *b) {
-    return b->uses && b->uses->n;
+    return b->uses != NULL;
 }
 
 typedef struct sp_segment {

@@ -144,8 +144,7 @@ static inline void sp__bset_replace(sp_block_set_t *set, sp_block_t *old, sp_blo
         set->min = nb;
     if (set->hint == old)
         set->hint = nb;
-    old->in_set = false;
-    old->left = old->right = old->parent = NULL;
+    old->in_set = false; /* its links are stale: nothing reads them outside the set */
 }
 
 /* Debug builds: assert the set's order, parent links, AVL balance, count, min and hint (the

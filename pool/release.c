@@ -70,7 +70,10 @@ sp_status_t sp__alloc_insert_events(sp_devalloc_t *d, sp_block_t *b) {
         b->event_count++;
         d->pending_events++;
     }
-    b->uses->n = 0;
+    /* Consumed: a block has a uses list only while allocated, so a free block never does. */
+    free(b->uses->s);
+    free(b->uses);
+    b->uses = NULL;
     return SP_SUCCESS;
 }
 
