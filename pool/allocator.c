@@ -189,7 +189,7 @@ static inline bool should_split(const sp_bpool_t *bp, const sp_block_t *b, size_
     return size < sp__g.conf.max_split_size && remaining > SP_SMALL_SIZE;
 }
 
-/* found_block. b->in_set: b is still in its free set with in-order predecessor pred (from
+/* found_block. in_set: b is still in its free set with in-order predecessor pred (from
  * find_fit), and leaves it here (the cache-hit path); otherwise b is in no set.
  *
  * Hot/cold pair: hand_out is the HOT form, forced inline into alloc_malloc's cache-hit path
@@ -199,14 +199,13 @@ static inline bool should_split(const sp_bpool_t *bp, const sp_block_t *b, size_
  * from its set), so the inline body is not copied into every rare caller. Same body, so the
  * two cannot drift apart. */
 static inline __attribute__((always_inline)) void hand_out(sp_devalloc_t *d, sp_block_t *b,
-                                                           sp_block_t *pred, size_t size,
-                                                           size_t orig, uint32_t context,
-                                                           bool hist) {
+                                                           bool in_set, sp_block_t *pred,
+                                                           size_t size, size_t orig,
+                                                           uint32_t context, bool hist) {
     sp_bpool_t *bp = b->seg->bpool;
     sp_dev_stats_t *st = &d->stats;
     bool small = bp->is_small;
     bool already_split = b->prev || b->next;
-    bool in_set = b->in_set;
     sp_block_t *rem = should_split(bp, b, size) ? block_take(d) : NULL;
     if (rem) {
         /* The allocation keeps the low addresses; the remainder moves up and stays cached.
@@ -274,7 +273,8 @@ static inline __attribute__((always_inline)) void hand_out(sp_devalloc_t *d, sp_
 /* COLD twin of hand_out (see there): b is in no free set. */
 void sp__alloc_found_block(sp_devalloc_t *d, sp_block_t *b, size_t size, size_t orig,
                            uint32_t context) {
-    hand_out(d, b, NULL, size, orig, context, sp__history_on());
+    assert(!b->in_set);
+    hand_out(d, b, false, NULL, size, orig, context, sp__history_on());
 }
 
 /* ---- segments ---------------------------------------------------------------------------- */
@@ -698,7 +698,7 @@ alloc_malloc(sp_devalloc_t *d, sp_mempool_t *pool, size_t orig, sp_stream_t stre
     sp_block_t *pred = NULL;
     sp_block_t *b = nocache ? NULL : find_fit(d, bp, size, stream, &pred);
     if (SP_LIKELY(b)) {
-        hand_out(d, b, pred, size, orig, ctx, hist);
+        hand_out(d, b, true, pred, size, orig, ctx, hist);
         *ptr_p = (void *)b->addr;
         sp__unlock(&d->lock);
         return SP_SUCCESS;
