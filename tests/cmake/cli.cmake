@@ -258,6 +258,16 @@ if(TARGET sympool_cli)
     COMMAND $<TARGET_FILE:sympool_cli> info ${SP_DATA}/real/sqattn-empty-cache.pickle)
   set_tests_properties(cli.info_trace PROPERTIES LABELS "unit;cli" TIMEOUT 60
     PASS_REGULAR_EXPRESSION "format: pickle protocol 4, snapshot with allocator_settings.*segment_alloc 420, segment_free 420.*empty_cache calls: 28.*starting state: 4 segments")
+  # info --json: the text's facts, field by field, for the library and five snapshots; failures
+  # leave stdout empty.
+  find_package(Python3 COMPONENTS Interpreter QUIET)
+  if(Python3_Interpreter_FOUND)
+    add_test(NAME cli.info_json
+      COMMAND ${Python3_EXECUTABLE} ${CMAKE_CURRENT_SOURCE_DIR}/cli/info_json.py
+              $<TARGET_FILE:sympool_cli> ${SP_DATA})
+    set_tests_properties(cli.info_json PROPERTIES LABELS "unit;cli;python" TIMEOUT 120
+      PASS_REGULAR_EXPRESSION "info-json: ok")
+  endif()
   add_test(NAME cli.info_trace_missing
     COMMAND $<TARGET_FILE:sympool_cli> info ${SP_DATA}/does-not-exist.pickle)
   set_tests_properties(cli.info_trace_missing PROPERTIES LABELS "unit;cli" TIMEOUT 60 WILL_FAIL TRUE)
