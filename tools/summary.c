@@ -7,8 +7,10 @@
  * block counts, split by the segments' pool (large/small). The trace (device_traces) records
  * requested sizes of allocations and frees and the sizes of segment allocations and frees, so for
  * requested bytes, allocations, reserved bytes and segments it also gives the peak and the totals
- * over the recorded window: the state before the first event is the end state minus every
- * change, and the walk forward from there finds the peak. Figures a snapshot cannot give (the peak
+ * over the recorded window: the walk forward from the state before the first event finds the
+ * peak. That state is the trace loader's (trace.c), which `plot` and `replay` start from too:
+ * the blocks live before the first event, and the reserved bytes of the end state minus every
+ * segment event. Figures a snapshot cannot give (the peak
  * of rounded allocated bytes, retries) are shown as "-". Allocations and frees are put in the
  * small pool when their size is at most 1 MiB and segments when they are 2 MiB, as PyTorch does.
  */
@@ -145,6 +147,23 @@ static int64_t delta(const tr_event_t *e, int m, int p) {
     }
 }
 
+/* Requested bytes (m == M_REQUESTED) or allocations at the start in pool p: the blocks live
+ * before the first event as the trace loader found them (its seeds: blocks the trace frees
+ * without allocating them, and live blocks of the end state it never touches), the start that
+ * `sympool plot` and `sympool replay` count from too. The end state minus the trace's changes
+ * is the same for a whole trace, but not for a partial one whose end state does not hold the
+ * trace's own blocks. Pools by size, as the events are. */
+static int64_t seeded_start(const tr_device_t *td, int m, int p) {
+    int64_t v = 0;
+    for (size_t i = 0; i < td->nseeds; i++) {
+        uint64_t size = td->seeds[i].size;
+        if (p != 0 && p != (size <= SMALL_SIZE ? 2 : 1))
+            continue;
+        v += m == M_REQUESTED ? (size > (uint64_t)INT64_MAX ? INT64_MAX : (int64_t)size) : 1;
+    }
+    return v;
+}
+
 static void walk_trace(const tr_device_t *td, dev_figs_t *d) {
     d->ooms = (int64_t)td->recorded_ooms;
     for (int m = 0; m < M_TRACED; m++)
@@ -157,8 +176,13 @@ static void walk_trace(const tr_device_t *td, dev_figs_t *d) {
                 else
                     f->down -= v;
             }
-            /* The state before the first event, then forward to find the peak. */
-            f->cur = f->end - f->up + f->down;
+            /* The state before the first event, then forward to find the peak. Reserved bytes
+             * and segments: the end state minus the trace's changes, as the loader's
+             * start_reserved. */
+            if (m == M_REQUESTED || m == M_ALLOCATION)
+                f->cur = seeded_start(td, m, p);
+            else
+                f->cur = f->end - f->up + f->down;
             f->peak = f->cur;
             int64_t start = f->cur;
             for (size_t i = 0; i < td->nev; i++) {
