@@ -2,7 +2,9 @@
 """`sympool summary` and `sympool plot` print the same requested and reserved peaks for the same
 trace, and both equal the trace loader's exact figures (what `sympool replay --json` reports as
 trace_peak_requested_bytes and pytorch_peak_reserved_bytes): whole traces, partial ones (whose
-end state does not hold the trace's own blocks) and a state-only snapshot.
+end state does not hold the trace's own blocks) and a state-only snapshot. summary's allocated
+peak is the replay's where the replay ends in the recorded state, the end state's for a
+snapshot without events, and "-" otherwise.
 
 usage: peaks_agree.py SYMPOOL DATA_DIR OUT_DIR
 """
@@ -61,6 +63,21 @@ for name in TRACES:
     near(name + ": summary requested", v, dec, unit, exact_req)
     v, dec, unit = peak("Reserved memory")
     near(name + ": summary reserved", v, dec, unit, exact_resv)
+    # Allocated: replay's peak where the replay ends in the recorded state, else "-".
+    faithful = r["end_allocated_bytes"] == r["pytorch_end_allocated_bytes"] and r["ooms"] == 0
+    if r["trace_entries"] == 0:  # state only: the peak is the end state
+        m = re.search(r"\| Allocated memory +\| +([\d.]+ \w+) +\| +([\d.]+ \w+) +\|", table)
+        print("%-50s %s = %s" % (name + ": summary allocated = current", m.group(2), m.group(1)))
+        if m.group(1) != m.group(2):
+            failures.append(name + ": allocated peak of a state-only snapshot")
+    elif faithful:
+        v, dec, unit = peak("Allocated memory")
+        near(name + ": summary allocated", v, dec, unit, r["peak_allocated_bytes"])
+    else:
+        shown = re.search(r"\| Allocated memory +\| +[\d.]+ \w+ +\| +(\S+)", table).group(1)
+        print("%-50s %s" % (name + ": summary allocated (replay not exact)", shown))
+        if shown != "-":
+            failures.append(name + ": allocated peak shown where the replay differs")
 if failures:
     sys.exit("peaks-agree: %d different: %s" % (len(failures), ", ".join(failures)))
 print("peaks-agree: ok")
