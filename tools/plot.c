@@ -589,12 +589,14 @@ static int render_single(FILE *f, series_t *s) {
                     PX0 + xa * (COLS - 1), y, fmax(2.0, (xb - xa) * (COLS - 1)), LANE_H - 6,
                     colors[b], groups[b].n > 1 ? 0.45 : 1.0);
         }
+        /* The size left of the lane, the count right of it: "12.50 MiB x128" in one label
+         * would run past the left edge of the picture. */
         human((double)groups[b].size, a, sizeof a);
-        char times[24] = "";
+        fprintf(f, "<text x=\"%d\" y=\"%d\" text-anchor=\"end\" font-size=\"11\">%s</text>\n",
+                PX0 - 8, y + 11, a);
         if (groups[b].n > 1)
-            snprintf(times, sizeof times, " x%zu", groups[b].n);
-        fprintf(f, "<text x=\"%d\" y=\"%d\" text-anchor=\"end\" font-size=\"11\">%s%s</text>\n",
-                PX0 - 8, y + 11, a, times);
+            fprintf(f, "<text x=\"%d\" y=\"%d\" font-size=\"11\">x%zu</text>\n", PX1 + 6, y + 11,
+                    groups[b].n);
     }
     fprintf(f, "</svg>\n");
     free(group_of);

@@ -200,11 +200,12 @@ endif()
 if(TARGET sympool_cli)
   set(BIG ${SP_CLI_TRACE})
   # A small job reads in MiB, with the peak labels inside the frame and blocks named by where
-  # they were allocated (never "event N").
+  # they were allocated (never "event N"); a lane's count is a label of its own right of the lane
+  # ("12.50 MiB x128" left of it ran past the picture's edge).
   add_test(NAME cli.plot_small_in_mib COMMAND sh -c
     "'$<TARGET_FILE:sympool_cli>' plot '${SMALL}' -o '${SP_CLI_OUT}/small.svg' && cat '${SP_CLI_OUT}/small.svg'")
   set_tests_properties(cli.plot_small_in_mib PROPERTIES LABELS "unit;cli" TIMEOUT 60
-    PASS_REGULAR_EXPRESSION ">450 MiB</text>.*peak requested 441.62 MiB</text>.*4 blocks of 12.50 MiB</text>.*forward transformer.py:22</text>"
+    PASS_REGULAR_EXPRESSION ">450 MiB</text>.*peak requested 441.62 MiB</text>.*4 blocks of 12.50 MiB</text>.*forward transformer.py:22</text>.*>12.50 MiB</text>\n<text [^>]*>x4</text>"
     FAIL_REGULAR_EXPRESSION "GiB</text>;from event [0-9]")
   # Several snapshots on one chart: the highest and lowest peak marked.
   sp_cli_check(NAME plot_ranks RC 0
