@@ -192,7 +192,8 @@ static int usage(FILE *out, int rc) {
                  "  The backend and its devices, every SYMPOOL_* option with its value and\n"
                  "  source, and the versions of sympool, CUDA, NCCL and MPI in this build.\n"
                  "  With TRACE (a PyTorch memory snapshot, .pickle or .json): its format,\n"
-                 "  devices, streams, events by action, pools, starting state and settings.\n"
+                 "  devices, streams, events by action, pools, starting state, requested bytes\n"
+                 "  (live at the start, peak) and settings.\n"
                  "  --json      the same facts as one JSON object on stdout (sizes in bytes);\n"
                  "              on failure nothing on stdout, the reason on stderr, exit 1\n"
                  "  -h, --help  this text\n");

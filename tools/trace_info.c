@@ -1,9 +1,9 @@
 /*
  * trace_info.c: `sympool info TRACE`: what a PyTorch memory snapshot holds, as `sympool replay`
  * reads it: the format, the devices with data, and per device the events by action, the
- * streams, the private pools, the starting state and PyTorch's reserved bytes; then the
- * allocator settings the snapshot records; with --json the same as one JSON object. Reads the
- * file only; the library is not started.
+ * streams, the private pools, the starting state, the requested bytes (live at the start, peak)
+ * and PyTorch's reserved bytes; then the allocator settings the snapshot records; with --json
+ * the same as one JSON object. Reads the file only; the library is not started.
  */
 #include <stdio.h>
 
@@ -61,6 +61,8 @@ static void text(const char *path, const tr_trace_t *t) {
                "first event), %zu live blocks in them, %zu outside (%.3f GiB)\n",
                dv->nstart, gib(dv->start_bytes), gib(dv->start_reserved), dv->nsblocks, dv->nloose,
                gib(dv->loose_bytes));
+        printf("  requested: %.3f GiB live before the first event (%zu blocks), peak %.3f GiB\n",
+               gib(dv->seeded_bytes), dv->nseeds, gib(dv->peak_requested));
         printf("  PyTorch reserved: peak %.3f GiB, at the end %.3f GiB (%.3f GiB allocated); "
                "recorded OOMs: %zu\n",
                gib(dv->peak_reserved), gib(dv->final_reserved), gib(dv->final_allocated),
@@ -131,6 +133,12 @@ static void json(const char *path, const tr_trace_t *t) {
         cj_uint(&j, "live_blocks_in_segments", dv->nsblocks);
         cj_uint(&j, "live_blocks_outside", dv->nloose);
         cj_uint(&j, "bytes_outside", dv->loose_bytes);
+        cj_end(&j, '}');
+        /* The start and peak that summary, plot and replay count requested bytes from. */
+        cj_object(&j, "requested");
+        cj_uint(&j, "start_bytes", dv->seeded_bytes);
+        cj_uint(&j, "start_blocks", dv->nseeds);
+        cj_uint(&j, "peak_bytes", dv->peak_requested);
         cj_end(&j, '}');
         cj_object(&j, "pytorch");
         cj_uint(&j, "peak_reserved_bytes", dv->peak_reserved);

@@ -148,6 +148,11 @@ def check_trace(path):
               and s["live_blocks_outside"] == int(m.group(5)), "starting state counts")
         for key, g in (("segment_bytes", 2), ("pytorch_reserved_bytes", 3), ("bytes_outside", 6)):
             check("%.3f" % (s[key] / GIB) == m.group(g), "starting %s" % key)
+        m = re.search(r"requested: ([\d.]+) GiB live before the first event \((\d+) blocks\), "
+                      r"peak ([\d.]+) GiB", b)
+        q = dv["requested"]
+        check("%.3f" % (q["start_bytes"] / GIB) == m.group(1) and q["start_blocks"] == int(m.group(2))
+              and "%.3f" % (q["peak_bytes"] / GIB) == m.group(3), "requested %s" % q)
         m = re.search(r"PyTorch reserved: peak ([\d.]+) GiB, at the end ([\d.]+) GiB \(([\d.]+) "
                       r"GiB allocated\); recorded OOMs: (\d+)", b)
         p = dv["pytorch"]
@@ -180,6 +185,8 @@ small = check_trace(os.path.join(DATA, "trace-small-p4.pickle"))
 check(small["devices"][0]["events_by_action"]["alloc"] == 67, "known: 67 allocs")
 check(small["devices"][0]["starting_state"]["segment_bytes"] == 335544320, "known: start bytes")
 check(small["settings"]["alloc_conf"] == "expandable_segments:False", "known: settings")
+check(small["devices"][0]["requested"] == {"start_bytes": 314671104, "start_blocks": 21,
+                                           "peak_bytes": 463071232}, "known: requested")
 sq = check_trace(os.path.join(DATA, "real", "sqattn-empty-cache.pickle"))
 check(sq["devices"][0]["empty_cache_calls"] == 28, "known: 28 empty_cache calls")
 check(check_trace(os.path.join(DATA, "trace-gc-tiny.json"))["format"]["encoding"] == "json",

@@ -43,6 +43,11 @@ for name in TRACES:
     path = os.path.join(DATA, name)
     r = json.loads(run("replay", "--json", path))
     exact_req, exact_resv = r["trace_peak_requested_bytes"], r["pytorch_peak_reserved_bytes"]
+    info = json.loads(run("info", "--json", path))
+    shown = sum(d["requested"]["peak_bytes"] for d in info["devices"])
+    print("%-50s %d vs %d bytes" % (name + ": info's requested peak", shown, exact_req))
+    if shown != exact_req:
+        failures.append(name + ": info --json requested peak")
     svg = os.path.join(OUT, os.path.basename(name) + ".svg")
     out = run("plot", path, "-o", svg)
     m = re.search(r"device (\d+): \d+ events, peak requested ([\d.]+) GiB, peak reserved "
