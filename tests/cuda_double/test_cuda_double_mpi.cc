@@ -232,6 +232,38 @@ TEST_F(CudaDoubleMpi, EligibleCollectivesAreTheOnesNcclRunsAsSymmetricKernels) {
     EXPECT_SP_OK(sp_free(a));
 }
 
+// Without symmetric support (NCCL_WIN_ENABLE=0 here; GPUs without P2P on a real node) NCCL 2.28
+// still returns a window, a local registration on which no symmetric kernel runs: sympool counts
+// the calls on it as fallbacks and says why, as NCCL runs them.
+TEST_F(CudaDoubleMpi, WindowsWithoutSymmetricSupportAreNotEligible) {
+    NEED_DOUBLE();
+    SP_SKIP_BELOW_RANKS(2);
+    expect_warnings();
+    // Before the world: NCCL decides its symmetric support when the communicator is made.
+    sp::ScopedEnv env(
+        {{"NCCL_WIN_ENABLE", "0"}, {"SYMPOOL_DEBUG", "INFO"}, {"SYMPOOL_DEBUG_SUBSYS", "COLL"}});
+    make_pool(false, false, "nosym");
+    void *a = nullptr;
+    ASSERT_SP_OK(sp_symmetric_malloc(pool_, 4096, nullptr, &a));
+    sp_window_info_t wi;
+    ASSERT_SP_OK(sp_symmetric_window(a, &wi));
+    EXPECT_NE(wi.window, nullptr) << "2.28 gives a local registration";
+    uint64_t e0 = 0, f0 = 0, e1 = 0, f1 = 0;
+    sp__world_collective_counts(world_, &e0, &f0);
+    const long k0 = nccl_symmetric_kernels();
+    ASSERT_SP_OK(sp_allreduce(world_, a, a, 64, SP_FLOAT32, SP_SUM, nullptr));
+    ASSERT_SP_OK(sp_allgather(world_, a, a, 16, SP_FLOAT32, nullptr));
+    sp__world_collective_counts(world_, &e1, &f1);
+    EXPECT_EQ(nccl_symmetric_kernels() - k0, 0);
+    EXPECT_EQ(e1 - e0, 0u);
+    EXPECT_EQ(f1 - f0, 2u);
+    if (sp_world_node_count(world_) == 1) {
+        EXPECT_EQ(log_.count(SP_LOG_INFO, "no symmetric support in this world (NCCL_WIN_ENABLE=0)"),
+                  2u);
+    }
+    EXPECT_SP_OK(sp_free(a));
+}
+
 // Peer pointers on the nccl registrar: none from the host in NCCL 2.28, and to a rank on another
 // node none in any release (NCCL maps peers of its own node only): the message names the nodes.
 TEST_F(CudaDoubleMpi, PeerPointersNameTheNodeOrTheNcclRelease) {
