@@ -90,4 +90,14 @@ if(SYMPOOL_CUDA_DOUBLE AND TARGET test_cuda_double_mpi)
     sp_multinode_test(stats_report ${nodes} ${ppn} TARGET test_stats_report CUDA_DOUBLE
       ENV "CUDA_DOUBLE_GPUS=2")
   endforeach()
+  # A rank that dies before a symmetric malloc (ncclMemAlloc and the window registration) or an
+  # allreduce (ncclAllReduce): the survivors on both nodes time out in the round before NCCL,
+  # none waits inside it. At 2x2 only: the rounds are the same code at 3x1.
+  foreach(call malloc allreduce)
+    sp_multinode_test(rank_dies_${call} 2 2 TARGET sym_exit CUDA_DOUBLE ARGS ${call}
+      MPIRUN --mca orte_abort_on_non_zero_status 0
+      ENV "CUDA_DOUBLE_GPUS=2" "SYMPOOL_SYM_TIMEOUT=1"
+      PASS "sym-exit: ok rank 0.*sym-exit: ok rank 1|sym-exit: ok rank 1.*sym-exit: ok rank 0"
+      FAIL "sym-exit: FAIL")
+  endforeach()
 endif()
