@@ -90,6 +90,17 @@ if(SYMPOOL_CUDA_DOUBLE AND TARGET test_cuda_double_mpi)
     sp_multinode_test(stats_report ${nodes} ${ppn} TARGET test_stats_report CUDA_DOUBLE
       ENV "CUDA_DOUBLE_GPUS=2")
   endforeach()
+  # Two ranks per node and one GPU per node: the world fails on every rank of both nodes with the
+  # reason, before NCCL could refuse the duplicate GPU (3x1 above shows device 0 of several nodes
+  # is no duplicate).
+  # (sp_world_init_self comes from symmetric.cmake, read after this file.) Its failure line is
+  # written in three pieces that the four ranks interleave: the status is one piece, the reason
+  # is in each rank's WARN line.
+  set(refused "sp_world_init -> SP_ERR_INVALID_USAGE")
+  set(why "share 1 GPU\\(s\\), and NCCL refuses two ranks of one communicator on one GPU")
+  sp_multinode_test(world_init_one_gpu_per_node 2 2 TARGET sp_world_init_self CUDA_DOUBLE
+    MPIRUN --mca orte_abort_on_non_zero_status 0 ENV "CUDA_DOUBLE_GPUS=1"
+    PASS "${why}.*${refused}.*${refused}.*${refused}.*${refused}" FAIL "world-init-self: ok")
   # A rank that dies before a symmetric malloc (ncclMemAlloc and the window registration) or an
   # allreduce (ncclAllReduce): the survivors on both nodes time out in the round before NCCL,
   # none waits inside it. At 2x2 only: the rounds are the same code at 3x1.
