@@ -81,6 +81,7 @@ struct ncclComm {
     size_t shm_size;
     int nnodes;             /* distinct host hashes among the ranks */
     bool symmetric_support; /* 2.28.9's comm->symmetricSupport */
+    void *own_mem;          /* the communicator's own device memory (CUDA_DOUBLE_NCCL_MEMORY) */
 };
 
 static pthread_mutex_t g_mu = PTHREAD_MUTEX_INITIALIZER;
@@ -254,7 +255,45 @@ static bool param_on(const char *name) {
     return !(e && *e && atoi(e) == 0);
 }
 
+/* The device memory a communicator takes for itself: NCCL allocates its channels' buffers, FIFOs
+ * and proxy state on the device at ncclCommInitRank (hundreds of MiB on a real node, growing with
+ * the peers), memory no allocator above it reserved. CUDA_DOUBLE_NCCL_MEMORY (bytes, K/M/G
+ * suffixes; default 0) models it, taken with the doubles' cudaMalloc and freed with the
+ * communicator. */
+static size_t comm_memory(void) {
+    const char *e = getenv("CUDA_DOUBLE_NCCL_MEMORY");
+    if (!e || !*e)
+        return 0;
+    char *end = NULL;
+    unsigned long long v = strtoull(e, &end, 10);
+    int shift = 0;
+    switch (end && *end ? *end : 0) {
+    case 'K':
+    case 'k':
+        shift = 10;
+        break;
+    case 'M':
+    case 'm':
+        shift = 20;
+        break;
+    case 'G':
+    case 'g':
+        shift = 30;
+        break;
+    default:
+        break;
+    }
+    return (size_t)v << shift;
+}
+
 static atomic_long g_symk_calls; /* collectives 2.28.9 would run as symmetric kernels */
+
+static void release_own(struct ncclComm *c) {
+    int dev = 0;
+    if (c->own_mem)
+        (void)dbl_mem_free(c->own_mem, &dev);
+    c->own_mem = NULL;
+}
 
 static bool comm_ok(ncclComm_t c) {
     return c && c->magic == COMM_MAGIC;
@@ -292,19 +331,27 @@ ncclResult_t ncclCommInitRank(ncclComm_t *out, int nranks, ncclUniqueId id, int 
         return fail("ncclCommInitRank", ncclSystemError, "host memory");
     }
     *c = (struct ncclComm){COMM_MAGIC, rank, nranks, dev, h, size};
+    size_t own = comm_memory();
+    bool own_ok = own == 0 || dbl_mem_alloc(dev, own, &c->own_mem) == 0;
     h->dev[rank] = dev;
     h->host[rank] = host_hash();
-    h->arg[rank][0] = nranks;
+    h->arg[rank][0] = own_ok ? nranks : -1; /* -1: this rank could not take its memory */
     atomic_fetch_add(&h->joined, 1);
     ncclResult_t r = barrier(c, "ncclCommInitRank");
     if (rank == 0)
         shm_unlink(name); /* every rank has it mapped now (or never comes) */
     if (r != ncclSuccess) {
+        release_own(c);
         munmap(h, size);
         free(c);
         return r;
     }
-    for (int i = 0; i < nranks; i++)
+    for (int i = 0; i < nranks && r == ncclSuccess; i++)
+        if (h->arg[i][0] == -1)
+            r = fail("ncclCommInitRank", i == rank ? ncclUnhandledCudaError : ncclRemoteError,
+                     "rank %d could not allocate the communicator's %zu bytes of device memory", i,
+                     own);
+    for (int i = 0; i < nranks && r == ncclSuccess; i++)
         if (h->arg[i][0] != nranks) {
             r = fail("ncclCommInitRank", ncclInvalidUsage,
                      "rank %d says %lld ranks, rank %d says %d", i, (long long)h->arg[i][0], rank,
@@ -336,6 +383,7 @@ ncclResult_t ncclCommInitRank(ncclComm_t *out, int nranks, ncclUniqueId id, int 
     if (r == ncclSuccess)
         r = r2;
     if (r != ncclSuccess) {
+        release_own(c);
         munmap(h, size);
         free(c);
         return r;
@@ -361,6 +409,7 @@ static void comm_free(struct ncclComm *c) {
     }
     pthread_mutex_unlock(&g_mu);
     c->magic = 0;
+    release_own(c);
     munmap(c->shm, c->shm_size);
     free(c);
 }

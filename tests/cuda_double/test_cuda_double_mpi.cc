@@ -323,6 +323,37 @@ TEST_F(CudaDoubleMpi, SymmetricSegmentsAreTrackedAndOtherMemoryIsNot) {
     EXPECT_SP_OK(sp_free(a));
 }
 
+// NCCL's own device memory (a communicator's buffers, taken at ncclCommInitRank; modelled by
+// CUDA_DOUBLE_NCCL_MEMORY) is what device.untracked_bytes is for: a second world's communicator
+// shows there on every rank, in the aggregate too, and goes with the world.
+TEST_F(CudaDoubleMpi, NcclCommunicatorMemoryIsUntracked) {
+    NEED_DOUBLE();
+    ASSERT_SP_OK(sp_world_from_comm(MPI_COMM_WORLD, &world_));
+    const int dev = sp_world_device(world_);
+    const size_t nccl_own = size_t(24) << 20;
+    sp_device_usage_t u0, u1, u2;
+    ASSERT_SP_OK(sp_device_usage(dev, &u0));
+    sp_world_t *w2 = nullptr;
+    {
+        sp::ScopedEnv env({{"CUDA_DOUBLE_NCCL_MEMORY", "24M"}}); // read by ncclCommInitRank
+        ASSERT_SP_OK(sp_world_from_comm(MPI_COMM_WORLD, &w2));
+    }
+    ASSERT_SP_OK(sp_device_usage(dev, &u1));
+    EXPECT_EQ(u1.untracked, u0.untracked + nccl_own);
+    EXPECT_EQ(u1.reserved, u0.reserved);
+    sp_stats_summary_t sum;
+    ASSERT_SP_OK(sp_stats_aggregate(w2, dev, &sum));
+    size_t iu = sp_stats_summary_count();
+    for (size_t i = 0; i < sp_stats_summary_count(); i++)
+        if (std::strcmp(sp_stats_summary_key(i), "device.untracked_bytes") == 0)
+            iu = i;
+    ASSERT_LT(iu, sp_stats_summary_count());
+    EXPECT_GE(sum.min[iu], (int64_t)nccl_own) << "on every rank";
+    ASSERT_SP_OK(sp_world_finalize(w2));
+    ASSERT_SP_OK(sp_device_usage(dev, &u2));
+    EXPECT_EQ(u2.untracked, u0.untracked);
+}
+
 TEST_F(CudaDoubleMpi, NcclVersionIsLoggedOnce) {
     NEED_DOUBLE();
     // Under CUDA_DOUBLE_NCCL_VERSION (another registration of this binary), the library loaded
