@@ -190,14 +190,21 @@ static bool do_free_completed(dev_state_t *ds, uint64_t addr, char *err, size_t 
 }
 
 /* The user's empty_cache on this device, and the private pools whose segments it freed
- * (PyTorch frees a pool's cache there only once the pool is no longer used). */
+ * (PyTorch frees a pool's cache there only once the pool is no longer used). A run that frees
+ * only private pools' segments is a pool's own release (its MemPool going away): the default
+ * pool's cache stays, as the trace shows it did. */
 static bool do_empty_cache(dev_state_t *ds, int dev, const tr_event_t *e, const tr_event_t *end,
                            replay_result_t *r, char *err, size_t errlen) {
     r->empty_caches++;
-    sp_status_t st = sp_x_empty_cache_device(dev);
-    for (; st == SP_SUCCESS && e < end &&
-           (e->action == TR_SEGMENT_FREE || e->action == TR_SEGMENT_UNMAP);
-         e++)
+    bool pools_only = true;
+    const tr_event_t *run_end = e;
+    for (; run_end < end &&
+           (run_end->action == TR_SEGMENT_FREE || run_end->action == TR_SEGMENT_UNMAP);
+         run_end++)
+        if (run_end->pool == 0 || run_end->pool > ds->npools)
+            pools_only = false;
+    sp_status_t st = pools_only ? SP_SUCCESS : sp_x_empty_cache_device(dev);
+    for (; st == SP_SUCCESS && e < run_end; e++)
         if (e->pool > 0 && e->pool <= ds->npools)
             st = sp_mempool_free_all_blocks(ds->pools[e->pool - 1], NULL);
     if (st != SP_SUCCESS) {

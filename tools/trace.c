@@ -138,7 +138,7 @@ static int cmp_seed(const void *a, const void *b) {
 }
 
 static bool add_seed(tr_device_t *d, size_t *cap, uint64_t addr, uint64_t size, uint64_t bsize,
-                     uint64_t stream, const pk_value_t *frames) {
+                     uint64_t stream, const pk_value_t *frames, uint16_t pool) {
     if (d->nseeds == *cap) {
         size_t n = *cap ? *cap * 2 : 64;
         tr_seed_t *ns = realloc(d->seeds, n * sizeof(*ns));
@@ -147,7 +147,7 @@ static bool add_seed(tr_device_t *d, size_t *cap, uint64_t addr, uint64_t size, 
         d->seeds = ns;
         *cap = n;
     }
-    d->seeds[d->nseeds++] = (tr_seed_t){addr, size, bsize, stream, frames, false};
+    d->seeds[d->nseeds++] = (tr_seed_t){addr, size, bsize, stream, frames, false, pool};
     d->seeded_bytes += size;
     return true;
 }
@@ -155,11 +155,6 @@ static bool add_seed(tr_device_t *d, size_t *cap, uint64_t addr, uint64_t size, 
 static int cmp_sseg(const void *a, const void *b) {
     const tr_sseg_t *x = a, *y = b;
     return x->addr < y->addr ? -1 : x->addr > y->addr;
-}
-
-static int cmp_u64(const void *a, const void *b) {
-    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
-    return x < y ? -1 : x > y;
 }
 
 /* A growable array of T (grow before writing element n). */
@@ -213,6 +208,84 @@ static int pool_index(tr_device_t *d, size_t *cap, const pk_value_t *id) {
     return (int)d->npools;
 }
 
+/* Mapped ranges of expandable segments, by address, disjoint; adjacent ranges of one segment
+ * (same stream, pool and kind) are merged. */
+typedef struct xrange {
+    uint64_t addr, end, stream;
+    uint16_t pool;
+    bool small;
+} xrange_t;
+
+/* Take [a, b) out of the ranges. */
+static bool xr_remove(xrange_t **r, size_t *n, size_t *cap, uint64_t a, uint64_t b) {
+    for (size_t i = 0; i < *n; i++) {
+        xrange_t *x = &(*r)[i];
+        if (x->end <= a || x->addr >= b)
+            continue;
+        if (x->addr < a && x->end > b) { /* a hole in the middle: split */
+            if (!GROW(*r, *n, *cap))
+                return false;
+            x = &(*r)[i];
+            memmove(x + 2, x + 1, (*n - i - 1) * sizeof(*x));
+            x[1] = *x;
+            x[1].addr = b;
+            x->end = a;
+            (*n)++;
+            return true;
+        }
+        if (x->addr < a) {
+            x->end = a;
+        } else if (x->end > b) {
+            x->addr = b;
+        } else {
+            memmove(x, x + 1, (*n - i - 1) * sizeof(*x));
+            (*n)--;
+            i--;
+        }
+    }
+    return true;
+}
+
+static bool xr_same(const xrange_t *x, const xrange_t *y) {
+    return x->end == y->addr && x->stream == y->stream && x->pool == y->pool &&
+           x->small == y->small;
+}
+
+/* Add a range (what it overlaps is replaced). */
+static bool xr_add(xrange_t **r, size_t *n, size_t *cap, xrange_t v) {
+    if (v.end <= v.addr)
+        return true;
+    if (!xr_remove(r, n, cap, v.addr, v.end) || !GROW(*r, *n, *cap))
+        return false;
+    size_t i = 0;
+    while (i < *n && (*r)[i].addr < v.addr)
+        i++;
+    memmove(&(*r)[i + 1], &(*r)[i], (*n - i) * sizeof(v));
+    (*r)[i] = v;
+    (*n)++;
+    if (i + 1 < *n && xr_same(&(*r)[i], &(*r)[i + 1])) {
+        (*r)[i].end = (*r)[i + 1].end;
+        memmove(&(*r)[i + 1], &(*r)[i + 2], (*n - i - 2) * sizeof(v));
+        (*n)--;
+    }
+    if (i > 0 && xr_same(&(*r)[i - 1], &(*r)[i])) {
+        (*r)[i - 1].end = (*r)[i].end;
+        memmove(&(*r)[i], &(*r)[i + 1], (*n - i - 1) * sizeof(v));
+        (*n)--;
+    }
+    return true;
+}
+
+/* Whether pages the trace unmapped were the small pool's: as the mapped range of that stream
+ * next to them, else by their size (PyTorch maps the large pool in 20 MiB pages, the small
+ * in 2 MiB ones). */
+static bool xr_small(const xrange_t *r, size_t n, uint64_t addr, uint64_t stream, uint64_t size) {
+    for (size_t i = 0; i < n; i++)
+        if (r[i].stream == stream && (r[i].end == addr || r[i].addr == addr + size))
+            return r[i].small;
+    return size % (20u << 20) != 0;
+}
+
 static uint64_t round512(uint64_t n) {
     return n < 512 ? 512 : (n + 511) & ~(uint64_t)511;
 }
@@ -228,10 +301,10 @@ static uint64_t round512(uint64_t n) {
 #define TR_TIME_LIMIT ((int64_t)1 << 53)
 
 static bool read_event(const pk_value_t *e, tr_event_t *ev, const char **act_p, bool *have_addr_p,
-                       bool *have_size_p, bool *bad_time_p) {
+                       bool *have_size_p, bool *bad_time_p, const pk_value_t **pool_id_p) {
     const char *act = NULL;
     const pk_value_t *addr = NULL, *dfree = NULL, *size = NULL, *stream = NULL, *t = NULL,
-                     *fr = NULL;
+                     *fr = NULL, *pid = NULL;
     if (e == NULL || e->type != PK_DICT)
         return false;
     pk_value_t *const *it = e->u.seq.items;
@@ -258,6 +331,8 @@ static bool read_event(const pk_value_t *e, tr_event_t *ev, const char **act_p, 
         case 7:
             if (memcmp(ks, "time_us", 7) == 0)
                 t = val;
+            else if (memcmp(ks, "pool_id", 7) == 0)
+                pid = val;
             break;
         case 11:
             if (memcmp(ks, "device_free", 11) == 0)
@@ -268,6 +343,7 @@ static bool read_event(const pk_value_t *e, tr_event_t *ev, const char **act_p, 
         }
     }
     *act_p = act;
+    *pool_id_p = pid;
     if (act == NULL)
         return true;
     ev->action = action_of(act);
@@ -290,6 +366,8 @@ static bool read_event(const pk_value_t *e, tr_event_t *ev, const char **act_p, 
     return true;
 }
 
+static int pool_index(tr_device_t *d, size_t *cap, const pk_value_t *id);
+
 static bool load_events(const pk_value_t *list, int dev, tr_device_t *d, char *err, size_t errlen) {
     size_t n = pk_len(list);
     if (list != NULL && list->type != PK_LIST) {
@@ -301,11 +379,14 @@ static bool load_events(const pk_value_t *list, int dev, tr_device_t *d, char *e
         snprintf(err, errlen, "out of memory");
         return false;
     }
+    size_t cap_pools = 0;
     for (size_t i = 0; i < n; i++) {
         tr_event_t *ev = &d->ev[i];
         const char *act = NULL;
+        const pk_value_t *pool_id = NULL;
         bool have_addr = false, have_size = false, bad_time = false;
-        if (!read_event(list->u.seq.items[i], ev, &act, &have_addr, &have_size, &bad_time) ||
+        if (!read_event(list->u.seq.items[i], ev, &act, &have_addr, &have_size, &bad_time,
+                        &pool_id) ||
             act == NULL) {
             snprintf(err, errlen, "device_traces[%d][%zu]: no 'action' string", dev, i);
             return false;
@@ -336,6 +417,17 @@ static bool load_events(const pk_value_t *list, int dev, tr_device_t *d, char *e
                      dev, i, act);
             return false;
         }
+        /* Newer snapshots name each entry's MemPool: the pool is known even when none of its
+         * segments is left in the final state. */
+        if (pool_id != NULL) {
+            int pool = pool_index(d, &cap_pools, pool_id);
+            if (pool < 0) {
+                snprintf(err, errlen, "out of memory");
+                return false;
+            }
+            ev->pool = (uint16_t)pool;
+            ev->flags |= TR_F_POOL_ID;
+        }
         d->nev++;
         if (ev->action == TR_OOM)
             d->recorded_ooms++;
@@ -348,16 +440,18 @@ static bool load_events(const pk_value_t *list, int dev, tr_device_t *d, char *e
  * The starting state: a segment existed before recording began when the trace frees it before
  * (or without) allocating it, or when it is in the final state and no segment event names its
  * address. Its live blocks then are the seeds inside it; everything else in it was cached free.
- * Expandable segments whose pages the trace maps or unmaps are left out (their extent at the
- * start is not known); their seeds are allocated as requests. */
+ * An expandable segment's pages at the start are its final mapped ranges with the trace's
+ * maps taken out and its unmaps put back. */
 static bool analyse(const pk_value_t *segments, const tr_settings_t *set, int dev, tr_device_t *d,
                     char *err, size_t errlen) {
     tr_map_t live = {0};     /* addresses allocated in the trace and not yet freed */
     tr_map_t touched = {0};  /* addresses any alloc/free event names */
     tr_map_t segfirst = {0}; /* segment address -> 1 first allocated, 2 first freed in the trace */
     tr_map_t streams = {0};
-    uint64_t *mapped = NULL; /* addresses of segment_map/unmap events */
-    size_t nmapped = 0, cap_mapped = 0, cap = 0, cap_start = 0, cap_pools = 0, cap_sb = 0;
+    xrange_t *xr = NULL; /* expandable segments' mapped ranges */
+    size_t nxr = 0, cap_xr = 0;
+    /* d->pools may hold the pools the entries named (their array holds at least npools) */
+    size_t cap = 0, cap_start = 0, cap_pools = d->npools, cap_sb = 0;
     pool_range_t *ranges = NULL;
     size_t nranges = 0, cap_ranges = 0;
     bool ok = false;
@@ -391,7 +485,7 @@ static bool analyse(const pk_value_t *segments, const tr_settings_t *set, int de
             if (!tr_map_del(&live, e->addr, NULL)) {
                 if (d->seeded_bytes + e->size >= (uint64_t)TR_SUM_LIMIT)
                     goto too_much;
-                if (!add_seed(d, &cap, e->addr, e->size, 0, e->stream, e->frames))
+                if (!add_seed(d, &cap, e->addr, e->size, 0, e->stream, e->frames, e->pool))
                     goto oom;
             }
             if (!tr_map_put(&touched, e->addr, 1))
@@ -412,18 +506,10 @@ static bool analyse(const pk_value_t *segments, const tr_settings_t *set, int de
                 !tr_map_put(&segfirst, e->addr, e->action == TR_SEGMENT_ALLOC ? 1 : 2))
                 goto oom;
             break;
-        case TR_SEGMENT_MAP:
-        case TR_SEGMENT_UNMAP:
-            if (!GROW(mapped, nmapped, cap_mapped))
-                goto oom;
-            mapped[nmapped++] = e->addr;
-            break;
         default:
             break;
         }
     }
-    if (nmapped > 1)
-        qsort(mapped, nmapped, sizeof(*mapped), cmp_u64);
     for (size_t s = 0; s < pk_len(segments); s++) {
         const pk_value_t *seg = pk_at(segments, s);
         int64_t sdev = 0, total = 0, stream = 0;
@@ -459,31 +545,18 @@ static bool analyse(const pk_value_t *segments, const tr_settings_t *set, int de
         const pk_value_t *expv = pk_get(seg, "is_expandable");
         bool expandable = expv != NULL && expv->type == PK_BOOL && expv->u.b;
         const char *stype = pk_get_str(seg, "segment_type");
-        bool in_start = !tr_map_get(&segfirst, addr, NULL);
-        if (in_start && expandable && nmapped > 0) {
-            /* the first map/unmap address at or above addr */
-            size_t lo = 0, hi = nmapped;
-            while (lo < hi) {
-                size_t mid = (lo + hi) / 2;
-                if (mapped[mid] < addr)
-                    lo = mid + 1;
-                else
-                    hi = mid;
-            }
-            if (lo < nmapped && mapped[lo] < addr + (uint64_t)total)
-                in_start = false;
-        }
+        bool is_small = stype != NULL ? strcmp(stype, "small") == 0 : total == (2 << 20);
+        /* An expandable segment's pages at the start are worked out from the trace below. */
+        bool in_start = !expandable && !tr_map_get(&segfirst, addr, NULL);
+        if (expandable &&
+            !xr_add(&xr, &nxr, &cap_xr,
+                    (xrange_t){addr, addr + (uint64_t)total, ustream, (uint16_t)pool, is_small}))
+            goto oom;
         if (in_start) {
             if (!GROW(d->start, d->nstart, cap_start))
                 goto oom;
             d->start[d->nstart++] =
-                (tr_sseg_t){addr,
-                            (uint64_t)total,
-                            ustream,
-                            (uint16_t)pool,
-                            stype != NULL ? strcmp(stype, "small") == 0 : total == (2 << 20),
-                            0,
-                            0};
+                (tr_sseg_t){addr, (uint64_t)total, ustream, (uint16_t)pool, is_small, 0, 0};
         }
         d->final_reserved += (uint64_t)total;
         const pk_value_t *blocks = pk_get(seg, "blocks");
@@ -514,7 +587,7 @@ static bool analyse(const pk_value_t *segments, const tr_settings_t *set, int de
                 if (d->seeded_bytes + (uint64_t)req >= (uint64_t)TR_SUM_LIMIT)
                     goto too_much;
                 if (!add_seed(d, &cap, baddr, (uint64_t)req, (uint64_t)bsize, ustream,
-                              fr != NULL && fr->type == PK_LIST ? fr : NULL))
+                              fr != NULL && fr->type == PK_LIST ? fr : NULL, (uint16_t)pool))
                     goto oom;
             }
             baddr += (uint64_t)bsize;
@@ -522,6 +595,28 @@ static bool analyse(const pk_value_t *segments, const tr_settings_t *set, int de
     }
     if (nranges > 1)
         qsort(ranges, nranges, sizeof(*ranges), cmp_range);
+    /* Expandable segments at the start: the final state's mapped ranges, walked back through
+     * the trace (a range mapped in it was not mapped before; one unmapped in it was). Each
+     * mapped range at the start is rebuilt like any other start segment. */
+    for (size_t i = d->nev; i-- > 0;) {
+        const tr_event_t *e = &d->ev[i];
+        if (e->action == TR_SEGMENT_MAP) {
+            if (!xr_remove(&xr, &nxr, &cap_xr, e->addr, e->addr + e->size))
+                goto oom;
+        } else if (e->action == TR_SEGMENT_UNMAP && e->size > 0) {
+            uint16_t pool = (e->flags & TR_F_POOL_ID) ? e->pool : pool_at(ranges, nranges, e->addr);
+            if (!xr_add(&xr, &nxr, &cap_xr,
+                        (xrange_t){e->addr, e->addr + e->size, e->stream, pool,
+                                   xr_small(xr, nxr, e->addr, e->stream, e->size)}))
+                goto oom;
+        }
+    }
+    for (size_t i = 0; i < nxr; i++) {
+        if (!GROW(d->start, d->nstart, cap_start))
+            goto oom;
+        d->start[d->nstart++] = (tr_sseg_t){
+            xr[i].addr, xr[i].end - xr[i].addr, xr[i].stream, xr[i].pool, xr[i].small, 0, 0};
+    }
     /* Segments the trace frees before allocating them existed at the start too. */
     for (size_t i = 0; i < d->nev; i++) {
         const tr_event_t *e = &d->ev[i];
@@ -531,9 +626,14 @@ static bool analyse(const pk_value_t *segments, const tr_settings_t *set, int de
         (void)tr_map_put(&segfirst, e->addr, 3); /* only its first free counts */
         if (!GROW(d->start, d->nstart, cap_start))
             goto oom;
-        d->start[d->nstart++] = (tr_sseg_t){
-            e->addr, e->size, e->stream, pool_at(ranges, nranges, e->addr), e->size == (2 << 20),
-            0,       0};
+        d->start[d->nstart++] =
+            (tr_sseg_t){e->addr,
+                        e->size,
+                        e->stream,
+                        (e->flags & TR_F_POOL_ID) ? e->pool : pool_at(ranges, nranges, e->addr),
+                        e->size == (2 << 20),
+                        0,
+                        0};
     }
     if (d->nstart > 1)
         qsort(d->start, d->nstart, sizeof(*d->start), cmp_sseg);
@@ -574,7 +674,7 @@ static bool analyse(const pk_value_t *segments, const tr_settings_t *set, int de
     for (size_t i = 0; i < d->nev;) {
         tr_event_t *e = &d->ev[i];
         if (e->action != TR_SEGMENT_FREE && e->action != TR_SEGMENT_UNMAP) {
-            if (e->action == TR_ALLOC && nranges > 0)
+            if (e->action == TR_ALLOC && nranges > 0 && !(e->flags & TR_F_POOL_ID))
                 e->pool = pool_at(ranges, nranges, e->addr);
             i++;
             continue;
@@ -582,7 +682,7 @@ static bool analyse(const pk_value_t *segments, const tr_settings_t *set, int de
         size_t j = i;
         while (j < d->nev &&
                (d->ev[j].action == TR_SEGMENT_FREE || d->ev[j].action == TR_SEGMENT_UNMAP)) {
-            if (nranges > 0)
+            if (nranges > 0 && !(d->ev[j].flags & TR_F_POOL_ID))
                 d->ev[j].pool = pool_at(ranges, nranges, d->ev[j].addr);
             j++;
         }
@@ -644,7 +744,7 @@ out:
     tr_map_free(&touched);
     tr_map_free(&segfirst);
     tr_map_free(&streams);
-    free(mapped);
+    free(xr);
     free(ranges);
     return ok;
 }

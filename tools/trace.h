@@ -33,11 +33,13 @@ typedef enum {
 /* tr_event_t.flags */
 #define TR_F_DEFERRED 1u    /* free_requested whose free_completed comes later (stream uses) */
 #define TR_F_EMPTY_CACHE 2u /* first of a run of segment frees the user's empty_cache made */
+#define TR_F_POOL_ID 4u     /* the entry names its pool (newer PyTorch's "pool_id"): pool is it */
 
 typedef struct tr_event {
     tr_action_t action;       /* what happened */
     uint8_t flags;            /* TR_F_* */
-    uint16_t pool;            /* alloc: 1 + index into the device's pools, 0 = default pool */
+    uint16_t pool;            /* 1 + index into the device's pools, 0 = default pool (alloc,
+                               * segment frees) */
     uint64_t addr;            /* block/segment address; device free bytes for oom */
     uint64_t size;            /* bytes (alloc: requested; free_*: requested_size; segment_*) */
     uint64_t stream;          /* recorded stream handle, 0 = default */
@@ -52,6 +54,7 @@ typedef struct tr_seed {
     uint64_t stream;          /* recorded stream */
     const pk_value_t *frames; /* frames of the block, or NULL */
     bool in_start;            /* inside a start segment (rebuilt with it, not requested) */
+    uint16_t pool;            /* 1 + index into the device's pools, 0 = default pool */
 } tr_seed_t;
 
 /* A block of a segment that existed before recording began, as it was then. */

@@ -540,10 +540,12 @@ struct SSeg {
     uint64_t addr, size, stream, pool;
     const char *type;
     std::vector<SBlock> blocks;
+    bool expandable = false;
 };
 struct SEv {
     const char *action;
     uint64_t addr, size, stream;
+    int64_t pool = -1; // >= 0: the entry names its pool (0, pool), as newer PyTorch writes
 };
 
 std::vector<unsigned char> snapshot_of(const std::vector<SSeg> &segs, const std::vector<SEv> &evs,
@@ -570,6 +572,8 @@ std::vector<unsigned char> snapshot_of(const std::vector<SSeg> &segs, const std:
         sp__emit_int(&e, 0);
         sp__emit_uint(&e, s.pool);
         sp__emit_list_end(&e);
+        sp__emit_key(&e, "is_expandable");
+        sp__emit_bool(&e, s.expandable);
         sp__emit_key(&e, "blocks");
         sp__emit_list_begin(&e);
         uint64_t a = s.addr;
@@ -594,6 +598,13 @@ std::vector<unsigned char> snapshot_of(const std::vector<SSeg> &segs, const std:
         sp__emit_uint(&e, ev.size);
         sp__emit_key(&e, "stream");
         sp__emit_uint(&e, ev.stream);
+        if (ev.pool >= 0) {
+            sp__emit_key(&e, "pool_id");
+            sp__emit_list_begin(&e);
+            sp__emit_int(&e, 0);
+            sp__emit_int(&e, ev.pool);
+            sp__emit_list_end(&e);
+        }
         sp__emit_dict_end(&e);
     }
     sp__emit_list_end(&e);
@@ -712,6 +723,84 @@ TEST_F(Replay, PrivatePoolsAreRoutedByAddress) {
     // Both requests fit their own pool's cached segment: nothing new is reserved.
     EXPECT_EQ(r.device_allocs, 0);
     EXPECT_EQ(r.peak_reserved, (int64_t)(40 * MiB));
+    tr_free(&t);
+}
+
+// A MemPool whose segments are all gone by the end (made and released in the trace): newer
+// snapshots name each entry's pool, and its allocation goes to a pool of ours, not to the default
+// pool's cached segment that would fit it. Its release (only its segments) leaves the default
+// pool's cache alone.
+TEST_F(Replay, PrivatePoolWithoutFinalSegmentsIsRoutedByItsId) {
+    const uint64_t P = 0x7d0000000000ull, D = 0x7c0000000000ull;
+    const std::vector<SSeg> segs = {{D, 20 * MiB, 0, 0, "large", {{20 * MiB, 0, "inactive"}}}};
+    const std::vector<SEv> evs = {
+        {"segment_alloc", P, 16 * MiB, 0, 1},  {"alloc", P, 16 * MiB, 0, 1},
+        {"free_requested", P, 16 * MiB, 0, 1}, {"free_completed", P, 16 * MiB, 0, 1},
+        {"segment_free", P, 16 * MiB, 0, 1},   {"alloc", D, 16 * MiB, 0, 0},
+        {"free_requested", D, 16 * MiB, 0, 0}, {"free_completed", D, 16 * MiB, 0, 0}};
+    tr_trace_t t;
+    std::string err;
+    ASSERT_TRUE(load(snapshot_of(segs, evs, "", false), &t, &err)) << err;
+    ASSERT_EQ(t.dev[0].npools, 1u);
+    EXPECT_EQ(t.dev[0].pools[0].second, 1u);
+    EXPECT_EQ(t.dev[0].ev[1].pool, 1u);
+    EXPECT_EQ(t.dev[0].ev[4].pool, 1u);
+    EXPECT_EQ(t.dev[0].ev[5].pool, 0u);
+    EXPECT_EQ(t.dev[0].peak_reserved, 36 * MiB);
+    replay_result_t r;
+    char why[256] = "";
+    ASSERT_TRUE(replay_trace(&t, nullptr, &r, why, sizeof(why))) << why;
+    EXPECT_EQ(r.device_allocs, 1); // the pool's own segment
+    EXPECT_EQ((uint64_t)r.peak_reserved, r.pytorch_peak_reserved);
+    EXPECT_EQ(r.device_frees, 1);                  // only the pool's segment went back
+    EXPECT_EQ((uint64_t)r.end_reserved, 20 * MiB); // the default pool's stayed cached
+    EXPECT_EQ((uint64_t)r.end_reserved, r.pytorch_final_reserved);
+    tr_free(&t);
+}
+
+// Expandable segments the trace maps and unmaps: the pages mapped before the first entry are the
+// starting state (the final ranges without what the trace mapped, with what it unmapped), with
+// the live blocks in them, as for any other segment.
+TEST_F(Replay, ExpandableSegmentsStartAsTheyWere) {
+    const uint64_t XS = 0x7b0000000000ull, Y = 0x7a0000000000ull;
+    // End: XS has 60 MiB mapped: [10 MiB live since before the trace][10 free][20 allocated in
+    // the trace][20 free]. The trace mapped XS+20 MiB (40 MiB) and unmapped all of Y (20 MiB,
+    // whose 4 MiB block from before the trace it freed first).
+    const std::vector<SSeg> segs = {{XS,
+                                     60 * MiB,
+                                     0,
+                                     0,
+                                     "large",
+                                     {{10 * MiB, 10 * MiB, "active_allocated"},
+                                      {10 * MiB, 0, "inactive"},
+                                      {20 * MiB, 20 * MiB, "active_allocated"},
+                                      {20 * MiB, 0, "inactive"}},
+                                     true}};
+    const std::vector<SEv> evs = {{"free_requested", Y, 4 * MiB, 0},
+                                  {"free_completed", Y, 4 * MiB, 0},
+                                  {"segment_unmap", Y, 20 * MiB, 0},
+                                  {"segment_map", XS + 20 * MiB, 40 * MiB, 0},
+                                  {"alloc", XS + 20 * MiB, 20 * MiB, 0}};
+    tr_trace_t t;
+    std::string err;
+    ASSERT_TRUE(load(snapshot_of(segs, evs, "expandable_segments:True", true), &t, &err)) << err;
+    const tr_device_t &d = t.dev[0];
+    EXPECT_EQ(d.start_reserved, 40 * MiB);
+    ASSERT_EQ(d.nstart, 2u);
+    EXPECT_EQ(d.start_bytes, d.start_reserved);
+    EXPECT_EQ(d.start[0].addr, Y);
+    EXPECT_EQ(d.start[0].size, 20 * MiB);
+    EXPECT_EQ(d.start[1].addr, XS);
+    EXPECT_EQ(d.start[1].size, 20 * MiB);
+    EXPECT_EQ(d.nloose, 0u); // both live blocks are inside the start ranges
+    EXPECT_EQ(d.nsblocks, 2u);
+    replay_result_t r;
+    char why[256] = "";
+    ASSERT_TRUE(replay_trace(&t, nullptr, &r, why, sizeof(why))) << why;
+    EXPECT_EQ(r.start_segments, 2u);
+    EXPECT_EQ(r.start_bytes, r.pytorch_start_reserved);
+    EXPECT_EQ(r.start_blocks, 2u);
+    EXPECT_EQ(r.skipped_frees, 0u);
     tr_free(&t);
 }
 
