@@ -756,6 +756,24 @@ TEST_F(Replay, PrivatePoolWithoutFinalSegmentsIsRoutedByItsId) {
     EXPECT_EQ((uint64_t)r.end_reserved, 20 * MiB); // the default pool's stayed cached
     EXPECT_EQ((uint64_t)r.end_reserved, r.pytorch_final_reserved);
     tr_free(&t);
+    // Our snapshot of the replay names the pool in its entries too, so replaying it routes alike.
+    ASSERT_EQ(sp_shutdown(), SP_SUCCESS); // each replay on a fresh allocator
+    ASSERT_TRUE(load(snapshot_of(segs, evs, "", false), &t, &err)) << err;
+    std::string out = "replay_pool_" + std::to_string(getpid()) + ".pickle";
+    ASSERT_TRUE(replay_trace(&t, out.c_str(), &r, why, sizeof(why))) << why;
+    tr_free(&t);
+    ASSERT_EQ(sp_shutdown(), SP_SUCCESS);
+    ASSERT_TRUE(tr_load(out.c_str(), &t, why, sizeof(why))) << why;
+    unlink(out.c_str());
+    ASSERT_EQ(t.dev[0].npools, 1u);
+    size_t named = 0;
+    for (size_t i = 0; i < t.dev[0].nev; i++)
+        named += t.dev[0].ev[i].pool == 1 && (t.dev[0].ev[i].flags & TR_F_POOL_ID);
+    EXPECT_GE(named, 4u); // segment_alloc, alloc, free_requested/completed, segment_free
+    ASSERT_TRUE(replay_trace(&t, nullptr, &r, why, sizeof(why))) << why;
+    EXPECT_EQ((uint64_t)r.peak_reserved, r.pytorch_peak_reserved);
+    EXPECT_EQ(r.device_allocs, 1);
+    tr_free(&t);
 }
 
 // Expandable segments the trace maps and unmaps: the pages mapped before the first entry are the
