@@ -40,6 +40,8 @@ struct pk_doc {
     const pk_value_t *root; /* the unpickled object */
 };
 
+#define INT_CACHE_BITS 12
+
 typedef struct parser {
     const unsigned char *p; /* input */
     size_t len, pos;        /* input size and cursor */
@@ -63,7 +65,8 @@ typedef struct parser {
     size_t skipped_at;      /* stack depth right after the last skipped string's push */
     size_t skipped_str;     /* its input offset and length */
     size_t skipped_len;
-    pk_type_t skipped_type; /* PK_STR or PK_BYTES */
+    pk_type_t skipped_type;                 /* PK_STR or PK_BYTES */
+    pk_value_t *ints[1u << INT_CACHE_BITS]; /* PK_INT values made lately, by hash of value */
 } parser_t;
 
 void pk_limits_default(pk_limits_t *lim) {
@@ -464,10 +467,18 @@ static bool extend(parser_t *ps, size_t first, pk_type_t type, const char *opnam
 static bool push_int(parser_t *ps, int64_t iv) {
     if (ps->skipping)
         return push(ps, ps->skipped);
-    pk_value_t *v = new_value(ps, PK_INT);
+    /* Values never change once made, so an int seen lately is shared: a trace repeats its
+     * addresses, sizes and streams, and a value made per int was most of the memory (and the
+     * page faults) of loading one. */
+    size_t slot = (size_t)(((uint64_t)iv * 0x9e3779b97f4a7c15ull) >> (64 - INT_CACHE_BITS));
+    pk_value_t *v = ps->ints[slot];
+    if (v != NULL && v->u.i == iv)
+        return push(ps, v);
+    v = new_value(ps, PK_INT);
     if (v == NULL)
         return false;
     v->u.i = iv;
+    ps->ints[slot] = v;
     return push(ps, v);
 }
 
