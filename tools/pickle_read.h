@@ -77,7 +77,8 @@ void pk_limits_default(pk_limits_t *lim);
 bool pk_parse(const void *buf, size_t len, const pk_limits_t *lim, pk_doc_t **doc_p, char *err,
               size_t errlen);
 /* pk_parse, except that every value stored under the dict key skip_key (a list, e.g. "frames")
- * is not built: it reads as PK_NONE, as does everything inside it. Loading what a replay needs
+ * is not built: its dict holds no such key (a dict's SETITEM, one pair at a time, or a value
+ * outside a dict reads as PK_NONE, as does everything inside it). Loading what a replay needs
  * then costs a fraction of the whole document. skip_key NULL: pk_parse. */
 bool pk_parse_skip(const void *buf, size_t len, const pk_limits_t *lim, const char *skip_key,
                    pk_doc_t **doc_p, char *err, size_t errlen);
