@@ -600,10 +600,12 @@ static bool analyse(const pk_value_t *segments, const tr_settings_t *set, int de
      * mapped range at the start is rebuilt like any other start segment. */
     for (size_t i = d->nev; i-- > 0;) {
         const tr_event_t *e = &d->ev[i];
+        if (e->size == 0 || e->addr + e->size < e->addr)
+            continue; /* no range (or one past the end of the address space) */
         if (e->action == TR_SEGMENT_MAP) {
             if (!xr_remove(&xr, &nxr, &cap_xr, e->addr, e->addr + e->size))
                 goto oom;
-        } else if (e->action == TR_SEGMENT_UNMAP && e->size > 0) {
+        } else if (e->action == TR_SEGMENT_UNMAP) {
             uint16_t pool = (e->flags & TR_F_POOL_ID) ? e->pool : pool_at(ranges, nranges, e->addr);
             if (!xr_add(&xr, &nxr, &cap_xr,
                         (xrange_t){e->addr, e->addr + e->size, e->stream, pool,
