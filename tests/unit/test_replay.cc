@@ -822,6 +822,33 @@ TEST_F(Replay, ExpandableSegmentsStartAsTheyWere) {
     tr_free(&t);
 }
 
+// The walk back through maps and unmaps: pages unmapped and mapped again, pages mapped last, and
+// a hole the trace opened between two final ranges of one segment (PyTorch reports each mapped
+// range as a segment): the start is what was mapped before the first entry, merged.
+TEST_F(Replay, ExpandableRangesWalkBackThroughMapsAndUnmaps) {
+    const uint64_t Z = 0x790000000000ull, W = 0x780000000000ull;
+    const std::vector<SSeg> segs = {
+        {Z, 60 * MiB, 0, 0, "large", {{60 * MiB, 0, "inactive"}}, true},
+        {W, 20 * MiB, 0, 0, "large", {{20 * MiB, 0, "inactive"}}, true},
+        {W + 40 * MiB, 20 * MiB, 0, 0, "large", {{20 * MiB, 0, "inactive"}}, true}};
+    const std::vector<SEv> evs = {{"segment_unmap", Z + 20 * MiB, 20 * MiB, 0},
+                                  {"segment_map", Z + 20 * MiB, 20 * MiB, 0},
+                                  {"segment_map", Z + 40 * MiB, 20 * MiB, 0},
+                                  {"segment_unmap", W + 20 * MiB, 20 * MiB, 0}};
+    tr_trace_t t;
+    std::string err;
+    ASSERT_TRUE(load(snapshot_of(segs, evs, "expandable_segments:True", true), &t, &err)) << err;
+    const tr_device_t &d = t.dev[0];
+    ASSERT_EQ(d.nstart, 2u);
+    EXPECT_EQ(d.start[0].addr, W); // the hole closed again: one range
+    EXPECT_EQ(d.start[0].size, 60 * MiB);
+    EXPECT_EQ(d.start[1].addr, Z);
+    EXPECT_EQ(d.start[1].size, 40 * MiB);
+    EXPECT_EQ(d.start_bytes, 100 * MiB);
+    EXPECT_EQ(d.start_bytes, d.start_reserved);
+    tr_free(&t);
+}
+
 // allocator_settings become the replay's configuration; per_process_memory_fraction is read
 // from the settings string.
 TEST_F(Replay, RecordedSettingsTranslate) {
