@@ -300,15 +300,14 @@ static uint64_t round512(uint64_t n) {
 #define TR_SUM_LIMIT ((int64_t)1 << 62)
 #define TR_TIME_LIMIT ((int64_t)1 << 53)
 
-static bool read_event(const pk_value_t *e, tr_event_t *ev, const char **act_p, bool *have_addr_p,
-                       bool *have_size_p, bool *bad_time_p, const pk_value_t **pool_id_p) {
+/* What a trace entry's pairs (key0, val0, ...) say: *act_p NULL when it has no action string. */
+static void read_pairs(pk_value_t *const *it, size_t n, tr_event_t *ev, const char **act_p,
+                       bool *have_addr_p, bool *have_size_p, bool *bad_time_p,
+                       const pk_value_t **pool_id_p) {
     const char *act = NULL;
     const pk_value_t *addr = NULL, *dfree = NULL, *size = NULL, *stream = NULL, *t = NULL,
                      *fr = NULL, *pid = NULL;
-    if (e == NULL || e->type != PK_DICT)
-        return false;
-    pk_value_t *const *it = e->u.seq.items;
-    for (size_t k = 0; k + 1 < e->u.seq.n; k += 2) {
+    for (size_t k = 0; k + 1 < n; k += 2) {
         const pk_value_t *key = it[k], *val = it[k + 1];
         if (key->type != PK_STR)
             continue;
@@ -345,7 +344,7 @@ static bool read_event(const pk_value_t *e, tr_event_t *ev, const char **act_p, 
     *act_p = act;
     *pool_id_p = pid;
     if (act == NULL)
-        return true;
+        return;
     ev->action = action_of(act);
     uint64_t u = 0;
     int64_t i = 0;
@@ -363,18 +362,106 @@ static bool read_event(const pk_value_t *e, tr_event_t *ev, const char **act_p, 
         ev->time_us = i;
     *bad_time_p = t != NULL && (!pk_int(t, &i) || i < 0 || i > TR_TIME_LIMIT);
     ev->frames = fr != NULL && fr->type == PK_LIST ? fr : NULL;
+}
+
+/* A trace entry the reader handed over as it parsed it (pk_parse_records): what read_pairs
+ * found, without the dict. */
+typedef struct rec_side {
+    const char *act;           /* the action string (the document's) */
+    const pk_value_t *pool_id; /* the entry's pool_id, or NULL */
+    bool have_addr, have_size, bad_time;
+} rec_side_t;
+
+/* The trace entries the reader handed over, in the order it parsed them: a device's entries are
+ * one run of them, which becomes that device's event array as it is. */
+typedef struct recs {
+    tr_event_t *ev;   /* the entries (what read_pairs found) */
+    rec_side_t *side; /* what else it found, for the checks of load_events */
+    size_t n, cap;    /* entries / allocated */
+    size_t taken;     /* entries before this one belong to a device already */
+} recs_t;
+
+static bool grow_array(void **arr, size_t *cap, size_t elem);
+
+/* pk_parse_records' hook: every dict with an action string is a trace entry (the segments'
+ * dicts and the settings have none). */
+static int take_entry(void *arg, pk_value_t *const *pairs, size_t n, uint64_t *id_p) {
+    recs_t *rs = arg;
+    tr_event_t ev;
+    rec_side_t side;
+    memset(&ev, 0, sizeof(ev));
+    memset(&side, 0, sizeof(side));
+    read_pairs(pairs, n, &ev, &side.act, &side.have_addr, &side.have_size, &side.bad_time,
+               &side.pool_id);
+    if (side.act == NULL)
+        return 0;
+    if (rs->n == rs->cap) {
+        size_t cap = rs->cap ? rs->cap * 2 : 1024;
+        tr_event_t *ne = realloc(rs->ev, cap * sizeof(*ne));
+        if (ne != NULL)
+            rs->ev = ne;
+        rec_side_t *ns = ne != NULL ? realloc(rs->side, cap * sizeof(*ns)) : NULL;
+        if (ns == NULL)
+            return -1;
+        rs->side = ns;
+        rs->cap = cap;
+    }
+    rs->ev[rs->n] = ev;
+    rs->side[rs->n] = side;
+    *id_p = rs->n++;
+    return 1;
+}
+
+static bool read_event(const pk_value_t *e, const recs_t *recs, tr_event_t *ev, const char **act_p,
+                       bool *have_addr_p, bool *have_size_p, bool *bad_time_p,
+                       const pk_value_t **pool_id_p) {
+    if (e != NULL && e->type == PK_RECORD && recs != NULL && e->u.u < recs->n) {
+        const rec_side_t *r = &recs->side[e->u.u];
+        if (ev != &recs->ev[e->u.u])
+            *ev = recs->ev[e->u.u];
+        *act_p = r->act;
+        *have_addr_p = r->have_addr;
+        *have_size_p = r->have_size;
+        *bad_time_p = r->bad_time;
+        *pool_id_p = r->pool_id;
+        return true;
+    }
+    if (e == NULL || e->type != PK_DICT)
+        return false;
+    read_pairs(e->u.seq.items, e->u.seq.n, ev, act_p, have_addr_p, have_size_p, bad_time_p,
+               pool_id_p);
     return true;
+}
+
+/* Whether the list's items are the next run of handed-over entries, in order: then they are
+ * the device's event array already. */
+static bool is_next_run(const pk_value_t *list, const recs_t *recs, size_t n) {
+    if (recs == NULL || n == 0)
+        return false;
+    for (size_t i = 0; i < n; i++) {
+        const pk_value_t *e = list->u.seq.items[i];
+        if (e->type != PK_RECORD || e->u.u != recs->taken + i)
+            return false;
+    }
+    return recs->taken + n <= recs->n;
 }
 
 static int pool_index(tr_device_t *d, size_t *cap, const pk_value_t *id);
 
-static bool load_events(const pk_value_t *list, int dev, tr_device_t *d, char *err, size_t errlen) {
+static bool load_events(const pk_value_t *list, recs_t *recs, int dev, tr_device_t *d, char *err,
+                        size_t errlen) {
     size_t n = pk_len(list);
     if (list != NULL && list->type != PK_LIST) {
         snprintf(err, errlen, "device_traces[%d] is not a list", dev);
         return false;
     }
-    d->ev = calloc(n ? n : 1, sizeof(*d->ev));
+    if (is_next_run(list, recs, n)) {
+        d->ev = recs->ev + recs->taken;
+        d->ev_borrowed = true;
+        recs->taken += n;
+    } else {
+        d->ev = calloc(n ? n : 1, sizeof(*d->ev));
+    }
     if (d->ev == NULL) {
         snprintf(err, errlen, "out of memory");
         return false;
@@ -385,7 +472,7 @@ static bool load_events(const pk_value_t *list, int dev, tr_device_t *d, char *e
         const char *act = NULL;
         const pk_value_t *pool_id = NULL;
         bool have_addr = false, have_size = false, bad_time = false;
-        if (!read_event(list->u.seq.items[i], ev, &act, &have_addr, &have_size, &bad_time,
+        if (!read_event(list->u.seq.items[i], recs, ev, &act, &have_addr, &have_size, &bad_time,
                         &pool_id) ||
             act == NULL) {
             snprintf(err, errlen, "device_traces[%d][%zu]: no 'action' string", dev, i);
@@ -823,7 +910,13 @@ static void read_settings(const pk_value_t *as, tr_settings_t *st) {
 #undef ADD
 }
 
+static bool from_doc(pk_doc_t *doc, recs_t *recs, tr_trace_t *t, char *err, size_t errlen);
+
 bool tr_from_doc(pk_doc_t *doc, tr_trace_t *t, char *err, size_t errlen) {
+    return from_doc(doc, NULL, t, err, errlen);
+}
+
+static bool from_doc(pk_doc_t *doc, recs_t *recs, tr_trace_t *t, char *err, size_t errlen) {
     memset(t, 0, sizeof(*t));
     t->doc = doc;
     t->root = pk_root(doc);
@@ -871,7 +964,7 @@ bool tr_from_doc(pk_doc_t *doc, tr_trace_t *t, char *err, size_t errlen) {
         return false;
     }
     for (int d = 0; d < ndev; d++) {
-        if (!load_events(pk_at(traces, (size_t)d), d, &t->dev[d], err, errlen) ||
+        if (!load_events(pk_at(traces, (size_t)d), recs, d, &t->dev[d], err, errlen) ||
             !analyse(segments, &t->settings, d, &t->dev[d], err, errlen))
             return false;
     }
@@ -951,13 +1044,24 @@ bool tr_load_opts(const char *path, bool frames, tr_trace_t *t, char *err, size_
     }
     int protocol = !json && len > 1 && buf[0] == 0x80 ? buf[1] : 0;
     pk_doc_t *doc = NULL;
-    bool ok = pk_parse_skip(buf, len, NULL, frames ? NULL : "frames", &doc, why, sizeof(why));
+    /* Without stacks, the reader hands each trace entry over as it parses it: no dict, no
+     * values for its numbers (most of the memory of loading a trace). */
+    recs_t recs;
+    memset(&recs, 0, sizeof(recs));
+    bool ok = frames ? pk_parse_skip(buf, len, NULL, NULL, &doc, why, sizeof(why))
+                     : pk_parse_records(buf, len, NULL, "frames", take_entry, &recs, &doc, why,
+                                        sizeof(why));
     release(buf, len, mapped);
     if (!ok) {
+        free(recs.ev);
+        free(recs.side);
         snprintf(err, errlen, "%s: %s", path, why);
         return false;
     }
-    if (!tr_from_doc(doc, t, why, sizeof(why))) {
+    ok = from_doc(doc, &recs, t, why, sizeof(why));
+    t->ev_block = recs.ev; /* the devices' event arrays (tr_free frees it) */
+    free(recs.side);
+    if (!ok) {
         snprintf(err, errlen, "%s: %s", path, why);
         return false;
     }
@@ -968,7 +1072,8 @@ bool tr_load_opts(const char *path, bool frames, tr_trace_t *t, char *err, size_
 void tr_free(tr_trace_t *t) {
     if (t->dev != NULL) {
         for (int d = 0; d < t->ndev; d++) {
-            free(t->dev[d].ev);
+            if (!t->dev[d].ev_borrowed)
+                free(t->dev[d].ev);
             free(t->dev[d].seeds);
             free(t->dev[d].start);
             free(t->dev[d].sblocks);
@@ -976,6 +1081,7 @@ void tr_free(tr_trace_t *t) {
         }
         free(t->dev);
     }
+    free(t->ev_block);
     pk_free(t->doc);
     memset(t, 0, sizeof(*t));
 }

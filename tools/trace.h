@@ -80,6 +80,7 @@ typedef struct tr_pool_id {
 typedef struct tr_device {
     tr_event_t *ev;           /* events in order */
     size_t nev;               /* entries in ev */
+    bool ev_borrowed;         /* ev lies in the trace's ev_block (not freed on its own) */
     tr_sseg_t *start;         /* segments before recording began (not expandable), by address */
     size_t nstart;            /* entries in start */
     tr_sblock_t *sblocks;     /* their live blocks */
@@ -123,6 +124,7 @@ typedef struct tr_trace {
     int ndev;               /* device_traces entries (at least every segment's device + 1) */
     tr_device_t *dev;       /* per device */
     size_t nsegments;       /* segments in the snapshot */
+    tr_event_t *ev_block;   /* the entries the reader handed over (devices' ev point into it) */
 } tr_trace_t;
 
 /* Load a snapshot file (pickle). Fills t; on failure writes a one-line reason and returns
