@@ -763,8 +763,9 @@ TEST_F(Replay, PrivatePoolWithoutFinalSegmentsIsRoutedByItsId) {
     ASSERT_TRUE(replay_trace(&t, out.c_str(), &r, why, sizeof(why))) << why;
     tr_free(&t);
     ASSERT_EQ(sp_shutdown(), SP_SUCCESS);
-    ASSERT_TRUE(tr_load(out.c_str(), &t, why, sizeof(why))) << why;
+    bool loaded = tr_load(out.c_str(), &t, why, sizeof(why));
     unlink(out.c_str());
+    ASSERT_TRUE(loaded) << why;
     ASSERT_EQ(t.dev[0].npools, 1u);
     size_t named = 0;
     for (size_t i = 0; i < t.dev[0].nev; i++)
@@ -1007,10 +1008,12 @@ TEST_F(Replay, HandedOverEntriesKeepWhatTheMemoKeeps) {
     std::string path = "handed_over_" + std::to_string(getpid()) + ".pickle";
     std::ofstream(path, std::ios::binary).write((const char *)b.data(), (std::streamsize)b.size());
     tr_trace_t full, fast;
-    char why[256] = "";
-    ASSERT_TRUE(tr_load(path.c_str(), &full, why, sizeof(why))) << why;
-    ASSERT_TRUE(tr_load_opts(path.c_str(), false, &fast, why, sizeof(why))) << why;
+    char why[256] = "", why2[256] = "";
+    bool full_ok = tr_load(path.c_str(), &full, why, sizeof(why));
+    bool fast_ok = tr_load_opts(path.c_str(), false, &fast, why2, sizeof(why2));
     unlink(path.c_str());
+    ASSERT_TRUE(full_ok) << why;
+    ASSERT_TRUE(fast_ok) << why2;
     for (const tr_trace_t *t : {&full, &fast}) {
         ASSERT_EQ(t->ndev, 1);
         ASSERT_EQ(t->dev[0].nev, 2u);
