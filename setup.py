@@ -15,12 +15,39 @@ import re
 import shlex
 import shutil
 import subprocess
+import sys
 
+import setuptools
 from setuptools import setup
 from setuptools.command.build_py import build_py
 from setuptools.dist import Distribution
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def need_wheel():
+    """With --no-build-isolation the build uses this Python's own packages, and setuptools before
+    70.1 makes wheels only with the `wheel` package: without it pip fails with "invalid command
+    'bdist_wheel'", which does not say what is missing (a pyenv or conda python3 often lacks it
+    where Debian's /usr/bin/python3 has python3-wheel)."""
+    try:
+        import wheel  # noqa: F401
+        return
+    except ImportError:
+        pass
+    parts = (setuptools.__version__.split(".") + ["0", "0"])[:2]
+    try:
+        if (int(parts[0]), int(parts[1])) >= (70, 1):
+            return
+    except ValueError:
+        return
+    sys.exit("sympool: this Python (%s) has setuptools %s but not the 'wheel' package, which an "
+             "offline (--no-build-isolation) build needs: install it into this Python "
+             "(Debian: apt-get install python3-wheel for /usr/bin/python3; else pip install "
+             "wheel), or build with a python3 that has it" % (sys.executable, setuptools.__version__))
+
+
+need_wheel()
 
 
 def version():

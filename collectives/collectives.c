@@ -469,6 +469,9 @@ static const char *no_symmetric_reason(const sp_world_t *w, const sp_coll_call_t
         if (sp__world_local_size(w) != sp_world_size(w))
             return "ranks span several nodes (NCCL 2.28 has symmetric kernels within one node "
                    "only)";
+        const char *no_sym = sp__world_nccl_no_symmetric(w);
+        if (no_sym)
+            return no_sym;
         if (c->kind == SP_COLL_BROADCAST)
             return "broadcast has no symmetric kernels";
         if (c->kind != SP_COLL_ALLGATHER) {

@@ -441,7 +441,7 @@ sp_status_t sp__alloc_conf_parse(const char *text, sp_alloc_conf_t *conf) {
 
 /* ---- printing ----------------------------------------------------------------------------- */
 
-static const char *source_name(sp_option_source_t s) {
+const char *sp__option_source_name(sp_option_source_t s) {
     switch (s) {
     case SP_OPT_SRC_ENV:
         return "env";
@@ -456,23 +456,30 @@ static const char *source_name(sp_option_source_t s) {
     }
 }
 
-void sp__options_print(void *file) {
-    FILE *f = file ? (FILE *)file : stderr;
+void sp__option_values(sp_option_t o, opt_value_t *cur, opt_value_t *def, sp_option_source_t *src) {
+    char why[256];
+    if (!sp__opt_parse(o, sp__opt_defs[o].def, false, NULL, def, why, sizeof why))
+        memset(def, 0, sizeof *def);
     sp__options_ensure();
     pthread_mutex_lock(&opts_lock);
+    *cur = opts[o].v;
+    *src = opts[o].src;
+    pthread_mutex_unlock(&opts_lock);
+}
+
+void sp__options_print(void *file) {
+    FILE *f = file ? (FILE *)file : stderr;
     fprintf(f, "sympool options (value, default, source):\n");
     for (int o = 0; o < SP_OPT_COUNT; o++) {
         char val[OPT_TEXT_MAX + 8], def[OPT_TEXT_MAX + 8];
-        opt_value_t dv;
-        char why[256];
-        if (!sp__opt_parse((sp_option_t)o, sp__opt_defs[o].def, false, NULL, &dv, why, sizeof why))
-            memset(&dv, 0, sizeof dv);
-        sp__opt_format((sp_option_t)o, &opts[o].v, val, sizeof val);
+        opt_value_t cv, dv;
+        sp_option_source_t src;
+        sp__option_values((sp_option_t)o, &cv, &dv, &src);
+        sp__opt_format((sp_option_t)o, &cv, val, sizeof val);
         sp__opt_format((sp_option_t)o, &dv, def, sizeof def);
         fprintf(f, "  %-34s %-16s default %-10s [%s]  %s\n", sp__opt_defs[o].name, val, def,
-                source_name(opts[o].src), sp__opt_defs[o].desc);
+                sp__option_source_name(src), sp__opt_defs[o].desc);
     }
-    pthread_mutex_unlock(&opts_lock);
 }
 
 /* fork() (pool/fork.c): first_mu, then opts_lock, the order a first load takes them. */

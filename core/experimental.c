@@ -4,9 +4,11 @@
  * contract. The symmetric counters live in symmetric/sym_experimental.c; a build without MPI
  * has no symmetric pools and answers zeros here.
  */
+#include <stdio.h>
 #include <string.h>
 
 #include "core/core.h"
+#include "core/options.h"
 #include "sympool/experimental.h"
 
 SP_EXPORT sp_status_t sp_x_option_set(const char *name, const char *value) {
@@ -21,6 +23,36 @@ SP_EXPORT sp_status_t sp_x_option_set(const char *name, const char *value) {
 
 SP_EXPORT void sp_x_options_print(FILE *f) {
     sp__options_print(f);
+}
+
+SP_EXPORT bool sp_x_option_info(int index, sp_x_option_info_t *info) {
+    static const char *const kinds[] = {"bool", "long", "double", "size", "enum", "string"};
+    if (info == NULL || index < 0 || index >= SP_OPT_COUNT)
+        return false;
+    sp_option_t o = (sp_option_t)index;
+    const opt_def_t *d = &sp__opt_defs[o];
+    opt_value_t cur, def;
+    sp_option_source_t src;
+    sp__option_values(o, &cur, &def, &src);
+    memset(info, 0, sizeof *info);
+    info->name = d->name;
+    info->kind = kinds[d->kind];
+    info->source = sp__option_source_name(src);
+    info->description = d->desc;
+    const opt_value_t *v[2] = {&cur, &def};
+    char *text[2] = {info->value, info->default_value};
+    int64_t *i[2] = {&info->value_int, &info->default_int};
+    double *x[2] = {&info->value_double, &info->default_double};
+    for (int k = 0; k < 2; k++) {
+        *i[k] = v[k]->i;
+        *x[k] = v[k]->d;
+        /* Strings as they are: the table's quotes are for reading, not part of the value. */
+        if (d->kind == K_ENUM || d->kind == K_STRING)
+            snprintf(text[k], sizeof info->value, "%s", v[k]->s);
+        else
+            sp__opt_format(o, v[k], text[k], sizeof info->value);
+    }
+    return true;
 }
 
 /* The user's function behind the log hook (set and cleared with the hook itself). */

@@ -81,16 +81,10 @@ static sp_status_t mpi_release(sp_sym_state_t *st, sp_sym_seg_t *seg, void *stre
 
 static sp_status_t mpi_peer_ptr(sp_world_t *w, const sp_sym_seg_t *seg, int rank, size_t offset,
                                 void **ptr_p) {
+    /* sp_symmetric_peer_ptr answered ranks of other nodes already. */
     int node_rank = sp__world_node_rank_of(w, rank);
-    if (node_rank < 0) {
-        int me = sp_world_node(w, sp_world_rank(w)), there = sp_world_node(w, rank);
-        const char *mine = sp_world_node_name(w, me), *theirs = sp_world_node_name(w, there);
-        return sp__error(SP_ERR_NOT_SUPPORTED, SP_SUB_SYM,
-                         "sp_symmetric_peer_ptr: rank %d is on node %d (%s), this rank on node "
-                         "%d (%s); shared windows reach only the ranks of this node; use the "
-                         "collectives for ranks on other nodes",
-                         rank, there, theirs ? theirs : "?", me, mine ? mine : "?");
-    }
+    if (node_rank < 0)
+        return sp__error(SP_ERR_INTERNAL, SP_SUB_SYM, "rank %d is not on this node", rank);
     MPI_Aint size = 0;
     int disp = 0;
     void *base = NULL;

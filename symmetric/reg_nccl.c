@@ -270,7 +270,8 @@ static sp_status_t nccl_alloc(sp_sym_state_t *st, size_t size, sp_sym_seg_t *seg
     void *base = NULL;
     SP_CHECK(alloc_everywhere(st, asize, what, &base));
     char no_sym[96] = "";
-    bool symmetric = symmetric_support(st, no_sym, sizeof no_sym);
+    sp__world_set_nccl_symmetric(w, symmetric_support(st, no_sym, sizeof no_sym), no_sym);
+    bool symmetric = sp__world_nccl_no_symmetric(w) == NULL;
 
     /* Every rank ready, then the collective registration, under the world's NCCL lock. */
     sp__world_nccl_lock(w);
@@ -300,10 +301,8 @@ static sp_status_t nccl_alloc(sp_sym_state_t *st, size_t size, sp_sym_seg_t *seg
                     asize, base);
         else if (!symmetric && !atomic_exchange(&warned, true))
             SP_WARN(SP_SUB_SYM,
-                    "NCCL has no symmetric support in this world (%s): its windows are local "
-                    "buffer registrations, and collectives on symmetric pools take NCCL's "
-                    "regular kernels",
-                    no_sym);
+                    "%s, and collectives on symmetric pools take NCCL's regular kernels",
+                    sp__world_nccl_no_symmetric(w));
         memset(seg_p, 0, sizeof *seg_p);
         seg_p->base = base;
         seg_p->size = size;

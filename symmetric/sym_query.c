@@ -61,6 +61,20 @@ SP_EXPORT sp_status_t sp_symmetric_window(const void *ptr, sp_window_info_t *inf
     return SP_SUCCESS;
 }
 
+/* No registrar maps a rank of another node into this process: MPI shared windows span a node,
+ * and NCCL maps the peers of its LSA team, which never crosses a node (2.28 src/dev_runtime.cc
+ * ncclDevrInitOnce). Checked here, before the registrar, so the answer names the nodes on every
+ * backend. */
+static sp_status_t other_node(sp_world_t *w, int rank) {
+    int me = sp_world_node(w, sp_world_rank(w)), there = sp_world_node(w, rank);
+    const char *mine = sp_world_node_name(w, me), *theirs = sp_world_node_name(w, there);
+    return sp__error(SP_ERR_NOT_SUPPORTED, SP_SUB_SYM,
+                     "sp_symmetric_peer_ptr: rank %d is on node %d (%s), this rank on node %d "
+                     "(%s); peer pointers reach only the ranks of this node; use the collectives "
+                     "for ranks on other nodes",
+                     rank, there, theirs ? theirs : "?", me, mine ? mine : "?");
+}
+
 SP_EXPORT sp_status_t sp_symmetric_peer_ptr(const void *ptr, int rank, void **peer_ptr_p) {
     SP_ARG_CHECK(peer_ptr_p, SP_SUB_SYM, "sp_symmetric_peer_ptr: peer_ptr_p is NULL");
     sp_block_info_t bi;
@@ -73,6 +87,8 @@ SP_EXPORT sp_status_t sp_symmetric_peer_ptr(const void *ptr, int rank, void **pe
         s = sp__error(SP_ERR_INVALID_ARGUMENT, SP_SUB_SYM,
                       "sp_symmetric_peer_ptr: rank %d is outside the world (0..%d)", rank,
                       size - 1);
+    else if (sp__world_node_rank_of(st->world, rank) < 0)
+        s = other_node(st->world, rank);
     else
         s = st->reg->peer_ptr(st->world, &rec->seg, rank,
                               (size_t)((const char *)ptr - (const char *)bi.segment_base),

@@ -9,6 +9,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 
 #include <getopt.h>
 
@@ -26,8 +27,9 @@ int sp_cli_replay(int argc, char **argv);
 int sp_cli_plot(int argc, char **argv);
 int sp_cli_summary(int argc, char **argv);
 
-/* `sympool info TRACE` (trace_info.c): what a snapshot holds. Returns the exit status. */
-int cli_trace_info(const char *path);
+/* `sympool info [--json] TRACE` (trace_info.c): what a snapshot holds, as text or as one JSON
+ * object. Returns the exit status. */
+int cli_trace_info(const char *path, bool json);
 
 /* ---- shared by the subcommands (cli_util.c) ---------------------------------------------- */
 
@@ -40,6 +42,27 @@ int cli_getopt(int argc, char **argv, const char *cmd, const char *shortopts,
 bool cli_parse_long(const char *s, long lo, long hi, long *out);
 /* True when path ends with suffix, e.g. ".json" (case-sensitive, as sp_dump_snapshot decides). */
 bool cli_has_suffix(const char *path, const char *suffix);
+
+/* ---- the JSON writer of --json outputs (cli_json.c) --------------------------------------- */
+
+#define CLI_JSON_DEPTH 16 /* deeper documents reuse the counts (the CLI writes 4 levels) */
+typedef struct cli_json {
+    FILE *f;
+    int depth;                    /* containers open */
+    size_t count[CLI_JSON_DEPTH]; /* items written in each */
+} cli_json_t;
+
+void cj_init(cli_json_t *j, FILE *f);
+/* key: the member's name inside an object; NULL inside an array and for the document itself. */
+void cj_object(cli_json_t *j, const char *key);
+void cj_array(cli_json_t *j, const char *key);
+void cj_end(cli_json_t *j, char close); /* '}' or ']'; the document's last ends the line */
+void cj_str(cli_json_t *j, const char *key, const char *v); /* NULL writes "" */
+void cj_int(cli_json_t *j, const char *key, int64_t v);
+void cj_uint(cli_json_t *j, const char *key, uint64_t v);
+void cj_num(cli_json_t *j, const char *key, double v); /* NaN/infinity: null */
+void cj_bool(cli_json_t *j, const char *key, bool v);
+void cj_null(cli_json_t *j, const char *key);
 
 /* What one replay measured. Bytes are summed over devices (each device's own peak). */
 typedef struct replay_result {

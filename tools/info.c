@@ -1,14 +1,15 @@
 /*
  * info.c: `sympool info`: what sympool would use in this environment: the backend and its
  * devices with their capacity, every SYMPOOL_* option with its value and where it came from,
- * and the version. Read-only; initializes the library and shuts it down again.
+ * and the versions; with --json the same facts as one JSON object. Read-only; initializes the
+ * library and shuts it down again.
  */
 #include <stdio.h>
 #include <string.h>
 
 #include <sympool/sympool.h>
 
-#include "sympool/experimental.h" /* sp_x_options_print, sp_x_size_format */
+#include "sympool/experimental.h" /* sp_x_options_print, sp_x_option_info, sp_x_size_format */
 #include "tools/cli.h"
 
 #if defined(SP_HAVE_CUDA)
@@ -25,38 +26,40 @@ static void human(size_t bytes, char *out, size_t cap) {
     sp_x_size_format((double)bytes, out, cap);
 }
 
-/* The versions of what this build links, each as built against and as loaded at run time;
- * "not linked" for what it was built without. None of these calls needs a GPU or MPI_Init. */
-static void versions(void) {
-    printf("versions:\n  sympool %d.%d.%d\n", SP_VERSION_MAJOR, SP_VERSION_MINOR, SP_VERSION_PATCH);
+/* The versions of what this build links, each as built against and as loaded at run time. None
+ * of these calls needs a GPU or MPI_Init. */
+typedef struct versions {
+    bool cuda;        /* linked */
+    bool have_rt;     /* the runtime answered */
+    int rt, built_rt; /* runtime loaded, built against (1000*major + 10*minor) */
+    bool have_drv;    /* a driver answered */
+    int drv;          /* the CUDA version it supports */
+    bool nccl;        /* linked */
+    bool have_nccl;   /* ncclGetVersion answered */
+    int nv, built_nv; /* loaded, built against (10000*major + 100*minor + patch) */
+    bool mpi;         /* linked */
+    int major, minor; /* the MPI standard */
+    char lib[256];    /* the library's first words, "" when it did not say */
+} versions_t;
+
+static void versions_read(versions_t *v) {
+    memset(v, 0, sizeof *v);
 #if defined(SP_HAVE_CUDA)
-    int rt = 0, drv = 0;
-    bool have_rt = cudaRuntimeGetVersion(&rt) == cudaSuccess;
-    bool have_drv = cudaDriverGetVersion(&drv) == cudaSuccess && drv > 0;
-    printf("  CUDA runtime %d.%d (built with %d.%d), driver ", have_rt ? rt / 1000 : 0,
-           have_rt ? rt % 1000 / 10 : 0, CUDART_VERSION / 1000, CUDART_VERSION % 1000 / 10);
-    if (have_drv)
-        printf("supports CUDA %d.%d\n", drv / 1000, drv % 1000 / 10);
-    else
-        printf("none found\n");
-#else
-    printf("  CUDA not linked (host backend only)\n");
+    v->cuda = true;
+    v->have_rt = cudaRuntimeGetVersion(&v->rt) == cudaSuccess;
+    v->have_drv = cudaDriverGetVersion(&v->drv) == cudaSuccess && v->drv > 0;
+    v->built_rt = CUDART_VERSION;
 #endif
 #if defined(SP_HAVE_NCCL)
-    int nv = 0;
-    if (ncclGetVersion(&nv) == ncclSuccess)
-        printf("  NCCL %d.%d.%d (built with %d.%d.%d)\n", nv / 10000, nv / 100 % 100, nv % 100,
-               NCCL_MAJOR, NCCL_MINOR, NCCL_PATCH);
-    else
-        printf("  NCCL version unavailable (built with %d.%d.%d)\n", NCCL_MAJOR, NCCL_MINOR,
-               NCCL_PATCH);
-#else
-    printf("  NCCL not linked\n");
+    v->nccl = true;
+    v->have_nccl = ncclGetVersion(&v->nv) == ncclSuccess;
+    v->built_nv = NCCL_MAJOR * 10000 + NCCL_MINOR * 100 + NCCL_PATCH;
 #endif
 #if defined(SP_HAVE_MPI)
     char lib[MPI_MAX_LIBRARY_VERSION_STRING];
-    int len = 0, major = 0, minor = 0;
-    (void)MPI_Get_version(&major, &minor);
+    int len = 0;
+    v->mpi = true;
+    (void)MPI_Get_version(&v->major, &v->minor);
     if (MPI_Get_library_version(lib, &len) == MPI_SUCCESS) {
         lib[len < MPI_MAX_LIBRARY_VERSION_STRING ? len : MPI_MAX_LIBRARY_VERSION_STRING - 1] = '\0';
         char *nl = strchr(lib, '\n'); /* Open MPI adds its repository and release date */
@@ -65,46 +68,204 @@ static void versions(void) {
         char *comma = strchr(lib, ',');
         if (comma != NULL)
             *comma = '\0';
-        printf("  MPI %d.%d standard, %s\n", major, minor, lib);
-    } else {
-        printf("  MPI %d.%d standard\n", major, minor);
+        snprintf(v->lib, sizeof v->lib, "%s", lib);
     }
-#else
-    printf("  MPI not linked (no symmetric pools or collectives)\n");
 #endif
 }
 
+/* "13.0" from 13000 (CUDA) and "2.28.9" from 22809 (NCCL). */
+static const char *cuda_ver(int x, char *buf, size_t cap) {
+    snprintf(buf, cap, "%d.%d", x / 1000, x % 1000 / 10);
+    return buf;
+}
+
+static const char *nccl_ver(int x, char *buf, size_t cap) {
+    snprintf(buf, cap, "%d.%d.%d", x / 10000, x / 100 % 100, x % 100);
+    return buf;
+}
+
+static void versions_text(const versions_t *v) {
+    char a[32], b[32];
+    printf("versions:\n  sympool %d.%d.%d\n", SP_VERSION_MAJOR, SP_VERSION_MINOR, SP_VERSION_PATCH);
+    if (v->cuda) {
+        printf("  CUDA runtime %s (built with %s), driver ",
+               cuda_ver(v->have_rt ? v->rt : 0, a, 32), cuda_ver(v->built_rt, b, 32));
+        if (v->have_drv)
+            printf("supports CUDA %s\n", cuda_ver(v->drv, a, 32));
+        else
+            printf("none found\n");
+    } else {
+        printf("  CUDA not linked (host backend only)\n");
+    }
+    if (v->nccl && v->have_nccl)
+        printf("  NCCL %s (built with %s)\n", nccl_ver(v->nv, a, 32), nccl_ver(v->built_nv, b, 32));
+    else if (v->nccl)
+        printf("  NCCL version unavailable (built with %s)\n", nccl_ver(v->built_nv, b, 32));
+    else
+        printf("  NCCL not linked\n");
+    if (v->mpi && v->lib[0])
+        printf("  MPI %d.%d standard, %s\n", v->major, v->minor, v->lib);
+    else if (v->mpi)
+        printf("  MPI %d.%d standard\n", v->major, v->minor);
+    else
+        printf("  MPI not linked (no symmetric pools or collectives)\n");
+}
+
+/* What is not linked is null; what is linked but did not answer has a null version. */
+static void versions_json(cli_json_t *j, const versions_t *v) {
+    char a[32];
+    cj_object(j, "versions");
+    cj_str(j, "sympool", sp_version());
+    if (v->cuda) {
+        cj_object(j, "cuda");
+        if (v->have_rt)
+            cj_str(j, "runtime", cuda_ver(v->rt, a, 32));
+        else
+            cj_null(j, "runtime");
+        cj_str(j, "runtime_built_with", cuda_ver(v->built_rt, a, 32));
+        if (v->have_drv)
+            cj_str(j, "driver_supports", cuda_ver(v->drv, a, 32));
+        else
+            cj_null(j, "driver_supports");
+        cj_end(j, '}');
+    } else {
+        cj_null(j, "cuda");
+    }
+    if (v->nccl) {
+        cj_object(j, "nccl");
+        if (v->have_nccl)
+            cj_str(j, "version", nccl_ver(v->nv, a, 32));
+        else
+            cj_null(j, "version");
+        cj_str(j, "built_with", nccl_ver(v->built_nv, a, 32));
+        cj_end(j, '}');
+    } else {
+        cj_null(j, "nccl");
+    }
+    if (v->mpi) {
+        cj_object(j, "mpi");
+        snprintf(a, sizeof a, "%d.%d", v->major, v->minor);
+        cj_str(j, "standard", a);
+        if (v->lib[0])
+            cj_str(j, "library", v->lib);
+        else
+            cj_null(j, "library");
+        cj_end(j, '}');
+    } else {
+        cj_null(j, "mpi");
+    }
+    cj_end(j, '}');
+}
+
+/* Each option as the table shows it, its value typed: booleans true/false, longs and sizes
+ * (bytes) as integers, doubles as numbers (an infinite one as null), enums and strings as
+ * strings. */
+static void options_json(cli_json_t *j) {
+    sp_x_option_info_t o;
+    cj_object(j, "options");
+    for (int i = 0; sp_x_option_info(i, &o); i++) {
+        cj_object(j, o.name);
+        const char *names[2] = {"value", "default"};
+        const char *text[2] = {o.value, o.default_value};
+        int64_t n[2] = {o.value_int, o.default_int};
+        double x[2] = {o.value_double, o.default_double};
+        for (int k = 0; k < 2; k++) {
+            if (strcmp(o.kind, "bool") == 0)
+                cj_bool(j, names[k], n[k] != 0);
+            else if (strcmp(o.kind, "long") == 0 || strcmp(o.kind, "size") == 0)
+                cj_int(j, names[k], n[k]);
+            else if (strcmp(o.kind, "double") == 0)
+                cj_num(j, names[k], x[k]);
+            else
+                cj_str(j, names[k], text[k]);
+        }
+        cj_str(j, "source", o.source);
+        cj_str(j, "kind", o.kind);
+        cj_str(j, "description", o.description);
+        cj_end(j, '}');
+    }
+    cj_end(j, '}');
+}
+
+static int usage(FILE *out, int rc) {
+    fprintf(out, "usage: sympool info [--json] [TRACE]\n"
+                 "  The backend and its devices, every SYMPOOL_* option with its value and\n"
+                 "  source, and the versions of sympool, CUDA, NCCL and MPI in this build.\n"
+                 "  With TRACE (a PyTorch memory snapshot, .pickle or .json): its format,\n"
+                 "  devices, streams, events by action, pools, starting state, requested bytes\n"
+                 "  (live at the start, peak) and settings.\n"
+                 "  --json      the same facts as one JSON object on stdout (sizes in bytes);\n"
+                 "              on failure nothing on stdout, the reason on stderr, exit 1\n"
+                 "  -h, --help  this text\n");
+    return rc;
+}
+
 int sp_cli_info(int argc, char **argv) {
-    static const struct option opts[] = {{"help", no_argument, NULL, 'h'}, {0, 0, 0, 0}};
+    static const struct option opts[] = {
+        {"json", no_argument, NULL, 'j'}, {"help", no_argument, NULL, 'h'}, {0, 0, 0, 0}};
+    bool json = false;
     int c;
     while ((c = cli_getopt(argc, argv, "info", "h", opts)) != -1) {
-        if (c == 'h') {
-            printf("usage: sympool info [TRACE]\n"
-                   "  The backend and its devices, every SYMPOOL_* option with its value and\n"
-                   "  source, and the versions of sympool, CUDA, NCCL and MPI in this build.\n"
-                   "  With TRACE (a PyTorch memory snapshot, .pickle or .json): its format,\n"
-                   "  devices, streams, events by action, pools, starting state and settings.\n");
-            return 0;
+        if (c == 'h')
+            return usage(stdout, 0);
+        if (c == 'j') {
+            json = true;
+            continue;
         }
         return 2;
     }
     if (optind + 1 == argc)
-        return cli_trace_info(argv[optind]);
+        return cli_trace_info(argv[optind], json);
     if (optind < argc) {
         fprintf(stderr, "sympool info: unexpected argument '%s'\n", argv[optind + 1]);
         return 2;
     }
-    printf("sympool %d.%d.%d\n", SP_VERSION_MAJOR, SP_VERSION_MINOR, SP_VERSION_PATCH);
+    if (!json)
+        printf("sympool %d.%d.%d\n", SP_VERSION_MAJOR, SP_VERSION_MINOR, SP_VERSION_PATCH);
     sp_status_t st = sp_init();
-    if (st != SP_SUCCESS)
+    if (st != SP_SUCCESS) {
+        if (json) { /* a document without the library's facts would read as a whole one */
+            fprintf(stderr, "sympool info: initialization failed: %s: %s\n", sp_status_name(st),
+                    sp_last_error());
+            (void)sp_shutdown();
+            return 1;
+        }
         printf("initialization failed: %s: %s\n", sp_status_name(st), sp_last_error());
-    printf("backend: %s\n", sp_backend_name());
+    }
+    versions_t v;
+    versions_read(&v);
+    cli_json_t j;
+    cj_init(&j, stdout);
+    if (json) {
+        cj_object(&j, NULL);
+        cj_str(&j, "sympool", sp_version());
+        cj_str(&j, "backend", sp_backend_name());
+        cj_array(&j, "devices");
+    } else {
+        printf("backend: %s\n", sp_backend_name());
+    }
     int n = sp_device_count();
-    printf("devices: %d\n", n);
+    if (!json)
+        printf("devices: %d\n", n);
     for (int d = 0; d < n; d++) {
         size_t freeb = 0, total = 0;
         char f[32], t[32];
-        if (sp_get_memory_info(d, &freeb, &total) != SP_SUCCESS) {
+        bool ok = sp_get_memory_info(d, &freeb, &total) == SP_SUCCESS;
+        if (json) {
+            cj_object(&j, NULL);
+            cj_int(&j, "device", d);
+            if (ok) {
+                cj_uint(&j, "capacity_bytes", total);
+                cj_uint(&j, "free_bytes", freeb);
+            } else {
+                cj_null(&j, "capacity_bytes");
+                cj_null(&j, "free_bytes");
+                cj_str(&j, "error", sp_last_error());
+            }
+            cj_end(&j, '}');
+            continue;
+        }
+        if (!ok) {
             printf("  device %d: memory info unavailable (%s)\n", d, sp_last_error());
             continue;
         }
@@ -112,10 +273,17 @@ int sp_cli_info(int argc, char **argv) {
         human(total, t, sizeof(t));
         printf("  device %d: capacity %s (%zu bytes), free %s\n", d, t, total, f);
     }
-    versions();
-    printf("options:\n");
-    fflush(stdout);
-    sp_x_options_print(stdout);
+    if (json) {
+        cj_end(&j, ']');
+        versions_json(&j, &v);
+        options_json(&j);
+        cj_end(&j, '}');
+    } else {
+        versions_text(&v);
+        printf("options:\n");
+        fflush(stdout);
+        sp_x_options_print(stdout);
+    }
     fflush(stdout);
     (void)sp_shutdown();
     return st == SP_SUCCESS ? 0 : 1;

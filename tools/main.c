@@ -14,13 +14,18 @@
 static void usage(FILE *out) {
     fprintf(out,
             "usage: sympool [--version] [--help] <command> [options]\n"
-            "commands:\n"
-            "  info                       backend, devices, options (with sources), versions\n"
+            "\n"
+            "Commands:\n"
+            "  info [--json] [TRACE]      backend, devices, options (with sources), versions;\n"
+            "                             with TRACE, what a snapshot holds; --json: the same\n"
+            "                             as one JSON object\n"
             "  replay TRACE [options]     replay a PyTorch memory snapshot through sympool\n"
-            "  plot SNAPSHOT... -o OUT.svg  memory timeline; several snapshots (one per rank) on\n"
+            "  plot SNAPSHOT... -o OUT.svg\n"
+            "                             memory timeline; several snapshots (one per rank) on\n"
             "                             one chart\n"
             "  summary SNAPSHOT           the memory summary table of a snapshot's state\n"
             "  help [COMMAND]             this text, or COMMAND's (= sympool COMMAND --help)\n"
+            "\n"
             "Every command takes --help (e.g. sympool replay --help).\n");
 }
 

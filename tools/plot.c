@@ -589,12 +589,14 @@ static int render_single(FILE *f, series_t *s) {
                     PX0 + xa * (COLS - 1), y, fmax(2.0, (xb - xa) * (COLS - 1)), LANE_H - 6,
                     colors[b], groups[b].n > 1 ? 0.45 : 1.0);
         }
+        /* The size left of the lane, the count right of it: "12.50 MiB x128" in one label
+         * would run past the left edge of the picture. */
         human((double)groups[b].size, a, sizeof a);
-        char times[24] = "";
+        fprintf(f, "<text x=\"%d\" y=\"%d\" text-anchor=\"end\" font-size=\"11\">%s</text>\n",
+                PX0 - 8, y + 11, a);
         if (groups[b].n > 1)
-            snprintf(times, sizeof times, " x%zu", groups[b].n);
-        fprintf(f, "<text x=\"%d\" y=\"%d\" text-anchor=\"end\" font-size=\"11\">%s%s</text>\n",
-                PX0 - 8, y + 11, a, times);
+            fprintf(f, "<text x=\"%d\" y=\"%d\" font-size=\"11\">x%zu</text>\n", PX1 + 6, y + 11,
+                    groups[b].n);
     }
     fprintf(f, "</svg>\n");
     free(group_of);
@@ -680,7 +682,9 @@ static int render_multi(FILE *f, series_t *s, size_t n, size_t hi, size_t lo, bo
         human(r->rpeak, b, sizeof b);
         bool is_hi = !same && order[j] == hi, is_lo = !same && order[j] == lo;
         const char *color = is_hi ? "#d62728" : is_lo ? "#1f77b4" : "#333";
-        fprintf(f, "<text x=\"%d\" y=\"%d\" fill=\"%s\">", lx, ly + 22 + (int)j * 18, color);
+        /* 12 px: a GiB row with (max) at the default size runs past the picture's right edge. */
+        fprintf(f, "<text x=\"%d\" y=\"%d\" fill=\"%s\" font-size=\"12\">", lx,
+                ly + 22 + (int)j * 18, color);
         xml_text(f, r->label, 18);
         fprintf(f, ": %s / %s%s</text>\n", a, b, is_hi ? " (max)" : is_lo ? " (min)" : "");
     }
@@ -689,7 +693,8 @@ static int render_multi(FILE *f, series_t *s, size_t n, size_t hi, size_t lo, bo
         human(s[lo].rpeak, b, sizeof b);
         fprintf(f, "<text x=\"%d\" y=\"%d\" fill=\"#444\">... %zu more; lowest: </text>\n", lx,
                 ly + 22 + (int)shown * 18, n - shown);
-        fprintf(f, "<text x=\"%d\" y=\"%d\" fill=\"#1f77b4\">", lx, ly + 40 + (int)shown * 18);
+        fprintf(f, "<text x=\"%d\" y=\"%d\" fill=\"#1f77b4\" font-size=\"12\">", lx,
+                ly + 40 + (int)shown * 18);
         xml_text(f, s[lo].label, 18);
         fprintf(f, ": %s / %s (min)</text>\n", a, b);
     }

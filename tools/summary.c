@@ -1,16 +1,19 @@
 /*
  * summary.c: `sympool summary SNAPSHOT`: the sp_memory_summary table of a snapshot's state, one
- * per device, without replaying anything.
+ * per device.
  *
  * What a snapshot holds decides what can be shown. The segments give the state at the end
  * exactly: reserved bytes and segments, allocated, active, requested and non-releasable bytes and
  * block counts, split by the segments' pool (large/small). The trace (device_traces) records
  * requested sizes of allocations and frees and the sizes of segment allocations and frees, so for
  * requested bytes, allocations, reserved bytes and segments it also gives the peak and the totals
- * over the recorded window: the state before the first event is the end state minus every
- * change, and the walk forward from there finds the peak. Figures a snapshot cannot give (the peak
- * of rounded allocated bytes, retries) are shown as "-". Allocations and frees are put in the
- * small pool when their size is at most 1 MiB and segments when they are 2 MiB, as PyTorch does.
+ * over the recorded window: the walk forward from the state before the first event finds the
+ * peak. That state is the trace loader's (trace.c), which `plot` and `replay` start from too:
+ * the blocks live before the first event, and the reserved bytes of the end state minus every
+ * segment event. The allocated peak comes from a replay where that reproduces the recorded end
+ * state (replay_peaks). Figures a snapshot cannot give (retries, device calls) are shown as
+ * "-". Allocations and frees are put in the small pool when their size is at most 1 MiB and
+ * segments when they are 2 MiB, as PyTorch does.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -20,7 +23,7 @@
 
 #include <sympool/sympool.h>
 
-#include "sympool/experimental.h" /* sp_x_memory_summary_format */
+#include "sympool/experimental.h" /* sp_x_memory_summary_format, sp_x_option_set */
 #include "tools/cli.h"
 
 #define SMALL_SIZE (1ull << 20)
@@ -41,6 +44,7 @@ typedef struct dev_figs {
     fig_t f[M_TRACED][3];
     int64_t allocated[3], active[3], active_n[3], split[3], split_n[3]; /* end state only */
     int64_t ooms;
+    int64_t allocated_peak[3]; /* SP_X_SUMMARY_UNKNOWN where neither the state nor a replay says */
 } dev_figs_t;
 
 static void set(sp_stats_t *st, const char *metric, const char *pool, const char *field,
@@ -145,6 +149,23 @@ static int64_t delta(const tr_event_t *e, int m, int p) {
     }
 }
 
+/* Requested bytes (m == M_REQUESTED) or allocations at the start in pool p: the blocks live
+ * before the first event as the trace loader found them (its seeds: blocks the trace frees
+ * without allocating them, and live blocks of the end state it never touches), the start that
+ * `sympool plot` and `sympool replay` count from too. The end state minus the trace's changes
+ * is the same for a whole trace, but not for a partial one whose end state does not hold the
+ * trace's own blocks. Pools by size, as the events are. */
+static int64_t seeded_start(const tr_device_t *td, int m, int p) {
+    int64_t v = 0;
+    for (size_t i = 0; i < td->nseeds; i++) {
+        uint64_t size = td->seeds[i].size;
+        if (p != 0 && p != (size <= SMALL_SIZE ? 2 : 1))
+            continue;
+        v += m == M_REQUESTED ? (size > (uint64_t)INT64_MAX ? INT64_MAX : (int64_t)size) : 1;
+    }
+    return v;
+}
+
 static void walk_trace(const tr_device_t *td, dev_figs_t *d) {
     d->ooms = (int64_t)td->recorded_ooms;
     for (int m = 0; m < M_TRACED; m++)
@@ -157,8 +178,13 @@ static void walk_trace(const tr_device_t *td, dev_figs_t *d) {
                 else
                     f->down -= v;
             }
-            /* The state before the first event, then forward to find the peak. */
-            f->cur = f->end - f->up + f->down;
+            /* The state before the first event, then forward to find the peak. Reserved bytes
+             * and segments: the end state minus the trace's changes, as the loader's
+             * start_reserved. */
+            if (m == M_REQUESTED || m == M_ALLOCATION)
+                f->cur = seeded_start(td, m, p);
+            else
+                f->cur = f->end - f->up + f->down;
             f->peak = f->cur;
             int64_t start = f->cur;
             for (size_t i = 0; i < td->nev; i++) {
@@ -168,6 +194,44 @@ static void walk_trace(const tr_device_t *td, dev_figs_t *d) {
             }
             f->up += start; /* what was live at the start was allocated before it */
         }
+}
+
+/* The allocated peak: a trace records requested sizes only, and the block a request got (rounded,
+ * perhaps not split) decides allocated bytes. A snapshot without events: the end state is the
+ * whole window, so the peak is the current value. With events: the trace is replayed through
+ * sympool (PyTorch's rules, the snapshot's own settings, the emulated device) and its peaks are
+ * taken when the replay ends with exactly the allocated bytes of the recorded end state and no
+ * OOM; otherwise (a partial trace, a trace our rules do not follow to the byte) they stay "-". */
+static void quiet(int level, const char *line, void *arg) {
+    (void)level, (void)line, (void)arg;
+}
+
+static bool replay_peaks(const tr_trace_t *t, int64_t (*peak)[3]) {
+    char ndev[16], err[512];
+    snprintf(ndev, sizeof ndev, "%d", t->ndev > 1 ? t->ndev : 1);
+    if (sp_x_option_set("SYMPOOL_DEVICE", "host") != SP_SUCCESS ||
+        sp_x_option_set("SYMPOOL_HOST_DEVICES", ndev) != SP_SUCCESS ||
+        sp_x_option_set("SYMPOOL_HOST_ARENA", "1") != SP_SUCCESS ||
+        sp_x_option_set("SYMPOOL_ALLOC_CONF", t->settings.recorded ? t->settings.conf : "") !=
+            SP_SUCCESS)
+        return false;
+    sp_x_log_set_fn(quiet, NULL);
+    replay_result_t r;
+    bool ok = sp_init() == SP_SUCCESS && replay_trace(t, NULL, &r, err, sizeof err) &&
+              r.ooms == 0 && r.skipped_frees == 0 &&
+              (uint64_t)r.end_allocated == r.pytorch_end_allocated;
+    for (int d = 0; ok && d < t->ndev; d++) {
+        sp_stats_t st;
+        ok = sp_memory_stats(d, &st) == SP_SUCCESS;
+        for (int p = 0; ok && p < 3; p++) {
+            char key[64];
+            snprintf(key, sizeof key, "allocated_bytes.%s.peak", k_pools[p]);
+            ok = sp_stats_get(&st, key, &peak[d][p]) == SP_SUCCESS;
+        }
+    }
+    (void)sp_shutdown();
+    sp_x_log_set_fn(NULL, NULL);
+    return ok;
 }
 
 static void to_stats(const dev_figs_t *d, sp_stats_t *st) {
@@ -186,6 +250,8 @@ static void to_stats(const dev_figs_t *d, sp_stats_t *st) {
         set(st, "inactive_split", k_pools[p], "current", d->split_n[p]);
     }
     set(st, "num_ooms", NULL, NULL, d->ooms);
+    for (int p = 0; p < 3; p++)
+        set(st, "allocated_bytes", k_pools[p], "peak", d->allocated_peak[p]);
 }
 
 static int usage(FILE *out, int rc) {
@@ -193,7 +259,9 @@ static int usage(FILE *out, int rc) {
             "usage: sympool summary SNAPSHOT [-d DEVICE]\n"
             "  The sp_memory_summary table of a PyTorch or sympool memory snapshot (.pickle or\n"
             "  .json): the state at the end from its segments; peaks and totals over the\n"
-            "  recorded trace where the trace gives them (\"-\" where it cannot).\n"
+            "  recorded trace where the trace gives them (\"-\" where it cannot). The\n"
+            "  allocated peak (a trace records requested sizes only) is a replay's, shown\n"
+            "  when the replay ends with the snapshot's allocated bytes exactly.\n"
             "  -d, --device=N   only device N (default: every device)\n"
             "  -h, --help       this text\n");
     return rc;
@@ -236,6 +304,11 @@ int sp_cli_summary(int argc, char **argv) {
         return 1;
     }
     const pk_value_t *segments = t.root->type == PK_LIST ? t.root : pk_get(t.root, "segments");
+    bool any_events = false;
+    for (int dev = 0; dev < t.ndev; dev++)
+        any_events = any_events || t.dev[dev].nev > 0;
+    int64_t(*peaks)[3] = calloc(t.ndev > 0 ? (size_t)t.ndev : 1, sizeof *peaks);
+    bool replayed = peaks != NULL && any_events && replay_peaks(&t, peaks);
     int rc = 0;
     for (int dev = 0; dev < t.ndev && rc == 0; dev++) {
         if (only >= 0 && dev != only)
@@ -248,6 +321,10 @@ int sp_cli_summary(int argc, char **argv) {
             break;
         }
         walk_trace(&t.dev[dev], &d);
+        for (int p = 0; p < 3; p++)
+            d.allocated_peak[p] = t.dev[dev].nev == 0 ? d.allocated[p]
+                                  : replayed          ? peaks[dev][p]
+                                                      : SP_X_SUMMARY_UNKNOWN;
         sp_stats_t st;
         to_stats(&d, &st);
         char title[160], text[SP_MEMORY_SUMMARY_MAX];
@@ -256,6 +333,7 @@ int sp_cli_summary(int argc, char **argv) {
         sp_x_memory_summary_format(&st, title, text, sizeof(text));
         fputs(text, stdout);
     }
+    free(peaks);
     tr_free(&t);
     return rc;
 }

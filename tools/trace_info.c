@@ -1,8 +1,9 @@
 /*
  * trace_info.c: `sympool info TRACE`: what a PyTorch memory snapshot holds, as `sympool replay`
  * reads it: the format, the devices with data, and per device the events by action, the
- * streams, the private pools, the starting state and PyTorch's reserved bytes; then the
- * allocator settings the snapshot records. Reads the file only; the library is not started.
+ * streams, the private pools, the starting state, the requested bytes (live at the start, peak)
+ * and PyTorch's reserved bytes; then the allocator settings the snapshot records; with --json
+ * the same as one JSON object. Reads the file only; the library is not started.
  */
 #include <stdio.h>
 
@@ -12,38 +13,42 @@ static double gib(uint64_t b) {
     return (double)b / (1024.0 * 1024.0 * 1024.0);
 }
 
-int cli_trace_info(const char *path) {
-    static const char *const names[] = {
-        "alloc",       "free_requested", "free_completed", "segment_alloc", "segment_free",
-        "segment_map", "segment_unmap",  "snapshot",       "oom",           "other"};
-    char err[512];
-    tr_trace_t t;
-    if (!tr_load_opts(path, false, &t, err, sizeof(err))) {
-        fprintf(stderr, "sympool info: %s\n", err);
-        tr_free(&t);
-        return 1;
-    }
+static const char *const action_names[] = {
+    "alloc",       "free_requested", "free_completed", "segment_alloc", "segment_free",
+    "segment_map", "segment_unmap",  "snapshot",       "oom",           "other"};
+
+static bool has_data(const tr_device_t *dv) {
+    return dv->nev > 0 || dv->final_reserved > 0;
+}
+
+static void count_actions(const tr_device_t *dv, size_t count[TR_OTHER + 1]) {
+    for (int a = 0; a <= TR_OTHER; a++)
+        count[a] = 0;
+    for (size_t i = 0; i < dv->nev; i++)
+        count[dv->ev[i].action]++;
+}
+
+static void text(const char *path, const tr_trace_t *t) {
     printf("trace: %s\n", path);
-    if (t.protocol > 0)
-        printf("format: pickle protocol %d, %s\n", t.protocol, t.format);
+    if (t->protocol > 0)
+        printf("format: pickle protocol %d, %s\n", t->protocol, t->format);
     else
-        printf("format: JSON, %s\n", t.format);
+        printf("format: JSON, %s\n", t->format);
     int with_data = 0;
-    for (int d = 0; d < t.ndev; d++)
-        with_data += t.dev[d].nev > 0 || t.dev[d].final_reserved > 0;
+    for (int d = 0; d < t->ndev; d++)
+        with_data += has_data(&t->dev[d]);
     printf("devices: %d with data (of %d device traces), %zu segments at the end\n", with_data,
-           t.ndev, t.nsegments);
-    for (int d = 0; d < t.ndev; d++) {
-        const tr_device_t *dv = &t.dev[d];
-        if (dv->nev == 0 && dv->final_reserved == 0)
+           t->ndev, t->nsegments);
+    for (int d = 0; d < t->ndev; d++) {
+        const tr_device_t *dv = &t->dev[d];
+        if (!has_data(dv))
             continue;
-        size_t count[TR_OTHER + 1] = {0};
-        for (size_t i = 0; i < dv->nev; i++)
-            count[dv->ev[i].action]++;
+        size_t count[TR_OTHER + 1];
+        count_actions(dv, count);
         printf("device %d:\n  events: %zu", d, dv->nev);
         for (int a = 0; a <= TR_OTHER; a++)
             if (count[a] > 0)
-                printf(", %s %zu", names[a], count[a]);
+                printf(", %s %zu", action_names[a], count[a]);
         printf("\n  streams: %zu (the default stream included)\n", dv->nstreams);
         printf("  pools: default");
         for (size_t p = 0; p < dv->npools; p++)
@@ -56,21 +61,122 @@ int cli_trace_info(const char *path) {
                "first event), %zu live blocks in them, %zu outside (%.3f GiB)\n",
                dv->nstart, gib(dv->start_bytes), gib(dv->start_reserved), dv->nsblocks, dv->nloose,
                gib(dv->loose_bytes));
+        printf("  requested: %.3f GiB live before the first event (%zu blocks), peak %.3f GiB\n",
+               gib(dv->seeded_bytes), dv->nseeds, gib(dv->peak_requested));
         printf("  PyTorch reserved: peak %.3f GiB, at the end %.3f GiB (%.3f GiB allocated); "
                "recorded OOMs: %zu\n",
                gib(dv->peak_reserved), gib(dv->final_reserved), gib(dv->final_allocated),
                dv->recorded_ooms);
     }
-    if (t.settings.recorded) {
-        printf("settings: '%s'%s\n", t.settings.conf[0] ? t.settings.conf : "defaults",
-               t.settings.conf[0] ? " (SYMPOOL_ALLOC_CONF terms)" : "");
-        if (t.settings.fraction > 0)
-            printf("  per_process_memory_fraction %.3f\n", t.settings.fraction);
-        if (t.settings.dropped[0])
-            printf("  not replayable: %s\n", t.settings.dropped);
+    if (t->settings.recorded) {
+        printf("settings: '%s'%s\n", t->settings.conf[0] ? t->settings.conf : "defaults",
+               t->settings.conf[0] ? " (SYMPOOL_ALLOC_CONF terms)" : "");
+        if (t->settings.fraction > 0)
+            printf("  per_process_memory_fraction %.3f\n", t->settings.fraction);
+        if (t->settings.dropped[0])
+            printf("  not replayable: %s\n", t->settings.dropped);
     } else {
         printf("settings: not recorded (older torch); a replay uses sympool's defaults\n");
     }
+}
+
+/* The text's facts, bytes exact; every action is named, those that never occur with 0. Devices
+ * without data are listed too (with_data false), so that "devices"[d] is device d. */
+static void json(const char *path, const tr_trace_t *t) {
+    cli_json_t j;
+    cj_init(&j, stdout);
+    cj_object(&j, NULL);
+    cj_str(&j, "trace", path);
+    cj_object(&j, "format");
+    cj_str(&j, "encoding", t->protocol > 0 ? "pickle" : "json");
+    if (t->protocol > 0)
+        cj_int(&j, "pickle_protocol", t->protocol);
+    else
+        cj_null(&j, "pickle_protocol");
+    cj_str(&j, "contents", t->format);
+    cj_end(&j, '}');
+    int with_data = 0;
+    for (int d = 0; d < t->ndev; d++)
+        with_data += has_data(&t->dev[d]);
+    cj_int(&j, "devices_with_data", with_data);
+    cj_int(&j, "device_traces", t->ndev);
+    cj_uint(&j, "segments_at_end", t->nsegments);
+    cj_array(&j, "devices");
+    for (int d = 0; d < t->ndev; d++) {
+        const tr_device_t *dv = &t->dev[d];
+        size_t count[TR_OTHER + 1];
+        count_actions(dv, count);
+        cj_object(&j, NULL);
+        cj_int(&j, "device", d);
+        cj_bool(&j, "with_data", has_data(dv));
+        cj_uint(&j, "events", dv->nev);
+        cj_object(&j, "events_by_action");
+        for (int a = 0; a <= TR_OTHER; a++)
+            cj_uint(&j, action_names[a], count[a]);
+        cj_end(&j, '}');
+        cj_uint(&j, "streams", dv->nstreams);
+        cj_array(&j, "private_pools"); /* besides the default pool, as PyTorch's MempoolId_t */
+        for (size_t p = 0; p < dv->npools; p++) {
+            cj_array(&j, NULL);
+            cj_uint(&j, NULL, dv->pools[p].first);
+            cj_uint(&j, NULL, dv->pools[p].second);
+            cj_end(&j, ']');
+        }
+        cj_end(&j, ']');
+        cj_uint(&j, "empty_cache_calls", dv->empty_cache_runs);
+        cj_uint(&j, "frees_held_for_other_streams", dv->deferred_frees);
+        cj_uint(&j, "segment_frees_inside_malloc", dv->internal_frees);
+        cj_object(&j, "starting_state");
+        cj_uint(&j, "segments", dv->nstart);
+        cj_uint(&j, "segment_bytes", dv->start_bytes);
+        cj_uint(&j, "pytorch_reserved_bytes", dv->start_reserved);
+        cj_uint(&j, "live_blocks_in_segments", dv->nsblocks);
+        cj_uint(&j, "live_blocks_outside", dv->nloose);
+        cj_uint(&j, "bytes_outside", dv->loose_bytes);
+        cj_end(&j, '}');
+        /* The start and peak that summary, plot and replay count requested bytes from. */
+        cj_object(&j, "requested");
+        cj_uint(&j, "start_bytes", dv->seeded_bytes);
+        cj_uint(&j, "start_blocks", dv->nseeds);
+        cj_uint(&j, "peak_bytes", dv->peak_requested);
+        cj_end(&j, '}');
+        cj_object(&j, "pytorch");
+        cj_uint(&j, "peak_reserved_bytes", dv->peak_reserved);
+        cj_uint(&j, "end_reserved_bytes", dv->final_reserved);
+        cj_uint(&j, "end_allocated_bytes", dv->final_allocated);
+        cj_uint(&j, "recorded_ooms", dv->recorded_ooms);
+        cj_end(&j, '}');
+        cj_end(&j, '}');
+    }
+    cj_end(&j, ']');
+    cj_object(&j, "settings");
+    cj_bool(&j, "recorded", t->settings.recorded);
+    if (t->settings.recorded)
+        cj_str(&j, "alloc_conf", t->settings.conf); /* "" = PyTorch's defaults */
+    else
+        cj_null(&j, "alloc_conf");
+    if (t->settings.fraction > 0)
+        cj_num(&j, "per_process_memory_fraction", t->settings.fraction);
+    else
+        cj_null(&j, "per_process_memory_fraction");
+    cj_str(&j, "not_replayable", t->settings.dropped);
+    cj_end(&j, '}');
+    cj_end(&j, '}');
+}
+
+int cli_trace_info(const char *path, bool as_json) {
+    char err[512];
+    tr_trace_t t;
+    if (!tr_load_opts(path, false, &t, err, sizeof(err))) {
+        fprintf(stderr, "sympool info: %s\n", err);
+        tr_free(&t);
+        return 1;
+    }
+    if (as_json)
+        json(path, &t);
+    else
+        text(path, &t);
+    fflush(stdout);
     tr_free(&t);
     return 0;
 }

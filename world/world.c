@@ -57,6 +57,8 @@ struct sp_world {
     uint64_t pool_serial;   /* symmetric pool creations on this world (caller's thread) */
     uint64_t coll_eligible; /* collectives whose buffers could use symmetric kernels (atomic) */
     uint64_t coll_fallback; /* collectives that could not (atomic) */
+    int nccl_sym;           /* NCCL symmetric support: 0 not known yet, 1 on, 2 off (atomic) */
+    char nccl_sym_why[160]; /* why it is off; written once, before nccl_sym says 2 */
 };
 
 static pthread_mutex_t s_lock = PTHREAD_MUTEX_INITIALIZER;
@@ -638,6 +640,27 @@ void sp__world_count_collective(sp_world_t *w, bool eligible) {
 void sp__world_collective_counts(const sp_world_t *w, uint64_t *eligible_p, uint64_t *fallback_p) {
     *eligible_p = w ? __atomic_load_n(&w->coll_eligible, __ATOMIC_RELAXED) : 0;
     *fallback_p = w ? __atomic_load_n(&w->coll_fallback, __ATOMIC_RELAXED) : 0;
+}
+
+void sp__world_set_nccl_symmetric(sp_world_t *w, bool on, const char *why) {
+    if (!w)
+        return;
+    /* The first answer stands, as NCCL's own stands from the communicator's creation; the text
+     * is written before the state that publishes it, by the one caller that claimed it. */
+    int unknown = 0, claimed = 3;
+    if (!__atomic_compare_exchange_n(&w->nccl_sym, &unknown, claimed, false, __ATOMIC_ACQ_REL,
+                                     __ATOMIC_ACQUIRE))
+        return;
+    if (!on)
+        snprintf(w->nccl_sym_why, sizeof w->nccl_sym_why,
+                 "NCCL has no symmetric support in this world (%s): its windows are local "
+                 "buffer registrations",
+                 why && *why ? why : "unknown reason");
+    __atomic_store_n(&w->nccl_sym, on ? 1 : 2, __ATOMIC_RELEASE);
+}
+
+const char *sp__world_nccl_no_symmetric(const sp_world_t *w) {
+    return w && __atomic_load_n(&w->nccl_sym, __ATOMIC_ACQUIRE) == 2 ? w->nccl_sym_why : NULL;
 }
 
 uint64_t sp__world_next_pool_serial(sp_world_t *w) {

@@ -54,6 +54,14 @@ int sp__world_node_rank_of(const sp_world_t *w, int world_rank);
 void sp__world_count_collective(sp_world_t *w, bool eligible);
 void sp__world_collective_counts(const sp_world_t *w, uint64_t *eligible_p, uint64_t *fallback_p);
 
+/* Whether NCCL runs symmetric kernels on this world's windows at all (its comm->symmetricSupport,
+ * which 2.28 offers no query for): the nccl registrar infers it at its first window and says so
+ * here; the first answer stands for the world's life, as NCCL's does from the communicator's
+ * creation. sp__world_nccl_no_symmetric: NULL while on or not known yet, else a sentence saying
+ * why not. Thread-safe (atomic). */
+void sp__world_set_nccl_symmetric(sp_world_t *w, bool on, const char *why);
+const char *sp__world_nccl_no_symmetric(const sp_world_t *w);
+
 /* A per-world counter of symmetric pool creations (symmetric/ checks that every rank calls
  * sp_symmetric_mempool_create the same number of times). Returns the new value (from 1). */
 uint64_t sp__world_next_pool_serial(sp_world_t *w);

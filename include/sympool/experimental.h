@@ -28,6 +28,24 @@ sp_status_t sp_x_option_set(const char *name, const char *value);
 /** Print every SYMPOOL_* option with its value, default and source to `f` (`sympool info`). */
 void sp_x_options_print(FILE *f);
 
+/** One SYMPOOL_* option as `sympool info` shows it: filled by sp_x_option_info. */
+typedef struct sp_x_option_info {
+    const char *name;   /**< the variable, e.g. "SYMPOOL_HOST_CAPACITY" */
+    const char *kind;   /**< "bool", "long", "double", "size", "enum" or "string" */
+    const char *source; /**< "default", "env", "ALLOC_CONF", "api", "PYTORCH_CUDA_ALLOC_CONF" */
+    const char *description; /**< the table's one line */
+    char value[520];         /**< the value in force as the table writes it (strings unquoted) */
+    char default_value[520]; /**< the default, the same way */
+    int64_t value_int;       /**< bool (0/1), long, size (bytes), enum (index of the choice) */
+    int64_t default_int;     /**< the default, the same way */
+    double value_double;     /**< double options (may be infinite) */
+    double default_double;   /**< the default, the same way */
+} sp_x_option_info_t;
+
+/** Fill *info with option number `index` (0, 1, ... in the table's order); false (info
+ * untouched) when index is past the last option or info is NULL. */
+bool sp_x_option_info(int index, sp_x_option_info_t *info);
+
 /** Log levels as passed to an sp_x_log_fn. */
 enum { SP_X_LOG_VERSION = 1, SP_X_LOG_WARN = 2, SP_X_LOG_INFO = 3, SP_X_LOG_TRACE = 4 };
 

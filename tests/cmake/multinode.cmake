@@ -16,17 +16,27 @@ set(SP_MN_RUN ${PROJECT_SOURCE_DIR}/tests/multinode/mn-run.sh)
 
 # The targets may be defined by a later file (symmetric.cmake): $<TARGET_FILE> resolves them at
 # generation time.
-# sp_multinode_test(NAME nodes ppn TARGET target [ARGS ...] [MPIRUN ...] [PASS regex] [FAIL regex])
+# sp_multinode_test(NAME nodes ppn TARGET target [CUDA_DOUBLE] [ARGS ...] [MPIRUN ...] [ENV ...]
+#                   [PASS regex] [FAIL regex])
+# CUDA_DOUBLE: the cuda backend under the CUDA/NCCL test doubles (cuda_double.cmake's
+# environment; labels multinode and cuda_double).
 function(sp_multinode_test name nodes ppn)
-  cmake_parse_arguments(MN "" "TARGET;PASS;FAIL" "ARGS;MPIRUN;ENV" ${ARGN})
+  cmake_parse_arguments(MN "CUDA_DOUBLE" "TARGET;PASS;FAIL" "ARGS;MPIRUN;ENV" ${ARGN})
   set(t multinode.${name}.${nodes}x${ppn})
+  set(labels multinode)
+  set(env ${SP_TEST_ENV})
+  if(MN_CUDA_DOUBLE)
+    set(t multinode.cuda_double.${name}.${nodes}x${ppn})
+    set(labels multinode cuda_double)
+    set(env ${SP_DBL_ENV_BASE})
+  endif()
   add_test(NAME ${t}
     COMMAND ${SP_MN_RUN} ${nodes} ${ppn} ${MN_MPIRUN} -- $<TARGET_FILE:${MN_TARGET}> ${MN_ARGS})
-  set_tests_properties(${t} PROPERTIES LABELS "multinode" TIMEOUT 150 SKIP_RETURN_CODE 77
+  set_tests_properties(${t} PROPERTIES LABELS "${labels}" TIMEOUT 150 SKIP_RETURN_CODE 77
     # Namespaces and the private subnet are per run, but two jobs at once would only compete
     # for the same cores: the label runs one job at a time.
     RESOURCE_LOCK multinode
-    ENVIRONMENT "${SP_TEST_ENV};SP_TEST_EXPECT_NODES=${nodes};${MN_ENV}")
+    ENVIRONMENT "${env};SP_TEST_EXPECT_NODES=${nodes};${MN_ENV}")
   if(MN_PASS)
     set_tests_properties(${t} PROPERTIES PASS_REGULAR_EXPRESSION "${MN_PASS}")
   endif()
@@ -61,3 +71,44 @@ foreach(shape "2;2" "3;1")
       FAIL "sym-exit: FAIL")
   endforeach()
 endforeach()
+
+# The cuda backend and its NCCL path over the nodes, under the CUDA/NCCL doubles (built with
+# -DSYMPOOL_CUDA_DOUBLE=ON; cuda_double.cmake defines the targets and the environment): the world's
+# NCCL communicator over every node (device 0 of two nodes is two GPUs, as NCCL's host hash says),
+# symmetric pools registered as NCCL windows, collectives through NCCL and their symmetric-kernel
+# eligibility by NCCL 2.28's one-node rule, peer pointers within a node only, device.used and
+# device.untracked_bytes, and NCCL failures, aborts and out of memory on every rank. Two double
+# GPUs per node: 2x2 uses devices 0 and 1 of each node, 3x1 device 0 of every node.
+if(SYMPOOL_CUDA_DOUBLE AND TARGET test_cuda_double_mpi)
+  foreach(shape "2;2" "3;1")
+    list(GET shape 0 nodes)
+    list(GET shape 1 ppn)
+    sp_multinode_test(nccl ${nodes} ${ppn} TARGET test_cuda_double_mpi CUDA_DOUBLE
+      ENV "CUDA_DOUBLE_GPUS=2" "CUDA_DOUBLE_MEMORY=256MiB" "SYMPOOL_SYM_TIMEOUT=20")
+    sp_multinode_test(world_nodes ${nodes} ${ppn} TARGET test_world_nodes CUDA_DOUBLE
+      ENV "CUDA_DOUBLE_GPUS=2")
+    sp_multinode_test(stats_report ${nodes} ${ppn} TARGET test_stats_report CUDA_DOUBLE
+      ENV "CUDA_DOUBLE_GPUS=2")
+  endforeach()
+  # Two ranks per node and one GPU per node: the world fails on every rank of both nodes with the
+  # reason, before NCCL could refuse the duplicate GPU (3x1 above shows device 0 of several nodes
+  # is no duplicate).
+  # (sp_world_init_self comes from symmetric.cmake, read after this file.) Its failure line is
+  # written in three pieces that the four ranks interleave: the status is one piece, the reason
+  # is in each rank's WARN line.
+  set(refused "sp_world_init -> SP_ERR_INVALID_USAGE")
+  set(why "share 1 GPU\\(s\\), and NCCL refuses two ranks of one communicator on one GPU")
+  sp_multinode_test(world_init_one_gpu_per_node 2 2 TARGET sp_world_init_self CUDA_DOUBLE
+    MPIRUN --mca orte_abort_on_non_zero_status 0 ENV "CUDA_DOUBLE_GPUS=1"
+    PASS "${why}.*${refused}.*${refused}.*${refused}.*${refused}" FAIL "world-init-self: ok")
+  # A rank that dies before a symmetric malloc (ncclMemAlloc and the window registration) or an
+  # allreduce (ncclAllReduce): the survivors on both nodes time out in the round before NCCL,
+  # none waits inside it. At 2x2 only: the rounds are the same code at 3x1.
+  foreach(call malloc allreduce)
+    sp_multinode_test(rank_dies_${call} 2 2 TARGET sym_exit CUDA_DOUBLE ARGS ${call}
+      MPIRUN --mca orte_abort_on_non_zero_status 0
+      ENV "CUDA_DOUBLE_GPUS=2" "SYMPOOL_SYM_TIMEOUT=1"
+      PASS "sym-exit: ok rank 0.*sym-exit: ok rank 1|sym-exit: ok rank 1.*sym-exit: ok rank 0"
+      FAIL "sym-exit: FAIL")
+  endforeach()
+endif()

@@ -13,6 +13,13 @@
  * ncclSystemError; an aborted peer fails the others with ncclRemoteError. Where NCCL would hang
  * or corrupt memory, the double says so and fails.
  *
+ * Nodes: a rank's node is NCCL 2.28.9's host hash (src/misc/utils.cc getHostHash: the host name
+ * followed by /proc/sys/kernel/random/boot_id, or NCCL_HOSTID alone when set), so ranks in
+ * different UTS namespaces (tests/multinode/mn-run.sh) are on different nodes, as NCCL sees them.
+ * The duplicate-GPU rule holds per node, and the symmetric kernels are counted by 2.28.9's rule,
+ * which has them within one node only. The segment itself is shared memory of this machine
+ * however many nodes the ranks are on: the data path stands in for NCCL's network transport.
+ *
  * Every failure returns NCCL's code, says why on stderr and keeps the text for ncclGetLastError.
  */
 #ifndef _GNU_SOURCE
@@ -52,6 +59,7 @@ typedef struct shm_hdr {
     _Atomic uint32_t joined;
     int nranks;
     int dev[MAX_RANKS];
+    uint64_t host[MAX_RANKS];  /* each rank's host hash */
     int64_t arg[MAX_RANKS][6]; /* each rank's arguments of the current call, compared */
     char data[];               /* nranks slots of SLOT bytes */
 } shm_hdr_t;
@@ -71,6 +79,9 @@ struct ncclComm {
     int rank, nranks, dev;
     shm_hdr_t *shm;
     size_t shm_size;
+    int nnodes;             /* distinct host hashes among the ranks */
+    bool symmetric_support; /* 2.28.9's comm->symmetricSupport */
+    void *own_mem;          /* the communicator's own device memory (CUDA_DOUBLE_NCCL_MEMORY) */
 };
 
 static pthread_mutex_t g_mu = PTHREAD_MUTEX_INITIALIZER;
@@ -211,6 +222,79 @@ static void shm_name(const ncclUniqueId *id, char *buf, size_t len) {
         n += snprintf(buf + n, len - (size_t)n, "%02x", (unsigned char)id->internal[i]);
 }
 
+/* NCCL 2.28.9's getHostHash (src/misc/utils.cc): DJB2 over the host name followed by the boot
+ * id; NCCL_HOSTID, when set, replaces the whole string. */
+static uint64_t host_hash(void) {
+    char s[1024];
+    if (gethostname(s, sizeof s) != 0)
+        snprintf(s, sizeof s, "unknown");
+    s[sizeof s - 1] = '\0';
+    const char *id = getenv("NCCL_HOSTID");
+    if (id) {
+        snprintf(s, sizeof s, "%s", id);
+    } else {
+        FILE *f = fopen("/proc/sys/kernel/random/boot_id", "r");
+        char boot[128];
+        if (f && fscanf(f, "%127s", boot) == 1) {
+            size_t n = strlen(s);
+            snprintf(s + n, sizeof s - n, "%s", boot);
+        }
+        if (f)
+            fclose(f);
+    }
+    uint64_t h = 5381;
+    for (const char *p = s; *p; p++)
+        h = (h << 5) + h + (uint64_t)(unsigned char)*p;
+    return h;
+}
+
+/* An NCCL parameter that is on unless the environment sets it to 0 (NCCL_WIN_ENABLE defaults to
+ * 1; NCCL_CUMEM_ENABLE's auto means on where cuMem works, which it does here). */
+static bool param_on(const char *name) {
+    const char *e = getenv(name);
+    return !(e && *e && atoi(e) == 0);
+}
+
+/* The device memory a communicator takes for itself: NCCL allocates its channels' buffers, FIFOs
+ * and proxy state on the device at ncclCommInitRank (hundreds of MiB on a real node, growing with
+ * the peers), memory no allocator above it reserved. CUDA_DOUBLE_NCCL_MEMORY (bytes, K/M/G
+ * suffixes; default 0) models it, taken with the doubles' cudaMalloc and freed with the
+ * communicator. */
+static size_t comm_memory(void) {
+    const char *e = getenv("CUDA_DOUBLE_NCCL_MEMORY");
+    if (!e || !*e)
+        return 0;
+    char *end = NULL;
+    unsigned long long v = strtoull(e, &end, 10);
+    int shift = 0;
+    switch (end && *end ? *end : 0) {
+    case 'K':
+    case 'k':
+        shift = 10;
+        break;
+    case 'M':
+    case 'm':
+        shift = 20;
+        break;
+    case 'G':
+    case 'g':
+        shift = 30;
+        break;
+    default:
+        break;
+    }
+    return (size_t)v << shift;
+}
+
+static atomic_long g_symk_calls; /* collectives 2.28.9 would run as symmetric kernels */
+
+static void release_own(struct ncclComm *c) {
+    int dev = 0;
+    if (c->own_mem)
+        (void)dbl_mem_free(c->own_mem, &dev);
+    c->own_mem = NULL;
+}
+
 static bool comm_ok(ncclComm_t c) {
     return c && c->magic == COMM_MAGIC;
 }
@@ -247,36 +331,59 @@ ncclResult_t ncclCommInitRank(ncclComm_t *out, int nranks, ncclUniqueId id, int 
         return fail("ncclCommInitRank", ncclSystemError, "host memory");
     }
     *c = (struct ncclComm){COMM_MAGIC, rank, nranks, dev, h, size};
+    size_t own = comm_memory();
+    bool own_ok = own == 0 || dbl_mem_alloc(dev, own, &c->own_mem) == 0;
     h->dev[rank] = dev;
-    h->arg[rank][0] = nranks;
+    h->host[rank] = host_hash();
+    h->arg[rank][0] = own_ok ? nranks : -1; /* -1: this rank could not take its memory */
     atomic_fetch_add(&h->joined, 1);
     ncclResult_t r = barrier(c, "ncclCommInitRank");
     if (rank == 0)
         shm_unlink(name); /* every rank has it mapped now (or never comes) */
     if (r != ncclSuccess) {
+        release_own(c);
         munmap(h, size);
         free(c);
         return r;
     }
-    for (int i = 0; i < nranks; i++)
+    for (int i = 0; i < nranks && r == ncclSuccess; i++)
+        if (h->arg[i][0] == -1)
+            r = fail("ncclCommInitRank", i == rank ? ncclUnhandledCudaError : ncclRemoteError,
+                     "rank %d could not allocate the communicator's %zu bytes of device memory", i,
+                     own);
+    for (int i = 0; i < nranks && r == ncclSuccess; i++)
         if (h->arg[i][0] != nranks) {
             r = fail("ncclCommInitRank", ncclInvalidUsage,
                      "rank %d says %lld ranks, rank %d says %d", i, (long long)h->arg[i][0], rank,
                      nranks);
             break;
         }
-    /* NCCL refuses two ranks of one communicator on one GPU (src/init.cc: "Duplicate GPU
-     * detected : rank %d and rank %d both on CUDA device %lx", ncclInvalidUsage). */
+    /* NCCL refuses two ranks of one communicator on one GPU of one host (2.28.9 src/init.cc:
+     * equal hostHash and busId, "Duplicate GPU detected : rank %d and rank %d both on CUDA device
+     * %lx", ncclInvalidUsage); device 0 of two nodes are two GPUs. */
     for (int i = 0; i < nranks && r == ncclSuccess; i++)
         for (int j = i + 1; j < nranks && r == ncclSuccess; j++)
-            if (h->dev[i] == h->dev[j])
+            if (h->host[i] == h->host[j] && h->dev[i] == h->dev[j])
                 r = fail("ncclCommInitRank", ncclInvalidUsage,
                          "Duplicate GPU detected : rank %d and rank %d both on CUDA device %d", i,
                          j, h->dev[i]);
+    /* nNodes counts distinct host hashes. symmetricSupport is isAllCudaP2p (CUDA P2P between
+     * every pair of this node's GPUs: distinct devices here always are) && NCCL_WIN_ENABLE &&
+     * cuMem (src/init.cc). */
+    int nnodes = 0;
+    for (int i = 0; i < nranks; i++) {
+        bool seen = false;
+        for (int j = 0; j < i && !seen; j++)
+            seen = h->host[j] == h->host[i];
+        nnodes += !seen;
+    }
+    c->nnodes = nnodes;
+    c->symmetric_support = param_on("NCCL_WIN_ENABLE") && param_on("NCCL_CUMEM_ENABLE");
     ncclResult_t r2 = barrier(c, "ncclCommInitRank"); /* nobody reuses arg[] before all checked */
     if (r == ncclSuccess)
         r = r2;
     if (r != ncclSuccess) {
+        release_own(c);
         munmap(h, size);
         free(c);
         return r;
@@ -302,6 +409,7 @@ static void comm_free(struct ncclComm *c) {
     }
     pthread_mutex_unlock(&g_mu);
     c->magic = 0;
+    release_own(c);
     munmap(c->shm, c->shm_size);
     free(c);
 }
@@ -818,6 +926,51 @@ static ncclResult_t copy_or_fail(const char *fn, void *dst, const void *src, siz
     return ncclSuccess;
 }
 
+/* The flags of c's window holding `p` (ncclDevrFindWindow: by address), -1 when none. */
+static int window_flags(struct ncclComm *c, const void *p) {
+    int flags = -1;
+    pthread_mutex_lock(&g_mu);
+    for (win_t *w = g_all_wins; w && flags < 0; w = w->next)
+        if (w->comm == c && (uintptr_t)p >= w->buff && (uintptr_t)p < w->buff + w->size)
+            flags = w->flags;
+    pthread_mutex_unlock(&g_mu);
+    return flags;
+}
+
+/* Whether NCCL 2.28.9 runs this call as a symmetric kernel: the comm has symmetricSupport
+ * (src/enqueue.cc), more than one rank (one rank is ncclLaunchOneRank's copy), both buffers in
+ * NCCL_WIN_COLL_SYMMETRIC windows and the call one the kernels implement
+ * (src/scheduler/symmetric_sched.cc, src/sym_kernels.cc ncclSymkImplemented: all-gather of any
+ * type; all-reduce and reduce-scatter of sum only (avg on floats is a pre-multiplied sum, not
+ * sum) on floating types but fp64), and ncclSymkMask leaves a kernel: none when nNodes > 1 (the
+ * LSA kernels are masked and 2.28 has no network ones) or at >= 64 GiB of bus bytes. */
+static bool symmetric_kernel(struct ncclComm *c, int kind, const void *send, const void *recv,
+                             size_t count, ncclDataType_t t, ncclRedOp_t op) {
+    if (!c->symmetric_support || c->nranks < 2 || c->nnodes > 1)
+        return false;
+    switch (kind) {
+    case K_ALLGATHER:
+        break;
+    case K_ALLREDUCE:
+    case K_REDUCESCATTER:
+        if (op != ncclSum || (t != ncclFloat32 && t != ncclFloat16 && t != ncclBfloat16))
+            return false;
+        break;
+    default:
+        return false;
+    }
+    size_t bus = (kind == K_ALLREDUCE ? 1 : (size_t)c->nranks) * count * type_size(t);
+    if (bus >= (size_t)64 << 30)
+        return false;
+    int fs = window_flags(c, send), fr = window_flags(c, recv);
+    return fs >= 0 && fr >= 0 && (fs & fr & NCCL_WIN_COLL_SYMMETRIC);
+}
+
+/* Test hook: collectives of this process that NCCL 2.28.9 would have run as symmetric kernels. */
+DBL_EXPORT long cuda_double_nccl_symmetric_kernels(void) {
+    return atomic_load(&g_symk_calls);
+}
+
 static ncclResult_t coll(int kind, const void *send, void *recv, size_t count, ncclDataType_t t,
                          ncclRedOp_t op, int root, ncclComm_t c, cudaStream_t stream) {
     const char *fn = k_names[kind];
@@ -888,6 +1041,8 @@ static ncclResult_t coll(int kind, const void *send, void *recv, size_t count, n
         return r2;
     if (count == 0)
         return ncclSuccess;
+    if (symmetric_kernel(c, kind, send, recv, count, t, op))
+        atomic_fetch_add(&g_symk_calls, 1);
 
     char *mine = h->data + (size_t)c->rank * SLOT;
     size_t per = kind == K_REDUCESCATTER ? SLOT / (es * (size_t)n) : SLOT / es; /* elements */

@@ -375,6 +375,71 @@ TEST(CudaDoubleNccl, DuplicateGpuIsRefusedOnEveryRank) {
     }));
 }
 
+// A rank's node is NCCL's host hash (host name and boot id, or NCCL_HOSTID): one GPU index on two
+// hosts is two GPUs, and the communicator then spans two nodes, where 2.28 runs no symmetric
+// kernel; on one host two GPUs run them (the double counts the calls).
+TEST(CudaDoubleNccl, NodesAreHostHashesAndSymmetricKernelsStayOnOne) {
+    NEED_DOUBLE();
+    auto kernels = [] {
+        void *lib = dlopen("libnccl.so.2", RTLD_NOW | RTLD_NOLOAD);
+        auto f =
+            lib ? reinterpret_cast<long (*)()>(dlsym(lib, "cuda_double_nccl_symmetric_kernels"))
+                : nullptr;
+        return f ? f() : -1L;
+    };
+    for (bool two_hosts : {true, false}) {
+        ncclUniqueId id;
+        ASSERT_EQ(ncclGetUniqueId(&id), ncclSuccess);
+        EXPECT_TRUE(ranks(2, [&](int r) {
+            if (two_hosts)
+                setenv("NCCL_HOSTID", r == 0 ? "host-a" : "host-b", 1);
+            if (cudaSetDevice(two_hosts ? 0 : r) != cudaSuccess)
+                return false;
+            ncclComm_t c = nullptr;
+            if (ncclCommInitRank(&c, 2, id, r) != ncclSuccess)
+                return false; // on two hosts device 0 twice is no duplicate
+            void *m = nullptr;
+            ncclWindow_t w = nullptr;
+            bool ok =
+                ncclMemAlloc(&m, 2 << 20) == ncclSuccess &&
+                ncclCommWindowRegister(c, m, 2 << 20, &w, NCCL_WIN_COLL_SYMMETRIC) == ncclSuccess;
+            long k0 = kernels();
+            ok = ok && ncclAllReduce(m, m, 64, ncclFloat32, ncclSum, c, nullptr) == ncclSuccess &&
+                 ncclAllReduce(m, m, 64, ncclFloat64, ncclSum, c, nullptr) == ncclSuccess;
+            long k = kernels() - k0;
+            ok = ok && k == (two_hosts ? 0 : 1);
+            if (!ok)
+                fprintf(stderr, "rank %d (two hosts %d): %ld symmetric kernels\n", r, two_hosts, k);
+            ok = ncclCommWindowDeregister(c, w) == ncclSuccess && ncclMemFree(m) == ncclSuccess &&
+                 ok;
+            return ncclCommDestroy(c) == ncclSuccess && ok;
+        })) << (two_hosts ? "two hosts" : "one host");
+    }
+}
+
+// A communicator's own device memory (CUDA_DOUBLE_NCCL_MEMORY) is taken at init and returned with
+// it; a rank that cannot take it fails the init on every rank.
+TEST(CudaDoubleNccl, CommunicatorMemoryIsTakenAndReturned) {
+    NEED_DOUBLE();
+    for (const char *want : {"16M", "1000G"}) {
+        ncclUniqueId id;
+        ASSERT_EQ(ncclGetUniqueId(&id), ncclSuccess);
+        const bool fits = std::string(want) == "16M";
+        EXPECT_TRUE(ranks(2, [&](int r) {
+            setenv("CUDA_DOUBLE_NCCL_MEMORY", want, 1);
+            if (cudaSetDevice(r) != cudaSuccess)
+                return false;
+            size_t before = used(r);
+            ncclComm_t c = nullptr;
+            ncclResult_t res = ncclCommInitRank(&c, 2, id, r);
+            if (!fits)
+                return res != ncclSuccess && c == nullptr && used(r) == before;
+            bool ok = res == ncclSuccess && used(r) == before + (16u << 20);
+            return ncclCommDestroy(c) == ncclSuccess && used(r) == before && ok;
+        })) << want;
+    }
+}
+
 TEST(CudaDoubleNccl, WindowRules) {
     NEED_DOUBLE();
     ncclUniqueId id;

@@ -27,6 +27,16 @@ template <typename F> F hook(const char *name) {
     return reinterpret_cast<F>(lib ? dlsym(lib, name) : nullptr);
 }
 
+// The NCCL double's hooks (exported from libnccl.so.2).
+template <typename F> F nccl_hook(const char *name) {
+    void *lib = dlopen("libnccl.so.2", RTLD_NOW | RTLD_NOLOAD);
+    return reinterpret_cast<F>(lib ? dlsym(lib, name) : nullptr);
+}
+
+long nccl_symmetric_kernels() {
+    return nccl_hook<long (*)()>("cuda_double_nccl_symmetric_kernels")();
+}
+
 void inject(const char *fn, int code, int skip = 0) {
     hook<void (*)(const char *, int, int)>("cuda_double_inject")(fn, code, skip);
 }
@@ -174,6 +184,174 @@ TEST_F(CudaDoubleMpi, ReleaseFailuresAreReportedAndNothingLeaks) {
     // have been destroyed by then).
     inject("cudaDeviceSynchronize", cudaErrorInvalidValue);
     EXPECT_NE(sp_symmetric_empty_cache(pool_), SP_SUCCESS);
+}
+
+// sympool's symmetric.collectives_eligible counts exactly the calls that NCCL 2.28 runs as
+// symmetric kernels (the double counts them by NCCL's rule): sum of floating types but fp64 and
+// all-gather of any type on buffers in symmetric windows, and on one node only; a world over
+// several nodes counts every call as a fallback and says why.
+TEST_F(CudaDoubleMpi, EligibleCollectivesAreTheOnesNcclRunsAsSymmetricKernels) {
+    NEED_DOUBLE();
+    SP_SKIP_BELOW_RANKS(2);
+    ASSERT_NE(nccl_hook<void *>("cuda_double_nccl_symmetric_kernels"), nullptr);
+    sp::ScopedEnv env({{"SYMPOOL_DEBUG", "INFO"}, {"SYMPOOL_DEBUG_SUBSYS", "COLL"}});
+    make_pool(false, false, "eligible");
+    const int n = mpi_size();
+    const size_t count = 256;
+    void *a = nullptr, *b = nullptr, *c = nullptr;
+    ASSERT_SP_OK(sp_symmetric_malloc(pool_, count * 8 * n, nullptr, &a));
+    ASSERT_SP_OK(sp_symmetric_malloc(pool_, count * 8 * n, nullptr, &b));
+    ASSERT_SP_OK(sp_malloc(count * 8 * n, sp_world_device(world_), nullptr, &c));
+    put(a, std::vector<float>(count * n, 1.0f));
+    uint64_t e0 = 0, f0 = 0, e1 = 0, f1 = 0;
+    sp__world_collective_counts(world_, &e0, &f0);
+    const long k0 = nccl_symmetric_kernels();
+    ASSERT_SP_OK(sp_allreduce(world_, a, b, count, SP_FLOAT32, SP_SUM, nullptr));
+    ASSERT_SP_OK(sp_allreduce(world_, a, b, count, SP_BFLOAT16, SP_SUM, nullptr));
+    ASSERT_SP_OK(sp_allreduce(world_, a, b, count, SP_FLOAT32, SP_AVG, nullptr));
+    ASSERT_SP_OK(sp_allreduce(world_, a, b, count, SP_FLOAT64, SP_SUM, nullptr));
+    ASSERT_SP_OK(sp_allreduce(world_, a, b, count, SP_INT32, SP_SUM, nullptr));
+    ASSERT_SP_OK(sp_allreduce(world_, a, b, count, SP_FLOAT32, SP_MAX, nullptr));
+    ASSERT_SP_OK(sp_allgather(world_, a, b, count, SP_INT64, nullptr));
+    ASSERT_SP_OK(sp_reduce_scatter(world_, a, b, count, SP_FLOAT16, SP_SUM, nullptr));
+    ASSERT_SP_OK(sp_broadcast(world_, a, b, count, SP_FLOAT32, 0, nullptr));
+    ASSERT_SP_OK(sp_allreduce(world_, a, c, count, SP_FLOAT32, SP_SUM, nullptr));
+    ASSERT_SP_OK(sp_allgather(world_, c, b, count, SP_FLOAT32, nullptr));
+    sp__world_collective_counts(world_, &e1, &f1);
+    const long kernels = nccl_symmetric_kernels() - k0;
+    EXPECT_EQ((long)(e1 - e0), kernels) << "sympool's eligible count against NCCL's rule";
+    EXPECT_EQ(e1 - e0 + f1 - f0, 11u);
+    if (sp_world_node_count(world_) == 1) {
+        EXPECT_EQ(kernels, 4) << "f32 and bf16 sum, all-gather, f16 reduce-scatter";
+    } else {
+        EXPECT_EQ(kernels, 0) << "NCCL 2.28 has symmetric kernels within one node only";
+        EXPECT_EQ(log_.count(SP_LOG_INFO, "ranks span several nodes"), 11u);
+    }
+    EXPECT_SP_OK(sp_free(c));
+    EXPECT_SP_OK(sp_free(b));
+    EXPECT_SP_OK(sp_free(a));
+}
+
+// Without symmetric support (NCCL_WIN_ENABLE=0 here; GPUs without P2P on a real node) NCCL 2.28
+// still returns a window, a local registration on which no symmetric kernel runs: sympool counts
+// the calls on it as fallbacks and says why, as NCCL runs them.
+TEST_F(CudaDoubleMpi, WindowsWithoutSymmetricSupportAreNotEligible) {
+    NEED_DOUBLE();
+    SP_SKIP_BELOW_RANKS(2);
+    expect_warnings();
+    // Before the world: NCCL decides its symmetric support when the communicator is made.
+    sp::ScopedEnv env(
+        {{"NCCL_WIN_ENABLE", "0"}, {"SYMPOOL_DEBUG", "INFO"}, {"SYMPOOL_DEBUG_SUBSYS", "COLL"}});
+    make_pool(false, false, "nosym");
+    void *a = nullptr;
+    ASSERT_SP_OK(sp_symmetric_malloc(pool_, 4096, nullptr, &a));
+    sp_window_info_t wi;
+    ASSERT_SP_OK(sp_symmetric_window(a, &wi));
+    EXPECT_NE(wi.window, nullptr) << "2.28 gives a local registration";
+    uint64_t e0 = 0, f0 = 0, e1 = 0, f1 = 0;
+    sp__world_collective_counts(world_, &e0, &f0);
+    const long k0 = nccl_symmetric_kernels();
+    ASSERT_SP_OK(sp_allreduce(world_, a, a, 64, SP_FLOAT32, SP_SUM, nullptr));
+    ASSERT_SP_OK(sp_allgather(world_, a, a, 16, SP_FLOAT32, nullptr));
+    sp__world_collective_counts(world_, &e1, &f1);
+    EXPECT_EQ(nccl_symmetric_kernels() - k0, 0);
+    EXPECT_EQ(e1 - e0, 0u);
+    EXPECT_EQ(f1 - f0, 2u);
+    if (sp_world_node_count(world_) == 1) {
+        EXPECT_EQ(log_.count(SP_LOG_INFO, "no symmetric support in this world (NCCL_WIN_ENABLE=0)"),
+                  2u);
+    }
+    EXPECT_SP_OK(sp_free(a));
+}
+
+// Peer pointers on the nccl registrar: none from the host in NCCL 2.28, and to a rank on another
+// node none in any release (NCCL maps peers of its own node only): the message names the nodes.
+TEST_F(CudaDoubleMpi, PeerPointersNameTheNodeOrTheNcclRelease) {
+    NEED_DOUBLE();
+    expect_warnings();
+    make_pool(false, false, "peers");
+    void *a = nullptr;
+    ASSERT_SP_OK(sp_symmetric_malloc(pool_, 4096, nullptr, &a));
+    const int me = sp_world_node(world_, mpi_rank());
+    for (int r = 0; r < mpi_size(); r++) {
+        void *peer = nullptr;
+        EXPECT_SP_STATUS(sp_symmetric_peer_ptr(a, r, &peer), SP_ERR_NOT_SUPPORTED);
+        std::string msg = sp_last_error();
+        if (sp_world_node(world_, r) != me) {
+            EXPECT_NE(msg.find("is on node " + std::to_string(sp_world_node(world_, r)) + " (" +
+                               sp_world_node_name(world_, sp_world_node(world_, r)) + ")"),
+                      std::string::npos)
+                << msg;
+        } else {
+            EXPECT_NE(msg.find("NCCL 2.29"), std::string::npos) << msg;
+        }
+        EXPECT_EQ(peer, nullptr);
+    }
+    EXPECT_SP_OK(sp_free(a));
+}
+
+// Symmetric segments are ncclMemAlloc memory that sympool reserved: device.used grows by what
+// NCCL allocated and device.untracked_bytes does not move; memory sympool did not take
+// (cudaMalloc here, as NCCL's own buffers or another library) is untracked, on every rank.
+TEST_F(CudaDoubleMpi, SymmetricSegmentsAreTrackedAndOtherMemoryIsNot) {
+    NEED_DOUBLE();
+    make_pool(false, false, "usage");
+    const int dev = sp_world_device(world_);
+    sp_device_usage_t u0, u1, u2;
+    ASSERT_SP_OK(sp_device_usage(dev, &u0));
+    void *a = nullptr;
+    ASSERT_SP_OK(sp_symmetric_malloc(pool_, 3 << 20, nullptr, &a));
+    ASSERT_SP_OK(sp_device_usage(dev, &u1));
+    EXPECT_GE(u1.used, u0.used + (3 << 20));
+    EXPECT_EQ(u1.used - u0.used, u1.reserved - u0.reserved) << "the window is sympool's";
+    EXPECT_EQ(u1.untracked, u0.untracked);
+    void *raw = nullptr;
+    const size_t outside = size_t(mpi_rank() + 1) << 20;
+    ASSERT_EQ(cudaSetDevice(dev), cudaSuccess);
+    ASSERT_EQ(cudaMalloc(&raw, outside), cudaSuccess);
+    ASSERT_SP_OK(sp_device_usage(dev, &u2));
+    EXPECT_EQ(u2.untracked, u1.untracked + outside);
+    sp_stats_summary_t sum;
+    ASSERT_SP_OK(sp_stats_aggregate(world_, dev, &sum));
+    size_t iu = sp_stats_summary_count();
+    for (size_t i = 0; i < sp_stats_summary_count(); i++)
+        if (std::strcmp(sp_stats_summary_key(i), "device.untracked_bytes") == 0)
+            iu = i;
+    ASSERT_LT(iu, sp_stats_summary_count());
+    EXPECT_EQ(sum.max_rank[iu], mpi_size() - 1) << "the rank that took the most";
+    EXPECT_EQ(cudaFree(raw), cudaSuccess);
+    EXPECT_SP_OK(sp_free(a));
+}
+
+// NCCL's own device memory (a communicator's buffers, taken at ncclCommInitRank; modelled by
+// CUDA_DOUBLE_NCCL_MEMORY) is what device.untracked_bytes is for: a second world's communicator
+// shows there on every rank, in the aggregate too, and goes with the world.
+TEST_F(CudaDoubleMpi, NcclCommunicatorMemoryIsUntracked) {
+    NEED_DOUBLE();
+    ASSERT_SP_OK(sp_world_from_comm(MPI_COMM_WORLD, &world_));
+    const int dev = sp_world_device(world_);
+    const size_t nccl_own = size_t(24) << 20;
+    sp_device_usage_t u0, u1, u2;
+    ASSERT_SP_OK(sp_device_usage(dev, &u0));
+    sp_world_t *w2 = nullptr;
+    {
+        sp::ScopedEnv env({{"CUDA_DOUBLE_NCCL_MEMORY", "24M"}}); // read by ncclCommInitRank
+        ASSERT_SP_OK(sp_world_from_comm(MPI_COMM_WORLD, &w2));
+    }
+    ASSERT_SP_OK(sp_device_usage(dev, &u1));
+    EXPECT_EQ(u1.untracked, u0.untracked + nccl_own);
+    EXPECT_EQ(u1.reserved, u0.reserved);
+    sp_stats_summary_t sum;
+    ASSERT_SP_OK(sp_stats_aggregate(w2, dev, &sum));
+    size_t iu = sp_stats_summary_count();
+    for (size_t i = 0; i < sp_stats_summary_count(); i++)
+        if (std::strcmp(sp_stats_summary_key(i), "device.untracked_bytes") == 0)
+            iu = i;
+    ASSERT_LT(iu, sp_stats_summary_count());
+    EXPECT_GE(sum.min[iu], (int64_t)nccl_own) << "on every rank";
+    ASSERT_SP_OK(sp_world_finalize(w2));
+    ASSERT_SP_OK(sp_device_usage(dev, &u2));
+    EXPECT_EQ(u2.untracked, u0.untracked);
 }
 
 TEST_F(CudaDoubleMpi, NcclVersionIsLoggedOnce) {
