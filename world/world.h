@@ -117,7 +117,10 @@ typedef struct sp_agree {
     const void *describe_ctx;
     /* Optional data that travels with the round where sp__agree_carries_payload says so (a
      * small collective's whole input): payload_bytes <= SP_AGREE_PAYLOAD_MAX, and `gathered`
-     * (SP_AGREE_PAYLOAD_MAX bytes per rank, rank order) receives every rank's, zero-padded. */
+     * (a slot of SP_AGREE_PAYLOAD_MAX bytes per rank, rank order) receives the first
+     * payload_bytes of every rank's slot. A peer's is meaningful only when the round says every
+     * rank passed its checks with the same fields (so the same length); otherwise its slot may
+     * hold anything. */
     const void *payload;
     size_t payload_bytes;
     void *gathered;
@@ -130,7 +133,7 @@ typedef struct sp_agree {
     uint64_t bad_set[SP_AGREE_SET_WORDS];     /* ranks < 256 whose ok was false */
     int late_rank;                            /* the rank with the earliest deadline */
     bool late;             /* the round completed after that deadline (SP_ERR_TIMEOUT) */
-    bool payload_gathered; /* `gathered` was filled */
+    bool payload_gathered; /* `gathered` was filled (a payload was sent) */
 } sp_agree_t;
 
 /* One deadline-bounded agreement round over comm (collective; every round has this shape).
