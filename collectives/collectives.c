@@ -459,11 +459,15 @@ static sp_status_t host_broadcast(sp_world_t *w, const sp_coll_call_t *c) {
 
 /* ---- symmetric kernels: eligible or not --------------------------------------------------- */
 
-/* True when ptr, a block of `pool` (check_buffer's lookup; NULL: none), lies in a registered
- * segment of a symmetric pool on this rank: on cuda an NCCL window, on host an MPI shared window
- * (the mpi registrar has no NCCL window handle). The pool handle is checked again here (another
- * thread may have destroyed it since), so a stale one reads as "not symmetric". */
+/* True when ptr lies in a registered segment of a symmetric pool on this rank: on cuda an NCCL
+ * window, on host an MPI shared window (the mpi registrar has no NCCL window handle). `pool` is
+ * ptr's pool as check_buffer looked it up, NULL where it did not (a broadcast's unused send):
+ * then it is looked up here. The pool handle is checked again (another thread may have
+ * destroyed it since), so a stale one reads as "not symmetric". */
 static bool in_symmetric_segment(const void *ptr, sp_mempool_t *pool, bool cuda) {
+    sp_block_info_t info;
+    if (ptr != NULL && pool == NULL && sp__pool_lookup(ptr, &info) == SP_SUCCESS)
+        pool = info.pool;
     if (ptr == NULL || pool == NULL || sp__mempool_sym_state(pool) == NULL)
         return false;
     sp_window_info_t win;
