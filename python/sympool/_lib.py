@@ -108,6 +108,7 @@ _PROTOS = {
     "sp_record_stream": (_st, [_vp, _vp]),
     "sp_empty_cache": (_st, []),
     "sp_set_memory_fraction": (_st, [ctypes.c_double, _i]),
+    "sp_get_memory_fraction": (_st, [_i, ctypes.POINTER(ctypes.c_double)]),
     "sp_get_memory_info": (_st, [_i, _P(_sz), _P(_sz)]),
     "sp_device_usage": (_st, [_i, _P(DeviceUsage)]),
     "sp_memory_stats": (_st, [_i, _P(Stats)]),

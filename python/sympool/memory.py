@@ -73,6 +73,14 @@ def set_per_process_memory_fraction(fraction, device=0):
     check(lib().sp_set_memory_fraction(float(fraction), as_device(device)))
 
 
+def get_per_process_memory_fraction(device=0):
+    """The fraction set by set_per_process_memory_fraction on device, as given; 1.0 if none
+    (torch.cuda's name)."""
+    f = ctypes.c_double()
+    check(lib().sp_get_memory_fraction(as_device(device), ctypes.byref(f)))
+    return float(f.value)
+
+
 def memory_stats(device=0):
     """torch.cuda.memory_stats: an OrderedDict of the 122 keys, in PyTorch's order."""
     d = device if type(device) is int and 0 <= device < 1 << 31 else as_device(device)

@@ -198,6 +198,10 @@ def test_out_of_memory(sp):
     with pytest.raises(sp.OutOfMemoryError, match="Tried to allocate 800000000.00 GiB"):
         sp.malloc(1024 * 1024 * 1024 * 800000000)
     assert sp.memory_stats()["num_ooms"] == before + 1
+    # 1 EB and more: refused before the allocator runs, not counted as an OOM
+    with pytest.raises(sp.OutOfMemoryError, match="Tried to allocate more than 1EB memory"):
+        sp.malloc(1024 * 1024 * 1024 * 8000000000)
+    assert sp.memory_stats()["num_ooms"] == before + 1
     # the failure leaves the allocator usable
     p = sp.malloc(1024)
     sp.free(p)
@@ -248,6 +252,23 @@ def test_set_per_process_memory_fraction(sp):
         sp.free(keep)
     finally:
         sp.set_per_process_memory_fraction(1.0, 0)
+
+
+def test_get_per_process_memory_fraction(sp):
+    init = sp.get_per_process_memory_fraction()
+    assert init == 1.0
+    sp.set_per_process_memory_fraction(1.0)
+    assert sp.get_per_process_memory_fraction() == 1.0
+    sp.set_per_process_memory_fraction(0.0)
+    assert sp.get_per_process_memory_fraction() == 0.0
+    rng = random.Random(1)
+    for _ in range(3):
+        val = rng.random()
+        sp.set_per_process_memory_fraction(val)
+        assert sp.get_per_process_memory_fraction() == val
+    sp.set_per_process_memory_fraction(init)
+    with pytest.raises(ValueError):
+        sp.get_per_process_memory_fraction(-1)
 
 
 def test_caching_allocator_record_stream_oom(sp):
