@@ -320,3 +320,42 @@ def test_default_pool_counts_plain_malloc(sp):
     pool.free_all_blocks()
     assert pool.total_bytes() == sp.memory_reserved() - sum(
         s["total_size"] for s in sp.memory_snapshot() if tuple(s["segment_pool_id"]) != (0, 0))
+
+
+def test_fresh_pool_queries(sp):
+    # TestMemoryPool: a pool that never allocated reports zero everywhere, and
+    # free_all_blocks on it is a no-op
+    pool = sp.MemPool()
+    assert pool.used_bytes() == 0
+    assert pool.free_bytes() == 0
+    assert pool.total_bytes() == 0
+    assert pool.n_free_blocks() == 0
+    pool.free_all_blocks()
+    assert pool.n_free_blocks() == 0
+    pool.destroy()
+
+
+def test_mem_info(sp):
+    info = sp.get_memory_info()
+    assert isinstance(info, tuple) and len(info) == 2
+    assert all(isinstance(m, int) and m > 0 for m in info)
+    assert info[0] <= info[1]
+
+
+def test_zero_size_alloc(sp, pool):
+    # CuPy hands out an unpooled empty Memory; PyTorch's and ours: no block at all
+    assert pool.malloc(0) == 0
+    assert pool.used_bytes() == 0 and pool.total_bytes() == 0
+    sp.free(0)
+
+
+def test_reuse_between_threads(sp, pool):
+    import threading
+    p = pool.malloc(1024)
+    sp.free(p)
+    got = []
+    t = threading.Thread(target=lambda: got.append(pool.malloc(1024)))
+    t.start()
+    t.join()
+    assert got == [p]  # the same stream (the default), another thread: the cached block
+    sp.free(got[0])

@@ -427,6 +427,27 @@ def test_memory_snapshot_trace_sizes(sp):
     sp._record_memory_history(None)
 
 
+def test_snapshot_last_action_is_the_alloc(sp):
+    # test_cpp_memory_snapshot_pickle: PyTorch copies the traces before snapshot() records its
+    # `snapshot` entry, so a dump's last entry is the last action, and the marker shows up in
+    # the next dump.
+    for _ in range(2):
+        sp._record_memory_history("all", max_entries=10)
+        x = sp.malloc(311 * 411 * 4)
+        mem = sp._snapshot()
+        found = any(b["state"] == "active_allocated" and b["requested_size"] == 311 * 411 * 4
+                    for s in mem["segments"] for b in s["blocks"])
+        assert found
+        last = mem["device_traces"][0][-1]
+        assert last["action"] == "alloc"
+        assert last["size"] == 311 * 411 * 4
+        nxt = sp._snapshot()["device_traces"][0][-1]
+        assert nxt["action"] == "snapshot"
+        assert nxt["size"] == sum(s["active_size"] for s in mem["segments"])
+        sp.free(x)
+        sp._record_memory_history(None)
+
+
 def test_record_memory_history_max_entries(sp):
     sp._record_memory_history("all", max_entries=3, clear_history=True)
     ptrs = [sp.malloc(512 * (i + 1)) for i in range(5)]

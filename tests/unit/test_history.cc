@@ -384,7 +384,10 @@ TEST_F(History, StreamAndPoolFields) {
                      pk_get_str(pk_at(tr, i), "action")[0] == 'o' ? "device_free" : "addr");
             EXPECT_NE((uintptr_t)addr, (uintptr_t)a) << "default-pool event in a pool snapshot";
         }
-        EXPECT_STREQ(pk_get_str(pk_at(tr, pk_len(tr) - 1), "action"), "snapshot");
+        // The traces are copied before the marker is recorded (PyTorch's order): the last
+        // entry is the pool's last action, b's alloc.
+        EXPECT_STREQ(pk_get_str(pk_at(tr, pk_len(tr) - 1), "action"), "alloc");
+        EXPECT_EQ((uintptr_t)geti(pk_at(tr, pk_len(tr) - 1), "addr"), (uintptr_t)b);
     }
     // The whole-process snapshot has both, and records the stream.
     ASSERT_SP_OK(sp_dump_snapshot((dir + "/all.pickle").c_str()));
@@ -622,8 +625,18 @@ TEST_F(History, SnapshotIsConsistentAndReadable) {
     ASSERT_SP_OK(sp_free(ptrs[1])); // an inactive block inside a split segment
     ASSERT_SP_OK(sp_free(ptrs[4]));
     std::string dir = tempdir();
+    ASSERT_SP_OK(sp_dump_snapshot((dir + "/first.pickle").c_str()));
     ASSERT_SP_OK(sp_dump_snapshot((dir + "/snap.pickle").c_str()));
     ASSERT_SP_OK(sp_dump_snapshot((dir + "/snap.json").c_str()));
+    {
+        // PyTorch copies the traces before snapshot() records its marker: a dump ends with the
+        // last action before it (ptrs[4]'s free), and its marker shows in the next dump.
+        Doc d(dir + "/first.pickle");
+        const pk_value_t *tr = pk_at(pk_get(d.root(), "device_traces"), 0);
+        const pk_value_t *last = pk_at(tr, pk_len(tr) - 1);
+        EXPECT_STREQ(pk_get_str(last, "action"), "free_completed");
+        EXPECT_EQ((uintptr_t)geti(last, "addr"), (uintptr_t)ptrs[4]);
+    }
     {
         Doc d(dir + "/snap.pickle");
         const pk_value_t *root = d.root();
