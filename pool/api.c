@@ -82,6 +82,13 @@ static sp_status_t dev_init(sp_devalloc_t *d, int device) {
     /* Not mem_get_info: on cuda that would make a context on every device at start-up. */
     SP_CHECK(sp__g.ops->mem_total(device, &total));
     d->total_mem = total;
+    /* ALLOC_CONF's per_process_memory_fraction: as sp_set_memory_fraction at start-up. */
+    double f = sp__g.conf.memory_fraction;
+    if (f >= 0.0 && f < 1.0) {
+        d->allowed_max = (size_t)(f * (double)total);
+        d->fraction = f;
+        d->gc_enabled = sp__g.conf.gc_threshold > 0.0;
+    }
     SP_CHECK(sp__ptr_map_init(&d->map));
     d->default_pool = sp__mempool_new(d, NULL, true, false);
     if (!d->default_pool)

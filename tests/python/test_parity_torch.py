@@ -271,6 +271,35 @@ def test_get_per_process_memory_fraction(sp):
         sp.get_per_process_memory_fraction(-1)
 
 
+@pytest.mark.parametrize("value", ["0.0", "0.5", "1.0"])
+def test_allocator_memory_fraction_setting(value):
+    # PYTORCH_CUDA_ALLOC_CONF's per_process_memory_fraction sets every device's fraction at
+    # start-up, read back by get_per_process_memory_fraction and enforced like the call's.
+    out = run_child('''
+        print(sp.get_per_process_memory_fraction(0), end=" ")
+        total = sp.get_memory_info()[1]
+        try:
+            sp.free(sp.malloc(int(total * 0.75)))
+            print("fits", end="")
+        except sp.OutOfMemoryError:
+            print("oom", end="")
+    ''', SYMPOOL_ALLOC_CONF=f"per_process_memory_fraction:{value}")
+    assert out == f"{float(value)} {'fits' if value == '1.0' else 'oom'}"
+
+
+def test_allocator_settings_accepted():
+    out = run_child('''
+        import ctypes
+        lib = sp._lib.lib()
+        lib.sp_x_option_set.argtypes = [ctypes.c_char_p, ctypes.c_char_p]
+        for conf in ("pinned_num_register_threads:8", "pinned_num_register_threads:128",
+                     "release_lock_on_cudamalloc:True", "per_process_memory_fraction:0.25",
+                     "expandable_segments:False,max_split_size_mb:40"):
+            print(lib.sp_x_option_set(b"SYMPOOL_ALLOC_CONF", conf.encode()), end="")
+    ''')
+    assert out == "00000"
+
+
 def test_caching_allocator_record_stream_oom(sp):
     """Frees delayed by record_stream are still returned by the OOM retry (pytorch#19219)."""
     s = sp.Stream()
@@ -363,7 +392,13 @@ def test_allocator_settings(conf, nbytes, div):
 
 @pytest.mark.parametrize("conf", ["foo:1,bar:2", "garbage_collection_threshold:1.2",
                                   "max_split_size_mb:2", "release_lock_on_cudamalloc:none",
-                                  "roundup_power2_divisions:3"])
+                                  "pinned_use_cuda_host_register:none",
+                                  "pinned_num_register_threads:none",
+                                  "pinned_num_register_threads:1024",
+                                  "pinned_num_register_threads:3",
+                                  "roundup_power2_divisions:3",
+                                  "per_process_memory_fraction:-0.1",
+                                  "per_process_memory_fraction:1.1"])
 def test_allocator_settings_refused(conf):
     # PyTorch raises ValueError; a variable read at start-up cannot, so sympool refuses it
     # through the option API (the CLI's --conf) and warns and keeps the defaults from the
