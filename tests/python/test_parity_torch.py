@@ -736,3 +736,138 @@ def test_oversize_rules():
         assert st()["oversize_segments.current"] == 0
         assert st()["reserved_bytes.all.current"] == 0
     """, SYMPOOL_ALLOC_CONF="max_split_size_mb:40")
+
+
+def test_mempool_empty_cache(sp):
+    sp.empty_cache()
+    pool = sp.MemPool()
+    x = sp.malloc(4 * MB)
+    with sp.use_mem_pool(pool):
+        y = sp.malloc(4 * MB)
+    sp.free(y)
+    sp.free(x)
+    pool.destroy()
+    assert len(sp._snapshot()["segments"]) > 0  # x's cached segment: no empty_cache ran
+
+
+def test_mempool_emptycache_multithread(sp):
+    n = 4
+
+    def work(pool):
+        with sp.use_mem_pool(pool):
+            x = sp.malloc(16)
+            sp.free(x)
+            sp.empty_cache()
+
+    pools = [sp.MemPool() for _ in range(n)]
+    threads = [threading.Thread(target=work, args=(pools[i],)) for i in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    # empty_cache leaves a pool that is in use (routed) alone
+    for p in pools:
+        assert len(p.snapshot()["segments"]) == 1
+        p.destroy()
+
+
+def test_nested_mempool(sp):
+    sp.empty_cache()
+    pool1, pool2, pool3 = sp.MemPool(), sp.MemPool(), sp.MemPool()
+    data = []
+
+    def allocate_data():
+        data.append(sp.malloc(20 * MB))
+
+    with sp.use_mem_pool(pool1):
+        allocate_data()
+        with sp.use_mem_pool(pool2):
+            allocate_data()
+            with sp.use_mem_pool(pool3):
+                allocate_data()
+            allocate_data()
+        allocate_data()
+    assert len(sp.memory_snapshot(pool1.id)) == 2
+    assert len(sp.memory_snapshot(pool2.id)) == 2
+    assert len(sp.memory_snapshot(pool3.id)) == 1
+    for p in data:
+        sp.free(p)
+    for p in (pool1, pool2, pool3):
+        p.destroy()
+
+
+def test_mempool_no_split_large(sp):
+    sp.empty_cache()
+    pool_split = sp.MemPool()
+    pool_no_split = sp.MemPool(no_split=True)
+    ptrs = []
+    for _ in range(2):
+        with sp.use_mem_pool(pool_split):
+            ptrs.append(sp.malloc(4 * MB))
+        with sp.use_mem_pool(pool_no_split):
+            ptrs.append(sp.malloc(4 * MB))
+    segs_split = sp.memory_snapshot(pool_split.id)
+    segs_no_split = sp.memory_snapshot(pool_no_split.id)
+    assert len(segs_no_split) > len(segs_split)
+    for seg in segs_no_split:
+        assert len(seg["blocks"]) == 1  # the whole 20 MiB segment is the block
+    assert sum(len(s["blocks"]) for s in segs_no_split) < sum(len(s["blocks"]) for s in segs_split)
+    for p in ptrs:
+        sp.free(p)
+    pool_split.destroy()
+    pool_no_split.destroy()
+
+
+def test_deleted_mempool_not_used_on_oom(sp):
+    sp.empty_cache()
+    total = sp.get_memory_info()[1]
+    sp.set_per_process_memory_fraction((40 * MB) / total)
+    try:
+        for _ in range(10):
+            pool = sp.MemPool(use_on_oom=True)
+            with sp.use_mem_pool(pool):
+                a = sp.malloc(40 * MB)
+            sp.free(a)
+            pool.destroy()  # torch: `del pool` (its destructor empties its cache)
+        new_pool = sp.MemPool(use_on_oom=True)
+        with sp.use_mem_pool(new_pool):
+            a = sp.malloc(40 * MB)
+        sp.free(a)
+        # the default pool has no room: both fall back to new_pool's free block, never to a
+        # deleted pool
+        b = sp.malloc(20 * MB)
+        c = sp.malloc(20 * MB)
+        assert {b, c} == {a, a + 20 * MB}
+        sp.free(b)
+        sp.free(c)
+        new_pool.destroy()
+    finally:
+        sp.empty_cache()
+        sp.set_per_process_memory_fraction(1.0)
+
+
+def test_tensor_delete_after_allocator_delete(sp):
+    import ctypes
+    calls = {"alloc": 0, "free": 0}
+    bufs = {}
+
+    def alloc(size, device, stream):
+        calls["alloc"] += 1
+        b = ctypes.create_string_buffer(size)
+        bufs[ctypes.addressof(b)] = b
+        return ctypes.addressof(b)
+
+    def free(ptr, size, device, stream):
+        calls["free"] += 1
+        del bufs[ptr]
+
+    pool = sp.MemPool((alloc, free))
+    with sp.use_mem_pool(pool):
+        data = sp.malloc(16)
+    assert calls == {"alloc": 1, "free": 0}
+    del pool  # the pool keeps its allocator alive until its last block is gone
+    gc.collect()
+    assert calls["free"] == 0
+    sp.free(data)
+    sp.empty_cache()
+    assert calls == {"alloc": 1, "free": 1}
