@@ -359,3 +359,13 @@ def test_reuse_between_threads(sp, pool):
     t.join()
     assert got == [p]  # the same stream (the default), another thread: the cached block
     sp.free(got[0])
+
+
+def test_double_free(sp, pool):
+    # CuPy's PooledMemory ignores a second free; ours names the misuse (docs/API.md)
+    p = pool.malloc(1)
+    sp.free(p)
+    with pytest.raises(sp.SympoolError) as e:
+        sp.free(p)
+    assert e.value.status == "SP_ERR_INVALID_USAGE"
+    assert pool.n_free_blocks() == 1
