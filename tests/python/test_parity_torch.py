@@ -871,3 +871,131 @@ def test_tensor_delete_after_allocator_delete(sp):
     sp.free(data)
     sp.empty_cache()
     assert calls == {"alloc": 1, "free": 1}
+
+
+# ---- history contexts (TestCudaMallocAsync's snapshot tests run on the native allocator) ----
+
+def test_memory_snapshot_state_python_frames(sp):
+    try:
+        sp.empty_cache()
+        sp._record_memory_history("state", stacks="python")
+        first = sp.malloc(2 * 311 * 411 * 4)  # makes x the second block of a segment
+        unused = sp.malloc(310 * 410 * 4)
+        x = sp.malloc(311 * 411 * 4)
+        ss = sp._snapshot()
+        found = False
+        for seg in ss["segments"]:
+            assert "frames" in seg
+            for b in seg["blocks"]:
+                if b["requested_size"] == 311 * 411 * 4:
+                    assert "test_parity_torch" in b["frames"][0]["filename"]
+                    assert b["address"] == x
+                    found = True
+        assert found
+        sp.free(unused)
+        sp.free(x)
+        sp.free(first)
+        sp.empty_cache()
+        ss = sp._snapshot()
+        assert ss["device_traces"][0][-1]["action"] in ("segment_free", "segment_unmap")
+    finally:
+        sp._record_memory_history(None)
+
+
+@pytest.mark.parametrize("context", ["alloc", "all", "state"])
+def test_memory_plots_free_stack(sp, context):
+    import json
+    try:
+        sp.empty_cache()
+        # A live block keeps the small segment: x's block then comes from it, so no segment's
+        # allocation stack (kept at every context) names thealloc, as in PyTorch's run where
+        # earlier tensors hold that segment.
+        keep = sp.malloc(512)
+        sp._record_memory_history(context=context)
+        x = [None]
+
+        def thealloc():
+            x[0] = sp.malloc(3 * 4 * 4)
+
+        def thefree():
+            sp.free(x[0])
+
+        thealloc()
+        thefree()
+        ss = json.dumps(sp._snapshot())
+        assert ("thefree" in ss) == (context == "all")
+        assert ("thealloc" in ss) == (context != "state")
+        sp.free(keep)
+    finally:
+        sp._record_memory_history(None)
+
+
+def test_memory_plots_history_context(sp):
+    import json
+    keep = []
+    try:
+        sp.empty_cache()
+
+        def should_capture1():
+            keep.append(sp.malloc(4 * 4 * 4))
+
+        def should_not_capture():
+            keep.append(sp.malloc(3 * 4 * 4))
+
+        def should_capture2():
+            keep.append(sp.malloc(4 * 4 * 4))
+
+        sp._record_memory_history(context="all", stacks="python")
+        should_capture1()
+        sp._record_memory_history(context=None)
+        should_not_capture()
+        sp._record_memory_history(context="all", stacks="python")
+        should_capture2()
+        ss = json.dumps(sp._snapshot())
+        assert "should_capture1" in ss
+        assert "should_not_capture" not in ss
+        assert "should_capture2" in ss
+    finally:
+        for p in keep:
+            sp.free(p)
+        sp._record_memory_history(None)
+
+
+@pytest.mark.parametrize("context", ["alloc", "all", "state"])
+def test_memory_plots_free_segment_stack(sp, context):
+    import json
+    try:
+        sp.empty_cache()
+        sp._record_memory_history(context=context)
+        x = sp.malloc(3 * 4 * 4)
+        sp.free(x)
+
+        # sympool's Python frames leave out the package's own (torch.cuda.empty_cache's frame
+        # is where PyTorch's test finds "empty_cache"): the caller's frame stands for it.
+        def calls_empty_cache():
+            sp.empty_cache()
+
+        calls_empty_cache()
+        ss = json.dumps(sp._snapshot())
+        assert ("calls_empty_cache" in ss) == (context == "all")
+    finally:
+        sp._record_memory_history(None)
+
+
+def test_memory_plots(sp):
+    import json
+    for context, stacks in (("all", "all"), ("all", "python"), (None, "python")):
+        try:
+            sp.empty_cache()
+            sp._record_memory_history("all", context=context, stacks=stacks)
+
+            def run():
+                x = sp.malloc(128 * 128 * 4)
+                sp.free(x)
+
+            run()
+            text = json.dumps(sp._snapshot())
+            assert (context is not None) == ("test_memory_plots" in text)
+            assert str(128 * 128 * 4) in text
+        finally:
+            sp._record_memory_history(None)
