@@ -83,7 +83,8 @@ class MemPoolParams(ctypes.Structure):
 
 class HistoryParams(ctypes.Structure):
     _fields_ = [("enabled", ctypes.c_int), ("context", ctypes.c_int),
-                ("max_entries", ctypes.c_size_t), ("c_stacks", ctypes.c_bool)]
+                ("max_entries", ctypes.c_size_t), ("c_stacks", ctypes.c_bool),
+                ("skip_actions", ctypes.c_char_p)]
 
 
 class HistoryFrame(ctypes.Structure):

@@ -999,3 +999,30 @@ def test_memory_plots(sp):
             assert str(128 * 128 * 4) in text
         finally:
             sp._record_memory_history(None)
+
+
+@pytest.mark.parametrize("skip_actions", [["free_requested"], ["free_requested", "free_completed"],
+                                          ["alloc"], ["segment_alloc", "segment_free"], [], None])
+def test_memory_snapshot_skip_actions(sp, skip_actions):
+    try:
+        sp.empty_cache()
+        sp._record_memory_history(context="all", stacks="python", skip_actions=skip_actions)
+        x = sp.malloc(128 * 128 * 4)
+        sp.free(x)
+        sp.empty_cache()
+        trace = sp._snapshot()["device_traces"][0]
+        assert len(trace) > 0
+        actions = {e["action"] for e in trace}
+        for a in skip_actions or []:
+            assert a not in actions
+        assert actions - set(skip_actions or [])
+    finally:
+        sp._record_memory_history(None)
+
+
+def test_memory_snapshot_skip_actions_refused(sp):
+    with pytest.raises(ValueError):
+        sp._record_memory_history(skip_actions=["not_an_action"])
+    with pytest.raises(TypeError):
+        sp._record_memory_history(skip_actions="alloc")
+    sp._record_memory_history(None)

@@ -1,9 +1,14 @@
-// test_parity_fraction.cc: torch.cuda's per-process memory fraction as PyTorch's tests use it:
-// get_per_process_memory_fraction reads back exactly what was set (1.0 when never set), and
-// the ALLOC_CONF key per_process_memory_fraction sets it on every device at start-up.
+// test_parity.cc: PyTorch semantics its own tests check that sympool's C API carries:
+// get_per_process_memory_fraction reads back exactly what was set (1.0 when never set), the
+// ALLOC_CONF key per_process_memory_fraction sets it on every device at start-up, and
+// _record_memory_history's skip_actions keeps the named actions out of the trace.
 #include "alloc_test_util.hpp"
 
+#include <set>
+#include <vector>
+
 extern "C" {
+#include "pool/history.h"
 #include "sympool/experimental.h"
 }
 
@@ -66,4 +71,63 @@ TEST_F(ParityFraction, AllocConfRefusesPyTorchsBadValues) {
                              "pinned_num_register_threads:128", "pinned_num_register_threads:1"})
         EXPECT_SP_OK(sp_x_option_set("SYMPOOL_ALLOC_CONF", conf));
     ASSERT_SP_OK(sp_x_option_set("SYMPOOL_ALLOC_CONF", nullptr));
+}
+
+class ParityHistory : public sp::Test {
+  protected:
+    void TearDown() override {
+        sp_history_params_t off;
+        sp_history_params_init(&off);
+        off.enabled = SP_HISTORY_OFF;
+        EXPECT_SP_OK(sp_record_memory_history(&off));
+        sp::Test::TearDown();
+    }
+};
+
+static std::set<sp_trace_action_t> actions() {
+    sp__trace_entry_t *e = nullptr;
+    size_t n = 0;
+    EXPECT_EQ(sp__history_copy(0, &e, &n), SP_SUCCESS);
+    std::set<sp_trace_action_t> out;
+    for (size_t i = 0; i < n; i++)
+        out.insert(e[i].action);
+    sp__history_entries_free(e, n);
+    return out;
+}
+
+TEST_F(ParityHistory, SkipActionsAreNeverStored) {
+    sp_history_params_t p;
+    sp_history_params_init(&p);
+    EXPECT_EQ(p.skip_actions, nullptr);
+    p.skip_actions = "free_requested,segment_free";
+    ASSERT_SP_OK(sp_record_memory_history(&p));
+    void *x = nullptr;
+    ASSERT_SP_OK(sp_malloc(64 * KiB, 0, nullptr, &x));
+    ASSERT_SP_OK(sp_free(x));
+    ASSERT_SP_OK(sp_empty_cache());
+    auto a = actions();
+    EXPECT_EQ(a.count(SP_TRACE_FREE_REQUESTED), 0u);
+    EXPECT_EQ(a.count(SP_TRACE_SEGMENT_FREE), 0u);
+    EXPECT_EQ(a.count(SP_TRACE_ALLOC), 1u);
+    EXPECT_EQ(a.count(SP_TRACE_FREE_COMPLETED), 1u);
+    EXPECT_EQ(a.count(SP_TRACE_SEGMENT_ALLOC), 1u);
+    // Enabling again without skip_actions records everything.
+    p.skip_actions = "";
+    ASSERT_SP_OK(sp_record_memory_history(&p));
+    ASSERT_SP_OK(sp_malloc(64 * KiB, 0, nullptr, &x));
+    ASSERT_SP_OK(sp_free(x));
+    EXPECT_EQ(actions().count(SP_TRACE_FREE_REQUESTED), 1u);
+}
+
+TEST_F(ParityHistory, UnknownSkipActionIsRefusedAndChangesNothing) {
+    expect_warnings();
+    sp_history_params_t p;
+    sp_history_params_init(&p);
+    p.skip_actions = "alloc,frees";
+    EXPECT_SP_STATUS(sp_record_memory_history(&p), SP_ERR_INVALID_ARGUMENT);
+    EXPECT_NE(std::string(sp_last_error()).find("frees"), std::string::npos) << sp_last_error();
+    void *x = nullptr;
+    ASSERT_SP_OK(sp_malloc(1000, 0, nullptr, &x));
+    ASSERT_SP_OK(sp_free(x));
+    EXPECT_TRUE(actions().empty()) << "recording did not start";
 }
