@@ -1026,3 +1026,20 @@ def test_memory_snapshot_skip_actions_refused(sp):
     with pytest.raises(TypeError):
         sp._record_memory_history(skip_actions="alloc")
     sp._record_memory_history(None)
+
+
+
+def test_use_mem_pool_same_pool_nested_is_refused(sp):
+    # PyTorch: "beginAllocateToPool: already recording to mempool_id"
+    pool = sp.MemPool()
+    with sp.use_mem_pool(pool):
+        with pytest.raises(sp.SympoolError) as e:
+            with sp.use_mem_pool(pool):
+                pass
+        assert e.value.status == "SP_ERR_INVALID_USAGE"
+        assert pool.use_count() == 2
+        p = sp.malloc(1000)  # still routed to the pool
+    assert pool.use_count() == 1
+    assert pool.used_bytes() == 1024
+    sp.free(p)
+    pool.destroy()
