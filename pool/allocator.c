@@ -79,8 +79,13 @@ void sp__fmt_size(size_t bytes, char *buf, size_t len) {
 
 /* Block structs come from per-device slabs and go back to a per-device spare list: a split on
  * the cache-hit path costs no host malloc, and a block costs its struct and no allocator header
- * (a million live blocks are a million structs). Slabs are freed by sp_shutdown. 1023 structs
- * keep a slab below glibc's mmap threshold. */
+ * (a million live blocks are a million structs). Slabs are freed by sp_shutdown.
+ * 1023 structs keep a slab below glibc's mmap threshold.
+ *
+ * A slab is handed out front to back, one struct at a time, never threaded whole onto the spare
+ * list: a device that needs a few dozen blocks touches a few pages of its slab, not all 26. An
+ * allocator is often short-lived (every `sympool replay` repeat is a fresh one, with a slab per
+ * device), and there faulting in and writing whole slabs cost more than the blocks' work. */
 #define SLAB_BLOCKS 1023
 
 struct sp_block_slab {
@@ -88,18 +93,22 @@ struct sp_block_slab {
     sp_block_t blocks[SLAB_BLOCKS];
 };
 
-/* A new slab: its first struct for the caller (zeroed), the rest onto the spare list. */
-static sp_block_t *slab_refill(sp_devalloc_t *d) {
-    struct sp_block_slab *s = calloc(1, sizeof(*s));
-    if (!s)
-        return NULL;
-    s->next = d->slabs;
-    d->slabs = s;
-    for (int i = SLAB_BLOCKS - 1; i >= 1; i--) {
-        s->blocks[i].hnext = d->spare;
-        d->spare = &s->blocks[i];
+/* The next never-used struct (zeroed), from another slab when the newest is used up. malloc,
+ * not calloc: calloc would clear (and so touch) the whole slab up front. */
+static sp_block_t *slab_take(sp_devalloc_t *d) {
+    if (SP_UNLIKELY(!d->slab_left)) {
+        struct sp_block_slab *s = malloc(sizeof(*s));
+        if (!s)
+            return NULL;
+        s->next = d->slabs;
+        d->slabs = s;
+        d->slab_next = s->blocks;
+        d->slab_left = SLAB_BLOCKS;
     }
-    return &s->blocks[0];
+    sp_block_t *b = d->slab_next++;
+    d->slab_left--;
+    memset(b, 0, sizeof(*b));
+    return b;
 }
 
 void sp__block_slabs_free(sp_devalloc_t *d) {
@@ -110,6 +119,8 @@ void sp__block_slabs_free(sp_devalloc_t *d) {
         s = nx;
     }
     d->slabs = NULL;
+    d->slab_next = NULL;
+    d->slab_left = 0;
     d->spare = NULL;
 }
 
@@ -120,7 +131,7 @@ sp_block_t *sp__block_new(sp_devalloc_t *d) {
         memset(b, 0, sizeof(*b));
         return b;
     }
-    return slab_refill(d);
+    return slab_take(d);
 }
 
 /* sp__block_new for a struct the caller fills completely: no zeroing. A recycled struct's
@@ -131,7 +142,7 @@ static inline sp_block_t *block_take(sp_devalloc_t *d) {
         d->spare = b->hnext;
         return b;
     }
-    return slab_refill(d);
+    return slab_take(d);
 }
 
 void sp__block_recycle(sp_devalloc_t *d, sp_block_t *b) {

@@ -117,6 +117,8 @@ typedef struct sp_devalloc {
     size_t pending_events;       /* entries in all evqs (lock) */
     sp_block_t *spare;           /* idle block structs (lock) */
     struct sp_block_slab *slabs; /* where every block struct lives, until sp_shutdown (lock) */
+    sp_block_t *slab_next;       /* the newest slab's first never-used struct (lock) */
+    size_t slab_left;            /* never-used structs from slab_next on (lock) */
     atomic_uintptr_t lo;         /* lowest segment address ever (free's device guess) */
     atomic_uintptr_t hi;         /* highest segment end ever */
 } sp_devalloc_t;
