@@ -79,7 +79,7 @@ void sp__fmt_size(size_t bytes, char *buf, size_t len) {
 
 /* Block structs come from per-device slabs and go back to a per-device spare list: a split on
  * the cache-hit path costs no host malloc, and a block costs its struct and no allocator header
- * (a million live blocks are a million structs). Slabs are freed by sp_shutdown.
+ * (a million live blocks are a million structs). sp_shutdown frees them (a few kept, below).
  * 1023 structs keep a slab below glibc's mmap threshold.
  *
  * A slab is handed out front to back, one struct at a time, never threaded whole onto the spare
@@ -97,8 +97,10 @@ struct sp_block_slab {
  * not calloc: calloc would clear (and so touch) the whole slab up front. */
 static sp_block_t *slab_take(sp_devalloc_t *d) {
     if (SP_UNLIKELY(!d->slab_left)) {
-        struct sp_block_slab *s = malloc(sizeof(*s));
-        if (!s)
+        struct sp_block_slab *s = d->kept;
+        if (s)
+            d->kept = s->next;
+        else if (!(s = malloc(sizeof(*s))))
             return NULL;
         s->next = d->slabs;
         d->slabs = s;
@@ -111,17 +113,68 @@ static sp_block_t *slab_take(sp_devalloc_t *d) {
     return b;
 }
 
-void sp__block_slabs_free(sp_devalloc_t *d) {
-    struct sp_block_slab *s = d->slabs;
-    while (s) {
-        struct sp_block_slab *nx = s->next;
-        free(s);
-        s = nx;
+/* Slabs kept by sp_shutdown for the next allocator of the same device, at most KEEP_SLABS each
+ * (init_lock). Freeing every slab let glibc's free() coalesce them with the rest of the freed
+ * heap into a top chunk past its trim threshold and give it back to the kernel, so the next
+ * allocator faulted in again every heap page it touched (its own and the backend's tables), and
+ * a fresh allocator per run is common: `sympool replay --repeat` and `--compare` make one per
+ * repeat and configuration, tests one per case. Kept slabs stay in use, so that part of the heap
+ * stays mapped, and are reused as they are. At most KEEP_SLABS (about 100 KB each) per device
+ * outlive sp_shutdown. */
+#define KEEP_SLABS 4
+#define KEEP_DEVICES 64
+static struct sp_block_slab *g_kept[KEEP_DEVICES];
+
+void sp__block_slabs_adopt(sp_devalloc_t *d) {
+    if (d->device >= 0 && d->device < KEEP_DEVICES) {
+        d->kept = g_kept[d->device];
+        g_kept[d->device] = NULL;
     }
+}
+
+void sp__block_slabs_free(sp_devalloc_t *d) {
+    struct sp_block_slab *keep = NULL;
+    int nkeep = d->device >= 0 && d->device < KEEP_DEVICES && !g_kept[d->device] ? KEEP_SLABS : 0;
+    struct sp_block_slab *lists[2] = {d->kept, d->slabs};
+    for (int i = 0; i < 2; i++) {
+        struct sp_block_slab *s = lists[i];
+        while (s) {
+            struct sp_block_slab *nx = s->next;
+            if (nkeep > 0) {
+                nkeep--;
+                s->next = keep;
+                keep = s;
+            } else {
+                free(s);
+            }
+            s = nx;
+        }
+    }
+    if (keep)
+        g_kept[d->device] = keep;
+    d->kept = NULL;
     d->slabs = NULL;
     d->slab_next = NULL;
     d->slab_left = 0;
     d->spare = NULL;
+}
+
+sp_status_t sp__pool_block_structs(int device, sp_block_structs_t *out) {
+    SP_CHECK(sp__alloc_ensure());
+    if (device < 0 || device >= sp__g.ndev)
+        return sp__error(SP_ERR_INVALID_ARGUMENT, SP_SUB_POOL, "device %d does not exist", device);
+    sp_devalloc_t *d = &sp__g.devs[device];
+    memset(out, 0, sizeof(*out));
+    sp__lock(&d->lock);
+    for (const struct sp_block_slab *s = d->slabs; s; s = s->next)
+        out->slabs++;
+    for (const struct sp_block_slab *s = d->kept; s; s = s->next)
+        out->kept++;
+    out->untouched = d->slab_left;
+    for (const sp_block_t *b = d->spare; b; b = b->hnext)
+        out->spare++;
+    sp__unlock(&d->lock);
+    return SP_SUCCESS;
 }
 
 sp_block_t *sp__block_new(sp_devalloc_t *d) {

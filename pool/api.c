@@ -69,6 +69,7 @@ static sp_status_t dev_init(sp_devalloc_t *d, int device) {
     memset(d, 0, sizeof(*d));
     atomic_init(&d->lock.v, 0);
     d->device = device;
+    sp__block_slabs_adopt(d);
     d->allowed_max = SIZE_MAX;
     sp__stats_init(&d->stats, sp__g.conf.max_split_size);
     size_t total = 0;
