@@ -263,7 +263,9 @@ sp_status_t sp__alloc_segment(sp_devalloc_t *d, sp_bpool_t *bp, size_t alloc_siz
         return SP_ERR_OUT_OF_MEMORY;
     void *ptr = NULL;
     if (pool->has_allocator) {
+        sp__callback_enter();
         ptr = pool->allocator.alloc(alloc_size, d->device, stream, pool->allocator.ctx);
+        sp__callback_leave();
         if (!ptr)
             return SP_ERR_OUT_OF_MEMORY;
     } else {
@@ -273,9 +275,11 @@ sp_status_t sp__alloc_segment(sp_devalloc_t *d, sp_bpool_t *bp, size_t alloc_siz
     }
     sp_status_t s = sp__alloc_install_segment(d, bp, ptr, alloc_size, stream, context, block_p);
     if (s != SP_SUCCESS) {
-        if (pool->has_allocator)
+        if (pool->has_allocator) {
+            sp__callback_enter();
             pool->allocator.free(ptr, alloc_size, d->device, stream, pool->allocator.ctx);
-        else
+            sp__callback_leave();
+        } else
             (void)sp__g.ops->mem_free(d->device, ptr, alloc_size);
     }
     return s;
@@ -385,10 +389,13 @@ void sp__alloc_release_segment(sp_devalloc_t *d, sp_segment_t *seg, uint32_t con
     size_t size = seg->size;
     sp_stream_t stream = seg->stream;
     detach_segment(d, seg, context);
-    if (pool->has_allocator)
+    if (pool->has_allocator) {
+        sp__callback_enter();
         pool->allocator.free(base, size, d->device, stream, pool->allocator.ctx);
-    else
+        sp__callback_leave();
+    } else {
         (void)sp__g.ops->mem_free(d->device, base, size); /* logged there */
+    }
 }
 
 void sp__alloc_detach_segment(sp_devalloc_t *d, sp_segment_t *seg) {
@@ -766,6 +773,8 @@ static sp_status_t map_pseudo_stream(const char *what, sp_stream_t *stream_p) {
 SP_EXPORT sp_status_t sp_malloc(size_t size, int device, sp_stream_t stream, void **ptr_p) {
     if (SP_UNLIKELY(!ptr_p))
         return sp__error(SP_ERR_INVALID_ARGUMENT, SP_SUB_POOL, "sp_malloc: ptr_p is NULL");
+    if (sp__in_callback())
+        return sp__callback_refused("sp_malloc");
     sp_devalloc_t *d = sp__alloc_device_fast(device);
     if (SP_UNLIKELY(!d))
         SP_CHECK(sp__alloc_device(device, &d));
@@ -814,6 +823,8 @@ static sp_status_t explain_bad_pointer(const char *what, const void *ptr) {
 SP_EXPORT sp_status_t sp_free(void *ptr) {
     if (!ptr)
         return SP_SUCCESS;
+    if (sp__in_callback())
+        return sp__callback_refused("sp_free");
     if (SP_UNLIKELY(!atomic_load_explicit(&sp__ready, memory_order_acquire))) {
         if (sp__fork_cuda_child())
             return sp__fork_error("sp_free");
@@ -888,6 +899,8 @@ sp_status_t sp__alloc_free_sized(void *ptr, int device, size_t *size_p, int *dev
 }
 
 SP_EXPORT sp_status_t sp_record_stream(void *ptr, sp_stream_t stream) {
+    if (sp__in_callback())
+        return sp__callback_refused("sp_record_stream");
     if (SP_UNLIKELY(!atomic_load_explicit(&sp__ready, memory_order_acquire)) || !ptr)
         return sp__error(SP_ERR_INVALID_USAGE, SP_SUB_POOL,
                          "sp_record_stream(%p): not a live sympool block", ptr);

@@ -325,7 +325,9 @@ uint32_t sp__history_capture(bool is_free) {
     sp_history_frame_t hf[MAX_HOOK];
     size_t nhook = 0;
     if (hook != NULL) {
+        sp__callback_enter();
         nhook = hook(hf, MAX_HOOK, hook_arg);
+        sp__callback_leave();
         if (nhook > MAX_HOOK)
             nhook = MAX_HOOK;
     }

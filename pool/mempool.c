@@ -76,6 +76,8 @@ static bool handle_live(const sp_mempool_t *pool) {
 }
 
 sp_status_t sp__mempool_check(const sp_mempool_t *pool, const char *what) {
+    if (sp__in_callback())
+        return sp__callback_refused(what);
     if (SP_UNLIKELY(!pool))
         return sp__error(SP_ERR_INVALID_ARGUMENT, SP_SUB_POOL, "%s: NULL pool", what);
     if (SP_UNLIKELY(!sp__handles_known(pool)))

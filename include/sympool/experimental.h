@@ -53,7 +53,8 @@ enum { SP_X_LOG_VERSION = 1, SP_X_LOG_WARN = 2, SP_X_LOG_INFO = 3, SP_X_LOG_TRAC
 typedef void (*sp_x_log_fn)(int level, const char *line, void *arg);
 
 /** Route log lines to fn (NULL: back to stderr or SYMPOOL_DEBUG_FILE). Not thread-safe against
- * concurrent logging. */
+ * concurrent logging. A sympool call from inside fn returns SP_ERR_INVALID_USAGE (its line goes
+ * to stderr); the caller's sp_last_error() is kept. */
 void sp_x_log_set_fn(sp_x_log_fn fn, void *arg);
 
 /** PyTorch's emptyCache for one device only (sp_empty_cache does every device): wait for the

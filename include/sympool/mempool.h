@@ -26,7 +26,9 @@ typedef struct sp_mempool_id {
     uint64_t first, second;
 } sp_mempool_id_t;
 
-/** A segment allocator; mirrors CUDAPluggableAllocator. */
+/** A segment allocator; mirrors CUDAPluggableAllocator. The callbacks run under the device's
+ * allocator lock: a sympool call from inside one returns SP_ERR_INVALID_USAGE (it would deadlock).
+ */
 typedef struct sp_allocator {
     /** Allocate a segment of @p size bytes; NULL means out of memory. */
     void *(*alloc)(size_t size, int device, sp_stream_t stream, void *ctx);
