@@ -97,6 +97,14 @@ const char *sp_x_size_format(double bytes, char *buf, size_t cap);
 bool sp_x_json_to_pickle(const char *text, size_t len, char **pickle_p, size_t *len_p, char *err,
                          size_t errlen);
 
+/** Write len bytes of buf to path as sp_dump_snapshot writes a snapshot: to a temporary file next
+ * to it, synced, then renamed over it, so the old file stays whole when writing fails (a full
+ * disk) and readers never see half a file; an existing target that is not a regular file (a FIFO,
+ * a directory, a device node) is refused. `sympool plot` writes its SVG with it. Returns
+ * SP_SUCCESS, SP_ERR_INVALID_ARGUMENT or SP_ERR_SYSTEM (the path and the reason in
+ * sp_last_error()). */
+sp_status_t sp_x_file_write_atomic(const char *path, const void *buf, size_t len);
+
 #ifdef __cplusplus
 }
 #endif
