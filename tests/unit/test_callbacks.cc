@@ -164,6 +164,54 @@ TEST_F(Callbacks, FramesHookCallingSympoolIsRefused) {
     expect_refused("sp_malloc");
 }
 
+size_t hook_overclaiming(sp_history_frame_t *frames, size_t max, void *) {
+    frames[0].name = "only";
+    frames[0].filename = "one.py";
+    frames[0].line = 7;
+    return max + 5; // wrote one frame, claims more than it was allowed
+}
+
+// Fills the stack below the caller with non-zero bytes, as earlier calls leave it.
+__attribute__((noinline)) void dirty_stack() {
+    volatile unsigned char junk[16384];
+    for (size_t i = 0; i < sizeof(junk); i++)
+        junk[i] = 0x41;
+}
+
+// A hook that returns more frames than it wrote (or than it may): the frames it did not write
+// were read from uninitialized stack as strings (a crash). They read as "??" now.
+TEST_F(Callbacks, FramesHookClaimingTooManyFramesDoesNotCrash) {
+    Watchdog wd;
+    sp_history_set_frames_hook(hook_overclaiming, nullptr);
+    sp_history_params_t hp;
+    sp_history_params_init(&hp);
+    ASSERT_SP_OK(sp_record_memory_history(&hp));
+    void *p = nullptr;
+    dirty_stack();
+    EXPECT_SP_OK(sp_malloc(4096, 0, nullptr, &p));
+    std::string path = "/tmp/sp_cb_frames_" + std::to_string(getpid()) + ".json";
+    EXPECT_SP_OK(sp_dump_snapshot(path.c_str()));
+    EXPECT_SP_OK(sp_free(p));
+    sp_history_set_frames_hook(nullptr, nullptr);
+    hp.enabled = SP_HISTORY_OFF;
+    EXPECT_SP_OK(sp_record_memory_history(&hp));
+    FILE *f = fopen(path.c_str(), "r");
+    ASSERT_NE(f, nullptr);
+    std::string text;
+    char buf[4096];
+    size_t n;
+    while ((n = fread(buf, 1, sizeof buf, f)) > 0)
+        text.append(buf, n);
+    fclose(f);
+    unlink(path.c_str());
+    EXPECT_NE(text.find(R"({"filename":"one.py","line":7,"name":"only"})"), std::string::npos);
+    // The alloc entry's stack: the written frame, then the unwritten ones as unknown.
+    size_t at = text.find(R"({"filename":"one.py","line":7,"name":"only"},)");
+    ASSERT_NE(at, std::string::npos);
+    std::string next = text.substr(at, 200);
+    EXPECT_NE(next.find(R"(},{"filename":"??","line":0,"name":"??"})"), std::string::npos) << next;
+}
+
 int g_log_lines;
 void log_calling_free(int, const char *, void *) {
     g_log_lines++;
