@@ -254,6 +254,26 @@ sp_grow_refusal_t sp__alloc_segment_room(const sp_devalloc_t *d, const sp_mempoo
     return SP_GROW_DEVICE;
 }
 
+/* A MemPool's own allocator is user code: memory it hands out twice (overlapping a segment
+ * sympool already has) or at the very top of the address space would corrupt the segment index
+ * or make blocks that no free can find. Refused, and given back to it. */
+static sp_status_t check_user_segment(sp_devalloc_t *d, sp_mempool_t *pool, void *ptr, size_t size,
+                                      sp_stream_t stream) {
+    uintptr_t a = (uintptr_t)ptr;
+    const char *why = a > UINTPTR_MAX - size            ? "runs past the end of the address space"
+                      : sp__segidx_overlaps(d, a, size) ? "overlaps a segment sympool already holds"
+                                                        : NULL;
+    if (!why)
+        return SP_SUCCESS;
+    sp__callback_enter();
+    pool->allocator.free(ptr, size, d->device, stream, pool->allocator.ctx);
+    sp__callback_leave();
+    return sp__error(SP_ERR_INVALID_USAGE, SP_SUB_POOL,
+                     "the allocator of pool {%" PRIu64 ",%" PRIu64 "} returned %p for %zu bytes, "
+                     "which %s; it was given back",
+                     pool->id.first, pool->id.second, ptr, size, why);
+}
+
 sp_status_t sp__alloc_segment(sp_devalloc_t *d, sp_bpool_t *bp, size_t alloc_size,
                               sp_stream_t stream, uint32_t context, sp_block_t **block_p,
                               sp_grow_refusal_t *why_p) {
@@ -268,6 +288,7 @@ sp_status_t sp__alloc_segment(sp_devalloc_t *d, sp_bpool_t *bp, size_t alloc_siz
         sp__callback_leave();
         if (!ptr)
             return SP_ERR_OUT_OF_MEMORY;
+        SP_CHECK(check_user_segment(d, pool, ptr, alloc_size, stream));
     } else {
         sp_status_t s = sp__g.ops->mem_alloc(d->device, alloc_size, &ptr);
         if (s != SP_SUCCESS)

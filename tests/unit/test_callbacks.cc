@@ -164,6 +164,68 @@ TEST_F(Callbacks, FramesHookCallingSympoolIsRefused) {
     expect_refused("sp_malloc");
 }
 
+// A segment allocator that hands out one address every time (or one at the top of the address
+// space): the second segment overlapped the first in sympool's segment index, and destroying a
+// pool then read freed memory (ASan: heap-use-after-free); a wrapping segment made blocks no
+// sp_free could find, so sp_shutdown stayed BUSY for ever. Both are refused and given back now.
+struct BadAllocator {
+    void *addr = nullptr;
+    int allocs = 0, frees = 0;
+};
+
+void *bad_alloc(size_t, int, sp_stream_t, void *ctx) {
+    auto *b = static_cast<BadAllocator *>(ctx);
+    b->allocs++;
+    return b->addr;
+}
+
+void bad_free(void *ptr, size_t, int, sp_stream_t, void *ctx) {
+    auto *b = static_cast<BadAllocator *>(ctx);
+    EXPECT_EQ(ptr, b->addr);
+    b->frees++;
+}
+
+TEST_F(Callbacks, SegmentAllocatorReturningOverlappingMemoryIsRefused) {
+    void *arena = aligned_alloc(2 * MiB, 64 * MiB);
+    ASSERT_NE(arena, nullptr);
+    BadAllocator same;
+    same.addr = arena;
+    sp_allocator_t al = {bad_alloc, bad_free, &same};
+    sp_mempool_params_t params;
+    sp_mempool_params_init(&params);
+    params.allocator = &al;
+    sp_mempool_t *a = nullptr, *b = nullptr;
+    ASSERT_SP_OK(sp_mempool_create(&params, &a));
+    ASSERT_SP_OK(sp_mempool_create(&params, &b));
+    void *p = nullptr, *q = nullptr, *r = nullptr;
+    ASSERT_SP_OK(sp_mempool_malloc(a, 1000, nullptr, &p));
+    EXPECT_SP_STATUS(sp_mempool_malloc(b, 1000, nullptr, &q), SP_ERR_INVALID_USAGE);
+    EXPECT_NE(std::string(sp_last_error()).find("overlaps a segment"), std::string::npos)
+        << sp_last_error();
+    EXPECT_EQ(q, nullptr);
+    EXPECT_SP_STATUS(sp_mempool_malloc(a, 3 * MiB, nullptr, &r), SP_ERR_INVALID_USAGE);
+    EXPECT_EQ(same.frees, same.allocs - 1) << "every refused segment is given back";
+    EXPECT_SP_OK(sp_free(p));
+    EXPECT_SP_OK(sp_mempool_destroy(a));
+    EXPECT_SP_OK(sp_mempool_destroy(b));
+    EXPECT_SP_OK(sp_empty_cache());
+    EXPECT_EQ(same.frees, same.allocs);
+
+    BadAllocator top;
+    top.addr = reinterpret_cast<void *>(UINTPTR_MAX - 4095);
+    al.ctx = &top;
+    sp_mempool_t *c = nullptr;
+    ASSERT_SP_OK(sp_mempool_create(&params, &c));
+    EXPECT_SP_STATUS(sp_mempool_malloc(c, 1000, nullptr, &q), SP_ERR_INVALID_USAGE);
+    EXPECT_NE(std::string(sp_last_error()).find("past the end of the address space"),
+              std::string::npos)
+        << sp_last_error();
+    EXPECT_EQ(top.frees, top.allocs);
+    EXPECT_SP_OK(sp_mempool_destroy(c));
+    EXPECT_SP_OK(sp_shutdown());
+    free(arena);
+}
+
 size_t hook_overclaiming(sp_history_frame_t *frames, size_t max, void *) {
     frames[0].name = "only";
     frames[0].filename = "one.py";
