@@ -150,6 +150,11 @@ void sp__log_set_device(int device) {
 }
 
 void sp__log_set_fn(sp_log_fn_t fn, void *arg) {
+    if (in_log_fn) { /* from the log function itself: this thread holds log_lock already */
+        log_fn = fn;
+        log_fn_arg = arg;
+        return;
+    }
     pthread_mutex_lock(&log_lock);
     log_fn = fn;
     log_fn_arg = arg;

@@ -295,4 +295,22 @@ TEST(CallbacksLog, LogFunctionCallingSympoolDoesNotDeadlock) {
     EXPECT_NE(msg.find("sp_free(0x3000)"), std::string::npos) << msg;
 }
 
+int g_self_removing_lines;
+void log_removing_itself(int, const char *, void *) {
+    g_self_removing_lines++;
+    sp_x_log_set_fn(nullptr, nullptr); // one line is enough: uninstall from inside the function
+}
+
+// A log function that uninstalls itself (or installs another) from inside: setting the function
+// took the log lock this thread already held (deadlock).
+TEST(CallbacksLog, LogFunctionMayReplaceItself) {
+    Watchdog wd;
+    g_self_removing_lines = 0;
+    sp_x_log_set_fn(log_removing_itself, nullptr);
+    EXPECT_SP_STATUS(sp_free(reinterpret_cast<void *>(0x4000)), SP_ERR_INVALID_USAGE);
+    EXPECT_SP_STATUS(sp_free(reinterpret_cast<void *>(0x5000)), SP_ERR_INVALID_USAGE);
+    sp_x_log_set_fn(nullptr, nullptr);
+    EXPECT_EQ(g_self_removing_lines, 1) << "the second line must not reach the removed function";
+}
+
 } // namespace
