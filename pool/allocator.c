@@ -10,6 +10,7 @@
  * except the exported entry points, which take it exactly once on the cache-hit path and make
  * no device call there.
  */
+#include <assert.h>
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -76,8 +77,42 @@ void sp__fmt_size(size_t bytes, char *buf, size_t len) {
 
 /* ---- block structs ----------------------------------------------------------------------- */
 
-/* Block structs are recycled through a per-device list so that a split on the cache-hit path
- * costs no host malloc. */
+/* Block structs come from per-device slabs and go back to a per-device spare list: a split on
+ * the cache-hit path costs no host malloc, and a block costs its struct and no allocator header
+ * (a million live blocks are a million structs). Slabs are freed by sp_shutdown. 1023 structs
+ * keep a slab below glibc's mmap threshold. */
+#define SLAB_BLOCKS 1023
+
+struct sp_block_slab {
+    struct sp_block_slab *next;
+    sp_block_t blocks[SLAB_BLOCKS];
+};
+
+/* A new slab: its first struct for the caller (zeroed), the rest onto the spare list. */
+static sp_block_t *slab_refill(sp_devalloc_t *d) {
+    struct sp_block_slab *s = calloc(1, sizeof(*s));
+    if (!s)
+        return NULL;
+    s->next = d->slabs;
+    d->slabs = s;
+    for (int i = SLAB_BLOCKS - 1; i >= 1; i--) {
+        s->blocks[i].hnext = d->spare;
+        d->spare = &s->blocks[i];
+    }
+    return &s->blocks[0];
+}
+
+void sp__block_slabs_free(sp_devalloc_t *d) {
+    struct sp_block_slab *s = d->slabs;
+    while (s) {
+        struct sp_block_slab *nx = s->next;
+        free(s);
+        s = nx;
+    }
+    d->slabs = NULL;
+    d->spare = NULL;
+}
+
 sp_block_t *sp__block_new(sp_devalloc_t *d) {
     sp_block_t *b = d->spare;
     if (b) {
@@ -85,7 +120,7 @@ sp_block_t *sp__block_new(sp_devalloc_t *d) {
         memset(b, 0, sizeof(*b));
         return b;
     }
-    return calloc(1, sizeof(*b));
+    return slab_refill(d);
 }
 
 /* sp__block_new for a struct the caller fills completely: no zeroing. A recycled struct's
@@ -96,13 +131,14 @@ static inline sp_block_t *block_take(sp_devalloc_t *d) {
         d->spare = b->hnext;
         return b;
     }
-    return calloc(1, sizeof(*b));
+    return slab_refill(d);
 }
 
 void sp__block_recycle(sp_devalloc_t *d, sp_block_t *b) {
     if (b->context)
         sp__history_context_release(b->context);
     if (b->uses) {
+        free(b->uses->s);
         free(b->uses);
         b->uses = NULL;
     }
@@ -113,17 +149,17 @@ void sp__block_recycle(sp_devalloc_t *d, sp_block_t *b) {
 
 /* ---- finding and handing out blocks ------------------------------------------------------ */
 
-/* get_free_block without the removal: the fitting block, the link to it and its in-order
- * predecessor, so that a split can put the remainder in the block's place in the tree. */
-static inline sp_block_t *find_fit(sp_devalloc_t *d, sp_bpool_t *bp, size_t size,
-                                   sp_stream_t stream, sp_block_t ***slot_p, sp_block_t **pred_p) {
+/* get_free_block without the removal: the fitting block and its in-order predecessor, so that
+ * a split can put the remainder in the block's place in the tree. */
+static inline __attribute__((always_inline)) sp_block_t *
+find_fit(sp_devalloc_t *d, sp_bpool_t *bp, size_t size, sp_stream_t stream, sp_block_t **pred_p) {
     if (SP_UNLIKELY(d->gc_enabled))
         bp->gfb_count++;
-    sp_block_t *b = sp__bset_find_fit(&bp->free, stream, size, slot_p, pred_p);
+    sp_block_t *b = sp__bset_find_fit(&bp->free, stream, size, pred_p);
     if (!b || b->stream != stream)
         return NULL;
     if (SP_UNLIKELY(b->seg->expandable))
-        b = sp__exp_best_fit(bp, b, stream, slot_p, pred_p);
+        b = sp__exp_best_fit(bp, b, stream, pred_p);
     size_t mss = sp__g.conf.max_split_size;
     /* Oversize rules: small requests never take oversize blocks, and an oversize request takes
      * an oversize block only if it wastes less than max_non_split_rounding. */
@@ -135,8 +171,8 @@ static inline sp_block_t *find_fit(sp_devalloc_t *d, sp_bpool_t *bp, size_t size
 
 sp_block_t *sp__alloc_get_free_block(sp_devalloc_t *d, sp_bpool_t *bp, size_t size,
                                      sp_stream_t stream) {
-    sp_block_t **slot = NULL, *pred = NULL;
-    sp_block_t *b = find_fit(d, bp, size, stream, &slot, &pred);
+    sp_block_t *pred = NULL;
+    sp_block_t *b = find_fit(d, bp, size, stream, &pred);
     if (b)
         sp__bset_remove(&bp->free, b);
     return b;
@@ -153,17 +189,17 @@ static inline bool should_split(const sp_bpool_t *bp, const sp_block_t *b, size_
     return size < sp__g.conf.max_split_size && remaining > SP_SMALL_SIZE;
 }
 
-/* found_block. slot != NULL: b is still in its free set at *slot with in-order predecessor
- * pred, and leaves it here (the cache-hit path); slot == NULL: b is in no set.
+/* found_block. in_set: b is still in its free set with in-order predecessor pred (from
+ * find_fit), and leaves it here (the cache-hit path); otherwise b is in no set.
  *
  * Hot/cold pair: hand_out is the HOT form, forced inline into alloc_malloc's cache-hit path
- * with `hist` read once by the caller and the tree slot from find_fit, so a hit costs no call
+ * with `hist` read once by the caller and the predecessor from find_fit, so a hit costs no call
  * and no second tree walk. sp__alloc_found_block below is its COLD twin: one out-of-line copy
  * for the miss path and for sym_primitives.c (a fresh segment's block or a block already taken
  * from its set), so the inline body is not copied into every rare caller. Same body, so the
  * two cannot drift apart. */
 static inline __attribute__((always_inline)) void hand_out(sp_devalloc_t *d, sp_block_t *b,
-                                                           sp_block_t **slot, sp_block_t *pred,
+                                                           bool in_set, sp_block_t *pred,
                                                            size_t size, size_t orig,
                                                            uint32_t context, bool hist) {
     sp_bpool_t *bp = b->seg->bpool;
@@ -176,23 +212,21 @@ static inline __attribute__((always_inline)) void hand_out(sp_devalloc_t *d, sp_
          * Every field is set here or by the set (links, height, in_set) below. */
         rem->addr = b->addr + size;
         rem->size = b->size - size;
-        rem->requested = 0;
         rem->stream = b->stream;
         rem->seg = b->seg;
         rem->hnext = NULL;
         rem->gc_count = bp->gfb_count;
         rem->uses = NULL;
-        rem->nuses = rem->cap_uses = 0;
         rem->context = 0;
         rem->event_count = 0;
         rem->allocated = false;
         rem->unmapped = false; /* a recycled struct may have been an unmapped block */
         /* The remainder sorts below b (smaller, same stream); if it also sorts above b's
          * predecessor it can take b's node as it is. b's key must be intact until then. */
-        if (slot && (!pred || sp__bset_less(&bp->free, pred, rem))) {
-            sp__bset_replace_at(slot, b, rem);
+        if (in_set && (!pred || sp__bset_less(&bp->free, pred, rem))) {
+            sp__bset_replace(&bp->free, b, rem);
         } else {
-            if (slot)
+            if (in_set)
                 sp__bset_remove(&bp->free, b);
             sp__bset_insert(&bp->free, rem);
         }
@@ -212,7 +246,7 @@ static inline __attribute__((always_inline)) void hand_out(sp_devalloc_t *d, sp_
             sp__stat_inc(st, SP_ST_INACTIVE_SPLIT, small, 1);
         }
     } else {
-        if (slot)
+        if (in_set)
             sp__bset_remove(&bp->free, b);
         if (already_split && !b->seg->expandable) {
             sp__stat_dec(st, SP_ST_INACTIVE_SPLIT_BYTES, small, (int64_t)b->size);
@@ -222,7 +256,6 @@ static inline __attribute__((always_inline)) void hand_out(sp_devalloc_t *d, sp_
     b->allocated = true;
     b->requested = orig;
     b->context = context;
-    b->nuses = 0;
     sp__ptr_map_insert(&d->map, b);
     bp->pool->used += b->size;
     sp__stat_inc(st, SP_ST_ALLOCATION, small, 1);
@@ -240,7 +273,8 @@ static inline __attribute__((always_inline)) void hand_out(sp_devalloc_t *d, sp_
 /* COLD twin of hand_out (see there): b is in no free set. */
 void sp__alloc_found_block(sp_devalloc_t *d, sp_block_t *b, size_t size, size_t orig,
                            uint32_t context) {
-    hand_out(d, b, NULL, NULL, size, orig, context, sp__history_on());
+    assert(!b->in_set);
+    hand_out(d, b, false, NULL, size, orig, context, sp__history_on());
 }
 
 /* ---- segments ---------------------------------------------------------------------------- */
@@ -447,8 +481,12 @@ static void detach_segment(sp_devalloc_t *d, sp_segment_t *seg, uint32_t context
 
 /* ---- free -------------------------------------------------------------------------------- */
 
+/* A block in the set is free with no events and no recorded streams: a block leaves the set
+ * before it is handed out, and a freed block enters it only once its events are done and its
+ * uses are consumed. */
 static inline bool mergeable(const sp_block_t *n) {
-    return n && n->in_set && !n->allocated && n->event_count == 0 && n->nuses == 0;
+    assert(!n || !n->in_set || (!n->allocated && n->event_count == 0 && !n->uses));
+    return n && n->in_set;
 }
 
 /* Hot/cold pair: free_block is the HOT form, forced inline into free_locked (sp_free's path)
@@ -470,9 +508,9 @@ static inline __attribute__((always_inline)) void free_block(sp_devalloc_t *d, s
      * node's successor: no remove + insert. Both merge: p leaves the set first. */
     if (mp && mn)
         sp__bset_remove(set, p);
-    sp_block_t *old = mn ? n : mp ? p : NULL, **slot = NULL, *succ = NULL;
+    sp_block_t *old = mn ? n : mp ? p : NULL, *succ = NULL;
     if (old)
-        slot = sp__bset_locate(set, old, &succ);
+        succ = sp__bset_succ(set, old);
     if (mp) {
         b->addr = p->addr;
         b->size += p->size;
@@ -505,10 +543,9 @@ static inline __attribute__((always_inline)) void free_block(sp_devalloc_t *d, s
     sp__stat_dec(st, SP_ST_ACTIVE, bp->is_small, 1);
     sp__stat_dec(st, SP_ST_ACTIVE_BYTES, bp->is_small, (int64_t)orig_size);
     sp__stat_dec(st, SP_ST_REQUESTED_BYTES, bp->is_small, (int64_t)req);
-    b->requested = 0;
-    b->gc_count = bp->gfb_count;
-    if (slot && (!succ || sp__bset_less(set, b, succ))) {
-        sp__bset_replace_at(slot, old, b);
+    b->gc_count = bp->gfb_count; /* shares requested's storage: req above keeps the value */
+    if (old && (!succ || sp__bset_less(set, b, succ))) {
+        sp__bset_replace(set, old, b);
     } else {
         if (old)
             sp__bset_remove(set, old);
@@ -549,7 +586,7 @@ static inline __attribute__((always_inline)) void free_locked(sp_devalloc_t *d, 
     if (SP_UNLIKELY(hist))
         sp__history_record(d->device, SP_TRACE_FREE_REQUESTED, b->addr, b->requested,
                            (uintptr_t)b->stream, bp->pool->id, context ? context : b->context);
-    if (SP_LIKELY(b->nuses == 0) || sp__alloc_insert_events(d, b) != SP_SUCCESS ||
+    if (SP_LIKELY(!sp__block_has_uses(b)) || sp__alloc_insert_events(d, b) != SP_SUCCESS ||
         b->event_count == 0)
         free_block(d, b, context, hist);
 }
@@ -686,10 +723,10 @@ alloc_malloc(sp_devalloc_t *d, sp_mempool_t *pool, size_t orig, sp_stream_t stre
     size_t size = SP_LIKELY(sp__g.round_plain) ? round_512(orig) : sp__round_size(orig);
     sp_bpool_t *bp = size <= SP_SMALL_SIZE ? &pool->small : &pool->large;
     bool nocache = sp__g.conf.no_caching;
-    sp_block_t **slot = NULL, *pred = NULL;
-    sp_block_t *b = nocache ? NULL : find_fit(d, bp, size, stream, &slot, &pred);
+    sp_block_t *pred = NULL;
+    sp_block_t *b = nocache ? NULL : find_fit(d, bp, size, stream, &pred);
     if (SP_LIKELY(b)) {
-        hand_out(d, b, slot, pred, size, orig, ctx, hist);
+        hand_out(d, b, true, pred, size, orig, ctx, hist);
         *ptr_p = (void *)b->addr;
         sp__unlock(&d->lock);
         return SP_SUCCESS;
@@ -955,23 +992,32 @@ SP_EXPORT sp_status_t sp_record_stream(void *ptr, sp_stream_t stream) {
             sp__unlock(&d->lock);
             return SP_SUCCESS; /* a use on the allocation stream needs no event */
         }
-        for (uint32_t k = 0; k < b->nuses; k++) {
-            if (b->uses[k] == stream) {
+        sp_block_uses_t *us = b->uses;
+        for (uint32_t k = 0; us && k < us->n; k++) {
+            if (us->s[k] == stream) {
                 sp__unlock(&d->lock);
                 return SP_SUCCESS;
             }
         }
-        if (b->nuses == b->cap_uses) {
-            uint32_t cap = b->cap_uses ? b->cap_uses * 2 : 4;
-            sp_stream_t *u = realloc(b->uses, cap * sizeof(*u));
+        if (!us) {
+            us = calloc(1, sizeof(*us));
+            if (!us) {
+                sp__unlock(&d->lock);
+                return sp__error(SP_ERR_SYSTEM, SP_SUB_POOL, "out of host memory");
+            }
+            b->uses = us;
+        }
+        if (us->n == us->cap) {
+            uint32_t cap = us->cap ? us->cap * 2 : 4;
+            sp_stream_t *u = realloc(us->s, cap * sizeof(*u));
             if (!u) {
                 sp__unlock(&d->lock);
                 return sp__error(SP_ERR_SYSTEM, SP_SUB_POOL, "out of host memory");
             }
-            b->uses = u;
-            b->cap_uses = cap;
+            us->s = u;
+            us->cap = cap;
         }
-        b->uses[b->nuses++] = stream;
+        us->s[us->n++] = stream;
         sp__unlock(&d->lock);
         return SP_SUCCESS;
     }

@@ -99,25 +99,26 @@ typedef struct sp_evq {
 /* ---- per-device allocator ---------------------------------------------------------------- */
 
 typedef struct sp_devalloc {
-    sp_lock_t lock;             /* guards everything below and every pool of this device */
-    int device;                 /* (const) */
-    size_t total_mem;           /* device total bytes, read at init (const) */
-    size_t allowed_max;         /* memory-fraction cap, SIZE_MAX = none (lock) */
-    size_t total_reserved;      /* bytes of all segments of the device (lock) */
-    bool gc_enabled;            /* fraction set and gc threshold > 0 (lock) */
-    sp_dev_stats_t stats;       /* (lock) */
-    sp_mempool_t *default_pool; /* {0,0} (const) */
-    sp_mempool_t *pools;        /* user and symmetric pools in creation order (lock) */
-    sp_mempool_t *pools_tail;   /* (lock) */
-    sp_ptr_map_t map;           /* allocated blocks by start address (lock) */
-    sp_segment_t **segs;        /* all segments sorted by base address (lock) */
-    size_t nsegs;               /* (lock) */
-    size_t cap_segs;            /* (lock) */
-    sp_evq_t *evqs;             /* per-stream event FIFOs (lock) */
-    size_t pending_events;      /* entries in all evqs (lock) */
-    sp_block_t *spare;          /* recycled block structs (lock) */
-    atomic_uintptr_t lo;        /* lowest segment address ever (free's device guess) */
-    atomic_uintptr_t hi;        /* highest segment end ever */
+    sp_lock_t lock;              /* guards everything below and every pool of this device */
+    int device;                  /* (const) */
+    size_t total_mem;            /* device total bytes, read at init (const) */
+    size_t allowed_max;          /* memory-fraction cap, SIZE_MAX = none (lock) */
+    size_t total_reserved;       /* bytes of all segments of the device (lock) */
+    bool gc_enabled;             /* fraction set and gc threshold > 0 (lock) */
+    sp_dev_stats_t stats;        /* (lock) */
+    sp_mempool_t *default_pool;  /* {0,0} (const) */
+    sp_mempool_t *pools;         /* user and symmetric pools in creation order (lock) */
+    sp_mempool_t *pools_tail;    /* (lock) */
+    sp_ptr_map_t map;            /* allocated blocks by start address (lock) */
+    sp_segment_t **segs;         /* all segments sorted by base address (lock) */
+    size_t nsegs;                /* (lock) */
+    size_t cap_segs;             /* (lock) */
+    sp_evq_t *evqs;              /* per-stream event FIFOs (lock) */
+    size_t pending_events;       /* entries in all evqs (lock) */
+    sp_block_t *spare;           /* idle block structs (lock) */
+    struct sp_block_slab *slabs; /* where every block struct lives, until sp_shutdown (lock) */
+    atomic_uintptr_t lo;         /* lowest segment address ever (free's device guess) */
+    atomic_uintptr_t hi;         /* highest segment end ever */
 } sp_devalloc_t;
 
 typedef struct sp_alloc_global {
@@ -239,6 +240,8 @@ void sp__alloc_release_segment(sp_devalloc_t *d, sp_segment_t *seg, uint32_t con
  * and the statistics; the caller (symmetric/, outside the lock) frees its memory. */
 void sp__alloc_detach_segment(sp_devalloc_t *d, sp_segment_t *seg);
 sp_block_t *sp__block_new(sp_devalloc_t *d);
+/* Free every block struct of d at once (sp_shutdown, after its pools are gone). */
+void sp__block_slabs_free(sp_devalloc_t *d);
 void sp__block_recycle(sp_devalloc_t *d, sp_block_t *b);
 /* Is this block a whole free segment that may be released? */
 static inline bool sp__block_releasable(const sp_block_t *b) {

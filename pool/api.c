@@ -64,13 +64,7 @@ static void dev_fini(sp_devalloc_t *d) {
     }
     if (d->default_pool)
         sp__mempool_retire(d->default_pool);
-    sp_block_t *b = d->spare;
-    while (b) {
-        sp_block_t *nx = b->hnext;
-        free(b->uses);
-        free(b);
-        b = nx;
-    }
+    sp__block_slabs_free(d);
     sp__ptr_map_fini(&d->map);
     free(d->segs);
 }

@@ -17,29 +17,49 @@ struct sp_segment;
 struct sp_bpool;
 struct sp_devalloc;
 
+/* Streams recorded on an allocated block by sp_record_stream (rare: kept out of the block). */
+typedef struct sp_block_uses {
+    uint32_t n;     /* entries in s (lock) */
+    uint32_t cap;   /* capacity of s (lock) */
+    sp_stream_t *s; /* (malloc'd) (lock) */
+} sp_block_uses_t;
+
+/* A block is in one of four states: allocated (in the pointer map), pending (freed, waiting for
+ * events), free (in its block pool's set) or unmapped (expandable address space, on its bpool's
+ * unmapped list), or idle on the device's spare list. Fields used in disjoint states share
+ * storage, which keeps a block at 104 bytes: the pointer-map chain and the tree's parent link,
+ * the caller's size and the GC age. */
 typedef struct sp_block {
-    uintptr_t addr;         /* start address (lock) */
-    size_t size;            /* bytes, a multiple of 512 (lock) */
-    size_t requested;       /* caller's size while allocated or pending, else 0 (lock) */
+    uintptr_t addr; /* start address (lock) */
+    size_t size;    /* bytes, a multiple of 512 (lock) */
+    union {
+        size_t requested;  /* caller's size while allocated or pending (lock) */
+        uint64_t gc_count; /* while in_set: bpool's get_free_block count when inserted (GC age) */
+    };
     sp_stream_t stream;     /* allocation stream == its segment's stream (const) */
     struct sp_segment *seg; /* owning segment (const) */
     struct sp_block *prev;  /* lower neighbour in the segment, NULL at its start (lock) */
     struct sp_block *next;  /* higher neighbour in the segment (lock) */
-    struct sp_block *left;  /* free-set tree links, valid while in_set (lock) */
+    struct sp_block *left;  /* free-set tree links while in_set; the unmapped list's (lock) */
     struct sp_block *right; /* (lock) */
-    struct sp_block *hnext; /* pointer-map chain while allocated; spare list otherwise */
-    uint64_t gc_count;      /* bpool's get_free_block count when inserted (GC age) */
-    sp_stream_t *uses;      /* streams recorded by sp_record_stream (malloc'd) (lock) */
-    uint32_t nuses;         /* entries in uses (lock) */
-    uint32_t cap_uses;      /* capacity of uses (lock) */
-    uint32_t context;       /* history context of the allocation, 0 if none (lock) */
-    int32_t event_count;    /* outstanding events of a pending free (lock) */
-    int8_t height;          /* AVL height while in_set (lock) */
-    bool allocated;         /* handed out and not yet freed (lock) */
-    bool in_set;            /* in its bpool's free set (lock) */
-    bool unmapped;          /* expandable: address space without memory; in its bpool's
-                             * unmapped list (chained by left/right), never in a set (lock) */
+    union {
+        struct sp_block *parent; /* free-set tree link while in_set (lock) */
+        struct sp_block *hnext;  /* pointer-map chain while allocated; spare list while idle */
+    };
+    sp_block_uses_t *uses; /* recorded streams of an allocated block, else NULL (lock) */
+    uint32_t context;      /* history context of the allocation, 0 if none (lock) */
+    int32_t event_count;   /* outstanding events of a pending free (lock) */
+    int8_t height;         /* AVL height while in_set (lock) */
+    bool allocated;        /* handed out and not yet freed (lock) */
+    bool in_set;           /* in its bpool's free set (lock) */
+    bool unmapped;         /* expandable: address space without memory; in its bpool's
+                            * unmapped list (chained by left/right), never in a set (lock) */
 } sp_block_t;
+
+/* Does b have recorded streams that its free must wait for? */
+static inline bool sp__block_has_uses(const sp_block_t *b) {
+    return b->uses != NULL;
+}
 
 typedef struct sp_segment {
     uintptr_t base;             /* start address (const) */

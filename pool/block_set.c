@@ -1,18 +1,24 @@
 /*
- * block_set.c: the free set of a block pool, an intrusive AVL tree of free blocks.
+ * block_set.c: the free set of a block pool, an intrusive AVL tree of free blocks with parent
+ * links.
  *
  * Order: (stream, size, address) for ordinary pools, which makes lower_bound on (stream, size)
  * PyTorch's best fit: the smallest free block of the same stream that is large enough, the lowest
  * address among equals. Symmetric pools order ties by (segment seq, offset) instead, so that
  * every rank holding the same cache picks the same block whatever its virtual addresses.
- * Keys are unique (no two blocks share an address). Insert, remove and lower_bound are O(log n)
- * and allocate nothing. The caller holds the device allocator lock.
+ * Keys are unique (no two blocks share an address). The caller holds the device allocator lock.
+ *
+ * Insert and remove are iterative and allocate nothing. Parent links let a removal unlink its
+ * block where it is (no search from the root) and let the rebalancing walk up only as far as
+ * a subtree's height changes, which is O(1) amortized for the traffic a cache sees. An insert
+ * next to the hint (block_set.h) starts there: the block sorts just below the hint and above
+ * the hint's predecessor, so it is linked beside them without a root walk; any other insert
+ * walks down from the root, O(log n).
  *
  * The cache-hit path avoids a remove + insert pair where it can: a split remainder or a merged
  * block whose key still sorts strictly between the old node's in-order neighbours takes that
  * node's place in the tree (same links, same height), which keeps both the order and the AVL
- * balance. sp__bset_find_fit and sp__bset_locate (inline in block_set.h, for the hot path)
- * report the link and the neighbour to check.
+ * balance (sp__bset_replace).
  */
 #include <assert.h>
 
@@ -27,95 +33,157 @@ static void fix_height(sp_block_t *b) {
     b->height = (int8_t)((hl > hr ? hl : hr) + 1);
 }
 
-static sp_block_t *rot_right(sp_block_t *y) {
+/* Make nb (may be NULL) the child of p that old was, or the root when p is NULL. */
+static void relink(sp_block_set_t *set, sp_block_t *p, const sp_block_t *old, sp_block_t *nb) {
+    if (!p)
+        set->root = nb;
+    else if (p->left == old)
+        p->left = nb;
+    else
+        p->right = nb;
+    if (nb)
+        nb->parent = p;
+}
+
+static sp_block_t *rot_right(sp_block_set_t *set, sp_block_t *y) {
     sp_block_t *x = y->left;
+    sp_block_t *p = y->parent;
     y->left = x->right;
+    if (y->left)
+        y->left->parent = y;
     x->right = y;
+    y->parent = x;
+    relink(set, p, y, x);
     fix_height(y);
     fix_height(x);
     return x;
 }
 
-static sp_block_t *rot_left(sp_block_t *x) {
+static sp_block_t *rot_left(sp_block_set_t *set, sp_block_t *x) {
     sp_block_t *y = x->right;
+    sp_block_t *p = x->parent;
     x->right = y->left;
+    if (x->right)
+        x->right->parent = x;
     y->left = x;
+    x->parent = y;
+    relink(set, p, x, y);
     fix_height(x);
     fix_height(y);
     return y;
 }
 
-static sp_block_t *balance(sp_block_t *n) {
-    fix_height(n);
-    int bf = height(n->left) - height(n->right);
-    if (bf > 1) {
-        if (height(n->left->left) < height(n->left->right))
-            n->left = rot_left(n->left);
-        return rot_right(n);
+/* Rebalance from n up to the root, stopping where a subtree keeps the height it had: nothing
+ * above it can have changed. n's own stored height is still its height before the change. */
+static void retrace(sp_block_set_t *set, sp_block_t *n) {
+    while (n) {
+        int before = n->height;
+        int bf = height(n->left) - height(n->right);
+        if (bf > 1) {
+            if (height(n->left->left) < height(n->left->right))
+                (void)rot_left(set, n->left);
+            n = rot_right(set, n);
+        } else if (bf < -1) {
+            if (height(n->right->right) < height(n->right->left))
+                (void)rot_right(set, n->right);
+            n = rot_left(set, n);
+        } else {
+            fix_height(n);
+        }
+        if (n->height == before)
+            return;
+        n = n->parent;
     }
-    if (bf < -1) {
-        if (height(n->right->right) < height(n->right->left))
-            n->right = rot_right(n->right);
-        return rot_left(n);
-    }
-    return n;
-}
-
-static sp_block_t *insert(bool by_seq, sp_block_t *n, sp_block_t *b) {
-    if (!n)
-        return b;
-    if (sp__bset_cmp(by_seq, b, n) < 0)
-        n->left = insert(by_seq, n->left, b);
-    else
-        n->right = insert(by_seq, n->right, b);
-    return balance(n);
-}
-
-/* Detach the minimum of subtree n into *min_p; returns the new subtree root. */
-static sp_block_t *remove_min(sp_block_t *n, sp_block_t **min_p) {
-    if (!n->left) {
-        *min_p = n;
-        return n->right;
-    }
-    n->left = remove_min(n->left, min_p);
-    return balance(n);
-}
-
-static sp_block_t *remove_node(bool by_seq, sp_block_t *n, const sp_block_t *b) {
-    if (!n)
-        return NULL; /* not found: the caller's in_set flag makes this unreachable */
-    int c = sp__bset_cmp(by_seq, b, n);
-    if (c < 0) {
-        n->left = remove_node(by_seq, n->left, b);
-    } else if (c > 0) {
-        n->right = remove_node(by_seq, n->right, b);
-    } else {
-        sp_block_t *l = n->left, *r = n->right;
-        if (!r)
-            return l;
-        sp_block_t *m = NULL;
-        r = remove_min(r, &m);
-        m->left = l;
-        m->right = r;
-        return balance(m);
-    }
-    return balance(n);
 }
 
 void sp__bset_insert(sp_block_set_t *set, sp_block_t *b) {
     b->left = b->right = NULL;
     b->height = 1;
     b->in_set = true;
-    set->root = insert(set->by_seq, set->root, b);
     set->count++;
+    sp_block_t *parent = NULL;
+    bool left = false;
+    sp_block_t *h = set->hint;
+    if (h && sp__bset_less(set, b, h)) {
+        /* Between the hint's predecessor and the hint: the hint's left link is free when the
+         * predecessor is an ancestor, else the predecessor (rightmost below the hint's left
+         * child) has a free right link. */
+        sp_block_t *p = sp__bset_pred(set, h);
+        if (!p || sp__bset_less(set, p, b)) {
+            if (!h->left) {
+                parent = h;
+                left = true;
+            } else {
+                parent = p;
+            }
+        }
+    }
+    if (!parent) {
+        sp_block_t *n = set->root;
+        if (!n) {
+            b->parent = NULL;
+            set->root = set->min = set->hint = b;
+            return;
+        }
+        for (;;) {
+            left = sp__bset_less(set, b, n);
+            sp_block_t *next = left ? n->left : n->right;
+            if (!next)
+                break;
+            n = next;
+        }
+        parent = n;
+    }
+    b->parent = parent;
+    if (left) {
+        parent->left = b;
+        if (parent == set->min)
+            set->min = b;
+    } else {
+        parent->right = b;
+    }
+    set->hint = b;
+    retrace(set, parent);
 }
 
 void sp__bset_remove(sp_block_set_t *set, sp_block_t *b) {
     if (!b->in_set)
         return;
-    set->root = remove_node(set->by_seq, set->root, b);
+    if (set->hint == b || set->min == b) {
+        /* The block after b is the next candidate for the query that found b. */
+        sp_block_t *s = sp__bset_succ(set, b);
+        if (set->hint == b)
+            set->hint = s;
+        if (set->min == b)
+            set->min = s;
+    }
+    sp_block_t *l = b->left, *r = b->right, *p = b->parent, *start;
+    if (!l || !r) {
+        relink(set, p, b, l ? l : r);
+        start = p;
+    } else {
+        /* Two children: b's successor m (leftmost of r) takes b's place. */
+        sp_block_t *m = r;
+        while (m->left)
+            m = m->left;
+        if (m == r) {
+            start = m;
+        } else {
+            start = m->parent;
+            start->left = m->right;
+            if (m->right)
+                m->right->parent = start;
+            m->right = r;
+            r->parent = m;
+        }
+        m->left = l;
+        l->parent = m;
+        m->height = b->height; /* the height of the subtree at b's place before the removal */
+        relink(set, p, b, m);
+    }
+    retrace(set, start);
     b->in_set = false;
-    b->left = b->right = NULL;
+    b->left = b->right = b->parent = NULL;
     set->count--;
 }
 
@@ -123,9 +191,7 @@ sp_block_t *sp__bset_lower_bound(const sp_block_set_t *set, sp_stream_t stream, 
     uintptr_t s = (uintptr_t)stream;
     sp_block_t *n = set->root, *best = NULL;
     while (n) {
-        uintptr_t ns = (uintptr_t)n->stream;
-        bool less = ns < s || (ns == s && n->size < size);
-        if (less) {
+        if (sp__bset_below(n, s, size)) {
             n = n->right;
         } else {
             best = n;
@@ -136,17 +202,24 @@ sp_block_t *sp__bset_lower_bound(const sp_block_set_t *set, sp_stream_t stream, 
 }
 
 #ifndef NDEBUG
-/* Walk subtree n: in-order keys strictly increasing after *last, AVL heights right and balanced,
- * every node marked in_set. Returns the subtree height; counts nodes into *count. */
-static int check(bool by_seq, const sp_block_t *n, const sp_block_t **last, size_t *count) {
+/* Walk subtree n: in-order keys strictly increasing after *last, parent links and AVL heights
+ * right and balanced, every node marked in_set; *hint_seen when the hint is among them. Returns
+ * the subtree height; counts nodes into *count. */
+static int check(const sp_block_set_t *set, const sp_block_t *n, const sp_block_t *parent,
+                 const sp_block_t **last, size_t *count, bool *hint_seen) {
     if (!n)
         return 0;
-    int hl = check(by_seq, n->left, last, count);
+    assert(n->parent == parent);
+    int hl = check(set, n->left, n, last, count, hint_seen);
     assert(n->in_set);
-    assert(!*last || sp__bset_cmp(by_seq, *last, n) < 0);
+    assert(!*last || sp__bset_cmp(set->by_seq, *last, n) < 0);
+    if (!*last)
+        assert(set->min == n);
     *last = n;
     (*count)++;
-    int hr = check(by_seq, n->right, last, count);
+    if (n == set->hint)
+        *hint_seen = true;
+    int hr = check(set, n->right, n, last, count, hint_seen);
     assert(hl - hr <= 1 && hr - hl <= 1);
     assert(n->height == (hl > hr ? hl : hr) + 1);
     return n->height;
@@ -157,7 +230,10 @@ void sp__bset_check(const sp_block_set_t *set) {
         return; /* debug builds only, and O(n): keep big caches usable */
     const sp_block_t *last = NULL;
     size_t count = 0;
-    (void)check(set->by_seq, set->root, &last, &count);
+    bool hint_seen = false;
+    (void)check(set, set->root, NULL, &last, &count, &hint_seen);
     assert(count == set->count);
+    assert(set->root || !set->min);
+    assert(!set->hint || hint_seen);
 }
 #endif

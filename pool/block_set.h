@@ -1,6 +1,7 @@
 /*
- * block_set.h: private to pool/: the free set of a block pool, an AVL tree (block_set.c holds
- * insert, remove and the debug check; the lookups on the malloc and free paths are inline).
+ * block_set.h: private to pool/: the free set of a block pool, an AVL tree with parent links
+ * (block_set.c holds insert, remove and the debug check; the lookups and neighbour steps on the
+ * malloc and free paths are inline).
  */
 #ifndef SP_POOL_BLOCK_SET_H
 #define SP_POOL_BLOCK_SET_H
@@ -13,9 +14,18 @@
 #include "pool/block.h"
 
 /* The free set: an AVL tree ordered by (stream, size, address), or for symmetric pools by
- * (stream, size, segment seq, offset) so that best fit is rank-independent. */
+ * (stream, size, segment seq, offset) so that best fit is rank-independent.
+ *
+ * Two cached positions keep the common case off the root path: `min`, the first block (so the
+ * predecessor of the first block is known without walking up the left spine), and `hint`, the
+ * block the last lookup or insert ended on. A caching allocator's traffic is mostly the same
+ * sizes again: the block just freed is the next best fit, the block after the one just taken
+ * is the next candidate. Both are only starting points: a lookup checks the hint against its
+ * in-order predecessor before trusting it, so every answer is the one the root walk gives. */
 typedef struct sp_block_set {
     sp_block_t *root; /* (lock) */
+    sp_block_t *min;  /* the first block in order, NULL when empty (lock) */
+    sp_block_t *hint; /* a block in the set, or NULL (lock) */
     size_t count;     /* blocks in the set (lock) */
     bool by_seq;      /* symmetric ordering (const) */
 } sp_block_set_t;
@@ -39,77 +49,106 @@ static inline int sp__bset_cmp(bool by_seq, const sp_block_t *a, const sp_block_
     return 0;
 }
 
-/* lower_bound that also gives the link pointing at the result (*slot_p) and the result's in-order
- * predecessor (*pred_p, NULL if none), for sp__bset_replace_at.
- * sp__bset_locate: the link pointing at b (in the set) and b's in-order successor (*succ_p, NULL
- * if none). sp__bset_less: a < b in the set's order. sp__bset_replace_at: put nb (not in the set)
- * where old is (*slot == old); only valid when nb's key sorts strictly between old's in-order
- * neighbours, as then order and balance are unchanged; the count stays. */
+/* sp__bset_less: a < b in the set's order. */
 static inline bool sp__bset_less(const sp_block_set_t *set, const sp_block_t *a,
                                  const sp_block_t *b) {
     return sp__bset_cmp(set->by_seq, a, b) < 0;
 }
 
+/* b's in-order neighbours in the set (b in the set), NULL at either end. Expected O(1): most
+ * nodes sit near the leaves, and the first block, whose predecessor would need the whole left
+ * spine, is known. */
+static inline sp_block_t *sp__bset_pred(const sp_block_set_t *set, const sp_block_t *b) {
+    if (b == set->min)
+        return NULL;
+    if (b->left) {
+        sp_block_t *n = b->left;
+        while (n->right)
+            n = n->right;
+        return n;
+    }
+    while (b->parent && b == b->parent->left)
+        b = b->parent;
+    return b->parent;
+}
+
+static inline sp_block_t *sp__bset_succ(const sp_block_set_t *set, const sp_block_t *b) {
+    (void)set;
+    if (b->right) {
+        sp_block_t *n = b->right;
+        while (n->left)
+            n = n->left;
+        return n;
+    }
+    while (b->parent && b == b->parent->right)
+        b = b->parent;
+    return b->parent;
+}
+
+/* Is block n's key below the query (stream, size, -inf)? */
+static inline bool sp__bset_below(const sp_block_t *n, uintptr_t s, size_t size) {
+    uintptr_t ns = (uintptr_t)n->stream;
+    return ns < s || (ns == s && n->size < size);
+}
+
+/* lower_bound (stream, size) for the malloc path, with the result's in-order predecessor in
+ * *pred_p (NULL if none) for sp__bset_replace. The hint answers when it is at least the query
+ * and its predecessor is below it; otherwise the root walk does, and becomes the hint. */
 static inline sp_block_t *sp__bset_find_fit(sp_block_set_t *set, sp_stream_t stream, size_t size,
-                                            sp_block_t ***slot_p, sp_block_t **pred_p) {
+                                            sp_block_t **pred_p) {
     uintptr_t s = (uintptr_t)stream;
-    sp_block_t **link = &set->root, **best_link = NULL, *best = NULL, *pred = NULL;
-    sp_block_t *n = set->root;
-    while (n) {
-        uintptr_t ns = (uintptr_t)n->stream;
-        bool less = ns < s || (ns == s && n->size < size);
-        if (less) {
+    sp_block_t *h = set->hint;
+    if (SP_LIKELY(h) && !sp__bset_below(h, s, size)) {
+        sp_block_t *p = sp__bset_pred(set, h);
+        if (!p || sp__bset_below(p, s, size)) {
+            *pred_p = p;
+            return h;
+        }
+    }
+    sp_block_t *best = NULL, *pred = NULL;
+    for (sp_block_t *n = set->root; n;) {
+        if (sp__bset_below(n, s, size)) {
             pred = n; /* the last node we pass on the right is the largest key below the query */
-            link = &n->right;
+            n = n->right;
         } else {
             best = n;
-            best_link = link;
-            link = &n->left;
+            n = n->left;
         }
-        n = *link;
     }
-    *slot_p = best_link;
+    if (best)
+        set->hint = best;
     *pred_p = pred;
     return best;
 }
 
-static inline sp_block_t **sp__bset_locate(sp_block_set_t *set, const sp_block_t *b,
-                                           sp_block_t **succ_p) {
-    sp_block_t **link = &set->root, *succ = NULL;
-    for (sp_block_t *n = set->root; n; n = *link) {
-        int c = sp__bset_cmp(set->by_seq, b, n);
-        if (c == 0) {
-            if (n->right) {
-                succ = n->right;
-                while (succ->left)
-                    succ = succ->left;
-            }
-            *succ_p = succ;
-            return link;
-        }
-        if (c < 0) {
-            succ = n; /* the last node we pass on the left is the smallest key above b */
-            link = &n->left;
-        } else {
-            link = &n->right;
-        }
-    }
-    *succ_p = NULL;
-    return NULL; /* not in the set: unreachable while the caller checks in_set */
-}
-
-static inline void sp__bset_replace_at(sp_block_t **slot, sp_block_t *old, sp_block_t *nb) {
+/* Put nb (not in the set) where old is; only valid when nb's key sorts strictly between old's
+ * in-order neighbours, as then order and balance are unchanged; the count stays. */
+static inline void sp__bset_replace(sp_block_set_t *set, sp_block_t *old, sp_block_t *nb) {
+    sp_block_t *p = old->parent;
     nb->left = old->left;
     nb->right = old->right;
+    nb->parent = p;
     nb->height = old->height;
     nb->in_set = true;
-    *slot = nb;
-    old->in_set = false;
-    old->left = old->right = NULL;
+    if (nb->left)
+        nb->left->parent = nb;
+    if (nb->right)
+        nb->right->parent = nb;
+    if (!p)
+        set->root = nb;
+    else if (p->left == old)
+        p->left = nb;
+    else
+        p->right = nb;
+    if (set->min == old)
+        set->min = nb;
+    if (set->hint == old)
+        set->hint = nb;
+    old->in_set = false; /* its links are stale: nothing reads them outside the set */
 }
 
-/* Debug builds: assert the set's order, AVL balance and count (the in-place replacements above
- * rely on the caller's neighbour check). Release builds: nothing. */
+/* Debug builds: assert the set's order, parent links, AVL balance, count, min and hint (the
+ * in-place replacements above rely on the caller's neighbour check). Release builds: nothing. */
 #ifndef NDEBUG
 void sp__bset_check(const sp_block_set_t *set);
 #else

@@ -126,7 +126,7 @@ static size_t unmap_block(sp_devalloc_t *d, sp_block_t *b);
 
 /* A block that can become part of a new allocation: not allocated, no pending events. */
 static bool allocatable(const sp_block_t *b) {
-    return b && !b->allocated && b->event_count == 0 && b->nuses == 0;
+    return b && !b->allocated && b->event_count == 0 && !sp__block_has_uses(b);
 }
 
 static bool free_mapped(const sp_block_t *b) {
@@ -281,9 +281,7 @@ static bool recycle_stream(recycler_t *r, sp_bpool_t *bp, sp_stream_t s) {
                 cand[n++] = b;
                 acc += b->size;
             }
-            sp_block_t *succ = NULL;
-            (void)sp__bset_locate(&bp->free, b, &succ);
-            b = succ;
+            b = sp__bset_succ(&bp->free, b);
         }
         if (n == 0)
             return true;
@@ -390,45 +388,20 @@ static size_t exp_size(const sp_block_t *b) {
     return b->size + (b->next && b->next->unmapped ? b->next->size : 0);
 }
 
-/* The link to b in the set and b's in-order predecessor (NULL if none). */
-static sp_block_t **refit(sp_block_set_t *set, const sp_block_t *b, sp_block_t **pred_p) {
-    sp_block_t **link = &set->root, *pred = NULL;
-    for (sp_block_t *n = set->root; n; n = *link) {
-        int c = sp__bset_cmp(set->by_seq, b, n);
-        if (c == 0) {
-            if (n->left) {
-                pred = n->left;
-                while (pred->right)
-                    pred = pred->right;
-            }
-            break;
-        }
-        if (c > 0) {
-            pred = n;
-            link = &n->right;
-        } else {
-            link = &n->left;
-        }
-    }
-    *pred_p = pred;
-    return link;
-}
-
 sp_block_t *sp__exp_best_fit(sp_bpool_t *bp, sp_block_t *b, sp_stream_t stream,
-                             sp_block_t ***slot_p, sp_block_t **pred_p) {
+                             sp_block_t **pred_p) {
     /* PyTorch's get_free_block: for the purposes of best fit a block of an expandable segment
      * counts as the size it can expand to, so walk on (in set order) while the next block of
      * the stream can expand to less. */
     sp_block_t *cur = b;
     while (cur->seg->expandable) {
-        sp_block_t *succ = NULL;
-        (void)sp__bset_locate(&bp->free, cur, &succ);
+        sp_block_t *succ = sp__bset_succ(&bp->free, cur);
         if (!succ || succ->stream != stream || exp_size(succ) >= exp_size(cur))
             break;
         cur = succ;
     }
     if (cur != b)
-        *slot_p = refit(&bp->free, cur, pred_p);
+        *pred_p = sp__bset_pred(&bp->free, cur);
     return cur;
 }
 

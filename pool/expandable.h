@@ -20,9 +20,9 @@ size_t sp__exp_page(const sp_bpool_t *bp);
 sp_status_t sp__exp_alloc(sp_devalloc_t *d, sp_bpool_t *bp, size_t size, sp_stream_t stream,
                           uint32_t ctx, sp_block_t **block_p, sp_grow_refusal_t *why_p);
 /* Best fit among expandable blocks: from set block b on, the block that can expand least;
- * when it is not b, *slot_p and *pred_p are updated for it. */
+ * when it is not b, *pred_p becomes its in-order predecessor. */
 sp_block_t *sp__exp_best_fit(sp_bpool_t *bp, sp_block_t *b, sp_stream_t stream,
-                             sp_block_t ***slot_p, sp_block_t **pred_p);
+                             sp_block_t **pred_p);
 /* Unmap the free pages of an expandable segment (after syncing its stream); releases the
  * segment when nothing is mapped any more. Returns the bytes unmapped. */
 size_t sp__exp_release(sp_devalloc_t *d, sp_segment_t *seg);

@@ -39,8 +39,8 @@ static sp_evq_t *queue_for(sp_devalloc_t *d, sp_stream_t stream) {
 
 sp_status_t sp__alloc_insert_events(sp_devalloc_t *d, sp_block_t *b) {
     const sp_device_ops_t *ops = sp__g.ops;
-    for (uint32_t i = 0; i < b->nuses; i++) {
-        sp_stream_t s = b->uses[i];
+    for (uint32_t i = 0; i < b->uses->n; i++) {
+        sp_stream_t s = b->uses->s[i];
         sp_evq_entry_t *e = calloc(1, sizeof(*e));
         sp_evq_t *q = e ? queue_for(d, s) : NULL;
         sp_dev_event_t ev = NULL;
@@ -70,7 +70,10 @@ sp_status_t sp__alloc_insert_events(sp_devalloc_t *d, sp_block_t *b) {
         b->event_count++;
         d->pending_events++;
     }
-    b->nuses = 0;
+    /* Consumed: a block has a uses list only while allocated, so a free block never does. */
+    free(b->uses->s);
+    free(b->uses);
+    b->uses = NULL;
     return SP_SUCCESS;
 }
 

@@ -227,7 +227,7 @@ static sp_status_t visit_run(sp_devalloc_t *d, sp_segment_t *seg, sp_block_t *fi
             bv->state = SP_BLOCK_ACTIVE_ALLOCATED;
             v.allocated_size += b->size;
             v.active_size += b->size;
-        } else if (b->event_count || b->nuses) {
+        } else if (b->event_count || sp__block_has_uses(b)) {
             bv->state = SP_BLOCK_ACTIVE_PENDING_FREE;
             v.active_size += b->size;
         } else {

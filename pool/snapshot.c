@@ -246,6 +246,13 @@ static void emit_trace_entry(sp__emit_t *e, const sp__trace_entry_t *t) {
     kv_int(e, "time_us", t->time_us);
     sp__emit_key_static(e, "compile_context");
     sp__emit_str_static(e, "N/A");
+    /* The entry's MemPool, as newer PyTorch writes it (only for private pools here: the default
+     * pool's (0, 0) would add a tuple to every entry), so that a replay routes the pool's
+     * allocations even after all its segments are gone. */
+    if (t->pool.first != 0 || t->pool.second != 0) {
+        sp__emit_key_static(e, "pool_id");
+        sp__emit_tuple2(e, (int64_t)t->pool.first, (int64_t)t->pool.second);
+    }
     if (t->context != 0) {
         sp__emit_key_static(e, "frames");
         emit_frames(e, t->context);

@@ -4,9 +4,11 @@
  *
  * Invariants: every read is preceded by a bounds check against the bytes left (lengths from the
  * input are compared with `len - pos`, never added to pos first, so nothing overflows); an opcode
- * only touches the stack above the innermost MARK, as CPython's metastack does; every value is
- * allocated from the document's arena and counted against max_values. Errors name the offset of
- * the opcode being decoded. No globals, no lock.
+ * only touches the stack above the innermost MARK, as CPython's metastack does; every value a
+ * container, the memo or the root holds is allocated from the document's arena and counted
+ * against max_values (with a record hook, ints of a dict being filled start in a scratch array
+ * that is reused once their MARK closes; see keep_values). Errors name the offset of the opcode
+ * being decoded. No globals, no lock.
  */
 #include "tools/pickle_read.h"
 
@@ -40,6 +42,9 @@ struct pk_doc {
     const pk_value_t *root; /* the unpickled object */
 };
 
+#define INT_CACHE_BITS 12
+#define SCRATCH_VALUES 4096
+
 typedef struct parser {
     const unsigned char *p; /* input */
     size_t len, pos;        /* input size and cursor */
@@ -63,7 +68,13 @@ typedef struct parser {
     size_t skipped_at;      /* stack depth right after the last skipped string's push */
     size_t skipped_str;     /* its input offset and length */
     size_t skipped_len;
-    pk_type_t skipped_type; /* PK_STR or PK_BYTES */
+    pk_type_t skipped_type;                 /* PK_STR or PK_BYTES */
+    pk_value_t *ints[1u << INT_CACHE_BITS]; /* PK_INT values made lately, by hash of value */
+    pk_record_fn rec_fn;                    /* pk_parse_records' hook (NULL: none) */
+    void *rec_arg;                          /* its argument */
+    pk_value_t *scratch;  /* ints of dicts the hook may take: reused once a MARK closes */
+    size_t scratch_used;  /* values of scratch in use */
+    size_t *mark_scratch; /* scratch_used when each open MARK was pushed */
 } parser_t;
 
 void pk_limits_default(pk_limits_t *lim) {
@@ -313,6 +324,56 @@ static bool push_str(parser_t *ps, pk_type_t type, size_t n, const char *opname)
     return push(ps, v);
 }
 
+/* Scratch values: with a record hook, an int pushed as a value of a dict being filled (its MARK
+ * sits right above it) goes to a small reusable array instead of the document. Every path that
+ * keeps a value beyond its MARK (a container's items, the memo, the root) makes it a document
+ * value first (keep_values); when the MARK closes, everything made above it is gone from the
+ * stack, so the scratch goes back to where it stood at that MARK. */
+static bool in_taken_dict(const parser_t *ps) {
+    if (ps->rec_fn == NULL || ps->nmarks == 0 || ps->scratch_used == SCRATCH_VALUES)
+        return false;
+    size_t b = ps->marks[ps->nmarks - 1];
+    return b > 0 && ps->stack[b - 1]->type == PK_DICT;
+}
+
+static bool is_scratch(const parser_t *ps, const pk_value_t *v) {
+    return ps->scratch != NULL && v >= ps->scratch && v < ps->scratch + SCRATCH_VALUES;
+}
+
+/* The scratch values among stack[first..sp) become document values. A moved scratch value
+ * keeps the address of its copy (as a PK_RECORD, a type no scratch value has otherwise), so
+ * that its other slots (DUP) follow it in one pass. */
+static bool keep_values(parser_t *ps, size_t first) {
+    for (size_t i = first; ps->scratch != NULL && i < ps->sp; i++) {
+        pk_value_t *s = ps->stack[i];
+        if (!is_scratch(ps, s))
+            continue;
+        if (s->type != PK_RECORD) {
+            pk_value_t *v = new_value(ps, s->type);
+            if (v == NULL)
+                return false;
+            *v = *s;
+            s->type = PK_RECORD;
+            s->u.u = (uint64_t)(uintptr_t)v;
+        }
+        ps->stack[i] = (pk_value_t *)(uintptr_t)s->u.u;
+    }
+    return true;
+}
+
+/* Slots of stack[first..sp) whose scratch value moved take its copy. */
+static void follow_moved(parser_t *ps, size_t first) {
+    for (size_t i = first; ps->scratch != NULL && i < ps->sp; i++)
+        if (is_scratch(ps, ps->stack[i]) && ps->stack[i]->type == PK_RECORD)
+            ps->stack[i] = (pk_value_t *)(uintptr_t)ps->stack[i]->u.u;
+}
+
+/* A MARK closed (its items consumed or dropped): the scratch made above it is free again. */
+static void scratch_back(parser_t *ps) {
+    if (ps->scratch != NULL && ps->mark_scratch[ps->nmarks] < ps->scratch_used)
+        ps->scratch_used = ps->mark_scratch[ps->nmarks];
+}
+
 static bool memo_put(parser_t *ps, size_t idx) {
     if (!need_stack(ps, 1, "memo put"))
         return false;
@@ -331,6 +392,8 @@ static bool memo_put(parser_t *ps, size_t idx) {
     }
     if (ps->memo[idx] == NULL)
         ps->memoused++;
+    if (!keep_values(ps, ps->sp - 1))
+        return false;
     pk_value_t *top = ps->stack[ps->sp - 1];
     if (top == ps->skipped && top != NULL && ps->skipped_at == ps->sp) {
         /* A skipped string the memo keeps: it is made now. */
@@ -427,6 +490,8 @@ static bool collapse(parser_t *ps, size_t first, pk_type_t type, const char *opn
         ps->sp = first;
         return push(ps, ps->skipped);
     }
+    if (!keep_values(ps, first))
+        return false;
     pk_value_t *v = new_value(ps, type);
     if (v == NULL || !seq_reserve(ps, v, n))
         return false;
@@ -451,6 +516,36 @@ static bool extend(parser_t *ps, size_t first, pk_type_t type, const char *opnam
     size_t n = ps->sp - first;
     if (type == PK_DICT && n % 2 != 0)
         return fail(ps, "%s with an odd number of items", opname);
+    if (type == PK_DICT && ps->rec_fn != NULL && target->u.seq.n == 0 &&
+        strcmp(opname, "SETITEMS") == 0) {
+        /* SETITEMS into a new dict: the hook may take it whole */
+        follow_moved(ps, first);
+        uint64_t id = 0;
+        int took = ps->rec_fn(ps->rec_arg, ps->stack + first, n, &id);
+        if (took < 0)
+            return fail(ps, "out of memory");
+        if (took > 0) {
+            target->type = PK_RECORD;
+            target->u.seq.items = NULL;
+            target->u.seq.n = target->u.seq.cap = 0;
+            target->u.u = id;
+            ps->sp = first;
+            return true;
+        }
+    }
+    if (!keep_values(ps, first))
+        return false;
+    if (type == PK_DICT && ps->skipped != NULL) {
+        /* A skipped value's pair is left out of its dict (the key reads as absent): a trace
+         * entry's items then take a sixth less memory. */
+        size_t k = first;
+        for (size_t i = first; i < ps->sp; i += 2)
+            if (ps->stack[i + 1] != ps->skipped) {
+                ps->stack[k++] = ps->stack[i];
+                ps->stack[k++] = ps->stack[i + 1];
+            }
+        n = k - first;
+    }
     if (!seq_reserve(ps, target, n))
         return false;
     if (n > 0)
@@ -464,10 +559,25 @@ static bool extend(parser_t *ps, size_t first, pk_type_t type, const char *opnam
 static bool push_int(parser_t *ps, int64_t iv) {
     if (ps->skipping)
         return push(ps, ps->skipped);
-    pk_value_t *v = new_value(ps, PK_INT);
+    /* Values never change once made, so an int seen lately is shared: a trace repeats its
+     * addresses, sizes and streams, and a value made per int was most of the memory (and the
+     * page faults) of loading one. */
+    size_t slot = (size_t)(((uint64_t)iv * 0x9e3779b97f4a7c15ull) >> (64 - INT_CACHE_BITS));
+    pk_value_t *v = ps->ints[slot];
+    if (v != NULL && v->u.i == iv)
+        return push(ps, v);
+    if (in_taken_dict(ps)) {
+        v = &ps->scratch[ps->scratch_used++];
+        memset(v, 0, sizeof(*v));
+        v->type = PK_INT;
+        v->u.i = iv;
+        return push(ps, v);
+    }
+    v = new_value(ps, PK_INT);
     if (v == NULL)
         return false;
     v->u.i = iv;
+    ps->ints[slot] = v;
     return push(ps, v);
 }
 
@@ -527,6 +637,18 @@ static void skip_fast(parser_t *ps) {
     while (pos < len && sp > floor && sp + 1 < scap) {
         size_t left = len - pos - 1, n = 0;
         unsigned op = p[pos];
+        if ((op == 'j' && left >= 4) || (op == 'h' && left >= 1)) {
+            /* A run of memo references (a stack's memoized frames: three in four opcodes of a
+             * snapshot with stacks) in one loop, instead of a jump through the switch per
+             * opcode that the branch predictor keeps missing. The first one is whole. */
+            do {
+                pos += p[pos] == 'j' ? 5 : 2;
+                stack[sp++] = skipped;
+            } while (pos < len && sp + 1 < scap &&
+                     ((p[pos] == 'j' && len - pos > 4) || (p[pos] == 'h' && len - pos > 1)));
+            skipped_at = 0;
+            continue;
+        }
         switch (op) {
         case 'h': /* BINGET */
         case 'K': /* BININT1 */
@@ -574,6 +696,8 @@ static void skip_fast(parser_t *ps) {
         case '(': /* MARK */
             if (ps->nmarks == ps->lim.max_depth)
                 goto out;
+            if (ps->mark_scratch != NULL)
+                ps->mark_scratch[ps->nmarks] = ps->scratch_used;
             ps->marks[ps->nmarks++] = sp;
             pos++;
             continue;
@@ -641,11 +765,15 @@ static bool run(parser_t *ps) {
                 return fail(ps, "STOP with an open MARK");
             if (ps->sp != 1)
                 return fail(ps, "STOP with %zu values on the stack (1 expected)", ps->sp);
+            if (!keep_values(ps, 0))
+                return false;
             ps->doc->root = ps->stack[0];
             return true;
         case '(': /* MARK */
             if (ps->nmarks == ps->lim.max_depth)
                 return fail(ps, "nesting deeper than %zu", ps->lim.max_depth);
+            if (ps->mark_scratch != NULL)
+                ps->mark_scratch[ps->nmarks] = ps->scratch_used;
             ps->marks[ps->nmarks++] = ps->sp;
             break;
         case '0': /* POP */
@@ -653,11 +781,14 @@ static bool run(parser_t *ps) {
                 ps->sp--;
             else if (!pop_mark(ps, &first, "POP"))
                 return false;
+            else
+                scratch_back(ps);
             break;
         case '1': /* POP_MARK */
             if (!pop_mark(ps, &first, "POP_MARK"))
                 return false;
             ps->sp = first;
+            scratch_back(ps);
             break;
         case '2': /* DUP */
             if (!need_stack(ps, 1, "DUP") || !push(ps, ps->stack[ps->sp - 1]))
@@ -781,14 +912,17 @@ static bool run(parser_t *ps) {
         case 'd': /* DICT */
             if (!pop_mark(ps, &first, "DICT") || !collapse(ps, first, PK_DICT, "DICT"))
                 return false;
+            scratch_back(ps);
             break;
         case 'l': /* LIST */
             if (!pop_mark(ps, &first, "LIST") || !collapse(ps, first, PK_LIST, "LIST"))
                 return false;
+            scratch_back(ps);
             break;
         case 't': /* TUPLE */
             if (!pop_mark(ps, &first, "TUPLE") || !collapse(ps, first, PK_TUPLE, "TUPLE"))
                 return false;
+            scratch_back(ps);
             break;
         case 0x85:   /* TUPLE1 */
         case 0x86:   /* TUPLE2 */
@@ -805,6 +939,7 @@ static bool run(parser_t *ps) {
         case 'u': /* SETITEMS */
             if (!pop_mark(ps, &first, "SETITEMS") || !extend(ps, first, PK_DICT, "SETITEMS"))
                 return false;
+            scratch_back(ps);
             break;
         case 'a': /* APPEND */
             if (!need_stack(ps, 2, "APPEND") || !extend(ps, ps->sp - 1, PK_LIST, "APPEND"))
@@ -813,6 +948,7 @@ static bool run(parser_t *ps) {
         case 'e': /* APPENDS */
             if (!pop_mark(ps, &first, "APPENDS") || !extend(ps, first, PK_LIST, "APPENDS"))
                 return false;
+            scratch_back(ps);
             break;
         case 'q': /* BINPUT */
             if (!take_uint(ps, 1, "BINPUT", &arg) || !memo_put(ps, (size_t)arg))
@@ -856,8 +992,15 @@ bool pk_parse(const void *buf, size_t len, const pk_limits_t *lim, pk_doc_t **do
 
 bool pk_parse_skip(const void *buf, size_t len, const pk_limits_t *lim, const char *skip_key,
                    pk_doc_t **doc_p, char *err, size_t errlen) {
+    return pk_parse_records(buf, len, lim, skip_key, NULL, NULL, doc_p, err, errlen);
+}
+
+bool pk_parse_records(const void *buf, size_t len, const pk_limits_t *lim, const char *skip_key,
+                      pk_record_fn fn, void *arg, pk_doc_t **doc_p, char *err, size_t errlen) {
     parser_t ps;
     memset(&ps, 0, sizeof(ps));
+    ps.rec_fn = fn;
+    ps.rec_arg = arg;
     ps.skip_key = skip_key;
     ps.skip_len = skip_key != NULL ? strlen(skip_key) : 0;
     ps.p = buf;
@@ -872,8 +1015,13 @@ bool pk_parse_skip(const void *buf, size_t len, const pk_limits_t *lim, const ch
         ps.lim.max_depth = 1;
     ps.doc = calloc(1, sizeof(*ps.doc));
     ps.marks = malloc(ps.lim.max_depth * sizeof(*ps.marks));
+    if (fn != NULL) {
+        ps.scratch = malloc(SCRATCH_VALUES * sizeof(*ps.scratch));
+        ps.mark_scratch = malloc(ps.lim.max_depth * sizeof(*ps.mark_scratch));
+    }
     bool ok;
-    if (ps.doc == NULL || ps.marks == NULL)
+    if (ps.doc == NULL || ps.marks == NULL ||
+        (fn != NULL && (ps.scratch == NULL || ps.mark_scratch == NULL)))
         ok = fail(&ps, "out of memory");
     else if (ps.len == 0)
         ok = fail(&ps, "empty input");
@@ -887,6 +1035,8 @@ bool pk_parse_skip(const void *buf, size_t len, const pk_limits_t *lim, const ch
     free(ps.stack);
     free(ps.marks);
     free(ps.memo);
+    free(ps.scratch);
+    free(ps.mark_scratch);
     if (!ok) {
         pk_free(ps.doc);
         return false;

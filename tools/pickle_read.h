@@ -36,7 +36,8 @@ typedef enum {
     PK_BYTES,
     PK_LIST,
     PK_TUPLE,
-    PK_DICT
+    PK_DICT,
+    PK_RECORD /* a dict that pk_parse_records' hook took: u.u is the id the hook gave it */
 } pk_type_t;
 
 typedef struct pk_value pk_value_t;
@@ -77,10 +78,21 @@ void pk_limits_default(pk_limits_t *lim);
 bool pk_parse(const void *buf, size_t len, const pk_limits_t *lim, pk_doc_t **doc_p, char *err,
               size_t errlen);
 /* pk_parse, except that every value stored under the dict key skip_key (a list, e.g. "frames")
- * is not built: it reads as PK_NONE, as does everything inside it. Loading what a replay needs
+ * is not built: its dict holds no such key (a dict's SETITEM, one pair at a time, or a value
+ * outside a dict reads as PK_NONE, as does everything inside it). Loading what a replay needs
  * then costs a fraction of the whole document. skip_key NULL: pk_parse. */
 bool pk_parse_skip(const void *buf, size_t len, const pk_limits_t *lim, const char *skip_key,
                    pk_doc_t **doc_p, char *err, size_t errlen);
+/* The hook of pk_parse_records: a dict's pairs (key0, val0, key1, val1, ...; n entries) as its
+ * SETITEMS completes it. Returns 1 when it takes the dict (it becomes a PK_RECORD with *id_p as
+ * u.u, and its pairs are not kept), 0 to leave it a dict, -1 when it fails (out of memory: the
+ * parse fails). The values it sees live only during the call: it copies what it needs (strings
+ * and containers stay valid with the document). */
+typedef int (*pk_record_fn)(void *arg, pk_value_t *const *pairs, size_t n, uint64_t *id_p);
+/* pk_parse_skip, with a hook offered every dict as it is completed in one SETITEMS: the dicts it
+ * takes (a trace's entries, by the thousand) then cost neither their pairs nor their integers. */
+bool pk_parse_records(const void *buf, size_t len, const pk_limits_t *lim, const char *skip_key,
+                      pk_record_fn fn, void *arg, pk_doc_t **doc_p, char *err, size_t errlen);
 /* Read a whole file of at most max_bytes into a new buffer (caller frees). */
 bool pk_read_file(const char *path, size_t max_bytes, unsigned char **buf_p, size_t *len_p,
                   char *err, size_t errlen);

@@ -190,14 +190,21 @@ static bool do_free_completed(dev_state_t *ds, uint64_t addr, char *err, size_t 
 }
 
 /* The user's empty_cache on this device, and the private pools whose segments it freed
- * (PyTorch frees a pool's cache there only once the pool is no longer used). */
+ * (PyTorch frees a pool's cache there only once the pool is no longer used). A run that frees
+ * only private pools' segments is a pool's own release (its MemPool going away): the default
+ * pool's cache stays, as the trace shows it did. */
 static bool do_empty_cache(dev_state_t *ds, int dev, const tr_event_t *e, const tr_event_t *end,
                            replay_result_t *r, char *err, size_t errlen) {
     r->empty_caches++;
-    sp_status_t st = sp_x_empty_cache_device(dev);
-    for (; st == SP_SUCCESS && e < end &&
-           (e->action == TR_SEGMENT_FREE || e->action == TR_SEGMENT_UNMAP);
-         e++)
+    bool pools_only = true;
+    const tr_event_t *run_end = e;
+    for (; run_end < end &&
+           (run_end->action == TR_SEGMENT_FREE || run_end->action == TR_SEGMENT_UNMAP);
+         run_end++)
+        if (run_end->pool == 0 || run_end->pool > ds->npools)
+            pools_only = false;
+    sp_status_t st = pools_only ? SP_SUCCESS : sp_x_empty_cache_device(dev);
+    for (; st == SP_SUCCESS && e < run_end; e++)
         if (e->pool > 0 && e->pool <= ds->npools)
             st = sp_mempool_free_all_blocks(ds->pools[e->pool - 1], NULL);
     if (st != SP_SUCCESS) {
@@ -358,8 +365,8 @@ static bool build_start(dev_state_t *ds, int d, const tr_device_t *td, frames_sr
         if (td->seeds[i].in_start)
             continue;
         fs->frames = td->seeds[i].frames;
-        ok = do_alloc(ds, d, td->seeds[i].addr, td->seeds[i].size, td->seeds[i].stream, 0, r, err,
-                      errlen);
+        ok = do_alloc(ds, d, td->seeds[i].addr, td->seeds[i].size, td->seeds[i].stream,
+                      td->seeds[i].pool, r, err, errlen);
     }
     fs->frames = NULL;
     /* The starting state is where the recorded run stood, not something the trace did: the
@@ -557,9 +564,10 @@ static const char *json_text(const char *s, char *buf, size_t len) {
 }
 
 static void print_json(const char *trace, const replay_result_t *r, const char *conf,
-                       const char *capacity) {
-    char conf_buf[1024], cap_buf[128];
+                       const char *settings, const char *capacity) {
+    char conf_buf[1024], set_buf[1024], cap_buf[128];
     conf = json_text(conf, conf_buf, sizeof(conf_buf));
+    settings = json_text(settings, set_buf, sizeof(set_buf));
     capacity = json_text(capacity, cap_buf, sizeof(cap_buf));
     printf("{\"trace\":\"");
     for (const char *p = trace; *p; p++) {
@@ -568,29 +576,30 @@ static void print_json(const char *trace, const replay_result_t *r, const char *
         if ((unsigned char)*p >= 0x20)
             putchar(*p);
     }
-    printf(
-        "\",\"backend\":\"%s\",\"devices\":%d,\"trace_entries\":%zu,\"events\":%zu,"
-        "\"allocs\":%zu,\"frees\":%zu,\"seeded_blocks\":%zu,\"seeded_bytes\":%llu,"
-        "\"peak_requested_bytes\":%lld,\"peak_allocated_bytes\":%lld,"
-        "\"peak_reserved_bytes\":%lld,\"pytorch_peak_reserved_bytes\":%llu,"
-        "\"pytorch_final_reserved_bytes\":%llu,\"trace_peak_requested_bytes\":%llu,"
-        "\"end_reserved_bytes\":%lld,\"end_allocated_bytes\":%lld,"
-        "\"end_inactive_split_bytes\":%lld,\"pytorch_end_allocated_bytes\":%llu,"
-        "\"ooms\":%zu,\"recorded_ooms\":%zu,\"skipped_frees\":%zu,\"ns_per_event\":%.1f,"
-        "\"num_device_alloc\":%lld,\"num_device_free\":%lld,"
-        "\"start_segments\":%zu,\"start_bytes\":%llu,\"pytorch_start_reserved_bytes\":%llu,"
-        "\"empty_caches\":%zu,\"deferred_frees\":%zu,"
-        "\"conf\":\"%s\",\"capacity\":\"%s\"}\n",
-        sp_backend_name(), r->devices, r->trace_entries, r->events, r->allocs, r->frees,
-        r->seeded_blocks, (unsigned long long)r->seeded_bytes, (long long)r->peak_requested,
-        (long long)r->peak_allocated, (long long)r->peak_reserved,
-        (unsigned long long)r->pytorch_peak_reserved, (unsigned long long)r->pytorch_final_reserved,
-        (unsigned long long)r->trace_peak_requested, (long long)r->end_reserved,
-        (long long)r->end_allocated, (long long)r->end_inactive_split,
-        (unsigned long long)r->pytorch_end_allocated, r->ooms, r->recorded_ooms, r->skipped_frees,
-        r->ns_per_event, (long long)r->device_allocs, (long long)r->device_frees, r->start_segments,
-        (unsigned long long)r->start_bytes, (unsigned long long)r->pytorch_start_reserved,
-        r->empty_caches, r->deferred_frees, conf ? conf : "", capacity ? capacity : "");
+    printf("\",\"backend\":\"%s\",\"devices\":%d,\"trace_entries\":%zu,\"events\":%zu,"
+           "\"allocs\":%zu,\"frees\":%zu,\"seeded_blocks\":%zu,\"seeded_bytes\":%llu,"
+           "\"peak_requested_bytes\":%lld,\"peak_allocated_bytes\":%lld,"
+           "\"peak_reserved_bytes\":%lld,\"pytorch_peak_reserved_bytes\":%llu,"
+           "\"pytorch_final_reserved_bytes\":%llu,\"trace_peak_requested_bytes\":%llu,"
+           "\"end_reserved_bytes\":%lld,\"end_allocated_bytes\":%lld,"
+           "\"end_inactive_split_bytes\":%lld,\"pytorch_end_allocated_bytes\":%llu,"
+           "\"ooms\":%zu,\"recorded_ooms\":%zu,\"skipped_frees\":%zu,\"ns_per_event\":%.1f,"
+           "\"num_device_alloc\":%lld,\"num_device_free\":%lld,"
+           "\"start_segments\":%zu,\"start_bytes\":%llu,\"pytorch_start_reserved_bytes\":%llu,"
+           "\"empty_caches\":%zu,\"deferred_frees\":%zu,"
+           "\"conf\":\"%s\",\"settings\":\"%s\",\"capacity\":\"%s\"}\n",
+           sp_backend_name(), r->devices, r->trace_entries, r->events, r->allocs, r->frees,
+           r->seeded_blocks, (unsigned long long)r->seeded_bytes, (long long)r->peak_requested,
+           (long long)r->peak_allocated, (long long)r->peak_reserved,
+           (unsigned long long)r->pytorch_peak_reserved,
+           (unsigned long long)r->pytorch_final_reserved,
+           (unsigned long long)r->trace_peak_requested, (long long)r->end_reserved,
+           (long long)r->end_allocated, (long long)r->end_inactive_split,
+           (unsigned long long)r->pytorch_end_allocated, r->ooms, r->recorded_ooms,
+           r->skipped_frees, r->ns_per_event, (long long)r->device_allocs,
+           (long long)r->device_frees, r->start_segments, (unsigned long long)r->start_bytes,
+           (unsigned long long)r->pytorch_start_reserved, r->empty_caches, r->deferred_frees,
+           conf ? conf : "", settings ? settings : "", capacity ? capacity : "");
 }
 
 #define MAX_COMPARE 32
@@ -650,7 +659,7 @@ static void print_text(const char *trace, const tr_trace_t *t, const replay_resu
             printf(" the recorded run hit OOM (its device's free memory is not in the trace);");
         if (r->pytorch_start_reserved != r->start_bytes)
             printf(" the starting state found (%.3f GiB) is not what the trace implies (%.3f "
-                   "GiB: expandable segments the trace maps, or an inconsistent trace);",
+                   "GiB: an inconsistent trace);",
                    gib((double)r->start_bytes), gib((double)r->pytorch_start_reserved));
         if (t->settings.dropped[0] || t->settings.fraction > 0)
             printf(" settings that do not replay exactly (above);");
@@ -663,17 +672,24 @@ static void print_text(const char *trace, const tr_trace_t *t, const replay_resu
 /* ---- --compare ------------------------------------------------------------------------ */
 
 /* Configure the library for one configuration: PyTorch's KEY:VALUE items go to
- * SYMPOOL_ALLOC_CONF, SYMPOOL_NAME=VALUE items set that option of ours. Every option starts from
- * the environment again, so one configuration never leaks into the next. */
-static bool apply_conf(const char *conf, const char *capacity, char *err, size_t errlen) {
+ * SYMPOOL_ALLOC_CONF after the base settings (the snapshot's, or --conf: a later key wins), so a
+ * configuration changes what the recorded run used rather than starting from our defaults;
+ * SYMPOOL_NAME=VALUE items set that option of ours. Every option starts from the environment
+ * again, so one configuration never leaks into the next. The SYMPOOL_ALLOC_CONF it set goes to
+ * alloc (len bytes). */
+static bool apply_conf(const char *base, const char *conf, const char *capacity, char *alloc,
+                       size_t len, char *err, size_t errlen) {
     /* Options of ours that the previous configuration set go back to their defaults. */
     static char prev[16][64];
     static int nprev = 0;
     for (int k = 0; k < nprev; k++)
         (void)sp_x_option_set(prev[k], NULL);
     nprev = 0;
-    char alloc[1024] = "";
-    size_t used = 0;
+    size_t used = (size_t)snprintf(alloc, len, "%s", base);
+    if (used >= len) {
+        snprintf(err, errlen, "configuration too long: '%.64s...'", base);
+        return false;
+    }
     const char *p = conf;
     while (*p) {
         const char *end = strchr(p, ',');
@@ -695,12 +711,11 @@ static bool apply_conf(const char *conf, const char *capacity, char *err, size_t
             if (nprev < 16 && strlen(item) < sizeof(prev[0]))
                 strcpy(prev[nprev++], item);
         } else if (n > 0) {
-            if (used + n + 2 >= sizeof(alloc)) {
+            if (used + n + 2 >= len) {
                 snprintf(err, errlen, "configuration too long: '%s'", conf);
                 return false;
             }
-            used +=
-                (size_t)snprintf(alloc + used, sizeof(alloc) - used, "%s%s", used ? "," : "", item);
+            used += (size_t)snprintf(alloc + used, len - used, "%s%s", used ? "," : "", item);
         }
         p += n + (end ? 1 : 0);
     }
@@ -740,8 +755,8 @@ static bool replay_median(const tr_trace_t *t, const char *snapshot, int repeat,
  * the configurations that ran without OOM, least peak reserved first, each with its peak, then
  * those that did not fit with their OOM counts, fewest first; without it, what each needs (its
  * peak). */
-static void print_answer(const char *const *confs, const replay_result_t *rs, int n,
-                         const char *capacity) {
+static void print_answer(const char *const *confs, const char *empty, const replay_result_t *rs,
+                         int n, const char *capacity) {
     int order[MAX_COMPARE_ROWS], fits = 0;
     for (int i = 0; i < n; i++)
         order[i] = i;
@@ -768,7 +783,7 @@ static void print_answer(const char *const *confs, const replay_result_t *rs, in
         printf("  peak reserved (the memory the job needs), least first:");
     for (int j = 0; j < n; j++) {
         int i = order[j];
-        const char *name = confs[i][0] ? confs[i] : "(defaults)";
+        const char *name = confs[i][0] ? confs[i] : empty;
         if (capacity && rs[i].ooms > 0)
             printf("%s '%s' (%zu OOMs)",
                    j == 0      ? ""
@@ -785,10 +800,17 @@ static void print_answer(const char *const *confs, const replay_result_t *rs, in
 /* `replay TRACE --compare CONF...`: every configuration on a fresh allocator, one table (or one
  * JSON object per configuration), and with --capacity the answer: does the job fit, and with
  * which configuration. */
-static int replay_compare(const char *trace, const tr_trace_t *t, const char *const *confs, int n,
-                          const char *capacity, bool json, int repeat) {
+static int replay_compare(const char *trace, const tr_trace_t *t, const char *user_conf,
+                          const char *const *confs, int n, const char *capacity, bool json,
+                          int repeat) {
+    /* Every configuration starts from what the recorded run used (or --conf). */
+    const char *base = user_conf ? user_conf : t->settings.recorded ? t->settings.conf : "";
+    const char *empty = !base[0] ? "(defaults)" : user_conf ? "(--conf)" : "(recorded)";
     replay_result_t *rs = calloc((size_t)n, sizeof(*rs));
-    if (rs == NULL) {
+    char(*eff)[1024] = calloc((size_t)n, sizeof(*eff)); /* each one's SYMPOOL_ALLOC_CONF */
+    if (rs == NULL || eff == NULL) {
+        free(rs);
+        free(eff);
         fprintf(stderr, "sympool replay: out of memory\n");
         return 1;
     }
@@ -798,8 +820,9 @@ static int replay_compare(const char *trace, const tr_trace_t *t, const char *co
     sp_x_log_set_fn(log_filter, &oom_lines);
     for (int i = 0; i < n && rc == 0; i++) {
         err[0] = '\0';
-        if (sp_shutdown() != SP_SUCCESS || !apply_conf(confs[i], capacity, err, sizeof(err)) ||
-            !replay_median(t, NULL, repeat, confs[i], capacity, &rs[i], err, sizeof(err))) {
+        if (sp_shutdown() != SP_SUCCESS ||
+            !apply_conf(base, confs[i], capacity, eff[i], sizeof(eff[i]), err, sizeof(err)) ||
+            !replay_median(t, NULL, repeat, eff[i], capacity, &rs[i], err, sizeof(err))) {
             fprintf(stderr, "sympool replay: configuration '%s': %s\n", confs[i], err);
             rc = confs[i][0] ? 2 : 1;
         }
@@ -807,16 +830,24 @@ static int replay_compare(const char *trace, const tr_trace_t *t, const char *co
     sp_x_log_set_fn(NULL, NULL);
     if (rc == 0 && json) {
         for (int i = 0; i < n; i++)
-            print_json(trace, &rs[i], confs[i], capacity);
+            print_json(trace, &rs[i], confs[i], eff[i], capacity);
     } else if (rc == 0) {
         printf("replay of %s: %d configuration%s%s%s\n", trace, n, n == 1 ? "" : "s",
                capacity ? " at capacity " : "", capacity ? capacity : "");
+        if (user_conf != NULL)
+            printf("  settings: --conf '%s', each configuration's items added\n", user_conf);
+        else if (t->settings.recorded)
+            printf("  settings: the snapshot's '%s', each configuration's items added\n",
+                   base[0] ? base : "defaults");
+        else
+            printf("  settings: defaults (the snapshot records none), each configuration's items "
+                   "added\n");
         printf("  %-44s %12s %9s %10s %6s %9s\n", "configuration", "peak GiB", "/alloc",
                "/recorded", "OOMs", "ns/event");
         for (int i = 0; i < n; i++) {
             const replay_result_t *r = &rs[i];
-            printf("  %-44s %12.3f %9.4f %+9.2f%% %6zu %9.1f\n",
-                   confs[i][0] ? confs[i] : "(defaults)", gib((double)r->peak_reserved),
+            printf("  %-44s %12.3f %9.4f %+9.2f%% %6zu %9.1f\n", confs[i][0] ? confs[i] : empty,
+                   gib((double)r->peak_reserved),
                    r->peak_allocated ? (double)r->peak_reserved / (double)r->peak_allocated : 0.0,
                    r->pytorch_peak_reserved
                        ? 100.0 * ((double)r->peak_reserved - (double)r->pytorch_peak_reserved) /
@@ -826,34 +857,37 @@ static int replay_compare(const char *trace, const tr_trace_t *t, const char *co
         }
         printf("  recorded run: PyTorch reserved %.3f GiB at its peak\n",
                gib((double)rs[0].pytorch_peak_reserved));
-        print_answer(confs, rs, n, capacity);
+        print_answer(confs, empty, rs, n, capacity);
     }
     if (oom_lines > 1)
         fprintf(stderr, "sympool replay: %zu more out-of-memory warnings not shown\n",
                 oom_lines - 1);
     (void)sp_shutdown();
     free(rs);
+    free(eff);
     return rc;
 }
 
 static int usage(FILE *out, int rc) {
-    fprintf(out,
-            "usage: sympool replay TRACE [options]\n"
-            "  Replay a PyTorch memory snapshot's trace (.pickle or .json) through sympool on the\n"
-            "  emulated host device and compare the peaks with what PyTorch reserved.\n"
-            "  -c, --conf=KEY:VALUE,...   allocator options (PYTORCH_CUDA_ALLOC_CONF syntax)\n"
-            "      --capacity=SIZE        emulated device size (e.g. 80GiB); OOMs are counted\n"
-            "  -s, --snapshot=OUT         write our snapshot of the replay (OUT.pickle or "
-            "OUT.json)\n"
-            "  -j, --json                 one JSON object on stdout (one line per configuration)\n"
-            "      --compare CONF [CONF...]  replay once per configuration (\"\" = defaults) on a\n"
-            "                             fresh allocator, one table; KEY:VALUE items go to\n"
-            "                             SYMPOOL_ALLOC_CONF, SYMPOOL_NAME=VALUE items set that\n"
-            "                             option; with --capacity it says which configurations\n"
-            "                             fit. The CONFs are the words after it (TRACE first)\n"
-            "  -r, --repeat=N             replay N times (1-64), report the median time per "
-            "event\n"
-            "  -h, --help                 this text\n");
+    fprintf(
+        out,
+        "usage: sympool replay TRACE [options]\n"
+        "  Replay a PyTorch memory snapshot's trace (.pickle or .json) through sympool on the\n"
+        "  emulated host device and compare the peaks with what PyTorch reserved.\n"
+        "  -c, --conf=KEY:VALUE,...   allocator options (PYTORCH_CUDA_ALLOC_CONF syntax)\n"
+        "      --capacity=SIZE        emulated device size (e.g. 80GiB); OOMs are counted\n"
+        "  -s, --snapshot=OUT         write our snapshot of the replay (OUT.pickle or "
+        "OUT.json)\n"
+        "  -j, --json                 one JSON object on stdout (one line per configuration)\n"
+        "      --compare CONF [CONF...]  replay once per configuration on a fresh allocator, one\n"
+        "                             table; each starts from the snapshot's settings (or\n"
+        "                             --conf; \"\" = those alone), its KEY:VALUE items added\n"
+        "                             to SYMPOOL_ALLOC_CONF, SYMPOOL_NAME=VALUE items set that\n"
+        "                             option; with --capacity it says which configurations\n"
+        "                             fit. The CONFs are the words after it (TRACE first)\n"
+        "  -r, --repeat=N             replay N times (1-64), report the median time per "
+        "event\n"
+        "  -h, --help                 this text\n");
     return rc;
 }
 
@@ -937,9 +971,8 @@ static int parse_args(int argc, char **argv, replay_args_t *a) {
         fprintf(stderr, "sympool replay: --compare needs at least one configuration\n");
         return 2;
     }
-    if (compare && (a->conf || a->snapshot)) {
-        fprintf(stderr, "sympool replay: --compare takes the configurations itself; it does not "
-                        "go with --conf or --snapshot\n");
+    if (compare && a->snapshot) {
+        fprintf(stderr, "sympool replay: --compare does not go with --snapshot\n");
         return 2;
     }
     return -1;
@@ -975,7 +1008,8 @@ int sp_cli_replay(int argc, char **argv) {
         return 1;
     }
     if (a.ncompare > 0) {
-        rc = replay_compare(a.trace, &t, a.compare, a.ncompare, a.capacity, a.json, a.repeat);
+        rc = replay_compare(a.trace, &t, a.conf, a.compare, a.ncompare, a.capacity, a.json,
+                            a.repeat);
         tr_free(&t);
         return rc;
     }
@@ -1029,7 +1063,7 @@ int sp_cli_replay(int argc, char **argv) {
         return 1;
     }
     if (a.json)
-        print_json(a.trace, &r, conf, a.capacity);
+        print_json(a.trace, &r, conf, conf, a.capacity);
     else
         print_text(a.trace, &t, &r, a.conf, conf);
     tr_free(&t);

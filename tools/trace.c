@@ -138,7 +138,7 @@ static int cmp_seed(const void *a, const void *b) {
 }
 
 static bool add_seed(tr_device_t *d, size_t *cap, uint64_t addr, uint64_t size, uint64_t bsize,
-                     uint64_t stream, const pk_value_t *frames) {
+                     uint64_t stream, const pk_value_t *frames, uint16_t pool) {
     if (d->nseeds == *cap) {
         size_t n = *cap ? *cap * 2 : 64;
         tr_seed_t *ns = realloc(d->seeds, n * sizeof(*ns));
@@ -147,7 +147,7 @@ static bool add_seed(tr_device_t *d, size_t *cap, uint64_t addr, uint64_t size, 
         d->seeds = ns;
         *cap = n;
     }
-    d->seeds[d->nseeds++] = (tr_seed_t){addr, size, bsize, stream, frames, false};
+    d->seeds[d->nseeds++] = (tr_seed_t){addr, size, bsize, stream, frames, false, pool};
     d->seeded_bytes += size;
     return true;
 }
@@ -155,11 +155,6 @@ static bool add_seed(tr_device_t *d, size_t *cap, uint64_t addr, uint64_t size, 
 static int cmp_sseg(const void *a, const void *b) {
     const tr_sseg_t *x = a, *y = b;
     return x->addr < y->addr ? -1 : x->addr > y->addr;
-}
-
-static int cmp_u64(const void *a, const void *b) {
-    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
-    return x < y ? -1 : x > y;
 }
 
 /* A growable array of T (grow before writing element n). */
@@ -213,6 +208,84 @@ static int pool_index(tr_device_t *d, size_t *cap, const pk_value_t *id) {
     return (int)d->npools;
 }
 
+/* Mapped ranges of expandable segments, by address, disjoint; adjacent ranges of one segment
+ * (same stream, pool and kind) are merged. */
+typedef struct xrange {
+    uint64_t addr, end, stream;
+    uint16_t pool;
+    bool small;
+} xrange_t;
+
+/* Take [a, b) out of the ranges. */
+static bool xr_remove(xrange_t **r, size_t *n, size_t *cap, uint64_t a, uint64_t b) {
+    for (size_t i = 0; i < *n; i++) {
+        xrange_t *x = &(*r)[i];
+        if (x->end <= a || x->addr >= b)
+            continue;
+        if (x->addr < a && x->end > b) { /* a hole in the middle: split */
+            if (!GROW(*r, *n, *cap))
+                return false;
+            x = &(*r)[i];
+            memmove(x + 2, x + 1, (*n - i - 1) * sizeof(*x));
+            x[1] = *x;
+            x[1].addr = b;
+            x->end = a;
+            (*n)++;
+            return true;
+        }
+        if (x->addr < a) {
+            x->end = a;
+        } else if (x->end > b) {
+            x->addr = b;
+        } else {
+            memmove(x, x + 1, (*n - i - 1) * sizeof(*x));
+            (*n)--;
+            i--;
+        }
+    }
+    return true;
+}
+
+static bool xr_same(const xrange_t *x, const xrange_t *y) {
+    return x->end == y->addr && x->stream == y->stream && x->pool == y->pool &&
+           x->small == y->small;
+}
+
+/* Add a range (what it overlaps is replaced). */
+static bool xr_add(xrange_t **r, size_t *n, size_t *cap, xrange_t v) {
+    if (v.end <= v.addr)
+        return true;
+    if (!xr_remove(r, n, cap, v.addr, v.end) || !GROW(*r, *n, *cap))
+        return false;
+    size_t i = 0;
+    while (i < *n && (*r)[i].addr < v.addr)
+        i++;
+    memmove(&(*r)[i + 1], &(*r)[i], (*n - i) * sizeof(v));
+    (*r)[i] = v;
+    (*n)++;
+    if (i + 1 < *n && xr_same(&(*r)[i], &(*r)[i + 1])) {
+        (*r)[i].end = (*r)[i + 1].end;
+        memmove(&(*r)[i + 1], &(*r)[i + 2], (*n - i - 2) * sizeof(v));
+        (*n)--;
+    }
+    if (i > 0 && xr_same(&(*r)[i - 1], &(*r)[i])) {
+        (*r)[i - 1].end = (*r)[i].end;
+        memmove(&(*r)[i], &(*r)[i + 1], (*n - i - 1) * sizeof(v));
+        (*n)--;
+    }
+    return true;
+}
+
+/* Whether pages the trace unmapped were the small pool's: as the mapped range of that stream
+ * next to them, else by their size (PyTorch maps the large pool in 20 MiB pages, the small
+ * in 2 MiB ones). */
+static bool xr_small(const xrange_t *r, size_t n, uint64_t addr, uint64_t stream, uint64_t size) {
+    for (size_t i = 0; i < n; i++)
+        if (r[i].stream == stream && (r[i].end == addr || r[i].addr == addr + size))
+            return r[i].small;
+    return size % (20u << 20) != 0;
+}
+
 static uint64_t round512(uint64_t n) {
     return n < 512 ? 512 : (n + 511) & ~(uint64_t)511;
 }
@@ -227,15 +300,14 @@ static uint64_t round512(uint64_t n) {
 #define TR_SUM_LIMIT ((int64_t)1 << 62)
 #define TR_TIME_LIMIT ((int64_t)1 << 53)
 
-static bool read_event(const pk_value_t *e, tr_event_t *ev, const char **act_p, bool *have_addr_p,
-                       bool *have_size_p, bool *bad_time_p) {
+/* What a trace entry's pairs (key0, val0, ...) say: *act_p NULL when it has no action string. */
+static void read_pairs(pk_value_t *const *it, size_t n, tr_event_t *ev, const char **act_p,
+                       bool *have_addr_p, bool *have_size_p, bool *bad_time_p,
+                       const pk_value_t **pool_id_p) {
     const char *act = NULL;
     const pk_value_t *addr = NULL, *dfree = NULL, *size = NULL, *stream = NULL, *t = NULL,
-                     *fr = NULL;
-    if (e == NULL || e->type != PK_DICT)
-        return false;
-    pk_value_t *const *it = e->u.seq.items;
-    for (size_t k = 0; k + 1 < e->u.seq.n; k += 2) {
+                     *fr = NULL, *pid = NULL;
+    for (size_t k = 0; k + 1 < n; k += 2) {
         const pk_value_t *key = it[k], *val = it[k + 1];
         if (key->type != PK_STR)
             continue;
@@ -258,6 +330,8 @@ static bool read_event(const pk_value_t *e, tr_event_t *ev, const char **act_p, 
         case 7:
             if (memcmp(ks, "time_us", 7) == 0)
                 t = val;
+            else if (memcmp(ks, "pool_id", 7) == 0)
+                pid = val;
             break;
         case 11:
             if (memcmp(ks, "device_free", 11) == 0)
@@ -268,8 +342,9 @@ static bool read_event(const pk_value_t *e, tr_event_t *ev, const char **act_p, 
         }
     }
     *act_p = act;
+    *pool_id_p = pid;
     if (act == NULL)
-        return true;
+        return;
     ev->action = action_of(act);
     uint64_t u = 0;
     int64_t i = 0;
@@ -287,25 +362,118 @@ static bool read_event(const pk_value_t *e, tr_event_t *ev, const char **act_p, 
         ev->time_us = i;
     *bad_time_p = t != NULL && (!pk_int(t, &i) || i < 0 || i > TR_TIME_LIMIT);
     ev->frames = fr != NULL && fr->type == PK_LIST ? fr : NULL;
+}
+
+/* A trace entry the reader handed over as it parsed it (pk_parse_records): what read_pairs
+ * found, without the dict. */
+typedef struct rec_side {
+    const char *act;           /* the action string (the document's) */
+    const pk_value_t *pool_id; /* the entry's pool_id, or NULL */
+    bool have_addr, have_size, bad_time;
+} rec_side_t;
+
+/* The trace entries the reader handed over, in the order it parsed them: a device's entries are
+ * one run of them, which becomes that device's event array as it is. */
+typedef struct recs {
+    tr_event_t *ev;   /* the entries (what read_pairs found) */
+    rec_side_t *side; /* what else it found, for the checks of load_events */
+    size_t n, cap;    /* entries / allocated */
+    size_t taken;     /* entries before this one belong to a device already */
+} recs_t;
+
+static bool grow_array(void **arr, size_t *cap, size_t elem);
+
+/* pk_parse_records' hook: every dict with an action string is a trace entry (the segments'
+ * dicts and the settings have none). */
+static int take_entry(void *arg, pk_value_t *const *pairs, size_t n, uint64_t *id_p) {
+    recs_t *rs = arg;
+    tr_event_t ev;
+    rec_side_t side;
+    memset(&ev, 0, sizeof(ev));
+    memset(&side, 0, sizeof(side));
+    read_pairs(pairs, n, &ev, &side.act, &side.have_addr, &side.have_size, &side.bad_time,
+               &side.pool_id);
+    if (side.act == NULL)
+        return 0;
+    if (rs->n == rs->cap) {
+        size_t cap = rs->cap ? rs->cap * 2 : 1024;
+        tr_event_t *ne = realloc(rs->ev, cap * sizeof(*ne));
+        if (ne != NULL)
+            rs->ev = ne;
+        rec_side_t *ns = ne != NULL ? realloc(rs->side, cap * sizeof(*ns)) : NULL;
+        if (ns == NULL)
+            return -1;
+        rs->side = ns;
+        rs->cap = cap;
+    }
+    rs->ev[rs->n] = ev;
+    rs->side[rs->n] = side;
+    *id_p = rs->n++;
+    return 1;
+}
+
+static bool read_event(const pk_value_t *e, const recs_t *recs, tr_event_t *ev, const char **act_p,
+                       bool *have_addr_p, bool *have_size_p, bool *bad_time_p,
+                       const pk_value_t **pool_id_p) {
+    if (e != NULL && e->type == PK_RECORD && recs != NULL && e->u.u < recs->n) {
+        const rec_side_t *r = &recs->side[e->u.u];
+        if (ev != &recs->ev[e->u.u])
+            *ev = recs->ev[e->u.u];
+        *act_p = r->act;
+        *have_addr_p = r->have_addr;
+        *have_size_p = r->have_size;
+        *bad_time_p = r->bad_time;
+        *pool_id_p = r->pool_id;
+        return true;
+    }
+    if (e == NULL || e->type != PK_DICT)
+        return false;
+    read_pairs(e->u.seq.items, e->u.seq.n, ev, act_p, have_addr_p, have_size_p, bad_time_p,
+               pool_id_p);
     return true;
 }
 
-static bool load_events(const pk_value_t *list, int dev, tr_device_t *d, char *err, size_t errlen) {
+/* Whether the list's items are the next run of handed-over entries, in order: then they are
+ * the device's event array already. */
+static bool is_next_run(const pk_value_t *list, const recs_t *recs, size_t n) {
+    if (recs == NULL || n == 0)
+        return false;
+    for (size_t i = 0; i < n; i++) {
+        const pk_value_t *e = list->u.seq.items[i];
+        if (e->type != PK_RECORD || e->u.u != recs->taken + i)
+            return false;
+    }
+    return recs->taken + n <= recs->n;
+}
+
+static int pool_index(tr_device_t *d, size_t *cap, const pk_value_t *id);
+
+static bool load_events(const pk_value_t *list, recs_t *recs, int dev, tr_device_t *d, char *err,
+                        size_t errlen) {
     size_t n = pk_len(list);
     if (list != NULL && list->type != PK_LIST) {
         snprintf(err, errlen, "device_traces[%d] is not a list", dev);
         return false;
     }
-    d->ev = calloc(n ? n : 1, sizeof(*d->ev));
+    if (is_next_run(list, recs, n)) {
+        d->ev = recs->ev + recs->taken;
+        d->ev_borrowed = true;
+        recs->taken += n;
+    } else {
+        d->ev = calloc(n ? n : 1, sizeof(*d->ev));
+    }
     if (d->ev == NULL) {
         snprintf(err, errlen, "out of memory");
         return false;
     }
+    size_t cap_pools = 0;
     for (size_t i = 0; i < n; i++) {
         tr_event_t *ev = &d->ev[i];
         const char *act = NULL;
+        const pk_value_t *pool_id = NULL;
         bool have_addr = false, have_size = false, bad_time = false;
-        if (!read_event(list->u.seq.items[i], ev, &act, &have_addr, &have_size, &bad_time) ||
+        if (!read_event(list->u.seq.items[i], recs, ev, &act, &have_addr, &have_size, &bad_time,
+                        &pool_id) ||
             act == NULL) {
             snprintf(err, errlen, "device_traces[%d][%zu]: no 'action' string", dev, i);
             return false;
@@ -336,6 +504,17 @@ static bool load_events(const pk_value_t *list, int dev, tr_device_t *d, char *e
                      dev, i, act);
             return false;
         }
+        /* Newer snapshots name each entry's MemPool: the pool is known even when none of its
+         * segments is left in the final state. */
+        if (pool_id != NULL) {
+            int pool = pool_index(d, &cap_pools, pool_id);
+            if (pool < 0) {
+                snprintf(err, errlen, "out of memory");
+                return false;
+            }
+            ev->pool = (uint16_t)pool;
+            ev->flags |= TR_F_POOL_ID;
+        }
         d->nev++;
         if (ev->action == TR_OOM)
             d->recorded_ooms++;
@@ -348,16 +527,18 @@ static bool load_events(const pk_value_t *list, int dev, tr_device_t *d, char *e
  * The starting state: a segment existed before recording began when the trace frees it before
  * (or without) allocating it, or when it is in the final state and no segment event names its
  * address. Its live blocks then are the seeds inside it; everything else in it was cached free.
- * Expandable segments whose pages the trace maps or unmaps are left out (their extent at the
- * start is not known); their seeds are allocated as requests. */
+ * An expandable segment's pages at the start are its final mapped ranges with the trace's
+ * maps taken out and its unmaps put back. */
 static bool analyse(const pk_value_t *segments, const tr_settings_t *set, int dev, tr_device_t *d,
                     char *err, size_t errlen) {
     tr_map_t live = {0};     /* addresses allocated in the trace and not yet freed */
     tr_map_t touched = {0};  /* addresses any alloc/free event names */
     tr_map_t segfirst = {0}; /* segment address -> 1 first allocated, 2 first freed in the trace */
     tr_map_t streams = {0};
-    uint64_t *mapped = NULL; /* addresses of segment_map/unmap events */
-    size_t nmapped = 0, cap_mapped = 0, cap = 0, cap_start = 0, cap_pools = 0, cap_sb = 0;
+    xrange_t *xr = NULL; /* expandable segments' mapped ranges */
+    size_t nxr = 0, cap_xr = 0;
+    /* d->pools may hold the pools the entries named (their array holds at least npools) */
+    size_t cap = 0, cap_start = 0, cap_pools = d->npools, cap_sb = 0;
     pool_range_t *ranges = NULL;
     size_t nranges = 0, cap_ranges = 0;
     bool ok = false;
@@ -391,7 +572,7 @@ static bool analyse(const pk_value_t *segments, const tr_settings_t *set, int de
             if (!tr_map_del(&live, e->addr, NULL)) {
                 if (d->seeded_bytes + e->size >= (uint64_t)TR_SUM_LIMIT)
                     goto too_much;
-                if (!add_seed(d, &cap, e->addr, e->size, 0, e->stream, e->frames))
+                if (!add_seed(d, &cap, e->addr, e->size, 0, e->stream, e->frames, e->pool))
                     goto oom;
             }
             if (!tr_map_put(&touched, e->addr, 1))
@@ -412,18 +593,10 @@ static bool analyse(const pk_value_t *segments, const tr_settings_t *set, int de
                 !tr_map_put(&segfirst, e->addr, e->action == TR_SEGMENT_ALLOC ? 1 : 2))
                 goto oom;
             break;
-        case TR_SEGMENT_MAP:
-        case TR_SEGMENT_UNMAP:
-            if (!GROW(mapped, nmapped, cap_mapped))
-                goto oom;
-            mapped[nmapped++] = e->addr;
-            break;
         default:
             break;
         }
     }
-    if (nmapped > 1)
-        qsort(mapped, nmapped, sizeof(*mapped), cmp_u64);
     for (size_t s = 0; s < pk_len(segments); s++) {
         const pk_value_t *seg = pk_at(segments, s);
         int64_t sdev = 0, total = 0, stream = 0;
@@ -459,31 +632,18 @@ static bool analyse(const pk_value_t *segments, const tr_settings_t *set, int de
         const pk_value_t *expv = pk_get(seg, "is_expandable");
         bool expandable = expv != NULL && expv->type == PK_BOOL && expv->u.b;
         const char *stype = pk_get_str(seg, "segment_type");
-        bool in_start = !tr_map_get(&segfirst, addr, NULL);
-        if (in_start && expandable && nmapped > 0) {
-            /* the first map/unmap address at or above addr */
-            size_t lo = 0, hi = nmapped;
-            while (lo < hi) {
-                size_t mid = (lo + hi) / 2;
-                if (mapped[mid] < addr)
-                    lo = mid + 1;
-                else
-                    hi = mid;
-            }
-            if (lo < nmapped && mapped[lo] < addr + (uint64_t)total)
-                in_start = false;
-        }
+        bool is_small = stype != NULL ? strcmp(stype, "small") == 0 : total == (2 << 20);
+        /* An expandable segment's pages at the start are worked out from the trace below. */
+        bool in_start = !expandable && !tr_map_get(&segfirst, addr, NULL);
+        if (expandable &&
+            !xr_add(&xr, &nxr, &cap_xr,
+                    (xrange_t){addr, addr + (uint64_t)total, ustream, (uint16_t)pool, is_small}))
+            goto oom;
         if (in_start) {
             if (!GROW(d->start, d->nstart, cap_start))
                 goto oom;
             d->start[d->nstart++] =
-                (tr_sseg_t){addr,
-                            (uint64_t)total,
-                            ustream,
-                            (uint16_t)pool,
-                            stype != NULL ? strcmp(stype, "small") == 0 : total == (2 << 20),
-                            0,
-                            0};
+                (tr_sseg_t){addr, (uint64_t)total, ustream, (uint16_t)pool, is_small, 0, 0};
         }
         d->final_reserved += (uint64_t)total;
         const pk_value_t *blocks = pk_get(seg, "blocks");
@@ -514,7 +674,7 @@ static bool analyse(const pk_value_t *segments, const tr_settings_t *set, int de
                 if (d->seeded_bytes + (uint64_t)req >= (uint64_t)TR_SUM_LIMIT)
                     goto too_much;
                 if (!add_seed(d, &cap, baddr, (uint64_t)req, (uint64_t)bsize, ustream,
-                              fr != NULL && fr->type == PK_LIST ? fr : NULL))
+                              fr != NULL && fr->type == PK_LIST ? fr : NULL, (uint16_t)pool))
                     goto oom;
             }
             baddr += (uint64_t)bsize;
@@ -522,6 +682,30 @@ static bool analyse(const pk_value_t *segments, const tr_settings_t *set, int de
     }
     if (nranges > 1)
         qsort(ranges, nranges, sizeof(*ranges), cmp_range);
+    /* Expandable segments at the start: the final state's mapped ranges, walked back through
+     * the trace (a range mapped in it was not mapped before; one unmapped in it was). Each
+     * mapped range at the start is rebuilt like any other start segment. */
+    for (size_t i = d->nev; i-- > 0;) {
+        const tr_event_t *e = &d->ev[i];
+        if (e->size == 0 || e->addr + e->size < e->addr)
+            continue; /* no range (or one past the end of the address space) */
+        if (e->action == TR_SEGMENT_MAP) {
+            if (!xr_remove(&xr, &nxr, &cap_xr, e->addr, e->addr + e->size))
+                goto oom;
+        } else if (e->action == TR_SEGMENT_UNMAP) {
+            uint16_t pool = (e->flags & TR_F_POOL_ID) ? e->pool : pool_at(ranges, nranges, e->addr);
+            if (!xr_add(&xr, &nxr, &cap_xr,
+                        (xrange_t){e->addr, e->addr + e->size, e->stream, pool,
+                                   xr_small(xr, nxr, e->addr, e->stream, e->size)}))
+                goto oom;
+        }
+    }
+    for (size_t i = 0; i < nxr; i++) {
+        if (!GROW(d->start, d->nstart, cap_start))
+            goto oom;
+        d->start[d->nstart++] = (tr_sseg_t){
+            xr[i].addr, xr[i].end - xr[i].addr, xr[i].stream, xr[i].pool, xr[i].small, 0, 0};
+    }
     /* Segments the trace frees before allocating them existed at the start too. */
     for (size_t i = 0; i < d->nev; i++) {
         const tr_event_t *e = &d->ev[i];
@@ -531,9 +715,14 @@ static bool analyse(const pk_value_t *segments, const tr_settings_t *set, int de
         (void)tr_map_put(&segfirst, e->addr, 3); /* only its first free counts */
         if (!GROW(d->start, d->nstart, cap_start))
             goto oom;
-        d->start[d->nstart++] = (tr_sseg_t){
-            e->addr, e->size, e->stream, pool_at(ranges, nranges, e->addr), e->size == (2 << 20),
-            0,       0};
+        d->start[d->nstart++] =
+            (tr_sseg_t){e->addr,
+                        e->size,
+                        e->stream,
+                        (e->flags & TR_F_POOL_ID) ? e->pool : pool_at(ranges, nranges, e->addr),
+                        e->size == (2 << 20),
+                        0,
+                        0};
     }
     if (d->nstart > 1)
         qsort(d->start, d->nstart, sizeof(*d->start), cmp_sseg);
@@ -574,7 +763,7 @@ static bool analyse(const pk_value_t *segments, const tr_settings_t *set, int de
     for (size_t i = 0; i < d->nev;) {
         tr_event_t *e = &d->ev[i];
         if (e->action != TR_SEGMENT_FREE && e->action != TR_SEGMENT_UNMAP) {
-            if (e->action == TR_ALLOC && nranges > 0)
+            if (e->action == TR_ALLOC && nranges > 0 && !(e->flags & TR_F_POOL_ID))
                 e->pool = pool_at(ranges, nranges, e->addr);
             i++;
             continue;
@@ -582,7 +771,7 @@ static bool analyse(const pk_value_t *segments, const tr_settings_t *set, int de
         size_t j = i;
         while (j < d->nev &&
                (d->ev[j].action == TR_SEGMENT_FREE || d->ev[j].action == TR_SEGMENT_UNMAP)) {
-            if (nranges > 0)
+            if (nranges > 0 && !(d->ev[j].flags & TR_F_POOL_ID))
                 d->ev[j].pool = pool_at(ranges, nranges, d->ev[j].addr);
             j++;
         }
@@ -644,7 +833,7 @@ out:
     tr_map_free(&touched);
     tr_map_free(&segfirst);
     tr_map_free(&streams);
-    free(mapped);
+    free(xr);
     free(ranges);
     return ok;
 }
@@ -721,7 +910,13 @@ static void read_settings(const pk_value_t *as, tr_settings_t *st) {
 #undef ADD
 }
 
+static bool from_doc(pk_doc_t *doc, recs_t *recs, tr_trace_t *t, char *err, size_t errlen);
+
 bool tr_from_doc(pk_doc_t *doc, tr_trace_t *t, char *err, size_t errlen) {
+    return from_doc(doc, NULL, t, err, errlen);
+}
+
+static bool from_doc(pk_doc_t *doc, recs_t *recs, tr_trace_t *t, char *err, size_t errlen) {
     memset(t, 0, sizeof(*t));
     t->doc = doc;
     t->root = pk_root(doc);
@@ -769,7 +964,7 @@ bool tr_from_doc(pk_doc_t *doc, tr_trace_t *t, char *err, size_t errlen) {
         return false;
     }
     for (int d = 0; d < ndev; d++) {
-        if (!load_events(pk_at(traces, (size_t)d), d, &t->dev[d], err, errlen) ||
+        if (!load_events(pk_at(traces, (size_t)d), recs, d, &t->dev[d], err, errlen) ||
             !analyse(segments, &t->settings, d, &t->dev[d], err, errlen))
             return false;
     }
@@ -849,13 +1044,24 @@ bool tr_load_opts(const char *path, bool frames, tr_trace_t *t, char *err, size_
     }
     int protocol = !json && len > 1 && buf[0] == 0x80 ? buf[1] : 0;
     pk_doc_t *doc = NULL;
-    bool ok = pk_parse_skip(buf, len, NULL, frames ? NULL : "frames", &doc, why, sizeof(why));
+    /* Without stacks, the reader hands each trace entry over as it parses it: no dict, no
+     * values for its numbers (most of the memory of loading a trace). */
+    recs_t recs;
+    memset(&recs, 0, sizeof(recs));
+    bool ok = frames ? pk_parse_skip(buf, len, NULL, NULL, &doc, why, sizeof(why))
+                     : pk_parse_records(buf, len, NULL, "frames", take_entry, &recs, &doc, why,
+                                        sizeof(why));
     release(buf, len, mapped);
     if (!ok) {
+        free(recs.ev);
+        free(recs.side);
         snprintf(err, errlen, "%s: %s", path, why);
         return false;
     }
-    if (!tr_from_doc(doc, t, why, sizeof(why))) {
+    ok = from_doc(doc, &recs, t, why, sizeof(why));
+    t->ev_block = recs.ev; /* the devices' event arrays (tr_free frees it) */
+    free(recs.side);
+    if (!ok) {
         snprintf(err, errlen, "%s: %s", path, why);
         return false;
     }
@@ -866,7 +1072,8 @@ bool tr_load_opts(const char *path, bool frames, tr_trace_t *t, char *err, size_
 void tr_free(tr_trace_t *t) {
     if (t->dev != NULL) {
         for (int d = 0; d < t->ndev; d++) {
-            free(t->dev[d].ev);
+            if (!t->dev[d].ev_borrowed)
+                free(t->dev[d].ev);
             free(t->dev[d].seeds);
             free(t->dev[d].start);
             free(t->dev[d].sblocks);
@@ -874,6 +1081,7 @@ void tr_free(tr_trace_t *t) {
         }
         free(t->dev);
     }
+    free(t->ev_block);
     pk_free(t->doc);
     memset(t, 0, sizeof(*t));
 }

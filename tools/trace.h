@@ -33,11 +33,13 @@ typedef enum {
 /* tr_event_t.flags */
 #define TR_F_DEFERRED 1u    /* free_requested whose free_completed comes later (stream uses) */
 #define TR_F_EMPTY_CACHE 2u /* first of a run of segment frees the user's empty_cache made */
+#define TR_F_POOL_ID 4u     /* the entry names its pool (newer PyTorch's "pool_id"): pool is it */
 
 typedef struct tr_event {
     tr_action_t action;       /* what happened */
     uint8_t flags;            /* TR_F_* */
-    uint16_t pool;            /* alloc: 1 + index into the device's pools, 0 = default pool */
+    uint16_t pool;            /* 1 + index into the device's pools, 0 = default pool (alloc,
+                               * segment frees) */
     uint64_t addr;            /* block/segment address; device free bytes for oom */
     uint64_t size;            /* bytes (alloc: requested; free_*: requested_size; segment_*) */
     uint64_t stream;          /* recorded stream handle, 0 = default */
@@ -52,6 +54,7 @@ typedef struct tr_seed {
     uint64_t stream;          /* recorded stream */
     const pk_value_t *frames; /* frames of the block, or NULL */
     bool in_start;            /* inside a start segment (rebuilt with it, not requested) */
+    uint16_t pool;            /* 1 + index into the device's pools, 0 = default pool */
 } tr_seed_t;
 
 /* A block of a segment that existed before recording began, as it was then. */
@@ -77,6 +80,7 @@ typedef struct tr_pool_id {
 typedef struct tr_device {
     tr_event_t *ev;           /* events in order */
     size_t nev;               /* entries in ev */
+    bool ev_borrowed;         /* ev lies in the trace's ev_block (not freed on its own) */
     tr_sseg_t *start;         /* segments before recording began (not expandable), by address */
     size_t nstart;            /* entries in start */
     tr_sblock_t *sblocks;     /* their live blocks */
@@ -120,6 +124,7 @@ typedef struct tr_trace {
     int ndev;               /* device_traces entries (at least every segment's device + 1) */
     tr_device_t *dev;       /* per device */
     size_t nsegments;       /* segments in the snapshot */
+    tr_event_t *ev_block;   /* the entries the reader handed over (devices' ev point into it) */
 } tr_trace_t;
 
 /* Load a snapshot file (pickle). Fills t; on failure writes a one-line reason and returns

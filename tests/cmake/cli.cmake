@@ -151,12 +151,12 @@ if(TARGET sympool_cli)
     ARGS replay ${PROJECT_SOURCE_DIR}/CMakeLists.txt)
   sp_cli_check(NAME summary_not_a_pickle RC 1 REGEX "CMakeLists.txt: not a pickle"
     ARGS summary ${PROJECT_SOURCE_DIR}/CMakeLists.txt)
-  # --compare: one row per configuration, defaults first.
+  # --compare: one row per configuration, the recorded settings alone first.
   # (CMake drops empty arguments, so the "" configuration goes through the shell.)
   add_test(NAME cli.replay_compare_rows COMMAND sh -c
     "'$<TARGET_FILE:sympool_cli>' replay '${SMALL}' --compare '' max_split_size_mb:64 garbage_collection_threshold:0.5 2>&1; echo rc=$?")
   set_tests_properties(cli.replay_compare_rows PROPERTIES LABELS "unit;cli" TIMEOUT 120
-    PASS_REGULAR_EXPRESSION "configuration.*\n  \\(defaults\\) .*\n  max_split_size_mb:64 .*\n  garbage_collection_threshold:0.5 .*rc=0")
+    PASS_REGULAR_EXPRESSION "settings: the snapshot's 'expandable_segments:False'.*configuration.*\n  \\(recorded\\) .*\n  max_split_size_mb:64 .*\n  garbage_collection_threshold:0.5 .*rc=0")
   add_test(NAME cli.replay_compare_json_lines COMMAND sh -c
     "'$<TARGET_FILE:sympool_cli>' replay '${SMALL}' --json --compare '' max_split_size_mb:64 2>&1; echo rc=$?")
   set_tests_properties(cli.replay_compare_json_lines PROPERTIES LABELS "unit;cli" TIMEOUT 120
@@ -264,6 +264,18 @@ if(TARGET sympool_cli)
     COMMAND $<TARGET_FILE:sympool_cli> replay ${SP_DATA}/real/layoutediting-legacy-list.pickle)
   set_tests_properties(cli.replay_legacy_list PROPERTIES LABELS "unit;cli" TIMEOUT 60
     PASS_REGULAR_EXPRESSION "settings +defaults \\(the snapshot records none\\).*peak reserved +3.398 GiB +recorded run: 3.398 GiB \\(\\+0.00%\\)")
+  # --compare starts every configuration from the snapshot's settings: this trace records
+  # expandable segments, where the 40 MiB request reuses the two freed 30 MiB blocks' pages (90
+  # MiB at the peak; 130 MiB with our defaults), and a configuration's items are added to them.
+  add_test(NAME cli.replay_compare_recorded COMMAND sh -c
+    "'$<TARGET_FILE:sympool_cli>' replay '${SP_DATA}/trace-expandable-tiny.json' --json --compare '' garbage_collection_threshold:0.5 2>&1; echo rc=$?")
+  set_tests_properties(cli.replay_compare_recorded PROPERTIES LABELS "unit;cli" TIMEOUT 60
+    PASS_REGULAR_EXPRESSION "^\\{[^\n]*\"peak_reserved_bytes\":94371840,[^\n]*\"conf\":\"\",\"settings\":\"expandable_segments:True\"[^\n]*\n\\{[^\n]*\"peak_reserved_bytes\":94371840,[^\n]*\"settings\":\"expandable_segments:True,garbage_collection_threshold:0.5\"[^\n]*\nrc=0")
+  # --conf replaces the recorded settings as the base, and the table says which were used.
+  add_test(NAME cli.replay_compare_conf_base COMMAND sh -c
+    "'$<TARGET_FILE:sympool_cli>' replay '${SP_DATA}/trace-expandable-tiny.json' --conf expandable_segments:False --compare '' 2>&1; echo rc=$?")
+  set_tests_properties(cli.replay_compare_conf_base PROPERTIES LABELS "unit;cli" TIMEOUT 60
+    PASS_REGULAR_EXPRESSION "settings: --conf 'expandable_segments:False'.*\n  \\(--conf\\) +0.127 .*rc=0")
   add_test(NAME cli.info_trace
     COMMAND $<TARGET_FILE:sympool_cli> info ${SP_DATA}/real/sqattn-empty-cache.pickle)
   set_tests_properties(cli.info_trace PROPERTIES LABELS "unit;cli" TIMEOUT 60

@@ -621,3 +621,58 @@ TEST(PickleWrite, StaticStringsAreMemoized) {
         pk_free(doc);
     }
 }
+
+namespace {
+
+// Skipping a key: the lists under it are not built and their pairs are left out of the dicts
+// (the key reads as absent); the same word elsewhere (a value, a list's item) stays.
+TEST(PickleRead, SkippedKeysAreLeftOutOfTheirDicts) {
+    sp__emit_t e;
+    sp__emit_init(&e, false);
+    sp__emit_list_begin(&e);
+    for (int i = 0; i < 2; i++) {
+        sp__emit_dict_begin(&e);
+        sp__emit_key(&e, "addr");
+        sp__emit_uint(&e, 0x7f0000000000ull);
+        sp__emit_key(&e, "frames");
+        sp__emit_list_begin(&e);
+        sp__emit_int(&e, 7);
+        sp__emit_list_end(&e);
+        sp__emit_key(&e, "name");
+        sp__emit_str(&e, "frames"); // a value, not a key
+        sp__emit_dict_end(&e);
+    }
+    sp__emit_list_begin(&e);
+    sp__emit_str(&e, "frames");
+    sp__emit_int(&e, 5);
+    sp__emit_list_end(&e);
+    sp__emit_list_end(&e);
+    Bytes b = finish(&e);
+    pk_doc_t *doc = nullptr;
+    char err[256] = "";
+    ASSERT_TRUE(pk_parse_skip(b.data(), b.size(), nullptr, "frames", &doc, err, sizeof(err)))
+        << err;
+    const pk_value_t *root = pk_root(doc);
+    ASSERT_EQ(pk_len(root), 3u);
+    for (size_t i = 0; i < 2; i++) {
+        const pk_value_t *d = pk_at(root, i);
+        EXPECT_EQ(pk_len(d), 2u); // addr and name
+        EXPECT_EQ(pk_get(d, "frames"), nullptr);
+        uint64_t a = 0;
+        EXPECT_TRUE(pk_get_uint(d, "addr", &a));
+        EXPECT_EQ(a, 0x7f0000000000ull);
+        EXPECT_STREQ(pk_get_str(d, "name"), "frames");
+    }
+    int64_t v = 0;
+    EXPECT_STREQ(pk_str(pk_at(pk_at(root, 2), 0)), "frames");
+    EXPECT_TRUE(pk_int(pk_at(pk_at(root, 2), 1), &v));
+    EXPECT_EQ(v, 5);
+    pk_free(doc);
+    // Without a key it is pk_parse: everything is there.
+    ASSERT_TRUE(pk_parse_skip(b.data(), b.size(), nullptr, nullptr, &doc, err, sizeof(err)));
+    EXPECT_EQ(pk_len(pk_at(pk_root(doc), 0)), 3u);
+    EXPECT_EQ(pk_len(pk_get(pk_at(pk_root(doc), 1), "frames")), 1u);
+    pk_free(doc);
+}
+
+} // namespace

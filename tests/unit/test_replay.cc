@@ -540,10 +540,12 @@ struct SSeg {
     uint64_t addr, size, stream, pool;
     const char *type;
     std::vector<SBlock> blocks;
+    bool expandable = false;
 };
 struct SEv {
     const char *action;
     uint64_t addr, size, stream;
+    int64_t pool = -1; // >= 0: the entry names its pool (0, pool), as newer PyTorch writes
 };
 
 std::vector<unsigned char> snapshot_of(const std::vector<SSeg> &segs, const std::vector<SEv> &evs,
@@ -570,6 +572,8 @@ std::vector<unsigned char> snapshot_of(const std::vector<SSeg> &segs, const std:
         sp__emit_int(&e, 0);
         sp__emit_uint(&e, s.pool);
         sp__emit_list_end(&e);
+        sp__emit_key(&e, "is_expandable");
+        sp__emit_bool(&e, s.expandable);
         sp__emit_key(&e, "blocks");
         sp__emit_list_begin(&e);
         uint64_t a = s.addr;
@@ -594,6 +598,13 @@ std::vector<unsigned char> snapshot_of(const std::vector<SSeg> &segs, const std:
         sp__emit_uint(&e, ev.size);
         sp__emit_key(&e, "stream");
         sp__emit_uint(&e, ev.stream);
+        if (ev.pool >= 0) {
+            sp__emit_key(&e, "pool_id");
+            sp__emit_list_begin(&e);
+            sp__emit_int(&e, 0);
+            sp__emit_int(&e, ev.pool);
+            sp__emit_list_end(&e);
+        }
         sp__emit_dict_end(&e);
     }
     sp__emit_list_end(&e);
@@ -715,6 +726,130 @@ TEST_F(Replay, PrivatePoolsAreRoutedByAddress) {
     tr_free(&t);
 }
 
+// A MemPool whose segments are all gone by the end (made and released in the trace): newer
+// snapshots name each entry's pool, and its allocation goes to a pool of ours, not to the default
+// pool's cached segment that would fit it. Its release (only its segments) leaves the default
+// pool's cache alone.
+TEST_F(Replay, PrivatePoolWithoutFinalSegmentsIsRoutedByItsId) {
+    const uint64_t P = 0x7d0000000000ull, D = 0x7c0000000000ull;
+    const std::vector<SSeg> segs = {{D, 20 * MiB, 0, 0, "large", {{20 * MiB, 0, "inactive"}}}};
+    const std::vector<SEv> evs = {
+        {"segment_alloc", P, 16 * MiB, 0, 1},  {"alloc", P, 16 * MiB, 0, 1},
+        {"free_requested", P, 16 * MiB, 0, 1}, {"free_completed", P, 16 * MiB, 0, 1},
+        {"segment_free", P, 16 * MiB, 0, 1},   {"alloc", D, 16 * MiB, 0, 0},
+        {"free_requested", D, 16 * MiB, 0, 0}, {"free_completed", D, 16 * MiB, 0, 0}};
+    tr_trace_t t;
+    std::string err;
+    ASSERT_TRUE(load(snapshot_of(segs, evs, "", false), &t, &err)) << err;
+    ASSERT_EQ(t.dev[0].npools, 1u);
+    EXPECT_EQ(t.dev[0].pools[0].second, 1u);
+    EXPECT_EQ(t.dev[0].ev[1].pool, 1u);
+    EXPECT_EQ(t.dev[0].ev[4].pool, 1u);
+    EXPECT_EQ(t.dev[0].ev[5].pool, 0u);
+    EXPECT_EQ(t.dev[0].peak_reserved, 36 * MiB);
+    replay_result_t r;
+    char why[256] = "";
+    ASSERT_TRUE(replay_trace(&t, nullptr, &r, why, sizeof(why))) << why;
+    EXPECT_EQ(r.device_allocs, 1); // the pool's own segment
+    EXPECT_EQ((uint64_t)r.peak_reserved, r.pytorch_peak_reserved);
+    EXPECT_EQ(r.device_frees, 1);                  // only the pool's segment went back
+    EXPECT_EQ((uint64_t)r.end_reserved, 20 * MiB); // the default pool's stayed cached
+    EXPECT_EQ((uint64_t)r.end_reserved, r.pytorch_final_reserved);
+    tr_free(&t);
+    // Our snapshot of the replay names the pool in its entries too, so replaying it routes alike.
+    ASSERT_EQ(sp_shutdown(), SP_SUCCESS); // each replay on a fresh allocator
+    ASSERT_TRUE(load(snapshot_of(segs, evs, "", false), &t, &err)) << err;
+    std::string out = "replay_pool_" + std::to_string(getpid()) + ".pickle";
+    ASSERT_TRUE(replay_trace(&t, out.c_str(), &r, why, sizeof(why))) << why;
+    tr_free(&t);
+    ASSERT_EQ(sp_shutdown(), SP_SUCCESS);
+    bool loaded = tr_load(out.c_str(), &t, why, sizeof(why));
+    unlink(out.c_str());
+    ASSERT_TRUE(loaded) << why;
+    ASSERT_EQ(t.dev[0].npools, 1u);
+    size_t named = 0;
+    for (size_t i = 0; i < t.dev[0].nev; i++)
+        named += t.dev[0].ev[i].pool == 1 && (t.dev[0].ev[i].flags & TR_F_POOL_ID);
+    EXPECT_GE(named, 4u); // segment_alloc, alloc, free_requested/completed, segment_free
+    ASSERT_TRUE(replay_trace(&t, nullptr, &r, why, sizeof(why))) << why;
+    EXPECT_EQ((uint64_t)r.peak_reserved, r.pytorch_peak_reserved);
+    EXPECT_EQ(r.device_allocs, 1);
+    tr_free(&t);
+}
+
+// Expandable segments the trace maps and unmaps: the pages mapped before the first entry are the
+// starting state (the final ranges without what the trace mapped, with what it unmapped), with
+// the live blocks in them, as for any other segment.
+TEST_F(Replay, ExpandableSegmentsStartAsTheyWere) {
+    const uint64_t XS = 0x7b0000000000ull, Y = 0x7a0000000000ull;
+    // End: XS has 60 MiB mapped: [10 MiB live since before the trace][10 free][20 allocated in
+    // the trace][20 free]. The trace mapped XS+20 MiB (40 MiB) and unmapped all of Y (20 MiB,
+    // whose 4 MiB block from before the trace it freed first).
+    const std::vector<SSeg> segs = {{XS,
+                                     60 * MiB,
+                                     0,
+                                     0,
+                                     "large",
+                                     {{10 * MiB, 10 * MiB, "active_allocated"},
+                                      {10 * MiB, 0, "inactive"},
+                                      {20 * MiB, 20 * MiB, "active_allocated"},
+                                      {20 * MiB, 0, "inactive"}},
+                                     true}};
+    const std::vector<SEv> evs = {{"free_requested", Y, 4 * MiB, 0},
+                                  {"free_completed", Y, 4 * MiB, 0},
+                                  {"segment_unmap", Y, 20 * MiB, 0},
+                                  {"segment_map", XS + 20 * MiB, 40 * MiB, 0},
+                                  {"alloc", XS + 20 * MiB, 20 * MiB, 0}};
+    tr_trace_t t;
+    std::string err;
+    ASSERT_TRUE(load(snapshot_of(segs, evs, "expandable_segments:True", true), &t, &err)) << err;
+    const tr_device_t &d = t.dev[0];
+    EXPECT_EQ(d.start_reserved, 40 * MiB);
+    ASSERT_EQ(d.nstart, 2u);
+    EXPECT_EQ(d.start_bytes, d.start_reserved);
+    EXPECT_EQ(d.start[0].addr, Y);
+    EXPECT_EQ(d.start[0].size, 20 * MiB);
+    EXPECT_EQ(d.start[1].addr, XS);
+    EXPECT_EQ(d.start[1].size, 20 * MiB);
+    EXPECT_EQ(d.nloose, 0u); // both live blocks are inside the start ranges
+    EXPECT_EQ(d.nsblocks, 2u);
+    replay_result_t r;
+    char why[256] = "";
+    ASSERT_TRUE(replay_trace(&t, nullptr, &r, why, sizeof(why))) << why;
+    EXPECT_EQ(r.start_segments, 2u);
+    EXPECT_EQ(r.start_bytes, r.pytorch_start_reserved);
+    EXPECT_EQ(r.start_blocks, 2u);
+    EXPECT_EQ(r.skipped_frees, 0u);
+    tr_free(&t);
+}
+
+// The walk back through maps and unmaps: pages unmapped and mapped again, pages mapped last, and
+// a hole the trace opened between two final ranges of one segment (PyTorch reports each mapped
+// range as a segment): the start is what was mapped before the first entry, merged.
+TEST_F(Replay, ExpandableRangesWalkBackThroughMapsAndUnmaps) {
+    const uint64_t Z = 0x790000000000ull, W = 0x780000000000ull;
+    const std::vector<SSeg> segs = {
+        {Z, 60 * MiB, 0, 0, "large", {{60 * MiB, 0, "inactive"}}, true},
+        {W, 20 * MiB, 0, 0, "large", {{20 * MiB, 0, "inactive"}}, true},
+        {W + 40 * MiB, 20 * MiB, 0, 0, "large", {{20 * MiB, 0, "inactive"}}, true}};
+    const std::vector<SEv> evs = {{"segment_unmap", Z + 20 * MiB, 20 * MiB, 0},
+                                  {"segment_map", Z + 20 * MiB, 20 * MiB, 0},
+                                  {"segment_map", Z + 40 * MiB, 20 * MiB, 0},
+                                  {"segment_unmap", W + 20 * MiB, 20 * MiB, 0}};
+    tr_trace_t t;
+    std::string err;
+    ASSERT_TRUE(load(snapshot_of(segs, evs, "expandable_segments:True", true), &t, &err)) << err;
+    const tr_device_t &d = t.dev[0];
+    ASSERT_EQ(d.nstart, 2u);
+    EXPECT_EQ(d.start[0].addr, W); // the hole closed again: one range
+    EXPECT_EQ(d.start[0].size, 60 * MiB);
+    EXPECT_EQ(d.start[1].addr, Z);
+    EXPECT_EQ(d.start[1].size, 40 * MiB);
+    EXPECT_EQ(d.start_bytes, 100 * MiB);
+    EXPECT_EQ(d.start_bytes, d.start_reserved);
+    tr_free(&t);
+}
+
 // allocator_settings become the replay's configuration; per_process_memory_fraction is read
 // from the settings string.
 TEST_F(Replay, RecordedSettingsTranslate) {
@@ -759,6 +894,8 @@ TEST_F(Replay, SkippingFramesLoadsTheSameTrace) {
                 EXPECT_EQ(x.ev[i].size, y.ev[i].size);
                 EXPECT_EQ(x.ev[i].stream, y.ev[i].stream);
                 EXPECT_EQ(x.ev[i].flags, y.ev[i].flags);
+                EXPECT_EQ(x.ev[i].time_us, y.ev[i].time_us);
+                EXPECT_EQ(x.ev[i].pool, y.ev[i].pool);
                 EXPECT_EQ(y.ev[i].frames, nullptr);
                 with_frames += x.ev[i].frames != nullptr;
             }
@@ -787,6 +924,7 @@ TEST_F(Replay, FuzzedSnapshotsLoadOrExplainWhenSkipping) {
     std::vector<unsigned char> orig((std::istreambuf_iterator<char>(f)),
                                     std::istreambuf_iterator<char>());
     ASSERT_GT(orig.size(), 1000u);
+    std::string path = "fuzz_skip_" + std::to_string(getpid()) + ".pickle";
     unsigned seed = 12345;
     for (int round = 0; round < 300; round++) {
         std::vector<unsigned char> b = orig;
@@ -806,7 +944,89 @@ TEST_F(Replay, FuzzedSnapshotsLoadOrExplainWhenSkipping) {
         } else {
             EXPECT_NE(strstr(why, "pickle:"), nullptr) << why;
         }
+        // The loader without stacks, whose reader hands the entries over as it parses them.
+        if (round % 3 != 0)
+            continue;
+        std::ofstream(path, std::ios::binary)
+            .write((const char *)b.data(), (std::streamsize)b.size());
+        tr_trace_t t;
+        (void)tr_load_opts(path.c_str(), false, &t, why, sizeof(why));
+        tr_free(&t);
     }
+    unlink(path.c_str());
+}
+
+// Entries handed over while parsing: an int the memo keeps from inside one entry (made a document
+// value before its entry's scratch is reused), read back in the next entry, a DUP'd and popped
+// value, a nested dict and a tuple in an entry: the same events as the full load.
+TEST_F(Replay, HandedOverEntriesKeepWhatTheMemoKeeps) {
+    std::vector<unsigned char> b = {0x80, 2};
+    auto str = [&b](const std::string &x) {
+        b.push_back('X');
+        for (int i = 0; i < 4; i++)
+            b.push_back((unsigned char)(x.size() >> (8 * i)));
+        b.insert(b.end(), x.begin(), x.end());
+    };
+    auto i32 = [&b](uint32_t v) {
+        b.push_back('J');
+        for (int i = 0; i < 4; i++)
+            b.push_back((unsigned char)(v >> (8 * i)));
+    };
+    b.insert(b.end(), {'}', '('});
+    str("segments");
+    b.push_back(']');
+    str("device_traces");
+    b.insert(b.end(), {']', ']', '('}); // outer list, device 0's list, MARK of its items
+    // entry 1: alloc at 0x7f001000 of 0x7f001000 bytes (memoized as 0), a DUP popped again,
+    // user_metadata {"k": 5}, pool_id (0, 0)
+    b.insert(b.end(), {'}', '('});
+    str("action");
+    str("alloc");
+    str("addr");
+    i32(0x7f001000u);
+    b.insert(b.end(), {'2', 'q', 0, '0'}); // DUP, memoize the copy, pop it
+    str("size");
+    b.insert(b.end(), {'h', 0});
+    str("user_metadata");
+    b.insert(b.end(), {'}', '('});
+    str("k");
+    b.insert(b.end(), {'K', 5, 'u'});
+    str("pool_id");
+    b.insert(b.end(), {'K', 0, 'K', 0, 0x86});
+    b.push_back('u');
+    // entry 2: free_requested at the memoized int, its size 7 (made in the same scratch slots)
+    b.insert(b.end(), {'}', '('});
+    str("action");
+    str("free_requested");
+    str("addr");
+    b.insert(b.end(), {'h', 0});
+    str("size");
+    i32(7);
+    str("stream");
+    b.insert(b.end(), {'K', 0, 'u'});
+    b.insert(b.end(), {'e', 'a', 'u', '.'}); // APPENDS entries, APPEND device list, SETITEMS top
+    std::string path = "handed_over_" + std::to_string(getpid()) + ".pickle";
+    std::ofstream(path, std::ios::binary).write((const char *)b.data(), (std::streamsize)b.size());
+    tr_trace_t full, fast;
+    char why[256] = "", why2[256] = "";
+    bool full_ok = tr_load(path.c_str(), &full, why, sizeof(why));
+    bool fast_ok = tr_load_opts(path.c_str(), false, &fast, why2, sizeof(why2));
+    unlink(path.c_str());
+    ASSERT_TRUE(full_ok) << why;
+    ASSERT_TRUE(fast_ok) << why2;
+    for (const tr_trace_t *t : {&full, &fast}) {
+        ASSERT_EQ(t->ndev, 1);
+        ASSERT_EQ(t->dev[0].nev, 2u);
+        EXPECT_EQ(t->dev[0].ev[0].action, TR_ALLOC);
+        EXPECT_EQ(t->dev[0].ev[0].addr, 0x7f001000u);
+        EXPECT_EQ(t->dev[0].ev[0].size, 0x7f001000u);
+        EXPECT_EQ(t->dev[0].ev[1].action, TR_FREE_REQUESTED);
+        EXPECT_EQ(t->dev[0].ev[1].addr, 0x7f001000u);
+        EXPECT_EQ(t->dev[0].ev[1].size, 7u);
+    }
+    EXPECT_TRUE(fast.dev[0].ev_borrowed); // the handed-over entries are the event array
+    tr_free(&full);
+    tr_free(&fast);
 }
 
 } // namespace

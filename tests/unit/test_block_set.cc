@@ -1,0 +1,173 @@
+// test_block_set.cc: the free set (pool/block_set.h) against a sorted reference: every lookup
+// gives the reference's lower_bound and predecessor whether the hint answers or the root walk
+// does, and after every change the tree is a balanced search tree with right parent links whose
+// first block is `min`, its in-order walk the reference's order.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <random>
+#include <set>
+#include <vector>
+
+extern "C" {
+#include "pool/block_set.h"
+}
+
+namespace {
+
+struct Key {
+    uintptr_t stream;
+    size_t size;
+    uint64_t seq;
+    uintptr_t addr;
+};
+
+struct Fixture {
+    std::vector<sp_segment_t> segs;
+    std::vector<sp_block_t> blocks;
+    sp_block_set_t set{};
+
+    Fixture(size_t n, bool by_seq, uint32_t seed) : segs(8), blocks(n) {
+        set.by_seq = by_seq;
+        std::mt19937 rng(seed);
+        for (size_t i = 0; i < segs.size(); i++)
+            segs[i].seq = (i * 5) % segs.size(); // seq order differs from address order
+        for (size_t i = 0; i < n; i++) {
+            sp_block_t &b = blocks[i];
+            b.addr = 0x100000 + i * 512;
+            b.size = 512 * (1 + rng() % 6); // few sizes: many equal keys up to the tie-break
+            b.stream = (sp_stream_t)(uintptr_t)(0x10 * (rng() % 3));
+            b.seg = &segs[i % segs.size()];
+        }
+    }
+
+    bool less(const sp_block_t *a, const sp_block_t *b) const {
+        return sp__bset_cmp(set.by_seq, a, b) < 0;
+    }
+
+    // The reference: the blocks in the set, sorted.
+    std::vector<sp_block_t *> sorted() {
+        std::vector<sp_block_t *> v;
+        for (auto &b : blocks)
+            if (b.in_set)
+                v.push_back(&b);
+        std::sort(v.begin(), v.end(), [this](auto *a, auto *b) { return less(a, b); });
+        return v;
+    }
+
+    int check_tree(const sp_block_t *n, const sp_block_t *parent) {
+        if (!n)
+            return 0;
+        EXPECT_EQ(n->parent, parent);
+        EXPECT_TRUE(n->in_set);
+        int hl = check_tree(n->left, n), hr = check_tree(n->right, n);
+        EXPECT_LE(std::abs(hl - hr), 1);
+        EXPECT_EQ(n->height, std::max(hl, hr) + 1);
+        return std::max(hl, hr) + 1;
+    }
+
+    void check() {
+        std::vector<sp_block_t *> ref = sorted();
+        ASSERT_EQ(set.count, ref.size());
+        check_tree(set.root, nullptr);
+        ASSERT_EQ(set.min, ref.empty() ? nullptr : ref.front());
+        size_t i = 0;
+        for (sp_block_t *b = set.min; b; b = sp__bset_succ(&set, b), i++) {
+            ASSERT_LT(i, ref.size());
+            ASSERT_EQ(b, ref[i]);
+            ASSERT_EQ(sp__bset_pred(&set, b), i ? ref[i - 1] : nullptr);
+        }
+        ASSERT_EQ(i, ref.size());
+        if (set.hint) {
+            ASSERT_TRUE(set.hint->in_set);
+        }
+    }
+
+    void lookup(uintptr_t stream, size_t size) {
+        std::vector<sp_block_t *> ref = sorted();
+        sp_block_t *want = nullptr, *want_pred = nullptr;
+        for (sp_block_t *b : ref) {
+            bool below =
+                (uintptr_t)b->stream < stream || ((uintptr_t)b->stream == stream && b->size < size);
+            if (below) {
+                want_pred = b;
+            } else {
+                want = b;
+                break;
+            }
+        }
+        sp_block_t *pred = (sp_block_t *)1;
+        sp_block_t *got = sp__bset_find_fit(&set, (sp_stream_t)stream, size, &pred);
+        ASSERT_EQ(got, want) << "stream " << stream << " size " << size;
+        ASSERT_EQ(pred, want_pred);
+        ASSERT_EQ(sp__bset_lower_bound(&set, (sp_stream_t)stream, size), want);
+    }
+};
+
+void churn(bool by_seq, uint32_t seed) {
+    Fixture f(600, by_seq, seed);
+    std::mt19937 rng(seed * 7 + 1);
+    for (int step = 0; step < 6000; step++) {
+        unsigned op = rng() % 10;
+        if (op < 4) {
+            sp_block_t &b = f.blocks[rng() % f.blocks.size()];
+            if (b.in_set)
+                sp__bset_remove(&f.set, &b);
+            else
+                sp__bset_insert(&f.set, &b);
+        } else if (op < 6 && f.set.hint) {
+            // The allocator's pattern: take the best fit, give it back (the hint's cases).
+            sp_block_t *h = f.set.hint;
+            sp__bset_remove(&f.set, h);
+            ASSERT_NO_FATAL_FAILURE(f.check());
+            sp__bset_insert(&f.set, h);
+        } else {
+            ASSERT_NO_FATAL_FAILURE(f.lookup(0x10 * (rng() % 4), 512 * (rng() % 8)));
+        }
+        ASSERT_NO_FATAL_FAILURE(f.check()) << "step " << step;
+    }
+    // Empty it in an order of its own: every removal keeps the tree valid.
+    for (auto &b : f.blocks) {
+        if (b.in_set) {
+            sp__bset_remove(&f.set, &b);
+            ASSERT_NO_FATAL_FAILURE(f.check());
+        }
+    }
+    EXPECT_EQ(f.set.root, nullptr);
+    EXPECT_EQ(f.set.min, nullptr);
+}
+
+} // namespace
+
+TEST(BlockSet, LookupsAndChangesMatchASortedReference) {
+    for (uint32_t seed = 1; seed <= 3; seed++)
+        ASSERT_NO_FATAL_FAILURE(churn(false, seed));
+}
+
+TEST(BlockSet, SymmetricOrderMatchesASortedReference) {
+    for (uint32_t seed = 1; seed <= 3; seed++)
+        ASSERT_NO_FATAL_FAILURE(churn(true, seed));
+}
+
+// In-place replacement: a block whose key sorts between the old block's neighbours takes its
+// node; the set stays valid and a lookup finds the new block.
+TEST(BlockSet, ReplaceKeepsOrderMinAndHint) {
+    Fixture f(16, false, 5);
+    for (size_t i = 0; i < f.blocks.size(); i++) {
+        f.blocks[i].stream = nullptr;
+        f.blocks[i].size = 1024 * (i + 1);
+        if (i != 3)
+            sp__bset_insert(&f.set, &f.blocks[i]);
+    }
+    ASSERT_NO_FATAL_FAILURE(f.check());
+    // Block 3 (not in the set) made the first block's size minus 512: it sorts first.
+    sp_block_t &nb = f.blocks[3];
+    nb.size = 512;
+    sp__bset_replace(&f.set, &f.blocks[0], &nb);
+    EXPECT_FALSE(f.blocks[0].in_set);
+    ASSERT_NO_FATAL_FAILURE(f.check());
+    EXPECT_EQ(f.set.min, &nb);
+    ASSERT_NO_FATAL_FAILURE(f.lookup(0, 512));
+    EXPECT_EQ(f.set.hint, &nb);
+}
