@@ -32,6 +32,7 @@ void sp__alloc_conf_defaults(sp_alloc_conf_t *conf_p) {
     conf_p->max_split_size = SIZE_MAX;
     conf_p->max_non_split_rounding = 20 * MiB;
     conf_p->large_segment_size = 20 * MiB;
+    conf_p->memory_fraction = 1.0;
 }
 
 /* A token of the text: [p, p+len), trimmed. */
@@ -215,8 +216,10 @@ static bool parse_ignored(span_t key, span_t v, char *why, size_t why_len) {
                      v.p);
         return false;
     }
-    bool ok = span_is(key, "pinned_num_register_threads") ? (span_uint(v, &n) && n > 0)
-                                                          : span_bool(v, &b);
+    /* PyTorch: the register threads are a power of 2 up to its maximum of 128. */
+    bool ok = span_is(key, "pinned_num_register_threads")
+                  ? (span_uint(v, &n) && n > 0 && n <= 128 && (n & (n - 1)) == 0)
+                  : span_bool(v, &b);
     if (!ok) {
         snprintf(why, why_len, "%.*s: bad value '%.*s'", (int)key.len, key.p, (int)v.len, v.p);
         return false;
@@ -277,6 +280,17 @@ static sp_status_t parse_entry(span_t entry, sp_alloc_conf_t *c, unsigned *keys,
         if (ok && roundup_text != NULL && roundup_len > 0)
             snprintf(roundup_text, roundup_len, "%.*s", (int)v.len, v.p);
         bit = SP_CONF_KEY_ROUNDUP;
+    } else if (span_is(key, "per_process_memory_fraction")) {
+        /* PyTorch's start-up form of set_per_process_memory_fraction, on every device. */
+        double f = -1.0;
+        ok = span_double(v, &f) && f >= 0.0 && f <= 1.0;
+        if (ok)
+            c->memory_fraction = f;
+        else
+            snprintf(why, why_len,
+                     "per_process_memory_fraction is invalid, set it in [0.0, 1.0] (got '%.*s')",
+                     (int)v.len, v.p);
+        bit = SP_CONF_KEY_MEMORY_FRACTION;
     } else if (span_is(key, "expandable_segments")) {
         ok = span_bool(v, &c->expandable_segments);
         if (!ok)
@@ -291,7 +305,7 @@ static sp_status_t parse_entry(span_t entry, sp_alloc_conf_t *c, unsigned *keys,
             snprintf(why, why_len,
                      "unknown key '%.*s' (known: max_split_size_mb, max_non_split_rounding_mb, "
                      "large_segment_size_mb, garbage_collection_threshold, "
-                     "roundup_power2_divisions, "
+                     "roundup_power2_divisions, per_process_memory_fraction, "
                      "expandable_segments, and the CUDA-only keys)",
                      (int)key.len, key.p);
             return SP_ERR_INVALID_ARGUMENT;

@@ -156,6 +156,9 @@ static void resolve_locked(void) {
     c.no_caching = opts[SP_OPT_NO_CACHING].v.i != 0;
     memcpy(c.roundup_divisions, opts[SP_OPT_ROUNDUP_POWER2_DIVISIONS].v.conf.roundup_divisions,
            sizeof c.roundup_divisions);
+    /* No SYMPOOL_* variable of its own: only the ALLOC_CONF key sets it. */
+    c.memory_fraction =
+        (ac->conf_keys & SP_CONF_KEY_MEMORY_FRACTION) ? ac->conf.memory_fraction : 1.0;
     snprintf(c.conf_text, sizeof c.conf_text, "%s", ac->s);
     conf_resolved = c;
 }

@@ -295,6 +295,7 @@ typedef struct sp_alloc_conf {
     size_t max_non_split_rounding;  /* bytes */
     size_t large_segment_size;      /* bytes, in [SP_LARGE_SEGMENT_MIN, SP_LARGE_SEGMENT_MAX] */
     double gc_threshold;            /* 0 = off */
+    double memory_fraction;         /* per_process_memory_fraction at start-up; 1.0 = none */
     bool expandable_segments;       /* one growing segment per stream and pool kind */
     bool no_caching;                /* SYMPOOL_NO_CACHING */
     uint32_t roundup_divisions[16]; /* per power-of-2 interval from 1 MiB; 0 = none */
@@ -314,7 +315,8 @@ enum {
     SP_CONF_KEY_LARGE_SEGMENT_SIZE = 1u << 2,
     SP_CONF_KEY_GC_THRESHOLD = 1u << 3,
     SP_CONF_KEY_ROUNDUP = 1u << 4,
-    SP_CONF_KEY_EXPANDABLE = 1u << 5
+    SP_CONF_KEY_EXPANDABLE = 1u << 5,
+    SP_CONF_KEY_MEMORY_FRACTION = 1u << 6
 };
 
 /* What the parser says about one entry: bad == true for an entry it rejects (status and why),

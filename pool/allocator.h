@@ -103,6 +103,7 @@ typedef struct sp_devalloc {
     int device;                  /* (const) */
     size_t total_mem;            /* device total bytes, read at init (const) */
     size_t allowed_max;          /* memory-fraction cap, SIZE_MAX = none (lock) */
+    double fraction;             /* the fraction as set, 1.0 = none; read back exactly (lock) */
     size_t total_reserved;       /* bytes of all segments of the device (lock) */
     bool gc_enabled;             /* fraction set and gc threshold > 0 (lock) */
     sp_dev_stats_t stats;        /* (lock) */

@@ -74,11 +74,19 @@ static sp_status_t dev_init(sp_devalloc_t *d, int device) {
     atomic_init(&d->lock.v, 0);
     d->device = device;
     d->allowed_max = SIZE_MAX;
+    d->fraction = 1.0;
     sp__stats_init(&d->stats, sp__g.conf.max_split_size);
     size_t total = 0;
     /* Not mem_get_info: on cuda that would make a context on every device at start-up. */
     SP_CHECK(sp__g.ops->mem_total(device, &total));
     d->total_mem = total;
+    /* ALLOC_CONF's per_process_memory_fraction: as sp_set_memory_fraction at start-up. */
+    double f = sp__g.conf.memory_fraction;
+    if (f >= 0.0 && f < 1.0) {
+        d->allowed_max = (size_t)(f * (double)total);
+        d->fraction = f;
+        d->gc_enabled = sp__g.conf.gc_threshold > 0.0;
+    }
     SP_CHECK(sp__ptr_map_init(&d->map));
     d->default_pool = sp__mempool_new(d, NULL, true, false);
     if (!d->default_pool)
@@ -308,7 +316,22 @@ SP_EXPORT sp_status_t sp_set_memory_fraction(double fraction, int device) {
                          "sp_set_memory_fraction: %g is outside [0, 1]", fraction);
     sp__lock(&d->lock);
     d->allowed_max = fraction < 1.0 ? (size_t)(fraction * (double)d->total_mem) : SIZE_MAX;
+    d->fraction = fraction;
     d->gc_enabled = d->allowed_max != SIZE_MAX && sp__g.conf.gc_threshold > 0.0;
+    sp__unlock(&d->lock);
+    return SP_SUCCESS;
+}
+
+SP_EXPORT sp_status_t sp_get_memory_fraction(int device, double *fraction_p) {
+    SP_GATE("sp_get_memory_fraction");
+    if (fraction_p == NULL)
+        return sp__error(SP_ERR_INVALID_ARGUMENT, SP_SUB_POOL,
+                         "sp_get_memory_fraction: fraction_p is NULL");
+    sp_devalloc_t *d = NULL;
+    SP_CHECK(sp__alloc_device(device, &d));
+    /* The value as set, not allowed_max / total: a caller that sets f reads f back. */
+    sp__lock(&d->lock);
+    *fraction_p = d->fraction;
     sp__unlock(&d->lock);
     return SP_SUCCESS;
 }

@@ -68,6 +68,7 @@ static struct {
     bool c_stacks;     /* capture C frames (g.lock) */
     int want_frames;   /* hook set or c_stacks (g.lock; atomic: capture's fast exit) */
     size_t cap;        /* ring capacity; 0 = unbounded (g.lock) */
+    uint32_t skip;     /* bit per sp_trace_action_t never stored (g.lock) */
     ring_t *rings;     /* one per device seen (g.lock) */
     int nrings;        /* entries in rings (g.lock) */
     context_t *ctx;    /* contexts by id - 1 (g.lock) */
@@ -449,7 +450,7 @@ void sp__history_record(int device, sp_trace_action_t action, uintptr_t addr, si
         return;
     int64_t now = sp__epoch_us();
     pthread_mutex_lock(&g.lock);
-    if (g.enabled == SP_HISTORY_OFF)
+    if (g.enabled == SP_HISTORY_OFF || (g.skip & (1u << action)) != 0)
         goto out;
     if (device >= g.nrings) {
         ring_t *nr = realloc(g.rings, (size_t)(device + 1) * sizeof(*nr));
@@ -557,6 +558,30 @@ SP_EXPORT void sp_history_params_init(sp_history_params_t *params) {
     params->context = SP_CONTEXT_ALL;
     params->max_entries = 0;
     params->c_stacks = false;
+    params->skip_actions = NULL;
+}
+
+/* "free_requested,free_completed" -> their bits; false (why set) for a name not an action. */
+static bool parse_skip(const char *text, uint32_t *mask_p, char *why, size_t why_len) {
+    uint32_t mask = 0;
+    const size_t n = sizeof(action_names) / sizeof(action_names[0]);
+    for (const char *p = text; p != NULL && *p != '\0';) {
+        const char *end = strchr(p, ',');
+        size_t len = end ? (size_t)(end - p) : strlen(p);
+        size_t i = 0;
+        while (i < n && !(strlen(action_names[i]) == len && strncmp(action_names[i], p, len) == 0))
+            i++;
+        if (len > 0 && i == n) {
+            snprintf(why, why_len, "'%.*s' is not an action (alloc, free_requested, ...)",
+                     (int)(len > 64 ? 64 : len), p);
+            return false;
+        }
+        if (len > 0)
+            mask |= 1u << i;
+        p = end ? end + 1 : NULL;
+    }
+    *mask_p = mask;
+    return true;
 }
 
 SP_EXPORT sp_status_t sp_record_memory_history(const sp_history_params_t *params) {
@@ -569,6 +594,12 @@ SP_EXPORT sp_status_t sp_record_memory_history(const sp_history_params_t *params
     SP_ARG_CHECK((unsigned)params->context <= SP_CONTEXT_ALL, SP_SUB_HISTORY,
                  "sp_record_memory_history: context=%d is not NONE, STATE, ALLOC or ALL",
                  (int)params->context);
+    uint32_t skip = 0;
+    char why[128];
+    if (params->enabled != SP_HISTORY_OFF &&
+        !parse_skip(params->skip_actions, &skip, why, sizeof why))
+        return sp__error(SP_ERR_INVALID_ARGUMENT, SP_SUB_HISTORY,
+                         "sp_record_memory_history: skip_actions: %s", why);
     pthread_mutex_lock(&g.lock);
     if (params->enabled == SP_HISTORY_OFF) {
         /* PyTorch: enabled=None stops recording and clears the buffer. Contexts still held by
@@ -607,6 +638,7 @@ SP_EXPORT sp_status_t sp_record_memory_history(const sp_history_params_t *params
         }
     }
     g.cap = cap;
+    g.skip = skip;
     g.enabled = params->enabled;
     g.c_stacks = params->c_stacks;
     __atomic_store_n(&g.want_frames, g.hook != NULL || g.c_stacks, __ATOMIC_RELAXED);

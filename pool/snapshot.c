@@ -373,24 +373,13 @@ static sp_status_t dump(const sp_mempool_t *pool, const char *pattern) {
         collect_free(&c);
         return s;
     }
-    /* PyTorch appends a `snapshot` entry to every device's history on each snapshot; it is in
-     * the ring for later dumps, and in this file as the last entry. */
-    int64_t now = sp__epoch_us();
-    /* enabled=STATE: the one-entry ring was copied before the marker, as PyTorch copies its
-     * traces before its snapshot records one; the marker replaces it in the ring only. */
-    bool state_only = sp__history_state_only();
+    /* PyTorch appends a `snapshot` entry to every device's history on each snapshot, after it
+     * copied the traces (trace() before each device's snapshot()): the marker is in the ring for
+     * later dumps, never in this one, whose last entry is the last action before it. */
     for (int d = 0; d < c.ndev; d++) {
-        trace_copy_t *t = &c.traces[d];
         if (!sp__history_keeps_actions())
             break; /* not recording: no action history, no marker */
-        sp__history_record(d, SP_TRACE_SNAPSHOT, 0, t->active, 0, c.pool_id, 0);
-        if (state_only)
-            continue;
-        sp__trace_entry_t *ne = sp__emit_realloc(t->e, (t->n + 1) * sizeof(*ne));
-        if (ne == NULL)
-            continue; /* the file simply lacks the marker */
-        t->e = ne;
-        t->e[t->n++] = (sp__trace_entry_t){SP_TRACE_SNAPSHOT, 0, t->active, 0, c.pool_id, now, 0};
+        sp__history_record(d, SP_TRACE_SNAPSHOT, 0, c.traces[d].active, 0, c.pool_id, 0);
     }
 
     sp__emit_t e;

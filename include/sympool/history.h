@@ -35,6 +35,11 @@ typedef struct sp_history_params {
     sp_history_context_t context; /**< which records carry stack frames */
     size_t max_entries;           /**< ring buffer size; 0 = unbounded */
     bool c_stacks;                /**< record C stack frames */
+    /** (sympool addition) PyTorch's skip_actions: comma-separated action names ("alloc",
+     * "free_requested", "free_completed", "segment_alloc", "segment_free", "segment_map",
+     * "segment_unmap", "snapshot", "oom") never stored in the trace; NULL or "" = none. An
+     * unknown name is SP_ERR_INVALID_ARGUMENT. */
+    const char *skip_actions;
 } sp_history_params_t;
 
 /** Defaults: enabled ALL, context ALL, max_entries 0 (unbounded), c_stacks false; NULL ignored */

@@ -86,6 +86,13 @@ sp_status_t sp_empty_cache(void);
  */
 sp_status_t sp_set_memory_fraction(double fraction, int device);
 
+/**
+ * (sympool addition) The fraction last set on @p device by sp_set_memory_fraction, exactly as
+ * given; 1.0 when none was set (torch.cuda.get_per_process_memory_fraction).
+ * @return SP_SUCCESS, SP_ERR_INVALID_ARGUMENT (NULL @p fraction_p, unknown device).
+ */
+sp_status_t sp_get_memory_fraction(int device, double *fraction_p);
+
 /** Free and total bytes of the device as the backend reports them (cudaMemGetInfo). */
 sp_status_t sp_get_memory_info(int device, size_t *free_p, size_t *total_p);
 

@@ -18,7 +18,8 @@ from .history import _record_memory_history, record_memory_history
 from .memory import (
     MemPool, Stream, _dump_snapshot, _snapshot, backend, caching_allocator_alloc,
     caching_allocator_delete, device_count, device_usage, dump_snapshot, empty_cache, free,
-    get_default_memory_pool, get_memory_info, init, malloc, max_memory_allocated,
+    get_default_memory_pool, get_memory_info,
+    get_per_process_memory_fraction, init, malloc, max_memory_allocated,
     max_memory_reserved, mem_get_info, memory_allocated, memory_reserved, memory_snapshot,
     memory_stats, memory_summary, record_stream, reset_accumulated_memory_stats,
     reset_peak_memory_stats, set_per_process_memory_fraction, snapshot, stats_keys, use_mem_pool)
@@ -38,7 +39,8 @@ __all__ = [
     "InvalidArgumentError", "MemPool", "OutOfMemoryError", "Stream", "SympoolError", "World",
     "backend", "caching_allocator_alloc", "caching_allocator_delete", "device_count",
     "device_usage",
-    "dump_snapshot", "empty_cache", "free", "get_default_memory_pool", "get_memory_info", "init",
+    "dump_snapshot", "empty_cache", "free", "get_default_memory_pool", "get_memory_info",
+    "get_per_process_memory_fraction", "init",
     "library_path", "malloc",
     "max_memory_allocated", "max_memory_reserved", "mem_get_info", "memory_allocated",
     "memory_reserved", "memory_snapshot", "memory_stats", "memory_summary",

@@ -83,7 +83,8 @@ class MemPoolParams(ctypes.Structure):
 
 class HistoryParams(ctypes.Structure):
     _fields_ = [("enabled", ctypes.c_int), ("context", ctypes.c_int),
-                ("max_entries", ctypes.c_size_t), ("c_stacks", ctypes.c_bool)]
+                ("max_entries", ctypes.c_size_t), ("c_stacks", ctypes.c_bool),
+                ("skip_actions", ctypes.c_char_p)]
 
 
 class HistoryFrame(ctypes.Structure):
@@ -108,6 +109,7 @@ _PROTOS = {
     "sp_record_stream": (_st, [_vp, _vp]),
     "sp_empty_cache": (_st, []),
     "sp_set_memory_fraction": (_st, [ctypes.c_double, _i]),
+    "sp_get_memory_fraction": (_st, [_i, ctypes.POINTER(ctypes.c_double)]),
     "sp_get_memory_info": (_st, [_i, _P(_sz), _P(_sz)]),
     "sp_device_usage": (_st, [_i, _P(DeviceUsage)]),
     "sp_memory_stats": (_st, [_i, _P(Stats)]),

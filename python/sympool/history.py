@@ -67,7 +67,7 @@ _lib_keep = []
 
 
 def record_memory_history(enabled="all", context="all", stacks="python", max_entries=sys.maxsize,
-                          device=None, clear_history=False):
+                          device=None, clear_history=False, skip_actions=None):
     """Start, change or stop recording (torch.cuda.memory._record_memory_history).
 
     enabled: "all" keeps up to max_entries trace entries; "state" keeps what live blocks need and
@@ -75,6 +75,7 @@ def record_memory_history(enabled="all", context="all", stacks="python", max_ent
     "alloc" (also trace entries), "all" (also a stack at each free). stacks: "python" (Python
     frames) or "all" (Python and C frames). device is accepted for torch's signature (recording
     covers every device). clear_history=True drops the trace entries recorded so far.
+    skip_actions: action names ("alloc", "free_requested", "segment_free", ...) never stored.
     """
     if enabled is True:
         enabled = "all"  # torch's legacy boolean form
@@ -94,6 +95,13 @@ def record_memory_history(enabled="all", context="all", stacks="python", max_ent
     lib().sp_history_params_init(p)
     p.enabled, p.context = _ENABLED[enabled], _CONTEXT[context]
     p.max_entries, p.c_stacks = n, stacks == "all"
+    if skip_actions is not None:
+        if isinstance(skip_actions, str) or not all(isinstance(a, str) for a in skip_actions):
+            raise TypeError("skip_actions must be a list of action names")
+        if any("," in a or "\0" in a for a in skip_actions):
+            raise bad_value(f"skip_actions holds a malformed name: {skip_actions!r}")
+        skip = ",".join(skip_actions).encode()
+        p.skip_actions = skip  # the library reads it during the call only
     if not isinstance(clear_history, bool):
         raise TypeError(f"clear_history must be a bool, not {type(clear_history).__name__}")
     if device is not None:
@@ -113,7 +121,8 @@ def record_memory_history(enabled="all", context="all", stacks="python", max_ent
 
 def _record_memory_history(enabled="all", context="all", stacks="all", max_entries=sys.maxsize,
                            device=None, clear_history=False, compile_context=False,
-                           global_record_annotations=False):
+                           global_record_annotations=False, skip_actions=None):
     """torch.cuda.memory._record_memory_history's name, positional order and defaults (stacks
     "all"). compile_context and global_record_annotations are accepted and have no effect."""
-    record_memory_history(enabled, context, stacks, max_entries, device, clear_history)
+    record_memory_history(enabled, context, stacks, max_entries, device, clear_history,
+                          skip_actions)

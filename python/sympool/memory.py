@@ -63,12 +63,22 @@ def empty_cache():
 
 
 def set_per_process_memory_fraction(fraction, device=0):
-    """Cap this process's reserved memory on device at fraction x total (torch.cuda's name)."""
-    if isinstance(fraction, bool) or not isinstance(fraction, (int, float)):
-        raise TypeError(f"fraction must be a float, not {type(fraction).__name__}")
+    """Cap this process's reserved memory on device at fraction x total (torch.cuda's name).
+    As in torch.cuda, fraction must be a float: an int (even 1) is a TypeError."""
+    if not isinstance(fraction, float):
+        raise TypeError("Invalid type for fraction argument, must be `float`, "
+                        f"not {type(fraction).__name__}")
     if not 0.0 <= fraction <= 1.0:
-        raise bad_value(f"fraction must be in [0, 1], got {fraction}")
+        raise bad_value(f"Invalid fraction value: {fraction}. Allowed range: 0~1")
     check(lib().sp_set_memory_fraction(float(fraction), as_device(device)))
+
+
+def get_per_process_memory_fraction(device=0):
+    """The fraction set by set_per_process_memory_fraction on device, as given; 1.0 if none
+    (torch.cuda's name)."""
+    f = ctypes.c_double()
+    check(lib().sp_get_memory_fraction(as_device(device), ctypes.byref(f)))
+    return float(f.value)
 
 
 def memory_stats(device=0):

@@ -101,7 +101,7 @@ def test_constants_and_enums_match_the_headers():
 
 @pytest.mark.parametrize("struct,fields", [
     ("MemPoolParams", ["allocator", "use_on_oom", "no_split", "device", "name"]),
-    ("HistoryParams", ["enabled", "context", "max_entries", "c_stacks"]),
+    ("HistoryParams", ["enabled", "context", "max_entries", "c_stacks", "skip_actions"]),
 ])
 def test_struct_fields_in_header_order(struct, fields):
     from sympool import _lib

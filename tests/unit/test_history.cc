@@ -384,7 +384,10 @@ TEST_F(History, StreamAndPoolFields) {
                      pk_get_str(pk_at(tr, i), "action")[0] == 'o' ? "device_free" : "addr");
             EXPECT_NE((uintptr_t)addr, (uintptr_t)a) << "default-pool event in a pool snapshot";
         }
-        EXPECT_STREQ(pk_get_str(pk_at(tr, pk_len(tr) - 1), "action"), "snapshot");
+        // The traces are copied before the marker is recorded (PyTorch's order): the last
+        // entry is the pool's last action, b's alloc.
+        EXPECT_STREQ(pk_get_str(pk_at(tr, pk_len(tr) - 1), "action"), "alloc");
+        EXPECT_EQ((uintptr_t)geti(pk_at(tr, pk_len(tr) - 1), "addr"), (uintptr_t)b);
     }
     // The whole-process snapshot has both, and records the stream.
     ASSERT_SP_OK(sp_dump_snapshot((dir + "/all.pickle").c_str()));
@@ -622,8 +625,18 @@ TEST_F(History, SnapshotIsConsistentAndReadable) {
     ASSERT_SP_OK(sp_free(ptrs[1])); // an inactive block inside a split segment
     ASSERT_SP_OK(sp_free(ptrs[4]));
     std::string dir = tempdir();
+    ASSERT_SP_OK(sp_dump_snapshot((dir + "/first.pickle").c_str()));
     ASSERT_SP_OK(sp_dump_snapshot((dir + "/snap.pickle").c_str()));
     ASSERT_SP_OK(sp_dump_snapshot((dir + "/snap.json").c_str()));
+    {
+        // PyTorch copies the traces before snapshot() records its marker: a dump ends with the
+        // last action before it (ptrs[4]'s free), and its marker shows in the next dump.
+        Doc d(dir + "/first.pickle");
+        const pk_value_t *tr = pk_at(pk_get(d.root(), "device_traces"), 0);
+        const pk_value_t *last = pk_at(tr, pk_len(tr) - 1);
+        EXPECT_STREQ(pk_get_str(last, "action"), "free_completed");
+        EXPECT_EQ((uintptr_t)geti(last, "addr"), (uintptr_t)ptrs[4]);
+    }
     {
         Doc d(dir + "/snap.pickle");
         const pk_value_t *root = d.root();
@@ -664,9 +677,9 @@ TEST_F(History, SnapshotIsConsistentAndReadable) {
             dir + "/snap.pickle " + dir + "/snap.json";
         EXPECT_EQ(system(cmd.c_str()), 0) << cmd;
     }
-    // Atomic: the directory holds exactly the two files, no temporaries.
+    // Atomic: the directory holds exactly the three files, no temporaries.
     auto files = list_dir(dir);
-    EXPECT_EQ(files.size(), 2u);
+    EXPECT_EQ(files.size(), 3u);
     remove_tree(dir);
     for (size_t i : {0, 2, 3, 5})
         ASSERT_SP_OK(sp_free(ptrs[i]));
@@ -818,7 +831,7 @@ TEST_F(History, TwoDevicesHaveTheirOwnTraces) {
         ASSERT_EQ(pk_len(traces), 2u);
         for (int dev = 0; dev < 2; dev++) {
             const pk_value_t *tr = pk_at(traces, (size_t)dev);
-            ASSERT_EQ(pk_len(tr), 3u); // segment_alloc, alloc, snapshot
+            ASSERT_EQ(pk_len(tr), 2u); // segment_alloc, alloc (this dump's marker comes later)
             EXPECT_EQ((uintptr_t)geti(pk_at(tr, 1), "addr"), (uintptr_t)(dev == 1 ? a : b));
         }
         const pk_value_t *segs = pk_get(d.root(), "segments");

@@ -240,7 +240,8 @@ TEST_F(Replay, WritesOurSnapshotOfTheReplay) {
     EXPECT_EQ(ours.dev[0].start_bytes, 22 * MiB);
     EXPECT_EQ(ours.dev[0].empty_cache_runs, 1u);
     EXPECT_EQ(ours.dev[0].peak_reserved, 22 * MiB);
-    EXPECT_EQ(ours.dev[0].ev[ours.dev[0].nev - 1].action, TR_SNAPSHOT);
+    // PyTorch copies the traces before its snapshot records its marker: no dump holds its own.
+    EXPECT_NE(ours.dev[0].ev[ours.dev[0].nev - 1].action, TR_SNAPSHOT);
     tr_free(&ours);
     unlink(out.c_str());
     rmdir(dir);

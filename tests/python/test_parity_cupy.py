@@ -1,0 +1,371 @@
+"""CuPy's MemoryPool tests (tests/cupy_tests/cuda_tests/test_memory.py, TestSingleDeviceMemoryPool
+and TestMemoryPool) rewritten against sympool.MemPool.
+
+What carries over unchanged: 512-byte rounding, reuse of a freed block by the same stream only,
+splitting a cached block (the head keeps the low address) and merging on free, free_all_blocks
+releasing only unsplit free segments (of one stream or all), used/free/total bytes adding up,
+n_free_blocks, and set_limit/get_limit. What differs by design (docs/API.md: MemPools follow
+PyTorch's segment rules): a small request takes a 2 MiB segment, not a chunk of exactly its size,
+so total_bytes() and free_bytes() count whole segments where CuPy's mock allocator counts
+requests.
+"""
+
+import pytest
+
+UNIT = 512
+SEG = 2 << 20  # PyTorch's small segment (kSmallBuffer)
+
+
+@pytest.fixture
+def pool(sp):
+    p = sp.MemPool(name="cupy")
+    yield p
+    p.free_all_blocks()
+    p.destroy()
+
+
+@pytest.fixture
+def stream(sp):
+    s = sp.Stream()
+    yield s
+    s.synchronize()
+    s.destroy()
+
+
+def used(sp):
+    return sp.memory_stats()["allocated_bytes.all.current"]
+
+
+def test_round_size(sp, pool):
+    for n, want in ((UNIT - 1, UNIT), (UNIT, UNIT), (UNIT + 1, 2 * UNIT), (1, UNIT)):
+        p = pool.malloc(n)
+        assert pool.used_bytes() == want
+        sp.free(p)
+
+
+def test_alloc(sp, pool):
+    p1 = pool.malloc(UNIT * 4)
+    p2 = pool.malloc(UNIT * 4)
+    p3 = pool.malloc(UNIT * 8)
+    assert len({p1, p2, p3}) == 3
+    # All three are carved from one small segment, one after the other.
+    assert p2 == p1 + UNIT * 4 and p3 == p2 + UNIT * 4
+    for p in (p1, p2, p3):
+        sp.free(p)
+
+
+def test_alloc_split(sp, pool):
+    p = pool.malloc(UNIT * 4)
+    sp.free(p)
+    head = pool.malloc(UNIT * 2)
+    tail = pool.malloc(UNIT * 2)
+    assert head == p
+    assert tail == p + UNIT * 2
+    sp.free(head)
+    sp.free(tail)
+
+
+def test_alloc_limit(sp, pool):
+    # CuPy's limit caps the pool's total bytes; ours counts segments, so the limit is set in
+    # small (2 MiB) segments: one is full after two 1 MiB blocks, and the next request needs a
+    # second segment, refused until the limit grows.
+    mib = 1 << 20
+    pool.set_limit(size=SEG)
+    p1 = pool.malloc(mib)
+    p2 = pool.malloc(mib)
+    with pytest.raises(sp.OutOfMemoryError):
+        pool.malloc(UNIT)
+    pool.set_limit(size=2 * SEG)
+    p3 = pool.malloc(UNIT)
+    p4 = pool.malloc(mib)
+    with pytest.raises(sp.OutOfMemoryError):
+        pool.malloc(mib)
+    for p in (p1, p2, p3, p4):
+        sp.free(p)
+
+
+def test_free(sp, pool):
+    p1 = pool.malloc(UNIT * 4)
+    sp.free(p1)
+    p2 = pool.malloc(UNIT * 4)
+    assert p2 == p1
+    sp.free(p2)
+
+
+def test_free_stream(sp, pool, stream):
+    p1 = pool.malloc(UNIT * 4)
+    sp.free(p1)
+    p2 = pool.malloc(UNIT * 4, stream=stream)
+    assert p2 != p1
+    sp.free(p2)
+
+
+def test_free_merge(sp, pool):
+    p = pool.malloc(UNIT * 4)
+    sp.free(p)
+    # merge head into tail
+    head = pool.malloc(UNIT * 2)
+    tail = pool.malloc(UNIT * 2)
+    assert head == p
+    sp.free(tail)
+    sp.free(head)
+    q = pool.malloc(UNIT * 4)
+    assert q == p
+    sp.free(q)
+    # merge tail into head
+    head = pool.malloc(UNIT * 2)
+    tail = pool.malloc(UNIT * 2)
+    assert head == p
+    sp.free(head)
+    sp.free(tail)
+    q = pool.malloc(UNIT * 4)
+    assert q == p
+    sp.free(q)
+    assert pool.n_free_blocks() == 1  # everything merged back into one segment-sized block
+
+
+def test_free_different_size(sp, pool):
+    # CuPy: a cached block of another size is not handed out. Ours: a larger request takes the
+    # same (merged, 2 MiB) free block, split at its start: best fit in the same segment.
+    p1 = pool.malloc(UNIT * 4)
+    sp.free(p1)
+    p2 = pool.malloc(UNIT * 8)
+    assert p2 == p1
+    assert pool.total_bytes() == SEG
+    sp.free(p2)
+
+
+def test_free_all_blocks(sp, pool):
+    p1 = pool.malloc(UNIT * 4)
+    sp.free(p1)
+    assert pool.total_bytes() == SEG
+    before = sp.memory_stats()["num_device_free"]
+    pool.free_all_blocks()
+    assert pool.total_bytes() == 0
+    assert sp.memory_stats()["num_device_free"] == before + 1
+    p2 = pool.malloc(UNIT * 4)
+    assert pool.total_bytes() == SEG  # a new segment, not the cached block
+    sp.free(p2)
+
+
+def test_free_all_blocks_split(sp, pool):
+    # do not free split blocks
+    p = pool.malloc(UNIT * 4)
+    sp.free(p)
+    head = pool.malloc(UNIT * 2)
+    tail = pool.malloc(UNIT * 2)
+    sp.free(tail)
+    pool.free_all_blocks()
+    assert pool.total_bytes() == SEG
+    q = pool.malloc(UNIT * 2)
+    assert q == tail
+    sp.free(q)
+    sp.free(head)
+
+
+def test_free_all_blocks_stream(sp, pool, stream):
+    # CuPy passes Stream.null here; our NULL stream means "every stream" (sp_mempool_free_all_blocks),
+    # so the one-stream form is shown with two streams of ours.
+    other = sp.Stream()
+    p1 = pool.malloc(UNIT * 4, stream=other)
+    sp.free(p1)
+    p2 = pool.malloc(UNIT * 4, stream=stream)
+    sp.free(p2)
+    assert pool.total_bytes() == 2 * SEG
+    pool.free_all_blocks(stream=other)
+    assert pool.total_bytes() == SEG
+    p3 = pool.malloc(UNIT * 4, stream=other)
+    assert p3 != p2
+    assert pool.total_bytes() == 2 * SEG
+    p4 = pool.malloc(UNIT * 4, stream=stream)
+    assert p4 == p2
+    sp.free(p3)
+    sp.free(p4)
+    pool.free_all_blocks()
+    other.synchronize()
+    other.destroy()
+
+
+def test_free_all_blocks_all_streams(sp, pool, stream):
+    p1 = pool.malloc(UNIT * 4)
+    sp.free(p1)
+    p2 = pool.malloc(UNIT * 4, stream=stream)
+    sp.free(p2)
+    pool.free_all_blocks()
+    assert pool.total_bytes() == 0
+    assert pool.n_free_blocks() == 0
+    p3 = pool.malloc(UNIT * 4)
+    p4 = pool.malloc(UNIT * 4, stream=stream)
+    assert pool.total_bytes() == 2 * SEG
+    sp.free(p3)
+    sp.free(p4)
+
+
+def test_used_bytes(sp, pool):
+    p1 = pool.malloc(UNIT * 2)
+    assert pool.used_bytes() == UNIT * 2
+    p2 = pool.malloc(UNIT * 4)
+    assert pool.used_bytes() == UNIT * 6
+    sp.free(p2)
+    assert pool.used_bytes() == UNIT * 2
+    sp.free(p1)
+    assert pool.used_bytes() == 0
+    p3 = pool.malloc(UNIT * 1)
+    assert pool.used_bytes() == UNIT
+    sp.free(p3)
+
+
+def test_used_bytes_stream(sp, pool, stream):
+    p1 = pool.malloc(UNIT * 4)
+    sp.free(p1)
+    p2 = pool.malloc(UNIT * 2, stream=stream)
+    assert pool.used_bytes() == UNIT * 2
+    sp.free(p2)
+
+
+def test_free_bytes(sp, pool):
+    p1 = pool.malloc(UNIT * 2)
+    assert pool.free_bytes() == SEG - UNIT * 2
+    p2 = pool.malloc(UNIT * 4)
+    assert pool.free_bytes() == SEG - UNIT * 6
+    sp.free(p2)
+    assert pool.free_bytes() == SEG - UNIT * 2
+    sp.free(p1)
+    assert pool.free_bytes() == SEG
+    p3 = pool.malloc(UNIT * 1)
+    assert pool.free_bytes() == SEG - UNIT
+    sp.free(p3)
+
+
+def test_free_bytes_stream(sp, pool, stream):
+    p1 = pool.malloc(UNIT * 4)
+    sp.free(p1)
+    p2 = pool.malloc(UNIT * 2, stream=stream)
+    assert pool.free_bytes() == SEG + SEG - UNIT * 2
+    sp.free(p2)
+
+
+def test_total_bytes(sp, pool):
+    p1 = pool.malloc(UNIT * 2)
+    assert pool.total_bytes() == SEG
+    p2 = pool.malloc(UNIT * 4)
+    assert pool.total_bytes() == SEG
+    sp.free(p1)
+    assert pool.total_bytes() == SEG
+    sp.free(p2)
+    assert pool.total_bytes() == SEG
+    p3 = pool.malloc(UNIT * 1)
+    assert pool.total_bytes() == SEG
+    assert pool.used_bytes() + pool.free_bytes() == pool.total_bytes()
+    sp.free(p3)
+    pool.free_all_blocks()
+    assert pool.total_bytes() == 0
+
+
+def test_total_bytes_stream(sp, pool, stream):
+    p1 = pool.malloc(UNIT * 4)
+    sp.free(p1)
+    p2 = pool.malloc(UNIT * 2, stream=stream)
+    assert pool.total_bytes() == 2 * SEG
+    sp.free(p2)
+
+
+def test_get_limit(sp, pool):
+    assert pool.get_limit() == 0  # no limit by default
+
+
+def test_set_limit_size(sp, pool):
+    pool.set_limit(size=1024)
+    assert pool.get_limit() == 1024
+    pool.set_limit(size=2**33)
+    assert pool.get_limit() == 2**33
+    pool.set_limit(size=0)
+    assert pool.get_limit() == 0
+    with pytest.raises(ValueError):
+        pool.set_limit(size=-1)
+
+
+def test_set_limit_fraction(sp, pool):
+    total = sp.get_memory_info()[1]
+    pool.set_limit(fraction=0)
+    assert pool.get_limit() == 0
+    pool.set_limit(fraction=0.5)
+    assert pool.get_limit() == int(total * 0.5)
+    pool.set_limit(fraction=1.0)
+    assert pool.get_limit() == total
+    with pytest.raises(ValueError):
+        pool.set_limit(fraction=-1)
+    with pytest.raises(ValueError):
+        pool.set_limit(fraction=1.1)
+
+
+def test_n_free_blocks(sp, pool):
+    p1 = pool.malloc(1000)
+    assert pool.n_free_blocks() == 1  # the rest of its 2 MiB segment
+    sp.free(p1)
+    assert pool.n_free_blocks() == 1  # merged back: one free block
+    pool.free_all_blocks()
+    assert pool.n_free_blocks() == 0
+
+
+def test_default_pool_counts_plain_malloc(sp):
+    # cupy.get_default_memory_pool(): the pool every plain allocation goes to.
+    pool = sp.get_default_memory_pool()
+    base = pool.used_bytes()
+    p = sp.malloc(1000)
+    assert pool.used_bytes() == base + 1024
+    assert pool.used_bytes() + pool.free_bytes() == pool.total_bytes()
+    sp.free(p)
+    assert pool.used_bytes() == base
+    pool.free_all_blocks()
+    assert pool.total_bytes() == sp.memory_reserved() - sum(
+        s["total_size"] for s in sp.memory_snapshot() if tuple(s["segment_pool_id"]) != (0, 0))
+
+
+def test_fresh_pool_queries(sp):
+    # TestMemoryPool: a pool that never allocated reports zero everywhere, and
+    # free_all_blocks on it is a no-op
+    pool = sp.MemPool()
+    assert pool.used_bytes() == 0
+    assert pool.free_bytes() == 0
+    assert pool.total_bytes() == 0
+    assert pool.n_free_blocks() == 0
+    pool.free_all_blocks()
+    assert pool.n_free_blocks() == 0
+    pool.destroy()
+
+
+def test_mem_info(sp):
+    info = sp.get_memory_info()
+    assert isinstance(info, tuple) and len(info) == 2
+    assert all(isinstance(m, int) and m > 0 for m in info)
+    assert info[0] <= info[1]
+
+
+def test_zero_size_alloc(sp, pool):
+    # CuPy hands out an unpooled empty Memory; PyTorch's and ours: no block at all
+    assert pool.malloc(0) == 0
+    assert pool.used_bytes() == 0 and pool.total_bytes() == 0
+    sp.free(0)
+
+
+def test_reuse_between_threads(sp, pool):
+    import threading
+    p = pool.malloc(1024)
+    sp.free(p)
+    got = []
+    t = threading.Thread(target=lambda: got.append(pool.malloc(1024)))
+    t.start()
+    t.join()
+    assert got == [p]  # the same stream (the default), another thread: the cached block
+    sp.free(got[0])
+
+
+def test_double_free(sp, pool):
+    # CuPy's PooledMemory ignores a second free; ours names the misuse (docs/API.md)
+    p = pool.malloc(1)
+    sp.free(p)
+    with pytest.raises(sp.SympoolError) as e:
+        sp.free(p)
+    assert e.value.status == "SP_ERR_INVALID_USAGE"
+    assert pool.n_free_blocks() == 1

@@ -1,0 +1,1045 @@
+"""PyTorch's allocator tests (test/test_cuda.py: TestCuda memory tests and TestMemPool) rewritten
+against sympool's torch.cuda-named functions, on the host backend. Tests that need allocator
+settings run a child Python with SYMPOOL_ALLOC_CONF (sympool reads its settings when it starts;
+PyTorch's _set_allocator_settings has no counterpart).
+"""
+
+import gc
+import os
+import random
+import subprocess
+import sys
+import textwrap
+import threading
+
+import pytest
+
+MB = 1 << 20
+
+
+def run_child(body, **env):
+    """Run body (Python source using `sp`) in a fresh process with extra environment."""
+    e = dict(os.environ)
+    e.update({k: str(v) for k, v in env.items()})
+    src = "import sympool as sp\n" + textwrap.dedent(body)
+    r = subprocess.run([sys.executable, "-c", src], env=e, capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr
+    return r.stdout
+
+
+def test_memory_allocation(sp):
+    gc.collect()
+    sp.empty_cache()
+    prev = sp.memory_allocated()
+    mem = sp.caching_allocator_alloc(1)
+    assert sp.memory_allocated() > prev
+    sp.caching_allocator_delete(mem)
+    assert sp.memory_allocated() == prev
+
+
+def test_memory_stats(sp):
+    gc.collect()
+    sp.empty_cache()
+    sp.reset_peak_memory_stats()
+    sp.reset_accumulated_memory_stats()
+    prev_allocated = sp.memory_allocated()
+    prev_reserved = sp.memory_reserved()
+    prev_max_allocated = sp.max_memory_allocated()
+    prev_max_reserved = sp.max_memory_reserved()
+    assert prev_allocated == prev_max_allocated
+    assert prev_reserved == prev_max_reserved
+    prev_active = sp.memory_stats()["active_bytes.all.current"]
+    tmp = sp.malloc(256 * 4)  # torch.randn(256): 1 KiB
+    assert sp.memory_stats()["active_bytes.all.current"] == prev_active + 1024
+    assert sp.memory_stats()["active_bytes.all.freed"] == 0
+    sp.free(tmp)
+    sp.empty_cache()
+    assert sp.memory_stats()["active_bytes.all.current"] == prev_active
+    assert sp.memory_stats()["active_bytes.all.freed"] == 1024
+    sp.reset_peak_memory_stats()
+    assert sp.max_memory_allocated() == prev_max_allocated
+    assert sp.max_memory_reserved() == prev_max_reserved
+
+
+def test_memory_stats_keys(sp):
+    st = sp.memory_stats()
+    assert len(st) == 122
+    assert list(st) == sorted(st)
+    for name in ("allocation", "segment", "active", "inactive_split", "allocated_bytes",
+                 "reserved_bytes", "active_bytes", "inactive_split_bytes", "requested_bytes"):
+        for pool in ("all", "large_pool", "small_pool"):
+            for f in ("allocated", "current", "freed", "peak"):
+                assert f"{name}.{pool}.{f}" in st
+    for name in ("oversize_allocations", "oversize_segments"):
+        for f in ("allocated", "current", "freed", "peak"):
+            assert f"{name}.{f}" in st
+    for name in ("num_alloc_retries", "num_ooms", "max_split_size", "num_sync_all_streams",
+                 "num_device_alloc", "num_device_free"):
+        assert name in st
+    assert st["max_split_size"] == -1  # SIZE_MAX read as int64, as PyTorch reports it
+
+
+def _memory_stats_generator(sp, n=35):
+    """PyTorch's _test_memory_stats_generator: allocated grows and shrinks as tensors come and
+    go, peaks never fall below currents, empty_cache counts one sync and never raises a peak."""
+    m0 = sp.memory_allocated()
+    last_m, max_m = [sp.memory_allocated()], [sp.max_memory_allocated()]
+    last_r, max_r = [sp.memory_reserved()], [sp.max_memory_reserved()]
+    live = {}
+
+    def alloc(*shape):
+        nbytes = 4
+        for d in shape:
+            nbytes *= d
+        p = sp.malloc(nbytes)
+        key = object()
+        live[key] = p
+        return key, nbytes
+
+    def drop(t):
+        sp.free(live.pop(t[0]))
+
+    def assert_change(comp=1, empty_cache=False, reset_peak=False):
+        new_m, new_max_m = sp.memory_allocated(), sp.max_memory_allocated()
+        if comp > 0:
+            assert new_m > last_m[0]
+        elif comp < 0:
+            assert new_m < last_m[0]
+        else:
+            assert new_m == last_m[0]
+        assert new_m <= new_max_m
+        assert new_max_m >= max_m[0]
+        last_m[0], max_m[0] = new_m, new_max_m
+        new_r, new_max_r = sp.memory_reserved(), sp.max_memory_reserved()
+        assert new_r <= new_max_r
+        assert new_max_r >= max_r[0]
+        last_r[0], max_r[0] = new_r, new_max_r
+        if empty_cache:
+            st = sp.memory_stats()
+            sync1, alloc1, free1 = (st["num_sync_all_streams"], st["num_device_alloc"],
+                                    st["num_device_free"])
+            assert sync1 >= 0 and free1 >= 0
+            assert alloc1 >= (0 if new_m == 0 else 1)
+            sp.empty_cache()
+            st = sp.memory_stats()
+            assert st["num_sync_all_streams"] == sync1 + 1
+            assert st["num_device_alloc"] >= alloc1
+            assert st["num_device_free"] >= free1
+            new_r, new_max_r = sp.memory_reserved(), sp.max_memory_reserved()
+            assert new_r <= last_r[0]
+            assert new_r <= new_max_r
+            assert new_max_r == max_r[0]
+            last_r[0] = new_r
+        if reset_peak:
+            sp.reset_peak_memory_stats()
+            assert sp.memory_allocated() == last_m[0]
+            assert sp.max_memory_allocated() == last_m[0]
+            max_m[0] = last_m[0]
+            assert sp.memory_reserved() == last_r[0]
+            assert sp.max_memory_reserved() == last_r[0]
+            max_r[0] = last_r[0]
+
+    assert_change(0)
+    assert_change(0, reset_peak=True)
+    assert_change(0, empty_cache=True)
+    assert_change(0, reset_peak=True)
+    assert_change(0)
+    tensors1 = [alloc(1), alloc(10, 20), alloc(200, 300, 2000)]
+    m1 = sp.memory_allocated()
+    assert_change(1)
+    tensors2 = []
+    for i in range(1, n // 2 + 1):  # small ones
+        tensors2.append(alloc(i, i * 4))
+        assert_change(1)
+    for i in range(5, n // 2 + 5):  # large ones
+        tensors2.append(alloc(i, i * 7, i * 9, i * 11))
+        assert_change(1, reset_peak=(i % 2 == 0))
+    tensors2.append(alloc(0, 0, 0))  # size 0: no block
+    assert_change(0)
+    random.Random(0).shuffle(tensors2)
+    assert_change(0, reset_peak=True)
+    for i in range(n // 2):
+        t = tensors2.pop(i)
+        drop(t)
+        assert_change(-t[1])  # -0 when the tensor was empty
+    for i in range(2, 2 * n // 3 + 2):
+        tensors2.append(alloc(i, i * 3, i * 8))
+        assert_change(1)
+    for t in tensors2:
+        drop(t)
+    assert_change(-1, reset_peak=True)
+    assert_change(0)
+    assert sp.memory_allocated() == m1
+    for t in tensors1:
+        drop(t)
+    assert_change(-1, reset_peak=True)
+    assert sp.memory_allocated() == m0
+    assert_change(0, empty_cache=True)
+    assert_change(0, reset_peak=True)
+
+
+def test_memory_stats_generator(sp):
+    _memory_stats_generator(sp)
+
+
+def test_memory_stats_generator_expandable():
+    # test_cuda_expandable_segments.py runs test_cuda's tests again with expandable segments.
+    run_child("""
+        import sys
+        sys.path.insert(0, %r)
+        import test_parity_torch as t
+        t._memory_stats_generator(sp)
+    """ % os.path.dirname(os.path.abspath(__file__)), SYMPOOL_ALLOC_CONF="expandable_segments:True")
+
+
+def test_out_of_memory(sp):
+    before = sp.memory_stats()["num_ooms"]
+    with pytest.raises(sp.OutOfMemoryError, match="Tried to allocate 800000000.00 GiB"):
+        sp.malloc(1024 * 1024 * 1024 * 800000000)
+    assert sp.memory_stats()["num_ooms"] == before + 1
+    # 1 EB and more: refused before the allocator runs, not counted as an OOM
+    with pytest.raises(sp.OutOfMemoryError, match="Tried to allocate more than 1EB memory"):
+        sp.malloc(1024 * 1024 * 1024 * 8000000000)
+    assert sp.memory_stats()["num_ooms"] == before + 1
+    # the failure leaves the allocator usable
+    p = sp.malloc(1024)
+    sp.free(p)
+
+
+def test_out_of_memory_retry(sp):
+    sp.empty_cache()
+    total = sp.get_memory_info()[1]
+    size = int(total * 0.5)
+    a = sp.malloc(size)
+    with pytest.raises(sp.OutOfMemoryError, match="Tried to allocate"):
+        sp.malloc(int(total * 0.6))
+    sp.free(a)
+    b = sp.malloc(size)  # the cached block, as is
+    assert b == a
+    sp.free(b)
+    # A larger request does not fit the cached block nor beside it: the allocator releases its
+    # cache and retries (num_alloc_retries counts that retry).
+    retries = sp.memory_stats()["num_alloc_retries"]
+    c = sp.malloc(int(total * 0.6))
+    assert sp.memory_stats()["num_alloc_retries"] == retries + 1
+    sp.free(c)
+    sp.empty_cache()
+    sp.reset_peak_memory_stats()
+
+
+def test_set_per_process_memory_fraction(sp):
+    with pytest.raises(TypeError, match="Invalid type"):
+        sp.set_per_process_memory_fraction(1)  # an int, as in torch.cuda: not a float
+    with pytest.raises(TypeError, match="Invalid type"):
+        sp.set_per_process_memory_fraction("0.5")
+    with pytest.raises(ValueError, match="Invalid fraction value"):
+        sp.set_per_process_memory_fraction(-0.1)
+    with pytest.raises(ValueError, match="Invalid fraction value"):
+        sp.set_per_process_memory_fraction(2.0)
+    keep = sp.malloc(1024 * 4)
+    sp.empty_cache()
+    total = sp.get_memory_info()[1]
+    sp.set_per_process_memory_fraction(0.5, 0)
+    try:
+        application = int(total * 0.499) - sp.max_memory_reserved()
+        tmp = sp.malloc(application)
+        sp.free(tmp)
+        sp.empty_cache()
+        with pytest.raises(sp.OutOfMemoryError):
+            sp.malloc(int(total * 0.5))
+        # the error does not disturb the live block
+        sp.free(keep)
+    finally:
+        sp.set_per_process_memory_fraction(1.0, 0)
+
+
+def test_get_per_process_memory_fraction(sp):
+    init = sp.get_per_process_memory_fraction()
+    assert init == 1.0
+    sp.set_per_process_memory_fraction(1.0)
+    assert sp.get_per_process_memory_fraction() == 1.0
+    sp.set_per_process_memory_fraction(0.0)
+    assert sp.get_per_process_memory_fraction() == 0.0
+    rng = random.Random(1)
+    for _ in range(3):
+        val = rng.random()
+        sp.set_per_process_memory_fraction(val)
+        assert sp.get_per_process_memory_fraction() == val
+    sp.set_per_process_memory_fraction(init)
+    with pytest.raises(ValueError):
+        sp.get_per_process_memory_fraction(-1)
+
+
+@pytest.mark.parametrize("value", ["0.0", "0.5", "1.0"])
+def test_allocator_memory_fraction_setting(value):
+    # PYTORCH_CUDA_ALLOC_CONF's per_process_memory_fraction sets every device's fraction at
+    # start-up, read back by get_per_process_memory_fraction and enforced like the call's.
+    out = run_child('''
+        print(sp.get_per_process_memory_fraction(0), end=" ")
+        total = sp.get_memory_info()[1]
+        try:
+            sp.free(sp.malloc(int(total * 0.75)))
+            print("fits", end="")
+        except sp.OutOfMemoryError:
+            print("oom", end="")
+    ''', SYMPOOL_ALLOC_CONF=f"per_process_memory_fraction:{value}")
+    assert out == f"{float(value)} {'fits' if value == '1.0' else 'oom'}"
+
+
+def test_allocator_settings_accepted():
+    out = run_child('''
+        import ctypes
+        lib = sp._lib.lib()
+        lib.sp_x_option_set.argtypes = [ctypes.c_char_p, ctypes.c_char_p]
+        for conf in ("pinned_num_register_threads:8", "pinned_num_register_threads:128",
+                     "release_lock_on_cudamalloc:True", "per_process_memory_fraction:0.25",
+                     "expandable_segments:False,max_split_size_mb:40"):
+            print(lib.sp_x_option_set(b"SYMPOOL_ALLOC_CONF", conf.encode()), end="")
+    ''')
+    assert out == "00000"
+
+
+def test_caching_allocator_record_stream_oom(sp):
+    """Frees delayed by record_stream are still returned by the OOM retry (pytorch#19219)."""
+    s = sp.Stream()
+    total = sp.get_memory_info()[1]
+    size = total // 8
+    y = sp.malloc(size, stream=s)
+    for _ in range(20):  # 20 x total/8: only fits if delayed frees are reclaimed
+        x = sp.malloc(size)
+        sp.record_stream(x, s)
+        sp.free(x)
+    sp.free(y)
+    s.synchronize()
+    s.destroy()
+    sp.empty_cache()
+
+
+def test_max_split_and_fraction():
+    # test_max_split_expandable, without switching expandable segments mid-run: with room for
+    # 120 MiB, three 40 MiB blocks fit and a fourth does not; after freeing them, 120 MiB fits
+    # again by releasing the cached (oversize) segments.
+    for conf in ("max_split_size_mb:40", "expandable_segments:True,max_split_size_mb:40"):
+        run_child("""
+            MB = 1 << 20
+            total = sp.get_memory_info()[1]
+            sp.set_per_process_memory_fraction((120 * MB) / total)
+            a, b, c = sp.malloc(40 * MB), sp.malloc(40 * MB), sp.malloc(40 * MB)
+            try:
+                sp.malloc(40 * MB)
+                raise SystemExit("no OOM")
+            except sp.OutOfMemoryError:
+                pass
+            for p in (a, b, c):
+                sp.free(p)
+            sp.free(sp.malloc(120 * MB))
+        """, SYMPOOL_ALLOC_CONF=conf)
+
+
+def test_garbage_collect():
+    # test_garbage_collect_expandable's shape: with a fraction and a GC threshold, freed cached
+    # blocks are collected instead of failing the next request.
+    for conf in ("garbage_collection_threshold:0.5",
+                 "garbage_collection_threshold:0.5,expandable_segments:True"):
+        run_child("""
+            MB = 1 << 20
+            total = sp.get_memory_info()[1]
+            sp.set_per_process_memory_fraction((120 * MB) / total)
+            a, b = sp.malloc(40 * MB), sp.malloc(40 * MB)
+            sp.free(a)
+            sp.free(b)
+            sp.free(sp.malloc(80 * MB))
+        """, SYMPOOL_ALLOC_CONF=conf)
+
+
+def power2_div(size, div_factor):
+    pow2 = 1
+    while pow2 < size:
+        pow2 *= 2
+    if pow2 == size:
+        return pow2
+    step = pow2 / 2 / div_factor
+    ret = pow2 / 2
+    while ret < size:
+        ret += step
+    return int(ret)
+
+
+@pytest.mark.parametrize("conf,nbytes,div", [
+    ("", 4 * 21 * MB, 0),
+    ("roundup_power2_divisions:4", 4 * 21 * MB, 4),
+    ("garbage_collection_threshold:0.5,max_split_size_mb:40", 4 * 21 * MB, 0),
+    ("garbage_collection_threshold:0.5,roundup_power2_divisions:[64:8,128:2,256:2,512:2,1024:1,>:1]",
+     4 * 21 * MB, 8),
+    ("garbage_collection_threshold:0.5,roundup_power2_divisions:[64:8,128:2,256:2,512:2,1024:1,>:1]",
+     4 * 100 * MB, 2),
+    ("release_lock_on_cudamalloc:True", 4 * 21 * MB, 0),
+])
+def test_allocator_settings(conf, nbytes, div):
+    out = run_child(f"""
+        st0 = sp.memory_stats()
+        p = sp.malloc({nbytes})
+        st1 = sp.memory_stats()
+        print(st1["active_bytes.all.allocated"] - st0["active_bytes.all.allocated"],
+              st1["requested_bytes.all.allocated"] - st0["requested_bytes.all.allocated"])
+        sp.free(p)
+    """, SYMPOOL_ALLOC_CONF=conf)
+    got, requested = map(int, out.split())
+    assert got == (power2_div(nbytes, div) if div else nbytes)
+    assert requested == nbytes
+
+
+@pytest.mark.parametrize("conf", ["foo:1,bar:2", "garbage_collection_threshold:1.2",
+                                  "max_split_size_mb:2", "release_lock_on_cudamalloc:none",
+                                  "pinned_use_cuda_host_register:none",
+                                  "pinned_num_register_threads:none",
+                                  "pinned_num_register_threads:1024",
+                                  "pinned_num_register_threads:3",
+                                  "roundup_power2_divisions:3",
+                                  "per_process_memory_fraction:-0.1",
+                                  "per_process_memory_fraction:1.1"])
+def test_allocator_settings_refused(conf):
+    # PyTorch raises ValueError; a variable read at start-up cannot, so sympool refuses it
+    # through the option API (the CLI's --conf) and warns and keeps the defaults from the
+    # environment.
+    out = run_child(f"""
+        import ctypes
+        lib = sp._lib.lib()
+        lib.sp_x_option_set.argtypes = [ctypes.c_char_p, ctypes.c_char_p]
+        print(lib.sp_x_option_set(b"SYMPOOL_ALLOC_CONF", {conf!r}.encode()))
+    """)
+    assert int(out) != 0
+
+
+# ---- snapshots and history ------------------------------------------------------------------
+
+def test_memory_snapshot(sp):
+    sp.empty_cache()
+    sp._record_memory_history("state")
+    x = sp.malloc(311 * 411 * 4)
+    # many 512-byte blocks tiling one segment, freed in random order: exercises merging
+    tensors = [sp.malloc(128 * 4) for _ in range(1000)]
+    rng = random.Random(0)
+    while tensors:
+        sp.free(tensors.pop(rng.randrange(len(tensors))))
+    y = sp.malloc(128 * 5 * 4)
+    ss = sp._snapshot()
+    found = False
+    for seg in ss["segments"]:
+        assert "frames" in seg
+        assert sum(b["size"] for b in seg["blocks"]) == seg["total_size"]
+        for b in seg["blocks"]:
+            if b["requested_size"] == 311 * 411 * 4:
+                found = True
+                assert b["address"] == x
+                assert b["state"] == "active_allocated"
+    assert found
+    sp.free(x)
+    sp.free(y)
+    sp._record_memory_history(None)
+
+
+def test_memory_snapshot_trace_sizes(sp):
+    sp.empty_cache()
+    sp._record_memory_history("all", clear_history=True)
+    p = sp.malloc(1000)
+    sp.free(p)
+    sp.empty_cache()
+    trace = sp._snapshot()["device_traces"][0]
+    actions = [(e["action"], e["size"]) for e in trace]
+    assert ("segment_alloc", 2 * MB) in actions
+    assert ("alloc", 1000) in actions  # the request, not the rounded size
+    assert ("free_requested", 1000) in actions
+    assert ("free_completed", 1000) in actions
+    assert ("segment_free", 2 * MB) in actions
+    order = [a for a, _ in actions if a in ("segment_alloc", "alloc", "free_requested",
+                                            "free_completed", "segment_free")]
+    assert order == ["segment_alloc", "alloc", "free_requested", "free_completed",
+                     "segment_free"]
+    for e in trace:
+        assert {"action", "addr", "size", "stream", "time_us"} <= set(e)
+    sp._record_memory_history(None)
+
+
+def test_snapshot_last_action_is_the_alloc(sp):
+    # test_cpp_memory_snapshot_pickle: PyTorch copies the traces before snapshot() records its
+    # `snapshot` entry, so a dump's last entry is the last action, and the marker shows up in
+    # the next dump.
+    for _ in range(2):
+        sp._record_memory_history("all", max_entries=10)
+        x = sp.malloc(311 * 411 * 4)
+        mem = sp._snapshot()
+        found = any(b["state"] == "active_allocated" and b["requested_size"] == 311 * 411 * 4
+                    for s in mem["segments"] for b in s["blocks"])
+        assert found
+        last = mem["device_traces"][0][-1]
+        assert last["action"] == "alloc"
+        assert last["size"] == 311 * 411 * 4
+        nxt = sp._snapshot()["device_traces"][0][-1]
+        assert nxt["action"] == "snapshot"
+        assert nxt["size"] == sum(s["active_size"] for s in mem["segments"])
+        sp.free(x)
+        sp._record_memory_history(None)
+
+
+def test_record_memory_history_max_entries(sp):
+    sp._record_memory_history("all", max_entries=3, clear_history=True)
+    ptrs = [sp.malloc(512 * (i + 1)) for i in range(5)]
+    trace = [e for e in sp._snapshot()["device_traces"][0] if e["action"] == "alloc"]
+    # the ring keeps the newest entries, in order
+    assert [e["size"] for e in trace] == [512 * 3, 512 * 4, 512 * 5][-len(trace):]
+    for p in ptrs:
+        sp.free(p)
+    sp._record_memory_history(None)
+    assert sp._snapshot()["device_traces"][0] == []  # None stops recording and clears
+
+
+def test_snapshot_allocator_settings(sp):
+    st = sp._snapshot()["allocator_settings"]
+    for key in ("PYTORCH_CUDA_ALLOC_CONF", "max_split_size", "garbage_collection_threshold",
+                "expandable_segments", "roundup_power2_divisions"):
+        assert key in st
+    assert len(st["roundup_power2_divisions"]) == 16
+
+
+# ---- MemPool (TestMemPool) ------------------------------------------------------------------
+
+def test_mempool_id(sp):
+    p1 = sp.MemPool().id
+    p2 = sp.MemPool().id
+    assert p1[0] == 0 and p2[0] == 0  # user-created ids: {0, uid}
+    assert abs(p2[1] - p1[1]) > 0
+
+
+def test_mempool_multithread(sp):
+    ids = []
+    pools = []
+    lock = threading.Lock()
+
+    def make():
+        pool = sp.MemPool()
+        with lock:
+            ids.append(pool.id)
+            pools.append(pool)
+
+    threads = [threading.Thread(target=make) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(set(ids)) == 4
+
+
+def test_mempool_use_count_and_segments(sp):
+    # test_mempool_with_allocator without the dummy allocator's counters
+    pool = sp.MemPool()
+    assert pool.use_count() == 1
+    nbytes_1mb = 1024 * 1024
+    with sp.use_mem_pool(pool):
+        out_0 = sp.malloc(nbytes_1mb)
+        assert pool.use_count() == 2
+    assert pool.use_count() == 1
+    out_non_pool = sp.malloc(nbytes_1mb)
+    with sp.use_mem_pool(pool):
+        # a 1 MiB request is small: packed into a 2 MiB segment
+        assert len(sp.memory_snapshot(pool.id)) == 1
+        out_1 = sp.malloc(nbytes_1mb)
+        assert len(sp.memory_snapshot(pool.id)) == 1
+        out_2 = sp.malloc(nbytes_1mb)
+        assert len(sp.memory_snapshot(pool.id)) == 2
+    assert len(pool.snapshot()["segments"]) == 2
+    for p in (out_0, out_1, out_2, out_non_pool):
+        sp.free(p)
+    pool.destroy()
+    sp.empty_cache()
+    assert sp.memory_snapshot() == []
+
+
+def test_mempool_with_allocator_calls(sp):
+    calls = {"alloc": 0, "free": 0}
+    import ctypes
+    bufs = {}
+
+    def alloc(size, device, stream):
+        calls["alloc"] += 1
+        b = ctypes.create_string_buffer(size)
+        bufs[ctypes.addressof(b)] = b
+        return ctypes.addressof(b)
+
+    def free(ptr, size, device, stream):
+        calls["free"] += 1
+        del bufs[ptr]
+
+    pool = sp.MemPool((alloc, free))
+    with sp.use_mem_pool(pool):
+        p = sp.malloc(1024 * 1024)
+    assert calls == {"alloc": 1, "free": 0}
+    sp.free(p)
+    pool.destroy()  # its destruction empties its cache
+    assert calls == {"alloc": 1, "free": 1}
+
+
+def test_mempool_empty_cache_inactive(sp):
+    # a pool dropped while a block of it lives: the block stays valid, and its segment is
+    # released by a later empty_cache once freed
+    sp.empty_cache()
+
+    def f():
+        pool = sp.MemPool()
+        with sp.use_mem_pool(pool):
+            x = sp.malloc(1024 * 1024 * 2 * 8)
+        return x
+
+    x = f()
+    gc.collect()
+    assert sp.memory_reserved() > 0
+    frees = sp.memory_stats()["num_device_free"]
+    sp.free(x)
+    sp.empty_cache()
+    assert sp.memory_stats()["num_device_free"] == frees + 1
+    assert sp.memory_reserved() == 0
+
+
+def test_mempool_limited_memory_use_on_oom(sp):
+    # test_mempool_limited_memory_with_allocator, with the device's own segments
+    sp.empty_cache()
+    total = sp.get_memory_info()[1]
+    pool_do_not_use = sp.MemPool()
+    pool_use = sp.MemPool(use_on_oom=True)
+    sp.set_per_process_memory_fraction((80 * MB) / total)
+    try:
+        with sp.use_mem_pool(pool_do_not_use):
+            a = sp.malloc(40 * MB)
+        with sp.use_mem_pool(pool_use):
+            b = sp.malloc(40 * MB)
+        with pytest.raises(sp.OutOfMemoryError):
+            sp.malloc(40 * MB)
+        sp.free(a)
+        sp.free(b)
+        c = sp.malloc(30 * MB)  # borrows pool_use's free block
+        with pytest.raises(sp.OutOfMemoryError):
+            sp.malloc(30 * MB)  # pool_do_not_use is not lent
+        sp.free(c)
+        assert c == b
+        with sp.use_mem_pool(pool_use):
+            e = sp.malloc(20 * MB)
+        sp.free(e)
+        assert e == c
+    finally:
+        pool_use.destroy()
+        pool_do_not_use.destroy()
+        sp.set_per_process_memory_fraction(1.0)
+        sp.empty_cache()
+
+
+def test_mempool_no_split(sp):
+    pool = sp.MemPool(no_split=True)
+    with sp.use_mem_pool(pool):
+        p = sp.malloc(1024)
+    # never split: the whole 2 MiB segment is the block
+    assert pool.used_bytes() == 2 * MB
+    assert sp.memory_allocated() == 2 * MB
+    sp.free(p)
+    pool.destroy()
+
+
+# ---- the stats' exact rules (CUDACachingAllocator.cpp) --------------------------------------
+
+def test_reset_accumulated_memory_stats(sp):
+    keep = sp.malloc(3 * MB)
+    with pytest.raises(sp.OutOfMemoryError):
+        sp.malloc(1 << 62)
+    p = sp.malloc(1000)
+    sp.free(p)
+    sp.empty_cache()
+    before = sp.memory_stats()
+    assert before["num_ooms"] >= 1 and before["num_sync_all_streams"] >= 1
+    assert before["num_device_alloc"] >= 1 and before["num_device_free"] >= 1
+    sp.reset_accumulated_memory_stats()
+    st = sp.memory_stats()
+    for k, v in st.items():
+        if k.endswith(".allocated") or k.endswith(".freed") or k in (
+                "num_alloc_retries", "num_ooms", "num_sync_all_streams", "num_device_alloc",
+                "num_device_free"):
+            assert v == 0, k
+        else:
+            assert v == before[k], k  # currents, peaks and max_split_size stay
+    sp.free(keep)
+
+
+def test_reset_peak_memory_stats(sp):
+    a = sp.malloc(30 * MB)
+    b = sp.malloc(1000)
+    sp.free(a)
+    st = sp.memory_stats()
+    assert st["allocated_bytes.all.peak"] > st["allocated_bytes.all.current"]
+    sp.reset_peak_memory_stats()
+    st = sp.memory_stats()
+    for k, v in st.items():
+        if k.endswith(".peak"):
+            assert v == st[k[:-len("peak")] + "current"], k
+    sp.free(b)
+
+
+def test_inactive_split_and_pool_stats(sp):
+    sp.empty_cache()
+    sp.reset_accumulated_memory_stats()
+    p = sp.malloc(4 * MB)  # large pool: one 20 MiB segment, split
+    st = sp.memory_stats()
+    assert st["segment.large_pool.current"] == 1
+    assert st["reserved_bytes.large_pool.current"] == 20 * MB
+    assert st["inactive_split.large_pool.current"] == 1
+    assert st["inactive_split_bytes.large_pool.current"] == 16 * MB
+    q = sp.malloc(1000)  # small pool: a 2 MiB segment
+    st = sp.memory_stats()
+    assert st["reserved_bytes.small_pool.current"] == 2 * MB
+    assert st["allocated_bytes.small_pool.current"] == 1024
+    assert st["requested_bytes.small_pool.current"] == 1000
+    assert st["inactive_split_bytes.small_pool.current"] == 2 * MB - 1024
+    assert st["inactive_split_bytes.all.current"] == 16 * MB + 2 * MB - 1024
+    sp.free(p)
+    sp.free(q)
+    st = sp.memory_stats()
+    assert st["inactive_split.all.current"] == 0  # merged back: nothing split is left
+    assert st["inactive_split_bytes.all.current"] == 0
+    # a large request that leaves <= 1 MiB is not split: the block keeps the extra bytes
+    r = sp.malloc(20 * MB - MB)
+    st = sp.memory_stats()
+    assert st["allocated_bytes.large_pool.current"] == 20 * MB
+    assert st["requested_bytes.large_pool.current"] == 19 * MB
+    sp.free(r)
+    sp.empty_cache()
+
+
+def test_oversize_rules():
+    run_child("""
+        MB = 1 << 20
+        st = lambda: sp.memory_stats()
+        assert st()["max_split_size"] == 40 * MB
+        a = sp.malloc(50 * MB)
+        assert st()["oversize_allocations.current"] == 1
+        assert st()["oversize_segments.current"] == 1
+        sp.free(a)
+        assert st()["oversize_allocations.current"] == 0
+        # below max_split_size: never the cached oversize block
+        b = sp.malloc(30 * MB)
+        assert b != a and st()["segment.all.current"] == 2
+        # at or above it, within max_non_split_rounding (20 MiB): the whole block, unsplit
+        c = sp.malloc(45 * MB)
+        assert c == a
+        assert st()["allocated_bytes.all.current"] == 80 * MB
+        assert st()["inactive_split.all.current"] == 0
+        sp.free(b)
+        sp.free(c)
+        sp.empty_cache()
+        assert st()["oversize_segments.current"] == 0
+        assert st()["reserved_bytes.all.current"] == 0
+    """, SYMPOOL_ALLOC_CONF="max_split_size_mb:40")
+
+
+def test_mempool_empty_cache(sp):
+    sp.empty_cache()
+    pool = sp.MemPool()
+    x = sp.malloc(4 * MB)
+    with sp.use_mem_pool(pool):
+        y = sp.malloc(4 * MB)
+    sp.free(y)
+    sp.free(x)
+    pool.destroy()
+    assert len(sp._snapshot()["segments"]) > 0  # x's cached segment: no empty_cache ran
+
+
+def test_mempool_emptycache_multithread(sp):
+    n = 4
+
+    def work(pool):
+        with sp.use_mem_pool(pool):
+            x = sp.malloc(16)
+            sp.free(x)
+            sp.empty_cache()
+
+    pools = [sp.MemPool() for _ in range(n)]
+    threads = [threading.Thread(target=work, args=(pools[i],)) for i in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    # empty_cache leaves a pool that is in use (routed) alone
+    for p in pools:
+        assert len(p.snapshot()["segments"]) == 1
+        p.destroy()
+
+
+def test_nested_mempool(sp):
+    sp.empty_cache()
+    pool1, pool2, pool3 = sp.MemPool(), sp.MemPool(), sp.MemPool()
+    data = []
+
+    def allocate_data():
+        data.append(sp.malloc(20 * MB))
+
+    with sp.use_mem_pool(pool1):
+        allocate_data()
+        with sp.use_mem_pool(pool2):
+            allocate_data()
+            with sp.use_mem_pool(pool3):
+                allocate_data()
+            allocate_data()
+        allocate_data()
+    assert len(sp.memory_snapshot(pool1.id)) == 2
+    assert len(sp.memory_snapshot(pool2.id)) == 2
+    assert len(sp.memory_snapshot(pool3.id)) == 1
+    for p in data:
+        sp.free(p)
+    for p in (pool1, pool2, pool3):
+        p.destroy()
+
+
+def test_mempool_no_split_large(sp):
+    sp.empty_cache()
+    pool_split = sp.MemPool()
+    pool_no_split = sp.MemPool(no_split=True)
+    ptrs = []
+    for _ in range(2):
+        with sp.use_mem_pool(pool_split):
+            ptrs.append(sp.malloc(4 * MB))
+        with sp.use_mem_pool(pool_no_split):
+            ptrs.append(sp.malloc(4 * MB))
+    segs_split = sp.memory_snapshot(pool_split.id)
+    segs_no_split = sp.memory_snapshot(pool_no_split.id)
+    assert len(segs_no_split) > len(segs_split)
+    for seg in segs_no_split:
+        assert len(seg["blocks"]) == 1  # the whole 20 MiB segment is the block
+    assert sum(len(s["blocks"]) for s in segs_no_split) < sum(len(s["blocks"]) for s in segs_split)
+    for p in ptrs:
+        sp.free(p)
+    pool_split.destroy()
+    pool_no_split.destroy()
+
+
+def test_deleted_mempool_not_used_on_oom(sp):
+    sp.empty_cache()
+    total = sp.get_memory_info()[1]
+    sp.set_per_process_memory_fraction((40 * MB) / total)
+    try:
+        for _ in range(10):
+            pool = sp.MemPool(use_on_oom=True)
+            with sp.use_mem_pool(pool):
+                a = sp.malloc(40 * MB)
+            sp.free(a)
+            pool.destroy()  # torch: `del pool` (its destructor empties its cache)
+        new_pool = sp.MemPool(use_on_oom=True)
+        with sp.use_mem_pool(new_pool):
+            a = sp.malloc(40 * MB)
+        sp.free(a)
+        # the default pool has no room: both fall back to new_pool's free block, never to a
+        # deleted pool
+        b = sp.malloc(20 * MB)
+        c = sp.malloc(20 * MB)
+        assert {b, c} == {a, a + 20 * MB}
+        sp.free(b)
+        sp.free(c)
+        new_pool.destroy()
+    finally:
+        sp.empty_cache()
+        sp.set_per_process_memory_fraction(1.0)
+
+
+def test_tensor_delete_after_allocator_delete(sp):
+    import ctypes
+    calls = {"alloc": 0, "free": 0}
+    bufs = {}
+
+    def alloc(size, device, stream):
+        calls["alloc"] += 1
+        b = ctypes.create_string_buffer(size)
+        bufs[ctypes.addressof(b)] = b
+        return ctypes.addressof(b)
+
+    def free(ptr, size, device, stream):
+        calls["free"] += 1
+        del bufs[ptr]
+
+    pool = sp.MemPool((alloc, free))
+    with sp.use_mem_pool(pool):
+        data = sp.malloc(16)
+    assert calls == {"alloc": 1, "free": 0}
+    del pool  # the pool keeps its allocator alive until its last block is gone
+    gc.collect()
+    assert calls["free"] == 0
+    sp.free(data)
+    sp.empty_cache()
+    assert calls == {"alloc": 1, "free": 1}
+
+
+# ---- history contexts (TestCudaMallocAsync's snapshot tests run on the native allocator) ----
+
+def test_memory_snapshot_state_python_frames(sp):
+    try:
+        sp.empty_cache()
+        sp._record_memory_history("state", stacks="python")
+        first = sp.malloc(2 * 311 * 411 * 4)  # makes x the second block of a segment
+        unused = sp.malloc(310 * 410 * 4)
+        x = sp.malloc(311 * 411 * 4)
+        ss = sp._snapshot()
+        found = False
+        for seg in ss["segments"]:
+            assert "frames" in seg
+            for b in seg["blocks"]:
+                if b["requested_size"] == 311 * 411 * 4:
+                    assert "test_parity_torch" in b["frames"][0]["filename"]
+                    assert b["address"] == x
+                    found = True
+        assert found
+        sp.free(unused)
+        sp.free(x)
+        sp.free(first)
+        sp.empty_cache()
+        ss = sp._snapshot()
+        assert ss["device_traces"][0][-1]["action"] in ("segment_free", "segment_unmap")
+    finally:
+        sp._record_memory_history(None)
+
+
+@pytest.mark.parametrize("context", ["alloc", "all", "state"])
+def test_memory_plots_free_stack(sp, context):
+    import json
+    try:
+        sp.empty_cache()
+        # A live block keeps the small segment: x's block then comes from it, so no segment's
+        # allocation stack (kept at every context) names thealloc, as in PyTorch's run where
+        # earlier tensors hold that segment.
+        keep = sp.malloc(512)
+        sp._record_memory_history(context=context)
+        x = [None]
+
+        def thealloc():
+            x[0] = sp.malloc(3 * 4 * 4)
+
+        def thefree():
+            sp.free(x[0])
+
+        thealloc()
+        thefree()
+        ss = json.dumps(sp._snapshot())
+        assert ("thefree" in ss) == (context == "all")
+        assert ("thealloc" in ss) == (context != "state")
+        sp.free(keep)
+    finally:
+        sp._record_memory_history(None)
+
+
+def test_memory_plots_history_context(sp):
+    import json
+    keep = []
+    try:
+        sp.empty_cache()
+
+        def should_capture1():
+            keep.append(sp.malloc(4 * 4 * 4))
+
+        def should_not_capture():
+            keep.append(sp.malloc(3 * 4 * 4))
+
+        def should_capture2():
+            keep.append(sp.malloc(4 * 4 * 4))
+
+        sp._record_memory_history(context="all", stacks="python")
+        should_capture1()
+        sp._record_memory_history(context=None)
+        should_not_capture()
+        sp._record_memory_history(context="all", stacks="python")
+        should_capture2()
+        ss = json.dumps(sp._snapshot())
+        assert "should_capture1" in ss
+        assert "should_not_capture" not in ss
+        assert "should_capture2" in ss
+    finally:
+        for p in keep:
+            sp.free(p)
+        sp._record_memory_history(None)
+
+
+@pytest.mark.parametrize("context", ["alloc", "all", "state"])
+def test_memory_plots_free_segment_stack(sp, context):
+    import json
+    try:
+        sp.empty_cache()
+        sp._record_memory_history(context=context)
+        x = sp.malloc(3 * 4 * 4)
+        sp.free(x)
+
+        # sympool's Python frames leave out the package's own (torch.cuda.empty_cache's frame
+        # is where PyTorch's test finds "empty_cache"): the caller's frame stands for it.
+        def calls_empty_cache():
+            sp.empty_cache()
+
+        calls_empty_cache()
+        ss = json.dumps(sp._snapshot())
+        assert ("calls_empty_cache" in ss) == (context == "all")
+    finally:
+        sp._record_memory_history(None)
+
+
+def test_memory_plots(sp):
+    import json
+    for context, stacks in (("all", "all"), ("all", "python"), (None, "python")):
+        try:
+            sp.empty_cache()
+            sp._record_memory_history("all", context=context, stacks=stacks)
+
+            def run():
+                x = sp.malloc(128 * 128 * 4)
+                sp.free(x)
+
+            run()
+            text = json.dumps(sp._snapshot())
+            assert (context is not None) == ("test_memory_plots" in text)
+            assert str(128 * 128 * 4) in text
+        finally:
+            sp._record_memory_history(None)
+
+
+@pytest.mark.parametrize("skip_actions", [["free_requested"], ["free_requested", "free_completed"],
+                                          ["alloc"], ["segment_alloc", "segment_free"], [], None])
+def test_memory_snapshot_skip_actions(sp, skip_actions):
+    try:
+        sp.empty_cache()
+        sp._record_memory_history(context="all", stacks="python", skip_actions=skip_actions)
+        x = sp.malloc(128 * 128 * 4)
+        sp.free(x)
+        sp.empty_cache()
+        trace = sp._snapshot()["device_traces"][0]
+        assert len(trace) > 0
+        actions = {e["action"] for e in trace}
+        for a in skip_actions or []:
+            assert a not in actions
+        assert actions - set(skip_actions or [])
+    finally:
+        sp._record_memory_history(None)
+
+
+def test_memory_snapshot_skip_actions_refused(sp):
+    with pytest.raises(ValueError):
+        sp._record_memory_history(skip_actions=["not_an_action"])
+    with pytest.raises(TypeError):
+        sp._record_memory_history(skip_actions="alloc")
+    sp._record_memory_history(None)
+
+
+
+def test_use_mem_pool_same_pool_nested_is_refused(sp):
+    # PyTorch: "beginAllocateToPool: already recording to mempool_id"
+    pool = sp.MemPool()
+    with sp.use_mem_pool(pool):
+        with pytest.raises(sp.SympoolError) as e:
+            with sp.use_mem_pool(pool):
+                pass
+        assert e.value.status == "SP_ERR_INVALID_USAGE"
+        assert pool.use_count() == 2
+        p = sp.malloc(1000)  # still routed to the pool
+    assert pool.use_count() == 1
+    assert pool.used_bytes() == 1024
+    sp.free(p)
+    pool.destroy()

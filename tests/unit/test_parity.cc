@@ -1,0 +1,133 @@
+// test_parity.cc: PyTorch semantics its own tests check that sympool's C API carries:
+// get_per_process_memory_fraction reads back exactly what was set (1.0 when never set), the
+// ALLOC_CONF key per_process_memory_fraction sets it on every device at start-up, and
+// _record_memory_history's skip_actions keeps the named actions out of the trace.
+#include "alloc_test_util.hpp"
+
+#include <set>
+#include <vector>
+
+extern "C" {
+#include "pool/history.h"
+#include "sympool/experimental.h"
+}
+
+using namespace sp;
+
+class ParityFraction : public sp::Test {};
+
+TEST_F(ParityFraction, GetReturnsWhatWasSet) {
+    double f = -1.0;
+    ASSERT_SP_OK(sp_get_memory_fraction(0, &f));
+    EXPECT_EQ(f, 1.0);
+    for (double v : {0.0, 0.123456789, 0.5, 0.999999, 1.0}) {
+        ASSERT_SP_OK(sp_set_memory_fraction(v, 0));
+        ASSERT_SP_OK(sp_get_memory_fraction(0, &f));
+        EXPECT_EQ(f, v); // exactly, not allowed_max / total
+    }
+    // A refused value changes nothing.
+    expect_warnings();
+    ASSERT_SP_OK(sp_set_memory_fraction(0.5, 0));
+    EXPECT_SP_STATUS(sp_set_memory_fraction(1.5, 0), SP_ERR_INVALID_ARGUMENT);
+    ASSERT_SP_OK(sp_get_memory_fraction(0, &f));
+    EXPECT_EQ(f, 0.5);
+    EXPECT_SP_STATUS(sp_get_memory_fraction(0, nullptr), SP_ERR_INVALID_ARGUMENT);
+    EXPECT_SP_STATUS(sp_get_memory_fraction(sp_device_count(), &f), SP_ERR_INVALID_ARGUMENT);
+}
+
+TEST_F(ParityFraction, AllocConfKeySetsEveryDeviceAtStart) {
+    sp::ScopedEnv env({{"SYMPOOL_HOST_DEVICES", "2"},
+                       {"SYMPOOL_HOST_CAPACITY", "1GiB"},
+                       {"SYMPOOL_ALLOC_CONF", "per_process_memory_fraction:0.25"}});
+    SP_SKIP_UNLESS_HOST();
+    expect_warnings(); // the OOM below is logged
+    for (int d = 0; d < 2; d++) {
+        double f = 0.0;
+        ASSERT_SP_OK(sp_get_memory_fraction(d, &f));
+        EXPECT_EQ(f, 0.25);
+    }
+    void *p = nullptr;
+    // 256 MiB allowed: 240 MiB fits, 300 MiB does not.
+    ASSERT_SP_OK(sp_malloc(240 * MiB, 1, nullptr, &p));
+    ASSERT_SP_OK(sp_free(p));
+    EXPECT_SP_STATUS(sp_malloc(300 * MiB, 0, nullptr, &p), SP_ERR_OUT_OF_MEMORY);
+    // set_per_process_memory_fraction(1.0) lifts it.
+    ASSERT_SP_OK(sp_set_memory_fraction(1.0, 0));
+    ASSERT_SP_OK(sp_malloc(300 * MiB, 0, nullptr, &p));
+    ASSERT_SP_OK(sp_free(p));
+}
+
+TEST_F(ParityFraction, AllocConfRefusesPyTorchsBadValues) {
+    expect_warnings(); // each refusal is logged
+    for (const char *conf :
+         {"per_process_memory_fraction:-0.1", "per_process_memory_fraction:1.1",
+          "per_process_memory_fraction:half", "pinned_num_register_threads:1024",
+          "pinned_num_register_threads:3", "foo:1,bar:2", "garbage_collection_threshold:1.2",
+          "max_split_size_mb:2", "release_lock_on_cudamalloc:none"}) {
+        SCOPED_TRACE(conf);
+        EXPECT_SP_STATUS(sp_x_option_set("SYMPOOL_ALLOC_CONF", conf), SP_ERR_INVALID_ARGUMENT);
+    }
+    for (const char *conf : {"per_process_memory_fraction:0", "per_process_memory_fraction:1.0",
+                             "pinned_num_register_threads:128", "pinned_num_register_threads:1"})
+        EXPECT_SP_OK(sp_x_option_set("SYMPOOL_ALLOC_CONF", conf));
+    ASSERT_SP_OK(sp_x_option_set("SYMPOOL_ALLOC_CONF", nullptr));
+}
+
+class ParityHistory : public sp::Test {
+  protected:
+    void TearDown() override {
+        sp_history_params_t off;
+        sp_history_params_init(&off);
+        off.enabled = SP_HISTORY_OFF;
+        EXPECT_SP_OK(sp_record_memory_history(&off));
+        sp::Test::TearDown();
+    }
+};
+
+static std::set<sp_trace_action_t> actions() {
+    sp__trace_entry_t *e = nullptr;
+    size_t n = 0;
+    EXPECT_EQ(sp__history_copy(0, &e, &n), SP_SUCCESS);
+    std::set<sp_trace_action_t> out;
+    for (size_t i = 0; i < n; i++)
+        out.insert(e[i].action);
+    sp__history_entries_free(e, n);
+    return out;
+}
+
+TEST_F(ParityHistory, SkipActionsAreNeverStored) {
+    sp_history_params_t p;
+    sp_history_params_init(&p);
+    EXPECT_EQ(p.skip_actions, nullptr);
+    p.skip_actions = "free_requested,segment_free";
+    ASSERT_SP_OK(sp_record_memory_history(&p));
+    void *x = nullptr;
+    ASSERT_SP_OK(sp_malloc(64 * KiB, 0, nullptr, &x));
+    ASSERT_SP_OK(sp_free(x));
+    ASSERT_SP_OK(sp_empty_cache());
+    auto a = actions();
+    EXPECT_EQ(a.count(SP_TRACE_FREE_REQUESTED), 0u);
+    EXPECT_EQ(a.count(SP_TRACE_SEGMENT_FREE), 0u);
+    EXPECT_EQ(a.count(SP_TRACE_ALLOC), 1u);
+    EXPECT_EQ(a.count(SP_TRACE_FREE_COMPLETED), 1u);
+    EXPECT_EQ(a.count(SP_TRACE_SEGMENT_ALLOC), 1u);
+    // Enabling again without skip_actions records everything.
+    p.skip_actions = "";
+    ASSERT_SP_OK(sp_record_memory_history(&p));
+    ASSERT_SP_OK(sp_malloc(64 * KiB, 0, nullptr, &x));
+    ASSERT_SP_OK(sp_free(x));
+    EXPECT_EQ(actions().count(SP_TRACE_FREE_REQUESTED), 1u);
+}
+
+TEST_F(ParityHistory, UnknownSkipActionIsRefusedAndChangesNothing) {
+    expect_warnings();
+    sp_history_params_t p;
+    sp_history_params_init(&p);
+    p.skip_actions = "alloc,frees";
+    EXPECT_SP_STATUS(sp_record_memory_history(&p), SP_ERR_INVALID_ARGUMENT);
+    EXPECT_NE(std::string(sp_last_error()).find("frees"), std::string::npos) << sp_last_error();
+    void *x = nullptr;
+    ASSERT_SP_OK(sp_malloc(1000, 0, nullptr, &x));
+    ASSERT_SP_OK(sp_free(x));
+    EXPECT_TRUE(actions().empty()) << "recording did not start";
+}
