@@ -352,6 +352,26 @@ sp_grow_refusal_t sp__alloc_segment_room(const sp_devalloc_t *d, const sp_mempoo
     return SP_GROW_DEVICE;
 }
 
+/* A MemPool's own allocator is user code: memory it hands out twice (overlapping a segment
+ * sympool already has) or at the very top of the address space would corrupt the segment index
+ * or make blocks that no free can find. Refused, and given back to it. */
+static sp_status_t check_user_segment(sp_devalloc_t *d, sp_mempool_t *pool, void *ptr, size_t size,
+                                      sp_stream_t stream) {
+    uintptr_t a = (uintptr_t)ptr;
+    const char *why = a > UINTPTR_MAX - size            ? "runs past the end of the address space"
+                      : sp__segidx_overlaps(d, a, size) ? "overlaps a segment sympool already holds"
+                                                        : NULL;
+    if (!why)
+        return SP_SUCCESS;
+    sp__callback_enter();
+    pool->allocator.free(ptr, size, d->device, stream, pool->allocator.ctx);
+    sp__callback_leave();
+    return sp__error(SP_ERR_INVALID_USAGE, SP_SUB_POOL,
+                     "the allocator of pool {%" PRIu64 ",%" PRIu64 "} returned %p for %zu bytes, "
+                     "which %s; it was given back",
+                     pool->id.first, pool->id.second, ptr, size, why);
+}
+
 sp_status_t sp__alloc_segment(sp_devalloc_t *d, sp_bpool_t *bp, size_t alloc_size,
                               sp_stream_t stream, uint32_t context, sp_block_t **block_p,
                               sp_grow_refusal_t *why_p) {
@@ -361,9 +381,12 @@ sp_status_t sp__alloc_segment(sp_devalloc_t *d, sp_bpool_t *bp, size_t alloc_siz
         return SP_ERR_OUT_OF_MEMORY;
     void *ptr = NULL;
     if (pool->has_allocator) {
+        sp__callback_enter();
         ptr = pool->allocator.alloc(alloc_size, d->device, stream, pool->allocator.ctx);
+        sp__callback_leave();
         if (!ptr)
             return SP_ERR_OUT_OF_MEMORY;
+        SP_CHECK(check_user_segment(d, pool, ptr, alloc_size, stream));
     } else {
         sp_status_t s = sp__g.ops->mem_alloc(d->device, alloc_size, &ptr);
         if (s != SP_SUCCESS)
@@ -371,9 +394,11 @@ sp_status_t sp__alloc_segment(sp_devalloc_t *d, sp_bpool_t *bp, size_t alloc_siz
     }
     sp_status_t s = sp__alloc_install_segment(d, bp, ptr, alloc_size, stream, context, block_p);
     if (s != SP_SUCCESS) {
-        if (pool->has_allocator)
+        if (pool->has_allocator) {
+            sp__callback_enter();
             pool->allocator.free(ptr, alloc_size, d->device, stream, pool->allocator.ctx);
-        else
+            sp__callback_leave();
+        } else
             (void)sp__g.ops->mem_free(d->device, ptr, alloc_size);
     }
     return s;
@@ -483,10 +508,13 @@ void sp__alloc_release_segment(sp_devalloc_t *d, sp_segment_t *seg, uint32_t con
     size_t size = seg->size;
     sp_stream_t stream = seg->stream;
     detach_segment(d, seg, context);
-    if (pool->has_allocator)
+    if (pool->has_allocator) {
+        sp__callback_enter();
         pool->allocator.free(base, size, d->device, stream, pool->allocator.ctx);
-    else
+        sp__callback_leave();
+    } else {
         (void)sp__g.ops->mem_free(d->device, base, size); /* logged there */
+    }
 }
 
 void sp__alloc_detach_segment(sp_devalloc_t *d, sp_segment_t *seg) {
@@ -867,6 +895,8 @@ static sp_status_t map_pseudo_stream(const char *what, sp_stream_t *stream_p) {
 SP_EXPORT sp_status_t sp_malloc(size_t size, int device, sp_stream_t stream, void **ptr_p) {
     if (SP_UNLIKELY(!ptr_p))
         return sp__error(SP_ERR_INVALID_ARGUMENT, SP_SUB_POOL, "sp_malloc: ptr_p is NULL");
+    if (sp__in_callback())
+        return sp__callback_refused("sp_malloc");
     sp_devalloc_t *d = sp__alloc_device_fast(device);
     if (SP_UNLIKELY(!d))
         SP_CHECK(sp__alloc_device(device, &d));
@@ -915,6 +945,8 @@ static sp_status_t explain_bad_pointer(const char *what, const void *ptr) {
 SP_EXPORT sp_status_t sp_free(void *ptr) {
     if (!ptr)
         return SP_SUCCESS;
+    if (sp__in_callback())
+        return sp__callback_refused("sp_free");
     if (SP_UNLIKELY(!atomic_load_explicit(&sp__ready, memory_order_acquire))) {
         if (sp__fork_cuda_child())
             return sp__fork_error("sp_free");
@@ -989,6 +1021,8 @@ sp_status_t sp__alloc_free_sized(void *ptr, int device, size_t *size_p, int *dev
 }
 
 SP_EXPORT sp_status_t sp_record_stream(void *ptr, sp_stream_t stream) {
+    if (sp__in_callback())
+        return sp__callback_refused("sp_record_stream");
     if (SP_UNLIKELY(!atomic_load_explicit(&sp__ready, memory_order_acquire)) || !ptr)
         return sp__error(SP_ERR_INVALID_USAGE, SP_SUB_POOL,
                          "sp_record_stream(%p): not a live sympool block", ptr);
