@@ -51,6 +51,28 @@ void sp__error_clear(void);
 /* Sets this thread's last-error text, nothing else (status.c; sp__error_at builds on it). */
 void sp__error_vset(const char *fmt, va_list ap);
 
+/* ---- user callbacks ---------------------------------------------------------------------- */
+
+/* A user callback (a MemPool's segment allocator, the history frames hook, a log function) may
+ * run while this thread holds an allocator lock or is inside sp_malloc: a sympool call from it
+ * would deadlock on that lock or recurse without end. The callers of user code bracket it with
+ * enter/leave; the public entries refuse with sp__callback_refused while the thread is inside.
+ * The process-wide count lets the allocation fast path skip the thread-local read. */
+extern int sp__callback_threads;        /* threads now inside a user callback (atomic builtins) */
+extern __thread int sp__callback_depth; /* GNU spelling: C++ tests include this header */
+void sp__callback_enter(void);
+void sp__callback_leave(void);
+static inline bool sp__in_callback(void) {
+    return SP_UNLIKELY(__atomic_load_n(&sp__callback_threads, __ATOMIC_RELAXED) != 0) &&
+           sp__callback_depth > 0;
+}
+/* SP_ERR_INVALID_USAGE naming fn: called from inside a callback sympool is running. */
+sp_status_t sp__callback_refused(const char *fn);
+/* Keep this thread's last-error text across a callback (a copy, or NULL for none; the second
+ * call restores it and frees the copy). */
+void sp__error_swap_out(char **saved_p);
+void sp__error_swap_in(char *saved);
+
 /* ---- logging ---------------------------------------------------------------------------- */
 
 typedef enum {

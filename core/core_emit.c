@@ -620,7 +620,15 @@ sp_status_t sp__file_write_atomic(const char *target, const void *buf, size_t le
     SP_CHECK(resolve_target(target, resolved, sizeof(resolved)));
     const char *path = resolved;
     char tmp[PATH_MAX];
-    int n = snprintf(tmp, sizeof(tmp), "%s.tmp.XXXXXX", path);
+    /* The temporary's name is the target's plus a suffix; a target name near NAME_MAX would make
+     * it too long for the directory, so only as much of the name as fits is kept. */
+    const char *slash = strrchr(path, '/');
+    size_t dirlen = slash ? (size_t)(slash - path) + 1 : 0, baselen = strlen(path + dirlen);
+    const size_t room = NAME_MAX - (sizeof(".tmp.XXXXXX") - 1);
+    if (baselen > room)
+        baselen = room;
+    int n = snprintf(tmp, sizeof(tmp), "%.*s%.*s.tmp.XXXXXX", (int)dirlen, path, (int)baselen,
+                     path + dirlen);
     SP_ARG_CHECK(n > 0 && (size_t)n < sizeof(tmp), SP_SUB_HISTORY, "path too long: %s", path);
     int fd = mkstemp(tmp);
     if (fd < 0)

@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "core/core.h"
+#include "core/core_emit.h"
 #include "core/options.h"
 #include "sympool/experimental.h"
 
@@ -79,3 +80,8 @@ SP_EXPORT void sp_x_symmetric_counters(int device, sp_x_symmetric_counters_t *co
         memset(counters_p, 0, sizeof *counters_p);
 }
 #endif
+
+SP_EXPORT sp_status_t sp_x_file_write_atomic(const char *path, const void *buf, size_t len) {
+    SP_ARG_CHECK(buf != NULL || len == 0, SP_SUB_HISTORY, "sp_x_file_write_atomic: buf is NULL");
+    return sp__file_write_atomic(path, buf, len);
+}

@@ -48,6 +48,7 @@ static bool log_open_failed;              /* the pattern could not be opened; st
 static sp_log_fn_t log_fn;                /* test hook, NULL = file (log_lock) */
 static void *log_fn_arg;                  /* its argument (log_lock) */
 static _Thread_local int log_device = -1; /* this thread's device, -1 = unknown */
+static _Thread_local bool in_log_fn;      /* this thread is inside log_fn */
 
 static const char *const level_names[] = {"NONE", "VERSION", "WARN", "INFO", "TRACE"};
 
@@ -149,6 +150,11 @@ void sp__log_set_device(int device) {
 }
 
 void sp__log_set_fn(sp_log_fn_t fn, void *arg) {
+    if (in_log_fn) { /* from the log function itself: this thread holds log_lock already */
+        log_fn = fn;
+        log_fn_arg = arg;
+        return;
+    }
     pthread_mutex_lock(&log_lock);
     log_fn = fn;
     log_fn_arg = arg;
@@ -249,9 +255,23 @@ void sp__log_at(sp_log_level_t level, unsigned subsys, const char *file, int lin
         len--;
     buf[len] = '\0';
 
+    if (SP_UNLIKELY(in_log_fn)) {
+        /* A line logged from inside the log function (a sympool call it made, refused): log_lock
+         * is this thread's already, and the function would see itself called again. */
+        buf[len] = '\n';
+        fwrite(buf, 1, len + 1, stderr);
+        return;
+    }
     pthread_mutex_lock(&log_lock);
     if (log_fn != NULL) {
+        char *saved;
+        sp__error_swap_out(&saved);
+        in_log_fn = true;
+        sp__callback_enter();
         log_fn(level, buf, log_fn_arg);
+        sp__callback_leave();
+        in_log_fn = false;
+        sp__error_swap_in(saved);
     } else {
         FILE *out = stream_locked();
         buf[len] = '\n';

@@ -5,6 +5,7 @@
  * above it.
  */
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "core/core.h"
@@ -66,4 +67,40 @@ void sp__error_vset(const char *fmt, va_list ap) {
     char text[SP_LAST_ERROR_MAX];
     vsnprintf(text, sizeof text, fmt, ap);
     memcpy(last_error, text, sizeof text);
+}
+
+int sp__callback_threads;
+__thread int sp__callback_depth;
+
+void sp__callback_enter(void) {
+    if (sp__callback_depth++ == 0)
+        __atomic_fetch_add(&sp__callback_threads, 1, __ATOMIC_RELAXED);
+}
+
+void sp__callback_leave(void) {
+    if (--sp__callback_depth == 0)
+        __atomic_fetch_sub(&sp__callback_threads, 1, __ATOMIC_RELAXED);
+}
+
+sp_status_t sp__callback_refused(const char *fn) {
+    return sp__error(SP_ERR_INVALID_USAGE, SP_SUB_POOL,
+                     "%s: called from inside a callback sympool is running (a MemPool's segment "
+                     "allocator, the history frames hook or a log function), which may hold an "
+                     "allocator lock; nothing was done",
+                     fn);
+}
+
+/* The log function runs after sp__error_at set this thread's message: a sympool call it makes
+ * (refused) would replace the message its caller is about to read. */
+void sp__error_swap_out(char **saved_p) {
+    *saved_p = last_error[0] ? strdup(last_error) : NULL;
+}
+
+void sp__error_swap_in(char *saved) {
+    if (saved) {
+        snprintf(last_error, sizeof last_error, "%s", saved);
+        free(saved);
+    } else {
+        last_error[0] = '\0';
+    }
 }

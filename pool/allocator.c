@@ -79,8 +79,13 @@ void sp__fmt_size(size_t bytes, char *buf, size_t len) {
 
 /* Block structs come from per-device slabs and go back to a per-device spare list: a split on
  * the cache-hit path costs no host malloc, and a block costs its struct and no allocator header
- * (a million live blocks are a million structs). Slabs are freed by sp_shutdown. 1023 structs
- * keep a slab below glibc's mmap threshold. */
+ * (a million live blocks are a million structs). sp_shutdown frees them (a few kept, below).
+ * 1023 structs keep a slab below glibc's mmap threshold.
+ *
+ * A slab is handed out front to back, one struct at a time, never threaded whole onto the spare
+ * list: a device that needs a few dozen blocks touches a few pages of its slab, not all 26. An
+ * allocator is often short-lived (every `sympool replay` repeat is a fresh one, with a slab per
+ * device), and there faulting in and writing whole slabs cost more than the blocks' work. */
 #define SLAB_BLOCKS 1023
 
 struct sp_block_slab {
@@ -88,29 +93,88 @@ struct sp_block_slab {
     sp_block_t blocks[SLAB_BLOCKS];
 };
 
-/* A new slab: its first struct for the caller (zeroed), the rest onto the spare list. */
-static sp_block_t *slab_refill(sp_devalloc_t *d) {
-    struct sp_block_slab *s = calloc(1, sizeof(*s));
-    if (!s)
-        return NULL;
-    s->next = d->slabs;
-    d->slabs = s;
-    for (int i = SLAB_BLOCKS - 1; i >= 1; i--) {
-        s->blocks[i].hnext = d->spare;
-        d->spare = &s->blocks[i];
+/* The next never-used struct (zeroed), from another slab when the newest is used up. malloc,
+ * not calloc: calloc would clear (and so touch) the whole slab up front. */
+static sp_block_t *slab_take(sp_devalloc_t *d) {
+    if (SP_UNLIKELY(!d->slab_left)) {
+        struct sp_block_slab *s = d->kept;
+        if (s)
+            d->kept = s->next;
+        else if (!(s = malloc(sizeof(*s))))
+            return NULL;
+        s->next = d->slabs;
+        d->slabs = s;
+        d->slab_next = s->blocks;
+        d->slab_left = SLAB_BLOCKS;
     }
-    return &s->blocks[0];
+    sp_block_t *b = d->slab_next++;
+    d->slab_left--;
+    memset(b, 0, sizeof(*b));
+    return b;
+}
+
+/* Slabs kept by sp_shutdown for the next allocator of the same device, at most KEEP_SLABS each
+ * (init_lock). Freeing every slab let glibc's free() coalesce them with the rest of the freed
+ * heap into a top chunk past its trim threshold and give it back to the kernel, so the next
+ * allocator faulted in again every heap page it touched (its own and the backend's tables), and
+ * a fresh allocator per run is common: `sympool replay --repeat` and `--compare` make one per
+ * repeat and configuration, tests one per case. Kept slabs stay in use, so that part of the heap
+ * stays mapped, and are reused as they are. At most KEEP_SLABS (about 100 KB each) per device
+ * outlive sp_shutdown. */
+#define KEEP_SLABS 4
+#define KEEP_DEVICES 64
+static struct sp_block_slab *g_kept[KEEP_DEVICES];
+
+void sp__block_slabs_adopt(sp_devalloc_t *d) {
+    if (d->device >= 0 && d->device < KEEP_DEVICES) {
+        d->kept = g_kept[d->device];
+        g_kept[d->device] = NULL;
+    }
 }
 
 void sp__block_slabs_free(sp_devalloc_t *d) {
-    struct sp_block_slab *s = d->slabs;
-    while (s) {
-        struct sp_block_slab *nx = s->next;
-        free(s);
-        s = nx;
+    struct sp_block_slab *keep = NULL;
+    int nkeep = d->device >= 0 && d->device < KEEP_DEVICES && !g_kept[d->device] ? KEEP_SLABS : 0;
+    struct sp_block_slab *lists[2] = {d->kept, d->slabs};
+    for (int i = 0; i < 2; i++) {
+        struct sp_block_slab *s = lists[i];
+        while (s) {
+            struct sp_block_slab *nx = s->next;
+            if (nkeep > 0) {
+                nkeep--;
+                s->next = keep;
+                keep = s;
+            } else {
+                free(s);
+            }
+            s = nx;
+        }
     }
+    if (keep)
+        g_kept[d->device] = keep;
+    d->kept = NULL;
     d->slabs = NULL;
+    d->slab_next = NULL;
+    d->slab_left = 0;
     d->spare = NULL;
+}
+
+sp_status_t sp__pool_block_structs(int device, sp_block_structs_t *out) {
+    SP_CHECK(sp__alloc_ensure());
+    if (device < 0 || device >= sp__g.ndev)
+        return sp__error(SP_ERR_INVALID_ARGUMENT, SP_SUB_POOL, "device %d does not exist", device);
+    sp_devalloc_t *d = &sp__g.devs[device];
+    memset(out, 0, sizeof(*out));
+    sp__lock(&d->lock);
+    for (const struct sp_block_slab *s = d->slabs; s; s = s->next)
+        out->slabs++;
+    for (const struct sp_block_slab *s = d->kept; s; s = s->next)
+        out->kept++;
+    out->untouched = d->slab_left;
+    for (const sp_block_t *b = d->spare; b; b = b->hnext)
+        out->spare++;
+    sp__unlock(&d->lock);
+    return SP_SUCCESS;
 }
 
 sp_block_t *sp__block_new(sp_devalloc_t *d) {
@@ -120,7 +184,7 @@ sp_block_t *sp__block_new(sp_devalloc_t *d) {
         memset(b, 0, sizeof(*b));
         return b;
     }
-    return slab_refill(d);
+    return slab_take(d);
 }
 
 /* sp__block_new for a struct the caller fills completely: no zeroing. A recycled struct's
@@ -131,7 +195,7 @@ static inline sp_block_t *block_take(sp_devalloc_t *d) {
         d->spare = b->hnext;
         return b;
     }
-    return slab_refill(d);
+    return slab_take(d);
 }
 
 void sp__block_recycle(sp_devalloc_t *d, sp_block_t *b) {
@@ -288,6 +352,26 @@ sp_grow_refusal_t sp__alloc_segment_room(const sp_devalloc_t *d, const sp_mempoo
     return SP_GROW_DEVICE;
 }
 
+/* A MemPool's own allocator is user code: memory it hands out twice (overlapping a segment
+ * sympool already has) or at the very top of the address space would corrupt the segment index
+ * or make blocks that no free can find. Refused, and given back to it. */
+static sp_status_t check_user_segment(sp_devalloc_t *d, sp_mempool_t *pool, void *ptr, size_t size,
+                                      sp_stream_t stream) {
+    uintptr_t a = (uintptr_t)ptr;
+    const char *why = a > UINTPTR_MAX - size            ? "runs past the end of the address space"
+                      : sp__segidx_overlaps(d, a, size) ? "overlaps a segment sympool already holds"
+                                                        : NULL;
+    if (!why)
+        return SP_SUCCESS;
+    sp__callback_enter();
+    pool->allocator.free(ptr, size, d->device, stream, pool->allocator.ctx);
+    sp__callback_leave();
+    return sp__error(SP_ERR_INVALID_USAGE, SP_SUB_POOL,
+                     "the allocator of pool {%" PRIu64 ",%" PRIu64 "} returned %p for %zu bytes, "
+                     "which %s; it was given back",
+                     pool->id.first, pool->id.second, ptr, size, why);
+}
+
 sp_status_t sp__alloc_segment(sp_devalloc_t *d, sp_bpool_t *bp, size_t alloc_size,
                               sp_stream_t stream, uint32_t context, sp_block_t **block_p,
                               sp_grow_refusal_t *why_p) {
@@ -297,9 +381,12 @@ sp_status_t sp__alloc_segment(sp_devalloc_t *d, sp_bpool_t *bp, size_t alloc_siz
         return SP_ERR_OUT_OF_MEMORY;
     void *ptr = NULL;
     if (pool->has_allocator) {
+        sp__callback_enter();
         ptr = pool->allocator.alloc(alloc_size, d->device, stream, pool->allocator.ctx);
+        sp__callback_leave();
         if (!ptr)
             return SP_ERR_OUT_OF_MEMORY;
+        SP_CHECK(check_user_segment(d, pool, ptr, alloc_size, stream));
     } else {
         sp_status_t s = sp__g.ops->mem_alloc(d->device, alloc_size, &ptr);
         if (s != SP_SUCCESS)
@@ -307,9 +394,11 @@ sp_status_t sp__alloc_segment(sp_devalloc_t *d, sp_bpool_t *bp, size_t alloc_siz
     }
     sp_status_t s = sp__alloc_install_segment(d, bp, ptr, alloc_size, stream, context, block_p);
     if (s != SP_SUCCESS) {
-        if (pool->has_allocator)
+        if (pool->has_allocator) {
+            sp__callback_enter();
             pool->allocator.free(ptr, alloc_size, d->device, stream, pool->allocator.ctx);
-        else
+            sp__callback_leave();
+        } else
             (void)sp__g.ops->mem_free(d->device, ptr, alloc_size);
     }
     return s;
@@ -419,10 +508,13 @@ void sp__alloc_release_segment(sp_devalloc_t *d, sp_segment_t *seg, uint32_t con
     size_t size = seg->size;
     sp_stream_t stream = seg->stream;
     detach_segment(d, seg, context);
-    if (pool->has_allocator)
+    if (pool->has_allocator) {
+        sp__callback_enter();
         pool->allocator.free(base, size, d->device, stream, pool->allocator.ctx);
-    else
+        sp__callback_leave();
+    } else {
         (void)sp__g.ops->mem_free(d->device, base, size); /* logged there */
+    }
 }
 
 void sp__alloc_detach_segment(sp_devalloc_t *d, sp_segment_t *seg) {
@@ -803,6 +895,8 @@ static sp_status_t map_pseudo_stream(const char *what, sp_stream_t *stream_p) {
 SP_EXPORT sp_status_t sp_malloc(size_t size, int device, sp_stream_t stream, void **ptr_p) {
     if (SP_UNLIKELY(!ptr_p))
         return sp__error(SP_ERR_INVALID_ARGUMENT, SP_SUB_POOL, "sp_malloc: ptr_p is NULL");
+    if (sp__in_callback())
+        return sp__callback_refused("sp_malloc");
     sp_devalloc_t *d = sp__alloc_device_fast(device);
     if (SP_UNLIKELY(!d))
         SP_CHECK(sp__alloc_device(device, &d));
@@ -851,6 +945,8 @@ static sp_status_t explain_bad_pointer(const char *what, const void *ptr) {
 SP_EXPORT sp_status_t sp_free(void *ptr) {
     if (!ptr)
         return SP_SUCCESS;
+    if (sp__in_callback())
+        return sp__callback_refused("sp_free");
     if (SP_UNLIKELY(!atomic_load_explicit(&sp__ready, memory_order_acquire))) {
         if (sp__fork_cuda_child())
             return sp__fork_error("sp_free");
@@ -925,6 +1021,8 @@ sp_status_t sp__alloc_free_sized(void *ptr, int device, size_t *size_p, int *dev
 }
 
 SP_EXPORT sp_status_t sp_record_stream(void *ptr, sp_stream_t stream) {
+    if (sp__in_callback())
+        return sp__callback_refused("sp_record_stream");
     if (SP_UNLIKELY(!atomic_load_explicit(&sp__ready, memory_order_acquire)) || !ptr)
         return sp__error(SP_ERR_INVALID_USAGE, SP_SUB_POOL,
                          "sp_record_stream(%p): not a live sympool block", ptr);

@@ -118,6 +118,9 @@ typedef struct sp_devalloc {
     size_t pending_events;       /* entries in all evqs (lock) */
     sp_block_t *spare;           /* idle block structs (lock) */
     struct sp_block_slab *slabs; /* where every block struct lives, until sp_shutdown (lock) */
+    struct sp_block_slab *kept;  /* unused slabs an earlier allocator of this device left (lock) */
+    sp_block_t *slab_next;       /* the newest slab's first never-used struct (lock) */
+    size_t slab_left;            /* never-used structs from slab_next on (lock) */
     atomic_uintptr_t lo;         /* lowest segment address ever (free's device guess) */
     atomic_uintptr_t hi;         /* highest segment end ever */
 } sp_devalloc_t;
@@ -242,6 +245,10 @@ void sp__alloc_release_segment(sp_devalloc_t *d, sp_segment_t *seg, uint32_t con
 void sp__alloc_detach_segment(sp_devalloc_t *d, sp_segment_t *seg);
 sp_block_t *sp__block_new(sp_devalloc_t *d);
 /* Free every block struct of d at once (sp_shutdown, after its pools are gone). */
+/* Block slabs across sp_shutdown/sp_init (both under sp__g.init_lock): adopt takes what the
+ * last allocator of d->device kept, free keeps a few of d's slabs for the next one and frees the
+ * rest. */
+void sp__block_slabs_adopt(sp_devalloc_t *d);
 void sp__block_slabs_free(sp_devalloc_t *d);
 void sp__block_recycle(sp_devalloc_t *d, sp_block_t *b);
 /* Is this block a whole free segment that may be released? */

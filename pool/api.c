@@ -34,6 +34,8 @@ static atomic_int s_closing;
 static pthread_mutex_t s_shutdown_lock = PTHREAD_MUTEX_INITIALIZER; /* one shutdown at a time */
 
 sp_gate_t sp__gate_enter(void) {
+    if (sp__in_callback())
+        return (sp_gate_t){.in = false};
     atomic_fetch_add(&s_inside, 1);
     if (SP_LIKELY(!atomic_load(&s_closing)))
         return (sp_gate_t){.in = true};
@@ -47,6 +49,8 @@ void sp__gate_leave(sp_gate_t *g) {
 }
 
 sp_status_t sp__gate_refused(const char *fn) {
+    if (sp__in_callback())
+        return sp__callback_refused(fn);
     return sp__error(SP_ERR_INVALID_USAGE, SP_SUB_POOL,
                      "%s: called while sp_shutdown runs in another thread; nothing was done", fn);
 }
@@ -69,6 +73,7 @@ static sp_status_t dev_init(sp_devalloc_t *d, int device) {
     memset(d, 0, sizeof(*d));
     atomic_init(&d->lock.v, 0);
     d->device = device;
+    sp__block_slabs_adopt(d);
     d->allowed_max = SIZE_MAX;
     d->fraction = 1.0;
     sp__stats_init(&d->stats, sp__g.conf.max_split_size);
@@ -175,6 +180,8 @@ const void *sp__pool_swap_device_ops(const void *ops) {
 }
 
 SP_EXPORT sp_status_t sp_init(void) {
+    if (sp__in_callback())
+        return sp__callback_refused("sp_init");
     return sp__alloc_ensure();
 }
 
@@ -189,6 +196,8 @@ static void release_all(sp_devalloc_t *d, sp_mempool_t *p) {
 static sp_status_t shutdown_locked(void);
 
 SP_EXPORT sp_status_t sp_shutdown(void) {
+    if (sp__in_callback())
+        return sp__callback_refused("sp_shutdown");
     pthread_mutex_lock(&s_shutdown_lock);
     /* Close the gate, then wait for the calls already inside: they hold no lock shutdown needs
      * first (init_lock is taken only after they left), so the wait ends. */

@@ -326,7 +326,12 @@ uint32_t sp__history_capture(bool is_free) {
     sp_history_frame_t hf[MAX_HOOK];
     size_t nhook = 0;
     if (hook != NULL) {
+        /* Zeroed first: a hook that returns more than it wrote (more than MAX_HOOK) leaves the
+         * rest NULL, which reads as "??", instead of stack garbage read as strings. */
+        memset(hf, 0, sizeof(hf));
+        sp__callback_enter();
         nhook = hook(hf, MAX_HOOK, hook_arg);
+        sp__callback_leave();
         if (nhook > MAX_HOOK)
             nhook = MAX_HOOK;
     }

@@ -76,6 +76,8 @@ static bool handle_live(const sp_mempool_t *pool) {
 }
 
 sp_status_t sp__mempool_check(const sp_mempool_t *pool, const char *what) {
+    if (sp__in_callback())
+        return sp__callback_refused(what);
     if (SP_UNLIKELY(!pool))
         return sp__error(SP_ERR_INVALID_ARGUMENT, SP_SUB_POOL, "%s: NULL pool", what);
     if (SP_UNLIKELY(!sp__handles_known(pool)))
@@ -441,7 +443,15 @@ SP_EXPORT sp_status_t sp_mempool_set_limit(sp_mempool_t *pool, size_t bytes) {
     SP_GATE("sp_mempool_set_limit");
     SP_CHECK(sp__mempool_check(pool, "sp_mempool_set_limit"));
     sp__lock(&pool->dev->lock);
-    pool->limit = bytes;
+    bool destroyed = pool->destroyed;
+    if (!destroyed)
+        pool->limit = bytes;
     sp__unlock(&pool->dev->lock);
+    /* As sp_mempool_malloc and sp_mempool_begin: a limit on a pool that takes no allocation any
+     * more is a caller's bug, not a setting. */
+    if (destroyed)
+        return sp__error(SP_ERR_INVALID_USAGE, SP_SUB_POOL,
+                         "sp_mempool_set_limit: pool \"%s\" {0,%" PRIu64 "} was destroyed",
+                         pname(pool), pool->id.second);
     return SP_SUCCESS;
 }

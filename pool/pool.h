@@ -45,6 +45,15 @@ sp_status_t sp__pool_lookup(const void *ptr, sp_block_info_t *info_p);
  * sp_shutdown. No other thread may be inside sympool meanwhile. */
 const void *sp__pool_swap_device_ops(const void *ops);
 
+/* Tests only: where a device's block structs come from. */
+typedef struct sp_block_structs {
+    size_t slabs;     /* slabs this allocator hands structs out of */
+    size_t kept;      /* slabs an earlier allocator of the device left, not yet used again */
+    size_t untouched; /* structs of the newest slab never handed out */
+    size_t spare;     /* structs back on the spare list */
+} sp_block_structs_t;
+sp_status_t sp__pool_block_structs(int device, sp_block_structs_t *out);
+
 /* ---- walk (snapshots) ------------------------------------------------------------------- */
 
 typedef enum {

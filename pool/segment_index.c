@@ -55,6 +55,13 @@ void sp__segidx_remove(sp_devalloc_t *d, sp_segment_t *seg) {
     d->nsegs--;
 }
 
+bool sp__segidx_overlaps(const sp_devalloc_t *d, uintptr_t base, size_t size) {
+    size_t i = upper(d, base); /* segs[i] is the first segment starting after base */
+    if (i > 0 && base < d->segs[i - 1]->base + d->segs[i - 1]->size)
+        return true;
+    return i < d->nsegs && d->segs[i]->base - base < size;
+}
+
 sp_segment_t *sp__segidx_find(const sp_devalloc_t *d, uintptr_t addr) {
     size_t i = upper(d, addr);
     if (i == 0)

@@ -12,6 +12,8 @@
 sp_status_t sp__segidx_insert(sp_devalloc_t *d, sp_segment_t *seg);
 void sp__segidx_remove(sp_devalloc_t *d, sp_segment_t *seg);
 sp_segment_t *sp__segidx_find(const sp_devalloc_t *d, uintptr_t addr);
+/* Whether [base, base + size) meets a segment of d (size > 0, base + size not wrapping). */
+bool sp__segidx_overlaps(const sp_devalloc_t *d, uintptr_t base, size_t size);
 /* The block of seg that contains addr, or NULL. */
 sp_block_t *sp__segment_block_at(sp_segment_t *seg, uintptr_t addr);
 /* The one lookup of a pointer anywhere inside a block (its start or its middle): the block of

@@ -149,8 +149,18 @@ static void heading(out_t *o, const sp_stats_t *st, const char *title) {
 
 SP_EXPORT size_t sp_x_memory_summary_format(const sp_stats_t *st, const char *title, char *buf,
                                             size_t len) {
+    /* Bad arguments measure or read as nothing rather than crash: no buffer measures only (as
+     * snprintf(NULL, 0) does), no title is an empty one, no statistics are zeros. */
+    static const sp_stats_t zeros;
+    if (!buf)
+        len = 0;
+    if (!title)
+        title = "";
+    if (!st)
+        st = &zeros;
     out_t o = {buf, len, 0};
-    buf[0] = '\0';
+    if (len > 0)
+        buf[0] = '\0';
     heading(&o, st, title);
     for (size_t i = 0; i < sizeof(k_metrics) / sizeof(k_metrics[0]); i++) {
         const metric_t *m = &k_metrics[i];

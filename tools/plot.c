@@ -23,7 +23,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "sympool/experimental.h" /* sp_x_size_format */
+#include "sympool/experimental.h" /* sp_x_size_format, sp_x_file_write_atomic */
 #include "tools/cli.h"
 
 #define W 1200
@@ -788,19 +788,27 @@ int sp_cli_plot(int argc, char **argv) {
         if (s[k].apeak < s[lo].apeak)
             lo = k;
     }
-    FILE *f = rc == 0 ? fopen(out, "w") : NULL;
+    /* Rendered in memory, then written next to OUT and renamed over it: a full disk leaves the
+     * previous chart whole, and a FIFO or directory at OUT is refused instead of blocking. */
+    char *svg = NULL;
+    size_t svg_len = 0;
+    FILE *f = rc == 0 ? open_memstream(&svg, &svg_len) : NULL;
     if (rc == 0 && f == NULL) {
-        fprintf(stderr, "sympool plot: cannot write %s: %s\n", out, strerror(errno));
+        fprintf(stderr, "sympool plot: cannot render %s: %s\n", out, strerror(errno));
         rc = 1;
     }
     if (f != NULL) {
         int r =
             nin == 1 ? render_single(f, &s[0]) : render_multi(f, s, nin, hi, lo, time_axis, gspan);
         if (fclose(f) != 0 || r != 0) {
-            fprintf(stderr, "sympool plot: writing %s failed\n", out);
+            fprintf(stderr, "sympool plot: rendering %s failed (out of memory)\n", out);
+            rc = 1;
+        } else if (sp_x_file_write_atomic(out, svg, svg_len) != SP_SUCCESS) {
+            fprintf(stderr, "sympool plot: %s (%s is unchanged)\n", sp_last_error(), out);
             rc = 1;
         }
     }
+    free(svg);
     if (rc == 0 && nin == 1 && partial_trace(&s[0]))
         printf("note: a partial trace: requested rises above reserved (segment events from "
                "before the recorded window are missing)\n");

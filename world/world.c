@@ -82,6 +82,8 @@ static bool is_live_locked(const sp_world_t *w) {
 }
 
 sp_status_t sp__world_check(const sp_world_t *w, const char *fn) {
+    if (sp__in_callback())
+        return sp__callback_refused(fn);
     if (!w)
         return sp__error(SP_ERR_INVALID_ARGUMENT, SP_SUB_BOOT, "%s: world is NULL", fn);
     if (w == t_world && __atomic_load_n(&s_live_gen, __ATOMIC_ACQUIRE) == t_world_gen)

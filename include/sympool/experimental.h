@@ -53,7 +53,8 @@ enum { SP_X_LOG_VERSION = 1, SP_X_LOG_WARN = 2, SP_X_LOG_INFO = 3, SP_X_LOG_TRAC
 typedef void (*sp_x_log_fn)(int level, const char *line, void *arg);
 
 /** Route log lines to fn (NULL: back to stderr or SYMPOOL_DEBUG_FILE). Not thread-safe against
- * concurrent logging. */
+ * concurrent logging. A sympool call from inside fn returns SP_ERR_INVALID_USAGE (its line goes
+ * to stderr); the caller's sp_last_error() is kept. */
 void sp_x_log_set_fn(sp_x_log_fn fn, void *arg);
 
 /** PyTorch's emptyCache for one device only (sp_empty_cache does every device): wait for the
@@ -95,6 +96,14 @@ const char *sp_x_size_format(double bytes, char *buf, size_t cap);
  * bytes, always terminated when errlen > 0) and writes nothing to *pickle_p / *len_p. */
 bool sp_x_json_to_pickle(const char *text, size_t len, char **pickle_p, size_t *len_p, char *err,
                          size_t errlen);
+
+/** Write len bytes of buf to path as sp_dump_snapshot writes a snapshot: to a temporary file next
+ * to it, synced, then renamed over it, so the old file stays whole when writing fails (a full
+ * disk) and readers never see half a file; an existing target that is not a regular file (a FIFO,
+ * a directory, a device node) is refused. `sympool plot` writes its SVG with it. Returns
+ * SP_SUCCESS, SP_ERR_INVALID_ARGUMENT or SP_ERR_SYSTEM (the path and the reason in
+ * sp_last_error()). */
+sp_status_t sp_x_file_write_atomic(const char *path, const void *buf, size_t len);
 
 #ifdef __cplusplus
 }

@@ -26,7 +26,9 @@ typedef struct sp_mempool_id {
     uint64_t first, second;
 } sp_mempool_id_t;
 
-/** A segment allocator; mirrors CUDAPluggableAllocator. */
+/** A segment allocator; mirrors CUDAPluggableAllocator. The callbacks run under the device's
+ * allocator lock: a sympool call from inside one returns SP_ERR_INVALID_USAGE (it would deadlock).
+ */
 typedef struct sp_allocator {
     /** Allocate a segment of @p size bytes; NULL means out of memory. */
     void *(*alloc)(size_t size, int device, sp_stream_t stream, void *ctx);
@@ -113,7 +115,9 @@ sp_status_t sp_mempool_free_all_blocks(sp_mempool_t *pool, sp_stream_t stream);
 
 /** Cap the pool's total bytes; 0 = no limit. A request that would pass it first releases the
  * pool's own free cached segments (every stream) and retries once (CuPy's rule; counted in
- * num_alloc_retries); if it would still pass the limit it fails with OOM. */
+ * num_alloc_retries); if it would still pass the limit it fails with OOM.
+ * @return SP_SUCCESS, SP_ERR_INVALID_ARGUMENT (bad handle), SP_ERR_INVALID_USAGE (stale handle, a
+ *         pool already destroyed: nothing is changed). */
 sp_status_t sp_mempool_set_limit(sp_mempool_t *pool, size_t bytes);
 /** The pool's cap, 0 if none. */
 size_t sp_mempool_get_limit(const sp_mempool_t *pool);

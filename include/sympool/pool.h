@@ -34,6 +34,9 @@ sp_status_t sp_init(void);
  * no thread is inside sp_malloc, sp_free, sp_record_stream, sp_mempool_malloc or the sp_torch_*
  * calls while it runs (the allocation path takes no gate, to stay cheap; every block must be
  * freed before shutdown anyway), and that no symmetric pool or world call runs concurrently.
+ * All device memory is given back; up to four slabs of block records per device (about 100 KiB
+ * of host memory each) are kept for the next initialization, so a process that initializes
+ * and shuts down in a loop (replay's --repeat and --compare) does not fault its heap in again.
  * @return SP_SUCCESS; SP_ERR_BUSY if blocks are still allocated (then nothing is released).
  */
 sp_status_t sp_shutdown(void);

@@ -224,6 +224,11 @@ if(TARGET sympool_cli)
     COMMAND $<TARGET_FILE:sympool_cli> plot ${BIG} -o ${SP_CLI_OUT}/whole.svg)
   set_tests_properties(cli.plot_whole_trace_no_note PROPERTIES LABELS "unit;cli" TIMEOUT 60
     PASS_REGULAR_EXPRESSION "wrote " FAIL_REGULAR_EXPRESSION "partial")
+  # A full disk leaves the previous chart whole; a FIFO or directory at OUT is refused at once.
+  add_test(NAME cli.plot_output_atomic COMMAND sh ${CMAKE_CURRENT_SOURCE_DIR}/cli/plot_output.sh
+    $<TARGET_FILE:sympool_cli> ${SMALL} ${SP_CLI_OUT}/plot_output)
+  set_tests_properties(cli.plot_output_atomic PROPERTIES LABELS "unit;cli" TIMEOUT 60
+    PASS_REGULAR_EXPRESSION "plot output ok")
   sp_cli_check(NAME plot_png_refused RC 2 REGEX "writes SVG only, not '.*x.png'"
     ARGS plot ${SMALL} -o ${SP_CLI_OUT}/x.png)
   sp_cli_check(NAME plot_no_output RC 2 REGEX "no -o OUT.svg given" ARGS plot ${SMALL})

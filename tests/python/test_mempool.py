@@ -93,6 +93,31 @@ def test_python_segment_allocator(sp):
     assert e.value.status == "SP_ERR_INVALID_USAGE"
 
 
+def test_segment_allocator_calling_sympool_is_refused_not_deadlocked(sp):
+    # The allocator runs under the device's allocator lock: a sympool call from it used to
+    # deadlock the process; it raises now, and the pool's own allocation goes on.
+    seen, bufs = [], {}
+
+    def alloc(size, device, stream):
+        try:
+            sp.malloc(64)
+            seen.append("allowed")
+        except sp.SympoolError as e:
+            seen.append(str(e))
+        b = ctypes.create_string_buffer(size + 4096)
+        a = (ctypes.addressof(b) + 4095) & ~4095
+        bufs[a] = b
+        return a
+
+    pool = sp.MemPool((alloc, lambda ptr, *a: bufs.pop(ptr)), name="reentrant")
+    p = pool.malloc(1 << 20)
+    assert p and len(seen) == 1 and "inside a callback" in seen[0], seen
+    sp.free(p)
+    pool.free_all_blocks()
+    assert not bufs
+    pool.destroy()
+
+
 def test_allocator_that_fails_gives_oom(sp):
     pool = sp.MemPool((lambda size, dev, stream: 0, lambda *a: None), name="empty")
     with pytest.raises(sp.OutOfMemoryError):

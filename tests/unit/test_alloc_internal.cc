@@ -187,3 +187,45 @@ TEST_F(AllocInternal, SeveralDevicesKeepSeparateStats) {
         ASSERT_SP_OK(sp_free(p));
     ASSERT_SP_OK(sp_mempool_destroy(pool));
 }
+
+// A new slab is not threaded whole onto the spare list (that wrote, and faulted in, every
+// struct of it for a device's first block): structs are taken from it one at a time.
+TEST_F(AllocInternal, BlockStructsComeFromTheSlabOneAtATime) {
+    void *p;
+    ASSERT_SP_OK(sp_malloc(512, 0, nullptr, &p));
+    sp_block_structs_t st;
+    ASSERT_SP_OK(sp__pool_block_structs(0, &st));
+    EXPECT_EQ(st.slabs, 1u);
+    EXPECT_EQ(st.spare, 0u);
+    EXPECT_GE(st.untouched, 1000u) << "the block and its remainder only";
+    ASSERT_SP_OK(sp_free(p));
+    ASSERT_SP_OK(sp__pool_block_structs(0, &st));
+    EXPECT_EQ(st.spare, 1u) << "the merged remainder's struct";
+    expect_warnings();
+    EXPECT_EQ(sp__pool_block_structs(1, &st), SP_ERR_INVALID_ARGUMENT);
+}
+
+// sp_shutdown keeps a few slabs for the next allocator of the device (freeing every one let
+// glibc return the heap's top to the kernel, and the next allocator faulted it all in again);
+// the next allocator uses them before it asks malloc for more, and the rest are freed.
+TEST_F(AllocInternal, ShutdownKeepsAFewSlabsForTheNextAllocator) {
+    std::vector<void *> ps(6000);
+    for (auto &p : ps)
+        ASSERT_SP_OK(sp_malloc(512, 0, nullptr, &p));
+    sp_block_structs_t st;
+    ASSERT_SP_OK(sp__pool_block_structs(0, &st));
+    EXPECT_GE(st.slabs, 6u);
+    for (void *p : ps)
+        ASSERT_SP_OK(sp_free(p));
+    ASSERT_SP_OK(sp_shutdown());
+    ASSERT_SP_OK(sp_init());
+    ASSERT_SP_OK(sp__pool_block_structs(0, &st));
+    EXPECT_EQ(st.slabs, 0u);
+    EXPECT_EQ(st.kept, 4u) << "at most four per device outlive sp_shutdown";
+    void *p;
+    ASSERT_SP_OK(sp_malloc(512, 0, nullptr, &p));
+    ASSERT_SP_OK(sp__pool_block_structs(0, &st));
+    EXPECT_EQ(st.slabs, 1u);
+    EXPECT_EQ(st.kept, 3u) << "a kept slab is used before a new one is allocated";
+    ASSERT_SP_OK(sp_free(p));
+}

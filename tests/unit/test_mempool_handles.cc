@@ -107,6 +107,10 @@ TEST_F(MempoolHandles, DestroyedPoolIsInvalidUsageNotACrash) {
     void *p = nullptr;
     EXPECT_SP_STATUS(sp_mempool_malloc(pool, 4096, nullptr, &p), SP_ERR_INVALID_USAGE);
     EXPECT_SP_STATUS(sp_mempool_begin(pool), SP_ERR_INVALID_USAGE);
+    EXPECT_SP_STATUS(sp_mempool_set_limit(pool, 4096), SP_ERR_INVALID_USAGE);
+    EXPECT_NE(std::string(sp_last_error()).find("was destroyed"), std::string::npos)
+        << sp_last_error();
+    EXPECT_EQ(sp_mempool_get_limit(pool), 0u) << "the refused limit was set anyway";
     // Its id is still known until shutdown (PyTorch's pool object outlives its cache).
     EXPECT_NE(sp_mempool_id(pool).second, 0u);
 }

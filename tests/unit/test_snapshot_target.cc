@@ -10,6 +10,7 @@
 #include "sp_test.hpp"
 
 #include <dirent.h>
+#include <limits.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -180,6 +181,26 @@ TEST_F(SnapshotTarget, NewAndRegularTargetsStillWork) {
     EXPECT_EQ(kind_of(p), (mode_t)S_IFREG);
     ASSERT_SP_OK(sp_dump_snapshot(p.c_str())); // replaced whole
     EXPECT_EQ(list_dir(dir_).size(), 1u);
+}
+
+// A target whose name is as long as a directory entry may be (NAME_MAX) is a legal target: the
+// temporary next to it used to take the whole name plus ".tmp.XXXXXX", which the file system
+// refused (ENAMETOOLONG), so such a snapshot could never be written.
+TEST_F(SnapshotTarget, LongestLegalNameIsWritten) {
+    for (size_t len : {(size_t)NAME_MAX - 10, (size_t)NAME_MAX}) {
+        std::string name(len - 7, 'n');
+        name += ".pickle";
+        std::string p = dir_ + "/" + name;
+        ASSERT_SP_OK(sp_dump_snapshot(p.c_str()));
+        EXPECT_EQ(kind_of(p), (mode_t)S_IFREG) << len;
+        ASSERT_SP_OK(sp_dump_snapshot(p.c_str())); // and replaced
+        EXPECT_EQ(list_dir(dir_).size(), 1u) << "a temporary file was left behind";
+        unlink(p.c_str());
+    }
+    std::string too_long = dir_ + "/" + std::string(NAME_MAX + 1, 'x');
+    EXPECT_SP_STATUS(sp_dump_snapshot(too_long.c_str()), SP_ERR_SYSTEM);
+    EXPECT_NE(std::string(sp_last_error()).find("too long"), std::string::npos) << sp_last_error();
+    EXPECT_TRUE(list_dir(dir_).empty());
 }
 
 // Host OOM at every allocation the writer makes, one after another: each is SP_ERR_SYSTEM with

@@ -118,6 +118,23 @@ TEST_F(Summary, ExtremeFiguresFitTheMaximumBuffer) {
     EXPECT_NE(std::string(buf.data()).find("PiB"), std::string::npos) << buf.data();
 }
 
+// The formatter of `sympool summary` on NULL arguments: a NULL title or NULL statistics was
+// dereferenced (strlen(NULL), a crash), a NULL buffer written to. Now: no buffer measures only,
+// like snprintf(NULL, 0); no title is an empty one; no statistics read as zeros.
+TEST_F(Summary, FormatterTakesNullArguments) {
+    sp_stats_t zeros;
+    std::memset(&zeros, 0, sizeof zeros);
+    std::vector<char> want(SP_MEMORY_SUMMARY_MAX), got(SP_MEMORY_SUMMARY_MAX);
+    size_t n = sp_x_memory_summary_format(&zeros, "", want.data(), want.size());
+    EXPECT_EQ(sp_x_memory_summary_format(nullptr, nullptr, got.data(), got.size()), n);
+    EXPECT_STREQ(got.data(), want.data());
+    EXPECT_EQ(sp_x_memory_summary_format(&zeros, "", nullptr, 0), n);
+    EXPECT_EQ(sp_x_memory_summary_format(&zeros, "", nullptr, 100), n);
+    char one = 'x';
+    EXPECT_EQ(sp_x_memory_summary_format(&zeros, "", &one, 0), n);
+    EXPECT_EQ(one, 'x') << "len 0 writes nothing";
+}
+
 TEST_F(Summary, ThreadsEachGetAWholeTable) {
     std::string a = summary();
     std::vector<std::thread> ts;
