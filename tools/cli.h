@@ -89,6 +89,8 @@ typedef struct replay_result {
     size_t start_segments;           /* segments rebuilt as they were before the trace */
     uint64_t start_bytes;            /* their bytes */
     size_t start_blocks;             /* their live blocks */
+    bool start_requested;            /* the segment kind differs from the recorded run's: every
+                                      * live starting block requested instead (no segments) */
     uint64_t pytorch_start_reserved; /* PyTorch's reserved before the first event */
     size_t empty_caches;             /* the user's empty_cache calls replayed */
     size_t deferred_frees;           /* frees held back for other streams, replayed */

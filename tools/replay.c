@@ -334,9 +334,12 @@ static bool history(sp_history_enabled_t enabled, char *err, size_t errlen) {
 }
 
 /* The starting state of one device: its private pools, the segments that existed before
- * recording began (as they were), then the live blocks outside them as requests. */
-static bool build_start(dev_state_t *ds, int d, const tr_device_t *td, frames_src_t *fs,
-                        replay_result_t *r, char *err, size_t errlen) {
+ * recording began (as they were), then the live blocks outside them as requests. With
+ * `requested` (the replay's segment kind is not the recorded run's, so that layout cannot exist
+ * under it) every live block is requested instead, in address order: the replayed allocator
+ * lays them out as it would have, and none of the recorded run's cached free space is kept. */
+static bool build_start(dev_state_t *ds, int d, const tr_device_t *td, bool requested,
+                        frames_src_t *fs, replay_result_t *r, char *err, size_t errlen) {
     ds->pools = calloc(td->npools ? td->npools : 1, sizeof(*ds->pools));
     if (ds->pools == NULL) {
         snprintf(err, errlen, "out of memory");
@@ -353,7 +356,7 @@ static bool build_start(dev_state_t *ds, int d, const tr_device_t *td, frames_sr
         }
     }
     bool ok = true;
-    for (size_t i = 0; ok && i < td->nstart; i++)
+    for (size_t i = 0; ok && !requested && i < td->nstart; i++)
         ok = build_segment(ds, d, td, &td->start[i], fs, r, err, errlen);
     for (size_t i = 0; ok && i < ds->nholes; i++)
         if (sp_free(ds->holes[i]) != SP_SUCCESS) {
@@ -362,7 +365,7 @@ static bool build_start(dev_state_t *ds, int d, const tr_device_t *td, frames_sr
         }
     ds->nholes = 0;
     for (size_t i = 0; ok && i < td->nseeds; i++) {
-        if (td->seeds[i].in_start)
+        if (td->seeds[i].in_start && !requested)
             continue;
         fs->frames = td->seeds[i].frames;
         ok = do_alloc(ds, d, td->seeds[i].addr, td->seeds[i].size, td->seeds[i].stream,
@@ -446,6 +449,26 @@ static bool init_capped(int ndev, const char *conf, const char *capacity, char *
     return true;
 }
 
+/* Whether the recorded run used expandable segments: its settings say so (a snapshot that
+ * records none ran with PyTorch's default, off); a later key wins as in ALLOC_CONF. */
+static bool recorded_expandable(const tr_trace_t *t) {
+    bool on = false;
+    const char *key = "expandable_segments:";
+    for (const char *p = t->settings.recorded ? strstr(t->settings.conf, key) : NULL; p != NULL;
+         p = strstr(p + 1, key))
+        on = strncmp(p + strlen(key), "True", 4) == 0;
+    return on;
+}
+
+/* Whether the configuration in force uses expandable segments. */
+static bool effective_expandable(void) {
+    sp_x_option_info_t info;
+    for (int i = 0; sp_x_option_info(i, &info); i++)
+        if (strcmp(info.name, "SYMPOOL_EXPANDABLE_SEGMENTS") == 0)
+            return info.value_int != 0;
+    return false;
+}
+
 bool replay_trace(const tr_trace_t *t, const char *snapshot_out, replay_result_t *r, char *err,
                   size_t errlen) {
     memset(r, 0, sizeof(*r));
@@ -464,6 +487,10 @@ bool replay_trace(const tr_trace_t *t, const char *snapshot_out, replay_result_t
     }
     frames_src_t fs = {NULL};
     bool ok = true;
+    /* The recorded segments are fixed ones (expandable segments are never rebuilt): under the
+     * other segment kind they cannot exist, and rebuilding them would hand the replay the
+     * recorded run's cached free space, which that kind would not have kept. */
+    r->start_requested = recorded_expandable(t) != effective_expandable();
     /* The recorded run's memory fraction, against the emulated device's capacity. */
     for (int d = 0; ok && t->settings.fraction > 0 && d < t->ndev; d++)
         if (sp_set_memory_fraction(t->settings.fraction, d) != SP_SUCCESS) {
@@ -479,17 +506,17 @@ bool replay_trace(const tr_trace_t *t, const char *snapshot_out, replay_result_t
     for (int d = 0; ok && d < t->ndev; d++) {
         const tr_device_t *td = &t->dev[d];
         r->trace_entries += td->nev;
-        r->seeded_blocks += td->nloose;
-        r->seeded_bytes += td->loose_bytes;
-        r->start_segments += td->nstart;
-        r->start_bytes += td->start_bytes;
+        r->seeded_blocks += r->start_requested ? td->nseeds : td->nloose;
+        r->seeded_bytes += r->start_requested ? td->seeded_bytes : td->loose_bytes;
+        r->start_segments += r->start_requested ? 0 : td->nstart;
+        r->start_bytes += r->start_requested ? 0 : td->start_bytes;
         r->recorded_ooms += td->recorded_ooms;
         r->pytorch_peak_reserved += td->peak_reserved;
         r->pytorch_final_reserved += td->final_reserved;
         r->pytorch_start_reserved += td->start_reserved;
         r->trace_peak_requested += td->peak_requested;
         r->pytorch_end_allocated += td->final_allocated;
-        ok = build_start(&ds[d], d, td, &fs, r, err, errlen);
+        ok = build_start(&ds[d], d, td, r->start_requested, &fs, r, err, errlen);
     }
     /* "state" keeps one trace entry (the last of the starting state, as PyTorch's ring of one
      * does); it is not part of the recorded run, so the buffer is cleared (OFF keeps the live
@@ -587,7 +614,8 @@ static void print_json(const char *trace, const replay_result_t *r, const char *
            "\"num_device_alloc\":%lld,\"num_device_free\":%lld,"
            "\"start_segments\":%zu,\"start_bytes\":%llu,\"pytorch_start_reserved_bytes\":%llu,"
            "\"empty_caches\":%zu,\"deferred_frees\":%zu,"
-           "\"conf\":\"%s\",\"settings\":\"%s\",\"capacity\":\"%s\"}\n",
+           "\"conf\":\"%s\",\"settings\":\"%s\",\"capacity\":\"%s\","
+           "\"starting_state\":\"%s\"}\n",
            sp_backend_name(), r->devices, r->trace_entries, r->events, r->allocs, r->frees,
            r->seeded_blocks, (unsigned long long)r->seeded_bytes, (long long)r->peak_requested,
            (long long)r->peak_allocated, (long long)r->peak_reserved,
@@ -599,7 +627,8 @@ static void print_json(const char *trace, const replay_result_t *r, const char *
            r->skipped_frees, r->ns_per_event, (long long)r->device_allocs,
            (long long)r->device_frees, r->start_segments, (unsigned long long)r->start_bytes,
            (unsigned long long)r->pytorch_start_reserved, r->empty_caches, r->deferred_frees,
-           conf ? conf : "", settings ? settings : "", capacity ? capacity : "");
+           conf ? conf : "", settings ? settings : "", capacity ? capacity : "",
+           r->start_requested ? "requested" : "recorded_segments");
 }
 
 #define MAX_COMPARE 32
@@ -632,10 +661,18 @@ static void print_text(const char *trace, const tr_trace_t *t, const replay_resu
     printf("  trace entries        %zu (%zu allocs, %zu frees replayed; %zu empty_cache, %zu "
            "frees held for other streams)\n",
            r->trace_entries, r->allocs, r->frees, r->empty_caches, r->deferred_frees);
-    printf("  starting state       %zu segments, %.3f GiB (recorded run: %.3f GiB reserved); "
-           "%zu live blocks in them, %zu more (%.3f GiB) outside\n",
-           r->start_segments, gib((double)r->start_bytes), gib((double)r->pytorch_start_reserved),
-           r->start_blocks, r->seeded_blocks, gib((double)r->seeded_bytes));
+    if (r->start_requested)
+        printf("  starting state       its live blocks requested under this configuration (the "
+               "recorded segment layout is %s segments): %zu blocks, %.3f GiB (recorded run: "
+               "%.3f GiB reserved)\n",
+               recorded_expandable(t) ? "expandable" : "fixed", r->seeded_blocks,
+               gib((double)r->seeded_bytes), gib((double)r->pytorch_start_reserved));
+    else
+        printf("  starting state       the recorded segments: %zu segments, %.3f GiB (recorded "
+               "run: %.3f GiB reserved); %zu live blocks in them, %zu more (%.3f GiB) outside\n",
+               r->start_segments, gib((double)r->start_bytes),
+               gib((double)r->pytorch_start_reserved), r->start_blocks, r->seeded_blocks,
+               gib((double)r->seeded_bytes));
     printf("  peak requested       %.3f GiB (trace: %.3f GiB)\n", gib((double)r->peak_requested),
            gib((double)r->trace_peak_requested));
     printf("  peak allocated       %.3f GiB\n", gib((double)r->peak_allocated));
@@ -657,7 +694,9 @@ static void print_text(const char *trace, const tr_trace_t *t, const replay_resu
             printf(" the snapshot records no allocator settings;");
         if (r->recorded_ooms > 0 || r->ooms > 0)
             printf(" the recorded run hit OOM (its device's free memory is not in the trace);");
-        if (r->pytorch_start_reserved != r->start_bytes)
+        if (r->start_requested)
+            printf(" the starting state was requested, not rebuilt (above);");
+        else if (r->pytorch_start_reserved != r->start_bytes)
             printf(" the starting state found (%.3f GiB) is not what the trace implies (%.3f "
                    "GiB: an inconsistent trace);",
                    gib((double)r->start_bytes), gib((double)r->pytorch_start_reserved));
