@@ -211,6 +211,48 @@ TEST_F(Replay, ReplaysRequestsInOrder) {
     tr_free(&t);
 }
 
+// The recorded run used fixed segments (the snapshot records no settings: PyTorch's default);
+// replayed with expandable segments, that layout cannot exist: the starting state is its live
+// blocks requested under expandable segments, not the 20 MiB segment with its 16 MiB of cached
+// free space, which would otherwise hold the 2 MiB request and set the peak.
+TEST_F(Replay, OtherSegmentKindRequestsTheStartingBlocks) {
+    sp::ScopedEnv env({{"SYMPOOL_ALLOC_CONF", "expandable_segments:True"},
+                       {"SYMPOOL_EXPANDABLE_PAGE", "2MiB"}});
+    tr_trace_t t;
+    std::string err;
+    ASSERT_TRUE(load(synthetic(), &t, &err)) << err;
+    replay_result_t r;
+    char why[256] = "";
+    ASSERT_TRUE(replay_trace(&t, nullptr, &r, why, sizeof(why))) << why;
+    EXPECT_TRUE(r.start_requested);
+    EXPECT_EQ(r.start_segments, 0u);
+    EXPECT_EQ(r.start_bytes, 0u);
+    EXPECT_EQ(r.start_blocks, 0u);
+    EXPECT_EQ(r.seeded_blocks, 2u); // both live blocks, the one in SEG_A included
+    EXPECT_EQ(r.seeded_bytes, 4 * MiB + 3000);
+    EXPECT_EQ(r.peak_requested, (int64_t)(6 * MiB + 1000)); // the same requests
+    // 6 MiB of large blocks in 2 MiB pages and one 2 MiB small page: 8 MiB, not the recorded
+    // run's 22 MiB.
+    EXPECT_EQ(r.peak_reserved, (int64_t)(8 * MiB));
+    EXPECT_EQ(r.end_allocated, (int64_t)(6 * MiB));
+    tr_free(&t);
+}
+
+// With the recorded segment kind the recorded segments are rebuilt.
+TEST_F(Replay, SameSegmentKindRebuildsTheRecordedSegments) {
+    sp::ScopedEnv env({{"SYMPOOL_ALLOC_CONF", "expandable_segments:False"}});
+    tr_trace_t t;
+    std::string err;
+    ASSERT_TRUE(load(synthetic(), &t, &err)) << err;
+    replay_result_t r;
+    char why[256] = "";
+    ASSERT_TRUE(replay_trace(&t, nullptr, &r, why, sizeof(why))) << why;
+    EXPECT_FALSE(r.start_requested);
+    EXPECT_EQ(r.start_segments, 1u);
+    EXPECT_EQ((uint64_t)r.peak_reserved, r.pytorch_peak_reserved);
+    tr_free(&t);
+}
+
 TEST_F(Replay, WritesOurSnapshotOfTheReplay) {
     tr_trace_t t;
     std::string err;
