@@ -603,32 +603,31 @@ static void print_json(const char *trace, const replay_result_t *r, const char *
         if ((unsigned char)*p >= 0x20)
             putchar(*p);
     }
-    printf("\",\"backend\":\"%s\",\"devices\":%d,\"trace_entries\":%zu,\"events\":%zu,"
-           "\"allocs\":%zu,\"frees\":%zu,\"seeded_blocks\":%zu,\"seeded_bytes\":%llu,"
-           "\"peak_requested_bytes\":%lld,\"peak_allocated_bytes\":%lld,"
-           "\"peak_reserved_bytes\":%lld,\"pytorch_peak_reserved_bytes\":%llu,"
-           "\"pytorch_final_reserved_bytes\":%llu,\"trace_peak_requested_bytes\":%llu,"
-           "\"end_reserved_bytes\":%lld,\"end_allocated_bytes\":%lld,"
-           "\"end_inactive_split_bytes\":%lld,\"pytorch_end_allocated_bytes\":%llu,"
-           "\"ooms\":%zu,\"recorded_ooms\":%zu,\"skipped_frees\":%zu,\"ns_per_event\":%.1f,"
-           "\"num_device_alloc\":%lld,\"num_device_free\":%lld,"
-           "\"start_segments\":%zu,\"start_bytes\":%llu,\"pytorch_start_reserved_bytes\":%llu,"
-           "\"empty_caches\":%zu,\"deferred_frees\":%zu,"
-           "\"conf\":\"%s\",\"settings\":\"%s\",\"capacity\":\"%s\","
-           "\"starting_state\":\"%s\"}\n",
-           sp_backend_name(), r->devices, r->trace_entries, r->events, r->allocs, r->frees,
-           r->seeded_blocks, (unsigned long long)r->seeded_bytes, (long long)r->peak_requested,
-           (long long)r->peak_allocated, (long long)r->peak_reserved,
-           (unsigned long long)r->pytorch_peak_reserved,
-           (unsigned long long)r->pytorch_final_reserved,
-           (unsigned long long)r->trace_peak_requested, (long long)r->end_reserved,
-           (long long)r->end_allocated, (long long)r->end_inactive_split,
-           (unsigned long long)r->pytorch_end_allocated, r->ooms, r->recorded_ooms,
-           r->skipped_frees, r->ns_per_event, (long long)r->device_allocs,
-           (long long)r->device_frees, r->start_segments, (unsigned long long)r->start_bytes,
-           (unsigned long long)r->pytorch_start_reserved, r->empty_caches, r->deferred_frees,
-           conf ? conf : "", settings ? settings : "", capacity ? capacity : "",
-           r->start_requested ? "requested" : "recorded_segments");
+    printf(
+        "\",\"backend\":\"%s\",\"devices\":%d,\"trace_entries\":%zu,\"events\":%zu,"
+        "\"allocs\":%zu,\"frees\":%zu,\"seeded_blocks\":%zu,\"seeded_bytes\":%llu,"
+        "\"peak_requested_bytes\":%lld,\"peak_allocated_bytes\":%lld,"
+        "\"peak_reserved_bytes\":%lld,\"pytorch_peak_reserved_bytes\":%llu,"
+        "\"pytorch_final_reserved_bytes\":%llu,\"trace_peak_requested_bytes\":%llu,"
+        "\"end_reserved_bytes\":%lld,\"end_allocated_bytes\":%lld,"
+        "\"end_inactive_split_bytes\":%lld,\"pytorch_end_allocated_bytes\":%llu,"
+        "\"ooms\":%zu,\"recorded_ooms\":%zu,\"skipped_frees\":%zu,\"ns_per_event\":%.1f,"
+        "\"num_device_alloc\":%lld,\"num_device_free\":%lld,"
+        "\"start_segments\":%zu,\"start_bytes\":%llu,\"pytorch_start_reserved_bytes\":%llu,"
+        "\"empty_caches\":%zu,\"deferred_frees\":%zu,"
+        "\"conf\":\"%s\",\"settings\":\"%s\",\"capacity\":\"%s\","
+        "\"starting_state\":\"%s\"}\n",
+        sp_backend_name(), r->devices, r->trace_entries, r->events, r->allocs, r->frees,
+        r->seeded_blocks, (unsigned long long)r->seeded_bytes, (long long)r->peak_requested,
+        (long long)r->peak_allocated, (long long)r->peak_reserved,
+        (unsigned long long)r->pytorch_peak_reserved, (unsigned long long)r->pytorch_final_reserved,
+        (unsigned long long)r->trace_peak_requested, (long long)r->end_reserved,
+        (long long)r->end_allocated, (long long)r->end_inactive_split,
+        (unsigned long long)r->pytorch_end_allocated, r->ooms, r->recorded_ooms, r->skipped_frees,
+        r->ns_per_event, (long long)r->device_allocs, (long long)r->device_frees, r->start_segments,
+        (unsigned long long)r->start_bytes, (unsigned long long)r->pytorch_start_reserved,
+        r->empty_caches, r->deferred_frees, conf ? conf : "", settings ? settings : "",
+        capacity ? capacity : "", r->start_requested ? "requested" : "recorded_segments");
 }
 
 #define MAX_COMPARE 32

@@ -144,6 +144,13 @@ if(TARGET sympool_cli)
   sp_cli_check(NAME replay_snapshot_txt RC 2
     REGEX "--snapshot writes OUT.pickle or OUT.json, not '.*out.txt'"
     ARGS replay ${SMALL} --snapshot ${SP_CLI_OUT}/out.txt)
+  # The snapshot's own settings (fixed segments) rebuild its segments; expandable segments cannot
+  # have that layout, so its live blocks are requested instead (and the output says which).
+  sp_cli_check(NAME replay_start_recorded RC 0
+    REGEX "\"start_segments\":12,.*\"starting_state\":\"recorded_segments\"" ARGS replay ${SMALL} --json)
+  sp_cli_check(NAME replay_start_requested RC 0
+    REGEX "starting state +its live blocks requested under this configuration \\(the recorded segment layout is fixed segments\\): 21 blocks"
+    ARGS replay ${SMALL} --conf expandable_segments:True)
   sp_cli_check(NAME replay_two_traces RC 2 REGEX "more than one trace" ARGS replay ${SMALL} ${SMALL})
   sp_cli_check(NAME replay_repeat_garbage RC 2 REGEX "--repeat takes 1 to 64, not '3x'"
     ARGS replay ${SMALL} --repeat=3x)

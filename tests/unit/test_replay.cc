@@ -216,8 +216,8 @@ TEST_F(Replay, ReplaysRequestsInOrder) {
 // blocks requested under expandable segments, not the 20 MiB segment with its 16 MiB of cached
 // free space, which would otherwise hold the 2 MiB request and set the peak.
 TEST_F(Replay, OtherSegmentKindRequestsTheStartingBlocks) {
-    sp::ScopedEnv env({{"SYMPOOL_ALLOC_CONF", "expandable_segments:True"},
-                       {"SYMPOOL_EXPANDABLE_PAGE", "2MiB"}});
+    sp::ScopedEnv env(
+        {{"SYMPOOL_ALLOC_CONF", "expandable_segments:True"}, {"SYMPOOL_EXPANDABLE_PAGE", "2MiB"}});
     tr_trace_t t;
     std::string err;
     ASSERT_TRUE(load(synthetic(), &t, &err)) << err;
