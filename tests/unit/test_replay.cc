@@ -824,6 +824,8 @@ TEST_F(Replay, PrivatePoolWithoutFinalSegmentsIsRoutedByItsId) {
 // starting state (the final ranges without what the trace mapped, with what it unmapped), with
 // the live blocks in them, as for any other segment.
 TEST_F(Replay, ExpandableSegmentsStartAsTheyWere) {
+    // Replayed with the recorded settings (as `sympool replay` does): the same segment kind.
+    sp::ScopedEnv env({{"SYMPOOL_ALLOC_CONF", "expandable_segments:True"}});
     const uint64_t XS = 0x7b0000000000ull, Y = 0x7a0000000000ull;
     // End: XS has 60 MiB mapped: [10 MiB live since before the trace][10 free][20 allocated in
     // the trace][20 free]. The trace mapped XS+20 MiB (40 MiB) and unmapped all of Y (20 MiB,
