@@ -277,7 +277,8 @@ void sp__options_print(void *file /* FILE * */);
 
 /* Parsers shared with the CLI and the ALLOC_CONF reader. Sizes: "512", "64KiB", "80GiB", "1.5G",
  * "2MB" (K/M/G/T, optional "iB"/"B", binary multiples). Booleans: 1/0, on/off, yes/no,
- * true/false (any case). Return false on malformed input, writing nothing. */
+ * true/false (any case). Return false on malformed input, writing nothing; a well-formed size
+ * too large for a size_t also sets errno to ERANGE. */
 bool sp__parse_size(const char *text, size_t *bytes_p);
 bool sp__parse_bool(const char *text, bool *value_p);
 
