@@ -108,6 +108,16 @@ static bool check_large_seg(opt_value_t *v, bool lenient, opt_notes_t *notes, ch
     return false;
 }
 
+static bool check_exp_page(opt_value_t *v, bool lenient, opt_notes_t *notes, char *why,
+                           size_t why_len) {
+    (void)lenient, (void)notes; /* only ALLOC_CONF parses leniently */
+    if (v->i > (int64_t)SP_EXPANDABLE_PAGE_MAX) {
+        snprintf(why, why_len, "want 0 (PyTorch's 20 MiB) or at most 1GiB");
+        return false;
+    }
+    return true;
+}
+
 static bool check_positive(opt_value_t *v, bool lenient, opt_notes_t *notes, char *why,
                            size_t why_len) {
     (void)lenient, (void)notes; /* only ALLOC_CONF parses leniently */

@@ -348,6 +348,28 @@ TEST_F(CoreTest, OutOfRangeIsNotMalformed) {
     }
 }
 
+// SYMPOOL_EXPANDABLE_PAGE takes any size up to 1 GiB (rounded up to the device's granularity
+// where it is used); past that it is out of range and the default applies.
+TEST_F(CoreTest, ExpandablePageHasACeiling) {
+    expect_warnings();
+    for (const char *ok : {"0", "4096", "2MiB", "3MiB", "20MiB", "1GiB"}) {
+        size_t want = 0;
+        ASSERT_TRUE(sp__parse_size(ok, &want));
+        Env env({{"SYMPOOL_EXPANDABLE_PAGE", ok}});
+        EXPECT_EQ(sp__option_int(SP_OPT_EXPANDABLE_PAGE), (int64_t)want) << ok;
+        EXPECT_EQ(count(SP_LOG_WARN, "SYMPOOL_EXPANDABLE_PAGE"), 0u) << ok;
+    }
+    for (const char *bad : {"1073741825", "2GiB", "1TiB"}) {
+        Env env({{"SYMPOOL_EXPANDABLE_PAGE", bad}});
+        EXPECT_EQ(count(SP_LOG_WARN, std::string("SYMPOOL_EXPANDABLE_PAGE='") + bad +
+                                         "' is out of range (want 0 (PyTorch's 20 MiB) or at "
+                                         "most 1GiB)"),
+                  1u)
+            << bad;
+        EXPECT_EQ(sp__option_int(SP_OPT_EXPANDABLE_PAGE), (int64_t)(2 * MiB)) << bad;
+    }
+}
+
 // A whole number too large for its variable is out of range too, whether it overflows 64 bits
 // or only the option's type; the same digits followed by junk stay malformed.
 TEST_F(CoreTest, TooLargeNumberIsOutOfRangeNotMalformed) {
