@@ -122,6 +122,17 @@ static bool check_local(call_ctx_t *x, const sp_coll_call_t *c, char *why, size_
         snprintf(why, len, "root %d is out of range [0, %d)", c->root, n);
         return false;
     }
+    /* The stream is checked as sp_malloc checks it, even for a no-op, so that a bad handle is
+     * refused on every rank (it feeds the agreement) rather than accepted by a backend that
+     * never touches it. CUDA's pseudo-streams (legacy, per-thread) name a stream on every device.
+     */
+    const char *fn = kind_names[c->kind];
+    if ((uintptr_t)c->stream > 2u && sp__stream_check(c->stream, x->device, fn) != SP_SUCCESS) {
+        const char *m = sp_last_error();
+        size_t k = strlen(fn); /* agree() names the call itself */
+        snprintf(why, len, "%s", strncmp(m, fn, k) == 0 && m[k] == ':' ? m + k + 2 : m);
+        return false;
+    }
     size_t size = sp__coll_dtype_size(c->dtype);
     size_t scale = (c->kind == SP_COLL_ALLREDUCE || c->kind == SP_COLL_BROADCAST) ? 1 : (size_t)n;
     if (c->count > SIZE_MAX / size / scale || c->count > (size_t)INT64_MAX / size / scale) {

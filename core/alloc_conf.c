@@ -56,14 +56,17 @@ static bool span_is(span_t s, const char *word) {
 }
 
 /* Non-negative decimal integer, digits only, no overflow. */
+/* A whole number. One too large for 64 bits reads as UINT64_MAX (a number, which every key's
+ * range check then refuses as out of range, not as malformed). */
 static bool span_uint(span_t s, uint64_t *v_p) {
-    if (s.len == 0 || s.len > 19)
+    if (s.len == 0)
         return false;
     uint64_t v = 0;
     for (size_t i = 0; i < s.len; i++) {
         if (!isdigit((unsigned char)s.p[i]))
             return false;
-        v = v * 10 + (uint64_t)(s.p[i] - '0');
+        uint64_t digit = (uint64_t)(s.p[i] - '0');
+        v = v > (UINT64_MAX - digit) / 10 ? UINT64_MAX : v * 10 + digit;
     }
     *v_p = v;
     return true;
@@ -187,9 +190,14 @@ static bool parse_roundup(span_t v, uint32_t table[N_INTERVALS], char *why, size
 static bool parse_mb(span_t key, span_t v, uint64_t min_mb, size_t *bytes_p, char *why,
                      size_t why_len) {
     uint64_t mb;
-    if (!span_uint(v, &mb) || mb > SIZE_MAX / MiB) {
+    if (!span_uint(v, &mb)) {
         snprintf(why, why_len, "%.*s: '%.*s' is not a whole number of MB", (int)key.len, key.p,
                  (int)v.len, v.p);
+        return false;
+    }
+    if (mb > SIZE_MAX / MiB) {
+        snprintf(why, why_len, "%.*s: %.*s is out of range (at most %llu MB)", (int)key.len, key.p,
+                 (int)v.len, v.p, (unsigned long long)(SIZE_MAX / MiB));
         return false;
     }
     if (mb < min_mb) {

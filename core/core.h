@@ -206,9 +206,9 @@ const char *sp__log_level_name(int level); /* "WARN" */
       "N or [64:8,256:4,>:1] (roundup_power2_divisions); empty = off")                             \
     X(EXPANDABLE_SEGMENTS, BOOL, "0", NULL, NULL, SP_CONF_KEY_EXPANDABLE,                          \
       "expandable segments (expandable_segments): one growing segment per stream and pool kind")   \
-    X(EXPANDABLE_PAGE, SIZE, "2MiB", NULL, NULL, 0,                                                \
-      "ours: large-pool page of expandable segments (rounded up to the device's granularity); "    \
-      "0 = PyTorch's 20 MiB")                                                                      \
+    X(EXPANDABLE_PAGE, SIZE, "2MiB", NULL, check_exp_page, 0,                                      \
+      "ours: large-pool page of expandable segments, at most 1GiB (rounded up to the device's "    \
+      "granularity); 0 = PyTorch's 20 MiB")                                                        \
     X(EXPANDABLE_RECYCLE, BOOL, "1", NULL, NULL, 0,                                                \
       "ours: before the default pool's expandable segments grow, unmap their whole free pages "    \
       "(the memory moves instead of adding up; costs map/unmap calls); 0 = PyTorch's rules")       \
@@ -277,7 +277,8 @@ void sp__options_print(void *file /* FILE * */);
 
 /* Parsers shared with the CLI and the ALLOC_CONF reader. Sizes: "512", "64KiB", "80GiB", "1.5G",
  * "2MB" (K/M/G/T, optional "iB"/"B", binary multiples). Booleans: 1/0, on/off, yes/no,
- * true/false (any case). Return false on malformed input, writing nothing. */
+ * true/false (any case). Return false on malformed input, writing nothing; a well-formed size
+ * too large for a size_t also sets errno to ERANGE. */
 bool sp__parse_size(const char *text, size_t *bytes_p);
 bool sp__parse_bool(const char *text, bool *value_p);
 
@@ -289,6 +290,10 @@ bool sp__parse_bool(const char *text, bool *value_p);
 #define SP_LARGE_SEGMENT_MIN ((size_t)10 << 20)
 #define SP_LARGE_SEGMENT_MAX ((size_t)1 << 40)
 #define SP_LARGE_SEGMENT_STEP ((size_t)2 << 20)
+/* SYMPOOL_EXPANDABLE_PAGE's ceiling: the page is the unit every growth maps, so a page past this
+ * would make every expandable allocation map more than the option exists to save (and one past
+ * the device's memory, fail). */
+#define SP_EXPANDABLE_PAGE_MAX ((size_t)1 << 30)
 
 typedef struct sp_alloc_conf {
     size_t max_split_size;          /* bytes; SIZE_MAX = unlimited */

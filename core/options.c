@@ -108,6 +108,16 @@ static bool check_large_seg(opt_value_t *v, bool lenient, opt_notes_t *notes, ch
     return false;
 }
 
+static bool check_exp_page(opt_value_t *v, bool lenient, opt_notes_t *notes, char *why,
+                           size_t why_len) {
+    (void)lenient, (void)notes; /* only ALLOC_CONF parses leniently */
+    if (v->i > (int64_t)SP_EXPANDABLE_PAGE_MAX) {
+        snprintf(why, why_len, "want 0 (PyTorch's 20 MiB) or at most 1GiB");
+        return false;
+    }
+    return true;
+}
+
 static bool check_positive(opt_value_t *v, bool lenient, opt_notes_t *notes, char *why,
                            size_t why_len) {
     (void)lenient, (void)notes; /* only ALLOC_CONF parses leniently */
@@ -197,11 +207,13 @@ bool sp__parse_size(const char *text, size_t *bytes_p) {
     if (!isdigit((unsigned char)*p)) /* rejects "", "-1", "+1", ".5", "abc" */
         return false;
     uint64_t whole = 0;
+    bool big = false; /* well-formed so far but too large: judged after the syntax */
     for (; isdigit((unsigned char)*p); p++) {
         uint64_t digit = (uint64_t)(*p - '0');
         if (whole > (UINT64_MAX - digit) / 10)
-            return false;
-        whole = whole * 10 + digit;
+            big = true;
+        else
+            whole = whole * 10 + digit;
     }
     uint64_t frac = 0, denom = 1; /* the fraction as frac/denom, up to 9 digits kept */
     if (*p == '.') {
@@ -245,18 +257,22 @@ bool sp__parse_size(const char *text, size_t *bytes_p) {
         p++;
     if (*p != '\0')
         return false;
+    if (shift == 0 && frac != 0)
+        return false; /* a fraction of a byte */
     uint64_t mult = 1ull << shift;
-    if (whole > UINT64_MAX / mult)
+    if (big || whole > UINT64_MAX / mult) {
+        errno = ERANGE; /* a size, but not one a size_t holds: callers say "out of range" */
         return false;
+    }
     uint64_t bytes = whole * mult;
     /* frac/denom * mult < mult <= 2^40 and frac < 10^9, so frac * mult fits in 64 bits... when
      * mult <= 2^34; above that, divide first. */
     uint64_t extra = mult <= (1ull << 34) ? frac * mult / denom
                                           : frac * (mult / denom) + frac * (mult % denom) / denom;
-    if (shift == 0 && frac != 0)
-        return false; /* a fraction of a byte */
-    if (bytes > UINT64_MAX - extra || bytes + extra > (uint64_t)SIZE_MAX)
+    if (bytes > UINT64_MAX - extra || bytes + extra > (uint64_t)SIZE_MAX) {
+        errno = ERANGE;
         return false;
+    }
     *bytes_p = (size_t)(bytes + extra);
     return true;
 }
@@ -265,12 +281,15 @@ static bool parse_long(const char *text, int64_t *v_p) {
     char *end;
     errno = 0;
     long long v = strtoll(text, &end, 10);
-    if (end == text || errno != 0)
+    int err = errno;
+    if (end == text)
         return false;
     while (isspace((unsigned char)*end))
         end++;
-    if (*end != '\0')
+    if (*end != '\0' || err != 0) {
+        errno = *end != '\0' ? 0 : err; /* ERANGE only for a whole number too large */
         return false;
+    }
     *v_p = v;
     return true;
 }
@@ -312,8 +331,11 @@ bool sp__opt_parse(sp_option_t o, const char *text, bool lenient, opt_notes_t *n
             snprintf(why, why_len, "want 1/0, on/off, yes/no or true/false");
         break;
     case K_LONG:
+        errno = 0;
         ok = parse_long(text, &v.i);
-        if (!ok)
+        if (!ok && errno == ERANGE)
+            snprintf(why, why_len, "%swant a whole number that fits 64 bits", SP_OPT_OUT_OF_RANGE);
+        else if (!ok)
             snprintf(why, why_len, "want a whole number");
         break;
     case K_DOUBLE:
@@ -322,9 +344,12 @@ bool sp__opt_parse(sp_option_t o, const char *text, bool lenient, opt_notes_t *n
             snprintf(why, why_len, "want a number");
         break;
     case K_SIZE:
+        errno = 0;
         ok = sp__parse_size(text, &sz) && sz <= (size_t)INT64_MAX;
         v.i = (int64_t)sz;
-        if (!ok)
+        if (!ok && (errno == ERANGE || sz > (size_t)INT64_MAX))
+            snprintf(why, why_len, "%swant less than 8EiB", SP_OPT_OUT_OF_RANGE);
+        else if (!ok)
             snprintf(why, why_len, "want a size such as 512, 64KiB, 1.5G or 80GiB");
         break;
     case K_ENUM:

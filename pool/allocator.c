@@ -752,16 +752,22 @@ static sp_status_t grow_step(sp_devalloc_t *d, sp_bpool_t *bp, size_t size, size
 
 /* A stream is checked on the miss path only: a cache hit implies an earlier miss on the same
  * stream (blocks are keyed by stream), so the hit path stays free of backend calls. */
-static sp_status_t check_stream(const sp_devalloc_t *d, sp_stream_t stream) {
+sp_status_t sp__stream_check(sp_stream_t stream, int device, const char *fn) {
     if (!stream)
         return SP_SUCCESS;
     int sdev = -1;
-    SP_CHECK(sp__g.ops->stream_device(stream, &sdev));
-    if (SP_UNLIKELY(sdev != d->device))
+    if (sp__g.ops->stream_device(stream, &sdev) != SP_SUCCESS)
+        return sp__error(SP_ERR_INVALID_ARGUMENT, SP_SUB_POOL, "%s: %p is not a stream (%s)", fn,
+                         stream, sp_last_error());
+    if (SP_UNLIKELY(sdev != device))
         return sp__error(SP_ERR_INVALID_ARGUMENT, SP_SUB_POOL,
-                         "sp_malloc: stream %p belongs to device %d, not to device %d", stream,
-                         sdev, d->device);
+                         "%s: stream %p belongs to device %d, not to device %d", fn, stream, sdev,
+                         device);
     return SP_SUCCESS;
+}
+
+static sp_status_t check_stream(const sp_devalloc_t *d, sp_stream_t stream) {
+    return sp__stream_check(stream, d->device, "sp_malloc");
 }
 
 /* Hot/cold pair: alloc_malloc is the HOT form, forced inline into sp_malloc so the cache-hit

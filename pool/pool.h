@@ -168,8 +168,11 @@ sp_status_t sp__pool_sym_detach(sp_mempool_t *pool, uint64_t segment_seq, void *
  * finds the device full of sympool's own cache. Returns the bytes released. */
 size_t sp__pool_empty_device_cache(int device);
 
-/* SP_ERR_INVALID_ARGUMENT (naming fn) unless stream is NULL or a stream of the pool's device
- * that the backend knows: sp_malloc's check, for callers that must check before agreeing. */
+/* SP_ERR_INVALID_ARGUMENT (naming fn) unless stream is NULL or a stream of `device` that the
+ * backend knows: sp_malloc's rule, the one every call taking a stream applies. */
+sp_status_t sp__stream_check(sp_stream_t stream, int device, const char *fn);
+
+/* sp__stream_check on the pool's device, for callers that must check before agreeing. */
 sp_status_t sp__pool_check_stream(const sp_mempool_t *pool, sp_stream_t stream, const char *fn);
 
 /* Synchronize the events of this pool's blocks whose frees are pending, completing those frees. */

@@ -187,17 +187,7 @@ size_t sp__pool_empty_device_cache(int device) {
 
 sp_status_t sp__pool_check_stream(const sp_mempool_t *pool, sp_stream_t stream, const char *fn) {
     SP_CHECK(check_pool(pool));
-    if (!stream)
-        return SP_SUCCESS;
-    int sdev = -1;
-    if (sp__g.ops->stream_device(stream, &sdev) != SP_SUCCESS)
-        return sp__error(SP_ERR_INVALID_ARGUMENT, SP_SUB_POOL, "%s: %p is not a stream (%s)", fn,
-                         stream, sp_last_error());
-    if (sdev != pool->device)
-        return sp__error(SP_ERR_INVALID_ARGUMENT, SP_SUB_POOL,
-                         "%s: stream %p belongs to device %d, not to the pool's device %d", fn,
-                         stream, sdev, pool->device);
-    return SP_SUCCESS;
+    return sp__stream_check(stream, pool->device, fn);
 }
 
 sp_status_t sp__pool_sync_pending(sp_mempool_t *pool) {

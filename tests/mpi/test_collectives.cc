@@ -646,6 +646,47 @@ TEST_F(CollectiveArgs, NullBufferOnOneRankFailsEverywhere) {
     still_in_step();
 }
 
+// sp_malloc refuses a handle that is not a stream; a collective must too, on every rank, even
+// where the backend would never touch the stream (host) and for a no-op count.
+TEST_F(CollectiveArgs, BadStreamOnOneRankFailsEverywhere) {
+    if (std::string(sp_backend_name()) != "host")
+        GTEST_SKIP() << "a garbage handle is only safe to pass on the host backend";
+    Buf sb(256, dev_), rb(256, dev_);
+    int bad = n_ - 1;
+    sp_stream_t garbage = (sp_stream_t)(uintptr_t)0x1234;
+    sp_stream_t st = rank_ == bad ? garbage : nullptr;
+    for (size_t count : {(size_t)1, (size_t)0}) {
+        for (int kind = 0; kind < 4; kind++) {
+            sp_status_t s = SP_SUCCESS;
+            switch (kind) {
+            case 0:
+                s = sp_allreduce(w_, sb.p, rb.p, count, SP_INT32, SP_SUM, st);
+                break;
+            case 1:
+                s = sp_broadcast(w_, sb.p, rb.p, count, SP_INT32, 0, st);
+                break;
+            case 2:
+                s = sp_allgather(w_, sb.p, rb.p, count, SP_INT32, st);
+                break;
+            case 3:
+                s = sp_reduce_scatter(w_, sb.p, rb.p, count, SP_INT32, SP_SUM, st);
+                break;
+            }
+            EXPECT_EQ(s, SP_ERR_INVALID_ARGUMENT)
+                << "kind " << kind << " count " << count << ": " << sp::describe(s);
+            std::string msg = sp_last_error();
+            const char *want = rank_ == bad ? "is not a stream" : "rejected its arguments";
+            EXPECT_NE(msg.find(want), std::string::npos) << msg;
+        }
+    }
+    // A stream sympool made for this rank's device is accepted.
+    sp_stream_t good = nullptr;
+    ASSERT_SP_OK(sp_stream_create(dev_, &good));
+    EXPECT_SP_OK(sp_allreduce(w_, sb.p, rb.p, 8, SP_INT32, SP_SUM, good));
+    EXPECT_SP_OK(sp_stream_destroy(good));
+    still_in_step();
+}
+
 TEST_F(CollectiveArgs, ForeignBufferOnOneRankFailsEverywhere) {
     Buf sb(256, dev_), rb(256, dev_);
     std::vector<int32_t> host(64, 0);

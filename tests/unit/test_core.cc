@@ -348,6 +348,72 @@ TEST_F(CoreTest, OutOfRangeIsNotMalformed) {
     }
 }
 
+// SYMPOOL_EXPANDABLE_PAGE takes any size up to 1 GiB (rounded up to the device's granularity
+// where it is used); past that it is out of range and the default applies.
+TEST_F(CoreTest, ExpandablePageHasACeiling) {
+    expect_warnings();
+    for (const char *ok : {"0", "4096", "2MiB", "3MiB", "20MiB", "1GiB"}) {
+        size_t want = 0;
+        ASSERT_TRUE(sp__parse_size(ok, &want));
+        Env env({{"SYMPOOL_EXPANDABLE_PAGE", ok}});
+        EXPECT_EQ(sp__option_int(SP_OPT_EXPANDABLE_PAGE), (int64_t)want) << ok;
+        EXPECT_EQ(count(SP_LOG_WARN, "SYMPOOL_EXPANDABLE_PAGE"), 0u) << ok;
+    }
+    for (const char *bad : {"1073741825", "2GiB", "1TiB"}) {
+        Env env({{"SYMPOOL_EXPANDABLE_PAGE", bad}});
+        EXPECT_EQ(count(SP_LOG_WARN, std::string("SYMPOOL_EXPANDABLE_PAGE='") + bad +
+                                         "' is out of range (want 0 (PyTorch's 20 MiB) or at "
+                                         "most 1GiB)"),
+                  1u)
+            << bad;
+        EXPECT_EQ(sp__option_int(SP_OPT_EXPANDABLE_PAGE), (int64_t)(2 * MiB)) << bad;
+    }
+}
+
+// A whole number too large for its variable is out of range too, whether it overflows 64 bits
+// or only the option's type; the same digits followed by junk stay malformed.
+TEST_F(CoreTest, TooLargeNumberIsOutOfRangeNotMalformed) {
+    expect_warnings();
+    const struct {
+        sp_option_t opt;
+        const char *name, *value;
+    } big[] = {
+        {SP_OPT_HOST_CAPACITY, "SYMPOOL_HOST_CAPACITY", "18446744073709551615"}, // past int64
+        {SP_OPT_HOST_CAPACITY, "SYMPOOL_HOST_CAPACITY", "18446744073709551616"}, // past 64 bits
+        {SP_OPT_HOST_CAPACITY, "SYMPOOL_HOST_CAPACITY", "999999999999999999999GiB"},
+        {SP_OPT_HOST_CAPACITY, "SYMPOOL_HOST_CAPACITY", "16777216TiB"}, // 2^64 bytes
+        {SP_OPT_HOST_FAIL_AFTER, "SYMPOOL_HOST_FAIL_AFTER", "99999999999999999999"},
+    };
+    for (const auto &b : big) {
+        Env env({{b.name, b.value}});
+        std::string head = std::string(b.name) + "='" + b.value + "' is ";
+        EXPECT_EQ(count(SP_LOG_WARN, head + "out of range"), 1u) << b.name << "=" << b.value;
+        EXPECT_EQ(count(SP_LOG_WARN, head + "malformed"), 0u) << b.name << "=" << b.value;
+        EXPECT_EQ(sp__option_source(b.opt), SP_OPT_SRC_DEFAULT) << b.name << "=" << b.value;
+    }
+    {
+        Env env({{"SYMPOOL_HOST_CAPACITY", "18446744073709551616x"}});
+        EXPECT_EQ(count(SP_LOG_WARN, "SYMPOOL_HOST_CAPACITY='18446744073709551616x' is malformed"),
+                  1u);
+    }
+    {
+        Env env({{"SYMPOOL_HOST_FAIL_AFTER", "99999999999999999999x"}});
+        EXPECT_EQ(
+            count(SP_LOG_WARN, "SYMPOOL_HOST_FAIL_AFTER='99999999999999999999x' is malformed"), 1u);
+    }
+    sp_alloc_conf_t c;
+    for (const char *text :
+         {"max_split_size_mb:17592186044416", "max_split_size_mb:99999999999999999999999",
+          "max_non_split_rounding_mb:18446744073709551615"}) {
+        sp__error_clear();
+        EXPECT_SP_STATUS(sp__alloc_conf_parse(text, &c), SP_ERR_INVALID_ARGUMENT);
+        EXPECT_NE(std::string(sp_last_error()).find("is out of range"), std::string::npos)
+            << text << " -> " << sp_last_error();
+        EXPECT_EQ(std::string(sp_last_error()).find("not a whole number"), std::string::npos)
+            << text << " -> " << sp_last_error();
+    }
+}
+
 // A message that quotes the previous one (sp_last_error() as its own argument) comes out whole:
 // it used to be formatted into the buffer it was read from.
 TEST_F(CoreTest, ErrorQuotingThePreviousErrorIsWhole) {

@@ -107,6 +107,20 @@ TEST_F(Expandable, GrowsAtTheEndInWholePages) {
     EXPECT_EQ(stat("inactive_split_bytes.all.current"), 0);
 }
 
+// A page past SYMPOOL_EXPANDABLE_PAGE's ceiling is refused at start-up (the default applies),
+// instead of making every expandable allocation run out of memory.
+TEST_F(Expandable, HugePageOptionFallsBackToTheDefault) {
+    expect_warnings();
+    sp::ScopedEnv env(
+        {{"SYMPOOL_ALLOC_CONF", "expandable_segments:True"}, {"SYMPOOL_EXPANDABLE_PAGE", "1TiB"}});
+    SP_SKIP_UNLESS_HOST();
+    EXPECT_EQ(sp__option_int(SP_OPT_EXPANDABLE_PAGE), (int64_t)(2 * MiB));
+    void *a;
+    ASSERT_SP_OK(sp_malloc(3 * MiB, 0, nullptr, &a)); // two 2 MiB pages
+    EXPECT_EQ(stat("reserved_bytes.large_pool.current"), (int64_t)(4 * MiB));
+    ASSERT_SP_OK(sp_free(a));
+}
+
 TEST_F(Expandable, FreeBlockPlusUnmappedTailIsReusedBeforeMapping) {
     sp::ScopedEnv env({{"SYMPOOL_ALLOC_CONF", "expandable_segments:True"}, PYTORCH_PAGES});
     SP_SKIP_UNLESS_HOST();
