@@ -53,6 +53,9 @@ typedef struct cli_json {
 } cli_json_t;
 
 void cj_init(cli_json_t *j, FILE *f);
+/* s (NULL: "") as one JSON string, quotes included, escaped as the writer does; for one-line
+ * records written without the writer (replay's --json lines). */
+void cj_write_string(FILE *f, const char *s);
 /* key: the member's name inside an object; NULL inside an array and for the document itself. */
 void cj_object(cli_json_t *j, const char *key);
 void cj_array(cli_json_t *j, const char *key);

@@ -35,7 +35,7 @@ static int utf8_len(const unsigned char *s) {
     return n;
 }
 
-static void put_string(FILE *f, const char *s) {
+void cj_write_string(FILE *f, const char *s) {
     const unsigned char *p = (const unsigned char *)(s ? s : "");
     fputc('"', f);
     while (*p) {
@@ -73,7 +73,7 @@ static void item(cli_json_t *j, const char *key) {
         fprintf(j->f, "\n%*s", 2 * j->depth, "");
     }
     if (key != NULL) {
-        put_string(j->f, key);
+        cj_write_string(j->f, key);
         fputs(": ", j->f);
     }
 }
@@ -109,7 +109,7 @@ void cj_end(cli_json_t *j, char c) {
 
 void cj_str(cli_json_t *j, const char *key, const char *v) {
     item(j, key);
-    put_string(j->f, v);
+    cj_write_string(j->f, v);
 }
 
 void cj_int(cli_json_t *j, const char *key, int64_t v) {

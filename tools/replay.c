@@ -577,57 +577,38 @@ static void log_filter(int level, const char *line, void *arg) {
     fprintf(stderr, "%s\n", line);
 }
 
-/* s with JSON's '"' and '\\' escaped and control characters dropped, into buf. */
-static const char *json_text(const char *s, char *buf, size_t len) {
-    size_t k = 0;
-    for (; s && *s && k + 2 < len; s++) {
-        if (*s == '"' || *s == '\\')
-            buf[k++] = '\\';
-        if ((unsigned char)*s >= 0x20)
-            buf[k++] = *s;
-    }
-    buf[k] = '\0';
-    return buf;
-}
-
 static void print_json(const char *trace, const replay_result_t *r, const char *conf,
                        const char *settings, const char *capacity) {
-    char conf_buf[1024], set_buf[1024], cap_buf[128];
-    conf = json_text(conf, conf_buf, sizeof(conf_buf));
-    settings = json_text(settings, set_buf, sizeof(set_buf));
-    capacity = json_text(capacity, cap_buf, sizeof(cap_buf));
-    printf("{\"trace\":\"");
-    for (const char *p = trace; *p; p++) {
-        if (*p == '"' || *p == '\\')
-            putchar('\\');
-        if ((unsigned char)*p >= 0x20)
-            putchar(*p);
-    }
-    printf(
-        "\",\"backend\":\"%s\",\"devices\":%d,\"trace_entries\":%zu,\"events\":%zu,"
-        "\"allocs\":%zu,\"frees\":%zu,\"seeded_blocks\":%zu,\"seeded_bytes\":%llu,"
-        "\"peak_requested_bytes\":%lld,\"peak_allocated_bytes\":%lld,"
-        "\"peak_reserved_bytes\":%lld,\"pytorch_peak_reserved_bytes\":%llu,"
-        "\"pytorch_final_reserved_bytes\":%llu,\"trace_peak_requested_bytes\":%llu,"
-        "\"end_reserved_bytes\":%lld,\"end_allocated_bytes\":%lld,"
-        "\"end_inactive_split_bytes\":%lld,\"pytorch_end_allocated_bytes\":%llu,"
-        "\"ooms\":%zu,\"recorded_ooms\":%zu,\"skipped_frees\":%zu,\"ns_per_event\":%.1f,"
-        "\"num_device_alloc\":%lld,\"num_device_free\":%lld,"
-        "\"start_segments\":%zu,\"start_bytes\":%llu,\"pytorch_start_reserved_bytes\":%llu,"
-        "\"empty_caches\":%zu,\"deferred_frees\":%zu,"
-        "\"conf\":\"%s\",\"settings\":\"%s\",\"capacity\":\"%s\","
-        "\"starting_state\":\"%s\"}\n",
-        sp_backend_name(), r->devices, r->trace_entries, r->events, r->allocs, r->frees,
-        r->seeded_blocks, (unsigned long long)r->seeded_bytes, (long long)r->peak_requested,
-        (long long)r->peak_allocated, (long long)r->peak_reserved,
-        (unsigned long long)r->pytorch_peak_reserved, (unsigned long long)r->pytorch_final_reserved,
-        (unsigned long long)r->trace_peak_requested, (long long)r->end_reserved,
-        (long long)r->end_allocated, (long long)r->end_inactive_split,
-        (unsigned long long)r->pytorch_end_allocated, r->ooms, r->recorded_ooms, r->skipped_frees,
-        r->ns_per_event, (long long)r->device_allocs, (long long)r->device_frees, r->start_segments,
-        (unsigned long long)r->start_bytes, (unsigned long long)r->pytorch_start_reserved,
-        r->empty_caches, r->deferred_frees, conf ? conf : "", settings ? settings : "",
-        capacity ? capacity : "", r->start_requested ? "requested" : "recorded_segments");
+    printf("{\"trace\":");
+    cj_write_string(stdout, trace);
+    printf(",\"backend\":\"%s\",\"devices\":%d,\"trace_entries\":%zu,\"events\":%zu,"
+           "\"allocs\":%zu,\"frees\":%zu,\"seeded_blocks\":%zu,\"seeded_bytes\":%llu,"
+           "\"peak_requested_bytes\":%lld,\"peak_allocated_bytes\":%lld,"
+           "\"peak_reserved_bytes\":%lld,\"pytorch_peak_reserved_bytes\":%llu,"
+           "\"pytorch_final_reserved_bytes\":%llu,\"trace_peak_requested_bytes\":%llu,"
+           "\"end_reserved_bytes\":%lld,\"end_allocated_bytes\":%lld,"
+           "\"end_inactive_split_bytes\":%lld,\"pytorch_end_allocated_bytes\":%llu,"
+           "\"ooms\":%zu,\"recorded_ooms\":%zu,\"skipped_frees\":%zu,\"ns_per_event\":%.1f,"
+           "\"num_device_alloc\":%lld,\"num_device_free\":%lld,"
+           "\"start_segments\":%zu,\"start_bytes\":%llu,\"pytorch_start_reserved_bytes\":%llu,"
+           "\"empty_caches\":%zu,\"deferred_frees\":%zu,\"conf\":",
+           sp_backend_name(), r->devices, r->trace_entries, r->events, r->allocs, r->frees,
+           r->seeded_blocks, (unsigned long long)r->seeded_bytes, (long long)r->peak_requested,
+           (long long)r->peak_allocated, (long long)r->peak_reserved,
+           (unsigned long long)r->pytorch_peak_reserved,
+           (unsigned long long)r->pytorch_final_reserved,
+           (unsigned long long)r->trace_peak_requested, (long long)r->end_reserved,
+           (long long)r->end_allocated, (long long)r->end_inactive_split,
+           (unsigned long long)r->pytorch_end_allocated, r->ooms, r->recorded_ooms,
+           r->skipped_frees, r->ns_per_event, (long long)r->device_allocs,
+           (long long)r->device_frees, r->start_segments, (unsigned long long)r->start_bytes,
+           (unsigned long long)r->pytorch_start_reserved, r->empty_caches, r->deferred_frees);
+    cj_write_string(stdout, conf);
+    printf(",\"settings\":");
+    cj_write_string(stdout, settings);
+    printf(",\"capacity\":");
+    cj_write_string(stdout, capacity);
+    printf(",\"starting_state\":\"%s\"}\n", r->start_requested ? "requested" : "recorded_segments");
 }
 
 #define MAX_COMPARE 32

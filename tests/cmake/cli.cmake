@@ -6,7 +6,8 @@ set(SP_CLI_TOOL_SOURCES
   ${PROJECT_SOURCE_DIR}/tools/pickle_read.c
   ${PROJECT_SOURCE_DIR}/tools/trace.c
   ${PROJECT_SOURCE_DIR}/tools/replay.c
-  ${PROJECT_SOURCE_DIR}/tools/cli_util.c)
+  ${PROJECT_SOURCE_DIR}/tools/cli_util.c
+  ${PROJECT_SOURCE_DIR}/tools/cli_json.c)
 # test_history exports its symbols (-rdynamic) so that dladdr can name the C frames it checks.
 if(TARGET test_history)
   set_target_properties(test_history PROPERTIES ENABLE_EXPORTS ON)
