@@ -40,6 +40,15 @@ if(TARGET sympool_cli)
   set_tests_properties(cli.replay_json PROPERTIES LABELS "unit;cli" TIMEOUT 120
     PASS_REGULAR_EXPRESSION "\"events\":[0-9]+,.*\"peak_requested_bytes\":[0-9]+,\"peak_allocated_bytes\":[0-9]+,\"peak_reserved_bytes\":[0-9]+,\"pytorch_peak_reserved_bytes\":[0-9]+,.*\"ooms\":0,.*\"ns_per_event\":[0-9.]+")
 
+  find_package(Python3 COMPONENTS Interpreter QUIET)
+  if(Python3_EXECUTABLE)
+    add_test(NAME cli.replay_json_strings
+      COMMAND ${Python3_EXECUTABLE} ${PROJECT_SOURCE_DIR}/tests/cli/replay_json_strings.py
+              $<TARGET_FILE:sympool_cli> ${PROJECT_SOURCE_DIR}/tests/data/trace-gc-tiny.json)
+    set_tests_properties(cli.replay_json_strings PROPERTIES LABELS "unit;cli;python" TIMEOUT 60
+      PASS_REGULAR_EXPRESSION "^ok")
+  endif()
+
   # Extreme but legal values (sizes near 2^64, time_us at +-2^63 or going backwards, an alloc
   # at address 0, sums past 4 EiB): each command handles the snapshot or refuses it naming the
   # field. The snapshots are written by the script; the same ones are in tests/fuzz/repro.
