@@ -235,6 +235,11 @@ static cudaError_t use_ctx(const char *fn, int dev) {
         return rt_fail(fn, (cudaError_t)s, "device %d's context has a sticky error", dev);
     return cudaSuccess;
 }
+/* After a call that itself succeeded: the device's sticky error, if it has one, still fails it. */
+static cudaError_t sticky_after(const char *fn, int dev) {
+    int st = dbl_sticky(dev);
+    return st ? rt_fail(fn, (cudaError_t)st, "sticky") : cudaSuccess;
+}
 #define CTX(fn, dev)                                                                               \
     do {                                                                                           \
         cudaError_t c_ = use_ctx(fn, dev);                                                         \
@@ -718,8 +723,7 @@ DBL_EXPORT cudaError_t cudaStreamDestroy(cudaStream_t h) {
     pthread_mutex_unlock(&g_rt);
     if (e != cudaSuccess)
         return rt_fail("cudaStreamDestroy", e, "stream %p", h);
-    int st = dbl_sticky(dev);
-    return st ? rt_fail("cudaStreamDestroy", (cudaError_t)st, "sticky") : cudaSuccess;
+    return sticky_after("cudaStreamDestroy", dev);
 }
 
 DBL_EXPORT cudaError_t cudaStreamSynchronize(cudaStream_t h) {
@@ -946,8 +950,7 @@ DBL_EXPORT cudaError_t cudaEventRecord(cudaEvent_t h, cudaStream_t stream) {
     pthread_mutex_unlock(&g_rt);
     if (err != cudaSuccess)
         return rt_fail("cudaEventRecord", err, "event %p on stream %p: %s", h, stream, why);
-    int st = dbl_sticky(dev);
-    return st ? rt_fail("cudaEventRecord", (cudaError_t)st, "sticky") : cudaSuccess;
+    return sticky_after("cudaEventRecord", dev);
 }
 
 /* cudaErrorNotReady is an answer, not a failure: not kept as the last error (PyTorch's
@@ -967,8 +970,7 @@ DBL_EXPORT cudaError_t cudaEventQuery(cudaEvent_t h) {
         return err;
     if (err != cudaSuccess)
         return rt_fail("cudaEventQuery", err, "event %p", h);
-    int st = dbl_sticky(dev);
-    return st ? rt_fail("cudaEventQuery", (cudaError_t)st, "sticky") : cudaSuccess;
+    return sticky_after("cudaEventQuery", dev);
 }
 
 DBL_EXPORT cudaError_t cudaEventSynchronize(cudaEvent_t h) {
@@ -985,6 +987,5 @@ DBL_EXPORT cudaError_t cudaEventSynchronize(cudaEvent_t h) {
     pthread_mutex_unlock(&g_rt);
     if (err != cudaSuccess)
         return rt_fail("cudaEventSynchronize", err, "event %p", h);
-    int st = dbl_sticky(dev);
-    return st ? rt_fail("cudaEventSynchronize", (cudaError_t)st, "sticky") : cudaSuccess;
+    return sticky_after("cudaEventSynchronize", dev);
 }

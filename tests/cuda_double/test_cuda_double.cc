@@ -328,6 +328,18 @@ template <typename F> bool ranks(int n, F body) {
     return ok;
 }
 
+// body(rank, comm) on two ranks, rank r on device r in a communicator from `id`; a rank whose
+// communicator cannot be made fails.
+template <typename F> bool comm_ranks(const ncclUniqueId &id, F body) {
+    return ranks(2, [&](int r) {
+        cudaSetDevice(r);
+        ncclComm_t c = nullptr;
+        if (ncclCommInitRank(&c, 2, id, r) != ncclSuccess)
+            return false;
+        return body(r, c);
+    });
+}
+
 TEST(CudaDoubleNccl, AvgPremultipliesFloatsAndDividesIntegers) {
     NEED_DOUBLE();
     ncclUniqueId id;
@@ -444,11 +456,7 @@ TEST(CudaDoubleNccl, WindowRules) {
     NEED_DOUBLE();
     ncclUniqueId id;
     ASSERT_EQ(ncclGetUniqueId(&id), ncclSuccess);
-    EXPECT_TRUE(ranks(2, [&](int r) {
-        cudaSetDevice(r);
-        ncclComm_t c = nullptr;
-        if (ncclCommInitRank(&c, 2, id, r) != ncclSuccess)
-            return false;
+    EXPECT_TRUE(comm_ranks(id, [&](int r, ncclComm_t c) {
         bool ok = true;
         void *m = nullptr, *plain = nullptr;
         ok = ok && ncclMemAlloc(&m, 3 << 20) == ncclSuccess && m != nullptr;
@@ -483,11 +491,7 @@ TEST(CudaDoubleNccl, AnAbortReachesThePeers) {
     NEED_DOUBLE();
     ncclUniqueId id;
     ASSERT_EQ(ncclGetUniqueId(&id), ncclSuccess);
-    EXPECT_TRUE(ranks(2, [&](int r) {
-        cudaSetDevice(r);
-        ncclComm_t c = nullptr;
-        if (ncclCommInitRank(&c, 2, id, r) != ncclSuccess)
-            return false;
+    EXPECT_TRUE(comm_ranks(id, [&](int r, ncclComm_t c) {
         if (r == 1)
             return ncclCommAbort(c) == ncclSuccess;
         void *b = nullptr;

@@ -26,16 +26,24 @@ extern "C" {
 
 namespace {
 
-class SymmetricGpu : public sp::Test {};
+// Every test here needs NCCL and the GPU, driven by rank 0 alone.
+class SymmetricGpu : public sp::Test {
+  protected:
+    void SetUp() override {
+        sp::Test::SetUp();
+#if !defined(SP_TEST_HAVE_NCCL)
+        GTEST_SKIP() << "sympool built without NCCL";
+#else
+        if (!sp::on_gpu())
+            GTEST_SKIP() << "no GPU: the host backend uses the mpi registrar (other tests)";
+        if (mpi_rank() != 0)
+            GTEST_SKIP() << "rank 0 alone drives the GPU (NCCL refuses shared GPUs in one comm)";
+#endif
+    }
+};
 
 TEST_F(SymmetricGpu, NcclWindowAllocationAndAllReduceOnOneRank) {
-#if !defined(SP_TEST_HAVE_NCCL)
-    GTEST_SKIP() << "sympool built without NCCL";
-#else
-    if (!sp::on_gpu())
-        GTEST_SKIP() << "no GPU: the host backend uses the mpi registrar (other tests)";
-    if (mpi_rank() != 0)
-        GTEST_SKIP() << "rank 0 alone drives the GPU (NCCL refuses shared GPUs in one comm)";
+#if defined(SP_TEST_HAVE_NCCL)
     sp_world_t *w = nullptr;
     ASSERT_SP_OK(sp_world_from_comm(MPI_COMM_SELF, &w));
     ASSERT_NE(sp__world_nccl_comm(w), nullptr);
@@ -82,13 +90,7 @@ TEST_F(SymmetricGpu, NcclWindowAllocationAndAllReduceOnOneRank) {
 // registration); sympool infers the support from NCCL's own rule and says so instead of claiming
 // symmetric kernels apply. NCCL_WIN_ENABLE=0, set before the communicator exists, turns it off.
 TEST_F(SymmetricGpu, WindowWithoutSymmetricSupportIsSaidToBeLocal) {
-#if !defined(SP_TEST_HAVE_NCCL)
-    GTEST_SKIP() << "sympool built without NCCL";
-#else
-    if (!sp::on_gpu())
-        GTEST_SKIP() << "no GPU: the host backend uses the mpi registrar (other tests)";
-    if (mpi_rank() != 0)
-        GTEST_SKIP() << "rank 0 alone drives the GPU (NCCL refuses shared GPUs in one comm)";
+#if defined(SP_TEST_HAVE_NCCL)
     sp::ScopedEnv env({{"NCCL_WIN_ENABLE", "0"}});
     sp_world_t *w = nullptr;
     ASSERT_SP_OK(sp_world_from_comm(MPI_COMM_SELF, &w));

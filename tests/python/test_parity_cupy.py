@@ -103,24 +103,22 @@ def test_free_stream(sp, pool, stream):
 def test_free_merge(sp, pool):
     p = pool.malloc(UNIT * 4)
     sp.free(p)
-    # merge head into tail
-    head = pool.malloc(UNIT * 2)
-    tail = pool.malloc(UNIT * 2)
-    assert head == p
-    sp.free(tail)
-    sp.free(head)
-    q = pool.malloc(UNIT * 4)
-    assert q == p
-    sp.free(q)
-    # merge tail into head
-    head = pool.malloc(UNIT * 2)
-    tail = pool.malloc(UNIT * 2)
-    assert head == p
-    sp.free(head)
-    sp.free(tail)
-    q = pool.malloc(UNIT * 4)
-    assert q == p
-    sp.free(q)
+
+    # Splits p in two and frees the halves in the given order: whichever is freed second must
+    # merge with the first, or p would not come back whole.
+    def split_and_merge(first, second):
+        head = pool.malloc(UNIT * 2)
+        tail = pool.malloc(UNIT * 2)
+        assert head == p
+        halves = {"head": head, "tail": tail}
+        sp.free(halves[first])
+        sp.free(halves[second])
+        q = pool.malloc(UNIT * 4)
+        assert q == p
+        sp.free(q)
+
+    split_and_merge("tail", "head")  # merge head into tail
+    split_and_merge("head", "tail")  # merge tail into head
     assert pool.n_free_blocks() == 1  # everything merged back into one segment-sized block
 
 

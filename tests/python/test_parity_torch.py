@@ -28,6 +28,25 @@ def run_child(body, **env):
     return r.stdout
 
 
+def counting_allocator():
+    """An (alloc, free) pair for sp.MemPool over host buffers, and the dict counting its calls."""
+    import ctypes
+    calls = {"alloc": 0, "free": 0}
+    bufs = {}
+
+    def alloc(size, device, stream):
+        calls["alloc"] += 1
+        b = ctypes.create_string_buffer(size)
+        bufs[ctypes.addressof(b)] = b
+        return ctypes.addressof(b)
+
+    def free(ptr, size, device, stream):
+        calls["free"] += 1
+        del bufs[ptr]
+
+    return calls, (alloc, free)
+
+
 def test_memory_allocation(sp):
     gc.collect()
     sp.empty_cache()
@@ -557,21 +576,8 @@ def test_mempool_use_count_and_segments(sp):
 
 
 def test_mempool_with_allocator_calls(sp):
-    calls = {"alloc": 0, "free": 0}
-    import ctypes
-    bufs = {}
-
-    def alloc(size, device, stream):
-        calls["alloc"] += 1
-        b = ctypes.create_string_buffer(size)
-        bufs[ctypes.addressof(b)] = b
-        return ctypes.addressof(b)
-
-    def free(ptr, size, device, stream):
-        calls["free"] += 1
-        del bufs[ptr]
-
-    pool = sp.MemPool((alloc, free))
+    calls, allocator = counting_allocator()
+    pool = sp.MemPool(allocator)
     with sp.use_mem_pool(pool):
         p = sp.malloc(1024 * 1024)
     assert calls == {"alloc": 1, "free": 0}
@@ -847,21 +853,8 @@ def test_deleted_mempool_not_used_on_oom(sp):
 
 
 def test_tensor_delete_after_allocator_delete(sp):
-    import ctypes
-    calls = {"alloc": 0, "free": 0}
-    bufs = {}
-
-    def alloc(size, device, stream):
-        calls["alloc"] += 1
-        b = ctypes.create_string_buffer(size)
-        bufs[ctypes.addressof(b)] = b
-        return ctypes.addressof(b)
-
-    def free(ptr, size, device, stream):
-        calls["free"] += 1
-        del bufs[ptr]
-
-    pool = sp.MemPool((alloc, free))
+    calls, allocator = counting_allocator()
+    pool = sp.MemPool(allocator)
     with sp.use_mem_pool(pool):
         data = sp.malloc(16)
     assert calls == {"alloc": 1, "free": 0}

@@ -138,6 +138,20 @@ bool load(const std::vector<unsigned char> &b, tr_trace_t *t, std::string *err) 
     return ok;
 }
 
+// The synthetic snapshot replayed under the current settings, no snapshot written; the trace is
+// freed.
+bool replay_synthetic(replay_result_t *r, std::string *why) {
+    tr_trace_t t;
+    bool ok = load(synthetic(), &t, why);
+    if (ok) {
+        char buf[256] = "";
+        ok = replay_trace(&t, nullptr, r, buf, sizeof(buf));
+        *why = buf;
+    }
+    tr_free(&t);
+    return ok;
+}
+
 class Replay : public sp::Test {};
 
 TEST_F(Replay, FindsSeedsAndPyTorchReserved) {
@@ -179,12 +193,9 @@ TEST_F(Replay, FindsSeedsAndPyTorchReserved) {
 }
 
 TEST_F(Replay, ReplaysRequestsInOrder) {
-    tr_trace_t t;
-    std::string err;
-    ASSERT_TRUE(load(synthetic(), &t, &err)) << err;
     replay_result_t r;
-    char why[256] = "";
-    ASSERT_TRUE(replay_trace(&t, nullptr, &r, why, sizeof(why))) << why;
+    std::string why;
+    ASSERT_TRUE(replay_synthetic(&r, &why)) << why;
     EXPECT_EQ(r.trace_entries, 8u);
     EXPECT_EQ(r.allocs, 2u);
     EXPECT_EQ(r.frees, 2u);
@@ -208,7 +219,6 @@ TEST_F(Replay, ReplaysRequestsInOrder) {
     EXPECT_EQ((uint64_t)r.peak_reserved, r.pytorch_peak_reserved);
     EXPECT_EQ(r.end_reserved, (int64_t)(20 * MiB));
     EXPECT_EQ(r.device_frees, 1);
-    tr_free(&t);
 }
 
 // The recorded run used fixed segments (the snapshot records no settings: PyTorch's default);
@@ -218,12 +228,9 @@ TEST_F(Replay, ReplaysRequestsInOrder) {
 TEST_F(Replay, OtherSegmentKindRequestsTheStartingBlocks) {
     sp::ScopedEnv env(
         {{"SYMPOOL_ALLOC_CONF", "expandable_segments:True"}, {"SYMPOOL_EXPANDABLE_PAGE", "2MiB"}});
-    tr_trace_t t;
-    std::string err;
-    ASSERT_TRUE(load(synthetic(), &t, &err)) << err;
     replay_result_t r;
-    char why[256] = "";
-    ASSERT_TRUE(replay_trace(&t, nullptr, &r, why, sizeof(why))) << why;
+    std::string why;
+    ASSERT_TRUE(replay_synthetic(&r, &why)) << why;
     EXPECT_TRUE(r.start_requested);
     EXPECT_EQ(r.start_segments, 0u);
     EXPECT_EQ(r.start_bytes, 0u);
@@ -235,22 +242,17 @@ TEST_F(Replay, OtherSegmentKindRequestsTheStartingBlocks) {
     // run's 22 MiB.
     EXPECT_EQ(r.peak_reserved, (int64_t)(8 * MiB));
     EXPECT_EQ(r.end_allocated, (int64_t)(6 * MiB));
-    tr_free(&t);
 }
 
 // With the recorded segment kind the recorded segments are rebuilt.
 TEST_F(Replay, SameSegmentKindRebuildsTheRecordedSegments) {
     sp::ScopedEnv env({{"SYMPOOL_ALLOC_CONF", "expandable_segments:False"}});
-    tr_trace_t t;
-    std::string err;
-    ASSERT_TRUE(load(synthetic(), &t, &err)) << err;
     replay_result_t r;
-    char why[256] = "";
-    ASSERT_TRUE(replay_trace(&t, nullptr, &r, why, sizeof(why))) << why;
+    std::string why;
+    ASSERT_TRUE(replay_synthetic(&r, &why)) << why;
     EXPECT_FALSE(r.start_requested);
     EXPECT_EQ(r.start_segments, 1u);
     EXPECT_EQ((uint64_t)r.peak_reserved, r.pytorch_peak_reserved);
-    tr_free(&t);
 }
 
 TEST_F(Replay, WritesOurSnapshotOfTheReplay) {
@@ -292,15 +294,11 @@ TEST_F(Replay, WritesOurSnapshotOfTheReplay) {
 TEST_F(Replay, CapacityTurnsIntoCountedOoms) {
     expect_warnings();
     sp::ScopedEnv env({{"SYMPOOL_HOST_CAPACITY", "16MiB"}});
-    tr_trace_t t;
-    std::string err;
-    ASSERT_TRUE(load(synthetic(), &t, &err)) << err;
     replay_result_t r;
-    char why[256] = "";
-    ASSERT_TRUE(replay_trace(&t, nullptr, &r, why, sizeof(why))) << why;
+    std::string why;
+    ASSERT_TRUE(replay_synthetic(&r, &why)) << why;
     EXPECT_GE(r.ooms, 1u); // the 4 MiB seed needs a 20 MiB segment
     EXPECT_LE(r.peak_reserved, (int64_t)(16 * MiB));
-    tr_free(&t);
 }
 
 TEST_F(Replay, BadTracesAreExplained) {
