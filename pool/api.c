@@ -69,25 +69,27 @@ static void dev_fini(sp_devalloc_t *d) {
     free(d->segs);
 }
 
+/* The cap of a fraction in [0, 1] of the device (d->lock, or d not yet shared): one place for
+ * start-up (ALLOC_CONF) and sp_set_memory_fraction, so the two cannot set it differently. */
+static void set_fraction(sp_devalloc_t *d, double f) {
+    d->allowed_max = f < 1.0 ? (size_t)(f * (double)d->total_mem) : SIZE_MAX;
+    d->fraction = f;
+    d->gc_enabled = d->allowed_max != SIZE_MAX && sp__g.conf.gc_threshold > 0.0;
+}
+
 static sp_status_t dev_init(sp_devalloc_t *d, int device) {
     memset(d, 0, sizeof(*d));
     atomic_init(&d->lock.v, 0);
     d->device = device;
     sp__block_slabs_adopt(d);
-    d->allowed_max = SIZE_MAX;
-    d->fraction = 1.0;
     sp__stats_init(&d->stats, sp__g.conf.max_split_size);
     size_t total = 0;
     /* Not mem_get_info: on cuda that would make a context on every device at start-up. */
     SP_CHECK(sp__g.ops->mem_total(device, &total));
     d->total_mem = total;
-    /* ALLOC_CONF's per_process_memory_fraction: as sp_set_memory_fraction at start-up. */
-    double f = sp__g.conf.memory_fraction;
-    if (f >= 0.0 && f < 1.0) {
-        d->allowed_max = (size_t)(f * (double)total);
-        d->fraction = f;
-        d->gc_enabled = sp__g.conf.gc_threshold > 0.0;
-    }
+    /* ALLOC_CONF's per_process_memory_fraction (1.0 when unset): as sp_set_memory_fraction at
+     * start-up. */
+    set_fraction(d, sp__g.conf.memory_fraction);
     SP_CHECK(sp__ptr_map_init(&d->map));
     d->default_pool = sp__mempool_new(d, NULL, true, false);
     if (!d->default_pool)
@@ -316,9 +318,7 @@ SP_EXPORT sp_status_t sp_set_memory_fraction(double fraction, int device) {
         return sp__error(SP_ERR_INVALID_ARGUMENT, SP_SUB_POOL,
                          "sp_set_memory_fraction: %g is outside [0, 1]", fraction);
     sp__lock(&d->lock);
-    d->allowed_max = fraction < 1.0 ? (size_t)(fraction * (double)d->total_mem) : SIZE_MAX;
-    d->fraction = fraction;
-    d->gc_enabled = d->allowed_max != SIZE_MAX && sp__g.conf.gc_threshold > 0.0;
+    set_fraction(d, fraction);
     sp__unlock(&d->lock);
     return SP_SUCCESS;
 }
