@@ -82,6 +82,8 @@ SP_EXPORT void sp_x_symmetric_counters(int device, sp_x_symmetric_counters_t *co
 #endif
 
 SP_EXPORT sp_status_t sp_x_file_write_atomic(const char *path, const void *buf, size_t len) {
+    SP_ARG_CHECK(path != NULL && path[0] != '\0', SP_SUB_HISTORY,
+                 "sp_x_file_write_atomic: path is NULL or empty");
     SP_ARG_CHECK(buf != NULL || len == 0, SP_SUB_HISTORY, "sp_x_file_write_atomic: buf is NULL");
     return sp__file_write_atomic(path, buf, len);
 }

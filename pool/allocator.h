@@ -244,7 +244,6 @@ void sp__alloc_release_segment(sp_devalloc_t *d, sp_segment_t *seg, uint32_t con
  * and the statistics; the caller (symmetric/, outside the lock) frees its memory. */
 void sp__alloc_detach_segment(sp_devalloc_t *d, sp_segment_t *seg);
 sp_block_t *sp__block_new(sp_devalloc_t *d);
-/* Free every block struct of d at once (sp_shutdown, after its pools are gone). */
 /* Block slabs across sp_shutdown/sp_init (both under sp__g.init_lock): adopt takes what the
  * last allocator of d->device kept, free keeps a few of d's slabs for the next one and frees the
  * rest. */

@@ -69,11 +69,11 @@ static void dev_fini(sp_devalloc_t *d) {
     free(d->segs);
 }
 
-/* The device's cap from a fraction in [0, 1] of its memory (1 = none), kept as given for
- * sp_get_memory_fraction; the GC threshold acts only under a cap. */
-static void apply_fraction(sp_devalloc_t *d, double fraction) {
-    d->allowed_max = fraction < 1.0 ? (size_t)(fraction * (double)d->total_mem) : SIZE_MAX;
-    d->fraction = fraction;
+/* The cap of a fraction in [0, 1] of the device (d->lock, or d not yet shared): one place for
+ * start-up (ALLOC_CONF) and sp_set_memory_fraction, so the two cannot set it differently. */
+static void set_fraction(sp_devalloc_t *d, double f) {
+    d->allowed_max = f < 1.0 ? (size_t)(f * (double)d->total_mem) : SIZE_MAX;
+    d->fraction = f;
     d->gc_enabled = d->allowed_max != SIZE_MAX && sp__g.conf.gc_threshold > 0.0;
 }
 
@@ -82,15 +82,14 @@ static sp_status_t dev_init(sp_devalloc_t *d, int device) {
     atomic_init(&d->lock.v, 0);
     d->device = device;
     sp__block_slabs_adopt(d);
-    d->allowed_max = SIZE_MAX;
-    d->fraction = 1.0;
     sp__stats_init(&d->stats, sp__g.conf.max_split_size);
     size_t total = 0;
     /* Not mem_get_info: on cuda that would make a context on every device at start-up. */
     SP_CHECK(sp__g.ops->mem_total(device, &total));
     d->total_mem = total;
-    /* ALLOC_CONF's per_process_memory_fraction (1.0 = none): as sp_set_memory_fraction. */
-    apply_fraction(d, sp__g.conf.memory_fraction);
+    /* ALLOC_CONF's per_process_memory_fraction (1.0 when unset): as sp_set_memory_fraction at
+     * start-up. */
+    set_fraction(d, sp__g.conf.memory_fraction);
     SP_CHECK(sp__ptr_map_init(&d->map));
     d->default_pool = sp__mempool_new(d, NULL, true, false);
     if (!d->default_pool)
@@ -319,7 +318,7 @@ SP_EXPORT sp_status_t sp_set_memory_fraction(double fraction, int device) {
         return sp__error(SP_ERR_INVALID_ARGUMENT, SP_SUB_POOL,
                          "sp_set_memory_fraction: %g is outside [0, 1]", fraction);
     sp__lock(&d->lock);
-    apply_fraction(d, fraction);
+    set_fraction(d, fraction);
     sp__unlock(&d->lock);
     return SP_SUCCESS;
 }

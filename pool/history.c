@@ -542,13 +542,6 @@ bool sp__history_keeps_actions(void) {
     return __atomic_load_n(&g_keep_actions, __ATOMIC_RELAXED) != 0;
 }
 
-bool sp__history_state_only(void) {
-    pthread_mutex_lock(&g.lock);
-    bool state = g.enabled == SP_HISTORY_STATE;
-    pthread_mutex_unlock(&g.lock);
-    return state;
-}
-
 /* ---- parameters ------------------------------------------------------------------------- */
 
 SP_EXPORT void sp_history_params_init(sp_history_params_t *params) {

@@ -103,8 +103,6 @@ void sp__history_fork_unlock(void);
 bool sp__history_enabled(void);
 /* Whether trace entries are kept (recording on). With SP_HISTORY_STATE the ring holds one. */
 bool sp__history_keeps_actions(void);
-/* Whether recording is SP_HISTORY_STATE (stacks of live blocks and a one-entry ring). */
-bool sp__history_state_only(void);
 
 #ifdef __cplusplus
 }

@@ -449,17 +449,6 @@ static bool init_capped(int ndev, const char *conf, const char *capacity, char *
     return true;
 }
 
-/* Whether the recorded run used expandable segments: its settings say so (a snapshot that
- * records none ran with PyTorch's default, off); a later key wins as in ALLOC_CONF. */
-static bool recorded_expandable(const tr_trace_t *t) {
-    bool on = false;
-    const char *key = "expandable_segments:";
-    for (const char *p = t->settings.recorded ? strstr(t->settings.conf, key) : NULL; p != NULL;
-         p = strstr(p + 1, key))
-        on = strncmp(p + strlen(key), "True", 4) == 0;
-    return on;
-}
-
 /* Whether the configuration in force uses expandable segments. */
 static bool effective_expandable(void) {
     sp_x_option_info_t info;
@@ -490,7 +479,7 @@ bool replay_trace(const tr_trace_t *t, const char *snapshot_out, replay_result_t
     /* The recorded segments are fixed ones (expandable segments are never rebuilt): under the
      * other segment kind they cannot exist, and rebuilding them would hand the replay the
      * recorded run's cached free space, which that kind would not have kept. */
-    r->start_requested = recorded_expandable(t) != effective_expandable();
+    r->start_requested = t->settings.expandable != effective_expandable();
     /* The recorded run's memory fraction, against the emulated device's capacity. */
     for (int d = 0; ok && t->settings.fraction > 0 && d < t->ndev; d++)
         if (sp_set_memory_fraction(t->settings.fraction, d) != SP_SUCCESS) {
@@ -645,7 +634,7 @@ static void print_text(const char *trace, const tr_trace_t *t, const replay_resu
         printf("  starting state       its live blocks requested under this configuration (the "
                "recorded segment layout is %s segments): %zu blocks, %.3f GiB (recorded run: "
                "%.3f GiB reserved)\n",
-               recorded_expandable(t) ? "expandable" : "fixed", r->seeded_blocks,
+               t->settings.expandable ? "expandable" : "fixed", r->seeded_blocks,
                gib((double)r->seeded_bytes), gib((double)r->pytorch_start_reserved));
     else
         printf("  starting state       the recorded segments: %zu segments, %.3f GiB (recorded "

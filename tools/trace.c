@@ -866,8 +866,10 @@ static void read_settings(const pk_value_t *as, tr_settings_t *st) {
         st->gc_or_split = true;
     }
     const pk_value_t *ex = pk_get(as, "expandable_segments");
-    if (ex != NULL && ex->type == PK_BOOL)
+    if (ex != NULL && ex->type == PK_BOOL) {
         ADD("expandable_segments:%s", ex->u.b ? "True" : "False");
+        st->expandable = ex->u.b;
+    }
     const pk_value_t *rp = pk_get(as, "roundup_power2_divisions");
     if (rp != NULL && rp->type == PK_DICT) {
         char list[256];

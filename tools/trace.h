@@ -113,6 +113,7 @@ typedef struct tr_settings {
     double fraction;   /* per_process_memory_fraction from the conf string, 0 = none */
     char dropped[256]; /* settings that do not apply to a replay, for the output */
     bool gc_or_split;  /* gc threshold or max_split_size set: releases inside malloc */
+    bool expandable;   /* the recorded run used expandable segments (unrecorded: off) */
 } tr_settings_t;
 
 typedef struct tr_trace {

@@ -4,6 +4,7 @@
 // SYMPOOL_DEBUG_FILE. The fixture is sp::Test (unexpected WARN lines fail a test); variables are
 // set through sp::ScopedEnv.
 #include "sp_test.hpp"
+#include "sympool/experimental.h"
 
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -889,4 +890,15 @@ TEST(CoreTime, ClocksMoveForward) {
     uint64_t b = sp__now_ns();
     EXPECT_LE(a, b);
     EXPECT_GT(sp__epoch_us(), 1600000000ll * 1000000ll); // after Sep 2020
+}
+
+// Bad input is refused before anything is touched, with a message naming the public call (not
+// only the internal writer's words, which its other callers share).
+TEST(CoreFileWrite, BadInputIsRefusedByName) {
+    EXPECT_SP_STATUS(sp_x_file_write_atomic(nullptr, "x", 1), SP_ERR_INVALID_ARGUMENT);
+    EXPECT_NE(std::strstr(sp_last_error(), "sp_x_file_write_atomic"), nullptr) << sp_last_error();
+    EXPECT_SP_STATUS(sp_x_file_write_atomic("", "x", 1), SP_ERR_INVALID_ARGUMENT);
+    EXPECT_NE(std::strstr(sp_last_error(), "sp_x_file_write_atomic"), nullptr) << sp_last_error();
+    EXPECT_SP_STATUS(sp_x_file_write_atomic("unused-name", nullptr, 1), SP_ERR_INVALID_ARGUMENT);
+    EXPECT_NE(access("unused-name", F_OK), 0);
 }
