@@ -254,7 +254,12 @@ static inline bool should_split(const sp_bpool_t *bp, const sp_block_t *b, size_
 }
 
 /* found_block. in_set: b is still in its free set with in-order predecessor pred (from
- * find_fit), and leaves it here (the cache-hit path); otherwise b is in no set.
+ * find_fit), and leaves it here (the cache-hit path); otherwise b is in no set. Returns the
+ * allocated block: b itself, or on the cache-hit path with a split a new struct for b's low
+ * addresses while b stays in the set as the remainder (PyTorch's alloc_found_block does the
+ * same: the remaining block keeps the node, a new block is the allocation). The remainder's key
+ * only shrinks (same stream, smaller size, higher address), so it keeps its tree node unless it
+ * now sorts below its predecessor: no remove + insert on the common path.
  *
  * Hot/cold pair: hand_out is the HOT form, forced inline into alloc_malloc's cache-hit path
  * with `hist` read once by the caller and the predecessor from find_fit, so a hit costs no call
@@ -262,47 +267,70 @@ static inline bool should_split(const sp_bpool_t *bp, const sp_block_t *b, size_
  * for the miss path and for sym_primitives.c (a fresh segment's block or a block already taken
  * from its set), so the inline body is not copied into every rare caller. Same body, so the
  * two cannot drift apart. */
-static inline __attribute__((always_inline)) void hand_out(sp_devalloc_t *d, sp_block_t *b,
-                                                           bool in_set, sp_block_t *pred,
-                                                           size_t size, size_t orig,
-                                                           uint32_t context, bool hist) {
-    sp_bpool_t *bp = b->seg->bpool;
+static inline __attribute__((always_inline)) sp_block_t *
+hand_out(sp_devalloc_t *d, sp_block_t *b, bool in_set, sp_block_t *pred, size_t size, size_t orig,
+         uint32_t context, bool hist) {
+    sp_segment_t *seg = b->seg;
+    sp_bpool_t *bp = seg->bpool;
     sp_dev_stats_t *st = &d->stats;
     bool small = bp->is_small;
     bool already_split = b->prev || b->next;
-    sp_block_t *rem = should_split(bp, b, size) ? block_take(d) : NULL;
-    if (rem) {
-        /* The allocation keeps the low addresses; the remainder moves up and stays cached.
-         * Every field is set here or by the set (links, height, in_set) below. */
-        rem->addr = b->addr + size;
-        rem->size = b->size - size;
-        rem->stream = b->stream;
-        rem->seg = b->seg;
-        rem->hnext = NULL;
-        rem->gc_count = bp->gfb_count;
-        rem->uses = NULL;
-        rem->context = 0;
-        rem->event_count = 0;
-        rem->allocated = false;
-        rem->unmapped = false; /* a recycled struct may have been an unmapped block */
-        /* The remainder sorts below b (smaller, same stream); if it also sorts above b's
-         * predecessor it can take b's node as it is. b's key must be intact until then. */
-        if (in_set && (!pred || sp__bset_less(&bp->free, pred, rem))) {
-            sp__bset_replace(&bp->free, b, rem);
-        } else {
-            if (in_set)
+    if (should_split(bp, b, size)) {
+        sp_block_t *rem;
+        if (in_set) {
+            /* Every field of the new struct is set here (links and height only matter in a set,
+             * hnext is set by the pointer map below). */
+            sp_block_t *a = block_take(d);
+            a->addr = b->addr;
+            a->size = size;
+            a->stream = b->stream;
+            a->seg = seg;
+            a->uses = NULL;
+            a->event_count = 0;
+            a->in_set = false;
+            a->unmapped = false; /* a recycled struct may have been an unmapped block */
+            a->prev = b->prev;
+            a->next = b;
+            if (a->prev)
+                a->prev->next = a;
+            else
+                seg->head = a;
+            b->prev = a;
+            b->addr += size;
+            b->size -= size;
+            b->gc_count = bp->gfb_count;
+            if (pred && !sp__bset_less(&bp->free, pred, b)) {
                 sp__bset_remove(&bp->free, b);
+                sp__bset_insert(&bp->free, b);
+            }
+            rem = b;
+            b = a;
+        } else {
+            /* The allocation keeps the low addresses; the remainder moves up and stays cached.
+             * Every field is set here or by the set (links, height, in_set) below. */
+            rem = block_take(d);
+            rem->addr = b->addr + size;
+            rem->size = b->size - size;
+            rem->stream = b->stream;
+            rem->seg = seg;
+            rem->hnext = NULL;
+            rem->gc_count = bp->gfb_count;
+            rem->uses = NULL;
+            rem->context = 0;
+            rem->event_count = 0;
+            rem->allocated = false;
+            rem->unmapped = false;
             sp__bset_insert(&bp->free, rem);
+            rem->prev = b;
+            rem->next = b->next;
+            if (b->next)
+                b->next->prev = rem;
+            b->next = rem;
+            b->size = size;
         }
-        rem->prev = b;
-        rem->next = b->next;
-        if (b->next)
-            b->next->prev = rem;
-        b->next = rem;
-        b->size = size;
         sp__bset_check(&bp->free);
         /* inactive_split leaves expandable segments out (their free pages can be unmapped). */
-        if (SP_UNLIKELY(b->seg->expandable)) {
+        if (SP_UNLIKELY(seg->expandable)) {
         } else if (already_split) {
             sp__stat_dec(st, SP_ST_INACTIVE_SPLIT_BYTES, small, (int64_t)b->size);
         } else {
@@ -312,7 +340,7 @@ static inline __attribute__((always_inline)) void hand_out(sp_devalloc_t *d, sp_
     } else {
         if (in_set)
             sp__bset_remove(&bp->free, b);
-        if (already_split && !b->seg->expandable) {
+        if (already_split && !seg->expandable) {
             sp__stat_dec(st, SP_ST_INACTIVE_SPLIT_BYTES, small, (int64_t)b->size);
             sp__stat_dec(st, SP_ST_INACTIVE_SPLIT, small, 1);
         }
@@ -332,13 +360,14 @@ static inline __attribute__((always_inline)) void hand_out(sp_devalloc_t *d, sp_
     if (SP_UNLIKELY(hist))
         sp__history_record(d->device, SP_TRACE_ALLOC, b->addr, orig, (uintptr_t)b->stream,
                            bp->pool->id, context);
+    return b;
 }
 
-/* COLD twin of hand_out (see there): b is in no free set. */
+/* COLD twin of hand_out (see there): b is in no free set, and is the block handed out. */
 void sp__alloc_found_block(sp_devalloc_t *d, sp_block_t *b, size_t size, size_t orig,
                            uint32_t context) {
     assert(!b->in_set);
-    hand_out(d, b, false, NULL, size, orig, context, sp__history_on());
+    (void)hand_out(d, b, false, NULL, size, orig, context, sp__history_on());
 }
 
 /* ---- segments ---------------------------------------------------------------------------- */
@@ -555,7 +584,13 @@ static inline bool mergeable(const sp_block_t *n) {
 
 /* Hot/cold pair: free_block is the HOT form, forced inline into free_locked (sp_free's path)
  * with `hist` read once per sp_free call. sp__alloc_free_block below is its COLD twin, the one
- * out-of-line copy release.c calls when an event completes a pending free later. */
+ * out-of-line copy release.c calls when an event completes a pending free later.
+ *
+ * A freed block that merges keeps a neighbour's struct: the lower free neighbour p when there is
+ * one, else the higher n. That struct is already in the set, and its key only grows (same
+ * stream, larger size; n's address drops but within its own segment and still above every block
+ * it passes), so it keeps its tree node unless it now sorts above its successor: no remove +
+ * insert on the common path. The freed block's own struct is recycled. */
 static inline __attribute__((always_inline)) void free_block(sp_devalloc_t *d, sp_block_t *b,
                                                              uint32_t free_ctx, bool hist) {
     sp_segment_t *seg = b->seg;
@@ -563,40 +598,43 @@ static inline __attribute__((always_inline)) void free_block(sp_devalloc_t *d, s
     sp_dev_stats_t *st = &d->stats;
     size_t orig_size = b->size, req = b->requested;
     uintptr_t orig_addr = b->addr;
+    uint32_t ctx = b->context;
     int64_t net_n = 0, net_bytes = 0;
     sp_block_set_t *set = &bp->free;
     sp_block_t *p = b->prev, *n = b->next;
     bool mp = mergeable(p), mn = mergeable(n);
-    /* The merged block sorts above every neighbour it absorbs (same stream, larger), so it may
-     * take the tree node of one of them (n if it merges, else p) when it also sorts below that
-     * node's successor: no remove + insert. Both merge: p leaves the set first. */
-    if (mp && mn)
-        sp__bset_remove(set, p);
-    sp_block_t *old = mn ? n : mp ? p : NULL, *succ = NULL;
-    if (old)
-        succ = sp__bset_succ(set, old);
+    sp_block_t *keep = b; /* the free block that results */
     if (mp) {
-        b->addr = p->addr;
-        b->size += p->size;
-        b->prev = p->prev;
-        if (b->prev)
-            b->prev->next = b;
-        else
-            seg->head = b;
+        keep = p;
         net_n--;
         net_bytes -= (int64_t)p->size;
-    }
-    if (mn) {
-        b->size += n->size;
-        b->next = n->next;
-        if (b->next)
-            b->next->prev = b;
+        p->size += orig_size;
+        sp_block_t *after = n;
+        if (mn) {
+            sp__bset_remove(set, n);
+            net_n--;
+            net_bytes -= (int64_t)n->size;
+            p->size += n->size;
+            after = n->next;
+        }
+        p->next = after;
+        if (after)
+            after->prev = p;
+    } else if (mn) {
+        keep = n;
         net_n--;
         net_bytes -= (int64_t)n->size;
+        n->addr = orig_addr;
+        n->size += orig_size;
+        n->prev = p;
+        if (p)
+            p->next = n;
+        else
+            seg->head = n;
     }
-    if (b->prev || b->next) {
+    if (keep->prev || keep->next) {
         net_n++;
-        net_bytes += (int64_t)b->size;
+        net_bytes += (int64_t)keep->size;
     }
     if (SP_UNLIKELY(seg->expandable))
         net_n = net_bytes = 0; /* PyTorch leaves expandable segments out of inactive_split */
@@ -607,28 +645,29 @@ static inline __attribute__((always_inline)) void free_block(sp_devalloc_t *d, s
     sp__stat_dec(st, SP_ST_ACTIVE, bp->is_small, 1);
     sp__stat_dec(st, SP_ST_ACTIVE_BYTES, bp->is_small, (int64_t)orig_size);
     sp__stat_dec(st, SP_ST_REQUESTED_BYTES, bp->is_small, (int64_t)req);
-    b->gc_count = bp->gfb_count; /* shares requested's storage: req above keeps the value */
-    if (old && (!succ || sp__bset_less(set, b, succ))) {
-        sp__bset_replace(set, old, b);
-    } else {
-        if (old)
-            sp__bset_remove(set, old);
+    keep->gc_count = bp->gfb_count; /* shares requested's storage: req above keeps the value */
+    if (keep == b) {
+        b->context = 0; /* a free block holds no context; ctx is released below */
         sp__bset_insert(set, b);
+    } else {
+        sp_block_t *succ = sp__bset_succ(set, keep);
+        if (succ && !sp__bset_less(set, keep, succ)) {
+            sp__bset_remove(set, keep);
+            sp__bset_insert(set, keep);
+        }
     }
     sp__bset_check(set);
-    if (mp)
-        sp__block_recycle(d, p);
-    if (mn)
-        sp__block_recycle(d, n);
     if (SP_UNLIKELY(hist))
         sp__history_record(d->device, SP_TRACE_FREE_COMPLETED, orig_addr, req, (uintptr_t)b->stream,
-                           bp->pool->id, free_ctx ? free_ctx : b->context);
-    if (b->context) {
-        sp__history_context_release(b->context);
-        b->context = 0;
-    }
+                           bp->pool->id, free_ctx ? free_ctx : ctx);
+    if (mp && mn)
+        sp__block_recycle(d, n);
+    if (keep != b)
+        sp__block_recycle(d, b); /* releases ctx with the struct */
+    else if (ctx)
+        sp__history_context_release(ctx);
     /* SYMPOOL_NO_CACHING: the block is its own segment; give it back at once. */
-    if (SP_UNLIKELY(sp__g.conf.no_caching) && !b->prev && !b->next && !bp->pool->symmetric)
+    if (SP_UNLIKELY(sp__g.conf.no_caching) && !keep->prev && !keep->next && !bp->pool->symmetric)
         sp__alloc_release_segment(d, seg, free_ctx);
 }
 
@@ -796,7 +835,7 @@ alloc_malloc(sp_devalloc_t *d, sp_mempool_t *pool, size_t orig, sp_stream_t stre
     sp_block_t *pred = NULL;
     sp_block_t *b = nocache ? NULL : find_fit(d, bp, size, stream, &pred);
     if (SP_LIKELY(b)) {
-        hand_out(d, b, true, pred, size, orig, ctx, hist);
+        b = hand_out(d, b, true, pred, size, orig, ctx, hist);
         *ptr_p = (void *)b->addr;
         sp__unlock(&d->lock);
         return SP_SUCCESS;
