@@ -352,8 +352,10 @@ hand_out(sp_devalloc_t *d, sp_block_t *b, bool in_set, sp_block_t *pred, size_t 
     bp->pool->used += b->size;
     sp__stat_inc(st, SP_ST_ALLOCATION, small, 1);
     sp__stat_inc(st, SP_ST_ALLOCATED_BYTES, small, (int64_t)b->size);
-    sp__stat_inc(st, SP_ST_ACTIVE, small, 1);
-    sp__stat_inc(st, SP_ST_ACTIVE_BYTES, small, (int64_t)b->size);
+    if (SP_UNLIKELY(!st->active_tied)) {
+        sp__stat_inc(st, SP_ST_ACTIVE, small, 1);
+        sp__stat_inc(st, SP_ST_ACTIVE_BYTES, small, (int64_t)b->size);
+    }
     sp__stat_inc(st, SP_ST_REQUESTED_BYTES, small, (int64_t)orig);
     if (b->size >= sp__g.conf.max_split_size)
         sp__stat_add(&st->oversize_allocations, 1);
@@ -642,8 +644,10 @@ static inline __attribute__((always_inline)) void free_block(sp_devalloc_t *d, s
         sp__stat_arr(st, SP_ST_INACTIVE_SPLIT, bp->is_small, net_n);
     if (net_bytes)
         sp__stat_arr(st, SP_ST_INACTIVE_SPLIT_BYTES, bp->is_small, net_bytes);
-    sp__stat_dec(st, SP_ST_ACTIVE, bp->is_small, 1);
-    sp__stat_dec(st, SP_ST_ACTIVE_BYTES, bp->is_small, (int64_t)orig_size);
+    if (SP_UNLIKELY(!st->active_tied)) {
+        sp__stat_dec(st, SP_ST_ACTIVE, bp->is_small, 1);
+        sp__stat_dec(st, SP_ST_ACTIVE_BYTES, bp->is_small, (int64_t)orig_size);
+    }
     sp__stat_dec(st, SP_ST_REQUESTED_BYTES, bp->is_small, (int64_t)req);
     keep->gc_count = bp->gfb_count; /* shares requested's storage: req above keeps the value */
     if (keep == b) {
@@ -681,6 +685,8 @@ static inline __attribute__((always_inline)) void free_locked(sp_devalloc_t *d, 
     sp_bpool_t *bp = b->seg->bpool;
     sp_dev_stats_t *st = &d->stats;
     b->allocated = false;
+    if (SP_UNLIKELY(sp__block_has_uses(b)))
+        sp__stats_untie(st); /* the free may wait for events: active stays up meanwhile */
     bp->pool->used -= b->size;
     sp__stat_dec(st, SP_ST_ALLOCATION, bp->is_small, 1);
     sp__stat_dec(st, SP_ST_ALLOCATED_BYTES, bp->is_small, (int64_t)b->size);

@@ -85,6 +85,8 @@ static void entry_done(sp_devalloc_t *d, sp_evq_entry_t *e) {
     free(e);
     if (--b->event_count == 0)
         sp__alloc_free_block(d, b, 0);
+    if (d->pending_events == 0)
+        sp__stats_try_tie(&d->stats);
 }
 
 static void drop_empty_queues(sp_devalloc_t *d) {

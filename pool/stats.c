@@ -127,6 +127,7 @@ SP_EXPORT sp_status_t sp_memory_stats(int device, sp_stats_t *stats_p) {
     sp__lock(&d->lock);
     copy = d->stats;
     sp__unlock(&d->lock);
+    sp__stats_untie(&copy);
     sp__stats_settle(&copy);
     each_stat(&copy, materialize);
     memset(stats_p, 0, sizeof(*stats_p));
@@ -179,7 +180,8 @@ SP_EXPORT sp_status_t sp_reset_peak_memory_stats(int device) {
     SP_CHECK(sp__alloc_device(device, &d));
     sp__lock(&d->lock);
     sp__stats_settle(&d->stats); /* the aggregates' peaks reset to their derived currents */
-    each_stat(&d->stats, reset_peak);
+    each_stat(&d->stats, reset_peak); /* while tied, active's stale copy is reset too: unread */
+    sp__stats_try_tie(&d->stats);
     sp__unlock(&d->lock);
     return SP_SUCCESS;
 }
@@ -195,6 +197,7 @@ SP_EXPORT sp_status_t sp_reset_accumulated_memory_stats(int device) {
     d->stats.num_sync_all_streams = 0;
     d->stats.num_device_alloc = 0;
     d->stats.num_device_free = 0;
+    sp__stats_try_tie(&d->stats);
     sp__unlock(&d->lock);
     return SP_SUCCESS;
 }

@@ -57,7 +57,41 @@ typedef struct sp_dev_stats {
     int64_t num_sync_all_streams;                 /* synchronize_and_free_events calls */
     int64_t num_device_alloc;                     /* successful segment allocations */
     int64_t num_device_free;                      /* segment releases */
+    bool active_tied; /* active and active_bytes are allocation and allocated_bytes (below) */
 } sp_dev_stats_t;
+
+/* PyTorch counts a block as active from its allocation until its free completes, and as an
+ * allocation until sp_free: the two differ only while a freed block waits for events of streams
+ * recorded on it. Until then both pairs (active/allocation, active_bytes/allocated_bytes) see
+ * the same updates, so every field is equal; while `active_tied` the hot paths update only
+ * allocation and allocated_bytes, and readers copy them (sp__stats_untie on a copy). A free that
+ * may wait unties the live stats first; the pairs are tied again wherever they are found equal
+ * in every field (sp__stats_try_tie: after the last pending free completes, after the resets). */
+static inline void sp__stats_untie(sp_dev_stats_t *st) {
+    if (!st->active_tied)
+        return;
+    memcpy(st->arr[SP_ST_ACTIVE], st->arr[SP_ST_ALLOCATION], sizeof(st->arr[0]));
+    memcpy(st->arr[SP_ST_ACTIVE_BYTES], st->arr[SP_ST_ALLOCATED_BYTES], sizeof(st->arr[0]));
+    st->active_tied = false;
+}
+
+static inline bool sp__stat_same(const sp_stat_t *a, const sp_stat_t *b) {
+    return a->current == b->current && a->peak == b->peak && a->allocated == b->allocated &&
+           a->base == b->base;
+}
+
+/* Arrays x and y equal where they are kept: small and large whole, the aggregate's peak. */
+static inline bool sp__stat_arrays_same(const sp_dev_stats_t *st, int x, int y) {
+    return sp__stat_same(&st->arr[x][SP_STAT_SMALL], &st->arr[y][SP_STAT_SMALL]) &&
+           sp__stat_same(&st->arr[x][SP_STAT_LARGE], &st->arr[y][SP_STAT_LARGE]) &&
+           st->arr[x][SP_STAT_ALL].peak == st->arr[y][SP_STAT_ALL].peak;
+}
+
+static inline void sp__stats_try_tie(sp_dev_stats_t *st) {
+    if (!st->active_tied && sp__stat_arrays_same(st, SP_ST_ACTIVE, SP_ST_ALLOCATION) &&
+        sp__stat_arrays_same(st, SP_ST_ACTIVE_BYTES, SP_ST_ALLOCATED_BYTES))
+        st->active_tied = true;
+}
 
 /* PyTorch's update_stat: current += delta; peak tracks current; delta > 0 counts as allocated,
  * delta < 0 as freed (derived, see sp_stat_t). */
@@ -124,6 +158,7 @@ static inline void sp__stat_dec(sp_dev_stats_t *st, int a, bool is_small, int64_
 /* Zeroed stats for a new device allocator (inline beside the struct: the one initializer). */
 static inline void sp__stats_init(sp_dev_stats_t *st, size_t max_split_size) {
     memset(st, 0, sizeof(*st));
+    st->active_tied = true;
     st->max_split_size = max_split_size == SIZE_MAX ? -1 : (int64_t)max_split_size;
 }
 

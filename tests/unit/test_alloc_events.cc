@@ -92,3 +92,60 @@ TEST_F(AllocEvents, RecordStreamMisuse) {
     ASSERT_SP_OK(sp_stream_destroy(s));
     EXPECT_SP_STATUS(sp_stream_destroy(nullptr), SP_ERR_INVALID_ARGUMENT);
 }
+
+// active/active_bytes follow allocation/allocated_bytes field for field until a free waits for
+// events, then stay up (current and peak) while the free is pending, and follow again once the
+// pairs are equal after a peak reset. Every field of both pairs is checked at each step.
+static void expect_pair(const char *arr, const char *other, int64_t cur, int64_t peak,
+                        int64_t alloc, int64_t freed, const char *when) {
+    const char *types[] = {"all", "small_pool"};
+    for (const char *t : types) {
+        std::string k = std::string(arr) + "." + t + ".";
+        EXPECT_EQ(stat((k + "current").c_str()), cur) << k << when;
+        EXPECT_EQ(stat((k + "peak").c_str()), peak) << k << when;
+        EXPECT_EQ(stat((k + "allocated").c_str()), alloc) << k << when;
+        EXPECT_EQ(stat((k + "freed").c_str()), freed) << k << when;
+        EXPECT_EQ(stat((std::string(other) + "." + t + ".allocated").c_str()), alloc) << when;
+    }
+}
+
+TEST_F(AllocEvents, ActiveFollowsAllocationExceptWhileAFreeWaits) {
+    SP_SKIP_ON_GPU("host stream model: on a GPU an idle stream's event completes at once");
+    sp_stream_t other;
+    ASSERT_SP_OK(sp_stream_create(0, &other));
+    void *p, *q, *r, *s;
+    ASSERT_SP_OK(sp_malloc(4096, 0, nullptr, &p));
+    ASSERT_SP_OK(sp_malloc(4096, 0, nullptr, &q));
+    expect_pair("active", "allocation", 2, 2, 2, 0, " (two blocks)");
+    expect_pair("allocation", "active", 2, 2, 2, 0, " (two blocks)");
+    expect_pair("active_bytes", "allocated_bytes", 8192, 8192, 8192, 0, " (two blocks)");
+    ASSERT_SP_OK(sp_record_stream(p, other));
+    ASSERT_SP_OK(sp_free(p)); // pending
+    ASSERT_SP_OK(sp_malloc(4096, 0, nullptr, &r));
+    expect_pair("active", "allocation", 3, 3, 3, 0, " (one pending)");
+    expect_pair("allocation", "active", 2, 2, 3, 1, " (one pending)");
+    expect_pair("active_bytes", "allocated_bytes", 12288, 12288, 12288, 0, " (one pending)");
+    expect_pair("allocated_bytes", "active_bytes", 8192, 8192, 12288, 4096, " (one pending)");
+    ASSERT_SP_OK(sp_free(r));
+    ASSERT_SP_OK(sp_free(q));
+    ASSERT_SP_OK(sp_stream_synchronize(other));
+    ASSERT_SP_OK(sp_malloc(4096, 0, nullptr, &s)); // completes the pending free first
+    expect_pair("active", "allocation", 1, 3, 4, 3, " (after the wait)");
+    expect_pair("allocation", "active", 1, 2, 4, 3, " (after the wait)");
+    ASSERT_SP_OK(sp_free(s));
+    ASSERT_SP_OK(sp_reset_peak_memory_stats(0));
+    ASSERT_SP_OK(sp_malloc(4096, 0, nullptr, &p));
+    ASSERT_SP_OK(sp_malloc(4096, 0, nullptr, &q));
+    ASSERT_SP_OK(sp_free(q));
+    expect_pair("active", "allocation", 1, 2, 6, 5, " (after the peak reset)");
+    expect_pair("allocation", "active", 1, 2, 6, 5, " (after the peak reset)");
+    expect_pair("active_bytes", "allocated_bytes", 4096, 8192, 24576, 20480,
+                " (after the peak reset)");
+    ASSERT_SP_OK(sp_free(p));
+    ASSERT_SP_OK(sp_reset_accumulated_memory_stats(0));
+    ASSERT_SP_OK(sp_malloc(4096, 0, nullptr, &p));
+    expect_pair("active", "allocation", 1, 2, 1, 0, " (after the accumulated reset)");
+    expect_pair("allocation", "active", 1, 2, 1, 0, " (after the accumulated reset)");
+    ASSERT_SP_OK(sp_free(p));
+    ASSERT_SP_OK(sp_stream_destroy(other));
+}
