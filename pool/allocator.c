@@ -640,10 +640,16 @@ static inline __attribute__((always_inline)) void free_block(sp_devalloc_t *d, s
     }
     if (SP_UNLIKELY(seg->expandable))
         net_n = net_bytes = 0; /* PyTorch leaves expandable segments out of inactive_split */
-    if (net_n)
-        sp__stat_arr(st, SP_ST_INACTIVE_SPLIT, bp->is_small, net_n);
-    if (net_bytes)
-        sp__stat_arr(st, SP_ST_INACTIVE_SPLIT_BYTES, bp->is_small, net_bytes);
+    /* A merge lowers both (a decrease touches only current); a split block freed alone raises
+     * them. */
+    if (net_n < 0)
+        sp__stat_dec(st, SP_ST_INACTIVE_SPLIT, bp->is_small, -net_n);
+    else if (net_n > 0)
+        sp__stat_inc(st, SP_ST_INACTIVE_SPLIT, bp->is_small, net_n);
+    if (net_bytes < 0)
+        sp__stat_dec(st, SP_ST_INACTIVE_SPLIT_BYTES, bp->is_small, -net_bytes);
+    else if (net_bytes > 0)
+        sp__stat_inc(st, SP_ST_INACTIVE_SPLIT_BYTES, bp->is_small, net_bytes);
     if (SP_UNLIKELY(!st->active_tied)) {
         sp__stat_dec(st, SP_ST_ACTIVE, bp->is_small, 1);
         sp__stat_dec(st, SP_ST_ACTIVE_BYTES, bp->is_small, (int64_t)orig_size);
