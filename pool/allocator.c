@@ -47,10 +47,10 @@ static size_t divisions_for(size_t size) {
     return sp__g.conf.roundup_divisions[idx];
 }
 
-/* The 512 B rounding, all of it without roundup divisions (size < 1 EB: no overflow). */
+/* The 512 B rounding, all of it without roundup divisions (0 < size < 1 EB: every size below
+ * 512 rounds up to 512 by itself, and nothing overflows). */
 static inline size_t round_512(size_t size) {
-    return size < SP_MIN_BLOCK_SIZE ? SP_MIN_BLOCK_SIZE
-                                    : (size + SP_MIN_BLOCK_SIZE - 1) & ~(SP_MIN_BLOCK_SIZE - 1);
+    return (size + SP_MIN_BLOCK_SIZE - 1) & ~(SP_MIN_BLOCK_SIZE - 1);
 }
 
 size_t sp__round_size(size_t size) {
@@ -841,9 +841,10 @@ alloc_malloc(sp_devalloc_t *d, sp_mempool_t *pool, size_t orig, sp_stream_t stre
     }
     if (SP_UNLIKELY(d->pending_events))
         sp__alloc_process_events(d);
-    size_t size = SP_LIKELY(sp__g.round_plain) ? round_512(orig) : sp__round_size(orig);
+    bool plain = sp__g.hit_plain; /* sp__round_size rounds as round_512 without divisions */
+    size_t size = SP_LIKELY(plain) ? round_512(orig) : sp__round_size(orig);
     sp_bpool_t *bp = size <= SP_SMALL_SIZE ? &pool->small : &pool->large;
-    bool nocache = sp__g.conf.no_caching;
+    bool nocache = !plain && sp__g.conf.no_caching;
     sp_block_t *pred = NULL;
     sp_block_t *b = nocache ? NULL : find_fit(d, bp, size, stream, &pred);
     if (SP_LIKELY(b)) {
@@ -957,14 +958,19 @@ SP_EXPORT sp_status_t sp_malloc(size_t size, int device, sp_stream_t stream, voi
     sp_devalloc_t *d = sp__alloc_device_fast(device);
     if (SP_UNLIKELY(!d))
         SP_CHECK(sp__alloc_device(device, &d));
-    if (SP_UNLIKELY(size == 0)) {
-        *ptr_p = NULL;
-        return SP_SUCCESS;
+    /* One test for both rare sizes: 0 (wraps around) and 1 EB or more; the checks keep their
+     * order (size 0, the stream, the size rule). */
+    if (SP_UNLIKELY(size - 1 >= SP_ONE_EB - 1)) {
+        if (size == 0) {
+            *ptr_p = NULL;
+            return SP_SUCCESS;
+        }
+        if (is_pseudo_stream(stream))
+            SP_CHECK(map_pseudo_stream("sp_malloc", &stream));
+        return sp__alloc_check_size("sp_malloc", device, size);
     }
     if (SP_UNLIKELY(is_pseudo_stream(stream)))
         SP_CHECK(map_pseudo_stream("sp_malloc", &stream));
-    if (SP_UNLIKELY(size >= SP_ONE_EB))
-        return sp__alloc_check_size("sp_malloc", device, size);
     sp_mempool_t *pool =
         SP_UNLIKELY(atomic_load_explicit(&sp__routing_threads, memory_order_relaxed))
             ? sp__mempool_routed(device)

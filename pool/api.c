@@ -116,6 +116,7 @@ sp_status_t sp__alloc_init_slow(void) {
     for (int i = 0; i < 16; i++)
         if (sp__g.conf.roundup_divisions[i] > 1)
             sp__g.round_plain = false;
+    sp__g.hit_plain = sp__g.round_plain && !sp__g.conf.no_caching;
     sp__g.exp_on = sp__g.conf.expandable_segments && !sp__g.conf.no_caching && sp__g.caps.has_vmm &&
                    sp__g.ops->vmm_reserve && sp__g.ops->vmm_map && sp__g.ops->vmm_unmap &&
                    sp__g.ops->vmm_release;
