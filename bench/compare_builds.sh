@@ -6,7 +6,7 @@
 # lines ("bench":"compare") are the medians over the runs of every numeric field, per build.
 #   bench/compare_builds.sh BEFORE_BUILD_DIR AFTER_BUILD_DIR [RUNS] > bench/results/DATE-x.jsonl
 # Needs python3 for the medians, valgrind for the instruction count (skipped without it), and
-# mpirun for bench_small_calls (skipped without it).
+# mpirun for bench_small_calls (skipped without it, or with COMPARE_MPI=0: the allocator alone).
 set -eu
 before=$1
 after=$2
@@ -17,7 +17,7 @@ trap 'rm -f "$tmp" "$tmp.cg"' EXIT
 tag() { sed "s/^{/{\"build\":\"$1\",\"date\":\"$date\",/"; }
 one() { # one() BUILD DIR: one run of every bench of that build
   SYMPOOL_DEVICE=host "$2/bench/bench_alloc_scale" 3 1000000 500000 | tag "$1"
-  if command -v mpirun >/dev/null 2>&1; then
+  if [ "${COMPARE_MPI:-1}" != 0 ] && command -v mpirun >/dev/null 2>&1; then
     SYMPOOL_DEVICE=host OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 \
       mpirun -np 2 "$2/bench/bench_small_calls" 2000 15 2>/dev/null | tag "$1"
   fi

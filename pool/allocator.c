@@ -187,8 +187,7 @@ sp_block_t *sp__block_new(sp_devalloc_t *d) {
     return slab_take(d);
 }
 
-/* sp__block_new for a struct the caller fills completely: no zeroing. A recycled struct's
- * uses is already NULL (sp__block_recycle frees it). */
+/* sp__block_new for a struct the caller fills completely: no zeroing. */
 static inline sp_block_t *block_take(sp_devalloc_t *d) {
     sp_block_t *b = d->spare;
     if (SP_LIKELY(b)) {
@@ -199,13 +198,10 @@ static inline sp_block_t *block_take(sp_devalloc_t *d) {
 }
 
 void sp__block_recycle(sp_devalloc_t *d, sp_block_t *b) {
+    /* Never an allocated block, so no recorded streams to free (hand_out clears them). */
+    assert(!b->allocated);
     if (b->context)
         sp__history_context_release(b->context);
-    if (b->uses) {
-        free(b->uses->s);
-        free(b->uses);
-        b->uses = NULL;
-    }
     b->seg = NULL; /* a stale lookup index entry must not match a struct on the spare list */
     b->hnext = d->spare;
     d->spare = b;
@@ -285,7 +281,6 @@ hand_out(sp_devalloc_t *d, sp_block_t *b, bool in_set, sp_block_t *pred, size_t 
             a->size = size;
             a->stream = b->stream;
             a->seg = seg;
-            a->uses = NULL;
             a->event_count = 0;
             a->in_set = false;
             a->unmapped = false; /* a recycled struct may have been an unmapped block */
@@ -315,7 +310,6 @@ hand_out(sp_devalloc_t *d, sp_block_t *b, bool in_set, sp_block_t *pred, size_t 
             rem->seg = seg;
             rem->hnext = NULL;
             rem->gc_count = bp->gfb_count;
-            rem->uses = NULL;
             rem->context = 0;
             rem->event_count = 0;
             rem->allocated = false;
@@ -346,6 +340,7 @@ hand_out(sp_devalloc_t *d, sp_block_t *b, bool in_set, sp_block_t *pred, size_t 
         }
     }
     b->allocated = true;
+    b->uses = NULL; /* out of every list now: the storage was the left link */
     b->requested = orig;
     b->context = context;
     sp__ptr_map_insert(&d->map, b);
@@ -580,7 +575,7 @@ static void detach_segment(sp_devalloc_t *d, sp_segment_t *seg, uint32_t context
  * before it is handed out, and a freed block enters it only once its events are done and its
  * uses are consumed. */
 static inline bool mergeable(const sp_block_t *n) {
-    assert(!n || !n->in_set || (!n->allocated && n->event_count == 0 && !n->uses));
+    assert(!n || !n->in_set || (!n->allocated && n->event_count == 0));
     return n && n->in_set;
 }
 
@@ -690,8 +685,9 @@ static inline __attribute__((always_inline)) void free_locked(sp_devalloc_t *d, 
                                                               uint32_t context, bool hist) {
     sp_bpool_t *bp = b->seg->bpool;
     sp_dev_stats_t *st = &d->stats;
+    bool uses = sp__block_has_uses(b); /* before allocated drops */
     b->allocated = false;
-    if (SP_UNLIKELY(sp__block_has_uses(b)))
+    if (SP_UNLIKELY(uses))
         sp__stats_untie(st); /* the free may wait for events: active stays up meanwhile */
     bp->pool->used -= b->size;
     sp__stat_dec(st, SP_ST_ALLOCATION, bp->is_small, 1);
@@ -701,7 +697,7 @@ static inline __attribute__((always_inline)) void free_locked(sp_devalloc_t *d, 
     if (SP_UNLIKELY(hist))
         sp__history_record(d->device, SP_TRACE_FREE_REQUESTED, b->addr, b->requested,
                            (uintptr_t)b->stream, bp->pool->id, context ? context : b->context);
-    if (SP_LIKELY(!sp__block_has_uses(b)) || sp__alloc_insert_events(d, b) != SP_SUCCESS ||
+    if (SP_LIKELY(!uses) || sp__alloc_insert_events(d, b) != SP_SUCCESS ||
         b->event_count == 0)
         free_block(d, b, context, hist);
 }

@@ -27,8 +27,9 @@ typedef struct sp_block_uses {
 /* A block is in one of four states: allocated (in the pointer map), pending (freed, waiting for
  * events), free (in its block pool's set) or unmapped (expandable address space, on its bpool's
  * unmapped list), or idle on the device's spare list. Fields used in disjoint states share
- * storage, which keeps a block at 104 bytes: the pointer-map chain and the tree's parent link,
- * the caller's size and the GC age. */
+ * storage, which keeps a block at 96 bytes: the pointer-map chain and the tree's parent link,
+ * the caller's size and the GC age, the recorded streams and the tree's (or unmapped list's) left
+ * link. */
 typedef struct sp_block {
     uintptr_t addr; /* start address (lock) */
     size_t size;    /* bytes, a multiple of 512 (lock) */
@@ -40,13 +41,16 @@ typedef struct sp_block {
     struct sp_segment *seg; /* owning segment (const) */
     struct sp_block *prev;  /* lower neighbour in the segment, NULL at its start (lock) */
     struct sp_block *next;  /* higher neighbour in the segment (lock) */
-    struct sp_block *left;  /* free-set tree links while in_set; the unmapped list's (lock) */
-    struct sp_block *right; /* (lock) */
+    union {
+        struct sp_block *left; /* free-set tree link while in_set; the unmapped list's (lock) */
+        sp_block_uses_t *uses; /* while allocated: its recorded streams, or NULL (lock); read
+                                * through sp__block_has_uses outside the allocated state */
+    };
+    struct sp_block *right; /* free-set tree link while in_set; the unmapped list's (lock) */
     union {
         struct sp_block *parent; /* free-set tree link while in_set (lock) */
         struct sp_block *hnext;  /* pointer-map chain while allocated; spare list while idle */
     };
-    sp_block_uses_t *uses; /* recorded streams of an allocated block, else NULL (lock) */
     uint32_t context;      /* history context of the allocation, 0 if none (lock) */
     int32_t event_count;   /* outstanding events of a pending free (lock) */
     int8_t height;         /* AVL height while in_set (lock) */
@@ -56,9 +60,11 @@ typedef struct sp_block {
                             * unmapped list (chained by left/right), never in a set (lock) */
 } sp_block_t;
 
-/* Does b have recorded streams that its free must wait for? */
+/* Does b have recorded streams that its free must wait for? Only an allocated block can (a free
+ * consumes them before the block becomes pending, free or unmapped, whose `left` shares the
+ * storage). */
 static inline bool sp__block_has_uses(const sp_block_t *b) {
-    return b->uses != NULL;
+    return b->allocated && b->uses != NULL;
 }
 
 typedef struct sp_segment {
