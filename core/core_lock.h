@@ -6,6 +6,7 @@
 #define SP_CORE_LOCK_H
 
 #include <stdatomic.h>
+#include <stdbool.h>
 
 #include "core/core.h"
 
@@ -21,10 +22,15 @@ typedef struct sp_lock {
 void sp__lock_slow(sp_lock_t *l);
 void sp__unlock_wake(sp_lock_t *l);
 
-static inline void sp__lock(sp_lock_t *l) {
+/* Take the lock if it is free; never waits. */
+static inline bool sp__lock_try(sp_lock_t *l) {
     int c = 0;
-    if (SP_LIKELY(atomic_compare_exchange_strong_explicit(&l->v, &c, 1, memory_order_acquire,
-                                                          memory_order_relaxed)))
+    return atomic_compare_exchange_strong_explicit(&l->v, &c, 1, memory_order_acquire,
+                                                   memory_order_relaxed);
+}
+
+static inline void sp__lock(sp_lock_t *l) {
+    if (SP_LIKELY(sp__lock_try(l)))
         return;
     sp__lock_slow(l);
 }

@@ -187,6 +187,13 @@ sp_block_t *sp__block_new(sp_devalloc_t *d) {
     return slab_take(d);
 }
 
+/* The first idle struct, where the caller saw that there is one. */
+static inline sp_block_t *spare_pop(sp_devalloc_t *d) {
+    sp_block_t *b = d->spare;
+    d->spare = b->hnext;
+    return b;
+}
+
 /* sp__block_new for a struct the caller fills completely: no zeroing. */
 static inline sp_block_t *block_take(sp_devalloc_t *d) {
     sp_block_t *b = d->spare;
@@ -197,14 +204,19 @@ static inline sp_block_t *block_take(sp_devalloc_t *d) {
     return slab_take(d);
 }
 
+/* An idle struct back on the spare list. */
+static inline void spare_push(sp_devalloc_t *d, sp_block_t *b) {
+    b->seg = NULL; /* a stale lookup index entry must not match a struct on the spare list */
+    b->hnext = d->spare;
+    d->spare = b;
+}
+
 void sp__block_recycle(sp_devalloc_t *d, sp_block_t *b) {
     /* Never an allocated block, so no recorded streams to free (hand_out clears them). */
     assert(!b->allocated);
     if (b->context)
         sp__history_context_release(b->context);
-    b->seg = NULL; /* a stale lookup index entry must not match a struct on the spare list */
-    b->hnext = d->spare;
-    d->spare = b;
+    spare_push(d, b);
 }
 
 /* ---- finding and handing out blocks ------------------------------------------------------ */
@@ -262,21 +274,23 @@ static inline bool should_split(const sp_bpool_t *bp, const sp_block_t *b, size_
  * and no second tree walk. sp__alloc_found_block below is its COLD twin: one out-of-line copy
  * for the miss path and for sym_primitives.c (a fresh segment's block or a block already taken
  * from its set), so the inline body is not copied into every rare caller. Same body, so the
- * two cannot drift apart. */
+ * two cannot drift apart. `fast` (sp_malloc's malloc_hit, with hist false): the caller checked
+ * hit_is_plain, so the branches that call out (a new slab, a tree re-insert, pointer-map growth)
+ * and those that cannot apply (expandable, oversize) are left out at compile time. */
 static inline __attribute__((always_inline)) sp_block_t *
 hand_out(sp_devalloc_t *d, sp_block_t *b, bool in_set, sp_block_t *pred, size_t size, size_t orig,
-         uint32_t context, bool hist) {
+         uint32_t context, bool hist, bool fast) {
     sp_segment_t *seg = b->seg;
     sp_bpool_t *bp = seg->bpool;
     sp_dev_stats_t *st = &d->stats;
     bool small = bp->is_small;
     bool already_split = b->prev || b->next;
-    if (should_split(bp, b, size)) {
+    if (fast || should_split(bp, b, size)) {
         sp_block_t *rem;
         if (in_set) {
             /* Every field of the new struct is set here (links and height only matter in a set,
              * hnext is set by the pointer map below). */
-            sp_block_t *a = block_take(d);
+            sp_block_t *a = fast ? spare_pop(d) : block_take(d);
             a->addr = b->addr;
             a->size = size;
             a->stream = b->stream;
@@ -294,7 +308,7 @@ hand_out(sp_devalloc_t *d, sp_block_t *b, bool in_set, sp_block_t *pred, size_t 
             b->addr += size;
             b->size -= size;
             b->gc_count = bp->gfb_count;
-            if (pred && !sp__bset_less(&bp->free, pred, b)) {
+            if (!fast && pred && !sp__bset_less(&bp->free, pred, b)) {
                 sp__bset_remove(&bp->free, b);
                 sp__bset_insert(&bp->free, b);
             }
@@ -324,7 +338,7 @@ hand_out(sp_devalloc_t *d, sp_block_t *b, bool in_set, sp_block_t *pred, size_t 
         }
         sp__bset_check(&bp->free);
         /* inactive_split leaves expandable segments out (their free pages can be unmapped). */
-        if (SP_UNLIKELY(seg->expandable)) {
+        if (!fast && SP_UNLIKELY(seg->expandable)) {
         } else if (already_split) {
             sp__stat_dec(st, SP_ST_INACTIVE_SPLIT_BYTES, small, (int64_t)b->size);
         } else {
@@ -343,7 +357,10 @@ hand_out(sp_devalloc_t *d, sp_block_t *b, bool in_set, sp_block_t *pred, size_t 
     b->uses = NULL; /* out of every list now: the storage was the left link */
     b->requested = orig;
     b->context = context;
-    sp__ptr_map_insert(&d->map, b);
+    if (fast)
+        sp__ptr_map_insert_room(&d->map, b);
+    else
+        sp__ptr_map_insert(&d->map, b);
     bp->pool->used += b->size;
     sp__stat_inc(st, SP_ST_ALLOCATION, small, 1);
     sp__stat_inc(st, SP_ST_ALLOCATED_BYTES, small, (int64_t)b->size);
@@ -352,7 +369,7 @@ hand_out(sp_devalloc_t *d, sp_block_t *b, bool in_set, sp_block_t *pred, size_t 
         sp__stat_inc(st, SP_ST_ACTIVE_BYTES, small, (int64_t)b->size);
     }
     sp__stat_inc(st, SP_ST_REQUESTED_BYTES, small, (int64_t)orig);
-    if (b->size >= sp__g.conf.max_split_size)
+    if (!fast && b->size >= sp__g.conf.max_split_size)
         sp__stat_add(&st->oversize_allocations, 1);
     if (SP_UNLIKELY(hist))
         sp__history_record(d->device, SP_TRACE_ALLOC, b->addr, orig, (uintptr_t)b->stream,
@@ -364,7 +381,7 @@ hand_out(sp_devalloc_t *d, sp_block_t *b, bool in_set, sp_block_t *pred, size_t 
 void sp__alloc_found_block(sp_devalloc_t *d, sp_block_t *b, size_t size, size_t orig,
                            uint32_t context) {
     assert(!b->in_set);
-    (void)hand_out(d, b, false, NULL, size, orig, context, sp__history_on());
+    (void)hand_out(d, b, false, NULL, size, orig, context, sp__history_on(), false);
 }
 
 /* ---- segments ---------------------------------------------------------------------------- */
@@ -587,9 +604,12 @@ static inline bool mergeable(const sp_block_t *n) {
  * one, else the higher n. That struct is already in the set, and its key only grows (same
  * stream, larger size; n's address drops but within its own segment and still above every block
  * it passes), so it keeps its tree node unless it now sorts above its successor: no remove +
- * insert on the common path. The freed block's own struct is recycled. */
-static inline __attribute__((always_inline)) void free_block(sp_devalloc_t *d, sp_block_t *b,
-                                                             uint32_t free_ctx, bool hist) {
+ * insert on the common path. The freed block's own struct is recycled. `fast` (sp_free's
+ * free_hit, with hist false): the caller checked free_is_plain, so the branches that call out
+ * (tree insert and remove, context release, SYMPOOL_NO_CACHING's release) are left out at
+ * compile time. */
+static inline __attribute__((always_inline)) void
+free_block(sp_devalloc_t *d, sp_block_t *b, uint32_t free_ctx, bool hist, bool fast) {
     sp_segment_t *seg = b->seg;
     sp_bpool_t *bp = seg->bpool;
     sp_dev_stats_t *st = &d->stats;
@@ -607,7 +627,7 @@ static inline __attribute__((always_inline)) void free_block(sp_devalloc_t *d, s
         net_bytes -= (int64_t)p->size;
         p->size += orig_size;
         sp_block_t *after = n;
-        if (mn) {
+        if (!fast && mn) {
             sp__bset_remove(set, n);
             net_n--;
             net_bytes -= (int64_t)n->size;
@@ -617,7 +637,7 @@ static inline __attribute__((always_inline)) void free_block(sp_devalloc_t *d, s
         p->next = after;
         if (after)
             after->prev = p;
-    } else if (mn) {
+    } else if (fast || mn) {
         keep = n;
         net_n--;
         net_bytes -= (int64_t)n->size;
@@ -651,10 +671,10 @@ static inline __attribute__((always_inline)) void free_block(sp_devalloc_t *d, s
     }
     sp__stat_dec(st, SP_ST_REQUESTED_BYTES, bp->is_small, (int64_t)req);
     keep->gc_count = bp->gfb_count; /* shares requested's storage: req above keeps the value */
-    if (keep == b) {
+    if (!fast && keep == b) {
         b->context = 0; /* a free block holds no context; ctx is released below */
         sp__bset_insert(set, b);
-    } else {
+    } else if (!fast) {
         sp_block_t *succ = sp__bset_succ(set, keep);
         if (succ && !sp__bset_less(set, keep, succ)) {
             sp__bset_remove(set, keep);
@@ -665,6 +685,10 @@ static inline __attribute__((always_inline)) void free_block(sp_devalloc_t *d, s
     if (SP_UNLIKELY(hist))
         sp__history_record(d->device, SP_TRACE_FREE_COMPLETED, orig_addr, req, (uintptr_t)b->stream,
                            bp->pool->id, free_ctx ? free_ctx : ctx);
+    if (fast) {
+        spare_push(d, b); /* no context (free_is_plain) */
+        return;
+    }
     if (mp && mn)
         sp__block_recycle(d, n);
     if (keep != b)
@@ -678,14 +702,14 @@ static inline __attribute__((always_inline)) void free_block(sp_devalloc_t *d, s
 
 /* COLD twin of free_block (see there): completes a free whose events have finished. */
 void sp__alloc_free_block(sp_devalloc_t *d, sp_block_t *b, uint32_t free_ctx) {
-    free_block(d, b, free_ctx, sp__history_on());
+    free_block(d, b, free_ctx, sp__history_on(), false);
 }
 
-static inline __attribute__((always_inline)) void free_locked(sp_devalloc_t *d, sp_block_t *b,
-                                                              uint32_t context, bool hist) {
+static inline __attribute__((always_inline)) void
+free_locked(sp_devalloc_t *d, sp_block_t *b, uint32_t context, bool hist, bool fast) {
     sp_bpool_t *bp = b->seg->bpool;
     sp_dev_stats_t *st = &d->stats;
-    bool uses = sp__block_has_uses(b); /* before allocated drops */
+    bool uses = !fast && sp__block_has_uses(b); /* before allocated drops */
     b->allocated = false;
     if (SP_UNLIKELY(uses))
         sp__stats_untie(st); /* the free may wait for events: active stays up meanwhile */
@@ -697,9 +721,8 @@ static inline __attribute__((always_inline)) void free_locked(sp_devalloc_t *d, 
     if (SP_UNLIKELY(hist))
         sp__history_record(d->device, SP_TRACE_FREE_REQUESTED, b->addr, b->requested,
                            (uintptr_t)b->stream, bp->pool->id, context ? context : b->context);
-    if (SP_LIKELY(!uses) || sp__alloc_insert_events(d, b) != SP_SUCCESS ||
-        b->event_count == 0)
-        free_block(d, b, context, hist);
+    if (SP_LIKELY(!uses) || sp__alloc_insert_events(d, b) != SP_SUCCESS || b->event_count == 0)
+        free_block(d, b, context, hist, fast);
 }
 
 /* ---- malloc ------------------------------------------------------------------------------ */
@@ -844,7 +867,7 @@ alloc_malloc(sp_devalloc_t *d, sp_mempool_t *pool, size_t orig, sp_stream_t stre
     sp_block_t *pred = NULL;
     sp_block_t *b = nocache ? NULL : find_fit(d, bp, size, stream, &pred);
     if (SP_LIKELY(b)) {
-        b = hand_out(d, b, true, pred, size, orig, ctx, hist);
+        b = hand_out(d, b, true, pred, size, orig, ctx, hist, false);
         *ptr_p = (void *)b->addr;
         sp__unlock(&d->lock);
         return SP_SUCCESS;
@@ -946,7 +969,48 @@ static sp_status_t map_pseudo_stream(const char *what, sp_stream_t *stream_p) {
                      what);
 }
 
-SP_EXPORT sp_status_t sp_malloc(size_t size, int device, sp_stream_t stream, void **ptr_p) {
+/* Can the cache hit on b (found for `size` with in-order predecessor pred) take hand_out's fast
+ * form? That form is the commonest hit: an ordinary (not expandable, not oversize) block that
+ * splits, with an idle struct for the allocated part, room in the pointer map, and a remainder
+ * that keeps b's tree node (a predecessor of the same stream sorts by size first, so one smaller
+ * than the remainder stays below it). Everything it skips needs a call or cannot apply then. */
+static inline bool hit_is_plain(const sp_devalloc_t *d, const sp_bpool_t *bp, const sp_block_t *b,
+                                const sp_block_t *pred, size_t size) {
+    return !b->seg->expandable && b->size < sp__g.conf.max_split_size &&
+           should_split(bp, b, size) && d->spare && sp__ptr_map_room(&d->map) &&
+           (!pred || pred->stream != b->stream || pred->size < b->size - size);
+}
+
+/* sp_malloc's cache hit in the default pool, with no call on its way: it takes the lock only if
+ * it is free, and gives up (false) having changed nothing that anyone reads (a tree walk may
+ * move the free set's hint, which is only a starting point) whenever anything else applies:
+ * the lock is held, events are pending, sizes are rounded by divisions, caching or the GC clock
+ * is on, no block fits, or the hit is not plain (hit_is_plain). malloc_full then takes the whole
+ * path, which does for the hits this one handles exactly what this one does (the same hand_out
+ * body). */
+static inline __attribute__((always_inline)) bool malloc_hit(sp_devalloc_t *d, size_t orig,
+                                                             sp_stream_t stream, void **ptr_p) {
+    if (SP_UNLIKELY(!sp__lock_try(&d->lock)))
+        return false;
+    sp_mempool_t *pool = d->default_pool;
+    size_t size = round_512(orig);
+    sp_bpool_t *bp = size <= SP_SMALL_SIZE ? &pool->small : &pool->large;
+    sp_block_t *pred = NULL, *b = NULL;
+    if (SP_LIKELY(sp__g.hit_plain && !d->pending_events && !d->gc_enabled && !pool->destroyed))
+        b = sp__bset_find_fit(&bp->free, stream, size, &pred);
+    if (SP_LIKELY(b && b->stream == stream && hit_is_plain(d, bp, b, pred, size))) {
+        b = hand_out(d, b, true, pred, size, orig, 0, false, true);
+        *ptr_p = (void *)b->addr;
+        sp__unlock(&d->lock);
+        return true;
+    }
+    sp__unlock(&d->lock);
+    return false;
+}
+
+/* sp_malloc's whole path: every check in its order, any pool, history, misses. */
+static __attribute__((noinline)) sp_status_t malloc_full(size_t size, int device,
+                                                         sp_stream_t stream, void **ptr_p) {
     if (SP_UNLIKELY(!ptr_p))
         return sp__error(SP_ERR_INVALID_ARGUMENT, SP_SUB_POOL, "sp_malloc: ptr_p is NULL");
     if (sp__in_callback())
@@ -972,6 +1036,20 @@ SP_EXPORT sp_status_t sp_malloc(size_t size, int device, sp_stream_t stream, voi
             ? sp__mempool_routed(device)
             : NULL;
     return alloc_malloc(d, pool ? pool : d->default_pool, size, stream, ptr_p);
+}
+
+SP_EXPORT sp_status_t sp_malloc(size_t size, int device, sp_stream_t stream, void **ptr_p) {
+    /* The commonest call (a valid device and size, a real stream, no callback running, no pool
+     * routing, no history) tries the call-free hit first; anything else, or a hit that is not
+     * plain, goes through malloc_full from its first check, as if the hit was never tried. */
+    sp_devalloc_t *d = sp__alloc_device_fast(device);
+    if (SP_LIKELY(d && ptr_p && size - 1 < SP_ONE_EB - 1 && !is_pseudo_stream(stream)) &&
+        SP_LIKELY(!__atomic_load_n(&sp__callback_threads, __ATOMIC_RELAXED) &&
+                  !atomic_load_explicit(&sp__routing_threads, memory_order_relaxed) &&
+                  !sp__history_on()) &&
+        malloc_hit(d, size, stream, ptr_p))
+        return SP_SUCCESS;
+    return malloc_full(size, device, stream, ptr_p);
 }
 
 /* Explain why ptr is not a live block (slow path of a failed free / record_stream). */
@@ -1001,7 +1079,45 @@ static sp_status_t explain_bad_pointer(const char *what, const void *ptr) {
                      what, ptr);
 }
 
-SP_EXPORT sp_status_t sp_free(void *ptr) {
+/* Can the free of allocated block b take free_block's fast form? That form is the commonest
+ * free: no recorded streams, no history context, caching on, and exactly one free neighbour,
+ * whose struct keeps its tree node (its key grows; a successor of the same stream sorts by size
+ * first, so one larger than the merged block stays above it). Everything it skips needs a call
+ * or cannot apply then. */
+static inline bool free_is_plain(const sp_block_t *b) {
+    const sp_block_t *p = b->prev, *n = b->next;
+    bool mp = mergeable(p), mn = mergeable(n);
+    if (b->uses || b->context || mp == mn || sp__g.conf.no_caching)
+        return false;
+    const sp_block_t *keep = mp ? p : n;
+    const sp_block_t *succ = sp__bset_succ(&keep->seg->bpool->free, keep);
+    return !succ || succ->stream != keep->stream || succ->size > keep->size + b->size;
+}
+
+/* sp_free's commonest free, with no call on its way: the block is in the first device whose
+ * address range holds ptr, the lock is free, and the free is plain (free_is_plain); otherwise it
+ * gives up (false) having changed nothing, and free_full takes the whole path, which does for
+ * the frees this one handles exactly what this one does (the same free_locked body). */
+static inline __attribute__((always_inline)) bool free_hit(uintptr_t a) {
+    for (int i = 0; i < sp__g.ndev; i++) {
+        sp_devalloc_t *d = &sp__g.devs[i];
+        if (a < atomic_load_explicit(&d->lo, memory_order_relaxed) ||
+            a >= atomic_load_explicit(&d->hi, memory_order_relaxed))
+            continue;
+        if (SP_UNLIKELY(!sp__lock_try(&d->lock)))
+            return false;
+        sp_block_t **pp = sp__ptr_map_slot(&d->map, a);
+        bool plain = pp && free_is_plain(*pp);
+        if (SP_LIKELY(plain))
+            free_locked(d, sp__ptr_map_unlink(&d->map, pp), 0, false, true);
+        sp__unlock(&d->lock);
+        return plain;
+    }
+    return false;
+}
+
+/* sp_free's whole path: every check in its order, history, events, every device. */
+static __attribute__((noinline)) sp_status_t free_full(void *ptr) {
     if (!ptr)
         return SP_SUCCESS;
     if (sp__in_callback())
@@ -1024,7 +1140,7 @@ SP_EXPORT sp_status_t sp_free(void *ptr) {
         sp__lock(&d->lock);
         sp_block_t *b = sp__ptr_map_remove(&d->map, a);
         if (SP_LIKELY(b)) {
-            free_locked(d, b, ctx, hist);
+            free_locked(d, b, ctx, hist, false);
             sp__unlock(&d->lock);
             if (ctx)
                 sp__history_context_release(ctx);
@@ -1035,6 +1151,16 @@ SP_EXPORT sp_status_t sp_free(void *ptr) {
     if (ctx)
         sp__history_context_release(ctx);
     return explain_bad_pointer("sp_free", ptr);
+}
+
+SP_EXPORT sp_status_t sp_free(void *ptr) {
+    /* The commonest call (sympool ready, no callback running, no history) tries the call-free
+     * free first; anything else goes through free_full from its first check. */
+    if (SP_LIKELY(ptr && !__atomic_load_n(&sp__callback_threads, __ATOMIC_RELAXED) &&
+                  atomic_load_explicit(&sp__ready, memory_order_acquire) && !sp__history_on()) &&
+        free_hit((uintptr_t)ptr))
+        return SP_SUCCESS;
+    return free_full(ptr);
 }
 
 /* COLD twin of sp_free for sp_torch_free: the same locked probe-and-free, but the device PyTorch
@@ -1064,7 +1190,7 @@ sp_status_t sp__alloc_free_sized(void *ptr, int device, size_t *size_p, int *dev
         sp_block_t *b = sp__ptr_map_remove(&d->map, a);
         if (SP_LIKELY(b)) {
             size_t req = b->requested;
-            free_locked(d, b, ctx, hist);
+            free_locked(d, b, ctx, hist, false);
             sp__unlock(&d->lock);
             if (ctx)
                 sp__history_context_release(ctx);

@@ -51,13 +51,13 @@ typedef struct sp_block {
         struct sp_block *parent; /* free-set tree link while in_set (lock) */
         struct sp_block *hnext;  /* pointer-map chain while allocated; spare list while idle */
     };
-    uint32_t context;      /* history context of the allocation, 0 if none (lock) */
-    int32_t event_count;   /* outstanding events of a pending free (lock) */
-    int8_t height;         /* AVL height while in_set (lock) */
-    bool allocated;        /* handed out and not yet freed (lock) */
-    bool in_set;           /* in its bpool's free set (lock) */
-    bool unmapped;         /* expandable: address space without memory; in its bpool's
-                            * unmapped list (chained by left/right), never in a set (lock) */
+    uint32_t context;    /* history context of the allocation, 0 if none (lock) */
+    int32_t event_count; /* outstanding events of a pending free (lock) */
+    int8_t height;       /* AVL height while in_set (lock) */
+    bool allocated;      /* handed out and not yet freed (lock) */
+    bool in_set;         /* in its bpool's free set (lock) */
+    bool unmapped;       /* expandable: address space without memory; in its bpool's
+                          * unmapped list (chained by left/right), never in a set (lock) */
 } sp_block_t;
 
 /* Does b have recorded streams that its free must wait for? Only an allocated block can (a free

@@ -6,6 +6,7 @@
 #ifndef SP_POOL_PTR_MAP_H
 #define SP_POOL_PTR_MAP_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -34,13 +35,42 @@ static inline size_t sp__ptr_map_hash(uintptr_t addr) {
     return (size_t)(x >> 17);
 }
 
-static inline void sp__ptr_map_insert(sp_ptr_map_t *m, sp_block_t *b) {
-    if (SP_UNLIKELY(m->count > m->mask))
-        sp__ptr_map_grow(m);
+/* Is there room for one more block without growing? */
+static inline bool sp__ptr_map_room(const sp_ptr_map_t *m) {
+    return m->count <= m->mask;
+}
+
+/* Insert where sp__ptr_map_room said there is room. */
+static inline void sp__ptr_map_insert_room(sp_ptr_map_t *m, sp_block_t *b) {
     sp_block_t **head = &m->buckets[sp__ptr_map_hash(b->addr) & m->mask];
     b->hnext = *head;
     *head = b;
     m->count++;
+}
+
+static inline void sp__ptr_map_insert(sp_ptr_map_t *m, sp_block_t *b) {
+    if (SP_UNLIKELY(!sp__ptr_map_room(m)))
+        sp__ptr_map_grow(m);
+    sp__ptr_map_insert_room(m, b);
+}
+
+/* The link that points at the block starting at addr (for sp__ptr_map_unlink), or NULL. */
+static inline sp_block_t **sp__ptr_map_slot(sp_ptr_map_t *m, uintptr_t addr) {
+    if (SP_UNLIKELY(!m->buckets))
+        return NULL;
+    sp_block_t **pp = &m->buckets[sp__ptr_map_hash(addr) & m->mask];
+    for (sp_block_t *b = *pp; b; pp = &b->hnext, b = b->hnext)
+        if (b->addr == addr)
+            return pp;
+    return NULL;
+}
+
+static inline sp_block_t *sp__ptr_map_unlink(sp_ptr_map_t *m, sp_block_t **pp) {
+    sp_block_t *b = *pp;
+    *pp = b->hnext;
+    b->hnext = NULL;
+    m->count--;
+    return b;
 }
 
 static inline sp_block_t *sp__ptr_map_remove(sp_ptr_map_t *m, uintptr_t addr) {

@@ -179,7 +179,7 @@ SP_EXPORT sp_status_t sp_reset_peak_memory_stats(int device) {
     sp_devalloc_t *d = NULL;
     SP_CHECK(sp__alloc_device(device, &d));
     sp__lock(&d->lock);
-    sp__stats_settle(&d->stats); /* the aggregates' peaks reset to their derived currents */
+    sp__stats_settle(&d->stats);      /* the aggregates' peaks reset to their derived currents */
     each_stat(&d->stats, reset_peak); /* while tied, active's stale copy is reset too: unread */
     sp__stats_try_tie(&d->stats);
     sp__unlock(&d->lock);

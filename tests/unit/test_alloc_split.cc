@@ -4,6 +4,14 @@
 // and max_non_split_rounding_mb.
 #include "alloc_test_util.hpp"
 
+#include <array>
+#include <random>
+#include <vector>
+
+extern "C" {
+#include "pool/pool.h"
+}
+
 using namespace sp;
 
 class AllocSplit : public sp::Test {};
@@ -150,4 +158,75 @@ TEST_F(AllocSplit, DefaultMaxSplitSizeIsMinusOne) {
     EXPECT_EQ(stat("oversize_allocations.current"), 0);
     EXPECT_EQ(stat("oversize_segments.current"), 0);
     ASSERT_SP_OK(sp_free(a));
+}
+
+// sp_malloc and sp_free try a call-free form of the cache hit and of the free first and fall back
+// to the whole path for anything else; with memory history on they always take the whole path.
+// A seeded random run (sizes of both pools, two streams, frees in random order) must give the
+// same block for every malloc (segment sequence number, offset, size) and the same 122 stats in
+// both modes.
+namespace {
+struct RunResult {
+    std::vector<std::array<uint64_t, 3>> blocks;
+    std::vector<int64_t> stats;
+};
+
+RunResult random_run(bool history) {
+    if (history) {
+        sp_history_params_t hp;
+        sp_history_params_init(&hp);
+        hp.enabled = SP_HISTORY_STATE;
+        EXPECT_EQ(sp_record_memory_history(&hp), SP_SUCCESS);
+    }
+    sp_stream_t s2;
+    EXPECT_EQ(sp_stream_create(0, &s2), SP_SUCCESS);
+    std::mt19937_64 rng(12345);
+    std::vector<void *> live;
+    RunResult r;
+    const size_t sizes[] = {1,     512,     700,           1024,    1536,    4096,
+                            65536, 1 << 20, (1 << 20) + 1, 3 << 20, 12 << 20};
+    for (int i = 0; i < 4000; i++) {
+        if (live.empty() || rng() % 100 < 55) {
+            size_t size = sizes[rng() % (sizeof sizes / sizeof sizes[0])] + rng() % 3 * 512;
+            sp_stream_t s = rng() % 4 == 0 ? s2 : nullptr;
+            void *p = nullptr;
+            EXPECT_EQ(sp_malloc(size, 0, s, &p), SP_SUCCESS);
+            sp_block_info_t bi;
+            EXPECT_EQ(sp__pool_lookup(p, &bi), SP_SUCCESS);
+            r.blocks.push_back({bi.segment_seq | (uint64_t)bi.segment_size << 20,
+                                (uint64_t)((char *)p - (char *)bi.segment_base), bi.block_size});
+            live.push_back(p);
+        } else {
+            size_t k = rng() % live.size();
+            EXPECT_EQ(sp_free(live[k]), SP_SUCCESS);
+            live[k] = live.back();
+            live.pop_back();
+        }
+    }
+    for (void *p : live)
+        EXPECT_EQ(sp_free(p), SP_SUCCESS);
+    sp_stats_t st;
+    EXPECT_EQ(sp_memory_stats(0, &st), SP_SUCCESS);
+    for (size_t i = 0; i < sp_stats_count(); i++)
+        r.stats.push_back(sp_stats_value(&st, i));
+    EXPECT_EQ(sp_stream_destroy(s2), SP_SUCCESS);
+    if (history) {
+        sp_history_params_t hp;
+        sp_history_params_init(&hp);
+        hp.enabled = SP_HISTORY_OFF;
+        EXPECT_EQ(sp_record_memory_history(&hp), SP_SUCCESS);
+    }
+    return r;
+}
+} // namespace
+
+TEST_F(AllocSplit, FastHitAndFreeMatchTheWholePath) {
+    RunResult fast = random_run(false);
+    ASSERT_EQ(sp_shutdown(), SP_SUCCESS);
+    RunResult whole = random_run(true);
+    ASSERT_EQ(fast.blocks.size(), whole.blocks.size());
+    for (size_t i = 0; i < fast.blocks.size(); i++)
+        ASSERT_EQ(fast.blocks[i], whole.blocks[i]) << "malloc " << i;
+    for (size_t i = 0; i < fast.stats.size(); i++)
+        EXPECT_EQ(fast.stats[i], whole.stats[i]) << sp_stats_key(i);
 }
