@@ -295,7 +295,6 @@ hand_out(sp_devalloc_t *d, sp_block_t *b, bool in_set, sp_block_t *pred, size_t 
             a->size = size;
             a->stream = b->stream;
             a->seg = seg;
-            a->event_count = 0;
             a->in_set = false;
             a->unmapped = false; /* a recycled struct may have been an unmapped block */
             a->prev = b->prev;
@@ -325,7 +324,6 @@ hand_out(sp_devalloc_t *d, sp_block_t *b, bool in_set, sp_block_t *pred, size_t 
             rem->hnext = NULL;
             rem->gc_count = bp->gfb_count;
             rem->context = 0;
-            rem->event_count = 0;
             rem->allocated = false;
             rem->unmapped = false;
             sp__bset_insert(&bp->free, rem);
@@ -592,7 +590,7 @@ static void detach_segment(sp_devalloc_t *d, sp_segment_t *seg, uint32_t context
  * before it is handed out, and a freed block enters it only once its events are done and its
  * uses are consumed. */
 static inline bool mergeable(const sp_block_t *n) {
-    assert(!n || !n->in_set || (!n->allocated && n->event_count == 0));
+    assert(!n || !n->in_set || !n->allocated);
     return n && n->in_set;
 }
 

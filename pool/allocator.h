@@ -253,7 +253,7 @@ void sp__block_slabs_free(sp_devalloc_t *d);
 void sp__block_recycle(sp_devalloc_t *d, sp_block_t *b);
 /* Is this block a whole free segment that may be released? */
 static inline bool sp__block_releasable(const sp_block_t *b) {
-    return !b->prev && !b->next && !b->allocated && b->event_count == 0 && b->in_set;
+    return b->in_set && !b->prev && !b->next; /* in the set: free, no events */
 }
 
 #endif /* SP_POOL_ALLOCATOR_H */

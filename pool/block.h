@@ -27,9 +27,11 @@ typedef struct sp_block_uses {
 /* A block is in one of four states: allocated (in the pointer map), pending (freed, waiting for
  * events), free (in its block pool's set) or unmapped (expandable address space, on its bpool's
  * unmapped list), or idle on the device's spare list. Fields used in disjoint states share
- * storage, which keeps a block at 96 bytes: the pointer-map chain and the tree's parent link,
- * the caller's size and the GC age, the recorded streams and the tree's (or unmapped list's) left
- * link. */
+ * storage, which keeps a block at 88 bytes: the pointer-map chain, the tree's parent link and
+ * a pending free's event count; the caller's size and the GC age; the recorded streams and the
+ * tree's (or unmapped list's) left link. The word of the parent link is zero whenever a block is
+ * in none of those states (a set removal and a pointer-map removal clear it, new structs are
+ * zeroed), so outside the pending state the event count reads 0 (sp__block_pending). */
 typedef struct sp_block {
     uintptr_t addr; /* start address (lock) */
     size_t size;    /* bytes, a multiple of 512 (lock) */
@@ -50,15 +52,20 @@ typedef struct sp_block {
     union {
         struct sp_block *parent; /* free-set tree link while in_set (lock) */
         struct sp_block *hnext;  /* pointer-map chain while allocated; spare list while idle */
+        int32_t event_count;     /* outstanding events while pending (lock) */
     };
-    uint32_t context;    /* history context of the allocation, 0 if none (lock) */
-    int32_t event_count; /* outstanding events of a pending free (lock) */
-    int8_t height;       /* AVL height while in_set (lock) */
-    bool allocated;      /* handed out and not yet freed (lock) */
-    bool in_set;         /* in its bpool's free set (lock) */
-    bool unmapped;       /* expandable: address space without memory; in its bpool's
-                          * unmapped list (chained by left/right), never in a set (lock) */
+    uint32_t context; /* history context of the allocation, 0 if none (lock) */
+    int8_t height;    /* AVL height while in_set (lock) */
+    bool allocated;   /* handed out and not yet freed (lock) */
+    bool in_set;      /* in its bpool's free set (lock) */
+    bool unmapped;    /* expandable: address space without memory; in its bpool's
+                       * unmapped list (chained by left/right), never in a set (lock) */
 } sp_block_t;
+
+/* Is b a pending free (freed, waiting for events)? */
+static inline bool sp__block_pending(const sp_block_t *b) {
+    return !b->allocated && !b->in_set && !b->unmapped && b->event_count != 0;
+}
 
 /* Does b have recorded streams that its free must wait for? Only an allocated block can (a free
  * consumes them before the block becomes pending, free or unmapped, whose `left` shares the

@@ -126,7 +126,7 @@ static size_t unmap_block(sp_devalloc_t *d, sp_block_t *b);
 
 /* A block that can become part of a new allocation: not allocated, no pending events. */
 static bool allocatable(const sp_block_t *b) {
-    return b && !b->allocated && b->event_count == 0 && !sp__block_has_uses(b);
+    return b && !b->allocated && !sp__block_pending(b);
 }
 
 static bool free_mapped(const sp_block_t *b) {

@@ -220,14 +220,14 @@ static sp_status_t visit_run(sp_devalloc_t *d, sp_segment_t *seg, sp_block_t *fi
         sp_block_view_t *bv = &(*buf)[i];
         bv->address = b->addr;
         bv->size = b->size;
-        bv->requested_size = b->allocated || b->event_count ? b->requested : 0;
+        bv->requested_size = b->allocated || sp__block_pending(b) ? b->requested : 0;
         bv->context = b->context;
         v.total_size += b->size;
         if (b->allocated) {
             bv->state = SP_BLOCK_ACTIVE_ALLOCATED;
             v.allocated_size += b->size;
             v.active_size += b->size;
-        } else if (b->event_count || sp__block_has_uses(b)) {
+        } else if (sp__block_pending(b)) {
             bv->state = SP_BLOCK_ACTIVE_PENDING_FREE;
             v.active_size += b->size;
         } else {
