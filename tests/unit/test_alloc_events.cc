@@ -4,6 +4,12 @@
 // empty_cache and the OOM retry synchronize pending events.
 #include "alloc_test_util.hpp"
 
+#include <vector>
+
+extern "C" {
+#include "pool/pool.h"
+}
+
 using namespace sp;
 
 class AllocEvents : public sp::Test {};
@@ -147,5 +153,62 @@ TEST_F(AllocEvents, ActiveFollowsAllocationExceptWhileAFreeWaits) {
     expect_pair("active", "allocation", 1, 2, 1, 0, " (after the accumulated reset)");
     expect_pair("allocation", "active", 1, 2, 1, 0, " (after the accumulated reset)");
     ASSERT_SP_OK(sp_free(p));
+    ASSERT_SP_OK(sp_stream_destroy(other));
+}
+
+// The segment walk (snapshots) names each block's state: a free that waits for another stream is
+// "pending" with its requested size while its neighbours are inactive, and inactive with no
+// requested size once the wait is over; blocks that were free before and after read inactive.
+namespace {
+struct BlockSeen {
+    uintptr_t address;
+    size_t requested;
+    sp_block_state_t state;
+};
+void collect(const sp_segment_view_t *s, void *arg) {
+    auto *out = static_cast<std::vector<BlockSeen> *>(arg);
+    for (size_t i = 0; i < s->nblocks; i++)
+        out->push_back({s->blocks[i].address, s->blocks[i].requested_size, s->blocks[i].state});
+}
+std::vector<BlockSeen> walk() {
+    std::vector<BlockSeen> v;
+    EXPECT_EQ(sp__pool_walk(0, nullptr, collect, &v), SP_SUCCESS);
+    return v;
+}
+} // namespace
+
+TEST_F(AllocEvents, WalkShowsAPendingFreeAndItsEnd) {
+    SP_SKIP_ON_GPU("host stream model: on a GPU an idle stream's event completes at once");
+    sp_stream_t other;
+    ASSERT_SP_OK(sp_stream_create(0, &other));
+    void *p, *q, *r;
+    ASSERT_SP_OK(sp_malloc(1000, 0, nullptr, &p));
+    ASSERT_SP_OK(sp_malloc(3000, 0, nullptr, &q));
+    ASSERT_SP_OK(sp_malloc(5000, 0, nullptr, &r));
+    ASSERT_SP_OK(sp_free(p)); // free before: inactive
+    ASSERT_SP_OK(sp_record_stream(q, other));
+    ASSERT_SP_OK(sp_free(q)); // pending
+    auto v = walk();
+    ASSERT_EQ(v.size(), 4u); // p, q, r, the rest of the segment
+    EXPECT_EQ(v[0].state, SP_BLOCK_INACTIVE);
+    EXPECT_EQ(v[0].requested, 0u);
+    EXPECT_EQ(v[1].address, (uintptr_t)q);
+    EXPECT_EQ(v[1].state, SP_BLOCK_ACTIVE_PENDING_FREE);
+    EXPECT_EQ(v[1].requested, 3000u);
+    EXPECT_EQ(v[2].state, SP_BLOCK_ACTIVE_ALLOCATED);
+    EXPECT_EQ(v[2].requested, 5000u);
+    EXPECT_EQ(v[3].state, SP_BLOCK_INACTIVE);
+    ASSERT_SP_OK(sp_stream_synchronize(other));
+    void *s;
+    ASSERT_SP_OK(sp_malloc(100 << 10, 0, nullptr, &s)); // completes the pending free first
+    ASSERT_SP_OK(sp_free(s));
+    v = walk();
+    ASSERT_EQ(v.size(), 3u) << "p and q merged once q's free completed";
+    EXPECT_EQ(v[0].state, SP_BLOCK_INACTIVE);
+    EXPECT_EQ(v[0].requested, 0u);
+    EXPECT_EQ(v[1].address, (uintptr_t)r);
+    EXPECT_EQ(v[1].state, SP_BLOCK_ACTIVE_ALLOCATED);
+    EXPECT_EQ(v[2].state, SP_BLOCK_INACTIVE);
+    ASSERT_SP_OK(sp_free(r));
     ASSERT_SP_OK(sp_stream_destroy(other));
 }
