@@ -843,11 +843,8 @@ static sp_status_t check_stream(const sp_devalloc_t *d, sp_stream_t stream) {
  * below is its out-of-line twin for sp_mempool_malloc (mempool.c), which is not worth a second
  * inlined copy of the whole path. */
 static inline __attribute__((always_inline)) sp_status_t
-alloc_malloc(sp_devalloc_t *d, sp_mempool_t *pool, size_t orig, sp_stream_t stream, void **ptr_p) {
-    /* One read of the history switch per call: its hooks then agree with each other. */
-    bool hist = SP_UNLIKELY(sp__history_on());
-    uint32_t ctx = hist ? sp__history_capture(false) : 0;
-    sp__lock(&d->lock);
+alloc_locked(sp_devalloc_t *d, sp_mempool_t *pool, size_t orig, sp_stream_t stream, void **ptr_p,
+             uint32_t ctx, bool hist) {
     if (SP_UNLIKELY(pool->destroyed)) {
         sp__unlock(&d->lock);
         if (ctx)
@@ -920,6 +917,22 @@ alloc_malloc(sp_devalloc_t *d, sp_mempool_t *pool, size_t orig, sp_stream_t stre
     return SP_SUCCESS;
 }
 
+static inline __attribute__((always_inline)) sp_status_t
+alloc_malloc(sp_devalloc_t *d, sp_mempool_t *pool, size_t orig, sp_stream_t stream, void **ptr_p) {
+    /* One read of the history switch per call: its hooks then agree with each other. */
+    bool hist = SP_UNLIKELY(sp__history_on());
+    uint32_t ctx = hist ? sp__history_capture(false) : 0;
+    sp__lock(&d->lock);
+    return alloc_locked(d, pool, orig, stream, ptr_p, ctx, hist);
+}
+
+/* alloc_malloc's path from the lock on, for malloc_hit's cases that are not its own: the lock is
+ * held, history is off (so no context), and nothing has changed since it was taken. */
+static __attribute__((noinline)) sp_status_t
+malloc_rest(sp_devalloc_t *d, sp_mempool_t *pool, size_t orig, sp_stream_t stream, void **ptr_p) {
+    return alloc_locked(d, pool, orig, stream, ptr_p, 0, false);
+}
+
 /* Out-of-line twin of alloc_malloc (see there), for sp_mempool_malloc. */
 sp_status_t sp__alloc_malloc(sp_devalloc_t *d, sp_mempool_t *pool, size_t orig, sp_stream_t stream,
                              void **ptr_p) {
@@ -979,31 +992,31 @@ static inline bool hit_is_plain(const sp_devalloc_t *d, const sp_bpool_t *bp, co
            (!pred || pred->stream != b->stream || pred->size < b->size - size);
 }
 
-/* sp_malloc's cache hit in the default pool, with no call on its way: it takes the lock only if
- * it is free, and gives up (false) having changed nothing that anyone reads (a tree walk may
- * move the free set's hint, which is only a starting point) whenever anything else applies:
- * the lock is held, events are pending, sizes are rounded by divisions, caching or the GC clock
- * is on, no block fits, or the hit is not plain (hit_is_plain). malloc_full then takes the whole
- * path, which does for the hits this one handles exactly what this one does (the same hand_out
- * body). */
-static inline __attribute__((always_inline)) bool malloc_hit(sp_devalloc_t *d, size_t orig,
-                                                             sp_stream_t stream, void **ptr_p) {
-    if (SP_UNLIKELY(!sp__lock_try(&d->lock)))
+/* sp_malloc in the default pool with history off, the lock taken without waiting and no call
+ * on the way of the commonest hit (hit_is_plain). Anything else under the lock (a destroyed
+ * pool, pending events, the GC clock, no plain hit) goes on in malloc_rest, which starts the
+ * locked path from its beginning: only the free set's hint may have moved, which is a starting
+ * point, not a result. false: the lock was busy, or sizes are rounded by divisions or caching is
+ * off; nothing was done and malloc_full takes the whole path. */
+static inline __attribute__((always_inline)) bool
+malloc_hit(sp_devalloc_t *d, size_t orig, sp_stream_t stream, void **ptr_p, sp_status_t *s_p) {
+    if (SP_UNLIKELY(!sp__g.hit_plain) || SP_UNLIKELY(!sp__lock_try(&d->lock)))
         return false;
     sp_mempool_t *pool = d->default_pool;
     size_t size = round_512(orig);
     sp_bpool_t *bp = size <= SP_SMALL_SIZE ? &pool->small : &pool->large;
     sp_block_t *pred = NULL, *b = NULL;
-    if (SP_LIKELY(sp__g.hit_plain && !d->pending_events && !d->gc_enabled && !pool->destroyed))
+    if (SP_LIKELY(!d->pending_events && !d->gc_enabled && !pool->destroyed))
         b = sp__bset_find_fit(&bp->free, stream, size, &pred);
     if (SP_LIKELY(b && b->stream == stream && hit_is_plain(d, bp, b, pred, size))) {
         b = hand_out(d, b, true, pred, size, orig, 0, false, true);
         *ptr_p = (void *)b->addr;
         sp__unlock(&d->lock);
+        *s_p = SP_SUCCESS;
         return true;
     }
-    sp__unlock(&d->lock);
-    return false;
+    *s_p = malloc_rest(d, pool, orig, stream, ptr_p);
+    return true;
 }
 
 /* sp_malloc's whole path: every check in its order, any pool, history, misses. */
@@ -1041,12 +1054,13 @@ SP_EXPORT sp_status_t sp_malloc(size_t size, int device, sp_stream_t stream, voi
      * routing, no history) tries the call-free hit first; anything else, or a hit that is not
      * plain, goes through malloc_full from its first check, as if the hit was never tried. */
     sp_devalloc_t *d = sp__alloc_device_fast(device);
+    sp_status_t s;
     if (SP_LIKELY(d && ptr_p && size - 1 < SP_ONE_EB - 1 && !is_pseudo_stream(stream)) &&
         SP_LIKELY(!__atomic_load_n(&sp__callback_threads, __ATOMIC_RELAXED) &&
                   !atomic_load_explicit(&sp__routing_threads, memory_order_relaxed) &&
                   !sp__history_on()) &&
-        malloc_hit(d, size, stream, ptr_p))
-        return SP_SUCCESS;
+        malloc_hit(d, size, stream, ptr_p, &s))
+        return s;
     return malloc_full(size, device, stream, ptr_p);
 }
 
@@ -1092,10 +1106,16 @@ static inline bool free_is_plain(const sp_block_t *b) {
     return !succ || succ->stream != keep->stream || succ->size > keep->size + b->size;
 }
 
-/* sp_free's commonest free, with no call on its way: the block is in the first device whose
- * address range holds ptr, the lock is free, and the free is plain (free_is_plain); otherwise it
- * gives up (false) having changed nothing, and free_full takes the whole path, which does for
- * the frees this one handles exactly what this one does (the same free_locked body). */
+/* free_locked for free_hit's blocks that are not plain: the lock is held and history is off. */
+static __attribute__((noinline)) void free_rest(sp_devalloc_t *d, sp_block_t **pp) {
+    free_locked(d, sp__ptr_map_unlink(&d->map, pp), 0, false, false);
+    sp__unlock(&d->lock);
+}
+
+/* sp_free with history off: the block is in the first device whose address range holds ptr (the
+ * whole path's first match too) and the lock was free; the commonest free (free_is_plain) has no
+ * call on its way, any other free of a block found goes on in free_rest. false: the lock was
+ * busy or the pointer is not there; nothing was done and free_full takes the whole path. */
 static inline __attribute__((always_inline)) bool free_hit(uintptr_t a) {
     for (int i = 0; i < sp__g.ndev; i++) {
         sp_devalloc_t *d = &sp__g.devs[i];
@@ -1105,11 +1125,17 @@ static inline __attribute__((always_inline)) bool free_hit(uintptr_t a) {
         if (SP_UNLIKELY(!sp__lock_try(&d->lock)))
             return false;
         sp_block_t **pp = sp__ptr_map_slot(&d->map, a);
-        bool plain = pp && free_is_plain(*pp);
-        if (SP_LIKELY(plain))
+        if (SP_UNLIKELY(!pp)) {
+            sp__unlock(&d->lock);
+            return false;
+        }
+        if (SP_LIKELY(free_is_plain(*pp))) {
             free_locked(d, sp__ptr_map_unlink(&d->map, pp), 0, false, true);
-        sp__unlock(&d->lock);
-        return plain;
+            sp__unlock(&d->lock);
+        } else {
+            free_rest(d, pp);
+        }
+        return true;
     }
     return false;
 }
