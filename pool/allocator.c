@@ -987,20 +987,24 @@ static sp_status_t map_pseudo_stream(const char *what, sp_stream_t *stream_p) {
  * than the remainder stays below it). Everything it skips needs a call or cannot apply then. */
 static inline bool hit_is_plain(const sp_devalloc_t *d, const sp_bpool_t *bp, const sp_block_t *b,
                                 const sp_block_t *pred, size_t size) {
-    return !b->seg->expandable && b->size < sp__g.conf.max_split_size &&
-           should_split(bp, b, size) && d->spare && sp__ptr_map_room(&d->map) &&
-           (!pred || pred->stream != b->stream || pred->size < b->size - size);
+    /* should_split for the default pool without expandable segments (sp__g.hit_fast): it never
+     * has no_split, and size < max_split_size follows from b's size. */
+    assert(!bp->pool->no_split && !b->seg->expandable && !sp__exp_pool(bp->pool));
+    size_t rest = b->size - size;
+    return b->size < sp__g.conf.max_split_size &&
+           (bp->is_small ? rest >= SP_MIN_BLOCK_SIZE : rest > SP_SMALL_SIZE) && d->spare &&
+           sp__ptr_map_room(&d->map) && (!pred || pred->stream != b->stream || pred->size < rest);
 }
 
 /* sp_malloc in the default pool with history off, the lock taken without waiting and no call
  * on the way of the commonest hit (hit_is_plain). Anything else under the lock (a destroyed
  * pool, pending events, the GC clock, no plain hit) goes on in malloc_rest, which starts the
  * locked path from its beginning: only the free set's hint may have moved, which is a starting
- * point, not a result. false: the lock was busy, or sizes are rounded by divisions or caching is
- * off; nothing was done and malloc_full takes the whole path. */
+ * point, not a result. false: the lock was busy, or sizes are rounded by divisions, caching is
+ * off or segments are expandable; nothing was done and malloc_full takes the whole path. */
 static inline __attribute__((always_inline)) bool
 malloc_hit(sp_devalloc_t *d, size_t orig, sp_stream_t stream, void **ptr_p, sp_status_t *s_p) {
-    if (SP_UNLIKELY(!sp__g.hit_plain) || SP_UNLIKELY(!sp__lock_try(&d->lock)))
+    if (SP_UNLIKELY(!sp__g.hit_fast) || SP_UNLIKELY(!sp__lock_try(&d->lock)))
         return false;
     sp_mempool_t *pool = d->default_pool;
     size_t size = round_512(orig);

@@ -132,6 +132,7 @@ typedef struct sp_alloc_global {
     sp_alloc_conf_t conf;       /* resolved allocator options at init */
     bool round_plain;           /* no roundup_power2_divisions: round to 512 B only (const) */
     bool hit_plain;             /* round_plain and caching on: the cache hit's one test (const) */
+    bool hit_fast;              /* hit_plain, no expandable segments: malloc_hit applies (const) */
     bool exp_on;                /* expandable segments in use (conf, backend VMM) (const) */
     bool exp_recycle;           /* SYMPOOL_EXPANDABLE_RECYCLE (const) */
     bool exp_borrow;            /* SYMPOOL_EXPANDABLE_BORROW (const) */

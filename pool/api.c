@@ -120,6 +120,7 @@ sp_status_t sp__alloc_init_slow(void) {
     sp__g.exp_on = sp__g.conf.expandable_segments && !sp__g.conf.no_caching && sp__g.caps.has_vmm &&
                    sp__g.ops->vmm_reserve && sp__g.ops->vmm_map && sp__g.ops->vmm_unmap &&
                    sp__g.ops->vmm_release;
+    sp__g.hit_fast = sp__g.hit_plain && !sp__g.exp_on;
     sp__g.exp_recycle = sp__option_int(SP_OPT_EXPANDABLE_RECYCLE) != 0;
     sp__g.exp_borrow = sp__option_int(SP_OPT_EXPANDABLE_BORROW) != 0;
     sp__g.exp_page = (size_t)sp__option_int(SP_OPT_EXPANDABLE_PAGE);
