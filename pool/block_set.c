@@ -15,10 +15,10 @@
  * the hint's predecessor, so it is linked beside them without a root walk; any other insert
  * walks down from the root, O(log n).
  *
- * The cache-hit path avoids a remove + insert pair where it can: a split remainder or a merged
- * block whose key still sorts strictly between the old node's in-order neighbours takes that
- * node's place in the tree (same links, same height), which keeps both the order and the AVL
- * balance (sp__bset_replace).
+ * The cache-hit path avoids a remove + insert pair where it can: a split remainder keeps its
+ * node with a smaller key, and a merged block keeps a free neighbour's node with a larger one,
+ * when the new key still sorts strictly between the node's in-order neighbours (allocator.c
+ * checks that); order and AVL balance are then unchanged.
  */
 #include <assert.h>
 

@@ -92,8 +92,9 @@ static inline bool sp__bset_below(const sp_block_t *n, uintptr_t s, size_t size)
 }
 
 /* lower_bound (stream, size) for the malloc path, with the result's in-order predecessor in
- * *pred_p (NULL if none) for sp__bset_replace. The hint answers when it is at least the query
- * and its predecessor is below it; otherwise the root walk does, and becomes the hint. */
+ * *pred_p (NULL if none), which the split checks its remainder against. The hint answers when it is
+ * at least the query and its predecessor is below it; otherwise the root walk does, and becomes the
+ * hint. */
 static inline sp_block_t *sp__bset_find_fit(sp_block_set_t *set, sp_stream_t stream, size_t size,
                                             sp_block_t **pred_p) {
     uintptr_t s = (uintptr_t)stream;
@@ -121,34 +122,8 @@ static inline sp_block_t *sp__bset_find_fit(sp_block_set_t *set, sp_stream_t str
     return best;
 }
 
-/* Put nb (not in the set) where old is; only valid when nb's key sorts strictly between old's
- * in-order neighbours, as then order and balance are unchanged; the count stays. */
-static inline void sp__bset_replace(sp_block_set_t *set, sp_block_t *old, sp_block_t *nb) {
-    sp_block_t *p = old->parent;
-    nb->left = old->left;
-    nb->right = old->right;
-    nb->parent = p;
-    nb->height = old->height;
-    nb->in_set = true;
-    if (nb->left)
-        nb->left->parent = nb;
-    if (nb->right)
-        nb->right->parent = nb;
-    if (!p)
-        set->root = nb;
-    else if (p->left == old)
-        p->left = nb;
-    else
-        p->right = nb;
-    if (set->min == old)
-        set->min = nb;
-    if (set->hint == old)
-        set->hint = nb;
-    old->in_set = false; /* its links are stale: nothing reads them outside the set */
-}
-
 /* Debug builds: assert the set's order, parent links, AVL balance, count, min and hint (the
- * in-place replacements above rely on the caller's neighbour check). Release builds: nothing. */
+ * allocator's in-place key changes rely on its neighbour checks). Release builds: nothing. */
 #ifndef NDEBUG
 void sp__bset_check(const sp_block_set_t *set);
 #else

@@ -149,25 +149,3 @@ TEST(BlockSet, SymmetricOrderMatchesASortedReference) {
     for (uint32_t seed = 1; seed <= 3; seed++)
         ASSERT_NO_FATAL_FAILURE(churn(true, seed));
 }
-
-// In-place replacement: a block whose key sorts between the old block's neighbours takes its
-// node; the set stays valid and a lookup finds the new block.
-TEST(BlockSet, ReplaceKeepsOrderMinAndHint) {
-    Fixture f(16, false, 5);
-    for (size_t i = 0; i < f.blocks.size(); i++) {
-        f.blocks[i].stream = nullptr;
-        f.blocks[i].size = 1024 * (i + 1);
-        if (i != 3)
-            sp__bset_insert(&f.set, &f.blocks[i]);
-    }
-    ASSERT_NO_FATAL_FAILURE(f.check());
-    // Block 3 (not in the set) made the first block's size minus 512: it sorts first.
-    sp_block_t &nb = f.blocks[3];
-    nb.size = 512;
-    sp__bset_replace(&f.set, &f.blocks[0], &nb);
-    EXPECT_FALSE(f.blocks[0].in_set);
-    ASSERT_NO_FATAL_FAILURE(f.check());
-    EXPECT_EQ(f.set.min, &nb);
-    ASSERT_NO_FATAL_FAILURE(f.lookup(0, 512));
-    EXPECT_EQ(f.set.hint, &nb);
-}
