@@ -563,6 +563,63 @@ TEST_F(Expandable, WithoutBorrowASmallRequestMapsASmallPage) {
     small_request_after_large(false);
 }
 
+// SYMPOOL_EXPANDABLE_SHARED (default, with BORROW): small requests live in the large pool's
+// expandable segments even when no large block is free yet, so a 1 MiB block and a 2.5 MiB one
+// share the pages under them (3.5 MiB: two pages) instead of a small page of their own beside
+// the large pool's two (three pages, one half used and one a quarter used). Off (or BORROW off,
+// PyTorch's rules) the small request maps a small-pool page.
+static void small_then_large(bool shared) {
+    void *small, *big;
+    ASSERT_SP_OK(sp_malloc(1 * MiB, 0, nullptr, &small)); // a small request (<= 1 MiB)
+    ASSERT_SP_OK(sp_malloc(5 * MiB / 2, 0, nullptr, &big));
+    EXPECT_EQ(stat("reserved_bytes.all.current"), (shared ? 4 : 6) * (int64_t)MiB);
+    EXPECT_EQ(stat("reserved_bytes.small_pool.current"), shared ? 0 : 2 * (int64_t)MiB);
+    EXPECT_EQ(stat("allocated_bytes.large_pool.current"),
+              (int64_t)(5 * MiB / 2 + (shared ? 1 * MiB : 0)));
+    EXPECT_EQ((uintptr_t)big == (uintptr_t)small + 1 * MiB, shared);
+    ASSERT_SP_OK(sp_free(small));
+    ASSERT_SP_OK(sp_free(big));
+    ASSERT_SP_OK(sp_empty_cache());
+    EXPECT_EQ(stat("reserved_bytes.all.current"), 0);
+}
+
+TEST_F(Expandable, SmallAndLargeRequestsShareTheLargePoolsPages) {
+    sp::ScopedEnv env({{"SYMPOOL_ALLOC_CONF", "expandable_segments:True"}});
+    SP_SKIP_UNLESS_HOST();
+    small_then_large(true);
+}
+
+TEST_F(Expandable, WithoutSharedASmallRequestMapsASmallPage) {
+    sp::ScopedEnv env(
+        {{"SYMPOOL_ALLOC_CONF", "expandable_segments:True"}, {"SYMPOOL_EXPANDABLE_SHARED", "0"}});
+    SP_SKIP_UNLESS_HOST();
+    small_then_large(false);
+}
+
+TEST_F(Expandable, SharedNeedsBorrow) {
+    sp::ScopedEnv env(
+        {{"SYMPOOL_ALLOC_CONF", "expandable_segments:True"}, {"SYMPOOL_EXPANDABLE_BORROW", "0"}});
+    SP_SKIP_UNLESS_HOST();
+    small_then_large(false);
+}
+
+// A MemPool that never splits keeps PyTorch's small pool (borrowing splits a large block).
+TEST_F(Expandable, NoSplitMemPoolsKeepTheirSmallPool) {
+    sp::ScopedEnv env({{"SYMPOOL_ALLOC_CONF", "expandable_segments:True"}});
+    SP_SKIP_UNLESS_HOST();
+    sp_mempool_params_t pp;
+    sp_mempool_params_init(&pp);
+    pp.no_split = true;
+    sp_mempool_t *pool = nullptr;
+    ASSERT_SP_OK(sp_mempool_create(&pp, &pool));
+    void *a;
+    ASSERT_SP_OK(sp_mempool_malloc(pool, 64 * KiB, nullptr, &a));
+    EXPECT_EQ(stat("reserved_bytes.small_pool.current"), 2 * (int64_t)MiB);
+    ASSERT_SP_OK(sp_free(a));
+    ASSERT_SP_OK(sp_mempool_destroy(pool));
+    ASSERT_SP_OK(sp_empty_cache());
+}
+
 // Recycling is the default pool's: a live MemPool keeps its free pages mapped when it grows, as
 // in PyTorch (a graph's pool must keep the memory its replays use).
 TEST_F(Expandable, MemPoolsKeepTheirFreePagesWhenTheyGrow) {
