@@ -133,12 +133,8 @@ sp_mempool_t *sp__mempool_new(sp_devalloc_t *d, const sp_mempool_params_t *param
     p->large.is_small = false;
     p->large.pool = p;
     p->large.free.by_seq = symmetric;
-    /* SYMPOOL_EXPANDABLE_SHARED (ours): where borrowing is allowed, small requests live in the
-     * large pool's expandable segments outright. Separate small pages leave two partly used
-     * last pages (the small pool's and the large pool's) and holes neither pool can fill with
-     * the other's sizes; one set of segments packs both, so a peak needs about one page less. */
-    p->small_max =
-        sp__g.exp_on && sp__g.exp_shared && sp__exp_pool(p) && !p->no_split ? 0 : SP_SMALL_SIZE;
+    p->small_max = SP_SMALL_SIZE;
+    sp__exp_share_small(p); /* nothing reserved yet */
     if (sp__g.exp_on && !sp__exp_pool(p))
         SP_INFO(SP_SUB_POOL,
                 "pool \"%s\" {0,%" PRIu64 "} keeps fixed segments although expandable_segments is "
