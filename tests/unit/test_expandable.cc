@@ -563,11 +563,11 @@ TEST_F(Expandable, WithoutBorrowASmallRequestMapsASmallPage) {
     small_request_after_large(false);
 }
 
-// SYMPOOL_EXPANDABLE_SHARED (default, with BORROW): small requests live in the large pool's
-// expandable segments even when no large block is free yet, so a 1 MiB block and a 2.5 MiB one
-// share the pages under them (3.5 MiB: two pages) instead of a small page of their own beside
-// the large pool's two (three pages, one half used and one a quarter used). Off (or BORROW off,
-// PyTorch's rules) the small request maps a small-pool page.
+// SYMPOOL_EXPANDABLE_SHARED (default 256MiB, with BORROW): while the pool is small, small
+// requests live in the large pool's expandable segments even when no large block is free yet, so a
+// 1 MiB block and a 2.5 MiB one share the pages under them (3.5 MiB: two pages) instead of a small
+// page of their own beside the large pool's two (three pages, one half used and one a quarter
+// used). Off (or BORROW off, PyTorch's rules) the small request maps a small-pool page.
 static void small_then_large(bool shared) {
     void *small, *big;
     ASSERT_SP_OK(sp_malloc(1 * MiB, 0, nullptr, &small)); // a small request (<= 1 MiB)
@@ -601,6 +601,33 @@ TEST_F(Expandable, SharedNeedsBorrow) {
         {{"SYMPOOL_ALLOC_CONF", "expandable_segments:True"}, {"SYMPOOL_EXPANDABLE_BORROW", "0"}});
     SP_SKIP_UNLESS_HOST();
     small_then_large(false);
+}
+
+// Sharing lasts while the pool reserves less than SYMPOOL_EXPANDABLE_SHARED: at the bound new
+// small requests map small-pool pages again (in a large pool small blocks would split the large
+// free blocks PyTorch keeps for large requests); below it again, they share again.
+TEST_F(Expandable, SmallRequestsShareOnlyWhileThePoolIsUnderTheBound) {
+    sp::ScopedEnv env({{"SYMPOOL_ALLOC_CONF", "expandable_segments:True"},
+                       {"SYMPOOL_EXPANDABLE_SHARED", "4MiB"}});
+    SP_SKIP_UNLESS_HOST();
+    void *small, *big, *late, *later;
+    ASSERT_SP_OK(sp_malloc(1 * MiB, 0, nullptr, &small));
+    ASSERT_SP_OK(sp_malloc(3 * MiB, 0, nullptr, &big)); // 4 MiB reserved, all used: the bound
+    EXPECT_EQ(stat("reserved_bytes.small_pool.current"), 0);
+    // No free large piece to borrow either (BORROW's own rule still holds past the bound).
+    ASSERT_SP_OK(sp_malloc(64 * KiB, 0, nullptr, &late));
+    EXPECT_EQ(stat("reserved_bytes.small_pool.current"), 2 * (int64_t)MiB);
+    EXPECT_EQ(stat("reserved_bytes.large_pool.current"), 4 * (int64_t)MiB);
+    ASSERT_SP_OK(sp_free(big));
+    ASSERT_SP_OK(sp_free(small));
+    ASSERT_SP_OK(sp_empty_cache()); // the large pool's pages go: 2 MiB reserved, under the bound
+    EXPECT_EQ(stat("reserved_bytes.all.current"), 2 * (int64_t)MiB);
+    ASSERT_SP_OK(sp_malloc(64 * KiB, 0, nullptr, &later));
+    EXPECT_EQ(stat("allocated_bytes.large_pool.current"), 64 * (int64_t)KiB);
+    ASSERT_SP_OK(sp_free(later));
+    ASSERT_SP_OK(sp_free(late));
+    ASSERT_SP_OK(sp_empty_cache());
+    EXPECT_EQ(stat("reserved_bytes.all.current"), 0);
 }
 
 // A MemPool that never splits keeps PyTorch's small pool (borrowing splits a large block).
