@@ -78,10 +78,13 @@ static void ulist_remove(sp_bpool_t *bp, sp_block_t *b) {
  * matters little, and small blocks in the large segments would split the large free blocks
  * PyTorch keeps apart for large requests. Blocks already placed stay where they are (a block
  * belongs to its segment's pool). Only where borrowing is allowed (no_split pools never split a
- * large block for a small request). */
+ * large block for a small request), and only while both pools map pages of one size: with
+ * coarser large-pool pages (PyTorch's 20 MiB, SYMPOOL_EXPANDABLE_PAGE=0) small blocks would move
+ * from 2 MiB pages to 20 MiB ones. */
 void sp__exp_share_small(sp_mempool_t *pool) {
-    bool share =
-        sp__g.exp_on && sp__exp_pool(pool) && !pool->no_split && pool->reserved < sp__g.exp_shared;
+    bool share = sp__g.exp_on && sp__exp_pool(pool) && !pool->no_split &&
+                 pool->reserved < sp__g.exp_shared &&
+                 sp__exp_page(&pool->large) <= sp__exp_page(&pool->small);
     pool->small_max = share ? 0 : SP_SMALL_SIZE;
 }
 

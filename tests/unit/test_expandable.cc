@@ -630,6 +630,20 @@ TEST_F(Expandable, SmallRequestsShareOnlyWhileThePoolIsUnderTheBound) {
     EXPECT_EQ(stat("reserved_bytes.all.current"), 0);
 }
 
+// With PyTorch's 20 MiB large pages (SYMPOOL_EXPANDABLE_PAGE=0) small blocks keep their 2 MiB
+// pages: sharing would put them under 20 MiB ones.
+TEST_F(Expandable, SmallRequestsDoNotShareCoarserLargePages) {
+    sp::ScopedEnv env(
+        {{"SYMPOOL_ALLOC_CONF", "expandable_segments:True"}, {"SYMPOOL_EXPANDABLE_PAGE", "0"}});
+    SP_SKIP_UNLESS_HOST();
+    void *small;
+    ASSERT_SP_OK(sp_malloc(64 * KiB, 0, nullptr, &small));
+    EXPECT_EQ(stat("reserved_bytes.small_pool.current"), 2 * (int64_t)MiB);
+    EXPECT_EQ(stat("reserved_bytes.large_pool.current"), 0);
+    ASSERT_SP_OK(sp_free(small));
+    ASSERT_SP_OK(sp_empty_cache());
+}
+
 // A MemPool that never splits keeps PyTorch's small pool (borrowing splits a large block).
 TEST_F(Expandable, NoSplitMemPoolsKeepTheirSmallPool) {
     sp::ScopedEnv env({{"SYMPOOL_ALLOC_CONF", "expandable_segments:True"}});
