@@ -95,9 +95,102 @@ static inline void put(sp__emit_t *e, const void *p, size_t n) {
     e->len += n;
 }
 
-static void put1(sp__emit_t *e, unsigned c) {
+static inline void put1(sp__emit_t *e, unsigned c) {
+    if (SP_LIKELY(!e->failed && e->len < e->cap)) {
+        e->buf[e->len++] = (char)c;
+        return;
+    }
     unsigned char b = (unsigned char)c;
     put(e, &b, 1);
+}
+
+/* Room for n more bytes at the end of the buffer, or NULL once the emitter failed: the caller
+ * writes them and sets e->len past what it wrote (one check for a whole value). */
+static inline unsigned char *room(sp__emit_t *e, size_t n) {
+    if (SP_UNLIKELY(e->failed || (e->cap - e->len < n && !grow(e, n))))
+        return NULL;
+    return (unsigned char *)e->buf + e->len;
+}
+
+static inline void done(sp__emit_t *e, const unsigned char *end) {
+    e->len = (size_t)(end - (const unsigned char *)e->buf);
+}
+
+/* The pickle encodings, written at p (at most 10 bytes), returning the end: the generic calls
+ * and the pairs below share them, so both write the same bytes. */
+static inline unsigned char *w_int(unsigned char *p, int64_t v) {
+    if (v >= 0 && v <= 0xff) {
+        p[0] = OP_BININT1;
+        p[1] = (unsigned char)v;
+        return p + 2;
+    }
+    if (v >= 0 && v <= 0xffff) {
+        p[0] = OP_BININT2;
+        p[1] = (unsigned char)(v & 0xff);
+        p[2] = (unsigned char)(v >> 8);
+        return p + 3;
+    }
+    if (v >= INT32_MIN && v <= INT32_MAX) {
+        uint32_t u = (uint32_t)(int32_t)v;
+        p[0] = OP_BININT;
+        p[1] = (unsigned char)(u & 0xff);
+        p[2] = (unsigned char)((u >> 8) & 0xff);
+        p[3] = (unsigned char)((u >> 16) & 0xff);
+        p[4] = (unsigned char)(u >> 24);
+        return p + 5;
+    }
+    /* LONG1: minimal little-endian two's complement. */
+    unsigned char le[8];
+    uint64_t u = (uint64_t)v;
+    size_t n = 8;
+    for (size_t i = 0; i < 8; i++)
+        le[i] = (unsigned char)(u >> (8 * i));
+    /* Drop high bytes that only repeat the sign of the byte below them. */
+    while (n > 1 && ((le[n - 1] == 0x00 && !(le[n - 2] & 0x80)) ||
+                     (le[n - 1] == 0xff && (le[n - 2] & 0x80))))
+        n--;
+    p[0] = OP_LONG1;
+    p[1] = (unsigned char)n;
+    memcpy(p + 2, le, 8); /* room for 10 bytes either way; only n of them count */
+    return p + 2 + n;
+}
+
+static inline unsigned char *w_memo_get(unsigned char *p, uint32_t index) {
+    if (index <= 0xff) {
+        p[0] = OP_BINGET;
+        p[1] = (unsigned char)index;
+        return p + 2;
+    }
+    p[0] = OP_LONG_BINGET;
+    p[1] = (unsigned char)(index & 0xff);
+    p[2] = (unsigned char)((index >> 8) & 0xff);
+    p[3] = (unsigned char)((index >> 16) & 0xff);
+    p[4] = (unsigned char)(index >> 24);
+    return p + 5;
+}
+
+/* An unsigned value: as an int up to INT64_MAX, else LONG1 of 9 bytes (at most 11 bytes). */
+static inline unsigned char *w_uint(unsigned char *p, uint64_t v) {
+    if (v <= (uint64_t)INT64_MAX)
+        return w_int(p, (int64_t)v);
+    p[0] = OP_LONG1;
+    p[1] = 9;
+    for (size_t i = 0; i < 8; i++)
+        p[2 + i] = (unsigned char)(v >> (8 * i));
+    p[10] = 0; /* keeps it positive */
+    return p + 11;
+}
+
+/* The slot holding s in the table of strings written once and then referred to, or the empty
+ * slot where it would go (linear probing; the table never fills, see put_str_static). */
+static inline size_t static_find(const sp__emit_t *e, const char *s) {
+    size_t h = (size_t)(((uintptr_t)s >> 3) * 0x9e3779b97f4a7c15ull >> 56);
+    for (size_t i = 0; i < SP__EMIT_STATIC; i++) {
+        size_t k = (h + i) & (SP__EMIT_STATIC - 1);
+        if (e->skey[k] == s || e->skey[k] == NULL)
+            return k;
+    }
+    return SIZE_MAX;
 }
 
 static void puts_(sp__emit_t *e, const char *s) {
@@ -311,11 +404,14 @@ static void put_str_json(sp__emit_t *e, const char *s) {
 
 static void put_memo_get(sp__emit_t *e, uint32_t index);
 
-/* Pickle: a string by address: BINGET once it has been written, else written and memoized. A
- * small direct-mapped table (a clash just writes the string again). */
+/* Pickle: a string by address: BINGET once it has been written, else written and memoized.
+ * An open-addressing table of SP__EMIT_STATIC slots, filled to three quarters at most (then a
+ * string not in it is written again each time): which strings are referred back to depends only
+ * on the order they come in, not on where the linker put them, as it did with a direct-mapped
+ * table whose clashes wrote a colliding key in full on every entry. */
 static void put_str_static(sp__emit_t *e, const char *s) {
-    size_t h = ((uintptr_t)s >> 3) * 0x9e3779b97f4a7c15ull >> 56;
-    if (e->skey[h] == s) {
+    size_t h = static_find(e, s);
+    if (h != SIZE_MAX && e->skey[h] == s) {
         put_memo_get(e, e->sidx[h]);
         return;
     }
@@ -323,8 +419,12 @@ static void put_str_static(sp__emit_t *e, const char *s) {
     if (e->failed)
         return;
     put1(e, OP_MEMOIZE);
-    e->skey[h] = s;
-    e->sidx[h] = e->memo_next++;
+    uint32_t idx = e->memo_next++;
+    if (h != SIZE_MAX && e->nstatic < SP__EMIT_STATIC / 4 * 3) {
+        e->skey[h] = s;
+        e->sidx[h] = idx;
+        e->nstatic++;
+    }
 }
 
 static void key(sp__emit_t *e, const char *k, bool fixed) {
@@ -349,6 +449,58 @@ void sp__emit_key(sp__emit_t *e, const char *k) {
 
 void sp__emit_key_static(sp__emit_t *e, const char *k) {
     key(e, k, true);
+}
+
+/* A pair's key on the fast path: a pickle dict below its batch boundary, a key written before
+ * (a reference to it), room for the value. Returns where the value goes, or NULL when the
+ * general path must write the pair (it writes the same bytes, one call per piece). */
+static inline unsigned char *fast_key(sp__emit_t *e, const char *k) {
+    if (e->json || e->failed || e->depth == 0)
+        return NULL;
+    int d = e->depth - 1;
+    if (e->kind[d] != 'd' || (e->count[d] > 0 && e->count[d] % BATCH == 0) || e->cap - e->len < 32)
+        return NULL;
+    size_t h = static_find(e, k);
+    if (h == SIZE_MAX || e->skey[h] != k)
+        return NULL;
+    e->count[d]++;
+    return w_memo_get((unsigned char *)e->buf + e->len, e->sidx[h]);
+}
+
+void sp__emit_kv_int(sp__emit_t *e, const char *k, int64_t v) {
+    unsigned char *p = fast_key(e, k);
+    if (p != NULL) {
+        done(e, w_int(p, v));
+        return;
+    }
+    sp__emit_key_static(e, k);
+    sp__emit_int(e, v);
+}
+
+void sp__emit_kv_uint(sp__emit_t *e, const char *k, uint64_t v) {
+    unsigned char *p = fast_key(e, k);
+    if (p != NULL) {
+        done(e, w_uint(p, v));
+        return;
+    }
+    sp__emit_key_static(e, k);
+    sp__emit_uint(e, v);
+}
+
+void sp__emit_kv_str_static(sp__emit_t *e, const char *k, const char *v) {
+    unsigned char *p = fast_key(e, k);
+    if (p != NULL) {
+        size_t h = static_find(e, v);
+        if (h != SIZE_MAX && e->skey[h] == v) {
+            done(e, w_memo_get(p, e->sidx[h]));
+            return;
+        }
+        done(e, p);
+        put_str_static(e, v);
+        return;
+    }
+    sp__emit_key_static(e, k);
+    sp__emit_str_static(e, v);
 }
 
 /* Decimal digits of v into b (at least 21 bytes), NUL-terminated; the length. */
@@ -388,33 +540,9 @@ void sp__emit_str_static(sp__emit_t *e, const char *s) {
 }
 
 static void put_int_pickle(sp__emit_t *e, int64_t v) {
-    if (v >= 0 && v <= 0xff) {
-        put1(e, OP_BININT1);
-        put1(e, (unsigned)v);
-    } else if (v >= 0 && v <= 0xffff) {
-        put1(e, OP_BININT2);
-        put1(e, (unsigned)(v & 0xff));
-        put1(e, (unsigned)(v >> 8));
-    } else if (v >= INT32_MIN && v <= INT32_MAX) {
-        uint32_t u = (uint32_t)(int32_t)v;
-        unsigned char le[4] = {u & 0xff, (u >> 8) & 0xff, (u >> 16) & 0xff, u >> 24};
-        put1(e, OP_BININT);
-        put(e, le, 4);
-    } else {
-        /* LONG1: minimal little-endian two's complement. */
-        unsigned char le[8];
-        uint64_t u = (uint64_t)v;
-        size_t n = 8;
-        for (size_t i = 0; i < 8; i++)
-            le[i] = (unsigned char)(u >> (8 * i));
-        /* Drop high bytes that only repeat the sign of the byte below them. */
-        while (n > 1 && ((le[n - 1] == 0x00 && !(le[n - 2] & 0x80)) ||
-                         (le[n - 1] == 0xff && (le[n - 2] & 0x80))))
-            n--;
-        put1(e, OP_LONG1);
-        put1(e, (unsigned)n);
-        put(e, le, n);
-    }
+    unsigned char *p = room(e, 10);
+    if (p != NULL)
+        done(e, w_int(p, v));
 }
 
 void sp__emit_int(sp__emit_t *e, int64_t v) {
@@ -441,13 +569,9 @@ void sp__emit_uint(sp__emit_t *e, uint64_t v) {
         char b[32];
         put(e, b, fmt_u64(b, v));
     } else {
-        unsigned char le[9];
-        for (size_t i = 0; i < 8; i++)
-            le[i] = (unsigned char)(v >> (8 * i));
-        le[8] = 0; /* keeps it positive */
-        put1(e, OP_LONG1);
-        put1(e, 9);
-        put(e, le, 9);
+        unsigned char *p = room(e, 11);
+        if (p != NULL)
+            done(e, w_uint(p, v));
     }
 }
 
@@ -540,14 +664,9 @@ void sp__emit_memo_get(sp__emit_t *e, uint32_t index) {
 }
 
 static void put_memo_get(sp__emit_t *e, uint32_t index) {
-    if (index <= 0xff) {
-        unsigned char op[2] = {OP_BINGET, (unsigned char)index};
-        put(e, op, 2);
-    } else {
-        unsigned char op[5] = {OP_LONG_BINGET, index & 0xff, (index >> 8) & 0xff,
-                               (index >> 16) & 0xff, index >> 24};
-        put(e, op, 5);
-    }
+    unsigned char *p = room(e, 5);
+    if (p != NULL)
+        done(e, w_memo_get(p, index));
 }
 
 /* ---- atomic file write ------------------------------------------------------------------ */

@@ -22,6 +22,7 @@ extern "C" {
 #endif
 
 #define SP__EMIT_MAX_DEPTH 32
+#define SP__EMIT_STATIC 256 /* slots of the table of fixed strings (a power of two) */
 
 typedef struct sp__emit {
     char *buf;                         /* output bytes */
@@ -39,8 +40,9 @@ typedef struct sp__emit {
     size_t last_start, last_len;       /* JSON: the last container closed (its bytes) */
     size_t *jmemo;                     /* JSON: memoized values as (start, len) pairs */
     uint32_t jmemo_n, jmemo_cap;       /* pairs held / allocated */
-    const char *skey[256];             /* pickle: strings memoized by address (keys, names) */
-    uint32_t sidx[256];                /* their memo indexes */
+    const char *skey[SP__EMIT_STATIC]; /* pickle: strings memoized by address (keys, names) */
+    uint32_t sidx[SP__EMIT_STATIC];    /* their memo indexes */
+    uint32_t nstatic;                  /* skey entries in use */
 } sp__emit_t;
 
 /* Start a document (pickle: PROTO 4). */
@@ -72,6 +74,12 @@ void sp__emit_tuple2(sp__emit_t *e, int64_t a, int64_t b);
  * string); JSON writes it in full. sp__emit_key_static: the same for a dict key. */
 void sp__emit_str_static(sp__emit_t *e, const char *s);
 void sp__emit_key_static(sp__emit_t *e, const char *key);
+/* A dict pair in one call: sp__emit_key_static(key) and then the value call, the same bytes.
+ * Once the key has been written, a pickle pair costs one check of the buffer (a snapshot
+ * writes a handful of them per trace entry, by the hundred thousand). */
+void sp__emit_kv_int(sp__emit_t *e, const char *key, int64_t v);
+void sp__emit_kv_uint(sp__emit_t *e, const char *key, uint64_t v);
+void sp__emit_kv_str_static(sp__emit_t *e, const char *key, const char *v);
 
 /* Memo, so that a value written many times (a stack shared by thousands of trace entries) is
  * built once: after a value is complete, sp__emit_memoize returns its memo index and

@@ -622,6 +622,61 @@ TEST(PickleWrite, StaticStringsAreMemoized) {
     }
 }
 
+// Which fixed strings are referred back to must not depend on where the linker put them: two
+// strings at addresses that share a slot of the table are each written once, and the pairs'
+// one-call forms write the same bytes as the key and value calls.
+TEST(PickleWrite, StaticStringsAtClashingAddressesAreEachWrittenOnce) {
+    static char area[64 * 1024];
+    auto slot = [](const char *s) { return ((uintptr_t)s >> 3) * 0x9e3779b97f4a7c15ull >> 56; };
+    char *a = area, *b = nullptr;
+    for (size_t off = 64; off + 16 < sizeof(area) && b == nullptr; off += 8)
+        if (slot(area + off) == slot(a))
+            b = area + off;
+    ASSERT_NE(b, nullptr);
+    strcpy(a, "alpha_key");
+    strcpy(b, "beta_value");
+    Bytes out[2];
+    for (int form = 0; form < 2; form++) {
+        sp__emit_t e;
+        sp__emit_init(&e, false);
+        sp__emit_list_begin(&e);
+        for (int i = 0; i < 3; i++) {
+            sp__emit_dict_begin(&e);
+            if (form == 0) {
+                sp__emit_key_static(&e, a);
+                sp__emit_str_static(&e, b);
+                sp__emit_key_static(&e, b);
+                sp__emit_uint(&e, 1ull << 63);
+                sp__emit_key_static(&e, a);
+                sp__emit_int(&e, -5 - i * 100000);
+            } else {
+                sp__emit_kv_str_static(&e, a, b);
+                sp__emit_kv_uint(&e, b, 1ull << 63);
+                sp__emit_kv_int(&e, a, -5 - i * 100000);
+            }
+            sp__emit_dict_end(&e);
+        }
+        sp__emit_list_end(&e);
+        out[form] = finish(&e);
+        std::string text = as_string(out[form]);
+        for (const char *s : {"alpha_key", "beta_value"}) {
+            size_t n = 0;
+            for (size_t at = text.find(s); at != std::string::npos; at = text.find(s, at + 1))
+                n++;
+            EXPECT_EQ(n, 1u) << s << " (form " << form << ")";
+        }
+    }
+    EXPECT_EQ(out[0], out[1]);
+    pk_doc_t *doc = nullptr;
+    ASSERT_EQ(parse(out[1], &doc), "");
+    for (size_t i = 0; i < 3; i++) {
+        int64_t v = 0;
+        EXPECT_TRUE(pk_get_int(pk_at(pk_root(doc), i), "alpha_key", &v));
+        EXPECT_EQ(v, -5 - (int64_t)i * 100000);
+    }
+    pk_free(doc);
+}
+
 namespace {
 
 // Skipping a key: the lists under it are not built and their pairs are left out of the dicts
