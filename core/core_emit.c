@@ -212,11 +212,49 @@ void sp__emit_discard(sp__emit_t *e) {
     memset(e, 0, sizeof(*e));
 }
 
+void sp__emit_to_file(sp__emit_t *e, sp__atomic_file_t *f) {
+    if (!e->json)
+        e->sink = f;
+}
+
+/* Hand the buffer's bytes to the sink; the buffer is reused from its start. */
+static void flush(sp__emit_t *e) {
+    if (e->len == 0)
+        return;
+    if (sp__file_atomic_write(e->sink, e->buf, e->len) != SP_SUCCESS) {
+        e->failed = true;
+        e->sink_failed = true;
+        return;
+    }
+    e->flushed += e->len;
+    e->len = 0;
+    /* The open containers' MARKs are in the file now: never "just after the MARK" again. */
+    for (int d = 0; d < e->depth; d++)
+        e->mark[d] = SIZE_MAX - 1;
+}
+
+#define FLUSH_AT ((size_t)256 * 1024)
+
+void sp__emit_flush_point(sp__emit_t *e) {
+    if (e->sink == NULL || e->failed || e->len < FLUSH_AT)
+        return;
+    for (int d = 0; d < e->depth; d++)
+        if (e->count[d] == 0)
+            return;
+    flush(e);
+}
+
 sp_status_t sp__emit_finish(sp__emit_t *e, char **buf_p, size_t *len_p) {
     if (!e->json)
         put1(e, OP_STOP);
     else
         put1(e, '\n');
+    if (e->sink != NULL && !e->failed && e->depth == 0)
+        flush(e);
+    if (e->sink_failed) {
+        sp__emit_discard(e);
+        return SP_ERR_SYSTEM; /* the write's own error says why */
+    }
     if (e->failed || e->depth != 0) {
         /* Out of memory stops the writer wherever it was, containers open or not: that is the
          * cause to report. Only a writer that never ran out and still ends unbalanced is our
@@ -231,8 +269,14 @@ sp_status_t sp__emit_finish(sp__emit_t *e, char **buf_p, size_t *len_p) {
                    : sp__error(SP_ERR_INTERNAL, SP_SUB_HISTORY,
                                "snapshot writer: unbalanced containers");
     }
-    *buf_p = e->buf;
-    *len_p = e->len;
+    if (e->sink != NULL) {
+        *buf_p = NULL;
+        *len_p = e->flushed;
+        free(e->buf);
+    } else {
+        *buf_p = e->buf;
+        *len_p = e->len;
+    }
     e->buf = NULL;
     e->len = e->cap = 0;
     free(e->jmemo);
@@ -733,12 +777,11 @@ static sp_status_t resolve_target(const char *path, char *out, size_t cap) {
                      "%s is %s, not a regular file; refusing to replace it", path, kind);
 }
 
-sp_status_t sp__file_write_atomic(const char *target, const void *buf, size_t len) {
+sp_status_t sp__file_atomic_open(sp__atomic_file_t *f, const char *target) {
+    f->fd = -1;
     SP_ARG_CHECK(target != NULL && target[0] != '\0', SP_SUB_HISTORY, "path is NULL or empty");
-    char resolved[PATH_MAX];
-    SP_CHECK(resolve_target(target, resolved, sizeof(resolved)));
-    const char *path = resolved;
-    char tmp[PATH_MAX];
+    SP_CHECK(resolve_target(target, f->path, sizeof(f->path)));
+    const char *path = f->path;
     /* The temporary's name is the target's plus a suffix; a target name near NAME_MAX would make
      * it too long for the directory, so only as much of the name as fits is kept. */
     const char *slash = strrchr(path, '/');
@@ -746,47 +789,71 @@ sp_status_t sp__file_write_atomic(const char *target, const void *buf, size_t le
     const size_t room = NAME_MAX - (sizeof(".tmp.XXXXXX") - 1);
     if (baselen > room)
         baselen = room;
-    int n = snprintf(tmp, sizeof(tmp), "%.*s%.*s.tmp.XXXXXX", (int)dirlen, path, (int)baselen,
+    int n = snprintf(f->tmp, sizeof(f->tmp), "%.*s%.*s.tmp.XXXXXX", (int)dirlen, path, (int)baselen,
                      path + dirlen);
-    SP_ARG_CHECK(n > 0 && (size_t)n < sizeof(tmp), SP_SUB_HISTORY, "path too long: %s", path);
-    int fd = mkstemp(tmp);
-    if (fd < 0)
+    SP_ARG_CHECK(n > 0 && (size_t)n < sizeof(f->tmp), SP_SUB_HISTORY, "path too long: %s", path);
+    f->fd = mkstemp(f->tmp);
+    if (f->fd < 0)
         return sp__error(SP_ERR_SYSTEM, SP_SUB_HISTORY,
                          "cannot create a temporary file next to %s: %s", path, strerror(errno));
+    return SP_SUCCESS;
+}
+
+void sp__file_atomic_abort(sp__atomic_file_t *f) {
+    if (f->fd < 0)
+        return;
+    close(f->fd);
+    unlink(f->tmp);
+    f->fd = -1;
+}
+
+sp_status_t sp__file_atomic_write(sp__atomic_file_t *f, const void *buf, size_t len) {
     const char *p = buf;
     size_t left = len;
     while (left > 0) {
-        ssize_t w = write(fd, p, left);
+        ssize_t w = write(f->fd, p, left);
         if (w < 0 && errno == EINTR)
             continue;
         if (w <= 0) {
             int err = errno;
-            close(fd);
-            unlink(tmp);
-            return sp__error(SP_ERR_SYSTEM, SP_SUB_HISTORY, "cannot write %s: %s", tmp,
+            sp__file_atomic_abort(f);
+            return sp__error(SP_ERR_SYSTEM, SP_SUB_HISTORY, "cannot write %s: %s", f->tmp,
                              strerror(err));
         }
         p += w;
         left -= (size_t)w;
     }
+    return SP_SUCCESS;
+}
+
+sp_status_t sp__file_atomic_commit(sp__atomic_file_t *f) {
     /* mkstemp makes the file 0600; snapshots are ordinary user files. */
-    (void)fchmod(fd, 0644);
-    int rs = fsync(fd);
+    (void)fchmod(f->fd, 0644);
+    int rs = fsync(f->fd);
     int err = errno;
-    if (close(fd) != 0 && rs == 0) {
+    if (close(f->fd) != 0 && rs == 0) {
         rs = -1;
         err = errno;
     }
+    f->fd = -1;
     if (rs != 0) {
-        unlink(tmp);
-        return sp__error(SP_ERR_SYSTEM, SP_SUB_HISTORY, "cannot flush %s: %s", tmp, strerror(err));
-    }
-    if (rename(tmp, path) != 0) {
-        err = errno;
-        unlink(tmp);
-        return sp__error(SP_ERR_SYSTEM, SP_SUB_HISTORY, "cannot rename %s to %s: %s", tmp, path,
+        unlink(f->tmp);
+        return sp__error(SP_ERR_SYSTEM, SP_SUB_HISTORY, "cannot flush %s: %s", f->tmp,
                          strerror(err));
     }
-    fsync_dir_of(path);
+    if (rename(f->tmp, f->path) != 0) {
+        err = errno;
+        unlink(f->tmp);
+        return sp__error(SP_ERR_SYSTEM, SP_SUB_HISTORY, "cannot rename %s to %s: %s", f->tmp,
+                         f->path, strerror(err));
+    }
+    fsync_dir_of(f->path);
     return SP_SUCCESS;
+}
+
+sp_status_t sp__file_write_atomic(const char *target, const void *buf, size_t len) {
+    sp__atomic_file_t f;
+    SP_CHECK(sp__file_atomic_open(&f, target));
+    SP_CHECK(sp__file_atomic_write(&f, buf, len));
+    return sp__file_atomic_commit(&f);
 }

@@ -288,8 +288,10 @@ static void emit_snapshot(sp__emit_t *e, const collect_t *c) {
     sp__emit_dict_begin(e);
     sp__emit_key_static(e, "segments");
     sp__emit_list_begin(e);
-    for (size_t i = 0; i < c->nsegs; i++)
+    for (size_t i = 0; i < c->nsegs; i++) {
         emit_segment(e, c, &c->segs[i]);
+        sp__emit_flush_point(e);
+    }
     sp__emit_list_end(e);
     sp__emit_key_static(e, "device_traces");
     sp__emit_list_begin(e);
@@ -303,6 +305,7 @@ static void emit_snapshot(sp__emit_t *e, const collect_t *c) {
                 !same_pool(t->e[i].pool, c->pool_id))
                 continue;
             emit_trace_entry(e, &t->e[i]);
+            sp__emit_flush_point(e);
         }
         sp__emit_list_end(e);
     }
@@ -378,7 +381,19 @@ static sp_status_t dump(const sp_mempool_t *pool, const char *pattern) {
     }
 
     sp__emit_t e;
-    sp__emit_init(&e, ends_with(path, ".json"));
+    bool json = ends_with(path, ".json");
+    sp__emit_init(&e, json);
+    /* A pickle goes to its file as it is written (a JSON memo copies earlier bytes: whole). */
+    sp__atomic_file_t file;
+    if (!json) {
+        s = sp__file_atomic_open(&file, path);
+        if (s != SP_SUCCESS) {
+            sp__emit_discard(&e);
+            collect_free(&c);
+            return s;
+        }
+        sp__emit_to_file(&e, &file);
+    }
     frame_memo_t memo = {NULL, 0};
     g_memo = &memo;
     emit_snapshot(&e, &c);
@@ -387,8 +402,13 @@ static sp_status_t dump(const sp_mempool_t *pool, const char *pattern) {
     collect_free(&c);
     char *buf = NULL;
     size_t len = 0;
-    SP_CHECK(sp__emit_finish(&e, &buf, &len));
-    s = sp__file_write_atomic(path, buf, len);
+    s = sp__emit_finish(&e, &buf, &len);
+    if (json && s == SP_SUCCESS)
+        s = sp__file_write_atomic(path, buf, len);
+    else if (!json && s == SP_SUCCESS)
+        s = sp__file_atomic_commit(&file);
+    else if (!json)
+        sp__file_atomic_abort(&file);
     free(buf);
     if (s == SP_SUCCESS)
         SP_INFO(SP_SUB_HISTORY, "wrote snapshot %s (%zu bytes)", path, len);

@@ -622,6 +622,72 @@ TEST(PickleWrite, StaticStringsAreMemoized) {
     }
 }
 
+// A pickle streamed to its file at flush points is the document the buffer would have held,
+// byte for byte: across batch boundaries, with containers opened after a flush and left empty,
+// and with memo references to values written before a flush.
+TEST(PickleWrite, StreamedToAFileIsTheSameDocument) {
+    char dir[] = "/tmp/sp_pickle_stream_XXXXXX";
+    ASSERT_NE(mkdtemp(dir), nullptr);
+    std::string path = std::string(dir) + "/s.pickle";
+    Bytes whole;
+    for (int streamed = 0; streamed < 2; streamed++) {
+        sp__emit_t e;
+        sp__emit_init(&e, false);
+        sp__atomic_file_t f;
+        if (streamed) {
+            ASSERT_EQ(sp__file_atomic_open(&f, path.c_str()), SP_SUCCESS);
+            sp__emit_to_file(&e, &f);
+        }
+        sp__emit_dict_begin(&e);
+        sp__emit_key_static(&e, "entries");
+        sp__emit_list_begin(&e);
+        uint32_t shared = UINT32_MAX;
+        for (int i = 0; i < 40000; i++) {
+            sp__emit_dict_begin(&e);
+            sp__emit_kv_str_static(&e, "action", i % 3 ? "alloc" : "free_requested");
+            sp__emit_kv_uint(&e, "addr", 0x7f0000000000ull + (uint64_t)i * 512);
+            sp__emit_kv_int(&e, "size", i * 7);
+            sp__emit_key_static(&e, "frames");
+            if (shared == UINT32_MAX) {
+                sp__emit_list_begin(&e);
+                sp__emit_str(&e, "frame");
+                sp__emit_list_end(&e);
+                shared = sp__emit_memoize(&e);
+            } else {
+                sp__emit_memo_get(&e, shared);
+            }
+            sp__emit_dict_end(&e);
+            sp__emit_flush_point(&e);
+            if (i % 9999 == 0) { // a container opened right after a flush point, left empty
+                sp__emit_list_begin(&e);
+                sp__emit_flush_point(&e); // refused: the new list holds nothing yet
+                sp__emit_list_end(&e);
+            }
+        }
+        sp__emit_list_end(&e);
+        sp__emit_dict_end(&e);
+        char *buf = nullptr;
+        size_t len = 0;
+        ASSERT_EQ(sp__emit_finish(&e, &buf, &len), SP_SUCCESS);
+        if (!streamed) {
+            whole.assign(buf, buf + len);
+            free(buf);
+            continue;
+        }
+        EXPECT_EQ(buf, nullptr);
+        EXPECT_EQ(len, whole.size());
+        ASSERT_EQ(sp__file_atomic_commit(&f), SP_SUCCESS);
+        EXPECT_GT(whole.size(), (size_t)1 << 20) << "the document should span several flushes";
+        EXPECT_TRUE(read_file(path) == whole) << "the streamed file differs from the buffer";
+    }
+    pk_doc_t *doc = nullptr;
+    ASSERT_EQ(parse(whole, &doc), "");
+    EXPECT_EQ(pk_len(pk_get(pk_root(doc), "entries")), 40000u + 5u);
+    pk_free(doc);
+    unlink(path.c_str());
+    rmdir(dir);
+}
+
 // Which fixed strings are referred back to must not depend on where the linker put them: two
 // strings at addresses that share a slot of the table are each written once, and the pairs'
 // one-call forms write the same bytes as the key and value calls.
