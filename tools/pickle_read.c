@@ -213,11 +213,11 @@ static bool seq_reserve(parser_t *ps, pk_value_t *seq, size_t more) {
 
 /* ---- stack ------------------------------------------------------------------------------ */
 
-static size_t base(const parser_t *ps) {
+static inline __attribute__((always_inline)) size_t base(const parser_t *ps) {
     return ps->nmarks ? ps->marks[ps->nmarks - 1] : 0;
 }
 
-static bool push(parser_t *ps, pk_value_t *v) {
+static inline __attribute__((always_inline)) bool push(parser_t *ps, pk_value_t *v) {
     if (v == NULL)
         return false;
     if (ps->sp == ps->scap) {
@@ -234,14 +234,16 @@ static bool push(parser_t *ps, pk_value_t *v) {
 }
 
 /* Require n values above the innermost MARK. */
-static bool need_stack(parser_t *ps, size_t n, const char *opname) {
+static inline __attribute__((always_inline)) bool need_stack(parser_t *ps, size_t n,
+                                                             const char *opname) {
     if (ps->sp - base(ps) < n)
         return fail(ps, "%s needs %zu value%s on the stack", opname, n, n == 1 ? "" : "s");
     return true;
 }
 
 /* Pop to the innermost MARK: the items are stack[*first_p .. sp) until the next push. */
-static bool pop_mark(parser_t *ps, size_t *first_p, const char *opname) {
+static inline __attribute__((always_inline)) bool pop_mark(parser_t *ps, size_t *first_p,
+                                                           const char *opname) {
     if (ps->nmarks == 0)
         return fail(ps, "%s without MARK", opname);
     *first_p = ps->marks[--ps->nmarks];
@@ -250,13 +252,13 @@ static bool pop_mark(parser_t *ps, size_t *first_p, const char *opname) {
 
 /* ---- input ------------------------------------------------------------------------------ */
 
-static bool need(parser_t *ps, size_t n, const char *opname) {
+static inline __attribute__((always_inline)) bool need(parser_t *ps, size_t n, const char *opname) {
     if (n > ps->len - ps->pos)
         return fail(ps, "truncated %s (needs %zu bytes, %zu left)", opname, n, ps->len - ps->pos);
     return true;
 }
 
-static uint64_t le_uint(const unsigned char *b, size_t n) {
+static inline __attribute__((always_inline)) uint64_t le_uint(const unsigned char *b, size_t n) {
     uint64_t v = 0;
     for (size_t i = 0; i < n; i++)
         v |= (uint64_t)b[i] << (8 * i);
@@ -264,7 +266,8 @@ static uint64_t le_uint(const unsigned char *b, size_t n) {
 }
 
 /* The n-byte little-endian unsigned argument of opname, consumed. */
-static bool take_uint(parser_t *ps, size_t n, const char *opname, uint64_t *out) {
+static inline __attribute__((always_inline)) bool take_uint(parser_t *ps, size_t n,
+                                                            const char *opname, uint64_t *out) {
     if (!need(ps, n, opname))
         return false;
     *out = le_uint(ps->p + ps->pos, n);
@@ -329,7 +332,7 @@ static bool push_str(parser_t *ps, pk_type_t type, size_t n, const char *opname)
  * keeps a value beyond its MARK (a container's items, the memo, the root) makes it a document
  * value first (keep_values); when the MARK closes, everything made above it is gone from the
  * stack, so the scratch goes back to where it stood at that MARK. */
-static bool in_taken_dict(const parser_t *ps) {
+static inline __attribute__((always_inline)) bool in_taken_dict(const parser_t *ps) {
     if (ps->rec_fn == NULL || ps->nmarks == 0 || ps->scratch_used == SCRATCH_VALUES)
         return false;
     size_t b = ps->marks[ps->nmarks - 1];
@@ -409,7 +412,7 @@ static bool memo_put(parser_t *ps, size_t idx) {
     return true;
 }
 
-static bool memo_get(parser_t *ps, size_t idx) {
+static inline __attribute__((always_inline)) bool memo_get(parser_t *ps, size_t idx) {
     if (idx >= ps->memocap || ps->memo[idx] == NULL)
         return fail(ps, "memo key %zu is not defined", idx);
     return push(ps, ps->memo[idx]);
@@ -502,8 +505,9 @@ static bool collapse(parser_t *ps, size_t first, pk_type_t type, const char *opn
     return push(ps, v);
 }
 
-/* Add stack[first..sp) to the container just below `first` (SETITEMS/APPENDS). */
-static bool extend(parser_t *ps, size_t first, pk_type_t type, const char *opname) {
+/* Add stack[first..sp) to the container just below `first` (SETITEMS/APPENDS: from_mark;
+ * SETITEM/APPEND: one item). */
+static bool extend(parser_t *ps, size_t first, pk_type_t type, const char *opname, bool from_mark) {
     if (first == 0 || first - 1 < base(ps))
         return fail(ps, "%s has no target", opname);
     pk_value_t *target = ps->stack[first - 1];
@@ -516,8 +520,7 @@ static bool extend(parser_t *ps, size_t first, pk_type_t type, const char *opnam
     size_t n = ps->sp - first;
     if (type == PK_DICT && n % 2 != 0)
         return fail(ps, "%s with an odd number of items", opname);
-    if (type == PK_DICT && ps->rec_fn != NULL && target->u.seq.n == 0 &&
-        strcmp(opname, "SETITEMS") == 0) {
+    if (type == PK_DICT && ps->rec_fn != NULL && target->u.seq.n == 0 && from_mark) {
         /* SETITEMS into a new dict: the hook may take it whole */
         follow_moved(ps, first);
         uint64_t id = 0;
@@ -556,7 +559,7 @@ static bool extend(parser_t *ps, size_t first, pk_type_t type, const char *opnam
     return true;
 }
 
-static bool push_int(parser_t *ps, int64_t iv) {
+static inline __attribute__((always_inline)) bool push_int(parser_t *ps, int64_t iv) {
     if (ps->skipping)
         return push(ps, ps->skipped);
     /* Values never change once made, so an int seen lately is shared: a trace repeats its
@@ -568,9 +571,7 @@ static bool push_int(parser_t *ps, int64_t iv) {
         return push(ps, v);
     if (in_taken_dict(ps)) {
         v = &ps->scratch[ps->scratch_used++];
-        memset(v, 0, sizeof(*v));
-        v->type = PK_INT;
-        v->u.i = iv;
+        *v = (pk_value_t){.type = PK_INT, .u.i = iv};
         return push(ps, v);
     }
     v = new_value(ps, PK_INT);
@@ -933,20 +934,20 @@ static bool run(parser_t *ps) {
             break;
         }
         case 's': /* SETITEM */
-            if (!need_stack(ps, 3, "SETITEM") || !extend(ps, ps->sp - 2, PK_DICT, "SETITEM"))
+            if (!need_stack(ps, 3, "SETITEM") || !extend(ps, ps->sp - 2, PK_DICT, "SETITEM", false))
                 return false;
             break;
         case 'u': /* SETITEMS */
-            if (!pop_mark(ps, &first, "SETITEMS") || !extend(ps, first, PK_DICT, "SETITEMS"))
+            if (!pop_mark(ps, &first, "SETITEMS") || !extend(ps, first, PK_DICT, "SETITEMS", true))
                 return false;
             scratch_back(ps);
             break;
         case 'a': /* APPEND */
-            if (!need_stack(ps, 2, "APPEND") || !extend(ps, ps->sp - 1, PK_LIST, "APPEND"))
+            if (!need_stack(ps, 2, "APPEND") || !extend(ps, ps->sp - 1, PK_LIST, "APPEND", false))
                 return false;
             break;
         case 'e': /* APPENDS */
-            if (!pop_mark(ps, &first, "APPENDS") || !extend(ps, first, PK_LIST, "APPENDS"))
+            if (!pop_mark(ps, &first, "APPENDS") || !extend(ps, first, PK_LIST, "APPENDS", true))
                 return false;
             scratch_back(ps);
             break;
