@@ -43,6 +43,8 @@ struct pk_doc {
 };
 
 #define INT_CACHE_BITS 12
+#define STR_CACHE_BITS 8
+#define STR_CACHE_MAX 32 /* bytes of the longest string shared through the cache */
 #define SCRATCH_VALUES 4096
 
 typedef struct parser {
@@ -70,6 +72,7 @@ typedef struct parser {
     size_t skipped_len;
     pk_type_t skipped_type;                 /* PK_STR or PK_BYTES */
     pk_value_t *ints[1u << INT_CACHE_BITS]; /* PK_INT values made lately, by hash of value */
+    pk_value_t *strs[1u << STR_CACHE_BITS]; /* short strings made lately, by hash of bytes */
     pk_record_fn rec_fn;                    /* pk_parse_records' hook (NULL: none) */
     void *rec_arg;                          /* its argument */
     pk_value_t *scratch;  /* ints of dicts the hook may take: reused once a MARK closes */
@@ -315,15 +318,32 @@ static bool push_str(parser_t *ps, pk_type_t type, size_t n, const char *opname)
         ps->pos += n;
         return push(ps, ps->skipped) && (ps->skipped_at = ps->sp, true);
     }
+    /* A short string seen lately is shared, as ints are: newer snapshots write a fresh "N/A"
+     * (compile_context) in every trace entry, a value and a copy each. */
+    const unsigned char *src = ps->p + ps->pos;
+    pk_value_t **slot = NULL;
+    if (n <= STR_CACHE_MAX) {
+        uint64_t h = (uint64_t)n * 0x9e3779b97f4a7c15ull + (uint64_t)type;
+        for (size_t i = 0; i < n; i++)
+            h = (h ^ src[i]) * 0x100000001b3ull;
+        slot = &ps->strs[(h * 0x9e3779b97f4a7c15ull) >> (64 - STR_CACHE_BITS)];
+        pk_value_t *c = *slot;
+        if (c != NULL && c->type == type && c->u.str.len == n && memcmp(c->u.str.s, src, n) == 0) {
+            ps->pos += n;
+            return push(ps, c);
+        }
+    }
     pk_value_t *v = new_value(ps, type);
     if (v == NULL)
         return false;
-    char *s = new_bytes(ps, ps->p + ps->pos, n);
+    char *s = new_bytes(ps, src, n);
     if (s == NULL)
         return false;
     v->u.str.s = s;
     v->u.str.len = n;
     ps->pos += n;
+    if (slot != NULL)
+        *slot = v;
     return push(ps, v);
 }
 

@@ -743,6 +743,35 @@ TEST(PickleWrite, StaticStringsAtClashingAddressesAreEachWrittenOnce) {
     pk_free(doc);
 }
 
+// A short string written again (not memoized) in every entry, as newer snapshots write
+// compile_context's "N/A", is one value of the document: equal strings share it, another
+// string does not.
+TEST(PickleRead, ShortStringsWrittenAgainAreShared) {
+    sp__emit_t e;
+    sp__emit_init(&e, false);
+    sp__emit_list_begin(&e);
+    for (int i = 0; i < 3; i++) {
+        sp__emit_dict_begin(&e);
+        sp__emit_key(&e, "compile_context");
+        sp__emit_str(&e, i < 2 ? "N/A" : "N/B");
+        sp__emit_dict_end(&e);
+    }
+    sp__emit_list_end(&e);
+    Bytes b = finish(&e);
+    pk_doc_t *doc = nullptr;
+    ASSERT_EQ(parse(b, &doc), "");
+    const pk_value_t *root = pk_root(doc);
+    const char *s0 = pk_get_str(pk_at(root, 0), "compile_context");
+    const char *s1 = pk_get_str(pk_at(root, 1), "compile_context");
+    const char *s2 = pk_get_str(pk_at(root, 2), "compile_context");
+    ASSERT_NE(s0, nullptr);
+    EXPECT_STREQ(s0, "N/A");
+    EXPECT_EQ(s0, s1) << "equal short strings are one value";
+    EXPECT_STREQ(s2, "N/B");
+    EXPECT_EQ(pk_at(root, 0)->u.seq.items[0], pk_at(root, 2)->u.seq.items[0]) << "the key";
+    pk_free(doc);
+}
+
 namespace {
 
 // Skipping a key: the lists under it are not built and their pairs are left out of the dicts
