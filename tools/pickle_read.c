@@ -366,16 +366,19 @@ static bool is_scratch(const parser_t *ps, const pk_value_t *v) {
 /* The scratch values among stack[first..sp) become document values. A moved scratch value
  * keeps the address of its copy (as a PK_RECORD, a type no scratch value has otherwise), so
  * that its other slots (DUP) follow it in one pass. */
+static pk_value_t *shared_int(parser_t *ps, int64_t iv);
+
 static bool keep_values(parser_t *ps, size_t first) {
     for (size_t i = first; ps->scratch != NULL && i < ps->sp; i++) {
         pk_value_t *s = ps->stack[i];
         if (!is_scratch(ps, s))
             continue;
         if (s->type != PK_RECORD) {
-            pk_value_t *v = new_value(ps, s->type);
+            /* Scratch holds only ints: kept, one is shared through the int cache as if it
+             * had been made in the document. */
+            pk_value_t *v = shared_int(ps, s->u.i);
             if (v == NULL)
                 return false;
-            *v = *s;
             s->type = PK_RECORD;
             s->u.u = (uint64_t)(uintptr_t)v;
         }
@@ -579,27 +582,34 @@ static bool extend(parser_t *ps, size_t first, pk_type_t type, const char *opnam
     return true;
 }
 
-static inline __attribute__((always_inline)) bool push_int(parser_t *ps, int64_t iv) {
-    if (ps->skipping)
-        return push(ps, ps->skipped);
-    /* Values never change once made, so an int seen lately is shared: a trace repeats its
-     * addresses, sizes and streams, and a value made per int was most of the memory (and the
-     * page faults) of loading one. */
+/* The document's PK_INT of value iv: one seen lately (values never change once made, so an int
+ * is shared: a trace repeats its addresses, sizes and streams, and a value made per int was
+ * most of the memory, and the page faults, of loading one), else a new one. */
+static pk_value_t *shared_int(parser_t *ps, int64_t iv) {
     size_t slot = (size_t)(((uint64_t)iv * 0x9e3779b97f4a7c15ull) >> (64 - INT_CACHE_BITS));
     pk_value_t *v = ps->ints[slot];
     if (v != NULL && v->u.i == iv)
-        return push(ps, v);
+        return v;
+    v = new_value(ps, PK_INT);
+    if (v == NULL)
+        return NULL;
+    v->u.i = iv;
+    ps->ints[slot] = v;
+    return v;
+}
+
+static inline __attribute__((always_inline)) bool push_int(parser_t *ps, int64_t iv) {
+    if (ps->skipping)
+        return push(ps, ps->skipped);
+    /* An int of a dict the record hook may take goes to scratch without a look at the cache
+     * (whose misses were a sixth of parsing a trace): the hook reads it and it is gone, and
+     * one kept after all is shared then (keep_values). */
     if (in_taken_dict(ps)) {
-        v = &ps->scratch[ps->scratch_used++];
+        pk_value_t *v = &ps->scratch[ps->scratch_used++];
         *v = (pk_value_t){.type = PK_INT, .u.i = iv};
         return push(ps, v);
     }
-    v = new_value(ps, PK_INT);
-    if (v == NULL)
-        return false;
-    v->u.i = iv;
-    ps->ints[slot] = v;
-    return push(ps, v);
+    return push(ps, shared_int(ps, iv));
 }
 
 /* Skipping (pk_parse_skip): a list pushed right after the key string starts a skipped value. */

@@ -743,6 +743,36 @@ TEST(PickleWrite, StaticStringsAtClashingAddressesAreEachWrittenOnce) {
     pk_free(doc);
 }
 
+// With a record hook, the ints of a dict the hook may take wait in scratch; when it does not
+// take it (a segment, a block) they are kept, shared through the int cache like every other
+// int, not a value each.
+TEST(PickleRead, IntsOfDictsTheHookLeavesAreShared) {
+    sp__emit_t e;
+    sp__emit_init(&e, false);
+    sp__emit_list_begin(&e);
+    for (int i = 0; i < 2; i++) {
+        sp__emit_dict_begin(&e);
+        sp__emit_key(&e, "size");
+        sp__emit_int(&e, 123456789);
+        sp__emit_dict_end(&e);
+    }
+    sp__emit_list_end(&e);
+    Bytes b = finish(&e);
+    auto refuse = [](void *, pk_value_t *const *, size_t, uint64_t *) { return 0; };
+    pk_doc_t *doc = nullptr;
+    char err[256] = "";
+    ASSERT_TRUE(pk_parse_records(b.data(), b.size(), nullptr, nullptr, refuse, nullptr, &doc, err,
+                                 sizeof err))
+        << err;
+    const pk_value_t *root = pk_root(doc);
+    const pk_value_t *v0 = pk_get(pk_at(root, 0), "size"), *v1 = pk_get(pk_at(root, 1), "size");
+    int64_t n = 0;
+    ASSERT_TRUE(pk_int(v0, &n));
+    EXPECT_EQ(n, 123456789);
+    EXPECT_EQ(v0, v1) << "one value for an int both dicts keep";
+    pk_free(doc);
+}
+
 // A short string written again (not memoized) in every entry, as newer snapshots write
 // compile_context's "N/A", is one value of the document: equal strings share it, another
 // string does not.
