@@ -35,26 +35,19 @@ static size_t slot_of(uint64_t key, size_t cap) {
 
 static bool map_grow(tr_map_t *m) {
     size_t cap = m->cap ? m->cap * 2 : 1024;
-    uint64_t *k = calloc(cap, sizeof(*k));
-    uintptr_t *v = calloc(cap, sizeof(*v));
-    if (k == NULL || v == NULL) {
-        free(k);
-        free(v);
+    tr_slot_t *sl = calloc(cap, sizeof(*sl));
+    if (sl == NULL)
         return false;
-    }
     for (size_t i = 0; i < m->cap; i++) {
-        if (m->keys[i] == 0)
+        if (m->slots[i].key == 0)
             continue;
-        size_t s = slot_of(m->keys[i], cap);
-        while (k[s] != 0)
+        size_t s = slot_of(m->slots[i].key, cap);
+        while (sl[s].key != 0)
             s = (s + 1) & (cap - 1);
-        k[s] = m->keys[i];
-        v[s] = m->vals[i];
+        sl[s] = m->slots[i];
     }
-    free(m->keys);
-    free(m->vals);
-    m->keys = k;
-    m->vals = v;
+    free(m->slots);
+    m->slots = sl;
     m->cap = cap;
     return true;
 }
@@ -65,22 +58,22 @@ bool tr_map_put(tr_map_t *m, uint64_t key, uintptr_t val) {
     if ((m->n + 1) * 2 > m->cap && !map_grow(m))
         return false;
     size_t s = slot_of(key, m->cap);
-    while (m->keys[s] != 0 && m->keys[s] != key)
+    while (m->slots[s].key != 0 && m->slots[s].key != key)
         s = (s + 1) & (m->cap - 1);
-    if (m->keys[s] == 0)
+    if (m->slots[s].key == 0)
         m->n++;
-    m->keys[s] = key;
-    m->vals[s] = val;
+    m->slots[s].key = key;
+    m->slots[s].val = val;
     return true;
 }
 
 bool tr_map_get(const tr_map_t *m, uint64_t key, uintptr_t *val_p) {
     if (m->cap == 0 || key == 0)
         return false;
-    for (size_t s = slot_of(key, m->cap); m->keys[s] != 0; s = (s + 1) & (m->cap - 1)) {
-        if (m->keys[s] == key) {
+    for (size_t s = slot_of(key, m->cap); m->slots[s].key != 0; s = (s + 1) & (m->cap - 1)) {
+        if (m->slots[s].key == key) {
             if (val_p)
-                *val_p = m->vals[s];
+                *val_p = m->slots[s].val;
             return true;
         }
     }
@@ -91,32 +84,30 @@ bool tr_map_del(tr_map_t *m, uint64_t key, uintptr_t *val_p) {
     if (m->cap == 0 || key == 0)
         return false;
     size_t s = slot_of(key, m->cap);
-    while (m->keys[s] != key) {
-        if (m->keys[s] == 0)
+    while (m->slots[s].key != key) {
+        if (m->slots[s].key == 0)
             return false;
         s = (s + 1) & (m->cap - 1);
     }
     if (val_p)
-        *val_p = m->vals[s];
+        *val_p = m->slots[s].val;
     /* Backward-shift deletion keeps probe chains intact without tombstones. */
     size_t hole = s;
-    for (size_t j = (s + 1) & (m->cap - 1); m->keys[j] != 0; j = (j + 1) & (m->cap - 1)) {
-        size_t home = slot_of(m->keys[j], m->cap);
+    for (size_t j = (s + 1) & (m->cap - 1); m->slots[j].key != 0; j = (j + 1) & (m->cap - 1)) {
+        size_t home = slot_of(m->slots[j].key, m->cap);
         bool movable = hole <= j ? (home <= hole || home > j) : (home <= hole && home > j);
         if (movable) {
-            m->keys[hole] = m->keys[j];
-            m->vals[hole] = m->vals[j];
+            m->slots[hole] = m->slots[j];
             hole = j;
         }
     }
-    m->keys[hole] = 0;
+    m->slots[hole].key = 0;
     m->n--;
     return true;
 }
 
 void tr_map_free(tr_map_t *m) {
-    free(m->keys);
-    free(m->vals);
+    free(m->slots);
     memset(m, 0, sizeof(*m));
 }
 
