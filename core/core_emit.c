@@ -511,42 +511,6 @@ static inline unsigned char *fast_key(sp__emit_t *e, const char *k) {
     return w_memo_get((unsigned char *)e->buf + e->len, e->sidx[h]);
 }
 
-void sp__emit_kv_int(sp__emit_t *e, const char *k, int64_t v) {
-    unsigned char *p = fast_key(e, k);
-    if (p != NULL) {
-        done(e, w_int(p, v));
-        return;
-    }
-    sp__emit_key_static(e, k);
-    sp__emit_int(e, v);
-}
-
-void sp__emit_kv_uint(sp__emit_t *e, const char *k, uint64_t v) {
-    unsigned char *p = fast_key(e, k);
-    if (p != NULL) {
-        done(e, w_uint(p, v));
-        return;
-    }
-    sp__emit_key_static(e, k);
-    sp__emit_uint(e, v);
-}
-
-void sp__emit_kv_str_static(sp__emit_t *e, const char *k, const char *v) {
-    unsigned char *p = fast_key(e, k);
-    if (p != NULL) {
-        size_t h = static_find(e, v);
-        if (h != SIZE_MAX && e->skey[h] == v) {
-            done(e, w_memo_get(p, e->sidx[h]));
-            return;
-        }
-        done(e, p);
-        put_str_static(e, v);
-        return;
-    }
-    sp__emit_key_static(e, k);
-    sp__emit_str_static(e, v);
-}
-
 /* Decimal digits of v into b (at least 21 bytes), NUL-terminated; the length. */
 static size_t fmt_u64(char *b, uint64_t v) {
     char t[24];
@@ -559,6 +523,83 @@ static size_t fmt_u64(char *b, uint64_t v) {
         b[i] = t[n - 1 - i];
     b[n] = '\0';
     return n;
+}
+
+/* The JSON form of the same: a key of plain ASCII (no escapes: the literals snapshots use) written
+ * in one piece with its comma and colon, room for `extra` more bytes. NULL: the general path. */
+static inline unsigned char *json_key(sp__emit_t *e, const char *k, size_t extra) {
+    if (!e->json || e->failed || e->depth == 0 || e->kind[e->depth - 1] != 'd')
+        return NULL;
+    size_t n = 0;
+    for (; k[n] != '\0'; n++) {
+        unsigned char c = (unsigned char)k[n];
+        if (n == 64 || c < 0x20 || c >= 0x80 || c == '"' || c == '\\')
+            return NULL;
+    }
+    unsigned char *p = room(e, n + 4 + extra);
+    if (p == NULL)
+        return NULL;
+    int d = e->depth - 1;
+    if (e->count[d] > 0)
+        *p++ = ',';
+    e->count[d]++;
+    *p++ = '"';
+    memcpy(p, k, n);
+    p += n;
+    *p++ = '"';
+    *p++ = ':';
+    return p;
+}
+
+void sp__emit_kv_int(sp__emit_t *e, const char *k, int64_t v) {
+    unsigned char *p = e->json ? json_key(e, k, 24) : fast_key(e, k);
+    if (p != NULL && e->json) {
+        if (v < 0)
+            *p++ = '-';
+        done(e, p + fmt_u64((char *)p, v < 0 ? 0 - (uint64_t)v : (uint64_t)v));
+        return;
+    }
+    if (p != NULL) {
+        done(e, w_int(p, v));
+        return;
+    }
+    sp__emit_key_static(e, k);
+    sp__emit_int(e, v);
+}
+
+void sp__emit_kv_uint(sp__emit_t *e, const char *k, uint64_t v) {
+    unsigned char *p = e->json ? json_key(e, k, 24) : fast_key(e, k);
+    if (p != NULL && e->json) {
+        done(e, p + fmt_u64((char *)p, v));
+        return;
+    }
+    if (p != NULL) {
+        done(e, w_uint(p, v));
+        return;
+    }
+    sp__emit_key_static(e, k);
+    sp__emit_uint(e, v);
+}
+
+void sp__emit_kv_str_static(sp__emit_t *e, const char *k, const char *v) {
+    unsigned char *p = e->json ? json_key(e, k, 0) : fast_key(e, k);
+    if (p != NULL && e->json) {
+        done(e, p);
+        put_str_json(e, v);
+        return;
+    }
+    if (p != NULL) {
+        size_t h = static_find(e, v);
+        if (h != SIZE_MAX && e->skey[h] == v) {
+            done(e, w_memo_get(p, e->sidx[h]));
+            return;
+        }
+        done(e, p);
+        put_str_static(e, v);
+        return;
+    }
+    sp__emit_key_static(e, k);
+    sp__emit_str_static(e, v);
 }
 
 /* `fixed`: s is a string that outlives the emitter (a literal), so a pickle may refer back to it

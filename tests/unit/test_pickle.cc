@@ -622,6 +622,40 @@ TEST(PickleWrite, StaticStringsAreMemoized) {
     }
 }
 
+// The one-call pairs write in JSON what the key and value calls write, plain keys and keys
+// that need escaping alike.
+TEST(PickleWrite, PairsInOneCallWriteTheSameJson) {
+    std::string out[2];
+    for (int form = 0; form < 2; form++) {
+        sp__emit_t e;
+        sp__emit_init(&e, true);
+        sp__emit_list_begin(&e);
+        for (int i = 0; i < 2; i++) {
+            sp__emit_dict_begin(&e);
+            if (form == 0) {
+                sp__emit_key_static(&e, "action");
+                sp__emit_str_static(&e, "alloc\"x");
+                sp__emit_key_static(&e, "a\"ddr");
+                sp__emit_uint(&e, UINT64_MAX - (uint64_t)i);
+                sp__emit_key_static(&e, "time_us");
+                sp__emit_int(&e, INT64_MIN + i);
+            } else {
+                sp__emit_kv_str_static(&e, "action", "alloc\"x");
+                sp__emit_kv_uint(&e, "a\"ddr", UINT64_MAX - (uint64_t)i);
+                sp__emit_kv_int(&e, "time_us", INT64_MIN + i);
+            }
+            sp__emit_dict_end(&e);
+        }
+        sp__emit_list_end(&e);
+        out[form] = as_string(finish(&e));
+    }
+    EXPECT_EQ(out[0], out[1]);
+    EXPECT_NE(out[1].find("{\"action\":\"alloc\\\"x\",\"a\\\"ddr\":18446744073709551615,"
+                          "\"time_us\":-9223372036854775808}"),
+              std::string::npos)
+        << out[1];
+}
+
 // A pickle streamed to its file at flush points is the document the buffer would have held,
 // byte for byte: across batch boundaries, with containers opened after a flush and left empty,
 // and with memo references to values written before a flush.
