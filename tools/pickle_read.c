@@ -760,12 +760,71 @@ out:
     ps->skipped_at = skipped_at;
 }
 
+/* Inside a dict the record hook may take (a trace entry being filled: its MARK sits right above
+ * the new dict), the opcodes of its keys and values - memo references and ints - in one loop
+ * with the state in locals, instead of a pass through the general loop's checks and switch
+ * each (a dozen per entry). It does what the general loop does with them: a reference pushes
+ * the memo's value, an int goes to scratch. Returns at the first opcode it does not take, or
+ * that would fail (the general loop then reports it), or when scratch or the stack is full. */
+static void entry_fast(parser_t *ps) {
+    const unsigned char *p = ps->p;
+    const size_t len = ps->len, scap = ps->scap, memocap = ps->memocap;
+    pk_value_t **stack = ps->stack, **memo = ps->memo;
+    size_t pos = ps->pos, sp = ps->sp, used = ps->scratch_used;
+    while (pos < len && sp < scap) {
+        unsigned op = p[pos];
+        size_t left = len - pos - 1, n;
+        pk_value_t *v;
+        if (op == 'h' || op == 'j') { /* BINGET, LONG_BINGET */
+            n = op == 'h' ? 1 : 4;
+            if (left < n)
+                break;
+            size_t idx = (size_t)le_uint(p + pos + 1, n);
+            if (idx >= memocap || memo[idx] == NULL)
+                break;
+            v = memo[idx];
+        } else if (op == 'K' || op == 'M' || op == 'J' || op == 0x8a) {
+            int64_t iv;
+            if (op == 0x8a) { /* LONG1 */
+                uint64_t uv;
+                if (left < 1 || left - 1 < p[pos + 1] ||
+                    le_long(p + pos + 2, p[pos + 1], &iv, &uv) != PK_INT)
+                    break;
+                n = 1 + (size_t)p[pos + 1];
+            } else { /* BININT1, BININT2, BININT */
+                n = op == 'K' ? 1 : op == 'M' ? 2 : 4;
+                if (left < n)
+                    break;
+                uint64_t a = le_uint(p + pos + 1, n);
+                iv = op == 'J' ? (int64_t)(int32_t)(uint32_t)a : (int64_t)a;
+            }
+            if (used == SCRATCH_VALUES)
+                break;
+            v = &ps->scratch[used++];
+            *v = (pk_value_t){.type = PK_INT, .u.i = iv};
+        } else {
+            break;
+        }
+        stack[sp++] = v;
+        pos += 1 + n;
+    }
+    if (sp != ps->sp)
+        ps->skipped_at = 0; /* as push does */
+    ps->pos = pos;
+    ps->sp = sp;
+    ps->scratch_used = used;
+}
+
 static bool run(parser_t *ps) {
     int64_t iv;
     uint64_t arg; /* an opcode's unsigned argument, from take_uint */
     while (ps->pos < ps->len) {
         if (ps->skipping && ps->sp > ps->skip_base + 1) {
             skip_fast(ps);
+            if (ps->pos >= ps->len)
+                break;
+        } else if (!ps->skipping && in_taken_dict(ps)) {
+            entry_fast(ps);
             if (ps->pos >= ps->len)
                 break;
         }

@@ -807,6 +807,63 @@ TEST(PickleRead, IntsOfDictsTheHookLeavesAreShared) {
     pk_free(doc);
 }
 
+// The record hook's path reads a trace entry's keys and values in a loop of its own: every cut
+// of a trace and every undefined memo reference inside an entry fails there with the message and
+// offset the plain reader gives, and whole, both read the same entries.
+TEST(PickleRead, RecordsPathFailsWhereThePlainReaderDoes) {
+    sp__emit_t e;
+    sp__emit_init(&e, false);
+    sp__emit_list_begin(&e);
+    for (int i = 0; i < 40; i++) {
+        sp__emit_dict_begin(&e);
+        sp__emit_kv_str_static(&e, "action", i % 2 ? "alloc" : "free_requested");
+        sp__emit_kv_uint(&e, "addr", 0x7f0000000000ull + (uint64_t)i * 512);
+        sp__emit_kv_int(&e, "size", i % 3 ? 200 + i : 70000 + i);
+        sp__emit_kv_int(&e, "stream", i % 5 ? 0 : -1 - i);
+        sp__emit_kv_uint(&e, "big", UINT64_MAX - (uint64_t)i);
+        sp__emit_dict_end(&e);
+    }
+    sp__emit_list_end(&e);
+    Bytes whole = finish(&e);
+    auto take = [](void *arg, pk_value_t *const *pairs, size_t n, uint64_t *id_p) {
+        if (n < 2 || pk_str(pairs[0]) == nullptr || strcmp(pk_str(pairs[0]), "action") != 0)
+            return 0;
+        *id_p = (*(uint64_t *)arg)++;
+        return 1;
+    };
+    auto both = [&](const Bytes &b, std::string *plain, std::string *recs) {
+        char e1[256] = "", e2[256] = "";
+        pk_doc_t *d1 = nullptr, *d2 = nullptr;
+        uint64_t taken = 0;
+        bool ok1 = pk_parse_skip(b.data(), b.size(), nullptr, "frames", &d1, e1, sizeof e1);
+        bool ok2 = pk_parse_records(b.data(), b.size(), nullptr, "frames", take, &taken, &d2, e2,
+                                    sizeof e2);
+        *plain = ok1 ? "ok" : e1;
+        *recs = ok2 ? "ok" : e2;
+        pk_free(d1);
+        pk_free(d2);
+        return taken;
+    };
+    std::string plain, recs;
+    EXPECT_EQ(both(whole, &plain, &recs), 40u);
+    EXPECT_EQ(plain, "ok");
+    EXPECT_EQ(recs, "ok");
+    for (size_t cut = 1; cut < whole.size(); cut++) {
+        Bytes b(whole.begin(), whole.begin() + (long)cut);
+        both(b, &plain, &recs);
+        EXPECT_EQ(recs, plain) << "cut at " << cut;
+    }
+    // Every memo reference made undefined in turn (a BINGET's index pointing past the memo).
+    for (size_t at = 2; at + 1 < whole.size(); at++) {
+        if (whole[at] != 'h')
+            continue;
+        Bytes b = whole;
+        b[at + 1] = 0xfe;
+        both(b, &plain, &recs);
+        EXPECT_EQ(recs, plain) << "BINGET at " << at;
+    }
+}
+
 // A short string written again (not memoized) in every entry, as newer snapshots write
 // compile_context's "N/A", is one value of the document: equal strings share it, another
 // string does not.
