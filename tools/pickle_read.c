@@ -262,10 +262,21 @@ static inline __attribute__((always_inline)) bool need(parser_t *ps, size_t n, c
 }
 
 static inline __attribute__((always_inline)) uint64_t le_uint(const unsigned char *b, size_t n) {
-    uint64_t v = 0;
-    for (size_t i = 0; i < n; i++)
-        v |= (uint64_t)b[i] << (8 * i);
-    return v;
+    /* The widths opcodes use as straight-line loads (the compiler merges the shifted bytes). */
+    switch (n) {
+    case 1:
+        return b[0];
+    case 2:
+        return (uint64_t)b[0] | (uint64_t)b[1] << 8;
+    case 4:
+        return (uint64_t)b[0] | (uint64_t)b[1] << 8 | (uint64_t)b[2] << 16 | (uint64_t)b[3] << 24;
+    default: {
+        uint64_t v = 0;
+        for (size_t i = 0; i < n; i++)
+            v |= (uint64_t)b[i] << (8 * i);
+        return v;
+    }
+    }
 }
 
 /* The n-byte little-endian unsigned argument of opname, consumed. */
@@ -766,6 +777,10 @@ out:
  * each (a dozen per entry). It does what the general loop does with them: a reference pushes
  * the memo's value, an int goes to scratch. Returns at the first opcode it does not take, or
  * that would fail (the general loop then reports it), or when scratch or the stack is full. */
+/* The opcodes entry_fast takes: memo references and ints. */
+static const bool entry_op[256] = {
+    ['h'] = true, ['j'] = true, ['K'] = true, ['M'] = true, ['J'] = true, [0x8a] = true};
+
 static void entry_fast(parser_t *ps) {
     const unsigned char *p = ps->p;
     const size_t len = ps->len, scap = ps->scap, memocap = ps->memocap;
@@ -823,7 +838,7 @@ static bool run(parser_t *ps) {
             skip_fast(ps);
             if (ps->pos >= ps->len)
                 break;
-        } else if (!ps->skipping && in_taken_dict(ps)) {
+        } else if (!ps->skipping && entry_op[ps->p[ps->pos]] && in_taken_dict(ps)) {
             entry_fast(ps);
             if (ps->pos >= ps->len)
                 break;
