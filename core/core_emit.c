@@ -511,16 +511,29 @@ static inline unsigned char *fast_key(sp__emit_t *e, const char *k) {
     return w_memo_get((unsigned char *)e->buf + e->len, e->sidx[h]);
 }
 
-/* Decimal digits of v into b (at least 21 bytes), NUL-terminated; the length. */
+/* Decimal digits of v into b (at least 21 bytes), NUL-terminated; the length. Two digits per
+ * division (addresses and timestamps have 15-16 of them, in every JSON trace entry). */
 static size_t fmt_u64(char *b, uint64_t v) {
+    static const char pairs[] =
+        "00010203040506070809101112131415161718192021222324252627282930313233"
+        "34353637383940414243444546474849505152535455565758596061626364656667"
+        "6869707172737475767778798081828384858687888990919293949596979899";
     char t[24];
-    size_t n = 0;
-    do {
-        t[n++] = (char)('0' + v % 10);
-        v /= 10;
-    } while (v != 0);
-    for (size_t i = 0; i < n; i++)
-        b[i] = t[n - 1 - i];
+    size_t i = sizeof(t);
+    while (v >= 100) {
+        size_t k = (size_t)(v % 100) * 2;
+        v /= 100;
+        t[--i] = pairs[k + 1];
+        t[--i] = pairs[k];
+    }
+    if (v >= 10) {
+        t[--i] = pairs[v * 2 + 1];
+        t[--i] = pairs[v * 2];
+    } else {
+        t[--i] = (char)('0' + v);
+    }
+    size_t n = sizeof(t) - i;
+    memcpy(b, t + i, n);
     b[n] = '\0';
     return n;
 }

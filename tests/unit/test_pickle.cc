@@ -656,6 +656,30 @@ TEST(PickleWrite, PairsInOneCallWriteTheSameJson) {
         << out[1];
 }
 
+// JSON numbers are the decimal digits printf gives, at every digit count and its edges.
+TEST(PickleWrite, JsonNumbersAreDecimal) {
+    std::vector<uint64_t> us = {0, UINT64_MAX, (uint64_t)INT64_MAX, (uint64_t)INT64_MAX + 1};
+    for (uint64_t p = 1; p <= UINT64_MAX / 10; p *= 10)
+        for (uint64_t d : {p - 1, p, p + 1, 2 * p + 3, 9 * p + 9})
+            us.push_back(d);
+    sp__emit_t e;
+    sp__emit_init(&e, true);
+    sp__emit_list_begin(&e);
+    std::string want = "[";
+    for (size_t i = 0; i < us.size(); i++) {
+        sp__emit_uint(&e, us[i]);
+        int64_t neg = us[i] <= (uint64_t)INT64_MAX ? -(int64_t)us[i] : INT64_MIN;
+        sp__emit_int(&e, neg);
+        char b[64];
+        snprintf(b, sizeof b, "%s%llu,%lld", i ? "," : "", (unsigned long long)us[i],
+                 (long long)neg);
+        want += b;
+    }
+    sp__emit_list_end(&e);
+    want += "]\n";
+    EXPECT_EQ(as_string(finish(&e)), want);
+}
+
 // A pickle streamed to its file at flush points is the document the buffer would have held,
 // byte for byte: across batch boundaries, with containers opened after a flush and left empty,
 // and with memo references to values written before a flush.
