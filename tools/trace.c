@@ -591,10 +591,14 @@ static bool analyse(const pk_value_t *segments, const tr_settings_t *set, int de
         }
     }
     tr_map_free(&live);
+    uint64_t last_stream = 0; /* the stream the last event put (0: none yet) */
     for (size_t i = 0; i < d->nev; i++) {
         tr_event_t *e = &d->ev[i];
-        if (!tr_map_put(&streams, e->stream ? e->stream : ~(uint64_t)0, 1))
+        /* Consecutive events are mostly on one stream: it is in the set already. */
+        uint64_t sk = e->stream ? e->stream : ~(uint64_t)0;
+        if (sk != last_stream && !tr_map_put(&streams, sk, 1))
             goto oom;
+        last_stream = sk;
         switch (e->action) {
         case TR_ALLOC:
             if (!tr_map_put(&live, e->addr, 1) || !tr_map_put(&touched, e->addr, 1))
