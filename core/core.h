@@ -215,6 +215,9 @@ const char *sp__log_level_name(int level); /* "WARN" */
     X(EXPANDABLE_BORROW, BOOL, "1", NULL, NULL, 0,                                                 \
       "ours: a small request that would map a new small-pool page takes a free piece of the "      \
       "large pool's expandable segments instead; 0 = PyTorch's rules")                             \
+    X(EXPANDABLE_SHARED, SIZE, "256MiB", NULL, NULL, 0,                                            \
+      "ours, with EXPANDABLE_BORROW on: while a pool reserves less than this, its small requests " \
+      "use the large pool's expandable segments (no small-pool pages); 0 = never")                 \
     X(HOST_CAPACITY, SIZE, "80GiB", NULL, check_positive, 0,                                       \
       "memory of each emulated host device")                                                       \
     X(HOST_DEVICES, LONG, "1", NULL, check_devices, 0, "number of emulated host devices (1-64)")   \

@@ -665,7 +665,7 @@ static sp_block_t *mempool_fallback(sp_devalloc_t *d, size_t size, sp_stream_t s
     for (sp_mempool_t *p = d->pools; p; p = p->next) {
         if (!p->use_on_oom || p->destroyed || p->symmetric)
             continue;
-        sp_bpool_t *bp = size <= SP_SMALL_SIZE ? &p->small : &p->large;
+        sp_bpool_t *bp = size <= p->small_max ? &p->small : &p->large;
         sp_block_t *b = sp__alloc_get_free_block(d, bp, size, stream);
         if (b) {
             SP_INFO(SP_SUB_POOL,
@@ -791,7 +791,7 @@ alloc_malloc(sp_devalloc_t *d, sp_mempool_t *pool, size_t orig, sp_stream_t stre
     if (SP_UNLIKELY(d->pending_events))
         sp__alloc_process_events(d);
     size_t size = SP_LIKELY(sp__g.round_plain) ? round_512(orig) : sp__round_size(orig);
-    sp_bpool_t *bp = size <= SP_SMALL_SIZE ? &pool->small : &pool->large;
+    sp_bpool_t *bp = size <= pool->small_max ? &pool->small : &pool->large;
     bool nocache = sp__g.conf.no_caching;
     sp_block_t *pred = NULL;
     sp_block_t *b = nocache ? NULL : find_fit(d, bp, size, stream, &pred);

@@ -68,7 +68,9 @@ struct sp_mempool {
     bool destroyed;           /* sp_mempool_destroy was called (lock) */
     void *sym_state;          /* symmetric module's state (const) */
     atomic_int use_count;     /* PyTorch's use count; 0 = freeable */
-    sp_bpool_t small;         /* requests <= 1 MiB (lock) */
+    size_t small_max;         /* requests up to this size go to `small`: SP_SMALL_SIZE, or 0
+                                 while they share the large pool's expandable segments (lock) */
+    sp_bpool_t small;         /* requests <= small_max (lock) */
     sp_bpool_t large;         /* the rest (lock) */
     size_t limit;             /* max reserved bytes, 0 = none (lock) */
     size_t reserved;          /* bytes of its segments (lock) */
@@ -134,6 +136,7 @@ typedef struct sp_alloc_global {
     bool exp_on;                /* expandable segments in use (conf, backend VMM) (const) */
     bool exp_recycle;           /* SYMPOOL_EXPANDABLE_RECYCLE (const) */
     bool exp_borrow;            /* SYMPOOL_EXPANDABLE_BORROW (const) */
+    size_t exp_shared;          /* SYMPOOL_EXPANDABLE_SHARED with BORROW on, else 0 (const) */
     size_t exp_page;            /* SYMPOOL_EXPANDABLE_PAGE for the large pool, 0 = PyTorch's */
     int ndev;                   /* devices */
     sp_devalloc_t *devs;        /* [ndev] */

@@ -68,6 +68,26 @@ static void ulist_remove(sp_bpool_t *bp, sp_block_t *b) {
     b->left = b->right = NULL;
 }
 
+/* ---- small requests in the large pool ---------------------------------------------------- */
+
+/* SYMPOOL_EXPANDABLE_SHARED (ours): while a pool is small, its small requests live in the large
+ * pool's expandable segments. Apart, the two pools each leave a partly used last page and holes
+ * the other pool's sizes cannot fill; together they pack into about one page less, and while the
+ * pool is under a few hundred MiB one 2 MiB page is a large part of it (1% of 256 MiB is 1.3
+ * pages). Past the bound new small requests go back to the small pool: in a large pool a page
+ * matters little, and small blocks in the large segments would split the large free blocks
+ * PyTorch keeps apart for large requests. Blocks already placed stay where they are (a block
+ * belongs to its segment's pool). Only where borrowing is allowed (no_split pools never split a
+ * large block for a small request), and only while both pools map pages of one size: with
+ * coarser large-pool pages (PyTorch's 20 MiB, SYMPOOL_EXPANDABLE_PAGE=0) small blocks would move
+ * from 2 MiB pages to 20 MiB ones. */
+void sp__exp_share_small(sp_mempool_t *pool) {
+    bool share = sp__g.exp_on && sp__exp_pool(pool) && !pool->no_split &&
+                 pool->reserved < sp__g.exp_shared &&
+                 sp__exp_page(&pool->large) <= sp__exp_page(&pool->small);
+    pool->small_max = share ? 0 : SP_SMALL_SIZE;
+}
+
 /* ---- segments ---------------------------------------------------------------------------- */
 
 size_t sp__exp_page(const sp_bpool_t *bp) {
@@ -209,6 +229,7 @@ static sp_status_t map_block(sp_devalloc_t *d, sp_block_t *m, size_t size, uint3
     sp__bset_insert(&bp->free, m);
     d->total_reserved += len;
     pool->reserved += len;
+    sp__exp_share_small(pool);
     seg->mapped += len;
     sp_dev_stats_t *st = &d->stats;
     sp__stat_inc(st, SP_ST_RESERVED_BYTES, bp->is_small, (int64_t)len);
@@ -478,6 +499,7 @@ static size_t unmap_block(sp_devalloc_t *d, sp_block_t *b) {
     sp_mempool_t *pool = bp->pool;
     d->total_reserved -= len;
     pool->reserved -= len;
+    sp__exp_share_small(pool);
     seg->mapped -= len;
     sp_dev_stats_t *st = &d->stats;
     sp__stat_dec(st, SP_ST_RESERVED_BYTES, bp->is_small, (int64_t)len);

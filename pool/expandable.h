@@ -23,6 +23,10 @@ sp_status_t sp__exp_alloc(sp_devalloc_t *d, sp_bpool_t *bp, size_t size, sp_stre
  * when it is not b, *pred_p becomes its in-order predecessor. */
 sp_block_t *sp__exp_best_fit(sp_bpool_t *bp, sp_block_t *b, sp_stream_t stream,
                              sp_block_t **pred_p);
+/* SYMPOOL_EXPANDABLE_SHARED: route pool's small requests to its large pool while the pool
+ * reserves less than the option says (sets pool->small_max); called whenever pool->reserved
+ * changes. */
+void sp__exp_share_small(sp_mempool_t *pool);
 /* Unmap the free pages of an expandable segment (after syncing its stream); releases the
  * segment when nothing is mapped any more. Returns the bytes unmapped. */
 size_t sp__exp_release(sp_devalloc_t *d, sp_segment_t *seg);

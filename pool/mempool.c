@@ -133,6 +133,8 @@ sp_mempool_t *sp__mempool_new(sp_devalloc_t *d, const sp_mempool_params_t *param
     p->large.is_small = false;
     p->large.pool = p;
     p->large.free.by_seq = symmetric;
+    p->small_max = SP_SMALL_SIZE;
+    sp__exp_share_small(p); /* nothing reserved yet */
     if (sp__g.exp_on && !sp__exp_pool(p))
         SP_INFO(SP_SUB_POOL,
                 "pool \"%s\" {0,%" PRIu64 "} keeps fixed segments although expandable_segments is "

@@ -89,7 +89,12 @@ SP_EXPORT sp_status_t sp_symmetric_peer_ptr(const void *ptr, int rank, void **pe
                       size - 1);
     else if (sp__world_node_rank_of(st->world, rank) < 0)
         s = other_node(st->world, rank);
-    else
+    else if (rank == sp_world_rank(st->world)) {
+        /* This rank's own byte is always load/store reachable: the pointer itself, whatever the
+         * registrar can map for the others (NCCL < 2.29 maps none). */
+        *peer_ptr_p = (void *)ptr;
+        s = SP_SUCCESS;
+    } else
         s = st->reg->peer_ptr(st->world, &rec->seg, rank,
                               (size_t)((const char *)ptr - (const char *)bi.segment_base),
                               peer_ptr_p);

@@ -81,14 +81,27 @@ def replay_sympool(evts):
     streams, live = {}, {}
     ops = 0
     out = ctypes.c_void_p()
+    # The torch side starts timing with its CUDA context made and its streams created: do the same
+    # here (sp_init, every stream up front, one malloc+free that sets the device up, then the cache
+    # emptied and the peaks reset), so neither side's time holds one-time setup.
+    if lib.sp_init() != 0:
+        sys.exit(f"sp_init: {lib.sp_last_error().decode()}")
+    for _, dev, _, _, stream in evts:
+        if stream not in streams:
+            s = ctypes.c_void_p()
+            if stream != 0 and lib.sp_stream_create(dev, ctypes.byref(s)) != 0:
+                sys.exit(f"sp_stream_create: {lib.sp_last_error().decode()}")
+            streams[stream] = s.value if stream != 0 else None
+    for dev in sorted({e[1] for e in evts}):
+        if lib.sp_malloc(512, dev, None, ctypes.byref(out)) != 0:
+            sys.exit(f"sp_malloc(512): {lib.sp_last_error().decode()}")
+        lib.sp_free(out.value)
+    lib.sp_empty_cache()
+    for dev in sorted({e[1] for e in evts}):
+        lib.sp_reset_peak_memory_stats(dev)
     t0 = time.perf_counter_ns()
     for action, dev, addr, size, stream in evts:
         if action == "alloc":
-            if stream not in streams:
-                s = ctypes.c_void_p()
-                if stream != 0 and lib.sp_stream_create(dev, ctypes.byref(s)) != 0:
-                    sys.exit(f"sp_stream_create: {lib.sp_last_error().decode()}")
-                streams[stream] = s.value if stream != 0 else None
             if lib.sp_malloc(size, dev, streams[stream], ctypes.byref(out)) != 0:
                 sys.exit(f"sp_malloc({size}): {lib.sp_last_error().decode()}")
             live[addr] = out.value

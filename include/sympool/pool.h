@@ -54,8 +54,9 @@ int sp_device_count(void);
  * one retry (counted in num_alloc_retries and num_ooms; the message says "Tried to allocate
  * <size>", as PyTorch's does); 1 EB or more is PyTorch's "Tried to allocate more than 1EB
  * memory", refused before the allocator runs (not counted).
- * @return SP_SUCCESS, SP_ERR_INVALID_ARGUMENT (NULL ptr_p, unknown device, a stream sympool did
- *         not make, a size above SIZE_MAX/2 that no rounding can represent),
+ * @return SP_SUCCESS, SP_ERR_INVALID_ARGUMENT (NULL ptr_p, unknown device, a stream of another
+ *         device, on host a stream sympool did not make (on cuda see sp_stream_synchronize),
+ *         a size above SIZE_MAX/2 that no rounding can represent),
  *         SP_ERR_OUT_OF_MEMORY (after freeing the cache and one retry), SP_ERR_DEVICE.
  */
 sp_status_t sp_malloc(size_t size, int device, sp_stream_t stream, void **ptr_p);
@@ -136,7 +137,10 @@ sp_status_t sp_stream_destroy(sp_stream_t stream);
  * NULL: the default stream of every device this process uses (a device it never used is not
  * touched). Streams: on cuda any valid CUDA stream (PyTorch's too); cudaStreamLegacy is the
  * default stream (NULL); cudaStreamPerThread is refused by sp_malloc and sp_record_stream, as it
- * names a different stream on every thread. */
+ * names a different stream on every thread. On cuda a handle that is not a live CUDA stream
+ * (never created, or destroyed) is undefined behaviour, as it is in CUDA, which dereferences it:
+ * sympool passes it to the runtime and cannot check it first. The host backend checks every
+ * handle (SP_ERR_INVALID_ARGUMENT). */
 sp_status_t sp_stream_synchronize(sp_stream_t stream);
 
 #ifdef __cplusplus

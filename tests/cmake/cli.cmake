@@ -294,6 +294,14 @@ if(TARGET sympool_cli)
     "'$<TARGET_FILE:sympool_cli>' replay '${SP_DATA}/trace-expandable-tiny.json' --conf expandable_segments:False --compare '' 2>&1; echo rc=$?")
   set_tests_properties(cli.replay_compare_conf_base PROPERTIES LABELS "unit;cli" TIMEOUT 60
     PASS_REGULAR_EXPRESSION "settings: --conf 'expandable_segments:False'.*\n  \\(--conf\\) +0.127 .*rc=0")
+  # A small peak (108,275,712 bytes allocated): 1.01 x that is 52 pages of 2 MiB with 0.74 MiB
+  # to spare, so expandable segments (defaults) must pack the small and the large blocks into
+  # shared pages: 52 pages (109,051,904 bytes); small pages of their own make it 53 (1.0265).
+  add_test(NAME cli.replay_small_peak_pages
+    COMMAND $<TARGET_FILE:sympool_cli> replay ${SP_DATA}/real/eor-nn-small-peak.pickle
+            --conf expandable_segments:True --json)
+  set_tests_properties(cli.replay_small_peak_pages PROPERTIES LABELS "unit;cli" TIMEOUT 60
+    PASS_REGULAR_EXPRESSION "\"peak_allocated_bytes\":108275712,\"peak_reserved_bytes\":109051904,")
   add_test(NAME cli.info_trace
     COMMAND $<TARGET_FILE:sympool_cli> info ${SP_DATA}/real/sqattn-empty-cache.pickle)
   set_tests_properties(cli.info_trace PROPERTIES LABELS "unit;cli" TIMEOUT 60

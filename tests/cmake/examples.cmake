@@ -32,4 +32,5 @@ if(SP_HAVE_MPI AND Python3_Interpreter_FOUND AND TARGET 03_stats_report AND NOT 
             ${MPIEXEC_EXECUTABLE})
   set_tests_properties(example.readmes PROPERTIES LABELS example TIMEOUT 300
     PASS_REGULAR_EXPRESSION "readmes ok" ENVIRONMENT "${SP_TEST_ENV}")
+  list(APPEND SP_MULTIRANK_TESTS example.readmes) # its MPI runs start 2 and 4 ranks
 endif()

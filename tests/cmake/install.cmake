@@ -40,6 +40,7 @@ if(SP_HAVE_MPI AND TARGET 03_stats_report AND SP_JQ)
             $<TARGET_FILE:03_stats_report> ${CMAKE_CURRENT_BINARY_DIR}/reports_check)
   set_tests_properties(reports.file_jq_promtool PROPERTIES LABELS "mpi;report" TIMEOUT 300
     PASS_REGULAR_EXPRESSION "reports ok" ENVIRONMENT "${SP_TEST_ENV}")
+  list(APPEND SP_MULTIRANK_TESTS reports.file_jq_promtool) # its MPI runs start 2 ranks
 endif()
 
 # NCCL as PyTorch's nvidia-nccl wheel lays it out (include/nccl.h, lib/libnccl.so.2 only), found

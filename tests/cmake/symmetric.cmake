@@ -11,6 +11,11 @@ endif()
 add_executable(sp_world_init_self ${CMAKE_CURRENT_LIST_DIR}/symmetric_world_init.c)
 target_compile_options(sp_world_init_self PRIVATE ${SP_WARN})
 target_link_libraries(sp_world_init_self PRIVATE sympool_static MPI::MPI_C)
+if(SP_HAVE_CUDA)
+  # On the cuda backend it reads and writes device memory through cudaMemcpy.
+  target_compile_definitions(sp_world_init_self PRIVATE SP_HAVE_CUDA=1)
+  target_link_libraries(sp_world_init_self PRIVATE CUDA::cudart)
+endif()
 
 add_test(NAME mpi.world_init_self.singleton COMMAND $<TARGET_FILE:sp_world_init_self>)
 add_test(NAME mpi.world_init_self.np2
@@ -31,15 +36,18 @@ file(WRITE ${SP_FAKE_LAUNCHER}
 file(CHMOD ${SP_FAKE_LAUNCHER} PERMISSIONS OWNER_READ OWNER_WRITE OWNER_EXECUTE GROUP_READ
   GROUP_EXECUTE WORLD_READ WORLD_EXECUTE)
 
-add_test(NAME sympoolrun.help COMMAND ${SP_SYMPOOLRUN} --help)
+# The two tests below check the exact list of forwarded variables, so they run in an environment
+# of their own (env -i): whatever SYMPOOL_*/NCCL_* the caller has (a GPU machine exports
+# NCCL_ROOT, scripts/gpu-check.sh SYMPOOL_CACHE_DIR) must not reach the list.
+set(SP_CLEAN_ENV env -i "PATH=$ENV{PATH}" "SYMPOOLRUN_LAUNCHER=${SP_FAKE_LAUNCHER}")
+add_test(NAME sympoolrun.help COMMAND ${SP_CLEAN_ENV} SYMPOOL_DEBUG=INFO ${SP_SYMPOOLRUN} --help)
 set_tests_properties(sympoolrun.help PROPERTIES LABELS mpi
-  ENVIRONMENT "SYMPOOLRUN_LAUNCHER=${SP_FAKE_LAUNCHER};SYMPOOL_DEBUG=INFO"
   PASS_REGULAR_EXPRESSION "launcher: +${SP_FAKE_LAUNCHER}.*forwarded: +SYMPOOL_DEBUG")
 
 add_test(NAME sympoolrun.forwards_variables
-  COMMAND ${SP_SYMPOOLRUN} -np 3 ./prog "two words")
+  COMMAND ${SP_CLEAN_ENV} SYMPOOL_DEBUG=INFO NCCL_DEBUG=WARN SYMPOOL_HOST_CAPACITY=1GiB
+          ${SP_SYMPOOLRUN} -np 3 ./prog "two words")
 set_tests_properties(sympoolrun.forwards_variables PROPERTIES LABELS mpi
-  ENVIRONMENT "SYMPOOLRUN_LAUNCHER=${SP_FAKE_LAUNCHER};SYMPOOL_DEBUG=INFO;NCCL_DEBUG=WARN;SYMPOOL_HOST_CAPACITY=1GiB"
   PASS_REGULAR_EXPRESSION "fake-mpirun args: -x NCCL_DEBUG -x SYMPOOL_DEBUG -x SYMPOOL_HOST_CAPACITY -np 3 ./prog two words")
 
 add_test(NAME sympoolrun.no_launcher COMMAND ${SP_SYMPOOLRUN} -np 2 true)

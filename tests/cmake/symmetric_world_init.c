@@ -6,11 +6,15 @@
  * set, checks that the launcher (sympoolrun) delivered SYMPOOL_DEBUG with that value.
  * Registered by tests/cmake/symmetric.cmake; prints "world-init-self: ok" on every rank.
  */
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include <mpi.h>
+#if defined(SP_HAVE_CUDA)
+#include <cuda_runtime_api.h>
+#endif
 
 #include <sympool/symmetric.h>
 #include <sympool/sympool.h>
@@ -34,6 +38,21 @@ static int failures;
             failures++;                                                                            \
         }                                                                                          \
     } while (0)
+
+/* Device memory is not host memory: on the cuda backend a host dereference of a sympool pointer
+ * faults (SIGSEGV on a GPU and under the CUDA double alike), so values go through cudaMemcpy. */
+static void copy_int(int *dst, const int *src, bool to_device) {
+#if defined(SP_HAVE_CUDA)
+    if (strcmp(sp_backend_name(), "cuda") == 0) {
+        cudaError_t e = cudaMemcpy(dst, src, sizeof *dst,
+                                   to_device ? cudaMemcpyHostToDevice : cudaMemcpyDeviceToHost);
+        CHECK(e == cudaSuccess, "cudaMemcpy: %s", cudaGetErrorString(e));
+        return;
+    }
+#endif
+    (void)to_device;
+    *dst = *src;
+}
 
 int main(int argc, char **argv) {
     int flag = 1;
@@ -68,12 +87,20 @@ int main(int argc, char **argv) {
         CHECK(s == SP_SUCCESS, "sp_symmetric_malloc -> %s", sp_status_name(s));
     }
     if (buf) {
-        buf[0] = 7 * rank;
+        int mine = 7 * rank, seen = -1;
+        copy_int(buf, &mine, true);
         MPI_Barrier(MPI_COMM_WORLD);
         int *peer = NULL;
         int next = (rank + 1) % size;
         s = sp_symmetric_peer_ptr(buf, next, (void **)&peer);
-        CHECK(s == SP_SUCCESS && peer && *peer == 7 * next, "peer pointer to rank %d", next);
+        if (s == SP_SUCCESS && peer)
+            copy_int(&seen, peer, false);
+        /* A window registered with NCCL < 2.29 has no host-side peer pointers (API.md): refused
+         * with SP_ERR_NOT_SUPPORTED for another rank, never a wrong address. */
+        bool refused = s == SP_ERR_NOT_SUPPORTED && next != rank &&
+                       strcmp(sp_backend_name(), "cuda") == 0;
+        CHECK(refused || (s == SP_SUCCESS && peer && seen == 7 * next),
+              "peer pointer to rank %d -> %s, reads %d", next, sp_status_name(s), seen);
         MPI_Barrier(MPI_COMM_WORLD);
         sp_free(buf);
     }

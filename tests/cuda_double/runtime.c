@@ -318,11 +318,21 @@ static bool blocking_capture_on(int dev) {
 /* A stream handle to its record (g_rt held): NULL and cudaStreamLegacy are the current
  * device's legacy stream; cudaStreamPerThread is modelled as the same (it is never used by
  * sympool's device code, which refuses it). NULL when the handle is not a live stream. */
+/* A handle that is not a live stream of this process (never created, or destroyed) is undefined
+ * behaviour in CUDA, not an error code: the runtime dereferences it. On an H100 (driver 580.159)
+ * cudaStreamGetDevice on the address of an int crashed the process (SIGSEGV), so the double stops
+ * the process too, loudly, rather than answer cudaErrorInvalidResourceHandle and let a caller rely
+ * on a check that the real thing does not make. */
 static stream_t *stream_of(cudaStream_t h) {
     if (h == NULL || h == cudaStreamLegacy || h == cudaStreamPerThread)
         return &g_legacy[cur_dev()];
     stream_t *s = (stream_t *)h;
-    if (!live_has(s) || s->magic != STREAM_MAGIC || s->destroyed)
+    if (!live_has(s)) {
+        fprintf(stderr, "cuda-double: %p is not a CUDA stream of this process: undefined "
+                        "behaviour (a GPU may crash here); aborting\n", (void *)h);
+        abort();
+    }
+    if (s->magic != STREAM_MAGIC || s->destroyed)
         return NULL;
     return s;
 }

@@ -270,10 +270,15 @@ TEST_F(SymmetricCache, RegistrarChoiceIsCheckedAtCreate) {
     void *p = nullptr;
     ASSERT_SP_OK(sp_symmetric_malloc(pool_, 100, nullptr, &p));
     void *peer = nullptr;
-    if (gpu) // nccl: no host-side peer pointers
-        EXPECT_SP_STATUS(sp_symmetric_peer_ptr(p, mpi_size() - 1, &peer), SP_ERR_NOT_SUPPORTED);
-    else // mpi: load/store peers
-        EXPECT_SP_OK(sp_symmetric_peer_ptr(p, mpi_size() - 1, &peer));
+    const int other = (mpi_rank() + 1) % mpi_size();
+    if (other == mpi_rank()) { // one rank: its own byte, on either registrar
+        EXPECT_SP_OK(sp_symmetric_peer_ptr(p, other, &peer));
+        EXPECT_EQ(peer, p);
+    } else if (gpu) { // nccl: no host-side peer pointers to other ranks
+        EXPECT_SP_STATUS(sp_symmetric_peer_ptr(p, other, &peer), SP_ERR_NOT_SUPPORTED);
+    } else { // mpi: load/store peers
+        EXPECT_SP_OK(sp_symmetric_peer_ptr(p, other, &peer));
+    }
     ASSERT_SP_OK(sp_free(p));
 }
 

@@ -440,6 +440,18 @@ TEST_F(CoreTest, UnknownSympoolVariableWarns) {
     EXPECT_EQ(count(SP_LOG_WARN, "unknown variable"), 1u);
 }
 
+// The variables the Python package and the scripts read (sympool.torch's SYMPOOL_CACHE_DIR,
+// gpu-check's SYMPOOL_GPU_CHECK_*) reach every process those parts start: no warning for them,
+// or every test run by scripts/gpu-check.sh fails on an unexpected warning.
+TEST_F(CoreTest, VariablesOfThePackageAndScriptsDoNotWarn) {
+    Env env({{"SYMPOOL_CACHE_DIR", "/tmp/x"},
+             {"SYMPOOL_GPU_CHECK_CMAKE_ARGS", "-DX=1"},
+             {"SYMPOOL_CMAKE_BUILD_DIR", "build"},
+             {"SYMPOOL_TEST_NP", "1"}});
+    sp__options_reload();
+    EXPECT_EQ(count(SP_LOG_WARN, "unknown variable"), 0u);
+}
+
 TEST_F(CoreTest, OptionSet) {
     Env env({{"SYMPOOL_HOST_CAPACITY", nullptr},
              {"SYMPOOL_ALLOC_CONF", nullptr},

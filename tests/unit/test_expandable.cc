@@ -563,6 +563,104 @@ TEST_F(Expandable, WithoutBorrowASmallRequestMapsASmallPage) {
     small_request_after_large(false);
 }
 
+// SYMPOOL_EXPANDABLE_SHARED (default 256MiB, with BORROW): while the pool is small, small
+// requests live in the large pool's expandable segments even when no large block is free yet, so a
+// 1 MiB block and a 2.5 MiB one share the pages under them (3.5 MiB: two pages) instead of a small
+// page of their own beside the large pool's two (three pages, one half used and one a quarter
+// used). Off (or BORROW off, PyTorch's rules) the small request maps a small-pool page.
+static void small_then_large(bool shared) {
+    void *small, *big;
+    ASSERT_SP_OK(sp_malloc(1 * MiB, 0, nullptr, &small)); // a small request (<= 1 MiB)
+    ASSERT_SP_OK(sp_malloc(5 * MiB / 2, 0, nullptr, &big));
+    EXPECT_EQ(stat("reserved_bytes.all.current"), (shared ? 4 : 6) * (int64_t)MiB);
+    EXPECT_EQ(stat("reserved_bytes.small_pool.current"), shared ? 0 : 2 * (int64_t)MiB);
+    EXPECT_EQ(stat("allocated_bytes.large_pool.current"),
+              (int64_t)(5 * MiB / 2 + (shared ? 1 * MiB : 0)));
+    EXPECT_EQ((uintptr_t)big == (uintptr_t)small + 1 * MiB, shared);
+    ASSERT_SP_OK(sp_free(small));
+    ASSERT_SP_OK(sp_free(big));
+    ASSERT_SP_OK(sp_empty_cache());
+    EXPECT_EQ(stat("reserved_bytes.all.current"), 0);
+}
+
+TEST_F(Expandable, SmallAndLargeRequestsShareTheLargePoolsPages) {
+    sp::ScopedEnv env({{"SYMPOOL_ALLOC_CONF", "expandable_segments:True"}});
+    SP_SKIP_UNLESS_HOST();
+    small_then_large(true);
+}
+
+TEST_F(Expandable, WithoutSharedASmallRequestMapsASmallPage) {
+    sp::ScopedEnv env(
+        {{"SYMPOOL_ALLOC_CONF", "expandable_segments:True"}, {"SYMPOOL_EXPANDABLE_SHARED", "0"}});
+    SP_SKIP_UNLESS_HOST();
+    small_then_large(false);
+}
+
+TEST_F(Expandable, SharedNeedsBorrow) {
+    sp::ScopedEnv env(
+        {{"SYMPOOL_ALLOC_CONF", "expandable_segments:True"}, {"SYMPOOL_EXPANDABLE_BORROW", "0"}});
+    SP_SKIP_UNLESS_HOST();
+    small_then_large(false);
+}
+
+// Sharing lasts while the pool reserves less than SYMPOOL_EXPANDABLE_SHARED: at the bound new
+// small requests map small-pool pages again (in a large pool small blocks would split the large
+// free blocks PyTorch keeps for large requests); below it again, they share again.
+TEST_F(Expandable, SmallRequestsShareOnlyWhileThePoolIsUnderTheBound) {
+    sp::ScopedEnv env({{"SYMPOOL_ALLOC_CONF", "expandable_segments:True"},
+                       {"SYMPOOL_EXPANDABLE_SHARED", "4MiB"}});
+    SP_SKIP_UNLESS_HOST();
+    void *small, *big, *late, *later;
+    ASSERT_SP_OK(sp_malloc(1 * MiB, 0, nullptr, &small));
+    ASSERT_SP_OK(sp_malloc(3 * MiB, 0, nullptr, &big)); // 4 MiB reserved, all used: the bound
+    EXPECT_EQ(stat("reserved_bytes.small_pool.current"), 0);
+    // No free large piece to borrow either (BORROW's own rule still holds past the bound).
+    ASSERT_SP_OK(sp_malloc(64 * KiB, 0, nullptr, &late));
+    EXPECT_EQ(stat("reserved_bytes.small_pool.current"), 2 * (int64_t)MiB);
+    EXPECT_EQ(stat("reserved_bytes.large_pool.current"), 4 * (int64_t)MiB);
+    ASSERT_SP_OK(sp_free(big));
+    ASSERT_SP_OK(sp_free(small));
+    ASSERT_SP_OK(sp_empty_cache()); // the large pool's pages go: 2 MiB reserved, under the bound
+    EXPECT_EQ(stat("reserved_bytes.all.current"), 2 * (int64_t)MiB);
+    ASSERT_SP_OK(sp_malloc(64 * KiB, 0, nullptr, &later));
+    EXPECT_EQ(stat("allocated_bytes.large_pool.current"), 64 * (int64_t)KiB);
+    ASSERT_SP_OK(sp_free(later));
+    ASSERT_SP_OK(sp_free(late));
+    ASSERT_SP_OK(sp_empty_cache());
+    EXPECT_EQ(stat("reserved_bytes.all.current"), 0);
+}
+
+// With PyTorch's 20 MiB large pages (SYMPOOL_EXPANDABLE_PAGE=0) small blocks keep their 2 MiB
+// pages: sharing would put them under 20 MiB ones.
+TEST_F(Expandable, SmallRequestsDoNotShareCoarserLargePages) {
+    sp::ScopedEnv env(
+        {{"SYMPOOL_ALLOC_CONF", "expandable_segments:True"}, {"SYMPOOL_EXPANDABLE_PAGE", "0"}});
+    SP_SKIP_UNLESS_HOST();
+    void *small;
+    ASSERT_SP_OK(sp_malloc(64 * KiB, 0, nullptr, &small));
+    EXPECT_EQ(stat("reserved_bytes.small_pool.current"), 2 * (int64_t)MiB);
+    EXPECT_EQ(stat("reserved_bytes.large_pool.current"), 0);
+    ASSERT_SP_OK(sp_free(small));
+    ASSERT_SP_OK(sp_empty_cache());
+}
+
+// A MemPool that never splits keeps PyTorch's small pool (borrowing splits a large block).
+TEST_F(Expandable, NoSplitMemPoolsKeepTheirSmallPool) {
+    sp::ScopedEnv env({{"SYMPOOL_ALLOC_CONF", "expandable_segments:True"}});
+    SP_SKIP_UNLESS_HOST();
+    sp_mempool_params_t pp;
+    sp_mempool_params_init(&pp);
+    pp.no_split = true;
+    sp_mempool_t *pool = nullptr;
+    ASSERT_SP_OK(sp_mempool_create(&pp, &pool));
+    void *a;
+    ASSERT_SP_OK(sp_mempool_malloc(pool, 64 * KiB, nullptr, &a));
+    EXPECT_EQ(stat("reserved_bytes.small_pool.current"), 2 * (int64_t)MiB);
+    ASSERT_SP_OK(sp_free(a));
+    ASSERT_SP_OK(sp_mempool_destroy(pool));
+    ASSERT_SP_OK(sp_empty_cache());
+}
+
 // Recycling is the default pool's: a live MemPool keeps its free pages mapped when it grows, as
 // in PyTorch (a graph's pool must keep the memory its replays use).
 TEST_F(Expandable, MemPoolsKeepTheirFreePagesWhenTheyGrow) {
