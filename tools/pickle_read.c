@@ -374,11 +374,11 @@ static bool is_scratch(const parser_t *ps, const pk_value_t *v) {
     return ps->scratch != NULL && v >= ps->scratch && v < ps->scratch + SCRATCH_VALUES;
 }
 
+static pk_value_t *shared_int(parser_t *ps, int64_t iv);
+
 /* The scratch values among stack[first..sp) become document values. A moved scratch value
  * keeps the address of its copy (as a PK_RECORD, a type no scratch value has otherwise), so
  * that its other slots (DUP) follow it in one pass. */
-static pk_value_t *shared_int(parser_t *ps, int64_t iv);
-
 static bool keep_values(parser_t *ps, size_t first) {
     for (size_t i = first; ps->scratch != NULL && i < ps->sp; i++) {
         pk_value_t *s = ps->stack[i];
@@ -771,16 +771,16 @@ out:
     ps->skipped_at = skipped_at;
 }
 
+/* The opcodes entry_fast takes: memo references and ints. */
+static const bool entry_op[256] = {
+    ['h'] = true, ['j'] = true, ['K'] = true, ['M'] = true, ['J'] = true, [0x8a] = true};
+
 /* Inside a dict the record hook may take (a trace entry being filled: its MARK sits right above
  * the new dict), the opcodes of its keys and values - memo references and ints - in one loop
  * with the state in locals, instead of a pass through the general loop's checks and switch
  * each (a dozen per entry). It does what the general loop does with them: a reference pushes
  * the memo's value, an int goes to scratch. Returns at the first opcode it does not take, or
  * that would fail (the general loop then reports it), or when scratch or the stack is full. */
-/* The opcodes entry_fast takes: memo references and ints. */
-static const bool entry_op[256] = {
-    ['h'] = true, ['j'] = true, ['K'] = true, ['M'] = true, ['J'] = true, [0x8a] = true};
-
 static void entry_fast(parser_t *ps) {
     const unsigned char *p = ps->p;
     const size_t len = ps->len, scap = ps->scap, memocap = ps->memocap;
