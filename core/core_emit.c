@@ -95,9 +95,102 @@ static inline void put(sp__emit_t *e, const void *p, size_t n) {
     e->len += n;
 }
 
-static void put1(sp__emit_t *e, unsigned c) {
+static inline void put1(sp__emit_t *e, unsigned c) {
+    if (SP_LIKELY(!e->failed && e->len < e->cap)) {
+        e->buf[e->len++] = (char)c;
+        return;
+    }
     unsigned char b = (unsigned char)c;
     put(e, &b, 1);
+}
+
+/* Room for n more bytes at the end of the buffer, or NULL once the emitter failed: the caller
+ * writes them and sets e->len past what it wrote (one check for a whole value). */
+static inline unsigned char *room(sp__emit_t *e, size_t n) {
+    if (SP_UNLIKELY(e->failed || (e->cap - e->len < n && !grow(e, n))))
+        return NULL;
+    return (unsigned char *)e->buf + e->len;
+}
+
+static inline void done(sp__emit_t *e, const unsigned char *end) {
+    e->len = (size_t)(end - (const unsigned char *)e->buf);
+}
+
+/* The pickle encodings, written at p (at most 10 bytes), returning the end: the generic calls
+ * and the pairs below share them, so both write the same bytes. */
+static inline unsigned char *w_int(unsigned char *p, int64_t v) {
+    if (v >= 0 && v <= 0xff) {
+        p[0] = OP_BININT1;
+        p[1] = (unsigned char)v;
+        return p + 2;
+    }
+    if (v >= 0 && v <= 0xffff) {
+        p[0] = OP_BININT2;
+        p[1] = (unsigned char)(v & 0xff);
+        p[2] = (unsigned char)(v >> 8);
+        return p + 3;
+    }
+    if (v >= INT32_MIN && v <= INT32_MAX) {
+        uint32_t u = (uint32_t)(int32_t)v;
+        p[0] = OP_BININT;
+        p[1] = (unsigned char)(u & 0xff);
+        p[2] = (unsigned char)((u >> 8) & 0xff);
+        p[3] = (unsigned char)((u >> 16) & 0xff);
+        p[4] = (unsigned char)(u >> 24);
+        return p + 5;
+    }
+    /* LONG1: minimal little-endian two's complement. */
+    unsigned char le[8];
+    uint64_t u = (uint64_t)v;
+    size_t n = 8;
+    for (size_t i = 0; i < 8; i++)
+        le[i] = (unsigned char)(u >> (8 * i));
+    /* Drop high bytes that only repeat the sign of the byte below them. */
+    while (n > 1 && ((le[n - 1] == 0x00 && !(le[n - 2] & 0x80)) ||
+                     (le[n - 1] == 0xff && (le[n - 2] & 0x80))))
+        n--;
+    p[0] = OP_LONG1;
+    p[1] = (unsigned char)n;
+    memcpy(p + 2, le, 8); /* room for 10 bytes either way; only n of them count */
+    return p + 2 + n;
+}
+
+static inline unsigned char *w_memo_get(unsigned char *p, uint32_t index) {
+    if (index <= 0xff) {
+        p[0] = OP_BINGET;
+        p[1] = (unsigned char)index;
+        return p + 2;
+    }
+    p[0] = OP_LONG_BINGET;
+    p[1] = (unsigned char)(index & 0xff);
+    p[2] = (unsigned char)((index >> 8) & 0xff);
+    p[3] = (unsigned char)((index >> 16) & 0xff);
+    p[4] = (unsigned char)(index >> 24);
+    return p + 5;
+}
+
+/* An unsigned value: as an int up to INT64_MAX, else LONG1 of 9 bytes (at most 11 bytes). */
+static inline unsigned char *w_uint(unsigned char *p, uint64_t v) {
+    if (v <= (uint64_t)INT64_MAX)
+        return w_int(p, (int64_t)v);
+    p[0] = OP_LONG1;
+    p[1] = 9;
+    for (size_t i = 0; i < 8; i++)
+        p[2 + i] = (unsigned char)(v >> (8 * i));
+    p[10] = 0; /* keeps it positive */
+    return p + 11;
+}
+
+/* The slot holding s in the table of strings written once and then referred to, or the empty
+ * slot where it would go (linear probing; the table never fills, see put_str_static). */
+static inline size_t static_find(const sp__emit_t *e, const char *s) {
+    size_t h = (size_t)(((uintptr_t)s >> 3) * 0x9e3779b97f4a7c15ull >> 56);
+    for (size_t i = 0; i < SP__EMIT_STATIC; i++) {
+        size_t k = (h + i) & (SP__EMIT_STATIC - 1);
+        if (e->skey[k] == s || e->skey[k] == NULL)
+            return k;
+    }
+    return SIZE_MAX;
 }
 
 static void puts_(sp__emit_t *e, const char *s) {
@@ -119,11 +212,49 @@ void sp__emit_discard(sp__emit_t *e) {
     memset(e, 0, sizeof(*e));
 }
 
+void sp__emit_to_file(sp__emit_t *e, sp__atomic_file_t *f) {
+    if (!e->json)
+        e->sink = f;
+}
+
+/* Hand the buffer's bytes to the sink; the buffer is reused from its start. */
+static void flush(sp__emit_t *e) {
+    if (e->len == 0)
+        return;
+    if (sp__file_atomic_write(e->sink, e->buf, e->len) != SP_SUCCESS) {
+        e->failed = true;
+        e->sink_failed = true;
+        return;
+    }
+    e->flushed += e->len;
+    e->len = 0;
+    /* The open containers' MARKs are in the file now: never "just after the MARK" again. */
+    for (int d = 0; d < e->depth; d++)
+        e->mark[d] = SIZE_MAX - 1;
+}
+
+#define FLUSH_AT ((size_t)256 * 1024)
+
+void sp__emit_flush_point(sp__emit_t *e) {
+    if (e->sink == NULL || e->failed || e->len < FLUSH_AT)
+        return;
+    for (int d = 0; d < e->depth; d++)
+        if (e->count[d] == 0)
+            return;
+    flush(e);
+}
+
 sp_status_t sp__emit_finish(sp__emit_t *e, char **buf_p, size_t *len_p) {
     if (!e->json)
         put1(e, OP_STOP);
     else
         put1(e, '\n');
+    if (e->sink != NULL && !e->failed && e->depth == 0)
+        flush(e);
+    if (e->sink_failed) {
+        sp__emit_discard(e);
+        return SP_ERR_SYSTEM; /* the write's own error says why */
+    }
     if (e->failed || e->depth != 0) {
         /* Out of memory stops the writer wherever it was, containers open or not: that is the
          * cause to report. Only a writer that never ran out and still ends unbalanced is our
@@ -138,8 +269,14 @@ sp_status_t sp__emit_finish(sp__emit_t *e, char **buf_p, size_t *len_p) {
                    : sp__error(SP_ERR_INTERNAL, SP_SUB_HISTORY,
                                "snapshot writer: unbalanced containers");
     }
-    *buf_p = e->buf;
-    *len_p = e->len;
+    if (e->sink != NULL) {
+        *buf_p = NULL;
+        *len_p = e->flushed;
+        free(e->buf);
+    } else {
+        *buf_p = e->buf;
+        *len_p = e->len;
+    }
     e->buf = NULL;
     e->len = e->cap = 0;
     free(e->jmemo);
@@ -311,11 +448,14 @@ static void put_str_json(sp__emit_t *e, const char *s) {
 
 static void put_memo_get(sp__emit_t *e, uint32_t index);
 
-/* Pickle: a string by address: BINGET once it has been written, else written and memoized. A
- * small direct-mapped table (a clash just writes the string again). */
+/* Pickle: a string by address: BINGET once it has been written, else written and memoized.
+ * An open-addressing table of SP__EMIT_STATIC slots, filled to three quarters at most (then a
+ * string not in it is written again each time): which strings are referred back to depends only
+ * on the order they come in, not on where the linker put them, as it did with a direct-mapped
+ * table whose clashes wrote a colliding key in full on every entry. */
 static void put_str_static(sp__emit_t *e, const char *s) {
-    size_t h = ((uintptr_t)s >> 3) * 0x9e3779b97f4a7c15ull >> 56;
-    if (e->skey[h] == s) {
+    size_t h = static_find(e, s);
+    if (h != SIZE_MAX && e->skey[h] == s) {
         put_memo_get(e, e->sidx[h]);
         return;
     }
@@ -323,8 +463,12 @@ static void put_str_static(sp__emit_t *e, const char *s) {
     if (e->failed)
         return;
     put1(e, OP_MEMOIZE);
-    e->skey[h] = s;
-    e->sidx[h] = e->memo_next++;
+    uint32_t idx = e->memo_next++;
+    if (h != SIZE_MAX && e->nstatic < SP__EMIT_STATIC / 4 * 3) {
+        e->skey[h] = s;
+        e->sidx[h] = idx;
+        e->nstatic++;
+    }
 }
 
 static void key(sp__emit_t *e, const char *k, bool fixed) {
@@ -351,18 +495,124 @@ void sp__emit_key_static(sp__emit_t *e, const char *k) {
     key(e, k, true);
 }
 
-/* Decimal digits of v into b (at least 21 bytes), NUL-terminated; the length. */
+/* A pair's key on the fast path: a pickle dict below its batch boundary, a key written before
+ * (a reference to it), room for the value. Returns where the value goes, or NULL when the
+ * general path must write the pair (it writes the same bytes, one call per piece). */
+static inline unsigned char *fast_key(sp__emit_t *e, const char *k) {
+    if (e->json || e->failed || e->depth == 0)
+        return NULL;
+    int d = e->depth - 1;
+    if (e->kind[d] != 'd' || (e->count[d] > 0 && e->count[d] % BATCH == 0) || e->cap - e->len < 32)
+        return NULL;
+    size_t h = static_find(e, k);
+    if (h == SIZE_MAX || e->skey[h] != k)
+        return NULL;
+    e->count[d]++;
+    return w_memo_get((unsigned char *)e->buf + e->len, e->sidx[h]);
+}
+
+/* Decimal digits of v into b (at least 21 bytes), NUL-terminated; the length. Two digits per
+ * division (addresses and timestamps have 15-16 of them, in every JSON trace entry). */
 static size_t fmt_u64(char *b, uint64_t v) {
+    static const char pairs[] =
+        "00010203040506070809101112131415161718192021222324252627282930313233"
+        "34353637383940414243444546474849505152535455565758596061626364656667"
+        "6869707172737475767778798081828384858687888990919293949596979899";
     char t[24];
-    size_t n = 0;
-    do {
-        t[n++] = (char)('0' + v % 10);
-        v /= 10;
-    } while (v != 0);
-    for (size_t i = 0; i < n; i++)
-        b[i] = t[n - 1 - i];
+    size_t i = sizeof(t);
+    while (v >= 100) {
+        size_t k = (size_t)(v % 100) * 2;
+        v /= 100;
+        t[--i] = pairs[k + 1];
+        t[--i] = pairs[k];
+    }
+    if (v >= 10) {
+        t[--i] = pairs[v * 2 + 1];
+        t[--i] = pairs[v * 2];
+    } else {
+        t[--i] = (char)('0' + v);
+    }
+    size_t n = sizeof(t) - i;
+    memcpy(b, t + i, n);
     b[n] = '\0';
     return n;
+}
+
+/* The JSON form of the same: a key of plain ASCII (no escapes: the literals snapshots use) written
+ * in one piece with its comma and colon, room for `extra` more bytes. NULL: the general path. */
+static inline unsigned char *json_key(sp__emit_t *e, const char *k, size_t extra) {
+    if (!e->json || e->failed || e->depth == 0 || e->kind[e->depth - 1] != 'd')
+        return NULL;
+    size_t n = 0;
+    for (; k[n] != '\0'; n++) {
+        unsigned char c = (unsigned char)k[n];
+        if (n == 64 || c < 0x20 || c >= 0x80 || c == '"' || c == '\\')
+            return NULL;
+    }
+    unsigned char *p = room(e, n + 4 + extra);
+    if (p == NULL)
+        return NULL;
+    int d = e->depth - 1;
+    if (e->count[d] > 0)
+        *p++ = ',';
+    e->count[d]++;
+    *p++ = '"';
+    memcpy(p, k, n);
+    p += n;
+    *p++ = '"';
+    *p++ = ':';
+    return p;
+}
+
+void sp__emit_kv_int(sp__emit_t *e, const char *k, int64_t v) {
+    unsigned char *p = e->json ? json_key(e, k, 24) : fast_key(e, k);
+    if (p != NULL && e->json) {
+        if (v < 0)
+            *p++ = '-';
+        done(e, p + fmt_u64((char *)p, v < 0 ? 0 - (uint64_t)v : (uint64_t)v));
+        return;
+    }
+    if (p != NULL) {
+        done(e, w_int(p, v));
+        return;
+    }
+    sp__emit_key_static(e, k);
+    sp__emit_int(e, v);
+}
+
+void sp__emit_kv_uint(sp__emit_t *e, const char *k, uint64_t v) {
+    unsigned char *p = e->json ? json_key(e, k, 24) : fast_key(e, k);
+    if (p != NULL && e->json) {
+        done(e, p + fmt_u64((char *)p, v));
+        return;
+    }
+    if (p != NULL) {
+        done(e, w_uint(p, v));
+        return;
+    }
+    sp__emit_key_static(e, k);
+    sp__emit_uint(e, v);
+}
+
+void sp__emit_kv_str_static(sp__emit_t *e, const char *k, const char *v) {
+    unsigned char *p = e->json ? json_key(e, k, 0) : fast_key(e, k);
+    if (p != NULL && e->json) {
+        done(e, p);
+        put_str_json(e, v);
+        return;
+    }
+    if (p != NULL) {
+        size_t h = static_find(e, v);
+        if (h != SIZE_MAX && e->skey[h] == v) {
+            done(e, w_memo_get(p, e->sidx[h]));
+            return;
+        }
+        done(e, p);
+        put_str_static(e, v);
+        return;
+    }
+    sp__emit_key_static(e, k);
+    sp__emit_str_static(e, v);
 }
 
 /* `fixed`: s is a string that outlives the emitter (a literal), so a pickle may refer back to it
@@ -388,33 +638,9 @@ void sp__emit_str_static(sp__emit_t *e, const char *s) {
 }
 
 static void put_int_pickle(sp__emit_t *e, int64_t v) {
-    if (v >= 0 && v <= 0xff) {
-        put1(e, OP_BININT1);
-        put1(e, (unsigned)v);
-    } else if (v >= 0 && v <= 0xffff) {
-        put1(e, OP_BININT2);
-        put1(e, (unsigned)(v & 0xff));
-        put1(e, (unsigned)(v >> 8));
-    } else if (v >= INT32_MIN && v <= INT32_MAX) {
-        uint32_t u = (uint32_t)(int32_t)v;
-        unsigned char le[4] = {u & 0xff, (u >> 8) & 0xff, (u >> 16) & 0xff, u >> 24};
-        put1(e, OP_BININT);
-        put(e, le, 4);
-    } else {
-        /* LONG1: minimal little-endian two's complement. */
-        unsigned char le[8];
-        uint64_t u = (uint64_t)v;
-        size_t n = 8;
-        for (size_t i = 0; i < 8; i++)
-            le[i] = (unsigned char)(u >> (8 * i));
-        /* Drop high bytes that only repeat the sign of the byte below them. */
-        while (n > 1 && ((le[n - 1] == 0x00 && !(le[n - 2] & 0x80)) ||
-                         (le[n - 1] == 0xff && (le[n - 2] & 0x80))))
-            n--;
-        put1(e, OP_LONG1);
-        put1(e, (unsigned)n);
-        put(e, le, n);
-    }
+    unsigned char *p = room(e, 10);
+    if (p != NULL)
+        done(e, w_int(p, v));
 }
 
 void sp__emit_int(sp__emit_t *e, int64_t v) {
@@ -441,13 +667,9 @@ void sp__emit_uint(sp__emit_t *e, uint64_t v) {
         char b[32];
         put(e, b, fmt_u64(b, v));
     } else {
-        unsigned char le[9];
-        for (size_t i = 0; i < 8; i++)
-            le[i] = (unsigned char)(v >> (8 * i));
-        le[8] = 0; /* keeps it positive */
-        put1(e, OP_LONG1);
-        put1(e, 9);
-        put(e, le, 9);
+        unsigned char *p = room(e, 11);
+        if (p != NULL)
+            done(e, w_uint(p, v));
     }
 }
 
@@ -540,14 +762,9 @@ void sp__emit_memo_get(sp__emit_t *e, uint32_t index) {
 }
 
 static void put_memo_get(sp__emit_t *e, uint32_t index) {
-    if (index <= 0xff) {
-        unsigned char op[2] = {OP_BINGET, (unsigned char)index};
-        put(e, op, 2);
-    } else {
-        unsigned char op[5] = {OP_LONG_BINGET, index & 0xff, (index >> 8) & 0xff,
-                               (index >> 16) & 0xff, index >> 24};
-        put(e, op, 5);
-    }
+    unsigned char *p = room(e, 5);
+    if (p != NULL)
+        done(e, w_memo_get(p, index));
 }
 
 /* ---- atomic file write ------------------------------------------------------------------ */
@@ -614,12 +831,11 @@ static sp_status_t resolve_target(const char *path, char *out, size_t cap) {
                      "%s is %s, not a regular file; refusing to replace it", path, kind);
 }
 
-sp_status_t sp__file_write_atomic(const char *target, const void *buf, size_t len) {
+sp_status_t sp__file_atomic_open(sp__atomic_file_t *f, const char *target) {
+    f->fd = -1;
     SP_ARG_CHECK(target != NULL && target[0] != '\0', SP_SUB_HISTORY, "path is NULL or empty");
-    char resolved[PATH_MAX];
-    SP_CHECK(resolve_target(target, resolved, sizeof(resolved)));
-    const char *path = resolved;
-    char tmp[PATH_MAX];
+    SP_CHECK(resolve_target(target, f->path, sizeof(f->path)));
+    const char *path = f->path;
     /* The temporary's name is the target's plus a suffix; a target name near NAME_MAX would make
      * it too long for the directory, so only as much of the name as fits is kept. */
     const char *slash = strrchr(path, '/');
@@ -627,47 +843,71 @@ sp_status_t sp__file_write_atomic(const char *target, const void *buf, size_t le
     const size_t room = NAME_MAX - (sizeof(".tmp.XXXXXX") - 1);
     if (baselen > room)
         baselen = room;
-    int n = snprintf(tmp, sizeof(tmp), "%.*s%.*s.tmp.XXXXXX", (int)dirlen, path, (int)baselen,
+    int n = snprintf(f->tmp, sizeof(f->tmp), "%.*s%.*s.tmp.XXXXXX", (int)dirlen, path, (int)baselen,
                      path + dirlen);
-    SP_ARG_CHECK(n > 0 && (size_t)n < sizeof(tmp), SP_SUB_HISTORY, "path too long: %s", path);
-    int fd = mkstemp(tmp);
-    if (fd < 0)
+    SP_ARG_CHECK(n > 0 && (size_t)n < sizeof(f->tmp), SP_SUB_HISTORY, "path too long: %s", path);
+    f->fd = mkstemp(f->tmp);
+    if (f->fd < 0)
         return sp__error(SP_ERR_SYSTEM, SP_SUB_HISTORY,
                          "cannot create a temporary file next to %s: %s", path, strerror(errno));
+    return SP_SUCCESS;
+}
+
+void sp__file_atomic_abort(sp__atomic_file_t *f) {
+    if (f->fd < 0)
+        return;
+    close(f->fd);
+    unlink(f->tmp);
+    f->fd = -1;
+}
+
+sp_status_t sp__file_atomic_write(sp__atomic_file_t *f, const void *buf, size_t len) {
     const char *p = buf;
     size_t left = len;
     while (left > 0) {
-        ssize_t w = write(fd, p, left);
+        ssize_t w = write(f->fd, p, left);
         if (w < 0 && errno == EINTR)
             continue;
         if (w <= 0) {
             int err = errno;
-            close(fd);
-            unlink(tmp);
-            return sp__error(SP_ERR_SYSTEM, SP_SUB_HISTORY, "cannot write %s: %s", tmp,
+            sp__file_atomic_abort(f);
+            return sp__error(SP_ERR_SYSTEM, SP_SUB_HISTORY, "cannot write %s: %s", f->tmp,
                              strerror(err));
         }
         p += w;
         left -= (size_t)w;
     }
+    return SP_SUCCESS;
+}
+
+sp_status_t sp__file_atomic_commit(sp__atomic_file_t *f) {
     /* mkstemp makes the file 0600; snapshots are ordinary user files. */
-    (void)fchmod(fd, 0644);
-    int rs = fsync(fd);
+    (void)fchmod(f->fd, 0644);
+    int rs = fsync(f->fd);
     int err = errno;
-    if (close(fd) != 0 && rs == 0) {
+    if (close(f->fd) != 0 && rs == 0) {
         rs = -1;
         err = errno;
     }
+    f->fd = -1;
     if (rs != 0) {
-        unlink(tmp);
-        return sp__error(SP_ERR_SYSTEM, SP_SUB_HISTORY, "cannot flush %s: %s", tmp, strerror(err));
-    }
-    if (rename(tmp, path) != 0) {
-        err = errno;
-        unlink(tmp);
-        return sp__error(SP_ERR_SYSTEM, SP_SUB_HISTORY, "cannot rename %s to %s: %s", tmp, path,
+        unlink(f->tmp);
+        return sp__error(SP_ERR_SYSTEM, SP_SUB_HISTORY, "cannot flush %s: %s", f->tmp,
                          strerror(err));
     }
-    fsync_dir_of(path);
+    if (rename(f->tmp, f->path) != 0) {
+        err = errno;
+        unlink(f->tmp);
+        return sp__error(SP_ERR_SYSTEM, SP_SUB_HISTORY, "cannot rename %s to %s: %s", f->tmp,
+                         f->path, strerror(err));
+    }
+    fsync_dir_of(f->path);
     return SP_SUCCESS;
+}
+
+sp_status_t sp__file_write_atomic(const char *target, const void *buf, size_t len) {
+    sp__atomic_file_t f;
+    SP_CHECK(sp__file_atomic_open(&f, target));
+    SP_CHECK(sp__file_atomic_write(&f, buf, len));
+    return sp__file_atomic_commit(&f);
 }

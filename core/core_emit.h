@@ -13,6 +13,7 @@
 
 #include <stdbool.h>
 #include <stddef.h>
+#include <limits.h>
 #include <stdint.h>
 
 #include "sympool/status.h"
@@ -22,6 +23,15 @@ extern "C" {
 #endif
 
 #define SP__EMIT_MAX_DEPTH 32
+#define SP__EMIT_STATIC 256 /* slots of the table of fixed strings (a power of two) */
+
+/* A file being written atomically (sp__file_atomic_open ... commit): the bytes go to a temporary
+ * next to the target, renamed over it at the commit. */
+typedef struct sp__atomic_file {
+    int fd;              /* the temporary's descriptor, -1 when none is open */
+    char path[PATH_MAX]; /* the target (a link resolved) */
+    char tmp[PATH_MAX];  /* the temporary */
+} sp__atomic_file_t;
 
 typedef struct sp__emit {
     char *buf;                         /* output bytes */
@@ -39,16 +49,31 @@ typedef struct sp__emit {
     size_t last_start, last_len;       /* JSON: the last container closed (its bytes) */
     size_t *jmemo;                     /* JSON: memoized values as (start, len) pairs */
     uint32_t jmemo_n, jmemo_cap;       /* pairs held / allocated */
-    const char *skey[256];             /* pickle: strings memoized by address (keys, names) */
-    uint32_t sidx[256];                /* their memo indexes */
+    const char *skey[SP__EMIT_STATIC]; /* pickle: strings memoized by address (keys, names) */
+    uint32_t sidx[SP__EMIT_STATIC];    /* their memo indexes */
+    uint32_t nstatic;                  /* skey entries in use */
+    sp__atomic_file_t *sink;           /* pickle: where finished bytes go (NULL: kept in buf) */
+    size_t flushed;                    /* bytes written to sink so far */
+    bool sink_failed;                  /* writing to sink failed (its error is set already) */
 } sp__emit_t;
 
 /* Start a document (pickle: PROTO 4). */
 void sp__emit_init(sp__emit_t *e, bool json);
 /* Finish it (pickle: STOP) and hand back the bytes (caller frees *buf_p). SP_ERR_SYSTEM when out
  * of host memory at any point (whatever was left open then), SP_ERR_INTERNAL when the caller's
- * containers are unbalanced. Frees the buffer on failure. */
+ * containers are unbalanced. Frees the buffer on failure. With a sink (sp__emit_to_file) the
+ * rest of the bytes go to the file instead: *buf_p is NULL and *len_p the document's size;
+ * a failed write is SP_ERR_SYSTEM with its cause. The file is neither committed nor aborted. */
 sp_status_t sp__emit_finish(sp__emit_t *e, char **buf_p, size_t *len_p);
+/* Pickle only (a JSON memo copies earlier bytes, so JSON stays whole in the buffer): from now
+ * on sp__emit_flush_point may hand the bytes written so far to f, so that a large document
+ * never sits whole in memory (a fresh buffer of megabytes costs more in page faults than
+ * writing it does) and what is written is still in the cache. */
+void sp__emit_to_file(sp__emit_t *e, sp__atomic_file_t *f);
+/* A point between two values of the caller's: with a sink and enough bytes gathered, they are
+ * written out. Only where every open container already holds an item (an empty one's MARK is
+ * taken back at its end, which a written MARK cannot be). */
+void sp__emit_flush_point(sp__emit_t *e);
 void sp__emit_discard(sp__emit_t *e);
 
 void sp__emit_dict_begin(sp__emit_t *e);
@@ -72,6 +97,12 @@ void sp__emit_tuple2(sp__emit_t *e, int64_t a, int64_t b);
  * string); JSON writes it in full. sp__emit_key_static: the same for a dict key. */
 void sp__emit_str_static(sp__emit_t *e, const char *s);
 void sp__emit_key_static(sp__emit_t *e, const char *key);
+/* A dict pair in one call: sp__emit_key_static(key) and then the value call, the same bytes.
+ * Once the key has been written, a pickle pair costs one check of the buffer (a snapshot
+ * writes a handful of them per trace entry, by the hundred thousand). */
+void sp__emit_kv_int(sp__emit_t *e, const char *key, int64_t v);
+void sp__emit_kv_uint(sp__emit_t *e, const char *key, uint64_t v);
+void sp__emit_kv_str_static(sp__emit_t *e, const char *key, const char *v);
 
 /* Memo, so that a value written many times (a stack shared by thousands of trace entries) is
  * built once: after a value is complete, sp__emit_memoize returns its memo index and
@@ -92,6 +123,14 @@ void sp__emit_memo_get(sp__emit_t *e, uint32_t index);
  * SP_ERR_INVALID_ARGUMENT (NULL/empty path, a target that is not a regular file), SP_ERR_SYSTEM
  * (with the errno text). */
 sp_status_t sp__file_write_atomic(const char *path, const void *buf, size_t len);
+/* The same in steps, for a writer that produces its bytes as it goes: open checks the target
+ * (as above) and creates the temporary; write appends (on failure the file is aborted: the
+ * temporary removed); commit flushes, renames and closes; abort removes the temporary. Every
+ * failure leaves the target unchanged. */
+sp_status_t sp__file_atomic_open(sp__atomic_file_t *f, const char *path);
+sp_status_t sp__file_atomic_write(sp__atomic_file_t *f, const void *buf, size_t len);
+sp_status_t sp__file_atomic_commit(sp__atomic_file_t *f);
+void sp__file_atomic_abort(sp__atomic_file_t *f);
 
 /* Host allocations of the snapshot writer (the emitter's buffer, snapshot.c's collection): realloc
  * with a fault hook. sp__emit_fault_after(n) makes the n-th allocation from now fail (and every

@@ -510,8 +510,14 @@ sp_status_t sp__history_copy(int device, sp__trace_entry_t **entries_p, size_t *
         return sp__error(SP_ERR_SYSTEM, SP_SUB_HISTORY,
                          "out of host memory copying %zu trace entries", n);
     }
+    /* Oldest first: the slots from head to the end, then those before it (two copies, not a
+     * division per entry). */
+    if (n > 0) {
+        size_t h = r->head % n;
+        memcpy(out, r->buf + h, (n - h) * sizeof(*out));
+        memcpy(out + (n - h), r->buf, h * sizeof(*out));
+    }
     for (size_t i = 0; i < n; i++) {
-        out[i] = r->buf[(r->head + i) % r->len];
         context_t *c = ctx_get(out[i].context);
         if (c != NULL)
             c->refs++;

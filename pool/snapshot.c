@@ -137,12 +137,10 @@ static _Thread_local frame_memo_t *g_memo;
 /* One "key: value" entry of the dict being written; the type says which sp__emit_ writes it. */
 /* The kv_ helpers take literal keys only: the writer refers back to a key by its address. */
 static void kv_int(sp__emit_t *e, const char *key, int64_t v) {
-    sp__emit_key_static(e, key);
-    sp__emit_int(e, v);
+    sp__emit_kv_int(e, key, v);
 }
 static void kv_uint(sp__emit_t *e, const char *key, uint64_t v) {
-    sp__emit_key_static(e, key);
-    sp__emit_uint(e, v);
+    sp__emit_kv_uint(e, key, v);
 }
 static void kv_double(sp__emit_t *e, const char *key, double v) {
     sp__emit_key_static(e, key);
@@ -225,8 +223,7 @@ static void emit_segment(sp__emit_t *e, const collect_t *c, const seg_copy_t *sc
         kv_uint(e, "address", addr); /* PyTorch: segment address + earlier sizes (== b->address) */
         kv_uint(e, "size", b->size);
         kv_uint(e, "requested_size", b->requested_size);
-        sp__emit_key_static(e, "state");
-        sp__emit_str_static(e, state_name(b->state));
+        sp__emit_kv_str_static(e, "state", state_name(b->state));
         sp__emit_key_static(e, "frames");
         emit_frames(e, b->context);
         sp__emit_dict_end(e);
@@ -238,14 +235,12 @@ static void emit_segment(sp__emit_t *e, const collect_t *c, const seg_copy_t *sc
 
 static void emit_trace_entry(sp__emit_t *e, const sp__trace_entry_t *t) {
     sp__emit_dict_begin(e);
-    sp__emit_key_static(e, "action");
-    sp__emit_str_static(e, sp__history_action_name(t->action));
+    sp__emit_kv_str_static(e, "action", sp__history_action_name(t->action));
     kv_uint(e, t->action == SP_TRACE_OOM ? "device_free" : "addr", t->addr);
     kv_uint(e, "size", t->size);
     kv_uint(e, "stream", t->stream);
     kv_int(e, "time_us", t->time_us);
-    sp__emit_key_static(e, "compile_context");
-    sp__emit_str_static(e, "N/A");
+    sp__emit_kv_str_static(e, "compile_context", "N/A");
     /* The entry's MemPool, as newer PyTorch writes it (only for private pools here: the default
      * pool's (0, 0) would add a tuple to every entry), so that a replay routes the pool's
      * allocations even after all its segments are gone. */
@@ -293,8 +288,10 @@ static void emit_snapshot(sp__emit_t *e, const collect_t *c) {
     sp__emit_dict_begin(e);
     sp__emit_key_static(e, "segments");
     sp__emit_list_begin(e);
-    for (size_t i = 0; i < c->nsegs; i++)
+    for (size_t i = 0; i < c->nsegs; i++) {
         emit_segment(e, c, &c->segs[i]);
+        sp__emit_flush_point(e);
+    }
     sp__emit_list_end(e);
     sp__emit_key_static(e, "device_traces");
     sp__emit_list_begin(e);
@@ -308,6 +305,7 @@ static void emit_snapshot(sp__emit_t *e, const collect_t *c) {
                 !same_pool(t->e[i].pool, c->pool_id))
                 continue;
             emit_trace_entry(e, &t->e[i]);
+            sp__emit_flush_point(e);
         }
         sp__emit_list_end(e);
     }
@@ -383,7 +381,19 @@ static sp_status_t dump(const sp_mempool_t *pool, const char *pattern) {
     }
 
     sp__emit_t e;
-    sp__emit_init(&e, ends_with(path, ".json"));
+    bool json = ends_with(path, ".json");
+    sp__emit_init(&e, json);
+    /* A pickle goes to its file as it is written (a JSON memo copies earlier bytes: whole). */
+    sp__atomic_file_t file;
+    if (!json) {
+        s = sp__file_atomic_open(&file, path);
+        if (s != SP_SUCCESS) {
+            sp__emit_discard(&e);
+            collect_free(&c);
+            return s;
+        }
+        sp__emit_to_file(&e, &file);
+    }
     frame_memo_t memo = {NULL, 0};
     g_memo = &memo;
     emit_snapshot(&e, &c);
@@ -392,8 +402,13 @@ static sp_status_t dump(const sp_mempool_t *pool, const char *pattern) {
     collect_free(&c);
     char *buf = NULL;
     size_t len = 0;
-    SP_CHECK(sp__emit_finish(&e, &buf, &len));
-    s = sp__file_write_atomic(path, buf, len);
+    s = sp__emit_finish(&e, &buf, &len);
+    if (json && s == SP_SUCCESS)
+        s = sp__file_write_atomic(path, buf, len);
+    else if (!json && s == SP_SUCCESS)
+        s = sp__file_atomic_commit(&file);
+    else if (!json)
+        sp__file_atomic_abort(&file);
     free(buf);
     if (s == SP_SUCCESS)
         SP_INFO(SP_SUB_HISTORY, "wrote snapshot %s (%zu bytes)", path, len);

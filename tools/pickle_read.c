@@ -43,6 +43,8 @@ struct pk_doc {
 };
 
 #define INT_CACHE_BITS 12
+#define STR_CACHE_BITS 8
+#define STR_CACHE_MAX 32 /* bytes of the longest string shared through the cache */
 #define SCRATCH_VALUES 4096
 
 typedef struct parser {
@@ -70,6 +72,7 @@ typedef struct parser {
     size_t skipped_len;
     pk_type_t skipped_type;                 /* PK_STR or PK_BYTES */
     pk_value_t *ints[1u << INT_CACHE_BITS]; /* PK_INT values made lately, by hash of value */
+    pk_value_t *strs[1u << STR_CACHE_BITS]; /* short strings made lately, by hash of bytes */
     pk_record_fn rec_fn;                    /* pk_parse_records' hook (NULL: none) */
     void *rec_arg;                          /* its argument */
     pk_value_t *scratch;  /* ints of dicts the hook may take: reused once a MARK closes */
@@ -213,11 +216,11 @@ static bool seq_reserve(parser_t *ps, pk_value_t *seq, size_t more) {
 
 /* ---- stack ------------------------------------------------------------------------------ */
 
-static size_t base(const parser_t *ps) {
+static inline __attribute__((always_inline)) size_t base(const parser_t *ps) {
     return ps->nmarks ? ps->marks[ps->nmarks - 1] : 0;
 }
 
-static bool push(parser_t *ps, pk_value_t *v) {
+static inline __attribute__((always_inline)) bool push(parser_t *ps, pk_value_t *v) {
     if (v == NULL)
         return false;
     if (ps->sp == ps->scap) {
@@ -234,14 +237,16 @@ static bool push(parser_t *ps, pk_value_t *v) {
 }
 
 /* Require n values above the innermost MARK. */
-static bool need_stack(parser_t *ps, size_t n, const char *opname) {
+static inline __attribute__((always_inline)) bool need_stack(parser_t *ps, size_t n,
+                                                             const char *opname) {
     if (ps->sp - base(ps) < n)
         return fail(ps, "%s needs %zu value%s on the stack", opname, n, n == 1 ? "" : "s");
     return true;
 }
 
 /* Pop to the innermost MARK: the items are stack[*first_p .. sp) until the next push. */
-static bool pop_mark(parser_t *ps, size_t *first_p, const char *opname) {
+static inline __attribute__((always_inline)) bool pop_mark(parser_t *ps, size_t *first_p,
+                                                           const char *opname) {
     if (ps->nmarks == 0)
         return fail(ps, "%s without MARK", opname);
     *first_p = ps->marks[--ps->nmarks];
@@ -250,21 +255,33 @@ static bool pop_mark(parser_t *ps, size_t *first_p, const char *opname) {
 
 /* ---- input ------------------------------------------------------------------------------ */
 
-static bool need(parser_t *ps, size_t n, const char *opname) {
+static inline __attribute__((always_inline)) bool need(parser_t *ps, size_t n, const char *opname) {
     if (n > ps->len - ps->pos)
         return fail(ps, "truncated %s (needs %zu bytes, %zu left)", opname, n, ps->len - ps->pos);
     return true;
 }
 
-static uint64_t le_uint(const unsigned char *b, size_t n) {
-    uint64_t v = 0;
-    for (size_t i = 0; i < n; i++)
-        v |= (uint64_t)b[i] << (8 * i);
-    return v;
+static inline __attribute__((always_inline)) uint64_t le_uint(const unsigned char *b, size_t n) {
+    /* The widths opcodes use as straight-line loads (the compiler merges the shifted bytes). */
+    switch (n) {
+    case 1:
+        return b[0];
+    case 2:
+        return (uint64_t)b[0] | (uint64_t)b[1] << 8;
+    case 4:
+        return (uint64_t)b[0] | (uint64_t)b[1] << 8 | (uint64_t)b[2] << 16 | (uint64_t)b[3] << 24;
+    default: {
+        uint64_t v = 0;
+        for (size_t i = 0; i < n; i++)
+            v |= (uint64_t)b[i] << (8 * i);
+        return v;
+    }
+    }
 }
 
 /* The n-byte little-endian unsigned argument of opname, consumed. */
-static bool take_uint(parser_t *ps, size_t n, const char *opname, uint64_t *out) {
+static inline __attribute__((always_inline)) bool take_uint(parser_t *ps, size_t n,
+                                                            const char *opname, uint64_t *out) {
     if (!need(ps, n, opname))
         return false;
     *out = le_uint(ps->p + ps->pos, n);
@@ -312,15 +329,32 @@ static bool push_str(parser_t *ps, pk_type_t type, size_t n, const char *opname)
         ps->pos += n;
         return push(ps, ps->skipped) && (ps->skipped_at = ps->sp, true);
     }
+    /* A short string seen lately is shared, as ints are: newer snapshots write a fresh "N/A"
+     * (compile_context) in every trace entry, a value and a copy each. */
+    const unsigned char *src = ps->p + ps->pos;
+    pk_value_t **slot = NULL;
+    if (n <= STR_CACHE_MAX) {
+        uint64_t h = (uint64_t)n * 0x9e3779b97f4a7c15ull + (uint64_t)type;
+        for (size_t i = 0; i < n; i++)
+            h = (h ^ src[i]) * 0x100000001b3ull;
+        slot = &ps->strs[(h * 0x9e3779b97f4a7c15ull) >> (64 - STR_CACHE_BITS)];
+        pk_value_t *c = *slot;
+        if (c != NULL && c->type == type && c->u.str.len == n && memcmp(c->u.str.s, src, n) == 0) {
+            ps->pos += n;
+            return push(ps, c);
+        }
+    }
     pk_value_t *v = new_value(ps, type);
     if (v == NULL)
         return false;
-    char *s = new_bytes(ps, ps->p + ps->pos, n);
+    char *s = new_bytes(ps, src, n);
     if (s == NULL)
         return false;
     v->u.str.s = s;
     v->u.str.len = n;
     ps->pos += n;
+    if (slot != NULL)
+        *slot = v;
     return push(ps, v);
 }
 
@@ -329,7 +363,7 @@ static bool push_str(parser_t *ps, pk_type_t type, size_t n, const char *opname)
  * keeps a value beyond its MARK (a container's items, the memo, the root) makes it a document
  * value first (keep_values); when the MARK closes, everything made above it is gone from the
  * stack, so the scratch goes back to where it stood at that MARK. */
-static bool in_taken_dict(const parser_t *ps) {
+static inline __attribute__((always_inline)) bool in_taken_dict(const parser_t *ps) {
     if (ps->rec_fn == NULL || ps->nmarks == 0 || ps->scratch_used == SCRATCH_VALUES)
         return false;
     size_t b = ps->marks[ps->nmarks - 1];
@@ -340,6 +374,8 @@ static bool is_scratch(const parser_t *ps, const pk_value_t *v) {
     return ps->scratch != NULL && v >= ps->scratch && v < ps->scratch + SCRATCH_VALUES;
 }
 
+static pk_value_t *shared_int(parser_t *ps, int64_t iv);
+
 /* The scratch values among stack[first..sp) become document values. A moved scratch value
  * keeps the address of its copy (as a PK_RECORD, a type no scratch value has otherwise), so
  * that its other slots (DUP) follow it in one pass. */
@@ -349,10 +385,11 @@ static bool keep_values(parser_t *ps, size_t first) {
         if (!is_scratch(ps, s))
             continue;
         if (s->type != PK_RECORD) {
-            pk_value_t *v = new_value(ps, s->type);
+            /* Scratch holds only ints: kept, one is shared through the int cache as if it
+             * had been made in the document. */
+            pk_value_t *v = shared_int(ps, s->u.i);
             if (v == NULL)
                 return false;
-            *v = *s;
             s->type = PK_RECORD;
             s->u.u = (uint64_t)(uintptr_t)v;
         }
@@ -409,7 +446,7 @@ static bool memo_put(parser_t *ps, size_t idx) {
     return true;
 }
 
-static bool memo_get(parser_t *ps, size_t idx) {
+static inline __attribute__((always_inline)) bool memo_get(parser_t *ps, size_t idx) {
     if (idx >= ps->memocap || ps->memo[idx] == NULL)
         return fail(ps, "memo key %zu is not defined", idx);
     return push(ps, ps->memo[idx]);
@@ -502,8 +539,9 @@ static bool collapse(parser_t *ps, size_t first, pk_type_t type, const char *opn
     return push(ps, v);
 }
 
-/* Add stack[first..sp) to the container just below `first` (SETITEMS/APPENDS). */
-static bool extend(parser_t *ps, size_t first, pk_type_t type, const char *opname) {
+/* Add stack[first..sp) to the container just below `first` (SETITEMS/APPENDS: from_mark;
+ * SETITEM/APPEND: one item). */
+static bool extend(parser_t *ps, size_t first, pk_type_t type, const char *opname, bool from_mark) {
     if (first == 0 || first - 1 < base(ps))
         return fail(ps, "%s has no target", opname);
     pk_value_t *target = ps->stack[first - 1];
@@ -516,8 +554,7 @@ static bool extend(parser_t *ps, size_t first, pk_type_t type, const char *opnam
     size_t n = ps->sp - first;
     if (type == PK_DICT && n % 2 != 0)
         return fail(ps, "%s with an odd number of items", opname);
-    if (type == PK_DICT && ps->rec_fn != NULL && target->u.seq.n == 0 &&
-        strcmp(opname, "SETITEMS") == 0) {
+    if (type == PK_DICT && ps->rec_fn != NULL && target->u.seq.n == 0 && from_mark) {
         /* SETITEMS into a new dict: the hook may take it whole */
         follow_moved(ps, first);
         uint64_t id = 0;
@@ -556,29 +593,34 @@ static bool extend(parser_t *ps, size_t first, pk_type_t type, const char *opnam
     return true;
 }
 
-static bool push_int(parser_t *ps, int64_t iv) {
-    if (ps->skipping)
-        return push(ps, ps->skipped);
-    /* Values never change once made, so an int seen lately is shared: a trace repeats its
-     * addresses, sizes and streams, and a value made per int was most of the memory (and the
-     * page faults) of loading one. */
+/* The document's PK_INT of value iv: one seen lately (values never change once made, so an int
+ * is shared: a trace repeats its addresses, sizes and streams, and a value made per int was
+ * most of the memory, and the page faults, of loading one), else a new one. */
+static pk_value_t *shared_int(parser_t *ps, int64_t iv) {
     size_t slot = (size_t)(((uint64_t)iv * 0x9e3779b97f4a7c15ull) >> (64 - INT_CACHE_BITS));
     pk_value_t *v = ps->ints[slot];
     if (v != NULL && v->u.i == iv)
-        return push(ps, v);
-    if (in_taken_dict(ps)) {
-        v = &ps->scratch[ps->scratch_used++];
-        memset(v, 0, sizeof(*v));
-        v->type = PK_INT;
-        v->u.i = iv;
-        return push(ps, v);
-    }
+        return v;
     v = new_value(ps, PK_INT);
     if (v == NULL)
-        return false;
+        return NULL;
     v->u.i = iv;
     ps->ints[slot] = v;
-    return push(ps, v);
+    return v;
+}
+
+static inline __attribute__((always_inline)) bool push_int(parser_t *ps, int64_t iv) {
+    if (ps->skipping)
+        return push(ps, ps->skipped);
+    /* An int of a dict the record hook may take goes to scratch without a look at the cache
+     * (whose misses were a sixth of parsing a trace): the hook reads it and it is gone, and
+     * one kept after all is shared then (keep_values). */
+    if (in_taken_dict(ps)) {
+        pk_value_t *v = &ps->scratch[ps->scratch_used++];
+        *v = (pk_value_t){.type = PK_INT, .u.i = iv};
+        return push(ps, v);
+    }
+    return push(ps, shared_int(ps, iv));
 }
 
 /* Skipping (pk_parse_skip): a list pushed right after the key string starts a skipped value. */
@@ -729,12 +771,75 @@ out:
     ps->skipped_at = skipped_at;
 }
 
+/* The opcodes entry_fast takes: memo references and ints. */
+static const bool entry_op[256] = {
+    ['h'] = true, ['j'] = true, ['K'] = true, ['M'] = true, ['J'] = true, [0x8a] = true};
+
+/* Inside a dict the record hook may take (a trace entry being filled: its MARK sits right above
+ * the new dict), the opcodes of its keys and values - memo references and ints - in one loop
+ * with the state in locals, instead of a pass through the general loop's checks and switch
+ * each (a dozen per entry). It does what the general loop does with them: a reference pushes
+ * the memo's value, an int goes to scratch. Returns at the first opcode it does not take, or
+ * that would fail (the general loop then reports it), or when scratch or the stack is full. */
+static void entry_fast(parser_t *ps) {
+    const unsigned char *p = ps->p;
+    const size_t len = ps->len, scap = ps->scap, memocap = ps->memocap;
+    pk_value_t **stack = ps->stack, **memo = ps->memo;
+    size_t pos = ps->pos, sp = ps->sp, used = ps->scratch_used;
+    while (pos < len && sp < scap) {
+        unsigned op = p[pos];
+        size_t left = len - pos - 1, n;
+        pk_value_t *v;
+        if (op == 'h' || op == 'j') { /* BINGET, LONG_BINGET */
+            n = op == 'h' ? 1 : 4;
+            if (left < n)
+                break;
+            size_t idx = (size_t)le_uint(p + pos + 1, n);
+            if (idx >= memocap || memo[idx] == NULL)
+                break;
+            v = memo[idx];
+        } else if (op == 'K' || op == 'M' || op == 'J' || op == 0x8a) {
+            int64_t iv;
+            if (op == 0x8a) { /* LONG1 */
+                uint64_t uv;
+                if (left < 1 || left - 1 < p[pos + 1] ||
+                    le_long(p + pos + 2, p[pos + 1], &iv, &uv) != PK_INT)
+                    break;
+                n = 1 + (size_t)p[pos + 1];
+            } else { /* BININT1, BININT2, BININT */
+                n = op == 'K' ? 1 : op == 'M' ? 2 : 4;
+                if (left < n)
+                    break;
+                uint64_t a = le_uint(p + pos + 1, n);
+                iv = op == 'J' ? (int64_t)(int32_t)(uint32_t)a : (int64_t)a;
+            }
+            if (used == SCRATCH_VALUES)
+                break;
+            v = &ps->scratch[used++];
+            *v = (pk_value_t){.type = PK_INT, .u.i = iv};
+        } else {
+            break;
+        }
+        stack[sp++] = v;
+        pos += 1 + n;
+    }
+    if (sp != ps->sp)
+        ps->skipped_at = 0; /* as push does */
+    ps->pos = pos;
+    ps->sp = sp;
+    ps->scratch_used = used;
+}
+
 static bool run(parser_t *ps) {
     int64_t iv;
     uint64_t arg; /* an opcode's unsigned argument, from take_uint */
     while (ps->pos < ps->len) {
         if (ps->skipping && ps->sp > ps->skip_base + 1) {
             skip_fast(ps);
+            if (ps->pos >= ps->len)
+                break;
+        } else if (!ps->skipping && entry_op[ps->p[ps->pos]] && in_taken_dict(ps)) {
+            entry_fast(ps);
             if (ps->pos >= ps->len)
                 break;
         }
@@ -933,20 +1038,20 @@ static bool run(parser_t *ps) {
             break;
         }
         case 's': /* SETITEM */
-            if (!need_stack(ps, 3, "SETITEM") || !extend(ps, ps->sp - 2, PK_DICT, "SETITEM"))
+            if (!need_stack(ps, 3, "SETITEM") || !extend(ps, ps->sp - 2, PK_DICT, "SETITEM", false))
                 return false;
             break;
         case 'u': /* SETITEMS */
-            if (!pop_mark(ps, &first, "SETITEMS") || !extend(ps, first, PK_DICT, "SETITEMS"))
+            if (!pop_mark(ps, &first, "SETITEMS") || !extend(ps, first, PK_DICT, "SETITEMS", true))
                 return false;
             scratch_back(ps);
             break;
         case 'a': /* APPEND */
-            if (!need_stack(ps, 2, "APPEND") || !extend(ps, ps->sp - 1, PK_LIST, "APPEND"))
+            if (!need_stack(ps, 2, "APPEND") || !extend(ps, ps->sp - 1, PK_LIST, "APPEND", false))
                 return false;
             break;
         case 'e': /* APPENDS */
-            if (!pop_mark(ps, &first, "APPENDS") || !extend(ps, first, PK_LIST, "APPENDS"))
+            if (!pop_mark(ps, &first, "APPENDS") || !extend(ps, first, PK_LIST, "APPENDS", true))
                 return false;
             scratch_back(ps);
             break;

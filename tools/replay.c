@@ -293,15 +293,15 @@ static bool build_segment(dev_state_t *ds, int dev, const tr_device_t *td, const
 
 static void free_all(dev_state_t *ds) {
     for (size_t i = 0; i < ds->blocks.cap; i++)
-        if (ds->blocks.keys[i] != 0)
-            (void)sp_free((void *)ds->blocks.vals[i]);
+        if (ds->blocks.slots[i].key != 0)
+            (void)sp_free((void *)ds->blocks.slots[i].val);
     for (size_t i = 0; i < ds->nholes; i++)
         (void)sp_free(ds->holes[i]);
     for (size_t i = 0; i < ds->nall_side; i++)
         (void)sp_stream_destroy(ds->all_side[i]);
     for (size_t i = 0; i < ds->streams.cap; i++)
-        if (ds->streams.keys[i] != 0)
-            (void)sp_stream_destroy((sp_stream_t)ds->streams.vals[i]);
+        if (ds->streams.slots[i].key != 0)
+            (void)sp_stream_destroy((sp_stream_t)ds->streams.slots[i].val);
     for (size_t i = 0; i < ds->npools; i++)
         if (ds->pools[i] != NULL)
             (void)sp_mempool_destroy(ds->pools[i]);

@@ -35,26 +35,19 @@ static size_t slot_of(uint64_t key, size_t cap) {
 
 static bool map_grow(tr_map_t *m) {
     size_t cap = m->cap ? m->cap * 2 : 1024;
-    uint64_t *k = calloc(cap, sizeof(*k));
-    uintptr_t *v = calloc(cap, sizeof(*v));
-    if (k == NULL || v == NULL) {
-        free(k);
-        free(v);
+    tr_slot_t *sl = calloc(cap, sizeof(*sl));
+    if (sl == NULL)
         return false;
-    }
     for (size_t i = 0; i < m->cap; i++) {
-        if (m->keys[i] == 0)
+        if (m->slots[i].key == 0)
             continue;
-        size_t s = slot_of(m->keys[i], cap);
-        while (k[s] != 0)
+        size_t s = slot_of(m->slots[i].key, cap);
+        while (sl[s].key != 0)
             s = (s + 1) & (cap - 1);
-        k[s] = m->keys[i];
-        v[s] = m->vals[i];
+        sl[s] = m->slots[i];
     }
-    free(m->keys);
-    free(m->vals);
-    m->keys = k;
-    m->vals = v;
+    free(m->slots);
+    m->slots = sl;
     m->cap = cap;
     return true;
 }
@@ -65,22 +58,22 @@ bool tr_map_put(tr_map_t *m, uint64_t key, uintptr_t val) {
     if ((m->n + 1) * 2 > m->cap && !map_grow(m))
         return false;
     size_t s = slot_of(key, m->cap);
-    while (m->keys[s] != 0 && m->keys[s] != key)
+    while (m->slots[s].key != 0 && m->slots[s].key != key)
         s = (s + 1) & (m->cap - 1);
-    if (m->keys[s] == 0)
+    if (m->slots[s].key == 0)
         m->n++;
-    m->keys[s] = key;
-    m->vals[s] = val;
+    m->slots[s].key = key;
+    m->slots[s].val = val;
     return true;
 }
 
 bool tr_map_get(const tr_map_t *m, uint64_t key, uintptr_t *val_p) {
     if (m->cap == 0 || key == 0)
         return false;
-    for (size_t s = slot_of(key, m->cap); m->keys[s] != 0; s = (s + 1) & (m->cap - 1)) {
-        if (m->keys[s] == key) {
+    for (size_t s = slot_of(key, m->cap); m->slots[s].key != 0; s = (s + 1) & (m->cap - 1)) {
+        if (m->slots[s].key == key) {
             if (val_p)
-                *val_p = m->vals[s];
+                *val_p = m->slots[s].val;
             return true;
         }
     }
@@ -91,43 +84,43 @@ bool tr_map_del(tr_map_t *m, uint64_t key, uintptr_t *val_p) {
     if (m->cap == 0 || key == 0)
         return false;
     size_t s = slot_of(key, m->cap);
-    while (m->keys[s] != key) {
-        if (m->keys[s] == 0)
+    while (m->slots[s].key != key) {
+        if (m->slots[s].key == 0)
             return false;
         s = (s + 1) & (m->cap - 1);
     }
     if (val_p)
-        *val_p = m->vals[s];
+        *val_p = m->slots[s].val;
     /* Backward-shift deletion keeps probe chains intact without tombstones. */
     size_t hole = s;
-    for (size_t j = (s + 1) & (m->cap - 1); m->keys[j] != 0; j = (j + 1) & (m->cap - 1)) {
-        size_t home = slot_of(m->keys[j], m->cap);
+    for (size_t j = (s + 1) & (m->cap - 1); m->slots[j].key != 0; j = (j + 1) & (m->cap - 1)) {
+        size_t home = slot_of(m->slots[j].key, m->cap);
         bool movable = hole <= j ? (home <= hole || home > j) : (home <= hole && home > j);
         if (movable) {
-            m->keys[hole] = m->keys[j];
-            m->vals[hole] = m->vals[j];
+            m->slots[hole] = m->slots[j];
             hole = j;
         }
     }
-    m->keys[hole] = 0;
+    m->slots[hole].key = 0;
     m->n--;
     return true;
 }
 
 void tr_map_free(tr_map_t *m) {
-    free(m->keys);
-    free(m->vals);
+    free(m->slots);
     memset(m, 0, sizeof(*m));
 }
 
 /* ---- loading ---------------------------------------------------------------------------- */
 
+/* PyTorch's names of the actions, by tr_action_t. */
+static const char *const action_names[] = {"alloc",         "free_requested", "free_completed",
+                                           "segment_alloc", "segment_free",   "segment_map",
+                                           "segment_unmap", "snapshot",       "oom"};
+
 static tr_action_t action_of(const char *s) {
-    static const char *const names[] = {"alloc",         "free_requested", "free_completed",
-                                        "segment_alloc", "segment_free",   "segment_map",
-                                        "segment_unmap", "snapshot",       "oom"};
-    for (int i = 0; i < (int)(sizeof(names) / sizeof(names[0])); i++)
-        if (strcmp(s, names[i]) == 0)
+    for (int i = 0; i < (int)(sizeof(action_names) / sizeof(action_names[0])); i++)
+        if (strcmp(s, action_names[i]) == 0)
             return (tr_action_t)i;
     return TR_OTHER;
 }
@@ -367,18 +360,30 @@ static void read_pairs(pk_value_t *const *it, size_t n, tr_event_t *ev, const ch
 /* A trace entry the reader handed over as it parsed it (pk_parse_records): what read_pairs
  * found, without the dict. */
 typedef struct rec_side {
+    uint64_t id;               /* the entry's index among the handed-over entries */
     const char *act;           /* the action string (the document's) */
     const pk_value_t *pool_id; /* the entry's pool_id, or NULL */
-    bool have_addr, have_size, bad_time;
 } rec_side_t;
 
+/* What load_events checks about a handed-over entry, in its event's flags until it has (bits the
+ * TR_F_ flags leave free; cleared there, so that no event keeps them). */
+#define RF_NO_ADDR 0x80u  /* no usable addr (device_free for an oom) */
+#define RF_NO_SIZE 0x40u  /* no usable size */
+#define RF_BAD_TIME 0x20u /* time_us out of bounds */
+#define RF_ALL (RF_NO_ADDR | RF_NO_SIZE | RF_BAD_TIME)
+
 /* The trace entries the reader handed over, in the order it parsed them: a device's entries are
- * one run of them, which becomes that device's event array as it is. */
+ * one run of them, which becomes that device's event array as it is. An entry's action string
+ * is its action's name unless the action is one this version does not know; those entries and
+ * the ones naming a pool have a side record (most entries have none: a side record for every
+ * entry was a third of the memory the entries take). */
 typedef struct recs {
     tr_event_t *ev;   /* the entries (what read_pairs found) */
-    rec_side_t *side; /* what else it found, for the checks of load_events */
     size_t n, cap;    /* entries / allocated */
     size_t taken;     /* entries before this one belong to a device already */
+    rec_side_t *side; /* side records, by id */
+    size_t nside, cap_side;
+    size_t next_side; /* where the next lookup starts (entries are read in order) */
 } recs_t;
 
 static bool grow_array(void **arr, size_t *cap, size_t elem);
@@ -388,42 +393,69 @@ static bool grow_array(void **arr, size_t *cap, size_t elem);
 static int take_entry(void *arg, pk_value_t *const *pairs, size_t n, uint64_t *id_p) {
     recs_t *rs = arg;
     tr_event_t ev;
-    rec_side_t side;
     memset(&ev, 0, sizeof(ev));
-    memset(&side, 0, sizeof(side));
-    read_pairs(pairs, n, &ev, &side.act, &side.have_addr, &side.have_size, &side.bad_time,
-               &side.pool_id);
-    if (side.act == NULL)
+    const char *act = NULL;
+    const pk_value_t *pool_id = NULL;
+    bool have_addr = false, have_size = false, bad_time = false;
+    read_pairs(pairs, n, &ev, &act, &have_addr, &have_size, &bad_time, &pool_id);
+    if (act == NULL)
         return 0;
+    ev.flags |= (have_addr ? 0u : RF_NO_ADDR) | (have_size ? 0u : RF_NO_SIZE) |
+                (bad_time ? RF_BAD_TIME : 0u);
     if (rs->n == rs->cap) {
         size_t cap = rs->cap ? rs->cap * 2 : 1024;
         tr_event_t *ne = realloc(rs->ev, cap * sizeof(*ne));
-        if (ne != NULL)
-            rs->ev = ne;
-        rec_side_t *ns = ne != NULL ? realloc(rs->side, cap * sizeof(*ns)) : NULL;
-        if (ns == NULL)
+        if (ne == NULL)
             return -1;
-        rs->side = ns;
+        rs->ev = ne;
         rs->cap = cap;
     }
+    if (pool_id != NULL || ev.action == TR_OTHER) {
+        if (rs->nside == rs->cap_side &&
+            !grow_array((void **)&rs->side, &rs->cap_side, sizeof(*rs->side)))
+            return -1;
+        rs->side[rs->nside++] = (rec_side_t){rs->n, act, pool_id};
+    }
     rs->ev[rs->n] = ev;
-    rs->side[rs->n] = side;
     *id_p = rs->n++;
     return 1;
 }
 
-static bool read_event(const pk_value_t *e, const recs_t *recs, tr_event_t *ev, const char **act_p,
+/* The side record of handed-over entry id, or NULL. */
+static const rec_side_t *side_of(recs_t *rs, uint64_t id) {
+    size_t k = rs->next_side;
+    if (k >= rs->nside || rs->side[k].id != id) {
+        size_t lo = 0, hi = rs->nside; /* the first record with id >= the one asked for */
+        while (lo < hi) {
+            size_t mid = lo + (hi - lo) / 2;
+            if (rs->side[mid].id < id)
+                lo = mid + 1;
+            else
+                hi = mid;
+        }
+        k = lo;
+        if (k >= rs->nside || rs->side[k].id != id)
+            return NULL;
+    }
+    rs->next_side = k + 1;
+    return &rs->side[k];
+}
+
+static bool read_event(const pk_value_t *e, recs_t *recs, tr_event_t *ev, const char **act_p,
                        bool *have_addr_p, bool *have_size_p, bool *bad_time_p,
                        const pk_value_t **pool_id_p) {
     if (e != NULL && e->type == PK_RECORD && recs != NULL && e->u.u < recs->n) {
-        const rec_side_t *r = &recs->side[e->u.u];
         if (ev != &recs->ev[e->u.u])
             *ev = recs->ev[e->u.u];
-        *act_p = r->act;
-        *have_addr_p = r->have_addr;
-        *have_size_p = r->have_size;
-        *bad_time_p = r->bad_time;
-        *pool_id_p = r->pool_id;
+        const rec_side_t *r = side_of(recs, e->u.u);
+        *act_p = r != NULL               ? r->act
+                 : ev->action < TR_OTHER ? action_names[ev->action]
+                                         : "?"; /* an unknown action always has a record */
+        *pool_id_p = r != NULL ? r->pool_id : NULL;
+        *have_addr_p = !(ev->flags & RF_NO_ADDR);
+        *have_size_p = !(ev->flags & RF_NO_SIZE);
+        *bad_time_p = (ev->flags & RF_BAD_TIME) != 0;
+        ev->flags &= (uint8_t)~RF_ALL;
         return true;
     }
     if (e == NULL || e->type != PK_DICT)
@@ -559,10 +591,14 @@ static bool analyse(const pk_value_t *segments, const tr_settings_t *set, int de
         }
     }
     tr_map_free(&live);
+    uint64_t last_stream = 0; /* the stream the last event put (0: none yet) */
     for (size_t i = 0; i < d->nev; i++) {
         tr_event_t *e = &d->ev[i];
-        if (!tr_map_put(&streams, e->stream ? e->stream : ~(uint64_t)0, 1))
+        /* Consecutive events are mostly on one stream: it is in the set already. */
+        uint64_t sk = e->stream ? e->stream : ~(uint64_t)0;
+        if (sk != last_stream && !tr_map_put(&streams, sk, 1))
             goto oom;
+        last_stream = sk;
         switch (e->action) {
         case TR_ALLOC:
             if (!tr_map_put(&live, e->addr, 1) || !tr_map_put(&touched, e->addr, 1))

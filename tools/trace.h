@@ -138,12 +138,17 @@ bool tr_load_opts(const char *path, bool frames, tr_trace_t *t, char *err, size_
 bool tr_from_doc(pk_doc_t *doc, tr_trace_t *t, char *err, size_t errlen);
 void tr_free(tr_trace_t *t);
 
+/* One slot of a tr_map: a key beside its value, so that a lookup touches one cache line. */
+typedef struct tr_slot {
+    uint64_t key; /* 0 = empty */
+    uintptr_t val;
+} tr_slot_t;
+
 /* An open-addressing map from recorded addresses (non-zero) to a pointer-sized value. */
 typedef struct tr_map {
-    uint64_t *keys;  /* 0 = empty */
-    uintptr_t *vals; /* values */
-    size_t cap;      /* power of two */
-    size_t n;        /* keys held */
+    tr_slot_t *slots; /* cap slots */
+    size_t cap;       /* power of two */
+    size_t n;         /* keys held */
 } tr_map_t;
 
 bool tr_map_put(tr_map_t *m, uint64_t key, uintptr_t val); /* insert or replace; false on OOM */

@@ -622,6 +622,301 @@ TEST(PickleWrite, StaticStringsAreMemoized) {
     }
 }
 
+// The one-call pairs write in JSON what the key and value calls write, plain keys and keys
+// that need escaping alike.
+TEST(PickleWrite, PairsInOneCallWriteTheSameJson) {
+    std::string out[2];
+    for (int form = 0; form < 2; form++) {
+        sp__emit_t e;
+        sp__emit_init(&e, true);
+        sp__emit_list_begin(&e);
+        for (int i = 0; i < 2; i++) {
+            sp__emit_dict_begin(&e);
+            if (form == 0) {
+                sp__emit_key_static(&e, "action");
+                sp__emit_str_static(&e, "alloc\"x");
+                sp__emit_key_static(&e, "a\"ddr");
+                sp__emit_uint(&e, UINT64_MAX - (uint64_t)i);
+                sp__emit_key_static(&e, "time_us");
+                sp__emit_int(&e, INT64_MIN + i);
+            } else {
+                sp__emit_kv_str_static(&e, "action", "alloc\"x");
+                sp__emit_kv_uint(&e, "a\"ddr", UINT64_MAX - (uint64_t)i);
+                sp__emit_kv_int(&e, "time_us", INT64_MIN + i);
+            }
+            sp__emit_dict_end(&e);
+        }
+        sp__emit_list_end(&e);
+        out[form] = as_string(finish(&e));
+    }
+    EXPECT_EQ(out[0], out[1]);
+    EXPECT_NE(out[1].find("{\"action\":\"alloc\\\"x\",\"a\\\"ddr\":18446744073709551615,"
+                          "\"time_us\":-9223372036854775808}"),
+              std::string::npos)
+        << out[1];
+}
+
+// JSON numbers are the decimal digits printf gives, at every digit count and its edges.
+TEST(PickleWrite, JsonNumbersAreDecimal) {
+    std::vector<uint64_t> us = {0, UINT64_MAX, (uint64_t)INT64_MAX, (uint64_t)INT64_MAX + 1};
+    for (uint64_t p = 1; p <= UINT64_MAX / 10; p *= 10)
+        for (uint64_t d : {p - 1, p, p + 1, 2 * p + 3, 9 * p + 9})
+            us.push_back(d);
+    sp__emit_t e;
+    sp__emit_init(&e, true);
+    sp__emit_list_begin(&e);
+    std::string want = "[";
+    for (size_t i = 0; i < us.size(); i++) {
+        sp__emit_uint(&e, us[i]);
+        int64_t neg = us[i] <= (uint64_t)INT64_MAX ? -(int64_t)us[i] : INT64_MIN;
+        sp__emit_int(&e, neg);
+        char b[64];
+        snprintf(b, sizeof b, "%s%llu,%lld", i ? "," : "", (unsigned long long)us[i],
+                 (long long)neg);
+        want += b;
+    }
+    sp__emit_list_end(&e);
+    want += "]\n";
+    EXPECT_EQ(as_string(finish(&e)), want);
+}
+
+// A pickle streamed to its file at flush points is the document the buffer would have held,
+// byte for byte: across batch boundaries, with containers opened after a flush and left empty,
+// and with memo references to values written before a flush.
+TEST(PickleWrite, StreamedToAFileIsTheSameDocument) {
+    char dir[] = "/tmp/sp_pickle_stream_XXXXXX";
+    ASSERT_NE(mkdtemp(dir), nullptr);
+    std::string path = std::string(dir) + "/s.pickle";
+    Bytes whole;
+    for (int streamed = 0; streamed < 2; streamed++) {
+        sp__emit_t e;
+        sp__emit_init(&e, false);
+        sp__atomic_file_t f;
+        if (streamed) {
+            ASSERT_EQ(sp__file_atomic_open(&f, path.c_str()), SP_SUCCESS);
+            sp__emit_to_file(&e, &f);
+        }
+        sp__emit_dict_begin(&e);
+        sp__emit_key_static(&e, "entries");
+        sp__emit_list_begin(&e);
+        uint32_t shared = UINT32_MAX;
+        for (int i = 0; i < 40000; i++) {
+            sp__emit_dict_begin(&e);
+            sp__emit_kv_str_static(&e, "action", i % 3 ? "alloc" : "free_requested");
+            sp__emit_kv_uint(&e, "addr", 0x7f0000000000ull + (uint64_t)i * 512);
+            sp__emit_kv_int(&e, "size", i * 7);
+            sp__emit_key_static(&e, "frames");
+            if (shared == UINT32_MAX) {
+                sp__emit_list_begin(&e);
+                sp__emit_str(&e, "frame");
+                sp__emit_list_end(&e);
+                shared = sp__emit_memoize(&e);
+            } else {
+                sp__emit_memo_get(&e, shared);
+            }
+            sp__emit_dict_end(&e);
+            sp__emit_flush_point(&e);
+            if (i % 9999 == 0) { // a container opened right after a flush point, left empty
+                sp__emit_list_begin(&e);
+                sp__emit_flush_point(&e); // refused: the new list holds nothing yet
+                sp__emit_list_end(&e);
+            }
+        }
+        sp__emit_list_end(&e);
+        sp__emit_dict_end(&e);
+        char *buf = nullptr;
+        size_t len = 0;
+        ASSERT_EQ(sp__emit_finish(&e, &buf, &len), SP_SUCCESS);
+        if (!streamed) {
+            whole.assign(buf, buf + len);
+            free(buf);
+            continue;
+        }
+        EXPECT_EQ(buf, nullptr);
+        EXPECT_EQ(len, whole.size());
+        ASSERT_EQ(sp__file_atomic_commit(&f), SP_SUCCESS);
+        EXPECT_GT(whole.size(), (size_t)1 << 20) << "the document should span several flushes";
+        EXPECT_TRUE(read_file(path) == whole) << "the streamed file differs from the buffer";
+    }
+    pk_doc_t *doc = nullptr;
+    ASSERT_EQ(parse(whole, &doc), "");
+    EXPECT_EQ(pk_len(pk_get(pk_root(doc), "entries")), 40000u + 5u);
+    pk_free(doc);
+    unlink(path.c_str());
+    rmdir(dir);
+}
+
+// Which fixed strings are referred back to must not depend on where the linker put them: two
+// strings at addresses that share a slot of the table are each written once, and the pairs'
+// one-call forms write the same bytes as the key and value calls.
+TEST(PickleWrite, StaticStringsAtClashingAddressesAreEachWrittenOnce) {
+    static char area[64 * 1024];
+    auto slot = [](const char *s) { return ((uintptr_t)s >> 3) * 0x9e3779b97f4a7c15ull >> 56; };
+    char *a = area, *b = nullptr;
+    for (size_t off = 64; off + 16 < sizeof(area) && b == nullptr; off += 8)
+        if (slot(area + off) == slot(a))
+            b = area + off;
+    ASSERT_NE(b, nullptr);
+    strcpy(a, "alpha_key");
+    strcpy(b, "beta_value");
+    Bytes out[2];
+    for (int form = 0; form < 2; form++) {
+        sp__emit_t e;
+        sp__emit_init(&e, false);
+        sp__emit_list_begin(&e);
+        for (int i = 0; i < 3; i++) {
+            sp__emit_dict_begin(&e);
+            if (form == 0) {
+                sp__emit_key_static(&e, a);
+                sp__emit_str_static(&e, b);
+                sp__emit_key_static(&e, b);
+                sp__emit_uint(&e, 1ull << 63);
+                sp__emit_key_static(&e, a);
+                sp__emit_int(&e, -5 - i * 100000);
+            } else {
+                sp__emit_kv_str_static(&e, a, b);
+                sp__emit_kv_uint(&e, b, 1ull << 63);
+                sp__emit_kv_int(&e, a, -5 - i * 100000);
+            }
+            sp__emit_dict_end(&e);
+        }
+        sp__emit_list_end(&e);
+        out[form] = finish(&e);
+        std::string text = as_string(out[form]);
+        for (const char *s : {"alpha_key", "beta_value"}) {
+            size_t n = 0;
+            for (size_t at = text.find(s); at != std::string::npos; at = text.find(s, at + 1))
+                n++;
+            EXPECT_EQ(n, 1u) << s << " (form " << form << ")";
+        }
+    }
+    EXPECT_EQ(out[0], out[1]);
+    pk_doc_t *doc = nullptr;
+    ASSERT_EQ(parse(out[1], &doc), "");
+    for (size_t i = 0; i < 3; i++) {
+        int64_t v = 0;
+        EXPECT_TRUE(pk_get_int(pk_at(pk_root(doc), i), "alpha_key", &v));
+        EXPECT_EQ(v, -5 - (int64_t)i * 100000);
+    }
+    pk_free(doc);
+}
+
+// With a record hook, the ints of a dict the hook may take wait in scratch; when it does not
+// take it (a segment, a block) they are kept, shared through the int cache like every other
+// int, not a value each.
+TEST(PickleRead, IntsOfDictsTheHookLeavesAreShared) {
+    sp__emit_t e;
+    sp__emit_init(&e, false);
+    sp__emit_list_begin(&e);
+    for (int i = 0; i < 2; i++) {
+        sp__emit_dict_begin(&e);
+        sp__emit_key(&e, "size");
+        sp__emit_int(&e, 123456789);
+        sp__emit_dict_end(&e);
+    }
+    sp__emit_list_end(&e);
+    Bytes b = finish(&e);
+    auto refuse = [](void *, pk_value_t *const *, size_t, uint64_t *) { return 0; };
+    pk_doc_t *doc = nullptr;
+    char err[256] = "";
+    ASSERT_TRUE(pk_parse_records(b.data(), b.size(), nullptr, nullptr, refuse, nullptr, &doc, err,
+                                 sizeof err))
+        << err;
+    const pk_value_t *root = pk_root(doc);
+    const pk_value_t *v0 = pk_get(pk_at(root, 0), "size"), *v1 = pk_get(pk_at(root, 1), "size");
+    int64_t n = 0;
+    ASSERT_TRUE(pk_int(v0, &n));
+    EXPECT_EQ(n, 123456789);
+    EXPECT_EQ(v0, v1) << "one value for an int both dicts keep";
+    pk_free(doc);
+}
+
+// The record hook's path reads a trace entry's keys and values in a loop of its own: every cut
+// of a trace and every undefined memo reference inside an entry fails there with the message and
+// offset the plain reader gives, and whole, both read the same entries.
+TEST(PickleRead, RecordsPathFailsWhereThePlainReaderDoes) {
+    sp__emit_t e;
+    sp__emit_init(&e, false);
+    sp__emit_list_begin(&e);
+    for (int i = 0; i < 40; i++) {
+        sp__emit_dict_begin(&e);
+        sp__emit_kv_str_static(&e, "action", i % 2 ? "alloc" : "free_requested");
+        sp__emit_kv_uint(&e, "addr", 0x7f0000000000ull + (uint64_t)i * 512);
+        sp__emit_kv_int(&e, "size", i % 3 ? 200 + i : 70000 + i);
+        sp__emit_kv_int(&e, "stream", i % 5 ? 0 : -1 - i);
+        sp__emit_kv_uint(&e, "big", UINT64_MAX - (uint64_t)i);
+        sp__emit_dict_end(&e);
+    }
+    sp__emit_list_end(&e);
+    Bytes whole = finish(&e);
+    auto take = [](void *arg, pk_value_t *const *pairs, size_t n, uint64_t *id_p) {
+        if (n < 2 || pk_str(pairs[0]) == nullptr || strcmp(pk_str(pairs[0]), "action") != 0)
+            return 0;
+        *id_p = (*(uint64_t *)arg)++;
+        return 1;
+    };
+    auto both = [&](const Bytes &b, std::string *plain, std::string *recs) {
+        char e1[256] = "", e2[256] = "";
+        pk_doc_t *d1 = nullptr, *d2 = nullptr;
+        uint64_t taken = 0;
+        bool ok1 = pk_parse_skip(b.data(), b.size(), nullptr, "frames", &d1, e1, sizeof e1);
+        bool ok2 = pk_parse_records(b.data(), b.size(), nullptr, "frames", take, &taken, &d2, e2,
+                                    sizeof e2);
+        *plain = ok1 ? "ok" : e1;
+        *recs = ok2 ? "ok" : e2;
+        pk_free(d1);
+        pk_free(d2);
+        return taken;
+    };
+    std::string plain, recs;
+    EXPECT_EQ(both(whole, &plain, &recs), 40u);
+    EXPECT_EQ(plain, "ok");
+    EXPECT_EQ(recs, "ok");
+    for (size_t cut = 1; cut < whole.size(); cut++) {
+        Bytes b(whole.begin(), whole.begin() + (long)cut);
+        both(b, &plain, &recs);
+        EXPECT_EQ(recs, plain) << "cut at " << cut;
+    }
+    // Every memo reference made undefined in turn (a BINGET's index pointing past the memo).
+    for (size_t at = 2; at + 1 < whole.size(); at++) {
+        if (whole[at] != 'h')
+            continue;
+        Bytes b = whole;
+        b[at + 1] = 0xfe;
+        both(b, &plain, &recs);
+        EXPECT_EQ(recs, plain) << "BINGET at " << at;
+    }
+}
+
+// A short string written again (not memoized) in every entry, as newer snapshots write
+// compile_context's "N/A", is one value of the document: equal strings share it, another
+// string does not.
+TEST(PickleRead, ShortStringsWrittenAgainAreShared) {
+    sp__emit_t e;
+    sp__emit_init(&e, false);
+    sp__emit_list_begin(&e);
+    for (int i = 0; i < 3; i++) {
+        sp__emit_dict_begin(&e);
+        sp__emit_key(&e, "compile_context");
+        sp__emit_str(&e, i < 2 ? "N/A" : "N/B");
+        sp__emit_dict_end(&e);
+    }
+    sp__emit_list_end(&e);
+    Bytes b = finish(&e);
+    pk_doc_t *doc = nullptr;
+    ASSERT_EQ(parse(b, &doc), "");
+    const pk_value_t *root = pk_root(doc);
+    const char *s0 = pk_get_str(pk_at(root, 0), "compile_context");
+    const char *s1 = pk_get_str(pk_at(root, 1), "compile_context");
+    const char *s2 = pk_get_str(pk_at(root, 2), "compile_context");
+    ASSERT_NE(s0, nullptr);
+    EXPECT_STREQ(s0, "N/A");
+    EXPECT_EQ(s0, s1) << "equal short strings are one value";
+    EXPECT_STREQ(s2, "N/B");
+    EXPECT_EQ(pk_at(root, 0)->u.seq.items[0], pk_at(root, 2)->u.seq.items[0]) << "the key";
+    pk_free(doc);
+}
+
 namespace {
 
 // Skipping a key: the lists under it are not built and their pairs are left out of the dicts

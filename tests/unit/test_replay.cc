@@ -1072,4 +1072,81 @@ TEST_F(Replay, HandedOverEntriesKeepWhatTheMemoKeeps) {
     tr_free(&fast);
 }
 
+// Entries handed over while parsing keep what the checks need in a few flag bits and, only for
+// an unknown action or a named pool, a side record: every bad entry is refused with the message
+// the dict path gives (the unknown action's own name in it), and no event keeps those bits.
+TEST_F(Replay, HandedOverEntriesAreCheckedLikeDicts) {
+    auto trace = [](int bad) {
+        sp__emit_t e;
+        sp__emit_init(&e, false);
+        sp__emit_dict_begin(&e);
+        sp__emit_key(&e, "segments");
+        sp__emit_list_begin(&e);
+        sp__emit_list_end(&e);
+        sp__emit_key(&e, "device_traces");
+        sp__emit_list_begin(&e);
+        sp__emit_list_begin(&e);
+        for (int i = 0; i < 6; i++) {
+            sp__emit_dict_begin(&e);
+            sp__emit_key(&e, "action");
+            sp__emit_str(&e, i == 2 ? "weird_action" : i % 2 ? "free_requested" : "alloc");
+            sp__emit_key(&e, "addr");
+            sp__emit_uint(&e, 0x7f0000000000ull + (uint64_t)(i / 2) * 4096);
+            if (!(bad == 1 && i == 4)) {
+                sp__emit_key(&e, "size");
+                sp__emit_uint(&e, 4096);
+            }
+            sp__emit_key(&e, "time_us");
+            sp__emit_int(&e, bad == 2 && i == 2 ? -5 : 1700000000000000ll + i);
+            if (i == 3) {
+                sp__emit_key(&e, "pool_id");
+                sp__emit_tuple2(&e, 0, 0);
+            }
+            sp__emit_dict_end(&e);
+        }
+        sp__emit_list_end(&e);
+        sp__emit_list_end(&e);
+        sp__emit_dict_end(&e);
+        char *buf = nullptr;
+        size_t len = 0;
+        EXPECT_EQ(sp__emit_finish(&e, &buf, &len), SP_SUCCESS);
+        std::vector<unsigned char> out(buf, buf + len);
+        free(buf);
+        return out;
+    };
+    const char *want[] = {"", "device_traces[0][4] (alloc): missing or bad 'addr' or 'size'",
+                          "device_traces[0][2] (weird_action): time_us is not a time in [0, 2^53] "
+                          "microseconds"};
+    for (int bad = 0; bad < 3; bad++) {
+        std::vector<unsigned char> b = trace(bad);
+        std::string path = "checked_" + std::to_string(getpid()) + ".pickle";
+        std::ofstream(path, std::ios::binary)
+            .write((const char *)b.data(), (std::streamsize)b.size());
+        tr_trace_t dict, fast;
+        std::string err;
+        char why[256] = "";
+        bool dict_ok = load(b, &dict, &err);
+        bool fast_ok = tr_load_opts(path.c_str(), false, &fast, why, sizeof(why));
+        unlink(path.c_str());
+        EXPECT_EQ(dict_ok, bad == 0) << err;
+        EXPECT_EQ(fast_ok, bad == 0) << why;
+        if (bad > 0) {
+            EXPECT_EQ(err, want[bad]);
+            EXPECT_EQ(std::string(why), path + ": " + want[bad]);
+        } else {
+            ASSERT_EQ(fast.dev[0].nev, 6u);
+            EXPECT_TRUE(fast.dev[0].ev_borrowed);
+            for (size_t i = 0; i < 6; i++) {
+                EXPECT_EQ(fast.dev[0].ev[i].flags, dict.dev[0].ev[i].flags) << i;
+                EXPECT_EQ(fast.dev[0].ev[i].action, dict.dev[0].ev[i].action) << i;
+                EXPECT_EQ(fast.dev[0].ev[i].pool, dict.dev[0].ev[i].pool) << i;
+            }
+            EXPECT_EQ(fast.dev[0].ev[2].action, TR_OTHER);
+            EXPECT_TRUE(fast.dev[0].ev[3].flags & TR_F_POOL_ID);
+        }
+        tr_free(&dict);
+        tr_free(&fast);
+    }
+}
+
 } // namespace
