@@ -41,12 +41,19 @@ extern char **environ;
  * Python package (LIBRARY, CACHE_DIR), the packaging (CMAKE_BUILD_DIR) and the scripts and test
  * suites (scripts/test.sh, scripts/gpu-check.sh). A user who sets one of them for those parts must
  * not get a warning from every process, nor fail a test suite that rejects unexpected warnings. */
-static const char *const allowed_names[] = {
-    "SYMPOOL_LIBRARY",          "SYMPOOL_CACHE_DIR",           "SYMPOOL_CMAKE_BUILD_DIR",
-    "SYMPOOL_CMAKE_ARGS",
-    "SYMPOOL_TEST_DEVICE",      "SYMPOOL_TEST_NP",             "SYMPOOL_FUZZ_SECONDS",
-    "SYMPOOL_GPU_CHECK_BUILD",  "SYMPOOL_GPU_CHECK_CMAKE_ARGS", "SYMPOOL_GPU_CHECK_DEADLINE",
-    "SYMPOOL_GPU_CHECK_NO_GPU", "SYMPOOL_DEPS_ROOT",           "SYMPOOL_NCCL_ROOT"};
+static const char *const allowed_names[] = {"SYMPOOL_LIBRARY",
+                                            "SYMPOOL_CACHE_DIR",
+                                            "SYMPOOL_CMAKE_BUILD_DIR",
+                                            "SYMPOOL_CMAKE_ARGS",
+                                            "SYMPOOL_TEST_DEVICE",
+                                            "SYMPOOL_TEST_NP",
+                                            "SYMPOOL_FUZZ_SECONDS",
+                                            "SYMPOOL_GPU_CHECK_BUILD",
+                                            "SYMPOOL_GPU_CHECK_CMAKE_ARGS",
+                                            "SYMPOOL_GPU_CHECK_DEADLINE",
+                                            "SYMPOOL_GPU_CHECK_NO_GPU",
+                                            "SYMPOOL_DEPS_ROOT",
+                                            "SYMPOOL_NCCL_ROOT"};
 
 typedef struct {
     opt_value_t v;                 /* the value in force */

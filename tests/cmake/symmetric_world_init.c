@@ -97,8 +97,8 @@ int main(int argc, char **argv) {
             copy_int(&seen, peer, false);
         /* A window registered with NCCL < 2.29 has no host-side peer pointers (API.md): refused
          * with SP_ERR_NOT_SUPPORTED for another rank, never a wrong address. */
-        bool refused = s == SP_ERR_NOT_SUPPORTED && next != rank &&
-                       strcmp(sp_backend_name(), "cuda") == 0;
+        bool refused =
+            s == SP_ERR_NOT_SUPPORTED && next != rank && strcmp(sp_backend_name(), "cuda") == 0;
         CHECK(refused || (s == SP_SUCCESS && peer && seen == 7 * next),
               "peer pointer to rank %d -> %s, reads %d", next, sp_status_name(s), seen);
         MPI_Barrier(MPI_COMM_WORLD);

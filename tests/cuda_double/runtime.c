@@ -328,8 +328,10 @@ static stream_t *stream_of(cudaStream_t h) {
         return &g_legacy[cur_dev()];
     stream_t *s = (stream_t *)h;
     if (!live_has(s)) {
-        fprintf(stderr, "cuda-double: %p is not a CUDA stream of this process: undefined "
-                        "behaviour (a GPU may crash here); aborting\n", (void *)h);
+        fprintf(stderr,
+                "cuda-double: %p is not a CUDA stream of this process: undefined "
+                "behaviour (a GPU may crash here); aborting\n",
+                (void *)h);
         abort();
     }
     if (s->magic != STREAM_MAGIC || s->destroyed)

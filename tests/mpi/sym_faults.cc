@@ -240,7 +240,8 @@ TEST_F(SymFaults, LocalDestroyOfASymmetricPoolIsRefused) {
 
 // Item 7: a handle that is not a stream, on one rank: SP_ERR_INVALID_ARGUMENT everywhere.
 TEST_F(SymFaults, BadStreamOnOneRankFailsEverywhere) {
-    SP_SKIP_ON_GPU("a handle that is not a live CUDA stream is undefined behaviour on the cuda backend (CUDA dereferences it)");
+    SP_SKIP_ON_GPU("a handle that is not a live CUDA stream is undefined behaviour on the cuda "
+                   "backend (CUDA dereferences it)");
     make_pool();
     int not_a_stream = 0;
     sp_stream_t s = rank_ == 1 ? (sp_stream_t)&not_a_stream : nullptr;

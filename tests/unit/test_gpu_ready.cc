@@ -270,7 +270,8 @@ TEST_F(GpuReady, FreeOfABlockUsedOnACapturingStreamWaitsForTheCaptureToEnd) {
 // ---- item 10: messages ----------------------------------------------------------------------
 
 TEST_F(GpuReady, AnInvalidStreamIsNamedAsInvalidNotAsForeign) {
-    SP_SKIP_ON_GPU("a handle that is not a live CUDA stream is undefined behaviour on the cuda backend (CUDA dereferences it)");
+    SP_SKIP_ON_GPU("a handle that is not a live CUDA stream is undefined behaviour on the cuda "
+                   "backend (CUDA dereferences it)");
     expect_warnings();
     int not_a_stream = 0;
     EXPECT_SP_STATUS(sp_stream_synchronize(&not_a_stream), SP_ERR_INVALID_ARGUMENT);

@@ -32,7 +32,8 @@ static std::string without_device_rows(std::string text) {
         size_t end = text.find('\n', at);
         if (end == std::string::npos)
             end = text.size();
-        for (const char *label : {"| Device used (anyone) ", "|   held by sympool ", "|   not sympool's "})
+        for (const char *label :
+             {"| Device used (anyone) ", "|   held by sympool ", "|   not sympool's "})
             if (text.compare(at, std::strlen(label), label) == 0)
                 for (size_t i = at + std::strlen(label); i < end; i++)
                     text[i] = '#';
