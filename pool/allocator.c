@@ -285,12 +285,14 @@ hand_out(sp_devalloc_t *d, sp_block_t *b, bool in_set, sp_block_t *pred, size_t 
     sp_dev_stats_t *st = &d->stats;
     bool small = bp->is_small;
     bool already_split = b->prev || b->next;
-    if (fast || should_split(bp, b, size)) {
+    /* The struct a split needs; without one (out of host memory) the block goes out whole. */
+    sp_block_t *nb = fast ? spare_pop(d) : should_split(bp, b, size) ? block_take(d) : NULL;
+    if (fast || nb) {
         sp_block_t *rem;
         if (in_set) {
             /* Every field of the new struct is set here (links and height only matter in a set,
              * hnext is set by the pointer map below). */
-            sp_block_t *a = fast ? spare_pop(d) : block_take(d);
+            sp_block_t *a = nb;
             a->addr = b->addr;
             a->size = size;
             a->stream = b->stream;
@@ -316,7 +318,7 @@ hand_out(sp_devalloc_t *d, sp_block_t *b, bool in_set, sp_block_t *pred, size_t 
         } else {
             /* The allocation keeps the low addresses; the remainder moves up and stays cached.
              * Every field is set here or by the set (links, height, in_set) below. */
-            rem = block_take(d);
+            rem = nb;
             rem->addr = b->addr + size;
             rem->size = b->size - size;
             rem->stream = b->stream;

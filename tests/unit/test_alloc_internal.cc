@@ -229,3 +229,55 @@ TEST_F(AllocInternal, ShutdownKeepsAFewSlabsForTheNextAllocator) {
     EXPECT_EQ(st.kept, 3u) << "a kept slab is used before a new one is allocated";
     ASSERT_SP_OK(sp_free(p));
 }
+
+// Out of host memory for a block struct (no spare one, no slab left, the next slab's malloc
+// fails): a cache hit that would split hands out the whole free block instead, as PyTorch's
+// allocator never needs a struct it cannot get. Checked by failing malloc for slab-sized requests
+// while armed; sanitizers bring their own malloc, so it runs in the plain build only.
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+#define SP_TEST_MALLOC_HOOK 0
+#else
+#define SP_TEST_MALLOC_HOOK 1
+static bool g_fail_big_malloc;
+extern "C" void *__libc_malloc(size_t n);
+extern "C" void *malloc(size_t n) {
+    if (g_fail_big_malloc && n >= 64 * 1024)
+        return nullptr;
+    return __libc_malloc(n);
+}
+#endif
+
+TEST_F(AllocInternal, SplitWithoutAStructHandsOutTheWholeBlock) {
+#if !SP_TEST_MALLOC_HOOK
+    GTEST_SKIP() << "needs the plain build's malloc hook";
+#else
+    std::vector<void *> ps;
+    sp_block_structs_t st;
+    // Use up every struct (spare, kept and the current slab) while the segment keeps room for
+    // one more split hit of 512 bytes.
+    for (;;) {
+        ASSERT_SP_OK(sp__pool_block_structs(0, &st));
+        size_t cached = sp_memory_reserved(0) - sp_memory_allocated(0);
+        if (st.spare == 0 && st.kept == 0 && st.untouched == 0 && cached >= 1024)
+            break;
+        void *p;
+        ASSERT_SP_OK(sp_malloc(512, 0, nullptr, &p));
+        ps.push_back(p);
+        ASSERT_LT(ps.size(), 100000u);
+    }
+    size_t cached = sp_memory_reserved(0) - sp_memory_allocated(0);
+    void *p = nullptr;
+    g_fail_big_malloc = true;
+    sp_status_t s = sp_malloc(512, 0, nullptr, &p);
+    g_fail_big_malloc = false;
+    ASSERT_SP_OK(s);
+    sp_block_info_t info;
+    ASSERT_SP_OK(sp__pool_lookup(p, &info));
+    EXPECT_EQ(info.block_size, cached) << "the free block whole, not split";
+    EXPECT_EQ(info.requested_size, 512u);
+    EXPECT_EQ(sp_memory_reserved(0), sp_memory_allocated(0));
+    ASSERT_SP_OK(sp_free(p));
+    for (void *q : ps)
+        ASSERT_SP_OK(sp_free(q));
+#endif
+}
