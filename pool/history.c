@@ -564,19 +564,28 @@ SP_EXPORT void sp_history_params_init(sp_history_params_t *params) {
 static bool parse_skip(const char *text, uint32_t *mask_p, char *why, size_t why_len) {
     uint32_t mask = 0;
     const size_t n = sizeof(action_names) / sizeof(action_names[0]);
-    for (const char *p = text; p != NULL && *p != '\0';) {
+    if (text == NULL || *text == '\0') {
+        *mask_p = 0;
+        return true;
+    }
+    for (const char *p = text; p != NULL;) {
         const char *end = strchr(p, ',');
         size_t len = end ? (size_t)(end - p) : strlen(p);
         size_t i = 0;
         while (i < n && !(strlen(action_names[i]) == len && strncmp(action_names[i], p, len) == 0))
             i++;
-        if (len > 0 && i == n) {
+        /* An empty name ("alloc,,free_requested", a trailing comma) is a malformed list, not
+         * "nothing": only the whole text may be empty. */
+        if (len == 0) {
+            snprintf(why, why_len, "an empty action name in '%.64s'", text);
+            return false;
+        }
+        if (i == n) {
             snprintf(why, why_len, "'%.*s' is not an action (alloc, free_requested, ...)",
                      (int)(len > 64 ? 64 : len), p);
             return false;
         }
-        if (len > 0)
-            mask |= 1u << i;
+        mask |= 1u << i;
         p = end ? end + 1 : NULL;
     }
     *mask_p = mask;

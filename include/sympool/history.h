@@ -38,7 +38,7 @@ typedef struct sp_history_params {
     /** (sympool addition) PyTorch's skip_actions: comma-separated action names ("alloc",
      * "free_requested", "free_completed", "segment_alloc", "segment_free", "segment_map",
      * "segment_unmap", "snapshot", "oom") never stored in the trace; NULL or "" = none. An
-     * unknown name is SP_ERR_INVALID_ARGUMENT. */
+     * unknown or empty name (",alloc", "alloc,,oom") is SP_ERR_INVALID_ARGUMENT. */
     const char *skip_actions;
 } sp_history_params_t;
 

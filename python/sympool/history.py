@@ -98,7 +98,7 @@ def record_memory_history(enabled="all", context="all", stacks="python", max_ent
     if skip_actions is not None:
         if isinstance(skip_actions, str) or not all(isinstance(a, str) for a in skip_actions):
             raise TypeError("skip_actions must be a list of action names")
-        if any("," in a or "\0" in a for a in skip_actions):
+        if any(a == "" or "," in a or "\0" in a for a in skip_actions):
             raise bad_value(f"skip_actions holds a malformed name: {skip_actions!r}")
         skip = ",".join(skip_actions).encode()
         p.skip_actions = skip  # the library reads it during the call only

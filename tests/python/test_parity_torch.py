@@ -1018,6 +1018,8 @@ def test_memory_snapshot_skip_actions_refused(sp):
         sp._record_memory_history(skip_actions=["not_an_action"])
     with pytest.raises(TypeError):
         sp._record_memory_history(skip_actions="alloc")
+    with pytest.raises(ValueError):  # an empty name is not "nothing skipped"
+        sp._record_memory_history(skip_actions=["alloc", ""])
     sp._record_memory_history(None)
 
 

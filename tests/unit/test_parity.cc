@@ -131,3 +131,21 @@ TEST_F(ParityHistory, UnknownSkipActionIsRefusedAndChangesNothing) {
     ASSERT_SP_OK(sp_free(x));
     EXPECT_TRUE(actions().empty()) << "recording did not start";
 }
+
+// Only the whole list may be empty: an empty name inside it is a malformed list.
+TEST_F(ParityHistory, EmptySkipActionNameIsRefused) {
+    expect_warnings();
+    sp_history_params_t p;
+    sp_history_params_init(&p);
+    for (const char *text : {"alloc,,free_requested", "alloc,", ",alloc", ","}) {
+        SCOPED_TRACE(text);
+        p.skip_actions = text;
+        EXPECT_SP_STATUS(sp_record_memory_history(&p), SP_ERR_INVALID_ARGUMENT);
+        EXPECT_NE(std::string(sp_last_error()).find("empty action name"), std::string::npos)
+            << sp_last_error();
+    }
+    void *x = nullptr;
+    ASSERT_SP_OK(sp_malloc(1000, 0, nullptr, &x));
+    ASSERT_SP_OK(sp_free(x));
+    EXPECT_TRUE(actions().empty()) << "recording did not start";
+}
