@@ -299,13 +299,7 @@ hand_out(sp_devalloc_t *d, sp_block_t *b, bool in_set, sp_block_t *pred, size_t 
             a->seg = seg;
             a->in_set = false;
             a->unmapped = false; /* a recycled struct may have been an unmapped block */
-            a->prev = b->prev;
-            a->next = b;
-            if (a->prev)
-                a->prev->next = a;
-            else
-                seg->head = a;
-            b->prev = a;
+            sp__block_link_before(a, b);
             b->addr += size;
             b->size -= size;
             b->gc_count = bp->gfb_count;
@@ -329,11 +323,7 @@ hand_out(sp_devalloc_t *d, sp_block_t *b, bool in_set, sp_block_t *pred, size_t 
             rem->allocated = false;
             rem->unmapped = false;
             sp__bset_insert(&bp->free, rem);
-            rem->prev = b;
-            rem->next = b->next;
-            if (b->next)
-                b->next->prev = rem;
-            b->next = rem;
+            sp__block_link_after(rem, b);
             b->size = size;
         }
         sp__bset_check(&bp->free);

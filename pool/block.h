@@ -93,4 +93,24 @@ typedef struct sp_segment {
     struct sp_segment *pnext;   /* (lock) */
 } sp_segment_t;
 
+/* Put a into b's segment list right before b (a takes b's place as the head if b was it). */
+static inline void sp__block_link_before(sp_block_t *a, sp_block_t *b) {
+    a->prev = b->prev;
+    a->next = b;
+    if (a->prev)
+        a->prev->next = a;
+    else
+        b->seg->head = a;
+    b->prev = a;
+}
+
+/* Put a into b's segment list right after b. */
+static inline void sp__block_link_after(sp_block_t *a, sp_block_t *b) {
+    a->prev = b;
+    a->next = b->next;
+    if (b->next)
+        b->next->prev = a;
+    b->next = a;
+}
+
 #endif /* SP_POOL_BLOCK_H */

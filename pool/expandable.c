@@ -201,11 +201,7 @@ static sp_status_t map_block(sp_devalloc_t *d, sp_block_t *m, size_t size, uint3
             rem->stream = m->stream;
             rem->seg = seg;
             rem->unmapped = true;
-            rem->prev = m;
-            rem->next = m->next;
-            if (m->next)
-                m->next->prev = rem;
-            m->next = rem;
+            sp__block_link_after(rem, m);
             m->size = len;
             ulist_insert(bp, rem);
         } else {
@@ -460,13 +456,7 @@ static size_t unmap_block(sp_devalloc_t *d, sp_block_t *b) {
         before->size = begin - b->addr;
         before->stream = b->stream;
         before->seg = seg;
-        before->prev = b->prev;
-        before->next = b;
-        if (b->prev)
-            b->prev->next = before;
-        else
-            seg->head = before;
-        b->prev = before;
+        sp__block_link_before(before, b);
         before->gc_count = bp->gfb_count;
         sp__bset_insert(&bp->free, before);
     }
@@ -475,11 +465,7 @@ static size_t unmap_block(sp_devalloc_t *d, sp_block_t *b) {
         after->size = b->addr + b->size - end;
         after->stream = b->stream;
         after->seg = seg;
-        after->next = b->next;
-        after->prev = b;
-        if (b->next)
-            b->next->prev = after;
-        b->next = after;
+        sp__block_link_after(after, b);
         after->gc_count = bp->gfb_count;
         sp__bset_insert(&bp->free, after);
     }
