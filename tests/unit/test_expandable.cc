@@ -532,22 +532,31 @@ TEST_F(Expandable, PyTorchRulesKeepFreePagesMappedUntilARelease) {
     free_pages_elsewhere_then_grow(true);
 }
 
+// Two requests in this order, one of them small (<= 1 MiB), the other needing two 2 MiB pages
+// with a free piece left: `packed`, the small block lies in the large pool's pages right after or
+// before the large one (two pages in all, counted in large_pool); else it maps a 2 MiB small-pool
+// page of its own (three pages).
+static void small_and_large(size_t first, size_t second, bool packed) {
+    const size_t small = first <= 1 * MiB ? first : second, large = first + second - small;
+    void *a, *b;
+    ASSERT_SP_OK(sp_malloc(first, 0, nullptr, &a));
+    ASSERT_SP_OK(sp_malloc(second, 0, nullptr, &b));
+    EXPECT_EQ(stat("reserved_bytes.all.current"), (packed ? 4 : 6) * (int64_t)MiB);
+    EXPECT_EQ(stat("reserved_bytes.small_pool.current"), packed ? 0 : 2 * (int64_t)MiB);
+    EXPECT_EQ(stat("allocated_bytes.large_pool.current"), (int64_t)(large + (packed ? small : 0)));
+    EXPECT_EQ((uintptr_t)b == (uintptr_t)a + first, packed);
+    ASSERT_SP_OK(sp_free(a));
+    ASSERT_SP_OK(sp_free(b));
+    ASSERT_SP_OK(sp_empty_cache());
+    EXPECT_EQ(stat("reserved_bytes.all.current"), 0);
+}
+
 // SYMPOOL_EXPANDABLE_BORROW (default): a small request with no free small block takes the free
 // end of the large pool's last page instead of mapping a 2 MiB small-pool page; the block stays
 // the large pool's. With the option off a small page is mapped, as in PyTorch.
+// 3 MiB (two pages, 1 MiB free at the end), then 64 KiB.
 static void small_request_after_large(bool borrow) {
-    void *big, *small;
-    ASSERT_SP_OK(sp_malloc(3 * MiB, 0, nullptr, &big)); // two 2 MiB pages, 1 MiB free at the end
-    ASSERT_SP_OK(sp_malloc(64 * KiB, 0, nullptr, &small));
-    EXPECT_EQ(stat("reserved_bytes.all.current"), (borrow ? 4 : 6) * (int64_t)MiB);
-    EXPECT_EQ(stat("reserved_bytes.small_pool.current"), borrow ? 0 : 2 * (int64_t)MiB);
-    EXPECT_EQ(stat("allocated_bytes.large_pool.current"),
-              (int64_t)(3 * MiB + (borrow ? 64 * KiB : 0)));
-    EXPECT_EQ((uintptr_t)small == (uintptr_t)big + 3 * MiB, borrow);
-    ASSERT_SP_OK(sp_free(small));
-    ASSERT_SP_OK(sp_free(big));
-    ASSERT_SP_OK(sp_empty_cache());
-    EXPECT_EQ(stat("reserved_bytes.all.current"), 0);
+    small_and_large(3 * MiB, 64 * KiB, borrow);
 }
 
 TEST_F(Expandable, SmallRequestBorrowsTheLargePoolsFreePiece) {
@@ -569,18 +578,7 @@ TEST_F(Expandable, WithoutBorrowASmallRequestMapsASmallPage) {
 // page of their own beside the large pool's two (three pages, one half used and one a quarter
 // used). Off (or BORROW off, PyTorch's rules) the small request maps a small-pool page.
 static void small_then_large(bool shared) {
-    void *small, *big;
-    ASSERT_SP_OK(sp_malloc(1 * MiB, 0, nullptr, &small)); // a small request (<= 1 MiB)
-    ASSERT_SP_OK(sp_malloc(5 * MiB / 2, 0, nullptr, &big));
-    EXPECT_EQ(stat("reserved_bytes.all.current"), (shared ? 4 : 6) * (int64_t)MiB);
-    EXPECT_EQ(stat("reserved_bytes.small_pool.current"), shared ? 0 : 2 * (int64_t)MiB);
-    EXPECT_EQ(stat("allocated_bytes.large_pool.current"),
-              (int64_t)(5 * MiB / 2 + (shared ? 1 * MiB : 0)));
-    EXPECT_EQ((uintptr_t)big == (uintptr_t)small + 1 * MiB, shared);
-    ASSERT_SP_OK(sp_free(small));
-    ASSERT_SP_OK(sp_free(big));
-    ASSERT_SP_OK(sp_empty_cache());
-    EXPECT_EQ(stat("reserved_bytes.all.current"), 0);
+    small_and_large(1 * MiB, 5 * MiB / 2, shared);
 }
 
 TEST_F(Expandable, SmallAndLargeRequestsShareTheLargePoolsPages) {

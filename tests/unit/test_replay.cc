@@ -23,6 +23,16 @@ extern "C" {
 
 namespace {
 
+// The document an emitter holds, as bytes (the emitter is finished).
+std::vector<unsigned char> finish(sp__emit_t *e) {
+    char *buf = nullptr;
+    size_t len = 0;
+    EXPECT_EQ(sp__emit_finish(e, &buf, &len), SP_SUCCESS);
+    std::vector<unsigned char> out(buf, buf + len);
+    free(buf);
+    return out;
+}
+
 constexpr uint64_t MiB = 1024 * 1024;
 
 std::string data_dir() {
@@ -118,12 +128,7 @@ std::vector<unsigned char> synthetic(bool with_bad_event = false) {
     sp__emit_list_end(&e);
     sp__emit_list_end(&e);
     sp__emit_dict_end(&e);
-    char *buf = nullptr;
-    size_t len = 0;
-    EXPECT_EQ(sp__emit_finish(&e, &buf, &len), SP_SUCCESS);
-    std::vector<unsigned char> out(buf, buf + len);
-    free(buf);
-    return out;
+    return finish(&e);
 }
 
 bool load(const std::vector<unsigned char> &b, tr_trace_t *t, std::string *err) {
@@ -313,11 +318,7 @@ TEST_F(Replay, BadTracesAreExplained) {
     sp__emit_list_begin(&e);
     sp__emit_int(&e, 1);
     sp__emit_list_end(&e);
-    char *buf = nullptr;
-    size_t len = 0;
-    ASSERT_EQ(sp__emit_finish(&e, &buf, &len), SP_SUCCESS);
-    std::vector<unsigned char> b(buf, buf + len);
-    free(buf);
+    std::vector<unsigned char> b = finish(&e);
     EXPECT_FALSE(load(b, &t, &err));
     EXPECT_EQ(err, "segments[0]: missing or bad 'device'");
     tr_free(&t);
@@ -660,12 +661,7 @@ std::vector<unsigned char> snapshot_of(const std::vector<SSeg> &segs, const std:
     sp__emit_bool(&e, expandable);
     sp__emit_dict_end(&e);
     sp__emit_dict_end(&e);
-    char *buf = nullptr;
-    size_t len = 0;
-    EXPECT_EQ(sp__emit_finish(&e, &buf, &len), SP_SUCCESS);
-    std::vector<unsigned char> out(buf, buf + len);
-    free(buf);
-    return out;
+    return finish(&e);
 }
 
 constexpr uint64_t S1 = 0x1000, S2 = 0x2000; // recorded side streams
@@ -1107,12 +1103,7 @@ TEST_F(Replay, HandedOverEntriesAreCheckedLikeDicts) {
         sp__emit_list_end(&e);
         sp__emit_list_end(&e);
         sp__emit_dict_end(&e);
-        char *buf = nullptr;
-        size_t len = 0;
-        EXPECT_EQ(sp__emit_finish(&e, &buf, &len), SP_SUCCESS);
-        std::vector<unsigned char> out(buf, buf + len);
-        free(buf);
-        return out;
+        return finish(&e);
     };
     const char *want[] = {"", "device_traces[0][4] (alloc): missing or bad 'addr' or 'size'",
                           "device_traces[0][2] (weird_action): time_us is not a time in [0, 2^53] "
