@@ -70,6 +70,7 @@ struct sp_mempool {
     atomic_int use_count;     /* PyTorch's use count; 0 = freeable */
     size_t small_max;         /* requests up to this size go to `small`: SP_SMALL_SIZE, or 0
                                  while they share the large pool's expandable segments (lock) */
+    bool exp_unmapped;        /* an expandable page of it was ever unmapped (lock) */
     sp_bpool_t small;         /* requests <= small_max (lock) */
     sp_bpool_t large;         /* the rest (lock) */
     size_t limit;             /* max reserved bytes, 0 = none (lock) */
@@ -139,6 +140,7 @@ typedef struct sp_alloc_global {
     bool exp_recycle;           /* SYMPOOL_EXPANDABLE_RECYCLE (const) */
     bool exp_borrow;            /* SYMPOOL_EXPANDABLE_BORROW (const) */
     size_t exp_shared;          /* SYMPOOL_EXPANDABLE_SHARED with BORROW on, else 0 (const) */
+    bool exp_align;             /* SYMPOOL_EXPANDABLE_ALIGN with RECYCLE on (const) */
     size_t exp_page;            /* SYMPOOL_EXPANDABLE_PAGE for the large pool, 0 = PyTorch's */
     int ndev;                   /* devices */
     sp_devalloc_t *devs;        /* [ndev] */

@@ -373,6 +373,49 @@ static sp_block_t *borrow_large(sp_bpool_t *bp, size_t size, sp_stream_t stream)
     return b;
 }
 
+/* SYMPOOL_EXPANDABLE_ALIGN (ours). A block of whole pages that starts inside a page spans one
+ * page more than its size: as long as its neighbours live, that page is shared with them and
+ * costs nothing, but once they are freed and their pages unmapped (RECYCLE, empty_cache) the
+ * block alone pins n + 1 pages, and every later block packed after it inherits the offset. In a
+ * training loop most freed ranges are surrounded by such blocks, so each hole left at the peak
+ * costs a page of slivers (one piece at each of its ends). So when the growth that serves a
+ * request of whole pages maps no more pages with the block starting at the next page boundary
+ * (which is always so when the free piece before the unmapped space is under a page), it starts
+ * there; the piece before stays free, in a page its live neighbour keeps mapped anyway. Only
+ * once the pool has unmapped pages (a pool that only grows keeps no holes, and there the skipped
+ * pieces would only add up) and past SHARED's bound (under it, one page is most of the 1%
+ * budget and small and large blocks pack together). */
+static bool want_align(const sp_bpool_t *bp, const sp_block_t *c, size_t size) {
+    const sp_mempool_t *pool = bp->pool;
+    return sp__g.exp_align && pool->exp_unmapped && size % c->seg->page == 0 &&
+           pool->reserved >= sp__g.exp_shared;
+}
+
+/* c: a free mapped block holding size bytes (in the set). When the page boundary inside it
+ * still leaves room for them, the block starts there and the piece before stays free. */
+static sp_block_t *align_start(sp_devalloc_t *d, sp_bpool_t *bp, sp_block_t *c, size_t size) {
+    sp_segment_t *seg = c->seg;
+    size_t page = seg->page, off = c->addr - seg->base;
+    size_t head = (page - off % page) % page;
+    if (head == 0 || c->size - size < head)
+        return c;
+    sp_block_t *h = sp__block_new(d);
+    if (!h)
+        return c;
+    sp__bset_remove(&bp->free, c);
+    h->addr = c->addr;
+    h->size = head;
+    h->stream = c->stream;
+    h->seg = seg;
+    sp__block_link_before(h, c);
+    h->gc_count = c->gc_count;
+    c->addr += head;
+    c->size -= head;
+    sp__bset_insert(&bp->free, h);
+    sp__bset_insert(&bp->free, c);
+    return c;
+}
+
 sp_status_t sp__exp_alloc(sp_devalloc_t *d, sp_bpool_t *bp, size_t size, sp_stream_t stream,
                           uint32_t ctx, sp_block_t **block_p, sp_grow_refusal_t *why_p) {
     *why_p = SP_GROW_DEVICE;
@@ -393,6 +436,8 @@ sp_status_t sp__exp_alloc(sp_devalloc_t *d, sp_bpool_t *bp, size_t size, sp_stre
         SP_CHECK(map_block(d, nc, missing < nc->size ? missing : nc->size, ctx, why_p));
         c = nc;
     }
+    if (want_align(bp, c, size))
+        c = align_start(d, bp, c, size);
     sp__bset_remove(&bp->free, c);
     *block_p = c;
     return SP_SUCCESS;
@@ -485,6 +530,7 @@ static size_t unmap_block(sp_devalloc_t *d, sp_block_t *b) {
     sp_mempool_t *pool = bp->pool;
     d->total_reserved -= len;
     pool->reserved -= len;
+    pool->exp_unmapped = true;
     sp__exp_share_small(pool);
     seg->mapped -= len;
     sp_dev_stats_t *st = &d->stats;
