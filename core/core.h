@@ -221,8 +221,8 @@ const char *sp__log_level_name(int level); /* "WARN" */
     X(EXPANDABLE_ALIGN, BOOL, "1", NULL, NULL, 0,                                                  \
       "ours, with EXPANDABLE_RECYCLE on: once a pool past EXPANDABLE_SHARED has unmapped pages, "  \
       "a "                                                                                         \
-      "growth for a whole number of pages starts on a page boundary when that maps no more; "      \
-      "0 = off")                                                                                   \
+      "growth for a page or more starts on a page boundary when that maps no more and skips at "   \
+      "most half a page; 0 = off")                                                                 \
     X(HOST_CAPACITY, SIZE, "80GiB", NULL, check_positive, 0,                                       \
       "memory of each emulated host device")                                                       \
     X(HOST_DEVICES, LONG, "1", NULL, check_devices, 0, "number of emulated host devices (1-64)")   \

@@ -373,31 +373,33 @@ static sp_block_t *borrow_large(sp_bpool_t *bp, size_t size, sp_stream_t stream)
     return b;
 }
 
-/* SYMPOOL_EXPANDABLE_ALIGN (ours). A block of whole pages that starts inside a page spans one
- * page more than its size: as long as its neighbours live, that page is shared with them and
- * costs nothing, but once they are freed and their pages unmapped (RECYCLE, empty_cache) the
- * block alone pins n + 1 pages, and every later block packed after it inherits the offset. In a
+/* SYMPOOL_EXPANDABLE_ALIGN (ours). A large block packed right after an odd-sized one starts
+ * inside a page. As long as its neighbours live, that page is shared and costs nothing; once
+ * they are freed and their pages unmapped (RECYCLE, empty_cache) it pins the page alone, one
+ * page more than its size needs, and every block packed after it inherits the offset. In a
  * training loop most freed ranges are surrounded by such blocks, so each hole left at the peak
- * costs a page of slivers (one piece at each of its ends). So when the growth that serves a
- * request of whole pages maps no more pages with the block starting at the next page boundary
- * (which is always so when the free piece before the unmapped space is under a page), it starts
- * there; the piece before stays free, in a page its live neighbour keeps mapped anyway. Only
- * once the pool has unmapped pages (a pool that only grows keeps no holes, and there the skipped
- * pieces would only add up) and past SHARED's bound (under it, one page is most of the 1%
- * budget and small and large blocks pack together). */
+ * costs about a page of slivers (one piece at each of its ends). So when a growth for at least a
+ * page maps no more pages with the block starting at the next page boundary, and the piece
+ * skipped is at most half a page, the block starts there: the piece stays free, in a page its
+ * live neighbour keeps mapped anyway, and the block will give back all the pages under it when
+ * its neighbours go. The piece is the price while they live (at most half of what it saves),
+ * which is why a pool that only grows keeps packing (it has no holes to gain from; the rule waits
+ * for its first unmap), and why pools under SHARED's bound keep packing (there one page is most
+ * of the 1% budget, and small and large blocks pack together). */
 static bool want_align(const sp_bpool_t *bp, const sp_block_t *c, size_t size) {
     const sp_mempool_t *pool = bp->pool;
-    return sp__g.exp_align && pool->exp_unmapped && size % c->seg->page == 0 &&
+    return sp__g.exp_align && pool->exp_unmapped && size >= c->seg->page &&
            pool->reserved >= sp__g.exp_shared;
 }
 
-/* c: a free mapped block holding size bytes (in the set). When the page boundary inside it
- * still leaves room for them, the block starts there and the piece before stays free. */
+/* c: a free mapped block holding size bytes (in the set). When the page boundary inside it is
+ * at most half a page away and still leaves room for them, the block starts there and the piece
+ * before stays free. */
 static sp_block_t *align_start(sp_devalloc_t *d, sp_bpool_t *bp, sp_block_t *c, size_t size) {
     sp_segment_t *seg = c->seg;
     size_t page = seg->page, off = c->addr - seg->base;
     size_t head = (page - off % page) % page;
-    if (head == 0 || c->size - size < head)
+    if (head == 0 || head > page / 2 || c->size - size < head)
         return c;
     sp_block_t *h = sp__block_new(d);
     if (!h)

@@ -629,66 +629,76 @@ TEST_F(Expandable, SmallRequestsShareOnlyWhileThePoolIsUnderTheBound) {
 }
 
 // SYMPOOL_EXPANDABLE_ALIGN (default, with RECYCLE, once the pool has unmapped pages and past
-// SHARED's bound): 3 MiB (two pages, 1 MiB free at the end), then 4 MiB, which maps two more pages
-// either way. Aligned, the 4 MiB block starts at the page boundary (the 1 MiB piece before it
-// stays free), so once the 3 MiB block is freed its pages go whole: 4 MiB reserved. Packed right
-// after it (PyTorch's placement), it starts inside the second page, which it then pins alone:
-// 6 MiB reserved for 4 MiB of blocks.
-static void whole_pages_after_odd_block(bool unmapped_before, bool aligned) {
+// SHARED's bound): 3 MiB (two pages, 1 MiB free at the end), then `second` (4 or 3.5 MiB), which
+// maps two more pages either way. Aligned, the second block starts at the page boundary (the 1
+// MiB piece before it stays free), so once the 3 MiB block is freed its pages go whole: 4 MiB
+// reserved. Packed right after it (PyTorch's placement), it starts inside the second page, which
+// it then pins alone: 6 MiB reserved.
+static void large_after_odd_block(size_t first, size_t second, bool unmapped_before, bool aligned) {
     void *u, *p, *q;
     if (unmapped_before) {
         ASSERT_SP_OK(sp_malloc(4 * MiB, 0, nullptr, &u));
         ASSERT_SP_OK(sp_free(u));
         ASSERT_SP_OK(sp_empty_cache());
     }
-    ASSERT_SP_OK(sp_malloc(3 * MiB, 0, nullptr, &p));
-    ASSERT_SP_OK(sp_malloc(4 * MiB, 0, nullptr, &q));
+    ASSERT_SP_OK(sp_malloc(first, 0, nullptr, &p));
+    ASSERT_SP_OK(sp_malloc(second, 0, nullptr, &q));
     EXPECT_EQ(stat("reserved_bytes.all.current"), 8 * (int64_t)MiB);
-    EXPECT_EQ((uintptr_t)q - (uintptr_t)p, (aligned ? 4 : 3) * MiB);
+    EXPECT_EQ((uintptr_t)q - (uintptr_t)p, aligned ? 4 * MiB : first);
     ASSERT_SP_OK(sp_free(p));
     ASSERT_SP_OK(sp_empty_cache());
     EXPECT_EQ(stat("reserved_bytes.all.current"), (aligned ? 4 : 6) * (int64_t)MiB);
-    EXPECT_EQ(stat("allocated_bytes.all.current"), 4 * (int64_t)MiB);
+    EXPECT_EQ(stat("allocated_bytes.all.current"), (int64_t)second);
     ASSERT_SP_OK(sp_free(q));
     ASSERT_SP_OK(sp_empty_cache());
     EXPECT_EQ(stat("reserved_bytes.all.current"), 0);
 }
 
-TEST_F(Expandable, WholePageRequestsStartOnAPageOnceThePoolHasUnmapped) {
-    sp::ScopedEnv env(
-        {{"SYMPOOL_ALLOC_CONF", "expandable_segments:True"}, {"SYMPOOL_EXPANDABLE_SHARED", "0"}});
+#define NO_SHARED                                                                                  \
+    { "SYMPOOL_EXPANDABLE_SHARED", "0" }
+
+TEST_F(Expandable, LargeRequestsStartOnAPageOnceThePoolHasUnmapped) {
+    sp::ScopedEnv env({{"SYMPOOL_ALLOC_CONF", "expandable_segments:True"}, NO_SHARED});
     SP_SKIP_UNLESS_HOST();
-    whole_pages_after_odd_block(true, true);
+    large_after_odd_block(3 * MiB, 4 * MiB, true, true);
+    large_after_odd_block(3 * MiB, 7 * MiB / 2, true, true);
 }
 
-TEST_F(Expandable, APoolThatOnlyGrewPacksWholePageRequests) {
-    sp::ScopedEnv env(
-        {{"SYMPOOL_ALLOC_CONF", "expandable_segments:True"}, {"SYMPOOL_EXPANDABLE_SHARED", "0"}});
+// 2.5 MiB first: the page boundary is 1.5 MiB away, more than half a page, so the block is
+// packed (the piece would cost more than half the page it may save).
+TEST_F(Expandable, ALargeRequestSkipsAtMostHalfAPage) {
+    sp::ScopedEnv env({{"SYMPOOL_ALLOC_CONF", "expandable_segments:True"}, NO_SHARED});
     SP_SKIP_UNLESS_HOST();
-    whole_pages_after_odd_block(false, false);
+    large_after_odd_block(5 * MiB / 2, 4 * MiB, true, false);
 }
 
-TEST_F(Expandable, WithoutAlignWholePageRequestsArePacked) {
+TEST_F(Expandable, APoolThatOnlyGrewPacksLargeRequests) {
+    sp::ScopedEnv env({{"SYMPOOL_ALLOC_CONF", "expandable_segments:True"}, NO_SHARED});
+    SP_SKIP_UNLESS_HOST();
+    large_after_odd_block(3 * MiB, 4 * MiB, false, false);
+}
+
+TEST_F(Expandable, WithoutAlignLargeRequestsArePacked) {
     sp::ScopedEnv env({{"SYMPOOL_ALLOC_CONF", "expandable_segments:True"},
-                       {"SYMPOOL_EXPANDABLE_SHARED", "0"},
+                       NO_SHARED,
                        {"SYMPOOL_EXPANDABLE_ALIGN", "0"}});
     SP_SKIP_UNLESS_HOST();
-    whole_pages_after_odd_block(true, false);
+    large_after_odd_block(3 * MiB, 4 * MiB, true, false);
 }
 
 TEST_F(Expandable, AlignNeedsRecycle) {
     sp::ScopedEnv env({{"SYMPOOL_ALLOC_CONF", "expandable_segments:True"},
-                       {"SYMPOOL_EXPANDABLE_SHARED", "0"},
+                       NO_SHARED,
                        {"SYMPOOL_EXPANDABLE_RECYCLE", "0"}});
     SP_SKIP_UNLESS_HOST();
-    whole_pages_after_odd_block(true, false);
+    large_after_odd_block(3 * MiB, 4 * MiB, true, false);
 }
 
 // Under SHARED's bound (default 256MiB) blocks stay packed: there a page is most of the 1% budget.
-TEST_F(Expandable, UnderTheSharedBoundWholePageRequestsArePacked) {
+TEST_F(Expandable, UnderTheSharedBoundLargeRequestsArePacked) {
     sp::ScopedEnv env({{"SYMPOOL_ALLOC_CONF", "expandable_segments:True"}});
     SP_SKIP_UNLESS_HOST();
-    whole_pages_after_odd_block(true, false);
+    large_after_odd_block(3 * MiB, 4 * MiB, true, false);
 }
 
 // With PyTorch's 20 MiB large pages (SYMPOOL_EXPANDABLE_PAGE=0) small blocks keep their 2 MiB
