@@ -983,26 +983,32 @@ static inline bool hit_is_plain(const sp_devalloc_t *d, const sp_bpool_t *bp, co
      * has no_split, and size < max_split_size follows from b's size. */
     assert(!bp->pool->no_split && !b->seg->expandable && !sp__exp_pool(bp->pool));
     size_t rest = b->size - size;
-    return b->size < sp__g.conf.max_split_size &&
-           (bp->is_small ? rest >= SP_MIN_BLOCK_SIZE : rest > SP_SMALL_SIZE) && d->spare &&
-           sp__ptr_map_room(&d->map) && (!pred || pred->stream != b->stream || pred->size < rest);
+    /* A small block lies in a segment of SP_SMALL_BUFFER bytes, below every max_split_size
+     * (20 MiB at least, as PyTorch's): never oversize. */
+    assert(!bp->is_small || b->size < sp__g.conf.max_split_size);
+    return (bp->is_small ? rest >= SP_MIN_BLOCK_SIZE
+                         : b->size < sp__g.conf.max_split_size && rest > SP_SMALL_SIZE) &&
+           d->spare && sp__ptr_map_room(&d->map) &&
+           (!pred || pred->stream != b->stream || pred->size < rest);
 }
 
 /* sp_malloc in the default pool with history off, the lock taken without waiting and no call
  * on the way of the commonest hit (hit_is_plain). Anything else under the lock (a destroyed
  * pool, pending events, the GC clock, no plain hit) goes on in malloc_rest, which starts the
  * locked path from its beginning: only the free set's hint may have moved, which is a starting
- * point, not a result. false: the lock was busy, or sizes are rounded by divisions, caching is
- * off or segments are expandable; nothing was done and malloc_full takes the whole path. */
+ * point, not a result. The caller saw sp__fast_malloc_on (so sizes are not rounded by
+ * divisions, caching is on and segments are not expandable). false: the lock was busy; nothing
+ * was done and malloc_full takes the whole path. */
 static inline __attribute__((always_inline)) bool
 malloc_hit(sp_devalloc_t *d, size_t orig, sp_stream_t stream, void **ptr_p, sp_status_t *s_p) {
-    if (SP_UNLIKELY(!sp__g.hit_fast) || SP_UNLIKELY(!sp__lock_try(&d->lock)))
+    if (SP_UNLIKELY(!sp__lock_try(&d->lock)))
         return false;
     sp_mempool_t *pool = d->default_pool;
     size_t size = round_512(orig);
     sp_bpool_t *bp = size <= pool->small_max ? &pool->small : &pool->large;
     sp_block_t *pred = NULL, *b = NULL;
-    if (SP_LIKELY(!d->pending_events && !d->gc_enabled && !pool->destroyed))
+    assert(!pool->destroyed); /* a default pool never is */
+    if (SP_LIKELY(!d->pending_events && !d->gc_enabled))
         b = sp__bset_find_fit(&bp->free, stream, size, &pred);
     if (SP_LIKELY(b && b->stream == stream && hit_is_plain(d, bp, b, pred, size))) {
         b = hand_out(d, b, true, pred, size, orig, 0, false, true);
@@ -1046,16 +1052,14 @@ static __attribute__((noinline)) sp_status_t malloc_full(size_t size, int device
 }
 
 SP_EXPORT sp_status_t sp_malloc(size_t size, int device, sp_stream_t stream, void **ptr_p) {
-    /* The commonest call (a valid device and size, a real stream, no callback running, no pool
-     * routing, no history) tries the call-free hit first; anything else, or a hit that is not
-     * plain, goes through malloc_full from its first check, as if the hit was never tried. */
-    sp_devalloc_t *d = sp__alloc_device_fast(device);
+    /* The commonest call (sympool ready, no callback running, no pool routing, no history, the
+     * plain hit's settings: sp__fast_malloc_on; a valid device and size, a real stream) tries the
+     * call-free hit first; anything else, or a hit that is not plain, goes through malloc_full
+     * from its first check, as if the hit was never tried. */
     sp_status_t s;
-    if (SP_LIKELY(d && ptr_p && size - 1 < SP_ONE_EB - 1 && !is_pseudo_stream(stream)) &&
-        SP_LIKELY(!__atomic_load_n(&sp__callback_threads, __ATOMIC_RELAXED) &&
-                  !atomic_load_explicit(&sp__routing_threads, memory_order_relaxed) &&
-                  !sp__history_on()) &&
-        malloc_hit(d, size, stream, ptr_p, &s))
+    if (SP_LIKELY(sp__fast_malloc_on() && (unsigned)device < (unsigned)sp__g.ndev && ptr_p &&
+                  size - 1 < SP_ONE_EB - 1 && !is_pseudo_stream(stream)) &&
+        malloc_hit(&sp__g.devs[device], size, stream, ptr_p, &s))
         return s;
     return malloc_full(size, device, stream, ptr_p);
 }
@@ -1174,11 +1178,10 @@ static __attribute__((noinline)) sp_status_t free_full(void *ptr) {
 }
 
 SP_EXPORT sp_status_t sp_free(void *ptr) {
-    /* The commonest call (sympool ready, no callback running, no history) tries the call-free
-     * free first; anything else goes through free_full from its first check. */
-    if (SP_LIKELY(ptr && !__atomic_load_n(&sp__callback_threads, __ATOMIC_RELAXED) &&
-                  atomic_load_explicit(&sp__ready, memory_order_acquire) && !sp__history_on()) &&
-        free_hit((uintptr_t)ptr))
+    /* The commonest call (sympool ready, no callback running, no history: sp__fast_free_on)
+     * tries the call-free free first; anything else goes through free_full from its first
+     * check. */
+    if (SP_LIKELY(ptr && sp__fast_free_on()) && free_hit((uintptr_t)ptr))
         return SP_SUCCESS;
     return free_full(ptr);
 }
