@@ -283,7 +283,7 @@ hand_out(sp_devalloc_t *d, sp_block_t *b, bool in_set, sp_block_t *pred, size_t 
     sp_segment_t *seg = b->seg;
     sp_bpool_t *bp = seg->bpool;
     sp_dev_stats_t *st = &d->stats;
-    bool small = bp->is_small;
+    sp_stat_t *row = bp->tstat;
     bool already_split = b->prev || b->next;
     /* The struct a split needs; without one (out of host memory) the block goes out whole. */
     sp_block_t *nb = fast ? spare_pop(d) : should_split(bp, b, size) ? block_take(d) : NULL;
@@ -330,17 +330,17 @@ hand_out(sp_devalloc_t *d, sp_block_t *b, bool in_set, sp_block_t *pred, size_t 
         /* inactive_split leaves expandable segments out (their free pages can be unmapped). */
         if (!fast && SP_UNLIKELY(seg->expandable)) {
         } else if (already_split) {
-            sp__stat_dec(st, SP_ST_INACTIVE_SPLIT_BYTES, small, (int64_t)b->size);
+            sp__stat_t_dec(st, row, SP_ST_INACTIVE_SPLIT_BYTES, (int64_t)size); /* b's size */
         } else {
-            sp__stat_inc(st, SP_ST_INACTIVE_SPLIT_BYTES, small, (int64_t)rem->size);
-            sp__stat_inc(st, SP_ST_INACTIVE_SPLIT, small, 1);
+            sp__stat_t_inc(st, row, SP_ST_INACTIVE_SPLIT_BYTES, (int64_t)rem->size);
+            sp__stat_t_inc(st, row, SP_ST_INACTIVE_SPLIT, 1);
         }
     } else {
         if (in_set)
             sp__bset_remove(&bp->free, b);
         if (already_split && !seg->expandable) {
-            sp__stat_dec(st, SP_ST_INACTIVE_SPLIT_BYTES, small, (int64_t)b->size);
-            sp__stat_dec(st, SP_ST_INACTIVE_SPLIT, small, 1);
+            sp__stat_t_dec(st, row, SP_ST_INACTIVE_SPLIT_BYTES, (int64_t)b->size);
+            sp__stat_t_dec(st, row, SP_ST_INACTIVE_SPLIT, 1);
         }
     }
     b->allocated = true;
@@ -351,15 +351,16 @@ hand_out(sp_devalloc_t *d, sp_block_t *b, bool in_set, sp_block_t *pred, size_t 
         sp__ptr_map_insert_room(&d->map, b);
     else
         sp__ptr_map_insert(&d->map, b);
-    bp->pool->used += b->size;
-    sp__stat_inc(st, SP_ST_ALLOCATION, small, 1);
-    sp__stat_inc(st, SP_ST_ALLOCATED_BYTES, small, (int64_t)b->size);
+    size_t got = b->size; /* one load: the stats' stores may alias it for the compiler */
+    bp->pool->used += got;
+    sp__stat_t_inc(st, row, SP_ST_ALLOCATION, 1);
+    sp__stat_t_inc(st, row, SP_ST_ALLOCATED_BYTES, (int64_t)got);
     if (SP_UNLIKELY(!st->active_tied)) {
-        sp__stat_inc(st, SP_ST_ACTIVE, small, 1);
-        sp__stat_inc(st, SP_ST_ACTIVE_BYTES, small, (int64_t)b->size);
+        sp__stat_t_inc(st, row, SP_ST_ACTIVE, 1);
+        sp__stat_t_inc(st, row, SP_ST_ACTIVE_BYTES, (int64_t)got);
     }
-    sp__stat_inc(st, SP_ST_REQUESTED_BYTES, small, (int64_t)orig);
-    if (!fast && b->size >= sp__g.conf.max_split_size)
+    sp__stat_t_inc(st, row, SP_ST_REQUESTED_BYTES, (int64_t)orig);
+    if (!fast && got >= sp__g.conf.max_split_size)
         sp__stat_add(&st->oversize_allocations, 1);
     if (SP_UNLIKELY(hist))
         sp__history_record(d->device, SP_TRACE_ALLOC, b->addr, orig, (uintptr_t)b->stream,
@@ -603,6 +604,7 @@ free_block(sp_devalloc_t *d, sp_block_t *b, uint32_t free_ctx, bool hist, bool f
     sp_segment_t *seg = b->seg;
     sp_bpool_t *bp = seg->bpool;
     sp_dev_stats_t *st = &d->stats;
+    sp_stat_t *row = bp->tstat;
     size_t orig_size = b->size, req = b->requested;
     uintptr_t orig_addr = b->addr;
     uint32_t ctx = b->context;
@@ -648,18 +650,18 @@ free_block(sp_devalloc_t *d, sp_block_t *b, uint32_t free_ctx, bool hist, bool f
     /* A merge lowers both (a decrease touches only current); a split block freed alone raises
      * them. */
     if (net_n < 0)
-        sp__stat_dec(st, SP_ST_INACTIVE_SPLIT, bp->is_small, -net_n);
+        sp__stat_t_dec(st, row, SP_ST_INACTIVE_SPLIT, -net_n);
     else if (net_n > 0)
-        sp__stat_inc(st, SP_ST_INACTIVE_SPLIT, bp->is_small, net_n);
+        sp__stat_t_inc(st, row, SP_ST_INACTIVE_SPLIT, net_n);
     if (net_bytes < 0)
-        sp__stat_dec(st, SP_ST_INACTIVE_SPLIT_BYTES, bp->is_small, -net_bytes);
+        sp__stat_t_dec(st, row, SP_ST_INACTIVE_SPLIT_BYTES, -net_bytes);
     else if (net_bytes > 0)
-        sp__stat_inc(st, SP_ST_INACTIVE_SPLIT_BYTES, bp->is_small, net_bytes);
+        sp__stat_t_inc(st, row, SP_ST_INACTIVE_SPLIT_BYTES, net_bytes);
     if (SP_UNLIKELY(!st->active_tied)) {
-        sp__stat_dec(st, SP_ST_ACTIVE, bp->is_small, 1);
-        sp__stat_dec(st, SP_ST_ACTIVE_BYTES, bp->is_small, (int64_t)orig_size);
+        sp__stat_t_dec(st, row, SP_ST_ACTIVE, 1);
+        sp__stat_t_dec(st, row, SP_ST_ACTIVE_BYTES, (int64_t)orig_size);
     }
-    sp__stat_dec(st, SP_ST_REQUESTED_BYTES, bp->is_small, (int64_t)req);
+    sp__stat_t_dec(st, row, SP_ST_REQUESTED_BYTES, (int64_t)req);
     keep->gc_count = bp->gfb_count; /* shares requested's storage: req above keeps the value */
     if (!fast && keep == b) {
         b->context = 0; /* a free block holds no context; ctx is released below */
@@ -699,14 +701,16 @@ static inline __attribute__((always_inline)) void
 free_locked(sp_devalloc_t *d, sp_block_t *b, uint32_t context, bool hist, bool fast) {
     sp_bpool_t *bp = b->seg->bpool;
     sp_dev_stats_t *st = &d->stats;
+    sp_stat_t *row = bp->tstat;
+    size_t size = b->size; /* one load: the stats' stores may alias it for the compiler */
     bool uses = !fast && sp__block_has_uses(b); /* before allocated drops */
     b->allocated = false;
     if (SP_UNLIKELY(uses))
         sp__stats_untie(st); /* the free may wait for events: active stays up meanwhile */
-    bp->pool->used -= b->size;
-    sp__stat_dec(st, SP_ST_ALLOCATION, bp->is_small, 1);
-    sp__stat_dec(st, SP_ST_ALLOCATED_BYTES, bp->is_small, (int64_t)b->size);
-    if (b->size >= sp__g.conf.max_split_size)
+    bp->pool->used -= size;
+    sp__stat_t_dec(st, row, SP_ST_ALLOCATION, 1);
+    sp__stat_t_dec(st, row, SP_ST_ALLOCATED_BYTES, (int64_t)size);
+    if (size >= sp__g.conf.max_split_size)
         sp__stat_add(&st->oversize_allocations, -1);
     if (SP_UNLIKELY(hist))
         sp__history_record(d->device, SP_TRACE_FREE_REQUESTED, b->addr, b->requested,
@@ -993,8 +997,8 @@ static inline bool hit_is_plain(const sp_devalloc_t *d, const sp_bpool_t *bp, co
 }
 
 /* sp_malloc in the default pool with history off, the lock taken without waiting and no call
- * on the way of the commonest hit (hit_is_plain). Anything else under the lock (a destroyed
- * pool, pending events, the GC clock, no plain hit) goes on in malloc_rest, which starts the
+ * on the way of the commonest hit (hit_is_plain). Anything else under the lock (pending
+ * events, the GC clock, no plain hit) goes on in malloc_rest, which starts the
  * locked path from its beginning: only the free set's hint may have moved, which is a starting
  * point, not a result. The caller saw sp__fast_malloc_on (so sizes are not rounded by
  * divisions, caching is on and segments are not expandable). false: the lock was busy; nothing

@@ -48,6 +48,7 @@
 typedef struct sp_bpool {
     sp_block_set_t free;     /* cached free blocks (lock) */
     bool is_small;           /* small (<= 1 MiB requests) or large pool (const) */
+    sp_stat_t *tstat;        /* its type's Stats in its device's stats (sp__stat_t_inc) (const) */
     struct sp_mempool *pool; /* owning MemPool (const) */
     uint64_t gfb_count;      /* get_free_block calls while GC is on: the GC clock (lock) */
     sp_block_t *unmapped;    /* expandable: unmapped blocks by (stream, address) (lock) */

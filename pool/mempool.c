@@ -128,9 +128,11 @@ sp_mempool_t *sp__mempool_new(sp_devalloc_t *d, const sp_mempool_params_t *param
     }
     atomic_init(&p->use_count, 1);
     p->small.is_small = true;
+    p->small.tstat = sp__stat_type_row(&d->stats, true);
     p->small.pool = p;
     p->small.free.by_seq = symmetric;
     p->large.is_small = false;
+    p->large.tstat = sp__stat_type_row(&d->stats, false);
     p->large.pool = p;
     p->large.free.by_seq = symmetric;
     p->small_max = SP_SMALL_SIZE;
