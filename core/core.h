@@ -71,11 +71,14 @@ static inline bool sp__in_callback(void) {
  * reason to step aside: sp__fast_off counts those reasons, each also kept in its own variable
  * for the whole path. SP_FAST_NOT_READY while sympool is not initialized (so 0 implies it is: the
  * init's release of that count orders everything it built before the fast path's acquire load),
- * SP_FAST_REASON per thread inside a user callback, per thread routing to a MemPool and while
- * memory history is recorded, and SP_FAST_NO_HIT (malloc only: sizes are rounded by divisions,
- * caching is off or segments are expandable). */
+ * SP_FAST_REASON per thread inside a user callback, per thread routing to a MemPool, while
+ * memory history is recorded and while caching is off (SYMPOOL_NO_CACHING: a free gives its
+ * segment back), and SP_FAST_NO_HIT (malloc only: sizes are rounded by divisions, caching is
+ * off or segments are expandable). */
 enum { SP_FAST_NO_HIT = 1, SP_FAST_REASON = 2, SP_FAST_NOT_READY = 2 };
-extern int sp__fast_off; /* atomic builtins */
+/* Hidden, so that the fast paths read it straight (no indirection through the GOT of the shared
+ * library); it is defined with the library's default hidden visibility anyway. */
+extern __attribute__((visibility("hidden"))) int sp__fast_off; /* atomic builtins */
 static inline void sp__fast_off_add(int n) {
     __atomic_fetch_add(&sp__fast_off, n, __ATOMIC_RELEASE);
 }

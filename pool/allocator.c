@@ -1096,14 +1096,15 @@ static sp_status_t explain_bad_pointer(const char *what, const void *ptr) {
 }
 
 /* Can the free of allocated block b take free_block's fast form? That form is the commonest
- * free: no recorded streams, no history context, caching on, and exactly one free neighbour,
+ * free: no recorded streams, no history context (caching is on: sp__fast_free_on), and exactly
+ * one free neighbour,
  * whose struct keeps its tree node (its key grows; a successor of the same stream sorts by size
  * first, so one larger than the merged block stays above it). Everything it skips needs a call
  * or cannot apply then. */
 static inline bool free_is_plain(const sp_block_t *b) {
     const sp_block_t *p = b->prev, *n = b->next;
     bool mp = mergeable(p), mn = mergeable(n);
-    if (b->uses || b->context || mp == mn || sp__g.conf.no_caching)
+    if (b->uses || b->context || mp == mn)
         return false;
     const sp_block_t *keep = mp ? p : n;
     const sp_block_t *succ = sp__bset_succ(&keep->seg->bpool->free, keep);
@@ -1121,27 +1122,28 @@ static __attribute__((noinline)) void free_rest(sp_devalloc_t *d, sp_block_t **p
  * call on its way, any other free of a block found goes on in free_rest. false: the lock was
  * busy or the pointer is not there; nothing was done and free_full takes the whole path. */
 static inline __attribute__((always_inline)) bool free_hit(uintptr_t a) {
-    for (int i = 0; i < sp__g.ndev; i++) {
-        sp_devalloc_t *d = &sp__g.devs[i];
-        if (a < atomic_load_explicit(&d->lo, memory_order_relaxed) ||
-            a >= atomic_load_explicit(&d->hi, memory_order_relaxed))
-            continue;
-        if (SP_UNLIKELY(!sp__lock_try(&d->lock)))
+    /* devs[0] exists even with no device (zeroed: its empty range holds nothing), so the
+     * commonest case, device 0, costs no device count or index. */
+    sp_devalloc_t *d = sp__g.devs;
+    for (int i = 0; a < atomic_load_explicit(&d->lo, memory_order_relaxed) ||
+                    a >= atomic_load_explicit(&d->hi, memory_order_relaxed);
+         d++)
+        if (++i >= sp__g.ndev)
             return false;
-        sp_block_t **pp = sp__ptr_map_slot(&d->map, a);
-        if (SP_UNLIKELY(!pp)) {
-            sp__unlock(&d->lock);
-            return false;
-        }
-        if (SP_LIKELY(free_is_plain(*pp))) {
-            free_locked(d, sp__ptr_map_unlink(&d->map, pp), 0, false, true);
-            sp__unlock(&d->lock);
-        } else {
-            free_rest(d, pp);
-        }
-        return true;
+    if (SP_UNLIKELY(!sp__lock_try(&d->lock)))
+        return false;
+    sp_block_t **pp = sp__ptr_map_slot(&d->map, a);
+    if (SP_UNLIKELY(!pp)) {
+        sp__unlock(&d->lock);
+        return false;
     }
-    return false;
+    if (SP_LIKELY(free_is_plain(*pp))) {
+        free_locked(d, sp__ptr_map_unlink(&d->map, pp), 0, false, true);
+        sp__unlock(&d->lock);
+    } else {
+        free_rest(d, pp);
+    }
+    return true;
 }
 
 /* sp_free's whole path: every check in its order, history, events, every device. */

@@ -136,6 +136,7 @@ typedef struct sp_alloc_global {
     bool round_plain;           /* no roundup_power2_divisions: round to 512 B only (const) */
     bool hit_plain;             /* round_plain and caching on: the cache hit's one test (const) */
     bool hit_fast;              /* hit_plain, no expandable segments: malloc_hit applies (const) */
+    int fast_rest;              /* sp__fast_off's share of these settings while ready (const) */
     bool exp_on;                /* expandable segments in use (conf, backend VMM) (const) */
     bool exp_recycle;           /* SYMPOOL_EXPANDABLE_RECYCLE (const) */
     bool exp_borrow;            /* SYMPOOL_EXPANDABLE_BORROW (const) */

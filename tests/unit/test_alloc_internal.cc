@@ -341,6 +341,13 @@ TEST_F(AllocInternal, FastPathGateCountsEveryReasonAndReturnsToRest) {
         ASSERT_SP_OK(sp_shutdown());
         EXPECT_EQ(fast_off(), SP_FAST_NOT_READY);
     }
+    {
+        sp::ScopedEnv env({{"SYMPOOL_NO_CACHING", "1"}});
+        ASSERT_SP_OK(sp_init());
+        EXPECT_EQ(fast_off(), SP_FAST_NO_HIT + SP_FAST_REASON) << "no caching: neither path";
+        ASSERT_SP_OK(sp_shutdown());
+        EXPECT_EQ(fast_off(), SP_FAST_NOT_READY);
+    }
     ASSERT_SP_OK(sp_init());
     EXPECT_EQ(fast_off(), rest);
 }
