@@ -1117,6 +1117,20 @@ static __attribute__((noinline)) void free_rest(sp_devalloc_t *d, sp_block_t **p
     sp__unlock(&d->lock);
 }
 
+/* Does d's address range hold a? (Never a = 0: a range starts at a segment's base.) */
+static inline bool in_range(const sp_devalloc_t *d, uintptr_t a) {
+    return a >= atomic_load_explicit(&d->lo, memory_order_relaxed) &&
+           a < atomic_load_explicit(&d->hi, memory_order_relaxed);
+}
+
+/* The first device after device 0 whose address range holds a, or NULL. */
+static __attribute__((noinline)) sp_devalloc_t *later_device(uintptr_t a) {
+    for (int i = 1; i < sp__g.ndev; i++)
+        if (in_range(&sp__g.devs[i], a))
+            return &sp__g.devs[i];
+    return NULL;
+}
+
 /* sp_free with history off: the block is in the first device whose address range holds ptr (the
  * whole path's first match too) and the lock was free; the commonest free (free_is_plain) has no
  * call on its way, any other free of a block found goes on in free_rest. false: the lock was
@@ -1125,11 +1139,8 @@ static inline __attribute__((always_inline)) bool free_hit(uintptr_t a) {
     /* devs[0] exists even with no device (zeroed: its empty range holds nothing), so the
      * commonest case, device 0, costs no device count or index. */
     sp_devalloc_t *d = sp__g.devs;
-    for (int i = 0; a < atomic_load_explicit(&d->lo, memory_order_relaxed) ||
-                    a >= atomic_load_explicit(&d->hi, memory_order_relaxed);
-         d++)
-        if (++i >= sp__g.ndev)
-            return false;
+    if (SP_UNLIKELY(!in_range(d, a)) && !(d = later_device(a)))
+        return false;
     if (SP_UNLIKELY(!sp__lock_try(&d->lock)))
         return false;
     sp_block_t **pp = sp__ptr_map_slot(&d->map, a);
@@ -1186,8 +1197,8 @@ static __attribute__((noinline)) sp_status_t free_full(void *ptr) {
 SP_EXPORT sp_status_t sp_free(void *ptr) {
     /* The commonest call (sympool ready, no callback running, no history: sp__fast_free_on)
      * tries the call-free free first; anything else goes through free_full from its first
-     * check. */
-    if (SP_LIKELY(ptr && sp__fast_free_on()) && free_hit((uintptr_t)ptr))
+     * check. NULL is in no device's range, so free_full answers it. */
+    if (SP_LIKELY(sp__fast_free_on()) && free_hit((uintptr_t)ptr))
         return SP_SUCCESS;
     return free_full(ptr);
 }

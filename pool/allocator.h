@@ -146,7 +146,9 @@ typedef struct sp_alloc_global {
     sp_devalloc_t *devs;        /* [ndev] */
 } sp_alloc_global_t;
 
-extern sp_alloc_global_t sp__g;
+/* Hidden, so that the fast paths read it straight (no indirection through the GOT of the shared
+ * library); it is defined with the library's default hidden visibility anyway. */
+extern __attribute__((visibility("hidden"))) sp_alloc_global_t sp__g;
 extern atomic_int sp__ready; /* 1 once sp__g is initialized */
 
 sp_status_t sp__alloc_init_slow(void);
