@@ -228,7 +228,7 @@ find_fit(sp_devalloc_t *d, sp_bpool_t *bp, size_t size, sp_stream_t stream, sp_b
     if (SP_UNLIKELY(d->gc_enabled))
         bp->gfb_count++;
     sp_block_t *b = sp__bset_find_fit(&bp->free, stream, size, pred_p);
-    if (!b || b->stream != stream)
+    if (!b || sp__block_stream(b) != stream)
         return NULL;
     if (SP_UNLIKELY(b->seg->expandable))
         b = sp__exp_best_fit(bp, b, stream, pred_p);
@@ -295,7 +295,6 @@ hand_out(sp_devalloc_t *d, sp_block_t *b, bool in_set, sp_block_t *pred, size_t 
             sp_block_t *a = nb;
             a->addr = b->addr;
             a->size = size;
-            a->stream = b->stream;
             a->seg = seg;
             a->in_set = false;
             a->unmapped = false; /* a recycled struct may have been an unmapped block */
@@ -315,7 +314,6 @@ hand_out(sp_devalloc_t *d, sp_block_t *b, bool in_set, sp_block_t *pred, size_t 
             rem = nb;
             rem->addr = b->addr + size;
             rem->size = b->size - size;
-            rem->stream = b->stream;
             rem->seg = seg;
             rem->hnext = NULL;
             rem->gc_count = bp->gfb_count;
@@ -363,7 +361,7 @@ hand_out(sp_devalloc_t *d, sp_block_t *b, bool in_set, sp_block_t *pred, size_t 
     if (!fast && got >= sp__g.conf.max_split_size)
         sp__stat_add(&st->oversize_allocations, 1);
     if (SP_UNLIKELY(hist))
-        sp__history_record(d->device, SP_TRACE_ALLOC, b->addr, orig, (uintptr_t)b->stream,
+        sp__history_record(d->device, SP_TRACE_ALLOC, b->addr, orig, (uintptr_t)sp__block_stream(b),
                            bp->pool->id, context);
     return b;
 }
@@ -494,7 +492,6 @@ sp_status_t sp__alloc_segment_new(sp_devalloc_t *d, sp_bpool_t *bp, uintptr_t ba
     pool->nsegments++;
     b->addr = base;
     b->size = size;
-    b->stream = stream;
     b->seg = seg;
     uintptr_t lo = atomic_load_explicit(&d->lo, memory_order_relaxed);
     uintptr_t hi = atomic_load_explicit(&d->hi, memory_order_relaxed);
@@ -675,8 +672,8 @@ free_block(sp_devalloc_t *d, sp_block_t *b, uint32_t free_ctx, bool hist, bool f
     }
     sp__bset_check(set);
     if (SP_UNLIKELY(hist))
-        sp__history_record(d->device, SP_TRACE_FREE_COMPLETED, orig_addr, req, (uintptr_t)b->stream,
-                           bp->pool->id, free_ctx ? free_ctx : ctx);
+        sp__history_record(d->device, SP_TRACE_FREE_COMPLETED, orig_addr, req,
+                           (uintptr_t)sp__block_stream(b), bp->pool->id, free_ctx ? free_ctx : ctx);
     if (fast) {
         spare_push(d, b); /* no context (free_is_plain) */
         return;
@@ -714,7 +711,8 @@ free_locked(sp_devalloc_t *d, sp_block_t *b, uint32_t context, bool hist, bool f
         sp__stat_add(&st->oversize_allocations, -1);
     if (SP_UNLIKELY(hist))
         sp__history_record(d->device, SP_TRACE_FREE_REQUESTED, b->addr, b->requested,
-                           (uintptr_t)b->stream, bp->pool->id, context ? context : b->context);
+                           (uintptr_t)sp__block_stream(b), bp->pool->id,
+                           context ? context : b->context);
     if (SP_LIKELY(!uses) || sp__alloc_insert_events(d, b) != SP_SUCCESS || b->event_count == 0)
         free_block(d, b, context, hist, fast);
 }
@@ -993,7 +991,7 @@ static inline bool hit_is_plain(const sp_devalloc_t *d, const sp_bpool_t *bp, co
     return (bp->is_small ? rest >= SP_MIN_BLOCK_SIZE
                          : b->size < sp__g.conf.max_split_size && rest > SP_SMALL_SIZE) &&
            d->spare && sp__ptr_map_room(&d->map) &&
-           (!pred || pred->stream != b->stream || pred->size < rest);
+           (!pred || sp__block_stream(pred) != sp__block_stream(b) || pred->size < rest);
 }
 
 /* sp_malloc in the default pool with history off, the lock taken without waiting and no call
@@ -1014,7 +1012,7 @@ malloc_hit(sp_devalloc_t *d, size_t orig, sp_stream_t stream, void **ptr_p, sp_s
     assert(!pool->destroyed); /* a default pool never is */
     if (SP_LIKELY(!d->pending_events && !d->gc_enabled))
         b = sp__bset_find_fit(&bp->free, stream, size, &pred);
-    if (SP_LIKELY(b && b->stream == stream && hit_is_plain(d, bp, b, pred, size))) {
+    if (SP_LIKELY(b && sp__block_stream(b) == stream && hit_is_plain(d, bp, b, pred, size))) {
         b = hand_out(d, b, true, pred, size, orig, 0, false, true);
         *ptr_p = (void *)b->addr;
         sp__unlock(&d->lock);
@@ -1108,7 +1106,8 @@ static inline bool free_is_plain(const sp_block_t *b) {
         return false;
     const sp_block_t *keep = mp ? p : n;
     const sp_block_t *succ = sp__bset_succ(&keep->seg->bpool->free, keep);
-    return !succ || succ->stream != keep->stream || succ->size > keep->size + b->size;
+    return !succ || sp__block_stream(succ) != sp__block_stream(keep) ||
+           succ->size > keep->size + b->size;
 }
 
 /* free_locked for free_hit's blocks that are not plain: the lock is held and history is off. */
@@ -1277,7 +1276,7 @@ SP_EXPORT sp_status_t sp_record_stream(void *ptr, sp_stream_t stream) {
                              "to device %d",
                              ptr, sdev, i);
         }
-        if (stream == b->stream) {
+        if (stream == sp__block_stream(b)) {
             sp__unlock(&d->lock);
             return SP_SUCCESS; /* a use on the allocation stream needs no event */
         }
