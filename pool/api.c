@@ -164,6 +164,9 @@ sp_status_t sp__alloc_init_slow(void) {
             "no_caching %d, expandable_segments %d",
             sp__g.ops->name, n, mss, (int)sp__g.conf.no_caching, (int)sp__g.exp_on);
     atomic_store_explicit(&sp__ready, 1, memory_order_release);
+    sp__g.fast_rest =
+        (sp__g.hit_fast ? 0 : SP_FAST_NO_HIT) + (sp__g.conf.no_caching ? SP_FAST_REASON : 0);
+    sp__fast_off_add(sp__g.fast_rest - SP_FAST_NOT_READY);
     pthread_mutex_unlock(&sp__g.init_lock);
     return SP_SUCCESS;
 }
@@ -250,6 +253,7 @@ static sp_status_t shutdown_locked(void) {
     sp__g.devs = NULL;
     sp__g.ndev = 0;
     atomic_store_explicit(&sp__ready, 0, memory_order_release);
+    sp__fast_off_add(SP_FAST_NOT_READY - sp__g.fast_rest);
     sp__mempool_routing_reset();
     sp__handles_next_generation(); /* every pool handle of this session is stale from here */
     sp__history_shutdown();
