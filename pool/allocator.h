@@ -123,6 +123,7 @@ typedef struct sp_devalloc {
     struct sp_block_slab *kept;  /* unused slabs an earlier allocator of this device left (lock) */
     sp_block_t *slab_next;       /* the newest slab's first never-used struct (lock) */
     size_t slab_left;            /* never-used structs from slab_next on (lock) */
+    size_t tc_blocks;            /* blocks registered in thread caches (thread_cache.h) (lock) */
     atomic_uintptr_t lo;         /* lowest segment address ever (free's device guess) */
     atomic_uintptr_t hi;         /* highest segment end ever */
 } sp_devalloc_t;
@@ -140,6 +141,7 @@ typedef struct sp_alloc_global {
     bool exp_borrow;            /* SYMPOOL_EXPANDABLE_BORROW (const) */
     size_t exp_shared;          /* SYMPOOL_EXPANDABLE_SHARED with BORROW on, else 0 (const) */
     size_t exp_page;            /* SYMPOOL_EXPANDABLE_PAGE for the large pool, 0 = PyTorch's */
+    size_t tc_limit;            /* SYMPOOL_THREAD_CACHE: idle bytes per thread, 0 = off (const) */
     int ndev;                   /* devices */
     sp_devalloc_t *devs;        /* [ndev] */
 } sp_alloc_global_t;
@@ -205,6 +207,9 @@ sp_status_t sp__alloc_free_sized(void *ptr, int device, size_t *size_p, int *dev
 /* Complete a free: merge, return to the free set, stats (lock held). free_ctx: history context
  * of the sp_free call when it completes at once (0 when events completed it later). */
 void sp__alloc_free_block(sp_devalloc_t *d, sp_block_t *b, uint32_t free_ctx);
+/* Free allocated block b (in the pointer map, no recorded streams) to its pool, as sp_free would
+ * with no history context (lock held): a thread cache giving a block back. */
+void sp__alloc_free_held(sp_devalloc_t *d, sp_block_t *b);
 /* Hand out free block b (removed from its set, or fresh) for a rounded size (lock held). */
 void sp__alloc_found_block(sp_devalloc_t *d, sp_block_t *b, size_t size, size_t orig,
                            uint32_t context);
