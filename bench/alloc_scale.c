@@ -5,6 +5,10 @@
  *   {"bench":"alloc_scale","case":"pair",...}      one thread, 512 B: ns per pair next to glibc's
  *   {"bench":"alloc_scale","case":"threads",...}   two threads on one device: per-thread ns per
  *                                                  pair over one thread's (the rounds alternate)
+ *   {"bench":"alloc_scale","case":"thread_cache",...}  the same per-thread figures for 1 and 2
+ *                                                  threads with SYMPOOL_THREAD_CACHE off and on
+ *                                                  (a fresh allocator each; the rounds alternate
+ *                                                  which goes first)
  *   {"bench":"alloc_scale","case":"free_set",...}  the same pair with N free blocks in the set
  *                                                  over the pair with only the warm block's
  *                                                  segment (the rounds alternate: fill, measure,
@@ -12,7 +16,8 @@
  *   {"bench":"alloc_scale","case":"metadata",...}  host heap bytes (mallinfo2) per live 512-byte
  *                                                  block, pointer map and segments included
  *
- * Usage: bench_alloc_scale [rounds [free_blocks [pairs]]] (defaults 7, 1000000, 1000000).
+ * Usage: bench_alloc_scale [rounds [free_blocks [pairs]]] (defaults 7, 1000000, 1000000);
+ * free_blocks 1 skips most of the metadata and free_set work (the thread figures alone).
  * SYMPOOL_HOST_CAPACITY must allow free_blocks * 1.5 KiB (the default host capacity does).
  */
 #include <malloc.h>
@@ -21,6 +26,7 @@
 #include <stdlib.h>
 #include <time.h>
 
+#include "sympool/experimental.h"
 #include "sympool/sympool.h"
 #include "bench_util.h"
 
@@ -74,6 +80,19 @@ static double run_pairs(int threads, int glibc) {
         sum += jobs[t].ns;
     }
     return sum / threads;
+}
+
+/* The idle bytes per thread the thread_cache case turns the cache on with. */
+#define CACHE_LIMIT "64KiB"
+
+/* A fresh allocator with SYMPOOL_THREAD_CACHE at `limit` (NULL: the default, off). */
+static void cache_config(const char *limit) {
+    if (sp_shutdown() != SP_SUCCESS)
+        die("sp_shutdown");
+    if (sp_x_option_set("SYMPOOL_THREAD_CACHE", limit) != SP_SUCCESS)
+        die("sp_x_option_set");
+    if (sp_init() != SP_SUCCESS)
+        die("sp_init");
 }
 
 /* n free blocks of 1 KiB, each between two live 512-byte blocks (so none merges), in the
@@ -162,6 +181,35 @@ int main(int argc, char **argv) {
            "\"ratio\":%.2f}\n",
            be, rounds, g_pairs, bench_median(sp1, rounds), bench_median(sp2, rounds),
            bench_median(r_thr, rounds));
+    fflush(stdout);
+
+    double off1[64], off2[64], on1[64], on2[64], r_off[64], r_on[64], r_on_off[64];
+    for (int r = 0; r < rounds; r++) {
+        for (int k = 0; k < 2; k++) {
+            int on = k ^ (r % 2);
+            cache_config(on ? CACHE_LIMIT : NULL);
+            double *one = on ? on1 : off1, *two = on ? on2 : off2;
+            if (r % 2) {
+                one[r] = run_pairs(1, 0);
+                two[r] = run_pairs(2, 0);
+            } else {
+                two[r] = run_pairs(2, 0);
+                one[r] = run_pairs(1, 0);
+            }
+        }
+        r_off[r] = off2[r] / off1[r];
+        r_on[r] = on2[r] / on1[r];
+        r_on_off[r] = on1[r] / off1[r];
+    }
+    cache_config(NULL);
+    printf("{\"bench\":\"alloc_scale\",\"case\":\"thread_cache\",\"backend\":\"%s\","
+           "\"size\":512,\"rounds\":%d,\"pairs\":%ld,\"limit\":\"%s\","
+           "\"ns_1_thread_off\":%.2f,\"ns_per_thread_2_threads_off\":%.2f,\"ratio_off\":%.2f,"
+           "\"ns_1_thread_on\":%.2f,\"ns_per_thread_2_threads_on\":%.2f,\"ratio_on\":%.2f,"
+           "\"on_over_off_1_thread\":%.2f}\n",
+           be, rounds, g_pairs, CACHE_LIMIT, bench_median(off1, rounds), bench_median(off2, rounds),
+           bench_median(r_off, rounds), bench_median(on1, rounds), bench_median(on2, rounds),
+           bench_median(r_on, rounds), bench_median(r_on_off, rounds));
     fflush(stdout);
 
     for (int r = 0; r < rounds; r++) {
