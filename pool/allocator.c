@@ -1314,8 +1314,13 @@ SP_EXPORT sp_status_t sp_record_stream(void *ptr, sp_stream_t stream) {
         }
         /* A use on another stream: the block's free must wait for it, which a thread cache's
          * free would not, so it leaves the cache that handed it out. */
-        if (SP_UNLIKELY(sp__g.tc_limit))
-            sp__tc_unregister(d, b);
+        if (SP_UNLIKELY(sp__g.tc_limit) && !sp__tc_unregister(d, b)) {
+            sp__unlock(&d->lock);
+            return sp__error(SP_ERR_INVALID_USAGE, SP_SUB_POOL,
+                             "sp_record_stream(%p): the block was freed (it is idle in a thread "
+                             "cache)",
+                             ptr);
+        }
         sp_block_uses_t *us = b->uses;
         for (uint32_t k = 0; us && k < us->n; k++) {
             if (us->s[k] == stream) {

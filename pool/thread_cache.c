@@ -321,9 +321,8 @@ static bool take_back(sp_devalloc_t *d, sp_block_t *b) {
     return true;
 }
 
-void sp__tc_unregister(sp_devalloc_t *d, sp_block_t *b) {
-    if (sp__tc_registered(b))
-        (void)take_back(d, b);
+bool sp__tc_unregister(sp_devalloc_t *d, sp_block_t *b) {
+    return !sp__tc_registered(b) || take_back(d, b);
 }
 
 sp_tc_verdict_t sp__tc_on_free(sp_devalloc_t *d, sp_block_t *b, bool hist, size_t *req_p) {
@@ -402,8 +401,12 @@ size_t sp__tc_drain(sp_devalloc_t *d) {
  * keeps sp_shutdown from freeing the devices meanwhile. */
 static void tc_exit(void *arg) {
     sp_tcache_t *t = arg;
+    /* Only this thread adds entries, and it is exiting: none once none is seen. */
+    sp__lock(&t->lock);
+    bool any = t->nused != 0;
+    sp__unlock(&t->lock);
     pthread_mutex_lock(&sp__g.init_lock);
-    if (t->nused && atomic_load_explicit(&sp__ready, memory_order_acquire)) {
+    if (any && atomic_load_explicit(&sp__ready, memory_order_acquire)) {
         for (int dev = 0; dev < sp__g.ndev; dev++) {
             sp_devalloc_t *d = &sp__g.devs[dev];
             sp__lock(&d->lock);

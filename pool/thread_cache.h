@@ -59,8 +59,9 @@ typedef enum sp_tc_verdict {
 sp_tc_verdict_t sp__tc_on_free(sp_devalloc_t *d, sp_block_t *b, bool hist, size_t *req_p);
 
 /* Take registered block b out of its cache (device lock held): sp_record_stream before it
- * records a stream on b, whose free must then wait for events. */
-void sp__tc_unregister(sp_devalloc_t *d, sp_block_t *b);
+ * records a stream on b, whose free must then wait for events. false: b is idle in a cache
+ * (freed: no stream may be recorded on it); nothing changed. */
+bool sp__tc_unregister(sp_devalloc_t *d, sp_block_t *b);
 
 /* Give every idle block of device d in every thread cache back to its pool (device lock held).
  * Returns the bytes given back. Before the pool grows, sp_empty_cache, sp_shutdown, a stream's

@@ -292,7 +292,11 @@ TEST_F(ThreadsCache, DoubleFreeIsRefused) {
     ASSERT_SP_OK(sp_free(p));
     EXPECT_EQ(sp_free(p), SP_ERR_INVALID_USAGE);
     std::thread([&] { EXPECT_EQ(sp_free(p), SP_ERR_INVALID_USAGE); }).join();
+    sp_stream_t s;
+    ASSERT_SP_OK(sp_stream_create(0, &s));
+    EXPECT_EQ(sp_record_stream(p, s), SP_ERR_INVALID_USAGE); // a freed block takes no stream
     EXPECT_EQ(idle_blocks(), 1u);
+    ASSERT_SP_OK(sp_stream_destroy(s)); // drains the device's caches too
     ASSERT_SP_OK(sp_empty_cache());
     EXPECT_EQ(stat("allocation.all.current"), 0);
 }
