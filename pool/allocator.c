@@ -1212,11 +1212,12 @@ static __attribute__((noinline)) sp_status_t free_full(void *ptr) {
 }
 
 SP_EXPORT sp_status_t sp_free(void *ptr) {
-    /* The commonest call (sympool ready, no callback running, no history) tries the call-free
-     * free first; anything else goes through free_full from its first check. */
+    /* The commonest call (sympool ready without the thread cache, no callback running, no
+     * history) tries the call-free free first; anything else goes through free_full from its
+     * first check. */
     if (SP_LIKELY(ptr && !__atomic_load_n(&sp__callback_threads, __ATOMIC_RELAXED) &&
-                  atomic_load_explicit(&sp__ready, memory_order_acquire) && !sp__history_on() &&
-                  !sp__g.tc_limit) &&
+                  atomic_load_explicit(&sp__ready, memory_order_acquire) == SP_READY &&
+                  !sp__history_on()) &&
         free_hit((uintptr_t)ptr))
         return SP_SUCCESS;
     return free_full(ptr);

@@ -101,13 +101,16 @@ typedef struct sp_evq {
 /* ---- per-device allocator ---------------------------------------------------------------- */
 
 typedef struct sp_devalloc {
-    sp_lock_t lock;              /* guards everything below and every pool of this device */
-    int device;                  /* (const) */
-    size_t total_mem;            /* device total bytes, read at init (const) */
-    size_t allowed_max;          /* memory-fraction cap, SIZE_MAX = none (lock) */
-    double fraction;             /* the fraction as set, 1.0 = none; read back exactly (lock) */
-    size_t total_reserved;       /* bytes of all segments of the device (lock) */
-    bool gc_enabled;             /* fraction set and gc threshold > 0 (lock) */
+    sp_lock_t lock;        /* guards everything below and every pool of this device */
+    int device;            /* (const) */
+    size_t total_mem;      /* device total bytes, read at init (const) */
+    size_t allowed_max;    /* memory-fraction cap, SIZE_MAX = none (lock) */
+    double fraction;       /* the fraction as set, 1.0 = none; read back exactly (lock) */
+    size_t total_reserved; /* bytes of all segments of the device (lock) */
+    bool gc_enabled;       /* fraction set and gc threshold > 0 (lock) */
+    /* Blocks registered in thread caches (thread_cache.h; at most 16384 a thread) (lock). In
+     * the padding after gc_enabled: the struct's size is in every &sp__g.devs[i]. */
+    uint32_t tc_blocks;
     sp_dev_stats_t stats;        /* (lock) */
     sp_mempool_t *default_pool;  /* {0,0} (const) */
     sp_mempool_t *pools;         /* user and symmetric pools in creation order (lock) */
@@ -123,7 +126,6 @@ typedef struct sp_devalloc {
     struct sp_block_slab *kept;  /* unused slabs an earlier allocator of this device left (lock) */
     sp_block_t *slab_next;       /* the newest slab's first never-used struct (lock) */
     size_t slab_left;            /* never-used structs from slab_next on (lock) */
-    size_t tc_blocks;            /* blocks registered in thread caches (thread_cache.h) (lock) */
     atomic_uintptr_t lo;         /* lowest segment address ever (free's device guess) */
     atomic_uintptr_t hi;         /* highest segment end ever */
 } sp_devalloc_t;
@@ -147,7 +149,13 @@ typedef struct sp_alloc_global {
 } sp_alloc_global_t;
 
 extern sp_alloc_global_t sp__g;
-extern atomic_int sp__ready; /* 1 once sp__g is initialized */
+/* sp__ready: 0 until sp__g is initialized (and again after sp_shutdown); then SP_READY, or
+ * SP_READY_TC with the thread cache on. Every reader but one asks only "ready?"; sp_free's
+ * call-free path asks for SP_READY, so that the thread cache costs the default free no test of
+ * its own. */
+#define SP_READY 1
+#define SP_READY_TC 2
+extern atomic_int sp__ready;
 
 sp_status_t sp__alloc_init_slow(void);
 /* The shutdown gate. The cold public calls (statistics, summaries, snapshots, empty_cache,

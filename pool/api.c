@@ -175,7 +175,8 @@ sp_status_t sp__alloc_init_slow(void) {
             "allocator ready: backend %s, %d device(s), max_split_size %s, "
             "no_caching %d, expandable_segments %d, thread_cache %zu",
             sp__g.ops->name, n, mss, (int)sp__g.conf.no_caching, (int)sp__g.exp_on, sp__g.tc_limit);
-    atomic_store_explicit(&sp__ready, 1, memory_order_release);
+    atomic_store_explicit(&sp__ready, sp__g.tc_limit ? SP_READY_TC : SP_READY,
+                          memory_order_release);
     pthread_mutex_unlock(&sp__g.init_lock);
     return SP_SUCCESS;
 }
