@@ -6,7 +6,9 @@
 #include "alloc_test_util.hpp"
 
 extern "C" {
+#include "pool/torch.h"
 #include "sympool/experimental.h"
+#include "sympool/torch.h"
 }
 
 #include <signal.h>
@@ -320,6 +322,29 @@ TEST_F(ThreadsCache, RecordedStreamTakesTheBlockOut) {
     EXPECT_EQ(stat("allocation.all.current"), 0);
     EXPECT_EQ(stat("active.all.current"), 0);
     ASSERT_SP_OK(sp_stream_destroy(s));
+}
+
+// PyTorch's free names the size its alloc asked for: a block handed out from a cache answers
+// with that size, whether its own thread or another frees it (no mismatch WARN, which the
+// fixture would fail on).
+TEST_F(ThreadsCache, TorchFreeSeesTheLastCallersSize) {
+    sp::ScopedEnv env({{"SYMPOOL_THREAD_CACHE", "64KiB"}});
+    sp__torch_allow_host(true);
+    void *p = sp_torch_malloc(100, 0, nullptr);
+    ASSERT_NE(p, nullptr);
+    sp_torch_free(p, 100, 0, nullptr);
+    EXPECT_EQ(idle_blocks(), 1u);
+    void *q = sp_torch_malloc(300, 0, nullptr); // a hit
+    EXPECT_EQ(q, p);
+    sp_torch_free(q, 300, 0, nullptr); // its own thread: the cache's entry answers
+    EXPECT_EQ(idle_blocks(), 1u);
+    q = sp_torch_malloc(450, 0, nullptr);
+    EXPECT_EQ(q, p);
+    std::thread([&] { sp_torch_free(q, 450, 0, nullptr); }).join(); // the pool's path answers
+    EXPECT_EQ(idle_blocks(), 0u); // the freeing thread kept it, and gave it back at its exit
+    EXPECT_EQ(stat("allocation.all.current"), 0);
+    EXPECT_EQ(stat("requested_bytes.all.current"), 0);
+    sp__torch_allow_host(false);
 }
 
 // A snapshot (a walk) shows the pool without the caches: idle blocks go back first.
