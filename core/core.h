@@ -243,6 +243,9 @@ const char *sp__log_level_name(int level); /* "WARN" */
     X(EXPANDABLE_SHARED, SIZE, "256MiB", NULL, NULL, 0,                                            \
       "ours, with EXPANDABLE_BORROW on: while a pool reserves less than this, its small requests " \
       "use the large pool's expandable segments (no small-pool pages); 0 = never")                 \
+    X(THREAD_CACHE, SIZE, "0", NULL, NULL, 0,                                                      \
+      "ours: bytes of freed blocks (<= 1 MiB each) each thread keeps for its own next mallocs, "   \
+      "without the device lock; changes best fit (docs/threads.md); 0 = off")                      \
     X(HOST_CAPACITY, SIZE, "80GiB", NULL, check_positive, 0,                                       \
       "memory of each emulated host device")                                                       \
     X(HOST_DEVICES, LONG, "1", NULL, check_devices, 0, "number of emulated host devices (1-64)")   \

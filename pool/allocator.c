@@ -22,6 +22,7 @@
 #include "pool/release.h"
 #include "pool/mempool.h"
 #include "pool/segment_index.h"
+#include "pool/thread_cache.h"
 
 /* ---- sizes ------------------------------------------------------------------------------- */
 
@@ -717,6 +718,11 @@ free_locked(sp_devalloc_t *d, sp_block_t *b, uint32_t context, bool hist, bool f
         free_block(d, b, context, hist, fast);
 }
 
+void sp__alloc_free_held(sp_devalloc_t *d, sp_block_t *b) {
+    (void)sp__ptr_map_remove(&d->map, b->addr);
+    free_locked(d, b, 0, sp__history_on(), false);
+}
+
 /* ---- malloc ------------------------------------------------------------------------------ */
 
 /* use_on_oom: lend a free cached block of a fallback pool (creation order; never a new
@@ -855,6 +861,10 @@ alloc_locked(sp_devalloc_t *d, sp_mempool_t *pool, size_t orig, sp_stream_t stre
     bool nocache = !plain && sp__g.conf.no_caching;
     sp_block_t *pred = NULL;
     sp_block_t *b = nocache ? NULL : find_fit(d, bp, size, stream, &pred);
+    /* Before the pool grows (or reports OOM), the blocks idle in thread caches go back to it and
+     * best fit looks again. */
+    if (SP_UNLIKELY(!b && d->tc_blocks) && sp__tc_drain(d))
+        b = find_fit(d, bp, size, stream, &pred);
     if (SP_LIKELY(b)) {
         b = hand_out(d, b, true, pred, size, orig, ctx, hist, false);
         *ptr_p = (void *)b->addr;
@@ -1050,6 +1060,8 @@ static __attribute__((noinline)) sp_status_t malloc_full(size_t size, int device
         SP_UNLIKELY(atomic_load_explicit(&sp__routing_threads, memory_order_relaxed))
             ? sp__mempool_routed(device)
             : NULL;
+    if (sp__g.tc_limit && !pool && !sp__history_on() && sp__tc_malloc(size, device, stream, ptr_p))
+        return SP_SUCCESS;
     return alloc_malloc(d, pool ? pool : d->default_pool, size, stream, ptr_p);
 }
 
@@ -1156,6 +1168,22 @@ static inline __attribute__((always_inline)) bool free_hit(uintptr_t a) {
     return true;
 }
 
+/* With the thread cache on, before the ordinary free of the block at a (d's lock held): the
+ * cache's verdict (thread_cache.h); SP_TC_FREE also when no block starts at a. */
+static sp_tc_verdict_t tc_hook(sp_devalloc_t *d, uintptr_t a, bool hist, size_t *req_p) {
+    sp_block_t *b = sp__ptr_map_find(&d->map, a);
+    return b ? sp__tc_on_free(d, b, hist, req_p) : SP_TC_FREE;
+}
+
+static sp_status_t tc_verdict_status(sp_tc_verdict_t v, const char *what, const void *ptr) {
+    if (v == SP_TC_KEPT)
+        return SP_SUCCESS;
+    return sp__error(SP_ERR_INVALID_USAGE, SP_SUB_POOL,
+                     "%s(%p): the block is not allocated (double free? it is idle in a thread "
+                     "cache)",
+                     what, ptr);
+}
+
 /* sp_free's whole path: every check in its order, history, events, every device. */
 static __attribute__((noinline)) sp_status_t free_full(void *ptr) {
     if (!ptr)
@@ -1171,6 +1199,8 @@ static __attribute__((noinline)) sp_status_t free_full(void *ptr) {
     }
     uintptr_t a = (uintptr_t)ptr;
     bool hist = SP_UNLIKELY(sp__history_on());
+    if (sp__g.tc_limit && !hist && sp__tc_free(a, NULL, NULL))
+        return SP_SUCCESS;
     uint32_t ctx = hist ? sp__history_capture(true) : 0;
     for (int i = 0; i < sp__g.ndev; i++) {
         sp_devalloc_t *d = &sp__g.devs[i];
@@ -1178,6 +1208,14 @@ static __attribute__((noinline)) sp_status_t free_full(void *ptr) {
             a >= atomic_load_explicit(&d->hi, memory_order_relaxed))
             continue;
         sp__lock(&d->lock);
+        size_t req = 0;
+        sp_tc_verdict_t v = SP_UNLIKELY(sp__g.tc_limit) ? tc_hook(d, a, hist, &req) : SP_TC_FREE;
+        if (SP_UNLIKELY(v != SP_TC_FREE)) {
+            sp__unlock(&d->lock);
+            if (ctx)
+                sp__history_context_release(ctx);
+            return tc_verdict_status(v, "sp_free", ptr);
+        }
         sp_block_t *b = sp__ptr_map_remove(&d->map, a);
         if (SP_LIKELY(b)) {
             free_locked(d, b, ctx, hist, false);
@@ -1214,6 +1252,8 @@ sp_status_t sp__alloc_free_sized(void *ptr, int device, size_t *size_p, int *dev
             "sp_torch_free(%p): sympool is not initialized, so this is not its pointer", ptr);
     uintptr_t a = (uintptr_t)ptr;
     bool hist = SP_UNLIKELY(sp__history_on());
+    if (sp__g.tc_limit && !hist && sp__tc_free(a, size_p, device_p))
+        return SP_SUCCESS;
     uint32_t ctx = hist ? sp__history_capture(true) : 0;
     /* The device PyTorch names first, then (a mismatch) the others: one locked probe of the
      * pointer map finds, checks and frees the block. */
@@ -1226,6 +1266,16 @@ sp_status_t sp__alloc_free_sized(void *ptr, int device, size_t *size_p, int *dev
             a >= atomic_load_explicit(&d->hi, memory_order_relaxed))
             continue;
         sp__lock(&d->lock);
+        size_t kreq = 0;
+        sp_tc_verdict_t v = SP_UNLIKELY(sp__g.tc_limit) ? tc_hook(d, a, hist, &kreq) : SP_TC_FREE;
+        if (SP_UNLIKELY(v != SP_TC_FREE)) {
+            *size_p = kreq;
+            *device_p = i;
+            sp__unlock(&d->lock);
+            if (ctx)
+                sp__history_context_release(ctx);
+            return tc_verdict_status(v, "sp_torch_free", ptr);
+        }
         sp_block_t *b = sp__ptr_map_remove(&d->map, a);
         if (SP_LIKELY(b)) {
             size_t req = b->requested;
@@ -1279,6 +1329,15 @@ SP_EXPORT sp_status_t sp_record_stream(void *ptr, sp_stream_t stream) {
         if (stream == sp__block_stream(b)) {
             sp__unlock(&d->lock);
             return SP_SUCCESS; /* a use on the allocation stream needs no event */
+        }
+        /* A use on another stream: the block's free must wait for it, which a thread cache's
+         * free would not, so it leaves the cache that handed it out. */
+        if (SP_UNLIKELY(sp__g.tc_limit) && !sp__tc_unregister(d, b)) {
+            sp__unlock(&d->lock);
+            return sp__error(SP_ERR_INVALID_USAGE, SP_SUB_POOL,
+                             "sp_record_stream(%p): the block was freed (it is idle in a thread "
+                             "cache)",
+                             ptr);
         }
         sp_block_uses_t *us = b->uses;
         for (uint32_t k = 0; us && k < us->n; k++) {

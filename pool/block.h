@@ -16,6 +16,7 @@
 struct sp_segment;
 struct sp_bpool;
 struct sp_devalloc;
+struct sp_tcache;
 
 /* Streams recorded on an allocated block by sp_record_stream (rare: kept out of the block). */
 typedef struct sp_block_uses {
@@ -47,14 +48,18 @@ typedef struct sp_block {
         sp_block_uses_t *uses; /* while allocated: its recorded streams, or NULL (lock); read
                                 * through sp__block_has_uses outside the allocated state */
     };
-    struct sp_block *right; /* free-set tree link while in_set; the unmapped list's (lock) */
+    union {
+        struct sp_block *right; /* free-set tree link while in_set; the unmapped list's (lock) */
+        struct sp_tcache *tc_owner; /* while allocated and in a thread cache (thread_cache.h) */
+    };
     union {
         struct sp_block *parent; /* free-set tree link while in_set (lock) */
         struct sp_block *hnext;  /* pointer-map chain while allocated; spare list while idle */
         int32_t event_count;     /* outstanding events while pending (lock) */
     };
     uint32_t context; /* history context of the allocation, 0 if none (lock) */
-    int8_t height;    /* AVL height while in_set (lock) */
+    int8_t height;    /* AVL height while in_set; SP_TC_MARK while allocated and in a thread
+                       * cache (thread_cache.h), else 0 or stale (lock) */
     bool allocated;   /* handed out and not yet freed (lock) */
     bool in_set;      /* in its bpool's free set (lock) */
     bool unmapped;    /* expandable: address space without memory; in its bpool's
