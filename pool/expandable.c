@@ -406,7 +406,6 @@ static sp_block_t *align_start(sp_devalloc_t *d, sp_bpool_t *bp, sp_block_t *c, 
     sp__bset_remove(&bp->free, c);
     h->addr = c->addr;
     h->size = head;
-    h->stream = c->stream;
     h->seg = seg;
     sp__block_link_before(h, c);
     h->gc_count = c->gc_count;
