@@ -48,6 +48,7 @@
 typedef struct sp_bpool {
     sp_block_set_t free;     /* cached free blocks (lock) */
     bool is_small;           /* small (<= 1 MiB requests) or large pool (const) */
+    sp_stat_t *tstat;        /* its type's Stats in its device's stats (sp__stat_t_inc) (const) */
     struct sp_mempool *pool; /* owning MemPool (const) */
     uint64_t gfb_count;      /* get_free_block calls while GC is on: the GC clock (lock) */
     sp_block_t *unmapped;    /* expandable: unmapped blocks by (stream, address) (lock) */
@@ -138,6 +139,7 @@ typedef struct sp_alloc_global {
     bool round_plain;           /* no roundup_power2_divisions: round to 512 B only (const) */
     bool hit_plain;             /* round_plain and caching on: the cache hit's one test (const) */
     bool hit_fast;              /* hit_plain, no expandable segments: malloc_hit applies (const) */
+    int fast_rest;              /* sp__fast_off's share of these settings while ready (const) */
     bool exp_on;                /* expandable segments in use (conf, backend VMM) (const) */
     bool exp_recycle;           /* SYMPOOL_EXPANDABLE_RECYCLE (const) */
     bool exp_borrow;            /* SYMPOOL_EXPANDABLE_BORROW (const) */
@@ -148,14 +150,10 @@ typedef struct sp_alloc_global {
     sp_devalloc_t *devs;        /* [ndev] */
 } sp_alloc_global_t;
 
-extern sp_alloc_global_t sp__g;
-/* sp__ready: 0 until sp__g is initialized (and again after sp_shutdown); then SP_READY, or
- * SP_READY_TC with the thread cache on. Every reader but one asks only "ready?"; sp_free's
- * call-free path asks for SP_READY, so that the thread cache costs the default free no test of
- * its own. */
-#define SP_READY 1
-#define SP_READY_TC 2
-extern atomic_int sp__ready;
+/* Hidden, so that the fast paths read it straight (no indirection through the GOT of the shared
+ * library); it is defined with the library's default hidden visibility anyway. */
+extern __attribute__((visibility("hidden"))) sp_alloc_global_t sp__g;
+extern atomic_int sp__ready; /* 1 once sp__g is initialized */
 
 sp_status_t sp__alloc_init_slow(void);
 /* The shutdown gate. The cold public calls (statistics, summaries, snapshots, empty_cache,

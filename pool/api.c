@@ -175,8 +175,12 @@ sp_status_t sp__alloc_init_slow(void) {
             "allocator ready: backend %s, %d device(s), max_split_size %s, "
             "no_caching %d, expandable_segments %d, thread_cache %zu",
             sp__g.ops->name, n, mss, (int)sp__g.conf.no_caching, (int)sp__g.exp_on, sp__g.tc_limit);
-    atomic_store_explicit(&sp__ready, sp__g.tc_limit ? SP_READY_TC : SP_READY,
-                          memory_order_release);
+    atomic_store_explicit(&sp__ready, 1, memory_order_release);
+    /* The thread cache's hooks sit on the whole paths: with it on, both fast paths step aside
+     * (it is off with SYMPOOL_NO_CACHING, so the two never add up). */
+    sp__g.fast_rest = (sp__g.hit_fast ? 0 : SP_FAST_NO_HIT) +
+                      (sp__g.conf.no_caching || sp__g.tc_limit ? SP_FAST_REASON : 0);
+    sp__fast_off_add(sp__g.fast_rest - SP_FAST_NOT_READY);
     pthread_mutex_unlock(&sp__g.init_lock);
     return SP_SUCCESS;
 }
@@ -267,6 +271,7 @@ static sp_status_t shutdown_locked(void) {
     sp__g.devs = NULL;
     sp__g.ndev = 0;
     atomic_store_explicit(&sp__ready, 0, memory_order_release);
+    sp__fast_off_add(SP_FAST_NOT_READY - sp__g.fast_rest);
     sp__mempool_routing_reset();
     sp__handles_next_generation(); /* every pool handle of this session is stale from here */
     sp__history_shutdown();

@@ -72,6 +72,7 @@ static void child(void) {
          * there with the reason; nothing inherited is touched. */
         atomic_store(&g_cuda_child, true);
         atomic_store_explicit(&sp__ready, 0, memory_order_release);
+        sp__fast_off_add(SP_FAST_NOT_READY);
     }
     pthread_mutex_unlock(&sp__g.init_lock);
 }

@@ -161,7 +161,7 @@ sp_status_t sp__pool_lookup(const void *ptr, sp_block_info_t *info_p) {
             info_p->segment_size = seg->size;
             info_p->segment_seq = seg->seq;
             info_p->pool = seg->bpool->pool;
-            info_p->stream = b->stream;
+            info_p->stream = sp__block_stream(b);
             sp__unlock(&d->lock);
             return SP_SUCCESS;
         }
