@@ -176,10 +176,10 @@ sp_status_t sp__alloc_init_slow(void) {
             "no_caching %d, expandable_segments %d, thread_cache %zu",
             sp__g.ops->name, n, mss, (int)sp__g.conf.no_caching, (int)sp__g.exp_on, sp__g.tc_limit);
     atomic_store_explicit(&sp__ready, 1, memory_order_release);
-    /* The thread cache's hooks sit on the whole paths: with it on, both fast paths step aside
-     * (it is off with SYMPOOL_NO_CACHING, so the two never add up). */
+    /* The thread cache's frees look in the thread's own table first (free_full), so with it on
+     * sp_free's call-free form steps aside like for caching off. */
     sp__g.fast_rest = (sp__g.hit_fast ? 0 : SP_FAST_NO_HIT) +
-                      (sp__g.conf.no_caching || sp__g.tc_limit ? SP_FAST_REASON : 0);
+                      ((sp__g.conf.no_caching || sp__g.tc_limit) ? SP_FAST_REASON : 0);
     sp__fast_off_add(sp__g.fast_rest - SP_FAST_NOT_READY);
     pthread_mutex_unlock(&sp__g.init_lock);
     return SP_SUCCESS;
