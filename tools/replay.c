@@ -993,6 +993,7 @@ int sp_cli_replay(int argc, char **argv) {
         return rc;
     char err[512];
     tr_trace_t t;
+    cli_heap_prepare(a.trace);
     if (!tr_load_opts(a.trace, a.snapshot != NULL, &t, err, sizeof(err))) {
         fprintf(stderr, "sympool replay: %s\n", err);
         tr_free(&t);
