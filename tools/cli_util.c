@@ -69,10 +69,10 @@ void cli_heap_prepare(const char *path) {
      * large arrays (memo, event arrays, address maps) are kept on the heap instead of mmaps of
      * their own, and nothing is trimmed back. Only a hint: without THP, or if the heap is not
      * where glibc's sbrk put it, nothing changes but the tunables. */
-    const size_t huge = (size_t)2 << 20;
+    const size_t huge = (size_t)2 << 20; /* up to 128 MB files: 4 * want fits mallopt's int */
     struct stat sb;
     if (path == NULL || stat(path, &sb) != 0 || !S_ISREG(sb.st_mode) || sb.st_size < (1 << 20) ||
-        (uint64_t)sb.st_size > ((uint64_t)1 << 30))
+        (uint64_t)sb.st_size > ((uint64_t)1 << 27))
         return;
     size_t want = ((size_t)sb.st_size * 2 + 4 * huge + huge - 1) & ~(huge - 1);
     if (mallopt(M_MMAP_THRESHOLD, 32 << 20) != 1 ||
