@@ -82,14 +82,23 @@ void cli_heap_prepare(const char *path) {
     void *p = malloc(want);
     char *hi = sbrk(0);
     /* p is the heap's (not a mmap of its own) when it ends where the heap grew to. */
-    if (p != NULL && lo != (char *)-1 && hi != (char *)-1 && (char *)p + want > lo &&
-        (char *)p + want <= hi) {
-        uintptr_t a = ((uintptr_t)p + huge - 1) & ~(uintptr_t)(huge - 1);
-        uintptr_t b = (uintptr_t)hi & ~(uintptr_t)(huge - 1);
-        if (b > a)
-            (void)madvise((void *)a, b - a, MADV_HUGEPAGE);
+    if (p == NULL || lo == (char *)-1 || hi == (char *)-1 || (char *)p + want <= lo ||
+        (char *)p + want > hi) {
+        free(p);
+        return;
     }
+    uintptr_t a = ((uintptr_t)p + huge - 1) & ~(uintptr_t)(huge - 1);
+    uintptr_t b = (uintptr_t)hi & ~(uintptr_t)(huge - 1);
+    if (b > a)
+        (void)madvise((void *)a, b - a, MADV_HUGEPAGE);
     free(p);
+    /* What is allocated next comes from where p was: the space below the first huge page is
+     * held by a block of its own (kept for the process), so that it is not on 4 KiB pages. A
+     * chunk takes its request plus 8 bytes of header, in 16-byte steps, and p's chunk began 16
+     * bytes below p. */
+    static void *pad;
+    if (pad == NULL && a - (uintptr_t)p >= 64)
+        pad = malloc(a - (uintptr_t)p + 8);
 #else
     (void)path;
 #endif
