@@ -888,6 +888,88 @@ TEST(PickleRead, RecordsPathFailsWhereThePlainReaderDoes) {
     }
 }
 
+// Skipped stacks made of memo references, as PyTorch writes them: runs of BINGET and
+// LONG_BINGET of every length (the reader takes four of one kind at once), one stack longer than
+// the reader's first stack (it grows in the middle of a run). The skipping reader reads the
+// same entries as the plain one, and every cut fails as in the records path (under ASan: no
+// read past the cut).
+TEST(PickleRead, SkippedRunsOfMemoReferencesAreReadWhole) {
+    Bytes b = {0x80, 4, ']', 0x94, '('};
+    auto str = [&](const char *s) {
+        b.push_back(0x8c);
+        b.push_back((unsigned char)strlen(s));
+        b.insert(b.end(), s, s + strlen(s));
+        b.push_back(0x94);
+    };
+    // Entry 0 memoizes the keys, the action and 300 ints (memo 6..305) inside its own stack.
+    b.insert(b.end(), {'}', 0x94, '('});
+    str("action");
+    str("alloc");
+    str("frames");
+    b.insert(b.end(), {']', 0x94, '('});
+    for (int i = 0; i < 300; i++) {
+        b.insert(b.end(), {'M', (unsigned char)i, (unsigned char)(i >> 8), 0x94});
+    }
+    b.insert(b.end(), {'e', 'u'});
+    auto ref = [&](size_t idx) {
+        if (idx < 256) {
+            b.insert(b.end(), {'h', (unsigned char)idx});
+        } else {
+            b.insert(b.end(), {'j', (unsigned char)idx, (unsigned char)(idx >> 8), 0, 0});
+        }
+    };
+    unsigned seed = 7;
+    const int entries = 60;
+    for (int k = 1; k < entries; k++) {
+        b.insert(b.end(), {'}', 0x94, '('});
+        ref(2);
+        ref(3);
+        ref(4);
+        b.insert(b.end(), {']', 0x94, '('});
+        int n = k == 30 ? 700 : 1 + k % 23;
+        bool longs = k % 2;
+        for (int i = 0; i < n;) {
+            int run = 1 + (int)((seed = seed * 1103515245u + 12345u) >> 16) % 9;
+            for (int r = 0; r < run && i < n; r++, i++)
+                ref(longs ? 256 + (seed >> 8) % 50 : 6 + (seed >> 4) % 250);
+            longs = !longs;
+        }
+        b.insert(b.end(), {'e', 'u'});
+    }
+    b.insert(b.end(), {'e', '.'});
+    char e1[256] = "", e2[256] = "";
+    pk_doc_t *plain = nullptr, *skip = nullptr;
+    ASSERT_TRUE(pk_parse(b.data(), b.size(), nullptr, &plain, e1, sizeof e1)) << e1;
+    ASSERT_TRUE(pk_parse_skip(b.data(), b.size(), nullptr, "frames", &skip, e2, sizeof e2)) << e2;
+    ASSERT_EQ(pk_len(pk_root(skip)), (size_t)entries);
+    for (size_t k = 0; k < (size_t)entries; k++) {
+        EXPECT_STREQ(pk_get_str(pk_at(pk_root(skip), k), "action"), "alloc");
+        EXPECT_EQ(pk_len(pk_get(pk_at(pk_root(plain), k), "frames")), k == 0    ? 300u
+                                                                      : k == 30 ? 700u
+                                                                                : 1 + k % 23);
+    }
+    pk_free(plain);
+    pk_free(skip);
+    auto take = [](void *arg, pk_value_t *const *, size_t, uint64_t *id_p) {
+        *id_p = (*(uint64_t *)arg)++;
+        return 1;
+    };
+    for (size_t cut = 1; cut < b.size(); cut++) {
+        Bytes c(b.begin(), b.begin() + (long)cut);
+        pk_doc_t *d1 = nullptr, *d2 = nullptr;
+        uint64_t taken = 0;
+        e1[0] = e2[0] = '\0';
+        bool ok1 = pk_parse_skip(c.data(), c.size(), nullptr, "frames", &d1, e1, sizeof e1);
+        bool ok2 = pk_parse_records(c.data(), c.size(), nullptr, "frames", take, &taken, &d2, e2,
+                                    sizeof e2);
+        EXPECT_FALSE(ok1);
+        EXPECT_FALSE(ok2);
+        EXPECT_STREQ(e1, e2) << "cut at " << cut;
+        pk_free(d1);
+        pk_free(d2);
+    }
+}
+
 // A short string written again (not memoized) in every entry, as newer snapshots write
 // compile_context's "N/A", is one value of the document: equal strings share it, another
 // string does not.
