@@ -89,6 +89,7 @@ void cli_heap_prepare(const char *path) {
     }
     uintptr_t a = ((uintptr_t)p + huge - 1) & ~(uintptr_t)(huge - 1);
     uintptr_t b = (uintptr_t)hi & ~(uintptr_t)(huge - 1);
+    size_t below = a - (uintptr_t)p; /* p's bytes below the first huge page */
     if (b > a)
         (void)madvise((void *)a, b - a, MADV_HUGEPAGE);
     free(p);
@@ -97,8 +98,8 @@ void cli_heap_prepare(const char *path) {
      * chunk takes its request plus 8 bytes of header, in 16-byte steps, and p's chunk began 16
      * bytes below p. */
     static void *pad;
-    if (pad == NULL && a - (uintptr_t)p >= 64)
-        pad = malloc(a - (uintptr_t)p + 8);
+    if (pad == NULL && below >= 64)
+        pad = malloc(below + 8);
 #else
     (void)path;
 #endif
