@@ -970,6 +970,73 @@ TEST(PickleRead, SkippedRunsOfMemoReferencesAreReadWhole) {
     }
 }
 
+// LONG1 of every length 0-9, both signs, at the edges of each length (Python's minimal two's
+// complement, as pickle writes it), in a list and as values of a dict the record hook takes, and
+// the last one with fewer than 8 bytes after it: each reads as its value.
+TEST(PickleRead, Long1OfEveryLengthReadsItsValue) {
+    std::vector<int64_t> vals = {0, 1, -1, 127, 128, -128, -129, 32767, -32769, 8388608};
+    for (int bits = 23; bits <= 62; bits += 8) {
+        vals.push_back(((int64_t)1 << bits) + 5);
+        vals.push_back(-((int64_t)1 << bits) - 3);
+        vals.push_back(((int64_t)1 << bits) - 1);
+    }
+    vals.push_back(INT64_MAX);
+    vals.push_back(INT64_MIN);
+    auto long1 = [](Bytes &b, int64_t v) {
+        Bytes d;
+        int64_t x = v;
+        while (
+            !(d.size() > 0 && ((x == 0 && !(d.back() & 0x80)) || (x == -1 && (d.back() & 0x80))))) {
+            if (v == 0)
+                break;
+            d.push_back((unsigned char)(x & 0xff));
+            x >>= 8;
+        }
+        b.push_back(0x8a);
+        b.push_back((unsigned char)d.size());
+        b.insert(b.end(), d.begin(), d.end());
+    };
+    Bytes list = {0x80, 4, ']', '('};
+    for (int64_t v : vals)
+        long1(list, v);
+    list.insert(list.end(), {'e', '.'});
+    char err[256] = "";
+    pk_doc_t *doc = nullptr;
+    ASSERT_TRUE(pk_parse(list.data(), list.size(), nullptr, &doc, err, sizeof err)) << err;
+    ASSERT_EQ(pk_len(pk_root(doc)), vals.size());
+    for (size_t i = 0; i < vals.size(); i++) {
+        int64_t got = 0;
+        EXPECT_TRUE(pk_int(pk_at(pk_root(doc), i), &got));
+        EXPECT_EQ(got, vals[i]) << i;
+    }
+    pk_free(doc);
+    // The same values in a trace entry's dict, read by the record path.
+    Bytes dict = {0x80, 4, ']', '(', '}', '(', 0x8c, 6};
+    dict.insert(dict.end(), {'a', 'c', 't', 'i', 'o', 'n', 0x8c, 1, 'x'});
+    for (size_t i = 0; i < vals.size(); i++) {
+        dict.insert(dict.end(), {0x8c, 1, (unsigned char)('A' + i % 26)});
+        long1(dict, vals[i]);
+    }
+    dict.insert(dict.end(), {'u', 'e', '.'});
+    std::vector<int64_t> seen;
+    auto take = [](void *arg, pk_value_t *const *pairs, size_t n, uint64_t *id_p) {
+        auto *out = (std::vector<int64_t> *)arg;
+        for (size_t k = 3; k < n; k += 2) {
+            int64_t v = 0;
+            if (!pk_int(pairs[k], &v))
+                return -1;
+            out->push_back(v);
+        }
+        *id_p = 0;
+        return 1;
+    };
+    ASSERT_TRUE(pk_parse_records(dict.data(), dict.size(), nullptr, nullptr, take, &seen, &doc, err,
+                                 sizeof err))
+        << err;
+    EXPECT_EQ(seen, vals);
+    pk_free(doc);
+}
+
 // A short string written again (not memoized) in every entry, as newer snapshots write
 // compile_context's "N/A", is one value of the document: equal strings share it, another
 // string does not.
