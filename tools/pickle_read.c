@@ -77,6 +77,7 @@ typedef struct parser {
     void *rec_arg;                          /* its argument */
     pk_value_t *scratch;  /* ints of dicts the hook may take: reused once a MARK closes */
     size_t scratch_used;  /* values of scratch in use */
+    size_t moved_min;     /* no scratch value below scratch_used has moved below this index */
     size_t *mark_scratch; /* scratch_used when each open MARK was pushed */
 } parser_t;
 
@@ -406,6 +407,9 @@ static bool keep_values(parser_t *ps, size_t first) {
             pk_value_t *v = shared_int(ps, s->u.i);
             if (v == NULL)
                 return false;
+            size_t j = (size_t)(s - ps->scratch);
+            if (j < ps->moved_min)
+                ps->moved_min = j;
             s->type = PK_RECORD;
             s->u.u = (uint64_t)(uintptr_t)v;
         }
@@ -416,6 +420,8 @@ static bool keep_values(parser_t *ps, size_t first) {
 
 /* Slots of stack[first..sp) whose scratch value moved take its copy. */
 static void follow_moved(parser_t *ps, size_t first) {
+    if (ps->moved_min >= ps->scratch_used)
+        return; /* none of the scratch in use has moved: nothing to follow */
     for (size_t i = first; ps->scratch != NULL && i < ps->sp; i++)
         if (is_scratch(ps, ps->stack[i]) && ps->stack[i]->type == PK_RECORD)
             ps->stack[i] = (pk_value_t *)(uintptr_t)ps->stack[i]->u.u;
@@ -423,8 +429,13 @@ static void follow_moved(parser_t *ps, size_t first) {
 
 /* A MARK closed (its items consumed or dropped): the scratch made above it is free again. */
 static void scratch_back(parser_t *ps) {
-    if (ps->scratch != NULL && ps->mark_scratch[ps->nmarks] < ps->scratch_used)
+    if (ps->scratch != NULL && ps->mark_scratch[ps->nmarks] < ps->scratch_used) {
         ps->scratch_used = ps->mark_scratch[ps->nmarks];
+        /* Every moved value is at moved_min or above; once all of them are free, a value
+         * handed out again is an int (push_int, entry_fast), never a moved one. */
+        if (ps->moved_min >= ps->scratch_used)
+            ps->moved_min = SIZE_MAX;
+    }
 }
 
 static bool memo_put(parser_t *ps, size_t idx) {
@@ -1137,6 +1148,7 @@ bool pk_parse_records(const void *buf, size_t len, const pk_limits_t *lim, const
                       pk_record_fn fn, void *arg, pk_doc_t **doc_p, char *err, size_t errlen) {
     parser_t ps;
     memset(&ps, 0, sizeof(ps));
+    ps.moved_min = SIZE_MAX;
     ps.rec_fn = fn;
     ps.rec_arg = arg;
     ps.skip_key = skip_key;

@@ -1037,6 +1037,43 @@ TEST(PickleRead, Long1OfEveryLengthReadsItsValue) {
     pk_free(doc);
 }
 
+// An int of a trace entry that the memo keeps while another slot still holds it (DUP, MEMOIZE,
+// POP: a pickler's own business, legal), in several entries in turn: the hook reads the value
+// in that slot every time, and the memo gives it back later.
+TEST(PickleRead, EntryIntKeptWhileDuplicatedIsReadByTheHook) {
+    Bytes b = {0x80, 4, ']', '('};
+    for (int k = 0; k < 3; k++) {
+        b.insert(b.end(), {'}', '(', 0x8c, 6, 'a', 'c', 't', 'i', 'o', 'n', 0x8c, 1, 'x'});
+        b.insert(b.end(), {0x8c, 4, 's', 'i', 'z', 'e', 'K', (unsigned char)(10 + k)});
+        if (k != 1)
+            b.insert(b.end(), {'2', 0x94, '0'}); /* DUP, MEMOIZE (memo k == 0 ? 0 : 1), POP */
+        b.push_back('u');
+    }
+    b.insert(b.end(), {'h', 0, 'h', 1, 'e', '.'});
+    std::vector<int64_t> seen;
+    auto take = [](void *arg, pk_value_t *const *pairs, size_t n, uint64_t *id_p) {
+        int64_t v = -1;
+        if (n != 4 || !pk_int(pairs[3], &v))
+            return -1;
+        ((std::vector<int64_t> *)arg)->push_back(v);
+        *id_p = 0;
+        return 1;
+    };
+    char err[256] = "";
+    pk_doc_t *doc = nullptr;
+    ASSERT_TRUE(
+        pk_parse_records(b.data(), b.size(), nullptr, nullptr, take, &seen, &doc, err, sizeof err))
+        << err;
+    EXPECT_EQ(seen, (std::vector<int64_t>{10, 11, 12}));
+    int64_t m0 = 0, m1 = 0;
+    ASSERT_EQ(pk_len(pk_root(doc)), 5u);
+    EXPECT_TRUE(pk_int(pk_at(pk_root(doc), 3), &m0));
+    EXPECT_TRUE(pk_int(pk_at(pk_root(doc), 4), &m1));
+    EXPECT_EQ(m0, 10);
+    EXPECT_EQ(m1, 12);
+    pk_free(doc);
+}
+
 // A short string written again (not memoized) in every entry, as newer snapshots write
 // compile_context's "N/A", is one value of the document: equal strings share it, another
 // string does not.
