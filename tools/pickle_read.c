@@ -387,7 +387,8 @@ static inline __attribute__((always_inline)) bool in_taken_dict(const parser_t *
     return b > 0 && ps->stack[b - 1]->type == PK_DICT;
 }
 
-static bool is_scratch(const parser_t *ps, const pk_value_t *v) {
+static inline __attribute__((always_inline)) bool is_scratch(const parser_t *ps,
+                                                             const pk_value_t *v) {
     return ps->scratch != NULL && v >= ps->scratch && v < ps->scratch + SCRATCH_VALUES;
 }
 
@@ -456,7 +457,7 @@ static bool memo_put(parser_t *ps, size_t idx) {
     }
     if (ps->memo[idx] == NULL)
         ps->memoused++;
-    if (!keep_values(ps, ps->sp - 1))
+    if (is_scratch(ps, ps->stack[ps->sp - 1]) && !keep_values(ps, ps->sp - 1))
         return false;
     pk_value_t *top = ps->stack[ps->sp - 1];
     if (top == ps->skipped && top != NULL && ps->skipped_at == ps->sp) {
