@@ -78,12 +78,15 @@ void cli_heap_prepare(const char *path) {
     if (mallopt(M_MMAP_THRESHOLD, 32 << 20) != 1 ||
         mallopt(M_TRIM_THRESHOLD, (int)(4 * want)) != 1 || mallopt(M_TOP_PAD, (int)want) != 1)
         return;
+    /* A request below the mmap threshold that the top of the heap cannot hold grows the heap by
+     * itself plus the top pad: p then starts at least `want` bytes of fresh heap. */
+    size_t first = want < ((size_t)16 << 20) ? want : ((size_t)16 << 20);
     char *lo = sbrk(0);
-    void *p = malloc(want);
+    void *p = malloc(first);
     char *hi = sbrk(0);
     /* p is the heap's (not a mmap of its own) when it ends where the heap grew to. */
-    if (p == NULL || lo == (char *)-1 || hi == (char *)-1 || (char *)p + want <= lo ||
-        (char *)p + want > hi) {
+    if (p == NULL || lo == (char *)-1 || hi == (char *)-1 || (char *)p + first <= lo ||
+        (char *)p + first > hi || (size_t)(hi - (char *)p) < want) {
         free(p);
         return;
     }
