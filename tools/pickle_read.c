@@ -1291,30 +1291,6 @@ const pk_value_t *pk_at(const pk_value_t *seq, size_t i) {
     return seq->u.seq.items[i];
 }
 
-bool pk_int(const pk_value_t *v, int64_t *out) {
-    if (v == NULL)
-        return false;
-    if (v->type == PK_INT)
-        *out = v->u.i;
-    else if (v->type == PK_BOOL)
-        *out = v->u.b;
-    else
-        return false; /* PK_UINT and PK_BIGINT do not fit */
-    return true;
-}
-
-bool pk_uint(const pk_value_t *v, uint64_t *out) {
-    int64_t i;
-    if (v != NULL && v->type == PK_UINT) {
-        *out = v->u.u;
-        return true;
-    }
-    if (!pk_int(v, &i) || i < 0)
-        return false;
-    *out = (uint64_t)i;
-    return true;
-}
-
 bool pk_num(const pk_value_t *v, double *out) {
     int64_t i;
     if (v != NULL && v->type == PK_FLOAT) {
@@ -1329,10 +1305,6 @@ bool pk_num(const pk_value_t *v, double *out) {
         return false;
     *out = (double)i;
     return true;
-}
-
-const char *pk_str(const pk_value_t *v) {
-    return v != NULL && v->type == PK_STR ? v->u.str.s : NULL;
 }
 
 bool pk_get_int(const pk_value_t *dict, const char *key, int64_t *out) {
