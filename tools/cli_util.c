@@ -63,8 +63,9 @@ bool cli_has_suffix(const char *path, const char *suffix) {
 
 void cli_heap_prepare(const char *path) {
 #if defined(__GLIBC__) && defined(MADV_HUGEPAGE)
-    /* Loading a trace and replaying it touch a few fresh MB of heap that nothing else uses: one
-     * 4 KiB page fault each costs ~1.5 us on a VM, a huge page's ~0.1 us per 4 KiB. The heap is
+    /* Loading a trace and replaying it touch a few fresh MB of heap that nothing else uses: a
+     * fault per 4 KiB page costs a microsecond or more on a VM, a huge page about a tenth of
+     * that per 4 KiB. The heap is
      * grown once, by what the load will need, and that range is offered for huge pages; the
      * large arrays (memo, event arrays, address maps) are kept on the heap instead of mmaps of
      * their own, and nothing is trimmed back. Only a hint: without THP, or if the heap is not

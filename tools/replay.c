@@ -462,8 +462,8 @@ static bool effective_expandable(void) {
 }
 
 /* One replay (see replay_trace); `last`: the process exits after it without sp_shutdown, so
- * what sympool holds for the replay is not given back one block at a time (a tenth of the
- * process beyond start-up on a trace with a large final state). */
+ * what sympool holds for the replay is not given back one block at a time (a trace with a
+ * large final state leaves thousands of live blocks, each an sp_free with its merges). */
 static bool replay_once(const tr_trace_t *t, const char *snapshot_out, bool last,
                         replay_result_t *r, char *err, size_t errlen) {
     memset(r, 0, sizeof(*r));
