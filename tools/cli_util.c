@@ -65,11 +65,10 @@ void cli_heap_prepare(const char *path) {
 #if defined(__GLIBC__) && defined(MADV_HUGEPAGE)
     /* Loading a trace and replaying it touch a few fresh MB of heap that nothing else uses: a
      * fault per 4 KiB page costs a microsecond or more on a VM, a huge page about a tenth of
-     * that per 4 KiB. The heap is
-     * grown once, by what the load will need, and that range is offered for huge pages; the
-     * large arrays (memo, event arrays, address maps) are kept on the heap instead of mmaps of
-     * their own, and nothing is trimmed back. Only a hint: without THP, or if the heap is not
-     * where glibc's sbrk put it, nothing changes but the tunables. */
+     * that per 4 KiB. The heap is grown once, by what the load will need, and that range is
+     * offered for huge pages; the large arrays (memo, event arrays, address maps) are kept on
+     * the heap instead of mmaps of their own, and nothing is trimmed back. Only a hint: without
+     * THP, or if the heap is not where glibc's sbrk put it, nothing changes but the tunables. */
     const size_t huge = (size_t)2 << 20; /* up to 128 MB files: 4 * want fits mallopt's int */
     struct stat sb;
     if (path == NULL || stat(path, &sb) != 0 || !S_ISREG(sb.st_mode) || sb.st_size < (1 << 20) ||
