@@ -1,7 +1,8 @@
 /*
  * cli_util.c: option parsing shared by the `sympool` subcommands: getopt_long with messages that
  * name the subcommand, and strict number and file-name checks (a value that is not entirely a
- * number in range is refused, never read as 0).
+ * number in range is refused, never read as 0), and the heap made ready for loading a large
+ * trace (cli_heap_prepare).
  */
 #include <errno.h>
 #include <stdint.h>
