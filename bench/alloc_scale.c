@@ -5,6 +5,12 @@
  *   {"bench":"alloc_scale","case":"pair",...}      one thread, 512 B: ns per pair next to glibc's
  *   {"bench":"alloc_scale","case":"threads",...}   two threads on one device: per-thread ns per
  *                                                  pair over one thread's (the rounds alternate)
+ *   {"bench":"alloc_scale","case":"thread_cache",...}  the same per-thread figures for 1 and 2
+ *                                                  threads with SYMPOOL_THREAD_CACHE off and on
+ *                                                  (a fresh allocator each; the rounds alternate
+ *                                                  which goes first), wall-clock and the
+ *                                                  threads' CPU time (cpu_*: not inflated when
+ *                                                  the two threads take turns on a loaded core)
  *   {"bench":"alloc_scale","case":"free_set",...}  the same pair with N free blocks in the set
  *                                                  over the pair with only the warm block's
  *                                                  segment (the rounds alternate: fill, measure,
@@ -12,7 +18,8 @@
  *   {"bench":"alloc_scale","case":"metadata",...}  host heap bytes (mallinfo2) per live 512-byte
  *                                                  block, pointer map and segments included
  *
- * Usage: bench_alloc_scale [rounds [free_blocks [pairs]]] (defaults 7, 1000000, 1000000).
+ * Usage: bench_alloc_scale [rounds [free_blocks [pairs]]] (defaults 7, 1000000, 1000000);
+ * free_blocks 1 skips most of the metadata and free_set work (the thread figures alone).
  * SYMPOOL_HOST_CAPACITY must allow free_blocks * 1.5 KiB (the default host capacity does).
  */
 #include <malloc.h>
@@ -21,6 +28,7 @@
 #include <stdlib.h>
 #include <time.h>
 
+#include "sympool/experimental.h"
 #include "sympool/sympool.h"
 #include "bench_util.h"
 
@@ -33,8 +41,20 @@ static void die(const char *what) {
 
 typedef struct job {
     int glibc;
-    double ns;
+    double ns;  /* wall-clock ns per pair */
+    double cpu; /* the thread's CPU ns per pair */
 } job_t;
+
+/* The calling thread's CPU time: on a loaded machine two threads that take turns on a core cost
+ * each other wall-clock time but no CPU time, while two that contend for a cache line stall on
+ * the CPU and pay in both. */
+static double thread_cpu_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+    return (double)ts.tv_sec * 1e9 + (double)ts.tv_nsec;
+}
+
+static double g_last_cpu; /* run_pairs' CPU ns per pair per thread */
 
 static void *pairs(void *arg) {
     job_t *j = arg;
@@ -52,6 +72,7 @@ static void *pairs(void *arg) {
     }
     if (sp_malloc(512, 0, NULL, &p) != SP_SUCCESS || sp_free(p) != SP_SUCCESS)
         die("sp_malloc");
+    double c0 = thread_cpu_ns();
     double t0 = bench_now_ns();
     for (long i = 0; i < g_pairs; i++) {
         if (sp_malloc(512, 0, NULL, &p) != SP_SUCCESS)
@@ -59,21 +80,38 @@ static void *pairs(void *arg) {
         sp_free(p);
     }
     j->ns = (bench_now_ns() - t0) / (double)g_pairs;
+    j->cpu = (thread_cpu_ns() - c0) / (double)g_pairs;
     return NULL;
 }
 
-/* ns per pair per thread, averaged over `threads` threads running at once. */
+/* ns per pair per thread, averaged over `threads` threads running at once (the CPU ns the same
+ * way in g_last_cpu). */
 static double run_pairs(int threads, int glibc) {
     pthread_t th[2];
-    job_t jobs[2] = {{glibc, 0}, {glibc, 0}};
+    job_t jobs[2] = {{glibc, 0, 0}, {glibc, 0, 0}};
     for (int t = 0; t < threads; t++)
         pthread_create(&th[t], NULL, pairs, &jobs[t]);
-    double sum = 0;
+    double sum = 0, cpu = 0;
     for (int t = 0; t < threads; t++) {
         pthread_join(th[t], NULL);
         sum += jobs[t].ns;
+        cpu += jobs[t].cpu;
     }
+    g_last_cpu = cpu / threads;
     return sum / threads;
+}
+
+/* The idle bytes per thread the thread_cache case turns the cache on with. */
+#define CACHE_LIMIT "64KiB"
+
+/* A fresh allocator with SYMPOOL_THREAD_CACHE at `limit` (NULL: the default, off). */
+static void cache_config(const char *limit) {
+    if (sp_shutdown() != SP_SUCCESS)
+        die("sp_shutdown");
+    if (sp_x_option_set("SYMPOOL_THREAD_CACHE", limit) != SP_SUCCESS)
+        die("sp_x_option_set");
+    if (sp_init() != SP_SUCCESS)
+        die("sp_init");
 }
 
 /* n free blocks of 1 KiB, each between two live 512-byte blocks (so none merges), in the
@@ -162,6 +200,48 @@ int main(int argc, char **argv) {
            "\"ratio\":%.2f}\n",
            be, rounds, g_pairs, bench_median(sp1, rounds), bench_median(sp2, rounds),
            bench_median(r_thr, rounds));
+    fflush(stdout);
+
+    /* [0] wall-clock, [1] CPU time; per thread, ns per pair. */
+    double off1[2][64], off2[2][64], on1[2][64], on2[2][64], r_off[2][64], r_on[2][64];
+    double r_on_off[64];
+    for (int r = 0; r < rounds; r++) {
+        for (int k = 0; k < 2; k++) {
+            int on = k ^ (r % 2);
+            cache_config(on ? CACHE_LIMIT : NULL);
+            double(*one)[64] = on ? on1 : off1, (*two)[64] = on ? on2 : off2;
+            for (int step = 0; step < 2; step++) {
+                if ((step == 0) == (r % 2 == 1)) {
+                    one[0][r] = run_pairs(1, 0);
+                    one[1][r] = g_last_cpu;
+                } else {
+                    two[0][r] = run_pairs(2, 0);
+                    two[1][r] = g_last_cpu;
+                }
+            }
+        }
+        for (int c = 0; c < 2; c++) {
+            r_off[c][r] = off2[c][r] / off1[c][r];
+            r_on[c][r] = on2[c][r] / on1[c][r];
+        }
+        r_on_off[r] = on1[0][r] / off1[0][r];
+    }
+    cache_config(NULL);
+    printf("{\"bench\":\"alloc_scale\",\"case\":\"thread_cache\",\"backend\":\"%s\","
+           "\"size\":512,\"rounds\":%d,\"pairs\":%ld,\"limit\":\"%s\","
+           "\"ns_1_thread_off\":%.2f,\"ns_per_thread_2_threads_off\":%.2f,\"ratio_off\":%.2f,"
+           "\"ns_1_thread_on\":%.2f,\"ns_per_thread_2_threads_on\":%.2f,\"ratio_on\":%.2f,"
+           "\"on_over_off_1_thread\":%.2f,\"cpu_ns_1_thread_off\":%.2f,"
+           "\"cpu_ns_per_thread_2_threads_off\":%.2f,\"cpu_ratio_off\":%.2f,"
+           "\"cpu_ns_1_thread_on\":%.2f,\"cpu_ns_per_thread_2_threads_on\":%.2f,"
+           "\"cpu_ratio_on\":%.2f}\n",
+           be, rounds, g_pairs, CACHE_LIMIT, bench_median(off1[0], rounds),
+           bench_median(off2[0], rounds), bench_median(r_off[0], rounds),
+           bench_median(on1[0], rounds), bench_median(on2[0], rounds),
+           bench_median(r_on[0], rounds), bench_median(r_on_off, rounds),
+           bench_median(off1[1], rounds), bench_median(off2[1], rounds),
+           bench_median(r_off[1], rounds), bench_median(on1[1], rounds),
+           bench_median(on2[1], rounds), bench_median(r_on[1], rounds));
     fflush(stdout);
 
     for (int r = 0; r < rounds; r++) {

@@ -66,6 +66,31 @@ static inline bool sp__in_callback(void) {
     return SP_UNLIKELY(__atomic_load_n(&sp__callback_threads, __ATOMIC_RELAXED) != 0) &&
            sp__callback_depth > 0;
 }
+
+/* The allocator's call-free fast paths (sp_malloc, sp_free) test one word instead of one per
+ * reason to step aside: sp__fast_off counts those reasons, each also kept in its own variable
+ * for the whole path. SP_FAST_NOT_READY while sympool is not initialized (so 0 implies it is: the
+ * init's release of that count orders everything it built before the fast path's acquire load),
+ * SP_FAST_REASON per thread inside a user callback, per thread routing to a MemPool, while
+ * memory history is recorded and while caching is off (SYMPOOL_NO_CACHING: a free gives its
+ * segment back), and SP_FAST_NO_HIT (malloc only: sizes are rounded by divisions, caching is
+ * off or segments are expandable). */
+enum { SP_FAST_NO_HIT = 1, SP_FAST_REASON = 2, SP_FAST_NOT_READY = 2 };
+/* Hidden, so that the fast paths read it straight (no indirection through the GOT of the shared
+ * library); it is defined with the library's default hidden visibility anyway. */
+extern __attribute__((visibility("hidden"))) int sp__fast_off; /* atomic builtins */
+static inline void sp__fast_off_add(int n) {
+    __atomic_fetch_add(&sp__fast_off, n, __ATOMIC_RELEASE);
+}
+/* May sp_malloc's fast path run? (0: no reason against it) */
+static inline bool sp__fast_malloc_on(void) {
+    return __atomic_load_n(&sp__fast_off, __ATOMIC_ACQUIRE) == 0;
+}
+/* May sp_free's fast path run? (SP_FAST_NO_HIT does not concern it) */
+static inline bool sp__fast_free_on(void) {
+    return __atomic_load_n(&sp__fast_off, __ATOMIC_ACQUIRE) < SP_FAST_REASON;
+}
+
 /* SP_ERR_INVALID_USAGE naming fn: called from inside a callback sympool is running. */
 sp_status_t sp__callback_refused(const char *fn);
 /* Keep this thread's last-error text across a callback (a copy, or NULL for none; the second
@@ -218,6 +243,9 @@ const char *sp__log_level_name(int level); /* "WARN" */
     X(EXPANDABLE_SHARED, SIZE, "256MiB", NULL, NULL, 0,                                            \
       "ours, with EXPANDABLE_BORROW on: while a pool reserves less than this, its small requests " \
       "use the large pool's expandable segments (no small-pool pages); 0 = never")                 \
+    X(THREAD_CACHE, SIZE, "0", NULL, NULL, 0,                                                      \
+      "ours: bytes of freed blocks (<= 1 MiB each) each thread keeps for its own next mallocs, "   \
+      "without the device lock; changes best fit (docs/threads.md); 0 = off")                      \
     X(HOST_CAPACITY, SIZE, "80GiB", NULL, check_positive, 0,                                       \
       "memory of each emulated host device")                                                       \
     X(HOST_DEVICES, LONG, "1", NULL, check_devices, 0, "number of emulated host devices (1-64)")   \

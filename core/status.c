@@ -71,15 +71,20 @@ void sp__error_vset(const char *fmt, va_list ap) {
 
 int sp__callback_threads;
 __thread int sp__callback_depth;
+int sp__fast_off = SP_FAST_NOT_READY;
 
 void sp__callback_enter(void) {
-    if (sp__callback_depth++ == 0)
+    if (sp__callback_depth++ == 0) {
         __atomic_fetch_add(&sp__callback_threads, 1, __ATOMIC_RELAXED);
+        sp__fast_off_add(SP_FAST_REASON);
+    }
 }
 
 void sp__callback_leave(void) {
-    if (--sp__callback_depth == 0)
+    if (--sp__callback_depth == 0) {
         __atomic_fetch_sub(&sp__callback_threads, 1, __ATOMIC_RELAXED);
+        sp__fast_off_add(-SP_FAST_REASON);
+    }
 }
 
 sp_status_t sp__callback_refused(const char *fn) {

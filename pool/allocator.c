@@ -22,6 +22,7 @@
 #include "pool/release.h"
 #include "pool/mempool.h"
 #include "pool/segment_index.h"
+#include "pool/thread_cache.h"
 
 /* ---- sizes ------------------------------------------------------------------------------- */
 
@@ -228,7 +229,7 @@ find_fit(sp_devalloc_t *d, sp_bpool_t *bp, size_t size, sp_stream_t stream, sp_b
     if (SP_UNLIKELY(d->gc_enabled))
         bp->gfb_count++;
     sp_block_t *b = sp__bset_find_fit(&bp->free, stream, size, pred_p);
-    if (!b || b->stream != stream)
+    if (!b || sp__block_stream(b) != stream)
         return NULL;
     if (SP_UNLIKELY(b->seg->expandable))
         b = sp__exp_best_fit(bp, b, stream, pred_p);
@@ -283,7 +284,7 @@ hand_out(sp_devalloc_t *d, sp_block_t *b, bool in_set, sp_block_t *pred, size_t 
     sp_segment_t *seg = b->seg;
     sp_bpool_t *bp = seg->bpool;
     sp_dev_stats_t *st = &d->stats;
-    bool small = bp->is_small;
+    sp_stat_t *row = bp->tstat;
     bool already_split = b->prev || b->next;
     /* The struct a split needs; without one (out of host memory) the block goes out whole. */
     sp_block_t *nb = fast ? spare_pop(d) : should_split(bp, b, size) ? block_take(d) : NULL;
@@ -295,7 +296,6 @@ hand_out(sp_devalloc_t *d, sp_block_t *b, bool in_set, sp_block_t *pred, size_t 
             sp_block_t *a = nb;
             a->addr = b->addr;
             a->size = size;
-            a->stream = b->stream;
             a->seg = seg;
             a->in_set = false;
             a->unmapped = false; /* a recycled struct may have been an unmapped block */
@@ -315,7 +315,6 @@ hand_out(sp_devalloc_t *d, sp_block_t *b, bool in_set, sp_block_t *pred, size_t 
             rem = nb;
             rem->addr = b->addr + size;
             rem->size = b->size - size;
-            rem->stream = b->stream;
             rem->seg = seg;
             rem->hnext = NULL;
             rem->gc_count = bp->gfb_count;
@@ -330,17 +329,17 @@ hand_out(sp_devalloc_t *d, sp_block_t *b, bool in_set, sp_block_t *pred, size_t 
         /* inactive_split leaves expandable segments out (their free pages can be unmapped). */
         if (!fast && SP_UNLIKELY(seg->expandable)) {
         } else if (already_split) {
-            sp__stat_dec(st, SP_ST_INACTIVE_SPLIT_BYTES, small, (int64_t)b->size);
+            sp__stat_t_dec(st, row, SP_ST_INACTIVE_SPLIT_BYTES, (int64_t)size); /* b's size */
         } else {
-            sp__stat_inc(st, SP_ST_INACTIVE_SPLIT_BYTES, small, (int64_t)rem->size);
-            sp__stat_inc(st, SP_ST_INACTIVE_SPLIT, small, 1);
+            sp__stat_t_inc(st, row, SP_ST_INACTIVE_SPLIT_BYTES, (int64_t)rem->size);
+            sp__stat_t_inc(st, row, SP_ST_INACTIVE_SPLIT, 1);
         }
     } else {
         if (in_set)
             sp__bset_remove(&bp->free, b);
         if (already_split && !seg->expandable) {
-            sp__stat_dec(st, SP_ST_INACTIVE_SPLIT_BYTES, small, (int64_t)b->size);
-            sp__stat_dec(st, SP_ST_INACTIVE_SPLIT, small, 1);
+            sp__stat_t_dec(st, row, SP_ST_INACTIVE_SPLIT_BYTES, (int64_t)b->size);
+            sp__stat_t_dec(st, row, SP_ST_INACTIVE_SPLIT, 1);
         }
     }
     b->allocated = true;
@@ -351,18 +350,19 @@ hand_out(sp_devalloc_t *d, sp_block_t *b, bool in_set, sp_block_t *pred, size_t 
         sp__ptr_map_insert_room(&d->map, b);
     else
         sp__ptr_map_insert(&d->map, b);
-    bp->pool->used += b->size;
-    sp__stat_inc(st, SP_ST_ALLOCATION, small, 1);
-    sp__stat_inc(st, SP_ST_ALLOCATED_BYTES, small, (int64_t)b->size);
+    size_t got = b->size; /* one load: the stats' stores may alias it for the compiler */
+    bp->pool->used += got;
+    sp__stat_t_inc(st, row, SP_ST_ALLOCATION, 1);
+    sp__stat_t_inc(st, row, SP_ST_ALLOCATED_BYTES, (int64_t)got);
     if (SP_UNLIKELY(!st->active_tied)) {
-        sp__stat_inc(st, SP_ST_ACTIVE, small, 1);
-        sp__stat_inc(st, SP_ST_ACTIVE_BYTES, small, (int64_t)b->size);
+        sp__stat_t_inc(st, row, SP_ST_ACTIVE, 1);
+        sp__stat_t_inc(st, row, SP_ST_ACTIVE_BYTES, (int64_t)got);
     }
-    sp__stat_inc(st, SP_ST_REQUESTED_BYTES, small, (int64_t)orig);
-    if (!fast && b->size >= sp__g.conf.max_split_size)
+    sp__stat_t_inc(st, row, SP_ST_REQUESTED_BYTES, (int64_t)orig);
+    if (!fast && got >= sp__g.conf.max_split_size)
         sp__stat_add(&st->oversize_allocations, 1);
     if (SP_UNLIKELY(hist))
-        sp__history_record(d->device, SP_TRACE_ALLOC, b->addr, orig, (uintptr_t)b->stream,
+        sp__history_record(d->device, SP_TRACE_ALLOC, b->addr, orig, (uintptr_t)sp__block_stream(b),
                            bp->pool->id, context);
     return b;
 }
@@ -493,7 +493,6 @@ sp_status_t sp__alloc_segment_new(sp_devalloc_t *d, sp_bpool_t *bp, uintptr_t ba
     pool->nsegments++;
     b->addr = base;
     b->size = size;
-    b->stream = stream;
     b->seg = seg;
     uintptr_t lo = atomic_load_explicit(&d->lo, memory_order_relaxed);
     uintptr_t hi = atomic_load_explicit(&d->hi, memory_order_relaxed);
@@ -603,6 +602,7 @@ free_block(sp_devalloc_t *d, sp_block_t *b, uint32_t free_ctx, bool hist, bool f
     sp_segment_t *seg = b->seg;
     sp_bpool_t *bp = seg->bpool;
     sp_dev_stats_t *st = &d->stats;
+    sp_stat_t *row = bp->tstat;
     size_t orig_size = b->size, req = b->requested;
     uintptr_t orig_addr = b->addr;
     uint32_t ctx = b->context;
@@ -648,18 +648,18 @@ free_block(sp_devalloc_t *d, sp_block_t *b, uint32_t free_ctx, bool hist, bool f
     /* A merge lowers both (a decrease touches only current); a split block freed alone raises
      * them. */
     if (net_n < 0)
-        sp__stat_dec(st, SP_ST_INACTIVE_SPLIT, bp->is_small, -net_n);
+        sp__stat_t_dec(st, row, SP_ST_INACTIVE_SPLIT, -net_n);
     else if (net_n > 0)
-        sp__stat_inc(st, SP_ST_INACTIVE_SPLIT, bp->is_small, net_n);
+        sp__stat_t_inc(st, row, SP_ST_INACTIVE_SPLIT, net_n);
     if (net_bytes < 0)
-        sp__stat_dec(st, SP_ST_INACTIVE_SPLIT_BYTES, bp->is_small, -net_bytes);
+        sp__stat_t_dec(st, row, SP_ST_INACTIVE_SPLIT_BYTES, -net_bytes);
     else if (net_bytes > 0)
-        sp__stat_inc(st, SP_ST_INACTIVE_SPLIT_BYTES, bp->is_small, net_bytes);
+        sp__stat_t_inc(st, row, SP_ST_INACTIVE_SPLIT_BYTES, net_bytes);
     if (SP_UNLIKELY(!st->active_tied)) {
-        sp__stat_dec(st, SP_ST_ACTIVE, bp->is_small, 1);
-        sp__stat_dec(st, SP_ST_ACTIVE_BYTES, bp->is_small, (int64_t)orig_size);
+        sp__stat_t_dec(st, row, SP_ST_ACTIVE, 1);
+        sp__stat_t_dec(st, row, SP_ST_ACTIVE_BYTES, (int64_t)orig_size);
     }
-    sp__stat_dec(st, SP_ST_REQUESTED_BYTES, bp->is_small, (int64_t)req);
+    sp__stat_t_dec(st, row, SP_ST_REQUESTED_BYTES, (int64_t)req);
     keep->gc_count = bp->gfb_count; /* shares requested's storage: req above keeps the value */
     if (!fast && keep == b) {
         b->context = 0; /* a free block holds no context; ctx is released below */
@@ -673,8 +673,8 @@ free_block(sp_devalloc_t *d, sp_block_t *b, uint32_t free_ctx, bool hist, bool f
     }
     sp__bset_check(set);
     if (SP_UNLIKELY(hist))
-        sp__history_record(d->device, SP_TRACE_FREE_COMPLETED, orig_addr, req, (uintptr_t)b->stream,
-                           bp->pool->id, free_ctx ? free_ctx : ctx);
+        sp__history_record(d->device, SP_TRACE_FREE_COMPLETED, orig_addr, req,
+                           (uintptr_t)sp__block_stream(b), bp->pool->id, free_ctx ? free_ctx : ctx);
     if (fast) {
         spare_push(d, b); /* no context (free_is_plain) */
         return;
@@ -699,20 +699,28 @@ static inline __attribute__((always_inline)) void
 free_locked(sp_devalloc_t *d, sp_block_t *b, uint32_t context, bool hist, bool fast) {
     sp_bpool_t *bp = b->seg->bpool;
     sp_dev_stats_t *st = &d->stats;
+    sp_stat_t *row = bp->tstat;
+    size_t size = b->size; /* one load: the stats' stores may alias it for the compiler */
     bool uses = !fast && sp__block_has_uses(b); /* before allocated drops */
     b->allocated = false;
     if (SP_UNLIKELY(uses))
         sp__stats_untie(st); /* the free may wait for events: active stays up meanwhile */
-    bp->pool->used -= b->size;
-    sp__stat_dec(st, SP_ST_ALLOCATION, bp->is_small, 1);
-    sp__stat_dec(st, SP_ST_ALLOCATED_BYTES, bp->is_small, (int64_t)b->size);
-    if (b->size >= sp__g.conf.max_split_size)
+    bp->pool->used -= size;
+    sp__stat_t_dec(st, row, SP_ST_ALLOCATION, 1);
+    sp__stat_t_dec(st, row, SP_ST_ALLOCATED_BYTES, (int64_t)size);
+    if (size >= sp__g.conf.max_split_size)
         sp__stat_add(&st->oversize_allocations, -1);
     if (SP_UNLIKELY(hist))
         sp__history_record(d->device, SP_TRACE_FREE_REQUESTED, b->addr, b->requested,
-                           (uintptr_t)b->stream, bp->pool->id, context ? context : b->context);
+                           (uintptr_t)sp__block_stream(b), bp->pool->id,
+                           context ? context : b->context);
     if (SP_LIKELY(!uses) || sp__alloc_insert_events(d, b) != SP_SUCCESS || b->event_count == 0)
         free_block(d, b, context, hist, fast);
+}
+
+void sp__alloc_free_held(sp_devalloc_t *d, sp_block_t *b) {
+    (void)sp__ptr_map_remove(&d->map, b->addr);
+    free_locked(d, b, 0, sp__history_on(), false);
 }
 
 /* ---- malloc ------------------------------------------------------------------------------ */
@@ -853,6 +861,10 @@ alloc_locked(sp_devalloc_t *d, sp_mempool_t *pool, size_t orig, sp_stream_t stre
     bool nocache = !plain && sp__g.conf.no_caching;
     sp_block_t *pred = NULL;
     sp_block_t *b = nocache ? NULL : find_fit(d, bp, size, stream, &pred);
+    /* Before the pool grows (or reports OOM), the blocks idle in thread caches go back to it and
+     * best fit looks again. */
+    if (SP_UNLIKELY(!b && d->tc_blocks) && sp__tc_drain(d))
+        b = find_fit(d, bp, size, stream, &pred);
     if (SP_LIKELY(b)) {
         b = hand_out(d, b, true, pred, size, orig, ctx, hist, false);
         *ptr_p = (void *)b->addr;
@@ -983,28 +995,34 @@ static inline bool hit_is_plain(const sp_devalloc_t *d, const sp_bpool_t *bp, co
      * has no_split, and size < max_split_size follows from b's size. */
     assert(!bp->pool->no_split && !b->seg->expandable && !sp__exp_pool(bp->pool));
     size_t rest = b->size - size;
-    return b->size < sp__g.conf.max_split_size &&
-           (bp->is_small ? rest >= SP_MIN_BLOCK_SIZE : rest > SP_SMALL_SIZE) && d->spare &&
-           sp__ptr_map_room(&d->map) && (!pred || pred->stream != b->stream || pred->size < rest);
+    /* A small block lies in a segment of SP_SMALL_BUFFER bytes, below every max_split_size
+     * (20 MiB at least, as PyTorch's): never oversize. */
+    assert(!bp->is_small || b->size < sp__g.conf.max_split_size);
+    return (bp->is_small ? rest >= SP_MIN_BLOCK_SIZE
+                         : b->size < sp__g.conf.max_split_size && rest > SP_SMALL_SIZE) &&
+           d->spare && sp__ptr_map_room(&d->map) &&
+           (!pred || sp__block_stream(pred) != sp__block_stream(b) || pred->size < rest);
 }
 
 /* sp_malloc in the default pool with history off, the lock taken without waiting and no call
- * on the way of the commonest hit (hit_is_plain). Anything else under the lock (a destroyed
- * pool, pending events, the GC clock, no plain hit) goes on in malloc_rest, which starts the
+ * on the way of the commonest hit (hit_is_plain). Anything else under the lock (pending
+ * events, the GC clock, no plain hit) goes on in malloc_rest, which starts the
  * locked path from its beginning: only the free set's hint may have moved, which is a starting
- * point, not a result. false: the lock was busy, or sizes are rounded by divisions, caching is
- * off or segments are expandable; nothing was done and malloc_full takes the whole path. */
+ * point, not a result. The caller saw sp__fast_malloc_on (so sizes are not rounded by
+ * divisions, caching is on and segments are not expandable). false: the lock was busy; nothing
+ * was done and malloc_full takes the whole path. */
 static inline __attribute__((always_inline)) bool
 malloc_hit(sp_devalloc_t *d, size_t orig, sp_stream_t stream, void **ptr_p, sp_status_t *s_p) {
-    if (SP_UNLIKELY(!sp__g.hit_fast) || SP_UNLIKELY(!sp__lock_try(&d->lock)))
+    if (SP_UNLIKELY(!sp__lock_try(&d->lock)))
         return false;
     sp_mempool_t *pool = d->default_pool;
     size_t size = round_512(orig);
     sp_bpool_t *bp = size <= pool->small_max ? &pool->small : &pool->large;
     sp_block_t *pred = NULL, *b = NULL;
-    if (SP_LIKELY(!d->pending_events && !d->gc_enabled && !pool->destroyed))
+    assert(!pool->destroyed); /* a default pool never is */
+    if (SP_LIKELY(!d->pending_events && !d->gc_enabled))
         b = sp__bset_find_fit(&bp->free, stream, size, &pred);
-    if (SP_LIKELY(b && b->stream == stream && hit_is_plain(d, bp, b, pred, size))) {
+    if (SP_LIKELY(b && sp__block_stream(b) == stream && hit_is_plain(d, bp, b, pred, size))) {
         b = hand_out(d, b, true, pred, size, orig, 0, false, true);
         *ptr_p = (void *)b->addr;
         sp__unlock(&d->lock);
@@ -1042,20 +1060,20 @@ static __attribute__((noinline)) sp_status_t malloc_full(size_t size, int device
         SP_UNLIKELY(atomic_load_explicit(&sp__routing_threads, memory_order_relaxed))
             ? sp__mempool_routed(device)
             : NULL;
+    if (sp__g.tc_limit && !pool && !sp__history_on() && sp__tc_malloc(size, device, stream, ptr_p))
+        return SP_SUCCESS;
     return alloc_malloc(d, pool ? pool : d->default_pool, size, stream, ptr_p);
 }
 
 SP_EXPORT sp_status_t sp_malloc(size_t size, int device, sp_stream_t stream, void **ptr_p) {
-    /* The commonest call (a valid device and size, a real stream, no callback running, no pool
-     * routing, no history) tries the call-free hit first; anything else, or a hit that is not
-     * plain, goes through malloc_full from its first check, as if the hit was never tried. */
-    sp_devalloc_t *d = sp__alloc_device_fast(device);
+    /* The commonest call (sympool ready, no callback running, no pool routing, no history, the
+     * plain hit's settings: sp__fast_malloc_on; a valid device and size, a real stream) tries the
+     * call-free hit first; anything else, or a hit that is not plain, goes through malloc_full
+     * from its first check, as if the hit was never tried. */
     sp_status_t s;
-    if (SP_LIKELY(d && ptr_p && size - 1 < SP_ONE_EB - 1 && !is_pseudo_stream(stream)) &&
-        SP_LIKELY(!__atomic_load_n(&sp__callback_threads, __ATOMIC_RELAXED) &&
-                  !atomic_load_explicit(&sp__routing_threads, memory_order_relaxed) &&
-                  !sp__history_on()) &&
-        malloc_hit(d, size, stream, ptr_p, &s))
+    if (SP_LIKELY(sp__fast_malloc_on() && (unsigned)device < (unsigned)sp__g.ndev && ptr_p &&
+                  size - 1 < SP_ONE_EB - 1 && !is_pseudo_stream(stream)) &&
+        malloc_hit(&sp__g.devs[device], size, stream, ptr_p, &s))
         return s;
     return malloc_full(size, device, stream, ptr_p);
 }
@@ -1088,18 +1106,20 @@ static sp_status_t explain_bad_pointer(const char *what, const void *ptr) {
 }
 
 /* Can the free of allocated block b take free_block's fast form? That form is the commonest
- * free: no recorded streams, no history context, caching on, and exactly one free neighbour,
+ * free: no recorded streams, no history context (caching is on: sp__fast_free_on), and exactly
+ * one free neighbour,
  * whose struct keeps its tree node (its key grows; a successor of the same stream sorts by size
  * first, so one larger than the merged block stays above it). Everything it skips needs a call
  * or cannot apply then. */
 static inline bool free_is_plain(const sp_block_t *b) {
     const sp_block_t *p = b->prev, *n = b->next;
     bool mp = mergeable(p), mn = mergeable(n);
-    if (b->uses || b->context || mp == mn || sp__g.conf.no_caching)
+    if (b->uses || b->context || mp == mn)
         return false;
     const sp_block_t *keep = mp ? p : n;
     const sp_block_t *succ = sp__bset_succ(&keep->seg->bpool->free, keep);
-    return !succ || succ->stream != keep->stream || succ->size > keep->size + b->size;
+    return !succ || sp__block_stream(succ) != sp__block_stream(keep) ||
+           succ->size > keep->size + b->size;
 }
 
 /* free_locked for free_hit's blocks that are not plain: the lock is held and history is off. */
@@ -1108,32 +1128,60 @@ static __attribute__((noinline)) void free_rest(sp_devalloc_t *d, sp_block_t **p
     sp__unlock(&d->lock);
 }
 
+/* Does d's address range hold a? (Never a = 0: a range starts at a segment's base.) */
+static inline bool in_range(const sp_devalloc_t *d, uintptr_t a) {
+    return a >= atomic_load_explicit(&d->lo, memory_order_relaxed) &&
+           a < atomic_load_explicit(&d->hi, memory_order_relaxed);
+}
+
+/* The first device after device 0 whose address range holds a, or NULL. */
+static __attribute__((noinline)) sp_devalloc_t *later_device(uintptr_t a) {
+    for (int i = 1; i < sp__g.ndev; i++)
+        if (in_range(&sp__g.devs[i], a))
+            return &sp__g.devs[i];
+    return NULL;
+}
+
 /* sp_free with history off: the block is in the first device whose address range holds ptr (the
  * whole path's first match too) and the lock was free; the commonest free (free_is_plain) has no
  * call on its way, any other free of a block found goes on in free_rest. false: the lock was
  * busy or the pointer is not there; nothing was done and free_full takes the whole path. */
 static inline __attribute__((always_inline)) bool free_hit(uintptr_t a) {
-    for (int i = 0; i < sp__g.ndev; i++) {
-        sp_devalloc_t *d = &sp__g.devs[i];
-        if (a < atomic_load_explicit(&d->lo, memory_order_relaxed) ||
-            a >= atomic_load_explicit(&d->hi, memory_order_relaxed))
-            continue;
-        if (SP_UNLIKELY(!sp__lock_try(&d->lock)))
-            return false;
-        sp_block_t **pp = sp__ptr_map_slot(&d->map, a);
-        if (SP_UNLIKELY(!pp)) {
-            sp__unlock(&d->lock);
-            return false;
-        }
-        if (SP_LIKELY(free_is_plain(*pp))) {
-            free_locked(d, sp__ptr_map_unlink(&d->map, pp), 0, false, true);
-            sp__unlock(&d->lock);
-        } else {
-            free_rest(d, pp);
-        }
-        return true;
+    /* devs[0] exists even with no device (zeroed: its empty range holds nothing), so the
+     * commonest case, device 0, costs no device count or index. */
+    sp_devalloc_t *d = sp__g.devs;
+    if (SP_UNLIKELY(!in_range(d, a)) && !(d = later_device(a)))
+        return false;
+    if (SP_UNLIKELY(!sp__lock_try(&d->lock)))
+        return false;
+    sp_block_t **pp = sp__ptr_map_slot(&d->map, a);
+    if (SP_UNLIKELY(!pp)) {
+        sp__unlock(&d->lock);
+        return false;
     }
-    return false;
+    if (SP_LIKELY(free_is_plain(*pp))) {
+        free_locked(d, sp__ptr_map_unlink(&d->map, pp), 0, false, true);
+        sp__unlock(&d->lock);
+    } else {
+        free_rest(d, pp);
+    }
+    return true;
+}
+
+/* With the thread cache on, before the ordinary free of the block at a (d's lock held): the
+ * cache's verdict (thread_cache.h); SP_TC_FREE also when no block starts at a. */
+static sp_tc_verdict_t tc_hook(sp_devalloc_t *d, uintptr_t a, bool hist, size_t *req_p) {
+    sp_block_t *b = sp__ptr_map_find(&d->map, a);
+    return b ? sp__tc_on_free(d, b, hist, req_p) : SP_TC_FREE;
+}
+
+static sp_status_t tc_verdict_status(sp_tc_verdict_t v, const char *what, const void *ptr) {
+    if (v == SP_TC_KEPT)
+        return SP_SUCCESS;
+    return sp__error(SP_ERR_INVALID_USAGE, SP_SUB_POOL,
+                     "%s(%p): the block is not allocated (double free? it is idle in a thread "
+                     "cache)",
+                     what, ptr);
 }
 
 /* sp_free's whole path: every check in its order, history, events, every device. */
@@ -1151,6 +1199,8 @@ static __attribute__((noinline)) sp_status_t free_full(void *ptr) {
     }
     uintptr_t a = (uintptr_t)ptr;
     bool hist = SP_UNLIKELY(sp__history_on());
+    if (sp__g.tc_limit && !hist && sp__tc_free(a, NULL, NULL))
+        return SP_SUCCESS;
     uint32_t ctx = hist ? sp__history_capture(true) : 0;
     for (int i = 0; i < sp__g.ndev; i++) {
         sp_devalloc_t *d = &sp__g.devs[i];
@@ -1158,6 +1208,14 @@ static __attribute__((noinline)) sp_status_t free_full(void *ptr) {
             a >= atomic_load_explicit(&d->hi, memory_order_relaxed))
             continue;
         sp__lock(&d->lock);
+        size_t req = 0;
+        sp_tc_verdict_t v = SP_UNLIKELY(sp__g.tc_limit) ? tc_hook(d, a, hist, &req) : SP_TC_FREE;
+        if (SP_UNLIKELY(v != SP_TC_FREE)) {
+            sp__unlock(&d->lock);
+            if (ctx)
+                sp__history_context_release(ctx);
+            return tc_verdict_status(v, "sp_free", ptr);
+        }
         sp_block_t *b = sp__ptr_map_remove(&d->map, a);
         if (SP_LIKELY(b)) {
             free_locked(d, b, ctx, hist, false);
@@ -1174,11 +1232,10 @@ static __attribute__((noinline)) sp_status_t free_full(void *ptr) {
 }
 
 SP_EXPORT sp_status_t sp_free(void *ptr) {
-    /* The commonest call (sympool ready, no callback running, no history) tries the call-free
-     * free first; anything else goes through free_full from its first check. */
-    if (SP_LIKELY(ptr && !__atomic_load_n(&sp__callback_threads, __ATOMIC_RELAXED) &&
-                  atomic_load_explicit(&sp__ready, memory_order_acquire) && !sp__history_on()) &&
-        free_hit((uintptr_t)ptr))
+    /* The commonest call (sympool ready, no callback running, no history: sp__fast_free_on)
+     * tries the call-free free first; anything else goes through free_full from its first
+     * check. NULL is in no device's range, so free_full answers it. */
+    if (SP_LIKELY(sp__fast_free_on()) && free_hit((uintptr_t)ptr))
         return SP_SUCCESS;
     return free_full(ptr);
 }
@@ -1195,6 +1252,8 @@ sp_status_t sp__alloc_free_sized(void *ptr, int device, size_t *size_p, int *dev
             "sp_torch_free(%p): sympool is not initialized, so this is not its pointer", ptr);
     uintptr_t a = (uintptr_t)ptr;
     bool hist = SP_UNLIKELY(sp__history_on());
+    if (sp__g.tc_limit && !hist && sp__tc_free(a, size_p, device_p))
+        return SP_SUCCESS;
     uint32_t ctx = hist ? sp__history_capture(true) : 0;
     /* The device PyTorch names first, then (a mismatch) the others: one locked probe of the
      * pointer map finds, checks and frees the block. */
@@ -1207,6 +1266,16 @@ sp_status_t sp__alloc_free_sized(void *ptr, int device, size_t *size_p, int *dev
             a >= atomic_load_explicit(&d->hi, memory_order_relaxed))
             continue;
         sp__lock(&d->lock);
+        size_t kreq = 0;
+        sp_tc_verdict_t v = SP_UNLIKELY(sp__g.tc_limit) ? tc_hook(d, a, hist, &kreq) : SP_TC_FREE;
+        if (SP_UNLIKELY(v != SP_TC_FREE)) {
+            *size_p = kreq;
+            *device_p = i;
+            sp__unlock(&d->lock);
+            if (ctx)
+                sp__history_context_release(ctx);
+            return tc_verdict_status(v, "sp_torch_free", ptr);
+        }
         sp_block_t *b = sp__ptr_map_remove(&d->map, a);
         if (SP_LIKELY(b)) {
             size_t req = b->requested;
@@ -1257,9 +1326,18 @@ SP_EXPORT sp_status_t sp_record_stream(void *ptr, sp_stream_t stream) {
                              "to device %d",
                              ptr, sdev, i);
         }
-        if (stream == b->stream) {
+        if (stream == sp__block_stream(b)) {
             sp__unlock(&d->lock);
             return SP_SUCCESS; /* a use on the allocation stream needs no event */
+        }
+        /* A use on another stream: the block's free must wait for it, which a thread cache's
+         * free would not, so it leaves the cache that handed it out. */
+        if (SP_UNLIKELY(sp__g.tc_limit) && !sp__tc_unregister(d, b)) {
+            sp__unlock(&d->lock);
+            return sp__error(SP_ERR_INVALID_USAGE, SP_SUB_POOL,
+                             "sp_record_stream(%p): the block was freed (it is idle in a thread "
+                             "cache)",
+                             ptr);
         }
         sp_block_uses_t *us = b->uses;
         for (uint32_t k = 0; us && k < us->n; k++) {

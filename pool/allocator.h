@@ -48,6 +48,7 @@
 typedef struct sp_bpool {
     sp_block_set_t free;     /* cached free blocks (lock) */
     bool is_small;           /* small (<= 1 MiB requests) or large pool (const) */
+    sp_stat_t *tstat;        /* its type's Stats in its device's stats (sp__stat_t_inc) (const) */
     struct sp_mempool *pool; /* owning MemPool (const) */
     uint64_t gfb_count;      /* get_free_block calls while GC is on: the GC clock (lock) */
     sp_block_t *unmapped;    /* expandable: unmapped blocks by (stream, address) (lock) */
@@ -101,13 +102,16 @@ typedef struct sp_evq {
 /* ---- per-device allocator ---------------------------------------------------------------- */
 
 typedef struct sp_devalloc {
-    sp_lock_t lock;              /* guards everything below and every pool of this device */
-    int device;                  /* (const) */
-    size_t total_mem;            /* device total bytes, read at init (const) */
-    size_t allowed_max;          /* memory-fraction cap, SIZE_MAX = none (lock) */
-    double fraction;             /* the fraction as set, 1.0 = none; read back exactly (lock) */
-    size_t total_reserved;       /* bytes of all segments of the device (lock) */
-    bool gc_enabled;             /* fraction set and gc threshold > 0 (lock) */
+    sp_lock_t lock;        /* guards everything below and every pool of this device */
+    int device;            /* (const) */
+    size_t total_mem;      /* device total bytes, read at init (const) */
+    size_t allowed_max;    /* memory-fraction cap, SIZE_MAX = none (lock) */
+    double fraction;       /* the fraction as set, 1.0 = none; read back exactly (lock) */
+    size_t total_reserved; /* bytes of all segments of the device (lock) */
+    bool gc_enabled;       /* fraction set and gc threshold > 0 (lock) */
+    /* Blocks registered in thread caches (thread_cache.h; at most 16384 a thread) (lock). In
+     * the padding after gc_enabled: the struct's size is in every &sp__g.devs[i]. */
+    uint32_t tc_blocks;
     sp_dev_stats_t stats;        /* (lock) */
     sp_mempool_t *default_pool;  /* {0,0} (const) */
     sp_mempool_t *pools;         /* user and symmetric pools in creation order (lock) */
@@ -135,16 +139,20 @@ typedef struct sp_alloc_global {
     bool round_plain;           /* no roundup_power2_divisions: round to 512 B only (const) */
     bool hit_plain;             /* round_plain and caching on: the cache hit's one test (const) */
     bool hit_fast;              /* hit_plain, no expandable segments: malloc_hit applies (const) */
+    int fast_rest;              /* sp__fast_off's share of these settings while ready (const) */
     bool exp_on;                /* expandable segments in use (conf, backend VMM) (const) */
     bool exp_recycle;           /* SYMPOOL_EXPANDABLE_RECYCLE (const) */
     bool exp_borrow;            /* SYMPOOL_EXPANDABLE_BORROW (const) */
     size_t exp_shared;          /* SYMPOOL_EXPANDABLE_SHARED with BORROW on, else 0 (const) */
     size_t exp_page;            /* SYMPOOL_EXPANDABLE_PAGE for the large pool, 0 = PyTorch's */
+    size_t tc_limit;            /* SYMPOOL_THREAD_CACHE: idle bytes per thread, 0 = off (const) */
     int ndev;                   /* devices */
     sp_devalloc_t *devs;        /* [ndev] */
 } sp_alloc_global_t;
 
-extern sp_alloc_global_t sp__g;
+/* Hidden, so that the fast paths read it straight (no indirection through the GOT of the shared
+ * library); it is defined with the library's default hidden visibility anyway. */
+extern __attribute__((visibility("hidden"))) sp_alloc_global_t sp__g;
 extern atomic_int sp__ready; /* 1 once sp__g is initialized */
 
 sp_status_t sp__alloc_init_slow(void);
@@ -205,6 +213,9 @@ sp_status_t sp__alloc_free_sized(void *ptr, int device, size_t *size_p, int *dev
 /* Complete a free: merge, return to the free set, stats (lock held). free_ctx: history context
  * of the sp_free call when it completes at once (0 when events completed it later). */
 void sp__alloc_free_block(sp_devalloc_t *d, sp_block_t *b, uint32_t free_ctx);
+/* Free allocated block b (in the pointer map, no recorded streams) to its pool, as sp_free would
+ * with no history context (lock held): a thread cache giving a block back. */
+void sp__alloc_free_held(sp_devalloc_t *d, sp_block_t *b);
 /* Hand out free block b (removed from its set, or fresh) for a rounded size (lock held). */
 void sp__alloc_found_block(sp_devalloc_t *d, sp_block_t *b, size_t size, size_t orig,
                            uint32_t context);

@@ -22,6 +22,7 @@
 #include "pool/handles.h"
 #include "pool/release.h"
 #include "pool/mempool.h"
+#include "pool/thread_cache.h"
 
 sp_alloc_global_t sp__g = {.init_lock = PTHREAD_MUTEX_INITIALIZER};
 atomic_int sp__ready;
@@ -121,6 +122,17 @@ sp_status_t sp__alloc_init_slow(void) {
                    sp__g.ops->vmm_reserve && sp__g.ops->vmm_map && sp__g.ops->vmm_unmap &&
                    sp__g.ops->vmm_release;
     sp__g.hit_fast = sp__g.hit_plain && !sp__g.exp_on;
+    /* The thread cache serves 512-byte-rounded sizes from fixed segments only; with it on,
+     * sp_malloc's call-free hit (which takes the device lock) gives way to it. */
+    size_t tc = (size_t)sp__option_int(SP_OPT_THREAD_CACHE);
+    sp__g.tc_limit = sp__g.hit_fast ? tc : 0;
+    if (tc && !sp__g.tc_limit)
+        SP_INFO(SP_SUB_INIT, "SYMPOOL_THREAD_CACHE is ignored: %s",
+                sp__g.conf.no_caching ? "SYMPOOL_NO_CACHING is on"
+                : !sp__g.round_plain  ? "roundup_power2_divisions is set"
+                                      : "expandable segments are on");
+    if (sp__g.tc_limit)
+        sp__g.hit_fast = false;
     sp__g.exp_recycle = sp__option_int(SP_OPT_EXPANDABLE_RECYCLE) != 0;
     sp__g.exp_borrow = sp__option_int(SP_OPT_EXPANDABLE_BORROW) != 0;
     sp__g.exp_shared = sp__g.exp_borrow ? (size_t)sp__option_int(SP_OPT_EXPANDABLE_SHARED) : 0;
@@ -161,9 +173,14 @@ sp_status_t sp__alloc_init_slow(void) {
         snprintf(mss, sizeof(mss), "%zu", sp__g.conf.max_split_size);
     SP_INFO(SP_SUB_INIT,
             "allocator ready: backend %s, %d device(s), max_split_size %s, "
-            "no_caching %d, expandable_segments %d",
-            sp__g.ops->name, n, mss, (int)sp__g.conf.no_caching, (int)sp__g.exp_on);
+            "no_caching %d, expandable_segments %d, thread_cache %zu",
+            sp__g.ops->name, n, mss, (int)sp__g.conf.no_caching, (int)sp__g.exp_on, sp__g.tc_limit);
     atomic_store_explicit(&sp__ready, 1, memory_order_release);
+    /* The thread cache's frees look in the thread's own table first (free_full), so with it on
+     * sp_free's call-free form steps aside like for caching off. */
+    sp__g.fast_rest = (sp__g.hit_fast ? 0 : SP_FAST_NO_HIT) +
+                      ((sp__g.conf.no_caching || sp__g.tc_limit) ? SP_FAST_REASON : 0);
+    sp__fast_off_add(sp__g.fast_rest - SP_FAST_NOT_READY);
     pthread_mutex_unlock(&sp__g.init_lock);
     return SP_SUCCESS;
 }
@@ -223,6 +240,10 @@ static sp_status_t shutdown_locked(void) {
     }
     for (int i = 0; i < sp__g.ndev; i++)
         sp__lock(&sp__g.devs[i].lock);
+    /* Idle thread-cached blocks are allocated in their pools: back first, so that only blocks a
+     * caller holds count as live. */
+    for (int i = 0; i < sp__g.ndev; i++)
+        (void)sp__tc_drain(&sp__g.devs[i]);
     for (int i = 0; i < sp__g.ndev; i++) {
         int64_t live = sp__stat_all_current(&sp__g.devs[i].stats, SP_ST_ALLOCATION);
         if (live) {
@@ -250,6 +271,7 @@ static sp_status_t shutdown_locked(void) {
     sp__g.devs = NULL;
     sp__g.ndev = 0;
     atomic_store_explicit(&sp__ready, 0, memory_order_release);
+    sp__fast_off_add(SP_FAST_NOT_READY - sp__g.fast_rest);
     sp__mempool_routing_reset();
     sp__handles_next_generation(); /* every pool handle of this session is stale from here */
     sp__history_shutdown();
@@ -349,6 +371,7 @@ SP_EXPORT sp_status_t sp_empty_cache(void) {
     for (int i = 0; i < sp__g.ndev; i++) {
         sp_devalloc_t *d = &sp__g.devs[i];
         sp__lock(&d->lock);
+        (void)sp__tc_drain(d); /* every thread's idle blocks, then the pool's release */
         sp__alloc_release_cached(d, ctx);
         sp__unlock(&d->lock);
     }
@@ -362,6 +385,7 @@ SP_EXPORT sp_status_t sp_x_empty_cache_device(int device) {
     SP_CHECK(sp__alloc_device(device, &d));
     uint32_t ctx = sp__history_capture(true);
     sp__lock(&d->lock);
+    (void)sp__tc_drain(d);
     sp__alloc_release_cached(d, ctx);
     sp__unlock(&d->lock);
     sp__history_context_release(ctx);
@@ -407,6 +431,7 @@ SP_EXPORT sp_status_t sp_stream_destroy(sp_stream_t stream) {
      * live block on it stays until the block is freed and the cache emptied). */
     sp_devalloc_t *d = &sp__g.devs[dev];
     sp__lock(&d->lock);
+    (void)sp__tc_drain(d); /* thread caches key blocks by stream too */
     sp__alloc_sync_events(d, NULL);
     sp__alloc_release_pool(d, d->default_pool, true, stream, 0);
     for (sp_mempool_t *p = d->pools; p; p = p->next)

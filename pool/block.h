@@ -16,6 +16,7 @@
 struct sp_segment;
 struct sp_bpool;
 struct sp_devalloc;
+struct sp_tcache;
 
 /* Streams recorded on an allocated block by sp_record_stream (rare: kept out of the block). */
 typedef struct sp_block_uses {
@@ -27,7 +28,7 @@ typedef struct sp_block_uses {
 /* A block is in one of four states: allocated (in the pointer map), pending (freed, waiting for
  * events), free (in its block pool's set) or unmapped (expandable address space, on its bpool's
  * unmapped list), or idle on the device's spare list. Fields used in disjoint states share
- * storage, which keeps a block at 88 bytes: the pointer-map chain, the tree's parent link and
+ * storage, which keeps a block at 80 bytes: the pointer-map chain, the tree's parent link and
  * a pending free's event count; the caller's size and the GC age; the recorded streams and the
  * tree's (or unmapped list's) left link. The word of the parent link is zero whenever a block is
  * in none of those states (a set removal and a pointer-map removal clear it, new structs are
@@ -39,7 +40,6 @@ typedef struct sp_block {
         size_t requested;  /* caller's size while allocated or pending (lock) */
         uint64_t gc_count; /* while in_set: bpool's get_free_block count when inserted (GC age) */
     };
-    sp_stream_t stream;     /* allocation stream == its segment's stream (const) */
     struct sp_segment *seg; /* owning segment (const) */
     struct sp_block *prev;  /* lower neighbour in the segment, NULL at its start (lock) */
     struct sp_block *next;  /* higher neighbour in the segment (lock) */
@@ -48,14 +48,18 @@ typedef struct sp_block {
         sp_block_uses_t *uses; /* while allocated: its recorded streams, or NULL (lock); read
                                 * through sp__block_has_uses outside the allocated state */
     };
-    struct sp_block *right; /* free-set tree link while in_set; the unmapped list's (lock) */
+    union {
+        struct sp_block *right; /* free-set tree link while in_set; the unmapped list's (lock) */
+        struct sp_tcache *tc_owner; /* while allocated and in a thread cache (thread_cache.h) */
+    };
     union {
         struct sp_block *parent; /* free-set tree link while in_set (lock) */
         struct sp_block *hnext;  /* pointer-map chain while allocated; spare list while idle */
         int32_t event_count;     /* outstanding events while pending (lock) */
     };
     uint32_t context; /* history context of the allocation, 0 if none (lock) */
-    int8_t height;    /* AVL height while in_set (lock) */
+    int8_t height;    /* AVL height while in_set; SP_TC_MARK while allocated and in a thread
+                       * cache (thread_cache.h), else 0 or stale (lock) */
     bool allocated;   /* handed out and not yet freed (lock) */
     bool in_set;      /* in its bpool's free set (lock) */
     bool unmapped;    /* expandable: address space without memory; in its bpool's
@@ -92,6 +96,12 @@ typedef struct sp_segment {
     struct sp_segment *pprev;   /* pool's segment list, in seq order (lock) */
     struct sp_segment *pnext;   /* (lock) */
 } sp_segment_t;
+
+/* A block's allocation stream: its segment's (every block of a segment has the segment's
+ * stream, so the block keeps none of its own). */
+static inline sp_stream_t sp__block_stream(const sp_block_t *b) {
+    return b->seg->stream;
+}
 
 /* Put a into b's segment list right before b (a takes b's place as the head if b was it). */
 static inline void sp__block_link_before(sp_block_t *a, sp_block_t *b) {

@@ -36,7 +36,7 @@ void sp__bset_remove(sp_block_set_t *set, sp_block_t *b);
 sp_block_t *sp__bset_lower_bound(const sp_block_set_t *set, sp_stream_t stream, size_t size);
 /* The set's order: <0, 0, >0. Within a segment, offset order equals address order. */
 static inline int sp__bset_cmp(bool by_seq, const sp_block_t *a, const sp_block_t *b) {
-    uintptr_t sa = (uintptr_t)a->stream, sb = (uintptr_t)b->stream;
+    uintptr_t sa = (uintptr_t)sp__block_stream(a), sb = (uintptr_t)sp__block_stream(b);
     if (sa != sb)
         return sa < sb ? -1 : 1;
     if (a->size != b->size)
@@ -87,7 +87,7 @@ static inline sp_block_t *sp__bset_succ(const sp_block_set_t *set, const sp_bloc
 
 /* Is block n's key below the query (stream, size, -inf)? */
 static inline bool sp__bset_below(const sp_block_t *n, uintptr_t s, size_t size) {
-    uintptr_t ns = (uintptr_t)n->stream;
+    uintptr_t ns = (uintptr_t)sp__block_stream(n);
     return ns < s || (ns == s && n->size < size);
 }
 

@@ -37,8 +37,8 @@
 
 /* Unmapped blocks are in no free set, so their set links (left, right) chain the list. */
 static bool ulist_before(const sp_block_t *a, const sp_block_t *b) {
-    if (a->stream != b->stream)
-        return (uintptr_t)a->stream < (uintptr_t)b->stream;
+    if (sp__block_stream(a) != sp__block_stream(b))
+        return (uintptr_t)sp__block_stream(a) < (uintptr_t)sp__block_stream(b);
     return a->addr < b->addr;
 }
 
@@ -198,7 +198,6 @@ static sp_status_t map_block(sp_devalloc_t *d, sp_block_t *m, size_t size, uint3
         if (rem) {
             rem->addr = m->addr + len;
             rem->size = m->size - len;
-            rem->stream = m->stream;
             rem->seg = seg;
             rem->unmapped = true;
             sp__block_link_after(rem, m);
@@ -231,8 +230,8 @@ static sp_status_t map_block(sp_devalloc_t *d, sp_block_t *m, size_t size, uint3
     sp__stat_inc(st, SP_ST_RESERVED_BYTES, bp->is_small, (int64_t)len);
     st->num_device_alloc++;
     if (SP_UNLIKELY(sp__history_on()))
-        sp__history_record(d->device, SP_TRACE_SEGMENT_MAP, at, len, (uintptr_t)m->stream, pool->id,
-                           ctx);
+        sp__history_record(d->device, SP_TRACE_SEGMENT_MAP, at, len, (uintptr_t)sp__block_stream(m),
+                           pool->id, ctx);
     if (!m->prev && !seg->context && ctx) {
         seg->context = ctx; /* the stack of the request that first mapped the segment's start */
         sp__history_context_retain(ctx);
@@ -253,7 +252,7 @@ static bool has_room(const sp_block_t *b, size_t size) {
 static sp_status_t find_room(sp_devalloc_t *d, sp_bpool_t *bp, size_t size, sp_stream_t stream,
                              sp_block_t **c_p) {
     for (sp_block_t *u = bp->unmapped; u; u = u->right) {
-        if (u->stream != stream)
+        if (sp__block_stream(u) != stream)
             continue;
         sp_block_t *c = free_mapped(u->prev) ? u->prev : u;
         if (has_room(c, size)) {
@@ -293,7 +292,7 @@ static bool recycle_stream(recycler_t *r, sp_bpool_t *bp, sp_stream_t s) {
         int n = 0;
         size_t acc = 0;
         for (sp_block_t *b = sp__bset_lower_bound(&bp->free, s, page);
-             b && b->stream == s && n < 32 && r->got + acc < r->need;) {
+             b && sp__block_stream(b) == s && n < 32 && r->got + acc < r->need;) {
             if (b->seg->expandable && free_mapped(b) && has_whole_page(b)) {
                 cand[n++] = b;
                 acc += b->size;
@@ -343,7 +342,7 @@ static void recycle(sp_devalloc_t *d, sp_bpool_t *bp, sp_stream_t stream, size_t
         sp_bpool_t *p = order[k];
         /* The set is ordered by stream first: visit each stream's part in turn. */
         for (sp_block_t *b = sp__bset_lower_bound(&p->free, NULL, 0); b && r.got < need;) {
-            sp_stream_t s = b->stream;
+            sp_stream_t s = sp__block_stream(b);
             if (s != stream && !recycle_stream(&r, p, s))
                 return;
             if ((uintptr_t)s == UINTPTR_MAX)
@@ -366,7 +365,7 @@ static sp_block_t *borrow_large(sp_bpool_t *bp, size_t size, sp_stream_t stream)
     if (!bp->is_small || bp->pool->no_split)
         return NULL;
     sp_block_t *b = sp__bset_lower_bound(&lp->free, stream, size);
-    if (!b || b->stream != stream || !b->seg->expandable || !allocatable(b) ||
+    if (!b || sp__block_stream(b) != stream || !b->seg->expandable || !allocatable(b) ||
         b->size >= sp__g.conf.max_split_size)
         return NULL; /* small requests never take oversize blocks */
     sp__bset_remove(&lp->free, b);
@@ -413,7 +412,7 @@ sp_block_t *sp__exp_best_fit(sp_bpool_t *bp, sp_block_t *b, sp_stream_t stream,
     sp_block_t *cur = b;
     while (cur->seg->expandable) {
         sp_block_t *succ = sp__bset_succ(&bp->free, cur);
-        if (!succ || succ->stream != stream || exp_size(succ) >= exp_size(cur))
+        if (!succ || sp__block_stream(succ) != stream || exp_size(succ) >= exp_size(cur))
             break;
         cur = succ;
     }
@@ -454,7 +453,6 @@ static size_t unmap_block(sp_devalloc_t *d, sp_block_t *b) {
     if (before) {
         before->addr = b->addr;
         before->size = begin - b->addr;
-        before->stream = b->stream;
         before->seg = seg;
         sp__block_link_before(before, b);
         before->gc_count = bp->gfb_count;
@@ -463,7 +461,6 @@ static size_t unmap_block(sp_devalloc_t *d, sp_block_t *b) {
     if (after) {
         after->addr = end;
         after->size = b->addr + b->size - end;
-        after->stream = b->stream;
         after->seg = seg;
         sp__block_link_after(after, b);
         after->gc_count = bp->gfb_count;
@@ -491,8 +488,8 @@ static size_t unmap_block(sp_devalloc_t *d, sp_block_t *b) {
     sp__stat_dec(st, SP_ST_RESERVED_BYTES, bp->is_small, (int64_t)len);
     st->num_device_free++;
     if (SP_UNLIKELY(sp__history_on()))
-        sp__history_record(d->device, SP_TRACE_SEGMENT_UNMAP, begin, len, (uintptr_t)b->stream,
-                           pool->id, 0);
+        sp__history_record(d->device, SP_TRACE_SEGMENT_UNMAP, begin, len,
+                           (uintptr_t)sp__block_stream(b), pool->id, 0);
     return len;
 }
 

@@ -5,7 +5,8 @@
  * fork() copies only the calling thread; a lock another thread held at that moment stays held in
  * the child forever, and the structure it guarded may be half updated. So the prepare handler
  * takes every lock sympool has, in the global lock order, and waits for the threads inside to
- * leave: sp__g.init_lock, the device allocator locks (device order), the backend selection and the
+ * leave: sp__g.init_lock, the device allocator locks (device order), the thread caches'
+ * registry and locks, the backend selection and the
  * backend's own locks, the history lock, the pool-handle registry lock, then core's option and
  * log locks (leaves). The parent handler and the child handler release them in reverse order, so
  * the child starts with a consistent allocator and every lock free.
@@ -27,6 +28,7 @@
 #include "pool/fork.h"
 #include "pool/handles.h"
 #include "pool/history.h"
+#include "pool/thread_cache.h"
 
 static pthread_once_t g_once = PTHREAD_ONCE_INIT;
 static int g_locked_devs;        /* device locks prepare took (init_lock held while set) */
@@ -38,6 +40,7 @@ static void prepare(void) {
     g_locked_devs = atomic_load_explicit(&sp__ready, memory_order_acquire) ? sp__g.ndev : 0;
     for (int i = 0; i < g_locked_devs; i++)
         sp__lock(&sp__g.devs[i].lock);
+    sp__tc_fork_lock();
     sp__device_fork_lock();
     sp__history_fork_lock();
     sp__handles_fork_lock();
@@ -51,6 +54,7 @@ static void release(void) {
     sp__handles_fork_unlock();
     sp__history_fork_unlock();
     sp__device_fork_unlock();
+    sp__tc_fork_unlock();
     for (int i = g_locked_devs - 1; i >= 0; i--)
         sp__unlock(&sp__g.devs[i].lock);
 }
@@ -68,6 +72,7 @@ static void child(void) {
          * there with the reason; nothing inherited is touched. */
         atomic_store(&g_cuda_child, true);
         atomic_store_explicit(&sp__ready, 0, memory_order_release);
+        sp__fast_off_add(SP_FAST_NOT_READY);
     }
     pthread_mutex_unlock(&sp__g.init_lock);
 }

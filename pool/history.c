@@ -39,6 +39,15 @@
 #define INITIAL_BUCKETS 1024
 
 int sp__history_active = 0;
+
+/* sp__history_active's stores (under g.lock), with the fast paths' count of reasons to step
+ * aside (core.h) following its changes. */
+static void set_active(int on) {
+    if (__atomic_load_n(&sp__history_active, __ATOMIC_RELAXED) == on)
+        return;
+    __atomic_store_n(&sp__history_active, on, __ATOMIC_RELAXED);
+    sp__fast_off_add(on ? SP_FAST_REASON : -SP_FAST_REASON);
+}
 /* 1 while trace entries are kept (enabled=ALL); atomic stores under g.lock, relaxed loads. */
 static int g_keep_actions = 0;
 
@@ -612,7 +621,7 @@ SP_EXPORT sp_status_t sp_record_memory_history(const sp_history_params_t *params
     if (params->enabled == SP_HISTORY_OFF) {
         /* PyTorch: enabled=None stops recording and clears the buffer. Contexts still held by
          * live blocks stay until the allocator releases them. */
-        __atomic_store_n(&sp__history_active, 0, __ATOMIC_RELAXED);
+        set_active(0);
         __atomic_store_n(&g_keep_actions, 0, __ATOMIC_RELAXED);
         for (int d = 0; d < g.nrings; d++)
             ring_clear_locked(&g.rings[d]);
@@ -652,7 +661,7 @@ SP_EXPORT sp_status_t sp_record_memory_history(const sp_history_params_t *params
     __atomic_store_n(&g.want_frames, g.hook != NULL || g.c_stacks, __ATOMIC_RELAXED);
     __atomic_store_n(&g.context, params->context, __ATOMIC_RELAXED);
     __atomic_store_n(&g_keep_actions, 1, __ATOMIC_RELAXED);
-    __atomic_store_n(&sp__history_active, 1, __ATOMIC_RELAXED);
+    set_active(1);
     pthread_mutex_unlock(&g.lock);
     SP_INFO(SP_SUB_HISTORY, "memory history %s, context %d, max_entries %zu, c_stacks %d",
             params->enabled == SP_HISTORY_ALL ? "all" : "state", (int)params->context, cap,
@@ -662,7 +671,7 @@ SP_EXPORT sp_status_t sp_record_memory_history(const sp_history_params_t *params
 
 void sp__history_shutdown(void) {
     pthread_mutex_lock(&g.lock);
-    __atomic_store_n(&sp__history_active, 0, __ATOMIC_RELAXED);
+    set_active(0);
     __atomic_store_n(&g_keep_actions, 0, __ATOMIC_RELAXED);
     for (int d = 0; d < g.nrings; d++)
         ring_clear_locked(&g.rings[d]);

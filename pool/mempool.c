@@ -60,7 +60,7 @@ sp_mempool_t *sp__mempool_routed(int device) {
 
 void sp__mempool_routing_reset(void) {
     atomic_fetch_add(&g_route_gen, 1);
-    atomic_store(&sp__routing_threads, 0);
+    sp__fast_off_add(-SP_FAST_REASON * atomic_exchange(&sp__routing_threads, 0));
     tl_depth = 0;
 }
 
@@ -128,9 +128,11 @@ sp_mempool_t *sp__mempool_new(sp_devalloc_t *d, const sp_mempool_params_t *param
     }
     atomic_init(&p->use_count, 1);
     p->small.is_small = true;
+    p->small.tstat = sp__stat_type_row(&d->stats, true);
     p->small.pool = p;
     p->small.free.by_seq = symmetric;
     p->large.is_small = false;
+    p->large.tstat = sp__stat_type_row(&d->stats, false);
     p->large.pool = p;
     p->large.free.by_seq = symmetric;
     p->small_max = SP_SMALL_SIZE;
@@ -327,8 +329,10 @@ SP_EXPORT sp_status_t sp_mempool_begin(sp_mempool_t *pool) {
                          "sp_mempool_begin: pool \"%s\" {0,%" PRIu64 "} was destroyed", pname(pool),
                          pool->id.second);
     tl_gen = atomic_load_explicit(&g_route_gen, memory_order_relaxed);
-    if (n == 0)
+    if (n == 0) {
         atomic_fetch_add(&sp__routing_threads, 1);
+        sp__fast_off_add(SP_FAST_REASON);
+    }
     tl_route[n] = pool;
     tl_depth = n + 1;
     return SP_SUCCESS;
@@ -342,8 +346,10 @@ SP_EXPORT sp_status_t sp_mempool_end(sp_mempool_t *pool) {
                          "sp_mempool_end: pool \"%s\" is not this thread's innermost routed pool%s",
                          pname(pool), n == 0 ? " (no sp_mempool_begin is active)" : "");
     tl_depth = n - 1;
-    if (n == 1)
+    if (n == 1) {
         atomic_fetch_sub(&sp__routing_threads, 1);
+        sp__fast_off_add(-SP_FAST_REASON);
+    }
     atomic_fetch_sub(&pool->use_count, 1);
     return SP_SUCCESS;
 }

@@ -54,10 +54,9 @@ static inline void sp__ptr_map_insert(sp_ptr_map_t *m, sp_block_t *b) {
     sp__ptr_map_insert_room(m, b);
 }
 
-/* The link that points at the block starting at addr (for sp__ptr_map_unlink), or NULL. */
+/* The link that points at the block starting at addr (for sp__ptr_map_unlink), or NULL, in a
+ * map that has its buckets (its device allocator is initialized and not yet shut down). */
 static inline sp_block_t **sp__ptr_map_slot(sp_ptr_map_t *m, uintptr_t addr) {
-    if (SP_UNLIKELY(!m->buckets))
-        return NULL;
     sp_block_t **pp = &m->buckets[sp__ptr_map_hash(addr) & m->mask];
     for (sp_block_t *b = *pp; b; pp = &b->hnext, b = b->hnext)
         if (b->addr == addr)

@@ -218,7 +218,7 @@ bool sp__alloc_release_available(sp_devalloc_t *d, sp_bpool_t *bp, size_t size, 
         return false;
     size_t key = size > mss ? size : mss;
     sp_block_t *b = sp__bset_lower_bound(&bp->free, stream, key);
-    if (b && b->stream == stream && sp__block_releasable(b)) {
+    if (b && sp__block_stream(b) == stream && sp__block_releasable(b)) {
         sp__alloc_release_segment(d, b->seg, context);
         return true;
     }

@@ -14,6 +14,7 @@
 #include "pool/allocator.h"
 #include "pool/ptr_map.h"
 #include "pool/segment_index.h"
+#include "pool/thread_cache.h"
 
 /* ---- the address index ------------------------------------------------------------------- */
 
@@ -160,7 +161,7 @@ sp_status_t sp__pool_lookup(const void *ptr, sp_block_info_t *info_p) {
             info_p->segment_size = seg->size;
             info_p->segment_seq = seg->seq;
             info_p->pool = seg->bpool->pool;
-            info_p->stream = b->stream;
+            info_p->stream = sp__block_stream(b);
             sp__unlock(&d->lock);
             return SP_SUCCESS;
         }
@@ -261,6 +262,11 @@ sp_status_t sp__pool_walk(int device, const sp_mempool_t *pool, sp_segment_visit
     size_t cap = 0;
     sp_status_t s = SP_SUCCESS;
     lock_all();
+    /* Blocks idle in thread caches (default pools only) go back first: the walk shows them as
+     * the pool would hold them without the caches (free), not as allocated. */
+    for (int i = 0; i < sp__g.ndev; i++)
+        if ((device < 0 || i == device) && (!pool || pool->is_default))
+            (void)sp__tc_drain(&sp__g.devs[i]);
     for (int i = 0; i < sp__g.ndev && s == SP_SUCCESS; i++) {
         if (device >= 0 && i != device)
             continue;

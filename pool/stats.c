@@ -37,7 +37,7 @@ static size_t field_offset(int f) {
     case 0:
         return offsetof(sp_stat_t, allocated);
     case 1:
-        return offsetof(sp_stat_t, current);
+        return offsetof(sp_stat_t, slack); /* holds current once materialize() ran */
     case 2:
         return offsetof(sp_stat_t, base); /* holds freed once materialize() ran */
     default:
@@ -111,9 +111,12 @@ SP_EXPORT int64_t sp_stats_value(const sp_stats_t *stats, size_t i) {
 
 static void each_stat(sp_dev_stats_t *st, void (*fn)(sp_stat_t *));
 
-/* In a copy only: replace base by the derived freed count, where the "freed" key points. */
+/* In a copy only: replace slack and base by the derived current and freed counts, where the
+ * "current" and "freed" keys point. */
 static void materialize(sp_stat_t *s) {
-    s->base = sp__stat_freed(s);
+    int64_t current = sp__stat_current(s), freed = sp__stat_freed(s);
+    s->slack = current;
+    s->base = freed;
 }
 
 SP_EXPORT sp_status_t sp_memory_stats(int device, sp_stats_t *stats_p) {
@@ -167,11 +170,12 @@ static void each_stat(sp_dev_stats_t *st, void (*fn)(sp_stat_t *)) {
 }
 
 static void reset_peak(sp_stat_t *s) {
-    s->peak = s->current;
+    s->peak -= s->slack; /* current */
+    s->slack = 0;
 }
 static void reset_accum(sp_stat_t *s) {
     s->allocated = 0;
-    s->base = s->current; /* freed (derived) reads 0 */
+    s->base = sp__stat_current(s); /* freed (derived) reads 0 */
 }
 
 SP_EXPORT sp_status_t sp_reset_peak_memory_stats(int device) {
@@ -179,7 +183,7 @@ SP_EXPORT sp_status_t sp_reset_peak_memory_stats(int device) {
     sp_devalloc_t *d = NULL;
     SP_CHECK(sp__alloc_device(device, &d));
     sp__lock(&d->lock);
-    sp__stats_settle(&d->stats);      /* the aggregates' peaks reset to their derived currents */
+    sp__stats_settle(&d->stats);      /* the aggregates' slacks reset to 0 with the rest */
     each_stat(&d->stats, reset_peak); /* while tied, active's stale copy is reset too: unread */
     sp__stats_try_tie(&d->stats);
     sp__unlock(&d->lock);
@@ -210,7 +214,7 @@ static int64_t read_stat(int device, int a, bool peak) {
         return 0;
     sp_devalloc_t *d = &sp__g.devs[device];
     sp__lock(&d->lock);
-    int64_t v = peak ? d->stats.arr[a][SP_STAT_ALL].peak : sp__stat_all_current(&d->stats, a);
+    int64_t v = peak ? sp__stat_all_peak(&d->stats, a) : sp__stat_all_current(&d->stats, a);
     sp__unlock(&d->lock);
     return v;
 }

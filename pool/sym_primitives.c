@@ -73,7 +73,7 @@ sp_status_t sp__pool_sym_take(sp_mempool_t *pool, size_t rounded, size_t size, s
     sp_block_t *b =
         seg && offset < seg->size ? sp__segment_block_at(seg, seg->base + offset) : NULL;
     if (!b || b->addr != seg->base + offset || !b->in_set || b->size < rounded ||
-        b->stream != stream || (rounded <= SP_SMALL_SIZE) != seg->bpool->is_small) {
+        sp__block_stream(b) != stream || (rounded <= SP_SMALL_SIZE) != seg->bpool->is_small) {
         sp__unlock(&d->lock);
         if (ctx)
             sp__history_context_release(ctx);

@@ -25,6 +25,10 @@ extern "C" {
  * then changes nothing. Thread-safe; takes effect at the next initialization. */
 sp_status_t sp_x_option_set(const char *name, const char *value);
 
+/** Bytes and blocks idle in every thread's cache (SYMPOOL_THREAD_CACHE) on `device`: part of
+ * the allocated figures of sp_memory_stats, which count such blocks as allocated. */
+sp_status_t sp_x_thread_cache_idle(int device, size_t *bytes_p, size_t *blocks_p);
+
 /** Print every SYMPOOL_* option with its value, default and source to `f` (`sympool info`). */
 void sp_x_options_print(FILE *f);
 

@@ -7,6 +7,7 @@
 #include <vector>
 
 extern "C" {
+#include "core/core.h"
 #include "pool/pool.h"
 }
 
@@ -280,4 +281,83 @@ TEST_F(AllocInternal, SplitWithoutAStructHandsOutTheWholeBlock) {
     for (void *q : ps)
         ASSERT_SP_OK(sp_free(q));
 #endif
+}
+
+// sp_malloc's and sp_free's fast paths test one word (core.h's sp__fast_off) that counts every
+// reason for them to step aside. Each reason must add its share when it begins and take it back
+// when it ends: a share left behind would silently keep every call on the whole path for good,
+// a share missing would let the fast paths run past a pool route, a callback or history.
+static int fast_off() {
+    return __atomic_load_n(&sp__fast_off, __ATOMIC_RELAXED);
+}
+
+TEST_F(AllocInternal, FastPathGateCountsEveryReasonAndReturnsToRest) {
+    EXPECT_EQ(fast_off(), SP_FAST_NOT_READY);
+    ASSERT_SP_OK(sp_init());
+    const int rest = fast_off(); // expandable segments from the environment turn the hit off
+    EXPECT_TRUE(rest == 0 || rest == SP_FAST_NO_HIT) << rest;
+
+    sp_mempool_t *pool = nullptr, *inner = nullptr;
+    ASSERT_SP_OK(sp_mempool_create(nullptr, &pool));
+    ASSERT_SP_OK(sp_mempool_create(nullptr, &inner));
+    ASSERT_SP_OK(sp_mempool_begin(pool));
+    EXPECT_EQ(fast_off(), rest + SP_FAST_REASON);
+    ASSERT_SP_OK(sp_mempool_begin(inner)); // nested: the same thread, one share
+    EXPECT_EQ(fast_off(), rest + SP_FAST_REASON);
+    ASSERT_SP_OK(sp_mempool_end(inner));
+    ASSERT_SP_OK(sp_mempool_end(pool));
+    EXPECT_EQ(fast_off(), rest);
+
+    sp__callback_enter();
+    sp__callback_enter();
+    EXPECT_EQ(fast_off(), rest + SP_FAST_REASON);
+    sp__callback_leave();
+    EXPECT_EQ(fast_off(), rest + SP_FAST_REASON);
+    sp__callback_leave();
+    EXPECT_EQ(fast_off(), rest);
+
+    sp_history_params_t hp;
+    sp_history_params_init(&hp);
+    ASSERT_SP_OK(sp_record_memory_history(&hp));
+    hp.enabled = SP_HISTORY_STATE; // a change while on: still one share
+    ASSERT_SP_OK(sp_record_memory_history(&hp));
+    EXPECT_EQ(fast_off(), rest + SP_FAST_REASON);
+    hp.enabled = SP_HISTORY_OFF;
+    ASSERT_SP_OK(sp_record_memory_history(&hp));
+    ASSERT_SP_OK(sp_record_memory_history(&hp));
+    EXPECT_EQ(fast_off(), rest);
+
+    // sp_shutdown ends a route and history still on, and sympool is no longer ready.
+    ASSERT_SP_OK(sp_mempool_begin(pool));
+    hp.enabled = SP_HISTORY_ALL;
+    ASSERT_SP_OK(sp_record_memory_history(&hp));
+    EXPECT_EQ(fast_off(), rest + 2 * SP_FAST_REASON);
+    ASSERT_SP_OK(sp_shutdown());
+    EXPECT_EQ(fast_off(), SP_FAST_NOT_READY);
+    {
+        sp::ScopedEnv env({{"SYMPOOL_ALLOC_CONF", "roundup_power2_divisions:4"}});
+        ASSERT_SP_OK(sp_init());
+        EXPECT_EQ(fast_off(), SP_FAST_NO_HIT) << "rounding by divisions is not the plain hit's";
+        ASSERT_SP_OK(sp_shutdown());
+        EXPECT_EQ(fast_off(), SP_FAST_NOT_READY);
+    }
+    {
+        sp::ScopedEnv env({{"SYMPOOL_NO_CACHING", "1"}});
+        ASSERT_SP_OK(sp_init());
+        EXPECT_EQ(fast_off(), SP_FAST_NO_HIT + SP_FAST_REASON) << "no caching: neither path";
+        ASSERT_SP_OK(sp_shutdown());
+        EXPECT_EQ(fast_off(), SP_FAST_NOT_READY);
+    }
+    {
+        // The thread cache's frees look in the thread's own table first: with it in force
+        // neither call-free form may run (a free_hit would hand a cached block to the pool
+        // behind its cache's back).
+        sp::ScopedEnv env({{"SYMPOOL_THREAD_CACHE", "64KiB"}, {"SYMPOOL_EXPANDABLE_SEGMENTS", "0"}});
+        ASSERT_SP_OK(sp_init());
+        EXPECT_EQ(fast_off(), SP_FAST_NO_HIT + SP_FAST_REASON) << "thread cache: neither path";
+        ASSERT_SP_OK(sp_shutdown());
+        EXPECT_EQ(fast_off(), SP_FAST_NOT_READY);
+    }
+    ASSERT_SP_OK(sp_init());
+    EXPECT_EQ(fast_off(), rest);
 }

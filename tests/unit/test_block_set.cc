@@ -28,17 +28,18 @@ struct Fixture {
     std::vector<sp_block_t> blocks;
     sp_block_set_t set{};
 
-    Fixture(size_t n, bool by_seq, uint32_t seed) : segs(8), blocks(n) {
+    Fixture(size_t n, bool by_seq, uint32_t seed) : segs(24), blocks(n) {
         set.by_seq = by_seq;
         std::mt19937 rng(seed);
-        for (size_t i = 0; i < segs.size(); i++)
+        for (size_t i = 0; i < segs.size(); i++) {
             segs[i].seq = (i * 5) % segs.size(); // seq order differs from address order
+            segs[i].stream = (sp_stream_t)(uintptr_t)(0x10 * (i % 3)); // a block's is its seg's
+        }
         for (size_t i = 0; i < n; i++) {
             sp_block_t &b = blocks[i];
             b.addr = 0x100000 + i * 512;
             b.size = 512 * (1 + rng() % 6); // few sizes: many equal keys up to the tie-break
-            b.stream = (sp_stream_t)(uintptr_t)(0x10 * (rng() % 3));
-            b.seg = &segs[i % segs.size()];
+            b.seg = &segs[rng() % segs.size()];
         }
     }
 
@@ -88,8 +89,8 @@ struct Fixture {
         std::vector<sp_block_t *> ref = sorted();
         sp_block_t *want = nullptr, *want_pred = nullptr;
         for (sp_block_t *b : ref) {
-            bool below =
-                (uintptr_t)b->stream < stream || ((uintptr_t)b->stream == stream && b->size < size);
+            uintptr_t s = (uintptr_t)sp__block_stream(b);
+            bool below = s < stream || (s == stream && b->size < size);
             if (below) {
                 want_pred = b;
             } else {
