@@ -345,8 +345,11 @@ sp_tc_verdict_t sp__tc_on_free(sp_devalloc_t *d, sp_block_t *b, bool hist, size_
             int32_t i = t->free_head;
             tc_entry_t *e = &t->ent[i];
             t->free_head = e->next;
-            *e = (tc_entry_t){
-                .addr = b->addr, .size = b->size, .stream = sp__block_stream(b), .b = b, .device = d->device};
+            *e = (tc_entry_t){.addr = b->addr,
+                              .size = b->size,
+                              .stream = sp__block_stream(b),
+                              .b = b,
+                              .device = d->device};
             t->nused++;
             hash_put(t, i);
             push_idle(t, c, i);

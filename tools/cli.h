@@ -43,6 +43,10 @@ bool cli_parse_long(const char *s, long lo, long hi, long *out);
 /* True when path ends with suffix, e.g. ".json" (case-sensitive, as sp_dump_snapshot decides). */
 bool cli_has_suffix(const char *path, const char *suffix);
 
+/* Before loading the trace at path: the heap made ready for what loading and replaying it will
+ * allocate (fewer, cheaper page faults). A hint; does nothing for small or unreadable files. */
+void cli_heap_prepare(const char *path);
+
 /* ---- the JSON writer of --json outputs (cli_json.c) --------------------------------------- */
 
 #define CLI_JSON_DEPTH 16 /* deeper documents reuse the counts (the CLI writes 4 levels) */

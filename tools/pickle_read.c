@@ -77,6 +77,7 @@ typedef struct parser {
     void *rec_arg;                          /* its argument */
     pk_value_t *scratch;  /* ints of dicts the hook may take: reused once a MARK closes */
     size_t scratch_used;  /* values of scratch in use */
+    size_t moved_min;     /* no scratch value below scratch_used has moved below this index */
     size_t *mark_scratch; /* scratch_used when each open MARK was pushed */
 } parser_t;
 
@@ -316,6 +317,22 @@ static pk_type_t le_long(const unsigned char *b, size_t n, int64_t *i_p, uint64_
     return PK_INT;
 }
 
+/* le_long's commonest case in one load: 1 to 8 bytes (always a PK_INT, sign-extended from the
+ * top byte) with 8 bytes readable at b (`avail` of them are). Anything else goes to le_long. */
+static inline __attribute__((always_inline)) pk_type_t
+le_long_fast(const unsigned char *b, size_t n, size_t avail, int64_t *i_p, uint64_t *u_p) {
+    if (n - 1 >= 8 || avail < 8)
+        return le_long(b, n, i_p, u_p);
+    uint64_t w;
+    memcpy(&w, b, sizeof(w));
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
+    w = __builtin_bswap64(w);
+#endif
+    unsigned sh = (unsigned)(64 - 8 * n);
+    *i_p = (int64_t)(w << sh) >> sh;
+    return PK_INT;
+}
+
 static bool push_str(parser_t *ps, pk_type_t type, size_t n, const char *opname) {
     if (!need(ps, n, opname))
         return false;
@@ -370,7 +387,8 @@ static inline __attribute__((always_inline)) bool in_taken_dict(const parser_t *
     return b > 0 && ps->stack[b - 1]->type == PK_DICT;
 }
 
-static bool is_scratch(const parser_t *ps, const pk_value_t *v) {
+static inline __attribute__((always_inline)) bool is_scratch(const parser_t *ps,
+                                                             const pk_value_t *v) {
     return ps->scratch != NULL && v >= ps->scratch && v < ps->scratch + SCRATCH_VALUES;
 }
 
@@ -390,6 +408,9 @@ static bool keep_values(parser_t *ps, size_t first) {
             pk_value_t *v = shared_int(ps, s->u.i);
             if (v == NULL)
                 return false;
+            size_t j = (size_t)(s - ps->scratch);
+            if (j < ps->moved_min)
+                ps->moved_min = j;
             s->type = PK_RECORD;
             s->u.u = (uint64_t)(uintptr_t)v;
         }
@@ -400,6 +421,8 @@ static bool keep_values(parser_t *ps, size_t first) {
 
 /* Slots of stack[first..sp) whose scratch value moved take its copy. */
 static void follow_moved(parser_t *ps, size_t first) {
+    if (ps->moved_min >= ps->scratch_used)
+        return; /* none of the scratch in use has moved: nothing to follow */
     for (size_t i = first; ps->scratch != NULL && i < ps->sp; i++)
         if (is_scratch(ps, ps->stack[i]) && ps->stack[i]->type == PK_RECORD)
             ps->stack[i] = (pk_value_t *)(uintptr_t)ps->stack[i]->u.u;
@@ -407,8 +430,13 @@ static void follow_moved(parser_t *ps, size_t first) {
 
 /* A MARK closed (its items consumed or dropped): the scratch made above it is free again. */
 static void scratch_back(parser_t *ps) {
-    if (ps->scratch != NULL && ps->mark_scratch[ps->nmarks] < ps->scratch_used)
+    if (ps->scratch != NULL && ps->mark_scratch[ps->nmarks] < ps->scratch_used) {
         ps->scratch_used = ps->mark_scratch[ps->nmarks];
+        /* Every moved value is at moved_min or above; once all of them are free, a value
+         * handed out again is an int (push_int, entry_fast), never a moved one. */
+        if (ps->moved_min >= ps->scratch_used)
+            ps->moved_min = SIZE_MAX;
+    }
 }
 
 static bool memo_put(parser_t *ps, size_t idx) {
@@ -429,7 +457,7 @@ static bool memo_put(parser_t *ps, size_t idx) {
     }
     if (ps->memo[idx] == NULL)
         ps->memoused++;
-    if (!keep_values(ps, ps->sp - 1))
+    if (is_scratch(ps, ps->stack[ps->sp - 1]) && !keep_values(ps, ps->sp - 1))
         return false;
     pk_value_t *top = ps->stack[ps->sp - 1];
     if (top == ps->skipped && top != NULL && ps->skipped_at == ps->sp) {
@@ -683,11 +711,27 @@ static void skip_fast(parser_t *ps) {
             /* A run of memo references (a stack's memoized frames: three in four opcodes of a
              * snapshot with stacks) in one loop, instead of a jump through the switch per
              * opcode that the branch predictor keeps missing. The first one is whole. */
-            do {
+            for (;;) {
+                /* Four references of one kind at once where the next four opcodes are: their
+                 * four loads do not wait for each other, as one step's on the last does. */
+                while (len - pos >= 20 && scap - sp > 5 && p[pos] == 'j' && p[pos + 5] == 'j' &&
+                       p[pos + 10] == 'j' && p[pos + 15] == 'j') {
+                    stack[sp] = stack[sp + 1] = stack[sp + 2] = stack[sp + 3] = skipped;
+                    sp += 4;
+                    pos += 20;
+                }
+                while (len - pos >= 8 && scap - sp > 5 && p[pos] == 'h' && p[pos + 2] == 'h' &&
+                       p[pos + 4] == 'h' && p[pos + 6] == 'h') {
+                    stack[sp] = stack[sp + 1] = stack[sp + 2] = stack[sp + 3] = skipped;
+                    sp += 4;
+                    pos += 8;
+                }
+                if (pos >= len || sp + 1 >= scap ||
+                    !((p[pos] == 'j' && len - pos > 4) || (p[pos] == 'h' && len - pos > 1)))
+                    break;
                 pos += p[pos] == 'j' ? 5 : 2;
                 stack[sp++] = skipped;
-            } while (pos < len && sp + 1 < scap &&
-                     ((p[pos] == 'j' && len - pos > 4) || (p[pos] == 'h' && len - pos > 1)));
+            }
             skipped_at = 0;
             continue;
         }
@@ -803,7 +847,7 @@ static void entry_fast(parser_t *ps) {
             if (op == 0x8a) { /* LONG1 */
                 uint64_t uv;
                 if (left < 1 || left - 1 < p[pos + 1] ||
-                    le_long(p + pos + 2, p[pos + 1], &iv, &uv) != PK_INT)
+                    le_long_fast(p + pos + 2, p[pos + 1], len - pos - 2, &iv, &uv) != PK_INT)
                     break;
                 n = 1 + (size_t)p[pos + 1];
             } else { /* BININT1, BININT2, BININT */
@@ -936,7 +980,8 @@ static bool run(parser_t *ps) {
             if (!need(ps, (size_t)n64, name))
                 return false;
             uint64_t uv = 0;
-            pk_type_t kind = le_long(ps->p + ps->pos, (size_t)n64, &iv, &uv);
+            pk_type_t kind =
+                le_long_fast(ps->p + ps->pos, (size_t)n64, ps->len - ps->pos, &iv, &uv);
             ps->pos += (size_t)n64;
             if (kind == PK_INT) {
                 if (!push_int(ps, iv))
@@ -1104,6 +1149,7 @@ bool pk_parse_records(const void *buf, size_t len, const pk_limits_t *lim, const
                       pk_record_fn fn, void *arg, pk_doc_t **doc_p, char *err, size_t errlen) {
     parser_t ps;
     memset(&ps, 0, sizeof(ps));
+    ps.moved_min = SIZE_MAX;
     ps.rec_fn = fn;
     ps.rec_arg = arg;
     ps.skip_key = skip_key;
@@ -1245,30 +1291,6 @@ const pk_value_t *pk_at(const pk_value_t *seq, size_t i) {
     return seq->u.seq.items[i];
 }
 
-bool pk_int(const pk_value_t *v, int64_t *out) {
-    if (v == NULL)
-        return false;
-    if (v->type == PK_INT)
-        *out = v->u.i;
-    else if (v->type == PK_BOOL)
-        *out = v->u.b;
-    else
-        return false; /* PK_UINT and PK_BIGINT do not fit */
-    return true;
-}
-
-bool pk_uint(const pk_value_t *v, uint64_t *out) {
-    int64_t i;
-    if (v != NULL && v->type == PK_UINT) {
-        *out = v->u.u;
-        return true;
-    }
-    if (!pk_int(v, &i) || i < 0)
-        return false;
-    *out = (uint64_t)i;
-    return true;
-}
-
 bool pk_num(const pk_value_t *v, double *out) {
     int64_t i;
     if (v != NULL && v->type == PK_FLOAT) {
@@ -1283,10 +1305,6 @@ bool pk_num(const pk_value_t *v, double *out) {
         return false;
     *out = (double)i;
     return true;
-}
-
-const char *pk_str(const pk_value_t *v) {
-    return v != NULL && v->type == PK_STR ? v->u.str.s : NULL;
 }
 
 bool pk_get_int(const pk_value_t *dict, const char *key, int64_t *out) {

@@ -106,10 +106,37 @@ void pk_free(pk_doc_t *doc);
 const pk_value_t *pk_get(const pk_value_t *dict, const char *key); /* last value for a str key */
 size_t pk_len(const pk_value_t *seq);                              /* list/tuple/dict entries */
 const pk_value_t *pk_at(const pk_value_t *seq, size_t i);          /* list or tuple item */
-bool pk_int(const pk_value_t *v, int64_t *out);   /* int or bool that fits int64_t */
-bool pk_uint(const pk_value_t *v, uint64_t *out); /* int or bool in [0, 2^64) */
-bool pk_num(const pk_value_t *v, double *out);    /* int (not BIGINT), bool or float */
-const char *pk_str(const pk_value_t *v);          /* str value or NULL */
+bool pk_num(const pk_value_t *v, double *out); /* int (not BIGINT), bool or float */
+
+/* The scalar accessors are inline: loading a trace reads five of them per entry. */
+static inline bool pk_int(const pk_value_t *v, int64_t *out) { /* int or bool that fits int64_t */
+    if (v == NULL)
+        return false;
+    if (v->type == PK_INT)
+        *out = v->u.i;
+    else if (v->type == PK_BOOL)
+        *out = v->u.b;
+    else
+        return false; /* PK_UINT and PK_BIGINT do not fit */
+    return true;
+}
+
+static inline bool pk_uint(const pk_value_t *v, uint64_t *out) { /* int or bool in [0, 2^64) */
+    int64_t i;
+    if (v != NULL && v->type == PK_UINT) {
+        *out = v->u.u;
+        return true;
+    }
+    if (!pk_int(v, &i) || i < 0)
+        return false;
+    *out = (uint64_t)i;
+    return true;
+}
+
+static inline const char *pk_str(const pk_value_t *v) { /* str value or NULL */
+    return v != NULL && v->type == PK_STR ? v->u.str.s : NULL;
+}
+
 bool pk_get_int(const pk_value_t *dict, const char *key, int64_t *out);
 bool pk_get_uint(const pk_value_t *dict, const char *key, uint64_t *out);
 const char *pk_get_str(const pk_value_t *dict, const char *key);

@@ -291,18 +291,21 @@ static bool build_segment(dev_state_t *ds, int dev, const tr_device_t *td, const
     return true;
 }
 
-static void free_all(dev_state_t *ds) {
-    for (size_t i = 0; i < ds->blocks.cap; i++)
+/* What one replay made: with `release`, the blocks, streams and pools given back to sympool (a
+ * later sp_shutdown needs them back); without, only the replay's own memory is freed, the rest
+ * left to the process's exit. */
+static void free_all(dev_state_t *ds, bool release) {
+    for (size_t i = 0; release && i < ds->blocks.cap; i++)
         if (ds->blocks.slots[i].key != 0)
             (void)sp_free((void *)ds->blocks.slots[i].val);
-    for (size_t i = 0; i < ds->nholes; i++)
+    for (size_t i = 0; release && i < ds->nholes; i++)
         (void)sp_free(ds->holes[i]);
-    for (size_t i = 0; i < ds->nall_side; i++)
+    for (size_t i = 0; release && i < ds->nall_side; i++)
         (void)sp_stream_destroy(ds->all_side[i]);
-    for (size_t i = 0; i < ds->streams.cap; i++)
+    for (size_t i = 0; release && i < ds->streams.cap; i++)
         if (ds->streams.slots[i].key != 0)
             (void)sp_stream_destroy((sp_stream_t)ds->streams.slots[i].val);
-    for (size_t i = 0; i < ds->npools; i++)
+    for (size_t i = 0; release && i < ds->npools; i++)
         if (ds->pools[i] != NULL)
             (void)sp_mempool_destroy(ds->pools[i]);
     tr_map_free(&ds->blocks);
@@ -458,8 +461,11 @@ static bool effective_expandable(void) {
     return false;
 }
 
-bool replay_trace(const tr_trace_t *t, const char *snapshot_out, replay_result_t *r, char *err,
-                  size_t errlen) {
+/* One replay (see replay_trace); `last`: the process exits after it without sp_shutdown, so
+ * what sympool holds for the replay is not given back one block at a time (a trace with a
+ * large final state leaves thousands of live blocks, each an sp_free with its merges). */
+static bool replay_once(const tr_trace_t *t, const char *snapshot_out, bool last,
+                        replay_result_t *r, char *err, size_t errlen) {
     memset(r, 0, sizeof(*r));
     int ndev = sp_device_count();
     if (t->ndev > ndev) {
@@ -539,7 +545,7 @@ bool replay_trace(const tr_trace_t *t, const char *snapshot_out, replay_result_t
     if (snapshot_out != NULL)
         sp_history_set_frames_hook(NULL, NULL);
     for (int d = 0; d < t->ndev; d++)
-        free_all(&ds[d]);
+        free_all(&ds[d], !last || !ok);
     free(ds);
     if (snapshot_out != NULL) {
         sp_history_params_t off;
@@ -548,6 +554,11 @@ bool replay_trace(const tr_trace_t *t, const char *snapshot_out, replay_result_t
         (void)sp_record_memory_history(&off);
     }
     return ok;
+}
+
+bool replay_trace(const tr_trace_t *t, const char *snapshot_out, replay_result_t *r, char *err,
+                  size_t errlen) {
+    return replay_once(t, snapshot_out, false, r, err, errlen);
 }
 
 /* ---- the command ------------------------------------------------------------------------ */
@@ -993,6 +1004,7 @@ int sp_cli_replay(int argc, char **argv) {
         return rc;
     char err[512];
     tr_trace_t t;
+    cli_heap_prepare(a.trace);
     if (!tr_load_opts(a.trace, a.snapshot != NULL, &t, err, sizeof(err))) {
         fprintf(stderr, "sympool replay: %s\n", err);
         tr_free(&t);
@@ -1042,11 +1054,12 @@ int sp_cli_replay(int argc, char **argv) {
     replay_result_t r;
     size_t oom_lines = 0;
     sp_x_log_set_fn(log_filter, &oom_lines);
-    bool ok = replay_trace(&t, a.snapshot, &r, err, sizeof(err));
     /* --repeat: replay again on a fresh allocator each time and report the median time per event
-     * (the peaks are the same every time: the replay is deterministic). */
+     * (the peaks are the same every time: the replay is deterministic). A single replay is the
+     * process's last use of sympool: what it holds is left to the exit. */
     double ns[64];
     int nrep = a.repeat < 64 ? a.repeat : 64;
+    bool ok = replay_once(&t, a.snapshot, nrep <= 1, &r, err, sizeof(err));
     ns[0] = r.ns_per_event;
     for (int k = 1; ok && k < nrep; k++) {
         replay_result_t again;
@@ -1075,6 +1088,7 @@ int sp_cli_replay(int argc, char **argv) {
     else
         print_text(a.trace, &t, &r, a.conf, conf);
     tr_free(&t);
-    (void)sp_shutdown();
+    if (nrep > 1)
+        (void)sp_shutdown();
     return 0;
 }

@@ -118,11 +118,34 @@ static const char *const action_names[] = {"alloc",         "free_requested", "f
                                            "segment_alloc", "segment_free",   "segment_map",
                                            "segment_unmap", "snapshot",       "oom"};
 
-static tr_action_t action_of(const char *s) {
-    for (int i = 0; i < (int)(sizeof(action_names) / sizeof(action_names[0])); i++)
-        if (strcmp(s, action_names[i]) == 0)
-            return (tr_action_t)i;
-    return TR_OTHER;
+/* The action named by s (len bytes, NUL-terminated): the one name its first letters can be,
+ * then compared whole as strcmp compares (up to s's first NUL), instead of against every name. */
+static tr_action_t action_of(const char *s, size_t len) {
+    tr_action_t a = TR_OTHER;
+    switch (s[0]) {
+    case 'a':
+        a = TR_ALLOC;
+        break;
+    case 'o':
+        a = TR_OOM;
+        break;
+    case 'f':
+        if (len > 5)
+            a = s[5] == 'r' ? TR_FREE_REQUESTED : TR_FREE_COMPLETED;
+        break;
+    case 's':
+        if (s[1] == 'n')
+            a = TR_SNAPSHOT;
+        else if (len > 8)
+            a = s[8] == 'a'   ? TR_SEGMENT_ALLOC
+                : s[8] == 'f' ? TR_SEGMENT_FREE
+                : s[8] == 'm' ? TR_SEGMENT_MAP
+                              : TR_SEGMENT_UNMAP;
+        break;
+    default:
+        break;
+    }
+    return a != TR_OTHER && strcmp(s, action_names[a]) == 0 ? a : TR_OTHER;
 }
 
 static int cmp_seed(const void *a, const void *b) {
@@ -298,6 +321,7 @@ static void read_pairs(pk_value_t *const *it, size_t n, tr_event_t *ev, const ch
                        bool *have_addr_p, bool *have_size_p, bool *bad_time_p,
                        const pk_value_t **pool_id_p) {
     const char *act = NULL;
+    size_t act_len = 0;
     const pk_value_t *addr = NULL, *dfree = NULL, *size = NULL, *stream = NULL, *t = NULL,
                      *fr = NULL, *pid = NULL;
     for (size_t k = 0; k + 1 < n; k += 2) {
@@ -313,9 +337,10 @@ static void read_pairs(pk_value_t *const *it, size_t n, tr_event_t *ev, const ch
                 size = val;
             break;
         case 6:
-            if (memcmp(ks, "action", 6) == 0)
+            if (memcmp(ks, "action", 6) == 0) {
                 act = pk_str(val);
-            else if (memcmp(ks, "stream", 6) == 0)
+                act_len = act != NULL ? val->u.str.len : 0;
+            } else if (memcmp(ks, "stream", 6) == 0)
                 stream = val;
             else if (memcmp(ks, "frames", 6) == 0)
                 fr = val;
@@ -338,7 +363,7 @@ static void read_pairs(pk_value_t *const *it, size_t n, tr_event_t *ev, const ch
     *pool_id_p = pid;
     if (act == NULL)
         return;
-    ev->action = action_of(act);
+    ev->action = action_of(act, act_len);
     uint64_t u = 0;
     int64_t i = 0;
     *have_addr_p = pk_uint(ev->action == TR_OOM ? dfree : addr, &u);
@@ -1086,6 +1111,12 @@ bool tr_load_opts(const char *path, bool frames, tr_trace_t *t, char *err, size_
      * values for its numbers (most of the memory of loading a trace). */
     recs_t recs;
     memset(&recs, 0, sizeof(recs));
+    /* Room for the entries up front: PyTorch writes 90-330 bytes per trace entry, so a 64th of
+     * the file rarely needs to grow (growing copies the array once the heap holds it). */
+    if (!frames && len / 64 > 1024) {
+        recs.ev = malloc(len / 64 * sizeof(*recs.ev));
+        recs.cap = recs.ev != NULL ? len / 64 : 0;
+    }
     bool ok = frames ? pk_parse_skip(buf, len, NULL, NULL, &doc, why, sizeof(why))
                      : pk_parse_records(buf, len, NULL, "frames", take_entry, &recs, &doc, why,
                                         sizeof(why));

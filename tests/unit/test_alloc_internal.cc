@@ -352,7 +352,8 @@ TEST_F(AllocInternal, FastPathGateCountsEveryReasonAndReturnsToRest) {
         // The thread cache's frees look in the thread's own table first: with it in force
         // neither call-free form may run (a free_hit would hand a cached block to the pool
         // behind its cache's back).
-        sp::ScopedEnv env({{"SYMPOOL_THREAD_CACHE", "64KiB"}, {"SYMPOOL_EXPANDABLE_SEGMENTS", "0"}});
+        sp::ScopedEnv env(
+            {{"SYMPOOL_THREAD_CACHE", "64KiB"}, {"SYMPOOL_EXPANDABLE_SEGMENTS", "0"}});
         ASSERT_SP_OK(sp_init());
         EXPECT_EQ(fast_off(), SP_FAST_NO_HIT + SP_FAST_REASON) << "thread cache: neither path";
         ASSERT_SP_OK(sp_shutdown());

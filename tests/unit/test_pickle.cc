@@ -888,6 +888,191 @@ TEST(PickleRead, RecordsPathFailsWhereThePlainReaderDoes) {
     }
 }
 
+// Skipped stacks made of memo references, as PyTorch writes them: runs of BINGET and
+// LONG_BINGET of every length (the reader takes four of one kind at once), one stack longer than
+// the reader's first stack (it grows in the middle of a run). The skipping reader reads the
+// same entries as the plain one, and every cut fails as in the records path (under ASan: no
+// read past the cut).
+TEST(PickleRead, SkippedRunsOfMemoReferencesAreReadWhole) {
+    Bytes b = {0x80, 4, ']', 0x94, '('};
+    auto str = [&](const char *s) {
+        b.push_back(0x8c);
+        b.push_back((unsigned char)strlen(s));
+        b.insert(b.end(), s, s + strlen(s));
+        b.push_back(0x94);
+    };
+    // Entry 0 memoizes the keys, the action and 300 ints (memo 6..305) inside its own stack.
+    b.insert(b.end(), {'}', 0x94, '('});
+    str("action");
+    str("alloc");
+    str("frames");
+    b.insert(b.end(), {']', 0x94, '('});
+    for (int i = 0; i < 300; i++) {
+        b.insert(b.end(), {'M', (unsigned char)i, (unsigned char)(i >> 8), 0x94});
+    }
+    b.insert(b.end(), {'e', 'u'});
+    auto ref = [&](size_t idx) {
+        if (idx < 256) {
+            b.insert(b.end(), {'h', (unsigned char)idx});
+        } else {
+            b.insert(b.end(), {'j', (unsigned char)idx, (unsigned char)(idx >> 8), 0, 0});
+        }
+    };
+    unsigned seed = 7;
+    const int entries = 30;
+    for (int k = 1; k < entries; k++) {
+        b.insert(b.end(), {'}', 0x94, '('});
+        ref(2);
+        ref(3);
+        ref(4);
+        b.insert(b.end(), {']', 0x94, '('});
+        int n = k == 15 ? 300 : 1 + k % 23;
+        bool longs = k % 2;
+        for (int i = 0; i < n;) {
+            int run = 1 + (int)((seed = seed * 1103515245u + 12345u) >> 16) % 9;
+            for (int r = 0; r < run && i < n; r++, i++)
+                ref(longs ? 256 + (seed >> 8) % 50 : 6 + (seed >> 4) % 250);
+            longs = !longs;
+        }
+        b.insert(b.end(), {'e', 'u'});
+    }
+    b.insert(b.end(), {'e', '.'});
+    char e1[256] = "", e2[256] = "";
+    pk_doc_t *plain = nullptr, *skip = nullptr;
+    ASSERT_TRUE(pk_parse(b.data(), b.size(), nullptr, &plain, e1, sizeof e1)) << e1;
+    ASSERT_TRUE(pk_parse_skip(b.data(), b.size(), nullptr, "frames", &skip, e2, sizeof e2)) << e2;
+    ASSERT_EQ(pk_len(pk_root(skip)), (size_t)entries);
+    for (size_t k = 0; k < (size_t)entries; k++) {
+        EXPECT_STREQ(pk_get_str(pk_at(pk_root(skip), k), "action"), "alloc");
+        EXPECT_EQ(pk_len(pk_get(pk_at(pk_root(plain), k), "frames")),
+                  k == 0 || k == 15 ? 300u : 1 + k % 23);
+    }
+    pk_free(plain);
+    pk_free(skip);
+    auto take = [](void *arg, pk_value_t *const *, size_t, uint64_t *id_p) {
+        *id_p = (*(uint64_t *)arg)++;
+        return 1;
+    };
+    for (size_t cut = 1; cut < b.size(); cut++) {
+        Bytes c(b.begin(), b.begin() + (long)cut);
+        pk_doc_t *d1 = nullptr, *d2 = nullptr;
+        uint64_t taken = 0;
+        e1[0] = e2[0] = '\0';
+        bool ok1 = pk_parse_skip(c.data(), c.size(), nullptr, "frames", &d1, e1, sizeof e1);
+        bool ok2 = pk_parse_records(c.data(), c.size(), nullptr, "frames", take, &taken, &d2, e2,
+                                    sizeof e2);
+        EXPECT_FALSE(ok1);
+        EXPECT_FALSE(ok2);
+        EXPECT_STREQ(e1, e2) << "cut at " << cut;
+        pk_free(d1);
+        pk_free(d2);
+    }
+}
+
+// LONG1 of every length 0-9, both signs, at the edges of each length (Python's minimal two's
+// complement, as pickle writes it), in a list and as values of a dict the record hook takes, and
+// the last one with fewer than 8 bytes after it: each reads as its value.
+TEST(PickleRead, Long1OfEveryLengthReadsItsValue) {
+    std::vector<int64_t> vals = {0, 1, -1, 127, 128, -128, -129, 32767, -32769, 8388608};
+    for (int bits = 23; bits <= 62; bits += 8) {
+        vals.push_back(((int64_t)1 << bits) + 5);
+        vals.push_back(-((int64_t)1 << bits) - 3);
+        vals.push_back(((int64_t)1 << bits) - 1);
+    }
+    vals.push_back(INT64_MAX);
+    vals.push_back(INT64_MIN);
+    auto long1 = [](Bytes &b, int64_t v) {
+        Bytes d;
+        int64_t x = v;
+        while (
+            !(d.size() > 0 && ((x == 0 && !(d.back() & 0x80)) || (x == -1 && (d.back() & 0x80))))) {
+            if (v == 0)
+                break;
+            d.push_back((unsigned char)(x & 0xff));
+            x >>= 8;
+        }
+        b.push_back(0x8a);
+        b.push_back((unsigned char)d.size());
+        b.insert(b.end(), d.begin(), d.end());
+    };
+    Bytes list = {0x80, 4, ']', '('};
+    for (int64_t v : vals)
+        long1(list, v);
+    list.insert(list.end(), {'e', '.'});
+    char err[256] = "";
+    pk_doc_t *doc = nullptr;
+    ASSERT_TRUE(pk_parse(list.data(), list.size(), nullptr, &doc, err, sizeof err)) << err;
+    ASSERT_EQ(pk_len(pk_root(doc)), vals.size());
+    for (size_t i = 0; i < vals.size(); i++) {
+        int64_t got = 0;
+        EXPECT_TRUE(pk_int(pk_at(pk_root(doc), i), &got));
+        EXPECT_EQ(got, vals[i]) << i;
+    }
+    pk_free(doc);
+    // The same values in a trace entry's dict, read by the record path.
+    Bytes dict = {0x80, 4, ']', '(', '}', '(', 0x8c, 6};
+    dict.insert(dict.end(), {'a', 'c', 't', 'i', 'o', 'n', 0x8c, 1, 'x'});
+    for (size_t i = 0; i < vals.size(); i++) {
+        dict.insert(dict.end(), {0x8c, 1, (unsigned char)('A' + i % 26)});
+        long1(dict, vals[i]);
+    }
+    dict.insert(dict.end(), {'u', 'e', '.'});
+    std::vector<int64_t> seen;
+    auto take = [](void *arg, pk_value_t *const *pairs, size_t n, uint64_t *id_p) {
+        auto *out = (std::vector<int64_t> *)arg;
+        for (size_t k = 3; k < n; k += 2) {
+            int64_t v = 0;
+            if (!pk_int(pairs[k], &v))
+                return -1;
+            out->push_back(v);
+        }
+        *id_p = 0;
+        return 1;
+    };
+    ASSERT_TRUE(pk_parse_records(dict.data(), dict.size(), nullptr, nullptr, take, &seen, &doc, err,
+                                 sizeof err))
+        << err;
+    EXPECT_EQ(seen, vals);
+    pk_free(doc);
+}
+
+// An int of a trace entry that the memo keeps while another slot still holds it (DUP, MEMOIZE,
+// POP: a pickler's own business, legal), in several entries in turn: the hook reads the value
+// in that slot every time, and the memo gives it back later.
+TEST(PickleRead, EntryIntKeptWhileDuplicatedIsReadByTheHook) {
+    Bytes b = {0x80, 4, ']', '('};
+    for (int k = 0; k < 3; k++) {
+        b.insert(b.end(), {'}', '(', 0x8c, 6, 'a', 'c', 't', 'i', 'o', 'n', 0x8c, 1, 'x'});
+        b.insert(b.end(), {0x8c, 4, 's', 'i', 'z', 'e', 'K', (unsigned char)(10 + k)});
+        if (k != 1)
+            b.insert(b.end(), {'2', 0x94, '0'}); /* DUP, MEMOIZE (memo k == 0 ? 0 : 1), POP */
+        b.push_back('u');
+    }
+    b.insert(b.end(), {'h', 0, 'h', 1, 'e', '.'});
+    std::vector<int64_t> seen;
+    auto take = [](void *arg, pk_value_t *const *pairs, size_t n, uint64_t *id_p) {
+        int64_t v = -1;
+        if (n != 4 || !pk_int(pairs[3], &v))
+            return -1;
+        ((std::vector<int64_t> *)arg)->push_back(v);
+        *id_p = 0;
+        return 1;
+    };
+    char err[256] = "";
+    pk_doc_t *doc = nullptr;
+    ASSERT_TRUE(
+        pk_parse_records(b.data(), b.size(), nullptr, nullptr, take, &seen, &doc, err, sizeof err))
+        << err;
+    EXPECT_EQ(seen, (std::vector<int64_t>{10, 11, 12}));
+    int64_t m0 = 0, m1 = 0;
+    ASSERT_EQ(pk_len(pk_root(doc)), 5u);
+    EXPECT_TRUE(pk_int(pk_at(pk_root(doc), 3), &m0));
+    EXPECT_TRUE(pk_int(pk_at(pk_root(doc), 4), &m1));
+    EXPECT_EQ(m0, 10);
+    EXPECT_EQ(m1, 12);
+    pk_free(doc);
+}
+
 // A short string written again (not memoized) in every entry, as newer snapshots write
 // compile_context's "N/A", is one value of the document: equal strings share it, another
 // string does not.

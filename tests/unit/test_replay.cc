@@ -1068,6 +1068,76 @@ TEST_F(Replay, HandedOverEntriesKeepWhatTheMemoKeeps) {
     tr_free(&fast);
 }
 
+// Every action name PyTorch writes reads as its action, and names that only start or end like
+// one (or are one with more after it) are unknown actions, on both load paths.
+TEST_F(Replay, ActionNamesAreReadWholly) {
+    const std::vector<std::pair<const char *, tr_action_t>> names = {
+        {"alloc", TR_ALLOC},
+        {"free_requested", TR_FREE_REQUESTED},
+        {"free_completed", TR_FREE_COMPLETED},
+        {"segment_alloc", TR_SEGMENT_ALLOC},
+        {"segment_free", TR_SEGMENT_FREE},
+        {"segment_map", TR_SEGMENT_MAP},
+        {"segment_unmap", TR_SEGMENT_UNMAP},
+        {"snapshot", TR_SNAPSHOT},
+        {"oom", TR_OOM},
+        {"allocs", TR_OTHER},
+        {"a", TR_OTHER},
+        {"free_re", TR_OTHER},
+        {"free_requester", TR_OTHER},
+        {"free_xompleted", TR_OTHER},
+        {"segment_", TR_OTHER},
+        {"segment_zap", TR_OTHER},
+        {"segment_mapx", TR_OTHER},
+        {"snap", TR_OTHER},
+        {"s", TR_OTHER},
+        {"oo", TR_OTHER},
+        {"", TR_OTHER},
+        {"resize", TR_OTHER}};
+    sp__emit_t e;
+    sp__emit_init(&e, false);
+    sp__emit_dict_begin(&e);
+    sp__emit_key(&e, "segments");
+    sp__emit_list_begin(&e);
+    sp__emit_list_end(&e);
+    sp__emit_key(&e, "device_traces");
+    sp__emit_list_begin(&e);
+    sp__emit_list_begin(&e);
+    for (size_t i = 0; i < names.size(); i++) {
+        sp__emit_dict_begin(&e);
+        sp__emit_key(&e, "action");
+        sp__emit_str(&e, names[i].first);
+        sp__emit_key(&e, "addr");
+        sp__emit_uint(&e, 0x7f0000000000ull + (uint64_t)i * (4u << 20));
+        sp__emit_key(&e, "size");
+        sp__emit_uint(&e, 2u << 20);
+        sp__emit_key(&e, "device_free");
+        sp__emit_uint(&e, 1u << 30);
+        sp__emit_dict_end(&e);
+    }
+    sp__emit_list_end(&e);
+    sp__emit_list_end(&e);
+    sp__emit_dict_end(&e);
+    std::vector<unsigned char> b = finish(&e);
+    std::string path = "actions_" + std::to_string(getpid()) + ".pickle";
+    std::ofstream(path, std::ios::binary).write((const char *)b.data(), (std::streamsize)b.size());
+    tr_trace_t dict, fast;
+    std::string err;
+    char why[256] = "";
+    ASSERT_TRUE(load(b, &dict, &err)) << err;
+    bool fast_ok = tr_load_opts(path.c_str(), false, &fast, why, sizeof(why));
+    unlink(path.c_str());
+    ASSERT_TRUE(fast_ok) << why;
+    ASSERT_EQ(dict.dev[0].nev, names.size());
+    ASSERT_EQ(fast.dev[0].nev, names.size());
+    for (size_t i = 0; i < names.size(); i++) {
+        EXPECT_EQ(dict.dev[0].ev[i].action, names[i].second) << names[i].first;
+        EXPECT_EQ(fast.dev[0].ev[i].action, names[i].second) << names[i].first;
+    }
+    tr_free(&dict);
+    tr_free(&fast);
+}
+
 // Entries handed over while parsing keep what the checks need in a few flag bits and, only for
 // an unknown action or a named pool, a side record: every bad entry is refused with the message
 // the dict path gives (the unknown action's own name in it), and no event keeps those bits.
