@@ -1232,10 +1232,9 @@ static __attribute__((noinline)) sp_status_t free_full(void *ptr) {
 }
 
 SP_EXPORT sp_status_t sp_free(void *ptr) {
-    /* The commonest call (sympool ready, no callback running, no history, no thread
-     * cache: sp__fast_free_on)
-     * tries the call-free free first; anything else goes through free_full from its first
-     * check. NULL is in no device's range, so free_full answers it. */
+    /* The commonest call (sympool ready, no callback running, no history, no thread cache:
+     * sp__fast_free_on) tries the call-free free first; anything else goes through free_full
+     * from its first check. NULL is in no device's range, so free_full answers it. */
     if (SP_LIKELY(sp__fast_free_on()) && free_hit((uintptr_t)ptr))
         return SP_SUCCESS;
     return free_full(ptr);
