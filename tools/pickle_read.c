@@ -724,7 +724,7 @@ static void skip_fast(parser_t *ps) {
                  * 'h's among the four even bytes of an 8-byte load, counted without a branch
                  * per byte, so that a run broken by a LONG_BINGET takes its BINGETs before it
                  * in one step too. hi: the top bit of each of those bytes that is not 'h'. */
-                while (len - pos >= 8 && scap - sp > 5) {
+                while (len - pos >= 8 && scap - sp > 5 && p[pos] == 'h') {
                     uint64_t w;
                     memcpy(&w, p + pos, sizeof(w));
 #if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
