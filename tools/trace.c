@@ -586,6 +586,40 @@ static bool load_events(const pk_value_t *list, recs_t *recs, int dev, tr_device
  * address. Its live blocks then are the seeds inside it; everything else in it was cached free.
  * An expandable segment's pages at the start are its final mapped ranges with the trace's
  * maps taken out and its unmaps put back. */
+/* What pk_get gives for each of keys[0..n) of dict (the value of the last pair with that key,
+ * NULL where none), in one pass over its pairs instead of a scan (and a strlen) per key: the
+ * final state's segments and blocks are read key by key, a few thousand dicts. A pickler
+ * memoizes its key strings, so the dicts share one value per key: seen[j] (NULL at first, kept
+ * by the caller for one document) is the value keys[j] matched last, found again by address. */
+static void get_keys(const pk_value_t *dict, const char *const *keys, const size_t *lens, size_t n,
+                     const pk_value_t **seen, const pk_value_t **out) {
+    size_t left = n;
+    for (size_t j = 0; j < n; j++)
+        out[j] = NULL;
+    if (dict == NULL || dict->type != PK_DICT)
+        return;
+    for (size_t i = dict->u.seq.n; i >= 2 && left > 0; i -= 2) {
+        const pk_value_t *k = dict->u.seq.items[i - 2];
+        size_t j = 0;
+        while (j < n && k != seen[j])
+            j++;
+        if (j == n) {
+            if (k->type != PK_STR)
+                continue;
+            for (j = 0; j < n; j++)
+                if (k->u.str.len == lens[j] && memcmp(k->u.str.s, keys[j], lens[j]) == 0)
+                    break;
+            if (j == n)
+                continue;
+            seen[j] = k;
+        }
+        if (out[j] == NULL) {
+            out[j] = dict->u.seq.items[i - 1];
+            left--;
+        }
+    }
+}
+
 static bool analyse(const pk_value_t *segments, const tr_settings_t *set, int dev, tr_device_t *d,
                     char *err, size_t errlen) {
     tr_map_t live = {0};     /* addresses allocated in the trace and not yet freed */
@@ -658,19 +692,25 @@ static bool analyse(const pk_value_t *segments, const tr_settings_t *set, int de
             break;
         }
     }
+    const pk_value_t *seg_seen[8] = {0}, *blk_seen[4] = {0};
     for (size_t s = 0; s < pk_len(segments); s++) {
         const pk_value_t *seg = pk_at(segments, s);
         int64_t sdev = 0, total = 0, stream = 0;
         uint64_t addr = 0, ustream = 0;
-        (void)pk_get_int(seg, "device", &sdev);
+        static const char *const skeys[] = {"device",       "total_size",      "address",
+                                            "stream",       "segment_pool_id", "is_expandable",
+                                            "segment_type", "blocks"};
+        static const size_t slens[] = {6, 10, 7, 6, 15, 13, 12, 6};
+        const pk_value_t *sv[8];
+        get_keys(seg, skeys, slens, 8, seg_seen, sv);
+        (void)pk_int(sv[0], &sdev);
         if (sdev != dev)
             continue;
-        if (!pk_get_int(seg, "total_size", &total) || total < 0 ||
-            !pk_get_uint(seg, "address", &addr)) {
+        if (!pk_int(sv[1], &total) || total < 0 || !pk_uint(sv[2], &addr)) {
             snprintf(err, errlen, "segments[%zu]: missing 'address' or 'total_size'", s);
             goto out;
         }
-        if (!pk_get_uint(seg, "stream", &ustream) && pk_get_int(seg, "stream", &stream))
+        if (!pk_uint(sv[3], &ustream) && pk_int(sv[3], &stream))
             ustream = (uint64_t)stream;
         if (!tr_map_put(&streams, ustream ? ustream : ~(uint64_t)0, 1))
             goto oom;
@@ -682,7 +722,7 @@ static bool analyse(const pk_value_t *segments, const tr_settings_t *set, int de
                      s, (long long)total);
             goto out;
         }
-        int pool = pool_index(d, &cap_pools, pk_get(seg, "segment_pool_id"));
+        int pool = pool_index(d, &cap_pools, sv[4]);
         if (pool < 0)
             goto oom;
         if (pool > 0) {
@@ -690,9 +730,9 @@ static bool analyse(const pk_value_t *segments, const tr_settings_t *set, int de
                 goto oom;
             ranges[nranges++] = (pool_range_t){addr, addr + (uint64_t)total, (uint16_t)pool};
         }
-        const pk_value_t *expv = pk_get(seg, "is_expandable");
+        const pk_value_t *expv = sv[5];
         bool expandable = expv != NULL && expv->type == PK_BOOL && expv->u.b;
-        const char *stype = pk_get_str(seg, "segment_type");
+        const char *stype = pk_str(sv[6]);
         bool is_small = stype != NULL ? strcmp(stype, "small") == 0 : total == (2 << 20);
         /* An expandable segment's pages at the start are worked out from the trace below. */
         bool in_start = !expandable && !tr_map_get(&segfirst, addr, NULL);
@@ -707,15 +747,19 @@ static bool analyse(const pk_value_t *segments, const tr_settings_t *set, int de
                 (tr_sseg_t){addr, (uint64_t)total, ustream, (uint16_t)pool, is_small, 0, 0};
         }
         d->final_reserved += (uint64_t)total;
-        const pk_value_t *blocks = pk_get(seg, "blocks");
+        const pk_value_t *blocks = sv[7];
         /* Block addresses are the segment's plus the sizes before them (MemoryViz does the
          * same; a missing "address" is therefore fine). */
         uint64_t baddr = (uint64_t)addr;
         for (size_t b = 0; b < pk_len(blocks); b++) {
             const pk_value_t *blk = pk_at(blocks, b);
             int64_t bsize = 0, req = -1;
-            const char *state = pk_get_str(blk, "state");
-            if (!pk_get_int(blk, "size", &bsize) || bsize < 0 || state == NULL) {
+            static const char *const bkeys[] = {"state", "size", "requested_size", "frames"};
+            static const size_t blens[] = {5, 4, 14, 6};
+            const pk_value_t *bv[4];
+            get_keys(blk, bkeys, blens, 4, blk_seen, bv);
+            const char *state = pk_str(bv[0]);
+            if (!pk_int(bv[1], &bsize) || bsize < 0 || state == NULL) {
                 snprintf(err, errlen, "segments[%zu].blocks[%zu]: missing 'size' or 'state'", s, b);
                 goto out;
             }
@@ -726,12 +770,12 @@ static bool analyse(const pk_value_t *segments, const tr_settings_t *set, int de
                          s, b, (long long)bsize, (long long)total);
                 goto out;
             }
-            if (!pk_get_int(blk, "requested_size", &req) || req <= 0 || req > bsize)
+            if (!pk_int(bv[2], &req) || req <= 0 || req > bsize)
                 req = bsize;
             if (strcmp(state, "active_allocated") == 0)
                 d->final_allocated += (uint64_t)bsize;
             if (strcmp(state, "inactive") != 0 && !tr_map_get(&touched, baddr, NULL)) {
-                const pk_value_t *fr = pk_get(blk, "frames");
+                const pk_value_t *fr = bv[3];
                 if (d->seeded_bytes + (uint64_t)req >= (uint64_t)TR_SUM_LIMIT)
                     goto too_much;
                 if (!add_seed(d, &cap, baddr, (uint64_t)req, (uint64_t)bsize, ustream,

@@ -1211,3 +1211,58 @@ TEST_F(Replay, HandedOverEntriesAreCheckedLikeDicts) {
 }
 
 } // namespace
+
+// The final state's segments and blocks are read in one pass over each dict's pairs: keys in any
+// order, a key written twice (the last pair counts, as in a dict), a key of a wanted length that
+// is another key, keys written as new strings in one dict and memoized ones in the next.
+TEST_F(Replay, FinalStateKeysAreReadInAnyOrderLastOneCounting) {
+    sp__emit_t e;
+    sp__emit_init(&e, false);
+    sp__emit_dict_begin(&e);
+    sp__emit_key(&e, "segments");
+    sp__emit_list_begin(&e);
+    for (int s = 0; s < 3; s++) {
+        sp__emit_dict_begin(&e);
+        if (s == 1) { // reversed, a decoy of "device"'s length, total_size twice
+            sp__emit_key(&e, "total_size");
+            sp__emit_uint(&e, 1 * MiB);
+            sp__emit_key(&e, "devise");
+            sp__emit_int(&e, 7);
+        }
+        sp__emit_key(&e, "blocks");
+        sp__emit_list_begin(&e);
+        sp__emit_dict_begin(&e);
+        sp__emit_key(&e, "state");
+        sp__emit_str(&e, "inactive");
+        sp__emit_key(&e, "size");
+        sp__emit_uint(&e, 2 * MiB);
+        sp__emit_key(&e, "state"); // the last one counts
+        sp__emit_str(&e, s == 2 ? "inactive" : "active_allocated");
+        sp__emit_dict_end(&e);
+        sp__emit_list_end(&e);
+        sp__emit_key(&e, "total_size");
+        sp__emit_uint(&e, (uint64_t)(s + 2) * 2 * MiB);
+        sp__emit_key(&e, "address");
+        sp__emit_uint(&e, SEG_A + (uint64_t)s * 64 * MiB);
+        sp__emit_key(&e, "device");
+        sp__emit_int(&e, 0);
+        sp__emit_dict_end(&e);
+    }
+    sp__emit_list_end(&e);
+    sp__emit_key(&e, "device_traces");
+    sp__emit_list_begin(&e);
+    sp__emit_list_begin(&e);
+    sp__emit_list_end(&e);
+    sp__emit_list_end(&e);
+    sp__emit_dict_end(&e);
+    tr_trace_t t;
+    std::string err;
+    ASSERT_TRUE(load(finish(&e), &t, &err)) << err;
+    ASSERT_EQ(t.ndev, 1);
+    const tr_device_t &d = t.dev[0];
+    EXPECT_EQ(d.final_reserved, (4 + 6 + 8) * MiB);
+    EXPECT_EQ(d.final_allocated, 4 * MiB);
+    EXPECT_EQ(d.nstart, 3u);
+    EXPECT_EQ(d.nseeds, 2u);
+    tr_free(&t);
+}
