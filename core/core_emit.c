@@ -209,12 +209,12 @@ void sp__emit_init(sp__emit_t *e, bool json) {
 void sp__emit_discard(sp__emit_t *e) {
     free(e->buf);
     free(e->jmemo);
+    free(e->jcopy);
     memset(e, 0, sizeof(*e));
 }
 
 void sp__emit_to_file(sp__emit_t *e, sp__atomic_file_t *f) {
-    if (!e->json)
-        e->sink = f;
+    e->sink = f;
 }
 
 /* Hand the buffer's bytes to the sink; the buffer is reused from its start. */
@@ -228,9 +228,13 @@ static void flush(sp__emit_t *e) {
     }
     e->flushed += e->len;
     e->len = 0;
-    /* The open containers' MARKs are in the file now: never "just after the MARK" again. */
-    for (int d = 0; d < e->depth; d++)
+    /* The open containers' MARKs are in the file now: never "just after the MARK" again. Their
+     * JSON openings are too: none of them can be memoized at its end. */
+    for (int d = 0; d < e->depth; d++) {
         e->mark[d] = SIZE_MAX - 1;
+        e->vstart[d] = SIZE_MAX;
+    }
+    e->last_len = 0;
 }
 
 #define FLUSH_AT ((size_t)256 * 1024)
@@ -238,7 +242,7 @@ static void flush(sp__emit_t *e) {
 void sp__emit_flush_point(sp__emit_t *e) {
     if (e->sink == NULL || e->failed || e->len < FLUSH_AT)
         return;
-    for (int d = 0; d < e->depth; d++)
+    for (int d = 0; d < e->depth && !e->json; d++)
         if (e->count[d] == 0)
             return;
     flush(e);
@@ -282,6 +286,9 @@ sp_status_t sp__emit_finish(sp__emit_t *e, char **buf_p, size_t *len_p) {
     free(e->jmemo);
     e->jmemo = NULL;
     e->jmemo_n = e->jmemo_cap = 0;
+    free(e->jcopy);
+    e->jcopy = NULL;
+    e->jcopy_len = e->jcopy_cap = 0;
     return SP_SUCCESS;
 }
 
@@ -337,7 +344,7 @@ static void close_container(sp__emit_t *e, char kind) {
     if (e->json) {
         put1(e, kind == 'd' ? '}' : ']');
         e->last_start = e->vstart[d];
-        e->last_len = e->len - e->vstart[d];
+        e->last_len = e->vstart[d] == SIZE_MAX ? 0 : e->len - e->vstart[d];
     } else if (e->len == e->mark[d] + 1) {
         e->len--; /* nothing since the MARK: drop it rather than write an empty SETITEMS */
     } else {
@@ -737,8 +744,22 @@ uint32_t sp__emit_memoize(sp__emit_t *e) {
             e->jmemo = nm;
             e->jmemo_cap = cap;
         }
-        e->jmemo[2 * e->jmemo_n] = e->last_start;
-        e->jmemo[2 * e->jmemo_n + 1] = e->last_len;
+        /* Copied aside: a flush may hand the buffer's bytes to the file before the next use. */
+        size_t n = e->last_len;
+        if (e->jcopy_cap - e->jcopy_len < n) {
+            size_t cap = e->jcopy_cap ? e->jcopy_cap : 4096;
+            while (cap - e->jcopy_len < n)
+                cap *= 2;
+            char *nc = sp__emit_realloc(e->jcopy, cap);
+            if (nc == NULL)
+                return UINT32_MAX;
+            e->jcopy = nc;
+            e->jcopy_cap = cap;
+        }
+        memcpy(e->jcopy + e->jcopy_len, e->buf + e->last_start, n);
+        e->jmemo[2 * e->jmemo_n] = e->jcopy_len;
+        e->jmemo[2 * e->jmemo_n + 1] = n;
+        e->jcopy_len += n;
         return e->jmemo_n++;
     }
     put1(e, OP_MEMOIZE);
@@ -748,10 +769,7 @@ uint32_t sp__emit_memoize(sp__emit_t *e) {
 void sp__emit_memo_get(sp__emit_t *e, uint32_t index) {
     before_value(e);
     if (e->json && index < e->jmemo_n && !e->failed) {
-        size_t start = e->jmemo[2 * index], n = e->jmemo[2 * index + 1];
-        put(e, NULL, n); /* room first: the copy comes from the buffer itself */
-        if (!e->failed)
-            memcpy(e->buf + e->len - n, e->buf + start, n);
+        put(e, e->jcopy + e->jmemo[2 * index], e->jmemo[2 * index + 1]);
         return;
     }
     if (e->json || index >= e->memo_next) {

@@ -45,14 +45,17 @@ typedef struct sp__emit {
     size_t count[SP__EMIT_MAX_DEPTH];  /* items (dict: keys + values) written in the container */
     char kind[SP__EMIT_MAX_DEPTH];     /* 'd' dict, 'l' list */
     uint32_t memo_next;                /* pickle: the index the next MEMOIZE gives */
-    size_t vstart[SP__EMIT_MAX_DEPTH]; /* JSON: offset where each open container began */
+    size_t vstart[SP__EMIT_MAX_DEPTH]; /* JSON: offset where each open container began in buf
+                                        * (SIZE_MAX: before a flush, its bytes are gone) */
     size_t last_start, last_len;       /* JSON: the last container closed (its bytes) */
-    size_t *jmemo;                     /* JSON: memoized values as (start, len) pairs */
+    size_t *jmemo;                     /* JSON: memoized values as (start, len) pairs in jcopy */
     uint32_t jmemo_n, jmemo_cap;       /* pairs held / allocated */
+    char *jcopy;                       /* JSON: the memoized values' bytes, each copied once */
+    size_t jcopy_len, jcopy_cap;
     const char *skey[SP__EMIT_STATIC]; /* pickle: strings memoized by address (keys, names) */
     uint32_t sidx[SP__EMIT_STATIC];    /* their memo indexes */
     uint32_t nstatic;                  /* skey entries in use */
-    sp__atomic_file_t *sink;           /* pickle: where finished bytes go (NULL: kept in buf) */
+    sp__atomic_file_t *sink;           /* where finished bytes go (NULL: kept in buf) */
     size_t flushed;                    /* bytes written to sink so far */
     bool sink_failed;                  /* writing to sink failed (its error is set already) */
 } sp__emit_t;
@@ -65,14 +68,14 @@ void sp__emit_init(sp__emit_t *e, bool json);
  * rest of the bytes go to the file instead: *buf_p is NULL and *len_p the document's size;
  * a failed write is SP_ERR_SYSTEM with its cause. The file is neither committed nor aborted. */
 sp_status_t sp__emit_finish(sp__emit_t *e, char **buf_p, size_t *len_p);
-/* Pickle only (a JSON memo copies earlier bytes, so JSON stays whole in the buffer): from now
- * on sp__emit_flush_point may hand the bytes written so far to f, so that a large document
- * never sits whole in memory (a fresh buffer of megabytes costs more in page faults than
- * writing it does) and what is written is still in the cache. */
+/* From now on sp__emit_flush_point may hand the bytes written so far to f, so that a large
+ * document never sits whole in memory (a fresh buffer of megabytes costs more in page faults than
+ * writing it does) and what is written is still in the cache. A JSON memo keeps its own copy of
+ * each memoized value, so JSON can be flushed too. */
 void sp__emit_to_file(sp__emit_t *e, sp__atomic_file_t *f);
 /* A point between two values of the caller's: with a sink and enough bytes gathered, they are
- * written out. Only where every open container already holds an item (an empty one's MARK is
- * taken back at its end, which a written MARK cannot be). */
+ * written out. Pickle: only where every open container already holds an item (an empty one's
+ * MARK is taken back at its end, which a written MARK cannot be). */
 void sp__emit_flush_point(sp__emit_t *e);
 void sp__emit_discard(sp__emit_t *e);
 
@@ -107,8 +110,9 @@ void sp__emit_kv_str_static(sp__emit_t *e, const char *key, const char *v);
 /* Memo, so that a value written many times (a stack shared by thousands of trace entries) is
  * built once: after a value is complete, sp__emit_memoize returns its memo index and
  * sp__emit_memo_get writes it again. Pickle: MEMOIZE and BINGET/LONG_BINGET (a reference). JSON:
- * the memoized value must be a container (list or dict) just closed; memo_get copies its bytes
- * (JSON has no references, but copying is far cheaper than building it again). */
+ * the memoized value must be a container (list or dict) just closed and not flushed since it was
+ * opened; its bytes are copied aside once, and memo_get copies them (JSON has no references,
+ * but copying is far cheaper than building it again). */
 uint32_t sp__emit_memoize(sp__emit_t *e);
 void sp__emit_memo_get(sp__emit_t *e, uint32_t index);
 

@@ -124,8 +124,9 @@ static void collect_free(collect_t *c) {
 
 /* ---- writing ---------------------------------------------------------------------------- */
 
-/* Memo index of each context's frame list once written (pickle only): a stack shared by many
- * blocks and trace entries is written once, as PyTorch's own pickles do. */
+/* Memo index of each context's frame list once written: a stack shared by many blocks and trace
+ * entries is built once (a pickle refers back to it, as PyTorch's own pickles do; JSON copies
+ * its bytes). */
 typedef struct frame_memo {
     uint32_t *index; /* by context id; UINT32_MAX = not written yet */
     size_t n;        /* entries in index */
@@ -383,17 +384,16 @@ static sp_status_t dump(const sp_mempool_t *pool, const char *pattern) {
     sp__emit_t e;
     bool json = ends_with(path, ".json");
     sp__emit_init(&e, json);
-    /* A pickle goes to its file as it is written (a JSON memo copies earlier bytes: whole). */
+    /* Written to its file as it goes: a document of tens of megabytes whole in a fresh buffer
+     * would cost more in page faults than building it. */
     sp__atomic_file_t file;
-    if (!json) {
-        s = sp__file_atomic_open(&file, path);
-        if (s != SP_SUCCESS) {
-            sp__emit_discard(&e);
-            collect_free(&c);
-            return s;
-        }
-        sp__emit_to_file(&e, &file);
+    s = sp__file_atomic_open(&file, path);
+    if (s != SP_SUCCESS) {
+        sp__emit_discard(&e);
+        collect_free(&c);
+        return s;
     }
+    sp__emit_to_file(&e, &file);
     frame_memo_t memo = {NULL, 0};
     g_memo = &memo;
     emit_snapshot(&e, &c);
@@ -403,11 +403,9 @@ static sp_status_t dump(const sp_mempool_t *pool, const char *pattern) {
     char *buf = NULL;
     size_t len = 0;
     s = sp__emit_finish(&e, &buf, &len);
-    if (json && s == SP_SUCCESS)
-        s = sp__file_write_atomic(path, buf, len);
-    else if (!json && s == SP_SUCCESS)
+    if (s == SP_SUCCESS)
         s = sp__file_atomic_commit(&file);
-    else if (!json)
+    else
         sp__file_atomic_abort(&file);
     free(buf);
     if (s == SP_SUCCESS)

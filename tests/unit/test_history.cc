@@ -479,6 +479,109 @@ TEST_F(History, FramesFromHookAreInternedAndAttached) {
     sp_history_set_frames_hook(nullptr, nullptr);
 }
 
+// Stacks that differ in one character that JSON escapes, the same length once escaped, an
+// empty stack, control characters and UTF-8 (written raw).
+size_t escaped_frames(sp_history_frame_t *f, size_t max, void *arg) {
+    static const char *const names[] = {"a\"b", "a\\b", "tab\there", "caf\xc3\xa9 \xe2\x82\xac",
+                                        "bell\x01\x1f"};
+    unsigned site = (*static_cast<unsigned *>(arg))++ % 6;
+    if (site == 5 || max < 3)
+        return 0;
+    f[0] = {names[site], "m\"od\\el.py", site < 2 ? 1 : (int)site};
+    f[1] = {"forward", site > 2 && site % 2 ? "x.py" : "y.py", 10};
+    f[2] = {"main", "train.py", 7};
+    return 3;
+}
+
+std::string json_quoted(const char *s) {
+    std::string o = "\"";
+    for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
+        if (*p == '"' || *p == '\\') {
+            o += '\\';
+            o += (char)*p;
+        } else if (*p < 0x20) {
+            char b[8];
+            snprintf(b, sizeof(b), "\\u%04x", *p);
+            o += b;
+        } else {
+            o += (char)*p;
+        }
+    }
+    return o + "\"";
+}
+
+// The JSON text of one value starting at s[i] (a list: up to its matching bracket).
+std::string json_value_at(const std::string &s, size_t i) {
+    size_t j = i;
+    int depth = 0;
+    bool in_str = false;
+    for (; j < s.size(); j++) {
+        char c = s[j];
+        if (in_str) {
+            if (c == '\\')
+                j++;
+            else if (c == '"')
+                in_str = false;
+        } else if (c == '"') {
+            in_str = true;
+        } else if (c == '[' || c == '{') {
+            depth++;
+        } else if ((c == ']' || c == '}') && --depth == 0) {
+            break;
+        }
+    }
+    return s.substr(i, j + 1 - i);
+}
+
+// A JSON snapshot writes each distinct stack once and copies its bytes for every later entry,
+// while the document goes to its file in pieces: every trace entry's frames must still be its
+// own stack, escaped as written in full, after the ring wrapped (contexts interned before the
+// wrap used again) and across many flushes.
+TEST_F(History, JsonStacksAreEachEntrysOwnAcrossFlushesAndWraps) {
+    unsigned site = 0;
+    sp_history_set_frames_hook(escaped_frames, &site);
+    ASSERT_SP_OK(record(SP_HISTORY_ALL, 4000, SP_CONTEXT_ALL));
+    void *live[7] = {};
+    for (int i = 0; i < 6000; i++) { // 3 entries per pair: the ring of 4000 wraps 3 times
+        if (live[i % 7] != nullptr)
+            ASSERT_SP_OK(sp_free(live[i % 7]));
+        ASSERT_SP_OK(sp_malloc(512 + (size_t)i % 5 * 4096, 0, nullptr, &live[i % 7]));
+    }
+    auto t = trace();
+    ASSERT_EQ(t.size(), 4000u);
+    std::string dir = tempdir();
+    ASSERT_SP_OK(sp_dump_snapshot((dir + "/s.json").c_str()));
+    std::ifstream f(dir + "/s.json");
+    std::string doc((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+    EXPECT_GT(doc.size(), (size_t)1 << 20) << "the document should span several flushes";
+    size_t at = doc.find("\"device_traces\":");
+    ASSERT_NE(at, std::string::npos);
+    const std::string key = "\"frames\":";
+    std::set<std::string> distinct;
+    for (size_t k = 0; k < t.size(); k++) {
+        at = doc.find(key, at);
+        ASSERT_NE(at, std::string::npos) << "entry " << k;
+        at += key.size();
+        const sp__history_frame_t *fr = nullptr;
+        size_t n = 0;
+        sp__history_context_frames(t[k].context, &fr, &n);
+        std::string want = "[";
+        for (size_t j = 0; j < n; j++)
+            want += std::string(j ? "," : "") + "{\"filename\":" + json_quoted(fr[j].filename) +
+                    ",\"line\":" + std::to_string(fr[j].line) +
+                    ",\"name\":" + json_quoted(fr[j].name) + "}";
+        want += "]";
+        ASSERT_EQ(json_value_at(doc, at), want) << "entry " << k;
+        distinct.insert(want);
+    }
+    EXPECT_GE(distinct.size(), 5u) << "the five stacks";
+    EXPECT_NE(doc.find("caf\xc3\xa9 \xe2\x82\xac"), std::string::npos) << "UTF-8 written raw";
+    remove_tree(dir);
+    for (void *p : live)
+        ASSERT_SP_OK(sp_free(p));
+    sp_history_set_frames_hook(nullptr, nullptr);
+}
+
 TEST_F(History, ContextLevels) {
     int calls = 0;
     sp_history_set_frames_hook(test_frames, &calls);

@@ -746,6 +746,82 @@ TEST(PickleWrite, StreamedToAFileIsTheSameDocument) {
     rmdir(dir);
 }
 
+// JSON streamed to its file: a memoized value is copied from the memo's own copy, not from
+// bytes already handed to the file; two memoized values that differ in one escaped character
+// stay apart; a value opened before a flush is not memoized at its end (its bytes are gone),
+// so the caller writes it again. The file is the document the buffer holds, and both are the
+// text written out by hand.
+TEST(JsonWrite, StreamedToAFileIsTheSameDocument) {
+    char dir[] = "/tmp/sp_json_stream_XXXXXX";
+    ASSERT_NE(mkdtemp(dir), nullptr);
+    std::string path = std::string(dir) + "/s.json";
+    const char *names[2] = {"a\"b", "a\\b"};
+    const std::string quoted[2] = {"\"a\\\"b\"", "\"a\\\\b\""};
+    std::string want = "{\"entries\":[";
+    for (int i = 0; i < 40000; i++) {
+        if (i)
+            want += ",";
+        want +=
+            "{\"addr\":" + std::to_string(i) + ",\"frames\":[" + quoted[i % 2] + ",\"\\u0001\"]}";
+    }
+    want += "],\"tail\":[\"x\"]}\n";
+    for (int streamed = 0; streamed < 2; streamed++) {
+        sp__emit_t e;
+        sp__emit_init(&e, true);
+        sp__atomic_file_t f;
+        if (streamed) {
+            ASSERT_EQ(sp__file_atomic_open(&f, path.c_str()), SP_SUCCESS);
+            sp__emit_to_file(&e, &f);
+        }
+        sp__emit_dict_begin(&e);
+        sp__emit_key_static(&e, "entries");
+        sp__emit_list_begin(&e);
+        uint32_t memo[2] = {UINT32_MAX, UINT32_MAX};
+        for (int i = 0; i < 40000; i++) {
+            sp__emit_dict_begin(&e);
+            sp__emit_kv_int(&e, "addr", i);
+            sp__emit_key_static(&e, "frames");
+            if (memo[i % 2] == UINT32_MAX) {
+                sp__emit_list_begin(&e);
+                sp__emit_str(&e, names[i % 2]);
+                sp__emit_str(&e, "\x01");
+                sp__emit_list_end(&e);
+                memo[i % 2] = sp__emit_memoize(&e);
+                ASSERT_NE(memo[i % 2], UINT32_MAX);
+            } else {
+                sp__emit_memo_get(&e, memo[i % 2]);
+            }
+            sp__emit_dict_end(&e);
+            sp__emit_flush_point(&e);
+        }
+        sp__emit_list_end(&e);
+        // The outer dict was opened before every flush: with a sink it cannot be memoized.
+        sp__emit_key_static(&e, "tail");
+        sp__emit_list_begin(&e);
+        sp__emit_str(&e, "x");
+        sp__emit_list_end(&e);
+        sp__emit_dict_end(&e);
+        if (streamed) {
+            EXPECT_EQ(sp__emit_memoize(&e), UINT32_MAX);
+        }
+        char *buf = nullptr;
+        size_t len = 0;
+        ASSERT_EQ(sp__emit_finish(&e, &buf, &len), SP_SUCCESS);
+        EXPECT_EQ(len, want.size());
+        if (!streamed) {
+            EXPECT_EQ(std::string(buf, len), want);
+            free(buf);
+            continue;
+        }
+        EXPECT_EQ(buf, nullptr);
+        ASSERT_EQ(sp__file_atomic_commit(&f), SP_SUCCESS);
+        EXPECT_GT(want.size(), (size_t)1 << 20) << "the document should span several flushes";
+        EXPECT_EQ(as_string(read_file(path)), want);
+    }
+    unlink(path.c_str());
+    rmdir(dir);
+}
+
 // Which fixed strings are referred back to must not depend on where the linker put them: two
 // strings at addresses that share a slot of the table are each written once, and the pairs'
 // one-call forms write the same bytes as the key and value calls.
