@@ -98,6 +98,21 @@ TEST_F(ThreadsCacheOff, DefaultKeepsNothing) {
 
 // Expandable segments and roundup divisions leave it off (it serves 512-byte rounding from
 // fixed segments only).
+// The idle figure's bad input: a device that does not exist and a NULL output are refused with
+// a message, and the caller's outputs are left as they were.
+TEST_F(ThreadsCacheOff, IdleFigureRefusesBadInput) {
+    expect_warnings(); // every refusal is logged
+    size_t bytes = 7, blocks = 9;
+    EXPECT_EQ(sp_x_thread_cache_idle(-1, &bytes, &blocks), SP_ERR_INVALID_ARGUMENT);
+    EXPECT_NE(std::string(sp_last_error()).find("device -1"), std::string::npos) << sp_last_error();
+    EXPECT_EQ(sp_x_thread_cache_idle(1 << 20, &bytes, &blocks), SP_ERR_INVALID_ARGUMENT);
+    EXPECT_EQ(sp_x_thread_cache_idle(0, nullptr, &blocks), SP_ERR_INVALID_ARGUMENT);
+    EXPECT_NE(std::string(sp_last_error()).find("NULL"), std::string::npos) << sp_last_error();
+    EXPECT_EQ(sp_x_thread_cache_idle(0, &bytes, nullptr), SP_ERR_INVALID_ARGUMENT);
+    EXPECT_EQ(bytes, 7u);
+    EXPECT_EQ(blocks, 9u);
+}
+
 TEST_F(ThreadsCacheOff, IgnoredWithRoundupDivisions) {
     sp::ScopedEnv env(
         {{"SYMPOOL_THREAD_CACHE", "1MiB"}, {"SYMPOOL_ALLOC_CONF", "roundup_power2_divisions:4"}});
