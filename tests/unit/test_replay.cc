@@ -33,6 +33,16 @@ std::vector<unsigned char> finish(sp__emit_t *e) {
     return out;
 }
 
+// The loader without stacks (whose reader hands the entries over as it parses them) reads a
+// file: b is written to a file at path, loaded and removed.
+bool load_from_file(const std::vector<unsigned char> &b, const std::string &path, tr_trace_t *t,
+                    char *why, size_t why_len) {
+    std::ofstream(path, std::ios::binary).write((const char *)b.data(), (std::streamsize)b.size());
+    bool ok = tr_load_opts(path.c_str(), false, t, why, why_len);
+    unlink(path.c_str());
+    return ok;
+}
+
 constexpr uint64_t MiB = 1024 * 1024;
 
 std::string data_dir() {
@@ -1119,15 +1129,12 @@ TEST_F(Replay, ActionNamesAreReadWholly) {
     sp__emit_list_end(&e);
     sp__emit_dict_end(&e);
     std::vector<unsigned char> b = finish(&e);
-    std::string path = "actions_" + std::to_string(getpid()) + ".pickle";
-    std::ofstream(path, std::ios::binary).write((const char *)b.data(), (std::streamsize)b.size());
     tr_trace_t dict, fast;
     std::string err;
     char why[256] = "";
     ASSERT_TRUE(load(b, &dict, &err)) << err;
-    bool fast_ok = tr_load_opts(path.c_str(), false, &fast, why, sizeof(why));
-    unlink(path.c_str());
-    ASSERT_TRUE(fast_ok) << why;
+    std::string path = "actions_" + std::to_string(getpid()) + ".pickle";
+    ASSERT_TRUE(load_from_file(b, path, &fast, why, sizeof(why))) << why;
     ASSERT_EQ(dict.dev[0].nev, names.size());
     ASSERT_EQ(fast.dev[0].nev, names.size());
     for (size_t i = 0; i < names.size(); i++) {
@@ -1181,14 +1188,11 @@ TEST_F(Replay, HandedOverEntriesAreCheckedLikeDicts) {
     for (int bad = 0; bad < 3; bad++) {
         std::vector<unsigned char> b = trace(bad);
         std::string path = "checked_" + std::to_string(getpid()) + ".pickle";
-        std::ofstream(path, std::ios::binary)
-            .write((const char *)b.data(), (std::streamsize)b.size());
         tr_trace_t dict, fast;
         std::string err;
         char why[256] = "";
         bool dict_ok = load(b, &dict, &err);
-        bool fast_ok = tr_load_opts(path.c_str(), false, &fast, why, sizeof(why));
-        unlink(path.c_str());
+        bool fast_ok = load_from_file(b, path, &fast, why, sizeof(why));
         EXPECT_EQ(dict_ok, bad == 0) << err;
         EXPECT_EQ(fast_ok, bad == 0) << why;
         if (bad > 0) {
