@@ -1155,11 +1155,14 @@ bool tr_load_opts(const char *path, bool frames, tr_trace_t *t, char *err, size_
      * values for its numbers (most of the memory of loading a trace). */
     recs_t recs;
     memset(&recs, 0, sizeof(recs));
-    /* Room for the entries up front: PyTorch writes 90-330 bytes per trace entry, so a 64th of
-     * the file rarely needs to grow (growing copies the array once the heap holds it). */
-    if (!frames && len / 64 > 1024) {
-        recs.ev = malloc(len / 64 * sizeof(*recs.ev));
-        recs.cap = recs.ev != NULL ? len / 64 : 0;
+    /* Room for the entries up front: PyTorch writes 90-330 bytes per trace entry (the final
+     * state included), so a 128th of the file grows at most once or twice on the densest
+     * traces. More is worse: what the array leaves unused still spreads the heap over more
+     * huge pages, each zeroed whole on its first touch (a 64th left 0.5-1 MB unused on
+     * forward-pass traces, and took them into a second one). */
+    if (!frames && len / 128 > 1024) {
+        recs.ev = malloc(len / 128 * sizeof(*recs.ev));
+        recs.cap = recs.ev != NULL ? len / 128 : 0;
     }
     bool ok = frames ? pk_parse_skip(buf, len, NULL, NULL, &doc, why, sizeof(why))
                      : pk_parse_records(buf, len, NULL, "frames", take_entry, &recs, &doc, why,
