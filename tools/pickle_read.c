@@ -19,8 +19,11 @@
 #include <string.h>
 #include <sys/stat.h>
 
-#define VALUES_PER_CHUNK 4096
-#define STR_CHUNK (256 * 1024)
+/* Arena chunks are small enough that the last one's unused part stays small: loading runs on
+ * huge pages, each zeroed whole when first touched, so the heap's extent costs, not the
+ * number of mallocs. */
+#define VALUES_PER_CHUNK 1024
+#define STR_CHUNK (64 * 1024)
 
 typedef struct vchunk {
     struct vchunk *next;            /* older chunk */
@@ -44,8 +47,8 @@ struct pk_doc {
 
 #define INT_CACHE_BITS 12
 #define STR_CACHE_BITS 8
-#define STR_CACHE_MAX 32 /* bytes of the longest string shared through the cache */
-#define SCRATCH_VALUES 4096
+#define STR_CACHE_MAX 32   /* bytes of the longest string shared through the cache */
+#define SCRATCH_VALUES 512 /* a dict's ints at most at once (a trace entry has a dozen) */
 
 typedef struct parser {
     const unsigned char *p; /* input */
