@@ -1174,6 +1174,16 @@ bool tr_load_opts(const char *path, bool frames, tr_trace_t *t, char *err, size_
         snprintf(err, errlen, "%s: %s", path, why);
         return false;
     }
+    /* What the entries' array did not use goes back before the analysis and the replay
+     * allocate theirs, so that they take it instead of more of the heap (in place: the
+     * entries do not move). */
+    if (recs.cap > recs.n + 1024) {
+        tr_event_t *ne = realloc(recs.ev, (recs.n ? recs.n : 1) * sizeof(*recs.ev));
+        if (ne != NULL) {
+            recs.ev = ne;
+            recs.cap = recs.n ? recs.n : 1;
+        }
+    }
     ok = from_doc(doc, &recs, t, why, sizeof(why));
     t->ev_block = recs.ev; /* the devices' event arrays (tr_free frees it) */
     free(recs.side);
