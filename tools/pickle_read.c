@@ -1185,6 +1185,12 @@ bool pk_parse_records(const void *buf, size_t len, const pk_limits_t *lim, const
         ps.lim.max_depth = 1;
     ps.doc = calloc(1, sizeof(*ps.doc));
     ps.marks = malloc(ps.lim.max_depth * sizeof(*ps.marks));
+    /* The memo sized once from the input: PyTorch's snapshots memoize a value every 30-130
+     * bytes, and growing it by doubling left each smaller copy behind, below the next one, so
+     * that the heap spread over another huge page on traces of a MB or two. */
+    size_t memo0 = ps.len / 64 < ps.lim.max_memo ? ps.len / 64 : ps.lim.max_memo;
+    if (memo0 > 1024 && (ps.memo = calloc(memo0, sizeof(*ps.memo))) != NULL)
+        ps.memocap = memo0;
     if (fn != NULL) {
         ps.scratch = malloc(SCRATCH_VALUES * sizeof(*ps.scratch));
         ps.mark_scratch = malloc(ps.lim.max_depth * sizeof(*ps.mark_scratch));

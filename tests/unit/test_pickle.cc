@@ -907,6 +907,38 @@ TEST(PickleRead, IntsOfDictsTheHookLeavesAreShared) {
     pk_free(doc);
 }
 
+// The memo starts sized from the input's length; a pickle that memoizes far more densely (every
+// value, 3 bytes each) still grows it, and every reference reads the value memoized under it.
+TEST(PickleRead, MemoDenserThanItsFirstSizeGrowsAndKeepsEveryValue) {
+    const int n = 40000;
+    sp__emit_t e;
+    sp__emit_init(&e, false);
+    sp__emit_list_begin(&e);
+    std::vector<uint32_t> idx;
+    for (int i = 0; i < n; i++) {
+        sp__emit_int(&e, i % 200);
+        idx.push_back(sp__emit_memoize(&e));
+    }
+    for (int i = n - 1; i >= 0; i -= 7)
+        sp__emit_memo_get(&e, idx[(size_t)i]);
+    sp__emit_list_end(&e);
+    Bytes b = finish(&e);
+    ASSERT_GT(b.size(), (size_t)64 * 1024) << "large enough for a sized memo";
+    pk_doc_t *doc = nullptr;
+    ASSERT_EQ(parse(b, &doc), "");
+    const pk_value_t *root = pk_root(doc);
+    ASSERT_EQ(pk_len(root), (size_t)n + (size_t)(n + 6) / 7);
+    int wrong = 0;
+    size_t k = (size_t)n;
+    for (int i = n - 1; i >= 0; i -= 7, k++) {
+        int64_t v = -1;
+        if (!pk_int(pk_at(root, k), &v) || v != i % 200)
+            wrong++;
+    }
+    EXPECT_EQ(wrong, 0);
+    pk_free(doc);
+}
+
 // A dict with more ints than the record hook's scratch holds at once (a pickler's batch of
 // 1000 pairs, nested in another dict whose ints are still waiting): the ints past it are made
 // in the document instead, and the hook and the document read every one as written.
