@@ -1156,13 +1156,14 @@ bool tr_load_opts(const char *path, bool frames, tr_trace_t *t, char *err, size_
     recs_t recs;
     memset(&recs, 0, sizeof(recs));
     /* Room for the entries up front: PyTorch writes 90-330 bytes per trace entry (the final
-     * state included), so a 128th of the file grows at most once or twice on the densest
-     * traces. More is worse: what the array leaves unused still spreads the heap over more
-     * huge pages, each zeroed whole on its first touch (a 64th left 0.5-1 MB unused on
-     * forward-pass traces, and took them into a second one). */
-    if (!frames && len / 128 > 1024) {
-        recs.ev = malloc(len / 128 * sizeof(*recs.ev));
-        recs.cap = recs.ev != NULL ? len / 128 : 0;
+     * state included), so a 256th of the file grows two or three times at most on the densest
+     * traces (a copy, and the old array is reused by what comes next). More is worse: what the
+     * array leaves unused while the rest of the file is read spreads the heap over more huge
+     * pages, each zeroed whole on its first touch (a 64th left 0.5-1 MB unused on forward-pass
+     * traces, and took them into a second one). */
+    if (!frames && len / 256 > 1024) {
+        recs.ev = malloc(len / 256 * sizeof(*recs.ev));
+        recs.cap = recs.ev != NULL ? len / 256 : 0;
     }
     bool ok = frames ? pk_parse_skip(buf, len, NULL, NULL, &doc, why, sizeof(why))
                      : pk_parse_records(buf, len, NULL, "frames", take_entry, &recs, &doc, why,
