@@ -477,6 +477,22 @@ static bool memo_put(parser_t *ps, size_t idx) {
     return true;
 }
 
+/* MEMOIZE: memo_put at the next index, its common case inline (a slot within the memo, free,
+ * under a value that is neither scratch nor a skipped string waiting to be made: a trace's
+ * dicts and lists, and the frames of a skipped stack, a value every few opcodes). */
+static inline __attribute__((always_inline)) bool memoize(parser_t *ps) {
+    size_t idx = ps->memoused;
+    if (idx < ps->memocap && idx < ps->lim.max_memo && ps->memo[idx] == NULL && ps->sp > base(ps)) {
+        pk_value_t *top = ps->stack[ps->sp - 1];
+        if (!is_scratch(ps, top) && !(top == ps->skipped && ps->skipped_at == ps->sp)) {
+            ps->memo[idx] = top;
+            ps->memoused++;
+            return true;
+        }
+    }
+    return memo_put(ps, idx);
+}
+
 static inline __attribute__((always_inline)) bool memo_get(parser_t *ps, size_t idx) {
     if (idx >= ps->memocap || ps->memo[idx] == NULL)
         return fail(ps, "memo key %zu is not defined", idx);
@@ -792,7 +808,7 @@ static void skip_fast(parser_t *ps) {
             ps->pos = pos;
             ps->sp = sp;
             ps->skipped_at = skipped_at;
-            bool ok = memo_put(ps, ps->memoused);
+            bool ok = memoize(ps);
             if (!ok)
                 return;
             pos++;
@@ -1128,7 +1144,7 @@ static bool run(parser_t *ps) {
                 return false;
             break;
         case 0x94: /* MEMOIZE */
-            if (!memo_put(ps, ps->memoused))
+            if (!memoize(ps))
                 return false;
             break;
         case 'h': /* BINGET */
