@@ -69,10 +69,13 @@ void cli_heap_prepare(const char *path) {
      * that per 4 KiB. The heap is grown once, by what the load will need, and that range is
      * offered for huge pages; the large arrays (memo, event arrays, address maps) are kept on
      * the heap instead of mmaps of their own, and nothing is trimmed back. Only a hint: without
-     * THP, or if the heap is not where glibc's sbrk put it, nothing changes but the tunables. */
+     * THP, or if the heap is not where glibc's sbrk put it, nothing changes but the tunables.
+     * It pays from traces of a few hundred KB up (a huge page is zeroed whole, about what a
+     * hundred 4 KiB faults cost, and those traces touch more), and is about even at 64 KiB,
+     * where a trace is only a few hundred entries. */
     const size_t huge = (size_t)2 << 20; /* up to 128 MB files: 4 * want fits mallopt's int */
     struct stat sb;
-    if (path == NULL || stat(path, &sb) != 0 || !S_ISREG(sb.st_mode) || sb.st_size < (1 << 20) ||
+    if (path == NULL || stat(path, &sb) != 0 || !S_ISREG(sb.st_mode) || sb.st_size < (1 << 16) ||
         (uint64_t)sb.st_size > ((uint64_t)1 << 27))
         return;
     size_t want = ((size_t)sb.st_size * 2 + 4 * huge + huge - 1) & ~(huge - 1);

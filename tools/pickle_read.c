@@ -19,8 +19,11 @@
 #include <string.h>
 #include <sys/stat.h>
 
-#define VALUES_PER_CHUNK 4096
-#define STR_CHUNK (256 * 1024)
+/* Arena chunks are small enough that the last one's unused part stays small: loading runs on
+ * huge pages, each zeroed whole when first touched, so the heap's extent costs, not the
+ * number of mallocs. */
+#define VALUES_PER_CHUNK 1024
+#define STR_CHUNK (64 * 1024)
 
 typedef struct vchunk {
     struct vchunk *next;            /* older chunk */
@@ -44,8 +47,8 @@ struct pk_doc {
 
 #define INT_CACHE_BITS 12
 #define STR_CACHE_BITS 8
-#define STR_CACHE_MAX 32 /* bytes of the longest string shared through the cache */
-#define SCRATCH_VALUES 4096
+#define STR_CACHE_MAX 32   /* bytes of the longest string shared through the cache */
+#define SCRATCH_VALUES 512 /* a dict's ints at most at once (a trace entry has a dozen) */
 
 typedef struct parser {
     const unsigned char *p; /* input */
@@ -474,6 +477,22 @@ static bool memo_put(parser_t *ps, size_t idx) {
     return true;
 }
 
+/* MEMOIZE: memo_put at the next index, its common case inline (a slot within the memo, free,
+ * under a value that is neither scratch nor a skipped string waiting to be made: a trace's
+ * dicts and lists, and the frames of a skipped stack, a value every few opcodes). */
+static inline __attribute__((always_inline)) bool memoize(parser_t *ps) {
+    size_t idx = ps->memoused;
+    if (idx < ps->memocap && idx < ps->lim.max_memo && ps->memo[idx] == NULL && ps->sp > base(ps)) {
+        pk_value_t *top = ps->stack[ps->sp - 1];
+        if (!is_scratch(ps, top) && !(top == ps->skipped && ps->skipped_at == ps->sp)) {
+            ps->memo[idx] = top;
+            ps->memoused++;
+            return true;
+        }
+    }
+    return memo_put(ps, idx);
+}
+
 static inline __attribute__((always_inline)) bool memo_get(parser_t *ps, size_t idx) {
     if (idx >= ps->memocap || ps->memo[idx] == NULL)
         return fail(ps, "memo key %zu is not defined", idx);
@@ -789,7 +808,7 @@ static void skip_fast(parser_t *ps) {
             ps->pos = pos;
             ps->sp = sp;
             ps->skipped_at = skipped_at;
-            bool ok = memo_put(ps, ps->memoused);
+            bool ok = memoize(ps);
             if (!ok)
                 return;
             pos++;
@@ -1125,7 +1144,7 @@ static bool run(parser_t *ps) {
                 return false;
             break;
         case 0x94: /* MEMOIZE */
-            if (!memo_put(ps, ps->memoused))
+            if (!memoize(ps))
                 return false;
             break;
         case 'h': /* BINGET */
@@ -1182,6 +1201,12 @@ bool pk_parse_records(const void *buf, size_t len, const pk_limits_t *lim, const
         ps.lim.max_depth = 1;
     ps.doc = calloc(1, sizeof(*ps.doc));
     ps.marks = malloc(ps.lim.max_depth * sizeof(*ps.marks));
+    /* The memo sized once from the input: PyTorch's snapshots memoize a value every 30-130
+     * bytes, and growing it by doubling left each smaller copy behind, below the next one, so
+     * that the heap spread over another huge page on traces of a MB or two. */
+    size_t memo0 = ps.len / 64 < ps.lim.max_memo ? ps.len / 64 : ps.lim.max_memo;
+    if (memo0 > 1024 && (ps.memo = calloc(memo0, sizeof(*ps.memo))) != NULL)
+        ps.memocap = memo0;
     if (fn != NULL) {
         ps.scratch = malloc(SCRATCH_VALUES * sizeof(*ps.scratch));
         ps.mark_scratch = malloc(ps.lim.max_depth * sizeof(*ps.mark_scratch));

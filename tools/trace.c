@@ -1155,11 +1155,15 @@ bool tr_load_opts(const char *path, bool frames, tr_trace_t *t, char *err, size_
      * values for its numbers (most of the memory of loading a trace). */
     recs_t recs;
     memset(&recs, 0, sizeof(recs));
-    /* Room for the entries up front: PyTorch writes 90-330 bytes per trace entry, so a 64th of
-     * the file rarely needs to grow (growing copies the array once the heap holds it). */
-    if (!frames && len / 64 > 1024) {
-        recs.ev = malloc(len / 64 * sizeof(*recs.ev));
-        recs.cap = recs.ev != NULL ? len / 64 : 0;
+    /* Room for the entries up front: PyTorch writes 90-330 bytes per trace entry (the final
+     * state included), so a 256th of the file grows two or three times at most on the densest
+     * traces (a copy, and the old array is reused by what comes next). More is worse: what the
+     * array leaves unused while the rest of the file is read spreads the heap over more huge
+     * pages, each zeroed whole on its first touch (a 64th left 0.5-1 MB unused on forward-pass
+     * traces, and took them into a second one). */
+    if (!frames && len / 256 > 1024) {
+        recs.ev = malloc(len / 256 * sizeof(*recs.ev));
+        recs.cap = recs.ev != NULL ? len / 256 : 0;
     }
     bool ok = frames ? pk_parse_skip(buf, len, NULL, NULL, &doc, why, sizeof(why))
                      : pk_parse_records(buf, len, NULL, "frames", take_entry, &recs, &doc, why,
@@ -1170,6 +1174,16 @@ bool tr_load_opts(const char *path, bool frames, tr_trace_t *t, char *err, size_
         free(recs.side);
         snprintf(err, errlen, "%s: %s", path, why);
         return false;
+    }
+    /* What the entries' array did not use goes back before the analysis and the replay
+     * allocate theirs, so that they take it instead of more of the heap (in place: the
+     * entries do not move). */
+    if (recs.cap > recs.n + 1024) {
+        tr_event_t *ne = realloc(recs.ev, (recs.n ? recs.n : 1) * sizeof(*recs.ev));
+        if (ne != NULL) {
+            recs.ev = ne;
+            recs.cap = recs.n ? recs.n : 1;
+        }
     }
     ok = from_doc(doc, &recs, t, why, sizeof(why));
     t->ev_block = recs.ev; /* the devices' event arrays (tr_free frees it) */

@@ -907,6 +907,108 @@ TEST(PickleRead, IntsOfDictsTheHookLeavesAreShared) {
     pk_free(doc);
 }
 
+// The memo starts sized from the input's length; a pickle that memoizes far more densely (every
+// value, 3 bytes each) still grows it, and every reference reads the value memoized under it.
+TEST(PickleRead, MemoDenserThanItsFirstSizeGrowsAndKeepsEveryValue) {
+    const int n = 40000;
+    sp__emit_t e;
+    sp__emit_init(&e, false);
+    sp__emit_list_begin(&e);
+    std::vector<uint32_t> idx;
+    for (int i = 0; i < n; i++) {
+        sp__emit_int(&e, i % 200);
+        idx.push_back(sp__emit_memoize(&e));
+    }
+    for (int i = n - 1; i >= 0; i -= 7)
+        sp__emit_memo_get(&e, idx[(size_t)i]);
+    sp__emit_list_end(&e);
+    Bytes b = finish(&e);
+    ASSERT_GT(b.size(), (size_t)64 * 1024) << "large enough for a sized memo";
+    pk_doc_t *doc = nullptr;
+    ASSERT_EQ(parse(b, &doc), "");
+    const pk_value_t *root = pk_root(doc);
+    ASSERT_EQ(pk_len(root), (size_t)n + (size_t)(n + 6) / 7);
+    int wrong = 0;
+    size_t k = (size_t)n;
+    for (int i = n - 1; i >= 0; i -= 7, k++) {
+        int64_t v = -1;
+        if (!pk_int(pk_at(root, k), &v) || v != i % 200)
+            wrong++;
+    }
+    EXPECT_EQ(wrong, 0);
+    pk_free(doc);
+}
+
+// A dict with more ints than the record hook's scratch holds at once (a pickler's batch of
+// 1000 pairs, nested in another dict whose ints are still waiting): the ints past it are made
+// in the document instead, and the hook and the document read every one as written.
+TEST(PickleRead, DictsWithMoreIntsThanScratchReadEveryInt) {
+    auto val = [](int d, int i) { return (int64_t)d * 1000003 - (int64_t)i * 77 - 5; };
+    std::vector<std::string> keys; // the emitter memoizes keys by address: one string each
+    for (int i = 0; i < 1500; i++)
+        keys.push_back("k" + std::to_string(i));
+    sp__emit_t e;
+    sp__emit_init(&e, false);
+    sp__emit_dict_begin(&e);
+    sp__emit_kv_int(&e, "outer0", val(9, 0));
+    sp__emit_kv_int(&e, "outer1", val(9, 1));
+    sp__emit_key(&e, "inner");
+    sp__emit_list_begin(&e);
+    for (int d = 0; d < 3; d++) {
+        sp__emit_dict_begin(&e);
+        for (int i = 0; i < 1500; i++)
+            sp__emit_kv_int(&e, keys[(size_t)i].c_str(), val(d, i));
+        sp__emit_dict_end(&e);
+    }
+    sp__emit_list_end(&e);
+    sp__emit_kv_int(&e, "outer2", val(9, 2));
+    sp__emit_dict_end(&e);
+    Bytes b = finish(&e);
+    struct seen_t {
+        int dicts = 0, wrong = 0;
+    } seen;
+    auto look = [](void *arg, pk_value_t *const *pairs, size_t n, uint64_t *) {
+        auto *s = (seen_t *)arg;
+        if (n < 2 || strcmp(pk_str(pairs[0]), "k0") != 0)
+            return 0;
+        int d = s->dicts++;
+        for (size_t i = 0; i + 1 < n; i += 2) {
+            int64_t v = 0;
+            if (!pk_int(pairs[i + 1], &v) || v != (int64_t)d * 1000003 - (int64_t)(i / 2) * 77 - 5)
+                s->wrong++;
+        }
+        return 0;
+    };
+    pk_doc_t *doc = nullptr;
+    char err[256] = "";
+    ASSERT_TRUE(
+        pk_parse_records(b.data(), b.size(), nullptr, nullptr, look, &seen, &doc, err, sizeof err))
+        << err;
+    EXPECT_EQ(seen.dicts, 3);
+    EXPECT_EQ(seen.wrong, 0);
+    const pk_value_t *root = pk_root(doc);
+    for (int i = 0; i < 3; i++) {
+        char k[16];
+        snprintf(k, sizeof k, "outer%d", i);
+        int64_t v = 0;
+        EXPECT_TRUE(pk_get_int(root, k, &v));
+        EXPECT_EQ(v, val(9, i)) << k;
+    }
+    const pk_value_t *inner = pk_get(root, "inner");
+    ASSERT_EQ(pk_len(inner), 3u);
+    int wrong = 0;
+    for (int d = 0; d < 3; d++)
+        for (int i = 0; i < 1500; i++) {
+            char k[16];
+            snprintf(k, sizeof k, "k%d", i);
+            int64_t v = 0;
+            if (!pk_get_int(pk_at(inner, (size_t)d), k, &v) || v != val(d, i))
+                wrong++;
+        }
+    EXPECT_EQ(wrong, 0);
+    pk_free(doc);
+}
+
 // The record hook's path reads a trace entry's keys and values in a loop of its own: every cut
 // of a trace and every undefined memo reference inside an entry fails there with the message and
 // offset the plain reader gives, and whole, both read the same entries.
