@@ -467,6 +467,44 @@ sp_block_t *sp__exp_best_fit(sp_bpool_t *bp, sp_block_t *b, sp_stream_t stream,
     return cur;
 }
 
+/* SYMPOOL_EXPANDABLE_FIT_END (ours, with ALIGN). ALIGN places blocks that grow the segment;
+ * most large blocks of a training loop are instead cut by best fit from ranges freed earlier,
+ * and PyTorch cuts them from the range's start. A range that starts inside a page (after an
+ * odd-sized block, or after a block that itself started inside one) hands that offset on to
+ * every block cut from it, and each of them later pins a page of slivers when its neighbours
+ * go. When the request is a whole number of pages and the range ends on a page boundary, taking
+ * its end instead puts the block on whole pages, and leaves the offset with the free piece in
+ * front (which merges back with the block before it). Requests of whole pages only: an odd size
+ * at the end would move the offset to its start, which is no gain. Same gates as ALIGN (a pool
+ * that only grew has no freed ranges to cut from; under SHARED's bound pages are few and small
+ * and large blocks pack together). b: the free block best fit chose (in the set), larger than
+ * size; returns the block to hand out (in the set), *pred_p its in-order predecessor. */
+sp_block_t *sp__exp_fit_end(sp_devalloc_t *d, sp_bpool_t *bp, sp_block_t *b, size_t size,
+                            sp_block_t **pred_p) {
+    const sp_mempool_t *pool = bp->pool;
+    sp_segment_t *seg = b->seg;
+    size_t page = seg->page, off = b->addr - seg->base;
+    if (!sp__g.exp_fit_end || !pool->exp_unmapped || pool->reserved < sp__g.exp_shared ||
+        size % page != 0 || off % page == 0 || (off + b->size) % page != 0)
+        return b;
+    sp_block_t *h = sp__block_new(d);
+    if (!h)
+        return b; /* out of host memory: PyTorch's placement */
+    size_t lead = b->size - size;
+    sp__bset_remove(&bp->free, b);
+    h->addr = b->addr;
+    h->size = lead;
+    h->seg = seg;
+    sp__block_link_before(h, b);
+    h->gc_count = b->gc_count;
+    b->addr += lead;
+    b->size = size;
+    sp__bset_insert(&bp->free, h);
+    sp__bset_insert(&bp->free, b);
+    *pred_p = sp__bset_pred(&bp->free, b);
+    return b;
+}
+
 /* ---- unmap ------------------------------------------------------------------------------- */
 
 /* Unmap the whole pages inside free mapped block b; the block that stays at b is the unmapped
