@@ -701,6 +701,92 @@ TEST_F(Expandable, UnderTheSharedBoundLargeRequestsArePacked) {
     large_after_odd_block(3 * MiB, 4 * MiB, true, false);
 }
 
+// SYMPOOL_EXPANDABLE_FIT_END (default, under ALIGN's conditions): 3 MiB at 0, 5 MiB packed
+// after it at 3 MiB (too little room to align), 2 MiB at 8 MiB. Freeing the 5 MiB block leaves
+// a cached range [3, 8) MiB that starts inside a page and ends on one; `size` is then cut from
+// it. A whole number of pages takes the range's end (4 MiB: [4, 8)), so once the 3 MiB block goes
+// its pages go whole: size + 2 MiB reserved. Cut from the start (PyTorch's), [3, 7) keeps the
+// second page and the free piece [7, 8) keeps the fourth: a page more.
+static void whole_pages_from_a_cached_range(size_t size, bool unmapped_before, bool at_end) {
+    void *u, *p, *f, *q, *r;
+    if (unmapped_before) {
+        ASSERT_SP_OK(sp_malloc(4 * MiB, 0, nullptr, &u));
+        ASSERT_SP_OK(sp_free(u));
+        ASSERT_SP_OK(sp_empty_cache());
+    }
+    ASSERT_SP_OK(sp_malloc(3 * MiB, 0, nullptr, &p));
+    ASSERT_SP_OK(sp_malloc(5 * MiB, 0, nullptr, &f));
+    ASSERT_SP_OK(sp_malloc(2 * MiB, 0, nullptr, &q));
+    EXPECT_EQ((uintptr_t)f - (uintptr_t)p, 3 * MiB);
+    EXPECT_EQ((uintptr_t)q - (uintptr_t)p, 8 * MiB);
+    ASSERT_SP_OK(sp_free(f));
+    ASSERT_SP_OK(sp_malloc(size, 0, nullptr, &r));
+    EXPECT_EQ(stat("reserved_bytes.all.current"), 10 * (int64_t)MiB); /* a cache hit */
+    EXPECT_EQ((uintptr_t)r - (uintptr_t)p, at_end ? 8 * MiB - size : 3 * MiB);
+    ASSERT_SP_OK(sp_free(p));
+    ASSERT_SP_OK(sp_empty_cache());
+    EXPECT_EQ(stat("reserved_bytes.all.current"), (int64_t)(size + (at_end ? 2 : 4) * MiB));
+    ASSERT_SP_OK(sp_free(r));
+    ASSERT_SP_OK(sp_free(q));
+    ASSERT_SP_OK(sp_empty_cache());
+    EXPECT_EQ(stat("reserved_bytes.all.current"), 0);
+}
+
+TEST_F(Expandable, WholePagesCutFromACachedRangeTakeItsPageAlignedEnd) {
+    sp::ScopedEnv env({{"SYMPOOL_ALLOC_CONF", "expandable_segments:True"}, NO_SHARED});
+    SP_SKIP_UNLESS_HOST();
+    whole_pages_from_a_cached_range(4 * MiB, true, true);
+    whole_pages_from_a_cached_range(2 * MiB, true, true);
+}
+
+// An odd size at the range's end would only move the offset to its own start.
+TEST_F(Expandable, AnOddSizeIsCutFromTheRangesStart) {
+    sp::ScopedEnv env({{"SYMPOOL_ALLOC_CONF", "expandable_segments:True"}, NO_SHARED});
+    SP_SKIP_UNLESS_HOST();
+    void *u, *p, *f, *q, *r;
+    ASSERT_SP_OK(sp_malloc(4 * MiB, 0, nullptr, &u));
+    ASSERT_SP_OK(sp_free(u));
+    ASSERT_SP_OK(sp_empty_cache());
+    ASSERT_SP_OK(sp_malloc(3 * MiB, 0, nullptr, &p));
+    ASSERT_SP_OK(sp_malloc(5 * MiB, 0, nullptr, &f));
+    ASSERT_SP_OK(sp_malloc(2 * MiB, 0, nullptr, &q));
+    ASSERT_SP_OK(sp_free(f));
+    ASSERT_SP_OK(sp_malloc(7 * MiB / 2, 0, nullptr, &r));
+    EXPECT_EQ((uintptr_t)r - (uintptr_t)p, 3 * MiB);
+    ASSERT_SP_OK(sp_free(r));
+    ASSERT_SP_OK(sp_free(p));
+    ASSERT_SP_OK(sp_free(q));
+    ASSERT_SP_OK(sp_empty_cache());
+}
+
+TEST_F(Expandable, APoolThatOnlyGrewCutsFromTheStart) {
+    sp::ScopedEnv env({{"SYMPOOL_ALLOC_CONF", "expandable_segments:True"}, NO_SHARED});
+    SP_SKIP_UNLESS_HOST();
+    whole_pages_from_a_cached_range(4 * MiB, false, false);
+}
+
+TEST_F(Expandable, WithoutFitEndCachedRangesAreCutFromTheStart) {
+    sp::ScopedEnv env({{"SYMPOOL_ALLOC_CONF", "expandable_segments:True"},
+                       NO_SHARED,
+                       {"SYMPOOL_EXPANDABLE_FIT_END", "0"}});
+    SP_SKIP_UNLESS_HOST();
+    whole_pages_from_a_cached_range(4 * MiB, true, false);
+}
+
+TEST_F(Expandable, FitEndNeedsAlign) {
+    sp::ScopedEnv env({{"SYMPOOL_ALLOC_CONF", "expandable_segments:True"},
+                       NO_SHARED,
+                       {"SYMPOOL_EXPANDABLE_ALIGN", "0"}});
+    SP_SKIP_UNLESS_HOST();
+    whole_pages_from_a_cached_range(4 * MiB, true, false);
+}
+
+TEST_F(Expandable, UnderTheSharedBoundCachedRangesAreCutFromTheStart) {
+    sp::ScopedEnv env({{"SYMPOOL_ALLOC_CONF", "expandable_segments:True"}});
+    SP_SKIP_UNLESS_HOST();
+    whole_pages_from_a_cached_range(4 * MiB, true, false);
+}
+
 // With PyTorch's 20 MiB large pages (SYMPOOL_EXPANDABLE_PAGE=0) small blocks keep their 2 MiB
 // pages: sharing would put them under 20 MiB ones.
 TEST_F(Expandable, SmallRequestsDoNotShareCoarserLargePages) {
