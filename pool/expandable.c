@@ -101,7 +101,7 @@ size_t sp__exp_page(const sp_bpool_t *bp) {
 }
 
 /* Reserve a new expandable segment for (bp, stream): one unmapped block covering it. */
-static sp_status_t new_segment(sp_devalloc_t *d, sp_bpool_t *bp, sp_stream_t stream,
+static sp_status_t new_segment(sp_devalloc_t *d, sp_bpool_t *bp, sp_stream_t stream, bool whole,
                                sp_block_t **block_p) {
     size_t page = sp__exp_page(bp);
     /* PyTorch reserves 1 1/8 of the device's memory, so that pages unmapped early in the
@@ -119,6 +119,7 @@ static sp_status_t new_segment(sp_devalloc_t *d, sp_bpool_t *bp, sp_stream_t str
         return s;
     }
     seg->expandable = true;
+    seg->whole = whole;
     seg->page = page;
     sp_block_t *b = seg->head;
     b->unmapped = true;
@@ -251,8 +252,21 @@ static bool has_room(const sp_block_t *b, size_t size) {
  * where free and unmapped space together hold size bytes; else a new segment. */
 static sp_status_t find_room(sp_devalloc_t *d, sp_bpool_t *bp, size_t size, sp_stream_t stream,
                              sp_block_t **c_p) {
+    /* SYMPOOL_EXPANDABLE_WHOLE (ours, with ALIGN). While a pool only grows, ALIGN waits (a
+     * skipped piece costs and saves nothing yet) and every block is packed right after the one
+     * before, so blocks of whole pages that follow odd-sized ones start inside a page. That is
+     * how a cache fills at the start of a run: its first pass lays out what stays live for the
+     * rest of it (weights, optimizer state) and what the loop then frees and reuses, and the
+     * offsets stay with every block later cut from those ranges. So until the pool's first unmap,
+     * past SHARED's bound, requests of whole pages grow a segment of their own, where they pack
+     * on page boundaries, and other requests one without them. After it, any segment of the
+     * stream (PyTorch's rule): ALIGN and FIT_END place blocks from then on. */
+    const sp_mempool_t *pool = bp->pool;
+    bool apart = sp__g.exp_whole && !bp->is_small && !pool->exp_unmapped &&
+                 pool->reserved >= sp__g.exp_shared;
+    bool whole = apart && size % sp__exp_page(bp) == 0;
     for (sp_block_t *u = bp->unmapped; u; u = u->right) {
-        if (sp__block_stream(u) != stream)
+        if (sp__block_stream(u) != stream || (apart && u->seg->whole != whole))
             continue;
         sp_block_t *c = free_mapped(u->prev) ? u->prev : u;
         if (has_room(c, size)) {
@@ -260,7 +274,7 @@ static sp_status_t find_room(sp_devalloc_t *d, sp_bpool_t *bp, size_t size, sp_s
             return SP_SUCCESS;
         }
     }
-    return new_segment(d, bp, stream, c_p);
+    return new_segment(d, bp, stream, whole, c_p);
 }
 
 /* SYMPOOL_EXPANDABLE_RECYCLE (ours): before the default pool maps, unmap up to `need` bytes of
