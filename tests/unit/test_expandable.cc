@@ -672,10 +672,63 @@ TEST_F(Expandable, ALargeRequestSkipsAtMostHalfAPage) {
     large_after_odd_block(5 * MiB / 2, 4 * MiB, true, false);
 }
 
+// ALIGN's own gate: without WHOLE (below), a pool that only grew packs large requests.
 TEST_F(Expandable, APoolThatOnlyGrewPacksLargeRequests) {
-    sp::ScopedEnv env({{"SYMPOOL_ALLOC_CONF", "expandable_segments:True"}, NO_SHARED});
+    sp::ScopedEnv env({{"SYMPOOL_ALLOC_CONF", "expandable_segments:True"},
+                       NO_SHARED,
+                       {"SYMPOOL_EXPANDABLE_WHOLE", "0"}});
     SP_SKIP_UNLESS_HOST();
     large_after_odd_block(3 * MiB, 4 * MiB, false, false);
+}
+
+// SYMPOOL_EXPANDABLE_WHOLE (default): until the pool first unmaps, a request of whole pages grows
+// a segment of its own, so the 4 MiB block after a 3 MiB one starts on a page there, and once
+// the 3 MiB block is freed its pages go whole (4 MiB reserved, not 6). A 3 MiB request after it
+// still packs after the first one (odd sizes keep their segment).
+static void whole_pages_apart(bool apart) {
+    void *p, *q, *r;
+    ASSERT_SP_OK(sp_malloc(3 * MiB, 0, nullptr, &p));
+    ASSERT_SP_OK(sp_malloc(4 * MiB, 0, nullptr, &q));
+    ASSERT_SP_OK(sp_malloc(3 * MiB, 0, nullptr, &r));
+    EXPECT_EQ((uintptr_t)q - (uintptr_t)p == 3 * MiB, !apart);
+    EXPECT_EQ((uintptr_t)r - (uintptr_t)p, apart ? 3 * MiB : 7 * MiB);
+    EXPECT_EQ(stat("reserved_bytes.all.current"), 10 * (int64_t)MiB);
+    ASSERT_SP_OK(sp_free(p));
+    ASSERT_SP_OK(sp_free(r));
+    ASSERT_SP_OK(sp_empty_cache());
+    EXPECT_EQ(stat("reserved_bytes.all.current"), (apart ? 4 : 6) * (int64_t)MiB);
+    ASSERT_SP_OK(sp_free(q));
+    ASSERT_SP_OK(sp_empty_cache());
+    EXPECT_EQ(stat("reserved_bytes.all.current"), 0);
+}
+
+TEST_F(Expandable, WholePagesOfAPoolThatOnlyGrewGrowASegmentOfTheirOwn) {
+    sp::ScopedEnv env({{"SYMPOOL_ALLOC_CONF", "expandable_segments:True"}, NO_SHARED});
+    SP_SKIP_UNLESS_HOST();
+    whole_pages_apart(true);
+}
+
+TEST_F(Expandable, WithoutWholeAPoolThatOnlyGrewPacksEverything) {
+    sp::ScopedEnv env({{"SYMPOOL_ALLOC_CONF", "expandable_segments:True"},
+                       NO_SHARED,
+                       {"SYMPOOL_EXPANDABLE_WHOLE", "0"}});
+    SP_SKIP_UNLESS_HOST();
+    whole_pages_apart(false);
+}
+
+TEST_F(Expandable, WholeNeedsAlign) {
+    sp::ScopedEnv env({{"SYMPOOL_ALLOC_CONF", "expandable_segments:True"},
+                       NO_SHARED,
+                       {"SYMPOOL_EXPANDABLE_ALIGN", "0"}});
+    SP_SKIP_UNLESS_HOST();
+    whole_pages_apart(false);
+}
+
+// Under SHARED's bound (256 MiB by default) everything packs in one segment.
+TEST_F(Expandable, UnderTheSharedBoundWholePagesPackWithTheRest) {
+    sp::ScopedEnv env({{"SYMPOOL_ALLOC_CONF", "expandable_segments:True"}});
+    SP_SKIP_UNLESS_HOST();
+    whole_pages_apart(false);
 }
 
 TEST_F(Expandable, WithoutAlignLargeRequestsArePacked) {
@@ -760,7 +813,9 @@ TEST_F(Expandable, AnOddSizeIsCutFromTheRangesStart) {
 }
 
 TEST_F(Expandable, APoolThatOnlyGrewCutsFromTheStart) {
-    sp::ScopedEnv env({{"SYMPOOL_ALLOC_CONF", "expandable_segments:True"}, NO_SHARED});
+    sp::ScopedEnv env({{"SYMPOOL_ALLOC_CONF", "expandable_segments:True"},
+                       NO_SHARED,
+                       {"SYMPOOL_EXPANDABLE_WHOLE", "0"}});
     SP_SKIP_UNLESS_HOST();
     whole_pages_from_a_cached_range(4 * MiB, false, false);
 }
