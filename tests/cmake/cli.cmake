@@ -329,6 +329,13 @@ if(TARGET sympool_cli)
   set_tests_properties(cli.replay_training_align_only PROPERTIES LABELS "unit;cli" TIMEOUT 60
     ENVIRONMENT "SYMPOOL_EXPANDABLE_FIT_END=0;SYMPOOL_EXPANDABLE_WHOLE=0"
     PASS_REGULAR_EXPRESSION "\"peak_allocated_bytes\":7013335552,\"peak_reserved_bytes\":7050625024,")
+  # Replayed with its recorded settings (fixed segments) the training recording keeps PyTorch's
+  # 377 starting segments, 1.0297 x the peak allocated before the first event: the replay says
+  # that this, not the trace, sets the peak reserved.
+  add_test(NAME cli.replay_lower_bound
+    COMMAND $<TARGET_FILE:sympool_cli> replay ${SP_DATA}/real/wedsonlin-training-aligned-pages.pickle)
+  set_tests_properties(cli.replay_lower_bound PROPERTIES LABELS "unit;cli" TIMEOUT 60
+    PASS_REGULAR_EXPRESSION "peak reserved +6.738 GiB[^\n]*\n  lower bound +6.738 GiB reserved \\(1.0297 x the peak allocated\\) before the first event: the starting state's recorded segments")
   add_test(NAME cli.info_trace
     COMMAND $<TARGET_FILE:sympool_cli> info ${SP_DATA}/real/sqattn-empty-cache.pickle)
   set_tests_properties(cli.info_trace PROPERTIES LABELS "unit;cli" TIMEOUT 60
