@@ -724,6 +724,25 @@ TEST_F(Expandable, WholeNeedsAlign) {
     whole_pages_apart(false);
 }
 
+// A MemPool is never recycled, so its first unmap may never come: it packs as PyTorch does.
+TEST_F(Expandable, MemPoolsPackWholePagesWithTheRest) {
+    sp::ScopedEnv env({{"SYMPOOL_ALLOC_CONF", "expandable_segments:True"}, NO_SHARED});
+    SP_SKIP_UNLESS_HOST();
+    sp_mempool_params_t pp;
+    sp_mempool_params_init(&pp);
+    sp_mempool_t *pool = nullptr;
+    ASSERT_SP_OK(sp_mempool_create(&pp, &pool));
+    void *p, *q;
+    ASSERT_SP_OK(sp_mempool_malloc(pool, 3 * MiB, nullptr, &p));
+    ASSERT_SP_OK(sp_mempool_malloc(pool, 4 * MiB, nullptr, &q));
+    EXPECT_EQ((uintptr_t)q - (uintptr_t)p, 3 * MiB);
+    ASSERT_SP_OK(sp_free(p));
+    ASSERT_SP_OK(sp_free(q));
+    ASSERT_SP_OK(sp_mempool_destroy(pool));
+    ASSERT_SP_OK(sp_empty_cache());
+    EXPECT_EQ(stat("reserved_bytes.all.current"), 0);
+}
+
 // Under SHARED's bound (256 MiB by default) everything packs in one segment.
 TEST_F(Expandable, UnderTheSharedBoundWholePagesPackWithTheRest) {
     sp::ScopedEnv env({{"SYMPOOL_ALLOC_CONF", "expandable_segments:True"}});
