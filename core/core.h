@@ -247,6 +247,13 @@ const char *sp__log_level_name(int level); /* "WARN" */
       "ours, with EXPANDABLE_RECYCLE on: once a pool past EXPANDABLE_SHARED has unmapped pages, "  \
       "a growth for a page or more starts on a page boundary when that maps no more and skips "    \
       "at most half a page; 0 = off")                                                              \
+    X(EXPANDABLE_FIT_END, BOOL, "1", NULL, NULL, 0,                                                \
+      "ours, with EXPANDABLE_ALIGN on and under its conditions: a request of whole pages cut "     \
+      "from a larger cached block that starts inside a page and ends on one takes its end; "       \
+      "0 = off (the block's start, PyTorch's)")                                                    \
+    X(EXPANDABLE_WHOLE, BOOL, "1", NULL, NULL, 0,                                                  \
+      "ours, with EXPANDABLE_ALIGN on: until the default pool, past EXPANDABLE_SHARED, first "     \
+      "unmaps, its requests of whole pages grow an expandable segment of their own; 0 = off")      \
     X(THREAD_CACHE, SIZE, "0", NULL, NULL, 0,                                                      \
       "ours: bytes of freed blocks (<= 1 MiB each) each thread keeps for its own next mallocs, "   \
       "without the device lock; changes best fit (docs/threads.md); 0 = off")                      \

@@ -239,6 +239,10 @@ find_fit(sp_devalloc_t *d, sp_bpool_t *bp, size_t size, sp_stream_t stream, sp_b
     if (SP_UNLIKELY(b->size >= mss) &&
         (size < mss || b->size >= size + sp__g.conf.max_non_split_rounding))
         return NULL;
+    /* Where in a larger cached block a large request goes (SYMPOOL_EXPANDABLE_FIT_END): tested
+     * here, after the oversize rule, exact fits first (no test of the size for them). */
+    if (SP_UNLIKELY(b->seg->expandable) && b->size > size && size >= SP_SMALL_BUFFER)
+        b = sp__exp_fit_end(d, bp, b, size, pred_p);
     return b;
 }
 

@@ -101,7 +101,7 @@ size_t sp__exp_page(const sp_bpool_t *bp) {
 }
 
 /* Reserve a new expandable segment for (bp, stream): one unmapped block covering it. */
-static sp_status_t new_segment(sp_devalloc_t *d, sp_bpool_t *bp, sp_stream_t stream,
+static sp_status_t new_segment(sp_devalloc_t *d, sp_bpool_t *bp, sp_stream_t stream, bool whole,
                                sp_block_t **block_p) {
     size_t page = sp__exp_page(bp);
     /* PyTorch reserves 1 1/8 of the device's memory, so that pages unmapped early in the
@@ -119,6 +119,7 @@ static sp_status_t new_segment(sp_devalloc_t *d, sp_bpool_t *bp, sp_stream_t str
         return s;
     }
     seg->expandable = true;
+    seg->whole = whole;
     seg->page = page;
     sp_block_t *b = seg->head;
     b->unmapped = true;
@@ -251,8 +252,24 @@ static bool has_room(const sp_block_t *b, size_t size) {
  * where free and unmapped space together hold size bytes; else a new segment. */
 static sp_status_t find_room(sp_devalloc_t *d, sp_bpool_t *bp, size_t size, sp_stream_t stream,
                              sp_block_t **c_p) {
+    /* SYMPOOL_EXPANDABLE_WHOLE (ours, with ALIGN). While a pool only grows, ALIGN waits (a
+     * skipped piece costs and saves nothing yet) and every block is packed right after the one
+     * before, so blocks of whole pages that follow odd-sized ones start inside a page. That is
+     * how a cache fills at the start of a run: its first pass lays out what stays live for the
+     * rest of it (weights, optimizer state) and what the loop then frees and reuses, and the
+     * offsets stay with every block later cut from those ranges. So until the pool's first unmap,
+     * past SHARED's bound, requests of whole pages grow a segment of their own, where they pack
+     * on page boundaries, and other requests one without them. After it, any segment of the
+     * stream (PyTorch's rule): ALIGN and FIT_END place blocks from then on. Only the default
+     * pool: RECYCLE unmaps only there, so a MemPool's first unmap may never come, and keeping
+     * the two kinds apart for good costs more than it saves (measured: ftcourse 1.0071 ->
+     * 1.0114). */
+    const sp_mempool_t *pool = bp->pool;
+    bool apart = sp__g.exp_whole && pool->is_default && !bp->is_small && !pool->exp_unmapped &&
+                 pool->reserved >= sp__g.exp_shared;
+    bool whole = apart && size % sp__exp_page(bp) == 0;
     for (sp_block_t *u = bp->unmapped; u; u = u->right) {
-        if (sp__block_stream(u) != stream)
+        if (sp__block_stream(u) != stream || (apart && u->seg->whole != whole))
             continue;
         sp_block_t *c = free_mapped(u->prev) ? u->prev : u;
         if (has_room(c, size)) {
@@ -260,7 +277,7 @@ static sp_status_t find_room(sp_devalloc_t *d, sp_bpool_t *bp, size_t size, sp_s
             return SP_SUCCESS;
         }
     }
-    return new_segment(d, bp, stream, c_p);
+    return new_segment(d, bp, stream, whole, c_p);
 }
 
 /* SYMPOOL_EXPANDABLE_RECYCLE (ours): before the default pool maps, unmap up to `need` bytes of
@@ -465,6 +482,44 @@ sp_block_t *sp__exp_best_fit(sp_bpool_t *bp, sp_block_t *b, sp_stream_t stream,
     if (cur != b)
         *pred_p = sp__bset_pred(&bp->free, cur);
     return cur;
+}
+
+/* SYMPOOL_EXPANDABLE_FIT_END (ours, with ALIGN). ALIGN places blocks that grow the segment;
+ * most large blocks of a training loop are instead cut by best fit from ranges freed earlier,
+ * and PyTorch cuts them from the range's start. A range that starts inside a page (after an
+ * odd-sized block, or after a block that itself started inside one) hands that offset on to
+ * every block cut from it, and each of them later pins a page of slivers when its neighbours
+ * go. When the request is a whole number of pages and the range ends on a page boundary, taking
+ * its end instead puts the block on whole pages, and leaves the offset with the free piece in
+ * front (which merges back with the block before it). Requests of whole pages only: an odd size
+ * at the end would move the offset to its start, which is no gain. Same gates as ALIGN (a pool
+ * that only grew has no freed ranges to cut from; under SHARED's bound pages are few and small
+ * and large blocks pack together). b: the free block best fit chose (in the set), larger than
+ * size; returns the block to hand out (in the set), *pred_p its in-order predecessor. */
+sp_block_t *sp__exp_fit_end(sp_devalloc_t *d, sp_bpool_t *bp, sp_block_t *b, size_t size,
+                            sp_block_t **pred_p) {
+    const sp_mempool_t *pool = bp->pool;
+    sp_segment_t *seg = b->seg;
+    size_t page = seg->page, off = b->addr - seg->base;
+    if (!sp__g.exp_fit_end || !pool->exp_unmapped || pool->reserved < sp__g.exp_shared ||
+        size % page != 0 || off % page == 0 || (off + b->size) % page != 0)
+        return b;
+    sp_block_t *h = sp__block_new(d);
+    if (!h)
+        return b; /* out of host memory: PyTorch's placement */
+    size_t lead = b->size - size;
+    sp__bset_remove(&bp->free, b);
+    h->addr = b->addr;
+    h->size = lead;
+    h->seg = seg;
+    sp__block_link_before(h, b);
+    h->gc_count = b->gc_count;
+    b->addr += lead;
+    b->size = size;
+    sp__bset_insert(&bp->free, h);
+    sp__bset_insert(&bp->free, b);
+    *pred_p = sp__bset_pred(&bp->free, b);
+    return b;
 }
 
 /* ---- unmap ------------------------------------------------------------------------------- */

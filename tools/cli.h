@@ -99,6 +99,7 @@ typedef struct replay_result {
     bool start_requested;            /* the segment kind differs from the recorded run's: every
                                       * live starting block requested instead (no segments) */
     uint64_t pytorch_start_reserved; /* PyTorch's reserved before the first event */
+    int64_t start_reserved;          /* ours once the starting state is built: the peak's floor */
     size_t empty_caches;             /* the user's empty_cache calls replayed */
     size_t deferred_frees;           /* frees held back for other streams, replayed */
     double ns_per_event;             /* wall time of the event loop / events */

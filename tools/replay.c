@@ -375,6 +375,10 @@ static bool build_start(dev_state_t *ds, int d, const tr_device_t *td, bool requ
                       td->seeds[i].pool, r, err, errlen);
     }
     fs->frames = NULL;
+    /* What the starting state reserves is a floor for the peak (nothing is released before the
+     * first event): the replay says so when that alone is past 1% of the peak allocated. */
+    if (ok)
+        r->start_reserved += stat_of(d, "reserved_bytes.all.current");
     /* The starting state is where the recorded run stood, not something the trace did: the
      * peaks and counts start from it (PyTorch's trace shows none of it either). */
     if (ok && (sp_reset_peak_memory_stats(d) != SP_SUCCESS ||
@@ -659,6 +663,13 @@ static void print_text(const char *trace, const tr_trace_t *t, const replay_resu
     double dev = pct((double)r->peak_reserved, (double)r->pytorch_peak_reserved);
     printf("  peak reserved        %.3f GiB   recorded run: %.3f GiB (%+.2f%%)\n",
            gib((double)r->peak_reserved), gib((double)r->pytorch_peak_reserved), dev);
+    if (r->peak_allocated > 0 && (double)r->start_reserved > 1.01 * (double)r->peak_allocated)
+        printf(
+            "  lower bound          %.3f GiB reserved (%.4f x the peak allocated) before the first "
+            "event: the starting state's %s\n",
+            gib((double)r->start_reserved), (double)r->start_reserved / (double)r->peak_allocated,
+            r->start_requested ? "blocks as this configuration placed them"
+                               : "recorded segments, kept as they were (their free pages too)");
     printf("  at the end           %.3f GiB reserved, %.3f GiB allocated (recorded run: %.3f GiB "
            "allocated), %.3f GiB free in split segments\n",
            gib((double)r->end_reserved), gib((double)r->end_allocated),

@@ -672,10 +672,82 @@ TEST_F(Expandable, ALargeRequestSkipsAtMostHalfAPage) {
     large_after_odd_block(5 * MiB / 2, 4 * MiB, true, false);
 }
 
+// ALIGN's own gate: without WHOLE (below), a pool that only grew packs large requests.
 TEST_F(Expandable, APoolThatOnlyGrewPacksLargeRequests) {
-    sp::ScopedEnv env({{"SYMPOOL_ALLOC_CONF", "expandable_segments:True"}, NO_SHARED});
+    sp::ScopedEnv env({{"SYMPOOL_ALLOC_CONF", "expandable_segments:True"},
+                       NO_SHARED,
+                       {"SYMPOOL_EXPANDABLE_WHOLE", "0"}});
     SP_SKIP_UNLESS_HOST();
     large_after_odd_block(3 * MiB, 4 * MiB, false, false);
+}
+
+// SYMPOOL_EXPANDABLE_WHOLE (default): until the pool first unmaps, a request of whole pages grows
+// a segment of its own, so the 4 MiB block after a 3 MiB one starts on a page there, and once
+// the 3 MiB block is freed its pages go whole (4 MiB reserved, not 6). A 3 MiB request after it
+// still packs after the first one (odd sizes keep their segment).
+static void whole_pages_apart(bool apart) {
+    void *p, *q, *r;
+    ASSERT_SP_OK(sp_malloc(3 * MiB, 0, nullptr, &p));
+    ASSERT_SP_OK(sp_malloc(4 * MiB, 0, nullptr, &q));
+    ASSERT_SP_OK(sp_malloc(3 * MiB, 0, nullptr, &r));
+    EXPECT_EQ((uintptr_t)q - (uintptr_t)p == 3 * MiB, !apart);
+    EXPECT_EQ((uintptr_t)r - (uintptr_t)p, apart ? 3 * MiB : 7 * MiB);
+    EXPECT_EQ(stat("reserved_bytes.all.current"), 10 * (int64_t)MiB);
+    ASSERT_SP_OK(sp_free(p));
+    ASSERT_SP_OK(sp_free(r));
+    ASSERT_SP_OK(sp_empty_cache());
+    EXPECT_EQ(stat("reserved_bytes.all.current"), (apart ? 4 : 6) * (int64_t)MiB);
+    ASSERT_SP_OK(sp_free(q));
+    ASSERT_SP_OK(sp_empty_cache());
+    EXPECT_EQ(stat("reserved_bytes.all.current"), 0);
+}
+
+TEST_F(Expandable, WholePagesOfAPoolThatOnlyGrewGrowASegmentOfTheirOwn) {
+    sp::ScopedEnv env({{"SYMPOOL_ALLOC_CONF", "expandable_segments:True"}, NO_SHARED});
+    SP_SKIP_UNLESS_HOST();
+    whole_pages_apart(true);
+}
+
+TEST_F(Expandable, WithoutWholeAPoolThatOnlyGrewPacksEverything) {
+    sp::ScopedEnv env({{"SYMPOOL_ALLOC_CONF", "expandable_segments:True"},
+                       NO_SHARED,
+                       {"SYMPOOL_EXPANDABLE_WHOLE", "0"}});
+    SP_SKIP_UNLESS_HOST();
+    whole_pages_apart(false);
+}
+
+TEST_F(Expandable, WholeNeedsAlign) {
+    sp::ScopedEnv env({{"SYMPOOL_ALLOC_CONF", "expandable_segments:True"},
+                       NO_SHARED,
+                       {"SYMPOOL_EXPANDABLE_ALIGN", "0"}});
+    SP_SKIP_UNLESS_HOST();
+    whole_pages_apart(false);
+}
+
+// A MemPool is never recycled, so its first unmap may never come: it packs as PyTorch does.
+TEST_F(Expandable, MemPoolsPackWholePagesWithTheRest) {
+    sp::ScopedEnv env({{"SYMPOOL_ALLOC_CONF", "expandable_segments:True"}, NO_SHARED});
+    SP_SKIP_UNLESS_HOST();
+    sp_mempool_params_t pp;
+    sp_mempool_params_init(&pp);
+    sp_mempool_t *pool = nullptr;
+    ASSERT_SP_OK(sp_mempool_create(&pp, &pool));
+    void *p, *q;
+    ASSERT_SP_OK(sp_mempool_malloc(pool, 3 * MiB, nullptr, &p));
+    ASSERT_SP_OK(sp_mempool_malloc(pool, 4 * MiB, nullptr, &q));
+    EXPECT_EQ((uintptr_t)q - (uintptr_t)p, 3 * MiB);
+    ASSERT_SP_OK(sp_free(p));
+    ASSERT_SP_OK(sp_free(q));
+    ASSERT_SP_OK(sp_mempool_destroy(pool));
+    ASSERT_SP_OK(sp_empty_cache());
+    EXPECT_EQ(stat("reserved_bytes.all.current"), 0);
+}
+
+// Under SHARED's bound (256 MiB by default) everything packs in one segment.
+TEST_F(Expandable, UnderTheSharedBoundWholePagesPackWithTheRest) {
+    sp::ScopedEnv env({{"SYMPOOL_ALLOC_CONF", "expandable_segments:True"}});
+    SP_SKIP_UNLESS_HOST();
+    whole_pages_apart(false);
 }
 
 TEST_F(Expandable, WithoutAlignLargeRequestsArePacked) {
@@ -699,6 +771,94 @@ TEST_F(Expandable, UnderTheSharedBoundLargeRequestsArePacked) {
     sp::ScopedEnv env({{"SYMPOOL_ALLOC_CONF", "expandable_segments:True"}});
     SP_SKIP_UNLESS_HOST();
     large_after_odd_block(3 * MiB, 4 * MiB, true, false);
+}
+
+// SYMPOOL_EXPANDABLE_FIT_END (default, under ALIGN's conditions): 3 MiB at 0, 5 MiB packed
+// after it at 3 MiB (too little room to align), 2 MiB at 8 MiB. Freeing the 5 MiB block leaves
+// a cached range [3, 8) MiB that starts inside a page and ends on one; `size` is then cut from
+// it. A whole number of pages takes the range's end (4 MiB: [4, 8)), so once the 3 MiB block goes
+// its pages go whole: size + 2 MiB reserved. Cut from the start (PyTorch's), [3, 7) keeps the
+// second page and the free piece [7, 8) keeps the fourth: a page more.
+static void whole_pages_from_a_cached_range(size_t size, bool unmapped_before, bool at_end) {
+    void *u, *p, *f, *q, *r;
+    if (unmapped_before) {
+        ASSERT_SP_OK(sp_malloc(4 * MiB, 0, nullptr, &u));
+        ASSERT_SP_OK(sp_free(u));
+        ASSERT_SP_OK(sp_empty_cache());
+    }
+    ASSERT_SP_OK(sp_malloc(3 * MiB, 0, nullptr, &p));
+    ASSERT_SP_OK(sp_malloc(5 * MiB, 0, nullptr, &f));
+    ASSERT_SP_OK(sp_malloc(2 * MiB, 0, nullptr, &q));
+    EXPECT_EQ((uintptr_t)f - (uintptr_t)p, 3 * MiB);
+    EXPECT_EQ((uintptr_t)q - (uintptr_t)p, 8 * MiB);
+    ASSERT_SP_OK(sp_free(f));
+    ASSERT_SP_OK(sp_malloc(size, 0, nullptr, &r));
+    EXPECT_EQ(stat("reserved_bytes.all.current"), 10 * (int64_t)MiB); /* a cache hit */
+    EXPECT_EQ((uintptr_t)r - (uintptr_t)p, at_end ? 8 * MiB - size : 3 * MiB);
+    ASSERT_SP_OK(sp_free(p));
+    ASSERT_SP_OK(sp_empty_cache());
+    EXPECT_EQ(stat("reserved_bytes.all.current"), (int64_t)(size + (at_end ? 2 : 4) * MiB));
+    ASSERT_SP_OK(sp_free(r));
+    ASSERT_SP_OK(sp_free(q));
+    ASSERT_SP_OK(sp_empty_cache());
+    EXPECT_EQ(stat("reserved_bytes.all.current"), 0);
+}
+
+TEST_F(Expandable, WholePagesCutFromACachedRangeTakeItsPageAlignedEnd) {
+    sp::ScopedEnv env({{"SYMPOOL_ALLOC_CONF", "expandable_segments:True"}, NO_SHARED});
+    SP_SKIP_UNLESS_HOST();
+    whole_pages_from_a_cached_range(4 * MiB, true, true);
+    whole_pages_from_a_cached_range(2 * MiB, true, true);
+}
+
+// An odd size at the range's end would only move the offset to its own start.
+TEST_F(Expandable, AnOddSizeIsCutFromTheRangesStart) {
+    sp::ScopedEnv env({{"SYMPOOL_ALLOC_CONF", "expandable_segments:True"}, NO_SHARED});
+    SP_SKIP_UNLESS_HOST();
+    void *u, *p, *f, *q, *r;
+    ASSERT_SP_OK(sp_malloc(4 * MiB, 0, nullptr, &u));
+    ASSERT_SP_OK(sp_free(u));
+    ASSERT_SP_OK(sp_empty_cache());
+    ASSERT_SP_OK(sp_malloc(3 * MiB, 0, nullptr, &p));
+    ASSERT_SP_OK(sp_malloc(5 * MiB, 0, nullptr, &f));
+    ASSERT_SP_OK(sp_malloc(2 * MiB, 0, nullptr, &q));
+    ASSERT_SP_OK(sp_free(f));
+    ASSERT_SP_OK(sp_malloc(7 * MiB / 2, 0, nullptr, &r));
+    EXPECT_EQ((uintptr_t)r - (uintptr_t)p, 3 * MiB);
+    ASSERT_SP_OK(sp_free(r));
+    ASSERT_SP_OK(sp_free(p));
+    ASSERT_SP_OK(sp_free(q));
+    ASSERT_SP_OK(sp_empty_cache());
+}
+
+TEST_F(Expandable, APoolThatOnlyGrewCutsFromTheStart) {
+    sp::ScopedEnv env({{"SYMPOOL_ALLOC_CONF", "expandable_segments:True"},
+                       NO_SHARED,
+                       {"SYMPOOL_EXPANDABLE_WHOLE", "0"}});
+    SP_SKIP_UNLESS_HOST();
+    whole_pages_from_a_cached_range(4 * MiB, false, false);
+}
+
+TEST_F(Expandable, WithoutFitEndCachedRangesAreCutFromTheStart) {
+    sp::ScopedEnv env({{"SYMPOOL_ALLOC_CONF", "expandable_segments:True"},
+                       NO_SHARED,
+                       {"SYMPOOL_EXPANDABLE_FIT_END", "0"}});
+    SP_SKIP_UNLESS_HOST();
+    whole_pages_from_a_cached_range(4 * MiB, true, false);
+}
+
+TEST_F(Expandable, FitEndNeedsAlign) {
+    sp::ScopedEnv env({{"SYMPOOL_ALLOC_CONF", "expandable_segments:True"},
+                       NO_SHARED,
+                       {"SYMPOOL_EXPANDABLE_ALIGN", "0"}});
+    SP_SKIP_UNLESS_HOST();
+    whole_pages_from_a_cached_range(4 * MiB, true, false);
+}
+
+TEST_F(Expandable, UnderTheSharedBoundCachedRangesAreCutFromTheStart) {
+    sp::ScopedEnv env({{"SYMPOOL_ALLOC_CONF", "expandable_segments:True"}});
+    SP_SKIP_UNLESS_HOST();
+    whole_pages_from_a_cached_range(4 * MiB, true, false);
 }
 
 // With PyTorch's 20 MiB large pages (SYMPOOL_EXPANDABLE_PAGE=0) small blocks keep their 2 MiB
