@@ -123,8 +123,8 @@ typedef struct sp_devalloc {
     size_t cap_segs;             /* (lock) */
     sp_evq_t *evqs;              /* per-stream event FIFOs (lock) */
     size_t pending_events;       /* entries in all evqs (lock) */
-    sp_block_t *spare;           /* idle block structs (lock) */
-    struct sp_block_slab *slabs; /* where every block struct lives, until sp_shutdown (lock) */
+    sp_ref_t spare;              /* idle block structs, chained by hnext (lock) */
+    struct sp_block_slab *slabs; /* where every block and segment struct lives (lock) */
     struct sp_block_slab *kept;  /* unused slabs an earlier allocator of this device left (lock) */
     sp_block_t *slab_next;       /* the newest slab's first never-used struct (lock) */
     size_t slab_left;            /* never-used structs from slab_next on (lock) */

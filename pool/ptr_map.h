@@ -16,7 +16,7 @@
 /* ---- pointer map ------------------------------------------------------------------------- */
 
 typedef struct sp_ptr_map {
-    sp_block_t **buckets; /* chained by hnext (lock) */
+    sp_ref_t *buckets; /* block refs, chained by hnext, 0 ends a chain (lock) */
     size_t mask;          /* nbuckets - 1, a power of two minus one (lock) */
     size_t count;         /* allocated blocks (lock) */
 } sp_ptr_map_t;
@@ -40,12 +40,16 @@ static inline bool sp__ptr_map_room(const sp_ptr_map_t *m) {
     return m->count <= m->mask;
 }
 
-/* Insert where sp__ptr_map_room said there is room. */
-static inline void sp__ptr_map_insert_room(sp_ptr_map_t *m, sp_block_t *b) {
-    sp_block_t **head = &m->buckets[sp__ptr_map_hash(b->addr) & m->mask];
+/* Insert b, whose ref is r, where sp__ptr_map_room said there is room. */
+static inline void sp__ptr_map_insert_ref(sp_ptr_map_t *m, sp_block_t *b, sp_ref_t r) {
+    sp_ref_t *head = &m->buckets[sp__ptr_map_hash(b->addr) & m->mask];
     b->hnext = *head;
-    *head = b;
+    *head = r;
     m->count++;
+}
+
+static inline void sp__ptr_map_insert_room(sp_ptr_map_t *m, sp_block_t *b) {
+    sp__ptr_map_insert_ref(m, b, sp__bref(b));
 }
 
 static inline void sp__ptr_map_insert(sp_ptr_map_t *m, sp_block_t *b) {
@@ -54,20 +58,24 @@ static inline void sp__ptr_map_insert(sp_ptr_map_t *m, sp_block_t *b) {
     sp__ptr_map_insert_room(m, b);
 }
 
-/* The link that points at the block starting at addr (for sp__ptr_map_unlink), or NULL, in a
- * map that has its buckets (its device allocator is initialized and not yet shut down). */
-static inline sp_block_t **sp__ptr_map_slot(sp_ptr_map_t *m, uintptr_t addr) {
-    sp_block_t **pp = &m->buckets[sp__ptr_map_hash(addr) & m->mask];
-    for (sp_block_t *b = *pp; b; pp = &b->hnext, b = b->hnext)
+/* The link that holds the ref of the block starting at addr (for sp__ptr_map_unlink), or NULL,
+ * in a map that has its buckets (its device allocator is initialized and not yet shut down). */
+static inline sp_ref_t *sp__ptr_map_slot(sp_ptr_map_t *m, uintptr_t addr) {
+    sp_ref_t *pp = &m->buckets[sp__ptr_map_hash(addr) & m->mask];
+    for (sp_ref_t r = *pp; r;) {
+        sp_block_t *b = sp__blk(r);
         if (b->addr == addr)
             return pp;
+        pp = &b->hnext;
+        r = *pp;
+    }
     return NULL;
 }
 
-static inline sp_block_t *sp__ptr_map_unlink(sp_ptr_map_t *m, sp_block_t **pp) {
-    sp_block_t *b = *pp;
+static inline sp_block_t *sp__ptr_map_unlink(sp_ptr_map_t *m, sp_ref_t *pp) {
+    sp_block_t *b = sp__blk(*pp);
     *pp = b->hnext;
-    b->hnext = NULL;
+    b->hnext = 0;
     m->count--;
     return b;
 }
@@ -75,16 +83,8 @@ static inline sp_block_t *sp__ptr_map_unlink(sp_ptr_map_t *m, sp_block_t **pp) {
 static inline sp_block_t *sp__ptr_map_remove(sp_ptr_map_t *m, uintptr_t addr) {
     if (SP_UNLIKELY(!m->buckets))
         return NULL;
-    sp_block_t **pp = &m->buckets[sp__ptr_map_hash(addr) & m->mask];
-    for (sp_block_t *b = *pp; b; pp = &b->hnext, b = b->hnext) {
-        if (b->addr == addr) {
-            *pp = b->hnext;
-            b->hnext = NULL;
-            m->count--;
-            return b;
-        }
-    }
-    return NULL;
+    sp_ref_t *pp = sp__ptr_map_slot(m, addr);
+    return pp ? sp__ptr_map_unlink(m, pp) : NULL;
 }
 
 #endif /* SP_POOL_PTR_MAP_H */

@@ -26,8 +26,8 @@
 
 #include "pool/allocator.h"
 
-/* `height` of a registered block: AVL heights are never negative. */
-#define SP_TC_MARK ((int8_t)-1)
+/* `height` of a registered block (block.h). */
+#define SP_TC_MARK SP_BLOCK_TC_MARK
 /* The largest block a thread cache holds: the small pool's requests. */
 #define SP_TC_MAX_BLOCK SP_SMALL_SIZE
 
