@@ -18,7 +18,9 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include "core/core.h"
 #include "pool/block.h"
+#include "sympool/experimental.h"
 
 _Static_assert(sizeof(sp_block_t) == 56, "a block struct is 56 bytes (block.h)");
 _Static_assert(_Alignof(sp_segment_t) <= 8, "segment structs sit in block structs' room");
@@ -102,4 +104,8 @@ size_t sp__arena_set_limit(size_t bytes) {
 
 size_t sp__arena_used(void) {
     return atomic_load_explicit(&g_top, memory_order_relaxed);
+}
+
+SP_EXPORT size_t sp_x_struct_bytes(void) {
+    return sp__arena_committed();
 }
