@@ -223,15 +223,11 @@ static inline sp_block_t *block_take(sp_devalloc_t *d) {
     return slab_take(d);
 }
 
-/* An idle struct back on the spare list; br is its ref. */
-static inline void spare_push_ref(sp_devalloc_t *d, sp_block_t *b, sp_ref_t br) {
+/* An idle struct back on the spare list. */
+static inline void spare_push(sp_devalloc_t *d, sp_block_t *b) {
     b->seg = 0; /* a stale lookup index entry must not match a struct on the spare list */
     b->hnext = d->spare;
-    d->spare = br;
-}
-
-static inline void spare_push(sp_devalloc_t *d, sp_block_t *b) {
-    spare_push_ref(d, b, sp__bref(b));
+    d->spare = sp__bref(b);
 }
 
 void sp__block_recycle(sp_devalloc_t *d, sp_block_t *b) {
@@ -330,8 +326,7 @@ static inline bool should_split(const sp_bpool_t *bp, const sp_block_t *b, size_
 static inline __attribute__((always_inline)) sp_block_t *
 hand_out(sp_devalloc_t *d, sp_block_t *b, bool in_set, sp_block_t *pred, size_t size, size_t orig,
          uint32_t context, bool hist, bool fast) {
-    sp_ref_t sref = b->seg;
-    sp_segment_t *seg = sp__seg(sref);
+    sp_segment_t *seg = sp__bseg(b);
     sp_bpool_t *bp = seg->bpool;
     sp_dev_stats_t *st = &d->stats;
     sp_stat_t *row = bp->tstat;
@@ -347,7 +342,7 @@ hand_out(sp_devalloc_t *d, sp_block_t *b, bool in_set, sp_block_t *pred, size_t 
             sp_block_t *a = nb;
             a->addr = b->addr;
             a->size = size;
-            a->seg = sref;
+            a->seg = b->seg;
             a->in_set = false;
             a->unmapped = false; /* a recycled struct may have been an unmapped block */
             if (fast)
@@ -369,7 +364,7 @@ hand_out(sp_devalloc_t *d, sp_block_t *b, bool in_set, sp_block_t *pred, size_t 
             rem = nb;
             rem->addr = b->addr + size;
             rem->size = b->size - size;
-            rem->seg = sref;
+            rem->seg = b->seg;
             rem->hnext = 0;
             rem->gc_count = bp->gfb_count;
             rem->context = 0;
@@ -655,7 +650,7 @@ static inline bool mergeable(sp_ref_t r) {
  * (tree insert and remove, context release, SYMPOOL_NO_CACHING's release) are left out at
  * compile time. */
 static inline __attribute__((always_inline)) void
-free_block(sp_devalloc_t *d, sp_block_t *b, sp_ref_t br, uint32_t free_ctx, bool hist, bool fast) {
+free_block(sp_devalloc_t *d, sp_block_t *b, bool low, uint32_t free_ctx, bool hist, bool fast) {
     sp_segment_t *seg = sp__bseg(b);
     sp_bpool_t *bp = seg->bpool;
     sp_dev_stats_t *st = &d->stats;
@@ -666,7 +661,8 @@ free_block(sp_devalloc_t *d, sp_block_t *b, sp_ref_t br, uint32_t free_ctx, bool
     int64_t net_n = 0, net_bytes = 0;
     sp_block_set_t *set = &bp->free;
     sp_ref_t pr = b->prev, nr = b->next;
-    bool mp = mergeable(pr), mn = mergeable(nr);
+    /* fast: free_is_plain found exactly one free neighbour, the lower one when `low`. */
+    bool mp = fast ? low : mergeable(pr), mn = fast ? !low : mergeable(nr);
     sp_block_t *p = mp ? sp__blk(pr) : sp__blk0(pr), *n = mn ? sp__blk(nr) : sp__blk0(nr);
     sp_block_t *keep = b; /* the free block that results */
     if (mp) {
@@ -734,7 +730,7 @@ free_block(sp_devalloc_t *d, sp_block_t *b, sp_ref_t br, uint32_t free_ctx, bool
         sp__history_record(d->device, SP_TRACE_FREE_COMPLETED, orig_addr, req,
                            (uintptr_t)sp__block_stream(b), bp->pool->id, free_ctx ? free_ctx : ctx);
     if (fast) {
-        spare_push_ref(d, b, br); /* no context (free_is_plain) */
+        spare_push(d, b); /* no context (free_is_plain) */
         return;
     }
     if (mp && mn)
@@ -750,11 +746,11 @@ free_block(sp_devalloc_t *d, sp_block_t *b, sp_ref_t br, uint32_t free_ctx, bool
 
 /* COLD twin of free_block (see there): completes a free whose events have finished. */
 void sp__alloc_free_block(sp_devalloc_t *d, sp_block_t *b, uint32_t free_ctx) {
-    free_block(d, b, 0, free_ctx, sp__history_on(), false);
+    free_block(d, b, false, free_ctx, sp__history_on(), false);
 }
 
 static inline __attribute__((always_inline)) void
-free_locked(sp_devalloc_t *d, sp_block_t *b, sp_ref_t br, uint32_t context, bool hist, bool fast) {
+free_locked(sp_devalloc_t *d, sp_block_t *b, bool low, uint32_t context, bool hist, bool fast) {
     sp_bpool_t *bp = sp__bseg(b)->bpool;
     sp_dev_stats_t *st = &d->stats;
     sp_stat_t *row = bp->tstat;
@@ -773,12 +769,12 @@ free_locked(sp_devalloc_t *d, sp_block_t *b, sp_ref_t br, uint32_t context, bool
                            (uintptr_t)sp__block_stream(b), bp->pool->id,
                            context ? context : b->context);
     if (SP_LIKELY(!uses) || sp__alloc_insert_events(d, b) != SP_SUCCESS || b->event_count == 0)
-        free_block(d, b, br, context, hist, fast);
+        free_block(d, b, low, context, hist, fast);
 }
 
 void sp__alloc_free_held(sp_devalloc_t *d, sp_block_t *b) {
     (void)sp__ptr_map_remove(&d->map, b->addr);
-    free_locked(d, b, 0, 0, sp__history_on(), false);
+    free_locked(d, b, false, 0, sp__history_on(), false);
 }
 
 /* ---- malloc ------------------------------------------------------------------------------ */
@@ -1169,11 +1165,12 @@ static sp_status_t explain_bad_pointer(const char *what, const void *ptr) {
  * whose struct keeps its tree node (its key grows; a successor of the same stream sorts by size
  * first, so one larger than the merged block stays above it). Everything it skips needs a call
  * or cannot apply then. */
-static inline bool free_is_plain(const sp_block_t *b) {
+static inline bool free_is_plain(const sp_block_t *b, bool *low_p) {
     sp_ref_t pr = b->prev, nr = b->next;
     bool mp = mergeable(pr), mn = mergeable(nr);
     if (b->uses || b->context || mp == mn)
         return false;
+    *low_p = mp;
     const sp_block_t *keep = sp__blk(mp ? pr : nr);
     const sp_block_t *succ = sp__bset_succ(&sp__bseg(keep)->bpool->free, keep);
     return !succ || sp__block_stream(succ) != sp__block_stream(keep) ||
@@ -1182,7 +1179,7 @@ static inline bool free_is_plain(const sp_block_t *b) {
 
 /* free_locked for free_hit's blocks that are not plain: the lock is held and history is off. */
 static __attribute__((noinline)) void free_rest(sp_devalloc_t *d, sp_ref_t *pp) {
-    free_locked(d, sp__ptr_map_unlink(&d->map, pp), 0, 0, false, false);
+    free_locked(d, sp__ptr_map_unlink(&d->map, pp), false, 0, false, false);
     sp__unlock(&d->lock);
 }
 
@@ -1212,14 +1209,15 @@ static inline __attribute__((always_inline)) bool free_hit(uintptr_t a) {
         return false;
     if (SP_UNLIKELY(!sp__lock_try(&d->lock)))
         return false;
-    sp_ref_t *pp = sp__ptr_map_slot(&d->map, a);
+    sp_block_t *b = NULL;
+    sp_ref_t *pp = sp__ptr_map_slot_b(&d->map, a, &b);
     if (SP_UNLIKELY(!pp)) {
         sp__unlock(&d->lock);
         return false;
     }
-    if (SP_LIKELY(free_is_plain(sp__blk(*pp)))) {
-        sp_ref_t br = *pp;
-        free_locked(d, sp__ptr_map_unlink(&d->map, pp), br, 0, false, true);
+    bool low = false;
+    if (SP_LIKELY(free_is_plain(b, &low))) {
+        free_locked(d, sp__ptr_map_unlink_b(&d->map, pp, b), low, 0, false, true);
         sp__unlock(&d->lock);
     } else {
         free_rest(d, pp);
@@ -1277,7 +1275,7 @@ static __attribute__((noinline)) sp_status_t free_full(void *ptr) {
         }
         sp_block_t *b = sp__ptr_map_remove(&d->map, a);
         if (SP_LIKELY(b)) {
-            free_locked(d, b, 0, ctx, hist, false);
+            free_locked(d, b, false, ctx, hist, false);
             sp__unlock(&d->lock);
             if (ctx)
                 sp__history_context_release(ctx);
@@ -1338,7 +1336,7 @@ sp_status_t sp__alloc_free_sized(void *ptr, int device, size_t *size_p, int *dev
         sp_block_t *b = sp__ptr_map_remove(&d->map, a);
         if (SP_LIKELY(b)) {
             size_t req = b->requested;
-            free_locked(d, b, 0, ctx, hist, false);
+            free_locked(d, b, false, ctx, hist, false);
             sp__unlock(&d->lock);
             if (ctx)
                 sp__history_context_release(ctx);

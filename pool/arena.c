@@ -27,39 +27,57 @@ _Static_assert(_Alignof(sp_segment_t) <= 8, "segment structs sit in block struct
 
 char *sp__arena_base;
 
-/* 2^32 refs of 8 bytes: every offset a ref can name. */
-#define ARENA_MAX ((size_t)1 << 35)
-/* Smaller reservations are tried when the address space is limited (RLIMIT_AS). */
+/* A ref names 2^32 units of 8 bytes: one window of WINDOW bytes, aligned to its size. The whole
+ * reservation lies inside one window, so a pointer's ref is its address / 8 cut to 32 bits
+ * (block.h), and the window's start is the base refs count from. */
+#define WINDOW ((uintptr_t)1 << 35)
+/* The reservation: half a window when the address space allows, less under RLIMIT_AS. */
+#define ARENA_MAX ((size_t)1 << 34)
 #define ARENA_MIN ((size_t)1 << 26)
-/* The first bytes stay unused: ref 0 means "none". */
-#define ARENA_START 64
 /* Pages are made usable this many bytes at a time (fewer mprotect calls). */
 #define COMMIT_STEP ((size_t)256 << 10)
 
-static size_t g_reserved;           /* bytes of address space reserved (const once set) */
-static size_t g_limit;              /* tests: take no more than this (0 = all) */
-static atomic_size_t g_top;         /* first byte never handed out */
-static atomic_size_t g_committed;   /* bytes from the base made read-write */
+static char *g_res;               /* the reservation's start (const once set) */
+static size_t g_reserved;         /* its bytes (const once set) */
+static size_t g_limit;            /* tests: hand out no more than this (0 = all) */
+static atomic_size_t g_top;       /* offset of the first byte never handed out */
+static atomic_size_t g_committed; /* bytes from g_res made read-write */
 static pthread_once_t g_once = PTHREAD_ONCE_INIT;
 
+/* Reserve 2n bytes and keep n of them inside one window (2n bytes cross at most one window
+ * boundary, so one side of it holds n), giving the rest back. */
+static bool reserve_in_window(size_t n) {
+    void *p = mmap(NULL, 2 * n, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (p == MAP_FAILED)
+        return false;
+    uintptr_t lo = (uintptr_t)p, hi = lo + 2 * n;
+    uintptr_t cut = (lo + WINDOW - 1) & ~(WINDOW - 1); /* the first boundary at or after lo */
+    uintptr_t start = cut >= hi || cut - lo >= n ? lo : cut;
+    if (start > lo)
+        (void)munmap(p, start - lo);
+    if (start + n < hi)
+        (void)munmap((void *)(start + n), hi - (start + n));
+    g_res = (char *)start;
+    g_reserved = n;
+    sp__arena_base = (char *)(start & ~(WINDOW - 1));
+    /* Ref 0 means "none": when the window starts with the reservation, its first bytes are
+     * never handed out. */
+    atomic_store(&g_top, g_res == sp__arena_base ? 64 : 0);
+    return true;
+}
+
 static void reserve(void) {
-    for (size_t n = ARENA_MAX; n >= ARENA_MIN; n /= 2) {
-        void *p = mmap(NULL, n, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-        if (p != MAP_FAILED) {
-            sp__arena_base = p;
-            g_reserved = n;
-            atomic_store(&g_top, ARENA_START);
+    for (size_t n = ARENA_MAX; n >= ARENA_MIN; n /= 2)
+        if (reserve_in_window(n))
             return;
-        }
-    }
 }
 
 bool sp__arena_ready(void) {
     pthread_once(&g_once, reserve);
-    return sp__arena_base != NULL;
+    return g_res != NULL;
 }
 
-/* Make [0, end) read-write. Concurrent callers may change the same pages to the same
+/* Make [g_res, g_res + end) read-write. Concurrent callers may change the same pages to the same
  * protection: harmless. */
 static bool commit(size_t end) {
     size_t done = atomic_load_explicit(&g_committed, memory_order_acquire);
@@ -70,7 +88,7 @@ static bool commit(size_t end) {
     if (to > g_reserved)
         to = (end + page - 1) / page * page;
     size_t from = done / page * page;
-    if (mprotect(sp__arena_base + from, to - from, PROT_READ | PROT_WRITE) != 0)
+    if (mprotect(g_res + from, to - from, PROT_READ | PROT_WRITE) != 0)
         return false;
     while (done < to && !atomic_compare_exchange_weak(&g_committed, &done, to)) {
     }
@@ -89,7 +107,7 @@ void *sp__arena_take(size_t bytes) {
     } while (!atomic_compare_exchange_weak(&g_top, &top, top + bytes));
     if (!commit(top + bytes))
         return NULL; /* those bytes stay unused: the next take may still succeed */
-    return sp__arena_base + top;
+    return g_res + top;
 }
 
 size_t sp__arena_committed(void) {

@@ -28,8 +28,8 @@ typedef struct sp_block_uses {
 /* ---- struct references ------------------------------------------------------------------ */
 
 /* Every block and segment struct lives in one address range (arena.c), so a link between them
- * is a 32-bit offset from its base in 8-byte units instead of a pointer: 0 means none (the
- * range's first bytes are never handed out), and a ref back to a pointer is one lea. */
+ * is a 32-bit offset from its base in 8-byte units instead of a pointer: 0 means none (no struct
+ * sits at the base), and a ref back to a pointer is one lea. */
 typedef uint32_t sp_ref_t;
 
 /* The range's base (set once, before the first struct exists). Hidden: read straight, not
@@ -52,8 +52,10 @@ static inline void *sp__ref_ptr(sp_ref_t r) {
     return sp__arena_base + ((uintptr_t)r << 3);
 }
 
+/* The arena lies inside one 2^35-aligned window that starts at sp__arena_base, so the offset
+ * from the base in 8-byte units is the address / 8 cut to 32 bits: no base needed. */
 static inline sp_ref_t sp__ptr_ref(const void *p) {
-    return (sp_ref_t)((uintptr_t)((const char *)p - sp__arena_base) >> 3);
+    return (sp_ref_t)((uintptr_t)p >> 3);
 }
 
 /* Block refs: sp__blk / sp__bref for a ref or struct known to exist, the 0 forms for either. */

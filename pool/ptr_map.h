@@ -60,16 +60,35 @@ static inline void sp__ptr_map_insert(sp_ptr_map_t *m, sp_block_t *b) {
 
 /* The link that holds the ref of the block starting at addr (for sp__ptr_map_unlink), or NULL,
  * in a map that has its buckets (its device allocator is initialized and not yet shut down). */
-static inline sp_ref_t *sp__ptr_map_slot(sp_ptr_map_t *m, uintptr_t addr) {
+static inline sp_ref_t *sp__ptr_map_slot_b(sp_ptr_map_t *m, uintptr_t addr, sp_block_t **b_p) {
     sp_ref_t *pp = &m->buckets[sp__ptr_map_hash(addr) & m->mask];
-    for (sp_ref_t r = *pp; r;) {
-        sp_block_t *b = sp__blk(r);
-        if (b->addr == addr)
-            return pp;
+    sp_ref_t r = *pp;
+    if (!r)
+        return NULL;
+    sp_block_t *b = sp__blk(r);
+    /* The first in the chain is the likely one: the map grows at load 1. */
+    while (SP_UNLIKELY(b->addr != addr)) {
         pp = &b->hnext;
         r = *pp;
+        if (!r)
+            return NULL;
+        b = sp__blk(r);
     }
-    return NULL;
+    *b_p = b;
+    return pp;
+}
+
+static inline sp_ref_t *sp__ptr_map_slot(sp_ptr_map_t *m, uintptr_t addr) {
+    sp_block_t *b;
+    return sp__ptr_map_slot_b(m, addr, &b);
+}
+
+/* Unlink b, whose ref *pp holds. */
+static inline sp_block_t *sp__ptr_map_unlink_b(sp_ptr_map_t *m, sp_ref_t *pp, sp_block_t *b) {
+    *pp = b->hnext;
+    b->hnext = 0;
+    m->count--;
+    return b;
 }
 
 static inline sp_block_t *sp__ptr_map_unlink(sp_ptr_map_t *m, sp_ref_t *pp) {
