@@ -27,12 +27,13 @@ sp_block_t *sp__ptr_map_find(const sp_ptr_map_t *m, uintptr_t addr);
 /* Double the bucket count (out of line: rare). */
 void sp__ptr_map_grow(sp_ptr_map_t *m);
 
-/* Insert and remove are inline: they sit on every malloc and free. Blocks are 512-byte
- * aligned: drop those bits and mix with a Fibonacci multiplier; the mask picks the bucket. */
+/* Insert and remove are inline: they sit on every malloc and free. A Fibonacci multiplier mixes
+ * the address; the mask picks the bucket from bits 26 and up of the product. Blocks are 512-byte
+ * aligned, so those are bits 17 and up of (addr / 512) times the multiplier (below bit 55: every
+ * table that fits in memory): the 9 zero bits need no shift of their own. */
 static inline size_t sp__ptr_map_hash(uintptr_t addr) {
-    uint64_t x = (uint64_t)(addr >> 9);
-    x *= 0x9E3779B97F4A7C15ull;
-    return (size_t)(x >> 17);
+    uint64_t x = (uint64_t)addr * 0x9E3779B97F4A7C15ull;
+    return (size_t)(x >> 26);
 }
 
 /* Is there room for one more block without growing? */
