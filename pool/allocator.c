@@ -127,8 +127,8 @@ static sp_block_t *slab_take(sp_devalloc_t *d) {
  * the kernel (they read as zeros when used again). Freeing every slab's memory let the next
  * allocator fault in again every page it touched, and a fresh allocator per run is common:
  * `sympool replay --repeat` and `--compare` make one per repeat and configuration, tests one
- * per case. A device without an entry here (more than KEEP_DEVICES) keeps its slabs in g_kept_any,
- * which the first device to need more takes whole. */
+ * per case. A device past KEEP_DEVICES has no entry: its slabs stay unused in the arena, all
+ * their pages given back. */
 #define KEEP_SLABS 4
 #define KEEP_DEVICES 64
 static struct sp_block_slab *g_kept[KEEP_DEVICES];
@@ -142,7 +142,8 @@ void sp__block_slabs_adopt(sp_devalloc_t *d) {
 
 void sp__block_slabs_free(sp_devalloc_t *d) {
     struct sp_block_slab *keep = NULL;
-    int warm = KEEP_SLABS;
+    bool entry = d->device >= 0 && d->device < KEEP_DEVICES;
+    int warm = entry ? KEEP_SLABS : 0;
     size_t page = (size_t)sysconf(_SC_PAGESIZE);
     struct sp_block_slab *lists[2] = {d->kept, d->slabs};
     for (int i = 0; i < 2; i++) {
@@ -163,7 +164,7 @@ void sp__block_slabs_free(sp_devalloc_t *d) {
             s = nx;
         }
     }
-    if (d->device >= 0 && d->device < KEEP_DEVICES) {
+    if (entry) {
         /* Append what an earlier allocator of the device left (a device that was never
          * initialized again between two shutdowns cannot have any: adopt took it). */
         struct sp_block_slab **tail = &keep;
@@ -172,7 +173,6 @@ void sp__block_slabs_free(sp_devalloc_t *d) {
         *tail = g_kept[d->device];
         g_kept[d->device] = keep;
     }
-    /* A device past KEEP_DEVICES: its structs stay in the arena unused (never in practice). */
     d->kept = NULL;
     d->slabs = NULL;
     d->slab_next = NULL;

@@ -8,8 +8,8 @@
  * sp_malloc it serves and a sp_free it keeps touch only the calling thread's cache (its own lock,
  * its own cache line), never the device lock or the shared statistics.
  *
- * Such a block is "registered": its `height` (unused while allocated) holds SP_TC_MARK and its
- * `right` link (unused while allocated) its owner cache. Marking, unmarking and the device's
+ * Such a block is "registered": its `height` (unused while allocated) holds SP_TC_MARK and the
+ * storage of its recorded streams (it has none: block.h) its owner cache. Marking, unmarking and the device's
  * count of registered blocks change only under the device lock, so any thread holding it knows
  * whether a block is registered and with whom.
  *

@@ -10,6 +10,7 @@ extern "C" {
 #include "core/core.h"
 #include "pool/pool.h"
 #include "pool/block.h"
+#include "sympool/experimental.h"
 }
 
 using namespace sp;
@@ -233,6 +234,23 @@ TEST_F(AllocInternal, ShutdownKeepsItsSlabsForTheNextAllocator) {
     EXPECT_EQ(st.kept, slabs - 1) << "a kept slab is used before a new one is taken";
     EXPECT_EQ(sp__arena_used(), used) << "no new struct storage";
     ASSERT_SP_OK(sp_free(p));
+}
+
+// A live block costs its 56-byte struct in the struct arena (segments' structs and the arena's
+// commit steps add little over many blocks), which sp_x_struct_bytes reports for the metadata
+// benchmark; the structs live outside malloc, so malloc's statistics no longer count them.
+TEST_F(AllocInternal, ABlockCostsItsStructInTheArena) {
+    const size_t n = 100000;
+    std::vector<void *> ps(n);
+    ASSERT_SP_OK(sp_malloc(512, 0, nullptr, &ps[0])); // the arena's first steps
+    const size_t before = sp_x_struct_bytes();
+    for (size_t i = 1; i < n; i++)
+        ASSERT_SP_OK(sp_malloc(512, 0, nullptr, &ps[i]));
+    const double per = (double)(sp_x_struct_bytes() - before) / (double)(n - 1);
+    EXPECT_GE(per, 50.0); // usable bytes go ahead of use by up to one commit step
+    EXPECT_LE(per, 60.0);
+    for (void *p : ps)
+        ASSERT_SP_OK(sp_free(p));
 }
 
 // Out of struct storage for a block struct (no spare one, no slab left, the arena refuses the
