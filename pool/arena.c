@@ -30,9 +30,9 @@ char *sp__arena_base;
 /* A ref names 2^32 units of 8 bytes: one window of WINDOW bytes, aligned to its size. The whole
  * reservation lies inside one window, so a pointer's ref is its address / 8 cut to 32 bits
  * (block.h), and the window's start is the base refs count from. */
-#define WINDOW ((uintptr_t)1 << 35)
-/* The reservation: half a window when the address space allows, less under RLIMIT_AS. */
-#define ARENA_MAX ((size_t)1 << 34)
+#define WINDOW ((uintptr_t)1 << 32)
+/* The reservation: a whole window when the address space allows, less under RLIMIT_AS. */
+#define ARENA_MAX ((size_t)1 << 32)
 #define ARENA_MIN ((size_t)1 << 26)
 /* Pages are made usable this many bytes at a time (fewer mprotect calls). */
 #define COMMIT_STEP ((size_t)256 << 10)

@@ -49,13 +49,13 @@ size_t sp__arena_used(void);
 size_t sp__arena_set_limit(size_t bytes);
 
 static inline void *sp__ref_ptr(sp_ref_t r) {
-    return sp__arena_base + ((uintptr_t)r << 3);
+    return sp__arena_base + r;
 }
 
-/* The arena lies inside one 2^35-aligned window that starts at sp__arena_base, so the offset
- * from the base in 8-byte units is the address / 8 cut to 32 bits: no base needed. */
+/* The arena lies inside one 2^32-aligned window that starts at sp__arena_base, so the offset
+ * from the base is the address cut to 32 bits: no base needed, no instruction. */
 static inline sp_ref_t sp__ptr_ref(const void *p) {
-    return (sp_ref_t)((uintptr_t)p >> 3);
+    return (sp_ref_t)(uintptr_t)p;
 }
 
 /* Block refs: sp__blk / sp__bref for a ref or struct known to exist, the 0 forms for either. */
@@ -100,13 +100,16 @@ typedef struct sp_block {
                                 * or NULL (lock); read through sp__block_has_uses */
         struct sp_tcache *tc_owner; /* while allocated and in a thread cache (thread_cache.h) */
     };
+    /* prev and next are not adjacent: the compiler would read both as one 8-byte word (is the
+     * block split?), and right after a store of one of them (a split, a merge) such a load
+     * cannot take its data from the store buffer and waits for the store to reach the cache. */
     sp_ref_t prev; /* lower neighbour in the segment, 0 at its start (lock) */
-    sp_ref_t next; /* higher neighbour in the segment (lock) */
     union {
         sp_ref_t parent;     /* free-set tree link while in_set (lock) */
         sp_ref_t hnext;      /* pointer-map chain while allocated; spare list while idle */
         int32_t event_count; /* outstanding events while pending (lock) */
     };
+    sp_ref_t next;    /* higher neighbour in the segment (lock) */
     uint32_t context; /* history context of the allocation, 0 if none (lock) */
     sp_ref_t seg;     /* owning segment (const; 0 while idle on the spare list) */
     int8_t height;    /* AVL height while in_set; SP_TC_MARK while allocated and in a thread
