@@ -665,6 +665,8 @@ free_block(sp_devalloc_t *d, sp_block_t *b, bool low, uint32_t free_ctx, bool hi
     bool mp = fast ? low : mergeable(pr), mn = fast ? !low : mergeable(nr);
     sp_block_t *p = mp ? sp__blk(pr) : sp__blk0(pr), *n = mn ? sp__blk(nr) : sp__blk0(nr);
     sp_block_t *keep = b; /* the free block that results */
+    /* Is keep split? From the links in hand, not read back right after their stores. */
+    bool keep_split = pr || nr;
     if (mp) {
         keep = p;
         net_n--;
@@ -681,6 +683,7 @@ free_block(sp_devalloc_t *d, sp_block_t *b, bool low, uint32_t free_ctx, bool hi
         p->next = after;
         if (after)
             sp__blk(after)->prev = pr;
+        keep_split = p->prev || after;
     } else if (fast || mn) {
         keep = n;
         net_n--;
@@ -692,8 +695,9 @@ free_block(sp_devalloc_t *d, sp_block_t *b, bool low, uint32_t free_ctx, bool hi
             p->next = nr;
         else
             seg->head = n;
+        keep_split = pr || n->next;
     }
-    if (keep->prev || keep->next) {
+    if (keep_split) {
         net_n++;
         net_bytes += (int64_t)keep->size;
     }
