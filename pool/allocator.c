@@ -533,7 +533,9 @@ sp_status_t sp__alloc_segment_new(sp_devalloc_t *d, sp_bpool_t *bp, uintptr_t ba
             segment_give_back(d, seg);
         if (b)
             sp__block_recycle(d, b);
-        return sp__error(SP_ERR_SYSTEM, SP_SUB_POOL, "out of host memory for segment metadata");
+        return sp__error(SP_ERR_SYSTEM, SP_SUB_POOL,
+                         "out of host memory for segment metadata (or of the 4 GiB of block "
+                         "structs a process may have)");
     }
     seg->seq = pool->next_seq++;
     seg->pprev = pool->seg_tail;

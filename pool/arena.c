@@ -1,14 +1,16 @@
 /*
  * arena.c: the one address range where every block and segment struct lives (block.h).
  *
- * Why one range: a link between structs is then a 32-bit offset from its base in 8-byte units
- * (sp_ref_t), half a pointer, and turning one back into a pointer is one lea. With five links, a
- * segment reference and the pointer map's buckets in refs, a block costs 56 bytes of struct and
- * about 4 bytes of map instead of 80 + 8.
+ * Why one range: a link between structs is then a 32-bit offset from its base (sp_ref_t), half
+ * a pointer: making one is taking a pointer's low 32 bits, following one is one add. With five
+ * links, a segment reference and the pointer map's buckets in refs, a block costs 56 bytes of
+ * struct and about 4 bytes of map instead of 80 + 8. The price: at most 4 GiB of structs a
+ * process (76 million block structs); past that a block is handed out unsplit and a pool that
+ * needs a new segment gets an out-of-memory error, as when malloc fails.
  *
  * The range is reserved once per process (PROT_NONE, MAP_NORESERVE: address space, no memory)
  * and made usable front to back as structs are needed, so the structs already handed out never
- * move. Nothing is ever unmapped: block.c keeps the slabs taken from here for the next
+ * move. Nothing is ever unmapped: allocator.c keeps the slabs taken from here for the next
  * allocator, and gives the pages of those it keeps idle back to the kernel. Taking is lock-free
  * (a CAS on the top), so no lock order involves it and fork() needs no handler for it.
  */
@@ -27,9 +29,9 @@ _Static_assert(_Alignof(sp_segment_t) <= 8, "segment structs sit in block struct
 
 char *sp__arena_base;
 
-/* A ref names 2^32 units of 8 bytes: one window of WINDOW bytes, aligned to its size. The whole
- * reservation lies inside one window, so a pointer's ref is its address / 8 cut to 32 bits
- * (block.h), and the window's start is the base refs count from. */
+/* A ref names 2^32 bytes: one window of WINDOW bytes, aligned to its size. The whole reservation
+ * lies inside one window, so a pointer's ref is its address cut to 32 bits (block.h), and the
+ * window's start is the base refs count from. */
 #define WINDOW ((uintptr_t)1 << 32)
 /* The reservation: a whole window when the address space allows, less under RLIMIT_AS. */
 #define ARENA_MAX ((size_t)1 << 32)

@@ -28,8 +28,8 @@ typedef struct sp_block_uses {
 /* ---- struct references ------------------------------------------------------------------ */
 
 /* Every block and segment struct lives in one address range (arena.c), so a link between them
- * is a 32-bit offset from its base in 8-byte units instead of a pointer: 0 means none (no struct
- * sits at the base), and a ref back to a pointer is one lea. */
+ * is a 32-bit offset from its base instead of a pointer: 0 means none (no struct sits at the
+ * base), and a ref back to a pointer is one add. */
 typedef uint32_t sp_ref_t;
 
 /* The range's base (set once, before the first struct exists). Hidden: read straight, not
