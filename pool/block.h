@@ -96,8 +96,8 @@ typedef struct sp_block {
             sp_ref_t left;  /* free-set tree links while in_set; the unmapped list's (lock) */
             sp_ref_t right; /* (lock) */
         };
-        sp_block_uses_t *uses; /* while allocated and in no thread cache: its recorded streams,
-                                * or NULL (lock); read through sp__block_has_uses */
+        sp_block_uses_t *uses;      /* while allocated and in no thread cache: its recorded streams,
+                                     * or NULL (lock); read through sp__block_has_uses */
         struct sp_tcache *tc_owner; /* while allocated and in a thread cache (thread_cache.h) */
     };
     /* prev and next are not adjacent: the compiler would read both as one 8-byte word (is the

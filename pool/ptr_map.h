@@ -17,8 +17,8 @@
 
 typedef struct sp_ptr_map {
     sp_ref_t *buckets; /* block refs, chained by hnext, 0 ends a chain (lock) */
-    size_t mask;          /* nbuckets - 1, a power of two minus one (lock) */
-    size_t count;         /* allocated blocks (lock) */
+    size_t mask;       /* nbuckets - 1, a power of two minus one (lock) */
+    size_t count;      /* allocated blocks (lock) */
 } sp_ptr_map_t;
 
 sp_status_t sp__ptr_map_init(sp_ptr_map_t *m);

@@ -145,7 +145,8 @@ void sp__alloc_sync_events(sp_devalloc_t *d, const sp_mempool_t *pool) {
         while (e) {
             sp_evq_entry_t *nx = e->next;
             /* A deferred entry whose stream still captures cannot be waited for: it stays. */
-            if ((pool && sp__bseg(e->block)->bpool->pool != pool) || !record_deferred(d, q->stream, e)) {
+            if ((pool && sp__bseg(e->block)->bpool->pool != pool) ||
+                !record_deferred(d, q->stream, e)) {
                 prev = e;
                 e = nx;
                 continue;

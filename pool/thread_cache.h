@@ -9,9 +9,9 @@
  * its own cache line), never the device lock or the shared statistics.
  *
  * Such a block is "registered": its `height` (unused while allocated) holds SP_TC_MARK and the
- * storage of its recorded streams (it has none: block.h) its owner cache. Marking, unmarking and the device's
- * count of registered blocks change only under the device lock, so any thread holding it knows
- * whether a block is registered and with whom.
+ * storage of its recorded streams (it has none: block.h) its owner cache. Marking, unmarking and
+ * the device's count of registered blocks change only under the device lock, so any thread holding
+ * it knows whether a block is registered and with whom.
  *
  * Lock order: sp__g.init_lock, device locks (device order), the cache registry, one thread
  * cache's lock. A thread never holds two thread caches' locks at once, and takes no other lock
