@@ -46,8 +46,11 @@ static atomic_size_t g_top;       /* offset of the first byte never handed out *
 static atomic_size_t g_committed; /* bytes from g_res made read-write */
 static pthread_once_t g_once = PTHREAD_ONCE_INIT;
 
-/* Reserve 2n bytes and keep n of them inside one window (2n bytes cross at most one window
- * boundary, so one side of it holds n), giving the rest back. */
+/* Reserve 2n bytes and use n of them inside one window (2n bytes cross at most one window
+ * boundary, so one side of it holds n). The rest stays reserved, unused: given back, it would
+ * leave a hole of a size that depends on where the kernel put the range, which later mappings
+ * (the host backend's device memory) would fill in a different order from run to run, and best
+ * fit among equal blocks goes by address. */
 static bool reserve_in_window(size_t n) {
     void *p = mmap(NULL, 2 * n, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
     if (p == MAP_FAILED)
@@ -55,10 +58,6 @@ static bool reserve_in_window(size_t n) {
     uintptr_t lo = (uintptr_t)p, hi = lo + 2 * n;
     uintptr_t cut = (lo + WINDOW - 1) & ~(WINDOW - 1); /* the first boundary at or after lo */
     uintptr_t start = cut >= hi || cut - lo >= n ? lo : cut;
-    if (start > lo)
-        (void)munmap(p, start - lo);
-    if (start + n < hi)
-        (void)munmap((void *)(start + n), hi - (start + n));
     g_res = (char *)start;
     g_reserved = n;
     sp__arena_base = (char *)(start & ~(WINDOW - 1));
