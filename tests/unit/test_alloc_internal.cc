@@ -4,6 +4,7 @@
 #include "alloc_test_util.hpp"
 
 #include <cstdlib>
+#include <string>
 #include <vector>
 
 extern "C" {
@@ -283,6 +284,36 @@ TEST_F(AllocInternal, SplitWithoutAStructHandsOutTheWholeBlock) {
     EXPECT_EQ(info.requested_size, 512u);
     EXPECT_EQ(sp_memory_reserved(0), sp_memory_allocated(0));
     ASSERT_SP_OK(sp_free(p));
+    for (void *q : ps)
+        ASSERT_SP_OK(sp_free(q));
+}
+
+// Out of struct storage for a new segment's structs: the request fails with a message that says
+// so, the device memory taken for it is given back, and once there is room again it succeeds.
+TEST_F(AllocInternal, NoStructStorageForANewSegmentFailsCleanly) {
+    std::vector<void *> ps;
+    sp_block_structs_t st;
+    for (;;) {
+        ASSERT_SP_OK(sp__pool_block_structs(0, &st));
+        if (st.spare == 0 && st.kept == 0 && st.untouched == 0)
+            break;
+        void *p;
+        ASSERT_SP_OK(sp_malloc(512, 0, nullptr, &p));
+        ps.push_back(p);
+        ASSERT_LT(ps.size(), 100000u);
+    }
+    const size_t reserved = sp_memory_reserved(0);
+    const size_t old = sp__arena_set_limit(sp__arena_used());
+    void *big = nullptr;
+    expect_warnings();
+    sp_status_t s = sp_malloc(8 << 20, 0, nullptr, &big);
+    (void)sp__arena_set_limit(old);
+    EXPECT_NE(s, SP_SUCCESS);
+    EXPECT_NE(std::string(sp_last_error()).find("block structs"), std::string::npos)
+        << sp_last_error();
+    EXPECT_EQ(sp_memory_reserved(0), reserved) << "the new segment's memory was given back";
+    ASSERT_SP_OK(sp_malloc(8 << 20, 0, nullptr, &big));
+    ASSERT_SP_OK(sp_free(big));
     for (void *q : ps)
         ASSERT_SP_OK(sp_free(q));
 }
