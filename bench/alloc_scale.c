@@ -15,8 +15,13 @@
  *                                                  over the pair with only the warm block's
  *                                                  segment (the rounds alternate: fill, measure,
  *                                                  empty, measure)
- *   {"bench":"alloc_scale","case":"metadata",...}  host heap bytes (mallinfo2) per live 512-byte
- *                                                  block, pointer map and segments included
+ *   {"bench":"alloc_scale","case":"metadata",...}  host bytes per live 512-byte block: malloc's
+ *                                                  (mallinfo2: in-use heap and mmapped chunks,
+ *                                                  the pointer map among them) plus the struct
+ *                                                  arena's usable bytes (sp_x_struct_bytes:
+ *                                                  block and segment structs live outside
+ *                                                  malloc), both as deltas over the allocation
+ *                                                  of the blocks; also each part alone
  *
  * Usage: bench_alloc_scale [rounds [free_blocks [pairs]]] (defaults 7, 1000000, 1000000);
  * free_blocks 1 skips most of the metadata and free_set work (the thread figures alone).
@@ -160,15 +165,19 @@ int main(int argc, char **argv) {
     if (!live)
         die("out of host memory");
     struct mallinfo2 m0 = mallinfo2();
+    size_t s0 = sp_x_struct_bytes();
     for (long i = 0; i < nlive; i++)
         if (sp_malloc(512, 0, NULL, &live[i]) != SP_SUCCESS)
             die("sp_malloc");
     struct mallinfo2 m1 = mallinfo2();
-    double per =
+    size_t s1 = sp_x_struct_bytes();
+    double heap =
         ((double)(m1.uordblks + m1.hblkhd) - (double)(m0.uordblks + m0.hblkhd)) / (double)nlive;
+    double structs = ((double)s1 - (double)s0) / (double)nlive;
     printf("{\"bench\":\"alloc_scale\",\"case\":\"metadata\",\"backend\":\"%s\",\"size\":512,"
-           "\"live_blocks\":%ld,\"host_bytes_per_block\":%.1f}\n",
-           be, nlive, per);
+           "\"live_blocks\":%ld,\"host_bytes_per_block\":%.1f,\"malloc_bytes_per_block\":%.1f,"
+           "\"struct_bytes_per_block\":%.1f}\n",
+           be, nlive, heap + structs, heap, structs);
     for (long i = 0; i < nlive; i++)
         sp_free(live[i]);
     free(live);

@@ -15,6 +15,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include "pool/allocator.h"
 #include "pool/expandable.h"
@@ -80,11 +82,12 @@ void sp__fmt_size(size_t bytes, char *buf, size_t len) {
 
 /* Block structs come from per-device slabs and go back to a per-device spare list: a split on
  * the cache-hit path costs no host malloc, and a block costs its struct and no allocator header
- * (a million live blocks are a million structs). sp_shutdown frees them (a few kept, below).
- * 1023 structs keep a slab below glibc's mmap threshold.
+ * (a million live blocks are a million structs). Slabs are taken from the struct arena (arena.c),
+ * where links between structs are 32-bit refs; a segment struct takes SP_SEG_SLOTS structs' room
+ * in a slab and gives them back to the spare list when it goes.
  *
  * A slab is handed out front to back, one struct at a time, never threaded whole onto the spare
- * list: a device that needs a few dozen blocks touches a few pages of its slab, not all 26. An
+ * list: a device that needs a few dozen blocks touches a few pages of its slab, not all 14. An
  * allocator is often short-lived (every `sympool replay` repeat is a fresh one, with a slab per
  * device), and there faulting in and writing whole slabs cost more than the blocks' work. */
 #define SLAB_BLOCKS 1023
@@ -94,34 +97,38 @@ struct sp_block_slab {
     sp_block_t blocks[SLAB_BLOCKS];
 };
 
-/* The next never-used struct (zeroed), from another slab when the newest is used up. malloc,
- * not calloc: calloc would clear (and so touch) the whole slab up front. */
+/* A new slab for d: a kept one first (its structs are cleared as they are handed out), else one
+ * from the arena. */
+static bool slab_new(sp_devalloc_t *d) {
+    struct sp_block_slab *s = d->kept;
+    if (s)
+        d->kept = s->next;
+    else if (!(s = sp__arena_take(sizeof(*s))))
+        return false;
+    s->next = d->slabs;
+    d->slabs = s;
+    d->slab_next = s->blocks;
+    d->slab_left = SLAB_BLOCKS;
+    return true;
+}
+
+/* The next never-used struct (zeroed), from another slab when the newest is used up. */
 static sp_block_t *slab_take(sp_devalloc_t *d) {
-    if (SP_UNLIKELY(!d->slab_left)) {
-        struct sp_block_slab *s = d->kept;
-        if (s)
-            d->kept = s->next;
-        else if (!(s = malloc(sizeof(*s))))
-            return NULL;
-        s->next = d->slabs;
-        d->slabs = s;
-        d->slab_next = s->blocks;
-        d->slab_left = SLAB_BLOCKS;
-    }
+    if (SP_UNLIKELY(!d->slab_left) && !slab_new(d))
+        return NULL;
     sp_block_t *b = d->slab_next++;
     d->slab_left--;
     memset(b, 0, sizeof(*b));
     return b;
 }
 
-/* Slabs kept by sp_shutdown for the next allocator of the same device, at most KEEP_SLABS each
- * (init_lock). Freeing every slab let glibc's free() coalesce them with the rest of the freed
- * heap into a top chunk past its trim threshold and give it back to the kernel, so the next
- * allocator faulted in again every heap page it touched (its own and the backend's tables), and
- * a fresh allocator per run is common: `sympool replay --repeat` and `--compare` make one per
- * repeat and configuration, tests one per case. Kept slabs stay in use, so that part of the heap
- * stays mapped, and are reused as they are. At most KEEP_SLABS (about 100 KB each) per device
- * outlive sp_shutdown. */
+/* Slabs kept by sp_shutdown for the next allocator of the same device (init_lock). Arena memory
+ * is never unmapped, so every slab is kept; the pages of all but the first KEEP_SLABS go back to
+ * the kernel (they read as zeros when used again). Freeing every slab's memory let the next
+ * allocator fault in again every page it touched, and a fresh allocator per run is common:
+ * `sympool replay --repeat` and `--compare` make one per repeat and configuration, tests one
+ * per case. A device past KEEP_DEVICES has no entry: its slabs stay unused in the arena, all
+ * their pages given back. */
 #define KEEP_SLABS 4
 #define KEEP_DEVICES 64
 static struct sp_block_slab *g_kept[KEEP_DEVICES];
@@ -135,29 +142,42 @@ void sp__block_slabs_adopt(sp_devalloc_t *d) {
 
 void sp__block_slabs_free(sp_devalloc_t *d) {
     struct sp_block_slab *keep = NULL;
-    int nkeep = d->device >= 0 && d->device < KEEP_DEVICES && !g_kept[d->device] ? KEEP_SLABS : 0;
+    bool entry = d->device >= 0 && d->device < KEEP_DEVICES;
+    int warm = entry ? KEEP_SLABS : 0;
+    size_t page = (size_t)sysconf(_SC_PAGESIZE);
     struct sp_block_slab *lists[2] = {d->kept, d->slabs};
     for (int i = 0; i < 2; i++) {
         struct sp_block_slab *s = lists[i];
         while (s) {
             struct sp_block_slab *nx = s->next;
-            if (nkeep > 0) {
-                nkeep--;
-                s->next = keep;
-                keep = s;
+            if (warm > 0) {
+                warm--;
             } else {
-                free(s);
+                /* The whole pages after the header: the slab stays usable, as zeros. */
+                uintptr_t lo = ((uintptr_t)s + sizeof(s->next) + page - 1) / page * page;
+                uintptr_t hi = ((uintptr_t)s + sizeof(*s)) / page * page;
+                if (hi > lo)
+                    (void)madvise((void *)lo, hi - lo, MADV_DONTNEED);
             }
+            s->next = keep;
+            keep = s;
             s = nx;
         }
     }
-    if (keep)
+    if (entry) {
+        /* Append what an earlier allocator of the device left (a device that was never
+         * initialized again between two shutdowns cannot have any: adopt took it). */
+        struct sp_block_slab **tail = &keep;
+        while (*tail)
+            tail = &(*tail)->next;
+        *tail = g_kept[d->device];
         g_kept[d->device] = keep;
+    }
     d->kept = NULL;
     d->slabs = NULL;
     d->slab_next = NULL;
     d->slab_left = 0;
-    d->spare = NULL;
+    d->spare = 0;
 }
 
 sp_status_t sp__pool_block_structs(int device, sp_block_structs_t *out) {
@@ -172,15 +192,16 @@ sp_status_t sp__pool_block_structs(int device, sp_block_structs_t *out) {
     for (const struct sp_block_slab *s = d->kept; s; s = s->next)
         out->kept++;
     out->untouched = d->slab_left;
-    for (const sp_block_t *b = d->spare; b; b = b->hnext)
+    for (sp_ref_t r = d->spare; r; r = sp__blk(r)->hnext)
         out->spare++;
     sp__unlock(&d->lock);
     return SP_SUCCESS;
 }
 
 sp_block_t *sp__block_new(sp_devalloc_t *d) {
-    sp_block_t *b = d->spare;
-    if (b) {
+    sp_ref_t r = d->spare;
+    if (r) {
+        sp_block_t *b = sp__blk(r);
         d->spare = b->hnext;
         memset(b, 0, sizeof(*b));
         return b;
@@ -190,26 +211,23 @@ sp_block_t *sp__block_new(sp_devalloc_t *d) {
 
 /* The first idle struct, where the caller saw that there is one. */
 static inline sp_block_t *spare_pop(sp_devalloc_t *d) {
-    sp_block_t *b = d->spare;
+    sp_block_t *b = sp__blk(d->spare);
     d->spare = b->hnext;
     return b;
 }
 
 /* sp__block_new for a struct the caller fills completely: no zeroing. */
 static inline sp_block_t *block_take(sp_devalloc_t *d) {
-    sp_block_t *b = d->spare;
-    if (SP_LIKELY(b)) {
-        d->spare = b->hnext;
-        return b;
-    }
+    if (SP_LIKELY(d->spare))
+        return spare_pop(d);
     return slab_take(d);
 }
 
 /* An idle struct back on the spare list. */
 static inline void spare_push(sp_devalloc_t *d, sp_block_t *b) {
-    b->seg = NULL; /* a stale lookup index entry must not match a struct on the spare list */
+    b->seg = 0; /* a stale lookup index entry must not match a struct on the spare list */
     b->hnext = d->spare;
-    d->spare = b;
+    d->spare = sp__bref(b);
 }
 
 void sp__block_recycle(sp_devalloc_t *d, sp_block_t *b) {
@@ -218,6 +236,33 @@ void sp__block_recycle(sp_devalloc_t *d, sp_block_t *b) {
     if (b->context)
         sp__history_context_release(b->context);
     spare_push(d, b);
+}
+
+/* A zeroed segment struct: SP_SEG_SLOTS consecutive structs of the newest slab (a slab with
+ * fewer left gives those to the spare list first). NULL: out of struct storage. */
+static sp_segment_t *segment_take(sp_devalloc_t *d) {
+    if (d->slab_left < SP_SEG_SLOTS) {
+        while (d->slab_left) {
+            sp_block_t *b = slab_take(d);
+            spare_push(d, b);
+        }
+        if (!slab_new(d))
+            return NULL;
+    }
+    sp_segment_t *seg = (sp_segment_t *)d->slab_next;
+    d->slab_next += SP_SEG_SLOTS;
+    d->slab_left -= SP_SEG_SLOTS;
+    memset(seg, 0, SP_SEG_SLOTS * sizeof(sp_block_t));
+    return seg;
+}
+
+/* A segment struct's room back to the spare list as block structs, cleared (a recycled struct on
+ * the fast paths is filled field by field, and a stale thread-cache mark must not appear). */
+static void segment_give_back(sp_devalloc_t *d, sp_segment_t *seg) {
+    sp_block_t *b = (sp_block_t *)seg;
+    memset(b, 0, SP_SEG_SLOTS * sizeof(sp_block_t));
+    for (size_t i = 0; i < SP_SEG_SLOTS; i++)
+        spare_push(d, &b[i]);
 }
 
 /* ---- finding and handing out blocks ------------------------------------------------------ */
@@ -231,7 +276,7 @@ find_fit(sp_devalloc_t *d, sp_bpool_t *bp, size_t size, sp_stream_t stream, sp_b
     sp_block_t *b = sp__bset_find_fit(&bp->free, stream, size, pred_p);
     if (!b || sp__block_stream(b) != stream)
         return NULL;
-    if (SP_UNLIKELY(b->seg->expandable))
+    if (SP_UNLIKELY(sp__bseg(b)->expandable))
         b = sp__exp_best_fit(bp, b, stream, pred_p);
     size_t mss = sp__g.conf.max_split_size;
     /* Oversize rules: small requests never take oversize blocks, and an oversize request takes
@@ -241,7 +286,7 @@ find_fit(sp_devalloc_t *d, sp_bpool_t *bp, size_t size, sp_stream_t stream, sp_b
         return NULL;
     /* Where in a larger cached block a large request goes (SYMPOOL_EXPANDABLE_FIT_END): tested
      * here, after the oversize rule, exact fits first (no test of the size for them). */
-    if (SP_UNLIKELY(b->seg->expandable) && b->size > size && size >= SP_SMALL_BUFFER)
+    if (SP_UNLIKELY(sp__bseg(b)->expandable) && b->size > size && size >= SP_SMALL_BUFFER)
         b = sp__exp_fit_end(d, bp, b, size, pred_p);
     return b;
 }
@@ -285,12 +330,13 @@ static inline bool should_split(const sp_bpool_t *bp, const sp_block_t *b, size_
 static inline __attribute__((always_inline)) sp_block_t *
 hand_out(sp_devalloc_t *d, sp_block_t *b, bool in_set, sp_block_t *pred, size_t size, size_t orig,
          uint32_t context, bool hist, bool fast) {
-    sp_segment_t *seg = b->seg;
+    sp_segment_t *seg = sp__bseg(b);
     sp_bpool_t *bp = seg->bpool;
     sp_dev_stats_t *st = &d->stats;
     sp_stat_t *row = bp->tstat;
     bool already_split = b->prev || b->next;
     /* The struct a split needs; without one (out of host memory) the block goes out whole. */
+    sp_ref_t nr = fast ? d->spare : 0; /* the new struct's ref, where the fast form knows it */
     sp_block_t *nb = fast ? spare_pop(d) : should_split(bp, b, size) ? block_take(d) : NULL;
     if (fast || nb) {
         sp_block_t *rem;
@@ -300,10 +346,13 @@ hand_out(sp_devalloc_t *d, sp_block_t *b, bool in_set, sp_block_t *pred, size_t 
             sp_block_t *a = nb;
             a->addr = b->addr;
             a->size = size;
-            a->seg = seg;
+            a->seg = b->seg;
             a->in_set = false;
             a->unmapped = false; /* a recycled struct may have been an unmapped block */
-            sp__block_link_before(a, b);
+            if (fast)
+                sp__block_link_before_ref(a, nr, b, seg);
+            else
+                sp__block_link_before(a, b);
             b->addr += size;
             b->size -= size;
             b->gc_count = bp->gfb_count;
@@ -319,8 +368,8 @@ hand_out(sp_devalloc_t *d, sp_block_t *b, bool in_set, sp_block_t *pred, size_t 
             rem = nb;
             rem->addr = b->addr + size;
             rem->size = b->size - size;
-            rem->seg = seg;
-            rem->hnext = NULL;
+            rem->seg = b->seg;
+            rem->hnext = 0;
             rem->gc_count = bp->gfb_count;
             rem->context = 0;
             rem->allocated = false;
@@ -350,7 +399,9 @@ hand_out(sp_devalloc_t *d, sp_block_t *b, bool in_set, sp_block_t *pred, size_t 
     b->uses = NULL; /* out of every list now: the storage was the left link */
     b->requested = orig;
     b->context = context;
-    if (fast)
+    if (fast && in_set)
+        sp__ptr_map_insert_ref(&d->map, b, nr); /* b is the new struct */
+    else if (fast)
         sp__ptr_map_insert_room(&d->map, b);
     else
         sp__ptr_map_insert(&d->map, b);
@@ -462,7 +513,7 @@ void sp__alloc_segment_delete(sp_devalloc_t *d, sp_segment_t *seg) {
     sp__block_recycle(d, seg->head);
     free(seg->bidx_addr);
     free(seg->bidx_blk);
-    free(seg);
+    segment_give_back(d, seg);
 }
 
 /* A new segment [base, base + size) of bp's pool: its metadata, one block covering it (not yet in
@@ -472,7 +523,7 @@ void sp__alloc_segment_delete(sp_devalloc_t *d, sp_segment_t *seg) {
 sp_status_t sp__alloc_segment_new(sp_devalloc_t *d, sp_bpool_t *bp, uintptr_t base, size_t size,
                                   sp_stream_t stream, sp_segment_t **seg_p) {
     sp_mempool_t *pool = bp->pool;
-    sp_segment_t *seg = calloc(1, sizeof(*seg));
+    sp_segment_t *seg = segment_take(d);
     sp_block_t *b = seg ? sp__block_new(d) : NULL;
     if (seg) {
         seg->base = base;
@@ -482,10 +533,13 @@ sp_status_t sp__alloc_segment_new(sp_devalloc_t *d, sp_bpool_t *bp, uintptr_t ba
         seg->head = b;
     }
     if (!b || sp__segidx_insert(d, seg) != SP_SUCCESS) {
-        free(seg);
+        if (seg)
+            segment_give_back(d, seg);
         if (b)
             sp__block_recycle(d, b);
-        return sp__error(SP_ERR_SYSTEM, SP_SUB_POOL, "out of host memory for segment metadata");
+        return sp__error(SP_ERR_SYSTEM, SP_SUB_POOL,
+                         "out of host memory for segment metadata (or of the 4 GiB of block "
+                         "structs a process may have)");
     }
     seg->seq = pool->next_seq++;
     seg->pprev = pool->seg_tail;
@@ -497,7 +551,7 @@ sp_status_t sp__alloc_segment_new(sp_devalloc_t *d, sp_bpool_t *bp, uintptr_t ba
     pool->nsegments++;
     b->addr = base;
     b->size = size;
-    b->seg = seg;
+    b->seg = sp__ptr_ref(seg);
     uintptr_t lo = atomic_load_explicit(&d->lo, memory_order_relaxed);
     uintptr_t hi = atomic_load_explicit(&d->hi, memory_order_relaxed);
     if (lo == 0 || base < lo)
@@ -584,9 +638,9 @@ static void detach_segment(sp_devalloc_t *d, sp_segment_t *seg, uint32_t context
 /* A block in the set is free with no events and no recorded streams: a block leaves the set
  * before it is handed out, and a freed block enters it only once its events are done and its
  * uses are consumed. */
-static inline bool mergeable(const sp_block_t *n) {
-    assert(!n || !n->in_set || !n->allocated);
-    return n && n->in_set;
+static inline bool mergeable(sp_ref_t r) {
+    assert(!r || !sp__blk(r)->in_set || !sp__blk(r)->allocated);
+    return r && sp__blk(r)->in_set;
 }
 
 /* Hot/cold pair: free_block is the HOT form, forced inline into free_locked (sp_free's path)
@@ -602,8 +656,8 @@ static inline bool mergeable(const sp_block_t *n) {
  * (tree insert and remove, context release, SYMPOOL_NO_CACHING's release) are left out at
  * compile time. */
 static inline __attribute__((always_inline)) void
-free_block(sp_devalloc_t *d, sp_block_t *b, uint32_t free_ctx, bool hist, bool fast) {
-    sp_segment_t *seg = b->seg;
+free_block(sp_devalloc_t *d, sp_block_t *b, bool low, uint32_t free_ctx, bool hist, bool fast) {
+    sp_segment_t *seg = sp__bseg(b);
     sp_bpool_t *bp = seg->bpool;
     sp_dev_stats_t *st = &d->stats;
     sp_stat_t *row = bp->tstat;
@@ -612,15 +666,19 @@ free_block(sp_devalloc_t *d, sp_block_t *b, uint32_t free_ctx, bool hist, bool f
     uint32_t ctx = b->context;
     int64_t net_n = 0, net_bytes = 0;
     sp_block_set_t *set = &bp->free;
-    sp_block_t *p = b->prev, *n = b->next;
-    bool mp = mergeable(p), mn = mergeable(n);
+    sp_ref_t pr = b->prev, nr = b->next;
+    /* fast: free_is_plain found exactly one free neighbour, the lower one when `low`. */
+    bool mp = fast ? low : mergeable(pr), mn = fast ? !low : mergeable(nr);
+    sp_block_t *p = mp ? sp__blk(pr) : sp__blk0(pr), *n = mn ? sp__blk(nr) : sp__blk0(nr);
     sp_block_t *keep = b; /* the free block that results */
+    /* Is keep split? From the links in hand, not read back right after their stores. */
+    bool keep_split = pr || nr;
     if (mp) {
         keep = p;
         net_n--;
         net_bytes -= (int64_t)p->size;
         p->size += orig_size;
-        sp_block_t *after = n;
+        sp_ref_t after = nr;
         if (!fast && mn) {
             sp__bset_remove(set, n);
             net_n--;
@@ -630,20 +688,22 @@ free_block(sp_devalloc_t *d, sp_block_t *b, uint32_t free_ctx, bool hist, bool f
         }
         p->next = after;
         if (after)
-            after->prev = p;
+            sp__blk(after)->prev = pr;
+        keep_split = p->prev || after;
     } else if (fast || mn) {
         keep = n;
         net_n--;
         net_bytes -= (int64_t)n->size;
         n->addr = orig_addr;
         n->size += orig_size;
-        n->prev = p;
-        if (p)
-            p->next = n;
+        n->prev = pr;
+        if (pr)
+            p->next = nr;
         else
             seg->head = n;
+        keep_split = pr || n->next;
     }
-    if (keep->prev || keep->next) {
+    if (keep_split) {
         net_n++;
         net_bytes += (int64_t)keep->size;
     }
@@ -696,12 +756,12 @@ free_block(sp_devalloc_t *d, sp_block_t *b, uint32_t free_ctx, bool hist, bool f
 
 /* COLD twin of free_block (see there): completes a free whose events have finished. */
 void sp__alloc_free_block(sp_devalloc_t *d, sp_block_t *b, uint32_t free_ctx) {
-    free_block(d, b, free_ctx, sp__history_on(), false);
+    free_block(d, b, false, free_ctx, sp__history_on(), false);
 }
 
 static inline __attribute__((always_inline)) void
-free_locked(sp_devalloc_t *d, sp_block_t *b, uint32_t context, bool hist, bool fast) {
-    sp_bpool_t *bp = b->seg->bpool;
+free_locked(sp_devalloc_t *d, sp_block_t *b, bool low, uint32_t context, bool hist, bool fast) {
+    sp_bpool_t *bp = sp__bseg(b)->bpool;
     sp_dev_stats_t *st = &d->stats;
     sp_stat_t *row = bp->tstat;
     size_t size = b->size; /* one load: the stats' stores may alias it for the compiler */
@@ -719,12 +779,12 @@ free_locked(sp_devalloc_t *d, sp_block_t *b, uint32_t context, bool hist, bool f
                            (uintptr_t)sp__block_stream(b), bp->pool->id,
                            context ? context : b->context);
     if (SP_LIKELY(!uses) || sp__alloc_insert_events(d, b) != SP_SUCCESS || b->event_count == 0)
-        free_block(d, b, context, hist, fast);
+        free_block(d, b, low, context, hist, fast);
 }
 
 void sp__alloc_free_held(sp_devalloc_t *d, sp_block_t *b) {
     (void)sp__ptr_map_remove(&d->map, b->addr);
-    free_locked(d, b, 0, sp__history_on(), false);
+    free_locked(d, b, false, 0, sp__history_on(), false);
 }
 
 /* ---- malloc ------------------------------------------------------------------------------ */
@@ -916,7 +976,7 @@ alloc_locked(sp_devalloc_t *d, sp_mempool_t *pool, size_t orig, sp_stream_t stre
                 sp__history_context_release(ctx);
             return s;
         }
-        if (ctx && s == SP_SUCCESS && !b->seg->expandable)
+        if (ctx && s == SP_SUCCESS && !sp__bseg(b)->expandable)
             sp__history_context_retain(ctx); /* the new segment and the block each hold one */
     }
     sp__alloc_found_block(d, b, size, orig, ctx);
@@ -997,7 +1057,7 @@ static inline bool hit_is_plain(const sp_devalloc_t *d, const sp_bpool_t *bp, co
                                 const sp_block_t *pred, size_t size) {
     /* should_split for the default pool without expandable segments (sp__g.hit_fast): it never
      * has no_split, and size < max_split_size follows from b's size. */
-    assert(!bp->pool->no_split && !b->seg->expandable && !sp__exp_pool(bp->pool));
+    assert(!bp->pool->no_split && !sp__bseg(b)->expandable && !sp__exp_pool(bp->pool));
     size_t rest = b->size - size;
     /* A small block lies in a segment of SP_SMALL_BUFFER bytes, below every max_split_size
      * (20 MiB at least, as PyTorch's): never oversize. */
@@ -1115,20 +1175,21 @@ static sp_status_t explain_bad_pointer(const char *what, const void *ptr) {
  * whose struct keeps its tree node (its key grows; a successor of the same stream sorts by size
  * first, so one larger than the merged block stays above it). Everything it skips needs a call
  * or cannot apply then. */
-static inline bool free_is_plain(const sp_block_t *b) {
-    const sp_block_t *p = b->prev, *n = b->next;
-    bool mp = mergeable(p), mn = mergeable(n);
+static inline bool free_is_plain(const sp_block_t *b, bool *low_p) {
+    sp_ref_t pr = b->prev, nr = b->next;
+    bool mp = mergeable(pr), mn = mergeable(nr);
     if (b->uses || b->context || mp == mn)
         return false;
-    const sp_block_t *keep = mp ? p : n;
-    const sp_block_t *succ = sp__bset_succ(&keep->seg->bpool->free, keep);
+    *low_p = mp;
+    const sp_block_t *keep = sp__blk(mp ? pr : nr);
+    const sp_block_t *succ = sp__bset_succ(&sp__bseg(keep)->bpool->free, keep);
     return !succ || sp__block_stream(succ) != sp__block_stream(keep) ||
            succ->size > keep->size + b->size;
 }
 
 /* free_locked for free_hit's blocks that are not plain: the lock is held and history is off. */
-static __attribute__((noinline)) void free_rest(sp_devalloc_t *d, sp_block_t **pp) {
-    free_locked(d, sp__ptr_map_unlink(&d->map, pp), 0, false, false);
+static __attribute__((noinline)) void free_rest(sp_devalloc_t *d, sp_ref_t *pp) {
+    free_locked(d, sp__ptr_map_unlink(&d->map, pp), false, 0, false, false);
     sp__unlock(&d->lock);
 }
 
@@ -1158,13 +1219,15 @@ static inline __attribute__((always_inline)) bool free_hit(uintptr_t a) {
         return false;
     if (SP_UNLIKELY(!sp__lock_try(&d->lock)))
         return false;
-    sp_block_t **pp = sp__ptr_map_slot(&d->map, a);
+    sp_block_t *b = NULL;
+    sp_ref_t *pp = sp__ptr_map_slot_b(&d->map, a, &b);
     if (SP_UNLIKELY(!pp)) {
         sp__unlock(&d->lock);
         return false;
     }
-    if (SP_LIKELY(free_is_plain(*pp))) {
-        free_locked(d, sp__ptr_map_unlink(&d->map, pp), 0, false, true);
+    bool low = false;
+    if (SP_LIKELY(free_is_plain(b, &low))) {
+        free_locked(d, sp__ptr_map_unlink_b(&d->map, pp, b), low, 0, false, true);
         sp__unlock(&d->lock);
     } else {
         free_rest(d, pp);
@@ -1222,7 +1285,7 @@ static __attribute__((noinline)) sp_status_t free_full(void *ptr) {
         }
         sp_block_t *b = sp__ptr_map_remove(&d->map, a);
         if (SP_LIKELY(b)) {
-            free_locked(d, b, ctx, hist, false);
+            free_locked(d, b, false, ctx, hist, false);
             sp__unlock(&d->lock);
             if (ctx)
                 sp__history_context_release(ctx);
@@ -1283,7 +1346,7 @@ sp_status_t sp__alloc_free_sized(void *ptr, int device, size_t *size_p, int *dev
         sp_block_t *b = sp__ptr_map_remove(&d->map, a);
         if (SP_LIKELY(b)) {
             size_t req = b->requested;
-            free_locked(d, b, ctx, hist, false);
+            free_locked(d, b, false, ctx, hist, false);
             sp__unlock(&d->lock);
             if (ctx)
                 sp__history_context_release(ctx);

@@ -123,9 +123,9 @@ typedef struct sp_devalloc {
     size_t cap_segs;             /* (lock) */
     sp_evq_t *evqs;              /* per-stream event FIFOs (lock) */
     size_t pending_events;       /* entries in all evqs (lock) */
-    sp_block_t *spare;           /* idle block structs (lock) */
-    struct sp_block_slab *slabs; /* where every block struct lives, until sp_shutdown (lock) */
-    struct sp_block_slab *kept;  /* unused slabs an earlier allocator of this device left (lock) */
+    sp_ref_t spare;              /* idle block structs, chained by hnext (lock) */
+    struct sp_block_slab *slabs; /* where every block and segment struct lives (lock) */
+    struct sp_block_slab *kept;  /* unused slabs earlier allocators of this device left (lock) */
     sp_block_t *slab_next;       /* the newest slab's first never-used struct (lock) */
     size_t slab_left;            /* never-used structs from slab_next on (lock) */
     atomic_uintptr_t lo;         /* lowest segment address ever (free's device guess) */
@@ -265,8 +265,8 @@ void sp__alloc_release_segment(sp_devalloc_t *d, sp_segment_t *seg, uint32_t con
 void sp__alloc_detach_segment(sp_devalloc_t *d, sp_segment_t *seg);
 sp_block_t *sp__block_new(sp_devalloc_t *d);
 /* Block slabs across sp_shutdown/sp_init (both under sp__g.init_lock): adopt takes what the
- * last allocator of d->device kept, free keeps a few of d's slabs for the next one and frees the
- * rest. */
+ * last allocators of d->device kept, free keeps all of d's slabs (arena memory is never unmapped)
+ * for the next one, the pages of all but a few given back to the kernel. */
 void sp__block_slabs_adopt(sp_devalloc_t *d);
 void sp__block_slabs_free(sp_devalloc_t *d);
 void sp__block_recycle(sp_devalloc_t *d, sp_block_t *b);

@@ -107,6 +107,14 @@ sp_status_t sp__alloc_init_slow(void) {
         pthread_mutex_unlock(&sp__g.init_lock);
         return SP_SUCCESS;
     }
+    /* The struct arena's address space first (once per process), before any device memory: a
+     * range reserved between two device mappings would change where the host backend's next
+     * mappings land, and so the address order best fit breaks ties by. */
+    if (!sp__arena_ready()) {
+        pthread_mutex_unlock(&sp__g.init_lock);
+        return sp__error(SP_ERR_SYSTEM, SP_SUB_POOL,
+                         "cannot reserve address space for block structs (%d MiB at least)", 64);
+    }
     sp_status_t s = sp__device_select(&sp__g.ops, &sp__g.caps);
     if (s != SP_SUCCESS) {
         pthread_mutex_unlock(&sp__g.init_lock);

@@ -25,14 +25,65 @@ typedef struct sp_block_uses {
     sp_stream_t *s; /* (malloc'd) (lock) */
 } sp_block_uses_t;
 
+/* ---- struct references ------------------------------------------------------------------ */
+
+/* Every block and segment struct lives in one address range (arena.c), so a link between them
+ * is a 32-bit offset from its base instead of a pointer: 0 means none (no struct sits at the
+ * base), and a ref back to a pointer is one add. */
+typedef uint32_t sp_ref_t;
+
+/* The range's base (set once, before the first struct exists). Hidden: read straight, not
+ * through the GOT. */
+extern __attribute__((visibility("hidden"))) char *sp__arena_base;
+
+/* Reserve the range (once per process; later calls only report). false: no address space. */
+bool sp__arena_ready(void);
+/* `bytes` of zeroed, never-used struct storage (64-byte aligned), or NULL when the range (or
+ * the tests' limit) is used up or its pages cannot be made usable. Never given back. */
+void *sp__arena_take(size_t bytes);
+/* Bytes of the range made usable so far (what the structs cost in memory, at most). */
+size_t sp__arena_committed(void);
+/* Bytes handed out so far. */
+size_t sp__arena_used(void);
+/* Tests only: let takes reach at most `bytes` from the base (0: no limit); returns the old. */
+size_t sp__arena_set_limit(size_t bytes);
+
+static inline void *sp__ref_ptr(sp_ref_t r) {
+    return sp__arena_base + r;
+}
+
+/* The arena lies inside one 2^32-aligned window that starts at sp__arena_base, so the offset
+ * from the base is the address cut to 32 bits: no base needed, no instruction. */
+static inline sp_ref_t sp__ptr_ref(const void *p) {
+    return (sp_ref_t)(uintptr_t)p;
+}
+
+/* Block refs: sp__blk / sp__bref for a ref or struct known to exist, the 0 forms for either. */
+static inline struct sp_block *sp__blk(sp_ref_t r) {
+    return (struct sp_block *)sp__ref_ptr(r);
+}
+
+static inline struct sp_block *sp__blk0(sp_ref_t r) {
+    return r ? sp__blk(r) : NULL;
+}
+
+static inline sp_ref_t sp__bref(const struct sp_block *b) {
+    return sp__ptr_ref(b);
+}
+
+static inline sp_ref_t sp__bref0(const struct sp_block *b) {
+    return b ? sp__bref(b) : 0;
+}
+
 /* A block is in one of four states: allocated (in the pointer map), pending (freed, waiting for
  * events), free (in its block pool's set) or unmapped (expandable address space, on its bpool's
  * unmapped list), or idle on the device's spare list. Fields used in disjoint states share
- * storage, which keeps a block at 80 bytes: the pointer-map chain, the tree's parent link and
- * a pending free's event count; the caller's size and the GC age; the recorded streams and the
- * tree's (or unmapped list's) left link. The word of the parent link is zero whenever a block is
- * in none of those states (a set removal and a pointer-map removal clear it, new structs are
- * zeroed), so outside the pending state the event count reads 0 (sp__block_pending). */
+ * storage, which keeps a block at 56 bytes: the pointer-map chain, the tree's parent link and
+ * a pending free's event count; the caller's size and the GC age; the recorded streams (or the
+ * owner thread cache: a block in a thread cache has none) and the tree's (or unmapped list's)
+ * two child links. The word of the parent link is zero whenever a block is in none of those
+ * states (a set removal and a pointer-map removal clear it, new structs are zeroed), so outside
+ * the pending state the event count reads 0 (sp__block_pending). Links are refs (above). */
 typedef struct sp_block {
     uintptr_t addr; /* start address (lock) */
     size_t size;    /* bytes, a multiple of 512 (lock) */
@@ -40,24 +91,27 @@ typedef struct sp_block {
         size_t requested;  /* caller's size while allocated or pending (lock) */
         uint64_t gc_count; /* while in_set: bpool's get_free_block count when inserted (GC age) */
     };
-    struct sp_segment *seg; /* owning segment (const) */
-    struct sp_block *prev;  /* lower neighbour in the segment, NULL at its start (lock) */
-    struct sp_block *next;  /* higher neighbour in the segment (lock) */
     union {
-        struct sp_block *left; /* free-set tree link while in_set; the unmapped list's (lock) */
-        sp_block_uses_t *uses; /* while allocated: its recorded streams, or NULL (lock); read
-                                * through sp__block_has_uses outside the allocated state */
-    };
-    union {
-        struct sp_block *right; /* free-set tree link while in_set; the unmapped list's (lock) */
+        struct {
+            sp_ref_t left;  /* free-set tree links while in_set; the unmapped list's (lock) */
+            sp_ref_t right; /* (lock) */
+        };
+        sp_block_uses_t *uses;      /* while allocated and in no thread cache: its recorded streams,
+                                     * or NULL (lock); read through sp__block_has_uses */
         struct sp_tcache *tc_owner; /* while allocated and in a thread cache (thread_cache.h) */
     };
+    /* prev and next are not adjacent: the compiler would read both as one 8-byte word (is the
+     * block split?), and right after a store of one of them (a split, a merge) such a load
+     * cannot take its data from the store buffer and waits for the store to reach the cache. */
+    sp_ref_t prev; /* lower neighbour in the segment, 0 at its start (lock) */
     union {
-        struct sp_block *parent; /* free-set tree link while in_set (lock) */
-        struct sp_block *hnext;  /* pointer-map chain while allocated; spare list while idle */
-        int32_t event_count;     /* outstanding events while pending (lock) */
+        sp_ref_t parent;     /* free-set tree link while in_set (lock) */
+        sp_ref_t hnext;      /* pointer-map chain while allocated; spare list while idle */
+        int32_t event_count; /* outstanding events while pending (lock) */
     };
+    sp_ref_t next;    /* higher neighbour in the segment (lock) */
     uint32_t context; /* history context of the allocation, 0 if none (lock) */
+    sp_ref_t seg;     /* owning segment (const; 0 while idle on the spare list) */
     int8_t height;    /* AVL height while in_set; SP_TC_MARK while allocated and in a thread
                        * cache (thread_cache.h), else 0 or stale (lock) */
     bool allocated;   /* handed out and not yet freed (lock) */
@@ -71,11 +125,14 @@ static inline bool sp__block_pending(const sp_block_t *b) {
     return !b->allocated && !b->in_set && !b->unmapped && b->event_count != 0;
 }
 
+/* `height` of a block in a thread cache (thread_cache.h): AVL heights are never negative. */
+#define SP_BLOCK_TC_MARK ((int8_t)-1)
+
 /* Does b have recorded streams that its free must wait for? Only an allocated block can (a free
  * consumes them before the block becomes pending, free or unmapped, whose `left` shares the
- * storage). */
+ * storage), and one in a thread cache has none (its storage holds the owner). */
 static inline bool sp__block_has_uses(const sp_block_t *b) {
-    return b->allocated && b->uses != NULL;
+    return b->allocated && b->height != SP_BLOCK_TC_MARK && b->uses != NULL;
 }
 
 typedef struct sp_segment {
@@ -98,30 +155,58 @@ typedef struct sp_segment {
     struct sp_segment *pnext;   /* (lock) */
 } sp_segment_t;
 
+/* A segment struct takes this many block structs' room in a slab (allocator.c). */
+#define SP_SEG_SLOTS ((sizeof(sp_segment_t) + sizeof(sp_block_t) - 1) / sizeof(sp_block_t))
+
+static inline sp_segment_t *sp__seg(sp_ref_t r) {
+    return (sp_segment_t *)sp__ref_ptr(r);
+}
+
+/* b's segment (b not idle). */
+static inline sp_segment_t *sp__bseg(const sp_block_t *b) {
+    return sp__seg(b->seg);
+}
+
 /* A block's allocation stream: its segment's (every block of a segment has the segment's
  * stream, so the block keeps none of its own). */
 static inline sp_stream_t sp__block_stream(const sp_block_t *b) {
-    return b->seg->stream;
+    return sp__bseg(b)->stream;
 }
 
-/* Put a into b's segment list right before b (a takes b's place as the head if b was it). */
-static inline void sp__block_link_before(sp_block_t *a, sp_block_t *b) {
+/* b's neighbours in its segment, NULL at either end. */
+static inline sp_block_t *sp__block_prev(const sp_block_t *b) {
+    return sp__blk0(b->prev);
+}
+
+static inline sp_block_t *sp__block_next(const sp_block_t *b) {
+    return sp__blk0(b->next);
+}
+
+/* Put a (ref ra) into b's segment list right before b (seg: b's segment; a takes b's place as
+ * the head if b was it). */
+static inline void sp__block_link_before_ref(sp_block_t *a, sp_ref_t ra, sp_block_t *b,
+                                             sp_segment_t *seg) {
     a->prev = b->prev;
-    a->next = b;
+    a->next = sp__bref(b);
     if (a->prev)
-        a->prev->next = a;
+        sp__blk(a->prev)->next = ra;
     else
-        b->seg->head = a;
-    b->prev = a;
+        seg->head = a;
+    b->prev = ra;
+}
+
+static inline void sp__block_link_before(sp_block_t *a, sp_block_t *b) {
+    sp__block_link_before_ref(a, sp__bref(a), b, sp__bseg(b));
 }
 
 /* Put a into b's segment list right after b. */
 static inline void sp__block_link_after(sp_block_t *a, sp_block_t *b) {
-    a->prev = b;
+    sp_ref_t ra = sp__bref(a);
+    a->prev = sp__bref(b);
     a->next = b->next;
     if (b->next)
-        b->next->prev = a;
-    b->next = a;
+        sp__blk(b->next)->prev = ra;
+    b->next = ra;
 }
 
 #endif /* SP_POOL_BLOCK_H */

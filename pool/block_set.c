@@ -24,12 +24,37 @@
 
 #include "pool/block_set.h"
 
+/* The tree's links are refs (block.h); the tree code reads and writes them as pointers. */
+static inline sp_block_t *L(const sp_block_t *b) {
+    return sp__blk0(b->left);
+}
+
+static inline sp_block_t *R(const sp_block_t *b) {
+    return sp__blk0(b->right);
+}
+
+static inline sp_block_t *P(const sp_block_t *b) {
+    return sp__blk0(b->parent);
+}
+
+static inline void set_left(sp_block_t *b, const sp_block_t *c) {
+    b->left = sp__bref0(c);
+}
+
+static inline void set_right(sp_block_t *b, const sp_block_t *c) {
+    b->right = sp__bref0(c);
+}
+
+static inline void set_parent(sp_block_t *b, const sp_block_t *p) {
+    b->parent = sp__bref0(p);
+}
+
 static int height(const sp_block_t *b) {
     return b ? b->height : 0;
 }
 
 static void fix_height(sp_block_t *b) {
-    int hl = height(b->left), hr = height(b->right);
+    int hl = height(L(b)), hr = height(R(b));
     b->height = (int8_t)((hl > hr ? hl : hr) + 1);
 }
 
@@ -37,22 +62,22 @@ static void fix_height(sp_block_t *b) {
 static void relink(sp_block_set_t *set, sp_block_t *p, const sp_block_t *old, sp_block_t *nb) {
     if (!p)
         set->root = nb;
-    else if (p->left == old)
-        p->left = nb;
+    else if (p->left == sp__bref(old))
+        set_left(p, nb);
     else
-        p->right = nb;
+        set_right(p, nb);
     if (nb)
-        nb->parent = p;
+        set_parent(nb, p);
 }
 
 static sp_block_t *rot_right(sp_block_set_t *set, sp_block_t *y) {
-    sp_block_t *x = y->left;
-    sp_block_t *p = y->parent;
+    sp_block_t *x = L(y);
+    sp_block_t *p = P(y);
     y->left = x->right;
     if (y->left)
-        y->left->parent = y;
-    x->right = y;
-    y->parent = x;
+        set_parent(sp__blk(y->left), y);
+    set_right(x, y);
+    set_parent(y, x);
     relink(set, p, y, x);
     fix_height(y);
     fix_height(x);
@@ -60,13 +85,13 @@ static sp_block_t *rot_right(sp_block_set_t *set, sp_block_t *y) {
 }
 
 static sp_block_t *rot_left(sp_block_set_t *set, sp_block_t *x) {
-    sp_block_t *y = x->right;
-    sp_block_t *p = x->parent;
+    sp_block_t *y = R(x);
+    sp_block_t *p = P(x);
     x->right = y->left;
     if (x->right)
-        x->right->parent = x;
-    y->left = x;
-    x->parent = y;
+        set_parent(sp__blk(x->right), x);
+    set_left(y, x);
+    set_parent(x, y);
     relink(set, p, x, y);
     fix_height(x);
     fix_height(y);
@@ -78,26 +103,26 @@ static sp_block_t *rot_left(sp_block_set_t *set, sp_block_t *x) {
 static void retrace(sp_block_set_t *set, sp_block_t *n) {
     while (n) {
         int before = n->height;
-        int bf = height(n->left) - height(n->right);
+        int bf = height(L(n)) - height(R(n));
         if (bf > 1) {
-            if (height(n->left->left) < height(n->left->right))
-                (void)rot_left(set, n->left);
+            if (height(L(L(n))) < height(R(L(n))))
+                (void)rot_left(set, L(n));
             n = rot_right(set, n);
         } else if (bf < -1) {
-            if (height(n->right->right) < height(n->right->left))
-                (void)rot_right(set, n->right);
+            if (height(R(R(n))) < height(L(R(n))))
+                (void)rot_right(set, R(n));
             n = rot_left(set, n);
         } else {
             fix_height(n);
         }
         if (n->height == before)
             return;
-        n = n->parent;
+        n = P(n);
     }
 }
 
 void sp__bset_insert(sp_block_set_t *set, sp_block_t *b) {
-    b->left = b->right = NULL;
+    b->left = b->right = 0;
     b->height = 1;
     b->in_set = true;
     set->count++;
@@ -121,26 +146,26 @@ void sp__bset_insert(sp_block_set_t *set, sp_block_t *b) {
     if (!parent) {
         sp_block_t *n = set->root;
         if (!n) {
-            b->parent = NULL;
+            b->parent = 0;
             set->root = set->min = set->hint = b;
             return;
         }
         for (;;) {
             left = sp__bset_less(set, b, n);
-            sp_block_t *next = left ? n->left : n->right;
+            sp_block_t *next = left ? L(n) : R(n);
             if (!next)
                 break;
             n = next;
         }
         parent = n;
     }
-    b->parent = parent;
+    set_parent(b, parent);
     if (left) {
-        parent->left = b;
+        set_left(parent, b);
         if (parent == set->min)
             set->min = b;
     } else {
-        parent->right = b;
+        set_right(parent, b);
     }
     set->hint = b;
     retrace(set, parent);
@@ -157,7 +182,7 @@ void sp__bset_remove(sp_block_set_t *set, sp_block_t *b) {
         if (set->min == b)
             set->min = s;
     }
-    sp_block_t *l = b->left, *r = b->right, *p = b->parent, *start;
+    sp_block_t *l = L(b), *r = R(b), *p = P(b), *start;
     if (!l || !r) {
         relink(set, p, b, l ? l : r);
         start = p;
@@ -165,25 +190,25 @@ void sp__bset_remove(sp_block_set_t *set, sp_block_t *b) {
         /* Two children: b's successor m (leftmost of r) takes b's place. */
         sp_block_t *m = r;
         while (m->left)
-            m = m->left;
+            m = sp__blk(m->left);
         if (m == r) {
             start = m;
         } else {
-            start = m->parent;
+            start = P(m);
             start->left = m->right;
             if (m->right)
-                m->right->parent = start;
-            m->right = r;
-            r->parent = m;
+                set_parent(sp__blk(m->right), start);
+            set_right(m, r);
+            set_parent(r, m);
         }
-        m->left = l;
-        l->parent = m;
+        set_left(m, l);
+        set_parent(l, m);
         m->height = b->height; /* the height of the subtree at b's place before the removal */
         relink(set, p, b, m);
     }
     retrace(set, start);
     b->in_set = false;
-    b->left = b->right = b->parent = NULL;
+    b->left = b->right = b->parent = 0;
     set->count--;
 }
 
@@ -192,10 +217,10 @@ sp_block_t *sp__bset_lower_bound(const sp_block_set_t *set, sp_stream_t stream, 
     sp_block_t *n = set->root, *best = NULL;
     while (n) {
         if (sp__bset_below(n, s, size)) {
-            n = n->right;
+            n = R(n);
         } else {
             best = n;
-            n = n->left;
+            n = L(n);
         }
     }
     return best;
@@ -209,8 +234,8 @@ static int check(const sp_block_set_t *set, const sp_block_t *n, const sp_block_
                  const sp_block_t **last, size_t *count, bool *hint_seen) {
     if (!n)
         return 0;
-    assert(n->parent == parent);
-    int hl = check(set, n->left, n, last, count, hint_seen);
+    assert(n->parent == sp__bref0(parent));
+    int hl = check(set, L(n), n, last, count, hint_seen);
     assert(n->in_set);
     assert(!*last || sp__bset_cmp(set->by_seq, *last, n) < 0);
     if (!*last)
@@ -219,7 +244,7 @@ static int check(const sp_block_set_t *set, const sp_block_t *n, const sp_block_
     (*count)++;
     if (n == set->hint)
         *hint_seen = true;
-    int hr = check(set, n->right, n, last, count, hint_seen);
+    int hr = check(set, R(n), n, last, count, hint_seen);
     assert(hl - hr <= 1 && hr - hl <= 1);
     assert(n->height == (hl > hr ? hl : hr) + 1);
     return n->height;

@@ -41,8 +41,8 @@ static inline int sp__bset_cmp(bool by_seq, const sp_block_t *a, const sp_block_
         return sa < sb ? -1 : 1;
     if (a->size != b->size)
         return a->size < b->size ? -1 : 1;
-    if (by_seq && a->seg->seq != b->seg->seq)
-        return a->seg->seq < b->seg->seq ? -1 : 1;
+    if (by_seq && sp__bseg(a)->seq != sp__bseg(b)->seq)
+        return sp__bseg(a)->seq < sp__bseg(b)->seq ? -1 : 1;
     /* Within a segment, offset order equals address order. */
     if (a->addr != b->addr)
         return a->addr < b->addr ? -1 : 1;
@@ -62,27 +62,48 @@ static inline sp_block_t *sp__bset_pred(const sp_block_set_t *set, const sp_bloc
     if (b == set->min)
         return NULL;
     if (b->left) {
-        sp_block_t *n = b->left;
+        sp_block_t *n = sp__blk(b->left);
         while (n->right)
-            n = n->right;
+            n = sp__blk(n->right);
         return n;
     }
-    while (b->parent && b == b->parent->left)
-        b = b->parent;
-    return b->parent;
+    sp_ref_t up = b->parent;
+    if (!up)
+        return NULL;
+    sp_ref_t r = sp__bref(b);
+    for (;;) {
+        sp_block_t *p = sp__blk(up);
+        if (p->left != r)
+            return p;
+        r = up;
+        up = p->parent;
+        if (!up)
+            return NULL;
+    }
 }
 
 static inline sp_block_t *sp__bset_succ(const sp_block_set_t *set, const sp_block_t *b) {
     (void)set;
     if (b->right) {
-        sp_block_t *n = b->right;
+        sp_block_t *n = sp__blk(b->right);
         while (n->left)
-            n = n->left;
+            n = sp__blk(n->left);
         return n;
     }
-    while (b->parent && b == b->parent->right)
-        b = b->parent;
-    return b->parent;
+    /* Up while b is its parent's right child; b's ref only once there is a parent. */
+    sp_ref_t up = b->parent;
+    if (!up)
+        return NULL;
+    sp_ref_t r = sp__bref(b);
+    for (;;) {
+        sp_block_t *p = sp__blk(up);
+        if (p->right != r)
+            return p;
+        r = up;
+        up = p->parent;
+        if (!up)
+            return NULL;
+    }
 }
 
 /* Is block n's key below the query (stream, size, -inf)? */
@@ -95,8 +116,8 @@ static inline bool sp__bset_below(const sp_block_t *n, uintptr_t s, size_t size)
  * *pred_p (NULL if none), which the split checks its remainder against. The hint answers when it is
  * at least the query and its predecessor is below it; otherwise the root walk does, and becomes the
  * hint. */
-static inline sp_block_t *sp__bset_find_fit(sp_block_set_t *set, sp_stream_t stream, size_t size,
-                                            sp_block_t **pred_p) {
+static inline __attribute__((always_inline)) sp_block_t *
+sp__bset_find_fit(sp_block_set_t *set, sp_stream_t stream, size_t size, sp_block_t **pred_p) {
     uintptr_t s = (uintptr_t)stream;
     sp_block_t *h = set->hint;
     if (SP_LIKELY(h) && !sp__bset_below(h, s, size)) {
@@ -110,10 +131,10 @@ static inline sp_block_t *sp__bset_find_fit(sp_block_set_t *set, sp_stream_t str
     for (sp_block_t *n = set->root; n;) {
         if (sp__bset_below(n, s, size)) {
             pred = n; /* the last node we pass on the right is the largest key below the query */
-            n = n->right;
+            n = sp__blk0(n->right);
         } else {
             best = n;
-            n = n->left;
+            n = sp__blk0(n->left);
         }
     }
     if (best)

@@ -46,26 +46,26 @@ static void ulist_insert(sp_bpool_t *bp, sp_block_t *b) {
     sp_block_t *prev = NULL, *cur = bp->unmapped;
     while (cur && ulist_before(cur, b)) {
         prev = cur;
-        cur = cur->right;
+        cur = sp__blk0(cur->right);
     }
-    b->left = prev;
-    b->right = cur;
+    b->left = sp__bref0(prev);
+    b->right = sp__bref0(cur);
     if (cur)
-        cur->left = b;
+        cur->left = sp__bref(b);
     if (prev)
-        prev->right = b;
+        prev->right = sp__bref(b);
     else
         bp->unmapped = b;
 }
 
 static void ulist_remove(sp_bpool_t *bp, sp_block_t *b) {
     if (b->left)
-        b->left->right = b->right;
+        sp__blk(b->left)->right = b->right;
     else
-        bp->unmapped = b->right;
+        bp->unmapped = sp__blk0(b->right);
     if (b->right)
-        b->right->left = b->left;
-    b->left = b->right = NULL;
+        sp__blk(b->right)->left = b->left;
+    b->left = b->right = 0;
 }
 
 /* ---- small requests in the large pool ---------------------------------------------------- */
@@ -156,17 +156,17 @@ static bool free_mapped(const sp_block_t *b) {
 
 /* b absorbs its neighbour n (n is before or after b), which leaves its set or list. */
 static void absorb(sp_devalloc_t *d, sp_block_t *b, sp_block_t *n) {
-    if (n == b->prev) {
+    if (sp__bref(n) == b->prev) {
         b->addr = n->addr;
         b->prev = n->prev;
         if (b->prev)
-            b->prev->next = b;
+            sp__blk(b->prev)->next = sp__bref(b);
         else
-            b->seg->head = b;
+            sp__bseg(b)->head = b;
     } else {
         b->next = n->next;
         if (b->next)
-            b->next->prev = b;
+            sp__blk(b->next)->prev = sp__bref(b);
     }
     b->size += n->size;
     sp__block_recycle(d, n);
@@ -178,7 +178,7 @@ static void absorb(sp_devalloc_t *d, sp_block_t *b, sp_block_t *n) {
  * refused it. */
 static sp_status_t map_block(sp_devalloc_t *d, sp_block_t *m, size_t size, uint32_t ctx,
                              sp_grow_refusal_t *why_p) {
-    sp_segment_t *seg = m->seg;
+    sp_segment_t *seg = sp__bseg(m);
     sp_bpool_t *bp = seg->bpool;
     sp_mempool_t *pool = bp->pool;
     size_t len = (size + seg->page - 1) / seg->page * seg->page;
@@ -199,7 +199,7 @@ static sp_status_t map_block(sp_devalloc_t *d, sp_block_t *m, size_t size, uint3
         if (rem) {
             rem->addr = m->addr + len;
             rem->size = m->size - len;
-            rem->seg = seg;
+            rem->seg = sp__ptr_ref(seg);
             rem->unmapped = true;
             sp__block_link_after(rem, m);
             m->size = len;
@@ -212,7 +212,7 @@ static sp_status_t map_block(sp_devalloc_t *d, sp_block_t *m, size_t size, uint3
             return sp__error(SP_ERR_SYSTEM, SP_SUB_POOL, "out of host memory for a block");
         }
     }
-    sp_block_t *p = m->prev, *n = m->next;
+    sp_block_t *p = sp__block_prev(m), *n = sp__block_next(m);
     if (free_mapped(p)) {
         sp__bset_remove(&bp->free, p);
         absorb(d, m, p);
@@ -243,7 +243,7 @@ static sp_status_t map_block(sp_devalloc_t *d, sp_block_t *m, size_t size, uint3
 /* Free and unmapped blocks from b on hold `size` bytes of address space. */
 static bool has_room(const sp_block_t *b, size_t size) {
     size_t bytes = 0;
-    for (; bytes < size && allocatable(b); b = b->next)
+    for (; bytes < size && allocatable(b); b = sp__block_next(b))
         bytes += b->size;
     return bytes >= size;
 }
@@ -268,10 +268,10 @@ static sp_status_t find_room(sp_devalloc_t *d, sp_bpool_t *bp, size_t size, sp_s
     bool apart = sp__g.exp_whole && pool->is_default && !bp->is_small && !pool->exp_unmapped &&
                  pool->reserved >= sp__g.exp_shared;
     bool whole = apart && size % sp__exp_page(bp) == 0;
-    for (sp_block_t *u = bp->unmapped; u; u = u->right) {
-        if (sp__block_stream(u) != stream || (apart && u->seg->whole != whole))
+    for (sp_block_t *u = bp->unmapped; u; u = sp__blk0(u->right)) {
+        if (sp__block_stream(u) != stream || (apart && sp__bseg(u)->whole != whole))
             continue;
-        sp_block_t *c = free_mapped(u->prev) ? u->prev : u;
+        sp_block_t *c = free_mapped(sp__block_prev(u)) ? sp__block_prev(u) : u;
         if (has_room(c, size)) {
             *c_p = c;
             return SP_SUCCESS;
@@ -286,7 +286,7 @@ static sp_status_t find_room(sp_devalloc_t *d, sp_bpool_t *bp, size_t size, sp_s
  * grows instead of adding to it. PyTorch does this only on OOM (the release before its
  * retry), so freed holes stay mapped until then and count in reserved memory. */
 static bool has_whole_page(const sp_block_t *b) {
-    const sp_segment_t *seg = b->seg;
+    const sp_segment_t *seg = sp__bseg(b);
     uintptr_t off = b->addr - seg->base;
     return (off + seg->page - 1) / seg->page < (off + b->size) / seg->page;
 }
@@ -310,7 +310,7 @@ static bool recycle_stream(recycler_t *r, sp_bpool_t *bp, sp_stream_t s) {
         size_t acc = 0;
         for (sp_block_t *b = sp__bset_lower_bound(&bp->free, s, page);
              b && sp__block_stream(b) == s && n < 32 && r->got + acc < r->need;) {
-            if (b->seg->expandable && free_mapped(b) && has_whole_page(b)) {
+            if (sp__bseg(b)->expandable && free_mapped(b) && has_whole_page(b)) {
                 cand[n++] = b;
                 acc += b->size;
             }
@@ -382,7 +382,7 @@ static sp_block_t *borrow_large(sp_bpool_t *bp, size_t size, sp_stream_t stream)
     if (!bp->is_small || bp->pool->no_split)
         return NULL;
     sp_block_t *b = sp__bset_lower_bound(&lp->free, stream, size);
-    if (!b || sp__block_stream(b) != stream || !b->seg->expandable || !allocatable(b) ||
+    if (!b || sp__block_stream(b) != stream || !sp__bseg(b)->expandable || !allocatable(b) ||
         b->size >= sp__g.conf.max_split_size)
         return NULL; /* small requests never take oversize blocks */
     sp__bset_remove(&lp->free, b);
@@ -404,7 +404,7 @@ static sp_block_t *borrow_large(sp_bpool_t *bp, size_t size, sp_stream_t stream)
  * of the 1% budget, and small and large blocks pack together). */
 static bool want_align(const sp_bpool_t *bp, const sp_block_t *c, size_t size) {
     const sp_mempool_t *pool = bp->pool;
-    return sp__g.exp_align && pool->exp_unmapped && size >= c->seg->page &&
+    return sp__g.exp_align && pool->exp_unmapped && size >= sp__bseg(c)->page &&
            pool->reserved >= sp__g.exp_shared;
 }
 
@@ -412,7 +412,7 @@ static bool want_align(const sp_bpool_t *bp, const sp_block_t *c, size_t size) {
  * at most half a page away and still leaves room for them, the block starts there and the piece
  * before stays free. */
 static sp_block_t *align_start(sp_devalloc_t *d, sp_bpool_t *bp, sp_block_t *c, size_t size) {
-    sp_segment_t *seg = c->seg;
+    sp_segment_t *seg = sp__bseg(c);
     size_t page = seg->page, off = c->addr - seg->base;
     size_t head = (page - off % page) % page;
     if (head == 0 || head > page / 2 || c->size - size < head)
@@ -423,7 +423,7 @@ static sp_block_t *align_start(sp_devalloc_t *d, sp_bpool_t *bp, sp_block_t *c, 
     sp__bset_remove(&bp->free, c);
     h->addr = c->addr;
     h->size = head;
-    h->seg = seg;
+    h->seg = sp__ptr_ref(seg);
     sp__block_link_before(h, c);
     h->gc_count = c->gc_count;
     c->addr += head;
@@ -448,7 +448,7 @@ sp_status_t sp__exp_alloc(sp_devalloc_t *d, sp_bpool_t *bp, size_t size, sp_stre
     while (c->size < size) {
         /* Invariant: c is free and mapped, and its next block is unmapped: map what is still
          * missing there, which merges into c's successor-to-be. */
-        sp_block_t *nc = c->next;
+        sp_block_t *nc = sp__block_next(c);
         size_t missing = size - c->size;
         SP_CHECK(map_block(d, nc, missing < nc->size ? missing : nc->size, ctx, why_p));
         c = nc;
@@ -464,7 +464,7 @@ sp_status_t sp__exp_alloc(sp_devalloc_t *d, sp_bpool_t *bp, size_t size, sp_stre
 
 /* What a free block can grow to: itself plus the unmapped space right after it. */
 static size_t exp_size(const sp_block_t *b) {
-    return b->size + (b->next && b->next->unmapped ? b->next->size : 0);
+    return b->size + (b->next && sp__blk(b->next)->unmapped ? sp__blk(b->next)->size : 0);
 }
 
 sp_block_t *sp__exp_best_fit(sp_bpool_t *bp, sp_block_t *b, sp_stream_t stream,
@@ -473,7 +473,7 @@ sp_block_t *sp__exp_best_fit(sp_bpool_t *bp, sp_block_t *b, sp_stream_t stream,
      * counts as the size it can expand to, so walk on (in set order) while the next block of
      * the stream can expand to less. */
     sp_block_t *cur = b;
-    while (cur->seg->expandable) {
+    while (sp__bseg(cur)->expandable) {
         sp_block_t *succ = sp__bset_succ(&bp->free, cur);
         if (!succ || sp__block_stream(succ) != stream || exp_size(succ) >= exp_size(cur))
             break;
@@ -499,7 +499,7 @@ sp_block_t *sp__exp_best_fit(sp_bpool_t *bp, sp_block_t *b, sp_stream_t stream,
 sp_block_t *sp__exp_fit_end(sp_devalloc_t *d, sp_bpool_t *bp, sp_block_t *b, size_t size,
                             sp_block_t **pred_p) {
     const sp_mempool_t *pool = bp->pool;
-    sp_segment_t *seg = b->seg;
+    sp_segment_t *seg = sp__bseg(b);
     size_t page = seg->page, off = b->addr - seg->base;
     if (!sp__g.exp_fit_end || !pool->exp_unmapped || pool->reserved < sp__g.exp_shared ||
         size % page != 0 || off % page == 0 || (off + b->size) % page != 0)
@@ -511,7 +511,7 @@ sp_block_t *sp__exp_fit_end(sp_devalloc_t *d, sp_bpool_t *bp, sp_block_t *b, siz
     sp__bset_remove(&bp->free, b);
     h->addr = b->addr;
     h->size = lead;
-    h->seg = seg;
+    h->seg = b->seg;
     sp__block_link_before(h, b);
     h->gc_count = b->gc_count;
     b->addr += lead;
@@ -528,7 +528,7 @@ sp_block_t *sp__exp_fit_end(sp_devalloc_t *d, sp_bpool_t *bp, sp_block_t *b, siz
  * part (merged with unmapped neighbours), free slivers before and after stay in the set.
  * Returns the bytes unmapped. */
 static size_t unmap_block(sp_devalloc_t *d, sp_block_t *b) {
-    sp_segment_t *seg = b->seg;
+    sp_segment_t *seg = sp__bseg(b);
     sp_bpool_t *bp = seg->bpool;
     uintptr_t begin = seg->base + (b->addr - seg->base + seg->page - 1) / seg->page * seg->page;
     uintptr_t end = seg->base + (b->addr + b->size - seg->base) / seg->page * seg->page;
@@ -554,7 +554,7 @@ static size_t unmap_block(sp_devalloc_t *d, sp_block_t *b) {
     if (before) {
         before->addr = b->addr;
         before->size = begin - b->addr;
-        before->seg = seg;
+        before->seg = sp__ptr_ref(seg);
         sp__block_link_before(before, b);
         before->gc_count = bp->gfb_count;
         sp__bset_insert(&bp->free, before);
@@ -562,7 +562,7 @@ static size_t unmap_block(sp_devalloc_t *d, sp_block_t *b) {
     if (after) {
         after->addr = end;
         after->size = b->addr + b->size - end;
-        after->seg = seg;
+        after->seg = sp__ptr_ref(seg);
         sp__block_link_after(after, b);
         after->gc_count = bp->gfb_count;
         sp__bset_insert(&bp->free, after);
@@ -570,13 +570,13 @@ static size_t unmap_block(sp_devalloc_t *d, sp_block_t *b) {
     b->addr = begin;
     b->size = end - begin;
     b->unmapped = true;
-    if (b->prev && b->prev->unmapped) {
-        ulist_remove(bp, b->prev);
-        absorb(d, b, b->prev);
+    if (b->prev && sp__blk(b->prev)->unmapped) {
+        ulist_remove(bp, sp__blk(b->prev));
+        absorb(d, b, sp__blk(b->prev));
     }
-    if (b->next && b->next->unmapped) {
-        ulist_remove(bp, b->next);
-        absorb(d, b, b->next);
+    if (b->next && sp__blk(b->next)->unmapped) {
+        ulist_remove(bp, sp__blk(b->next));
+        absorb(d, b, sp__blk(b->next));
     }
     ulist_insert(bp, b);
     size_t len = end - begin;
@@ -597,7 +597,7 @@ static size_t unmap_block(sp_devalloc_t *d, sp_block_t *b) {
 
 /* Does seg hold a free block with a whole page inside? */
 static bool has_free_page(const sp_segment_t *seg) {
-    for (const sp_block_t *b = seg->head; b; b = b->next) {
+    for (const sp_block_t *b = seg->head; b; b = sp__block_next(b)) {
         uintptr_t off = b->addr - seg->base;
         if (free_mapped(b) && (off + seg->page - 1) / seg->page < (off + b->size) / seg->page)
             return true;
@@ -617,7 +617,7 @@ size_t sp__exp_release(sp_devalloc_t *d, sp_segment_t *seg) {
         return 0;
     /* unmap_block keeps b as the unmapped survivor and only absorbs unmapped neighbours, so
      * the walk can go on from b's next block. */
-    for (sp_block_t *b = seg->head; b; b = b->next)
+    for (sp_block_t *b = seg->head; b; b = sp__block_next(b))
         if (free_mapped(b))
             freed += unmap_block(d, b);
     if (seg->head->unmapped && !seg->head->next)

@@ -48,7 +48,7 @@ const void *sp__pool_swap_device_ops(const void *ops);
 /* Tests only: where a device's block structs come from. */
 typedef struct sp_block_structs {
     size_t slabs;     /* slabs this allocator hands structs out of */
-    size_t kept;      /* slabs an earlier allocator of the device left, not yet used again */
+    size_t kept;      /* slabs earlier allocators of the device left, not yet used again */
     size_t untouched; /* structs of the newest slab never handed out */
     size_t spare;     /* structs back on the spare list */
 } sp_block_structs_t;

@@ -2,7 +2,7 @@
  * ptr_map.c: the per-device map from a block's start address to its allocated block.
  *
  * A chained hash table (chains through sp_block_t.hnext; insert and remove are inline in
- * ptr_map.h) with a power-of-two bucket count that
+ * ptr_map.h, block refs in the buckets) with a power-of-two bucket count that
  * doubles when the load passes 1, so lookups are O(1) on average. It holds exactly the allocated
  * blocks of one device: sp_malloc inserts, the free request removes. The caller holds the device
  * allocator lock. Growth is the only allocation; if it fails the table keeps working, only
@@ -32,17 +32,18 @@ void sp__ptr_map_fini(sp_ptr_map_t *m) {
 
 void sp__ptr_map_grow(sp_ptr_map_t *m) {
     size_t n = (m->mask + 1) * 2;
-    sp_block_t **nb = calloc(n, sizeof(*nb));
+    sp_ref_t *nb = calloc(n, sizeof(*nb));
     if (!nb)
         return; /* keep the old table: correct, just slower */
     for (size_t i = 0; i <= m->mask; i++) {
-        sp_block_t *b = m->buckets[i];
-        while (b) {
-            sp_block_t *nx = b->hnext;
+        sp_ref_t r = m->buckets[i];
+        while (r) {
+            sp_block_t *b = sp__blk(r);
+            sp_ref_t nx = b->hnext;
             size_t h = sp__ptr_map_hash(b->addr) & (n - 1);
             b->hnext = nb[h];
-            nb[h] = b;
-            b = nx;
+            nb[h] = r;
+            r = nx;
         }
     }
     free(m->buckets);
@@ -53,8 +54,11 @@ void sp__ptr_map_grow(sp_ptr_map_t *m) {
 sp_block_t *sp__ptr_map_find(const sp_ptr_map_t *m, uintptr_t addr) {
     if (!m->buckets)
         return NULL;
-    for (sp_block_t *b = m->buckets[sp__ptr_map_hash(addr) & m->mask]; b; b = b->hnext)
+    for (sp_ref_t r = m->buckets[sp__ptr_map_hash(addr) & m->mask]; r;) {
+        sp_block_t *b = sp__blk(r);
         if (b->addr == addr)
             return b;
+        r = b->hnext;
+    }
     return NULL;
 }

@@ -145,7 +145,8 @@ void sp__alloc_sync_events(sp_devalloc_t *d, const sp_mempool_t *pool) {
         while (e) {
             sp_evq_entry_t *nx = e->next;
             /* A deferred entry whose stream still captures cannot be waited for: it stays. */
-            if ((pool && e->block->seg->bpool->pool != pool) || !record_deferred(d, q->stream, e)) {
+            if ((pool && sp__bseg(e->block)->bpool->pool != pool) ||
+                !record_deferred(d, q->stream, e)) {
                 prev = e;
                 e = nx;
                 continue;
@@ -219,7 +220,7 @@ bool sp__alloc_release_available(sp_devalloc_t *d, sp_bpool_t *bp, size_t size, 
     size_t key = size > mss ? size : mss;
     sp_block_t *b = sp__bset_lower_bound(&bp->free, stream, key);
     if (b && sp__block_stream(b) == stream && sp__block_releasable(b)) {
-        sp__alloc_release_segment(d, b->seg, context);
+        sp__alloc_release_segment(d, sp__bseg(b), context);
         return true;
     }
     /* Otherwise release oversize whole-segment blocks of this stream, largest first, until

@@ -78,7 +78,7 @@ sp_segment_t *sp__segidx_find(const sp_devalloc_t *d, uintptr_t addr) {
  * structs have seg == NULL). A miss rebuilds the array once, in O(n). */
 static bool bidx_build(sp_segment_t *seg) {
     size_t n = 0;
-    for (sp_block_t *b = seg->head; b; b = b->next)
+    for (sp_block_t *b = seg->head; b; b = sp__block_next(b))
         n++;
     if (n > seg->bidx_cap) {
         uintptr_t *na = realloc(seg->bidx_addr, n * sizeof(*na));
@@ -94,7 +94,7 @@ static bool bidx_build(sp_segment_t *seg) {
         seg->bidx_cap = n;
     }
     size_t i = 0;
-    for (sp_block_t *b = seg->head; b; b = b->next, i++) {
+    for (sp_block_t *b = seg->head; b; b = sp__block_next(b), i++) {
         seg->bidx_addr[i] = b->addr;
         seg->bidx_blk[i] = b;
     }
@@ -114,7 +114,7 @@ static sp_block_t *bidx_find(const sp_segment_t *seg, uintptr_t addr) {
     if (lo == 0)
         return NULL;
     sp_block_t *b = seg->bidx_blk[lo - 1];
-    return b->seg == seg && addr >= b->addr && addr < b->addr + b->size ? b : NULL;
+    return b->seg == sp__ptr_ref(seg) && addr >= b->addr && addr < b->addr + b->size ? b : NULL;
 }
 
 sp_block_t *sp__segment_block_at(sp_segment_t *seg, uintptr_t addr) {
@@ -123,7 +123,7 @@ sp_block_t *sp__segment_block_at(sp_segment_t *seg, uintptr_t addr) {
         return b;
     if (bidx_build(seg))
         return bidx_find(seg, addr);
-    for (b = seg->head; b; b = b->next) /* out of host memory for the index: walk */
+    for (b = seg->head; b; b = sp__block_next(b)) /* out of host memory for the index: walk */
         if (addr >= b->addr && addr < b->addr + b->size)
             return b;
     return NULL;
@@ -152,7 +152,7 @@ sp_status_t sp__pool_lookup(const void *ptr, sp_block_info_t *info_p) {
         if (!b)
             b = sp__segidx_block(d, a);
         if (b && b->allocated) {
-            sp_segment_t *seg = b->seg;
+            sp_segment_t *seg = sp__bseg(b);
             info_p->device = i;
             info_p->block_base = (void *)b->addr;
             info_p->block_size = b->size;
@@ -195,7 +195,7 @@ static sp_status_t visit_run(sp_devalloc_t *d, sp_segment_t *seg, sp_block_t *fi
                              sp_segment_visit_fn visit, void *arg, sp_block_view_t **buf,
                              size_t *cap) {
     size_t n = 0;
-    for (sp_block_t *b = first; b && !b->unmapped; b = b->next)
+    for (sp_block_t *b = first; b && !b->unmapped; b = sp__block_next(b))
         n++;
     if (n > *cap) {
         sp_block_view_t *nb = realloc(*buf, n * sizeof(*nb));
@@ -217,7 +217,7 @@ static sp_status_t visit_run(sp_devalloc_t *d, sp_segment_t *seg, sp_block_t *fi
     v.segment_seq = seg->seq;
     v.context = first == seg->head || !seg->expandable ? seg->context : 0;
     size_t i = 0;
-    for (sp_block_t *b = first; b && !b->unmapped; b = b->next, i++) {
+    for (sp_block_t *b = first; b && !b->unmapped; b = sp__block_next(b), i++) {
         sp_block_view_t *bv = &(*buf)[i];
         bv->address = b->addr;
         bv->size = b->size;
@@ -246,8 +246,8 @@ static sp_status_t visit_segment(sp_devalloc_t *d, sp_segment_t *seg, sp_segment
                                  void *arg, sp_block_view_t **buf, size_t *cap) {
     if (!seg->expandable)
         return visit_run(d, seg, seg->head, visit, arg, buf, cap);
-    for (sp_block_t *b = seg->head; b; b = b->next)
-        if (!b->unmapped && (!b->prev || b->prev->unmapped))
+    for (sp_block_t *b = seg->head; b; b = sp__block_next(b))
+        if (!b->unmapped && (!b->prev || sp__blk(b->prev)->unmapped))
             SP_CHECK(visit_run(d, seg, b, visit, arg, buf, cap));
     return SP_SUCCESS;
 }

@@ -55,8 +55,8 @@ sp_status_t sp__pool_sym_find(sp_mempool_t *pool, size_t rounded, sp_stream_t st
     sp_bpool_t *bp = bpool_for(pool, rounded);
     sp_block_t *b = sp__alloc_get_free_block(d, bp, rounded, stream);
     if (b) {
-        *segment_seq_p = b->seg->seq;
-        *offset_p = b->addr - b->seg->base;
+        *segment_seq_p = sp__bseg(b)->seq;
+        *offset_p = b->addr - sp__bseg(b)->base;
         sp__bset_insert(&bp->free, b); /* only a probe: put it back */
     }
     *found_p = b != NULL;
@@ -146,7 +146,7 @@ sp_status_t sp__pool_sym_adopt(sp_mempool_t *pool, void *base, size_t alloc_size
             sp__history_context_retain(ctx); /* one reference for the segment, one the block */
         sp__alloc_found_block(d, b, rounded, size, ctx);
         *ptr_p = (void *)b->addr;
-        *segment_seq_p = b->seg->seq;
+        *segment_seq_p = sp__bseg(b)->seq;
     }
     sp__unlock(&d->lock);
     if (s != SP_SUCCESS && ctx)

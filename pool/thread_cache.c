@@ -292,7 +292,7 @@ static void unmark(sp_devalloc_t *d, sp_block_t *b, size_t req) {
     b->tc_owner = NULL;
     d->tc_blocks--;
     if (req != b->requested) {
-        bool small = b->seg->bpool->is_small;
+        bool small = sp__bseg(b)->bpool->is_small;
         if (req > b->requested)
             sp__stat_inc(&d->stats, SP_ST_REQUESTED_BYTES, small, (int64_t)(req - b->requested));
         else
@@ -331,7 +331,7 @@ sp_tc_verdict_t sp__tc_on_free(sp_devalloc_t *d, sp_block_t *b, bool hist, size_
     *req_p = b->requested;
     /* Only a plain block of the default pool: no stream to wait for, no history to record, a
      * size the cache serves. */
-    if (hist || sp__block_has_uses(b) || !b->seg->bpool->pool->is_default ||
+    if (hist || sp__block_has_uses(b) || !sp__bseg(b)->bpool->pool->is_default ||
         b->size > SP_TC_MAX_BLOCK || b->size > sp__g.tc_limit)
         return SP_TC_FREE;
     sp_tcache_t *t = tl_tc;

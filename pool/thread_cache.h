@@ -8,10 +8,10 @@
  * sp_malloc it serves and a sp_free it keeps touch only the calling thread's cache (its own lock,
  * its own cache line), never the device lock or the shared statistics.
  *
- * Such a block is "registered": its `height` (unused while allocated) holds SP_TC_MARK and its
- * `right` link (unused while allocated) its owner cache. Marking, unmarking and the device's
- * count of registered blocks change only under the device lock, so any thread holding it knows
- * whether a block is registered and with whom.
+ * Such a block is "registered": its `height` (unused while allocated) holds SP_TC_MARK and the
+ * storage of its recorded streams (it has none: block.h) its owner cache. Marking, unmarking and
+ * the device's count of registered blocks change only under the device lock, so any thread holding
+ * it knows whether a block is registered and with whom.
  *
  * Lock order: sp__g.init_lock, device locks (device order), the cache registry, one thread
  * cache's lock. A thread never holds two thread caches' locks at once, and takes no other lock
@@ -26,8 +26,8 @@
 
 #include "pool/allocator.h"
 
-/* `height` of a registered block: AVL heights are never negative. */
-#define SP_TC_MARK ((int8_t)-1)
+/* `height` of a registered block (block.h). */
+#define SP_TC_MARK SP_BLOCK_TC_MARK
 /* The largest block a thread cache holds: the small pool's requests. */
 #define SP_TC_MAX_BLOCK SP_SMALL_SIZE
 

@@ -29,6 +29,12 @@ sp_status_t sp_x_option_set(const char *name, const char *value);
  * the allocated figures of sp_memory_stats, which count such blocks as allocated. */
 sp_status_t sp_x_thread_cache_idle(int device, size_t *bytes_p, size_t *blocks_p);
 
+/** Bytes of host memory made usable so far in this process for block and segment structs: they
+ * live in one reserved address range outside malloc (so malloc's statistics do not see them),
+ * made usable a step at a time and never given back while the process runs. The benchmarks add
+ * them to malloc's figures for sympool's metadata per block. Takes no lock. */
+size_t sp_x_struct_bytes(void);
+
 /** Print every SYMPOOL_* option with its value, default and source to `f` (`sympool info`). */
 void sp_x_options_print(FILE *f);
 

@@ -4,11 +4,14 @@
 #include "alloc_test_util.hpp"
 
 #include <cstdlib>
+#include <string>
 #include <vector>
 
 extern "C" {
 #include "core/core.h"
 #include "pool/pool.h"
+#include "pool/block.h"
+#include "sympool/experimental.h"
 }
 
 using namespace sp;
@@ -206,52 +209,55 @@ TEST_F(AllocInternal, BlockStructsComeFromTheSlabOneAtATime) {
     EXPECT_EQ(sp__pool_block_structs(1, &st), SP_ERR_INVALID_ARGUMENT);
 }
 
-// sp_shutdown keeps a few slabs for the next allocator of the device (freeing every one let
-// glibc return the heap's top to the kernel, and the next allocator faulted it all in again);
-// the next allocator uses them before it asks malloc for more, and the rest are freed.
-TEST_F(AllocInternal, ShutdownKeepsAFewSlabsForTheNextAllocator) {
+// sp_shutdown keeps every slab for the next allocator of the device (struct arena memory is never
+// unmapped; freeing slabs to malloc let glibc return the heap's top to the kernel, and the next
+// allocator faulted it all in again); the next allocator uses them before it takes new ones.
+TEST_F(AllocInternal, ShutdownKeepsItsSlabsForTheNextAllocator) {
     std::vector<void *> ps(6000);
     for (auto &p : ps)
         ASSERT_SP_OK(sp_malloc(512, 0, nullptr, &p));
     sp_block_structs_t st;
     ASSERT_SP_OK(sp__pool_block_structs(0, &st));
-    EXPECT_GE(st.slabs, 6u);
+    const size_t slabs = st.slabs + st.kept;
+    EXPECT_GE(slabs, 6u);
     for (void *p : ps)
         ASSERT_SP_OK(sp_free(p));
     ASSERT_SP_OK(sp_shutdown());
+    const size_t used = sp__arena_used();
     ASSERT_SP_OK(sp_init());
     ASSERT_SP_OK(sp__pool_block_structs(0, &st));
     EXPECT_EQ(st.slabs, 0u);
-    EXPECT_EQ(st.kept, 4u) << "at most four per device outlive sp_shutdown";
+    EXPECT_EQ(st.kept, slabs) << "every slab outlives sp_shutdown";
     void *p;
     ASSERT_SP_OK(sp_malloc(512, 0, nullptr, &p));
     ASSERT_SP_OK(sp__pool_block_structs(0, &st));
     EXPECT_EQ(st.slabs, 1u);
-    EXPECT_EQ(st.kept, 3u) << "a kept slab is used before a new one is allocated";
+    EXPECT_EQ(st.kept, slabs - 1) << "a kept slab is used before a new one is taken";
+    EXPECT_EQ(sp__arena_used(), used) << "no new struct storage";
     ASSERT_SP_OK(sp_free(p));
 }
 
-// Out of host memory for a block struct (no spare one, no slab left, the next slab's malloc
-// fails): a cache hit that would split hands out the whole free block instead, as PyTorch's
-// allocator never needs a struct it cannot get. Checked by failing malloc for slab-sized requests
-// while armed; sanitizers bring their own malloc, so it runs in the plain build only.
-#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
-#define SP_TEST_MALLOC_HOOK 0
-#else
-#define SP_TEST_MALLOC_HOOK 1
-static bool g_fail_big_malloc;
-extern "C" void *__libc_malloc(size_t n);
-extern "C" void *malloc(size_t n) {
-    if (g_fail_big_malloc && n >= 64 * 1024)
-        return nullptr;
-    return __libc_malloc(n);
+// A live block costs its 56-byte struct in the struct arena (segments' structs and the arena's
+// commit steps add little over many blocks), which sp_x_struct_bytes reports for the metadata
+// benchmark; the structs live outside malloc, so malloc's statistics no longer count them.
+TEST_F(AllocInternal, ABlockCostsItsStructInTheArena) {
+    const size_t n = 100000;
+    std::vector<void *> ps(n);
+    ASSERT_SP_OK(sp_malloc(512, 0, nullptr, &ps[0])); // the arena's first steps
+    const size_t before = sp_x_struct_bytes();
+    for (size_t i = 1; i < n; i++)
+        ASSERT_SP_OK(sp_malloc(512, 0, nullptr, &ps[i]));
+    const double per = (double)(sp_x_struct_bytes() - before) / (double)(n - 1);
+    EXPECT_GE(per, 50.0); // usable bytes go ahead of use by up to one commit step
+    EXPECT_LE(per, 60.0);
+    for (void *p : ps)
+        ASSERT_SP_OK(sp_free(p));
 }
-#endif
 
+// Out of struct storage for a block struct (no spare one, no slab left, the arena refuses the
+// next slab): a cache hit that would split hands out the whole free block instead, as PyTorch's
+// allocator never needs a struct it cannot get.
 TEST_F(AllocInternal, SplitWithoutAStructHandsOutTheWholeBlock) {
-#if !SP_TEST_MALLOC_HOOK
-    GTEST_SKIP() << "needs the plain build's malloc hook";
-#else
     std::vector<void *> ps;
     sp_block_structs_t st;
     // Use up every struct (spare, kept and the current slab) while the segment keeps room for
@@ -268,9 +274,9 @@ TEST_F(AllocInternal, SplitWithoutAStructHandsOutTheWholeBlock) {
     }
     size_t cached = sp_memory_reserved(0) - sp_memory_allocated(0);
     void *p = nullptr;
-    g_fail_big_malloc = true;
+    const size_t old = sp__arena_set_limit(sp__arena_used());
     sp_status_t s = sp_malloc(512, 0, nullptr, &p);
-    g_fail_big_malloc = false;
+    (void)sp__arena_set_limit(old);
     ASSERT_SP_OK(s);
     sp_block_info_t info;
     ASSERT_SP_OK(sp__pool_lookup(p, &info));
@@ -280,7 +286,36 @@ TEST_F(AllocInternal, SplitWithoutAStructHandsOutTheWholeBlock) {
     ASSERT_SP_OK(sp_free(p));
     for (void *q : ps)
         ASSERT_SP_OK(sp_free(q));
-#endif
+}
+
+// Out of struct storage for a new segment's structs: the request fails with a message that says
+// so, the device memory taken for it is given back, and once there is room again it succeeds.
+TEST_F(AllocInternal, NoStructStorageForANewSegmentFailsCleanly) {
+    std::vector<void *> ps;
+    sp_block_structs_t st;
+    for (;;) {
+        ASSERT_SP_OK(sp__pool_block_structs(0, &st));
+        if (st.spare == 0 && st.kept == 0 && st.untouched == 0)
+            break;
+        void *p;
+        ASSERT_SP_OK(sp_malloc(512, 0, nullptr, &p));
+        ps.push_back(p);
+        ASSERT_LT(ps.size(), 100000u);
+    }
+    const size_t reserved = sp_memory_reserved(0);
+    const size_t old = sp__arena_set_limit(sp__arena_used());
+    void *big = nullptr;
+    expect_warnings();
+    sp_status_t s = sp_malloc(8 << 20, 0, nullptr, &big);
+    (void)sp__arena_set_limit(old);
+    EXPECT_NE(s, SP_SUCCESS);
+    EXPECT_NE(std::string(sp_last_error()).find("block structs"), std::string::npos)
+        << sp_last_error();
+    EXPECT_EQ(sp_memory_reserved(0), reserved) << "the new segment's memory was given back";
+    ASSERT_SP_OK(sp_malloc(8 << 20, 0, nullptr, &big));
+    ASSERT_SP_OK(sp_free(big));
+    for (void *q : ps)
+        ASSERT_SP_OK(sp_free(q));
 }
 
 // sp_malloc's and sp_free's fast paths test one word (core.h's sp__fast_off) that counts every

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstdint>
 #include <random>
 #include <set>
@@ -23,9 +24,25 @@ struct Key {
     uintptr_t addr;
 };
 
+// Structs link by refs into the struct arena (pool/block.h), so the fixture's live there too:
+// zeroed, never given back (a few hundred KB per test).
+template <class T> struct ArenaArray {
+    T *p;
+    size_t n;
+    explicit ArenaArray(size_t count)
+        : p(static_cast<T *>(sp__arena_take(count * sizeof(T)))), n(count) {
+        if (!p)
+            std::abort();
+    }
+    T &operator[](size_t i) { return p[i]; }
+    size_t size() const { return n; }
+    T *begin() { return p; }
+    T *end() { return p + n; }
+};
+
 struct Fixture {
-    std::vector<sp_segment_t> segs;
-    std::vector<sp_block_t> blocks;
+    ArenaArray<sp_segment_t> segs;
+    ArenaArray<sp_block_t> blocks;
     sp_block_set_t set{};
 
     Fixture(size_t n, bool by_seq, uint32_t seed) : segs(24), blocks(n) {
@@ -39,7 +56,7 @@ struct Fixture {
             sp_block_t &b = blocks[i];
             b.addr = 0x100000 + i * 512;
             b.size = 512 * (1 + rng() % 6); // few sizes: many equal keys up to the tie-break
-            b.seg = &segs[rng() % segs.size()];
+            b.seg = sp__ptr_ref(&segs[rng() % segs.size()]);
         }
     }
 
@@ -60,9 +77,9 @@ struct Fixture {
     int check_tree(const sp_block_t *n, const sp_block_t *parent) {
         if (!n)
             return 0;
-        EXPECT_EQ(n->parent, parent);
+        EXPECT_EQ(sp__blk0(n->parent), parent);
         EXPECT_TRUE(n->in_set);
-        int hl = check_tree(n->left, n), hr = check_tree(n->right, n);
+        int hl = check_tree(sp__blk0(n->left), n), hr = check_tree(sp__blk0(n->right), n);
         EXPECT_LE(std::abs(hl - hr), 1);
         EXPECT_EQ(n->height, std::max(hl, hr) + 1);
         return std::max(hl, hr) + 1;
