@@ -402,6 +402,21 @@ typedef struct rec_side {
  * is its action's name unless the action is one this version does not know; those entries and
  * the ones naming a pool have a side record (most entries have none: a side record for every
  * entry was a third of the memory the entries take). */
+/* A block of the final state the reader handed over (take_block): what analyse reads of it. */
+typedef struct rec_block {
+    int64_t size, req;        /* pk_int of its size and requested_size (when RB_SIZE / RB_REQ) */
+    const pk_value_t *frames; /* its frames when a list, else NULL */
+    uint8_t flags;            /* RB_ */
+} rec_block_t;
+
+#define RB_SIZE 0x1u      /* size read as an int */
+#define RB_REQ 0x2u       /* requested_size read as an int */
+#define RB_STATE 0x4u     /* state is a string */
+#define RB_ACTIVE 0x8u    /* ... "active_allocated" */
+#define RB_INACTIVE 0x10u /* ... "inactive" */
+/* A handed-over block's record id: apart from the entries' ids by its top bit. */
+#define RB_ID ((uint64_t)1 << 63)
+
 typedef struct recs {
     tr_event_t *ev;   /* the entries (what read_pairs found) */
     size_t n, cap;    /* entries / allocated */
@@ -409,12 +424,70 @@ typedef struct recs {
     rec_side_t *side; /* side records, by id */
     size_t nside, cap_side;
     size_t next_side; /* where the next lookup starts (entries are read in order) */
+    rec_block_t *blk; /* handed-over blocks of the final state, by id without RB_ID */
+    size_t nblk, cap_blk;
 } recs_t;
 
 static bool grow_array(void **arr, size_t *cap, size_t elem);
 
+/* A final-state block's dict, taken as the entries are (a forward pass's trace has as many
+ * blocks as entries, and a dict, its items and its ints each, read again by key, cost more than
+ * what analyse reads of them): a dict with a "state" key and no key but a block's. Keys read as
+ * get_keys reads them (the last pair wins); a dict with two "frames" is left a dict (its skipped
+ * pair, left out of a dict, would not hide the other one there). */
+static int take_block(recs_t *rs, pk_value_t *const *pairs, size_t n, uint64_t *id_p) {
+    const pk_value_t *state = NULL, *size = NULL, *req = NULL, *fr = NULL;
+    bool have_fr = false;
+    for (size_t k = 0; k + 1 < n; k += 2) {
+        const pk_value_t *key = pairs[k], *val = pairs[k + 1];
+        if (key->type != PK_STR)
+            return 0;
+        const char *ks = key->u.str.s;
+        size_t len = key->u.str.len;
+        if (len == 5 && memcmp(ks, "state", 5) == 0)
+            state = val;
+        else if (len == 4 && memcmp(ks, "size", 4) == 0)
+            size = val;
+        else if (len == 14 && memcmp(ks, "requested_size", 14) == 0)
+            req = val;
+        else if (len == 6 && memcmp(ks, "frames", 6) == 0) {
+            if (have_fr)
+                return 0;
+            have_fr = true;
+            fr = val;
+        } else if (!(len == 7 && memcmp(ks, "address", 7) == 0))
+            return 0;
+    }
+    if (state == NULL)
+        return 0;
+    rec_block_t b = {0, 0, NULL, 0};
+    if (pk_int(size, &b.size))
+        b.flags |= RB_SIZE;
+    if (pk_int(req, &b.req))
+        b.flags |= RB_REQ;
+    const char *st = pk_str(state);
+    if (st != NULL)
+        b.flags |= RB_STATE | (strcmp(st, "active_allocated") == 0 ? RB_ACTIVE : 0u) |
+                   (strcmp(st, "inactive") == 0 ? RB_INACTIVE : 0u);
+    /* A skipped stack is the reader's one PK_NONE: it reads as no frames either way. */
+    b.frames = fr != NULL && fr->type == PK_LIST ? fr : NULL;
+    if (rs->nblk == rs->cap_blk && !grow_array((void **)&rs->blk, &rs->cap_blk, sizeof(*rs->blk)))
+        return -1;
+    rs->blk[rs->nblk] = b;
+    *id_p = RB_ID | rs->nblk++;
+    return 1;
+}
+
+/* The handed-over block v is, or NULL. */
+static const rec_block_t *block_of(const recs_t *rs, const pk_value_t *v) {
+    if (rs == NULL || v == NULL || v->type != PK_RECORD || !(v->u.u & RB_ID) ||
+        (v->u.u & ~RB_ID) >= rs->nblk)
+        return NULL;
+    return &rs->blk[v->u.u & ~RB_ID];
+}
+
 /* pk_parse_records' hook: every dict with an action string is a trace entry (the segments'
- * dicts and the settings have none). */
+ * dicts and the settings have none); a final state's block is taken too (take_block). */
 static int take_entry(void *arg, pk_value_t *const *pairs, size_t n, uint64_t *id_p) {
     recs_t *rs = arg;
     tr_event_t ev;
@@ -424,7 +497,7 @@ static int take_entry(void *arg, pk_value_t *const *pairs, size_t n, uint64_t *i
     bool have_addr = false, have_size = false, bad_time = false;
     read_pairs(pairs, n, &ev, &act, &have_addr, &have_size, &bad_time, &pool_id);
     if (act == NULL)
-        return 0;
+        return take_block(rs, pairs, n, id_p);
     ev.flags |= (have_addr ? 0u : RF_NO_ADDR) | (have_size ? 0u : RF_NO_SIZE) |
                 (bad_time ? RF_BAD_TIME : 0u);
     if (rs->n == rs->cap) {
@@ -620,8 +693,8 @@ static void get_keys(const pk_value_t *dict, const char *const *keys, const size
     }
 }
 
-static bool analyse(const pk_value_t *segments, const tr_settings_t *set, int dev, tr_device_t *d,
-                    char *err, size_t errlen) {
+static bool analyse(const pk_value_t *segments, const recs_t *recs, const tr_settings_t *set,
+                    int dev, tr_device_t *d, char *err, size_t errlen) {
     tr_map_t live = {0};     /* addresses allocated in the trace and not yet freed */
     tr_map_t touched = {0};  /* addresses any alloc/free event names */
     tr_map_t segfirst = {0}; /* segment address -> 1 first allocated, 2 first freed in the trace */
@@ -751,15 +824,41 @@ static bool analyse(const pk_value_t *segments, const tr_settings_t *set, int de
         /* Block addresses are the segment's plus the sizes before them (MemoryViz does the
          * same; a missing "address" is therefore fine). */
         uint64_t baddr = (uint64_t)addr;
+        if (block_of(recs, blocks) != NULL) {
+            /* A dict of a block's keys where the list belongs: as a dict, its first item is
+             * no block. */
+            snprintf(err, errlen, "segments[%zu].blocks[0]: missing 'size' or 'state'", s);
+            goto out;
+        }
         for (size_t b = 0; b < pk_len(blocks); b++) {
             const pk_value_t *blk = pk_at(blocks, b);
             int64_t bsize = 0, req = -1;
-            static const char *const bkeys[] = {"state", "size", "requested_size", "frames"};
-            static const size_t blens[] = {5, 4, 14, 6};
-            const pk_value_t *bv[4];
-            get_keys(blk, bkeys, blens, 4, blk_seen, bv);
-            const char *state = pk_str(bv[0]);
-            if (!pk_int(bv[1], &bsize) || bsize < 0 || state == NULL) {
+            bool have_size, have_req, have_state, active, inactive;
+            const pk_value_t *frames;
+            const rec_block_t *rb = block_of(recs, blk);
+            if (rb != NULL) {
+                bsize = rb->size;
+                req = (rb->flags & RB_REQ) ? rb->req : -1;
+                have_size = (rb->flags & RB_SIZE) != 0;
+                have_req = (rb->flags & RB_REQ) != 0;
+                have_state = (rb->flags & RB_STATE) != 0;
+                active = (rb->flags & RB_ACTIVE) != 0;
+                inactive = (rb->flags & RB_INACTIVE) != 0;
+                frames = rb->frames;
+            } else {
+                static const char *const bkeys[] = {"state", "size", "requested_size", "frames"};
+                static const size_t blens[] = {5, 4, 14, 6};
+                const pk_value_t *bv[4];
+                get_keys(blk, bkeys, blens, 4, blk_seen, bv);
+                const char *state = pk_str(bv[0]);
+                have_size = pk_int(bv[1], &bsize);
+                have_req = pk_int(bv[2], &req);
+                have_state = state != NULL;
+                active = have_state && strcmp(state, "active_allocated") == 0;
+                inactive = have_state && strcmp(state, "inactive") == 0;
+                frames = bv[3] != NULL && bv[3]->type == PK_LIST ? bv[3] : NULL;
+            }
+            if (!have_size || bsize < 0 || !have_state) {
                 snprintf(err, errlen, "segments[%zu].blocks[%zu]: missing 'size' or 'state'", s, b);
                 goto out;
             }
@@ -770,16 +869,15 @@ static bool analyse(const pk_value_t *segments, const tr_settings_t *set, int de
                          s, b, (long long)bsize, (long long)total);
                 goto out;
             }
-            if (!pk_int(bv[2], &req) || req <= 0 || req > bsize)
+            if (!have_req || req <= 0 || req > bsize)
                 req = bsize;
-            if (strcmp(state, "active_allocated") == 0)
+            if (active)
                 d->final_allocated += (uint64_t)bsize;
-            if (strcmp(state, "inactive") != 0 && !tr_map_get(&touched, baddr, NULL)) {
-                const pk_value_t *fr = bv[3];
+            if (!inactive && !tr_map_get(&touched, baddr, NULL)) {
                 if (d->seeded_bytes + (uint64_t)req >= (uint64_t)TR_SUM_LIMIT)
                     goto too_much;
-                if (!add_seed(d, &cap, baddr, (uint64_t)req, (uint64_t)bsize, ustream,
-                              fr != NULL && fr->type == PK_LIST ? fr : NULL, (uint16_t)pool))
+                if (!add_seed(d, &cap, baddr, (uint64_t)req, (uint64_t)bsize, ustream, frames,
+                              (uint16_t)pool))
                     goto oom;
             }
             baddr += (uint64_t)bsize;
@@ -1031,10 +1129,14 @@ static bool from_doc(pk_doc_t *doc, recs_t *recs, tr_trace_t *t, char *err, size
     if (t->root != NULL && t->root->type == PK_LIST) {
         segments = t->root; /* an old-style snapshot: just the segment list */
         t->format = "segment list (legacy, state only)";
-    } else if (t->root != NULL && t->root->type == PK_DICT) {
+    } else if (t->root != NULL && (t->root->type == PK_DICT || block_of(recs, t->root) != NULL)) {
+        /* A handed-over block reads as the dict it was: none of these keys is a block's. */
         segments = pk_get(t->root, "segments");
         traces = pk_get(t->root, "device_traces");
-        read_settings(pk_get(t->root, "allocator_settings"), &t->settings);
+        const pk_value_t *as = pk_get(t->root, "allocator_settings");
+        read_settings(as, &t->settings);
+        if (block_of(recs, as) != NULL)
+            t->settings.recorded = true;
         t->format = t->settings.recorded ? "snapshot with allocator_settings"
                                          : "snapshot without allocator_settings (older torch)";
     } else {
@@ -1072,7 +1174,7 @@ static bool from_doc(pk_doc_t *doc, recs_t *recs, tr_trace_t *t, char *err, size
     }
     for (int d = 0; d < ndev; d++) {
         if (!load_events(pk_at(traces, (size_t)d), recs, d, &t->dev[d], err, errlen) ||
-            !analyse(segments, &t->settings, d, &t->dev[d], err, errlen))
+            !analyse(segments, recs, &t->settings, d, &t->dev[d], err, errlen))
             return false;
     }
     return true;
@@ -1172,6 +1274,7 @@ bool tr_load_opts(const char *path, bool frames, tr_trace_t *t, char *err, size_
     if (!ok) {
         free(recs.ev);
         free(recs.side);
+        free(recs.blk);
         snprintf(err, errlen, "%s: %s", path, why);
         return false;
     }
@@ -1188,6 +1291,7 @@ bool tr_load_opts(const char *path, bool frames, tr_trace_t *t, char *err, size_
     ok = from_doc(doc, &recs, t, why, sizeof(why));
     t->ev_block = recs.ev; /* the devices' event arrays (tr_free frees it) */
     free(recs.side);
+    free(recs.blk);
     if (!ok) {
         snprintf(err, errlen, "%s: %s", path, why);
         return false;
