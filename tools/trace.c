@@ -417,6 +417,25 @@ typedef struct rec_block {
 /* A handed-over block's record id: apart from the entries' ids by its top bit. */
 #define RB_ID ((uint64_t)1 << 63)
 
+/* A segment of the final state the reader handed over (take_segment): what from_doc and
+ * analyse read of it. The values it keeps are the document's (a container or a string), never
+ * an int the reader made only for the hook. */
+typedef struct rec_seg {
+    int64_t dev, total;       /* pk_int of device and total_size (when RS_DEV / RS_TOTAL) */
+    uint64_t addr, stream;    /* pk_uint of address (when RS_ADDR); the stream as a handle */
+    const pk_value_t *pool;   /* segment_pool_id when a container, else NULL */
+    const pk_value_t *blocks; /* blocks when a container or a record, else NULL */
+    const char *type;         /* segment_type when a string, else NULL */
+    uint8_t flags;            /* RS_ */
+} rec_seg_t;
+
+#define RS_DEV 0x1u
+#define RS_TOTAL 0x2u
+#define RS_ADDR 0x4u
+#define RS_EXPANDABLE 0x8u /* is_expandable is True */
+/* A handed-over segment's record id. */
+#define RS_ID ((uint64_t)1 << 62)
+
 typedef struct recs {
     tr_event_t *ev;   /* the entries (what read_pairs found) */
     size_t n, cap;    /* entries / allocated */
@@ -426,6 +445,8 @@ typedef struct recs {
     size_t next_side; /* where the next lookup starts (entries are read in order) */
     rec_block_t *blk; /* handed-over blocks of the final state, by id without RB_ID */
     size_t nblk, cap_blk;
+    rec_seg_t *seg; /* handed-over segments of the final state, by id without RS_ID */
+    size_t nseg, cap_seg;
 } recs_t;
 
 static bool grow_array(void **arr, size_t *cap, size_t elem);
@@ -478,12 +499,108 @@ static int take_block(recs_t *rs, pk_value_t *const *pairs, size_t n, uint64_t *
     return 1;
 }
 
+/* A final-state segment's dict, taken as the blocks are: a dict with "device" and "blocks"
+ * keys and no key but a segment's; keys read as get_keys and pk_get read them (the last pair
+ * wins). */
+static int take_segment(recs_t *rs, pk_value_t *const *pairs, size_t n, uint64_t *id_p) {
+    /* v[]: device, address, total_size, stream, segment_type, segment_pool_id, is_expandable,
+     * blocks; the other keys of a segment are known and not read. */
+    const pk_value_t *v[8] = {0};
+    for (size_t k = 0; k + 1 < n; k += 2) {
+        const pk_value_t *key = pairs[k];
+        if (key->type != PK_STR)
+            return 0;
+        const char *ks = key->u.str.s;
+        int j = -1;
+        switch (key->u.str.len) {
+        case 6:
+            j = memcmp(ks, "device", 6) == 0   ? 0
+                : memcmp(ks, "stream", 6) == 0 ? 3
+                : memcmp(ks, "blocks", 6) == 0 ? 7
+                : memcmp(ks, "frames", 6) == 0 ? 8
+                                               : -1;
+            break;
+        case 7:
+            j = memcmp(ks, "address", 7) == 0 ? 1 : -1;
+            break;
+        case 10:
+            j = memcmp(ks, "total_size", 10) == 0 ? 2 : -1;
+            break;
+        case 11:
+            j = memcmp(ks, "active_size", 11) == 0 ? 8 : -1;
+            break;
+        case 12:
+            j = memcmp(ks, "segment_type", 12) == 0 ? 4 : -1;
+            break;
+        case 13:
+            j = memcmp(ks, "is_expandable", 13) == 0 ? 6 : -1;
+            break;
+        case 14:
+            j = memcmp(ks, "allocated_size", 14) == 0 || memcmp(ks, "requested_size", 14) == 0 ? 8
+                                                                                               : -1;
+            break;
+        case 15:
+            j = memcmp(ks, "segment_pool_id", 15) == 0 ? 5 : -1;
+            break;
+        default:
+            break;
+        }
+        if (j < 0)
+            return 0;
+        if (j < 8)
+            v[j] = pairs[k + 1];
+    }
+    if (v[0] == NULL || v[7] == NULL)
+        return 0;
+    rec_seg_t g;
+    memset(&g, 0, sizeof(g));
+    if (pk_int(v[0], &g.dev))
+        g.flags |= RS_DEV;
+    if (pk_int(v[2], &g.total))
+        g.flags |= RS_TOTAL;
+    if (pk_uint(v[1], &g.addr))
+        g.flags |= RS_ADDR;
+    int64_t stream = 0;
+    if (!pk_uint(v[3], &g.stream) && pk_int(v[3], &stream))
+        g.stream = (uint64_t)stream;
+    g.type = pk_str(v[4]);
+    const pk_value_t *pool = v[5], *blocks = v[7];
+    g.pool = pool != NULL && (pool->type == PK_LIST || pool->type == PK_TUPLE ||
+                              pool->type == PK_DICT || pool->type == PK_RECORD)
+                 ? pool
+                 : NULL;
+    g.blocks = blocks->type == PK_LIST || blocks->type == PK_TUPLE || blocks->type == PK_DICT ||
+                       blocks->type == PK_RECORD
+                   ? blocks
+                   : NULL;
+    if (v[6] != NULL && v[6]->type == PK_BOOL && v[6]->u.b)
+        g.flags |= RS_EXPANDABLE;
+    if (rs->nseg == rs->cap_seg && !grow_array((void **)&rs->seg, &rs->cap_seg, sizeof(*rs->seg)))
+        return -1;
+    rs->seg[rs->nseg] = g;
+    *id_p = RS_ID | rs->nseg++;
+    return 1;
+}
+
+/* The handed-over segment v is, or NULL. */
+static const rec_seg_t *seg_of(const recs_t *rs, const pk_value_t *v) {
+    if (rs == NULL || v == NULL || v->type != PK_RECORD || (v->u.u & RB_ID) || !(v->u.u & RS_ID) ||
+        (v->u.u & ~RS_ID) >= rs->nseg)
+        return NULL;
+    return &rs->seg[v->u.u & ~RS_ID];
+}
+
 /* The handed-over block v is, or NULL. */
 static const rec_block_t *block_of(const recs_t *rs, const pk_value_t *v) {
     if (rs == NULL || v == NULL || v->type != PK_RECORD || !(v->u.u & RB_ID) ||
         (v->u.u & ~RB_ID) >= rs->nblk)
         return NULL;
     return &rs->blk[v->u.u & ~RB_ID];
+}
+
+/* Whether v is a handed-over block or segment: a dict, to every reader but analyse. */
+static bool dict_record(const recs_t *rs, const pk_value_t *v) {
+    return block_of(rs, v) != NULL || seg_of(rs, v) != NULL;
 }
 
 /* pk_parse_records' hook: every dict with an action string is a trace entry (the segments'
@@ -496,8 +613,10 @@ static int take_entry(void *arg, pk_value_t *const *pairs, size_t n, uint64_t *i
     const pk_value_t *pool_id = NULL;
     bool have_addr = false, have_size = false, bad_time = false;
     read_pairs(pairs, n, &ev, &act, &have_addr, &have_size, &bad_time, &pool_id);
-    if (act == NULL)
-        return take_block(rs, pairs, n, id_p);
+    if (act == NULL) {
+        int took = take_block(rs, pairs, n, id_p);
+        return took != 0 ? took : take_segment(rs, pairs, n, id_p);
+    }
     ev.flags |= (have_addr ? 0u : RF_NO_ADDR) | (have_size ? 0u : RF_NO_SIZE) |
                 (bad_time ? RF_BAD_TIME : 0u);
     if (rs->n == rs->cap) {
@@ -770,21 +889,44 @@ static bool analyse(const pk_value_t *segments, const recs_t *recs, const tr_set
         const pk_value_t *seg = pk_at(segments, s);
         int64_t sdev = 0, total = 0, stream = 0;
         uint64_t addr = 0, ustream = 0;
-        static const char *const skeys[] = {"device",       "total_size",      "address",
-                                            "stream",       "segment_pool_id", "is_expandable",
-                                            "segment_type", "blocks"};
-        static const size_t slens[] = {6, 10, 7, 6, 15, 13, 12, 6};
-        const pk_value_t *sv[8];
-        get_keys(seg, skeys, slens, 8, seg_seen, sv);
-        (void)pk_int(sv[0], &sdev);
+        bool have_total, have_addr, expandable;
+        const pk_value_t *pool_id, *blocks;
+        const char *stype;
+        const rec_seg_t *rg = seg_of(recs, seg);
+        if (rg != NULL) {
+            sdev = rg->dev;
+            total = rg->total;
+            addr = rg->addr;
+            ustream = rg->stream;
+            have_total = (rg->flags & RS_TOTAL) != 0;
+            have_addr = (rg->flags & RS_ADDR) != 0;
+            expandable = (rg->flags & RS_EXPANDABLE) != 0;
+            pool_id = rg->pool;
+            blocks = rg->blocks;
+            stype = rg->type;
+        } else {
+            static const char *const skeys[] = {"device",       "total_size",      "address",
+                                                "stream",       "segment_pool_id", "is_expandable",
+                                                "segment_type", "blocks"};
+            static const size_t slens[] = {6, 10, 7, 6, 15, 13, 12, 6};
+            const pk_value_t *sv[8];
+            get_keys(seg, skeys, slens, 8, seg_seen, sv);
+            (void)pk_int(sv[0], &sdev);
+            have_total = pk_int(sv[1], &total);
+            have_addr = pk_uint(sv[2], &addr);
+            if (!pk_uint(sv[3], &ustream) && pk_int(sv[3], &stream))
+                ustream = (uint64_t)stream;
+            expandable = sv[5] != NULL && sv[5]->type == PK_BOOL && sv[5]->u.b;
+            pool_id = sv[4];
+            blocks = sv[7];
+            stype = pk_str(sv[6]);
+        }
         if (sdev != dev)
             continue;
-        if (!pk_int(sv[1], &total) || total < 0 || !pk_uint(sv[2], &addr)) {
+        if (!have_total || total < 0 || !have_addr) {
             snprintf(err, errlen, "segments[%zu]: missing 'address' or 'total_size'", s);
             goto out;
         }
-        if (!pk_uint(sv[3], &ustream) && pk_int(sv[3], &stream))
-            ustream = (uint64_t)stream;
         if (!tr_map_put(&streams, ustream ? ustream : ~(uint64_t)0, 1))
             goto oom;
         if ((uint64_t)total >= TR_SIZE_LIMIT ||
@@ -795,7 +937,7 @@ static bool analyse(const pk_value_t *segments, const recs_t *recs, const tr_set
                      s, (long long)total);
             goto out;
         }
-        int pool = pool_index(d, &cap_pools, sv[4]);
+        int pool = pool_index(d, &cap_pools, pool_id);
         if (pool < 0)
             goto oom;
         if (pool > 0) {
@@ -803,9 +945,6 @@ static bool analyse(const pk_value_t *segments, const recs_t *recs, const tr_set
                 goto oom;
             ranges[nranges++] = (pool_range_t){addr, addr + (uint64_t)total, (uint16_t)pool};
         }
-        const pk_value_t *expv = sv[5];
-        bool expandable = expv != NULL && expv->type == PK_BOOL && expv->u.b;
-        const char *stype = pk_str(sv[6]);
         bool is_small = stype != NULL ? strcmp(stype, "small") == 0 : total == (2 << 20);
         /* An expandable segment's pages at the start are worked out from the trace below. */
         bool in_start = !expandable && !tr_map_get(&segfirst, addr, NULL);
@@ -820,13 +959,12 @@ static bool analyse(const pk_value_t *segments, const recs_t *recs, const tr_set
                 (tr_sseg_t){addr, (uint64_t)total, ustream, (uint16_t)pool, is_small, 0, 0};
         }
         d->final_reserved += (uint64_t)total;
-        const pk_value_t *blocks = sv[7];
         /* Block addresses are the segment's plus the sizes before them (MemoryViz does the
          * same; a missing "address" is therefore fine). */
         uint64_t baddr = (uint64_t)addr;
-        if (block_of(recs, blocks) != NULL) {
-            /* A dict of a block's keys where the list belongs: as a dict, its first item is
-             * no block. */
+        if (dict_record(recs, blocks)) {
+            /* A block's or a segment's dict where the list belongs: as a dict, its first item
+             * is no block. */
             snprintf(err, errlen, "segments[%zu].blocks[0]: missing 'size' or 'state'", s);
             goto out;
         }
@@ -1129,13 +1267,14 @@ static bool from_doc(pk_doc_t *doc, recs_t *recs, tr_trace_t *t, char *err, size
     if (t->root != NULL && t->root->type == PK_LIST) {
         segments = t->root; /* an old-style snapshot: just the segment list */
         t->format = "segment list (legacy, state only)";
-    } else if (t->root != NULL && (t->root->type == PK_DICT || block_of(recs, t->root) != NULL)) {
-        /* A handed-over block reads as the dict it was: none of these keys is a block's. */
+    } else if (t->root != NULL && (t->root->type == PK_DICT || dict_record(recs, t->root))) {
+        /* A handed-over block or segment reads as the dict it was: none of these keys is
+         * theirs. */
         segments = pk_get(t->root, "segments");
         traces = pk_get(t->root, "device_traces");
         const pk_value_t *as = pk_get(t->root, "allocator_settings");
         read_settings(as, &t->settings);
-        if (block_of(recs, as) != NULL)
+        if (dict_record(recs, as))
             t->settings.recorded = true;
         t->format = t->settings.recorded ? "snapshot with allocator_settings"
                                          : "snapshot without allocator_settings (older torch)";
@@ -1155,7 +1294,11 @@ static bool from_doc(pk_doc_t *doc, recs_t *recs, tr_trace_t *t, char *err, size
     int ndev = (int)pk_len(traces);
     for (size_t s = 0; s < t->nsegments; s++) {
         int64_t dev = 0;
-        if (!pk_get_int(pk_at(segments, s), "device", &dev) || dev < 0 || dev > 4096) {
+        const pk_value_t *seg = pk_at(segments, s);
+        const rec_seg_t *rg = seg_of(recs, seg);
+        bool have_dev = rg != NULL ? (dev = rg->dev, (rg->flags & RS_DEV) != 0)
+                                   : pk_get_int(seg, "device", &dev);
+        if (!have_dev || dev < 0 || dev > 4096) {
             snprintf(err, errlen, "segments[%zu]: missing or bad 'device'", s);
             return false;
         }
@@ -1275,6 +1418,7 @@ bool tr_load_opts(const char *path, bool frames, tr_trace_t *t, char *err, size_
         free(recs.ev);
         free(recs.side);
         free(recs.blk);
+        free(recs.seg);
         snprintf(err, errlen, "%s: %s", path, why);
         return false;
     }
@@ -1292,6 +1436,7 @@ bool tr_load_opts(const char *path, bool frames, tr_trace_t *t, char *err, size_
     t->ev_block = recs.ev; /* the devices' event arrays (tr_free frees it) */
     free(recs.side);
     free(recs.blk);
+    free(recs.seg);
     if (!ok) {
         snprintf(err, errlen, "%s: %s", path, why);
         return false;
