@@ -402,6 +402,40 @@ typedef struct rec_side {
  * is its action's name unless the action is one this version does not know; those entries and
  * the ones naming a pool have a side record (most entries have none: a side record for every
  * entry was a third of the memory the entries take). */
+/* A block of the final state the reader handed over (take_block): what analyse reads of it. */
+typedef struct rec_block {
+    int64_t size, req;        /* pk_int of its size and requested_size (when RB_SIZE / RB_REQ) */
+    const pk_value_t *frames; /* its frames when a list, else NULL */
+    uint8_t flags;            /* RB_ */
+} rec_block_t;
+
+#define RB_SIZE 0x1u      /* size read as an int */
+#define RB_REQ 0x2u       /* requested_size read as an int */
+#define RB_STATE 0x4u     /* state is a string */
+#define RB_ACTIVE 0x8u    /* ... "active_allocated" */
+#define RB_INACTIVE 0x10u /* ... "inactive" */
+/* A handed-over block's record id: apart from the entries' ids by its top bit. */
+#define RB_ID ((uint64_t)1 << 63)
+
+/* A segment of the final state the reader handed over (take_segment): what from_doc and
+ * analyse read of it. The values it keeps are the document's (a container or a string), never
+ * an int the reader made only for the hook. */
+typedef struct rec_seg {
+    int64_t dev, total;       /* pk_int of device and total_size (when RS_DEV / RS_TOTAL) */
+    uint64_t addr, stream;    /* pk_uint of address (when RS_ADDR); the stream as a handle */
+    const pk_value_t *pool;   /* segment_pool_id when a container, else NULL */
+    const pk_value_t *blocks; /* blocks when a container or a record, else NULL */
+    const char *type;         /* segment_type when a string, else NULL */
+    uint8_t flags;            /* RS_ */
+} rec_seg_t;
+
+#define RS_DEV 0x1u
+#define RS_TOTAL 0x2u
+#define RS_ADDR 0x4u
+#define RS_EXPANDABLE 0x8u /* is_expandable is True */
+/* A handed-over segment's record id. */
+#define RS_ID ((uint64_t)1 << 62)
+
 typedef struct recs {
     tr_event_t *ev;   /* the entries (what read_pairs found) */
     size_t n, cap;    /* entries / allocated */
@@ -409,12 +443,168 @@ typedef struct recs {
     rec_side_t *side; /* side records, by id */
     size_t nside, cap_side;
     size_t next_side; /* where the next lookup starts (entries are read in order) */
+    rec_block_t *blk; /* handed-over blocks of the final state, by id without RB_ID */
+    size_t nblk, cap_blk;
+    rec_seg_t *seg; /* handed-over segments of the final state, by id without RS_ID */
+    size_t nseg, cap_seg;
 } recs_t;
 
 static bool grow_array(void **arr, size_t *cap, size_t elem);
 
+/* A final-state block's dict, taken as the entries are (a forward pass's trace has as many
+ * blocks as entries, and a dict, its items and its ints each, read again by key, cost more than
+ * what analyse reads of them): a dict with a "state" key and no key but a block's. Keys read as
+ * get_keys reads them (the last pair wins); a dict with two "frames" is left a dict (its skipped
+ * pair, left out of a dict, would not hide the other one there). */
+static int take_block(recs_t *rs, pk_value_t *const *pairs, size_t n, uint64_t *id_p) {
+    const pk_value_t *state = NULL, *size = NULL, *req = NULL, *fr = NULL;
+    bool have_fr = false;
+    for (size_t k = 0; k + 1 < n; k += 2) {
+        const pk_value_t *key = pairs[k], *val = pairs[k + 1];
+        if (key->type != PK_STR)
+            return 0;
+        const char *ks = key->u.str.s;
+        size_t len = key->u.str.len;
+        if (len == 5 && memcmp(ks, "state", 5) == 0)
+            state = val;
+        else if (len == 4 && memcmp(ks, "size", 4) == 0)
+            size = val;
+        else if (len == 14 && memcmp(ks, "requested_size", 14) == 0)
+            req = val;
+        else if (len == 6 && memcmp(ks, "frames", 6) == 0) {
+            if (have_fr)
+                return 0;
+            have_fr = true;
+            fr = val;
+        } else if (!(len == 7 && memcmp(ks, "address", 7) == 0))
+            return 0;
+    }
+    if (state == NULL)
+        return 0;
+    rec_block_t b = {0, 0, NULL, 0};
+    if (pk_int(size, &b.size))
+        b.flags |= RB_SIZE;
+    if (pk_int(req, &b.req))
+        b.flags |= RB_REQ;
+    const char *st = pk_str(state);
+    if (st != NULL)
+        b.flags |= RB_STATE | (strcmp(st, "active_allocated") == 0 ? RB_ACTIVE : 0u) |
+                   (strcmp(st, "inactive") == 0 ? RB_INACTIVE : 0u);
+    /* A skipped stack is the reader's one PK_NONE: it reads as no frames either way. */
+    b.frames = fr != NULL && fr->type == PK_LIST ? fr : NULL;
+    if (rs->nblk == rs->cap_blk && !grow_array((void **)&rs->blk, &rs->cap_blk, sizeof(*rs->blk)))
+        return -1;
+    rs->blk[rs->nblk] = b;
+    *id_p = RB_ID | rs->nblk++;
+    return 1;
+}
+
+/* A final-state segment's dict, taken as the blocks are: a dict with "device" and "blocks"
+ * keys and no key but a segment's; keys read as get_keys and pk_get read them (the last pair
+ * wins). */
+static int take_segment(recs_t *rs, pk_value_t *const *pairs, size_t n, uint64_t *id_p) {
+    /* v[]: device, address, total_size, stream, segment_type, segment_pool_id, is_expandable,
+     * blocks; the other keys of a segment are known and not read. */
+    const pk_value_t *v[8] = {0};
+    for (size_t k = 0; k + 1 < n; k += 2) {
+        const pk_value_t *key = pairs[k];
+        if (key->type != PK_STR)
+            return 0;
+        const char *ks = key->u.str.s;
+        int j = -1;
+        switch (key->u.str.len) {
+        case 6:
+            j = memcmp(ks, "device", 6) == 0   ? 0
+                : memcmp(ks, "stream", 6) == 0 ? 3
+                : memcmp(ks, "blocks", 6) == 0 ? 7
+                : memcmp(ks, "frames", 6) == 0 ? 8
+                                               : -1;
+            break;
+        case 7:
+            j = memcmp(ks, "address", 7) == 0 ? 1 : -1;
+            break;
+        case 10:
+            j = memcmp(ks, "total_size", 10) == 0 ? 2 : -1;
+            break;
+        case 11:
+            j = memcmp(ks, "active_size", 11) == 0 ? 8 : -1;
+            break;
+        case 12:
+            j = memcmp(ks, "segment_type", 12) == 0 ? 4 : -1;
+            break;
+        case 13:
+            j = memcmp(ks, "is_expandable", 13) == 0 ? 6 : -1;
+            break;
+        case 14:
+            j = memcmp(ks, "allocated_size", 14) == 0 || memcmp(ks, "requested_size", 14) == 0 ? 8
+                                                                                               : -1;
+            break;
+        case 15:
+            j = memcmp(ks, "segment_pool_id", 15) == 0 ? 5 : -1;
+            break;
+        default:
+            break;
+        }
+        if (j < 0)
+            return 0;
+        if (j < 8)
+            v[j] = pairs[k + 1];
+    }
+    if (v[0] == NULL || v[7] == NULL)
+        return 0;
+    rec_seg_t g;
+    memset(&g, 0, sizeof(g));
+    if (pk_int(v[0], &g.dev))
+        g.flags |= RS_DEV;
+    if (pk_int(v[2], &g.total))
+        g.flags |= RS_TOTAL;
+    if (pk_uint(v[1], &g.addr))
+        g.flags |= RS_ADDR;
+    int64_t stream = 0;
+    if (!pk_uint(v[3], &g.stream) && pk_int(v[3], &stream))
+        g.stream = (uint64_t)stream;
+    g.type = pk_str(v[4]);
+    const pk_value_t *pool = v[5], *blocks = v[7];
+    g.pool = pool != NULL && (pool->type == PK_LIST || pool->type == PK_TUPLE ||
+                              pool->type == PK_DICT || pool->type == PK_RECORD)
+                 ? pool
+                 : NULL;
+    g.blocks = blocks->type == PK_LIST || blocks->type == PK_TUPLE || blocks->type == PK_DICT ||
+                       blocks->type == PK_RECORD
+                   ? blocks
+                   : NULL;
+    if (v[6] != NULL && v[6]->type == PK_BOOL && v[6]->u.b)
+        g.flags |= RS_EXPANDABLE;
+    if (rs->nseg == rs->cap_seg && !grow_array((void **)&rs->seg, &rs->cap_seg, sizeof(*rs->seg)))
+        return -1;
+    rs->seg[rs->nseg] = g;
+    *id_p = RS_ID | rs->nseg++;
+    return 1;
+}
+
+/* The handed-over segment v is, or NULL. */
+static const rec_seg_t *seg_of(const recs_t *rs, const pk_value_t *v) {
+    if (rs == NULL || v == NULL || v->type != PK_RECORD || (v->u.u & RB_ID) || !(v->u.u & RS_ID) ||
+        (v->u.u & ~RS_ID) >= rs->nseg)
+        return NULL;
+    return &rs->seg[v->u.u & ~RS_ID];
+}
+
+/* The handed-over block v is, or NULL. */
+static const rec_block_t *block_of(const recs_t *rs, const pk_value_t *v) {
+    if (rs == NULL || v == NULL || v->type != PK_RECORD || !(v->u.u & RB_ID) ||
+        (v->u.u & ~RB_ID) >= rs->nblk)
+        return NULL;
+    return &rs->blk[v->u.u & ~RB_ID];
+}
+
+/* Whether v is a handed-over block or segment: a dict, to every reader but analyse. */
+static bool dict_record(const recs_t *rs, const pk_value_t *v) {
+    return block_of(rs, v) != NULL || seg_of(rs, v) != NULL;
+}
+
 /* pk_parse_records' hook: every dict with an action string is a trace entry (the segments'
- * dicts and the settings have none). */
+ * dicts and the settings have none); a final state's block is taken too (take_block). */
 static int take_entry(void *arg, pk_value_t *const *pairs, size_t n, uint64_t *id_p) {
     recs_t *rs = arg;
     tr_event_t ev;
@@ -423,8 +613,10 @@ static int take_entry(void *arg, pk_value_t *const *pairs, size_t n, uint64_t *i
     const pk_value_t *pool_id = NULL;
     bool have_addr = false, have_size = false, bad_time = false;
     read_pairs(pairs, n, &ev, &act, &have_addr, &have_size, &bad_time, &pool_id);
-    if (act == NULL)
-        return 0;
+    if (act == NULL) {
+        int took = take_block(rs, pairs, n, id_p);
+        return took != 0 ? took : take_segment(rs, pairs, n, id_p);
+    }
     ev.flags |= (have_addr ? 0u : RF_NO_ADDR) | (have_size ? 0u : RF_NO_SIZE) |
                 (bad_time ? RF_BAD_TIME : 0u);
     if (rs->n == rs->cap) {
@@ -620,8 +812,8 @@ static void get_keys(const pk_value_t *dict, const char *const *keys, const size
     }
 }
 
-static bool analyse(const pk_value_t *segments, const tr_settings_t *set, int dev, tr_device_t *d,
-                    char *err, size_t errlen) {
+static bool analyse(const pk_value_t *segments, const recs_t *recs, const tr_settings_t *set,
+                    int dev, tr_device_t *d, char *err, size_t errlen) {
     tr_map_t live = {0};     /* addresses allocated in the trace and not yet freed */
     tr_map_t touched = {0};  /* addresses any alloc/free event names */
     tr_map_t segfirst = {0}; /* segment address -> 1 first allocated, 2 first freed in the trace */
@@ -697,21 +889,44 @@ static bool analyse(const pk_value_t *segments, const tr_settings_t *set, int de
         const pk_value_t *seg = pk_at(segments, s);
         int64_t sdev = 0, total = 0, stream = 0;
         uint64_t addr = 0, ustream = 0;
-        static const char *const skeys[] = {"device",       "total_size",      "address",
-                                            "stream",       "segment_pool_id", "is_expandable",
-                                            "segment_type", "blocks"};
-        static const size_t slens[] = {6, 10, 7, 6, 15, 13, 12, 6};
-        const pk_value_t *sv[8];
-        get_keys(seg, skeys, slens, 8, seg_seen, sv);
-        (void)pk_int(sv[0], &sdev);
+        bool have_total, have_addr, expandable;
+        const pk_value_t *pool_id, *blocks;
+        const char *stype;
+        const rec_seg_t *rg = seg_of(recs, seg);
+        if (rg != NULL) {
+            sdev = rg->dev;
+            total = rg->total;
+            addr = rg->addr;
+            ustream = rg->stream;
+            have_total = (rg->flags & RS_TOTAL) != 0;
+            have_addr = (rg->flags & RS_ADDR) != 0;
+            expandable = (rg->flags & RS_EXPANDABLE) != 0;
+            pool_id = rg->pool;
+            blocks = rg->blocks;
+            stype = rg->type;
+        } else {
+            static const char *const skeys[] = {"device",       "total_size",      "address",
+                                                "stream",       "segment_pool_id", "is_expandable",
+                                                "segment_type", "blocks"};
+            static const size_t slens[] = {6, 10, 7, 6, 15, 13, 12, 6};
+            const pk_value_t *sv[8];
+            get_keys(seg, skeys, slens, 8, seg_seen, sv);
+            (void)pk_int(sv[0], &sdev);
+            have_total = pk_int(sv[1], &total);
+            have_addr = pk_uint(sv[2], &addr);
+            if (!pk_uint(sv[3], &ustream) && pk_int(sv[3], &stream))
+                ustream = (uint64_t)stream;
+            expandable = sv[5] != NULL && sv[5]->type == PK_BOOL && sv[5]->u.b;
+            pool_id = sv[4];
+            blocks = sv[7];
+            stype = pk_str(sv[6]);
+        }
         if (sdev != dev)
             continue;
-        if (!pk_int(sv[1], &total) || total < 0 || !pk_uint(sv[2], &addr)) {
+        if (!have_total || total < 0 || !have_addr) {
             snprintf(err, errlen, "segments[%zu]: missing 'address' or 'total_size'", s);
             goto out;
         }
-        if (!pk_uint(sv[3], &ustream) && pk_int(sv[3], &stream))
-            ustream = (uint64_t)stream;
         if (!tr_map_put(&streams, ustream ? ustream : ~(uint64_t)0, 1))
             goto oom;
         if ((uint64_t)total >= TR_SIZE_LIMIT ||
@@ -722,7 +937,7 @@ static bool analyse(const pk_value_t *segments, const tr_settings_t *set, int de
                      s, (long long)total);
             goto out;
         }
-        int pool = pool_index(d, &cap_pools, sv[4]);
+        int pool = pool_index(d, &cap_pools, pool_id);
         if (pool < 0)
             goto oom;
         if (pool > 0) {
@@ -730,9 +945,6 @@ static bool analyse(const pk_value_t *segments, const tr_settings_t *set, int de
                 goto oom;
             ranges[nranges++] = (pool_range_t){addr, addr + (uint64_t)total, (uint16_t)pool};
         }
-        const pk_value_t *expv = sv[5];
-        bool expandable = expv != NULL && expv->type == PK_BOOL && expv->u.b;
-        const char *stype = pk_str(sv[6]);
         bool is_small = stype != NULL ? strcmp(stype, "small") == 0 : total == (2 << 20);
         /* An expandable segment's pages at the start are worked out from the trace below. */
         bool in_start = !expandable && !tr_map_get(&segfirst, addr, NULL);
@@ -747,19 +959,44 @@ static bool analyse(const pk_value_t *segments, const tr_settings_t *set, int de
                 (tr_sseg_t){addr, (uint64_t)total, ustream, (uint16_t)pool, is_small, 0, 0};
         }
         d->final_reserved += (uint64_t)total;
-        const pk_value_t *blocks = sv[7];
         /* Block addresses are the segment's plus the sizes before them (MemoryViz does the
          * same; a missing "address" is therefore fine). */
         uint64_t baddr = (uint64_t)addr;
+        if (dict_record(recs, blocks)) {
+            /* A block's or a segment's dict where the list belongs: as a dict, its first item
+             * is no block. */
+            snprintf(err, errlen, "segments[%zu].blocks[0]: missing 'size' or 'state'", s);
+            goto out;
+        }
         for (size_t b = 0; b < pk_len(blocks); b++) {
             const pk_value_t *blk = pk_at(blocks, b);
             int64_t bsize = 0, req = -1;
-            static const char *const bkeys[] = {"state", "size", "requested_size", "frames"};
-            static const size_t blens[] = {5, 4, 14, 6};
-            const pk_value_t *bv[4];
-            get_keys(blk, bkeys, blens, 4, blk_seen, bv);
-            const char *state = pk_str(bv[0]);
-            if (!pk_int(bv[1], &bsize) || bsize < 0 || state == NULL) {
+            bool have_size, have_req, have_state, active, inactive;
+            const pk_value_t *frames;
+            const rec_block_t *rb = block_of(recs, blk);
+            if (rb != NULL) {
+                bsize = rb->size;
+                req = (rb->flags & RB_REQ) ? rb->req : -1;
+                have_size = (rb->flags & RB_SIZE) != 0;
+                have_req = (rb->flags & RB_REQ) != 0;
+                have_state = (rb->flags & RB_STATE) != 0;
+                active = (rb->flags & RB_ACTIVE) != 0;
+                inactive = (rb->flags & RB_INACTIVE) != 0;
+                frames = rb->frames;
+            } else {
+                static const char *const bkeys[] = {"state", "size", "requested_size", "frames"};
+                static const size_t blens[] = {5, 4, 14, 6};
+                const pk_value_t *bv[4];
+                get_keys(blk, bkeys, blens, 4, blk_seen, bv);
+                const char *state = pk_str(bv[0]);
+                have_size = pk_int(bv[1], &bsize);
+                have_req = pk_int(bv[2], &req);
+                have_state = state != NULL;
+                active = have_state && strcmp(state, "active_allocated") == 0;
+                inactive = have_state && strcmp(state, "inactive") == 0;
+                frames = bv[3] != NULL && bv[3]->type == PK_LIST ? bv[3] : NULL;
+            }
+            if (!have_size || bsize < 0 || !have_state) {
                 snprintf(err, errlen, "segments[%zu].blocks[%zu]: missing 'size' or 'state'", s, b);
                 goto out;
             }
@@ -770,16 +1007,15 @@ static bool analyse(const pk_value_t *segments, const tr_settings_t *set, int de
                          s, b, (long long)bsize, (long long)total);
                 goto out;
             }
-            if (!pk_int(bv[2], &req) || req <= 0 || req > bsize)
+            if (!have_req || req <= 0 || req > bsize)
                 req = bsize;
-            if (strcmp(state, "active_allocated") == 0)
+            if (active)
                 d->final_allocated += (uint64_t)bsize;
-            if (strcmp(state, "inactive") != 0 && !tr_map_get(&touched, baddr, NULL)) {
-                const pk_value_t *fr = bv[3];
+            if (!inactive && !tr_map_get(&touched, baddr, NULL)) {
                 if (d->seeded_bytes + (uint64_t)req >= (uint64_t)TR_SUM_LIMIT)
                     goto too_much;
-                if (!add_seed(d, &cap, baddr, (uint64_t)req, (uint64_t)bsize, ustream,
-                              fr != NULL && fr->type == PK_LIST ? fr : NULL, (uint16_t)pool))
+                if (!add_seed(d, &cap, baddr, (uint64_t)req, (uint64_t)bsize, ustream, frames,
+                              (uint16_t)pool))
                     goto oom;
             }
             baddr += (uint64_t)bsize;
@@ -1031,10 +1267,15 @@ static bool from_doc(pk_doc_t *doc, recs_t *recs, tr_trace_t *t, char *err, size
     if (t->root != NULL && t->root->type == PK_LIST) {
         segments = t->root; /* an old-style snapshot: just the segment list */
         t->format = "segment list (legacy, state only)";
-    } else if (t->root != NULL && t->root->type == PK_DICT) {
+    } else if (t->root != NULL && (t->root->type == PK_DICT || dict_record(recs, t->root))) {
+        /* A handed-over block or segment reads as the dict it was: none of these keys is
+         * theirs. */
         segments = pk_get(t->root, "segments");
         traces = pk_get(t->root, "device_traces");
-        read_settings(pk_get(t->root, "allocator_settings"), &t->settings);
+        const pk_value_t *as = pk_get(t->root, "allocator_settings");
+        read_settings(as, &t->settings);
+        if (dict_record(recs, as))
+            t->settings.recorded = true;
         t->format = t->settings.recorded ? "snapshot with allocator_settings"
                                          : "snapshot without allocator_settings (older torch)";
     } else {
@@ -1053,7 +1294,11 @@ static bool from_doc(pk_doc_t *doc, recs_t *recs, tr_trace_t *t, char *err, size
     int ndev = (int)pk_len(traces);
     for (size_t s = 0; s < t->nsegments; s++) {
         int64_t dev = 0;
-        if (!pk_get_int(pk_at(segments, s), "device", &dev) || dev < 0 || dev > 4096) {
+        const pk_value_t *seg = pk_at(segments, s);
+        const rec_seg_t *rg = seg_of(recs, seg);
+        bool have_dev = rg != NULL ? (dev = rg->dev, (rg->flags & RS_DEV) != 0)
+                                   : pk_get_int(seg, "device", &dev);
+        if (!have_dev || dev < 0 || dev > 4096) {
             snprintf(err, errlen, "segments[%zu]: missing or bad 'device'", s);
             return false;
         }
@@ -1072,7 +1317,7 @@ static bool from_doc(pk_doc_t *doc, recs_t *recs, tr_trace_t *t, char *err, size
     }
     for (int d = 0; d < ndev; d++) {
         if (!load_events(pk_at(traces, (size_t)d), recs, d, &t->dev[d], err, errlen) ||
-            !analyse(segments, &t->settings, d, &t->dev[d], err, errlen))
+            !analyse(segments, recs, &t->settings, d, &t->dev[d], err, errlen))
             return false;
     }
     return true;
@@ -1172,6 +1417,8 @@ bool tr_load_opts(const char *path, bool frames, tr_trace_t *t, char *err, size_
     if (!ok) {
         free(recs.ev);
         free(recs.side);
+        free(recs.blk);
+        free(recs.seg);
         snprintf(err, errlen, "%s: %s", path, why);
         return false;
     }
@@ -1188,6 +1435,8 @@ bool tr_load_opts(const char *path, bool frames, tr_trace_t *t, char *err, size_
     ok = from_doc(doc, &recs, t, why, sizeof(why));
     t->ev_block = recs.ev; /* the devices' event arrays (tr_free frees it) */
     free(recs.side);
+    free(recs.blk);
+    free(recs.seg);
     if (!ok) {
         snprintf(err, errlen, "%s: %s", path, why);
         return false;

@@ -1270,3 +1270,226 @@ TEST_F(Replay, FinalStateKeysAreReadInAnyOrderLastOneCounting) {
     EXPECT_EQ(d.nseeds, 2u);
     tr_free(&t);
 }
+
+// The loader without stacks takes the final state's blocks as records: they read as their dicts
+// do (the last pair counting, a requested_size past the size read as the size, a block
+// without a size refused by its index), and a dict of a block's keys where no block belongs
+// (the settings, a segment's blocks, the whole document) reads as the dict it is.
+TEST_F(Replay, HandedOverBlocksReadLikeTheirDicts) {
+    auto block = [](sp__emit_t *e, const char *state, uint64_t size, int64_t req, bool sized) {
+        sp__emit_dict_begin(e);
+        sp__emit_key(e, "state");
+        sp__emit_str(e, "inactive");
+        if (sized) {
+            sp__emit_key(e, "size");
+            sp__emit_uint(e, size);
+        }
+        if (req >= 0) {
+            sp__emit_key(e, "requested_size");
+            sp__emit_int(e, req);
+        }
+        sp__emit_key(e, "frames");
+        sp__emit_list_begin(e);
+        sp__emit_list_end(e);
+        sp__emit_key(e, "state"); // the last one counts
+        sp__emit_str(e, state);
+        sp__emit_dict_end(e);
+    };
+    auto trace = [&](int bad) {
+        sp__emit_t e;
+        sp__emit_init(&e, false);
+        if (bad == 4) { // the document itself
+            block(&e, "active_allocated", MiB, -1, true);
+            return finish(&e);
+        }
+        sp__emit_dict_begin(&e);
+        sp__emit_key(&e, "segments");
+        sp__emit_list_begin(&e);
+        sp__emit_dict_begin(&e);
+        sp__emit_key(&e, "device");
+        sp__emit_int(&e, 0);
+        sp__emit_key(&e, "address");
+        sp__emit_uint(&e, SEG_A);
+        sp__emit_key(&e, "total_size");
+        sp__emit_uint(&e, 8 * MiB);
+        sp__emit_key(&e, "blocks");
+        if (bad == 2) {
+            block(&e, "active_allocated", MiB, -1, true);
+        } else {
+            sp__emit_list_begin(&e);
+            block(&e, "active_allocated", 2 * MiB, 1000, true);
+            block(&e, "inactive", MiB, -1, true);
+            block(&e, "active_pending_free", 3 * MiB, 4 * MiB, bad != 1);
+            block(&e, "active_allocated", 2 * MiB, -1, true);
+            sp__emit_list_end(&e);
+        }
+        sp__emit_dict_end(&e);
+        sp__emit_list_end(&e);
+        sp__emit_key(&e, "device_traces");
+        sp__emit_list_begin(&e);
+        sp__emit_list_begin(&e);
+        sp__emit_list_end(&e);
+        sp__emit_list_end(&e);
+        if (bad == 3) { // settings recorded, none of them known
+            sp__emit_key(&e, "allocator_settings");
+            block(&e, "inactive", MiB, -1, true);
+        }
+        sp__emit_dict_end(&e);
+        return finish(&e);
+    };
+    const char *want[] = {"", "segments[0].blocks[2]: missing 'size' or 'state'",
+                          "segments[0].blocks[0]: missing 'size' or 'state'", "",
+                          "not a memory snapshot (no 'segments' list)"};
+    for (int bad = 0; bad < 5; bad++) {
+        std::vector<unsigned char> b = trace(bad);
+        std::string path = "blocks_" + std::to_string(getpid()) + ".pickle";
+        tr_trace_t dict, fast;
+        std::string err;
+        char why[256] = "";
+        bool dict_ok = load(b, &dict, &err);
+        bool fast_ok = load_from_file(b, path, &fast, why, sizeof(why));
+        bool good = bad == 0 || bad == 3;
+        EXPECT_EQ(dict_ok, good) << bad << ": " << err;
+        EXPECT_EQ(fast_ok, good) << bad << ": " << why;
+        if (!good) {
+            EXPECT_EQ(err, want[bad]);
+            EXPECT_EQ(std::string(why), path + ": " + want[bad]);
+        } else {
+            EXPECT_STREQ(fast.format, dict.format);
+            EXPECT_EQ(std::string(fast.format), bad == 3 ? "snapshot with allocator_settings"
+                                                         : "snapshot without allocator_settings "
+                                                           "(older torch)");
+            const tr_device_t &f = fast.dev[0], &d = dict.dev[0];
+            EXPECT_EQ(f.final_allocated, 4 * MiB);
+            EXPECT_EQ(f.final_allocated, d.final_allocated);
+            ASSERT_EQ(f.nseeds, 3u);
+            ASSERT_EQ(d.nseeds, 3u);
+            // 1000 requested; 4 MiB requested of a 3 MiB block reads as its size
+            const uint64_t size[] = {1000, 3 * MiB, 2 * MiB}, bsize[] = {2 * MiB, 3 * MiB, 2 * MiB};
+            const uint64_t addr[] = {SEG_A, SEG_A + 3 * MiB, SEG_A + 6 * MiB};
+            for (size_t i = 0; i < 3; i++) {
+                EXPECT_EQ(f.seeds[i].addr, addr[i]) << i;
+                EXPECT_EQ(f.seeds[i].size, size[i]) << i;
+                EXPECT_EQ(f.seeds[i].bsize, bsize[i]) << i;
+                EXPECT_EQ(d.seeds[i].size, f.seeds[i].size) << i;
+                EXPECT_EQ(d.seeds[i].bsize, f.seeds[i].bsize) << i;
+            }
+        }
+        tr_free(&dict);
+        tr_free(&fast);
+    }
+}
+
+// The final state's segments are taken as records too: every field analyse reads comes out as
+// from the dict (a negative stream as a handle, a private pool's id, the segment type, an
+// expandable one), a bad device or a missing total_size refused by the segment's index, and a
+// segment's dict as the settings or as the document reads as the dict it is.
+TEST_F(Replay, HandedOverSegmentsReadLikeTheirDicts) {
+    auto segment = [](sp__emit_t *e, int bad, int i) {
+        sp__emit_dict_begin(e);
+        sp__emit_key(e, "device");
+        if (bad == 1 && i == 1)
+            sp__emit_str(e, "cuda:0");
+        else
+            sp__emit_int(e, 0);
+        sp__emit_key(e, "address");
+        sp__emit_uint(e, SEG_A + (uint64_t)i * 64 * MiB);
+        if (!(bad == 2 && i == 2)) {
+            sp__emit_key(e, "total_size");
+            sp__emit_uint(e, i == 1 ? 2 * MiB : 20 * MiB);
+        }
+        sp__emit_key(e, "allocated_size");
+        sp__emit_uint(e, MiB);
+        sp__emit_key(e, "stream");
+        sp__emit_int(e, i == 0 ? -3 : 7);
+        sp__emit_key(e, "segment_type");
+        sp__emit_str(e, i == 1 ? "small" : "large");
+        sp__emit_key(e, "segment_pool_id");
+        sp__emit_tuple2(e, i == 2 ? 1 : 0, i == 2 ? 5 : 0);
+        sp__emit_key(e, "is_expandable");
+        sp__emit_bool(e, i == 3);
+        sp__emit_key(e, "frames");
+        sp__emit_list_begin(e);
+        sp__emit_list_end(e);
+        sp__emit_key(e, "blocks");
+        sp__emit_list_begin(e);
+        emit_block(e, SEG_A + (uint64_t)i * 64 * MiB, MiB, 1000, "active_allocated");
+        sp__emit_list_end(e);
+        sp__emit_key(e, "stream"); // the last one counts
+        sp__emit_int(e, i == 0 ? -3 : 9);
+        sp__emit_dict_end(e);
+    };
+    auto trace = [&](int bad) {
+        sp__emit_t e;
+        sp__emit_init(&e, false);
+        if (bad == 4) { // the document itself
+            segment(&e, 0, 0);
+            return finish(&e);
+        }
+        sp__emit_dict_begin(&e);
+        sp__emit_key(&e, "segments");
+        sp__emit_list_begin(&e);
+        for (int i = 0; i < 4; i++)
+            segment(&e, bad, i);
+        sp__emit_list_end(&e);
+        sp__emit_key(&e, "device_traces");
+        sp__emit_list_begin(&e);
+        sp__emit_list_begin(&e);
+        sp__emit_list_end(&e);
+        sp__emit_list_end(&e);
+        if (bad == 3) { // settings recorded, none of them known
+            sp__emit_key(&e, "allocator_settings");
+            segment(&e, 0, 1);
+        }
+        sp__emit_dict_end(&e);
+        return finish(&e);
+    };
+    const char *want[] = {"", "segments[1]: missing or bad 'device'",
+                          "segments[2]: missing 'address' or 'total_size'", "",
+                          "not a memory snapshot (no 'segments' list)"};
+    for (int bad = 0; bad < 5; bad++) {
+        std::vector<unsigned char> b = trace(bad);
+        std::string path = "segments_" + std::to_string(getpid()) + ".pickle";
+        tr_trace_t dict, fast;
+        std::string err;
+        char why[256] = "";
+        bool dict_ok = load(b, &dict, &err);
+        bool fast_ok = load_from_file(b, path, &fast, why, sizeof(why));
+        bool good = bad == 0 || bad == 3;
+        EXPECT_EQ(dict_ok, good) << bad << ": " << err;
+        EXPECT_EQ(fast_ok, good) << bad << ": " << why;
+        if (!good) {
+            EXPECT_EQ(err, want[bad]);
+            EXPECT_EQ(std::string(why), path + ": " + want[bad]);
+        } else {
+            EXPECT_STREQ(fast.format, dict.format);
+            EXPECT_EQ(std::string(fast.format), bad == 3 ? "snapshot with allocator_settings"
+                                                         : "snapshot without allocator_settings "
+                                                           "(older torch)");
+            const tr_device_t &f = fast.dev[0], &d = dict.dev[0];
+            EXPECT_EQ(f.final_reserved, 62 * MiB);
+            EXPECT_EQ(f.final_reserved, d.final_reserved);
+            EXPECT_EQ(f.nstreams, 3u); // the handle of -3, 9, and the default stream
+            EXPECT_EQ(f.nstreams, d.nstreams);
+            EXPECT_EQ(f.npools, 1u);
+            EXPECT_EQ(f.npools, d.npools);
+            ASSERT_EQ(f.nstart, 4u); // three fixed segments and the expandable one's range
+            ASSERT_EQ(d.nstart, 4u);
+            for (size_t i = 0; i < 4; i++) {
+                EXPECT_EQ(f.start[i].addr, SEG_A + i * 64 * MiB) << i;
+                EXPECT_EQ(f.start[i].size, d.start[i].size) << i;
+                EXPECT_EQ(f.start[i].stream, d.start[i].stream) << i;
+                EXPECT_EQ(f.start[i].pool, d.start[i].pool) << i;
+                EXPECT_EQ(f.start[i].is_small, d.start[i].is_small) << i;
+            }
+            EXPECT_EQ(f.start[0].stream, (uint64_t)-3);
+            EXPECT_EQ(f.start[1].stream, 9u);
+            EXPECT_TRUE(f.start[1].is_small);
+            EXPECT_EQ(f.start[2].pool, 1u);
+            EXPECT_EQ(f.nseeds, 4u);
+            EXPECT_EQ(f.nseeds, d.nseeds);
+        }
+        tr_free(&dict);
+        tr_free(&fast);
+    }
+}
