@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <functional>
 #include <iterator>
 #include <string>
 #include <vector>
@@ -1271,6 +1272,69 @@ TEST_F(Replay, FinalStateKeysAreReadInAnyOrderLastOneCounting) {
     tr_free(&t);
 }
 
+// A snapshot for the two loaders' agreement tests: its segments list written by `segments`;
+// `stray` (a block's or a segment's dict) written where none belongs: as the whole document
+// (bad 4) or as allocator_settings (bad 3, settings recorded but none known).
+static std::vector<unsigned char> stray_snapshot(int bad,
+                                                 const std::function<void(sp__emit_t *)> &segments,
+                                                 const std::function<void(sp__emit_t *)> &stray) {
+    sp__emit_t e;
+    sp__emit_init(&e, false);
+    if (bad == 4) {
+        stray(&e);
+        return finish(&e);
+    }
+    sp__emit_dict_begin(&e);
+    sp__emit_key(&e, "segments");
+    sp__emit_list_begin(&e);
+    segments(&e);
+    sp__emit_list_end(&e);
+    sp__emit_key(&e, "device_traces");
+    sp__emit_list_begin(&e);
+    sp__emit_list_begin(&e);
+    sp__emit_list_end(&e);
+    sp__emit_list_end(&e);
+    if (bad == 3) {
+        sp__emit_key(&e, "allocator_settings");
+        stray(&e);
+    }
+    sp__emit_dict_end(&e);
+    return finish(&e);
+}
+
+// Loads trace(bad) for bad 0..4 with the dict loader and with the loader without stacks (from a
+// file): 0 and 3 load in both, with the same format, and `check` compares their device 0; the
+// others fail in both with want[bad].
+static void
+expect_loaders_agree(const std::function<std::vector<unsigned char>(int)> &trace,
+                     const char *const want[5], const char *stem,
+                     const std::function<void(const tr_device_t &, const tr_device_t &)> &check) {
+    for (int bad = 0; bad < 5; bad++) {
+        std::vector<unsigned char> b = trace(bad);
+        std::string path = std::string(stem) + "_" + std::to_string(getpid()) + ".pickle";
+        tr_trace_t dict, fast;
+        std::string err;
+        char why[256] = "";
+        bool dict_ok = load(b, &dict, &err);
+        bool fast_ok = load_from_file(b, path, &fast, why, sizeof(why));
+        bool good = bad == 0 || bad == 3;
+        EXPECT_EQ(dict_ok, good) << bad << ": " << err;
+        EXPECT_EQ(fast_ok, good) << bad << ": " << why;
+        if (!good) {
+            EXPECT_EQ(err, want[bad]);
+            EXPECT_EQ(std::string(why), path + ": " + want[bad]);
+        } else if (dict_ok && fast_ok) {
+            EXPECT_STREQ(fast.format, dict.format);
+            EXPECT_EQ(std::string(fast.format), bad == 3 ? "snapshot with allocator_settings"
+                                                         : "snapshot without allocator_settings "
+                                                           "(older torch)");
+            check(fast.dev[0], dict.dev[0]);
+        }
+        tr_free(&dict);
+        tr_free(&fast);
+    }
+}
+
 // The loader without stacks takes the final state's blocks as records: they read as their dicts
 // do (the last pair counting, a requested_size past the size read as the size, a block
 // without a size refused by its index), and a dict of a block's keys where no block belongs
@@ -1296,88 +1360,50 @@ TEST_F(Replay, HandedOverBlocksReadLikeTheirDicts) {
         sp__emit_dict_end(e);
     };
     auto trace = [&](int bad) {
-        sp__emit_t e;
-        sp__emit_init(&e, false);
-        if (bad == 4) { // the document itself
-            block(&e, "active_allocated", MiB, -1, true);
-            return finish(&e);
-        }
-        sp__emit_dict_begin(&e);
-        sp__emit_key(&e, "segments");
-        sp__emit_list_begin(&e);
-        sp__emit_dict_begin(&e);
-        sp__emit_key(&e, "device");
-        sp__emit_int(&e, 0);
-        sp__emit_key(&e, "address");
-        sp__emit_uint(&e, SEG_A);
-        sp__emit_key(&e, "total_size");
-        sp__emit_uint(&e, 8 * MiB);
-        sp__emit_key(&e, "blocks");
-        if (bad == 2) {
-            block(&e, "active_allocated", MiB, -1, true);
-        } else {
-            sp__emit_list_begin(&e);
-            block(&e, "active_allocated", 2 * MiB, 1000, true);
-            block(&e, "inactive", MiB, -1, true);
-            block(&e, "active_pending_free", 3 * MiB, 4 * MiB, bad != 1);
-            block(&e, "active_allocated", 2 * MiB, -1, true);
-            sp__emit_list_end(&e);
-        }
-        sp__emit_dict_end(&e);
-        sp__emit_list_end(&e);
-        sp__emit_key(&e, "device_traces");
-        sp__emit_list_begin(&e);
-        sp__emit_list_begin(&e);
-        sp__emit_list_end(&e);
-        sp__emit_list_end(&e);
-        if (bad == 3) { // settings recorded, none of them known
-            sp__emit_key(&e, "allocator_settings");
-            block(&e, "inactive", MiB, -1, true);
-        }
-        sp__emit_dict_end(&e);
-        return finish(&e);
+        auto segments = [&](sp__emit_t *e) {
+            sp__emit_dict_begin(e);
+            sp__emit_key(e, "device");
+            sp__emit_int(e, 0);
+            sp__emit_key(e, "address");
+            sp__emit_uint(e, SEG_A);
+            sp__emit_key(e, "total_size");
+            sp__emit_uint(e, 8 * MiB);
+            sp__emit_key(e, "blocks");
+            if (bad == 2) {
+                block(e, "active_allocated", MiB, -1, true);
+            } else {
+                sp__emit_list_begin(e);
+                block(e, "active_allocated", 2 * MiB, 1000, true);
+                block(e, "inactive", MiB, -1, true);
+                block(e, "active_pending_free", 3 * MiB, 4 * MiB, bad != 1);
+                block(e, "active_allocated", 2 * MiB, -1, true);
+                sp__emit_list_end(e);
+            }
+            sp__emit_dict_end(e);
+        };
+        return stray_snapshot(bad, segments, [&](sp__emit_t *e) {
+            block(e, bad == 4 ? "active_allocated" : "inactive", MiB, -1, true);
+        });
     };
     const char *want[] = {"", "segments[0].blocks[2]: missing 'size' or 'state'",
                           "segments[0].blocks[0]: missing 'size' or 'state'", "",
                           "not a memory snapshot (no 'segments' list)"};
-    for (int bad = 0; bad < 5; bad++) {
-        std::vector<unsigned char> b = trace(bad);
-        std::string path = "blocks_" + std::to_string(getpid()) + ".pickle";
-        tr_trace_t dict, fast;
-        std::string err;
-        char why[256] = "";
-        bool dict_ok = load(b, &dict, &err);
-        bool fast_ok = load_from_file(b, path, &fast, why, sizeof(why));
-        bool good = bad == 0 || bad == 3;
-        EXPECT_EQ(dict_ok, good) << bad << ": " << err;
-        EXPECT_EQ(fast_ok, good) << bad << ": " << why;
-        if (!good) {
-            EXPECT_EQ(err, want[bad]);
-            EXPECT_EQ(std::string(why), path + ": " + want[bad]);
-        } else {
-            EXPECT_STREQ(fast.format, dict.format);
-            EXPECT_EQ(std::string(fast.format), bad == 3 ? "snapshot with allocator_settings"
-                                                         : "snapshot without allocator_settings "
-                                                           "(older torch)");
-            const tr_device_t &f = fast.dev[0], &d = dict.dev[0];
-            EXPECT_EQ(f.final_allocated, 4 * MiB);
-            EXPECT_EQ(f.final_allocated, d.final_allocated);
-            ASSERT_EQ(f.nseeds, 3u);
-            ASSERT_EQ(d.nseeds, 3u);
-            // 1000 requested; 4 MiB requested of a 3 MiB block reads as its size
-            const uint64_t size[] = {1000, 3 * MiB, 2 * MiB}, bsize[] = {2 * MiB, 3 * MiB, 2 * MiB};
-            const uint64_t addr[] = {SEG_A, SEG_A + 3 * MiB, SEG_A + 6 * MiB};
-            for (size_t i = 0; i < 3; i++) {
-                EXPECT_EQ(f.seeds[i].addr, addr[i]) << i;
-                EXPECT_EQ(f.seeds[i].size, size[i]) << i;
-                EXPECT_EQ(f.seeds[i].bsize, bsize[i]) << i;
-                EXPECT_EQ(d.seeds[i].size, f.seeds[i].size) << i;
-                EXPECT_EQ(d.seeds[i].bsize, f.seeds[i].bsize) << i;
-            }
+    expect_loaders_agree(trace, want, "blocks", [](const tr_device_t &f, const tr_device_t &d) {
+        EXPECT_EQ(f.final_allocated, 4 * MiB);
+        EXPECT_EQ(f.final_allocated, d.final_allocated);
+        ASSERT_EQ(f.nseeds, 3u);
+        ASSERT_EQ(d.nseeds, 3u);
+        // 1000 requested; 4 MiB requested of a 3 MiB block reads as its size
+        const uint64_t size[] = {1000, 3 * MiB, 2 * MiB}, bsize[] = {2 * MiB, 3 * MiB, 2 * MiB};
+        const uint64_t addr[] = {SEG_A, SEG_A + 3 * MiB, SEG_A + 6 * MiB};
+        for (size_t i = 0; i < 3; i++) {
+            EXPECT_EQ(f.seeds[i].addr, addr[i]) << i;
+            EXPECT_EQ(f.seeds[i].size, size[i]) << i;
+            EXPECT_EQ(f.seeds[i].bsize, bsize[i]) << i;
+            EXPECT_EQ(d.seeds[i].size, f.seeds[i].size) << i;
+            EXPECT_EQ(d.seeds[i].bsize, f.seeds[i].bsize) << i;
         }
-        tr_free(&dict);
-        tr_free(&fast);
-    }
+    });
 }
 
 // The final state's segments are taken as records too: every field analyse reads comes out as
@@ -1420,76 +1446,37 @@ TEST_F(Replay, HandedOverSegmentsReadLikeTheirDicts) {
         sp__emit_dict_end(e);
     };
     auto trace = [&](int bad) {
-        sp__emit_t e;
-        sp__emit_init(&e, false);
-        if (bad == 4) { // the document itself
-            segment(&e, 0, 0);
-            return finish(&e);
-        }
-        sp__emit_dict_begin(&e);
-        sp__emit_key(&e, "segments");
-        sp__emit_list_begin(&e);
-        for (int i = 0; i < 4; i++)
-            segment(&e, bad, i);
-        sp__emit_list_end(&e);
-        sp__emit_key(&e, "device_traces");
-        sp__emit_list_begin(&e);
-        sp__emit_list_begin(&e);
-        sp__emit_list_end(&e);
-        sp__emit_list_end(&e);
-        if (bad == 3) { // settings recorded, none of them known
-            sp__emit_key(&e, "allocator_settings");
-            segment(&e, 0, 1);
-        }
-        sp__emit_dict_end(&e);
-        return finish(&e);
+        auto segments = [&](sp__emit_t *e) {
+            for (int i = 0; i < 4; i++)
+                segment(e, bad, i);
+        };
+        return stray_snapshot(bad, segments,
+                              [&](sp__emit_t *e) { segment(e, 0, bad == 4 ? 0 : 1); });
     };
     const char *want[] = {"", "segments[1]: missing or bad 'device'",
                           "segments[2]: missing 'address' or 'total_size'", "",
                           "not a memory snapshot (no 'segments' list)"};
-    for (int bad = 0; bad < 5; bad++) {
-        std::vector<unsigned char> b = trace(bad);
-        std::string path = "segments_" + std::to_string(getpid()) + ".pickle";
-        tr_trace_t dict, fast;
-        std::string err;
-        char why[256] = "";
-        bool dict_ok = load(b, &dict, &err);
-        bool fast_ok = load_from_file(b, path, &fast, why, sizeof(why));
-        bool good = bad == 0 || bad == 3;
-        EXPECT_EQ(dict_ok, good) << bad << ": " << err;
-        EXPECT_EQ(fast_ok, good) << bad << ": " << why;
-        if (!good) {
-            EXPECT_EQ(err, want[bad]);
-            EXPECT_EQ(std::string(why), path + ": " + want[bad]);
-        } else {
-            EXPECT_STREQ(fast.format, dict.format);
-            EXPECT_EQ(std::string(fast.format), bad == 3 ? "snapshot with allocator_settings"
-                                                         : "snapshot without allocator_settings "
-                                                           "(older torch)");
-            const tr_device_t &f = fast.dev[0], &d = dict.dev[0];
-            EXPECT_EQ(f.final_reserved, 62 * MiB);
-            EXPECT_EQ(f.final_reserved, d.final_reserved);
-            EXPECT_EQ(f.nstreams, 3u); // the handle of -3, 9, and the default stream
-            EXPECT_EQ(f.nstreams, d.nstreams);
-            EXPECT_EQ(f.npools, 1u);
-            EXPECT_EQ(f.npools, d.npools);
-            ASSERT_EQ(f.nstart, 4u); // three fixed segments and the expandable one's range
-            ASSERT_EQ(d.nstart, 4u);
-            for (size_t i = 0; i < 4; i++) {
-                EXPECT_EQ(f.start[i].addr, SEG_A + i * 64 * MiB) << i;
-                EXPECT_EQ(f.start[i].size, d.start[i].size) << i;
-                EXPECT_EQ(f.start[i].stream, d.start[i].stream) << i;
-                EXPECT_EQ(f.start[i].pool, d.start[i].pool) << i;
-                EXPECT_EQ(f.start[i].is_small, d.start[i].is_small) << i;
-            }
-            EXPECT_EQ(f.start[0].stream, (uint64_t)-3);
-            EXPECT_EQ(f.start[1].stream, 9u);
-            EXPECT_TRUE(f.start[1].is_small);
-            EXPECT_EQ(f.start[2].pool, 1u);
-            EXPECT_EQ(f.nseeds, 4u);
-            EXPECT_EQ(f.nseeds, d.nseeds);
+    expect_loaders_agree(trace, want, "segments", [](const tr_device_t &f, const tr_device_t &d) {
+        EXPECT_EQ(f.final_reserved, 62 * MiB);
+        EXPECT_EQ(f.final_reserved, d.final_reserved);
+        EXPECT_EQ(f.nstreams, 3u); // the handle of -3, 9, and the default stream
+        EXPECT_EQ(f.nstreams, d.nstreams);
+        EXPECT_EQ(f.npools, 1u);
+        EXPECT_EQ(f.npools, d.npools);
+        ASSERT_EQ(f.nstart, 4u); // three fixed segments and the expandable one's range
+        ASSERT_EQ(d.nstart, 4u);
+        for (size_t i = 0; i < 4; i++) {
+            EXPECT_EQ(f.start[i].addr, SEG_A + i * 64 * MiB) << i;
+            EXPECT_EQ(f.start[i].size, d.start[i].size) << i;
+            EXPECT_EQ(f.start[i].stream, d.start[i].stream) << i;
+            EXPECT_EQ(f.start[i].pool, d.start[i].pool) << i;
+            EXPECT_EQ(f.start[i].is_small, d.start[i].is_small) << i;
         }
-        tr_free(&dict);
-        tr_free(&fast);
-    }
+        EXPECT_EQ(f.start[0].stream, (uint64_t)-3);
+        EXPECT_EQ(f.start[1].stream, 9u);
+        EXPECT_TRUE(f.start[1].is_small);
+        EXPECT_EQ(f.start[2].pool, 1u);
+        EXPECT_EQ(f.nseeds, 4u);
+        EXPECT_EQ(f.nseeds, d.nseeds);
+    });
 }
