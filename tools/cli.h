@@ -96,8 +96,11 @@ typedef struct replay_result {
     size_t start_segments;           /* segments rebuilt as they were before the trace */
     uint64_t start_bytes;            /* their bytes */
     size_t start_blocks;             /* their live blocks */
-    bool start_requested;            /* the segment kind differs from the recorded run's: every
-                                      * live starting block requested instead (no segments) */
+    bool start_requested;            /* the segment kind differs from the recorded run's (or
+                                      * start_rules_differ): every live starting block requested
+                                      * instead (no segments) */
+    bool start_rules_differ;         /* both expandable, the recorded run's by PyTorch's rules,
+                                      * --conf's by ours (replay_set_user_conf) */
     uint64_t pytorch_start_reserved; /* PyTorch's reserved before the first event */
     int64_t start_reserved;          /* ours once the starting state is built: the peak's floor */
     size_t empty_caches;             /* the user's empty_cache calls replayed */
@@ -112,6 +115,15 @@ typedef struct replay_result {
  * the end. Returns false with a reason (sympool failures other than OOM). */
 bool replay_trace(const tr_trace_t *t, const char *snapshot_out, replay_result_t *r, char *err,
                   size_t errlen);
+
+/* Whether the settings replayed are the user's (--conf) rather than the snapshot's own. With
+ * them, a recording made with expandable segments (PyTorch's rules) replayed under expandable
+ * segments with any of our rules on (SYMPOOL_EXPANDABLE_PAGE, _RECYCLE or _BORROW not 0) starts
+ * from its live blocks requested, as a change of segment kind does: the recorded mapped pages
+ * are what PyTorch's rules kept (20 MiB units, freed pages mapped until an OOM or empty_cache),
+ * not what the configuration asked about would hold. Without --conf the replay re-enacts the
+ * recorded run and keeps them. Default false. */
+void replay_set_user_conf(bool given);
 
 #ifdef __cplusplus
 }

@@ -457,12 +457,29 @@ static bool init_capped(int ndev, const char *conf, const char *capacity, char *
 }
 
 /* Whether the configuration in force uses expandable segments. */
-static bool effective_expandable(void) {
+static int64_t option_int(const char *name) {
     sp_x_option_info_t info;
     for (int i = 0; sp_x_option_info(i, &info); i++)
-        if (strcmp(info.name, "SYMPOOL_EXPANDABLE_SEGMENTS") == 0)
-            return info.value_int != 0;
-    return false;
+        if (strcmp(info.name, name) == 0)
+            return info.value_int;
+    return 0;
+}
+
+static bool effective_expandable(void) {
+    return option_int("SYMPOOL_EXPANDABLE_SEGMENTS") != 0;
+}
+
+/* Expandable segments with a rule of ours on (PAGE, RECYCLE and BORROW at 0 are PyTorch's). */
+static bool expandable_rules_ours(void) {
+    return option_int("SYMPOOL_EXPANDABLE_PAGE") != 0 ||
+           option_int("SYMPOOL_EXPANDABLE_RECYCLE") != 0 ||
+           option_int("SYMPOOL_EXPANDABLE_BORROW") != 0;
+}
+
+static bool g_user_conf;
+
+void replay_set_user_conf(bool given) {
+    g_user_conf = given;
 }
 
 /* One replay (see replay_trace); `last`: the process exits after it without sp_shutdown, so
@@ -490,6 +507,13 @@ static bool replay_once(const tr_trace_t *t, const char *snapshot_out, bool last
      * other segment kind they cannot exist, and rebuilding them would hand the replay the
      * recorded run's cached free space, which that kind would not have kept. */
     r->start_requested = t->settings.expandable != effective_expandable();
+    /* The same when --conf asks about expandable segments under our rules and the recording's
+     * are PyTorch's: its mapped pages (20 MiB units, freed ones kept until an OOM or
+     * empty_cache) are what those rules kept; ours would have mapped and unmapped others. The
+     * snapshot's own settings (no --conf) re-enact the recorded run from them. */
+    r->start_rules_differ =
+        g_user_conf && !r->start_requested && t->settings.expandable && expandable_rules_ours();
+    r->start_requested = r->start_requested || r->start_rules_differ;
     /* The recorded run's memory fraction, against the emulated device's capacity. */
     for (int d = 0; ok && t->settings.fraction > 0 && d < t->ndev; d++)
         if (sp_set_memory_fraction(t->settings.fraction, d) != SP_SUCCESS) {
@@ -647,10 +671,13 @@ static void print_text(const char *trace, const tr_trace_t *t, const replay_resu
            r->trace_entries, r->allocs, r->frees, r->empty_caches, r->deferred_frees);
     if (r->start_requested)
         printf("  starting state       its live blocks requested under this configuration (the "
-               "recorded segment layout is %s segments): %zu blocks, %.3f GiB (recorded run: "
+               "recorded segment layout is %s): %zu blocks, %.3f GiB (recorded run: "
                "%.3f GiB reserved)\n",
-               t->settings.expandable ? "expandable" : "fixed", r->seeded_blocks,
-               gib((double)r->seeded_bytes), gib((double)r->pytorch_start_reserved));
+               r->start_rules_differ    ? "expandable segments by PyTorch's rules, replayed by ours"
+               : t->settings.expandable ? "expandable segments"
+                                        : "fixed segments",
+               r->seeded_blocks, gib((double)r->seeded_bytes),
+               gib((double)r->pytorch_start_reserved));
     else
         printf("  starting state       the recorded segments: %zu segments, %.3f GiB (recorded "
                "run: %.3f GiB reserved); %zu live blocks in them, %zu more (%.3f GiB) outside\n",
@@ -1038,6 +1065,7 @@ int sp_cli_replay(int argc, char **argv) {
         tr_free(&t);
         return 1;
     }
+    replay_set_user_conf(a.conf != NULL);
     if (a.ncompare > 0) {
         rc = replay_compare(a.trace, &t, a.conf, a.compare, a.ncompare, a.capacity, a.json,
                             a.repeat);
