@@ -12,8 +12,8 @@
  * block where it is (no search from the root) and let the rebalancing walk up only as far as
  * a subtree's height changes, which is O(1) amortized for the traffic a cache sees. An insert
  * next to the hint (block_set.h) starts there: the block sorts just below the hint and above
- * the hint's predecessor, so it is linked beside them without a root walk; any other insert
- * walks down from the root, O(log n).
+ * the hint's predecessor, or just above the hint and below its successor, so it is linked
+ * beside them without a root walk; any other insert walks down from the root, O(log n).
  *
  * The cache-hit path avoids a remove + insert pair where it can: a split remainder keeps its
  * node with a smaller key, and a merged block keeps a free neighbour's node with a larger one,
@@ -140,6 +140,22 @@ void sp__bset_insert(sp_block_set_t *set, sp_block_t *b) {
                 left = true;
             } else {
                 parent = p;
+            }
+        }
+    } else if (h) {
+        /* Between the hint and its successor, the mirror case: frees of equal-sized blocks in
+         * rising address order (a layer's tensors freed in the order they were made) each sort
+         * just above the block inserted before, which is the hint. The hint's right link is
+         * free when the successor is an ancestor, else the successor (leftmost below the hint's
+         * right child) has a free left link. Either way it is the leaf the root walk reaches:
+         * a new key has one place among the leaves. */
+        sp_block_t *sc = sp__bset_succ(set, h);
+        if (!sc || sp__bset_less(set, b, sc)) {
+            if (!h->right) {
+                parent = h;
+            } else {
+                parent = sc;
+                left = true;
             }
         }
     }
