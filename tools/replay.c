@@ -390,6 +390,20 @@ static bool build_start(dev_state_t *ds, int d, const tr_device_t *td, bool requ
 }
 
 /* Every event of one device in order. */
+/* The most blocks the replay of td can hold at once, beside those ds holds now: the running
+ * count of allocations less frees at its highest. A free of a block the replay never had counts
+ * too, so this can fall short; the map then grows during the replay as it would anyway. */
+static size_t most_live(const dev_state_t *ds, const tr_device_t *td) {
+    size_t live = ds->blocks.n, most = live;
+    for (size_t i = 0; i < td->nev; i++) {
+        if (td->ev[i].action == TR_ALLOC)
+            most = ++live > most ? live : most;
+        else if (td->ev[i].action == TR_FREE_REQUESTED && live > 0)
+            live--;
+    }
+    return most;
+}
+
 static bool replay_device(dev_state_t *ds, int d, const tr_device_t *td, frames_src_t *fs,
                           bool with_frames, replay_result_t *r, char *err, size_t errlen) {
     bool ok = true;
@@ -522,6 +536,13 @@ static bool replay_once(const tr_trace_t *t, const char *snapshot_out, bool last
      * blocks' stacks) before the trace is recorded. */
     if (ok && snapshot_out != NULL)
         ok = history(SP_HISTORY_OFF, err, errlen) && history(SP_HISTORY_ALL, err, errlen);
+    /* The address maps are sized for the whole replay before the clock starts: growing one
+     * (a calloc and a rehash of every entry) is setup, not the cost of an event. */
+    for (int d = 0; ok && d < t->ndev; d++)
+        if (!tr_map_reserve(&ds[d].blocks, most_live(&ds[d], &t->dev[d]))) {
+            snprintf(err, errlen, "out of memory");
+            ok = false;
+        }
     uint64_t t0 = now_ns();
     for (int d = 0; ok && d < t->ndev; d++)
         ok = replay_device(&ds[d], d, &t->dev[d], &fs, snapshot_out != NULL, r, err, errlen);
