@@ -52,13 +52,6 @@ static bool map_grow(tr_map_t *m) {
     return true;
 }
 
-bool tr_map_reserve(tr_map_t *m, size_t n) {
-    while ((n + 1) * 2 > m->cap)
-        if (!map_grow(m))
-            return false;
-    return true;
-}
-
 bool tr_map_put(tr_map_t *m, uint64_t key, uintptr_t val) {
     if (key == 0)
         return false;

@@ -154,7 +154,6 @@ typedef struct tr_map {
 bool tr_map_put(tr_map_t *m, uint64_t key, uintptr_t val); /* insert or replace; false on OOM */
 bool tr_map_get(const tr_map_t *m, uint64_t key, uintptr_t *val_p);
 bool tr_map_del(tr_map_t *m, uint64_t key, uintptr_t *val_p); /* false when absent */
-bool tr_map_reserve(tr_map_t *m, size_t n); /* room for n keys without growing; false on OOM */
 void tr_map_free(tr_map_t *m);
 
 #ifdef __cplusplus
