@@ -103,7 +103,17 @@ static sp_block_t *rot_left(sp_block_set_t *set, sp_block_t *x) {
 static void retrace(sp_block_set_t *set, sp_block_t *n) {
     while (n) {
         int before = n->height;
-        int bf = height(L(n)) - height(R(n));
+        /* Each child's height read once: the balanced case (nearly every step) sets n's height
+         * from them, or stops without a store when it keeps the height it had. */
+        int hl = height(L(n)), hr = height(R(n)), bf = hl - hr;
+        if (bf >= -1 && bf <= 1) {
+            int h = (hl > hr ? hl : hr) + 1;
+            if (h == before)
+                return;
+            n->height = (int8_t)h;
+            n = P(n);
+            continue;
+        }
         if (bf > 1) {
             if (height(L(L(n))) < height(R(L(n))))
                 (void)rot_left(set, L(n));
@@ -112,8 +122,6 @@ static void retrace(sp_block_set_t *set, sp_block_t *n) {
             if (height(R(R(n))) < height(L(R(n))))
                 (void)rot_right(set, R(n));
             n = rot_left(set, n);
-        } else {
-            fix_height(n);
         }
         if (n->height == before)
             return;
