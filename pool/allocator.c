@@ -1060,9 +1060,10 @@ static sp_status_t map_pseudo_stream(const char *what, sp_stream_t *stream_p) {
  * form? That form is the commonest hit: an ordinary (not expandable, not oversize) block that
  * splits, with an idle struct for the allocated part, room in the pointer map, and a remainder
  * that keeps b's tree node (a predecessor of the same stream sorts by size first, so one smaller
- * than the remainder stays below it). Everything it skips needs a call or cannot apply then. */
+ * than the remainder stays below it). Everything it skips needs a call or cannot apply then.
+ * has_struct: leave the idle struct out of the question (a constant at each call). */
 static inline bool hit_is_plain(const sp_devalloc_t *d, const sp_bpool_t *bp, const sp_block_t *b,
-                                const sp_block_t *pred, size_t size) {
+                                const sp_block_t *pred, size_t size, bool has_struct) {
     /* should_split for the default pool without expandable segments (sp__g.hit_fast): it never
      * has no_split, and size < max_split_size follows from b's size. */
     assert(!bp->pool->no_split && !sp__bseg(b)->expandable && !sp__exp_pool(bp->pool));
@@ -1072,7 +1073,7 @@ static inline bool hit_is_plain(const sp_devalloc_t *d, const sp_bpool_t *bp, co
     assert(!bp->is_small || b->size < sp__g.conf.max_split_size);
     return (bp->is_small ? rest >= SP_MIN_BLOCK_SIZE
                          : b->size < sp__g.conf.max_split_size && rest > SP_SMALL_SIZE) &&
-           d->spare && sp__ptr_map_room(&d->map) &&
+           (has_struct || d->spare) && sp__ptr_map_room(&d->map) &&
            (!pred || sp__block_stream(pred) != sp__block_stream(b) || pred->size < rest);
 }
 
@@ -1110,6 +1111,17 @@ static __attribute__((noinline)) sp_status_t malloc_rest(sp_devalloc_t *d, sp_me
             sp__unlock(&d->lock);
             return SP_SUCCESS;
         }
+        /* A plain split but for the idle struct: the whole path's block_take would take the
+         * slab's next one (a fresh allocator has none idle, so this is every split until frees
+         * give some back). Taken here onto the idle list, it is the one HIT_SPLIT pops. */
+        if (sp__block_stream(b) == stream && !d->spare && d->slab_left &&
+            hit_is_plain(d, bp, b, pred, size, true)) {
+            spare_push(d, slab_take(d));
+            b = hand_out(d, b, true, pred, size, orig, 0, false, HIT_SPLIT);
+            *ptr_p = (void *)b->addr;
+            sp__unlock(&d->lock);
+            return SP_SUCCESS;
+        }
     }
     return alloc_locked(d, pool, orig, stream, ptr_p, 0, false);
 }
@@ -1132,7 +1144,8 @@ malloc_hit(sp_devalloc_t *d, size_t orig, sp_stream_t stream, void **ptr_p, sp_s
     assert(!pool->destroyed); /* a default pool never is */
     if (SP_LIKELY(!d->pending_events && !d->gc_enabled))
         b = sp__bset_find_fit(&bp->free, stream, size, &pred);
-    if (SP_LIKELY(b && sp__block_stream(b) == stream && hit_is_plain(d, bp, b, pred, size))) {
+    if (SP_LIKELY(b && sp__block_stream(b) == stream &&
+                  hit_is_plain(d, bp, b, pred, size, false))) {
         b = hand_out(d, b, true, pred, size, orig, 0, false, HIT_SPLIT);
         *ptr_p = (void *)b->addr;
         sp__unlock(&d->lock);
