@@ -12,8 +12,8 @@
  * block where it is (no search from the root) and let the rebalancing walk up only as far as
  * a subtree's height changes, which is O(1) amortized for the traffic a cache sees. An insert
  * next to the hint (block_set.h) starts there: the block sorts just below the hint and above
- * the hint's predecessor, so it is linked beside them without a root walk; any other insert
- * walks down from the root, O(log n).
+ * the hint's predecessor, or just above the hint and below its successor, so it is linked
+ * beside them without a root walk; any other insert walks down from the root, O(log n).
  *
  * The cache-hit path avoids a remove + insert pair where it can: a split remainder keeps its
  * node with a smaller key, and a merged block keeps a free neighbour's node with a larger one,
@@ -103,7 +103,17 @@ static sp_block_t *rot_left(sp_block_set_t *set, sp_block_t *x) {
 static void retrace(sp_block_set_t *set, sp_block_t *n) {
     while (n) {
         int before = n->height;
-        int bf = height(L(n)) - height(R(n));
+        /* Each child's height read once: the balanced case (nearly every step) sets n's height
+         * from them, or stops without a store when it keeps the height it had. */
+        int hl = height(L(n)), hr = height(R(n)), bf = hl - hr;
+        if (bf >= -1 && bf <= 1) {
+            int h = (hl > hr ? hl : hr) + 1;
+            if (h == before)
+                return;
+            n->height = (int8_t)h;
+            n = P(n);
+            continue;
+        }
         if (bf > 1) {
             if (height(L(L(n))) < height(R(L(n))))
                 (void)rot_left(set, L(n));
@@ -112,8 +122,6 @@ static void retrace(sp_block_set_t *set, sp_block_t *n) {
             if (height(R(R(n))) < height(L(R(n))))
                 (void)rot_right(set, R(n));
             n = rot_left(set, n);
-        } else {
-            fix_height(n);
         }
         if (n->height == before)
             return;
@@ -140,6 +148,22 @@ void sp__bset_insert(sp_block_set_t *set, sp_block_t *b) {
                 left = true;
             } else {
                 parent = p;
+            }
+        }
+    } else if (h) {
+        /* Between the hint and its successor, the mirror case: frees of equal-sized blocks in
+         * rising address order (a layer's tensors freed in the order they were made) each sort
+         * just above the block inserted before, which is the hint. The hint's right link is
+         * free when the successor is an ancestor, else the successor (leftmost below the hint's
+         * right child) has a free left link. Either way it is the leaf the root walk reaches:
+         * a new key has one place among the leaves. */
+        sp_block_t *sc = sp__bset_succ(set, h);
+        if (!sc || sp__bset_less(set, b, sc)) {
+            if (!h->right) {
+                parent = h;
+            } else {
+                parent = sc;
+                left = true;
             }
         }
     }

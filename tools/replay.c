@@ -28,6 +28,13 @@ static uint64_t now_ns(void) {
     return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
 
+/* An alloc's or free's slot in dev_state_t.ptrs (NO_SLOT: none), and for an alloc the slot that
+ * held the same recorded address before it (NO_SLOT: none). */
+#define NO_SLOT UINT32_MAX
+typedef struct slot_ref {
+    uint32_t slot, prev;
+} slot_ref_t;
+
 typedef struct dev_state {
     tr_map_t blocks;        /* recorded address -> our pointer */
     tr_map_t streams;       /* recorded stream -> sp_stream_t */
@@ -40,6 +47,11 @@ typedef struct dev_state {
     size_t npools;
     void **holes; /* placeholders of the starting state's free space */
     size_t nholes, cap_holes;
+    /* The event loop's address map, resolved before the clock starts (plan_slots): every block
+     * the replay can hold has a slot, every alloc and free event knows its slot. */
+    void **ptrs;    /* slot -> our pointer, NULL when it holds none */
+    size_t nptrs;   /* slots */
+    slot_ref_t *at; /* per event of the device: its slot and the slot it replaces */
 } dev_state_t;
 
 /* The recorded stack handed to the history hook while a snapshot of the replay is recorded,
@@ -107,16 +119,17 @@ static sp_status_t request(dev_state_t *ds, int dev, uint16_t pool, size_t size,
     return sp_malloc(size, dev, s, p);
 }
 
-/* One allocation; OOM is counted, anything else is an error. */
-static bool do_alloc(dev_state_t *ds, int dev, uint64_t addr, uint64_t size, uint64_t stream,
-                     uint16_t pool, replay_result_t *r, char *err, size_t errlen) {
+/* One allocation's request; OOM is counted (*p_out NULL), anything else is an error. */
+static bool alloc_request(dev_state_t *ds, int dev, uint64_t size, uint64_t stream, uint16_t pool,
+                          replay_result_t *r, char *err, size_t errlen, void **p_out) {
     sp_stream_t s;
+    *p_out = NULL;
     if (!stream_for(ds, dev, stream, &s, err, errlen))
         return false;
-    void *p = NULL;
-    sp_status_t st = request(ds, dev, pool, (size_t)size, s, &p);
+    sp_status_t st = request(ds, dev, pool, (size_t)size, s, p_out);
     if (st == SP_ERR_OUT_OF_MEMORY) {
         r->ooms++;
+        *p_out = NULL;
         return true;
     }
     if (st != SP_SUCCESS) {
@@ -124,8 +137,17 @@ static bool do_alloc(dev_state_t *ds, int dev, uint64_t addr, uint64_t size, uin
                  sp_status_name(st), sp_last_error());
         return false;
     }
+    return true;
+}
+
+/* One allocation of the starting state, kept in the address map. */
+static bool do_alloc(dev_state_t *ds, int dev, uint64_t addr, uint64_t size, uint64_t stream,
+                     uint16_t pool, replay_result_t *r, char *err, size_t errlen) {
+    void *p;
+    if (!alloc_request(ds, dev, size, stream, pool, r, err, errlen, &p))
+        return false;
     if (p == NULL)
-        return true; /* a 0-byte request: nothing to free later */
+        return true; /* OOM or a 0-byte request: nothing to free later */
     if (!tr_map_put(&ds->blocks, addr, (uintptr_t)p)) {
         sp_free(p);
         snprintf(err, errlen, "out of memory");
@@ -134,15 +156,40 @@ static bool do_alloc(dev_state_t *ds, int dev, uint64_t addr, uint64_t size, uin
     return true;
 }
 
+/* One allocation of the event loop, kept in its slot `at`. What the address map did is kept
+ * exactly: a block that comes out takes the address's entry (the block it replaces is lost,
+ * never freed), and an OOM or a 0-byte request leaves the address's earlier block where it was,
+ * for the next free of that address. */
+static bool do_alloc_slot(dev_state_t *ds, int dev, const tr_event_t *e, slot_ref_t at,
+                          replay_result_t *r, char *err, size_t errlen) {
+    void *p;
+    if (!alloc_request(ds, dev, e->size, e->stream, e->pool, r, err, errlen, &p))
+        return false;
+    if (at.slot == NO_SLOT) { /* address 0: the address map refused it */
+        if (p != NULL) {
+            sp_free(p);
+            snprintf(err, errlen, "out of memory");
+            return false;
+        }
+        return true;
+    }
+    void *prev = at.prev == NO_SLOT ? NULL : ds->ptrs[at.prev];
+    if (at.prev != NO_SLOT)
+        ds->ptrs[at.prev] = NULL;
+    ds->ptrs[at.slot] = p != NULL ? p : prev;
+    return true;
+}
+
 /* A free. A deferred one (PyTorch held the block for other streams' work) is used on a side
  * stream first, so that it stays pending until its free_completed synchronizes that stream. */
-static bool do_free(dev_state_t *ds, int dev, const tr_event_t *e, replay_result_t *r, char *err,
-                    size_t errlen) {
-    uintptr_t p;
-    if (!tr_map_del(&ds->blocks, e->addr, &p)) {
+static bool do_free(dev_state_t *ds, int dev, const tr_event_t *e, slot_ref_t at,
+                    replay_result_t *r, char *err, size_t errlen) {
+    uintptr_t p = at.slot == NO_SLOT ? 0 : (uintptr_t)ds->ptrs[at.slot];
+    if (p == 0) {
         r->skipped_frees++;
         return true;
     }
+    ds->ptrs[at.slot] = NULL;
     sp_status_t st = SP_SUCCESS;
     if (e->flags & TR_F_DEFERRED) {
         sp_stream_t side = NULL;
@@ -298,6 +345,9 @@ static void free_all(dev_state_t *ds, bool release) {
     for (size_t i = 0; release && i < ds->blocks.cap; i++)
         if (ds->blocks.slots[i].key != 0)
             (void)sp_free((void *)ds->blocks.slots[i].val);
+    for (size_t i = 0; release && i < ds->nptrs; i++)
+        if (ds->ptrs[i] != NULL)
+            (void)sp_free(ds->ptrs[i]);
     for (size_t i = 0; release && i < ds->nholes; i++)
         (void)sp_free(ds->holes[i]);
     for (size_t i = 0; release && i < ds->nall_side; i++)
@@ -315,6 +365,8 @@ static void free_all(dev_state_t *ds, bool release) {
     free(ds->all_side);
     free(ds->pools);
     free(ds->holes);
+    free(ds->ptrs);
+    free(ds->at);
 }
 
 static int64_t stat_of(int dev, const char *key) {
@@ -389,6 +441,56 @@ static bool build_start(dev_state_t *ds, int d, const tr_device_t *td, bool requ
     return ok;
 }
 
+/* The event loop's slots, before the clock starts: the address map's work (a hash of the
+ * recorded address at every alloc and free) done once per event here, so that the loop only
+ * indexes an array. The blocks of the starting state move from ds->blocks into the first slots;
+ * each alloc event gets a new slot, and the free of a recorded address the slot of the last
+ * alloc of it not yet freed (none: the free is skipped, as a miss in the map was). Whether a
+ * slot holds a block is decided in the loop (an OOM holds none). */
+static bool plan_slots(dev_state_t *ds, const tr_device_t *td) {
+    size_t nalloc = 0;
+    for (size_t i = 0; i < td->nev; i++)
+        nalloc += td->ev[i].action == TR_ALLOC;
+    size_t n = ds->blocks.n + nalloc;
+    if (n >= NO_SLOT)
+        return false;
+    ds->ptrs = calloc(n ? n : 1, sizeof(*ds->ptrs));
+    ds->at = malloc((td->nev ? td->nev : 1) * sizeof(*ds->at));
+    tr_map_t last = {0}; /* recorded address -> 1 + its slot */
+    bool ok = ds->ptrs != NULL && ds->at != NULL;
+    size_t k = 0;
+    for (size_t i = 0; ok && i < ds->blocks.cap; i++) {
+        if (ds->blocks.slots[i].key == 0)
+            continue;
+        ds->ptrs[k] = (void *)ds->blocks.slots[i].val;
+        ok = tr_map_put(&last, ds->blocks.slots[i].key, k + 1);
+        k++;
+    }
+    for (size_t i = 0; ok && i < td->nev; i++) {
+        const tr_event_t *e = &td->ev[i];
+        slot_ref_t at = {NO_SLOT, NO_SLOT};
+        uintptr_t v;
+        if (e->action == TR_ALLOC && e->addr != 0) {
+            if (tr_map_get(&last, e->addr, &v))
+                at.prev = (uint32_t)(v - 1);
+            at.slot = (uint32_t)k;
+            ok = tr_map_put(&last, e->addr, ++k);
+        } else if (e->action == TR_ALLOC) {
+            k++; /* address 0: its slot stays unused (the map refused the key) */
+        } else if (e->action == TR_FREE_REQUESTED && tr_map_del(&last, e->addr, &v)) {
+            at.slot = (uint32_t)(v - 1);
+        }
+        ds->at[i] = at;
+    }
+    tr_map_free(&last);
+    if (!ok)
+        return false;
+    ds->nptrs = n;
+    tr_map_free(&ds->blocks); /* every block it held is in a slot now */
+    memset(&ds->blocks, 0, sizeof(ds->blocks));
+    return true;
+}
+
 /* Every event of one device in order. */
 static bool replay_device(dev_state_t *ds, int d, const tr_device_t *td, frames_src_t *fs,
                           bool with_frames, replay_result_t *r, char *err, size_t errlen) {
@@ -400,11 +502,11 @@ static bool replay_device(dev_state_t *ds, int d, const tr_device_t *td, frames_
         switch (e->action) {
         case TR_ALLOC:
             r->allocs++;
-            ok = do_alloc(ds, d, e->addr, e->size, e->stream, e->pool, r, err, errlen);
+            ok = do_alloc_slot(ds, d, e, ds->at[e - td->ev], r, err, errlen);
             break;
         case TR_FREE_REQUESTED:
             r->frees++;
-            ok = do_free(ds, d, e, r, err, errlen);
+            ok = do_free(ds, d, e, ds->at[e - td->ev], r, err, errlen);
             break;
         case TR_FREE_COMPLETED:
             if (ds->pending.n > 0)
@@ -546,6 +648,13 @@ static bool replay_once(const tr_trace_t *t, const char *snapshot_out, bool last
      * blocks' stacks) before the trace is recorded. */
     if (ok && snapshot_out != NULL)
         ok = history(SP_HISTORY_OFF, err, errlen) && history(SP_HISTORY_ALL, err, errlen);
+    /* The address map's work is done before the clock starts (plan_slots): it is setup, not
+     * the cost of an event. */
+    for (int d = 0; ok && d < t->ndev; d++)
+        if (!plan_slots(&ds[d], &t->dev[d])) {
+            snprintf(err, errlen, "out of memory");
+            ok = false;
+        }
     uint64_t t0 = now_ns();
     for (int d = 0; ok && d < t->ndev; d++)
         ok = replay_device(&ds[d], d, &t->dev[d], &fs, snapshot_out != NULL, r, err, errlen);

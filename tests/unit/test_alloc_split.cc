@@ -166,14 +166,28 @@ TEST_F(AllocSplit, DefaultMaxSplitSizeIsMinusOne) {
 // same block for every malloc (segment sequence number, offset, size) and the same 122 stats in
 // both modes. The host arena gives both runs the same order of segment addresses, which breaks
 // best fit's ties (lowest address) the same way; with an mmap per segment the kernel may place
-// the second run's segments in another order (seen under ASan).
+// the second run's segments in another order (seen under ASan). The stats are compared every
+// 250 calls, not only at the end, so that a wrong step the later ones undo (a current value
+// back where it was) is still seen, in its peak or in the value between.
+//
+// `steps`: training-like traffic instead of independent random calls: the same sequence of
+// sizes every step, most of it freed in a shuffled order, so that after the first step most
+// mallocs find a cached block of exactly their size (handed out whole: HIT_WHOLE) and many
+// frees find no free neighbour (FREE_ALONE), beside the split hits and one-neighbour merges.
 namespace {
 struct RunResult {
     std::vector<std::array<uint64_t, 3>> blocks;
     std::vector<int64_t> stats;
 };
 
-RunResult random_run(bool history, uint64_t seed) {
+void add_stats(RunResult *r) {
+    sp_stats_t st;
+    EXPECT_EQ(sp_memory_stats(0, &st), SP_SUCCESS);
+    for (size_t i = 0; i < sp_stats_count(); i++)
+        r->stats.push_back(sp_stats_value(&st, i));
+}
+
+RunResult random_run(bool history, uint64_t seed, bool steps = false) {
     if (history) {
         sp_history_params_t hp;
         sp_history_params_init(&hp);
@@ -187,10 +201,30 @@ RunResult random_run(bool history, uint64_t seed) {
     RunResult r;
     const size_t sizes[] = {1,     512,     700,           1024,    1536,    4096,
                             65536, 1 << 20, (1 << 20) + 1, 3 << 20, 12 << 20};
+    const size_t nsizes = sizeof sizes / sizeof sizes[0];
+    std::vector<std::pair<size_t, bool>> step; // (size, on s2) of each malloc of a step
+    for (int i = 0; steps && i < 48; i++)
+        step.push_back({sizes[rng() % nsizes] + rng() % 3 * 512, rng() % 8 == 0});
+    size_t at = 0, to_free = 0; // the next malloc of the step; the frees left before it
     for (int i = 0; i < 4000; i++) {
-        if (live.empty() || rng() % 100 < 55) {
-            size_t size = sizes[rng() % (sizeof sizes / sizeof sizes[0])] + rng() % 3 * 512;
-            sp_stream_t s = rng() % 4 == 0 ? s2 : nullptr;
+        if (i % 250 == 0)
+            add_stats(&r);
+        bool alloc = live.empty() || rng() % 100 < 55;
+        if (steps) {
+            // Once a step's mallocs are done, all but a sixth of the live blocks are freed
+            // (random picks below), then the next step starts.
+            if (at == step.size() && to_free == 0) {
+                at = 0;
+                to_free = live.size() * 5 / 6;
+            }
+            alloc = to_free == 0;
+            if (!alloc)
+                to_free--;
+        }
+        if (alloc) {
+            size_t size = steps ? step[at].first : sizes[rng() % nsizes] + rng() % 3 * 512;
+            sp_stream_t s = (steps ? step[at].second : rng() % 4 == 0) ? s2 : nullptr;
+            at++;
             void *p = nullptr;
             EXPECT_EQ(sp_malloc(size, 0, s, &p), SP_SUCCESS);
             sp_block_info_t bi;
@@ -207,10 +241,7 @@ RunResult random_run(bool history, uint64_t seed) {
     }
     for (void *p : live)
         EXPECT_EQ(sp_free(p), SP_SUCCESS);
-    sp_stats_t st;
-    EXPECT_EQ(sp_memory_stats(0, &st), SP_SUCCESS);
-    for (size_t i = 0; i < sp_stats_count(); i++)
-        r.stats.push_back(sp_stats_value(&st, i));
+    add_stats(&r);
     EXPECT_EQ(sp_stream_destroy(s2), SP_SUCCESS);
     if (history) {
         sp_history_params_t hp;
@@ -224,15 +255,18 @@ RunResult random_run(bool history, uint64_t seed) {
 
 TEST_F(AllocSplit, FastHitAndFreeMatchTheWholePath) {
     sp::ScopedEnv env({{"SYMPOOL_HOST_ARENA", "1"}});
-    for (uint64_t seed = 1; seed <= 3; seed++) {
-        RunResult fast = random_run(false, seed);
+    for (uint64_t seed = 1; seed <= 6; seed++) {
+        bool steps = seed > 3;
+        RunResult fast = random_run(false, seed, steps);
         ASSERT_EQ(sp_shutdown(), SP_SUCCESS);
-        RunResult whole = random_run(true, seed);
+        RunResult whole = random_run(true, seed, steps);
         ASSERT_EQ(sp_shutdown(), SP_SUCCESS);
         ASSERT_EQ(fast.blocks.size(), whole.blocks.size());
         for (size_t i = 0; i < fast.blocks.size(); i++)
             ASSERT_EQ(fast.blocks[i], whole.blocks[i]) << "seed " << seed << ", malloc " << i;
         for (size_t i = 0; i < fast.stats.size(); i++)
-            ASSERT_EQ(fast.stats[i], whole.stats[i]) << "seed " << seed << ", " << sp_stats_key(i);
+            ASSERT_EQ(fast.stats[i], whole.stats[i])
+                << "seed " << seed << ", " << sp_stats_key(i % sp_stats_count()) << " (check "
+                << i / sp_stats_count() << ")";
     }
 }
