@@ -49,6 +49,9 @@ struct pk_doc {
 #define STR_CACHE_BITS 8
 #define STR_CACHE_MAX 32   /* bytes of the longest string shared through the cache */
 #define SCRATCH_VALUES 512 /* a dict's ints at most at once (a trace entry has a dozen) */
+/* Picklers (CPython's, ours) write a dict's items in SETITEMS batches of this many pairs: only a
+ * smaller batch is sure to be a dict's last. */
+#define SETITEMS_BATCH 1000
 
 typedef struct parser {
     const unsigned char *p; /* input */
@@ -601,8 +604,10 @@ static bool extend(parser_t *ps, size_t first, pk_type_t type, const char *opnam
     size_t n = ps->sp - first;
     if (type == PK_DICT && n % 2 != 0)
         return fail(ps, "%s with an odd number of items", opname);
-    if (type == PK_DICT && ps->rec_fn != NULL && target->u.seq.n == 0 && from_mark) {
-        /* SETITEMS into a new dict: the hook may take it whole */
+    if (type == PK_DICT && ps->rec_fn != NULL && target->u.seq.n == 0 && from_mark &&
+        n < 2 * SETITEMS_BATCH) {
+        /* SETITEMS into a new dict: the hook may take it whole (a full batch may have more
+         * coming, for which the dict must stay a dict) */
         follow_moved(ps, first);
         uint64_t id = 0;
         int took = ps->rec_fn(ps->rec_arg, ps->stack + first, n, &id);

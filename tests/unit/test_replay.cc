@@ -1480,3 +1480,53 @@ TEST_F(Replay, HandedOverSegmentsReadLikeTheirDicts) {
         EXPECT_EQ(f.nseeds, d.nseeds);
     });
 }
+
+// A dict of more than 1000 items is written in SETITEMS batches of 1000 (CPython's pickler and
+// ours): a trace entry with many keys, whose addr and size come in its second batch, loads in
+// the loader without stacks as in the dict loader (its reader must not hand the entry over at
+// its first batch, which would leave the second one no dict to go to).
+TEST_F(Replay, EntriesOfSeveralSetitemsBatchesLoadInBothLoaders) {
+    sp__emit_t e;
+    sp__emit_init(&e, false);
+    sp__emit_dict_begin(&e);
+    sp__emit_key(&e, "segments");
+    sp__emit_list_begin(&e);
+    sp__emit_list_end(&e);
+    sp__emit_key(&e, "device_traces");
+    sp__emit_list_begin(&e);
+    sp__emit_list_begin(&e);
+    for (int i = 0; i < 3; i++) {
+        sp__emit_dict_begin(&e);
+        sp__emit_key(&e, "action");
+        sp__emit_str(&e, i == 0 ? "alloc" : i == 1 ? "free_requested" : "free_completed");
+        for (int k = 0; i == 0 && k < 1200; k++) {
+            std::string key = "extra_" + std::to_string(k);
+            sp__emit_key(&e, key.c_str());
+            sp__emit_int(&e, k);
+        }
+        sp__emit_key(&e, "addr");
+        sp__emit_uint(&e, SEG_A);
+        sp__emit_key(&e, "size");
+        sp__emit_uint(&e, 4096);
+        sp__emit_dict_end(&e);
+    }
+    sp__emit_list_end(&e);
+    sp__emit_list_end(&e);
+    sp__emit_dict_end(&e);
+    std::vector<unsigned char> b = finish(&e);
+    std::string path = "batches_" + std::to_string(getpid()) + ".pickle";
+    tr_trace_t dict, fast;
+    std::string err;
+    char why[256] = "";
+    ASSERT_TRUE(load(b, &dict, &err)) << err;
+    ASSERT_TRUE(load_from_file(b, path, &fast, why, sizeof(why))) << why;
+    ASSERT_EQ(fast.dev[0].nev, 3u);
+    ASSERT_EQ(dict.dev[0].nev, 3u);
+    for (size_t i = 0; i < 3; i++) {
+        EXPECT_EQ(fast.dev[0].ev[i].action, dict.dev[0].ev[i].action) << i;
+        EXPECT_EQ(fast.dev[0].ev[i].addr, SEG_A) << i;
+        EXPECT_EQ(fast.dev[0].ev[i].size, 4096u) << i;
+    }
+    tr_free(&dict);
+    tr_free(&fast);
+}
