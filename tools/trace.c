@@ -937,6 +937,13 @@ static bool analyse(const pk_value_t *segments, const recs_t *recs, const tr_set
                      s, (long long)total);
             goto out;
         }
+        if (addr + (uint64_t)total < addr) {
+            snprintf(err, errlen,
+                     "segments[%zu]: address 0x%llx + total_size %lld runs past the end of the "
+                     "address space",
+                     s, (unsigned long long)addr, (long long)total);
+            goto out;
+        }
         int pool = pool_index(d, &cap_pools, pool_id);
         if (pool < 0)
             goto oom;
@@ -1000,11 +1007,14 @@ static bool analyse(const pk_value_t *segments, const recs_t *recs, const tr_set
                 snprintf(err, errlen, "segments[%zu].blocks[%zu]: missing 'size' or 'state'", s, b);
                 goto out;
             }
-            if ((uint64_t)bsize > (uint64_t)total) {
+            /* The blocks before it end inside the segment (checked for each), so the offset
+             * is at most total. */
+            if ((uint64_t)bsize > (uint64_t)total - (baddr - addr)) {
                 snprintf(err, errlen,
-                         "segments[%zu].blocks[%zu]: size %lld is more than its segment's "
-                         "total_size %lld",
-                         s, b, (long long)bsize, (long long)total);
+                         "segments[%zu].blocks[%zu]: size %lld at offset %llu runs past its "
+                         "segment's total_size %lld",
+                         s, b, (long long)bsize, (unsigned long long)(baddr - addr),
+                         (long long)total);
                 goto out;
             }
             if (!have_req || req <= 0 || req > bsize)

@@ -1530,3 +1530,70 @@ TEST_F(Replay, EntriesOfSeveralSetitemsBatchesLoadInBothLoaders) {
     tr_free(&dict);
     tr_free(&fast);
 }
+
+// A final state's segment holds its blocks: blocks that together run past its total_size (each
+// one smaller than it), or a segment that runs past the end of the address space, are refused
+// by both loaders naming the field, instead of a device whose blocks allocate more than it
+// reserves.
+TEST_F(Replay, FinalStateBlocksStayInsideTheirSegment) {
+    auto trace = [](uint64_t addr, int nblocks) {
+        sp__emit_t e;
+        sp__emit_init(&e, false);
+        sp__emit_dict_begin(&e);
+        sp__emit_key(&e, "segments");
+        sp__emit_list_begin(&e);
+        sp__emit_dict_begin(&e);
+        sp__emit_key(&e, "device");
+        sp__emit_int(&e, 0);
+        sp__emit_key(&e, "address");
+        sp__emit_uint(&e, addr);
+        sp__emit_key(&e, "total_size");
+        sp__emit_uint(&e, 2 * MiB);
+        sp__emit_key(&e, "blocks");
+        sp__emit_list_begin(&e);
+        for (int i = 0; i < nblocks; i++)
+            emit_block(&e, addr + (uint64_t)i * MiB, MiB, MiB, "active_allocated");
+        sp__emit_list_end(&e);
+        sp__emit_dict_end(&e);
+        sp__emit_list_end(&e);
+        sp__emit_key(&e, "device_traces");
+        sp__emit_list_begin(&e);
+        sp__emit_list_end(&e);
+        sp__emit_dict_end(&e);
+        return finish(&e);
+    };
+    const struct {
+        uint64_t addr;
+        int nblocks;
+        const char *want; // "" loads
+    } cases[] = {
+        {SEG_A, 2, ""},
+        {SEG_A, 3,
+         "segments[0].blocks[2]: size 1048576 at offset 2097152 runs past its segment's "
+         "total_size 2097152"},
+        {~(uint64_t)0 - MiB + 1, 1,
+         "segments[0]: address 0xfffffffffff00000 + total_size 2097152 runs past the end of the "
+         "address space"},
+    };
+    for (const auto &c : cases) {
+        std::vector<unsigned char> b = trace(c.addr, c.nblocks);
+        std::string path = "inside_" + std::to_string(getpid()) + ".pickle";
+        tr_trace_t dict, fast;
+        std::string err;
+        char why[256] = "";
+        bool dict_ok = load(b, &dict, &err);
+        bool fast_ok = load_from_file(b, path, &fast, why, sizeof(why));
+        bool good = *c.want == '\0';
+        EXPECT_EQ(dict_ok, good) << c.nblocks << ": " << err;
+        EXPECT_EQ(fast_ok, good) << c.nblocks << ": " << why;
+        if (!good) {
+            EXPECT_EQ(err, c.want);
+            EXPECT_EQ(std::string(why), path + ": " + c.want);
+        } else if (dict_ok && fast_ok) {
+            EXPECT_EQ(dict.dev[0].final_allocated, 2 * MiB);
+            EXPECT_EQ(fast.dev[0].final_allocated, 2 * MiB);
+        }
+        tr_free(&dict);
+        tr_free(&fast);
+    }
+}
