@@ -939,13 +939,13 @@ TEST(PickleRead, MemoDenserThanItsFirstSizeGrowsAndKeepsEveryValue) {
     pk_free(doc);
 }
 
-// A dict with more ints than the record hook's scratch holds at once (a pickler's batch of
-// 1000 pairs, nested in another dict whose ints are still waiting): the ints past it are made
-// in the document instead, and the hook and the document read every one as written.
+// A dict with more ints than the record hook's scratch holds at once (999 pairs, the largest
+// batch the hook is offered, nested in another dict whose ints are still waiting): the ints past
+// it are made in the document instead, and the hook and the document read every one as written.
 TEST(PickleRead, DictsWithMoreIntsThanScratchReadEveryInt) {
     auto val = [](int d, int i) { return (int64_t)d * 1000003 - (int64_t)i * 77 - 5; };
     std::vector<std::string> keys; // the emitter memoizes keys by address: one string each
-    for (int i = 0; i < 1500; i++)
+    for (int i = 0; i < 999; i++)
         keys.push_back("k" + std::to_string(i));
     sp__emit_t e;
     sp__emit_init(&e, false);
@@ -956,7 +956,7 @@ TEST(PickleRead, DictsWithMoreIntsThanScratchReadEveryInt) {
     sp__emit_list_begin(&e);
     for (int d = 0; d < 3; d++) {
         sp__emit_dict_begin(&e);
-        for (int i = 0; i < 1500; i++)
+        for (int i = 0; i < 999; i++)
             sp__emit_kv_int(&e, keys[(size_t)i].c_str(), val(d, i));
         sp__emit_dict_end(&e);
     }
@@ -998,7 +998,7 @@ TEST(PickleRead, DictsWithMoreIntsThanScratchReadEveryInt) {
     ASSERT_EQ(pk_len(inner), 3u);
     int wrong = 0;
     for (int d = 0; d < 3; d++)
-        for (int i = 0; i < 1500; i++) {
+        for (int i = 0; i < 999; i++) {
             char k[16];
             snprintf(k, sizeof k, "k%d", i);
             int64_t v = 0;
