@@ -454,10 +454,14 @@ static bool memo_put(parser_t *ps, size_t idx) {
         size_t cap = ps->memocap ? ps->memocap : 1024;
         while (cap <= idx)
             cap *= 2;
-        pk_value_t **nm = realloc(ps->memo, cap * sizeof(*nm));
+        /* Zeroed by calloc, not written: a large one is fresh pages, so slots below a high
+         * index that are never set (a ten-byte pickle can name index 2^24 - 1) cost nothing. */
+        pk_value_t **nm = calloc(cap, sizeof(*nm));
         if (nm == NULL)
             return fail(ps, "out of memory");
-        memset(nm + ps->memocap, 0, (cap - ps->memocap) * sizeof(*nm));
+        if (ps->memocap > 0)
+            memcpy(nm, ps->memo, ps->memocap * sizeof(*nm));
+        free(ps->memo);
         ps->memo = nm;
         ps->memocap = cap;
     }

@@ -1333,4 +1333,35 @@ TEST(PickleRead, SkippedKeysAreLeftOutOfTheirDicts) {
     pk_free(doc);
 }
 
+// The peak resident set of this process in KiB, reset by reset_peak_kib (-1 when the kernel
+// offers neither).
+long peak_kib() {
+    std::ifstream f("/proc/self/status");
+    std::string line;
+    while (std::getline(f, line))
+        if (line.rfind("VmHWM:", 0) == 0)
+            return std::strtol(line.c_str() + 6, nullptr, 10);
+    return -1;
+}
+
+bool reset_peak_kib() {
+    std::ofstream f("/proc/self/clear_refs");
+    f << "5";
+    f.flush();
+    return f.good();
+}
+
+// A memo index is bounded (16M slots), but a ten-byte pickle that puts one value under a high
+// index must not cost what the slots below it would: they are never written, so they take no
+// memory (they took 128 MiB, written as zeros, before the parse failed or ended).
+TEST(PickleRead, ASparseMemoIndexCostsNoMemoryForTheSlotsBelowIt) {
+    if (!reset_peak_kib() || peak_kib() < 0)
+        GTEST_SKIP() << "no /proc/self/clear_refs or VmHWM";
+    long before = peak_kib();
+    EXPECT_EQ(parse(Bytes{0x80, 4, 'N', 'r', 0xfe, 0xff, 0xff, 0x00, 'h', 0, '.'}),
+              "pickle: memo key 0 is not defined at offset 8");
+    long grew = peak_kib() - before;
+    EXPECT_LT(grew, 16 * 1024) << "KiB of peak resident memory for a ten-byte pickle";
+}
+
 } // namespace
