@@ -662,8 +662,14 @@ static bool read_event(const pk_value_t *e, recs_t *recs, tr_event_t *ev, const 
                        bool *have_addr_p, bool *have_size_p, bool *bad_time_p,
                        const pk_value_t **pool_id_p) {
     if (e != NULL && e->type == PK_RECORD && recs != NULL && e->u.u < recs->n) {
-        if (ev != &recs->ev[e->u.u])
+        if (ev != &recs->ev[e->u.u]) {
+            /* A copy (the entry is in another list too): as the hook read it, without what
+             * another device's load and analysis may have set in the entry already (its
+             * pool, the TR_F_ flags). */
             *ev = recs->ev[e->u.u];
+            ev->flags &= (uint8_t)RF_ALL;
+            ev->pool = 0;
+        }
         const rec_side_t *r = side_of(recs, e->u.u);
         *act_p = r != NULL               ? r->act
                  : ev->action < TR_OTHER ? action_names[ev->action]

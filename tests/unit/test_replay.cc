@@ -1597,3 +1597,62 @@ TEST_F(Replay, FinalStateBlocksStayInsideTheirSegment) {
         tr_free(&fast);
     }
 }
+
+// Two device traces that are one list (a memo reference): the second device's events are read
+// as the entries were, not as the first device's analysis left them (its routing into that
+// device's private pool), in the loader without stacks as in the dict loader.
+TEST_F(Replay, ADeviceTraceSharedWithAnotherReadsAsItsEntries) {
+    sp__emit_t e;
+    sp__emit_init(&e, false);
+    sp__emit_dict_begin(&e);
+    sp__emit_key(&e, "segments");
+    sp__emit_list_begin(&e);
+    sp__emit_dict_begin(&e); // device 0's private pool holds the address the entries name
+    sp__emit_key(&e, "device");
+    sp__emit_int(&e, 0);
+    sp__emit_key(&e, "address");
+    sp__emit_uint(&e, SEG_A);
+    sp__emit_key(&e, "total_size");
+    sp__emit_uint(&e, 2 * MiB);
+    sp__emit_key(&e, "segment_pool_id");
+    sp__emit_tuple2(&e, 1, 5);
+    sp__emit_key(&e, "blocks");
+    sp__emit_list_begin(&e);
+    emit_block(&e, SEG_A, 2 * MiB, 0, "inactive");
+    sp__emit_list_end(&e);
+    sp__emit_dict_end(&e);
+    sp__emit_list_end(&e);
+    sp__emit_key(&e, "device_traces");
+    sp__emit_list_begin(&e);
+    sp__emit_list_begin(&e);
+    const Ev evs[] = {{"alloc", SEG_A, 4096},
+                      {"free_requested", SEG_A, 4096},
+                      {"free_completed", SEG_A, 4096},
+                      {"segment_free", SEG_B, 2 * MiB}};
+    for (const Ev &ev : evs)
+        emit_event(&e, ev, 1700000000000000ll);
+    sp__emit_list_end(&e);
+    uint32_t shared = sp__emit_memoize(&e);
+    ASSERT_NE(shared, UINT32_MAX);
+    sp__emit_memo_get(&e, shared);
+    sp__emit_list_end(&e);
+    sp__emit_dict_end(&e);
+    std::vector<unsigned char> b = finish(&e);
+    std::string path = "shared_trace_" + std::to_string(getpid()) + ".pickle";
+    tr_trace_t dict, fast;
+    std::string err;
+    char why[256] = "";
+    ASSERT_TRUE(load(b, &dict, &err)) << err;
+    ASSERT_TRUE(load_from_file(b, path, &fast, why, sizeof(why))) << why;
+    ASSERT_EQ(dict.ndev, 2);
+    ASSERT_EQ(fast.ndev, 2);
+    EXPECT_EQ(dict.dev[0].ev[0].pool, 1u) << "device 0's alloc goes to its private pool";
+    for (int d = 0; d < 2; d++)
+        for (size_t i = 0; i < 4; i++) {
+            EXPECT_EQ(fast.dev[d].ev[i].pool, dict.dev[d].ev[i].pool) << d << " " << i;
+            EXPECT_EQ(fast.dev[d].ev[i].flags, dict.dev[d].ev[i].flags) << d << " " << i;
+        }
+    EXPECT_EQ(fast.dev[1].ev[0].pool, 0u) << "device 1 has no private pool";
+    tr_free(&dict);
+    tr_free(&fast);
+}
