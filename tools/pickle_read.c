@@ -603,6 +603,11 @@ static bool extend(parser_t *ps, size_t first, pk_type_t type, const char *opnam
         ps->sp = first;
         return true;
     }
+    if (target->type == PK_RECORD && type == PK_DICT && !is_scratch(ps, target))
+        return fail(ps,
+                    "%s adds to a dict read whole at its SETITEMS of fewer than %d pairs (a "
+                    "pickler adds more only after a full batch)",
+                    opname, SETITEMS_BATCH);
     if (target->type != type)
         return fail(ps, "%s target is not a %s", opname, type == PK_DICT ? "dict" : "list");
     size_t n = ps->sp - first;

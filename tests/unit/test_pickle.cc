@@ -1364,4 +1364,23 @@ TEST(PickleRead, ASparseMemoIndexCostsNoMemoryForTheSlotsBelowIt) {
     EXPECT_LT(grew, 16 * 1024) << "KiB of peak resident memory for a ten-byte pickle";
 }
 
+// A dict the record hook took whole at a SETITEMS of fewer than 1000 pairs that then gets more
+// items (legal, but no pickler writes it: they add items after a full batch only): refused with
+// a message that says so, not as if the dict were something else.
+TEST(PickleRead, ItemsForADictTheHookTookAreRefusedSayingSo) {
+    const Bytes b = {0x80, 4,   '}', '(', 0x8c, 6,    'a', 'c', 't', 'i', 'o', 'n', 0x8c, 5,   'a',
+                     'l',  'l', 'o', 'c', 'u',  0x8c, 4,   'a', 'd', 'd', 'r', 'K', 5,    's', '.'};
+    EXPECT_EQ(parse(b), "");
+    auto take = [](void *, pk_value_t *const *, size_t, uint64_t *id_p) {
+        *id_p = 0;
+        return 1;
+    };
+    pk_doc_t *doc = nullptr;
+    char err[256] = "";
+    EXPECT_FALSE(pk_parse_records(b.data(), b.size(), nullptr, nullptr, take, nullptr, &doc, err,
+                                  sizeof err));
+    EXPECT_STREQ(err, "pickle: SETITEM adds to a dict read whole at its SETITEMS of fewer than "
+                      "1000 pairs (a pickler adds more only after a full batch) at offset 28");
+}
+
 } // namespace
