@@ -1251,6 +1251,15 @@ bool pk_parse_records(const void *buf, size_t len, const pk_limits_t *lim, const
     return true;
 }
 
+/* Whether buf[0..len) may start a snapshot: its first byte that is not white space (if any) is a
+ * pickle's PROTO (0x80) or a JSON document's '{' or '['. */
+static bool may_be_snapshot(const unsigned char *buf, size_t len) {
+    size_t i = 0;
+    while (i < len && (buf[i] == ' ' || buf[i] == '\n' || buf[i] == '\r' || buf[i] == '\t'))
+        i++;
+    return i == len || buf[i] == 0x80 || buf[i] == '{' || buf[i] == '[';
+}
+
 bool pk_read_file(const char *path, size_t max_bytes, unsigned char **buf_p, size_t *len_p,
                   char *err, size_t errlen) {
     FILE *f = fopen(path, "rb");
@@ -1287,6 +1296,8 @@ bool pk_read_file(const char *path, size_t max_bytes, unsigned char **buf_p, siz
         }
         size_t n = fread(buf + len, 1, cap - len, f);
         len += n;
+        if (n > 0 && !may_be_snapshot(buf, len))
+            break; /* the caller refuses it from these bytes: no more of a stream is read */
         if (n == 0) {
             if (ferror(f)) {
                 snprintf(err, errlen, "cannot read %s: %s", path, strerror(errno));

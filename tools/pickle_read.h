@@ -94,7 +94,10 @@ typedef int (*pk_record_fn)(void *arg, pk_value_t *const *pairs, size_t n, uint6
  * takes (a trace's entries, by the thousand) then cost neither their pairs nor their integers. */
 bool pk_parse_records(const void *buf, size_t len, const pk_limits_t *lim, const char *skip_key,
                       pk_record_fn fn, void *arg, pk_doc_t **doc_p, char *err, size_t errlen);
-/* Read a whole file of at most max_bytes into a new buffer (caller frees). */
+/* Read a whole file of at most max_bytes into a new buffer (caller frees). Reading stops early
+ * (what was read is returned) once the first byte that is not white space is none a snapshot
+ * starts with (a pickle's 0x80, JSON's '{' or '['): the caller refuses it from those bytes, and
+ * a stream (/dev/zero, a pipe) is not read to max_bytes first. */
 bool pk_read_file(const char *path, size_t max_bytes, unsigned char **buf_p, size_t *len_p,
                   char *err, size_t errlen);
 /* Read a whole file (at most max_bytes) and parse it. */

@@ -1656,3 +1656,15 @@ TEST_F(Replay, ADeviceTraceSharedWithAnotherReadsAsItsEntries) {
     tr_free(&dict);
     tr_free(&fast);
 }
+
+// A stream that is no snapshot (a character device, a pipe) is refused from its first bytes, not
+// read to the 4 GiB bound first (4 GB of memory and seconds for /dev/zero).
+TEST_F(Replay, AStreamThatIsNoSnapshotIsRefusedFromItsFirstBytes) {
+    tr_trace_t t;
+    char why[256] = "";
+    EXPECT_FALSE(tr_load_opts("/dev/zero", false, &t, why, sizeof(why)));
+    EXPECT_EQ(std::string(why),
+              "/dev/zero: not a pickle (nor a JSON snapshot): it starts with byte "
+              "0x00, a pickle with 0x80");
+    tr_free(&t);
+}
