@@ -300,6 +300,10 @@ static void free_all(dev_state_t *ds, bool release) {
             (void)sp_free((void *)ds->blocks.slots[i].val);
     for (size_t i = 0; release && i < ds->nholes; i++)
         (void)sp_free(ds->holes[i]);
+    /* The cached segments in one pass first: destroying a stream releases its own, a walk of
+     * every segment still cached, and a trace may have a stream per segment. */
+    if (release)
+        (void)sp_empty_cache();
     for (size_t i = 0; release && i < ds->nall_side; i++)
         (void)sp_stream_destroy(ds->all_side[i]);
     for (size_t i = 0; release && i < ds->streams.cap; i++)

@@ -6,6 +6,7 @@
 
 #include <unistd.h>
 
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
@@ -1666,5 +1667,50 @@ TEST_F(Replay, AStreamThatIsNoSnapshotIsRefusedFromItsFirstBytes) {
     EXPECT_EQ(std::string(why),
               "/dev/zero: not a pickle (nor a JSON snapshot): it starts with byte "
               "0x00, a pickle with 0x80");
+    tr_free(&t);
+}
+
+// A trace on many streams (a segment of its own each) gives everything back in time linear in
+// them: a stream's destruction releases its cached segments, and when the replay's streams go
+// one by one, each of those walked every segment still cached (20,000 streams took 17 s in
+// `sympool summary`; a 5 MB snapshot of 100,000, minutes).
+TEST_F(Replay, ManyStreamsAreGivenBackInLinearTime) {
+    sp__emit_t e;
+    sp__emit_init(&e, false);
+    sp__emit_dict_begin(&e);
+    sp__emit_key(&e, "segments");
+    sp__emit_list_begin(&e);
+    sp__emit_list_end(&e);
+    sp__emit_key(&e, "device_traces");
+    sp__emit_list_begin(&e);
+    sp__emit_list_begin(&e);
+    const int n = 20000;
+    for (int i = 0; i < n; i++) {
+        sp__emit_dict_begin(&e);
+        sp__emit_key(&e, "action");
+        sp__emit_str(&e, "alloc");
+        sp__emit_key(&e, "addr");
+        sp__emit_uint(&e, SEG_A + (uint64_t)i * 2 * MiB);
+        sp__emit_key(&e, "size");
+        sp__emit_uint(&e, 512);
+        sp__emit_key(&e, "stream");
+        sp__emit_int(&e, 1000 + i);
+        sp__emit_dict_end(&e);
+    }
+    sp__emit_list_end(&e);
+    sp__emit_list_end(&e);
+    sp__emit_dict_end(&e);
+    tr_trace_t t;
+    std::string err;
+    ASSERT_TRUE(load(finish(&e), &t, &err)) << err;
+    replay_result_t r;
+    char why[256] = "";
+    const auto t0 = std::chrono::steady_clock::now();
+    ASSERT_TRUE(replay_trace(&t, nullptr, &r, why, sizeof(why))) << why; // gives it all back
+    const double secs =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    EXPECT_EQ(r.allocs, (size_t)n);
+    EXPECT_EQ(sp_memory_reserved(0), 0u);
+    EXPECT_LT(secs, 5.0) << "seconds to replay " << n << " streams and give them back";
     tr_free(&t);
 }
