@@ -631,6 +631,12 @@ static int take_entry(void *arg, pk_value_t *const *pairs, size_t n, uint64_t *i
         if (rs->nside == rs->cap_side &&
             !grow_array((void **)&rs->side, &rs->cap_side, sizeof(*rs->side)))
             return -1;
+        /* Only a list or tuple can be a pool's (int, int) pair, and only a container is sure to
+         * outlive the call (an int may be the reader's scratch): anything else is kept as the
+         * one value that names no pool, as pool_index reads it. */
+        static const pk_value_t no_pair = {.type = PK_NONE};
+        if (pool_id != NULL && pool_id->type != PK_LIST && pool_id->type != PK_TUPLE)
+            pool_id = &no_pair;
         rs->side[rs->nside++] = (rec_side_t){rs->n, act, pool_id};
     }
     rs->ev[rs->n] = ev;

@@ -1714,3 +1714,50 @@ TEST_F(Replay, ManyStreamsAreGivenBackInLinearTime) {
     EXPECT_LT(secs, 5.0) << "seconds to replay " << n << " streams and give them back";
     tr_free(&t);
 }
+
+// An entry whose pool_id is an int (not the (int, int) pair PyTorch writes): the reader made
+// that int in scratch memory that lives only during the hook's call, and the entry's side record
+// kept a pointer to it, read after the parse (a use after free under ASan). Both loaders read
+// it as no pool, the entry still naming one.
+TEST_F(Replay, AnEntrysPoolIdThatIsNoPairReadsAsNoPool) {
+    sp__emit_t e;
+    sp__emit_init(&e, false);
+    sp__emit_dict_begin(&e);
+    sp__emit_key(&e, "segments");
+    sp__emit_list_begin(&e);
+    sp__emit_list_end(&e);
+    sp__emit_key(&e, "device_traces");
+    sp__emit_list_begin(&e);
+    sp__emit_list_begin(&e);
+    for (int i = 0; i < 3; i++) {
+        sp__emit_dict_begin(&e);
+        sp__emit_key(&e, "action");
+        sp__emit_str(&e, i == 0 ? "alloc" : i == 1 ? "free_requested" : "free_completed");
+        sp__emit_key(&e, "addr");
+        sp__emit_uint(&e, SEG_A);
+        sp__emit_key(&e, "size");
+        sp__emit_uint(&e, 4096);
+        sp__emit_key(&e, "pool_id");
+        sp__emit_int(&e, 5 + i);
+        sp__emit_dict_end(&e);
+    }
+    sp__emit_list_end(&e);
+    sp__emit_list_end(&e);
+    sp__emit_dict_end(&e);
+    std::vector<unsigned char> b = finish(&e);
+    std::string path = "int_pool_id_" + std::to_string(getpid()) + ".pickle";
+    tr_trace_t dict, fast;
+    std::string err;
+    char why[256] = "";
+    ASSERT_TRUE(load(b, &dict, &err)) << err;
+    ASSERT_TRUE(load_from_file(b, path, &fast, why, sizeof(why))) << why;
+    ASSERT_EQ(fast.dev[0].nev, 3u);
+    for (size_t i = 0; i < 3; i++) {
+        EXPECT_EQ(fast.dev[0].ev[i].pool, 0u) << i;
+        EXPECT_EQ(fast.dev[0].ev[i].pool, dict.dev[0].ev[i].pool) << i;
+        EXPECT_EQ(fast.dev[0].ev[i].flags, dict.dev[0].ev[i].flags) << i;
+    }
+    EXPECT_EQ(fast.dev[0].npools, 0u);
+    tr_free(&dict);
+    tr_free(&fast);
+}
