@@ -186,6 +186,19 @@ static bool grow_array(void **arr, size_t *cap, size_t elem) {
     return true;
 }
 
+/* A final segment's addresses and its index in the list, to find two that overlap. */
+typedef struct span {
+    uint64_t addr, end;
+    size_t index;
+} span_t;
+
+static int cmp_span(const void *a, const void *b) {
+    const span_t *x = a, *y = b;
+    if (x->addr != y->addr)
+        return x->addr < y->addr ? -1 : 1;
+    return x->index < y->index ? -1 : x->index > y->index;
+}
+
 /* A private pool's segment, for routing allocations by recorded address. */
 typedef struct pool_range {
     uint64_t addr, end;
@@ -836,6 +849,8 @@ static bool analyse(const pk_value_t *segments, const recs_t *recs, const tr_set
     size_t cap = 0, cap_start = 0, cap_pools = d->npools, cap_sb = 0;
     pool_range_t *ranges = NULL;
     size_t nranges = 0, cap_ranges = 0;
+    span_t *spans = NULL; /* the device's final segments */
+    size_t nspans = 0, cap_spans = 0;
     bool ok = false;
     if (!tr_map_put(&streams, ~(uint64_t)0, 1)) /* the default stream, as a non-zero key */
         goto oom;
@@ -956,6 +971,11 @@ static bool analyse(const pk_value_t *segments, const recs_t *recs, const tr_set
                      s, (unsigned long long)addr, (long long)total);
             goto out;
         }
+        if (total > 0) {
+            if (!GROW(spans, nspans, cap_spans))
+                goto oom;
+            spans[nspans++] = (span_t){addr, addr + (uint64_t)total, s};
+        }
         int pool = pool_index(d, &cap_pools, pool_id);
         if (pool < 0)
             goto oom;
@@ -1041,6 +1061,19 @@ static bool analyse(const pk_value_t *segments, const recs_t *recs, const tr_set
                     goto oom;
             }
             baddr += (uint64_t)bsize;
+        }
+    }
+    /* One device's segments never share an address: two that do would be counted twice and
+     * rebuilt at one address. */
+    if (nspans > 1)
+        qsort(spans, nspans, sizeof(*spans), cmp_span);
+    for (size_t i = 1; i < nspans; i++) {
+        if (spans[i].addr < spans[i - 1].end) {
+            const span_t *hi = spans[i].index > spans[i - 1].index ? &spans[i] : &spans[i - 1];
+            const span_t *lo = hi == &spans[i] ? &spans[i - 1] : &spans[i];
+            snprintf(err, errlen, "segments[%zu] (address 0x%llx) overlaps segments[%zu]",
+                     hi->index, (unsigned long long)hi->addr, lo->index);
+            goto out;
         }
     }
     if (nranges > 1)
@@ -1198,6 +1231,7 @@ out:
     tr_map_free(&streams);
     free(xr);
     free(ranges);
+    free(spans);
     return ok;
 }
 

@@ -1761,3 +1761,65 @@ TEST_F(Replay, AnEntrysPoolIdThatIsNoPairReadsAsNoPool) {
     tr_free(&dict);
     tr_free(&fast);
 }
+
+// A device's final segments are apart: two that share addresses (the same segment twice, or one
+// running into the next) are refused by both loaders naming both, instead of counting their
+// bytes twice as reserved and rebuilding two segments at one address. Adjacent ones load.
+TEST_F(Replay, OverlappingFinalSegmentsAreRefused) {
+    auto trace = [](uint64_t second, uint64_t size) {
+        sp__emit_t e;
+        sp__emit_init(&e, false);
+        sp__emit_dict_begin(&e);
+        sp__emit_key(&e, "segments");
+        sp__emit_list_begin(&e);
+        const uint64_t at[] = {SEG_A + 64 * MiB, second, SEG_A};
+        for (uint64_t a : at) {
+            sp__emit_dict_begin(&e);
+            sp__emit_key(&e, "device");
+            sp__emit_int(&e, 0);
+            sp__emit_key(&e, "address");
+            sp__emit_uint(&e, a);
+            sp__emit_key(&e, "total_size");
+            sp__emit_uint(&e, size);
+            sp__emit_key(&e, "blocks");
+            sp__emit_list_begin(&e);
+            emit_block(&e, a, size, size, "active_allocated");
+            sp__emit_list_end(&e);
+            sp__emit_dict_end(&e);
+        }
+        sp__emit_list_end(&e);
+        sp__emit_key(&e, "device_traces");
+        sp__emit_list_begin(&e);
+        sp__emit_list_end(&e);
+        sp__emit_dict_end(&e);
+        return finish(&e);
+    };
+    const struct {
+        uint64_t second, size;
+        const char *want; // "" loads
+    } cases[] = {
+        {SEG_A + 2 * MiB, 2 * MiB, ""},
+        {SEG_A, 2 * MiB, "segments[2] (address 0x7f0010000000) overlaps segments[1]"},
+        {SEG_A - MiB, 2 * MiB, "segments[2] (address 0x7f0010000000) overlaps segments[1]"},
+    };
+    for (const auto &c : cases) {
+        std::vector<unsigned char> b = trace(c.second, c.size);
+        std::string path = "overlap_" + std::to_string(getpid()) + ".pickle";
+        tr_trace_t dict, fast;
+        std::string err;
+        char why[256] = "";
+        bool dict_ok = load(b, &dict, &err);
+        bool fast_ok = load_from_file(b, path, &fast, why, sizeof(why));
+        bool good = *c.want == '\0';
+        EXPECT_EQ(dict_ok, good) << err;
+        EXPECT_EQ(fast_ok, good) << why;
+        if (!good) {
+            EXPECT_EQ(err, c.want);
+            EXPECT_EQ(std::string(why), path + ": " + c.want);
+        } else if (dict_ok && fast_ok) {
+            EXPECT_EQ(dict.dev[0].final_reserved, 6 * MiB);
+        }
+        tr_free(&dict);
+        tr_free(&fast);
+    }
+}
