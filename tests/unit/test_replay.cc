@@ -1823,3 +1823,50 @@ TEST_F(Replay, OverlappingFinalSegmentsAreRefused) {
         tr_free(&fast);
     }
 }
+
+// A device's private pools are counted in 16 bits: a trace naming more than 65535 is refused
+// saying so (it said "out of memory"), and finding an entry's pool among many takes no scan of
+// them all per entry (70,000 pools took 5 s).
+TEST_F(Replay, MoreThan65535PrivatePoolsAreRefusedSayingSo) {
+    auto trace = [](int npools) {
+        sp__emit_t e;
+        sp__emit_init(&e, false);
+        sp__emit_dict_begin(&e);
+        sp__emit_key(&e, "segments");
+        sp__emit_list_begin(&e);
+        sp__emit_list_end(&e);
+        sp__emit_key(&e, "device_traces");
+        sp__emit_list_begin(&e);
+        sp__emit_list_begin(&e);
+        for (int i = 0; i < npools + 2; i++) {
+            sp__emit_dict_begin(&e);
+            sp__emit_key(&e, "action");
+            sp__emit_str(&e, "alloc");
+            sp__emit_key(&e, "addr");
+            sp__emit_uint(&e, SEG_A + (uint64_t)i * 512);
+            sp__emit_key(&e, "size");
+            sp__emit_uint(&e, 512);
+            sp__emit_key(&e, "pool_id");
+            sp__emit_tuple2(&e, 1, i < npools ? i + 1 : i - npools + 1); // the last two: known
+            sp__emit_dict_end(&e);
+        }
+        sp__emit_list_end(&e);
+        sp__emit_list_end(&e);
+        sp__emit_dict_end(&e);
+        return finish(&e);
+    };
+    const auto t0 = std::chrono::steady_clock::now();
+    tr_trace_t t;
+    std::string err;
+    ASSERT_TRUE(load(trace(65535), &t, &err)) << err;
+    EXPECT_EQ(t.dev[0].npools, 65535u);
+    EXPECT_EQ(t.dev[0].ev[65535].pool, 1u);
+    EXPECT_EQ(t.dev[0].ev[65536].pool, 2u);
+    tr_free(&t);
+    EXPECT_FALSE(load(trace(65536), &t, &err));
+    EXPECT_EQ(err, "device_traces[0][65535] (alloc): more than 65535 private pools on device 0");
+    tr_free(&t);
+    const double secs =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    EXPECT_LT(secs, 5.0) << "seconds to load twice 65,535 pools";
+}
