@@ -1054,6 +1054,16 @@ int sp_cli_replay(int argc, char **argv) {
     const char *conf = a.conf;
     if (conf == NULL && t.settings.recorded)
         conf = t.settings.conf;
+    if (conf != NULL && a.conf == NULL &&
+        sp_x_option_set("SYMPOOL_ALLOC_CONF", conf) != SP_SUCCESS) {
+        /* Settings PyTorch cannot have: the snapshot is invalid, not the command line. */
+        fprintf(stderr,
+                "sympool replay: %s: allocator_settings read as SYMPOOL_ALLOC_CONF='%s' are not "
+                "valid: %s\n",
+                a.trace, conf, sp_last_error());
+        tr_free(&t);
+        return 1;
+    }
     if ((conf != NULL && sp_x_option_set("SYMPOOL_ALLOC_CONF", conf) != SP_SUCCESS) ||
         (a.capacity != NULL &&
          sp_x_option_set("SYMPOOL_HOST_CAPACITY", a.capacity) != SP_SUCCESS)) {
