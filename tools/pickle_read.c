@@ -599,7 +599,10 @@ static bool extend(parser_t *ps, size_t first, pk_type_t type, const char *opnam
     if (first == 0 || first - 1 < base(ps))
         return fail(ps, "%s has no target", opname);
     pk_value_t *target = ps->stack[first - 1];
+    size_t n = ps->sp - first;
     if (target == ps->skipped && ps->skipped != NULL) {
+        if (type == PK_DICT && n % 2 != 0) /* what can be checked of a skipped value */
+            return fail(ps, "%s with an odd number of items", opname);
         ps->sp = first;
         return true;
     }
@@ -610,7 +613,6 @@ static bool extend(parser_t *ps, size_t first, pk_type_t type, const char *opnam
                     opname, SETITEMS_BATCH);
     if (target->type != type)
         return fail(ps, "%s target is not a %s", opname, type == PK_DICT ? "dict" : "list");
-    size_t n = ps->sp - first;
     if (type == PK_DICT && n % 2 != 0)
         return fail(ps, "%s with an odd number of items", opname);
     if (type == PK_DICT && ps->rec_fn != NULL && target->u.seq.n == 0 && from_mark &&

@@ -1383,4 +1383,18 @@ TEST(PickleRead, ItemsForADictTheHookTookAreRefusedSayingSo) {
                       "1000 pairs (a pickler adds more only after a full batch) at offset 28");
 }
 
+// Inside a skipped value nothing is built, but a SETITEMS with an odd number of items is refused
+// there as everywhere (the skipping reader took it, so the loaders disagreed on the file).
+TEST(PickleRead, OddSetitemsInsideASkippedValueIsRefusedToo) {
+    const Bytes b = {0x80, 4,   '}', '(', 0x8c, 6, 'f', 'r', 'a', 'm', 'e',
+                     's',  ']', '}', '(', 'K',  1, 'u', 'a', 'u', '.'};
+    const char *want = "pickle: SETITEMS with an odd number of items at offset 17";
+    EXPECT_EQ(parse(b), want);
+    pk_doc_t *doc = nullptr;
+    char err[256] = "";
+    EXPECT_FALSE(pk_parse_skip(b.data(), b.size(), nullptr, "frames", &doc, err, sizeof err));
+    EXPECT_STREQ(err, want);
+    pk_free(doc);
+}
+
 } // namespace
