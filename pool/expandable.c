@@ -205,11 +205,14 @@ static sp_status_t map_block(sp_devalloc_t *d, sp_block_t *m, size_t size, uint3
             m->size = len;
             ulist_insert(bp, rem);
         } else {
-            /* No struct for the remainder: give the pages back rather than corrupt the tiling. */
+            /* No struct for the remainder (structs come from the arena alone, never from the
+             * heap): give the pages back rather than corrupt the tiling. */
             (void)sp__g.ops->vmm_unmap(d->device, (void *)m->addr, len);
             m->unmapped = true;
             ulist_insert(bp, m);
-            return sp__error(SP_ERR_SYSTEM, SP_SUB_POOL, "out of host memory for a block");
+            return sp__error(SP_ERR_SYSTEM, SP_SUB_POOL,
+                             "out of block structs for the unmapped rest of a segment (a process "
+                             "may have 4 GiB of them)");
         }
     }
     sp_block_t *p = sp__block_prev(m), *n = sp__block_next(m);

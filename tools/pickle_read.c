@@ -49,6 +49,9 @@ struct pk_doc {
 #define STR_CACHE_BITS 8
 #define STR_CACHE_MAX 32   /* bytes of the longest string shared through the cache */
 #define SCRATCH_VALUES 512 /* a dict's ints at most at once (a trace entry has a dozen) */
+/* Picklers (CPython's, ours) write a dict's items in SETITEMS batches of this many pairs: only a
+ * smaller batch is sure to be a dict's last. */
+#define SETITEMS_BATCH 1000
 
 typedef struct parser {
     const unsigned char *p; /* input */
@@ -451,10 +454,14 @@ static bool memo_put(parser_t *ps, size_t idx) {
         size_t cap = ps->memocap ? ps->memocap : 1024;
         while (cap <= idx)
             cap *= 2;
-        pk_value_t **nm = realloc(ps->memo, cap * sizeof(*nm));
+        /* Zeroed by calloc, not written: a large one is fresh pages, so slots below a high
+         * index that are never set (a ten-byte pickle can name index 2^24 - 1) cost nothing. */
+        pk_value_t **nm = calloc(cap, sizeof(*nm));
         if (nm == NULL)
             return fail(ps, "out of memory");
-        memset(nm + ps->memocap, 0, (cap - ps->memocap) * sizeof(*nm));
+        if (ps->memocap > 0)
+            memcpy(nm, ps->memo, ps->memocap * sizeof(*nm));
+        free(ps->memo);
         ps->memo = nm;
         ps->memocap = cap;
     }
@@ -592,17 +599,26 @@ static bool extend(parser_t *ps, size_t first, pk_type_t type, const char *opnam
     if (first == 0 || first - 1 < base(ps))
         return fail(ps, "%s has no target", opname);
     pk_value_t *target = ps->stack[first - 1];
+    size_t n = ps->sp - first;
     if (target == ps->skipped && ps->skipped != NULL) {
+        if (type == PK_DICT && n % 2 != 0) /* what can be checked of a skipped value */
+            return fail(ps, "%s with an odd number of items", opname);
         ps->sp = first;
         return true;
     }
+    if (target->type == PK_RECORD && type == PK_DICT && !is_scratch(ps, target))
+        return fail(ps,
+                    "%s adds to a dict read whole at its SETITEMS of fewer than %d pairs (a "
+                    "pickler adds more only after a full batch)",
+                    opname, SETITEMS_BATCH);
     if (target->type != type)
         return fail(ps, "%s target is not a %s", opname, type == PK_DICT ? "dict" : "list");
-    size_t n = ps->sp - first;
     if (type == PK_DICT && n % 2 != 0)
         return fail(ps, "%s with an odd number of items", opname);
-    if (type == PK_DICT && ps->rec_fn != NULL && target->u.seq.n == 0 && from_mark) {
-        /* SETITEMS into a new dict: the hook may take it whole */
+    if (type == PK_DICT && ps->rec_fn != NULL && target->u.seq.n == 0 && from_mark &&
+        n < 2 * SETITEMS_BATCH) {
+        /* SETITEMS into a new dict: the hook may take it whole (a full batch may have more
+         * coming, for which the dict must stay a dict) */
         follow_moved(ps, first);
         uint64_t id = 0;
         int took = ps->rec_fn(ps->rec_arg, ps->stack + first, n, &id);
@@ -1237,6 +1253,15 @@ bool pk_parse_records(const void *buf, size_t len, const pk_limits_t *lim, const
     return true;
 }
 
+/* Whether buf[0..len) may start a snapshot: its first byte that is not white space (if any) is a
+ * pickle's PROTO (0x80) or a JSON document's '{' or '['. */
+static bool may_be_snapshot(const unsigned char *buf, size_t len) {
+    size_t i = 0;
+    while (i < len && (buf[i] == ' ' || buf[i] == '\n' || buf[i] == '\r' || buf[i] == '\t'))
+        i++;
+    return i == len || buf[i] == 0x80 || buf[i] == '{' || buf[i] == '[';
+}
+
 bool pk_read_file(const char *path, size_t max_bytes, unsigned char **buf_p, size_t *len_p,
                   char *err, size_t errlen) {
     FILE *f = fopen(path, "rb");
@@ -1273,6 +1298,8 @@ bool pk_read_file(const char *path, size_t max_bytes, unsigned char **buf_p, siz
         }
         size_t n = fread(buf + len, 1, cap - len, f);
         len += n;
+        if (n > 0 && !may_be_snapshot(buf, len))
+            break; /* the caller refuses it from these bytes: no more of a stream is read */
         if (n == 0) {
             if (ferror(f)) {
                 snprintf(err, errlen, "cannot read %s: %s", path, strerror(errno));

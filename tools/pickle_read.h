@@ -84,16 +84,20 @@ bool pk_parse(const void *buf, size_t len, const pk_limits_t *lim, pk_doc_t **do
 bool pk_parse_skip(const void *buf, size_t len, const pk_limits_t *lim, const char *skip_key,
                    pk_doc_t **doc_p, char *err, size_t errlen);
 /* The hook of pk_parse_records: a dict's pairs (key0, val0, key1, val1, ...; n entries) as its
- * SETITEMS completes it. Returns 1 when it takes the dict (it becomes a PK_RECORD with *id_p as
- * u.u, and its pairs are not kept), 0 to leave it a dict, -1 when it fails (out of memory: the
- * parse fails). The values it sees live only during the call: it copies what it needs (strings
- * and containers stay valid with the document). */
+ * SETITEMS completes it (one of fewer than 1000 pairs into a new dict: a full batch of a
+ * pickler may be followed by more, and such a dict stays a dict). Returns 1 when it takes the dict
+ * (it becomes a PK_RECORD with *id_p as u.u, and its pairs are not kept), 0 to leave it a dict, -1
+ * when it fails (out of memory: the parse fails). The values it sees live only during the call: it
+ * copies what it needs (strings and containers stay valid with the document). */
 typedef int (*pk_record_fn)(void *arg, pk_value_t *const *pairs, size_t n, uint64_t *id_p);
 /* pk_parse_skip, with a hook offered every dict as it is completed in one SETITEMS: the dicts it
  * takes (a trace's entries, by the thousand) then cost neither their pairs nor their integers. */
 bool pk_parse_records(const void *buf, size_t len, const pk_limits_t *lim, const char *skip_key,
                       pk_record_fn fn, void *arg, pk_doc_t **doc_p, char *err, size_t errlen);
-/* Read a whole file of at most max_bytes into a new buffer (caller frees). */
+/* Read a whole file of at most max_bytes into a new buffer (caller frees). Reading stops early
+ * (what was read is returned) once the first byte that is not white space is none a snapshot
+ * starts with (a pickle's 0x80, JSON's '{' or '['): the caller refuses it from those bytes, and
+ * a stream (/dev/zero, a pipe) is not read to max_bytes first. */
 bool pk_read_file(const char *path, size_t max_bytes, unsigned char **buf_p, size_t *len_p,
                   char *err, size_t errlen);
 /* Read a whole file (at most max_bytes) and parse it. */

@@ -350,6 +350,10 @@ static void free_all(dev_state_t *ds, bool release) {
             (void)sp_free(ds->ptrs[i]);
     for (size_t i = 0; release && i < ds->nholes; i++)
         (void)sp_free(ds->holes[i]);
+    /* The cached segments in one pass first: destroying a stream releases its own, a walk of
+     * every segment still cached, and a trace may have a stream per segment. */
+    if (release)
+        (void)sp_empty_cache();
     for (size_t i = 0; release && i < ds->nall_side; i++)
         (void)sp_stream_destroy(ds->all_side[i]);
     for (size_t i = 0; release && i < ds->streams.cap; i++)
@@ -1187,6 +1191,16 @@ int sp_cli_replay(int argc, char **argv) {
     const char *conf = a.conf;
     if (conf == NULL && t.settings.recorded)
         conf = t.settings.conf;
+    if (conf != NULL && a.conf == NULL &&
+        sp_x_option_set("SYMPOOL_ALLOC_CONF", conf) != SP_SUCCESS) {
+        /* Settings PyTorch cannot have: the snapshot is invalid, not the command line. */
+        fprintf(stderr,
+                "sympool replay: %s: allocator_settings read as SYMPOOL_ALLOC_CONF='%s' are not "
+                "valid: %s\n",
+                a.trace, conf, sp_last_error());
+        tr_free(&t);
+        return 1;
+    }
     if ((conf != NULL && sp_x_option_set("SYMPOOL_ALLOC_CONF", conf) != SP_SUCCESS) ||
         (a.capacity != NULL &&
          sp_x_option_set("SYMPOOL_HOST_CAPACITY", a.capacity) != SP_SUCCESS)) {

@@ -186,6 +186,19 @@ static bool grow_array(void **arr, size_t *cap, size_t elem) {
     return true;
 }
 
+/* A final segment's addresses and its index in the list, to find two that overlap. */
+typedef struct span {
+    uint64_t addr, end;
+    size_t index;
+} span_t;
+
+static int cmp_span(const void *a, const void *b) {
+    const span_t *x = a, *y = b;
+    if (x->addr != y->addr)
+        return x->addr < y->addr ? -1 : 1;
+    return x->index < y->index ? -1 : x->index > y->index;
+}
+
 /* A private pool's segment, for routing allocations by recorded address. */
 typedef struct pool_range {
     uint64_t addr, end;
@@ -209,19 +222,54 @@ static uint16_t pool_at(const pool_range_t *r, size_t n, uint64_t addr) {
     return lo > 0 && addr < r[lo - 1].end ? r[lo - 1].pool : 0;
 }
 
-/* 1 + the index of segment_pool_id in d->pools (added when new); 0 for the default pool. */
-static int pool_index(tr_device_t *d, size_t *cap, const pk_value_t *id) {
+/* pool_index's key of a pool id in its map (never 0, the map's empty key). */
+static uint64_t pool_key(uint64_t first, uint64_t second) {
+    uint64_t k = (first * 0x9e3779b97f4a7c15ull) ^
+                 ((second + 0x632be59bd9b4e019ull) * 0xff51afd7ed558ccdull);
+    return k ? k : 1;
+}
+
+/* A device holds at most this many private pools (their index is 16 bits). */
+#define TR_MAX_POOLS 65535
+/* pool_index's refusal past TR_MAX_POOLS (-1: out of memory). */
+#define TR_TOO_MANY_POOLS (-2)
+
+/* 1 + the index of segment_pool_id in d->pools (added when new); 0 for the default pool.
+ * known maps pool_key to that index for d->pools, so that an id is found without a scan (a
+ * trace may name thousands of pools, each entry one); an id whose key another pool has is
+ * looked for by a scan. */
+static int pool_index(tr_device_t *d, size_t *cap, tr_map_t *known, const pk_value_t *id) {
     uint64_t f = 0, sec = 0;
     if (pk_len(id) != 2 || !pk_uint(pk_at(id, 0), &f) || !pk_uint(pk_at(id, 1), &sec) ||
         (f == 0 && sec == 0))
         return 0;
-    for (size_t i = 0; i < d->npools; i++)
-        if (d->pools[i].first == f && d->pools[i].second == sec)
-            return (int)i + 1;
-    if (d->npools >= 65535 || !GROW(d->pools, d->npools, *cap))
+    uint64_t key = pool_key(f, sec);
+    uintptr_t at = 0;
+    if (tr_map_get(known, key, &at)) {
+        if (d->pools[at - 1].first == f && d->pools[at - 1].second == sec)
+            return (int)at;
+        for (size_t i = 0; i < d->npools; i++)
+            if (d->pools[i].first == f && d->pools[i].second == sec)
+                return (int)i + 1;
+    }
+    if (d->npools >= TR_MAX_POOLS)
+        return TR_TOO_MANY_POOLS;
+    if (!GROW(d->pools, d->npools, *cap))
         return -1;
     d->pools[d->npools++] = (tr_pool_id_t){f, sec};
+    if (at == 0 && !tr_map_put(known, key, d->npools))
+        return -1;
     return (int)d->npools;
+}
+
+/* known (empty) as pool_index keeps it, for the pools d has. */
+static bool pools_known(const tr_device_t *d, tr_map_t *known) {
+    for (size_t i = 0; i < d->npools; i++) {
+        uint64_t key = pool_key(d->pools[i].first, d->pools[i].second);
+        if (!tr_map_get(known, key, NULL) && !tr_map_put(known, key, i + 1))
+            return false;
+    }
+    return true;
 }
 
 /* Mapped ranges of expandable segments, by address, disjoint; adjacent ranges of one segment
@@ -631,6 +679,12 @@ static int take_entry(void *arg, pk_value_t *const *pairs, size_t n, uint64_t *i
         if (rs->nside == rs->cap_side &&
             !grow_array((void **)&rs->side, &rs->cap_side, sizeof(*rs->side)))
             return -1;
+        /* Only a list or tuple can be a pool's (int, int) pair, and only a container is sure to
+         * outlive the call (an int may be the reader's scratch): anything else is kept as the
+         * one value that names no pool, as pool_index reads it. */
+        static const pk_value_t no_pair = {.type = PK_NONE};
+        if (pool_id != NULL && pool_id->type != PK_LIST && pool_id->type != PK_TUPLE)
+            pool_id = &no_pair;
         rs->side[rs->nside++] = (rec_side_t){rs->n, act, pool_id};
     }
     rs->ev[rs->n] = ev;
@@ -662,8 +716,14 @@ static bool read_event(const pk_value_t *e, recs_t *recs, tr_event_t *ev, const 
                        bool *have_addr_p, bool *have_size_p, bool *bad_time_p,
                        const pk_value_t **pool_id_p) {
     if (e != NULL && e->type == PK_RECORD && recs != NULL && e->u.u < recs->n) {
-        if (ev != &recs->ev[e->u.u])
+        if (ev != &recs->ev[e->u.u]) {
+            /* A copy (the entry is in another list too): as the hook read it, without what
+             * another device's load and analysis may have set in the entry already (its
+             * pool, the TR_F_ flags). */
             *ev = recs->ev[e->u.u];
+            ev->flags &= (uint8_t)RF_ALL;
+            ev->pool = 0;
+        }
         const rec_side_t *r = side_of(recs, e->u.u);
         *act_p = r != NULL               ? r->act
                  : ev->action < TR_OTHER ? action_names[ev->action]
@@ -695,7 +755,7 @@ static bool is_next_run(const pk_value_t *list, const recs_t *recs, size_t n) {
     return recs->taken + n <= recs->n;
 }
 
-static int pool_index(tr_device_t *d, size_t *cap, const pk_value_t *id);
+static int pool_index(tr_device_t *d, size_t *cap, tr_map_t *known, const pk_value_t *id);
 
 static bool load_events(const pk_value_t *list, recs_t *recs, int dev, tr_device_t *d, char *err,
                         size_t errlen) {
@@ -716,6 +776,7 @@ static bool load_events(const pk_value_t *list, recs_t *recs, int dev, tr_device
         return false;
     }
     size_t cap_pools = 0;
+    tr_map_t known = {0}; /* pool_index's map of d->pools */
     for (size_t i = 0; i < n; i++) {
         tr_event_t *ev = &d->ev[i];
         const char *act = NULL;
@@ -725,41 +786,47 @@ static bool load_events(const pk_value_t *list, recs_t *recs, int dev, tr_device
                         &pool_id) ||
             act == NULL) {
             snprintf(err, errlen, "device_traces[%d][%zu]: no 'action' string", dev, i);
-            return false;
+            goto fail;
         }
         if (ev->action != TR_OTHER && ev->action != TR_SNAPSHOT && (!have_addr || !have_size)) {
             snprintf(err, errlen, "device_traces[%d][%zu] (%s): missing or bad '%s' or 'size'", dev,
                      i, act, ev->action == TR_OOM ? "device_free" : "addr");
-            return false;
+            goto fail;
         }
         if (ev->action != TR_OTHER && ev->action != TR_OOM && ev->size >= TR_SIZE_LIMIT) {
             snprintf(err, errlen,
                      "device_traces[%d][%zu] (%s): size %llu is 1 EB or more, which no PyTorch "
                      "allocation reaches",
                      dev, i, act, (unsigned long long)ev->size);
-            return false;
+            goto fail;
         }
         if (ev->addr == 0 && (ev->action == TR_ALLOC || ev->action == TR_FREE_REQUESTED ||
                               ev->action == TR_FREE_COMPLETED || ev->action == TR_SEGMENT_ALLOC ||
                               ev->action == TR_SEGMENT_FREE)) {
             snprintf(err, errlen, "device_traces[%d][%zu] (%s): addr 0 is not a block address", dev,
                      i, act);
-            return false;
+            goto fail;
         }
         if (bad_time) {
             snprintf(err, errlen,
                      "device_traces[%d][%zu] (%s): time_us is not a time in [0, 2^53] "
                      "microseconds",
                      dev, i, act);
-            return false;
+            goto fail;
         }
         /* Newer snapshots name each entry's MemPool: the pool is known even when none of its
          * segments is left in the final state. */
         if (pool_id != NULL) {
-            int pool = pool_index(d, &cap_pools, pool_id);
+            int pool = pool_index(d, &cap_pools, &known, pool_id);
+            if (pool == TR_TOO_MANY_POOLS) {
+                snprintf(err, errlen,
+                         "device_traces[%d][%zu] (%s): more than %d private pools on device %d",
+                         dev, i, act, TR_MAX_POOLS, dev);
+                goto fail;
+            }
             if (pool < 0) {
                 snprintf(err, errlen, "out of memory");
-                return false;
+                goto fail;
             }
             ev->pool = (uint16_t)pool;
             ev->flags |= TR_F_POOL_ID;
@@ -768,7 +835,11 @@ static bool load_events(const pk_value_t *list, recs_t *recs, int dev, tr_device
         if (ev->action == TR_OOM)
             d->recorded_ooms++;
     }
+    tr_map_free(&known);
     return true;
+fail:
+    tr_map_free(&known);
+    return false;
 }
 
 /* Seeds, the starting state, PyTorch's reserved timeline and the requested peak of one device.
@@ -824,8 +895,12 @@ static bool analyse(const pk_value_t *segments, const recs_t *recs, const tr_set
     size_t cap = 0, cap_start = 0, cap_pools = d->npools, cap_sb = 0;
     pool_range_t *ranges = NULL;
     size_t nranges = 0, cap_ranges = 0;
+    span_t *spans = NULL; /* the device's final segments */
+    size_t nspans = 0, cap_spans = 0;
+    tr_map_t known = {0}; /* pool_index's map of d->pools */
     bool ok = false;
-    if (!tr_map_put(&streams, ~(uint64_t)0, 1)) /* the default stream, as a non-zero key */
+    if (!tr_map_put(&streams, ~(uint64_t)0, 1) || /* the default stream, as a non-zero key */
+        !pools_known(d, &known))
         goto oom;
     /* Backwards: a free_requested whose free_completed comes later in the trace (before the
      * address is allocated again). A trace without free_completed entries (older or hand-made)
@@ -937,7 +1012,24 @@ static bool analyse(const pk_value_t *segments, const recs_t *recs, const tr_set
                      s, (long long)total);
             goto out;
         }
-        int pool = pool_index(d, &cap_pools, pool_id);
+        if (addr + (uint64_t)total < addr) {
+            snprintf(err, errlen,
+                     "segments[%zu]: address 0x%llx + total_size %lld runs past the end of the "
+                     "address space",
+                     s, (unsigned long long)addr, (long long)total);
+            goto out;
+        }
+        if (total > 0) {
+            if (!GROW(spans, nspans, cap_spans))
+                goto oom;
+            spans[nspans++] = (span_t){addr, addr + (uint64_t)total, s};
+        }
+        int pool = pool_index(d, &cap_pools, &known, pool_id);
+        if (pool == TR_TOO_MANY_POOLS) {
+            snprintf(err, errlen, "segments[%zu]: more than %d private pools on device %d", s,
+                     TR_MAX_POOLS, dev);
+            goto out;
+        }
         if (pool < 0)
             goto oom;
         if (pool > 0) {
@@ -1000,11 +1092,14 @@ static bool analyse(const pk_value_t *segments, const recs_t *recs, const tr_set
                 snprintf(err, errlen, "segments[%zu].blocks[%zu]: missing 'size' or 'state'", s, b);
                 goto out;
             }
-            if ((uint64_t)bsize > (uint64_t)total) {
+            /* The blocks before it end inside the segment (checked for each), so the offset
+             * is at most total. */
+            if ((uint64_t)bsize > (uint64_t)total - (baddr - addr)) {
                 snprintf(err, errlen,
-                         "segments[%zu].blocks[%zu]: size %lld is more than its segment's "
-                         "total_size %lld",
-                         s, b, (long long)bsize, (long long)total);
+                         "segments[%zu].blocks[%zu]: size %lld at offset %llu runs past its "
+                         "segment's total_size %lld",
+                         s, b, (long long)bsize, (unsigned long long)(baddr - addr),
+                         (long long)total);
                 goto out;
             }
             if (!have_req || req <= 0 || req > bsize)
@@ -1019,6 +1114,19 @@ static bool analyse(const pk_value_t *segments, const recs_t *recs, const tr_set
                     goto oom;
             }
             baddr += (uint64_t)bsize;
+        }
+    }
+    /* One device's segments never share an address: two that do would be counted twice and
+     * rebuilt at one address. */
+    if (nspans > 1)
+        qsort(spans, nspans, sizeof(*spans), cmp_span);
+    for (size_t i = 1; i < nspans; i++) {
+        if (spans[i].addr < spans[i - 1].end) {
+            const span_t *hi = spans[i].index > spans[i - 1].index ? &spans[i] : &spans[i - 1];
+            const span_t *lo = hi == &spans[i] ? &spans[i - 1] : &spans[i];
+            snprintf(err, errlen, "segments[%zu] (address 0x%llx) overlaps segments[%zu]",
+                     hi->index, (unsigned long long)hi->addr, lo->index);
+            goto out;
         }
     }
     if (nranges > 1)
@@ -1176,6 +1284,8 @@ out:
     tr_map_free(&streams);
     free(xr);
     free(ranges);
+    free(spans);
+    tr_map_free(&known);
     return ok;
 }
 

@@ -169,6 +169,11 @@ if(TARGET sympool_cli)
     REGEX "starting state +its live blocks requested under this configuration \\(the recorded segment layout is fixed segments\\): 21 blocks"
     ARGS replay ${SMALL} --conf expandable_segments:True)
   sp_cli_check(NAME replay_two_traces RC 2 REGEX "more than one trace" ARGS replay ${SMALL} ${SMALL})
+  # Recorded settings PyTorch cannot have (a max_split_size of 1 byte) are the snapshot's fault:
+  # exit 1 naming allocator_settings, not 2 blaming a SYMPOOL_ALLOC_CONF the user never set.
+  sp_cli_check(NAME replay_recorded_settings_invalid RC 1
+    REGEX "sympool replay: .*trace-settings-not-pytorchs.json: allocator_settings read as SYMPOOL_ALLOC_CONF='max_split_size_mb:0' are not valid: .*below the minimum 20"
+    ARGS replay ${CMAKE_CURRENT_SOURCE_DIR}/data/trace-settings-not-pytorchs.json)
   sp_cli_check(NAME replay_repeat_garbage RC 2 REGEX "--repeat takes 1 to 64, not '3x'"
     ARGS replay ${SMALL} --repeat=3x)
   # A file that is not a pickle says so, not "memo key 105 is not defined".

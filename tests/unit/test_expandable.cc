@@ -18,6 +18,7 @@
 extern "C" {
 #include "pool/device/device.h"
 #include "pool/history.h"
+#include "pool/block.h"
 #include "pool/pool.h"
 }
 
@@ -914,4 +915,41 @@ TEST_F(Expandable, MemPoolsKeepTheirFreePagesWhenTheyGrow) {
     ASSERT_SP_OK(sp_empty_cache());
     ASSERT_SP_OK(sp_stream_destroy(s1));
     EXPECT_EQ(stat("reserved_bytes.all.current"), 0);
+}
+
+// Out of block structs (the arena's 4 GiB, here a limit at what is in use) when pages mapped into
+// an expandable segment leave a remainder that needs a struct of its own: the request fails with
+// a message that names the block structs (they come from the arena, never from the host heap),
+// the pages are given back, and once there is room again it succeeds.
+TEST_F(Expandable, NoStructForTheRemainderOfAGrowthFailsAndSaysWhy) {
+    sp::ScopedEnv env({{"SYMPOOL_ALLOC_CONF", "expandable_segments:True"}});
+    SP_SKIP_UNLESS_HOST();
+    expect_warnings();
+    void *first = nullptr, *grown = nullptr;
+    ASSERT_SP_OK(sp_malloc(3 * MiB, 0, nullptr, &first));
+    std::vector<void *> ps;
+    for (;;) {
+        sp_block_structs_t st;
+        ASSERT_SP_OK(sp__pool_block_structs(0, &st));
+        if (st.spare == 0 && st.kept == 0 && st.untouched == 0)
+            break;
+        void *p = nullptr;
+        ASSERT_SP_OK(sp_malloc(512 + ps.size() % 7 * 4096, 0, nullptr, &p));
+        ps.push_back(p);
+        ASSERT_LT(ps.size(), 100000u);
+    }
+    const size_t reserved = sp_memory_reserved(0);
+    const size_t old = sp__arena_set_limit(sp__arena_used());
+    sp_status_t s = sp_malloc(2 * MiB, 0, nullptr, &grown);
+    std::string why = sp_last_error();
+    (void)sp__arena_set_limit(old);
+    EXPECT_NE(s, SP_SUCCESS);
+    EXPECT_NE(why.find("block structs"), std::string::npos) << why;
+    EXPECT_EQ(why.find("host memory"), std::string::npos) << why;
+    EXPECT_EQ(sp_memory_reserved(0), reserved) << "the mapped pages were given back";
+    ASSERT_SP_OK(sp_malloc(2 * MiB, 0, nullptr, &grown));
+    ASSERT_SP_OK(sp_free(grown));
+    for (void *p : ps)
+        ASSERT_SP_OK(sp_free(p));
+    ASSERT_SP_OK(sp_free(first));
 }

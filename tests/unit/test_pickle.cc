@@ -939,13 +939,13 @@ TEST(PickleRead, MemoDenserThanItsFirstSizeGrowsAndKeepsEveryValue) {
     pk_free(doc);
 }
 
-// A dict with more ints than the record hook's scratch holds at once (a pickler's batch of
-// 1000 pairs, nested in another dict whose ints are still waiting): the ints past it are made
-// in the document instead, and the hook and the document read every one as written.
+// A dict with more ints than the record hook's scratch holds at once (999 pairs, the largest
+// batch the hook is offered, nested in another dict whose ints are still waiting): the ints past
+// it are made in the document instead, and the hook and the document read every one as written.
 TEST(PickleRead, DictsWithMoreIntsThanScratchReadEveryInt) {
     auto val = [](int d, int i) { return (int64_t)d * 1000003 - (int64_t)i * 77 - 5; };
     std::vector<std::string> keys; // the emitter memoizes keys by address: one string each
-    for (int i = 0; i < 1500; i++)
+    for (int i = 0; i < 999; i++)
         keys.push_back("k" + std::to_string(i));
     sp__emit_t e;
     sp__emit_init(&e, false);
@@ -956,7 +956,7 @@ TEST(PickleRead, DictsWithMoreIntsThanScratchReadEveryInt) {
     sp__emit_list_begin(&e);
     for (int d = 0; d < 3; d++) {
         sp__emit_dict_begin(&e);
-        for (int i = 0; i < 1500; i++)
+        for (int i = 0; i < 999; i++)
             sp__emit_kv_int(&e, keys[(size_t)i].c_str(), val(d, i));
         sp__emit_dict_end(&e);
     }
@@ -998,7 +998,7 @@ TEST(PickleRead, DictsWithMoreIntsThanScratchReadEveryInt) {
     ASSERT_EQ(pk_len(inner), 3u);
     int wrong = 0;
     for (int d = 0; d < 3; d++)
-        for (int i = 0; i < 1500; i++) {
+        for (int i = 0; i < 999; i++) {
             char k[16];
             snprintf(k, sizeof k, "k%d", i);
             int64_t v = 0;
@@ -1330,6 +1330,70 @@ TEST(PickleRead, SkippedKeysAreLeftOutOfTheirDicts) {
     ASSERT_TRUE(pk_parse_skip(b.data(), b.size(), nullptr, nullptr, &doc, err, sizeof(err)));
     EXPECT_EQ(pk_len(pk_at(pk_root(doc), 0)), 3u);
     EXPECT_EQ(pk_len(pk_get(pk_at(pk_root(doc), 1), "frames")), 1u);
+    pk_free(doc);
+}
+
+// The peak resident set of this process in KiB, reset by reset_peak_kib (-1 when the kernel
+// offers neither).
+long peak_kib() {
+    std::ifstream f("/proc/self/status");
+    std::string line;
+    while (std::getline(f, line))
+        if (line.rfind("VmHWM:", 0) == 0)
+            return std::strtol(line.c_str() + 6, nullptr, 10);
+    return -1;
+}
+
+bool reset_peak_kib() {
+    std::ofstream f("/proc/self/clear_refs");
+    f << "5";
+    f.flush();
+    return f.good();
+}
+
+// A memo index is bounded (16M slots), but a ten-byte pickle that puts one value under a high
+// index must not cost what the slots below it would: they are never written, so they take no
+// memory (they took 128 MiB, written as zeros, before the parse failed or ended).
+TEST(PickleRead, ASparseMemoIndexCostsNoMemoryForTheSlotsBelowIt) {
+    if (!reset_peak_kib() || peak_kib() < 0)
+        GTEST_SKIP() << "no /proc/self/clear_refs or VmHWM";
+    long before = peak_kib();
+    EXPECT_EQ(parse(Bytes{0x80, 4, 'N', 'r', 0xfe, 0xff, 0xff, 0x00, 'h', 0, '.'}),
+              "pickle: memo key 0 is not defined at offset 8");
+    long grew = peak_kib() - before;
+    EXPECT_LT(grew, 16 * 1024) << "KiB of peak resident memory for a ten-byte pickle";
+}
+
+// A dict the record hook took whole at a SETITEMS of fewer than 1000 pairs that then gets more
+// items (legal, but no pickler writes it: they add items after a full batch only): refused with
+// a message that says so, not as if the dict were something else.
+TEST(PickleRead, ItemsForADictTheHookTookAreRefusedSayingSo) {
+    const Bytes b = {0x80, 4,   '}', '(', 0x8c, 6,    'a', 'c', 't', 'i', 'o', 'n', 0x8c, 5,   'a',
+                     'l',  'l', 'o', 'c', 'u',  0x8c, 4,   'a', 'd', 'd', 'r', 'K', 5,    's', '.'};
+    EXPECT_EQ(parse(b), "");
+    auto take = [](void *, pk_value_t *const *, size_t, uint64_t *id_p) {
+        *id_p = 0;
+        return 1;
+    };
+    pk_doc_t *doc = nullptr;
+    char err[256] = "";
+    EXPECT_FALSE(pk_parse_records(b.data(), b.size(), nullptr, nullptr, take, nullptr, &doc, err,
+                                  sizeof err));
+    EXPECT_STREQ(err, "pickle: SETITEM adds to a dict read whole at its SETITEMS of fewer than "
+                      "1000 pairs (a pickler adds more only after a full batch) at offset 28");
+}
+
+// Inside a skipped value nothing is built, but a SETITEMS with an odd number of items is refused
+// there as everywhere (the skipping reader took it, so the loaders disagreed on the file).
+TEST(PickleRead, OddSetitemsInsideASkippedValueIsRefusedToo) {
+    const Bytes b = {0x80, 4,   '}', '(', 0x8c, 6, 'f', 'r', 'a', 'm', 'e',
+                     's',  ']', '}', '(', 'K',  1, 'u', 'a', 'u', '.'};
+    const char *want = "pickle: SETITEMS with an odd number of items at offset 17";
+    EXPECT_EQ(parse(b), want);
+    pk_doc_t *doc = nullptr;
+    char err[256] = "";
+    EXPECT_FALSE(pk_parse_skip(b.data(), b.size(), nullptr, "frames", &doc, err, sizeof err));
+    EXPECT_STREQ(err, want);
     pk_free(doc);
 }
 
