@@ -254,6 +254,9 @@ const char *sp__log_level_name(int level); /* "WARN" */
     X(EXPANDABLE_WHOLE, BOOL, "1", NULL, NULL, 0,                                                  \
       "ours, with EXPANDABLE_ALIGN on: until the default pool, past EXPANDABLE_SHARED, first "     \
       "unmaps, its requests of whole pages grow an expandable segment of their own; 0 = off")      \
+    X(EXPANDABLE_SIDE, BOOL, "1", NULL, NULL, 0,                                                   \
+      "ours, with EXPANDABLE_RECYCLE on: a request over 1 MiB cut from a larger cached block of "  \
+      "the default pool takes the block's end when that maps fewer pages than its start; 0 = off") \
     X(THREAD_CACHE, SIZE, "0", NULL, NULL, 0,                                                      \
       "ours: bytes of freed blocks (<= 1 MiB each) each thread keeps for its own next mallocs, "   \
       "without the device lock; changes best fit (docs/threads.md); 0 = off")                      \

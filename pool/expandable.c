@@ -487,7 +487,38 @@ sp_block_t *sp__exp_best_fit(sp_bpool_t *bp, sp_block_t *b, sp_stream_t stream,
     return cur;
 }
 
-/* SYMPOOL_EXPANDABLE_FIT_END (ours, with ALIGN). ALIGN places blocks that grow the segment;
+/* SYMPOOL_EXPANDABLE_SIDE (ours, with RECYCLE): the pages a block of `size` bytes at the start
+ * (or the end) of free block b would need that no live block holds already. b is a whole free
+ * range, so its neighbours are live blocks (or unmapped space, or the segment's ends); a
+ * neighbour that ends or starts inside a page keeps that page mapped anyway. */
+static size_t new_pages(const sp_block_t *b, size_t size, bool at_end) {
+    const sp_segment_t *seg = sp__bseg(b);
+    size_t page = seg->page, a = b->addr - seg->base, e = a + b->size;
+    const sp_block_t *pv = sp__block_prev(b), *nx = sp__block_next(b);
+    bool left = pv && pv->allocated && a % page, right = nx && nx->allocated && e % page;
+    size_t lo = (at_end ? e - size : a) / page, hi = ((at_end ? e : a + size) - 1) / page;
+    size_t n = hi - lo + 1;
+    if (left && lo == a / page)
+        n--;
+    if (right && hi == (e - 1) / page && !(left && hi == a / page))
+        n--; /* (one page holding both neighbours counts once) */
+    return n;
+}
+
+/* Where in a larger cached free block b (in the set, chosen by best fit) a request of more than
+ * 1 MiB goes; returns the block to hand out (in the set), *pred_p its in-order predecessor.
+ *
+ * SYMPOOL_EXPANDABLE_SIDE (ours, with RECYCLE). PyTorch cuts from the block's start. Between
+ * two live blocks, the free piece left over is what stays mapped at the peak when it is under a
+ * page (RECYCLE gives back the whole pages of free blocks, not the pages a live neighbour shares):
+ * a training step's best-fit cuts of odd sizes leave dozens of them. When the block's end sits
+ * inside a page its live right neighbour keeps mapped, the request placed against that end can
+ * need a page fewer than at the start, and the piece left over then lies against the left
+ * neighbour's page instead. So the end is taken when it needs fewer pages no live block holds;
+ * on a tie, the start (PyTorch's). Only the default pool (RECYCLE gives back only its pages; a
+ * MemPool's free pages stay mapped, so which pages a block covers does not change what it maps).
+ *
+ * SYMPOOL_EXPANDABLE_FIT_END (ours, with ALIGN). ALIGN places blocks that grow the segment;
  * most large blocks of a training loop are instead cut by best fit from ranges freed earlier,
  * and PyTorch cuts them from the range's start. A range that starts inside a page (after an
  * odd-sized block, or after a block that itself started inside one) hands that offset on to
@@ -497,15 +528,16 @@ sp_block_t *sp__exp_best_fit(sp_bpool_t *bp, sp_block_t *b, sp_stream_t stream,
  * front (which merges back with the block before it). Requests of whole pages only: an odd size
  * at the end would move the offset to its start, which is no gain. Same gates as ALIGN (a pool
  * that only grew has no freed ranges to cut from; under SHARED's bound pages are few and small
- * and large blocks pack together). b: the free block best fit chose (in the set), larger than
- * size; returns the block to hand out (in the set), *pred_p its in-order predecessor. */
+ * and large blocks pack together). */
 sp_block_t *sp__exp_fit_end(sp_devalloc_t *d, sp_bpool_t *bp, sp_block_t *b, size_t size,
                             sp_block_t **pred_p) {
     const sp_mempool_t *pool = bp->pool;
     sp_segment_t *seg = sp__bseg(b);
     size_t page = seg->page, off = b->addr - seg->base;
-    if (!sp__g.exp_fit_end || !pool->exp_unmapped || pool->reserved < sp__g.exp_shared ||
-        size % page != 0 || off % page == 0 || (off + b->size) % page != 0)
+    bool side =
+        sp__g.exp_side && pool->is_default && new_pages(b, size, true) < new_pages(b, size, false);
+    if (!side && (!sp__g.exp_fit_end || !pool->exp_unmapped || pool->reserved < sp__g.exp_shared ||
+                  size % page != 0 || off % page == 0 || (off + b->size) % page != 0))
         return b;
     sp_block_t *h = sp__block_new(d);
     if (!h)

@@ -862,6 +862,83 @@ TEST_F(Expandable, UnderTheSharedBoundCachedRangesAreCutFromTheStart) {
     whole_pages_from_a_cached_range(4 * MiB, true, false);
 }
 
+// SYMPOOL_EXPANDABLE_SIDE (default, with RECYCLE): 3 MiB at 0, 4.5 MiB packed after it at
+// 3 MiB, 2 MiB at 7.5 MiB (pages [0, 10) MiB mapped; a pool under SHARED's bound, so ALIGN,
+// FIT_END and WHOLE stay out). Freeing the 4.5 MiB block leaves [3, 7.5) MiB between two live
+// blocks, and `size` is cut from it. 1.25 MiB at the range's end, [6.25, 7.5), lies in the page
+// the 2 MiB block keeps mapped: no page more, and the free piece [3, 6.25) holds the whole page
+// [4, 6) that empty_cache gives back (8 MiB reserved). At the start, [3, 4.25), it needs page
+// [4, 6) and the piece [4.25, 7.5) holds no whole page (10 MiB). 2.5 MiB needs one page more at
+// either end: a tie keeps PyTorch's start.
+static void cut_between_live_blocks(size_t size, bool at_end, int64_t reserved_after,
+                                    sp_mempool_t *pool = nullptr) {
+    void *p, *f, *q, *r;
+    auto alloc = [&](size_t n, void **out) {
+        if (pool)
+            ASSERT_SP_OK(sp_mempool_malloc(pool, n, nullptr, out));
+        else
+            ASSERT_SP_OK(sp_malloc(n, 0, nullptr, out));
+    };
+    alloc(3 * MiB, &p);
+    alloc(9 * MiB / 2, &f);
+    alloc(2 * MiB, &q);
+    EXPECT_EQ((uintptr_t)f - (uintptr_t)p, 3 * MiB);
+    EXPECT_EQ((uintptr_t)q - (uintptr_t)p, 15 * MiB / 2);
+    EXPECT_EQ(stat("reserved_bytes.all.current"), 10 * (int64_t)MiB);
+    ASSERT_SP_OK(sp_free(f));
+    alloc(size, &r);
+    EXPECT_EQ(stat("reserved_bytes.all.current"), 10 * (int64_t)MiB); /* a cache hit */
+    EXPECT_EQ((uintptr_t)r - (uintptr_t)p, at_end ? 15 * MiB / 2 - size : 3 * MiB);
+    ASSERT_SP_OK(sp_empty_cache());
+    EXPECT_EQ(stat("reserved_bytes.all.current"), reserved_after);
+    ASSERT_SP_OK(sp_free(r));
+    ASSERT_SP_OK(sp_free(p));
+    ASSERT_SP_OK(sp_free(q));
+    ASSERT_SP_OK(sp_empty_cache());
+}
+
+TEST_F(Expandable, ACutTakesTheEndThatNeedsAPageLess) {
+    sp::ScopedEnv env({{"SYMPOOL_ALLOC_CONF", "expandable_segments:True"}});
+    SP_SKIP_UNLESS_HOST();
+    cut_between_live_blocks(5 * MiB / 4, true, 8 * (int64_t)MiB);
+    EXPECT_EQ(stat("reserved_bytes.all.current"), 0);
+}
+
+TEST_F(Expandable, ACutThatNeedsAsManyPagesAtEitherEndTakesTheStart) {
+    sp::ScopedEnv env({{"SYMPOOL_ALLOC_CONF", "expandable_segments:True"}});
+    SP_SKIP_UNLESS_HOST();
+    cut_between_live_blocks(5 * MiB / 2, false, 10 * (int64_t)MiB);
+}
+
+TEST_F(Expandable, WithoutSideCachedRangesAreCutFromTheStart) {
+    sp::ScopedEnv env(
+        {{"SYMPOOL_ALLOC_CONF", "expandable_segments:True"}, {"SYMPOOL_EXPANDABLE_SIDE", "0"}});
+    SP_SKIP_UNLESS_HOST();
+    cut_between_live_blocks(5 * MiB / 4, false, 10 * (int64_t)MiB);
+}
+
+// Without RECYCLE free pages stay mapped: which ones a block covers changes nothing it maps.
+TEST_F(Expandable, SideNeedsRecycle) {
+    sp::ScopedEnv env(
+        {{"SYMPOOL_ALLOC_CONF", "expandable_segments:True"}, {"SYMPOOL_EXPANDABLE_RECYCLE", "0"}});
+    SP_SKIP_UNLESS_HOST();
+    cut_between_live_blocks(5 * MiB / 4, false, 10 * (int64_t)MiB);
+}
+
+// A MemPool's free pages are not recycled: it cuts from the start, as PyTorch does.
+TEST_F(Expandable, MemPoolsCutFromTheStart) {
+    sp::ScopedEnv env({{"SYMPOOL_ALLOC_CONF", "expandable_segments:True"}});
+    SP_SKIP_UNLESS_HOST();
+    sp_mempool_params_t pp;
+    sp_mempool_params_init(&pp);
+    sp_mempool_t *pool = nullptr;
+    ASSERT_SP_OK(sp_mempool_create(&pp, &pool));
+    cut_between_live_blocks(5 * MiB / 4, false, 10 * (int64_t)MiB, pool);
+    ASSERT_SP_OK(sp_mempool_destroy(pool));
+    ASSERT_SP_OK(sp_empty_cache());
+    EXPECT_EQ(stat("reserved_bytes.all.current"), 0);
+}
+
 // With PyTorch's 20 MiB large pages (SYMPOOL_EXPANDABLE_PAGE=0) small blocks keep their 2 MiB
 // pages: sharing would put them under 20 MiB ones.
 TEST_F(Expandable, SmallRequestsDoNotShareCoarserLargePages) {
