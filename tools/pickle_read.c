@@ -763,20 +763,31 @@ static bool skip_fast(parser_t *ps) {
              * first one is whole; a cut one is the general loop's to report. */
             for (;;) {
 #if defined(__SSE2__)
-                /* Up to eight BINGETs at once: the 'h' bytes among the even bytes of 16. */
-                while (len - pos >= 16) {
+                if (len - pos >= 20) {
+                    /* A step of one kind from 16 bytes: up to eight BINGETs (the 'h' bytes among
+                     * the even ones) or four LONG_BINGETs (the 'j' bytes among every fifth;
+                     * the fourth one's argument ends at byte 20). */
                     __m128i v = _mm_loadu_si128((const __m128i *)(const void *)(p + pos));
-                    unsigned m = (unsigned)_mm_movemask_epi8(_mm_cmpeq_epi8(v, _mm_set1_epi8('h')));
-                    unsigned t = ~m & 0x5555u;
-                    unsigned k = t ? (unsigned)__builtin_ctz(t) >> 1 : 8;
-                    sp += k;
-                    pos += 2 * (size_t)k;
-                    if (k < 8)
+                    unsigned t, k;
+                    if (p[pos] == 'h') {
+                        t = ~(unsigned)_mm_movemask_epi8(_mm_cmpeq_epi8(v, _mm_set1_epi8('h')));
+                        t &= 0x5555u;
+                        k = t ? (unsigned)__builtin_ctz(t) >> 1 : 8;
+                        pos += 2 * (size_t)k;
+                    } else if (p[pos] == 'j') {
+                        t = ~(unsigned)_mm_movemask_epi8(_mm_cmpeq_epi8(v, _mm_set1_epi8('j')));
+                        t &= 0x8421u;
+                        k = t ? (unsigned)__builtin_ctz(t) / 5 : 4;
+                        pos += 5 * (size_t)k;
+                    } else {
                         break;
+                    }
+                    sp += k;
+                    continue;
                 }
 #else
-                /* Up to four at once: the 'h' bytes among the even bytes of 8. */
-                while (len - pos >= 8) {
+                /* Up to four BINGETs at once: the 'h' bytes among the even bytes of 8. */
+                if (len - pos >= 8 && p[pos] == 'h') {
                     uint64_t w;
                     memcpy(&w, p + pos, sizeof(w));
 #if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
@@ -788,20 +799,18 @@ static bool skip_fast(parser_t *ps) {
                     size_t k = hi ? (size_t)__builtin_ctzll(hi) >> 4 : 4;
                     sp += k;
                     pos += 2 * k;
-                    if (k < 4)
-                        break;
-                }
-#endif
-                while (len - pos >= 5 && p[pos] == 'j') { /* LONG_BINGETs */
-                    pos += 5;
-                    sp++;
-                }
-                if (len - pos >= 2 && p[pos] == 'h') { /* one near the end, or after a 'j' */
-                    pos += 2;
-                    sp++;
                     continue;
                 }
-                break;
+#endif
+                if (len - pos >= 2 && p[pos] == 'h') { /* one at a time near the end */
+                    pos += 2;
+                    sp++;
+                } else if (len - pos >= 5 && p[pos] == 'j') {
+                    pos += 5;
+                    sp++;
+                } else {
+                    break;
+                }
             }
             skipped_at = 0;
             continue;
