@@ -1151,6 +1151,22 @@ static bool run(parser_t *ps) {
         case '}': /* EMPTY_DICT */
             if (!push(ps, ps->skipping ? ps->skipped : new_value(ps, PK_DICT)))
                 return false;
+            /* A dict is memoized and opened at once (every trace entry, block and segment):
+             * the MEMOIZE and MARK after it here, as their own passes through the loop would
+             * take them (outside a skipped value neither looks ahead). */
+            if (!ps->skipping && ps->len - ps->pos >= 2 && ps->p[ps->pos] == 0x94 &&
+                ps->p[ps->pos + 1] == '(') {
+                ps->op = ps->pos;
+                if (!memoize(ps))
+                    return false;
+                ps->op = ++ps->pos;
+                if (ps->nmarks == ps->lim.max_depth)
+                    return fail(ps, "nesting deeper than %zu", ps->lim.max_depth);
+                if (ps->mark_scratch != NULL)
+                    ps->mark_scratch[ps->nmarks] = ps->scratch_used;
+                ps->marks[ps->nmarks++] = ps->sp;
+                ps->pos++;
+            }
             break;
         case ']': /* EMPTY_LIST */
             if (!ps->skipping && ps->skip_key != NULL && starts_skip(ps)) {

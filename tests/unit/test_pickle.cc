@@ -1264,6 +1264,29 @@ TEST(PickleRead, MemoReferencesIntoSkippedStacksReadBack) {
     }
 }
 
+// A dict's EMPTY_DICT, MEMOIZE and MARK are read in one step: the limits they meet fail at the
+// opcode that meets them, as one at a time.
+TEST(PickleRead, DictOpenedAtOnceFailsAtItsOwnOpcode) {
+    Bytes b = {0x80, 4};
+    for (int i = 0; i < 3; i++)
+        b.insert(b.end(), {'}', 0x94, '('});
+    pk_limits_t lim;
+    pk_limits_default(&lim);
+    lim.max_depth = 2;
+    pk_doc_t *doc = nullptr;
+    char err[256] = "";
+    EXPECT_FALSE(pk_parse(b.data(), b.size(), &lim, &doc, err, sizeof err));
+    EXPECT_STREQ(err, "pickle: nesting deeper than 2 at offset 10");
+    pk_limits_default(&lim);
+    lim.max_memo = 1;
+    EXPECT_FALSE(pk_parse(b.data(), b.size(), &lim, &doc, err, sizeof err));
+    EXPECT_STREQ(err, "pickle: memo index 1 exceeds the limit of 1 at offset 6");
+    // Cut right after the MEMOIZE: the dict and its memo are there, no MARK.
+    Bytes c = {0x80, 4, '}', 0x94};
+    EXPECT_FALSE(pk_parse(c.data(), c.size(), nullptr, &doc, err, sizeof err));
+    EXPECT_STREQ(err, "pickle: truncated pickle (no STOP) at offset 4");
+}
+
 // LONG1 of every length 0-9, both signs, at the edges of each length (Python's minimal two's
 // complement, as pickle writes it), in a list and as values of a dict the record hook takes, and
 // the last one with fewer than 8 bytes after it: each reads as its value.
