@@ -18,6 +18,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
 
 /* Arena chunks are small enough that the last one's unused part stays small: loading runs on
  * huge pages, each zeroed whole when first touched, so the heap's extent costs, not the
@@ -729,37 +732,78 @@ static bool end_of_skip(const parser_t *ps, unsigned op, const unsigned char *a)
 }
 
 /* The opcodes a skipped value is made of, without building anything: every value is the one
- * PK_NONE, a BINGET does not read the memo, only the stack depth, the MARKs and the memo (for
- * later references outside) are kept. Returns at the first opcode it does not take (or that
- * would fail), or when the stack is back just above the skipped value, for the general loop
- * to decide. */
-static void skip_fast(parser_t *ps) {
-    /* The hot state in locals (written back at every exit and around memo_put). */
+ * PK_NONE, a reference does not read the memo (but the one right above the skipped value, which
+ * may end it), only the stack depth, the MARKs and the memo (for later references outside) are
+ * kept. The stack itself is not written either: slots from `filled` up to the depth are the
+ * PK_NONE and are written only when the general loop gets the stack back (most skipped values
+ * end with the depth back where it started, so nothing is written). Returns at the first opcode
+ * it does not take (or that would fail), or when the stack is back at the skipped value and the
+ * opcode is not a MARK, MEMOIZE or reference there, for the general loop to decide; false only
+ * when the stack cannot grow to the depth. */
+static bool skip_fast(parser_t *ps) {
+    /* The hot state in locals (written back at every exit and around memoize). */
     const unsigned char *p = ps->p;
-    const size_t len = ps->len, floor = ps->skip_base + 1, scap = ps->scap;
-    pk_value_t **stack = ps->stack, *const skipped = ps->skipped;
-    size_t pos = ps->pos, sp = ps->sp, skipped_at = ps->skipped_at;
-    while (pos < len && sp > floor && sp + 1 < scap) {
+    const size_t len = ps->len, floor = ps->skip_base + 1;
+    pk_value_t *const skipped = ps->skipped;
+    size_t pos = ps->pos, sp = ps->sp, filled = sp, skipped_at = ps->skipped_at;
+    while (pos < len) {
         size_t left = len - pos - 1, n = 0;
         unsigned op = p[pos];
-        if ((op == 'j' && left >= 4) || (op == 'h' && left >= 1)) {
+        if (sp <= floor) {
+            /* Right above the skipped value only what cannot end it: MARK, MEMOIZE, and a
+             * reference to a memoized value other than a string (pushed as the general loop
+             * pushes it: the value itself). */
+            if (sp < floor)
+                break;
+            if (op == 'h' || op == 'j') {
+                n = op == 'h' ? 1 : 4;
+                if (left < n || sp >= ps->scap)
+                    break;
+                size_t idx = (size_t)le_uint(p + pos + 1, n);
+                if (idx >= ps->memocap || ps->memo[idx] == NULL || ps->memo[idx]->type == PK_STR)
+                    break;
+                while (filled < sp)
+                    ps->stack[filled++] = skipped;
+                ps->stack[sp++] = ps->memo[idx];
+                filled = sp;
+                skipped_at = 0;
+                pos += 1 + n;
+                continue;
+            }
+            if (op != '(' && op != 0x94)
+                break;
+        }
+        if ((op == 'h' && left >= 1) || (op == 'j' && left >= 4)) {
             /* A run of memo references (a stack's memoized frames: three in four opcodes of a
-             * snapshot with stacks) in one loop, instead of a jump through the switch per
-             * opcode that the branch predictor keeps missing. The first one is whole. */
+             * snapshot with stacks), counted without a pass through the switch per opcode. The
+             * first one is whole; a cut one is the general loop's to report. */
             for (;;) {
-                /* Four references of one kind at once where the next four opcodes are: their
-                 * four loads do not wait for each other, as one step's on the last does. */
-                while (len - pos >= 20 && scap - sp > 5 && p[pos] == 'j' && p[pos + 5] == 'j' &&
-                       p[pos + 10] == 'j' && p[pos + 15] == 'j') {
-                    stack[sp] = stack[sp + 1] = stack[sp + 2] = stack[sp + 3] = skipped;
-                    sp += 4;
-                    pos += 20;
+#if defined(__SSE2__)
+                if (len - pos >= 20) {
+                    /* A step of one kind from 16 bytes: up to eight BINGETs (the 'h' bytes among
+                     * the even ones) or four LONG_BINGETs (the 'j' bytes among every fifth;
+                     * the fourth one's argument ends at byte 20). */
+                    __m128i v = _mm_loadu_si128((const __m128i *)(const void *)(p + pos));
+                    unsigned t, k;
+                    if (p[pos] == 'h') {
+                        t = ~(unsigned)_mm_movemask_epi8(_mm_cmpeq_epi8(v, _mm_set1_epi8('h')));
+                        t &= 0x5555u;
+                        k = t ? (unsigned)__builtin_ctz(t) >> 1 : 8;
+                        pos += 2 * (size_t)k;
+                    } else if (p[pos] == 'j') {
+                        t = ~(unsigned)_mm_movemask_epi8(_mm_cmpeq_epi8(v, _mm_set1_epi8('j')));
+                        t &= 0x8421u;
+                        k = t ? (unsigned)__builtin_ctz(t) / 5 : 4;
+                        pos += 5 * (size_t)k;
+                    } else {
+                        break;
+                    }
+                    sp += k;
+                    continue;
                 }
-                /* BINGETs (most of a stack's references) at up to four at once: the leading
-                 * 'h's among the four even bytes of an 8-byte load, counted without a branch
-                 * per byte, so that a run broken by a LONG_BINGET takes its BINGETs before it
-                 * in one step too. hi: the top bit of each of those bytes that is not 'h'. */
-                while (len - pos >= 8 && scap - sp > 5 && p[pos] == 'h') {
+#else
+                /* Up to four BINGETs at once: the 'h' bytes among the even bytes of 8. */
+                if (len - pos >= 8 && p[pos] == 'h') {
                     uint64_t w;
                     memcpy(&w, p + pos, sizeof(w));
 #if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
@@ -769,32 +813,31 @@ static void skip_fast(parser_t *ps) {
                     uint64_t x = w ^ 0x6868686868686868ull; /* 'h' bytes: 0 */
                     uint64_t hi = (((x & lo7) + lo7) | x) & 0x0080008000800080ull;
                     size_t k = hi ? (size_t)__builtin_ctzll(hi) >> 4 : 4;
-                    if (k == 0)
-                        break;
-                    stack[sp] = stack[sp + 1] = stack[sp + 2] = stack[sp + 3] = skipped;
                     sp += k;
                     pos += 2 * k;
-                    if (k < 4)
-                        break;
+                    continue;
                 }
-                if (pos >= len || sp + 1 >= scap ||
-                    !((p[pos] == 'j' && len - pos > 4) || (p[pos] == 'h' && len - pos > 1)))
+#endif
+                if (len - pos >= 2 && p[pos] == 'h') { /* one at a time near the end */
+                    pos += 2;
+                    sp++;
+                } else if (len - pos >= 5 && p[pos] == 'j') {
+                    pos += 5;
+                    sp++;
+                } else {
                     break;
-                pos += p[pos] == 'j' ? 5 : 2;
-                stack[sp++] = skipped;
+                }
             }
             skipped_at = 0;
             continue;
         }
         switch (op) {
-        case 'h': /* BINGET */
         case 'K': /* BININT1 */
             n = 1;
             break;
         case 'M': /* BININT2 */
             n = 2;
             break;
-        case 'j': /* LONG_BINGET */
         case 'J': /* BININT */
             n = 4;
             break;
@@ -810,25 +853,34 @@ static void skip_fast(parser_t *ps) {
         case 0x88:
         case 0x89:
             break;
-        case 0x8c: /* SHORT_BINUNICODE: made if the memo keeps it */
-            if (left < 1 || left - 1 < p[pos + 1] || p[pos + 1] > ps->lim.max_str)
+        case 0x8c:  /* SHORT_BINUNICODE: made if the memo keeps it */
+        case 'X': { /* BINUNICODE */
+            size_t hdr = op == 0x8c ? 1 : 4;
+            if (left < hdr)
                 goto out;
-            ps->skipped_str = pos + 2;
-            ps->skipped_len = p[pos + 1];
+            size_t slen = (size_t)le_uint(p + pos + 1, hdr);
+            if (left - hdr < slen || slen > ps->lim.max_str)
+                goto out;
+            ps->skipped_str = pos + 1 + hdr;
+            ps->skipped_len = slen;
             ps->skipped_type = PK_STR;
-            stack[sp++] = skipped;
+            sp++;
             skipped_at = sp;
-            pos += 2 + (size_t)p[pos + 1];
+            pos += 1 + hdr + slen;
             continue;
+        }
         case 0x94: { /* MEMOIZE */
-            ps->pos = pos;
-            ps->sp = sp;
-            ps->skipped_at = skipped_at;
-            bool ok = memoize(ps);
-            if (!ok)
-                return;
-            pos++;
-            continue;
+            size_t idx = ps->memoused;
+            size_t b = ps->nmarks ? ps->marks[ps->nmarks - 1] : 0;
+            pk_value_t *top = sp <= filled ? ps->stack[sp - 1] : skipped;
+            if (idx < ps->memocap && idx < ps->lim.max_memo && ps->memo[idx] == NULL && sp > b &&
+                !(top == skipped && skipped_at == sp)) {
+                ps->memo[idx] = top; /* never scratch: nothing above the skipped value is */
+                ps->memoused++;
+                pos++;
+                continue;
+            }
+            goto out; /* the general loop makes the string, or fails */
         }
         case '(': /* MARK */
             if (ps->nmarks == ps->lim.max_depth)
@@ -848,6 +900,8 @@ static void skip_fast(parser_t *ps) {
                 goto out;
             ps->nmarks--;
             sp = first;
+            if (filled > sp)
+                filled = sp;
             pos++;
             continue;
         }
@@ -856,14 +910,29 @@ static void skip_fast(parser_t *ps) {
         }
         if (left < n)
             goto out;
-        stack[sp++] = skipped;
+        sp++;
         skipped_at = 0;
         pos += 1 + n;
     }
 out:
+    if (sp > ps->scap) {
+        size_t cap = ps->scap ? ps->scap : 256;
+        while (cap < sp)
+            cap *= 2;
+        pk_value_t **ns = realloc(ps->stack, cap * sizeof(*ns));
+        if (ns == NULL) {
+            ps->op = pos;
+            return fail(ps, "out of memory");
+        }
+        ps->stack = ns;
+        ps->scap = cap;
+    }
+    while (filled < sp)
+        ps->stack[filled++] = skipped;
     ps->pos = pos;
     ps->sp = sp;
     ps->skipped_at = skipped_at;
+    return true;
 }
 
 /* The opcodes entry_fast takes: memo references and ints. */
@@ -929,8 +998,9 @@ static bool run(parser_t *ps) {
     int64_t iv;
     uint64_t arg; /* an opcode's unsigned argument, from take_uint */
     while (ps->pos < ps->len) {
-        if (ps->skipping && ps->sp > ps->skip_base + 1) {
-            skip_fast(ps);
+        if (ps->skipping && ps->sp > ps->skip_base) {
+            if (!skip_fast(ps))
+                return false;
             if (ps->pos >= ps->len)
                 break;
         } else if (!ps->skipping && entry_op[ps->p[ps->pos]] && in_taken_dict(ps)) {
@@ -1097,6 +1167,22 @@ static bool run(parser_t *ps) {
         case '}': /* EMPTY_DICT */
             if (!push(ps, ps->skipping ? ps->skipped : new_value(ps, PK_DICT)))
                 return false;
+            /* A dict is memoized and opened at once (every trace entry, block and segment):
+             * the MEMOIZE and MARK after it here, as their own passes through the loop would
+             * take them (outside a skipped value neither looks ahead). */
+            if (!ps->skipping && ps->len - ps->pos >= 2 && ps->p[ps->pos] == 0x94 &&
+                ps->p[ps->pos + 1] == '(') {
+                ps->op = ps->pos;
+                if (!memoize(ps))
+                    return false;
+                ps->op = ++ps->pos;
+                if (ps->nmarks == ps->lim.max_depth)
+                    return fail(ps, "nesting deeper than %zu", ps->lim.max_depth);
+                if (ps->mark_scratch != NULL)
+                    ps->mark_scratch[ps->nmarks] = ps->scratch_used;
+                ps->marks[ps->nmarks++] = ps->sp;
+                ps->pos++;
+            }
             break;
         case ']': /* EMPTY_LIST */
             if (!ps->skipping && ps->skip_key != NULL && starts_skip(ps)) {

@@ -1147,6 +1147,146 @@ TEST(PickleRead, SkippedRunsOfMemoReferencesAreReadWhole) {
     }
 }
 
+// Values memoized inside a skipped stack and referenced after it: the strings (short and
+// BINUNICODE), and a float the general loop makes in the middle of a skipped stack deeper than
+// the reader's first stack (the skipping reader then writes the stack it had only counted) read
+// back as the plain reader reads them; a reference right inside the skipped list to a memoized
+// dict is skipped with it, one to a memoized string ends the skip as the general loop decides.
+TEST(PickleRead, MemoReferencesIntoSkippedStacksReadBack) {
+    Bytes b = {0x80, 4, ']', 0x94, '('}; // memo 0: the root list
+    size_t memo = 1;
+    auto str = [&](const char *s, bool wide) {
+        size_t n = strlen(s);
+        if (wide) {
+            b.insert(b.end(), {'X', (unsigned char)n, (unsigned char)(n >> 8), 0, 0});
+        } else {
+            b.insert(b.end(), {0x8c, (unsigned char)n});
+        }
+        b.insert(b.end(), s, s + n);
+        b.push_back(0x94);
+        return memo++;
+    };
+    auto ref = [&](size_t idx) {
+        if (idx < 256) {
+            b.insert(b.end(), {'h', (unsigned char)idx});
+        } else {
+            b.insert(b.end(), {'j', (unsigned char)idx, (unsigned char)(idx >> 8), 0, 0});
+        }
+    };
+    // Entry 0: {"action": "alloc", "frames": [frame, frame again, 600 refs, 1.5, 40 refs]}
+    b.insert(b.end(), {'}', 0x94, '('});
+    memo++;
+    size_t k_action = str("action", false);
+    str("alloc", false);
+    size_t k_frames = str("frames", false);
+    b.insert(b.end(), {']', 0x94, '('});
+    size_t frames0 = memo++;
+    b.insert(b.end(), {'}', 0x94, '('});
+    size_t frame = memo++;
+    size_t k_name = str("name", false);
+    size_t fn = str("fn_in_a_skipped_stack", false);
+    str("filename", false);
+    std::string wide(300, 'w');
+    size_t file = str(wide.c_str(), true);
+    b.insert(b.end(), {'u'});
+    ref(frame);
+    for (int i = 0; i < 600; i++)
+        ref(i % 2 ? frame : frames0);
+    const unsigned char f15[8] = {0x3f, 0xf8, 0, 0, 0, 0, 0, 0}; // 1.5, big-endian
+    b.push_back('G');
+    b.insert(b.end(), f15, f15 + 8);
+    b.push_back(0x94);
+    size_t flt = memo++;
+    for (int i = 0; i < 40; i++)
+        ref(frame);
+    b.insert(b.end(), {'e', 'u'});
+    // Entry 1: {"action": fn, "name": the wide string, "line": 1.5, "frames": [frame...]}
+    b.insert(b.end(), {'}', 0x94, '('});
+    memo++;
+    ref(k_action);
+    ref(fn);
+    ref(k_name);
+    ref(file);
+    str("line", false);
+    ref(flt);
+    ref(k_frames);
+    b.insert(b.end(), {']', 0x94, '('});
+    memo++;
+    ref(frame);
+    ref(frame);
+    b.insert(b.end(), {'e', 'u'});
+    // Entry 2: {"frames": [fn, ...]}: a string right inside the list ends the skip.
+    b.insert(b.end(), {'}', 0x94, '('});
+    memo++;
+    ref(k_frames);
+    b.insert(b.end(), {']', 0x94, '('});
+    memo++;
+    ref(fn);
+    ref(frame);
+    b.insert(b.end(), {'e', 'u', 'e', '.'});
+
+    auto keep = [](void *, pk_value_t *const *, size_t, uint64_t *) { return 0; };
+    for (int path = 0; path < 3; path++) {
+        pk_doc_t *doc = nullptr;
+        char err[256] = "";
+        bool ok = path == 0 ? pk_parse(b.data(), b.size(), nullptr, &doc, err, sizeof err)
+                  : path == 1
+                      ? pk_parse_skip(b.data(), b.size(), nullptr, "frames", &doc, err, sizeof err)
+                      : pk_parse_records(b.data(), b.size(), nullptr, "frames", keep, nullptr, &doc,
+                                         err, sizeof err);
+        ASSERT_TRUE(ok) << "path " << path << ": " << err;
+        const pk_value_t *root = pk_root(doc);
+        ASSERT_EQ(pk_len(root), 3u);
+        const pk_value_t *e1 = pk_at(root, 1);
+        EXPECT_STREQ(pk_get_str(pk_at(root, 0), "action"), "alloc");
+        EXPECT_STREQ(pk_get_str(e1, "action"), "fn_in_a_skipped_stack") << "path " << path;
+        EXPECT_STREQ(pk_get_str(e1, "name"), wide.c_str()) << "path " << path;
+        double v = 0;
+        EXPECT_TRUE(pk_num(pk_get(e1, "line"), &v)) << "path " << path;
+        EXPECT_EQ(v, 1.5);
+        const pk_value_t *f2 = pk_get(pk_at(root, 2), "frames");
+        if (path == 0) {
+            EXPECT_EQ(pk_len(pk_get(pk_at(root, 0), "frames")), 643u);
+            EXPECT_EQ(pk_len(pk_get(e1, "frames")), 2u);
+        } else {
+            EXPECT_EQ(pk_get(pk_at(root, 0), "frames"), nullptr) << "path " << path;
+            EXPECT_EQ(pk_get(e1, "frames"), nullptr) << "path " << path;
+        }
+        // Entry 2's list: the string read right inside it ends the skip, but the list itself
+        // is the skipped value (its items are dropped, its pair left out).
+        if (path == 0) {
+            ASSERT_EQ(pk_len(f2), 2u);
+            EXPECT_STREQ(pk_str(pk_at(f2, 0)), "fn_in_a_skipped_stack");
+        } else {
+            EXPECT_EQ(f2, nullptr) << "path " << path;
+        }
+        pk_free(doc);
+    }
+}
+
+// A dict's EMPTY_DICT, MEMOIZE and MARK are read in one step: the limits they meet fail at the
+// opcode that meets them, as one at a time.
+TEST(PickleRead, DictOpenedAtOnceFailsAtItsOwnOpcode) {
+    Bytes b = {0x80, 4};
+    for (int i = 0; i < 3; i++)
+        b.insert(b.end(), {'}', 0x94, '('});
+    pk_limits_t lim;
+    pk_limits_default(&lim);
+    lim.max_depth = 2;
+    pk_doc_t *doc = nullptr;
+    char err[256] = "";
+    EXPECT_FALSE(pk_parse(b.data(), b.size(), &lim, &doc, err, sizeof err));
+    EXPECT_STREQ(err, "pickle: nesting deeper than 2 at offset 10");
+    pk_limits_default(&lim);
+    lim.max_memo = 1;
+    EXPECT_FALSE(pk_parse(b.data(), b.size(), &lim, &doc, err, sizeof err));
+    EXPECT_STREQ(err, "pickle: memo index 1 exceeds the limit of 1 at offset 6");
+    // Cut right after the MEMOIZE: the dict and its memo are there, no MARK.
+    Bytes c = {0x80, 4, '}', 0x94};
+    EXPECT_FALSE(pk_parse(c.data(), c.size(), nullptr, &doc, err, sizeof err));
+    EXPECT_STREQ(err, "pickle: truncated pickle (no STOP) at offset 4");
+}
+
 // LONG1 of every length 0-9, both signs, at the edges of each length (Python's minimal two's
 // complement, as pickle writes it), in a list and as values of a dict the record hook takes, and
 // the last one with fewer than 8 bytes after it: each reads as its value.
