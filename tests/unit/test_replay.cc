@@ -1674,7 +1674,7 @@ TEST_F(Replay, AStreamThatIsNoSnapshotIsRefusedFromItsFirstBytes) {
 // streams go, where each destruction used to walk every segment still cached (20,000 streams took
 // 17.6 s in `sympool summary`, 0.22 s after). What it costs is a benchmark's business, not this
 // test's: it checks that every segment comes back, once, whichever way they go.
-TEST_F(Replay, ManyStreamsAreGivenBackInLinearTime) {
+TEST_F(Replay, ManyStreamsGiveEachSegmentBackOnce) {
     sp__emit_t e;
     sp__emit_init(&e, false);
     sp__emit_dict_begin(&e);
