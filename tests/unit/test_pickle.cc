@@ -1493,7 +1493,9 @@ bool reset_peak_kib() {
 
 // A memo index is bounded (16M slots), but a ten-byte pickle that puts one value under a high
 // index must not cost what the slots below it would: they are never written, so they take no
-// memory (they took 128 MiB, written as zeros, before the parse failed or ended).
+// memory (they took 128 MiB, written as zeros, before the parse failed or ended). The bound is
+// 32 MiB, not less: under AddressSanitizer the untouched slots still cost their shadow, an eighth
+// of their bytes (16.5 MiB measured), which the unwritten slots themselves do not.
 TEST(PickleRead, ASparseMemoIndexCostsNoMemoryForTheSlotsBelowIt) {
     if (!reset_peak_kib() || peak_kib() < 0)
         GTEST_SKIP() << "no /proc/self/clear_refs or VmHWM";
@@ -1501,7 +1503,7 @@ TEST(PickleRead, ASparseMemoIndexCostsNoMemoryForTheSlotsBelowIt) {
     EXPECT_EQ(parse(Bytes{0x80, 4, 'N', 'r', 0xfe, 0xff, 0xff, 0x00, 'h', 0, '.'}),
               "pickle: memo key 0 is not defined at offset 8");
     long grew = peak_kib() - before;
-    EXPECT_LT(grew, 16 * 1024) << "KiB of peak resident memory for a ten-byte pickle";
+    EXPECT_LT(grew, 32 * 1024) << "KiB of peak resident memory for a ten-byte pickle";
 }
 
 // A dict the record hook took whole at a SETITEMS of fewer than 1000 pairs that then gets more
