@@ -1085,6 +1085,8 @@ static inline bool hit_is_plain(const sp_devalloc_t *d, const sp_bpool_t *bp, co
  * in the pointer map. Its only call is the tree removal, which the whole path makes too. */
 static inline bool hit_is_whole(const sp_devalloc_t *d, const sp_bpool_t *bp, const sp_block_t *b,
                                 size_t size) {
+    /* Only behind malloc_hit's gate, as hit_is_plain: no no_split pool, no expandable segment. */
+    assert(!bp->pool->no_split && !sp__bseg(b)->expandable && !sp__exp_pool(bp->pool));
     size_t rest = b->size - size;
     /* should_split's "no" for the default pool without expandable segments: a small block's
      * rest below 512 B, a large (not oversize, so size < max_split_size too) block's at most
