@@ -2,7 +2,11 @@
  * alloc_scale.c: how the cached malloc + free pair scales, on the host backend, one JSON line per
  * case, every figure a bench_median over interleaved rounds of the same run:
  *
+ *   {"bench":"alloc_scale","case":"pair_single_threaded_process",...}  the same in the main
+ *                                                  thread of a process with no other thread yet
  *   {"bench":"alloc_scale","case":"pair",...}      one thread, 512 B: ns per pair next to glibc's
+ *                                                  (a second thread of the process: the process
+ *                                                  is multi-threaded, as a training job is)
  *   {"bench":"alloc_scale","case":"threads",...}   two threads on one device: per-thread ns per
  *                                                  pair over one thread's (the rounds alternate)
  *   {"bench":"alloc_scale","case":"thread_cache",...}  the same per-thread figures for 1 and 2
@@ -183,6 +187,30 @@ int main(int argc, char **argv) {
     free(live);
     if (sp_empty_cache() != SP_SUCCESS)
         die("sp_empty_cache");
+
+    /* The pair in the main thread while the process has no other thread (before the first
+     * pthread_create below, for glibc as for us): a single-threaded program's or the replay
+     * CLI's case, where the device lock makes no locked instruction (core/core_lock.h). */
+    double st_sp[64], st_gl[64], st_r[64];
+    for (int r = 0; r < rounds; r++) {
+        job_t sp = {0, 0, 0}, gl = {1, 0, 0};
+        if (r % 2) {
+            pairs(&gl);
+            pairs(&sp);
+        } else {
+            pairs(&sp);
+            pairs(&gl);
+        }
+        st_sp[r] = sp.ns;
+        st_gl[r] = gl.ns;
+        st_r[r] = sp.ns / gl.ns;
+    }
+    printf("{\"bench\":\"alloc_scale\",\"case\":\"pair_single_threaded_process\","
+           "\"backend\":\"%s\",\"size\":512,\"rounds\":%d,\"pairs\":%ld,"
+           "\"ns_per_pair\":%.2f,\"glibc_ns_per_pair\":%.2f,\"ratio_to_glibc\":%.2f}\n",
+           be, rounds, g_pairs, bench_median(st_sp, rounds), bench_median(st_gl, rounds),
+           bench_median(st_r, rounds));
+    fflush(stdout);
 
     double sp1[64], gl1[64], sp2[64], r_gl[64], r_thr[64], empty[64], full[64], r_set[64];
     for (int r = 0; r < rounds; r++) {
