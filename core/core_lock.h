@@ -38,7 +38,9 @@ void sp__unlock_wake(sp_lock_t *l);
  * plain stores before the new thread's first step, so a thread that then contends sees the lock
  * held, and the holder's unlock, no longer alone, takes the atomic path and wakes it. A locked
  * CAS + decrement cost 9.7 ns a lock/unlock on the 2026-11-28 machine (bench/lock_cost.c); the
- * replay CLI and single-threaded programs take the lock twice per malloc + free pair. */
+ * replay CLI and single-threaded programs take the lock twice per malloc + free pair. A thread
+ * made without pthread_create (a raw clone) would be invisible here: such threads may not call
+ * sympool, as they may not call glibc's stdio or malloc (docs/threads.md). */
 static inline bool sp__lock_alone(void) {
 #ifdef SP_LOCK_KNOWS_THREADS
     return __libc_single_threaded != 0;
