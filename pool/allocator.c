@@ -1130,6 +1130,23 @@ static __attribute__((noinline)) sp_status_t malloc_rest(sp_devalloc_t *d, sp_me
     return alloc_locked(d, pool, orig, stream, ptr_p, 0, false);
 }
 
+/* The hit paths' lock, in two copies each (alone is a constant at every call: sp_malloc and
+ * sp_free ask sp__lock_alone once): a multi-threaded process pays that one question and the CAS
+ * path's own instructions, no second question at the unlock. Out-of-line continuations
+ * (malloc_rest, free_rest) give the lock back with sp__unlock, which reads the word. */
+static inline __attribute__((always_inline)) bool hit_lock(sp_lock_t *l, bool alone) {
+    if (alone)
+        return sp__lock_try_alone(l);
+    return SP_LIKELY(sp__lock_try_shared(l));
+}
+
+static inline __attribute__((always_inline)) void hit_unlock(sp_lock_t *l, bool alone) {
+    if (alone)
+        sp__unlock_alone(l);
+    else
+        sp__unlock_shared(l);
+}
+
 /* sp_malloc in the default pool with history off, the lock taken without waiting and no call
  * on the way of the commonest hit (hit_is_plain). Anything else under the lock (pending
  * events, the GC clock, no plain hit) goes on in malloc_rest, which starts the
@@ -1138,8 +1155,9 @@ static __attribute__((noinline)) sp_status_t malloc_rest(sp_devalloc_t *d, sp_me
  * divisions, caching is on and segments are not expandable). false: the lock was busy; nothing
  * was done and malloc_full takes the whole path. */
 static inline __attribute__((always_inline)) bool
-malloc_hit(sp_devalloc_t *d, size_t orig, sp_stream_t stream, void **ptr_p, sp_status_t *s_p) {
-    if (SP_UNLIKELY(!sp__lock_try(&d->lock)))
+malloc_hit(sp_devalloc_t *d, size_t orig, sp_stream_t stream, void **ptr_p, sp_status_t *s_p,
+           bool alone) {
+    if (!hit_lock(&d->lock, alone))
         return false;
     sp_mempool_t *pool = d->default_pool;
     size_t size = round_512(orig);
@@ -1152,7 +1170,7 @@ malloc_hit(sp_devalloc_t *d, size_t orig, sp_stream_t stream, void **ptr_p, sp_s
                   hit_is_plain(d, bp, b, pred, size, false))) {
         b = hand_out(d, b, true, pred, size, orig, 0, false, HIT_SPLIT);
         *ptr_p = (void *)b->addr;
-        sp__unlock(&d->lock);
+        hit_unlock(&d->lock, alone);
         *s_p = SP_SUCCESS;
         return true;
     }
@@ -1200,7 +1218,8 @@ SP_EXPORT sp_status_t sp_malloc(size_t size, int device, sp_stream_t stream, voi
     sp_status_t s;
     if (SP_LIKELY(sp__fast_malloc_on() && (unsigned)device < (unsigned)sp__g.ndev && ptr_p &&
                   size - 1 < SP_ONE_EB - 1 && !is_pseudo_stream(stream)) &&
-        malloc_hit(&sp__g.devs[device], size, stream, ptr_p, &s))
+        (sp__lock_alone() ? malloc_hit(&sp__g.devs[device], size, stream, ptr_p, &s, true)
+                          : malloc_hit(&sp__g.devs[device], size, stream, ptr_p, &s, false)))
         return s;
     return malloc_full(size, device, stream, ptr_p);
 }
@@ -1288,24 +1307,24 @@ static __attribute__((noinline)) sp_devalloc_t *later_device(uintptr_t a) {
  * whole path's first match too) and the lock was free; the commonest free (free_is_plain) has no
  * call on its way, any other free of a block found goes on in free_rest. false: the lock was
  * busy or the pointer is not there; nothing was done and free_full takes the whole path. */
-static inline __attribute__((always_inline)) bool free_hit(uintptr_t a) {
+static inline __attribute__((always_inline)) bool free_hit(uintptr_t a, bool alone) {
     /* devs[0] exists even with no device (zeroed: its empty range holds nothing), so the
      * commonest case, device 0, costs no device count or index. */
     sp_devalloc_t *d = sp__g.devs;
     if (SP_UNLIKELY(!in_range(d, a)) && !(d = later_device(a)))
         return false;
-    if (SP_UNLIKELY(!sp__lock_try(&d->lock)))
+    if (SP_UNLIKELY(!hit_lock(&d->lock, alone)))
         return false;
     sp_block_t *b = NULL;
     sp_ref_t *pp = sp__ptr_map_slot_b(&d->map, a, &b);
     if (SP_UNLIKELY(!pp)) {
-        sp__unlock(&d->lock);
+        hit_unlock(&d->lock, alone);
         return false;
     }
     bool low = false;
     if (SP_LIKELY(free_is_plain(b, &low))) {
         free_locked(d, sp__ptr_map_unlink_b(&d->map, pp, b), low, 0, false, FREE_ONE);
-        sp__unlock(&d->lock);
+        hit_unlock(&d->lock, alone);
     } else {
         free_rest(d, pp);
     }
@@ -1379,7 +1398,8 @@ SP_EXPORT sp_status_t sp_free(void *ptr) {
     /* The commonest call (sympool ready, no callback running, no history, no thread cache:
      * sp__fast_free_on) tries the call-free free first; anything else goes through free_full
      * from its first check. NULL is in no device's range, so free_full answers it. */
-    if (SP_LIKELY(sp__fast_free_on()) && free_hit((uintptr_t)ptr))
+    if (SP_LIKELY(sp__fast_free_on()) &&
+        (sp__lock_alone() ? free_hit((uintptr_t)ptr, true) : free_hit((uintptr_t)ptr, false)))
         return SP_SUCCESS;
     return free_full(ptr);
 }
