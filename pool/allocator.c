@@ -1130,10 +1130,13 @@ static __attribute__((noinline)) sp_status_t malloc_rest(sp_devalloc_t *d, sp_me
     return alloc_locked(d, pool, orig, stream, ptr_p, 0, false);
 }
 
-/* The hit paths' lock, in two copies each (alone is a constant at every call: sp_malloc and
- * sp_free ask sp__lock_alone once): a multi-threaded process pays that one question and the CAS
- * path's own instructions, no second question at the unlock. Out-of-line continuations
- * (malloc_rest, free_rest) give the lock back with sp__unlock, which reads the word. */
+/* The hit paths' lock, in two copies each (alone is a constant at every call). The inline copy
+ * in sp_malloc and sp_free is the multi-threaded one, and costs nothing more than the CAS path:
+ * the single-threaded question is a share of sp__fast_off (SP_FAST_ALONE, armed at init when
+ * the process has one thread), so a multi-threaded process, once disarmed, never asks it. The
+ * single-threaded copies sit out of line in malloc_slow and free_slow. Out-of-line
+ * continuations (malloc_rest, free_rest) give the lock back with sp__unlock, which reads the
+ * word. */
 static inline __attribute__((always_inline)) bool hit_lock(sp_lock_t *l, bool alone) {
     if (alone)
         return sp__lock_try_alone(l);
@@ -1210,6 +1213,24 @@ static __attribute__((noinline)) sp_status_t malloc_full(size_t size, int device
     return alloc_malloc(d, pool ? pool : d->default_pool, size, stream, ptr_p);
 }
 
+/* The single-threaded process's hit (SP_FAST_ALONE the only reason against the inline one):
+ * the same checks and hit, the lock taken by plain stores. Once the process has a second thread
+ * the share is given back for good (glibc never turns __libc_single_threaded true again). */
+static __attribute__((noinline)) sp_status_t malloc_slow(size_t size, int device,
+                                                        sp_stream_t stream, void **ptr_p) {
+    int off = __atomic_load_n(&sp__fast_off, __ATOMIC_ACQUIRE);
+    if (SP_UNLIKELY(off & SP_FAST_ALONE)) {
+        sp_status_t s;
+        if (!sp__lock_alone())
+            sp__alloc_alone_disarm();
+        else if (off == SP_FAST_ALONE && (unsigned)device < (unsigned)sp__g.ndev && ptr_p &&
+                 size - 1 < SP_ONE_EB - 1 && !is_pseudo_stream(stream) &&
+                 malloc_hit(&sp__g.devs[device], size, stream, ptr_p, &s, true))
+            return s;
+    }
+    return malloc_full(size, device, stream, ptr_p);
+}
+
 SP_EXPORT sp_status_t sp_malloc(size_t size, int device, sp_stream_t stream, void **ptr_p) {
     /* The commonest call (sympool ready, no callback running, no pool routing, no history, the
      * plain hit's settings: sp__fast_malloc_on; a valid device and size, a real stream) tries the
@@ -1218,10 +1239,9 @@ SP_EXPORT sp_status_t sp_malloc(size_t size, int device, sp_stream_t stream, voi
     sp_status_t s;
     if (SP_LIKELY(sp__fast_malloc_on() && (unsigned)device < (unsigned)sp__g.ndev && ptr_p &&
                   size - 1 < SP_ONE_EB - 1 && !is_pseudo_stream(stream)) &&
-        (sp__lock_alone() ? malloc_hit(&sp__g.devs[device], size, stream, ptr_p, &s, true)
-                          : malloc_hit(&sp__g.devs[device], size, stream, ptr_p, &s, false)))
+        malloc_hit(&sp__g.devs[device], size, stream, ptr_p, &s, false))
         return s;
-    return malloc_full(size, device, stream, ptr_p);
+    return malloc_slow(size, device, stream, ptr_p);
 }
 
 /* Explain why ptr is not a live block (slow path of a failed free / record_stream). */
@@ -1394,14 +1414,26 @@ static __attribute__((noinline)) sp_status_t free_full(void *ptr) {
     return explain_bad_pointer("sp_free", ptr);
 }
 
+/* sp_free's single-threaded hit, as malloc_slow's. */
+static __attribute__((noinline)) sp_status_t free_slow(void *ptr) {
+    int off = __atomic_load_n(&sp__fast_off, __ATOMIC_ACQUIRE);
+    if (SP_UNLIKELY(off & SP_FAST_ALONE)) {
+        if (!sp__lock_alone())
+            sp__alloc_alone_disarm();
+        else if ((off & ~SP_FAST_ALONE) < SP_FAST_REASON && free_hit((uintptr_t)ptr, true))
+            return SP_SUCCESS;
+    }
+    return free_full(ptr);
+}
+
 SP_EXPORT sp_status_t sp_free(void *ptr) {
     /* The commonest call (sympool ready, no callback running, no history, no thread cache:
      * sp__fast_free_on) tries the call-free free first; anything else goes through free_full
      * from its first check. NULL is in no device's range, so free_full answers it. */
     if (SP_LIKELY(sp__fast_free_on()) &&
-        (sp__lock_alone() ? free_hit((uintptr_t)ptr, true) : free_hit((uintptr_t)ptr, false)))
+        free_hit((uintptr_t)ptr, false))
         return SP_SUCCESS;
-    return free_full(ptr);
+    return free_slow(ptr);
 }
 
 /* COLD twin of sp_free for sp_torch_free: the same locked probe-and-free, but the device PyTorch
