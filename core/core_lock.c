@@ -30,6 +30,13 @@ void sp__lock_slow(sp_lock_t *l) {
     }
 }
 
+/* Taken alone (SP_LOCK_ALONE), given back after this thread made another: that thread may have
+ * marked the lock contended (2) and gone to sleep. */
+void sp__unlock_born(sp_lock_t *l) {
+    if (atomic_exchange_explicit(&l->v, 0, memory_order_release) == 2)
+        syscall(SYS_futex, &l->v, FUTEX_WAKE_PRIVATE, 1, NULL, NULL, 0);
+}
+
 void sp__unlock_wake(sp_lock_t *l) {
     atomic_store_explicit(&l->v, 0, memory_order_release);
     syscall(SYS_futex, &l->v, FUTEX_WAKE_PRIVATE, 1, NULL, NULL, 0);

@@ -5,6 +5,7 @@
 #ifndef SP_CORE_LOCK_H
 #define SP_CORE_LOCK_H
 
+#include <assert.h>
 #include <stdatomic.h>
 #include <stdbool.h>
 
@@ -19,26 +20,33 @@
 #endif
 #endif
 
-/* A futex lock from C11 atomics (Drepper's "mutex3"): 0 free, 1 held, 2 held with sleepers.
- * Uncontended it costs one CAS and one atomic decrement, about half of a pthread mutex pair,
- * which matters on the cache-hit path; contended it spins briefly, then sleeps in the kernel,
- * because the holder may be inside a device call (cudaMalloc, an MPI collective of a symmetric
- * registrar) for milliseconds. ThreadSanitizer sees its acquire/release atomics. */
+/* A futex lock from C11 atomics (Drepper's "mutex3"): 0 free, 1 held, 2 held with sleepers,
+ * and 3 held by the process's only thread (sp__lock_alone). Uncontended it costs one CAS and one
+ * atomic decrement, about half of a pthread mutex pair, which matters on the cache-hit path;
+ * contended it spins briefly, then sleeps in the kernel, because the holder may be inside a
+ * device call (cudaMalloc, an MPI collective of a symmetric registrar) for milliseconds.
+ * ThreadSanitizer sees its acquire/release atomics. */
 typedef struct sp_lock {
-    atomic_int v; /* 0, 1 or 2 as above */
+    atomic_int v; /* 0, 1, 2 or SP_LOCK_ALONE as above */
 } sp_lock_t;
+
+#define SP_LOCK_ALONE 3
 
 void sp__lock_slow(sp_lock_t *l);
 void sp__unlock_wake(sp_lock_t *l);
+void sp__unlock_born(sp_lock_t *l);
 
 /* True while the process has one thread: then no other thread can hold the lock, wait on it or
  * read what it guards, and the lock word needs no locked instruction. This is glibc's own rule
  * for its arena locks (SINGLE_THREAD_P in malloc.c). Its value can only turn false while the
  * lock is held if the holder itself creates a thread, and pthread_create orders the holder's
  * plain stores before the new thread's first step, so a thread that then contends sees the lock
- * held, and the holder's unlock, no longer alone, takes the atomic path and wakes it. A locked
- * CAS + decrement cost 9.7 ns a lock/unlock on the 2026-11-28 machine (bench/lock_cost.c); the
- * replay CLI and single-threaded programs take the lock twice per malloc + free pair. */
+ * held, and the holder's unlock, no longer alone, takes the atomic path and wakes it
+ * (sp__unlock_born). A locked CAS + decrement cost 9.7 ns a lock/unlock on the 2026-11-28
+ * machine (bench/lock_cost.c); the replay CLI and single-threaded programs take the lock twice
+ * per malloc + free pair. A thread made without pthread_create (a raw clone) would be invisible
+ * here: such threads may not call sympool, as they may not call glibc's stdio or malloc
+ * (docs/threads.md). */
 static inline bool sp__lock_alone(void) {
 #ifdef SP_LOCK_KNOWS_THREADS
     return __libc_single_threaded != 0;
@@ -47,15 +55,46 @@ static inline bool sp__lock_alone(void) {
 #endif
 }
 
-/* Take the lock if it is free; never waits. */
-static inline bool sp__lock_try(sp_lock_t *l) {
-    if (sp__lock_alone() && atomic_load_explicit(&l->v, memory_order_relaxed) == 0) {
-        atomic_store_explicit(&l->v, 1, memory_order_relaxed);
-        return true;
-    }
+/* For a hot path that asked sp__lock_alone itself and was told no: the CAS alone, and the unlock
+ * of a lock so taken (1 or 2 in the word, never SP_LOCK_ALONE). Such a path then costs the one
+ * question, not a second one at its unlock. */
+static inline bool sp__lock_try_shared(sp_lock_t *l) {
     int c = 0;
     return atomic_compare_exchange_strong_explicit(&l->v, &c, 1, memory_order_acquire,
                                                    memory_order_relaxed);
+}
+
+static inline void sp__unlock_shared(sp_lock_t *l) {
+    if (SP_UNLIKELY(atomic_fetch_sub_explicit(&l->v, 1, memory_order_release) != 1))
+        sp__unlock_wake(l);
+}
+
+/* For a path that asked sp__lock_alone and was told yes: alone, the lock is free (its holder
+ * would be another thread; this thread taking it again is a bug that deadlocks on the atomic
+ * path too), so a plain store takes it, with no load. Its unlock asks again: the holder may have
+ * made a thread meanwhile. */
+static inline void sp__lock_take_alone(sp_lock_t *l) {
+    assert(atomic_load_explicit(&l->v, memory_order_relaxed) == 0);
+    atomic_store_explicit(&l->v, SP_LOCK_ALONE, memory_order_relaxed);
+}
+
+static inline bool sp__lock_try_alone(sp_lock_t *l) {
+    sp__lock_take_alone(l);
+    return true;
+}
+
+static inline void sp__unlock_alone(sp_lock_t *l) {
+    if (SP_LIKELY(sp__lock_alone()))
+        atomic_store_explicit(&l->v, 0, memory_order_release);
+    else
+        sp__unlock_born(l); /* this thread made another while it held the lock */
+}
+
+/* Take the lock if it is free; never waits. */
+static inline bool sp__lock_try(sp_lock_t *l) {
+    if (sp__lock_alone())
+        return sp__lock_try_alone(l);
+    return sp__lock_try_shared(l);
 }
 
 static inline void sp__lock(sp_lock_t *l) {
@@ -64,14 +103,13 @@ static inline void sp__lock(sp_lock_t *l) {
     sp__lock_slow(l);
 }
 
+/* The lock word says how the lock was taken, so that a multi-threaded unlock pays one compare
+ * for the single-threaded path, not a second look at sp__lock_alone. */
 static inline void sp__unlock(sp_lock_t *l) {
-    /* Alone, nobody can be asleep on the lock (a sleeper is a second thread). */
-    if (sp__lock_alone()) {
-        atomic_store_explicit(&l->v, 0, memory_order_release);
-        return;
-    }
-    if (SP_UNLIKELY(atomic_fetch_sub_explicit(&l->v, 1, memory_order_release) != 1))
-        sp__unlock_wake(l);
+    if (atomic_load_explicit(&l->v, memory_order_relaxed) == SP_LOCK_ALONE)
+        sp__unlock_alone(l);
+    else
+        sp__unlock_shared(l);
 }
 
 #endif /* SP_CORE_LOCK_H */

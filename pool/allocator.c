@@ -1130,6 +1130,26 @@ static __attribute__((noinline)) sp_status_t malloc_rest(sp_devalloc_t *d, sp_me
     return alloc_locked(d, pool, orig, stream, ptr_p, 0, false);
 }
 
+/* The hit paths' lock, in two copies each (alone is a constant at every call). The inline copy
+ * in sp_malloc and sp_free is the multi-threaded one, and costs nothing more than the CAS path:
+ * the single-threaded question is a share of sp__fast_off (SP_FAST_ALONE, armed at init when
+ * the process has one thread), so a multi-threaded process, once disarmed, never asks it. The
+ * single-threaded copies sit out of line in malloc_slow and free_slow. Out-of-line
+ * continuations (malloc_rest, free_rest) give the lock back with sp__unlock, which reads the
+ * word. */
+static inline __attribute__((always_inline)) bool hit_lock(sp_lock_t *l, bool alone) {
+    if (alone)
+        return sp__lock_try_alone(l);
+    return SP_LIKELY(sp__lock_try_shared(l));
+}
+
+static inline __attribute__((always_inline)) void hit_unlock(sp_lock_t *l, bool alone) {
+    if (alone)
+        sp__unlock_alone(l);
+    else
+        sp__unlock_shared(l);
+}
+
 /* sp_malloc in the default pool with history off, the lock taken without waiting and no call
  * on the way of the commonest hit (hit_is_plain). Anything else under the lock (pending
  * events, the GC clock, no plain hit) goes on in malloc_rest, which starts the
@@ -1138,8 +1158,9 @@ static __attribute__((noinline)) sp_status_t malloc_rest(sp_devalloc_t *d, sp_me
  * divisions, caching is on and segments are not expandable). false: the lock was busy; nothing
  * was done and malloc_full takes the whole path. */
 static inline __attribute__((always_inline)) bool
-malloc_hit(sp_devalloc_t *d, size_t orig, sp_stream_t stream, void **ptr_p, sp_status_t *s_p) {
-    if (SP_UNLIKELY(!sp__lock_try(&d->lock)))
+malloc_hit(sp_devalloc_t *d, size_t orig, sp_stream_t stream, void **ptr_p, sp_status_t *s_p,
+           bool alone) {
+    if (!hit_lock(&d->lock, alone))
         return false;
     sp_mempool_t *pool = d->default_pool;
     size_t size = round_512(orig);
@@ -1152,7 +1173,7 @@ malloc_hit(sp_devalloc_t *d, size_t orig, sp_stream_t stream, void **ptr_p, sp_s
                   hit_is_plain(d, bp, b, pred, size, false))) {
         b = hand_out(d, b, true, pred, size, orig, 0, false, HIT_SPLIT);
         *ptr_p = (void *)b->addr;
-        sp__unlock(&d->lock);
+        hit_unlock(&d->lock, alone);
         *s_p = SP_SUCCESS;
         return true;
     }
@@ -1192,6 +1213,24 @@ static __attribute__((noinline)) sp_status_t malloc_full(size_t size, int device
     return alloc_malloc(d, pool ? pool : d->default_pool, size, stream, ptr_p);
 }
 
+/* The single-threaded process's hit (SP_FAST_ALONE the only reason against the inline one):
+ * the same checks and hit, the lock taken by plain stores. Once the process has a second thread
+ * the share is given back for good (glibc never turns __libc_single_threaded true again). */
+static __attribute__((noinline)) sp_status_t malloc_slow(size_t size, int device,
+                                                        sp_stream_t stream, void **ptr_p) {
+    int off = __atomic_load_n(&sp__fast_off, __ATOMIC_ACQUIRE);
+    if (SP_UNLIKELY(off & SP_FAST_ALONE)) {
+        sp_status_t s;
+        if (!sp__lock_alone())
+            sp__alloc_alone_disarm();
+        else if (off == SP_FAST_ALONE && (unsigned)device < (unsigned)sp__g.ndev && ptr_p &&
+                 size - 1 < SP_ONE_EB - 1 && !is_pseudo_stream(stream) &&
+                 malloc_hit(&sp__g.devs[device], size, stream, ptr_p, &s, true))
+            return s;
+    }
+    return malloc_full(size, device, stream, ptr_p);
+}
+
 SP_EXPORT sp_status_t sp_malloc(size_t size, int device, sp_stream_t stream, void **ptr_p) {
     /* The commonest call (sympool ready, no callback running, no pool routing, no history, the
      * plain hit's settings: sp__fast_malloc_on; a valid device and size, a real stream) tries the
@@ -1200,9 +1239,9 @@ SP_EXPORT sp_status_t sp_malloc(size_t size, int device, sp_stream_t stream, voi
     sp_status_t s;
     if (SP_LIKELY(sp__fast_malloc_on() && (unsigned)device < (unsigned)sp__g.ndev && ptr_p &&
                   size - 1 < SP_ONE_EB - 1 && !is_pseudo_stream(stream)) &&
-        malloc_hit(&sp__g.devs[device], size, stream, ptr_p, &s))
+        malloc_hit(&sp__g.devs[device], size, stream, ptr_p, &s, false))
         return s;
-    return malloc_full(size, device, stream, ptr_p);
+    return malloc_slow(size, device, stream, ptr_p);
 }
 
 /* Explain why ptr is not a live block (slow path of a failed free / record_stream). */
@@ -1288,24 +1327,24 @@ static __attribute__((noinline)) sp_devalloc_t *later_device(uintptr_t a) {
  * whole path's first match too) and the lock was free; the commonest free (free_is_plain) has no
  * call on its way, any other free of a block found goes on in free_rest. false: the lock was
  * busy or the pointer is not there; nothing was done and free_full takes the whole path. */
-static inline __attribute__((always_inline)) bool free_hit(uintptr_t a) {
+static inline __attribute__((always_inline)) bool free_hit(uintptr_t a, bool alone) {
     /* devs[0] exists even with no device (zeroed: its empty range holds nothing), so the
      * commonest case, device 0, costs no device count or index. */
     sp_devalloc_t *d = sp__g.devs;
     if (SP_UNLIKELY(!in_range(d, a)) && !(d = later_device(a)))
         return false;
-    if (SP_UNLIKELY(!sp__lock_try(&d->lock)))
+    if (SP_UNLIKELY(!hit_lock(&d->lock, alone)))
         return false;
     sp_block_t *b = NULL;
     sp_ref_t *pp = sp__ptr_map_slot_b(&d->map, a, &b);
     if (SP_UNLIKELY(!pp)) {
-        sp__unlock(&d->lock);
+        hit_unlock(&d->lock, alone);
         return false;
     }
     bool low = false;
     if (SP_LIKELY(free_is_plain(b, &low))) {
         free_locked(d, sp__ptr_map_unlink_b(&d->map, pp, b), low, 0, false, FREE_ONE);
-        sp__unlock(&d->lock);
+        hit_unlock(&d->lock, alone);
     } else {
         free_rest(d, pp);
     }
@@ -1375,13 +1414,26 @@ static __attribute__((noinline)) sp_status_t free_full(void *ptr) {
     return explain_bad_pointer("sp_free", ptr);
 }
 
+/* sp_free's single-threaded hit, as malloc_slow's. */
+static __attribute__((noinline)) sp_status_t free_slow(void *ptr) {
+    int off = __atomic_load_n(&sp__fast_off, __ATOMIC_ACQUIRE);
+    if (SP_UNLIKELY(off & SP_FAST_ALONE)) {
+        if (!sp__lock_alone())
+            sp__alloc_alone_disarm();
+        else if ((off & ~SP_FAST_ALONE) < SP_FAST_REASON && free_hit((uintptr_t)ptr, true))
+            return SP_SUCCESS;
+    }
+    return free_full(ptr);
+}
+
 SP_EXPORT sp_status_t sp_free(void *ptr) {
     /* The commonest call (sympool ready, no callback running, no history, no thread cache:
      * sp__fast_free_on) tries the call-free free first; anything else goes through free_full
      * from its first check. NULL is in no device's range, so free_full answers it. */
-    if (SP_LIKELY(sp__fast_free_on()) && free_hit((uintptr_t)ptr))
+    if (SP_LIKELY(sp__fast_free_on()) &&
+        free_hit((uintptr_t)ptr, false))
         return SP_SUCCESS;
-    return free_full(ptr);
+    return free_slow(ptr);
 }
 
 /* COLD twin of sp_free for sp_torch_free: the same locked probe-and-free, but the device PyTorch

@@ -3,8 +3,11 @@
 // number, find/take/grow, free segment lists and release); plus several emulated devices.
 #include "alloc_test_util.hpp"
 
+#include <sys/single_threaded.h>
+
 #include <cstdlib>
 #include <string>
+#include <thread>
 #include <vector>
 
 extern "C" {
@@ -334,8 +337,14 @@ TEST_F(AllocInternal, NoStructStorageForANewSegmentFailsCleanly) {
 // reason for them to step aside. Each reason must add its share when it begins and take it back
 // when it ends: a share left behind would silently keep every call on the whole path for good,
 // a share missing would let the fast paths run past a pool route, a callback or history.
+// Without the single-threaded share (SP_FAST_ALONE: armed while the process may have one
+// thread, tested on its own below).
 static int fast_off() {
-    return __atomic_load_n(&sp__fast_off, __ATOMIC_RELAXED);
+    return __atomic_load_n(&sp__fast_off, __ATOMIC_RELAXED) & ~SP_FAST_ALONE;
+}
+
+static bool fast_alone_armed() {
+    return (__atomic_load_n(&sp__fast_off, __ATOMIC_RELAXED) & SP_FAST_ALONE) != 0;
 }
 
 TEST_F(AllocInternal, FastPathGateCountsEveryReasonAndReturnsToRest) {
@@ -408,4 +417,43 @@ TEST_F(AllocInternal, FastPathGateCountsEveryReasonAndReturnsToRest) {
     }
     ASSERT_SP_OK(sp_init());
     EXPECT_EQ(fast_off(), rest);
+}
+
+// The single-threaded share: armed by sp_init while the process has one thread (the hits then
+// run out of line with the lock's plain stores), given back by the first call that finds a
+// second thread, and by sp_shutdown; never twice, never left behind. Every call gives the same
+// answers either way.
+TEST_F(AllocInternal, SingleThreadedShareIsArmedAloneAndGivenBackOnce) {
+    if (!__libc_single_threaded)
+        GTEST_SKIP() << "this process already has threads (the binary ran whole)";
+    ASSERT_SP_OK(sp_init());
+    EXPECT_TRUE(fast_alone_armed());
+    void *p = nullptr;
+    ASSERT_SP_OK(sp_malloc(512, 0, nullptr, &p)); // the single-threaded hit (or growth)
+    ASSERT_SP_OK(sp_free(p));
+    ASSERT_SP_OK(sp_malloc(512, 0, nullptr, &p)); // the single-threaded hit
+    ASSERT_SP_OK(sp_free(p));
+    EXPECT_TRUE(fast_alone_armed());
+    ASSERT_SP_OK(sp_shutdown());
+    EXPECT_FALSE(fast_alone_armed()) << "shutdown gives the share back";
+    EXPECT_EQ(fast_off(), SP_FAST_NOT_READY);
+    ASSERT_SP_OK(sp_init());
+    EXPECT_TRUE(fast_alone_armed()) << "a new init, still alone, arms it again";
+    const int rest = fast_off();
+
+    void *q = nullptr;
+    std::thread other([&] { ASSERT_SP_OK(sp_malloc(512, 0, nullptr, &q)); });
+    other.join();
+    EXPECT_FALSE(fast_alone_armed()) << "the first call with two threads gives it back";
+    EXPECT_EQ(fast_off(), rest);
+    ASSERT_SP_OK(sp_free(q)); // the multi-threaded hit frees the other thread's block
+    ASSERT_SP_OK(sp_malloc(512, 0, nullptr, &p));
+    ASSERT_SP_OK(sp_free(p));
+    EXPECT_FALSE(fast_alone_armed());
+    ASSERT_SP_OK(sp_shutdown());
+    EXPECT_EQ(fast_off(), SP_FAST_NOT_READY);
+    EXPECT_EQ(__atomic_load_n(&sp__fast_off, __ATOMIC_RELAXED), SP_FAST_NOT_READY)
+        << "no share left behind";
+    ASSERT_SP_OK(sp_init());
+    EXPECT_FALSE(fast_alone_armed()) << "a multi-threaded init does not arm it";
 }
