@@ -88,6 +88,7 @@ typedef struct parser {
     size_t scratch_used;  /* values of scratch in use */
     size_t moved_min;     /* no scratch value below scratch_used has moved below this index */
     size_t *mark_scratch; /* scratch_used when each open MARK was pushed */
+    pk_value_t reserved;  /* what record_fast's dict's memo slot holds until the dict is made */
 } parser_t;
 
 void pk_limits_default(pk_limits_t *lim) {
@@ -342,6 +343,21 @@ le_long_fast(const unsigned char *b, size_t n, size_t avail, int64_t *i_p, uint6
     return PK_INT;
 }
 
+/* The string cache's slot for n bytes (at most STR_CACHE_MAX) of type at src. */
+static inline pk_value_t **str_slot(parser_t *ps, pk_type_t type, const unsigned char *src,
+                                    size_t n) {
+    uint64_t h = (uint64_t)n * 0x9e3779b97f4a7c15ull + (uint64_t)type;
+    for (size_t i = 0; i < n; i++)
+        h = (h ^ src[i]) * 0x100000001b3ull;
+    return &ps->strs[(h * 0x9e3779b97f4a7c15ull) >> (64 - STR_CACHE_BITS)];
+}
+
+/* Whether the cached value c is that string. */
+static inline bool str_hit(const pk_value_t *c, pk_type_t type, const unsigned char *src,
+                           size_t n) {
+    return c != NULL && c->type == type && c->u.str.len == n && memcmp(c->u.str.s, src, n) == 0;
+}
+
 static bool push_str(parser_t *ps, pk_type_t type, size_t n, const char *opname) {
     if (!need(ps, n, opname))
         return false;
@@ -360,14 +376,10 @@ static bool push_str(parser_t *ps, pk_type_t type, size_t n, const char *opname)
     const unsigned char *src = ps->p + ps->pos;
     pk_value_t **slot = NULL;
     if (n <= STR_CACHE_MAX) {
-        uint64_t h = (uint64_t)n * 0x9e3779b97f4a7c15ull + (uint64_t)type;
-        for (size_t i = 0; i < n; i++)
-            h = (h ^ src[i]) * 0x100000001b3ull;
-        slot = &ps->strs[(h * 0x9e3779b97f4a7c15ull) >> (64 - STR_CACHE_BITS)];
-        pk_value_t *c = *slot;
-        if (c != NULL && c->type == type && c->u.str.len == n && memcmp(c->u.str.s, src, n) == 0) {
+        slot = str_slot(ps, type, src, n);
+        if (str_hit(*slot, type, src, n)) {
             ps->pos += n;
-            return push(ps, c);
+            return push(ps, *slot);
         }
     }
     pk_value_t *v = new_value(ps, type);
@@ -731,6 +743,76 @@ static bool end_of_skip(const parser_t *ps, unsigned op, const unsigned char *a)
     }
 }
 
+/* A run of whole memo references (BINGET, LONG_BINGET) from pos: where it ends, with the number
+ * of references added to *count_p. A cut one ends it. */
+static inline __attribute__((always_inline)) size_t ref_run(const unsigned char *p, size_t len,
+                                                            size_t pos, size_t *count_p) {
+    for (;;) {
+#if defined(__SSE2__)
+        if (len - pos >= 20) {
+            /* A step of one kind from 16 bytes: up to eight BINGETs (the 'h' bytes among
+             * the even ones) or four LONG_BINGETs (the 'j' bytes among every fifth;
+             * the fourth one's argument ends at byte 20). */
+            __m128i v = _mm_loadu_si128((const __m128i *)(const void *)(p + pos));
+            unsigned t, k;
+            if (p[pos] == 'h') {
+                t = ~(unsigned)_mm_movemask_epi8(_mm_cmpeq_epi8(v, _mm_set1_epi8('h')));
+                t &= 0x5555u;
+                if (t == 0) { /* eight: the next step's address does not wait for the mask */
+                    pos += 16;
+                    *count_p += 8;
+                    continue;
+                }
+                k = (unsigned)__builtin_ctz(t) >> 1;
+                pos += 2 * (size_t)k;
+            } else if (p[pos] == 'j') {
+                t = ~(unsigned)_mm_movemask_epi8(_mm_cmpeq_epi8(v, _mm_set1_epi8('j')));
+                t &= 0x8421u;
+                if (t == 0) {
+                    pos += 20;
+                    *count_p += 4;
+                    continue;
+                }
+                /* ctz / 5 for ctz in {0, 5, 10, 15}, as a multiply: written as a division, it
+                 * became a div instruction where record_fast inlines this loop */
+                k = (unsigned)__builtin_ctz(t) * 205u >> 10;
+                pos += 5 * (size_t)k;
+            } else {
+                break;
+            }
+            *count_p += k;
+            continue;
+        }
+#else
+        /* Up to four BINGETs at once: the 'h' bytes among the even bytes of 8. */
+        if (len - pos >= 8 && p[pos] == 'h') {
+            uint64_t w;
+            memcpy(&w, p + pos, sizeof(w));
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
+            w = __builtin_bswap64(w);
+#endif
+            const uint64_t lo7 = 0x7f7f7f7f7f7f7f7full;
+            uint64_t x = w ^ 0x6868686868686868ull; /* 'h' bytes: 0 */
+            uint64_t hi = (((x & lo7) + lo7) | x) & 0x0080008000800080ull;
+            size_t k = hi ? (size_t)__builtin_ctzll(hi) >> 4 : 4;
+            *count_p += k;
+            pos += 2 * k;
+            continue;
+        }
+#endif
+        if (len - pos >= 2 && p[pos] == 'h') { /* one at a time near the end */
+            pos += 2;
+            (*count_p)++;
+        } else if (len - pos >= 5 && p[pos] == 'j') {
+            pos += 5;
+            (*count_p)++;
+        } else {
+            break;
+        }
+    }
+    return pos;
+}
+
 /* The opcodes a skipped value is made of, without building anything: every value is the one
  * PK_NONE, a reference does not read the memo (but the one right above the skipped value, which
  * may end it), only the stack depth, the MARKs and the memo (for later references outside) are
@@ -777,57 +859,7 @@ static bool skip_fast(parser_t *ps) {
             /* A run of memo references (a stack's memoized frames: three in four opcodes of a
              * snapshot with stacks), counted without a pass through the switch per opcode. The
              * first one is whole; a cut one is the general loop's to report. */
-            for (;;) {
-#if defined(__SSE2__)
-                if (len - pos >= 20) {
-                    /* A step of one kind from 16 bytes: up to eight BINGETs (the 'h' bytes among
-                     * the even ones) or four LONG_BINGETs (the 'j' bytes among every fifth;
-                     * the fourth one's argument ends at byte 20). */
-                    __m128i v = _mm_loadu_si128((const __m128i *)(const void *)(p + pos));
-                    unsigned t, k;
-                    if (p[pos] == 'h') {
-                        t = ~(unsigned)_mm_movemask_epi8(_mm_cmpeq_epi8(v, _mm_set1_epi8('h')));
-                        t &= 0x5555u;
-                        k = t ? (unsigned)__builtin_ctz(t) >> 1 : 8;
-                        pos += 2 * (size_t)k;
-                    } else if (p[pos] == 'j') {
-                        t = ~(unsigned)_mm_movemask_epi8(_mm_cmpeq_epi8(v, _mm_set1_epi8('j')));
-                        t &= 0x8421u;
-                        k = t ? (unsigned)__builtin_ctz(t) / 5 : 4;
-                        pos += 5 * (size_t)k;
-                    } else {
-                        break;
-                    }
-                    sp += k;
-                    continue;
-                }
-#else
-                /* Up to four BINGETs at once: the 'h' bytes among the even bytes of 8. */
-                if (len - pos >= 8 && p[pos] == 'h') {
-                    uint64_t w;
-                    memcpy(&w, p + pos, sizeof(w));
-#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
-                    w = __builtin_bswap64(w);
-#endif
-                    const uint64_t lo7 = 0x7f7f7f7f7f7f7f7full;
-                    uint64_t x = w ^ 0x6868686868686868ull; /* 'h' bytes: 0 */
-                    uint64_t hi = (((x & lo7) + lo7) | x) & 0x0080008000800080ull;
-                    size_t k = hi ? (size_t)__builtin_ctzll(hi) >> 4 : 4;
-                    sp += k;
-                    pos += 2 * k;
-                    continue;
-                }
-#endif
-                if (len - pos >= 2 && p[pos] == 'h') { /* one at a time near the end */
-                    pos += 2;
-                    sp++;
-                } else if (len - pos >= 5 && p[pos] == 'j') {
-                    pos += 5;
-                    sp++;
-                } else {
-                    break;
-                }
-            }
+            pos = ref_run(p, len, pos, &sp);
             skipped_at = 0;
             continue;
         }
@@ -992,6 +1024,243 @@ static void entry_fast(parser_t *ps) {
     ps->pos = pos;
     ps->sp = sp;
     ps->scratch_used = used;
+}
+
+/* ---- whole records ---------------------------------------------------------------------- */
+
+/* Pairs of the longest dict record_fast reads (a trace entry has 6 to 10). */
+#define REC_PAIRS 32
+/* Memo slots record_fast may set in one dict: its own, the skipped list's and a string each. */
+#define REC_PUTS (REC_PAIRS + 2)
+
+/* What record_fast has done so far, to be undone when the general loop must read the dict. */
+typedef struct rec_try {
+    size_t puts[REC_PUTS]; /* memo slots set (each was free) */
+    size_t nputs;          /* entries in puts */
+    size_t memoused;       /* ps->memoused before */
+} rec_try_t;
+
+/* The PUT opcode at p[pos] (MEMOIZE, BINPUT, LONG_BINPUT) stores v: its length, 0 when p[pos] is
+ * no PUT, -1 when its slot is not a free one inside the memo (memo_put grows the memo or
+ * replaces a value: the general loop's business). */
+static inline long rec_put(parser_t *ps, rec_try_t *t, size_t pos, pk_value_t *v) {
+    const unsigned char *p = ps->p;
+    size_t left = ps->len - pos, idx, n;
+    if (p[pos] == 0x94) {
+        idx = ps->memoused;
+        n = 1;
+    } else if (p[pos] == 'q' && left >= 2) {
+        idx = p[pos + 1];
+        n = 2;
+    } else if (p[pos] == 'r' && left >= 5) {
+        idx = (size_t)le_uint(p + pos + 1, 4);
+        n = 5;
+    } else {
+        return p[pos] == 'q' || p[pos] == 'r' ? -1 : 0;
+    }
+    if (idx >= ps->memocap || idx >= ps->lim.max_memo || ps->memo[idx] != NULL ||
+        t->nputs == REC_PUTS)
+        return -1;
+    ps->memo[idx] = v;
+    ps->memoused++;
+    t->puts[t->nputs++] = idx;
+    return (long)n;
+}
+
+/* The memo value a BINGET or LONG_BINGET at p[pos] names (its length in *n_p), or NULL. */
+static inline pk_value_t *rec_ref(const parser_t *ps, size_t pos, size_t *n_p) {
+    const unsigned char *p = ps->p;
+    size_t left = ps->len - pos - 1, n, idx;
+    if (p[pos] == 'h')
+        n = 1;
+    else if (p[pos] == 'j')
+        n = 4;
+    else
+        return NULL;
+    if (left < n)
+        return NULL;
+    idx = (size_t)le_uint(p + pos + 1, n);
+    if (idx >= ps->memocap)
+        return NULL;
+    *n_p = n;
+    return ps->memo[idx];
+}
+
+/* A dict the record hook is offered, read from its EMPTY_DICT to its SETITEMS in one pass: no
+ * value on the stack, no scratch, no pass through the general loop per opcode, the hook called
+ * with the pairs as the general loop would have called it. Only the common shape is taken: the
+ * dict memoized and opened at once (PUT, MARK), keys that are memo references to strings,
+ * values that are memo references, ints of 64 bits, short strings the string cache holds
+ * (optionally memoized), or, under the skipped key, a list of memo references (memoized, empty,
+ * one APPEND or one MARK ... APPENDS); then SETITEMS, and the hook takes the dict. Anything
+ * else (another opcode, a FRAME, a cut, an undefined reference, a PUT that would grow or
+ * overwrite the memo, the hook leaving it a dict) undoes what was done (the memo slots it set)
+ * and returns false with ps untouched: the general loop reads the dict from its EMPTY_DICT on,
+ * and is the one that fails, with its message. ps->pos is just after the EMPTY_DICT. */
+static bool record_fast(parser_t *ps) {
+    const unsigned char *p = ps->p;
+    const size_t len = ps->len;
+    size_t pos = ps->pos;
+    /* The general loop would open two MARKs (the dict's, the skipped list's), push the dict and
+     * put the dict's ints in scratch: with less room than that, it decides. */
+    if (ps->skipping || ps->nmarks + 2 > ps->lim.max_depth || ps->sp >= ps->scap ||
+        ps->scratch == NULL || ps->scratch_used + REC_PAIRS > SCRATCH_VALUES || pos >= len)
+        return false;
+    rec_try_t t;
+    t.nputs = 0;
+    t.memoused = ps->memoused;
+    pk_value_t *pairs[2 * REC_PAIRS];
+    pk_value_t ints[REC_PAIRS];
+    size_t np = 0, nints = 0;
+    /* The dict's slot holds `reserved` until the dict is made: a reference to it inside the
+     * dict is left to the general loop. */
+    long k = rec_put(ps, &t, pos, &ps->reserved);
+    if (k <= 0)
+        goto undo;
+    size_t dict_slot = t.puts[0];
+    pos += (size_t)k;
+    if (pos >= len || p[pos] != '(')
+        goto undo;
+    pos++;
+    for (;;) {
+        if (pos >= len)
+            goto undo;
+        if (p[pos] == 'u')
+            break;
+        if (np == REC_PAIRS)
+            goto undo;
+        size_t n = 0;
+        pk_value_t *key = rec_ref(ps, pos, &n), *val;
+        if (key == NULL || key->type != PK_STR)
+            goto undo;
+        pos += 1 + n;
+        if (pos >= len)
+            goto undo;
+        unsigned op = p[pos];
+        size_t left = len - pos - 1;
+        switch (op) {
+        case 'h':
+        case 'j':
+            val = rec_ref(ps, pos, &n);
+            if (val == NULL || val == &ps->reserved)
+                goto undo;
+            pos += 1 + n;
+            break;
+        case 'K':
+        case 'M':
+        case 'J':
+        case 0x8a: {
+            int64_t iv;
+            if (op == 0x8a) { /* LONG1: what fits int64_t is the general loop's PK_INT too */
+                uint64_t uv;
+                if (left < 1 || left - 1 < p[pos + 1] ||
+                    le_long_fast(p + pos + 2, p[pos + 1], len - pos - 2, &iv, &uv) != PK_INT)
+                    goto undo;
+                n = 1 + (size_t)p[pos + 1];
+            } else {
+                n = op == 'K' ? 1 : op == 'M' ? 2 : 4;
+                if (left < n)
+                    goto undo;
+                uint64_t a = le_uint(p + pos + 1, n);
+                iv = op == 'J' ? (int64_t)(int32_t)(uint32_t)a : (int64_t)a;
+            }
+            val = &ints[nints++];
+            val->type = PK_INT; /* the rest of the value is not read for an int */
+            val->u.i = iv;
+            pos += 1 + n;
+            break;
+        }
+        case 0x8c:  /* SHORT_BINUNICODE */
+        case 'X': { /* BINUNICODE */
+            size_t hdr = op == 0x8c ? 1 : 4;
+            if (left < hdr)
+                goto undo;
+            size_t slen = (size_t)le_uint(p + pos + 1, hdr);
+            if (left - hdr < slen || slen > STR_CACHE_MAX || slen > ps->lim.max_str)
+                goto undo;
+            const unsigned char *src = p + pos + 1 + hdr;
+            val = *str_slot(ps, PK_STR, src, slen);
+            if (!str_hit(val, PK_STR, src, slen))
+                goto undo; /* made once by the general loop, then cached */
+            pos += 1 + hdr + slen;
+            if (pos < len && (k = rec_put(ps, &t, pos, val)) != 0) {
+                if (k < 0)
+                    goto undo;
+                pos += (size_t)k;
+            }
+            break;
+        }
+        case ']': { /* EMPTY_LIST: only a skipped one */
+            if (ps->skip_key == NULL || key->u.str.len != ps->skip_len ||
+                memcmp(key->u.str.s, ps->skip_key, ps->skip_len) != 0)
+                goto undo;
+            val = ps->skipped;
+            pos++;
+            if (pos < len && (k = rec_put(ps, &t, pos, val)) != 0) {
+                if (k < 0)
+                    goto undo;
+                pos += (size_t)k;
+            }
+            if (pos >= len)
+                goto undo;
+            bool mark = p[pos] == '(';
+            if (mark) {
+                pos++;
+                if (pos < len && p[pos] == 'e') /* MARK APPENDS: nothing to skip */
+                    goto undo;
+            }
+            if (pos < len && (p[pos] == 'h' || p[pos] == 'j')) {
+                /* The first item, right above the list: the general loop reads the memo for
+                 * it (a string there ends the skip), and fails on an undefined one. */
+                pk_value_t *first = rec_ref(ps, pos, &n);
+                if (first == NULL || first->type == PK_STR)
+                    goto undo;
+                pos += 1 + n;
+                size_t items = 1;
+                if (mark) /* the rest are passed over, not read, as skip_fast does */
+                    pos = ref_run(p, len, pos, &items);
+                if (pos >= len || p[pos] != (mark ? 'e' : 'a'))
+                    goto undo;
+                pos++;
+            } else if (mark) {
+                goto undo;
+            }
+            break;
+        }
+        default:
+            goto undo;
+        }
+        pairs[2 * np] = key;
+        pairs[2 * np + 1] = val;
+        np++;
+    }
+    /* SETITEMS at p[pos]: the dict is made (as the general loop makes it at its EMPTY_DICT) and
+     * offered to the hook. */
+    ps->op = ps->pos - 1;
+    pk_value_t *v = new_value(ps, PK_DICT);
+    if (v == NULL)
+        goto undo; /* the general loop fails there the same */
+    uint64_t id = 0;
+    if (ps->rec_fn(ps->rec_arg, pairs, 2 * np, &id) <= 0) {
+        /* Left a dict (or out of memory): the general loop offers it again and decides. v was
+         * the last value made: it is given back, so that the values made count as the general
+         * loop's do. */
+        ps->doc->values->used--;
+        ps->doc->nvalues--;
+        goto undo;
+    }
+    v->type = PK_RECORD;
+    v->u.u = id;
+    ps->memo[dict_slot] = v;
+    ps->stack[ps->sp++] = v;
+    ps->skipped_at = 0; /* as push does */
+    ps->pos = pos + 1;
+    return true;
+undo:
+    for (size_t i = 0; i < t.nputs; i++)
+        ps->memo[t.puts[i]] = NULL;
+    ps->memoused = t.memoused;
+    return false;
 }
 
 static bool run(parser_t *ps) {
@@ -1165,6 +1434,8 @@ static bool run(parser_t *ps) {
                 return false;
             break;
         case '}': /* EMPTY_DICT */
+            if (ps->rec_fn != NULL && record_fast(ps))
+                break;
             if (!push(ps, ps->skipping ? ps->skipped : new_value(ps, PK_DICT)))
                 return false;
             /* A dict is memoized and opened at once (every trace entry, block and segment):

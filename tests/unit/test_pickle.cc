@@ -1544,3 +1544,382 @@ TEST(PickleRead, OddSetitemsInsideASkippedValueIsRefusedToo) {
 }
 
 } // namespace
+
+// A dict's pairs written out (a skipped stack aside), for comparing two readers' views.
+static std::string show_pairs(const pk_value_t *const *it, size_t n) {
+    std::string s;
+    for (size_t i = 0; i + 1 < n; i += 2) {
+        const pk_value_t *k = it[i], *v = it[i + 1];
+        if (pk_str(k) != nullptr && strcmp(pk_str(k), "frames") == 0 && v->type == PK_NONE)
+            continue;
+        s += pk_str(k) ? pk_str(k) : "?";
+        if (v->type == PK_DICT || v->type == PK_RECORD) { // an entry: a dict here, a record there
+            s += "=dict;";
+            continue;
+        }
+        s += "=" + std::to_string((int)v->type) + ":";
+        if (v->type == PK_INT)
+            s += std::to_string(v->u.i);
+        else if (v->type == PK_UINT)
+            s += std::to_string(v->u.u);
+        else if (v->type == PK_STR)
+            s += v->u.str.s;
+        else if (v->type == PK_LIST || v->type == PK_TUPLE)
+            s += "n" + std::to_string(v->u.seq.n);
+        s += ";";
+    }
+    return s;
+}
+
+// A trace entry's dict is read whole from its EMPTY_DICT to its SETITEMS when it has the common
+// shape, and by the general loop otherwise (record_fast in pickle_read.c). Every shape here is
+// read as the plain reader reads it: the hook sees the pairs the plain reader's dict has (in
+// order, the skipped stack aside), values memoized inside an entry (the entry itself, a string,
+// an int, the skipped list) read back the same when referenced after it, a dict the hook
+// leaves stays a dict, and every cut and every undefined memo reference fails with the plain
+// reader's message and offset. The shapes: fresh keys (the general loop's), memo-referenced
+// keys (BINGET and LONG_BINGET), MEMOIZE, BINPUT and LONG_BINPUT for the dict and the stack,
+// reordered and extra keys, ints of every width (LONG1 of 0, 8 and 9 bytes), a fresh "N/A" each
+// entry, a list or dict that is not a skipped stack, stacks of one APPEND, of a MARK ...
+// APPENDS, empty, referenced, or starting with a reference to a string, a reference to the dict
+// inside itself, a BINPUT over a used slot, a PUT after an int, a FRAME inside an entry.
+TEST(PickleRead, WholeRecordsReadAsThePlainReaderReadsThem) {
+    Bytes b = {0x80, 4, ']', 0x94, '('}; // memo 0: the root list
+    size_t memo = 1;
+    auto put = [&](int how) { // 0: MEMOIZE, 1: BINPUT, 2: LONG_BINPUT (at the next index)
+        if (how == 0)
+            b.push_back(0x94);
+        else if (how == 1)
+            b.insert(b.end(), {'q', (unsigned char)memo});
+        else
+            b.insert(b.end(), {'r', (unsigned char)memo, (unsigned char)(memo >> 8), 0, 0});
+        return memo++;
+    };
+    auto ref = [&](size_t idx, bool wide = false) {
+        if (idx < 256 && !wide)
+            b.insert(b.end(), {'h', (unsigned char)idx});
+        else
+            b.insert(b.end(), {'j', (unsigned char)idx, (unsigned char)(idx >> 8),
+                               (unsigned char)(idx >> 16), 0});
+    };
+    auto str = [&](const char *s) {
+        b.push_back(0x8c);
+        b.push_back((unsigned char)strlen(s));
+        b.insert(b.end(), s, s + strlen(s));
+    };
+    auto mstr = [&](const char *s) {
+        str(s);
+        return put(0);
+    };
+    auto open_dict = [&](int how) {
+        b.push_back('}');
+        size_t m = put(how);
+        b.push_back('(');
+        return m;
+    };
+    // Entry 0: fresh keys and values (the general loop), memoized for the others.
+    open_dict(0);
+    size_t k_action = mstr("action"), alloc = mstr("alloc");
+    size_t k_addr = mstr("addr");
+    b.insert(b.end(), {0x8a, 6, 0, 0x10, 0, 0, 0x7f, 0});
+    size_t k_size = mstr("size");
+    b.insert(b.end(), {'M', 0, 2});
+    size_t k_stream = mstr("stream");
+    b.insert(b.end(), {'K', 0});
+    size_t k_time = mstr("time_us");
+    b.insert(b.end(), {'J', 1, 2, 3, 4});
+    size_t k_ctx = mstr("compile_context");
+    size_t na = mstr("N/A");
+    size_t k_frames = mstr("frames");
+    b.push_back(']');
+    size_t list0 = put(0);
+    b.push_back('(');
+    b.push_back('}'); // one frame dict, inside the skipped stack
+    size_t frame0 = put(0);
+    b.push_back('(');
+    str("line");
+    b.insert(b.end(), {'K', 7, 'u', 'e'});
+    size_t k_extra = mstr("extra"), free_req = mstr("free_requested");
+    b.push_back('u');
+    std::vector<size_t> kept; // memo slots referenced after the entries
+    kept.push_back(list0);
+    auto common = [&](int variant) { // action, addr, size, stream, time_us, compile_context
+        ref(k_action, variant % 3 == 1);
+        ref(variant % 2 ? alloc : free_req);
+        ref(k_addr, variant % 3 == 2);
+        if (variant % 4 == 0)
+            b.insert(b.end(), {0x8a, 8, 1, 2, 3, 4, 5, 6, 7, 0x80}); // negative, 8 bytes
+        else if (variant % 4 == 1)
+            b.insert(b.end(), {0x8a, 0}); // LONG1 of no bytes: 0
+        else
+            b.insert(b.end(), {0x8a, 5, 0, 0, 0x20, 0x30, 0x7f});
+        ref(k_size);
+        b.insert(b.end(), {'J', (unsigned char)variant, 0, 1, 0});
+        ref(k_stream);
+        b.insert(b.end(), {'J', 0xff, 0xff, 0xff, 0xff}); // -1
+        ref(k_time);
+        b.insert(b.end(), {'M', (unsigned char)variant, 1});
+        ref(k_ctx);
+        str("N/A"); // a fresh one each entry, as newer snapshots write it
+        kept.push_back(put(variant % 3));
+    };
+    auto frames_refs = [&](int n, int how) { // a skipped stack of n frame references
+        ref(k_frames);
+        b.push_back(']');
+        kept.push_back(put(how));
+        if (n == 1) {
+            ref(frame0);
+            b.push_back('a');
+        } else if (n > 1) {
+            b.push_back('(');
+            for (int i = 0; i < n; i++)
+                ref(i % 2 ? frame0 : list0, i % 3 == 0);
+            b.push_back('e');
+        }
+    };
+    int entries = 1;
+    // The common shape, every PUT kind, stacks of 0, 1, 2 and 40 references.
+    for (int v = 0; v < 24; v++, entries++) {
+        kept.push_back(open_dict(v % 3));
+        if (v % 5 == 3) { // frames first, then the rest: keys reordered
+            frames_refs(v % 4 == 0 ? 0 : 40, v % 3);
+            common(v);
+        } else {
+            common(v);
+            frames_refs(v % 4 == 0 ? 0 : v % 4 == 1 ? 1 : v % 4 == 2 ? 2 : 40, v % 3);
+        }
+        if (v % 6 == 5) { // an extra key with a memoized value
+            ref(k_extra);
+            ref(na);
+        }
+        b.push_back('u');
+    }
+    // Shapes the general loop reads (each after a common start).
+    auto odd = [&](const std::vector<unsigned char> &tail) {
+        kept.push_back(open_dict(0));
+        common(entries);
+        b.insert(b.end(), tail.begin(), tail.end());
+        b.push_back('u');
+        entries++;
+    };
+    odd({'h', (unsigned char)k_extra, ']', 0x94, '(', 'K', 1, 'K', 2, 'e'}); // a list of ints
+    memo++;
+    odd({'h', (unsigned char)k_extra, '}', 0x94, '(', 'h', (unsigned char)k_size, 'K', 3, 'u'});
+    memo++;
+    odd({'h', (unsigned char)k_extra, 0x8a, 9, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff,
+         0});                                         // 2^64 - 1: PK_UINT
+    odd({'h', (unsigned char)k_extra, 'K', 9, 0x94}); // an int memoized
+    kept.push_back(memo++);
+    odd({'h', (unsigned char)k_extra, 'h', (unsigned char)(memo - 5)}); // a slot set above
+    {
+        size_t self = open_dict(0); // a reference to the dict inside itself
+        common(entries);
+        ref(k_extra);
+        ref(self);
+        b.push_back('u');
+        kept.push_back(self);
+        entries++;
+    }
+    odd({'h', (unsigned char)k_frames, ']', 0x94, 'h', (unsigned char)k_action, 'a'});
+    memo++; // a stack whose first item is a string: the skip ends there
+    odd({'h', (unsigned char)k_frames, 'h', (unsigned char)list0});        // a stack referenced
+    odd({'h', (unsigned char)k_extra, 'N'});                               // None
+    odd({'h', (unsigned char)k_extra, 0x88});                              // True
+    odd({'h', (unsigned char)k_extra, 'G', 0x3f, 0xf0, 0, 0, 0, 0, 0, 0}); // a float
+    odd({'h', (unsigned char)k_extra, 0x8c, 3, 'n', 'e', 'w'}); // a string not seen before
+    odd({'h', (unsigned char)k_extra, 'h', (unsigned char)na, 'q', (unsigned char)na});
+    odd({0x95, 0, 0, 0, 0, 0, 0, 0, 0, 'h', (unsigned char)k_extra, 'K', 1}); // FRAME inside
+    odd({'K', 5, 'K', 6});                                                    // an int key
+    {
+        // A LONG_BINPUT past the memo (the general loop grows it), read back with LONG_BINGET;
+        size_t far = memo + 65536 + 5; // its low 16 bits: a free slot inside the memo
+        b.push_back('}');
+        b.insert(b.end(), {'r', (unsigned char)far, (unsigned char)(far >> 8),
+                           (unsigned char)(far >> 16), 0});
+        memo++; // one more slot set: the next MEMOIZE's index
+        b.push_back('(');
+        common(entries);
+        b.push_back('u');
+        kept.push_back(far);
+        entries++;
+    }
+    // A dict the hook leaves a dict (no action).
+    kept.push_back(open_dict(1));
+    ref(k_size);
+    b.insert(b.end(), {'K', 4});
+    ref(k_stream);
+    b.insert(b.end(), {'K', 0, 'u'});
+    entries++;
+    // After the entries: a list of references to what was memoized inside them.
+    b.push_back(']');
+    memo++;
+    b.push_back(0x94);
+    b.push_back('(');
+    for (size_t m : kept)
+        ref(m);
+    b.insert(b.end(), {'e', 'e', '.'});
+
+    // The hook's view: every dict with an action is taken; its pairs written out, the skipped
+    // stack aside (the plain reader leaves that pair out of its dict).
+    struct view_t {
+        std::vector<std::string> seen;
+    };
+    auto show = show_pairs;
+    auto take = [](void *arg, pk_value_t *const *pairs, size_t n, uint64_t *id_p) {
+        auto *w = (view_t *)arg;
+        bool act = false;
+        for (size_t i = 0; i + 1 < n; i += 2)
+            act = act || (pk_str(pairs[i]) != nullptr && strcmp(pk_str(pairs[i]), "action") == 0);
+        if (!act)
+            return 0;
+        *id_p = w->seen.size();
+        w->seen.push_back(show_pairs(pairs, n));
+        return 1;
+    };
+    char e1[256] = "", e2[256] = "";
+    pk_doc_t *plain = nullptr, *recs = nullptr;
+    view_t view;
+    ASSERT_TRUE(pk_parse_skip(b.data(), b.size(), nullptr, "frames", &plain, e1, sizeof e1)) << e1;
+    ASSERT_TRUE(
+        pk_parse_records(b.data(), b.size(), nullptr, "frames", take, &view, &recs, e2, sizeof e2))
+        << e2;
+    const pk_value_t *pr = pk_root(plain), *rr = pk_root(recs);
+    ASSERT_EQ(pk_len(pr), (size_t)entries + 1);
+    ASSERT_EQ(pk_len(rr), (size_t)entries + 1);
+    ASSERT_EQ(view.seen.size(), (size_t)entries - 1);
+    for (size_t i = 0; i < (size_t)entries; i++) {
+        const pk_value_t *p = pk_at(pr, i), *r = pk_at(rr, i);
+        ASSERT_EQ(p->type, PK_DICT) << i;
+        if (i + 1 == (size_t)entries) { // the hook left it
+            ASSERT_EQ(r->type, PK_DICT);
+            EXPECT_EQ(show(r->u.seq.items, r->u.seq.n), show(p->u.seq.items, p->u.seq.n));
+            continue;
+        }
+        ASSERT_EQ(r->type, PK_RECORD) << i;
+        ASSERT_EQ(r->u.u, i) << i;
+        EXPECT_EQ(view.seen[i], show(p->u.seq.items, p->u.seq.n)) << "entry " << i;
+    }
+    // What the entries memoized, referenced after them.
+    const pk_value_t *pk = pk_at(pr, (size_t)entries), *rk = pk_at(rr, (size_t)entries);
+    ASSERT_EQ(pk_len(pk), kept.size());
+    ASSERT_EQ(pk_len(rk), kept.size());
+    for (size_t i = 0; i < kept.size(); i++) {
+        const pk_value_t *p = pk_at(pk, i), *r = pk_at(rk, i);
+        if (p->type == PK_DICT && r->type == PK_RECORD) { // an entry: the same one
+            bool same = false;
+            for (size_t j = 0; j < (size_t)entries; j++)
+                same = same || (pk_at(pr, j) == p && pk_at(rr, j) == r);
+            EXPECT_TRUE(same) << "kept " << i;
+            continue;
+        }
+        ASSERT_EQ(r->type, p->type) << "kept " << i << " (memo " << kept[i] << ")";
+        if (p->type == PK_STR) {
+            EXPECT_STREQ(r->u.str.s, p->u.str.s) << "kept " << i;
+        } else if (p->type == PK_INT) {
+            EXPECT_EQ(r->u.i, p->u.i) << "kept " << i;
+        } else if (p->type == PK_DICT) {
+            EXPECT_EQ(show(r->u.seq.items, r->u.seq.n), show(p->u.seq.items, p->u.seq.n));
+        }
+    }
+    pk_free(plain);
+    pk_free(recs);
+    // Every cut, and every memo reference made undefined in turn, fails as the plain reader does.
+    auto count = [](void *arg, pk_value_t *const *pairs, size_t n, uint64_t *id_p) {
+        if (n < 2 || pk_str(pairs[0]) == nullptr || strcmp(pk_str(pairs[0]), "action") != 0)
+            return 0;
+        *id_p = (*(uint64_t *)arg)++;
+        return 1;
+    };
+    auto both = [&](const Bytes &c) {
+        pk_doc_t *d1 = nullptr, *d2 = nullptr;
+        uint64_t taken = 0;
+        e1[0] = e2[0] = '\0';
+        bool ok1 = pk_parse_skip(c.data(), c.size(), nullptr, "frames", &d1, e1, sizeof e1);
+        bool ok2 = pk_parse_records(c.data(), c.size(), nullptr, "frames", count, &taken, &d2, e2,
+                                    sizeof e2);
+        pk_free(d1);
+        pk_free(d2);
+        return ok1 == ok2 && strcmp(e1, e2) == 0;
+    };
+    for (size_t cut = 1; cut < b.size(); cut++)
+        EXPECT_TRUE(both(Bytes(b.begin(), b.begin() + (long)cut)))
+            << "cut at " << cut << ": " << e1 << " / " << e2;
+    for (size_t at = 5; at + 1 < b.size(); at++) {
+        if (b[at] != 'h')
+            continue;
+        Bytes c = b;
+        c[at + 1] = 0xfe;
+        EXPECT_TRUE(both(c)) << "BINGET at " << at << ": " << e1 << " / " << e2;
+    }
+}
+
+// Short strings in whole records come from the string cache only when it holds that very string:
+// hundreds of different ones, so that many share a slot of the cache with another, read as the
+// plain reader reads them (memoized or not, and referenced again).
+TEST(PickleRead, CachedStringsInWholeRecordsAreTheOnesWritten) {
+    Bytes b = {0x80, 4, ']', 0x94, '('};
+    size_t memo = 1;
+    auto mstr = [&](const std::string &s) {
+        b.push_back(0x8c);
+        b.push_back((unsigned char)s.size());
+        b.insert(b.end(), s.begin(), s.end());
+        b.push_back(0x94);
+        return memo++;
+    };
+    b.insert(b.end(), {'}', 0x94, '('});
+    memo++;
+    size_t k_action = mstr("action");
+    mstr("alloc");
+    size_t k_note = mstr("note");
+    mstr("x");
+    b.push_back('u');
+    std::vector<size_t> notes;
+    unsigned seed = 11;
+    const int entries = 1500;
+    for (int i = 1; i < entries; i++) {
+        b.insert(b.end(), {'}', 0x94, '('});
+        memo++;
+        b.insert(b.end(), {'h', (unsigned char)k_action, 'h', (unsigned char)(k_action + 1)});
+        b.insert(b.end(), {'h', (unsigned char)k_note});
+        seed = seed * 1103515245u + 12345u;
+        unsigned r = (seed >> 8) % 400;
+        if (r % 7 == 0 && !notes.empty()) { // a note memoized before
+            size_t m = notes[(seed >> 4) % notes.size()];
+            b.insert(b.end(), {'j', (unsigned char)m, (unsigned char)(m >> 8), 0, 0});
+        } else {
+            std::string s = "n" + std::to_string(r);
+            b.push_back(0x8c);
+            b.push_back((unsigned char)s.size());
+            b.insert(b.end(), s.begin(), s.end());
+            if (r % 3 == 0) {
+                b.push_back(0x94);
+                notes.push_back(memo++);
+            }
+        }
+        b.push_back('u');
+    }
+    b.insert(b.end(), {'e', '.'});
+    struct view_t {
+        std::vector<std::string> seen;
+    } view;
+    auto take = [](void *arg, pk_value_t *const *pairs, size_t n, uint64_t *id_p) {
+        auto *w = (view_t *)arg;
+        *id_p = w->seen.size();
+        w->seen.push_back(show_pairs(pairs, n));
+        return 1;
+    };
+    char e1[256] = "", e2[256] = "";
+    pk_doc_t *plain = nullptr, *recs = nullptr;
+    ASSERT_TRUE(pk_parse_skip(b.data(), b.size(), nullptr, "frames", &plain, e1, sizeof e1)) << e1;
+    ASSERT_TRUE(
+        pk_parse_records(b.data(), b.size(), nullptr, "frames", take, &view, &recs, e2, sizeof e2))
+        << e2;
+    ASSERT_EQ(view.seen.size(), (size_t)entries);
+    for (size_t i = 0; i < (size_t)entries; i++) {
+        const pk_value_t *p = pk_at(pk_root(plain), i);
+        ASSERT_EQ(p->type, PK_DICT);
+        EXPECT_EQ(view.seen[i], show_pairs(p->u.seq.items, p->u.seq.n)) << "entry " << i;
+    }
+    pk_free(plain);
+    pk_free(recs);
+}
