@@ -1231,17 +1231,27 @@ static __attribute__((noinline)) sp_status_t malloc_slow(size_t size, int device
     return malloc_full(size, device, stream, ptr_p);
 }
 
+/* sp_malloc once sp__fast_malloc_on said yes. A function of its own so that sp_malloc saves no
+ * register before it knows which way it goes: the single-threaded process's calls (malloc_slow)
+ * then pay no save and restore they do not use (callgrind: 22 instructions a call). */
+static __attribute__((noinline)) sp_status_t malloc_fast(size_t size, int device,
+                                                        sp_stream_t stream, void **ptr_p) {
+    sp_status_t s;
+    if (SP_LIKELY((unsigned)device < (unsigned)sp__g.ndev && ptr_p &&
+                  size - 1 < SP_ONE_EB - 1 && !is_pseudo_stream(stream)) &&
+        malloc_hit(&sp__g.devs[device], size, stream, ptr_p, &s, false))
+        return s;
+    return malloc_full(size, device, stream, ptr_p);
+}
+
 SP_EXPORT sp_status_t sp_malloc(size_t size, int device, sp_stream_t stream, void **ptr_p) {
     /* The commonest call (sympool ready, no callback running, no pool routing, no history, the
      * plain hit's settings: sp__fast_malloc_on; a valid device and size, a real stream) tries the
      * call-free hit first; anything else, or a hit that is not plain, goes through malloc_full
      * from its first check, as if the hit was never tried. */
-    sp_status_t s;
-    if (SP_LIKELY(sp__fast_malloc_on() && (unsigned)device < (unsigned)sp__g.ndev && ptr_p &&
-                  size - 1 < SP_ONE_EB - 1 && !is_pseudo_stream(stream)) &&
-        malloc_hit(&sp__g.devs[device], size, stream, ptr_p, &s, false))
-        return s;
-    return malloc_slow(size, device, stream, ptr_p);
+    if (SP_UNLIKELY(!sp__fast_malloc_on()))
+        return malloc_slow(size, device, stream, ptr_p);
+    return malloc_fast(size, device, stream, ptr_p);
 }
 
 /* Explain why ptr is not a live block (slow path of a failed free / record_stream). */
@@ -1426,14 +1436,20 @@ static __attribute__((noinline)) sp_status_t free_slow(void *ptr) {
     return free_full(ptr);
 }
 
+/* sp_free once sp__fast_free_on said yes (see malloc_fast). */
+static __attribute__((noinline)) sp_status_t free_fast(void *ptr) {
+    if (free_hit((uintptr_t)ptr, false))
+        return SP_SUCCESS;
+    return free_full(ptr);
+}
+
 SP_EXPORT sp_status_t sp_free(void *ptr) {
     /* The commonest call (sympool ready, no callback running, no history, no thread cache:
      * sp__fast_free_on) tries the call-free free first; anything else goes through free_full
      * from its first check. NULL is in no device's range, so free_full answers it. */
-    if (SP_LIKELY(sp__fast_free_on()) &&
-        free_hit((uintptr_t)ptr, false))
-        return SP_SUCCESS;
-    return free_slow(ptr);
+    if (SP_UNLIKELY(!sp__fast_free_on()))
+        return free_slow(ptr);
+    return free_fast(ptr);
 }
 
 /* COLD twin of sp_free for sp_torch_free: the same locked probe-and-free, but the device PyTorch
