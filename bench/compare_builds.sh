@@ -30,6 +30,16 @@ one() { # one() BUILD DIR: one run of every bench of that build
     # n timed pairs plus the warm-up pair, inside sp_malloc and sp_free only
     printf '{"bench":"instructions","size":512,"pairs":%s,"ir_per_pair":%s}\n' \
       $((n + 1)) "$(awk -v t="$ir" -v n=$((n + 1)) 'BEGIN{printf "%.1f", t/n}')" | tag "$1"
+    # The same in the main thread of a single-threaded process, where the build's bench_alloc
+    # has that case (threads 0; older ones run a thread instead and are not counted here).
+    if SYMPOOL_DEVICE=host "$2/bench/bench_alloc" 1 512 0 2>/dev/null | grep -q '"threads":0'; then
+      ir=$(SYMPOOL_DEVICE=host valgrind --tool=callgrind --toggle-collect=sp_malloc \
+             --toggle-collect=sp_free --callgrind-out-file="$tmp.cg" \
+             "$2/bench/bench_alloc" $n 512 0 2>&1 >/dev/null |
+           sed -n 's/.*Collected : \([0-9]*\).*/\1/p')
+      printf '{"bench":"instructions","case":"single_threaded_process","size":512,"pairs":%s,"ir_per_pair":%s}\n' \
+        $((n + 1)) "$(awk -v t="$ir" -v n=$((n + 1)) 'BEGIN{printf "%.1f", t/n}')" | tag "$1"
+    fi
   fi
 }
 i=0
