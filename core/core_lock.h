@@ -55,9 +55,9 @@ static inline bool sp__lock_alone(void) {
 #endif
 }
 
-/* For a hot path that asked sp__lock_alone itself and was told no: the CAS alone, and the unlock
- * of a lock so taken (1 or 2 in the word, never SP_LOCK_ALONE). Such a path then costs the one
- * question, not a second one at its unlock. */
+/* For a hot path that knows the process is not single-threaded (or that takes the CAS path
+ * anyway): the CAS alone, and the unlock of a lock so taken (1 or 2 in the word, never
+ * SP_LOCK_ALONE), with no question at either. */
 static inline bool sp__lock_try_shared(sp_lock_t *l) {
     int c = 0;
     return atomic_compare_exchange_strong_explicit(&l->v, &c, 1, memory_order_acquire,

@@ -1130,13 +1130,12 @@ static __attribute__((noinline)) sp_status_t malloc_rest(sp_devalloc_t *d, sp_me
     return alloc_locked(d, pool, orig, stream, ptr_p, 0, false);
 }
 
-/* The hit paths' lock, in two copies each (alone is a constant at every call). The inline copy
- * in sp_malloc and sp_free is the multi-threaded one, and costs nothing more than the CAS path:
+/* The hit paths' lock, in two copies each (alone is a constant at every call). The copies in
+ * malloc_fast and free_fast are the multi-threaded ones and cost nothing more than the CAS path:
  * the single-threaded question is a share of sp__fast_off (SP_FAST_ALONE, armed at init when
  * the process has one thread), so a multi-threaded process, once disarmed, never asks it. The
- * single-threaded copies sit out of line in malloc_slow and free_slow. Out-of-line
- * continuations (malloc_rest, free_rest) give the lock back with sp__unlock, which reads the
- * word. */
+ * single-threaded copies are in malloc_slow and free_slow. Out-of-line continuations
+ * (malloc_rest, free_rest) give the lock back with sp__unlock, which reads the word. */
 static inline __attribute__((always_inline)) bool hit_lock(sp_lock_t *l, bool alone) {
     if (alone)
         return sp__lock_try_alone(l);
