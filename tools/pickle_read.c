@@ -109,6 +109,20 @@ static bool fail(parser_t *ps, const char *fmt, ...) {
     return false;
 }
 
+/* A refusal that only says the document must be read whole (PK_ERR_WHOLE): what pk_parse would
+ * read of it differs from what skipping or the record hook can. */
+static bool fail_whole(parser_t *ps, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static bool fail_whole(parser_t *ps, const char *fmt, ...) {
+    char what[200];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(what, sizeof(what), fmt, ap);
+    va_end(ap);
+    if (ps->err != NULL && ps->errlen > 0)
+        snprintf(ps->err, ps->errlen, PK_ERR_WHOLE "%s at offset %zu", what, ps->op);
+    return false;
+}
+
 /* "opcode NAME at offset N not allowed": the offset sits inside, where people look for it. */
 static bool fail_opcode(parser_t *ps, const char *name, const char *why) {
     if (ps->err != NULL && ps->errlen > 0)
@@ -260,6 +274,11 @@ static inline __attribute__((always_inline)) bool pop_mark(parser_t *ps, size_t 
     if (ps->nmarks == 0)
         return fail(ps, "%s without MARK", opname);
     *first_p = ps->marks[--ps->nmarks];
+    /* Still skipping, a MARK below the skipped value closes: the value ended before what was
+     * skipped after it (a key that is no string, an item of a list), which belongs outside. */
+    if (ps->skipping && *first_p <= ps->skip_base)
+        return fail_whole(ps, "%s ends the value under \"%s\" after values skipped past its end",
+                          opname, ps->skip_key);
     return true;
 }
 
@@ -503,9 +522,15 @@ static inline __attribute__((always_inline)) bool memoize(parser_t *ps) {
     return memo_put(ps, idx);
 }
 
+static bool starts_skip(const parser_t *ps);
+
 static inline __attribute__((always_inline)) bool memo_get(parser_t *ps, size_t idx) {
     if (idx >= ps->memocap || ps->memo[idx] == NULL)
         return fail(ps, "memo key %zu is not defined", idx);
+    /* A skipped value read again outside skipped values is none of them (a stack's value under
+     * another key reads as absent, as the first one does). */
+    if (ps->memo[idx] == ps->skipped && !ps->skipping && !starts_skip(ps))
+        return fail_whole(ps, "memo key %zu is a value skipped under \"%s\"", idx, ps->skip_key);
     return push(ps, ps->memo[idx]);
 }
 
@@ -580,6 +605,9 @@ static bool collapse(parser_t *ps, size_t first, pk_type_t type, const char *opn
     size_t n = ps->sp - first;
     if (type == PK_DICT && n % 2 != 0)
         return fail(ps, "%s with an odd number of items", opname);
+    if (ps->skipping && first <= ps->skip_base) /* TUPLEn taking the skipped value in */
+        return fail_whole(ps, "%s ends the value under \"%s\" after values skipped past its end",
+                          opname, ps->skip_key);
     if (ps->skipping && first > ps->skip_base) {
         ps->sp = first;
         return push(ps, ps->skipped);
@@ -606,6 +634,14 @@ static bool extend(parser_t *ps, size_t first, pk_type_t type, const char *opnam
     if (target == ps->skipped && ps->skipped != NULL) {
         if (type == PK_DICT && n % 2 != 0) /* what can be checked of a skipped value */
             return fail(ps, "%s with an odd number of items", opname);
+        /* Inside a skipped value, anything goes to a skipped container; outside, only items
+         * of the skipped list itself (what its own APPEND adds after a string ended the skip).
+         * The skipped list as a dict, or a value above it when it has ended, is what skipping
+         * cannot read. */
+        if ((ps->skipping ? first - 1 <= ps->skip_base : true) &&
+            !(type == PK_LIST && first - 1 == ps->skip_base))
+            return fail_whole(ps, "%s adds to the value under \"%s\" that was skipped", opname,
+                              ps->skip_key);
         ps->sp = first;
         return true;
     }
@@ -896,7 +932,8 @@ static bool skip_fast(parser_t *ps) {
                 goto out;
             size_t first = ps->marks[ps->nmarks - 1];
             size_t below = ps->nmarks > 1 ? ps->marks[ps->nmarks - 2] : 0;
-            if (first == 0 || first - 1 < below || (op == 'u' && (sp - first) % 2 != 0))
+            if (first == 0 || first - 1 < below || (op == 'u' && (sp - first) % 2 != 0) ||
+                first <= ps->skip_base) /* the general loop refuses that one */
                 goto out;
             ps->nmarks--;
             sp = first;
@@ -959,7 +996,7 @@ static void entry_fast(parser_t *ps) {
             if (left < n)
                 break;
             size_t idx = (size_t)le_uint(p + pos + 1, n);
-            if (idx >= memocap || memo[idx] == NULL)
+            if (idx >= memocap || memo[idx] == NULL || memo[idx] == ps->skipped)
                 break;
             v = memo[idx];
         } else if (op == 'K' || op == 'M' || op == 'J' || op == 0x8a) {

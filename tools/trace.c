@@ -1523,6 +1523,18 @@ bool tr_load_opts(const char *path, bool frames, tr_trace_t *t, char *err, size_
     bool ok = frames ? pk_parse_skip(buf, len, NULL, NULL, &doc, why, sizeof(why))
                      : pk_parse_records(buf, len, NULL, "frames", take_entry, &recs, &doc, why,
                                         sizeof(why));
+    if (!ok && !frames && pk_err_whole(why)) {
+        /* What skipping stacks and handing entries over cannot read as the whole document
+         * reads (a skipped value used again elsewhere, items added to an entry after it was
+         * handed over): read whole, as the commands that keep stacks do, so that every command
+         * reads the file alike. Valid snapshots never come here. */
+        free(recs.ev);
+        free(recs.side);
+        free(recs.blk);
+        free(recs.seg);
+        memset(&recs, 0, sizeof(recs));
+        ok = pk_parse_skip(buf, len, NULL, NULL, &doc, why, sizeof(why));
+    }
     release(buf, len, mapped);
     if (!ok) {
         free(recs.ev);

@@ -1215,14 +1215,15 @@ TEST(PickleRead, MemoReferencesIntoSkippedStacksReadBack) {
     ref(frame);
     ref(frame);
     b.insert(b.end(), {'e', 'u'});
-    // Entry 2: {"frames": [fn, ...]}: a string right inside the list ends the skip.
+    // Entry 2: {"frames": [fn, file]}: a string right inside the list ends the skip.
     b.insert(b.end(), {'}', 0x94, '('});
     memo++;
     ref(k_frames);
     b.insert(b.end(), {']', 0x94, '('});
     memo++;
     ref(fn);
-    ref(frame);
+    const size_t cut = b.size(); // where the variant below goes on
+    ref(file);
     b.insert(b.end(), {'e', 'u', 'e', '.'});
 
     auto keep = [](void *, pk_value_t *const *, size_t, uint64_t *) { return 0; };
@@ -1261,6 +1262,25 @@ TEST(PickleRead, MemoReferencesIntoSkippedStacksReadBack) {
             EXPECT_EQ(f2, nullptr) << "path " << path;
         }
         pk_free(doc);
+    }
+    // Entry 2's list with a frame after the string: the skip has ended, so the frame (a value
+    // made skipped) is read outside a skipped value, which the skipping readers cannot read as
+    // pk_parse does: they refuse the document as one to read whole.
+    Bytes v(b.begin(), b.begin() + (std::ptrdiff_t)cut);
+    ref(frame);
+    v.insert(v.end(), b.end() - 2, b.end()); // the ref just written
+    v.insert(v.end(), {'e', 'u', 'e', '.'});
+    pk_doc_t *doc = nullptr;
+    char err[256] = "";
+    ASSERT_TRUE(pk_parse(v.data(), v.size(), nullptr, &doc, err, sizeof err)) << err;
+    pk_free(doc);
+    for (int path = 1; path < 3; path++) {
+        EXPECT_FALSE(
+            path == 1 ? pk_parse_skip(v.data(), v.size(), nullptr, "frames", &doc, err, sizeof err)
+                      : pk_parse_records(v.data(), v.size(), nullptr, "frames", keep, nullptr, &doc,
+                                         err, sizeof err));
+        EXPECT_TRUE(pk_err_whole(err)) << err;
+        EXPECT_NE(strstr(err, "is a value skipped under \"frames\""), nullptr) << err;
     }
 }
 

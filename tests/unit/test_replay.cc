@@ -1864,3 +1864,176 @@ TEST_F(Replay, MoreThan65535PrivatePoolsAreRefusedSayingSo) {
     EXPECT_EQ(err, "device_traces[0][65535] (alloc): more than 65535 private pools on device 0");
     tr_free(&t);
 }
+
+namespace {
+
+// A snapshot written opcode by opcode (protocol 4, no FRAME): what no pickler writes but a
+// hostile file may. front() opens {"segments": [], "device_traces": [[ and back() closes them.
+struct Pk {
+    std::vector<unsigned char> b;
+    Pk() {
+        b.push_back(0x80);
+        b.push_back(4);
+    }
+    Pk &op(std::initializer_list<unsigned char> o) {
+        b.insert(b.end(), o);
+        return *this;
+    }
+    Pk &str(const char *s) {
+        size_t n = strlen(s);
+        b.push_back(0x8c);
+        b.push_back((unsigned char)n);
+        b.insert(b.end(), s, s + n);
+        return *this;
+    }
+    Pk &u64(uint64_t v) { // LONG1 of 9 bytes: a zero sign byte above any value
+        b.insert(b.end(), {0x8a, 9});
+        for (int i = 0; i < 8; i++)
+            b.push_back((unsigned char)(v >> (8 * i)));
+        b.push_back(0);
+        return *this;
+    }
+    Pk &i32(int32_t v) { // BININT
+        b.push_back('J');
+        for (int i = 0; i < 4; i++)
+            b.push_back((unsigned char)((uint32_t)v >> (8 * i)));
+        return *this;
+    }
+    Pk &front() {
+        op({'}', '('});
+        str("segments").op({']'});
+        return str("device_traces").op({']', ']', '('});
+    }
+    std::vector<unsigned char> back() {
+        op({'e', 'a', 'u', '.'});
+        return b;
+    }
+};
+
+// What each loader makes of a file: pk_parse and tr_from_doc (the document whole, as the tests
+// read it), the loader without stacks (`info`, `replay`: the reader skips every "frames" value
+// and hands the entries over) and the loader with them (`plot`, `summary`, `replay --snapshot`).
+struct Loaded {
+    bool ok[3];
+    std::string err[3]; // without the path
+    uint64_t size0[3];  // dev 0's first event's size (when it loaded one)
+    size_t nev[3];
+};
+
+Loaded load_all(const std::vector<unsigned char> &b) {
+    Loaded r{};
+    std::string path = "loaders_" + std::to_string(getpid()) + ".pickle";
+    std::ofstream(path, std::ios::binary).write((const char *)b.data(), (std::streamsize)b.size());
+    for (int k = 0; k < 3; k++) {
+        tr_trace_t t;
+        memset(&t, 0, sizeof t);
+        char why[512] = "";
+        if (k == 0) {
+            r.ok[k] = load(b, &t, &r.err[k]);
+        } else {
+            r.ok[k] = tr_load_opts(path.c_str(), k == 2, &t, why, sizeof why);
+            std::string w = why;
+            r.err[k] = w.rfind(path + ": ", 0) == 0 ? w.substr(path.size() + 2) : w;
+        }
+        if (r.ok[k] && t.ndev > 0) {
+            r.nev[k] = t.dev[0].nev;
+            r.size0[k] = t.dev[0].nev > 0 ? t.dev[0].ev[0].size : 0;
+        }
+        tr_free(&t);
+    }
+    unlink(path.c_str());
+    return r;
+}
+
+// Every loader loads it, with one event of `size` bytes; or every one refuses it with `want`.
+void expect_all(const std::vector<unsigned char> &b, const char *want, uint64_t size,
+                const std::string &what) {
+    Loaded r = load_all(b);
+    for (int k = 0; k < 3; k++) {
+        SCOPED_TRACE(what + ", loader " + std::to_string(k));
+        if (*want == '\0') {
+            ASSERT_TRUE(r.ok[k]) << r.err[k];
+            EXPECT_EQ(r.nev[k], 1u);
+            EXPECT_EQ(r.size0[k], size);
+        } else {
+            EXPECT_FALSE(r.ok[k]);
+            EXPECT_EQ(r.err[k], want);
+        }
+    }
+}
+
+constexpr uint64_t ADDR = 0x7f0000000000ull;
+
+// An alloc entry's dict opened, its action and addr written: the caller adds the rest and 'u'.
+Pk &alloc_head(Pk &p) {
+    p.op({'}', '('});
+    p.str("action").str("alloc").str("addr").u64(ADDR);
+    return p;
+}
+
+class Loaders : public sp::Test {};
+
+// A key that is no string right after a skipped "frames" value: the reader without stacks took it
+// for an item of the stack and skipped on, past the stack's end, through the rest of the entry,
+// then dropped the entry's items with it ("no 'action' string", where the other loaders read an
+// alloc). Every loader reads the entry now, as pickle means it (a key that is no string is no
+// field of an entry). A list whose items are the string "frames" and a list was cut the same way.
+TEST_F(Loaders, AKeyThatIsNoStringAfterASkippedStackIsReadAlike) {
+    struct Case {
+        const char *what;
+        std::function<void(Pk &)> after_frames; // the stack and what follows it, up to "size"
+    };
+    const Case cases[] = {
+        {"int key after a stack of frames (APPENDS)",
+         [](Pk &p) {
+             p.op({']', '(', '}', '('}).str("name").str("f").op({'u', '}', 'e'});
+             p.op({'K', 5, 'K', 0});
+         }},
+        {"None key after a stack of one frame (APPEND)",
+         [](Pk &p) {
+             p.op({']', '}', '('}).str("name").str("f").op({'u', 'a'});
+             p.op({'N', 'K', 0});
+         }},
+        {"int key after an empty stack, its value a string",
+         [](Pk &p) {
+             p.op({']', 'K', 5}).str("size");
+         }},
+        {"tuple key made with a MARK right on top of the stack",
+         [](Pk &p) {
+             p.op({']', '(', 'K', 1, 'K', 2, 't', 'K', 0});
+         }},
+        {"tuple key made with TUPLE2",
+         [](Pk &p) {
+             p.op({']', 'K', 1, 'K', 2, 0x86, 'K', 0});
+         }},
+        {"bytes key",
+         [](Pk &p) {
+             p.op({']', 'C', 1, 'x', 'K', 0});
+         }},
+        {"float key",
+         [](Pk &p) {
+             p.op({']', 'G', 0x3f, 0xf8, 0, 0, 0, 0, 0, 0, 'K', 0});
+         }},
+    };
+    for (const Case &c : cases) {
+        Pk p;
+        p.front();
+        alloc_head(p).str("frames");
+        c.after_frames(p);
+        p.str("size").i32(512).op({'u'});
+        expect_all(p.back(), "", 512, c.what);
+    }
+    // A memoized int as the key: the memo holds 5 (put and popped before the entry).
+    Pk m;
+    m.front().op({'K', 5, 'q', 200, '0'});
+    alloc_head(m).str("frames").op({']', 'h', 200, 'K', 0});
+    m.str("size").i32(512).op({'u'});
+    expect_all(m.back(), "", 512, "memoized int key");
+    // device_traces [["frames", []]]: an entry that is a string, refused by every loader (the
+    // reader without stacks took the list for a skipped stack and dropped the entries with it).
+    Pk l;
+    l.front().str("frames").op({']'});
+    expect_all(l.back(), "device_traces[0][0]: no 'action' string", 0, "\"frames\" as an entry");
+}
+
+} // namespace
