@@ -645,11 +645,10 @@ static bool extend(parser_t *ps, size_t first, pk_type_t type, const char *opnam
         ps->sp = first;
         return true;
     }
+    /* Items for a dict the hook took are its items too (pickle adds them to the one dict):
+     * only a reader of the whole document keeps them. */
     if (target->type == PK_RECORD && type == PK_DICT && !is_scratch(ps, target))
-        return fail(ps,
-                    "%s adds to a dict read whole at its SETITEMS of fewer than %d pairs (a "
-                    "pickler adds more only after a full batch)",
-                    opname, SETITEMS_BATCH);
+        return fail_whole(ps, "%s adds to a dict the record hook took", opname);
     if (target->type != type)
         return fail(ps, "%s target is not a %s", opname, type == PK_DICT ? "dict" : "list");
     if (type == PK_DICT && n % 2 != 0)

@@ -2036,4 +2036,28 @@ TEST_F(Loaders, AKeyThatIsNoStringAfterASkippedStackIsReadAlike) {
     expect_all(l.back(), "device_traces[0][0]: no 'action' string", 0, "\"frames\" as an entry");
 }
 
+// Items added to an entry after its SETITEMS, through a memo reference (SETITEM, or SETITEMS
+// after a batch of fewer than 1000 pairs, which no pickler writes): in pickle they are the
+// entry's, the later value of a key replacing the earlier one. The reader without stacks had
+// handed the entry over at its first SETITEMS and refused the file, while `plot` and `summary`
+// read the later size. Every loader reads the later items now.
+TEST_F(Loaders, ItemsAddedToAnEntryLaterAreItsItemsInEveryLoader) {
+    for (int form = 0; form < 3; form++) {
+        Pk p;
+        p.front();
+        p.op({'}', 'q', 100, '('}).str("action").str("alloc").str("addr").u64(ADDR);
+        p.str("size").op({'q', 101}).i32(512).op({'u'});
+        // After the entry, inside the entries' MARK: the entry again, a pair, POP.
+        p.op({'h', 100});
+        if (form == 0)
+            p.op({'h', 101}).i32(1024).op({'s'});
+        else if (form == 1)
+            p.op({'('}).str("stream").i32(0).op({'h', 101}).i32(1024).op({'u'});
+        else
+            p.op({'(', 'u'}); // nothing added: the items stay the first SETITEMS's
+        p.op({'0'});
+        expect_all(p.back(), "", form == 2 ? 512 : 1024, "form " + std::to_string(form));
+    }
+}
+
 } // namespace
