@@ -800,6 +800,15 @@ static bool load_events(const pk_value_t *list, recs_t *recs, int dev, tr_device
                      dev, i, act, (unsigned long long)ev->size);
             goto fail;
         }
+        /* An oom's addr is device_free, a byte count; an unknown action is ignored. */
+        if (ev->action != TR_OTHER && ev->action != TR_OOM && ev->action != TR_SNAPSHOT &&
+            ev->addr + ev->size < ev->addr) {
+            snprintf(err, errlen,
+                     "device_traces[%d][%zu] (%s): addr 0x%llx + size %llu runs past the end of "
+                     "the address space",
+                     dev, i, act, (unsigned long long)ev->addr, (unsigned long long)ev->size);
+            goto fail;
+        }
         if (ev->addr == 0 && (ev->action == TR_ALLOC || ev->action == TR_FREE_REQUESTED ||
                               ev->action == TR_FREE_COMPLETED || ev->action == TR_SEGMENT_ALLOC ||
                               ev->action == TR_SEGMENT_FREE)) {
@@ -1136,8 +1145,8 @@ static bool analyse(const pk_value_t *segments, const recs_t *recs, const tr_set
      * mapped range at the start is rebuilt like any other start segment. */
     for (size_t i = d->nev; i-- > 0;) {
         const tr_event_t *e = &d->ev[i];
-        if (e->size == 0 || e->addr + e->size < e->addr)
-            continue; /* no range (or one past the end of the address space) */
+        if (e->size == 0)
+            continue; /* no range (load_events refused one past the end of the address space) */
         if (e->action == TR_SEGMENT_MAP) {
             if (!xr_remove(&xr, &nxr, &cap_xr, e->addr, e->addr + e->size))
                 goto oom;

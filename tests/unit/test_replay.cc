@@ -2060,4 +2060,39 @@ TEST_F(Loaders, ItemsAddedToAnEntryLaterAreItsItemsInEveryLoader) {
     }
 }
 
+// An event whose addr + size runs past 2^64 named no range any allocator has, yet loaded (and
+// the analysis skipped it as no range): it is refused now in every loader, as a segment or a
+// block of the final state that wraps is. An oom's device_free is no address and is not checked.
+TEST_F(Loaders, EventsPastTheEndOfTheAddressSpaceAreRefused) {
+    const uint64_t top = 0xfffffffffffff000ull;
+    const struct {
+        const char *action;
+        uint64_t addr, size;
+        const char *want;
+    } cases[] = {
+        {"alloc", top, 8192,
+         "device_traces[0][0] (alloc): addr 0xfffffffffffff000 + size 8192 runs past the end of "
+         "the address space"},
+        {"alloc", top, 4096, // ends at 2^64 exactly: as a segment there, refused
+         "device_traces[0][0] (alloc): addr 0xfffffffffffff000 + size 4096 runs past the end of "
+         "the address space"},
+        {"segment_map", top, 2 * MiB,
+         "device_traces[0][0] (segment_map): addr 0xfffffffffffff000 + size 2097152 runs past "
+         "the end of the address space"},
+        {"free_requested", top, 8192,
+         "device_traces[0][0] (free_requested): addr 0xfffffffffffff000 + size 8192 runs past "
+         "the end of the address space"},
+        {"alloc", top - 4096, 4096, ""},
+        {"oom", top, 8192, ""},
+    };
+    for (const auto &c : cases) {
+        Pk p;
+        p.front();
+        p.op({'}', '('}).str("action").str(c.action);
+        p.str(strcmp(c.action, "oom") == 0 ? "device_free" : "addr").u64(c.addr);
+        p.str("size").u64(c.size).op({'u'});
+        expect_all(p.back(), c.want, c.size, c.action);
+    }
+}
+
 } // namespace
