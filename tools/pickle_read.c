@@ -69,6 +69,7 @@ typedef struct parser {
     pk_value_t **memo;      /* memo by index (NULL = unset) */
     size_t memocap;         /* allocated memo slots */
     size_t memoused;        /* set memo slots (what MEMOIZE uses as the next index) */
+    size_t memo_dense;      /* every memo slot below it is set (slots are never unset) */
     char *err;              /* message buffer */
     size_t errlen;          /* its size */
     const char *skip_key;   /* the values under this dict key are skipped (NULL: none) */
@@ -467,6 +468,13 @@ static void scratch_back(parser_t *ps) {
     }
 }
 
+/* Slot idx was just set: memo_dense moves past it and the set slots after it. */
+static inline __attribute__((always_inline)) void memo_dense_up(parser_t *ps, size_t idx) {
+    if (idx == ps->memo_dense)
+        while (ps->memo_dense < ps->memocap && ps->memo[ps->memo_dense] != NULL)
+            ps->memo_dense++;
+}
+
 static bool memo_put(parser_t *ps, size_t idx) {
     if (!need_stack(ps, 1, "memo put"))
         return false;
@@ -503,6 +511,7 @@ static bool memo_put(parser_t *ps, size_t idx) {
         top = v;
     }
     ps->memo[idx] = top;
+    memo_dense_up(ps, idx);
     return true;
 }
 
@@ -516,6 +525,7 @@ static inline __attribute__((always_inline)) bool memoize(parser_t *ps) {
         if (!is_scratch(ps, top) && !(top == ps->skipped && ps->skipped_at == ps->sp)) {
             ps->memo[idx] = top;
             ps->memoused++;
+            memo_dense_up(ps, idx);
             return true;
         }
     }
@@ -775,6 +785,22 @@ static bool end_of_skip(const parser_t *ps, unsigned op, const unsigned char *a)
  * it does not take (or that would fail), or when the stack is back at the skipped value and the
  * opcode is not a MARK, MEMOIZE or reference there, for the general loop to decide; false only
  * when the stack cannot grow to the depth. */
+/* How many of the k memo references at b (stride bytes apart, each an opcode and an n-byte key)
+ * in a row name a key that is set: a skipped value's references are not followed, but one to a
+ * key never set is refused there as anywhere (the general loop reports it). A key below
+ * memo_dense is set without a look at the memo (every BINGET's, once 256 slots are). */
+static inline __attribute__((always_inline)) size_t
+refs_defined(const parser_t *ps, const unsigned char *b, size_t k, size_t stride, size_t n) {
+    if (n == 1 && ps->memo_dense >= 256)
+        return k;
+    for (size_t i = 0; i < k; i++) {
+        size_t idx = (size_t)le_uint(b + i * stride + 1, n);
+        if (idx >= ps->memo_dense && (idx >= ps->memocap || ps->memo[idx] == NULL))
+            return i;
+    }
+    return k;
+}
+
 static bool skip_fast(parser_t *ps) {
     /* The hot state in locals (written back at every exit and around memoize). */
     const unsigned char *p = ps->p;
@@ -811,7 +837,10 @@ static bool skip_fast(parser_t *ps) {
         if ((op == 'h' && left >= 1) || (op == 'j' && left >= 4)) {
             /* A run of memo references (a stack's memoized frames: three in four opcodes of a
              * snapshot with stacks), counted without a pass through the switch per opcode. The
-             * first one is whole; a cut one is the general loop's to report. */
+             * first one is whole; a cut one is the general loop's to report, as is one to a key
+             * never set. */
+            size_t sp0 = sp;
+            bool undefined = false;
             for (;;) {
 #if defined(__SSE2__)
                 if (len - pos >= 20) {
@@ -819,21 +848,28 @@ static bool skip_fast(parser_t *ps) {
                      * the even ones) or four LONG_BINGETs (the 'j' bytes among every fifth;
                      * the fourth one's argument ends at byte 20). */
                     __m128i v = _mm_loadu_si128((const __m128i *)(const void *)(p + pos));
-                    unsigned t, k;
+                    unsigned t;
+                    size_t k, ok;
                     if (p[pos] == 'h') {
                         t = ~(unsigned)_mm_movemask_epi8(_mm_cmpeq_epi8(v, _mm_set1_epi8('h')));
                         t &= 0x5555u;
                         k = t ? (unsigned)__builtin_ctz(t) >> 1 : 8;
-                        pos += 2 * (size_t)k;
+                        ok = refs_defined(ps, p + pos, k, 2, 1);
+                        pos += 2 * ok;
                     } else if (p[pos] == 'j') {
                         t = ~(unsigned)_mm_movemask_epi8(_mm_cmpeq_epi8(v, _mm_set1_epi8('j')));
                         t &= 0x8421u;
                         k = t ? (unsigned)__builtin_ctz(t) / 5 : 4;
-                        pos += 5 * (size_t)k;
+                        ok = refs_defined(ps, p + pos, k, 5, 4);
+                        pos += 5 * ok;
                     } else {
                         break;
                     }
-                    sp += k;
+                    sp += ok;
+                    if (ok < k) {
+                        undefined = true;
+                        break;
+                    }
                     continue;
                 }
 #else
@@ -848,22 +884,32 @@ static bool skip_fast(parser_t *ps) {
                     uint64_t x = w ^ 0x6868686868686868ull; /* 'h' bytes: 0 */
                     uint64_t hi = (((x & lo7) + lo7) | x) & 0x0080008000800080ull;
                     size_t k = hi ? (size_t)__builtin_ctzll(hi) >> 4 : 4;
-                    sp += k;
-                    pos += 2 * k;
+                    size_t ok = refs_defined(ps, p + pos, k, 2, 1);
+                    sp += ok;
+                    pos += 2 * ok;
+                    if (ok < k) {
+                        undefined = true;
+                        break;
+                    }
                     continue;
                 }
 #endif
-                if (len - pos >= 2 && p[pos] == 'h') { /* one at a time near the end */
-                    pos += 2;
-                    sp++;
-                } else if (len - pos >= 5 && p[pos] == 'j') {
-                    pos += 5;
-                    sp++;
-                } else {
+                size_t n1 = len - pos >= 2 && p[pos] == 'h'   ? 1 /* one at a time near the end */
+                            : len - pos >= 5 && p[pos] == 'j' ? 4
+                                                              : 0;
+                if (n1 == 0)
+                    break;
+                if (refs_defined(ps, p + pos, 1, 0, n1) == 0) {
+                    undefined = true;
                     break;
                 }
+                pos += 1 + n1;
+                sp++;
             }
-            skipped_at = 0;
+            if (sp != sp0)
+                skipped_at = 0;
+            if (undefined)
+                goto out;
             continue;
         }
         switch (op) {
@@ -912,6 +958,7 @@ static bool skip_fast(parser_t *ps) {
                 !(top == skipped && skipped_at == sp)) {
                 ps->memo[idx] = top; /* never scratch: nothing above the skipped value is */
                 ps->memoused++;
+                memo_dense_up(ps, idx);
                 pos++;
                 continue;
             }

@@ -1568,3 +1568,58 @@ TEST(PickleRead, OddSetitemsInsideASkippedValueIsRefusedToo) {
 }
 
 } // namespace
+
+namespace {
+
+// A memo reference to a key never set, inside a skipped stack: the skipping readers count such
+// references without following them, and loaded the file that pk_parse (and Python) refuse, so
+// `info` and `replay` read a snapshot that `plot` and `summary` refused. Every reader refuses it
+// now at the same offset: one at a time near the end, in a run of BINGETs or of LONG_BINGETs
+// (read eight and four at once), with few memo slots set and with more than 256.
+TEST(PickleRead, AReferenceToAnUnsetMemoKeyInASkippedStackIsRefusedByEveryReader) {
+    auto doc = [](size_t memoized, bool wide, size_t before, size_t after) {
+        Bytes b = {0x80, 4, ']', '('};
+        for (size_t i = 0; i < memoized; i++) // memo 0 .. memoized-1: ints in the root list
+            b.insert(b.end(), {'K', (unsigned char)i, 0x94});
+        b.insert(b.end(), {'}', '(', 0x8c, 6, 'f', 'r', 'a', 'm', 'e', 's', ']', '(', '}'});
+        auto ref = [&](size_t idx) {
+            if (wide)
+                b.insert(b.end(), {'j', (unsigned char)idx, (unsigned char)(idx >> 8), 0, 0});
+            else
+                b.insert(b.end(), {'h', (unsigned char)idx});
+        };
+        for (size_t i = 0; i < before; i++)
+            ref(0);
+        size_t at = b.size();
+        ref(memoized); // never set
+        for (size_t i = 0; i < after; i++)
+            ref(0);
+        b.insert(b.end(), {'e', 'u', 'a', 'e', '.'});
+        return std::make_pair(b, at);
+    };
+    auto keep = [](void *, pk_value_t *const *, size_t, uint64_t *) { return 0; };
+    for (size_t memoized : {1u, 300u})
+        for (bool wide : {false, true})
+            for (size_t before : {0u, 1u, 5u, 9u})
+                for (size_t after : {0u, 20u}) {
+                    if (memoized == 300 && !wide)
+                        continue; // every BINGET's key is set once 256 slots are
+                    auto [b, at] = doc(memoized, wide, before, after);
+                    std::string want = "pickle: memo key " + std::to_string(memoized) +
+                                       " is not defined at offset " + std::to_string(at);
+                    SCOPED_TRACE(std::to_string(memoized) + (wide ? " wide " : " ") +
+                                 std::to_string(before) + "/" + std::to_string(after));
+                    EXPECT_EQ(parse(b), want);
+                    pk_doc_t *d = nullptr;
+                    char err[256] = "";
+                    EXPECT_FALSE(
+                        pk_parse_skip(b.data(), b.size(), nullptr, "frames", &d, err, sizeof err));
+                    EXPECT_EQ(std::string(err), want);
+                    err[0] = '\0';
+                    EXPECT_FALSE(pk_parse_records(b.data(), b.size(), nullptr, "frames", keep,
+                                                  nullptr, &d, err, sizeof err));
+                    EXPECT_EQ(std::string(err), want);
+                }
+}
+
+} // namespace
