@@ -651,6 +651,21 @@ static bool dict_record(const recs_t *rs, const pk_value_t *v) {
     return block_of(rs, v) != NULL || seg_of(rs, v) != NULL;
 }
 
+/* Whether v is a handed-over trace entry: a dict of which only what an event needs was kept. */
+static bool entry_record(const recs_t *rs, const pk_value_t *v) {
+    return rs != NULL && v != NULL && v->type == PK_RECORD && !(v->u.u & (RB_ID | RS_ID)) &&
+           v->u.u < rs->n;
+}
+
+/* A handed-over dict met where its other keys are read (a trace entry that is also the top
+ * level, the settings, a segment or a block; any one as the settings' roundup divisions): what
+ * the record kept cannot say what the dict holds there, so the file is to be read whole
+ * (PK_ERR_WHOLE, which tr_load_opts does). No snapshot a pickler wrote shares a dict so. */
+static bool whole_needed(const char *what, char *err, size_t errlen) {
+    snprintf(err, errlen, PK_ERR_WHOLE "a dict handed over as a trace entry is also %s", what);
+    return false;
+}
+
 /* pk_parse_records' hook: every dict with an action string is a trace entry (the segments'
  * dicts and the settings have none); a final state's block is taken too (take_block). */
 static int take_entry(void *arg, pk_value_t *const *pairs, size_t n, uint64_t *id_p) {
@@ -977,6 +992,10 @@ static bool analyse(const pk_value_t *segments, const recs_t *recs, const tr_set
         const pk_value_t *pool_id, *blocks;
         const char *stype;
         const rec_seg_t *rg = seg_of(recs, seg);
+        if (entry_record(recs, seg)) {
+            whole_needed("a segment", err, errlen);
+            goto out;
+        }
         if (rg != NULL) {
             sdev = rg->dev;
             total = rg->total;
@@ -1063,6 +1082,10 @@ static bool analyse(const pk_value_t *segments, const recs_t *recs, const tr_set
         /* Block addresses are the segment's plus the sizes before them (MemoryViz does the
          * same; a missing "address" is therefore fine). */
         uint64_t baddr = (uint64_t)addr;
+        if (entry_record(recs, blocks)) {
+            whole_needed("a segment's blocks", err, errlen);
+            goto out;
+        }
         if (dict_record(recs, blocks)) {
             /* A block's or a segment's dict where the list belongs: as a dict, its first item
              * is no block. */
@@ -1075,6 +1098,10 @@ static bool analyse(const pk_value_t *segments, const recs_t *recs, const tr_set
             bool have_size, have_req, have_state, active, inactive;
             const pk_value_t *frames;
             const rec_block_t *rb = block_of(recs, blk);
+            if (entry_record(recs, blk)) {
+                whole_needed("a block", err, errlen);
+                goto out;
+            }
             if (rb != NULL) {
                 bsize = rb->size;
                 req = (rb->flags & RB_REQ) ? rb->req : -1;
@@ -1386,12 +1413,23 @@ static bool from_doc(pk_doc_t *doc, recs_t *recs, tr_trace_t *t, char *err, size
     if (t->root != NULL && t->root->type == PK_LIST) {
         segments = t->root; /* an old-style snapshot: just the segment list */
         t->format = "segment list (legacy, state only)";
+    } else if (entry_record(recs, t->root)) {
+        return whole_needed("the top level", err, errlen);
     } else if (t->root != NULL && (t->root->type == PK_DICT || dict_record(recs, t->root))) {
         /* A handed-over block or segment reads as the dict it was: none of these keys is
          * theirs. */
         segments = pk_get(t->root, "segments");
         traces = pk_get(t->root, "device_traces");
         const pk_value_t *as = pk_get(t->root, "allocator_settings");
+        if (entry_record(recs, as))
+            return whole_needed("the allocator settings", err, errlen);
+        const pk_value_t *rp = pk_get(as, "roundup_power2_divisions");
+        if (rp != NULL && rp->type == PK_RECORD && recs != NULL) {
+            snprintf(err, errlen,
+                     PK_ERR_WHOLE "a dict handed over as a trace entry, block or segment is also "
+                                  "the settings' roundup_power2_divisions");
+            return false;
+        }
         read_settings(as, &t->settings);
         if (dict_record(recs, as))
             t->settings.recorded = true;
@@ -1415,6 +1453,8 @@ static bool from_doc(pk_doc_t *doc, recs_t *recs, tr_trace_t *t, char *err, size
         int64_t dev = 0;
         const pk_value_t *seg = pk_at(segments, s);
         const rec_seg_t *rg = seg_of(recs, seg);
+        if (entry_record(recs, seg))
+            return whole_needed("a segment", err, errlen);
         bool have_dev = rg != NULL ? (dev = rg->dev, (rg->flags & RS_DEV) != 0)
                                    : pk_get_int(seg, "device", &dev);
         if (!have_dev || dev < 0 || dev > 4096) {
@@ -1568,6 +1608,18 @@ bool tr_load_opts(const char *path, bool frames, tr_trace_t *t, char *err, size_
     free(recs.side);
     free(recs.blk);
     free(recs.seg);
+    if (!ok && !frames && pk_err_whole(why)) {
+        /* A handed-over entry is also a dict read elsewhere (from_doc's whole_needed): the
+         * file read again whole, as the commands with stacks read it. Its bytes are gone by
+         * now (most of the memory of a load), so only a file can be read again. */
+        struct stat sb;
+        tr_free(t);
+        if (stat(path, &sb) == 0 && S_ISREG(sb.st_mode))
+            return tr_load_opts(path, true, t, err, errlen);
+        snprintf(err, errlen, "%s: %s (a stream is read once: load it from a file)", path,
+                 why + strlen(PK_ERR_WHOLE));
+        return false;
+    }
     if (!ok) {
         snprintf(err, errlen, "%s: %s", path, why);
         return false;

@@ -1918,6 +1918,8 @@ struct Loaded {
     std::string err[3]; // without the path
     uint64_t size0[3];  // dev 0's first event's size (when it loaded one)
     size_t nev[3];
+    uint64_t final_reserved[3], final_allocated[3]; // dev 0's
+    std::string conf[3], format[3];                 // the settings translated, the format
 };
 
 Loaded load_all(const std::vector<unsigned char> &b) {
@@ -1938,6 +1940,12 @@ Loaded load_all(const std::vector<unsigned char> &b) {
         if (r.ok[k] && t.ndev > 0) {
             r.nev[k] = t.dev[0].nev;
             r.size0[k] = t.dev[0].nev > 0 ? t.dev[0].ev[0].size : 0;
+            r.final_reserved[k] = t.dev[0].final_reserved;
+            r.final_allocated[k] = t.dev[0].final_allocated;
+        }
+        if (r.ok[k]) {
+            r.conf[k] = t.settings.conf;
+            r.format[k] = t.format;
         }
         tr_free(&t);
     }
@@ -2092,6 +2100,79 @@ TEST_F(Loaders, EventsPastTheEndOfTheAddressSpaceAreRefused) {
         p.str(strcmp(c.action, "oom") == 0 ? "device_free" : "addr").u64(c.addr);
         p.str("size").u64(c.size).op({'u'});
         expect_all(p.back(), c.want, c.size, c.action);
+    }
+}
+
+// A dict the loader without stacks hands over as a trace entry (it has an action string) that is
+// also a dict read elsewhere: a block or a segment of the final state, the allocator settings,
+// the top level, or (any handed-over dict) the settings' roundup divisions. What the record kept
+// cannot say what the dict holds there: the loader without stacks refused a block with an
+// action ("missing 'size' or 'state'"), lost settings read from such a dict, and so on, where
+// the loaders with stacks read the dict. It reads such a file whole now, as they do.
+TEST_F(Loaders, AnEntrysDictReadElsewhereIsReadAlike) {
+    const uint64_t seg = 2 * MiB;
+    auto seg_head = [&](Pk &p) {
+        p.op({'}', '('}).str("device").op({'K', 0}).str("address").u64(ADDR);
+        p.str("total_size").i32((int32_t)seg).str("blocks");
+    };
+    // A block with an action string.
+    Pk a;
+    a.op({'}', '('}).str("segments").op({']', '('});
+    seg_head(a);
+    a.op({']', '(', '}', '('}).str("action").str("x").str("address").u64(ADDR);
+    a.str("size").i32((int32_t)seg).str("requested_size").i32((int32_t)seg);
+    a.str("state").str("active_allocated").op({'u', 'e', 'u', 'e'});
+    a.str("device_traces").op({']', 'u', '.'});
+    // An entry that is also the settings (max_split_size among its keys).
+    Pk b;
+    b.op({'}', '('}).str("segments").op({']'}).str("device_traces").op({']', ']', '('});
+    b.op({'}', 'q', 100, '('}).str("action").str("alloc").str("addr").u64(ADDR);
+    b.str("size").i32(512).str("max_split_size").i32(1 << 30).op({'u', 'e', 'a'});
+    b.str("allocator_settings").op({'h', 100, 'u', '.'});
+    // A final-state block that is also the settings' roundup divisions.
+    Pk c;
+    c.op({'}', '('}).str("segments").op({']', '('});
+    seg_head(c);
+    c.op({']', '(', '}', 'q', 100, '('}).str("state").str("inactive").str("size");
+    c.i32((int32_t)seg).str("address").u64(ADDR).op({'u', 'e', 'u', 'e'});
+    c.str("device_traces").op({']'}).str("allocator_settings").op({'}', '('});
+    c.str("roundup_power2_divisions").op({'h', 100, 'u', 'u', '.'});
+    // A segment with an action string.
+    Pk d;
+    d.op({'}', '('}).str("segments").op({']', '('});
+    seg_head(d);
+    d.op({']'}).str("action").str("segment_alloc").op({'u', 'e'});
+    d.str("device_traces").op({']', 'u', '.'});
+    // The top level with an action string.
+    Pk e;
+    e.op({'}', '('}).str("action").str("alloc").str("segments").op({']', 'u', '.'});
+    const struct {
+        const char *what;
+        std::vector<unsigned char> b;
+        uint64_t reserved, allocated;
+        const char *conf; // nullptr: not checked beyond agreeing
+    } cases[] = {
+        {"block with an action", a.b, seg, seg, ""},
+        {"entry as the settings", b.b, 0, 0, "max_split_size_mb:1024"},
+        {"block as the roundup divisions", c.b, seg, 0, nullptr},
+        {"segment with an action", d.b, seg, 0, ""},
+        {"top level with an action", e.b, 0, 0, ""},
+    };
+    for (const auto &cs : cases) {
+        Loaded r = load_all(cs.b);
+        for (int k = 0; k < 3; k++) {
+            SCOPED_TRACE(std::string(cs.what) + ", loader " + std::to_string(k));
+            EXPECT_TRUE(r.ok[k]) << r.err[k];
+            if (!r.ok[k])
+                continue;
+            EXPECT_EQ(r.final_reserved[k], cs.reserved);
+            EXPECT_EQ(r.final_allocated[k], cs.allocated);
+            EXPECT_EQ(r.conf[k], r.conf[0]);
+            EXPECT_EQ(r.format[k], r.format[0]);
+            if (cs.conf != nullptr) {
+                EXPECT_EQ(r.conf[k], cs.conf);
+            }
+        }
     }
 }
 
