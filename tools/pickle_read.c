@@ -52,6 +52,10 @@ struct pk_doc {
 #define STR_CACHE_BITS 8
 #define STR_CACHE_MAX 32   /* bytes of the longest string shared through the cache */
 #define SCRATCH_VALUES 512 /* a dict's ints at most at once (a trace entry has a dozen) */
+/* The kinds of skipped values, indices into parser_t.skipv. SK_ANY stands for what skip_fast
+ * counted without looking (a memo reference): anything may be added to it. */
+enum { SK_SCALAR, SK_DICT, SK_LIST, SK_TUPLE, SK_ANY, SK_COUNT };
+
 /* Picklers (CPython's, ours) write a dict's items in SETITEMS batches of this many pairs: only a
  * smaller batch is sure to be a dict's last. */
 #define SETITEMS_BATCH 1000
@@ -69,14 +73,19 @@ typedef struct parser {
     pk_value_t **memo;      /* memo by index (NULL = unset) */
     size_t memocap;         /* allocated memo slots */
     size_t memoused;        /* set memo slots (what MEMOIZE uses as the next index) */
-    size_t memo_dense;      /* every memo slot below it is set (slots are never unset) */
+    bool memo_holes;        /* a slot was set beyond memoused: [0, memoused) may not all be set
+                             * (they are otherwise: slots are never unset) */
     char *err;              /* message buffer */
     size_t errlen;          /* its size */
     const char *skip_key;   /* the values under this dict key are skipped (NULL: none) */
     size_t skip_len;        /* strlen(skip_key) */
     bool skipping;          /* inside such a value */
     size_t skip_base;       /* its stack index */
-    pk_value_t *skipped;    /* what every skipped value is (one PK_NONE) */
+    pk_value_t *skipped;    /* what a skipped value that is no container is (a PK_NONE) */
+    pk_value_t *skipv;      /* SK_COUNT PK_NONEs in a row, what skipped values are by kind
+                             * (skipped is the first): an APPEND or SETITEM onto one is
+                             * checked as onto what it stands for */
+    uintptr_t skip_span;    /* their bytes (0: none, nothing is skipped) */
     size_t skipped_at;      /* stack depth right after the last skipped string's push */
     size_t skipped_str;     /* its input offset and length */
     size_t skipped_len;
@@ -90,6 +99,17 @@ typedef struct parser {
     size_t moved_min;     /* no scratch value below scratch_used has moved below this index */
     size_t *mark_scratch; /* scratch_used when each open MARK was pushed */
 } parser_t;
+
+/* Whether v is one of the skipped values. */
+static inline __attribute__((always_inline)) bool is_skipped(const parser_t *ps,
+                                                             const pk_value_t *v) {
+    return (uintptr_t)v - (uintptr_t)ps->skipv < ps->skip_span;
+}
+
+/* The skipped value of a container of type t. */
+static pk_value_t *skipped_of(const parser_t *ps, pk_type_t t) {
+    return ps->skipv + (t == PK_DICT ? SK_DICT : t == PK_LIST ? SK_LIST : SK_TUPLE);
+}
 
 void pk_limits_default(pk_limits_t *lim) {
     lim->max_depth = 64;
@@ -468,13 +488,6 @@ static void scratch_back(parser_t *ps) {
     }
 }
 
-/* Slot idx was just set: memo_dense moves past it and the set slots after it. */
-static inline __attribute__((always_inline)) void memo_dense_up(parser_t *ps, size_t idx) {
-    if (idx == ps->memo_dense)
-        while (ps->memo_dense < ps->memocap && ps->memo[ps->memo_dense] != NULL)
-            ps->memo_dense++;
-}
-
 static bool memo_put(parser_t *ps, size_t idx) {
     if (!need_stack(ps, 1, "memo put"))
         return false;
@@ -495,8 +508,11 @@ static bool memo_put(parser_t *ps, size_t idx) {
         ps->memo = nm;
         ps->memocap = cap;
     }
-    if (ps->memo[idx] == NULL)
+    if (ps->memo[idx] == NULL) {
+        if (idx != ps->memoused)
+            ps->memo_holes = true;
         ps->memoused++;
+    }
     if (is_scratch(ps, ps->stack[ps->sp - 1]) && !keep_values(ps, ps->sp - 1))
         return false;
     pk_value_t *top = ps->stack[ps->sp - 1];
@@ -511,7 +527,6 @@ static bool memo_put(parser_t *ps, size_t idx) {
         top = v;
     }
     ps->memo[idx] = top;
-    memo_dense_up(ps, idx);
     return true;
 }
 
@@ -525,7 +540,6 @@ static inline __attribute__((always_inline)) bool memoize(parser_t *ps) {
         if (!is_scratch(ps, top) && !(top == ps->skipped && ps->skipped_at == ps->sp)) {
             ps->memo[idx] = top;
             ps->memoused++;
-            memo_dense_up(ps, idx);
             return true;
         }
     }
@@ -539,7 +553,7 @@ static inline __attribute__((always_inline)) bool memo_get(parser_t *ps, size_t 
         return fail(ps, "memo key %zu is not defined", idx);
     /* A skipped value read again outside skipped values is none of them (a stack's value under
      * another key reads as absent, as the first one does). */
-    if (ps->memo[idx] == ps->skipped && !ps->skipping && !starts_skip(ps))
+    if (is_skipped(ps, ps->memo[idx]) && !ps->skipping && !starts_skip(ps))
         return fail_whole(ps, "memo key %zu is a value skipped under \"%s\"", idx, ps->skip_key);
     return push(ps, ps->memo[idx]);
 }
@@ -620,7 +634,7 @@ static bool collapse(parser_t *ps, size_t first, pk_type_t type, const char *opn
                           opname, ps->skip_key);
     if (ps->skipping && first > ps->skip_base) {
         ps->sp = first;
-        return push(ps, ps->skipped);
+        return push(ps, skipped_of(ps, type));
     }
     if (!keep_values(ps, first))
         return false;
@@ -641,8 +655,16 @@ static bool extend(parser_t *ps, size_t first, pk_type_t type, const char *opnam
         return fail(ps, "%s has no target", opname);
     pk_value_t *target = ps->stack[first - 1];
     size_t n = ps->sp - first;
-    if (target == ps->skipped && ps->skipped != NULL) {
-        if (type == PK_DICT && n % 2 != 0) /* what can be checked of a skipped value */
+    if (is_skipped(ps, target)) {
+        /* What can be checked of a skipped value: its kind, as the target's type is. A value
+         * a memo reference pushed while skipping (no pickler adds items to one) was not
+         * looked up: the whole document tells what it is. */
+        if (target == ps->skipv + SK_ANY)
+            return fail_whole(ps, "%s adds to a value a reference inside \"%s\" pushed", opname,
+                              ps->skip_key);
+        if (target != skipped_of(ps, type))
+            return fail(ps, "%s target is not a %s", opname, type == PK_DICT ? "dict" : "list");
+        if (type == PK_DICT && n % 2 != 0)
             return fail(ps, "%s with an odd number of items", opname);
         /* Inside a skipped value, anything goes to a skipped container; outside, only items
          * of the skipped list itself (what its own APPEND adds after a string ended the skip).
@@ -688,7 +710,7 @@ static bool extend(parser_t *ps, size_t first, pk_type_t type, const char *opnam
          * entry's items then take a sixth less memory. */
         size_t k = first;
         for (size_t i = first; i < ps->sp; i += 2)
-            if (ps->stack[i + 1] != ps->skipped) {
+            if (!is_skipped(ps, ps->stack[i + 1])) {
                 ps->stack[k++] = ps->stack[i];
                 ps->stack[k++] = ps->stack[i + 1];
             }
@@ -787,29 +809,72 @@ static bool end_of_skip(const parser_t *ps, unsigned op, const unsigned char *a)
  * when the stack cannot grow to the depth. */
 /* How many of the k memo references at b (stride bytes apart, each an opcode and an n-byte key)
  * in a row name a key that is set: a skipped value's references are not followed, but one to a
- * key never set is refused there as anywhere (the general loop reports it). A key below
- * memo_dense is set without a look at the memo (every BINGET's, once 256 slots are). */
+ * key never set is refused there as anywhere (the general loop reports it). Without holes, the
+ * keys below memoused are the ones set, known without a look at the memo (every BINGET's, once
+ * 256 slots are). */
 static inline __attribute__((always_inline)) size_t
 refs_defined(const parser_t *ps, const unsigned char *b, size_t k, size_t stride, size_t n) {
-    if (n == 1 && ps->memo_dense >= 256)
-        return k;
+    if (!ps->memo_holes) {
+        if (n == 1 && ps->memoused >= 256)
+            return k;
+        size_t top = 0; /* the largest key, compared once */
+        for (size_t i = 0; i < k; i++) {
+            size_t idx = (size_t)le_uint(b + i * stride + 1, n);
+            top = idx > top ? idx : top;
+        }
+        if (top < ps->memoused)
+            return k;
+    }
     for (size_t i = 0; i < k; i++) {
         size_t idx = (size_t)le_uint(b + i * stride + 1, n);
-        if (idx >= ps->memo_dense && (idx >= ps->memocap || ps->memo[idx] == NULL))
+        if (idx >= ps->memocap || ps->memo[idx] == NULL)
             return i;
     }
     return k;
+}
+
+/* refs_defined of four LONG_BINGETs in a row (a step of skip_fast's), their keys read as words:
+ * the commonest case, once a snapshot's memo has 256 slots. */
+static inline __attribute__((always_inline)) size_t four_refs_defined(const parser_t *ps,
+                                                                      const unsigned char *b) {
+    if (!ps->memo_holes) {
+        uint32_t x[4];
+        for (int i = 0; i < 4; i++) {
+            memcpy(&x[i], b + 5 * i + 1, sizeof(x[i]));
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
+            x[i] = __builtin_bswap32(x[i]);
+#endif
+        }
+        uint32_t a = x[0] > x[1] ? x[0] : x[1], c = x[2] > x[3] ? x[2] : x[3];
+        if ((a > c ? a : c) < ps->memoused)
+            return 4;
+    }
+    return refs_defined(ps, b, 4, 5, 4);
 }
 
 static bool skip_fast(parser_t *ps) {
     /* The hot state in locals (written back at every exit and around memoize). */
     const unsigned char *p = ps->p;
     const size_t len = ps->len, floor = ps->skip_base + 1;
-    pk_value_t *const skipped = ps->skipped;
+    pk_value_t *const skipped = ps->skipped, *const any = ps->skipv + SK_ANY;
     size_t pos = ps->pos, sp = ps->sp, filled = sp, skipped_at = ps->skipped_at;
+    /* A value pushed here is written at once, with its kind (an APPEND or SETITEM onto it is
+     * checked as onto what it stands for); with no room, the general loop pushes it. What a
+     * reference pushed is counted and left unwritten (SK_ANY when written): the reference is
+     * not followed. */
+#define SKIP_PUSH(v)                                                                               \
+    do {                                                                                           \
+        if (sp >= ps->scap)                                                                        \
+            goto out;                                                                              \
+        while (filled < sp)                                                                        \
+            ps->stack[filled++] = any;                                                             \
+        ps->stack[sp++] = (v);                                                                     \
+        filled = sp;                                                                               \
+    } while (0)
     while (pos < len) {
         size_t left = len - pos - 1, n = 0;
         unsigned op = p[pos];
+        pk_value_t *kind = skipped;
         if (sp <= floor) {
             /* Right above the skipped value only what cannot end it: MARK, MEMOIZE, and a
              * reference to a memoized value other than a string (pushed as the general loop
@@ -824,7 +889,7 @@ static bool skip_fast(parser_t *ps) {
                 if (idx >= ps->memocap || ps->memo[idx] == NULL || ps->memo[idx]->type == PK_STR)
                     break;
                 while (filled < sp)
-                    ps->stack[filled++] = skipped;
+                    ps->stack[filled++] = any;
                 ps->stack[sp++] = ps->memo[idx];
                 filled = sp;
                 skipped_at = 0;
@@ -860,7 +925,8 @@ static bool skip_fast(parser_t *ps) {
                         t = ~(unsigned)_mm_movemask_epi8(_mm_cmpeq_epi8(v, _mm_set1_epi8('j')));
                         t &= 0x8421u;
                         k = t ? (unsigned)__builtin_ctz(t) / 5 : 4;
-                        ok = refs_defined(ps, p + pos, k, 5, 4);
+                        ok = k == 4 ? four_refs_defined(ps, p + pos)
+                                    : refs_defined(ps, p + pos, k, 5, 4);
                         pos += 5 * ok;
                     } else {
                         break;
@@ -928,8 +994,14 @@ static bool skip_fast(parser_t *ps) {
             n = 1 + (size_t)p[pos + 1];
             break;
         case '}':
+            kind = ps->skipv + SK_DICT;
+            break;
         case ']':
+            kind = ps->skipv + SK_LIST;
+            break;
         case ')':
+            kind = ps->skipv + SK_TUPLE;
+            break;
         case 'N':
         case 0x88:
         case 0x89:
@@ -945,7 +1017,7 @@ static bool skip_fast(parser_t *ps) {
             ps->skipped_str = pos + 1 + hdr;
             ps->skipped_len = slen;
             ps->skipped_type = PK_STR;
-            sp++;
+            SKIP_PUSH(skipped);
             skipped_at = sp;
             pos += 1 + hdr + slen;
             continue;
@@ -953,12 +1025,11 @@ static bool skip_fast(parser_t *ps) {
         case 0x94: { /* MEMOIZE */
             size_t idx = ps->memoused;
             size_t b = ps->nmarks ? ps->marks[ps->nmarks - 1] : 0;
-            pk_value_t *top = sp <= filled ? ps->stack[sp - 1] : skipped;
+            pk_value_t *top = sp <= filled ? ps->stack[sp - 1] : any;
             if (idx < ps->memocap && idx < ps->lim.max_memo && ps->memo[idx] == NULL && sp > b &&
                 !(top == skipped && skipped_at == sp)) {
                 ps->memo[idx] = top; /* never scratch: nothing above the skipped value is */
                 ps->memoused++;
-                memo_dense_up(ps, idx);
                 pos++;
                 continue;
             }
@@ -978,9 +1049,12 @@ static bool skip_fast(parser_t *ps) {
                 goto out;
             size_t first = ps->marks[ps->nmarks - 1];
             size_t below = ps->nmarks > 1 ? ps->marks[ps->nmarks - 2] : 0;
+            /* The target's kind (a value a reference pushed is not known here). */
+            pk_value_t *target = first > 0 && first - 1 < filled ? ps->stack[first - 1] : any;
             if (first == 0 || first - 1 < below || (op == 'u' && (sp - first) % 2 != 0) ||
-                first <= ps->skip_base) /* the general loop refuses that one */
-                goto out;
+                first <= ps->skip_base || /* the general loop refuses those */
+                target != ps->skipv + (op == 'u' ? SK_DICT : SK_LIST))
+                goto out; /* the general loop adds to that target, or refuses it */
             ps->nmarks--;
             sp = first;
             if (filled > sp)
@@ -993,10 +1067,11 @@ static bool skip_fast(parser_t *ps) {
         }
         if (left < n)
             goto out;
-        sp++;
+        SKIP_PUSH(kind);
         skipped_at = 0;
         pos += 1 + n;
     }
+#undef SKIP_PUSH
 out:
     if (sp > ps->scap) {
         size_t cap = ps->scap ? ps->scap : 256;
@@ -1011,7 +1086,7 @@ out:
         ps->scap = cap;
     }
     while (filled < sp)
-        ps->stack[filled++] = skipped;
+        ps->stack[filled++] = any;
     ps->pos = pos;
     ps->sp = sp;
     ps->skipped_at = skipped_at;
@@ -1032,6 +1107,7 @@ static void entry_fast(parser_t *ps) {
     const unsigned char *p = ps->p;
     const size_t len = ps->len, scap = ps->scap, memocap = ps->memocap;
     pk_value_t **stack = ps->stack, **memo = ps->memo;
+    const uintptr_t skip_lo = (uintptr_t)ps->skipv, skip_span = ps->skip_span;
     size_t pos = ps->pos, sp = ps->sp, used = ps->scratch_used;
     while (pos < len && sp < scap) {
         unsigned op = p[pos];
@@ -1042,7 +1118,8 @@ static void entry_fast(parser_t *ps) {
             if (left < n)
                 break;
             size_t idx = (size_t)le_uint(p + pos + 1, n);
-            if (idx >= memocap || memo[idx] == NULL || memo[idx] == ps->skipped)
+            if (idx >= memocap || memo[idx] == NULL ||
+                (uintptr_t)memo[idx] - skip_lo < skip_span) /* a skipped value: is_skipped */
                 break;
             v = memo[idx];
         } else if (op == 'K' || op == 'M' || op == 'J' || op == 0x8a) {
@@ -1248,7 +1325,7 @@ static bool run(parser_t *ps) {
                 return false;
             break;
         case '}': /* EMPTY_DICT */
-            if (!push(ps, ps->skipping ? ps->skipped : new_value(ps, PK_DICT)))
+            if (!push(ps, ps->skipping ? ps->skipv + SK_DICT : new_value(ps, PK_DICT)))
                 return false;
             /* A dict is memoized and opened at once (every trace entry, block and segment):
              * the MEMOIZE and MARK after it here, as their own passes through the loop would
@@ -1272,11 +1349,11 @@ static bool run(parser_t *ps) {
                 ps->skipping = true;
                 ps->skip_base = ps->sp;
             }
-            if (!push(ps, ps->skipping ? ps->skipped : new_value(ps, PK_LIST)))
+            if (!push(ps, ps->skipping ? ps->skipv + SK_LIST : new_value(ps, PK_LIST)))
                 return false;
             break;
         case ')': /* EMPTY_TUPLE */
-            if (!push(ps, ps->skipping ? ps->skipped : new_value(ps, PK_TUPLE)))
+            if (!push(ps, ps->skipping ? ps->skipv + SK_TUPLE : new_value(ps, PK_TUPLE)))
                 return false;
             break;
         case 'd': /* DICT */
@@ -1355,6 +1432,23 @@ static bool run(parser_t *ps) {
     return fail(ps, "truncated pickle (no STOP)");
 }
 
+/* The skipped values, one of each kind in a row: the document's first values, all in its first
+ * chunk. */
+static bool make_skipped(parser_t *ps) {
+    for (int k = 0; k < SK_COUNT; k++) {
+        pk_value_t *v = new_value(ps, PK_NONE);
+        if (v == NULL)
+            return false;
+        if (k == 0)
+            ps->skipv = v;
+        else if (v != ps->skipv + k)
+            return fail(ps, "internal error: the skipped values are not in a row");
+    }
+    ps->skipped = ps->skipv + SK_SCALAR;
+    ps->skip_span = SK_COUNT * sizeof(*ps->skipv);
+    return true;
+}
+
 bool pk_parse(const void *buf, size_t len, const pk_limits_t *lim, pk_doc_t **doc_p, char *err,
               size_t errlen) {
     return pk_parse_skip(buf, len, lim, NULL, doc_p, err, errlen);
@@ -1402,7 +1496,7 @@ bool pk_parse_records(const void *buf, size_t len, const pk_limits_t *lim, const
         ok = fail(&ps, "out of memory");
     else if (ps.len == 0)
         ok = fail(&ps, "empty input");
-    else if (skip_key != NULL && (ps.skipped = new_value(&ps, PK_NONE)) == NULL)
+    else if (skip_key != NULL && !make_skipped(&ps))
         ok = false;
     else if (ps.p[0] != 0x80) /* protocols 2-5 open with PROTO */
         ok = fail(&ps, "not a pickle (protocol 2-5 pickles start with byte 0x80, not 0x%02x)",

@@ -1623,3 +1623,74 @@ TEST(PickleRead, AReferenceToAnUnsetMemoKeyInASkippedStackIsRefusedByEveryReader
 }
 
 } // namespace
+
+namespace {
+
+// Inside a skipped stack nothing is built, but an APPEND(S) or SETITEM(S) onto a value of the
+// wrong kind is refused there as pk_parse refuses it ("target is not a list"): the skipping
+// readers took every skipped value for any container and loaded files pk_parse refuses (or
+// refused them for another reason). What they counted without looking (a memo reference) may
+// still be any container, and what is added to a real one is added.
+TEST(PickleRead, AddingToASkippedValueOfTheWrongKindIsRefusedByEveryReader) {
+    // {"frames": [<items>]} in a list, the items as given.
+    auto doc = [](std::initializer_list<unsigned char> items) {
+        Bytes b = {0x80, 4, ']', '(', '}', '(', 0x8c, 6, 'f', 'r', 'a', 'm', 'e', 's', ']', '('};
+        b.insert(b.end(), items);
+        b.insert(b.end(), {'e', 'u', 'e', '.'});
+        return b;
+    };
+    const struct {
+        const char *what;
+        Bytes b;
+        const char *want; // "" loads
+    } cases[] = {
+        {"SETITEMS onto an int", doc({'}', '(', 'K', 3, '(', '}', '}', 'u', 'u'}),
+         "pickle: SETITEMS target is not a dict at offset 23"},
+        {"SETITEMS onto an int (odd)", doc({'}', '(', 'K', 3, '(', '}', 'u', 'u'}),
+         "pickle: SETITEMS target is not a dict at offset 22"},
+        {"APPEND onto a string", doc({0x8c, 1, 'x', '}', 'a'}),
+         "pickle: APPEND target is not a list at offset 20"},
+        {"SETITEMS onto a list", doc({']', '(', 'K', 1, 'K', 2, 'u'}),
+         "pickle: SETITEMS target is not a dict at offset 22"},
+        {"APPENDS onto a dict", doc({'}', '(', 'K', 1, 'e'}),
+         "pickle: APPENDS target is not a list at offset 20"},
+        {"SETITEM onto a tuple", doc({')', 'K', 1, 'K', 2, 's'}),
+         "pickle: SETITEM target is not a dict at offset 21"},
+        {"APPENDS onto None", doc({'N', '(', 'K', 1, 'e'}),
+         "pickle: APPENDS target is not a list at offset 20"},
+        {"APPENDS onto a list made with LIST", doc({'(', 'l', '(', 'K', 1, 'e'}), ""},
+        {"SETITEMS onto a dict made with DICT", doc({'(', 'd', '(', 'K', 1, 'K', 2, 'u'}), ""},
+        {"APPENDS onto a memoized list", doc({']', 'q', 9, '0', 'h', 9, '(', 'K', 1, 'e', '0'}),
+         ""},
+    };
+    auto keep = [](void *, pk_value_t *const *, size_t, uint64_t *) { return 0; };
+    for (const auto &c : cases) {
+        SCOPED_TRACE(c.what);
+        EXPECT_EQ(parse(c.b), c.want);
+        for (int path = 1; path < 3; path++) {
+            pk_doc_t *d = nullptr;
+            char err[256] = "";
+            bool ok = path == 1 ? pk_parse_skip(c.b.data(), c.b.size(), nullptr, "frames", &d, err,
+                                                sizeof err)
+                                : pk_parse_records(c.b.data(), c.b.size(), nullptr, "frames", keep,
+                                                   nullptr, &d, err, sizeof err);
+            EXPECT_EQ(ok, *c.want == '\0') << "path " << path << ": " << err;
+            if (!ok) {
+                EXPECT_STREQ(err, c.want) << "path " << path;
+            }
+            pk_free(d);
+        }
+    }
+    // Items added to a value that a memo reference pushed inside the stack (which no pickler
+    // writes): the skipping readers do not look references up, so they refuse the document as
+    // one to read whole, which the trace loader then does.
+    Bytes b = doc({'}', ']', 'q', 9, '0', 'h', 9, '(', 'K', 1, 'e', '0', '0'});
+    EXPECT_EQ(parse(b), "");
+    pk_doc_t *d = nullptr;
+    char err[256] = "";
+    EXPECT_FALSE(pk_parse_skip(b.data(), b.size(), nullptr, "frames", &d, err, sizeof err));
+    EXPECT_STREQ(err, PK_ERR_WHOLE "APPENDS adds to a value a reference inside \"frames\" pushed "
+                                   "at offset 26");
+}
+
+} // namespace
