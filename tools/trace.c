@@ -366,7 +366,7 @@ static uint64_t round512(uint64_t n) {
 
 /* What a trace entry's pairs (key0, val0, ...) say: *act_p NULL when it has no action string. */
 static void read_pairs(pk_value_t *const *it, size_t n, tr_event_t *ev, const char **act_p,
-                       bool *have_addr_p, bool *have_size_p, bool *bad_time_p,
+                       bool *have_addr_p, bool *have_size_p, bool *bad_time_p, bool *bad_stream_p,
                        const pk_value_t **pool_id_p) {
     const char *act = NULL;
     size_t act_len = 0;
@@ -419,11 +419,16 @@ static void read_pairs(pk_value_t *const *it, size_t n, tr_event_t *ev, const ch
     u = 0;
     *have_size_p = pk_uint(size, &u);
     ev->size = u;
-    /* Streams are handles: PyTorch pickles them as unsigned, a few as negative ints. */
+    /* Streams are handles: PyTorch pickles them as unsigned, a few as negative ints. Anything
+     * else (a string, a float, an int past 64 bits) names no stream: refused, not read as the
+     * default stream. */
+    *bad_stream_p = false;
     if (pk_uint(stream, &u))
         ev->stream = u;
     else if (pk_int(stream, &i))
         ev->stream = (uint64_t)i;
+    else
+        *bad_stream_p = stream != NULL;
     if (pk_int(t, &i))
         ev->time_us = i;
     *bad_time_p = t != NULL && (!pk_int(t, &i) || i < 0 || i > TR_TIME_LIMIT);
@@ -440,10 +445,11 @@ typedef struct rec_side {
 
 /* What load_events checks about a handed-over entry, in its event's flags until it has (bits the
  * TR_F_ flags leave free; cleared there, so that no event keeps them). */
-#define RF_NO_ADDR 0x80u  /* no usable addr (device_free for an oom) */
-#define RF_NO_SIZE 0x40u  /* no usable size */
-#define RF_BAD_TIME 0x20u /* time_us out of bounds */
-#define RF_ALL (RF_NO_ADDR | RF_NO_SIZE | RF_BAD_TIME)
+#define RF_NO_ADDR 0x80u    /* no usable addr (device_free for an oom) */
+#define RF_NO_SIZE 0x40u    /* no usable size */
+#define RF_BAD_TIME 0x20u   /* time_us out of bounds */
+#define RF_BAD_STREAM 0x10u /* stream not an integer */
+#define RF_ALL (RF_NO_ADDR | RF_NO_SIZE | RF_BAD_TIME | RF_BAD_STREAM)
 
 /* The trace entries the reader handed over, in the order it parsed them: a device's entries are
  * one run of them, which becomes that device's event array as it is. An entry's action string
@@ -480,7 +486,9 @@ typedef struct rec_seg {
 #define RS_DEV 0x1u
 #define RS_TOTAL 0x2u
 #define RS_ADDR 0x4u
-#define RS_EXPANDABLE 0x8u /* is_expandable is True */
+#define RS_EXPANDABLE 0x8u  /* is_expandable is True */
+#define RS_BAD_STREAM 0x10u /* stream present and not an integer */
+#define RS_BAD_BLOCKS 0x20u /* blocks present and no container */
 /* A handed-over segment's record id. */
 #define RS_ID ((uint64_t)1 << 62)
 
@@ -609,8 +617,12 @@ static int take_segment(recs_t *rs, pk_value_t *const *pairs, size_t n, uint64_t
     if (pk_uint(v[1], &g.addr))
         g.flags |= RS_ADDR;
     int64_t stream = 0;
-    if (!pk_uint(v[3], &g.stream) && pk_int(v[3], &stream))
-        g.stream = (uint64_t)stream;
+    if (!pk_uint(v[3], &g.stream)) {
+        if (pk_int(v[3], &stream))
+            g.stream = (uint64_t)stream;
+        else if (v[3] != NULL)
+            g.flags |= RS_BAD_STREAM;
+    }
     g.type = pk_str(v[4]);
     const pk_value_t *pool = v[5], *blocks = v[7];
     g.pool = pool != NULL && (pool->type == PK_LIST || pool->type == PK_TUPLE ||
@@ -621,6 +633,8 @@ static int take_segment(recs_t *rs, pk_value_t *const *pairs, size_t n, uint64_t
                        blocks->type == PK_RECORD
                    ? blocks
                    : NULL;
+    if (g.blocks == NULL)
+        g.flags |= RS_BAD_BLOCKS;
     if (v[6] != NULL && v[6]->type == PK_BOOL && v[6]->u.b)
         g.flags |= RS_EXPANDABLE;
     if (rs->nseg == rs->cap_seg && !grow_array((void **)&rs->seg, &rs->cap_seg, sizeof(*rs->seg)))
@@ -674,14 +688,14 @@ static int take_entry(void *arg, pk_value_t *const *pairs, size_t n, uint64_t *i
     memset(&ev, 0, sizeof(ev));
     const char *act = NULL;
     const pk_value_t *pool_id = NULL;
-    bool have_addr = false, have_size = false, bad_time = false;
-    read_pairs(pairs, n, &ev, &act, &have_addr, &have_size, &bad_time, &pool_id);
+    bool have_addr = false, have_size = false, bad_time = false, bad_stream = false;
+    read_pairs(pairs, n, &ev, &act, &have_addr, &have_size, &bad_time, &bad_stream, &pool_id);
     if (act == NULL) {
         int took = take_block(rs, pairs, n, id_p);
         return took != 0 ? took : take_segment(rs, pairs, n, id_p);
     }
     ev.flags |= (have_addr ? 0u : RF_NO_ADDR) | (have_size ? 0u : RF_NO_SIZE) |
-                (bad_time ? RF_BAD_TIME : 0u);
+                (bad_time ? RF_BAD_TIME : 0u) | (bad_stream ? RF_BAD_STREAM : 0u);
     if (rs->n == rs->cap) {
         size_t cap = rs->cap ? rs->cap * 2 : 1024;
         tr_event_t *ne = realloc(rs->ev, cap * sizeof(*ne));
@@ -728,7 +742,7 @@ static const rec_side_t *side_of(recs_t *rs, uint64_t id) {
 }
 
 static bool read_event(const pk_value_t *e, recs_t *recs, tr_event_t *ev, const char **act_p,
-                       bool *have_addr_p, bool *have_size_p, bool *bad_time_p,
+                       bool *have_addr_p, bool *have_size_p, bool *bad_time_p, bool *bad_stream_p,
                        const pk_value_t **pool_id_p) {
     if (e != NULL && e->type == PK_RECORD && recs != NULL && e->u.u < recs->n) {
         if (ev != &recs->ev[e->u.u]) {
@@ -747,13 +761,14 @@ static bool read_event(const pk_value_t *e, recs_t *recs, tr_event_t *ev, const 
         *have_addr_p = !(ev->flags & RF_NO_ADDR);
         *have_size_p = !(ev->flags & RF_NO_SIZE);
         *bad_time_p = (ev->flags & RF_BAD_TIME) != 0;
+        *bad_stream_p = (ev->flags & RF_BAD_STREAM) != 0;
         ev->flags &= (uint8_t)~RF_ALL;
         return true;
     }
     if (e == NULL || e->type != PK_DICT)
         return false;
     read_pairs(e->u.seq.items, e->u.seq.n, ev, act_p, have_addr_p, have_size_p, bad_time_p,
-               pool_id_p);
+               bad_stream_p, pool_id_p);
     return true;
 }
 
@@ -796,9 +811,9 @@ static bool load_events(const pk_value_t *list, recs_t *recs, int dev, tr_device
         tr_event_t *ev = &d->ev[i];
         const char *act = NULL;
         const pk_value_t *pool_id = NULL;
-        bool have_addr = false, have_size = false, bad_time = false;
+        bool have_addr = false, have_size = false, bad_time = false, bad_stream = false;
         if (!read_event(list->u.seq.items[i], recs, ev, &act, &have_addr, &have_size, &bad_time,
-                        &pool_id) ||
+                        &bad_stream, &pool_id) ||
             act == NULL) {
             snprintf(err, errlen, "device_traces[%d][%zu]: no 'action' string", dev, i);
             goto fail;
@@ -829,6 +844,12 @@ static bool load_events(const pk_value_t *list, recs_t *recs, int dev, tr_device
                               ev->action == TR_SEGMENT_FREE)) {
             snprintf(err, errlen, "device_traces[%d][%zu] (%s): addr 0 is not a block address", dev,
                      i, act);
+            goto fail;
+        }
+        if (bad_stream) {
+            snprintf(err, errlen,
+                     "device_traces[%d][%zu] (%s): 'stream' is not an integer (a stream handle)",
+                     dev, i, act);
             goto fail;
         }
         if (bad_time) {
@@ -988,7 +1009,7 @@ static bool analyse(const pk_value_t *segments, const recs_t *recs, const tr_set
         const pk_value_t *seg = pk_at(segments, s);
         int64_t sdev = 0, total = 0, stream = 0;
         uint64_t addr = 0, ustream = 0;
-        bool have_total, have_addr, expandable;
+        bool have_total, have_addr, expandable, bad_stream, bad_blocks;
         const pk_value_t *pool_id, *blocks;
         const char *stype;
         const rec_seg_t *rg = seg_of(recs, seg);
@@ -1004,6 +1025,8 @@ static bool analyse(const pk_value_t *segments, const recs_t *recs, const tr_set
             have_total = (rg->flags & RS_TOTAL) != 0;
             have_addr = (rg->flags & RS_ADDR) != 0;
             expandable = (rg->flags & RS_EXPANDABLE) != 0;
+            bad_stream = (rg->flags & RS_BAD_STREAM) != 0;
+            bad_blocks = (rg->flags & RS_BAD_BLOCKS) != 0;
             pool_id = rg->pool;
             blocks = rg->blocks;
             stype = rg->type;
@@ -1017,8 +1040,16 @@ static bool analyse(const pk_value_t *segments, const recs_t *recs, const tr_set
             (void)pk_int(sv[0], &sdev);
             have_total = pk_int(sv[1], &total);
             have_addr = pk_uint(sv[2], &addr);
-            if (!pk_uint(sv[3], &ustream) && pk_int(sv[3], &stream))
-                ustream = (uint64_t)stream;
+            bad_stream = false;
+            if (!pk_uint(sv[3], &ustream)) {
+                if (pk_int(sv[3], &stream))
+                    ustream = (uint64_t)stream;
+                else
+                    bad_stream = sv[3] != NULL;
+            }
+            /* Blocks that are no container (a dict's are refused at its first block) */
+            bad_blocks = sv[7] != NULL && sv[7]->type != PK_LIST && sv[7]->type != PK_TUPLE &&
+                         sv[7]->type != PK_DICT && sv[7]->type != PK_RECORD;
             expandable = sv[5] != NULL && sv[5]->type == PK_BOOL && sv[5]->u.b;
             pool_id = sv[4];
             blocks = sv[7];
@@ -1028,6 +1059,14 @@ static bool analyse(const pk_value_t *segments, const recs_t *recs, const tr_set
             continue;
         if (!have_total || total < 0 || !have_addr) {
             snprintf(err, errlen, "segments[%zu]: missing 'address' or 'total_size'", s);
+            goto out;
+        }
+        /* A stream that is no integer names none, and blocks that are no list hold none: read
+         * as the default stream and no blocks, they were misread. */
+        if (bad_stream || bad_blocks) {
+            snprintf(err, errlen, "segments[%zu]: %s", s,
+                     bad_stream ? "'stream' is not an integer (a stream handle)"
+                                : "'blocks' is not a list");
             goto out;
         }
         if (!tr_map_put(&streams, ustream ? ustream : ~(uint64_t)0, 1))

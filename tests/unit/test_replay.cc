@@ -2176,4 +2176,61 @@ TEST_F(Loaders, AnEntrysDictReadElsewhereIsReadAlike) {
     }
 }
 
+// A stream or a segment's blocks of a kind that names none (a string, a float, an int past 64
+// bits; blocks that are no list) were read as the default stream and as no blocks, in every
+// loader: the replay put those blocks on stream 0 and the starting state lost its blocks. They
+// are refused now, naming the field. An int of either sign, and a bool, are streams as before.
+TEST_F(Loaders, StreamsAndBlocksOfNoUsableKindAreRefused) {
+    auto entry = [](std::function<void(Pk &)> stream) {
+        Pk p;
+        p.front();
+        alloc_head(p).str("size").i32(512).str("stream");
+        stream(p);
+        p.op({'u'});
+        return p.back();
+    };
+    expect_all(entry([](Pk &p) { p.str("7"); }),
+               "device_traces[0][0] (alloc): 'stream' is not an integer (a stream handle)", 0,
+               "string stream");
+    expect_all(entry([](Pk &p) {
+                   p.op({0x8a, 9, 0, 0, 0, 0, 0, 0, 0, 0, 1});
+               }),
+               "device_traces[0][0] (alloc): 'stream' is not an integer (a stream handle)", 0,
+               "stream of 2^64");
+    expect_all(entry([](Pk &p) {
+                   p.op({'G', 0x3f, 0xf8, 0, 0, 0, 0, 0, 0});
+               }),
+               "device_traces[0][0] (alloc): 'stream' is not an integer (a stream handle)", 0,
+               "float stream");
+    expect_all(entry([](Pk &p) { p.i32(-1); }), "", 512, "negative stream");
+    expect_all(entry([](Pk &p) { p.op({0x88}); }), "", 512, "bool stream");
+    auto segment = [](std::function<void(Pk &)> tail) {
+        Pk p;
+        p.op({'}', '('}).str("segments").op({']', '(', '}', '('}).str("device").op({'K', 0});
+        p.str("address").u64(ADDR).str("total_size").i32(2 * 1024 * 1024);
+        tail(p);
+        p.op({'u', 'e'}).str("device_traces").op({']', 'u', '.'});
+        return p.b;
+    };
+    auto refused = [](const std::vector<unsigned char> &b, const char *want, const char *what) {
+        Loaded r = load_all(b);
+        for (int k = 0; k < 3; k++) {
+            SCOPED_TRACE(std::string(what) + ", loader " + std::to_string(k));
+            EXPECT_FALSE(r.ok[k]);
+            EXPECT_EQ(r.err[k], want);
+        }
+    };
+    refused(segment([](Pk &p) { p.str("stream").str("s").str("blocks").op({']'}); }),
+            "segments[0]: 'stream' is not an integer (a stream handle)", "segment's stream");
+    refused(segment([](Pk &p) {
+                p.str("blocks").op({'K', 5});
+            }),
+            "segments[0]: 'blocks' is not a list", "blocks an int");
+    refused(segment([](Pk &p) { p.str("blocks").op({'N'}); }),
+            "segments[0]: 'blocks' is not a list", "blocks None");
+    Loaded r = load_all(segment([](Pk &p) { p.str("stream").i32(-3).str("blocks").op({']'}); }));
+    for (int k = 0; k < 3; k++)
+        EXPECT_TRUE(r.ok[k]) << r.err[k];
+}
+
 } // namespace
