@@ -80,7 +80,10 @@ bool pk_parse(const void *buf, size_t len, const pk_limits_t *lim, pk_doc_t **do
 /* pk_parse, except that every value stored under the dict key skip_key (a list, e.g. "frames")
  * is not built: its dict holds no such key (a dict's SETITEM, one pair at a time, or a value
  * outside a dict reads as PK_NONE, as does everything inside it). Loading what a replay needs
- * then costs a fraction of the whole document. skip_key NULL: pk_parse. */
+ * then costs a fraction of the whole document. What pk_parse refuses as malformed inside a
+ * skipped value is refused too (its limits on values made aside); what skipping cannot read as
+ * pk_parse does is refused with PK_ERR_WHOLE.
+ * skip_key NULL: pk_parse. */
 bool pk_parse_skip(const void *buf, size_t len, const pk_limits_t *lim, const char *skip_key,
                    pk_doc_t **doc_p, char *err, size_t errlen);
 /* The hook of pk_parse_records: a dict's pairs (key0, val0, key1, val1, ...; n entries) as its
