@@ -798,15 +798,6 @@ static bool end_of_skip(const parser_t *ps, unsigned op, const unsigned char *a)
     }
 }
 
-/* The opcodes a skipped value is made of, without building anything: every value is the one
- * PK_NONE, a reference does not read the memo (but the one right above the skipped value, which
- * may end it), only the stack depth, the MARKs and the memo (for later references outside) are
- * kept. The stack itself is not written either: slots from `filled` up to the depth are the
- * PK_NONE and are written only when the general loop gets the stack back (most skipped values
- * end with the depth back where it started, so nothing is written). Returns at the first opcode
- * it does not take (or that would fail), or when the stack is back at the skipped value and the
- * opcode is not a MARK, MEMOIZE or reference there, for the general loop to decide; false only
- * when the stack cannot grow to the depth. */
 /* How many of the k memo references at b (stride bytes apart, each an opcode and an n-byte key)
  * in a row name a key that is set: a skipped value's references are not followed, but one to a
  * key never set is refused there as anywhere (the general loop reports it). Without holes, the
@@ -852,6 +843,17 @@ static inline __attribute__((always_inline)) size_t four_refs_defined(const pars
     return refs_defined(ps, b, 4, 5, 4);
 }
 
+/* The opcodes a skipped value is made of, without building anything: every value is one of the
+ * skipped PK_NONEs, of its kind; a reference does not read the memo (but the one right above the
+ * skipped value, which may end it), only that its key is set; only the stack depth, the MARKs
+ * and the memo (for later references outside) are kept. What references push is not written
+ * either: those slots, from `filled` up, are SK_ANY and are written only when something is
+ * pushed above them or the general loop gets the stack back (most skipped values end with the
+ * depth back where it started, so nothing is written). An APPENDS or SETITEMS onto a target
+ * not of its kind goes to the general loop. Returns at the first opcode it does not take (or
+ * that would fail), or when the stack is back at the skipped value and the opcode is not a
+ * MARK, MEMOIZE or reference there, for the general loop to decide; false only when the stack
+ * cannot grow to the depth. */
 static bool skip_fast(parser_t *ps) {
     /* The hot state in locals (written back at every exit and around memoize). */
     const unsigned char *p = ps->p;
