@@ -2037,11 +2037,17 @@ TEST_F(Loaders, AKeyThatIsNoStringAfterASkippedStackIsReadAlike) {
     alloc_head(m).str("frames").op({']', 'h', 200, 'K', 0});
     m.str("size").i32(512).op({'u'});
     expect_all(m.back(), "", 512, "memoized int key");
-    // device_traces [["frames", []]]: an entry that is a string, refused by every loader (the
-    // reader without stacks took the list for a skipped stack and dropped the entries with it).
-    Pk l;
-    l.front().str("frames").op({']'});
-    expect_all(l.back(), "device_traces[0][0]: no 'action' string", 0, "\"frames\" as an entry");
+    // device_traces [["frames", [], 7]]: entries that are no dicts, refused by every loader (the
+    // reader without stacks took the list for a skipped stack, skipped the 7 with it and dropped
+    // the entries, loading an empty trace). Without the 7 it read them, as the bytes key above.
+    for (bool seven : {false, true}) {
+        Pk l;
+        l.front().str("frames").op({']'});
+        if (seven)
+            l.op({'K', 7});
+        expect_all(l.back(), "device_traces[0][0]: no 'action' string", 0,
+                   seven ? "\"frames\", [], 7 as entries" : "\"frames\", [] as entries");
+    }
 }
 
 // Items added to an entry after its SETITEMS, through a memo reference (SETITEM, or SETITEMS
