@@ -1594,7 +1594,7 @@ TEST(PickleRead, AReferenceToAnUnsetMemoKeyInASkippedStackIsRefusedByEveryReader
         ref(memoized); // never set
         for (size_t i = 0; i < after; i++)
             ref(0);
-        b.insert(b.end(), {'e', 'u', 'a', 'e', '.'});
+        b.insert(b.end(), {'e', 'u', 'e', '.'});
         return std::make_pair(b, at);
     };
     auto keep = [](void *, pk_value_t *const *, size_t, uint64_t *) { return 0; };
