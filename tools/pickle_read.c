@@ -52,6 +52,10 @@ struct pk_doc {
 #define STR_CACHE_BITS 8
 #define STR_CACHE_MAX 32   /* bytes of the longest string shared through the cache */
 #define SCRATCH_VALUES 512 /* a dict's ints at most at once (a trace entry has a dozen) */
+/* The kinds of skipped values, indices into parser_t.skipv. SK_ANY stands for what skip_fast
+ * counted without looking (a memo reference): anything may be added to it. */
+enum { SK_SCALAR, SK_DICT, SK_LIST, SK_TUPLE, SK_ANY, SK_COUNT };
+
 /* Picklers (CPython's, ours) write a dict's items in SETITEMS batches of this many pairs: only a
  * smaller batch is sure to be a dict's last. */
 #define SETITEMS_BATCH 1000
@@ -69,13 +73,19 @@ typedef struct parser {
     pk_value_t **memo;      /* memo by index (NULL = unset) */
     size_t memocap;         /* allocated memo slots */
     size_t memoused;        /* set memo slots (what MEMOIZE uses as the next index) */
+    bool memo_holes;        /* a slot was set beyond memoused: [0, memoused) may not all be set
+                             * (they are otherwise: slots are never unset) */
     char *err;              /* message buffer */
     size_t errlen;          /* its size */
     const char *skip_key;   /* the values under this dict key are skipped (NULL: none) */
     size_t skip_len;        /* strlen(skip_key) */
     bool skipping;          /* inside such a value */
     size_t skip_base;       /* its stack index */
-    pk_value_t *skipped;    /* what every skipped value is (one PK_NONE) */
+    pk_value_t *skipped;    /* what a skipped value that is no container is (a PK_NONE) */
+    pk_value_t *skipv;      /* SK_COUNT PK_NONEs in a row, what skipped values are by kind
+                             * (skipped is the first): an APPEND or SETITEM onto one is
+                             * checked as onto what it stands for */
+    uintptr_t skip_span;    /* their bytes (0: none, nothing is skipped) */
     size_t skipped_at;      /* stack depth right after the last skipped string's push */
     size_t skipped_str;     /* its input offset and length */
     size_t skipped_len;
@@ -90,6 +100,17 @@ typedef struct parser {
     size_t *mark_scratch; /* scratch_used when each open MARK was pushed */
     pk_value_t reserved;  /* what record_fast's dict's memo slot holds until the dict is made */
 } parser_t;
+
+/* Whether v is one of the skipped values. */
+static inline __attribute__((always_inline)) bool is_skipped(const parser_t *ps,
+                                                             const pk_value_t *v) {
+    return (uintptr_t)v - (uintptr_t)ps->skipv < ps->skip_span;
+}
+
+/* The skipped value of a container of type t. */
+static pk_value_t *skipped_of(const parser_t *ps, pk_type_t t) {
+    return ps->skipv + (t == PK_DICT ? SK_DICT : t == PK_LIST ? SK_LIST : SK_TUPLE);
+}
 
 void pk_limits_default(pk_limits_t *lim) {
     lim->max_depth = 64;
@@ -107,6 +128,20 @@ static bool fail(parser_t *ps, const char *fmt, ...) {
     va_end(ap);
     if (ps->err != NULL && ps->errlen > 0)
         snprintf(ps->err, ps->errlen, "pickle: %s at offset %zu", what, ps->op);
+    return false;
+}
+
+/* A refusal that only says the document must be read whole (PK_ERR_WHOLE): what pk_parse would
+ * read of it differs from what skipping or the record hook can. */
+static bool fail_whole(parser_t *ps, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static bool fail_whole(parser_t *ps, const char *fmt, ...) {
+    char what[200];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(what, sizeof(what), fmt, ap);
+    va_end(ap);
+    if (ps->err != NULL && ps->errlen > 0)
+        snprintf(ps->err, ps->errlen, PK_ERR_WHOLE "%s at offset %zu", what, ps->op);
     return false;
 }
 
@@ -261,6 +296,11 @@ static inline __attribute__((always_inline)) bool pop_mark(parser_t *ps, size_t 
     if (ps->nmarks == 0)
         return fail(ps, "%s without MARK", opname);
     *first_p = ps->marks[--ps->nmarks];
+    /* Still skipping, a MARK below the skipped value closes: the value ended before what was
+     * skipped after it (a key that is no string, an item of a list), which belongs outside. */
+    if (ps->skipping && *first_p <= ps->skip_base)
+        return fail_whole(ps, "%s ends the value under \"%s\" after values skipped past its end",
+                          opname, ps->skip_key);
     return true;
 }
 
@@ -480,8 +520,11 @@ static bool memo_put(parser_t *ps, size_t idx) {
         ps->memo = nm;
         ps->memocap = cap;
     }
-    if (ps->memo[idx] == NULL)
+    if (ps->memo[idx] == NULL) {
+        if (idx != ps->memoused)
+            ps->memo_holes = true;
         ps->memoused++;
+    }
     if (is_scratch(ps, ps->stack[ps->sp - 1]) && !keep_values(ps, ps->sp - 1))
         return false;
     pk_value_t *top = ps->stack[ps->sp - 1];
@@ -515,9 +558,15 @@ static inline __attribute__((always_inline)) bool memoize(parser_t *ps) {
     return memo_put(ps, idx);
 }
 
+static bool starts_skip(const parser_t *ps);
+
 static inline __attribute__((always_inline)) bool memo_get(parser_t *ps, size_t idx) {
     if (idx >= ps->memocap || ps->memo[idx] == NULL)
         return fail(ps, "memo key %zu is not defined", idx);
+    /* A skipped value read again outside skipped values is none of them (a stack's value under
+     * another key reads as absent, as the first one does). */
+    if (is_skipped(ps, ps->memo[idx]) && !ps->skipping && !starts_skip(ps))
+        return fail_whole(ps, "memo key %zu is a value skipped under \"%s\"", idx, ps->skip_key);
     return push(ps, ps->memo[idx]);
 }
 
@@ -592,9 +641,12 @@ static bool collapse(parser_t *ps, size_t first, pk_type_t type, const char *opn
     size_t n = ps->sp - first;
     if (type == PK_DICT && n % 2 != 0)
         return fail(ps, "%s with an odd number of items", opname);
+    if (ps->skipping && first <= ps->skip_base) /* TUPLEn taking the skipped value in */
+        return fail_whole(ps, "%s ends the value under \"%s\" after values skipped past its end",
+                          opname, ps->skip_key);
     if (ps->skipping && first > ps->skip_base) {
         ps->sp = first;
-        return push(ps, ps->skipped);
+        return push(ps, skipped_of(ps, type));
     }
     if (!keep_values(ps, first))
         return false;
@@ -615,17 +667,32 @@ static bool extend(parser_t *ps, size_t first, pk_type_t type, const char *opnam
         return fail(ps, "%s has no target", opname);
     pk_value_t *target = ps->stack[first - 1];
     size_t n = ps->sp - first;
-    if (target == ps->skipped && ps->skipped != NULL) {
-        if (type == PK_DICT && n % 2 != 0) /* what can be checked of a skipped value */
+    if (is_skipped(ps, target)) {
+        /* What can be checked of a skipped value: its kind, as the target's type is. A value
+         * a memo reference pushed while skipping (no pickler adds items to one) was not
+         * looked up: the whole document tells what it is. */
+        if (target == ps->skipv + SK_ANY)
+            return fail_whole(ps, "%s adds to a value a reference inside \"%s\" pushed", opname,
+                              ps->skip_key);
+        if (target != skipped_of(ps, type))
+            return fail(ps, "%s target is not a %s", opname, type == PK_DICT ? "dict" : "list");
+        if (type == PK_DICT && n % 2 != 0)
             return fail(ps, "%s with an odd number of items", opname);
+        /* Inside a skipped value, anything goes to a skipped container; outside, only items
+         * of the skipped list itself (what its own APPEND adds after a string ended the skip).
+         * The skipped list as a dict, or a value above it when it has ended, is what skipping
+         * cannot read. */
+        if ((ps->skipping ? first - 1 <= ps->skip_base : true) &&
+            !(type == PK_LIST && first - 1 == ps->skip_base))
+            return fail_whole(ps, "%s adds to the value under \"%s\" that was skipped", opname,
+                              ps->skip_key);
         ps->sp = first;
         return true;
     }
+    /* Items for a dict the hook took are its items too (pickle adds them to the one dict):
+     * only a reader of the whole document keeps them. */
     if (target->type == PK_RECORD && type == PK_DICT && !is_scratch(ps, target))
-        return fail(ps,
-                    "%s adds to a dict read whole at its SETITEMS of fewer than %d pairs (a "
-                    "pickler adds more only after a full batch)",
-                    opname, SETITEMS_BATCH);
+        return fail_whole(ps, "%s adds to a dict the record hook took", opname);
     if (target->type != type)
         return fail(ps, "%s target is not a %s", opname, type == PK_DICT ? "dict" : "list");
     if (type == PK_DICT && n % 2 != 0)
@@ -655,7 +722,7 @@ static bool extend(parser_t *ps, size_t first, pk_type_t type, const char *opnam
          * entry's items then take a sixth less memory. */
         size_t k = first;
         for (size_t i = first; i < ps->sp; i += 2)
-            if (ps->stack[i + 1] != ps->skipped) {
+            if (!is_skipped(ps, ps->stack[i + 1])) {
                 ps->stack[k++] = ps->stack[i];
                 ps->stack[k++] = ps->stack[i + 1];
             }
@@ -743,10 +810,58 @@ static bool end_of_skip(const parser_t *ps, unsigned op, const unsigned char *a)
     }
 }
 
-/* A run of whole memo references (BINGET, LONG_BINGET) from pos: where it ends, with the number
- * of references added to *count_p. A cut one ends it. */
-static inline __attribute__((always_inline)) size_t ref_run(const unsigned char *p, size_t len,
-                                                            size_t pos, size_t *count_p) {
+/* How many of the k memo references at b (stride bytes apart, each an opcode and an n-byte key)
+ * in a row name a key that is set: a skipped value's references are not followed, but one to a
+ * key never set is refused there as anywhere (the general loop reports it). Without holes, the
+ * keys below memoused are the ones set, known without a look at the memo (every BINGET's, once
+ * 256 slots are). */
+static inline __attribute__((always_inline)) size_t
+refs_defined(const parser_t *ps, const unsigned char *b, size_t k, size_t stride, size_t n) {
+    if (!ps->memo_holes) {
+        if (n == 1 && ps->memoused >= 256)
+            return k;
+        size_t top = 0; /* the largest key, compared once */
+        for (size_t i = 0; i < k; i++) {
+            size_t idx = (size_t)le_uint(b + i * stride + 1, n);
+            top = idx > top ? idx : top;
+        }
+        if (top < ps->memoused)
+            return k;
+    }
+    for (size_t i = 0; i < k; i++) {
+        size_t idx = (size_t)le_uint(b + i * stride + 1, n);
+        if (idx >= ps->memocap || ps->memo[idx] == NULL)
+            return i;
+    }
+    return k;
+}
+
+/* refs_defined of four LONG_BINGETs in a row (a step of skip_fast's), their keys read as words:
+ * the commonest case, once a snapshot's memo has 256 slots. */
+static inline __attribute__((always_inline)) size_t four_refs_defined(const parser_t *ps,
+                                                                      const unsigned char *b) {
+    if (!ps->memo_holes) {
+        uint32_t x[4];
+        for (int i = 0; i < 4; i++) {
+            memcpy(&x[i], b + 5 * i + 1, sizeof(x[i]));
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
+            x[i] = __builtin_bswap32(x[i]);
+#endif
+        }
+        uint32_t a = x[0] > x[1] ? x[0] : x[1], c = x[2] > x[3] ? x[2] : x[3];
+        if ((a > c ? a : c) < ps->memoused)
+            return 4;
+    }
+    return refs_defined(ps, b, 4, 5, 4);
+}
+
+/* A run of whole memo references (BINGET, LONG_BINGET) from pos, each to a key that is set:
+ * where it ends, with the number of references added to *count_p. A cut one ends it; one to a key
+ * never set ends it with *undefined_p true (the general loop refuses it, as anywhere). */
+static inline __attribute__((always_inline)) size_t ref_run(const parser_t *ps,
+                                                            const unsigned char *p, size_t len,
+                                                            size_t pos, size_t *count_p,
+                                                            bool *undefined_p) {
     for (;;) {
 #if defined(__SSE2__)
         if (len - pos >= 20) {
@@ -754,33 +869,30 @@ static inline __attribute__((always_inline)) size_t ref_run(const unsigned char 
              * the even ones) or four LONG_BINGETs (the 'j' bytes among every fifth;
              * the fourth one's argument ends at byte 20). */
             __m128i v = _mm_loadu_si128((const __m128i *)(const void *)(p + pos));
-            unsigned t, k;
+            unsigned t;
+            size_t k, ok;
             if (p[pos] == 'h') {
                 t = ~(unsigned)_mm_movemask_epi8(_mm_cmpeq_epi8(v, _mm_set1_epi8('h')));
                 t &= 0x5555u;
-                if (t == 0) { /* eight: the next step's address does not wait for the mask */
-                    pos += 16;
-                    *count_p += 8;
-                    continue;
-                }
-                k = (unsigned)__builtin_ctz(t) >> 1;
-                pos += 2 * (size_t)k;
+                k = t ? (unsigned)__builtin_ctz(t) >> 1 : 8;
+                ok = refs_defined(ps, p + pos, k, 2, 1);
+                pos += 2 * ok;
             } else if (p[pos] == 'j') {
                 t = ~(unsigned)_mm_movemask_epi8(_mm_cmpeq_epi8(v, _mm_set1_epi8('j')));
                 t &= 0x8421u;
-                if (t == 0) {
-                    pos += 20;
-                    *count_p += 4;
-                    continue;
-                }
                 /* ctz / 5 for ctz in {0, 5, 10, 15}, as a multiply: written as a division, it
                  * became a div instruction where record_fast inlines this loop */
-                k = (unsigned)__builtin_ctz(t) * 205u >> 10;
-                pos += 5 * (size_t)k;
+                k = t ? (unsigned)__builtin_ctz(t) * 205u >> 10 : 4;
+                ok = k == 4 ? four_refs_defined(ps, p + pos) : refs_defined(ps, p + pos, k, 5, 4);
+                pos += 5 * ok;
             } else {
                 break;
             }
-            *count_p += k;
+            *count_p += ok;
+            if (ok < k) {
+                *undefined_p = true;
+                break;
+            }
             continue;
         }
 #else
@@ -795,42 +907,65 @@ static inline __attribute__((always_inline)) size_t ref_run(const unsigned char 
             uint64_t x = w ^ 0x6868686868686868ull; /* 'h' bytes: 0 */
             uint64_t hi = (((x & lo7) + lo7) | x) & 0x0080008000800080ull;
             size_t k = hi ? (size_t)__builtin_ctzll(hi) >> 4 : 4;
-            *count_p += k;
-            pos += 2 * k;
+            size_t ok = refs_defined(ps, p + pos, k, 2, 1);
+            *count_p += ok;
+            pos += 2 * ok;
+            if (ok < k) {
+                *undefined_p = true;
+                break;
+            }
             continue;
         }
 #endif
-        if (len - pos >= 2 && p[pos] == 'h') { /* one at a time near the end */
-            pos += 2;
-            (*count_p)++;
-        } else if (len - pos >= 5 && p[pos] == 'j') {
-            pos += 5;
-            (*count_p)++;
-        } else {
+        size_t n1 = len - pos >= 2 && p[pos] == 'h'   ? 1 /* one at a time near the end */
+                    : len - pos >= 5 && p[pos] == 'j' ? 4
+                                                      : 0;
+        if (n1 == 0)
+            break;
+        if (refs_defined(ps, p + pos, 1, 0, n1) == 0) {
+            *undefined_p = true;
             break;
         }
+        pos += 1 + n1;
+        (*count_p)++;
     }
     return pos;
 }
 
-/* The opcodes a skipped value is made of, without building anything: every value is the one
- * PK_NONE, a reference does not read the memo (but the one right above the skipped value, which
- * may end it), only the stack depth, the MARKs and the memo (for later references outside) are
- * kept. The stack itself is not written either: slots from `filled` up to the depth are the
- * PK_NONE and are written only when the general loop gets the stack back (most skipped values
- * end with the depth back where it started, so nothing is written). Returns at the first opcode
- * it does not take (or that would fail), or when the stack is back at the skipped value and the
- * opcode is not a MARK, MEMOIZE or reference there, for the general loop to decide; false only
- * when the stack cannot grow to the depth. */
+/* The opcodes a skipped value is made of, without building anything: every value is one of the
+ * skipped PK_NONEs, of its kind; a reference does not read the memo (but the one right above the
+ * skipped value, which may end it), only that its key is set; only the stack depth, the MARKs
+ * and the memo (for later references outside) are kept. What references push is not written
+ * either: those slots, from `filled` up, are SK_ANY and are written only when something is
+ * pushed above them or the general loop gets the stack back (most skipped values end with the
+ * depth back where it started, so nothing is written). An APPENDS or SETITEMS onto a target
+ * not of its kind goes to the general loop. Returns at the first opcode it does not take (or
+ * that would fail), or when the stack is back at the skipped value and the opcode is not a
+ * MARK, MEMOIZE or reference there, for the general loop to decide; false only when the stack
+ * cannot grow to the depth. */
 static bool skip_fast(parser_t *ps) {
     /* The hot state in locals (written back at every exit and around memoize). */
     const unsigned char *p = ps->p;
     const size_t len = ps->len, floor = ps->skip_base + 1;
-    pk_value_t *const skipped = ps->skipped;
+    pk_value_t *const skipped = ps->skipped, *const any = ps->skipv + SK_ANY;
     size_t pos = ps->pos, sp = ps->sp, filled = sp, skipped_at = ps->skipped_at;
+    /* A value pushed here is written at once, with its kind (an APPEND or SETITEM onto it is
+     * checked as onto what it stands for); with no room, the general loop pushes it. What a
+     * reference pushed is counted and left unwritten (SK_ANY when written): the reference is
+     * not followed. */
+#define SKIP_PUSH(v)                                                                               \
+    do {                                                                                           \
+        if (sp >= ps->scap)                                                                        \
+            goto out;                                                                              \
+        while (filled < sp)                                                                        \
+            ps->stack[filled++] = any;                                                             \
+        ps->stack[sp++] = (v);                                                                     \
+        filled = sp;                                                                               \
+    } while (0)
     while (pos < len) {
         size_t left = len - pos - 1, n = 0;
         unsigned op = p[pos];
+        pk_value_t *kind = skipped;
         if (sp <= floor) {
             /* Right above the skipped value only what cannot end it: MARK, MEMOIZE, and a
              * reference to a memoized value other than a string (pushed as the general loop
@@ -845,7 +980,7 @@ static bool skip_fast(parser_t *ps) {
                 if (idx >= ps->memocap || ps->memo[idx] == NULL || ps->memo[idx]->type == PK_STR)
                     break;
                 while (filled < sp)
-                    ps->stack[filled++] = skipped;
+                    ps->stack[filled++] = any;
                 ps->stack[sp++] = ps->memo[idx];
                 filled = sp;
                 skipped_at = 0;
@@ -858,9 +993,15 @@ static bool skip_fast(parser_t *ps) {
         if ((op == 'h' && left >= 1) || (op == 'j' && left >= 4)) {
             /* A run of memo references (a stack's memoized frames: three in four opcodes of a
              * snapshot with stacks), counted without a pass through the switch per opcode. The
-             * first one is whole; a cut one is the general loop's to report. */
-            pos = ref_run(p, len, pos, &sp);
-            skipped_at = 0;
+             * first one is whole; a cut one is the general loop's to report, as is one to a key
+             * never set. */
+            size_t sp0 = sp;
+            bool undefined = false;
+            pos = ref_run(ps, p, len, pos, &sp, &undefined);
+            if (sp != sp0)
+                skipped_at = 0;
+            if (undefined)
+                goto out;
             continue;
         }
         switch (op) {
@@ -879,8 +1020,14 @@ static bool skip_fast(parser_t *ps) {
             n = 1 + (size_t)p[pos + 1];
             break;
         case '}':
+            kind = ps->skipv + SK_DICT;
+            break;
         case ']':
+            kind = ps->skipv + SK_LIST;
+            break;
         case ')':
+            kind = ps->skipv + SK_TUPLE;
+            break;
         case 'N':
         case 0x88:
         case 0x89:
@@ -896,7 +1043,7 @@ static bool skip_fast(parser_t *ps) {
             ps->skipped_str = pos + 1 + hdr;
             ps->skipped_len = slen;
             ps->skipped_type = PK_STR;
-            sp++;
+            SKIP_PUSH(skipped);
             skipped_at = sp;
             pos += 1 + hdr + slen;
             continue;
@@ -904,7 +1051,7 @@ static bool skip_fast(parser_t *ps) {
         case 0x94: { /* MEMOIZE */
             size_t idx = ps->memoused;
             size_t b = ps->nmarks ? ps->marks[ps->nmarks - 1] : 0;
-            pk_value_t *top = sp <= filled ? ps->stack[sp - 1] : skipped;
+            pk_value_t *top = sp <= filled ? ps->stack[sp - 1] : any;
             if (idx < ps->memocap && idx < ps->lim.max_memo && ps->memo[idx] == NULL && sp > b &&
                 !(top == skipped && skipped_at == sp)) {
                 ps->memo[idx] = top; /* never scratch: nothing above the skipped value is */
@@ -928,8 +1075,12 @@ static bool skip_fast(parser_t *ps) {
                 goto out;
             size_t first = ps->marks[ps->nmarks - 1];
             size_t below = ps->nmarks > 1 ? ps->marks[ps->nmarks - 2] : 0;
-            if (first == 0 || first - 1 < below || (op == 'u' && (sp - first) % 2 != 0))
-                goto out;
+            /* The target's kind (a value a reference pushed is not known here). */
+            pk_value_t *target = first > 0 && first - 1 < filled ? ps->stack[first - 1] : any;
+            if (first == 0 || first - 1 < below || (op == 'u' && (sp - first) % 2 != 0) ||
+                first <= ps->skip_base || /* the general loop refuses those */
+                target != ps->skipv + (op == 'u' ? SK_DICT : SK_LIST))
+                goto out; /* the general loop adds to that target, or refuses it */
             ps->nmarks--;
             sp = first;
             if (filled > sp)
@@ -942,10 +1093,11 @@ static bool skip_fast(parser_t *ps) {
         }
         if (left < n)
             goto out;
-        sp++;
+        SKIP_PUSH(kind);
         skipped_at = 0;
         pos += 1 + n;
     }
+#undef SKIP_PUSH
 out:
     if (sp > ps->scap) {
         size_t cap = ps->scap ? ps->scap : 256;
@@ -960,7 +1112,7 @@ out:
         ps->scap = cap;
     }
     while (filled < sp)
-        ps->stack[filled++] = skipped;
+        ps->stack[filled++] = any;
     ps->pos = pos;
     ps->sp = sp;
     ps->skipped_at = skipped_at;
@@ -981,6 +1133,7 @@ static void entry_fast(parser_t *ps) {
     const unsigned char *p = ps->p;
     const size_t len = ps->len, scap = ps->scap, memocap = ps->memocap;
     pk_value_t **stack = ps->stack, **memo = ps->memo;
+    const uintptr_t skip_lo = (uintptr_t)ps->skipv, skip_span = ps->skip_span;
     size_t pos = ps->pos, sp = ps->sp, used = ps->scratch_used;
     while (pos < len && sp < scap) {
         unsigned op = p[pos];
@@ -991,7 +1144,8 @@ static void entry_fast(parser_t *ps) {
             if (left < n)
                 break;
             size_t idx = (size_t)le_uint(p + pos + 1, n);
-            if (idx >= memocap || memo[idx] == NULL)
+            if (idx >= memocap || memo[idx] == NULL ||
+                (uintptr_t)memo[idx] - skip_lo < skip_span) /* a skipped value: is_skipped */
                 break;
             v = memo[idx];
         } else if (op == 'K' || op == 'M' || op == 'J' || op == 0x8a) {
@@ -1194,7 +1348,7 @@ static bool record_fast(parser_t *ps) {
             if (ps->skip_key == NULL || key->u.str.len != ps->skip_len ||
                 memcmp(key->u.str.s, ps->skip_key, ps->skip_len) != 0)
                 goto undo;
-            val = ps->skipped;
+            val = ps->skipv + SK_LIST; /* as the general loop pushes a skipped EMPTY_LIST */
             pos++;
             if (pos < len && (k = rec_put(ps, &t, pos, val)) != 0) {
                 if (k < 0)
@@ -1217,8 +1371,11 @@ static bool record_fast(parser_t *ps) {
                     goto undo;
                 pos += 1 + n;
                 size_t items = 1;
+                bool undefined = false;
                 if (mark) /* the rest are passed over, not read, as skip_fast does */
-                    pos = ref_run(p, len, pos, &items);
+                    pos = ref_run(ps, p, len, pos, &items, &undefined);
+                if (undefined)
+                    goto undo; /* the general loop refuses it */
                 if (pos >= len || p[pos] != (mark ? 'e' : 'a'))
                     goto undo;
                 pos++;
@@ -1436,7 +1593,7 @@ static bool run(parser_t *ps) {
         case '}': /* EMPTY_DICT */
             if (ps->rec_fn != NULL && record_fast(ps))
                 break;
-            if (!push(ps, ps->skipping ? ps->skipped : new_value(ps, PK_DICT)))
+            if (!push(ps, ps->skipping ? ps->skipv + SK_DICT : new_value(ps, PK_DICT)))
                 return false;
             /* A dict is memoized and opened at once (every trace entry, block and segment):
              * the MEMOIZE and MARK after it here, as their own passes through the loop would
@@ -1460,11 +1617,11 @@ static bool run(parser_t *ps) {
                 ps->skipping = true;
                 ps->skip_base = ps->sp;
             }
-            if (!push(ps, ps->skipping ? ps->skipped : new_value(ps, PK_LIST)))
+            if (!push(ps, ps->skipping ? ps->skipv + SK_LIST : new_value(ps, PK_LIST)))
                 return false;
             break;
         case ')': /* EMPTY_TUPLE */
-            if (!push(ps, ps->skipping ? ps->skipped : new_value(ps, PK_TUPLE)))
+            if (!push(ps, ps->skipping ? ps->skipv + SK_TUPLE : new_value(ps, PK_TUPLE)))
                 return false;
             break;
         case 'd': /* DICT */
@@ -1543,6 +1700,23 @@ static bool run(parser_t *ps) {
     return fail(ps, "truncated pickle (no STOP)");
 }
 
+/* The skipped values, one of each kind in a row: the document's first values, all in its first
+ * chunk. */
+static bool make_skipped(parser_t *ps) {
+    for (int k = 0; k < SK_COUNT; k++) {
+        pk_value_t *v = new_value(ps, PK_NONE);
+        if (v == NULL)
+            return false;
+        if (k == 0)
+            ps->skipv = v;
+        else if (v != ps->skipv + k)
+            return fail(ps, "internal error: the skipped values are not in a row");
+    }
+    ps->skipped = ps->skipv + SK_SCALAR;
+    ps->skip_span = SK_COUNT * sizeof(*ps->skipv);
+    return true;
+}
+
 bool pk_parse(const void *buf, size_t len, const pk_limits_t *lim, pk_doc_t **doc_p, char *err,
               size_t errlen) {
     return pk_parse_skip(buf, len, lim, NULL, doc_p, err, errlen);
@@ -1590,7 +1764,7 @@ bool pk_parse_records(const void *buf, size_t len, const pk_limits_t *lim, const
         ok = fail(&ps, "out of memory");
     else if (ps.len == 0)
         ok = fail(&ps, "empty input");
-    else if (skip_key != NULL && (ps.skipped = new_value(&ps, PK_NONE)) == NULL)
+    else if (skip_key != NULL && !make_skipped(&ps))
         ok = false;
     else if (ps.p[0] != 0x80) /* protocols 2-5 open with PROTO */
         ok = fail(&ps, "not a pickle (protocol 2-5 pickles start with byte 0x80, not 0x%02x)",

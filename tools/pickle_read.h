@@ -80,7 +80,10 @@ bool pk_parse(const void *buf, size_t len, const pk_limits_t *lim, pk_doc_t **do
 /* pk_parse, except that every value stored under the dict key skip_key (a list, e.g. "frames")
  * is not built: its dict holds no such key (a dict's SETITEM, one pair at a time, or a value
  * outside a dict reads as PK_NONE, as does everything inside it). Loading what a replay needs
- * then costs a fraction of the whole document. skip_key NULL: pk_parse. */
+ * then costs a fraction of the whole document. What pk_parse refuses as malformed inside a
+ * skipped value is refused too (its limits on values made aside); what skipping cannot read as
+ * pk_parse does is refused with PK_ERR_WHOLE.
+ * skip_key NULL: pk_parse. */
 bool pk_parse_skip(const void *buf, size_t len, const pk_limits_t *lim, const char *skip_key,
                    pk_doc_t **doc_p, char *err, size_t errlen);
 /* The hook of pk_parse_records: a dict's pairs (key0, val0, key1, val1, ...; n entries) as its
@@ -94,6 +97,19 @@ typedef int (*pk_record_fn)(void *arg, pk_value_t *const *pairs, size_t n, uint6
  * takes (a trace's entries, by the thousand) then cost neither their pairs nor their integers. */
 bool pk_parse_records(const void *buf, size_t len, const pk_limits_t *lim, const char *skip_key,
                       pk_record_fn fn, void *arg, pk_doc_t **doc_p, char *err, size_t errlen);
+/* How pk_parse_skip and pk_parse_records start their message when they refuse a document only
+ * because it cannot be read with its skipped values left out or its dicts handed over: a value
+ * made inside a skipped one referenced outside it, a skipped value that turns out to end before
+ * the values skipped after it, items added to a dict the hook took. Such a document means what it
+ * says to pk_parse: read it whole (pk_parse_skip with no key, no hook), as a reader of the whole
+ * document would, and the two agree. pk_parse never writes it. */
+#define PK_ERR_WHOLE "pickle: to be read whole: "
+static inline bool pk_err_whole(const char *err) {
+    for (const char *w = PK_ERR_WHOLE; *w != '\0'; w++, err++)
+        if (*err != *w)
+            return false;
+    return true;
+}
 /* Read a whole file of at most max_bytes into a new buffer (caller frees). Reading stops early
  * (what was read is returned) once the first byte that is not white space is none a snapshot
  * starts with (a pickle's 0x80, JSON's '{' or '['): the caller refuses it from those bytes, and

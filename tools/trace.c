@@ -366,7 +366,7 @@ static uint64_t round512(uint64_t n) {
 
 /* What a trace entry's pairs (key0, val0, ...) say: *act_p NULL when it has no action string. */
 static void read_pairs(pk_value_t *const *it, size_t n, tr_event_t *ev, const char **act_p,
-                       bool *have_addr_p, bool *have_size_p, bool *bad_time_p,
+                       bool *have_addr_p, bool *have_size_p, bool *bad_time_p, bool *bad_stream_p,
                        const pk_value_t **pool_id_p) {
     const char *act = NULL;
     size_t act_len = 0;
@@ -419,11 +419,16 @@ static void read_pairs(pk_value_t *const *it, size_t n, tr_event_t *ev, const ch
     u = 0;
     *have_size_p = pk_uint(size, &u);
     ev->size = u;
-    /* Streams are handles: PyTorch pickles them as unsigned, a few as negative ints. */
+    /* Streams are handles: PyTorch pickles them as unsigned, a few as negative ints. Anything
+     * else (a string, a float, an int past 64 bits) names no stream: refused, not read as the
+     * default stream. */
+    *bad_stream_p = false;
     if (pk_uint(stream, &u))
         ev->stream = u;
     else if (pk_int(stream, &i))
         ev->stream = (uint64_t)i;
+    else
+        *bad_stream_p = stream != NULL;
     if (pk_int(t, &i))
         ev->time_us = i;
     *bad_time_p = t != NULL && (!pk_int(t, &i) || i < 0 || i > TR_TIME_LIMIT);
@@ -440,10 +445,11 @@ typedef struct rec_side {
 
 /* What load_events checks about a handed-over entry, in its event's flags until it has (bits the
  * TR_F_ flags leave free; cleared there, so that no event keeps them). */
-#define RF_NO_ADDR 0x80u  /* no usable addr (device_free for an oom) */
-#define RF_NO_SIZE 0x40u  /* no usable size */
-#define RF_BAD_TIME 0x20u /* time_us out of bounds */
-#define RF_ALL (RF_NO_ADDR | RF_NO_SIZE | RF_BAD_TIME)
+#define RF_NO_ADDR 0x80u    /* no usable addr (device_free for an oom) */
+#define RF_NO_SIZE 0x40u    /* no usable size */
+#define RF_BAD_TIME 0x20u   /* time_us out of bounds */
+#define RF_BAD_STREAM 0x10u /* stream not an integer */
+#define RF_ALL (RF_NO_ADDR | RF_NO_SIZE | RF_BAD_TIME | RF_BAD_STREAM)
 
 /* The trace entries the reader handed over, in the order it parsed them: a device's entries are
  * one run of them, which becomes that device's event array as it is. An entry's action string
@@ -480,7 +486,9 @@ typedef struct rec_seg {
 #define RS_DEV 0x1u
 #define RS_TOTAL 0x2u
 #define RS_ADDR 0x4u
-#define RS_EXPANDABLE 0x8u /* is_expandable is True */
+#define RS_EXPANDABLE 0x8u  /* is_expandable is True */
+#define RS_BAD_STREAM 0x10u /* stream present and not an integer */
+#define RS_BAD_BLOCKS 0x20u /* blocks present and no container */
 /* A handed-over segment's record id. */
 #define RS_ID ((uint64_t)1 << 62)
 
@@ -609,8 +617,12 @@ static int take_segment(recs_t *rs, pk_value_t *const *pairs, size_t n, uint64_t
     if (pk_uint(v[1], &g.addr))
         g.flags |= RS_ADDR;
     int64_t stream = 0;
-    if (!pk_uint(v[3], &g.stream) && pk_int(v[3], &stream))
-        g.stream = (uint64_t)stream;
+    if (!pk_uint(v[3], &g.stream)) {
+        if (pk_int(v[3], &stream))
+            g.stream = (uint64_t)stream;
+        else if (v[3] != NULL)
+            g.flags |= RS_BAD_STREAM;
+    }
     g.type = pk_str(v[4]);
     const pk_value_t *pool = v[5], *blocks = v[7];
     g.pool = pool != NULL && (pool->type == PK_LIST || pool->type == PK_TUPLE ||
@@ -621,6 +633,8 @@ static int take_segment(recs_t *rs, pk_value_t *const *pairs, size_t n, uint64_t
                        blocks->type == PK_RECORD
                    ? blocks
                    : NULL;
+    if (g.blocks == NULL)
+        g.flags |= RS_BAD_BLOCKS;
     if (v[6] != NULL && v[6]->type == PK_BOOL && v[6]->u.b)
         g.flags |= RS_EXPANDABLE;
     if (rs->nseg == rs->cap_seg && !grow_array((void **)&rs->seg, &rs->cap_seg, sizeof(*rs->seg)))
@@ -651,6 +665,21 @@ static bool dict_record(const recs_t *rs, const pk_value_t *v) {
     return block_of(rs, v) != NULL || seg_of(rs, v) != NULL;
 }
 
+/* Whether v is a handed-over trace entry: a dict of which only what an event needs was kept. */
+static bool entry_record(const recs_t *rs, const pk_value_t *v) {
+    return rs != NULL && v != NULL && v->type == PK_RECORD && !(v->u.u & (RB_ID | RS_ID)) &&
+           v->u.u < rs->n;
+}
+
+/* A handed-over dict met where its other keys are read (a trace entry that is also the top
+ * level, the settings, a segment or a block; any one as the settings' roundup divisions): what
+ * the record kept cannot say what the dict holds there, so the file is to be read whole
+ * (PK_ERR_WHOLE, which tr_load_opts does). No snapshot a pickler wrote shares a dict so. */
+static bool whole_needed(const char *what, char *err, size_t errlen) {
+    snprintf(err, errlen, PK_ERR_WHOLE "a dict handed over as a trace entry is also %s", what);
+    return false;
+}
+
 /* pk_parse_records' hook: every dict with an action string is a trace entry (the segments'
  * dicts and the settings have none); a final state's block is taken too (take_block). */
 static int take_entry(void *arg, pk_value_t *const *pairs, size_t n, uint64_t *id_p) {
@@ -659,14 +688,14 @@ static int take_entry(void *arg, pk_value_t *const *pairs, size_t n, uint64_t *i
     memset(&ev, 0, sizeof(ev));
     const char *act = NULL;
     const pk_value_t *pool_id = NULL;
-    bool have_addr = false, have_size = false, bad_time = false;
-    read_pairs(pairs, n, &ev, &act, &have_addr, &have_size, &bad_time, &pool_id);
+    bool have_addr = false, have_size = false, bad_time = false, bad_stream = false;
+    read_pairs(pairs, n, &ev, &act, &have_addr, &have_size, &bad_time, &bad_stream, &pool_id);
     if (act == NULL) {
         int took = take_block(rs, pairs, n, id_p);
         return took != 0 ? took : take_segment(rs, pairs, n, id_p);
     }
     ev.flags |= (have_addr ? 0u : RF_NO_ADDR) | (have_size ? 0u : RF_NO_SIZE) |
-                (bad_time ? RF_BAD_TIME : 0u);
+                (bad_time ? RF_BAD_TIME : 0u) | (bad_stream ? RF_BAD_STREAM : 0u);
     if (rs->n == rs->cap) {
         size_t cap = rs->cap ? rs->cap * 2 : 1024;
         tr_event_t *ne = realloc(rs->ev, cap * sizeof(*ne));
@@ -713,7 +742,7 @@ static const rec_side_t *side_of(recs_t *rs, uint64_t id) {
 }
 
 static bool read_event(const pk_value_t *e, recs_t *recs, tr_event_t *ev, const char **act_p,
-                       bool *have_addr_p, bool *have_size_p, bool *bad_time_p,
+                       bool *have_addr_p, bool *have_size_p, bool *bad_time_p, bool *bad_stream_p,
                        const pk_value_t **pool_id_p) {
     if (e != NULL && e->type == PK_RECORD && recs != NULL && e->u.u < recs->n) {
         if (ev != &recs->ev[e->u.u]) {
@@ -732,13 +761,14 @@ static bool read_event(const pk_value_t *e, recs_t *recs, tr_event_t *ev, const 
         *have_addr_p = !(ev->flags & RF_NO_ADDR);
         *have_size_p = !(ev->flags & RF_NO_SIZE);
         *bad_time_p = (ev->flags & RF_BAD_TIME) != 0;
+        *bad_stream_p = (ev->flags & RF_BAD_STREAM) != 0;
         ev->flags &= (uint8_t)~RF_ALL;
         return true;
     }
     if (e == NULL || e->type != PK_DICT)
         return false;
     read_pairs(e->u.seq.items, e->u.seq.n, ev, act_p, have_addr_p, have_size_p, bad_time_p,
-               pool_id_p);
+               bad_stream_p, pool_id_p);
     return true;
 }
 
@@ -781,9 +811,9 @@ static bool load_events(const pk_value_t *list, recs_t *recs, int dev, tr_device
         tr_event_t *ev = &d->ev[i];
         const char *act = NULL;
         const pk_value_t *pool_id = NULL;
-        bool have_addr = false, have_size = false, bad_time = false;
+        bool have_addr = false, have_size = false, bad_time = false, bad_stream = false;
         if (!read_event(list->u.seq.items[i], recs, ev, &act, &have_addr, &have_size, &bad_time,
-                        &pool_id) ||
+                        &bad_stream, &pool_id) ||
             act == NULL) {
             snprintf(err, errlen, "device_traces[%d][%zu]: no 'action' string", dev, i);
             goto fail;
@@ -800,11 +830,26 @@ static bool load_events(const pk_value_t *list, recs_t *recs, int dev, tr_device
                      dev, i, act, (unsigned long long)ev->size);
             goto fail;
         }
+        /* An oom's addr is device_free, a byte count; an unknown action is ignored. */
+        if (ev->action != TR_OTHER && ev->action != TR_OOM && ev->action != TR_SNAPSHOT &&
+            ev->addr + ev->size < ev->addr) {
+            snprintf(err, errlen,
+                     "device_traces[%d][%zu] (%s): addr 0x%llx + size %llu runs past the end of "
+                     "the address space",
+                     dev, i, act, (unsigned long long)ev->addr, (unsigned long long)ev->size);
+            goto fail;
+        }
         if (ev->addr == 0 && (ev->action == TR_ALLOC || ev->action == TR_FREE_REQUESTED ||
                               ev->action == TR_FREE_COMPLETED || ev->action == TR_SEGMENT_ALLOC ||
                               ev->action == TR_SEGMENT_FREE)) {
             snprintf(err, errlen, "device_traces[%d][%zu] (%s): addr 0 is not a block address", dev,
                      i, act);
+            goto fail;
+        }
+        if (bad_stream) {
+            snprintf(err, errlen,
+                     "device_traces[%d][%zu] (%s): 'stream' is not an integer (a stream handle)",
+                     dev, i, act);
             goto fail;
         }
         if (bad_time) {
@@ -964,10 +1009,14 @@ static bool analyse(const pk_value_t *segments, const recs_t *recs, const tr_set
         const pk_value_t *seg = pk_at(segments, s);
         int64_t sdev = 0, total = 0, stream = 0;
         uint64_t addr = 0, ustream = 0;
-        bool have_total, have_addr, expandable;
+        bool have_total, have_addr, expandable, bad_stream, bad_blocks;
         const pk_value_t *pool_id, *blocks;
         const char *stype;
         const rec_seg_t *rg = seg_of(recs, seg);
+        if (entry_record(recs, seg)) {
+            whole_needed("a segment", err, errlen);
+            goto out;
+        }
         if (rg != NULL) {
             sdev = rg->dev;
             total = rg->total;
@@ -976,6 +1025,8 @@ static bool analyse(const pk_value_t *segments, const recs_t *recs, const tr_set
             have_total = (rg->flags & RS_TOTAL) != 0;
             have_addr = (rg->flags & RS_ADDR) != 0;
             expandable = (rg->flags & RS_EXPANDABLE) != 0;
+            bad_stream = (rg->flags & RS_BAD_STREAM) != 0;
+            bad_blocks = (rg->flags & RS_BAD_BLOCKS) != 0;
             pool_id = rg->pool;
             blocks = rg->blocks;
             stype = rg->type;
@@ -989,8 +1040,16 @@ static bool analyse(const pk_value_t *segments, const recs_t *recs, const tr_set
             (void)pk_int(sv[0], &sdev);
             have_total = pk_int(sv[1], &total);
             have_addr = pk_uint(sv[2], &addr);
-            if (!pk_uint(sv[3], &ustream) && pk_int(sv[3], &stream))
-                ustream = (uint64_t)stream;
+            bad_stream = false;
+            if (!pk_uint(sv[3], &ustream)) {
+                if (pk_int(sv[3], &stream))
+                    ustream = (uint64_t)stream;
+                else
+                    bad_stream = sv[3] != NULL;
+            }
+            /* Blocks that are no container (a dict's are refused at its first block) */
+            bad_blocks = sv[7] != NULL && sv[7]->type != PK_LIST && sv[7]->type != PK_TUPLE &&
+                         sv[7]->type != PK_DICT && sv[7]->type != PK_RECORD;
             expandable = sv[5] != NULL && sv[5]->type == PK_BOOL && sv[5]->u.b;
             pool_id = sv[4];
             blocks = sv[7];
@@ -1000,6 +1059,14 @@ static bool analyse(const pk_value_t *segments, const recs_t *recs, const tr_set
             continue;
         if (!have_total || total < 0 || !have_addr) {
             snprintf(err, errlen, "segments[%zu]: missing 'address' or 'total_size'", s);
+            goto out;
+        }
+        /* A stream that is no integer names none, and blocks that are no list hold none: read
+         * as the default stream and no blocks, they were misread. */
+        if (bad_stream || bad_blocks) {
+            snprintf(err, errlen, "segments[%zu]: %s", s,
+                     bad_stream ? "'stream' is not an integer (a stream handle)"
+                                : "'blocks' is not a list");
             goto out;
         }
         if (!tr_map_put(&streams, ustream ? ustream : ~(uint64_t)0, 1))
@@ -1054,6 +1121,10 @@ static bool analyse(const pk_value_t *segments, const recs_t *recs, const tr_set
         /* Block addresses are the segment's plus the sizes before them (MemoryViz does the
          * same; a missing "address" is therefore fine). */
         uint64_t baddr = (uint64_t)addr;
+        if (entry_record(recs, blocks)) {
+            whole_needed("a segment's blocks", err, errlen);
+            goto out;
+        }
         if (dict_record(recs, blocks)) {
             /* A block's or a segment's dict where the list belongs: as a dict, its first item
              * is no block. */
@@ -1066,6 +1137,10 @@ static bool analyse(const pk_value_t *segments, const recs_t *recs, const tr_set
             bool have_size, have_req, have_state, active, inactive;
             const pk_value_t *frames;
             const rec_block_t *rb = block_of(recs, blk);
+            if (entry_record(recs, blk)) {
+                whole_needed("a block", err, errlen);
+                goto out;
+            }
             if (rb != NULL) {
                 bsize = rb->size;
                 req = (rb->flags & RB_REQ) ? rb->req : -1;
@@ -1136,8 +1211,8 @@ static bool analyse(const pk_value_t *segments, const recs_t *recs, const tr_set
      * mapped range at the start is rebuilt like any other start segment. */
     for (size_t i = d->nev; i-- > 0;) {
         const tr_event_t *e = &d->ev[i];
-        if (e->size == 0 || e->addr + e->size < e->addr)
-            continue; /* no range (or one past the end of the address space) */
+        if (e->size == 0)
+            continue; /* no range (load_events refused one past the end of the address space) */
         if (e->action == TR_SEGMENT_MAP) {
             if (!xr_remove(&xr, &nxr, &cap_xr, e->addr, e->addr + e->size))
                 goto oom;
@@ -1377,12 +1452,23 @@ static bool from_doc(pk_doc_t *doc, recs_t *recs, tr_trace_t *t, char *err, size
     if (t->root != NULL && t->root->type == PK_LIST) {
         segments = t->root; /* an old-style snapshot: just the segment list */
         t->format = "segment list (legacy, state only)";
+    } else if (entry_record(recs, t->root)) {
+        return whole_needed("the top level", err, errlen);
     } else if (t->root != NULL && (t->root->type == PK_DICT || dict_record(recs, t->root))) {
         /* A handed-over block or segment reads as the dict it was: none of these keys is
          * theirs. */
         segments = pk_get(t->root, "segments");
         traces = pk_get(t->root, "device_traces");
         const pk_value_t *as = pk_get(t->root, "allocator_settings");
+        if (entry_record(recs, as))
+            return whole_needed("the allocator settings", err, errlen);
+        const pk_value_t *rp = pk_get(as, "roundup_power2_divisions");
+        if (rp != NULL && rp->type == PK_RECORD && recs != NULL) {
+            snprintf(err, errlen,
+                     PK_ERR_WHOLE "a dict handed over as a trace entry, block or segment is also "
+                                  "the settings' roundup_power2_divisions");
+            return false;
+        }
         read_settings(as, &t->settings);
         if (dict_record(recs, as))
             t->settings.recorded = true;
@@ -1406,6 +1492,8 @@ static bool from_doc(pk_doc_t *doc, recs_t *recs, tr_trace_t *t, char *err, size
         int64_t dev = 0;
         const pk_value_t *seg = pk_at(segments, s);
         const rec_seg_t *rg = seg_of(recs, seg);
+        if (entry_record(recs, seg))
+            return whole_needed("a segment", err, errlen);
         bool have_dev = rg != NULL ? (dev = rg->dev, (rg->flags & RS_DEV) != 0)
                                    : pk_get_int(seg, "device", &dev);
         if (!have_dev || dev < 0 || dev > 4096) {
@@ -1523,6 +1611,18 @@ bool tr_load_opts(const char *path, bool frames, tr_trace_t *t, char *err, size_
     bool ok = frames ? pk_parse_skip(buf, len, NULL, NULL, &doc, why, sizeof(why))
                      : pk_parse_records(buf, len, NULL, "frames", take_entry, &recs, &doc, why,
                                         sizeof(why));
+    if (!ok && !frames && pk_err_whole(why)) {
+        /* What skipping stacks and handing entries over cannot read as the whole document
+         * reads (a skipped value used again elsewhere, items added to an entry after it was
+         * handed over): read whole, as the commands that keep stacks do, so that every command
+         * reads the file alike. Valid snapshots never come here. */
+        free(recs.ev);
+        free(recs.side);
+        free(recs.blk);
+        free(recs.seg);
+        memset(&recs, 0, sizeof(recs));
+        ok = pk_parse_skip(buf, len, NULL, NULL, &doc, why, sizeof(why));
+    }
     release(buf, len, mapped);
     if (!ok) {
         free(recs.ev);
@@ -1547,6 +1647,18 @@ bool tr_load_opts(const char *path, bool frames, tr_trace_t *t, char *err, size_
     free(recs.side);
     free(recs.blk);
     free(recs.seg);
+    if (!ok && !frames && pk_err_whole(why)) {
+        /* A handed-over entry is also a dict read elsewhere (from_doc's whole_needed): the
+         * file read again whole, as the commands with stacks read it. Its bytes are gone by
+         * now (most of the memory of a load), so only a file can be read again. */
+        struct stat sb;
+        tr_free(t);
+        if (stat(path, &sb) == 0 && S_ISREG(sb.st_mode))
+            return tr_load_opts(path, true, t, err, errlen);
+        snprintf(err, errlen, "%s: %s (a stream is read once: load it from a file)", path,
+                 why + strlen(PK_ERR_WHOLE));
+        return false;
+    }
     if (!ok) {
         snprintf(err, errlen, "%s: %s", path, why);
         return false;

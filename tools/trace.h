@@ -132,7 +132,9 @@ typedef struct tr_trace {
  * false. Call tr_free(t) in both cases. */
 bool tr_load(const char *path, tr_trace_t *t, char *err, size_t errlen);
 /* tr_load; frames false skips every stack while loading (the frames pointers are NULL): what a
- * replay without a snapshot of its own needs, at a fraction of the cost. */
+ * replay without a snapshot of its own needs, at a fraction of the cost. A file that skipping
+ * cannot read as tr_load reads it (PK_ERR_WHOLE: no pickler writes one) is read as tr_load
+ * does, so that both read every file alike. */
 bool tr_load_opts(const char *path, bool frames, tr_trace_t *t, char *err, size_t errlen);
 /* Same from a parsed document (t takes ownership of doc, even on failure; call tr_free). */
 bool tr_from_doc(pk_doc_t *doc, tr_trace_t *t, char *err, size_t errlen);

@@ -1,6 +1,7 @@
 // test_fuzz_repro.cc: every input in tests/fuzz/repro (defects found by fuzzing or by hand:
-// extreme sizes, times and addresses) goes through what the fuzzer runs (fuzz_one.c: the pickle
-// reader and the trace loader, and the loader without stacks). Each must load or be refused, never
+// extreme sizes, times and addresses; files the loaders with and without stacks read differently)
+// goes through what the fuzzer runs (fuzz_one.c: the pickle reader and the trace loader, and the
+// loader without stacks against the one with them). Each must load or be refused alike, never
 // crash; the ASan/UBSan and TSan builds run this too. tests/fuzz/run.sh also seeds the fuzzer with
 // them.
 #include <dirent.h>
@@ -46,10 +47,11 @@ TEST(FuzzRepro, EveryReproducerLoadsOrIsRefused) {
         bool json = path.size() > 5 && path.compare(path.size() - 5, 5, ".json") == 0;
         loaded += sp_fuzz_one(data.data(), data.size(), json ? 1 : 0);
     }
-    // The three handled ones (time going backwards, the largest legal size, an entry whose
-    // pool_id is an int) load; the rest are refused (tests/fuzz/cli_extreme.py checks the
-    // messages through the CLI).
-    EXPECT_EQ(loaded, 3);
+    // The five handled ones (time going backwards, the largest legal size, an entry whose
+    // pool_id is an int, a key that is no string after a skipped stack, an entry that is also
+    // the settings) load; the rest are refused (tests/fuzz/cli_extreme.py checks the messages
+    // through the CLI). Each also goes through both loaders, which must agree (fuzz_one.c).
+    EXPECT_EQ(loaded, 5);
 }
 
 } // namespace

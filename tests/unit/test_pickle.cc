@@ -1215,14 +1215,15 @@ TEST(PickleRead, MemoReferencesIntoSkippedStacksReadBack) {
     ref(frame);
     ref(frame);
     b.insert(b.end(), {'e', 'u'});
-    // Entry 2: {"frames": [fn, ...]}: a string right inside the list ends the skip.
+    // Entry 2: {"frames": [fn, file]}: a string right inside the list ends the skip.
     b.insert(b.end(), {'}', 0x94, '('});
     memo++;
     ref(k_frames);
     b.insert(b.end(), {']', 0x94, '('});
     memo++;
     ref(fn);
-    ref(frame);
+    const size_t cut = b.size(); // where the variant below goes on
+    ref(file);
     b.insert(b.end(), {'e', 'u', 'e', '.'});
 
     auto keep = [](void *, pk_value_t *const *, size_t, uint64_t *) { return 0; };
@@ -1261,6 +1262,25 @@ TEST(PickleRead, MemoReferencesIntoSkippedStacksReadBack) {
             EXPECT_EQ(f2, nullptr) << "path " << path;
         }
         pk_free(doc);
+    }
+    // Entry 2's list with a frame after the string: the skip has ended, so the frame (a value
+    // made skipped) is read outside a skipped value, which the skipping readers cannot read as
+    // pk_parse does: they refuse the document as one to read whole.
+    Bytes v(b.begin(), b.begin() + (std::ptrdiff_t)cut);
+    ref(frame);
+    v.insert(v.end(), b.end() - 2, b.end()); // the ref just written
+    v.insert(v.end(), {'e', 'u', 'e', '.'});
+    pk_doc_t *doc = nullptr;
+    char err[256] = "";
+    ASSERT_TRUE(pk_parse(v.data(), v.size(), nullptr, &doc, err, sizeof err)) << err;
+    pk_free(doc);
+    for (int path = 1; path < 3; path++) {
+        EXPECT_FALSE(
+            path == 1 ? pk_parse_skip(v.data(), v.size(), nullptr, "frames", &doc, err, sizeof err)
+                      : pk_parse_records(v.data(), v.size(), nullptr, "frames", keep, nullptr, &doc,
+                                         err, sizeof err));
+        EXPECT_TRUE(pk_err_whole(err)) << err;
+        EXPECT_NE(strstr(err, "is a value skipped under \"frames\""), nullptr) << err;
     }
 }
 
@@ -1512,7 +1532,8 @@ TEST(PickleRead, ASparseMemoIndexCostsNoMemoryForTheSlotsBelowIt) {
 
 // A dict the record hook took whole at a SETITEMS of fewer than 1000 pairs that then gets more
 // items (legal, but no pickler writes it: they add items after a full batch only): refused with
-// a message that says so, not as if the dict were something else.
+// a message that says so and that the document is to be read whole (PK_ERR_WHOLE), not as if
+// the dict were something else.
 TEST(PickleRead, ItemsForADictTheHookTookAreRefusedSayingSo) {
     const Bytes b = {0x80, 4,   '}', '(', 0x8c, 6,    'a', 'c', 't', 'i', 'o', 'n', 0x8c, 5,   'a',
                      'l',  'l', 'o', 'c', 'u',  0x8c, 4,   'a', 'd', 'd', 'r', 'K', 5,    's', '.'};
@@ -1525,8 +1546,11 @@ TEST(PickleRead, ItemsForADictTheHookTookAreRefusedSayingSo) {
     char err[256] = "";
     EXPECT_FALSE(pk_parse_records(b.data(), b.size(), nullptr, nullptr, take, nullptr, &doc, err,
                                   sizeof err));
-    EXPECT_STREQ(err, "pickle: SETITEM adds to a dict read whole at its SETITEMS of fewer than "
-                      "1000 pairs (a pickler adds more only after a full batch) at offset 28");
+    // The items are the dict's: the record reader refuses it as one to read whole (the trace
+    // loader then does, and reads the later items as pk_parse does).
+    EXPECT_STREQ(err, "pickle: to be read whole: SETITEM adds to a dict the record hook took at "
+                      "offset 28");
+    EXPECT_TRUE(pk_err_whole(err));
 }
 
 // Inside a skipped value nothing is built, but a SETITEMS with an odd number of items is refused
@@ -1641,8 +1665,9 @@ TEST(PickleRead, WholeRecordsReadAsThePlainReaderReadsThem) {
     b.insert(b.end(), {'K', 7, 'u', 'e'});
     size_t k_extra = mstr("extra"), free_req = mstr("free_requested");
     b.push_back('u');
-    std::vector<size_t> kept; // memo slots referenced after the entries
-    kept.push_back(list0);
+    // Memo slots referenced after the entries. Not the skipped stacks: one referenced outside
+    // its entry sends the whole file to the whole-document reader (PK_ERR_WHOLE), tested apart.
+    std::vector<size_t> kept;
     auto common = [&](int variant) { // action, addr, size, stream, time_us, compile_context
         ref(k_action, variant % 3 == 1);
         ref(variant % 2 ? alloc : free_req);
@@ -1666,7 +1691,7 @@ TEST(PickleRead, WholeRecordsReadAsThePlainReaderReadsThem) {
     auto frames_refs = [&](int n, int how) { // a skipped stack of n frame references
         ref(k_frames);
         b.push_back(']');
-        kept.push_back(put(how));
+        put(how);
         if (n == 1) {
             ref(frame0);
             b.push_back('a');
@@ -1923,3 +1948,184 @@ TEST(PickleRead, CachedStringsInWholeRecordsAreTheOnesWritten) {
     pk_free(plain);
     pk_free(recs);
 }
+
+namespace {
+
+// A memo reference to a key never set, inside a skipped stack: the skipping readers count such
+// references without following them, and loaded the file that pk_parse (and Python) refuse, so
+// `info` and `replay` read a snapshot that `plot` and `summary` refused. Every reader refuses it
+// now at the same offset: one at a time near the end, in a run of BINGETs or of LONG_BINGETs
+// (read eight and four at once), with few memo slots set and with more than 256.
+TEST(PickleRead, AReferenceToAnUnsetMemoKeyInASkippedStackIsRefusedByEveryReader) {
+    auto doc = [](size_t memoized, bool wide, size_t before, size_t after) {
+        Bytes b = {0x80, 4, ']', '('};
+        for (size_t i = 0; i < memoized; i++) // memo 0 .. memoized-1: ints in the root list
+            b.insert(b.end(), {'K', (unsigned char)i, 0x94});
+        b.insert(b.end(), {'}', '(', 0x8c, 6, 'f', 'r', 'a', 'm', 'e', 's', ']', '(', '}'});
+        auto ref = [&](size_t idx) {
+            if (wide)
+                b.insert(b.end(), {'j', (unsigned char)idx, (unsigned char)(idx >> 8), 0, 0});
+            else
+                b.insert(b.end(), {'h', (unsigned char)idx});
+        };
+        for (size_t i = 0; i < before; i++)
+            ref(0);
+        size_t at = b.size();
+        ref(memoized); // never set
+        for (size_t i = 0; i < after; i++)
+            ref(0);
+        b.insert(b.end(), {'e', 'u', 'e', '.'});
+        return std::make_pair(b, at);
+    };
+    auto keep = [](void *, pk_value_t *const *, size_t, uint64_t *) { return 0; };
+    for (size_t memoized : {1u, 300u})
+        for (bool wide : {false, true})
+            for (size_t before : {0u, 1u, 5u, 9u})
+                for (size_t after : {0u, 20u}) {
+                    if (memoized == 300 && !wide)
+                        continue; // every BINGET's key is set once 256 slots are
+                    auto [b, at] = doc(memoized, wide, before, after);
+                    std::string want = "pickle: memo key " + std::to_string(memoized) +
+                                       " is not defined at offset " + std::to_string(at);
+                    SCOPED_TRACE(std::to_string(memoized) + (wide ? " wide " : " ") +
+                                 std::to_string(before) + "/" + std::to_string(after));
+                    EXPECT_EQ(parse(b), want);
+                    pk_doc_t *d = nullptr;
+                    char err[256] = "";
+                    EXPECT_FALSE(
+                        pk_parse_skip(b.data(), b.size(), nullptr, "frames", &d, err, sizeof err));
+                    EXPECT_EQ(std::string(err), want);
+                    err[0] = '\0';
+                    EXPECT_FALSE(pk_parse_records(b.data(), b.size(), nullptr, "frames", keep,
+                                                  nullptr, &d, err, sizeof err));
+                    EXPECT_EQ(std::string(err), want);
+                }
+}
+
+} // namespace
+
+namespace {
+
+// Inside a skipped stack nothing is built, but an APPEND(S) or SETITEM(S) onto a value of the
+// wrong kind is refused there as pk_parse refuses it ("target is not a list"): the skipping
+// readers took every skipped value for any container and loaded files pk_parse refuses (or
+// refused them for another reason). What they counted without looking (a memo reference) may
+// still be any container, and what is added to a real one is added.
+TEST(PickleRead, AddingToASkippedValueOfTheWrongKindIsRefusedByEveryReader) {
+    // {"frames": [<items>]} in a list, the items as given.
+    auto doc = [](std::initializer_list<unsigned char> items) {
+        Bytes b = {0x80, 4, ']', '(', '}', '(', 0x8c, 6, 'f', 'r', 'a', 'm', 'e', 's', ']', '('};
+        b.insert(b.end(), items);
+        b.insert(b.end(), {'e', 'u', 'e', '.'});
+        return b;
+    };
+    const struct {
+        const char *what;
+        Bytes b;
+        const char *want; // "" loads
+    } cases[] = {
+        {"SETITEMS onto an int", doc({'}', '(', 'K', 3, '(', '}', '}', 'u', 'u'}),
+         "pickle: SETITEMS target is not a dict at offset 23"},
+        {"SETITEMS onto an int (odd)", doc({'}', '(', 'K', 3, '(', '}', 'u', 'u'}),
+         "pickle: SETITEMS target is not a dict at offset 22"},
+        {"APPEND onto a string", doc({0x8c, 1, 'x', '}', 'a'}),
+         "pickle: APPEND target is not a list at offset 20"},
+        {"SETITEMS onto a list", doc({']', '(', 'K', 1, 'K', 2, 'u'}),
+         "pickle: SETITEMS target is not a dict at offset 22"},
+        {"APPENDS onto a dict", doc({'}', '(', 'K', 1, 'e'}),
+         "pickle: APPENDS target is not a list at offset 20"},
+        {"SETITEM onto a tuple", doc({')', 'K', 1, 'K', 2, 's'}),
+         "pickle: SETITEM target is not a dict at offset 21"},
+        {"APPENDS onto None", doc({'N', '(', 'K', 1, 'e'}),
+         "pickle: APPENDS target is not a list at offset 20"},
+        {"APPENDS onto a list made with LIST", doc({'(', 'l', '(', 'K', 1, 'e'}), ""},
+        {"SETITEMS onto a dict made with DICT", doc({'(', 'd', '(', 'K', 1, 'K', 2, 'u'}), ""},
+        {"APPENDS onto a memoized list", doc({']', 'q', 9, '0', 'h', 9, '(', 'K', 1, 'e', '0'}),
+         ""},
+    };
+    auto keep = [](void *, pk_value_t *const *, size_t, uint64_t *) { return 0; };
+    for (const auto &c : cases) {
+        SCOPED_TRACE(c.what);
+        EXPECT_EQ(parse(c.b), c.want);
+        for (int path = 1; path < 3; path++) {
+            pk_doc_t *d = nullptr;
+            char err[256] = "";
+            bool ok = path == 1 ? pk_parse_skip(c.b.data(), c.b.size(), nullptr, "frames", &d, err,
+                                                sizeof err)
+                                : pk_parse_records(c.b.data(), c.b.size(), nullptr, "frames", keep,
+                                                   nullptr, &d, err, sizeof err);
+            EXPECT_EQ(ok, *c.want == '\0') << "path " << path << ": " << err;
+            if (!ok) {
+                EXPECT_STREQ(err, c.want) << "path " << path;
+            }
+            pk_free(d);
+        }
+    }
+    // Items added to a value that a memo reference pushed inside the stack (which no pickler
+    // writes): the skipping readers do not look references up, so they refuse the document as
+    // one to read whole, which the trace loader then does.
+    Bytes b = doc({'}', ']', 'q', 9, '0', 'h', 9, '(', 'K', 1, 'e', '0', '0'});
+    EXPECT_EQ(parse(b), "");
+    pk_doc_t *d = nullptr;
+    char err[256] = "";
+    EXPECT_FALSE(pk_parse_skip(b.data(), b.size(), nullptr, "frames", &d, err, sizeof err));
+    EXPECT_STREQ(err, PK_ERR_WHOLE "APPENDS adds to a value a reference inside \"frames\" pushed "
+                                   "at offset 26");
+}
+
+} // namespace
+
+namespace {
+
+// The one-pass entry reader (record_fast) passes over a stack's run of memo references as
+// skip_fast does: a reference in that run to a key never set is refused there too, not handed
+// to the hook inside a record (the hook here takes every entry, so a record made past such a
+// reference would load the file). Runs short and long (read one, eight and four at a time).
+TEST(PickleRead, TheEntryReaderRefusesAnUnsetMemoKeyInAStackRun) {
+    for (bool wide : {false, true})
+        for (size_t before : {0u, 3u, 9u, 24u}) {
+            // [ {"action": "alloc", "frames": []}, {"action": "alloc", "frames": [refs]} ]
+            Bytes b = {0x80, 4, ']', 0x94, '(', '}', 0x94, '('}; // memo 0 list, 1 entry
+            auto mstr = [&](const char *s) {
+                b.push_back(0x8c);
+                b.push_back((unsigned char)strlen(s));
+                b.insert(b.end(), s, s + strlen(s));
+                b.push_back(0x94);
+            };
+            mstr("action"); // 2
+            mstr("alloc");  // 3
+            mstr("frames"); // 4
+            b.insert(b.end(), {']', 0x94, 'u'}); // 5: entry 1's stack
+            b.insert(b.end(), {'}', 0x94, '(', 'h', 2, 'h', 3, 'h', 4, ']', 0x94, '('}); // 6, 7
+            auto ref = [&](size_t idx) {
+                if (wide)
+                    b.insert(b.end(), {'j', (unsigned char)idx, 0, 0, 0});
+                else
+                    b.insert(b.end(), {'h', (unsigned char)idx});
+            };
+            ref(1); // the first item: entry 1 (no string, so the stack is skipped)
+            for (size_t i = 0; i < before; i++)
+                ref(1);
+            size_t at = b.size();
+            ref(99); // never set
+            for (size_t i = 0; i < 8; i++)
+                ref(1);
+            b.insert(b.end(), {'e', 'u', 'e', '.'});
+            auto take = [](void *arg, pk_value_t *const *, size_t, uint64_t *id_p) {
+                *id_p = (*(uint64_t *)arg)++;
+                return 1;
+            };
+            uint64_t taken = 0;
+            pk_doc_t *d = nullptr;
+            char err[256] = "";
+            SCOPED_TRACE(std::string(wide ? "wide " : "") + std::to_string(before));
+            EXPECT_FALSE(pk_parse_records(b.data(), b.size(), nullptr, "frames", take, &taken, &d,
+                                          err, sizeof err));
+            EXPECT_EQ(std::string(err),
+                      "pickle: memo key 99 is not defined at offset " + std::to_string(at));
+            EXPECT_EQ(parse(b), "pickle: memo key 99 is not defined at offset " +
+                                    std::to_string(at));
+        }
+}
+
+} // namespace

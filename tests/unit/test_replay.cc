@@ -1864,3 +1864,379 @@ TEST_F(Replay, MoreThan65535PrivatePoolsAreRefusedSayingSo) {
     EXPECT_EQ(err, "device_traces[0][65535] (alloc): more than 65535 private pools on device 0");
     tr_free(&t);
 }
+
+namespace {
+
+// A snapshot written opcode by opcode (protocol 4, no FRAME): what no pickler writes but a
+// hostile file may. front() opens {"segments": [], "device_traces": [[ and back() closes them.
+struct Pk {
+    std::vector<unsigned char> b;
+    Pk() {
+        b.push_back(0x80);
+        b.push_back(4);
+    }
+    Pk &op(std::initializer_list<unsigned char> o) {
+        b.insert(b.end(), o);
+        return *this;
+    }
+    Pk &str(const char *s) {
+        size_t n = strlen(s);
+        b.push_back(0x8c);
+        b.push_back((unsigned char)n);
+        b.insert(b.end(), s, s + n);
+        return *this;
+    }
+    Pk &u64(uint64_t v) { // LONG1 of 9 bytes: a zero sign byte above any value
+        b.insert(b.end(), {0x8a, 9});
+        for (int i = 0; i < 8; i++)
+            b.push_back((unsigned char)(v >> (8 * i)));
+        b.push_back(0);
+        return *this;
+    }
+    Pk &i32(int32_t v) { // BININT
+        b.push_back('J');
+        for (int i = 0; i < 4; i++)
+            b.push_back((unsigned char)((uint32_t)v >> (8 * i)));
+        return *this;
+    }
+    Pk &front() {
+        op({'}', '('});
+        str("segments").op({']'});
+        return str("device_traces").op({']', ']', '('});
+    }
+    std::vector<unsigned char> back() {
+        op({'e', 'a', 'u', '.'});
+        return b;
+    }
+};
+
+// What each loader makes of a file: pk_parse and tr_from_doc (the document whole, as the tests
+// read it), the loader without stacks (`info`, `replay`: the reader skips every "frames" value
+// and hands the entries over) and the loader with them (`plot`, `summary`, `replay --snapshot`).
+struct Loaded {
+    bool ok[3];
+    std::string err[3]; // without the path
+    uint64_t size0[3];  // dev 0's first event's size (when it loaded one)
+    size_t nev[3];
+    uint64_t final_reserved[3], final_allocated[3]; // dev 0's
+    std::string conf[3], format[3];                 // the settings translated, the format
+};
+
+Loaded load_all(const std::vector<unsigned char> &b) {
+    Loaded r{};
+    std::string path = "loaders_" + std::to_string(getpid()) + ".pickle";
+    std::ofstream(path, std::ios::binary).write((const char *)b.data(), (std::streamsize)b.size());
+    for (int k = 0; k < 3; k++) {
+        tr_trace_t t;
+        memset(&t, 0, sizeof t);
+        char why[512] = "";
+        if (k == 0) {
+            r.ok[k] = load(b, &t, &r.err[k]);
+        } else {
+            r.ok[k] = tr_load_opts(path.c_str(), k == 2, &t, why, sizeof why);
+            std::string w = why;
+            r.err[k] = w.rfind(path + ": ", 0) == 0 ? w.substr(path.size() + 2) : w;
+        }
+        if (r.ok[k] && t.ndev > 0) {
+            r.nev[k] = t.dev[0].nev;
+            r.size0[k] = t.dev[0].nev > 0 ? t.dev[0].ev[0].size : 0;
+            r.final_reserved[k] = t.dev[0].final_reserved;
+            r.final_allocated[k] = t.dev[0].final_allocated;
+        }
+        if (r.ok[k]) {
+            r.conf[k] = t.settings.conf;
+            r.format[k] = t.format;
+        }
+        tr_free(&t);
+    }
+    unlink(path.c_str());
+    return r;
+}
+
+// Every loader loads it, with one event of `size` bytes; or every one refuses it with `want`.
+void expect_all(const std::vector<unsigned char> &b, const char *want, uint64_t size,
+                const std::string &what) {
+    Loaded r = load_all(b);
+    for (int k = 0; k < 3; k++) {
+        SCOPED_TRACE(what + ", loader " + std::to_string(k));
+        if (*want == '\0') {
+            ASSERT_TRUE(r.ok[k]) << r.err[k];
+            EXPECT_EQ(r.nev[k], 1u);
+            EXPECT_EQ(r.size0[k], size);
+        } else {
+            EXPECT_FALSE(r.ok[k]);
+            EXPECT_EQ(r.err[k], want);
+        }
+    }
+}
+
+constexpr uint64_t ADDR = 0x7f0000000000ull;
+
+// An alloc entry's dict opened, its action and addr written: the caller adds the rest and 'u'.
+Pk &alloc_head(Pk &p) {
+    p.op({'}', '('});
+    p.str("action").str("alloc").str("addr").u64(ADDR);
+    return p;
+}
+
+class Loaders : public sp::Test {};
+
+// A key that is no string right after a skipped "frames" value: the reader without stacks took it
+// for an item of the stack and skipped on, past the stack's end, through the rest of the entry,
+// then dropped the entry's items with it ("no 'action' string", where the other loaders read an
+// alloc). Every loader reads the entry now, as pickle means it (a key that is no string is no
+// field of an entry). A list whose items are the string "frames" and a list was cut the same way.
+TEST_F(Loaders, AKeyThatIsNoStringAfterASkippedStackIsReadAlike) {
+    struct Case {
+        const char *what;
+        std::function<void(Pk &)> after_frames; // the stack and what follows it, up to "size"
+    };
+    const Case cases[] = {
+        {"int key after a stack of frames (APPENDS)",
+         [](Pk &p) {
+             p.op({']', '(', '}', '('}).str("name").str("f").op({'u', '}', 'e'});
+             p.op({'K', 5, 'K', 0});
+         }},
+        {"None key after a stack of one frame (APPEND)",
+         [](Pk &p) {
+             p.op({']', '}', '('}).str("name").str("f").op({'u', 'a'});
+             p.op({'N', 'K', 0});
+         }},
+        {"int key after an empty stack, its value a string",
+         [](Pk &p) {
+             p.op({']', 'K', 5}).str("size");
+         }},
+        {"tuple key made with a MARK right on top of the stack",
+         [](Pk &p) {
+             p.op({']', '(', 'K', 1, 'K', 2, 't', 'K', 0});
+         }},
+        {"tuple key made with TUPLE2",
+         [](Pk &p) {
+             p.op({']', 'K', 1, 'K', 2, 0x86, 'K', 0});
+         }},
+        {"bytes key",
+         [](Pk &p) {
+             p.op({']', 'C', 1, 'x', 'K', 0});
+         }},
+        {"float key",
+         [](Pk &p) {
+             p.op({']', 'G', 0x3f, 0xf8, 0, 0, 0, 0, 0, 0, 'K', 0});
+         }},
+    };
+    for (const Case &c : cases) {
+        Pk p;
+        p.front();
+        alloc_head(p).str("frames");
+        c.after_frames(p);
+        p.str("size").i32(512).op({'u'});
+        expect_all(p.back(), "", 512, c.what);
+    }
+    // A memoized int as the key: the memo holds 5 (put and popped before the entry).
+    Pk m;
+    m.front().op({'K', 5, 'q', 200, '0'});
+    alloc_head(m).str("frames").op({']', 'h', 200, 'K', 0});
+    m.str("size").i32(512).op({'u'});
+    expect_all(m.back(), "", 512, "memoized int key");
+    // device_traces [["frames", [], 7]]: entries that are no dicts, refused by every loader (the
+    // reader without stacks took the list for a skipped stack, skipped the 7 with it and dropped
+    // the entries, loading an empty trace). Without the 7 it read them, as the bytes key above.
+    for (bool seven : {false, true}) {
+        Pk l;
+        l.front().str("frames").op({']'});
+        if (seven)
+            l.op({'K', 7});
+        expect_all(l.back(), "device_traces[0][0]: no 'action' string", 0,
+                   seven ? "\"frames\", [], 7 as entries" : "\"frames\", [] as entries");
+    }
+}
+
+// Items added to an entry after its SETITEMS, through a memo reference (SETITEM, or SETITEMS
+// after a batch of fewer than 1000 pairs, which no pickler writes): in pickle they are the
+// entry's, the later value of a key replacing the earlier one. The reader without stacks had
+// handed the entry over at its first SETITEMS and refused the file, while `plot` and `summary`
+// read the later size. Every loader reads the later items now.
+TEST_F(Loaders, ItemsAddedToAnEntryLaterAreItsItemsInEveryLoader) {
+    for (int form = 0; form < 3; form++) {
+        Pk p;
+        p.front();
+        p.op({'}', 'q', 100, '('}).str("action").str("alloc").str("addr").u64(ADDR);
+        p.str("size").op({'q', 101}).i32(512).op({'u'});
+        // After the entry, inside the entries' MARK: the entry again, a pair, POP.
+        p.op({'h', 100});
+        if (form == 0)
+            p.op({'h', 101}).i32(1024).op({'s'});
+        else if (form == 1)
+            p.op({'('}).str("stream").i32(0).op({'h', 101}).i32(1024).op({'u'});
+        else
+            p.op({'(', 'u'}); // nothing added: the items stay the first SETITEMS's
+        p.op({'0'});
+        expect_all(p.back(), "", form == 2 ? 512 : 1024, "form " + std::to_string(form));
+    }
+}
+
+// An event whose addr + size runs past 2^64 named no range any allocator has, yet loaded (and
+// the analysis skipped it as no range): it is refused now in every loader, as a segment or a
+// block of the final state that wraps is. An oom's device_free is no address and is not checked.
+TEST_F(Loaders, EventsPastTheEndOfTheAddressSpaceAreRefused) {
+    const uint64_t top = 0xfffffffffffff000ull;
+    const struct {
+        const char *action;
+        uint64_t addr, size;
+        const char *want;
+    } cases[] = {
+        {"alloc", top, 8192,
+         "device_traces[0][0] (alloc): addr 0xfffffffffffff000 + size 8192 runs past the end of "
+         "the address space"},
+        {"alloc", top, 4096, // ends at 2^64 exactly: as a segment there, refused
+         "device_traces[0][0] (alloc): addr 0xfffffffffffff000 + size 4096 runs past the end of "
+         "the address space"},
+        {"segment_map", top, 2 * MiB,
+         "device_traces[0][0] (segment_map): addr 0xfffffffffffff000 + size 2097152 runs past "
+         "the end of the address space"},
+        {"free_requested", top, 8192,
+         "device_traces[0][0] (free_requested): addr 0xfffffffffffff000 + size 8192 runs past "
+         "the end of the address space"},
+        {"alloc", top - 4096, 4096, ""},
+        {"oom", top, 8192, ""},
+    };
+    for (const auto &c : cases) {
+        Pk p;
+        p.front();
+        p.op({'}', '('}).str("action").str(c.action);
+        p.str(strcmp(c.action, "oom") == 0 ? "device_free" : "addr").u64(c.addr);
+        p.str("size").u64(c.size).op({'u'});
+        expect_all(p.back(), c.want, c.size, c.action);
+    }
+}
+
+// A dict the loader without stacks hands over as a trace entry (it has an action string) that is
+// also a dict read elsewhere: a block or a segment of the final state, the allocator settings,
+// the top level, or (any handed-over dict) the settings' roundup divisions. What the record kept
+// cannot say what the dict holds there: the loader without stacks refused a block with an
+// action ("missing 'size' or 'state'"), lost settings read from such a dict, and so on, where
+// the loaders with stacks read the dict. It reads such a file whole now, as they do.
+TEST_F(Loaders, AnEntrysDictReadElsewhereIsReadAlike) {
+    const uint64_t seg = 2 * MiB;
+    auto seg_head = [&](Pk &p) {
+        p.op({'}', '('}).str("device").op({'K', 0}).str("address").u64(ADDR);
+        p.str("total_size").i32((int32_t)seg).str("blocks");
+    };
+    // A block with an action string.
+    Pk a;
+    a.op({'}', '('}).str("segments").op({']', '('});
+    seg_head(a);
+    a.op({']', '(', '}', '('}).str("action").str("x").str("address").u64(ADDR);
+    a.str("size").i32((int32_t)seg).str("requested_size").i32((int32_t)seg);
+    a.str("state").str("active_allocated").op({'u', 'e', 'u', 'e'});
+    a.str("device_traces").op({']', 'u', '.'});
+    // An entry that is also the settings (max_split_size among its keys).
+    Pk b;
+    b.op({'}', '('}).str("segments").op({']'}).str("device_traces").op({']', ']', '('});
+    b.op({'}', 'q', 100, '('}).str("action").str("alloc").str("addr").u64(ADDR);
+    b.str("size").i32(512).str("max_split_size").i32(1 << 30).op({'u', 'e', 'a'});
+    b.str("allocator_settings").op({'h', 100, 'u', '.'});
+    // A final-state block that is also the settings' roundup divisions.
+    Pk c;
+    c.op({'}', '('}).str("segments").op({']', '('});
+    seg_head(c);
+    c.op({']', '(', '}', 'q', 100, '('}).str("state").str("inactive").str("size");
+    c.i32((int32_t)seg).str("address").u64(ADDR).op({'u', 'e', 'u', 'e'});
+    c.str("device_traces").op({']'}).str("allocator_settings").op({'}', '('});
+    c.str("roundup_power2_divisions").op({'h', 100, 'u', 'u', '.'});
+    // A segment with an action string.
+    Pk d;
+    d.op({'}', '('}).str("segments").op({']', '('});
+    seg_head(d);
+    d.op({']'}).str("action").str("segment_alloc").op({'u', 'e'});
+    d.str("device_traces").op({']', 'u', '.'});
+    // The top level with an action string.
+    Pk e;
+    e.op({'}', '('}).str("action").str("alloc").str("segments").op({']', 'u', '.'});
+    const struct {
+        const char *what;
+        std::vector<unsigned char> b;
+        uint64_t reserved, allocated;
+        const char *conf; // nullptr: not checked beyond agreeing
+    } cases[] = {
+        {"block with an action", a.b, seg, seg, ""},
+        {"entry as the settings", b.b, 0, 0, "max_split_size_mb:1024"},
+        {"block as the roundup divisions", c.b, seg, 0, nullptr},
+        {"segment with an action", d.b, seg, 0, ""},
+        {"top level with an action", e.b, 0, 0, ""},
+    };
+    for (const auto &cs : cases) {
+        Loaded r = load_all(cs.b);
+        for (int k = 0; k < 3; k++) {
+            SCOPED_TRACE(std::string(cs.what) + ", loader " + std::to_string(k));
+            EXPECT_TRUE(r.ok[k]) << r.err[k];
+            if (!r.ok[k])
+                continue;
+            EXPECT_EQ(r.final_reserved[k], cs.reserved);
+            EXPECT_EQ(r.final_allocated[k], cs.allocated);
+            EXPECT_EQ(r.conf[k], r.conf[0]);
+            EXPECT_EQ(r.format[k], r.format[0]);
+            if (cs.conf != nullptr) {
+                EXPECT_EQ(r.conf[k], cs.conf);
+            }
+        }
+    }
+}
+
+// A stream or a segment's blocks of a kind that names none (a string, a float, an int past 64
+// bits; blocks that are no list) were read as the default stream and as no blocks, in every
+// loader: the replay put those blocks on stream 0 and the starting state lost its blocks. They
+// are refused now, naming the field. An int of either sign, and a bool, are streams as before.
+TEST_F(Loaders, StreamsAndBlocksOfNoUsableKindAreRefused) {
+    auto entry = [](std::function<void(Pk &)> stream) {
+        Pk p;
+        p.front();
+        alloc_head(p).str("size").i32(512).str("stream");
+        stream(p);
+        p.op({'u'});
+        return p.back();
+    };
+    expect_all(entry([](Pk &p) { p.str("7"); }),
+               "device_traces[0][0] (alloc): 'stream' is not an integer (a stream handle)", 0,
+               "string stream");
+    expect_all(entry([](Pk &p) {
+                   p.op({0x8a, 9, 0, 0, 0, 0, 0, 0, 0, 0, 1});
+               }),
+               "device_traces[0][0] (alloc): 'stream' is not an integer (a stream handle)", 0,
+               "stream of 2^64");
+    expect_all(entry([](Pk &p) {
+                   p.op({'G', 0x3f, 0xf8, 0, 0, 0, 0, 0, 0});
+               }),
+               "device_traces[0][0] (alloc): 'stream' is not an integer (a stream handle)", 0,
+               "float stream");
+    expect_all(entry([](Pk &p) { p.i32(-1); }), "", 512, "negative stream");
+    expect_all(entry([](Pk &p) { p.op({0x88}); }), "", 512, "bool stream");
+    auto segment = [](std::function<void(Pk &)> tail) {
+        Pk p;
+        p.op({'}', '('}).str("segments").op({']', '(', '}', '('}).str("device").op({'K', 0});
+        p.str("address").u64(ADDR).str("total_size").i32(2 * 1024 * 1024);
+        tail(p);
+        p.op({'u', 'e'}).str("device_traces").op({']', 'u', '.'});
+        return p.b;
+    };
+    auto refused = [](const std::vector<unsigned char> &b, const char *want, const char *what) {
+        Loaded r = load_all(b);
+        for (int k = 0; k < 3; k++) {
+            SCOPED_TRACE(std::string(what) + ", loader " + std::to_string(k));
+            EXPECT_FALSE(r.ok[k]);
+            EXPECT_EQ(r.err[k], want);
+        }
+    };
+    refused(segment([](Pk &p) { p.str("stream").str("s").str("blocks").op({']'}); }),
+            "segments[0]: 'stream' is not an integer (a stream handle)", "segment's stream");
+    refused(segment([](Pk &p) {
+                p.str("blocks").op({'K', 5});
+            }),
+            "segments[0]: 'blocks' is not a list", "blocks an int");
+    refused(segment([](Pk &p) { p.str("blocks").op({'N'}); }),
+            "segments[0]: 'blocks' is not a list", "blocks None");
+    Loaded r = load_all(segment([](Pk &p) { p.str("stream").i32(-3).str("blocks").op({']'}); }));
+    for (int k = 0; k < 3; k++)
+        EXPECT_TRUE(r.ok[k]) << r.err[k];
+}
+
+} // namespace
