@@ -450,11 +450,9 @@ static bool build_start(dev_state_t *ds, int d, const tr_device_t *td, bool requ
  * indexes an array. The blocks of the starting state move from ds->blocks into the first slots;
  * each alloc event gets a new slot, and the free of a recorded address the slot of the last
  * alloc of it not yet freed (none: the free is skipped, as a miss in the map was). Whether a
- * slot holds a block is decided in the loop (an OOM holds none). Without exact_heap (see
- * trace.c's analyse: a replay that writes a snapshot asks the heap for what it always did) the
- * map of recorded addresses is made as large as it will get at once (as far as the events tell),
- * instead of growing to it. */
-static bool plan_slots(dev_state_t *ds, const tr_device_t *td, bool exact_heap) {
+ * slot holds a block is decided in the loop (an OOM holds none). The map of recorded addresses
+ * is made as large as it will get at once (as far as the events tell), instead of growing to it. */
+static bool plan_slots(dev_state_t *ds, const tr_device_t *td) {
     /* nalloc: the alloc events; most: about as many addresses as the map below holds at once
      * (the blocks of the starting state and the allocs not yet freed; a free the map misses
      * counts too, so it may be low, and the map then grows past it as it always could). Sized
@@ -474,7 +472,7 @@ static bool plan_slots(dev_state_t *ds, const tr_device_t *td, bool exact_heap) 
     ds->ptrs = calloc(n ? n : 1, sizeof(*ds->ptrs));
     ds->at = malloc((td->nev ? td->nev : 1) * sizeof(*ds->at));
     tr_map_t last = {0}; /* recorded address -> 1 + its slot */
-    bool ok = ds->ptrs != NULL && ds->at != NULL && (exact_heap || tr_map_reserve(&last, most));
+    bool ok = ds->ptrs != NULL && ds->at != NULL && tr_map_reserve(&last, most);
     size_t k = 0;
     for (size_t i = 0; ok && i < ds->blocks.cap; i++) {
         if (ds->blocks.slots[i].key == 0)
@@ -668,7 +666,7 @@ static bool replay_once(const tr_trace_t *t, const char *snapshot_out, bool last
     /* The address map's work is done before the clock starts (plan_slots): it is setup, not
      * the cost of an event. */
     for (int d = 0; ok && d < t->ndev; d++)
-        if (!plan_slots(&ds[d], &t->dev[d], snapshot_out != NULL)) {
+        if (!plan_slots(&ds[d], &t->dev[d])) {
             snprintf(err, errlen, "out of memory");
             ok = false;
         }

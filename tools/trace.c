@@ -210,13 +210,12 @@ static bool grow_array(void **arr, size_t *cap, size_t elem) {
  * segments by address, and most seeds come from them): glibc's qsort is a merge sort that keeps
  * equal elements in order, so the result is the same, and the check is a comparison an element
  * where the sort was a buffer and log n passes. */
-static void sort_by(void *base, size_t n, size_t size, int (*cmp)(const void *, const void *),
-                    bool skip_sorted) {
+static void sort_by(void *base, size_t n, size_t size, int (*cmp)(const void *, const void *)) {
     const char *p = base;
     size_t i = 1;
-    while (skip_sorted && i < n && cmp(p + (i - 1) * size, p + i * size) <= 0)
+    while (i < n && cmp(p + (i - 1) * size, p + i * size) <= 0)
         i++;
-    if (!skip_sorted || i < n)
+    if (i < n)
         qsort(base, n, size, cmp);
 }
 
@@ -917,17 +916,12 @@ static void get_keys(const pk_value_t *dict, const char *const *keys, const size
     }
 }
 
-/* One device's analysis. With exact_heap it asks the heap for what it always did (two address
- * maps in the forward pass, every array sorted): a replay that writes a snapshot records its
- * streams' handles, which the host backend mallocs, so that snapshot's bytes follow the heap's
- * history, and snapshots are compared byte for byte with earlier builds' (address randomisation
- * off). Without it, the forward pass keeps one map (an address's value: 1 while it is live) and
- * an array already in order is not sorted. */
+/* One device's analysis. The forward pass keeps one map of the addresses the events name (an
+ * address's value: 1 while it is live), and an array already in order is not sorted again. */
 static bool analyse(const pk_value_t *segments, const recs_t *recs, const tr_settings_t *set,
-                    int dev, tr_device_t *d, bool exact_heap, char *err, size_t errlen) {
-    tr_map_t live = {0}; /* addresses allocated in the trace and not yet freed (exact_heap) */
-    /* Addresses any alloc/free event names; without exact_heap, with 1 while live, else 0. */
-    tr_map_t touched = {0};
+                    int dev, tr_device_t *d, char *err, size_t errlen) {
+    tr_map_t live = {0}; /* the backward pass: addresses whose free completes later */
+    tr_map_t touched = {0}; /* addresses any alloc/free event names: 1 while live, else 0 */
     tr_map_t segfirst = {0}; /* segment address -> 1 first allocated, 2 first freed in the trace */
     tr_map_t streams = {0};
     xrange_t *xr = NULL; /* expandable segments' mapped ranges */
@@ -968,12 +962,12 @@ static bool analyse(const pk_value_t *segments, const recs_t *recs, const tr_set
         last_stream = sk;
         switch (e->action) {
         case TR_ALLOC:
-            if ((exact_heap && !tr_map_put(&live, e->addr, 1)) || !tr_map_put(&touched, e->addr, 1))
+            if (!tr_map_put(&touched, e->addr, 1))
                 goto oom;
             break;
         case TR_FREE_REQUESTED: {
-            uintptr_t *v = exact_heap ? NULL : tr_map_find(&touched, e->addr);
-            if (exact_heap ? !tr_map_del(&live, e->addr, NULL) : v == NULL || *v == 0) {
+            uintptr_t *v = tr_map_find(&touched, e->addr);
+            if (v == NULL || *v == 0) {
                 if (d->seeded_bytes + e->size >= (uint64_t)TR_SUM_LIMIT)
                     goto too_much;
                 if (!add_seed(d, &cap, e->addr, e->size, 0, e->stream, e->frames, e->pool))
@@ -981,7 +975,7 @@ static bool analyse(const pk_value_t *segments, const recs_t *recs, const tr_set
             }
             if (v != NULL)
                 *v = 0; /* no longer live; add_seed moved no slot */
-            else if (!tr_map_put(&touched, e->addr, exact_heap ? 1 : 0))
+            else if (!tr_map_put(&touched, e->addr, 0))
                 goto oom;
             /* PyTorch completes a free at once (the next entry) unless other streams used the
              * block: then events hold it until a later malloc or empty_cache sees them done,
@@ -1164,7 +1158,7 @@ static bool analyse(const pk_value_t *segments, const recs_t *recs, const tr_set
     /* One device's segments never share an address: two that do would be counted twice and
      * rebuilt at one address. */
     if (nspans > 1)
-        sort_by(spans, nspans, sizeof(*spans), cmp_span, !exact_heap);
+        sort_by(spans, nspans, sizeof(*spans), cmp_span);
     for (size_t i = 1; i < nspans; i++) {
         if (spans[i].addr < spans[i - 1].end) {
             const span_t *hi = spans[i].index > spans[i - 1].index ? &spans[i] : &spans[i - 1];
@@ -1175,7 +1169,7 @@ static bool analyse(const pk_value_t *segments, const recs_t *recs, const tr_set
         }
     }
     if (nranges > 1)
-        sort_by(ranges, nranges, sizeof(*ranges), cmp_range, !exact_heap);
+        sort_by(ranges, nranges, sizeof(*ranges), cmp_range);
     /* Expandable segments at the start: the final state's mapped ranges, walked back through
      * the trace (a range mapped in it was not mapped before; one unmapped in it was). Each
      * mapped range at the start is rebuilt like any other start segment. */
@@ -1219,9 +1213,9 @@ static bool analyse(const pk_value_t *segments, const recs_t *recs, const tr_set
                         0};
     }
     if (d->nstart > 1)
-        sort_by(d->start, d->nstart, sizeof(*d->start), cmp_sseg, !exact_heap);
+        sort_by(d->start, d->nstart, sizeof(*d->start), cmp_sseg);
     if (d->nseeds > 1)
-        sort_by(d->seeds, d->nseeds, sizeof(*d->seeds), cmp_seed, !exact_heap);
+        sort_by(d->seeds, d->nseeds, sizeof(*d->seeds), cmp_seed);
     /* Seeds inside a start segment become its blocks too. */
     for (size_t i = 0, k = 0; i < d->nseeds; i++) {
         tr_seed_t *sd = &d->seeds[i];
@@ -1408,15 +1402,14 @@ static void read_settings(const pk_value_t *as, tr_settings_t *st) {
 #undef ADD
 }
 
-static bool from_doc(pk_doc_t *doc, recs_t *recs, bool exact_heap, tr_trace_t *t, char *err,
+static bool from_doc(pk_doc_t *doc, recs_t *recs, tr_trace_t *t, char *err,
                      size_t errlen);
 
 bool tr_from_doc(pk_doc_t *doc, tr_trace_t *t, char *err, size_t errlen) {
-    return from_doc(doc, NULL, true, t, err, errlen);
+    return from_doc(doc, NULL, t, err, errlen);
 }
 
-/* exact_heap: analyse's. */
-static bool from_doc(pk_doc_t *doc, recs_t *recs, bool exact_heap, tr_trace_t *t, char *err,
+static bool from_doc(pk_doc_t *doc, recs_t *recs, tr_trace_t *t, char *err,
                      size_t errlen) {
     memset(t, 0, sizeof(*t));
     t->doc = doc;
@@ -1475,7 +1468,7 @@ static bool from_doc(pk_doc_t *doc, recs_t *recs, bool exact_heap, tr_trace_t *t
     }
     for (int d = 0; d < ndev; d++) {
         if (!load_events(pk_at(traces, (size_t)d), recs, d, &t->dev[d], err, errlen) ||
-            !analyse(segments, recs, &t->settings, d, &t->dev[d], exact_heap, err, errlen))
+            !analyse(segments, recs, &t->settings, d, &t->dev[d], err, errlen))
             return false;
     }
     return true;
@@ -1591,7 +1584,7 @@ bool tr_load_opts(const char *path, bool frames, tr_trace_t *t, char *err, size_
         }
     }
     /* A load with frames is a replay's that writes a snapshot (or another command's). */
-    ok = from_doc(doc, &recs, frames, t, why, sizeof(why));
+    ok = from_doc(doc, &recs, t, why, sizeof(why));
     t->ev_block = recs.ev; /* the devices' event arrays (tr_free frees it) */
     free(recs.side);
     free(recs.blk);
