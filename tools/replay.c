@@ -450,18 +450,29 @@ static bool build_start(dev_state_t *ds, int d, const tr_device_t *td, bool requ
  * indexes an array. The blocks of the starting state move from ds->blocks into the first slots;
  * each alloc event gets a new slot, and the free of a recorded address the slot of the last
  * alloc of it not yet freed (none: the free is skipped, as a miss in the map was). Whether a
- * slot holds a block is decided in the loop (an OOM holds none). */
+ * slot holds a block is decided in the loop (an OOM holds none). The map of recorded addresses
+ * is made as large as it will get at once (as far as the events tell), instead of growing to it. */
 static bool plan_slots(dev_state_t *ds, const tr_device_t *td) {
-    size_t nalloc = 0;
-    for (size_t i = 0; i < td->nev; i++)
-        nalloc += td->ev[i].action == TR_ALLOC;
+    /* nalloc: the alloc events; most: about as many addresses as the map below holds at once
+     * (the blocks of the starting state and the allocs not yet freed; a free the map misses
+     * counts too, so it may be low, and the map then grows past it as it always could). Sized
+     * by nalloc instead, a long trace's map would be mostly empty and missed in cache. */
+    size_t nalloc = 0, live = ds->blocks.n, most = live;
+    for (size_t i = 0; i < td->nev; i++) {
+        if (td->ev[i].action == TR_ALLOC) {
+            nalloc++;
+            most = ++live > most ? live : most;
+        } else if (td->ev[i].action == TR_FREE_REQUESTED && live > 0) {
+            live--;
+        }
+    }
     size_t n = ds->blocks.n + nalloc;
     if (n >= NO_SLOT)
         return false;
     ds->ptrs = calloc(n ? n : 1, sizeof(*ds->ptrs));
     ds->at = malloc((td->nev ? td->nev : 1) * sizeof(*ds->at));
     tr_map_t last = {0}; /* recorded address -> 1 + its slot */
-    bool ok = ds->ptrs != NULL && ds->at != NULL;
+    bool ok = ds->ptrs != NULL && ds->at != NULL && tr_map_reserve(&last, most);
     size_t k = 0;
     for (size_t i = 0; ok && i < ds->blocks.cap; i++) {
         if (ds->blocks.slots[i].key == 0)

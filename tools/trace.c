@@ -33,8 +33,8 @@ static size_t slot_of(uint64_t key, size_t cap) {
     return (size_t)(h >> (64 - __builtin_ctzll((unsigned long long)cap)));
 }
 
-static bool map_grow(tr_map_t *m) {
-    size_t cap = m->cap ? m->cap * 2 : 1024;
+/* Rehash into `cap` slots (a power of two, more than twice m->n). */
+static bool map_rehash(tr_map_t *m, size_t cap) {
     tr_slot_t *sl = calloc(cap, sizeof(*sl));
     if (sl == NULL)
         return false;
@@ -50,6 +50,17 @@ static bool map_grow(tr_map_t *m) {
     m->slots = sl;
     m->cap = cap;
     return true;
+}
+
+static bool map_grow(tr_map_t *m) {
+    return map_rehash(m, m->cap ? m->cap * 2 : 1024);
+}
+
+bool tr_map_reserve(tr_map_t *m, size_t n) {
+    size_t cap = m->cap ? m->cap : 1024;
+    while ((n + 1) * 2 > cap)
+        cap *= 2;
+    return cap == m->cap || map_rehash(m, cap);
 }
 
 bool tr_map_put(tr_map_t *m, uint64_t key, uintptr_t val) {
@@ -78,6 +89,15 @@ bool tr_map_get(const tr_map_t *m, uint64_t key, uintptr_t *val_p) {
         }
     }
     return false;
+}
+
+uintptr_t *tr_map_find(tr_map_t *m, uint64_t key) {
+    if (m->cap == 0 || key == 0)
+        return NULL;
+    for (size_t s = slot_of(key, m->cap); m->slots[s].key != 0; s = (s + 1) & (m->cap - 1))
+        if (m->slots[s].key == key)
+            return &m->slots[s].val;
+    return NULL;
 }
 
 bool tr_map_del(tr_map_t *m, uint64_t key, uintptr_t *val_p) {
@@ -184,6 +204,19 @@ static bool grow_array(void **arr, size_t *cap, size_t elem) {
     *arr = na;
     *cap = n;
     return true;
+}
+
+/* qsort, but with `skip_sorted` not when base is in order already (a snapshot lists its
+ * segments by address, and most seeds come from them): glibc's qsort is a merge sort that keeps
+ * equal elements in order, so the result is the same, and the check is a comparison an element
+ * where the sort was a buffer and log n passes. */
+static void sort_by(void *base, size_t n, size_t size, int (*cmp)(const void *, const void *)) {
+    const char *p = base;
+    size_t i = 1;
+    while (i < n && cmp(p + (i - 1) * size, p + i * size) <= 0)
+        i++;
+    if (i < n)
+        qsort(base, n, size, cmp);
 }
 
 /* A final segment's addresses and its index in the list, to find two that overlap. */
@@ -928,10 +961,12 @@ static void get_keys(const pk_value_t *dict, const char *const *keys, const size
     }
 }
 
+/* One device's analysis. The forward pass keeps one map of the addresses the events name (an
+ * address's value: 1 while it is live), and an array already in order is not sorted again. */
 static bool analyse(const pk_value_t *segments, const recs_t *recs, const tr_settings_t *set,
                     int dev, tr_device_t *d, char *err, size_t errlen) {
-    tr_map_t live = {0};     /* addresses allocated in the trace and not yet freed */
-    tr_map_t touched = {0};  /* addresses any alloc/free event names */
+    tr_map_t live = {0}; /* the backward pass: addresses whose free completes later */
+    tr_map_t touched = {0}; /* addresses any alloc/free event names: 1 while live, else 0 */
     tr_map_t segfirst = {0}; /* segment address -> 1 first allocated, 2 first freed in the trace */
     tr_map_t streams = {0};
     xrange_t *xr = NULL; /* expandable segments' mapped ranges */
@@ -972,17 +1007,20 @@ static bool analyse(const pk_value_t *segments, const recs_t *recs, const tr_set
         last_stream = sk;
         switch (e->action) {
         case TR_ALLOC:
-            if (!tr_map_put(&live, e->addr, 1) || !tr_map_put(&touched, e->addr, 1))
+            if (!tr_map_put(&touched, e->addr, 1))
                 goto oom;
             break;
-        case TR_FREE_REQUESTED:
-            if (!tr_map_del(&live, e->addr, NULL)) {
+        case TR_FREE_REQUESTED: {
+            uintptr_t *v = tr_map_find(&touched, e->addr);
+            if (v == NULL || *v == 0) {
                 if (d->seeded_bytes + e->size >= (uint64_t)TR_SUM_LIMIT)
                     goto too_much;
                 if (!add_seed(d, &cap, e->addr, e->size, 0, e->stream, e->frames, e->pool))
                     goto oom;
             }
-            if (!tr_map_put(&touched, e->addr, 1))
+            if (v != NULL)
+                *v = 0; /* no longer live; add_seed moved no slot */
+            else if (!tr_map_put(&touched, e->addr, 0))
                 goto oom;
             /* PyTorch completes a free at once (the next entry) unless other streams used the
              * block: then events hold it until a later malloc or empty_cache sees them done,
@@ -994,6 +1032,7 @@ static bool analyse(const pk_value_t *segments, const recs_t *recs, const tr_set
             else
                 e->flags &= (uint8_t)~TR_F_DEFERRED;
             break;
+        }
         case TR_SEGMENT_ALLOC:
         case TR_SEGMENT_FREE:
             if (!tr_map_get(&segfirst, e->addr, NULL) &&
@@ -1194,7 +1233,7 @@ static bool analyse(const pk_value_t *segments, const recs_t *recs, const tr_set
     /* One device's segments never share an address: two that do would be counted twice and
      * rebuilt at one address. */
     if (nspans > 1)
-        qsort(spans, nspans, sizeof(*spans), cmp_span);
+        sort_by(spans, nspans, sizeof(*spans), cmp_span);
     for (size_t i = 1; i < nspans; i++) {
         if (spans[i].addr < spans[i - 1].end) {
             const span_t *hi = spans[i].index > spans[i - 1].index ? &spans[i] : &spans[i - 1];
@@ -1205,7 +1244,7 @@ static bool analyse(const pk_value_t *segments, const recs_t *recs, const tr_set
         }
     }
     if (nranges > 1)
-        qsort(ranges, nranges, sizeof(*ranges), cmp_range);
+        sort_by(ranges, nranges, sizeof(*ranges), cmp_range);
     /* Expandable segments at the start: the final state's mapped ranges, walked back through
      * the trace (a range mapped in it was not mapped before; one unmapped in it was). Each
      * mapped range at the start is rebuilt like any other start segment. */
@@ -1249,9 +1288,9 @@ static bool analyse(const pk_value_t *segments, const recs_t *recs, const tr_set
                         0};
     }
     if (d->nstart > 1)
-        qsort(d->start, d->nstart, sizeof(*d->start), cmp_sseg);
+        sort_by(d->start, d->nstart, sizeof(*d->start), cmp_sseg);
     if (d->nseeds > 1)
-        qsort(d->seeds, d->nseeds, sizeof(*d->seeds), cmp_seed);
+        sort_by(d->seeds, d->nseeds, sizeof(*d->seeds), cmp_seed);
     /* Seeds inside a start segment become its blocks too. */
     for (size_t i = 0, k = 0; i < d->nseeds; i++) {
         tr_seed_t *sd = &d->seeds[i];
@@ -1438,13 +1477,15 @@ static void read_settings(const pk_value_t *as, tr_settings_t *st) {
 #undef ADD
 }
 
-static bool from_doc(pk_doc_t *doc, recs_t *recs, tr_trace_t *t, char *err, size_t errlen);
+static bool from_doc(pk_doc_t *doc, recs_t *recs, tr_trace_t *t, char *err,
+                     size_t errlen);
 
 bool tr_from_doc(pk_doc_t *doc, tr_trace_t *t, char *err, size_t errlen) {
     return from_doc(doc, NULL, t, err, errlen);
 }
 
-static bool from_doc(pk_doc_t *doc, recs_t *recs, tr_trace_t *t, char *err, size_t errlen) {
+static bool from_doc(pk_doc_t *doc, recs_t *recs, tr_trace_t *t, char *err,
+                     size_t errlen) {
     memset(t, 0, sizeof(*t));
     t->doc = doc;
     t->root = pk_root(doc);
@@ -1642,6 +1683,7 @@ bool tr_load_opts(const char *path, bool frames, tr_trace_t *t, char *err, size_
             recs.cap = recs.n ? recs.n : 1;
         }
     }
+    /* A load with frames is a replay's that writes a snapshot (or another command's). */
     ok = from_doc(doc, &recs, t, why, sizeof(why));
     t->ev_block = recs.ev; /* the devices' event arrays (tr_free frees it) */
     free(recs.side);

@@ -156,6 +156,11 @@ typedef struct tr_map {
 bool tr_map_put(tr_map_t *m, uint64_t key, uintptr_t val); /* insert or replace; false on OOM */
 bool tr_map_get(const tr_map_t *m, uint64_t key, uintptr_t *val_p);
 bool tr_map_del(tr_map_t *m, uint64_t key, uintptr_t *val_p); /* false when absent */
+/* Where key's value is held (changed in place), or NULL when key is absent; valid until the next
+ * put or del. */
+uintptr_t *tr_map_find(tr_map_t *m, uint64_t key);
+/* Room for n keys: no put grows the map until it holds more. false on OOM (m unchanged). */
+bool tr_map_reserve(tr_map_t *m, size_t n);
 void tr_map_free(tr_map_t *m);
 
 #ifdef __cplusplus

@@ -957,10 +957,58 @@ TEST_F(Replay, SkippingFramesLoadsTheSameTrace) {
             EXPECT_EQ(x.start_bytes, y.start_bytes);
             EXPECT_EQ(x.peak_reserved, y.peak_reserved);
             EXPECT_EQ(x.final_allocated, y.final_allocated);
+            // The load without stacks analyses with its shortcuts (one address map, arrays in
+            // order left unsorted): the starting state comes out the same, in the same order.
+            for (size_t i = 0; i < x.nseeds && i < y.nseeds; i++) {
+                EXPECT_EQ(x.seeds[i].addr, y.seeds[i].addr) << name << " seed " << i;
+                EXPECT_EQ(x.seeds[i].size, y.seeds[i].size) << name << " seed " << i;
+                EXPECT_EQ(x.seeds[i].in_start, y.seeds[i].in_start) << name << " seed " << i;
+                EXPECT_EQ(x.seeds[i].pool, y.seeds[i].pool) << name << " seed " << i;
+            }
+            for (size_t i = 0; i < x.nstart && i < y.nstart; i++) {
+                EXPECT_EQ(x.start[i].addr, y.start[i].addr) << name << " segment " << i;
+                EXPECT_EQ(x.start[i].size, y.start[i].size) << name << " segment " << i;
+                EXPECT_EQ(x.start[i].first, y.start[i].first) << name << " segment " << i;
+                EXPECT_EQ(x.start[i].n, y.start[i].n) << name << " segment " << i;
+            }
+            for (size_t i = 0; i < x.nsblocks && i < y.nsblocks; i++) {
+                EXPECT_EQ(x.sblocks[i].addr, y.sblocks[i].addr) << name << " block " << i;
+                EXPECT_EQ(x.sblocks[i].size, y.sblocks[i].size) << name << " block " << i;
+                EXPECT_EQ(x.sblocks[i].req, y.sblocks[i].req) << name << " block " << i;
+            }
         }
         tr_free(&a);
         tr_free(&b);
     }
+}
+
+// The address map's in-place lookup and its reservation: a reserved map holds that many keys
+// without growing, and a value found is the one later lookups see.
+TEST_F(Replay, AddressMapFindsInPlaceAndReservesRoom) {
+    tr_map_t m = {};
+    EXPECT_EQ(tr_map_find(&m, 512), nullptr);
+    ASSERT_TRUE(tr_map_reserve(&m, 5000));
+    size_t cap = m.cap;
+    EXPECT_GE(cap, 2 * 5000u + 2);
+    for (uint64_t k = 1; k <= 5000; k++)
+        ASSERT_TRUE(tr_map_put(&m, k << 9, k));
+    EXPECT_EQ(m.cap, cap) << "no growth up to the reserved count";
+    EXPECT_EQ(m.n, 5000u);
+    uintptr_t *v = tr_map_find(&m, 77 << 9);
+    ASSERT_NE(v, nullptr);
+    EXPECT_EQ(*v, 77u);
+    *v = 0;
+    uintptr_t got = 1;
+    EXPECT_TRUE(tr_map_get(&m, 77 << 9, &got));
+    EXPECT_EQ(got, 0u);
+    EXPECT_EQ(tr_map_find(&m, 5001 << 9), nullptr);
+    EXPECT_EQ(tr_map_find(&m, 0), nullptr);
+    ASSERT_TRUE(tr_map_reserve(&m, 10)) << "a smaller reservation keeps the map";
+    EXPECT_EQ(m.cap, cap);
+    got = 0;
+    EXPECT_TRUE(tr_map_get(&m, 4999 << 9, &got));
+    EXPECT_EQ(got, 4999u);
+    tr_map_free(&m);
 }
 
 } // namespace
