@@ -12,7 +12,7 @@
 #include "core/core.h"
 
 /* glibc 2.32 and later say whether the process has only ever had one thread
- * (<sys/single_threaded.h>: false from the first pthread_create on). Elsewhere we assume threads. */
+ * (<sys/single_threaded.h>: false from its first pthread_create on). Elsewhere: threads. */
 #if defined(__has_include)
 #if __has_include(<sys/single_threaded.h>)
 #include <sys/single_threaded.h>

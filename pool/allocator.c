@@ -1156,9 +1156,9 @@ static inline __attribute__((always_inline)) void hit_unlock(sp_lock_t *l, bool 
  * point, not a result. The caller saw sp__fast_malloc_on (so sizes are not rounded by
  * divisions, caching is on and segments are not expandable). false: the lock was busy; nothing
  * was done and malloc_full takes the whole path. */
-static inline __attribute__((always_inline)) bool
-malloc_hit(sp_devalloc_t *d, size_t orig, sp_stream_t stream, void **ptr_p, sp_status_t *s_p,
-           bool alone) {
+static inline __attribute__((always_inline)) bool malloc_hit(sp_devalloc_t *d, size_t orig,
+                                                             sp_stream_t stream, void **ptr_p,
+                                                             sp_status_t *s_p, bool alone) {
     if (!hit_lock(&d->lock, alone))
         return false;
     sp_mempool_t *pool = d->default_pool;
@@ -1216,7 +1216,7 @@ static __attribute__((noinline)) sp_status_t malloc_full(size_t size, int device
  * the same checks and hit, the lock taken by plain stores. Once the process has a second thread
  * the share is given back for good (glibc never turns __libc_single_threaded true again). */
 static __attribute__((noinline)) sp_status_t malloc_slow(size_t size, int device,
-                                                        sp_stream_t stream, void **ptr_p) {
+                                                         sp_stream_t stream, void **ptr_p) {
     int off = __atomic_load_n(&sp__fast_off, __ATOMIC_ACQUIRE);
     if (SP_UNLIKELY(off & SP_FAST_ALONE)) {
         sp_status_t s;
@@ -1234,10 +1234,10 @@ static __attribute__((noinline)) sp_status_t malloc_slow(size_t size, int device
  * register before it knows which way it goes: the single-threaded process's calls (malloc_slow)
  * then pay no save and restore they do not use (callgrind: 22 instructions a call). */
 static __attribute__((noinline)) sp_status_t malloc_fast(size_t size, int device,
-                                                        sp_stream_t stream, void **ptr_p) {
+                                                         sp_stream_t stream, void **ptr_p) {
     sp_status_t s;
-    if (SP_LIKELY((unsigned)device < (unsigned)sp__g.ndev && ptr_p &&
-                  size - 1 < SP_ONE_EB - 1 && !is_pseudo_stream(stream)) &&
+    if (SP_LIKELY((unsigned)device < (unsigned)sp__g.ndev && ptr_p && size - 1 < SP_ONE_EB - 1 &&
+                  !is_pseudo_stream(stream)) &&
         malloc_hit(&sp__g.devs[device], size, stream, ptr_p, &s, false))
         return s;
     return malloc_full(size, device, stream, ptr_p);

@@ -965,8 +965,8 @@ static void get_keys(const pk_value_t *dict, const char *const *keys, const size
  * address's value: 1 while it is live), and an array already in order is not sorted again. */
 static bool analyse(const pk_value_t *segments, const recs_t *recs, const tr_settings_t *set,
                     int dev, tr_device_t *d, char *err, size_t errlen) {
-    tr_map_t live = {0}; /* the backward pass: addresses whose free completes later */
-    tr_map_t touched = {0}; /* addresses any alloc/free event names: 1 while live, else 0 */
+    tr_map_t live = {0};     /* the backward pass: addresses whose free completes later */
+    tr_map_t touched = {0};  /* addresses any alloc/free event names: 1 while live, else 0 */
     tr_map_t segfirst = {0}; /* segment address -> 1 first allocated, 2 first freed in the trace */
     tr_map_t streams = {0};
     xrange_t *xr = NULL; /* expandable segments' mapped ranges */
@@ -1477,15 +1477,13 @@ static void read_settings(const pk_value_t *as, tr_settings_t *st) {
 #undef ADD
 }
 
-static bool from_doc(pk_doc_t *doc, recs_t *recs, tr_trace_t *t, char *err,
-                     size_t errlen);
+static bool from_doc(pk_doc_t *doc, recs_t *recs, tr_trace_t *t, char *err, size_t errlen);
 
 bool tr_from_doc(pk_doc_t *doc, tr_trace_t *t, char *err, size_t errlen) {
     return from_doc(doc, NULL, t, err, errlen);
 }
 
-static bool from_doc(pk_doc_t *doc, recs_t *recs, tr_trace_t *t, char *err,
-                     size_t errlen) {
+static bool from_doc(pk_doc_t *doc, recs_t *recs, tr_trace_t *t, char *err, size_t errlen) {
     memset(t, 0, sizeof(*t));
     t->doc = doc;
     t->root = pk_root(doc);

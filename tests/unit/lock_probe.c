@@ -5,16 +5,26 @@
 #include "core/core_lock.h"
 #include "lock_probe.h"
 
-int sp_probe_alone(void) { return sp__lock_alone(); }
+int sp_probe_alone(void) {
+    return sp__lock_alone();
+}
 
-void *sp_probe_lock_new(void) { return calloc(1, sizeof(sp_lock_t)); }
+void *sp_probe_lock_new(void) {
+    return calloc(1, sizeof(sp_lock_t));
+}
 
-void sp_probe_lock(void *l) { sp__lock(l); }
+void sp_probe_lock(void *l) {
+    sp__lock(l);
+}
 
-void sp_probe_unlock(void *l) { sp__unlock(l); }
+void sp_probe_unlock(void *l) {
+    sp__unlock(l);
+}
 
 int sp_probe_lock_word(void *l) {
     return atomic_load_explicit(&((sp_lock_t *)l)->v, memory_order_acquire);
 }
 
-void sp_probe_wake(void *l) { sp__unlock_wake(l); }
+void sp_probe_wake(void *l) {
+    sp__unlock_wake(l);
+}

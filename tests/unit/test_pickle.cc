@@ -2092,9 +2092,9 @@ TEST(PickleRead, TheEntryReaderRefusesAnUnsetMemoKeyInAStackRun) {
                 b.insert(b.end(), s, s + strlen(s));
                 b.push_back(0x94);
             };
-            mstr("action"); // 2
-            mstr("alloc");  // 3
-            mstr("frames"); // 4
+            mstr("action");                      // 2
+            mstr("alloc");                       // 3
+            mstr("frames");                      // 4
             b.insert(b.end(), {']', 0x94, 'u'}); // 5: entry 1's stack
             b.insert(b.end(), {'}', 0x94, '(', 'h', 2, 'h', 3, 'h', 4, ']', 0x94, '('}); // 6, 7
             auto ref = [&](size_t idx) {
@@ -2123,8 +2123,8 @@ TEST(PickleRead, TheEntryReaderRefusesAnUnsetMemoKeyInAStackRun) {
                                           err, sizeof err));
             EXPECT_EQ(std::string(err),
                       "pickle: memo key 99 is not defined at offset " + std::to_string(at));
-            EXPECT_EQ(parse(b), "pickle: memo key 99 is not defined at offset " +
-                                    std::to_string(at));
+            EXPECT_EQ(parse(b),
+                      "pickle: memo key 99 is not defined at offset " + std::to_string(at));
         }
 }
 
