@@ -15,6 +15,16 @@ date=$(date -u +%Y-%m-%dT%H:%M:%SZ)
 tmp=$(mktemp)
 trap 'rm -f "$tmp" "$tmp.cg"' EXIT
 tag() { sed "s/^{/{\"build\":\"$1\",\"date\":\"$date\",/"; }
+instructions() { # instructions BUILD DIR THREADS CASE: callgrind's count per cached 512 B pair
+  n=200000
+  ir=$(SYMPOOL_DEVICE=host valgrind --tool=callgrind --toggle-collect=sp_malloc \
+         --toggle-collect=sp_free --callgrind-out-file="$tmp.cg" \
+         "$2/bench/bench_alloc" $n 512 "$3" 2>&1 >/dev/null |
+       sed -n 's/.*Collected : \([0-9]*\).*/\1/p')
+  # n timed pairs plus the warm-up pair, inside sp_malloc and sp_free only
+  printf '{"bench":"instructions",%s"size":512,"pairs":%s,"ir_per_pair":%s}\n' "$4" \
+    $((n + 1)) "$(awk -v t="$ir" -v n=$((n + 1)) 'BEGIN{printf "%.1f", t/n}')" | tag "$1"
+}
 one() { # one() BUILD DIR: one run of every bench of that build
   SYMPOOL_DEVICE=host "$2/bench/bench_alloc_scale" 3 1000000 500000 | tag "$1"
   if [ "${COMPARE_MPI:-1}" != 0 ] && command -v mpirun >/dev/null 2>&1; then
@@ -22,23 +32,11 @@ one() { # one() BUILD DIR: one run of every bench of that build
       mpirun -np 2 "$2/bench/bench_small_calls" 2000 15 2>/dev/null | tag "$1"
   fi
   if command -v valgrind >/dev/null 2>&1; then
-    n=200000
-    ir=$(SYMPOOL_DEVICE=host valgrind --tool=callgrind --toggle-collect=sp_malloc \
-           --toggle-collect=sp_free --callgrind-out-file="$tmp.cg" \
-           "$2/bench/bench_alloc" $n 512 1 2>&1 >/dev/null |
-         sed -n 's/.*Collected : \([0-9]*\).*/\1/p')
-    # n timed pairs plus the warm-up pair, inside sp_malloc and sp_free only
-    printf '{"bench":"instructions","size":512,"pairs":%s,"ir_per_pair":%s}\n' \
-      $((n + 1)) "$(awk -v t="$ir" -v n=$((n + 1)) 'BEGIN{printf "%.1f", t/n}')" | tag "$1"
+    instructions "$1" "$2" 1 ''
     # The same in the main thread of a single-threaded process, where the build's bench_alloc
     # has that case (threads 0; older ones run a thread instead and are not counted here).
     if SYMPOOL_DEVICE=host "$2/bench/bench_alloc" 1 512 0 2>/dev/null | grep -q '"threads":0'; then
-      ir=$(SYMPOOL_DEVICE=host valgrind --tool=callgrind --toggle-collect=sp_malloc \
-             --toggle-collect=sp_free --callgrind-out-file="$tmp.cg" \
-             "$2/bench/bench_alloc" $n 512 0 2>&1 >/dev/null |
-           sed -n 's/.*Collected : \([0-9]*\).*/\1/p')
-      printf '{"bench":"instructions","case":"single_threaded_process","size":512,"pairs":%s,"ir_per_pair":%s}\n' \
-        $((n + 1)) "$(awk -v t="$ir" -v n=$((n + 1)) 'BEGIN{printf "%.1f", t/n}')" | tag "$1"
+      instructions "$1" "$2" 0 '"case":"single_threaded_process",'
     fi
   fi
 }

@@ -119,15 +119,20 @@ void pk_limits_default(pk_limits_t *lim) {
     lim->max_str = (size_t)1 << 28;
 }
 
+/* The parse's error message: prefix, what, and the offset of the opcode that failed. */
+static void vfail(parser_t *ps, const char *prefix, const char *fmt, va_list ap) {
+    char what[200];
+    vsnprintf(what, sizeof(what), fmt, ap);
+    if (ps->err != NULL && ps->errlen > 0)
+        snprintf(ps->err, ps->errlen, "%s%s at offset %zu", prefix, what, ps->op);
+}
+
 static bool fail(parser_t *ps, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 static bool fail(parser_t *ps, const char *fmt, ...) {
-    char what[200];
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(what, sizeof(what), fmt, ap);
+    vfail(ps, "pickle: ", fmt, ap);
     va_end(ap);
-    if (ps->err != NULL && ps->errlen > 0)
-        snprintf(ps->err, ps->errlen, "pickle: %s at offset %zu", what, ps->op);
     return false;
 }
 
@@ -135,13 +140,10 @@ static bool fail(parser_t *ps, const char *fmt, ...) {
  * read of it differs from what skipping or the record hook can. */
 static bool fail_whole(parser_t *ps, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 static bool fail_whole(parser_t *ps, const char *fmt, ...) {
-    char what[200];
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(what, sizeof(what), fmt, ap);
+    vfail(ps, PK_ERR_WHOLE, fmt, ap);
     va_end(ap);
-    if (ps->err != NULL && ps->errlen > 0)
-        snprintf(ps->err, ps->errlen, PK_ERR_WHOLE "%s at offset %zu", what, ps->op);
     return false;
 }
 
