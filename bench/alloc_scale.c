@@ -110,6 +110,16 @@ static double run_pairs(int threads, int glibc) {
     return sum / threads;
 }
 
+/* One line of a pair case: the medians of sympool's and glibc's ns per pair and of their ratio. */
+static void print_pair(const char *name, const char *be, int rounds, double *sp, double *gl,
+                       double *ratio) {
+    printf("{\"bench\":\"alloc_scale\",\"case\":\"%s\",\"backend\":\"%s\",\"size\":512,"
+           "\"rounds\":%d,\"pairs\":%ld,\"ns_per_pair\":%.2f,\"glibc_ns_per_pair\":%.2f,"
+           "\"ratio_to_glibc\":%.2f}\n",
+           name, be, rounds, g_pairs, bench_median(sp, rounds), bench_median(gl, rounds),
+           bench_median(ratio, rounds));
+}
+
 /* The idle bytes per thread the thread_cache case turns the cache on with. */
 #define CACHE_LIMIT "64KiB"
 
@@ -205,11 +215,7 @@ int main(int argc, char **argv) {
         st_gl[r] = gl.ns;
         st_r[r] = sp.ns / gl.ns;
     }
-    printf("{\"bench\":\"alloc_scale\",\"case\":\"pair_single_threaded_process\","
-           "\"backend\":\"%s\",\"size\":512,\"rounds\":%d,\"pairs\":%ld,"
-           "\"ns_per_pair\":%.2f,\"glibc_ns_per_pair\":%.2f,\"ratio_to_glibc\":%.2f}\n",
-           be, rounds, g_pairs, bench_median(st_sp, rounds), bench_median(st_gl, rounds),
-           bench_median(st_r, rounds));
+    print_pair("pair_single_threaded_process", be, rounds, st_sp, st_gl, st_r);
     fflush(stdout);
 
     double sp1[64], gl1[64], sp2[64], r_gl[64], r_thr[64], empty[64], full[64], r_set[64];
@@ -227,11 +233,7 @@ int main(int argc, char **argv) {
         r_gl[r] = sp1[r] / gl1[r];
         r_thr[r] = sp2[r] / sp1[r];
     }
-    printf("{\"bench\":\"alloc_scale\",\"case\":\"pair\",\"backend\":\"%s\",\"size\":512,"
-           "\"rounds\":%d,\"pairs\":%ld,\"ns_per_pair\":%.2f,\"glibc_ns_per_pair\":%.2f,"
-           "\"ratio_to_glibc\":%.2f}\n",
-           be, rounds, g_pairs, bench_median(sp1, rounds), bench_median(gl1, rounds),
-           bench_median(r_gl, rounds));
+    print_pair("pair", be, rounds, sp1, gl1, r_gl);
     printf("{\"bench\":\"alloc_scale\",\"case\":\"threads\",\"backend\":\"%s\",\"size\":512,"
            "\"rounds\":%d,\"pairs\":%ld,\"ns_1_thread\":%.2f,\"ns_per_thread_2_threads\":%.2f,"
            "\"ratio\":%.2f}\n",
