@@ -170,6 +170,19 @@ bool replay_synthetic(replay_result_t *r, std::string *why) {
 
 class Replay : public sp::Test {};
 
+// A snapshot with no segments whose device 0's trace is being written: e is ready for its
+// entries; the caller closes the two lists and the dict.
+static void begin_device0_events(sp__emit_t *e) {
+    sp__emit_init(e, false);
+    sp__emit_dict_begin(e);
+    sp__emit_key(e, "segments");
+    sp__emit_list_begin(e);
+    sp__emit_list_end(e);
+    sp__emit_key(e, "device_traces");
+    sp__emit_list_begin(e);
+    sp__emit_list_begin(e);
+}
+
 TEST_F(Replay, FindsSeedsAndPyTorchReserved) {
     tr_trace_t t;
     std::string err;
@@ -1154,14 +1167,7 @@ TEST_F(Replay, ActionNamesAreReadWholly) {
         {"", TR_OTHER},
         {"resize", TR_OTHER}};
     sp__emit_t e;
-    sp__emit_init(&e, false);
-    sp__emit_dict_begin(&e);
-    sp__emit_key(&e, "segments");
-    sp__emit_list_begin(&e);
-    sp__emit_list_end(&e);
-    sp__emit_key(&e, "device_traces");
-    sp__emit_list_begin(&e);
-    sp__emit_list_begin(&e);
+    begin_device0_events(&e);
     for (size_t i = 0; i < names.size(); i++) {
         sp__emit_dict_begin(&e);
         sp__emit_key(&e, "action");
@@ -1200,14 +1206,7 @@ TEST_F(Replay, ActionNamesAreReadWholly) {
 TEST_F(Replay, HandedOverEntriesAreCheckedLikeDicts) {
     auto trace = [](int bad) {
         sp__emit_t e;
-        sp__emit_init(&e, false);
-        sp__emit_dict_begin(&e);
-        sp__emit_key(&e, "segments");
-        sp__emit_list_begin(&e);
-        sp__emit_list_end(&e);
-        sp__emit_key(&e, "device_traces");
-        sp__emit_list_begin(&e);
-        sp__emit_list_begin(&e);
+        begin_device0_events(&e);
         for (int i = 0; i < 6; i++) {
             sp__emit_dict_begin(&e);
             sp__emit_key(&e, "action");
@@ -1535,14 +1534,7 @@ TEST_F(Replay, HandedOverSegmentsReadLikeTheirDicts) {
 // its first batch, which would leave the second one no dict to go to).
 TEST_F(Replay, EntriesOfSeveralSetitemsBatchesLoadInBothLoaders) {
     sp__emit_t e;
-    sp__emit_init(&e, false);
-    sp__emit_dict_begin(&e);
-    sp__emit_key(&e, "segments");
-    sp__emit_list_begin(&e);
-    sp__emit_list_end(&e);
-    sp__emit_key(&e, "device_traces");
-    sp__emit_list_begin(&e);
-    sp__emit_list_begin(&e);
+    begin_device0_events(&e);
     for (int i = 0; i < 3; i++) {
         sp__emit_dict_begin(&e);
         sp__emit_key(&e, "action");
@@ -1724,14 +1716,7 @@ TEST_F(Replay, AStreamThatIsNoSnapshotIsRefusedFromItsFirstBytes) {
 // test's: it checks that every segment comes back, once, whichever way they go.
 TEST_F(Replay, ManyStreamsGiveEachSegmentBackOnce) {
     sp__emit_t e;
-    sp__emit_init(&e, false);
-    sp__emit_dict_begin(&e);
-    sp__emit_key(&e, "segments");
-    sp__emit_list_begin(&e);
-    sp__emit_list_end(&e);
-    sp__emit_key(&e, "device_traces");
-    sp__emit_list_begin(&e);
-    sp__emit_list_begin(&e);
+    begin_device0_events(&e);
     const int n = 2000;
     for (int i = 0; i < n; i++) {
         sp__emit_dict_begin(&e);
@@ -1767,14 +1752,7 @@ TEST_F(Replay, ManyStreamsGiveEachSegmentBackOnce) {
 // it as no pool, the entry still naming one.
 TEST_F(Replay, AnEntrysPoolIdThatIsNoPairReadsAsNoPool) {
     sp__emit_t e;
-    sp__emit_init(&e, false);
-    sp__emit_dict_begin(&e);
-    sp__emit_key(&e, "segments");
-    sp__emit_list_begin(&e);
-    sp__emit_list_end(&e);
-    sp__emit_key(&e, "device_traces");
-    sp__emit_list_begin(&e);
-    sp__emit_list_begin(&e);
+    begin_device0_events(&e);
     for (int i = 0; i < 3; i++) {
         sp__emit_dict_begin(&e);
         sp__emit_key(&e, "action");
@@ -1876,14 +1854,7 @@ TEST_F(Replay, OverlappingFinalSegmentsAreRefused) {
 TEST_F(Replay, MoreThan65535PrivatePoolsAreRefusedSayingSo) {
     auto trace = [](int npools) {
         sp__emit_t e;
-        sp__emit_init(&e, false);
-        sp__emit_dict_begin(&e);
-        sp__emit_key(&e, "segments");
-        sp__emit_list_begin(&e);
-        sp__emit_list_end(&e);
-        sp__emit_key(&e, "device_traces");
-        sp__emit_list_begin(&e);
-        sp__emit_list_begin(&e);
+        begin_device0_events(&e);
         for (int i = 0; i < npools + 2; i++) {
             sp__emit_dict_begin(&e);
             sp__emit_key(&e, "action");
