@@ -25,6 +25,15 @@ int sp_probe_lock_word(void *l) {
     return atomic_load_explicit(&((sp_lock_t *)l)->v, memory_order_acquire);
 }
 
+int sp_probe_lock_sleepers(void *l) {
+    return atomic_load_explicit(&((sp_lock_t *)l)->sleepers, memory_order_acquire);
+}
+
 void sp_probe_wake(void *l) {
+    atomic_store_explicit(&((sp_lock_t *)l)->v, 0, memory_order_release);
     sp__unlock_wake(l);
+}
+
+void sp_probe_release_silently(void *l) {
+    atomic_store_explicit(&((sp_lock_t *)l)->v, 0, memory_order_release);
 }
