@@ -41,6 +41,11 @@ typedef struct sp_lock {
 /* The longest a waiter sleeps before it looks at the word again: the bound on a missed wake. */
 #define SP_LOCK_SLEEP_NS 1000000
 
+static inline void sp__lock_init(sp_lock_t *l) {
+    atomic_init(&l->v, 0);
+    atomic_init(&l->sleepers, 0);
+}
+
 void sp__lock_slow(sp_lock_t *l);
 void sp__unlock_wake(sp_lock_t *l);
 void sp__unlock_born(sp_lock_t *l);

@@ -10,7 +10,10 @@ int sp_probe_alone(void) {
 }
 
 void *sp_probe_lock_new(void) {
-    return calloc(1, sizeof(sp_lock_t));
+    sp_lock_t *l = malloc(sizeof(*l));
+    if (l)
+        sp__lock_init(l);
+    return l;
 }
 
 void sp_probe_lock(void *l) {
