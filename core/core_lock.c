@@ -28,6 +28,16 @@ static void sleep_on(sp_lock_t *l, int held) {
     syscall(SYS_futex, &l->v, FUTEX_WAIT_PRIVATE, held, &bound, NULL, 0);
 }
 
+/* Count a sleeper in (+SP_LOCK_SLEEPER) or out (-), clearing SP_LOCK_WAKING: a wake on its way
+ * went to this thread or to one that has run since (or to nobody); either way the next unlock
+ * may send another. */
+static void count(sp_lock_t *l, int delta) {
+    int s = atomic_load_explicit(&l->sleepers, memory_order_relaxed);
+    while (!atomic_compare_exchange_weak_explicit(&l->sleepers, &s, (s + delta) & ~SP_LOCK_WAKING,
+                                                  memory_order_seq_cst, memory_order_relaxed))
+        ;
+}
+
 void sp__lock_slow(sp_lock_t *l) {
     for (;;) {
         for (int i = 0; i < 200; i++) {
@@ -39,13 +49,13 @@ void sp__lock_slow(sp_lock_t *l) {
         }
         /* Count ourselves in before the last look, so that an unlock after it sees us (or, in
          * the store-buffer window, wakes us late: the bounded sleep). */
-        atomic_fetch_add_explicit(&l->sleepers, 1, memory_order_seq_cst);
+        count(l, SP_LOCK_SLEEPER);
         int c = 0;
         bool got = atomic_compare_exchange_strong_explicit(&l->v, &c, 1, memory_order_acquire,
                                                            memory_order_relaxed);
         if (!got)
             sleep_on(l, c);
-        atomic_fetch_sub_explicit(&l->sleepers, 1, memory_order_relaxed);
+        count(l, -SP_LOCK_SLEEPER);
         if (got)
             return;
     }
@@ -60,7 +70,19 @@ void sp__unlock_born(sp_lock_t *l) {
         sp__unlock_wake(l);
 }
 
-/* After the word was given back (0) with sleepers counted: wake one of them. */
+/* After the word was given back (0) and the sleepers' word was not 0: wake one sleeper, unless a
+ * wake is on its way already; a flag left with no sleeper is cleared, so that unlocks stop
+ * coming here. */
 void sp__unlock_wake(sp_lock_t *l) {
-    syscall(SYS_futex, &l->v, FUTEX_WAKE_PRIVATE, 1, NULL, NULL, 0);
+    int s = atomic_load_explicit(&l->sleepers, memory_order_relaxed);
+    while (!(s & SP_LOCK_WAKING) && s >= SP_LOCK_SLEEPER) {
+        if (atomic_compare_exchange_weak_explicit(&l->sleepers, &s, s | SP_LOCK_WAKING,
+                                                  memory_order_relaxed, memory_order_relaxed)) {
+            syscall(SYS_futex, &l->v, FUTEX_WAKE_PRIVATE, 1, NULL, NULL, 0);
+            return;
+        }
+    }
+    if (s == SP_LOCK_WAKING)
+        (void)atomic_compare_exchange_strong_explicit(&l->sleepers, &s, 0, memory_order_relaxed,
+                                                      memory_order_relaxed);
 }

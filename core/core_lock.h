@@ -21,22 +21,30 @@
 #endif
 
 /* A futex lock from C11 atomics: the word is 0 free, 1 held, or SP_LOCK_ALONE held by the
- * process's only thread (sp__lock_alone); beside it, the number of threads that are asleep on it
- * or about to be. Uncontended it costs one CAS to take and a plain release store to give back:
- * on x86 a locked read-modify-write costs about as much as the rest of a cached malloc + free
- * pair (bench/lock_cost.c), and this lock is taken twice a pair. The price of the plain store is
- * a rare late wake: the unlocker reads the sleepers after its store, and the processor may read
- * them before the store is visible (the store-buffer pattern), so a sleeper that counted itself
- * in that window and saw the word still held would miss its wake; every sleep therefore ends
- * after SP_LOCK_SLEEP_NS, when the sleeper looks again. Contended it spins briefly, then sleeps
- * in the kernel, because the holder may be inside a device call (cudaMalloc, an MPI collective
- * of a symmetric registrar) for milliseconds. ThreadSanitizer sees its acquire/release atomics. */
+ * process's only thread (sp__lock_alone); beside it, the threads that are asleep on it or about
+ * to be, and whether a wake is on its way to one of them. Uncontended it costs one CAS to take and
+ * a plain release store to give back: on x86 a locked read-modify-write costs about as much as the
+ * rest of a cached malloc + free pair (bench/lock_cost.c), and this lock is taken twice a pair. The
+ * price of the plain store is a rare late wake: the unlocker reads the sleepers after its store,
+ * and the processor may read them before the store is visible (the store-buffer pattern), so a
+ * sleeper that counted itself in that window and saw the word still held would miss its wake; every
+ * sleep therefore ends after SP_LOCK_SLEEP_NS, when the sleeper looks again. Contended it spins
+ * briefly, then sleeps in the kernel, because the holder may be inside a device call (cudaMalloc,
+ * an MPI collective of a symmetric registrar) for milliseconds. ThreadSanitizer sees its
+ * acquire/release atomics. */
 typedef struct sp_lock {
     atomic_int v;        /* 0, 1 or SP_LOCK_ALONE as above */
-    atomic_int sleepers; /* threads in sp__lock_slow's sleep, or about to enter it */
+    atomic_int sleepers; /* SP_LOCK_SLEEPER per thread in sp__lock_slow's sleep or about to
+                            enter it, plus SP_LOCK_WAKING while a wake is on its way */
 } sp_lock_t;
 
 #define SP_LOCK_ALONE 3
+/* An unlock that sees sleepers wakes one unless a wake is already on its way (WAKING): the
+ * woken thread needs a while to run, and the holder may unlock many times meanwhile. Any sleeper
+ * that counts itself in or out clears the flag (a wake that found nobody must not keep the next
+ * sleeper waiting for its bound). */
+#define SP_LOCK_WAKING 1
+#define SP_LOCK_SLEEPER 2
 
 /* The longest a waiter sleeps before it looks at the word again: the bound on a missed wake. */
 #define SP_LOCK_SLEEP_NS 1000000
