@@ -37,6 +37,10 @@ int sp_probe_lock_sleepers(void *l) {
            SP_LOCK_SLEEPER;
 }
 
+int sp_probe_lock_sleepers_word(void *l) {
+    return atomic_load_explicit(&((sp_lock_t *)l)->sleepers, memory_order_acquire);
+}
+
 void sp_probe_wake(void *l) {
     atomic_store_explicit(&((sp_lock_t *)l)->v, 0, memory_order_release);
     syscall(SYS_futex, &((sp_lock_t *)l)->v, FUTEX_WAKE_PRIVATE, 1, NULL, NULL, 0);

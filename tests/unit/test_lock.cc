@@ -79,6 +79,35 @@ TEST(LockAlone, ExcludesOnceThreadsExist) {
     std::free(l);
 }
 
+// Four threads, some holds long enough that the others spin out and sleep: every increment is
+// made under the lock, and when they are done nobody is counted asleep and no wake is flagged
+// on its way (the sleepers' word is back to 0).
+TEST(LockShared, ExcludesWithSleepersAndEndsWithNobodyCounted) {
+    void *l = sp_probe_lock_new();
+    ASSERT_NE(l, nullptr);
+    long counter = 0;
+    const long per_thread = 3000;
+    auto work = [&] {
+        for (long i = 0; i < per_thread; i++) {
+            sp_probe_lock(l);
+            long seen = counter;
+            if (i % 100 == 0) // long enough for the others to give up spinning
+                std::this_thread::sleep_for(std::chrono::microseconds(200));
+            counter = seen + 1;
+            sp_probe_unlock(l);
+        }
+    };
+    std::thread t[4];
+    for (auto &x : t)
+        x = std::thread(work);
+    for (auto &x : t)
+        x.join();
+    EXPECT_EQ(counter, 4 * per_thread);
+    EXPECT_EQ(sp_probe_lock_word(l), 0);
+    EXPECT_EQ(sp_probe_lock_sleepers_word(l), 0);
+    std::free(l);
+}
+
 // The unlock's plain store may let the unlocker read the sleepers before its store is visible,
 // and miss a sleeper's wake; the sleep's bound makes that waiter look again. Here the lock is
 // given back with no wake at all: the waiter must still get it (without the bound it would sleep
