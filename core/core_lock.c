@@ -1,43 +1,88 @@
 /*
  * core_lock.c: the slow paths of the futex lock in core_lock.h: spin briefly, then sleep in the
- * kernel until the holder's unlock wakes us.
+ * kernel until the holder's unlock wakes us or the sleep's bound ends.
  */
 #include <linux/futex.h>
 #include <stdatomic.h>
+#include <stdbool.h>
 #include <stddef.h>
 #include <sys/syscall.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "core/core_lock.h"
 
 /* ---- the device lock's slow paths (see sp_lock_t) ---------------------------------------- */
 
-void sp__lock_slow(sp_lock_t *l) {
-    for (int i = 0; i < 200; i++) {
-        int c = atomic_load_explicit(&l->v, memory_order_relaxed);
-        if (c == 0 && atomic_compare_exchange_weak_explicit(&l->v, &c, 1, memory_order_acquire,
-                                                            memory_order_relaxed))
-            return;
+static void cpu_relax(void) {
 #if defined(__x86_64__) || defined(__i386__)
-        __builtin_ia32_pause();
+    __builtin_ia32_pause();
 #endif
-    }
-    /* Mark the lock contended (2) and sleep until the holder's unlock wakes us. */
-    int c = atomic_exchange_explicit(&l->v, 2, memory_order_acquire);
-    while (c != 0) {
-        syscall(SYS_futex, &l->v, FUTEX_WAIT_PRIVATE, 2, NULL, NULL, 0);
-        c = atomic_exchange_explicit(&l->v, 2, memory_order_acquire);
+}
+
+/* Sleep while the word still holds `held`, for at most SP_LOCK_SLEEP_NS (a wake may be late:
+ * see sp_lock_t). The kernel compares the word before it sleeps, so an unlock that came first
+ * makes this return at once. */
+static void sleep_on(sp_lock_t *l, int held) {
+    struct timespec bound = {0, SP_LOCK_SLEEP_NS};
+    syscall(SYS_futex, &l->v, FUTEX_WAIT_PRIVATE, held, &bound, NULL, 0);
+}
+
+/* Count a sleeper in (+SP_LOCK_SLEEPER) or out (-), clearing SP_LOCK_WAKING: a wake on its way
+ * went to this thread or to one that has run since (or to nobody); either way the next unlock
+ * may send another. */
+static void count(sp_lock_t *l, int delta) {
+    int s = atomic_load_explicit(&l->sleepers, memory_order_relaxed);
+    while (!atomic_compare_exchange_weak_explicit(&l->sleepers, &s, (s + delta) & ~SP_LOCK_WAKING,
+                                                  memory_order_seq_cst, memory_order_relaxed))
+        ;
+}
+
+void sp__lock_slow(sp_lock_t *l) {
+    for (;;) {
+        for (int i = 0; i < 200; i++) {
+            int c = atomic_load_explicit(&l->v, memory_order_relaxed);
+            if (c == 0 && atomic_compare_exchange_weak_explicit(&l->v, &c, 1, memory_order_acquire,
+                                                                memory_order_relaxed))
+                return;
+            cpu_relax();
+        }
+        /* Count ourselves in before the last look, so that an unlock after it sees us (or, in
+         * the store-buffer window, wakes us late: the bounded sleep). */
+        count(l, SP_LOCK_SLEEPER);
+        int c = 0;
+        bool got = atomic_compare_exchange_strong_explicit(&l->v, &c, 1, memory_order_acquire,
+                                                           memory_order_relaxed);
+        if (!got)
+            sleep_on(l, c);
+        count(l, -SP_LOCK_SLEEPER);
+        if (got)
+            return;
     }
 }
 
-/* Taken alone (SP_LOCK_ALONE), given back after this thread made another: that thread may have
- * marked the lock contended (2) and gone to sleep. */
+/* Taken alone (SP_LOCK_ALONE), given back after this thread made another: that thread may be
+ * asleep on the word. Off the hot path, so the fence makes this wake exact. */
 void sp__unlock_born(sp_lock_t *l) {
-    if (atomic_exchange_explicit(&l->v, 0, memory_order_release) == 2)
-        syscall(SYS_futex, &l->v, FUTEX_WAKE_PRIVATE, 1, NULL, NULL, 0);
+    atomic_store_explicit(&l->v, 0, memory_order_release);
+    atomic_thread_fence(memory_order_seq_cst);
+    if (atomic_load_explicit(&l->sleepers, memory_order_relaxed) != 0)
+        sp__unlock_wake(l);
 }
 
+/* After the word was given back (0) and the sleepers' word was not 0: wake one sleeper, unless a
+ * wake is on its way already; a flag left with no sleeper is cleared, so that unlocks stop
+ * coming here. */
 void sp__unlock_wake(sp_lock_t *l) {
-    atomic_store_explicit(&l->v, 0, memory_order_release);
-    syscall(SYS_futex, &l->v, FUTEX_WAKE_PRIVATE, 1, NULL, NULL, 0);
+    int s = atomic_load_explicit(&l->sleepers, memory_order_relaxed);
+    while (!(s & SP_LOCK_WAKING) && s >= SP_LOCK_SLEEPER) {
+        if (atomic_compare_exchange_weak_explicit(&l->sleepers, &s, s | SP_LOCK_WAKING,
+                                                  memory_order_relaxed, memory_order_relaxed)) {
+            syscall(SYS_futex, &l->v, FUTEX_WAKE_PRIVATE, 1, NULL, NULL, 0);
+            return;
+        }
+    }
+    if (s == SP_LOCK_WAKING)
+        (void)atomic_compare_exchange_strong_explicit(&l->sleepers, &s, 0, memory_order_relaxed,
+                                                      memory_order_relaxed);
 }

@@ -20,17 +20,39 @@
 #endif
 #endif
 
-/* A futex lock from C11 atomics (Drepper's "mutex3"): 0 free, 1 held, 2 held with sleepers,
- * and 3 held by the process's only thread (sp__lock_alone). Uncontended it costs one CAS and one
- * atomic decrement, about half of a pthread mutex pair, which matters on the cache-hit path;
- * contended it spins briefly, then sleeps in the kernel, because the holder may be inside a
- * device call (cudaMalloc, an MPI collective of a symmetric registrar) for milliseconds.
- * ThreadSanitizer sees its acquire/release atomics. */
+/* A futex lock from C11 atomics: the word is 0 free, 1 held, or SP_LOCK_ALONE held by the
+ * process's only thread (sp__lock_alone); beside it, the threads that are asleep on it or about
+ * to be, and whether a wake is on its way to one of them. Uncontended it costs one CAS to take and
+ * a plain release store to give back: on x86 a locked read-modify-write costs about as much as the
+ * rest of a cached malloc + free pair (bench/lock_cost.c), and this lock is taken twice a pair. The
+ * price of the plain store is a rare late wake: the unlocker reads the sleepers after its store,
+ * and the processor may read them before the store is visible (the store-buffer pattern), so a
+ * sleeper that counted itself in that window and saw the word still held would miss its wake; every
+ * sleep therefore ends after SP_LOCK_SLEEP_NS, when the sleeper looks again. Contended it spins
+ * briefly, then sleeps in the kernel, because the holder may be inside a device call (cudaMalloc,
+ * an MPI collective of a symmetric registrar) for milliseconds. ThreadSanitizer sees its
+ * acquire/release atomics. */
 typedef struct sp_lock {
-    atomic_int v; /* 0, 1, 2 or SP_LOCK_ALONE as above */
+    atomic_int v;        /* 0, 1 or SP_LOCK_ALONE as above */
+    atomic_int sleepers; /* SP_LOCK_SLEEPER per thread in sp__lock_slow's sleep or about to
+                            enter it, plus SP_LOCK_WAKING while a wake is on its way */
 } sp_lock_t;
 
 #define SP_LOCK_ALONE 3
+/* An unlock that sees sleepers wakes one unless a wake is already on its way (WAKING): the
+ * woken thread needs a while to run, and the holder may unlock many times meanwhile. Any sleeper
+ * that counts itself in or out clears the flag (a wake that found nobody must not keep the next
+ * sleeper waiting for its bound). */
+#define SP_LOCK_WAKING 1
+#define SP_LOCK_SLEEPER 2
+
+/* The longest a waiter sleeps before it looks at the word again: the bound on a missed wake. */
+#define SP_LOCK_SLEEP_NS 1000000
+
+static inline void sp__lock_init(sp_lock_t *l) {
+    atomic_init(&l->v, 0);
+    atomic_init(&l->sleepers, 0);
+}
 
 void sp__lock_slow(sp_lock_t *l);
 void sp__unlock_wake(sp_lock_t *l);
@@ -41,10 +63,10 @@ void sp__unlock_born(sp_lock_t *l);
  * for its arena locks (SINGLE_THREAD_P in malloc.c). Its value can only turn false while the
  * lock is held if the holder itself creates a thread, and pthread_create orders the holder's
  * plain stores before the new thread's first step, so a thread that then contends sees the lock
- * held, and the holder's unlock, no longer alone, takes the atomic path and wakes it
- * (sp__unlock_born). A locked CAS + decrement cost 9.7 ns a lock/unlock on the 2026-11-28
- * machine (bench/lock_cost.c); the replay CLI and single-threaded programs take the lock twice
- * per malloc + free pair. A thread made without pthread_create (a raw clone) would be invisible
+ * held, and the holder's unlock, no longer alone, wakes it (sp__unlock_born). Alone, the CAS
+ * that takes the lock is saved too (bench/lock_cost.c prices a CAS on the machine at hand,
+ * against a plain store); the replay CLI and single-threaded programs take the lock twice per
+ * malloc + free pair. A thread made without pthread_create (a raw clone) would be invisible
  * here: such threads may not call sympool, as they may not call glibc's stdio or malloc
  * (docs/threads.md). */
 static inline bool sp__lock_alone(void) {
@@ -56,7 +78,7 @@ static inline bool sp__lock_alone(void) {
 }
 
 /* For a hot path that knows the process is not single-threaded (or that takes the CAS path
- * anyway): the CAS alone, and the unlock of a lock so taken (1 or 2 in the word, never
+ * anyway): the CAS alone, and the unlock of a lock so taken (1 in the word, never
  * SP_LOCK_ALONE), with no question at either. */
 static inline bool sp__lock_try_shared(sp_lock_t *l) {
     int c = 0;
@@ -65,7 +87,11 @@ static inline bool sp__lock_try_shared(sp_lock_t *l) {
 }
 
 static inline void sp__unlock_shared(sp_lock_t *l) {
-    if (SP_UNLIKELY(atomic_fetch_sub_explicit(&l->v, 1, memory_order_release) != 1))
+    atomic_store_explicit(&l->v, 0, memory_order_release);
+    /* The compiler may not read the sleepers before the store (the processor still may: that is
+     * the late wake SP_LOCK_SLEEP_NS bounds). */
+    atomic_signal_fence(memory_order_seq_cst);
+    if (SP_UNLIKELY(atomic_load_explicit(&l->sleepers, memory_order_relaxed) != 0))
         sp__unlock_wake(l);
 }
 
@@ -88,6 +114,13 @@ static inline void sp__unlock_alone(sp_lock_t *l) {
         atomic_store_explicit(&l->v, 0, memory_order_release);
     else
         sp__unlock_born(l); /* this thread made another while it held the lock */
+}
+
+/* The unlock of a lock taken alone by a holder that made no thread while it held it (a hit path
+ * that calls nothing that could): the process is still single-threaded, so a plain store. */
+static inline void sp__unlock_alone_held_briefly(sp_lock_t *l) {
+    assert(sp__lock_alone());
+    atomic_store_explicit(&l->v, 0, memory_order_release);
 }
 
 /* Take the lock if it is free; never waits. */

@@ -1142,9 +1142,11 @@ static inline __attribute__((always_inline)) bool hit_lock(sp_lock_t *l, bool al
     return SP_LIKELY(sp__lock_try_shared(l));
 }
 
+/* Between hit_lock and hit_unlock the hit calls nothing that makes a thread, so a lock taken
+ * alone is given back alone, with no second look at __libc_single_threaded. */
 static inline __attribute__((always_inline)) void hit_unlock(sp_lock_t *l, bool alone) {
     if (alone)
-        sp__unlock_alone(l);
+        sp__unlock_alone_held_briefly(l);
     else
         sp__unlock_shared(l);
 }

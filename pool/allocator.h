@@ -103,8 +103,11 @@ typedef struct sp_evq {
 /* ---- per-device allocator ---------------------------------------------------------------- */
 
 typedef struct sp_devalloc {
-    sp_lock_t lock;        /* guards everything below and every pool of this device */
-    int device;            /* (const) */
+    sp_lock_t lock; /* guards everything below and every pool of this device */
+    int device;     /* (const) */
+    /* Idle block structs, chained by hnext (lock). Beside `device` so that the two fill the
+     * 8 bytes after the lock: the struct's size is in every &sp__g.devs[i]. */
+    sp_ref_t spare;
     size_t total_mem;      /* device total bytes, read at init (const) */
     size_t allowed_max;    /* memory-fraction cap, SIZE_MAX = none (lock) */
     double fraction;       /* the fraction as set, 1.0 = none; read back exactly (lock) */
@@ -123,7 +126,6 @@ typedef struct sp_devalloc {
     size_t cap_segs;             /* (lock) */
     sp_evq_t *evqs;              /* per-stream event FIFOs (lock) */
     size_t pending_events;       /* entries in all evqs (lock) */
-    sp_ref_t spare;              /* idle block structs, chained by hnext (lock) */
     struct sp_block_slab *slabs; /* where every block and segment struct lives (lock) */
     struct sp_block_slab *kept;  /* unused slabs earlier allocators of this device left (lock) */
     sp_block_t *slab_next;       /* the newest slab's first never-used struct (lock) */

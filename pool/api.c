@@ -89,7 +89,7 @@ static void set_fraction(sp_devalloc_t *d, double f) {
 
 static sp_status_t dev_init(sp_devalloc_t *d, int device) {
     memset(d, 0, sizeof(*d));
-    atomic_init(&d->lock.v, 0);
+    sp__lock_init(&d->lock);
     d->device = device;
     sp__block_slabs_adopt(d);
     sp__stats_init(&d->stats, sp__g.conf.max_split_size);

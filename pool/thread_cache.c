@@ -218,7 +218,7 @@ static sp_tcache_t *tc_mine(void) {
     if (!t)
         return NULL;
     memset(t, 0, sizeof(*t));
-    atomic_init(&t->lock.v, 0);
+    sp__lock_init(&t->lock);
     t->free_head = -1;
     if (pthread_setspecific(g_key, t) != 0) {
         free(t);

@@ -1,6 +1,10 @@
 /* lock_probe.c: the device lock (core/core_lock.h, C11 atomics a C++ test cannot include) offered
  * to test_lock.cc through plain functions. */
+#define _GNU_SOURCE /* syscall */
+#include <linux/futex.h>
 #include <stdlib.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 #include "core/core_lock.h"
 #include "lock_probe.h"
@@ -10,7 +14,10 @@ int sp_probe_alone(void) {
 }
 
 void *sp_probe_lock_new(void) {
-    return calloc(1, sizeof(sp_lock_t));
+    sp_lock_t *l = malloc(sizeof(*l));
+    if (l)
+        sp__lock_init(l);
+    return l;
 }
 
 void sp_probe_lock(void *l) {
@@ -25,6 +32,20 @@ int sp_probe_lock_word(void *l) {
     return atomic_load_explicit(&((sp_lock_t *)l)->v, memory_order_acquire);
 }
 
+int sp_probe_lock_sleepers(void *l) {
+    return atomic_load_explicit(&((sp_lock_t *)l)->sleepers, memory_order_acquire) /
+           SP_LOCK_SLEEPER;
+}
+
+int sp_probe_lock_sleepers_word(void *l) {
+    return atomic_load_explicit(&((sp_lock_t *)l)->sleepers, memory_order_acquire);
+}
+
 void sp_probe_wake(void *l) {
-    sp__unlock_wake(l);
+    atomic_store_explicit(&((sp_lock_t *)l)->v, 0, memory_order_release);
+    syscall(SYS_futex, &((sp_lock_t *)l)->v, FUTEX_WAKE_PRIVATE, 1, NULL, NULL, 0);
+}
+
+void sp_probe_release_silently(void *l) {
+    atomic_store_explicit(&((sp_lock_t *)l)->v, 0, memory_order_release);
 }

@@ -9,7 +9,12 @@ void *sp_probe_lock_new(void);
 void sp_probe_lock(void *l);
 void sp_probe_unlock(void *l);
 int sp_probe_lock_word(void *l);
+int sp_probe_lock_sleepers(void *l);      /* threads counted asleep */
+int sp_probe_lock_sleepers_word(void *l); /* the count and the wake flag */
 void sp_probe_wake(void *l); /* frees the lock and wakes one sleeper, whatever its state */
+/* frees the lock without looking for sleepers: the wake an unlock misses in the store-buffer
+ * window (core_lock.h) */
+void sp_probe_release_silently(void *l);
 #ifdef __cplusplus
 }
 #endif

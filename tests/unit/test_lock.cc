@@ -1,8 +1,10 @@
 // test_lock.cc: the device lock's single-threaded path (core/core_lock.h). While the process has
 // one thread the lock is taken and given back with plain stores; these tests check that a thread
 // born while the lock is held that way still waits for it and is woken by its unlock, and that
-// the lock keeps excluding once threads exist. Each ctest case runs in a fresh process, so the
-// first test starts single-threaded; run as one binary it may not, and then says so and skips.
+// the lock keeps excluding once threads exist, and that a waiter whose wake was missed (the plain
+// store's store-buffer window) still takes the lock when it is free. Each ctest case runs in a
+// fresh process, so the first test starts single-threaded; run as one binary it may not, and then
+// says so and skips.
 #include <gtest/gtest.h>
 
 #include <atomic>
@@ -43,9 +45,9 @@ TEST(LockAlone, AThreadBornWhileTheLockIsHeldWaitsAndIsWoken) {
         sp_probe_unlock(l);
     });
     EXPECT_FALSE(sp_probe_alone());
-    // The contender spins, then marks the lock contended (2) and sleeps in the kernel.
-    ASSERT_TRUE(wait_for([&] { return sp_probe_lock_word(l) == 2; }))
-        << "the contender never found the lock held (word " << sp_probe_lock_word(l) << ")";
+    // The contender spins, then counts itself a sleeper and sleeps in the kernel.
+    ASSERT_TRUE(wait_for([&] { return sp_probe_lock_sleepers(l) == 1; }))
+        << "the contender never slept on the lock (word " << sp_probe_lock_word(l) << ")";
     EXPECT_EQ(stage.load(), 1) << "the contender took a held lock";
     sp_probe_unlock(l); // not alone any more: must wake the sleeper
     bool woke = wait_for([&] { return stage.load() == 2; });
@@ -74,6 +76,66 @@ TEST(LockAlone, ExcludesOnceThreadsExist) {
     b.join();
     EXPECT_EQ(counter, 2 * per_thread);
     EXPECT_EQ(sp_probe_lock_word(l), 0);
+    std::free(l);
+}
+
+// Four threads, some holds long enough that the others spin out and sleep: every increment is
+// made under the lock, and when they are done nobody is counted asleep and no wake is flagged
+// on its way (the sleepers' word is back to 0).
+TEST(LockShared, ExcludesWithSleepersAndEndsWithNobodyCounted) {
+    void *l = sp_probe_lock_new();
+    ASSERT_NE(l, nullptr);
+    long counter = 0;
+    const long per_thread = 3000;
+    auto work = [&] {
+        for (long i = 0; i < per_thread; i++) {
+            sp_probe_lock(l);
+            long seen = counter;
+            if (i % 100 == 0) // long enough for the others to give up spinning
+                std::this_thread::sleep_for(std::chrono::microseconds(200));
+            counter = seen + 1;
+            sp_probe_unlock(l);
+        }
+    };
+    std::thread t[4];
+    for (auto &x : t)
+        x = std::thread(work);
+    for (auto &x : t)
+        x.join();
+    EXPECT_EQ(counter, 4 * per_thread);
+    EXPECT_EQ(sp_probe_lock_word(l), 0);
+    EXPECT_EQ(sp_probe_lock_sleepers_word(l), 0);
+    std::free(l);
+}
+
+// The unlock's plain store may let the unlocker read the sleepers before its store is visible,
+// and miss a sleeper's wake; the sleep's bound makes that waiter look again. Here the lock is
+// given back with no wake at all: the waiter must still get it (without the bound it would sleep
+// until woken by hand below, and the test fails).
+TEST(LockShared, AWaiterWhoseWakeIsMissedStillTakesTheFreedLock) {
+    void *l = sp_probe_lock_new();
+    ASSERT_NE(l, nullptr);
+    std::atomic<int> stage{0};
+    std::thread holder_started([] {}); // the process is multi-threaded from here
+    holder_started.join();
+    sp_probe_lock(l);
+    std::thread contender([&] {
+        stage.store(1);
+        sp_probe_lock(l);
+        stage.store(2);
+        sp_probe_unlock(l);
+    });
+    ASSERT_TRUE(wait_for([&] { return sp_probe_lock_sleepers(l) == 1; }))
+        << "the contender never slept on the lock (word " << sp_probe_lock_word(l) << ")";
+    EXPECT_EQ(stage.load(), 1) << "the contender took a held lock";
+    sp_probe_release_silently(l);
+    bool took = wait_for([&] { return stage.load() == 2; });
+    EXPECT_TRUE(took) << "a waiter whose wake was missed slept on with the lock free";
+    if (!took)
+        sp_probe_wake(l);
+    contender.join();
+    EXPECT_EQ(sp_probe_lock_word(l), 0);
+    EXPECT_EQ(sp_probe_lock_sleepers(l), 0);
     std::free(l);
 }
 
