@@ -49,14 +49,11 @@ static inline void set_parent(sp_block_t *b, const sp_block_t *p) {
     b->parent = sp__bref0(p);
 }
 
-static int height(const sp_block_t *b) {
-    return b ? b->height : 0;
-}
-
-static void fix_height(sp_block_t *b) {
-    int hl = height(L(b)), hr = height(R(b));
-    b->height = (int8_t)((hl > hr ? hl : hr) + 1);
-}
+/* A node's balance: the height of its right subtree less that of its left, -1, 0 or +1 between
+ * changes (block.h's `bal`). Keeping the balance rather than the height lets the rebalancing
+ * walk read only the nodes on its path: with heights, every step read the sibling's too, a
+ * node off the path and often out of cache. */
+#define BAL(b) ((b)->bal)
 
 /* Make nb (may be NULL) the child of p that old was, or the root when p is NULL. */
 static void relink(sp_block_set_t *set, sp_block_t *p, const sp_block_t *old, sp_block_t *nb) {
@@ -70,8 +67,9 @@ static void relink(sp_block_set_t *set, sp_block_t *p, const sp_block_t *old, sp
         set_parent(nb, p);
 }
 
-static sp_block_t *rot_right(sp_block_set_t *set, sp_block_t *y) {
-    sp_block_t *x = L(y);
+/* Rotations only relink (x: y's left child, or its right one); the callers set the balances,
+ * which the cases they come from decide. */
+static void rot_right(sp_block_set_t *set, sp_block_t *y, sp_block_t *x) {
     sp_block_t *p = P(y);
     y->left = x->right;
     if (y->left)
@@ -79,13 +77,9 @@ static sp_block_t *rot_right(sp_block_set_t *set, sp_block_t *y) {
     set_right(x, y);
     set_parent(y, x);
     relink(set, p, y, x);
-    fix_height(y);
-    fix_height(x);
-    return x;
 }
 
-static sp_block_t *rot_left(sp_block_set_t *set, sp_block_t *x) {
-    sp_block_t *y = R(x);
+static void rot_left(sp_block_set_t *set, sp_block_t *x, sp_block_t *y) {
     sp_block_t *p = P(x);
     x->right = y->left;
     if (x->right)
@@ -93,45 +87,102 @@ static sp_block_t *rot_left(sp_block_set_t *set, sp_block_t *x) {
     set_left(y, x);
     set_parent(x, y);
     relink(set, p, x, y);
-    fix_height(x);
-    fix_height(y);
+}
+
+/* n leans two to the left (its left child x's subtree is two taller): rotate x, or x's right
+ * child, up into n's place. Returns the subtree's new root and in *same_p whether the subtree
+ * kept the height it had before the change that unbalanced it (a single rotation about a
+ * balanced x, which only a removal can meet). */
+static sp_block_t *fix_left(sp_block_set_t *set, sp_block_t *n, bool *same_p) {
+    sp_block_t *x = L(n);
+    if (BAL(x) <= 0) {
+        rot_right(set, n, x);
+        *same_p = BAL(x) == 0;
+        BAL(n) = (int8_t)(BAL(x) == 0 ? -1 : 0);
+        BAL(x) = (int8_t)(BAL(x) == 0 ? 1 : 0);
+        return x;
+    }
+    sp_block_t *y = R(x);
+    rot_left(set, x, y);
+    rot_right(set, n, y);
+    BAL(n) = (int8_t)(BAL(y) < 0 ? 1 : 0);
+    BAL(x) = (int8_t)(BAL(y) > 0 ? -1 : 0);
+    BAL(y) = 0;
+    *same_p = false;
     return y;
 }
 
-/* Rebalance from n up to the root, stopping where a subtree keeps the height it had: nothing
- * above it can have changed. n's own stored height is still its height before the change. */
-static void retrace(sp_block_set_t *set, sp_block_t *n) {
-    while (n) {
-        int before = n->height;
-        /* Each child's height read once: the balanced case (nearly every step) sets n's height
-         * from them, or stops without a store when it keeps the height it had. */
-        int hl = height(L(n)), hr = height(R(n)), bf = hl - hr;
-        if (bf >= -1 && bf <= 1) {
-            int h = (hl > hr ? hl : hr) + 1;
-            if (h == before)
-                return;
-            n->height = (int8_t)h;
-            n = P(n);
-            continue;
-        }
-        if (bf > 1) {
-            if (height(L(L(n))) < height(R(L(n))))
-                (void)rot_left(set, L(n));
-            n = rot_right(set, n);
-        } else if (bf < -1) {
-            if (height(R(R(n))) < height(L(R(n))))
-                (void)rot_right(set, R(n));
-            n = rot_left(set, n);
-        }
-        if (n->height == before)
+/* The mirror of fix_left: n leans two to the right. */
+static sp_block_t *fix_right(sp_block_set_t *set, sp_block_t *n, bool *same_p) {
+    sp_block_t *x = R(n);
+    if (BAL(x) >= 0) {
+        rot_left(set, n, x);
+        *same_p = BAL(x) == 0;
+        BAL(n) = (int8_t)(BAL(x) == 0 ? 1 : 0);
+        BAL(x) = (int8_t)(BAL(x) == 0 ? -1 : 0);
+        return x;
+    }
+    sp_block_t *y = L(x);
+    rot_right(set, x, y);
+    rot_left(set, n, y);
+    BAL(n) = (int8_t)(BAL(y) > 0 ? -1 : 0);
+    BAL(x) = (int8_t)(BAL(y) < 0 ? 1 : 0);
+    BAL(y) = 0;
+    *same_p = false;
+    return y;
+}
+
+/* After an insert: n's subtree on the `left` side grew by one. Walks up while a subtree grows;
+ * one rotation ends it (an insert's rotation restores the height the subtree had). */
+static void grew(sp_block_set_t *set, sp_block_t *n, bool left) {
+    for (;;) {
+        int bal = BAL(n) + (left ? -1 : 1);
+        if (bal == 0) {
+            BAL(n) = 0;
             return;
-        n = P(n);
+        }
+        if (bal == -2 || bal == 2) {
+            bool same;
+            (void)(bal < 0 ? fix_left(set, n, &same) : fix_right(set, n, &same));
+            return;
+        }
+        BAL(n) = (int8_t)bal;
+        sp_block_t *p = P(n);
+        if (!p)
+            return;
+        left = p->left == sp__bref(n);
+        n = p;
+    }
+}
+
+/* After a removal: n's subtree on the `left` side shrank by one. Walks up while a subtree
+ * shrinks. */
+static void shrank(sp_block_set_t *set, sp_block_t *n, bool left) {
+    for (;;) {
+        int bal = BAL(n) + (left ? 1 : -1);
+        if (bal == 1 || bal == -1) {
+            BAL(n) = (int8_t)bal; /* it was balanced: its height stays */
+            return;
+        }
+        if (bal == 0) {
+            BAL(n) = 0;
+        } else {
+            bool same;
+            n = bal < 0 ? fix_left(set, n, &same) : fix_right(set, n, &same);
+            if (same)
+                return;
+        }
+        sp_block_t *p = P(n);
+        if (!p)
+            return;
+        left = p->left == sp__bref(n);
+        n = p;
     }
 }
 
 void sp__bset_insert(sp_block_set_t *set, sp_block_t *b) {
     b->left = b->right = 0;
-    b->height = 1;
+    BAL(b) = 0;
     b->in_set = true;
     set->count++;
     sp_block_t *parent = NULL;
@@ -192,7 +243,7 @@ void sp__bset_insert(sp_block_set_t *set, sp_block_t *b) {
         set_right(parent, b);
     }
     set->hint = b;
-    retrace(set, parent);
+    grew(set, parent, left);
 }
 
 void sp__bset_remove(sp_block_set_t *set, sp_block_t *b) {
@@ -207,7 +258,9 @@ void sp__bset_remove(sp_block_set_t *set, sp_block_t *b) {
             set->min = s;
     }
     sp_block_t *l = L(b), *r = R(b), *p = P(b), *start;
+    bool left; /* the side of start whose subtree shrank */
     if (!l || !r) {
+        left = p && p->left == sp__bref(b);
         relink(set, p, b, l ? l : r);
         start = p;
     } else {
@@ -216,9 +269,11 @@ void sp__bset_remove(sp_block_set_t *set, sp_block_t *b) {
         while (m->left)
             m = sp__blk(m->left);
         if (m == r) {
-            start = m;
+            start = m; /* its right subtree is r's less r */
+            left = false;
         } else {
-            start = P(m);
+            start = P(m); /* its left subtree was m's, now m's right one */
+            left = true;
             start->left = m->right;
             if (m->right)
                 set_parent(sp__blk(m->right), start);
@@ -227,12 +282,14 @@ void sp__bset_remove(sp_block_set_t *set, sp_block_t *b) {
         }
         set_left(m, l);
         set_parent(l, m);
-        m->height = b->height; /* the height of the subtree at b's place before the removal */
+        BAL(m) = BAL(b); /* the balance at b's place before the removal */
         relink(set, p, b, m);
     }
-    retrace(set, start);
+    if (start)
+        shrank(set, start, left);
     b->in_set = false;
     b->left = b->right = b->parent = 0;
+    BAL(b) = 0; /* a balance of -1 would read as a thread cache's mark once b is handed out */
     set->count--;
 }
 
@@ -251,8 +308,8 @@ sp_block_t *sp__bset_lower_bound(const sp_block_set_t *set, sp_stream_t stream, 
 }
 
 #ifndef NDEBUG
-/* Walk subtree n: in-order keys strictly increasing after *last, parent links and AVL heights
- * right and balanced, every node marked in_set; *hint_seen when the hint is among them. Returns
+/* Walk subtree n: in-order keys strictly increasing after *last, parent links and AVL balances
+ * right, every node marked in_set; *hint_seen when the hint is among them. Returns
  * the subtree height; counts nodes into *count. */
 static int check(const sp_block_set_t *set, const sp_block_t *n, const sp_block_t *parent,
                  const sp_block_t **last, size_t *count, bool *hint_seen) {
@@ -270,8 +327,8 @@ static int check(const sp_block_set_t *set, const sp_block_t *n, const sp_block_
         *hint_seen = true;
     int hr = check(set, R(n), n, last, count, hint_seen);
     assert(hl - hr <= 1 && hr - hl <= 1);
-    assert(n->height == (hl > hr ? hl : hr) + 1);
-    return n->height;
+    assert(BAL(n) == hr - hl);
+    return (hl > hr ? hl : hr) + 1;
 }
 
 void sp__bset_check(const sp_block_set_t *set) {

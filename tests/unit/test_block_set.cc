@@ -81,7 +81,7 @@ struct Fixture {
         EXPECT_TRUE(n->in_set);
         int hl = check_tree(sp__blk0(n->left), n), hr = check_tree(sp__blk0(n->right), n);
         EXPECT_LE(std::abs(hl - hr), 1);
-        EXPECT_EQ(n->height, std::max(hl, hr) + 1);
+        EXPECT_EQ(n->bal, hr - hl); // the balance kept in the node
         return std::max(hl, hr) + 1;
     }
 
@@ -154,6 +154,8 @@ void churn(bool by_seq, uint32_t seed) {
     }
     EXPECT_EQ(f.set.root, nullptr);
     EXPECT_EQ(f.set.min, nullptr);
+    for (auto &b : f.blocks)
+        EXPECT_EQ(b.bal, 0); // a block out of the set never keeps a balance (-1 is a mark)
 }
 
 } // namespace
