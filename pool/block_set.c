@@ -15,6 +15,10 @@
  * the hint's predecessor, or just above the hint and below its successor, so it is linked
  * beside them without a root walk; any other insert walks down from the root, O(log n).
  *
+ * The set counts the blocks of its first block's stream (`lead`, block_set.h): while that is all
+ * of them and a walk's key has that stream, the walk orders by size and address alone, without
+ * each node's segment read for its stream.
+ *
  * The cache-hit path avoids a remove + insert pair where it can: a split remainder keeps its
  * node with a smaller key, and a merged block keeps a free neighbour's node with a larger one,
  * when the new key still sorts strictly between the node's in-order neighbours (allocator.c
@@ -180,20 +184,36 @@ static void shrank(sp_block_set_t *set, sp_block_t *n, bool left) {
     }
 }
 
+/* a < b in the set's order, where `one` says that both have the set's one stream and the set is
+ * ordered by address (not symmetric): then size and address alone decide. */
+static inline bool less_in(const sp_block_set_t *set, bool one, const sp_block_t *a,
+                           const sp_block_t *b) {
+    if (one) /* without a branch on the sizes (a walk's turns are a coin toss) */
+        return (a->size < b->size) | ((a->size == b->size) & (a->addr < b->addr));
+    return sp__bset_less(set, a, b);
+}
+
 void sp__bset_insert(sp_block_set_t *set, sp_block_t *b) {
     b->left = b->right = 0;
     BAL(b) = 0;
     b->in_set = true;
+    uintptr_t bs = (uintptr_t)sp__block_stream(b);
+    uintptr_t ms = set->min ? (uintptr_t)sp__block_stream(set->min) : 0;
+    if (!set->min || bs < ms)
+        set->lead = 1; /* b's stream is the smallest now, b its one block */
+    else if (bs == ms && set->lead)
+        set->lead++;
     set->count++;
+    bool one = !set->by_seq && set->lead == set->count; /* b's stream, then, is every block's */
     sp_block_t *parent = NULL;
     bool left = false;
     sp_block_t *h = set->hint;
-    if (h && sp__bset_less(set, b, h)) {
+    if (h && less_in(set, one, b, h)) {
         /* Between the hint's predecessor and the hint: the hint's left link is free when the
          * predecessor is an ancestor, else the predecessor (rightmost below the hint's left
          * child) has a free right link. */
         sp_block_t *p = sp__bset_pred(set, h);
-        if (!p || sp__bset_less(set, p, b)) {
+        if (!p || less_in(set, one, p, b)) {
             if (!h->left) {
                 parent = h;
                 left = true;
@@ -209,7 +229,7 @@ void sp__bset_insert(sp_block_set_t *set, sp_block_t *b) {
          * right child) has a free left link. Either way it is the leaf the root walk reaches:
          * a new key has one place among the leaves. */
         sp_block_t *sc = sp__bset_succ(set, h);
-        if (!sc || sp__bset_less(set, b, sc)) {
+        if (!sc || less_in(set, one, b, sc)) {
             if (!h->right) {
                 parent = h;
             } else {
@@ -226,11 +246,11 @@ void sp__bset_insert(sp_block_set_t *set, sp_block_t *b) {
             return;
         }
         for (;;) {
-            left = sp__bset_less(set, b, n);
-            sp_block_t *next = left ? L(n) : R(n);
+            left = less_in(set, one, b, n);
+            sp_ref_t next = left ? n->left : n->right;
             if (!next)
                 break;
-            n = next;
+            n = sp__blk(next);
         }
         parent = n;
     }
@@ -249,6 +269,8 @@ void sp__bset_insert(sp_block_set_t *set, sp_block_t *b) {
 void sp__bset_remove(sp_block_set_t *set, sp_block_t *b) {
     if (!b->in_set)
         return;
+    if (set->lead && (uintptr_t)sp__block_stream(b) == (uintptr_t)sp__block_stream(set->min))
+        set->lead--; /* 0 with blocks left: min's stream is another one, its count not known */
     if (set->hint == b || set->min == b) {
         /* The block after b is the next candidate for the query that found b. */
         sp_block_t *s = sp__bset_succ(set, b);
@@ -296,8 +318,9 @@ void sp__bset_remove(sp_block_set_t *set, sp_block_t *b) {
 sp_block_t *sp__bset_lower_bound(const sp_block_set_t *set, sp_stream_t stream, size_t size) {
     uintptr_t s = (uintptr_t)stream;
     sp_block_t *n = set->root, *best = NULL;
+    bool one = sp__bset_one_stream(set, s); /* then below the query means smaller */
     while (n) {
-        if (sp__bset_below(n, s, size)) {
+        if (one ? n->size < size : sp__bset_below(n, s, size)) {
             n = R(n);
         } else {
             best = n;
@@ -312,11 +335,13 @@ sp_block_t *sp__bset_lower_bound(const sp_block_set_t *set, sp_stream_t stream, 
  * right, every node marked in_set; *hint_seen when the hint is among them. Returns
  * the subtree height; counts nodes into *count. */
 static int check(const sp_block_set_t *set, const sp_block_t *n, const sp_block_t *parent,
-                 const sp_block_t **last, size_t *count, bool *hint_seen) {
+                 const sp_block_t **last, size_t *count, size_t *lead, bool *hint_seen) {
     if (!n)
         return 0;
+    if (sp__block_stream(n) == sp__block_stream(set->min))
+        (*lead)++;
     assert(n->parent == sp__bref0(parent));
-    int hl = check(set, L(n), n, last, count, hint_seen);
+    int hl = check(set, L(n), n, last, count, lead, hint_seen);
     assert(n->in_set);
     assert(!*last || sp__bset_cmp(set->by_seq, *last, n) < 0);
     if (!*last)
@@ -325,7 +350,7 @@ static int check(const sp_block_set_t *set, const sp_block_t *n, const sp_block_
     (*count)++;
     if (n == set->hint)
         *hint_seen = true;
-    int hr = check(set, R(n), n, last, count, hint_seen);
+    int hr = check(set, R(n), n, last, count, lead, hint_seen);
     assert(hl - hr <= 1 && hr - hl <= 1);
     assert(BAL(n) == hr - hl);
     return (hl > hr ? hl : hr) + 1;
@@ -335,10 +360,11 @@ void sp__bset_check(const sp_block_set_t *set) {
     if (set->count > 1024)
         return; /* debug builds only, and O(n): keep big caches usable */
     const sp_block_t *last = NULL;
-    size_t count = 0;
+    size_t count = 0, lead = 0;
     bool hint_seen = false;
-    (void)check(set, set->root, NULL, &last, &count, &hint_seen);
+    (void)check(set, set->root, NULL, &last, &count, &lead, &hint_seen);
     assert(count == set->count);
+    assert(set->lead == 0 || set->lead == lead);
     assert(set->root || !set->min);
     assert(!set->hint || hint_seen);
 }
