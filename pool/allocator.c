@@ -350,7 +350,7 @@ hand_out(sp_devalloc_t *d, sp_block_t *b, bool in_set, sp_block_t *pred, size_t 
     if (split || nb) {
         sp_block_t *rem;
         if (in_set) {
-            /* Every field of the new struct is set here (links and height only matter in a set,
+            /* Every field of the new struct is set here (links and balance only matter in a set,
              * hnext is set by the pointer map below). */
             sp_block_t *a = nb;
             a->addr = b->addr;
@@ -373,7 +373,7 @@ hand_out(sp_devalloc_t *d, sp_block_t *b, bool in_set, sp_block_t *pred, size_t 
             b = a;
         } else {
             /* The allocation keeps the low addresses; the remainder moves up and stays cached.
-             * Every field is set here or by the set (links, height, in_set) below. */
+             * Every field is set here or by the set (links, balance, in_set) below. */
             rem = nb;
             rem->addr = b->addr + size;
             rem->size = b->size - size;

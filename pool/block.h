@@ -112,8 +112,8 @@ typedef struct sp_block {
     sp_ref_t next;    /* higher neighbour in the segment (lock) */
     uint32_t context; /* history context of the allocation, 0 if none (lock) */
     sp_ref_t seg;     /* owning segment (const; 0 while idle on the spare list) */
-    int8_t height;    /* AVL height while in_set; SP_TC_MARK while allocated and in a thread
-                       * cache (thread_cache.h), else 0 or stale (lock) */
+    int8_t bal;       /* AVL balance while in_set (block_set.c); SP_TC_MARK while allocated and
+                       * in a thread cache (thread_cache.h), else 0 (lock) */
     bool allocated;   /* handed out and not yet freed (lock) */
     bool in_set;      /* in its bpool's free set (lock) */
     bool unmapped;    /* expandable: address space without memory; in its bpool's
@@ -125,14 +125,15 @@ static inline bool sp__block_pending(const sp_block_t *b) {
     return !b->allocated && !b->in_set && !b->unmapped && b->event_count != 0;
 }
 
-/* `height` of a block in a thread cache (thread_cache.h): AVL heights are never negative. */
+/* `bal` of a block in a thread cache (thread_cache.h). A free set's removal leaves 0 there, so
+ * an allocated block holds the mark only when a thread cache set it. */
 #define SP_BLOCK_TC_MARK ((int8_t)-1)
 
 /* Does b have recorded streams that its free must wait for? Only an allocated block can (a free
  * consumes them before the block becomes pending, free or unmapped, whose `left` shares the
  * storage), and one in a thread cache has none (its storage holds the owner). */
 static inline bool sp__block_has_uses(const sp_block_t *b) {
-    return b->allocated && b->height != SP_BLOCK_TC_MARK && b->uses != NULL;
+    return b->allocated && b->bal != SP_BLOCK_TC_MARK && b->uses != NULL;
 }
 
 typedef struct sp_segment {

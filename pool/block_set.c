@@ -15,6 +15,10 @@
  * the hint's predecessor, or just above the hint and below its successor, so it is linked
  * beside them without a root walk; any other insert walks down from the root, O(log n).
  *
+ * The set counts the blocks of its first block's stream (`lead`, block_set.h): while that is all
+ * of them and a walk's key has that stream, the walk orders by size and address alone, without
+ * each node's segment read for its stream.
+ *
  * The cache-hit path avoids a remove + insert pair where it can: a split remainder keeps its
  * node with a smaller key, and a merged block keeps a free neighbour's node with a larger one,
  * when the new key still sorts strictly between the node's in-order neighbours (allocator.c
@@ -49,14 +53,11 @@ static inline void set_parent(sp_block_t *b, const sp_block_t *p) {
     b->parent = sp__bref0(p);
 }
 
-static int height(const sp_block_t *b) {
-    return b ? b->height : 0;
-}
-
-static void fix_height(sp_block_t *b) {
-    int hl = height(L(b)), hr = height(R(b));
-    b->height = (int8_t)((hl > hr ? hl : hr) + 1);
-}
+/* A node's balance: the height of its right subtree less that of its left, -1, 0 or +1 between
+ * changes (block.h's `bal`). Keeping the balance rather than the height lets the rebalancing
+ * walk read only the nodes on its path: with heights, every step read the sibling's too, a
+ * node off the path and often out of cache. */
+#define BAL(b) ((b)->bal)
 
 /* Make nb (may be NULL) the child of p that old was, or the root when p is NULL. */
 static void relink(sp_block_set_t *set, sp_block_t *p, const sp_block_t *old, sp_block_t *nb) {
@@ -70,8 +71,9 @@ static void relink(sp_block_set_t *set, sp_block_t *p, const sp_block_t *old, sp
         set_parent(nb, p);
 }
 
-static sp_block_t *rot_right(sp_block_set_t *set, sp_block_t *y) {
-    sp_block_t *x = L(y);
+/* Rotations only relink (x: y's left child, or its right one); the callers set the balances,
+ * which the cases they come from decide. */
+static void rot_right(sp_block_set_t *set, sp_block_t *y, sp_block_t *x) {
     sp_block_t *p = P(y);
     y->left = x->right;
     if (y->left)
@@ -79,13 +81,9 @@ static sp_block_t *rot_right(sp_block_set_t *set, sp_block_t *y) {
     set_right(x, y);
     set_parent(y, x);
     relink(set, p, y, x);
-    fix_height(y);
-    fix_height(x);
-    return x;
 }
 
-static sp_block_t *rot_left(sp_block_set_t *set, sp_block_t *x) {
-    sp_block_t *y = R(x);
+static void rot_left(sp_block_set_t *set, sp_block_t *x, sp_block_t *y) {
     sp_block_t *p = P(x);
     x->right = y->left;
     if (x->right)
@@ -93,56 +91,129 @@ static sp_block_t *rot_left(sp_block_set_t *set, sp_block_t *x) {
     set_left(y, x);
     set_parent(x, y);
     relink(set, p, x, y);
-    fix_height(x);
-    fix_height(y);
+}
+
+/* n leans two to the left (its left child x's subtree is two taller): rotate x, or x's right
+ * child, up into n's place. Returns the subtree's new root and in *same_p whether the subtree
+ * kept the height it had before the change that unbalanced it (a single rotation about a
+ * balanced x, which only a removal can meet). */
+static sp_block_t *fix_left(sp_block_set_t *set, sp_block_t *n, bool *same_p) {
+    sp_block_t *x = L(n);
+    if (BAL(x) <= 0) {
+        rot_right(set, n, x);
+        *same_p = BAL(x) == 0;
+        BAL(n) = (int8_t)(BAL(x) == 0 ? -1 : 0);
+        BAL(x) = (int8_t)(BAL(x) == 0 ? 1 : 0);
+        return x;
+    }
+    sp_block_t *y = R(x);
+    rot_left(set, x, y);
+    rot_right(set, n, y);
+    BAL(n) = (int8_t)(BAL(y) < 0 ? 1 : 0);
+    BAL(x) = (int8_t)(BAL(y) > 0 ? -1 : 0);
+    BAL(y) = 0;
+    *same_p = false;
     return y;
 }
 
-/* Rebalance from n up to the root, stopping where a subtree keeps the height it had: nothing
- * above it can have changed. n's own stored height is still its height before the change. */
-static void retrace(sp_block_set_t *set, sp_block_t *n) {
-    while (n) {
-        int before = n->height;
-        /* Each child's height read once: the balanced case (nearly every step) sets n's height
-         * from them, or stops without a store when it keeps the height it had. */
-        int hl = height(L(n)), hr = height(R(n)), bf = hl - hr;
-        if (bf >= -1 && bf <= 1) {
-            int h = (hl > hr ? hl : hr) + 1;
-            if (h == before)
-                return;
-            n->height = (int8_t)h;
-            n = P(n);
-            continue;
-        }
-        if (bf > 1) {
-            if (height(L(L(n))) < height(R(L(n))))
-                (void)rot_left(set, L(n));
-            n = rot_right(set, n);
-        } else if (bf < -1) {
-            if (height(R(R(n))) < height(L(R(n))))
-                (void)rot_right(set, R(n));
-            n = rot_left(set, n);
-        }
-        if (n->height == before)
-            return;
-        n = P(n);
+/* The mirror of fix_left: n leans two to the right. */
+static sp_block_t *fix_right(sp_block_set_t *set, sp_block_t *n, bool *same_p) {
+    sp_block_t *x = R(n);
+    if (BAL(x) >= 0) {
+        rot_left(set, n, x);
+        *same_p = BAL(x) == 0;
+        BAL(n) = (int8_t)(BAL(x) == 0 ? 1 : 0);
+        BAL(x) = (int8_t)(BAL(x) == 0 ? -1 : 0);
+        return x;
     }
+    sp_block_t *y = L(x);
+    rot_right(set, x, y);
+    rot_left(set, n, y);
+    BAL(n) = (int8_t)(BAL(y) > 0 ? -1 : 0);
+    BAL(x) = (int8_t)(BAL(y) < 0 ? 1 : 0);
+    BAL(y) = 0;
+    *same_p = false;
+    return y;
+}
+
+/* After an insert: n's subtree on the `left` side grew by one. Walks up while a subtree grows;
+ * one rotation ends it (an insert's rotation restores the height the subtree had). */
+static void grew(sp_block_set_t *set, sp_block_t *n, bool left) {
+    for (;;) {
+        int bal = BAL(n) + (left ? -1 : 1);
+        if (bal == 0) {
+            BAL(n) = 0;
+            return;
+        }
+        if (bal == -2 || bal == 2) {
+            bool same;
+            (void)(bal < 0 ? fix_left(set, n, &same) : fix_right(set, n, &same));
+            return;
+        }
+        BAL(n) = (int8_t)bal;
+        sp_block_t *p = P(n);
+        if (!p)
+            return;
+        left = p->left == sp__bref(n);
+        n = p;
+    }
+}
+
+/* After a removal: n's subtree on the `left` side shrank by one. Walks up while a subtree
+ * shrinks. */
+static void shrank(sp_block_set_t *set, sp_block_t *n, bool left) {
+    for (;;) {
+        int bal = BAL(n) + (left ? 1 : -1);
+        if (bal == 1 || bal == -1) {
+            BAL(n) = (int8_t)bal; /* it was balanced: its height stays */
+            return;
+        }
+        if (bal == 0) {
+            BAL(n) = 0;
+        } else {
+            bool same;
+            n = bal < 0 ? fix_left(set, n, &same) : fix_right(set, n, &same);
+            if (same)
+                return;
+        }
+        sp_block_t *p = P(n);
+        if (!p)
+            return;
+        left = p->left == sp__bref(n);
+        n = p;
+    }
+}
+
+/* a < b in the set's order, where `one` says that both have the set's one stream and the set is
+ * ordered by address (not symmetric): then size and address alone decide. */
+static inline bool less_in(const sp_block_set_t *set, bool one, const sp_block_t *a,
+                           const sp_block_t *b) {
+    if (one) /* without a branch on the sizes (a walk's turns are a coin toss) */
+        return (a->size < b->size) | ((a->size == b->size) & (a->addr < b->addr));
+    return sp__bset_less(set, a, b);
 }
 
 void sp__bset_insert(sp_block_set_t *set, sp_block_t *b) {
     b->left = b->right = 0;
-    b->height = 1;
+    BAL(b) = 0;
     b->in_set = true;
+    uintptr_t bs = (uintptr_t)sp__block_stream(b);
+    uintptr_t ms = set->min ? (uintptr_t)sp__block_stream(set->min) : 0;
+    if (!set->min || bs < ms)
+        set->lead = 1; /* b's stream is the smallest now, b its one block */
+    else if (bs == ms && set->lead)
+        set->lead++;
     set->count++;
+    bool one = !set->by_seq && set->lead == set->count; /* b's stream, then, is every block's */
     sp_block_t *parent = NULL;
     bool left = false;
     sp_block_t *h = set->hint;
-    if (h && sp__bset_less(set, b, h)) {
+    if (h && less_in(set, one, b, h)) {
         /* Between the hint's predecessor and the hint: the hint's left link is free when the
          * predecessor is an ancestor, else the predecessor (rightmost below the hint's left
          * child) has a free right link. */
         sp_block_t *p = sp__bset_pred(set, h);
-        if (!p || sp__bset_less(set, p, b)) {
+        if (!p || less_in(set, one, p, b)) {
             if (!h->left) {
                 parent = h;
                 left = true;
@@ -158,7 +229,7 @@ void sp__bset_insert(sp_block_set_t *set, sp_block_t *b) {
          * right child) has a free left link. Either way it is the leaf the root walk reaches:
          * a new key has one place among the leaves. */
         sp_block_t *sc = sp__bset_succ(set, h);
-        if (!sc || sp__bset_less(set, b, sc)) {
+        if (!sc || less_in(set, one, b, sc)) {
             if (!h->right) {
                 parent = h;
             } else {
@@ -175,11 +246,11 @@ void sp__bset_insert(sp_block_set_t *set, sp_block_t *b) {
             return;
         }
         for (;;) {
-            left = sp__bset_less(set, b, n);
-            sp_block_t *next = left ? L(n) : R(n);
+            left = less_in(set, one, b, n);
+            sp_ref_t next = left ? n->left : n->right;
             if (!next)
                 break;
-            n = next;
+            n = sp__blk(next);
         }
         parent = n;
     }
@@ -192,12 +263,14 @@ void sp__bset_insert(sp_block_set_t *set, sp_block_t *b) {
         set_right(parent, b);
     }
     set->hint = b;
-    retrace(set, parent);
+    grew(set, parent, left);
 }
 
 void sp__bset_remove(sp_block_set_t *set, sp_block_t *b) {
     if (!b->in_set)
         return;
+    if (set->lead && (uintptr_t)sp__block_stream(b) == (uintptr_t)sp__block_stream(set->min))
+        set->lead--; /* 0 with blocks left: min's stream is another one, its count not known */
     if (set->hint == b || set->min == b) {
         /* The block after b is the next candidate for the query that found b. */
         sp_block_t *s = sp__bset_succ(set, b);
@@ -207,7 +280,9 @@ void sp__bset_remove(sp_block_set_t *set, sp_block_t *b) {
             set->min = s;
     }
     sp_block_t *l = L(b), *r = R(b), *p = P(b), *start;
+    bool left; /* the side of start whose subtree shrank */
     if (!l || !r) {
+        left = p && p->left == sp__bref(b);
         relink(set, p, b, l ? l : r);
         start = p;
     } else {
@@ -216,9 +291,11 @@ void sp__bset_remove(sp_block_set_t *set, sp_block_t *b) {
         while (m->left)
             m = sp__blk(m->left);
         if (m == r) {
-            start = m;
+            start = m; /* its right subtree is r's less r */
+            left = false;
         } else {
-            start = P(m);
+            start = P(m); /* its left subtree was m's, now m's right one */
+            left = true;
             start->left = m->right;
             if (m->right)
                 set_parent(sp__blk(m->right), start);
@@ -227,20 +304,23 @@ void sp__bset_remove(sp_block_set_t *set, sp_block_t *b) {
         }
         set_left(m, l);
         set_parent(l, m);
-        m->height = b->height; /* the height of the subtree at b's place before the removal */
+        BAL(m) = BAL(b); /* the balance at b's place before the removal */
         relink(set, p, b, m);
     }
-    retrace(set, start);
+    if (start)
+        shrank(set, start, left);
     b->in_set = false;
     b->left = b->right = b->parent = 0;
+    BAL(b) = 0; /* a balance of -1 would read as a thread cache's mark once b is handed out */
     set->count--;
 }
 
 sp_block_t *sp__bset_lower_bound(const sp_block_set_t *set, sp_stream_t stream, size_t size) {
     uintptr_t s = (uintptr_t)stream;
     sp_block_t *n = set->root, *best = NULL;
+    bool one = sp__bset_one_stream(set, s); /* then below the query means smaller */
     while (n) {
-        if (sp__bset_below(n, s, size)) {
+        if (one ? n->size < size : sp__bset_below(n, s, size)) {
             n = R(n);
         } else {
             best = n;
@@ -251,15 +331,17 @@ sp_block_t *sp__bset_lower_bound(const sp_block_set_t *set, sp_stream_t stream, 
 }
 
 #ifndef NDEBUG
-/* Walk subtree n: in-order keys strictly increasing after *last, parent links and AVL heights
- * right and balanced, every node marked in_set; *hint_seen when the hint is among them. Returns
+/* Walk subtree n: in-order keys strictly increasing after *last, parent links and AVL balances
+ * right, every node marked in_set; *hint_seen when the hint is among them. Returns
  * the subtree height; counts nodes into *count. */
 static int check(const sp_block_set_t *set, const sp_block_t *n, const sp_block_t *parent,
-                 const sp_block_t **last, size_t *count, bool *hint_seen) {
+                 const sp_block_t **last, size_t *count, size_t *lead, bool *hint_seen) {
     if (!n)
         return 0;
+    if (sp__block_stream(n) == sp__block_stream(set->min))
+        (*lead)++;
     assert(n->parent == sp__bref0(parent));
-    int hl = check(set, L(n), n, last, count, hint_seen);
+    int hl = check(set, L(n), n, last, count, lead, hint_seen);
     assert(n->in_set);
     assert(!*last || sp__bset_cmp(set->by_seq, *last, n) < 0);
     if (!*last)
@@ -268,20 +350,21 @@ static int check(const sp_block_set_t *set, const sp_block_t *n, const sp_block_
     (*count)++;
     if (n == set->hint)
         *hint_seen = true;
-    int hr = check(set, R(n), n, last, count, hint_seen);
+    int hr = check(set, R(n), n, last, count, lead, hint_seen);
     assert(hl - hr <= 1 && hr - hl <= 1);
-    assert(n->height == (hl > hr ? hl : hr) + 1);
-    return n->height;
+    assert(BAL(n) == hr - hl);
+    return (hl > hr ? hl : hr) + 1;
 }
 
 void sp__bset_check(const sp_block_set_t *set) {
     if (set->count > 1024)
         return; /* debug builds only, and O(n): keep big caches usable */
     const sp_block_t *last = NULL;
-    size_t count = 0;
+    size_t count = 0, lead = 0;
     bool hint_seen = false;
-    (void)check(set, set->root, NULL, &last, &count, &hint_seen);
+    (void)check(set, set->root, NULL, &last, &count, &lead, &hint_seen);
     assert(count == set->count);
+    assert(set->lead == 0 || set->lead == lead);
     assert(set->root || !set->min);
     assert(!set->hint || hint_seen);
 }

@@ -288,7 +288,7 @@ bool sp__tc_free(uintptr_t addr, size_t *req_p, int *device_p) {
 /* Block b leaves its cache's books (device lock held): unmarked, and its requested size (and the
  * requested_bytes statistic) become req, the size its last caller asked for. */
 static void unmark(sp_devalloc_t *d, sp_block_t *b, size_t req) {
-    b->height = 0;
+    b->bal = 0;
     b->tc_owner = NULL;
     d->tc_blocks--;
     if (req != b->requested) {
@@ -359,7 +359,7 @@ sp_tc_verdict_t sp__tc_on_free(sp_devalloc_t *d, sp_block_t *b, bool hist, size_
     sp__unlock(&t->lock);
     if (!kept)
         return SP_TC_FREE;
-    b->height = SP_TC_MARK;
+    b->bal = SP_TC_MARK;
     b->tc_owner = t;
     d->tc_blocks++;
     return SP_TC_KEPT;

@@ -8,7 +8,7 @@
  * sp_malloc it serves and a sp_free it keeps touch only the calling thread's cache (its own lock,
  * its own cache line), never the device lock or the shared statistics.
  *
- * Such a block is "registered": its `height` (unused while allocated) holds SP_TC_MARK and the
+ * Such a block is "registered": its `bal` (unused while allocated) holds SP_TC_MARK and the
  * storage of its recorded streams (it has none: block.h) its owner cache. Marking, unmarking and
  * the device's count of registered blocks change only under the device lock, so any thread holding
  * it knows whether a block is registered and with whom.
@@ -26,13 +26,13 @@
 
 #include "pool/allocator.h"
 
-/* `height` of a registered block (block.h). */
+/* `bal` of a registered block (block.h). */
 #define SP_TC_MARK SP_BLOCK_TC_MARK
 /* The largest block a thread cache holds: the small pool's requests. */
 #define SP_TC_MAX_BLOCK SP_SMALL_SIZE
 
 static inline bool sp__tc_registered(const sp_block_t *b) {
-    return b->allocated && b->height == SP_TC_MARK;
+    return b->allocated && b->bal == SP_TC_MARK;
 }
 
 /* sp_malloc with the cache on, history off, the default pool and a valid device, size and

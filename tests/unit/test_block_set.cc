@@ -45,12 +45,13 @@ struct Fixture {
     ArenaArray<sp_block_t> blocks;
     sp_block_set_t set{};
 
-    Fixture(size_t n, bool by_seq, uint32_t seed) : segs(24), blocks(n) {
+    // streams: how many streams the segments spread over (1: the set's one-stream walks).
+    Fixture(size_t n, bool by_seq, uint32_t seed, unsigned streams = 3) : segs(24), blocks(n) {
         set.by_seq = by_seq;
         std::mt19937 rng(seed);
         for (size_t i = 0; i < segs.size(); i++) {
             segs[i].seq = (i * 5) % segs.size(); // seq order differs from address order
-            segs[i].stream = (sp_stream_t)(uintptr_t)(0x10 * (i % 3)); // a block's is its seg's
+            segs[i].stream = (sp_stream_t)(uintptr_t)(0x10 * (i % streams)); // its blocks' too
         }
         for (size_t i = 0; i < n; i++) {
             sp_block_t &b = blocks[i];
@@ -81,13 +82,19 @@ struct Fixture {
         EXPECT_TRUE(n->in_set);
         int hl = check_tree(sp__blk0(n->left), n), hr = check_tree(sp__blk0(n->right), n);
         EXPECT_LE(std::abs(hl - hr), 1);
-        EXPECT_EQ(n->height, std::max(hl, hr) + 1);
+        EXPECT_EQ(n->bal, hr - hl); // the balance kept in the node
         return std::max(hl, hr) + 1;
     }
 
     void check() {
         std::vector<sp_block_t *> ref = sorted();
         ASSERT_EQ(set.count, ref.size());
+        size_t lead = 0; // blocks with the first block's stream: set.lead, where it is known
+        for (sp_block_t *b : ref)
+            lead += sp__block_stream(b) == sp__block_stream(ref.front());
+        if (set.lead != 0) {
+            ASSERT_EQ(set.lead, lead);
+        }
         check_tree(set.root, nullptr);
         ASSERT_EQ(set.min, ref.empty() ? nullptr : ref.front());
         size_t i = 0;
@@ -123,8 +130,8 @@ struct Fixture {
     }
 };
 
-void churn(bool by_seq, uint32_t seed) {
-    Fixture f(600, by_seq, seed);
+void churn(bool by_seq, uint32_t seed, unsigned streams = 3) {
+    Fixture f(600, by_seq, seed, streams);
     std::mt19937 rng(seed * 7 + 1);
     for (int step = 0; step < 6000; step++) {
         unsigned op = rng() % 10;
@@ -154,6 +161,9 @@ void churn(bool by_seq, uint32_t seed) {
     }
     EXPECT_EQ(f.set.root, nullptr);
     EXPECT_EQ(f.set.min, nullptr);
+    EXPECT_EQ(f.set.lead, 0u);
+    for (auto &b : f.blocks)
+        EXPECT_EQ(b.bal, 0); // a block out of the set never keeps a balance (-1 is a mark)
 }
 
 } // namespace
@@ -166,4 +176,81 @@ TEST(BlockSet, LookupsAndChangesMatchASortedReference) {
 TEST(BlockSet, SymmetricOrderMatchesASortedReference) {
     for (uint32_t seed = 1; seed <= 3; seed++)
         ASSERT_NO_FATAL_FAILURE(churn(true, seed));
+}
+
+// Every block on one stream: inserts, removals and lookups take the walks that compare sizes
+// and addresses alone (block_set.h's sp__bset_one_stream); the order must be the same.
+TEST(BlockSet, OneStreamWalksMatchASortedReference) {
+    for (uint32_t seed = 1; seed <= 3; seed++) {
+        ASSERT_NO_FATAL_FAILURE(churn(false, seed, 1));
+        ASSERT_NO_FATAL_FAILURE(churn(true, seed, 1));
+    }
+}
+
+// A set that holds one stream's blocks, then a second stream's, then the first's alone again:
+// the walks step off the one-stream form while another stream is in the set and back on once
+// it has left; a stream below every other one leads from its first block; the last block of the
+// leading stream leaving others behind leaves the count unknown (0). Every lookup and insert
+// keeps the reference's order throughout.
+TEST(BlockSet, OneStreamFormFollowsTheStreamsInTheSet) {
+    Fixture f(400, false, 9, 2); // even segments stream 0, odd ones stream 0x10
+    auto low = [&](sp_block_t &b) { return (uintptr_t)sp__block_stream(&b) == 0; };
+    uint32_t nlow = 0;
+    for (auto &b : f.blocks)
+        if (low(b)) {
+            sp__bset_insert(&f.set, &b);
+            nlow++;
+        }
+    ASSERT_NO_FATAL_FAILURE(f.check());
+    EXPECT_EQ(f.set.lead, nlow);
+    EXPECT_TRUE(sp__bset_one_stream(&f.set, 0));
+    EXPECT_FALSE(sp__bset_one_stream(&f.set, 0x10));
+    for (auto &b : f.blocks)
+        if (!low(b)) {
+            sp__bset_insert(&f.set, &b);
+            ASSERT_NO_FATAL_FAILURE(f.lookup(0, 512 * (b.addr % 7)));
+            ASSERT_NO_FATAL_FAILURE(f.lookup(0x10, 512 * (b.addr % 5)));
+        }
+    ASSERT_NO_FATAL_FAILURE(f.check());
+    EXPECT_EQ(f.set.lead, nlow);
+    EXPECT_FALSE(sp__bset_one_stream(&f.set, 0));
+    for (auto &b : f.blocks)
+        if (!low(b))
+            sp__bset_remove(&f.set, &b);
+    ASSERT_NO_FATAL_FAILURE(f.check());
+    EXPECT_TRUE(sp__bset_one_stream(&f.set, 0));
+    for (size_t i = 0; i < 8; i++)
+        ASSERT_NO_FATAL_FAILURE(f.lookup(0, 512 * i));
+    // Now the other way round: the leading stream's blocks leave while 0x10's stay, and the
+    // count is not known (one-stream walks stay off) until the set is empty again.
+    for (auto &b : f.blocks)
+        if (!low(b))
+            sp__bset_insert(&f.set, &b);
+    for (auto &b : f.blocks)
+        if (low(b))
+            sp__bset_remove(&f.set, &b);
+    ASSERT_NO_FATAL_FAILURE(f.check());
+    EXPECT_EQ(f.set.lead, 0u);
+    EXPECT_FALSE(sp__bset_one_stream(&f.set, 0x10));
+    ASSERT_NO_FATAL_FAILURE(f.lookup(0x10, 1024));
+    sp_block_t *first_low = nullptr; // a block of the smaller stream leads again
+    for (auto &b : f.blocks)
+        if (low(b)) {
+            first_low = &b;
+            break;
+        }
+    ASSERT_NE(first_low, nullptr);
+    sp__bset_insert(&f.set, first_low);
+    EXPECT_EQ(f.set.lead, 1u);
+    ASSERT_NO_FATAL_FAILURE(f.check());
+    sp__bset_remove(&f.set, first_low);
+    for (auto &b : f.blocks)
+        if (b.in_set)
+            sp__bset_remove(&f.set, &b);
+    EXPECT_EQ(f.set.count, 0u);
+    for (auto &b : f.blocks)
+        if (!low(b))
+            sp__bset_insert(&f.set, &b);
+    EXPECT_TRUE(sp__bset_one_stream(&f.set, 0x10)); // known again from the empty set
+    ASSERT_NO_FATAL_FAILURE(f.check());
 }
