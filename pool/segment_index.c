@@ -40,8 +40,12 @@ sp_status_t sp__segidx_insert(sp_devalloc_t *d, sp_segment_t *seg) {
         d->segs = n;
         d->cap_segs = cap;
     }
-    size_t i = upper(d, seg->base);
-    memmove(&d->segs[i + 1], &d->segs[i], (d->nsegs - i) * sizeof(*d->segs));
+    /* Segments mostly come in address order (the host backend carves its range front to back,
+     * and a replay's starting state makes thousands): the end first, without the search. */
+    size_t n = d->nsegs;
+    size_t i = n == 0 || d->segs[n - 1]->base <= seg->base ? n : upper(d, seg->base);
+    if (i < n)
+        memmove(&d->segs[i + 1], &d->segs[i], (n - i) * sizeof(*d->segs));
     d->segs[i] = seg;
     d->nsegs++;
     return SP_SUCCESS;
