@@ -1189,6 +1189,16 @@ int sp_cli_replay(int argc, char **argv) {
         tr_free(&t);
         return 1;
     }
+    /* Settings PyTorch cannot have: the snapshot is invalid, not the command line (info and
+     * summary say so too; the loader found it). --compare starts from them as well. */
+    if (a.conf == NULL && t.settings.recorded && t.settings.invalid[0] != '\0') {
+        fprintf(stderr,
+                "sympool replay: %s: allocator_settings read as SYMPOOL_ALLOC_CONF='%s' are not "
+                "valid: %s (PyTorch refuses them; --conf replaces them)\n",
+                a.trace, t.settings.conf, t.settings.invalid);
+        tr_free(&t);
+        return 1;
+    }
     replay_set_user_conf(a.conf != NULL);
     if (a.ncompare > 0) {
         rc = replay_compare(a.trace, &t, a.conf, a.compare, a.ncompare, a.capacity, a.json,

@@ -1425,8 +1425,8 @@ static void read_settings(const pk_value_t *as, tr_settings_t *st) {
         ADD("max_split_size_mb:%lld", (long long)(mss >> 20));
         st->gc_or_split = true;
     }
-    double gc = 0;
-    if (pk_num(pk_get(as, "garbage_collection_threshold"), &gc) && gc > 0) {
+    double gc = 0; /* PyTorch records 0 when it is not set; anything else is checked below */
+    if (pk_num(pk_get(as, "garbage_collection_threshold"), &gc) && gc != 0) {
         ADD("garbage_collection_threshold:%g", gc);
         st->gc_or_split = true;
     }
@@ -1475,6 +1475,11 @@ static void read_settings(const pk_value_t *as, tr_settings_t *st) {
         p += n + (end ? 1 : 0);
     }
 #undef ADD
+    /* Settings PyTorch refuses (a max_split_size under 20 MiB, a threshold outside (0, 1)):
+     * said once here, so that every command says the same about them. */
+    char why[256];
+    if (st->conf[0] != '\0' && !sp_x_alloc_conf_check(st->conf, why, sizeof why))
+        snprintf(st->invalid, sizeof st->invalid, "%s", why);
 }
 
 static bool from_doc(pk_doc_t *doc, recs_t *recs, tr_trace_t *t, char *err, size_t errlen);

@@ -174,6 +174,24 @@ if(TARGET sympool_cli)
   sp_cli_check(NAME replay_recorded_settings_invalid RC 1
     REGEX "sympool replay: .*trace-settings-not-pytorchs.json: allocator_settings read as SYMPOOL_ALLOC_CONF='max_split_size_mb:0' are not valid: .*below the minimum 20"
     ARGS replay ${CMAKE_CURRENT_SOURCE_DIR}/data/trace-settings-not-pytorchs.json)
+  # Every command loads such a snapshot (PyTorch's viewer does) and says the same about its
+  # settings: info and summary that they are not valid, replay (and --compare, which starts from
+  # them) refuses them. A threshold PyTorch cannot have (-0.5) was left out without a word.
+  sp_cli_check(NAME info_recorded_settings_invalid RC 0
+    REGEX "settings: 'max_split_size_mb:0'.*\n  not valid: max_split_size_mb: 0 is below the minimum 20"
+    ARGS info ${CMAKE_CURRENT_SOURCE_DIR}/data/trace-settings-not-pytorchs.json)
+  sp_cli_check(NAME summary_recorded_settings_invalid RC 0
+    REGEX "note: .*allocator_settings read as SYMPOOL_ALLOC_CONF='max_split_size_mb:0' are not valid: .*the allocated peaks are not replayed"
+    ARGS summary ${CMAKE_CURRENT_SOURCE_DIR}/data/trace-settings-not-pytorchs.json)
+  sp_cli_check(NAME replay_compare_recorded_settings_invalid RC 1
+    REGEX "allocator_settings read as SYMPOOL_ALLOC_CONF='max_split_size_mb:0' are not valid"
+    ARGS replay ${CMAKE_CURRENT_SOURCE_DIR}/data/trace-settings-not-pytorchs.json --compare "" max_split_size_mb:64)
+  sp_cli_check(NAME replay_recorded_gc_negative RC 1
+    REGEX "allocator_settings read as SYMPOOL_ALLOC_CONF='garbage_collection_threshold:-0.5' are not valid: garbage_collection_threshold"
+    ARGS replay ${CMAKE_CURRENT_SOURCE_DIR}/data/trace-settings-gc-negative.json)
+  sp_cli_check(NAME info_recorded_gc_negative RC 0
+    REGEX "not valid: garbage_collection_threshold"
+    ARGS info ${CMAKE_CURRENT_SOURCE_DIR}/data/trace-settings-gc-negative.json)
   sp_cli_check(NAME replay_repeat_garbage RC 2 REGEX "--repeat takes 1 to 64, not '3x'"
     ARGS replay ${SMALL} --repeat=3x)
   # A file that is not a pickle says so, not "memo key 105 is not defined".
