@@ -1164,6 +1164,15 @@ int sp_cli_replay(int argc, char **argv) {
     int rc = parse_args(argc, argv, &a);
     if (rc >= 0)
         return rc;
+    if (a.snapshot != NULL && cli_same_file(a.trace, a.snapshot)) {
+        /* The recorded trace would be replaced by the replay's snapshot: refused before
+         * anything is read or written. */
+        fprintf(stderr,
+                "sympool replay: --snapshot %s is the trace being replayed (%s); it would be "
+                "replaced: write the snapshot elsewhere\n",
+                a.snapshot, a.trace);
+        return 2;
+    }
     char err[512];
     tr_trace_t t;
     cli_heap_prepare(a.trace);

@@ -276,6 +276,11 @@ if(TARGET sympool_cli)
     $<TARGET_FILE:sympool_cli> ${SMALL} ${SP_CLI_OUT}/plot_output)
   set_tests_properties(cli.plot_output_atomic PROPERTIES LABELS "unit;cli" TIMEOUT 60
     PASS_REGULAR_EXPRESSION "plot output ok")
+  # An output naming the input (itself, a link, a hard link) is refused; the input stays whole.
+  add_test(NAME cli.output_is_not_the_input COMMAND sh ${CMAKE_CURRENT_SOURCE_DIR}/cli/no_clobber.sh
+    $<TARGET_FILE:sympool_cli> ${SMALL} ${SP_CLI_OUT}/no_clobber)
+  set_tests_properties(cli.output_is_not_the_input PROPERTIES LABELS "unit;cli" TIMEOUT 120
+    PASS_REGULAR_EXPRESSION "no clobber ok")
   sp_cli_check(NAME plot_png_refused RC 2 REGEX "writes SVG only, not '.*x.png'"
     ARGS plot ${SMALL} -o ${SP_CLI_OUT}/x.png)
   sp_cli_check(NAME plot_no_output RC 2 REGEX "no -o OUT.svg given" ARGS plot ${SMALL})
