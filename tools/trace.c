@@ -1451,6 +1451,7 @@ static void read_settings(const pk_value_t *as, tr_settings_t *st) {
     }
     /* Items of the string the structured keys do not carry. */
     const char *conf = pk_get_str(as, "PYTORCH_CUDA_ALLOC_CONF");
+    char fraction_bad[256] = ""; /* why its per_process_memory_fraction is not one */
     for (const char *p = conf; p != NULL && *p;) {
         const char *end = strchr(p, ',');
         size_t n = end ? (size_t)(end - p) : strlen(p);
@@ -1463,7 +1464,10 @@ static void read_settings(const pk_value_t *as, tr_settings_t *st) {
                                   strncmp(item, "max_non_split_rounding_mb:", 26) == 0)) {
                 ADD("%s", item);
             } else if (colon != NULL && strncmp(item, "per_process_memory_fraction:", 28) == 0) {
-                st->fraction = strtod(colon + 1, NULL);
+                /* Checked as the library checks it (a number in [0, 1]): NaN or "0.5abc"
+                 * was read as no fraction or as 0.5 without a word. */
+                if (sp_x_alloc_conf_check(item, fraction_bad, sizeof fraction_bad))
+                    st->fraction = strtod(colon + 1, NULL);
             } else if (colon != NULL && strncmp(item, "backend:", 8) == 0 &&
                        strcmp(colon + 1, "native") != 0 && dused < sizeof(st->dropped)) {
                 dused += (size_t)snprintf(st->dropped + dused, sizeof(st->dropped) - dused,
@@ -1480,6 +1484,8 @@ static void read_settings(const pk_value_t *as, tr_settings_t *st) {
     char why[256];
     if (st->conf[0] != '\0' && !sp_x_alloc_conf_check(st->conf, why, sizeof why))
         snprintf(st->invalid, sizeof st->invalid, "%s", why);
+    else if (fraction_bad[0] != '\0')
+        snprintf(st->invalid, sizeof st->invalid, "%s", fraction_bad);
 }
 
 static bool from_doc(pk_doc_t *doc, recs_t *recs, tr_trace_t *t, char *err, size_t errlen);

@@ -192,6 +192,13 @@ if(TARGET sympool_cli)
   sp_cli_check(NAME info_recorded_gc_negative RC 0
     REGEX "not valid: garbage_collection_threshold"
     ARGS info ${CMAKE_CURRENT_SOURCE_DIR}/data/trace-settings-gc-negative.json)
+  # The string's per_process_memory_fraction too: NaN was read as no fraction by every command.
+  sp_cli_check(NAME replay_recorded_fraction_nan RC 1
+    REGEX "allocator_settings read as .* are not valid: per_process_memory_fraction is invalid"
+    ARGS replay ${CMAKE_CURRENT_SOURCE_DIR}/data/trace-settings-fraction-nan.json)
+  sp_cli_check(NAME info_recorded_fraction_nan RC 0
+    REGEX "not valid: per_process_memory_fraction is invalid"
+    ARGS info ${CMAKE_CURRENT_SOURCE_DIR}/data/trace-settings-fraction-nan.json)
   sp_cli_check(NAME replay_repeat_garbage RC 2 REGEX "--repeat takes 1 to 64, not '3x'"
     ARGS replay ${SMALL} --repeat=3x)
   # A file that is not a pickle says so, not "memo key 105 is not defined".
