@@ -1436,13 +1436,39 @@ static void read_settings(const pk_value_t *as, tr_settings_t *st) {
         st->expandable = ex->u.b;
     }
     const pk_value_t *rp = pk_get(as, "roundup_power2_divisions");
+    char rp_bad[160] = ""; /* a key that is no interval: why */
     if (rp != NULL && rp->type == PK_DICT) {
         char list[256];
         size_t lu = 0;
+        pk_value_t *const *it = rp->u.seq.items;
         for (size_t k = 0; k + 1 < rp->u.seq.n; k += 2) {
             int64_t v = 0;
-            const char *key = pk_str(rp->u.seq.items[k]);
-            if (key != NULL && pk_int(rp->u.seq.items[k + 1], &v) && v > 0 && lu < sizeof(list))
+            const char *key = pk_str(it[k]);
+            if (key == NULL)
+                continue;
+            /* PyTorch's keys are MB boundaries ("1", "2", ... "32768") or ">": anything else
+             * would be written into the list as text, where a ',' or a ']' ends it and what
+             * follows reads as settings of their own. */
+            size_t kl = it[k]->u.str.len;
+            if (kl == 0 || kl > 20 || strspn(key, ">0123456789") != kl ||
+                (key[0] == '>' && kl != 1) || (kl > 1 && strchr(key, '>') != NULL)) {
+                if (rp_bad[0] == '\0')
+                    snprintf(rp_bad, sizeof rp_bad,
+                             "roundup_power2_divisions: key '%.64s' is no MB boundary", key);
+                continue;
+            }
+            /* A key written twice is one key of the dict pickle.load makes: at its first
+             * place, with its last value. */
+            bool seen = false;
+            size_t last = k;
+            for (size_t j = 0; j + 1 < rp->u.seq.n; j += 2) {
+                const char *kj = pk_str(it[j]);
+                if (j == k || kj == NULL || it[j]->u.str.len != kl || memcmp(kj, key, kl) != 0)
+                    continue;
+                seen = seen || j < k;
+                last = j > last ? j : last;
+            }
+            if (!seen && pk_int(it[last + 1], &v) && v > 0 && lu < sizeof(list))
                 lu += (size_t)snprintf(list + lu, sizeof(list) - lu, "%s%s:%lld", lu ? "," : "",
                                        key, (long long)v);
         }
@@ -1486,6 +1512,8 @@ static void read_settings(const pk_value_t *as, tr_settings_t *st) {
         snprintf(st->invalid, sizeof st->invalid, "%s", why);
     else if (fraction_bad[0] != '\0')
         snprintf(st->invalid, sizeof st->invalid, "%s", fraction_bad);
+    else if (rp_bad[0] != '\0')
+        snprintf(st->invalid, sizeof st->invalid, "%s", rp_bad);
 }
 
 static bool from_doc(pk_doc_t *doc, recs_t *recs, tr_trace_t *t, char *err, size_t errlen);

@@ -199,6 +199,18 @@ if(TARGET sympool_cli)
   sp_cli_check(NAME info_recorded_fraction_nan RC 0
     REGEX "not valid: per_process_memory_fraction is invalid"
     ARGS info ${CMAKE_CURRENT_SOURCE_DIR}/data/trace-settings-fraction-nan.json)
+  # roundup_power2_divisions' keys are MB boundaries: one holding ",max_split_size_mb:64," went
+  # into the configuration as a setting of its own. A key written twice is the dict's one key,
+  # with its last value (the list was "[1:4,2:2,1:8]", which no parser takes).
+  sp_cli_check(NAME info_recorded_roundup_key_injected RC 0
+    REGEX "settings: 'defaults'\n  not valid: roundup_power2_divisions: key '1:4.,max_split_size_mb:64"
+    ARGS info ${CMAKE_CURRENT_SOURCE_DIR}/data/trace-settings-roundup-keys.json)
+  sp_cli_check(NAME replay_recorded_roundup_key_injected RC 1
+    REGEX "are not valid: roundup_power2_divisions: key"
+    ARGS replay ${CMAKE_CURRENT_SOURCE_DIR}/data/trace-settings-roundup-keys.json)
+  sp_cli_check(NAME info_recorded_roundup_key_twice RC 0
+    REGEX "settings: 'roundup_power2_divisions:.1:8,2:2.'"
+    ARGS info ${CMAKE_CURRENT_SOURCE_DIR}/data/trace-settings-roundup-twice.json)
   sp_cli_check(NAME replay_repeat_garbage RC 2 REGEX "--repeat takes 1 to 64, not '3x'"
     ARGS replay ${SMALL} --repeat=3x)
   # A file that is not a pickle says so, not "memo key 105 is not defined".
