@@ -1406,6 +1406,8 @@ out:
 /* The snapshot's allocator_settings as a SYMPOOL_ALLOC_CONF string. The structured keys are
  * the settings in force; the PYTORCH_CUDA_ALLOC_CONF string adds what they do not show
  * (large_segment_size_mb, max_non_split_rounding_mb, per_process_memory_fraction). */
+#define RP_MAX_KEYS 64 /* roundup_power2_divisions keys read (PyTorch writes 16) */
+
 static void read_settings(const pk_value_t *as, tr_settings_t *st) {
     memset(st, 0, sizeof(*st));
     if (as == NULL || as->type != PK_DICT)
@@ -1437,7 +1439,13 @@ static void read_settings(const pk_value_t *as, tr_settings_t *st) {
     }
     const pk_value_t *rp = pk_get(as, "roundup_power2_divisions");
     char rp_bad[160] = ""; /* a key that is no interval: why */
-    if (rp != NULL && rp->type == PK_DICT) {
+    /* PyTorch writes one key per interval (16); the keys written twice are looked for among
+     * the others, so a dict of many more is refused before that (a million keys took minutes). */
+    if (rp != NULL && rp->type == PK_DICT && pk_len(rp) > RP_MAX_KEYS)
+        snprintf(rp_bad, sizeof rp_bad,
+                 "roundup_power2_divisions has %zu keys; PyTorch writes one per interval (16)",
+                 pk_len(rp));
+    else if (rp != NULL && rp->type == PK_DICT) {
         char list[256];
         size_t lu = 0;
         pk_value_t *const *it = rp->u.seq.items;
