@@ -433,33 +433,35 @@ typedef enum {
 static size_t utf8_bad(const unsigned char *s, size_t n) {
     size_t i = 0;
     while (i < n) {
+        unsigned c = s[i];
+        if (c < 0x80) { /* ASCII: as many bytes at once as are ASCII */
 #if defined(__SSE2__)
-        if (n - i >= 16) {
-            __m128i v = _mm_loadu_si128((const __m128i *)(const void *)(s + i));
-            if (_mm_movemask_epi8(v) == 0) {
+            if (n - i >= 16 &&
+                _mm_movemask_epi8(_mm_loadu_si128((const __m128i *)(const void *)(s + i))) == 0) {
                 i += 16;
                 continue;
             }
-        }
 #endif
-        if (n - i >= 8) {
-            uint64_t w;
-            memcpy(&w, s + i, sizeof(w));
-            if ((w & 0x8080808080808080ull) == 0) {
-                i += 8;
-                continue;
+            if (n - i >= 8) {
+                uint64_t w;
+                memcpy(&w, s + i, sizeof(w));
+                if ((w & 0x8080808080808080ull) == 0) {
+                    i += 8;
+                    continue;
+                }
             }
-        }
-        unsigned c = s[i];
-        if (c < 0x80) {
             i++;
+            continue;
+        }
+        if (c - 0xc2 < 0x1e) { /* two bytes (the commonest past ASCII: Latin, Greek, ...) */
+            if (n - i < 2 || (s[i + 1] & 0xc0) != 0x80)
+                return i;
+            i += 2;
             continue;
         }
         size_t k;                      /* continuation bytes */
         unsigned lo = 0x80, hi = 0xbf; /* the range of the first of them */
-        if (c >= 0xc2 && c <= 0xdf) {
-            k = 1;
-        } else if (c >= 0xe0 && c <= 0xef) {
+        if (c >= 0xe0 && c <= 0xef) {
             k = 2;
             lo = c == 0xe0 ? 0xa0 : 0x80;
         } else if (c >= 0xf0 && c <= 0xf4) {
@@ -469,11 +471,9 @@ static size_t utf8_bad(const unsigned char *s, size_t n) {
         } else {
             return i;
         }
-        if (n - i - 1 < k || s[i + 1] < lo || s[i + 1] > hi)
+        if (n - i - 1 < k || s[i + 1] < lo || s[i + 1] > hi || (s[i + 2] & 0xc0) != 0x80 ||
+            (k == 3 && (s[i + 3] & 0xc0) != 0x80))
             return i;
-        for (size_t j = 2; j <= k; j++)
-            if ((s[i + j] & 0xc0) != 0x80)
-                return i;
         i += 1 + k;
     }
     return n;
