@@ -22,6 +22,17 @@ SP_EXPORT sp_status_t sp_x_option_set(const char *name, const char *value) {
                      name);
 }
 
+SP_EXPORT bool sp_x_alloc_conf_check(const char *text, char *why, size_t why_len) {
+    char reason[512];
+    sp_alloc_conf_t conf;
+    sp__alloc_conf_defaults(&conf);
+    bool ok = sp__alloc_conf_parse_ex(text, &conf, NULL, NULL, 0, false, NULL, NULL, reason,
+                                      sizeof reason) == SP_SUCCESS;
+    if (!ok && why != NULL && why_len > 0)
+        snprintf(why, why_len, "%s", reason);
+    return ok;
+}
+
 SP_EXPORT void sp_x_options_print(FILE *f) {
     sp__options_print(f);
 }

@@ -6,9 +6,9 @@
  * offered to tools/ as sp_x_json_to_pickle (sympool/experimental.h).
  *
  * The parser is a strict recursive-descent RFC 8259 reader: objects, arrays, strings (with
- * escapes and surrogate pairs), integers (int64, uint64 above it, and as a double beyond),
- * floats, true, false, null.
- * Nesting is bounded by the emitter's depth (32); every error names its byte offset. No lock.
+ * escapes and surrogate pairs; raw bytes UTF-8, as Python's json.load reads them), integers (int64,
+ * uint64 above it, and as a double beyond), floats, true, false, null. Nesting is bounded by the
+ * emitter's depth (32); every error names its byte offset. No lock.
  */
 #include "sympool/experimental.h"
 
@@ -180,8 +180,36 @@ static bool string(jp_t *j) {
                 return false;
             continue;
         }
-        /* Raw bytes are copied as they are (the emitter replaces invalid UTF-8). */
-        if (o + 2 > j->scap) {
+        /* Raw bytes are copied as they are, once they are UTF-8 (RFC 8259 8.1: what Python's
+         * json.load reads; no surrogate, nothing overlong or past U+10FFFF). The emitter would
+         * write others as '?', a string misread instead of refused. */
+        size_t k = 0; /* continuation bytes of a sequence that starts at c */
+        if (c >= 0x80) {
+            unsigned char lo = 0x80, hi = 0xbf; /* the range of the first of them */
+            if (c >= 0xc2 && c <= 0xdf) {
+                k = 1;
+            } else if (c >= 0xe0 && c <= 0xef) {
+                k = 2;
+                lo = c == 0xe0 ? 0xa0 : 0x80;
+                hi = c == 0xed ? 0x9f : 0xbf;
+            } else if (c >= 0xf0 && c <= 0xf4) {
+                k = 3;
+                lo = c == 0xf0 ? 0x90 : 0x80;
+                hi = c == 0xf4 ? 0x8f : 0xbf;
+            } else {
+                j->pos--;
+                return jfail(j, "not UTF-8");
+            }
+            const unsigned char *s = (const unsigned char *)j->p + j->pos;
+            bool ok = j->len - j->pos >= k && s[0] >= lo && s[0] <= hi;
+            for (size_t i = 1; ok && i < k; i++)
+                ok = (s[i] & 0xc0) == 0x80;
+            if (!ok) {
+                j->pos--;
+                return jfail(j, "not UTF-8");
+            }
+        }
+        if (o + 2 + k > j->scap) {
             size_t cap = (j->scap ? j->scap : 256) * 2;
             char *nb = realloc(j->sbuf, cap);
             if (nb == NULL)
@@ -190,6 +218,8 @@ static bool string(jp_t *j) {
             j->scap = cap;
         }
         j->sbuf[o++] = (char)c;
+        for (size_t i = 0; i < k; i++)
+            j->sbuf[o++] = j->p[j->pos++];
     }
     j->sbuf[o] = '\0'; /* both writers keep one byte free */
     return true;

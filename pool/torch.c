@@ -63,6 +63,7 @@ static sp_status_t check_backend(const char *fn) {
  * raw_alloc(0) returns nullptr without touching the allocator, so size 0 does the same here and
  * is not a failure (no WARN, sp_last_error untouched). */
 SP_EXPORT int sp_torch_malloc_status(size_t size, int device, void *stream, void **ptr_p) {
+    SP_ARG_CHECK(ptr_p != NULL, SP_SUB_API, "sp_torch_malloc_status: ptr_p is NULL");
     *ptr_p = NULL;
     if (size == 0)
         return SP_SUCCESS;

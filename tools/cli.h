@@ -42,6 +42,9 @@ int cli_getopt(int argc, char **argv, const char *cmd, const char *shortopts,
 bool cli_parse_long(const char *s, long lo, long hi, long *out);
 /* True when path ends with suffix, e.g. ".json" (case-sensitive, as sp_dump_snapshot decides). */
 bool cli_has_suffix(const char *path, const char *suffix);
+/* True when out names a file that exists and is the file in names (through any link or other
+ * name of it): writing out would replace the input the command reads. */
+bool cli_same_file(const char *in, const char *out);
 
 /* Before loading the trace at path: the heap made ready for what loading and replaying it will
  * allocate (fewer, cheaper page faults). A hint; does nothing for small or unreadable files. */

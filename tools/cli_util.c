@@ -57,6 +57,11 @@ bool cli_parse_long(const char *s, long lo, long hi, long *out) {
     return true;
 }
 
+bool cli_same_file(const char *in, const char *out) {
+    struct stat a, b;
+    return stat(in, &a) == 0 && stat(out, &b) == 0 && a.st_dev == b.st_dev && a.st_ino == b.st_ino;
+}
+
 bool cli_has_suffix(const char *path, const char *suffix) {
     size_t n = strlen(path), k = strlen(suffix);
     return n >= k && strcmp(path + n - k, suffix) == 0;

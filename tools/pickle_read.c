@@ -53,8 +53,21 @@ struct pk_doc {
 #define STR_CACHE_MAX 32   /* bytes of the longest string shared through the cache */
 #define SCRATCH_VALUES 512 /* a dict's ints at most at once (a trace entry has a dozen) */
 /* The kinds of skipped values, indices into parser_t.skipv. SK_ANY stands for what skip_fast
- * counted without looking (a memo reference): anything may be added to it. */
-enum { SK_SCALAR, SK_DICT, SK_LIST, SK_TUPLE, SK_ANY, SK_COUNT };
+ * counted without looking (a memo reference): anything may be added to it, and as a dict key it
+ * may be one Python cannot hash. SK_HASHED is a reference skip_fast looked up as a dict key (a
+ * value Python can hash), SK_UNHASHABLE a bytearray or a tuple holding what cannot be hashed,
+ * SK_TUPLE_ANY a tuple holding an SK_ANY (not known either). */
+enum {
+    SK_SCALAR,
+    SK_DICT,
+    SK_LIST,
+    SK_TUPLE,
+    SK_ANY,
+    SK_HASHED,
+    SK_UNHASHABLE,
+    SK_TUPLE_ANY,
+    SK_COUNT
+};
 
 /* Picklers (CPython's, ours) write a dict's items in SETITEMS batches of this many pairs: only a
  * smaller batch is sure to be a dict's last. */
@@ -115,7 +128,12 @@ static pk_value_t *skipped_of(const parser_t *ps, pk_type_t t) {
 void pk_limits_default(pk_limits_t *lim) {
     lim->max_depth = 64;
     lim->max_memo = (size_t)1 << 24;
-    lim->max_values = (size_t)1 << 26;
+    /* No count of values by default: every opcode that makes a value is at least a byte, so a
+     * document makes at most as many values as it has bytes, and its size bounds their memory
+     * (as it bounds what pickle.load makes of it). A count of our own would refuse, in the
+     * commands that read the whole document (summary, plot, replay --snapshot), a file the
+     * ones that skip its stacks (info, replay: a fraction of its values) read. */
+    lim->max_values = SIZE_MAX;
     lim->max_str = (size_t)1 << 28;
 }
 
@@ -400,12 +418,98 @@ static inline bool str_hit(const pk_value_t *c, pk_type_t type, const unsigned c
     return c != NULL && c->type == type && c->u.str.len == n && memcmp(c->u.str.s, src, n) == 0;
 }
 
-static bool push_str(parser_t *ps, pk_type_t type, size_t n, const char *opname) {
+/* How pickle.load decodes a string's bytes. */
+typedef enum {
+    AS_BYTES,     /* bytes (SHORT_BINBYTES, BINBYTES, BINBYTES8) */
+    AS_BYTEARRAY, /* a bytearray (BYTEARRAY8): bytes that cannot be a dict key */
+    AS_UTF8,      /* a str from UTF-8, lone surrogates allowed (BINUNICODE*: 'surrogatepass') */
+    AS_ASCII      /* a str from ASCII (SHORT_BINSTRING, BINSTRING: pickle.load's encoding) */
+} str_as_t;
+
+/* The offset of the first byte of s[0..n) that is not UTF-8 as Python's 'surrogatepass' reads
+ * it (what BINUNICODE's str is decoded with: a sequence of three bytes may encode U+D800 to
+ * U+DFFF), or n when there is none. Overlong forms, code points past U+10FFFF and cut sequences
+ * are refused as there. ASCII goes sixteen or eight bytes at a time. */
+static size_t utf8_bad(const unsigned char *s, size_t n) {
+    size_t i = 0;
+    while (i < n) {
+        unsigned c = s[i];
+        if (c < 0x80) { /* ASCII: as many bytes at once as are ASCII */
+#if defined(__SSE2__)
+            if (n - i >= 16 &&
+                _mm_movemask_epi8(_mm_loadu_si128((const __m128i *)(const void *)(s + i))) == 0) {
+                i += 16;
+                continue;
+            }
+#endif
+            if (n - i >= 8) {
+                uint64_t w;
+                memcpy(&w, s + i, sizeof(w));
+                if ((w & 0x8080808080808080ull) == 0) {
+                    i += 8;
+                    continue;
+                }
+            }
+            i++;
+            continue;
+        }
+        if (c - 0xc2 < 0x1e) { /* two bytes (the commonest past ASCII: Latin, Greek, ...) */
+            if (n - i < 2 || (s[i + 1] & 0xc0) != 0x80)
+                return i;
+            i += 2;
+            continue;
+        }
+        size_t k;                      /* continuation bytes */
+        unsigned lo = 0x80, hi = 0xbf; /* the range of the first of them */
+        if (c >= 0xe0 && c <= 0xef) {
+            k = 2;
+            lo = c == 0xe0 ? 0xa0 : 0x80;
+        } else if (c >= 0xf0 && c <= 0xf4) {
+            k = 3;
+            lo = c == 0xf0 ? 0x90 : 0x80;
+            hi = c == 0xf4 ? 0x8f : 0xbf;
+        } else {
+            return i;
+        }
+        if (n - i - 1 < k || s[i + 1] < lo || s[i + 1] > hi || (s[i + 2] & 0xc0) != 0x80 ||
+            (k == 3 && (s[i + 3] & 0xc0) != 0x80))
+            return i;
+        i += 1 + k;
+    }
+    return n;
+}
+
+/* The offset of the first byte of s[0..n) that is not ASCII, or n. */
+static size_t ascii_bad(const unsigned char *s, size_t n) {
+    for (size_t i = 0; i < n; i++)
+        if (s[i] >= 0x80)
+            return i;
+    return n;
+}
+
+/* Whether a string's n bytes at pos are what pickle.load decodes as `as` says (fails if not). */
+static bool str_decodes(parser_t *ps, str_as_t as, size_t n, const char *opname) {
+    const unsigned char *src = ps->p + ps->pos;
+    size_t bad = as == AS_UTF8 ? utf8_bad(src, n) : as == AS_ASCII ? ascii_bad(src, n) : n;
+    if (bad == n)
+        return true;
+    return fail(ps, "%s is not %s (byte 0x%02x at %zu of its %zu): pickle.load refuses it", opname,
+                as == AS_UTF8 ? "UTF-8" : "ASCII", src[bad], bad, n);
+}
+
+static bool push_str(parser_t *ps, str_as_t as, size_t n, const char *opname) {
+    pk_type_t type = as == AS_UTF8 || as == AS_ASCII ? PK_STR : PK_BYTES;
     if (!need(ps, n, opname))
         return false;
     if (n > ps->lim.max_str)
         return fail(ps, "%s of %zu bytes exceeds the limit of %zu", opname, n, ps->lim.max_str);
     if (ps->skipping) {
+        if (!str_decodes(ps, as, n, opname))
+            return false;
+        if (as == AS_BYTEARRAY) { /* not a string the memo may make later: its kind alone */
+            ps->pos += n;
+            return push(ps, ps->skipv + SK_UNHASHABLE);
+        }
         /* Made only if the memo keeps it (it may be used again outside the skipped value). */
         ps->skipped_str = ps->pos;
         ps->skipped_len = n;
@@ -417,13 +521,15 @@ static bool push_str(parser_t *ps, pk_type_t type, size_t n, const char *opname)
      * (compile_context) in every trace entry, a value and a copy each. */
     const unsigned char *src = ps->p + ps->pos;
     pk_value_t **slot = NULL;
-    if (n <= STR_CACHE_MAX) {
+    if (n <= STR_CACHE_MAX && as != AS_BYTEARRAY) { /* a bytearray is no bytes to share */
         slot = str_slot(ps, type, src, n);
-        if (str_hit(*slot, type, src, n)) {
+        if (str_hit(*slot, type, src, n)) { /* decoded when it was made */
             ps->pos += n;
             return push(ps, *slot);
         }
     }
+    if (!str_decodes(ps, as, n, opname))
+        return false;
     pk_value_t *v = new_value(ps, type);
     if (v == NULL)
         return false;
@@ -432,6 +538,7 @@ static bool push_str(parser_t *ps, pk_type_t type, size_t n, const char *opname)
         return false;
     v->u.str.s = s;
     v->u.str.len = n;
+    v->unhashable = as == AS_BYTEARRAY;
     ps->pos += n;
     if (slot != NULL)
         *slot = v;
@@ -638,6 +745,48 @@ static const char *text_name(unsigned op) {
     }
 }
 
+/* What Python's hash() makes of v, a dict key: 1 it hashes it, 0 it refuses it (TypeError: a
+ * list, a dict, a bytearray, a tuple holding one), -1 not known here (a reference skip_fast
+ * pushed without a look, or a tuple holding one). */
+static inline __attribute__((always_inline)) int hashable(const parser_t *ps, const pk_value_t *v) {
+    if (v->type == PK_STR || v->type == PK_INT) /* the keys of a snapshot (skipped ones are
+                                                 * PK_NONE, scratch ones ints) */
+        return 1;
+    if (is_skipped(ps, v)) {
+        size_t k = (size_t)(v - ps->skipv);
+        return k == SK_DICT || k == SK_LIST || k == SK_UNHASHABLE ? 0
+               : k == SK_ANY || k == SK_TUPLE_ANY                 ? -1
+                                                                  : 1;
+    }
+    if (is_scratch(ps, v)) /* an int, or one moved to the document (a PK_RECORD here) */
+        return 1;
+    return v->type == PK_LIST || v->type == PK_DICT || v->type == PK_RECORD || v->unhashable ? 0
+                                                                                             : 1;
+}
+
+/* The keys among stack[first..sp) (every other one): pickle.load refuses a key it cannot hash
+ * where the opcode adds it to the dict, and so do we. One not known (inside a skipped value)
+ * leaves the document to be read whole. */
+static bool key_refused(parser_t *ps, int h, const char *opname) {
+    if (h == 0)
+        return fail(ps,
+                    "%s with a dict key Python cannot hash (a list, a dict, a bytearray, "
+                    "a tuple holding one)",
+                    opname);
+    return fail_whole(ps, "%s with a dict key a reference inside \"%s\" pushed", opname,
+                      ps->skip_key);
+}
+
+static inline __attribute__((always_inline)) bool keys_hashable(parser_t *ps, size_t first,
+                                                                const char *opname) {
+    for (size_t i = first; i < ps->sp; i += 2) {
+        int h = hashable(ps, ps->stack[i]);
+        if (h != 1)
+            return key_refused(ps, h, opname);
+    }
+    return true;
+}
+
 /* Build a dict/list/tuple from stack[first..sp) and replace those items with it. */
 static bool collapse(parser_t *ps, size_t first, pk_type_t type, const char *opname) {
     size_t n = ps->sp - first;
@@ -646,15 +795,30 @@ static bool collapse(parser_t *ps, size_t first, pk_type_t type, const char *opn
     if (ps->skipping && first <= ps->skip_base) /* TUPLEn taking the skipped value in */
         return fail_whole(ps, "%s ends the value under \"%s\" after values skipped past its end",
                           opname, ps->skip_key);
+    if (type == PK_DICT && !keys_hashable(ps, first, opname))
+        return false;
+    /* A tuple hashes as its items do (none is the tuple itself: it is made from them). */
+    int h = 1;
+    for (size_t i = first; type == PK_TUPLE && i < ps->sp && h != 0; i++) {
+        int hi = hashable(ps, ps->stack[i]);
+        h = hi < h ? hi : h;
+    }
     if (ps->skipping && first > ps->skip_base) {
         ps->sp = first;
-        return push(ps, skipped_of(ps, type));
+        return push(ps, type != PK_TUPLE ? skipped_of(ps, type)
+                        : h == 0         ? ps->skipv + SK_UNHASHABLE
+                        : h < 0          ? ps->skipv + SK_TUPLE_ANY
+                                         : ps->skipv + SK_TUPLE);
     }
+    if (h < 0) /* only a skipped reference is not known, and this tuple is outside them */
+        return fail_whole(ps, "%s holds a value a reference inside \"%s\" pushed", opname,
+                          ps->skip_key);
     if (!keep_values(ps, first))
         return false;
     pk_value_t *v = new_value(ps, type);
     if (v == NULL || !seq_reserve(ps, v, n))
         return false;
+    v->unhashable = h == 0;
     if (n > 0) /* an empty container has no item array */
         memcpy(v->u.seq.items, ps->stack + first, n * sizeof(*v->u.seq.items));
     v->u.seq.n = n;
@@ -680,6 +844,8 @@ static bool extend(parser_t *ps, size_t first, pk_type_t type, const char *opnam
             return fail(ps, "%s target is not a %s", opname, type == PK_DICT ? "dict" : "list");
         if (type == PK_DICT && n % 2 != 0)
             return fail(ps, "%s with an odd number of items", opname);
+        if (type == PK_DICT && !keys_hashable(ps, first, opname))
+            return false;
         /* Inside a skipped value, anything goes to a skipped container; outside, only items
          * of the skipped list itself (what its own APPEND adds after a string ended the skip).
          * The skipped list as a dict, or a value above it when it has ended, is what skipping
@@ -699,6 +865,8 @@ static bool extend(parser_t *ps, size_t first, pk_type_t type, const char *opnam
         return fail(ps, "%s target is not a %s", opname, type == PK_DICT ? "dict" : "list");
     if (type == PK_DICT && n % 2 != 0)
         return fail(ps, "%s with an odd number of items", opname);
+    if (type == PK_DICT && !keys_hashable(ps, first, opname))
+        return false;
     if (type == PK_DICT && ps->rec_fn != NULL && target->u.seq.n == 0 && from_mark &&
         n < 2 * SETITEMS_BATCH) {
         /* SETITEMS into a new dict: the hook may take it whole (a full batch may have more
@@ -993,6 +1161,27 @@ static bool skip_fast(parser_t *ps) {
                 break;
         }
         if ((op == 'h' && left >= 1) || (op == 'j' && left >= 4)) {
+            size_t first = ps->nmarks ? ps->marks[ps->nmarks - 1] : 0;
+            if (first > 0 && first - 1 < filled && ps->stack[first - 1] == ps->skipv + SK_DICT) {
+                /* In a dict being filled (a skipped stack's frame), one reference at a time:
+                 * a key (its keys are references) is looked up, since Python refuses a key it
+                 * cannot hash; one that is (or may be) such a key goes to the general loop. A
+                 * value is counted as a run's are. */
+                n = op == 'h' ? 1 : 4;
+                size_t idx = (size_t)le_uint(p + pos + 1, n);
+                if (idx >= ps->memocap || ps->memo[idx] == NULL)
+                    goto out; /* the general loop refuses it */
+                if ((sp - first) % 2 == 0) {
+                    if (hashable(ps, ps->memo[idx]) != 1)
+                        goto out;
+                    SKIP_PUSH(ps->skipv + SK_HASHED);
+                } else {
+                    sp++;
+                }
+                skipped_at = 0;
+                pos += 1 + n;
+                continue;
+            }
             /* A run of memo references (a stack's memoized frames: three in four opcodes of a
              * snapshot with stacks), counted without a pass through the switch per opcode. The
              * first one is whole; a cut one is the general loop's to report, as is one to a key
@@ -1040,7 +1229,8 @@ static bool skip_fast(parser_t *ps) {
             if (left < hdr)
                 goto out;
             size_t slen = (size_t)le_uint(p + pos + 1, hdr);
-            if (left - hdr < slen || slen > ps->lim.max_str)
+            if (left - hdr < slen || slen > ps->lim.max_str ||
+                utf8_bad(p + pos + 1 + hdr, slen) != slen) /* the general loop refuses it */
                 goto out;
             ps->skipped_str = pos + 1 + hdr;
             ps->skipped_len = slen;
@@ -1083,6 +1273,11 @@ static bool skip_fast(parser_t *ps) {
                 first <= ps->skip_base || /* the general loop refuses those */
                 target != ps->skipv + (op == 'u' ? SK_DICT : SK_LIST))
                 goto out; /* the general loop adds to that target, or refuses it */
+            /* Keys Python cannot hash (or not known: SK_ANY, unwritten) are the general
+             * loop's to refuse. References pushed as keys were looked up (SK_HASHED). */
+            for (size_t i = first; op == 'u' && i < sp; i += 2)
+                if (i >= filled || hashable(ps, ps->stack[i]) != 1)
+                    goto out;
             ps->nmarks--;
             sp = first;
             if (filled > sp)
@@ -1450,7 +1645,12 @@ static bool run(parser_t *ps) {
                 return fail(ps, "protocol %u not supported (2-5 are)", a[0]);
             ps->pos++;
             break;
-        case 0x95: /* FRAME: a length hint we only validate */
+        case 0x95: /* FRAME */
+            /* A length that must be there, not a boundary: what pickle.load (the C unpickler,
+             * _pickle.c's load_frame) checks, and all it checks. An opcode read past the frame's
+             * end, or a FRAME inside a frame, loads there; only the pure-Python unpickler
+             * refuses them ("pickle exhausted before end of frame"), and pickle.load is not it
+             * (test_pickle's AFrameIsALengthAsPickleLoadReadsIt). */
             if (!need(ps, 8, "FRAME"))
                 return false;
             if (le_uint(a, 8) > ps->len - ps->pos - 8)
@@ -1567,8 +1767,11 @@ static bool run(parser_t *ps) {
         case 0x8c: /* SHORT_BINUNICODE */
         case 'C':  /* SHORT_BINBYTES */
         case 'U':  /* SHORT_BINSTRING */
-            if (!take_uint(ps, 1, "string length", &arg) ||
-                !push_str(ps, op == 0x8c ? PK_STR : PK_BYTES, (size_t)arg, "string"))
+            if (!take_uint(ps, 1, "string length", &arg) || !push_str(ps,
+                                                                      op == 0x8c  ? AS_UTF8
+                                                                      : op == 'U' ? AS_ASCII
+                                                                                  : AS_BYTES,
+                                                                      (size_t)arg, "string"))
                 return false;
             break;
         case 'X': /* BINUNICODE */
@@ -1578,7 +1781,11 @@ static bool run(parser_t *ps) {
                 return false;
             if (op == 'T' && (arg & 0x80000000u))
                 return fail(ps, "BINSTRING with a negative length");
-            if (!push_str(ps, op == 'X' ? PK_STR : PK_BYTES, (size_t)arg, "string"))
+            if (!push_str(ps,
+                          op == 'X'   ? AS_UTF8
+                          : op == 'T' ? AS_ASCII
+                                      : AS_BYTES,
+                          (size_t)arg, "string"))
                 return false;
             break;
         case 0x8d: /* BINUNICODE8 */
@@ -1589,7 +1796,11 @@ static bool run(parser_t *ps) {
             if (arg > ps->len - ps->pos)
                 return fail(ps, "truncated string (needs %llu bytes, %zu left)",
                             (unsigned long long)arg, ps->len - ps->pos);
-            if (!push_str(ps, op == 0x8d ? PK_STR : PK_BYTES, (size_t)arg, "string"))
+            if (!push_str(ps,
+                          op == 0x8d   ? AS_UTF8
+                          : op == 0x8e ? AS_BYTES
+                                       : AS_BYTEARRAY,
+                          (size_t)arg, "string"))
                 return false;
             break;
         case '}': /* EMPTY_DICT */

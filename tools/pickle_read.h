@@ -10,6 +10,12 @@
  * GLOBAL at offset N not allowed". Every malformed, truncated or oversized input gives a one-line
  * error naming the byte offset; nothing aborts. Sizes, nesting and memo are bounded.
  *
+ * What Python's pickle.load (the C unpickler) refuses in the data opcodes is refused too: a str
+ * (BINUNICODE*) that is not UTF-8 (lone surrogates allowed: it decodes with 'surrogatepass'), a
+ * SHORT_BINSTRING/BINSTRING that is not ASCII (pickle.load's default encoding; it is a str, as
+ * there), a dict key it cannot hash (a list, a dict, a bytearray, a tuple holding one). A FRAME
+ * is what pickle.load makes of it: a length that must be there, not a boundary (see run()).
+ *
  * The result is a graph of pk_value_t in one arena (the memo lets a value appear many times, so
  * consumers must not assume a tree; nothing here walks it recursively). Not thread-safe per
  * document; documents are independent.
@@ -43,7 +49,9 @@ typedef enum {
 typedef struct pk_value pk_value_t;
 /* One unpickled value. Immutable once pk_parse returns; owned by its document. */
 struct pk_value {
-    pk_type_t type; /* which member of u is valid */
+    pk_type_t type;  /* which member of u is valid */
+    bool unhashable; /* a bytearray (PK_BYTES), or a tuple holding a list, a dict or one of these:
+                      * what Python's hash() refuses, so never a dict key */
     union {
         bool b;        /* PK_BOOL */
         int64_t i;     /* PK_INT */
@@ -65,7 +73,7 @@ struct pk_value {
 typedef struct pk_limits {
     size_t max_depth;  /* open MARKs at once (default 64) */
     size_t max_memo;   /* memo entries (default 1 << 24) */
-    size_t max_values; /* values created (default 1 << 26) */
+    size_t max_values; /* values created (default: no limit; see pk_limits_default) */
     size_t max_str;    /* bytes of one string (default 1 << 28) */
 } pk_limits_t;
 

@@ -752,6 +752,14 @@ int sp_cli_plot(int argc, char **argv) {
                 out);
         return 2;
     }
+    for (int i = optind; i < argc; i++)
+        if (cli_same_file(argv[i], out)) {
+            fprintf(stderr,
+                    "sympool plot: -o %s is the snapshot %s; it would be replaced: write the "
+                    "chart elsewhere\n",
+                    out, argv[i]);
+            return 2;
+        }
     if (nin > MAX_SNAPSHOTS) {
         fprintf(stderr, "sympool plot: at most %d snapshots\n", MAX_SNAPSHOTS);
         return 2;

@@ -1166,6 +1166,15 @@ int sp_cli_replay(int argc, char **argv) {
     int rc = parse_args(argc, argv, &a);
     if (rc >= 0)
         return rc;
+    if (a.snapshot != NULL && cli_same_file(a.trace, a.snapshot)) {
+        /* The recorded trace would be replaced by the replay's snapshot: refused before
+         * anything is read or written. */
+        fprintf(stderr,
+                "sympool replay: --snapshot %s is the trace being replayed (%s); it would be "
+                "replaced: write the snapshot elsewhere\n",
+                a.snapshot, a.trace);
+        return 2;
+    }
     char err[512];
     tr_trace_t t;
     cli_heap_prepare(a.trace);
@@ -1188,6 +1197,16 @@ int sp_cli_replay(int argc, char **argv) {
         (getenv("SYMPOOL_HOST_ARENA") == NULL &&
          sp_x_option_set("SYMPOOL_HOST_ARENA", "1") != SP_SUCCESS)) {
         fprintf(stderr, "sympool replay: %s\n", sp_last_error());
+        tr_free(&t);
+        return 1;
+    }
+    /* Settings PyTorch cannot have: the snapshot is invalid, not the command line (info and
+     * summary say so too; the loader found it). --compare starts from them as well. */
+    if (a.conf == NULL && t.settings.recorded && t.settings.invalid[0] != '\0') {
+        fprintf(stderr,
+                "sympool replay: %s: allocator_settings read as SYMPOOL_ALLOC_CONF='%s' are not "
+                "valid: %s (PyTorch refuses them; --conf replaces them)\n",
+                a.trace, t.settings.conf, t.settings.invalid);
         tr_free(&t);
         return 1;
     }

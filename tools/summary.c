@@ -308,7 +308,15 @@ int sp_cli_summary(int argc, char **argv) {
     for (int dev = 0; dev < t.ndev; dev++)
         any_events = any_events || t.dev[dev].nev > 0;
     int64_t(*peaks)[3] = calloc(t.ndev > 0 ? (size_t)t.ndev : 1, sizeof *peaks);
-    bool replayed = peaks != NULL && any_events && replay_peaks(&t, peaks);
+    /* Settings PyTorch refuses cannot be replayed (replay refuses them): said, as info says it,
+     * and the allocated peaks stay unknown. */
+    if (any_events && t.settings.recorded && t.settings.invalid[0])
+        fprintf(stderr,
+                "sympool summary: note: %s: allocator_settings read as SYMPOOL_ALLOC_CONF='%s' "
+                "are not valid: %s (PyTorch refuses them): the allocated peaks are not replayed\n",
+                path, t.settings.conf, t.settings.invalid);
+    bool replayed =
+        peaks != NULL && any_events && !t.settings.invalid[0] && replay_peaks(&t, peaks);
     int rc = 0;
     for (int dev = 0; dev < t.ndev && rc == 0; dev++) {
         if (only >= 0 && dev != only)

@@ -1406,6 +1406,8 @@ out:
 /* The snapshot's allocator_settings as a SYMPOOL_ALLOC_CONF string. The structured keys are
  * the settings in force; the PYTORCH_CUDA_ALLOC_CONF string adds what they do not show
  * (large_segment_size_mb, max_non_split_rounding_mb, per_process_memory_fraction). */
+#define RP_MAX_KEYS 64 /* roundup_power2_divisions keys read (PyTorch writes 16) */
+
 static void read_settings(const pk_value_t *as, tr_settings_t *st) {
     memset(st, 0, sizeof(*st));
     if (as == NULL || as->type != PK_DICT)
@@ -1425,8 +1427,8 @@ static void read_settings(const pk_value_t *as, tr_settings_t *st) {
         ADD("max_split_size_mb:%lld", (long long)(mss >> 20));
         st->gc_or_split = true;
     }
-    double gc = 0;
-    if (pk_num(pk_get(as, "garbage_collection_threshold"), &gc) && gc > 0) {
+    double gc = 0; /* PyTorch records 0 when it is not set; anything else is checked below */
+    if (pk_num(pk_get(as, "garbage_collection_threshold"), &gc) && gc != 0) {
         ADD("garbage_collection_threshold:%g", gc);
         st->gc_or_split = true;
     }
@@ -1436,13 +1438,45 @@ static void read_settings(const pk_value_t *as, tr_settings_t *st) {
         st->expandable = ex->u.b;
     }
     const pk_value_t *rp = pk_get(as, "roundup_power2_divisions");
-    if (rp != NULL && rp->type == PK_DICT) {
+    char rp_bad[160] = ""; /* a key that is no interval: why */
+    /* PyTorch writes one key per interval (16); the keys written twice are looked for among
+     * the others, so a dict of many more is refused before that (a million keys took minutes). */
+    if (rp != NULL && rp->type == PK_DICT && pk_len(rp) > RP_MAX_KEYS)
+        snprintf(rp_bad, sizeof rp_bad,
+                 "roundup_power2_divisions has %zu keys; PyTorch writes one per interval (16)",
+                 pk_len(rp));
+    else if (rp != NULL && rp->type == PK_DICT) {
         char list[256];
         size_t lu = 0;
+        pk_value_t *const *it = rp->u.seq.items;
         for (size_t k = 0; k + 1 < rp->u.seq.n; k += 2) {
             int64_t v = 0;
-            const char *key = pk_str(rp->u.seq.items[k]);
-            if (key != NULL && pk_int(rp->u.seq.items[k + 1], &v) && v > 0 && lu < sizeof(list))
+            const char *key = pk_str(it[k]);
+            if (key == NULL)
+                continue;
+            /* PyTorch's keys are MB boundaries ("1", "2", ... "32768") or ">": anything else
+             * would be written into the list as text, where a ',' or a ']' ends it and what
+             * follows reads as settings of their own. */
+            size_t kl = it[k]->u.str.len;
+            if (kl == 0 || kl > 20 || strspn(key, ">0123456789") != kl ||
+                (key[0] == '>' && kl != 1) || (kl > 1 && strchr(key, '>') != NULL)) {
+                if (rp_bad[0] == '\0')
+                    snprintf(rp_bad, sizeof rp_bad,
+                             "roundup_power2_divisions: key '%.64s' is no MB boundary", key);
+                continue;
+            }
+            /* A key written twice is one key of the dict pickle.load makes: at its first
+             * place, with its last value. */
+            bool seen = false;
+            size_t last = k;
+            for (size_t j = 0; j + 1 < rp->u.seq.n; j += 2) {
+                const char *kj = pk_str(it[j]);
+                if (j == k || kj == NULL || it[j]->u.str.len != kl || memcmp(kj, key, kl) != 0)
+                    continue;
+                seen = seen || j < k;
+                last = j > last ? j : last;
+            }
+            if (!seen && pk_int(it[last + 1], &v) && v > 0 && lu < sizeof(list))
                 lu += (size_t)snprintf(list + lu, sizeof(list) - lu, "%s%s:%lld", lu ? "," : "",
                                        key, (long long)v);
         }
@@ -1451,6 +1485,7 @@ static void read_settings(const pk_value_t *as, tr_settings_t *st) {
     }
     /* Items of the string the structured keys do not carry. */
     const char *conf = pk_get_str(as, "PYTORCH_CUDA_ALLOC_CONF");
+    char fraction_bad[256] = ""; /* why its per_process_memory_fraction is not one */
     for (const char *p = conf; p != NULL && *p;) {
         const char *end = strchr(p, ',');
         size_t n = end ? (size_t)(end - p) : strlen(p);
@@ -1463,7 +1498,10 @@ static void read_settings(const pk_value_t *as, tr_settings_t *st) {
                                   strncmp(item, "max_non_split_rounding_mb:", 26) == 0)) {
                 ADD("%s", item);
             } else if (colon != NULL && strncmp(item, "per_process_memory_fraction:", 28) == 0) {
-                st->fraction = strtod(colon + 1, NULL);
+                /* Checked as the library checks it (a number in [0, 1]): NaN or "0.5abc"
+                 * was read as no fraction or as 0.5 without a word. */
+                if (sp_x_alloc_conf_check(item, fraction_bad, sizeof fraction_bad))
+                    st->fraction = strtod(colon + 1, NULL);
             } else if (colon != NULL && strncmp(item, "backend:", 8) == 0 &&
                        strcmp(colon + 1, "native") != 0 && dused < sizeof(st->dropped)) {
                 dused += (size_t)snprintf(st->dropped + dused, sizeof(st->dropped) - dused,
@@ -1475,6 +1513,15 @@ static void read_settings(const pk_value_t *as, tr_settings_t *st) {
         p += n + (end ? 1 : 0);
     }
 #undef ADD
+    /* Settings PyTorch refuses (a max_split_size under 20 MiB, a threshold outside (0, 1)):
+     * said once here, so that every command says the same about them. */
+    char why[256];
+    if (st->conf[0] != '\0' && !sp_x_alloc_conf_check(st->conf, why, sizeof why))
+        snprintf(st->invalid, sizeof st->invalid, "%s", why);
+    else if (fraction_bad[0] != '\0')
+        snprintf(st->invalid, sizeof st->invalid, "%s", fraction_bad);
+    else if (rp_bad[0] != '\0')
+        snprintf(st->invalid, sizeof st->invalid, "%s", rp_bad);
 }
 
 static bool from_doc(pk_doc_t *doc, recs_t *recs, tr_trace_t *t, char *err, size_t errlen);

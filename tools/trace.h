@@ -112,6 +112,9 @@ typedef struct tr_settings {
     char conf[512];    /* SYMPOOL_ALLOC_CONF equivalent ("" = defaults) */
     double fraction;   /* per_process_memory_fraction from the conf string, 0 = none */
     char dropped[256]; /* settings that do not apply to a replay, for the output */
+    char invalid[320]; /* why conf is no configuration PyTorch accepts ("" when it is one): every
+                        * command loads the snapshot (as PyTorch's viewer does) and says so;
+                        * replay cannot replay it (--conf replaces it) */
     bool gc_or_split;  /* gc threshold or max_split_size set: releases inside malloc */
     bool expandable;   /* the recorded run used expandable segments (unrecorded: off) */
 } tr_settings_t;

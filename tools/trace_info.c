@@ -75,6 +75,9 @@ static void text(const char *path, const tr_trace_t *t) {
             printf("  per_process_memory_fraction %.3f\n", t->settings.fraction);
         if (t->settings.dropped[0])
             printf("  not replayable: %s\n", t->settings.dropped);
+        if (t->settings.invalid[0])
+            printf("  not valid: %s (PyTorch refuses them; replay needs --conf)\n",
+                   t->settings.invalid);
     } else {
         printf("settings: not recorded (older torch); a replay uses sympool's defaults\n");
     }
@@ -160,6 +163,7 @@ static void json(const char *path, const tr_trace_t *t) {
     else
         cj_null(&j, "per_process_memory_fraction");
     cj_str(&j, "not_replayable", t->settings.dropped);
+    cj_str(&j, "not_valid", t->settings.invalid); /* "" when PyTorch accepts them */
     cj_end(&j, '}');
     cj_end(&j, '}');
 }

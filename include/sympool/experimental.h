@@ -35,6 +35,13 @@ sp_status_t sp_x_thread_cache_idle(int device, size_t *bytes_p, size_t *blocks_p
  * them to malloc's figures for sympool's metadata per block. Takes no lock. */
 size_t sp_x_struct_bytes(void);
 
+/** Whether `text` is a SYMPOOL_ALLOC_CONF (PyTorch's PYTORCH_CUDA_ALLOC_CONF syntax) that would be
+ * accepted, checked by the same parser and with PyTorch's rules (max_split_size_mb at least 20,
+ * garbage_collection_threshold in (0, 1), ...), without setting anything: when it is not, false
+ * with the first reason in why (why_len bytes, always terminated when why_len > 0; why may be
+ * NULL). No log line, no last error, no lock; thread-safe. */
+bool sp_x_alloc_conf_check(const char *text, char *why, size_t why_len);
+
 /** Print every SYMPOOL_* option with its value, default and source to `f` (`sympool info`). */
 void sp_x_options_print(FILE *f);
 

@@ -22,7 +22,8 @@ void *sp_torch_malloc(size_t size, int device, void *stream);
 /** sp_torch_malloc with its status: SP_SUCCESS (and *ptr_p; NULL for size 0), or the failure
  * (SP_ERR_OUT_OF_MEMORY when the device is exhausted after sympool's own retry). For a caller
  * that must tell an OOM from other failures (sympool.torch's C++ shim, which raises
- * torch.OutOfMemoryError: PyTorch's change_current_allocator path does not check for NULL). */
+ * torch.OutOfMemoryError: PyTorch's change_current_allocator path does not check for NULL).
+ * ptr_p NULL: SP_ERR_INVALID_ARGUMENT. */
 int sp_torch_malloc_status(size_t size, int device, void *stream, void **ptr_p);
 
 /** For CUDAPluggableAllocator.set_memory_fraction_fn: sp_set_memory_fraction (failures logged). */

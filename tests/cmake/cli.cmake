@@ -174,6 +174,48 @@ if(TARGET sympool_cli)
   sp_cli_check(NAME replay_recorded_settings_invalid RC 1
     REGEX "sympool replay: .*trace-settings-not-pytorchs.json: allocator_settings read as SYMPOOL_ALLOC_CONF='max_split_size_mb:0' are not valid: .*below the minimum 20"
     ARGS replay ${CMAKE_CURRENT_SOURCE_DIR}/data/trace-settings-not-pytorchs.json)
+  # Every command loads such a snapshot (PyTorch's viewer does) and says the same about its
+  # settings: info and summary that they are not valid, replay (and --compare, which starts from
+  # them) refuses them. A threshold PyTorch cannot have (-0.5) was left out without a word.
+  sp_cli_check(NAME info_recorded_settings_invalid RC 0
+    REGEX "settings: 'max_split_size_mb:0'.*\n  not valid: max_split_size_mb: 0 is below the minimum 20"
+    ARGS info ${CMAKE_CURRENT_SOURCE_DIR}/data/trace-settings-not-pytorchs.json)
+  sp_cli_check(NAME summary_recorded_settings_invalid RC 0
+    REGEX "note: .*allocator_settings read as SYMPOOL_ALLOC_CONF='max_split_size_mb:0' are not valid: .*the allocated peaks are not replayed"
+    ARGS summary ${CMAKE_CURRENT_SOURCE_DIR}/data/trace-settings-not-pytorchs.json)
+  sp_cli_check(NAME replay_compare_recorded_settings_invalid RC 1
+    REGEX "allocator_settings read as SYMPOOL_ALLOC_CONF='max_split_size_mb:0' are not valid"
+    ARGS replay ${CMAKE_CURRENT_SOURCE_DIR}/data/trace-settings-not-pytorchs.json --compare "" max_split_size_mb:64)
+  sp_cli_check(NAME replay_recorded_gc_negative RC 1
+    REGEX "allocator_settings read as SYMPOOL_ALLOC_CONF='garbage_collection_threshold:-0.5' are not valid: garbage_collection_threshold"
+    ARGS replay ${CMAKE_CURRENT_SOURCE_DIR}/data/trace-settings-gc-negative.json)
+  sp_cli_check(NAME info_recorded_gc_negative RC 0
+    REGEX "not valid: garbage_collection_threshold"
+    ARGS info ${CMAKE_CURRENT_SOURCE_DIR}/data/trace-settings-gc-negative.json)
+  # The string's per_process_memory_fraction too: NaN was read as no fraction by every command.
+  sp_cli_check(NAME replay_recorded_fraction_nan RC 1
+    REGEX "allocator_settings read as .* are not valid: per_process_memory_fraction is invalid"
+    ARGS replay ${CMAKE_CURRENT_SOURCE_DIR}/data/trace-settings-fraction-nan.json)
+  sp_cli_check(NAME info_recorded_fraction_nan RC 0
+    REGEX "not valid: per_process_memory_fraction is invalid"
+    ARGS info ${CMAKE_CURRENT_SOURCE_DIR}/data/trace-settings-fraction-nan.json)
+  # roundup_power2_divisions' keys are MB boundaries: one holding ",max_split_size_mb:64," went
+  # into the configuration as a setting of its own. A key written twice is the dict's one key,
+  # with its last value (the list was "[1:4,2:2,1:8]", which no parser takes).
+  sp_cli_check(NAME info_recorded_roundup_key_injected RC 0
+    REGEX "settings: 'defaults'\n  not valid: roundup_power2_divisions: key '1:4.,max_split_size_mb:64"
+    ARGS info ${CMAKE_CURRENT_SOURCE_DIR}/data/trace-settings-roundup-keys.json)
+  sp_cli_check(NAME replay_recorded_roundup_key_injected RC 1
+    REGEX "are not valid: roundup_power2_divisions: key"
+    ARGS replay ${CMAKE_CURRENT_SOURCE_DIR}/data/trace-settings-roundup-keys.json)
+  sp_cli_check(NAME info_recorded_roundup_key_twice RC 0
+    REGEX "settings: 'roundup_power2_divisions:.1:8,2:2.'"
+    ARGS info ${CMAKE_CURRENT_SOURCE_DIR}/data/trace-settings-roundup-twice.json)
+  # More keys than PyTorch writes are refused at once: a key written twice is looked for among the
+  # others, and a million keys took minutes.
+  sp_cli_check(NAME info_recorded_roundup_many_keys RC 0
+    REGEX "not valid: roundup_power2_divisions has 65 keys"
+    ARGS info ${CMAKE_CURRENT_SOURCE_DIR}/data/trace-settings-roundup-many.json)
   sp_cli_check(NAME replay_repeat_garbage RC 2 REGEX "--repeat takes 1 to 64, not '3x'"
     ARGS replay ${SMALL} --repeat=3x)
   # A file that is not a pickle says so, not "memo key 105 is not defined".
@@ -258,6 +300,11 @@ if(TARGET sympool_cli)
     $<TARGET_FILE:sympool_cli> ${SMALL} ${SP_CLI_OUT}/plot_output)
   set_tests_properties(cli.plot_output_atomic PROPERTIES LABELS "unit;cli" TIMEOUT 60
     PASS_REGULAR_EXPRESSION "plot output ok")
+  # An output naming the input (itself, a link, a hard link) is refused; the input stays whole.
+  add_test(NAME cli.output_is_not_the_input COMMAND sh ${CMAKE_CURRENT_SOURCE_DIR}/cli/no_clobber.sh
+    $<TARGET_FILE:sympool_cli> ${SMALL} ${SP_CLI_OUT}/no_clobber)
+  set_tests_properties(cli.output_is_not_the_input PROPERTIES LABELS "unit;cli" TIMEOUT 120
+    PASS_REGULAR_EXPRESSION "no clobber ok")
   sp_cli_check(NAME plot_png_refused RC 2 REGEX "writes SVG only, not '.*x.png'"
     ARGS plot ${SMALL} -o ${SP_CLI_OUT}/x.png)
   sp_cli_check(NAME plot_no_output RC 2 REGEX "no -o OUT.svg given" ARGS plot ${SMALL})

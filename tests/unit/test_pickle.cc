@@ -493,6 +493,29 @@ TEST(PickleRead, LimitsBoundDepthMemoAndSizes) {
               "pickle: memo index 4294967295 exceeds the limit of 16777216 at offset 3");
 }
 
+// A count of values refuses, in the whole-document reader (summary, plot, replay --snapshot),
+// what the readers that skip stacks (info, replay) read: they make a fraction of the values. With
+// 2^26 by default, a snapshot with stacks past that loaded in one command and not in the other.
+// By default nothing counts them now: every opcode that makes a value is at least a byte, so the
+// document's size bounds them (as it bounds what pickle.load makes of it).
+TEST(PickleRead, DefaultLimitsCountNoValues) {
+    Bytes b = {0x80, 4, '}', '(', 0x8c, 6, 'f', 'r', 'a', 'm', 'e', 's', ']', '('};
+    for (int i = 0; i < 50; i++)
+        b.push_back('N');
+    b.insert(b.end(), {'e', 0x8c, 1, 'x', 'K', 1, 'u', '.'});
+    pk_limits_t lim;
+    pk_limits_default(&lim);
+    lim.max_values = 20; // what a count does: the two readers disagree
+    EXPECT_EQ(parse(b, nullptr, &lim), "pickle: more than 20 values at offset 31");
+    pk_doc_t *d = nullptr;
+    char err[256] = "";
+    EXPECT_TRUE(pk_parse_skip(b.data(), b.size(), &lim, "frames", &d, err, sizeof err)) << err;
+    pk_free(d);
+    pk_limits_default(&lim);
+    EXPECT_EQ(lim.max_values, SIZE_MAX);
+    EXPECT_EQ(parse(b), "");
+}
+
 TEST(PickleRead, EveryTruncationFailsCleanly) {
     Bytes b = read_file(data_dir() + "/trace-small-p4.pickle");
     ASSERT_GT(b.size(), 10000u);
@@ -2129,6 +2152,180 @@ TEST(PickleRead, TheEntryReaderRefusesAnUnsetMemoKeyInAStackRun) {
             EXPECT_EQ(parse(b),
                       "pickle: memo key 99 is not defined at offset " + std::to_string(at));
         }
+}
+
+} // namespace
+
+namespace {
+
+// What Python's pickle.load (the C unpickler, which PyTorch's viewer loads snapshots with)
+// refuses among the data opcodes, every reader refuses at the same opcode, whether the value is
+// in a skipped stack or not: a str that is not UTF-8 (BINUNICODE decodes with 'surrogatepass', so
+// a lone surrogate is one), a SHORT_BINSTRING that is not ASCII (its str is decoded as ASCII), a
+// dict key it cannot hash (TypeError: a list, a dict, a bytearray, a tuple holding one), added by
+// SETITEMS, SETITEM or DICT, written there or reached through the memo. The readers kept such
+// strings as bytes and such keys as keys no consumer reads. What pickle.load reads, they read:
+// each case was checked against CPython 3.11's pickle.loads.
+TEST(PickleRead, WhatPickleLoadRefusesEveryReaderRefuses) {
+    // [ "k", {"frames": [X]}, X ]: memo 0 is the root list, memo 1 the string "k"; X inside the
+    // skipped stack and outside it.
+    const Bytes head = {0x80, 4, ']', 0x94, '(', 0x8c, 1,   'k', 0x94, '}', '(',
+                        0x8c, 6, 'f', 'r',  'a', 'm',  'e', 's', ']',  '('};
+    auto doc = [&](const Bytes &x) {
+        Bytes b = head;
+        b.insert(b.end(), x.begin(), x.end());
+        b.insert(b.end(), {'e', 'u'});
+        b.insert(b.end(), x.begin(), x.end());
+        b.insert(b.end(), {'e', '.'});
+        return b;
+    };
+    const std::string hash_why = "with a dict key Python cannot hash (a list, a dict, a "
+                                 "bytearray, a tuple holding one)";
+    const struct {
+        const char *what;
+        Bytes x;
+        long at;         // the failing opcode's offset in x, -1: loads
+        std::string why; // the message before " at offset N"
+    } cases[] = {
+        {"BINUNICODE not UTF-8",
+         {0x8c, 2, 0xff, 'a'},
+         0,
+         "string is not UTF-8 (byte 0xff at 0 of its 2): pickle.load refuses it"},
+        {"a cut sequence",
+         {'X', 3, 0, 0, 0, 'a', 0xe2, 0x82},
+         0,
+         "string is not UTF-8 (byte 0xe2 at 1 of its 3): pickle.load refuses it"},
+        {"an overlong NUL",
+         {0x8c, 2, 0xc0, 0x80},
+         0,
+         "string is not UTF-8 (byte 0xc0 at 0 of its 2): pickle.load refuses it"},
+        {"an overlong three bytes",
+         {0x8c, 3, 0xe0, 0x80, 0x80},
+         0,
+         "string is not UTF-8 (byte 0xe0 at 0 of its 3): pickle.load refuses it"},
+        {"past U+10FFFF",
+         {0x8c, 4, 0xf4, 0x90, 0x80, 0x80},
+         0,
+         "string is not UTF-8 (byte 0xf4 at 0 of its 4): pickle.load refuses it"},
+        {"BINUNICODE8 not UTF-8",
+         {0x8d, 1, 0, 0, 0, 0, 0, 0, 0, 0x80},
+         0,
+         "string is not UTF-8 (byte 0x80 at 0 of its 1): pickle.load refuses it"},
+        {"a lone surrogate ('surrogatepass')", {0x8c, 3, 0xed, 0xa0, 0x80}, -1, ""},
+        {"four bytes", {0x8c, 4, 0xf0, 0x9f, 0x98, 0x80}, -1, ""},
+        {"long ASCII then not UTF-8",
+         {0x8c, 12, 'a', 'b', 'c', 'd', 'e', 'f', 'g', 'h', 'i', 0xff, 'k', 'l'},
+         0,
+         "string is not UTF-8 (byte 0xff at 9 of its 12): pickle.load refuses it"},
+        {"SHORT_BINSTRING not ASCII",
+         {'U', 2, 0xc3, 0xa9},
+         0,
+         "string is not ASCII (byte 0xc3 at 0 of its 2): pickle.load refuses it"},
+        {"BINSTRING ASCII", {'T', 2, 0, 0, 0, 'o', 'k'}, -1, ""},
+        {"a list key", {'}', '(', ']', 'K', 1, 'u'}, 5, "SETITEMS " + hash_why},
+        {"a dict key", {'}', '(', '}', 'K', 1, 'u'}, 5, "SETITEMS " + hash_why},
+        {"a bytearray key",
+         {'}', '(', 0x96, 1, 0, 0, 0, 0, 0, 0, 0, 'a', 'K', 1, 'u'},
+         14,
+         "SETITEMS " + hash_why},
+        {"a tuple of a list as key", {'}', '(', ']', 0x85, 'K', 1, 'u'}, 6, "SETITEMS " + hash_why},
+        {"a tuple of a tuple of a dict",
+         {'}', '(', '}', 0x85, 0x85, 'K', 1, 'u'},
+         7,
+         "SETITEMS " + hash_why},
+        {"SETITEM with a list key", {'}', ']', 'K', 1, 's'}, 4, "SETITEM " + hash_why},
+        {"DICT with a list key", {'(', ']', 'K', 1, 'd'}, 4, "DICT " + hash_why},
+        {"a reference to a list as key",
+         {'}', '(', 'h', 0, 'K', 1, 'u'},
+         6,
+         "SETITEMS " + hash_why},
+        {"a list memoized in the stack as key",
+         {']', 0x94, '0', '}', '(', 'h', 2, 'K', 1, 'u'},
+         9,
+         "SETITEMS " + hash_why},
+        {"a list key among string keys",
+         {'}', '(', 'h', 1, 'K', 1, 0x8c, 1, 'x', 'h', 1, 'h', 0, 'K', 1, 'u'},
+         15,
+         "SETITEMS " + hash_why},
+        {"hashable keys",
+         {'}', '(',  'h',  1, 'K', 1, ')', 'K', 2, 'K', 7, 0x85, 'N', 'N', 'K', 3,
+          'G', 0x7f, 0xf8, 0, 0,   0, 0,   0,   0, 'K', 4, 'C',  1,   'b', 'N', 'u'},
+         -1,
+         ""},
+        {"a list as a value", {'}', '(', 'h', 1, ']', 'u'}, -1, ""},
+    };
+    auto keep = [](void *, pk_value_t *const *, size_t, uint64_t *) { return 0; };
+    auto take = [](void *arg, pk_value_t *const *, size_t, uint64_t *id_p) {
+        *id_p = (*(uint64_t *)arg)++;
+        return 1;
+    };
+    for (const auto &c : cases) {
+        SCOPED_TRACE(c.what);
+        Bytes b = doc(c.x);
+        std::string want =
+            c.at < 0 ? "" : "pickle: " + c.why + " at offset " + std::to_string(head.size() + c.at);
+        EXPECT_EQ(parse(b), want);
+        for (int path = 1; path <= 3; path++) {
+            pk_doc_t *d = nullptr;
+            char err[256] = "";
+            uint64_t ids = 0;
+            bool ok = path == 1   ? pk_parse_skip(b.data(), b.size(), nullptr, "frames", &d, err,
+                                                  sizeof err)
+                      : path == 2 ? pk_parse_records(b.data(), b.size(), nullptr, "frames", keep,
+                                                     nullptr, &d, err, sizeof err)
+                                  : pk_parse_records(b.data(), b.size(), nullptr, "frames", take,
+                                                     &ids, &d, err, sizeof err);
+            EXPECT_EQ(ok, want.empty()) << "path " << path << ": " << err;
+            if (!ok) {
+                EXPECT_EQ(std::string(err), want) << "path " << path;
+            }
+            pk_free(d);
+        }
+    }
+    // A SHORT_BINSTRING is a str, as pickle.load makes it: a key the consumers read.
+    pk_doc_t *d = nullptr;
+    ASSERT_EQ(parse(Bytes{0x80, 2, '}', 'U', 1, 'a', 'K', 5, 's', '.'}, &d), "");
+    int64_t v = 0;
+    EXPECT_TRUE(pk_get_int(pk_root(d), "a", &v));
+    EXPECT_EQ(v, 5);
+    pk_free(d);
+}
+
+// A FRAME is what pickle.load (the C unpickler) makes of it: a length that must be there (else
+// "pickle data was truncated"), not a boundary. An opcode whose argument runs past the frame's
+// end, or a FRAME inside a frame, loads there; only the pure-Python unpickler (pickle._loads)
+// refuses them ("pickle exhausted before end of frame"), and pickle.load is not it. So every
+// reader loads them too (checked against CPython 3.11's pickle.loads and pickle.load).
+TEST(PickleRead, AFrameIsALengthAsPickleLoadReadsIt) {
+    auto frame = [](uint64_t n) {
+        Bytes f = {0x95};
+        for (int i = 0; i < 8; i++)
+            f.push_back((unsigned char)(n >> (8 * i)));
+        return f;
+    };
+    Bytes straddle = {0x80, 4};
+    for (unsigned char c : frame(2))
+        straddle.push_back(c);
+    straddle.insert(straddle.end(), {'J', 1, 0, 0, 0, '.'}); // BININT's argument past the end
+    Bytes nested = {0x80, 4};
+    for (unsigned char c : frame(12))
+        nested.push_back(c);
+    for (unsigned char c : frame(2))
+        nested.push_back(c);
+    nested.insert(nested.end(), {'K', 1, '.'});
+    for (const Bytes &b : {straddle, nested}) {
+        pk_doc_t *d = nullptr;
+        ASSERT_EQ(parse(b, &d), "");
+        int64_t v = 0;
+        EXPECT_TRUE(pk_int(pk_root(d), &v));
+        EXPECT_EQ(v, 1);
+        pk_free(d);
+    }
+    Bytes past = {0x80, 4};
+    for (unsigned char c : frame(20))
+        past.push_back(c);
+    past.insert(past.end(), {'K', 1, '.'});
+    EXPECT_EQ(parse(past), "pickle: FRAME of 20 bytes runs past the end at offset 2");
 }
 
 } // namespace

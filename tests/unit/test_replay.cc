@@ -505,6 +505,14 @@ TEST_F(Replay, JsonErrorsNameOffsets) {
     EXPECT_EQ(json_parse("\"abc"), "json: unterminated string at offset 4");
     EXPECT_EQ(json_parse("\"\\ud800\""), "json: lone surrogate at offset 7");
     EXPECT_EQ(json_parse("\"\\u0000\""), "json: NUL in string at offset 7");
+    // Raw bytes that are not UTF-8 (RFC 8259 8.1; Python's json.load refuses them) were read
+    // as '?' (the emitter's replacement): a name misread, never refused. Valid ones load.
+    EXPECT_EQ(json_parse("\"a\xff\""), "json: not UTF-8 at offset 2");
+    EXPECT_EQ(json_parse("[\"ab\xc3\"]"), "json: not UTF-8 at offset 4");
+    EXPECT_EQ(json_parse("\"\xc0\x80\""), "json: not UTF-8 at offset 1");
+    EXPECT_EQ(json_parse("\"\xed\xa0\x80\""), "json: not UTF-8 at offset 1"); // a surrogate
+    EXPECT_EQ(json_parse("\"\xf4\x90\x80\x80\""), "json: not UTF-8 at offset 1");
+    EXPECT_EQ(json_parse("\"caf\xc3\xa9 \xe2\x82\xac \xf0\x9f\x98\x80\""), "");
     EXPECT_EQ(json_parse("[tru]"), "json: unexpected token at offset 1");
     EXPECT_EQ(json_parse("[1] x"), "json: trailing characters at offset 4");
     // Beyond 64 bits is not an error: the integer loads as a double (JsonValuesTranslate).

@@ -228,6 +228,10 @@ TEST_F(Torch, MallocStatusTellsAnOutOfMemoryFromOtherFailures) {
               SP_ERR_INVALID_ARGUMENT);
     EXPECT_EQ(sp_torch_malloc_status(0, 0, nullptr, &p), SP_SUCCESS);
     EXPECT_EQ(p, nullptr);
+    // No place for the pointer is a bad argument (it was a store through NULL), for size 0 too.
+    EXPECT_EQ(sp_torch_malloc_status(4096, 0, nullptr, nullptr), SP_ERR_INVALID_ARGUMENT);
+    EXPECT_NE(std::string(sp_last_error()).find("ptr_p is NULL"), std::string::npos);
+    EXPECT_EQ(sp_torch_malloc_status(0, 0, nullptr, nullptr), SP_ERR_INVALID_ARGUMENT);
     sp_torch_free(live, 40 * MiB, 0, nullptr);
 }
 

@@ -1,0 +1,37 @@
+#!/bin/sh
+# no_clobber.sh SYMPOOL TRACE WORKDIR: an output that names the input (the same path, a link to
+# it, or a hard link) is refused before anything is written, and the input is left byte for byte:
+# `replay T --snapshot T` replaced the user's recorded trace with the replay's snapshot, and
+# `plot T.svg -o T.svg` a snapshot saved under an .svg name with the chart. The rest of what an
+# atomic writer refuses (a directory, a FIFO) is checked in plot_output.sh.
+set -u
+bin=$1 trace=$2 w=$3
+rm -rf "$w" && mkdir -p "$w" || exit 1
+cp "$trace" "$w/t.pickle" && ln -s t.pickle "$w/link.pickle" && ln "$w/t.pickle" "$w/hard.pickle" &&
+    cp "$trace" "$w/t.svg" || exit 1
+fail=0
+check() { # WHAT EXPECTED_RE CMD...
+    what=$1 re=$2
+    shift 2
+    out=$("$@" 2>&1)
+    rc=$?
+    if [ $rc -ne 2 ] || ! printf '%s' "$out" | grep -q -- "$re"; then
+        echo "FAIL $what: rc=$rc: $out"
+        fail=1
+    fi
+}
+SYMPOOL_DEVICE=host
+export SYMPOOL_DEVICE
+check "replay onto itself" "is the trace being replayed" "$bin" replay "$w/t.pickle" --snapshot "$w/t.pickle"
+check "replay onto a link to it" "is the trace being replayed" "$bin" replay "$w/t.pickle" --snapshot "$w/link.pickle"
+check "replay onto a hard link" "is the trace being replayed" "$bin" replay "$w/hard.pickle" --snapshot "$w/t.pickle"
+check "plot onto its snapshot" "is the snapshot" "$bin" plot "$w/t.svg" -o "$w/t.svg"
+check "plot onto one of its snapshots" "is the snapshot" "$bin" plot "$trace" "$w/t.svg" -o "$w/t.svg"
+for f in t.pickle t.svg; do
+    cmp -s "$trace" "$w/$f" || { echo "FAIL $f was changed"; fail=1; }
+done
+[ -L "$w/link.pickle" ] || { echo "FAIL the link was replaced"; fail=1; }
+# A snapshot elsewhere is still written.
+"$bin" replay "$w/t.pickle" --snapshot "$w/out.pickle" >/dev/null 2>&1 && [ -s "$w/out.pickle" ] ||
+    { echo "FAIL no snapshot written elsewhere"; fail=1; }
+[ $fail -eq 0 ] && echo "no clobber ok"
