@@ -54,6 +54,14 @@ static inline void sp__lock_init(sp_lock_t *l) {
     atomic_init(&l->sleepers, 0);
 }
 
+/* In a fork child, before its handler gives back a lock the forking thread took in prepare: the
+ * child has that thread alone, so nobody sleeps on the lock; the count of the parent's sleepers
+ * copied with it is forgotten (kept, every unlock in the child would go to sp__unlock_wake for
+ * good, as no sleeper is left to count itself out). */
+static inline void sp__lock_fork_child(sp_lock_t *l) {
+    atomic_store_explicit(&l->sleepers, 0, memory_order_relaxed);
+}
+
 void sp__lock_slow(sp_lock_t *l);
 void sp__unlock_wake(sp_lock_t *l);
 void sp__unlock_born(sp_lock_t *l);

@@ -48,25 +48,28 @@ static void prepare(void) {
     sp__log_fork_lock();
 }
 
-static void release(void) {
+static void release(bool in_child) {
     sp__log_fork_unlock();
     sp__options_fork_unlock();
     sp__handles_fork_unlock();
     sp__history_fork_unlock();
     sp__device_fork_unlock();
-    sp__tc_fork_unlock();
-    for (int i = g_locked_devs - 1; i >= 0; i--)
+    sp__tc_fork_unlock(in_child);
+    for (int i = g_locked_devs - 1; i >= 0; i--) {
+        if (in_child)
+            sp__lock_fork_child(&sp__g.devs[i].lock);
         sp__unlock(&sp__g.devs[i].lock);
+    }
 }
 
 static void parent(void) {
-    release();
+    release(false);
     pthread_mutex_unlock(&sp__g.init_lock);
 }
 
 static void child(void) {
     bool cuda = g_locked_devs > 0 && sp__g.ops != NULL && !sp__g.caps.is_emulated;
-    release();
+    release(true);
     if (cuda) {
         /* Every entry point now goes to sp__alloc_init_slow (or checks sp__ready) and fails
          * there with the reason; nothing inherited is touched. */

@@ -452,9 +452,12 @@ void sp__tc_fork_lock(void) {
         sp__lock(&t->lock);
 }
 
-void sp__tc_fork_unlock(void) {
-    for (sp_tcache_t *t = g_head; t; t = t->next)
+void sp__tc_fork_unlock(bool in_child) {
+    for (sp_tcache_t *t = g_head; t; t = t->next) {
+        if (in_child)
+            sp__lock_fork_child(&t->lock);
         sp__unlock(&t->lock);
+    }
     pthread_mutex_unlock(&g_reg);
 }
 

@@ -72,6 +72,7 @@ size_t sp__tc_drain(sp_devalloc_t *d);
  * locks), and release them in parent and child. The child keeps the caches of the threads it did
  * not inherit: their idle blocks go back to the pool at its next drain. */
 void sp__tc_fork_lock(void);
-void sp__tc_fork_unlock(void);
+/* in_child: the fork child's handler (core_lock.h's sp__lock_fork_child on each lock first). */
+void sp__tc_fork_unlock(bool in_child);
 
 #endif /* SP_POOL_THREAD_CACHE_H */

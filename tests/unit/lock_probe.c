@@ -49,3 +49,7 @@ void sp_probe_wake(void *l) {
 void sp_probe_release_silently(void *l) {
     atomic_store_explicit(&((sp_lock_t *)l)->v, 0, memory_order_release);
 }
+
+void sp_probe_fork_child(void *l) {
+    sp__lock_fork_child(l);
+}

@@ -15,6 +15,7 @@ void sp_probe_wake(void *l); /* frees the lock and wakes one sleeper, whatever i
 /* frees the lock without looking for sleepers: the wake an unlock misses in the store-buffer
  * window (core_lock.h) */
 void sp_probe_release_silently(void *l);
+void sp_probe_fork_child(void *l); /* sp__lock_fork_child */
 #ifdef __cplusplus
 }
 #endif

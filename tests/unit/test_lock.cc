@@ -12,6 +12,9 @@
 #include <cstdlib>
 #include <thread>
 
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include "lock_probe.h"
 
 namespace {
@@ -136,6 +139,44 @@ TEST(LockShared, AWaiterWhoseWakeIsMissedStillTakesTheFreedLock) {
     contender.join();
     EXPECT_EQ(sp_probe_lock_word(l), 0);
     EXPECT_EQ(sp_probe_lock_sleepers(l), 0);
+    std::free(l);
+}
+
+// A child forked while a thread sleeps on a lock its parent holds inherits the count of that
+// sleeper, who does not exist in the child; sp__lock_fork_child (what the fork handler calls)
+// forgets it, so the child's unlocks leave the sleepers' word at 0 and stop looking for sleepers.
+TEST(LockShared, AForkChildForgetsTheParentsSleepers) {
+    void *l = sp_probe_lock_new();
+    ASSERT_NE(l, nullptr);
+    std::thread started([] {});
+    started.join();
+    sp_probe_lock(l);
+    std::atomic<int> stage{0};
+    std::thread contender([&] {
+        sp_probe_lock(l);
+        stage.store(1);
+        sp_probe_unlock(l);
+    });
+    ASSERT_TRUE(wait_for([&] { return sp_probe_lock_sleepers(l) == 1; }));
+    pid_t pid = fork();
+    ASSERT_GE(pid, 0);
+    if (pid == 0) {
+        int code = sp_probe_lock_sleepers(l) == 1 ? 0 : 10; // inherited
+        sp_probe_fork_child(l);
+        sp_probe_unlock(l);
+        sp_probe_lock(l);
+        sp_probe_unlock(l);
+        if (code == 0 && (sp_probe_lock_word(l) != 0 || sp_probe_lock_sleepers_word(l) != 0))
+            code = 11;
+        _exit(code);
+    }
+    int status = 0;
+    ASSERT_EQ(waitpid(pid, &status, 0), pid);
+    EXPECT_TRUE(WIFEXITED(status));
+    EXPECT_EQ(WEXITSTATUS(status), 0) << "10: no sleeper inherited; 11: one left counted";
+    sp_probe_unlock(l);
+    ASSERT_TRUE(wait_for([&] { return stage.load() == 1; }));
+    contender.join();
     std::free(l);
 }
 
