@@ -246,6 +246,14 @@ bool sp__parse_size(const char *text, size_t *bytes_p) {
         shift = 40;
         p++;
         break;
+    case 'P': /* what sympool's own summaries print for the largest sizes, read back */
+        shift = 50;
+        p++;
+        break;
+    case 'E':
+        shift = 60;
+        p++;
+        break;
     default:
         break;
     }
@@ -265,8 +273,9 @@ bool sp__parse_size(const char *text, size_t *bytes_p) {
         return false;
     }
     uint64_t bytes = whole * mult;
-    /* frac/denom * mult < mult <= 2^40 and frac < 10^9, so frac * mult fits in 64 bits... when
-     * mult <= 2^34; above that, divide first. */
+    /* frac/denom * mult < mult <= 2^60 and frac < 10^9, so frac * mult fits in 64 bits... when
+     * mult <= 2^34; above that, divide first (frac * (mult / denom) < mult, and
+     * frac * (mult % denom) < 10^18). */
     uint64_t extra = mult <= (1ull << 34) ? frac * mult / denom
                                           : frac * (mult / denom) + frac * (mult % denom) / denom;
     if (bytes > UINT64_MAX - extra || bytes + extra > (uint64_t)SIZE_MAX) {

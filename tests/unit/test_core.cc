@@ -129,6 +129,10 @@ TEST(CoreParse, SizeTable) {
         {" 7 MiB ", 7 * MiB},
         {"512B", 512},
         {"17179869183G", 17179869183ull * GiB},
+        {"1PiB", 1024ull * 1024 * GiB},
+        {"1.5P", 1536ull * 1024 * GiB},
+        {"15EiB", 15ull << 60},
+        {"0.5E", 1ull << 59},
     };
     for (const auto &g : good) {
         size_t got = 1;
@@ -149,6 +153,8 @@ TEST(CoreParse, SizeTable) {
                          "99999999999999999999",
                          "17179869184G",
                          "16777216T",
+                         "16E",
+                         "16384P",
                          "1iB",
                          "0x10",
                          "1e3",
@@ -383,6 +389,8 @@ TEST_F(CoreTest, TooLargeNumberIsOutOfRangeNotMalformed) {
         {SP_OPT_HOST_CAPACITY, "SYMPOOL_HOST_CAPACITY", "18446744073709551616"}, // past 64 bits
         {SP_OPT_HOST_CAPACITY, "SYMPOOL_HOST_CAPACITY", "999999999999999999999GiB"},
         {SP_OPT_HOST_CAPACITY, "SYMPOOL_HOST_CAPACITY", "16777216TiB"}, // 2^64 bytes
+        {SP_OPT_HOST_CAPACITY, "SYMPOOL_HOST_CAPACITY", "8EiB"},  // past int64: "less than 8EiB"
+        {SP_OPT_HOST_CAPACITY, "SYMPOOL_HOST_CAPACITY", "16EiB"}, // 2^64 bytes
         {SP_OPT_HOST_FAIL_AFTER, "SYMPOOL_HOST_FAIL_AFTER", "99999999999999999999"},
     };
     for (const auto &b : big) {
