@@ -92,6 +92,13 @@ SP_EXPORT void sp_x_symmetric_counters(int device, sp_x_symmetric_counters_t *co
 }
 #endif
 
+SP_EXPORT bool sp_x_path_expand(const char *pattern, char *out, size_t cap) {
+    if (pattern == NULL || out == NULL || cap == 0)
+        return false;
+    /* -1: as the log's own expansion (log.c), a %r before the rank is known is no file */
+    return sp__path_expand(pattern, -1, out, cap) == SP_EXPAND_OK;
+}
+
 SP_EXPORT sp_status_t sp_x_file_write_atomic(const char *path, const void *buf, size_t len) {
     SP_ARG_CHECK(path != NULL && path[0] != '\0', SP_SUB_HISTORY,
                  "sp_x_file_write_atomic: path is NULL or empty");

@@ -4,9 +4,12 @@
  * Options that configure the library (--conf, --capacity) are applied by the subcommand before
  * its first sympool call.
  */
+#include <stdbool.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
+#include <sympool/experimental.h>
 #include <sympool/sympool.h>
 
 #include "tools/cli.h"
@@ -31,6 +34,25 @@ static void usage(FILE *out) {
 
 static void version(void) {
     printf("sympool %d.%d.%d\n", SP_VERSION_MAJOR, SP_VERSION_MINOR, SP_VERSION_PATCH);
+}
+
+/* SYMPOOL_DEBUG_FILE naming a file the command reads or writes (the trace, a snapshot, the
+ * chart): the library would append its log lines to it. Refused before anything is opened. */
+static bool debug_file_is_an_argument(int nsub, char **sub) {
+    const char *pattern = getenv("SYMPOOL_DEBUG_FILE");
+    char path[4096];
+    if (pattern == NULL || pattern[0] == '\0' || !sp_x_path_expand(pattern, path, sizeof path))
+        return false;
+    for (int i = 1; i < nsub; i++) {
+        if (sub[i][0] != '-' && cli_same_file(sub[i], path)) {
+            fprintf(stderr,
+                    "sympool: SYMPOOL_DEBUG_FILE=%s names %s, a file this command reads or "
+                    "writes: its log lines would be appended to it; log elsewhere\n",
+                    pattern, sub[i]);
+            return true;
+        }
+    }
+    return false;
 }
 
 int main(int argc, char **argv) {
@@ -67,6 +89,8 @@ int main(int argc, char **argv) {
         nsub = 2;
         cmd = sub[0];
     }
+    if (debug_file_is_an_argument(nsub, sub))
+        return 2;
     if (strcmp(cmd, "info") == 0)
         return sp_cli_info(nsub, sub);
     if (strcmp(cmd, "replay") == 0)

@@ -114,6 +114,12 @@ const char *sp_x_size_format(double bytes, char *buf, size_t cap);
 bool sp_x_json_to_pickle(const char *text, size_t len, char **pickle_p, size_t *len_p, char *err,
                          size_t errlen);
 
+/** A path pattern (SYMPOOL_DEBUG_FILE's syntax: %h host, %p pid, %r rank, %% percent) expanded as
+ * the log expands it in this process: true with the path in out (cap bytes, terminated); false
+ * when it names the rank and the rank is not known (the log then goes to stderr), or does not
+ * fit, or an argument is NULL. No state, no log. */
+bool sp_x_path_expand(const char *pattern, char *out, size_t cap);
+
 /** Write len bytes of buf to path as sp_dump_snapshot writes a snapshot: to a temporary file next
  * to it, synced, then renamed over it, so the old file stays whole when writing fails (a full
  * disk) and readers never see half a file; an existing target that is not a regular file (a FIFO,

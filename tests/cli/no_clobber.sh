@@ -2,7 +2,8 @@
 # no_clobber.sh SYMPOOL TRACE WORKDIR: an output that names the input (the same path, a link to
 # it, or a hard link) is refused before anything is written, and the input is left byte for byte:
 # `replay T --snapshot T` replaced the user's recorded trace with the replay's snapshot, and
-# `plot T.svg -o T.svg` a snapshot saved under an .svg name with the chart. The rest of what an
+# `plot T.svg -o T.svg` a snapshot saved under an .svg name with the chart; SYMPOOL_DEBUG_FILE
+# naming one of them would have the log appended to it. The rest of what an
 # atomic writer refuses (a directory, a FIFO) is checked in plot_output.sh.
 set -u
 bin=$1 trace=$2 w=$3
@@ -27,6 +28,10 @@ check "replay onto a link to it" "is the trace being replayed" "$bin" replay "$w
 check "replay onto a hard link" "is the trace being replayed" "$bin" replay "$w/hard.pickle" --snapshot "$w/t.pickle"
 check "plot onto its snapshot" "is the snapshot" "$bin" plot "$w/t.svg" -o "$w/t.svg"
 check "plot onto one of its snapshots" "is the snapshot" "$bin" plot "$trace" "$w/t.svg" -o "$w/t.svg"
+# SYMPOOL_DEBUG_FILE naming the trace (or the snapshot to write): log lines would be appended.
+check "debug file is the trace" "SYMPOOL_DEBUG_FILE" env SYMPOOL_DEBUG=INFO SYMPOOL_DEBUG_FILE="$w/t.pickle" "$bin" replay "$w/t.pickle"
+check "debug file is a link to the trace" "SYMPOOL_DEBUG_FILE" env SYMPOOL_DEBUG=INFO SYMPOOL_DEBUG_FILE="$w/link.pickle" "$bin" info "$w/t.pickle"
+check "debug file is the snapshot read" "SYMPOOL_DEBUG_FILE" env SYMPOOL_DEBUG=INFO SYMPOOL_DEBUG_FILE="$w/t.svg" "$bin" summary "$w/t.svg"
 for f in t.pickle t.svg; do
     cmp -s "$trace" "$w/$f" || { echo "FAIL $f was changed"; fail=1; }
 done
