@@ -1134,7 +1134,7 @@ static __attribute__((noinline)) sp_status_t malloc_rest(sp_devalloc_t *d, sp_me
  * malloc_fast and free_fast are the multi-threaded ones and cost nothing more than the CAS path:
  * the single-threaded question is a share of sp__fast_off (SP_FAST_ALONE, armed at init when
  * the process has one thread), so a multi-threaded process, once disarmed, never asks it. The
- * single-threaded copies are in malloc_slow and free_slow. Out-of-line continuations
+ * single-threaded copies are in malloc_alone and free_alone. Out-of-line continuations
  * (malloc_rest, free_rest) give the lock back with sp__unlock, which reads the word. */
 static inline __attribute__((always_inline)) bool hit_lock(sp_lock_t *l, bool alone) {
     if (alone)
@@ -1214,26 +1214,33 @@ static __attribute__((noinline)) sp_status_t malloc_full(size_t size, int device
     return alloc_malloc(d, pool ? pool : d->default_pool, size, stream, ptr_p);
 }
 
-/* The single-threaded process's hit (SP_FAST_ALONE the only reason against the inline one):
- * the same checks and hit, the lock taken by plain stores. Once the process has a second thread
- * the share is given back for good (glibc never turns __libc_single_threaded true again). */
+/* sp_malloc when sp__fast_off holds more than the single-threaded share: the whole path, after
+ * giving that share back if the process has a second thread now (glibc never turns
+ * __libc_single_threaded true again, so once is for good). */
 static __attribute__((noinline)) sp_status_t malloc_slow(size_t size, int device,
                                                          sp_stream_t stream, void **ptr_p) {
-    int off = __atomic_load_n(&sp__fast_off, __ATOMIC_ACQUIRE);
-    if (SP_UNLIKELY(off & SP_FAST_ALONE)) {
-        sp_status_t s;
-        if (!sp__lock_alone())
-            sp__alloc_alone_disarm();
-        else if (off == SP_FAST_ALONE && (unsigned)device < (unsigned)sp__g.ndev && ptr_p &&
-                 size - 1 < SP_ONE_EB - 1 && !is_pseudo_stream(stream) &&
-                 malloc_hit(&sp__g.devs[device], size, stream, ptr_p, &s, true))
-            return s;
-    }
+    if ((__atomic_load_n(&sp__fast_off, __ATOMIC_ACQUIRE) & SP_FAST_ALONE) && !sp__lock_alone())
+        sp__alloc_alone_disarm();
+    return malloc_full(size, device, stream, ptr_p);
+}
+
+/* The single-threaded process's hit (sp__fast_off held the single-threaded share alone): the
+ * same checks and hit as malloc_fast, the lock taken by plain stores; a function of its own so
+ * that it saves only the registers the hit needs. */
+static __attribute__((noinline)) sp_status_t malloc_alone(size_t size, int device,
+                                                          sp_stream_t stream, void **ptr_p) {
+    sp_status_t s;
+    if (SP_UNLIKELY(!sp__lock_alone()))
+        sp__alloc_alone_disarm();
+    else if (SP_LIKELY((unsigned)device < (unsigned)sp__g.ndev && ptr_p &&
+                       size - 1 < SP_ONE_EB - 1 && !is_pseudo_stream(stream)) &&
+             malloc_hit(&sp__g.devs[device], size, stream, ptr_p, &s, true))
+        return s;
     return malloc_full(size, device, stream, ptr_p);
 }
 
 /* sp_malloc once sp__fast_malloc_on said yes. A function of its own so that sp_malloc saves no
- * register before it knows which way it goes: the single-threaded process's calls (malloc_slow)
+ * register before it knows which way it goes: the single-threaded process's calls (malloc_alone)
  * then pay no save and restore they do not use (callgrind: 22 instructions a call). */
 static __attribute__((noinline)) sp_status_t malloc_fast(size_t size, int device,
                                                          sp_stream_t stream, void **ptr_p) {
@@ -1250,9 +1257,12 @@ SP_EXPORT sp_status_t sp_malloc(size_t size, int device, sp_stream_t stream, voi
      * plain hit's settings: sp__fast_malloc_on; a valid device and size, a real stream) tries the
      * call-free hit first; anything else, or a hit that is not plain, goes through malloc_full
      * from its first check, as if the hit was never tried. */
-    if (SP_UNLIKELY(!sp__fast_malloc_on()))
-        return malloc_slow(size, device, stream, ptr_p);
-    return malloc_fast(size, device, stream, ptr_p);
+    int off = __atomic_load_n(&sp__fast_off, __ATOMIC_ACQUIRE);
+    if (SP_LIKELY(off == 0))
+        return malloc_fast(size, device, stream, ptr_p);
+    if (off == SP_FAST_ALONE)
+        return malloc_alone(size, device, stream, ptr_p);
+    return malloc_slow(size, device, stream, ptr_p);
 }
 
 /* Explain why ptr is not a live block (slow path of a failed free / record_stream). */
@@ -1425,15 +1435,20 @@ static __attribute__((noinline)) sp_status_t free_full(void *ptr) {
     return explain_bad_pointer("sp_free", ptr);
 }
 
-/* sp_free's single-threaded hit, as malloc_slow's. */
+/* sp_free when sp__fast_off holds more than the single-threaded share (and sp_free's own
+ * reasons do not let it take a hit), as malloc_slow. */
 static __attribute__((noinline)) sp_status_t free_slow(void *ptr) {
-    int off = __atomic_load_n(&sp__fast_off, __ATOMIC_ACQUIRE);
-    if (SP_UNLIKELY(off & SP_FAST_ALONE)) {
-        if (!sp__lock_alone())
-            sp__alloc_alone_disarm();
-        else if ((off & ~SP_FAST_ALONE) < SP_FAST_REASON && free_hit((uintptr_t)ptr, true))
-            return SP_SUCCESS;
-    }
+    if ((__atomic_load_n(&sp__fast_off, __ATOMIC_ACQUIRE) & SP_FAST_ALONE) && !sp__lock_alone())
+        sp__alloc_alone_disarm();
+    return free_full(ptr);
+}
+
+/* sp_free's single-threaded hit, as malloc_alone's. */
+static __attribute__((noinline)) sp_status_t free_alone(void *ptr) {
+    if (SP_UNLIKELY(!sp__lock_alone()))
+        sp__alloc_alone_disarm();
+    else if (free_hit((uintptr_t)ptr, true))
+        return SP_SUCCESS;
     return free_full(ptr);
 }
 
@@ -1448,9 +1463,13 @@ SP_EXPORT sp_status_t sp_free(void *ptr) {
     /* The commonest call (sympool ready, no callback running, no history, no thread cache:
      * sp__fast_free_on) tries the call-free free first; anything else goes through free_full
      * from its first check. NULL is in no device's range, so free_full answers it. */
-    if (SP_UNLIKELY(!sp__fast_free_on()))
-        return free_slow(ptr);
-    return free_fast(ptr);
+    int off = __atomic_load_n(&sp__fast_off, __ATOMIC_ACQUIRE);
+    if (SP_LIKELY(off < SP_FAST_REASON))
+        return free_fast(ptr);
+    /* the single-threaded share, with at most SP_FAST_NO_HIT beside it (not sp_free's concern) */
+    if ((unsigned)(off - SP_FAST_ALONE) < SP_FAST_REASON)
+        return free_alone(ptr);
+    return free_slow(ptr);
 }
 
 /* COLD twin of sp_free for sp_torch_free: the same locked probe-and-free, but the device PyTorch
