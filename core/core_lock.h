@@ -98,8 +98,16 @@ static inline bool sp__lock_try_shared(sp_lock_t *l) {
  * x86-64 (but under ThreadSanitizer, which must see the atomic) the load is the compare's own
  * memory operand: compilers do not fold an atomic load into a compare, and this is one
  * instruction of the cached pair's two unlocks. An aligned 4-byte load is atomic there. */
+#if defined(__SANITIZE_THREAD__)
+#define SP_LOCK_TSAN 1
+#elif defined(__has_feature)
+#if __has_feature(thread_sanitizer) /* clang says it so, not with __SANITIZE_THREAD__ */
+#define SP_LOCK_TSAN 1
+#endif
+#endif
+
 static inline bool sp__lock_sleepers_seen(sp_lock_t *l) {
-#if defined(__x86_64__) && defined(__GCC_ASM_FLAG_OUTPUTS__) && !defined(__SANITIZE_THREAD__)
+#if defined(__x86_64__) && defined(__GCC_ASM_FLAG_OUTPUTS__) && !defined(SP_LOCK_TSAN)
     bool seen;
     __asm__ volatile("cmpl $0, %1" : "=@ccne"(seen) : "m"(l->sleepers));
     return seen;
