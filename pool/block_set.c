@@ -188,8 +188,17 @@ static void shrank(sp_block_set_t *set, sp_block_t *n, bool left) {
  * ordered by address (not symmetric): then size and address alone decide. */
 static inline bool less_in(const sp_block_set_t *set, bool one, const sp_block_t *a,
                            const sp_block_t *b) {
-    if (one) /* without a branch on the sizes (a walk's turns are a coin toss) */
+    /* Without a branch on the sizes (a walk's turns are a coin toss). */
+#ifdef __SIZEOF_INT128__
+    /* (size, address) as one 128-bit number: a compare and a subtract with borrow, where the
+     * two compares and their combination took seven instructions a level of an insert's walk. */
+    if (one)
+        return ((unsigned __int128)a->size << 64 | a->addr) <
+               ((unsigned __int128)b->size << 64 | b->addr);
+#else
+    if (one)
         return (a->size < b->size) | ((a->size == b->size) & (a->addr < b->addr));
+#endif
     return sp__bset_less(set, a, b);
 }
 
