@@ -144,6 +144,19 @@ void churn(bool by_seq, uint32_t seed, unsigned streams = 3, uintptr_t base = 0x
                 sp__bset_remove(&f.set, &b);
             else
                 sp__bset_insert(&f.set, &b);
+        } else if (op == 4 && f.set.count) {
+            // The allocator's in-place key changes (a split remainder's smaller size, a merged
+            // block's larger one): a block in the set gets another size, and sp__bset_move puts
+            // it where it sorts now (whether or not it left its neighbours). Half the time the
+            // block is the hint, as the split remainder of a lookup's answer is.
+            sp_block_t *b = f.set.min;
+            for (unsigned k = rng() % f.set.count; k > 0; k--)
+                b = sp__bset_succ(&f.set, b);
+            if (f.set.hint && rng() % 2)
+                b = f.set.hint;
+            b->size = 512 * (1 + rng() % 8);
+            sp__bset_move(&f.set, b);
+            ASSERT_EQ(f.set.hint, b);
         } else if (op < 6 && f.set.hint) {
             // The allocator's pattern: take the best fit, give it back (the hint's cases).
             sp_block_t *h = f.set.hint;
