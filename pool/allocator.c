@@ -365,10 +365,8 @@ hand_out(sp_devalloc_t *d, sp_block_t *b, bool in_set, sp_block_t *pred, size_t 
             b->addr += size;
             b->size -= size;
             b->gc_count = bp->gfb_count;
-            if (!fast && pred && !sp__bset_less(&bp->free, pred, b)) {
-                sp__bset_remove(&bp->free, b);
-                sp__bset_insert(&bp->free, b);
-            }
+            if (!fast && pred && !sp__bset_less(&bp->free, pred, b))
+                sp__bset_move(&bp->free, b);
             rem = b;
             b = a;
         } else {
@@ -746,10 +744,8 @@ free_block(sp_devalloc_t *d, sp_block_t *b, bool low, uint32_t free_ctx, bool hi
         sp__bset_insert(set, b);
     } else if (!fast) {
         sp_block_t *succ = sp__bset_succ(set, keep);
-        if (succ && !sp__bset_less(set, keep, succ)) {
-            sp__bset_remove(set, keep);
-            sp__bset_insert(set, keep);
-        }
+        if (succ && !sp__bset_less(set, keep, succ))
+            sp__bset_move(set, keep);
     }
     sp__bset_check(set);
     if (SP_UNLIKELY(hist))

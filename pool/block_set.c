@@ -22,7 +22,9 @@
  * The cache-hit path avoids a remove + insert pair where it can: a split remainder keeps its
  * node with a smaller key, and a merged block keeps a free neighbour's node with a larger one,
  * when the new key still sorts strictly between the node's in-order neighbours (allocator.c
- * checks that); order and AVL balance are then unchanged.
+ * checks that); order and AVL balance are then unchanged. When it does not, sp__bset_move
+ * unlinks the node and links it where it sorts: the tree a removal and an insert would leave,
+ * without their counting (the block keeps its stream) or the insert's look beside the hint.
  */
 #include <assert.h>
 
@@ -188,14 +190,23 @@ static void shrank(sp_block_set_t *set, sp_block_t *n, bool left) {
  * ordered by address (not symmetric): then size and address alone decide. */
 static inline bool less_in(const sp_block_set_t *set, bool one, const sp_block_t *a,
                            const sp_block_t *b) {
-    if (one) /* without a branch on the sizes (a walk's turns are a coin toss) */
+    /* Without a branch on the sizes (a walk's turns are a coin toss). */
+#ifdef __SIZEOF_INT128__
+    /* (size, address) as one 128-bit number: a compare and a subtract with borrow, where the
+     * two compares and their combination took seven instructions a level of an insert's walk. */
+    if (one)
+        return ((unsigned __int128)a->size << 64 | a->addr) <
+               ((unsigned __int128)b->size << 64 | b->addr);
+#else
+    if (one)
         return (a->size < b->size) | ((a->size == b->size) & (a->addr < b->addr));
+#endif
     return sp__bset_less(set, a, b);
 }
 
+static void link_node(sp_block_set_t *set, sp_block_t *b, bool one, bool probe);
+
 void sp__bset_insert(sp_block_set_t *set, sp_block_t *b) {
-    b->left = b->right = 0;
-    BAL(b) = 0;
     b->in_set = true;
     uintptr_t bs = (uintptr_t)sp__block_stream(b);
     uintptr_t ms = set->min ? (uintptr_t)sp__block_stream(set->min) : 0;
@@ -204,10 +215,18 @@ void sp__bset_insert(sp_block_set_t *set, sp_block_t *b) {
     else if (bs == ms && set->lead)
         set->lead++;
     set->count++;
-    bool one = !set->by_seq && set->lead == set->count; /* b's stream, then, is every block's */
+    link_node(set, b, !set->by_seq && set->lead == set->count, true);
+}
+
+/* Link b (in no tree, in_set set, counted) where its key sorts, and make it the hint. `one`: b's
+ * stream is every block's (less_in). `probe`: try the places beside the hint before the root
+ * walk. */
+static void link_node(sp_block_set_t *set, sp_block_t *b, bool one, bool probe) {
+    b->left = b->right = 0;
+    BAL(b) = 0;
     sp_block_t *parent = NULL;
     bool left = false;
-    sp_block_t *h = set->hint;
+    sp_block_t *h = probe ? set->hint : NULL;
     if (h && less_in(set, one, b, h)) {
         /* Between the hint's predecessor and the hint: the hint's left link is free when the
          * predecessor is an ancestor, else the predecessor (rightmost below the hint's left
@@ -266,6 +285,8 @@ void sp__bset_insert(sp_block_set_t *set, sp_block_t *b) {
     grew(set, parent, left);
 }
 
+static void unlink_node(sp_block_set_t *set, sp_block_t *b);
+
 void sp__bset_remove(sp_block_set_t *set, sp_block_t *b) {
     if (!b->in_set)
         return;
@@ -279,6 +300,15 @@ void sp__bset_remove(sp_block_set_t *set, sp_block_t *b) {
         if (set->min == b)
             set->min = s;
     }
+    unlink_node(set, b);
+    b->in_set = false;
+    b->left = b->right = b->parent = 0;
+    BAL(b) = 0; /* a balance of -1 would read as a thread cache's mark once b is handed out */
+    set->count--;
+}
+
+/* Take b out of the tree (its neighbours, min and the hint already seen to) and rebalance. */
+static void unlink_node(sp_block_set_t *set, sp_block_t *b) {
     sp_block_t *l = L(b), *r = R(b), *p = P(b), *start;
     bool left; /* the side of start whose subtree shrank */
     if (!l || !r) {
@@ -309,10 +339,16 @@ void sp__bset_remove(sp_block_set_t *set, sp_block_t *b) {
     }
     if (start)
         shrank(set, start, left);
-    b->in_set = false;
-    b->left = b->right = b->parent = 0;
-    BAL(b) = 0; /* a balance of -1 would read as a thread cache's mark once b is handed out */
-    set->count--;
+}
+
+void sp__bset_move(sp_block_set_t *set, sp_block_t *b) {
+    assert(b->in_set);
+    /* b keeps its stream, so the counts stay; the hint would be b after the insert, and the
+     * place beside the old hint is not where a key that left its neighbours goes. */
+    if (set->min == b)
+        set->min = sp__bset_succ(set, b);
+    unlink_node(set, b);
+    link_node(set, b, !set->by_seq && set->lead == set->count, false);
 }
 
 sp_block_t *sp__bset_lower_bound(const sp_block_set_t *set, sp_stream_t stream, size_t size) {

@@ -46,6 +46,11 @@ static inline bool sp__bset_one_stream(const sp_block_set_t *set, uintptr_t stre
 
 void sp__bset_insert(sp_block_set_t *set, sp_block_t *b);
 void sp__bset_remove(sp_block_set_t *set, sp_block_t *b);
+/* b (in the set) had its key changed in place (the same stream, another size or address) and no
+ * longer sorts between its neighbours: put it where it sorts now. The set ends as a removal and
+ * an insert of b leave it (b the hint), without their bookkeeping (the counts stay: b keeps its
+ * stream) and without the insert's look beside the hint (a moved key has left it). */
+void sp__bset_move(sp_block_set_t *set, sp_block_t *b);
 /* The smallest block with key >= (stream, size, -inf), or NULL. */
 sp_block_t *sp__bset_lower_bound(const sp_block_set_t *set, sp_stream_t stream, size_t size);
 /* The set's order: <0, 0, >0. Within a segment, offset order equals address order. */

@@ -46,7 +46,10 @@ struct Fixture {
     sp_block_set_t set{};
 
     // streams: how many streams the segments spread over (1: the set's one-stream walks).
-    Fixture(size_t n, bool by_seq, uint32_t seed, unsigned streams = 3) : segs(24), blocks(n) {
+    // base: the first block's address (addresses above 4 GiB exercise the high half of the
+    // one-stream walks' (size, address) keys).
+    Fixture(size_t n, bool by_seq, uint32_t seed, unsigned streams = 3, uintptr_t base = 0x100000)
+        : segs(24), blocks(n) {
         set.by_seq = by_seq;
         std::mt19937 rng(seed);
         for (size_t i = 0; i < segs.size(); i++) {
@@ -55,7 +58,7 @@ struct Fixture {
         }
         for (size_t i = 0; i < n; i++) {
             sp_block_t &b = blocks[i];
-            b.addr = 0x100000 + i * 512;
+            b.addr = base + i * 512;
             b.size = 512 * (1 + rng() % 6); // few sizes: many equal keys up to the tie-break
             b.seg = sp__ptr_ref(&segs[rng() % segs.size()]);
         }
@@ -130,8 +133,8 @@ struct Fixture {
     }
 };
 
-void churn(bool by_seq, uint32_t seed, unsigned streams = 3) {
-    Fixture f(600, by_seq, seed, streams);
+void churn(bool by_seq, uint32_t seed, unsigned streams = 3, uintptr_t base = 0x100000) {
+    Fixture f(600, by_seq, seed, streams, base);
     std::mt19937 rng(seed * 7 + 1);
     for (int step = 0; step < 6000; step++) {
         unsigned op = rng() % 10;
@@ -141,6 +144,19 @@ void churn(bool by_seq, uint32_t seed, unsigned streams = 3) {
                 sp__bset_remove(&f.set, &b);
             else
                 sp__bset_insert(&f.set, &b);
+        } else if (op == 4 && f.set.count) {
+            // The allocator's in-place key changes (a split remainder's smaller size, a merged
+            // block's larger one): a block in the set gets another size, and sp__bset_move puts
+            // it where it sorts now (whether or not it left its neighbours). Half the time the
+            // block is the hint, as the split remainder of a lookup's answer is.
+            sp_block_t *b = f.set.min;
+            for (unsigned k = rng() % f.set.count; k > 0; k--)
+                b = sp__bset_succ(&f.set, b);
+            if (f.set.hint && rng() % 2)
+                b = f.set.hint;
+            b->size = 512 * (1 + rng() % 8);
+            sp__bset_move(&f.set, b);
+            ASSERT_EQ(f.set.hint, b);
         } else if (op < 6 && f.set.hint) {
             // The allocator's pattern: take the best fit, give it back (the hint's cases).
             sp_block_t *h = f.set.hint;
@@ -184,6 +200,8 @@ TEST(BlockSet, OneStreamWalksMatchASortedReference) {
     for (uint32_t seed = 1; seed <= 3; seed++) {
         ASSERT_NO_FATAL_FAILURE(churn(false, seed, 1));
         ASSERT_NO_FATAL_FAILURE(churn(true, seed, 1));
+        // Device-like addresses: the walks' keys carry the address's high bits too.
+        ASSERT_NO_FATAL_FAILURE(churn(false, seed, 1, (uintptr_t)0x7f3a00000000ull));
     }
 }
 
