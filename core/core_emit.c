@@ -365,7 +365,9 @@ void sp__emit_list_end(sp__emit_t *e) {
     close_container(e, 'l');
 }
 
-/* Length of the valid UTF-8 sequence at s (1-4), or 0 when s starts an invalid one. */
+/* Length of the valid UTF-8 sequence at s (1-4), or 0 when s starts an invalid one. The two
+ * forms a Python str needs beyond UTF-8 (see core_emit.h: 0xC0 0x80 for U+0000, a surrogate's
+ * 3-byte form) are invalid here: the callers look for them first. */
 static size_t utf8_len(const unsigned char *s) {
     unsigned c = s[0];
     if (c < 0x80)
@@ -383,38 +385,67 @@ static size_t utf8_len(const unsigned char *s) {
     return n;
 }
 
+/* Whether s starts the 2-byte form of U+0000 (modified UTF-8's, the one a C string can hold). */
+static inline bool is_nul2(const unsigned char *s) {
+    return s[0] == 0xc0 && s[1] == 0x80;
+}
+
+/* The surrogate whose 3-byte form ('surrogatepass') s starts with, or 0. */
+static inline unsigned surrogate_at(const unsigned char *s) {
+    if (s[0] != 0xed || s[1] < 0xa0 || s[1] > 0xbf || (s[2] & 0xc0) != 0x80)
+        return 0;
+    return 0xd000u | (s[1] & 0x3fu) << 6 | (s[2] & 0x3fu);
+}
+
 static void put_str_pickle(sp__emit_t *e, const char *s) {
-    size_t n = strlen(s);
-    if (n <= 255) {
+    size_t n = strlen(s), m = n; /* bytes in, bytes out */
+    /* Each 0xC0 0x80 is one byte out (U+0000); valid UTF-8 never holds 0xC0, so a string
+     * without one is written as before. */
+    for (const char *c = memchr(s, 0xc0, n); c != NULL;
+         c = memchr(c + 1, 0xc0, n - (size_t)(c + 1 - s)))
+        m -= is_nul2((const unsigned char *)c);
+    if (m <= 255) {
         put1(e, OP_SHORT_BINUNICODE);
-        put1(e, (unsigned)n);
+        put1(e, (unsigned)m);
     } else {
-        uint32_t n32 = n > UINT32_MAX ? UINT32_MAX : (uint32_t)n;
-        n = n32;
+        uint32_t n32 = m > UINT32_MAX ? UINT32_MAX : (uint32_t)m;
+        m = n32;
         unsigned char le[4] = {n32 & 0xff, (n32 >> 8) & 0xff, (n32 >> 16) & 0xff, n32 >> 24};
         put1(e, OP_BINUNICODE);
         put(e, le, 4);
     }
     /* Copy, replacing each invalid byte with '?' so the length stays the same; runs of ASCII
-     * (nearly every string: names, file names) in one piece. */
+     * (nearly every string: names, file names) in one piece. A lone surrogate is written in
+     * its 3-byte form, as CPython's pickler writes it ('surrogatepass'). */
     const unsigned char *p = (const unsigned char *)s;
-    size_t i = 0;
-    while (i < n) {
+    size_t i = 0, o = 0; /* bytes read, bytes written */
+    while (o < m) {
         size_t run = 0;
-        while (i + run < n && p[i + run] < 0x80)
+        while (o + run < m && p[i + run] < 0x80)
             run++;
         if (run > 0) {
             put(e, p + i, run);
             i += run;
+            o += run;
             continue;
         }
         size_t k = utf8_len(p + i);
-        if (k == 0 || i + k > n) {
+        if (is_nul2(p + i)) {
+            put1(e, 0);
+            i += 2;
+            o++;
+            continue;
+        }
+        if (k == 0 && surrogate_at(p + i) != 0)
+            k = 3;
+        if (k == 0 || o + k > m) {
             put1(e, '?');
             i++;
+            o++;
         } else {
             put(e, p + i, k);
             i += k;
+            o += k;
         }
     }
 }
@@ -433,13 +464,18 @@ static void put_str_json(sp__emit_t *e, const char *s) {
         }
         unsigned c = *p;
         size_t k = utf8_len(p);
+        unsigned sur = k == 0 ? surrogate_at(p) : 0;
         if (c == '"' || c == '\\') {
             put1(e, '\\');
             put1(e, c);
-        } else if (c < 0x20) {
+        } else if (c < 0x20 || sur != 0 || (k == 0 && is_nul2(p))) {
+            /* U+0000 and a lone surrogate as json.dumps escapes them (lowercase hex): no
+             * other spelling of them is JSON. */
             char esc[8];
-            snprintf(esc, sizeof(esc), "\\u%04x", c);
+            snprintf(esc, sizeof(esc), "\\u%04x", c < 0x20 ? c : sur);
             puts_(e, esc);
+            p += sur != 0 ? 3 : c < 0x20 ? 1 : 2;
+            continue;
         } else if (k == 0) {
             put1(e, '?');
             k = 1;

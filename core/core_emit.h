@@ -88,8 +88,12 @@ void sp__emit_key(sp__emit_t *e, const char *key);
 
 void sp__emit_int(sp__emit_t *e, int64_t v);
 void sp__emit_uint(sp__emit_t *e, uint64_t v);
-void sp__emit_double(sp__emit_t *e, double v);   /* JSON: NaN and infinities become null */
-void sp__emit_str(sp__emit_t *e, const char *s); /* invalid UTF-8 bytes become '?' */
+void sp__emit_double(sp__emit_t *e, double v); /* JSON: NaN and infinities become null */
+/* A str (keys likewise): UTF-8, plus the two forms any Python str needs in a C string: 0xC0 0x80
+ * is U+0000 (modified UTF-8) and a surrogate's 3-byte form is that lone surrogate (what Python's
+ * 'surrogatepass' writes). A pickle holds them as CPython's pickler writes them (a 0 byte, the 3
+ * bytes), JSON as json.dumps escapes them (\u0000, \udXXX). Other invalid bytes become '?'. */
+void sp__emit_str(sp__emit_t *e, const char *s);
 void sp__emit_bool(sp__emit_t *e, bool v);
 void sp__emit_none(sp__emit_t *e);
 /* A 2-tuple of ints (pickle TUPLE2; a 2-item list in JSON). */

@@ -6,7 +6,9 @@
  * offered to tools/ as sp_x_json_to_pickle (sympool/experimental.h).
  *
  * The parser is a strict recursive-descent RFC 8259 reader: objects, arrays, strings (with
- * escapes and surrogate pairs; raw bytes UTF-8, as Python's json.load reads them), integers (int64,
+ * escapes and surrogate pairs; raw bytes UTF-8, as Python's json.load reads them; \u0000 and a
+ * lone surrogate escape are the str json.load makes of them, which the pickle holds as CPython's
+ * pickler would: a 0 byte, the surrogate's 3 bytes), integers (int64,
  * uint64 above it, and as a double beyond), floats, true, false, null. Nesting is bounded by the
  * emitter's depth (32); every error names its byte offset. No lock.
  */
@@ -51,10 +53,15 @@ static bool literal(jp_t *j, const char *word) {
     return true;
 }
 
+/* cp into j->sbuf as UTF-8; a surrogate in its 3-byte form ('surrogatepass'). */
 static bool put_utf8(jp_t *j, size_t *o, unsigned long cp) {
     unsigned char b[4];
     size_t n;
-    if (cp < 0x80) {
+    if (cp == 0) { /* as 0xC0 0x80, the emitter's form of U+0000 in a C string */
+        b[0] = 0xc0;
+        b[1] = 0x80;
+        n = 2;
+    } else if (cp < 0x80) {
         b[0] = (unsigned char)cp;
         n = 1;
     } else if (cp < 0x800) {
@@ -103,8 +110,8 @@ static bool hex4(jp_t *j, unsigned long *v) {
     return true;
 }
 
-/* A string into j->sbuf (NUL-terminated). Embedded NULs are refused: keys and values are C
- * strings downstream. */
+/* A string into j->sbuf (NUL-terminated), in the emitter's form of a Python str: U+0000 as 0xC0
+ * 0x80, a lone surrogate (an escape json.load reads as one) in its 3-byte form. */
 static bool string(jp_t *j) {
     size_t o = 0;
     if (j->sbuf == NULL) {
@@ -158,19 +165,20 @@ static bool string(jp_t *j) {
             case 'u': {
                 if (!hex4(j, &cp))
                     return false;
-                if (cp >= 0xd800 && cp < 0xdc00) { /* a surrogate pair */
-                    unsigned long lo;
-                    if (j->len - j->pos < 2 || j->p[j->pos] != '\\' || j->p[j->pos + 1] != 'u')
-                        return jfail(j, "lone surrogate");
+                /* A high surrogate followed by an escaped low one is a pair; any other surrogate
+                 * is a lone one, and what follows is read on its own (json.load does both). */
+                unsigned long lo;
+                if (cp >= 0xd800 && cp < 0xdc00 && j->len - j->pos >= 6 && j->p[j->pos] == '\\' &&
+                    j->p[j->pos + 1] == 'u') {
+                    size_t at = j->pos;
                     j->pos += 2;
-                    if (!hex4(j, &lo) || lo < 0xdc00 || lo > 0xdfff)
-                        return jfail(j, "bad surrogate pair");
-                    cp = 0x10000 + ((cp - 0xd800) << 10) + (lo - 0xdc00);
-                } else if (cp >= 0xdc00 && cp < 0xe000) {
-                    return jfail(j, "lone surrogate");
+                    if (!hex4(j, &lo))
+                        return false;
+                    if (lo >= 0xdc00 && lo < 0xe000)
+                        cp = 0x10000 + ((cp - 0xd800) << 10) + (lo - 0xdc00);
+                    else
+                        j->pos = at;
                 }
-                if (cp == 0)
-                    return jfail(j, "NUL in string");
                 break;
             }
             default:

@@ -300,6 +300,30 @@ TEST(PickleWrite, JsonForm) {
               "\"t\":[0,7],\"empty\":{}}\n");
 }
 
+// A Python str in the emitter's C-string form (0xC0 0x80 for U+0000, a surrogate's 3 bytes for a
+// lone surrogate) is written as that str: pickle as CPython's pickler writes it (a 0 byte, the
+// 'surrogatepass' bytes, the length counting them), JSON as json.dumps escapes it. Both were '?'.
+// Other invalid bytes are still '?', one per byte.
+TEST(PickleWrite, NulAndLoneSurrogatesAreThePythonStr) {
+    const char *s = "a\xc0\x80"
+                    "b\xed\xa0\x80"
+                    "c\xed\xbf\xbf\xff";
+    sp__emit_t e;
+    sp__emit_init(&e, false);
+    sp__emit_str(&e, s);
+    std::string p = as_string(finish(&e));
+    EXPECT_EQ(p, std::string("\x80\x04\x8c\x0b"
+                             "a\0b\xed\xa0\x80"
+                             "c\xed\xbf\xbf?.",
+                             16));
+    sp__emit_init(&e, true);
+    sp__emit_dict_begin(&e);
+    sp__emit_key(&e, "k\xc0\x80");
+    sp__emit_str(&e, s);
+    sp__emit_dict_end(&e);
+    EXPECT_EQ(as_string(finish(&e)), "{\"k\\u0000\":\"a\\u0000b\\ud800c\\udfff?\"}\n");
+}
+
 TEST(PickleWrite, MisuseIsReported) {
     sp__emit_t e;
     sp__emit_init(&e, false);

@@ -496,6 +496,44 @@ TEST_F(Replay, SnapshotWithUnsigned64BitIntegersLoads) {
     tr_free(&orig);
 }
 
+// What json.load accepts in a string escape and Python's str can hold, U+0000 and lone
+// surrogates (a high one not followed by an escaped low one, a low one alone), loads as the str
+// json.load makes, held as CPython's pickler writes it (a 0 byte, 'surrogatepass'); they were
+// refused ("NUL in string", "lone surrogate").
+TEST_F(Replay, JsonNulAndLoneSurrogatesAreTheStrJsonLoadMakes) {
+    struct Case {
+        const char *json;
+        std::string bytes; // the str's UTF-8 ('surrogatepass') bytes
+    } cases[] = {
+        {"\"a\\u0000b\"", std::string("a\0b", 3)},
+        {"\"\\u0000\"", std::string("\0", 1)},
+        {"\"\\ud800\"", "\xed\xa0\x80"},
+        {"\"\\udc00x\"", "\xed\xb0\x80x"},
+        {"\"\\ud800\\u0041\"", "\xed\xa0\x80"
+                               "A"},
+        {"\"\\ud800\\ud800\\udc00\"", "\xed\xa0\x80\xf0\x90\x80\x80"},
+        {"\"\\udbff\\n\"", "\xed\xaf\xbf\n"},
+        {"\"\\udc00\\ud800\"", "\xed\xb0\x80\xed\xa0\x80"},
+        {"\"\\uD83D\\uDE00\"", "\xf0\x9f\x98\x80"},
+    };
+    for (const Case &c : cases) {
+        pk_doc_t *doc = nullptr;
+        ASSERT_EQ(json_parse(c.json, &doc), "") << c.json;
+        const pk_value_t *v = pk_root(doc);
+        ASSERT_EQ(v->type, PK_STR) << c.json;
+        EXPECT_EQ(std::string(v->u.str.s, v->u.str.len), c.bytes) << c.json;
+        pk_free(doc);
+    }
+    // As a key too: a dict key "k\0" is not the key "k".
+    pk_doc_t *doc = nullptr;
+    ASSERT_EQ(json_parse("{\"k\\u0000\": 1, \"k\": 2}", &doc), "");
+    int64_t v = 0;
+    EXPECT_TRUE(pk_get_int(pk_root(doc), "k", &v));
+    EXPECT_EQ(v, 2);
+    EXPECT_EQ(pk_len(pk_root(doc)), 2u);
+    pk_free(doc);
+}
+
 TEST_F(Replay, JsonErrorsNameOffsets) {
     EXPECT_EQ(json_parse(""), "json: truncated input at offset 0");
     EXPECT_EQ(json_parse("{\"a\" 1}"), "json: expected ':' at offset 5");
@@ -503,8 +541,8 @@ TEST_F(Replay, JsonErrorsNameOffsets) {
     EXPECT_EQ(json_parse("[1 2]"), "json: expected ',' or ']' at offset 3");
     EXPECT_EQ(json_parse("{1:2}"), "json: expected a string key at offset 1");
     EXPECT_EQ(json_parse("\"abc"), "json: unterminated string at offset 4");
-    EXPECT_EQ(json_parse("\"\\ud800\""), "json: lone surrogate at offset 7");
-    EXPECT_EQ(json_parse("\"\\u0000\""), "json: NUL in string at offset 7");
+    // A second escape after a high surrogate is read whole, pair or not (as json.load does).
+    EXPECT_EQ(json_parse("\"\\ud800\\u12zz\""), "json: bad \\u escape at offset 12");
     // Raw bytes that are not UTF-8 (RFC 8259 8.1; Python's json.load refuses them) were read
     // as '?' (the emitter's replacement): a name misread, never refused. Valid ones load.
     EXPECT_EQ(json_parse("\"a\xff\""), "json: not UTF-8 at offset 2");
