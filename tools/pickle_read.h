@@ -26,6 +26,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 
 #ifdef __cplusplus
 extern "C" {
@@ -163,6 +164,13 @@ static inline bool pk_uint(const pk_value_t *v, uint64_t *out) { /* int or bool 
 
 static inline const char *pk_str(const pk_value_t *v) { /* str value or NULL */
     return v != NULL && v->type == PK_STR ? v->u.str.s : NULL;
+}
+
+/* Whether v is the str lit, all of it: a str holding a U+0000 (a 0 byte) is not the str before
+ * it, as strcmp would have it. */
+static inline bool pk_str_is(const pk_value_t *v, const char *lit) {
+    size_t n = strlen(lit);
+    return v != NULL && v->type == PK_STR && v->u.str.len == n && memcmp(v->u.str.s, lit, n) == 0;
 }
 
 bool pk_get_int(const pk_value_t *dict, const char *key, int64_t *out);
