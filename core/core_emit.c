@@ -398,55 +398,57 @@ static inline unsigned surrogate_at(const unsigned char *s) {
 }
 
 static void put_str_pickle(sp__emit_t *e, const char *s) {
-    size_t n = strlen(s), m = n; /* bytes in, bytes out */
-    /* Each 0xC0 0x80 is one byte out (U+0000); valid UTF-8 never holds 0xC0, so a string
-     * without one is written as before. */
-    for (const char *c = memchr(s, 0xc0, n); c != NULL;
-         c = memchr(c + 1, 0xc0, n - (size_t)(c + 1 - s)))
-        m -= is_nul2((const unsigned char *)c);
-    if (m <= 255) {
+    size_t n = strlen(s);
+    size_t at = e->len + 1; /* where the length goes */
+    if (n <= 255) {
         put1(e, OP_SHORT_BINUNICODE);
-        put1(e, (unsigned)m);
+        put1(e, (unsigned)n);
     } else {
-        uint32_t n32 = m > UINT32_MAX ? UINT32_MAX : (uint32_t)m;
-        m = n32;
+        uint32_t n32 = n > UINT32_MAX ? UINT32_MAX : (uint32_t)n;
+        n = n32;
         unsigned char le[4] = {n32 & 0xff, (n32 >> 8) & 0xff, (n32 >> 16) & 0xff, n32 >> 24};
         put1(e, OP_BINUNICODE);
         put(e, le, 4);
     }
     /* Copy, replacing each invalid byte with '?' so the length stays the same; runs of ASCII
      * (nearly every string: names, file names) in one piece. A lone surrogate is written in
-     * its 3-byte form, as CPython's pickler writes it ('surrogatepass'). */
+     * its 3-byte form, as CPython's pickler writes it ('surrogatepass'); 0xC0 0x80 as the one
+     * byte of U+0000, and the length written above is then made one less for each. */
     const unsigned char *p = (const unsigned char *)s;
-    size_t i = 0, o = 0; /* bytes read, bytes written */
-    while (o < m) {
+    size_t i = 0, m = n; /* bytes read, bytes the str has */
+    while (i < n) {
         size_t run = 0;
-        while (o + run < m && p[i + run] < 0x80)
+        while (i + run < n && p[i + run] < 0x80)
             run++;
         if (run > 0) {
             put(e, p + i, run);
             i += run;
-            o += run;
             continue;
         }
         size_t k = utf8_len(p + i);
-        if (is_nul2(p + i)) {
+        if (k == 0 && i + 1 < n && is_nul2(p + i)) {
             put1(e, 0);
             i += 2;
-            o++;
+            m--;
             continue;
         }
         if (k == 0 && surrogate_at(p + i) != 0)
             k = 3;
-        if (k == 0 || o + k > m) {
+        if (k == 0 || i + k > n) {
             put1(e, '?');
             i++;
-            o++;
         } else {
             put(e, p + i, k);
             i += k;
-            o += k;
         }
+    }
+    if (m != n && !e->failed) { /* no flush happens inside a value: the length is in buf */
+        unsigned char *len = (unsigned char *)e->buf + at;
+        if (e->buf[at - 1] == (char)OP_SHORT_BINUNICODE)
+            len[0] = (unsigned char)m;
+        else
+            for (size_t q = 0; q < 4; q++)
+                len[q] = (unsigned char)(m >> (8 * q));
     }
 }
 
