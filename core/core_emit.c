@@ -44,6 +44,7 @@ enum {
     OP_NEWTRUE = 0x88,
     OP_NEWFALSE = 0x89,
     OP_LONG1 = 0x8a,
+    OP_LONG4 = 0x8b,
     OP_SHORT_BINUNICODE = 0x8c,
     OP_MEMOIZE = 0x94,
     OP_BINGET = 'h',
@@ -716,6 +717,69 @@ void sp__emit_uint(sp__emit_t *e, uint64_t v) {
         if (p != NULL)
             done(e, w_uint(p, v));
     }
+}
+
+void sp__emit_int_text(sp__emit_t *e, const char *s, size_t n) {
+    before_value(e);
+    if (e->json) {
+        put(e, s, n);
+        return;
+    }
+    bool neg = n > 0 && s[0] == '-';
+    size_t first = neg ? 1 : 0;
+    /* The magnitude in 32-bit limbs, least significant first, nine digits at a time. */
+    size_t cap = (n - first) / 9 + 2, nl = 0;
+    uint32_t *lim = sp__emit_realloc(NULL, cap * sizeof(*lim));
+    unsigned char *b = sp__emit_realloc(NULL, cap * 4 + 1);
+    if (lim == NULL || b == NULL) {
+        free(lim);
+        free(b);
+        e->failed = e->oom = true;
+        return;
+    }
+    for (size_t i = first; i < n;) {
+        uint64_t mul = 1, add = 0;
+        for (size_t k = 0; k < 9 && i < n; k++, i++) {
+            mul *= 10;
+            add = add * 10 + (uint64_t)(s[i] - '0');
+        }
+        for (size_t k = 0; k < nl; k++) {
+            uint64_t v = (uint64_t)lim[k] * mul + add;
+            lim[k] = (uint32_t)v;
+            add = v >> 32;
+        }
+        if (add != 0)
+            lim[nl++] = (uint32_t)add;
+    }
+    /* Two's complement, little-endian, one byte more than the magnitude (room for the sign),
+     * then as short as it stays the same number: what CPython's pickler writes. */
+    size_t nb = nl * 4 + 1;
+    for (size_t k = 0; k < nl; k++)
+        for (size_t q = 0; q < 4; q++)
+            b[4 * k + q] = (unsigned char)(lim[k] >> (8 * q));
+    b[nb - 1] = 0;
+    if (neg) {
+        unsigned carry = 1;
+        for (size_t k = 0; k < nb; k++) {
+            unsigned v = (unsigned)(unsigned char)~b[k] + carry;
+            b[k] = (unsigned char)v;
+            carry = v >> 8;
+        }
+    }
+    while (nb > 1 &&
+           ((b[nb - 1] == 0 && !(b[nb - 2] & 0x80)) || (b[nb - 1] == 0xff && (b[nb - 2] & 0x80))))
+        nb--;
+    if (nb < 256) {
+        put1(e, OP_LONG1);
+        put1(e, (unsigned)nb);
+    } else {
+        unsigned char le[4] = {nb & 0xff, (nb >> 8) & 0xff, (nb >> 16) & 0xff, (nb >> 24) & 0xff};
+        put1(e, OP_LONG4);
+        put(e, le, 4);
+    }
+    put(e, b, nb);
+    free(lim);
+    free(b);
 }
 
 void sp__emit_double(sp__emit_t *e, double v) {

@@ -324,6 +324,29 @@ TEST(PickleWrite, NulAndLoneSurrogatesAreThePythonStr) {
     EXPECT_EQ(as_string(finish(&e)), "{\"k\\u0000\":\"a\\u0000b\\ud800c\\udfff?\"}\n");
 }
 
+// An integer past 64 bits from its decimal text (a JSON snapshot's) is written as CPython's
+// pickler writes it: LONG1 with the shortest two's complement, little-endian.
+TEST(PickleWrite, IntegerTextIsCPythonsLong) {
+    struct Case {
+        const char *text;
+        std::string want; // after PROTO 4, before STOP
+    } cases[] = {
+        {"18446744073709551616", std::string("\x8a\x09\0\0\0\0\0\0\0\0\x01", 11)},
+        {"-18446744073709551616", std::string("\x8a\x09\0\0\0\0\0\0\0\0\xff", 11)},
+        {"-9223372036854775809", "\x8a\x09\xff\xff\xff\xff\xff\xff\xff\x7f\xff"},
+        {"1180591620717411303424", std::string("\x8a\x09\0\0\0\0\0\0\0\0\x40", 11)},
+        {"-128", "\x8a\x01\x80"},
+        {"255", std::string("\x8a\x02\xff\0", 4)},
+    };
+    for (const Case &c : cases) {
+        sp__emit_t e;
+        sp__emit_init(&e, false);
+        sp__emit_int_text(&e, c.text, strlen(c.text));
+        std::string p = as_string(finish(&e));
+        EXPECT_EQ(p, "\x80\x04" + c.want + ".") << c.text;
+    }
+}
+
 TEST(PickleWrite, MisuseIsReported) {
     sp__emit_t e;
     sp__emit_init(&e, false);
