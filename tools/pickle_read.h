@@ -14,7 +14,8 @@
  * (BINUNICODE*) that is not UTF-8 (lone surrogates allowed: it decodes with 'surrogatepass'), a
  * SHORT_BINSTRING/BINSTRING that is not ASCII (pickle.load's default encoding; it is a str, as
  * there), a dict key it cannot hash (a list, a dict, a bytearray, a tuple holding one). A FRAME
- * is what pickle.load makes of it: a length that must be there, not a boundary (see run()).
+ * is what pickle.load makes of it: a length that must be there, not a boundary (see run()); so
+ * is STOP: the document is the value on top of the stack above the innermost MARK.
  *
  * The result is a graph of pk_value_t in one arena (the memo lets a value appear many times, so
  * consumers must not assume a tree; nothing here walks it recursively). Not thread-safe per

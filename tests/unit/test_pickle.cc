@@ -402,6 +402,39 @@ TEST(PickleRead, HostileOpcodesAreRejectedByName) {
     }
 }
 
+// STOP returns what pickle.load returns: the value on top of the stack above the innermost MARK,
+// whatever lies below it or is left open (both were refused: "STOP with 2 values on the stack",
+// "STOP with an open MARK"). Skipping and the record hook cannot know what they changed there:
+// they ask for the whole read (tr_load then reads it whole).
+TEST(PickleRead, StopReturnsTheTopValueAsPickleLoadDoes) {
+    struct Case {
+        Bytes b;
+        int64_t want;
+    } cases[] = {
+        {{0x80, 4, 'N', 'K', 5, '.'}, 5},
+        {{0x80, 4, '(', 'K', 6, '.'}, 6},
+        {{0x80, 4, 'K', 1, '(', 'N', 'K', 7, '.'}, 7},
+        {{0x80, 4, '}', '(', 'K', 1, 'K', 2, 'K', 8, '.'}, 8},
+    };
+    auto take = [](void *arg, pk_value_t *const *, size_t, uint64_t *id_p) {
+        *id_p = (*(uint64_t *)arg)++;
+        return 1;
+    };
+    for (const Case &c : cases) {
+        pk_doc_t *doc = nullptr;
+        ASSERT_EQ(parse(c.b, &doc), "");
+        int64_t v = 0;
+        EXPECT_TRUE(pk_int(pk_root(doc), &v));
+        EXPECT_EQ(v, c.want);
+        pk_free(doc);
+        TwoReads r = read_skip_and_records(c.b, take);
+        EXPECT_FALSE(r.skip_ok);
+        EXPECT_FALSE(r.rec_ok);
+        EXPECT_TRUE(pk_err_whole(r.skip_err.c_str())) << r.skip_err;
+        EXPECT_TRUE(pk_err_whole(r.rec_err.c_str())) << r.rec_err;
+    }
+}
+
 TEST(PickleRead, MalformedInputsGiveOffsets) {
     EXPECT_EQ(parse(Bytes{}), "pickle: empty input at offset 0");
     EXPECT_EQ(parse(Bytes{0x80, 1, 'N', '.'}),
@@ -411,8 +444,10 @@ TEST(PickleRead, MalformedInputsGiveOffsets) {
     EXPECT_EQ(parse(Bytes{0x80, 4, 'N'}), "pickle: truncated pickle (no STOP) at offset 3");
     EXPECT_EQ(parse(Bytes{0x80, 4, '.'}),
               "pickle: STOP with 0 values on the stack (1 expected) at offset 2");
-    EXPECT_EQ(parse(Bytes{0x80, 4, 'N', 'N', '.'}),
-              "pickle: STOP with 2 values on the stack (1 expected) at offset 4");
+    EXPECT_EQ(parse(Bytes{0x80, 4, '(', '.'}),
+              "pickle: STOP with an open MARK and no value after it at offset 3");
+    EXPECT_EQ(parse(Bytes{0x80, 4, 'N', '(', '.'}),
+              "pickle: STOP with an open MARK and no value after it at offset 4");
     EXPECT_EQ(parse(Bytes{0x80, 4, 'h', 3, '.'}), "pickle: memo key 3 is not defined at offset 2");
     EXPECT_EQ(parse(Bytes{0x80, 4, 'u', '.'}), "pickle: SETITEMS without MARK at offset 2");
     EXPECT_EQ(parse(Bytes{0x80, 4, ']', '(', 'N', 'u', '.'}),
