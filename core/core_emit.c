@@ -44,6 +44,7 @@ enum {
     OP_NEWTRUE = 0x88,
     OP_NEWFALSE = 0x89,
     OP_LONG1 = 0x8a,
+    OP_LONG4 = 0x8b,
     OP_SHORT_BINUNICODE = 0x8c,
     OP_MEMOIZE = 0x94,
     OP_BINGET = 'h',
@@ -365,7 +366,9 @@ void sp__emit_list_end(sp__emit_t *e) {
     close_container(e, 'l');
 }
 
-/* Length of the valid UTF-8 sequence at s (1-4), or 0 when s starts an invalid one. */
+/* Length of the valid UTF-8 sequence at s (1-4), or 0 when s starts an invalid one. The two
+ * forms a Python str needs beyond UTF-8 (see core_emit.h: 0xC0 0x80 for U+0000, a surrogate's
+ * 3-byte form) are invalid here: the callers look for them first. */
 static size_t utf8_len(const unsigned char *s) {
     unsigned c = s[0];
     if (c < 0x80)
@@ -383,8 +386,21 @@ static size_t utf8_len(const unsigned char *s) {
     return n;
 }
 
+/* Whether s starts the 2-byte form of U+0000 (modified UTF-8's, the one a C string can hold). */
+static inline bool is_nul2(const unsigned char *s) {
+    return s[0] == 0xc0 && s[1] == 0x80;
+}
+
+/* The surrogate whose 3-byte form ('surrogatepass') s starts with, or 0. */
+static inline unsigned surrogate_at(const unsigned char *s) {
+    if (s[0] != 0xed || s[1] < 0xa0 || s[1] > 0xbf || (s[2] & 0xc0) != 0x80)
+        return 0;
+    return 0xd000u | (s[1] & 0x3fu) << 6 | (s[2] & 0x3fu);
+}
+
 static void put_str_pickle(sp__emit_t *e, const char *s) {
     size_t n = strlen(s);
+    size_t at = e->len + 1; /* where the length goes */
     if (n <= 255) {
         put1(e, OP_SHORT_BINUNICODE);
         put1(e, (unsigned)n);
@@ -396,9 +412,11 @@ static void put_str_pickle(sp__emit_t *e, const char *s) {
         put(e, le, 4);
     }
     /* Copy, replacing each invalid byte with '?' so the length stays the same; runs of ASCII
-     * (nearly every string: names, file names) in one piece. */
+     * (nearly every string: names, file names) in one piece. A lone surrogate is written in
+     * its 3-byte form, as CPython's pickler writes it ('surrogatepass'); 0xC0 0x80 as the one
+     * byte of U+0000, and the length written above is then made one less for each. */
     const unsigned char *p = (const unsigned char *)s;
-    size_t i = 0;
+    size_t i = 0, m = n; /* bytes read, bytes the str has */
     while (i < n) {
         size_t run = 0;
         while (i + run < n && p[i + run] < 0x80)
@@ -409,6 +427,14 @@ static void put_str_pickle(sp__emit_t *e, const char *s) {
             continue;
         }
         size_t k = utf8_len(p + i);
+        if (k == 0 && i + 1 < n && is_nul2(p + i)) {
+            put1(e, 0);
+            i += 2;
+            m--;
+            continue;
+        }
+        if (k == 0 && surrogate_at(p + i) != 0)
+            k = 3;
         if (k == 0 || i + k > n) {
             put1(e, '?');
             i++;
@@ -416,6 +442,14 @@ static void put_str_pickle(sp__emit_t *e, const char *s) {
             put(e, p + i, k);
             i += k;
         }
+    }
+    if (m != n && !e->failed) { /* no flush happens inside a value: the length is in buf */
+        unsigned char *len = (unsigned char *)e->buf + at;
+        if (e->buf[at - 1] == (char)OP_SHORT_BINUNICODE)
+            len[0] = (unsigned char)m;
+        else
+            for (size_t q = 0; q < 4; q++)
+                len[q] = (unsigned char)(m >> (8 * q));
     }
 }
 
@@ -433,13 +467,18 @@ static void put_str_json(sp__emit_t *e, const char *s) {
         }
         unsigned c = *p;
         size_t k = utf8_len(p);
+        unsigned sur = k == 0 ? surrogate_at(p) : 0;
         if (c == '"' || c == '\\') {
             put1(e, '\\');
             put1(e, c);
-        } else if (c < 0x20) {
+        } else if (c < 0x20 || sur != 0 || (k == 0 && is_nul2(p))) {
+            /* U+0000 and a lone surrogate as json.dumps escapes them (lowercase hex): no
+             * other spelling of them is JSON. */
             char esc[8];
-            snprintf(esc, sizeof(esc), "\\u%04x", c);
+            snprintf(esc, sizeof(esc), "\\u%04x", c < 0x20 ? c : sur);
             puts_(e, esc);
+            p += sur != 0 ? 3 : c < 0x20 ? 1 : 2;
+            continue;
         } else if (k == 0) {
             put1(e, '?');
             k = 1;
@@ -678,6 +717,69 @@ void sp__emit_uint(sp__emit_t *e, uint64_t v) {
         if (p != NULL)
             done(e, w_uint(p, v));
     }
+}
+
+void sp__emit_int_text(sp__emit_t *e, const char *s, size_t n) {
+    before_value(e);
+    if (e->json) {
+        put(e, s, n);
+        return;
+    }
+    bool neg = n > 0 && s[0] == '-';
+    size_t first = neg ? 1 : 0;
+    /* The magnitude in 32-bit limbs, least significant first, nine digits at a time. */
+    size_t cap = (n - first) / 9 + 2, nl = 0;
+    uint32_t *lim = sp__emit_realloc(NULL, cap * sizeof(*lim));
+    unsigned char *b = sp__emit_realloc(NULL, cap * 4 + 1);
+    if (lim == NULL || b == NULL) {
+        free(lim);
+        free(b);
+        e->failed = e->oom = true;
+        return;
+    }
+    for (size_t i = first; i < n;) {
+        uint64_t mul = 1, add = 0;
+        for (size_t k = 0; k < 9 && i < n; k++, i++) {
+            mul *= 10;
+            add = add * 10 + (uint64_t)(s[i] - '0');
+        }
+        for (size_t k = 0; k < nl; k++) {
+            uint64_t v = (uint64_t)lim[k] * mul + add;
+            lim[k] = (uint32_t)v;
+            add = v >> 32;
+        }
+        if (add != 0)
+            lim[nl++] = (uint32_t)add;
+    }
+    /* Two's complement, little-endian, one byte more than the magnitude (room for the sign),
+     * then as short as it stays the same number: what CPython's pickler writes. */
+    size_t nb = nl * 4 + 1;
+    for (size_t k = 0; k < nl; k++)
+        for (size_t q = 0; q < 4; q++)
+            b[4 * k + q] = (unsigned char)(lim[k] >> (8 * q));
+    b[nb - 1] = 0;
+    if (neg) {
+        unsigned carry = 1;
+        for (size_t k = 0; k < nb; k++) {
+            unsigned v = (unsigned)(unsigned char)~b[k] + carry;
+            b[k] = (unsigned char)v;
+            carry = v >> 8;
+        }
+    }
+    while (nb > 1 &&
+           ((b[nb - 1] == 0 && !(b[nb - 2] & 0x80)) || (b[nb - 1] == 0xff && (b[nb - 2] & 0x80))))
+        nb--;
+    if (nb < 256) {
+        put1(e, OP_LONG1);
+        put1(e, (unsigned)nb);
+    } else {
+        unsigned char le[4] = {nb & 0xff, (nb >> 8) & 0xff, (nb >> 16) & 0xff, (nb >> 24) & 0xff};
+        put1(e, OP_LONG4);
+        put(e, le, 4);
+    }
+    put(e, b, nb);
+    free(lim);
+    free(b);
 }
 
 void sp__emit_double(sp__emit_t *e, double v) {

@@ -6,7 +6,8 @@
  *
  * Opcodes used (pickle): PROTO 4, EMPTY_DICT, EMPTY_LIST, MARK, SETITEMS, APPENDS, TUPLE2,
  * BININT1, BININT2, BININT, LONG1, BINFLOAT, SHORT_BINUNICODE, BINUNICODE, NONE, NEWTRUE,
- * NEWFALSE, STOP, and for shared values MEMOIZE with BINGET/LONG_BINGET. No FRAME.
+ * NEWFALSE, STOP, and for shared values MEMOIZE with BINGET/LONG_BINGET. No FRAME. LONG4 only
+ * for an integer past 255 bytes, which no snapshot holds (sp__emit_int_text: read from JSON).
  */
 #ifndef SP_CORE_EMIT_H
 #define SP_CORE_EMIT_H
@@ -88,8 +89,15 @@ void sp__emit_key(sp__emit_t *e, const char *key);
 
 void sp__emit_int(sp__emit_t *e, int64_t v);
 void sp__emit_uint(sp__emit_t *e, uint64_t v);
-void sp__emit_double(sp__emit_t *e, double v);   /* JSON: NaN and infinities become null */
-void sp__emit_str(sp__emit_t *e, const char *s); /* invalid UTF-8 bytes become '?' */
+/* An integer of any width from its decimal text ('-'? digits, n bytes, no leading zeros): pickle
+ * LONG1 (LONG4 past 255 bytes) as CPython's pickler writes it, JSON the text. */
+void sp__emit_int_text(sp__emit_t *e, const char *s, size_t n);
+void sp__emit_double(sp__emit_t *e, double v); /* JSON: NaN and infinities become null */
+/* A str (keys likewise): UTF-8, plus the two forms any Python str needs in a C string: 0xC0 0x80
+ * is U+0000 (modified UTF-8) and a surrogate's 3-byte form is that lone surrogate (what Python's
+ * 'surrogatepass' writes). A pickle holds them as CPython's pickler writes them (a 0 byte, the 3
+ * bytes), JSON as json.dumps escapes them (\u0000, \udXXX). Other invalid bytes become '?'. */
+void sp__emit_str(sp__emit_t *e, const char *s);
 void sp__emit_bool(sp__emit_t *e, bool v);
 void sp__emit_none(sp__emit_t *e);
 /* A 2-tuple of ints (pickle TUPLE2; a 2-item list in JSON). */

@@ -5,10 +5,12 @@
  * It lives beside the emitter that writes those snapshots (the reverse of its JSON form) and is
  * offered to tools/ as sp_x_json_to_pickle (sympool/experimental.h).
  *
- * The parser is a strict recursive-descent RFC 8259 reader: objects, arrays, strings (with
- * escapes and surrogate pairs; raw bytes UTF-8, as Python's json.load reads them), integers (int64,
- * uint64 above it, and as a double beyond), floats, true, false, null. Nesting is bounded by the
- * emitter's depth (32); every error names its byte offset. No lock.
+ * The parser is a strict recursive-descent RFC 8259 reader that reads what Python's json.load
+ * reads, as the same values: objects, arrays, strings (escapes, surrogate pairs; raw bytes
+ * UTF-8; \u0000 and a lone surrogate escape are the str json.load makes, which the pickle holds
+ * as CPython's pickler would: a 0 byte, the surrogate's 3 bytes), integers of any width, floats
+ * (and NaN, Infinity, -Infinity, which json.load reads too), true, false, null. Nesting is
+ * bounded by the emitter's depth (32); every error names its byte offset. No lock.
  */
 #include "sympool/experimental.h"
 
@@ -51,10 +53,15 @@ static bool literal(jp_t *j, const char *word) {
     return true;
 }
 
+/* cp into j->sbuf as UTF-8; a surrogate in its 3-byte form ('surrogatepass'). */
 static bool put_utf8(jp_t *j, size_t *o, unsigned long cp) {
     unsigned char b[4];
     size_t n;
-    if (cp < 0x80) {
+    if (cp == 0) { /* as 0xC0 0x80, the emitter's form of U+0000 in a C string */
+        b[0] = 0xc0;
+        b[1] = 0x80;
+        n = 2;
+    } else if (cp < 0x80) {
         b[0] = (unsigned char)cp;
         n = 1;
     } else if (cp < 0x800) {
@@ -103,8 +110,8 @@ static bool hex4(jp_t *j, unsigned long *v) {
     return true;
 }
 
-/* A string into j->sbuf (NUL-terminated). Embedded NULs are refused: keys and values are C
- * strings downstream. */
+/* A string into j->sbuf (NUL-terminated), in the emitter's form of a Python str: U+0000 as 0xC0
+ * 0x80, a lone surrogate (an escape json.load reads as one) in its 3-byte form. */
 static bool string(jp_t *j) {
     size_t o = 0;
     if (j->sbuf == NULL) {
@@ -158,19 +165,20 @@ static bool string(jp_t *j) {
             case 'u': {
                 if (!hex4(j, &cp))
                     return false;
-                if (cp >= 0xd800 && cp < 0xdc00) { /* a surrogate pair */
-                    unsigned long lo;
-                    if (j->len - j->pos < 2 || j->p[j->pos] != '\\' || j->p[j->pos + 1] != 'u')
-                        return jfail(j, "lone surrogate");
+                /* A high surrogate followed by an escaped low one is a pair; any other surrogate
+                 * is a lone one, and what follows is read on its own (json.load does both). */
+                unsigned long lo;
+                if (cp >= 0xd800 && cp < 0xdc00 && j->len - j->pos >= 6 && j->p[j->pos] == '\\' &&
+                    j->p[j->pos + 1] == 'u') {
+                    size_t at = j->pos;
                     j->pos += 2;
-                    if (!hex4(j, &lo) || lo < 0xdc00 || lo > 0xdfff)
-                        return jfail(j, "bad surrogate pair");
-                    cp = 0x10000 + ((cp - 0xd800) << 10) + (lo - 0xdc00);
-                } else if (cp >= 0xdc00 && cp < 0xe000) {
-                    return jfail(j, "lone surrogate");
+                    if (!hex4(j, &lo))
+                        return false;
+                    if (lo >= 0xdc00 && lo < 0xe000)
+                        cp = 0x10000 + ((cp - 0xd800) << 10) + (lo - 0xdc00);
+                    else
+                        j->pos = at;
                 }
-                if (cp == 0)
-                    return jfail(j, "NUL in string");
                 break;
             }
             default:
@@ -225,53 +233,90 @@ static bool string(jp_t *j) {
     return true;
 }
 
-static bool number(jp_t *j) {
-    size_t start = j->pos;
-    bool is_float = false;
-    if (j->pos < j->len && j->p[j->pos] == '-')
-        j->pos++;
-    if (j->pos >= j->len || j->p[j->pos] < '0' || j->p[j->pos] > '9')
+static bool is_digit(const jp_t *j, size_t at) {
+    return at < j->len && j->p[at] >= '0' && j->p[at] <= '9';
+}
+
+/* Not JSON, but json.load reads them (and json.dumps writes them): the floats NaN, Infinity and
+ * -Infinity (neg: after a '-', where only Infinity may follow). Else a bad number. */
+static bool not_a_number(jp_t *j, bool neg) {
+    const char *word = j->pos + neg < j->len && j->p[j->pos + neg] == 'I' ? "Infinity"
+                       : !neg && j->pos < j->len && j->p[j->pos] == 'N'   ? "NaN"
+                                                                          : NULL;
+    if (word == NULL)
         return jfail(j, "bad number");
-    while (j->pos < j->len) {
-        char c = j->p[j->pos];
-        if (c >= '0' && c <= '9') {
-            j->pos++;
-        } else if (c == '.' || c == 'e' || c == 'E' || c == '+' || (c == '-' && j->pos > start)) {
+    j->pos += neg;
+    if (!literal(j, word))
+        return false;
+    sp__emit_double(j->e, word[0] == 'N' ? NAN : neg ? -INFINITY : INFINITY);
+    return true;
+}
+
+/* Python's int() refuses longer decimal text (sys.int_info.default_max_str_digits), so json.load
+ * refuses such an integer. */
+#define INT_MAX_DIGITS 4300
+
+/* A number as json.load reads it: RFC 8259's grammar, and where the grammar ends the number ends
+ * ("01", "1." and "1.e5" leave "1", ".", ".e5" to what follows, which refuses them, as json.load
+ * does); an integer of any width (json.load's int: past 64 bits a pickle LONG, as pickle.dumps
+ * writes it); a float past the double range is an infinity, as float() makes it. */
+static bool number(jp_t *j) {
+    size_t start = j->pos, i = start;
+    bool neg = i < j->len && j->p[i] == '-';
+    i += neg;
+    if (!is_digit(j, i))
+        return not_a_number(j, neg);
+    size_t first = i; /* the first digit */
+    uint64_t v = (uint64_t)(j->p[i++] - '0');
+    if (v != 0)
+        for (; is_digit(j, i); i++)
+            v = v * 10 + (uint64_t)(j->p[i] - '0'); /* exact up to 19 digits */
+    size_t digits = i - first;
+    bool is_float = false;
+    if (i < j->len && j->p[i] == '.' && is_digit(j, i + 1)) {
+        for (i += 2; is_digit(j, i);)
+            i++;
+        is_float = true;
+    }
+    if (i < j->len && (j->p[i] == 'e' || j->p[i] == 'E')) {
+        size_t k = i + 1;
+        if (k < j->len && (j->p[k] == '+' || j->p[k] == '-'))
+            k++;
+        if (is_digit(j, k)) {
+            for (i = k + 1; is_digit(j, i);)
+                i++;
             is_float = true;
-            j->pos++;
-        } else {
-            break;
         }
     }
-    char buf[512]; /* integers wider than 64 bits become doubles, so they may be long */
-    size_t n = j->pos - start;
-    if (n >= sizeof(buf))
-        return jfail(j, "number too long");
+    /* The common case, an integer of up to 19 digits: v is its magnitude. */
+    if (!is_float && digits <= 19 && (!neg || v <= (uint64_t)INT64_MAX + 1)) {
+        if (neg)
+            sp__emit_int(j->e, v > (uint64_t)INT64_MAX ? INT64_MIN : -(int64_t)v);
+        else
+            sp__emit_uint(j->e, v);
+        j->pos = i;
+        return true;
+    }
+    if (!is_float && digits > INT_MAX_DIGITS)
+        return jfail(j, "integer of more than 4300 digits (Python's int() refuses it)");
+    size_t n = i - start;
+    char small[64], *buf = n < sizeof(small) ? small : malloc(n + 1);
+    if (buf == NULL)
+        return jfail(j, "out of memory");
     memcpy(buf, j->p + start, n);
     buf[n] = '\0';
     char *end = NULL;
     errno = 0;
-    if (!is_float) {
-        if (buf[0] == '-') {
-            long long v = strtoll(buf, &end, 10);
-            if (errno == 0 && *end == '\0') {
-                sp__emit_int(j->e, v);
-                return true;
-            }
-        } else {
-            unsigned long long v = strtoull(buf, &end, 10);
-            if (errno == 0 && *end == '\0') {
-                sp__emit_uint(j->e, v);
-                return true;
-            }
-        }
-        /* Wider than 64 bits: kept as the double a JavaScript viewer reads, so the file still
-         * loads and only a consumer that needs the exact integer refuses it (pk_int fails). */
-    }
-    double d = strtod(buf, &end);
-    if (*end != '\0' || !isfinite(d))
-        return jfail(j, "bad number");
-    sp__emit_double(j->e, d);
+    unsigned long long u = is_float || neg ? 0 : strtoull(buf, &end, 10);
+    if (is_float)
+        sp__emit_double(j->e, strtod(buf, &end));
+    else if (!neg && errno == 0)
+        sp__emit_uint(j->e, u); /* 20 digits below 2^64 */
+    else
+        sp__emit_int_text(j->e, buf, n);
+    if (buf != small)
+        free(buf);
+    j->pos = i;
     return true;
 }
 

@@ -1,8 +1,11 @@
 /*
  * cli_json.c: the small JSON writer behind the CLI's --json outputs: one document, written as it
  * goes, two-space indentation, keys and strings escaped per RFC 8259 (control characters as
- * \uXXXX; bytes that are not valid UTF-8 become '?', so the document always parses). A number
- * that JSON cannot hold (NaN, infinity) is written as null.
+ * \uXXXX). A byte XX that is not part of UTF-8 is written as \udcXX, the lone surrogate
+ * Python's 'surrogateescape' makes of it, as json.dumps escapes it: the document always parses,
+ * and a path (the strings that are data here: the trace, sys.argv's and os.fsdecode's view of
+ * it) comes back from json.load as the str os.fsencode turns into the same bytes (it was '?').
+ * A number that JSON cannot hold (NaN, infinity) is written as null.
  */
 #include <math.h>
 #include <string.h>
@@ -54,7 +57,7 @@ void cj_write_string(FILE *f, const char *s) {
         } else {
             int n = utf8_len(p);
             if (n == 0) {
-                fputc('?', f);
+                fprintf(f, "\\udc%02x", c);
                 p++;
             } else {
                 fwrite(p, 1, (size_t)n, f);

@@ -1659,13 +1659,18 @@ static bool run(parser_t *ps) {
             ps->pos += 8;
             break;
         case '.': /* STOP */
-            if (ps->nmarks != 0)
-                return fail(ps, "STOP with an open MARK");
-            if (ps->sp != 1)
-                return fail(ps, "STOP with %zu values on the stack (1 expected)", ps->sp);
-            if (!keep_values(ps, 0))
+            /* What pickle.load returns: the value on top of the stack, above the innermost
+             * MARK (none there: it refuses); values below it and open MARKs are left unread.
+             * No pickler leaves any, and skipping or the record hook may have changed what
+             * they left: such a document is read whole. */
+            if (ps->sp <= base(ps))
+                return ps->nmarks != 0 ? fail(ps, "STOP with an open MARK and no value after it")
+                                       : fail(ps, "STOP with 0 values on the stack (1 expected)");
+            if ((ps->sp != 1 || ps->nmarks != 0) && (ps->skip_key != NULL || ps->rec_fn != NULL))
+                return fail_whole(ps, "STOP with more than the document on the stack");
+            if (!keep_values(ps, ps->sp - 1))
                 return false;
-            ps->doc->root = ps->stack[0];
+            ps->doc->root = ps->stack[ps->sp - 1];
             return true;
         case '(': /* MARK */
             if (ps->nmarks == ps->lim.max_depth)

@@ -14,7 +14,8 @@
  * (BINUNICODE*) that is not UTF-8 (lone surrogates allowed: it decodes with 'surrogatepass'), a
  * SHORT_BINSTRING/BINSTRING that is not ASCII (pickle.load's default encoding; it is a str, as
  * there), a dict key it cannot hash (a list, a dict, a bytearray, a tuple holding one). A FRAME
- * is what pickle.load makes of it: a length that must be there, not a boundary (see run()).
+ * is what pickle.load makes of it: a length that must be there, not a boundary (see run()); so
+ * is STOP: the document is the value on top of the stack above the innermost MARK.
  *
  * The result is a graph of pk_value_t in one arena (the memo lets a value appear many times, so
  * consumers must not assume a tree; nothing here walks it recursively). Not thread-safe per
@@ -26,6 +27,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 
 #ifdef __cplusplus
 extern "C" {
@@ -163,6 +165,13 @@ static inline bool pk_uint(const pk_value_t *v, uint64_t *out) { /* int or bool 
 
 static inline const char *pk_str(const pk_value_t *v) { /* str value or NULL */
     return v != NULL && v->type == PK_STR ? v->u.str.s : NULL;
+}
+
+/* Whether v is the str lit, all of it: a str holding a U+0000 (a 0 byte) is not the str before
+ * it, as strcmp would have it. */
+static inline bool pk_str_is(const pk_value_t *v, const char *lit) {
+    size_t n = strlen(lit);
+    return v != NULL && v->type == PK_STR && v->u.str.len == n && memcmp(v->u.str.s, lit, n) == 0;
 }
 
 bool pk_get_int(const pk_value_t *dict, const char *key, int64_t *out);

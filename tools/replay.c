@@ -58,17 +58,61 @@ typedef struct dev_state {
  * so that our snapshot shows the original frames. */
 typedef struct frames_src {
     const pk_value_t *frames; /* list of frame dicts, or NULL */
+    char *buf;                /* the C forms of the strings of one call that hold a U+0000 */
+    size_t cap;               /* its bytes */
 } frames_src_t;
 
+/* A frame's string as the history takes it, a C string: a str holding U+0000 (a 0 byte in the
+ * document) has it as 0xC0 0x80 there, which the snapshot writer turns back into U+0000. *at
+ * walks fs->buf (NULL: only count the bytes needed into *need). */
+static const char *frame_str(const pk_value_t *f, const char *key, char **at, size_t *need) {
+    const pk_value_t *v = pk_get(f, key);
+    const char *s = pk_str(v);
+    if (s == NULL)
+        return "??";
+    size_t n = v->u.str.len;
+    if (memchr(s, 0, n) == NULL)
+        return s;
+    if (*at == NULL) {
+        *need += 2 * n + 1;
+        return s;
+    }
+    char *out = *at;
+    for (size_t i = 0; i < n; i++) {
+        if (s[i] == '\0') {
+            *(*at)++ = (char)0xc0;
+            *(*at)++ = (char)0x80;
+        } else {
+            *(*at)++ = s[i];
+        }
+    }
+    *(*at)++ = '\0';
+    return out;
+}
+
 static size_t frames_hook(sp_history_frame_t *out, size_t max, void *arg) {
-    const frames_src_t *fs = arg;
-    size_t n = pk_len(fs->frames), k = 0;
+    frames_src_t *fs = arg;
+    size_t n = pk_len(fs->frames), k = 0, need = 0;
+    char *at = NULL;
+    for (size_t i = 0; i < n && i < max; i++) { /* the room the strings with a U+0000 need */
+        (void)frame_str(pk_at(fs->frames, i), "name", &at, &need);
+        (void)frame_str(pk_at(fs->frames, i), "filename", &at, &need);
+    }
+    if (need > fs->cap) {
+        char *nb = realloc(fs->buf, need);
+        if (nb != NULL) {
+            fs->buf = nb;
+            fs->cap = need;
+        }
+    }
+    at = need > 0 && need <= fs->cap ? fs->buf : NULL; /* else (out of memory) cut at the 0 */
     for (size_t i = 0; i < n && k < max; i++) {
         const pk_value_t *f = pk_at(fs->frames, i);
         int64_t line = 0;
         (void)pk_get_int(f, "line", &line);
-        const char *name = pk_get_str(f, "name"), *file = pk_get_str(f, "filename");
-        out[k++] = (sp_history_frame_t){name ? name : "??", file ? file : "??", (int)line};
+        const char *name = frame_str(f, "name", &at, &need);
+        const char *file = frame_str(f, "filename", &at, &need);
+        out[k++] = (sp_history_frame_t){name, file, (int)line};
     }
     return k;
 }
@@ -620,7 +664,7 @@ static bool replay_once(const tr_trace_t *t, const char *snapshot_out, bool last
         snprintf(err, errlen, "out of memory");
         return false;
     }
-    frames_src_t fs = {NULL};
+    frames_src_t fs = {NULL, NULL, 0};
     bool ok = true;
     /* The recorded segments are fixed ones (expandable segments are never rebuilt): under the
      * other segment kind they cannot exist, and rebuilding them would hand the replay the
@@ -698,6 +742,7 @@ static bool replay_once(const tr_trace_t *t, const char *snapshot_out, bool last
     }
     if (snapshot_out != NULL)
         sp_history_set_frames_hook(NULL, NULL);
+    free(fs.buf);
     for (int d = 0; d < t->ndev; d++)
         free_all(&ds[d], !last || !ok);
     free(ds);

@@ -83,9 +83,9 @@ static bool read_segments(const pk_value_t *segments, int dev, dev_figs_t *d, ch
             snprintf(err, errlen, "segments[%zu]: missing or bad 'total_size'", s);
             return false;
         }
-        const char *type = pk_get_str(seg, "segment_type");
-        int p = type ? (strcmp(type, "small") == 0 ? 2 : 1)
-                     : ((uint64_t)total == SMALL_SEGMENT ? 2 : 1);
+        const pk_value_t *type = pk_get(seg, "segment_type");
+        int p = pk_str(type) ? (pk_str_is(type, "small") ? 2 : 1)
+                             : ((uint64_t)total == SMALL_SEGMENT ? 2 : 1);
         add_end(d, M_RESERVED, p, total);
         add_end(d, M_SEGMENT, p, 1);
         const pk_value_t *blocks = pk_get(seg, "blocks");
@@ -100,8 +100,9 @@ static bool read_segments(const pk_value_t *segments, int dev, dev_figs_t *d, ch
             }
             if (!pk_get_int(blk, "requested_size", &req) || req < 0)
                 req = size;
-            bool allocated = strcmp(state, "active_allocated") == 0;
-            bool active = allocated || strcmp(state, "active_pending_free") == 0;
+            const pk_value_t *sv = pk_get(blk, "state");
+            bool allocated = pk_str_is(sv, "active_allocated");
+            bool active = allocated || pk_str_is(sv, "active_pending_free");
             int idx[2] = {0, p};
             for (int k = 0; k < 2; k++) {
                 int q = idx[k];

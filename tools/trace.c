@@ -137,9 +137,11 @@ void tr_map_free(tr_map_t *m) {
 static const char *const action_names[] = {"alloc",         "free_requested", "free_completed",
                                            "segment_alloc", "segment_free",   "segment_map",
                                            "segment_unmap", "snapshot",       "oom"};
+static const size_t action_lens[] = {5, 14, 14, 13, 12, 11, 13, 8, 3};
 
 /* The action named by s (len bytes, NUL-terminated): the one name its first letters can be,
- * then compared whole as strcmp compares (up to s's first NUL), instead of against every name. */
+ * then compared whole, length included (a str holding a 0 byte after "alloc" is another str,
+ * as for Python), instead of against every name. */
 static tr_action_t action_of(const char *s, size_t len) {
     tr_action_t a = TR_OTHER;
     switch (s[0]) {
@@ -165,7 +167,9 @@ static tr_action_t action_of(const char *s, size_t len) {
     default:
         break;
     }
-    return a != TR_OTHER && strcmp(s, action_names[a]) == 0 ? a : TR_OTHER;
+    return a != TR_OTHER && len == action_lens[a] && memcmp(s, action_names[a], len) == 0
+               ? a
+               : TR_OTHER;
 }
 
 static int cmp_seed(const void *a, const void *b) {
@@ -512,7 +516,7 @@ typedef struct rec_seg {
     uint64_t addr, stream;    /* pk_uint of address (when RS_ADDR); the stream as a handle */
     const pk_value_t *pool;   /* segment_pool_id when a container, else NULL */
     const pk_value_t *blocks; /* blocks when a container or a record, else NULL */
-    const char *type;         /* segment_type when a string, else NULL */
+    const pk_value_t *type;   /* segment_type when a string, else NULL */
     uint8_t flags;            /* RS_ */
 } rec_seg_t;
 
@@ -575,10 +579,9 @@ static int take_block(recs_t *rs, pk_value_t *const *pairs, size_t n, uint64_t *
         b.flags |= RB_SIZE;
     if (pk_int(req, &b.req))
         b.flags |= RB_REQ;
-    const char *st = pk_str(state);
-    if (st != NULL)
-        b.flags |= RB_STATE | (strcmp(st, "active_allocated") == 0 ? RB_ACTIVE : 0u) |
-                   (strcmp(st, "inactive") == 0 ? RB_INACTIVE : 0u);
+    if (state->type == PK_STR)
+        b.flags |= RB_STATE | (pk_str_is(state, "active_allocated") ? RB_ACTIVE : 0u) |
+                   (pk_str_is(state, "inactive") ? RB_INACTIVE : 0u);
     /* A skipped stack is the reader's one PK_NONE: it reads as no frames either way. */
     b.frames = fr != NULL && fr->type == PK_LIST ? fr : NULL;
     if (rs->nblk == rs->cap_blk && !grow_array((void **)&rs->blk, &rs->cap_blk, sizeof(*rs->blk)))
@@ -656,7 +659,7 @@ static int take_segment(recs_t *rs, pk_value_t *const *pairs, size_t n, uint64_t
         else if (v[3] != NULL)
             g.flags |= RS_BAD_STREAM;
     }
-    g.type = pk_str(v[4]);
+    g.type = v[4] != NULL && v[4]->type == PK_STR ? v[4] : NULL;
     const pk_value_t *pool = v[5], *blocks = v[7];
     g.pool = pool != NULL && (pool->type == PK_LIST || pool->type == PK_TUPLE ||
                               pool->type == PK_DICT || pool->type == PK_RECORD)
@@ -1050,7 +1053,7 @@ static bool analyse(const pk_value_t *segments, const recs_t *recs, const tr_set
         uint64_t addr = 0, ustream = 0;
         bool have_total, have_addr, expandable, bad_stream, bad_blocks;
         const pk_value_t *pool_id, *blocks;
-        const char *stype;
+        const pk_value_t *stype;
         const rec_seg_t *rg = seg_of(recs, seg);
         if (entry_record(recs, seg)) {
             whole_needed("a segment", err, errlen);
@@ -1092,7 +1095,7 @@ static bool analyse(const pk_value_t *segments, const recs_t *recs, const tr_set
             expandable = sv[5] != NULL && sv[5]->type == PK_BOOL && sv[5]->u.b;
             pool_id = sv[4];
             blocks = sv[7];
-            stype = pk_str(sv[6]);
+            stype = sv[6] != NULL && sv[6]->type == PK_STR ? sv[6] : NULL;
         }
         if (sdev != dev)
             continue;
@@ -1143,7 +1146,7 @@ static bool analyse(const pk_value_t *segments, const recs_t *recs, const tr_set
                 goto oom;
             ranges[nranges++] = (pool_range_t){addr, addr + (uint64_t)total, (uint16_t)pool};
         }
-        bool is_small = stype != NULL ? strcmp(stype, "small") == 0 : total == (2 << 20);
+        bool is_small = stype != NULL ? pk_str_is(stype, "small") : total == (2 << 20);
         /* An expandable segment's pages at the start are worked out from the trace below. */
         bool in_start = !expandable && !tr_map_get(&segfirst, addr, NULL);
         if (expandable &&
@@ -1194,12 +1197,11 @@ static bool analyse(const pk_value_t *segments, const recs_t *recs, const tr_set
                 static const size_t blens[] = {5, 4, 14, 6};
                 const pk_value_t *bv[4];
                 get_keys(blk, bkeys, blens, 4, blk_seen, bv);
-                const char *state = pk_str(bv[0]);
                 have_size = pk_int(bv[1], &bsize);
                 have_req = pk_int(bv[2], &req);
-                have_state = state != NULL;
-                active = have_state && strcmp(state, "active_allocated") == 0;
-                inactive = have_state && strcmp(state, "inactive") == 0;
+                have_state = pk_str(bv[0]) != NULL;
+                active = pk_str_is(bv[0], "active_allocated");
+                inactive = pk_str_is(bv[0], "inactive");
                 frames = bv[3] != NULL && bv[3]->type == PK_LIST ? bv[3] : NULL;
             }
             if (!have_size || bsize < 0 || !have_state) {

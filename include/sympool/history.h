@@ -83,7 +83,13 @@ sp_status_t sp_dump_snapshot(const char *path);
  */
 sp_status_t sp_mempool_dump_snapshot(const sp_mempool_t *pool, const char *path);
 
-/** One stack frame a binding supplies (e.g. a Python frame). Strings are copied by sympool. */
+/**
+ * One stack frame a binding supplies (e.g. a Python frame). Strings are copied by sympool. They
+ * are UTF-8; so that any Python str fits in a C string, 0xC0 0x80 stands for U+0000 and a
+ * surrogate's 3-byte form (what Python's 'surrogatepass' writes) for that lone surrogate: a
+ * snapshot holds them as that str (pickle as CPython's pickler writes it, JSON as json.dumps
+ * escapes it). Other bytes that are not UTF-8 are written as '?'.
+ */
 typedef struct sp_history_frame {
     const char *name;     /**< function name */
     const char *filename; /**< source file */

@@ -33,12 +33,15 @@ def _frames(frames, max_frames, arg):
             code = f.f_code
             filename = code.co_filename
             if not filename.startswith(_PACKAGE_DIR):
+                # 'surrogatepass': a lone surrogate (a file name's undecodable byte, as Python
+                # holds it) in the 3-byte form the library keeps as that str (history.h).
                 name = _encoded.get(code.co_name)
                 if name is None:
-                    name = _encoded.setdefault(code.co_name, code.co_name.encode(errors="replace"))
+                    name = _encoded.setdefault(code.co_name,
+                                               code.co_name.encode(errors="surrogatepass"))
                 fname = _encoded.get(filename)
                 if fname is None:
-                    fname = _encoded.setdefault(filename, filename.encode(errors="replace"))
+                    fname = _encoded.setdefault(filename, filename.encode(errors="surrogatepass"))
                 keep.append((name, fname))
                 frames[n].name = name
                 frames[n].filename = fname

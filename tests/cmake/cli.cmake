@@ -47,6 +47,13 @@ if(TARGET sympool_cli)
               $<TARGET_FILE:sympool_cli> ${PROJECT_SOURCE_DIR}/tests/data/trace-gc-tiny.json)
     set_tests_properties(cli.replay_json_strings PROPERTIES LABELS "unit;cli;python" TIMEOUT 60
       PASS_REGULAR_EXPRESSION "^ok")
+    # U+0000 and lone surrogates in a snapshot's strings (JSON escapes, pickle bytes): every
+    # command reads them, replay --snapshot writes the same str back as pickle and as JSON.
+    add_test(NAME cli.python_strs
+      COMMAND ${Python3_EXECUTABLE} ${PROJECT_SOURCE_DIR}/tests/cli/python_strs.py
+              $<TARGET_FILE:sympool_cli> ${SP_CLI_OUT}/python_strs)
+    set_tests_properties(cli.python_strs PROPERTIES LABELS "unit;cli;python" TIMEOUT 120
+      PASS_REGULAR_EXPRESSION "^ok")
   endif()
 
   # Extreme but legal values (sizes near 2^64, time_us at +-2^63 or going backwards, an alloc

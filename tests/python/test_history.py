@@ -25,6 +25,21 @@ def test_records_python_frames(sp):
     assert frees and frees[-1]["frames"]  # context "all": a stack at each free too
 
 
+def test_frames_keep_a_file_name_python_holds_with_lone_surrogates(sp):
+    # A file name with bytes that are not UTF-8 is a str with lone surrogates in Python
+    # ('surrogateescape'); the snapshot holds that str (it held '?' for each).
+    name = "odd\udcff\udc80.py"
+    code = compile("def alloc(sp, n):\n    return sp.malloc(n)\n", name, "exec")
+    scope = {}
+    exec(code, scope)
+    sp.record_memory_history()
+    p = scope["alloc"](sp, 7100)
+    snap = sp.snapshot()
+    allocs = [e for e in snap["device_traces"][0] if e["action"] == "alloc" and e["size"] == 7100]
+    assert allocs and allocs[-1]["frames"][0]["filename"] == name, allocs
+    sp.free(p)
+
+
 def test_context_none_records_no_frames(sp):
     sp.record_memory_history(context=None)
     p = sp.malloc(9000)

@@ -300,6 +300,53 @@ TEST(PickleWrite, JsonForm) {
               "\"t\":[0,7],\"empty\":{}}\n");
 }
 
+// A Python str in the emitter's C-string form (0xC0 0x80 for U+0000, a surrogate's 3 bytes for a
+// lone surrogate) is written as that str: pickle as CPython's pickler writes it (a 0 byte, the
+// 'surrogatepass' bytes, the length counting them), JSON as json.dumps escapes it. Both were '?'.
+// Other invalid bytes are still '?', one per byte.
+TEST(PickleWrite, NulAndLoneSurrogatesAreThePythonStr) {
+    const char *s = "a\xc0\x80"
+                    "b\xed\xa0\x80"
+                    "c\xed\xbf\xbf\xff";
+    sp__emit_t e;
+    sp__emit_init(&e, false);
+    sp__emit_str(&e, s);
+    std::string p = as_string(finish(&e));
+    EXPECT_EQ(p, std::string("\x80\x04\x8c\x0b"
+                             "a\0b\xed\xa0\x80"
+                             "c\xed\xbf\xbf?.",
+                             16));
+    sp__emit_init(&e, true);
+    sp__emit_dict_begin(&e);
+    sp__emit_key(&e, "k\xc0\x80");
+    sp__emit_str(&e, s);
+    sp__emit_dict_end(&e);
+    EXPECT_EQ(as_string(finish(&e)), "{\"k\\u0000\":\"a\\u0000b\\ud800c\\udfff?\"}\n");
+}
+
+// An integer past 64 bits from its decimal text (a JSON snapshot's) is written as CPython's
+// pickler writes it: LONG1 with the shortest two's complement, little-endian.
+TEST(PickleWrite, IntegerTextIsCPythonsLong) {
+    struct Case {
+        const char *text;
+        std::string want; // after PROTO 4, before STOP
+    } cases[] = {
+        {"18446744073709551616", std::string("\x8a\x09\0\0\0\0\0\0\0\0\x01", 11)},
+        {"-18446744073709551616", std::string("\x8a\x09\0\0\0\0\0\0\0\0\xff", 11)},
+        {"-9223372036854775809", "\x8a\x09\xff\xff\xff\xff\xff\xff\xff\x7f\xff"},
+        {"1180591620717411303424", std::string("\x8a\x09\0\0\0\0\0\0\0\0\x40", 11)},
+        {"-128", "\x8a\x01\x80"},
+        {"255", std::string("\x8a\x02\xff\0", 4)},
+    };
+    for (const Case &c : cases) {
+        sp__emit_t e;
+        sp__emit_init(&e, false);
+        sp__emit_int_text(&e, c.text, strlen(c.text));
+        std::string p = as_string(finish(&e));
+        EXPECT_EQ(p, "\x80\x04" + c.want + ".") << c.text;
+    }
+}
+
 TEST(PickleWrite, MisuseIsReported) {
     sp__emit_t e;
     sp__emit_init(&e, false);
@@ -355,6 +402,39 @@ TEST(PickleRead, HostileOpcodesAreRejectedByName) {
     }
 }
 
+// STOP returns what pickle.load returns: the value on top of the stack above the innermost MARK,
+// whatever lies below it or is left open (both were refused: "STOP with 2 values on the stack",
+// "STOP with an open MARK"). Skipping and the record hook cannot know what they changed there:
+// they ask for the whole read (tr_load then reads it whole).
+TEST(PickleRead, StopReturnsTheTopValueAsPickleLoadDoes) {
+    struct Case {
+        Bytes b;
+        int64_t want;
+    } cases[] = {
+        {{0x80, 4, 'N', 'K', 5, '.'}, 5},
+        {{0x80, 4, '(', 'K', 6, '.'}, 6},
+        {{0x80, 4, 'K', 1, '(', 'N', 'K', 7, '.'}, 7},
+        {{0x80, 4, '}', '(', 'K', 1, 'K', 2, 'K', 8, '.'}, 8},
+    };
+    auto take = [](void *arg, pk_value_t *const *, size_t, uint64_t *id_p) {
+        *id_p = (*(uint64_t *)arg)++;
+        return 1;
+    };
+    for (const Case &c : cases) {
+        pk_doc_t *doc = nullptr;
+        ASSERT_EQ(parse(c.b, &doc), "");
+        int64_t v = 0;
+        EXPECT_TRUE(pk_int(pk_root(doc), &v));
+        EXPECT_EQ(v, c.want);
+        pk_free(doc);
+        TwoReads r = read_skip_and_records(c.b, take);
+        EXPECT_FALSE(r.skip_ok);
+        EXPECT_FALSE(r.rec_ok);
+        EXPECT_TRUE(pk_err_whole(r.skip_err.c_str())) << r.skip_err;
+        EXPECT_TRUE(pk_err_whole(r.rec_err.c_str())) << r.rec_err;
+    }
+}
+
 TEST(PickleRead, MalformedInputsGiveOffsets) {
     EXPECT_EQ(parse(Bytes{}), "pickle: empty input at offset 0");
     EXPECT_EQ(parse(Bytes{0x80, 1, 'N', '.'}),
@@ -364,8 +444,10 @@ TEST(PickleRead, MalformedInputsGiveOffsets) {
     EXPECT_EQ(parse(Bytes{0x80, 4, 'N'}), "pickle: truncated pickle (no STOP) at offset 3");
     EXPECT_EQ(parse(Bytes{0x80, 4, '.'}),
               "pickle: STOP with 0 values on the stack (1 expected) at offset 2");
-    EXPECT_EQ(parse(Bytes{0x80, 4, 'N', 'N', '.'}),
-              "pickle: STOP with 2 values on the stack (1 expected) at offset 4");
+    EXPECT_EQ(parse(Bytes{0x80, 4, '(', '.'}),
+              "pickle: STOP with an open MARK and no value after it at offset 3");
+    EXPECT_EQ(parse(Bytes{0x80, 4, 'N', '(', '.'}),
+              "pickle: STOP with an open MARK and no value after it at offset 4");
     EXPECT_EQ(parse(Bytes{0x80, 4, 'h', 3, '.'}), "pickle: memo key 3 is not defined at offset 2");
     EXPECT_EQ(parse(Bytes{0x80, 4, 'u', '.'}), "pickle: SETITEMS without MARK at offset 2");
     EXPECT_EQ(parse(Bytes{0x80, 4, ']', '(', 'N', 'u', '.'}),

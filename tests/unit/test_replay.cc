@@ -6,6 +6,7 @@
 
 #include <unistd.h>
 
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
@@ -432,8 +433,9 @@ TEST_F(Replay, JsonValuesTranslate) {
     EXPECT_EQ(pk_len(pk_get(root, "e")), 0u);
     EXPECT_EQ(pk_get(root, "l")->type, PK_LIST);
     pk_free(doc);
-    // Unsigned 64-bit integers keep their value and signedness; wider ones load as the double
-    // a JavaScript viewer would read, and only an exact-integer consumer refuses them.
+    // Unsigned 64-bit integers keep their value and signedness; wider ones are the int
+    // json.load makes, as pickle.load reads it (a LONG of 9 bytes here), which only an
+    // exact-integer consumer refuses (they were doubles: pk_num read them, unlike the pickle's).
     ASSERT_EQ(json_parse("[18446744073709551615, 9223372036854775808, -9223372036854775808, "
                          "1180591620717411303424]",
                          &doc),
@@ -449,8 +451,71 @@ TEST_F(Replay, JsonValuesTranslate) {
     EXPECT_TRUE(pk_int(pk_at(a, 2), &v));
     EXPECT_EQ(v, INT64_MIN);
     EXPECT_FALSE(pk_int(pk_at(a, 3), &v));
-    EXPECT_TRUE(pk_num(pk_at(a, 3), &d));
-    EXPECT_EQ(d, 1180591620717411303424.0);
+    EXPECT_EQ(pk_at(a, 3)->type, PK_BIGINT);
+    EXPECT_EQ(pk_at(a, 3)->u.bits, 9u);
+    EXPECT_FALSE(pk_num(pk_at(a, 3), &d));
+    pk_free(doc);
+}
+
+// Numbers as json.load reads them. Its grammar ends a number where RFC 8259's does, so "01",
+// "1." and "1.e5" are refused at the character after the number (they were read as 1);
+// NaN, Infinity, -Infinity and a float past the double range are floats (they were refused);
+// an integer is exact up to Python's int() limit of 4300 digits and a float's text may be long
+// (both refused past 511 bytes).
+TEST_F(Replay, JsonNumbersAreWhatJsonLoadReads) {
+    EXPECT_EQ(json_parse("01"), "json: trailing characters at offset 1");
+    EXPECT_EQ(json_parse("-01"), "json: trailing characters at offset 2");
+    EXPECT_EQ(json_parse("00"), "json: trailing characters at offset 1");
+    EXPECT_EQ(json_parse("1."), "json: trailing characters at offset 1");
+    EXPECT_EQ(json_parse("1.e5"), "json: trailing characters at offset 1");
+    EXPECT_EQ(json_parse("[01]"), "json: expected ',' or ']' at offset 2");
+    EXPECT_EQ(json_parse("[1e]"), "json: expected ',' or ']' at offset 2");
+    EXPECT_EQ(json_parse("[1e+]"), "json: expected ',' or ']' at offset 2");
+    EXPECT_EQ(json_parse("[-Infinity1]"), "json: expected ',' or ']' at offset 10");
+    EXPECT_EQ(json_parse("-NaN"), "json: bad number at offset 0");
+    EXPECT_EQ(json_parse("[Inf]"), "json: unexpected token at offset 1");
+    pk_doc_t *doc = nullptr;
+    ASSERT_EQ(
+        json_parse("[NaN, Infinity, -Infinity, 1e400, -1E+400, 1e-400, -0.0, 0e0, 1E+2]", &doc),
+        "");
+    const pk_value_t *a = pk_root(doc);
+    double d[9];
+    for (size_t i = 0; i < 9; i++) {
+        ASSERT_EQ(pk_at(a, i)->type, PK_FLOAT) << i;
+        d[i] = pk_at(a, i)->u.f;
+    }
+    EXPECT_TRUE(std::isnan(d[0]));
+    EXPECT_EQ(d[1], HUGE_VAL);
+    EXPECT_EQ(d[2], -HUGE_VAL);
+    EXPECT_EQ(d[3], HUGE_VAL);
+    EXPECT_EQ(d[4], -HUGE_VAL);
+    EXPECT_EQ(d[5], 0.0);
+    EXPECT_TRUE(d[6] == 0.0 && std::signbit(d[6]));
+    EXPECT_EQ(d[7], 0.0);
+    EXPECT_EQ(d[8], 100.0);
+    pk_free(doc);
+    // Integers of any width up to 4300 digits: the width of CPython's pickle of them.
+    struct Wide {
+        std::string text;
+        uint64_t bytes;
+    } wide[] = {{"18446744073709551616", 9},
+                {"-18446744073709551616", 9},
+                {"-9223372036854775809", 9},
+                {std::string(4300, '9'), 1786},
+                {"-" + std::string(4300, '9'), 1786}};
+    for (const Wide &w : wide) {
+        ASSERT_EQ(json_parse(w.text, &doc), "") << w.text.substr(0, 30);
+        EXPECT_EQ(pk_root(doc)->type, PK_BIGINT);
+        EXPECT_EQ(pk_root(doc)->u.bits, w.bytes) << w.text.substr(0, 30);
+        pk_free(doc);
+    }
+    EXPECT_EQ(json_parse(std::string(4301, '9')),
+              "json: integer of more than 4300 digits (Python's int() refuses it) at offset 0");
+    ASSERT_EQ(json_parse("0." + std::string(600, '0') + "1", &doc), "");
+    EXPECT_EQ(pk_root(doc)->u.f, 0.0);
+    pk_free(doc);
+    ASSERT_EQ(json_parse("1" + std::string(400, '0') + ".5", &doc), "");
+    EXPECT_EQ(pk_root(doc)->u.f, HUGE_VAL);
     pk_free(doc);
 }
 
@@ -496,6 +561,44 @@ TEST_F(Replay, SnapshotWithUnsigned64BitIntegersLoads) {
     tr_free(&orig);
 }
 
+// What json.load accepts in a string escape and Python's str can hold, U+0000 and lone
+// surrogates (a high one not followed by an escaped low one, a low one alone), loads as the str
+// json.load makes, held as CPython's pickler writes it (a 0 byte, 'surrogatepass'); they were
+// refused ("NUL in string", "lone surrogate").
+TEST_F(Replay, JsonNulAndLoneSurrogatesAreTheStrJsonLoadMakes) {
+    struct Case {
+        const char *json;
+        std::string bytes; // the str's UTF-8 ('surrogatepass') bytes
+    } cases[] = {
+        {"\"a\\u0000b\"", std::string("a\0b", 3)},
+        {"\"\\u0000\"", std::string("\0", 1)},
+        {"\"\\ud800\"", "\xed\xa0\x80"},
+        {"\"\\udc00x\"", "\xed\xb0\x80x"},
+        {"\"\\ud800\\u0041\"", "\xed\xa0\x80"
+                               "A"},
+        {"\"\\ud800\\ud800\\udc00\"", "\xed\xa0\x80\xf0\x90\x80\x80"},
+        {"\"\\udbff\\n\"", "\xed\xaf\xbf\n"},
+        {"\"\\udc00\\ud800\"", "\xed\xb0\x80\xed\xa0\x80"},
+        {"\"\\uD83D\\uDE00\"", "\xf0\x9f\x98\x80"},
+    };
+    for (const Case &c : cases) {
+        pk_doc_t *doc = nullptr;
+        ASSERT_EQ(json_parse(c.json, &doc), "") << c.json;
+        const pk_value_t *v = pk_root(doc);
+        ASSERT_EQ(v->type, PK_STR) << c.json;
+        EXPECT_EQ(std::string(v->u.str.s, v->u.str.len), c.bytes) << c.json;
+        pk_free(doc);
+    }
+    // As a key too: a dict key "k\0" is not the key "k".
+    pk_doc_t *doc = nullptr;
+    ASSERT_EQ(json_parse("{\"k\\u0000\": 1, \"k\": 2}", &doc), "");
+    int64_t v = 0;
+    EXPECT_TRUE(pk_get_int(pk_root(doc), "k", &v));
+    EXPECT_EQ(v, 2);
+    EXPECT_EQ(pk_len(pk_root(doc)), 2u);
+    pk_free(doc);
+}
+
 TEST_F(Replay, JsonErrorsNameOffsets) {
     EXPECT_EQ(json_parse(""), "json: truncated input at offset 0");
     EXPECT_EQ(json_parse("{\"a\" 1}"), "json: expected ':' at offset 5");
@@ -503,8 +606,8 @@ TEST_F(Replay, JsonErrorsNameOffsets) {
     EXPECT_EQ(json_parse("[1 2]"), "json: expected ',' or ']' at offset 3");
     EXPECT_EQ(json_parse("{1:2}"), "json: expected a string key at offset 1");
     EXPECT_EQ(json_parse("\"abc"), "json: unterminated string at offset 4");
-    EXPECT_EQ(json_parse("\"\\ud800\""), "json: lone surrogate at offset 7");
-    EXPECT_EQ(json_parse("\"\\u0000\""), "json: NUL in string at offset 7");
+    // A second escape after a high surrogate is read whole, pair or not (as json.load does).
+    EXPECT_EQ(json_parse("\"\\ud800\\u12zz\""), "json: bad \\u escape at offset 12");
     // Raw bytes that are not UTF-8 (RFC 8259 8.1; Python's json.load refuses them) were read
     // as '?' (the emitter's replacement): a name misread, never refused. Valid ones load.
     EXPECT_EQ(json_parse("\"a\xff\""), "json: not UTF-8 at offset 2");
@@ -515,9 +618,8 @@ TEST_F(Replay, JsonErrorsNameOffsets) {
     EXPECT_EQ(json_parse("\"caf\xc3\xa9 \xe2\x82\xac \xf0\x9f\x98\x80\""), "");
     EXPECT_EQ(json_parse("[tru]"), "json: unexpected token at offset 1");
     EXPECT_EQ(json_parse("[1] x"), "json: trailing characters at offset 4");
-    // Beyond 64 bits is not an error: the integer loads as a double (JsonValuesTranslate).
+    // Beyond 64 bits is not an error: an int of any width (JsonNumbersAreWhatJsonLoadReads).
     EXPECT_EQ(json_parse("99999999999999999999"), "");
-    EXPECT_EQ(json_parse(std::string(600, '9')), "json: number too long at offset 600");
     EXPECT_EQ(json_parse(std::string(40, '[') + std::string(40, ']')),
               "json: nesting too deep at offset 31");
 }
