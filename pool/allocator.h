@@ -163,8 +163,6 @@ extern __attribute__((visibility("hidden"))) sp_alloc_global_t sp__g;
 extern atomic_int sp__ready; /* 1 once sp__g is initialized */
 
 sp_status_t sp__alloc_init_slow(void);
-/* Gives back sp__fast_off's SP_FAST_ALONE share if it holds it (api.c). */
-void sp__alloc_alone_disarm(void);
 /* The shutdown gate. The cold public calls (statistics, summaries, snapshots, empty_cache,
  * streams, MemPool management) pass it for their whole length; sp_shutdown closes it and waits
  * for the calls inside, so it never frees what one of them reads, and a call arriving while it
