@@ -104,13 +104,25 @@ static void wait_owner_out(sp_lock_t *l) {
     }
 }
 
-/* A thread that is not the owner found the word BIASED: take it (1) and wait the owner out.
- * false: the word changed first (another revoker, or the owner's own unbias); look again. */
-static bool revoke_bias(sp_lock_t *l) {
+/* A thread that is not the owner found the word BIASED: take it (1). With no owner yet nobody can
+ * be inside, so the taker becomes the owner and enters biased (a thread that waited meanwhile is
+ * woken: it will find the word BIASED and revoke). Otherwise it revokes the bias: the barrier,
+ * then a wait for the owner to be out. false: the word changed first (another taker, or the
+ * owner's own unbias); look again. */
+static bool take_biased_from_other(sp_lock_t *l) {
     int c = SP_LOCK_BIASED;
     if (!atomic_compare_exchange_strong_explicit(&l->v, &c, 1, memory_order_acquire,
                                                  memory_order_relaxed))
         return false;
+    if (__atomic_load_n(&l->owner, __ATOMIC_RELAXED) == 0) {
+        __atomic_store_n(&l->owner, SP_LOCK_ME(), __ATOMIC_RELAXED);
+        atomic_store_explicit(&l->in, 1, memory_order_relaxed);
+        atomic_store_explicit(&l->v, SP_LOCK_BIASED, memory_order_release);
+        atomic_thread_fence(memory_order_seq_cst);
+        if (atomic_load_explicit(&l->sleepers, memory_order_relaxed) != 0)
+            sp__unlock_wake(l);
+        return true;
+    }
     bias_is_gone();
     barrier_everywhere();
     wait_owner_out(l);
@@ -128,9 +140,10 @@ bool sp__lock_unbias(sp_lock_t *l) {
     return got;
 }
 
-/* The word said BIASED in sp__lock_slow: the owner enters (or unbiases), another revokes. */
+/* The word said BIASED in sp__lock_slow: the owner enters (or unbiases); another thread becomes
+ * the owner of a lock nobody owns yet, or revokes. */
 static bool take_from_bias(sp_lock_t *l) {
-    return sp__lock_mine(l) ? sp__lock_owner_take(l) : revoke_bias(l);
+    return sp__lock_mine(l) ? sp__lock_owner_take(l) : take_biased_from_other(l);
 }
 
 void sp__lock_slow(sp_lock_t *l) {

@@ -170,7 +170,8 @@ sp_status_t sp__alloc_init_slow(void) {
             break;
         }
     }
-    /* The device locks are biased to this thread (core_lock.h) unless biasing is off here. */
+    /* The device locks are biased, each to the first thread that takes it (core_lock.h),
+     * unless biasing is off here. */
     if (s == SP_SUCCESS && sp__lock_bias_begin())
         for (int i = 0; i < n; i++)
             sp__lock_bias(&sp__g.devs[i].lock);

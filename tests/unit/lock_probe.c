@@ -59,8 +59,14 @@ int sp_probe_bias_begin(void) {
     return sp__lock_bias_begin();
 }
 
+void sp_probe_bias_nobody(void *l) {
+    sp__lock_bias(l);
+}
+
 void sp_probe_bias(void *l) {
     sp__lock_bias(l);
+    sp__lock(l); /* the first taker owns it */
+    sp__unlock(l);
 }
 
 int sp_probe_lock_in(void *l) {

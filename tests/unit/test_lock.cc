@@ -288,4 +288,36 @@ TEST(LockBias, TheOwnerUnbiasesItsOtherLocksOnceTheBiasIsGone) {
     std::free(b);
 }
 
+// A lock biased to nobody yet goes to its first taker: that thread then holds it biased (the
+// word says BIASED while it is inside, `in` is 1) and takes it so again; a second thread revokes.
+TEST(LockBias, TheFirstTakerOfANobodysLockOwnsIt) {
+    if (!sp_probe_bias_begin())
+        GTEST_SKIP() << "no bias here (no membarrier)";
+    void *l = sp_probe_lock_new();
+    ASSERT_NE(l, nullptr);
+    sp_probe_bias_nobody(l);
+    std::atomic<int> stage{0};
+    std::thread first([&] {
+        for (int i = 0; i < 2; i++) {
+            sp_probe_lock(l);
+            if (sp_probe_lock_word(l) == 2 && sp_probe_lock_in(l) == 1)
+                stage.fetch_add(1);
+            sp_probe_unlock(l);
+        }
+        while (stage.load() != 3) {
+        }
+    });
+    ASSERT_TRUE(wait_for([&] { return stage.load() == 2; })) << "the first taker did not own it";
+    EXPECT_EQ(sp_probe_lock_in(l), 0);
+    EXPECT_EQ(sp_probe_lock_word(l), 2);
+    sp_probe_lock(l); // while the owner still lives: a revocation
+    EXPECT_EQ(sp_probe_lock_word(l), 1);
+    EXPECT_EQ(sp_probe_lock_in(l), 0);
+    sp_probe_unlock(l);
+    EXPECT_EQ(sp_probe_bias_gone(), 1);
+    stage.store(3);
+    first.join();
+    std::free(l);
+}
+
 } // namespace
