@@ -64,9 +64,8 @@ typedef struct sp_lock {
     atomic_int sleepers; /* SP_LOCK_SLEEPER per thread in sp__lock_slow's sleep or about to
                             enter it, plus SP_LOCK_WAKING while a wake is on its way */
     atomic_int in;       /* 1 while the bias's owner holds the lock that way (only it stores) */
-    uintptr_t owner;     /* the owner's thread pointer (SP_LOCK_ME), 0 for none yet; set
-                                    once, by the first thread to take the lock, while it holds the
-                                    word (relaxed: only the owner finds its own value there) */
+    uintptr_t owner;     /* the owner's thread pointer (SP_LOCK_ME), 0 for none yet; set once,
+                            by the first thread to take the lock, while it holds the word */
 } sp_lock_t;
 
 #define SP_LOCK_BIASED 2

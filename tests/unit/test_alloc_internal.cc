@@ -422,8 +422,8 @@ TEST_F(AllocInternal, FastPathGateCountsEveryReasonAndReturnsToRest) {
 // The bias (core_lock.h): sp_init biases the device locks, each to the first thread that takes
 // it (here the test's), whose hits then take them with plain stores (no SP_FAST_SHARED share);
 // the first call of another thread revokes the bias and adds the share, once; sp_shutdown gives
-// it back; a new init biases the new locks again. Every call gives the same answers either way, and the blocks stay
-// consistent across the revocation.
+// it back; a new init biases the new locks again. Every call gives the same answers either way, and
+// the blocks stay consistent across the revocation.
 TEST_F(AllocInternal, BiasIsRevokedOnceByASecondThreadAndGivenBackAtShutdown) {
     ASSERT_SP_OK(sp_init());
     if (fast_shared()) {
