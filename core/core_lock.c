@@ -117,8 +117,7 @@ static bool take_biased_from_other(sp_lock_t *l) {
     if (__atomic_load_n(&l->owner, __ATOMIC_RELAXED) == 0) {
         __atomic_store_n(&l->owner, SP_LOCK_ME(), __ATOMIC_RELAXED);
         atomic_store_explicit(&l->in, 1, memory_order_relaxed);
-        atomic_store_explicit(&l->v, SP_LOCK_BIASED, memory_order_release);
-        atomic_thread_fence(memory_order_seq_cst);
+        (void)atomic_exchange_explicit(&l->v, SP_LOCK_BIASED, memory_order_seq_cst);
         if (atomic_load_explicit(&l->sleepers, memory_order_relaxed) != 0)
             sp__unlock_wake(l);
         return true;
