@@ -57,8 +57,7 @@ static long membarrier(int cmd) {
 }
 
 static void bias_is_gone(void) {
-    if (!atomic_exchange(&sp__lock_bias_gone, 1))
-        sp__fast_off_add(SP_FAST_SHARED);
+    atomic_store_explicit(&sp__lock_bias_gone, 1, memory_order_relaxed);
 }
 
 bool sp__lock_bias_begin(void) {
@@ -73,8 +72,7 @@ bool sp__lock_bias_begin(void) {
 }
 
 void sp__lock_bias_end(void) {
-    if (atomic_exchange(&sp__lock_bias_gone, 0))
-        sp__fast_off_add(-SP_FAST_SHARED);
+    atomic_store_explicit(&sp__lock_bias_gone, 0, memory_order_relaxed);
 }
 
 /* Every thread of the process executes a full barrier before this returns (see sp_lock_t). The

@@ -97,13 +97,12 @@ static inline void sp__lock_init(sp_lock_t *l) {
 #endif
 
 /* Set (for good, until sp__lock_bias_end) once a bias was revoked or biasing is off: then the
- * process's hits take the lock with the CAS (sp__fast_off's SP_FAST_SHARED share, added with it).
- */
+ * process's hits take the lock with the CAS (the allocator looks at it on its whole paths). */
 extern atomic_int sp__lock_bias_gone;
 
-/* At allocator init (serialized by its caller) in the initializing thread: may the locks made
- * now be biased to this thread? Yes when the kernel offers the barrier revocation needs; else the
- * SP_FAST_SHARED share is added. sp__lock_bias_end, at shutdown, gives that share back. */
+/* At allocator init (serialized by its caller): may the locks made now be biased? Yes when the
+ * kernel offers the barrier revocation needs; else sp__lock_bias_gone is set. sp__lock_bias_end,
+ * at shutdown, clears it. */
 bool sp__lock_bias_begin(void);
 void sp__lock_bias_end(void);
 

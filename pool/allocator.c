@@ -1131,11 +1131,12 @@ static __attribute__((noinline)) sp_status_t malloc_rest(sp_devalloc_t *d, sp_me
 }
 
 /* The hit paths' lock, in two copies each (biased is a constant at every call). The copies in
- * malloc_fast and free_fast are the bias owner's (core_lock.h): while sp__fast_off holds no
- * SP_FAST_SHARED share the locks are biased to one thread, and that thread enters with plain
- * stores; any other thread is sent to the whole path, whose lock revokes the bias and adds the
- * share. The CAS copies are in malloc_shared and free_shared. Out-of-line continuations
- * (malloc_rest, free_rest) give the lock back with sp__unlock, which knows both forms. */
+ * malloc_fast and free_fast are the bias owner's (core_lock.h): while the locks are biased,
+ * their owner enters with plain stores, and any other thread is sent to the whole path, whose
+ * lock takes an unowned lock or revokes the bias. The CAS copies are in malloc_shared and
+ * free_shared: sp_malloc and sp_free go to the copies g_hits names (sp__alloc_hits_choose).
+ * Out-of-line continuations (malloc_rest, free_rest) give the lock back with sp__unlock, which
+ * knows both forms. */
 static inline __attribute__((always_inline)) bool hit_lock(sp_lock_t *l, bool biased) {
     if (biased)
         return SP_LIKELY(sp__lock_mine(l)) && SP_LIKELY(sp__lock_take_biased(l));
@@ -1180,9 +1181,59 @@ static inline __attribute__((always_inline)) bool malloc_hit(sp_devalloc_t *d, s
     return true;
 }
 
+/* The hit copies sp_malloc and sp_free call (the biased ones or the CAS ones). One indirect jump
+ * instead of a second test of sp__fast_off: either way the call is one instruction, and the
+ * copies not chosen cost nothing. Any copy is right in any state (a biased copy sends a thread
+ * that does not own the lock to the whole path; a CAS fails on a biased word), so a call that
+ * read the old choice while it changes is only slower. */
+typedef struct {
+    sp_status_t (*malloc_hit)(size_t, int, sp_stream_t, void **);
+    sp_status_t (*free_hit)(void *);
+} hits_t;
+static sp_status_t malloc_fast(size_t, int, sp_stream_t, void **);
+static sp_status_t malloc_shared(size_t, int, sp_stream_t, void **);
+static sp_status_t free_fast(void *);
+static sp_status_t free_shared(void *);
+static hits_t g_hits = {malloc_shared, free_shared};
+
+/* A plain read outside ThreadSanitizer builds: the pointers are whole aligned words written
+ * while other threads may call; a relaxed atomic load would cost the call an instruction (the
+ * pointer into a register before the jump). */
+static inline sp_status_t (*malloc_hit_fn(void))(size_t, int, sp_stream_t, void **) {
+#ifdef SP_LOCK_TSAN
+    return __atomic_load_n(&g_hits.malloc_hit, __ATOMIC_RELAXED);
+#else
+    return g_hits.malloc_hit;
+#endif
+}
+
+static inline sp_status_t (*free_hit_fn(void))(void *) {
+#ifdef SP_LOCK_TSAN
+    return __atomic_load_n(&g_hits.free_hit, __ATOMIC_RELAXED);
+#else
+    return g_hits.free_hit;
+#endif
+}
+
+void sp__alloc_hits_choose(void) {
+    bool biased = !atomic_load_explicit(&sp__lock_bias_gone, memory_order_relaxed);
+    __atomic_store_n(&g_hits.malloc_hit, biased ? malloc_fast : malloc_shared, __ATOMIC_RELAXED);
+    __atomic_store_n(&g_hits.free_hit, biased ? free_fast : free_shared, __ATOMIC_RELAXED);
+}
+
+bool sp__alloc_hits_biased(void) {
+    return __atomic_load_n(&g_hits.free_hit, __ATOMIC_RELAXED) == free_fast;
+}
+
+/* On a whole path: once a bias is gone, the CAS copies from now on. */
+static inline void hits_follow_bias(void) {
+    if (SP_UNLIKELY(sp__alloc_hits_biased()) &&
+        atomic_load_explicit(&sp__lock_bias_gone, memory_order_relaxed))
+        sp__alloc_hits_choose();
+}
+
 /* sp_malloc's whole path: every check in its order, any pool, history, misses. */
-static __attribute__((noinline)) sp_status_t malloc_full(size_t size, int device,
-                                                         sp_stream_t stream, void **ptr_p) {
+static sp_status_t malloc_whole(size_t size, int device, sp_stream_t stream, void **ptr_p) {
     if (SP_UNLIKELY(!ptr_p))
         return sp__error(SP_ERR_INVALID_ARGUMENT, SP_SUB_POOL, "sp_malloc: ptr_p is NULL");
     if (sp__in_callback())
@@ -1212,8 +1263,17 @@ static __attribute__((noinline)) sp_status_t malloc_full(size_t size, int device
     return alloc_malloc(d, pool ? pool : d->default_pool, size, stream, ptr_p);
 }
 
-/* The hit of a process whose locks are not biased (sp__fast_off held the SP_FAST_SHARED share
- * alone): the same checks and hit as malloc_fast, the lock taken with a CAS. */
+/* The whole path, then a look at the bias: a call that revoked one (or found it revoked) turns
+ * the hits to the CAS copies at once. */
+static __attribute__((noinline)) sp_status_t malloc_full(size_t size, int device,
+                                                         sp_stream_t stream, void **ptr_p) {
+    sp_status_t s = malloc_whole(size, device, stream, ptr_p);
+    hits_follow_bias();
+    return s;
+}
+
+/* The hit of a process whose locks are not biased: the same checks and hit as malloc_fast, the
+ * lock taken with a CAS. */
 static __attribute__((noinline)) sp_status_t malloc_shared(size_t size, int device,
                                                            sp_stream_t stream, void **ptr_p) {
     sp_status_t s;
@@ -1244,9 +1304,7 @@ SP_EXPORT sp_status_t sp_malloc(size_t size, int device, sp_stream_t stream, voi
      * from its first check, as if the hit was never tried. */
     int off = __atomic_load_n(&sp__fast_off, __ATOMIC_ACQUIRE);
     if (SP_LIKELY(off == 0))
-        return malloc_fast(size, device, stream, ptr_p);
-    if (off == SP_FAST_SHARED)
-        return malloc_shared(size, device, stream, ptr_p);
+        return malloc_hit_fn()(size, device, stream, ptr_p);
     return malloc_full(size, device, stream, ptr_p);
 }
 
@@ -1374,7 +1432,7 @@ static sp_status_t tc_verdict_status(sp_tc_verdict_t v, const char *what, const 
 }
 
 /* sp_free's whole path: every check in its order, history, events, every device. */
-static __attribute__((noinline)) sp_status_t free_full(void *ptr) {
+static sp_status_t free_whole(void *ptr) {
     if (!ptr)
         return SP_SUCCESS;
     if (sp__in_callback())
@@ -1420,6 +1478,13 @@ static __attribute__((noinline)) sp_status_t free_full(void *ptr) {
     return explain_bad_pointer("sp_free", ptr);
 }
 
+/* The whole path, then a look at the bias (see malloc_full). */
+static __attribute__((noinline)) sp_status_t free_full(void *ptr) {
+    sp_status_t s = free_whole(ptr);
+    hits_follow_bias();
+    return s;
+}
+
 /* sp_free's hit with the CAS, as malloc_shared's. */
 static __attribute__((noinline)) sp_status_t free_shared(void *ptr) {
     if (free_hit((uintptr_t)ptr, false))
@@ -1440,10 +1505,7 @@ SP_EXPORT sp_status_t sp_free(void *ptr) {
      * from its first check. NULL is in no device's range, so free_full answers it. */
     int off = __atomic_load_n(&sp__fast_off, __ATOMIC_ACQUIRE);
     if (SP_LIKELY(off < SP_FAST_REASON))
-        return free_fast(ptr);
-    /* the shared share, with at most SP_FAST_NO_HIT beside it (not sp_free's concern) */
-    if ((unsigned)(off - SP_FAST_SHARED) < SP_FAST_REASON)
-        return free_shared(ptr);
+        return free_hit_fn()(ptr);
     return free_full(ptr);
 }
 

@@ -175,6 +175,8 @@ sp_status_t sp__alloc_init_slow(void) {
     if (s == SP_SUCCESS && sp__lock_bias_begin())
         for (int i = 0; i < n; i++)
             sp__lock_bias(&sp__g.devs[i].lock);
+    if (s == SP_SUCCESS)
+        sp__alloc_hits_choose();
     if (s != SP_SUCCESS) {
         for (int i = 0; i < ok; i++)
             dev_fini(&sp__g.devs[i]);

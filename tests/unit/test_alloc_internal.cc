@@ -15,6 +15,8 @@ extern "C" {
 #include "pool/pool.h"
 #include "pool/block.h"
 #include "sympool/experimental.h"
+// pool/allocator.h (C11 atomics: a C++ test cannot include it)
+bool sp__alloc_hits_biased(void);
 }
 
 using namespace sp;
@@ -337,14 +339,13 @@ TEST_F(AllocInternal, NoStructStorageForANewSegmentFailsCleanly) {
 // reason for them to step aside. Each reason must add its share when it begins and take it back
 // when it ends: a share left behind would silently keep every call on the whole path for good,
 // a share missing would let the fast paths run past a pool route, a callback or history.
-// Without the shared share (SP_FAST_SHARED: added once the device locks are not biased to one
-// thread, tested on its own below).
 static int fast_off() {
-    return __atomic_load_n(&sp__fast_off, __ATOMIC_RELAXED) & ~SP_FAST_SHARED;
+    return __atomic_load_n(&sp__fast_off, __ATOMIC_RELAXED);
 }
 
+// The hits take the CAS (the bias is gone or off), not the owner's plain stores.
 static bool fast_shared() {
-    return (__atomic_load_n(&sp__fast_off, __ATOMIC_RELAXED) & SP_FAST_SHARED) != 0;
+    return !sp__alloc_hits_biased();
 }
 
 TEST_F(AllocInternal, FastPathGateCountsEveryReasonAndReturnsToRest) {
