@@ -7,12 +7,17 @@
  * Each thread warms its block once (so the segment exists) and then times N pairs; the figure
  * is the mean over all threads' pairs. Usage: bench_alloc [pairs_per_thread [size threads]]
  * (with size and threads, only that case runs: handy under perf; threads 0 runs it in the main
- * thread of a process that has no other, where the device lock needs no locked instruction).
+ * thread of a process that has no other, threads m in the main thread while another thread
+ * exists and waits, as an mpirun rank's main thread beside the MPI library's threads; 1 in a
+ * thread of its own, the only one that allocates: all three hold the device lock's bias, which
+ * goes to its first taker, core/core_lock.h; r as 1 after the main thread took the lock once, so
+ * that the thread revokes the bias and takes the CAS path, as 2 threads do).
  */
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "sympool/sympool.h"
 #include "bench_util.h"
@@ -56,6 +61,16 @@ static void *run(void *arg) {
     return NULL;
 }
 
+/* The waiting thread of the "m" case: it does nothing until the pipe says so. */
+static int g_park[2];
+static void *parked(void *arg) {
+    char c;
+    ssize_t got = read(g_park[0], &c, 1);
+    (void)arg;
+    (void)got;
+    return NULL;
+}
+
 static double measure(size_t size, int threads, int glibc, int *failed) {
     pthread_t th[2];
     job_t jobs[2] = {{size, glibc, 0, 0}, {size, glibc, 0, 0}};
@@ -90,19 +105,37 @@ int main(int argc, char **argv) {
         sizes[0] = (size_t)atol(argv[2]);
         nsizes = 1;
         int t = atoi(argv[3]);
-        tmin = tmax = t == 2 ? 2 : t == 0 ? 0 : 1;
+        tmin = tmax = t == 2 ? 2 : t == 0 && argv[3][0] != 'r' ? 0 : 1;
+        if (argv[3][0] == 'r') { /* the main thread takes the device lock first: its owner */
+            void *p = NULL;
+            if (sp_malloc(sizes[0], 0, NULL, &p) != SP_SUCCESS || sp_free(p) != SP_SUCCESS)
+                return 1;
+        }
+    }
+    pthread_t waiter;
+    int main_mt = argc > 3 && argv[3][0] == 'm';
+    int revoked = argc > 3 && argv[3][0] == 'r';
+    if (main_mt && (pipe(g_park) != 0 || pthread_create(&waiter, NULL, parked, NULL) != 0)) {
+        fprintf(stderr, "bench_alloc: cannot start the waiting thread\n");
+        return 1;
     }
     int failed = 0;
     for (int threads = tmin; threads <= tmax; threads++) {
         for (int s = 0; s < nsizes; s++) {
             double sp = measure(sizes[s], threads, 0, &failed);
             double gl = measure(sizes[s], threads, 1, &failed);
-            printf("{\"bench\":\"alloc\",\"backend\":\"%s\",\"size\":%zu,\"threads\":%d,"
+            printf("{\"bench\":\"alloc\",\"backend\":\"%s\",\"size\":%zu,\"threads\":%d,%s"
                    "\"pairs_per_thread\":%ld,\"ns_per_pair\":%.1f,\"glibc_ns_per_pair\":%.1f,"
                    "\"ratio_to_glibc\":%.2f}\n",
-                   sp_backend_name(), sizes[s], threads, g_pairs, sp, gl, gl > 0 ? sp / gl : 0.0);
+                   sp_backend_name(), sizes[s], threads,
+                   main_mt   ? "\"main_of_multi_threaded_process\":true,"
+                   : revoked ? "\"after_the_main_threads_call\":true,"
+                             : "",
+                   g_pairs, sp, gl, gl > 0 ? sp / gl : 0.0);
         }
     }
+    if (main_mt && (write(g_park[1], "", 1) != 1 || pthread_join(waiter, NULL) != 0))
+        failed = 1;
     if (failed)
         fprintf(stderr, "bench_alloc: a call failed: %s\n", sp_last_error());
     sp_shutdown();

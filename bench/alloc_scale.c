@@ -4,9 +4,16 @@
  *
  *   {"bench":"alloc_scale","case":"pair_single_threaded_process",...}  the same in the main
  *                                                  thread of a process with no other thread yet
+ *   {"bench":"alloc_scale","case":"pair_main_thread",...}  the same in the main thread while
+ *                                                  another thread exists and waits: an mpirun
+ *                                                  rank's main thread beside the MPI library's
+ *                                                  threads (sp_init's thread, which the device
+ *                                                  locks are biased to: core/core_lock.h)
  *   {"bench":"alloc_scale","case":"pair",...}      one thread, 512 B: ns per pair next to glibc's
  *                                                  (a second thread of the process: the process
- *                                                  is multi-threaded, as a training job is)
+ *                                                  is multi-threaded, as a training job is, and
+ *                                                  the thread is not sp_init's, so the lock's
+ *                                                  bias is revoked and it takes the CAS)
  *   {"bench":"alloc_scale","case":"threads",...}   two threads on one device: per-thread ns per
  *                                                  pair over one thread's (the rounds alternate)
  *   {"bench":"alloc_scale","case":"thread_cache",...}  the same per-thread figures for 1 and 2
@@ -36,6 +43,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "sympool/experimental.h"
 #include "sympool/sympool.h"
@@ -90,6 +98,14 @@ static void *pairs(void *arg) {
     }
     j->ns = (bench_now_ns() - t0) / (double)g_pairs;
     j->cpu = (thread_cpu_ns() - c0) / (double)g_pairs;
+    return NULL;
+}
+
+/* The waiting thread of the pair_main_thread case: it does nothing until its pipe says so. */
+static void *parked(void *arg) {
+    char c;
+    ssize_t got = read(*(int *)arg, &c, 1);
+    (void)got;
     return NULL;
 }
 
@@ -216,6 +232,30 @@ int main(int argc, char **argv) {
         st_r[r] = sp.ns / gl.ns;
     }
     print_pair("pair_single_threaded_process", be, rounds, st_sp, st_gl, st_r);
+    fflush(stdout);
+
+    /* The same in the main thread while another thread waits on a pipe (the process is
+     * multi-threaded; the locks stay biased to this thread, which called sp_init). */
+    int park[2];
+    pthread_t waiter;
+    if (pipe(park) != 0 || pthread_create(&waiter, NULL, parked, &park[0]) != 0)
+        die("the waiting thread");
+    for (int r = 0; r < rounds; r++) {
+        job_t sp = {0, 0, 0}, gl = {1, 0, 0};
+        if (r % 2) {
+            pairs(&gl);
+            pairs(&sp);
+        } else {
+            pairs(&sp);
+            pairs(&gl);
+        }
+        st_sp[r] = sp.ns;
+        st_gl[r] = gl.ns;
+        st_r[r] = sp.ns / gl.ns;
+    }
+    if (write(park[1], "", 1) != 1 || pthread_join(waiter, NULL) != 0)
+        die("the waiting thread's end");
+    print_pair("pair_main_thread", be, rounds, st_sp, st_gl, st_r);
     fflush(stdout);
 
     double sp1[64], gl1[64], sp2[64], r_gl[64], r_thr[64], empty[64], full[64], r_set[64];

@@ -38,6 +38,14 @@ one() { # one() BUILD DIR: one run of every bench of that build
     if SYMPOOL_DEVICE=host "$2/bench/bench_alloc" 1 512 0 2>/dev/null | grep -q '"threads":0'; then
       instructions "$1" "$2" 0 '"case":"single_threaded_process",'
     fi
+    # And in the main thread while another thread waits (an mpirun rank's main thread).
+    if SYMPOOL_DEVICE=host "$2/bench/bench_alloc" 1 512 m 2>/dev/null | grep -q '"main_of_multi'; then
+      instructions "$1" "$2" m '"case":"main_thread_multi_threaded_process",'
+    fi
+    # And in a second thread after the main thread took the lock (the CAS path).
+    if SYMPOOL_DEVICE=host "$2/bench/bench_alloc" 1 512 r 2>/dev/null | grep -q '"after_the_main'; then
+      instructions "$1" "$2" r '"case":"second_thread_after_main",'
+    fi
   fi
 }
 i=0

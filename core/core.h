@@ -74,10 +74,8 @@ static inline bool sp__in_callback(void) {
  * SP_FAST_REASON per thread inside a user callback, per thread routing to a MemPool, while
  * memory history is recorded and while caching is off (SYMPOOL_NO_CACHING: a free gives its
  * segment back), and SP_FAST_NO_HIT (malloc only: sizes are rounded by divisions, caching is
- * off or segments are expandable). SP_FAST_ALONE, a bit of its own, while the process may still
- * have one thread: its hits then run out of line, taking the lock with plain stores
- * (core_lock.h), and the first call that finds a second thread gives the bit back. */
-enum { SP_FAST_NO_HIT = 1, SP_FAST_REASON = 2, SP_FAST_NOT_READY = 2, SP_FAST_ALONE = 1 << 20 };
+ * off or segments are expandable). */
+enum { SP_FAST_NO_HIT = 1, SP_FAST_REASON = 2, SP_FAST_NOT_READY = 2 };
 /* Hidden, so that the fast paths read it straight (no indirection through the GOT of the shared
  * library); it is defined with the library's default hidden visibility anyway. */
 extern __attribute__((visibility("hidden"))) int sp__fast_off; /* atomic builtins */

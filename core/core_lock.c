@@ -3,6 +3,9 @@
  * kernel until the holder's unlock wakes us or the sleep's bound ends.
  */
 #include <linux/futex.h>
+#include <linux/membarrier.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stddef.h>
@@ -45,6 +48,101 @@ static void count(sp_lock_t *l, int delta) {
         ;
 }
 
+/* ---- the bias (see sp_lock_t) ---------------------------------------------------------- */
+
+atomic_int sp__lock_bias_gone;
+
+static long membarrier(int cmd) {
+    return syscall(SYS_membarrier, cmd, 0, 0);
+}
+
+static void bias_is_gone(void) {
+    atomic_store_explicit(&sp__lock_bias_gone, 1, memory_order_relaxed);
+}
+
+bool sp__lock_bias_begin(void) {
+    static int registered = -1; /* the kernel's answer, asked once (callers are serialized) */
+    if (registered < 0)
+        registered = membarrier(MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED) == 0;
+    if (!registered) {
+        bias_is_gone();
+        return false;
+    }
+    return true;
+}
+
+void sp__lock_bias_end(void) {
+    atomic_store_explicit(&sp__lock_bias_gone, 0, memory_order_relaxed);
+}
+
+/* Every thread of the process executes a full barrier before this returns (see sp_lock_t). The
+ * registration sp__lock_bias_begin made is the process's and a fork child's; should the call
+ * still fail, the global form (every process, slower) is as good, and without either the owner
+ * could be inside unseen, which is no state to go on from. */
+static void barrier_everywhere(void) {
+    if (membarrier(MEMBARRIER_CMD_PRIVATE_EXPEDITED) == 0 || membarrier(MEMBARRIER_CMD_GLOBAL) == 0)
+        return;
+    fputs("sympool: membarrier failed while revoking a lock's bias; cannot go on safely\n", stderr);
+    abort();
+}
+
+/* Wait until the owner is out (`in` 0): spin, then sleep in bounded naps (the owner's unlock is
+ * a plain store that wakes nobody; a revocation happens once per lock). */
+static void wait_owner_out(sp_lock_t *l) {
+    for (int spent = 0, wait = 1; spent < SPIN_PAUSES; spent += wait) {
+        if (atomic_load_explicit(&l->in, memory_order_acquire) == 0)
+            return;
+        for (int k = 0; k < wait; k++)
+            cpu_relax();
+        wait = wait < SPIN_WAIT_MAX ? 2 * wait : wait;
+    }
+    while (atomic_load_explicit(&l->in, memory_order_acquire) != 0) {
+        struct timespec bound = {0, SP_LOCK_SLEEP_NS};
+        syscall(SYS_futex, &l->in, FUTEX_WAIT_PRIVATE, 1, &bound, NULL, 0);
+    }
+}
+
+/* A thread that is not the owner found the word BIASED: take it (1). With no owner yet nobody can
+ * be inside, so the taker becomes the owner and enters biased (a thread that waited meanwhile is
+ * woken: it will find the word BIASED and revoke). Otherwise it revokes the bias: the barrier,
+ * then a wait for the owner to be out. false: the word changed first (another taker, or the
+ * owner's own unbias); look again. */
+static bool take_biased_from_other(sp_lock_t *l) {
+    int c = SP_LOCK_BIASED;
+    if (!atomic_compare_exchange_strong_explicit(&l->v, &c, 1, memory_order_acquire,
+                                                 memory_order_relaxed))
+        return false;
+    if (__atomic_load_n(&l->owner, __ATOMIC_RELAXED) == 0) {
+        __atomic_store_n(&l->owner, SP_LOCK_ME(), __ATOMIC_RELAXED);
+        atomic_store_explicit(&l->in, 1, memory_order_relaxed);
+        (void)atomic_exchange_explicit(&l->v, SP_LOCK_BIASED, memory_order_seq_cst);
+        if (atomic_load_explicit(&l->sleepers, memory_order_relaxed) != 0)
+            sp__unlock_wake(l);
+        return true;
+    }
+    bias_is_gone();
+    barrier_everywhere();
+    wait_owner_out(l);
+    return true;
+}
+
+bool sp__lock_unbias(sp_lock_t *l) {
+    if (!sp__lock_take_biased(l))
+        return false;
+    int c = SP_LOCK_BIASED;
+    bool got = atomic_compare_exchange_strong_explicit(&l->v, &c, 1, memory_order_acquire,
+                                                       memory_order_relaxed);
+    /* Held as an ordinary lock now, or a revoker took the word first and waits for `in`. */
+    sp__unlock_biased(l);
+    return got;
+}
+
+/* The word said BIASED in sp__lock_slow: the owner enters (or unbiases); another thread becomes
+ * the owner of a lock nobody owns yet, or revokes. */
+static bool take_from_bias(sp_lock_t *l) {
+    return sp__lock_mine(l) ? sp__lock_owner_take(l) : take_biased_from_other(l);
+}
+
 void sp__lock_slow(sp_lock_t *l) {
     for (;;) {
         /* Between looks, a wait that doubles up to SPIN_WAIT_MAX pauses: a waiter that reads
@@ -53,6 +151,8 @@ void sp__lock_slow(sp_lock_t *l) {
          * pause, 80-86 with this; bench_alloc_scale's case threads, 2026-11-28). */
         for (int spent = 0, wait = 1; spent < SPIN_PAUSES; spent += wait) {
             int c = atomic_load_explicit(&l->v, memory_order_relaxed);
+            if (c == SP_LOCK_BIASED && take_from_bias(l))
+                return;
             if (c == 0 && atomic_compare_exchange_weak_explicit(&l->v, &c, 1, memory_order_acquire,
                                                                 memory_order_relaxed))
                 return;
@@ -66,7 +166,7 @@ void sp__lock_slow(sp_lock_t *l) {
         int c = 0;
         bool got = atomic_compare_exchange_strong_explicit(&l->v, &c, 1, memory_order_acquire,
                                                            memory_order_relaxed);
-        if (!got)
+        if (!got && c != SP_LOCK_BIASED) /* BIASED: the spin above takes it from the bias */
             sleep_on(l, c);
         count(l, -SP_LOCK_SLEEPER);
         if (got)

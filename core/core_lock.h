@@ -8,8 +8,18 @@
 #include <assert.h>
 #include <stdatomic.h>
 #include <stdbool.h>
+#include <stdint.h>
 
 #include "core/core.h"
+
+/* ThreadSanitizer builds (which must see every atomic: no load folded into inline asm). */
+#if defined(__SANITIZE_THREAD__)
+#define SP_LOCK_TSAN 1
+#elif defined(__has_feature)
+#if __has_feature(thread_sanitizer) /* clang says it so, not with __SANITIZE_THREAD__ */
+#define SP_LOCK_TSAN 1
+#endif
+#endif
 
 /* glibc 2.32 and later say whether the process has only ever had one thread
  * (<sys/single_threaded.h>: false from its first pthread_create on). Elsewhere: threads. */
@@ -20,8 +30,9 @@
 #endif
 #endif
 
-/* A futex lock from C11 atomics: the word is 0 free, 1 held, or SP_LOCK_ALONE held by the
- * process's only thread (sp__lock_alone); beside it, the threads that are asleep on it or about
+/* A futex lock from C11 atomics: the word is 0 free, 1 held, SP_LOCK_ALONE held by the
+ * process's only thread (sp__lock_alone), or SP_LOCK_BIASED: reserved for one thread, the owner,
+ * which takes it with plain stores (`in`); beside it, the threads that are asleep on it or about
  * to be, and whether a wake is on its way to one of them. Uncontended it costs one CAS to take and
  * a plain release store to give back: on x86 a locked read-modify-write costs about as much as the
  * rest of a cached malloc + free pair (bench/lock_cost.c), and this lock is taken twice a pair. The
@@ -31,13 +42,33 @@
  * sleep therefore ends after SP_LOCK_SLEEP_NS, when the sleeper looks again. Contended it spins
  * briefly, then sleeps in the kernel, because the holder may be inside a device call (cudaMalloc,
  * an MPI collective of a symmetric registrar) for milliseconds. ThreadSanitizer sees its
- * acquire/release atomics. */
+ * acquire/release atomics.
+ *
+ * The bias (SP_LOCK_BIASED): most processes allocate from one thread (an mpirun rank's main
+ * thread, beside the MPI library's own threads), and even the CAS is then a third of the pair's
+ * time. The allocator makes its device locks biased to nobody yet; the first thread to take one
+ * becomes its owner (`owner`, its thread pointer: one load to compare). The owner enters by
+ * storing 1 in `in` and checking that the word still says BIASED, and leaves by storing 0, with
+ * no locked instruction. (A thread made after the owner ended may get its thread pointer, and the
+ * bias with it: one live thread has it.)
+ * Another thread that wants the lock revokes the bias for good: it takes the word from BIASED to 1
+ * with a CAS, makes every thread of the process execute a full memory barrier (membarrier(2),
+ * MEMBARRIER_CMD_PRIVATE_EXPEDITED), then waits until `in` is 0. The barrier is what makes the
+ * owner's plain store and load safe (the asymmetric form of Dekker's pattern: the owner's side pays
+ * a compiler barrier, the rare side a system call): after it, an owner that stored `in` before the
+ * barrier is seen inside, and one that checks the word after it sees the revocation and steps back.
+ * The bias is never given again to that lock (a second thread that allocated once may do so every
+ * iteration: PyTorch's autograd thread). */
 typedef struct sp_lock {
-    atomic_int v;        /* 0, 1 or SP_LOCK_ALONE as above */
+    atomic_int v;        /* 0, 1, SP_LOCK_BIASED or SP_LOCK_ALONE as above */
     atomic_int sleepers; /* SP_LOCK_SLEEPER per thread in sp__lock_slow's sleep or about to
                             enter it, plus SP_LOCK_WAKING while a wake is on its way */
+    atomic_int in;       /* 1 while the bias's owner holds the lock that way (only it stores) */
+    uintptr_t owner;     /* the owner's thread pointer (SP_LOCK_ME), 0 for none yet; set once,
+                            by the first thread to take the lock, while it holds the word */
 } sp_lock_t;
 
+#define SP_LOCK_BIASED 2
 #define SP_LOCK_ALONE 3
 /* An unlock that sees sleepers wakes one unless a wake is already on its way (WAKING): the
  * woken thread needs a while to run, and the holder may unlock many times meanwhile. Any sleeper
@@ -52,6 +83,97 @@ typedef struct sp_lock {
 static inline void sp__lock_init(sp_lock_t *l) {
     atomic_init(&l->v, 0);
     atomic_init(&l->sleepers, 0);
+    atomic_init(&l->in, 0);
+    l->owner = 0;
+}
+
+/* The calling thread, as `owner` names it: its thread pointer (one instruction where the
+ * compiler offers it; a live thread's is its own). */
+#if defined(__x86_64__) || defined(__aarch64__)
+#define SP_LOCK_ME() ((uintptr_t)__builtin_thread_pointer())
+#else
+#include <pthread.h>
+#define SP_LOCK_ME() ((uintptr_t)pthread_self())
+#endif
+
+/* Set (for good, until sp__lock_bias_end) once a bias was revoked or biasing is off: then the
+ * process's hits take the lock with the CAS (the allocator looks at it on its whole paths). */
+extern atomic_int sp__lock_bias_gone;
+
+/* At allocator init (serialized by its caller): may the locks made now be biased? Yes when the
+ * kernel offers the barrier revocation needs; else sp__lock_bias_gone is set. sp__lock_bias_end,
+ * at shutdown, clears it. */
+bool sp__lock_bias_begin(void);
+void sp__lock_bias_end(void);
+
+/* Make a lock nobody holds or waits on biased, to nobody yet (after sp__lock_bias_begin said
+ * yes; before another thread can see the lock): its first taker becomes the owner. */
+static inline void sp__lock_bias(sp_lock_t *l) {
+    __atomic_store_n(&l->owner, 0, __ATOMIC_RELAXED);
+    atomic_store_explicit(&l->v, SP_LOCK_BIASED, memory_order_release);
+}
+
+/* Is the calling thread the lock's owner? The word may be written by a first taker meanwhile
+ * (once); only this thread ever writes this thread's value there, so any value read answers
+ * right. A plain read outside ThreadSanitizer builds (an aligned word: one load on the targets
+ * with SP_LOCK_ME's one-instruction form): the relaxed atomic load made GCC 12 save one more
+ * register in free_fast (5 instructions a cached pair). */
+static inline bool sp__lock_mine(const sp_lock_t *l) {
+#ifdef SP_LOCK_TSAN
+    return __atomic_load_n(&l->owner, __ATOMIC_RELAXED) == SP_LOCK_ME();
+#else
+    return l->owner == SP_LOCK_ME();
+#endif
+}
+
+/* The owner's entry: `in` first, then the word; if the word no longer says BIASED a revoker
+ * has it (and waits for `in` to be 0 again), so step back. The compiler barrier keeps the two
+ * in this order; the processor may still let the load pass the store, which is what the
+ * revoker's membarrier rules out (see sp_lock_t). */
+static inline void sp__unlock_biased(sp_lock_t *l) {
+#if defined(__x86_64__) && !defined(SP_LOCK_TSAN)
+    /* A release store is a plain one on x86; written so, the compiler addresses `in` off the lock
+     * it holds in a register already instead of keeping a pointer to it across the hold (a
+     * register more to save in free_fast: 6 instructions a pair). */
+    __asm__ volatile("movl $0, %0" : "=m"(l->in) : : "memory");
+#else
+    atomic_store_explicit(&l->in, 0, memory_order_release);
+#endif
+}
+
+/* Does the word still say BIASED? On x86-64 (but under ThreadSanitizer) the compare's own memory
+ * operand, as sp__lock_sleepers_seen. The loads of what the lock guards cannot pass it on x86
+ * (loads are not reordered with older loads), nor, for the compiler, the fence before it. */
+static inline bool sp__lock_still_biased(sp_lock_t *l) {
+#if defined(__x86_64__) && defined(__GCC_ASM_FLAG_OUTPUTS__) && !defined(SP_LOCK_TSAN)
+    bool biased;
+    __asm__ volatile("cmpl %2, %1" : "=@cce"(biased) : "m"(l->v), "i"(SP_LOCK_BIASED));
+    return biased;
+#else
+    return atomic_load_explicit(&l->v, memory_order_acquire) == SP_LOCK_BIASED;
+#endif
+}
+
+static inline bool sp__lock_take_biased(sp_lock_t *l) {
+    atomic_store_explicit(&l->in, 1, memory_order_relaxed);
+    atomic_signal_fence(memory_order_seq_cst);
+    if (SP_LIKELY(sp__lock_still_biased(l)))
+        return true;
+    sp__unlock_biased(l);
+    return false;
+}
+
+/* The owner, once the process's bias is gone (sp__lock_bias_gone), on a lock still biased:
+ * turns it into an ordinary held lock (1), so that its hits take the CAS path with the rest. */
+bool sp__lock_unbias(sp_lock_t *l);
+
+/* sp__lock's first step in the owner: the biased entry if the lock is biased. */
+static inline bool sp__lock_owner_take(sp_lock_t *l) {
+    if (atomic_load_explicit(&l->v, memory_order_relaxed) != SP_LOCK_BIASED)
+        return false;
+    if (SP_UNLIKELY(atomic_load_explicit(&sp__lock_bias_gone, memory_order_relaxed)))
+        return sp__lock_unbias(l);
+    return sp__lock_take_biased(l);
 }
 
 /* In a fork child, before its handler gives back a lock the forking thread took in prepare: the
@@ -98,14 +220,6 @@ static inline bool sp__lock_try_shared(sp_lock_t *l) {
  * x86-64 (but under ThreadSanitizer, which must see the atomic) the load is the compare's own
  * memory operand: compilers do not fold an atomic load into a compare, and this is one
  * instruction of the cached pair's two unlocks. An aligned 4-byte load is atomic there. */
-#if defined(__SANITIZE_THREAD__)
-#define SP_LOCK_TSAN 1
-#elif defined(__has_feature)
-#if __has_feature(thread_sanitizer) /* clang says it so, not with __SANITIZE_THREAD__ */
-#define SP_LOCK_TSAN 1
-#endif
-#endif
-
 static inline bool sp__lock_sleepers_seen(sp_lock_t *l) {
 #if defined(__x86_64__) && defined(__GCC_ASM_FLAG_OUTPUTS__) && !defined(SP_LOCK_TSAN)
     bool seen;
@@ -134,7 +248,14 @@ static inline void sp__lock_take_alone(sp_lock_t *l) {
     atomic_store_explicit(&l->v, SP_LOCK_ALONE, memory_order_relaxed);
 }
 
+/* Alone, a biased lock is not this thread's only when nobody owns it yet or its owner ended
+ * (sp__lock asks sp__lock_mine first): the only thread takes it over and enters biased. */
 static inline bool sp__lock_try_alone(sp_lock_t *l) {
+    if (atomic_load_explicit(&l->v, memory_order_relaxed) == SP_LOCK_BIASED) {
+        __atomic_store_n(&l->owner, SP_LOCK_ME(), __ATOMIC_RELAXED);
+        atomic_store_explicit(&l->in, 1, memory_order_relaxed);
+        return true;
+    }
     sp__lock_take_alone(l);
     return true;
 }
@@ -161,14 +282,21 @@ static inline bool sp__lock_try(sp_lock_t *l) {
 }
 
 static inline void sp__lock(sp_lock_t *l) {
+    if (SP_UNLIKELY(sp__lock_mine(l)) && sp__lock_owner_take(l))
+        return;
     if (SP_LIKELY(sp__lock_try(l)))
         return;
     sp__lock_slow(l);
 }
 
 /* The lock word says how the lock was taken, so that a multi-threaded unlock pays one compare
- * for the single-threaded path, not a second look at sp__lock_alone. */
+ * for the single-threaded path, not a second look at sp__lock_alone. The owner of the bias looks
+ * at `in` first: a revoker may have changed the word while the owner was inside. */
 static inline void sp__unlock(sp_lock_t *l) {
+    if (SP_UNLIKELY(sp__lock_mine(l)) && atomic_load_explicit(&l->in, memory_order_relaxed)) {
+        sp__unlock_biased(l);
+        return;
+    }
     if (atomic_load_explicit(&l->v, memory_order_relaxed) == SP_LOCK_ALONE)
         sp__unlock_alone(l);
     else

@@ -1126,23 +1126,22 @@ static __attribute__((noinline)) sp_status_t malloc_rest(sp_devalloc_t *d, sp_me
     return alloc_locked(d, pool, orig, stream, ptr_p, 0, false);
 }
 
-/* The hit paths' lock, in two copies each (alone is a constant at every call). The copies in
- * malloc_fast and free_fast are the multi-threaded ones and cost nothing more than the CAS path:
- * the single-threaded question is a share of sp__fast_off (SP_FAST_ALONE, armed at init when
- * the process has one thread), so a multi-threaded process, once disarmed, never asks it. The
- * single-threaded copies are in malloc_alone and free_alone. Out-of-line continuations
- * (malloc_rest, free_rest) give the lock back with sp__unlock, which reads the word. */
-static inline __attribute__((always_inline)) bool hit_lock(sp_lock_t *l, bool alone) {
-    if (alone)
-        return sp__lock_try_alone(l);
+/* The hit paths' lock, in two copies each (biased is a constant at every call). The copies in
+ * malloc_fast and free_fast are the bias owner's (core_lock.h): while the locks are biased,
+ * their owner enters with plain stores, and any other thread is sent to the whole path, whose
+ * lock takes an unowned lock or revokes the bias. The CAS copies are in malloc_shared and
+ * free_shared: sp_malloc and sp_free go to the copies g_hits names (sp__alloc_hits_choose).
+ * Out-of-line continuations (malloc_rest, free_rest) give the lock back with sp__unlock, which
+ * knows both forms. */
+static inline __attribute__((always_inline)) bool hit_lock(sp_lock_t *l, bool biased) {
+    if (biased)
+        return SP_LIKELY(sp__lock_mine(l)) && SP_LIKELY(sp__lock_take_biased(l));
     return SP_LIKELY(sp__lock_try_shared(l));
 }
 
-/* Between hit_lock and hit_unlock the hit calls nothing that makes a thread, so a lock taken
- * alone is given back alone, with no second look at __libc_single_threaded. */
-static inline __attribute__((always_inline)) void hit_unlock(sp_lock_t *l, bool alone) {
-    if (alone)
-        sp__unlock_alone_held_briefly(l);
+static inline __attribute__((always_inline)) void hit_unlock(sp_lock_t *l, bool biased) {
+    if (biased)
+        sp__unlock_biased(l);
     else
         sp__unlock_shared(l);
 }
@@ -1156,8 +1155,8 @@ static inline __attribute__((always_inline)) void hit_unlock(sp_lock_t *l, bool 
  * was done and malloc_full takes the whole path. */
 static inline __attribute__((always_inline)) bool malloc_hit(sp_devalloc_t *d, size_t orig,
                                                              sp_stream_t stream, void **ptr_p,
-                                                             sp_status_t *s_p, bool alone) {
-    if (!hit_lock(&d->lock, alone))
+                                                             sp_status_t *s_p, bool biased) {
+    if (!hit_lock(&d->lock, biased))
         return false;
     sp_mempool_t *pool = d->default_pool;
     size_t size = round_512(orig);
@@ -1170,7 +1169,7 @@ static inline __attribute__((always_inline)) bool malloc_hit(sp_devalloc_t *d, s
                   hit_is_plain(d, bp, b, pred, size, false))) {
         b = hand_out(d, b, true, pred, size, orig, 0, false, HIT_SPLIT);
         *ptr_p = (void *)b->addr;
-        hit_unlock(&d->lock, alone);
+        hit_unlock(&d->lock, biased);
         *s_p = SP_SUCCESS;
         return true;
     }
@@ -1178,9 +1177,59 @@ static inline __attribute__((always_inline)) bool malloc_hit(sp_devalloc_t *d, s
     return true;
 }
 
+/* The hit copies sp_malloc and sp_free call (the biased ones or the CAS ones). One indirect jump
+ * instead of a second test of sp__fast_off: either way the call is one instruction, and the
+ * copies not chosen cost nothing. Any copy is right in any state (a biased copy sends a thread
+ * that does not own the lock to the whole path; a CAS fails on a biased word), so a call that
+ * read the old choice while it changes is only slower. */
+typedef struct {
+    sp_status_t (*malloc_hit)(size_t, int, sp_stream_t, void **);
+    sp_status_t (*free_hit)(void *);
+} hits_t;
+static sp_status_t malloc_fast(size_t, int, sp_stream_t, void **);
+static sp_status_t malloc_shared(size_t, int, sp_stream_t, void **);
+static sp_status_t free_fast(void *);
+static sp_status_t free_shared(void *);
+static hits_t g_hits = {malloc_shared, free_shared};
+
+/* A plain read outside ThreadSanitizer builds: the pointers are whole aligned words written
+ * while other threads may call; a relaxed atomic load would cost the call an instruction (the
+ * pointer into a register before the jump). */
+static inline sp_status_t (*malloc_hit_fn(void))(size_t, int, sp_stream_t, void **) {
+#ifdef SP_LOCK_TSAN
+    return __atomic_load_n(&g_hits.malloc_hit, __ATOMIC_RELAXED);
+#else
+    return g_hits.malloc_hit;
+#endif
+}
+
+static inline sp_status_t (*free_hit_fn(void))(void *) {
+#ifdef SP_LOCK_TSAN
+    return __atomic_load_n(&g_hits.free_hit, __ATOMIC_RELAXED);
+#else
+    return g_hits.free_hit;
+#endif
+}
+
+void sp__alloc_hits_choose(void) {
+    bool biased = !atomic_load_explicit(&sp__lock_bias_gone, memory_order_relaxed);
+    __atomic_store_n(&g_hits.malloc_hit, biased ? malloc_fast : malloc_shared, __ATOMIC_RELAXED);
+    __atomic_store_n(&g_hits.free_hit, biased ? free_fast : free_shared, __ATOMIC_RELAXED);
+}
+
+bool sp__alloc_hits_biased(void) {
+    return __atomic_load_n(&g_hits.free_hit, __ATOMIC_RELAXED) == free_fast;
+}
+
+/* On a whole path: once a bias is gone, the CAS copies from now on. */
+static inline void hits_follow_bias(void) {
+    if (SP_UNLIKELY(sp__alloc_hits_biased()) &&
+        atomic_load_explicit(&sp__lock_bias_gone, memory_order_relaxed))
+        sp__alloc_hits_choose();
+}
+
 /* sp_malloc's whole path: every check in its order, any pool, history, misses. */
-static __attribute__((noinline)) sp_status_t malloc_full(size_t size, int device,
-                                                         sp_stream_t stream, void **ptr_p) {
+static sp_status_t malloc_whole(size_t size, int device, sp_stream_t stream, void **ptr_p) {
     if (SP_UNLIKELY(!ptr_p))
         return sp__error(SP_ERR_INVALID_ARGUMENT, SP_SUB_POOL, "sp_malloc: ptr_p is NULL");
     if (sp__in_callback())
@@ -1210,40 +1259,36 @@ static __attribute__((noinline)) sp_status_t malloc_full(size_t size, int device
     return alloc_malloc(d, pool ? pool : d->default_pool, size, stream, ptr_p);
 }
 
-/* sp_malloc when sp__fast_off holds more than the single-threaded share: the whole path, after
- * giving that share back if the process has a second thread now (glibc never turns
- * __libc_single_threaded true again, so once is for good). */
-static __attribute__((noinline)) sp_status_t malloc_slow(size_t size, int device,
+/* The whole path, then a look at the bias: a call that revoked one (or found it revoked) turns
+ * the hits to the CAS copies at once. */
+static __attribute__((noinline)) sp_status_t malloc_full(size_t size, int device,
                                                          sp_stream_t stream, void **ptr_p) {
-    if ((__atomic_load_n(&sp__fast_off, __ATOMIC_ACQUIRE) & SP_FAST_ALONE) && !sp__lock_alone())
-        sp__alloc_alone_disarm();
-    return malloc_full(size, device, stream, ptr_p);
+    sp_status_t s = malloc_whole(size, device, stream, ptr_p);
+    hits_follow_bias();
+    return s;
 }
 
-/* The single-threaded process's hit (sp__fast_off held the single-threaded share alone): the
- * same checks and hit as malloc_fast, the lock taken by plain stores; a function of its own so
- * that it saves only the registers the hit needs. */
-static __attribute__((noinline)) sp_status_t malloc_alone(size_t size, int device,
-                                                          sp_stream_t stream, void **ptr_p) {
+/* The hit of a process whose locks are not biased: the same checks and hit as malloc_fast, the
+ * lock taken with a CAS. */
+static __attribute__((noinline)) sp_status_t malloc_shared(size_t size, int device,
+                                                           sp_stream_t stream, void **ptr_p) {
     sp_status_t s;
-    if (SP_UNLIKELY(!sp__lock_alone()))
-        sp__alloc_alone_disarm();
-    else if (SP_LIKELY((unsigned)device < (unsigned)sp__g.ndev && ptr_p &&
-                       size - 1 < SP_ONE_EB - 1 && !is_pseudo_stream(stream)) &&
-             malloc_hit(&sp__g.devs[device], size, stream, ptr_p, &s, true))
+    if (SP_LIKELY((unsigned)device < (unsigned)sp__g.ndev && ptr_p && size - 1 < SP_ONE_EB - 1 &&
+                  !is_pseudo_stream(stream)) &&
+        malloc_hit(&sp__g.devs[device], size, stream, ptr_p, &s, false))
         return s;
     return malloc_full(size, device, stream, ptr_p);
 }
 
-/* sp_malloc once sp__fast_malloc_on said yes. A function of its own so that sp_malloc saves no
- * register before it knows which way it goes: the single-threaded process's calls (malloc_alone)
- * then pay no save and restore they do not use (callgrind: 22 instructions a call). */
+/* sp_malloc once sp__fast_malloc_on said yes, in the bias owner (any other thread goes on to
+ * malloc_full). A function of its own so that sp_malloc saves no register before it knows which
+ * way it goes. */
 static __attribute__((noinline)) sp_status_t malloc_fast(size_t size, int device,
                                                          sp_stream_t stream, void **ptr_p) {
     sp_status_t s;
     if (SP_LIKELY((unsigned)device < (unsigned)sp__g.ndev && ptr_p && size - 1 < SP_ONE_EB - 1 &&
                   !is_pseudo_stream(stream)) &&
-        malloc_hit(&sp__g.devs[device], size, stream, ptr_p, &s, false))
+        malloc_hit(&sp__g.devs[device], size, stream, ptr_p, &s, true))
         return s;
     return malloc_full(size, device, stream, ptr_p);
 }
@@ -1255,10 +1300,8 @@ SP_EXPORT sp_status_t sp_malloc(size_t size, int device, sp_stream_t stream, voi
      * from its first check, as if the hit was never tried. */
     int off = __atomic_load_n(&sp__fast_off, __ATOMIC_ACQUIRE);
     if (SP_LIKELY(off == 0))
-        return malloc_fast(size, device, stream, ptr_p);
-    if (off == SP_FAST_ALONE)
-        return malloc_alone(size, device, stream, ptr_p);
-    return malloc_slow(size, device, stream, ptr_p);
+        return malloc_hit_fn()(size, device, stream, ptr_p);
+    return malloc_full(size, device, stream, ptr_p);
 }
 
 /* Explain why ptr is not a live block (slow path of a failed free / record_stream). */
@@ -1344,24 +1387,24 @@ static __attribute__((noinline)) sp_devalloc_t *later_device(uintptr_t a) {
  * whole path's first match too) and the lock was free; the commonest free (free_is_plain) has no
  * call on its way, any other free of a block found goes on in free_rest. false: the lock was
  * busy or the pointer is not there; nothing was done and free_full takes the whole path. */
-static inline __attribute__((always_inline)) bool free_hit(uintptr_t a, bool alone) {
+static inline __attribute__((always_inline)) bool free_hit(uintptr_t a, bool biased) {
     /* devs[0] exists even with no device (zeroed: its empty range holds nothing), so the
      * commonest case, device 0, costs no device count or index. */
     sp_devalloc_t *d = sp__g.devs;
     if (SP_UNLIKELY(!in_range(d, a)) && !(d = later_device(a)))
         return false;
-    if (SP_UNLIKELY(!hit_lock(&d->lock, alone)))
+    if (SP_UNLIKELY(!hit_lock(&d->lock, biased)))
         return false;
     sp_block_t *b = NULL;
     sp_ref_t *pp = sp__ptr_map_slot_b(&d->map, a, &b);
     if (SP_UNLIKELY(!pp)) {
-        hit_unlock(&d->lock, alone);
+        hit_unlock(&d->lock, biased);
         return false;
     }
     bool low = false;
     if (SP_LIKELY(free_is_plain(b, &low))) {
         free_locked(d, sp__ptr_map_unlink_b(&d->map, pp, b), low, 0, false, FREE_ONE);
-        hit_unlock(&d->lock, alone);
+        hit_unlock(&d->lock, biased);
     } else {
         free_rest(d, pp);
     }
@@ -1385,7 +1428,7 @@ static sp_status_t tc_verdict_status(sp_tc_verdict_t v, const char *what, const 
 }
 
 /* sp_free's whole path: every check in its order, history, events, every device. */
-static __attribute__((noinline)) sp_status_t free_full(void *ptr) {
+static sp_status_t free_whole(void *ptr) {
     if (!ptr)
         return SP_SUCCESS;
     if (sp__in_callback())
@@ -1431,26 +1474,23 @@ static __attribute__((noinline)) sp_status_t free_full(void *ptr) {
     return explain_bad_pointer("sp_free", ptr);
 }
 
-/* sp_free when sp__fast_off holds more than the single-threaded share (and sp_free's own
- * reasons do not let it take a hit), as malloc_slow. */
-static __attribute__((noinline)) sp_status_t free_slow(void *ptr) {
-    if ((__atomic_load_n(&sp__fast_off, __ATOMIC_ACQUIRE) & SP_FAST_ALONE) && !sp__lock_alone())
-        sp__alloc_alone_disarm();
-    return free_full(ptr);
+/* The whole path, then a look at the bias (see malloc_full). */
+static __attribute__((noinline)) sp_status_t free_full(void *ptr) {
+    sp_status_t s = free_whole(ptr);
+    hits_follow_bias();
+    return s;
 }
 
-/* sp_free's single-threaded hit, as malloc_alone's. */
-static __attribute__((noinline)) sp_status_t free_alone(void *ptr) {
-    if (SP_UNLIKELY(!sp__lock_alone()))
-        sp__alloc_alone_disarm();
-    else if (free_hit((uintptr_t)ptr, true))
+/* sp_free's hit with the CAS, as malloc_shared's. */
+static __attribute__((noinline)) sp_status_t free_shared(void *ptr) {
+    if (free_hit((uintptr_t)ptr, false))
         return SP_SUCCESS;
     return free_full(ptr);
 }
 
-/* sp_free once sp__fast_free_on said yes (see malloc_fast). */
+/* sp_free once sp__fast_free_on said yes, in the bias owner (see malloc_fast). */
 static __attribute__((noinline)) sp_status_t free_fast(void *ptr) {
-    if (free_hit((uintptr_t)ptr, false))
+    if (free_hit((uintptr_t)ptr, true))
         return SP_SUCCESS;
     return free_full(ptr);
 }
@@ -1461,11 +1501,8 @@ SP_EXPORT sp_status_t sp_free(void *ptr) {
      * from its first check. NULL is in no device's range, so free_full answers it. */
     int off = __atomic_load_n(&sp__fast_off, __ATOMIC_ACQUIRE);
     if (SP_LIKELY(off < SP_FAST_REASON))
-        return free_fast(ptr);
-    /* the single-threaded share, with at most SP_FAST_NO_HIT beside it (not sp_free's concern) */
-    if ((unsigned)(off - SP_FAST_ALONE) < SP_FAST_REASON)
-        return free_alone(ptr);
-    return free_slow(ptr);
+        return free_hit_fn()(ptr);
+    return free_full(ptr);
 }
 
 /* COLD twin of sp_free for sp_torch_free: the same locked probe-and-free, but the device PyTorch

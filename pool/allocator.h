@@ -163,8 +163,11 @@ extern __attribute__((visibility("hidden"))) sp_alloc_global_t sp__g;
 extern atomic_int sp__ready; /* 1 once sp__g is initialized */
 
 sp_status_t sp__alloc_init_slow(void);
-/* Gives back sp__fast_off's SP_FAST_ALONE share if it holds it (api.c). */
-void sp__alloc_alone_disarm(void);
+
+/* Point sp_malloc's and sp_free's hits at the bias owner's copies or at the CAS ones, as
+ * core_lock.h's sp__lock_bias_gone says (init; whole paths once a bias is gone). */
+void sp__alloc_hits_choose(void);
+bool sp__alloc_hits_biased(void); /* the owner's copies are chosen (tests) */
 /* The shutdown gate. The cold public calls (statistics, summaries, snapshots, empty_cache,
  * streams, MemPool management) pass it for their whole length; sp_shutdown closes it and waits
  * for the calls inside, so it never frees what one of them reads, and a call arriving while it

@@ -27,15 +27,6 @@
 sp_alloc_global_t sp__g = {.init_lock = PTHREAD_MUTEX_INITIALIZER};
 atomic_int sp__ready;
 
-/* SP_FAST_ALONE is in sp__fast_off (see core.h): set once and given back once, whoever finds
- * the process multi-threaded first. */
-static atomic_int g_alone_armed;
-
-void sp__alloc_alone_disarm(void) {
-    if (atomic_exchange(&g_alone_armed, 0))
-        sp__fast_off_add(-SP_FAST_ALONE);
-}
-
 /* The shutdown gate (allocator.h). Sequentially consistent: a call counts itself in, then looks
  * at `closing`; shutdown sets `closing`, then looks at the count. Either the call sees closing
  * (and leaves) or shutdown sees the call (and waits for it). */
@@ -179,6 +170,13 @@ sp_status_t sp__alloc_init_slow(void) {
             break;
         }
     }
+    /* The device locks are biased, each to the first thread that takes it (core_lock.h),
+     * unless biasing is off here. */
+    if (s == SP_SUCCESS && sp__lock_bias_begin())
+        for (int i = 0; i < n; i++)
+            sp__lock_bias(&sp__g.devs[i].lock);
+    if (s == SP_SUCCESS)
+        sp__alloc_hits_choose();
     if (s != SP_SUCCESS) {
         for (int i = 0; i < ok; i++)
             dev_fini(&sp__g.devs[i]);
@@ -202,8 +200,6 @@ sp_status_t sp__alloc_init_slow(void) {
     sp__g.fast_rest = (sp__g.hit_fast ? 0 : SP_FAST_NO_HIT) +
                       ((sp__g.conf.no_caching || sp__g.tc_limit) ? SP_FAST_REASON : 0);
     sp__fast_off_add(sp__g.fast_rest - SP_FAST_NOT_READY);
-    if (sp__lock_alone() && !atomic_exchange(&g_alone_armed, 1))
-        sp__fast_off_add(SP_FAST_ALONE);
     pthread_mutex_unlock(&sp__g.init_lock);
     return SP_SUCCESS;
 }
@@ -295,7 +291,7 @@ static sp_status_t shutdown_locked(void) {
     sp__g.ndev = 0;
     atomic_store_explicit(&sp__ready, 0, memory_order_release);
     sp__fast_off_add(SP_FAST_NOT_READY - sp__g.fast_rest);
-    sp__alloc_alone_disarm();
+    sp__lock_bias_end();
     sp__mempool_routing_reset();
     sp__handles_next_generation(); /* every pool handle of this session is stale from here */
     sp__history_shutdown();

@@ -53,3 +53,26 @@ void sp_probe_release_silently(void *l) {
 void sp_probe_fork_child(void *l) {
     sp__lock_fork_child(l);
 }
+
+int sp_probe_bias_begin(void) {
+    sp__lock_bias_end();
+    return sp__lock_bias_begin();
+}
+
+void sp_probe_bias_nobody(void *l) {
+    sp__lock_bias(l);
+}
+
+void sp_probe_bias(void *l) {
+    sp__lock_bias(l);
+    sp__lock(l); /* the first taker owns it */
+    sp__unlock(l);
+}
+
+int sp_probe_lock_in(void *l) {
+    return atomic_load_explicit(&((sp_lock_t *)l)->in, memory_order_acquire);
+}
+
+int sp_probe_bias_gone(void) {
+    return atomic_load_explicit(&sp__lock_bias_gone, memory_order_acquire);
+}

@@ -16,6 +16,13 @@ void sp_probe_wake(void *l); /* frees the lock and wakes one sleeper, whatever i
  * window (core_lock.h) */
 void sp_probe_release_silently(void *l);
 void sp_probe_fork_child(void *l); /* sp__lock_fork_child */
+/* The bias: a fresh start (sp__lock_bias_end, then sp__lock_bias_begin in the calling thread:
+ * 1 if that thread owns the bias now), biasing a lock nobody holds, and what it shows. */
+int sp_probe_bias_begin(void);
+void sp_probe_bias_nobody(void *l); /* biased, owned by nobody yet */
+void sp_probe_bias(void *l);        /* biased, owned by the calling thread */
+int sp_probe_lock_in(void *l);
+int sp_probe_bias_gone(void);
 #ifdef __cplusplus
 }
 #endif

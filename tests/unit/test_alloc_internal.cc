@@ -15,6 +15,8 @@ extern "C" {
 #include "pool/pool.h"
 #include "pool/block.h"
 #include "sympool/experimental.h"
+// pool/allocator.h (C11 atomics: a C++ test cannot include it)
+bool sp__alloc_hits_biased(void);
 }
 
 using namespace sp;
@@ -337,14 +339,13 @@ TEST_F(AllocInternal, NoStructStorageForANewSegmentFailsCleanly) {
 // reason for them to step aside. Each reason must add its share when it begins and take it back
 // when it ends: a share left behind would silently keep every call on the whole path for good,
 // a share missing would let the fast paths run past a pool route, a callback or history.
-// Without the single-threaded share (SP_FAST_ALONE: armed while the process may have one
-// thread, tested on its own below).
 static int fast_off() {
-    return __atomic_load_n(&sp__fast_off, __ATOMIC_RELAXED) & ~SP_FAST_ALONE;
+    return __atomic_load_n(&sp__fast_off, __ATOMIC_RELAXED);
 }
 
-static bool fast_alone_armed() {
-    return (__atomic_load_n(&sp__fast_off, __ATOMIC_RELAXED) & SP_FAST_ALONE) != 0;
+// The hits take the CAS (the bias is gone or off), not the owner's plain stores.
+static bool fast_shared() {
+    return !sp__alloc_hits_biased();
 }
 
 TEST_F(AllocInternal, FastPathGateCountsEveryReasonAndReturnsToRest) {
@@ -419,41 +420,63 @@ TEST_F(AllocInternal, FastPathGateCountsEveryReasonAndReturnsToRest) {
     EXPECT_EQ(fast_off(), rest);
 }
 
-// The single-threaded share: armed by sp_init while the process has one thread (the hits then
-// run out of line with the lock's plain stores), given back by the first call that finds a
-// second thread, and by sp_shutdown; never twice, never left behind. Every call gives the same
-// answers either way.
-TEST_F(AllocInternal, SingleThreadedShareIsArmedAloneAndGivenBackOnce) {
-    if (!__libc_single_threaded)
-        GTEST_SKIP() << "this process already has threads (the binary ran whole)";
+// The bias (core_lock.h): sp_init biases the device locks, each to the first thread that takes
+// it (here the test's), whose hits then take them with plain stores (no SP_FAST_SHARED share);
+// the first call of another thread revokes the bias and adds the share, once; sp_shutdown gives
+// it back; a new init biases the new locks again. Every call gives the same answers either way, and
+// the blocks stay consistent across the revocation.
+TEST_F(AllocInternal, BiasIsRevokedOnceByASecondThreadAndGivenBackAtShutdown) {
     ASSERT_SP_OK(sp_init());
-    EXPECT_TRUE(fast_alone_armed());
+    if (fast_shared()) {
+        ASSERT_SP_OK(sp_shutdown());
+        GTEST_SKIP() << "no bias here (no membarrier, or another thread of this binary owned it)";
+    }
     void *p = nullptr;
-    ASSERT_SP_OK(sp_malloc(512, 0, nullptr, &p)); // the single-threaded hit (or growth)
+    ASSERT_SP_OK(sp_malloc(512, 0, nullptr, &p)); // growth
     ASSERT_SP_OK(sp_free(p));
-    ASSERT_SP_OK(sp_malloc(512, 0, nullptr, &p)); // the single-threaded hit
+    ASSERT_SP_OK(sp_malloc(512, 0, nullptr, &p)); // the owner's hit
     ASSERT_SP_OK(sp_free(p));
-    EXPECT_TRUE(fast_alone_armed());
+    EXPECT_FALSE(fast_shared()) << "the owner's own calls keep the bias";
     ASSERT_SP_OK(sp_shutdown());
-    EXPECT_FALSE(fast_alone_armed()) << "shutdown gives the share back";
-    EXPECT_EQ(fast_off(), SP_FAST_NOT_READY);
+    EXPECT_EQ(__atomic_load_n(&sp__fast_off, __ATOMIC_RELAXED), SP_FAST_NOT_READY);
     ASSERT_SP_OK(sp_init());
-    EXPECT_TRUE(fast_alone_armed()) << "a new init, still alone, arms it again";
+    EXPECT_FALSE(fast_shared()) << "a new init biases again";
     const int rest = fast_off();
+    ASSERT_SP_OK(sp_malloc(512, 0, nullptr, &p)); // this thread takes the lock first: its owner
+    ASSERT_SP_OK(sp_free(p));
 
     void *q = nullptr;
     std::thread other([&] { ASSERT_SP_OK(sp_malloc(512, 0, nullptr, &q)); });
     other.join();
-    EXPECT_FALSE(fast_alone_armed()) << "the first call with two threads gives it back";
+    EXPECT_TRUE(fast_shared()) << "another thread's call revokes the bias";
     EXPECT_EQ(fast_off(), rest);
-    ASSERT_SP_OK(sp_free(q)); // the multi-threaded hit frees the other thread's block
-    ASSERT_SP_OK(sp_malloc(512, 0, nullptr, &p));
-    ASSERT_SP_OK(sp_free(p));
-    EXPECT_FALSE(fast_alone_armed());
+    void *r = nullptr;
+    ASSERT_SP_OK(sp_malloc(512, 0, nullptr, &r)); // the owner, now with the CAS
+    EXPECT_NE(r, q);
+    ASSERT_SP_OK(sp_free(q)); // the owner frees the other thread's block
+    ASSERT_SP_OK(sp_free(r));
+    expect_warnings();
+    sp_status_t twice = sp_free(r);
+    EXPECT_EQ(twice, SP_ERR_INVALID_USAGE) << "a double free is still seen";
+    std::thread again([&] {
+        ASSERT_SP_OK(sp_malloc(512, 0, nullptr, &q));
+        ASSERT_SP_OK(sp_free(q));
+    });
+    again.join();
     ASSERT_SP_OK(sp_shutdown());
-    EXPECT_EQ(fast_off(), SP_FAST_NOT_READY);
     EXPECT_EQ(__atomic_load_n(&sp__fast_off, __ATOMIC_RELAXED), SP_FAST_NOT_READY)
         << "no share left behind";
+    std::thread stranger([&] {
+        ASSERT_SP_OK(sp_init());
+        EXPECT_FALSE(fast_shared()) << "a new init biases again";
+        void *x = nullptr;
+        ASSERT_SP_OK(sp_malloc(512, 0, nullptr, &x));
+        ASSERT_SP_OK(sp_free(x));
+        EXPECT_FALSE(fast_shared());
+        ASSERT_SP_OK(sp_shutdown());
+    });
+    stranger.join();
+    EXPECT_EQ(__atomic_load_n(&sp__fast_off, __ATOMIC_RELAXED), SP_FAST_NOT_READY);
     ASSERT_SP_OK(sp_init());
-    EXPECT_FALSE(fast_alone_armed()) << "a multi-threaded init does not arm it";
+    EXPECT_FALSE(fast_shared()) << "the owner's next init biases again";
 }

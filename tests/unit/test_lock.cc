@@ -180,4 +180,144 @@ TEST(LockShared, AForkChildForgetsTheParentsSleepers) {
     std::free(l);
 }
 
+// The bias (core_lock.h): the owner enters with plain stores, another thread revokes the bias
+// (the word from BIASED to 1, a process-wide barrier, a wait for the owner's `in` to be 0). In
+// each of many trials a fresh biased lock is hammered by the owner and by a second thread that
+// starts while the owner is at it, both incrementing under the lock with a pause between the
+// read and the write: every increment counts, and the lock ends an ordinary free lock with
+// nobody inside.
+TEST(LockBias, OwnerAndAnotherThreadExcludeAcrossTheRevocation) {
+    const int trials = 200;
+    for (int t = 0; t < trials; t++) {
+        if (!sp_probe_bias_begin())
+            GTEST_SKIP() << "no bias here (no membarrier, or another thread owned it)";
+        void *l = sp_probe_lock_new();
+        ASSERT_NE(l, nullptr);
+        sp_probe_bias(l);
+        long counter = 0;
+        const long per_thread = 2000;
+        std::atomic<int> ready{0};
+        auto work = [&] {
+            for (long i = 0; i < per_thread; i++) {
+                sp_probe_lock(l);
+                long seen = counter;
+                for (volatile int k = 0; k < 10; k = k + 1) {
+                }
+                counter = seen + 1;
+                sp_probe_unlock(l);
+            }
+        };
+        std::thread other([&] {
+            ready.store(1);
+            while (ready.load() != 2) {
+            }
+            work();
+        });
+        while (ready.load() != 1) {
+        }
+        sp_probe_lock(l); // the owner, biased, before the other thread can start
+        EXPECT_EQ(sp_probe_lock_in(l), 1);
+        counter = counter + 1;
+        sp_probe_unlock(l);
+        ready.store(2);
+        work();
+        other.join();
+        ASSERT_EQ(counter, 2 * per_thread + 1) << "trial " << t;
+        EXPECT_EQ(sp_probe_bias_gone(), 1);
+        EXPECT_EQ(sp_probe_lock_word(l), 0) << "an ordinary lock after the revocation";
+        EXPECT_EQ(sp_probe_lock_in(l), 0);
+        std::free(l);
+    }
+}
+
+// A revoker that comes while the owner is inside takes the word (1) and waits: it enters only
+// after the owner's unlock; the owner's next lock is then an ordinary one.
+TEST(LockBias, TheRevokerWaitsForTheOwnerInside) {
+    if (!sp_probe_bias_begin())
+        GTEST_SKIP() << "no bias here (no membarrier, or another thread owned it)";
+    void *l = sp_probe_lock_new();
+    ASSERT_NE(l, nullptr);
+    sp_probe_bias(l);
+    sp_probe_lock(l);
+    EXPECT_EQ(sp_probe_lock_word(l), 2) << "held by the owner, biased";
+    EXPECT_EQ(sp_probe_lock_in(l), 1);
+    std::atomic<int> entered{0};
+    std::thread revoker([&] {
+        sp_probe_lock(l);
+        entered.store(1);
+        sp_probe_unlock(l);
+    });
+    ASSERT_TRUE(wait_for([&] { return sp_probe_lock_word(l) == 1; }));
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    EXPECT_EQ(entered.load(), 0) << "entered while the owner was inside";
+    sp_probe_unlock(l);
+    ASSERT_TRUE(wait_for([&] { return entered.load() == 1; }));
+    revoker.join();
+    sp_probe_lock(l);
+    EXPECT_EQ(sp_probe_lock_word(l), 1) << "the owner takes it as anyone now";
+    EXPECT_EQ(sp_probe_lock_in(l), 0);
+    sp_probe_unlock(l);
+    EXPECT_EQ(sp_probe_lock_word(l), 0);
+    std::free(l);
+}
+
+// Once a bias is gone in the process, the owner turns its other biased locks into ordinary ones
+// at their next lock (so that its hits take the CAS with everybody's), with no revocation.
+TEST(LockBias, TheOwnerUnbiasesItsOtherLocksOnceTheBiasIsGone) {
+    if (!sp_probe_bias_begin())
+        GTEST_SKIP() << "no bias here (no membarrier, or another thread owned it)";
+    void *a = sp_probe_lock_new(), *b = sp_probe_lock_new();
+    ASSERT_NE(a, nullptr);
+    ASSERT_NE(b, nullptr);
+    sp_probe_bias(a);
+    sp_probe_bias(b);
+    EXPECT_EQ(sp_probe_bias_gone(), 0);
+    std::thread other([&] {
+        sp_probe_lock(a);
+        sp_probe_unlock(a);
+    });
+    other.join();
+    EXPECT_EQ(sp_probe_bias_gone(), 1);
+    EXPECT_EQ(sp_probe_lock_word(b), 2) << "nobody touched b";
+    sp_probe_lock(b);
+    EXPECT_EQ(sp_probe_lock_word(b), 1);
+    EXPECT_EQ(sp_probe_lock_in(b), 0);
+    sp_probe_unlock(b);
+    EXPECT_EQ(sp_probe_lock_word(b), 0);
+    std::free(a);
+    std::free(b);
+}
+
+// A lock biased to nobody yet goes to its first taker: that thread then holds it biased (the
+// word says BIASED while it is inside, `in` is 1) and takes it so again; a second thread revokes.
+TEST(LockBias, TheFirstTakerOfANobodysLockOwnsIt) {
+    if (!sp_probe_bias_begin())
+        GTEST_SKIP() << "no bias here (no membarrier)";
+    void *l = sp_probe_lock_new();
+    ASSERT_NE(l, nullptr);
+    sp_probe_bias_nobody(l);
+    std::atomic<int> stage{0};
+    std::thread first([&] {
+        for (int i = 0; i < 2; i++) {
+            sp_probe_lock(l);
+            if (sp_probe_lock_word(l) == 2 && sp_probe_lock_in(l) == 1)
+                stage.fetch_add(1);
+            sp_probe_unlock(l);
+        }
+        while (stage.load() != 3) {
+        }
+    });
+    ASSERT_TRUE(wait_for([&] { return stage.load() == 2; })) << "the first taker did not own it";
+    EXPECT_EQ(sp_probe_lock_in(l), 0);
+    EXPECT_EQ(sp_probe_lock_word(l), 2);
+    sp_probe_lock(l); // while the owner still lives: a revocation
+    EXPECT_EQ(sp_probe_lock_word(l), 1);
+    EXPECT_EQ(sp_probe_lock_in(l), 0);
+    sp_probe_unlock(l);
+    EXPECT_EQ(sp_probe_bias_gone(), 1);
+    stage.store(3);
+    first.join();
+    std::free(l);
+}
+
 } // namespace
