@@ -20,6 +20,7 @@
 #include "pool/allocator.h"
 #include "pool/fork.h"
 #include "pool/handles.h"
+#include "pool/history.h"
 #include "pool/release.h"
 #include "pool/mempool.h"
 #include "pool/thread_cache.h"
@@ -458,7 +459,19 @@ SP_EXPORT sp_status_t sp_stream_destroy(sp_stream_t stream) {
         if (!p->symmetric)
             sp__alloc_release_pool(d, p, true, stream, 0);
     sp__unlock(&d->lock);
-    return sp__g.ops->stream_destroy(dev, stream);
+    SP_CHECK(sp__g.ops->stream_destroy(dev, stream));
+    return sp__history_stream_label((uintptr_t)stream, 0); /* a later stream may get its handle */
+}
+
+SP_EXPORT sp_status_t sp_x_stream_label(sp_stream_t stream, uint64_t label) {
+    SP_GATE("sp_x_stream_label");
+    if (!stream)
+        return sp__error(SP_ERR_INVALID_ARGUMENT, SP_SUB_POOL,
+                         "sp_x_stream_label: the default stream (NULL) is shown as 0 and takes "
+                         "no label");
+    int dev = -1;
+    SP_CHECK(stream_dev("sp_x_stream_label", stream, &dev));
+    return sp__history_stream_label((uintptr_t)stream, label);
 }
 
 SP_EXPORT sp_status_t sp_stream_synchronize(sp_stream_t stream) {

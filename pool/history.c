@@ -87,8 +87,10 @@ static struct {
     uint32_t *buckets; /* hash -> first id (g.lock) */
     size_t nbuckets;   /* power of two (g.lock) */
     size_t live_ctx;   /* contexts with refs > 0 (g.lock) */
-    sp_history_frames_fn hook; /* binding's frame source (g.lock) */
-    void *hook_arg;            /* its argument (g.lock) */
+    sp_history_frames_fn hook;    /* binding's frame source (g.lock) */
+    void *hook_arg;               /* its argument (g.lock) */
+    sp__stream_label_t *labels;   /* streams' labels, unordered (g.lock; a replay has a few) */
+    size_t nlabels, labels_alloc; /* (g.lock) */
 } g = {.lock = PTHREAD_MUTEX_INITIALIZER};
 
 static const char *const action_names[] = {"alloc",         "free_requested", "free_completed",
@@ -669,8 +671,51 @@ SP_EXPORT sp_status_t sp_record_memory_history(const sp_history_params_t *params
     return SP_SUCCESS;
 }
 
+sp_status_t sp__history_stream_label(uintptr_t stream, uint64_t label) {
+    pthread_mutex_lock(&g.lock);
+    size_t i = 0;
+    while (i < g.nlabels && g.labels[i].stream != stream)
+        i++;
+    if (label == 0) {
+        if (i < g.nlabels)
+            g.labels[i] = g.labels[--g.nlabels];
+    } else if (i < g.nlabels) {
+        g.labels[i].label = label;
+    } else {
+        if (g.nlabels == g.labels_alloc) {
+            size_t n = g.labels_alloc ? 2 * g.labels_alloc : 8;
+            sp__stream_label_t *grown = realloc(g.labels, n * sizeof(*grown));
+            if (grown == NULL) {
+                pthread_mutex_unlock(&g.lock);
+                return sp__error(SP_ERR_SYSTEM, SP_SUB_HISTORY,
+                                 "out of host memory for a stream's label");
+            }
+            g.labels = grown;
+            g.labels_alloc = n;
+        }
+        g.labels[g.nlabels++] = (sp__stream_label_t){stream, label};
+    }
+    pthread_mutex_unlock(&g.lock);
+    return SP_SUCCESS;
+}
+
+bool sp__history_stream_labels(sp__stream_label_t **labels_p, size_t *n_p) {
+    pthread_mutex_lock(&g.lock);
+    size_t n = g.nlabels;
+    sp__stream_label_t *copy = n ? malloc(n * sizeof(*copy)) : NULL;
+    if (copy != NULL)
+        memcpy(copy, g.labels, n * sizeof(*copy));
+    pthread_mutex_unlock(&g.lock);
+    *labels_p = copy;
+    *n_p = copy != NULL ? n : 0;
+    return n == 0 || copy != NULL;
+}
+
 void sp__history_shutdown(void) {
     pthread_mutex_lock(&g.lock);
+    free(g.labels);
+    g.labels = NULL;
+    g.nlabels = g.labels_alloc = 0;
     set_active(0);
     __atomic_store_n(&g_keep_actions, 0, __ATOMIC_RELAXED);
     for (int d = 0; d < g.nrings; d++)

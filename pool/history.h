@@ -55,6 +55,17 @@ void sp__history_record(int device, sp_trace_action_t action, uintptr_t addr, si
  * live, so that the next initialization starts with no history). */
 void sp__history_shutdown(void);
 
+/* The value snapshots show for a stream instead of its handle (sp_x_stream_label: `sympool
+ * replay` shows the recorded stream). label 0 removes the stream's label. */
+typedef struct sp__stream_label {
+    uintptr_t stream; /* the handle (sp_stream_t) */
+    uint64_t label;   /* what a snapshot shows */
+} sp__stream_label_t;
+sp_status_t sp__history_stream_label(uintptr_t stream, uint64_t label);
+/* A copy of every label, for one snapshot (free() it; NULL and 0 when there is none). false: out
+ * of host memory. */
+bool sp__history_stream_labels(sp__stream_label_t **labels_p, size_t *n_p);
+
 /* Take one more reference on a context id (0 is ignored): the snapshot writer holds the contexts
  * of the blocks it copied while it writes them out, after the allocator lock is gone. */
 void sp__history_context_retain(uint32_t context);

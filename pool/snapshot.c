@@ -51,7 +51,17 @@ typedef struct collect {
     int ndev;                     /* entries in traces */
     bool failed;                  /* out of memory in the visitor */
     sp_status_t status;           /* the first failure */
+    sp__stream_label_t *labels;   /* streams shown by another value (sp_x_stream_label) */
+    size_t nlabels;               /* entries in labels */
 } collect_t;
+
+/* The value the snapshot shows for a stream: its label, or its handle. */
+static uint64_t stream_shown(const collect_t *c, uint64_t stream) {
+    for (size_t i = 0; i < c->nlabels; i++)
+        if (c->labels[i].stream == stream)
+            return c->labels[i].label;
+    return stream;
+}
 
 static bool grow(void **p, size_t *alloc, size_t need, size_t elem) {
     if (need <= *alloc)
@@ -120,6 +130,7 @@ static void collect_free(collect_t *c) {
     free(c->segs);
     free(c->blocks);
     free(c->traces);
+    free(c->labels);
 }
 
 /* ---- writing ---------------------------------------------------------------------------- */
@@ -208,7 +219,7 @@ static void emit_segment(sp__emit_t *e, const collect_t *c, const seg_copy_t *sc
     kv_uint(e, "allocated_size", v->allocated_size);
     kv_uint(e, "active_size", v->active_size);
     kv_uint(e, "requested_size", v->requested_size);
-    kv_uint(e, "stream", v->stream);
+    kv_uint(e, "stream", stream_shown(c, v->stream));
     kv_str(e, "segment_type", v->is_small ? "small" : "large");
     sp__emit_key_static(e, "segment_pool_id");
     sp__emit_tuple2(e, (int64_t)v->pool_id.first, (int64_t)v->pool_id.second);
@@ -234,12 +245,12 @@ static void emit_segment(sp__emit_t *e, const collect_t *c, const seg_copy_t *sc
     sp__emit_dict_end(e);
 }
 
-static void emit_trace_entry(sp__emit_t *e, const sp__trace_entry_t *t) {
+static void emit_trace_entry(sp__emit_t *e, const collect_t *c, const sp__trace_entry_t *t) {
     sp__emit_dict_begin(e);
     sp__emit_kv_str_static(e, "action", sp__history_action_name(t->action));
     kv_uint(e, t->action == SP_TRACE_OOM ? "device_free" : "addr", t->addr);
     kv_uint(e, "size", t->size);
-    kv_uint(e, "stream", t->stream);
+    kv_uint(e, "stream", stream_shown(c, t->stream));
     kv_int(e, "time_us", t->time_us);
     sp__emit_kv_str_static(e, "compile_context", "N/A");
     /* The entry's MemPool, as newer PyTorch writes it (only for private pools here: the default
@@ -305,7 +316,7 @@ static void emit_snapshot(sp__emit_t *e, const collect_t *c) {
             if (c->pool != NULL && t->e[i].action != SP_TRACE_SNAPSHOT &&
                 !same_pool(t->e[i].pool, c->pool_id))
                 continue;
-            emit_trace_entry(e, &t->e[i]);
+            emit_trace_entry(e, c, &t->e[i]);
             sp__emit_flush_point(e);
         }
         sp__emit_list_end(e);
@@ -367,6 +378,10 @@ static sp_status_t dump(const sp_mempool_t *pool, const char *pattern) {
     }
     for (int d = 0; d < c.ndev && !c.failed; d++)
         copy_trace(&c, d);
+    if (!c.failed && !sp__history_stream_labels(&c.labels, &c.nlabels)) {
+        c.failed = true;
+        c.status = sp__error(SP_ERR_SYSTEM, SP_SUB_HISTORY, "out of host memory for a snapshot");
+    }
     if (c.failed) {
         s = c.status;
         collect_free(&c);

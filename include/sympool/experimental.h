@@ -12,6 +12,7 @@
 #include <stdint.h>
 #include <stdio.h>
 
+#include "sympool/pool.h"
 #include "sympool/stats.h"
 #include "sympool/status.h"
 
@@ -78,6 +79,13 @@ void sp_x_log_set_fn(sp_x_log_fn fn, void *arg);
  * pending frees' events, release the default pool's free cached segments and those of pools
  * whose use count is 0. `sympool replay` replays one device's trace at a time. */
 sp_status_t sp_x_empty_cache_device(int device);
+
+/** The value snapshots (sp_dump_snapshot, sp_mempool_dump_snapshot) show for `stream` in its
+ *  segments' and trace entries' "stream", instead of the handle: `sympool replay` shows the
+ *  stream the recording had. label 0 shows the handle again; sp_stream_destroy and sp_shutdown
+ *  forget the label. SP_ERR_INVALID_ARGUMENT for the default stream (NULL, shown as 0) or a
+ *  stream that is not the backend's. */
+sp_status_t sp_x_stream_label(sp_stream_t stream, uint64_t label);
 
 /** Totals over this process's symmetric pools on `device` (device < 0: all devices). */
 typedef struct sp_x_symmetric_counters {

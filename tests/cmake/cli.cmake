@@ -54,6 +54,12 @@ if(TARGET sympool_cli)
               $<TARGET_FILE:sympool_cli> ${SP_CLI_OUT}/python_strs)
     set_tests_properties(cli.python_strs PROPERTIES LABELS "unit;cli;python" TIMEOUT 120
       PASS_REGULAR_EXPRESSION "^ok")
+    # replay --snapshot shows the recorded streams, not the replay's handles.
+    add_test(NAME cli.replay_streams
+      COMMAND ${Python3_EXECUTABLE} ${PROJECT_SOURCE_DIR}/tests/cli/replay_streams.py
+              $<TARGET_FILE:sympool_cli> ${SP_CLI_OUT}/replay_streams)
+    set_tests_properties(cli.replay_streams PROPERTIES LABELS "unit;cli;python" TIMEOUT 120
+      PASS_REGULAR_EXPRESSION "^ok")
   endif()
 
   # Extreme but legal values (sizes near 2^64, time_us at +-2^63 or going backwards, an alloc

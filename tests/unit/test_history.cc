@@ -24,6 +24,7 @@
 
 extern "C" {
 #include "pool/history.h"
+#include "sympool/experimental.h"
 #include "tools/pickle_read.h"
 }
 
@@ -406,6 +407,66 @@ TEST_F(History, StreamAndPoolFields) {
     ASSERT_SP_OK(sp_mempool_destroy(pool));
     ASSERT_SP_OK(sp_stream_synchronize(s));
     ASSERT_SP_OK(sp_stream_destroy(s));
+}
+
+// sp_x_stream_label: the snapshot shows the label in the stream's segments and trace entries
+// (sympool replay: the recorded stream), the handle again once the label is 0, and forgets it
+// when the stream is destroyed; the default stream and a stranger's handle take no label.
+TEST_F(History, StreamLabelIsWhatSnapshotsShow) {
+    ASSERT_SP_OK(record(SP_HISTORY_ALL));
+    sp_stream_t s = nullptr;
+    ASSERT_SP_OK(sp_stream_create(0, &s));
+    const uint64_t label = 123288560; // a recorded CUDA stream's value
+    ASSERT_SP_OK(sp_x_stream_label(s, label));
+    void *a = nullptr;
+    ASSERT_SP_OK(sp_malloc(4096, 0, s, &a));
+    std::string dir = tempdir();
+    auto streams = [&](const std::string &path, bool *handle_p) {
+        Doc d(path);
+        std::set<uint64_t> seen;
+        const pk_value_t *segs = pk_get(d.root(), "segments");
+        for (size_t i = 0; i < pk_len(segs); i++)
+            seen.insert((uint64_t)geti(pk_at(segs, i), "stream"));
+        const pk_value_t *tr = pk_at(pk_get(d.root(), "device_traces"), 0);
+        for (size_t i = 0; i < pk_len(tr); i++)
+            seen.insert((uint64_t)geti(pk_at(tr, i), "stream"));
+        *handle_p = seen.count((uint64_t)(uintptr_t)s) != 0;
+        return seen.count(label) != 0;
+    };
+    bool handle = true;
+    ASSERT_SP_OK(sp_dump_snapshot((dir + "/labelled.pickle").c_str()));
+    EXPECT_TRUE(streams(dir + "/labelled.pickle", &handle)) << "the label is shown";
+    EXPECT_FALSE(handle) << "the handle is not";
+    ASSERT_SP_OK(sp_x_stream_label(s, 0));
+    ASSERT_SP_OK(sp_dump_snapshot((dir + "/plain.pickle").c_str()));
+    EXPECT_FALSE(streams(dir + "/plain.pickle", &handle));
+    EXPECT_TRUE(handle) << "label 0 shows the handle again";
+
+    expect_warnings();
+    EXPECT_EQ(sp_x_stream_label(nullptr, label), SP_ERR_INVALID_ARGUMENT);
+    int not_a_stream = 0;
+    EXPECT_EQ(sp_x_stream_label(&not_a_stream, label), SP_ERR_INVALID_ARGUMENT);
+    ASSERT_SP_OK(sp_x_stream_label(s, label));
+    ASSERT_SP_OK(sp_free(a));
+    ASSERT_SP_OK(sp_stream_synchronize(s));
+    ASSERT_SP_OK(sp_empty_cache()); // the stream's segment goes; its events stay in the trace
+    ASSERT_SP_OK(sp_stream_destroy(s));
+    sp_stream_t t = nullptr;
+    ASSERT_SP_OK(sp_stream_create(0, &t)); // may get the destroyed stream's handle
+    void *b = nullptr;
+    ASSERT_SP_OK(sp_malloc(4096, 0, t, &b));
+    ASSERT_SP_OK(sp_dump_snapshot((dir + "/after.pickle").c_str()));
+    {
+        Doc d(dir + "/after.pickle");
+        const pk_value_t *segs = pk_get(d.root(), "segments");
+        for (size_t i = 0; i < pk_len(segs); i++)
+            EXPECT_NE((uint64_t)geti(pk_at(segs, i), "stream"), label)
+                << "a destroyed stream's label stays with it";
+    }
+    remove_tree(dir);
+    ASSERT_SP_OK(sp_free(b));
+    ASSERT_SP_OK(sp_stream_synchronize(t));
+    ASSERT_SP_OK(sp_stream_destroy(t));
 }
 
 // ---- contexts ------------------------------------------------------------------------------
