@@ -126,10 +126,8 @@ static inline bool sp__lock_mine(const sp_lock_t *l) {
 #endif
 }
 
-/* The owner's entry: `in` first, then the word; if the word no longer says BIASED a revoker
- * has it (and waits for `in` to be 0 again), so step back. The compiler barrier keeps the two
- * in this order; the processor may still let the load pass the store, which is what the
- * revoker's membarrier rules out (see sp_lock_t). */
+/* The owner's exit: `in` back to 0, a release store (a revoker waiting for it reads it with an
+ * acquire load). */
 static inline void sp__unlock_biased(sp_lock_t *l) {
 #if defined(__x86_64__) && !defined(SP_LOCK_TSAN)
     /* A release store is a plain one on x86; written so, the compiler addresses `in` off the lock
@@ -154,6 +152,10 @@ static inline bool sp__lock_still_biased(sp_lock_t *l) {
 #endif
 }
 
+/* The owner's entry: `in` first, then the word; if the word no longer says BIASED a revoker
+ * has it (and waits for `in` to be 0 again), so step back. The compiler barrier keeps the two
+ * in this order; the processor may still let the load pass the store, which is what the
+ * revoker's membarrier rules out (see sp_lock_t). */
 static inline bool sp__lock_take_biased(sp_lock_t *l) {
     atomic_store_explicit(&l->in, 1, memory_order_relaxed);
     atomic_signal_fence(memory_order_seq_cst);
