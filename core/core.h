@@ -260,6 +260,9 @@ const char *sp__log_level_name(int level); /* "WARN" */
     X(THREAD_CACHE, SIZE, "0", NULL, NULL, 0,                                                      \
       "ours: bytes of freed blocks (<= 1 MiB each) each thread keeps for its own next mallocs, "   \
       "without the device lock; changes best fit (docs/threads.md); 0 = off")                      \
+    X(LOCK_BIAS, BOOL, "1", NULL, NULL, 0,                                                         \
+      "ours: each device lock is biased to the first thread that takes it (no locked "             \
+      "instruction for it; another thread revokes it with membarrier); 0 = every call's CAS")      \
     X(HOST_CAPACITY, SIZE, "80GiB", NULL, check_positive, 0,                                       \
       "memory of each emulated host device")                                                       \
     X(HOST_DEVICES, LONG, "1", NULL, check_devices, 0, "number of emulated host devices (1-64)")   \

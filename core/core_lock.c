@@ -64,7 +64,7 @@ bool sp__lock_bias_begin(void) {
     static int registered = -1; /* the kernel's answer, asked once (callers are serialized) */
     if (registered < 0)
         registered = membarrier(MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED) == 0;
-    if (!registered) {
+    if (!registered || !sp__option_int(SP_OPT_LOCK_BIAS)) {
         bias_is_gone();
         return false;
     }

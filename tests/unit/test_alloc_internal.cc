@@ -420,6 +420,22 @@ TEST_F(AllocInternal, FastPathGateCountsEveryReasonAndReturnsToRest) {
     EXPECT_EQ(fast_off(), rest);
 }
 
+// SYMPOOL_LOCK_BIAS=0: no lock is biased, every hit takes the CAS from the start, and the
+// calls answer as with the bias.
+TEST_F(AllocInternal, LockBiasOffTakesTheCasFromTheStart) {
+    sp::ScopedEnv env({{"SYMPOOL_LOCK_BIAS", "0"}});
+    ASSERT_SP_OK(sp_init());
+    EXPECT_TRUE(fast_shared());
+    void *p = nullptr, *q = nullptr;
+    ASSERT_SP_OK(sp_malloc(512, 0, nullptr, &p));
+    ASSERT_SP_OK(sp_free(p));
+    ASSERT_SP_OK(sp_malloc(512, 0, nullptr, &q));
+    EXPECT_EQ(p, q) << "the cached block again";
+    ASSERT_SP_OK(sp_free(q));
+    EXPECT_TRUE(fast_shared());
+    ASSERT_SP_OK(sp_shutdown());
+}
+
 // The bias (core_lock.h): sp_init biases the device locks, each to the first thread that takes
 // it (here the test's), whose hits then take them with plain stores (no SP_FAST_SHARED share);
 // the first call of another thread revokes the bias and adds the share, once; sp_shutdown gives
