@@ -198,9 +198,64 @@ static void puts_(sp__emit_t *e, const char *s) {
     put(e, s, strlen(s));
 }
 
+/* The open containers' arrays: the emitter's own. */
+static void depth_inline(sp__emit_t *e) {
+    e->mark = e->mark0;
+    e->count = e->count0;
+    e->kind = e->kind0;
+    e->vstart = e->vstart0;
+    e->depth_cap = SP__EMIT_MAX_DEPTH;
+}
+
+static void depth_free(sp__emit_t *e) {
+    if (e->mark != e->mark0) {
+        free(e->mark);
+        free(e->count);
+        free(e->kind);
+        free(e->vstart);
+    }
+    depth_inline(e);
+}
+
+/* Room for twice as many open containers (on the heap; out of memory fails the document). */
+static bool depth_grow(sp__emit_t *e) {
+    if (e->depth_cap > INT_MAX / 2) {
+        e->failed = true;
+        return false;
+    }
+    size_t n = (size_t)e->depth_cap * 2;
+    size_t *mark = malloc(n * sizeof(*mark)), *count = malloc(n * sizeof(*count));
+    size_t *vstart = malloc(n * sizeof(*vstart));
+    char *kind = malloc(n);
+    if (mark == NULL || count == NULL || vstart == NULL || kind == NULL) {
+        free(mark);
+        free(count);
+        free(vstart);
+        free(kind);
+        e->failed = true;
+        e->oom = true;
+        return false;
+    }
+    size_t d = (size_t)e->depth;
+    memcpy(mark, e->mark, d * sizeof(*mark));
+    memcpy(count, e->count, d * sizeof(*count));
+    memcpy(vstart, e->vstart, d * sizeof(*vstart));
+    memcpy(kind, e->kind, d);
+    int depth = e->depth;
+    depth_free(e);
+    e->depth = depth;
+    e->mark = mark;
+    e->count = count;
+    e->kind = kind;
+    e->vstart = vstart;
+    e->depth_cap = (int)n;
+    return true;
+}
+
 void sp__emit_init(sp__emit_t *e, bool json) {
     memset(e, 0, sizeof(*e));
     e->json = json;
+    depth_inline(e);
     if (!json) {
         put1(e, OP_PROTO);
         put1(e, 4);
@@ -211,7 +266,9 @@ void sp__emit_discard(sp__emit_t *e) {
     free(e->buf);
     free(e->jmemo);
     free(e->jcopy);
+    depth_free(e);
     memset(e, 0, sizeof(*e));
+    depth_inline(e);
 }
 
 void sp__emit_to_file(sp__emit_t *e, sp__atomic_file_t *f) {
@@ -290,6 +347,7 @@ sp_status_t sp__emit_finish(sp__emit_t *e, char **buf_p, size_t *len_p) {
     free(e->jcopy);
     e->jcopy = NULL;
     e->jcopy_len = e->jcopy_cap = 0;
+    depth_free(e);
     return SP_SUCCESS;
 }
 
@@ -317,10 +375,8 @@ static void before_value(sp__emit_t *e) {
 
 static void open_container(sp__emit_t *e, char kind) {
     before_value(e);
-    if (e->depth == SP__EMIT_MAX_DEPTH) {
-        e->failed = true;
+    if (e->depth == e->depth_cap && !depth_grow(e))
         return;
-    }
     int d = e->depth++;
     e->kind[d] = kind;
     e->count[d] = 0;

@@ -83,6 +83,7 @@ typedef struct parser {
     size_t sp, scap;        /* stack depth / allocated */
     size_t *marks;          /* stack depths at each open MARK */
     size_t nmarks;          /* open MARKs */
+    size_t markcap;         /* MARKs marks (and mark_scratch) hold; grow_marks adds room */
     pk_value_t **memo;      /* memo by index (NULL = unset) */
     size_t memocap;         /* allocated memo slots */
     size_t memoused;        /* set memo slots (what MEMOIZE uses as the next index) */
@@ -126,7 +127,10 @@ static pk_value_t *skipped_of(const parser_t *ps, pk_type_t t) {
 }
 
 void pk_limits_default(pk_limits_t *lim) {
-    lim->max_depth = 64;
+    /* No limit on open MARKs by default: pickle.load (the C unpickler) grows its stack of them
+     * without one, and every MARK is a byte of the document, so its size bounds them (marks
+     * are 8 bytes each, 16 with a record hook, grown by doubling). */
+    lim->max_depth = SIZE_MAX;
     lim->max_memo = (size_t)1 << 24;
     /* No count of values by default: every opcode that makes a value is at least a byte, so a
      * document makes at most as many values as it has bytes, and its size bounds their memory
@@ -299,6 +303,28 @@ static inline __attribute__((always_inline)) bool push(parser_t *ps, pk_value_t 
     }
     ps->stack[ps->sp++] = v;
     ps->skipped_at = 0; /* push_str sets it again after a skipped string */
+    return true;
+}
+
+/* Room for another MARK: marks (and mark_scratch) twice as large, up to lim.max_depth. Its
+ * callers check nmarks == markcap inline. */
+static __attribute__((noinline)) bool grow_marks(parser_t *ps) {
+    if (ps->markcap >= ps->lim.max_depth)
+        return fail(ps, "nesting deeper than %zu", ps->lim.max_depth);
+    size_t cap = ps->markcap > ps->lim.max_depth / 2 ? ps->lim.max_depth : ps->markcap * 2;
+    if (cap > SIZE_MAX / sizeof(size_t))
+        return fail(ps, "out of memory");
+    size_t *m = realloc(ps->marks, cap * sizeof(*m));
+    if (m == NULL)
+        return fail(ps, "out of memory");
+    ps->marks = m;
+    if (ps->mark_scratch != NULL) {
+        m = realloc(ps->mark_scratch, cap * sizeof(*m));
+        if (m == NULL)
+            return fail(ps, "out of memory");
+        ps->mark_scratch = m;
+    }
+    ps->markcap = cap;
     return true;
 }
 
@@ -1254,8 +1280,8 @@ static bool skip_fast(parser_t *ps) {
             goto out; /* the general loop makes the string, or fails */
         }
         case '(': /* MARK */
-            if (ps->nmarks == ps->lim.max_depth)
-                goto out;
+            if (ps->nmarks == ps->markcap)
+                goto out; /* the general loop grows marks */
             if (ps->mark_scratch != NULL)
                 ps->mark_scratch[ps->nmarks] = ps->scratch_used;
             ps->marks[ps->nmarks++] = sp;
@@ -1454,8 +1480,8 @@ static bool record_fast(parser_t *ps) {
     size_t pos = ps->pos;
     /* The general loop would open two MARKs (the dict's, the skipped list's), push the dict and
      * put the dict's ints in scratch: with less room than that, it decides. */
-    if (ps->skipping || ps->nmarks + 2 > ps->lim.max_depth || ps->sp >= ps->scap ||
-        ps->scratch == NULL || ps->scratch_used + REC_PAIRS > SCRATCH_VALUES || pos >= len)
+    if (ps->skipping || ps->nmarks + 2 > ps->markcap || ps->sp >= ps->scap || ps->scratch == NULL ||
+        ps->scratch_used + REC_PAIRS > SCRATCH_VALUES || pos >= len)
         return false;
     rec_try_t t;
     t.nputs = 0;
@@ -1673,8 +1699,8 @@ static bool run(parser_t *ps) {
             ps->doc->root = ps->stack[ps->sp - 1];
             return true;
         case '(': /* MARK */
-            if (ps->nmarks == ps->lim.max_depth)
-                return fail(ps, "nesting deeper than %zu", ps->lim.max_depth);
+            if (ps->nmarks == ps->markcap && !grow_marks(ps))
+                return false;
             if (ps->mark_scratch != NULL)
                 ps->mark_scratch[ps->nmarks] = ps->scratch_used;
             ps->marks[ps->nmarks++] = ps->sp;
@@ -1822,8 +1848,8 @@ static bool run(parser_t *ps) {
                 if (!memoize(ps))
                     return false;
                 ps->op = ++ps->pos;
-                if (ps->nmarks == ps->lim.max_depth)
-                    return fail(ps, "nesting deeper than %zu", ps->lim.max_depth);
+                if (ps->nmarks == ps->markcap && !grow_marks(ps))
+                    return false;
                 if (ps->mark_scratch != NULL)
                     ps->mark_scratch[ps->nmarks] = ps->scratch_used;
                 ps->marks[ps->nmarks++] = ps->sp;
@@ -1965,7 +1991,8 @@ bool pk_parse_records(const void *buf, size_t len, const pk_limits_t *lim, const
     if (ps.lim.max_depth == 0)
         ps.lim.max_depth = 1;
     ps.doc = calloc(1, sizeof(*ps.doc));
-    ps.marks = malloc(ps.lim.max_depth * sizeof(*ps.marks));
+    ps.markcap = ps.lim.max_depth < 64 ? ps.lim.max_depth : 64;
+    ps.marks = malloc(ps.markcap * sizeof(*ps.marks));
     /* The memo sized once from the input: PyTorch's snapshots memoize a value every 30-130
      * bytes, and growing it by doubling left each smaller copy behind, below the next one, so
      * that the heap spread over another huge page on traces of a MB or two. */
@@ -1974,7 +2001,7 @@ bool pk_parse_records(const void *buf, size_t len, const pk_limits_t *lim, const
         ps.memocap = memo0;
     if (fn != NULL) {
         ps.scratch = malloc(SCRATCH_VALUES * sizeof(*ps.scratch));
-        ps.mark_scratch = malloc(ps.lim.max_depth * sizeof(*ps.mark_scratch));
+        ps.mark_scratch = malloc(ps.markcap * sizeof(*ps.mark_scratch));
     }
     bool ok;
     if (ps.doc == NULL || ps.marks == NULL ||

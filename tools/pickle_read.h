@@ -8,7 +8,8 @@
  * refuses it (pk_int/pk_uint/pk_num return false). Anything that could name or run code (GLOBAL,
  * STACK_GLOBAL, REDUCE, BUILD, INST, OBJ, NEWOBJ, EXT*, PERSID, buffers) is rejected with "opcode
  * GLOBAL at offset N not allowed". Every malformed, truncated or oversized input gives a one-line
- * error naming the byte offset; nothing aborts. Sizes, nesting and memo are bounded.
+ * error naming the byte offset; nothing aborts. Sizes and memo are bounded; nesting is not (as in
+ * pickle.load: open MARKs live on the heap, each a byte of input).
  *
  * What Python's pickle.load (the C unpickler) refuses in the data opcodes is refused too: a str
  * (BINUNICODE*) that is not UTF-8 (lone surrogates allowed: it decodes with 'surrogatepass'), a
@@ -73,7 +74,7 @@ struct pk_value {
 };
 
 typedef struct pk_limits {
-    size_t max_depth;  /* open MARKs at once (default 64) */
+    size_t max_depth;  /* open MARKs at once (default: no limit, as pickle.load has none) */
     size_t max_memo;   /* memo entries (default 1 << 24) */
     size_t max_values; /* values created (default: no limit; see pk_limits_default) */
     size_t max_str;    /* bytes of one string (default 1 << 28) */

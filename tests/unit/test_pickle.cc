@@ -82,6 +82,50 @@ std::string parse(const Bytes &b, pk_doc_t **doc_p = nullptr, const pk_limits_t 
     return "";
 }
 
+// The emitter holds 32 open containers in itself and the rest on the heap (the JSON reader
+// writes what json.load reads, thousands deep): both forms, and a discard while deep.
+TEST(PickleWrite, NestsPastItsOwnArrays) {
+    const int deepest = 1000;
+    for (int json = 0; json < 2; json++) {
+        sp__emit_t e;
+        sp__emit_init(&e, json != 0);
+        for (int i = 0; i < deepest; i++) {
+            sp__emit_list_begin(&e);
+            sp__emit_int(&e, i);
+        }
+        for (int i = 0; i < deepest; i++)
+            sp__emit_list_end(&e);
+        char *buf = nullptr;
+        size_t len = 0;
+        ASSERT_EQ(sp__emit_finish(&e, &buf, &len), SP_SUCCESS);
+        std::string out(buf, len);
+        free(buf);
+        if (json) {
+            std::string want;
+            for (int i = 0; i < deepest; i++)
+                want += (i ? ",[" : "[") + std::to_string(i);
+            want += std::string(deepest, ']') + "\n";
+            EXPECT_EQ(out, want);
+            continue;
+        }
+        pk_doc_t *doc = nullptr;
+        ASSERT_EQ(parse(Bytes(out.begin(), out.end()), &doc), "");
+        const pk_value_t *v = pk_root(doc);
+        int depth = 0;
+        while (v->type == PK_LIST && v->u.seq.n == 2 && v->u.seq.items[0]->u.i == depth) {
+            v = v->u.seq.items[1];
+            depth++;
+        }
+        EXPECT_EQ(depth, deepest - 1);
+        pk_free(doc);
+    }
+    sp__emit_t e;
+    sp__emit_init(&e, false);
+    for (int i = 0; i < deepest; i++)
+        sp__emit_dict_begin(&e);
+    sp__emit_discard(&e); // frees the heap arrays (ASan would say otherwise)
+}
+
 TEST(PickleWrite, SmallSnapshotOpcodeByOpcode) {
     sp__emit_t e;
     sp__emit_init(&e, false);
@@ -547,6 +591,42 @@ TEST(PickleRead, TextIsNotAPickle) {
     EXPECT_EQ(parse(Bytes{'h', 3, '.'}),
               "pickle: not a pickle (protocol 2-5 pickles start with byte 0x80, not 0x68) at "
               "offset 0");
+}
+
+// pickle.load (the C unpickler) has no limit on open MARKs: its stack of them grows. Neither has
+// this reader by default, with or without the record hook (which keeps a second array per MARK).
+// A list nested 200,000 deep, one MARK per level, as python3's pickle.loads reads it.
+TEST(PickleRead, NestingIsBoundOnlyByTheInput) {
+    const size_t deepest = 200000;
+    Bytes b = {0x80, 4};
+    for (size_t i = 0; i < deepest; i++) {
+        b.push_back(']');
+        b.push_back('(');
+    }
+    b.push_back('N');
+    b.insert(b.end(), deepest, 'e');
+    b.push_back('.');
+    for (int hook = 0; hook < 2; hook++) {
+        pk_doc_t *doc = nullptr;
+        char err[256] = "";
+        auto fn = [](void *, pk_value_t *const *, size_t, uint64_t *) { return 0; };
+        ASSERT_TRUE(pk_parse_records(b.data(), b.size(), nullptr, nullptr, hook ? +fn : nullptr,
+                                     nullptr, &doc, err, sizeof(err)))
+            << err;
+        const pk_value_t *v = pk_root(doc);
+        size_t depth = 0;
+        while (v->type == PK_LIST && v->u.seq.n == 1) {
+            v = v->u.seq.items[0];
+            depth++;
+        }
+        EXPECT_EQ(depth, deepest);
+        EXPECT_EQ(v->type, PK_NONE);
+        pk_free(doc);
+    }
+    // Only the end of the input stops a run of MARKs (pickle.load: "Ran out of input").
+    Bytes marks = {0x80, 4};
+    marks.insert(marks.end(), (size_t)4 << 20, '(');
+    EXPECT_EQ(parse(marks), "pickle: truncated pickle (no STOP) at offset 4194306");
 }
 
 TEST(PickleRead, LimitsBoundDepthMemoAndSizes) {
