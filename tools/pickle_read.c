@@ -56,7 +56,8 @@ struct pk_doc {
  * counted without looking (a memo reference): anything may be added to it, and as a dict key it
  * may be one Python cannot hash. SK_HASHED is a reference skip_fast looked up as a dict key (a
  * value Python can hash), SK_UNHASHABLE a bytearray or a tuple holding what cannot be hashed,
- * SK_TUPLE_ANY a tuple holding an SK_ANY (not known either). */
+ * SK_TUPLE_ANY a tuple holding an SK_ANY (not known either), SK_SET a set (EMPTY_SET; a
+ * frozenset is SK_HASHED). */
 enum {
     SK_SCALAR,
     SK_DICT,
@@ -66,6 +67,7 @@ enum {
     SK_HASHED,
     SK_UNHASHABLE,
     SK_TUPLE_ANY,
+    SK_SET,
     SK_COUNT
 };
 
@@ -743,7 +745,7 @@ static const char *forbidden_name(unsigned op) {
     }
 }
 
-/* Protocol-0 text opcodes: harmless but never written by protocols 2-5 picklers for our data. */
+/* Protocol-0 text opcodes: harmless but never written by protocols 2-5 picklers. */
 static const char *text_name(unsigned op) {
     switch (op) {
     case 'I':
@@ -760,12 +762,6 @@ static const char *text_name(unsigned op) {
         return "PUT";
     case 'g':
         return "GET";
-    case 0x8f:
-        return "EMPTY_SET";
-    case 0x90:
-        return "ADDITEMS";
-    case 0x91:
-        return "FROZENSET";
     default:
         return NULL;
     }
@@ -780,9 +776,9 @@ static inline __attribute__((always_inline)) int hashable(const parser_t *ps, co
         return 1;
     if (is_skipped(ps, v)) {
         size_t k = (size_t)(v - ps->skipv);
-        return k == SK_DICT || k == SK_LIST || k == SK_UNHASHABLE ? 0
-               : k == SK_ANY || k == SK_TUPLE_ANY                 ? -1
-                                                                  : 1;
+        return k == SK_DICT || k == SK_LIST || k == SK_UNHASHABLE || k == SK_SET ? 0
+               : k == SK_ANY || k == SK_TUPLE_ANY                                ? -1
+                                                                                 : 1;
     }
     if (is_scratch(ps, v)) /* an int, or one moved to the document (a PK_RECORD here) */
         return 1;
@@ -932,6 +928,63 @@ static bool extend(parser_t *ps, size_t first, pk_type_t type, const char *opnam
     target->u.seq.n += n;
     ps->sp = first;
     return true;
+}
+
+/* ADDITEMS (the items above the MARK at first into the set below it) and FROZENSET (a new one of
+ * them), as pickle.load reads them: ADDITEMS of no items changes nothing, whatever lies below;
+ * else its target must be a set (a frozenset has no add()), and an item Python cannot hash is
+ * refused. A set keeps its items as written (pickle.load drops repeats; a pickler writes none).
+ * No snapshot holds a set: consumers read one as a value of no use to them. Inside a skipped
+ * value a set is skipped as a list is; what skipping cannot tell is read whole. */
+static bool set_items(parser_t *ps, size_t first, bool frozen) {
+    const char *opname = frozen ? "FROZENSET" : "ADDITEMS";
+    pk_value_t *target = NULL;
+    if (!frozen) {
+        if (first == 0 || first - 1 < base(ps))
+            return fail(ps, "ADDITEMS has no target");
+        if (ps->sp == first)
+            return true;
+        target = ps->stack[first - 1];
+        if (is_skipped(ps, target) && target == ps->skipv + SK_ANY)
+            return fail_whole(ps, "ADDITEMS adds to a value a reference inside \"%s\" pushed",
+                              ps->skip_key);
+        if (is_skipped(ps, target) ? target != ps->skipv + SK_SET
+                                   : target->type != PK_SET || !target->unhashable)
+            return fail(ps, "ADDITEMS target is not a set");
+    }
+    for (size_t i = first; i < ps->sp; i++) {
+        int h = hashable(ps, ps->stack[i]);
+        if (h < 0)
+            return fail_whole(ps, "%s holds a value a reference inside \"%s\" pushed", opname,
+                              ps->skip_key);
+        if (h == 0)
+            return fail(ps,
+                        "%s with an item Python cannot hash (a list, a dict, a set, a bytearray, "
+                        "a tuple holding one)",
+                        opname);
+    }
+    if (ps->skipping || (target != NULL && is_skipped(ps, target))) {
+        /* Inside a skipped value, to a skipped set (or a new skipped frozenset): nothing is
+         * kept. A set outside it, or one skipped before, is what skipping cannot read. */
+        if (target != NULL && (!ps->skipping || !is_skipped(ps, target)))
+            return fail_whole(ps, "ADDITEMS adds to a set outside the value under \"%s\"",
+                              ps->skip_key);
+        ps->sp = first;
+        return frozen ? push(ps, ps->skipv + SK_HASHED) : true;
+    }
+    if (!keep_values(ps, first))
+        return false;
+    size_t n = ps->sp - first;
+    if (frozen && (target = new_value(ps, PK_SET)) == NULL)
+        return false;
+    if (!seq_reserve(ps, target, n))
+        return false;
+    if (n > 0)
+        memcpy(target->u.seq.items + target->u.seq.n, ps->stack + first,
+               n * sizeof(*target->u.seq.items));
+    target->u.seq.n += n;
+    ps->sp = first;
+    return frozen ? push(ps, target) : true;
 }
 
 /* The document's PK_INT of value iv: one seen lately (values never change once made, so an int
@@ -1906,6 +1959,21 @@ static bool run(parser_t *ps) {
             break;
         case 'e': /* APPENDS */
             if (!pop_mark(ps, &first, "APPENDS") || !extend(ps, first, PK_LIST, "APPENDS", true))
+                return false;
+            scratch_back(ps);
+            break;
+        case 0x8f: { /* EMPTY_SET */
+            pk_value_t *v = ps->skipping ? ps->skipv + SK_SET : new_value(ps, PK_SET);
+            if (v != NULL && !ps->skipping)
+                v->unhashable = true; /* a set; a frozenset is hashable */
+            if (!push(ps, v))
+                return false;
+            break;
+        }
+        case 0x90: /* ADDITEMS */
+        case 0x91: /* FROZENSET */
+            if (!pop_mark(ps, &first, op == 0x90 ? "ADDITEMS" : "FROZENSET") ||
+                !set_items(ps, first, op == 0x91))
                 return false;
             scratch_back(ps);
             break;

@@ -1,7 +1,8 @@
 /*
  * pickle_read.h: a restricted pickle reader for PyTorch memory snapshots (protocols 2-5).
  *
- * Only data opcodes are accepted: dicts, lists, tuples, ints, floats, str, bytes, bools, None, the
+ * Only data opcodes are accepted: dicts, lists, tuples, sets and frozensets (protocol 4's opcodes;
+ * older protocols pickle a set with REDUCE, refused), ints, floats, str, bytes, bools, None, the
  * memo and FRAME. Integers keep their signedness: [-2^63, 2^63) is PK_INT, [2^63, 2^64) is
  * PK_UINT (real snapshots carry C++ line numbers of 2^64-1), and any wider integer is PK_BIGINT,
  * which has no value: the document still loads, and only a consumer that needs that number
@@ -46,15 +47,16 @@ typedef enum {
     PK_LIST,
     PK_TUPLE,
     PK_DICT,
-    PK_RECORD /* a dict that pk_parse_records' hook took: u.u is the id the hook gave it */
+    PK_RECORD, /* a dict that pk_parse_records' hook took: u.u is the id the hook gave it */
+    PK_SET     /* a set (unhashable) or frozenset: u.seq holds its items as written */
 } pk_type_t;
 
 typedef struct pk_value pk_value_t;
 /* One unpickled value. Immutable once pk_parse returns; owned by its document. */
 struct pk_value {
     pk_type_t type;  /* which member of u is valid */
-    bool unhashable; /* a bytearray (PK_BYTES), or a tuple holding a list, a dict or one of these:
-                      * what Python's hash() refuses, so never a dict key */
+    bool unhashable; /* a bytearray (PK_BYTES), a set (PK_SET), or a tuple holding a list, a dict or
+                      * one of these: what Python's hash() refuses, so never a dict key */
     union {
         bool b;        /* PK_BOOL */
         int64_t i;     /* PK_INT */
@@ -66,10 +68,10 @@ struct pk_value {
             size_t len;    /* bytes */
         } str;             /* PK_STR (UTF-8 as written) and PK_BYTES */
         struct {
-            pk_value_t **items; /* lists and tuples: items; dicts: key0, val0, key1, val1, ... */
+            pk_value_t **items; /* lists, tuples, sets: items; dicts: key0, val0, key1, val1, ... */
             size_t n;           /* entries in items */
             size_t cap;         /* allocated entries */
-        } seq;                  /* PK_LIST, PK_TUPLE, PK_DICT */
+        } seq;                  /* PK_LIST, PK_TUPLE, PK_DICT, PK_SET */
     } u;                        /* the value */
 };
 

@@ -629,6 +629,42 @@ TEST(PickleRead, NestingIsBoundOnlyByTheInput) {
     EXPECT_EQ(parse(marks), "pickle: truncated pickle (no STOP) at offset 4194306");
 }
 
+// Protocol 4 pickles a set and a frozenset with EMPTY_SET, ADDITEMS and FROZENSET (protocols 2
+// and 3 with GLOBAL builtins.set and REDUCE, refused as every GLOBAL is). python3's
+// pickle.dumps({"a": {1, 2}, "b": frozenset({"x"}), frozenset({3}): [set()]}, protocol=4):
+TEST(PickleRead, SetsAsPythonPicklesThem) {
+    const Bytes b = {128, 4,   149, 38, 0,  0, 0,   0,   0,   0,   0,   125, 148, 40,  140, 1, 97,
+                     148, 143, 148, 40, 75, 1, 75,  2,   144, 140, 1,   98,  148, 40,  140, 1, 120,
+                     148, 145, 148, 40, 75, 3, 145, 148, 93,  148, 143, 148, 97,  117, 46};
+    pk_doc_t *doc = nullptr;
+    ASSERT_EQ(parse(b, &doc), "");
+    const pk_value_t *root = pk_root(doc);
+    ASSERT_EQ(root->type, PK_DICT);
+    ASSERT_EQ(root->u.seq.n, 6u);
+    const pk_value_t *a = root->u.seq.items[1], *fb = root->u.seq.items[3];
+    const pk_value_t *key = root->u.seq.items[4], *list = root->u.seq.items[5];
+    ASSERT_EQ(a->type, PK_SET);
+    EXPECT_TRUE(a->unhashable);
+    ASSERT_EQ(a->u.seq.n, 2u);
+    EXPECT_EQ(a->u.seq.items[1]->u.i, 2);
+    ASSERT_EQ(fb->type, PK_SET);
+    EXPECT_FALSE(fb->unhashable);
+    ASSERT_EQ(fb->u.seq.n, 1u);
+    EXPECT_EQ(std::string(fb->u.seq.items[0]->u.str.s), "x");
+    EXPECT_EQ(key->type, PK_SET);
+    EXPECT_FALSE(key->unhashable);
+    ASSERT_EQ(list->type, PK_LIST);
+    ASSERT_EQ(list->u.seq.n, 1u);
+    EXPECT_EQ(list->u.seq.items[0]->type, PK_SET);
+    EXPECT_EQ(list->u.seq.items[0]->u.seq.n, 0u);
+    pk_free(doc);
+    // Protocol 2 (pickle.dumps({1}, protocol=2) starts so).
+    const Bytes p2 = {128, 2,  99, 95,  95,  98,  117, 105, 108, 116, 105, 110,
+                      95,  95, 10, 115, 101, 116, 10,  113, 0,   93,  113, 1,
+                      75,  1,  97, 133, 113, 2,   82,  113, 3,   46};
+    EXPECT_EQ(parse(p2), "pickle: opcode GLOBAL at offset 2 not allowed");
+}
+
 TEST(PickleRead, LimitsBoundDepthMemoAndSizes) {
     pk_limits_t lim;
     pk_limits_default(&lim);
@@ -2343,6 +2379,8 @@ TEST(PickleRead, WhatPickleLoadRefusesEveryReaderRefuses) {
     };
     const std::string hash_why = "with a dict key Python cannot hash (a list, a dict, a "
                                  "bytearray, a tuple holding one)";
+    const std::string set_why = "with an item Python cannot hash (a list, a dict, a set, a "
+                                "bytearray, a tuple holding one)";
     const struct {
         const char *what;
         Bytes x;
@@ -2415,6 +2453,25 @@ TEST(PickleRead, WhatPickleLoadRefusesEveryReaderRefuses) {
          -1,
          ""},
         {"a list as a value", {'}', '(', 'h', 1, ']', 'u'}, -1, ""},
+        // Protocol 4's sets (EMPTY_SET, ADDITEMS, FROZENSET): read, and refused where
+        // pickle.load refuses them (AttributeError: no add(); TypeError: unhashable).
+        {"a set and a frozenset",
+         {0x8f, '(', 'K', 1, 'K', 2, 0x90, '(', 0x8c, 1, 'x', 0x91},
+         -1,
+         ""},
+        {"ADDITEMS of nothing onto None", {'N', '(', 0x90}, -1, ""},
+        {"a frozenset key", {'}', '(', '(', 'K', 1, 0x91, 'N', 'u'}, -1, ""},
+        {"a frozenset in a frozenset", {'(', '(', 'K', 1, 0x91, 0x91}, -1, ""},
+        {"ADDITEMS onto a list", {']', '(', 'K', 1, 0x90}, 4, "ADDITEMS target is not a set"},
+        {"ADDITEMS onto a frozenset",
+         {'(', 0x91, '(', 'K', 1, 0x90},
+         5,
+         "ADDITEMS target is not a set"},
+        {"a list in a set", {0x8f, '(', ']', 0x90}, 3, "ADDITEMS " + set_why},
+        {"a list in a frozenset", {'(', ']', 0x91}, 2, "FROZENSET " + set_why},
+        {"a set in a frozenset", {'(', 0x8f, 0x91}, 2, "FROZENSET " + set_why},
+        {"a set key", {'}', '(', 0x8f, 'N', 'u'}, 4, "SETITEMS " + hash_why},
+        {"a tuple of a set as key", {'}', '(', 0x8f, 0x85, 'N', 'u'}, 5, "SETITEMS " + hash_why},
     };
     auto keep = [](void *, pk_value_t *const *, size_t, uint64_t *) { return 0; };
     auto take = [](void *arg, pk_value_t *const *, size_t, uint64_t *id_p) {
