@@ -707,6 +707,48 @@ static inline __attribute__((always_inline)) bool memo_get(parser_t *ps, size_t 
     return push(ps, ps->memo[idx]);
 }
 
+/* Every pickle opcode's name (pickletools'), by its byte. */
+static const char *const opcode_names[256] = {
+    ['('] = "MARK",          [')'] = "EMPTY_TUPLE",
+    ['.'] = "STOP",          ['0'] = "POP",
+    ['1'] = "POP_MARK",      ['2'] = "DUP",
+    ['B'] = "BINBYTES",      ['C'] = "SHORT_BINBYTES",
+    ['F'] = "FLOAT",         ['G'] = "BINFLOAT",
+    ['I'] = "INT",           ['J'] = "BININT",
+    ['K'] = "BININT1",       ['L'] = "LONG",
+    ['M'] = "BININT2",       ['N'] = "NONE",
+    ['P'] = "PERSID",        ['Q'] = "BINPERSID",
+    ['R'] = "REDUCE",        ['S'] = "STRING",
+    ['T'] = "BINSTRING",     ['U'] = "SHORT_BINSTRING",
+    ['V'] = "UNICODE",       ['X'] = "BINUNICODE",
+    [']'] = "EMPTY_LIST",    ['a'] = "APPEND",
+    ['b'] = "BUILD",         ['c'] = "GLOBAL",
+    ['d'] = "DICT",          ['e'] = "APPENDS",
+    ['g'] = "GET",           ['h'] = "BINGET",
+    ['i'] = "INST",          ['j'] = "LONG_BINGET",
+    ['l'] = "LIST",          ['o'] = "OBJ",
+    ['p'] = "PUT",           ['q'] = "BINPUT",
+    ['r'] = "LONG_BINPUT",   ['s'] = "SETITEM",
+    ['t'] = "TUPLE",         ['u'] = "SETITEMS",
+    ['}'] = "EMPTY_DICT",    [0x80] = "PROTO",
+    [0x81] = "NEWOBJ",       [0x82] = "EXT1",
+    [0x83] = "EXT2",         [0x84] = "EXT4",
+    [0x85] = "TUPLE1",       [0x86] = "TUPLE2",
+    [0x87] = "TUPLE3",       [0x88] = "NEWTRUE",
+    [0x89] = "NEWFALSE",     [0x8a] = "LONG1",
+    [0x8b] = "LONG4",        [0x8c] = "SHORT_BINUNICODE",
+    [0x8d] = "BINUNICODE8",  [0x8e] = "BINBYTES8",
+    [0x8f] = "EMPTY_SET",    [0x90] = "ADDITEMS",
+    [0x91] = "FROZENSET",    [0x92] = "NEWOBJ_EX",
+    [0x93] = "STACK_GLOBAL", [0x94] = "MEMOIZE",
+    [0x95] = "FRAME",        [0x96] = "BYTEARRAY8",
+    [0x97] = "NEXT_BUFFER",  [0x98] = "READONLY_BUFFER",
+};
+
+const char *pk_opcode_name(unsigned char op) {
+    return opcode_names[op];
+}
+
 /* Names of opcodes we refuse because they build arbitrary objects or call code. */
 static const char *forbidden_name(unsigned op) {
     switch (op) {
@@ -2079,7 +2121,12 @@ bool pk_parse_records(const void *buf, size_t len, const pk_limits_t *lim, const
         ok = fail(&ps, "empty input");
     else if (skip_key != NULL && !make_skipped(&ps))
         ok = false;
-    else if (ps.p[0] != 0x80) /* protocols 2-5 open with PROTO */
+    else if (ps.p[0] != 0x80 && pk_opcode_name(ps.p[0]) != NULL) /* protocols 2-5 open with PROTO */
+        ok = fail(&ps,
+                  "not a pickle of protocol 2-5 (those start with byte 0x80, PROTO; one of "
+                  "protocol 0 or 1 is not read): its first byte is opcode %s (0x%02x)",
+                  pk_opcode_name(ps.p[0]), ps.p[0]);
+    else if (ps.p[0] != 0x80)
         ok = fail(&ps, "not a pickle (protocol 2-5 pickles start with byte 0x80, not 0x%02x)",
                   ps.p[0]);
     else

@@ -1,5 +1,6 @@
 /*
- * pickle_read.h: a restricted pickle reader for PyTorch memory snapshots (protocols 2-5).
+ * pickle_read.h: a restricted pickle reader for PyTorch memory snapshots (protocols 2-5; a
+ * pickle of protocol 0 or 1, which has no PROTO and text opcodes, is refused from its first byte).
  *
  * Only data opcodes are accepted: dicts, lists, tuples, sets and frozensets (protocol 4's opcodes;
  * older protocols pickle a set with REDUCE, refused), ints, floats, str, bytes, bools, None, the
@@ -85,6 +86,9 @@ typedef struct pk_limits {
 typedef struct pk_doc pk_doc_t;
 
 void pk_limits_default(pk_limits_t *lim);
+
+/* The name of pickle opcode op (as pickletools names it), NULL for a byte that is none. */
+const char *pk_opcode_name(unsigned char op);
 
 /* Parse buf[0..len). On success *doc_p owns the values and pk_root() is the top object; on failure
  * returns false and writes "pickle: <what> at offset N" into err. lim may be NULL (defaults). */

@@ -588,9 +588,26 @@ TEST(PickleRead, TextIsNotAPickle) {
     EXPECT_EQ(parse(Bytes(text.begin(), text.end())),
               "pickle: not a pickle (protocol 2-5 pickles start with byte 0x80, not 0x23) at "
               "offset 0");
+    // A byte that is an opcode: a pickle of protocol 0 or 1 (no PROTO) may start so, and the
+    // message says it is not read. python3's pickle.dumps({"segments": [], "ok": True}) with
+    // protocol=0 and protocol=1 (which pickle.load reads):
+    const std::string old_protocol = "(those start with byte 0x80, PROTO; one of protocol 0 or 1 "
+                                     "is not read): its first byte is opcode ";
     EXPECT_EQ(parse(Bytes{'h', 3, '.'}),
-              "pickle: not a pickle (protocol 2-5 pickles start with byte 0x80, not 0x68) at "
-              "offset 0");
+              "pickle: not a pickle of protocol 2-5 " + old_protocol + "BINGET (0x68) at offset 0");
+    const Bytes p0 = {40,  100, 112, 48, 10, 86, 115, 101, 103, 109, 101, 110, 116,
+                      115, 10,  112, 49, 10, 40, 108, 112, 50,  10,  115, 86,  111,
+                      107, 10,  112, 51, 10, 73, 48,  49,  10,  115, 46};
+    EXPECT_EQ(parse(p0),
+              "pickle: not a pickle of protocol 2-5 " + old_protocol + "MARK (0x28) at offset 0");
+    const Bytes p1 = {125, 113, 0,   40,  88,  8,  0,  0,   0,  115, 101, 103, 109,
+                      101, 110, 116, 115, 113, 1,  93, 113, 2,  88,  2,   0,   0,
+                      0,   111, 107, 113, 3,   73, 48, 49,  10, 117, 46};
+    EXPECT_EQ(parse(p1), "pickle: not a pickle of protocol 2-5 " + old_protocol +
+                             "EMPTY_DICT (0x7d) at offset 0");
+    EXPECT_STREQ(pk_opcode_name(0x80), "PROTO");
+    EXPECT_STREQ(pk_opcode_name(0x98), "READONLY_BUFFER");
+    EXPECT_EQ(pk_opcode_name('#'), nullptr);
 }
 
 // pickle.load (the C unpickler) has no limit on open MARKs: its stack of them grows. Neither has

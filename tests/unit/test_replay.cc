@@ -1862,6 +1862,22 @@ TEST_F(Replay, AStreamThatIsNoSnapshotIsRefusedFromItsFirstBytes) {
     tr_free(&t);
 }
 
+// A pickle of protocol 1 (python3's pickle.dumps({"segments": [], "ok": True}, protocol=1),
+// which pickle.load reads) has no PROTO: the refusal names its first opcode and says why.
+TEST_F(Replay, AProtocol1PickleIsRefusedByName) {
+    const std::vector<unsigned char> p1 = {
+        125, 113, 0, 40, 88, 8, 0, 0, 0,   115, 101, 103, 109, 101, 110, 116, 115, 113, 1,
+        93,  113, 2, 88, 2,  0, 0, 0, 111, 107, 113, 3,   73,  48,  49,  10,  117, 46};
+    tr_trace_t t;
+    char why[256] = "";
+    std::string path = "protocol1_" + std::to_string(getpid()) + ".pickle";
+    EXPECT_FALSE(load_from_file(p1, path, &t, why, sizeof(why)));
+    EXPECT_EQ(std::string(why), path + ": not a pickle (nor a JSON snapshot): it starts with byte "
+                                       "0x7d, a pickle with 0x80 (0x7d is opcode EMPTY_DICT: a "
+                                       "pickle of protocol 0 or 1, not read; protocols 2-5 are)");
+    tr_free(&t);
+}
+
 // A trace on many streams (a segment of its own each) gives everything back: a stream's
 // destruction releases its cached segments, and the replay now empties the cache once before its
 // streams go, where each destruction used to walk every segment still cached (20,000 streams took
