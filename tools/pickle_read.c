@@ -2071,6 +2071,19 @@ static bool make_skipped(parser_t *ps) {
     return true;
 }
 
+/* The refusal of a document that does not start with PROTO: the opcode it starts with, if any
+ * (a pickle of protocol 0 or 1 has no PROTO). Out of line, as every error path of the loader. */
+static __attribute__((noinline, cold)) bool not_a_pickle(parser_t *ps) {
+    const char *name = pk_opcode_name(ps->p[0]);
+    if (name == NULL)
+        return fail(ps, "not a pickle (protocol 2-5 pickles start with byte 0x80, not 0x%02x)",
+                    ps->p[0]);
+    return fail(ps,
+                "not a pickle of protocol 2-5 (those start with byte 0x80, PROTO; one of protocol "
+                "0 or 1 is not read): its first byte is opcode %s (0x%02x)",
+                name, ps->p[0]);
+}
+
 bool pk_parse(const void *buf, size_t len, const pk_limits_t *lim, pk_doc_t **doc_p, char *err,
               size_t errlen) {
     return pk_parse_skip(buf, len, lim, NULL, doc_p, err, errlen);
@@ -2121,14 +2134,8 @@ bool pk_parse_records(const void *buf, size_t len, const pk_limits_t *lim, const
         ok = fail(&ps, "empty input");
     else if (skip_key != NULL && !make_skipped(&ps))
         ok = false;
-    else if (ps.p[0] != 0x80 && pk_opcode_name(ps.p[0]) != NULL) /* protocols 2-5 open with PROTO */
-        ok = fail(&ps,
-                  "not a pickle of protocol 2-5 (those start with byte 0x80, PROTO; one of "
-                  "protocol 0 or 1 is not read): its first byte is opcode %s (0x%02x)",
-                  pk_opcode_name(ps.p[0]), ps.p[0]);
-    else if (ps.p[0] != 0x80)
-        ok = fail(&ps, "not a pickle (protocol 2-5 pickles start with byte 0x80, not 0x%02x)",
-                  ps.p[0]);
+    else if (ps.p[0] != 0x80) /* protocols 2-5 open with PROTO */
+        ok = not_a_pickle(&ps);
     else
         ok = run(&ps);
     free(ps.stack);
