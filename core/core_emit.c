@@ -198,22 +198,15 @@ static void puts_(sp__emit_t *e, const char *s) {
     put(e, s, strlen(s));
 }
 
-/* The open containers' arrays: the emitter's own. */
+/* The open containers' array: the emitter's own. */
 static void depth_inline(sp__emit_t *e) {
-    e->mark = e->mark0;
-    e->count = e->count0;
-    e->kind = e->kind0;
-    e->vstart = e->vstart0;
+    e->lv = e->lv0;
     e->depth_cap = SP__EMIT_MAX_DEPTH;
 }
 
 static void depth_free(sp__emit_t *e) {
-    if (e->mark != e->mark0) {
-        free(e->mark);
-        free(e->count);
-        free(e->kind);
-        free(e->vstart);
-    }
+    if (e->lv != e->lv0)
+        free(e->lv);
     depth_inline(e);
 }
 
@@ -224,30 +217,15 @@ static bool depth_grow(sp__emit_t *e) {
         return false;
     }
     size_t n = (size_t)e->depth_cap * 2;
-    size_t *mark = malloc(n * sizeof(*mark)), *count = malloc(n * sizeof(*count));
-    size_t *vstart = malloc(n * sizeof(*vstart));
-    char *kind = malloc(n);
-    if (mark == NULL || count == NULL || vstart == NULL || kind == NULL) {
-        free(mark);
-        free(count);
-        free(vstart);
-        free(kind);
+    sp__emit_level_t *lv = malloc(n * sizeof(*lv));
+    if (lv == NULL) {
         e->failed = true;
         e->oom = true;
         return false;
     }
-    size_t d = (size_t)e->depth;
-    memcpy(mark, e->mark, d * sizeof(*mark));
-    memcpy(count, e->count, d * sizeof(*count));
-    memcpy(vstart, e->vstart, d * sizeof(*vstart));
-    memcpy(kind, e->kind, d);
-    int depth = e->depth;
+    memcpy(lv, e->lv, (size_t)e->depth * sizeof(*lv));
     depth_free(e);
-    e->depth = depth;
-    e->mark = mark;
-    e->count = count;
-    e->kind = kind;
-    e->vstart = vstart;
+    e->lv = lv;
     e->depth_cap = (int)n;
     return true;
 }
@@ -289,8 +267,8 @@ static void flush(sp__emit_t *e) {
     /* The open containers' MARKs are in the file now: never "just after the MARK" again. Their
      * JSON openings are too: none of them can be memoized at its end. */
     for (int d = 0; d < e->depth; d++) {
-        e->mark[d] = SIZE_MAX - 1;
-        e->vstart[d] = SIZE_MAX;
+        e->lv[d].mark = SIZE_MAX - 1;
+        e->lv[d].vstart = SIZE_MAX;
     }
     e->last_len = 0;
 }
@@ -301,7 +279,7 @@ void sp__emit_flush_point(sp__emit_t *e) {
     if (e->sink == NULL || e->failed || e->len < FLUSH_AT)
         return;
     for (int d = 0; d < e->depth && !e->json; d++)
-        if (e->count[d] == 0)
+        if (e->lv[d].count == 0)
             return;
     flush(e);
 }
@@ -357,19 +335,19 @@ static void before_item(sp__emit_t *e) {
         return;
     int d = e->depth - 1;
     if (e->json) {
-        if (e->count[d] > 0)
+        if (e->lv[d].count > 0)
             put1(e, ',');
-    } else if (e->count[d] > 0 && e->count[d] % BATCH == 0) {
-        put1(e, e->kind[d] == 'd' ? OP_SETITEMS : OP_APPENDS);
-        e->mark[d] = e->len;
+    } else if (e->lv[d].count > 0 && e->lv[d].count % BATCH == 0) {
+        put1(e, e->lv[d].kind == 'd' ? OP_SETITEMS : OP_APPENDS);
+        e->lv[d].mark = e->len;
         put1(e, OP_MARK);
     }
-    e->count[d]++;
+    e->lv[d].count++;
 }
 
 /* Values in a list are items; values in a dict follow their key. */
 static void before_value(sp__emit_t *e) {
-    if (e->depth > 0 && e->kind[e->depth - 1] == 'l')
+    if (e->depth > 0 && e->lv[e->depth - 1].kind == 'l')
         before_item(e);
 }
 
@@ -378,14 +356,14 @@ static void open_container(sp__emit_t *e, char kind) {
     if (e->depth == e->depth_cap && !depth_grow(e))
         return;
     int d = e->depth++;
-    e->kind[d] = kind;
-    e->count[d] = 0;
+    e->lv[d].kind = kind;
+    e->lv[d].count = 0;
     if (e->json) {
-        e->vstart[d] = e->len;
+        e->lv[d].vstart = e->len;
         put1(e, kind == 'd' ? '{' : '[');
     } else {
         put1(e, kind == 'd' ? OP_EMPTY_DICT : OP_EMPTY_LIST);
-        e->mark[d] = e->len;
+        e->lv[d].mark = e->len;
         put1(e, OP_MARK);
     }
 }
@@ -393,16 +371,16 @@ static void open_container(sp__emit_t *e, char kind) {
 static void close_container(sp__emit_t *e, char kind) {
     if (e->failed)
         return;
-    if (e->depth == 0 || e->kind[e->depth - 1] != kind) {
+    if (e->depth == 0 || e->lv[e->depth - 1].kind != kind) {
         e->failed = true;
         return;
     }
     int d = --e->depth;
     if (e->json) {
         put1(e, kind == 'd' ? '}' : ']');
-        e->last_start = e->vstart[d];
-        e->last_len = e->vstart[d] == SIZE_MAX ? 0 : e->len - e->vstart[d];
-    } else if (e->len == e->mark[d] + 1) {
+        e->last_start = e->lv[d].vstart;
+        e->last_len = e->lv[d].vstart == SIZE_MAX ? 0 : e->len - e->lv[d].vstart;
+    } else if (e->len == e->lv[d].mark + 1) {
         e->len--; /* nothing since the MARK: drop it rather than write an empty SETITEMS */
     } else {
         put1(e, kind == 'd' ? OP_SETITEMS : OP_APPENDS);
@@ -574,7 +552,7 @@ static void put_str_static(sp__emit_t *e, const char *s) {
 }
 
 static void key(sp__emit_t *e, const char *k, bool fixed) {
-    if (e->depth == 0 || e->kind[e->depth - 1] != 'd') {
+    if (e->depth == 0 || e->lv[e->depth - 1].kind != 'd') {
         e->failed = true;
         return;
     }
@@ -604,12 +582,13 @@ static inline unsigned char *fast_key(sp__emit_t *e, const char *k) {
     if (e->json || e->failed || e->depth == 0)
         return NULL;
     int d = e->depth - 1;
-    if (e->kind[d] != 'd' || (e->count[d] > 0 && e->count[d] % BATCH == 0) || e->cap - e->len < 32)
+    if (e->lv[d].kind != 'd' || (e->lv[d].count > 0 && e->lv[d].count % BATCH == 0) ||
+        e->cap - e->len < 32)
         return NULL;
     size_t h = static_find(e, k);
     if (h == SIZE_MAX || e->skey[h] != k)
         return NULL;
-    e->count[d]++;
+    e->lv[d].count++;
     return w_memo_get((unsigned char *)e->buf + e->len, e->sidx[h]);
 }
 
@@ -643,7 +622,7 @@ static size_t fmt_u64(char *b, uint64_t v) {
 /* The JSON form of the same: a key of plain ASCII (no escapes: the literals snapshots use) written
  * in one piece with its comma and colon, room for `extra` more bytes. NULL: the general path. */
 static inline unsigned char *json_key(sp__emit_t *e, const char *k, size_t extra) {
-    if (!e->json || e->failed || e->depth == 0 || e->kind[e->depth - 1] != 'd')
+    if (!e->json || e->failed || e->depth == 0 || e->lv[e->depth - 1].kind != 'd')
         return NULL;
     size_t n = 0;
     for (; k[n] != '\0'; n++) {
@@ -655,9 +634,9 @@ static inline unsigned char *json_key(sp__emit_t *e, const char *k, size_t extra
     if (p == NULL)
         return NULL;
     int d = e->depth - 1;
-    if (e->count[d] > 0)
+    if (e->lv[d].count > 0)
         *p++ = ',';
-    e->count[d]++;
+    e->lv[d].count++;
     *p++ = '"';
     memcpy(p, k, n);
     p += n;

@@ -35,6 +35,15 @@ typedef struct sp__atomic_file {
     char tmp[PATH_MAX];  /* the temporary */
 } sp__atomic_file_t;
 
+/* An open container of the emitter. */
+typedef struct sp__emit_level {
+    size_t mark;   /* pickle: offset of its MARK */
+    size_t count;  /* items (dict: keys + values) written in it */
+    size_t vstart; /* JSON: offset where it began in buf (SIZE_MAX: before a flush, its bytes are
+                    * gone) */
+    char kind;     /* 'd' dict, 'l' list */
+} sp__emit_level_t;
+
 typedef struct sp__emit {
     char *buf;                   /* output bytes */
     size_t len;                  /* bytes written */
@@ -43,12 +52,8 @@ typedef struct sp__emit {
     bool failed;                 /* out of memory or misuse; every later call is a no-op */
     bool oom;                    /* the failure was out of host memory (not misuse) */
     int depth;                   /* open containers */
-    int depth_cap;               /* open containers the 4 arrays below hold */
-    size_t *mark;                /* pickle: offset of each container's MARK */
-    size_t *count;               /* items (dict: keys + values) written in each */
-    char *kind;                  /* 'd' dict, 'l' list */
-    size_t *vstart;              /* JSON: offset where each open container began in buf
-                                  * (SIZE_MAX: before a flush, its bytes are gone) */
+    int depth_cap;               /* open containers lv holds */
+    sp__emit_level_t *lv;        /* the open containers, outermost first */
     uint32_t memo_next;          /* pickle: the index the next MEMOIZE gives */
     size_t last_start, last_len; /* JSON: the last container closed (its bytes) */
     size_t *jmemo;               /* JSON: memoized values as (start, len) pairs in jcopy */
@@ -61,11 +66,10 @@ typedef struct sp__emit {
     sp__atomic_file_t *sink;           /* where finished bytes go (NULL: kept in buf) */
     size_t flushed;                    /* bytes written to sink so far */
     bool sink_failed;                  /* writing to sink failed (its error is set already) */
-    /* The four arrays point here until a document nests deeper (a JSON document read by
-     * json_read.c: what json.load reads may nest thousands deep); then to the heap. The
-     * emitter is never copied (it points into itself). */
-    size_t mark0[SP__EMIT_MAX_DEPTH], count0[SP__EMIT_MAX_DEPTH], vstart0[SP__EMIT_MAX_DEPTH];
-    char kind0[SP__EMIT_MAX_DEPTH];
+    /* lv points here until a document nests deeper (a JSON document read by json_read.c:
+     * what json.load reads may nest thousands deep); then to the heap. The emitter is never
+     * copied (it points into itself). */
+    sp__emit_level_t lv0[SP__EMIT_MAX_DEPTH];
 } sp__emit_t;
 
 /* Start a document (pickle: PROTO 4). */

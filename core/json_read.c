@@ -332,7 +332,7 @@ static bool number(jp_t *j) {
 #define JSON_MAX_DEPTH 100000
 
 /* A scalar value (string, literal, number); containers are parse()'s. */
-static bool scalar(jp_t *j) {
+static inline __attribute__((always_inline)) bool scalar(jp_t *j) {
     switch (j->p[j->pos]) {
     case '"':
         if (!string(j))
@@ -360,7 +360,7 @@ static bool scalar(jp_t *j) {
 }
 
 /* An object's key and its ':' (whitespace before them skipped). */
-static bool key(jp_t *j) {
+static inline __attribute__((always_inline)) bool key(jp_t *j) {
     skip_ws(j);
     if (j->pos >= j->len || j->p[j->pos] != '"')
         return jfail(j, "expected a string key");
@@ -374,10 +374,12 @@ static bool key(jp_t *j) {
     return true;
 }
 
-/* One value, its containers read in a loop: open[] holds '{' or '[' for each open one. */
+/* One value, its containers read in a loop: open[] holds '{' or '[' for each open one, and cur
+ * the innermost one's closing character (0: none open). */
 static bool parse(jp_t *j) {
     char *open = NULL;
     size_t cap = 0;
+    char cur = 0;
     bool ok = false;
     for (;;) {
         /* A value. */
@@ -404,12 +406,15 @@ static bool parse(jp_t *j) {
             }
             open[j->depth++] = c;
             j->pos++;
-            if (c == '{')
+            if (c == '{') {
+                cur = '}';
                 sp__emit_dict_begin(j->e);
-            else
+            } else {
+                cur = ']';
                 sp__emit_list_begin(j->e);
+            }
             skip_ws(j);
-            if (j->pos >= j->len || j->p[j->pos] != (c == '{' ? '}' : ']')) {
+            if (j->pos >= j->len || j->p[j->pos] != cur) {
                 if (c == '{' && !key(j))
                     goto out;
                 continue; /* its first value */
@@ -420,33 +425,29 @@ static bool parse(jp_t *j) {
         }
         /* After a value: close what it ends, or go on to the next item of its container. */
         for (;;) {
-            if (j->depth == 0) {
+            if (cur == 0) {
                 ok = true;
                 goto out;
             }
-            bool object = open[j->depth - 1] == '{';
-            char close = object ? '}' : ']';
-            if (j->pos < j->len && j->p[j->pos] == close) { /* an empty one, just opened */
+            skip_ws(j);
+            char n = j->pos < j->len ? j->p[j->pos] : 0;
+            if (n == ',') {
                 j->pos++;
-            } else {
-                skip_ws(j);
-                if (j->pos < j->len && j->p[j->pos] == ',') {
-                    j->pos++;
-                    if (object && !key(j))
-                        goto out;
-                    break; /* the next value */
-                }
-                if (j->pos >= j->len || j->p[j->pos] != close) {
-                    jfail(j, object ? "expected ',' or '}'" : "expected ',' or ']'");
+                if (cur == '}' && !key(j))
                     goto out;
-                }
-                j->pos++;
+                break; /* the next value */
             }
-            if (object)
+            if (n != cur) {
+                jfail(j, cur == '}' ? "expected ',' or '}'" : "expected ',' or ']'");
+                goto out;
+            }
+            j->pos++;
+            if (cur == '}')
                 sp__emit_dict_end(j->e);
             else
                 sp__emit_list_end(j->e);
             j->depth--;
+            cur = j->depth == 0 ? 0 : open[j->depth - 1] == '{' ? '}' : ']';
         }
     }
 out:

@@ -57,16 +57,17 @@ struct pk_doc {
  * may be one Python cannot hash. SK_HASHED is a reference skip_fast looked up as a dict key (a
  * value Python can hash), SK_UNHASHABLE a bytearray or a tuple holding what cannot be hashed,
  * SK_TUPLE_ANY a tuple holding an SK_ANY (not known either), SK_SET a set (EMPTY_SET; a
- * frozenset is SK_HASHED). */
+ * frozenset is SK_HASHED). In the order of what hash() makes of them (see hashable): hashed,
+ * not known, refused. */
 enum {
     SK_SCALAR,
+    SK_TUPLE,
+    SK_HASHED,
+    SK_ANY,
+    SK_TUPLE_ANY,
     SK_DICT,
     SK_LIST,
-    SK_TUPLE,
-    SK_ANY,
-    SK_HASHED,
     SK_UNHASHABLE,
-    SK_TUPLE_ANY,
     SK_SET,
     SK_COUNT
 };
@@ -818,9 +819,7 @@ static inline __attribute__((always_inline)) int hashable(const parser_t *ps, co
         return 1;
     if (is_skipped(ps, v)) {
         size_t k = (size_t)(v - ps->skipv);
-        return k == SK_DICT || k == SK_LIST || k == SK_UNHASHABLE || k == SK_SET ? 0
-               : k == SK_ANY || k == SK_TUPLE_ANY                                ? -1
-                                                                                 : 1;
+        return k < SK_ANY ? 1 : k < SK_DICT ? -1 : 0;
     }
     if (is_scratch(ps, v)) /* an int, or one moved to the document (a PK_RECORD here) */
         return 1;
