@@ -217,7 +217,7 @@ static bool depth_grow(sp__emit_t *e) {
         return false;
     }
     size_t n = (size_t)e->depth_cap * 2;
-    sp__emit_level_t *lv = malloc(n * sizeof(*lv));
+    sp__emit_level_t *lv = sp__emit_realloc(NULL, n * sizeof(*lv)); /* the fault hook's too */
     if (lv == NULL) {
         e->failed = true;
         e->oom = true;

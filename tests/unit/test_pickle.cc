@@ -124,6 +124,19 @@ TEST(PickleWrite, NestsPastItsOwnArrays) {
     for (int i = 0; i < deepest; i++)
         sp__emit_dict_begin(&e);
     sp__emit_discard(&e); // frees the heap arrays (ASan would say otherwise)
+    // Out of memory growing them is out of host memory, as the buffer's is.
+    sp__emit_init(&e, false);
+    for (int i = 0; i < SP__EMIT_MAX_DEPTH; i++)
+        sp__emit_list_begin(&e);
+    sp__emit_fault_after(1);
+    sp__emit_list_begin(&e);
+    sp__emit_fault_after(0);
+    for (int i = 0; i <= SP__EMIT_MAX_DEPTH; i++)
+        sp__emit_list_end(&e);
+    char *buf = nullptr;
+    size_t len = 0;
+    EXPECT_EQ(sp__emit_finish(&e, &buf, &len), SP_ERR_SYSTEM);
+    EXPECT_EQ(buf, nullptr);
 }
 
 TEST(PickleWrite, SmallSnapshotOpcodeByOpcode) {
