@@ -198,9 +198,42 @@ static void puts_(sp__emit_t *e, const char *s) {
     put(e, s, strlen(s));
 }
 
+/* The open containers' array: the emitter's own. */
+static void depth_inline(sp__emit_t *e) {
+    e->lv = e->lv0;
+    e->depth_cap = SP__EMIT_MAX_DEPTH;
+}
+
+static void depth_free(sp__emit_t *e) {
+    if (e->lv != e->lv0)
+        free(e->lv);
+    depth_inline(e);
+}
+
+/* Room for twice as many open containers (on the heap; out of memory fails the document). */
+static bool depth_grow(sp__emit_t *e) {
+    if (e->depth_cap > INT_MAX / 2) {
+        e->failed = true;
+        return false;
+    }
+    size_t n = (size_t)e->depth_cap * 2;
+    sp__emit_level_t *lv = sp__emit_realloc(NULL, n * sizeof(*lv)); /* the fault hook's too */
+    if (lv == NULL) {
+        e->failed = true;
+        e->oom = true;
+        return false;
+    }
+    memcpy(lv, e->lv, (size_t)e->depth * sizeof(*lv));
+    depth_free(e);
+    e->lv = lv;
+    e->depth_cap = (int)n;
+    return true;
+}
+
 void sp__emit_init(sp__emit_t *e, bool json) {
     memset(e, 0, sizeof(*e));
     e->json = json;
+    depth_inline(e);
     if (!json) {
         put1(e, OP_PROTO);
         put1(e, 4);
@@ -211,7 +244,9 @@ void sp__emit_discard(sp__emit_t *e) {
     free(e->buf);
     free(e->jmemo);
     free(e->jcopy);
+    depth_free(e);
     memset(e, 0, sizeof(*e));
+    depth_inline(e);
 }
 
 void sp__emit_to_file(sp__emit_t *e, sp__atomic_file_t *f) {
@@ -232,8 +267,8 @@ static void flush(sp__emit_t *e) {
     /* The open containers' MARKs are in the file now: never "just after the MARK" again. Their
      * JSON openings are too: none of them can be memoized at its end. */
     for (int d = 0; d < e->depth; d++) {
-        e->mark[d] = SIZE_MAX - 1;
-        e->vstart[d] = SIZE_MAX;
+        e->lv[d].mark = SIZE_MAX - 1;
+        e->lv[d].vstart = SIZE_MAX;
     }
     e->last_len = 0;
 }
@@ -244,7 +279,7 @@ void sp__emit_flush_point(sp__emit_t *e) {
     if (e->sink == NULL || e->failed || e->len < FLUSH_AT)
         return;
     for (int d = 0; d < e->depth && !e->json; d++)
-        if (e->count[d] == 0)
+        if (e->lv[d].count == 0)
             return;
     flush(e);
 }
@@ -290,6 +325,7 @@ sp_status_t sp__emit_finish(sp__emit_t *e, char **buf_p, size_t *len_p) {
     free(e->jcopy);
     e->jcopy = NULL;
     e->jcopy_len = e->jcopy_cap = 0;
+    depth_free(e);
     return SP_SUCCESS;
 }
 
@@ -299,37 +335,35 @@ static void before_item(sp__emit_t *e) {
         return;
     int d = e->depth - 1;
     if (e->json) {
-        if (e->count[d] > 0)
+        if (e->lv[d].count > 0)
             put1(e, ',');
-    } else if (e->count[d] > 0 && e->count[d] % BATCH == 0) {
-        put1(e, e->kind[d] == 'd' ? OP_SETITEMS : OP_APPENDS);
-        e->mark[d] = e->len;
+    } else if (e->lv[d].count > 0 && e->lv[d].count % BATCH == 0) {
+        put1(e, e->lv[d].kind == 'd' ? OP_SETITEMS : OP_APPENDS);
+        e->lv[d].mark = e->len;
         put1(e, OP_MARK);
     }
-    e->count[d]++;
+    e->lv[d].count++;
 }
 
 /* Values in a list are items; values in a dict follow their key. */
 static void before_value(sp__emit_t *e) {
-    if (e->depth > 0 && e->kind[e->depth - 1] == 'l')
+    if (e->depth > 0 && e->lv[e->depth - 1].kind == 'l')
         before_item(e);
 }
 
 static void open_container(sp__emit_t *e, char kind) {
     before_value(e);
-    if (e->depth == SP__EMIT_MAX_DEPTH) {
-        e->failed = true;
+    if (e->depth == e->depth_cap && !depth_grow(e))
         return;
-    }
     int d = e->depth++;
-    e->kind[d] = kind;
-    e->count[d] = 0;
+    e->lv[d].kind = kind;
+    e->lv[d].count = 0;
     if (e->json) {
-        e->vstart[d] = e->len;
+        e->lv[d].vstart = e->len;
         put1(e, kind == 'd' ? '{' : '[');
     } else {
         put1(e, kind == 'd' ? OP_EMPTY_DICT : OP_EMPTY_LIST);
-        e->mark[d] = e->len;
+        e->lv[d].mark = e->len;
         put1(e, OP_MARK);
     }
 }
@@ -337,16 +371,16 @@ static void open_container(sp__emit_t *e, char kind) {
 static void close_container(sp__emit_t *e, char kind) {
     if (e->failed)
         return;
-    if (e->depth == 0 || e->kind[e->depth - 1] != kind) {
+    if (e->depth == 0 || e->lv[e->depth - 1].kind != kind) {
         e->failed = true;
         return;
     }
     int d = --e->depth;
     if (e->json) {
         put1(e, kind == 'd' ? '}' : ']');
-        e->last_start = e->vstart[d];
-        e->last_len = e->vstart[d] == SIZE_MAX ? 0 : e->len - e->vstart[d];
-    } else if (e->len == e->mark[d] + 1) {
+        e->last_start = e->lv[d].vstart;
+        e->last_len = e->lv[d].vstart == SIZE_MAX ? 0 : e->len - e->lv[d].vstart;
+    } else if (e->len == e->lv[d].mark + 1) {
         e->len--; /* nothing since the MARK: drop it rather than write an empty SETITEMS */
     } else {
         put1(e, kind == 'd' ? OP_SETITEMS : OP_APPENDS);
@@ -518,7 +552,7 @@ static void put_str_static(sp__emit_t *e, const char *s) {
 }
 
 static void key(sp__emit_t *e, const char *k, bool fixed) {
-    if (e->depth == 0 || e->kind[e->depth - 1] != 'd') {
+    if (e->depth == 0 || e->lv[e->depth - 1].kind != 'd') {
         e->failed = true;
         return;
     }
@@ -548,12 +582,13 @@ static inline unsigned char *fast_key(sp__emit_t *e, const char *k) {
     if (e->json || e->failed || e->depth == 0)
         return NULL;
     int d = e->depth - 1;
-    if (e->kind[d] != 'd' || (e->count[d] > 0 && e->count[d] % BATCH == 0) || e->cap - e->len < 32)
+    if (e->lv[d].kind != 'd' || (e->lv[d].count > 0 && e->lv[d].count % BATCH == 0) ||
+        e->cap - e->len < 32)
         return NULL;
     size_t h = static_find(e, k);
     if (h == SIZE_MAX || e->skey[h] != k)
         return NULL;
-    e->count[d]++;
+    e->lv[d].count++;
     return w_memo_get((unsigned char *)e->buf + e->len, e->sidx[h]);
 }
 
@@ -587,7 +622,7 @@ static size_t fmt_u64(char *b, uint64_t v) {
 /* The JSON form of the same: a key of plain ASCII (no escapes: the literals snapshots use) written
  * in one piece with its comma and colon, room for `extra` more bytes. NULL: the general path. */
 static inline unsigned char *json_key(sp__emit_t *e, const char *k, size_t extra) {
-    if (!e->json || e->failed || e->depth == 0 || e->kind[e->depth - 1] != 'd')
+    if (!e->json || e->failed || e->depth == 0 || e->lv[e->depth - 1].kind != 'd')
         return NULL;
     size_t n = 0;
     for (; k[n] != '\0'; n++) {
@@ -599,9 +634,9 @@ static inline unsigned char *json_key(sp__emit_t *e, const char *k, size_t extra
     if (p == NULL)
         return NULL;
     int d = e->depth - 1;
-    if (e->count[d] > 0)
+    if (e->lv[d].count > 0)
         *p++ = ',';
-    e->count[d]++;
+    e->lv[d].count++;
     *p++ = '"';
     memcpy(p, k, n);
     p += n;

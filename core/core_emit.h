@@ -23,6 +23,7 @@
 extern "C" {
 #endif
 
+/* Open containers the emitter holds in itself; more go to the heap. */
 #define SP__EMIT_MAX_DEPTH 32
 #define SP__EMIT_STATIC 256 /* slots of the table of fixed strings (a power of two) */
 
@@ -34,24 +35,30 @@ typedef struct sp__atomic_file {
     char tmp[PATH_MAX];  /* the temporary */
 } sp__atomic_file_t;
 
+/* An open container of the emitter. */
+typedef struct sp__emit_level {
+    size_t mark;   /* pickle: offset of its MARK */
+    size_t count;  /* items (dict: keys + values) written in it */
+    size_t vstart; /* JSON: offset where it began in buf (SIZE_MAX: before a flush, its bytes are
+                    * gone) */
+    char kind;     /* 'd' dict, 'l' list */
+} sp__emit_level_t;
+
 typedef struct sp__emit {
-    char *buf;                         /* output bytes */
-    size_t len;                        /* bytes written */
-    size_t cap;                        /* bytes allocated */
-    bool json;                         /* JSON instead of pickle */
-    bool failed;                       /* out of memory or misuse; every later call is a no-op */
-    bool oom;                          /* the failure was out of host memory (not misuse) */
-    int depth;                         /* open containers */
-    size_t mark[SP__EMIT_MAX_DEPTH];   /* pickle: offset of the container's MARK */
-    size_t count[SP__EMIT_MAX_DEPTH];  /* items (dict: keys + values) written in the container */
-    char kind[SP__EMIT_MAX_DEPTH];     /* 'd' dict, 'l' list */
-    uint32_t memo_next;                /* pickle: the index the next MEMOIZE gives */
-    size_t vstart[SP__EMIT_MAX_DEPTH]; /* JSON: offset where each open container began in buf
-                                        * (SIZE_MAX: before a flush, its bytes are gone) */
-    size_t last_start, last_len;       /* JSON: the last container closed (its bytes) */
-    size_t *jmemo;                     /* JSON: memoized values as (start, len) pairs in jcopy */
-    uint32_t jmemo_n, jmemo_cap;       /* pairs held / allocated */
-    char *jcopy;                       /* JSON: the memoized values' bytes, each copied once */
+    char *buf;                   /* output bytes */
+    size_t len;                  /* bytes written */
+    size_t cap;                  /* bytes allocated */
+    bool json;                   /* JSON instead of pickle */
+    bool failed;                 /* out of memory or misuse; every later call is a no-op */
+    bool oom;                    /* the failure was out of host memory (not misuse) */
+    int depth;                   /* open containers */
+    int depth_cap;               /* open containers lv holds */
+    sp__emit_level_t *lv;        /* the open containers, outermost first */
+    uint32_t memo_next;          /* pickle: the index the next MEMOIZE gives */
+    size_t last_start, last_len; /* JSON: the last container closed (its bytes) */
+    size_t *jmemo;               /* JSON: memoized values as (start, len) pairs in jcopy */
+    uint32_t jmemo_n, jmemo_cap; /* pairs held / allocated */
+    char *jcopy;                 /* JSON: the memoized values' bytes, each copied once */
     size_t jcopy_len, jcopy_cap;
     const char *skey[SP__EMIT_STATIC]; /* pickle: strings memoized by address (keys, names) */
     uint32_t sidx[SP__EMIT_STATIC];    /* their memo indexes */
@@ -59,6 +66,10 @@ typedef struct sp__emit {
     sp__atomic_file_t *sink;           /* where finished bytes go (NULL: kept in buf) */
     size_t flushed;                    /* bytes written to sink so far */
     bool sink_failed;                  /* writing to sink failed (its error is set already) */
+    /* lv points here until a document nests deeper (a JSON document read by json_read.c:
+     * what json.load reads may nest thousands deep); then to the heap. The emitter is never
+     * copied (it points into itself). */
+    sp__emit_level_t lv0[SP__EMIT_MAX_DEPTH];
 } sp__emit_t;
 
 /* Start a document (pickle: PROTO 4). */

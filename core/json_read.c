@@ -10,7 +10,8 @@
  * UTF-8; \u0000 and a lone surrogate escape are the str json.load makes, which the pickle holds
  * as CPython's pickler would: a 0 byte, the surrogate's 3 bytes), integers of any width, floats
  * (and NaN, Infinity, -Infinity, which json.load reads too), true, false, null. Nesting is
- * bounded by the emitter's depth (32); every error names its byte offset. No lock.
+ * read with a heap stack, as deep as json.load reads (JSON_MAX_DEPTH); every error names its
+ * byte offset. No lock.
  */
 #include "sympool/experimental.h"
 
@@ -320,65 +321,19 @@ static bool number(jp_t *j) {
     return true;
 }
 
-static bool value(jp_t *j);
+/* How deep a document may nest. json.load's C scanner recurses once per open container, under
+ * CPython's recursion guard, so how deep it reads depends on the version: 3.11 stops near
+ * sys.getrecursionlimit() (1,000: 994 levels from a script's json.load), 3.12 and 3.13 at a C
+ * recursion limit of some thousands, 3.14 where its guard sees the C stack run low (tens of
+ * thousands of levels on an 8 MiB main thread). Every document one of them reads is read here
+ * (100,000 is past all of them), and one nested deeper is refused, as they all refuse it. The
+ * parser keeps its open containers on the heap (a byte each, grown by doubling, never more than
+ * the input has bytes), never on the C stack, so a file of nothing but '[' is a short error. */
+#define JSON_MAX_DEPTH 100000
 
-static bool container(jp_t *j, bool object) {
-    if (++j->depth > SP__EMIT_MAX_DEPTH - 1)
-        return jfail(j, "nesting too deep");
-    j->pos++;
-    if (object)
-        sp__emit_dict_begin(j->e);
-    else
-        sp__emit_list_begin(j->e);
-    skip_ws(j);
-    char close = object ? '}' : ']';
-    if (j->pos < j->len && j->p[j->pos] == close) {
-        j->pos++;
-    } else {
-        for (;;) {
-            skip_ws(j);
-            if (object) {
-                if (j->pos >= j->len || j->p[j->pos] != '"')
-                    return jfail(j, "expected a string key");
-                if (!string(j))
-                    return false;
-                sp__emit_key(j->e, j->sbuf);
-                skip_ws(j);
-                if (j->pos >= j->len || j->p[j->pos] != ':')
-                    return jfail(j, "expected ':'");
-                j->pos++;
-            }
-            if (!value(j))
-                return false;
-            skip_ws(j);
-            if (j->pos < j->len && j->p[j->pos] == ',') {
-                j->pos++;
-                continue;
-            }
-            if (j->pos < j->len && j->p[j->pos] == close) {
-                j->pos++;
-                break;
-            }
-            return jfail(j, object ? "expected ',' or '}'" : "expected ',' or ']'");
-        }
-    }
-    if (object)
-        sp__emit_dict_end(j->e);
-    else
-        sp__emit_list_end(j->e);
-    j->depth--;
-    return true;
-}
-
-static bool value(jp_t *j) {
-    skip_ws(j);
-    if (j->pos >= j->len)
-        return jfail(j, "truncated input");
+/* A scalar value (string, literal, number); containers are parse()'s. */
+static inline __attribute__((always_inline)) bool scalar(jp_t *j) {
     switch (j->p[j->pos]) {
-    case '{':
-        return container(j, true);
-    case '[':
-        return container(j, false);
     case '"':
         if (!string(j))
             return false;
@@ -404,6 +359,102 @@ static bool value(jp_t *j) {
     }
 }
 
+/* An object's key and its ':' (whitespace before them skipped). */
+static inline __attribute__((always_inline)) bool key(jp_t *j) {
+    skip_ws(j);
+    if (j->pos >= j->len || j->p[j->pos] != '"')
+        return jfail(j, "expected a string key");
+    if (!string(j))
+        return false;
+    sp__emit_key(j->e, j->sbuf);
+    skip_ws(j);
+    if (j->pos >= j->len || j->p[j->pos] != ':')
+        return jfail(j, "expected ':'");
+    j->pos++;
+    return true;
+}
+
+/* One value, its containers read in a loop: open[] holds '{' or '[' for each open one, and cur
+ * the innermost one's closing character (0: none open). */
+static bool parse(jp_t *j) {
+    char *open = NULL;
+    size_t cap = 0;
+    char cur = 0;
+    bool ok = false;
+    for (;;) {
+        /* A value. */
+        skip_ws(j);
+        if (j->pos >= j->len) {
+            jfail(j, "truncated input");
+            goto out;
+        }
+        char c = j->p[j->pos];
+        if (c == '{' || c == '[') {
+            if ((size_t)j->depth == JSON_MAX_DEPTH) {
+                jfail(j, "nesting deeper than 100000 levels (json.load refuses it)");
+                goto out;
+            }
+            if ((size_t)j->depth == cap) {
+                size_t ncap = cap ? cap * 2 : 64;
+                char *n = realloc(open, ncap);
+                if (n == NULL) {
+                    jfail(j, "out of memory");
+                    goto out;
+                }
+                open = n;
+                cap = ncap;
+            }
+            open[j->depth++] = c;
+            j->pos++;
+            if (c == '{') {
+                cur = '}';
+                sp__emit_dict_begin(j->e);
+            } else {
+                cur = ']';
+                sp__emit_list_begin(j->e);
+            }
+            skip_ws(j);
+            if (j->pos >= j->len || j->p[j->pos] != cur) {
+                if (c == '{' && !key(j))
+                    goto out;
+                continue; /* its first value */
+            }
+            /* Empty: closed below. */
+        } else if (!scalar(j)) {
+            goto out;
+        }
+        /* After a value: close what it ends, or go on to the next item of its container. */
+        for (;;) {
+            if (cur == 0) {
+                ok = true;
+                goto out;
+            }
+            skip_ws(j);
+            char n = j->pos < j->len ? j->p[j->pos] : 0;
+            if (n == ',') {
+                j->pos++;
+                if (cur == '}' && !key(j))
+                    goto out;
+                break; /* the next value */
+            }
+            if (n != cur) {
+                jfail(j, cur == '}' ? "expected ',' or '}'" : "expected ',' or ']'");
+                goto out;
+            }
+            j->pos++;
+            if (cur == '}')
+                sp__emit_dict_end(j->e);
+            else
+                sp__emit_list_end(j->e);
+            j->depth--;
+            cur = j->depth == 0 ? 0 : open[j->depth - 1] == '{' ? '}' : ']';
+        }
+    }
+out:
+    free(open);
+    return ok;
+}
+
 SP_EXPORT bool sp_x_json_to_pickle(const char *text, size_t len, char **pickle_p, size_t *len_p,
                                    char *err, size_t errlen) {
     char scratch[1];
@@ -418,7 +469,7 @@ SP_EXPORT bool sp_x_json_to_pickle(const char *text, size_t len, char **pickle_p
     sp__emit_t e;
     sp__emit_init(&e, false);
     jp_t j = {text, len, 0, &e, 0, err, errlen, NULL, 0};
-    bool ok = value(&j);
+    bool ok = parse(&j);
     if (ok) {
         skip_ws(&j);
         if (j.pos != j.len)

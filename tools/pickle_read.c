@@ -56,16 +56,19 @@ struct pk_doc {
  * counted without looking (a memo reference): anything may be added to it, and as a dict key it
  * may be one Python cannot hash. SK_HASHED is a reference skip_fast looked up as a dict key (a
  * value Python can hash), SK_UNHASHABLE a bytearray or a tuple holding what cannot be hashed,
- * SK_TUPLE_ANY a tuple holding an SK_ANY (not known either). */
+ * SK_TUPLE_ANY a tuple holding an SK_ANY (not known either), SK_SET a set (EMPTY_SET; a
+ * frozenset is SK_HASHED). In the order of what hash() makes of them (see hashable): hashed,
+ * not known, refused. */
 enum {
     SK_SCALAR,
+    SK_TUPLE,
+    SK_HASHED,
+    SK_ANY,
+    SK_TUPLE_ANY,
     SK_DICT,
     SK_LIST,
-    SK_TUPLE,
-    SK_ANY,
-    SK_HASHED,
     SK_UNHASHABLE,
-    SK_TUPLE_ANY,
+    SK_SET,
     SK_COUNT
 };
 
@@ -83,6 +86,7 @@ typedef struct parser {
     size_t sp, scap;        /* stack depth / allocated */
     size_t *marks;          /* stack depths at each open MARK */
     size_t nmarks;          /* open MARKs */
+    size_t markcap;         /* MARKs marks (and mark_scratch) hold; grow_marks adds room */
     pk_value_t **memo;      /* memo by index (NULL = unset) */
     size_t memocap;         /* allocated memo slots */
     size_t memoused;        /* set memo slots (what MEMOIZE uses as the next index) */
@@ -126,7 +130,10 @@ static pk_value_t *skipped_of(const parser_t *ps, pk_type_t t) {
 }
 
 void pk_limits_default(pk_limits_t *lim) {
-    lim->max_depth = 64;
+    /* No limit on open MARKs by default: pickle.load (the C unpickler) grows its stack of them
+     * without one, and every MARK is a byte of the document, so its size bounds them (marks
+     * are 8 bytes each, 16 with a record hook, grown by doubling). */
+    lim->max_depth = SIZE_MAX;
     lim->max_memo = (size_t)1 << 24;
     /* No count of values by default: every opcode that makes a value is at least a byte, so a
      * document makes at most as many values as it has bytes, and its size bounds their memory
@@ -299,6 +306,28 @@ static inline __attribute__((always_inline)) bool push(parser_t *ps, pk_value_t 
     }
     ps->stack[ps->sp++] = v;
     ps->skipped_at = 0; /* push_str sets it again after a skipped string */
+    return true;
+}
+
+/* Room for another MARK: marks (and mark_scratch) twice as large, up to lim.max_depth. Its
+ * callers check nmarks == markcap inline. */
+static __attribute__((noinline)) bool grow_marks(parser_t *ps) {
+    if (ps->markcap >= ps->lim.max_depth)
+        return fail(ps, "nesting deeper than %zu", ps->lim.max_depth);
+    size_t cap = ps->markcap > ps->lim.max_depth / 2 ? ps->lim.max_depth : ps->markcap * 2;
+    if (cap > SIZE_MAX / sizeof(size_t))
+        return fail(ps, "out of memory");
+    size_t *m = realloc(ps->marks, cap * sizeof(*m));
+    if (m == NULL)
+        return fail(ps, "out of memory");
+    ps->marks = m;
+    if (ps->mark_scratch != NULL) {
+        m = realloc(ps->mark_scratch, cap * sizeof(*m));
+        if (m == NULL)
+            return fail(ps, "out of memory");
+        ps->mark_scratch = m;
+    }
+    ps->markcap = cap;
     return true;
 }
 
@@ -679,6 +708,48 @@ static inline __attribute__((always_inline)) bool memo_get(parser_t *ps, size_t 
     return push(ps, ps->memo[idx]);
 }
 
+/* Every pickle opcode's name (pickletools'), by its byte. */
+static const char *const opcode_names[256] = {
+    ['('] = "MARK",          [')'] = "EMPTY_TUPLE",
+    ['.'] = "STOP",          ['0'] = "POP",
+    ['1'] = "POP_MARK",      ['2'] = "DUP",
+    ['B'] = "BINBYTES",      ['C'] = "SHORT_BINBYTES",
+    ['F'] = "FLOAT",         ['G'] = "BINFLOAT",
+    ['I'] = "INT",           ['J'] = "BININT",
+    ['K'] = "BININT1",       ['L'] = "LONG",
+    ['M'] = "BININT2",       ['N'] = "NONE",
+    ['P'] = "PERSID",        ['Q'] = "BINPERSID",
+    ['R'] = "REDUCE",        ['S'] = "STRING",
+    ['T'] = "BINSTRING",     ['U'] = "SHORT_BINSTRING",
+    ['V'] = "UNICODE",       ['X'] = "BINUNICODE",
+    [']'] = "EMPTY_LIST",    ['a'] = "APPEND",
+    ['b'] = "BUILD",         ['c'] = "GLOBAL",
+    ['d'] = "DICT",          ['e'] = "APPENDS",
+    ['g'] = "GET",           ['h'] = "BINGET",
+    ['i'] = "INST",          ['j'] = "LONG_BINGET",
+    ['l'] = "LIST",          ['o'] = "OBJ",
+    ['p'] = "PUT",           ['q'] = "BINPUT",
+    ['r'] = "LONG_BINPUT",   ['s'] = "SETITEM",
+    ['t'] = "TUPLE",         ['u'] = "SETITEMS",
+    ['}'] = "EMPTY_DICT",    [0x80] = "PROTO",
+    [0x81] = "NEWOBJ",       [0x82] = "EXT1",
+    [0x83] = "EXT2",         [0x84] = "EXT4",
+    [0x85] = "TUPLE1",       [0x86] = "TUPLE2",
+    [0x87] = "TUPLE3",       [0x88] = "NEWTRUE",
+    [0x89] = "NEWFALSE",     [0x8a] = "LONG1",
+    [0x8b] = "LONG4",        [0x8c] = "SHORT_BINUNICODE",
+    [0x8d] = "BINUNICODE8",  [0x8e] = "BINBYTES8",
+    [0x8f] = "EMPTY_SET",    [0x90] = "ADDITEMS",
+    [0x91] = "FROZENSET",    [0x92] = "NEWOBJ_EX",
+    [0x93] = "STACK_GLOBAL", [0x94] = "MEMOIZE",
+    [0x95] = "FRAME",        [0x96] = "BYTEARRAY8",
+    [0x97] = "NEXT_BUFFER",  [0x98] = "READONLY_BUFFER",
+};
+
+const char *pk_opcode_name(unsigned char op) {
+    return opcode_names[op];
+}
+
 /* Names of opcodes we refuse because they build arbitrary objects or call code. */
 static const char *forbidden_name(unsigned op) {
     switch (op) {
@@ -717,7 +788,7 @@ static const char *forbidden_name(unsigned op) {
     }
 }
 
-/* Protocol-0 text opcodes: harmless but never written by protocols 2-5 picklers for our data. */
+/* Protocol-0 text opcodes: harmless but never written by protocols 2-5 picklers. */
 static const char *text_name(unsigned op) {
     switch (op) {
     case 'I':
@@ -734,12 +805,6 @@ static const char *text_name(unsigned op) {
         return "PUT";
     case 'g':
         return "GET";
-    case 0x8f:
-        return "EMPTY_SET";
-    case 0x90:
-        return "ADDITEMS";
-    case 0x91:
-        return "FROZENSET";
     default:
         return NULL;
     }
@@ -754,9 +819,7 @@ static inline __attribute__((always_inline)) int hashable(const parser_t *ps, co
         return 1;
     if (is_skipped(ps, v)) {
         size_t k = (size_t)(v - ps->skipv);
-        return k == SK_DICT || k == SK_LIST || k == SK_UNHASHABLE ? 0
-               : k == SK_ANY || k == SK_TUPLE_ANY                 ? -1
-                                                                  : 1;
+        return k < SK_ANY ? 1 : k < SK_DICT ? -1 : 0;
     }
     if (is_scratch(ps, v)) /* an int, or one moved to the document (a PK_RECORD here) */
         return 1;
@@ -906,6 +969,63 @@ static bool extend(parser_t *ps, size_t first, pk_type_t type, const char *opnam
     target->u.seq.n += n;
     ps->sp = first;
     return true;
+}
+
+/* ADDITEMS (the items above the MARK at first into the set below it) and FROZENSET (a new one of
+ * them), as pickle.load reads them: ADDITEMS of no items changes nothing, whatever lies below;
+ * else its target must be a set (a frozenset has no add()), and an item Python cannot hash is
+ * refused. A set keeps its items as written (pickle.load drops repeats; a pickler writes none).
+ * No snapshot holds a set: consumers read one as a value of no use to them. Inside a skipped
+ * value a set is skipped as a list is; what skipping cannot tell is read whole. */
+static bool set_items(parser_t *ps, size_t first, bool frozen) {
+    const char *opname = frozen ? "FROZENSET" : "ADDITEMS";
+    pk_value_t *target = NULL;
+    if (!frozen) {
+        if (first == 0 || first - 1 < base(ps))
+            return fail(ps, "ADDITEMS has no target");
+        if (ps->sp == first)
+            return true;
+        target = ps->stack[first - 1];
+        if (is_skipped(ps, target) && target == ps->skipv + SK_ANY)
+            return fail_whole(ps, "ADDITEMS adds to a value a reference inside \"%s\" pushed",
+                              ps->skip_key);
+        if (is_skipped(ps, target) ? target != ps->skipv + SK_SET
+                                   : target->type != PK_SET || !target->unhashable)
+            return fail(ps, "ADDITEMS target is not a set");
+    }
+    for (size_t i = first; i < ps->sp; i++) {
+        int h = hashable(ps, ps->stack[i]);
+        if (h < 0)
+            return fail_whole(ps, "%s holds a value a reference inside \"%s\" pushed", opname,
+                              ps->skip_key);
+        if (h == 0)
+            return fail(ps,
+                        "%s with an item Python cannot hash (a list, a dict, a set, a bytearray, "
+                        "a tuple holding one)",
+                        opname);
+    }
+    if (ps->skipping || (target != NULL && is_skipped(ps, target))) {
+        /* Inside a skipped value, to a skipped set (or a new skipped frozenset): nothing is
+         * kept. A set outside it, or one skipped before, is what skipping cannot read. */
+        if (target != NULL && (!ps->skipping || !is_skipped(ps, target)))
+            return fail_whole(ps, "ADDITEMS adds to a set outside the value under \"%s\"",
+                              ps->skip_key);
+        ps->sp = first;
+        return frozen ? push(ps, ps->skipv + SK_HASHED) : true;
+    }
+    if (!keep_values(ps, first))
+        return false;
+    size_t n = ps->sp - first;
+    if (frozen && (target = new_value(ps, PK_SET)) == NULL)
+        return false;
+    if (!seq_reserve(ps, target, n))
+        return false;
+    if (n > 0)
+        memcpy(target->u.seq.items + target->u.seq.n, ps->stack + first,
+               n * sizeof(*target->u.seq.items));
+    target->u.seq.n += n;
+    ps->sp = first;
+    return frozen ? push(ps, target) : true;
 }
 
 /* The document's PK_INT of value iv: one seen lately (values never change once made, so an int
@@ -1254,8 +1374,8 @@ static bool skip_fast(parser_t *ps) {
             goto out; /* the general loop makes the string, or fails */
         }
         case '(': /* MARK */
-            if (ps->nmarks == ps->lim.max_depth)
-                goto out;
+            if (ps->nmarks == ps->markcap)
+                goto out; /* the general loop grows marks */
             if (ps->mark_scratch != NULL)
                 ps->mark_scratch[ps->nmarks] = ps->scratch_used;
             ps->marks[ps->nmarks++] = sp;
@@ -1454,8 +1574,8 @@ static bool record_fast(parser_t *ps) {
     size_t pos = ps->pos;
     /* The general loop would open two MARKs (the dict's, the skipped list's), push the dict and
      * put the dict's ints in scratch: with less room than that, it decides. */
-    if (ps->skipping || ps->nmarks + 2 > ps->lim.max_depth || ps->sp >= ps->scap ||
-        ps->scratch == NULL || ps->scratch_used + REC_PAIRS > SCRATCH_VALUES || pos >= len)
+    if (ps->skipping || ps->nmarks + 2 > ps->markcap || ps->sp >= ps->scap || ps->scratch == NULL ||
+        ps->scratch_used + REC_PAIRS > SCRATCH_VALUES || pos >= len)
         return false;
     rec_try_t t;
     t.nputs = 0;
@@ -1673,8 +1793,8 @@ static bool run(parser_t *ps) {
             ps->doc->root = ps->stack[ps->sp - 1];
             return true;
         case '(': /* MARK */
-            if (ps->nmarks == ps->lim.max_depth)
-                return fail(ps, "nesting deeper than %zu", ps->lim.max_depth);
+            if (ps->nmarks == ps->markcap && !grow_marks(ps))
+                return false;
             if (ps->mark_scratch != NULL)
                 ps->mark_scratch[ps->nmarks] = ps->scratch_used;
             ps->marks[ps->nmarks++] = ps->sp;
@@ -1822,8 +1942,8 @@ static bool run(parser_t *ps) {
                 if (!memoize(ps))
                     return false;
                 ps->op = ++ps->pos;
-                if (ps->nmarks == ps->lim.max_depth)
-                    return fail(ps, "nesting deeper than %zu", ps->lim.max_depth);
+                if (ps->nmarks == ps->markcap && !grow_marks(ps))
+                    return false;
                 if (ps->mark_scratch != NULL)
                     ps->mark_scratch[ps->nmarks] = ps->scratch_used;
                 ps->marks[ps->nmarks++] = ps->sp;
@@ -1883,6 +2003,21 @@ static bool run(parser_t *ps) {
                 return false;
             scratch_back(ps);
             break;
+        case 0x8f: { /* EMPTY_SET */
+            pk_value_t *v = ps->skipping ? ps->skipv + SK_SET : new_value(ps, PK_SET);
+            if (v != NULL && !ps->skipping)
+                v->unhashable = true; /* a set; a frozenset is hashable */
+            if (!push(ps, v))
+                return false;
+            break;
+        }
+        case 0x90: /* ADDITEMS */
+        case 0x91: /* FROZENSET */
+            if (!pop_mark(ps, &first, op == 0x90 ? "ADDITEMS" : "FROZENSET") ||
+                !set_items(ps, first, op == 0x91))
+                return false;
+            scratch_back(ps);
+            break;
         case 'q': /* BINPUT */
             if (!take_uint(ps, 1, "BINPUT", &arg) || !memo_put(ps, (size_t)arg))
                 return false;
@@ -1935,6 +2070,19 @@ static bool make_skipped(parser_t *ps) {
     return true;
 }
 
+/* The refusal of a document that does not start with PROTO: the opcode it starts with, if any
+ * (a pickle of protocol 0 or 1 has no PROTO). Out of line, as every error path of the loader. */
+static __attribute__((noinline, cold)) bool not_a_pickle(parser_t *ps) {
+    const char *name = pk_opcode_name(ps->p[0]);
+    if (name == NULL)
+        return fail(ps, "not a pickle (protocol 2-5 pickles start with byte 0x80, not 0x%02x)",
+                    ps->p[0]);
+    return fail(ps,
+                "not a pickle of protocol 2-5 (those start with byte 0x80, PROTO; one of protocol "
+                "0 or 1 is not read): its first byte is opcode %s (0x%02x)",
+                name, ps->p[0]);
+}
+
 bool pk_parse(const void *buf, size_t len, const pk_limits_t *lim, pk_doc_t **doc_p, char *err,
               size_t errlen) {
     return pk_parse_skip(buf, len, lim, NULL, doc_p, err, errlen);
@@ -1965,7 +2113,8 @@ bool pk_parse_records(const void *buf, size_t len, const pk_limits_t *lim, const
     if (ps.lim.max_depth == 0)
         ps.lim.max_depth = 1;
     ps.doc = calloc(1, sizeof(*ps.doc));
-    ps.marks = malloc(ps.lim.max_depth * sizeof(*ps.marks));
+    ps.markcap = ps.lim.max_depth < 64 ? ps.lim.max_depth : 64;
+    ps.marks = malloc(ps.markcap * sizeof(*ps.marks));
     /* The memo sized once from the input: PyTorch's snapshots memoize a value every 30-130
      * bytes, and growing it by doubling left each smaller copy behind, below the next one, so
      * that the heap spread over another huge page on traces of a MB or two. */
@@ -1974,7 +2123,7 @@ bool pk_parse_records(const void *buf, size_t len, const pk_limits_t *lim, const
         ps.memocap = memo0;
     if (fn != NULL) {
         ps.scratch = malloc(SCRATCH_VALUES * sizeof(*ps.scratch));
-        ps.mark_scratch = malloc(ps.lim.max_depth * sizeof(*ps.mark_scratch));
+        ps.mark_scratch = malloc(ps.markcap * sizeof(*ps.mark_scratch));
     }
     bool ok;
     if (ps.doc == NULL || ps.marks == NULL ||
@@ -1985,8 +2134,7 @@ bool pk_parse_records(const void *buf, size_t len, const pk_limits_t *lim, const
     else if (skip_key != NULL && !make_skipped(&ps))
         ok = false;
     else if (ps.p[0] != 0x80) /* protocols 2-5 open with PROTO */
-        ok = fail(&ps, "not a pickle (protocol 2-5 pickles start with byte 0x80, not 0x%02x)",
-                  ps.p[0]);
+        ok = not_a_pickle(&ps);
     else
         ok = run(&ps);
     free(ps.stack);

@@ -1,14 +1,17 @@
 /*
- * pickle_read.h: a restricted pickle reader for PyTorch memory snapshots (protocols 2-5).
+ * pickle_read.h: a restricted pickle reader for PyTorch memory snapshots (protocols 2-5; a
+ * pickle of protocol 0 or 1, which has no PROTO and text opcodes, is refused from its first byte).
  *
- * Only data opcodes are accepted: dicts, lists, tuples, ints, floats, str, bytes, bools, None, the
+ * Only data opcodes are accepted: dicts, lists, tuples, sets and frozensets (protocol 4's opcodes;
+ * older protocols pickle a set with REDUCE, refused), ints, floats, str, bytes, bools, None, the
  * memo and FRAME. Integers keep their signedness: [-2^63, 2^63) is PK_INT, [2^63, 2^64) is
  * PK_UINT (real snapshots carry C++ line numbers of 2^64-1), and any wider integer is PK_BIGINT,
  * which has no value: the document still loads, and only a consumer that needs that number
  * refuses it (pk_int/pk_uint/pk_num return false). Anything that could name or run code (GLOBAL,
  * STACK_GLOBAL, REDUCE, BUILD, INST, OBJ, NEWOBJ, EXT*, PERSID, buffers) is rejected with "opcode
  * GLOBAL at offset N not allowed". Every malformed, truncated or oversized input gives a one-line
- * error naming the byte offset; nothing aborts. Sizes, nesting and memo are bounded.
+ * error naming the byte offset; nothing aborts. Sizes and memo are bounded; nesting is not (as in
+ * pickle.load: open MARKs live on the heap, each a byte of input).
  *
  * What Python's pickle.load (the C unpickler) refuses in the data opcodes is refused too: a str
  * (BINUNICODE*) that is not UTF-8 (lone surrogates allowed: it decodes with 'surrogatepass'), a
@@ -45,15 +48,16 @@ typedef enum {
     PK_LIST,
     PK_TUPLE,
     PK_DICT,
-    PK_RECORD /* a dict that pk_parse_records' hook took: u.u is the id the hook gave it */
+    PK_RECORD, /* a dict that pk_parse_records' hook took: u.u is the id the hook gave it */
+    PK_SET     /* a set (unhashable) or frozenset: u.seq holds its items as written */
 } pk_type_t;
 
 typedef struct pk_value pk_value_t;
 /* One unpickled value. Immutable once pk_parse returns; owned by its document. */
 struct pk_value {
     pk_type_t type;  /* which member of u is valid */
-    bool unhashable; /* a bytearray (PK_BYTES), or a tuple holding a list, a dict or one of these:
-                      * what Python's hash() refuses, so never a dict key */
+    bool unhashable; /* a bytearray (PK_BYTES), a set (PK_SET), or a tuple holding a list, a dict or
+                      * one of these: what Python's hash() refuses, so never a dict key */
     union {
         bool b;        /* PK_BOOL */
         int64_t i;     /* PK_INT */
@@ -65,15 +69,15 @@ struct pk_value {
             size_t len;    /* bytes */
         } str;             /* PK_STR (UTF-8 as written) and PK_BYTES */
         struct {
-            pk_value_t **items; /* lists and tuples: items; dicts: key0, val0, key1, val1, ... */
+            pk_value_t **items; /* lists, tuples, sets: items; dicts: key0, val0, key1, val1, ... */
             size_t n;           /* entries in items */
             size_t cap;         /* allocated entries */
-        } seq;                  /* PK_LIST, PK_TUPLE, PK_DICT */
+        } seq;                  /* PK_LIST, PK_TUPLE, PK_DICT, PK_SET */
     } u;                        /* the value */
 };
 
 typedef struct pk_limits {
-    size_t max_depth;  /* open MARKs at once (default 64) */
+    size_t max_depth;  /* open MARKs at once (default: no limit, as pickle.load has none) */
     size_t max_memo;   /* memo entries (default 1 << 24) */
     size_t max_values; /* values created (default: no limit; see pk_limits_default) */
     size_t max_str;    /* bytes of one string (default 1 << 28) */
@@ -82,6 +86,9 @@ typedef struct pk_limits {
 typedef struct pk_doc pk_doc_t;
 
 void pk_limits_default(pk_limits_t *lim);
+
+/* The name of pickle opcode op (as pickletools names it), NULL for a byte that is none. */
+const char *pk_opcode_name(unsigned char op);
 
 /* Parse buf[0..len). On success *doc_p owns the values and pk_root() is the top object; on failure
  * returns false and writes "pickle: <what> at offset N" into err. lim may be NULL (defaults). */

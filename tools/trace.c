@@ -1658,6 +1658,16 @@ bool tr_load_opts(const char *path, bool frames, tr_trace_t *t, char *err, size_
     size_t i = 0;
     while (i < len && (buf[i] == ' ' || buf[i] == '\n' || buf[i] == '\r' || buf[i] == '\t'))
         i++;
+    if (i < len && buf[i] != 0x80 && buf[i] != '{' && buf[i] != '[' && i == 0 &&
+        pk_opcode_name(buf[i]) != NULL) {
+        snprintf(err, errlen,
+                 "%s: not a pickle (nor a JSON snapshot): it starts with byte 0x%02x, a pickle "
+                 "with 0x80 (0x%02x is opcode %s: a pickle of protocol 0 or 1, not read; "
+                 "protocols 2-5 are)",
+                 path, buf[i], buf[i], pk_opcode_name(buf[i]));
+        release(buf, len, mapped);
+        return false;
+    }
     if (i < len && buf[i] != 0x80 && buf[i] != '{' && buf[i] != '[') {
         snprintf(err, errlen,
                  "%s: not a pickle (nor a JSON snapshot): it starts with byte 0x%02x, a pickle "

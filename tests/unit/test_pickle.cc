@@ -82,6 +82,63 @@ std::string parse(const Bytes &b, pk_doc_t **doc_p = nullptr, const pk_limits_t 
     return "";
 }
 
+// The emitter holds 32 open containers in itself and the rest on the heap (the JSON reader
+// writes what json.load reads, thousands deep): both forms, and a discard while deep.
+TEST(PickleWrite, NestsPastItsOwnArrays) {
+    const int deepest = 1000;
+    for (int json = 0; json < 2; json++) {
+        sp__emit_t e;
+        sp__emit_init(&e, json != 0);
+        for (int i = 0; i < deepest; i++) {
+            sp__emit_list_begin(&e);
+            sp__emit_int(&e, i);
+        }
+        for (int i = 0; i < deepest; i++)
+            sp__emit_list_end(&e);
+        char *buf = nullptr;
+        size_t len = 0;
+        ASSERT_EQ(sp__emit_finish(&e, &buf, &len), SP_SUCCESS);
+        std::string out(buf, len);
+        free(buf);
+        if (json) {
+            std::string want;
+            for (int i = 0; i < deepest; i++)
+                want += (i ? ",[" : "[") + std::to_string(i);
+            want += std::string(deepest, ']') + "\n";
+            EXPECT_EQ(out, want);
+            continue;
+        }
+        pk_doc_t *doc = nullptr;
+        ASSERT_EQ(parse(Bytes(out.begin(), out.end()), &doc), "");
+        const pk_value_t *v = pk_root(doc);
+        int depth = 0;
+        while (v->type == PK_LIST && v->u.seq.n == 2 && v->u.seq.items[0]->u.i == depth) {
+            v = v->u.seq.items[1];
+            depth++;
+        }
+        EXPECT_EQ(depth, deepest - 1);
+        pk_free(doc);
+    }
+    sp__emit_t e;
+    sp__emit_init(&e, false);
+    for (int i = 0; i < deepest; i++)
+        sp__emit_dict_begin(&e);
+    sp__emit_discard(&e); // frees the heap arrays (ASan would say otherwise)
+    // Out of memory growing them is out of host memory, as the buffer's is.
+    sp__emit_init(&e, false);
+    for (int i = 0; i < SP__EMIT_MAX_DEPTH; i++)
+        sp__emit_list_begin(&e);
+    sp__emit_fault_after(1);
+    sp__emit_list_begin(&e);
+    sp__emit_fault_after(0);
+    for (int i = 0; i <= SP__EMIT_MAX_DEPTH; i++)
+        sp__emit_list_end(&e);
+    char *buf = nullptr;
+    size_t len = 0;
+    EXPECT_EQ(sp__emit_finish(&e, &buf, &len), SP_ERR_SYSTEM);
+    EXPECT_EQ(buf, nullptr);
+}
+
 TEST(PickleWrite, SmallSnapshotOpcodeByOpcode) {
     sp__emit_t e;
     sp__emit_init(&e, false);
@@ -544,9 +601,98 @@ TEST(PickleRead, TextIsNotAPickle) {
     EXPECT_EQ(parse(Bytes(text.begin(), text.end())),
               "pickle: not a pickle (protocol 2-5 pickles start with byte 0x80, not 0x23) at "
               "offset 0");
+    // A byte that is an opcode: a pickle of protocol 0 or 1 (no PROTO) may start so, and the
+    // message says it is not read. python3's pickle.dumps({"segments": [], "ok": True}) with
+    // protocol=0 and protocol=1 (which pickle.load reads):
+    const std::string old_protocol = "(those start with byte 0x80, PROTO; one of protocol 0 or 1 "
+                                     "is not read): its first byte is opcode ";
     EXPECT_EQ(parse(Bytes{'h', 3, '.'}),
-              "pickle: not a pickle (protocol 2-5 pickles start with byte 0x80, not 0x68) at "
-              "offset 0");
+              "pickle: not a pickle of protocol 2-5 " + old_protocol + "BINGET (0x68) at offset 0");
+    const Bytes p0 = {40,  100, 112, 48, 10, 86, 115, 101, 103, 109, 101, 110, 116,
+                      115, 10,  112, 49, 10, 40, 108, 112, 50,  10,  115, 86,  111,
+                      107, 10,  112, 51, 10, 73, 48,  49,  10,  115, 46};
+    EXPECT_EQ(parse(p0),
+              "pickle: not a pickle of protocol 2-5 " + old_protocol + "MARK (0x28) at offset 0");
+    const Bytes p1 = {125, 113, 0,   40,  88,  8,  0,  0,   0,  115, 101, 103, 109,
+                      101, 110, 116, 115, 113, 1,  93, 113, 2,  88,  2,   0,   0,
+                      0,   111, 107, 113, 3,   73, 48, 49,  10, 117, 46};
+    EXPECT_EQ(parse(p1), "pickle: not a pickle of protocol 2-5 " + old_protocol +
+                             "EMPTY_DICT (0x7d) at offset 0");
+    EXPECT_STREQ(pk_opcode_name(0x80), "PROTO");
+    EXPECT_STREQ(pk_opcode_name(0x98), "READONLY_BUFFER");
+    EXPECT_EQ(pk_opcode_name('#'), nullptr);
+}
+
+// pickle.load (the C unpickler) has no limit on open MARKs: its stack of them grows. Neither has
+// this reader by default, with or without the record hook (which keeps a second array per MARK).
+// A list nested 200,000 deep, one MARK per level, as python3's pickle.loads reads it.
+TEST(PickleRead, NestingIsBoundOnlyByTheInput) {
+    const size_t deepest = 200000;
+    Bytes b = {0x80, 4};
+    for (size_t i = 0; i < deepest; i++) {
+        b.push_back(']');
+        b.push_back('(');
+    }
+    b.push_back('N');
+    b.insert(b.end(), deepest, 'e');
+    b.push_back('.');
+    for (int hook = 0; hook < 2; hook++) {
+        pk_doc_t *doc = nullptr;
+        char err[256] = "";
+        auto fn = [](void *, pk_value_t *const *, size_t, uint64_t *) { return 0; };
+        ASSERT_TRUE(pk_parse_records(b.data(), b.size(), nullptr, nullptr, hook ? +fn : nullptr,
+                                     nullptr, &doc, err, sizeof(err)))
+            << err;
+        const pk_value_t *v = pk_root(doc);
+        size_t depth = 0;
+        while (v->type == PK_LIST && v->u.seq.n == 1) {
+            v = v->u.seq.items[0];
+            depth++;
+        }
+        EXPECT_EQ(depth, deepest);
+        EXPECT_EQ(v->type, PK_NONE);
+        pk_free(doc);
+    }
+    // Only the end of the input stops a run of MARKs (pickle.load: "Ran out of input").
+    Bytes marks = {0x80, 4};
+    marks.insert(marks.end(), (size_t)4 << 20, '(');
+    EXPECT_EQ(parse(marks), "pickle: truncated pickle (no STOP) at offset 4194306");
+}
+
+// Protocol 4 pickles a set and a frozenset with EMPTY_SET, ADDITEMS and FROZENSET (protocols 2
+// and 3 with GLOBAL builtins.set and REDUCE, refused as every GLOBAL is). python3's
+// pickle.dumps({"a": {1, 2}, "b": frozenset({"x"}), frozenset({3}): [set()]}, protocol=4):
+TEST(PickleRead, SetsAsPythonPicklesThem) {
+    const Bytes b = {128, 4,   149, 38, 0,  0, 0,   0,   0,   0,   0,   125, 148, 40,  140, 1, 97,
+                     148, 143, 148, 40, 75, 1, 75,  2,   144, 140, 1,   98,  148, 40,  140, 1, 120,
+                     148, 145, 148, 40, 75, 3, 145, 148, 93,  148, 143, 148, 97,  117, 46};
+    pk_doc_t *doc = nullptr;
+    ASSERT_EQ(parse(b, &doc), "");
+    const pk_value_t *root = pk_root(doc);
+    ASSERT_EQ(root->type, PK_DICT);
+    ASSERT_EQ(root->u.seq.n, 6u);
+    const pk_value_t *a = root->u.seq.items[1], *fb = root->u.seq.items[3];
+    const pk_value_t *key = root->u.seq.items[4], *list = root->u.seq.items[5];
+    ASSERT_EQ(a->type, PK_SET);
+    EXPECT_TRUE(a->unhashable);
+    ASSERT_EQ(a->u.seq.n, 2u);
+    EXPECT_EQ(a->u.seq.items[1]->u.i, 2);
+    ASSERT_EQ(fb->type, PK_SET);
+    EXPECT_FALSE(fb->unhashable);
+    ASSERT_EQ(fb->u.seq.n, 1u);
+    EXPECT_EQ(std::string(fb->u.seq.items[0]->u.str.s), "x");
+    EXPECT_EQ(key->type, PK_SET);
+    EXPECT_FALSE(key->unhashable);
+    ASSERT_EQ(list->type, PK_LIST);
+    ASSERT_EQ(list->u.seq.n, 1u);
+    EXPECT_EQ(list->u.seq.items[0]->type, PK_SET);
+    EXPECT_EQ(list->u.seq.items[0]->u.seq.n, 0u);
+    pk_free(doc);
+    // Protocol 2 (pickle.dumps({1}, protocol=2) starts so).
+    const Bytes p2 = {128, 2,  99, 95,  95,  98,  117, 105, 108, 116, 105, 110,
+                      95,  95, 10, 115, 101, 116, 10,  113, 0,   93,  113, 1,
+                      75,  1,  97, 133, 113, 2,   82,  113, 3,   46};
+    EXPECT_EQ(parse(p2), "pickle: opcode GLOBAL at offset 2 not allowed");
 }
 
 TEST(PickleRead, LimitsBoundDepthMemoAndSizes) {
@@ -2263,6 +2409,8 @@ TEST(PickleRead, WhatPickleLoadRefusesEveryReaderRefuses) {
     };
     const std::string hash_why = "with a dict key Python cannot hash (a list, a dict, a "
                                  "bytearray, a tuple holding one)";
+    const std::string set_why = "with an item Python cannot hash (a list, a dict, a set, a "
+                                "bytearray, a tuple holding one)";
     const struct {
         const char *what;
         Bytes x;
@@ -2335,6 +2483,25 @@ TEST(PickleRead, WhatPickleLoadRefusesEveryReaderRefuses) {
          -1,
          ""},
         {"a list as a value", {'}', '(', 'h', 1, ']', 'u'}, -1, ""},
+        // Protocol 4's sets (EMPTY_SET, ADDITEMS, FROZENSET): read, and refused where
+        // pickle.load refuses them (AttributeError: no add(); TypeError: unhashable).
+        {"a set and a frozenset",
+         {0x8f, '(', 'K', 1, 'K', 2, 0x90, '(', 0x8c, 1, 'x', 0x91},
+         -1,
+         ""},
+        {"ADDITEMS of nothing onto None", {'N', '(', 0x90}, -1, ""},
+        {"a frozenset key", {'}', '(', '(', 'K', 1, 0x91, 'N', 'u'}, -1, ""},
+        {"a frozenset in a frozenset", {'(', '(', 'K', 1, 0x91, 0x91}, -1, ""},
+        {"ADDITEMS onto a list", {']', '(', 'K', 1, 0x90}, 4, "ADDITEMS target is not a set"},
+        {"ADDITEMS onto a frozenset",
+         {'(', 0x91, '(', 'K', 1, 0x90},
+         5,
+         "ADDITEMS target is not a set"},
+        {"a list in a set", {0x8f, '(', ']', 0x90}, 3, "ADDITEMS " + set_why},
+        {"a list in a frozenset", {'(', ']', 0x91}, 2, "FROZENSET " + set_why},
+        {"a set in a frozenset", {'(', 0x8f, 0x91}, 2, "FROZENSET " + set_why},
+        {"a set key", {'}', '(', 0x8f, 'N', 'u'}, 4, "SETITEMS " + hash_why},
+        {"a tuple of a set as key", {'}', '(', 0x8f, 0x85, 'N', 'u'}, 5, "SETITEMS " + hash_why},
     };
     auto keep = [](void *, pk_value_t *const *, size_t, uint64_t *) { return 0; };
     auto take = [](void *arg, pk_value_t *const *, size_t, uint64_t *id_p) {

@@ -620,8 +620,51 @@ TEST_F(Replay, JsonErrorsNameOffsets) {
     EXPECT_EQ(json_parse("[1] x"), "json: trailing characters at offset 4");
     // Beyond 64 bits is not an error: an int of any width (JsonNumbersAreWhatJsonLoadReads).
     EXPECT_EQ(json_parse("99999999999999999999"), "");
-    EXPECT_EQ(json_parse(std::string(40, '[') + std::string(40, ']')),
-              "json: nesting too deep at offset 31");
+    EXPECT_EQ(json_parse(std::string(40, '[') + std::string(40, ']')), "");
+}
+
+// json.load reads nesting as deep as its recursion guard lets it (about 1,000 levels in 3.11,
+// thousands in 3.12 and 3.13, tens of thousands in 3.14): all of that is read here, and the
+// pickle it becomes too; 100,000 levels and beyond are refused, at once, whatever follows (a
+// file of nothing but '[' is a short error, not a stack overflow).
+TEST_F(Replay, JsonNestsAsDeepAsJsonLoad) {
+    const size_t deepest = 100000;
+    pk_doc_t *doc = nullptr;
+    ASSERT_EQ(json_parse(std::string(deepest, '[') + "7" + std::string(deepest, ']'), &doc), "");
+    const pk_value_t *v = pk_root(doc);
+    size_t depth = 0;
+    while (v->type == PK_LIST && v->u.seq.n == 1) {
+        v = v->u.seq.items[0];
+        depth++;
+    }
+    EXPECT_EQ(depth, deepest);
+    EXPECT_EQ(v->type, PK_INT);
+    pk_free(doc);
+    // Objects, with a sibling after each closing: the loop goes on in the right container.
+    std::string obj;
+    for (int i = 0; i < 5000; i++)
+        obj += "{\"a\": ";
+    obj += "[]";
+    for (int i = 0; i < 5000; i++)
+        obj += ", \"b\": 1}";
+    ASSERT_EQ(json_parse(obj, &doc), "");
+    v = pk_root(doc);
+    depth = 0;
+    while (v->type == PK_DICT && v->u.seq.n == 4) {
+        EXPECT_EQ(v->u.seq.items[3]->type, PK_INT);
+        v = v->u.seq.items[1];
+        depth++;
+    }
+    EXPECT_EQ(depth, 5000u);
+    EXPECT_EQ(v->type, PK_LIST);
+    pk_free(doc);
+    EXPECT_EQ(json_parse(std::string(deepest + 1, '[') + std::string(deepest + 1, ']')),
+              "json: nesting deeper than 100000 levels (json.load refuses it) at offset 100000");
+    EXPECT_EQ(json_parse(std::string((size_t)20 << 20, '[')),
+              "json: nesting deeper than 100000 levels (json.load refuses it) at offset 100000");
+    EXPECT_EQ(json_parse(std::string(1000, '[')), "json: truncated input at offset 1000");
+    EXPECT_EQ(json_parse("[[1,[]],2"), "json: expected ',' or ']' at offset 9");
+    EXPECT_EQ(json_parse("{\"a\":{}, }"), "json: expected a string key at offset 9");
 }
 
 TEST_F(Replay, JsonSnapshotLoadsLikeThePickle) {
@@ -1816,6 +1859,22 @@ TEST_F(Replay, AStreamThatIsNoSnapshotIsRefusedFromItsFirstBytes) {
     EXPECT_EQ(std::string(why),
               "/dev/zero: not a pickle (nor a JSON snapshot): it starts with byte "
               "0x00, a pickle with 0x80");
+    tr_free(&t);
+}
+
+// A pickle of protocol 1 (python3's pickle.dumps({"segments": [], "ok": True}, protocol=1),
+// which pickle.load reads) has no PROTO: the refusal names its first opcode and says why.
+TEST_F(Replay, AProtocol1PickleIsRefusedByName) {
+    const std::vector<unsigned char> p1 = {
+        125, 113, 0, 40, 88, 8, 0, 0, 0,   115, 101, 103, 109, 101, 110, 116, 115, 113, 1,
+        93,  113, 2, 88, 2,  0, 0, 0, 111, 107, 113, 3,   73,  48,  49,  10,  117, 46};
+    tr_trace_t t;
+    char why[256] = "";
+    std::string path = "protocol1_" + std::to_string(getpid()) + ".pickle";
+    EXPECT_FALSE(load_from_file(p1, path, &t, why, sizeof(why)));
+    EXPECT_EQ(std::string(why), path + ": not a pickle (nor a JSON snapshot): it starts with byte "
+                                       "0x7d, a pickle with 0x80 (0x7d is opcode EMPTY_DICT: a "
+                                       "pickle of protocol 0 or 1, not read; protocols 2-5 are)");
     tr_free(&t);
 }
 
