@@ -444,8 +444,10 @@ TEST_F(History, StreamLabelIsWhatSnapshotsShow) {
 
     expect_warnings();
     EXPECT_EQ(sp_x_stream_label(nullptr, label), SP_ERR_INVALID_ARGUMENT);
-    int not_a_stream = 0;
-    EXPECT_EQ(sp_x_stream_label(&not_a_stream, label), SP_ERR_INVALID_ARGUMENT);
+    if (!sp::on_gpu()) { // on the cuda backend a handle that is no stream is undefined behaviour
+        int not_a_stream = 0;
+        EXPECT_EQ(sp_x_stream_label(&not_a_stream, label), SP_ERR_INVALID_ARGUMENT);
+    }
     ASSERT_SP_OK(sp_x_stream_label(s, label));
     ASSERT_SP_OK(sp_free(a));
     ASSERT_SP_OK(sp_stream_synchronize(s));
