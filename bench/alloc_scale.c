@@ -136,6 +136,27 @@ static void print_pair(const char *name, const char *be, int rounds, double *sp,
            bench_median(ratio, rounds));
 }
 
+/* A pair case in the calling (main) thread: rounds alternating which of sympool and glibc goes
+ * first, then its line. */
+static void main_thread_pair(const char *name, const char *be, int rounds) {
+    double sp_ns[64], gl_ns[64], ratio[64];
+    for (int r = 0; r < rounds; r++) {
+        job_t sp = {0, 0, 0}, gl = {1, 0, 0};
+        if (r % 2) {
+            pairs(&gl);
+            pairs(&sp);
+        } else {
+            pairs(&sp);
+            pairs(&gl);
+        }
+        sp_ns[r] = sp.ns;
+        gl_ns[r] = gl.ns;
+        ratio[r] = sp.ns / gl.ns;
+    }
+    print_pair(name, be, rounds, sp_ns, gl_ns, ratio);
+    fflush(stdout);
+}
+
 /* The idle bytes per thread the thread_cache case turns the cache on with. */
 #define CACHE_LIMIT "64KiB"
 
@@ -217,46 +238,17 @@ int main(int argc, char **argv) {
     /* The pair in the main thread while the process has no other thread (before the first
      * pthread_create below, for glibc as for us): a single-threaded program's or the replay
      * CLI's case, where the device lock makes no locked instruction (core/core_lock.h). */
-    double st_sp[64], st_gl[64], st_r[64];
-    for (int r = 0; r < rounds; r++) {
-        job_t sp = {0, 0, 0}, gl = {1, 0, 0};
-        if (r % 2) {
-            pairs(&gl);
-            pairs(&sp);
-        } else {
-            pairs(&sp);
-            pairs(&gl);
-        }
-        st_sp[r] = sp.ns;
-        st_gl[r] = gl.ns;
-        st_r[r] = sp.ns / gl.ns;
-    }
-    print_pair("pair_single_threaded_process", be, rounds, st_sp, st_gl, st_r);
-    fflush(stdout);
+    main_thread_pair("pair_single_threaded_process", be, rounds);
 
     /* The same in the main thread while another thread waits on a pipe (the process is
-     * multi-threaded; the locks stay biased to this thread, which called sp_init). */
+     * multi-threaded; the locks stay biased to this thread, which took them first). */
     int park[2];
     pthread_t waiter;
     if (pipe(park) != 0 || pthread_create(&waiter, NULL, parked, &park[0]) != 0)
         die("the waiting thread");
-    for (int r = 0; r < rounds; r++) {
-        job_t sp = {0, 0, 0}, gl = {1, 0, 0};
-        if (r % 2) {
-            pairs(&gl);
-            pairs(&sp);
-        } else {
-            pairs(&sp);
-            pairs(&gl);
-        }
-        st_sp[r] = sp.ns;
-        st_gl[r] = gl.ns;
-        st_r[r] = sp.ns / gl.ns;
-    }
+    main_thread_pair("pair_main_thread", be, rounds);
     if (write(park[1], "", 1) != 1 || pthread_join(waiter, NULL) != 0)
         die("the waiting thread's end");
-    print_pair("pair_main_thread", be, rounds, st_sp, st_gl, st_r);
-    fflush(stdout);
 
     double sp1[64], gl1[64], sp2[64], r_gl[64], r_thr[64], empty[64], full[64], r_set[64];
     for (int r = 0; r < rounds; r++) {
