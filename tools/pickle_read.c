@@ -889,6 +889,19 @@ static bool collapse(parser_t *ps, size_t first, pk_type_t type, const char *opn
     return push(ps, v);
 }
 
+/* The n values from the stack's slot `first` on appended to target's items, and the stack cut
+ * back to `first` (APPENDS, SETITEMS, ADDITEMS, FROZENSET). */
+static inline bool take_from_stack(parser_t *ps, pk_value_t *target, size_t first, size_t n) {
+    if (!seq_reserve(ps, target, n))
+        return false;
+    if (n > 0)
+        memcpy(target->u.seq.items + target->u.seq.n, ps->stack + first,
+               n * sizeof(*target->u.seq.items));
+    target->u.seq.n += n;
+    ps->sp = first;
+    return true;
+}
+
 /* Add stack[first..sp) to the container just below `first` (SETITEMS/APPENDS: from_mark;
  * SETITEM/APPEND: one item). */
 static bool extend(parser_t *ps, size_t first, pk_type_t type, const char *opname, bool from_mark) {
@@ -961,14 +974,7 @@ static bool extend(parser_t *ps, size_t first, pk_type_t type, const char *opnam
             }
         n = k - first;
     }
-    if (!seq_reserve(ps, target, n))
-        return false;
-    if (n > 0)
-        memcpy(target->u.seq.items + target->u.seq.n, ps->stack + first,
-               n * sizeof(*target->u.seq.items));
-    target->u.seq.n += n;
-    ps->sp = first;
-    return true;
+    return take_from_stack(ps, target, first, n);
 }
 
 /* ADDITEMS (the items above the MARK at first into the set below it) and FROZENSET (a new one of
@@ -1018,13 +1024,8 @@ static bool set_items(parser_t *ps, size_t first, bool frozen) {
     size_t n = ps->sp - first;
     if (frozen && (target = new_value(ps, PK_SET)) == NULL)
         return false;
-    if (!seq_reserve(ps, target, n))
+    if (!take_from_stack(ps, target, first, n))
         return false;
-    if (n > 0)
-        memcpy(target->u.seq.items + target->u.seq.n, ps->stack + first,
-               n * sizeof(*target->u.seq.items));
-    target->u.seq.n += n;
-    ps->sp = first;
     return frozen ? push(ps, target) : true;
 }
 
