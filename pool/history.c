@@ -155,10 +155,34 @@ static bool rehash_locked(size_t nbuckets) {
     return true;
 }
 
+static inline uint64_t hash_mix(uint64_t h, uint64_t w) {
+    h = (h ^ w) * 0x9e3779b97f4a7c15ull;
+    return h ^ (h >> 29);
+}
+
+static inline uint64_t load_le(const unsigned char *s, size_t n) {
+    uint64_t w = 0;
+    memcpy(&w, s, n); /* n is 4 or 8 at every call: one load */
+    return w;
+}
+
+/* Eight bytes a step, the length mixed in first, the last step an overlapping load of the last
+ * eight bytes (or two of four, or three single bytes) instead of a byte loop: every recorded call
+ * with stacks on hashes its whole stack, 24 strings for a 12-frame Python stack, and a byte a step
+ * (FNV-1a) cost some 1,400 instructions of the capture's 2,000. The bucket takes the low bits,
+ * which the shift feeds from the product's high half. A collision only costs a compare. */
 static uint64_t hash_bytes(uint64_t h, const void *p, size_t n) {
     const unsigned char *s = p;
-    for (size_t i = 0; i < n; i++)
-        h = (h ^ s[i]) * 0x100000001b3ull; /* FNV-1a */
+    h = hash_mix(h, n);
+    if (n >= 8) {
+        for (size_t i = 0; i + 8 < n; i += 8)
+            h = hash_mix(h, load_le(s + i, 8));
+        return hash_mix(h, load_le(s + n - 8, 8));
+    }
+    if (n >= 4)
+        return hash_mix(h, load_le(s, 4) | load_le(s + n - 4, 4) << 32);
+    if (n > 0)
+        return hash_mix(h, (uint64_t)s[0] | (uint64_t)s[n / 2] << 8 | (uint64_t)s[n - 1] << 16);
     return h;
 }
 
@@ -364,7 +388,7 @@ uint32_t sp__history_capture(bool is_free) {
             hash = hash_bytes(hash, hf[i].name, strlen(hf[i].name));
         if (hf[i].filename)
             hash = hash_bytes(hash, hf[i].filename, strlen(hf[i].filename));
-        hash = hash_bytes(hash, &hf[i].line, sizeof(hf[i].line));
+        hash = hash_mix(hash, (uint32_t)hf[i].line);
     }
 
     pthread_mutex_lock(&g.lock);
@@ -484,7 +508,8 @@ void sp__history_record(int device, sp_trace_action_t action, uintptr_t addr, si
     if (g.cap != 0 && r->len == g.cap) {
         ctx_unref_locked(r->buf[r->head].context);
         r->buf[r->head] = e;
-        r->head = (r->head + 1) % g.cap;
+        if (++r->head == g.cap) /* a compare, not a division on every recorded call */
+            r->head = 0;
         goto out;
     }
     if (r->len == r->alloc) {

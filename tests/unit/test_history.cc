@@ -542,6 +542,71 @@ TEST_F(History, FramesFromHookAreInternedAndAttached) {
     sp_history_set_frames_hook(nullptr, nullptr);
 }
 
+// Stacks of names of every length from 1 to 24 bytes, each changed in one byte at every position
+// in turn, and in the line alone: the hash reads the short strings in overlapping pieces, so a
+// byte it skipped would make two stacks one context (the compare would catch a collision, but
+// only if it looked at every byte too). Each stack, given twice, must intern to one context and
+// to none of the others'.
+struct OneByteFrames {
+    std::string name;
+    int line;
+};
+
+size_t one_byte_frames(sp_history_frame_t *f, size_t max, void *arg) {
+    const OneByteFrames *w = static_cast<const OneByteFrames *>(arg);
+    if (max < 2)
+        return 0;
+    f[0] = {w->name.c_str(), "model.py", w->line};
+    f[1] = {"main", "train.py", 7};
+    return 2;
+}
+
+TEST_F(History, StacksDifferingInOneByteAreDistinctContexts) {
+    OneByteFrames w{"", 1};
+    sp_history_set_frames_hook(one_byte_frames, &w);
+    ASSERT_SP_OK(record(SP_HISTORY_ALL, 0, SP_CONTEXT_ALLOC));
+    std::vector<std::pair<std::string, int>> stacks;
+    for (size_t len = 1; len <= 24; len++) {
+        std::string base(len, 'a');
+        stacks.push_back({base, 1});
+        stacks.push_back({base, 2});
+        for (size_t at = 0; at < len; at++) {
+            std::string changed = base;
+            changed[at] = 'b';
+            stacks.push_back({changed, 1});
+        }
+    }
+    std::map<uint32_t, size_t> owner; // context -> index of the stack that made it
+    std::vector<void *> live;          // every block stays live: its context keeps its id
+    for (size_t i = 0; i < stacks.size(); i++) {
+        w.name = stacks[i].first;
+        w.line = stacks[i].second;
+        void *p = nullptr, *q = nullptr;
+        ASSERT_SP_OK(sp_malloc(512, 0, nullptr, &p));
+        ASSERT_SP_OK(sp_malloc(512, 0, nullptr, &q));
+        live.push_back(p);
+        live.push_back(q);
+        uint32_t cp = 0, cq = 0;
+        for (auto &e : trace()) {
+            if (e.action == SP_TRACE_ALLOC && e.addr == (uintptr_t)p)
+                cp = e.context;
+            if (e.action == SP_TRACE_ALLOC && e.addr == (uintptr_t)q)
+                cq = e.context;
+        }
+        ASSERT_NE(cp, 0u);
+        EXPECT_EQ(cp, cq) << "'" << w.name << "' line " << w.line << " given twice";
+        auto seen = owner.find(cp);
+        if (seen != owner.end() && seen->second != i)
+            ADD_FAILURE() << "'" << w.name << "' line " << w.line << " got the context of '"
+                          << stacks[seen->second].first << "' line " << stacks[seen->second].second;
+        owner[cp] = i;
+    }
+    EXPECT_EQ(owner.size(), stacks.size());
+    for (void *p : live)
+        ASSERT_SP_OK(sp_free(p));
+    sp_history_set_frames_hook(nullptr, nullptr);
+}
+
 // Stacks that differ in one character that JSON escapes, the same length once escaped, an
 // empty stack, control characters and UTF-8 (written raw).
 size_t escaped_frames(sp_history_frame_t *f, size_t max, void *arg) {
