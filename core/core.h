@@ -426,6 +426,24 @@ void sp__alloc_conf_get(sp_alloc_conf_t *conf_p);
 uint64_t sp__now_ns(void);
 int64_t sp__epoch_us(void);
 
+/* Cheap stamps for events recorded often (core/time.c): ticks of the invariant TSC, or
+ * CLOCK_MONOTONIC's nanoseconds where there is none. An anchor reads the three clocks at once; a
+ * map built from two anchors turns a tick count into wall-clock microseconds. */
+uint64_t sp__ticks(void);
+typedef struct sp_tick_anchor {
+    uint64_t ticks;
+    uint64_t mono_ns;
+    int64_t epoch_us;
+} sp_tick_anchor_t;
+typedef struct sp_tick_map {
+    uint64_t ticks0;
+    int64_t epoch_us0;
+    double us_per_tick;
+} sp_tick_map_t;
+void sp__tick_anchor(sp_tick_anchor_t *a);
+void sp__tick_map(const sp_tick_anchor_t *from, const sp_tick_anchor_t *to, sp_tick_map_t *m);
+int64_t sp__tick_us(const sp_tick_map_t *m, uint64_t ticks);
+
 #ifdef __cplusplus
 }
 #endif

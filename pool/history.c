@@ -56,6 +56,7 @@ typedef struct ring {
     size_t len;             /* entries held (g.lock) */
     size_t alloc;           /* slots allocated in buf (g.lock) */
     size_t head;            /* oldest entry's slot once full; 0 before (g.lock) */
+    uint64_t last_ticks;    /* the newest entry's stamp: later ones never get an earlier one */
 } ring_t;
 
 typedef struct context {
@@ -89,6 +90,8 @@ static struct {
     size_t live_ctx;   /* contexts with refs > 0 (g.lock) */
     sp_history_frames_fn hook;    /* binding's frame source (g.lock) */
     void *hook_arg;               /* its argument (g.lock) */
+    sp_tick_anchor_t anchor;      /* the clocks when history was first turned on (g.lock) */
+    bool anchored;                /* anchor taken (g.lock) */
     sp__stream_label_t *labels;   /* streams' labels, unordered (g.lock; a replay has a few) */
     size_t nlabels, labels_alloc; /* (g.lock) */
 } g = {.lock = PTHREAD_MUTEX_INITIALIZER};
@@ -483,7 +486,7 @@ void sp__history_record(int device, sp_trace_action_t action, uintptr_t addr, si
                         uintptr_t stream, sp_mempool_id_t pool, uint32_t context) {
     if (__atomic_load_n(&g_keep_actions, __ATOMIC_RELAXED) == 0 || device < 0)
         return;
-    int64_t now = sp__epoch_us();
+    uint64_t now = sp__ticks(); /* mapped to microseconds by sp__history_copy */
     pthread_mutex_lock(&g.lock);
     if (g.enabled == SP_HISTORY_OFF || (g.skip & (1u << action)) != 0)
         goto out;
@@ -496,7 +499,12 @@ void sp__history_record(int device, sp_trace_action_t action, uintptr_t addr, si
         g.nrings = device + 1;
     }
     ring_t *r = &g.rings[device];
-    sp__trace_entry_t e = {action, addr, size, stream, pool, now, 0};
+    /* Stamped before the lock: a thread that stamped earlier may append later. The ring's times
+     * stay in its order, as PyTorch's do (its stamp is taken under its lock). */
+    if (now < r->last_ticks)
+        now = r->last_ticks;
+    r->last_ticks = now;
+    sp__trace_entry_t e = {action, addr, size, stream, pool, (int64_t)now, 0};
     /* PyTorch keeps frames on trace entries only from context "alloc" up. */
     if (context != 0 && g.context >= SP_CONTEXT_ALLOC) {
         context_t *c = ctx_get(context);
@@ -553,12 +561,17 @@ sp_status_t sp__history_copy(int device, sp__trace_entry_t **entries_p, size_t *
         memcpy(out, r->buf + h, (n - h) * sizeof(*out));
         memcpy(out + (n - h), r->buf, h * sizeof(*out));
     }
+    sp_tick_anchor_t now;
+    sp_tick_map_t map;
+    sp__tick_anchor(&now);
+    sp__tick_map(&g.anchor, &now, &map);
     for (size_t i = 0; i < n; i++) {
         context_t *c = ctx_get(out[i].context);
         if (c != NULL)
             c->refs++;
         else
             out[i].context = 0;
+        out[i].time_us = sp__tick_us(&map, (uint64_t)out[i].time_us);
     }
     pthread_mutex_unlock(&g.lock);
     *entries_p = out;
@@ -687,6 +700,10 @@ SP_EXPORT sp_status_t sp_record_memory_history(const sp_history_params_t *params
     g.c_stacks = params->c_stacks;
     __atomic_store_n(&g.want_frames, g.hook != NULL || g.c_stacks, __ATOMIC_RELAXED);
     __atomic_store_n(&g.context, params->context, __ATOMIC_RELAXED);
+    if (!g.anchored) {
+        sp__tick_anchor(&g.anchor);
+        g.anchored = true;
+    }
     __atomic_store_n(&g_keep_actions, 1, __ATOMIC_RELAXED);
     set_active(1);
     pthread_mutex_unlock(&g.lock);

@@ -89,7 +89,8 @@ typedef struct sp__trace_entry {
     size_t size;              /* bytes, per the table above sp__history_record */
     uintptr_t stream;         /* the stream handle as an integer; 0 = default stream */
     sp_mempool_id_t pool;     /* pool of the block or segment */
-    int64_t time_us;          /* microseconds since the Unix epoch */
+    int64_t time_us;          /* microseconds since the Unix epoch (in the ring: sp__ticks(),
+                                 which sp__history_copy maps) */
     uint32_t context;         /* frames (a reference held by the entry), 0 if none */
 } sp__trace_entry_t;
 

@@ -10,6 +10,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <cstdio>
@@ -910,6 +911,36 @@ TEST(CoreTime, ClocksMoveForward) {
     uint64_t b = sp__now_ns();
     EXPECT_LE(a, b);
     EXPECT_GT(sp__epoch_us(), 1600000000ll * 1000000ll); // after Sep 2020
+}
+
+// A tick stamp maps to the wall clock between wall-clock readings taken around it (to within a
+// millisecond: the map's error is the anchors' reading jitter, and NTP slews the wall clock by
+// at most 0.05%), stamps in order map in order, and a stamp before the first anchor maps before
+// it. Correctness of the conversion, not speed: preemption only widens the brackets.
+TEST(CoreTime, TicksMapToTheWallClock) {
+    sp_tick_anchor_t first, last;
+    sp__tick_anchor(&first);
+    std::vector<std::array<int64_t, 2>> brackets;
+    std::vector<uint64_t> stamps;
+    for (int i = 0; i < 20; i++) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+        int64_t before = sp__epoch_us();
+        stamps.push_back(sp__ticks());
+        brackets.push_back({before, sp__epoch_us()});
+    }
+    sp__tick_anchor(&last);
+    sp_tick_map_t map;
+    sp__tick_map(&first, &last, &map);
+    EXPECT_GT(map.us_per_tick, 0.0);
+    int64_t prev = INT64_MIN;
+    for (size_t i = 0; i < stamps.size(); i++) {
+        int64_t us = sp__tick_us(&map, stamps[i]);
+        EXPECT_GE(us, brackets[i][0] - 1000) << "stamp " << i;
+        EXPECT_LE(us, brackets[i][1] + 1000) << "stamp " << i;
+        EXPECT_GE(us, prev) << "stamp " << i;
+        prev = us;
+    }
+    EXPECT_LT(sp__tick_us(&map, first.ticks - 1000000), first.epoch_us);
 }
 
 // Bad input is refused before anything is touched, with a message naming the public call (not
