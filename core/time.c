@@ -71,8 +71,8 @@ void sp__tick_map(const sp_tick_anchor_t *from, const sp_tick_anchor_t *to, sp_t
     m->us_per_tick = 1e-3; /* ticks are nanoseconds where the TSC is not used */
     if (to->ticks > from->ticks && to->mono_ns >= from->mono_ns &&
         __atomic_load_n(&g_tick_source, __ATOMIC_RELAXED) == 1)
-        m->us_per_tick = (double)(to->mono_ns - from->mono_ns) * 1e-3 /
-                         (double)(to->ticks - from->ticks);
+        m->us_per_tick =
+            (double)(to->mono_ns - from->mono_ns) * 1e-3 / (double)(to->ticks - from->ticks);
 }
 
 int64_t sp__tick_us(const sp_tick_map_t *m, uint64_t ticks) {

@@ -577,7 +577,7 @@ TEST_F(History, StacksDifferingInOneByteAreDistinctContexts) {
         }
     }
     std::map<uint32_t, size_t> owner; // context -> index of the stack that made it
-    std::vector<void *> live;          // every block stays live: its context keeps its id
+    std::vector<void *> live;         // every block stays live: its context keeps its id
     for (size_t i = 0; i < stacks.size(); i++) {
         w.name = stacks[i].first;
         w.line = stacks[i].second;
