@@ -24,6 +24,10 @@
 #include "core/core.h"
 #include "core/core_emit.h"
 
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
+
 #define BATCH 1000
 
 enum {
@@ -432,6 +436,31 @@ static inline unsigned surrogate_at(const unsigned char *s) {
     return 0xd000u | (s[1] & 0x3fu) << 6 | (s[2] & 0x3fu);
 }
 
+/* How many of the n bytes at p are ASCII: sixteen a step with SSE2 (every x86-64), else eight
+ * (bit 7 of each byte of a word). Every str of a snapshot (and of a JSON trace turned into a
+ * pickle) goes through here; a byte a step was 2-3 instructions a byte. */
+static size_t ascii_run(const unsigned char *p, size_t n) {
+    size_t run = 0;
+#if defined(__SSE2__)
+    for (; n - run >= 16; run += 16) {
+        unsigned high =
+            (unsigned)_mm_movemask_epi8(_mm_loadu_si128((const __m128i *)(const void *)(p + run)));
+        if (high != 0)
+            return run + (size_t)__builtin_ctz(high);
+    }
+#else
+    for (; n - run >= 8; run += 8) {
+        uint64_t w;
+        memcpy(&w, p + run, sizeof(w));
+        if ((w & 0x8080808080808080ull) != 0)
+            break;
+    }
+#endif
+    while (run < n && p[run] < 0x80)
+        run++;
+    return run;
+}
+
 static void put_str_pickle(sp__emit_t *e, const char *s) {
     size_t n = strlen(s);
     size_t at = e->len + 1; /* where the length goes */
@@ -452,9 +481,7 @@ static void put_str_pickle(sp__emit_t *e, const char *s) {
     const unsigned char *p = (const unsigned char *)s;
     size_t i = 0, m = n; /* bytes read, bytes the str has */
     while (i < n) {
-        size_t run = 0;
-        while (i + run < n && p[i + run] < 0x80)
-            run++;
+        size_t run = ascii_run(p + i, n - i);
         if (run > 0) {
             put(e, p + i, run);
             i += run;

@@ -24,16 +24,33 @@
 #include "core/core.h"
 #include "core/core_emit.h"
 
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
+
 typedef struct jp {
-    const char *p;   /* input */
-    size_t len, pos; /* size, cursor */
-    sp__emit_t *e;   /* output */
-    int depth;       /* open containers */
-    char *err;       /* message buffer */
-    size_t errlen;   /* its size */
-    char *sbuf;      /* decoded string scratch */
-    size_t scap;     /* its size */
+    const char *p;        /* input */
+    size_t len, pos;      /* size, cursor */
+    sp__emit_t *e;        /* output */
+    int depth;            /* open containers */
+    char *err;            /* message buffer */
+    size_t errlen;        /* its size */
+    char *sbuf;           /* decoded string scratch */
+    size_t scap;          /* its size */
+    const char *skip_key; /* values under this key are read, not written (NULL: none) */
+    int mute_depth;       /* while one is read: the depth of the object holding it, else -1 */
 } jp_t;
+
+static inline bool muted(const jp_t *j) {
+    return j->mute_depth >= 0;
+}
+
+/* After a value ended at depth d (a scalar, or a container just closed): the skipped value, if
+ * this was it, is over. */
+static inline void value_done(jp_t *j) {
+    if (j->mute_depth == j->depth)
+        j->mute_depth = -1;
+}
 
 static bool jfail(jp_t *j, const char *what) {
     snprintf(j->err, j->errlen, "json: %s at offset %zu", what, j->pos);
@@ -113,6 +130,60 @@ static bool hex4(jp_t *j, unsigned long *v) {
 
 /* A string into j->sbuf (NUL-terminated), in the emitter's form of a Python str: U+0000 as 0xC0
  * 0x80, a lone surrogate (an escape json.load reads as one) in its 3-byte form. */
+/* How many bytes from p (avail of them left in the document) need nothing done to them in a
+ * string: none a quote, a backslash, a control character or part of a multi-byte sequence.
+ * Names and file names are nearly all such bytes, and the byte loop in string() cost some 24
+ * instructions a byte: sixteen at a time with SSE2 (every x86-64 has it), else eight with the
+ * word-at-a-time tests ("has a zero byte", "has a byte less than n": exact as a yes/no). */
+static inline bool plain_byte(unsigned char c) {
+    return c >= 0x20 && c < 0x80 && c != '"' && c != '\\';
+}
+
+static size_t plain_run(const char *p, size_t avail) {
+    size_t run = 0;
+#if defined(__SSE2__)
+    const __m128i quote = _mm_set1_epi8('"'), backslash = _mm_set1_epi8('\\');
+    const __m128i space = _mm_set1_epi8(0x20);
+    for (; avail - run >= 16; run += 16) {
+        __m128i v = _mm_loadu_si128((const __m128i *)(const void *)(p + run));
+        /* Signed: bytes 0x80-0xff are negative, so "less than 0x20" takes them too. */
+        __m128i special =
+            _mm_or_si128(_mm_or_si128(_mm_cmpeq_epi8(v, quote), _mm_cmpeq_epi8(v, backslash)),
+                         _mm_cmplt_epi8(v, space));
+        unsigned mask = (unsigned)_mm_movemask_epi8(special);
+        if (mask != 0)
+            return run + (size_t)__builtin_ctz(mask);
+    }
+#else
+    const uint64_t ones = 0x0101010101010101ull, highs = 0x8080808080808080ull;
+    for (; avail - run >= 8; run += 8) {
+        uint64_t w;
+        memcpy(&w, p + run, sizeof(w));
+        uint64_t q = w ^ (ones * '"'), b = w ^ (ones * '\\');
+        if ((((q - ones) & ~q) | ((b - ones) & ~b) | ((w - ones * 0x20) & ~w) | w) & highs)
+            break;
+    }
+#endif
+    while (run < avail && plain_byte((unsigned char)p[run]))
+        run++;
+    return run;
+}
+
+/* Room in j->sbuf for `more` bytes after o, and the terminating byte. */
+static bool sbuf_room(jp_t *j, size_t o, size_t more) {
+    if (o + more + 2 <= j->scap)
+        return true;
+    size_t cap = j->scap ? j->scap : 256;
+    while (cap < o + more + 2)
+        cap *= 2;
+    char *nb = realloc(j->sbuf, cap);
+    if (nb == NULL)
+        return jfail(j, "out of memory");
+    j->sbuf = nb;
+    j->scap = cap;
+    return true;
+}
+
 static bool string(jp_t *j) {
     size_t o = 0;
     if (j->sbuf == NULL) {
@@ -123,6 +194,14 @@ static bool string(jp_t *j) {
     }
     j->pos++; /* the opening quote */
     for (;;) {
+        size_t run = plain_run(j->p + j->pos, j->len - j->pos);
+        if (run > 0) {
+            if (!sbuf_room(j, o, run))
+                return false;
+            memcpy(j->sbuf + o, j->p + j->pos, run);
+            o += run;
+            j->pos += run;
+        }
         if (j->pos >= j->len)
             return jfail(j, "unterminated string");
         unsigned char c = (unsigned char)j->p[j->pos];
@@ -249,7 +328,8 @@ static bool not_a_number(jp_t *j, bool neg) {
     j->pos += neg;
     if (!literal(j, word))
         return false;
-    sp__emit_double(j->e, word[0] == 'N' ? NAN : neg ? -INFINITY : INFINITY);
+    if (!muted(j))
+        sp__emit_double(j->e, word[0] == 'N' ? NAN : neg ? -INFINITY : INFINITY);
     return true;
 }
 
@@ -291,7 +371,9 @@ static bool number(jp_t *j) {
     }
     /* The common case, an integer of up to 19 digits: v is its magnitude. */
     if (!is_float && digits <= 19 && (!neg || v <= (uint64_t)INT64_MAX + 1)) {
-        if (neg)
+        if (muted(j))
+            j->pos = i; /* read; written nowhere */
+        else if (neg)
             sp__emit_int(j->e, v > (uint64_t)INT64_MAX ? INT64_MIN : -(int64_t)v);
         else
             sp__emit_uint(j->e, v);
@@ -309,7 +391,9 @@ static bool number(jp_t *j) {
     char *end = NULL;
     errno = 0;
     unsigned long long u = is_float || neg ? 0 : strtoull(buf, &end, 10);
-    if (is_float)
+    if (muted(j))
+        j->pos = i; /* read and checked above; written nowhere */
+    else if (is_float)
         sp__emit_double(j->e, strtod(buf, &end));
     else if (!neg && errno == 0)
         sp__emit_uint(j->e, u); /* 20 digits below 2^64 */
@@ -337,22 +421,26 @@ static inline __attribute__((always_inline)) bool scalar(jp_t *j) {
     case '"':
         if (!string(j))
             return false;
-        sp__emit_str(j->e, j->sbuf);
+        if (!muted(j))
+            sp__emit_str(j->e, j->sbuf);
         return true;
     case 't':
         if (!literal(j, "true"))
             return false;
-        sp__emit_bool(j->e, true);
+        if (!muted(j))
+            sp__emit_bool(j->e, true);
         return true;
     case 'f':
         if (!literal(j, "false"))
             return false;
-        sp__emit_bool(j->e, false);
+        if (!muted(j))
+            sp__emit_bool(j->e, false);
         return true;
     case 'n':
         if (!literal(j, "null"))
             return false;
-        sp__emit_none(j->e);
+        if (!muted(j))
+            sp__emit_none(j->e);
         return true;
     default:
         return number(j);
@@ -366,7 +454,15 @@ static inline __attribute__((always_inline)) bool key(jp_t *j) {
         return jfail(j, "expected a string key");
     if (!string(j))
         return false;
-    sp__emit_key(j->e, j->sbuf);
+    if (!muted(j)) {
+        sp__emit_key(j->e, j->sbuf);
+        if (j->skip_key != NULL && strcmp(j->sbuf, j->skip_key) == 0) {
+            /* Its value is read below like any other, written as this empty list. */
+            sp__emit_list_begin(j->e);
+            sp__emit_list_end(j->e);
+            j->mute_depth = j->depth;
+        }
+    }
     skip_ws(j);
     if (j->pos >= j->len || j->p[j->pos] != ':')
         return jfail(j, "expected ':'");
@@ -406,12 +502,12 @@ static bool parse(jp_t *j) {
             }
             open[j->depth++] = c;
             j->pos++;
-            if (c == '{') {
-                cur = '}';
-                sp__emit_dict_begin(j->e);
-            } else {
-                cur = ']';
-                sp__emit_list_begin(j->e);
+            cur = c == '{' ? '}' : ']';
+            if (!muted(j)) {
+                if (c == '{')
+                    sp__emit_dict_begin(j->e);
+                else
+                    sp__emit_list_begin(j->e);
             }
             skip_ws(j);
             if (j->pos >= j->len || j->p[j->pos] != cur) {
@@ -422,6 +518,8 @@ static bool parse(jp_t *j) {
             /* Empty: closed below. */
         } else if (!scalar(j)) {
             goto out;
+        } else {
+            value_done(j);
         }
         /* After a value: close what it ends, or go on to the next item of its container. */
         for (;;) {
@@ -442,11 +540,14 @@ static bool parse(jp_t *j) {
                 goto out;
             }
             j->pos++;
-            if (cur == '}')
-                sp__emit_dict_end(j->e);
-            else
-                sp__emit_list_end(j->e);
+            if (!muted(j)) {
+                if (cur == '}')
+                    sp__emit_dict_end(j->e);
+                else
+                    sp__emit_list_end(j->e);
+            }
             j->depth--;
+            value_done(j);
             cur = j->depth == 0 ? 0 : open[j->depth - 1] == '{' ? '}' : ']';
         }
     }
@@ -457,6 +558,11 @@ out:
 
 SP_EXPORT bool sp_x_json_to_pickle(const char *text, size_t len, char **pickle_p, size_t *len_p,
                                    char *err, size_t errlen) {
+    return sp_x_json_to_pickle_skip(text, len, NULL, pickle_p, len_p, err, errlen);
+}
+
+SP_EXPORT bool sp_x_json_to_pickle_skip(const char *text, size_t len, const char *skip_key,
+                                        char **pickle_p, size_t *len_p, char *err, size_t errlen) {
     char scratch[1];
     if (err == NULL || errlen == 0) { /* messages go nowhere, but the parser always writes one */
         err = scratch;
@@ -468,7 +574,7 @@ SP_EXPORT bool sp_x_json_to_pickle(const char *text, size_t len, char **pickle_p
     }
     sp__emit_t e;
     sp__emit_init(&e, false);
-    jp_t j = {text, len, 0, &e, 0, err, errlen, NULL, 0};
+    jp_t j = {text, len, 0, &e, 0, err, errlen, NULL, 0, skip_key, -1};
     bool ok = parse(&j);
     if (ok) {
         skip_ws(&j);

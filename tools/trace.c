@@ -1679,7 +1679,10 @@ bool tr_load_opts(const char *path, bool frames, tr_trace_t *t, char *err, size_
     if (i < len && (buf[i] == '{' || buf[i] == '[')) {
         char *pickle = NULL;
         size_t plen = 0;
-        bool ok = sp_x_json_to_pickle((const char *)buf, len, &pickle, &plen, why, sizeof(why));
+        /* Without stacks, the stacks are checked and left out of the translation (the pickle
+         * reader would skip them anyway: reading them twice was most of a JSON trace's load). */
+        bool ok = sp_x_json_to_pickle_skip((const char *)buf, len, frames ? NULL : "frames",
+                                           &pickle, &plen, why, sizeof(why));
         release(buf, len, mapped);
         if (!ok) {
             snprintf(err, errlen, "%s: %s", path, why);

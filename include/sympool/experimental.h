@@ -116,11 +116,19 @@ size_t sp_x_memory_summary_format(const sp_stats_t *stats, const char *title, ch
 const char *sp_x_size_format(double bytes, char *buf, size_t cap);
 
 /** Translate a JSON memory snapshot (text, len bytes; not NUL-terminated) into the equivalent
- * pickle, which the caller frees with free(). A strict RFC 8259 reader with nesting bounded at
- * 32: on malformed input returns false with a message naming the byte offset in err (errlen
- * bytes, always terminated when errlen > 0) and writes nothing to *pickle_p / *len_p. */
+ * pickle, which the caller frees with free(). A strict RFC 8259 reader (what Python's json.load
+ * reads, nesting bounded at 100,000): on malformed input returns false with a message naming the
+ * byte offset in err (errlen bytes, always terminated when errlen > 0) and writes nothing to
+ * *pickle_p / *len_p. */
 bool sp_x_json_to_pickle(const char *text, size_t len, char **pickle_p, size_t *len_p, char *err,
                          size_t errlen);
+
+/** The same, but every value under an object key equal to skip_key (any depth; NULL: none) is
+ * read and checked as strictly as any other, and written as an empty list: a reader that skips
+ * those values anyway (replay without stacks skips "frames") gets a document a fraction of the
+ * size, and malformed input is refused alike. */
+bool sp_x_json_to_pickle_skip(const char *text, size_t len, const char *skip_key, char **pickle_p,
+                              size_t *len_p, char *err, size_t errlen);
 
 /** A path pattern (SYMPOOL_DEBUG_FILE's syntax: %h host, %p pid, %r rank, %% percent) expanded as
  * the log expands it in this process: true with the path in out (cap bytes, terminated); false

@@ -87,7 +87,22 @@ int sp_fuzz_one(const uint8_t *data, size_t size, int json) {
     size_t plen = 0;
     const void *buf = data;
     if (json) {
-        if (!sp_x_json_to_pickle((const char *)data, size, &pickle, &plen, err, sizeof err))
+        /* The translation without stacks (replay's) must refuse what the whole one refuses, with
+         * the same message: it reads the skipped values as strictly. */
+        char err2[256];
+        char *skipped = NULL;
+        size_t slen = 0;
+        bool ok = sp_x_json_to_pickle((const char *)data, size, &pickle, &plen, err, sizeof err);
+        bool ok2 = sp_x_json_to_pickle_skip((const char *)data, size, "frames", &skipped, &slen,
+                                            err2, sizeof err2);
+        free(skipped);
+        if (ok != ok2 || (!ok && strcmp(err, err2) != 0)) {
+            fprintf(stderr,
+                    "fuzz_one: the JSON translations without and with stacks differ: %s / %s\n",
+                    ok ? "translated" : err, ok2 ? "translated" : err2);
+            abort();
+        }
+        if (!ok)
             return 0;
         buf = pickle;
         size = plen;

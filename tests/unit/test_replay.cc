@@ -391,11 +391,12 @@ TEST_F(Replay, FuzzedSnapshotsLoadOrExplain) {
 
 // ---- JSON snapshots -----------------------------------------------------------------------
 
-std::string json_parse(const std::string &text, pk_doc_t **doc_p = nullptr) {
+std::string json_parse(const std::string &text, pk_doc_t **doc_p = nullptr,
+                       const char *skip_key = nullptr) {
     char *pk = nullptr;
     size_t len = 0;
     char err[256] = "";
-    if (!sp_x_json_to_pickle(text.data(), text.size(), &pk, &len, err, sizeof(err)))
+    if (!sp_x_json_to_pickle_skip(text.data(), text.size(), skip_key, &pk, &len, err, sizeof(err)))
         return err;
     pk_doc_t *doc = nullptr;
     bool ok = pk_parse(pk, len, nullptr, &doc, err, sizeof(err));
@@ -621,6 +622,85 @@ TEST_F(Replay, JsonErrorsNameOffsets) {
     // Beyond 64 bits is not an error: an int of any width (JsonNumbersAreWhatJsonLoadReads).
     EXPECT_EQ(json_parse("99999999999999999999"), "");
     EXPECT_EQ(json_parse(std::string(40, '[') + std::string(40, ']')), "");
+}
+
+// Values under the skipped key, at any depth, are written as empty lists; every other value is
+// as without skipping; and what is malformed inside a skipped value is refused with the same
+// message at the same offset (replay without stacks reads JSON so: it must refuse what
+// json.load refuses).
+TEST_F(Replay, JsonSkippedValuesAreCheckedAndWrittenEmpty) {
+    pk_doc_t *doc = nullptr;
+    ASSERT_EQ(json_parse("{\"a\": 1, \"frames\": [{\"name\": \"x\", \"line\": 3}], \"b\": "
+                         "{\"frames\": \"s\", \"c\": [1, {\"frames\": {\"d\": [true, null, 1.5e3, "
+                         "-7, 99999999999999999999, NaN]}}]}, \"frame\": [2], \"z\": \"q\"}",
+                         &doc, "frames"),
+              "");
+    const pk_value_t *root = pk_root(doc);
+    int64_t v = 0;
+    EXPECT_TRUE(pk_int(pk_get(root, "a"), &v));
+    EXPECT_EQ(v, 1);
+    const pk_value_t *f = pk_get(root, "frames");
+    ASSERT_NE(f, nullptr);
+    EXPECT_EQ(f->type, PK_LIST);
+    EXPECT_EQ(pk_len(f), 0u);
+    const pk_value_t *b = pk_get(root, "b");
+    EXPECT_EQ(pk_get(b, "frames")->type, PK_LIST);
+    EXPECT_EQ(pk_len(pk_get(b, "frames")), 0u);
+    const pk_value_t *c = pk_get(b, "c");
+    ASSERT_EQ(pk_len(c), 2u);
+    EXPECT_EQ(pk_len(pk_get(pk_at(c, 1), "frames")), 0u);
+    EXPECT_EQ(pk_len(pk_get(root, "frame")), 1u) << "only the key itself is skipped";
+    EXPECT_STREQ(pk_get_str(root, "z"), "q");
+    pk_free(doc);
+    const char *bad[] = {"{\"frames\": [1,]}",
+                         "{\"frames\": \"a\xff\"}",
+                         "{\"frames\": [tru]}",
+                         "{\"frames\": {\"x\" 1}}",
+                         "{\"frames\": [",
+                         "{\"frames\": \"tab\there\"}",
+                         "{\"frames\": 01}",
+                         "{\"frames\": [1] x}",
+                         "{\"frames\": {\"frames\": [}]}}",
+                         "{\"frames\": \"\\ud800\\u12zz\"}"};
+    for (const char *text : bad) {
+        std::string whole = json_parse(text);
+        EXPECT_NE(whole, "") << text;
+        EXPECT_EQ(json_parse(text, nullptr, "frames"), whole) << text;
+    }
+    std::string deep = "{\"frames\": " + std::string(100000, '[') + std::string(100000, ']') + "}";
+    EXPECT_EQ(json_parse(deep, nullptr, "frames"), json_parse(deep));
+    EXPECT_NE(json_parse(deep), "");
+}
+
+// Strings are read sixteen bytes at a time up to the first byte that needs work: a quote, an
+// escape, a control character or a multi-byte sequence at every position of the first chunks
+// reads as the byte loop reads it, and an error there names its own offset.
+TEST_F(Replay, JsonStringsAreReadAlikeWhereverTheirSpecialBytesFall) {
+    for (size_t at = 0; at < 40; at++) {
+        std::string head(at, 'a'), tail(45 - at, 'b');
+        struct {
+            std::string raw, decoded;
+        } cases[] = {{"\\n", "\n"},
+                     {"\\\"", "\""},
+                     {"\\u00e9", "\xc3\xa9"},
+                     {"\xc3\xa9", "\xc3\xa9"},
+                     {"\xf0\x9f\x98\x80", "\xf0\x9f\x98\x80"},
+                     {"~\x7f", "~\x7f"}};
+        for (auto &k : cases) {
+            pk_doc_t *doc = nullptr;
+            ASSERT_EQ(json_parse("[\"" + head + k.raw + tail + "\"]", &doc), "") << at;
+            const pk_value_t *str = pk_at(pk_root(doc), 0);
+            ASSERT_EQ(str->type, PK_STR);
+            EXPECT_EQ(std::string(str->u.str.s, str->u.str.len), head + k.decoded + tail) << at;
+            pk_free(doc);
+        }
+        EXPECT_EQ(json_parse("[\"" + head + "\x01" + tail + "\"]"),
+                  "json: control character in string at offset " + std::to_string(at + 2));
+        EXPECT_EQ(json_parse("[\"" + head + "\xff" + tail + "\"]"),
+                  "json: not UTF-8 at offset " + std::to_string(at + 2));
+        EXPECT_EQ(json_parse("[\"" + head),
+                  "json: unterminated string at offset " + std::to_string(at + 2));
+    }
 }
 
 // json.load reads nesting as deep as its recursion guard lets it (about 1,000 levels in 3.11,
