@@ -589,7 +589,7 @@ static bool plan_slots(dev_state_t *ds, const tr_device_t *td) {
     for (size_t i = 0; ok && i < td->nev; i++) {
         const tr_event_t *e = &td->ev[i];
         op_t o = {0, {NO_SLOT, NO_SLOT}, (uint32_t)i, 0, e->pool, 0, e->flags};
-        uintptr_t v;
+        uintptr_t v = 0;
         if (e->action == TR_ALLOC) {
             o.kind = OP_ALLOC;
             o.size = e->size;
