@@ -31,9 +31,28 @@ static uint64_t now_ns(void) {
 /* An alloc's or free's slot in dev_state_t.ptrs (NO_SLOT: none), and for an alloc the slot that
  * held the same recorded address before it (NO_SLOT: none). */
 #define NO_SLOT UINT32_MAX
+
+/* The event loop's rare branches, laid out off its straight path. */
+#define LIKELY(x) __builtin_expect(!!(x), 1)
+#define UNLIKELY(x) __builtin_expect(!!(x), 0)
 typedef struct slot_ref {
     uint32_t slot, prev;
 } slot_ref_t;
+
+/* One step of the event loop: an event that asks something of sympool, with what the loop needs
+ * of it resolved before the clock starts (plan_slots). Events that ask nothing (segment and oom
+ * events but an empty_cache's first, snapshots, and free_completed when no free was deferred)
+ * have none. 32 bytes, where a trace event and its slots took 56. */
+typedef enum { OP_ALLOC, OP_FREE, OP_FREE_COMPLETED, OP_EMPTY_CACHE } op_kind_t;
+typedef struct op {
+    uint64_t size;   /* alloc: the requested bytes */
+    slot_ref_t at;   /* alloc and free: its slot and the slot it replaces */
+    uint32_t ev;     /* its event's index in the device's events */
+    uint32_t stream; /* alloc: index into dev_state_t.scache (0: the default stream) */
+    uint16_t pool;   /* alloc: the event's pool */
+    uint8_t kind;    /* op_kind_t */
+    uint8_t flags;   /* the event's TR_F_* */
+} op_t;
 
 typedef struct dev_state {
     tr_map_t blocks;        /* recorded address -> our pointer */
@@ -49,9 +68,12 @@ typedef struct dev_state {
     size_t nholes, cap_holes;
     /* The event loop's address map, resolved before the clock starts (plan_slots): every block
      * the replay can hold has a slot, every alloc and free event knows its slot. */
-    void **ptrs;    /* slot -> our pointer, NULL when it holds none */
-    size_t nptrs;   /* slots */
-    slot_ref_t *at; /* per event of the device: its slot and the slot it replaces */
+    void **ptrs;         /* slot -> our pointer, NULL when it holds none */
+    size_t nptrs;        /* slots */
+    op_t *ops;           /* the loop's steps, in event order */
+    size_t nops;         /* entries in ops */
+    sp_stream_t *scache; /* stream index -> our stream, NULL until the loop first needs it */
+    uint64_t *srecorded; /* stream index -> the recorded stream */
 } dev_state_t;
 
 /* The recorded stack handed to the history hook while a snapshot of the replay is recorded,
@@ -207,16 +229,32 @@ static bool do_alloc(dev_state_t *ds, int dev, uint64_t addr, uint64_t size, uin
     return true;
 }
 
-/* One allocation of the event loop, kept in its slot `at`. What the address map did is kept
+/* One allocation of the event loop, kept in its slot. What the address map did is kept
  * exactly: a block that comes out takes the address's entry (the block it replaces is lost,
  * never freed), and an OOM or a 0-byte request leaves the address's earlier block where it was,
- * for the next free of that address. */
-static bool do_alloc_slot(dev_state_t *ds, int dev, const tr_event_t *e, slot_ref_t at,
-                          replay_result_t *r, char *err, size_t errlen) {
-    void *p;
-    if (!alloc_request(ds, dev, e->size, e->stream, e->pool, r, err, errlen, &p))
-        return false;
-    if (at.slot == NO_SLOT) { /* address 0: the address map refused it */
+ * for the next free of that address. The stream is the op's, made at its first use as
+ * alloc_request's stream_for made it. */
+static inline bool do_alloc_op(dev_state_t *ds, int dev, const op_t *o, replay_result_t *r,
+                               char *err, size_t errlen) {
+    sp_stream_t s = ds->scache[o->stream];
+    if (UNLIKELY(s == NULL) && o->stream != 0) {
+        if (!stream_for(ds, dev, ds->srecorded[o->stream], &s, err, errlen))
+            return false;
+        ds->scache[o->stream] = s;
+    }
+    void *p = NULL;
+    sp_status_t st = request(ds, dev, o->pool, (size_t)o->size, s, &p);
+    if (UNLIKELY(st != SP_SUCCESS)) {
+        if (st != SP_ERR_OUT_OF_MEMORY) {
+            snprintf(err, errlen, "sp_malloc(%llu): %s: %s", (unsigned long long)o->size,
+                     sp_status_name(st), sp_last_error());
+            return false;
+        }
+        r->ooms++;
+        p = NULL;
+    }
+    slot_ref_t at = o->at;
+    if (UNLIKELY(at.slot == NO_SLOT)) { /* address 0: the address map refused it */
         if (p != NULL) {
             sp_free(p);
             snprintf(err, errlen, "out of memory");
@@ -224,25 +262,29 @@ static bool do_alloc_slot(dev_state_t *ds, int dev, const tr_event_t *e, slot_re
         }
         return true;
     }
-    void *prev = at.prev == NO_SLOT ? NULL : ds->ptrs[at.prev];
-    if (at.prev != NO_SLOT)
+    void *prev = NULL;
+    if (at.prev != NO_SLOT) {
+        prev = ds->ptrs[at.prev];
         ds->ptrs[at.prev] = NULL;
+    }
     ds->ptrs[at.slot] = p != NULL ? p : prev;
     return true;
 }
 
 /* A free. A deferred one (PyTorch held the block for other streams' work) is used on a side
  * stream first, so that it stays pending until its free_completed synchronizes that stream. */
-static bool do_free(dev_state_t *ds, int dev, const tr_event_t *e, slot_ref_t at,
-                    replay_result_t *r, char *err, size_t errlen) {
-    uintptr_t p = at.slot == NO_SLOT ? 0 : (uintptr_t)ds->ptrs[at.slot];
-    if (p == 0) {
+static inline bool do_free_op(dev_state_t *ds, int dev, const tr_event_t *ev, const op_t *o,
+                              replay_result_t *r, char *err, size_t errlen) {
+    uint32_t slot = o->at.slot;
+    uintptr_t p = slot == NO_SLOT ? 0 : (uintptr_t)ds->ptrs[slot];
+    if (UNLIKELY(p == 0)) {
         r->skipped_frees++;
         return true;
     }
-    ds->ptrs[at.slot] = NULL;
+    ds->ptrs[slot] = NULL;
     sp_status_t st = SP_SUCCESS;
-    if (e->flags & TR_F_DEFERRED) {
+    if (UNLIKELY(o->flags & TR_F_DEFERRED)) {
+        const tr_event_t *e = &ev[o->ev];
         sp_stream_t side = NULL;
         if (ds->nside > 0) {
             side = ds->side[--ds->nside];
@@ -263,9 +305,9 @@ static bool do_free(dev_state_t *ds, int dev, const tr_event_t *e, slot_ref_t at
         }
         r->deferred_frees++;
     }
-    if (st == SP_SUCCESS)
+    if (LIKELY(st == SP_SUCCESS))
         st = sp_free((void *)p);
-    if (st != SP_SUCCESS) {
+    if (UNLIKELY(st != SP_SUCCESS)) {
         snprintf(err, errlen, "sp_free: %s: %s", sp_status_name(st), sp_last_error());
         return false;
     }
@@ -421,7 +463,9 @@ static void free_all(dev_state_t *ds, bool release) {
     free(ds->pools);
     free(ds->holes);
     free(ds->ptrs);
-    free(ds->at);
+    free(ds->ops);
+    free(ds->scache);
+    free(ds->srecorded);
 }
 
 static int64_t stat_of(int dev, const char *key) {
@@ -496,35 +540,45 @@ static bool build_start(dev_state_t *ds, int d, const tr_device_t *td, bool requ
     return ok;
 }
 
-/* The event loop's slots, before the clock starts: the address map's work (a hash of the
+/* The event loop's steps, before the clock starts: the address map's work (a hash of the
  * recorded address at every alloc and free) done once per event here, so that the loop only
  * indexes an array. The blocks of the starting state move from ds->blocks into the first slots;
  * each alloc event gets a new slot, and the free of a recorded address the slot of the last
  * alloc of it not yet freed (none: the free is skipped, as a miss in the map was). Whether a
  * slot holds a block is decided in the loop (an OOM holds none). The map of recorded addresses
- * is made as large as it will get at once (as far as the events tell), instead of growing to it. */
+ * is made as large as it will get at once (as far as the events tell), instead of growing to it.
+ * Each recorded stream of an alloc gets an index (its first alloc's order), so that the loop
+ * finds our stream in an array; the stream itself is still made where the loop first needs it. */
 static bool plan_slots(dev_state_t *ds, const tr_device_t *td) {
     /* nalloc: the alloc events; most: about as many addresses as the map below holds at once
      * (the blocks of the starting state and the allocs not yet freed; a free the map misses
      * counts too, so it may be low, and the map then grows past it as it always could). Sized
-     * by nalloc instead, a long trace's map would be mostly empty and missed in cache. */
+     * by nalloc instead, a long trace's map would be mostly empty and missed in cache.
+     * deferred: a free is deferred, so free_completed events have work. */
     size_t nalloc = 0, live = ds->blocks.n, most = live;
+    bool deferred = false;
     for (size_t i = 0; i < td->nev; i++) {
         if (td->ev[i].action == TR_ALLOC) {
             nalloc++;
             most = ++live > most ? live : most;
-        } else if (td->ev[i].action == TR_FREE_REQUESTED && live > 0) {
-            live--;
+        } else if (td->ev[i].action == TR_FREE_REQUESTED) {
+            live -= live > 0;
+            deferred = deferred || (td->ev[i].flags & TR_F_DEFERRED);
         }
     }
     size_t n = ds->blocks.n + nalloc;
-    if (n >= NO_SLOT)
+    if (n >= NO_SLOT || td->nev >= UINT32_MAX)
         return false;
     ds->ptrs = calloc(n ? n : 1, sizeof(*ds->ptrs));
-    ds->at = malloc((td->nev ? td->nev : 1) * sizeof(*ds->at));
-    tr_map_t last = {0}; /* recorded address -> 1 + its slot */
-    bool ok = ds->ptrs != NULL && ds->at != NULL && tr_map_reserve(&last, most);
-    size_t k = 0;
+    ds->ops = malloc((td->nev ? td->nev : 1) * sizeof(*ds->ops));
+    tr_map_t last = {0};    /* recorded address -> 1 + its slot */
+    tr_map_t streams = {0}; /* recorded stream -> its index */
+    size_t nstreams = 1, cap_streams = 8;
+    ds->scache = calloc(cap_streams, sizeof(*ds->scache));
+    ds->srecorded = calloc(cap_streams, sizeof(*ds->srecorded));
+    bool ok = ds->ptrs != NULL && ds->ops != NULL && ds->scache != NULL && ds->srecorded != NULL &&
+              tr_map_reserve(&last, most);
+    size_t k = 0, nops = 0;
     for (size_t i = 0; ok && i < ds->blocks.cap; i++) {
         if (ds->blocks.slots[i].key == 0)
             continue;
@@ -534,61 +588,102 @@ static bool plan_slots(dev_state_t *ds, const tr_device_t *td) {
     }
     for (size_t i = 0; ok && i < td->nev; i++) {
         const tr_event_t *e = &td->ev[i];
-        slot_ref_t at = {NO_SLOT, NO_SLOT};
-        uintptr_t v;
-        if (e->action == TR_ALLOC && e->addr != 0) {
-            if (tr_map_get(&last, e->addr, &v))
-                at.prev = (uint32_t)(v - 1);
-            at.slot = (uint32_t)k;
-            ok = tr_map_put(&last, e->addr, ++k);
-        } else if (e->action == TR_ALLOC) {
-            k++; /* address 0: its slot stays unused (the map refused the key) */
-        } else if (e->action == TR_FREE_REQUESTED && tr_map_del(&last, e->addr, &v)) {
-            at.slot = (uint32_t)(v - 1);
+        op_t o = {0, {NO_SLOT, NO_SLOT}, (uint32_t)i, 0, e->pool, 0, e->flags};
+        uintptr_t v = 0;
+        if (e->action == TR_ALLOC) {
+            o.kind = OP_ALLOC;
+            o.size = e->size;
+            if (e->addr != 0) {
+                if (tr_map_get(&last, e->addr, &v))
+                    o.at.prev = (uint32_t)(v - 1);
+                o.at.slot = (uint32_t)k;
+                ok = tr_map_put(&last, e->addr, ++k);
+            } else {
+                k++; /* address 0: its slot stays unused (the map refused the key) */
+            }
+            if (ok && e->stream != 0 && !tr_map_get(&streams, e->stream, &v)) {
+                if (nstreams == cap_streams) {
+                    size_t nc = cap_streams * 2;
+                    sp_stream_t *sc = realloc(ds->scache, nc * sizeof(*sc));
+                    if (sc != NULL)
+                        ds->scache = sc;
+                    uint64_t *sr = realloc(ds->srecorded, nc * sizeof(*sr));
+                    if (sr != NULL)
+                        ds->srecorded = sr;
+                    ok = sc != NULL && sr != NULL;
+                    cap_streams = ok ? nc : cap_streams;
+                }
+                if (ok) {
+                    ds->scache[nstreams] = NULL;
+                    ds->srecorded[nstreams] = e->stream;
+                    v = nstreams++;
+                    ok = nstreams < UINT32_MAX && tr_map_put(&streams, e->stream, v);
+                }
+            }
+            o.stream = e->stream != 0 ? (uint32_t)v : 0;
+        } else if (e->action == TR_FREE_REQUESTED) {
+            o.kind = OP_FREE;
+            if (tr_map_del(&last, e->addr, &v))
+                o.at.slot = (uint32_t)(v - 1);
+        } else if (e->action == TR_FREE_COMPLETED && deferred) {
+            o.kind = OP_FREE_COMPLETED;
+        } else if ((e->action == TR_SEGMENT_FREE || e->action == TR_SEGMENT_UNMAP) &&
+                   (e->flags & TR_F_EMPTY_CACHE)) {
+            o.kind = OP_EMPTY_CACHE;
+        } else {
+            continue; /* nothing asked of sympool */
         }
-        ds->at[i] = at;
+        ds->ops[nops++] = o;
     }
     tr_map_free(&last);
+    tr_map_free(&streams);
     if (!ok)
         return false;
     ds->nptrs = n;
+    ds->nops = nops;
     tr_map_free(&ds->blocks); /* every block it held is in a slot now */
     memset(&ds->blocks, 0, sizeof(ds->blocks));
     return true;
 }
 
-/* Every event of one device in order. Out of line so that the timed loop is a function of its
- * own for profilers: `valgrind --tool=callgrind --toggle-collect=replay_device` counts it alone. */
-static __attribute__((noinline)) bool replay_device(dev_state_t *ds, int d, const tr_device_t *td,
-                                                    frames_src_t *fs, bool with_frames,
-                                                    replay_result_t *r, char *err, size_t errlen) {
+/* Every step of one device in order. Out of line (and, under GCC, kept whole: no clone under
+ * another name) so that the timed loop is a function of its own for profilers:
+ * `valgrind --tool=callgrind --toggle-collect=replay_device` counts it alone.
+ * The counts are kept in locals and added once (the calls in between could change *r for all
+ * the compiler knows, so it would load and store them around every call). */
+#if defined(__GNUC__) && !defined(__clang__)
+#define LOOP_FN __attribute__((noinline, noipa))
+#else
+#define LOOP_FN __attribute__((noinline))
+#endif
+static LOOP_FN bool replay_device(dev_state_t *ds, int d, const tr_device_t *td, frames_src_t *fs,
+                                  bool with_frames, replay_result_t *r, char *err, size_t errlen) {
     bool ok = true;
-    const tr_event_t *end = td->ev + td->nev;
-    for (const tr_event_t *e = td->ev; ok && e < end; e++) {
-        if (with_frames)
-            fs->frames = e->frames;
-        switch (e->action) {
-        case TR_ALLOC:
-            r->allocs++;
-            ok = do_alloc_slot(ds, d, e, ds->at[e - td->ev], r, err, errlen);
+    size_t allocs = 0, frees = 0;
+    const tr_event_t *ev = td->ev, *end = td->ev + td->nev;
+    for (const op_t *o = ds->ops, *oend = ds->ops + ds->nops; ok && o < oend; o++) {
+        if (UNLIKELY(with_frames))
+            fs->frames = ev[o->ev].frames;
+        switch (o->kind) {
+        case OP_ALLOC:
+            allocs++;
+            ok = do_alloc_op(ds, d, o, r, err, errlen);
             break;
-        case TR_FREE_REQUESTED:
-            r->frees++;
-            ok = do_free(ds, d, e, ds->at[e - td->ev], r, err, errlen);
+        case OP_FREE:
+            frees++;
+            ok = do_free_op(ds, d, ev, o, r, err, errlen);
             break;
-        case TR_FREE_COMPLETED:
+        case OP_FREE_COMPLETED:
             if (ds->pending.n > 0)
-                ok = do_free_completed(ds, e->addr, err, errlen);
+                ok = do_free_completed(ds, ev[o->ev].addr, err, errlen);
             break;
-        case TR_SEGMENT_FREE:
-        case TR_SEGMENT_UNMAP:
-            if (e->flags & TR_F_EMPTY_CACHE)
-                ok = do_empty_cache(ds, d, e, end, r, err, errlen);
-            break;
-        default:
+        default: /* OP_EMPTY_CACHE */
+            ok = do_empty_cache(ds, d, &ev[o->ev], end, r, err, errlen);
             break;
         }
     }
+    r->allocs += allocs;
+    r->frees += frees;
     return ok;
 }
 

@@ -17,6 +17,7 @@
 
 extern "C" {
 #include "core/core_emit.h"
+#include "pool/pool.h"
 #include "tools/cli.h"
 #include "sympool/experimental.h"
 #include "tools/pickle_read.h"
@@ -1992,6 +1993,77 @@ TEST_F(Replay, ManyStreamsGiveEachSegmentBackOnce) {
     EXPECT_EQ(r.device_allocs, (int64_t)n) << "a segment of its own per stream";
     EXPECT_EQ(sp_memory_reserved(0), 0u);
     EXPECT_EQ(sp::stat("num_device_free"), (int64_t)n) << "each segment given back once";
+    tr_free(&t);
+}
+
+// The event loop runs on steps planned before the clock (replay.c's plan_slots): a slot per
+// alloc, a stream index per recorded stream, entries that ask nothing of sympool left out. What
+// the address map did must still hold: an address allocated again before its free takes the
+// address (the earlier block is lost, never freed), its free frees the later block, a free of
+// an address nothing holds is skipped, a free_completed with no deferred free does nothing, and
+// a stream first seen after others gets a stream of its own.
+TEST_F(Replay, PlannedLoopKeepsTheAddressMapsRules) {
+    const uint64_t X = SEG_A, Z = SEG_B;
+    struct entry {
+        const char *action;
+        uint64_t addr, size;
+        int64_t stream;
+    } entries[] = {
+        {"alloc", X, 2 * MiB, 7},          // lost: X is allocated again before its free
+        {"alloc", X, 4 * MiB, 7},          // takes X
+        {"free_completed", Z, 4096, 7},    // nothing deferred: nothing to do
+        {"free_requested", X, 4 * MiB, 7}, // the 4 MiB block
+        {"alloc", Z, 6 * MiB, 9},          // a second stream, first seen here
+        {"alloc", X + 64 * MiB, 512, 0},   // the default stream
+        {"free_requested", Z, 6 * MiB, 9},
+    };
+    sp__emit_t e;
+    begin_device0_events(&e);
+    for (const entry &en : entries) {
+        sp__emit_dict_begin(&e);
+        sp__emit_key(&e, "action");
+        sp__emit_str(&e, en.action);
+        sp__emit_key(&e, "addr");
+        sp__emit_uint(&e, en.addr);
+        sp__emit_key(&e, "size");
+        sp__emit_uint(&e, en.size);
+        sp__emit_key(&e, "stream");
+        sp__emit_int(&e, en.stream);
+        sp__emit_dict_end(&e);
+    }
+    sp__emit_list_end(&e);
+    sp__emit_list_end(&e);
+    sp__emit_dict_end(&e);
+    tr_trace_t t;
+    std::string err;
+    ASSERT_TRUE(load(finish(&e), &t, &err)) << err;
+    replay_result_t r;
+    char why[256] = "";
+    ASSERT_TRUE(replay_trace(&t, nullptr, &r, why, sizeof(why))) << why;
+    EXPECT_EQ(r.allocs, 4u);
+    EXPECT_EQ(r.frees, 2u);
+    EXPECT_EQ(r.events, 6u);
+    EXPECT_EQ(r.skipped_frees, 0u);
+    EXPECT_EQ(r.ooms, 0u);
+    // Left allocated at the end: the lost 2 MiB block and the 512-byte one; at the peak the 6
+    // MiB block beside them.
+    EXPECT_EQ(r.end_allocated, (int64_t)(2 * MiB + 512));
+    EXPECT_EQ(r.peak_allocated, (int64_t)(8 * MiB + 512));
+    // A 20 MiB segment for stream 7 (both its blocks), one for stream 9 (the 6 MiB block could
+    // have gone into stream 7's free 14 MiB on a shared stream) and a small one.
+    EXPECT_EQ(r.device_allocs, 3);
+    // replay_trace gave back every block it held: what is left is the lost one, never freed.
+    std::vector<std::pair<uintptr_t, size_t>> live;
+    auto visit = [](const sp_segment_view_t *seg, void *arg) {
+        auto *v = static_cast<std::vector<std::pair<uintptr_t, size_t>> *>(arg);
+        for (size_t i = 0; i < seg->nblocks; i++)
+            if (seg->blocks[i].state == SP_BLOCK_ACTIVE_ALLOCATED)
+                v->emplace_back(seg->blocks[i].address, seg->blocks[i].requested_size);
+    };
+    ASSERT_SP_OK(sp__pool_walk(0, nullptr, visit, &live));
+    ASSERT_EQ(live.size(), 1u);
+    EXPECT_EQ(live[0].second, 2 * MiB);
+    ASSERT_SP_OK(sp_free((void *)live[0].first));
     tr_free(&t);
 }
 
