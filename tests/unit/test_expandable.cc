@@ -665,10 +665,10 @@ TEST_F(Expandable, LargeRequestsStartOnAPageOnceThePoolHasUnmapped) {
     large_after_odd_block(7 * MiB / 2, 7 * MiB / 2, true, true);
 }
 
-// SYMPOOL_EXPANDABLE_ALIGN_SKIP (default 512 KiB): 3 MiB first, so the page boundary is 1 MiB
-// away, more than the skip allows: the block is packed (where the neighbour lives through the
-// peak, the piece is only a cost). With 1 MiB (half a page, the rule before the option) it
-// starts on the page.
+// SYMPOOL_EXPANDABLE_ALIGN_SKIP (default 0.25 of a page): 3 MiB first, so the page boundary is
+// 1 MiB away, half a page, more than the skip allows: the block is packed (where the neighbour
+// lives through the peak, the piece is only a cost). With 0.5 (the rule before the option) it
+// starts on the page; a fraction over 0.5 is refused (the default applies).
 TEST_F(Expandable, ALargeRequestSkipsAtMostAlignSkip) {
     sp::ScopedEnv env({{"SYMPOOL_ALLOC_CONF", "expandable_segments:True"}, NO_SHARED});
     SP_SKIP_UNLESS_HOST();
@@ -678,9 +678,19 @@ TEST_F(Expandable, ALargeRequestSkipsAtMostAlignSkip) {
 TEST_F(Expandable, AlignSkipOfHalfAPageAlignsAfterAThreeMiBBlock) {
     sp::ScopedEnv env({{"SYMPOOL_ALLOC_CONF", "expandable_segments:True"},
                        NO_SHARED,
-                       {"SYMPOOL_EXPANDABLE_ALIGN_SKIP", "1MiB"}});
+                       {"SYMPOOL_EXPANDABLE_ALIGN_SKIP", "0.5"}});
     SP_SKIP_UNLESS_HOST();
     large_after_odd_block(3 * MiB, 4 * MiB, true, true);
+}
+
+TEST_F(Expandable, AlignSkipOverHalfAPageFallsBackToTheDefault) {
+    expect_warnings();
+    sp::ScopedEnv env({{"SYMPOOL_ALLOC_CONF", "expandable_segments:True"},
+                       NO_SHARED,
+                       {"SYMPOOL_EXPANDABLE_ALIGN_SKIP", "0.75"}});
+    SP_SKIP_UNLESS_HOST();
+    EXPECT_EQ(sp__option_double(SP_OPT_EXPANDABLE_ALIGN_SKIP), 0.25);
+    large_after_odd_block(3 * MiB, 4 * MiB, true, false);
 }
 
 // 2.5 MiB first: the page boundary is 1.5 MiB away, more than half a page, so the block is
