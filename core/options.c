@@ -128,6 +128,16 @@ static bool check_positive(opt_value_t *v, bool lenient, opt_notes_t *notes, cha
     return true;
 }
 
+static bool check_align_skip(opt_value_t *v, bool lenient, opt_notes_t *notes, char *why,
+                             size_t why_len) {
+    (void)lenient, (void)notes; /* only ALLOC_CONF parses leniently */
+    if (!(v->d >= 0.0 && v->d <= 0.5)) {
+        snprintf(why, why_len, "want a fraction of a page in [0, 0.5]");
+        return false;
+    }
+    return true;
+}
+
 static bool check_gc(opt_value_t *v, bool lenient, opt_notes_t *notes, char *why, size_t why_len) {
     (void)lenient, (void)notes; /* only ALLOC_CONF parses leniently */
     if (!(v->d >= 0.0 && v->d < 1.0)) {

@@ -150,6 +150,7 @@ typedef struct sp_alloc_global {
     bool exp_align;             /* SYMPOOL_EXPANDABLE_ALIGN with RECYCLE on (const) */
     bool exp_fit_end;           /* SYMPOOL_EXPANDABLE_FIT_END with ALIGN on (const) */
     bool exp_whole;             /* SYMPOOL_EXPANDABLE_WHOLE with ALIGN on (const) */
+    double exp_align_skip;      /* SYMPOOL_EXPANDABLE_ALIGN_SKIP: pages ALIGN may skip (const) */
     bool exp_side;              /* SYMPOOL_EXPANDABLE_SIDE with RECYCLE on (const) */
     size_t exp_page;            /* SYMPOOL_EXPANDABLE_PAGE for the large pool, 0 = PyTorch's */
     size_t tc_limit;            /* SYMPOOL_THREAD_CACHE: idle bytes per thread, 0 = off (const) */

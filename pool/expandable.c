@@ -399,12 +399,20 @@ static sp_block_t *borrow_large(sp_bpool_t *bp, size_t size, sp_stream_t stream)
  * training loop most freed ranges are surrounded by such blocks, so each hole left at the peak
  * costs about a page of slivers (one piece at each of its ends). So when a growth for at least a
  * page maps no more pages with the block starting at the next page boundary, and the piece
- * skipped is at most half a page, the block starts there: the piece stays free, in a page its
- * live neighbour keeps mapped anyway, and the block will give back all the pages under it when
- * its neighbours go. The piece is the price while they live (at most half of what it saves),
- * which is why a pool that only grows keeps packing (it has no holes to gain from; the rule waits
- * for its first unmap), and why pools under SHARED's bound keep packing (there one page is most
- * of the 1% budget, and small and large blocks pack together). */
+ * skipped is at most ALIGN_SKIP of a page (below), the block starts there: the piece stays free,
+ * in a page its live neighbour keeps mapped anyway, and the block will give back all the pages
+ * under it when its neighbours go. The piece is the price while they live (at most half of
+ * what it saves), which is why a pool that only grows keeps packing (it has no holes to gain
+ * from; the rule waits for its first unmap), and why pools under SHARED's bound keep packing
+ * (there one page is most of the 1% budget, and small and large blocks pack together).
+ *
+ * SYMPOOL_EXPANDABLE_ALIGN_SKIP (ours, default a quarter of a page, 512 KiB of a 2 MiB one; half
+ * a page before it) bounds the piece. The bet loses where the neighbour lives through the peak:
+ * a forward pass keeps its activations until the backward one, and a row of odd-sized
+ * activations (5.127 MiB each, 0.873 MiB skipped before each) then pays every piece at the peak
+ * and saves nothing (issue 25's NiuHuangxiaozi forward runs). Measured on 81 real traces against
+ * half a page: 22 better, 11 worse, the worst 1.0429 -> 1.0407, none newly over 1.01
+ * (docs/expandable.md). A fraction, so that it scales with SYMPOOL_EXPANDABLE_PAGE. */
 static bool want_align(const sp_bpool_t *bp, const sp_block_t *c, size_t size) {
     const sp_mempool_t *pool = bp->pool;
     return sp__g.exp_align && pool->exp_unmapped && size >= sp__bseg(c)->page &&
@@ -412,13 +420,13 @@ static bool want_align(const sp_bpool_t *bp, const sp_block_t *c, size_t size) {
 }
 
 /* c: a free mapped block holding size bytes (in the set). When the page boundary inside it is
- * at most half a page away and still leaves room for them, the block starts there and the piece
- * before stays free. */
+ * at most ALIGN_SKIP of a page away and still leaves room for them, the block starts there and
+ * the piece before stays free. */
 static sp_block_t *align_start(sp_devalloc_t *d, sp_bpool_t *bp, sp_block_t *c, size_t size) {
     sp_segment_t *seg = sp__bseg(c);
     size_t page = seg->page, off = c->addr - seg->base;
     size_t head = (page - off % page) % page;
-    if (head == 0 || head > page / 2 || c->size - size < head)
+    if (head == 0 || (double)head > (double)page * sp__g.exp_align_skip || c->size - size < head)
         return c;
     sp_block_t *h = sp__block_new(d);
     if (!h)

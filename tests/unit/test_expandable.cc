@@ -630,11 +630,11 @@ TEST_F(Expandable, SmallRequestsShareOnlyWhileThePoolIsUnderTheBound) {
 }
 
 // SYMPOOL_EXPANDABLE_ALIGN (default, with RECYCLE, once the pool has unmapped pages and past
-// SHARED's bound): 3 MiB (two pages, 1 MiB free at the end), then `second` (4 or 3.5 MiB), which
-// maps two more pages either way. Aligned, the second block starts at the page boundary (the 1
-// MiB piece before it stays free), so once the 3 MiB block is freed its pages go whole: 4 MiB
-// reserved. Packed right after it (PyTorch's placement), it starts inside the second page, which
-// it then pins alone: 6 MiB reserved.
+// SHARED's bound): `first` (3.5 MiB: two pages, 0.5 MiB free at the end), then `second` (4 or
+// 3.5 MiB), which maps two more pages either way. Aligned, the second block starts at the page
+// boundary (the piece before it stays free), so once the first block is freed its pages go
+// whole: 4 MiB reserved. Packed right after it (PyTorch's placement), it starts inside the
+// second page, which it then pins alone: 6 MiB reserved.
 static void large_after_odd_block(size_t first, size_t second, bool unmapped_before, bool aligned) {
     void *u, *p, *q;
     if (unmapped_before) {
@@ -661,8 +661,36 @@ static void large_after_odd_block(size_t first, size_t second, bool unmapped_bef
 TEST_F(Expandable, LargeRequestsStartOnAPageOnceThePoolHasUnmapped) {
     sp::ScopedEnv env({{"SYMPOOL_ALLOC_CONF", "expandable_segments:True"}, NO_SHARED});
     SP_SKIP_UNLESS_HOST();
+    large_after_odd_block(7 * MiB / 2, 4 * MiB, true, true);
+    large_after_odd_block(7 * MiB / 2, 7 * MiB / 2, true, true);
+}
+
+// SYMPOOL_EXPANDABLE_ALIGN_SKIP (default 0.25 of a page): 3 MiB first, so the page boundary is
+// 1 MiB away, half a page, more than the skip allows: the block is packed (where the neighbour
+// lives through the peak, the piece is only a cost). With 0.5 (the rule before the option) it
+// starts on the page; a fraction over 0.5 is refused (the default applies).
+TEST_F(Expandable, ALargeRequestSkipsAtMostAlignSkip) {
+    sp::ScopedEnv env({{"SYMPOOL_ALLOC_CONF", "expandable_segments:True"}, NO_SHARED});
+    SP_SKIP_UNLESS_HOST();
+    large_after_odd_block(3 * MiB, 4 * MiB, true, false);
+}
+
+TEST_F(Expandable, AlignSkipOfHalfAPageAlignsAfterAThreeMiBBlock) {
+    sp::ScopedEnv env({{"SYMPOOL_ALLOC_CONF", "expandable_segments:True"},
+                       NO_SHARED,
+                       {"SYMPOOL_EXPANDABLE_ALIGN_SKIP", "0.5"}});
+    SP_SKIP_UNLESS_HOST();
     large_after_odd_block(3 * MiB, 4 * MiB, true, true);
-    large_after_odd_block(3 * MiB, 7 * MiB / 2, true, true);
+}
+
+TEST_F(Expandable, AlignSkipOverHalfAPageFallsBackToTheDefault) {
+    expect_warnings();
+    sp::ScopedEnv env({{"SYMPOOL_ALLOC_CONF", "expandable_segments:True"},
+                       NO_SHARED,
+                       {"SYMPOOL_EXPANDABLE_ALIGN_SKIP", "0.75"}});
+    SP_SKIP_UNLESS_HOST();
+    EXPECT_EQ(sp__option_double(SP_OPT_EXPANDABLE_ALIGN_SKIP), 0.25);
+    large_after_odd_block(3 * MiB, 4 * MiB, true, false);
 }
 
 // 2.5 MiB first: the page boundary is 1.5 MiB away, more than half a page, so the block is
