@@ -77,38 +77,40 @@ enum {
 #define SETITEMS_BATCH 1000
 
 typedef struct parser {
-    const unsigned char *p; /* input */
-    size_t len, pos;        /* input size and cursor */
-    size_t op;              /* offset of the opcode being decoded */
-    pk_doc_t *doc;          /* arena */
-    pk_limits_t lim;        /* bounds */
-    pk_value_t **stack;     /* value stack */
-    size_t sp, scap;        /* stack depth / allocated */
-    size_t *marks;          /* stack depths at each open MARK */
-    size_t nmarks;          /* open MARKs */
-    size_t markcap;         /* MARKs marks (and mark_scratch) hold; grow_marks adds room */
-    pk_value_t **memo;      /* memo by index (NULL = unset) */
-    size_t memocap;         /* allocated memo slots */
-    size_t memoused;        /* set memo slots (what MEMOIZE uses as the next index) */
-    bool memo_holes;        /* a slot was set beyond memoused: [0, memoused) may not all be set
-                             * (they are otherwise: slots are never unset) */
-    char *err;              /* message buffer */
-    size_t errlen;          /* its size */
-    const char *skip_key;   /* the values under this dict key are skipped (NULL: none) */
-    size_t skip_len;        /* strlen(skip_key) */
-    bool skipping;          /* inside such a value */
-    size_t skip_base;       /* its stack index */
-    pk_value_t *skipped;    /* what a skipped value that is no container is (a PK_NONE) */
-    pk_value_t *skipv;      /* SK_COUNT PK_NONEs in a row, what skipped values are by kind
-                             * (skipped is the first): an APPEND or SETITEM onto one is
-                             * checked as onto what it stands for */
-    uintptr_t skip_span;    /* their bytes (0: none, nothing is skipped) */
-    size_t skipped_at;      /* stack depth right after the last skipped string's push */
-    size_t skipped_str;     /* its input offset and length */
+    const unsigned char *p;     /* input */
+    size_t len, pos;            /* input size and cursor */
+    size_t op;                  /* offset of the opcode being decoded */
+    pk_doc_t *doc;              /* arena */
+    pk_limits_t lim;            /* bounds */
+    pk_value_t **stack;         /* value stack */
+    size_t sp, scap;            /* stack depth / allocated */
+    size_t *marks;              /* stack depths at each open MARK */
+    size_t nmarks;              /* open MARKs */
+    size_t markcap;             /* MARKs marks (and mark_scratch) hold; grow_marks adds room */
+    pk_value_t **memo;          /* memo by index (NULL = unset) */
+    size_t memocap;             /* allocated memo slots */
+    size_t memoused;            /* set memo slots (what MEMOIZE uses as the next index) */
+    bool memo_holes;            /* a slot was set beyond memoused: [0, memoused) may not all be set
+                                 * (they are otherwise: slots are never unset) */
+    char *err;                  /* message buffer */
+    size_t errlen;              /* its size */
+    const char *skip_key;       /* the values under this dict key are skipped (NULL: none) */
+    size_t skip_len;            /* strlen(skip_key) */
+    const pk_value_t *skip_str; /* the str value last found to be skip_key (NULL: none yet) */
+    bool skipping;              /* inside such a value */
+    size_t skip_base;           /* its stack index */
+    pk_value_t *skipped;        /* what a skipped value that is no container is (a PK_NONE) */
+    pk_value_t *skipv;          /* SK_COUNT PK_NONEs in a row, what skipped values are by kind
+                                 * (skipped is the first): an APPEND or SETITEM onto one is
+                                 * checked as onto what it stands for */
+    uintptr_t skip_span;        /* their bytes (0: none, nothing is skipped) */
+    size_t skipped_at;          /* stack depth right after the last skipped string's push */
+    size_t skipped_str;         /* its input offset and length */
     size_t skipped_len;
     pk_type_t skipped_type;                 /* PK_STR or PK_BYTES */
     pk_value_t *ints[1u << INT_CACHE_BITS]; /* PK_INT values made lately, by hash of value */
     pk_value_t *strs[1u << STR_CACHE_BITS]; /* short strings made lately, by hash of bytes */
+    pk_value_t *bools[2];                   /* False and True once made (NULL before) */
     pk_record_fn rec_fn;                    /* pk_parse_records' hook (NULL: none) */
     void *rec_arg;                          /* its argument */
     pk_value_t *scratch;  /* ints of dicts the hook may take: reused once a MARK closes */
@@ -1663,9 +1665,10 @@ static bool record_fast(parser_t *ps) {
             break;
         }
         case ']': { /* EMPTY_LIST: only a skipped one */
-            if (ps->skip_key == NULL || key->u.str.len != ps->skip_len ||
-                memcmp(key->u.str.s, ps->skip_key, ps->skip_len) != 0)
+            if (key != ps->skip_str && (ps->skip_key == NULL || key->u.str.len != ps->skip_len ||
+                                        memcmp(key->u.str.s, ps->skip_key, ps->skip_len) != 0))
                 goto undo;
+            ps->skip_str = key; /* a value never changes: the next entry's key is known by it */
             val = ps->skipv + SK_LIST; /* as the general loop pushes a skipped EMPTY_LIST */
             pos++;
             if (pos < len && (k = rec_put(ps, &t, pos, val)) != 0) {
@@ -1824,11 +1827,12 @@ static bool run(parser_t *ps) {
             break;
         case 0x88:   /* NEWTRUE */
         case 0x89: { /* NEWFALSE */
-            pk_value_t *v = new_value(ps, PK_BOOL);
-            if (v == NULL)
-                return false;
-            v->u.b = op == 0x88;
-            if (!push(ps, v))
+            /* One value for each of True and False (values never change once made): a
+             * segment's is_expandable is one in every segment. */
+            pk_value_t **b = &ps->bools[op == 0x88];
+            if (*b == NULL && (*b = new_value(ps, PK_BOOL)) != NULL)
+                (*b)->u.b = op == 0x88;
+            if (!push(ps, *b))
                 return false;
             break;
         }

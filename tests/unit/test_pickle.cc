@@ -1701,6 +1701,24 @@ TEST(PickleRead, ShortStringsWrittenAgainAreShared) {
     pk_free(doc);
 }
 
+// True and False are one value each however often they are written (a segment's is_expandable
+// is in every segment of a snapshot), and read as what was written.
+TEST(PickleRead, BooleansWrittenAgainAreOneValueEach) {
+    Bytes b = {0x80, 4, ']', '(', 0x88, 0x89, 0x88, 0x89, 'e', '.'};
+    pk_doc_t *doc = nullptr;
+    ASSERT_EQ(parse(b, &doc), "");
+    const pk_value_t *root = pk_root(doc);
+    ASSERT_EQ(pk_len(root), 4u);
+    for (size_t i = 0; i < 4; i++) {
+        ASSERT_EQ(pk_at(root, i)->type, PK_BOOL);
+        EXPECT_EQ(pk_at(root, i)->u.b, i % 2 == 0) << i;
+    }
+    EXPECT_EQ(pk_at(root, 0), pk_at(root, 2)) << "one True";
+    EXPECT_EQ(pk_at(root, 1), pk_at(root, 3)) << "one False";
+    EXPECT_NE(pk_at(root, 0), pk_at(root, 1));
+    pk_free(doc);
+}
+
 namespace {
 
 // Skipping a key: the lists under it are not built and their pairs are left out of the dicts
