@@ -88,7 +88,9 @@ typedef struct parser {
     size_t nmarks;              /* open MARKs */
     size_t markcap;             /* MARKs marks (and mark_scratch) hold; grow_marks adds room */
     pk_value_t **memo;          /* memo by index (NULL = unset) */
-    size_t memocap;             /* allocated memo slots */
+    size_t memocap;             /* memo slots that are set or NULL (what every reader checks an
+                                 * index against); those above are not written yet */
+    size_t memoalloc;           /* allocated memo slots (at least memocap) */
     size_t memoused;            /* set memo slots (what MEMOIZE uses as the next index) */
     bool memo_holes;            /* a slot was set beyond memoused: [0, memoused) may not all be set
                                  * (they are otherwise: slots are never unset) */
@@ -640,17 +642,22 @@ static void scratch_back(parser_t *ps) {
     }
 }
 
-static bool memo_put(parser_t *ps, size_t idx) {
-    if (!need_stack(ps, 1, "memo put"))
-        return false;
-    if (idx >= ps->lim.max_memo)
-        return fail(ps, "memo index %zu exceeds the limit of %zu", idx, ps->lim.max_memo);
-    if (idx >= ps->memocap) {
-        size_t cap = ps->memocap ? ps->memocap : 1024;
+/* Slots cleared past memocap at a time: a put beyond memocap clears this many more, so that
+ * the MEMOIZEs after it find theirs cleared already. */
+#define MEMO_STEP 4096
+
+/* Room in the memo for index idx (at least memocap): slots up to it and a step beyond are
+ * cleared (NULL), the memo grown first if it is too small. The slots are cleared as the puts
+ * reach them, not when allocated: a snapshot's memo, sized from the input, is larger than
+ * what it memoizes, and clearing all of it at once touched memory nothing used. An index far
+ * past the memo (a ten-byte pickle can name index 2^24 - 1) gets a new one from calloc, as
+ * fresh pages: the slots below it that are never set cost nothing. */
+static __attribute__((noinline)) bool memo_room(parser_t *ps, size_t idx) {
+    size_t alloc = ps->memoalloc ? ps->memoalloc : 1024;
+    if (idx >= 2 * alloc) {
+        size_t cap = alloc;
         while (cap <= idx)
             cap *= 2;
-        /* Zeroed by calloc, not written: a large one is fresh pages, so slots below a high
-         * index that are never set (a ten-byte pickle can name index 2^24 - 1) cost nothing. */
         pk_value_t **nm = calloc(cap, sizeof(*nm));
         if (nm == NULL)
             return fail(ps, "out of memory");
@@ -658,8 +665,32 @@ static bool memo_put(parser_t *ps, size_t idx) {
             memcpy(nm, ps->memo, ps->memocap * sizeof(*nm));
         free(ps->memo);
         ps->memo = nm;
-        ps->memocap = cap;
+        ps->memocap = ps->memoalloc = cap;
+        return true;
     }
+    if (idx >= ps->memoalloc) {
+        size_t cap = ps->memoalloc ? ps->memoalloc + ps->memoalloc / 2 : 1024;
+        while (cap <= idx)
+            cap *= 2;
+        pk_value_t **nm = realloc(ps->memo, cap * sizeof(*nm));
+        if (nm == NULL)
+            return fail(ps, "out of memory");
+        ps->memo = nm;
+        ps->memoalloc = cap;
+    }
+    size_t top = ps->memoalloc - idx > MEMO_STEP ? idx + MEMO_STEP : ps->memoalloc;
+    memset(ps->memo + ps->memocap, 0, (top - ps->memocap) * sizeof(*ps->memo));
+    ps->memocap = top;
+    return true;
+}
+
+static bool memo_put(parser_t *ps, size_t idx) {
+    if (!need_stack(ps, 1, "memo put"))
+        return false;
+    if (idx >= ps->lim.max_memo)
+        return fail(ps, "memo index %zu exceeds the limit of %zu", idx, ps->lim.max_memo);
+    if (idx >= ps->memocap && !memo_room(ps, idx))
+        return false;
     if (ps->memo[idx] == NULL) {
         if (idx != ps->memoused)
             ps->memo_holes = true;
@@ -2121,11 +2152,14 @@ bool pk_parse_records(const void *buf, size_t len, const pk_limits_t *lim, const
     ps.markcap = ps.lim.max_depth < 64 ? ps.lim.max_depth : 64;
     ps.marks = malloc(ps.markcap * sizeof(*ps.marks));
     /* The memo sized once from the input: PyTorch's snapshots memoize a value every 30-130
-     * bytes, and growing it by doubling left each smaller copy behind, below the next one, so
-     * that the heap spread over another huge page on traces of a MB or two. */
-    size_t memo0 = ps.len / 64 < ps.lim.max_memo ? ps.len / 64 : ps.lim.max_memo;
-    if (memo0 > 1024 && (ps.memo = calloc(memo0, sizeof(*ps.memo))) != NULL)
-        ps.memocap = memo0;
+     * bytes (most every 60-110), and growing it left each smaller copy behind, below the next
+     * one, so that the heap spread over another huge page on traces of a MB or two. Its slots
+     * are cleared as the puts reach them (memo_room): the part a document does not use is not
+     * touched, and a 48th of the input (grown by half when short) touched fewer huge pages
+     * over 32 real traces than a 64th doubled or a 40th. */
+    size_t memo0 = ps.len / 48 < ps.lim.max_memo ? ps.len / 48 : ps.lim.max_memo;
+    if (memo0 > 1024 && (ps.memo = malloc(memo0 * sizeof(*ps.memo))) != NULL)
+        ps.memoalloc = memo0; /* cleared as the puts reach its slots (memo_room) */
     if (fn != NULL) {
         ps.scratch = malloc(SCRATCH_VALUES * sizeof(*ps.scratch));
         ps.mark_scratch = malloc(ps.markcap * sizeof(*ps.mark_scratch));
