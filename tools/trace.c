@@ -1777,7 +1777,7 @@ bool tr_load_opts(const char *path, bool frames, tr_trace_t *t, char *err, size_
      * unused while the rest of the file is read spreads the heap over more huge pages, each
      * zeroed whole on its first touch (a 64th left 0.5-1 MB unused on forward-pass traces, and
      * took them into a second one); growing by doubling left as much unused on the others. A
-     * 160th with growth by half, against a 256th with doubling, touched 5 huge pages fewer
+     * 160th with growth by half, against a 256th with doubling, touched 4 huge pages fewer
      * over 32 real traces (and a 192nd or a 128th more than a 160th). */
     if (!frames && len / 160 > 1024) {
         recs.ev = malloc(len / 160 * sizeof(*recs.ev));
