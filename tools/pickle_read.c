@@ -120,6 +120,9 @@ typedef struct parser {
     size_t moved_min;     /* no scratch value below scratch_used has moved below this index */
     size_t *mark_scratch; /* scratch_used when each open MARK was pushed */
     pk_value_t reserved;  /* what record_fast's dict's memo slot holds until the dict is made */
+    const pk_value_t *rf_fail_key; /* the first key of the dicts record_fast gave up on last */
+    unsigned rf_fails;             /* how many in a row (at most REC_GIVE_UP) */
+    unsigned rf_skips;             /* dicts passed to the general loop at once, counted */
 } parser_t;
 
 /* Whether v is one of the skipped values. */
@@ -1535,6 +1538,9 @@ static void entry_fast(parser_t *ps) {
 
 /* Pairs of the longest dict record_fast reads (a trace entry has 6 to 10). */
 #define REC_PAIRS 32
+/* Dicts in a row opening with one key that record_fast gives up on before it passes the next
+ * ones with that key to the general loop at once. */
+#define REC_GIVE_UP 8
 /* Memo slots record_fast may set in one dict: its own, the skipped list's and a string each. */
 #define REC_PUTS (REC_PAIRS + 2)
 
@@ -1617,6 +1623,7 @@ static bool record_fast(parser_t *ps) {
     pk_value_t *pairs[2 * REC_PAIRS];
     pk_value_t ints[REC_PAIRS];
     size_t np = 0, nints = 0;
+    const pk_value_t *first_key = NULL; /* the dict's first key (NULL: none read) */
     /* The dict's slot holds `reserved` until the dict is made: a reference to it inside the
      * dict is left to the general loop. */
     long k = rec_put(ps, &t, pos, &ps->reserved);
@@ -1638,6 +1645,14 @@ static bool record_fast(parser_t *ps) {
         pk_value_t *key = rec_ref(ps, pos, &n), *val;
         if (key == NULL || key->type != PK_STR)
             goto undo;
+        if (np == 0) {
+            /* Dicts that open with a key whose dicts this path gave up on again and again (a
+             * final state's segments: their pool id tuple and their blocks are the general
+             * loop's) go to the general loop at once, but one in 64 (they may change). */
+            first_key = key;
+            if (key == ps->rf_fail_key && ps->rf_fails >= REC_GIVE_UP && (++ps->rf_skips & 63) != 0)
+                goto pass;
+        }
         pos += 1 + n;
         if (pos >= len)
             goto undo;
@@ -1760,12 +1775,22 @@ static bool record_fast(parser_t *ps) {
     }
     v->type = PK_RECORD;
     v->u.u = id;
+    if (first_key == ps->rf_fail_key)
+        ps->rf_fails = 0;
     ps->memo[dict_slot] = v;
     ps->stack[ps->sp++] = v;
     ps->skipped_at = 0; /* as push does */
     ps->pos = pos + 1;
     return true;
 undo:
+    if (first_key == ps->rf_fail_key) {
+        if (ps->rf_fails < REC_GIVE_UP)
+            ps->rf_fails++;
+    } else if (first_key != NULL) {
+        ps->rf_fail_key = first_key;
+        ps->rf_fails = 1;
+    }
+pass:
     for (size_t i = 0; i < t.nputs; i++)
         ps->memo[t.puts[i]] = NULL;
     ps->memoused = t.memoused;
