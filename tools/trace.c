@@ -407,8 +407,10 @@ typedef struct entry_vals {
     const pk_value_t *addr, *dfree, *size, *stream, *t, *fr, *pid;
 } entry_vals_t;
 
-static void fill_event(const entry_vals_t *x, tr_action_t action, tr_event_t *ev, bool *have_addr_p,
-                       bool *have_size_p, bool *bad_time_p, bool *bad_stream_p) {
+static inline __attribute__((always_inline)) void fill_event(const entry_vals_t *x,
+                                                             tr_action_t action, tr_event_t *ev,
+                                                             bool *have_addr_p, bool *have_size_p,
+                                                             bool *bad_time_p, bool *bad_stream_p) {
     ev->action = action;
     uint64_t u = 0;
     int64_t i = 0;
@@ -776,8 +778,7 @@ static inline tr_action_t action_id(recs_t *rs, const pk_value_t *act) {
 static int take_entry(void *arg, pk_value_t *const *pairs, size_t n, uint64_t *id_p) {
     recs_t *rs = arg;
     const pk_value_t *v[RK_COUNT] = {NULL};
-    uint32_t seen = 0;
-    size_t nframes = 0;
+    uint32_t seen = 0, twice = 0; /* the keys met, and those met again */
     bool all_str = true;
     for (size_t k = 0; k + 1 < n; k += 2) {
         const pk_value_t *key = pairs[k];
@@ -786,27 +787,17 @@ static int take_entry(void *arg, pk_value_t *const *pairs, size_t n, uint64_t *i
             continue;
         }
         int id = key_id(rs, key);
-        v[id] = pairs[k + 1];
+        twice |= seen & RK_BIT(id);
         seen |= RK_BIT(id);
-        nframes += id == RK_FRAMES;
+        v[id] = pairs[k + 1];
     }
     const pk_value_t *action = v[RK_ACTION];
     if (action == NULL || action->type != PK_STR) {
         if (!all_str)
             return 0;
-        int took = take_block(rs, v, seen, nframes, id_p);
+        int took = take_block(rs, v, seen, (twice & RK_BIT(RK_FRAMES)) ? 2 : 1, id_p);
         return took != 0 ? took : take_segment(rs, v, seen, id_p);
     }
-    const char *act = action->u.str.s;
-    const pk_value_t *pool_id = v[RK_POOL_ID];
-    tr_event_t ev;
-    memset(&ev, 0, sizeof(ev));
-    bool have_addr = false, have_size = false, bad_time = false, bad_stream = false;
-    entry_vals_t x = {v[RK_ADDR], v[RK_DFREE],  v[RK_SIZE], v[RK_STREAM],
-                      v[RK_TIME], v[RK_FRAMES], pool_id};
-    fill_event(&x, action_id(rs, action), &ev, &have_addr, &have_size, &bad_time, &bad_stream);
-    ev.flags |= (have_addr ? 0u : RF_NO_ADDR) | (have_size ? 0u : RF_NO_SIZE) |
-                (bad_time ? RF_BAD_TIME : 0u) | (bad_stream ? RF_BAD_STREAM : 0u);
     if (rs->n == rs->cap) {
         size_t cap = rs->cap ? rs->cap + rs->cap / 2 : 1024; /* by half: see tr_load_opts */
         tr_event_t *ne = realloc(rs->ev, cap * sizeof(*ne));
@@ -815,7 +806,10 @@ static int take_entry(void *arg, pk_value_t *const *pairs, size_t n, uint64_t *i
         rs->ev = ne;
         rs->cap = cap;
     }
-    if (pool_id != NULL || ev.action == TR_OTHER) {
+    const char *act = action->u.str.s;
+    const pk_value_t *pool_id = v[RK_POOL_ID];
+    tr_action_t a = action_id(rs, action);
+    if (pool_id != NULL || a == TR_OTHER) {
         if (rs->nside == rs->cap_side &&
             !grow_array((void **)&rs->side, &rs->cap_side, sizeof(*rs->side)))
             return -1;
@@ -827,7 +821,14 @@ static int take_entry(void *arg, pk_value_t *const *pairs, size_t n, uint64_t *i
             pool_id = &no_pair;
         rs->side[rs->nside++] = (rec_side_t){rs->n, act, pool_id};
     }
-    rs->ev[rs->n] = ev;
+    tr_event_t *ev = &rs->ev[rs->n];
+    memset(ev, 0, sizeof(*ev));
+    bool have_addr = false, have_size = false, bad_time = false, bad_stream = false;
+    entry_vals_t x = {v[RK_ADDR], v[RK_DFREE],  v[RK_SIZE], v[RK_STREAM],
+                      v[RK_TIME], v[RK_FRAMES], pool_id};
+    fill_event(&x, a, ev, &have_addr, &have_size, &bad_time, &bad_stream);
+    ev->flags = (uint8_t)((have_addr ? 0u : RF_NO_ADDR) | (have_size ? 0u : RF_NO_SIZE) |
+                          (bad_time ? RF_BAD_TIME : 0u) | (bad_stream ? RF_BAD_STREAM : 0u));
     *id_p = rs->n++;
     return 1;
 }
