@@ -1066,7 +1066,15 @@ static bool analyse(const pk_value_t *segments, const recs_t *recs, const tr_set
      * completes every free at once. */
     for (size_t i = d->nev; i-- > 0;) {
         tr_event_t *e = &d->ev[i];
-        if (e->action == TR_FREE_COMPLETED) {
+        if (e->action == TR_FREE_COMPLETED && i > 0 && d->ev[i - 1].action == TR_FREE_REQUESTED &&
+            d->ev[i - 1].addr == e->addr) {
+            /* A free completed at once (most are): what putting the address and taking it
+             * out again leaves, the address taken out (the free_requested is not deferred:
+             * the forward pass clears the flag of one its free_completed follows). */
+            if (live.n > 0)
+                (void)tr_map_del(&live, e->addr, NULL);
+            i--;
+        } else if (e->action == TR_FREE_COMPLETED) {
             if (!tr_map_put(&live, e->addr, 1))
                 goto oom;
         } else if (e->action == TR_ALLOC) {
