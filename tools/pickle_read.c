@@ -451,7 +451,15 @@ static inline pk_value_t **str_slot(parser_t *ps, pk_type_t type, const unsigned
 /* Whether the cached value c is that string. */
 static inline bool str_hit(const pk_value_t *c, pk_type_t type, const unsigned char *src,
                            size_t n) {
-    return c != NULL && c->type == type && c->u.str.len == n && memcmp(c->u.str.s, src, n) == 0;
+    if (c == NULL || c->type != type || c->u.str.len != n)
+        return false;
+    /* Compared here, not by a call to memcmp: the strings are short (at most STR_CACHE_MAX
+     * bytes; a trace entry's compile_context "N/A" and user_metadata "" are 3 and 0). */
+    const unsigned char *s = (const unsigned char *)c->u.str.s;
+    for (size_t i = 0; i < n; i++)
+        if (s[i] != src[i])
+            return false;
+    return true;
 }
 
 /* How pickle.load decodes a string's bytes. */
