@@ -2188,8 +2188,9 @@ bool pk_parse_records(const void *buf, size_t len, const pk_limits_t *lim, const
      * bytes (most every 60-110), and growing it left each smaller copy behind, below the next
      * one, so that the heap spread over another huge page on traces of a MB or two. Its slots
      * are cleared as the puts reach them (memo_room): the part a document does not use is not
-     * touched, and a 48th of the input (grown by half when short) touched fewer huge pages
-     * over 32 real traces than a 64th doubled or a 40th. */
+     * touched. A 48th of the input, grown by half when short (the LinYun xl ctx512 full step
+     * trace was 25 slots short of a 64th, and its memo then doubled), touched fewer huge pages
+     * over 32 large real traces than a 40th or a 64th. */
     size_t memo0 = ps.len / 48 < ps.lim.max_memo ? ps.len / 48 : ps.lim.max_memo;
     if (memo0 > 1024 && (ps.memo = malloc(memo0 * sizeof(*ps.memo))) != NULL)
         ps.memoalloc = memo0; /* cleared as the puts reach its slots (memo_room) */

@@ -1785,9 +1785,11 @@ bool tr_load_opts(const char *path, bool frames, tr_trace_t *t, char *err, size_
      * and grows once or twice (by half) on the densest. More is worse: what the array leaves
      * unused while the rest of the file is read spreads the heap over more huge pages, each
      * zeroed whole on its first touch (a 64th left 0.5-1 MB unused on forward-pass traces, and
-     * took them into a second one); growing by doubling left as much unused on the others. A
-     * 160th with growth by half, against a 256th with doubling, touched 4 huge pages fewer
-     * over 32 real traces (and a 192nd or a 128th more than a 160th). */
+     * took them into a second one); growing by doubling left as much unused on the others.
+     * Which trace crosses a 2 MB boundary is a matter of a few KB: over 32 large real traces
+     * a 160th grown by half touched 53 huge pages against 55 for a 256th doubled (3 traces
+     * one fewer, 2 one more), as many as a 256th grown by half, fewer than a 192nd (57) or a
+     * 224th (54). */
     if (!frames && len / 160 > 1024) {
         recs.ev = malloc(len / 160 * sizeof(*recs.ev));
         recs.cap = recs.ev != NULL ? len / 160 : 0;
