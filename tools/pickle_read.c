@@ -77,38 +77,42 @@ enum {
 #define SETITEMS_BATCH 1000
 
 typedef struct parser {
-    const unsigned char *p; /* input */
-    size_t len, pos;        /* input size and cursor */
-    size_t op;              /* offset of the opcode being decoded */
-    pk_doc_t *doc;          /* arena */
-    pk_limits_t lim;        /* bounds */
-    pk_value_t **stack;     /* value stack */
-    size_t sp, scap;        /* stack depth / allocated */
-    size_t *marks;          /* stack depths at each open MARK */
-    size_t nmarks;          /* open MARKs */
-    size_t markcap;         /* MARKs marks (and mark_scratch) hold; grow_marks adds room */
-    pk_value_t **memo;      /* memo by index (NULL = unset) */
-    size_t memocap;         /* allocated memo slots */
-    size_t memoused;        /* set memo slots (what MEMOIZE uses as the next index) */
-    bool memo_holes;        /* a slot was set beyond memoused: [0, memoused) may not all be set
-                             * (they are otherwise: slots are never unset) */
-    char *err;              /* message buffer */
-    size_t errlen;          /* its size */
-    const char *skip_key;   /* the values under this dict key are skipped (NULL: none) */
-    size_t skip_len;        /* strlen(skip_key) */
-    bool skipping;          /* inside such a value */
-    size_t skip_base;       /* its stack index */
-    pk_value_t *skipped;    /* what a skipped value that is no container is (a PK_NONE) */
-    pk_value_t *skipv;      /* SK_COUNT PK_NONEs in a row, what skipped values are by kind
-                             * (skipped is the first): an APPEND or SETITEM onto one is
-                             * checked as onto what it stands for */
-    uintptr_t skip_span;    /* their bytes (0: none, nothing is skipped) */
-    size_t skipped_at;      /* stack depth right after the last skipped string's push */
-    size_t skipped_str;     /* its input offset and length */
+    const unsigned char *p;     /* input */
+    size_t len, pos;            /* input size and cursor */
+    size_t op;                  /* offset of the opcode being decoded */
+    pk_doc_t *doc;              /* arena */
+    pk_limits_t lim;            /* bounds */
+    pk_value_t **stack;         /* value stack */
+    size_t sp, scap;            /* stack depth / allocated */
+    size_t *marks;              /* stack depths at each open MARK */
+    size_t nmarks;              /* open MARKs */
+    size_t markcap;             /* MARKs marks (and mark_scratch) hold; grow_marks adds room */
+    pk_value_t **memo;          /* memo by index (NULL = unset) */
+    size_t memocap;             /* memo slots that are set or NULL (what every reader checks an
+                                 * index against); those above are not written yet */
+    size_t memoalloc;           /* allocated memo slots (at least memocap) */
+    size_t memoused;            /* set memo slots (what MEMOIZE uses as the next index) */
+    bool memo_holes;            /* a slot was set beyond memoused: [0, memoused) may not all be set
+                                 * (they are otherwise: slots are never unset) */
+    char *err;                  /* message buffer */
+    size_t errlen;              /* its size */
+    const char *skip_key;       /* the values under this dict key are skipped (NULL: none) */
+    size_t skip_len;            /* strlen(skip_key) */
+    const pk_value_t *skip_str; /* the str value last found to be skip_key (NULL: none yet) */
+    bool skipping;              /* inside such a value */
+    size_t skip_base;           /* its stack index */
+    pk_value_t *skipped;        /* what a skipped value that is no container is (a PK_NONE) */
+    pk_value_t *skipv;          /* SK_COUNT PK_NONEs in a row, what skipped values are by kind
+                                 * (skipped is the first): an APPEND or SETITEM onto one is
+                                 * checked as onto what it stands for */
+    uintptr_t skip_span;        /* their bytes (0: none, nothing is skipped) */
+    size_t skipped_at;          /* stack depth right after the last skipped string's push */
+    size_t skipped_str;         /* its input offset and length */
     size_t skipped_len;
     pk_type_t skipped_type;                 /* PK_STR or PK_BYTES */
     pk_value_t *ints[1u << INT_CACHE_BITS]; /* PK_INT values made lately, by hash of value */
     pk_value_t *strs[1u << STR_CACHE_BITS]; /* short strings made lately, by hash of bytes */
+    pk_value_t *bools[2];                   /* False and True once made (NULL before) */
     pk_record_fn rec_fn;                    /* pk_parse_records' hook (NULL: none) */
     void *rec_arg;                          /* its argument */
     pk_value_t *scratch;  /* ints of dicts the hook may take: reused once a MARK closes */
@@ -116,6 +120,9 @@ typedef struct parser {
     size_t moved_min;     /* no scratch value below scratch_used has moved below this index */
     size_t *mark_scratch; /* scratch_used when each open MARK was pushed */
     pk_value_t reserved;  /* what record_fast's dict's memo slot holds until the dict is made */
+    const pk_value_t *rf_fail_key; /* the first key of the dicts record_fast gave up on last */
+    unsigned rf_fails;             /* how many in a row (at most REC_GIVE_UP) */
+    unsigned rf_skips;             /* dicts passed to the general loop at once, counted */
 } parser_t;
 
 /* Whether v is one of the skipped values. */
@@ -444,7 +451,15 @@ static inline pk_value_t **str_slot(parser_t *ps, pk_type_t type, const unsigned
 /* Whether the cached value c is that string. */
 static inline bool str_hit(const pk_value_t *c, pk_type_t type, const unsigned char *src,
                            size_t n) {
-    return c != NULL && c->type == type && c->u.str.len == n && memcmp(c->u.str.s, src, n) == 0;
+    if (c == NULL || c->type != type || c->u.str.len != n)
+        return false;
+    /* Compared here, not by a call to memcmp: the strings are short (at most STR_CACHE_MAX
+     * bytes; a trace entry's compile_context "N/A" and user_metadata "" are 3 and 0). */
+    const unsigned char *s = (const unsigned char *)c->u.str.s;
+    for (size_t i = 0; i < n; i++)
+        if (s[i] != src[i])
+            return false;
+    return true;
 }
 
 /* How pickle.load decodes a string's bytes. */
@@ -638,17 +653,22 @@ static void scratch_back(parser_t *ps) {
     }
 }
 
-static bool memo_put(parser_t *ps, size_t idx) {
-    if (!need_stack(ps, 1, "memo put"))
-        return false;
-    if (idx >= ps->lim.max_memo)
-        return fail(ps, "memo index %zu exceeds the limit of %zu", idx, ps->lim.max_memo);
-    if (idx >= ps->memocap) {
-        size_t cap = ps->memocap ? ps->memocap : 1024;
+/* Slots cleared past memocap at a time: a put beyond memocap clears this many more, so that
+ * the MEMOIZEs after it find theirs cleared already. */
+#define MEMO_STEP 4096
+
+/* Room in the memo for index idx (at least memocap): slots up to it and a step beyond are
+ * cleared (NULL), the memo grown first if it is too small. The slots are cleared as the puts
+ * reach them, not when allocated: a snapshot's memo, sized from the input, is larger than
+ * what it memoizes, and clearing all of it at once touched memory nothing used. An index far
+ * past the memo (a ten-byte pickle can name index 2^24 - 1) gets a new one from calloc, as
+ * fresh pages: the slots below it that are never set cost nothing. */
+static __attribute__((noinline)) bool memo_room(parser_t *ps, size_t idx) {
+    size_t alloc = ps->memoalloc ? ps->memoalloc : 1024;
+    if (idx >= 2 * alloc) {
+        size_t cap = alloc;
         while (cap <= idx)
             cap *= 2;
-        /* Zeroed by calloc, not written: a large one is fresh pages, so slots below a high
-         * index that are never set (a ten-byte pickle can name index 2^24 - 1) cost nothing. */
         pk_value_t **nm = calloc(cap, sizeof(*nm));
         if (nm == NULL)
             return fail(ps, "out of memory");
@@ -656,8 +676,32 @@ static bool memo_put(parser_t *ps, size_t idx) {
             memcpy(nm, ps->memo, ps->memocap * sizeof(*nm));
         free(ps->memo);
         ps->memo = nm;
-        ps->memocap = cap;
+        ps->memocap = ps->memoalloc = cap;
+        return true;
     }
+    if (idx >= ps->memoalloc) {
+        size_t cap = ps->memoalloc ? ps->memoalloc + ps->memoalloc / 2 : 1024;
+        while (cap <= idx)
+            cap *= 2;
+        pk_value_t **nm = realloc(ps->memo, cap * sizeof(*nm));
+        if (nm == NULL)
+            return fail(ps, "out of memory");
+        ps->memo = nm;
+        ps->memoalloc = cap;
+    }
+    size_t top = ps->memoalloc - idx > MEMO_STEP ? idx + MEMO_STEP : ps->memoalloc;
+    memset(ps->memo + ps->memocap, 0, (top - ps->memocap) * sizeof(*ps->memo));
+    ps->memocap = top;
+    return true;
+}
+
+static bool memo_put(parser_t *ps, size_t idx) {
+    if (!need_stack(ps, 1, "memo put"))
+        return false;
+    if (idx >= ps->lim.max_memo)
+        return fail(ps, "memo index %zu exceeds the limit of %zu", idx, ps->lim.max_memo);
+    if (idx >= ps->memocap && !memo_room(ps, idx))
+        return false;
     if (ps->memo[idx] == NULL) {
         if (idx != ps->memoused)
             ps->memo_holes = true;
@@ -1502,6 +1546,9 @@ static void entry_fast(parser_t *ps) {
 
 /* Pairs of the longest dict record_fast reads (a trace entry has 6 to 10). */
 #define REC_PAIRS 32
+/* Dicts in a row opening with one key that record_fast gives up on before it passes the next
+ * ones with that key to the general loop at once. */
+#define REC_GIVE_UP 8
 /* Memo slots record_fast may set in one dict: its own, the skipped list's and a string each. */
 #define REC_PUTS (REC_PAIRS + 2)
 
@@ -1584,6 +1631,7 @@ static bool record_fast(parser_t *ps) {
     pk_value_t *pairs[2 * REC_PAIRS];
     pk_value_t ints[REC_PAIRS];
     size_t np = 0, nints = 0;
+    const pk_value_t *first_key = NULL; /* the dict's first key (NULL: none read) */
     /* The dict's slot holds `reserved` until the dict is made: a reference to it inside the
      * dict is left to the general loop. */
     long k = rec_put(ps, &t, pos, &ps->reserved);
@@ -1605,6 +1653,14 @@ static bool record_fast(parser_t *ps) {
         pk_value_t *key = rec_ref(ps, pos, &n), *val;
         if (key == NULL || key->type != PK_STR)
             goto undo;
+        if (np == 0) {
+            /* Dicts that open with a key whose dicts this path gave up on again and again (a
+             * final state's segments: their pool id tuple and their blocks are the general
+             * loop's) go to the general loop at once, but one in 64 (they may change). */
+            first_key = key;
+            if (key == ps->rf_fail_key && ps->rf_fails >= REC_GIVE_UP && (++ps->rf_skips & 63) != 0)
+                goto pass;
+        }
         pos += 1 + n;
         if (pos >= len)
             goto undo;
@@ -1663,9 +1719,10 @@ static bool record_fast(parser_t *ps) {
             break;
         }
         case ']': { /* EMPTY_LIST: only a skipped one */
-            if (ps->skip_key == NULL || key->u.str.len != ps->skip_len ||
-                memcmp(key->u.str.s, ps->skip_key, ps->skip_len) != 0)
+            if (key != ps->skip_str && (ps->skip_key == NULL || key->u.str.len != ps->skip_len ||
+                                        memcmp(key->u.str.s, ps->skip_key, ps->skip_len) != 0))
                 goto undo;
+            ps->skip_str = key; /* a value never changes: the next entry's key is known by it */
             val = ps->skipv + SK_LIST; /* as the general loop pushes a skipped EMPTY_LIST */
             pos++;
             if (pos < len && (k = rec_put(ps, &t, pos, val)) != 0) {
@@ -1726,12 +1783,22 @@ static bool record_fast(parser_t *ps) {
     }
     v->type = PK_RECORD;
     v->u.u = id;
+    if (first_key == ps->rf_fail_key)
+        ps->rf_fails = 0;
     ps->memo[dict_slot] = v;
     ps->stack[ps->sp++] = v;
     ps->skipped_at = 0; /* as push does */
     ps->pos = pos + 1;
     return true;
 undo:
+    if (first_key == ps->rf_fail_key) {
+        if (ps->rf_fails < REC_GIVE_UP)
+            ps->rf_fails++;
+    } else if (first_key != NULL) {
+        ps->rf_fail_key = first_key;
+        ps->rf_fails = 1;
+    }
+pass:
     for (size_t i = 0; i < t.nputs; i++)
         ps->memo[t.puts[i]] = NULL;
     ps->memoused = t.memoused;
@@ -1824,11 +1891,12 @@ static bool run(parser_t *ps) {
             break;
         case 0x88:   /* NEWTRUE */
         case 0x89: { /* NEWFALSE */
-            pk_value_t *v = new_value(ps, PK_BOOL);
-            if (v == NULL)
-                return false;
-            v->u.b = op == 0x88;
-            if (!push(ps, v))
+            /* One value for each of True and False (values never change once made): a
+             * segment's is_expandable is one in every segment. */
+            pk_value_t **b = &ps->bools[op == 0x88];
+            if (*b == NULL && (*b = new_value(ps, PK_BOOL)) != NULL)
+                (*b)->u.b = op == 0x88;
+            if (!push(ps, *b))
                 return false;
             break;
         }
@@ -2117,11 +2185,15 @@ bool pk_parse_records(const void *buf, size_t len, const pk_limits_t *lim, const
     ps.markcap = ps.lim.max_depth < 64 ? ps.lim.max_depth : 64;
     ps.marks = malloc(ps.markcap * sizeof(*ps.marks));
     /* The memo sized once from the input: PyTorch's snapshots memoize a value every 30-130
-     * bytes, and growing it by doubling left each smaller copy behind, below the next one, so
-     * that the heap spread over another huge page on traces of a MB or two. */
-    size_t memo0 = ps.len / 64 < ps.lim.max_memo ? ps.len / 64 : ps.lim.max_memo;
-    if (memo0 > 1024 && (ps.memo = calloc(memo0, sizeof(*ps.memo))) != NULL)
-        ps.memocap = memo0;
+     * bytes (most every 60-110), and growing it left each smaller copy behind, below the next
+     * one, so that the heap spread over another huge page on traces of a MB or two. Its slots
+     * are cleared as the puts reach them (memo_room): the part a document does not use is not
+     * touched. A 48th of the input, grown by half when short (the LinYun xl ctx512 full step
+     * trace was 25 slots short of a 64th, and its memo then doubled), touched fewer huge pages
+     * over 32 large real traces than a 40th or a 64th. */
+    size_t memo0 = ps.len / 48 < ps.lim.max_memo ? ps.len / 48 : ps.lim.max_memo;
+    if (memo0 > 1024 && (ps.memo = malloc(memo0 * sizeof(*ps.memo))) != NULL)
+        ps.memoalloc = memo0; /* cleared as the puts reach its slots (memo_room) */
     if (fn != NULL) {
         ps.scratch = malloc(SCRATCH_VALUES * sizeof(*ps.scratch));
         ps.mark_scratch = malloc(ps.markcap * sizeof(*ps.mark_scratch));

@@ -401,14 +401,47 @@ static uint64_t round512(uint64_t n) {
 #define TR_SUM_LIMIT ((int64_t)1 << 62)
 #define TR_TIME_LIMIT ((int64_t)1 << 53)
 
+/* What an entry's event is from the values of its keys (NULL where absent; the last pair with a
+ * key wins), its action already known. */
+typedef struct entry_vals {
+    const pk_value_t *addr, *dfree, *size, *stream, *t, *fr, *pid;
+} entry_vals_t;
+
+static inline __attribute__((always_inline)) void fill_event(const entry_vals_t *x,
+                                                             tr_action_t action, tr_event_t *ev,
+                                                             bool *have_addr_p, bool *have_size_p,
+                                                             bool *bad_time_p, bool *bad_stream_p) {
+    ev->action = action;
+    uint64_t u = 0;
+    int64_t i = 0;
+    *have_addr_p = pk_uint(ev->action == TR_OOM ? x->dfree : x->addr, &u);
+    ev->addr = u;
+    u = 0;
+    *have_size_p = pk_uint(x->size, &u);
+    ev->size = u;
+    /* Streams are handles: PyTorch pickles them as unsigned, a few as negative ints. Anything
+     * else (a string, a float, an int past 64 bits) names no stream: refused, not read as the
+     * default stream. */
+    *bad_stream_p = false;
+    if (pk_uint(x->stream, &u))
+        ev->stream = u;
+    else if (pk_int(x->stream, &i))
+        ev->stream = (uint64_t)i;
+    else
+        *bad_stream_p = x->stream != NULL;
+    if (pk_int(x->t, &i))
+        ev->time_us = i;
+    *bad_time_p = x->t != NULL && (!pk_int(x->t, &i) || i < 0 || i > TR_TIME_LIMIT);
+    ev->frames = x->fr != NULL && x->fr->type == PK_LIST ? x->fr : NULL;
+}
+
 /* What a trace entry's pairs (key0, val0, ...) say: *act_p NULL when it has no action string. */
 static void read_pairs(pk_value_t *const *it, size_t n, tr_event_t *ev, const char **act_p,
                        bool *have_addr_p, bool *have_size_p, bool *bad_time_p, bool *bad_stream_p,
                        const pk_value_t **pool_id_p) {
     const char *act = NULL;
     size_t act_len = 0;
-    const pk_value_t *addr = NULL, *dfree = NULL, *size = NULL, *stream = NULL, *t = NULL,
-                     *fr = NULL, *pid = NULL;
+    entry_vals_t x = {NULL, NULL, NULL, NULL, NULL, NULL, NULL};
     for (size_t k = 0; k + 1 < n; k += 2) {
         const pk_value_t *key = it[k], *val = it[k + 1];
         if (key->type != PK_STR)
@@ -417,59 +450,38 @@ static void read_pairs(pk_value_t *const *it, size_t n, tr_event_t *ev, const ch
         switch (key->u.str.len) {
         case 4:
             if (memcmp(ks, "addr", 4) == 0)
-                addr = val;
+                x.addr = val;
             else if (memcmp(ks, "size", 4) == 0)
-                size = val;
+                x.size = val;
             break;
         case 6:
             if (memcmp(ks, "action", 6) == 0) {
                 act = pk_str(val);
                 act_len = act != NULL ? val->u.str.len : 0;
             } else if (memcmp(ks, "stream", 6) == 0)
-                stream = val;
+                x.stream = val;
             else if (memcmp(ks, "frames", 6) == 0)
-                fr = val;
+                x.fr = val;
             break;
         case 7:
             if (memcmp(ks, "time_us", 7) == 0)
-                t = val;
+                x.t = val;
             else if (memcmp(ks, "pool_id", 7) == 0)
-                pid = val;
+                x.pid = val;
             break;
         case 11:
             if (memcmp(ks, "device_free", 11) == 0)
-                dfree = val;
+                x.dfree = val;
             break;
         default:
             break;
         }
     }
     *act_p = act;
-    *pool_id_p = pid;
+    *pool_id_p = x.pid;
     if (act == NULL)
         return;
-    ev->action = action_of(act, act_len);
-    uint64_t u = 0;
-    int64_t i = 0;
-    *have_addr_p = pk_uint(ev->action == TR_OOM ? dfree : addr, &u);
-    ev->addr = u;
-    u = 0;
-    *have_size_p = pk_uint(size, &u);
-    ev->size = u;
-    /* Streams are handles: PyTorch pickles them as unsigned, a few as negative ints. Anything
-     * else (a string, a float, an int past 64 bits) names no stream: refused, not read as the
-     * default stream. */
-    *bad_stream_p = false;
-    if (pk_uint(stream, &u))
-        ev->stream = u;
-    else if (pk_int(stream, &i))
-        ev->stream = (uint64_t)i;
-    else
-        *bad_stream_p = stream != NULL;
-    if (pk_int(t, &i))
-        ev->time_us = i;
-    *bad_time_p = t != NULL && (!pk_int(t, &i) || i < 0 || i > TR_TIME_LIMIT);
-    ev->frames = fr != NULL && fr->type == PK_LIST ? fr : NULL;
+    fill_event(&x, action_of(act, act_len), ev, have_addr_p, have_size_p, bad_time_p, bad_stream_p);
 }
 
 /* A trace entry the reader handed over as it parsed it (pk_parse_records): what read_pairs
@@ -529,6 +541,39 @@ typedef struct rec_seg {
 /* A handed-over segment's record id. */
 #define RS_ID ((uint64_t)1 << 62)
 
+/* The keys the hook reads, of a trace entry, a block and a segment (RK_OTHER: none of them). */
+enum {
+    RK_OTHER,
+    RK_ACTION,
+    RK_ADDR,
+    RK_SIZE,
+    RK_STREAM,
+    RK_TIME,
+    RK_FRAMES,
+    RK_POOL_ID,
+    RK_DFREE,
+    RK_STATE,
+    RK_REQ,
+    RK_ADDRESS,
+    RK_DEVICE,
+    RK_BLOCKS,
+    RK_TOTAL,
+    RK_SEG_TYPE,
+    RK_SEG_POOL,
+    RK_EXPANDABLE,
+    RK_SEG_OTHER, /* a segment's keys that are not read: active_size, allocated_size */
+    RK_COUNT
+};
+#define RK_BIT(k) (1u << (k))
+/* The keys a block's dict may have, and a segment's. */
+#define RK_BLOCK_KEYS                                                                              \
+    (RK_BIT(RK_STATE) | RK_BIT(RK_SIZE) | RK_BIT(RK_REQ) | RK_BIT(RK_FRAMES) | RK_BIT(RK_ADDRESS))
+#define RK_SEG_KEYS                                                                                \
+    (RK_BIT(RK_DEVICE) | RK_BIT(RK_STREAM) | RK_BIT(RK_BLOCKS) | RK_BIT(RK_FRAMES) |               \
+     RK_BIT(RK_ADDRESS) | RK_BIT(RK_TOTAL) | RK_BIT(RK_SEG_OTHER) | RK_BIT(RK_REQ) |               \
+     RK_BIT(RK_SEG_TYPE) | RK_BIT(RK_EXPANDABLE) | RK_BIT(RK_SEG_POOL))
+#define RK_CACHE 256 /* slots of recs_t's caches (a power of two) */
+
 typedef struct recs {
     tr_event_t *ev;   /* the entries (what read_pairs found) */
     size_t n, cap;    /* entries / allocated */
@@ -540,49 +585,37 @@ typedef struct recs {
     size_t nblk, cap_blk;
     rec_seg_t *seg; /* handed-over segments of the final state, by id without RS_ID */
     size_t nseg, cap_seg;
+    /* The keys and action strings met lately, by address (a pickler memoizes them: every
+     * entry's "addr" is one value), with what they are (key_id, action_id). */
+    struct {
+        const pk_value_t *s;
+        int id;
+    } keys[RK_CACHE], acts[RK_CACHE];
 } recs_t;
 
 static bool grow_array(void **arr, size_t *cap, size_t elem);
 
 /* A final-state block's dict, taken as the entries are (a forward pass's trace has as many
  * blocks as entries, and a dict, its items and its ints each, read again by key, cost more than
- * what analyse reads of them): a dict with a "state" key and no key but a block's. Keys read as
- * get_keys reads them (the last pair wins); a dict with two "frames" is left a dict (its skipped
- * pair, left out of a dict, would not hide the other one there). */
-static int take_block(recs_t *rs, pk_value_t *const *pairs, size_t n, uint64_t *id_p) {
-    const pk_value_t *state = NULL, *size = NULL, *req = NULL, *fr = NULL;
-    bool have_fr = false;
-    for (size_t k = 0; k + 1 < n; k += 2) {
-        const pk_value_t *key = pairs[k], *val = pairs[k + 1];
-        if (key->type != PK_STR)
-            return 0;
-        const char *ks = key->u.str.s;
-        size_t len = key->u.str.len;
-        if (len == 5 && memcmp(ks, "state", 5) == 0)
-            state = val;
-        else if (len == 4 && memcmp(ks, "size", 4) == 0)
-            size = val;
-        else if (len == 14 && memcmp(ks, "requested_size", 14) == 0)
-            req = val;
-        else if (len == 6 && memcmp(ks, "frames", 6) == 0) {
-            if (have_fr)
-                return 0;
-            have_fr = true;
-            fr = val;
-        } else if (!(len == 7 && memcmp(ks, "address", 7) == 0))
-            return 0;
-    }
-    if (state == NULL)
+ * what analyse reads of them): a dict with a "state" key and no key but a block's. v holds the
+ * value of the last pair with each key (as get_keys reads them), seen which keys it has; a dict
+ * with two "frames" is left a dict (its skipped pair, left out of a dict, would not hide the
+ * other one there). */
+static int take_block(recs_t *rs, const pk_value_t *const *v, uint32_t seen, size_t nframes,
+                      uint64_t *id_p) {
+    const pk_value_t *state = v[RK_STATE];
+    if ((seen & ~(uint32_t)RK_BLOCK_KEYS) != 0 || nframes > 1 || state == NULL)
         return 0;
     rec_block_t b = {0, 0, NULL, 0};
-    if (pk_int(size, &b.size))
+    if (pk_int(v[RK_SIZE], &b.size))
         b.flags |= RB_SIZE;
-    if (pk_int(req, &b.req))
+    if (pk_int(v[RK_REQ], &b.req))
         b.flags |= RB_REQ;
     if (state->type == PK_STR)
         b.flags |= RB_STATE | (pk_str_is(state, "active_allocated") ? RB_ACTIVE : 0u) |
                    (pk_str_is(state, "inactive") ? RB_INACTIVE : 0u);
     /* A skipped stack is the reader's one PK_NONE: it reads as no frames either way. */
+    const pk_value_t *fr = v[RK_FRAMES];
     b.frames = fr != NULL && fr->type == PK_LIST ? fr : NULL;
     if (rs->nblk == rs->cap_blk && !grow_array((void **)&rs->blk, &rs->cap_blk, sizeof(*rs->blk)))
         return -1;
@@ -592,75 +625,30 @@ static int take_block(recs_t *rs, pk_value_t *const *pairs, size_t n, uint64_t *
 }
 
 /* A final-state segment's dict, taken as the blocks are: a dict with "device" and "blocks"
- * keys and no key but a segment's; keys read as get_keys and pk_get read them (the last pair
- * wins). */
-static int take_segment(recs_t *rs, pk_value_t *const *pairs, size_t n, uint64_t *id_p) {
-    /* v[]: device, address, total_size, stream, segment_type, segment_pool_id, is_expandable,
-     * blocks; the other keys of a segment are known and not read. */
-    const pk_value_t *v[8] = {0};
-    for (size_t k = 0; k + 1 < n; k += 2) {
-        const pk_value_t *key = pairs[k];
-        if (key->type != PK_STR)
-            return 0;
-        const char *ks = key->u.str.s;
-        int j = -1;
-        switch (key->u.str.len) {
-        case 6:
-            j = memcmp(ks, "device", 6) == 0   ? 0
-                : memcmp(ks, "stream", 6) == 0 ? 3
-                : memcmp(ks, "blocks", 6) == 0 ? 7
-                : memcmp(ks, "frames", 6) == 0 ? 8
-                                               : -1;
-            break;
-        case 7:
-            j = memcmp(ks, "address", 7) == 0 ? 1 : -1;
-            break;
-        case 10:
-            j = memcmp(ks, "total_size", 10) == 0 ? 2 : -1;
-            break;
-        case 11:
-            j = memcmp(ks, "active_size", 11) == 0 ? 8 : -1;
-            break;
-        case 12:
-            j = memcmp(ks, "segment_type", 12) == 0 ? 4 : -1;
-            break;
-        case 13:
-            j = memcmp(ks, "is_expandable", 13) == 0 ? 6 : -1;
-            break;
-        case 14:
-            j = memcmp(ks, "allocated_size", 14) == 0 || memcmp(ks, "requested_size", 14) == 0 ? 8
-                                                                                               : -1;
-            break;
-        case 15:
-            j = memcmp(ks, "segment_pool_id", 15) == 0 ? 5 : -1;
-            break;
-        default:
-            break;
-        }
-        if (j < 0)
-            return 0;
-        if (j < 8)
-            v[j] = pairs[k + 1];
-    }
-    if (v[0] == NULL || v[7] == NULL)
+ * keys and no key but a segment's; v and seen as for take_block (the last pair wins, as
+ * get_keys and pk_get read them). */
+static int take_segment(recs_t *rs, const pk_value_t *const *v, uint32_t seen, uint64_t *id_p) {
+    if ((seen & ~(uint32_t)RK_SEG_KEYS) != 0 || v[RK_DEVICE] == NULL || v[RK_BLOCKS] == NULL)
         return 0;
     rec_seg_t g;
     memset(&g, 0, sizeof(g));
-    if (pk_int(v[0], &g.dev))
+    if (pk_int(v[RK_DEVICE], &g.dev))
         g.flags |= RS_DEV;
-    if (pk_int(v[2], &g.total))
+    if (pk_int(v[RK_TOTAL], &g.total))
         g.flags |= RS_TOTAL;
-    if (pk_uint(v[1], &g.addr))
+    if (pk_uint(v[RK_ADDRESS], &g.addr))
         g.flags |= RS_ADDR;
     int64_t stream = 0;
-    if (!pk_uint(v[3], &g.stream)) {
-        if (pk_int(v[3], &stream))
+    const pk_value_t *sv = v[RK_STREAM];
+    if (!pk_uint(sv, &g.stream)) {
+        if (pk_int(sv, &stream))
             g.stream = (uint64_t)stream;
-        else if (v[3] != NULL)
+        else if (sv != NULL)
             g.flags |= RS_BAD_STREAM;
     }
-    g.type = v[4] != NULL && v[4]->type == PK_STR ? v[4] : NULL;
-    const pk_value_t *pool = v[5], *blocks = v[7];
+    const pk_value_t *type = v[RK_SEG_TYPE];
+    g.type = type != NULL && type->type == PK_STR ? type : NULL;
+    const pk_value_t *pool = v[RK_SEG_POOL], *blocks = v[RK_BLOCKS];
     g.pool = pool != NULL && (pool->type == PK_LIST || pool->type == PK_TUPLE ||
                               pool->type == PK_DICT || pool->type == PK_RECORD)
                  ? pool
@@ -671,7 +659,8 @@ static int take_segment(recs_t *rs, pk_value_t *const *pairs, size_t n, uint64_t
                    : NULL;
     if (g.blocks == NULL)
         g.flags |= RS_BAD_BLOCKS;
-    if (v[6] != NULL && v[6]->type == PK_BOOL && v[6]->u.b)
+    const pk_value_t *exp = v[RK_EXPANDABLE];
+    if (exp != NULL && exp->type == PK_BOOL && exp->u.b)
         g.flags |= RS_EXPANDABLE;
     if (rs->nseg == rs->cap_seg && !grow_array((void **)&rs->seg, &rs->cap_seg, sizeof(*rs->seg)))
         return -1;
@@ -716,31 +705,111 @@ static bool whole_needed(const char *what, char *err, size_t errlen) {
     return false;
 }
 
+/* Which of the hook's keys key (a str) is, as its bytes say (all of them: a str holding a 0
+ * byte after "addr" is another str, as for Python). */
+static int key_of(const char *s, size_t len) {
+#define RK_IS(lit) (memcmp(s, lit, sizeof(lit) - 1) == 0)
+    switch (len) {
+    case 4:
+        return RK_IS("addr") ? RK_ADDR : RK_IS("size") ? RK_SIZE : RK_OTHER;
+    case 5:
+        return RK_IS("state") ? RK_STATE : RK_OTHER;
+    case 6:
+        return RK_IS("action")   ? RK_ACTION
+               : RK_IS("stream") ? RK_STREAM
+               : RK_IS("frames") ? RK_FRAMES
+               : RK_IS("device") ? RK_DEVICE
+               : RK_IS("blocks") ? RK_BLOCKS
+                                 : RK_OTHER;
+    case 7:
+        return RK_IS("time_us")   ? RK_TIME
+               : RK_IS("pool_id") ? RK_POOL_ID
+               : RK_IS("address") ? RK_ADDRESS
+                                  : RK_OTHER;
+    case 10:
+        return RK_IS("total_size") ? RK_TOTAL : RK_OTHER;
+    case 11:
+        return RK_IS("device_free") ? RK_DFREE : RK_IS("active_size") ? RK_SEG_OTHER : RK_OTHER;
+    case 12:
+        return RK_IS("segment_type") ? RK_SEG_TYPE : RK_OTHER;
+    case 13:
+        return RK_IS("is_expandable") ? RK_EXPANDABLE : RK_OTHER;
+    case 14:
+        return RK_IS("requested_size") ? RK_REQ : RK_IS("allocated_size") ? RK_SEG_OTHER : RK_OTHER;
+    case 15:
+        return RK_IS("segment_pool_id") ? RK_SEG_POOL : RK_OTHER;
+    default:
+        return RK_OTHER;
+    }
+#undef RK_IS
+}
+
+/* The cache slot of value v. */
+static inline size_t rk_slot(const pk_value_t *v) {
+    /* Values lie in arrays, and a pickler's keys and action strings are made one after the
+     * other early on: by index they fall in distinct slots. */
+    return ((uintptr_t)v / sizeof(*v)) & (RK_CACHE - 1);
+}
+
+/* key_of of a str key, through the cache: values never change once made, so a key met before
+ * (the pickler's memoized one, the reader's shared short string) is known by its address. */
+static inline int key_id(recs_t *rs, const pk_value_t *key) {
+    size_t h = rk_slot(key);
+    if (rs->keys[h].s != key) {
+        rs->keys[h].s = key;
+        rs->keys[h].id = key_of(key->u.str.s, key->u.str.len);
+    }
+    return rs->keys[h].id;
+}
+
+/* action_of of an action str, through a cache as key_id's. */
+static inline tr_action_t action_id(recs_t *rs, const pk_value_t *act) {
+    size_t h = rk_slot(act);
+    if (rs->acts[h].s != act) {
+        rs->acts[h].s = act;
+        rs->acts[h].id = (int)action_of(act->u.str.s, act->u.str.len);
+    }
+    return (tr_action_t)rs->acts[h].id;
+}
+
 /* pk_parse_records' hook: every dict with an action string is a trace entry (the segments'
- * dicts and the settings have none); a final state's block is taken too (take_block). */
+ * dicts and the settings have none); a final state's block or segment is taken too
+ * (take_block, take_segment). Its keys are read in one pass, each known by its address. */
 static int take_entry(void *arg, pk_value_t *const *pairs, size_t n, uint64_t *id_p) {
     recs_t *rs = arg;
-    tr_event_t ev;
-    memset(&ev, 0, sizeof(ev));
-    const char *act = NULL;
-    const pk_value_t *pool_id = NULL;
-    bool have_addr = false, have_size = false, bad_time = false, bad_stream = false;
-    read_pairs(pairs, n, &ev, &act, &have_addr, &have_size, &bad_time, &bad_stream, &pool_id);
-    if (act == NULL) {
-        int took = take_block(rs, pairs, n, id_p);
-        return took != 0 ? took : take_segment(rs, pairs, n, id_p);
+    const pk_value_t *v[RK_COUNT] = {NULL};
+    uint32_t seen = 0, twice = 0; /* the keys met, and those met again */
+    bool all_str = true;
+    for (size_t k = 0; k + 1 < n; k += 2) {
+        const pk_value_t *key = pairs[k];
+        if (key->type != PK_STR) {
+            all_str = false; /* no block's or segment's key; an entry ignores it */
+            continue;
+        }
+        int id = key_id(rs, key);
+        twice |= seen & RK_BIT(id);
+        seen |= RK_BIT(id);
+        v[id] = pairs[k + 1];
     }
-    ev.flags |= (have_addr ? 0u : RF_NO_ADDR) | (have_size ? 0u : RF_NO_SIZE) |
-                (bad_time ? RF_BAD_TIME : 0u) | (bad_stream ? RF_BAD_STREAM : 0u);
+    const pk_value_t *action = v[RK_ACTION];
+    if (action == NULL || action->type != PK_STR) {
+        if (!all_str)
+            return 0;
+        int took = take_block(rs, v, seen, (twice & RK_BIT(RK_FRAMES)) ? 2 : 1, id_p);
+        return took != 0 ? took : take_segment(rs, v, seen, id_p);
+    }
     if (rs->n == rs->cap) {
-        size_t cap = rs->cap ? rs->cap * 2 : 1024;
+        size_t cap = rs->cap ? rs->cap + rs->cap / 2 : 1024; /* by half: see tr_load_opts */
         tr_event_t *ne = realloc(rs->ev, cap * sizeof(*ne));
         if (ne == NULL)
             return -1;
         rs->ev = ne;
         rs->cap = cap;
     }
-    if (pool_id != NULL || ev.action == TR_OTHER) {
+    const char *act = action->u.str.s;
+    const pk_value_t *pool_id = v[RK_POOL_ID];
+    tr_action_t a = action_id(rs, action);
+    if (pool_id != NULL || a == TR_OTHER) {
         if (rs->nside == rs->cap_side &&
             !grow_array((void **)&rs->side, &rs->cap_side, sizeof(*rs->side)))
             return -1;
@@ -752,7 +821,14 @@ static int take_entry(void *arg, pk_value_t *const *pairs, size_t n, uint64_t *i
             pool_id = &no_pair;
         rs->side[rs->nside++] = (rec_side_t){rs->n, act, pool_id};
     }
-    rs->ev[rs->n] = ev;
+    tr_event_t *ev = &rs->ev[rs->n];
+    memset(ev, 0, sizeof(*ev));
+    bool have_addr = false, have_size = false, bad_time = false, bad_stream = false;
+    entry_vals_t x = {v[RK_ADDR], v[RK_DFREE],  v[RK_SIZE], v[RK_STREAM],
+                      v[RK_TIME], v[RK_FRAMES], pool_id};
+    fill_event(&x, a, ev, &have_addr, &have_size, &bad_time, &bad_stream);
+    ev->flags = (uint8_t)((have_addr ? 0u : RF_NO_ADDR) | (have_size ? 0u : RF_NO_SIZE) |
+                          (bad_time ? RF_BAD_TIME : 0u) | (bad_stream ? RF_BAD_STREAM : 0u));
     *id_p = rs->n++;
     return 1;
 }
@@ -990,7 +1066,15 @@ static bool analyse(const pk_value_t *segments, const recs_t *recs, const tr_set
      * completes every free at once. */
     for (size_t i = d->nev; i-- > 0;) {
         tr_event_t *e = &d->ev[i];
-        if (e->action == TR_FREE_COMPLETED) {
+        if (e->action == TR_FREE_COMPLETED && i > 0 && d->ev[i - 1].action == TR_FREE_REQUESTED &&
+            d->ev[i - 1].addr == e->addr) {
+            /* A free completed at once (most are): what putting the address and taking it
+             * out again leaves, the address taken out (the free_requested is not deferred:
+             * the forward pass clears the flag of one its free_completed follows). */
+            if (live.n > 0)
+                (void)tr_map_del(&live, e->addr, NULL);
+            i--;
+        } else if (e->action == TR_FREE_COMPLETED) {
             if (!tr_map_put(&live, e->addr, 1))
                 goto oom;
         } else if (e->action == TR_ALLOC) {
@@ -1699,15 +1783,19 @@ bool tr_load_opts(const char *path, bool frames, tr_trace_t *t, char *err, size_
      * values for its numbers (most of the memory of loading a trace). */
     recs_t recs;
     memset(&recs, 0, sizeof(recs));
-    /* Room for the entries up front: PyTorch writes 90-330 bytes per trace entry (the final
-     * state included), so a 256th of the file grows two or three times at most on the densest
-     * traces (a copy, and the old array is reused by what comes next). More is worse: what the
-     * array leaves unused while the rest of the file is read spreads the heap over more huge
-     * pages, each zeroed whole on its first touch (a 64th left 0.5-1 MB unused on forward-pass
-     * traces, and took them into a second one). */
-    if (!frames && len / 256 > 1024) {
-        recs.ev = malloc(len / 256 * sizeof(*recs.ev));
-        recs.cap = recs.ev != NULL ? len / 256 : 0;
+    /* Room for the entries up front: PyTorch writes 90-340 bytes per trace entry (the final
+     * state included; most traces 160-220), so a 160th of the file holds most traces' entries
+     * and grows once or twice (by half) on the densest. More is worse: what the array leaves
+     * unused while the rest of the file is read spreads the heap over more huge pages, each
+     * zeroed whole on its first touch (a 64th left 0.5-1 MB unused on forward-pass traces, and
+     * took them into a second one); growing by doubling left as much unused on the others.
+     * Which trace crosses a 2 MB boundary is a matter of a few KB: over 32 large real traces
+     * a 160th grown by half touched 53 huge pages against 55 for a 256th doubled (3 traces
+     * one fewer, 2 one more), as many as a 256th grown by half, fewer than a 192nd (57) or a
+     * 224th (54). */
+    if (!frames && len / 160 > 1024) {
+        recs.ev = malloc(len / 160 * sizeof(*recs.ev));
+        recs.cap = recs.ev != NULL ? len / 160 : 0;
     }
     bool ok = frames ? pk_parse_skip(buf, len, NULL, NULL, &doc, why, sizeof(why))
                      : pk_parse_records(buf, len, NULL, "frames", take_entry, &recs, &doc, why,

@@ -1701,6 +1701,64 @@ TEST(PickleRead, ShortStringsWrittenAgainAreShared) {
     pk_free(doc);
 }
 
+// The memo's slots are cleared as puts reach them, not when it is allocated (a document sized
+// for a memo larger than 1024 slots): a key between two puts far apart is still not defined,
+// and the keys put read back, in every reader.
+TEST(PickleRead, MemoKeysBetweenFarPutsAreNotDefined) {
+    Bytes b = {0x80, 4, 'X'};
+    const uint32_t n = 60000; // a document of more than 48 KB: its memo is sized from it
+    for (int i = 0; i < 4; i++)
+        b.push_back((unsigned char)(n >> (8 * i)));
+    b.insert(b.end(), n, 'a');
+    // Puts at keys 0 and 2000 (past the memo's first 1250 slots: it grows), gets of both.
+    b.insert(b.end(), {'0', ']', 0x94, '(', 'K', 7, 'r', 0xd0, 0x07, 0, 0, 'j', 0xd0, 0x07, 0, 0,
+                       'h', 0, 'e'});
+    Bytes ok = b;
+    ok.push_back('.');
+    pk_doc_t *doc = nullptr;
+    ASSERT_EQ(parse(ok, &doc), "");
+    const pk_value_t *root = pk_root(doc);
+    ASSERT_EQ(pk_len(root), 3u);
+    int64_t v = 0;
+    EXPECT_TRUE(pk_int(pk_at(root, 0), &v) && v == 7);
+    EXPECT_TRUE(pk_int(pk_at(root, 1), &v) && v == 7) << "key 2000";
+    EXPECT_EQ(pk_at(root, 2), root) << "key 0, the list itself";
+    pk_free(doc);
+    // Key 1500 lies between the put at 0 and the one at 2000.
+    Bytes bad = b;
+    bad.insert(bad.end(), {'j', 0xdc, 0x05, 0, 0, '.'});
+    std::string want =
+        "pickle: memo key 1500 is not defined at offset " + std::to_string(bad.size() - 6);
+    EXPECT_EQ(parse(bad), want);
+    TwoReads r = read_skip_and_records(
+        bad, [](void *arg, pk_value_t *const *, size_t, uint64_t *id_p) -> int {
+            *id_p = (*(uint64_t *)arg)++;
+            return 1;
+        });
+    EXPECT_FALSE(r.skip_ok);
+    EXPECT_FALSE(r.rec_ok);
+    EXPECT_EQ(r.skip_err, want);
+    EXPECT_EQ(r.rec_err, want);
+}
+
+// True and False are one value each however often they are written (a segment's is_expandable
+// is in every segment of a snapshot), and read as what was written.
+TEST(PickleRead, BooleansWrittenAgainAreOneValueEach) {
+    Bytes b = {0x80, 4, ']', '(', 0x88, 0x89, 0x88, 0x89, 'e', '.'};
+    pk_doc_t *doc = nullptr;
+    ASSERT_EQ(parse(b, &doc), "");
+    const pk_value_t *root = pk_root(doc);
+    ASSERT_EQ(pk_len(root), 4u);
+    for (size_t i = 0; i < 4; i++) {
+        ASSERT_EQ(pk_at(root, i)->type, PK_BOOL);
+        EXPECT_EQ(pk_at(root, i)->u.b, i % 2 == 0) << i;
+    }
+    EXPECT_EQ(pk_at(root, 0), pk_at(root, 2)) << "one True";
+    EXPECT_EQ(pk_at(root, 1), pk_at(root, 3)) << "one False";
+    EXPECT_NE(pk_at(root, 0), pk_at(root, 1));
+    pk_free(doc);
+}
+
 namespace {
 
 // Skipping a key: the lists under it are not built and their pairs are left out of the dicts

@@ -963,6 +963,62 @@ TEST_F(Replay, EmptyCacheRunsAreReplayed) {
     tr_free(&t);
 }
 
+// Which free_requested entries wait for a later free_completed, around frees completed at once
+// (the next entry), which the analysis takes as one step: a later completion of the same address,
+// a completion at once between a deferred free and its own, two requests before two completions.
+TEST_F(Replay, FreesCompletedAtOnceLeaveTheDeferredOnesDeferred) {
+    const uint64_t A = X, B = X + 64 * MiB, C = X + 128 * MiB, sz = 1 * MiB;
+    struct Case {
+        const char *what;
+        std::vector<SEv> evs;
+        size_t deferred;
+    };
+    const std::vector<Case> cases = {
+        {"a deferred free around a pair completed at once",
+         {{"alloc", A, sz, S1},
+          {"free_requested", A, sz, S1},
+          {"alloc", B, sz, 0},
+          {"free_requested", B, sz, 0},
+          {"free_completed", B, sz, 0},
+          {"free_completed", A, sz, S1}},
+         1},
+        {"a pair, then a second completion of its address",
+         {{"alloc", A, sz, 0},
+          {"free_requested", A, sz, 0},
+          {"free_completed", A, sz, 0},
+          {"alloc", B, sz, 0},
+          {"free_completed", A, sz, 0},
+          {"free_requested", B, sz, 0},
+          {"free_completed", B, sz, 0}},
+         0},
+        {"two requests, then two completions",
+         {{"alloc", A, sz, 0},
+          {"free_requested", A, sz, 0},
+          {"free_requested", A, sz, 0},
+          {"free_completed", A, sz, 0},
+          {"free_completed", A, sz, 0}},
+         0},
+        {"pairs of blocks live before the trace, one completed after an allocation",
+         {{"free_requested", A, sz, 0},
+          {"free_completed", A, sz, 0},
+          {"free_requested", B, sz, 0},
+          {"alloc", C, sz, 0},
+          {"free_completed", B, sz, 0}},
+         1},
+    };
+    for (const Case &c : cases) {
+        tr_trace_t t;
+        std::string err;
+        ASSERT_TRUE(load(snapshot_of({}, c.evs, "", false), &t, &err)) << c.what << ": " << err;
+        EXPECT_EQ(t.dev[0].deferred_frees, c.deferred) << c.what;
+        size_t flagged = 0;
+        for (size_t i = 0; i < t.dev[0].nev; i++)
+            flagged += (t.dev[0].ev[i].flags & TR_F_DEFERRED) != 0;
+        EXPECT_EQ(flagged, c.deferred) << c.what;
+        tr_free(&t);
+    }
+}
+
 // A block used on another stream: PyTorch's free_completed comes later (after the next
 // allocation), so that allocation cannot reuse it and needs a segment of its own.
 TEST_F(Replay, DeferredFreesWaitForTheirCompletion) {
