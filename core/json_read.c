@@ -128,8 +128,6 @@ static bool hex4(jp_t *j, unsigned long *v) {
     return true;
 }
 
-/* A string into j->sbuf (NUL-terminated), in the emitter's form of a Python str: U+0000 as 0xC0
- * 0x80, a lone surrogate (an escape json.load reads as one) in its 3-byte form. */
 /* How many bytes from p (avail of them left in the document) need nothing done to them in a
  * string: none a quote, a backslash, a control character or part of a multi-byte sequence.
  * Names and file names are nearly all such bytes, and the byte loop in string() cost some 24
@@ -184,6 +182,8 @@ static bool sbuf_room(jp_t *j, size_t o, size_t more) {
     return true;
 }
 
+/* A string into j->sbuf (NUL-terminated), in the emitter's form of a Python str: U+0000 as 0xC0
+ * 0x80, a lone surrogate (an escape json.load reads as one) in its 3-byte form. */
 static bool string(jp_t *j) {
     size_t o = 0;
     if (j->sbuf == NULL) {
@@ -371,11 +371,9 @@ static bool number(jp_t *j) {
     }
     /* The common case, an integer of up to 19 digits: v is its magnitude. */
     if (!is_float && digits <= 19 && (!neg || v <= (uint64_t)INT64_MAX + 1)) {
-        if (muted(j))
-            j->pos = i; /* read; written nowhere */
-        else if (neg)
+        if (!muted(j) && neg)
             sp__emit_int(j->e, v > (uint64_t)INT64_MAX ? INT64_MIN : -(int64_t)v);
-        else
+        else if (!muted(j))
             sp__emit_uint(j->e, v);
         j->pos = i;
         return true;
@@ -391,14 +389,14 @@ static bool number(jp_t *j) {
     char *end = NULL;
     errno = 0;
     unsigned long long u = is_float || neg ? 0 : strtoull(buf, &end, 10);
-    if (muted(j))
-        j->pos = i; /* read and checked above; written nowhere */
-    else if (is_float)
-        sp__emit_double(j->e, strtod(buf, &end));
-    else if (!neg && errno == 0)
-        sp__emit_uint(j->e, u); /* 20 digits below 2^64 */
-    else
-        sp__emit_int_text(j->e, buf, n);
+    if (!muted(j)) { /* a skipped value is read and checked above, written nowhere */
+        if (is_float)
+            sp__emit_double(j->e, strtod(buf, &end));
+        else if (!neg && errno == 0)
+            sp__emit_uint(j->e, u); /* 20 digits below 2^64 */
+        else
+            sp__emit_int_text(j->e, buf, n);
+    }
     if (buf != small)
         free(buf);
     j->pos = i;
