@@ -1568,12 +1568,12 @@ static inline long rec_put(parser_t *ps, rec_try_t *t, size_t pos, pk_value_t *v
     if (p[pos] == 0x94) {
         idx = ps->memoused;
         n = 1;
-    } else if (p[pos] == 'q' && left >= 2) {
-        idx = p[pos + 1];
-        n = 2;
-    } else if (p[pos] == 'r' && left >= 5) {
-        idx = (size_t)le_uint(p + pos + 1, 4);
-        n = 5;
+    } else if ((p[pos] == 'q' && left >= 2) || (p[pos] == 'r' && left >= 5)) {
+        /* A slot past the next one leaves a hole below it, as memo_put notes (noted here even
+         * if the put is undone or refused: only a slower check of references then) */
+        idx = p[pos] == 'q' ? p[pos + 1] : (size_t)le_uint(p + pos + 1, 4);
+        n = p[pos] == 'q' ? 2 : 5;
+        ps->memo_holes |= idx != ps->memoused;
     } else {
         return p[pos] == 'q' || p[pos] == 'r' ? -1 : 0;
     }

@@ -2635,4 +2635,29 @@ TEST(PickleRead, AFrameIsALengthAsPickleLoadReadsIt) {
     EXPECT_EQ(parse(past), "pickle: FRAME of 20 bytes runs past the end at offset 2");
 }
 
+// A BINPUT past the next memo index inside a dict the records path takes leaves a hole below
+// it, as in the general loop: a skipped stack's reference to the hole is refused in both.
+TEST(PickleRead, RecordsPathPutPastTheNextIndexLeavesAHole) {
+    Bytes b = {0x80, 4, ']', 0x94, '('};
+    // Entry 0 (the general loop: its keys are new): memo 1 dict, 2 "action", 3 "alloc",
+    // 4 "frames", 5 its empty stack.
+    b.insert(b.end(), {'}',  0x94, '(', 0x8c, 6,   'a', 'c',  't', 'i',  'o',  'n',
+                       0x94, 0x8c, 5,   'a',  'l', 'l', 'o',  'c', 0x94, 0x8c, 6,
+                       'f',  'r',  'a', 'm',  'e', 's', 0x94, ']', 0x94, 'u'});
+    // Entry 1 (the records path): its dict put at 7, past the next index 6.
+    b.insert(b.end(), {'}', 'q', 7, '(', 'h', 2, 'h', 3, 'u'});
+    // Entry 2: a stack of entry 0 and then the hole twice.
+    b.insert(b.end(), {'}', 'q', 8,   '(', 'h', 2,   'h', 3,   'h', 4,   ']',
+                       'q', 9,   '(', 'h', 1,   'h', 6,   'h', 6,   'e', 'u'});
+    b.insert(b.end(), {'e', '.'});
+    auto take = [](void *arg, pk_value_t *const *, size_t, uint64_t *id_p) {
+        *id_p = (*(uint64_t *)arg)++;
+        return 1;
+    };
+    TwoReads r = read_skip_and_records(b, take);
+    EXPECT_FALSE(r.skip_ok);
+    EXPECT_EQ(r.skip_ok, r.rec_ok);
+    EXPECT_EQ(r.skip_err, r.rec_err);
+}
+
 } // namespace
