@@ -29,6 +29,7 @@ add_executable(test_cuda_double ${PROJECT_SOURCE_DIR}/tests/cuda_double/test_cud
 target_compile_options(test_cuda_double PRIVATE ${SP_WARN_CXX})
 target_include_directories(test_cuda_double SYSTEM PRIVATE ${CUDAToolkit_INCLUDE_DIRS} ${NCCL_INCLUDE_DIR})
 target_link_libraries(test_cuda_double PRIVATE sp_test_shim GTest::gtest_main ${CMAKE_DL_LIBS})
+sp_test_use_pch(test_cuda_double)
 add_dependencies(test_cuda_double sp_cuda_double)
 list(APPEND SP_DBL_BINARIES "$<TARGET_FILE:test_cuda_double>|2")
 file(GENERATE OUTPUT ${CMAKE_CURRENT_BINARY_DIR}/cuda_double_tests.cmake CONTENT
@@ -71,13 +72,14 @@ set_tests_properties(cuda_double.torch_harness.host_backend PROPERTIES LABELS cu
 if(SP_HAVE_MPI)
   # sympool's NCCL paths with failures injected into the doubles (tests/cuda_double/).
   add_executable(test_cuda_double_mpi ${PROJECT_SOURCE_DIR}/tests/cuda_double/test_cuda_double_mpi.cc
-    ${CMAKE_CURRENT_SOURCE_DIR}/mpi/mpi_main.cc)
+    $<TARGET_OBJECTS:sp_test_mpi_main>)
   target_compile_options(test_cuda_double_mpi PRIVATE ${SP_WARN_CXX})
   target_include_directories(test_cuda_double_mpi PRIVATE ${CMAKE_CURRENT_SOURCE_DIR}/mpi)
   target_include_directories(test_cuda_double_mpi SYSTEM PRIVATE ${CUDAToolkit_INCLUDE_DIRS}
     ${NCCL_INCLUDE_DIR})
   target_link_libraries(test_cuda_double_mpi PRIVATE sp_test_shim MPI::MPI_CXX MPI::MPI_C
     ${CMAKE_DL_LIBS})
+  sp_test_use_pch(test_cuda_double_mpi)
   add_dependencies(test_cuda_double_mpi sp_cuda_double)
   foreach(np 2 4)
     add_test(NAME cuda_double.mpi.test_cuda_double_mpi.np${np}

@@ -76,6 +76,7 @@ add_executable(sym_threads ${PROJECT_SOURCE_DIR}/tests/mpi/sym_threads.cc
 target_compile_options(sym_threads PRIVATE ${SP_WARN_CXX})
 target_compile_definitions(sym_threads PRIVATE SP_MPI_THREAD_MULTIPLE=1)
 target_link_libraries(sym_threads PRIVATE sp_test_shim MPI::MPI_CXX MPI::MPI_C)
+sp_test_use_pch(sym_threads)
 add_test(NAME mpi.sym_threads.np2
   COMMAND ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} 2 --oversubscribe $<TARGET_FILE:sym_threads>)
 set_tests_properties(mpi.sym_threads.np2 PROPERTIES LABELS mpi TIMEOUT 120
@@ -84,9 +85,10 @@ set_tests_properties(mpi.sym_threads.np2 PROPERTIES LABELS mpi TIMEOUT 120
 # Every collective call a clear error on every rank (skip, add, delay, bad arguments),
 # each scenario bounded by SYMPOOL_SYM_TIMEOUT=1; at 2 and 4 ranks only.
 add_executable(sym_faults ${PROJECT_SOURCE_DIR}/tests/mpi/sym_faults.cc
-                          ${PROJECT_SOURCE_DIR}/tests/mpi/mpi_main.cc)
+                          $<TARGET_OBJECTS:sp_test_mpi_main>)
 target_compile_options(sym_faults PRIVATE ${SP_WARN_CXX})
 target_link_libraries(sym_faults PRIVATE sp_test_shim MPI::MPI_CXX MPI::MPI_C)
+sp_test_use_pch(sym_faults)
 foreach(np 2 4)
   add_test(NAME mpi.sym_faults.np${np}
     COMMAND ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} ${np} --oversubscribe

@@ -1,0 +1,1 @@
+// The precompiled header's own translation unit (tests/CMakeLists.txt: sp_test_pch).
