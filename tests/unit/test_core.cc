@@ -501,6 +501,7 @@ TEST_F(CoreTest, PytorchAllocConfAppliesOnlyWhenOursIsUnset) {
     {
         Env env({{"SYMPOOL_ALLOC_CONF", nullptr},
                  {"SYMPOOL_MAX_SPLIT_SIZE", nullptr},
+                 {"PYTORCH_ALLOC_CONF", nullptr},
                  {"PYTORCH_CUDA_ALLOC_CONF", "max_split_size_mb:64"}});
         EXPECT_EQ(sp__option_int(SP_OPT_MAX_SPLIT_SIZE), 64 * MiB);
         EXPECT_EQ(sp__option_source(SP_OPT_ALLOC_CONF), SP_OPT_SRC_PYTORCH);
@@ -524,6 +525,57 @@ TEST_F(CoreTest, PytorchAllocConfAppliesOnlyWhenOursIsUnset) {
                  {"PYTORCH_CUDA_ALLOC_CONF", "max_split_size_mb:64"}});
         EXPECT_EQ(sp__option_int(SP_OPT_MAX_SPLIT_SIZE), 32 * MiB) << "ours must win";
         EXPECT_EQ(sp__option_source(SP_OPT_ALLOC_CONF), SP_OPT_SRC_ENV);
+    }
+}
+
+// PyTorch reads PYTORCH_ALLOC_CONF first and PYTORCH_CUDA_ALLOC_CONF only when it is unset (the
+// older name, kept for compatibility); a job that states its settings in the new name gets them in
+// sympool too, and the printed source names the variable they came from.
+TEST_F(CoreTest, PytorchAllocConfIsReadBeforeTheCudaName) {
+    auto source_line = [] {
+        char *buf = nullptr;
+        size_t len = 0;
+        FILE *f = open_memstream(&buf, &len);
+        if (f == nullptr)
+            return std::string();
+        sp__options_print(f);
+        fclose(f);
+        std::string out(buf, len);
+        free(buf);
+        size_t at = out.find("SYMPOOL_ALLOC_CONF");
+        return at == std::string::npos ? std::string() : out.substr(at, out.find('\n', at) - at);
+    };
+    {
+        Env env({{"SYMPOOL_ALLOC_CONF", nullptr},
+                 {"SYMPOOL_MAX_SPLIT_SIZE", nullptr},
+                 {"PYTORCH_CUDA_ALLOC_CONF", nullptr},
+                 {"PYTORCH_ALLOC_CONF", "max_split_size_mb:96"}});
+        EXPECT_EQ(sp__option_int(SP_OPT_MAX_SPLIT_SIZE), 96 * MiB) << "PYTORCH_ALLOC_CONF ignored";
+        EXPECT_EQ(sp__option_source(SP_OPT_MAX_SPLIT_SIZE), SP_OPT_SRC_CONF);
+        EXPECT_NE(source_line().find("[PYTORCH_ALLOC_CONF]"), std::string::npos) << source_line();
+    }
+    {
+        Env env({{"SYMPOOL_ALLOC_CONF", nullptr},
+                 {"SYMPOOL_MAX_SPLIT_SIZE", nullptr},
+                 {"PYTORCH_CUDA_ALLOC_CONF", "max_split_size_mb:64"},
+                 {"PYTORCH_ALLOC_CONF", "max_split_size_mb:96"}});
+        EXPECT_EQ(sp__option_int(SP_OPT_MAX_SPLIT_SIZE), 96 * MiB) << "the older name won";
+    }
+    {
+        Env env({{"SYMPOOL_ALLOC_CONF", "max_split_size_mb:32"},
+                 {"SYMPOOL_MAX_SPLIT_SIZE", nullptr},
+                 {"PYTORCH_ALLOC_CONF", "max_split_size_mb:96"}});
+        EXPECT_EQ(sp__option_int(SP_OPT_MAX_SPLIT_SIZE), 32 * MiB) << "ours must win";
+    }
+    {
+        // A malformed value is reported under the name it was read from.
+        expect_warnings();
+        Env env({{"SYMPOOL_ALLOC_CONF", nullptr},
+                 {"SYMPOOL_MAX_SPLIT_SIZE", nullptr},
+                 {"PYTORCH_CUDA_ALLOC_CONF", nullptr},
+                 {"PYTORCH_ALLOC_CONF", "max_split_size_mb:5"}});
+        EXPECT_EQ(count(SP_LOG_WARN, "PYTORCH_ALLOC_CONF='max_split_size_mb:5'"), 1u);
+        EXPECT_EQ(count(SP_LOG_WARN, "PYTORCH_CUDA_ALLOC_CONF"), 0u);
     }
 }
 
