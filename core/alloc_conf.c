@@ -5,9 +5,10 @@
  * Keys and checks follow PyTorch's AllocatorConfig (facts in shared/reference/pytorch-allocator.md
  * §1.2, §1.9): *_mb values are MiB; max_split_size_mb and max_non_split_rounding_mb are at least 20
  * (kLargeBuffer); garbage_collection_threshold lies strictly in (0, 1); roundup_power2_divisions is
- * "N" (all 16 intervals) or "[64:8,256:4,>:1]" where keys are power-of-2 MB boundaries, the first
- * entry also fills the intervals below it and ">" fills the rest; expandable_segments is
- * True/False. CUDA-only keys are checked and ignored (INFO); backend:cudaMallocAsync is refused.
+ * "N", a power of 2 (all 16 intervals), or "[64:8,256:4,>:1]" (values powers of 2 or 0) where keys
+ * are power-of-2 MB boundaries, the first entry also fills the intervals below it and ">" fills
+ * the rest; expandable_segments is True/False. CUDA-only keys are checked and ignored (INFO);
+ * backend:cudaMallocAsync is refused.
  *
  * Invariant: a failed parse changes nothing; we parse into a copy and copy back on success.
  * A pure parser: no state, no lock, no logging (what it has to say goes to the caller's note
@@ -113,7 +114,8 @@ static bool parse_roundup(span_t v, uint32_t table[N_INTERVALS], char *why, size
     uint32_t out[N_INTERVALS] = {0};
     uint64_t n;
     if (v.len > 0 && v.p[0] != '[') {
-        if (!span_uint(v, &n) || !pow2_or_zero(n) || n > UINT32_MAX) {
+        /* PyTorch refuses 0 here (only a list entry may say 0, "no rounding"). */
+        if (!span_uint(v, &n) || n == 0 || !pow2_or_zero(n) || n > UINT32_MAX) {
             snprintf(why, why_len, "roundup_power2_divisions: '%.*s' is not a power of 2",
                      (int)v.len, v.p);
             return false;

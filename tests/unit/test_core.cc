@@ -674,6 +674,8 @@ TEST_F(AllocConf, RejectsBadValuesAndLeavesConfUnchanged) {
         {"garbage_collection_threshold:1.0", "garbage_collection_threshold"},
         {"garbage_collection_threshold:0", "garbage_collection_threshold"},
         {"roundup_power2_divisions:3", "roundup_power2_divisions"},
+        // PyTorch: the single number must be a power of 2 (0 only inside the list form).
+        {"roundup_power2_divisions:0", "roundup_power2_divisions"},
         {"roundup_power2_divisions:[64:3]", "roundup_power2_divisions"},
         {"roundup_power2_divisions:[96:4]", "roundup_power2_divisions"},
         {"roundup_power2_divisions:[256:4,64:8]", "roundup_power2_divisions"},
