@@ -226,10 +226,12 @@ static bool parse_ignored(span_t key, span_t v, char *why, size_t why_len) {
                      v.p);
         return false;
     }
-    /* PyTorch: the register threads are a power of 2 up to its maximum of 128. */
+    /* PyTorch: the register threads are a power of 2 up to its maximum of 128; the pinned
+     * reserve segment is a whole number of MB above 0. */
     bool ok = span_is(key, "pinned_num_register_threads")
                   ? (span_uint(v, &n) && n > 0 && n <= 128 && (n & (n - 1)) == 0)
-                  : span_bool(v, &b);
+              : span_is(key, "pinned_reserve_segment_size_mb") ? (span_uint(v, &n) && n > 0)
+                                                               : span_bool(v, &b);
     if (!ok) {
         snprintf(why, why_len, "%.*s: bad value '%.*s'", (int)key.len, key.p, (int)v.len, v.p);
         return false;
@@ -237,11 +239,16 @@ static bool parse_ignored(span_t key, span_t v, char *why, size_t why_len) {
     return true;
 }
 
+/* PyTorch's CUDA build also takes the ROCm spellings (release_lock_on_hipmalloc,
+ * pinned_use_hip_host_register), so a string written for either parses on both. */
 static const char *const ignored_keys[] = {
     "backend",
     "release_lock_on_cudamalloc",
+    "release_lock_on_hipmalloc",
     "pinned_use_cuda_host_register",
+    "pinned_use_hip_host_register",
     "pinned_num_register_threads",
+    "pinned_reserve_segment_size_mb",
     "pinned_use_background_threads",
     "graph_capture_record_stream_reuse",
 };

@@ -710,6 +710,25 @@ TEST_F(AllocConf, CudaOnlyKeysAreAcceptedAndIgnored) {
     EXPECT_EQ(count(SP_LOG_INFO, "ALLOC_CONF key pinned_num_register_threads:8 has no effect"), 1u);
 }
 
+// The rest of what PyTorch's CUDA build accepts: the pinned reserve segment (a whole number of MB
+// above 0) and the ROCm spellings it takes on CUDA too, "to ease the burden on ROCm users".
+TEST_F(AllocConf, PinnedReserveAndHipSpellingsAreAcceptedAndIgnored) {
+    Env env({{"SYMPOOL_DEBUG", "INFO"}});
+    ASSERT_SP_OK(sp__alloc_conf_parse("max_split_size_mb:64,pinned_reserve_segment_size_mb:256,"
+                                      "release_lock_on_hipmalloc:False,"
+                                      "pinned_use_hip_host_register:True",
+                                      &c));
+    EXPECT_EQ(c.max_split_size, (size_t)(64 * MiB));
+    EXPECT_EQ(count(SP_LOG_INFO, "has no effect in sympool: ignored"), 3u);
+    expect_warnings();
+    const sp_alloc_conf_t before = c;
+    for (const char *bad : {"pinned_reserve_segment_size_mb:0", "pinned_reserve_segment_size_mb:x",
+                            "release_lock_on_hipmalloc:1"}) {
+        EXPECT_SP_STATUS(sp__alloc_conf_parse(bad, &c), SP_ERR_INVALID_ARGUMENT);
+        EXPECT_EQ(0, std::memcmp(&c, &before, sizeof c)) << bad << " changed the conf";
+    }
+}
+
 TEST_F(AllocConf, SeparateVariableBeatsAllocConf) {
     {
         Env env(
