@@ -5,9 +5,10 @@
  * Keys and checks follow PyTorch's AllocatorConfig (facts in shared/reference/pytorch-allocator.md
  * §1.2, §1.9): *_mb values are MiB; max_split_size_mb and max_non_split_rounding_mb are at least 20
  * (kLargeBuffer); garbage_collection_threshold lies strictly in (0, 1); roundup_power2_divisions is
- * "N" (all 16 intervals) or "[64:8,256:4,>:1]" where keys are power-of-2 MB boundaries, the first
- * entry also fills the intervals below it and ">" fills the rest; expandable_segments is
- * True/False. CUDA-only keys are checked and ignored (INFO); backend:cudaMallocAsync is refused.
+ * "N", a power of 2 (all 16 intervals), or "[64:8,256:4,>:1]" (values powers of 2 or 0) where keys
+ * are power-of-2 MB boundaries, the first entry also fills the intervals below it and ">" fills
+ * the rest; expandable_segments is True/False. CUDA-only keys are checked and ignored (INFO);
+ * backend:cudaMallocAsync is refused.
  *
  * Invariant: a failed parse changes nothing; we parse into a copy and copy back on success.
  * A pure parser: no state, no lock, no logging (what it has to say goes to the caller's note
@@ -113,7 +114,8 @@ static bool parse_roundup(span_t v, uint32_t table[N_INTERVALS], char *why, size
     uint32_t out[N_INTERVALS] = {0};
     uint64_t n;
     if (v.len > 0 && v.p[0] != '[') {
-        if (!span_uint(v, &n) || !pow2_or_zero(n) || n > UINT32_MAX) {
+        /* PyTorch refuses 0 here (only a list entry may say 0, "no rounding"). */
+        if (!span_uint(v, &n) || n == 0 || !pow2_or_zero(n) || n > UINT32_MAX) {
             snprintf(why, why_len, "roundup_power2_divisions: '%.*s' is not a power of 2",
                      (int)v.len, v.p);
             return false;
@@ -224,10 +226,12 @@ static bool parse_ignored(span_t key, span_t v, char *why, size_t why_len) {
                      v.p);
         return false;
     }
-    /* PyTorch: the register threads are a power of 2 up to its maximum of 128. */
+    /* PyTorch: the register threads are a power of 2 up to its maximum of 128; the pinned
+     * reserve segment is a whole number of MB above 0. */
     bool ok = span_is(key, "pinned_num_register_threads")
                   ? (span_uint(v, &n) && n > 0 && n <= 128 && (n & (n - 1)) == 0)
-                  : span_bool(v, &b);
+              : span_is(key, "pinned_reserve_segment_size_mb") ? (span_uint(v, &n) && n > 0)
+                                                               : span_bool(v, &b);
     if (!ok) {
         snprintf(why, why_len, "%.*s: bad value '%.*s'", (int)key.len, key.p, (int)v.len, v.p);
         return false;
@@ -235,11 +239,16 @@ static bool parse_ignored(span_t key, span_t v, char *why, size_t why_len) {
     return true;
 }
 
+/* PyTorch's CUDA build also takes the ROCm spellings (release_lock_on_hipmalloc,
+ * pinned_use_hip_host_register), so a string written for either parses on both. */
 static const char *const ignored_keys[] = {
     "backend",
     "release_lock_on_cudamalloc",
+    "release_lock_on_hipmalloc",
     "pinned_use_cuda_host_register",
+    "pinned_use_hip_host_register",
     "pinned_num_register_threads",
+    "pinned_reserve_segment_size_mb",
     "pinned_use_background_threads",
     "graph_capture_record_stream_reuse",
 };

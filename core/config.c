@@ -8,8 +8,9 @@
  * (writing lines) and status.c (the last-error text) call nothing here.
  *
  * Precedence for the allocator keys: a separate variable (SYMPOOL_MAX_SPLIT_SIZE, ...) or an API
- * set wins over the same key inside SYMPOOL_ALLOC_CONF (PYTORCH_CUDA_ALLOC_CONF when that is
- * unset), which wins over the default. The winner is
+ * set wins over the same key inside SYMPOOL_ALLOC_CONF (when that is unset, PyTorch's own variable
+ * in PyTorch's order: PYTORCH_ALLOC_CONF, else the older PYTORCH_CUDA_ALLOC_CONF), which wins over
+ * the default. The winner is
  * kept with its source (typed, no text round trip), so sp__alloc_conf_get() and `SYMPOOL_INFO=1`
  * agree. A SYMPOOL_ALLOC_CONF with some bad entries keeps its good ones and warns once per bad one
  * (PyTorch rejects only what it cannot parse); sp__option_set is strict and changes nothing.
@@ -238,10 +239,30 @@ static void warn_unknown_locked(void) {
     n_unknown_warned = n_now;
 }
 
+/* Where the ALLOC_CONF text comes from when SYMPOOL_ALLOC_CONF is unset: PyTorch's variable, read
+ * in PyTorch's order (PYTORCH_ALLOC_CONF; the older PYTORCH_CUDA_ALLOC_CONF only without it). NULL
+ * and *src_p untouched when neither is set. */
+static const char *pytorch_conf(sp_option_source_t *src_p, const char **name_p) {
+    const char *env = getenv("PYTORCH_ALLOC_CONF");
+    if (env != NULL) {
+        *src_p = SP_OPT_SRC_PYTORCH_ALLOC;
+        *name_p = "PYTORCH_ALLOC_CONF";
+        return env;
+    }
+    env = getenv("PYTORCH_CUDA_ALLOC_CONF");
+    if (env != NULL) {
+        *src_p = SP_OPT_SRC_PYTORCH;
+        *name_p = "PYTORCH_CUDA_ALLOC_CONF";
+    }
+    return env;
+}
+
 /* The variable the ALLOC_CONF text came from, for messages. */
 static const char *conf_var_locked(void) {
-    return opts[SP_OPT_ALLOC_CONF].src == SP_OPT_SRC_PYTORCH ? "PYTORCH_CUDA_ALLOC_CONF"
-                                                             : "SYMPOOL_ALLOC_CONF";
+    sp_option_source_t src = opts[SP_OPT_ALLOC_CONF].src;
+    return src == SP_OPT_SRC_PYTORCH || src == SP_OPT_SRC_PYTORCH_ALLOC
+               ? sp__option_source_name(src)
+               : "SYMPOOL_ALLOC_CONF";
 }
 
 /* What the ALLOC_CONF parse said: the skipped entries at WARN (once per text: warn_bad), the
@@ -263,6 +284,7 @@ static void load_locked(bool keep_api) {
     bool bad[SP_OPT_COUNT] = {false};
     bool conf_warn = false; /* ALLOC_CONF kept its good entries; its bad ones are new */
     char why[SP_OPT_COUNT][256];
+    const char *conf_name = sp__opt_defs[SP_OPT_ALLOC_CONF].name; /* where its text came from */
     conf_notes.n = 0;
     for (int o = 0; o < SP_OPT_COUNT; o++) {
         if (keep_api && opts[o].src == SP_OPT_SRC_API)
@@ -271,10 +293,8 @@ static void load_locked(bool keep_api) {
         sp_option_source_t src = SP_OPT_SRC_ENV;
         /* A PyTorch job already states its allocator settings in PyTorch's variable; taking
          * them when sympool's own is unset keeps one place to set them. */
-        if (env == NULL && o == SP_OPT_ALLOC_CONF) {
-            env = getenv("PYTORCH_CUDA_ALLOC_CONF");
-            src = SP_OPT_SRC_PYTORCH;
-        }
+        if (env == NULL && o == SP_OPT_ALLOC_CONF)
+            env = pytorch_conf(&src, &conf_name);
         set_default_locked((sp_option_t)o);
         if (env == NULL) {
             opts[o].has_warned_bad = false;
@@ -305,10 +325,8 @@ static void load_locked(bool keep_api) {
         if (bad[o]) {
             bool range = strncmp(why[o], SP_OPT_OUT_OF_RANGE, strlen(SP_OPT_OUT_OF_RANGE)) == 0;
             SP_WARN(SP_SUB_ENV, "%s='%s' is %s (%s): using the default '%s'",
-                    o == SP_OPT_ALLOC_CONF && getenv(sp__opt_defs[o].name) == NULL
-                        ? "PYTORCH_CUDA_ALLOC_CONF"
-                        : sp__opt_defs[o].name,
-                    opts[o].warned_bad, range ? "out of range" : "malformed",
+                    o == SP_OPT_ALLOC_CONF ? conf_name : sp__opt_defs[o].name, opts[o].warned_bad,
+                    range ? "out of range" : "malformed",
                     range ? why[o] + strlen(SP_OPT_OUT_OF_RANGE) : why[o], sp__opt_defs[o].def);
         }
     log_conf_notes_locked(conf_warn);
@@ -474,6 +492,8 @@ const char *sp__option_source_name(sp_option_source_t s) {
         return "api";
     case SP_OPT_SRC_PYTORCH:
         return "PYTORCH_CUDA_ALLOC_CONF";
+    case SP_OPT_SRC_PYTORCH_ALLOC:
+        return "PYTORCH_ALLOC_CONF";
     default:
         return "default";
     }

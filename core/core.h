@@ -292,7 +292,9 @@ typedef enum {
     SP_OPT_SRC_ENV,
     SP_OPT_SRC_CONF,
     SP_OPT_SRC_API,
-    SP_OPT_SRC_PYTORCH /* SYMPOOL_ALLOC_CONF unset: taken from PYTORCH_CUDA_ALLOC_CONF */
+    SP_OPT_SRC_PYTORCH,      /* SYMPOOL_ALLOC_CONF and PYTORCH_ALLOC_CONF unset: taken from
+                                PYTORCH_CUDA_ALLOC_CONF */
+    SP_OPT_SRC_PYTORCH_ALLOC /* SYMPOOL_ALLOC_CONF unset: taken from PYTORCH_ALLOC_CONF */
 } sp_option_source_t;
 
 int64_t sp__option_int(sp_option_t opt);        /* bool, long, size and enum (index) options */

@@ -969,9 +969,11 @@ static void fsync_dir_of(const char *path) {
 
 /* Where the bytes for `path` go: path itself when it does not exist or is a regular file, the
  * file a symbolic link names when that is a regular file (resolved, so the temporary and the
- * rename happen in the real file's directory and the link survives); anything else is refused. */
-static sp_status_t resolve_target(const char *path, char *out, size_t cap) {
+ * rename happen in the real file's directory and the link survives); anything else is refused.
+ * *mode_p: the permission bits of the file that will be replaced, -1 for a new file. */
+static sp_status_t resolve_target(const char *path, char *out, size_t cap, int *mode_p) {
     struct stat st;
+    *mode_p = -1;
     if (lstat(path, &st) != 0) {
         if (errno == ENOENT || errno == ENOTDIR) {
             /* A new file (or a missing directory, which creating the temporary reports). */
@@ -983,6 +985,7 @@ static sp_status_t resolve_target(const char *path, char *out, size_t cap) {
     }
     if (S_ISREG(st.st_mode)) {
         snprintf(out, cap, "%s", path);
+        *mode_p = (int)(st.st_mode & 07777);
         return SP_SUCCESS;
     }
     if (S_ISLNK(st.st_mode)) {
@@ -1001,6 +1004,7 @@ static sp_status_t resolve_target(const char *path, char *out, size_t cap) {
         if (strlen(real) + 1 > cap)
             return sp__error(SP_ERR_INVALID_ARGUMENT, SP_SUB_HISTORY, "path too long: %s", real);
         snprintf(out, cap, "%s", real);
+        *mode_p = (int)(ts.st_mode & 07777);
         return SP_SUCCESS;
     }
     const char *kind = S_ISDIR(st.st_mode)    ? "a directory"
@@ -1013,10 +1017,34 @@ static sp_status_t resolve_target(const char *path, char *out, size_t cap) {
                      "%s is %s, not a regular file; refusing to replace it", path, kind);
 }
 
+/* Create the temporary `tmpl` (ending in XXXXXX, replaced) like mkstemp, but with mode 0666 so
+ * that the umask applies as it does to any file a program creates (mkstemp's 0600 would make
+ * every snapshot private, and opening it up afterwards would ignore a umask such as 077). */
+static int make_temp(char *tmpl) {
+    static const char digits[] = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789";
+    static atomic_uint_fast64_t counter;
+    size_t len = strlen(tmpl);
+    if (len < 6 || strcmp(tmpl + len - 6, "XXXXXX") != 0) {
+        errno = EINVAL;
+        return -1;
+    }
+    for (int attempt = 0; attempt < 100; attempt++) {
+        uint64_t x = sp__now_ns() ^ ((uint64_t)getpid() << 32) ^
+                     (atomic_fetch_add(&counter, 1) * 0x9E3779B97F4A7C15ull);
+        for (size_t i = len - 6; i < len; i++, x /= sizeof digits - 1)
+            tmpl[i] = digits[x % (sizeof digits - 1)];
+        int fd = open(tmpl, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
+        if (fd >= 0 || errno != EEXIST)
+            return fd;
+    }
+    errno = EEXIST;
+    return -1;
+}
+
 sp_status_t sp__file_atomic_open(sp__atomic_file_t *f, const char *target) {
     f->fd = -1;
     SP_ARG_CHECK(target != NULL && target[0] != '\0', SP_SUB_HISTORY, "path is NULL or empty");
-    SP_CHECK(resolve_target(target, f->path, sizeof(f->path)));
+    SP_CHECK(resolve_target(target, f->path, sizeof(f->path), &f->mode));
     const char *path = f->path;
     /* The temporary's name is the target's plus a suffix; a target name near NAME_MAX would make
      * it too long for the directory, so only as much of the name as fits is kept. */
@@ -1028,7 +1056,7 @@ sp_status_t sp__file_atomic_open(sp__atomic_file_t *f, const char *target) {
     int n = snprintf(f->tmp, sizeof(f->tmp), "%.*s%.*s.tmp.XXXXXX", (int)dirlen, path, (int)baselen,
                      path + dirlen);
     SP_ARG_CHECK(n > 0 && (size_t)n < sizeof(f->tmp), SP_SUB_HISTORY, "path too long: %s", path);
-    f->fd = mkstemp(f->tmp);
+    f->fd = make_temp(f->tmp);
     if (f->fd < 0)
         return sp__error(SP_ERR_SYSTEM, SP_SUB_HISTORY,
                          "cannot create a temporary file next to %s: %s", path, strerror(errno));
@@ -1063,8 +1091,9 @@ sp_status_t sp__file_atomic_write(sp__atomic_file_t *f, const void *buf, size_t 
 }
 
 sp_status_t sp__file_atomic_commit(sp__atomic_file_t *f) {
-    /* mkstemp makes the file 0600; snapshots are ordinary user files. */
-    (void)fchmod(f->fd, 0644);
+    /* A replaced file keeps its permissions (a new one has the umask's, from make_temp). */
+    if (f->mode >= 0)
+        (void)fchmod(f->fd, (mode_t)f->mode);
     int rs = fsync(f->fd);
     int err = errno;
     if (close(f->fd) != 0 && rs == 0) {

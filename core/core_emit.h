@@ -33,6 +33,7 @@ typedef struct sp__atomic_file {
     int fd;              /* the temporary's descriptor, -1 when none is open */
     char path[PATH_MAX]; /* the target (a link resolved) */
     char tmp[PATH_MAX];  /* the temporary */
+    int mode;            /* permission bits of the file replaced at the commit; -1: a new file */
 } sp__atomic_file_t;
 
 /* An open container of the emitter. */

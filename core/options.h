@@ -64,7 +64,8 @@ void sp__opt_format(sp_option_t o, const opt_value_t *v, char *out, size_t cap);
 /* config.c: the value in force of option o, its default (parsed from the table) and where the
  * value came from, read together under the table's lock (`sympool info`, both forms). */
 void sp__option_values(sp_option_t o, opt_value_t *cur, opt_value_t *def, sp_option_source_t *src);
-/* "default", "env", "ALLOC_CONF", "api" or "PYTORCH_CUDA_ALLOC_CONF", as `sympool info` shows. */
+/* "default", "env", "ALLOC_CONF", "api", "PYTORCH_ALLOC_CONF" or "PYTORCH_CUDA_ALLOC_CONF", as
+ * `sympool info` shows. */
 const char *sp__option_source_name(sp_option_source_t s);
 
 #endif /* SP_CORE_OPTIONS_H */

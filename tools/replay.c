@@ -696,7 +696,8 @@ static bool gc_configured(const char *conf) {
     const char *gc = getenv("SYMPOOL_GC_THRESHOLD");
     if (gc != NULL && gc[0] != '\0')
         return true;
-    const char *text[] = {conf, getenv("SYMPOOL_ALLOC_CONF"), getenv("PYTORCH_CUDA_ALLOC_CONF")};
+    const char *text[] = {conf, getenv("SYMPOOL_ALLOC_CONF"), getenv("PYTORCH_ALLOC_CONF"),
+                          getenv("PYTORCH_CUDA_ALLOC_CONF")};
     for (size_t i = 0; i < sizeof(text) / sizeof(text[0]); i++)
         if (text[i] != NULL && (strstr(text[i], "garbage_collection_threshold") != NULL ||
                                 strstr(text[i], "SYMPOOL_GC_THRESHOLD") != NULL))

@@ -48,9 +48,10 @@ void sp_x_options_print(FILE *f);
 
 /** One SYMPOOL_* option as `sympool info` shows it: filled by sp_x_option_info. */
 typedef struct sp_x_option_info {
-    const char *name;   /**< the variable, e.g. "SYMPOOL_HOST_CAPACITY" */
-    const char *kind;   /**< "bool", "long", "double", "size", "enum" or "string" */
-    const char *source; /**< "default", "env", "ALLOC_CONF", "api", "PYTORCH_CUDA_ALLOC_CONF" */
+    const char *name;        /**< the variable, e.g. "SYMPOOL_HOST_CAPACITY" */
+    const char *kind;        /**< "bool", "long", "double", "size", "enum" or "string" */
+    const char *source;      /**< "default", "env", "ALLOC_CONF", "api", "PYTORCH_ALLOC_CONF",
+                                "PYTORCH_CUDA_ALLOC_CONF" */
     const char *description; /**< the table's one line */
     char value[520];         /**< the value in force as the table writes it (strings unquoted) */
     char default_value[520]; /**< the default, the same way */

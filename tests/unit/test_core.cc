@@ -501,6 +501,7 @@ TEST_F(CoreTest, PytorchAllocConfAppliesOnlyWhenOursIsUnset) {
     {
         Env env({{"SYMPOOL_ALLOC_CONF", nullptr},
                  {"SYMPOOL_MAX_SPLIT_SIZE", nullptr},
+                 {"PYTORCH_ALLOC_CONF", nullptr},
                  {"PYTORCH_CUDA_ALLOC_CONF", "max_split_size_mb:64"}});
         EXPECT_EQ(sp__option_int(SP_OPT_MAX_SPLIT_SIZE), 64 * MiB);
         EXPECT_EQ(sp__option_source(SP_OPT_ALLOC_CONF), SP_OPT_SRC_PYTORCH);
@@ -524,6 +525,57 @@ TEST_F(CoreTest, PytorchAllocConfAppliesOnlyWhenOursIsUnset) {
                  {"PYTORCH_CUDA_ALLOC_CONF", "max_split_size_mb:64"}});
         EXPECT_EQ(sp__option_int(SP_OPT_MAX_SPLIT_SIZE), 32 * MiB) << "ours must win";
         EXPECT_EQ(sp__option_source(SP_OPT_ALLOC_CONF), SP_OPT_SRC_ENV);
+    }
+}
+
+// PyTorch reads PYTORCH_ALLOC_CONF first and PYTORCH_CUDA_ALLOC_CONF only when it is unset (the
+// older name, kept for compatibility); a job that states its settings in the new name gets them in
+// sympool too, and the printed source names the variable they came from.
+TEST_F(CoreTest, PytorchAllocConfIsReadBeforeTheCudaName) {
+    auto source_line = [] {
+        char *buf = nullptr;
+        size_t len = 0;
+        FILE *f = open_memstream(&buf, &len);
+        if (f == nullptr)
+            return std::string();
+        sp__options_print(f);
+        fclose(f);
+        std::string out(buf, len);
+        free(buf);
+        size_t at = out.find("SYMPOOL_ALLOC_CONF");
+        return at == std::string::npos ? std::string() : out.substr(at, out.find('\n', at) - at);
+    };
+    {
+        Env env({{"SYMPOOL_ALLOC_CONF", nullptr},
+                 {"SYMPOOL_MAX_SPLIT_SIZE", nullptr},
+                 {"PYTORCH_CUDA_ALLOC_CONF", nullptr},
+                 {"PYTORCH_ALLOC_CONF", "max_split_size_mb:96"}});
+        EXPECT_EQ(sp__option_int(SP_OPT_MAX_SPLIT_SIZE), 96 * MiB) << "PYTORCH_ALLOC_CONF ignored";
+        EXPECT_EQ(sp__option_source(SP_OPT_MAX_SPLIT_SIZE), SP_OPT_SRC_CONF);
+        EXPECT_NE(source_line().find("[PYTORCH_ALLOC_CONF]"), std::string::npos) << source_line();
+    }
+    {
+        Env env({{"SYMPOOL_ALLOC_CONF", nullptr},
+                 {"SYMPOOL_MAX_SPLIT_SIZE", nullptr},
+                 {"PYTORCH_CUDA_ALLOC_CONF", "max_split_size_mb:64"},
+                 {"PYTORCH_ALLOC_CONF", "max_split_size_mb:96"}});
+        EXPECT_EQ(sp__option_int(SP_OPT_MAX_SPLIT_SIZE), 96 * MiB) << "the older name won";
+    }
+    {
+        Env env({{"SYMPOOL_ALLOC_CONF", "max_split_size_mb:32"},
+                 {"SYMPOOL_MAX_SPLIT_SIZE", nullptr},
+                 {"PYTORCH_ALLOC_CONF", "max_split_size_mb:96"}});
+        EXPECT_EQ(sp__option_int(SP_OPT_MAX_SPLIT_SIZE), 32 * MiB) << "ours must win";
+    }
+    {
+        // A malformed value is reported under the name it was read from.
+        expect_warnings();
+        Env env({{"SYMPOOL_ALLOC_CONF", nullptr},
+                 {"SYMPOOL_MAX_SPLIT_SIZE", nullptr},
+                 {"PYTORCH_CUDA_ALLOC_CONF", nullptr},
+                 {"PYTORCH_ALLOC_CONF", "max_split_size_mb:5"}});
+        EXPECT_EQ(count(SP_LOG_WARN, "PYTORCH_ALLOC_CONF='max_split_size_mb:5'"), 1u);
+        EXPECT_EQ(count(SP_LOG_WARN, "PYTORCH_CUDA_ALLOC_CONF"), 0u);
     }
 }
 
@@ -622,6 +674,8 @@ TEST_F(AllocConf, RejectsBadValuesAndLeavesConfUnchanged) {
         {"garbage_collection_threshold:1.0", "garbage_collection_threshold"},
         {"garbage_collection_threshold:0", "garbage_collection_threshold"},
         {"roundup_power2_divisions:3", "roundup_power2_divisions"},
+        // PyTorch: the single number must be a power of 2 (0 only inside the list form).
+        {"roundup_power2_divisions:0", "roundup_power2_divisions"},
         {"roundup_power2_divisions:[64:3]", "roundup_power2_divisions"},
         {"roundup_power2_divisions:[96:4]", "roundup_power2_divisions"},
         {"roundup_power2_divisions:[256:4,64:8]", "roundup_power2_divisions"},
@@ -654,6 +708,25 @@ TEST_F(AllocConf, CudaOnlyKeysAreAcceptedAndIgnored) {
     EXPECT_EQ(c.max_split_size, SIZE_MAX);
     EXPECT_EQ(count(SP_LOG_INFO, "has no effect in sympool: ignored"), 6u);
     EXPECT_EQ(count(SP_LOG_INFO, "ALLOC_CONF key pinned_num_register_threads:8 has no effect"), 1u);
+}
+
+// The rest of what PyTorch's CUDA build accepts: the pinned reserve segment (a whole number of MB
+// above 0) and the ROCm spellings it takes on CUDA too, "to ease the burden on ROCm users".
+TEST_F(AllocConf, PinnedReserveAndHipSpellingsAreAcceptedAndIgnored) {
+    Env env({{"SYMPOOL_DEBUG", "INFO"}});
+    ASSERT_SP_OK(sp__alloc_conf_parse("max_split_size_mb:64,pinned_reserve_segment_size_mb:256,"
+                                      "release_lock_on_hipmalloc:False,"
+                                      "pinned_use_hip_host_register:True",
+                                      &c));
+    EXPECT_EQ(c.max_split_size, (size_t)(64 * MiB));
+    EXPECT_EQ(count(SP_LOG_INFO, "has no effect in sympool: ignored"), 3u);
+    expect_warnings();
+    const sp_alloc_conf_t before = c;
+    for (const char *bad : {"pinned_reserve_segment_size_mb:0", "pinned_reserve_segment_size_mb:x",
+                            "release_lock_on_hipmalloc:1"}) {
+        EXPECT_SP_STATUS(sp__alloc_conf_parse(bad, &c), SP_ERR_INVALID_ARGUMENT);
+        EXPECT_EQ(0, std::memcmp(&c, &before, sizeof c)) << bad << " changed the conf";
+    }
 }
 
 TEST_F(AllocConf, SeparateVariableBeatsAllocConf) {

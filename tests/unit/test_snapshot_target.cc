@@ -183,6 +183,44 @@ TEST_F(SnapshotTarget, NewAndRegularTargetsStillWork) {
     EXPECT_EQ(list_dir(dir_).size(), 1u);
 }
 
+// The file gets the permissions any other way of writing it would give: a new one 0666 less the
+// umask (the temporary used to be made 0600 and then opened to 0644, whatever the umask said),
+// and a file that is replaced keeps its own mode (also through a link), rather than becoming
+// readable by everyone.
+TEST_F(SnapshotTarget, NewFileFollowsTheUmaskAndAReplacedFileKeepsItsMode) {
+    auto mode_of = [](const std::string &path) {
+        struct stat st;
+        return stat(path.c_str(), &st) == 0 ? (unsigned)(st.st_mode & 07777) : 0u;
+    };
+    std::string priv = dir_ + "/private.pickle";
+    mode_t old = umask(077);
+    sp_status_t s = sp_dump_snapshot(priv.c_str());
+    umask(old);
+    ASSERT_SP_OK(s);
+    EXPECT_EQ(mode_of(priv), 0600u) << "the umask was ignored";
+
+    std::string open_ = dir_ + "/open.json";
+    old = umask(022);
+    s = sp_dump_snapshot(open_.c_str());
+    umask(old);
+    ASSERT_SP_OK(s);
+    EXPECT_EQ(mode_of(open_), 0644u);
+
+    std::string kept = dir_ + "/kept.json";
+    { std::ofstream(kept) << "{}"; }
+    ASSERT_EQ(chmod(kept.c_str(), 0640), 0);
+    ASSERT_SP_OK(sp_dump_snapshot(kept.c_str()));
+    EXPECT_EQ(mode_of(kept), 0640u) << "the replaced file's mode was not kept";
+    EXPECT_NE(read_all(kept), "{}");
+
+    std::string link = dir_ + "/link.json";
+    ASSERT_EQ(symlink(kept.c_str(), link.c_str()), 0);
+    ASSERT_EQ(chmod(kept.c_str(), 0600), 0);
+    ASSERT_SP_OK(sp_dump_snapshot(link.c_str()));
+    EXPECT_EQ(mode_of(kept), 0600u) << "through a link";
+    EXPECT_EQ(list_dir(dir_).size(), 4u) << "a temporary file was left behind";
+}
+
 // A target whose name is as long as a directory entry may be (NAME_MAX) is a legal target: the
 // temporary next to it used to take the whole name plus ".tmp.XXXXXX", which the file system
 // refused (ENAMETOOLONG), so such a snapshot could never be written.
