@@ -970,7 +970,9 @@ static void fsync_dir_of(const char *path) {
 /* Where the bytes for `path` go: path itself when it does not exist or is a regular file, the
  * file a symbolic link names when that is a regular file (resolved, so the temporary and the
  * rename happen in the real file's directory and the link survives); anything else is refused.
- * *mode_p: the permission bits of the file that will be replaced, -1 for a new file. */
+ * *mode_p: the permission bits of the file that will be replaced, -1 for a new file: read, write
+ * and execute only (the set-user-ID, set-group-ID and sticky bits belong to the contents they
+ * were set on, not to the snapshot that replaces them: cp and install drop them too). */
 static sp_status_t resolve_target(const char *path, char *out, size_t cap, int *mode_p) {
     struct stat st;
     *mode_p = -1;
@@ -985,7 +987,7 @@ static sp_status_t resolve_target(const char *path, char *out, size_t cap, int *
     }
     if (S_ISREG(st.st_mode)) {
         snprintf(out, cap, "%s", path);
-        *mode_p = (int)(st.st_mode & 07777);
+        *mode_p = (int)(st.st_mode & 0777);
         return SP_SUCCESS;
     }
     if (S_ISLNK(st.st_mode)) {
@@ -1004,7 +1006,7 @@ static sp_status_t resolve_target(const char *path, char *out, size_t cap, int *
         if (strlen(real) + 1 > cap)
             return sp__error(SP_ERR_INVALID_ARGUMENT, SP_SUB_HISTORY, "path too long: %s", real);
         snprintf(out, cap, "%s", real);
-        *mode_p = (int)(ts.st_mode & 07777);
+        *mode_p = (int)(ts.st_mode & 0777);
         return SP_SUCCESS;
     }
     const char *kind = S_ISDIR(st.st_mode)    ? "a directory"

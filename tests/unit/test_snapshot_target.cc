@@ -219,6 +219,11 @@ TEST_F(SnapshotTarget, NewFileFollowsTheUmaskAndAReplacedFileKeepsItsMode) {
     ASSERT_SP_OK(sp_dump_snapshot(link.c_str()));
     EXPECT_EQ(mode_of(kept), 0600u) << "through a link";
     EXPECT_EQ(list_dir(dir_).size(), 4u) << "a temporary file was left behind";
+
+    // The set-user-ID, set-group-ID and sticky bits are the old contents', not carried over.
+    ASSERT_EQ(chmod(kept.c_str(), 07755), 0);
+    ASSERT_SP_OK(sp_dump_snapshot(kept.c_str()));
+    EXPECT_EQ(mode_of(kept), 0755u) << "special bits carried onto new contents";
 }
 
 // A target whose name is as long as a directory entry may be (NAME_MAX) is a legal target: the
