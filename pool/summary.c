@@ -177,6 +177,9 @@ SP_EXPORT size_t sp_x_memory_summary_format(const sp_stats_t *st, const char *ti
 }
 
 SP_EXPORT sp_status_t sp_memory_summary(int device, char *buf, size_t len) {
+    /* Its own refusal: the one sp_memory_stats gives below would name sp_memory_stats. */
+    if (sp__in_callback())
+        return sp__callback_refused("sp_memory_summary");
     SP_ARG_CHECK(buf != NULL, SP_SUB_POOL, "sp_memory_summary: buf is NULL");
     SP_ARG_CHECK(len > 0, SP_SUB_POOL, "sp_memory_summary: len is 0 (no room for the terminator)");
     sp_stats_t st;

@@ -108,6 +108,11 @@ TEST_F(Callbacks, SegmentAllocatorCallingSympoolIsRefused) {
              sp_stats_t st;
              return sp_memory_stats(0, &st);
          }},
+        {"sp_memory_summary",
+         [] {
+             char buf[64] = "";
+             return sp_memory_summary(0, buf, sizeof buf);
+         }},
         {"sp_dump_snapshot", [] { return sp_dump_snapshot("/tmp/sp_never_written_cb.pickle"); }},
         {"sp_shutdown", [] { return sp_shutdown(); }},
     };
