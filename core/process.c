@@ -7,6 +7,8 @@
  * MPI launchers export (mpirun, srun, sympoolrun: so pool/, below launch/, and lines logged before
  * sp_world_init agree with it), else unknown (-1). The rank is process-wide; relaxed atomics.
  */
+#include <errno.h>
+#include <limits.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -37,14 +39,27 @@ void sp__process_set_rank(int rank) {
     __atomic_store_n(&world_rank, rank, __ATOMIC_RELAXED);
 }
 
-/* The launchers' rank variables, read each time: a test may set them. */
+/* A launcher variable's rank: a whole number from 0 to INT_MAX, else -1 (atoi read "7x" as 7,
+ * "x" as 0, and a number past int is undefined for it: each would name another rank's file). */
+static int parse_rank(const char *v) {
+    char *end;
+    errno = 0;
+    long r = strtol(v, &end, 10);
+    if (end == v || *end != '\0' || errno != 0 || r < 0 || r > INT_MAX)
+        return -1;
+    return (int)r;
+}
+
+/* The launchers' rank variables, read each time: a test may set them. One that holds no rank is
+ * passed over for the next. */
 static int launcher_rank(void) {
     static const char *const vars[] = {"OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK",
                                        "SLURM_PROCID"};
     for (size_t i = 0; i < sizeof vars / sizeof vars[0]; i++) {
         const char *v = getenv(vars[i]);
-        if (v != NULL && *v != '\0')
-            return atoi(v);
+        int rank = v != NULL ? parse_rank(v) : -1;
+        if (rank >= 0)
+            return rank;
     }
     return -1;
 }

@@ -1024,6 +1024,18 @@ TEST_F(History, SnapshotPathExpandsLikeTheLogFile) {
     ASSERT_SP_OK(sp_dump_snapshot((dir + "/s.%h.%p.%r.pickle").c_str()));
     struct stat st;
     EXPECT_EQ(stat(want, &st), 0) << want;
+    // A launcher variable that holds no whole rank is passed over for the next (atoi read "7x"
+    // as 7 and "x" as 0).
+    {
+        sp::ScopedEnv junk({{"OMPI_COMM_WORLD_RANK", "x"},
+                            {"PMIX_RANK", "7x"},
+                            {"PMI_RANK", "99999999999"},
+                            {"SLURM_PROCID", "-1"}});
+        EXPECT_EQ(sp__path_expand("log%r", -1, want, sizeof want), SP_EXPAND_NO_RANK) << want;
+        sp::ScopedEnv slurm({{"SLURM_PROCID", " 5"}});
+        ASSERT_EQ(sp__path_expand("log%r", -1, want, sizeof want), SP_EXPAND_OK);
+        EXPECT_STREQ(want, "log5");
+    }
     // The launcher's rank, then the world's, win over 0; the log file sees the same.
     {
         sp::ScopedEnv launcher({{"PMI_RANK", "6"}});
