@@ -1001,14 +1001,30 @@ static void print_text(const char *trace, const tr_trace_t *t, const replay_resu
 
 /* ---- --compare ------------------------------------------------------------------------ */
 
+/* Whether a configuration's item SYMPOOL_NAME=VALUE may be set: a SYMPOOL_DEBUG_FILE naming the
+ * trace would have the replay's log lines appended to it (main.c refuses the variable so). */
+static bool item_allowed(const char *trace, const char *name, const char *value, char *err,
+                         size_t errlen) {
+    char path[4096];
+    if (strcmp(name, "SYMPOOL_DEBUG_FILE") == 0 && value[0] != '\0' &&
+        sp_x_path_expand(value, path, sizeof path) && cli_same_file(trace, path)) {
+        snprintf(err, errlen,
+                 "SYMPOOL_DEBUG_FILE=%s names the trace being replayed (%s): its log lines would "
+                 "be appended to it; log elsewhere",
+                 value, trace);
+        return false;
+    }
+    return true;
+}
+
 /* Configure the library for one configuration: PyTorch's KEY:VALUE items go to
  * SYMPOOL_ALLOC_CONF after the base settings (the snapshot's, or --conf: a later key wins), so a
  * configuration changes what the recorded run used rather than starting from our defaults;
  * SYMPOOL_NAME=VALUE items set that option of ours. Every option starts from the environment
  * again, so one configuration never leaks into the next. The SYMPOOL_ALLOC_CONF it set goes to
  * alloc (len bytes). */
-static bool apply_conf(const char *base, const char *conf, const char *capacity, char *alloc,
-                       size_t len, char *err, size_t errlen) {
+static bool apply_conf(const char *trace, const char *base, const char *conf, const char *capacity,
+                       char *alloc, size_t len, char *err, size_t errlen) {
     /* Options of ours that the previous configuration set go back to their defaults. */
     static char prev[16][64];
     static int nprev = 0;
@@ -1034,6 +1050,8 @@ static bool apply_conf(const char *base, const char *conf, const char *capacity,
         char *eq = strchr(item, '=');
         if (strncmp(item, "SYMPOOL_", 8) == 0 && eq != NULL) {
             *eq = '\0';
+            if (!item_allowed(trace, item, eq + 1, err, errlen))
+                return false;
             if (sp_x_option_set(item, eq + 1) != SP_SUCCESS) {
                 snprintf(err, errlen, "%s", sp_last_error());
                 return false;
@@ -1151,7 +1169,8 @@ static int replay_compare(const char *trace, const tr_trace_t *t, const char *us
     for (int i = 0; i < n && rc == 0; i++) {
         err[0] = '\0';
         if (sp_shutdown() != SP_SUCCESS ||
-            !apply_conf(base, confs[i], capacity, eff[i], sizeof(eff[i]), err, sizeof(err)) ||
+            !apply_conf(trace, base, confs[i], capacity, eff[i], sizeof(eff[i]), err,
+                        sizeof(err)) ||
             !replay_median(t, NULL, repeat, eff[i], capacity, &rs[i], err, sizeof(err))) {
             fprintf(stderr, "sympool replay: configuration '%s': %s\n", confs[i], err);
             rc = confs[i][0] ? 2 : 1;

@@ -248,6 +248,13 @@ if(TARGET sympool_cli)
     PASS_REGULAR_EXPRESSION "^\\{[^\n]*\"conf\":\"\"[^\n]*\n\\{[^\n]*\"conf\":\"max_split_size_mb:64\"[^\n]*\nrc=0")
   sp_cli_check(NAME replay_compare_bad_conf RC 2 REGEX "no_such_key"
     ARGS replay ${SMALL} --compare "" no_such_key:1)
+  # A --compare item naming the trace as SYMPOOL_DEBUG_FILE appended the replay's log lines to
+  # the trace it read: refused (as main.c refuses the variable), the trace left byte for byte.
+  add_test(NAME cli.replay_compare_debug_file_is_trace COMMAND sh -c
+    "cp '${SMALL}' '${SP_CLI_OUT}/cmp_dbg.pickle' && '$<TARGET_FILE:sympool_cli>' replay '${SP_CLI_OUT}/cmp_dbg.pickle' --compare 'SYMPOOL_DEBUG=INFO,SYMPOOL_DEBUG_FILE=${SP_CLI_OUT}/cmp_dbg.pickle' 2>&1; echo rc=$?; cmp '${SMALL}' '${SP_CLI_OUT}/cmp_dbg.pickle' && echo unchanged")
+  set_tests_properties(cli.replay_compare_debug_file_is_trace PROPERTIES LABELS "unit;cli"
+    TIMEOUT 120 ENVIRONMENT "SYMPOOL_DEVICE=host"
+    PASS_REGULAR_EXPRESSION "SYMPOOL_DEBUG_FILE=.*cmp_dbg.pickle names the trace being replayed.*rc=2\nunchanged")
   # info: every linked library's version.
   set(SP_INFO_RE "versions:\n  sympool [0-9.]+\n")
   if(SP_HAVE_CUDA)
