@@ -1001,10 +1001,32 @@ static void print_text(const char *trace, const tr_trace_t *t, const replay_resu
 
 /* ---- --compare ------------------------------------------------------------------------ */
 
-/* Whether a configuration's item SYMPOOL_NAME=VALUE may be set: a SYMPOOL_DEBUG_FILE naming the
- * trace would have the replay's log lines appended to it (main.c refuses the variable so). */
-static bool item_allowed(const char *trace, const char *name, const char *value, char *err,
-                         size_t errlen) {
+/* Whether a configuration's item SYMPOOL_NAME=VALUE may be set. Not the options the replay sets
+ * itself, which would override the item without a word (SYMPOOL_ALLOC_CONF: the configuration's
+ * KEY:VALUE items; SYMPOOL_HOST_CAPACITY with --capacity) or take the replay off the emulated
+ * device (SYMPOOL_DEVICE, SYMPOOL_HOST_DEVICES: one host device per recorded device); and not a
+ * SYMPOOL_DEBUG_FILE naming the trace, which would have the replay's log lines appended to it
+ * (main.c refuses the variable so). */
+static bool item_allowed(const char *trace, const char *capacity, const char *name,
+                         const char *value, char *err, size_t errlen) {
+    if (strcmp(name, "SYMPOOL_ALLOC_CONF") == 0) {
+        snprintf(err, errlen,
+                 "SYMPOOL_ALLOC_CONF is what the configuration's KEY:VALUE items set: write them "
+                 "as items of the configuration (e.g. max_split_size_mb:64)");
+        return false;
+    }
+    if (strcmp(name, "SYMPOOL_DEVICE") == 0 || strcmp(name, "SYMPOOL_HOST_DEVICES") == 0) {
+        snprintf(err, errlen,
+                 "the replay sets %s itself (the emulated host device, one per recorded device)",
+                 name);
+        return false;
+    }
+    if (capacity != NULL && strcmp(name, "SYMPOOL_HOST_CAPACITY") == 0) {
+        snprintf(err, errlen,
+                 "--capacity sets SYMPOOL_HOST_CAPACITY for every configuration: give the "
+                 "capacity one way");
+        return false;
+    }
     char path[4096];
     if (strcmp(name, "SYMPOOL_DEBUG_FILE") == 0 && value[0] != '\0' &&
         sp_x_path_expand(value, path, sizeof path) && cli_same_file(trace, path)) {
@@ -1050,7 +1072,7 @@ static bool apply_conf(const char *trace, const char *base, const char *conf, co
         char *eq = strchr(item, '=');
         if (strncmp(item, "SYMPOOL_", 8) == 0 && eq != NULL) {
             *eq = '\0';
-            if (!item_allowed(trace, item, eq + 1, err, errlen))
+            if (!item_allowed(trace, capacity, item, eq + 1, err, errlen))
                 return false;
             if (sp_x_option_set(item, eq + 1) != SP_SUCCESS) {
                 snprintf(err, errlen, "%s", sp_last_error());

@@ -255,6 +255,18 @@ if(TARGET sympool_cli)
   set_tests_properties(cli.replay_compare_debug_file_is_trace PROPERTIES LABELS "unit;cli"
     TIMEOUT 120 ENVIRONMENT "SYMPOOL_DEVICE=host"
     PASS_REGULAR_EXPRESSION "SYMPOOL_DEBUG_FILE=.*cmp_dbg.pickle names the trace being replayed.*rc=2\nunchanged")
+  # Items that set what the replay sets itself were overridden without a word (a row labelled
+  # SYMPOOL_ALLOC_CONF=max_split_size_mb:64 replayed the recorded settings) or left the emulated
+  # device (SYMPOOL_DEVICE=cuda): refused, naming the option.
+  sp_cli_check(NAME replay_compare_item_alloc_conf RC 2
+    REGEX "configuration 'SYMPOOL_ALLOC_CONF=max_split_size_mb:64': SYMPOOL_ALLOC_CONF is what the configuration's KEY:VALUE items set"
+    ARGS replay ${SMALL} --compare SYMPOOL_ALLOC_CONF=max_split_size_mb:64)
+  sp_cli_check(NAME replay_compare_item_device RC 2
+    REGEX "configuration 'SYMPOOL_DEVICE=cuda': the replay sets SYMPOOL_DEVICE itself"
+    ARGS replay ${SMALL} --compare SYMPOOL_DEVICE=cuda)
+  sp_cli_check(NAME replay_compare_item_capacity RC 2
+    REGEX "configuration 'SYMPOOL_HOST_CAPACITY=1GiB': --capacity sets SYMPOOL_HOST_CAPACITY"
+    ARGS replay ${SMALL} --capacity 64MiB --compare SYMPOOL_HOST_CAPACITY=1GiB)
   # info: every linked library's version.
   set(SP_INFO_RE "versions:\n  sympool [0-9.]+\n")
   if(SP_HAVE_CUDA)
