@@ -1039,6 +1039,56 @@ static bool item_allowed(const char *trace, const char *capacity, const char *na
     return true;
 }
 
+/* The options of ours that a configuration's items set, each once, with what was in force before
+ * the first of them: the environment's value, or what the replay set through the option API
+ * (SYMPOOL_HOST_ARENA). Put back before the next configuration, so that none leaks into it. */
+typedef struct item_opt {
+    char name[64];   /* SYMPOOL_NAME */
+    char value[520]; /* the value to put back, when not to_default */
+    bool to_default; /* the option was at its default */
+} item_opt_t;
+#define MAX_ITEM_OPTS 64 /* more than there are options */
+static item_opt_t g_item_opts[MAX_ITEM_OPTS];
+static int g_nitem_opts;
+
+static void items_put_back(void) {
+    for (int k = 0; k < g_nitem_opts; k++) {
+        const item_opt_t *o = &g_item_opts[k];
+        if (o->to_default || sp_x_option_set(o->name, o->value) != SP_SUCCESS)
+            (void)sp_x_option_set(o->name, NULL);
+    }
+    g_nitem_opts = 0;
+}
+
+/* Before an item first sets name: remember what to put back. False (err) only when there is no
+ * room, which the option count rules out; a name that is no option is left to sp_x_option_set. */
+static bool item_remember(const char *name, char *err, size_t errlen) {
+    for (int k = 0; k < g_nitem_opts; k++)
+        if (strcmp(g_item_opts[k].name, name) == 0)
+            return true;
+    sp_x_option_info_t info;
+    for (int i = 0; sp_x_option_info(i, &info); i++) {
+        if (strcmp(info.name, name) != 0)
+            continue;
+        if (g_nitem_opts == MAX_ITEM_OPTS || strlen(name) >= sizeof(g_item_opts[0].name)) {
+            snprintf(err, errlen, "too many SYMPOOL_ options in one configuration");
+            return false;
+        }
+        item_opt_t *o = &g_item_opts[g_nitem_opts++];
+        snprintf(o->name, sizeof(o->name), "%s", name);
+        const char *env = getenv(name);
+        o->to_default = false;
+        if (strcmp(info.source, "env") == 0 && env != NULL)
+            snprintf(o->value, sizeof(o->value), "%s", env);
+        else if (strcmp(info.source, "api") == 0)
+            snprintf(o->value, sizeof(o->value), "%s", info.value);
+        else
+            o->to_default = true;
+        return true;
+    }
+    return true;
+}
+
 /* Configure the library for one configuration: PyTorch's KEY:VALUE items go to
  * SYMPOOL_ALLOC_CONF after the base settings (the snapshot's, or --conf: a later key wins), so a
  * configuration changes what the recorded run used rather than starting from our defaults;
@@ -1047,12 +1097,7 @@ static bool item_allowed(const char *trace, const char *capacity, const char *na
  * alloc (len bytes). */
 static bool apply_conf(const char *trace, const char *base, const char *conf, const char *capacity,
                        char *alloc, size_t len, char *err, size_t errlen) {
-    /* Options of ours that the previous configuration set go back to their defaults. */
-    static char prev[16][64];
-    static int nprev = 0;
-    for (int k = 0; k < nprev; k++)
-        (void)sp_x_option_set(prev[k], NULL);
-    nprev = 0;
+    items_put_back(); /* what the previous configuration's items set */
     size_t used = (size_t)snprintf(alloc, len, "%s", base);
     if (used >= len) {
         snprintf(err, errlen, "configuration too long: '%.64s...'", base);
@@ -1074,12 +1119,12 @@ static bool apply_conf(const char *trace, const char *base, const char *conf, co
             *eq = '\0';
             if (!item_allowed(trace, capacity, item, eq + 1, err, errlen))
                 return false;
+            if (!item_remember(item, err, errlen))
+                return false;
             if (sp_x_option_set(item, eq + 1) != SP_SUCCESS) {
                 snprintf(err, errlen, "%s", sp_last_error());
                 return false;
             }
-            if (nprev < 16 && strlen(item) < sizeof(prev[0]))
-                strcpy(prev[nprev++], item);
         } else if (n > 0) {
             if (used + n + 2 >= len) {
                 snprintf(err, errlen, "configuration too long: '%s'", conf);
