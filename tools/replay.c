@@ -1232,6 +1232,21 @@ static int replay_compare(const char *trace, const tr_trace_t *t, const char *us
     char err[512] = "";
     size_t oom_lines = 0;
     int rc = 0;
+    /* Every configuration is checked before the first replay: a bad one is refused before
+     * anything runs, not after the ones before it have replayed. */
+    for (int i = 0; i < n && rc == 0; i++) {
+        if (!apply_conf(trace, base, confs[i], capacity, eff[i], sizeof(eff[i]), err,
+                        sizeof(err))) {
+            fprintf(stderr, "sympool replay: configuration '%s': %s\n", confs[i], err);
+            rc = confs[i][0] ? 2 : 1;
+        }
+    }
+    items_put_back();
+    if (rc != 0) {
+        free(rs);
+        free(eff);
+        return rc;
+    }
     sp_x_log_set_fn(log_filter, &oom_lines);
     for (int i = 0; i < n && rc == 0; i++) {
         err[0] = '\0';

@@ -278,6 +278,12 @@ if(TARGET sympool_cli)
     REGEX "\n\\{[^\n]*\"peak_reserved_bytes\":463071232,[^\n]*\"conf\":\"SYMPOOL_DEBUG=WARN\"[^\n]*\n"
     ARGS replay ${SMALL} --json --compare SYMPOOL_NO_CACHING=0 SYMPOOL_DEBUG=WARN
     ENV SYMPOOL_NO_CACHING=1)
+  # Every configuration is checked before the first replay: a bad one last in the list is refused
+  # before anything runs (it was refused after the others had replayed; INFO shows each init).
+  sp_cli_check(NAME replay_compare_checked_first RC 2 REGEX "no_such_key"
+    ARGS replay ${SMALL} --compare max_split_size_mb:64 no_such_key:1 ENV SYMPOOL_DEBUG=INFO)
+  set_tests_properties(cli.replay_compare_checked_first PROPERTIES
+    FAIL_REGULAR_EXPRESSION "allocator ready")
   # info: every linked library's version.
   set(SP_INFO_RE "versions:\n  sympool [0-9.]+\n")
   if(SP_HAVE_CUDA)
