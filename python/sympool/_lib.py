@@ -321,14 +321,18 @@ def as_device(device):
         return 0
     if isinstance(device, str):
         kind, _, index = device.partition(":")
-        if kind != "cuda" or (index and not index.isdigit()):
+        # ASCII digits only (str.isdigit() takes every script's), as torch.device reads them.
+        if kind != "cuda" or (index and not (index.isascii() and index.isdigit())):
             raise TypeError(f"device must be an int, a torch.device or 'cuda:N', not {device!r}")
-        return int(index) if index else 0
-    if type(device).__name__ == "device" and hasattr(device, "type"):  # torch.device
+        d = int(index) if index else 0
+    elif type(device).__name__ == "device" and hasattr(device, "type"):  # torch.device
         if device.type != "cuda":
             raise bad_value(f"device {device} is not a CUDA device")
-        return device.index if device.index is not None else 0
-    d = as_int(device, "device")
+        d = device.index if device.index is not None else 0
+    else:
+        d = as_int(device, "device")
+    # The range of the C int it becomes: a larger N would be cut to its low bits (device 0 for
+    # 'cuda:4294967296').
     if d < 0 or d >= 1 << 31:
         raise bad_value(f"device must be in [0, device_count()), got {d}")
     return d

@@ -172,6 +172,27 @@ def test_device_spellings(sp):
         sp.memory_stats("cpu")
 
 
+@pytest.mark.parametrize("spelling", ["cuda:4294967296", "cuda:2147483648",
+                                      "cuda:99999999999999999999"])
+def test_device_spelling_out_of_range(sp, spelling):
+    # 'cuda:N' past a C int was cut to its low 32 bits: cuda:4294967296 made a pool on device 0
+    # (its .device saying 4294967296) and malloc'd there; refused like the int N.
+    with pytest.raises(ValueError, match="device must be in"):
+        sp.malloc(16, spelling)
+    with pytest.raises(ValueError, match="device must be in"):
+        sp.MemPool(device=spelling)
+    with pytest.raises(ValueError, match="device must be in"):
+        sp.get_default_memory_pool(spelling)
+
+
+def test_device_spelling_ascii_digits_only(sp):
+    # str.isdigit() takes any script's digits; torch.device takes ASCII ones only.
+    with pytest.raises(TypeError):
+        sp.memory_stats("cuda:\u0660")
+    with pytest.raises(TypeError):
+        sp.memory_stats("cuda:+0")
+
+
 def test_environment_set_after_loading_the_library_is_read():
     # Options are read at the first call, not when the library loads, so
     # os.environ set after loading (before the first allocator call) counts.
