@@ -216,9 +216,13 @@ def _load():
                       "P` (puts a link next to the package), or add its folder to LD_LIBRARY_PATH.")
 
 
-def _declare(handle):
+def _declare(handle, path):
     for name, (restype, argtypes) in _PROTOS.items():
-        fn = getattr(handle, name)  # AttributeError: not a sympool library, or too old
+        fn = getattr(handle, name, None)
+        if fn is None:  # not a sympool library, or an older one than this package
+            raise ImportError(f"sympool: {path} is not a sympool library, or is older than this "
+                              f"package: it has no {name}. Set SYMPOOL_LIBRARY to the "
+                              "libsympool.so built with this package.")
         fn.restype, fn.argtypes = restype, argtypes
     for name, (restype, argtypes) in _OPTIONAL.items():
         fn = getattr(handle, name, None)
@@ -233,7 +237,7 @@ def lib():
         with _lock:
             if _lib is None:
                 handle, path = _load()
-                _declare(handle)
+                _declare(handle, path)
                 _path = path
                 _lib = handle
     return _lib
