@@ -363,7 +363,11 @@ def as_stream(stream):
         return None
     for attr in ("cuda_stream", "ptr"):
         if not isinstance(stream, int) and hasattr(stream, attr):
-            stream = getattr(stream, attr)
+            handle = getattr(stream, attr)
+            if handle is None:  # sympool.Stream after destroy()
+                raise SympoolError("SP_ERR_INVALID_USAGE",
+                                   f"stream {stream!r} was destroyed (its .{attr} is None)")
+            stream = handle
             break
     v = as_int(stream, "stream")
     if v < 0 or v > SIZE_MAX:

@@ -150,6 +150,18 @@ def test_bad_stream_type(sp):
         sp.malloc(16, stream="s")
 
 
+def test_destroyed_stream_as_an_argument(sp):
+    # A destroyed Stream (its .ptr None) given as a stream read as "stream must be an int, not
+    # NoneType"; it is the usage error Stream.synchronize() raises after destroy().
+    s = sp.Stream()
+    s.destroy()
+    for call in (lambda: sp.malloc(16, 0, s), lambda: sp.record_stream(0, s),
+                 lambda: sp.get_default_memory_pool().free_all_blocks(s)):
+        with pytest.raises(sp.SympoolError, match="destroyed") as e:
+            call()
+        assert e.value.status == "SP_ERR_INVALID_USAGE"
+
+
 def test_memory_summary(sp):
     p = sp.malloc(3 << 20)
     text = sp.memory_summary()
