@@ -4,6 +4,7 @@
  * Options that configure the library (--conf, --capacity) are applied by the subcommand before
  * its first sympool call.
  */
+#include <errno.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -55,7 +56,31 @@ static bool debug_file_is_an_argument(int nsub, char **sub) {
     return false;
 }
 
+/* The command's exit status once its output is out: a write to stdout that failed (a full disk,
+ * a closed descriptor) fails the command, which would otherwise report success over a
+ * truncated or missing output (`sympool replay T --json > out.json` on a full disk). */
+static int finish(int rc) {
+    bool failed = ferror(stdout) != 0;
+    int e = 0;
+    if (fflush(stdout) != 0) {
+        failed = true;
+        e = errno;
+    }
+    if (failed && rc == 0) {
+        fprintf(stderr, "sympool: cannot write the output to stdout%s%s\n", e ? ": " : "",
+                e ? strerror(e) : "");
+        return 1;
+    }
+    return rc;
+}
+
+static int run(int argc, char **argv);
+
 int main(int argc, char **argv) {
+    return finish(run(argc, argv));
+}
+
+static int run(int argc, char **argv) {
     static const struct option opts[] = {
         {"version", no_argument, NULL, 'V'}, {"help", no_argument, NULL, 'h'}, {0, 0, 0, 0}};
     int c;

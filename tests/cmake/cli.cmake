@@ -284,6 +284,13 @@ if(TARGET sympool_cli)
     ARGS replay ${SMALL} --compare max_split_size_mb:64 no_such_key:1 ENV SYMPOOL_DEBUG=INFO)
   set_tests_properties(cli.replay_compare_checked_first PROPERTIES
     FAIL_REGULAR_EXPRESSION "allocator ready")
+  # A failed write to stdout (a full disk) is the command's failure: it exited 0 over a
+  # truncated or empty output (`sympool replay T --json > out.json` on a full disk).
+  add_test(NAME cli.stdout_write_error COMMAND sh -c
+    "for c in 'info --json' 'summary ${SMALL}' 'replay ${SMALL} --json'; do '$<TARGET_FILE:sympool_cli>' $c > /dev/full; echo \"rc=$?\"; done 2>&1")
+  set_tests_properties(cli.stdout_write_error PROPERTIES LABELS "unit;cli" TIMEOUT 120
+    ENVIRONMENT "SYMPOOL_DEVICE=host"
+    PASS_REGULAR_EXPRESSION "^sympool: cannot write the output to stdout[^\n]*\nrc=1\nsympool: cannot write the output to stdout[^\n]*\nrc=1\nsympool: cannot write the output to stdout[^\n]*\nrc=1\n$")
   # info: every linked library's version.
   set(SP_INFO_RE "versions:\n  sympool [0-9.]+\n")
   if(SP_HAVE_CUDA)
