@@ -5,6 +5,7 @@
  * its first sympool call.
  */
 #include <errno.h>
+#include <fcntl.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -77,6 +78,13 @@ static int finish(int rc) {
 static int run(int argc, char **argv);
 
 int main(int argc, char **argv) {
+    /* Started with stdin, stdout or stderr closed, the first file the command opens (the trace,
+     * the SYMPOOL_DEBUG_FILE log, a snapshot's temporary file) would take that descriptor and
+     * receive what is written to stdout or stderr. /dev/null, read-only, holds the place: a
+     * write there fails, and finish() reports a closed stdout. */
+    for (int fd = 0; fd <= 2; fd++)
+        if (fcntl(fd, F_GETFD) < 0 && errno == EBADF && open("/dev/null", O_RDONLY) != fd)
+            return 1;
     return finish(run(argc, argv));
 }
 

@@ -291,6 +291,13 @@ if(TARGET sympool_cli)
   set_tests_properties(cli.stdout_write_error PROPERTIES LABELS "unit;cli" TIMEOUT 120
     ENVIRONMENT "SYMPOOL_DEVICE=host"
     PASS_REGULAR_EXPRESSION "^sympool: cannot write the output to stdout[^\n]*\nrc=1\nsympool: cannot write the output to stdout[^\n]*\nrc=1\nsympool: cannot write the output to stdout[^\n]*\nrc=1\n$")
+  # Started with stdout closed, the command's text went into the first file it opened for writing
+  # (here the SYMPOOL_DEBUG_FILE log, which took descriptor 1): refused as a failed write.
+  add_test(NAME cli.stdout_closed COMMAND sh -c
+    "rm -f '${SP_CLI_OUT}/closed.log'; SYMPOOL_DEBUG=INFO SYMPOOL_DEBUG_FILE='${SP_CLI_OUT}/closed.log' '$<TARGET_FILE:sympool_cli>' replay '${SMALL}' >&-; echo \"rc=$?\"; grep -c 'replay of' '${SP_CLI_OUT}/closed.log'")
+  set_tests_properties(cli.stdout_closed PROPERTIES LABELS "unit;cli" TIMEOUT 120
+    ENVIRONMENT "SYMPOOL_DEVICE=host"
+    PASS_REGULAR_EXPRESSION "cannot write the output to stdout[^\n]*\nrc=1\n0\n$")
   # info: every linked library's version.
   set(SP_INFO_RE "versions:\n  sympool [0-9.]+\n")
   if(SP_HAVE_CUDA)
