@@ -45,6 +45,16 @@ int cli_getopt(int argc, char **argv, const char *cmd, const char *shortopts,
     return '?';
 }
 
+bool cli_once(const char *cmd, const char *opt, const char **seen, const char *value) {
+    if (*seen != NULL) {
+        fprintf(stderr, "sympool %s: %s given twice ('%s', then '%s'): give it once\n", cmd, opt,
+                *seen, value);
+        return false;
+    }
+    *seen = value;
+    return true;
+}
+
 bool cli_parse_long(const char *s, long lo, long hi, long *out) {
     if (s == NULL || *s == '\0')
         return false;

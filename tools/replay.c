@@ -1340,6 +1340,7 @@ static int parse_args(int argc, char **argv, replay_args_t *a) {
     memset(a, 0, sizeof(*a));
     a->repeat = 1;
     bool compare = false;
+    const char *repeat_given = NULL;
     int c;
     long n;
     /* '-': words that are not options come back in order as 1, so the CONFs after --compare
@@ -1349,19 +1350,22 @@ static int parse_args(int argc, char **argv, replay_args_t *a) {
         case 'h':
             return usage(stdout, 0);
         case 'c':
-            a->conf = optarg;
+            if (!cli_once("replay", "--conf", &a->conf, optarg))
+                return 2;
             break;
         case 'C':
-            a->capacity = optarg;
+            if (!cli_once("replay", "--capacity", &a->capacity, optarg))
+                return 2;
             break;
         case 's':
+            if (!cli_once("replay", "--snapshot", &a->snapshot, optarg))
+                return 2;
             if (!cli_has_suffix(optarg, ".pickle") && !cli_has_suffix(optarg, ".json")) {
                 fprintf(stderr,
                         "sympool replay: --snapshot writes OUT.pickle or OUT.json, not '%s'\n",
                         optarg);
                 return 2;
             }
-            a->snapshot = optarg;
             break;
         case 'j':
             a->json = true;
@@ -1370,6 +1374,8 @@ static int parse_args(int argc, char **argv, replay_args_t *a) {
             compare = true;
             break;
         case 'r':
+            if (!cli_once("replay", "--repeat", &repeat_given, optarg))
+                return 2;
             if (!cli_parse_long(optarg, 1, 64, &n)) {
                 fprintf(stderr, "sympool replay: --repeat takes 1 to 64, not '%s'\n", optarg);
                 return 2;

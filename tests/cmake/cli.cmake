@@ -298,6 +298,22 @@ if(TARGET sympool_cli)
   set_tests_properties(cli.stdout_closed PROPERTIES LABELS "unit;cli" TIMEOUT 120
     ENVIRONMENT "SYMPOOL_DEVICE=host"
     PASS_REGULAR_EXPRESSION "cannot write the output to stdout[^\n]*\nrc=1\n0\n$")
+  # An option that takes a value, given twice: the last one was taken without a word (two
+  # --snapshot outputs, one written; two -o charts, one drawn). Refused, naming both.
+  sp_cli_check(NAME replay_snapshot_twice RC 2
+    REGEX "sympool replay: --snapshot given twice \\('.*a.pickle', then '.*b.json'\\): give it once"
+    ARGS replay ${SMALL} --snapshot ${SP_CLI_OUT}/a.pickle -s ${SP_CLI_OUT}/b.json)
+  sp_cli_check(NAME replay_conf_twice RC 2 REGEX "--conf given twice"
+    ARGS replay ${SMALL} --conf max_split_size_mb:64 --conf=expandable_segments:True)
+  sp_cli_check(NAME replay_capacity_twice RC 2 REGEX "--capacity given twice"
+    ARGS replay ${SMALL} --capacity 1GiB --capacity 2GiB)
+  sp_cli_check(NAME replay_repeat_twice RC 2 REGEX "--repeat given twice" ARGS replay ${SMALL} -r 2 -r 3)
+  sp_cli_check(NAME plot_output_twice RC 2 REGEX "sympool plot: --output given twice"
+    ARGS plot ${SMALL} -o ${SP_CLI_OUT}/twice1.svg -o ${SP_CLI_OUT}/twice2.svg)
+  sp_cli_check(NAME plot_device_twice RC 2 REGEX "sympool plot: --device given twice"
+    ARGS plot ${SMALL} -d 0 -d 1 -o ${SP_CLI_OUT}/twice3.svg)
+  sp_cli_check(NAME summary_device_twice RC 2 REGEX "sympool summary: --device given twice"
+    ARGS summary -d 0 --device 0 ${SMALL})
   # info: every linked library's version.
   set(SP_INFO_RE "versions:\n  sympool [0-9.]+\n")
   if(SP_HAVE_CUDA)
