@@ -46,11 +46,17 @@ static bool debug_file_is_an_argument(int nsub, char **sub) {
     if (pattern == NULL || pattern[0] == '\0' || !sp_x_path_expand(pattern, path, sizeof path))
         return false;
     for (int i = 1; i < nsub; i++) {
-        if (sub[i][0] != '-' && cli_same_file(sub[i], path)) {
+        /* A word, or an option's value written into it: --output=FILE, -oFILE. */
+        const char *file = sub[i];
+        if (file[0] == '-' && file[1] == '-')
+            file = strchr(file, '=') ? strchr(file, '=') + 1 : "";
+        else if (file[0] == '-')
+            file = file[1] != '\0' ? file + 2 : "";
+        if (file[0] != '\0' && cli_same_file(file, path)) {
             fprintf(stderr,
                     "sympool: SYMPOOL_DEBUG_FILE=%s names %s, a file this command reads or "
                     "writes: its log lines would be appended to it; log elsewhere\n",
-                    pattern, sub[i]);
+                    pattern, file);
             return true;
         }
     }

@@ -31,6 +31,10 @@ check "plot onto one of its snapshots" "is the snapshot" "$bin" plot "$trace" "$
 # SYMPOOL_DEBUG_FILE naming the trace (or the snapshot to write): log lines would be appended.
 check "debug file is the trace" "SYMPOOL_DEBUG_FILE" env SYMPOOL_DEBUG=INFO SYMPOOL_DEBUG_FILE="$w/t.pickle" "$bin" replay "$w/t.pickle"
 check "debug file is a link to the trace" "SYMPOOL_DEBUG_FILE" env SYMPOOL_DEBUG=INFO SYMPOOL_DEBUG_FILE="$w/link.pickle" "$bin" info "$w/t.pickle"
+# ... also when the output is given as --opt=FILE or -oFILE (only separate words were looked at).
+check "debug file is the chart, --output=" "SYMPOOL_DEBUG_FILE" env SYMPOOL_DEBUG_FILE="$w/t.svg" "$bin" plot "$trace" --output="$w/t.svg"
+check "debug file is the chart, -oFILE" "SYMPOOL_DEBUG_FILE" env SYMPOOL_DEBUG_FILE="$w/t.svg" "$bin" plot "$trace" -o"$w/t.svg"
+check "debug file is the snapshot, --snapshot=" "SYMPOOL_DEBUG_FILE" env SYMPOOL_DEBUG_FILE="$w/t.pickle" "$bin" replay "$trace" --snapshot="$w/t.pickle"
 check "debug file is the snapshot read" "SYMPOOL_DEBUG_FILE" env SYMPOOL_DEBUG=INFO SYMPOOL_DEBUG_FILE="$w/t.svg" "$bin" summary "$w/t.svg"
 for f in t.pickle t.svg; do
     cmp -s "$trace" "$w/$f" || { echo "FAIL $f was changed"; fail=1; }
