@@ -205,6 +205,15 @@ def test_memory_snapshot_lists_segments(sp):
     sp.free(p)
 
 
+@pytest.mark.parametrize("bad, kind", [("ab", TypeError), ((1,), ValueError), ((0, 0, 0), ValueError),
+                                       ((1.5, 2), TypeError), ((0, -1), ValueError)])
+def test_memory_snapshot_bad_pool_id(sp, bad, kind):
+    # A pool id is two ints: "ab" raised int()'s "invalid literal for int() with base 10: 'a'",
+    # and (1,) or (0, 0, 0) matched no segment and returned [] as if the pool had none.
+    with pytest.raises(kind, match="mempool_id"):
+        sp.memory_snapshot(bad)
+
+
 def test_streams_keep_their_own_cache(sp):
     s = sp.Stream()
     pool = sp.MemPool(name="streams")
