@@ -271,7 +271,7 @@ class MemPool:
         params = _lib.MemPoolParams()
         lib().sp_mempool_params_init(ctypes.byref(params))
         params.use_on_oom, params.no_split = use_on_oom, no_split
-        self._name_bytes = name.encode() if name is not None else None
+        self._name_bytes = name.encode(errors="surrogatepass") if name is not None else None
         params.name = self._name_bytes
         self._owned = True
         handle = ctypes.c_void_p()
