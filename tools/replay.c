@@ -1429,6 +1429,17 @@ int sp_cli_replay(int argc, char **argv) {
                 a.snapshot, a.trace);
         return 2;
     }
+    /* --conf and --capacity are checked before the trace is read (a large one takes a while):
+     * a bad value is a usage error, refused before anything is done. */
+    char why[512];
+    if (a.conf != NULL && !sp_x_alloc_conf_check(a.conf, why, sizeof why)) {
+        fprintf(stderr, "sympool replay: --conf '%s' is not valid: %s\n", a.conf, why);
+        return 2;
+    }
+    if (a.capacity != NULL && sp_x_option_set("SYMPOOL_HOST_CAPACITY", a.capacity) != SP_SUCCESS) {
+        fprintf(stderr, "sympool replay: --capacity: %s\n", sp_last_error());
+        return 2;
+    }
     char err[512];
     tr_trace_t t;
     cli_heap_prepare(a.trace);

@@ -314,6 +314,14 @@ if(TARGET sympool_cli)
     ARGS plot ${SMALL} -d 0 -d 1 -o ${SP_CLI_OUT}/twice3.svg)
   sp_cli_check(NAME summary_device_twice RC 2 REGEX "sympool summary: --device given twice"
     ARGS summary -d 0 --device 0 ${SMALL})
+  # A bad --conf or --capacity is refused before the trace is read (it was refused after loading
+  # it, a while for a large trace): a trace that does not exist shows the order.
+  sp_cli_check(NAME replay_bad_conf_first RC 2
+    REGEX "sympool replay: --conf 'no_such_key:1' is not valid: unknown key 'no_such_key'"
+    ARGS replay ${SP_CLI_OUT}/no-such-trace.pickle --conf no_such_key:1)
+  sp_cli_check(NAME replay_bad_capacity_first RC 2
+    REGEX "sympool replay: --capacity: SYMPOOL_HOST_CAPACITY='12parsecs' is malformed"
+    ARGS replay ${SP_CLI_OUT}/no-such-trace.pickle --capacity 12parsecs)
   # info: every linked library's version.
   set(SP_INFO_RE "versions:\n  sympool [0-9.]+\n")
   if(SP_HAVE_CUDA)
