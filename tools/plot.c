@@ -757,6 +757,8 @@ int sp_cli_plot(int argc, char **argv) {
                 out);
         return 2;
     }
+    if (!cli_output_ok("plot", "-o", out))
+        return 1;
     for (int i = optind; i < argc; i++)
         if (cli_same_file(argv[i], out)) {
             fprintf(stderr,

@@ -322,6 +322,14 @@ if(TARGET sympool_cli)
   sp_cli_check(NAME replay_bad_capacity_first RC 2
     REGEX "sympool replay: --capacity: SYMPOOL_HOST_CAPACITY='12parsecs' is malformed"
     ARGS replay ${SP_CLI_OUT}/no-such-trace.pickle --capacity 12parsecs)
+  # An output in a folder that does not exist is refused before the input is read (the replay
+  # or the chart was made in full, then the write failed); exit 1, as when the write fails.
+  sp_cli_check(NAME replay_snapshot_no_folder RC 1
+    REGEX "sympool replay: --snapshot .*/no-such-dir/x.pickle: its folder .*/no-such-dir does not exist"
+    ARGS replay ${SP_CLI_OUT}/no-such-trace.pickle --snapshot ${SP_CLI_OUT}/no-such-dir/x.pickle)
+  sp_cli_check(NAME plot_output_no_folder RC 1
+    REGEX "sympool plot: -o .*/no-such-dir/x.svg: its folder .*/no-such-dir does not exist"
+    ARGS plot ${SP_CLI_OUT}/no-such-trace.pickle -o ${SP_CLI_OUT}/no-such-dir/x.svg)
   # info: every linked library's version.
   set(SP_INFO_RE "versions:\n  sympool [0-9.]+\n")
   if(SP_HAVE_CUDA)
