@@ -22,6 +22,17 @@ _BAD_DTYPE = 1 << 20  # out of range: the library refuses it on this rank, and s
 _NONE = object()  # _collective's op / root of a call that has none (None is a caller's bad value)
 
 
+def _mpi():
+    """mpi4py's MPI module, or an ImportError that says what needs it."""
+    try:
+        from mpi4py import MPI
+    except ImportError as e:
+        raise ImportError(f"sympool.World(comm) needs mpi4py ({e}): install it (python3 -m pip "
+                          "install mpi4py, or the system's python3-mpi4py), or use "
+                          "sympool.World.init(), which initializes MPI itself") from None
+    return MPI
+
+
 def _need(name):
     if not _lib.has(name):
         raise _lib.SympoolError("SP_ERR_NOT_SUPPORTED",
@@ -57,7 +68,7 @@ def _op(op):
 
 def _comm_handle(comm):
     """(ctypes type, value) of comm's MPI_Comm handle as mpi4py sees it."""
-    from mpi4py import MPI
+    MPI = _mpi()
     if not isinstance(comm, MPI.Comm):
         raise TypeError(f"comm must be an mpi4py.MPI.Comm, not {type(comm).__name__}")
     if comm == MPI.COMM_NULL:
@@ -81,8 +92,7 @@ class World:
             return
         _need("sp_world_from_comm")
         if comm is None:
-            from mpi4py import MPI
-            comm = MPI.COMM_WORLD
+            comm = _mpi().COMM_WORLD
         ctype, value = _comm_handle(comm)
         fn = lib().sp_world_from_comm
         fn.restype, fn.argtypes = ctypes.c_int, [ctype, ctypes.POINTER(ctypes.c_void_p)]

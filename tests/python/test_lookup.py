@@ -77,6 +77,19 @@ def test_a_library_that_is_not_sympool(sp):
         assert "sp_status_name" in line and "SYMPOOL_LIBRARY" in line
 
 
+def test_world_without_mpi4py(sp):
+    # World(comm) is over mpi4py: without it, the failure was the bare "No module named
+    # 'mpi4py'" from inside World(); it now says what needs it and the way without it.
+    if not sp._lib.has("sp_world_from_comm"):
+        pytest.skip("this libsympool.so is built without MPI")
+    out = run("import sys\nsys.modules['mpi4py'] = None  # as if not installed\n"
+              "import sympool\ntry:\n    sympool.World()\nexcept ImportError as e:\n"
+              "    print('ImportError', e)\n", dict(os.environ))
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.startswith("ImportError sympool.World(comm) needs mpi4py"), out.stdout
+    assert "World.init()" in out.stdout
+
+
 def test_import_does_not_load_the_library():
     env = dict(os.environ, SYMPOOL_LIBRARY="/nonexistent/libsympool.so")
     out = run("import sympool, sympool.torch; print('imported')", env)
