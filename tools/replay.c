@@ -1457,7 +1457,7 @@ int sp_cli_replay(int argc, char **argv) {
                 a.snapshot, a.trace);
         return 2;
     }
-    if (a.snapshot != NULL && !cli_output_ok("replay", "--snapshot", a.snapshot))
+    if (a.snapshot != NULL && !cli_output_ok("replay", "--snapshot", snap_file))
         return 1;
     /* --conf and --capacity are checked before the trace is read (a large one takes a while):
      * a bad value is a usage error, refused before anything is done. */

@@ -327,6 +327,12 @@ if(TARGET sympool_cli)
   sp_cli_check(NAME replay_snapshot_no_folder RC 1
     REGEX "sympool replay: --snapshot .*/no-such-dir/x.pickle: its folder .*/no-such-dir does not exist"
     ARGS replay ${SP_CLI_OUT}/no-such-trace.pickle --snapshot ${SP_CLI_OUT}/no-such-dir/x.pickle)
+  # ... the folder the path expands to: '%r/x.pickle' is the folder 0 here (rank 0 outside a
+  # launcher), which exists, while a folder named '%r' does not.
+  add_test(NAME cli.replay_snapshot_folder_expanded COMMAND sh -c
+    "rm -rf '${SP_CLI_OUT}/expanded' && mkdir -p '${SP_CLI_OUT}/expanded/0' && '$<TARGET_FILE:sympool_cli>' replay '${SMALL}' --snapshot '${SP_CLI_OUT}/expanded/%r/x.pickle' >/dev/null && ls '${SP_CLI_OUT}/expanded/0'")
+  set_tests_properties(cli.replay_snapshot_folder_expanded PROPERTIES LABELS "unit;cli"
+    TIMEOUT 120 ENVIRONMENT "SYMPOOL_DEVICE=host" PASS_REGULAR_EXPRESSION "^x.pickle\n$")
   sp_cli_check(NAME plot_output_no_folder RC 1
     REGEX "sympool plot: -o .*/no-such-dir/x.svg: its folder .*/no-such-dir does not exist"
     ARGS plot ${SP_CLI_OUT}/no-such-trace.pickle -o ${SP_CLI_OUT}/no-such-dir/x.svg)
