@@ -1314,8 +1314,10 @@ static int usage(FILE *out, int rc) {
         "                             table; each starts from the snapshot's settings (or\n"
         "                             --conf; \"\" = those alone), its KEY:VALUE items added\n"
         "                             to SYMPOOL_ALLOC_CONF, SYMPOOL_NAME=VALUE items set that\n"
-        "                             option; with --capacity it says which configurations\n"
-        "                             fit. The CONFs are the words after it (TRACE first)\n"
+        "                             option (not SYMPOOL_ALLOC_CONF, _DEVICE, _HOST_DEVICES,\n"
+        "                             which the replay sets); with --capacity it says which\n"
+        "                             configurations fit. The CONFs are the words after it\n"
+        "                             (TRACE first)\n"
         "  -r, --repeat=N             replay N times (1-64), report the median time per "
         "event\n"
         "  -h, --help                 this text\n");
