@@ -38,6 +38,15 @@ int cli_trace_info(const char *path, bool json);
  * (optind == 0). */
 int cli_getopt(int argc, char **argv, const char *cmd, const char *shortopts,
                const struct option *longopts);
+/* An option that takes a value, met with value: false (after saying so) when it was given
+ * before (*seen set), else remembers value in *seen. A second value is refused rather than
+ * taken over the first: which one was meant cannot be told (two outputs, one written). */
+bool cli_once(const char *cmd, const char *opt, const char **seen, const char *value);
+/* Whether the command can write its output (option opt) at path: its folder exists, and what is
+ * at path, if anything, is a regular file. Else false after saying why (the command then exits 1,
+ * as when the write itself fails): checked before any input is read, so that a typo in the
+ * folder does not cost the whole run first. */
+bool cli_output_ok(const char *cmd, const char *opt, const char *path);
 /* A whole decimal integer in [lo, hi]. */
 bool cli_parse_long(const char *s, long lo, long hi, long *out);
 /* True when path ends with suffix, e.g. ".json" (case-sensitive, as sp_dump_snapshot decides). */

@@ -45,6 +45,43 @@ int cli_getopt(int argc, char **argv, const char *cmd, const char *shortopts,
     return '?';
 }
 
+bool cli_once(const char *cmd, const char *opt, const char **seen, const char *value) {
+    if (*seen != NULL) {
+        fprintf(stderr, "sympool %s: %s given twice ('%s', then '%s'): give it once\n", cmd, opt,
+                *seen, value);
+        return false;
+    }
+    *seen = value;
+    return true;
+}
+
+bool cli_output_ok(const char *cmd, const char *opt, const char *path) {
+    struct stat sb;
+    if (stat(path, &sb) == 0 && !S_ISREG(sb.st_mode)) {
+        fprintf(stderr, "sympool %s: %s %s is %s, not a regular file; refusing to replace it\n",
+                cmd, opt, path,
+                S_ISDIR(sb.st_mode)    ? "a directory"
+                : S_ISFIFO(sb.st_mode) ? "a FIFO"
+                                       : "a special file");
+        return false;
+    }
+    const char *slash = strrchr(path, '/');
+    if (slash == NULL)
+        return true; /* the current folder */
+    char dir[4096];
+    size_t n = slash == path ? 1 : (size_t)(slash - path);
+    if (n >= sizeof dir)
+        return true; /* left to the writer, which names the failure */
+    memcpy(dir, path, n);
+    dir[n] = '\0';
+    if (stat(dir, &sb) != 0 || !S_ISDIR(sb.st_mode)) {
+        fprintf(stderr, "sympool %s: %s %s: its folder %s %s\n", cmd, opt, path, dir,
+                errno == ENOENT ? "does not exist" : "is not a folder");
+        return false;
+    }
+    return true;
+}
+
 bool cli_parse_long(const char *s, long lo, long hi, long *out) {
     if (s == NULL || *s == '\0')
         return false;

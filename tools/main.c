@@ -4,6 +4,8 @@
  * Options that configure the library (--conf, --capacity) are applied by the subcommand before
  * its first sympool call.
  */
+#include <errno.h>
+#include <fcntl.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -44,18 +46,55 @@ static bool debug_file_is_an_argument(int nsub, char **sub) {
     if (pattern == NULL || pattern[0] == '\0' || !sp_x_path_expand(pattern, path, sizeof path))
         return false;
     for (int i = 1; i < nsub; i++) {
-        if (sub[i][0] != '-' && cli_same_file(sub[i], path)) {
+        /* A word, or an option's value written into it: --output=FILE, -oFILE. */
+        const char *file = sub[i];
+        if (file[0] == '-' && file[1] == '-')
+            file = strchr(file, '=') ? strchr(file, '=') + 1 : "";
+        else if (file[0] == '-')
+            file = file[1] != '\0' ? file + 2 : "";
+        if (file[0] != '\0' && cli_same_file(file, path)) {
             fprintf(stderr,
                     "sympool: SYMPOOL_DEBUG_FILE=%s names %s, a file this command reads or "
                     "writes: its log lines would be appended to it; log elsewhere\n",
-                    pattern, sub[i]);
+                    pattern, file);
             return true;
         }
     }
     return false;
 }
 
+/* The command's exit status once its output is out: a write to stdout that failed (a full disk,
+ * a closed descriptor) fails the command, which would otherwise report success over a
+ * truncated or missing output (`sympool replay T --json > out.json` on a full disk). */
+static int finish(int rc) {
+    bool failed = ferror(stdout) != 0;
+    int e = 0;
+    if (fflush(stdout) != 0) {
+        failed = true;
+        e = errno;
+    }
+    if (failed && rc == 0) {
+        fprintf(stderr, "sympool: cannot write the output to stdout%s%s\n", e ? ": " : "",
+                e ? strerror(e) : "");
+        return 1;
+    }
+    return rc;
+}
+
+static int run(int argc, char **argv);
+
 int main(int argc, char **argv) {
+    /* Started with stdin, stdout or stderr closed, the first file the command opens (the trace,
+     * the SYMPOOL_DEBUG_FILE log, a snapshot's temporary file) would take that descriptor and
+     * receive what is written to stdout or stderr. /dev/null, read-only, holds the place: a
+     * write there fails, and finish() reports a closed stdout. */
+    for (int fd = 0; fd <= 2; fd++)
+        if (fcntl(fd, F_GETFD) < 0 && errno == EBADF && open("/dev/null", O_RDONLY) != fd)
+            return 1;
+    return finish(run(argc, argv));
+}
+
+static int run(int argc, char **argv) {
     static const struct option opts[] = {
         {"version", no_argument, NULL, 'V'}, {"help", no_argument, NULL, 'h'}, {0, 0, 0, 0}};
     int c;

@@ -723,19 +723,24 @@ int sp_cli_plot(int argc, char **argv) {
                                          {"device", required_argument, NULL, 'd'},
                                          {"help", no_argument, NULL, 'h'},
                                          {0, 0, 0, 0}};
-    const char *out = NULL;
+    const char *out = NULL, *dev_given = NULL;
     int dev = -1, opt;
     long n;
     while ((opt = cli_getopt(argc, argv, "plot", "o:d:h", opts)) != -1) {
         if (opt == 'h')
             return usage(stdout, 0);
-        if (opt == 'o')
-            out = optarg;
-        else if (opt == 'd' && cli_parse_long(optarg, 0, 4095, &n))
-            dev = (int)n;
-        else {
-            if (opt == 'd')
+        if (opt == 'o') {
+            if (!cli_once("plot", "--output", &out, optarg))
+                return 2;
+        } else if (opt == 'd') {
+            if (!cli_once("plot", "--device", &dev_given, optarg))
+                return 2;
+            if (!cli_parse_long(optarg, 0, 4095, &n)) {
                 fprintf(stderr, "sympool plot: --device takes 0 to 4095, not '%s'\n", optarg);
+                return 2;
+            }
+            dev = (int)n;
+        } else {
             return 2;
         }
     }
@@ -752,6 +757,8 @@ int sp_cli_plot(int argc, char **argv) {
                 out);
         return 2;
     }
+    if (!cli_output_ok("plot", "-o", out))
+        return 1;
     for (int i = optind; i < argc; i++)
         if (cli_same_file(argv[i], out)) {
             fprintf(stderr,

@@ -1002,20 +1002,103 @@ static void print_text(const char *trace, const tr_trace_t *t, const replay_resu
 
 /* ---- --compare ------------------------------------------------------------------------ */
 
+/* Whether a configuration's item SYMPOOL_NAME=VALUE may be set. Not the options the replay sets
+ * itself, which would override the item without a word (SYMPOOL_ALLOC_CONF: the configuration's
+ * KEY:VALUE items; SYMPOOL_HOST_CAPACITY with --capacity) or take the replay off the emulated
+ * device (SYMPOOL_DEVICE, SYMPOOL_HOST_DEVICES: one host device per recorded device); and not a
+ * SYMPOOL_DEBUG_FILE naming the trace, which would have the replay's log lines appended to it
+ * (main.c refuses the variable so). */
+static bool item_allowed(const char *trace, const char *capacity, const char *name,
+                         const char *value, char *err, size_t errlen) {
+    if (strcmp(name, "SYMPOOL_ALLOC_CONF") == 0) {
+        snprintf(err, errlen,
+                 "SYMPOOL_ALLOC_CONF is what the configuration's KEY:VALUE items set: write them "
+                 "as items of the configuration (e.g. max_split_size_mb:64)");
+        return false;
+    }
+    if (strcmp(name, "SYMPOOL_DEVICE") == 0 || strcmp(name, "SYMPOOL_HOST_DEVICES") == 0) {
+        snprintf(err, errlen,
+                 "the replay sets %s itself (the emulated host device, one per recorded device)",
+                 name);
+        return false;
+    }
+    if (capacity != NULL && strcmp(name, "SYMPOOL_HOST_CAPACITY") == 0) {
+        snprintf(err, errlen,
+                 "--capacity sets SYMPOOL_HOST_CAPACITY for every configuration: give the "
+                 "capacity one way");
+        return false;
+    }
+    char path[4096];
+    if (strcmp(name, "SYMPOOL_DEBUG_FILE") == 0 && value[0] != '\0' &&
+        sp_x_path_expand(value, path, sizeof path) && cli_same_file(trace, path)) {
+        snprintf(err, errlen,
+                 "SYMPOOL_DEBUG_FILE=%s names the trace being replayed (%s): its log lines would "
+                 "be appended to it; log elsewhere",
+                 value, trace);
+        return false;
+    }
+    return true;
+}
+
+/* The options of ours that a configuration's items set, each once, with what was in force before
+ * the first of them: the environment's value, or what the replay set through the option API
+ * (SYMPOOL_HOST_ARENA). Put back before the next configuration, so that none leaks into it. */
+typedef struct item_opt {
+    char name[64];   /* SYMPOOL_NAME */
+    char value[520]; /* the value to put back, when not to_default */
+    bool to_default; /* the option was at its default */
+} item_opt_t;
+#define MAX_ITEM_OPTS 64 /* more than there are options */
+static item_opt_t g_item_opts[MAX_ITEM_OPTS];
+static int g_nitem_opts;
+
+static void items_put_back(void) {
+    for (int k = 0; k < g_nitem_opts; k++) {
+        const item_opt_t *o = &g_item_opts[k];
+        if (o->to_default || sp_x_option_set(o->name, o->value) != SP_SUCCESS)
+            (void)sp_x_option_set(o->name, NULL);
+    }
+    g_nitem_opts = 0;
+}
+
+/* Before an item first sets name: remember what to put back. False (err) only when there is no
+ * room, which the option count rules out; a name that is no option is left to sp_x_option_set. */
+static bool item_remember(const char *name, char *err, size_t errlen) {
+    for (int k = 0; k < g_nitem_opts; k++)
+        if (strcmp(g_item_opts[k].name, name) == 0)
+            return true;
+    sp_x_option_info_t info;
+    for (int i = 0; sp_x_option_info(i, &info); i++) {
+        if (strcmp(info.name, name) != 0)
+            continue;
+        if (g_nitem_opts == MAX_ITEM_OPTS || strlen(name) >= sizeof(g_item_opts[0].name)) {
+            snprintf(err, errlen, "too many SYMPOOL_ options in one configuration");
+            return false;
+        }
+        item_opt_t *o = &g_item_opts[g_nitem_opts++];
+        snprintf(o->name, sizeof(o->name), "%s", name);
+        const char *env = getenv(name);
+        o->to_default = false;
+        if (strcmp(info.source, "env") == 0 && env != NULL)
+            snprintf(o->value, sizeof(o->value), "%s", env);
+        else if (strcmp(info.source, "api") == 0)
+            snprintf(o->value, sizeof(o->value), "%s", info.value);
+        else
+            o->to_default = true;
+        return true;
+    }
+    return true;
+}
+
 /* Configure the library for one configuration: PyTorch's KEY:VALUE items go to
  * SYMPOOL_ALLOC_CONF after the base settings (the snapshot's, or --conf: a later key wins), so a
  * configuration changes what the recorded run used rather than starting from our defaults;
  * SYMPOOL_NAME=VALUE items set that option of ours. Every option starts from the environment
  * again, so one configuration never leaks into the next. The SYMPOOL_ALLOC_CONF it set goes to
  * alloc (len bytes). */
-static bool apply_conf(const char *base, const char *conf, const char *capacity, char *alloc,
-                       size_t len, char *err, size_t errlen) {
-    /* Options of ours that the previous configuration set go back to their defaults. */
-    static char prev[16][64];
-    static int nprev = 0;
-    for (int k = 0; k < nprev; k++)
-        (void)sp_x_option_set(prev[k], NULL);
-    nprev = 0;
+static bool apply_conf(const char *trace, const char *base, const char *conf, const char *capacity,
+                       char *alloc, size_t len, char *err, size_t errlen) {
+    items_put_back(); /* what the previous configuration's items set */
     size_t used = (size_t)snprintf(alloc, len, "%s", base);
     if (used >= len) {
         snprintf(err, errlen, "configuration too long: '%.64s...'", base);
@@ -1035,12 +1118,14 @@ static bool apply_conf(const char *base, const char *conf, const char *capacity,
         char *eq = strchr(item, '=');
         if (strncmp(item, "SYMPOOL_", 8) == 0 && eq != NULL) {
             *eq = '\0';
+            if (!item_allowed(trace, capacity, item, eq + 1, err, errlen))
+                return false;
+            if (!item_remember(item, err, errlen))
+                return false;
             if (sp_x_option_set(item, eq + 1) != SP_SUCCESS) {
                 snprintf(err, errlen, "%s", sp_last_error());
                 return false;
             }
-            if (nprev < 16 && strlen(item) < sizeof(prev[0]))
-                strcpy(prev[nprev++], item);
         } else if (n > 0) {
             if (used + n + 2 >= len) {
                 snprintf(err, errlen, "configuration too long: '%s'", conf);
@@ -1148,11 +1233,27 @@ static int replay_compare(const char *trace, const tr_trace_t *t, const char *us
     char err[512] = "";
     size_t oom_lines = 0;
     int rc = 0;
+    /* Every configuration is checked before the first replay: a bad one is refused before
+     * anything runs, not after the ones before it have replayed. */
+    for (int i = 0; i < n && rc == 0; i++) {
+        if (!apply_conf(trace, base, confs[i], capacity, eff[i], sizeof(eff[i]), err,
+                        sizeof(err))) {
+            fprintf(stderr, "sympool replay: configuration '%s': %s\n", confs[i], err);
+            rc = confs[i][0] ? 2 : 1;
+        }
+    }
+    items_put_back();
+    if (rc != 0) {
+        free(rs);
+        free(eff);
+        return rc;
+    }
     sp_x_log_set_fn(log_filter, &oom_lines);
     for (int i = 0; i < n && rc == 0; i++) {
         err[0] = '\0';
         if (sp_shutdown() != SP_SUCCESS ||
-            !apply_conf(base, confs[i], capacity, eff[i], sizeof(eff[i]), err, sizeof(err)) ||
+            !apply_conf(trace, base, confs[i], capacity, eff[i], sizeof(eff[i]), err,
+                        sizeof(err)) ||
             !replay_median(t, NULL, repeat, eff[i], capacity, &rs[i], err, sizeof(err))) {
             fprintf(stderr, "sympool replay: configuration '%s': %s\n", confs[i], err);
             rc = confs[i][0] ? 2 : 1;
@@ -1214,8 +1315,10 @@ static int usage(FILE *out, int rc) {
         "                             table; each starts from the snapshot's settings (or\n"
         "                             --conf; \"\" = those alone), its KEY:VALUE items added\n"
         "                             to SYMPOOL_ALLOC_CONF, SYMPOOL_NAME=VALUE items set that\n"
-        "                             option; with --capacity it says which configurations\n"
-        "                             fit. The CONFs are the words after it (TRACE first)\n"
+        "                             option (not SYMPOOL_ALLOC_CONF, _DEVICE, _HOST_DEVICES,\n"
+        "                             which the replay sets); with --capacity it says which\n"
+        "                             configurations fit. The CONFs are the words after it\n"
+        "                             (TRACE first)\n"
         "  -r, --repeat=N             replay N times (1-64), report the median time per "
         "event\n"
         "  -h, --help                 this text\n");
@@ -1240,6 +1343,7 @@ static int parse_args(int argc, char **argv, replay_args_t *a) {
     memset(a, 0, sizeof(*a));
     a->repeat = 1;
     bool compare = false;
+    const char *repeat_given = NULL;
     int c;
     long n;
     /* '-': words that are not options come back in order as 1, so the CONFs after --compare
@@ -1249,19 +1353,22 @@ static int parse_args(int argc, char **argv, replay_args_t *a) {
         case 'h':
             return usage(stdout, 0);
         case 'c':
-            a->conf = optarg;
+            if (!cli_once("replay", "--conf", &a->conf, optarg))
+                return 2;
             break;
         case 'C':
-            a->capacity = optarg;
+            if (!cli_once("replay", "--capacity", &a->capacity, optarg))
+                return 2;
             break;
         case 's':
+            if (!cli_once("replay", "--snapshot", &a->snapshot, optarg))
+                return 2;
             if (!cli_has_suffix(optarg, ".pickle") && !cli_has_suffix(optarg, ".json")) {
                 fprintf(stderr,
                         "sympool replay: --snapshot writes OUT.pickle or OUT.json, not '%s'\n",
                         optarg);
                 return 2;
             }
-            a->snapshot = optarg;
             break;
         case 'j':
             a->json = true;
@@ -1270,6 +1377,8 @@ static int parse_args(int argc, char **argv, replay_args_t *a) {
             compare = true;
             break;
         case 'r':
+            if (!cli_once("replay", "--repeat", &repeat_given, optarg))
+                return 2;
             if (!cli_parse_long(optarg, 1, 64, &n)) {
                 fprintf(stderr, "sympool replay: --repeat takes 1 to 64, not '%s'\n", optarg);
                 return 2;
@@ -1309,18 +1418,59 @@ static int parse_args(int argc, char **argv, replay_args_t *a) {
     return -1;
 }
 
+/* The file --snapshot OUT names: sp_dump_snapshot expands %h, %p, %r and %% in OUT, a %r with
+ * the rank unknown (no launcher) as 0. Into out (cap bytes); OUT itself if it cannot be. */
+static void snapshot_file(const char *pattern, char *out, size_t cap) {
+    if (sp_x_path_expand(pattern, out, cap))
+        return;
+    char p0[4096]; /* pattern with %r as 0, the rest for sp_x_path_expand */
+    size_t k = 0;
+    for (const char *c = pattern; *c != '\0' && k + 2 < sizeof p0; c++) {
+        if (c[0] == '%' && (c[1] == '%' || c[1] == 'r')) {
+            if (c[1] == 'r') {
+                p0[k++] = '0';
+            } else {
+                p0[k++] = '%';
+                p0[k++] = '%';
+            }
+            c++;
+        } else {
+            p0[k++] = *c;
+        }
+    }
+    p0[k] = '\0';
+    if (!sp_x_path_expand(p0, out, cap))
+        snprintf(out, cap, "%s", pattern);
+}
+
 int sp_cli_replay(int argc, char **argv) {
     replay_args_t a;
     int rc = parse_args(argc, argv, &a);
     if (rc >= 0)
         return rc;
-    if (a.snapshot != NULL && cli_same_file(a.trace, a.snapshot)) {
+    char snap_file[4096] = "";
+    if (a.snapshot != NULL)
+        snapshot_file(a.snapshot, snap_file, sizeof snap_file);
+    if (a.snapshot != NULL && cli_same_file(a.trace, snap_file)) {
         /* The recorded trace would be replaced by the replay's snapshot: refused before
          * anything is read or written. */
         fprintf(stderr,
                 "sympool replay: --snapshot %s is the trace being replayed (%s); it would be "
                 "replaced: write the snapshot elsewhere\n",
                 a.snapshot, a.trace);
+        return 2;
+    }
+    if (a.snapshot != NULL && !cli_output_ok("replay", "--snapshot", snap_file))
+        return 1;
+    /* --conf and --capacity are checked before the trace is read (a large one takes a while):
+     * a bad value is a usage error, refused before anything is done. */
+    char why[512];
+    if (a.conf != NULL && !sp_x_alloc_conf_check(a.conf, why, sizeof why)) {
+        fprintf(stderr, "sympool replay: --conf '%s' is not valid: %s\n", a.conf, why);
+        return 2;
+    }
+    if (a.capacity != NULL && sp_x_option_set("SYMPOOL_HOST_CAPACITY", a.capacity) != SP_SUCCESS) {
+        fprintf(stderr, "sympool replay: --capacity: %s\n", sp_last_error());
         return 2;
     }
     char err[512];

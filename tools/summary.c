@@ -272,11 +272,14 @@ int sp_cli_summary(int argc, char **argv) {
     static const struct option opts[] = {
         {"device", required_argument, NULL, 'd'}, {"help", no_argument, NULL, 'h'}, {0, 0, 0, 0}};
     long only = -1;
+    const char *dev_given = NULL;
     int c;
     while ((c = cli_getopt(argc, argv, "summary", "d:h", opts)) != -1) {
         if (c == 'h')
             return usage(stdout, 0);
         if (c == 'd') {
+            if (!cli_once("summary", "--device", &dev_given, optarg))
+                return 2;
             if (!cli_parse_long(optarg, 0, 4095, &only)) {
                 fprintf(stderr, "sympool summary: --device takes 0 to 4095, not '%s'\n", optarg);
                 return 2;

@@ -216,9 +216,13 @@ def _load():
                       "P` (puts a link next to the package), or add its folder to LD_LIBRARY_PATH.")
 
 
-def _declare(handle):
+def _declare(handle, path):
     for name, (restype, argtypes) in _PROTOS.items():
-        fn = getattr(handle, name)  # AttributeError: not a sympool library, or too old
+        fn = getattr(handle, name, None)
+        if fn is None:  # not a sympool library, or an older one than this package
+            raise ImportError(f"sympool: {path} is not a sympool library, or is older than this "
+                              f"package: it has no {name}. Set SYMPOOL_LIBRARY to the "
+                              "libsympool.so built with this package.")
         fn.restype, fn.argtypes = restype, argtypes
     for name, (restype, argtypes) in _OPTIONAL.items():
         fn = getattr(handle, name, None)
@@ -233,7 +237,7 @@ def lib():
         with _lock:
             if _lib is None:
                 handle, path = _load()
-                _declare(handle)
+                _declare(handle, path)
                 _path = path
                 _lib = handle
     return _lib
@@ -321,14 +325,18 @@ def as_device(device):
         return 0
     if isinstance(device, str):
         kind, _, index = device.partition(":")
-        if kind != "cuda" or (index and not index.isdigit()):
+        # ASCII digits only (str.isdigit() takes every script's), as torch.device reads them.
+        if kind != "cuda" or (index and not (index.isascii() and index.isdigit())):
             raise TypeError(f"device must be an int, a torch.device or 'cuda:N', not {device!r}")
-        return int(index) if index else 0
-    if type(device).__name__ == "device" and hasattr(device, "type"):  # torch.device
+        d = int(index) if index else 0
+    elif type(device).__name__ == "device" and hasattr(device, "type"):  # torch.device
         if device.type != "cuda":
             raise bad_value(f"device {device} is not a CUDA device")
-        return device.index if device.index is not None else 0
-    d = as_int(device, "device")
+        d = device.index if device.index is not None else 0
+    else:
+        d = as_int(device, "device")
+    # The range of the C int it becomes: a larger N would be cut to its low bits (device 0 for
+    # 'cuda:4294967296').
     if d < 0 or d >= 1 << 31:
         raise bad_value(f"device must be in [0, device_count()), got {d}")
     return d
@@ -355,7 +363,11 @@ def as_stream(stream):
         return None
     for attr in ("cuda_stream", "ptr"):
         if not isinstance(stream, int) and hasattr(stream, attr):
-            stream = getattr(stream, attr)
+            handle = getattr(stream, attr)
+            if handle is None:  # sympool.Stream after destroy()
+                raise SympoolError("SP_ERR_INVALID_USAGE",
+                                   f"stream {stream!r} was destroyed (its .{attr} is None)")
+            stream = handle
             break
     v = as_int(stream, "stream")
     if v < 0 or v > SIZE_MAX:

@@ -271,7 +271,7 @@ class MemPool:
         params = _lib.MemPoolParams()
         lib().sp_mempool_params_init(ctypes.byref(params))
         params.use_on_oom, params.no_split = use_on_oom, no_split
-        self._name_bytes = name.encode() if name is not None else None
+        self._name_bytes = name.encode(errors="surrogatepass") if name is not None else None
         params.name = self._name_bytes
         self._owned = True
         handle = ctypes.c_void_p()
@@ -502,10 +502,12 @@ def memory_snapshot(mempool_id=None, include_traces=True):
         return segments
     if isinstance(mempool_id, MemPool):
         mempool_id = mempool_id.id
-    try:
-        want = tuple(int(v) for v in mempool_id)
-    except TypeError:
-        raise TypeError("mempool_id must be a (int, int) pool id or a MemPool") from None
+    if isinstance(mempool_id, (str, bytes)) or not hasattr(mempool_id, "__iter__"):
+        raise TypeError("mempool_id must be a (int, int) pool id or a MemPool, not "
+                        f"{type(mempool_id).__name__}")
+    want = tuple(_lib.as_int(v, "mempool_id's item") for v in mempool_id)
+    if len(want) != 2 or min(want) < 0:
+        raise bad_value(f"mempool_id must be a (int, int) pool id, got {mempool_id!r}")
     return [s for s in segments if tuple(s.get("segment_pool_id", ())) == want]
 
 

@@ -19,6 +19,18 @@ from ._lib import as_device, as_int, as_size, as_stream, bad_value, check, lib, 
 OPS = {"sum": 0, "prod": 1, "min": 2, "max": 3, "avg": 4}  # sp_redop_t
 FORMATS = {"table": 0, "json": 1, "prometheus": 2, "table_all": 3}  # sp_report_format_t
 _BAD_DTYPE = 1 << 20  # out of range: the library refuses it on this rank, and so on every rank
+_NONE = object()  # _collective's op / root of a call that has none (None is a caller's bad value)
+
+
+def _mpi():
+    """mpi4py's MPI module, or an ImportError that says what needs it."""
+    try:
+        from mpi4py import MPI
+    except ImportError as e:
+        raise ImportError(f"sympool.World(comm) needs mpi4py ({e}): install it (python3 -m pip "
+                          "install mpi4py, or the system's python3-mpi4py), or use "
+                          "sympool.World.init(), which initializes MPI itself") from None
+    return MPI
 
 
 def _need(name):
@@ -56,7 +68,7 @@ def _op(op):
 
 def _comm_handle(comm):
     """(ctypes type, value) of comm's MPI_Comm handle as mpi4py sees it."""
-    from mpi4py import MPI
+    MPI = _mpi()
     if not isinstance(comm, MPI.Comm):
         raise TypeError(f"comm must be an mpi4py.MPI.Comm, not {type(comm).__name__}")
     if comm == MPI.COMM_NULL:
@@ -80,8 +92,7 @@ class World:
             return
         _need("sp_world_from_comm")
         if comm is None:
-            from mpi4py import MPI
-            comm = MPI.COMM_WORLD
+            comm = _mpi().COMM_WORLD
         ctype, value = _comm_handle(comm)
         fn = lib().sp_world_from_comm
         fn.restype, fn.argtypes = ctypes.c_int, [ctype, ctypes.POINTER(ctypes.c_void_p)]
@@ -190,7 +201,7 @@ class World:
 
     # ---- collectives ------------------------------------------------------------------------
 
-    def _collective(self, name, send, recv, count, dtype, count_from, op=None, root=None,
+    def _collective(self, name, send, recv, count, dtype, count_from, op=_NONE, root=_NONE,
                     stream=None):
         """Convert the arguments; on a bad one, join the call with an out-of-range dtype (every
         rank fails) and raise the local error after. count_from: "send" or "recv", the buffer
@@ -210,17 +221,17 @@ class World:
             if dtype is None:
                 dtype = s_dtype or r_dtype or "float32"
             args = [sp, rp, as_size(count, "count"), _dtype(dtype)]
-            if op is not None:
+            if op is not _NONE:
                 args.append(_op(op))
-            if root is not None:
+            if root is not _NONE:
                 r = as_int(root, "root")
                 if not 0 <= r < self.size:
                     raise bad_value(f"root {r} is not a rank of this world (size {self.size})")
                 args.append(r)
             args.append(as_stream(stream))
         except (TypeError, ValueError) as e:
-            poison = [None, None, 1, _BAD_DTYPE] + ([0] if op is not None else []) + \
-                     ([0] if root is not None else []) + [None]
+            poison = [None, None, 1, _BAD_DTYPE] + ([0] if op is not _NONE else []) + \
+                     ([0] if root is not _NONE else []) + [None]
             getattr(lib(), name)(h, *poison)
             raise e
         check(getattr(lib(), name)(h, *args))

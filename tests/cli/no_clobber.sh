@@ -25,14 +25,22 @@ SYMPOOL_DEVICE=host
 export SYMPOOL_DEVICE
 check "replay onto itself" "is the trace being replayed" "$bin" replay "$w/t.pickle" --snapshot "$w/t.pickle"
 check "replay onto a link to it" "is the trace being replayed" "$bin" replay "$w/t.pickle" --snapshot "$w/link.pickle"
+# ... also when OUT names it through %r (rank 0 here, outside a launcher), %h or %p, which
+# sp_dump_snapshot expands: the check looked at the pattern, and the trace was replaced.
+cp "$trace" "$w/t-0.pickle" || exit 1
+check "replay onto itself through %r" "is the trace being replayed" "$bin" replay "$w/t-0.pickle" --snapshot "$w/t-%r.pickle"
 check "replay onto a hard link" "is the trace being replayed" "$bin" replay "$w/hard.pickle" --snapshot "$w/t.pickle"
 check "plot onto its snapshot" "is the snapshot" "$bin" plot "$w/t.svg" -o "$w/t.svg"
 check "plot onto one of its snapshots" "is the snapshot" "$bin" plot "$trace" "$w/t.svg" -o "$w/t.svg"
 # SYMPOOL_DEBUG_FILE naming the trace (or the snapshot to write): log lines would be appended.
 check "debug file is the trace" "SYMPOOL_DEBUG_FILE" env SYMPOOL_DEBUG=INFO SYMPOOL_DEBUG_FILE="$w/t.pickle" "$bin" replay "$w/t.pickle"
 check "debug file is a link to the trace" "SYMPOOL_DEBUG_FILE" env SYMPOOL_DEBUG=INFO SYMPOOL_DEBUG_FILE="$w/link.pickle" "$bin" info "$w/t.pickle"
+# ... also when the output is given as --opt=FILE or -oFILE (only separate words were looked at).
+check "debug file is the chart, --output=" "SYMPOOL_DEBUG_FILE" env SYMPOOL_DEBUG_FILE="$w/t.svg" "$bin" plot "$trace" --output="$w/t.svg"
+check "debug file is the chart, -oFILE" "SYMPOOL_DEBUG_FILE" env SYMPOOL_DEBUG_FILE="$w/t.svg" "$bin" plot "$trace" -o"$w/t.svg"
+check "debug file is the snapshot, --snapshot=" "SYMPOOL_DEBUG_FILE" env SYMPOOL_DEBUG_FILE="$w/t.pickle" "$bin" replay "$trace" --snapshot="$w/t.pickle"
 check "debug file is the snapshot read" "SYMPOOL_DEBUG_FILE" env SYMPOOL_DEBUG=INFO SYMPOOL_DEBUG_FILE="$w/t.svg" "$bin" summary "$w/t.svg"
-for f in t.pickle t.svg; do
+for f in t.pickle t.svg t-0.pickle; do
     cmp -s "$trace" "$w/$f" || { echo "FAIL $f was changed"; fail=1; }
 done
 [ -L "$w/link.pickle" ] || { echo "FAIL the link was replaced"; fail=1; }

@@ -248,6 +248,94 @@ if(TARGET sympool_cli)
     PASS_REGULAR_EXPRESSION "^\\{[^\n]*\"conf\":\"\"[^\n]*\n\\{[^\n]*\"conf\":\"max_split_size_mb:64\"[^\n]*\nrc=0")
   sp_cli_check(NAME replay_compare_bad_conf RC 2 REGEX "no_such_key"
     ARGS replay ${SMALL} --compare "" no_such_key:1)
+  # A --compare item naming the trace as SYMPOOL_DEBUG_FILE appended the replay's log lines to
+  # the trace it read: refused (as main.c refuses the variable), the trace left byte for byte.
+  add_test(NAME cli.replay_compare_debug_file_is_trace COMMAND sh -c
+    "cp '${SMALL}' '${SP_CLI_OUT}/cmp_dbg.pickle' && '$<TARGET_FILE:sympool_cli>' replay '${SP_CLI_OUT}/cmp_dbg.pickle' --compare 'SYMPOOL_DEBUG=INFO,SYMPOOL_DEBUG_FILE=${SP_CLI_OUT}/cmp_dbg.pickle' 2>&1; echo rc=$?; cmp '${SMALL}' '${SP_CLI_OUT}/cmp_dbg.pickle' && echo unchanged")
+  set_tests_properties(cli.replay_compare_debug_file_is_trace PROPERTIES LABELS "unit;cli"
+    TIMEOUT 120 ENVIRONMENT "SYMPOOL_DEVICE=host"
+    PASS_REGULAR_EXPRESSION "SYMPOOL_DEBUG_FILE=.*cmp_dbg.pickle names the trace being replayed.*rc=2\nunchanged")
+  # Items that set what the replay sets itself were overridden without a word (a row labelled
+  # SYMPOOL_ALLOC_CONF=max_split_size_mb:64 replayed the recorded settings) or left the emulated
+  # device (SYMPOOL_DEVICE=cuda): refused, naming the option.
+  sp_cli_check(NAME replay_compare_item_alloc_conf RC 2
+    REGEX "configuration 'SYMPOOL_ALLOC_CONF=max_split_size_mb:64': SYMPOOL_ALLOC_CONF is what the configuration's KEY:VALUE items set"
+    ARGS replay ${SMALL} --compare SYMPOOL_ALLOC_CONF=max_split_size_mb:64)
+  sp_cli_check(NAME replay_compare_item_device RC 2
+    REGEX "configuration 'SYMPOOL_DEVICE=cuda': the replay sets SYMPOOL_DEVICE itself"
+    ARGS replay ${SMALL} --compare SYMPOOL_DEVICE=cuda)
+  sp_cli_check(NAME replay_compare_item_capacity RC 2
+    REGEX "configuration 'SYMPOOL_HOST_CAPACITY=1GiB': --capacity sets SYMPOOL_HOST_CAPACITY"
+    ARGS replay ${SMALL} --capacity 64MiB --compare SYMPOOL_HOST_CAPACITY=1GiB)
+  # What a configuration's items set is put back before the next one: past 16 items the 17th
+  # option was kept (SYMPOOL_NO_CACHING=1 leaked into the next row: 0.431 GiB, not 0.451), and
+  # an option set in the environment went back to its default, not to the environment's value.
+  string(REPEAT "SYMPOOL_DEBUG=WARN," 16 SP_SIXTEEN)
+  sp_cli_check(NAME replay_compare_options_reset RC 0
+    REGEX "\n\\{[^\n]*\"peak_reserved_bytes\":484442112,[^\n]*\"conf\":\"SYMPOOL_DEBUG=WARN\"[^\n]*\n"
+    ARGS replay ${SMALL} --json --compare ${SP_SIXTEEN}SYMPOOL_NO_CACHING=1 SYMPOOL_DEBUG=WARN)
+  sp_cli_check(NAME replay_compare_options_reset_env RC 0
+    REGEX "\n\\{[^\n]*\"peak_reserved_bytes\":463071232,[^\n]*\"conf\":\"SYMPOOL_DEBUG=WARN\"[^\n]*\n"
+    ARGS replay ${SMALL} --json --compare SYMPOOL_NO_CACHING=0 SYMPOOL_DEBUG=WARN
+    ENV SYMPOOL_NO_CACHING=1)
+  # Every configuration is checked before the first replay: a bad one last in the list is refused
+  # before anything runs (it was refused after the others had replayed; INFO shows each init).
+  sp_cli_check(NAME replay_compare_checked_first RC 2 REGEX "no_such_key"
+    ARGS replay ${SMALL} --compare max_split_size_mb:64 no_such_key:1 ENV SYMPOOL_DEBUG=INFO)
+  set_tests_properties(cli.replay_compare_checked_first PROPERTIES
+    FAIL_REGULAR_EXPRESSION "allocator ready")
+  # A failed write to stdout (a full disk) is the command's failure: it exited 0 over a
+  # truncated or empty output (`sympool replay T --json > out.json` on a full disk).
+  add_test(NAME cli.stdout_write_error COMMAND sh -c
+    "for c in 'info --json' 'summary ${SMALL}' 'replay ${SMALL} --json'; do '$<TARGET_FILE:sympool_cli>' $c > /dev/full; echo \"rc=$?\"; done 2>&1")
+  set_tests_properties(cli.stdout_write_error PROPERTIES LABELS "unit;cli" TIMEOUT 120
+    ENVIRONMENT "SYMPOOL_DEVICE=host"
+    PASS_REGULAR_EXPRESSION "^sympool: cannot write the output to stdout[^\n]*\nrc=1\nsympool: cannot write the output to stdout[^\n]*\nrc=1\nsympool: cannot write the output to stdout[^\n]*\nrc=1\n$")
+  # Started with stdout closed, the command's text went into the first file it opened for writing
+  # (here the SYMPOOL_DEBUG_FILE log, which took descriptor 1): refused as a failed write.
+  add_test(NAME cli.stdout_closed COMMAND sh -c
+    "rm -f '${SP_CLI_OUT}/closed.log'; SYMPOOL_DEBUG=INFO SYMPOOL_DEBUG_FILE='${SP_CLI_OUT}/closed.log' '$<TARGET_FILE:sympool_cli>' replay '${SMALL}' >&-; echo \"rc=$?\"; grep -c 'replay of' '${SP_CLI_OUT}/closed.log'")
+  set_tests_properties(cli.stdout_closed PROPERTIES LABELS "unit;cli" TIMEOUT 120
+    ENVIRONMENT "SYMPOOL_DEVICE=host"
+    PASS_REGULAR_EXPRESSION "cannot write the output to stdout[^\n]*\nrc=1\n0\n$")
+  # An option that takes a value, given twice: the last one was taken without a word (two
+  # --snapshot outputs, one written; two -o charts, one drawn). Refused, naming both.
+  sp_cli_check(NAME replay_snapshot_twice RC 2
+    REGEX "sympool replay: --snapshot given twice \\('.*a.pickle', then '.*b.json'\\): give it once"
+    ARGS replay ${SMALL} --snapshot ${SP_CLI_OUT}/a.pickle -s ${SP_CLI_OUT}/b.json)
+  sp_cli_check(NAME replay_conf_twice RC 2 REGEX "--conf given twice"
+    ARGS replay ${SMALL} --conf max_split_size_mb:64 --conf=expandable_segments:True)
+  sp_cli_check(NAME replay_capacity_twice RC 2 REGEX "--capacity given twice"
+    ARGS replay ${SMALL} --capacity 1GiB --capacity 2GiB)
+  sp_cli_check(NAME replay_repeat_twice RC 2 REGEX "--repeat given twice" ARGS replay ${SMALL} -r 2 -r 3)
+  sp_cli_check(NAME plot_output_twice RC 2 REGEX "sympool plot: --output given twice"
+    ARGS plot ${SMALL} -o ${SP_CLI_OUT}/twice1.svg -o ${SP_CLI_OUT}/twice2.svg)
+  sp_cli_check(NAME plot_device_twice RC 2 REGEX "sympool plot: --device given twice"
+    ARGS plot ${SMALL} -d 0 -d 1 -o ${SP_CLI_OUT}/twice3.svg)
+  sp_cli_check(NAME summary_device_twice RC 2 REGEX "sympool summary: --device given twice"
+    ARGS summary -d 0 --device 0 ${SMALL})
+  # A bad --conf or --capacity is refused before the trace is read (it was refused after loading
+  # it, a while for a large trace): a trace that does not exist shows the order.
+  sp_cli_check(NAME replay_bad_conf_first RC 2
+    REGEX "sympool replay: --conf 'no_such_key:1' is not valid: unknown key 'no_such_key'"
+    ARGS replay ${SP_CLI_OUT}/no-such-trace.pickle --conf no_such_key:1)
+  sp_cli_check(NAME replay_bad_capacity_first RC 2
+    REGEX "sympool replay: --capacity: SYMPOOL_HOST_CAPACITY='12parsecs' is malformed"
+    ARGS replay ${SP_CLI_OUT}/no-such-trace.pickle --capacity 12parsecs)
+  # An output in a folder that does not exist is refused before the input is read (the replay
+  # or the chart was made in full, then the write failed); exit 1, as when the write fails.
+  sp_cli_check(NAME replay_snapshot_no_folder RC 1
+    REGEX "sympool replay: --snapshot .*/no-such-dir/x.pickle: its folder .*/no-such-dir does not exist"
+    ARGS replay ${SP_CLI_OUT}/no-such-trace.pickle --snapshot ${SP_CLI_OUT}/no-such-dir/x.pickle)
+  # ... the folder the path expands to: '%r/x.pickle' is the folder 0 here (rank 0 outside a
+  # launcher), which exists, while a folder named '%r' does not.
+  add_test(NAME cli.replay_snapshot_folder_expanded COMMAND sh -c
+    "rm -rf '${SP_CLI_OUT}/expanded' && mkdir -p '${SP_CLI_OUT}/expanded/0' && '$<TARGET_FILE:sympool_cli>' replay '${SMALL}' --snapshot '${SP_CLI_OUT}/expanded/%r/x.pickle' >/dev/null && ls '${SP_CLI_OUT}/expanded/0'")
+  set_tests_properties(cli.replay_snapshot_folder_expanded PROPERTIES LABELS "unit;cli"
+    TIMEOUT 120 ENVIRONMENT "SYMPOOL_DEVICE=host" PASS_REGULAR_EXPRESSION "^x.pickle\n$")
+  sp_cli_check(NAME plot_output_no_folder RC 1
+    REGEX "sympool plot: -o .*/no-such-dir/x.svg: its folder .*/no-such-dir does not exist"
+    ARGS plot ${SP_CLI_OUT}/no-such-trace.pickle -o ${SP_CLI_OUT}/no-such-dir/x.svg)
   # info: every linked library's version.
   set(SP_INFO_RE "versions:\n  sympool [0-9.]+\n")
   if(SP_HAVE_CUDA)

@@ -58,6 +58,38 @@ def test_loader_path_then_a_clear_error(sp, tmp_path):
     assert "SYMPOOL_LIBRARY" in out.stdout and "cmake --install" in out.stdout
 
 
+def test_a_library_that_is_not_sympool(sp):
+    # SYMPOOL_LIBRARY naming another library (here the C library) loads, but has none of our
+    # functions: that was ctypes' AttributeError ("undefined symbol: sp_status_name"), which
+    # also made hasattr(sympool, "__version__") False instead of an error.
+    env = dict(os.environ, SYMPOOL_LIBRARY="libc.so.6")
+    out = run("import sympool\n"
+              "for f in (sympool.backend, lambda: sympool.__version__):\n"
+              "    try:\n"
+              "        f()\n"
+              "    except ImportError as e:\n"
+              "        print('ImportError', e)\n", env)
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert len(lines) == 2, out.stdout + out.stderr
+    for line in lines:
+        assert line.startswith("ImportError sympool: libc.so.6 is not a sympool library"), line
+        assert "sp_status_name" in line and "SYMPOOL_LIBRARY" in line
+
+
+def test_world_without_mpi4py(sp):
+    # World(comm) is over mpi4py: without it, the failure was the bare "No module named
+    # 'mpi4py'" from inside World(); it now says what needs it and the way without it.
+    if not sp._lib.has("sp_world_from_comm"):
+        pytest.skip("this libsympool.so is built without MPI")
+    out = run("import sys\nsys.modules['mpi4py'] = None  # as if not installed\n"
+              "import sympool\ntry:\n    sympool.World()\nexcept ImportError as e:\n"
+              "    print('ImportError', e)\n", dict(os.environ))
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.startswith("ImportError sympool.World(comm) needs mpi4py"), out.stdout
+    assert "World.init()" in out.stdout
+
+
 def test_import_does_not_load_the_library():
     env = dict(os.environ, SYMPOOL_LIBRARY="/nonexistent/libsympool.so")
     out = run("import sympool, sympool.torch; print('imported')", env)

@@ -150,6 +150,18 @@ def test_bad_stream_type(sp):
         sp.malloc(16, stream="s")
 
 
+def test_destroyed_stream_as_an_argument(sp):
+    # A destroyed Stream (its .ptr None) given as a stream read as "stream must be an int, not
+    # NoneType"; it is the usage error Stream.synchronize() raises after destroy().
+    s = sp.Stream()
+    s.destroy()
+    for call in (lambda: sp.malloc(16, 0, s), lambda: sp.record_stream(0, s),
+                 lambda: sp.get_default_memory_pool().free_all_blocks(s)):
+        with pytest.raises(sp.SympoolError, match="destroyed") as e:
+            call()
+        assert e.value.status == "SP_ERR_INVALID_USAGE"
+
+
 def test_memory_summary(sp):
     p = sp.malloc(3 << 20)
     text = sp.memory_summary()
@@ -170,6 +182,27 @@ def test_device_spellings(sp):
     assert sp.memory_allocated("cuda:0") == sp.memory_allocated(0)
     with pytest.raises(TypeError):
         sp.memory_stats("cpu")
+
+
+@pytest.mark.parametrize("spelling", ["cuda:4294967296", "cuda:2147483648",
+                                      "cuda:99999999999999999999"])
+def test_device_spelling_out_of_range(sp, spelling):
+    # 'cuda:N' past a C int was cut to its low 32 bits: cuda:4294967296 made a pool on device 0
+    # (its .device saying 4294967296) and malloc'd there; refused like the int N.
+    with pytest.raises(ValueError, match="device must be in"):
+        sp.malloc(16, spelling)
+    with pytest.raises(ValueError, match="device must be in"):
+        sp.MemPool(device=spelling)
+    with pytest.raises(ValueError, match="device must be in"):
+        sp.get_default_memory_pool(spelling)
+
+
+def test_device_spelling_ascii_digits_only(sp):
+    # str.isdigit() takes any script's digits; torch.device takes ASCII ones only.
+    with pytest.raises(TypeError):
+        sp.memory_stats("cuda:\u0660")
+    with pytest.raises(TypeError):
+        sp.memory_stats("cuda:+0")
 
 
 def test_environment_set_after_loading_the_library_is_read():

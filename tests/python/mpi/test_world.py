@@ -211,6 +211,22 @@ def test_bad_argument_on_one_rank_fails_every_rank(world):
     sympool.free(a)
 
 
+def test_none_op_or_root_on_one_rank_fails_every_rank(world):
+    # op=None and root=None were read as "this collective has no op / root": the argument was
+    # left out, ctypes refused the call ("takes at least 7 arguments (6 given)") before it
+    # reached the library, and the other ranks waited for this one until the deadline.
+    import sympool
+    n = 16
+    a = sympool.malloc(n * 4)
+    with pytest.raises(TypeError if world.rank == 0 else sympool.SympoolError) as e:
+        world.allreduce(a, a, n, op=None if world.rank == 0 else "sum")
+    assert world.rank != 0 or "op must be" in str(e.value)
+    with pytest.raises(TypeError if world.rank == 1 else sympool.SympoolError) as e:
+        world.broadcast(a, a, n, root=None if world.rank == 1 else 0)
+    assert world.rank != 1 or "root must be" in str(e.value)
+    sympool.free(a)
+
+
 def test_mismatched_counts_fail_every_rank(world):
     import sympool
     a = sympool.malloc(1024)
