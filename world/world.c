@@ -626,17 +626,21 @@ SP_EXPORT int sp_world_device(const sp_world_t *w) {
     return w ? w->device : -1;
 }
 SP_EXPORT int sp_world_local_size(const sp_world_t *w) {
+    w = live_or_null(w);
     return w ? w->local_size : 0;
 }
 SP_EXPORT int sp_world_node_count(const sp_world_t *w) {
+    w = live_or_null(w);
     return w ? w->nnodes : 0;
 }
 SP_EXPORT int sp_world_node(const sp_world_t *w, int rank) {
+    w = live_or_null(w);
     if (!w || rank < 0 || rank >= w->size)
         return -1;
     return w->node_of[rank];
 }
 SP_EXPORT const char *sp_world_node_name(const sp_world_t *w, int node) {
+    w = live_or_null(w);
     if (!w || node < 0 || node >= w->nnodes)
         return NULL;
     return w->node_name[node];

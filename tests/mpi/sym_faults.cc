@@ -365,4 +365,17 @@ TEST_F(SymFaults, FinalizeInStepReleasesLivePools) {
     pool_ = nullptr;
 }
 
+// A finalized world's node accessors answer like NULL too (the header's promise for every
+// accessor), without reading the freed world.
+TEST_F(SymFaults, NodeAccessorsOfAFinalizedWorldAnswerLikeNull) {
+    ASSERT_GT(sp_world_local_size(w_), 0);
+    ASSERT_GT(sp_world_node_count(w_), 0);
+    ASSERT_SP_OK(sp_world_finalize(w_));
+    EXPECT_EQ(sp_world_local_size(w_), 0);
+    EXPECT_EQ(sp_world_node_count(w_), 0);
+    EXPECT_EQ(sp_world_node(w_, 0), -1);
+    EXPECT_EQ(sp_world_node_name(w_, 0), nullptr);
+    w_ = nullptr;
+}
+
 } // namespace
