@@ -378,4 +378,17 @@ TEST_F(SymFaults, NodeAccessorsOfAFinalizedWorldAnswerLikeNull) {
     w_ = nullptr;
 }
 
+// sp_stats_report with another format on one rank (rank 0, the root of the Prometheus gather,
+// was left alone in MPI_Gather forever): SP_ERR_MISMATCH on every rank, then in step.
+TEST_F(SymFaults, StatsReportFormatsThatDifferAreAMismatch) {
+    const int dev = sp_world_device(w_);
+    FILE *out = std::tmpfile();
+    ASSERT_NE(out, nullptr);
+    sp_report_format_t f = rank_ == 0 ? SP_REPORT_PROMETHEUS : SP_REPORT_JSON;
+    EXPECT_SP_STATUS(sp_stats_report(w_, dev, out, f), SP_ERR_MISMATCH);
+    EXPECT_TRUE(has(sp_last_error(), "format")) << sp_last_error();
+    ASSERT_SP_OK(sp_stats_report(w_, dev, out, SP_REPORT_PROMETHEUS));
+    std::fclose(out);
+}
+
 } // namespace
