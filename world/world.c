@@ -702,3 +702,8 @@ const char *sp__world_nccl_no_symmetric(const sp_world_t *w) {
 uint64_t sp__world_next_pool_serial(sp_world_t *w) {
     return w ? ++w->pool_serial : 0;
 }
+
+void sp__world_set_pool_serial(sp_world_t *w, uint64_t serial) {
+    if (w)
+        w->pool_serial = serial;
+}

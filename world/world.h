@@ -65,6 +65,9 @@ const char *sp__world_nccl_no_symmetric(const sp_world_t *w);
 /* A per-world counter of symmetric pool creations (symmetric/ checks that every rank calls
  * sp_symmetric_mempool_create the same number of times). Returns the new value (from 1). */
 uint64_t sp__world_next_pool_serial(sp_world_t *w);
+/* Set the count of pool creations that counted on this rank: the last number every rank agreed
+ * on (a create whose agreement round failed, with ranks in other calls, did not count). */
+void sp__world_set_pool_serial(sp_world_t *w, uint64_t serial);
 
 /* Translate an MPI return code: SP_SUCCESS for MPI_SUCCESS, else sp__error(SP_ERR_MPI) naming
  * `fn` (the sympool call, may be NULL), `what` (the MPI call) and MPI_Error_string's text,

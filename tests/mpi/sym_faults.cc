@@ -378,6 +378,23 @@ TEST_F(SymFaults, NodeAccessorsOfAFinalizedWorldAnswerLikeNull) {
     w_ = nullptr;
 }
 
+// A create that met another world call on some rank is one error, not an error at every later
+// create: the ranks' pool creation numbers stay in step.
+TEST_F(SymFaults, CreateAfterACreateMismatchIsInStep) {
+    int32_t *buf = nullptr;
+    ASSERT_SP_OK(sp_malloc(64, sp_world_device(w_), nullptr, (void **)&buf));
+    sp_mempool_t *q = nullptr;
+    sp_status_t s = rank_ == 0 ? sp_allreduce(w_, buf, buf, 4, SP_INT32, SP_SUM, nullptr)
+                               : sp_symmetric_mempool_create(w_, nullptr, &q);
+    EXPECT_EQ(s, SP_ERR_MISMATCH) << sp::describe(s);
+    EXPECT_EQ(q, nullptr);
+    ASSERT_SP_OK(sp_free(buf));
+    ASSERT_NO_FATAL_FAILURE(make_pool());
+    void *p = nullptr;
+    ASSERT_SP_OK(sp_symmetric_malloc(pool_, 4096, nullptr, &p));
+    ASSERT_SP_OK(sp_free(p));
+}
+
 // sp_stats_report with another format on one rank (rank 0, the root of the Prometheus gather,
 // was left alone in MPI_Gather forever): SP_ERR_MISMATCH on every rank, then in step.
 TEST_F(SymFaults, StatsReportFormatsThatDifferAreAMismatch) {
