@@ -543,6 +543,13 @@ SP_EXPORT sp_status_t sp_world_from_comm(MPI_Comm comm, sp_world_t **world_p) {
                          "sp_world_from_comm: MPI is %s; initialize it first or use sp_world_init",
                          finalized ? "already finalized" : "not initialized");
     SP_ARG_CHECK(comm != MPI_COMM_NULL, SP_SUB_BOOT, "sp_world_from_comm: comm is MPI_COMM_NULL");
+    /* A world is one group (its node split, rounds and collectives): an intercommunicator has
+     * two, and Open MPI crashes splitting one by type. Local, the same answer on every rank. */
+    int inter = 0;
+    SP_CHECK(sp__world_mpi_status(MPI_Comm_test_inter(comm, &inter), "MPI_Comm_test_inter"));
+    SP_ARG_CHECK(!inter, SP_SUB_BOOT,
+                 "sp_world_from_comm: comm is an intercommunicator; a world needs an "
+                 "intracommunicator (merge it with MPI_Intercomm_merge)");
     return world_create(comm, false, world_p);
 }
 
