@@ -1,8 +1,8 @@
 /*
  * sym_mpi_gone.c: the user finalizes MPI while a world and a symmetric pool are still live.
- * Every later collective sympool call on them must return SP_ERR_INVALID_USAGE saying so,
- * never enter MPI (Open MPI aborts the process for a call after MPI_Finalize), and
- * sp_world_finalize must still free what is sympool's.
+ * Every later collective sympool call on them (and sp_symmetric_peer_ptr, which asks MPI for a
+ * peer's segment) must return SP_ERR_INVALID_USAGE saying so, never enter MPI (Open MPI aborts the
+ * process for a call after MPI_Finalize), and sp_world_finalize must still free what is sympool's.
  *
  * Every rank prints "sym-mpi-gone: ok rank R" or "sym-mpi-gone: FAIL ..."; the ctest
  * registration (tests/cmake/symmetric.cmake) matches those lines.
@@ -27,15 +27,17 @@ static void expect(int rank, const char *what, sp_status_t got) {
 
 int main(int argc, char **argv) {
     MPI_Init(&argc, &argv);
-    int rank = 0;
+    int rank = 0, n = 0;
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    MPI_Comm_size(MPI_COMM_WORLD, &n);
     sp_world_t *w = NULL;
     sp_mempool_t *pool = NULL;
-    void *blk = NULL;
+    void *blk = NULL, *held = NULL, *peer = NULL;
     int *buf = NULL;
     if (sp_world_from_comm(MPI_COMM_WORLD, &w) != SP_SUCCESS ||
         sp_symmetric_mempool_create(w, NULL, &pool) != SP_SUCCESS ||
         sp_symmetric_malloc(pool, 4096, NULL, &blk) != SP_SUCCESS || sp_free(blk) != SP_SUCCESS ||
+        sp_symmetric_malloc(pool, 4096, NULL, &held) != SP_SUCCESS ||
         sp_malloc(64, sp_world_device(w), NULL, (void **)&buf) != SP_SUCCESS) {
         printf("sym-mpi-gone: FAIL rank %d: set-up (%s)\n", rank, sp_last_error());
         return 1;
@@ -51,9 +53,11 @@ int main(int argc, char **argv) {
     expect(rank, "sp_symmetric_mempool_create", sp_symmetric_mempool_create(w, NULL, &q));
     expect(rank, "sp_symmetric_malloc", sp_symmetric_malloc(pool, 4096, NULL, &blk));
     expect(rank, "sp_symmetric_empty_cache", sp_symmetric_empty_cache(pool));
+    /* Local, but the mpi registrar asks MPI (MPI_Win_shared_query) for a peer's segment. */
+    expect(rank, "sp_symmetric_peer_ptr", sp_symmetric_peer_ptr(held, (rank + 1) % n, &peer));
     expect(rank, "sp_symmetric_mempool_destroy", sp_symmetric_mempool_destroy(pool));
     expect(rank, "sp_world_finalize", sp_world_finalize(w));
-    if (sp_free(buf) != SP_SUCCESS) {
+    if (sp_free(buf) != SP_SUCCESS || sp_free(held) != SP_SUCCESS) {
         printf("sym-mpi-gone: FAIL rank %d: sp_free (%s)\n", rank, sp_last_error());
         failures++;
     }
