@@ -102,11 +102,13 @@ static void combine(void *in_v, void *inout_v, int *len, MPI_Datatype *type) {
 }
 
 /* The one collective. local_ok false (with why) marks this rank's arguments bad: it still joins
- * the reduction and then every rank returns SP_ERR_INVALID_ARGUMENT. */
+ * the reduction and then every rank returns SP_ERR_INVALID_ARGUMENT. `format` (the report's, -1
+ * for the aggregate) is agreed too: only a Prometheus report gathers every rank's row after
+ * this, so a rank with another format would leave rank 0 alone in that gather. */
 static sp_status_t gather_nodes(sp_world_t *w, const agg_t *rec, size_t nrec, MPI_Datatype type,
                                 MPI_Op op, const char *fn, gathered_t *g);
 
-static sp_status_t gather_all(sp_world_t *w, int device, bool local_ok, const char *why,
+static sp_status_t gather_all(sp_world_t *w, int device, int format, bool local_ok, const char *why,
                               const char *fn, bool per_node, gathered_t *g) {
     int rank = sp_world_rank(w), n = sp_world_size(w);
     size_t nmem = mem_keys(), nkeys = nmem + N_DEV;
@@ -146,7 +148,7 @@ static sp_status_t gather_all(sp_world_t *w, int device, bool local_ok, const ch
     sp_agree_t a = {.op = strcmp(fn, "sp_stats_report") == 0 ? SP_AGREE_STATS_REPORT
                                                              : SP_AGREE_STATS_AGGREGATE,
                     .ok = local_ok,
-                    .f = {(int64_t)nkeys}};
+                    .f = {(int64_t)nkeys, format}};
     SP_CHECK(sp__world_agree(w, &a, fn));
     if (!local_ok)
         return sp__error(SP_ERR_INVALID_ARGUMENT, SP_SUB_COLL, "%s: %s", fn, reason);
@@ -156,6 +158,11 @@ static sp_status_t gather_all(sp_world_t *w, int device, bool local_ok, const ch
                          "%s: %s rejected its arguments (its log says why)", fn,
                          sp__agree_bad_ranks(&a, ranks, sizeof ranks));
     }
+    if (a.lo[1] != a.hi[1])
+        return sp__error(SP_ERR_MISMATCH, SP_SUB_COLL,
+                         "%s: ranks passed different formats (this rank: %d); every rank must "
+                         "pass the same format",
+                         fn, format);
     size_t nrec = nkeys + N_SYM + 1;
     agg_t rec[SP_STATS_MAX + N_SYM + 1], res[SP_STATS_MAX + N_SYM + 1];
     for (size_t i = 0; i < nkeys + N_SYM; i++)
@@ -255,7 +262,8 @@ SP_EXPORT sp_status_t sp_stats_aggregate(sp_world_t *w, int device, sp_stats_sum
     if (g == NULL)
         return sp__error(SP_ERR_SYSTEM, SP_SUB_COLL, "sp_stats_aggregate: out of host memory");
     bool ok = summary_p != NULL;
-    sp_status_t st = gather_all(w, device, ok, "summary_p is NULL", "sp_stats_aggregate", false, g);
+    sp_status_t st =
+        gather_all(w, device, -1, ok, "summary_p is NULL", "sp_stats_aggregate", false, g);
     if (st == SP_SUCCESS) {
         sp_stats_summary_t s;
         memset(&s, 0, sizeof s);
@@ -782,7 +790,7 @@ SP_EXPORT sp_status_t sp_stats_report(sp_world_t *w, int device, FILE *out,
     gathered_t *g = malloc(sizeof *g);
     if (g == NULL) /* would leave the other ranks waiting; host malloc of ~7 KiB does not fail */
         return sp__error(SP_ERR_SYSTEM, SP_SUB_COLL, "%s: out of host memory", fn);
-    sp_status_t st = gather_all(w, device, why == NULL, why, fn, true, g);
+    sp_status_t st = gather_all(w, device, (int)format, why == NULL, why, fn, true, g);
     int64_t *all = NULL;
     if (st == SP_SUCCESS && format == SP_REPORT_PROMETHEUS) {
         size_t stride = g->nkeys + N_SYM;

@@ -81,6 +81,11 @@ static sp_status_t mpi_release(sp_sym_state_t *st, sp_sym_seg_t *seg, void *stre
 
 static sp_status_t mpi_peer_ptr(sp_world_t *w, const sp_sym_seg_t *seg, int rank, size_t offset,
                                 void **ptr_p) {
+    /* A local query, but an MPI call: after the user's MPI_Finalize Open MPI aborts for it. */
+    if (sp__world_mpi_gone())
+        return sp__error(SP_ERR_INVALID_USAGE, SP_SUB_SYM,
+                         "sp_symmetric_peer_ptr: MPI was finalized, and the mpi registrar asks MPI "
+                         "for a peer's segment; call sp_world_finalize before MPI_Finalize");
     /* sp_symmetric_peer_ptr answered ranks of other nodes already. */
     int node_rank = sp__world_node_rank_of(w, rank);
     if (node_rank < 0)

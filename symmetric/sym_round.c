@@ -129,18 +129,31 @@ bool sp__sym_of_world(const sp_world_t *w, sp_sym_state_t ***v_p, size_t *n_p) {
     return true;
 }
 
+/* The lookup of sp__sym_acquire's slow path: none at all once MPI is finalized, when no pool
+ * call may enter MPI any more (the notice below moved the generation, so every call comes here:
+ * the cached path pays nothing for the check). */
+static sp_sym_state_t *find_usable(const sp_mempool_t *pool) {
+    return sp__world_mpi_gone() ? NULL : sp__sym_find(pool);
+}
+
 sp_status_t sp__sym_acquire(const sp_mempool_t *pool, const char *fn, sp_sym_state_t **st_p) {
     /* NULL or garbage: SP_ERR_INVALID_ARGUMENT; a handle from before sp_shutdown:
      * SP_ERR_INVALID_USAGE; neither is read through (pool/handles.c). */
     SP_CHECK(sp__mempool_check(pool, fn));
     /* The generation is read before the walk: a change during it makes the next call walk. */
     uint64_t gen = __atomic_load_n(&s_reg_gen, __ATOMIC_ACQUIRE);
-    sp_sym_state_t *st = pool == t_pool && gen == t_gen ? t_state : sp__sym_find(pool);
+    sp_sym_state_t *st = pool == t_pool && gen == t_gen ? t_state : find_usable(pool);
     if (st) {
         t_pool = pool;
         t_state = st;
         t_gen = gen;
     }
+    if (!st && sp__world_mpi_gone())
+        return sp__error(SP_ERR_INVALID_USAGE, SP_SUB_SYM,
+                         "%s: MPI was finalized while this symmetric pool was live, so no "
+                         "collective call can run any more; destroy the pool and call "
+                         "sp_world_finalize before MPI_Finalize",
+                         fn);
     if (!st)
         return sp__error(SP_ERR_INVALID_USAGE, SP_SUB_SYM,
                          "%s: not a live symmetric pool (an ordinary MemPool, or its world was "
@@ -159,6 +172,18 @@ sp_status_t sp__sym_acquire(const sp_mempool_t *pool, const char *fn, sp_sym_sta
 
 void sp__sym_release_state(sp_sym_state_t *st) {
     pthread_mutex_unlock(&st->lock);
+}
+
+/* MPI_Finalize has started (world.c's notice): every thread's next sp__sym_acquire misses its
+ * cache and refuses. */
+static void mpi_gone(void) {
+    pthread_mutex_lock(&s_reg_lock);
+    __atomic_fetch_add(&s_reg_gen, 1, __ATOMIC_RELEASE);
+    pthread_mutex_unlock(&s_reg_lock);
+}
+
+__attribute__((constructor)) static void register_mpi_gone(void) {
+    (void)sp__world_on_mpi_gone(mpi_gone);
 }
 
 /* ---- rounds --------------------------------------------------------------------------- */

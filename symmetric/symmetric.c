@@ -140,6 +140,14 @@ SP_EXPORT sp_status_t sp_symmetric_mempool_create(sp_world_t *w, const sp_mempoo
                     .ok = ls == SP_SUCCESS,
                     .f = {(int64_t)st->serial, p.use_on_oom, p.no_split}};
     sp_status_t s = sp__world_agree(w, &a, what);
+    /* The creation numbers stay in step whatever the outcome: a round that failed (a rank in
+     * another call, a timeout) counted as a creation on no rank, and after numbers that differ
+     * every rank continues from the largest, so one mistake is one error, not an error at every
+     * later create. */
+    if (s != SP_SUCCESS)
+        sp__world_set_pool_serial(w, st->serial - 1);
+    else if (a.lo[0] != a.hi[0])
+        sp__world_set_pool_serial(w, (uint64_t)a.hi[0]);
     if (s == SP_SUCCESS && a.lo[0] != a.hi[0])
         s = sp__error(SP_ERR_MISMATCH, SP_SUB_SYM,
                       "%s: ranks are at different symmetric pool creations (#%lld..#%lld): "

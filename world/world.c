@@ -73,12 +73,67 @@ static uint64_t s_live_gen; /* changes to s_live so far (written under s_lock; a
  * walk. */
 static _Thread_local const sp_world_t *t_world;
 static _Thread_local uint64_t t_world_gen;
+/* MPI_Finalize has started (sp__world_mpi_gone): set once by self_deleted (atomic). */
+static bool s_mpi_gone;
+static int s_self_key = MPI_KEYVAL_INVALID; /* s_lock: the MPI_COMM_SELF attribute's key */
+#define MAX_NOTICES 4
+static void (*s_notices[MAX_NOTICES])(void); /* s_lock */
+static int s_nnotices;                       /* s_lock */
 
 static bool is_live_locked(const sp_world_t *w) {
     for (sp_world_t *x = s_live; x; x = x->next_live)
         if (x == w)
             return true;
     return false;
+}
+
+bool sp__world_mpi_gone(void) {
+    return __atomic_load_n(&s_mpi_gone, __ATOMIC_ACQUIRE);
+}
+
+sp_status_t sp__world_on_mpi_gone(void (*notice)(void)) {
+    if (!notice)
+        return sp__error(SP_ERR_INVALID_ARGUMENT, SP_SUB_BOOT, "MPI finalize notice is NULL");
+    pthread_mutex_lock(&s_lock);
+    sp_status_t st = SP_SUCCESS;
+    if (s_nnotices >= MAX_NOTICES)
+        st = sp__error(SP_ERR_INTERNAL, SP_SUB_BOOT, "more than %d MPI finalize notices",
+                       MAX_NOTICES);
+    else
+        s_notices[s_nnotices++] = notice;
+    pthread_mutex_unlock(&s_lock);
+    return st;
+}
+
+/* MPI_Finalize deletes MPI_COMM_SELF's attributes before anything else (MPI-3.1 8.7.1), so this
+ * runs while MPI still works, in whichever thread finalizes. Every thread's cached liveness
+ * check misses from now on (the generation moves), and the slow path refuses. */
+static int self_deleted(MPI_Comm comm, int key, void *value, void *extra) {
+    (void)comm, (void)key, (void)value, (void)extra;
+    __atomic_store_n(&s_mpi_gone, true, __ATOMIC_RELEASE);
+    __atomic_fetch_add(&s_live_gen, 1, __ATOMIC_RELEASE);
+    pthread_mutex_lock(&s_lock);
+    int n = s_nnotices;
+    void (*notices[MAX_NOTICES])(void);
+    memcpy(notices, s_notices, sizeof notices);
+    pthread_mutex_unlock(&s_lock);
+    for (int i = 0; i < n; i++)
+        notices[i]();
+    return MPI_SUCCESS;
+}
+
+/* Ask MPI to tell us when it is finalized (once per process; s_lock held). Local MPI calls. */
+static void watch_mpi_finalize_locked(void) {
+    if (s_self_key != MPI_KEYVAL_INVALID)
+        return;
+    int key = MPI_KEYVAL_INVALID;
+    if (MPI_Comm_create_keyval(MPI_COMM_NULL_COPY_FN, self_deleted, &key, NULL) != MPI_SUCCESS)
+        return; /* then a call after the user's MPI_Finalize is MPI's to refuse, as before */
+    if (MPI_Comm_set_attr(MPI_COMM_SELF, key, NULL) != MPI_SUCCESS) {
+        MPI_Comm_free_keyval(&key);
+        return;
+    }
+    s_self_key = key;
 }
 
 sp_status_t sp__world_check(const sp_world_t *w, const char *fn) {
@@ -90,11 +145,17 @@ sp_status_t sp__world_check(const sp_world_t *w, const char *fn) {
         return SP_SUCCESS;
     pthread_mutex_lock(&s_lock);
     bool live = is_live_locked(w);
-    if (live) {
+    bool gone = live && sp__world_mpi_gone();
+    if (live && !gone) {
         t_world = w;
         t_world_gen = __atomic_load_n(&s_live_gen, __ATOMIC_RELAXED);
     }
     pthread_mutex_unlock(&s_lock);
+    if (gone)
+        return sp__error(SP_ERR_INVALID_USAGE, SP_SUB_BOOT,
+                         "%s: MPI was finalized while world %p was live, so no collective call "
+                         "can run any more; call sp_world_finalize before MPI_Finalize",
+                         fn, (const void *)w);
     if (!live)
         return sp__error(SP_ERR_INVALID_USAGE, SP_SUB_BOOT,
                          "%s: %p is not a live world (already finalized, or not from "
@@ -405,6 +466,7 @@ static sp_status_t world_create(MPI_Comm comm, bool from_init, sp_world_t **worl
             w->rank, w->size, w->local_rank, w->local_size, w->node_of[w->rank], w->nnodes,
             w->node_name[w->node_of[w->rank]], w->device, sp_backend_name());
     pthread_mutex_lock(&s_lock);
+    watch_mpi_finalize_locked();
     w->next_live = s_live;
     s_live = w;
     __atomic_fetch_add(&s_live_gen, 1, __ATOMIC_RELEASE);
@@ -481,6 +543,13 @@ SP_EXPORT sp_status_t sp_world_from_comm(MPI_Comm comm, sp_world_t **world_p) {
                          "sp_world_from_comm: MPI is %s; initialize it first or use sp_world_init",
                          finalized ? "already finalized" : "not initialized");
     SP_ARG_CHECK(comm != MPI_COMM_NULL, SP_SUB_BOOT, "sp_world_from_comm: comm is MPI_COMM_NULL");
+    /* A world is one group (its node split, rounds and collectives): an intercommunicator has
+     * two, and Open MPI crashes splitting one by type. Local, the same answer on every rank. */
+    int inter = 0;
+    SP_CHECK(sp__world_mpi_status(MPI_Comm_test_inter(comm, &inter), "MPI_Comm_test_inter"));
+    SP_ARG_CHECK(!inter, SP_SUB_BOOT,
+                 "sp_world_from_comm: comm is an intercommunicator; a world needs an "
+                 "intracommunicator (merge it with MPI_Intercomm_merge)");
     return world_create(comm, false, world_p);
 }
 
@@ -510,18 +579,19 @@ static void free_world(sp_world_t *w) {
 
 SP_EXPORT sp_status_t sp_world_finalize(sp_world_t *w) {
     SP_ARG_CHECK(w, SP_SUB_BOOT, "sp_world_finalize: world is NULL");
-    /* Run the hooks while the world is still live (they make collective calls on it). */
-    SP_CHECK(sp__world_check(w, "sp_world_finalize"));
     int finalized = 0;
     MPI_Finalized(&finalized);
-    if (finalized) {
+    if (finalized && !sp__in_callback()) {
         /* Nothing MPI can be undone any more; free what is ours and say what happened. */
-        if (take_live(w))
-            free_world(w);
+        if (!take_live(w))
+            return sp__world_check(w, "sp_world_finalize"); /* not a live world */
+        free_world(w);
         return sp__error(SP_ERR_INVALID_USAGE, SP_SUB_BOOT,
                          "sp_world_finalize: MPI was finalized before the world; call "
                          "sp_world_finalize before MPI_Finalize");
     }
+    /* Run the hooks while the world is still live (they make collective calls on it). */
+    SP_CHECK(sp__world_check(w, "sp_world_finalize"));
     pthread_mutex_lock(&s_lock);
     int n = s_nhooks;
     sp_world_finalize_hook_t hooks[MAX_HOOKS];
@@ -626,17 +696,21 @@ SP_EXPORT int sp_world_device(const sp_world_t *w) {
     return w ? w->device : -1;
 }
 SP_EXPORT int sp_world_local_size(const sp_world_t *w) {
+    w = live_or_null(w);
     return w ? w->local_size : 0;
 }
 SP_EXPORT int sp_world_node_count(const sp_world_t *w) {
+    w = live_or_null(w);
     return w ? w->nnodes : 0;
 }
 SP_EXPORT int sp_world_node(const sp_world_t *w, int rank) {
+    w = live_or_null(w);
     if (!w || rank < 0 || rank >= w->size)
         return -1;
     return w->node_of[rank];
 }
 SP_EXPORT const char *sp_world_node_name(const sp_world_t *w, int node) {
+    w = live_or_null(w);
     if (!w || node < 0 || node >= w->nnodes)
         return NULL;
     return w->node_name[node];
@@ -697,4 +771,9 @@ const char *sp__world_nccl_no_symmetric(const sp_world_t *w) {
 
 uint64_t sp__world_next_pool_serial(sp_world_t *w) {
     return w ? ++w->pool_serial : 0;
+}
+
+void sp__world_set_pool_serial(sp_world_t *w, uint64_t serial) {
+    if (w)
+        w->pool_serial = serial;
 }

@@ -44,6 +44,16 @@ const char *sp__world_nccl_why(const sp_world_t *w);
 typedef sp_status_t (*sp_world_finalize_hook_t)(sp_world_t *w, bool in_step);
 sp_status_t sp__world_on_finalize(sp_world_finalize_hook_t hook);
 
+/* MPI finalized while sympool's worlds were live (the user called MPI_Finalize first): every
+ * collective call must then be refused, never enter MPI (Open MPI aborts the process for a call
+ * after MPI_Finalize). MPI tells us as its MPI_Finalize starts: the world keeps an attribute on
+ * MPI_COMM_SELF, whose delete callback runs first thing in MPI_Finalize. The flag is set there;
+ * sp__world_check refuses every world from then on. `notice`s (at most 4, registered from a
+ * library constructor) run there too, so that a module can drop its own caches (symmetric/
+ * makes its pools' calls look them up again). */
+bool sp__world_mpi_gone(void);
+sp_status_t sp__world_on_mpi_gone(void (*notice)(void));
+
 /* Rank of world rank `world_rank` in the node communicator, -1 if it is on another node (or out
  * of range). Local: the table is computed once at world creation. */
 int sp__world_node_rank_of(const sp_world_t *w, int world_rank);
@@ -65,6 +75,9 @@ const char *sp__world_nccl_no_symmetric(const sp_world_t *w);
 /* A per-world counter of symmetric pool creations (symmetric/ checks that every rank calls
  * sp_symmetric_mempool_create the same number of times). Returns the new value (from 1). */
 uint64_t sp__world_next_pool_serial(sp_world_t *w);
+/* Set the count of pool creations that counted on this rank: the last number every rank agreed
+ * on (a create whose agreement round failed, with ranks in other calls, did not count). */
+void sp__world_set_pool_serial(sp_world_t *w, uint64_t serial);
 
 /* Translate an MPI return code: SP_SUCCESS for MPI_SUCCESS, else sp__error(SP_ERR_MPI) naming
  * `fn` (the sympool call, may be NULL), `what` (the MPI call) and MPI_Error_string's text,

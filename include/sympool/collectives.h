@@ -139,7 +139,8 @@ sp_status_t sp_stats_aggregate(sp_world_t *w, int device, sp_stats_summary_t *su
  * node; one more collective, an MPI_Gather).
  * SYMPOOL_REPORT=table|json|prometheus prints the same at sp_world_finalize, to stdout.
  * @return SP_SUCCESS, SP_ERR_INVALID_ARGUMENT (on every rank: bad format, out NULL on rank 0,
- *         bad device), SP_ERR_MPI, SP_ERR_SYSTEM (writing failed, on rank 0).
+ *         bad device), SP_ERR_MISMATCH (on every rank: ranks passed different formats),
+ *         SP_ERR_MPI, SP_ERR_SYSTEM (writing failed, on rank 0).
  */
 sp_status_t sp_stats_report(sp_world_t *w, int device, FILE *out, sp_report_format_t format);
 

@@ -35,7 +35,8 @@ typedef struct sp_world sp_world_t;
 sp_status_t sp_world_init(int *argc, char ***argv, sp_world_t **world_p);
 
 /** As sp_world_init on a communicator the caller owns (MPI must be initialized). Collective over
- * comm. */
+ * comm, which must be an intracommunicator (an intercommunicator: SP_ERR_INVALID_ARGUMENT on
+ * every rank). */
 sp_status_t sp_world_from_comm(MPI_Comm comm, sp_world_t **world_p);
 
 /**

@@ -114,3 +114,17 @@ foreach(call create malloc empty_cache destroy allreduce allgather reduce_scatte
     PASS_REGULAR_EXPRESSION "sym-exit: ok rank 0.*sym-exit: ok rank 1|sym-exit: ok rank 1.*sym-exit: ok rank 0"
     FAIL_REGULAR_EXPRESSION "sym-exit: FAIL")
 endforeach()
+
+# The user finalizes MPI while a world and a symmetric pool are live: every later collective
+# call is refused with SP_ERR_INVALID_USAGE instead of entering MPI (an abort), and
+# sp_world_finalize still frees the world.
+add_executable(sym_mpi_gone ${PROJECT_SOURCE_DIR}/tests/mpi/sym_mpi_gone.c)
+target_compile_options(sym_mpi_gone PRIVATE ${SP_WARN})
+target_link_libraries(sym_mpi_gone PRIVATE sympool_static MPI::MPI_C)
+add_test(NAME mpi.sym_mpi_gone.np2
+  COMMAND ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} 2 --oversubscribe
+          $<TARGET_FILE:sym_mpi_gone>)
+set_tests_properties(mpi.sym_mpi_gone.np2 PROPERTIES LABELS mpi TIMEOUT 60
+  ENVIRONMENT "${SP_TEST_ENV};SYMPOOL_SYM_TIMEOUT=5"
+  PASS_REGULAR_EXPRESSION "sym-mpi-gone: ok rank 0.*sym-mpi-gone: ok rank 1|sym-mpi-gone: ok rank 1.*sym-mpi-gone: ok rank 0"
+  FAIL_REGULAR_EXPRESSION "sym-mpi-gone: FAIL")

@@ -365,4 +365,47 @@ TEST_F(SymFaults, FinalizeInStepReleasesLivePools) {
     pool_ = nullptr;
 }
 
+// A finalized world's node accessors answer like NULL too (the header's promise for every
+// accessor), without reading the freed world.
+TEST_F(SymFaults, NodeAccessorsOfAFinalizedWorldAnswerLikeNull) {
+    ASSERT_GT(sp_world_local_size(w_), 0);
+    ASSERT_GT(sp_world_node_count(w_), 0);
+    ASSERT_SP_OK(sp_world_finalize(w_));
+    EXPECT_EQ(sp_world_local_size(w_), 0);
+    EXPECT_EQ(sp_world_node_count(w_), 0);
+    EXPECT_EQ(sp_world_node(w_, 0), -1);
+    EXPECT_EQ(sp_world_node_name(w_, 0), nullptr);
+    w_ = nullptr;
+}
+
+// A create that met another world call on some rank is one error, not an error at every later
+// create: the ranks' pool creation numbers stay in step.
+TEST_F(SymFaults, CreateAfterACreateMismatchIsInStep) {
+    int32_t *buf = nullptr;
+    ASSERT_SP_OK(sp_malloc(64, sp_world_device(w_), nullptr, (void **)&buf));
+    sp_mempool_t *q = nullptr;
+    sp_status_t s = rank_ == 0 ? sp_allreduce(w_, buf, buf, 4, SP_INT32, SP_SUM, nullptr)
+                               : sp_symmetric_mempool_create(w_, nullptr, &q);
+    EXPECT_EQ(s, SP_ERR_MISMATCH) << sp::describe(s);
+    EXPECT_EQ(q, nullptr);
+    ASSERT_SP_OK(sp_free(buf));
+    ASSERT_NO_FATAL_FAILURE(make_pool());
+    void *p = nullptr;
+    ASSERT_SP_OK(sp_symmetric_malloc(pool_, 4096, nullptr, &p));
+    ASSERT_SP_OK(sp_free(p));
+}
+
+// sp_stats_report with another format on one rank (rank 0, the root of the Prometheus gather,
+// was left alone in MPI_Gather forever): SP_ERR_MISMATCH on every rank, then in step.
+TEST_F(SymFaults, StatsReportFormatsThatDifferAreAMismatch) {
+    const int dev = sp_world_device(w_);
+    FILE *out = std::tmpfile();
+    ASSERT_NE(out, nullptr);
+    sp_report_format_t f = rank_ == 0 ? SP_REPORT_PROMETHEUS : SP_REPORT_JSON;
+    EXPECT_SP_STATUS(sp_stats_report(w_, dev, out, f), SP_ERR_MISMATCH);
+    EXPECT_TRUE(has(sp_last_error(), "format")) << sp_last_error();
+    ASSERT_SP_OK(sp_stats_report(w_, dev, out, SP_REPORT_PROMETHEUS));
+    std::fclose(out);
+}
+
 } // namespace

@@ -142,6 +142,24 @@ TEST_F(World, AccessorsAreNullSafeAndArgumentsChecked) {
     EXPECT_EQ(w, nullptr);
 }
 
+// An intercommunicator has no shared-memory split (Open MPI 4.1 crashed in MPI_Comm_split_type
+// on one): refused up front, on every rank, before any collective.
+TEST_F(World, IntercommunicatorIsRefused) {
+    SP_SKIP_BELOW_RANKS(2);
+    expect_warnings();
+    MPI_Comm half, inter;
+    MPI_Comm_split(MPI_COMM_WORLD, mpi_rank() % 2, mpi_rank(), &half);
+    // Each half's leader is its lowest world rank: 0 for the even ranks, 1 for the odd ones.
+    MPI_Intercomm_create(half, 0, MPI_COMM_WORLD, mpi_rank() % 2 ? 0 : 1, 7, &inter);
+    sp_world_t *w = nullptr;
+    EXPECT_SP_STATUS(sp_world_from_comm(inter, &w), SP_ERR_INVALID_ARGUMENT);
+    EXPECT_NE(std::string(sp_last_error()).find("intercommunicator"), std::string::npos)
+        << sp_last_error();
+    EXPECT_EQ(w, nullptr);
+    MPI_Comm_free(&inter);
+    MPI_Comm_free(&half);
+}
+
 TEST_F(World, MpiErrorsBecomeSpErrMpiWithMpisText) {
     expect_warnings();
     EXPECT_SP_OK(sp__world_mpi_status(MPI_SUCCESS, "nothing"));
