@@ -1154,6 +1154,15 @@ def test_use_mem_pool_same_pool_nested_is_refused(sp):
 
 # ---- more of test_cuda.py (TestCuda, TestCudaMallocAsync, TestMemPool) ------------------------
 
+def test_out_of_memory_message(sp):
+    # test_out_of_memory's whole regex: the size, then PyTorch's "GPU <n> has a total capacity
+    # of" sentence, which ported tests and log scrapers match on.
+    with pytest.raises(sp.OutOfMemoryError,
+                       match=r"Tried to allocate 800000000\.00 GiB\. GPU 0 has a total capacity "
+                             r"of [0-9.]+ [KMGT]?i?B of which [0-9.]+ [KMGT]?i?B is free"):
+        sp.malloc(1024 * 1024 * 1024 * 800000000)
+
+
 @pytest.mark.parametrize("conf", ["", "max_split_size_mb:1024"])
 def test_raises_oom(conf):
     # test_raises_oom: a 4 TiB request (torch.empty(1024**4) floats) raises OutOfMemoryError, also

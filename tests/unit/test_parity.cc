@@ -149,3 +149,22 @@ TEST_F(ParityHistory, EmptySkipActionNameIsRefused) {
     ASSERT_SP_OK(sp_free(x));
     EXPECT_TRUE(actions().empty()) << "recording did not start";
 }
+
+// test_cuda.py's test_out_of_memory matches "Tried to allocate 800000000.00 GiB. GPU 0 has a
+// total capacity of": the OOM text carries PyTorch's sentences, device index included.
+class ParityOom : public sp::Test {};
+
+TEST_F(ParityOom, MessageHasPyTorchsSentences) {
+    sp::ScopedEnv env({{"SYMPOOL_HOST_DEVICES", "2"}, {"SYMPOOL_HOST_CAPACITY", "1GiB"}});
+    SP_SKIP_UNLESS_HOST();
+    expect_warnings(); // the OOM is logged
+    void *p = nullptr;
+    EXPECT_SP_STATUS(sp_malloc(size_t(1024) * 1024 * 1024 * 800000000, 1, nullptr, &p),
+                     SP_ERR_OUT_OF_MEMORY);
+    std::string msg = sp_last_error();
+    EXPECT_NE(msg.find("Tried to allocate 800000000.00 GiB. GPU 1 has a total capacity of 1.00 "
+                       "GiB of which 1.00 GiB is free. Of the allocated memory 0 bytes is "
+                       "allocated by sympool, and 0 bytes is reserved by sympool but unallocated."),
+              std::string::npos)
+        << msg;
+}
