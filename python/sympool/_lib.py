@@ -32,6 +32,12 @@ class SympoolError(RuntimeError):
         self.status = status
         self.detail = message
 
+    def __reduce__(self):
+        # Pickle rebuilds an exception as cls(*self.args), and args holds the one formatted
+        # text, not (status, message): without this, unpickling fails with a TypeError, so an
+        # OutOfMemoryError could not cross a multiprocessing or concurrent.futures pipe.
+        return (type(self), (self.status, self.detail), self.__dict__)
+
 
 class OutOfMemoryError(SympoolError):
     """SP_ERR_OUT_OF_MEMORY: the device (or the pool's limit) is exhausted after freeing the

@@ -387,6 +387,28 @@ def test_alloc_limit_fragmented(sp, pool):
     sp.free(p2)
 
 
+def test_exception_picklable(sp):
+    # TestExceptionPicklable: an OutOfMemoryError survives pickling with the same args and text
+    # (multiprocessing and concurrent.futures send exceptions between processes this way).
+    import pickle
+    made = [sp.OutOfMemoryError("SP_ERR_OUT_OF_MEMORY", "out of memory on device 0")]
+    try:
+        sp.malloc(1 << 62)
+    except sp.OutOfMemoryError as e:
+        made.append(e)
+    try:
+        sp.free(12345)
+    except sp.SympoolError as e:
+        made.append(e)
+    assert len(made) == 3
+    for e1 in made:
+        e2 = pickle.loads(pickle.dumps(e1))
+        assert type(e2) is type(e1)
+        assert e1.args == e2.args
+        assert str(e1) == str(e2)
+        assert (e2.status, e2.detail) == (e1.status, e1.detail)
+
+
 def _reuse_between_thread(sp, pool, stream_main, stream_sub):
     # TestAllocator._reuse_between_thread: a 128-byte block (cupy.arange(16)) is freed in one
     # thread, then the same size is asked for in another, each on its own stream argument.
