@@ -150,6 +150,8 @@ _PROTOS = {
     "sp_dump_snapshot": (_st, [_cp]),
     "sp_mempool_dump_snapshot": (_st, [_vp, _cp]),
     "sp_history_set_frames_hook": (None, [FRAMES_FN, _vp]),
+    "sp_history_set_user_metadata": (_st, [_i, _cp]),
+    "sp_history_get_user_metadata": (_st, [_i, _cp, _sz, _P(_sz)]),
     "sp_stream_create": (_st, [_i, _P(_vp)]),
     "sp_stream_destroy": (_st, [_vp]),
     "sp_stream_synchronize": (_st, [_vp]),

@@ -1325,3 +1325,41 @@ def test_mempool_expandable():
             sp.free(p)
         pool.destroy()
     """, SYMPOOL_ALLOC_CONF="expandable_segments:True")
+
+
+@pytest.mark.parametrize("context", ["alloc", "all", "state"])
+def test_memory_plots_metadata(sp, context):
+    # test_memory_plots_metadata: with _set_memory_metadata set, every trace entry recorded
+    # (alloc, frees, the segment's alloc and free) carries it as "user_metadata".
+    try:
+        sp.empty_cache()
+        sp._set_memory_metadata("metadata test")
+        assert sp._get_memory_metadata() == "metadata test"
+        sp._record_memory_history(context=context)
+        x = sp.malloc(3 * 4 * 4)
+        sp.free(x)
+        sp.empty_cache()
+        sp._set_memory_metadata("")
+        trace = sp._snapshot()["device_traces"][0]
+        assert len(trace) >= 4
+        for event in trace:
+            assert event["user_metadata"] == "metadata test", event
+        # the dump's own snapshot marker, appended after the reset, has none
+        assert sp._snapshot()["device_traces"][0][-1]["user_metadata"] == ""
+    finally:
+        sp._set_memory_metadata("")
+        sp._record_memory_history(None)
+
+
+def test_trace_entry_keys(sp):
+    # The keys of a trace entry as recent PyTorch writes them (torch/csrc/cuda/Module.cpp):
+    # compile_context "N/A" and user_metadata "" in every entry, frames only with a context.
+    try:
+        sp._record_memory_history("all", context=None)
+        sp.free(sp.malloc(1000))
+        for e in sp._snapshot()["device_traces"][0]:
+            assert set(e) == {"action", "addr", "size", "stream", "time_us", "compile_context",
+                              "user_metadata"}, e
+            assert (e["compile_context"], e["user_metadata"]) == ("N/A", "")
+    finally:
+        sp._record_memory_history(None)
