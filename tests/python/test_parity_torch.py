@@ -1202,6 +1202,25 @@ def test_record_stream(sp):
         use_s.destroy()
 
 
+def test_record_stream_on_shifted_view(sp):
+    # test_record_stream_on_shifted_view (pytorch#27366): record_stream given an address inside
+    # the block (a view's offset) still delays the whole block's reuse.
+    stream_alloc, stream_record = sp.Stream(), sp.Stream()
+    try:
+        base = sp.malloc(10 * 4, stream=stream_alloc)
+        sp.record_stream(base + 5 * 4, stream_record)  # base[5:], a shifted view
+        sp.free(base)
+        stream_alloc.synchronize()
+        try_realloc = sp.malloc(10 * 4, stream=stream_alloc)
+        assert try_realloc != base
+        sp.free(try_realloc)
+    finally:
+        stream_alloc.synchronize()
+        stream_record.synchronize()
+        stream_alloc.destroy()
+        stream_record.destroy()
+
+
 def test_allocator_fuzz(sp):
     # test_allocator_fuzz: 10,000 random steps of allocate (2 to 20 MiB), free and empty_cache,
     # live bytes kept under 100 MiB; every block still holds what was written to it when it is
