@@ -859,13 +859,16 @@ static sp_status_t report_oom(sp_devalloc_t *d, sp_mempool_t *pool, size_t orig,
                  "; the request went to pool \"%s\" {%" PRIu64 ",%" PRIu64
                  "} (%s reserved), which never borrows from use_on_oom pools",
                  pool->name ? pool->name : "", pool->id.first, pool->id.second, res);
-    /* "Tried to allocate <size>" as PyTorch words it: programs and ported tests match on it. */
+    /* PyTorch's sentences ("Tried to allocate <size>. GPU <n> has a total capacity of <total>
+     * of which <free> is free. Of the allocated memory ..."): programs, log scrapers and
+     * PyTorch's own tests (test_out_of_memory) match on them. */
     return sp__error(SP_ERR_OUT_OF_MEMORY, SP_SUB_POOL,
-                     "out of memory on device %d. Tried to allocate %s; device has %s total, %s "
-                     "free; %s allocated by sympool, %s reserved but unallocated%s. If reserved "
-                     "but unallocated memory is large, try SYMPOOL_ALLOC_CONF=%s to "
+                     "out of memory on device %d. Tried to allocate %s. GPU %d has a total "
+                     "capacity of %s of which %s is free. Of the allocated memory %s is "
+                     "allocated by sympool, and %s is reserved by sympool but unallocated%s. "
+                     "If reserved but unallocated memory is large, try SYMPOOL_ALLOC_CONF=%s to "
                      "reduce fragmentation",
-                     d->device, req, tot, fre, alc, unal, extra,
+                     d->device, req, d->device, tot, fre, alc, unal, extra,
                      sp__g.exp_on ? "max_split_size_mb:N" : "expandable_segments:True");
 }
 

@@ -94,6 +94,11 @@ static struct {
     bool anchored;                /* anchor taken (g.lock) */
     sp__stream_label_t *labels;   /* streams' labels, unordered (g.lock; a replay has a few) */
     size_t nlabels, labels_alloc; /* (g.lock) */
+    char **meta_text;             /* user metadata texts by id - 1, never changed once added;
+                                     freed by shutdown only (g.lock) */
+    uint32_t nmeta, meta_alloc;   /* texts held / slots (g.lock) */
+    uint32_t *meta_cur;           /* per device: the id new entries get, 0 = "" (g.lock) */
+    int nmeta_cur;                /* entries in meta_cur (g.lock) */
 } g = {.lock = PTHREAD_MUTEX_INITIALIZER};
 
 static const char *const action_names[] = {"alloc",         "free_requested", "free_completed",
@@ -504,7 +509,8 @@ void sp__history_record(int device, sp_trace_action_t action, uintptr_t addr, si
     if (now < r->last_ticks)
         now = r->last_ticks;
     r->last_ticks = now;
-    sp__trace_entry_t e = {action, addr, size, stream, pool, (int64_t)now, 0};
+    uint32_t meta = device < g.nmeta_cur ? g.meta_cur[device] : 0;
+    sp__trace_entry_t e = {action, addr, size, stream, pool, (int64_t)now, 0, meta};
     /* PyTorch keeps frames on trace entries only from context "alloc" up. */
     if (context != 0 && g.context >= SP_CONTEXT_ALLOC) {
         context_t *c = ctx_get(context);
@@ -753,8 +759,110 @@ bool sp__history_stream_labels(sp__stream_label_t **labels_p, size_t *n_p) {
     return n == 0 || copy != NULL;
 }
 
+/* ---- user metadata (PyTorch's setUserMetadata) ------------------------------------------ */
+
+const char *sp__history_metadata(uint32_t meta) {
+    /* Texts are never changed or freed before shutdown, and the array only grows under g.lock:
+     * read the slot under it, use the text after. */
+    const char *t = "";
+    if (meta == 0)
+        return t;
+    pthread_mutex_lock(&g.lock);
+    if (meta <= g.nmeta)
+        t = g.meta_text[meta - 1];
+    pthread_mutex_unlock(&g.lock);
+    return t;
+}
+
+/* The id of `text`, added if new (a program sets a handful of phases; a linear search is
+ * enough). 0 for "" and when out of host memory. */
+static uint32_t meta_intern_locked(const char *text) {
+    if (*text == '\0')
+        return 0;
+    for (uint32_t i = 0; i < g.nmeta; i++)
+        if (strcmp(g.meta_text[i], text) == 0)
+            return i + 1;
+    if (g.nmeta == g.meta_alloc) {
+        uint32_t n = g.meta_alloc ? g.meta_alloc * 2 : 8;
+        char **nt = realloc(g.meta_text, n * sizeof(*nt));
+        if (nt == NULL)
+            return 0;
+        g.meta_text = nt;
+        g.meta_alloc = n;
+    }
+    char *copy = strdup(text);
+    if (copy == NULL)
+        return 0;
+    g.meta_text[g.nmeta++] = copy;
+    return g.nmeta;
+}
+
+SP_EXPORT sp_status_t sp_history_set_user_metadata(int device, const char *metadata) {
+    SP_GATE("sp_history_set_user_metadata");
+    sp__fork_register(); /* before g.lock: see pool/fork.h */
+    SP_ARG_CHECK(device >= 0 && device < sp_device_count(), SP_SUB_HISTORY,
+                 "sp_history_set_user_metadata: device %d does not exist (%d device(s))", device,
+                 sp_device_count());
+    const char *text = metadata ? metadata : "";
+    SP_ARG_CHECK(strlen(text) <= 4096, SP_SUB_HISTORY,
+                 "sp_history_set_user_metadata: %zu bytes of metadata (at most 4096)",
+                 strlen(text));
+    pthread_mutex_lock(&g.lock);
+    if (device >= g.nmeta_cur) {
+        uint32_t *nc = realloc(g.meta_cur, (size_t)(device + 1) * sizeof(*nc));
+        if (nc == NULL) {
+            pthread_mutex_unlock(&g.lock);
+            return sp__error(SP_ERR_SYSTEM, SP_SUB_HISTORY,
+                             "out of host memory setting the user metadata");
+        }
+        memset(nc + g.nmeta_cur, 0, (size_t)(device + 1 - g.nmeta_cur) * sizeof(*nc));
+        g.meta_cur = nc;
+        g.nmeta_cur = device + 1;
+    }
+    uint32_t id = meta_intern_locked(text);
+    if (id == 0 && *text != '\0') {
+        pthread_mutex_unlock(&g.lock);
+        return sp__error(SP_ERR_SYSTEM, SP_SUB_HISTORY,
+                         "out of host memory setting the user metadata");
+    }
+    g.meta_cur[device] = id;
+    pthread_mutex_unlock(&g.lock);
+    return SP_SUCCESS;
+}
+
+SP_EXPORT sp_status_t sp_history_get_user_metadata(int device, char *buf, size_t len,
+                                                   size_t *len_p) {
+    SP_GATE("sp_history_get_user_metadata");
+    SP_ARG_CHECK(device >= 0 && device < sp_device_count(), SP_SUB_HISTORY,
+                 "sp_history_get_user_metadata: device %d does not exist (%d device(s))", device,
+                 sp_device_count());
+    SP_ARG_CHECK(buf != NULL || len == 0, SP_SUB_HISTORY,
+                 "sp_history_get_user_metadata: buf is NULL with len %zu", len);
+    pthread_mutex_lock(&g.lock);
+    uint32_t id = device < g.nmeta_cur ? g.meta_cur[device] : 0;
+    const char *t = id != 0 && id <= g.nmeta ? g.meta_text[id - 1] : "";
+    size_t n = strlen(t);
+    if (len > 0) {
+        size_t k = n < len - 1 ? n : len - 1;
+        memcpy(buf, t, k);
+        buf[k] = '\0';
+    }
+    pthread_mutex_unlock(&g.lock);
+    if (len_p != NULL)
+        *len_p = n;
+    return SP_SUCCESS;
+}
+
 void sp__history_shutdown(void) {
     pthread_mutex_lock(&g.lock);
+    for (uint32_t i = 0; i < g.nmeta; i++)
+        free(g.meta_text[i]);
+    free(g.meta_text);
+    free(g.meta_cur);
+    g.meta_text = NULL;
+    g.meta_cur = NULL;
+    g.nmeta = g.meta_alloc = 0;
+    g.nmeta_cur = 0;
     free(g.labels);
     g.labels = NULL;
     g.nlabels = g.labels_alloc = 0;

@@ -92,7 +92,13 @@ typedef struct sp__trace_entry {
     int64_t time_us;          /* microseconds since the Unix epoch (in the ring: sp__ticks(),
                                  which sp__history_copy maps) */
     uint32_t context;         /* frames (a reference held by the entry), 0 if none */
+    uint32_t meta;            /* user metadata in force when recorded (sp__history_metadata),
+                                 0 = "" */
 } sp__trace_entry_t;
+
+/* The text of a trace entry's meta id: never NULL, "" for 0 or an unknown id. The strings live
+ * until sp__history_shutdown, so a snapshot may write them after dropping every lock. */
+const char *sp__history_metadata(uint32_t meta);
 
 /* PyTorch's action names ("alloc", "free_requested", ..., "oom"); "unknown" when out of range. */
 const char *sp__history_action_name(sp_trace_action_t action);

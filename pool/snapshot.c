@@ -253,6 +253,7 @@ static void emit_trace_entry(sp__emit_t *e, const collect_t *c, const sp__trace_
     kv_uint(e, "stream", stream_shown(c, t->stream));
     kv_int(e, "time_us", t->time_us);
     sp__emit_kv_str_static(e, "compile_context", "N/A");
+    kv_str(e, "user_metadata", sp__history_metadata(t->meta)); /* "" when none, as PyTorch's */
     /* The entry's MemPool, as newer PyTorch writes it (only for private pools here: the default
      * pool's (0, 0) would add a tuple to every entry), so that a replay routes the pool's
      * allocations even after all its segments are gone. */

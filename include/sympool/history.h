@@ -112,6 +112,23 @@ typedef size_t (*sp_history_frames_fn)(sp_history_frame_t *frames, size_t max_fr
  */
 void sp_history_set_frames_hook(sp_history_frames_fn fn, void *arg);
 
+/**
+ * (PyTorch's _set_memory_metadata / setUserMetadata) The text every later trace entry of
+ * @p device carries as its "user_metadata" ("" or NULL: none, the default). It outlives
+ * recording being turned off and on; sp_shutdown resets it. Thread-safe.
+ * @return SP_SUCCESS, SP_ERR_INVALID_ARGUMENT (no such device; text over 4096 bytes),
+ *         SP_ERR_SYSTEM (out of host memory).
+ */
+sp_status_t sp_history_set_user_metadata(int device, const char *metadata);
+
+/**
+ * (PyTorch's _get_memory_metadata) Copy @p device's current metadata text into @p buf (at most
+ * @p len bytes, always terminated when len > 0) and its length into *len_p (may be NULL), so a
+ * caller can ask again with more room. Thread-safe.
+ * @return SP_SUCCESS, SP_ERR_INVALID_ARGUMENT (no such device; buf NULL with len > 0).
+ */
+sp_status_t sp_history_get_user_metadata(int device, char *buf, size_t len, size_t *len_p);
+
 #ifdef __cplusplus
 }
 #endif

@@ -14,7 +14,8 @@ mpi4py (imported by World(comm) when needed).
 
 from ._lib import InvalidArgumentError, OutOfMemoryError, SympoolError
 from ._lib import path as library_path
-from .history import _record_memory_history, record_memory_history
+from .history import (
+    _get_memory_metadata, _record_memory_history, _set_memory_metadata, record_memory_history)
 from .memory import (
     MemPool, Stream, _dump_snapshot, _snapshot, backend, caching_allocator_alloc,
     caching_allocator_delete, device_count, device_usage, dump_snapshot, empty_cache, free,

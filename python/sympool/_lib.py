@@ -32,6 +32,12 @@ class SympoolError(RuntimeError):
         self.status = status
         self.detail = message
 
+    def __reduce__(self):
+        # Pickle rebuilds an exception as cls(*self.args), and args holds the one formatted
+        # text, not (status, message): without this, unpickling fails with a TypeError, so an
+        # OutOfMemoryError could not cross a multiprocessing or concurrent.futures pipe.
+        return (type(self), (self.status, self.detail), self.__dict__)
+
 
 class OutOfMemoryError(SympoolError):
     """SP_ERR_OUT_OF_MEMORY: the device (or the pool's limit) is exhausted after freeing the
@@ -144,6 +150,8 @@ _PROTOS = {
     "sp_dump_snapshot": (_st, [_cp]),
     "sp_mempool_dump_snapshot": (_st, [_vp, _cp]),
     "sp_history_set_frames_hook": (None, [FRAMES_FN, _vp]),
+    "sp_history_set_user_metadata": (_st, [_i, _cp]),
+    "sp_history_get_user_metadata": (_st, [_i, _cp, _sz, _P(_sz)]),
     "sp_stream_create": (_st, [_i, _P(_vp)]),
     "sp_stream_destroy": (_st, [_vp]),
     "sp_stream_synchronize": (_st, [_vp]),

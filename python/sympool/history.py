@@ -129,3 +129,29 @@ def _record_memory_history(enabled="all", context="all", stacks="all", max_entri
     "all"). compile_context and global_record_annotations are accepted and have no effect."""
     record_memory_history(enabled, context, stacks, max_entries, device, clear_history,
                           skip_actions)
+
+
+def _set_memory_metadata(metadata, device=0):
+    """torch.cuda.memory._set_memory_metadata: every later trace entry of device carries
+    metadata as its "user_metadata" ("" for none)."""
+    if not isinstance(metadata, str):
+        raise TypeError(f"metadata must be a str, not {type(metadata).__name__}")
+    if "\0" in metadata:
+        raise bad_value("metadata contains a NUL character")
+    check(lib().sp_history_set_user_metadata(_lib.as_device(device),
+                                             metadata.encode(errors="surrogatepass")))
+
+
+def _get_memory_metadata(device=0):
+    """torch.cuda.memory._get_memory_metadata: the text _set_memory_metadata last set."""
+    import ctypes
+    d = _lib.as_device(device)
+    n = ctypes.c_size_t()
+    size = 256
+    while True:
+        buf = ctypes.create_string_buffer(size)
+        check(lib().sp_history_get_user_metadata(d, buf, size, ctypes.byref(n)))
+        if n.value < size:
+            return buf.value.decode(errors="surrogatepass")
+        size = n.value + 1
+

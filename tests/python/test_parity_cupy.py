@@ -367,3 +367,156 @@ def test_double_free(sp, pool):
         sp.free(p)
     assert e.value.status == "SP_ERR_INVALID_USAGE"
     assert pool.n_free_blocks() == 1
+
+
+# ---- more of test_memory.py (TestSingleDeviceMemoryPool, TestAllocator, TestExceptionPicklable)
+
+MB = 1 << 20
+
+
+def test_alloc_limit_fragmented(sp, pool):
+    # test_alloc_limit_fragmented (cupy#7678): a request that fits the limit only once the pool's
+    # cached free memory is given back must succeed. In segments: 5 MiB takes a 20 MiB segment;
+    # once freed, 21 MiB needs a 22 MiB segment of its own, 42 MiB in all past a 22 MiB limit,
+    # unless the cached segment is released first.
+    pool.set_limit(size=22 * MB)
+    p1 = pool.malloc(5 * MB)
+    sp.free(p1)
+    p2 = pool.malloc(21 * MB)
+    assert pool.total_bytes() == 22 * MB
+    sp.free(p2)
+
+
+def test_exception_picklable(sp):
+    # TestExceptionPicklable: an OutOfMemoryError survives pickling with the same args and text
+    # (multiprocessing and concurrent.futures send exceptions between processes this way).
+    import pickle
+    made = [sp.OutOfMemoryError("SP_ERR_OUT_OF_MEMORY", "out of memory on device 0")]
+    try:
+        sp.malloc(1 << 62)
+    except sp.OutOfMemoryError as e:
+        made.append(e)
+    try:
+        sp.free(12345)
+    except sp.SympoolError as e:
+        made.append(e)
+    assert len(made) == 3
+    for e1 in made:
+        e2 = pickle.loads(pickle.dumps(e1))
+        assert type(e2) is type(e1)
+        assert e1.args == e2.args
+        assert str(e1) == str(e2)
+        assert (e2.status, e2.detail) == (e1.status, e1.detail)
+
+
+def _reuse_between_thread(sp, pool, stream_main, stream_sub):
+    # TestAllocator._reuse_between_thread: a 128-byte block (cupy.arange(16)) is freed in one
+    # thread, then the same size is asked for in another, each on its own stream argument.
+    import threading
+    got = {}
+
+    def job(stream, key):
+        with sp.use_mem_pool(pool):
+            p = sp.malloc(128, stream=stream)
+        got[key] = p
+        sp.free(p)
+
+    job(stream_main, "main")
+    t = threading.Thread(target=job, args=(stream_sub, "sub"))
+    t.start()
+    t.join()
+    return got["main"], got["sub"]
+
+
+def test_reuse_between_thread_same_stream(sp, pool, stream):
+    main_ptr, sub_ptr = _reuse_between_thread(sp, pool, stream, stream)
+    assert main_ptr == sub_ptr
+
+
+def test_reuse_between_thread_different_stream(sp, pool, stream):
+    other = sp.Stream()
+    try:
+        main_ptr, sub_ptr = _reuse_between_thread(sp, pool, stream, other)
+        assert main_ptr != sub_ptr
+        pool.free_all_blocks()
+    finally:
+        other.synchronize()
+        other.destroy()
+
+
+def test_set_allocator(sp, pool):
+    # TestAllocator.test_set_allocator: allocations routed to a fresh pool are counted there,
+    # 1024 bytes for cupy.arange(128, dtype=int64).
+    assert pool.used_bytes() == 0
+    with sp.use_mem_pool(pool):
+        p = sp.malloc(128 * 8)
+    assert pool.used_bytes() == 1024
+    sp.free(p)
+
+
+def test_allocator_thread_local(sp):
+    # TestAllocator.test_allocator_thread_local: one thread routes to its own pool while the
+    # main thread keeps allocating from the default pool; neither sees the other's block.
+    import threading
+    barrier = threading.Barrier(2, timeout=10)
+    default = sp.get_default_memory_pool()
+    new_pool = sp.MemPool()
+    results = []
+
+    def thread_body():
+        try:
+            with sp.use_mem_pool(new_pool):
+                barrier.wait()
+                p = sp.malloc(128 * 8)
+                barrier.wait()
+                results.append(new_pool.used_bytes())
+                barrier.wait()
+            sp.free(p)
+        except Exception as e:  # reported by the main thread
+            results.append(e)
+
+    t = threading.Thread(target=thread_body, daemon=True)
+    t.start()
+    barrier.wait()
+    base = default.used_bytes()
+    q = sp.malloc(256 * 8)
+    barrier.wait()
+    assert default.used_bytes() - base == 2048
+    barrier.wait()
+    t.join(10)
+    sp.free(q)
+    assert results == [1024]
+    new_pool.destroy()
+
+
+def test_thread_local_valid(sp):
+    # TestAllocator.test_thread_local_valid: a block and its pool outlive the use_mem_pool
+    # context, and the memory stays usable.
+    import ctypes
+    if sp.backend() != "host":
+        pytest.skip("writes through a host pointer")
+    new_pool = sp.MemPool()
+    with sp.use_mem_pool(new_pool):
+        p = sp.malloc(128 * 8)
+    ctypes.memset(p, 1, 1024)
+    assert new_pool.used_bytes() == 1024
+    assert sum(ctypes.string_at(p, 1024)) == 1024
+    sp.free(p)
+    new_pool.destroy()
+
+
+def test_allocator_nested_context_manager(sp):
+    # TestAllocator.test_allocator_nested_context_manager: the innermost pool receives the
+    # allocations, and leaving it routes to the enclosing one again.
+    outer, inner = sp.MemPool(), sp.MemPool()
+    with sp.use_mem_pool(outer):
+        a = sp.malloc(512)
+        with sp.use_mem_pool(inner):
+            b = sp.malloc(1024)
+        c = sp.malloc(2048)
+    d = sp.malloc(4096)
+    assert (outer.used_bytes(), inner.used_bytes()) == (512 + 2048, 1024)
+    for p in (a, b, c, d):
+        sp.free(p)
+    outer.destroy()
+    inner.destroy()

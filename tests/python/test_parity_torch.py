@@ -99,19 +99,21 @@ def test_memory_stats_keys(sp):
     assert st["max_split_size"] == -1  # SIZE_MAX read as int64, as PyTorch reports it
 
 
-def _memory_stats_generator(sp, n=35):
-    """PyTorch's _test_memory_stats_generator: allocated grows and shrinks as tensors come and
-    go, peaks never fall below currents, empty_cache counts one sync and never raises a peak."""
-    m0 = sp.memory_allocated()
-    last_m, max_m = [sp.memory_allocated()], [sp.max_memory_allocated()]
-    last_r, max_r = [sp.memory_reserved()], [sp.max_memory_reserved()]
+def _memory_stats_steps(sp, device=0, n=35):
+    """PyTorch's _test_memory_stats_generator (test_cuda_multigpu.py): allocated grows and
+    shrinks as tensors come and go, peaks never fall below currents, empty_cache counts one sync
+    and never raises a peak. A generator, yielding where PyTorch's does, so that callers can
+    check consistency between steps or interleave two devices."""
+    m0 = sp.memory_allocated(device)
+    last_m, max_m = [sp.memory_allocated(device)], [sp.max_memory_allocated(device)]
+    last_r, max_r = [sp.memory_reserved(device)], [sp.max_memory_reserved(device)]
     live = {}
 
     def alloc(*shape):
         nbytes = 4
         for d in shape:
             nbytes *= d
-        p = sp.malloc(nbytes)
+        p = sp.malloc(nbytes, device=device)
         key = object()
         live[key] = p
         return key, nbytes
@@ -120,7 +122,7 @@ def _memory_stats_generator(sp, n=35):
         sp.free(live.pop(t[0]))
 
     def assert_change(comp=1, empty_cache=False, reset_peak=False):
-        new_m, new_max_m = sp.memory_allocated(), sp.max_memory_allocated()
+        new_m, new_max_m = sp.memory_allocated(device), sp.max_memory_allocated(device)
         if comp > 0:
             assert new_m > last_m[0]
         elif comp < 0:
@@ -130,33 +132,33 @@ def _memory_stats_generator(sp, n=35):
         assert new_m <= new_max_m
         assert new_max_m >= max_m[0]
         last_m[0], max_m[0] = new_m, new_max_m
-        new_r, new_max_r = sp.memory_reserved(), sp.max_memory_reserved()
+        new_r, new_max_r = sp.memory_reserved(device), sp.max_memory_reserved(device)
         assert new_r <= new_max_r
         assert new_max_r >= max_r[0]
         last_r[0], max_r[0] = new_r, new_max_r
         if empty_cache:
-            st = sp.memory_stats()
+            st = sp.memory_stats(device)
             sync1, alloc1, free1 = (st["num_sync_all_streams"], st["num_device_alloc"],
                                     st["num_device_free"])
             assert sync1 >= 0 and free1 >= 0
             assert alloc1 >= (0 if new_m == 0 else 1)
             sp.empty_cache()
-            st = sp.memory_stats()
+            st = sp.memory_stats(device)
             assert st["num_sync_all_streams"] == sync1 + 1
             assert st["num_device_alloc"] >= alloc1
             assert st["num_device_free"] >= free1
-            new_r, new_max_r = sp.memory_reserved(), sp.max_memory_reserved()
+            new_r, new_max_r = sp.memory_reserved(device), sp.max_memory_reserved(device)
             assert new_r <= last_r[0]
             assert new_r <= new_max_r
             assert new_max_r == max_r[0]
             last_r[0] = new_r
         if reset_peak:
-            sp.reset_peak_memory_stats()
-            assert sp.memory_allocated() == last_m[0]
-            assert sp.max_memory_allocated() == last_m[0]
+            sp.reset_peak_memory_stats(device)
+            assert sp.memory_allocated(device) == last_m[0]
+            assert sp.max_memory_allocated(device) == last_m[0]
             max_m[0] = last_m[0]
-            assert sp.memory_reserved() == last_r[0]
-            assert sp.max_memory_reserved() == last_r[0]
+            assert sp.memory_reserved(device) == last_r[0]
+            assert sp.max_memory_reserved(device) == last_r[0]
             max_r[0] = last_r[0]
 
     assert_change(0)
@@ -164,38 +166,90 @@ def _memory_stats_generator(sp, n=35):
     assert_change(0, empty_cache=True)
     assert_change(0, reset_peak=True)
     assert_change(0)
+    yield
     tensors1 = [alloc(1), alloc(10, 20), alloc(200, 300, 2000)]
-    m1 = sp.memory_allocated()
+    m1 = sp.memory_allocated(device)
     assert_change(1)
+    yield
     tensors2 = []
     for i in range(1, n // 2 + 1):  # small ones
         tensors2.append(alloc(i, i * 4))
         assert_change(1)
+        yield
     for i in range(5, n // 2 + 5):  # large ones
         tensors2.append(alloc(i, i * 7, i * 9, i * 11))
         assert_change(1, reset_peak=(i % 2 == 0))
+        yield
     tensors2.append(alloc(0, 0, 0))  # size 0: no block
     assert_change(0)
-    random.Random(0).shuffle(tensors2)
+    yield
+    random.Random(device).shuffle(tensors2)
     assert_change(0, reset_peak=True)
+    yield
     for i in range(n // 2):
         t = tensors2.pop(i)
         drop(t)
         assert_change(-t[1])  # -0 when the tensor was empty
+        yield
     for i in range(2, 2 * n // 3 + 2):
         tensors2.append(alloc(i, i * 3, i * 8))
         assert_change(1)
+        yield
     for t in tensors2:
         drop(t)
     assert_change(-1, reset_peak=True)
     assert_change(0)
-    assert sp.memory_allocated() == m1
+    assert sp.memory_allocated(device) == m1
+    yield
     for t in tensors1:
         drop(t)
     assert_change(-1, reset_peak=True)
-    assert sp.memory_allocated() == m0
+    assert sp.memory_allocated(device) == m0
     assert_change(0, empty_cache=True)
     assert_change(0, reset_peak=True)
+
+
+def _memory_stats_generator(sp, device=0, n=35):
+    for _ in _memory_stats_steps(sp, device, n):
+        pass
+
+
+def _check_memory_stat_consistency(sp):
+    """test_cuda_multigpu.py's _check_memory_stat_consistency: every device's current counts
+    and bytes, rebuilt from the snapshot's segments and blocks, equal memory_stats (segments
+    and inactive splits counted for fixed segments only, as PyTorch does)."""
+    expected_each_device = {}
+    for segment in sp.memory_snapshot():
+        expandable = segment["is_expandable"]
+        expected = expected_each_device.setdefault(segment["device"], {})
+        pool_str = segment["segment_type"] + "_pool"
+
+        def add(key, v=1):
+            for k in (key % "all", key % pool_str):
+                expected[k] = expected.get(k, 0) + v
+
+        if not expandable:
+            add("segment.%s.current")
+        add("allocated_bytes.%s.current", segment["allocated_size"])
+        add("reserved_bytes.%s.current", segment["total_size"])
+        add("active_bytes.%s.current", segment["active_size"])
+        add("requested_bytes.%s.current", segment["requested_size"])
+        sum_requested = 0
+        is_split = len(segment["blocks"]) > 1
+        for block in segment["blocks"]:
+            if block["state"] == "active_allocated":
+                add("allocation.%s.current")
+            if block["state"].startswith("active_"):
+                sum_requested += block["requested_size"]
+                add("active.%s.current")
+            if block["state"] == "inactive" and is_split and not expandable:
+                add("inactive_split.%s.current")
+                add("inactive_split_bytes.%s.current", block["size"])
+        assert sum_requested == segment["requested_size"]
+    for device, expected in expected_each_device.items():
+        stats = sp.memory_stats(device)
+        for k, v in expected.items():
+            assert stats[k] == v, (device, k, stats[k], v)
 
 
 def test_memory_stats_generator(sp):
@@ -210,6 +264,64 @@ def test_memory_stats_generator_expandable():
         import test_parity_torch as t
         t._memory_stats_generator(sp)
     """ % os.path.dirname(os.path.abspath(__file__)), SYMPOOL_ALLOC_CONF="expandable_segments:True")
+
+
+def test_memory_stats_consistency(sp):
+    # test_cuda_multigpu.py's test_memory_stats: the generator, with the snapshot-versus-stats
+    # check after every step.
+    sp.empty_cache()
+    for _ in _memory_stats_steps(sp):
+        _check_memory_stat_consistency(sp)
+
+
+def test_memory_stats_consistency_expandable():
+    run_child("""
+        import sys
+        sys.path.insert(0, %r)
+        import test_parity_torch as t
+        sp.empty_cache()
+        for _ in t._memory_stats_steps(sp):
+            t._check_memory_stat_consistency(sp)
+    """ % os.path.dirname(os.path.abspath(__file__)), SYMPOOL_ALLOC_CONF="expandable_segments:True")
+
+
+def test_memory_stats_multigpu():
+    # test_cuda_multigpu.py's test_memory_stats_multigpu on two emulated devices: each device's
+    # generator, interlaced step by step and then in a semi-random order, never sees the other's
+    # allocations in its own stats.
+    run_child("""
+        import random, sys
+        sys.path.insert(0, %r)
+        import test_parity_torch as t
+
+        def advance(gen, end):
+            if not end:
+                try:
+                    next(gen)
+                except StopIteration:
+                    end = True
+            return end
+
+        sp.empty_cache()
+        gen0, gen1 = t._memory_stats_steps(sp, 0), t._memory_stats_steps(sp, 1)
+        end0 = end1 = False
+        while not (end0 and end1):
+            end0 = advance(gen0, end0)
+            end1 = advance(gen1, end1)
+            t._check_memory_stat_consistency(sp)
+
+        sp.empty_cache()
+        rng = random.Random(3)
+        gen0, gen1 = t._memory_stats_steps(sp, 0), t._memory_stats_steps(sp, 1)
+        end0 = end1 = False
+        while not (end0 and end1):
+            end0 = advance(gen0, end0)
+            times = rng.randrange(0, 3) if not end0 else float("inf")
+            k = 0
+            while k < times and not end1:
+                end1 = advance(gen1, end1)
+                k += 1
+    """ % os.path.dirname(os.path.abspath(__file__)), SYMPOOL_HOST_DEVICES=2)
 
 
 def test_out_of_memory(sp):
@@ -1038,3 +1150,235 @@ def test_use_mem_pool_same_pool_nested_is_refused(sp):
     assert pool.used_bytes() == 1024
     sp.free(p)
     pool.destroy()
+
+
+# ---- more of test_cuda.py (TestCuda, TestCudaMallocAsync, TestMemPool) ------------------------
+
+def test_out_of_memory_message(sp):
+    # test_out_of_memory's whole regex: the size, then PyTorch's "GPU <n> has a total capacity
+    # of" sentence, which ported tests and log scrapers match on.
+    with pytest.raises(sp.OutOfMemoryError,
+                       match=r"Tried to allocate 800000000\.00 GiB\. GPU 0 has a total capacity "
+                             r"of [0-9.]+ [KMGT]?i?B of which [0-9.]+ [KMGT]?i?B is free"):
+        sp.malloc(1024 * 1024 * 1024 * 800000000)
+
+
+@pytest.mark.parametrize("conf", ["", "max_split_size_mb:1024"])
+def test_raises_oom(conf):
+    # test_raises_oom: a 4 TiB request (torch.empty(1024**4) floats) raises OutOfMemoryError, also
+    # with max_split_size_mb set, which makes the free-block search go past its early return.
+    run_child("""
+        sp.empty_cache()
+        try:
+            sp.malloc(1024 * 1024 * 1024 * 1024 * 4)
+            raise SystemExit("no OOM")
+        except sp.OutOfMemoryError:
+            pass
+        sp.free(sp.malloc(1024))
+    """, SYMPOOL_ALLOC_CONF=conf)
+
+
+def test_record_stream(sp):
+    # test_record_stream, the native allocator's part: a block allocated on `alloc_s` and used
+    # on `use_s` (record_stream) is not handed out again on alloc_s until use_s's work is done;
+    # once it is, the next allocation of that size on alloc_s gets it back. (A second user stream
+    # stands for PyTorch's current stream, so that the test can synchronize it.)
+    alloc_s, use_s = sp.Stream(), sp.Stream()
+    try:
+        tmp = sp.malloc(16, stream=alloc_s)
+        sp.record_stream(tmp, use_s)
+        sp.free(tmp)
+        tmp2 = sp.malloc(16, stream=alloc_s)
+        assert tmp2 != tmp, "allocation reused too soon"
+        use_s.synchronize()
+        tmp3 = sp.malloc(16, stream=alloc_s)
+        assert tmp3 == tmp, "allocation not reused"
+        sp.free(tmp2)
+        sp.free(tmp3)
+    finally:
+        alloc_s.synchronize()
+        use_s.synchronize()
+        alloc_s.destroy()
+        use_s.destroy()
+
+
+def test_record_stream_on_shifted_view(sp):
+    # test_record_stream_on_shifted_view (pytorch#27366): record_stream given an address inside
+    # the block (a view's offset) still delays the whole block's reuse.
+    stream_alloc, stream_record = sp.Stream(), sp.Stream()
+    try:
+        base = sp.malloc(10 * 4, stream=stream_alloc)
+        sp.record_stream(base + 5 * 4, stream_record)  # base[5:], a shifted view
+        sp.free(base)
+        stream_alloc.synchronize()
+        try_realloc = sp.malloc(10 * 4, stream=stream_alloc)
+        assert try_realloc != base
+        sp.free(try_realloc)
+    finally:
+        stream_alloc.synchronize()
+        stream_record.synchronize()
+        stream_alloc.destroy()
+        stream_record.destroy()
+
+
+def test_allocator_fuzz(sp):
+    # test_allocator_fuzz: 10,000 random steps of allocate (2 to 20 MiB), free and empty_cache,
+    # live bytes kept under 100 MiB; every block still holds what was written to it when it is
+    # freed (the first and last 4-byte words, as torch.full's value is checked there).
+    import ctypes
+    if sp.backend() != "host":
+        pytest.skip("reads block contents through host pointers")
+    rng = random.Random(123)
+    base_req = sp.memory_stats()["requested_bytes.all.current"]
+    mem = []
+    state = {"total": 0, "c": 0}
+
+    def word(p, i):
+        return ctypes.c_int32.from_address(p + 4 * i)
+
+    def alloc():
+        n = rng.randrange(2 * MB // 4, 20 * MB // 4)
+        p = sp.malloc(4 * n)
+        word(p, 0).value = word(p, n - 1).value = state["c"]
+        mem.append((state["c"], p, n))
+        state["c"] += 1
+        state["total"] += n
+
+    def free():
+        v, p, n = mem.pop(rng.randrange(len(mem)))
+        assert word(p, 0).value == v and word(p, n - 1).value == v
+        sp.free(p)
+        state["total"] -= n
+
+    try:
+        for step in range(10000):
+            while state["total"] >= 1024 * 1024 * 1024 / (4 * 10):
+                free()
+            (action,) = rng.choices([alloc, free, sp.empty_cache],
+                                    weights=[1, 1 if mem else 0, 0.1])
+            action()
+            if step % 250 == 0:
+                st = sp.memory_stats()
+                assert st["requested_bytes.all.current"] == base_req + 4 * state["total"]
+                assert st["allocated_bytes.all.current"] <= st["reserved_bytes.all.current"]
+    finally:
+        while mem:
+            free()
+    sp.empty_cache()
+    assert sp.memory_stats()["requested_bytes.all.current"] == base_req
+
+
+def test_mempool_ctx_multithread(sp):
+    # test_mempool_ctx_multithread: use_mem_pool routes only its own thread. While the main
+    # thread sits inside the context (its pool's block already freed), another thread's 1 MiB
+    # goes to the default pool, into the small segment the main thread's first 1 MiB opened.
+    sp.empty_cache()
+    assert len(sp._snapshot()["segments"]) == 0, "expected no segment at the start"
+    nbytes = 1024 * 1024
+    trigger_alloc, done_allocation = threading.Event(), threading.Event()
+    held, segments, pools = [], [], []
+
+    def main_thread_fn():
+        pool = sp.MemPool()
+        pools.append(pool)
+        held.append(sp.malloc(nbytes))
+        with sp.use_mem_pool(pool):
+            out = sp.malloc(nbytes)
+            sp.free(out)
+            trigger_alloc.set()
+            done_allocation.wait(10)
+
+    def side_thread_fn():
+        trigger_alloc.wait(10)
+        held.append(sp.malloc(nbytes))
+        segments.append(sp._snapshot()["segments"])
+        done_allocation.set()
+
+    threads = [threading.Thread(target=main_thread_fn), threading.Thread(target=side_thread_fn)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(10)
+    trigger_alloc.set()
+    done_allocation.set()
+    try:
+        assert len(segments) == 1, "expected a memory snapshot"
+        assert len(segments[0]) == 2, "expected 2 segments"
+        active = {}
+        for s in segments[0]:
+            key = tuple(s["segment_pool_id"])
+            active[key] = active.get(key, 0) + s["active_size"]
+        for k, v in active.items():
+            assert v == (2 * MB if k == (0, 0) else 0), (k, v)
+    finally:
+        for p in held:
+            sp.free(p)
+        for pool in pools:
+            pool.destroy()
+
+
+def test_mempool_expandable():
+    # test_mempool_expandable: with expandable segments on, a pool with its own allocator gets
+    # an ordinary segment (its allocator cannot map pages), the default pool an expandable one.
+    run_child("""
+        import ctypes
+        sp.empty_cache()
+        bufs = {}
+        def alloc(size, device, stream):
+            b = ctypes.create_string_buffer(size)
+            bufs[ctypes.addressof(b)] = b
+            return ctypes.addressof(b)
+        def free(ptr, size, device, stream):
+            del bufs[ptr]
+        pool = sp.MemPool((alloc, free))
+        data = []
+        with sp.use_mem_pool(pool):
+            data.append(sp.malloc(1 << 20))
+        data.append(sp.malloc(1 << 20))  # the default pool: an expandable segment
+        segments = sp.memory_snapshot()
+        assert len(segments) == 2, segments
+        assert sum(1 for s in segments if s["is_expandable"]) == 1, segments
+        assert [s["is_expandable"] for s in segments
+                if tuple(s["segment_pool_id"]) == pool.id] == [False], segments
+        for p in data:
+            sp.free(p)
+        pool.destroy()
+    """, SYMPOOL_ALLOC_CONF="expandable_segments:True")
+
+
+@pytest.mark.parametrize("context", ["alloc", "all", "state"])
+def test_memory_plots_metadata(sp, context):
+    # test_memory_plots_metadata: with _set_memory_metadata set, every trace entry recorded
+    # (alloc, frees, the segment's alloc and free) carries it as "user_metadata".
+    try:
+        sp.empty_cache()
+        sp._set_memory_metadata("metadata test")
+        assert sp._get_memory_metadata() == "metadata test"
+        sp._record_memory_history(context=context)
+        x = sp.malloc(3 * 4 * 4)
+        sp.free(x)
+        sp.empty_cache()
+        sp._set_memory_metadata("")
+        trace = sp._snapshot()["device_traces"][0]
+        assert len(trace) >= 4
+        for event in trace:
+            assert event["user_metadata"] == "metadata test", event
+        # the dump's own snapshot marker, appended after the reset, has none
+        assert sp._snapshot()["device_traces"][0][-1]["user_metadata"] == ""
+    finally:
+        sp._set_memory_metadata("")
+        sp._record_memory_history(None)
+
+
+def test_trace_entry_keys(sp):
+    # The keys of a trace entry as recent PyTorch writes them (torch/csrc/cuda/Module.cpp):
+    # compile_context "N/A" and user_metadata "" in every entry, frames only with a context.
+    try:
+        sp._record_memory_history("all", context=None)
+        sp.free(sp.malloc(1000))
+        for e in sp._snapshot()["device_traces"][0]:
+            assert set(e) == {"action", "addr", "size", "stream", "time_us", "compile_context",
+                              "user_metadata"}, e
+            assert (e["compile_context"], e["user_metadata"]) == ("N/A", "")
+    finally:
+        sp._record_memory_history(None)

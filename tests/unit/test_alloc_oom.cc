@@ -34,10 +34,10 @@ TEST_F(AllocOom, GenuineOomCountsAndReports) {
     EXPECT_EQ(b, nullptr);
     std::string msg = sp_last_error();
     EXPECT_NE(msg.find("Tried to allocate 50.00 MiB"), std::string::npos) << msg;
-    EXPECT_NE(msg.find("100.00 MiB total"), std::string::npos) << msg;
-    EXPECT_NE(msg.find("30.00 MiB free"), std::string::npos) << msg;
-    EXPECT_NE(msg.find("70.00 MiB allocated"), std::string::npos) << msg;
-    EXPECT_NE(msg.find("0 bytes reserved but unallocated"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("GPU 0 has a total capacity of 100.00 MiB"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("of which 30.00 MiB is free"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("70.00 MiB is allocated by sympool"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("0 bytes is reserved by sympool but unallocated"), std::string::npos) << msg;
     EXPECT_EQ(stat("num_ooms"), 1);
     EXPECT_EQ(stat("num_alloc_retries"), 1);
     sp_stats_t after = snap();

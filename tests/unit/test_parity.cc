@@ -149,3 +149,68 @@ TEST_F(ParityHistory, EmptySkipActionNameIsRefused) {
     ASSERT_SP_OK(sp_free(x));
     EXPECT_TRUE(actions().empty()) << "recording did not start";
 }
+
+// test_cuda.py's test_out_of_memory matches "Tried to allocate 800000000.00 GiB. GPU 0 has a
+// total capacity of": the OOM text carries PyTorch's sentences, device index included.
+class ParityOom : public sp::Test {};
+
+TEST_F(ParityOom, MessageHasPyTorchsSentences) {
+    sp::ScopedEnv env({{"SYMPOOL_HOST_DEVICES", "2"}, {"SYMPOOL_HOST_CAPACITY", "1GiB"}});
+    SP_SKIP_UNLESS_HOST();
+    expect_warnings(); // the OOM is logged
+    void *p = nullptr;
+    EXPECT_SP_STATUS(sp_malloc(size_t(1024) * 1024 * 1024 * 800000000, 1, nullptr, &p),
+                     SP_ERR_OUT_OF_MEMORY);
+    std::string msg = sp_last_error();
+    EXPECT_NE(msg.find("Tried to allocate 800000000.00 GiB. GPU 1 has a total capacity of 1.00 "
+                       "GiB of which 1.00 GiB is free. Of the allocated memory 0 bytes is "
+                       "allocated by sympool, and 0 bytes is reserved by sympool but unallocated."),
+              std::string::npos)
+        << msg;
+}
+
+// test_memory_plots_metadata: the user metadata set for a device goes into every trace entry
+// recorded on it afterwards, until changed; other devices keep theirs.
+TEST_F(ParityHistory, UserMetadataTagsLaterEntries) {
+    sp::ScopedEnv env({{"SYMPOOL_HOST_DEVICES", "2"}});
+    SP_SKIP_UNLESS_HOST();
+    sp_history_params_t p;
+    sp_history_params_init(&p);
+    ASSERT_SP_OK(sp_record_memory_history(&p));
+    void *x = nullptr;
+    ASSERT_SP_OK(sp_malloc(1000, 0, nullptr, &x)); // before: no metadata
+    ASSERT_SP_OK(sp_history_set_user_metadata(0, "phase 1"));
+    ASSERT_SP_OK(sp_free(x));
+    ASSERT_SP_OK(sp_malloc(1000, 1, nullptr, &x)); // device 1 has none
+    ASSERT_SP_OK(sp_free(x));
+    char buf[8];
+    size_t n = 0;
+    ASSERT_SP_OK(sp_history_get_user_metadata(0, buf, sizeof buf, &n));
+    EXPECT_STREQ(buf, "phase 1");
+    EXPECT_EQ(n, 7u);
+    ASSERT_SP_OK(sp_history_get_user_metadata(0, buf, 4, &n)); // truncated, length still whole
+    EXPECT_STREQ(buf, "pha");
+    EXPECT_EQ(n, 7u);
+    ASSERT_SP_OK(sp_history_set_user_metadata(0, nullptr));
+    ASSERT_SP_OK(sp_malloc(1000, 0, nullptr, &x));
+    ASSERT_SP_OK(sp_free(x));
+    for (int d = 0; d < 2; d++) {
+        sp__trace_entry_t *e = nullptr;
+        size_t ne = 0;
+        ASSERT_SP_OK(sp__history_copy(d, &e, &ne));
+        std::vector<std::string> got;
+        for (size_t i = 0; i < ne; i++)
+            if (e[i].action == SP_TRACE_ALLOC || e[i].action == SP_TRACE_FREE_REQUESTED)
+                got.push_back(sp__history_metadata(e[i].meta));
+        sp__history_entries_free(e, ne);
+        if (d == 0)
+            EXPECT_EQ(got, (std::vector<std::string>{"", "phase 1", "", ""}));
+        else
+            EXPECT_EQ(got, (std::vector<std::string>{"", ""}));
+    }
+    expect_warnings();
+    EXPECT_SP_STATUS(sp_history_set_user_metadata(2, "x"), SP_ERR_INVALID_ARGUMENT);
+    EXPECT_SP_STATUS(sp_history_get_user_metadata(0, nullptr, 1, &n), SP_ERR_INVALID_ARGUMENT);
+    EXPECT_SP_STATUS(sp_history_set_user_metadata(0, std::string(4097, 'a').c_str()),
+                     SP_ERR_INVALID_ARGUMENT);
+}
