@@ -44,6 +44,9 @@ typedef struct slot_ref {
  * events but an empty_cache's first, snapshots, and free_completed when no free was deferred)
  * have none. 32 bytes, where a trace event and its slots took 56. */
 typedef enum { OP_ALLOC, OP_FREE, OP_FREE_COMPLETED, OP_EMPTY_CACHE } op_kind_t;
+/* op_t.flags beside the event's TR_F_*: the recorded user_metadata changes at this op (the next
+ * of dev_state_t.meta is set before it, when the replay writes a snapshot). */
+#define OPF_META 0x80u
 typedef struct op {
     uint64_t size;   /* alloc: the requested bytes */
     slot_ref_t at;   /* alloc and free: its slot and the slot it replaces */
@@ -74,6 +77,10 @@ typedef struct dev_state {
     size_t nops;         /* entries in ops */
     sp_stream_t *scache; /* stream index -> our stream, NULL until the loop first needs it */
     uint64_t *srecorded; /* stream index -> the recorded stream */
+    /* The user_metadata texts the loop sets, in op order: one per op flagged OPF_META (NULL:
+     * ""). None when every entry's is "" (the usual case). */
+    const char **meta;
+    size_t nmeta;
 } dev_state_t;
 
 /* The recorded stack handed to the history hook while a snapshot of the replay is recorded,
@@ -464,6 +471,7 @@ static void free_all(dev_state_t *ds, bool release) {
     free(ds->holes);
     free(ds->ptrs);
     free(ds->ops);
+    free(ds->meta);
     free(ds->scache);
     free(ds->srecorded);
 }
@@ -538,6 +546,36 @@ static bool build_start(dev_state_t *ds, int d, const tr_device_t *td, bool requ
         ok = false;
     }
     return ok;
+}
+
+/* The user_metadata of each of the first nops ops' entries, where it differs from the previous
+ * op's (the first op's: from ""): flagged OPF_META, its text next in ds->meta. The text is in
+ * force when sympool records the entries the op makes (an alloc's segment_alloc is recorded
+ * before it, as in the trace, under the same text). Apart from plan_slots' pass, which a trace
+ * without metadata (almost every one) then does not pay for. */
+static bool plan_meta(dev_state_t *ds, const tr_device_t *td, size_t nops) {
+    size_t k = 0, cap = 0;
+    const char *cur = NULL;
+    for (size_t j = 0; j < nops; j++) {
+        op_t *o = &ds->ops[j];
+        while (k < td->nmeta && td->meta[k].ev < o->ev)
+            k++;
+        const char *meta = k < td->nmeta && td->meta[k].ev == o->ev ? td->meta[k].text : NULL;
+        if (meta == cur || (meta != NULL && cur != NULL && strcmp(meta, cur) == 0))
+            continue;
+        if (ds->nmeta == cap) {
+            size_t nc = cap ? cap * 2 : 8;
+            const char **nm = realloc(ds->meta, nc * sizeof(*nm));
+            if (nm == NULL)
+                return false;
+            ds->meta = nm;
+            cap = nc;
+        }
+        ds->meta[ds->nmeta++] = meta;
+        o->flags |= OPF_META;
+        cur = meta;
+    }
+    return true;
 }
 
 /* The event loop's steps, before the clock starts: the address map's work (a hash of the
@@ -637,13 +675,21 @@ static bool plan_slots(dev_state_t *ds, const tr_device_t *td) {
     }
     tr_map_free(&last);
     tr_map_free(&streams);
-    if (!ok)
+    if (!ok || (td->nmeta > 0 && !plan_meta(ds, td, nops)))
         return false;
     ds->nptrs = n;
     ds->nops = nops;
     tr_map_free(&ds->blocks); /* every block it held is in a slot now */
     memset(&ds->blocks, 0, sizeof(ds->blocks));
     return true;
+}
+
+/* Make text ("" for NULL) the user_metadata device d's later trace entries carry. */
+static bool set_meta(int d, const char *text, char *err, size_t errlen) {
+    if (sp_history_set_user_metadata(d, text) == SP_SUCCESS)
+        return true;
+    snprintf(err, errlen, "a trace entry's user_metadata: %s", sp_last_error());
+    return false;
 }
 
 /* Every step of one device in order. Out of line (and, under GCC, kept whole: no clone under
@@ -660,10 +706,16 @@ static LOOP_FN bool replay_device(dev_state_t *ds, int d, const tr_device_t *td,
                                   bool with_frames, replay_result_t *r, char *err, size_t errlen) {
     bool ok = true;
     size_t allocs = 0, frees = 0;
+    const char *const *meta = ds->meta;
     const tr_event_t *ev = td->ev, *end = td->ev + td->nev;
     for (const op_t *o = ds->ops, *oend = ds->ops + ds->nops; ok && o < oend; o++) {
-        if (UNLIKELY(with_frames))
+        if (UNLIKELY(with_frames)) {
             fs->frames = ev[o->ev].frames;
+            if (UNLIKELY(o->flags & OPF_META) && !set_meta(d, *meta++, err, errlen)) {
+                ok = false;
+                break;
+            }
+        }
         switch (o->kind) {
         case OP_ALLOC:
             allocs++;
@@ -845,6 +897,10 @@ static bool replay_once(const tr_trace_t *t, const char *snapshot_out, bool last
     }
     if (snapshot_out != NULL)
         sp_history_set_frames_hook(NULL, NULL);
+    /* The trace's last text is not left for what the process does next (another replay). */
+    for (int d = 0; d < t->ndev; d++)
+        if (ds[d].nmeta > 0)
+            (void)sp_history_set_user_metadata(d, "");
     free(fs.buf);
     for (int d = 0; d < t->ndev; d++)
         free_all(&ds[d], !last || !ok);

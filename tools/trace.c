@@ -435,13 +435,20 @@ static inline __attribute__((always_inline)) void fill_event(const entry_vals_t 
     ev->frames = x->fr != NULL && x->fr->type == PK_LIST ? x->fr : NULL;
 }
 
+/* An entry's user_metadata as replay sets it: its str when one other than "", else NULL (absent,
+ * "", or no str: PyTorch writes a str, "" by default). */
+static inline const char *meta_text(const pk_value_t *v) {
+    return v != NULL && v->type == PK_STR && v->u.str.len > 0 ? v->u.str.s : NULL;
+}
+
 /* What a trace entry's pairs (key0, val0, ...) say: *act_p NULL when it has no action string. */
 static void read_pairs(pk_value_t *const *it, size_t n, tr_event_t *ev, const char **act_p,
                        bool *have_addr_p, bool *have_size_p, bool *bad_time_p, bool *bad_stream_p,
-                       const pk_value_t **pool_id_p) {
+                       const pk_value_t **pool_id_p, const char **meta_p) {
     const char *act = NULL;
     size_t act_len = 0;
     entry_vals_t x = {NULL, NULL, NULL, NULL, NULL, NULL, NULL};
+    const pk_value_t *meta = NULL;
     for (size_t k = 0; k + 1 < n; k += 2) {
         const pk_value_t *key = it[k], *val = it[k + 1];
         if (key->type != PK_STR)
@@ -473,12 +480,17 @@ static void read_pairs(pk_value_t *const *it, size_t n, tr_event_t *ev, const ch
             if (memcmp(ks, "device_free", 11) == 0)
                 x.dfree = val;
             break;
+        case 13:
+            if (memcmp(ks, "user_metadata", 13) == 0)
+                meta = val;
+            break;
         default:
             break;
         }
     }
     *act_p = act;
     *pool_id_p = x.pid;
+    *meta_p = meta_text(meta);
     if (act == NULL)
         return;
     fill_event(&x, action_of(act, act_len), ev, have_addr_p, have_size_p, bad_time_p, bad_stream_p);
@@ -490,6 +502,7 @@ typedef struct rec_side {
     uint64_t id;               /* the entry's index among the handed-over entries */
     const char *act;           /* the action string (the document's) */
     const pk_value_t *pool_id; /* the entry's pool_id, or NULL */
+    const char *meta;          /* the entry's user_metadata (meta_text), or NULL */
 } rec_side_t;
 
 /* What load_events checks about a handed-over entry, in its event's flags until it has (bits the
@@ -562,6 +575,7 @@ enum {
     RK_SEG_POOL,
     RK_EXPANDABLE,
     RK_SEG_OTHER, /* a segment's keys that are not read: active_size, allocated_size */
+    RK_META,      /* a trace entry's user_metadata */
     RK_COUNT
 };
 #define RK_BIT(k) (1u << (k))
@@ -733,7 +747,7 @@ static int key_of(const char *s, size_t len) {
     case 12:
         return RK_IS("segment_type") ? RK_SEG_TYPE : RK_OTHER;
     case 13:
-        return RK_IS("is_expandable") ? RK_EXPANDABLE : RK_OTHER;
+        return RK_IS("is_expandable") ? RK_EXPANDABLE : RK_IS("user_metadata") ? RK_META : RK_OTHER;
     case 14:
         return RK_IS("requested_size") ? RK_REQ : RK_IS("allocated_size") ? RK_SEG_OTHER : RK_OTHER;
     case 15:
@@ -809,7 +823,10 @@ static int take_entry(void *arg, pk_value_t *const *pairs, size_t n, uint64_t *i
     const char *act = action->u.str.s;
     const pk_value_t *pool_id = v[RK_POOL_ID];
     tr_action_t a = action_id(rs, action);
-    if (pool_id != NULL || a == TR_OTHER) {
+    /* user_metadata: absent from older PyTorch's entries, "" on newer ones' (almost always) */
+    const pk_value_t *mv = v[RK_META];
+    const char *meta = NULL;
+    if (pool_id != NULL || a == TR_OTHER || (mv != NULL && (meta = meta_text(mv)) != NULL)) {
         if (rs->nside == rs->cap_side &&
             !grow_array((void **)&rs->side, &rs->cap_side, sizeof(*rs->side)))
             return -1;
@@ -819,7 +836,7 @@ static int take_entry(void *arg, pk_value_t *const *pairs, size_t n, uint64_t *i
         static const pk_value_t no_pair = {.type = PK_NONE};
         if (pool_id != NULL && pool_id->type != PK_LIST && pool_id->type != PK_TUPLE)
             pool_id = &no_pair;
-        rs->side[rs->nside++] = (rec_side_t){rs->n, act, pool_id};
+        rs->side[rs->nside++] = (rec_side_t){rs->n, act, pool_id, meta};
     }
     tr_event_t *ev = &rs->ev[rs->n];
     memset(ev, 0, sizeof(*ev));
@@ -855,7 +872,7 @@ static const rec_side_t *side_of(recs_t *rs, uint64_t id) {
 
 static bool read_event(const pk_value_t *e, recs_t *recs, tr_event_t *ev, const char **act_p,
                        bool *have_addr_p, bool *have_size_p, bool *bad_time_p, bool *bad_stream_p,
-                       const pk_value_t **pool_id_p) {
+                       const pk_value_t **pool_id_p, const char **meta_p) {
     if (e != NULL && e->type == PK_RECORD && recs != NULL && e->u.u < recs->n) {
         if (ev != &recs->ev[e->u.u]) {
             /* A copy (the entry is in another list too): as the hook read it, without what
@@ -870,6 +887,7 @@ static bool read_event(const pk_value_t *e, recs_t *recs, tr_event_t *ev, const 
                  : ev->action < TR_OTHER ? action_names[ev->action]
                                          : "?"; /* an unknown action always has a record */
         *pool_id_p = r != NULL ? r->pool_id : NULL;
+        *meta_p = r != NULL ? r->meta : NULL;
         *have_addr_p = !(ev->flags & RF_NO_ADDR);
         *have_size_p = !(ev->flags & RF_NO_SIZE);
         *bad_time_p = (ev->flags & RF_BAD_TIME) != 0;
@@ -880,7 +898,7 @@ static bool read_event(const pk_value_t *e, recs_t *recs, tr_event_t *ev, const 
     if (e == NULL || e->type != PK_DICT)
         return false;
     read_pairs(e->u.seq.items, e->u.seq.n, ev, act_p, have_addr_p, have_size_p, bad_time_p,
-               bad_stream_p, pool_id_p);
+               bad_stream_p, pool_id_p, meta_p);
     return true;
 }
 
@@ -917,15 +935,15 @@ static bool load_events(const pk_value_t *list, recs_t *recs, int dev, tr_device
         snprintf(err, errlen, "out of memory");
         return false;
     }
-    size_t cap_pools = 0;
+    size_t cap_pools = 0, cap_meta = 0;
     tr_map_t known = {0}; /* pool_index's map of d->pools */
     for (size_t i = 0; i < n; i++) {
         tr_event_t *ev = &d->ev[i];
-        const char *act = NULL;
+        const char *act = NULL, *meta = NULL;
         const pk_value_t *pool_id = NULL;
         bool have_addr = false, have_size = false, bad_time = false, bad_stream = false;
         if (!read_event(list->u.seq.items[i], recs, ev, &act, &have_addr, &have_size, &bad_time,
-                        &bad_stream, &pool_id) ||
+                        &bad_stream, &pool_id, &meta) ||
             act == NULL) {
             snprintf(err, errlen, "device_traces[%d][%zu]: no 'action' string", dev, i);
             goto fail;
@@ -987,6 +1005,14 @@ static bool load_events(const pk_value_t *list, recs_t *recs, int dev, tr_device
             }
             ev->pool = (uint16_t)pool;
             ev->flags |= TR_F_POOL_ID;
+        }
+        if (meta != NULL) {
+            if (d->nmeta == cap_meta &&
+                !grow_array((void **)&d->meta, &cap_meta, sizeof(*d->meta))) {
+                snprintf(err, errlen, "out of memory");
+                goto fail;
+            }
+            d->meta[d->nmeta++] = (tr_meta_t){i, meta};
         }
         d->nev++;
         if (ev->action == TR_OOM)
@@ -1866,6 +1892,7 @@ void tr_free(tr_trace_t *t) {
             free(t->dev[d].start);
             free(t->dev[d].sblocks);
             free(t->dev[d].pools);
+            free(t->dev[d].meta);
         }
         free(t->dev);
     }

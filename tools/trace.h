@@ -73,6 +73,13 @@ typedef struct tr_sseg {
     size_t first, n;             /* its live blocks: sblocks[first .. first+n), by address */
 } tr_sseg_t;
 
+/* An event whose entry carries a user_metadata text other than "" (PyTorch's
+ * _set_memory_metadata); every other event's is "". */
+typedef struct tr_meta {
+    size_t ev;        /* index into the device's events */
+    const char *text; /* the text (the document's), never "" */
+} tr_meta_t;
+
 typedef struct tr_pool_id {
     uint64_t first, second; /* PyTorch's MempoolId_t */
 } tr_pool_id_t;
@@ -104,6 +111,9 @@ typedef struct tr_device {
     uint64_t peak_reserved;   /* PyTorch's peak reserved over the trace */
     uint64_t peak_requested;  /* peak of seeds + allocs - free_requested sizes */
     size_t recorded_ooms;     /* oom events in the trace */
+    tr_meta_t *meta;          /* events with a user_metadata other than "", in event order (NULL
+                               * when none: the usual case) */
+    size_t nmeta;             /* entries in meta */
 } tr_device_t;
 
 /* The allocator settings a snapshot records, translated. */

@@ -2636,3 +2636,102 @@ TEST_F(Loaders, StreamsAndBlocksOfNoUsableKindAreRefused) {
 }
 
 } // namespace
+
+// A trace's own user_metadata (PyTorch's _set_memory_metadata) is what the replay's entries
+// carry: each op's text is set before it, "" again where the trace's is "" (or absent), and the
+// alloc's segment_alloc carries the alloc's. Both loaders (the whole document; the entries
+// handed over as parsed) read it. The replay used to write "" on every entry.
+TEST_F(Replay, ReplaySnapshotCarriesTheTracesUserMetadata) {
+    struct MEv {
+        const char *action;
+        uint64_t addr, size;
+        const char *meta; // nullptr: no key
+    };
+    const MEv evs[] = {
+        {"segment_alloc", SEG_A, 2 * MiB, "phase one"},
+        {"alloc", SEG_A, 1000, "phase one"},
+        {"alloc", SEG_A + 1024, 2000, ""},
+        {"alloc", SEG_A + 4096, 3000, nullptr},
+        {"free_requested", SEG_A, 1000, "phase two"},
+        {"free_completed", SEG_A, 1000, "phase two"},
+        {"free_requested", SEG_A + 1024, 2000, "phase one"},
+        {"free_completed", SEG_A + 1024, 2000, "phase one"},
+        {"free_requested", SEG_A + 4096, 3000, "phase \xc3\xa9 three"},
+        {"free_completed", SEG_A + 4096, 3000, "phase \xc3\xa9 three"},
+    };
+    sp__emit_t e;
+    begin_device0_events(&e);
+    int64_t t = 1700000000000000ll;
+    for (const MEv &ev : evs) {
+        sp__emit_dict_begin(&e);
+        sp__emit_key(&e, "action");
+        sp__emit_str(&e, ev.action);
+        sp__emit_key(&e, "addr");
+        sp__emit_uint(&e, ev.addr);
+        sp__emit_key(&e, "size");
+        sp__emit_uint(&e, ev.size);
+        sp__emit_key(&e, "stream");
+        sp__emit_int(&e, 0);
+        sp__emit_key(&e, "time_us");
+        sp__emit_int(&e, t += 10);
+        if (ev.meta != nullptr) {
+            sp__emit_key(&e, "user_metadata");
+            sp__emit_str(&e, ev.meta);
+        }
+        sp__emit_dict_end(&e);
+    }
+    sp__emit_list_end(&e);
+    sp__emit_list_end(&e);
+    sp__emit_dict_end(&e);
+    std::vector<unsigned char> b = finish(&e);
+    char dir[] = "/tmp/sp_replay_XXXXXX";
+    ASSERT_NE(mkdtemp(dir), nullptr);
+    for (int loader = 0; loader < 2; loader++) {
+        SCOPED_TRACE(loader == 0 ? "whole document" : "entries handed over");
+        tr_trace_t tr;
+        memset(&tr, 0, sizeof tr);
+        std::string err;
+        char why[256] = "";
+        if (loader == 0)
+            ASSERT_TRUE(load(b, &tr, &err)) << err;
+        else
+            ASSERT_TRUE(load_from_file(b, std::string(dir) + "/in.pickle", &tr, why, sizeof why))
+                << why;
+        std::string out = std::string(dir) + "/r.pickle";
+        replay_result_t r;
+        ASSERT_TRUE(replay_trace(&tr, out.c_str(), &r, why, sizeof(why))) << why;
+        tr_free(&tr);
+        pk_doc_t *doc = nullptr;
+        ASSERT_TRUE(pk_parse_file(out.c_str(), 1u << 30, nullptr, &doc, why, sizeof why)) << why;
+        unlink(out.c_str());
+        const pk_value_t *entries = pk_at(pk_get(pk_root(doc), "device_traces"), 0);
+        // (action, size) -> the metadata its entry carries, in order.
+        std::vector<std::string> got;
+        for (size_t i = 0; i < pk_len(entries); i++) {
+            const pk_value_t *en = pk_at(entries, i);
+            const char *act = pk_str(pk_get(en, "action"));
+            const char *meta = pk_str(pk_get(en, "user_metadata"));
+            int64_t size = 0;
+            (void)pk_int(pk_get(en, "size"), &size);
+            got.push_back(std::string(act ? act : "?") + " " + std::to_string(size) + " [" +
+                          (meta ? meta : "(none)") + "]");
+        }
+        pk_free(doc);
+        const std::vector<std::string> want = {"segment_alloc 2097152 [phase one]",
+                                               "alloc 1000 [phase one]",
+                                               "alloc 2000 []",
+                                               "alloc 3000 []",
+                                               "free_requested 1000 [phase two]",
+                                               "free_completed 1000 [phase two]",
+                                               "free_requested 2000 [phase one]",
+                                               "free_completed 2000 [phase one]",
+                                               "free_requested 3000 [phase \xc3\xa9 three]",
+                                               "free_completed 3000 [phase \xc3\xa9 three]"};
+        EXPECT_EQ(got, want);
+        // The next replay (no metadata in its trace) starts from "" again.
+        char buf[64] = "x";
+        ASSERT_EQ(sp_history_get_user_metadata(0, buf, sizeof buf, nullptr), SP_SUCCESS);
+        EXPECT_STREQ(buf, "");
+    }
+    rmdir(dir);
+}
