@@ -1,0 +1,330 @@
+// test_threads_adversary.cc: races the other threaded suites leave out: a MemPool destroyed
+// while other threads allocate in it (directly and routed), statistics, peaks and snapshots
+// read while several devices allocate, the thread cache's owner exiting while another thread
+// frees its blocks, and sp_shutdown with threads that hold cached blocks. Suites are named
+// Threads* (ThreadSanitizer runs them); every wait is bounded by a watchdog.
+#include "alloc_test_util.hpp"
+
+extern "C" {
+#include "sympool/experimental.h"
+}
+
+#include <unistd.h>
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdio>
+#include <cstdlib>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <sympool/mempool.h>
+
+using sp::KiB;
+using sp::MiB;
+
+namespace {
+
+// Aborts the process (so the test fails rather than hangs) unless disarmed within 60 s.
+class Watchdog {
+  public:
+    explicit Watchdog(const char *what) : what_(what), th_([this] { loop(); }) {}
+    ~Watchdog() {
+        {
+            std::lock_guard<std::mutex> g(mu_);
+            done_ = true;
+        }
+        cv_.notify_all();
+        th_.join();
+    }
+
+  private:
+    void loop() {
+        std::unique_lock<std::mutex> g(mu_);
+        if (!cv_.wait_for(g, std::chrono::seconds(60), [this] { return done_; })) {
+            fprintf(stderr, "watchdog: %s hangs\n", what_);
+            abort();
+        }
+    }
+    const char *what_;
+    std::mutex mu_;
+    std::condition_variable cv_;
+    bool done_ = false;
+    std::thread th_;
+};
+
+struct Rng {
+    unsigned x;
+    unsigned next() { return x = x * 1103515245u + 12345u, x >> 8; }
+};
+
+} // namespace
+
+class ThreadsAdversary : public sp::Test {};
+
+// One thread destroys pools while two others allocate in them (sp_mempool_malloc and a routed
+// sp_malloc). Each malloc either gets a block or is refused because the pool was destroyed;
+// a destroy is refused only while a thread routes into the pool. Every block frees, and the
+// destroyed pools' segments go back at sp_empty_cache.
+TEST_F(ThreadsAdversary, MempoolDestroyedWhileOthersAllocateInIt) {
+    expect_warnings();
+    Watchdog wd("MempoolDestroyedWhileOthersAllocateInIt");
+    ASSERT_SP_OK(sp_init());
+    std::atomic<sp_mempool_t *> cur{nullptr};
+    std::atomic<bool> stop{false};
+    std::atomic<int> bad{0};
+    std::mutex err_mu;
+    std::string first_err;
+    auto fail = [&](const char *what, sp_status_t s) {
+        if (bad.fetch_add(1) == 0) {
+            std::lock_guard<std::mutex> g(err_mu);
+            first_err = std::string(what) + ": " + sp::describe(s) + ": " + sp_last_error();
+        }
+    };
+    std::vector<std::thread> ts;
+    for (int t = 0; t < 2; t++) {
+        ts.emplace_back([&, t] {
+            Rng r{(unsigned)t + 11u};
+            std::vector<void *> live;
+            while (!stop.load()) {
+                sp_mempool_t *p = cur.load();
+                if (!p)
+                    continue;
+                size_t size = (r.next() % (3 * MiB)) + 1;
+                void *ptr = nullptr;
+                sp_status_t s;
+                if (t == 0) {
+                    s = sp_mempool_malloc(p, size, nullptr, &ptr);
+                } else {
+                    s = sp_mempool_begin(p);
+                    if (s == SP_SUCCESS) {
+                        s = sp_malloc(size, 0, nullptr, &ptr);
+                        sp_status_t e = sp_mempool_end(p);
+                        if (e != SP_SUCCESS)
+                            fail("end", e);
+                    }
+                }
+                if (s == SP_SUCCESS)
+                    live.push_back(ptr);
+                else if (s != SP_ERR_INVALID_USAGE && s != SP_ERR_OUT_OF_MEMORY)
+                    fail("malloc", s);
+                if (live.size() > 8) {
+                    for (void *q : live)
+                        if (sp_free(q) != SP_SUCCESS)
+                            fail("free", SP_ERR_INVALID_USAGE);
+                    live.clear();
+                }
+            }
+            for (void *q : live)
+                if (sp_free(q) != SP_SUCCESS)
+                    fail("free", SP_ERR_INVALID_USAGE);
+        });
+    }
+    for (int i = 0; i < 200; i++) {
+        sp_mempool_t *p = nullptr;
+        ASSERT_SP_OK(sp_mempool_create(nullptr, &p));
+        cur.store(p);
+        std::this_thread::sleep_for(std::chrono::microseconds(200));
+        sp_status_t s;
+        // Refused only while the router is between its begin and its end.
+        while ((s = sp_mempool_destroy(p)) == SP_ERR_INVALID_USAGE &&
+               std::string(sp_last_error()).find("still routed") != std::string::npos)
+            std::this_thread::yield();
+        ASSERT_SP_OK(s);
+        EXPECT_EQ(sp_mempool_begin(p), SP_ERR_INVALID_USAGE);
+    }
+    stop = true;
+    for (auto &th : ts)
+        th.join();
+    EXPECT_EQ(bad.load(), 0) << first_err;
+    ASSERT_SP_OK(sp_empty_cache());
+    EXPECT_EQ(sp::stat("allocation.all.current"), 0);
+    EXPECT_EQ(sp::stat("segment.all.current"), 0);
+    EXPECT_EQ(sp::stat("reserved_bytes.all.current"), 0);
+}
+
+// Three devices allocate while an observer reads statistics, resets peaks and accumulated
+// counters, empties the caches and dumps snapshots. Every copy of statistics is one device's
+// at one instant: no current above its peak, no negative current.
+TEST_F(ThreadsAdversary, StatsPeaksAndDumpsWhileSeveralDevicesAllocate) {
+    sp::ScopedEnv env({{"SYMPOOL_HOST_DEVICES", "3"}});
+    SP_SKIP_UNLESS_HOST();
+    Watchdog wd("StatsPeaksAndDumpsWhileSeveralDevicesAllocate");
+    ASSERT_SP_OK(sp_init());
+    char dir[] = "/tmp/sp_adv_XXXXXX";
+    ASSERT_NE(mkdtemp(dir), nullptr);
+    std::atomic<bool> stop{false};
+    std::atomic<int> bad{0};
+    std::vector<std::thread> ts;
+    for (int t = 0; t < 3; t++) {
+        ts.emplace_back([&, t] {
+            Rng r{(unsigned)t * 31u + 7u};
+            std::vector<std::pair<void *, int>> live;
+            while (!stop.load()) {
+                unsigned x = r.next();
+                int dev = (int)(x % 3);
+                size_t size = (x & 64) ? (x % (4 * MiB)) + 1 : (x % (64 * KiB)) + 1;
+                void *p = nullptr;
+                sp_status_t s = sp_malloc(size, dev, nullptr, &p);
+                if (s == SP_SUCCESS)
+                    live.emplace_back(p, dev);
+                else
+                    bad++;
+                if (live.size() > 16) {
+                    for (auto &q : live)
+                        if (sp_free(q.first) != SP_SUCCESS)
+                            bad++;
+                    live.clear();
+                }
+            }
+            for (auto &q : live)
+                if (sp_free(q.first) != SP_SUCCESS)
+                    bad++;
+        });
+    }
+    const char *pairs[][2] = {{"allocated_bytes.all.current", "allocated_bytes.all.peak"},
+                              {"reserved_bytes.all.current", "reserved_bytes.all.peak"},
+                              {"allocation.all.current", "allocation.all.peak"},
+                              {"segment.all.current", "segment.all.peak"},
+                              {"active_bytes.all.current", "active_bytes.all.peak"}};
+    int inconsistent = 0;
+    std::string why;
+    for (int step = 0; step < 300; step++) {
+        int dev = step % 3;
+        sp_stats_t st;
+        ASSERT_SP_OK(sp_memory_stats(dev, &st));
+        for (auto &kp : pairs) {
+            int64_t cur = 0, peak = 0;
+            ASSERT_SP_OK(sp_stats_get(&st, kp[0], &cur));
+            ASSERT_SP_OK(sp_stats_get(&st, kp[1], &peak));
+            if (cur < 0 || cur > peak) {
+                if (inconsistent++ == 0)
+                    why = std::string(kp[0]) + "=" + std::to_string(cur) + " " + kp[1] + "=" +
+                          std::to_string(peak);
+            }
+        }
+        if (step % 5 == 0)
+            ASSERT_SP_OK(sp_reset_peak_memory_stats(dev));
+        if (step % 7 == 0)
+            ASSERT_SP_OK(sp_reset_accumulated_memory_stats(dev));
+        if (step % 3 == 0)
+            ASSERT_SP_OK(sp_empty_cache());
+        if (step % 20 == 0) {
+            std::string path = std::string(dir) + "/s" + ((step & 32) ? ".json" : ".pickle");
+            ASSERT_SP_OK(sp_dump_snapshot(path.c_str()));
+            unlink(path.c_str());
+        }
+    }
+    stop = true;
+    for (auto &th : ts)
+        th.join();
+    EXPECT_EQ(bad.load(), 0);
+    EXPECT_EQ(inconsistent, 0) << why;
+    EXPECT_EQ(rmdir(dir), 0);
+    for (int dev = 0; dev < 3; dev++)
+        EXPECT_EQ(sp::stat("allocation.all.current", dev), 0);
+}
+
+// With the thread cache on, owners exit while another thread frees the blocks they handed out
+// and while a third empties the caches: every block ends up back in the pool, nothing idle.
+TEST_F(ThreadsAdversary, CacheOwnersExitWhileOthersFreeTheirBlocks) {
+    sp::ScopedEnv env({{"SYMPOOL_THREAD_CACHE", "1MiB"}});
+    Watchdog wd("CacheOwnersExitWhileOthersFreeTheirBlocks");
+    ASSERT_SP_OK(sp_init());
+    std::atomic<bool> stop{false};
+    std::thread drainer([&] {
+        while (!stop.load()) {
+            EXPECT_EQ(sp_empty_cache(), SP_SUCCESS);
+            size_t b = 0, n = 0;
+            EXPECT_EQ(sp_x_thread_cache_idle(0, &b, &n), SP_SUCCESS);
+            std::this_thread::yield();
+        }
+    });
+    for (int round = 0; round < 40; round++) {
+        std::vector<void *> handed(32);
+        std::atomic<int> ready{0};
+        std::thread owner([&] {
+            // Fill the cache (free then take back), keep half idle, hand the rest over.
+            std::vector<void *> mine(64);
+            for (auto &p : mine)
+                ASSERT_SP_OK(sp_malloc(4 * KiB, 0, nullptr, &p));
+            for (auto p : mine)
+                ASSERT_SP_OK(sp_free(p));
+            for (auto &p : mine)
+                ASSERT_SP_OK(sp_malloc(4 * KiB, 0, nullptr, &p));
+            for (int i = 0; i < 32; i++)
+                handed[i] = mine[i];
+            for (int i = 32; i < 64; i++)
+                ASSERT_SP_OK(sp_free(mine[i]));
+            ready = 1;
+        });
+        std::thread freer([&] {
+            while (!ready.load())
+                std::this_thread::yield();
+            for (void *p : handed)
+                EXPECT_EQ(sp_free(p), SP_SUCCESS);
+        });
+        owner.join();
+        freer.join();
+    }
+    stop = true;
+    drainer.join();
+    ASSERT_SP_OK(sp_empty_cache());
+    size_t b = 1, n = 1;
+    ASSERT_SP_OK(sp_x_thread_cache_idle(0, &b, &n));
+    EXPECT_EQ(b, 0u);
+    EXPECT_EQ(sp::stat("allocation.all.current"), 0);
+    EXPECT_EQ(sp::stat("requested_bytes.all.current"), 0);
+}
+
+// sp_shutdown while live threads keep idle blocks in their caches: the shutdown takes them back,
+// the threads allocate again in the next session and exit without touching the old one.
+TEST_F(ThreadsAdversary, ShutdownWhileThreadsHoldCachedBlocks) {
+    sp::ScopedEnv env({{"SYMPOOL_THREAD_CACHE", "1MiB"}});
+    Watchdog wd("ShutdownWhileThreadsHoldCachedBlocks");
+    ASSERT_SP_OK(sp_init());
+    std::mutex mu;
+    std::condition_variable cv;
+    int phase = 0, arrived = 0;
+    auto wait_phase = [&](int want) {
+        std::unique_lock<std::mutex> g(mu);
+        arrived++;
+        cv.notify_all();
+        cv.wait(g, [&] { return phase >= want; });
+    };
+    std::vector<std::thread> ts;
+    for (int t = 0; t < 3; t++) {
+        ts.emplace_back([&] {
+            for (int session = 1; session <= 2; session++) {
+                std::vector<void *> v(8);
+                for (auto &p : v)
+                    ASSERT_SP_OK(sp_malloc(8 * KiB, 0, nullptr, &p));
+                for (auto p : v)
+                    ASSERT_SP_OK(sp_free(p)); // idle in this thread's cache
+                wait_phase(session);
+            }
+        });
+    }
+    for (int session = 1; session <= 2; session++) {
+        {
+            std::unique_lock<std::mutex> g(mu);
+            cv.wait(g, [&] { return arrived == 3 * session; });
+        }
+        EXPECT_GT(sp::stat("allocation.all.current"), 0); // the idle blocks
+        ASSERT_SP_OK(sp_shutdown());
+        ASSERT_SP_OK(sp_init());
+        EXPECT_EQ(sp::stat("allocation.all.current"), 0);
+        {
+            std::lock_guard<std::mutex> g(mu);
+            phase = session;
+        }
+        cv.notify_all();
+    }
+    for (auto &th : ts)
+        th.join();
+    ASSERT_SP_OK(sp_empty_cache());
+    EXPECT_EQ(sp::stat("allocation.all.current"), 0);
+    EXPECT_EQ(sp::stat("reserved_bytes.all.current"), 0);
+}
