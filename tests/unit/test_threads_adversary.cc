@@ -328,3 +328,34 @@ TEST_F(ThreadsAdversary, ShutdownWhileThreadsHoldCachedBlocks) {
     EXPECT_EQ(sp::stat("allocation.all.current"), 0);
     EXPECT_EQ(sp::stat("reserved_bytes.all.current"), 0);
 }
+
+// sp_shutdown refused because a block is still allocated releases nothing: the blocks idle in
+// the threads' caches stay where they were, and every statistic with them.
+TEST_F(ThreadsAdversary, RefusedShutdownLeavesTheThreadCachesAlone) {
+    sp::ScopedEnv env({{"SYMPOOL_THREAD_CACHE", "1MiB"}});
+    expect_warnings(); // the refusal's
+    Watchdog wd("RefusedShutdownLeavesTheThreadCachesAlone");
+    ASSERT_SP_OK(sp_init());
+    void *held = nullptr;
+    ASSERT_SP_OK(sp_malloc(1 * KiB, 0, nullptr, &held));
+    std::vector<void *> v(4);
+    for (auto &p : v)
+        ASSERT_SP_OK(sp_malloc(16 * KiB, 0, nullptr, &p));
+    for (auto p : v)
+        ASSERT_SP_OK(sp_free(p)); // idle in this thread's cache
+    size_t idle_before = 0, n_before = 0;
+    ASSERT_SP_OK(sp_x_thread_cache_idle(0, &idle_before, &n_before));
+    ASSERT_EQ(n_before, 4u);
+    sp_stats_t before, after;
+    ASSERT_SP_OK(sp_memory_stats(0, &before));
+    EXPECT_SP_STATUS(sp_shutdown(), SP_ERR_BUSY);
+    ASSERT_SP_OK(sp_memory_stats(0, &after));
+    for (size_t i = 0; i < sp_stats_count(); i++)
+        EXPECT_EQ(before.value[i], after.value[i]) << sp_stats_key(i);
+    size_t idle_after = 0, n_after = 0;
+    ASSERT_SP_OK(sp_x_thread_cache_idle(0, &idle_after, &n_after));
+    EXPECT_EQ(n_after, n_before);
+    EXPECT_EQ(idle_after, idle_before);
+    ASSERT_SP_OK(sp_free(held));
+    ASSERT_SP_OK(sp_empty_cache());
+}
