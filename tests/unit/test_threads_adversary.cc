@@ -9,6 +9,8 @@ extern "C" {
 #include "sympool/experimental.h"
 }
 
+#include <signal.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -357,5 +359,139 @@ TEST_F(ThreadsAdversary, RefusedShutdownLeavesTheThreadCachesAlone) {
     EXPECT_EQ(n_after, n_before);
     EXPECT_EQ(idle_after, idle_before);
     ASSERT_SP_OK(sp_free(held));
+    ASSERT_SP_OK(sp_empty_cache());
+}
+
+namespace {
+
+// The child's exit status: 0 when it could allocate everywhere, else the step that failed.
+int fork_child_work(sp_mempool_t *pool, const std::string &snap) {
+    void *p = nullptr, *q = nullptr, *r = nullptr;
+    if (sp_malloc(4 * KiB, 0, nullptr, &p) != SP_SUCCESS)
+        return 2;
+    if (sp_mempool_malloc(pool, 64 * KiB, nullptr, &q) != SP_SUCCESS)
+        return 3;
+    if (sp_mempool_begin(pool) != SP_SUCCESS)
+        return 4;
+    sp_status_t s = sp_malloc(3 * MiB, 0, nullptr, &r);
+    if (sp_mempool_end(pool) != SP_SUCCESS || s != SP_SUCCESS)
+        return 5;
+    if (sp_free(p) != SP_SUCCESS || sp_free(q) != SP_SUCCESS || sp_free(r) != SP_SUCCESS)
+        return 6;
+    if (sp_empty_cache() != SP_SUCCESS)
+        return 7;
+    sp_history_params_t hp;
+    sp_history_params_init(&hp);
+    hp.max_entries = 64;
+    if (sp_record_memory_history(&hp) != SP_SUCCESS)
+        return 8;
+    if (sp_malloc(8 * KiB, 0, nullptr, &p) != SP_SUCCESS || sp_free(p) != SP_SUCCESS)
+        return 9;
+    if (sp_dump_snapshot(snap.c_str()) != SP_SUCCESS)
+        return 10;
+    sp_stats_t st;
+    if (sp_memory_stats(0, &st) != SP_SUCCESS)
+        return 11;
+    return 0;
+}
+
+int wait_child(pid_t pid) {
+    for (int i = 0; i < 5000; i++) {
+        int status = 0;
+        if (waitpid(pid, &status, WNOHANG) == pid)
+            return WIFEXITED(status) ? WEXITSTATUS(status) : 100 + WTERMSIG(status);
+        std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    }
+    kill(pid, SIGKILL);
+    int status = 0;
+    waitpid(pid, &status, 0);
+    return -1;
+}
+
+} // namespace
+
+// A worker thread (not the lock's bias owner) forks while the main thread allocates through its
+// thread cache, another thread routes into a MemPool and a third switches memory history: each
+// child allocates in the default pool and the MemPool, routes, records history and dumps.
+TEST_F(ThreadsAdversary, ForkFromAWorkerWhileOthersAreInside) {
+    sp::ScopedEnv env({{"SYMPOOL_THREAD_CACHE", "256KiB"}, {"SYMPOOL_HOST_CAPACITY", "1GiB"}});
+    SP_SKIP_UNLESS_HOST();
+    Watchdog wd("ForkFromAWorkerWhileOthersAreInside");
+    ASSERT_SP_OK(sp_init());
+    void *first = nullptr; // the main thread takes the device lock first: the bias owner
+    ASSERT_SP_OK(sp_malloc(512, 0, nullptr, &first));
+    ASSERT_SP_OK(sp_free(first));
+    sp_mempool_t *pool = nullptr;
+    ASSERT_SP_OK(sp_mempool_create(nullptr, &pool));
+    char dir[] = "/tmp/sp_advfork_XXXXXX";
+    ASSERT_NE(mkdtemp(dir), nullptr);
+    std::atomic<bool> stop{false};
+    std::thread router([&] {
+        Rng r{99};
+        while (!stop.load()) {
+            if (sp_mempool_begin(pool) != SP_SUCCESS)
+                continue;
+            void *p = nullptr;
+            if (sp_malloc((r.next() % (2 * MiB)) + 1, 0, nullptr, &p) == SP_SUCCESS)
+                (void)sp_free(p);
+            (void)sp_mempool_end(pool);
+        }
+    });
+    std::thread historian([&] {
+        Rng r{5};
+        while (!stop.load()) {
+            sp_history_params_t hp;
+            sp_history_params_init(&hp);
+            unsigned x = r.next();
+            hp.enabled = (sp_history_enabled_t)(x % 3);
+            hp.max_entries = (x & 8) ? 16 : 256;
+            (void)sp_record_memory_history(&hp);
+            std::this_thread::sleep_for(std::chrono::microseconds(300));
+        }
+    });
+    std::string codes; // the forker's until it is joined
+    int bad = 0;
+    std::atomic<bool> forks_done{false};
+    std::thread forker([&] {
+        for (int i = 0; i < 20; i++) {
+            std::this_thread::sleep_for(std::chrono::milliseconds(2));
+            std::string snap = std::string(dir) + "/c" + std::to_string(i) + ".pickle";
+            pid_t pid = fork();
+            if (pid == 0)
+                _exit(fork_child_work(pool, snap));
+            int rc = pid < 0 ? 99 : wait_child(pid);
+            codes += std::to_string(rc) + " ";
+            bad += rc != 0;
+            unlink(snap.c_str());
+        }
+        forks_done = true;
+    });
+    Rng r{1};
+    std::vector<void *> live;
+    while (!stop.load()) {
+        void *p = nullptr;
+        if (sp_malloc((r.next() % (64 * KiB)) + 1, 0, nullptr, &p) == SP_SUCCESS)
+            live.push_back(p);
+        if (live.size() > 8) {
+            for (void *q : live)
+                (void)sp_free(q);
+            live.clear();
+        }
+        if (forks_done.load())
+            stop = true;
+    }
+    forker.join();
+    stop = true;
+    router.join();
+    historian.join();
+    for (void *q : live)
+        ASSERT_SP_OK(sp_free(q));
+    rmdir(dir);
+    EXPECT_EQ(bad, 0) << "child exit codes (-1: hung): " << codes;
+    sp_history_params_t off;
+    sp_history_params_init(&off);
+    off.enabled = SP_HISTORY_OFF;
+    ASSERT_SP_OK(sp_record_memory_history(&off));
+    ASSERT_SP_OK(sp_mempool_destroy(pool));
     ASSERT_SP_OK(sp_empty_cache());
 }
