@@ -495,3 +495,103 @@ TEST_F(ThreadsAdversary, ForkFromAWorkerWhileOthersAreInside) {
     ASSERT_SP_OK(sp_mempool_destroy(pool));
     ASSERT_SP_OK(sp_empty_cache());
 }
+
+// Pools are created and destroyed while other threads dump and query the current one, free
+// its blocks late (after its destroy), set its limit, and switch history and its options: every
+// call either runs or is refused because the pool was destroyed.
+TEST_F(ThreadsAdversary, PoolDumpsQueriesAndLateFreesAcrossItsDestroy) {
+    expect_warnings();
+    Watchdog wd("PoolDumpsQueriesAndLateFreesAcrossItsDestroy");
+    ASSERT_SP_OK(sp_init());
+    char dir[] = "/tmp/sp_advdump_XXXXXX";
+    ASSERT_NE(mkdtemp(dir), nullptr);
+    std::atomic<sp_mempool_t *> cur{nullptr};
+    std::atomic<bool> stop{false};
+    std::atomic<int> bad{0};
+    std::mutex err_mu;
+    std::string first_err;
+    auto check = [&](sp_status_t s, const char *what) {
+        if (s == SP_SUCCESS || s == SP_ERR_OUT_OF_MEMORY)
+            return;
+        if (s == SP_ERR_INVALID_USAGE &&
+            std::string(sp_last_error()).find("destroyed") != std::string::npos)
+            return;
+        if (bad.fetch_add(1) == 0) {
+            std::lock_guard<std::mutex> g(err_mu);
+            first_err = std::string(what) + ": " + sp::describe(s) + ": " + sp_last_error();
+        }
+    };
+    std::vector<std::thread> ts;
+    ts.emplace_back([&] { // allocator with late frees
+        Rng r{3};
+        std::vector<void *> live;
+        while (!stop.load()) {
+            sp_mempool_t *p = cur.load();
+            if (!p)
+                continue;
+            void *q = nullptr;
+            sp_status_t s = sp_mempool_malloc(p, (r.next() % (3 * MiB)) + 1, nullptr, &q);
+            check(s, "mempool_malloc");
+            if (s == SP_SUCCESS)
+                live.push_back(q);
+            if (live.size() > 12) {
+                for (void *x : live)
+                    check(sp_free(x), "free");
+                live.clear();
+            }
+        }
+        for (void *x : live)
+            check(sp_free(x), "free");
+    });
+    ts.emplace_back([&] { // dumps and queries
+        int i = 0;
+        while (!stop.load()) {
+            sp_mempool_t *p = cur.load();
+            if (!p)
+                continue;
+            std::string path = std::string(dir) + "/p" + ((i++ & 1) ? ".json" : ".pickle");
+            check(sp_mempool_dump_snapshot(p, path.c_str()), "mempool_dump_snapshot");
+            (void)sp_mempool_used_bytes(p);
+            (void)sp_mempool_free_bytes(p);
+            check(sp_mempool_free_all_blocks(p, nullptr), "free_all_blocks");
+            check(sp_mempool_set_limit(p, (i & 2) ? 0 : 64 * MiB), "set_limit");
+            if (i % 4 == 0)
+                check(sp_dump_snapshot(path.c_str()), "dump_snapshot");
+        }
+    });
+    ts.emplace_back([&] { // history and its options
+        Rng r{17};
+        while (!stop.load()) {
+            sp_history_params_t hp;
+            sp_history_params_init(&hp);
+            unsigned x = r.next();
+            hp.enabled = (sp_history_enabled_t)(x % 3);
+            hp.context = (sp_history_context_t)((x >> 2) % 4);
+            hp.max_entries = (x & 32) ? 8 : 1000;
+            check(sp_record_memory_history(&hp), "history");
+            std::this_thread::sleep_for(std::chrono::microseconds(100));
+        }
+    });
+    for (int i = 0; i < 150; i++) {
+        sp_mempool_t *p = nullptr;
+        ASSERT_SP_OK(sp_mempool_create(nullptr, &p));
+        cur.store(p);
+        std::this_thread::sleep_for(std::chrono::microseconds(300));
+        ASSERT_SP_OK(sp_mempool_destroy(p));
+        std::this_thread::sleep_for(std::chrono::microseconds(100));
+    }
+    stop = true;
+    for (auto &th : ts)
+        th.join();
+    EXPECT_EQ(bad.load(), 0) << first_err;
+    sp_history_params_t off;
+    sp_history_params_init(&off);
+    off.enabled = SP_HISTORY_OFF;
+    ASSERT_SP_OK(sp_record_memory_history(&off));
+    for (const char *n : {"/p.json", "/p.pickle"})
+        unlink((std::string(dir) + n).c_str());
+    EXPECT_EQ(rmdir(dir), 0) << "a dump left a temporary file behind";
+    ASSERT_SP_OK(sp_empty_cache());
+    EXPECT_EQ(sp::stat("allocation.all.current"), 0);
+    EXPECT_EQ(sp::stat("reserved_bytes.all.current"), 0);
+}
