@@ -595,3 +595,80 @@ TEST_F(ThreadsAdversary, PoolDumpsQueriesAndLateFreesAcrossItsDestroy) {
     EXPECT_EQ(sp::stat("allocation.all.current"), 0);
     EXPECT_EQ(sp::stat("reserved_bytes.all.current"), 0);
 }
+
+// Every round starts uninitialized (after sp_shutdown) and six threads make their first calls at
+// once, each a different entry point: one initialization, seen whole by all of them.
+TEST_F(ThreadsAdversary, FirstCallsRaceTheInitialization) {
+    sp::ScopedEnv env({{"SYMPOOL_THREAD_CACHE", "256KiB"}, {"SYMPOOL_HOST_DEVICES", "2"}});
+    SP_SKIP_UNLESS_HOST();
+    Watchdog wd("FirstCallsRaceTheInitialization");
+    std::atomic<int> bad{0};
+    std::mutex err_mu;
+    std::string first_err;
+    auto check = [&](sp_status_t s, const char *what) {
+        if (s == SP_SUCCESS)
+            return;
+        if (bad.fetch_add(1) == 0) {
+            std::lock_guard<std::mutex> g(err_mu);
+            first_err = std::string(what) + ": " + sp::describe(s) + ": " + sp_last_error();
+        }
+    };
+    for (int round = 0; round < 30; round++) {
+        ASSERT_SP_OK(sp_shutdown());
+        std::atomic<int> go{0};
+        std::vector<std::thread> ts;
+        for (int t = 0; t < 6; t++) {
+            ts.emplace_back([&, t] {
+                go.fetch_add(1);
+                while (go.load() < 6)
+                    std::this_thread::yield();
+                switch (t) {
+                case 0:
+                case 1: {
+                    for (int i = 0; i < 20; i++) {
+                        void *p = nullptr;
+                        check(sp_malloc(4 * KiB, t, nullptr, &p), "malloc");
+                        check(sp_free(p), "free");
+                    }
+                    break;
+                }
+                case 2: {
+                    sp_mempool_t *p = nullptr;
+                    check(sp_mempool_create(nullptr, &p), "mempool_create");
+                    void *q = nullptr;
+                    check(sp_mempool_malloc(p, 64 * KiB, nullptr, &q), "mempool_malloc");
+                    check(sp_free(q), "free");
+                    check(sp_mempool_destroy(p), "mempool_destroy");
+                    break;
+                }
+                case 3: {
+                    sp_history_params_t hp;
+                    sp_history_params_init(&hp);
+                    hp.enabled = (round & 1) ? SP_HISTORY_ALL : SP_HISTORY_OFF;
+                    check(sp_record_memory_history(&hp), "history");
+                    break;
+                }
+                case 4: {
+                    sp_stats_t st;
+                    check(sp_memory_stats(1, &st), "stats");
+                    size_t b = 0, n = 0;
+                    check(sp_x_thread_cache_idle(0, &b, &n), "idle");
+                    break;
+                }
+                default:
+                    check(sp_empty_cache(), "empty_cache");
+                    break;
+                }
+            });
+        }
+        for (auto &th : ts)
+            th.join();
+        sp_history_params_t off;
+        sp_history_params_init(&off);
+        off.enabled = SP_HISTORY_OFF;
+        ASSERT_SP_OK(sp_record_memory_history(&off));
+    }
+    EXPECT_EQ(bad.load(), 0) << first_err;
+    ASSERT_SP_OK(sp_empty_cache());
+    EXPECT_EQ(sp::stat("allocation.all.current"), 0);
+}
