@@ -261,12 +261,13 @@ static sp_status_t shutdown_locked(void) {
     }
     for (int i = 0; i < sp__g.ndev; i++)
         sp__lock(&sp__g.devs[i].lock);
-    /* Idle thread-cached blocks are allocated in their pools: back first, so that only blocks a
-     * caller holds count as live. */
-    for (int i = 0; i < sp__g.ndev; i++)
-        (void)sp__tc_drain(&sp__g.devs[i]);
+    /* Idle thread-cached blocks are allocated in their pools: only blocks a caller holds count
+     * as live. They go back only once nothing is live, so that a refused shutdown changes
+     * nothing (no statistic, no cache). */
     for (int i = 0; i < sp__g.ndev; i++) {
         int64_t live = sp__stat_all_current(&sp__g.devs[i].stats, SP_ST_ALLOCATION);
+        if (live && sp__g.devs[i].tc_blocks)
+            live -= (int64_t)sp__tc_idle(i, NULL);
         if (live) {
             for (int k = sp__g.ndev - 1; k >= 0; k--)
                 sp__unlock(&sp__g.devs[k].lock);
@@ -277,6 +278,8 @@ static sp_status_t shutdown_locked(void) {
                              live, i);
         }
     }
+    for (int i = 0; i < sp__g.ndev; i++)
+        (void)sp__tc_drain(&sp__g.devs[i]);
     for (int i = 0; i < sp__g.ndev; i++) {
         sp_devalloc_t *d = &sp__g.devs[i];
         sp__alloc_sync_events(d, NULL);

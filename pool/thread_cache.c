@@ -461,13 +461,7 @@ void sp__tc_fork_unlock(bool in_child) {
     pthread_mutex_unlock(&g_reg);
 }
 
-SP_EXPORT sp_status_t sp_x_thread_cache_idle(int device, size_t *bytes_p, size_t *blocks_p) {
-    SP_GATE("sp_x_thread_cache_idle");
-    sp_devalloc_t *d = NULL;
-    SP_CHECK(sp__alloc_device(device, &d));
-    if (!bytes_p || !blocks_p)
-        return sp__error(SP_ERR_INVALID_ARGUMENT, SP_SUB_POOL,
-                         "sp_x_thread_cache_idle: NULL output pointer");
+size_t sp__tc_idle(int device, size_t *bytes_p) {
     size_t bytes = 0, blocks = 0;
     pthread_mutex_lock(&g_reg);
     for (sp_tcache_t *t = g_head; t; t = t->next) {
@@ -483,7 +477,18 @@ SP_EXPORT sp_status_t sp_x_thread_cache_idle(int device, size_t *bytes_p, size_t
         sp__unlock(&t->lock);
     }
     pthread_mutex_unlock(&g_reg);
-    *bytes_p = bytes;
-    *blocks_p = blocks;
+    if (bytes_p)
+        *bytes_p = bytes;
+    return blocks;
+}
+
+SP_EXPORT sp_status_t sp_x_thread_cache_idle(int device, size_t *bytes_p, size_t *blocks_p) {
+    SP_GATE("sp_x_thread_cache_idle");
+    sp_devalloc_t *d = NULL;
+    SP_CHECK(sp__alloc_device(device, &d));
+    if (!bytes_p || !blocks_p)
+        return sp__error(SP_ERR_INVALID_ARGUMENT, SP_SUB_POOL,
+                         "sp_x_thread_cache_idle: NULL output pointer");
+    *blocks_p = sp__tc_idle(device, bytes_p);
     return SP_SUCCESS;
 }

@@ -68,6 +68,11 @@ bool sp__tc_unregister(sp_devalloc_t *d, sp_block_t *b);
  * destruction, and a walk (snapshots). */
 size_t sp__tc_drain(sp_devalloc_t *d);
 
+/* The blocks of device d idle in every thread cache, and their bytes if bytes_p (the registry
+ * and each cache's lock taken here; callers may hold d's lock). sp_shutdown's "still allocated"
+ * check discounts them before it drains, so that a refused shutdown leaves the caches alone. */
+size_t sp__tc_idle(int device, size_t *bytes_p);
+
 /* fork() (fork.c): hold the registry and every thread cache's lock across it (after the device
  * locks), and release them in parent and child. The child keeps the caches of the threads it did
  * not inherit: their idle blocks go back to the pool at its next drain. */
