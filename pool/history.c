@@ -97,6 +97,9 @@ static struct {
     char **meta_text;             /* user metadata texts by id - 1, never changed once added;
                                      freed by shutdown only (g.lock) */
     uint32_t nmeta, meta_alloc;   /* texts held / slots (g.lock) */
+    uint32_t *meta_slots;         /* open addressing over the texts: an id, or 0 for empty;
+                                     nmeta_slots a power of 2, at most half full (g.lock) */
+    uint32_t nmeta_slots;         /* (g.lock) */
     uint32_t *meta_cur;           /* per device: the id new entries get, 0 = "" (g.lock) */
     int nmeta_cur;                /* entries in meta_cur (g.lock) */
 } g = {.lock = PTHREAD_MUTEX_INITIALIZER};
@@ -774,14 +777,49 @@ const char *sp__history_metadata(uint32_t meta) {
     return t;
 }
 
-/* The id of `text`, added if new (a program sets a handful of phases; a linear search is
- * enough). 0 for "" and when out of host memory. */
+/* The longest user metadata text: PyTorch sets no bound; this one only keeps a runaway caller
+ * from holding the host's memory (each distinct text is kept until shutdown). 4096 bytes made
+ * replay --snapshot refuse a trace whose entries carried a longer one. */
+#define META_MAX (1u << 20)
+
+/* Where `text` (hashed to h) is in meta_slots, or the empty slot it would take. */
+static uint32_t *meta_slot_locked(const char *text, uint64_t h) {
+    uint32_t mask = g.nmeta_slots - 1;
+    for (uint32_t i = (uint32_t)h & mask;; i = (i + 1) & mask) {
+        uint32_t id = g.meta_slots[i];
+        if (id == 0 || strcmp(g.meta_text[id - 1], text) == 0)
+            return &g.meta_slots[i];
+    }
+}
+
+/* The slots at twice the texts' count or more: every text placed again. */
+static bool meta_grow_slots_locked(void) {
+    uint32_t n = g.nmeta_slots ? g.nmeta_slots * 2 : 16;
+    uint32_t *slots = calloc(n, sizeof(*slots));
+    if (slots == NULL)
+        return false;
+    free(g.meta_slots);
+    g.meta_slots = slots;
+    g.nmeta_slots = n;
+    for (uint32_t id = 1; id <= g.nmeta; id++) {
+        const char *t = g.meta_text[id - 1];
+        *meta_slot_locked(t, hash_bytes(0, t, strlen(t))) = id;
+    }
+    return true;
+}
+
+/* The id of `text`, added if new. 0 for "" and when out of host memory. Hashed: a program may
+ * set a new text every step, and a replay sets each text a trace's entries carry (a search of
+ * every text was quadratic in their number). */
 static uint32_t meta_intern_locked(const char *text) {
     if (*text == '\0')
         return 0;
-    for (uint32_t i = 0; i < g.nmeta; i++)
-        if (strcmp(g.meta_text[i], text) == 0)
-            return i + 1;
+    if (2 * (g.nmeta + 1) > g.nmeta_slots && !meta_grow_slots_locked())
+        return 0;
+    uint64_t h = hash_bytes(0, text, strlen(text));
+    uint32_t *slot = meta_slot_locked(text, h);
+    if (*slot != 0)
+        return *slot;
     if (g.nmeta == g.meta_alloc) {
         uint32_t n = g.meta_alloc ? g.meta_alloc * 2 : 8;
         char **nt = realloc(g.meta_text, n * sizeof(*nt));
@@ -794,6 +832,7 @@ static uint32_t meta_intern_locked(const char *text) {
     if (copy == NULL)
         return 0;
     g.meta_text[g.nmeta++] = copy;
+    *slot = g.nmeta;
     return g.nmeta;
 }
 
@@ -804,9 +843,9 @@ SP_EXPORT sp_status_t sp_history_set_user_metadata(int device, const char *metad
                  "sp_history_set_user_metadata: device %d does not exist (%d device(s))", device,
                  sp_device_count());
     const char *text = metadata ? metadata : "";
-    SP_ARG_CHECK(strlen(text) <= 4096, SP_SUB_HISTORY,
-                 "sp_history_set_user_metadata: %zu bytes of metadata (at most 4096)",
-                 strlen(text));
+    SP_ARG_CHECK(strlen(text) <= META_MAX, SP_SUB_HISTORY,
+                 "sp_history_set_user_metadata: %zu bytes of metadata (at most %u)", strlen(text),
+                 META_MAX);
     pthread_mutex_lock(&g.lock);
     if (device >= g.nmeta_cur) {
         uint32_t *nc = realloc(g.meta_cur, (size_t)(device + 1) * sizeof(*nc));
@@ -858,6 +897,9 @@ void sp__history_shutdown(void) {
     for (uint32_t i = 0; i < g.nmeta; i++)
         free(g.meta_text[i]);
     free(g.meta_text);
+    free(g.meta_slots);
+    g.meta_slots = NULL;
+    g.nmeta_slots = 0;
     free(g.meta_cur);
     g.meta_text = NULL;
     g.meta_cur = NULL;

@@ -116,7 +116,7 @@ void sp_history_set_frames_hook(sp_history_frames_fn fn, void *arg);
  * (PyTorch's _set_memory_metadata / setUserMetadata) The text every later trace entry of
  * @p device carries as its "user_metadata" ("" or NULL: none, the default). It outlives
  * recording being turned off and on; sp_shutdown resets it. Thread-safe.
- * @return SP_SUCCESS, SP_ERR_INVALID_ARGUMENT (no such device; text over 4096 bytes),
+ * @return SP_SUCCESS, SP_ERR_INVALID_ARGUMENT (no such device; text over 1 MiB),
  *         SP_ERR_SYSTEM (out of host memory).
  */
 sp_status_t sp_history_set_user_metadata(int device, const char *metadata);

@@ -211,6 +211,42 @@ TEST_F(ParityHistory, UserMetadataTagsLaterEntries) {
     expect_warnings();
     EXPECT_SP_STATUS(sp_history_set_user_metadata(2, "x"), SP_ERR_INVALID_ARGUMENT);
     EXPECT_SP_STATUS(sp_history_get_user_metadata(0, nullptr, 1, &n), SP_ERR_INVALID_ARGUMENT);
-    EXPECT_SP_STATUS(sp_history_set_user_metadata(0, std::string(4097, 'a').c_str()),
+    // A text longer than 4096 bytes is kept (PyTorch sets no bound; replay --snapshot carries a
+    // trace's own); past 1 MiB it is refused.
+    EXPECT_SP_OK(sp_history_set_user_metadata(0, std::string(5000, 'a').c_str()));
+    EXPECT_SP_STATUS(sp_history_set_user_metadata(0, std::string((1 << 20) + 1, 'a').c_str()),
                      SP_ERR_INVALID_ARGUMENT);
+}
+
+// Many distinct texts, each its own entry's, then the early ones again: every entry reads back
+// the text that was in force (the texts are looked up by hash; a slot taken for another text, or
+// an id handed out twice, shows here).
+TEST_F(ParityHistory, ManyUserMetadataTextsEachTagTheirEntry) {
+    SP_SKIP_UNLESS_HOST();
+    sp_history_params_t p;
+    sp_history_params_init(&p);
+    p.max_entries = 1 << 16;
+    ASSERT_SP_OK(sp_record_memory_history(&p));
+    std::vector<std::string> want;
+    auto tagged_malloc = [&](const std::string &text) {
+        ASSERT_SP_OK(sp_history_set_user_metadata(0, text.c_str()));
+        void *x = nullptr;
+        ASSERT_SP_OK(sp_malloc(512, 0, nullptr, &x));
+        ASSERT_SP_OK(sp_free(x));
+        want.push_back(text);
+    };
+    for (int i = 0; i < 3000; i++)
+        ASSERT_NO_FATAL_FAILURE(tagged_malloc("step " + std::to_string(i)));
+    for (int i = 2999; i >= 0; i -= 7)
+        ASSERT_NO_FATAL_FAILURE(tagged_malloc("step " + std::to_string(i)));
+    ASSERT_NO_FATAL_FAILURE(tagged_malloc(""));
+    sp__trace_entry_t *e = nullptr;
+    size_t ne = 0;
+    ASSERT_SP_OK(sp__history_copy(0, &e, &ne));
+    std::vector<std::string> got;
+    for (size_t i = 0; i < ne; i++)
+        if (e[i].action == SP_TRACE_ALLOC)
+            got.push_back(sp__history_metadata(e[i].meta));
+    sp__history_entries_free(e, ne);
+    EXPECT_EQ(got, want);
 }
