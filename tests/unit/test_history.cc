@@ -542,6 +542,37 @@ TEST_F(History, FramesFromHookAreInternedAndAttached) {
     sp_history_set_frames_hook(nullptr, nullptr);
 }
 
+// A hook's stack as deep as real PyTorch stacks go (212 frames in the traces here) is kept whole:
+// up to 64 frames were, and a replay's snapshot showed shorter stacks than the trace it replayed.
+size_t deep_frames(sp_history_frame_t *f, size_t max, void *arg) {
+    size_t want = *static_cast<size_t *>(arg), n = want < max ? want : max;
+    for (size_t i = 0; i < n; i++)
+        f[i] = {"layer", "model.py", (int)i + 1};
+    return n;
+}
+
+TEST_F(History, DeepHookStacksAreKeptWhole) {
+    for (size_t depth : {63, 64, 65, 212, 256}) {
+        SCOPED_TRACE(depth);
+        sp_history_set_frames_hook(deep_frames, &depth);
+        ASSERT_SP_OK(record(SP_HISTORY_ALL, 0, SP_CONTEXT_ALL));
+        void *a = nullptr;
+        ASSERT_SP_OK(sp_malloc(1000, 0, nullptr, &a));
+        ASSERT_SP_OK(sp_free(a));
+        uint32_t ctx = 0;
+        for (auto &e : trace())
+            if (e.action == SP_TRACE_ALLOC)
+                ctx = e.context;
+        const sp__history_frame_t *f = nullptr;
+        size_t n = 0;
+        sp__history_context_frames(ctx, &f, &n);
+        ASSERT_EQ(n, depth);
+        EXPECT_EQ(f[depth - 1].line, (int)depth);
+        sp_history_set_frames_hook(nullptr, nullptr);
+        ASSERT_SP_OK(record(SP_HISTORY_OFF, 0, SP_CONTEXT_ALL));
+    }
+}
+
 // Stacks of names of every length from 1 to 24 bytes, each changed in one byte at every position
 // in turn, and in the line alone: the hash reads the short strings in overlapping pieces, so a
 // byte it skipped would make two stacks one context (the compare would catch a collision, but
