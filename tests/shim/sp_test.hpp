@@ -2,6 +2,8 @@
 //  - ASSERT_SP_OK / EXPECT_SP_OK print the status name and sp_last_error() on failure.
 //  - EXPECT_SP_STATUS(expr, SP_ERR_...) checks a specific failure.
 //  - sp::ScopedEnv sets SYMPOOL_* variables for one test and re-reads the option table.
+//  - sp::Watchdog fails a hung test (aborts) instead of leaving it to ctest's timeout; sp::Lcg is
+//    a tiny seeded generator for threads that each want their own sequence.
 //  - sp::Test is the base fixture: it captures log lines, fails the test on any WARN it did not
 //    expect (sp::Test::expect_warnings()), and at the end checks nothing is left allocated and
 //    shuts sympool down so that every test starts from a fresh allocator.
@@ -10,8 +12,13 @@
 
 #include <gtest/gtest.h>
 
+#include <chrono>
+#include <condition_variable>
+#include <cstdio>
+#include <cstdlib>
 #include <mutex>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -79,6 +86,45 @@ class Test : public ::testing::Test {
   private:
     bool warnings_expected_ = false;
     bool leak_check_ = true;
+};
+
+// Aborts the process, naming the running test, unless destroyed within 60 s: a deadlock fails
+// the test instead of stalling it until ctest's timeout. A thread, not alarm(2): a signal would
+// interrupt the system calls of the code under test, and one process has one alarm.
+class Watchdog {
+  public:
+    Watchdog() : th_([this] { loop(); }) {}
+    ~Watchdog() {
+        {
+            std::lock_guard<std::mutex> g(mu_);
+            done_ = true;
+        }
+        cv_.notify_all();
+        th_.join();
+    }
+    Watchdog(const Watchdog &) = delete;
+    Watchdog &operator=(const Watchdog &) = delete;
+
+  private:
+    void loop() {
+        const ::testing::TestInfo *t = ::testing::UnitTest::GetInstance()->current_test_info();
+        std::string what = t ? std::string(t->test_suite_name()) + "." + t->name() : "a test";
+        std::unique_lock<std::mutex> g(mu_);
+        if (!cv_.wait_for(g, std::chrono::seconds(60), [this] { return done_; })) {
+            fprintf(stderr, "watchdog: %s hangs\n", what.c_str());
+            abort();
+        }
+    }
+    std::mutex mu_;
+    std::condition_variable cv_;
+    bool done_ = false;
+    std::thread th_; // last: started once the fields above exist
+};
+
+// A linear congruential generator (the C standard's example constants), 24 bits a draw.
+struct Lcg {
+    unsigned x;
+    unsigned next() { return x = x * 1103515245u + 12345u, x >> 8; }
 };
 
 // True when the cuda backend is in use (GPU tests call GTEST_SKIP() otherwise).

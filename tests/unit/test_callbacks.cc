@@ -18,12 +18,6 @@ using sp::MiB;
 
 namespace {
 
-// A deadlock must fail the test, not stall it until ctest's timeout.
-struct Watchdog {
-    Watchdog() { alarm(60); }
-    ~Watchdog() { alarm(0); }
-};
-
 // What the callback under test does; every status it saw is kept.
 std::function<sp_status_t()> g_inner;
 std::vector<sp_status_t> g_seen;
@@ -82,7 +76,7 @@ class Callbacks : public sp::Test {
 
 // Every kind of call a segment allocator might make, from both of its callbacks.
 TEST_F(Callbacks, SegmentAllocatorCallingSympoolIsRefused) {
-    Watchdog wd;
+    sp::Watchdog wd; // a deadlock must fail the test, not stall it
     struct Case {
         const char *fn;
         std::function<sp_status_t()> call;
@@ -150,7 +144,7 @@ size_t hook_calling_malloc(sp_history_frame_t *frames, size_t max, void *) {
 // The frames hook runs inside sp_malloc before any lock: a sp_malloc from it recursed until the
 // stack overflowed.
 TEST_F(Callbacks, FramesHookCallingSympoolIsRefused) {
-    Watchdog wd;
+    sp::Watchdog wd; // a deadlock must fail the test, not stall it
     g_inner = [] {
         void *p = nullptr;
         return sp_malloc(4096, 0, nullptr, &p);
@@ -248,7 +242,7 @@ __attribute__((noinline)) void dirty_stack() {
 // A hook that returns more frames than it wrote (or than it may): the frames it did not write
 // were read from uninitialized stack as strings (a crash). They read as "??" now.
 TEST_F(Callbacks, FramesHookClaimingTooManyFramesDoesNotCrash) {
-    Watchdog wd;
+    sp::Watchdog wd; // a deadlock must fail the test, not stall it
     sp_history_set_frames_hook(hook_overclaiming, nullptr);
     sp_history_params_t hp;
     sp_history_params_init(&hp);
@@ -289,7 +283,7 @@ void log_calling_free(int, const char *, void *) {
 // thread already held (deadlock). Now the inner call is refused, its line goes to stderr, and
 // the outer call's own message survives.
 TEST(CallbacksLog, LogFunctionCallingSympoolDoesNotDeadlock) {
-    Watchdog wd;
+    sp::Watchdog wd; // a deadlock must fail the test, not stall it
     sp_x_log_set_fn(log_calling_free, nullptr);
     g_log_lines = 0;
     sp_status_t s = sp_free(reinterpret_cast<void *>(0x3000));
@@ -309,7 +303,7 @@ void log_removing_itself(int, const char *, void *) {
 // A log function that uninstalls itself (or installs another) from inside: setting the function
 // took the log lock this thread already held (deadlock).
 TEST(CallbacksLog, LogFunctionMayReplaceItself) {
-    Watchdog wd;
+    sp::Watchdog wd; // a deadlock must fail the test, not stall it
     g_self_removing_lines = 0;
     sp_x_log_set_fn(log_removing_itself, nullptr);
     EXPECT_SP_STATUS(sp_free(reinterpret_cast<void *>(0x4000)), SP_ERR_INVALID_USAGE);

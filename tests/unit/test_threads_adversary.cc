@@ -27,43 +27,6 @@ extern "C" {
 using sp::KiB;
 using sp::MiB;
 
-namespace {
-
-// Aborts the process (so the test fails rather than hangs) unless disarmed within 60 s.
-class Watchdog {
-  public:
-    explicit Watchdog(const char *what) : what_(what), th_([this] { loop(); }) {}
-    ~Watchdog() {
-        {
-            std::lock_guard<std::mutex> g(mu_);
-            done_ = true;
-        }
-        cv_.notify_all();
-        th_.join();
-    }
-
-  private:
-    void loop() {
-        std::unique_lock<std::mutex> g(mu_);
-        if (!cv_.wait_for(g, std::chrono::seconds(60), [this] { return done_; })) {
-            fprintf(stderr, "watchdog: %s hangs\n", what_);
-            abort();
-        }
-    }
-    const char *what_;
-    std::mutex mu_;
-    std::condition_variable cv_;
-    bool done_ = false;
-    std::thread th_;
-};
-
-struct Rng {
-    unsigned x;
-    unsigned next() { return x = x * 1103515245u + 12345u, x >> 8; }
-};
-
-} // namespace
-
 class ThreadsAdversary : public sp::Test {};
 
 // One thread destroys pools while two others allocate in them (sp_mempool_malloc and a routed
@@ -72,7 +35,7 @@ class ThreadsAdversary : public sp::Test {};
 // destroyed pools' segments go back at sp_empty_cache.
 TEST_F(ThreadsAdversary, MempoolDestroyedWhileOthersAllocateInIt) {
     expect_warnings();
-    Watchdog wd("MempoolDestroyedWhileOthersAllocateInIt");
+    sp::Watchdog wd;
     ASSERT_SP_OK(sp_init());
     std::atomic<sp_mempool_t *> cur{nullptr};
     std::atomic<bool> stop{false};
@@ -88,7 +51,7 @@ TEST_F(ThreadsAdversary, MempoolDestroyedWhileOthersAllocateInIt) {
     std::vector<std::thread> ts;
     for (int t = 0; t < 2; t++) {
         ts.emplace_back([&, t] {
-            Rng r{(unsigned)t + 11u};
+            sp::Lcg r{(unsigned)t + 11u};
             std::vector<void *> live;
             while (!stop.load()) {
                 sp_mempool_t *p = cur.load();
@@ -153,7 +116,7 @@ TEST_F(ThreadsAdversary, MempoolDestroyedWhileOthersAllocateInIt) {
 TEST_F(ThreadsAdversary, StatsPeaksAndDumpsWhileSeveralDevicesAllocate) {
     sp::ScopedEnv env({{"SYMPOOL_HOST_DEVICES", "3"}});
     SP_SKIP_UNLESS_HOST();
-    Watchdog wd("StatsPeaksAndDumpsWhileSeveralDevicesAllocate");
+    sp::Watchdog wd;
     ASSERT_SP_OK(sp_init());
     char dir[] = "/tmp/sp_adv_XXXXXX";
     ASSERT_NE(mkdtemp(dir), nullptr);
@@ -162,7 +125,7 @@ TEST_F(ThreadsAdversary, StatsPeaksAndDumpsWhileSeveralDevicesAllocate) {
     std::vector<std::thread> ts;
     for (int t = 0; t < 3; t++) {
         ts.emplace_back([&, t] {
-            Rng r{(unsigned)t * 31u + 7u};
+            sp::Lcg r{(unsigned)t * 31u + 7u};
             std::vector<std::pair<void *, int>> live;
             while (!stop.load()) {
                 unsigned x = r.next();
@@ -233,7 +196,7 @@ TEST_F(ThreadsAdversary, StatsPeaksAndDumpsWhileSeveralDevicesAllocate) {
 // and while a third empties the caches: every block ends up back in the pool, nothing idle.
 TEST_F(ThreadsAdversary, CacheOwnersExitWhileOthersFreeTheirBlocks) {
     sp::ScopedEnv env({{"SYMPOOL_THREAD_CACHE", "1MiB"}});
-    Watchdog wd("CacheOwnersExitWhileOthersFreeTheirBlocks");
+    sp::Watchdog wd;
     ASSERT_SP_OK(sp_init());
     std::atomic<bool> stop{false};
     std::thread drainer([&] {
@@ -285,7 +248,7 @@ TEST_F(ThreadsAdversary, CacheOwnersExitWhileOthersFreeTheirBlocks) {
 // the threads allocate again in the next session and exit without touching the old one.
 TEST_F(ThreadsAdversary, ShutdownWhileThreadsHoldCachedBlocks) {
     sp::ScopedEnv env({{"SYMPOOL_THREAD_CACHE", "1MiB"}});
-    Watchdog wd("ShutdownWhileThreadsHoldCachedBlocks");
+    sp::Watchdog wd;
     ASSERT_SP_OK(sp_init());
     std::mutex mu;
     std::condition_variable cv;
@@ -336,7 +299,7 @@ TEST_F(ThreadsAdversary, ShutdownWhileThreadsHoldCachedBlocks) {
 TEST_F(ThreadsAdversary, RefusedShutdownLeavesTheThreadCachesAlone) {
     sp::ScopedEnv env({{"SYMPOOL_THREAD_CACHE", "1MiB"}});
     expect_warnings(); // the refusal's
-    Watchdog wd("RefusedShutdownLeavesTheThreadCachesAlone");
+    sp::Watchdog wd;
     ASSERT_SP_OK(sp_init());
     void *held = nullptr;
     ASSERT_SP_OK(sp_malloc(1 * KiB, 0, nullptr, &held));
@@ -416,7 +379,7 @@ int wait_child(pid_t pid) {
 TEST_F(ThreadsAdversary, ForkFromAWorkerWhileOthersAreInside) {
     sp::ScopedEnv env({{"SYMPOOL_THREAD_CACHE", "256KiB"}, {"SYMPOOL_HOST_CAPACITY", "1GiB"}});
     SP_SKIP_UNLESS_HOST();
-    Watchdog wd("ForkFromAWorkerWhileOthersAreInside");
+    sp::Watchdog wd;
     ASSERT_SP_OK(sp_init());
     void *first = nullptr; // the main thread takes the device lock first: the bias owner
     ASSERT_SP_OK(sp_malloc(512, 0, nullptr, &first));
@@ -427,7 +390,7 @@ TEST_F(ThreadsAdversary, ForkFromAWorkerWhileOthersAreInside) {
     ASSERT_NE(mkdtemp(dir), nullptr);
     std::atomic<bool> stop{false};
     std::thread router([&] {
-        Rng r{99};
+        sp::Lcg r{99};
         while (!stop.load()) {
             if (sp_mempool_begin(pool) != SP_SUCCESS)
                 continue;
@@ -438,7 +401,7 @@ TEST_F(ThreadsAdversary, ForkFromAWorkerWhileOthersAreInside) {
         }
     });
     std::thread historian([&] {
-        Rng r{5};
+        sp::Lcg r{5};
         while (!stop.load()) {
             sp_history_params_t hp;
             sp_history_params_init(&hp);
@@ -466,7 +429,7 @@ TEST_F(ThreadsAdversary, ForkFromAWorkerWhileOthersAreInside) {
         }
         forks_done = true;
     });
-    Rng r{1};
+    sp::Lcg r{1};
     std::vector<void *> live;
     while (!stop.load()) {
         void *p = nullptr;
@@ -501,7 +464,7 @@ TEST_F(ThreadsAdversary, ForkFromAWorkerWhileOthersAreInside) {
 // call either runs or is refused because the pool was destroyed.
 TEST_F(ThreadsAdversary, PoolDumpsQueriesAndLateFreesAcrossItsDestroy) {
     expect_warnings();
-    Watchdog wd("PoolDumpsQueriesAndLateFreesAcrossItsDestroy");
+    sp::Watchdog wd;
     ASSERT_SP_OK(sp_init());
     char dir[] = "/tmp/sp_advdump_XXXXXX";
     ASSERT_NE(mkdtemp(dir), nullptr);
@@ -523,7 +486,7 @@ TEST_F(ThreadsAdversary, PoolDumpsQueriesAndLateFreesAcrossItsDestroy) {
     };
     std::vector<std::thread> ts;
     ts.emplace_back([&] { // allocator with late frees
-        Rng r{3};
+        sp::Lcg r{3};
         std::vector<void *> live;
         while (!stop.load()) {
             sp_mempool_t *p = cur.load();
@@ -560,7 +523,7 @@ TEST_F(ThreadsAdversary, PoolDumpsQueriesAndLateFreesAcrossItsDestroy) {
         }
     });
     ts.emplace_back([&] { // history and its options
-        Rng r{17};
+        sp::Lcg r{17};
         while (!stop.load()) {
             sp_history_params_t hp;
             sp_history_params_init(&hp);
@@ -601,7 +564,7 @@ TEST_F(ThreadsAdversary, PoolDumpsQueriesAndLateFreesAcrossItsDestroy) {
 TEST_F(ThreadsAdversary, FirstCallsRaceTheInitialization) {
     sp::ScopedEnv env({{"SYMPOOL_THREAD_CACHE", "256KiB"}, {"SYMPOOL_HOST_DEVICES", "2"}});
     SP_SKIP_UNLESS_HOST();
-    Watchdog wd("FirstCallsRaceTheInitialization");
+    sp::Watchdog wd;
     std::atomic<int> bad{0};
     std::mutex err_mu;
     std::string first_err;

@@ -26,11 +26,6 @@ size_t frames_hook(sp_history_frame_t *f, size_t max, void *) {
     return 1;
 }
 
-struct Rng {
-    unsigned x;
-    unsigned next() { return x = x * 1103515245u + 12345u, x >> 8; }
-};
-
 } // namespace
 
 class ThreadsStress : public sp::Test {};
@@ -63,7 +58,7 @@ TEST_F(ThreadsStress, EightThreadsEverythingAtOnce) {
     std::vector<std::thread> threads;
     for (int t = 0; t < 8; t++) {
         threads.emplace_back([&, t] {
-            Rng r{(unsigned)t * 7919u + 1};
+            sp::Lcg r{(unsigned)t * 7919u + 1};
             std::vector<void *> live;
             int step = 0;
             while (!stop.load(std::memory_order_relaxed)) {
