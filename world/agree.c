@@ -625,6 +625,36 @@ sp_status_t sp__agree_check(const sp_agree_t *a, const char *what_in) {
     return SP_SUCCESS;
 }
 
+/* The handle MPI_Comm_idup writes when it completes: its own heap cell, because an abandoned
+ * duplicate may complete after the caller has returned (the graveyard keeps the cell). */
+typedef union {
+    MPI_Comm comm;
+    int64_t words[(sizeof(MPI_Comm) + 7) / 8];
+} dup_cell_t;
+
+sp_status_t sp__agree_dup(MPI_Comm comm, MPI_Comm *out, const char *what, bool *abandoned_p) {
+    *abandoned_p = false;
+    *out = MPI_COMM_NULL;
+    double limit = sp__agree_timeout_s();
+    int64_t deadline = deadline_ns(limit);
+    dup_cell_t *cell = calloc(1, sizeof *cell);
+    if (!cell) /* nothing posted: the peers time out, as for a missing rank */
+        return sp__error(SP_ERR_SYSTEM, SP_SUB_BOOT, "%s: out of host memory", what);
+    cell->comm = MPI_COMM_NULL;
+    __atomic_fetch_add(&s_rounds, 1, __ATOMIC_RELAXED);
+    MPI_Request req;
+    int rc = MPI_Comm_idup(comm, &cell->comm, &req);
+    if (rc != MPI_SUCCESS) {
+        free(cell);
+        return sp__world_mpi_status(rc, what);
+    }
+    SP_CHECK(wait_round(1, &req, comm, cell->words, deadline, limit, false, NULL, what,
+                        abandoned_p));
+    *out = cell->comm;
+    free(cell);
+    return SP_SUCCESS;
+}
+
 sp_status_t sp__agree_band(MPI_Comm comm, uint64_t *bits, size_t words, const char *what,
                            bool *abandoned_p) {
     *abandoned_p = false;

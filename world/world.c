@@ -374,10 +374,17 @@ static sp_status_t world_create(MPI_Comm comm, bool from_init, sp_world_t **worl
     w->from_init = from_init;
     pthread_mutex_init(&w->nccl_lock, NULL);
     sp_status_t st;
-    SP_CHECK_GOTO(sp__world_mpi_status(MPI_Comm_dup(comm, &w->comm), "MPI_Comm_dup"), st, fail);
+    /* The duplicates are the first collective steps: bounded by the deadline, so a rank that
+     * never comes (or passes another communicator) is a timeout on the ranks waiting for it, not
+     * a hang. A rank that comes after they gave up completes its first duplicate against theirs
+     * and times out on the second. Past them every rank is in the same calls. */
+    const char *what = from_init ? "sp_world_init: duplicating MPI_COMM_WORLD"
+                                 : "sp_world_from_comm: duplicating the communicator (every "
+                                   "rank of it must call sp_world_from_comm on it)";
+    bool abandoned = false;
+    SP_CHECK_GOTO(sp__agree_dup(comm, &w->comm, what, &abandoned), st, fail);
     MPI_Comm_set_errhandler(w->comm, MPI_ERRORS_RETURN);
-    SP_CHECK_GOTO(sp__world_mpi_status(MPI_Comm_dup(comm, &w->agree_comm), "MPI_Comm_dup"), st,
-                  fail);
+    SP_CHECK_GOTO(sp__agree_dup(comm, &w->agree_comm, what, &abandoned), st, fail);
     MPI_Comm_set_errhandler(w->agree_comm, MPI_ERRORS_RETURN);
     MPI_Comm_rank(w->comm, &w->rank);
     MPI_Comm_size(w->comm, &w->size);

@@ -174,6 +174,11 @@ double sp__agree_timeout_s(void);
  * of an operation whose first round already agreed on its length (the free-segment bitmap). */
 sp_status_t sp__agree_band(MPI_Comm comm, uint64_t *bits, size_t words, const char *what,
                            bool *abandoned_p);
+/* A deadline-bounded MPI_Comm_idup of comm into *out (MPI_COMM_NULL unless SP_SUCCESS):
+ * collective over comm, so a rank that never makes the call, or makes it on another
+ * communicator, is SP_ERR_TIMEOUT on the ranks that wait for it (*abandoned_p: the duplicate
+ * stays pending on comm). */
+sp_status_t sp__agree_dup(MPI_Comm comm, MPI_Comm *out, const char *what, bool *abandoned_p);
 /* Agreement rounds this process has started (sp__agree and sp__agree_band), for tests. */
 uint64_t sp__agree_rounds(void);
 /* Does comm still carry a request abandoned at a timeout? (Completed ones are reaped.) */

@@ -29,8 +29,11 @@ typedef struct sp_world sp_world_t;
 /**
  * Collective over MPI_COMM_WORLD. Initializes MPI if nobody did (then finalize will finalize it),
  * duplicates the communicator, finds the local rank, picks the device by local rank and on cuda
- * creates the NCCL communicator from an id rank 0 makes and broadcasts.
- * @return SP_SUCCESS, SP_ERR_INVALID_ARGUMENT, SP_ERR_MPI, SP_ERR_NCCL, SP_ERR_DEVICE.
+ * creates the NCCL communicator from an id rank 0 makes and broadcasts. Bounded by
+ * SYMPOOL_SYM_TIMEOUT like every collective call: a rank that never comes (or, for
+ * sp_world_from_comm, passes another communicator) is SP_ERR_TIMEOUT on the ranks waiting for it.
+ * @return SP_SUCCESS, SP_ERR_INVALID_ARGUMENT, SP_ERR_MPI, SP_ERR_NCCL, SP_ERR_DEVICE,
+ * SP_ERR_TIMEOUT.
  */
 sp_status_t sp_world_init(int *argc, char ***argv, sp_world_t **world_p);
 

@@ -160,6 +160,64 @@ TEST_F(World, IntercommunicatorIsRefused) {
     MPI_Comm_free(&half);
 }
 
+// A rank that passes another communicator than its peers (here rank 0 passes MPI_COMM_SELF)
+// never joins their duplicate: they get SP_ERR_TIMEOUT at the deadline, naming what every rank
+// must do, instead of waiting in MPI_Comm_dup for good; rank 0's world of one is fine. The
+// duplicate the others abandoned stays pending on their communicator, so it is a private one,
+// which rank 0 then completes so that no request is left behind.
+TEST_F(World, RanksOnDifferentCommunicatorsTimeOutInsteadOfHanging) {
+    SP_SKIP_BELOW_RANKS(2);
+    expect_warnings();
+    MPI_Comm dupw;
+    ASSERT_EQ(MPI_Comm_dup(MPI_COMM_WORLD, &dupw), MPI_SUCCESS);
+    sp_world_t *w = nullptr;
+    {
+        sp::ScopedEnv env({{"SYMPOOL_SYM_TIMEOUT", "1"}});
+        if (mpi_rank() == 0) {
+            ASSERT_SP_OK(sp_world_from_comm(MPI_COMM_SELF, &w));
+            EXPECT_EQ(sp_world_size(w), 1);
+            EXPECT_SP_OK(sp_world_finalize(w));
+        } else {
+            double t0 = MPI_Wtime();
+            EXPECT_SP_STATUS(sp_world_from_comm(dupw, &w), SP_ERR_TIMEOUT);
+            EXPECT_GE(MPI_Wtime() - t0, 0.9) << "returned before the deadline";
+            EXPECT_EQ(w, nullptr);
+            std::string msg = sp_last_error();
+            EXPECT_NE(msg.find("every rank of it must call sp_world_from_comm on it"),
+                      std::string::npos)
+                << msg;
+            EXPECT_NE(msg.find("SYMPOOL_SYM_TIMEOUT"), std::string::npos) << msg;
+        }
+    }
+    if (mpi_rank() == 0) { // the duplicate the others abandoned
+        MPI_Comm late;
+        ASSERT_EQ(MPI_Comm_dup(dupw, &late), MPI_SUCCESS);
+        MPI_Comm_free(&late);
+    }
+    MPI_Barrier(MPI_COMM_WORLD);
+}
+
+// A rank that comes after its peers gave up completes its first duplicate against theirs and
+// must not go on alone into the next collective step: it times out too, at its own deadline.
+TEST_F(World, RankArrivingAfterThePeersGaveUpTimesOutToo) {
+    SP_SKIP_BELOW_RANKS(2);
+    expect_warnings();
+    MPI_Comm dupw;
+    ASSERT_EQ(MPI_Comm_dup(MPI_COMM_WORLD, &dupw), MPI_SUCCESS);
+    sp_world_t *w = nullptr;
+    sp::ScopedEnv env({{"SYMPOOL_SYM_TIMEOUT", "1"}});
+    if (mpi_rank() != 0)
+        EXPECT_SP_STATUS(sp_world_from_comm(dupw, &w), SP_ERR_TIMEOUT);
+    MPI_Barrier(MPI_COMM_WORLD);
+    if (mpi_rank() == 0) {
+        EXPECT_SP_STATUS(sp_world_from_comm(dupw, &w), SP_ERR_TIMEOUT);
+        EXPECT_NE(std::string(sp_last_error()).find("timed out"), std::string::npos)
+            << sp_last_error();
+    }
+    EXPECT_EQ(w, nullptr);
+    MPI_Barrier(MPI_COMM_WORLD);
+}
+
 TEST_F(World, MpiErrorsBecomeSpErrMpiWithMpisText) {
     expect_warnings();
     EXPECT_SP_OK(sp__world_mpi_status(MPI_SUCCESS, "nothing"));
