@@ -865,7 +865,8 @@ static FILE *report_out(sp_world_t *w, char *path, size_t cap, char **mem, size_
 
 static sp_status_t report_at_finalize(sp_world_t *w, bool in_step) {
     const char *what = sp__option_string(SP_OPT_REPORT);
-    sp_report_format_t format;
+    sp_report_format_t format = SP_REPORT_TABLE;
+    bool wanted = true;
     if (strcmp(what, "table") == 0)
         format = SP_REPORT_TABLE;
     else if (strcmp(what, "table_all") == 0)
@@ -875,17 +876,35 @@ static sp_status_t report_at_finalize(sp_world_t *w, bool in_step) {
     else if (strcmp(what, "prometheus") == 0)
         format = SP_REPORT_PROMETHEUS;
     else
-        return SP_SUCCESS;
+        wanted = false; /* no report here, but this rank joins the round below */
     if (!in_step) {
         /* The report is collective: with a rank late or gone it would only time out again. */
+        if (wanted)
+            SP_WARN(SP_SUB_COLL,
+                    "SYMPOOL_REPORT=%s: no report, the ranks did not all reach "
+                    "sp_world_finalize in time",
+                    what);
+        return SP_SUCCESS;
+    }
+    /* Every rank joins this round, with or without a report: SYMPOOL_REPORT set on some ranks
+     * only (an mpirun -x on one host, a launcher that sets it per rank) would otherwise leave
+     * them alone in the report's collective until their deadline. */
+    sp_agree_t a = {
+        .op = SP_AGREE_FINALIZE_REPORT, .ok = true, .f = {wanted ? (int64_t)format : -1}};
+    if (sp__world_agree(w, &a, "SYMPOOL_REPORT at sp_world_finalize") != SP_SUCCESS) {
+        SP_WARN(SP_SUB_COLL, "SYMPOOL_REPORT: no report: %s", sp_last_error());
+        return SP_SUCCESS;
+    }
+    if (a.lo[0] != a.hi[0]) {
         SP_WARN(SP_SUB_COLL,
-                "SYMPOOL_REPORT=%s: no report, the ranks did not all reach "
-                "sp_world_finalize in time",
+                "SYMPOOL_REPORT: no report: the ranks do not all set it alike (this rank: "
+                "'%s'); set SYMPOOL_REPORT to the same value on every rank",
                 what);
         return SP_SUCCESS;
     }
-    /* Every rank reads the same environment under mpirun, so every rank joins. A failure was
-     * already logged; finalize goes on. */
+    if (!wanted)
+        return SP_SUCCESS;
+    /* A failure was already logged; finalize goes on. */
     char path[4096];
     char *mem = NULL;
     size_t mem_len = 0;

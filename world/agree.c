@@ -151,6 +151,7 @@ static const char *const op_names[SP_AGREE_OP_COUNT] = {
     "NCCL set-up (every rank ready)",
     "symmetric segment release",
     "sp_world_finalize",
+    "SYMPOOL_REPORT at sp_world_finalize",
 };
 
 const char *sp__agree_op_name(int64_t op) {
@@ -648,8 +649,8 @@ sp_status_t sp__agree_dup(MPI_Comm comm, MPI_Comm *out, const char *what, bool *
         free(cell);
         return sp__world_mpi_status(rc, what);
     }
-    SP_CHECK(wait_round(1, &req, comm, cell->words, deadline, limit, false, NULL, what,
-                        abandoned_p));
+    SP_CHECK(
+        wait_round(1, &req, comm, cell->words, deadline, limit, false, NULL, what, abandoned_p));
     *out = cell->comm;
     free(cell);
     return SP_SUCCESS;

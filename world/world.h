@@ -109,6 +109,7 @@ typedef enum sp_agree_op {
     SP_AGREE_NCCL_READY,
     SP_AGREE_SYM_RELEASE,
     SP_AGREE_WORLD_FINALIZE,
+    SP_AGREE_FINALIZE_REPORT,
     SP_AGREE_OP_COUNT
 } sp_agree_op_t;
 

@@ -561,6 +561,36 @@ TEST_F(StatsReport, SympoolReportPrintsAtFinalize) {
     }
 }
 
+// SYMPOOL_REPORT set on rank 0 only: rank 0 used to wait alone in the report's gather while the
+// others went on (a timeout at its deadline, or a hang with none); now every rank joins one round
+// at finalize, sees the settings differ, and says so, with no report and no wait. (The short
+// deadline only bounds the run of a broken build: rank 0 then times out instead.)
+TEST_F(StatsReport, SympoolReportOnOneRankOnlyIsAWarningOnEveryRank) {
+    SP_SKIP_BELOW_RANKS(2);
+    expect_warnings();
+    std::unique_ptr<sp::ScopedEnv> env;
+    if (rank_ == 0)
+        env.reset(new sp::ScopedEnv({{"SYMPOOL_REPORT", "json"}, {"SYMPOOL_SYM_TIMEOUT", "20"}}));
+    else
+        env.reset(new sp::ScopedEnv({{"SYMPOOL_SYM_TIMEOUT", "20"}}));
+    sp_world_t *w2 = nullptr;
+    ASSERT_SP_OK(sp_world_from_comm(MPI_COMM_WORLD, &w2));
+    std::fflush(stdout);
+    FILE *cap = std::tmpfile();
+    ASSERT_NE(cap, nullptr);
+    int saved = dup(1);
+    dup2(fileno(cap), 1);
+    sp_status_t s = sp_world_finalize(w2);
+    std::fflush(stdout);
+    dup2(saved, 1);
+    close(saved);
+    EXPECT_SP_OK(s);
+    EXPECT_EQ(slurp(cap), "");
+    std::fclose(cap);
+    EXPECT_EQ(warnings("SYMPOOL_REPORT: no report: the ranks do not all set it alike"), 1u);
+    MPI_Barrier(MPI_COMM_WORLD);
+}
+
 // SYMPOOL_REPORT_FILE is written like a snapshot: a FIFO is refused with a message (opening it
 // for writing blocked rank 0 forever); a write that fails (a full disk; here a file size limit)
 // leaves the previous report whole, and the message names the path and the cause.
