@@ -346,12 +346,9 @@ static sp_status_t expand_path(const char *pattern, char *out, size_t cap) {
     return SP_SUCCESS;
 }
 
-/* The whole dump: collect (under the allocator locks), write, release. */
-static sp_status_t dump(const sp_mempool_t *pool, const char *pattern) {
-    SP_ARG_CHECK(pattern != NULL && pattern[0] != '\0', SP_SUB_HISTORY,
-                 "snapshot path is NULL or empty");
-    char path[PATH_MAX];
-    SP_CHECK(expand_path(pattern, path, sizeof(path)));
+/* dump's collection and writing into the opened file, which it commits; aborting it on failure is
+ * the caller's. */
+static sp_status_t dump_to(const sp_mempool_t *pool, const char *path, sp__atomic_file_t *file) {
     collect_t c;
     memset(&c, 0, sizeof(c));
     c.pool = pool;
@@ -402,14 +399,7 @@ static sp_status_t dump(const sp_mempool_t *pool, const char *pattern) {
     sp__emit_init(&e, json);
     /* Written to its file as it goes: a document of tens of megabytes whole in a fresh buffer
      * would cost more in page faults than building it. */
-    sp__atomic_file_t file;
-    s = sp__file_atomic_open(&file, path);
-    if (s != SP_SUCCESS) {
-        sp__emit_discard(&e);
-        collect_free(&c);
-        return s;
-    }
-    sp__emit_to_file(&e, &file);
+    sp__emit_to_file(&e, file);
     frame_memo_t memo = {NULL, 0};
     g_memo = &memo;
     emit_snapshot(&e, &c);
@@ -420,12 +410,27 @@ static sp_status_t dump(const sp_mempool_t *pool, const char *pattern) {
     size_t len = 0;
     s = sp__emit_finish(&e, &buf, &len);
     if (s == SP_SUCCESS)
-        s = sp__file_atomic_commit(&file);
-    else
-        sp__file_atomic_abort(&file);
+        s = sp__file_atomic_commit(file);
     free(buf);
     if (s == SP_SUCCESS)
         SP_INFO(SP_SUB_HISTORY, "wrote snapshot %s (%zu bytes)", path, len);
+    return s;
+}
+
+/* The whole dump: collect (under the allocator locks), write, release. */
+static sp_status_t dump(const sp_mempool_t *pool, const char *pattern) {
+    SP_ARG_CHECK(pattern != NULL && pattern[0] != '\0', SP_SUB_HISTORY,
+                 "snapshot path is NULL or empty");
+    char path[PATH_MAX];
+    SP_CHECK(expand_path(pattern, path, sizeof(path)));
+    /* The file first: a path that cannot be written is refused before the walk gives the thread
+     * caches back to the pool or the history gets a snapshot marker (PyTorch opens the file
+     * after taking the snapshot; a refused call here changes nothing). */
+    sp__atomic_file_t file;
+    SP_CHECK(sp__file_atomic_open(&file, path));
+    sp_status_t s = dump_to(pool, path, &file);
+    if (s != SP_SUCCESS)
+        sp__file_atomic_abort(&file);
     return s;
 }
 

@@ -6,6 +6,7 @@
 #include "alloc_test_util.hpp"
 
 extern "C" {
+#include "pool/history.h"
 #include "sympool/experimental.h"
 }
 
@@ -322,6 +323,55 @@ TEST_F(ThreadsAdversary, RefusedShutdownLeavesTheThreadCachesAlone) {
     EXPECT_EQ(n_after, n_before);
     EXPECT_EQ(idle_after, idle_before);
     ASSERT_SP_OK(sp_free(held));
+    ASSERT_SP_OK(sp_empty_cache());
+}
+
+// A snapshot dump to a path it cannot write is refused before it changes anything: the blocks
+// idle in the thread caches stay there (the walk used to give them back to the pool first) and no
+// statistic moves; with history on (which the thread caches step aside for), the history gets
+// no snapshot marker.
+TEST_F(ThreadsAdversary, RefusedSnapshotDumpLeavesTheThreadCachesAndHistoryAlone) {
+    sp::ScopedEnv env({{"SYMPOOL_THREAD_CACHE", "1MiB"}});
+    sp::Watchdog wd;
+    expect_warnings(); // the refusals'
+    const char *bad = "/nonexistent-sympool-dir/snap.pickle";
+    ASSERT_SP_OK(sp_init());
+    std::vector<void *> v(4);
+    for (auto &p : v)
+        ASSERT_SP_OK(sp_malloc(16 * KiB, 0, nullptr, &p));
+    for (auto p : v)
+        ASSERT_SP_OK(sp_free(p)); // idle in this thread's cache
+    size_t idle_before = 0, n_before = 0;
+    ASSERT_SP_OK(sp_x_thread_cache_idle(0, &idle_before, &n_before));
+    ASSERT_EQ(n_before, 4u);
+    sp_stats_t before, after;
+    ASSERT_SP_OK(sp_memory_stats(0, &before));
+    EXPECT_SP_STATUS(sp_dump_snapshot(bad), SP_ERR_SYSTEM);
+    ASSERT_SP_OK(sp_memory_stats(0, &after));
+    for (size_t i = 0; i < sp_stats_count(); i++)
+        EXPECT_EQ(before.value[i], after.value[i]) << sp_stats_key(i);
+    size_t idle_after = 0, n_after = 0;
+    ASSERT_SP_OK(sp_x_thread_cache_idle(0, &idle_after, &n_after));
+    EXPECT_EQ(n_after, n_before);
+    EXPECT_EQ(idle_after, idle_before);
+
+    sp_history_params_t hp;
+    sp_history_params_init(&hp);
+    ASSERT_SP_OK(sp_record_memory_history(&hp));
+    void *p = nullptr;
+    ASSERT_SP_OK(sp_malloc(8 * KiB, 0, nullptr, &p));
+    ASSERT_SP_OK(sp_free(p));
+    sp__trace_entry_t *e = nullptr;
+    size_t entries_before = 0, entries_after = 0;
+    ASSERT_SP_OK(sp__history_copy(0, &e, &entries_before));
+    sp__history_entries_free(e, entries_before);
+    ASSERT_GT(entries_before, 0u);
+    EXPECT_SP_STATUS(sp_dump_snapshot(bad), SP_ERR_SYSTEM);
+    ASSERT_SP_OK(sp__history_copy(0, &e, &entries_after));
+    sp__history_entries_free(e, entries_after);
+    EXPECT_EQ(entries_after, entries_before) << "a refused dump left a snapshot marker";
+    hp.enabled = SP_HISTORY_OFF;
+    ASSERT_SP_OK(sp_record_memory_history(&hp));
     ASSERT_SP_OK(sp_empty_cache());
 }
 
