@@ -315,6 +315,17 @@ SP_EXPORT const char *sp_backend_name(void) {
     return sp__g.ops->name;
 }
 
+SP_EXPORT sp_status_t sp_x_host_place(int device, size_t size, uint64_t offset) {
+    SP_GATE("sp_x_host_place");
+    SP_CHECK(sp__alloc_ensure());
+    if (sp__g.ops != &sp__device_host_ops)
+        return sp__error_quiet(SP_ERR_NOT_SUPPORTED, SP_SUB_DEVICE,
+                               "sp_x_host_place: the backend is %s; placement is the host "
+                               "backend's",
+                               sp__g.ops->name);
+    return sp__host_place(device, size, offset);
+}
+
 SP_EXPORT int sp_device_count(void) {
     SP_GATE_OR(0);
     if (sp__alloc_ensure() != SP_SUCCESS)

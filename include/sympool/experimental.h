@@ -30,6 +30,18 @@ sp_status_t sp_x_option_set(const char *name, const char *value);
  * the allocated figures of sp_memory_stats, which count such blocks as allocated. */
 sp_status_t sp_x_thread_cache_idle(int device, size_t *bytes_p, size_t *blocks_p);
 
+/** Replay on the host backend: the next device allocation of exactly `size` bytes on `device`
+ * (a segment) is placed at `offset` bytes into the arena's placement region (the upper half of
+ * SYMPOOL_HOST_ARENA's reservation, 2 MiB aligned) if that range lies inside it and overlaps no
+ * live placed range; otherwise it is carved as without placement. Placements wait oldest first,
+ * at most 16 (a 17th pushes out the oldest); size 0 drops every waiting one. A replay places the
+ * segments where the recorded GPU had them, relative to the lowest recorded address, so that
+ * best fit's ties (the lowest address among free blocks of one size) fall as they did there.
+ * From the first call on, ranges carved without placement stay in the arena's lower half.
+ * @return SP_SUCCESS; SP_ERR_NOT_SUPPORTED on another backend, without the arena, or with the
+ * arena's lower half used up; SP_ERR_INVALID_ARGUMENT for a device that does not exist. */
+sp_status_t sp_x_host_place(int device, size_t size, uint64_t offset);
+
 /** Bytes of host memory made usable so far in this process for block and segment structs: they
  * live in one reserved address range outside malloc (so malloc's statistics do not see them),
  * made usable a step at a time and never given back while the process runs. The benchmarks add

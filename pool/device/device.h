@@ -145,6 +145,8 @@ void sp__device_set_driver_marker(const char *path);
 /* host backend inspection for tests and replay: live mem_alloc count and bytes per device. */
 size_t sp__host_live_allocations(int device);
 size_t sp__host_live_bytes(int device);
+/* sp_x_host_place's work on the host backend (api.c checks the backend). */
+sp_status_t sp__host_place(int device, size_t size, uint64_t offset);
 
 #ifdef __cplusplus
 }

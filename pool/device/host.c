@@ -25,6 +25,14 @@
  * budget, OOM and fault-injection rules; the memory is not accessible. When the arena is full,
  * allocations fall back to mmap.
  *
+ * Placement (sp_x_host_place, for replay). Among free blocks of one size the allocator takes the
+ * lowest address, as PyTorch's does, so a replay decides as the recorded run did only if its
+ * segments sort as the recorded GPU's did. Replay therefore says, before an event that made a
+ * segment in the recorded run, where that segment was (as an offset from the lowest recorded
+ * address); the next mem_alloc of exactly that size takes that range of the arena's upper half
+ * (the placement region) if no live placed range overlaps it, else the bump pointer as before.
+ * From the first placement on, the bump pointer stays in the lower half.
+ *
  * Streams and events. Host work is done by the time a call returns, but the allocator must see
  * the same *ordering* it sees on a GPU: an event recorded on stream S is not complete until S
  * has been synchronized after the record. Each stream therefore counts records (`recorded`) and
@@ -46,6 +54,11 @@
 
 #include "core/core.h"
 #include "pool/device/device.h"
+
+/* Placements that may wait at once on a device (one event made at most a few segments). */
+#define SP_HOST_PLACE_WAIT 16
+/* The placement region starts at this alignment, the recorded segments' largest. */
+#define SP_HOST_PLACE_ALIGN ((uintptr_t)2 << 20)
 
 /* ---- a small pointer hash (open addressing, linear probing, backward-shift delete) ------- */
 
@@ -177,6 +190,17 @@ typedef struct host_arena {
     size_t nnodes;    /* nodes in use or on the spare list; mu */
     size_t cap_nodes; /* capacity of naddr/nnext; mu */
     uint32_t spare;   /* 1 + index of the first spare node, 0 = none; mu */
+    size_t bump_max;  /* the bump pointer's limit: size, or size / 2 once placement began; mu */
+    /* Placement: what waits for the next mem_alloc of its size, oldest first, and the live
+     * placed ranges by address. */
+    struct {
+        size_t size;
+        uint64_t offset;
+    } wait[SP_HOST_PLACE_WAIT];
+    int nwait;                  /* mu */
+    uintptr_t *pstart;          /* live placed ranges' starts, ascending; mu */
+    size_t *psize;              /* their sizes; mu */
+    size_t nplaced, cap_placed; /* mu */
 } host_arena_t;
 
 typedef struct host_dev {
@@ -257,7 +281,7 @@ static uintptr_t arena_take(host_arena_t *a, size_t size) {
         return p;
     }
     size_t need = page_up(size);
-    if (need > a->size - a->used)
+    if (need > a->bump_max - a->used)
         return 0;
     uintptr_t p = a->base + a->used;
     a->used += need;
@@ -309,6 +333,7 @@ static void arena_init(host_arena_t *a, size_t capacity, int ndev) {
         if (p != MAP_FAILED) {
             a->base = (uintptr_t)p;
             a->size = sz;
+            a->bump_max = sz;
             return;
         }
     }
@@ -321,7 +346,125 @@ static void arena_fini(host_arena_t *a) {
     phash_free(&a->free_top);
     free(a->naddr);
     free(a->nnext);
+    free(a->pstart);
+    free(a->psize);
     memset(a, 0, sizeof(*a));
+}
+
+/* ---- placement (see the top of the file) -------------------------------------------------- */
+
+/* Where the placement region starts: the upper half of the arena, aligned. */
+static uintptr_t place_base(const host_arena_t *a) {
+    return (a->base + a->size / 2 + SP_HOST_PLACE_ALIGN - 1) & ~(SP_HOST_PLACE_ALIGN - 1);
+}
+
+static bool place_owns(const host_arena_t *a, uintptr_t p) {
+    return a->base != 0 && a->bump_max < a->size && p >= place_base(a) && p < a->base + a->size;
+}
+
+/* The index of the first live placed range that starts at or after p. */
+static size_t placed_lower(const host_arena_t *a, uintptr_t p) {
+    size_t lo = 0, hi = a->nplaced;
+    while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+        if (a->pstart[mid] < p)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return lo;
+}
+
+/* The oldest placement waiting for `size` bytes, taken off the queue: its address, now a live
+ * placed range, if the range lies in the region and overlaps no live one; else 0 (the caller
+ * carves as before). dev->mu held. */
+static uintptr_t place_take(host_arena_t *a, size_t size) {
+    int i = 0;
+    while (i < a->nwait && a->wait[i].size != size)
+        i++;
+    if (i == a->nwait)
+        return 0;
+    uint64_t off = a->wait[i].offset;
+    memmove(&a->wait[i], &a->wait[i + 1], (size_t)(a->nwait - i - 1) * sizeof(a->wait[0]));
+    a->nwait--;
+    uintptr_t lo = place_base(a), end = a->base + a->size;
+    if (off > end - lo || size > end - lo - off)
+        return 0;
+    uintptr_t p = lo + (uintptr_t)off;
+    size_t k = placed_lower(a, p);
+    if ((k < a->nplaced && a->pstart[k] - p < size) ||
+        (k > 0 && a->pstart[k - 1] + a->psize[k - 1] > p))
+        return 0;
+    if (a->nplaced == a->cap_placed) {
+        size_t ncap = a->cap_placed ? a->cap_placed * 2 : 64;
+        uintptr_t *ns = realloc(a->pstart, ncap * sizeof(*ns));
+        if (ns != NULL)
+            a->pstart = ns;
+        size_t *nz = ns != NULL ? realloc(a->psize, ncap * sizeof(*nz)) : NULL;
+        if (nz != NULL)
+            a->psize = nz;
+        if (ns == NULL || nz == NULL)
+            return 0; /* no room to remember it: carved as before */
+        a->cap_placed = ncap;
+    }
+    memmove(&a->pstart[k + 1], &a->pstart[k], (a->nplaced - k) * sizeof(a->pstart[0]));
+    memmove(&a->psize[k + 1], &a->psize[k], (a->nplaced - k) * sizeof(a->psize[0]));
+    a->pstart[k] = p;
+    a->psize[k] = size;
+    a->nplaced++;
+    return p;
+}
+
+/* A live placed range is freed (dev->mu held). */
+static void place_drop(host_arena_t *a, uintptr_t p) {
+    size_t k = placed_lower(a, p);
+    if (k == a->nplaced || a->pstart[k] != p)
+        return;
+    memmove(&a->pstart[k], &a->pstart[k + 1], (a->nplaced - k - 1) * sizeof(a->pstart[0]));
+    memmove(&a->psize[k], &a->psize[k + 1], (a->nplaced - k - 1) * sizeof(a->psize[0]));
+    a->nplaced--;
+}
+
+/* A range the arena handed out comes back (dev->mu held). */
+static void arena_return(host_arena_t *a, uintptr_t p, size_t size) {
+    if (place_owns(a, p))
+        place_drop(a, p);
+    else
+        arena_give(a, p, size);
+}
+
+sp_status_t sp__host_place(int device, size_t size, uint64_t offset) {
+    host_dev_t *dev = NULL;
+    SP_CHECK(get_dev(device, &dev));
+    pthread_mutex_lock(&dev->mu);
+    host_arena_t *a = &dev->arena;
+    sp_status_t st = SP_SUCCESS;
+    if (a->base == 0) {
+        st = sp__error_quiet(SP_ERR_NOT_SUPPORTED, SP_SUB_DEVICE,
+                             "host device %d has no arena (SYMPOOL_HOST_ARENA) to place memory in",
+                             device);
+    } else if (a->bump_max == a->size) { /* the first placement: the bump pointer steps aside */
+        size_t half = place_base(a) - a->base;
+        if (half >= a->size || a->used > half)
+            st = sp__error_quiet(SP_ERR_NOT_SUPPORTED, SP_SUB_DEVICE,
+                                 "host device %d: its arena is used past its half; no placement",
+                                 device);
+        else
+            a->bump_max = half;
+    }
+    if (st == SP_SUCCESS && size == 0) {
+        a->nwait = 0;
+    } else if (st == SP_SUCCESS) {
+        if (a->nwait == SP_HOST_PLACE_WAIT) { /* the oldest gives way */
+            memmove(&a->wait[0], &a->wait[1], (size_t)(a->nwait - 1) * sizeof(a->wait[0]));
+            a->nwait--;
+        }
+        a->wait[a->nwait].size = size;
+        a->wait[a->nwait].offset = offset;
+        a->nwait++;
+    }
+    pthread_mutex_unlock(&dev->mu);
+    return st;
 }
 
 /* ---- init / fini -------------------------------------------------------------------------- */
@@ -429,13 +572,15 @@ static sp_status_t host_mem_alloc(int device, size_t size, void **ptr_p) {
                                device, size, live, dev->capacity);
     }
     dev->live_bytes += size;
-    uintptr_t carved = arena_take(&dev->arena, size);
+    uintptr_t carved = dev->arena.nwait > 0 ? place_take(&dev->arena, size) : 0;
+    if (!carved)
+        carved = arena_take(&dev->arena, size);
     if (carved) {
         bool put = phash_put(&dev->maps, carved, (uint64_t)size);
         if (put)
             dev->live_count++;
         else {
-            arena_give(&dev->arena, carved, size);
+            arena_return(&dev->arena, carved, size);
             dev->live_bytes -= size;
         }
         pthread_mutex_unlock(&dev->mu);
@@ -500,7 +645,7 @@ static sp_status_t host_mem_free(int device, void *ptr, size_t size) {
     phash_del(&dev->maps, (uintptr_t)ptr);
     dev->live_count--;
     if (arena_owns(&dev->arena, (uintptr_t)ptr)) {
-        arena_give(&dev->arena, (uintptr_t)ptr, size);
+        arena_return(&dev->arena, (uintptr_t)ptr, size);
         dev->live_bytes -= size;
         pthread_mutex_unlock(&dev->mu);
         return SP_SUCCESS;
