@@ -47,6 +47,10 @@ typedef enum { OP_ALLOC, OP_FREE, OP_FREE_COMPLETED, OP_EMPTY_CACHE } op_kind_t;
 /* op_t.flags beside the event's TR_F_*: the recorded user_metadata changes at this op (the next
  * of dev_state_t.meta is set before it, when the replay writes a snapshot). */
 #define OPF_META 0x80u
+/* op_t.flags: the recorded run made a segment for this alloc (dev_state_t.place says where). */
+#define OPF_SEG 0x40u
+_Static_assert(((TR_F_DEFERRED | TR_F_EMPTY_CACHE | TR_F_POOL_ID) & (OPF_META | OPF_SEG)) == 0,
+               "op flags overlap the trace's");
 typedef struct op {
     uint64_t size;   /* alloc: the requested bytes */
     slot_ref_t at;   /* alloc and free: its slot and the slot it replaces */
@@ -81,6 +85,16 @@ typedef struct dev_state {
      * ""). None when every entry's is "" (the usual case). */
     const char **meta;
     size_t nmeta;
+    /* Where the recorded run put its segments (sp_x_host_place): `placing` when the host
+     * backend places them; offsets from rec_base (the lowest recorded segment address, 2 MiB
+     * down). place: for each op flagged OPF_SEG, the segments its event made, in op order. */
+    bool placing;
+    uint64_t rec_base;
+    struct place {
+        size_t op;
+        uint64_t size, offset;
+    } * place;
+    size_t nplace, cap_place;
 } dev_state_t;
 
 /* The recorded stack handed to the history hook while a snapshot of the replay is recorded,
@@ -367,6 +381,56 @@ static bool do_empty_cache(dev_state_t *ds, int dev, const tr_event_t *e, const 
  * between them (given back once every start segment of the device is built, so they merge into
  * the free blocks PyTorch had). While it is being carved every earlier start segment is full,
  * so the carving can only come from this one. */
+/* ---- placement: segments where the recorded GPU had them ------------------------------- */
+
+/* The lowest recorded segment address of the device (the starting state's and every
+ * segment_alloc's), 2 MiB down, and whether the host backend places segments: then the replay
+ * places each one the recorded run made at its recorded offset from there (sp_x_host_place), so
+ * that ties among free blocks of one size go to the block the recorded run took. */
+static void place_begin(dev_state_t *ds, int d, const tr_device_t *td) {
+    uint64_t lo = UINT64_MAX;
+    for (size_t i = 0; i < td->nstart; i++)
+        lo = td->start[i].addr < lo ? td->start[i].addr : lo;
+    for (size_t i = 0; i < td->nev; i++)
+        if (td->ev[i].action == TR_SEGMENT_ALLOC && td->ev[i].addr < lo)
+            lo = td->ev[i].addr;
+    ds->rec_base = lo & ~(((uint64_t)2 << 20) - 1);
+    ds->placing = lo != UINT64_MAX && sp_x_host_place(d, 0, 0) == SP_SUCCESS;
+}
+
+/* The next device allocation of `size` bytes goes where the recorded segment at `addr` was. */
+static void place_one(const dev_state_t *ds, int d, uint64_t addr, uint64_t size) {
+    if (ds->placing && addr >= ds->rec_base)
+        (void)sp_x_host_place(d, (size_t)size, addr - ds->rec_base);
+}
+
+/* Remember that op number `op` made a segment at addr in the recorded run. */
+static bool place_push(dev_state_t *ds, size_t op, uint64_t addr, uint64_t size) {
+    if (!ds->placing || addr < ds->rec_base)
+        return true;
+    if (ds->nplace == ds->cap_place) {
+        size_t nc = ds->cap_place ? ds->cap_place * 2 : 64;
+        struct place *np = realloc(ds->place, nc * sizeof(*np));
+        if (np == NULL)
+            return false;
+        ds->place = np;
+        ds->cap_place = nc;
+    }
+    ds->place[ds->nplace++] = (struct place){op, size, addr - ds->rec_base};
+    return true;
+}
+
+/* Before the op flagged OPF_SEG numbered `op`: its recorded segments wait for it (*cursor walks
+ * ds->place, past the entries of ops that asked nothing of sympool). */
+static void place_for_op(const dev_state_t *ds, int d, size_t op, size_t *cursor) {
+    size_t c = *cursor;
+    while (c < ds->nplace && ds->place[c].op < op)
+        c++;
+    for (; c < ds->nplace && ds->place[c].op == op; c++)
+        (void)sp_x_host_place(d, (size_t)ds->place[c].size, ds->place[c].offset);
+    *cursor = c;
+}
+
 static bool build_segment(dev_state_t *ds, int dev, const tr_device_t *td, const tr_sseg_t *sg,
                           frames_src_t *fs, replay_result_t *r, char *err, size_t errlen) {
     const size_t small_max = (size_t)1 << 20;
@@ -375,6 +439,7 @@ static bool build_segment(dev_state_t *ds, int dev, const tr_device_t *td, const
         return false;
     void *p = NULL;
     sp_status_t st = SP_SUCCESS;
+    place_one(ds, dev, sg->addr, sg->size); /* taken by this segment's first request */
     if (!sg->is_small) {
         st = request(ds, dev, sg->pool, (size_t)sg->size, s, &p);
         if (st == SP_SUCCESS)
@@ -427,6 +492,8 @@ static bool build_segment(dev_state_t *ds, int dev, const tr_device_t *td, const
         at = b->addr + b->size;
     }
     fs->frames = NULL;
+    if (ds->placing) /* not taken (our segment had another size): it must not wait for another */
+        (void)sp_x_host_place(dev, 0, 0);
     if (st == SP_ERR_OUT_OF_MEMORY) {
         r->ooms++;
         return true;
@@ -471,6 +538,7 @@ static void free_all(dev_state_t *ds, bool release) {
     free(ds->holes);
     free(ds->ptrs);
     free(ds->ops);
+    free(ds->place);
     free(ds->meta);
     free(ds->scache);
     free(ds->srecorded);
@@ -502,6 +570,7 @@ static bool history(sp_history_enabled_t enabled, char *err, size_t errlen) {
  * lays them out as it would have, and none of the recorded run's cached free space is kept. */
 static bool build_start(dev_state_t *ds, int d, const tr_device_t *td, bool requested,
                         frames_src_t *fs, replay_result_t *r, char *err, size_t errlen) {
+    place_begin(ds, d, td);
     ds->pools = calloc(td->npools ? td->npools : 1, sizeof(*ds->pools));
     if (ds->pools == NULL) {
         snprintf(err, errlen, "out of memory");
@@ -659,6 +728,8 @@ static bool plan_slots(dev_state_t *ds, const tr_device_t *td) {
                 }
             }
             o.stream = e->stream != 0 ? (uint32_t)v : 0;
+            if (ds->nplace > 0 && ds->place[ds->nplace - 1].op == nops)
+                o.flags |= OPF_SEG;
         } else if (e->action == TR_FREE_REQUESTED) {
             o.kind = OP_FREE;
             if (tr_map_del(&last, e->addr, &v))
@@ -668,6 +739,10 @@ static bool plan_slots(dev_state_t *ds, const tr_device_t *td) {
         } else if ((e->action == TR_SEGMENT_FREE || e->action == TR_SEGMENT_UNMAP) &&
                    (e->flags & TR_F_EMPTY_CACHE)) {
             o.kind = OP_EMPTY_CACHE;
+        } else if (e->action == TR_SEGMENT_ALLOC) {
+            /* Recorded before the alloc it served: that alloc is the next op. */
+            ok = place_push(ds, nops, e->addr, e->size);
+            continue;
         } else {
             continue; /* nothing asked of sympool */
         }
@@ -707,6 +782,7 @@ static LOOP_FN bool replay_device(dev_state_t *ds, int d, const tr_device_t *td,
     bool ok = true;
     size_t allocs = 0, frees = 0;
     const char *const *meta = ds->meta;
+    size_t placed = 0; /* ds->place's cursor */
     const tr_event_t *ev = td->ev, *end = td->ev + td->nev;
     for (const op_t *o = ds->ops, *oend = ds->ops + ds->nops; ok && o < oend; o++) {
         if (UNLIKELY(with_frames)) {
@@ -719,6 +795,12 @@ static LOOP_FN bool replay_device(dev_state_t *ds, int d, const tr_device_t *td,
         switch (o->kind) {
         case OP_ALLOC:
             allocs++;
+            if (UNLIKELY(o->flags & OPF_SEG)) {
+                place_for_op(ds, d, (size_t)(o - ds->ops), &placed);
+                ok = do_alloc_op(ds, d, o, r, err, errlen);
+                (void)sp_x_host_place(d, 0, 0); /* what this alloc did not take */
+                break;
+            }
             ok = do_alloc_op(ds, d, o, r, err, errlen);
             break;
         case OP_FREE:
@@ -1036,23 +1118,27 @@ static void print_text(const char *trace, const tr_trace_t *t, const replay_resu
     if (dev > 2.0 || dev < -2.0) {
         /* Why the replay may not match the recorded run. */
         printf("  differs by more than 2%%:");
+        int reasons = 0;
         if (user_conf != NULL)
-            printf(" --conf replaces the recorded settings;");
+            reasons += printf(" --conf replaces the recorded settings;") > 0;
         if (!t->settings.recorded)
-            printf(" the snapshot records no allocator settings;");
+            reasons += printf(" the snapshot records no allocator settings;") > 0;
         if (r->recorded_ooms > 0 || r->ooms > 0)
-            printf(" the recorded run hit OOM (its device's free memory is not in the trace);");
+            reasons += printf(" the recorded run hit OOM (its device's free memory is not in the "
+                              "trace);") > 0;
         if (r->start_requested)
-            printf(" the starting state was requested, not rebuilt (above);");
+            reasons += printf(" the starting state was requested, not rebuilt (above);") > 0;
         else if (r->pytorch_start_reserved != r->start_bytes)
-            printf(" the starting state found (%.3f GiB) is not what the trace implies (%.3f "
-                   "GiB: an inconsistent trace);",
-                   gib((double)r->start_bytes), gib((double)r->pytorch_start_reserved));
+            reasons +=
+                printf(" the starting state found (%.3f GiB) is not what the trace implies "
+                       "(%.3f GiB: an inconsistent trace);",
+                       gib((double)r->start_bytes), gib((double)r->pytorch_start_reserved)) > 0;
         if (t->settings.dropped[0] || t->settings.fraction > 0)
-            printf(" settings that do not replay exactly (above);");
-        printf(" otherwise the allocators chose differently (among free blocks of one size both "
-               "take the lowest address, and the emulated device's addresses are not the "
-               "recorded GPU's)\n");
+            reasons += printf(" settings that do not replay exactly (above);") > 0;
+        printf(" %sthe allocators chose differently (once a choice differs, the segments made "
+               "after it are not where the recorded run had its own, and ties among free blocks of "
+               "one size, which go to the lowest address, may fall otherwise)\n",
+               reasons ? "otherwise " : "");
     }
 }
 

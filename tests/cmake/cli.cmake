@@ -428,11 +428,12 @@ endif()
 # state and replays the user's empty_cache calls.
 if(TARGET sympool_cli)
   set(SP_DATA ${CMAKE_CURRENT_SOURCE_DIR}/data)
-  # 28 empty_cache calls: replayed (each releases the cached segments, 421 device frees).
+  # 28 empty_cache calls: replayed (each releases the cached segments: the recorded run's 420
+  # segment frees), with the segments where the recorded run had them: its peak to the byte.
   add_test(NAME cli.replay_empty_cache
     COMMAND $<TARGET_FILE:sympool_cli> replay ${SP_DATA}/real/sqattn-empty-cache.pickle --json)
   set_tests_properties(cli.replay_empty_cache PROPERTIES LABELS "unit;cli" TIMEOUT 60
-    PASS_REGULAR_EXPRESSION "\"num_device_free\":421,.*\"empty_caches\":28,")
+    PASS_REGULAR_EXPRESSION "\"peak_reserved_bytes\":5802819584,\"pytorch_peak_reserved_bytes\":5802819584,.*\"num_device_free\":420,.*\"empty_caches\":28,")
   # State-only snapshots (no trace): the starting state is the snapshot, to the byte.
   add_test(NAME cli.replay_state_only
     COMMAND $<TARGET_FILE:sympool_cli> replay ${SP_DATA}/real/attention-state-only.pickle --json)
@@ -557,6 +558,13 @@ if(TARGET sympool_cli)
               $<TARGET_FILE:sympool_cli> ${SP_DATA} ${SP_CLI_OUT})
     set_tests_properties(cli.peaks_agree PROPERTIES LABELS "unit;cli;python" TIMEOUT 120
       PASS_REGULAR_EXPRESSION "peaks-agree: ok")
+    # The replay ends in the recorded segment layout, at the recorded addresses shifted by one
+    # constant (sp_x_host_place).
+    add_test(NAME cli.replay_layout
+      COMMAND ${Python3_EXECUTABLE} ${CMAKE_CURRENT_SOURCE_DIR}/cli/replay_layout.py
+              $<TARGET_FILE:sympool_cli> ${SP_DATA} ${SP_CLI_OUT})
+    set_tests_properties(cli.replay_layout PROPERTIES LABELS "unit;cli;python" TIMEOUT 120
+      PASS_REGULAR_EXPRESSION "replay-layout: ok")
   endif()
   add_test(NAME cli.info_trace_missing
     COMMAND $<TARGET_FILE:sympool_cli> info ${SP_DATA}/does-not-exist.pickle)
