@@ -6,9 +6,9 @@
  * §1.2, §1.9): *_mb values are MiB; max_split_size_mb and max_non_split_rounding_mb are at least 20
  * (kLargeBuffer); garbage_collection_threshold lies strictly in (0, 1); roundup_power2_divisions is
  * "N", a power of 2 (all 16 intervals), or "[64:8,256:4,>:1]" (values powers of 2 or 0) where keys
- * are power-of-2 MB boundaries, the first entry also fills the intervals below it and ">" fills
- * the rest; expandable_segments is True/False. CUDA-only keys are checked and ignored (INFO);
- * backend:cudaMallocAsync is refused.
+ * are power-of-2 MB boundaries in any order, the first one also fills the intervals below it and
+ * ">" fills those after the boundary before it; expandable_segments is True/False. CUDA-only keys
+ * are checked and ignored (INFO); backend:cudaMallocAsync is refused.
  *
  * Invariant: a failed parse changes nothing; we parse into a copy and copy back on success.
  * A pure parser: no state, no lock, no logging (what it has to say goes to the caller's note
@@ -131,20 +131,23 @@ static bool parse_roundup(span_t v, uint32_t table[N_INTERVALS], char *why, size
         return false;
     }
     const char *p = v.p + 1, *stop = v.p + v.len - 1;
-    int last = -1;       /* index of the last boundary entry */
-    bool saw_gt = false; /* ">" must come last */
-    if (trim(p, (size_t)(stop - p)).len == 0) {
-        snprintf(why, why_len, "roundup_power2_divisions: empty list");
-        return false;
-    }
+    /* PyTorch's rules, entry by entry and in any order: a boundary sets its own interval (a later
+     * entry for the same interval wins); the first boundary also fills every interval below it;
+     * ">" fills from just after the boundary read before it, or from interval 1 when none was
+     * (PyTorch's last_index starts at 0). "[]" leaves every interval at 0. */
+    int last = 0;      /* interval of the boundary read last */
+    bool first = true; /* no boundary read yet */
     while (p < stop) {
         const char *comma = memchr(p, ',', (size_t)(stop - p));
         const char *end = comma ? comma : stop;
         span_t entry = trim(p, (size_t)(end - p));
+        p = end + 1;
+        if (entry.len == 0 && comma == NULL)
+            break; /* "[]", or a trailing comma: "[64:8,]" */
         const char *colon = memchr(entry.p, ':', entry.len);
-        if (colon == NULL || saw_gt) {
-            snprintf(why, why_len, "roundup_power2_divisions: bad entry '%.*s'%s", (int)entry.len,
-                     entry.p, saw_gt ? " after '>'" : " (want MB:N)");
+        if (colon == NULL) {
+            snprintf(why, why_len, "roundup_power2_divisions: bad entry '%.*s' (want MB:N)",
+                     (int)entry.len, entry.p);
             return false;
         }
         span_t key = trim(entry.p, (size_t)(colon - entry.p));
@@ -158,31 +161,24 @@ static bool parse_roundup(span_t v, uint32_t table[N_INTERVALS], char *why, size
         if (span_is(key, ">")) {
             for (int i = last + 1; i < N_INTERVALS; i++)
                 out[i] = (uint32_t)n;
-            saw_gt = true;
-        } else {
-            uint64_t mb;
-            if (!span_uint(key, &mb) || mb == 0 || !pow2_or_zero(mb)) {
-                snprintf(why, why_len,
-                         "roundup_power2_divisions: boundary '%.*s' is not a power-of-2 MB size",
-                         (int)key.len, key.p);
-                return false;
-            }
-            int idx = log2_u64(mb); /* interval index from 1 MiB; clamped like PyTorch */
-            if (idx > N_INTERVALS - 1)
-                idx = N_INTERVALS - 1;
-            if (idx <= last) {
-                snprintf(why, why_len,
-                         "roundup_power2_divisions: boundary '%.*s' is not increasing",
-                         (int)key.len, key.p);
-                return false;
-            }
-            if (last < 0) /* the first entry also covers every interval below it */
-                for (int i = 0; i < idx; i++)
-                    out[i] = (uint32_t)n;
-            out[idx] = (uint32_t)n;
-            last = idx;
+            continue;
         }
-        p = end + 1;
+        uint64_t mb;
+        if (!span_uint(key, &mb) || mb == 0 || !pow2_or_zero(mb)) {
+            snprintf(why, why_len,
+                     "roundup_power2_divisions: boundary '%.*s' is not a power-of-2 MB size",
+                     (int)key.len, key.p);
+            return false;
+        }
+        int idx = log2_u64(mb); /* interval index from 1 MiB; clamped like PyTorch */
+        if (idx > N_INTERVALS - 1)
+            idx = N_INTERVALS - 1;
+        if (first) /* the first boundary also covers every interval below it */
+            for (int i = 0; i < idx; i++)
+                out[i] = (uint32_t)n;
+        first = false;
+        out[idx] = (uint32_t)n;
+        last = idx;
     }
     memcpy(table, out, sizeof out);
     return true;
