@@ -174,7 +174,7 @@ typedef enum { SP_EXPAND_OK, SP_EXPAND_NO_RANK, SP_EXPAND_TOO_LONG } sp_expand_t
 
 typedef enum {
     SP_SIZE_HUMAN,   /* "512 B", "1.50 GiB": reports and the CLI */
-    SP_SIZE_PYTORCH, /* PyTorch's format_size: "512 bytes", "1.50 GiB" (OOM messages) */
+    SP_SIZE_PYTORCH, /* PyTorch's format_size: "1024 bytes", "1.50 GiB" (OOM messages) */
     SP_SIZE_CELL,    /* memory_summary's 10-character cell: "   1.5 GiB" */
 } sp_size_style_t;
 /* Format `bytes` in `style` into buf (always terminated); returns buf. */

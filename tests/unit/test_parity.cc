@@ -8,6 +8,7 @@
 #include <vector>
 
 extern "C" {
+#include "core/core.h"
 #include "pool/history.h"
 #include "sympool/experimental.h"
 }
@@ -162,11 +163,38 @@ TEST_F(ParityOom, MessageHasPyTorchsSentences) {
     EXPECT_SP_STATUS(sp_malloc(size_t(1024) * 1024 * 1024 * 800000000, 1, nullptr, &p),
                      SP_ERR_OUT_OF_MEMORY);
     std::string msg = sp_last_error();
-    EXPECT_NE(msg.find("Tried to allocate 800000000.00 GiB. GPU 1 has a total capacity of 1.00 "
-                       "GiB of which 1.00 GiB is free. Of the allocated memory 0 bytes is "
+    // PyTorch's format_size writes 1 GiB as "1024.00 MiB" (its units go up to 1024 of them).
+    EXPECT_NE(msg.find("Tried to allocate 800000000.00 GiB. GPU 1 has a total capacity of 1024.00 "
+                       "MiB of which 1024.00 MiB is free. Of the allocated memory 0 bytes is "
                        "allocated by sympool, and 0 bytes is reserved by sympool but unallocated."),
               std::string::npos)
         << msg;
+}
+
+// CUDACachingAllocator.cpp's format_size, which writes every figure of the OOM text: a unit is
+// used up to and including 1024 of it ("1024 bytes", "1024.00 KiB", "1024.00 MiB"), the next
+// one only above; GiB is the largest. A 1 GiB request reads "Tried to allocate 1024.00 MiB".
+TEST(ParityFormatSize, UnitsUpToAndIncluding1024OfThem) {
+    const struct {
+        size_t bytes;
+        const char *text;
+    } cases[] = {
+        {0, "0 bytes"},
+        {512, "512 bytes"},
+        {1024, "1024 bytes"},
+        {1025, "1.00 KiB"},
+        {size_t(1) << 20, "1024.00 KiB"},
+        {(size_t(1) << 20) + 1, "1.00 MiB"},
+        {size_t(20) << 20, "20.00 MiB"},
+        {size_t(1) << 30, "1024.00 MiB"},
+        {(size_t(1) << 30) + 1, "1.00 GiB"},
+        {size_t(1) << 40, "1024.00 GiB"},
+    };
+    for (const auto &k : cases) {
+        char buf[64];
+        sp__size_format((double)k.bytes, SP_SIZE_PYTORCH, buf, sizeof buf);
+        EXPECT_STREQ(buf, k.text) << k.bytes;
+    }
 }
 
 // test_memory_plots_metadata: the user metadata set for a device goes into every trace entry
