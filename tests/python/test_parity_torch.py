@@ -1531,3 +1531,32 @@ def test_garbage_collection_frees_oldest_first():
               sp.memory_reserved() // MB, kept == sorted([b, c]))
     """, SYMPOOL_ALLOC_CONF="garbage_collection_threshold:0.5")
     assert out.split() == ["1", "0", "126", "True"]
+
+
+def test_memory_plots_free_segment_stack_expandable():
+    # test_memory_plots_free_segment_stack as test_cuda_expandable_segments.py runs it: the pages
+    # empty_cache unmaps are recorded (segment_unmap) with empty_cache's stack under context
+    # "all", and otherwise with the stack that mapped the segment (unmap_block:
+    # `context ? context : block->context_when_segment_allocated`), as segment_free is.
+    out = run_child("""
+        for context in ("alloc", "all", "state"):
+            sp.empty_cache()
+            sp._record_memory_history(context=context)
+
+            def the_alloc():
+                return sp.malloc(3 * 4 * 4)
+
+            sp.free(the_alloc())
+
+            def calls_empty_cache():
+                sp.empty_cache()
+
+            calls_empty_cache()
+            trace = sp._snapshot()["device_traces"][0]
+            unmaps = [e for e in trace if e["action"] == "segment_unmap"]
+            assert unmaps, trace
+            names = {f["name"] for e in unmaps for f in e.get("frames", [])}
+            print(context, "calls_empty_cache" in names, "the_alloc" in names)
+            sp._record_memory_history(None)
+    """, SYMPOOL_ALLOC_CONF="expandable_segments:True")
+    assert out.splitlines() == ["alloc False True", "all True False", "state False False"]
