@@ -34,6 +34,7 @@ void sp__alloc_conf_defaults(sp_alloc_conf_t *conf_p) {
     conf_p->max_non_split_rounding = 20 * MiB;
     conf_p->large_segment_size = 20 * MiB;
     conf_p->memory_fraction = 1.0;
+    conf_p->pinned_num_register_threads = 1;
 }
 
 /* A token of the text: [p, p+len), trimmed. */
@@ -207,8 +208,9 @@ static bool parse_mb(span_t key, span_t v, uint64_t min_mb, size_t *bytes_p, cha
     return true;
 }
 
-/* CUDA-only keys: check the value's form, then say that it has no effect here. */
-static bool parse_ignored(span_t key, span_t v, char *why, size_t why_len) {
+/* CUDA-only keys: check the value's form, keep it in c for the snapshot's allocator_settings
+ * (PyTorch reports them), then say that it has no effect here. */
+static bool parse_ignored(span_t key, span_t v, sp_alloc_conf_t *c, char *why, size_t why_len) {
     bool b;
     uint64_t n;
     if (span_is(key, "backend")) {
@@ -232,6 +234,16 @@ static bool parse_ignored(span_t key, span_t v, char *why, size_t why_len) {
         snprintf(why, why_len, "%.*s: bad value '%.*s'", (int)key.len, key.p, (int)v.len, v.p);
         return false;
     }
+    if (span_is(key, "pinned_num_register_threads"))
+        c->pinned_num_register_threads = (uint32_t)n;
+    else if (span_is(key, "release_lock_on_cudamalloc") ||
+             span_is(key, "release_lock_on_hipmalloc"))
+        c->release_lock_on_cudamalloc = b;
+    else if (span_is(key, "pinned_use_cuda_host_register") ||
+             span_is(key, "pinned_use_hip_host_register"))
+        c->pinned_use_cuda_host_register = b;
+    else if (span_is(key, "graph_capture_record_stream_reuse"))
+        c->graph_capture_record_stream_reuse = b;
     return true;
 }
 
@@ -323,7 +335,7 @@ static sp_status_t parse_entry(span_t entry, sp_alloc_conf_t *c, unsigned *keys,
                      (int)key.len, key.p);
             return SP_ERR_INVALID_ARGUMENT;
         }
-        if (!parse_ignored(key, v, why, why_len))
+        if (!parse_ignored(key, v, c, why, why_len))
             return span_is(key, "backend") && span_is(v, "cudaMallocAsync")
                        ? SP_ERR_NOT_SUPPORTED
                        : SP_ERR_INVALID_ARGUMENT;

@@ -1560,3 +1560,22 @@ def test_memory_plots_free_segment_stack_expandable():
             sp._record_memory_history(None)
     """, SYMPOOL_ALLOC_CONF="expandable_segments:True")
     assert out.splitlines() == ["alloc False True", "all True False", "state False False"]
+
+
+def test_snapshot_allocator_settings_cuda_keys():
+    # torch/csrc/cuda/Module.cpp writes CUDAAllocatorConfig's values into the snapshot's
+    # allocator_settings: the CUDA-only keys read back as set (their ROCm spellings set the same
+    # values), even where they change nothing on this backend; unset, PyTorch's defaults.
+    st = _settings_of({"SYMPOOL_ALLOC_CONF": ""})
+    assert (st["pinned_num_register_threads"], st["release_lock_on_cudamalloc"],
+            st["pinned_use_cuda_host_register"], st["graph_capture_record_stream_reuse"]) == (
+        1, False, False, False)
+    st = _settings_of({"SYMPOOL_ALLOC_CONF":
+                       "pinned_num_register_threads:8,release_lock_on_cudamalloc:True,"
+                       "pinned_use_cuda_host_register:True,graph_capture_record_stream_reuse:True"})
+    assert (st["pinned_num_register_threads"], st["release_lock_on_cudamalloc"],
+            st["pinned_use_cuda_host_register"], st["graph_capture_record_stream_reuse"]) == (
+        8, True, True, True)
+    st = _settings_of({"PYTORCH_ALLOC_CONF":
+                       "release_lock_on_hipmalloc:True,pinned_use_hip_host_register:True"})
+    assert (st["release_lock_on_cudamalloc"], st["pinned_use_cuda_host_register"]) == (True, True)
