@@ -823,7 +823,9 @@ static sp_block_t *mempool_fallback(sp_devalloc_t *d, size_t size, sp_stream_t s
     return NULL;
 }
 
-static sp_status_t report_oom(sp_devalloc_t *d, sp_mempool_t *pool, size_t orig, size_t size,
+/* alloc_size: what the device was asked for, which PyTorch's text names ("Tried to allocate
+ * 20.00 MiB" for a 3 MiB request: its malloc reports get_allocation_size of the rounded size). */
+static sp_status_t report_oom(sp_devalloc_t *d, sp_mempool_t *pool, size_t alloc_size, size_t size,
                               sp_stream_t stream, bool limit_hit, bool fraction_hit,
                               uint32_t context) {
     size_t dfree = 0, dtotal = d->total_mem;
@@ -835,7 +837,7 @@ static sp_status_t report_oom(sp_devalloc_t *d, sp_mempool_t *pool, size_t orig,
     char req[32], tot[32], fre[32], alc[32], unal[32], lim[32], res[32], cap[32];
     int64_t allocated = sp__stat_all_current(&d->stats, SP_ST_ALLOCATED_BYTES);
     int64_t reserved = sp__stat_all_current(&d->stats, SP_ST_RESERVED_BYTES);
-    sp__fmt_size(orig, req, sizeof(req));
+    sp__fmt_size(alloc_size, req, sizeof(req));
     sp__fmt_size(dtotal, tot, sizeof(tot));
     sp__fmt_size(dfree, fre, sizeof(fre));
     sp__fmt_size((size_t)allocated, alc, sizeof(alc));
@@ -985,7 +987,8 @@ alloc_locked(sp_devalloc_t *d, sp_mempool_t *pool, size_t orig, sp_stream_t stre
         }
         if (!b) {
             if (s == SP_ERR_OUT_OF_MEMORY)
-                s = report_oom(d, pool, orig, size, stream, refused & (1u << SP_GROW_POOL_LIMIT),
+                s = report_oom(d, pool, alloc_size, size, stream,
+                               refused & (1u << SP_GROW_POOL_LIMIT),
                                refused & (1u << SP_GROW_FRACTION), ctx);
             sp__unlock(&d->lock);
             if (ctx)

@@ -171,6 +171,33 @@ TEST_F(ParityOom, MessageHasPyTorchsSentences) {
         << msg;
 }
 
+// The size in PyTorch's "Tried to allocate" is alloc_size, what malloc asked the device for
+// (get_allocation_size of the rounded request): a small request reads as its 2 MiB segment, one
+// under 10 MiB as the 20 MiB segment, a larger one rounded up to 2 MiB; hence the familiar
+// "Tried to allocate 20.00 MiB". A request that fits no segment would be told by its own size.
+TEST_F(ParityOom, TriedToAllocateNamesTheSegmentSize) {
+    sp::ScopedEnv env({{"SYMPOOL_HOST_CAPACITY", "64MiB"}});
+    SP_SKIP_UNLESS_HOST();
+    expect_warnings(); // each OOM is logged
+    void *keep = nullptr, *p = nullptr;
+    ASSERT_SP_OK(sp_malloc(63 * MiB, 0, nullptr, &keep)); // 1 MiB of the device is left
+    const struct {
+        size_t request;
+        const char *text;
+    } cases[] = {
+        {1000, "Tried to allocate 2.00 MiB."},
+        {3 * MiB, "Tried to allocate 20.00 MiB."},
+        {21 * MiB + 1, "Tried to allocate 22.00 MiB."},
+        {40 * MiB, "Tried to allocate 40.00 MiB."},
+    };
+    for (const auto &k : cases) {
+        SCOPED_TRACE(k.request);
+        EXPECT_SP_STATUS(sp_malloc(k.request, 0, nullptr, &p), SP_ERR_OUT_OF_MEMORY);
+        EXPECT_NE(std::string(sp_last_error()).find(k.text), std::string::npos) << sp_last_error();
+    }
+    ASSERT_SP_OK(sp_free(keep));
+}
+
 // CUDACachingAllocator.cpp's format_size, which writes every figure of the OOM text: a unit is
 // used up to and including 1024 of it ("1024 bytes", "1024.00 KiB", "1024.00 MiB"), the next
 // one only above; GiB is the largest. A 1 GiB request reads "Tried to allocate 1024.00 MiB".
