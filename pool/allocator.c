@@ -845,6 +845,10 @@ static sp_status_t report_oom(sp_devalloc_t *d, sp_mempool_t *pool, size_t alloc
     sp__fmt_size(pool->limit, lim, sizeof(lim));
     sp__fmt_size(pool->reserved, res, sizeof(res));
     sp__fmt_size(d->allowed_max == SIZE_MAX ? 0 : d->allowed_max, cap, sizeof(cap));
+    /* PyTorch's allowed_info: said whenever a fraction is set, before the allocator's figures. */
+    char allowed[48] = "";
+    if (d->allowed_max != SIZE_MAX)
+        snprintf(allowed, sizeof(allowed), "%s allowed; ", cap);
     char extra[256] = "";
     if (limit_hit)
         snprintf(extra, sizeof(extra),
@@ -862,15 +866,15 @@ static sp_status_t report_oom(sp_devalloc_t *d, sp_mempool_t *pool, size_t alloc
                  "} (%s reserved), which never borrows from use_on_oom pools",
                  pool->name ? pool->name : "", pool->id.first, pool->id.second, res);
     /* PyTorch's sentences ("Tried to allocate <size>. GPU <n> has a total capacity of <total>
-     * of which <free> is free. Of the allocated memory ..."): programs, log scrapers and
-     * PyTorch's own tests (test_out_of_memory) match on them. */
+     * of which <free> is free. [<allowed> allowed; ]Of the allocated memory ..."): programs, log
+     * scrapers and PyTorch's own tests (test_out_of_memory) match on them. */
     return sp__error(SP_ERR_OUT_OF_MEMORY, SP_SUB_POOL,
                      "out of memory on device %d. Tried to allocate %s. GPU %d has a total "
-                     "capacity of %s of which %s is free. Of the allocated memory %s is "
+                     "capacity of %s of which %s is free. %sOf the allocated memory %s is "
                      "allocated by sympool, and %s is reserved by sympool but unallocated%s. "
                      "If reserved but unallocated memory is large, try SYMPOOL_ALLOC_CONF=%s to "
                      "reduce fragmentation",
-                     d->device, req, d->device, tot, fre, alc, unal, extra,
+                     d->device, req, d->device, tot, fre, allowed, alc, unal, extra,
                      sp__g.exp_on ? "max_split_size_mb:N" : "expandable_segments:True");
 }
 

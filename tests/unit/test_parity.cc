@@ -198,6 +198,26 @@ TEST_F(ParityOom, TriedToAllocateNamesTheSegmentSize) {
     ASSERT_SP_OK(sp_free(keep));
 }
 
+// With a memory fraction set, PyTorch's text says how much is allowed, between the device's
+// figures and the allocator's: "... of which <free> is free. <allowed_max> allowed; Of the
+// allocated memory ...". Without one, nothing is said.
+TEST_F(ParityOom, AllowedMemoryWhenAFractionIsSet) {
+    sp::ScopedEnv env({{"SYMPOOL_HOST_CAPACITY", "1GiB"}});
+    SP_SKIP_UNLESS_HOST();
+    expect_warnings(); // each OOM is logged
+    void *p = nullptr;
+    EXPECT_SP_STATUS(sp_malloc(2 * GiB, 0, nullptr, &p), SP_ERR_OUT_OF_MEMORY);
+    EXPECT_EQ(std::string(sp_last_error()).find("allowed;"), std::string::npos) << sp_last_error();
+    ASSERT_SP_OK(sp_set_memory_fraction(0.25, 0));
+    EXPECT_SP_STATUS(sp_malloc(512 * MiB, 0, nullptr, &p), SP_ERR_OUT_OF_MEMORY);
+    EXPECT_NE(std::string(sp_last_error())
+                  .find("is free. 256.00 MiB allowed; Of the allocated memory 0 bytes is "
+                        "allocated by sympool"),
+              std::string::npos)
+        << sp_last_error();
+    ASSERT_SP_OK(sp_set_memory_fraction(1.0, 0));
+}
+
 // CUDACachingAllocator.cpp's format_size, which writes every figure of the OOM text: a unit is
 // used up to and including 1024 of it ("1024 bytes", "1024.00 KiB", "1024.00 MiB"), the next
 // one only above; GiB is the largest. A 1 GiB request reads "Tried to allocate 1024.00 MiB".
