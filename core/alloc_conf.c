@@ -144,7 +144,7 @@ static bool parse_roundup(span_t v, uint32_t table[N_INTERVALS], char *why, size
         span_t entry = trim(p, (size_t)(end - p));
         p = end + 1;
         if (entry.len == 0 && comma == NULL)
-            break; /* "[]", or a trailing comma: "[64:8,]" */
+            break; /* blanks only ("[ ]"), or after a trailing comma ("[64:8, ]") */
         const char *colon = memchr(entry.p, ':', entry.len);
         if (colon == NULL) {
             snprintf(why, why_len, "roundup_power2_divisions: bad entry '%.*s' (want MB:N)",
