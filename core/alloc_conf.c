@@ -6,9 +6,9 @@
  * §1.2, §1.9): *_mb values are MiB; max_split_size_mb and max_non_split_rounding_mb are at least 20
  * (kLargeBuffer); garbage_collection_threshold lies strictly in (0, 1); roundup_power2_divisions is
  * "N", a power of 2 (all 16 intervals), or "[64:8,256:4,>:1]" (values powers of 2 or 0) where keys
- * are power-of-2 MB boundaries, the first entry also fills the intervals below it and ">" fills
- * the rest; expandable_segments is True/False. CUDA-only keys are checked and ignored (INFO);
- * backend:cudaMallocAsync is refused.
+ * are power-of-2 MB boundaries in any order, the first one also fills the intervals below it and
+ * ">" fills those after the boundary before it; expandable_segments is True/False. CUDA-only keys
+ * are checked and ignored (INFO); backend:cudaMallocAsync is refused.
  *
  * Invariant: a failed parse changes nothing; we parse into a copy and copy back on success.
  * A pure parser: no state, no lock, no logging (what it has to say goes to the caller's note
@@ -34,6 +34,7 @@ void sp__alloc_conf_defaults(sp_alloc_conf_t *conf_p) {
     conf_p->max_non_split_rounding = 20 * MiB;
     conf_p->large_segment_size = 20 * MiB;
     conf_p->memory_fraction = 1.0;
+    conf_p->pinned_num_register_threads = 1;
 }
 
 /* A token of the text: [p, p+len), trimmed. */
@@ -131,20 +132,23 @@ static bool parse_roundup(span_t v, uint32_t table[N_INTERVALS], char *why, size
         return false;
     }
     const char *p = v.p + 1, *stop = v.p + v.len - 1;
-    int last = -1;       /* index of the last boundary entry */
-    bool saw_gt = false; /* ">" must come last */
-    if (trim(p, (size_t)(stop - p)).len == 0) {
-        snprintf(why, why_len, "roundup_power2_divisions: empty list");
-        return false;
-    }
+    /* PyTorch's rules, entry by entry and in any order: a boundary sets its own interval (a later
+     * entry for the same interval wins); the first boundary also fills every interval below it;
+     * ">" fills from just after the boundary read before it, or from interval 1 when none was
+     * (PyTorch's last_index starts at 0). "[]" leaves every interval at 0. */
+    int last = 0;      /* interval of the boundary read last */
+    bool first = true; /* no boundary read yet */
     while (p < stop) {
         const char *comma = memchr(p, ',', (size_t)(stop - p));
         const char *end = comma ? comma : stop;
         span_t entry = trim(p, (size_t)(end - p));
+        p = end + 1;
+        if (entry.len == 0 && comma == NULL)
+            break; /* blanks only ("[ ]"), or after a trailing comma ("[64:8, ]") */
         const char *colon = memchr(entry.p, ':', entry.len);
-        if (colon == NULL || saw_gt) {
-            snprintf(why, why_len, "roundup_power2_divisions: bad entry '%.*s'%s", (int)entry.len,
-                     entry.p, saw_gt ? " after '>'" : " (want MB:N)");
+        if (colon == NULL) {
+            snprintf(why, why_len, "roundup_power2_divisions: bad entry '%.*s' (want MB:N)",
+                     (int)entry.len, entry.p);
             return false;
         }
         span_t key = trim(entry.p, (size_t)(colon - entry.p));
@@ -158,31 +162,24 @@ static bool parse_roundup(span_t v, uint32_t table[N_INTERVALS], char *why, size
         if (span_is(key, ">")) {
             for (int i = last + 1; i < N_INTERVALS; i++)
                 out[i] = (uint32_t)n;
-            saw_gt = true;
-        } else {
-            uint64_t mb;
-            if (!span_uint(key, &mb) || mb == 0 || !pow2_or_zero(mb)) {
-                snprintf(why, why_len,
-                         "roundup_power2_divisions: boundary '%.*s' is not a power-of-2 MB size",
-                         (int)key.len, key.p);
-                return false;
-            }
-            int idx = log2_u64(mb); /* interval index from 1 MiB; clamped like PyTorch */
-            if (idx > N_INTERVALS - 1)
-                idx = N_INTERVALS - 1;
-            if (idx <= last) {
-                snprintf(why, why_len,
-                         "roundup_power2_divisions: boundary '%.*s' is not increasing",
-                         (int)key.len, key.p);
-                return false;
-            }
-            if (last < 0) /* the first entry also covers every interval below it */
-                for (int i = 0; i < idx; i++)
-                    out[i] = (uint32_t)n;
-            out[idx] = (uint32_t)n;
-            last = idx;
+            continue;
         }
-        p = end + 1;
+        uint64_t mb;
+        if (!span_uint(key, &mb) || mb == 0 || !pow2_or_zero(mb)) {
+            snprintf(why, why_len,
+                     "roundup_power2_divisions: boundary '%.*s' is not a power-of-2 MB size",
+                     (int)key.len, key.p);
+            return false;
+        }
+        int idx = log2_u64(mb); /* interval index from 1 MiB; clamped like PyTorch */
+        if (idx > N_INTERVALS - 1)
+            idx = N_INTERVALS - 1;
+        if (first) /* the first boundary also covers every interval below it */
+            for (int i = 0; i < idx; i++)
+                out[i] = (uint32_t)n;
+        first = false;
+        out[idx] = (uint32_t)n;
+        last = idx;
     }
     memcpy(table, out, sizeof out);
     return true;
@@ -211,8 +208,9 @@ static bool parse_mb(span_t key, span_t v, uint64_t min_mb, size_t *bytes_p, cha
     return true;
 }
 
-/* CUDA-only keys: check the value's form, then say that it has no effect here. */
-static bool parse_ignored(span_t key, span_t v, char *why, size_t why_len) {
+/* CUDA-only keys: check the value's form, keep it in c for the snapshot's allocator_settings
+ * (PyTorch reports them), then say that it has no effect here. */
+static bool parse_ignored(span_t key, span_t v, sp_alloc_conf_t *c, char *why, size_t why_len) {
     bool b;
     uint64_t n;
     if (span_is(key, "backend")) {
@@ -236,6 +234,16 @@ static bool parse_ignored(span_t key, span_t v, char *why, size_t why_len) {
         snprintf(why, why_len, "%.*s: bad value '%.*s'", (int)key.len, key.p, (int)v.len, v.p);
         return false;
     }
+    if (span_is(key, "pinned_num_register_threads"))
+        c->pinned_num_register_threads = (uint32_t)n;
+    else if (span_is(key, "release_lock_on_cudamalloc") ||
+             span_is(key, "release_lock_on_hipmalloc"))
+        c->release_lock_on_cudamalloc = b;
+    else if (span_is(key, "pinned_use_cuda_host_register") ||
+             span_is(key, "pinned_use_hip_host_register"))
+        c->pinned_use_cuda_host_register = b;
+    else if (span_is(key, "graph_capture_record_stream_reuse"))
+        c->graph_capture_record_stream_reuse = b;
     return true;
 }
 
@@ -327,7 +335,7 @@ static sp_status_t parse_entry(span_t entry, sp_alloc_conf_t *c, unsigned *keys,
                      (int)key.len, key.p);
             return SP_ERR_INVALID_ARGUMENT;
         }
-        if (!parse_ignored(key, v, why, why_len))
+        if (!parse_ignored(key, v, c, why, why_len))
             return span_is(key, "backend") && span_is(v, "cudaMallocAsync")
                        ? SP_ERR_NOT_SUPPORTED
                        : SP_ERR_INVALID_ARGUMENT;

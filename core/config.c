@@ -180,6 +180,11 @@ static void resolve_locked(void) {
     c.memory_fraction =
         (ac->conf_keys & SP_CONF_KEY_MEMORY_FRACTION) ? ac->conf.memory_fraction : 1.0;
     snprintf(c.conf_text, sizeof c.conf_text, "%s", ac->s);
+    /* The CUDA-only keys (no SYMPOOL_* variables): reported in snapshots, nothing else. */
+    c.pinned_num_register_threads = ac->conf.pinned_num_register_threads;
+    c.release_lock_on_cudamalloc = ac->conf.release_lock_on_cudamalloc;
+    c.pinned_use_cuda_host_register = ac->conf.pinned_use_cuda_host_register;
+    c.graph_capture_record_stream_reuse = ac->conf.graph_capture_record_stream_reuse;
     conf_resolved = c;
     for (int o = 0; o < SP_OPT_COUNT; o++) /* every change ends here: publish the doubles */
         __atomic_store(&opts_d[o], &opts[o].v.d, __ATOMIC_RELAXED);

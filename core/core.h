@@ -174,7 +174,7 @@ typedef enum { SP_EXPAND_OK, SP_EXPAND_NO_RANK, SP_EXPAND_TOO_LONG } sp_expand_t
 
 typedef enum {
     SP_SIZE_HUMAN,   /* "512 B", "1.50 GiB": reports and the CLI */
-    SP_SIZE_PYTORCH, /* PyTorch's format_size: "512 bytes", "1.50 GiB" (OOM messages) */
+    SP_SIZE_PYTORCH, /* PyTorch's format_size: "1024 bytes", "1.50 GiB" (OOM messages) */
     SP_SIZE_CELL,    /* memory_summary's 10-character cell: "   1.5 GiB" */
 } sp_size_style_t;
 /* Format `bytes` in `style` into buf (always terminated); returns buf. */
@@ -358,6 +358,11 @@ typedef struct sp_alloc_conf {
     bool no_caching;                /* SYMPOOL_NO_CACHING */
     uint32_t roundup_divisions[16]; /* per power-of-2 interval from 1 MiB; 0 = none */
     char conf_text[512];            /* the ALLOC_CONF string as given, for snapshots */
+    /* CUDA-only keys: no effect here, kept only to report them as PyTorch's snapshot does. */
+    uint32_t pinned_num_register_threads;   /* a power of 2 up to 128; default 1 */
+    bool release_lock_on_cudamalloc;        /* or release_lock_on_hipmalloc */
+    bool pinned_use_cuda_host_register;     /* or pinned_use_hip_host_register */
+    bool graph_capture_record_stream_reuse; /* default false */
 } sp_alloc_conf_t;
 
 /* Parse a PyTorch-syntax string ("max_split_size_mb:128,garbage_collection_threshold:0.6,...")

@@ -1,8 +1,9 @@
 /*
  * size_format.c: the one place a byte count becomes text for people. Three forms, because two
  * must match PyTorch to the character where users compare our output with theirs:
- *   SP_SIZE_PYTORCH  PyTorch's format_size (CUDACachingAllocator's OOM message): "512 bytes",
- *                    then KiB, MiB or GiB with two decimals, GiB the largest unit;
+ *   SP_SIZE_PYTORCH  PyTorch's format_size (CUDACachingAllocator's OOM message): "1024 bytes",
+ *                    then KiB, MiB or GiB with two decimals, each up to and including 1024 of
+ *                    it ("1024.00 MiB" is 1 GiB), GiB the largest unit;
  *   SP_SIZE_CELL     memory_summary's 10-character cell: "   512 B  " below 1 KiB, else one
  *                    decimal in the largest binary unit that keeps the number below 1024
  *                    (up to PiB), negative values (freed amounts) kept;
@@ -17,12 +18,13 @@
 
 static const char *const k_units[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"};
 
+/* Each unit up to and including 1024 of it, as PyTorch compares (size <= 1024: "1024 bytes"). */
 static void pytorch(double v, char *buf, size_t cap) {
-    if (v < 1024.0)
+    if (v <= 1024.0)
         snprintf(buf, cap, "%.0f bytes", v);
-    else if (v < 1048576.0)
+    else if (v <= 1048576.0)
         snprintf(buf, cap, "%.2f KiB", v / 1024.0);
-    else if (v < 1073741824.0)
+    else if (v <= 1073741824.0)
         snprintf(buf, cap, "%.2f MiB", v / 1048576.0);
     else
         snprintf(buf, cap, "%.2f GiB", v / 1073741824.0);

@@ -823,7 +823,9 @@ static sp_block_t *mempool_fallback(sp_devalloc_t *d, size_t size, sp_stream_t s
     return NULL;
 }
 
-static sp_status_t report_oom(sp_devalloc_t *d, sp_mempool_t *pool, size_t orig, size_t size,
+/* alloc_size: what the device was asked for, which PyTorch's text names ("Tried to allocate
+ * 20.00 MiB" for a 3 MiB request: its malloc reports get_allocation_size of the rounded size). */
+static sp_status_t report_oom(sp_devalloc_t *d, sp_mempool_t *pool, size_t alloc_size, size_t size,
                               sp_stream_t stream, bool limit_hit, bool fraction_hit,
                               uint32_t context) {
     size_t dfree = 0, dtotal = d->total_mem;
@@ -835,7 +837,7 @@ static sp_status_t report_oom(sp_devalloc_t *d, sp_mempool_t *pool, size_t orig,
     char req[32], tot[32], fre[32], alc[32], unal[32], lim[32], res[32], cap[32];
     int64_t allocated = sp__stat_all_current(&d->stats, SP_ST_ALLOCATED_BYTES);
     int64_t reserved = sp__stat_all_current(&d->stats, SP_ST_RESERVED_BYTES);
-    sp__fmt_size(orig, req, sizeof(req));
+    sp__fmt_size(alloc_size, req, sizeof(req));
     sp__fmt_size(dtotal, tot, sizeof(tot));
     sp__fmt_size(dfree, fre, sizeof(fre));
     sp__fmt_size((size_t)allocated, alc, sizeof(alc));
@@ -843,6 +845,10 @@ static sp_status_t report_oom(sp_devalloc_t *d, sp_mempool_t *pool, size_t orig,
     sp__fmt_size(pool->limit, lim, sizeof(lim));
     sp__fmt_size(pool->reserved, res, sizeof(res));
     sp__fmt_size(d->allowed_max == SIZE_MAX ? 0 : d->allowed_max, cap, sizeof(cap));
+    /* PyTorch's allowed_info: said whenever a fraction is set, before the allocator's figures. */
+    char allowed[48] = "";
+    if (d->allowed_max != SIZE_MAX)
+        snprintf(allowed, sizeof(allowed), "%s allowed; ", cap);
     char extra[256] = "";
     if (limit_hit)
         snprintf(extra, sizeof(extra),
@@ -860,15 +866,15 @@ static sp_status_t report_oom(sp_devalloc_t *d, sp_mempool_t *pool, size_t orig,
                  "} (%s reserved), which never borrows from use_on_oom pools",
                  pool->name ? pool->name : "", pool->id.first, pool->id.second, res);
     /* PyTorch's sentences ("Tried to allocate <size>. GPU <n> has a total capacity of <total>
-     * of which <free> is free. Of the allocated memory ..."): programs, log scrapers and
-     * PyTorch's own tests (test_out_of_memory) match on them. */
+     * of which <free> is free. [<allowed> allowed; ]Of the allocated memory ..."): programs, log
+     * scrapers and PyTorch's own tests (test_out_of_memory) match on them. */
     return sp__error(SP_ERR_OUT_OF_MEMORY, SP_SUB_POOL,
                      "out of memory on device %d. Tried to allocate %s. GPU %d has a total "
-                     "capacity of %s of which %s is free. Of the allocated memory %s is "
+                     "capacity of %s of which %s is free. %sOf the allocated memory %s is "
                      "allocated by sympool, and %s is reserved by sympool but unallocated%s. "
                      "If reserved but unallocated memory is large, try SYMPOOL_ALLOC_CONF=%s to "
                      "reduce fragmentation",
-                     d->device, req, d->device, tot, fre, alc, unal, extra,
+                     d->device, req, d->device, tot, fre, allowed, alc, unal, extra,
                      sp__g.exp_on ? "max_split_size_mb:N" : "expandable_segments:True");
 }
 
@@ -985,7 +991,8 @@ alloc_locked(sp_devalloc_t *d, sp_mempool_t *pool, size_t orig, sp_stream_t stre
         }
         if (!b) {
             if (s == SP_ERR_OUT_OF_MEMORY)
-                s = report_oom(d, pool, orig, size, stream, refused & (1u << SP_GROW_POOL_LIMIT),
+                s = report_oom(d, pool, alloc_size, size, stream,
+                               refused & (1u << SP_GROW_POOL_LIMIT),
                                refused & (1u << SP_GROW_FRACTION), ctx);
             sp__unlock(&d->lock);
             if (ctx)

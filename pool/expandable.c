@@ -141,7 +141,7 @@ static void release_segment(sp_devalloc_t *d, sp_segment_t *seg) {
     sp__alloc_segment_delete(d, seg);
 }
 
-static size_t unmap_block(sp_devalloc_t *d, sp_block_t *b);
+static size_t unmap_block(sp_devalloc_t *d, sp_block_t *b, uint32_t context);
 
 /* ---- map --------------------------------------------------------------------------------- */
 
@@ -333,7 +333,7 @@ static bool recycle_stream(recycler_t *r, sp_bpool_t *bp, sp_stream_t s) {
         }
         size_t round = 0;
         for (int k = 0; k < n; k++)
-            round += unmap_block(r->d, cand[k]);
+            round += unmap_block(r->d, cand[k], 0);
         if (round == 0)
             return false;
         r->got += round;
@@ -569,10 +569,13 @@ sp_block_t *sp__exp_fit_end(sp_devalloc_t *d, sp_bpool_t *bp, sp_block_t *b, siz
 
 /* Unmap the whole pages inside free mapped block b; the block that stays at b is the unmapped
  * part (merged with unmapped neighbours), free slivers before and after stay in the set.
- * Returns the bytes unmapped. */
-static size_t unmap_block(sp_devalloc_t *d, sp_block_t *b) {
+ * Returns the bytes unmapped. The trace entry carries context (the releasing call's stack), else,
+ * as PyTorch's unmap_block falls back to block->context_when_segment_allocated, which only the
+ * segment's first block holds, the segment's mapping stack when b starts the segment. */
+static size_t unmap_block(sp_devalloc_t *d, sp_block_t *b, uint32_t context) {
     sp_segment_t *seg = sp__bseg(b);
     sp_bpool_t *bp = seg->bpool;
+    uint32_t ctx = context ? context : b->prev ? 0 : seg->context;
     uintptr_t begin = seg->base + (b->addr - seg->base + seg->page - 1) / seg->page * seg->page;
     uintptr_t end = seg->base + (b->addr + b->size - seg->base) / seg->page * seg->page;
     if (begin >= end)
@@ -634,7 +637,7 @@ static size_t unmap_block(sp_devalloc_t *d, sp_block_t *b) {
     st->num_device_free++;
     if (SP_UNLIKELY(sp__history_on()))
         sp__history_record(d->device, SP_TRACE_SEGMENT_UNMAP, begin, len,
-                           (uintptr_t)sp__block_stream(b), pool->id, 0);
+                           (uintptr_t)sp__block_stream(b), pool->id, ctx);
     return len;
 }
 
@@ -648,7 +651,7 @@ static bool has_free_page(const sp_segment_t *seg) {
     return false;
 }
 
-size_t sp__exp_release(sp_devalloc_t *d, sp_segment_t *seg) {
+size_t sp__exp_release(sp_devalloc_t *d, sp_segment_t *seg, uint32_t context) {
     size_t freed = 0;
     /* cuMemUnmap does not wait for the GPU, so the work that used the pages must be done first.
      * PyTorch syncs the segment's stream; sympool lets users destroy streams, so it syncs the
@@ -662,7 +665,7 @@ size_t sp__exp_release(sp_devalloc_t *d, sp_segment_t *seg) {
      * the walk can go on from b's next block. */
     for (sp_block_t *b = seg->head; b; b = sp__block_next(b))
         if (free_mapped(b))
-            freed += unmap_block(d, b);
+            freed += unmap_block(d, b, context);
     if (seg->head->unmapped && !seg->head->next)
         release_segment(d, seg);
     return freed;

@@ -30,7 +30,8 @@ sp_block_t *sp__exp_best_fit(sp_bpool_t *bp, sp_block_t *b, sp_stream_t stream,
  * changes. */
 void sp__exp_share_small(sp_mempool_t *pool);
 /* Unmap the free pages of an expandable segment (after syncing its stream); releases the
- * segment when nothing is mapped any more. Returns the bytes unmapped. */
-size_t sp__exp_release(sp_devalloc_t *d, sp_segment_t *seg);
+ * segment when nothing is mapped any more. Returns the bytes unmapped. context: the releasing
+ * call's stack for the segment_unmap entries (0: none gathered). */
+size_t sp__exp_release(sp_devalloc_t *d, sp_segment_t *seg, uint32_t context);
 
 #endif /* SP_POOL_EXPANDABLE_H */

@@ -175,7 +175,7 @@ size_t sp__alloc_release_pool(sp_devalloc_t *d, sp_mempool_t *pool, bool filter_
         sp_segment_t *nx = seg->pnext;
         if (seg->expandable) {
             if (!filter_stream || seg->stream == stream)
-                freed += sp__exp_release(d, seg); /* its free pages; the segment when empty */
+                freed += sp__exp_release(d, seg, context); /* free pages; the segment if empty */
         } else if (sp__block_releasable(seg->head) && (!filter_stream || seg->stream == stream)) {
             freed += seg->size;
             sp__alloc_release_segment(d, seg, context);

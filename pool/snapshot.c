@@ -277,10 +277,10 @@ static void emit_settings(sp__emit_t *e) {
            conf.max_split_size == SIZE_MAX ? -1 : (int64_t)conf.max_split_size);
     kv_double(e, "garbage_collection_threshold", conf.gc_threshold);
     kv_bool(e, "expandable_segments", conf.expandable_segments);
-    kv_int(e, "pinned_num_register_threads", 1);
-    kv_bool(e, "release_lock_on_cudamalloc", false);
-    kv_bool(e, "pinned_use_cuda_host_register", false);
-    kv_bool(e, "graph_capture_record_stream_reuse", false);
+    kv_int(e, "pinned_num_register_threads", conf.pinned_num_register_threads);
+    kv_bool(e, "release_lock_on_cudamalloc", conf.release_lock_on_cudamalloc);
+    kv_bool(e, "pinned_use_cuda_host_register", conf.pinned_use_cuda_host_register);
+    kv_bool(e, "graph_capture_record_stream_reuse", conf.graph_capture_record_stream_reuse);
     sp__emit_key_static(e, "roundup_power2_divisions");
     sp__emit_dict_begin(e);
     for (int i = 0; i < 16; i++) {

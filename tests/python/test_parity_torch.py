@@ -1382,3 +1382,200 @@ def test_trace_entry_keys(sp):
             assert (e["compile_context"], e["user_metadata"]) == ("N/A", "")
     finally:
         sp._record_memory_history(None)
+
+
+# ---- a second pass: allocator settings, raw alloc, C stacks, MemPool.allocator ----------------
+
+def _settings_of(env):
+    """allocator_settings of a fresh process's snapshot, with env set (and no SYMPOOL_ALLOC_CONF
+    unless env names it)."""
+    import json
+    e = {"SYMPOOL_ALLOC_CONF": "", "PYTORCH_ALLOC_CONF": "", "PYTORCH_CUDA_ALLOC_CONF": ""}
+    e.update(env)
+    drop = [k for k, v in e.items() if v == ""]
+    body = """
+        import json, os
+        print(json.dumps(sp._snapshot()["allocator_settings"]))
+    """
+    saved = {k: os.environ.pop(k) for k in drop if k in os.environ}
+    try:
+        return json.loads(run_child(body, **{k: v for k, v in e.items() if v != ""}))
+    finally:
+        os.environ.update(saved)
+
+
+def test_allocator_config_test():
+    # c10/test/core/AllocatorConfig_test.cpp (allocator_config_test): every device key of one
+    # string is read back, and the roundup list gives PyTorch's divisions per size (an interval
+    # named by no entry keeps 0; the first entry also covers the sizes below it).
+    env = ("max_split_size_mb:40,max_non_split_rounding_mb:30,garbage_collection_threshold:0.5,"
+           "roundup_power2_divisions:[64:8,128:2,256:4,512:2,1024:4,>:1],"
+           "expandable_segments:True,pinned_use_background_threads:True")
+    st = _settings_of({"SYMPOOL_ALLOC_CONF": env})
+    assert st["PYTORCH_CUDA_ALLOC_CONF"] == env
+    assert st["max_split_size"] == 40 * MB
+    assert st["garbage_collection_threshold"] == 0.5
+    assert st["expandable_segments"] is True
+    div = st["roundup_power2_divisions"]  # keyed by the interval's lower bound in MB
+    for mb, want in ((32, 8), (64, 8), (128, 2), (256, 4), (512, 2), (1024, 4), (2048, 1),
+                     (4096, 1), (8192, 1)):
+        assert div[str(mb)] == want, (mb, div)
+
+    env = "roundup_power2_divisions:[128:8,256:16,512:1,2048:8,>:2]"
+    div = _settings_of({"SYMPOOL_ALLOC_CONF": env})["roundup_power2_divisions"]
+    for mb, want in ((64, 8), (128, 8), (256, 16), (512, 1), (1024, 0), (2048, 8), (4096, 2)):
+        assert div[str(mb)] == want, (mb, div)
+
+    div = _settings_of({"SYMPOOL_ALLOC_CONF": "roundup_power2_divisions:4"})[
+        "roundup_power2_divisions"]
+    assert set(div.values()) == {4}
+
+    st = _settings_of({"SYMPOOL_ALLOC_CONF": "expandable_segments:False,"})  # trailing comma
+    assert st["expandable_segments"] is False
+    assert st["max_split_size"] == -1  # not named: unlimited
+
+
+def test_allocator_config_roundup_any_order():
+    # AcceleratorAllocatorConfig::parseRoundUpPower2Divisions: boundaries in any order, the later
+    # entry for an interval winning; ">" fills after the boundary read before it. sympool read such
+    # a string as bad (a warning, and no rounding at all).
+    div = _settings_of({"SYMPOOL_ALLOC_CONF": "roundup_power2_divisions:[256:4,64:8,>:2]"})[
+        "roundup_power2_divisions"]
+    assert [div[str(1 << i)] for i in range(16)] == [4] * 6 + [8] + [2] * 9
+
+
+def test_alloc_conf_variable_order():
+    # AcceleratorAllocatorConfig::instance(): PYTORCH_ALLOC_CONF is read first; the older
+    # PYTORCH_CUDA_ALLOC_CONF only when it is unset.
+    st = _settings_of({"PYTORCH_ALLOC_CONF": "max_split_size_mb:40",
+                       "PYTORCH_CUDA_ALLOC_CONF": "max_split_size_mb:60"})
+    assert st["max_split_size"] == 40 * MB
+    st = _settings_of({"PYTORCH_CUDA_ALLOC_CONF": "max_split_size_mb:60"})
+    assert st["max_split_size"] == 60 * MB
+
+
+def test_caching_allocator_raw_alloc(sp):
+    # test_cachingAllocator_raw_alloc, the caching half (caching_allocator_enable has no
+    # counterpart): a raw allocation on a given stream is counted in requested_bytes, exactly.
+    s = sp.Stream()
+    try:
+        sp.empty_cache()
+        sp.reset_accumulated_memory_stats()
+        start = sp.memory_stats()["requested_bytes.all.allocated"]
+        p = sp.caching_allocator_alloc(1024 * 1024, 0, s)
+        finish = sp.memory_stats()["requested_bytes.all.allocated"]
+        sp.caching_allocator_delete(p)
+        assert finish - start == 1024 * 1024
+    finally:
+        s.synchronize()
+        s.destroy()
+
+
+def test_memory_snapshot_with_cpp(sp):
+    # test_memory_snapshot_with_cpp: with stacks="all", a live block's frames hold the C frames
+    # of its allocation beside the Python ones (PyTorch finds "::rand"; here the caller's C frames
+    # follow the test's own Python frame, sympool's own frames left out).
+    try:
+        sp.empty_cache()
+        sp._record_memory_history("state", stacks="all")
+        x = sp.malloc(311 * 411 * 4)
+        found = False
+        for seg in sp._snapshot()["segments"]:
+            for b in seg["blocks"]:
+                if b["requested_size"] == 311 * 411 * 4:
+                    names = [f["name"] for f in b["frames"]]
+                    assert "test_memory_snapshot_with_cpp" in names
+                    assert len(names) > names.index("test_memory_snapshot_with_cpp") + 1
+                    assert not any(n.startswith("sp_") for n in names), names
+                    found = True
+        assert found
+        sp.free(x)
+    finally:
+        sp._record_memory_history(None)
+
+
+def test_mempool_allocator_property(sp):
+    # test_mempool_with_allocator's first checks: a MemPool has no allocator unless given one,
+    # and then reports the very allocator it was given.
+    assert sp.MemPool().allocator is None
+    calls, allocator = counting_allocator()
+    pool = sp.MemPool(allocator)
+    assert pool.allocator is allocator
+    assert pool.use_count() == 1
+    assert calls == {"alloc": 0, "free": 0}
+    pool.destroy()
+
+
+def test_garbage_collection_frees_oldest_first():
+    # garbage_collect_cached_blocks (CUDACachingAllocator.cpp), behind test_garbage_collect_*:
+    # with a fraction (200 MiB) and garbage_collection_threshold:0.5, a request no cached block
+    # fits, made while more than 100 MiB is reserved, first frees the unsplit free blocks at least
+    # as old as the average (age: lookups in the large pool since the block was freed), not
+    # everything and not by the full release-and-retry.
+    out = run_child("""
+        MB = 1 << 20
+        total = sp.get_memory_info()[1]
+        sp.set_per_process_memory_fraction(200 * MB / total)
+        a = sp.malloc(30 * MB)
+        b = sp.malloc(30 * MB)
+        sp.free(a)               # a: freed before the next lookup, so older than b and c
+        c = sp.malloc(46 * MB)   # 30 MiB does not fit it: a new segment, 106 MiB reserved
+        sp.free(b)
+        sp.free(c)
+        st = sp.memory_stats()
+        frees, retries = st["num_device_free"], st["num_alloc_retries"]
+        d = sp.malloc(50 * MB)   # ages a:2, b:1, c:1 -> only a (>= 4/3) is collected
+        st = sp.memory_stats()
+        kept = sorted(s["address"] for s in sp.memory_snapshot() if s["allocated_size"] == 0)
+        print(st["num_device_free"] - frees, st["num_alloc_retries"] - retries,
+              sp.memory_reserved() // MB, kept == sorted([b, c]))
+    """, SYMPOOL_ALLOC_CONF="garbage_collection_threshold:0.5")
+    assert out.split() == ["1", "0", "126", "True"]
+
+
+def test_memory_plots_free_segment_stack_expandable():
+    # test_memory_plots_free_segment_stack as test_cuda_expandable_segments.py runs it: the pages
+    # empty_cache unmaps are recorded (segment_unmap) with empty_cache's stack under context
+    # "all", and otherwise with the stack that mapped the segment (unmap_block:
+    # `context ? context : block->context_when_segment_allocated`), as segment_free is.
+    out = run_child("""
+        for context in ("alloc", "all", "state"):
+            sp.empty_cache()
+            sp._record_memory_history(context=context)
+
+            def the_alloc():
+                return sp.malloc(3 * 4 * 4)
+
+            sp.free(the_alloc())
+
+            def calls_empty_cache():
+                sp.empty_cache()
+
+            calls_empty_cache()
+            trace = sp._snapshot()["device_traces"][0]
+            unmaps = [e for e in trace if e["action"] == "segment_unmap"]
+            assert unmaps, trace
+            names = {f["name"] for e in unmaps for f in e.get("frames", [])}
+            print(context, "calls_empty_cache" in names, "the_alloc" in names)
+            sp._record_memory_history(None)
+    """, SYMPOOL_ALLOC_CONF="expandable_segments:True")
+    assert out.splitlines() == ["alloc False True", "all True False", "state False False"]
+
+
+def test_snapshot_allocator_settings_cuda_keys():
+    # torch/csrc/cuda/Module.cpp writes CUDAAllocatorConfig's values into the snapshot's
+    # allocator_settings: the CUDA-only keys read back as set (their ROCm spellings set the same
+    # values), even where they change nothing on this backend; unset, PyTorch's defaults.
+    st = _settings_of({"SYMPOOL_ALLOC_CONF": ""})
+    assert (st["pinned_num_register_threads"], st["release_lock_on_cudamalloc"],
+            st["pinned_use_cuda_host_register"], st["graph_capture_record_stream_reuse"]) == (
+        1, False, False, False)
+    st = _settings_of({"SYMPOOL_ALLOC_CONF":
+                       "pinned_num_register_threads:8,release_lock_on_cudamalloc:True,"
+                       "pinned_use_cuda_host_register:True,graph_capture_record_stream_reuse:True"})
+    assert (st["pinned_num_register_threads"], st["release_lock_on_cudamalloc"],
+            st["pinned_use_cuda_host_register"], st["graph_capture_record_stream_reuse"]) == (
+        8, True, True, True)
+    st = _settings_of({"PYTORCH_ALLOC_CONF":
+                       "release_lock_on_hipmalloc:True,pinned_use_hip_host_register:True"})
+    assert (st["release_lock_on_cudamalloc"], st["pinned_use_cuda_host_register"]) == (True, True)

@@ -659,6 +659,49 @@ TEST_F(AllocConf, RoundupListFollowsPyTorch) {
         EXPECT_EQ(c.roundup_divisions[i], want2[i]) << "index " << i;
 }
 
+// c10/test/core/AllocatorConfig_test.cpp's tables, read through the 16 intervals ([1 MiB, 2 MiB)
+// is index 0, [32 GiB, inf) index 15): a boundary not named keeps 0 (no rounding).
+TEST_F(AllocConf, RoundupTablesOfPyTorchsConfigTest) {
+    ASSERT_SP_OK(
+        sp__alloc_conf_parse("roundup_power2_divisions:[64:8,128:2,256:4,512:2,1024:4,>:1]", &c));
+    const uint32_t want1[16] = {8, 8, 8, 8, 8, 8, 8, 2, 4, 2, 4, 1, 1, 1, 1, 1};
+    for (int i = 0; i < 16; i++)
+        EXPECT_EQ(c.roundup_divisions[i], want1[i]) << "index " << i;
+    ASSERT_SP_OK(
+        sp__alloc_conf_parse("roundup_power2_divisions:[128:8,256:16,512:1,2048:8,>:2]", &c));
+    const uint32_t want2[16] = {8, 8, 8, 8, 8, 8, 8, 8, 16, 1, 0, 8, 2, 2, 2, 2};
+    for (int i = 0; i < 16; i++)
+        EXPECT_EQ(c.roundup_divisions[i], want2[i]) << "index " << i;
+}
+
+// PyTorch's list parser (AcceleratorAllocatorConfig::parseRoundUpPower2Divisions) takes the
+// entries in any order: each boundary sets its own interval (a later one wins), only the first
+// boundary also fills the intervals below it, and ">" fills from just after the boundary read
+// before it (index 1 when it comes first, so interval 0 keeps 0). An empty list is all zeros.
+// A string written for PyTorch must give the same table here, not a warning and the defaults.
+TEST_F(AllocConf, RoundupListInAnyOrderLikePyTorch) {
+    const struct {
+        const char *text;
+        uint32_t want[16];
+    } cases[] = {
+        {"roundup_power2_divisions:[256:4,64:8]", {4, 4, 4, 4, 4, 4, 8, 4, 4}},
+        {"roundup_power2_divisions:[64:8,64:2]", {8, 8, 8, 8, 8, 8, 2}},
+        {"roundup_power2_divisions:[>:1,64:2]", {2, 2, 2, 2, 2, 2, 2, 1, 1, 1, 1, 1, 1, 1, 1, 1}},
+        {"roundup_power2_divisions:[>:4]", {0, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4}},
+        {"roundup_power2_divisions:[1024:4,>:1,64:8]",
+         {4, 4, 4, 4, 4, 4, 8, 4, 4, 4, 4, 1, 1, 1, 1, 1}},
+        {"roundup_power2_divisions:[]", {0}},
+    };
+    for (const auto &k : cases) {
+        sp__alloc_conf_defaults(&c);
+        ASSERT_SP_OK(sp__alloc_conf_parse("roundup_power2_divisions:2", &c));
+        SCOPED_TRACE(k.text);
+        ASSERT_SP_OK(sp__alloc_conf_parse(k.text, &c));
+        for (int i = 0; i < 16; i++)
+            EXPECT_EQ(c.roundup_divisions[i], k.want[i]) << "index " << i;
+    }
+}
+
 TEST_F(AllocConf, RejectsBadValuesAndLeavesConfUnchanged) {
     expect_warnings();
     ASSERT_SP_OK(sp__alloc_conf_parse("max_split_size_mb:100,roundup_power2_divisions:2", &c));
@@ -678,8 +721,6 @@ TEST_F(AllocConf, RejectsBadValuesAndLeavesConfUnchanged) {
         {"roundup_power2_divisions:0", "roundup_power2_divisions"},
         {"roundup_power2_divisions:[64:3]", "roundup_power2_divisions"},
         {"roundup_power2_divisions:[96:4]", "roundup_power2_divisions"},
-        {"roundup_power2_divisions:[256:4,64:8]", "roundup_power2_divisions"},
-        {"roundup_power2_divisions:[>:1,64:2]", "roundup_power2_divisions"},
         {"roundup_power2_divisions:[64:8", "roundup_power2_divisions"},
         {"expandable_segments:yes", "expandable_segments"},
         {"max_split_size_mb:64,no_such_key:1", "no_such_key"},

@@ -85,7 +85,7 @@ TEST_F(GpuReady, TotalMemoryComesFromMemTotalOnEveryDevice) {
     // above the device is PyTorch's out-of-memory error naming that total.
     void *p = nullptr;
     EXPECT_SP_STATUS(sp_malloc((size_t(1) << 30) + 1, 2, nullptr, &p), SP_ERR_OUT_OF_MEMORY);
-    EXPECT_NE(std::string(sp_last_error()).find("GPU 2 has a total capacity of 1.00 GiB"),
+    EXPECT_NE(std::string(sp_last_error()).find("GPU 2 has a total capacity of 1024.00 MiB"),
               std::string::npos)
         << sp_last_error();
 }

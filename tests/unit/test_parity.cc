@@ -8,6 +8,7 @@
 #include <vector>
 
 extern "C" {
+#include "core/core.h"
 #include "pool/history.h"
 #include "sympool/experimental.h"
 }
@@ -162,11 +163,85 @@ TEST_F(ParityOom, MessageHasPyTorchsSentences) {
     EXPECT_SP_STATUS(sp_malloc(size_t(1024) * 1024 * 1024 * 800000000, 1, nullptr, &p),
                      SP_ERR_OUT_OF_MEMORY);
     std::string msg = sp_last_error();
-    EXPECT_NE(msg.find("Tried to allocate 800000000.00 GiB. GPU 1 has a total capacity of 1.00 "
-                       "GiB of which 1.00 GiB is free. Of the allocated memory 0 bytes is "
+    // PyTorch's format_size writes 1 GiB as "1024.00 MiB" (its units go up to 1024 of them).
+    EXPECT_NE(msg.find("Tried to allocate 800000000.00 GiB. GPU 1 has a total capacity of 1024.00 "
+                       "MiB of which 1024.00 MiB is free. Of the allocated memory 0 bytes is "
                        "allocated by sympool, and 0 bytes is reserved by sympool but unallocated."),
               std::string::npos)
         << msg;
+}
+
+// The size in PyTorch's "Tried to allocate" is alloc_size, what malloc asked the device for
+// (get_allocation_size of the rounded request): a small request reads as its 2 MiB segment, one
+// under 10 MiB as the 20 MiB segment, a larger one rounded up to 2 MiB; hence the familiar
+// "Tried to allocate 20.00 MiB". A request that fits no segment would be told by its own size.
+TEST_F(ParityOom, TriedToAllocateNamesTheSegmentSize) {
+    sp::ScopedEnv env({{"SYMPOOL_HOST_CAPACITY", "64MiB"}});
+    SP_SKIP_UNLESS_HOST();
+    expect_warnings(); // each OOM is logged
+    void *keep = nullptr, *p = nullptr;
+    ASSERT_SP_OK(sp_malloc(63 * MiB, 0, nullptr, &keep)); // 1 MiB of the device is left
+    const struct {
+        size_t request;
+        const char *text;
+    } cases[] = {
+        {1000, "Tried to allocate 2.00 MiB."},
+        {3 * MiB, "Tried to allocate 20.00 MiB."},
+        {21 * MiB + 1, "Tried to allocate 22.00 MiB."},
+        {40 * MiB, "Tried to allocate 40.00 MiB."},
+    };
+    for (const auto &k : cases) {
+        SCOPED_TRACE(k.request);
+        EXPECT_SP_STATUS(sp_malloc(k.request, 0, nullptr, &p), SP_ERR_OUT_OF_MEMORY);
+        EXPECT_NE(std::string(sp_last_error()).find(k.text), std::string::npos) << sp_last_error();
+    }
+    ASSERT_SP_OK(sp_free(keep));
+}
+
+// With a memory fraction set, PyTorch's text says how much is allowed, between the device's
+// figures and the allocator's: "... of which <free> is free. <allowed_max> allowed; Of the
+// allocated memory ...". Without one, nothing is said.
+TEST_F(ParityOom, AllowedMemoryWhenAFractionIsSet) {
+    sp::ScopedEnv env({{"SYMPOOL_HOST_CAPACITY", "1GiB"}});
+    SP_SKIP_UNLESS_HOST();
+    expect_warnings(); // each OOM is logged
+    void *p = nullptr;
+    EXPECT_SP_STATUS(sp_malloc(2 * GiB, 0, nullptr, &p), SP_ERR_OUT_OF_MEMORY);
+    EXPECT_EQ(std::string(sp_last_error()).find("allowed;"), std::string::npos) << sp_last_error();
+    ASSERT_SP_OK(sp_set_memory_fraction(0.25, 0));
+    EXPECT_SP_STATUS(sp_malloc(512 * MiB, 0, nullptr, &p), SP_ERR_OUT_OF_MEMORY);
+    EXPECT_NE(std::string(sp_last_error())
+                  .find("is free. 256.00 MiB allowed; Of the allocated memory 0 bytes is "
+                        "allocated by sympool"),
+              std::string::npos)
+        << sp_last_error();
+    ASSERT_SP_OK(sp_set_memory_fraction(1.0, 0));
+}
+
+// CUDACachingAllocator.cpp's format_size, which writes every figure of the OOM text: a unit is
+// used up to and including 1024 of it ("1024 bytes", "1024.00 KiB", "1024.00 MiB"), the next
+// one only above; GiB is the largest. A 1 GiB request reads "Tried to allocate 1024.00 MiB".
+TEST(ParityFormatSize, UnitsUpToAndIncluding1024OfThem) {
+    const struct {
+        size_t bytes;
+        const char *text;
+    } cases[] = {
+        {0, "0 bytes"},
+        {512, "512 bytes"},
+        {1024, "1024 bytes"},
+        {1025, "1.00 KiB"},
+        {size_t(1) << 20, "1024.00 KiB"},
+        {(size_t(1) << 20) + 1, "1.00 MiB"},
+        {size_t(20) << 20, "20.00 MiB"},
+        {size_t(1) << 30, "1024.00 MiB"},
+        {(size_t(1) << 30) + 1, "1.00 GiB"},
+        {size_t(1) << 40, "1024.00 GiB"},
+    };
+    for (const auto &k : cases) {
+        char buf[64];
+        sp__size_format((double)k.bytes, SP_SIZE_PYTORCH, buf, sizeof buf);
+        EXPECT_STREQ(buf, k.text) << k.bytes;
+    }
 }
 
 // test_memory_plots_metadata: the user metadata set for a device goes into every trace entry
