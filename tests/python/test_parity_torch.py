@@ -823,36 +823,54 @@ def test_reset_peak_memory_stats(sp):
 
 
 def test_inactive_split_and_pool_stats(sp):
+    held = set()
+    try:
+        _check_inactive_split_and_pool_stats(sp, held)
+    finally:  # a failure must not leave its blocks to the tests after it
+        for p in held:
+            sp.free(p)
+
+
+def _check_inactive_split_and_pool_stats(sp, held):
+    def malloc(n):
+        p = sp.malloc(n)
+        held.add(p)
+        return p
+
+    def free(p):
+        held.discard(p)
+        sp.free(p)
+
     sp.empty_cache()
     sp.reset_accumulated_memory_stats()
     # With expandable segments, a mapped page counts in reserved_bytes but not in segment, and
     # inactive_split leaves expandable segments out (their free pages can always be unmapped).
     exp = expandable(sp)
-    p = sp.malloc(4 * MB)  # large pool: one 20 MiB segment (or page), split
+    p = malloc(4 * MB)  # large pool: one 20 MiB segment (or page), split
     st = sp.memory_stats()
     assert st["segment.large_pool.current"] == (0 if exp else 1)
     assert st["reserved_bytes.large_pool.current"] == 20 * MB
     assert st["inactive_split.large_pool.current"] == (0 if exp else 1)
     assert st["inactive_split_bytes.large_pool.current"] == (0 if exp else 16 * MB)
-    q = sp.malloc(1000)  # small pool: a 2 MiB segment (or page)
+    q = malloc(1000)  # small pool: a 2 MiB segment (or page)
     st = sp.memory_stats()
     assert st["reserved_bytes.small_pool.current"] == 2 * MB
     assert st["allocated_bytes.small_pool.current"] == 1024
     assert st["requested_bytes.small_pool.current"] == 1000
     assert st["inactive_split_bytes.small_pool.current"] == (0 if exp else 2 * MB - 1024)
     assert st["inactive_split_bytes.all.current"] == (0 if exp else 16 * MB + 2 * MB - 1024)
-    sp.free(p)
-    sp.free(q)
+    free(p)
+    free(q)
     st = sp.memory_stats()
     assert st["inactive_split.all.current"] == 0  # merged back: nothing split is left
     assert st["inactive_split_bytes.all.current"] == 0
     # a large request that leaves <= 1 MiB is not split: the block keeps the extra bytes (in an
     # expandable segment any rest of 512 bytes or more is split off)
-    r = sp.malloc(20 * MB - MB)
+    r = malloc(20 * MB - MB)
     st = sp.memory_stats()
     assert st["allocated_bytes.large_pool.current"] == (19 if exp else 20) * MB
     assert st["requested_bytes.large_pool.current"] == 19 * MB
-    sp.free(r)
+    free(r)
     sp.empty_cache()
 
 
@@ -953,6 +971,16 @@ def test_mempool_no_split_large(sp):
     pool_split = sp.MemPool()
     pool_no_split = sp.MemPool(no_split=True)
     ptrs = []
+    try:
+        _check_no_split_large(sp, pool_split, pool_no_split, ptrs)
+    finally:  # a failure must not leave the pools' segments to the tests after it
+        for p in ptrs:
+            sp.free(p)
+        pool_split.destroy()
+        pool_no_split.destroy()
+
+
+def _check_no_split_large(sp, pool_split, pool_no_split, ptrs):
     for _ in range(2):
         with sp.use_mem_pool(pool_split):
             ptrs.append(sp.malloc(4 * MB))
@@ -970,10 +998,6 @@ def test_mempool_no_split_large(sp):
         for seg in segs_no_split:
             assert len(seg["blocks"]) == 1  # the whole 20 MiB segment is the block
     assert sum(len(s["blocks"]) for s in segs_no_split) < sum(len(s["blocks"]) for s in segs_split)
-    for p in ptrs:
-        sp.free(p)
-    pool_split.destroy()
-    pool_no_split.destroy()
 
 
 def test_deleted_mempool_not_used_on_oom(sp):
