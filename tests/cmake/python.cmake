@@ -117,6 +117,15 @@ foreach(src ${SP_PY_TESTS})
     ENVIRONMENT "${SP_PY_ENV}")
 endforeach()
 
+# test/test_cuda_expandable_segments.py runs test_cuda.py's TestCuda and TestMemPool again with
+# expandable segments on: the torch port runs again so, with PyTorch's exact page rules (our three
+# defaults that change them off; docs/expandable.md). About 3 s. CuPy has no such run.
+add_test(NAME python.pytest.parity_torch_expandable
+  COMMAND ${SP_PYTEST} ${CMAKE_CURRENT_SOURCE_DIR}/python/test_parity_torch.py
+  WORKING_DIRECTORY ${CMAKE_CURRENT_BINARY_DIR})
+set_tests_properties(python.pytest.parity_torch_expandable PROPERTIES LABELS "unit;python"
+  TIMEOUT 120 ENVIRONMENT "${SP_PY_ENV};SYMPOOL_ALLOC_CONF=expandable_segments:True;SYMPOOL_EXPANDABLE_PAGE=0;SYMPOOL_EXPANDABLE_RECYCLE=0;SYMPOOL_EXPANDABLE_BORROW=0")
+
 if(SP_HAVE_MPI)
   sp_python_can(${SP_TEST_PY} "mpi4py.MPI" SP_PY_HAS_MPI4PY)
   if(SP_PY_HAS_MPI4PY)

@@ -2,6 +2,11 @@
 against sympool's torch.cuda-named functions, on the host backend. Tests that need allocator
 settings run a child Python with SYMPOOL_ALLOC_CONF (sympool reads its settings when it starts;
 PyTorch's _set_allocator_settings has no counterpart).
+
+test/test_cuda_expandable_segments.py runs TestCuda and TestMemPool again with expandable segments
+on; tests/cmake/python.cmake runs this file again so too, with PyTorch's exact page rules
+(SYMPOOL_EXPANDABLE_PAGE=0, RECYCLE=0, BORROW=0). Where a test's figures follow from fixed segments,
+it checks what PyTorch's expandable segments give instead (expandable() says which).
 """
 
 import gc
@@ -26,6 +31,11 @@ def run_child(body, **env):
                        timeout=120)
     assert r.returncode == 0, r.stdout + r.stderr
     return r.stdout
+
+
+def expandable(sp):
+    """Whether this process's default pool maps expandable segments."""
+    return sp._snapshot()["allocator_settings"]["expandable_segments"]
 
 
 def counting_allocator():
@@ -351,10 +361,18 @@ def test_out_of_memory_retry(sp):
     sp.free(b)
     # A larger request does not fit the cached block nor beside it: the allocator releases its
     # cache and retries (num_alloc_retries counts that retry).
+    # With expandable segments the cached block grows in place instead: the free block and the
+    # unmapped space after it hold the request, so no release and no retry.
     retries = sp.memory_stats()["num_alloc_retries"]
     c = sp.malloc(int(total * 0.6))
-    assert sp.memory_stats()["num_alloc_retries"] == retries + 1
-    sp.free(c)
+    try:
+        if expandable(sp):
+            assert c == a
+            assert sp.memory_stats()["num_alloc_retries"] == retries
+        else:
+            assert sp.memory_stats()["num_alloc_retries"] == retries + 1
+    finally:
+        sp.free(c)
     sp.empty_cache()
     sp.reset_peak_memory_stats()
 
@@ -579,15 +597,17 @@ def test_memory_snapshot_trace_sizes(sp):
     sp.empty_cache()
     trace = sp._snapshot()["device_traces"][0]
     actions = [(e["action"], e["size"]) for e in trace]
-    assert ("segment_alloc", 2 * MB) in actions
+    # An expandable segment maps and unmaps a 2 MiB page instead of allocating a segment.
+    seg_alloc, seg_free = (("segment_map", "segment_unmap") if expandable(sp)
+                           else ("segment_alloc", "segment_free"))
+    assert (seg_alloc, 2 * MB) in actions
     assert ("alloc", 1000) in actions  # the request, not the rounded size
     assert ("free_requested", 1000) in actions
     assert ("free_completed", 1000) in actions
-    assert ("segment_free", 2 * MB) in actions
-    order = [a for a, _ in actions if a in ("segment_alloc", "alloc", "free_requested",
-                                            "free_completed", "segment_free")]
-    assert order == ["segment_alloc", "alloc", "free_requested", "free_completed",
-                     "segment_free"]
+    assert (seg_free, 2 * MB) in actions
+    order = [a for a, _ in actions if a in (seg_alloc, "alloc", "free_requested",
+                                            "free_completed", seg_free)]
+    assert order == [seg_alloc, "alloc", "free_requested", "free_completed", seg_free]
     for e in trace:
         assert {"action", "addr", "size", "stream", "time_us"} <= set(e)
     sp._record_memory_history(None)
@@ -663,8 +683,10 @@ def test_mempool_multithread(sp):
 
 
 def test_mempool_use_count_and_segments(sp):
-    # test_mempool_with_allocator without the dummy allocator's counters
-    pool = sp.MemPool()
+    # test_mempool_with_allocator: a pool with its own allocator (PyTorch's dummy one), whose
+    # segments stay fixed with expandable segments on (an allocator cannot map pages).
+    _, allocator = counting_allocator()
+    pool = sp.MemPool(allocator)
     assert pool.use_count() == 1
     nbytes_1mb = 1024 * 1024
     with sp.use_mem_pool(pool):
@@ -801,32 +823,54 @@ def test_reset_peak_memory_stats(sp):
 
 
 def test_inactive_split_and_pool_stats(sp):
+    held = set()
+    try:
+        _check_inactive_split_and_pool_stats(sp, held)
+    finally:  # a failure must not leave its blocks to the tests after it
+        for p in held:
+            sp.free(p)
+
+
+def _check_inactive_split_and_pool_stats(sp, held):
+    def malloc(n):
+        p = sp.malloc(n)
+        held.add(p)
+        return p
+
+    def free(p):
+        held.discard(p)
+        sp.free(p)
+
     sp.empty_cache()
     sp.reset_accumulated_memory_stats()
-    p = sp.malloc(4 * MB)  # large pool: one 20 MiB segment, split
+    # With expandable segments, a mapped page counts in reserved_bytes but not in segment, and
+    # inactive_split leaves expandable segments out (their free pages can always be unmapped).
+    exp = expandable(sp)
+    p = malloc(4 * MB)  # large pool: one 20 MiB segment (or page), split
     st = sp.memory_stats()
-    assert st["segment.large_pool.current"] == 1
+    assert st["segment.large_pool.current"] == (0 if exp else 1)
     assert st["reserved_bytes.large_pool.current"] == 20 * MB
-    assert st["inactive_split.large_pool.current"] == 1
-    assert st["inactive_split_bytes.large_pool.current"] == 16 * MB
-    q = sp.malloc(1000)  # small pool: a 2 MiB segment
+    assert st["inactive_split.large_pool.current"] == (0 if exp else 1)
+    assert st["inactive_split_bytes.large_pool.current"] == (0 if exp else 16 * MB)
+    q = malloc(1000)  # small pool: a 2 MiB segment (or page)
     st = sp.memory_stats()
     assert st["reserved_bytes.small_pool.current"] == 2 * MB
     assert st["allocated_bytes.small_pool.current"] == 1024
     assert st["requested_bytes.small_pool.current"] == 1000
-    assert st["inactive_split_bytes.small_pool.current"] == 2 * MB - 1024
-    assert st["inactive_split_bytes.all.current"] == 16 * MB + 2 * MB - 1024
-    sp.free(p)
-    sp.free(q)
+    assert st["inactive_split_bytes.small_pool.current"] == (0 if exp else 2 * MB - 1024)
+    assert st["inactive_split_bytes.all.current"] == (0 if exp else 16 * MB + 2 * MB - 1024)
+    free(p)
+    free(q)
     st = sp.memory_stats()
     assert st["inactive_split.all.current"] == 0  # merged back: nothing split is left
     assert st["inactive_split_bytes.all.current"] == 0
-    # a large request that leaves <= 1 MiB is not split: the block keeps the extra bytes
-    r = sp.malloc(20 * MB - MB)
+    # a large request that leaves <= 1 MiB is not split: the block keeps the extra bytes (in an
+    # expandable segment any rest of 512 bytes or more is split off)
+    r = malloc(20 * MB - MB)
     st = sp.memory_stats()
-    assert st["allocated_bytes.large_pool.current"] == 20 * MB
+    assert st["allocated_bytes.large_pool.current"] == (19 if exp else 20) * MB
     assert st["requested_bytes.large_pool.current"] == 19 * MB
-    sp.free(r)
+    free(r)
     sp.empty_cache()
 
 
@@ -905,9 +949,17 @@ def test_nested_mempool(sp):
                 allocate_data()
             allocate_data()
         allocate_data()
-    assert len(sp.memory_snapshot(pool1.id)) == 2
-    assert len(sp.memory_snapshot(pool2.id)) == 2
-    assert len(sp.memory_snapshot(pool3.id)) == 1
+    if expandable(sp):
+        # A MemPool without an allocator maps its own expandable segment: a pool's second block
+        # is mapped right after its first, and a snapshot shows one segment per mapped range.
+        for pool, n in ((pool1, 2), (pool2, 2), (pool3, 1)):
+            segs = sp.memory_snapshot(pool.id)
+            assert [len(s["blocks"]) for s in segs] == [n], segs
+            assert all(s["is_expandable"] for s in segs)
+    else:
+        assert len(sp.memory_snapshot(pool1.id)) == 2
+        assert len(sp.memory_snapshot(pool2.id)) == 2
+        assert len(sp.memory_snapshot(pool3.id)) == 1
     for p in data:
         sp.free(p)
     for p in (pool1, pool2, pool3):
@@ -919,6 +971,16 @@ def test_mempool_no_split_large(sp):
     pool_split = sp.MemPool()
     pool_no_split = sp.MemPool(no_split=True)
     ptrs = []
+    try:
+        _check_no_split_large(sp, pool_split, pool_no_split, ptrs)
+    finally:  # a failure must not leave the pools' segments to the tests after it
+        for p in ptrs:
+            sp.free(p)
+        pool_split.destroy()
+        pool_no_split.destroy()
+
+
+def _check_no_split_large(sp, pool_split, pool_no_split, ptrs):
     for _ in range(2):
         with sp.use_mem_pool(pool_split):
             ptrs.append(sp.malloc(4 * MB))
@@ -926,14 +988,16 @@ def test_mempool_no_split_large(sp):
             ptrs.append(sp.malloc(4 * MB))
     segs_split = sp.memory_snapshot(pool_split.id)
     segs_no_split = sp.memory_snapshot(pool_no_split.id)
-    assert len(segs_no_split) > len(segs_split)
-    for seg in segs_no_split:
-        assert len(seg["blocks"]) == 1  # the whole 20 MiB segment is the block
+    if expandable(sp):
+        # Both pools grow one expandable segment; the no_split one keeps each whole 20 MiB page
+        # as the block, the other splits it.
+        assert len(segs_no_split) == len(segs_split) == 1
+        assert [b["size"] for b in segs_no_split[0]["blocks"]] == [20 * MB, 20 * MB]
+    else:
+        assert len(segs_no_split) > len(segs_split)
+        for seg in segs_no_split:
+            assert len(seg["blocks"]) == 1  # the whole 20 MiB segment is the block
     assert sum(len(s["blocks"]) for s in segs_no_split) < sum(len(s["blocks"]) for s in segs_split)
-    for p in ptrs:
-        sp.free(p)
-    pool_split.destroy()
-    pool_no_split.destroy()
 
 
 def test_deleted_mempool_not_used_on_oom(sp):

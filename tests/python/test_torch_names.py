@@ -25,8 +25,10 @@ def test_mempool_third_positional_is_no_split(sp):
     with sp.use_mem_pool(pool):
         a = sp.malloc(1 << 20)
         b = sp.malloc(1 << 20)
-    # no_split: one block per segment, so two allocations hold two segments.
-    assert len([s for s in sp.memory_snapshot(pool.id)]) == 2
+    # no_split: each allocation keeps its whole 2 MiB segment (or, with expandable segments on,
+    # its whole page): two blocks of 2 MiB, no free remainder.
+    blocks = [b for s in sp.memory_snapshot(pool.id) for b in s["blocks"]]
+    assert [b["size"] for b in blocks] == [2 << 20, 2 << 20], blocks
     sp.free(a)
     sp.free(b)
 
