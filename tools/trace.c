@@ -1146,6 +1146,22 @@ static bool analyse(const pk_value_t *segments, const recs_t *recs, const tr_set
                 e->flags &= (uint8_t)~TR_F_DEFERRED;
             break;
         }
+        case TR_FREE_COMPLETED: {
+            /* PyTorch records a free_requested before every free_completed; a trace that records
+             * the frees as completions only (written by other tools: MemoryViz's timeline ends a
+             * block at its free_completed) ends a block an alloc of the trace made, still live,
+             * with one. That is its free, or the block would stay live to the end. A completion
+             * whose block no alloc of the trace made (its request fell off a full ring) is
+             * left as it is. */
+            uintptr_t *v = tr_map_find(&touched, e->addr);
+            if (v != NULL && *v == 1) {
+                *v = 0;
+                e->action = TR_FREE_REQUESTED;
+                e->flags = (uint8_t)((e->flags | TR_F_COMPLETION) & ~TR_F_DEFERRED);
+                d->completion_frees++;
+            }
+            break;
+        }
         case TR_SEGMENT_ALLOC:
         case TR_SEGMENT_FREE:
             if (!tr_map_get(&segfirst, e->addr, NULL) &&

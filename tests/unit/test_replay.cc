@@ -1050,6 +1050,46 @@ TEST_F(Replay, DeferredFreesWaitForTheirCompletion) {
     tr_free(&t);
 }
 
+// A trace that records its frees as free_completed only (no free_requested: other tools write
+// them so, and MemoryViz ends a block there): each ends the block an alloc of the trace made, so
+// the replay frees it. A completion whose block no alloc of the trace made (its request fell off
+// a full ring) and the completion of a requested free stay what they were.
+TEST_F(Replay, CompletionsWithoutRequestsAreTheFrees) {
+    const uint64_t A = X, B = X + 64 * MiB;
+    const std::vector<SEv> evs = {
+        {"free_completed", B, 512, 0}, // its request is not in the trace
+        {"segment_alloc", A, 20 * MiB, 0},  {"alloc", A, 20 * MiB, 0},
+        {"free_completed", A, 20 * MiB, 0}, {"alloc", A, 20 * MiB, 0},
+        {"free_completed", A, 20 * MiB, 0}, {"alloc", A, 20 * MiB, 0},
+        {"free_requested", A, 20 * MiB, 0}, {"free_completed", A, 20 * MiB, 0}};
+    const std::vector<SSeg> segs = {{A, 20 * MiB, 0, 0, "large", {{20 * MiB, 0, "inactive"}}}};
+    tr_trace_t t;
+    std::string err;
+    ASSERT_TRUE(load(snapshot_of(segs, evs, "", false), &t, &err)) << err;
+    const tr_device_t &d = t.dev[0];
+    EXPECT_EQ(d.completion_frees, 2u);
+    const tr_action_t want[] = {TR_FREE_COMPLETED, TR_SEGMENT_ALLOC,  TR_ALLOC,
+                                TR_FREE_REQUESTED, TR_ALLOC,          TR_FREE_REQUESTED,
+                                TR_ALLOC,          TR_FREE_REQUESTED, TR_FREE_COMPLETED};
+    ASSERT_EQ(d.nev, sizeof(want) / sizeof(want[0]));
+    for (size_t i = 0; i < d.nev; i++) {
+        EXPECT_EQ(d.ev[i].action, want[i]) << i;
+        EXPECT_EQ((d.ev[i].flags & TR_F_COMPLETION) != 0, i == 3 || i == 5) << i;
+    }
+    EXPECT_EQ(d.nseeds, 0u);
+    EXPECT_EQ(d.deferred_frees, 0u);
+    EXPECT_EQ(d.peak_requested, 20 * MiB); // not 60 MiB: each block is gone before the next
+    EXPECT_EQ(d.peak_reserved, 20 * MiB);
+    replay_result_t r;
+    char why[256] = "";
+    ASSERT_TRUE(replay_trace(&t, nullptr, &r, why, sizeof(why))) << why;
+    EXPECT_EQ(r.frees, 3u);
+    EXPECT_EQ(r.device_allocs, 1); // every alloc reuses the one segment
+    EXPECT_EQ((uint64_t)r.peak_reserved, r.pytorch_peak_reserved);
+    EXPECT_EQ(r.end_allocated, 0);
+    tr_free(&t);
+}
+
 // A private pool's segment existed before the trace; allocations at its addresses go to a pool
 // of ours (not the default pool's cached segment of the same size).
 TEST_F(Replay, PrivatePoolsAreRoutedByAddress) {
