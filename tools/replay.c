@@ -1018,8 +1018,15 @@ static void print_text(const char *trace, const tr_trace_t *t, const replay_resu
            gib((double)r->trace_peak_requested));
     printf("  peak allocated       %.3f GiB\n", gib((double)r->peak_allocated));
     double dev = pct((double)r->peak_reserved, (double)r->pytorch_peak_reserved);
-    printf("  peak reserved        %.3f GiB   recorded run: %.3f GiB (%+.2f%%)\n",
-           gib((double)r->peak_reserved), gib((double)r->pytorch_peak_reserved), dev);
+    /* A recorded run that reserved nothing has no percentage to differ by: a replay that
+     * reserves something differs from it all the same. */
+    bool none_recorded = r->pytorch_peak_reserved == 0 && r->peak_reserved > 0;
+    if (none_recorded)
+        printf("  peak reserved        %.3f GiB   recorded run: 0 bytes\n",
+               gib((double)r->peak_reserved));
+    else
+        printf("  peak reserved        %.3f GiB   recorded run: %.3f GiB (%+.2f%%)\n",
+               gib((double)r->peak_reserved), gib((double)r->pytorch_peak_reserved), dev);
     if (r->peak_allocated > 0 && (double)r->start_reserved > 1.01 * (double)r->peak_allocated)
         printf(
             "  lower bound          %.3f GiB reserved (%.4f x the peak allocated) before the first "
@@ -1033,7 +1040,7 @@ static void print_text(const char *trace, const tr_trace_t *t, const replay_resu
            gib((double)r->pytorch_end_allocated), gib((double)r->end_inactive_split));
     printf("  OOMs                 %zu (recorded run: %zu)\n", r->ooms, r->recorded_ooms);
     printf("  time per event       %.1f ns\n", r->ns_per_event);
-    if (dev > 2.0 || dev < -2.0) {
+    if (dev > 2.0 || dev < -2.0 || none_recorded) {
         /* Why the replay may not match the recorded run. */
         printf("  differs by more than 2%%:");
         if (user_conf != NULL)
@@ -1050,6 +1057,13 @@ static void print_text(const char *trace, const tr_trace_t *t, const replay_resu
                    gib((double)r->start_bytes), gib((double)r->pytorch_start_reserved));
         if (t->settings.dropped[0] || t->settings.fraction > 0)
             printf(" settings that do not replay exactly (above);");
+        /* Requested bytes live in allocated blocks, allocated ones in reserved segments: a trace
+         * whose requests outgrow what PyTorch reserved is no record of one run. */
+        if (r->trace_peak_requested > r->pytorch_peak_reserved)
+            printf(" the trace requests more at its peak (%.3f GiB) than the recorded run ever "
+                   "reserved (%.3f GiB): an inconsistent trace (blocks outside the recorded "
+                   "segments, no segment_alloc for them) that no allocator can match;",
+                   gib((double)r->trace_peak_requested), gib((double)r->pytorch_peak_reserved));
         printf(" otherwise the allocators chose differently (among free blocks of one size both "
                "take the lowest address, and the emulated device's addresses are not the "
                "recorded GPU's)\n");
