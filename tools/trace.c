@@ -1654,6 +1654,34 @@ static void read_settings(const pk_value_t *as, tr_settings_t *st) {
 
 static bool from_doc(pk_doc_t *doc, recs_t *recs, tr_trace_t *t, char *err, size_t errlen);
 
+/* What a value is, in Python's words, for a reason. */
+static const char *kind_of(const pk_value_t *v) {
+    switch (v != NULL ? v->type : PK_NONE) {
+    case PK_NONE:
+        return "None";
+    case PK_BOOL:
+        return "a bool";
+    case PK_INT:
+    case PK_UINT:
+    case PK_BIGINT:
+        return "an int";
+    case PK_FLOAT:
+        return "a float";
+    case PK_STR:
+        return "a str";
+    case PK_BYTES:
+        return "bytes";
+    case PK_LIST:
+        return "a list";
+    case PK_TUPLE:
+        return "a tuple";
+    case PK_SET:
+        return "a set";
+    default:
+        return "another kind of value";
+    }
+}
+
 bool tr_from_doc(pk_doc_t *doc, tr_trace_t *t, char *err, size_t errlen) {
     return from_doc(doc, NULL, t, err, errlen);
 }
@@ -1708,6 +1736,15 @@ static bool from_doc(pk_doc_t *doc, recs_t *recs, tr_trace_t *t, char *err, size
         const rec_seg_t *rg = seg_of(recs, seg);
         if (entry_record(recs, seg))
             return whole_needed("a segment", err, errlen);
+        /* A bare list is a snapshot when it holds segment dicts (the legacy format); one of
+         * something else (a pickled list of tuples, numbers, ...) is no damaged snapshot. */
+        if (segments == t->root && rg == NULL && !dict_record(recs, seg) &&
+            (seg == NULL || seg->type != PK_DICT)) {
+            snprintf(err, errlen,
+                     "not a memory snapshot (a list whose item %zu is %s, not a segment dict)", s,
+                     kind_of(seg));
+            return false;
+        }
         bool have_dev = rg != NULL ? (dev = rg->dev, (rg->flags & RS_DEV) != 0)
                                    : pk_get_int(seg, "device", &dev);
         if (!have_dev || dev < 0 || dev > 4096) {
