@@ -1057,12 +1057,21 @@ static void print_text(const char *trace, const tr_trace_t *t, const replay_resu
                    gib((double)r->start_bytes), gib((double)r->pytorch_start_reserved));
         if (t->settings.dropped[0] || t->settings.fraction > 0)
             printf(" settings that do not replay exactly (above);");
+        size_t unknown = 0;
+        for (int d = 0; d < t->ndev; d++)
+            for (size_t i = 0; i < t->dev[d].nev; i++)
+                unknown += t->dev[d].ev[i].action == TR_OTHER;
+        if (unknown > 0)
+            printf(" %zu trace entr%s of actions sympool does not know %s ignored (sympool info "
+                   "counts them as 'other');",
+                   unknown, unknown == 1 ? "y" : "ies", unknown == 1 ? "was" : "were");
         /* Requested bytes live in allocated blocks, allocated ones in reserved segments: a trace
          * whose requests outgrow what PyTorch reserved is no record of one run. */
         if (r->trace_peak_requested > r->pytorch_peak_reserved)
             printf(" the trace requests more at its peak (%.3f GiB) than the recorded run ever "
                    "reserved (%.3f GiB): an inconsistent trace (blocks outside the recorded "
-                   "segments, no segment_alloc for them) that no allocator can match;",
+                   "segments with no segment_alloc for them, or frees in no form sympool reads) "
+                   "that no allocator can match;",
                    gib((double)r->trace_peak_requested), gib((double)r->pytorch_peak_reserved));
         printf(" otherwise the allocators chose differently (among free blocks of one size both "
                "take the lowest address, and the emulated device's addresses are not the "

@@ -6,6 +6,7 @@ dir):
  - a trace that requests more than the recorded run reserved (blocks outside the recorded
    segments, no segment_alloc for them): the replay says the trace is inconsistent, also when
    the recorded run reserved nothing at all (there is no percentage to differ by);
+ - entries of actions sympool does not know: the replay says they were ignored;
  - a pickled list of something else than segment dicts: not a memory snapshot."""
 import json
 import os
@@ -71,6 +72,18 @@ for name, segs in (("outgrown.pickle", [segment(SEG, 20 * MiB)]), ("unreserved.p
         sys.exit(f"replay {name}: rc {r.returncode}: {r.stdout}{r.stderr}")
     if not segs and "recorded run: 0 bytes" not in r.stdout:
         sys.exit(f"replay {name}: {r.stdout}")
+
+# Entries of an action sympool does not know (here frees under another name): ignored, and the
+# replay says so when it differs.
+entries = [entry("segment_alloc", SEG, 20 * MiB, 1)]
+for k in range(3):
+    entries += [entry("alloc", SEG, 20 * MiB, 10 * k + 2),
+                entry("released", SEG, 20 * MiB, 10 * k + 3)]
+path = write("unknown.pickle", {"segments": [segment(SEG, 20 * MiB)], "device_traces": [entries]})
+r = run("replay", path)
+if r.returncode != 0 or "differs by more than 2%" not in r.stdout or \
+        "3 trace entries of actions sympool does not know were ignored" not in r.stdout:
+    sys.exit(f"replay unknown: rc {r.returncode}: {r.stdout}{r.stderr}")
 
 # A pickled list of tuples (a tokenizer's merges, say).
 path = write("merges.pickle", [(b"a", b"b"), (b"ab", b"c")])
