@@ -152,6 +152,10 @@ static tr_action_t action_of(const char *s, size_t len) {
         a = TR_OOM;
         break;
     case 'f':
+        /* "free": a free_requested and its free_completed in one entry, as MemoryViz writes the
+         * pairs it elides and reads them back (tools that export its data write them so) */
+        if (len == 4)
+            return memcmp(s, "free", 4) == 0 ? TR_FREE_REQUESTED : TR_OTHER;
         if (len > 5)
             a = s[5] == 'r' ? TR_FREE_REQUESTED : TR_FREE_COMPLETED;
         break;
@@ -826,7 +830,9 @@ static int take_entry(void *arg, pk_value_t *const *pairs, size_t n, uint64_t *i
     /* user_metadata: absent from older PyTorch's entries, "" on newer ones' (almost always) */
     const pk_value_t *mv = v[RK_META];
     const char *meta = NULL;
-    if (pool_id != NULL || a == TR_OTHER || (mv != NULL && (meta = meta_text(mv)) != NULL)) {
+    /* (a "free" entry keeps its name: load_events counts those) */
+    if (pool_id != NULL || a == TR_OTHER || (a == TR_FREE_REQUESTED && action->u.str.len == 4) ||
+        (mv != NULL && (meta = meta_text(mv)) != NULL)) {
         if (rs->nside == rs->cap_side &&
             !grow_array((void **)&rs->side, &rs->cap_side, sizeof(*rs->side)))
             return -1;
@@ -1017,6 +1023,8 @@ static bool load_events(const pk_value_t *list, recs_t *recs, int dev, tr_device
         d->nev++;
         if (ev->action == TR_OOM)
             d->recorded_ooms++;
+        if (ev->action == TR_FREE_REQUESTED && strcmp(act, "free") == 0)
+            d->free_entries++;
     }
     tr_map_free(&known);
     return true;

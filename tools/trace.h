@@ -104,6 +104,8 @@ typedef struct tr_device {
     size_t internal_frees;    /* segment frees the allocator made inside a malloc */
     size_t deferred_frees;    /* TR_F_DEFERRED events */
     size_t completion_frees;  /* TR_F_COMPLETION events */
+    size_t free_entries;      /* TR_FREE_REQUESTED events recorded as "free" (a request and its
+                               * completion in one entry) */
     tr_seed_t *seeds;         /* blocks live before recording began, by address; those not
                                * in_start are requested before the first event */
     size_t nseeds;            /* entries in seeds */

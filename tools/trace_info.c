@@ -61,6 +61,10 @@ static void text(const char *path, const tr_trace_t *t) {
             printf("  frees recorded only as free_completed (no free_requested before them): %zu, "
                    "read as the frees\n",
                    dv->completion_frees);
+        if (dv->free_entries > 0)
+            printf("  of the free_requested, recorded as 'free' (a request and its completion in "
+                   "one entry): %zu\n",
+                   dv->free_entries);
         printf("  starting state: %zu segments (%.3f GiB; PyTorch reserved %.3f GiB before the "
                "first event), %zu live blocks in them, %zu outside (%.3f GiB)\n",
                dv->nstart, gib(dv->start_bytes), gib(dv->start_reserved), dv->nsblocks, dv->nloose,
@@ -134,6 +138,7 @@ static void json(const char *path, const tr_trace_t *t) {
         cj_uint(&j, "frees_held_for_other_streams", dv->deferred_frees);
         cj_uint(&j, "segment_frees_inside_malloc", dv->internal_frees);
         cj_uint(&j, "frees_recorded_as_free_completed", dv->completion_frees);
+        cj_uint(&j, "frees_recorded_as_free", dv->free_entries);
         cj_object(&j, "starting_state");
         cj_uint(&j, "segments", dv->nstart);
         cj_uint(&j, "segment_bytes", dv->start_bytes);

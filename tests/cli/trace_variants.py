@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """Snapshots of forms seen in public repositories, each read as what it is (argv: sympool, work
 dir):
- - frees recorded as free_completed only (no free_requested; other tools write traces so): info
-   counts them as the frees, and the replay frees the blocks (one segment, reused, as recorded);
+ - frees recorded as free_completed only (no free_requested; other tools write traces so), or
+   as single "free" entries (MemoryViz's): info counts them, and the replay frees the blocks (one
+   segment, reused, as recorded);
  - a trace that requests more than the recorded run reserved (blocks outside the recorded
    segments, no segment_alloc for them): the replay says the trace is inconsistent, also when
    the recorded run reserved nothing at all (there is no percentage to differ by);
@@ -60,6 +61,24 @@ j = json.loads(r.stdout)
 if (j["frees"], j["num_device_alloc"], j["peak_reserved_bytes"]) != (3, 1, 20 * MiB) or \
         j["pytorch_peak_reserved_bytes"] != 20 * MiB:
     sys.exit(f"replay completions: {r.stdout}")
+
+# The same frees as single "free" entries (a request and its completion in one, as MemoryViz
+# writes the pairs it elides).
+entries = [entry("segment_alloc", SEG, 20 * MiB, 1)]
+for k in range(3):
+    entries += [entry("alloc", SEG, 20 * MiB, 10 * k + 2), entry("free", SEG, 20 * MiB, 10 * k + 3)]
+path = write("free_entries.pickle", {"segments": [segment(SEG, 20 * MiB)],
+                                     "device_traces": [entries]})
+r = run("info", path)
+if r.returncode != 0 or "alloc 3, free_requested 3," not in r.stdout or \
+        "recorded as 'free' (a request and its completion in one entry): 3" not in r.stdout:
+    sys.exit(f"info free entries: rc {r.returncode}: {r.stdout}{r.stderr}")
+r = run("replay", path, "--json")
+if r.returncode != 0:
+    sys.exit(f"replay free entries: rc {r.returncode}: {r.stderr}")
+j = json.loads(r.stdout)
+if (j["frees"], j["num_device_alloc"], j["peak_reserved_bytes"]) != (3, 1, 20 * MiB):
+    sys.exit(f"replay free entries: {r.stdout}")
 
 # More requested than reserved: a 20 MiB segment recorded, 64 MiB blocks outside it.
 entries = [entry("alloc", OUT, 64 * MiB, 1), entry("free_requested", OUT, 64 * MiB, 2),

@@ -1485,6 +1485,10 @@ TEST_F(Replay, ActionNamesAreReadWholly) {
         {"segment_unmap", TR_SEGMENT_UNMAP},
         {"snapshot", TR_SNAPSHOT},
         {"oom", TR_OOM},
+        {"free", TR_FREE_REQUESTED}, // a request and its completion in one entry (MemoryViz's)
+        {"fre", TR_OTHER},
+        {"freed", TR_OTHER},
+        {"free_", TR_OTHER},
         {"allocs", TR_OTHER},
         {"a", TR_OTHER},
         {"free_re", TR_OTHER},
@@ -1528,6 +1532,9 @@ TEST_F(Replay, ActionNamesAreReadWholly) {
         EXPECT_EQ(dict.dev[0].ev[i].action, names[i].second) << names[i].first;
         EXPECT_EQ(fast.dev[0].ev[i].action, names[i].second) << names[i].first;
     }
+    // The one "free" entry is counted as such (info says so), on both load paths.
+    EXPECT_EQ(dict.dev[0].free_entries, 1u);
+    EXPECT_EQ(fast.dev[0].free_entries, 1u);
     tr_free(&dict);
     tr_free(&fast);
 }
