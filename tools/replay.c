@@ -69,6 +69,9 @@ typedef struct dev_state {
     size_t npools;
     void **holes; /* placeholders of the starting state's free space */
     size_t nholes, cap_holes;
+    size_t *whole; /* sblocks (index) taken at their recorded size, asked again at the
+                    * end of their segment's rebuild (build_segment) */
+    size_t nwhole, cap_whole;
     /* The event loop's address map, resolved before the clock starts (plan_slots): every block
      * the replay can hold has a slot, every alloc and free event knows its slot. */
     void **ptrs;         /* slot -> our pointer, NULL when it holds none */
@@ -415,9 +418,27 @@ static bool build_segment(dev_state_t *ds, int dev, const tr_device_t *td, const
             want = b->size;
         if (sg->is_small && want > small_max)
             want = small_max;
+        /* A large block 512 bytes or more above its request kept a remainder PyTorch did not
+         * split off (1 MiB or less): its request alone would make it smaller here, and every
+         * block after it would lie lower than it lay. It is taken at its recorded size first,
+         * and asked again once the segment is laid out, in a place it then fills whole. */
+        bool whole = !sg->is_small && b->size - want >= 512;
+        if (whole) {
+            if (ds->nwhole == ds->cap_whole) {
+                size_t nc = ds->cap_whole ? 2 * ds->cap_whole : 16;
+                size_t *nw = realloc(ds->whole, nc * sizeof(*nw));
+                if (nw == NULL) {
+                    snprintf(err, errlen, "out of memory");
+                    return false;
+                }
+                ds->whole = nw;
+                ds->cap_whole = nc;
+            }
+            ds->whole[ds->nwhole++] = sg->first + i;
+        }
         fs->frames = b->frames;
         p = NULL;
-        st = request(ds, dev, sg->pool, (size_t)want, s, &p);
+        st = request(ds, dev, sg->pool, (size_t)(whole ? b->size : want), s, &p);
         if (st == SP_SUCCESS && p != NULL && !tr_map_put(&ds->blocks, b->addr, (uintptr_t)p)) {
             (void)sp_free(p);
             snprintf(err, errlen, "out of memory");
@@ -426,6 +447,28 @@ static bool build_segment(dev_state_t *ds, int dev, const tr_device_t *td, const
         r->start_blocks++;
         at = b->addr + b->size;
     }
+    /* The blocks taken whole, given back and asked again: the only free space around each is
+     * its own place (the segment's other blocks and free space are held), which the request
+     * fills without a split. */
+    for (size_t k = 0; st == SP_SUCCESS && k < ds->nwhole; k++) {
+        const tr_sblock_t *b = &td->sblocks[ds->whole[k]];
+        uintptr_t v = 0;
+        if (!tr_map_get(&ds->blocks, b->addr, &v) || v == 0)
+            continue; /* not placed (an OOM) */
+        st = sp_free((void *)v);
+        fs->frames = b->frames;
+        void *q = NULL;
+        if (st == SP_SUCCESS)
+            st = request(ds, dev, sg->pool, (size_t)b->req, s, &q);
+        if (st == SP_SUCCESS && q != NULL && !tr_map_put(&ds->blocks, b->addr, (uintptr_t)q)) {
+            (void)sp_free(q);
+            snprintf(err, errlen, "out of memory");
+            return false;
+        }
+        if (st == SP_SUCCESS && q == NULL)
+            (void)tr_map_del(&ds->blocks, b->addr, NULL);
+    }
+    ds->nwhole = 0;
     fs->frames = NULL;
     if (st == SP_ERR_OUT_OF_MEMORY) {
         r->ooms++;
@@ -469,6 +512,7 @@ static void free_all(dev_state_t *ds, bool release) {
     free(ds->all_side);
     free(ds->pools);
     free(ds->holes);
+    free(ds->whole);
     free(ds->ptrs);
     free(ds->ops);
     free(ds->meta);

@@ -1092,6 +1092,40 @@ TEST_F(Replay, CompletionsWithoutRequestsAreTheFrees) {
     tr_free(&t);
 }
 
+// A block of the starting state that kept a remainder PyTorch did not split off (3 MiB for a
+// 2 MiB request: 1 MiB or less is not split in the large pool) is rebuilt at its size, so the
+// blocks after it lie where they lay and the segment's free tail is the recorded 13 MiB: a
+// 13.5 MiB request then needs a segment of its own, as it did. Rebuilt from the request alone,
+// the first block came out 2 MiB and the tail 14 MiB, which took the request.
+TEST_F(Replay, StartBlocksKeepTheRemainderPyTorchKept) {
+    const uint64_t A = X, B = X + 64 * MiB, big = 13 * MiB + MiB / 2;
+    const std::vector<SSeg> segs = {
+        {A,
+         20 * MiB,
+         0,
+         0,
+         "large",
+         {{3 * MiB, 2 * MiB, "active_allocated"},
+          {4 * MiB, 4 * MiB, "active_allocated"},
+          {13 * MiB, 0, "inactive"}}},
+        {B, 14 * MiB, 0, 0, "large", {{14 * MiB, big, "active_allocated"}}}};
+    const std::vector<SEv> evs = {{"segment_alloc", B, 14 * MiB, 0}, {"alloc", B, big, 0}};
+    tr_trace_t t;
+    std::string err;
+    ASSERT_TRUE(load(snapshot_of(segs, evs, "", false), &t, &err)) << err;
+    ASSERT_EQ(t.dev[0].nstart, 1u);
+    EXPECT_EQ(t.dev[0].final_allocated, 21 * MiB);
+    replay_result_t r;
+    char why[256] = "";
+    ASSERT_TRUE(replay_trace(&t, nullptr, &r, why, sizeof(why))) << why;
+    EXPECT_EQ(r.start_blocks, 2u);
+    EXPECT_EQ(r.pytorch_peak_reserved, 34 * MiB);
+    EXPECT_EQ((uint64_t)r.peak_reserved, r.pytorch_peak_reserved);
+    EXPECT_EQ((uint64_t)r.end_allocated, r.pytorch_end_allocated); // 3 + 4 + 14 MiB
+    EXPECT_EQ(r.peak_requested, (int64_t)(6 * MiB + big));         // the recorded requests
+    tr_free(&t);
+}
+
 // A private pool's segment existed before the trace; allocations at its addresses go to a pool
 // of ours (not the default pool's cached segment of the same size).
 TEST_F(Replay, PrivatePoolsAreRoutedByAddress) {
