@@ -11,6 +11,7 @@
  * No globals, no lock: one replay at a time per process.
  */
 #include <math.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -979,8 +980,76 @@ static void log_filter(int level, const char *line, void *arg) {
     fprintf(stderr, "%s\n", line);
 }
 
+static double gib(double b);
+static double pct(double ours, double theirs);
+
+/* Appends a formatted piece to buf (its length in *n), cut at cap. */
+static void add_why(char *buf, size_t cap, size_t *n, const char *fmt, ...) {
+    if (*n + 1 >= cap)
+        return;
+    va_list ap;
+    va_start(ap, fmt);
+    int k = vsnprintf(buf + *n, cap - *n, fmt, ap);
+    va_end(ap);
+    if (k > 0)
+        *n = *n + (size_t)k < cap ? *n + (size_t)k : cap - 1;
+}
+
+/* Whether the replay's peak reserved differs from the recorded run's by more than 2% (or the
+ * recorded run reserved nothing and the replay something); if so, why it may, into buf: the
+ * reasons, each after a space and ending in ';', then what remains. The text output and
+ * --json give the same reasons. */
+static bool differs_because(const tr_trace_t *t, const replay_result_t *r, const char *user_conf,
+                            char *buf, size_t cap) {
+    double dev = pct((double)r->peak_reserved, (double)r->pytorch_peak_reserved);
+    bool none_recorded = r->pytorch_peak_reserved == 0 && r->peak_reserved > 0;
+    size_t n = 0;
+    buf[0] = '\0';
+    if (!(dev > 2.0 || dev < -2.0 || none_recorded))
+        return false;
+    if (user_conf != NULL)
+        add_why(buf, cap, &n, " --conf replaces the recorded settings;");
+    if (!t->settings.recorded)
+        add_why(buf, cap, &n, " the snapshot records no allocator settings;");
+    if (r->recorded_ooms > 0 || r->ooms > 0)
+        add_why(buf, cap, &n,
+                " the recorded run hit OOM (its device's free memory is not in the trace);");
+    if (r->start_requested)
+        add_why(buf, cap, &n, " the starting state was requested, not rebuilt (above);");
+    else if (r->pytorch_start_reserved != r->start_bytes)
+        add_why(buf, cap, &n,
+                " the starting state found (%.3f GiB) is not what the trace implies (%.3f GiB: "
+                "an inconsistent trace);",
+                gib((double)r->start_bytes), gib((double)r->pytorch_start_reserved));
+    if (t->settings.dropped[0] || t->settings.fraction > 0)
+        add_why(buf, cap, &n, " settings that do not replay exactly (above);");
+    size_t unknown = 0;
+    for (int d = 0; d < t->ndev; d++)
+        for (size_t i = 0; i < t->dev[d].nev; i++)
+            unknown += t->dev[d].ev[i].action == TR_OTHER;
+    if (unknown > 0)
+        add_why(buf, cap, &n,
+                " %zu trace entr%s of actions sympool does not know %s ignored (sympool info "
+                "counts them as 'other');",
+                unknown, unknown == 1 ? "y" : "ies", unknown == 1 ? "was" : "were");
+    /* Requested bytes live in allocated blocks, allocated ones in reserved segments: a trace
+     * whose requests outgrow what PyTorch reserved is no record of one run. */
+    if (r->trace_peak_requested > r->pytorch_peak_reserved)
+        add_why(buf, cap, &n,
+                " the trace requests more at its peak (%.3f GiB) than the recorded run ever "
+                "reserved (%.3f GiB): an inconsistent trace (blocks outside the recorded segments "
+                "with no segment_alloc for them, or frees in no form sympool reads) that no "
+                "allocator can match;",
+                gib((double)r->trace_peak_requested), gib((double)r->pytorch_peak_reserved));
+    add_why(buf, cap, &n,
+            " otherwise the allocators chose differently (among free blocks of one size both "
+            "take the lowest address, and the emulated device's addresses are not the recorded "
+            "GPU's)");
+    return true;
+}
+
 static void print_json(const char *trace, const replay_result_t *r, const char *conf,
-                       const char *settings, const char *capacity) {
+                       const char *settings, const char *capacity, const char *why) {
     printf("{\"trace\":");
     cj_write_string(stdout, trace);
     printf(",\"backend\":\"%s\",\"devices\":%d,\"trace_entries\":%zu,\"events\":%zu,"
@@ -1010,7 +1079,13 @@ static void print_json(const char *trace, const replay_result_t *r, const char *
     cj_write_string(stdout, settings);
     printf(",\"capacity\":");
     cj_write_string(stdout, capacity);
-    printf(",\"starting_state\":\"%s\"}\n", r->start_requested ? "requested" : "recorded_segments");
+    printf(",\"starting_state\":\"%s\"", r->start_requested ? "requested" : "recorded_segments");
+    /* Only where the peak reserved differs by more than 2%: why it may (the text's reasons). */
+    if (why != NULL) {
+        printf(",\"differs_because\":");
+        cj_write_string(stdout, why + (why[0] == ' '));
+    }
+    printf("}\n");
 }
 
 #define MAX_COMPARE 32
@@ -1084,43 +1159,9 @@ static void print_text(const char *trace, const tr_trace_t *t, const replay_resu
            gib((double)r->pytorch_end_allocated), gib((double)r->end_inactive_split));
     printf("  OOMs                 %zu (recorded run: %zu)\n", r->ooms, r->recorded_ooms);
     printf("  time per event       %.1f ns\n", r->ns_per_event);
-    if (dev > 2.0 || dev < -2.0 || none_recorded) {
-        /* Why the replay may not match the recorded run. */
-        printf("  differs by more than 2%%:");
-        if (user_conf != NULL)
-            printf(" --conf replaces the recorded settings;");
-        if (!t->settings.recorded)
-            printf(" the snapshot records no allocator settings;");
-        if (r->recorded_ooms > 0 || r->ooms > 0)
-            printf(" the recorded run hit OOM (its device's free memory is not in the trace);");
-        if (r->start_requested)
-            printf(" the starting state was requested, not rebuilt (above);");
-        else if (r->pytorch_start_reserved != r->start_bytes)
-            printf(" the starting state found (%.3f GiB) is not what the trace implies (%.3f "
-                   "GiB: an inconsistent trace);",
-                   gib((double)r->start_bytes), gib((double)r->pytorch_start_reserved));
-        if (t->settings.dropped[0] || t->settings.fraction > 0)
-            printf(" settings that do not replay exactly (above);");
-        size_t unknown = 0;
-        for (int d = 0; d < t->ndev; d++)
-            for (size_t i = 0; i < t->dev[d].nev; i++)
-                unknown += t->dev[d].ev[i].action == TR_OTHER;
-        if (unknown > 0)
-            printf(" %zu trace entr%s of actions sympool does not know %s ignored (sympool info "
-                   "counts them as 'other');",
-                   unknown, unknown == 1 ? "y" : "ies", unknown == 1 ? "was" : "were");
-        /* Requested bytes live in allocated blocks, allocated ones in reserved segments: a trace
-         * whose requests outgrow what PyTorch reserved is no record of one run. */
-        if (r->trace_peak_requested > r->pytorch_peak_reserved)
-            printf(" the trace requests more at its peak (%.3f GiB) than the recorded run ever "
-                   "reserved (%.3f GiB): an inconsistent trace (blocks outside the recorded "
-                   "segments with no segment_alloc for them, or frees in no form sympool reads) "
-                   "that no allocator can match;",
-                   gib((double)r->trace_peak_requested), gib((double)r->pytorch_peak_reserved));
-        printf(" otherwise the allocators chose differently (among free blocks of one size both "
-               "take the lowest address, and the emulated device's addresses are not the "
-               "recorded GPU's)\n");
-    }
+    char why[1536];
+    if (differs_because(t, r, user_conf, why, sizeof why))
+        printf("  differs by more than 2%%:%s\n", why);
 }
 
 /* ---- --compare ------------------------------------------------------------------------ */
@@ -1385,7 +1426,7 @@ static int replay_compare(const char *trace, const tr_trace_t *t, const char *us
     sp_x_log_set_fn(NULL, NULL);
     if (rc == 0 && json) {
         for (int i = 0; i < n; i++)
-            print_json(trace, &rs[i], confs[i], eff[i], capacity);
+            print_json(trace, &rs[i], confs[i], eff[i], capacity, NULL);
     } else if (rc == 0) {
         printf("replay of %s: %d configuration%s%s%s\n", trace, n, n == 1 ? "" : "s",
                capacity ? " at capacity " : "", capacity ? capacity : "");
@@ -1698,10 +1739,13 @@ int sp_cli_replay(int argc, char **argv) {
         (void)sp_shutdown();
         return 1;
     }
-    if (a.json)
-        print_json(a.trace, &r, conf, conf, a.capacity);
-    else
+    if (a.json) {
+        char because[1536];
+        print_json(a.trace, &r, conf, conf, a.capacity,
+                   differs_because(&t, &r, a.conf, because, sizeof because) ? because : NULL);
+    } else {
         print_text(a.trace, &t, &r, a.conf, conf);
+    }
     tr_free(&t);
     if (nrep > 1)
         (void)sp_shutdown();

@@ -6,7 +6,8 @@ dir):
    segment, reused, as recorded);
  - a trace that requests more than the recorded run reserved (blocks outside the recorded
    segments, no segment_alloc for them): the replay says the trace is inconsistent, also when
-   the recorded run reserved nothing at all (there is no percentage to differ by);
+   the recorded run reserved nothing at all (there is no percentage to differ by), in its text
+   and in --json's differs_because;
  - entries of actions sympool does not know: the replay says they were ignored;
  - a pickled list of something else than segment dicts: not a memory snapshot."""
 import json
@@ -91,6 +92,16 @@ for name, segs in (("outgrown.pickle", [segment(SEG, 20 * MiB)]), ("unreserved.p
         sys.exit(f"replay {name}: rc {r.returncode}: {r.stdout}{r.stderr}")
     if not segs and "recorded run: 0 bytes" not in r.stdout:
         sys.exit(f"replay {name}: {r.stdout}")
+    # --json gives the same reasons (and only where the replay differs: not for the traces above)
+    r = run("replay", path, "--json")
+    j = json.loads(r.stdout) if r.returncode == 0 else {}
+    if "an inconsistent trace (blocks outside the recorded segments" not in \
+            j.get("differs_because", ""):
+        sys.exit(f"replay --json {name}: rc {r.returncode}: {r.stdout}{r.stderr}")
+for name in ("completions.pickle", "free_entries.pickle"):
+    r = run("replay", os.path.join(work, name), "--json")
+    if r.returncode != 0 or "differs_because" in json.loads(r.stdout):
+        sys.exit(f"replay --json {name}: rc {r.returncode}: {r.stdout}{r.stderr}")
 
 # Entries of an action sympool does not know (here frees under another name): ignored, and the
 # replay says so when it differs.
