@@ -11,6 +11,7 @@
  * No globals, no lock: one replay at a time per process.
  */
 #include <math.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -73,6 +74,9 @@ typedef struct dev_state {
     size_t npools;
     void **holes; /* placeholders of the starting state's free space */
     size_t nholes, cap_holes;
+    size_t *whole; /* sblocks (index) taken at their recorded size, asked again at the
+                    * end of their segment's rebuild (build_segment) */
+    size_t nwhole, cap_whole;
     /* The event loop's address map, resolved before the clock starts (plan_slots): every block
      * the replay can hold has a slot, every alloc and free event knows its slot. */
     void **ptrs;         /* slot -> our pointer, NULL when it holds none */
@@ -480,9 +484,27 @@ static bool build_segment(dev_state_t *ds, int dev, const tr_device_t *td, const
             want = b->size;
         if (sg->is_small && want > small_max)
             want = small_max;
+        /* A large block 512 bytes or more above its request kept a remainder PyTorch did not
+         * split off (1 MiB or less): its request alone would make it smaller here, and every
+         * block after it would lie lower than it lay. It is taken at its recorded size first,
+         * and asked again once the segment is laid out, in a place it then fills whole. */
+        bool whole = !sg->is_small && b->size - want >= 512;
+        if (whole) {
+            if (ds->nwhole == ds->cap_whole) {
+                size_t nc = ds->cap_whole ? 2 * ds->cap_whole : 16;
+                size_t *nw = realloc(ds->whole, nc * sizeof(*nw));
+                if (nw == NULL) {
+                    snprintf(err, errlen, "out of memory");
+                    return false;
+                }
+                ds->whole = nw;
+                ds->cap_whole = nc;
+            }
+            ds->whole[ds->nwhole++] = sg->first + i;
+        }
         fs->frames = b->frames;
         p = NULL;
-        st = request(ds, dev, sg->pool, (size_t)want, s, &p);
+        st = request(ds, dev, sg->pool, (size_t)(whole ? b->size : want), s, &p);
         if (st == SP_SUCCESS && p != NULL && !tr_map_put(&ds->blocks, b->addr, (uintptr_t)p)) {
             (void)sp_free(p);
             snprintf(err, errlen, "out of memory");
@@ -491,6 +513,28 @@ static bool build_segment(dev_state_t *ds, int dev, const tr_device_t *td, const
         r->start_blocks++;
         at = b->addr + b->size;
     }
+    /* The blocks taken whole, given back and asked again: the only free space around each is
+     * its own place (the segment's other blocks and free space are held), which the request
+     * fills without a split. */
+    for (size_t k = 0; st == SP_SUCCESS && k < ds->nwhole; k++) {
+        const tr_sblock_t *b = &td->sblocks[ds->whole[k]];
+        uintptr_t v = 0;
+        if (!tr_map_get(&ds->blocks, b->addr, &v) || v == 0)
+            continue; /* not placed (an OOM) */
+        st = sp_free((void *)v);
+        fs->frames = b->frames;
+        void *q = NULL;
+        if (st == SP_SUCCESS)
+            st = request(ds, dev, sg->pool, (size_t)b->req, s, &q);
+        if (st == SP_SUCCESS && q != NULL && !tr_map_put(&ds->blocks, b->addr, (uintptr_t)q)) {
+            (void)sp_free(q);
+            snprintf(err, errlen, "out of memory");
+            return false;
+        }
+        if (st == SP_SUCCESS && q == NULL)
+            (void)tr_map_del(&ds->blocks, b->addr, NULL);
+    }
+    ds->nwhole = 0;
     fs->frames = NULL;
     if (ds->placing) /* not taken (our segment had another size): it must not wait for another */
         (void)sp_x_host_place(dev, 0, 0);
@@ -536,6 +580,7 @@ static void free_all(dev_state_t *ds, bool release) {
     free(ds->all_side);
     free(ds->pools);
     free(ds->holes);
+    free(ds->whole);
     free(ds->ptrs);
     free(ds->ops);
     free(ds->place);
@@ -1017,8 +1062,77 @@ static void log_filter(int level, const char *line, void *arg) {
     fprintf(stderr, "%s\n", line);
 }
 
+static double gib(double b);
+static double pct(double ours, double theirs);
+
+/* Appends a formatted piece to buf (its length in *n), cut at cap. */
+static void add_why(char *buf, size_t cap, size_t *n, const char *fmt, ...) {
+    if (*n + 1 >= cap)
+        return;
+    va_list ap;
+    va_start(ap, fmt);
+    int k = vsnprintf(buf + *n, cap - *n, fmt, ap);
+    va_end(ap);
+    if (k > 0)
+        *n = *n + (size_t)k < cap ? *n + (size_t)k : cap - 1;
+}
+
+/* Whether the replay's peak reserved differs from the recorded run's by more than 2% (or the
+ * recorded run reserved nothing and the replay something); if so, why it may, into buf: the
+ * reasons, each after a space and ending in ';', then what remains. The text output and
+ * --json give the same reasons. */
+static bool differs_because(const tr_trace_t *t, const replay_result_t *r, const char *user_conf,
+                            char *buf, size_t cap) {
+    double dev = pct((double)r->peak_reserved, (double)r->pytorch_peak_reserved);
+    bool none_recorded = r->pytorch_peak_reserved == 0 && r->peak_reserved > 0;
+    size_t n = 0;
+    buf[0] = '\0';
+    if (!(dev > 2.0 || dev < -2.0 || none_recorded))
+        return false;
+    if (user_conf != NULL)
+        add_why(buf, cap, &n, " --conf replaces the recorded settings;");
+    if (!t->settings.recorded)
+        add_why(buf, cap, &n, " the snapshot records no allocator settings;");
+    if (r->recorded_ooms > 0 || r->ooms > 0)
+        add_why(buf, cap, &n,
+                " the recorded run hit OOM (its device's free memory is not in the trace);");
+    if (r->start_requested)
+        add_why(buf, cap, &n, " the starting state was requested, not rebuilt (above);");
+    else if (r->pytorch_start_reserved != r->start_bytes)
+        add_why(buf, cap, &n,
+                " the starting state found (%.3f GiB) is not what the trace implies (%.3f GiB: "
+                "an inconsistent trace);",
+                gib((double)r->start_bytes), gib((double)r->pytorch_start_reserved));
+    if (t->settings.dropped[0] || t->settings.fraction > 0)
+        add_why(buf, cap, &n, " settings that do not replay exactly (above);");
+    size_t unknown = 0;
+    for (int d = 0; d < t->ndev; d++)
+        for (size_t i = 0; i < t->dev[d].nev; i++)
+            unknown += t->dev[d].ev[i].action == TR_OTHER;
+    if (unknown > 0)
+        add_why(buf, cap, &n,
+                " %zu trace entr%s of actions sympool does not know %s ignored (sympool info "
+                "counts them as 'other');",
+                unknown, unknown == 1 ? "y" : "ies", unknown == 1 ? "was" : "were");
+    /* Requested bytes live in allocated blocks, allocated ones in reserved segments: a trace
+     * whose requests outgrow what PyTorch reserved is no record of one run. */
+    if (r->trace_peak_requested > r->pytorch_peak_reserved)
+        add_why(buf, cap, &n,
+                " the trace requests more at its peak (%.3f GiB) than the recorded run ever "
+                "reserved (%.3f GiB): an inconsistent trace (blocks outside the recorded segments "
+                "with no segment_alloc for them, or frees in no form sympool reads) that no "
+                "allocator can match;",
+                gib((double)r->trace_peak_requested), gib((double)r->pytorch_peak_reserved));
+    add_why(buf, cap, &n,
+            " %sthe allocators chose differently (once a choice differs, the segments made after "
+            "it are not where the recorded run had its own, and ties among free blocks of one "
+            "size, which go to the lowest address, may fall the other way)",
+            n > 0 ? "otherwise " : "");
+    return true;
+}
+
 static void print_json(const char *trace, const replay_result_t *r, const char *conf,
-                       const char *settings, const char *capacity) {
+                       const char *settings, const char *capacity, const char *why) {
     printf("{\"trace\":");
     cj_write_string(stdout, trace);
     printf(",\"backend\":\"%s\",\"devices\":%d,\"trace_entries\":%zu,\"events\":%zu,"
@@ -1048,7 +1162,13 @@ static void print_json(const char *trace, const replay_result_t *r, const char *
     cj_write_string(stdout, settings);
     printf(",\"capacity\":");
     cj_write_string(stdout, capacity);
-    printf(",\"starting_state\":\"%s\"}\n", r->start_requested ? "requested" : "recorded_segments");
+    printf(",\"starting_state\":\"%s\"", r->start_requested ? "requested" : "recorded_segments");
+    /* Only where the peak reserved differs by more than 2%: why it may (the text's reasons). */
+    if (why != NULL) {
+        printf(",\"differs_because\":");
+        cj_write_string(stdout, why + (why[0] == ' '));
+    }
+    printf("}\n");
 }
 
 #define MAX_COMPARE 32
@@ -1100,8 +1220,15 @@ static void print_text(const char *trace, const tr_trace_t *t, const replay_resu
            gib((double)r->trace_peak_requested));
     printf("  peak allocated       %.3f GiB\n", gib((double)r->peak_allocated));
     double dev = pct((double)r->peak_reserved, (double)r->pytorch_peak_reserved);
-    printf("  peak reserved        %.3f GiB   recorded run: %.3f GiB (%+.2f%%)\n",
-           gib((double)r->peak_reserved), gib((double)r->pytorch_peak_reserved), dev);
+    /* A recorded run that reserved nothing has no percentage to differ by: a replay that
+     * reserves something differs from it all the same. */
+    bool none_recorded = r->pytorch_peak_reserved == 0 && r->peak_reserved > 0;
+    if (none_recorded)
+        printf("  peak reserved        %.3f GiB   recorded run: 0 bytes\n",
+               gib((double)r->peak_reserved));
+    else
+        printf("  peak reserved        %.3f GiB   recorded run: %.3f GiB (%+.2f%%)\n",
+               gib((double)r->peak_reserved), gib((double)r->pytorch_peak_reserved), dev);
     if (r->peak_allocated > 0 && (double)r->start_reserved > 1.01 * (double)r->peak_allocated)
         printf(
             "  lower bound          %.3f GiB reserved (%.4f x the peak allocated) before the first "
@@ -1115,31 +1242,9 @@ static void print_text(const char *trace, const tr_trace_t *t, const replay_resu
            gib((double)r->pytorch_end_allocated), gib((double)r->end_inactive_split));
     printf("  OOMs                 %zu (recorded run: %zu)\n", r->ooms, r->recorded_ooms);
     printf("  time per event       %.1f ns\n", r->ns_per_event);
-    if (dev > 2.0 || dev < -2.0) {
-        /* Why the replay may not match the recorded run. */
-        printf("  differs by more than 2%%:");
-        int reasons = 0;
-        if (user_conf != NULL)
-            reasons += printf(" --conf replaces the recorded settings;") > 0;
-        if (!t->settings.recorded)
-            reasons += printf(" the snapshot records no allocator settings;") > 0;
-        if (r->recorded_ooms > 0 || r->ooms > 0)
-            reasons += printf(" the recorded run hit OOM (its device's free memory is not in the "
-                              "trace);") > 0;
-        if (r->start_requested)
-            reasons += printf(" the starting state was requested, not rebuilt (above);") > 0;
-        else if (r->pytorch_start_reserved != r->start_bytes)
-            reasons +=
-                printf(" the starting state found (%.3f GiB) is not what the trace implies "
-                       "(%.3f GiB: an inconsistent trace);",
-                       gib((double)r->start_bytes), gib((double)r->pytorch_start_reserved)) > 0;
-        if (t->settings.dropped[0] || t->settings.fraction > 0)
-            reasons += printf(" settings that do not replay exactly (above);") > 0;
-        printf(" %sthe allocators chose differently (once a choice differs, the segments made "
-               "after it are not where the recorded run had its own, and ties among free blocks of "
-               "one size, which go to the lowest address, may fall otherwise)\n",
-               reasons ? "otherwise " : "");
-    }
+    char why[1536];
+    if (differs_because(t, r, user_conf, why, sizeof why))
+        printf("  differs by more than 2%%:%s\n", why);
 }
 
 /* ---- --compare ------------------------------------------------------------------------ */
@@ -1404,7 +1509,7 @@ static int replay_compare(const char *trace, const tr_trace_t *t, const char *us
     sp_x_log_set_fn(NULL, NULL);
     if (rc == 0 && json) {
         for (int i = 0; i < n; i++)
-            print_json(trace, &rs[i], confs[i], eff[i], capacity);
+            print_json(trace, &rs[i], confs[i], eff[i], capacity, NULL);
     } else if (rc == 0) {
         printf("replay of %s: %d configuration%s%s%s\n", trace, n, n == 1 ? "" : "s",
                capacity ? " at capacity " : "", capacity ? capacity : "");
@@ -1717,10 +1822,13 @@ int sp_cli_replay(int argc, char **argv) {
         (void)sp_shutdown();
         return 1;
     }
-    if (a.json)
-        print_json(a.trace, &r, conf, conf, a.capacity);
-    else
+    if (a.json) {
+        char because[1536];
+        print_json(a.trace, &r, conf, conf, a.capacity,
+                   differs_because(&t, &r, a.conf, because, sizeof because) ? because : NULL);
+    } else {
         print_text(a.trace, &t, &r, a.conf, conf);
+    }
     tr_free(&t);
     if (nrep > 1)
         (void)sp_shutdown();

@@ -152,6 +152,10 @@ static tr_action_t action_of(const char *s, size_t len) {
         a = TR_OOM;
         break;
     case 'f':
+        /* "free": a free_requested and its free_completed in one entry, as MemoryViz writes the
+         * pairs it elides and reads them back (tools that export its data write them so) */
+        if (len == 4)
+            return memcmp(s, "free", 4) == 0 ? TR_FREE_REQUESTED : TR_OTHER;
         if (len > 5)
             a = s[5] == 'r' ? TR_FREE_REQUESTED : TR_FREE_COMPLETED;
         break;
@@ -826,7 +830,9 @@ static int take_entry(void *arg, pk_value_t *const *pairs, size_t n, uint64_t *i
     /* user_metadata: absent from older PyTorch's entries, "" on newer ones' (almost always) */
     const pk_value_t *mv = v[RK_META];
     const char *meta = NULL;
-    if (pool_id != NULL || a == TR_OTHER || (mv != NULL && (meta = meta_text(mv)) != NULL)) {
+    /* (a "free" entry keeps its name: load_events counts those) */
+    if (pool_id != NULL || a == TR_OTHER || (a == TR_FREE_REQUESTED && action->u.str.len == 4) ||
+        (mv != NULL && (meta = meta_text(mv)) != NULL)) {
         if (rs->nside == rs->cap_side &&
             !grow_array((void **)&rs->side, &rs->cap_side, sizeof(*rs->side)))
             return -1;
@@ -1017,6 +1023,8 @@ static bool load_events(const pk_value_t *list, recs_t *recs, int dev, tr_device
         d->nev++;
         if (ev->action == TR_OOM)
             d->recorded_ooms++;
+        if (ev->action == TR_FREE_REQUESTED && strcmp(act, "free") == 0)
+            d->free_entries++;
     }
     tr_map_free(&known);
     return true;
@@ -1144,6 +1152,22 @@ static bool analyse(const pk_value_t *segments, const recs_t *recs, const tr_set
                 d->deferred_frees++;
             else
                 e->flags &= (uint8_t)~TR_F_DEFERRED;
+            break;
+        }
+        case TR_FREE_COMPLETED: {
+            /* PyTorch records a free_requested before every free_completed; a trace that records
+             * the frees as completions only (written by other tools: MemoryViz's timeline ends a
+             * block at its free_completed) ends a block an alloc of the trace made, still live,
+             * with one. That is its free, or the block would stay live to the end. A completion
+             * whose block no alloc of the trace made (its request fell off a full ring) is
+             * left as it is. */
+            uintptr_t *v = tr_map_find(&touched, e->addr);
+            if (v != NULL && *v == 1) {
+                *v = 0;
+                e->action = TR_FREE_REQUESTED;
+                e->flags = (uint8_t)((e->flags | TR_F_COMPLETION) & ~TR_F_DEFERRED);
+                d->completion_frees++;
+            }
             break;
         }
         case TR_SEGMENT_ALLOC:
@@ -1638,6 +1662,34 @@ static void read_settings(const pk_value_t *as, tr_settings_t *st) {
 
 static bool from_doc(pk_doc_t *doc, recs_t *recs, tr_trace_t *t, char *err, size_t errlen);
 
+/* What a value is, in Python's words, for a reason. */
+static const char *kind_of(const pk_value_t *v) {
+    switch (v != NULL ? v->type : PK_NONE) {
+    case PK_NONE:
+        return "None";
+    case PK_BOOL:
+        return "a bool";
+    case PK_INT:
+    case PK_UINT:
+    case PK_BIGINT:
+        return "an int";
+    case PK_FLOAT:
+        return "a float";
+    case PK_STR:
+        return "a str";
+    case PK_BYTES:
+        return "bytes";
+    case PK_LIST:
+        return "a list";
+    case PK_TUPLE:
+        return "a tuple";
+    case PK_SET:
+        return "a set";
+    default:
+        return "another kind of value";
+    }
+}
+
 bool tr_from_doc(pk_doc_t *doc, tr_trace_t *t, char *err, size_t errlen) {
     return from_doc(doc, NULL, t, err, errlen);
 }
@@ -1692,6 +1744,15 @@ static bool from_doc(pk_doc_t *doc, recs_t *recs, tr_trace_t *t, char *err, size
         const rec_seg_t *rg = seg_of(recs, seg);
         if (entry_record(recs, seg))
             return whole_needed("a segment", err, errlen);
+        /* A bare list is a snapshot when it holds segment dicts (the legacy format); one of
+         * something else (a pickled list of tuples, numbers, ...) is no damaged snapshot. */
+        if (segments == t->root && rg == NULL && !dict_record(recs, seg) &&
+            (seg == NULL || seg->type != PK_DICT)) {
+            snprintf(err, errlen,
+                     "not a memory snapshot (a list whose item %zu is %s, not a segment dict)", s,
+                     kind_of(seg));
+            return false;
+        }
         bool have_dev = rg != NULL ? (dev = rg->dev, (rg->flags & RS_DEV) != 0)
                                    : pk_get_int(seg, "device", &dev);
         if (!have_dev || dev < 0 || dev > 4096) {

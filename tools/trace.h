@@ -34,6 +34,10 @@ typedef enum {
 #define TR_F_DEFERRED 1u    /* free_requested whose free_completed comes later (stream uses) */
 #define TR_F_EMPTY_CACHE 2u /* first of a run of segment frees the user's empty_cache made */
 #define TR_F_POOL_ID 4u     /* the entry names its pool (newer PyTorch's "pool_id"): pool is it */
+#define TR_F_COMPLETION                                                                            \
+    8u /* recorded as a free_completed that no free_requested preceded, of a                       \
+        * block an alloc of the trace made: read as its free (the action is                        \
+        * TR_FREE_REQUESTED) */
 
 typedef struct tr_event {
     tr_action_t action;       /* what happened */
@@ -99,6 +103,9 @@ typedef struct tr_device {
     size_t empty_cache_runs;  /* TR_F_EMPTY_CACHE events */
     size_t internal_frees;    /* segment frees the allocator made inside a malloc */
     size_t deferred_frees;    /* TR_F_DEFERRED events */
+    size_t completion_frees;  /* TR_F_COMPLETION events */
+    size_t free_entries;      /* TR_FREE_REQUESTED events recorded as "free" (a request and its
+                               * completion in one entry) */
     tr_seed_t *seeds;         /* blocks live before recording began, by address; those not
                                * in_start are requested before the first event */
     size_t nseeds;            /* entries in seeds */

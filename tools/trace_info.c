@@ -25,7 +25,7 @@ static void count_actions(const tr_device_t *dv, size_t count[TR_OTHER + 1]) {
     for (int a = 0; a <= TR_OTHER; a++)
         count[a] = 0;
     for (size_t i = 0; i < dv->nev; i++)
-        count[dv->ev[i].action]++;
+        count[dv->ev[i].flags & TR_F_COMPLETION ? TR_FREE_COMPLETED : dv->ev[i].action]++;
 }
 
 static void text(const char *path, const tr_trace_t *t) {
@@ -57,6 +57,14 @@ static void text(const char *path, const tr_trace_t *t) {
         printf("\n  empty_cache calls: %zu; frees held for other streams: %zu; releases inside "
                "malloc: %zu segment frees\n",
                dv->empty_cache_runs, dv->deferred_frees, dv->internal_frees);
+        if (dv->completion_frees > 0)
+            printf("  frees recorded only as free_completed (no free_requested before them): %zu, "
+                   "read as the frees\n",
+                   dv->completion_frees);
+        if (dv->free_entries > 0)
+            printf("  of the free_requested, recorded as 'free' (a request and its completion in "
+                   "one entry): %zu\n",
+                   dv->free_entries);
         printf("  starting state: %zu segments (%.3f GiB; PyTorch reserved %.3f GiB before the "
                "first event), %zu live blocks in them, %zu outside (%.3f GiB)\n",
                dv->nstart, gib(dv->start_bytes), gib(dv->start_reserved), dv->nsblocks, dv->nloose,
@@ -129,6 +137,8 @@ static void json(const char *path, const tr_trace_t *t) {
         cj_uint(&j, "empty_cache_calls", dv->empty_cache_runs);
         cj_uint(&j, "frees_held_for_other_streams", dv->deferred_frees);
         cj_uint(&j, "segment_frees_inside_malloc", dv->internal_frees);
+        cj_uint(&j, "frees_recorded_as_free_completed", dv->completion_frees);
+        cj_uint(&j, "frees_recorded_as_free", dv->free_entries);
         cj_object(&j, "starting_state");
         cj_uint(&j, "segments", dv->nstart);
         cj_uint(&j, "segment_bytes", dv->start_bytes);

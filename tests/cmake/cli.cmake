@@ -60,6 +60,14 @@ if(TARGET sympool_cli)
               $<TARGET_FILE:sympool_cli> ${SP_CLI_OUT}/replay_streams)
     set_tests_properties(cli.replay_streams PROPERTIES LABELS "unit;cli;python" TIMEOUT 120
       PASS_REGULAR_EXPRESSION "^ok")
+    # Snapshot forms found in public repositories: frees recorded as free_completed only, a
+    # trace that requests more than the recorded run reserved (the reason said), a pickled list
+    # that is no snapshot.
+    add_test(NAME cli.trace_variants
+      COMMAND ${Python3_EXECUTABLE} ${PROJECT_SOURCE_DIR}/tests/cli/trace_variants.py
+              $<TARGET_FILE:sympool_cli> ${SP_CLI_OUT}/trace_variants)
+    set_tests_properties(cli.trace_variants PROPERTIES LABELS "unit;cli;python" TIMEOUT 120
+      PASS_REGULAR_EXPRESSION "^ok")
   endif()
 
   # Extreme but legal values (sizes near 2^64, time_us at +-2^63 or going backwards, an alloc

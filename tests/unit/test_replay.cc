@@ -346,7 +346,9 @@ TEST_F(Replay, BadTracesAreExplained) {
     sp__emit_list_end(&e);
     std::vector<unsigned char> b = finish(&e);
     EXPECT_FALSE(load(b, &t, &err));
-    EXPECT_EQ(err, "segments[0]: missing or bad 'device'");
+    // A list of something else than segment dicts (a pickled list of numbers or tuples) is no
+    // legacy snapshot with a bad segment.
+    EXPECT_EQ(err, "not a memory snapshot (a list whose item 0 is an int, not a segment dict)");
     tr_free(&t);
 
     EXPECT_FALSE(load({0x80, 4, 'N', '.'}, &t, &err));
@@ -1050,6 +1052,80 @@ TEST_F(Replay, DeferredFreesWaitForTheirCompletion) {
     tr_free(&t);
 }
 
+// A trace that records its frees as free_completed only (no free_requested: other tools write
+// them so, and MemoryViz ends a block there): each ends the block an alloc of the trace made, so
+// the replay frees it. A completion whose block no alloc of the trace made (its request fell off
+// a full ring) and the completion of a requested free stay what they were.
+TEST_F(Replay, CompletionsWithoutRequestsAreTheFrees) {
+    const uint64_t A = X, B = X + 64 * MiB;
+    const std::vector<SEv> evs = {
+        {"free_completed", B, 512, 0}, // its request is not in the trace
+        {"segment_alloc", A, 20 * MiB, 0},  {"alloc", A, 20 * MiB, 0},
+        {"free_completed", A, 20 * MiB, 0}, {"alloc", A, 20 * MiB, 0},
+        {"free_completed", A, 20 * MiB, 0}, {"alloc", A, 20 * MiB, 0},
+        {"free_requested", A, 20 * MiB, 0}, {"free_completed", A, 20 * MiB, 0}};
+    const std::vector<SSeg> segs = {{A, 20 * MiB, 0, 0, "large", {{20 * MiB, 0, "inactive"}}}};
+    tr_trace_t t;
+    std::string err;
+    ASSERT_TRUE(load(snapshot_of(segs, evs, "", false), &t, &err)) << err;
+    const tr_device_t &d = t.dev[0];
+    EXPECT_EQ(d.completion_frees, 2u);
+    const tr_action_t want[] = {TR_FREE_COMPLETED, TR_SEGMENT_ALLOC,  TR_ALLOC,
+                                TR_FREE_REQUESTED, TR_ALLOC,          TR_FREE_REQUESTED,
+                                TR_ALLOC,          TR_FREE_REQUESTED, TR_FREE_COMPLETED};
+    ASSERT_EQ(d.nev, sizeof(want) / sizeof(want[0]));
+    for (size_t i = 0; i < d.nev; i++) {
+        EXPECT_EQ(d.ev[i].action, want[i]) << i;
+        EXPECT_EQ((d.ev[i].flags & TR_F_COMPLETION) != 0, i == 3 || i == 5) << i;
+    }
+    EXPECT_EQ(d.nseeds, 0u);
+    EXPECT_EQ(d.deferred_frees, 0u);
+    EXPECT_EQ(d.peak_requested, 20 * MiB); // not 60 MiB: each block is gone before the next
+    EXPECT_EQ(d.peak_reserved, 20 * MiB);
+    replay_result_t r;
+    char why[256] = "";
+    ASSERT_TRUE(replay_trace(&t, nullptr, &r, why, sizeof(why))) << why;
+    EXPECT_EQ(r.frees, 3u);
+    EXPECT_EQ(r.device_allocs, 1); // every alloc reuses the one segment
+    EXPECT_EQ((uint64_t)r.peak_reserved, r.pytorch_peak_reserved);
+    EXPECT_EQ(r.end_allocated, 0);
+    tr_free(&t);
+}
+
+// A block of the starting state that kept a remainder PyTorch did not split off (3 MiB for a
+// 2 MiB request: 1 MiB or less is not split in the large pool) is rebuilt at its size, so the
+// blocks after it lie where they lay and the segment's free tail is the recorded 13 MiB: a
+// 13.5 MiB request then needs a segment of its own, as it did. Rebuilt from the request alone,
+// the first block came out 2 MiB and the tail 14 MiB, which took the request.
+TEST_F(Replay, StartBlocksKeepTheRemainderPyTorchKept) {
+    const uint64_t A = X, B = X + 64 * MiB, big = 13 * MiB + MiB / 2;
+    const std::vector<SSeg> segs = {
+        {A,
+         20 * MiB,
+         0,
+         0,
+         "large",
+         {{3 * MiB, 2 * MiB, "active_allocated"},
+          {4 * MiB, 4 * MiB, "active_allocated"},
+          {13 * MiB, 0, "inactive"}}},
+        {B, 14 * MiB, 0, 0, "large", {{14 * MiB, big, "active_allocated"}}}};
+    const std::vector<SEv> evs = {{"segment_alloc", B, 14 * MiB, 0}, {"alloc", B, big, 0}};
+    tr_trace_t t;
+    std::string err;
+    ASSERT_TRUE(load(snapshot_of(segs, evs, "", false), &t, &err)) << err;
+    ASSERT_EQ(t.dev[0].nstart, 1u);
+    EXPECT_EQ(t.dev[0].final_allocated, 21 * MiB);
+    replay_result_t r;
+    char why[256] = "";
+    ASSERT_TRUE(replay_trace(&t, nullptr, &r, why, sizeof(why))) << why;
+    EXPECT_EQ(r.start_blocks, 2u);
+    EXPECT_EQ(r.pytorch_peak_reserved, 34 * MiB);
+    EXPECT_EQ((uint64_t)r.peak_reserved, r.pytorch_peak_reserved);
+    EXPECT_EQ((uint64_t)r.end_allocated, r.pytorch_end_allocated); // 3 + 4 + 14 MiB
+    EXPECT_EQ(r.peak_requested, (int64_t)(6 * MiB + big));         // the recorded requests
+    tr_free(&t);
+}
+
 // A private pool's segment existed before the trace; allocations at its addresses go to a pool
 // of ours (not the default pool's cached segment of the same size).
 TEST_F(Replay, PrivatePoolsAreRoutedByAddress) {
@@ -1443,6 +1519,10 @@ TEST_F(Replay, ActionNamesAreReadWholly) {
         {"segment_unmap", TR_SEGMENT_UNMAP},
         {"snapshot", TR_SNAPSHOT},
         {"oom", TR_OOM},
+        {"free", TR_FREE_REQUESTED}, // a request and its completion in one entry (MemoryViz's)
+        {"fre", TR_OTHER},
+        {"freed", TR_OTHER},
+        {"free_", TR_OTHER},
         {"allocs", TR_OTHER},
         {"a", TR_OTHER},
         {"free_re", TR_OTHER},
@@ -1486,6 +1566,9 @@ TEST_F(Replay, ActionNamesAreReadWholly) {
         EXPECT_EQ(dict.dev[0].ev[i].action, names[i].second) << names[i].first;
         EXPECT_EQ(fast.dev[0].ev[i].action, names[i].second) << names[i].first;
     }
+    // The one "free" entry is counted as such (info says so), on both load paths.
+    EXPECT_EQ(dict.dev[0].free_entries, 1u);
+    EXPECT_EQ(fast.dev[0].free_entries, 1u);
     tr_free(&dict);
     tr_free(&fast);
 }

@@ -1,0 +1,126 @@
+#!/usr/bin/env python3
+"""Snapshots of forms seen in public repositories, each read as what it is (argv: sympool, work
+dir):
+ - frees recorded as free_completed only (no free_requested; other tools write traces so), or
+   as single "free" entries (MemoryViz's): info counts them, and the replay frees the blocks (one
+   segment, reused, as recorded);
+ - a trace that requests more than the recorded run reserved (blocks outside the recorded
+   segments, no segment_alloc for them): the replay says the trace is inconsistent, also when
+   the recorded run reserved nothing at all (there is no percentage to differ by), in its text
+   and in --json's differs_because;
+ - entries of actions sympool does not know: the replay says they were ignored;
+ - a pickled list of something else than segment dicts: not a memory snapshot."""
+import json
+import os
+import pickle
+import subprocess
+import sys
+
+cli, work = sys.argv[1], sys.argv[2]
+os.makedirs(work, exist_ok=True)
+MiB = 1 << 20
+SEG = 0x7F00_0000_0000
+OUT = 0x7E00_0000_0000  # in no recorded segment
+
+
+def write(name, doc):
+    path = os.path.join(work, name)
+    with open(path, "wb") as f:
+        pickle.dump(doc, f, protocol=4)
+    return path
+
+
+def run(*args):
+    return subprocess.run([cli, *args], capture_output=True, text=True)
+
+
+def entry(action, addr, size, t):
+    return {"action": action, "addr": addr, "size": size, "stream": 0, "time_us": t}
+
+
+def segment(addr, size):
+    return {"device": 0, "address": addr, "total_size": size, "stream": 0,
+            "segment_type": "large", "blocks": [{"size": size, "state": "inactive",
+                                                 "requested_size": 0}]}
+
+
+# Frees as completions only: three 20 MiB blocks one after another in the one 20 MiB segment.
+entries = [entry("segment_alloc", SEG, 20 * MiB, 1)]
+for k in range(3):
+    entries += [entry("alloc", SEG, 20 * MiB, 10 * k + 2), entry("free_completed", SEG, 20 * MiB,
+                                                                 10 * k + 3)]
+path = write("completions.pickle", {"segments": [segment(SEG, 20 * MiB)],
+                                    "device_traces": [entries]})
+r = run("info", path)
+if r.returncode != 0 or "free_completed (no free_requested before them): 3, read as the frees" \
+        not in r.stdout:
+    sys.exit(f"info completions: rc {r.returncode}: {r.stdout}{r.stderr}")
+r = run("replay", path, "--json")
+if r.returncode != 0:
+    sys.exit(f"replay completions: rc {r.returncode}: {r.stderr}")
+j = json.loads(r.stdout)
+if (j["frees"], j["num_device_alloc"], j["peak_reserved_bytes"]) != (3, 1, 20 * MiB) or \
+        j["pytorch_peak_reserved_bytes"] != 20 * MiB:
+    sys.exit(f"replay completions: {r.stdout}")
+
+# The same frees as single "free" entries (a request and its completion in one, as MemoryViz
+# writes the pairs it elides).
+entries = [entry("segment_alloc", SEG, 20 * MiB, 1)]
+for k in range(3):
+    entries += [entry("alloc", SEG, 20 * MiB, 10 * k + 2), entry("free", SEG, 20 * MiB, 10 * k + 3)]
+path = write("free_entries.pickle", {"segments": [segment(SEG, 20 * MiB)],
+                                     "device_traces": [entries]})
+r = run("info", path)
+if r.returncode != 0 or "alloc 3, free_requested 3," not in r.stdout or \
+        "recorded as 'free' (a request and its completion in one entry): 3" not in r.stdout:
+    sys.exit(f"info free entries: rc {r.returncode}: {r.stdout}{r.stderr}")
+r = run("replay", path, "--json")
+if r.returncode != 0:
+    sys.exit(f"replay free entries: rc {r.returncode}: {r.stderr}")
+j = json.loads(r.stdout)
+if (j["frees"], j["num_device_alloc"], j["peak_reserved_bytes"]) != (3, 1, 20 * MiB):
+    sys.exit(f"replay free entries: {r.stdout}")
+
+# More requested than reserved: a 20 MiB segment recorded, 64 MiB blocks outside it.
+entries = [entry("alloc", OUT, 64 * MiB, 1), entry("free_requested", OUT, 64 * MiB, 2),
+           entry("free_completed", OUT, 64 * MiB, 3)]
+for name, segs in (("outgrown.pickle", [segment(SEG, 20 * MiB)]), ("unreserved.pickle", [])):
+    path = write(name, {"segments": segs, "device_traces": [entries]})
+    r = run("replay", path)
+    if r.returncode != 0 or "differs by more than 2%" not in r.stdout or \
+            "an inconsistent trace (blocks outside the recorded segments" not in r.stdout:
+        sys.exit(f"replay {name}: rc {r.returncode}: {r.stdout}{r.stderr}")
+    if not segs and "recorded run: 0 bytes" not in r.stdout:
+        sys.exit(f"replay {name}: {r.stdout}")
+    # --json gives the same reasons (and only where the replay differs: not for the traces above)
+    r = run("replay", path, "--json")
+    j = json.loads(r.stdout) if r.returncode == 0 else {}
+    if "an inconsistent trace (blocks outside the recorded segments" not in \
+            j.get("differs_because", ""):
+        sys.exit(f"replay --json {name}: rc {r.returncode}: {r.stdout}{r.stderr}")
+for name in ("completions.pickle", "free_entries.pickle"):
+    r = run("replay", os.path.join(work, name), "--json")
+    if r.returncode != 0 or "differs_because" in json.loads(r.stdout):
+        sys.exit(f"replay --json {name}: rc {r.returncode}: {r.stdout}{r.stderr}")
+
+# Entries of an action sympool does not know (here frees under another name): ignored, and the
+# replay says so when it differs.
+entries = [entry("segment_alloc", SEG, 20 * MiB, 1)]
+for k in range(3):
+    entries += [entry("alloc", SEG, 20 * MiB, 10 * k + 2),
+                entry("released", SEG, 20 * MiB, 10 * k + 3)]
+path = write("unknown.pickle", {"segments": [segment(SEG, 20 * MiB)], "device_traces": [entries]})
+r = run("replay", path)
+if r.returncode != 0 or "differs by more than 2%" not in r.stdout or \
+        "3 trace entries of actions sympool does not know were ignored" not in r.stdout:
+    sys.exit(f"replay unknown: rc {r.returncode}: {r.stdout}{r.stderr}")
+
+# A pickled list of tuples (a tokenizer's merges, say).
+path = write("merges.pickle", [(b"a", b"b"), (b"ab", b"c")])
+for cmd in ("info", "replay", "summary"):
+    r = run(cmd, path)
+    if r.returncode == 0 or \
+            "not a memory snapshot (a list whose item 0 is a tuple, not a segment dict)" \
+            not in r.stderr:
+        sys.exit(f"{cmd} merges: rc {r.returncode}: {r.stdout}{r.stderr}")
+print("ok")
