@@ -9,6 +9,8 @@ dir):
    the recorded run reserved nothing at all (there is no percentage to differ by), in its text
    and in --json's differs_because;
  - entries of actions sympool does not know: the replay says they were ignored;
+ - segments placed each below the last: the replay places its own where the recorded ones were,
+   and breaks ties among free blocks of one size as PyTorch did;
  - a pickled list of something else than segment dicts: not a memory snapshot."""
 import json
 import os
@@ -114,6 +116,29 @@ r = run("replay", path)
 if r.returncode != 0 or "differs by more than 2%" not in r.stdout or \
         "3 trace entries of actions sympool does not know were ignored" not in r.stdout:
     sys.exit(f"replay unknown: rc {r.returncode}: {r.stdout}{r.stderr}")
+
+# Two free blocks of one size, in segments CUDA placed each below the one before (as in most
+# recorded runs): PyTorch takes the lower one, the newer segment. The replay places its segments at
+# the recorded addresses (shifted), so it takes the same block: the 40 MiB request then fits where the older
+# segment's two halves merged (60 MiB reserved, as recorded; placed the other way up, 100 MiB).
+HI, LO = SEG, SEG - (1 << 30)
+evs = [("segment_alloc", HI, 40), ("alloc", HI, 40), ("free_requested", HI, 40),
+       ("free_completed", HI, 40), ("alloc", HI, 20), ("alloc", HI + 20 * MiB, 20),
+       ("segment_alloc", LO, 20), ("alloc", LO, 20), ("free_requested", HI, 20),
+       ("free_completed", HI, 20), ("free_requested", LO, 20), ("free_completed", LO, 20),
+       ("alloc", LO, 20), ("free_requested", HI + 20 * MiB, 20),
+       ("free_completed", HI + 20 * MiB, 20), ("alloc", HI, 40)]
+entries = [entry(a, addr, n * MiB, t) for t, (a, addr, n) in enumerate(evs)]
+live = lambda addr, n: {"device": 0, "address": addr, "total_size": n * MiB, "stream": 0,
+                        "segment_type": "large", "blocks": [{"size": n * MiB, "state":
+                                                             "active_allocated",
+                                                             "requested_size": n * MiB}]}
+path = write("descending.pickle", {"segments": [live(LO, 20), live(HI, 40)],
+                                   "device_traces": [entries]})
+r = run("replay", path, "--json")
+j = json.loads(r.stdout) if r.returncode == 0 else {}
+if (j.get("peak_reserved_bytes"), j.get("pytorch_peak_reserved_bytes")) != (60 * MiB, 60 * MiB):
+    sys.exit(f"replay descending: rc {r.returncode}: {r.stdout}{r.stderr}")
 
 # A pickled list of tuples (a tokenizer's merges, say).
 path = write("merges.pickle", [(b"a", b"b"), (b"ab", b"c")])
