@@ -163,6 +163,25 @@ std::string slurp(FILE *f) {
     return out;
 }
 
+// sp_world_finalize(w) with this process's stdout (where the report goes) captured into *text.
+sp_status_t finalize_capturing_stdout(sp_world_t *w, std::string *text) {
+    std::fflush(stdout);
+    FILE *cap = std::tmpfile();
+    if (cap == nullptr) {
+        ADD_FAILURE() << "tmpfile: " << std::strerror(errno);
+        return sp_world_finalize(w);
+    }
+    int saved = dup(1);
+    dup2(fileno(cap), 1);
+    sp_status_t s = sp_world_finalize(w);
+    std::fflush(stdout);
+    dup2(saved, 1);
+    close(saved);
+    *text = slurp(cap);
+    std::fclose(cap);
+    return s;
+}
+
 class StatsReport : public WorldTest {
   protected:
     void TearDown() override {
@@ -539,18 +558,9 @@ TEST_F(StatsReport, SympoolReportPrintsAtFinalize) {
     sp::ScopedEnv env({{"SYMPOOL_REPORT", "json"}});
     sp_world_t *w2 = nullptr;
     ASSERT_SP_OK(sp_world_from_comm(MPI_COMM_WORLD, &w2));
-    std::fflush(stdout);
-    FILE *cap = std::tmpfile();
-    ASSERT_NE(cap, nullptr);
-    int saved = dup(1);
-    dup2(fileno(cap), 1);
-    sp_status_t s = sp_world_finalize(w2);
-    std::fflush(stdout);
-    dup2(saved, 1);
-    close(saved);
+    std::string text;
+    sp_status_t s = finalize_capturing_stdout(w2, &text);
     ASSERT_EQ(s, SP_SUCCESS) << sp::describe(s);
-    std::string text = slurp(cap);
-    std::fclose(cap);
     if (rank_ == 0) {
         Json j;
         ASSERT_TRUE(parse_json(text, &j)) << text.substr(0, 300);
@@ -575,18 +585,9 @@ TEST_F(StatsReport, SympoolReportOnOneRankOnlyIsAWarningOnEveryRank) {
         env.reset(new sp::ScopedEnv({{"SYMPOOL_SYM_TIMEOUT", "20"}}));
     sp_world_t *w2 = nullptr;
     ASSERT_SP_OK(sp_world_from_comm(MPI_COMM_WORLD, &w2));
-    std::fflush(stdout);
-    FILE *cap = std::tmpfile();
-    ASSERT_NE(cap, nullptr);
-    int saved = dup(1);
-    dup2(fileno(cap), 1);
-    sp_status_t s = sp_world_finalize(w2);
-    std::fflush(stdout);
-    dup2(saved, 1);
-    close(saved);
-    EXPECT_SP_OK(s);
-    EXPECT_EQ(slurp(cap), "");
-    std::fclose(cap);
+    std::string text;
+    EXPECT_SP_OK(finalize_capturing_stdout(w2, &text));
+    EXPECT_EQ(text, "");
     EXPECT_EQ(warnings("SYMPOOL_REPORT: no report: the ranks do not all set it alike"), 1u);
     MPI_Barrier(MPI_COMM_WORLD);
 }

@@ -18,6 +18,7 @@ extern "C" {
 #include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
+#include <functional>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -295,15 +296,10 @@ TEST_F(ThreadsAdversary, ShutdownWhileThreadsHoldCachedBlocks) {
     EXPECT_EQ(sp::stat("reserved_bytes.all.current"), 0);
 }
 
-// sp_shutdown refused because a block is still allocated releases nothing: the blocks idle in
-// the threads' caches stay where they were, and every statistic with them.
-TEST_F(ThreadsAdversary, RefusedShutdownLeavesTheThreadCachesAlone) {
-    sp::ScopedEnv env({{"SYMPOOL_THREAD_CACHE", "1MiB"}});
-    expect_warnings(); // the refusal's
-    sp::Watchdog wd;
-    ASSERT_SP_OK(sp_init());
-    void *held = nullptr;
-    ASSERT_SP_OK(sp_malloc(1 * KiB, 0, nullptr, &held));
+// Four blocks idle in this thread's cache, then `call`, which must be refused with `want`: the
+// blocks stay idle there and every statistic stays as it was.
+static void expect_refusal_keeps_thread_cache(const std::function<sp_status_t()> &call,
+                                              sp_status_t want) {
     std::vector<void *> v(4);
     for (auto &p : v)
         ASSERT_SP_OK(sp_malloc(16 * KiB, 0, nullptr, &p));
@@ -314,7 +310,7 @@ TEST_F(ThreadsAdversary, RefusedShutdownLeavesTheThreadCachesAlone) {
     ASSERT_EQ(n_before, 4u);
     sp_stats_t before, after;
     ASSERT_SP_OK(sp_memory_stats(0, &before));
-    EXPECT_SP_STATUS(sp_shutdown(), SP_ERR_BUSY);
+    EXPECT_SP_STATUS(call(), want);
     ASSERT_SP_OK(sp_memory_stats(0, &after));
     for (size_t i = 0; i < sp_stats_count(); i++)
         EXPECT_EQ(before.value[i], after.value[i]) << sp_stats_key(i);
@@ -322,6 +318,18 @@ TEST_F(ThreadsAdversary, RefusedShutdownLeavesTheThreadCachesAlone) {
     ASSERT_SP_OK(sp_x_thread_cache_idle(0, &idle_after, &n_after));
     EXPECT_EQ(n_after, n_before);
     EXPECT_EQ(idle_after, idle_before);
+}
+
+// sp_shutdown refused because a block is still allocated releases nothing: the blocks idle in
+// the threads' caches stay where they were, and every statistic with them.
+TEST_F(ThreadsAdversary, RefusedShutdownLeavesTheThreadCachesAlone) {
+    sp::ScopedEnv env({{"SYMPOOL_THREAD_CACHE", "1MiB"}});
+    expect_warnings(); // the refusal's
+    sp::Watchdog wd;
+    ASSERT_SP_OK(sp_init());
+    void *held = nullptr;
+    ASSERT_SP_OK(sp_malloc(1 * KiB, 0, nullptr, &held));
+    expect_refusal_keeps_thread_cache([] { return sp_shutdown(); }, SP_ERR_BUSY);
     ASSERT_SP_OK(sp_free(held));
     ASSERT_SP_OK(sp_empty_cache());
 }
@@ -336,24 +344,7 @@ TEST_F(ThreadsAdversary, RefusedSnapshotDumpLeavesTheThreadCachesAndHistoryAlone
     expect_warnings(); // the refusals'
     const char *bad = "/nonexistent-sympool-dir/snap.pickle";
     ASSERT_SP_OK(sp_init());
-    std::vector<void *> v(4);
-    for (auto &p : v)
-        ASSERT_SP_OK(sp_malloc(16 * KiB, 0, nullptr, &p));
-    for (auto p : v)
-        ASSERT_SP_OK(sp_free(p)); // idle in this thread's cache
-    size_t idle_before = 0, n_before = 0;
-    ASSERT_SP_OK(sp_x_thread_cache_idle(0, &idle_before, &n_before));
-    ASSERT_EQ(n_before, 4u);
-    sp_stats_t before, after;
-    ASSERT_SP_OK(sp_memory_stats(0, &before));
-    EXPECT_SP_STATUS(sp_dump_snapshot(bad), SP_ERR_SYSTEM);
-    ASSERT_SP_OK(sp_memory_stats(0, &after));
-    for (size_t i = 0; i < sp_stats_count(); i++)
-        EXPECT_EQ(before.value[i], after.value[i]) << sp_stats_key(i);
-    size_t idle_after = 0, n_after = 0;
-    ASSERT_SP_OK(sp_x_thread_cache_idle(0, &idle_after, &n_after));
-    EXPECT_EQ(n_after, n_before);
-    EXPECT_EQ(idle_after, idle_before);
+    expect_refusal_keeps_thread_cache([bad] { return sp_dump_snapshot(bad); }, SP_ERR_SYSTEM);
 
     sp_history_params_t hp;
     sp_history_params_init(&hp);
