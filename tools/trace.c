@@ -1076,6 +1076,77 @@ static void get_keys(const pk_value_t *dict, const char *const *keys, const size
 
 /* One device's analysis. The forward pass keeps one map of the addresses the events name (an
  * address's value: 1 while it is live), and an array already in order is not sorted again. */
+/* The first alloc at each address, by address (first_allocs). */
+typedef struct addr_first {
+    uint64_t addr;
+    size_t ev; /* index of the first alloc event at addr */
+} addr_first_t;
+
+static int cmp_addr_first(const void *a, const void *b) {
+    const addr_first_t *x = a, *y = b;
+    if (x->addr != y->addr)
+        return x->addr < y->addr ? -1 : 1;
+    return x->ev < y->ev ? -1 : x->ev > y->ev;
+}
+
+/* d's alloc events as (address, first event index), one per address, by address; *n_p of them.
+ * NULL with *n_p 0 when there are none; NULL with *n_p 1 when out of memory. */
+static addr_first_t *first_allocs(const tr_device_t *d, size_t *n_p) {
+    size_t n = 0;
+    for (size_t i = 0; i < d->nev; i++)
+        n += d->ev[i].action == TR_ALLOC;
+    *n_p = 0;
+    if (n == 0)
+        return NULL;
+    addr_first_t *a = malloc(n * sizeof(*a));
+    if (a == NULL) {
+        *n_p = 1;
+        return NULL;
+    }
+    n = 0;
+    for (size_t i = 0; i < d->nev; i++)
+        if (d->ev[i].action == TR_ALLOC)
+            a[n++] = (addr_first_t){d->ev[i].addr, i};
+    sort_by(a, n, sizeof(*a), cmp_addr_first);
+    size_t k = 0;
+    for (size_t i = 0; i < n; i++)
+        if (k == 0 || a[k - 1].addr != a[i].addr)
+            a[k++] = a[i];
+    *n_p = k;
+    return a;
+}
+
+/* A block live at the start of the trace that the trace frees at event `freed`, its request
+ * rounded to `bs` bytes, with nothing else known of it up to `end`: was it larger? PyTorch does
+ * not split a remainder of 1 MiB or less off a large-pool block, and it allocates at the start of
+ * a free block. So an alloc, while the block is still live, at an address A a little past its
+ * rounded end (lo < A <= lo + 1 MiB, below `end`), with no earlier alloc between lo and A, shows
+ * that [lo, A) was the block's: nothing free starts there (it would have merged with the free
+ * block at A). Returns the block's size so inferred (bs when nothing shows more). */
+static uint64_t kept_remainder(const addr_first_t *al, size_t nal, uint64_t addr, uint64_t bs,
+                               uint64_t end, size_t freed) {
+    uint64_t lo = addr + bs, hi = end - 1;
+    if (lo >= end)
+        return bs;
+    if (hi > lo + ((uint64_t)1 << 20))
+        hi = lo + ((uint64_t)1 << 20);
+    size_t a = 0, b = nal;
+    while (a < b) { /* the first address >= lo */
+        size_t mid = a + (b - a) / 2;
+        if (al[mid].addr < lo)
+            a = mid + 1;
+        else
+            b = mid;
+    }
+    size_t best = SIZE_MAX;
+    for (size_t i = a; i < nal && al[i].addr <= hi; i++)
+        if (best == SIZE_MAX || al[i].ev < al[best].ev)
+            best = i;
+    if (best == SIZE_MAX || al[best].addr == lo || al[best].ev > freed)
+        return bs;
+    return al[best].addr - addr;
+}
+
 static bool analyse(const pk_value_t *segments, const recs_t *recs, const tr_settings_t *set,
                     int dev, tr_device_t *d, char *err, size_t errlen) {
     tr_map_t live = {0};     /* the backward pass: addresses whose free completes later */
@@ -1427,7 +1498,24 @@ static bool analyse(const pk_value_t *segments, const recs_t *recs, const tr_set
         sort_by(d->start, d->nstart, sizeof(*d->start), cmp_sseg);
     if (d->nseeds > 1)
         sort_by(d->seeds, d->nseeds, sizeof(*d->seeds), cmp_seed);
-    /* Seeds inside a start segment become its blocks too. */
+    /* Seeds inside a start segment become its blocks too. A large-pool seed that the final
+     * state does not show may have kept a remainder (kept_remainder): the first event at its
+     * address is its free, when it tells. */
+    size_t nal = 0;
+    addr_first_t *al = set->expandable ? NULL : first_allocs(d, &nal);
+    if (al == NULL && nal == 1)
+        goto oom;
+    tr_map_t firstev = {0}; /* address -> 1 + index of its first alloc or free event */
+    for (size_t i = 0; al != NULL && i < d->nev; i++) {
+        const tr_event_t *e = &d->ev[i];
+        uintptr_t v = 0;
+        if ((e->action == TR_ALLOC || e->action == TR_FREE_REQUESTED) && e->addr != 0 &&
+            !tr_map_get(&firstev, e->addr, &v) && !tr_map_put(&firstev, e->addr, i + 1)) {
+            free(al);
+            tr_map_free(&firstev);
+            goto oom;
+        }
+    }
     for (size_t i = 0, k = 0; i < d->nseeds; i++) {
         tr_seed_t *sd = &d->seeds[i];
         while (k < d->nstart && d->start[k].addr + d->start[k].size <= sd->addr)
@@ -1440,6 +1528,11 @@ static bool analyse(const pk_value_t *segments, const recs_t *recs, const tr_set
             uint64_t bs = sd->bsize ? sd->bsize : round512(sd->size);
             if (bs > end - sd->addr)
                 bs = end - sd->addr;
+            uintptr_t first = 0;
+            if (al != NULL && !sd->bsize && !sg->is_small && bs > ((uint64_t)1 << 20) &&
+                tr_map_get(&firstev, sd->addr, &first) &&
+                d->ev[first - 1].action == TR_FREE_REQUESTED)
+                bs = kept_remainder(al, nal, sd->addr, bs, end, first - 1);
             sd->in_start = true;
             if (bs == 0)
                 continue;
@@ -1454,6 +1547,8 @@ static bool analyse(const pk_value_t *segments, const recs_t *recs, const tr_set
             d->loose_bytes += sd->size;
         }
     }
+    free(al);
+    tr_map_free(&firstev);
     for (size_t i = 0; i < d->nstart; i++)
         d->start_bytes += d->start[i].size;
     /* Runs of segment frees: the user's empty_cache, unless the allocator released inside a
