@@ -404,14 +404,14 @@ static void place_begin(dev_state_t *ds, int d, const tr_device_t *td) {
 
 /* The next device allocation of `size` bytes goes where the recorded segment at `addr` was. */
 static void place_one(const dev_state_t *ds, int d, uint64_t addr, uint64_t size) {
-    if (ds->placing && addr >= ds->rec_base)
+    if (ds->placing && addr >= ds->rec_base && (addr - ds->rec_base) % 512 == 0)
         (void)sp_x_host_place(d, (size_t)size, addr - ds->rec_base);
 }
 
 /* Remember that op number `op` made a segment at addr in the recorded run. */
 static bool place_push(dev_state_t *ds, size_t op, uint64_t addr, uint64_t size) {
-    if (!ds->placing || addr < ds->rec_base)
-        return true;
+    if (!ds->placing || addr < ds->rec_base || (addr - ds->rec_base) % 512 != 0)
+        return true; /* a segment no GPU made (unaligned): carved as without placement */
     if (ds->nplace == ds->cap_place) {
         size_t nc = ds->cap_place ? ds->cap_place * 2 : 64;
         struct place *np = realloc(ds->place, nc * sizeof(*np));

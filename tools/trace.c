@@ -1074,8 +1074,6 @@ static void get_keys(const pk_value_t *dict, const char *const *keys, const size
     }
 }
 
-/* One device's analysis. The forward pass keeps one map of the addresses the events name (an
- * address's value: 1 while it is live), and an array already in order is not sorted again. */
 /* The first alloc at each address, by address (first_allocs). */
 typedef struct addr_first {
     uint64_t addr;
@@ -1147,6 +1145,8 @@ static uint64_t kept_remainder(const addr_first_t *al, size_t nal, uint64_t addr
     return al[best].addr - addr;
 }
 
+/* One device's analysis. The forward pass keeps one map of the addresses the events name (an
+ * address's value: 1 while it is live), and an array already in order is not sorted again. */
 static bool analyse(const pk_value_t *segments, const recs_t *recs, const tr_settings_t *set,
                     int dev, tr_device_t *d, char *err, size_t errlen) {
     tr_map_t live = {0};     /* the backward pass: addresses whose free completes later */

@@ -39,7 +39,8 @@ sp_status_t sp_x_thread_cache_idle(int device, size_t *bytes_p, size_t *blocks_p
  * best fit's ties (the lowest address among free blocks of one size) fall as they did there.
  * From the first call on, ranges carved without placement stay in the arena's lower half.
  * @return SP_SUCCESS; SP_ERR_NOT_SUPPORTED on another backend, without the arena, or with the
- * arena's lower half used up; SP_ERR_INVALID_ARGUMENT for a device that does not exist. */
+ * arena's lower half used up; SP_ERR_INVALID_ARGUMENT for a device that does not exist or an
+ * offset that is not a multiple of 512 (then nothing changes). */
 sp_status_t sp_x_host_place(int device, size_t size, uint64_t offset);
 
 /** Bytes of host memory made usable so far in this process for block and segment structs: they

@@ -436,6 +436,11 @@ static void arena_return(host_arena_t *a, uintptr_t p, size_t size) {
 sp_status_t sp__host_place(int device, size_t size, uint64_t offset) {
     host_dev_t *dev = NULL;
     SP_CHECK(get_dev(device, &dev));
+    /* Device memory starts 512-byte aligned (the allocator's blocks rely on it). */
+    if (offset % 512 != 0)
+        return sp__error(SP_ERR_INVALID_ARGUMENT, SP_SUB_DEVICE,
+                         "host device %d: placement offset %llu is not a multiple of 512", device,
+                         (unsigned long long)offset);
     pthread_mutex_lock(&dev->mu);
     host_arena_t *a = &dev->arena;
     sp_status_t st = SP_SUCCESS;

@@ -93,6 +93,25 @@ TEST_F(HostPlace, SixteenWaitAtMost) {
         ASSERT_SP_OK(sp_free(p));
 }
 
+// An offset that is not a multiple of 512 would start device memory unaligned: refused, and
+// nothing waits (the next segment of that size is carved as without placement).
+TEST_F(HostPlace, UnalignedOffsetIsRefusedAndChangesNothing) {
+    expect_warnings();
+    sp::ScopedEnv env({{"SYMPOOL_HOST_ARENA", "1"}});
+    SP_SKIP_UNLESS_HOST();
+    ASSERT_SP_OK(sp_init());
+    void *a = nullptr, *b = nullptr;
+    ASSERT_SP_OK(sp_x_host_place(0, 20 * MiB, 0));
+    ASSERT_SP_OK(sp_malloc(20 * MiB, 0, nullptr, &a));
+    EXPECT_SP_STATUS(sp_x_host_place(0, 20 * MiB, 100 * MiB + 100), SP_ERR_INVALID_ARGUMENT);
+    EXPECT_NE(std::string(sp_last_error()).find("not a multiple of 512"), std::string::npos)
+        << sp_last_error();
+    ASSERT_SP_OK(sp_malloc(20 * MiB, 0, nullptr, &b));
+    EXPECT_LT(addr(b), addr(a)) << "the refused placement was taken";
+    ASSERT_SP_OK(sp_free(a));
+    ASSERT_SP_OK(sp_free(b));
+}
+
 // Without the arena (or on another backend) there is nothing to place in: refused, and the
 // segment is made as before; an unknown device is an argument error.
 TEST_F(HostPlace, RefusedWithoutTheArena) {
