@@ -108,6 +108,7 @@ typedef struct replay_result {
     size_t start_segments;           /* segments rebuilt as they were before the trace */
     uint64_t start_bytes;            /* their bytes */
     size_t start_blocks;             /* their live blocks */
+    size_t start_pending;            /* starting blocks freed and pending other streams' work */
     bool start_requested;            /* the segment kind differs from the recorded run's (or
                                       * start_rules_differ): every live starting block requested
                                       * instead (no segments) */

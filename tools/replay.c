@@ -296,6 +296,32 @@ static inline bool do_alloc_op(dev_state_t *ds, int dev, const op_t *o, replay_r
     return true;
 }
 
+/* Uses p on a side stream of the device and keeps that stream under the recorded address, so
+ * that p's free stays pending until the address's free_completed synchronizes it (or to the
+ * end). */
+static bool hold_for_side(dev_state_t *ds, int dev, uintptr_t p, uint64_t addr, sp_status_t *st,
+                          char *err, size_t errlen) {
+    sp_stream_t side = NULL;
+    if (ds->nside > 0) {
+        side = ds->side[--ds->nside];
+    } else {
+        *st = sp_stream_create(dev, &side);
+        if (*st == SP_SUCCESS &&
+            !push_ptr((void ***)&ds->all_side, &ds->nall_side, &ds->cap_all_side, side)) {
+            (void)sp_stream_destroy(side);
+            snprintf(err, errlen, "out of memory");
+            return false;
+        }
+    }
+    if (*st == SP_SUCCESS)
+        *st = sp_record_stream((void *)p, side);
+    if (*st == SP_SUCCESS && !tr_map_put(&ds->pending, addr, (uintptr_t)side)) {
+        snprintf(err, errlen, "out of memory");
+        return false;
+    }
+    return true;
+}
+
 /* A free. A deferred one (PyTorch held the block for other streams' work) is used on a side
  * stream first, so that it stays pending until its free_completed synchronizes that stream. */
 static inline bool do_free_op(dev_state_t *ds, int dev, const tr_event_t *ev, const op_t *o,
@@ -309,25 +335,8 @@ static inline bool do_free_op(dev_state_t *ds, int dev, const tr_event_t *ev, co
     ds->ptrs[slot] = NULL;
     sp_status_t st = SP_SUCCESS;
     if (UNLIKELY(o->flags & TR_F_DEFERRED)) {
-        const tr_event_t *e = &ev[o->ev];
-        sp_stream_t side = NULL;
-        if (ds->nside > 0) {
-            side = ds->side[--ds->nside];
-        } else {
-            st = sp_stream_create(dev, &side);
-            if (st == SP_SUCCESS &&
-                !push_ptr((void ***)&ds->all_side, &ds->nall_side, &ds->cap_all_side, side)) {
-                (void)sp_stream_destroy(side);
-                snprintf(err, errlen, "out of memory");
-                return false;
-            }
-        }
-        if (st == SP_SUCCESS)
-            st = sp_record_stream((void *)p, side);
-        if (st == SP_SUCCESS && !tr_map_put(&ds->pending, e->addr, (uintptr_t)side)) {
-            snprintf(err, errlen, "out of memory");
+        if (!hold_for_side(ds, dev, p, ev[o->ev].addr, &st, err, errlen))
             return false;
-        }
         r->deferred_frees++;
     }
     if (LIKELY(st == SP_SUCCESS))
@@ -648,6 +657,24 @@ static bool build_start(dev_state_t *ds, int d, const tr_device_t *td, bool requ
                       td->seeds[i].pool, r, err, errlen);
     }
     fs->frames = NULL;
+    /* The blocks the recorded run's user had freed while other streams still used them: freed
+     * here too, pending until the trace says their events completed (or to the end). */
+    for (size_t i = 0; ok && i < td->nseeds; i++) {
+        uintptr_t p = 0;
+        if (!td->seeds[i].pending || !tr_map_get(&ds->blocks, td->seeds[i].addr, &p) || p == 0)
+            continue;
+        (void)tr_map_del(&ds->blocks, td->seeds[i].addr, NULL);
+        sp_status_t st = SP_SUCCESS;
+        ok = hold_for_side(ds, d, p, td->seeds[i].addr, &st, err, errlen);
+        if (ok && st == SP_SUCCESS)
+            st = sp_free((void *)p);
+        if (ok && st != SP_SUCCESS) {
+            snprintf(err, errlen, "starting state: sp_free: %s: %s", sp_status_name(st),
+                     sp_last_error());
+            ok = false;
+        }
+        r->start_pending++;
+    }
     /* What the starting state reserves is a floor for the peak (nothing is released before the
      * first event): the replay says so when that alone is past 1% of the peak allocated. */
     if (ok)
@@ -1216,6 +1243,10 @@ static void print_text(const char *trace, const tr_trace_t *t, const replay_resu
                r->start_segments, gib((double)r->start_bytes),
                gib((double)r->pytorch_start_reserved), r->start_blocks, r->seeded_blocks,
                gib((double)r->seeded_bytes));
+    if (r->start_pending > 0)
+        printf("  pending at the start %zu blocks freed while other streams used them "
+               "(\"active_pending_free\"), held until the trace completes their free\n",
+               r->start_pending);
     printf("  peak requested       %.3f GiB (trace: %.3f GiB)\n", gib((double)r->peak_requested),
            gib((double)r->trace_peak_requested));
     printf("  peak allocated       %.3f GiB\n", gib((double)r->peak_allocated));

@@ -182,7 +182,7 @@ static int cmp_seed(const void *a, const void *b) {
 }
 
 static bool add_seed(tr_device_t *d, size_t *cap, uint64_t addr, uint64_t size, uint64_t bsize,
-                     uint64_t stream, const pk_value_t *frames, uint16_t pool) {
+                     uint64_t stream, const pk_value_t *frames, uint16_t pool, bool pending) {
     if (d->nseeds == *cap) {
         size_t n = *cap ? *cap * 2 : 64;
         tr_seed_t *ns = realloc(d->seeds, n * sizeof(*ns));
@@ -191,7 +191,7 @@ static bool add_seed(tr_device_t *d, size_t *cap, uint64_t addr, uint64_t size, 
         d->seeds = ns;
         *cap = n;
     }
-    d->seeds[d->nseeds++] = (tr_seed_t){addr, size, bsize, stream, frames, false, pool};
+    d->seeds[d->nseeds++] = (tr_seed_t){addr, size, bsize, stream, frames, false, pending, pool};
     d->seeded_bytes += size;
     return true;
 }
@@ -534,6 +534,7 @@ typedef struct rec_block {
 #define RB_STATE 0x4u     /* state is a string */
 #define RB_ACTIVE 0x8u    /* ... "active_allocated" */
 #define RB_INACTIVE 0x10u /* ... "inactive" */
+#define RB_PENDING 0x20u  /* ... "active_pending_free" */
 /* A handed-over block's record id: apart from the entries' ids by its top bit. */
 #define RB_ID ((uint64_t)1 << 63)
 
@@ -631,7 +632,8 @@ static int take_block(recs_t *rs, const pk_value_t *const *v, uint32_t seen, siz
         b.flags |= RB_REQ;
     if (state->type == PK_STR)
         b.flags |= RB_STATE | (pk_str_is(state, "active_allocated") ? RB_ACTIVE : 0u) |
-                   (pk_str_is(state, "inactive") ? RB_INACTIVE : 0u);
+                   (pk_str_is(state, "inactive") ? RB_INACTIVE : 0u) |
+                   (pk_str_is(state, "active_pending_free") ? RB_PENDING : 0u);
     /* A skipped stack is the reader's one PK_NONE: it reads as no frames either way. */
     const pk_value_t *fr = v[RK_FRAMES];
     b.frames = fr != NULL && fr->type == PK_LIST ? fr : NULL;
@@ -1207,7 +1209,7 @@ static bool analyse(const pk_value_t *segments, const recs_t *recs, const tr_set
             if (v == NULL || *v == 0) {
                 if (d->seeded_bytes + e->size >= (uint64_t)TR_SUM_LIMIT)
                     goto too_much;
-                if (!add_seed(d, &cap, e->addr, e->size, 0, e->stream, e->frames, e->pool))
+                if (!add_seed(d, &cap, e->addr, e->size, 0, e->stream, e->frames, e->pool, false))
                     goto oom;
             }
             if (v != NULL)
@@ -1381,7 +1383,7 @@ static bool analyse(const pk_value_t *segments, const recs_t *recs, const tr_set
         for (size_t b = 0; b < pk_len(blocks); b++) {
             const pk_value_t *blk = pk_at(blocks, b);
             int64_t bsize = 0, req = -1;
-            bool have_size, have_req, have_state, active, inactive;
+            bool have_size, have_req, have_state, active, inactive, pending;
             const pk_value_t *frames;
             const rec_block_t *rb = block_of(recs, blk);
             if (entry_record(recs, blk)) {
@@ -1396,6 +1398,7 @@ static bool analyse(const pk_value_t *segments, const recs_t *recs, const tr_set
                 have_state = (rb->flags & RB_STATE) != 0;
                 active = (rb->flags & RB_ACTIVE) != 0;
                 inactive = (rb->flags & RB_INACTIVE) != 0;
+                pending = (rb->flags & RB_PENDING) != 0;
                 frames = rb->frames;
             } else {
                 static const char *const bkeys[] = {"state", "size", "requested_size", "frames"};
@@ -1407,6 +1410,7 @@ static bool analyse(const pk_value_t *segments, const recs_t *recs, const tr_set
                 have_state = pk_str(bv[0]) != NULL;
                 active = pk_str_is(bv[0], "active_allocated");
                 inactive = pk_str_is(bv[0], "inactive");
+                pending = pk_str_is(bv[0], "active_pending_free");
                 frames = bv[3] != NULL && bv[3]->type == PK_LIST ? bv[3] : NULL;
             }
             if (!have_size || bsize < 0 || !have_state) {
@@ -1431,7 +1435,7 @@ static bool analyse(const pk_value_t *segments, const recs_t *recs, const tr_set
                 if (d->seeded_bytes + (uint64_t)req >= (uint64_t)TR_SUM_LIMIT)
                     goto too_much;
                 if (!add_seed(d, &cap, baddr, (uint64_t)req, (uint64_t)bsize, ustream, frames,
-                              (uint16_t)pool))
+                              (uint16_t)pool, pending))
                     goto oom;
             }
             baddr += (uint64_t)bsize;

@@ -58,6 +58,8 @@ typedef struct tr_seed {
     uint64_t stream;          /* recorded stream */
     const pk_value_t *frames; /* frames of the block, or NULL */
     bool in_start;            /* inside a start segment (rebuilt with it, not requested) */
+    bool pending;             /* freed before recording began, its free still waiting for other
+                               * streams' work at the end ("active_pending_free") */
     uint16_t pool;            /* 1 + index into the device's pools, 0 = default pool */
 } tr_seed_t;
 
