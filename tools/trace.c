@@ -1532,6 +1532,13 @@ static bool analyse(const pk_value_t *segments, const recs_t *recs, const tr_set
             uint64_t bs = sd->bsize ? sd->bsize : round512(sd->size);
             if (bs > end - sd->addr)
                 bs = end - sd->addr;
+            /* A large-pool block whose rounded request ends 1 MiB or less before the next live
+             * block (or its segment's end) kept that piece: every large-pool block, a free one
+             * too, is larger than 1 MiB (PyTorch splits off only a larger remainder), so nothing
+             * else lies there. */
+            if (!sd->bsize && !sg->is_small && !set->expandable && bs > ((uint64_t)1 << 20) &&
+                end - (sd->addr + bs) <= ((uint64_t)1 << 20))
+                bs = end - sd->addr;
             uintptr_t first = 0;
             if (al != NULL && !sd->bsize && !sg->is_small && bs > ((uint64_t)1 << 20) &&
                 tr_map_get(&firstev, sd->addr, &first) &&

@@ -12,7 +12,7 @@ dir):
  - segments placed each below the last: the replay places its own where the recorded ones were,
    and breaks ties among free blocks of one size as PyTorch did;
  - a block live at the start that kept a remainder PyTorch did not split off, which only a later
-   alloc's address shows: the replay rebuilds it at that size;
+   alloc's address, or the next live block's, shows: the replay rebuilds it at that size;
  - blocks the user freed while other streams used them ("active_pending_free" at the end, no
    entry naming them): freed at the start, not allocated, and not reused while pending;
  - a pickled list of something else than segment dicts: not a memory snapshot."""
@@ -161,6 +161,27 @@ r = run("replay", path, "--json")
 j = json.loads(r.stdout) if r.returncode == 0 else {}
 if (j.get("peak_reserved_bytes"), j.get("pytorch_peak_reserved_bytes")) != (116 * MiB, 116 * MiB):
     sys.exit(f"replay kept remainder: rc {r.returncode}: {r.stdout}{r.stderr}")
+
+# The same kept remainder shown by the next live block instead: a 4 MiB request at SEG, freed at
+# the end, then an 8 MiB block live throughout 960 KiB past the request's end. Every large-pool
+# block is over 1 MiB, so those 960 KiB were the first block's; the free tail is 51.06 MiB and a
+# 52 MiB request needs a segment of its own, as recorded (116 MiB; 64 MiB before, the 8 MiB block
+# rebuilt 960 KiB lower and the tail large enough).
+B = SEG + 4 * MiB + 960 * 1024
+seg = segment(SEG, 64 * MiB)
+seg["blocks"] = [{"size": 4 * MiB + 960 * 1024, "state": "inactive", "requested_size": 0},
+                 {"size": 8 * MiB, "state": "active_allocated", "requested_size": 8 * MiB},
+                 {"size": 64 * MiB - 12 * MiB - 960 * 1024, "state": "inactive", "requested_size": 0}]
+evs = [("segment_alloc", SEG2, 52 * MiB), ("alloc", SEG2, 52 * MiB),
+       ("free_requested", SEG, 4 * MiB), ("free_completed", SEG, 4 * MiB),
+       ("free_requested", SEG2, 52 * MiB), ("free_completed", SEG2, 52 * MiB)]
+entries = [entry(a, addr, n, t) for t, (a, addr, n) in enumerate(evs)]
+path = write("kept_before_live.pickle", {"segments": [seg, segment(SEG2, 52 * MiB)],
+                                         "device_traces": [entries]})
+r = run("replay", path, "--json")
+j = json.loads(r.stdout) if r.returncode == 0 else {}
+if (j.get("peak_reserved_bytes"), j.get("pytorch_peak_reserved_bytes")) != (116 * MiB, 116 * MiB):
+    sys.exit(f"replay kept before a live block: rc {r.returncode}: {r.stdout}{r.stderr}")
 
 # A 20 MiB block freed while another stream used it, before recording began, still pending at the
 # end (its events never completed), beside a live 10 MiB one and 10 MiB free: the replay frees it
