@@ -1215,6 +1215,10 @@ static void print_text(const char *trace, const tr_trace_t *t, const replay_resu
            r->devices == 1 ? "" : "s");
     if (user_conf != NULL)
         printf("  settings             --conf '%s'\n", user_conf);
+    else if (t->settings.recorded && t->settings.expandable && !expandable_rules_ours())
+        printf("  settings             the snapshot's: '%s', by PyTorch's rules "
+               "(SYMPOOL_EXPANDABLE_PAGE, _RECYCLE and _BORROW at 0)\n",
+               conf && *conf ? conf : "defaults");
     else if (t->settings.recorded)
         printf("  settings             the snapshot's: '%s'\n", conf && *conf ? conf : "defaults");
     else
@@ -1806,6 +1810,19 @@ int sp_cli_replay(int argc, char **argv) {
                 "sympool replay: %s: allocator_settings read as SYMPOOL_ALLOC_CONF='%s' are not "
                 "valid: %s\n",
                 a.trace, conf, sp_last_error());
+        tr_free(&t);
+        return 1;
+    }
+    /* A recording made with expandable segments was made under PyTorch's rules: re-enacted, the
+     * rules of ours that go past them are off, unless the environment sets them (--conf and
+     * --compare ask what sympool would do, and keep them). */
+    if (a.conf == NULL && t.settings.recorded && t.settings.expandable &&
+        getenv("SYMPOOL_EXPANDABLE_PAGE") == NULL && getenv("SYMPOOL_EXPANDABLE_RECYCLE") == NULL &&
+        getenv("SYMPOOL_EXPANDABLE_BORROW") == NULL &&
+        (sp_x_option_set("SYMPOOL_EXPANDABLE_PAGE", "0") != SP_SUCCESS ||
+         sp_x_option_set("SYMPOOL_EXPANDABLE_RECYCLE", "0") != SP_SUCCESS ||
+         sp_x_option_set("SYMPOOL_EXPANDABLE_BORROW", "0") != SP_SUCCESS)) {
+        fprintf(stderr, "sympool replay: %s\n", sp_last_error());
         tr_free(&t);
         return 1;
     }

@@ -15,6 +15,7 @@ dir):
    alloc's address, or the next live block's, shows: the replay rebuilds it at that size;
  - blocks the user freed while other streams used them ("active_pending_free" at the end, no
    entry naming them): freed at the start, not allocated, and not reused while pending;
+ - a recording made with expandable segments: replayed with its settings, by PyTorch's rules;
  - a pickled list of something else than segment dicts: not a memory snapshot."""
 import json
 import os
@@ -216,6 +217,27 @@ for name, entries, segs in (
         states = [b["state"] for s in pickle.load(f)["segments"] for b in s["blocks"]]
     if r.returncode != 0 or states.count("active_pending_free") != 1:
         sys.exit(f"replay {name} --snapshot: rc {r.returncode}: {states}{r.stderr}")
+
+# Recorded with expandable segments, so under PyTorch's rules: one 20 MiB unit mapped for a 3 MiB
+# block. Replayed with the snapshot's settings the replay re-enacts those rules (20 MiB, as
+# recorded; sympool's 2 MiB pages would map 4 MiB); with --conf it asks what sympool does.
+conf = {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True", "expandable_segments": True,
+        "max_split_size": -1, "garbage_collection_threshold": 0.0}
+seg = {**segment(SEG, 20 * MiB), "is_expandable": True}
+evs = [("segment_map", SEG, 20 * MiB), ("alloc", SEG, 3 * MiB), ("free_requested", SEG, 3 * MiB),
+       ("free_completed", SEG, 3 * MiB)]
+entries = [entry(a, addr, n, t) for t, (a, addr, n) in enumerate(evs)]
+path = write("expandable_recorded.pickle", {"segments": [seg], "device_traces": [entries],
+                                            "allocator_settings": conf})
+for args, want in (((), 20 * MiB), (("--conf", "expandable_segments:True"), 4 * MiB)):
+    r = run("replay", path, "--json", *args)
+    j = json.loads(r.stdout) if r.returncode == 0 else {}
+    if (j.get("peak_reserved_bytes"), j.get("pytorch_peak_reserved_bytes")) != (want, 20 * MiB):
+        sys.exit(f"replay expandable recorded {args}: rc {r.returncode}: {r.stdout}{r.stderr}")
+r = run("replay", path)
+if r.returncode != 0 or "the snapshot's: 'expandable_segments:True', by PyTorch's rules" \
+        not in r.stdout:
+    sys.exit(f"replay expandable recorded text: rc {r.returncode}: {r.stdout}{r.stderr}")
 
 # A pickled list of tuples (a tokenizer's merges, say).
 path = write("merges.pickle", [(b"a", b"b"), (b"ab", b"c")])
