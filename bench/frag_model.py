@@ -28,6 +28,10 @@ Policies (which free range a request takes, and at which end):
                 then the least leftover
   size-range    oracle-range with each request's lifetime guessed as the median lifetime of the
                 requests of its size freed so far (an online rule)
+  split16       two address spaces, `side` in each: a request goes to the second when blocks of
+                its size were freed within 16 events of their allocation more than twice as often
+                as they outlived 16 events (an online guess of a temporary), else to the first
+  split64       the same with 64 events
 """
 
 import bisect
@@ -203,10 +207,41 @@ POLICIES = {
     "oracle-side": oracle_side,
     "oracle-range": oracle_range,
     "size-range": oracle_range,
+    "split16": None,
+    "split64": None,
 }
 
 
+def run_split(path, window):
+    """Predicted temporaries in a second address space (see split16); peak of both together."""
+    ev, death = load(path)
+    kept, temp = Space(), Space()
+    where = {}
+    short, long_ = collections.Counter(), collections.Counter()
+    young = collections.deque()  # (alloc index, recorded address, size), oldest first
+    peak_mapped = peak_allocated = 0
+    for i, (act, addr, n) in enumerate(ev):
+        while young and i - young[0][0] > window:
+            born, a, sz = young.popleft()
+            if a in where and where[a][2] == born:
+                long_[sz] += 1  # outlived the window
+        if act == "a":
+            s = temp if short[n] > 2 * long_[n] else kept
+            where[addr] = (s, s.malloc(n, death[i], side), i, n)
+            young.append((i, addr, n))
+        elif addr in where:
+            s, a, born, n = where.pop(addr)
+            if i - born <= window:
+                short[n] += 1
+            s.release(a)
+        peak_mapped = max(peak_mapped, kept.mapped + temp.mapped)
+        peak_allocated = max(peak_allocated, kept.allocated + temp.allocated)
+    return peak_mapped * PAGE / peak_allocated if peak_allocated else float("nan")
+
+
 def run(path, policy):
+    if policy.startswith("split"):
+        return run_split(path, int(policy[5:]))
     ev, death = load(path)
     s = Space()
     where = {}
