@@ -43,6 +43,10 @@ done | xargs -P 2 -L 1 -d '\n' bash -c '
     sort -n | python3 -c '
 import sys
 rows = [l.split(None, 3) for l in sys.stdin if l.strip()]
+# A trace that allocates nothing (an empty snapshot) has no ratio: listed, left out of the sums.
+for n, b, c, name in [r for r in rows if "nan" in (r[1], r[2])]:
+    print("%-3s %s %s   %s (no ratio: nothing allocated, or the replay failed)" % (n, b, c, name.strip()))
+rows = [r for r in rows if "nan" not in (r[1], r[2])]
 over_b = over_c = newly = better = worse = 0
 worst_b = worst_c = sum_b = sum_c = 0.0
 for n, b, c, name in rows:
