@@ -4,6 +4,7 @@
 #  - cli.* run the built `sympool` on the real PyTorch trace in tests/data/ and check its output.
 set(SP_CLI_TOOL_SOURCES
   ${PROJECT_SOURCE_DIR}/tools/pickle_read.c
+  ${PROJECT_SOURCE_DIR}/tools/pickle_text.c
   ${PROJECT_SOURCE_DIR}/tools/trace.c
   ${PROJECT_SOURCE_DIR}/tools/replay.c
   ${PROJECT_SOURCE_DIR}/tools/cli_util.c
@@ -18,7 +19,7 @@ if(TARGET test_fuzz_repro)
   target_compile_definitions(test_fuzz_repro PRIVATE
     SP_FUZZ_REPRO_DIR="${PROJECT_SOURCE_DIR}/tests/fuzz/repro")
 endif()
-foreach(t test_pickle test_replay test_history test_fuzz_repro)
+foreach(t test_pickle test_pickle_text test_replay test_history test_fuzz_repro)
   if(TARGET ${t})
     target_sources(${t} PRIVATE ${SP_CLI_TOOL_SOURCES})
     # The data folder also as a compile-time default: the suites must find tests/data even when
