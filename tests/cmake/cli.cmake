@@ -69,6 +69,18 @@ if(TARGET sympool_cli)
               $<TARGET_FILE:sympool_cli> ${SP_CLI_OUT}/trace_variants)
     set_tests_properties(cli.trace_variants PROPERTIES LABELS "unit;cli;python" TIMEOUT 120
       PASS_REGULAR_EXPRESSION "^ok")
+    # Real snapshots re-pickled with protocols 0-3 read as their protocol-4 originals (replay
+    # --json, info, summary the same), and malformed text opcodes are refused saying what.
+    add_test(NAME cli.pickle_protocols
+      COMMAND ${Python3_EXECUTABLE} ${PROJECT_SOURCE_DIR}/tests/cli/pickle_protocols.py
+              $<TARGET_FILE:sympool_cli> ${SP_CLI_OUT}/pickle_protocols
+              ${CMAKE_CURRENT_SOURCE_DIR}/data/real/silmont-small.pickle
+              ${CMAKE_CURRENT_SOURCE_DIR}/data/trace-small-u64.pickle
+              ${CMAKE_CURRENT_SOURCE_DIR}/data/real/layoutediting-legacy-list.pickle
+              ${CMAKE_CURRENT_SOURCE_DIR}/data/real/attention-state-only.pickle
+              ${CMAKE_CURRENT_SOURCE_DIR}/data/real/bolong-expandable-recorded.pickle)
+    set_tests_properties(cli.pickle_protocols PROPERTIES LABELS "unit;cli;python" TIMEOUT 300
+      PASS_REGULAR_EXPRESSION "^ok")
   endif()
 
   # Extreme but legal values (sizes near 2^64, time_us at +-2^63 or going backwards, an alloc
