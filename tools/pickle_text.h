@@ -1,7 +1,8 @@
 /*
  * pickle_text.h: the arguments of pickle's text opcodes (protocol 0's INT, LONG, FLOAT, STRING,
- * UNICODE, PUT and GET; protocol 1 writes LONG too), decoded as pickle.load (the C unpickler)
- * decodes them. Each argument is a line: the bytes up to the next '\n', passed here without it.
+ * UNICODE, PUT and GET; protocol 1 writes INT and LONG too), decoded as pickle.load (the C
+ * unpickler) decodes them. Each argument is a line: the bytes up to the next '\n', passed here
+ * without it.
  *
  * What a pickler writes is read exactly: Python 3's and Python 2's (repr of ints and floats, an
  * 'L' after a LONG, I00/I01 for False/True, str as raw-unicode-escape, Python 2's str as a quoted
@@ -35,7 +36,8 @@ bool pk_text_int(const unsigned char *s, size_t n, bool is_long, pk_value_t *out
 
 /* FLOAT's argument: a decimal float as Python's repr writes it ([+-], digits with an optional
  * '.', an exponent), or inf, infinity, nan (any case, with a sign). One too large for a double
- * is refused (pickle.load: OverflowError). */
+ * is refused (pickle.load: OverflowError). s[n] must be readable and no part of a float (the
+ * line's '\n'): once the form is checked, strtod reads s in place and stops there. */
 bool pk_text_float(const unsigned char *s, size_t n, double *out, char *why, size_t whylen);
 
 /* STRING's argument: a quoted repr ('...' or "...") whose escapes are decoded as Python's
