@@ -2,8 +2,8 @@
 """A snapshot re-pickled with any protocol a user may pick (pickle.dump(snap, f, protocol=0..3);
 protocols 0 and 1 have no PROTO, protocol 0 is text: INT, LONG, FLOAT, UNICODE, PUT, GET) reads
 as the protocol-4 original (argv: sympool, work dir, real traces...): `replay --json` (but its
-timing), `info` (but the protocol it names), `info --json` and `summary` are the same, byte for
-byte. A malformed text opcode is refused naming what is wrong, with a nonzero exit."""
+timing), `info` (but the protocol it names), `info --json`, `summary` and `plot`'s SVG are the
+same, byte for byte. A malformed text opcode is refused naming what is wrong, with a nonzero exit."""
 import json
 import os
 import pickle
@@ -34,6 +34,13 @@ def outputs(path):
     out["info --json"] = (r.returncode, j, r.stderr)
     r = run("summary", path)
     out["summary"] = (r.returncode, r.stdout, r.stderr)
+    svg = os.path.join(work, "plot.svg")
+    r = run("plot", path, "-o", svg)
+    out["plot"] = (r.returncode, None, r.stderr)
+    if os.path.exists(svg):
+        with open(svg, "rb") as f:
+            out["plot"] = (r.returncode, f.read(), r.stderr)
+        os.unlink(svg)
     return out, protocol
 
 
@@ -87,8 +94,8 @@ for case, (data, want) in cases.items():
     path = os.path.join(work, "bad", case + ".pickle")
     with open(path, "wb") as f:
         f.write(data)
-    for cmd in ("info", "replay", "summary"):
-        r = run(cmd, path)
+    for cmd in ("info", "replay", "summary", "plot"):
+        r = run(cmd, path, *(["-o", os.path.join(work, "bad.svg")] if cmd == "plot" else []))
         if r.returncode == 0 or not re.search(rb"pickle: " + want + rb".* at offset \d+",
                                               r.stderr):
             sys.exit(f"{cmd} {case}: rc {r.returncode}: {r.stderr[:400]}")
