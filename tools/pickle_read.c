@@ -8,9 +8,12 @@
  * container, the memo or the root holds is allocated from the document's arena and counted
  * against max_values (with a record hook, ints of a dict being filled start in a scratch array
  * that is reused once their MARK closes; see keep_values). Errors name the offset of the opcode
- * being decoded. No globals, no lock.
+ * being decoded. A text opcode's argument is a line, searched for its '\n' within the input.
+ * No globals, no lock.
  */
 #include "tools/pickle_read.h"
+
+#include "tools/pickle_text.h"
 
 #include <errno.h>
 #include <stdarg.h>
@@ -832,7 +835,8 @@ static const char *forbidden_name(unsigned op) {
     }
 }
 
-/* Protocol-0 text opcodes: harmless but never written by protocols 2-5 picklers. */
+/* The text opcodes (protocol 0's; protocol 1 writes INT for a bool and LONG past 2^31 too): an
+ * argument of a line each. */
 static const char *text_name(unsigned op) {
     switch (op) {
     case 'I':
@@ -1110,6 +1114,17 @@ static bool starts_skip(const parser_t *ps) {
            memcmp(k->u.str.s, ps->skip_key, ps->skip_len) == 0;
 }
 
+/* Whether the GET whose argument starts at a names a str in the memo (a malformed one: true, and
+ * the opcode itself reports it). Out of line: only protocol 0's GET comes here. */
+static __attribute__((noinline, cold)) bool text_get_is_str(const parser_t *ps,
+                                                            const unsigned char *a) {
+    size_t idx;
+    const unsigned char *nl = memchr(a, '\n', ps->len - ps->pos);
+    if (nl == NULL || !pk_text_index(a, (size_t)(nl - a), &idx, NULL, 0))
+        return true;
+    return idx < ps->memocap && ps->memo[idx] != NULL && ps->memo[idx]->type == PK_STR;
+}
+
 /* The skipped value is complete once the stack is back at it and the dict being built goes on:
  * the next key (a string) is pushed, or the dict is finished. (Its items are dicts, so a string
  * pushed right above it is never one of them.) */
@@ -1127,6 +1142,8 @@ static bool end_of_skip(const parser_t *ps, unsigned op, const unsigned char *a)
     case 'T':
     case 'B':
     case 0x8e:
+    case 'V': /* UNICODE */
+    case 'S': /* STRING */
     case 'u':
     case 's':
     case 'd':
@@ -1140,6 +1157,8 @@ static bool end_of_skip(const parser_t *ps, unsigned op, const unsigned char *a)
         size_t idx = (size_t)le_uint(a, n);
         return idx < ps->memocap && ps->memo[idx] != NULL && ps->memo[idx]->type == PK_STR;
     }
+    case 'g': /* GET */
+        return text_get_is_str(ps, a);
     default:
         return false;
     }
@@ -1805,6 +1824,130 @@ pass:
     return false;
 }
 
+/* ---- text opcodes --------------------------------------------------------------------- */
+
+/* The line that is opname's argument (its bytes up to the next '\n', consumed with it): no
+ * newline before the end is a cut pickle, as pickle.load says. A number's may not hold a NUL
+ * (pickle.load reads it up to the NUL; no pickler writes one); a string's may (it is part of
+ * the string there too). The search stops at the input's end. */
+static bool take_line(parser_t *ps, const char *opname, bool number, const unsigned char **s_p,
+                      size_t *n_p) {
+    const unsigned char *s = ps->p + ps->pos;
+    const unsigned char *nl = memchr(s, '\n', ps->len - ps->pos);
+    if (nl == NULL)
+        return fail(ps, "truncated %s (no newline ends its argument)", opname);
+    size_t n = (size_t)(nl - s);
+    if (number && memchr(s, '\0', n) != NULL)
+        return fail(ps, "%s argument holds a NUL byte", opname);
+    *s_p = s;
+    *n_p = n;
+    ps->pos += n + 1;
+    return true;
+}
+
+/* "<opname> argument '<s>' <why>". */
+static __attribute__((cold)) bool text_fail(parser_t *ps, const char *opname,
+                                            const unsigned char *s, size_t n, const char *why) {
+    char shown[48];
+    pk_text_show(s, n, shown, sizeof(shown));
+    return fail(ps, "%s argument '%s' %s", opname, shown, why);
+}
+
+/* A str made of n decoded bytes at s (UTF-8), shared through the string cache as push_str
+ * shares one. Made even inside a skipped value: its input bytes are not the string, so it
+ * cannot wait there for the memo to keep it, as a BINUNICODE does. */
+static bool push_text_str(parser_t *ps, const unsigned char *s, size_t n) {
+    pk_value_t **slot = n <= STR_CACHE_MAX ? str_slot(ps, PK_STR, s, n) : NULL;
+    if (slot != NULL && str_hit(*slot, PK_STR, s, n))
+        return push(ps, *slot);
+    pk_value_t *v = new_value(ps, PK_STR);
+    char *c = v != NULL ? new_bytes(ps, s, n) : NULL;
+    if (c == NULL)
+        return false;
+    v->u.str.s = c;
+    v->u.str.len = n;
+    if (slot != NULL)
+        *slot = v;
+    return push(ps, v);
+}
+
+/* One text opcode (protocol 0's INT, LONG, FLOAT, STRING, UNICODE, PUT, GET; protocol 1's INT
+ * and LONG), its argument decoded by pickle_text.c: its value is what the binary opcode of that
+ * value makes (an INT of 1 is a BININT1's, a LONG of 2^64 - 1 a LONG1's, a UNICODE a
+ * BINUNICODE's UTF-8), so that a snapshot reads the same in every protocol. Out of line: no
+ * pickler of protocols 2-5 writes one. */
+static __attribute__((noinline)) bool text_op(parser_t *ps, unsigned op) {
+    const char *name = text_name(op);
+    const unsigned char *s = NULL;
+    size_t n = 0;
+    char why[200];
+    if (!take_line(ps, name, op != 'S' && op != 'V', &s, &n))
+        return false;
+    switch (op) {
+    case 'I':
+    case 'L': {
+        pk_value_t x;
+        if (!pk_text_int(s, n, op == 'L', &x, why, sizeof(why)))
+            return text_fail(ps, name, s, n, why);
+        if (x.type == PK_INT)
+            return push_int(ps, x.u.i);
+        if (x.type == PK_BOOL) { /* I00, I01: False and True, one value each (as NEWFALSE's) */
+            pk_value_t **b = &ps->bools[x.u.b];
+            if (*b == NULL && (*b = new_value(ps, PK_BOOL)) != NULL)
+                (*b)->u.b = x.u.b;
+            return push(ps, *b);
+        }
+        pk_value_t *v = new_value(ps, x.type); /* kept, as LONG1's are */
+        if (v == NULL)
+            return false;
+        v->u = x.u;
+        return push(ps, v);
+    }
+    case 'F': {
+        double d;
+        if (!pk_text_float(s, n, &d, why, sizeof(why)))
+            return text_fail(ps, name, s, n, why);
+        pk_value_t *v = new_value(ps, PK_FLOAT);
+        if (v == NULL)
+            return false;
+        v->u.f = d;
+        return push(ps, v);
+    }
+    case 'S':
+    case 'V': {
+        if (n > ps->lim.max_str)
+            return fail(ps, "%s of %zu bytes exceeds the limit of %zu", name, n, ps->lim.max_str);
+        /* Decoded, STRING is at most as long as its argument, UNICODE at most twice (a byte
+         * past 0x7f is a character of two bytes of UTF-8). */
+        size_t room = op == 'V' ? 2 * n : n, k = 0;
+        unsigned char small[256];
+        unsigned char *buf = room <= sizeof(small) ? small : malloc(room);
+        if (buf == NULL)
+            return fail(ps, "out of memory");
+        bool ok = op == 'S' ? pk_text_string(s, n, buf, &k, why, sizeof(why))
+                            : pk_text_unicode(s, n, buf, &k, why, sizeof(why));
+        if (!ok)
+            text_fail(ps, name, s, n, why);
+        else if (k > ps->lim.max_str)
+            ok = fail(ps, "%s of %zu bytes exceeds the limit of %zu", name, k, ps->lim.max_str);
+        else
+            ok = push_text_str(ps, buf, k);
+        if (buf != small)
+            free(buf);
+        return ok;
+    }
+    default: { /* 'p' PUT, 'g' GET */
+        size_t idx;
+        if (!pk_text_index(s, n, &idx, why, sizeof(why)))
+            return text_fail(ps, name, s, n, why);
+        if (idx == SIZE_MAX) /* past SIZE_MAX: named as written */
+            return text_fail(ps, name, s, n,
+                             op == 'p' ? "exceeds the memo's limit" : "is no memo key defined");
+        return op == 'p' ? memo_put(ps, idx) : memo_get(ps, idx);
+    }
+    }
+}
+
 static bool run(parser_t *ps) {
     int64_t iv;
     uint64_t arg; /* an opcode's unsigned argument, from take_uint */
@@ -1829,8 +1972,8 @@ static bool run(parser_t *ps) {
         case 0x80: /* PROTO */
             if (!need(ps, 1, "PROTO"))
                 return false;
-            if (a[0] < 2 || a[0] > 5)
-                return fail(ps, "protocol %u not supported (2-5 are)", a[0]);
+            if (a[0] > 5) /* pickle.load reads 0 to 5 (a pickler writes PROTO from 2 on) */
+                return fail(ps, "protocol %u not supported (0-5 are)", a[0]);
             ps->pos++;
             break;
         case 0x95: /* FRAME */
@@ -2108,12 +2251,18 @@ static bool run(parser_t *ps) {
                 return false;
             break;
         default: {
+            /* The text opcodes (INT, LONG, FLOAT, STRING, UNICODE, PUT, GET) come here: no
+             * pickler of protocols 2-5 writes them, and without cases of their own the code of
+             * the binary ones above stays as it was (callgrind counted it 0.2-0.3% slower with
+             * them). */
+            if (text_name(op) != NULL) {
+                if (!text_op(ps, op))
+                    return false;
+                break;
+            }
             const char *name = forbidden_name(op);
             if (name != NULL)
                 return fail_opcode(ps, name, "not allowed");
-            name = text_name(op);
-            if (name != NULL)
-                return fail_opcode(ps, name, "not supported");
             return fail(ps, "unknown opcode 0x%02x", op);
         }
         }
@@ -2139,17 +2288,65 @@ static bool make_skipped(parser_t *ps) {
     return true;
 }
 
-/* The refusal of a document that does not start with PROTO: the opcode it starts with, if any
- * (a pickle of protocol 0 or 1 has no PROTO). Out of line, as every error path of the loader. */
+/* The refusal of a document whose first byte is no opcode. Out of line, as every error path of
+ * the loader. */
 static __attribute__((noinline, cold)) bool not_a_pickle(parser_t *ps) {
-    const char *name = pk_opcode_name(ps->p[0]);
-    if (name == NULL)
-        return fail(ps, "not a pickle (protocol 2-5 pickles start with byte 0x80, not 0x%02x)",
-                    ps->p[0]);
     return fail(ps,
-                "not a pickle of protocol 2-5 (those start with byte 0x80, PROTO; one of protocol "
-                "0 or 1 is not read): its first byte is opcode %s (0x%02x)",
-                name, ps->p[0]);
+                "not a pickle (its first byte, 0x%02x, is no pickle opcode; a pickle of protocol "
+                "2-5 starts with 0x80, PROTO)",
+                ps->p[0]);
+}
+
+int pk_protocol(const void *buf, size_t len) {
+    const unsigned char *p = buf;
+    if (len >= 2 && p[0] == 0x80)
+        return p[1];
+    /* Opcodes of protocol 0 (those without an argument, those with lines) are passed over;
+     * the first of another protocol says 1 (a pickle with no PROTO, from a pickler of
+     * protocol 1, or one of 0 edited). */
+    for (size_t i = 0; i < len;) {
+        unsigned op = p[i++];
+        int lines = 0;
+        switch (op) {
+        case '.':
+            return 0;
+        case '(':
+        case '0':
+        case '2':
+        case 'N':
+        case 'R':
+        case 'b':
+        case 'd':
+        case 'l':
+        case 't':
+        case 'a':
+        case 's':
+            break;
+        case 'c': /* GLOBAL, INST: a module and a name */
+        case 'i':
+            lines = 2;
+            break;
+        case 'I':
+        case 'L':
+        case 'F':
+        case 'S':
+        case 'V':
+        case 'p':
+        case 'g':
+        case 'P':
+            lines = 1;
+            break;
+        default:
+            return 1;
+        }
+        for (; lines > 0; lines--) {
+            const unsigned char *nl = memchr(p + i, '\n', len - i);
+            if (nl == NULL)
+                return 0;
+            i = (size_t)(nl - p) + 1;
+        }
+    }
+    return 0;
 }
 
 bool pk_parse(const void *buf, size_t len, const pk_limits_t *lim, pk_doc_t **doc_p, char *err,
@@ -2206,7 +2403,7 @@ bool pk_parse_records(const void *buf, size_t len, const pk_limits_t *lim, const
         ok = fail(&ps, "empty input");
     else if (skip_key != NULL && !make_skipped(&ps))
         ok = false;
-    else if (ps.p[0] != 0x80) /* protocols 2-5 open with PROTO */
+    else if (opcode_names[ps.p[0]] == NULL) /* protocols 2-5 open with PROTO, 0 and 1 with any */
         ok = not_a_pickle(&ps);
     else
         ok = run(&ps);
@@ -2223,9 +2420,12 @@ bool pk_parse_records(const void *buf, size_t len, const pk_limits_t *lim, const
     return true;
 }
 
-/* Whether buf[0..len) may start a snapshot: its first byte that is not white space (if any) is a
- * pickle's PROTO (0x80) or a JSON document's '{' or '['. */
+/* Whether buf[0..len) may start a snapshot: its first byte is a pickle opcode (PROTO, 0x80, for
+ * protocols 2-5; any for 0 and 1), or its first byte that is not white space (if any) is a JSON
+ * document's '{' or '['. */
 static bool may_be_snapshot(const unsigned char *buf, size_t len) {
+    if (len > 0 && opcode_names[buf[0]] != NULL)
+        return true;
     size_t i = 0;
     while (i < len && (buf[i] == ' ' || buf[i] == '\n' || buf[i] == '\r' || buf[i] == '\t'))
         i++;

@@ -1,15 +1,18 @@
 /*
- * pickle_read.h: a restricted pickle reader for PyTorch memory snapshots (protocols 2-5; a
- * pickle of protocol 0 or 1, which has no PROTO and text opcodes, is refused from its first byte).
+ * pickle_read.h: a restricted pickle reader for PyTorch memory snapshots, of every protocol a
+ * pickler writes (0-5; pickles of protocols 0 and 1 have no PROTO and start with any opcode).
  *
  * Only data opcodes are accepted: dicts, lists, tuples, sets and frozensets (protocol 4's opcodes;
  * older protocols pickle a set with REDUCE, refused), ints, floats, str, bytes, bools, None, the
- * memo and FRAME. Integers keep their signedness: [-2^63, 2^63) is PK_INT, [2^63, 2^64) is
- * PK_UINT (real snapshots carry C++ line numbers of 2^64-1), and any wider integer is PK_BIGINT,
- * which has no value: the document still loads, and only a consumer that needs that number
- * refuses it (pk_int/pk_uint/pk_num return false). Anything that could name or run code (GLOBAL,
+ * memo and FRAME, in their binary forms and in protocol 0's text forms (INT, LONG, FLOAT, STRING,
+ * UNICODE, PUT, GET, decoded by pickle_text.c: a value reads the same in every protocol).
+ * Integers keep their signedness: [-2^63, 2^63) is PK_INT, [2^63, 2^64) is PK_UINT (real
+ * snapshots carry C++ line numbers of 2^64-1), and any wider integer is PK_BIGINT, which has no
+ * value: the document still loads, and only a consumer that needs that number refuses it
+ * (pk_int/pk_uint/pk_num return false). Anything that could name or run code (GLOBAL,
  * STACK_GLOBAL, REDUCE, BUILD, INST, OBJ, NEWOBJ, EXT*, PERSID, buffers) is rejected with "opcode
- * GLOBAL at offset N not allowed". Every malformed, truncated or oversized input gives a one-line
+ * GLOBAL at offset N not allowed" (protocols 0-2 pickle bytes with GLOBAL and REDUCE: refused;
+ * no snapshot holds bytes). Every malformed, truncated or oversized input gives a one-line
  * error naming the byte offset; nothing aborts. Sizes and memo are bounded; nesting is not (as in
  * pickle.load: open MARKs live on the heap, each a byte of input).
  *
@@ -127,10 +130,14 @@ static inline bool pk_err_whole(const char *err) {
             return false;
     return true;
 }
+/* The protocol of a pickle (pickletools.dis's "highest protocol among opcodes" where it has no
+ * PROTO): PROTO's argument, else 1 if an opcode of protocol 1 or later comes before STOP, else
+ * 0. For a document pk_parse read. */
+int pk_protocol(const void *buf, size_t len);
 /* Read a whole file of at most max_bytes into a new buffer (caller frees). Reading stops early
- * (what was read is returned) once the first byte that is not white space is none a snapshot
- * starts with (a pickle's 0x80, JSON's '{' or '['): the caller refuses it from those bytes, and
- * a stream (/dev/zero, a pipe) is not read to max_bytes first. */
+ * (what was read is returned) once the first byte is no pickle opcode and the first that is not
+ * white space is no JSON document's '{' or '[': the caller refuses it from those bytes, and a
+ * stream (/dev/zero, a pipe) is not read to max_bytes first. */
 bool pk_read_file(const char *path, size_t max_bytes, unsigned char **buf_p, size_t *len_p,
                   char *err, size_t errlen);
 /* Read a whole file (at most max_bytes) and parse it. */

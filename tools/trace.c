@@ -1935,25 +1935,17 @@ bool tr_load_opts(const char *path, bool frames, tr_trace_t *t, char *err, size_
     size_t i = 0;
     while (i < len && (buf[i] == ' ' || buf[i] == '\n' || buf[i] == '\r' || buf[i] == '\t'))
         i++;
-    if (i < len && buf[i] != 0x80 && buf[i] != '{' && buf[i] != '[' && i == 0 &&
-        pk_opcode_name(buf[i]) != NULL) {
+    /* A pickle starts with an opcode (PROTO, 0x80, from protocol 2 on; any other for 0 and 1). */
+    bool opcode = len > 0 && pk_opcode_name(buf[0]) != NULL;
+    if (i < len && !opcode && buf[i] != '{' && buf[i] != '[') {
         snprintf(err, errlen,
-                 "%s: not a pickle (nor a JSON snapshot): it starts with byte 0x%02x, a pickle "
-                 "with 0x80 (0x%02x is opcode %s: a pickle of protocol 0 or 1, not read; "
-                 "protocols 2-5 are)",
-                 path, buf[i], buf[i], pk_opcode_name(buf[i]));
-        release(buf, len, mapped);
-        return false;
-    }
-    if (i < len && buf[i] != 0x80 && buf[i] != '{' && buf[i] != '[') {
-        snprintf(err, errlen,
-                 "%s: not a pickle (nor a JSON snapshot): it starts with byte 0x%02x, a pickle "
-                 "with 0x80",
+                 "%s: not a pickle (nor a JSON snapshot): it starts with byte 0x%02x, which is no "
+                 "pickle opcode (a pickle of protocol 2-5 starts with 0x80)",
                  path, buf[i]);
         release(buf, len, mapped);
         return false;
     }
-    if (i < len && (buf[i] == '{' || buf[i] == '[')) {
+    if (!opcode && i < len && (buf[i] == '{' || buf[i] == '[')) {
         char *pickle = NULL;
         size_t plen = 0;
         /* Without stacks, the stacks are checked and left out of the translation (the pickle
@@ -1970,7 +1962,7 @@ bool tr_load_opts(const char *path, bool frames, tr_trace_t *t, char *err, size_
         mapped = false; /* the translation is ours, from malloc */
         json = true;
     }
-    int protocol = !json && len > 1 && buf[0] == 0x80 ? buf[1] : 0;
+    int protocol = json ? 0 : pk_protocol(buf, len);
     pk_doc_t *doc = NULL;
     /* Without stacks, the reader hands each trace entry over as it parses it: no dict, no
      * values for its numbers (most of the memory of loading a trace). */
@@ -2047,6 +2039,7 @@ bool tr_load_opts(const char *path, bool frames, tr_trace_t *t, char *err, size_
         return false;
     }
     t->protocol = protocol;
+    t->pickled = !json;
     return true;
 }
 

@@ -141,7 +141,8 @@ typedef struct tr_settings {
 typedef struct tr_trace {
     pk_doc_t *doc;          /* the parsed snapshot (frames point into it) */
     const char *format;     /* what the top level is (dict with or without settings, list) */
-    int protocol;           /* pickle protocol; 0 for a JSON snapshot */
+    int protocol;           /* pickle protocol (0-5; pk_protocol's); 0 for a JSON snapshot */
+    bool pickled;           /* read from a pickle (false: a JSON snapshot) */
     tr_settings_t settings; /* what the snapshot records */
     const pk_value_t *root; /* its top-level dict (or segment list) */
     int ndev;               /* device_traces entries (at least every segment's device + 1) */

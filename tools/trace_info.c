@@ -30,7 +30,7 @@ static void count_actions(const tr_device_t *dv, size_t count[TR_OTHER + 1]) {
 
 static void text(const char *path, const tr_trace_t *t) {
     printf("trace: %s\n", path);
-    if (t->protocol > 0)
+    if (t->pickled)
         printf("format: pickle protocol %d, %s\n", t->protocol, t->format);
     else
         printf("format: JSON, %s\n", t->format);
@@ -99,8 +99,8 @@ static void json(const char *path, const tr_trace_t *t) {
     cj_object(&j, NULL);
     cj_str(&j, "trace", path);
     cj_object(&j, "format");
-    cj_str(&j, "encoding", t->protocol > 0 ? "pickle" : "json");
-    if (t->protocol > 0)
+    cj_str(&j, "encoding", t->pickled ? "pickle" : "json");
+    if (t->pickled)
         cj_int(&j, "pickle_protocol", t->protocol);
     else
         cj_null(&j, "pickle_protocol");

@@ -4,6 +4,7 @@
 #  - cli.* run the built `sympool` on the real PyTorch trace in tests/data/ and check its output.
 set(SP_CLI_TOOL_SOURCES
   ${PROJECT_SOURCE_DIR}/tools/pickle_read.c
+  ${PROJECT_SOURCE_DIR}/tools/pickle_text.c
   ${PROJECT_SOURCE_DIR}/tools/trace.c
   ${PROJECT_SOURCE_DIR}/tools/replay.c
   ${PROJECT_SOURCE_DIR}/tools/cli_util.c
@@ -18,7 +19,7 @@ if(TARGET test_fuzz_repro)
   target_compile_definitions(test_fuzz_repro PRIVATE
     SP_FUZZ_REPRO_DIR="${PROJECT_SOURCE_DIR}/tests/fuzz/repro")
 endif()
-foreach(t test_pickle test_replay test_history test_fuzz_repro)
+foreach(t test_pickle test_pickle_text test_replay test_history test_fuzz_repro)
   if(TARGET ${t})
     target_sources(${t} PRIVATE ${SP_CLI_TOOL_SOURCES})
     # The data folder also as a compile-time default: the suites must find tests/data even when
@@ -67,6 +68,18 @@ if(TARGET sympool_cli)
       COMMAND ${Python3_EXECUTABLE} ${PROJECT_SOURCE_DIR}/tests/cli/trace_variants.py
               $<TARGET_FILE:sympool_cli> ${SP_CLI_OUT}/trace_variants)
     set_tests_properties(cli.trace_variants PROPERTIES LABELS "unit;cli;python" TIMEOUT 120
+      PASS_REGULAR_EXPRESSION "^ok")
+    # Real snapshots re-pickled with protocols 0-3 read as their protocol-4 originals (replay
+    # --json, info, summary the same), and malformed text opcodes are refused saying what.
+    add_test(NAME cli.pickle_protocols
+      COMMAND ${Python3_EXECUTABLE} ${PROJECT_SOURCE_DIR}/tests/cli/pickle_protocols.py
+              $<TARGET_FILE:sympool_cli> ${SP_CLI_OUT}/pickle_protocols
+              ${CMAKE_CURRENT_SOURCE_DIR}/data/real/silmont-small.pickle
+              ${CMAKE_CURRENT_SOURCE_DIR}/data/trace-small-u64.pickle
+              ${CMAKE_CURRENT_SOURCE_DIR}/data/real/layoutediting-legacy-list.pickle
+              ${CMAKE_CURRENT_SOURCE_DIR}/data/real/attention-state-only.pickle
+              ${CMAKE_CURRENT_SOURCE_DIR}/data/real/bolong-expandable-recorded.pickle)
+    set_tests_properties(cli.pickle_protocols PROPERTIES LABELS "unit;cli;python" TIMEOUT 300
       PASS_REGULAR_EXPRESSION "^ok")
   endif()
 

@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
-# Fuzz the snapshot readers (tools/pickle_read.c, core/json_read.c from libsympool.a, and the trace loader of
-# tools/trace.c) with libFuzzer, AddressSanitizer and UndefinedBehaviorSanitizer, for a bounded
-# time, from seeds cut out of tests/data (seeds.py). A crash, a sanitizer report, a leak or an
-# input slower than 10 s fails; the failing input is left in OUT/ (reproduce with
-# OUT/fuzz_pickle FILE) and belongs, once fixed, in tests/fuzz/repro/ (test_fuzz_repro.cc replays
-# those in every build).
+# Fuzz the snapshot readers (tools/pickle_read.c with pickle_text.c, core/json_read.c from
+# libsympool.a, and the trace loader of tools/trace.c) with libFuzzer, AddressSanitizer and
+# UndefinedBehaviorSanitizer, for a bounded time, from seeds cut out of tests/data (seeds.py). A
+# crash, a sanitizer report, a leak or an input slower than 10 s fails; the failing input is left
+# in OUT/ (reproduce with OUT/fuzz_pickle FILE) and belongs, once fixed, in tests/fuzz/repro/
+# (test_fuzz_repro.cc replays those in every build).
 #   tests/fuzz/run.sh LIB_DIR [SECONDS_PER_TARGET]
 # LIB_DIR is a build directory holding libsympool.a (the readers' few library calls: errors,
 # the emitter). Needs clang with its libFuzzer runtime; without it, says so and skips.
@@ -23,7 +23,7 @@ if ! command -v "$cc" >/dev/null ||
   exit 0
 fi
 flags=(-g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all -D_GNU_SOURCE -I. -Iinclude)
-srcs=(tests/fuzz/fuzz_main.c tests/fuzz/fuzz_one.c tools/pickle_read.c tools/trace.c)
+srcs=(tests/fuzz/fuzz_main.c tests/fuzz/fuzz_one.c tools/pickle_read.c tools/pickle_text.c tools/trace.c)
 libs=("$lib_dir/libsympool.a" -lpthread -ldl -lm)
 "$cc" "${flags[@]}" -DSP_FUZZ_JSON=0 "${srcs[@]}" "${libs[@]}" -o "$out/fuzz_pickle"
 "$cc" "${flags[@]}" -DSP_FUZZ_JSON=1 "${srcs[@]}" "${libs[@]}" -o "$out/fuzz_json"

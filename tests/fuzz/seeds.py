@@ -1,5 +1,5 @@
 """Seed corpora for the snapshot fuzzers, cut from the real snapshots in tests/data: a few
-segments, blocks, trace entries and frames of each, written as pickles (protocols 2 to 5) and
+segments, blocks, trace entries and frames of each, written as pickles (protocols 0 to 5) and
 as JSON. Small seeds keep every fuzz iteration fast; they still hold every key and value kind
 the readers know (u64 line numbers, big and negative ints, floats, nested frames)."""
 import json
@@ -27,7 +27,7 @@ def main(data_dir, pickle_out, json_out):
             snap = pickle.load(f)
         small = cut(snap)
         base = name[: -len(".pickle")]
-        for proto in (2, 3, 4, 5):
+        for proto in (0, 1, 2, 3, 4, 5):
             with open(os.path.join(pickle_out, f"{base}-p{proto}.pickle"), "wb") as f:
                 pickle.dump(small, f, protocol=proto)
         with open(os.path.join(json_out, f"{base}.json"), "w") as f:

@@ -2077,25 +2077,31 @@ TEST_F(Replay, AStreamThatIsNoSnapshotIsRefusedFromItsFirstBytes) {
     char why[256] = "";
     EXPECT_FALSE(tr_load_opts("/dev/zero", false, &t, why, sizeof(why)));
     EXPECT_EQ(std::string(why),
-              "/dev/zero: not a pickle (nor a JSON snapshot): it starts with byte "
-              "0x00, a pickle with 0x80");
+              "/dev/zero: not a pickle (nor a JSON snapshot): it starts with byte 0x00, which "
+              "is no pickle opcode (a pickle of protocol 2-5 starts with 0x80)");
     tr_free(&t);
 }
 
-// A pickle of protocol 1 (python3's pickle.dumps({"segments": [], "ok": True}, protocol=1),
-// which pickle.load reads) has no PROTO: the refusal names its first opcode and says why.
-TEST_F(Replay, AProtocol1PickleIsRefusedByName) {
+// Pickles of protocols 0 and 1 (python3's pickle.dumps({"segments": [], "ok": True}) with
+// protocol=0 and protocol=1) have no PROTO: they are read, and `info` names their protocol.
+TEST_F(Replay, Protocol0And1PicklesAreRead) {
+    const std::vector<unsigned char> p0 = {
+        40,  100, 112, 48, 10,  86, 115, 101, 103, 109, 101, 110, 116, 115, 10, 112, 49,  10, 40,
+        108, 112, 50,  10, 115, 86, 111, 107, 10,  112, 51,  10,  73,  48,  49, 10,  115, 46};
     const std::vector<unsigned char> p1 = {
         125, 113, 0, 40, 88, 8, 0, 0, 0,   115, 101, 103, 109, 101, 110, 116, 115, 113, 1,
         93,  113, 2, 88, 2,  0, 0, 0, 111, 107, 113, 3,   73,  48,  49,  10,  117, 46};
-    tr_trace_t t;
-    char why[256] = "";
-    std::string path = "protocol1_" + std::to_string(getpid()) + ".pickle";
-    EXPECT_FALSE(load_from_file(p1, path, &t, why, sizeof(why)));
-    EXPECT_EQ(std::string(why), path + ": not a pickle (nor a JSON snapshot): it starts with byte "
-                                       "0x7d, a pickle with 0x80 (0x7d is opcode EMPTY_DICT: a "
-                                       "pickle of protocol 0 or 1, not read; protocols 2-5 are)");
-    tr_free(&t);
+    for (int proto = 0; proto < 2; proto++) {
+        tr_trace_t t;
+        char why[256] = "";
+        std::string path =
+            "protocol" + std::to_string(proto) + "_" + std::to_string(getpid()) + ".pickle";
+        ASSERT_TRUE(load_from_file(proto ? p1 : p0, path, &t, why, sizeof(why))) << why;
+        EXPECT_EQ(t.protocol, proto);
+        EXPECT_TRUE(t.pickled);
+        EXPECT_EQ(t.nsegments, 0u);
+        tr_free(&t);
+    }
 }
 
 // A trace on many streams (a segment of its own each) gives everything back: a stream's
