@@ -1372,6 +1372,19 @@ static bool item_remember(const char *name, char *err, size_t errlen) {
     return true;
 }
 
+/* A recording made with expandable segments was made under PyTorch's rules: replayed with its
+ * own settings alone (no --conf, nothing added), the rules of ours that go past them are off,
+ * unless the environment sets them. */
+static bool reenacts_pytorch_rules(const tr_trace_t *t, const char *user_conf, const char *conf) {
+    return user_conf == NULL && conf[0] == '\0' && t->settings.recorded && t->settings.expandable &&
+           getenv("SYMPOOL_EXPANDABLE_PAGE") == NULL &&
+           getenv("SYMPOOL_EXPANDABLE_RECYCLE") == NULL &&
+           getenv("SYMPOOL_EXPANDABLE_BORROW") == NULL;
+}
+
+static const char *const g_our_rules[] = {"SYMPOOL_EXPANDABLE_PAGE", "SYMPOOL_EXPANDABLE_RECYCLE",
+                                          "SYMPOOL_EXPANDABLE_BORROW"};
+
 /* Configure the library for one configuration: PyTorch's KEY:VALUE items go to
  * SYMPOOL_ALLOC_CONF after the base settings (the snapshot's, or --conf: a later key wins), so a
  * configuration changes what the recorded run used rather than starting from our defaults;
@@ -1379,8 +1392,15 @@ static bool item_remember(const char *name, char *err, size_t errlen) {
  * again, so one configuration never leaks into the next. The SYMPOOL_ALLOC_CONF it set goes to
  * alloc (len bytes). */
 static bool apply_conf(const char *trace, const char *base, const char *conf, const char *capacity,
-                       char *alloc, size_t len, char *err, size_t errlen) {
+                       bool pytorch_rules, char *alloc, size_t len, char *err, size_t errlen) {
     items_put_back(); /* what the previous configuration's items set */
+    for (size_t k = 0; pytorch_rules && k < sizeof(g_our_rules) / sizeof(g_our_rules[0]); k++)
+        if (!item_remember(g_our_rules[k], err, errlen) ||
+            sp_x_option_set(g_our_rules[k], "0") != SP_SUCCESS) {
+            if (!err[0])
+                snprintf(err, errlen, "%s", sp_last_error());
+            return false;
+        }
     size_t used = (size_t)snprintf(alloc, len, "%s", base);
     if (used >= len) {
         snprintf(err, errlen, "configuration too long: '%.64s...'", base);
@@ -1503,7 +1523,10 @@ static int replay_compare(const char *trace, const tr_trace_t *t, const char *us
                           int repeat) {
     /* Every configuration starts from what the recorded run used (or --conf). */
     const char *base = user_conf ? user_conf : t->settings.recorded ? t->settings.conf : "";
-    const char *empty = !base[0] ? "(defaults)" : user_conf ? "(--conf)" : "(recorded)";
+    const char *empty = !base[0]                              ? "(defaults)"
+                        : user_conf                           ? "(--conf)"
+                        : reenacts_pytorch_rules(t, NULL, "") ? "(recorded, PyTorch's rules)"
+                                                              : "(recorded)";
     replay_result_t *rs = calloc((size_t)n, sizeof(*rs));
     char(*eff)[1024] = calloc((size_t)n, sizeof(*eff)); /* each one's SYMPOOL_ALLOC_CONF */
     if (rs == NULL || eff == NULL) {
@@ -1518,7 +1541,8 @@ static int replay_compare(const char *trace, const tr_trace_t *t, const char *us
     /* Every configuration is checked before the first replay: a bad one is refused before
      * anything runs, not after the ones before it have replayed. */
     for (int i = 0; i < n && rc == 0; i++) {
-        if (!apply_conf(trace, base, confs[i], capacity, eff[i], sizeof(eff[i]), err,
+        if (!apply_conf(trace, base, confs[i], capacity,
+                        reenacts_pytorch_rules(t, user_conf, confs[i]), eff[i], sizeof(eff[i]), err,
                         sizeof(err))) {
             fprintf(stderr, "sympool replay: configuration '%s': %s\n", confs[i], err);
             rc = confs[i][0] ? 2 : 1;
@@ -1534,7 +1558,8 @@ static int replay_compare(const char *trace, const tr_trace_t *t, const char *us
     for (int i = 0; i < n && rc == 0; i++) {
         err[0] = '\0';
         if (sp_shutdown() != SP_SUCCESS ||
-            !apply_conf(trace, base, confs[i], capacity, eff[i], sizeof(eff[i]), err,
+            !apply_conf(trace, base, confs[i], capacity,
+                        reenacts_pytorch_rules(t, user_conf, confs[i]), eff[i], sizeof(eff[i]), err,
                         sizeof(err)) ||
             !replay_median(t, NULL, repeat, eff[i], capacity, &rs[i], err, sizeof(err))) {
             fprintf(stderr, "sympool replay: configuration '%s': %s\n", confs[i], err);
@@ -1813,19 +1838,16 @@ int sp_cli_replay(int argc, char **argv) {
         tr_free(&t);
         return 1;
     }
-    /* A recording made with expandable segments was made under PyTorch's rules: re-enacted, the
-     * rules of ours that go past them are off, unless the environment sets them (--conf and
-     * --compare ask what sympool would do, and keep them). */
-    if (a.conf == NULL && t.settings.recorded && t.settings.expandable &&
-        getenv("SYMPOOL_EXPANDABLE_PAGE") == NULL && getenv("SYMPOOL_EXPANDABLE_RECYCLE") == NULL &&
-        getenv("SYMPOOL_EXPANDABLE_BORROW") == NULL &&
-        (sp_x_option_set("SYMPOOL_EXPANDABLE_PAGE", "0") != SP_SUCCESS ||
-         sp_x_option_set("SYMPOOL_EXPANDABLE_RECYCLE", "0") != SP_SUCCESS ||
-         sp_x_option_set("SYMPOOL_EXPANDABLE_BORROW", "0") != SP_SUCCESS)) {
-        fprintf(stderr, "sympool replay: %s\n", sp_last_error());
-        tr_free(&t);
-        return 1;
-    }
+    /* A recording made with expandable segments re-enacted by PyTorch's rules (--conf asks what
+     * sympool would do, and keeps ours). */
+    for (size_t k = 0;
+         reenacts_pytorch_rules(&t, a.conf, "") && k < sizeof(g_our_rules) / sizeof(g_our_rules[0]);
+         k++)
+        if (sp_x_option_set(g_our_rules[k], "0") != SP_SUCCESS) {
+            fprintf(stderr, "sympool replay: %s\n", sp_last_error());
+            tr_free(&t);
+            return 1;
+        }
     if ((conf != NULL && sp_x_option_set("SYMPOOL_ALLOC_CONF", conf) != SP_SUCCESS) ||
         (a.capacity != NULL &&
          sp_x_option_set("SYMPOOL_HOST_CAPACITY", a.capacity) != SP_SUCCESS)) {

@@ -234,6 +234,12 @@ for args, want in (((), 20 * MiB), (("--conf", "expandable_segments:True"), 4 * 
     j = json.loads(r.stdout) if r.returncode == 0 else {}
     if (j.get("peak_reserved_bytes"), j.get("pytorch_peak_reserved_bytes")) != (want, 20 * MiB):
         sys.exit(f"replay expandable recorded {args}: rc {r.returncode}: {r.stdout}{r.stderr}")
+# --compare: the snapshot's settings alone re-enact them too; an item added asks about ours.
+r = run("replay", path, "--json", "--compare", "", "expandable_segments:True")
+peaks = [json.loads(l)["peak_reserved_bytes"] for l in r.stdout.splitlines()] \
+    if r.returncode == 0 else []
+if peaks != [20 * MiB, 4 * MiB]:
+    sys.exit(f"replay expandable recorded --compare: rc {r.returncode}: {r.stdout}{r.stderr}")
 r = run("replay", path)
 if r.returncode != 0 or "the snapshot's: 'expandable_segments:True', by PyTorch's rules" \
         not in r.stdout:
