@@ -77,6 +77,9 @@ typedef struct dev_state {
     size_t *whole; /* sblocks (index) taken at their recorded size, asked again at the
                     * end of their segment's rebuild (build_segment) */
     size_t nwhole, cap_whole;
+    void **kept; /* starting blocks an inconsistent trace gave an address that another one
+                  * took after them: held to the end, as the address map held them (put_block) */
+    size_t nkept, cap_kept;
     /* The event loop's address map, resolved before the clock starts (plan_slots): every block
      * the replay can hold has a slot, every alloc and free event knows its slot. */
     void **ptrs;         /* slot -> our pointer, NULL when it holds none */
@@ -238,6 +241,16 @@ static bool alloc_request(dev_state_t *ds, int dev, uint64_t size, uint64_t stre
     return true;
 }
 
+/* p, our block for the recorded address addr, into the address map. A block the map held for
+ * addr before (two starting blocks at one address: an inconsistent trace) stays allocated, as
+ * the map's overwrite left it, and is given back at the end with the others (free_all). */
+static bool put_block(dev_state_t *ds, uint64_t addr, void *p) {
+    uintptr_t *old = tr_map_find(&ds->blocks, addr);
+    if (old != NULL && *old != 0 && !push_ptr(&ds->kept, &ds->nkept, &ds->cap_kept, (void *)*old))
+        return false;
+    return tr_map_put(&ds->blocks, addr, (uintptr_t)p);
+}
+
 /* One allocation of the starting state, kept in the address map. */
 static bool do_alloc(dev_state_t *ds, int dev, uint64_t addr, uint64_t size, uint64_t stream,
                      uint16_t pool, replay_result_t *r, char *err, size_t errlen) {
@@ -246,7 +259,7 @@ static bool do_alloc(dev_state_t *ds, int dev, uint64_t addr, uint64_t size, uin
         return false;
     if (p == NULL)
         return true; /* OOM or a 0-byte request: nothing to free later */
-    if (!tr_map_put(&ds->blocks, addr, (uintptr_t)p)) {
+    if (!put_block(ds, addr, p)) {
         sp_free(p);
         snprintf(err, errlen, "out of memory");
         return false;
@@ -255,10 +268,10 @@ static bool do_alloc(dev_state_t *ds, int dev, uint64_t addr, uint64_t size, uin
 }
 
 /* One allocation of the event loop, kept in its slot. What the address map did is kept
- * exactly: a block that comes out takes the address's entry (the block it replaces is lost,
- * never freed), and an OOM or a 0-byte request leaves the address's earlier block where it was,
- * for the next free of that address. The stream is the op's, made at its first use as
- * alloc_request's stream_for made it. */
+ * exactly: a block that comes out takes the address's entry (the block it replaces is freed by
+ * no event, only at the end), and an OOM or a 0-byte request leaves the address's earlier block
+ * where it was, for the next free of that address. The stream is the op's, made at its first use
+ * as alloc_request's stream_for made it. */
 static inline bool do_alloc_op(dev_state_t *ds, int dev, const op_t *o, replay_result_t *r,
                                char *err, size_t errlen) {
     sp_stream_t s = ds->scache[o->stream];
@@ -288,10 +301,13 @@ static inline bool do_alloc_op(dev_state_t *ds, int dev, const op_t *o, replay_r
         return true;
     }
     void *prev = NULL;
-    if (at.prev != NO_SLOT) {
+    if (UNLIKELY(p == NULL) && at.prev != NO_SLOT) {
         prev = ds->ptrs[at.prev];
         ds->ptrs[at.prev] = NULL;
     }
+    /* A block that comes out leaves the one it replaces in that one's slot, which no later op
+     * names (a later event at the address names this alloc's slot): held to the end, as the
+     * address map held it, and given back with every other block by free_all. */
     ds->ptrs[at.slot] = p != NULL ? p : prev;
     return true;
 }
@@ -505,7 +521,7 @@ static bool build_segment(dev_state_t *ds, int dev, const tr_device_t *td, const
         fs->frames = b->frames;
         p = NULL;
         st = request(ds, dev, sg->pool, (size_t)(whole ? b->size : want), s, &p);
-        if (st == SP_SUCCESS && p != NULL && !tr_map_put(&ds->blocks, b->addr, (uintptr_t)p)) {
+        if (st == SP_SUCCESS && p != NULL && !put_block(ds, b->addr, p)) {
             (void)sp_free(p);
             snprintf(err, errlen, "out of memory");
             return false;
@@ -522,17 +538,19 @@ static bool build_segment(dev_state_t *ds, int dev, const tr_device_t *td, const
         if (!tr_map_get(&ds->blocks, b->addr, &v) || v == 0)
             continue; /* not placed (an OOM) */
         st = sp_free((void *)v);
+        /* Given back: the address holds nothing until the request below gives it a block (an
+         * OOM there leaves it without one, never with the freed pointer). */
+        if (st == SP_SUCCESS)
+            (void)tr_map_del(&ds->blocks, b->addr, NULL);
         fs->frames = b->frames;
         void *q = NULL;
         if (st == SP_SUCCESS)
             st = request(ds, dev, sg->pool, (size_t)b->req, s, &q);
-        if (st == SP_SUCCESS && q != NULL && !tr_map_put(&ds->blocks, b->addr, (uintptr_t)q)) {
+        if (st == SP_SUCCESS && q != NULL && !put_block(ds, b->addr, q)) {
             (void)sp_free(q);
             snprintf(err, errlen, "out of memory");
             return false;
         }
-        if (st == SP_SUCCESS && q == NULL)
-            (void)tr_map_del(&ds->blocks, b->addr, NULL);
     }
     ds->nwhole = 0;
     fs->frames = NULL;
@@ -561,6 +579,8 @@ static void free_all(dev_state_t *ds, bool release) {
             (void)sp_free(ds->ptrs[i]);
     for (size_t i = 0; release && i < ds->nholes; i++)
         (void)sp_free(ds->holes[i]);
+    for (size_t i = 0; release && i < ds->nkept; i++)
+        (void)sp_free(ds->kept[i]);
     /* The cached segments in one pass first: destroying a stream releases its own, a walk of
      * every segment still cached, and a trace may have a stream per segment. */
     if (release)
@@ -581,6 +601,7 @@ static void free_all(dev_state_t *ds, bool release) {
     free(ds->pools);
     free(ds->holes);
     free(ds->whole);
+    free(ds->kept);
     free(ds->ptrs);
     free(ds->ops);
     free(ds->place);
@@ -1803,8 +1824,11 @@ int sp_cli_replay(int argc, char **argv) {
     for (int k = 1; ok && k < nrep; k++) {
         replay_result_t again;
         memset(&again, 0, sizeof(again));
-        ok = sp_shutdown() == SP_SUCCESS &&
-             init_capped(t.ndev, conf, a.capacity, err, sizeof(err)) &&
+        sp_status_t st = sp_shutdown();
+        if (st != SP_SUCCESS)
+            snprintf(err, sizeof err, "sp_shutdown before replay %d of %d: %s: %s", k + 1, nrep,
+                     sp_status_name(st), sp_last_error());
+        ok = st == SP_SUCCESS && init_capped(t.ndev, conf, a.capacity, err, sizeof(err)) &&
              replay_trace(&t, NULL, &again, err, sizeof(err));
         ns[k] = again.ns_per_event;
     }

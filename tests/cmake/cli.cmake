@@ -68,6 +68,13 @@ if(TARGET sympool_cli)
               $<TARGET_FILE:sympool_cli> ${SP_CLI_OUT}/trace_variants)
     set_tests_properties(cli.trace_variants PROPERTIES LABELS "unit;cli;python" TIMEOUT 120
       PASS_REGULAR_EXPRESSION "^ok")
+    # Traces no allocator could have written (found by tests/fuzz/fuzz_replay.c): the replay
+    # neither frees a block twice nor loses one (--repeat's sp_shutdown finds nothing left).
+    add_test(NAME cli.replay_adversary
+      COMMAND ${Python3_EXECUTABLE} ${PROJECT_SOURCE_DIR}/tests/cli/replay_adversary.py
+              $<TARGET_FILE:sympool_cli> ${SP_CLI_OUT}/replay_adversary)
+    set_tests_properties(cli.replay_adversary PROPERTIES LABELS "unit;cli;python" TIMEOUT 120
+      PASS_REGULAR_EXPRESSION "^ok")
   endif()
 
   # Extreme but legal values (sizes near 2^64, time_us at +-2^63 or going backwards, an alloc
