@@ -922,6 +922,18 @@ static bool init_capped(int ndev, const char *conf, const char *capacity, char *
     return true;
 }
 
+/* A fresh allocator for the next replay of --repeat: the last one's shut down (it gave back
+ * everything it held, so a refusal is named, not left as an empty reason), a new one made. */
+static bool restart(int ndev, const char *conf, const char *capacity, char *err, size_t errlen) {
+    sp_status_t st = sp_shutdown();
+    if (st != SP_SUCCESS) {
+        snprintf(err, errlen, "sp_shutdown before the next replay: %s: %s", sp_status_name(st),
+                 sp_last_error());
+        return false;
+    }
+    return init_capped(ndev, conf, capacity, err, errlen);
+}
+
 /* Whether the configuration in force uses expandable segments. */
 static int64_t option_int(const char *name) {
     sp_x_option_info_t info;
@@ -1422,7 +1434,7 @@ static bool replay_median(const tr_trace_t *t, const char *snapshot, int repeat,
     for (int k = 1; ok && k < nrep; k++) {
         replay_result_t again;
         memset(&again, 0, sizeof(again));
-        ok = sp_shutdown() == SP_SUCCESS && init_capped(t->ndev, conf, capacity, err, errlen) &&
+        ok = restart(t->ndev, conf, capacity, err, errlen) &&
              replay_trace(t, NULL, &again, err, errlen);
         ns[k] = again.ns_per_event;
     }
@@ -1824,11 +1836,7 @@ int sp_cli_replay(int argc, char **argv) {
     for (int k = 1; ok && k < nrep; k++) {
         replay_result_t again;
         memset(&again, 0, sizeof(again));
-        sp_status_t st = sp_shutdown();
-        if (st != SP_SUCCESS)
-            snprintf(err, sizeof err, "sp_shutdown before replay %d of %d: %s: %s", k + 1, nrep,
-                     sp_status_name(st), sp_last_error());
-        ok = st == SP_SUCCESS && init_capped(t.ndev, conf, a.capacity, err, sizeof(err)) &&
+        ok = restart(t.ndev, conf, a.capacity, err, sizeof(err)) &&
              replay_trace(&t, NULL, &again, err, sizeof(err));
         ns[k] = again.ns_per_event;
     }

@@ -5,7 +5,7 @@ freeing a block twice or losing one (argv: sympool, work dir); found by the whol
  - an address allocated twice with no free between: the first block stays held to the end, as
    the address map held it, and is given back with the others, so --repeat's sp_shutdown before
    the next replay finds nothing left (it refused with 'blocks are still allocated', and the
-   command failed with an empty reason);
+   command failed with an empty reason; --compare's rows failed as 'sp_init: sp_shutdown...');
  - an address freed twice and never allocated (two blocks live at the start at one address):
    the one the address map replaces is given back at the end as well (the same refusal);
  - a starting block that the trace frees with a request larger than its segment (taken at its
@@ -55,6 +55,9 @@ for k in ("allocs", "frees", "peak_allocated_bytes", "end_allocated_bytes"):
         sys.exit(f"replay twice: {k} {a[k]} once, {b[k]} with --repeat 3")
 if a["end_allocated_bytes"] != 512:
     sys.exit(f"replay twice: the first block is not held to the end: {once.stdout}")
+r = run("replay", path, "--compare", "max_split_size_mb:20", "--repeat", "2")
+if r.returncode != 0 or "sp_shutdown" in r.stderr:
+    sys.exit(f"replay twice --compare --repeat 2: rc {r.returncode}: {r.stderr}")
 
 # One address freed twice, never allocated: two starting blocks there.
 path = write("seeded_twice.pickle", {"segments": [], "device_traces": [[
