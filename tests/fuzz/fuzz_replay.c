@@ -3,7 +3,8 @@
  * the trace loader accepts, as `sympool replay` does: the host backend with its arena, one device
  * per recorded device, the snapshot's own allocator settings, the starting state rebuilt and the
  * segments placed where the recorded run had them (sp_x_host_place). Some inputs also run under
- * a small capacity (OOMs and their skipped frees) or write the replay's snapshot. Every replay
+ * a small capacity (OOMs and their skipped frees), under a user's configuration, or write the
+ * replay's snapshot. Every replay
  * ends with sp_shutdown, so a block, stream or pool the replay leaves behind is a leak report.
  * tests/fuzz/run.sh builds it (fuzz_replay) beside the readers' targets.
  */
@@ -51,7 +52,15 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     }
     char ndev[16];
     snprintf(ndev, sizeof ndev, "%d", t.ndev > 1 ? t.ndev : 1);
+    /* Most inputs replay with their own settings; some with a user's --conf instead (a segment
+     * kind other than the recording's: the starting blocks requested, no segments rebuilt), one
+     * with a garbage-collection threshold under a memory fraction, as --capacity sets it. */
     const char *conf = t.settings.recorded ? t.settings.conf : "";
+    bool user = size % 7 == 0, gc = size % 11 == 0;
+    if (user)
+        conf = t.settings.expandable ? "expandable_segments:False" : "expandable_segments:True";
+    else if (gc)
+        conf = "garbage_collection_threshold:0.5,max_split_size_mb:20";
     if (sp_x_option_set("SYMPOOL_DEVICE", "host") != SP_SUCCESS ||
         sp_x_option_set("SYMPOOL_HOST_DEVICES", ndev) != SP_SUCCESS ||
         sp_x_option_set("SYMPOOL_HOST_ARENA", "1") != SP_SUCCESS ||
@@ -61,11 +70,16 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         (void)sp_x_option_set("SYMPOOL_ALLOC_CONF", "");
         return 0;
     }
-    replay_set_user_conf(false);
+    replay_set_user_conf(user);
     if (sp_init() != SP_SUCCESS) {
         fprintf(stderr, "fuzz_replay: sp_init: %s\n", sp_last_error());
         abort();
     }
+    for (int d = 0; gc && d < (t.ndev > 1 ? t.ndev : 1); d++)
+        if (sp_set_memory_fraction(0.999, d) != SP_SUCCESS) {
+            fprintf(stderr, "fuzz_replay: sp_set_memory_fraction: %s\n", sp_last_error());
+            abort();
+        }
     replay_result_t r;
     bool ok = replay_trace(&t, snap ? snapshot_path() : NULL, &r, err, sizeof err);
     /* A replay of a loaded trace refuses nothing the allocator can do: a failure other than an
