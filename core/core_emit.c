@@ -967,9 +967,20 @@ static void fsync_dir_of(const char *path) {
     }
 }
 
+/* A regular file this process may not write (mode 0444, another user's): the rename would
+ * replace it all the same, which open(2), and PyTorch's own dump, refuse (EACCES). */
+static sp_status_t writable(const char *path) {
+    if (faccessat(AT_FDCWD, path, W_OK, AT_EACCESS) != 0 && errno == EACCES)
+        return sp__error(SP_ERR_SYSTEM, SP_SUB_HISTORY,
+                         "cannot write %s: %s (it is not writable; it was left as it was)", path,
+                         strerror(EACCES));
+    return SP_SUCCESS;
+}
+
 /* Where the bytes for `path` go: path itself when it does not exist or is a regular file, the
  * file a symbolic link names when that is a regular file (resolved, so the temporary and the
- * rename happen in the real file's directory and the link survives); anything else is refused.
+ * rename happen in the real file's directory and the link survives); anything else is refused,
+ * and so is a regular file this process may not write.
  * *mode_p: the permission bits of the file that will be replaced, -1 for a new file: read, write
  * and execute only (the set-user-ID, set-group-ID and sticky bits belong to the contents they
  * were set on, not to the snapshot that replaces them: cp and install drop them too). */
@@ -986,6 +997,7 @@ static sp_status_t resolve_target(const char *path, char *out, size_t cap, int *
                          strerror(errno));
     }
     if (S_ISREG(st.st_mode)) {
+        SP_CHECK(writable(path));
         snprintf(out, cap, "%s", path);
         *mode_p = (int)(st.st_mode & 0777);
         return SP_SUCCESS;
@@ -1005,6 +1017,7 @@ static sp_status_t resolve_target(const char *path, char *out, size_t cap, int *
                              path, real);
         if (strlen(real) + 1 > cap)
             return sp__error(SP_ERR_INVALID_ARGUMENT, SP_SUB_HISTORY, "path too long: %s", real);
+        SP_CHECK(writable(real));
         snprintf(out, cap, "%s", real);
         *mode_p = (int)(ts.st_mode & 0777);
         return SP_SUCCESS;

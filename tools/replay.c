@@ -77,6 +77,9 @@ typedef struct dev_state {
     size_t *whole; /* sblocks (index) taken at their recorded size, asked again at the
                     * end of their segment's rebuild (build_segment) */
     size_t nwhole, cap_whole;
+    void **kept; /* starting blocks an inconsistent trace gave an address that another one
+                  * took after them: held to the end, as the address map held them (put_block) */
+    size_t nkept, cap_kept;
     /* The event loop's address map, resolved before the clock starts (plan_slots): every block
      * the replay can hold has a slot, every alloc and free event knows its slot. */
     void **ptrs;         /* slot -> our pointer, NULL when it holds none */
@@ -238,6 +241,16 @@ static bool alloc_request(dev_state_t *ds, int dev, uint64_t size, uint64_t stre
     return true;
 }
 
+/* p, our block for the recorded address addr, into the address map. A block the map held for
+ * addr before (two starting blocks at one address: an inconsistent trace) stays allocated, as
+ * the map's overwrite left it, and is given back at the end with the others (free_all). */
+static bool put_block(dev_state_t *ds, uint64_t addr, void *p) {
+    uintptr_t *old = tr_map_find(&ds->blocks, addr);
+    if (old != NULL && *old != 0 && !push_ptr(&ds->kept, &ds->nkept, &ds->cap_kept, (void *)*old))
+        return false;
+    return tr_map_put(&ds->blocks, addr, (uintptr_t)p);
+}
+
 /* One allocation of the starting state, kept in the address map. */
 static bool do_alloc(dev_state_t *ds, int dev, uint64_t addr, uint64_t size, uint64_t stream,
                      uint16_t pool, replay_result_t *r, char *err, size_t errlen) {
@@ -246,7 +259,7 @@ static bool do_alloc(dev_state_t *ds, int dev, uint64_t addr, uint64_t size, uin
         return false;
     if (p == NULL)
         return true; /* OOM or a 0-byte request: nothing to free later */
-    if (!tr_map_put(&ds->blocks, addr, (uintptr_t)p)) {
+    if (!put_block(ds, addr, p)) {
         sp_free(p);
         snprintf(err, errlen, "out of memory");
         return false;
@@ -255,10 +268,10 @@ static bool do_alloc(dev_state_t *ds, int dev, uint64_t addr, uint64_t size, uin
 }
 
 /* One allocation of the event loop, kept in its slot. What the address map did is kept
- * exactly: a block that comes out takes the address's entry (the block it replaces is lost,
- * never freed), and an OOM or a 0-byte request leaves the address's earlier block where it was,
- * for the next free of that address. The stream is the op's, made at its first use as
- * alloc_request's stream_for made it. */
+ * exactly: a block that comes out takes the address's entry (the block it replaces is freed by
+ * no event, only at the end), and an OOM or a 0-byte request leaves the address's earlier block
+ * where it was, for the next free of that address. The stream is the op's, made at its first use
+ * as alloc_request's stream_for made it. */
 static inline bool do_alloc_op(dev_state_t *ds, int dev, const op_t *o, replay_result_t *r,
                                char *err, size_t errlen) {
     sp_stream_t s = ds->scache[o->stream];
@@ -288,10 +301,13 @@ static inline bool do_alloc_op(dev_state_t *ds, int dev, const op_t *o, replay_r
         return true;
     }
     void *prev = NULL;
-    if (at.prev != NO_SLOT) {
+    if (UNLIKELY(p == NULL) && at.prev != NO_SLOT) {
         prev = ds->ptrs[at.prev];
         ds->ptrs[at.prev] = NULL;
     }
+    /* A block that comes out leaves the one it replaces in that one's slot, which no later op
+     * names (a later event at the address names this alloc's slot): held to the end, as the
+     * address map held it, and given back with every other block by free_all. */
     ds->ptrs[at.slot] = p != NULL ? p : prev;
     return true;
 }
@@ -514,7 +530,7 @@ static bool build_segment(dev_state_t *ds, int dev, const tr_device_t *td, const
         fs->frames = b->frames;
         p = NULL;
         st = request(ds, dev, sg->pool, (size_t)(whole ? b->size : want), s, &p);
-        if (st == SP_SUCCESS && p != NULL && !tr_map_put(&ds->blocks, b->addr, (uintptr_t)p)) {
+        if (st == SP_SUCCESS && p != NULL && !put_block(ds, b->addr, p)) {
             (void)sp_free(p);
             snprintf(err, errlen, "out of memory");
             return false;
@@ -531,17 +547,19 @@ static bool build_segment(dev_state_t *ds, int dev, const tr_device_t *td, const
         if (!tr_map_get(&ds->blocks, b->addr, &v) || v == 0)
             continue; /* not placed (an OOM) */
         st = sp_free((void *)v);
+        /* Given back: the address holds nothing until the request below gives it a block (an
+         * OOM there leaves it without one, never with the freed pointer). */
+        if (st == SP_SUCCESS)
+            (void)tr_map_del(&ds->blocks, b->addr, NULL);
         fs->frames = b->frames;
         void *q = NULL;
         if (st == SP_SUCCESS)
             st = request(ds, dev, sg->pool, (size_t)b->req, s, &q);
-        if (st == SP_SUCCESS && q != NULL && !tr_map_put(&ds->blocks, b->addr, (uintptr_t)q)) {
+        if (st == SP_SUCCESS && q != NULL && !put_block(ds, b->addr, q)) {
             (void)sp_free(q);
             snprintf(err, errlen, "out of memory");
             return false;
         }
-        if (st == SP_SUCCESS && q == NULL)
-            (void)tr_map_del(&ds->blocks, b->addr, NULL);
     }
     ds->nwhole = 0;
     fs->frames = NULL;
@@ -570,6 +588,8 @@ static void free_all(dev_state_t *ds, bool release) {
             (void)sp_free(ds->ptrs[i]);
     for (size_t i = 0; release && i < ds->nholes; i++)
         (void)sp_free(ds->holes[i]);
+    for (size_t i = 0; release && i < ds->nkept; i++)
+        (void)sp_free(ds->kept[i]);
     /* The cached segments in one pass first: destroying a stream releases its own, a walk of
      * every segment still cached, and a trace may have a stream per segment. */
     if (release)
@@ -590,6 +610,7 @@ static void free_all(dev_state_t *ds, bool release) {
     free(ds->pools);
     free(ds->holes);
     free(ds->whole);
+    free(ds->kept);
     free(ds->ptrs);
     free(ds->ops);
     free(ds->place);
@@ -926,6 +947,18 @@ static bool init_capped(int ndev, const char *conf, const char *capacity, char *
         }
     }
     return true;
+}
+
+/* A fresh allocator for the next replay of --repeat: the last one's shut down (it gave back
+ * everything it held, so a refusal is named, not left as an empty reason), a new one made. */
+static bool restart(int ndev, const char *conf, const char *capacity, char *err, size_t errlen) {
+    sp_status_t st = sp_shutdown();
+    if (st != SP_SUCCESS) {
+        snprintf(err, errlen, "sp_shutdown before the next replay: %s: %s", sp_status_name(st),
+                 sp_last_error());
+        return false;
+    }
+    return init_capped(ndev, conf, capacity, err, errlen);
 }
 
 /* Whether the configuration in force uses expandable segments. */
@@ -1456,7 +1489,7 @@ static bool replay_median(const tr_trace_t *t, const char *snapshot, int repeat,
     for (int k = 1; ok && k < nrep; k++) {
         replay_result_t again;
         memset(&again, 0, sizeof(again));
-        ok = sp_shutdown() == SP_SUCCESS && init_capped(t->ndev, conf, capacity, err, errlen) &&
+        ok = restart(t->ndev, conf, capacity, err, errlen) &&
              replay_trace(t, NULL, &again, err, errlen);
         ns[k] = again.ns_per_event;
     }
@@ -1873,8 +1906,7 @@ int sp_cli_replay(int argc, char **argv) {
     for (int k = 1; ok && k < nrep; k++) {
         replay_result_t again;
         memset(&again, 0, sizeof(again));
-        ok = sp_shutdown() == SP_SUCCESS &&
-             init_capped(t.ndev, conf, a.capacity, err, sizeof(err)) &&
+        ok = restart(t.ndev, conf, a.capacity, err, sizeof(err)) &&
              replay_trace(&t, NULL, &again, err, sizeof(err));
         ns[k] = again.ns_per_event;
     }

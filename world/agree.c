@@ -152,6 +152,7 @@ static const char *const op_names[SP_AGREE_OP_COUNT] = {
     "symmetric segment release",
     "sp_world_finalize",
     "SYMPOOL_REPORT at sp_world_finalize",
+    "world creation (every rank's duplicates in time)",
 };
 
 const char *sp__agree_op_name(int64_t op) {

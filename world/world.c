@@ -18,10 +18,12 @@
  * concurrent use of one communicator). A world itself is used by the thread(s) of its rank
  * under MPI's own rules for collectives (the caller orders them).
  */
+#include <errno.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "core/core.h"
 #include "world/world.h"
@@ -365,6 +367,12 @@ static sp_status_t node_table(sp_world_t *w) {
     return st;
 }
 
+static _Atomic double s_test_pause_s; /* sp__world_test_pause_between_dups */
+
+void sp__world_test_pause_between_dups(double seconds) {
+    s_test_pause_s = seconds;
+}
+
 /* Build a world on `comm` (MPI is initialized). Collective over comm. */
 static sp_status_t world_create(MPI_Comm comm, bool from_init, sp_world_t **world_p) {
     sp_world_t *w = calloc(1, sizeof *w);
@@ -384,10 +392,23 @@ static sp_status_t world_create(MPI_Comm comm, bool from_init, sp_world_t **worl
     bool abandoned = false;
     SP_CHECK_GOTO(sp__agree_dup(comm, &w->comm, what, &abandoned), st, fail);
     MPI_Comm_set_errhandler(w->comm, MPI_ERRORS_RETURN);
+    double pause = s_test_pause_s;
+    if (pause > 0) {
+        struct timespec ts = {(time_t)pause, (long)((pause - (double)(time_t)pause) * 1e9)};
+        while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
+        }
+    }
     SP_CHECK_GOTO(sp__agree_dup(comm, &w->agree_comm, what, &abandoned), st, fail);
     MPI_Comm_set_errhandler(w->agree_comm, MPI_ERRORS_RETURN);
     MPI_Comm_rank(w->comm, &w->rank);
     MPI_Comm_size(w->comm, &w->size);
+    /* The duplicates' waits have no late rule: a rank whose second duplicate timed out has
+     * returned, and a peer that posted its own late can still complete it against the one the
+     * first abandoned, then went on alone into MPI_Comm_split_type below and waited there for
+     * good. One agreement round, whose late rule makes a round completed after any rank's
+     * deadline a timeout on every rank, decides for all of them whether creation goes on. */
+    sp_agree_t agreed = {.op = SP_AGREE_WORLD_CREATE, .ok = true};
+    SP_CHECK_GOTO(sp__world_agree_live(w, &agreed, what), st, fail);
     SP_CHECK_GOTO(sp__world_mpi_status(MPI_Comm_split_type(w->comm, MPI_COMM_TYPE_SHARED, w->rank,
                                                            MPI_INFO_NULL, &w->node_comm),
                                        "MPI_Comm_split_type(MPI_COMM_TYPE_SHARED)"),
@@ -482,7 +503,9 @@ static sp_status_t world_create(MPI_Comm comm, bool from_init, sp_world_t **worl
     return SP_SUCCESS;
 
 fail:
-    if (w->agree_comm != MPI_COMM_NULL)
+    /* A round abandoned on agree_comm may still be progressed by MPI: left allocated (a small
+     * leak) rather than freed under it, as sp_world_finalize does. */
+    if (w->agree_comm != MPI_COMM_NULL && !sp__agree_pending(w->agree_comm))
         MPI_Comm_free(&w->agree_comm);
     if (w->node_comm != MPI_COMM_NULL)
         MPI_Comm_free(&w->node_comm);

@@ -110,6 +110,7 @@ typedef enum sp_agree_op {
     SP_AGREE_SYM_RELEASE,
     SP_AGREE_WORLD_FINALIZE,
     SP_AGREE_FINALIZE_REPORT,
+    SP_AGREE_WORLD_CREATE,
     SP_AGREE_OP_COUNT
 } sp_agree_op_t;
 
@@ -180,6 +181,9 @@ sp_status_t sp__agree_band(MPI_Comm comm, uint64_t *bits, size_t words, const ch
  * communicator, is SP_ERR_TIMEOUT on the ranks that wait for it (*abandoned_p: the duplicate
  * stays pending on comm). */
 sp_status_t sp__agree_dup(MPI_Comm comm, MPI_Comm *out, const char *what, bool *abandoned_p);
+/* Tests only: world creation waits this long (seconds; 0: not at all, the default) between its
+ * two duplicates of the communicator, as a rank descheduled there would. */
+void sp__world_test_pause_between_dups(double seconds);
 /* Agreement rounds this process has started (sp__agree and sp__agree_band), for tests. */
 uint64_t sp__agree_rounds(void);
 /* Does comm still carry a request abandoned at a timeout? (Completed ones are reaped.) */

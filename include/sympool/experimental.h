@@ -153,9 +153,9 @@ bool sp_x_path_expand(const char *pattern, char *out, size_t cap);
 /** Write len bytes of buf to path as sp_dump_snapshot writes a snapshot: to a temporary file next
  * to it, synced, then renamed over it, so the old file stays whole when writing fails (a full
  * disk) and readers never see half a file; an existing target that is not a regular file (a FIFO,
- * a directory, a device node) is refused. `sympool plot` writes its SVG with it. Returns
- * SP_SUCCESS, SP_ERR_INVALID_ARGUMENT or SP_ERR_SYSTEM (the path and the reason in
- * sp_last_error()). */
+ * a directory, a device node) or a regular file this process may not write is refused. `sympool
+ * plot` writes its SVG with it. Returns SP_SUCCESS, SP_ERR_INVALID_ARGUMENT or SP_ERR_SYSTEM (the
+ * path and the reason in sp_last_error()). */
 sp_status_t sp_x_file_write_atomic(const char *path, const void *buf, size_t len);
 
 #ifdef __cplusplus

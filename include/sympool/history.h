@@ -67,11 +67,12 @@ sp_status_t sp_record_memory_history(const sp_history_params_t *params);
  * new file gets the permissions the umask leaves of 0666, a replaced one keeps its own.
  * An existing target must be a regular file, or a symbolic link to one (the file it names is
  * replaced, in that file's directory, and the link stays); a FIFO, directory, socket, device node
- * (/dev/null), a link to one of those or a dangling link is refused and left as it is.
+ * (/dev/null), a link to one of those or a dangling link is refused and left as it is, and so is
+ * a regular file this process may not write (mode 0444, another user's), as open(2) refuses it.
  * Each call appends a `snapshot` entry to every device's trace while recording all actions.
  * @return SP_SUCCESS, SP_ERR_INVALID_ARGUMENT (NULL or empty path, path too long, a target that
- *         is not a regular file), SP_ERR_SYSTEM (cannot create, write or rename the file; out of
- *         host memory, at any stage).
+ *         is not a regular file), SP_ERR_SYSTEM (a target this process may not write; cannot
+ *         create, write or rename the file; out of host memory, at any stage).
  */
 sp_status_t sp_dump_snapshot(const char *path);
 

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Fuzz the snapshot readers (tools/pickle_read.c with pickle_text.c, core/json_read.c from
-# libsympool.a, and the trace loader of tools/trace.c) with libFuzzer, AddressSanitizer and
+# libsympool.a, and the trace loader of tools/trace.c) and the whole replay of what they load
+# (tools/replay.c on the host backend, fuzz_replay.c) with libFuzzer, AddressSanitizer and
 # UndefinedBehaviorSanitizer, for a bounded time, from seeds cut out of tests/data (seeds.py). A
 # crash, a sanitizer report, a leak or an input slower than 10 s fails; the failing input is left
 # in OUT/ (reproduce with OUT/fuzz_pickle FILE) and belongs, once fixed, in tests/fuzz/repro/
@@ -22,24 +23,34 @@ if ! command -v "$cc" >/dev/null ||
        "scripts/deps.sh installs it"
   exit 0
 fi
-flags=(-g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all -D_GNU_SOURCE -I. -Iinclude)
+flags=(-g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all -D_GNU_SOURCE -I. -Iinclude
+  -I"$lib_dir/include")
 srcs=(tests/fuzz/fuzz_main.c tests/fuzz/fuzz_one.c tools/pickle_read.c tools/pickle_text.c tools/trace.c)
 libs=("$lib_dir/libsympool.a" -lpthread -ldl -lm)
+# A library built with CUDA needs cudart (and what else sympool-static.pc names) as well.
+if [ -f "$lib_dir/sympool-static.pc" ]; then
+  read -r -a libs <<<"$lib_dir/libsympool.a $(sed -n 's|^Libs: ${libdir}/libsympool.a||p' \
+    "$lib_dir/sympool-static.pc")"
+fi
 "$cc" "${flags[@]}" -DSP_FUZZ_JSON=0 "${srcs[@]}" "${libs[@]}" -o "$out/fuzz_pickle"
 "$cc" "${flags[@]}" -DSP_FUZZ_JSON=1 "${srcs[@]}" "${libs[@]}" -o "$out/fuzz_json"
-python3 tests/fuzz/seeds.py tests/data "$out/seeds_pickle" "$out/seeds_json"
+"$cc" "${flags[@]}" tests/fuzz/fuzz_replay.c tools/replay.c tools/cli_util.c tools/cli_json.c \
+  tools/pickle_read.c tools/pickle_text.c tools/trace.c "${libs[@]}" -o "$out/fuzz_replay"
+python3 tests/fuzz/seeds.py tests/data "$out/seeds_pickle" "$out/seeds_json" "$out/seeds_replay"
 cp tests/fuzz/repro/*.pickle "$out/seeds_pickle/" 2>/dev/null || true
 cp tests/fuzz/repro/*.json "$out/seeds_json/" 2>/dev/null || true
+cp tests/fuzz/repro/*.pickle tests/fuzz/repro/*.json tests/data/*.json "$out/seeds_replay/" \
+  2>/dev/null || true
 export ASAN_OPTIONS="${ASAN_OPTIONS:-}:detect_leaks=1"
 export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1"
-for t in pickle json; do
+for t in pickle json replay; do
   mkdir -p "$out/corpus_$t"
-  echo "fuzz: $t reader, ${secs} s"
+  echo "fuzz: $t, ${secs} s"
   # The first directory collects new inputs; the seeds are read only. -timeout: one input
   # slower than that is a defect (a reader must refuse quickly, not loop).
   "$out/fuzz_$t" -max_total_time="$secs" -max_len=65536 -timeout=10 -rss_limit_mb=2048 \
     -print_final_stats=1 -artifact_prefix="$out/$t-" "$out/corpus_$t" "$out/seeds_$t" \
-    >"$out/$t.log" 2>&1 || { tail -60 "$out/$t.log"; echo "fuzz: $t reader FAILED"; exit 1; }
+    >"$out/$t.log" 2>&1 || { tail -60 "$out/$t.log"; echo "fuzz: $t FAILED"; exit 1; }
   grep -E '^stat::number_of_executed_units|^stat::new_units_added' "$out/$t.log" | tr '\n' ' '
   echo
 done

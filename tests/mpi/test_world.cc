@@ -218,6 +218,26 @@ TEST_F(World, RankArrivingAfterThePeersGaveUpTimesOutToo) {
     MPI_Barrier(MPI_COMM_WORLD);
 }
 
+// A rank descheduled between creation's two duplicates past its peers' deadline: they time out
+// on the second duplicate, which its own then completes (their MPI_Barrier progresses the one
+// they abandoned). It used to go on alone into MPI_Comm_split_type and wait there for good (the
+// watchdog aborts); creation's agreement round makes it time out too, so no rank waits.
+TEST_F(World, RankPausedBetweenTheDuplicatesTimesOutToo) {
+    SP_SKIP_BELOW_RANKS(2);
+    expect_warnings();
+    MPI_Comm dupw;
+    ASSERT_EQ(MPI_Comm_dup(MPI_COMM_WORLD, &dupw), MPI_SUCCESS);
+    sp_world_t *w = nullptr;
+    sp::ScopedEnv env({{"SYMPOOL_SYM_TIMEOUT", "1"}});
+    if (mpi_rank() == 1)
+        sp__world_test_pause_between_dups(2.5);
+    sp_status_t s = sp_world_from_comm(dupw, &w);
+    sp__world_test_pause_between_dups(0);
+    EXPECT_SP_STATUS(s, SP_ERR_TIMEOUT);
+    EXPECT_EQ(w, nullptr);
+    MPI_Barrier(MPI_COMM_WORLD);
+}
+
 TEST_F(World, MpiErrorsBecomeSpErrMpiWithMpisText) {
     expect_warnings();
     EXPECT_SP_OK(sp__world_mpi_status(MPI_SUCCESS, "nothing"));

@@ -5,6 +5,7 @@
 //  - A symbolic link to a regular file is written through: the file it names gets the snapshot
 //    (atomically, by a rename in that file's directory) and the link stays a link. A link to
 //    anything else, or a dangling link, is refused like the thing it names.
+//  - A regular file the caller may not write (mode 0444) is refused (SP_ERR_SYSTEM) and kept.
 //  - Running out of host memory while the snapshot is being built is SP_ERR_SYSTEM naming the
 //    cause, not SP_ERR_INTERNAL; tested with the snapshot writer's allocation fault hook.
 #include "sp_test.hpp"
@@ -14,6 +15,7 @@
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cstring>
@@ -244,6 +246,43 @@ TEST_F(SnapshotTarget, LongestLegalNameIsWritten) {
     EXPECT_SP_STATUS(sp_dump_snapshot(too_long.c_str()), SP_ERR_SYSTEM);
     EXPECT_NE(std::string(sp_last_error()).find("too long"), std::string::npos) << sp_last_error();
     EXPECT_TRUE(list_dir(dir_).empty());
+}
+
+// A regular file the caller may not write (mode 0444) is refused and kept, directly and through
+// a link, as open(2) and PyTorch's dump refuse it: the rename over it used to replace it. Root may
+// write any file, so as root the child that checks drops to an unprivileged user first.
+TEST_F(SnapshotTarget, ReadOnlyFileIsRefusedAndKept) {
+    std::string ro = dir_ + "/ro.pickle", link = dir_ + "/link.pickle";
+    pid_t pid = fork();
+    ASSERT_GE(pid, 0);
+    if (pid == 0) {
+        if (geteuid() == 0 &&
+            (chown(dir_.c_str(), 65534, 65534) != 0 || setgid(65534) != 0 || setuid(65534) != 0))
+            _exit(77);
+        { std::ofstream(ro) << "keep"; }
+        if (chmod(ro.c_str(), 0444) != 0 || symlink(ro.c_str(), link.c_str()) != 0)
+            _exit(3);
+        int bits = 0;
+        if (sp_dump_snapshot(ro.c_str()) != SP_ERR_SYSTEM)
+            bits |= 4;
+        if (strstr(sp_last_error(), "not writable") == nullptr)
+            bits |= 8;
+        if (sp_dump_snapshot(link.c_str()) != SP_ERR_SYSTEM)
+            bits |= 16;
+        if (read_all(ro) != "keep" || kind_of(link) != S_IFLNK)
+            bits |= 32;
+        if (list_dir(dir_).size() != 2)
+            bits |= 64;
+        _exit(bits);
+    }
+    int status = 0;
+    ASSERT_EQ(waitpid(pid, &status, 0), pid);
+    ASSERT_TRUE(WIFEXITED(status));
+    if (WEXITSTATUS(status) == 77)
+        GTEST_SKIP() << "root cannot drop to an unprivileged user here";
+    EXPECT_EQ(WEXITSTATUS(status), 0)
+        << "bits: 3 setup failed, 4 not refused, 8 message, 16 not refused through a link, "
+           "32 the file or link replaced, 64 a temporary left";
 }
 
 // Host OOM at every allocation the writer makes, one after another: each is SP_ERR_SYSTEM with

@@ -1,0 +1,87 @@
+#!/usr/bin/env python3
+"""Traces no allocator could have written, which the replay must still run through without
+freeing a block twice or losing one (argv: sympool, work dir); found by the whole-replay fuzzer
+(tests/fuzz/fuzz_replay.c):
+ - an address allocated twice with no free between: the first block stays held to the end, as
+   the address map held it, and is given back with the others, so --repeat's sp_shutdown before
+   the next replay finds nothing left (it refused with 'blocks are still allocated', and the
+   command failed with an empty reason; --compare's rows failed as 'sp_init: sp_shutdown...');
+ - an address freed twice and never allocated (two blocks live at the start at one address):
+   the one the address map replaces is given back at the end as well (the same refusal);
+ - a starting block that the trace frees with a request larger than its segment (taken at its
+   recorded size, then asked again at its request, which is an OOM): the block given back is not
+   freed a second time (the replay failed on 'not a pointer sympool returned')."""
+import json
+import os
+import pickle
+import subprocess
+import sys
+
+cli, work = sys.argv[1], sys.argv[2]
+os.makedirs(work, exist_ok=True)
+MiB = 1 << 20
+GiB = 1 << 30
+SEG = 0x7F00_0000_0000
+
+
+def write(name, doc):
+    path = os.path.join(work, name)
+    with open(path, "wb") as f:
+        pickle.dump(doc, f, protocol=4)
+    return path
+
+
+def run(*args):
+    return subprocess.run([cli, *args], capture_output=True, text=True)
+
+
+def entry(action, addr, size, t):
+    return {"action": action, "addr": addr, "size": size, "stream": 0, "time_us": t}
+
+
+# One address allocated twice, freed once.
+path = write("twice.pickle", {"segments": [], "device_traces": [[
+    entry("alloc", SEG, 512, 1), entry("alloc", SEG, 512, 2),
+    entry("free_requested", SEG, 512, 3), entry("free_completed", SEG, 512, 4)]]})
+once = run("replay", path, "--json")
+if once.returncode != 0:
+    sys.exit(f"replay twice: rc {once.returncode}: {once.stderr}")
+r = run("replay", path, "--json", "--repeat", "3")
+if r.returncode != 0:
+    sys.exit(f"replay twice --repeat 3: rc {r.returncode}: {r.stderr}")
+a, b = json.loads(once.stdout), json.loads(r.stdout)
+for k in ("allocs", "frees", "peak_allocated_bytes", "end_allocated_bytes"):
+    if a[k] != b[k]:
+        sys.exit(f"replay twice: {k} {a[k]} once, {b[k]} with --repeat 3")
+if a["end_allocated_bytes"] != 512:
+    sys.exit(f"replay twice: the first block is not held to the end: {once.stdout}")
+r = run("replay", path, "--compare", "max_split_size_mb:20", "--repeat", "2")
+if r.returncode != 0 or "sp_shutdown" in r.stderr:
+    sys.exit(f"replay twice --compare --repeat 2: rc {r.returncode}: {r.stderr}")
+
+# One address freed twice, never allocated: two starting blocks there.
+path = write("seeded_twice.pickle", {"segments": [], "device_traces": [[
+    entry("alloc", SEG + 64 * MiB, 30 * MiB, 1),
+    entry("free_requested", SEG, 40 * MiB, 2), entry("free_requested", SEG, 40 * MiB, 3)]]})
+once = run("replay", path, "--json")
+r = run("replay", path, "--json", "--repeat", "2")
+if once.returncode != 0 or r.returncode != 0:
+    sys.exit(f"replay seeded_twice: rc {once.returncode}, --repeat 2: rc {r.returncode}: "
+             f"{r.stderr}")
+a, b = json.loads(once.stdout), json.loads(r.stdout)
+if (a["seeded_blocks"], a["frees"]) != (2, 2) or \
+        a["peak_allocated_bytes"] != b["peak_allocated_bytes"]:
+    sys.exit(f"replay seeded_twice: {once.stdout} / {r.stdout}")
+
+# A 2 MiB segment's one block, free in the final state, freed by the trace with a 200 GiB request (past the emulated 80 GiB).
+seg = {"device": 0, "address": SEG, "total_size": 2 * MiB, "stream": 0, "segment_type": "large",
+       "blocks": [{"address": SEG, "size": 2 * MiB, "state": "inactive", "requested_size": 0}]}
+path = write("whole_oom.pickle", {"segments": [seg], "device_traces": [[
+    entry("free_requested", SEG, 200 * GiB, 1), entry("free_completed", SEG, 200 * GiB, 2)]]})
+r = run("replay", path, "--json")
+if r.returncode != 0:
+    sys.exit(f"replay whole_oom: rc {r.returncode}: {r.stderr}")
+j = json.loads(r.stdout)
+if j["ooms"] != 1 or j["skipped_frees"] != 1:
+    sys.exit(f"replay whole_oom: {r.stdout}")
+print("ok")
