@@ -74,6 +74,9 @@ typedef struct dev_state {
     size_t npools;
     void **holes; /* placeholders of the starting state's free space */
     size_t nholes, cap_holes;
+    void **unmapped; /* blocks over the unmapped pages between two mapped ranges of one
+                      * expandable segment at the start, unmapped once the state is built */
+    size_t nunmapped, cap_unmapped;
     size_t *whole; /* sblocks (index) taken at their recorded size, asked again at the
                     * end of their segment's rebuild (build_segment) */
     size_t nwhole, cap_whole;
@@ -590,6 +593,8 @@ static void free_all(dev_state_t *ds, bool release) {
         (void)sp_free(ds->holes[i]);
     for (size_t i = 0; release && i < ds->nkept; i++)
         (void)sp_free(ds->kept[i]);
+    for (size_t i = 0; release && i < ds->nunmapped; i++)
+        (void)sp_free(ds->unmapped[i]);
     /* The cached segments in one pass first: destroying a stream releases its own, a walk of
      * every segment still cached, and a trace may have a stream per segment. */
     if (release)
@@ -609,6 +614,7 @@ static void free_all(dev_state_t *ds, bool release) {
     free(ds->all_side);
     free(ds->pools);
     free(ds->holes);
+    free(ds->unmapped);
     free(ds->whole);
     free(ds->kept);
     free(ds->ptrs);
@@ -638,13 +644,133 @@ static bool history(sp_history_enabled_t enabled, char *err, size_t errlen) {
     return true;
 }
 
+/* The unmapped pages between start segment i and the next one, when both are mapped ranges of
+ * one expandable segment (same stream, pool and kind; ranges of one segment are next to each
+ * other by address, its address space being one range): the bytes between them, else 0. */
+static uint64_t gap_after(const tr_device_t *td, size_t i) {
+    const tr_sseg_t *a = &td->start[i], *b = i + 1 < td->nstart ? &td->start[i + 1] : NULL;
+    if (b == NULL || b->stream != a->stream || b->pool != a->pool || b->is_small != a->is_small ||
+        b->addr <= a->addr + a->size)
+        return 0;
+    return b->addr - (a->addr + a->size);
+}
+
+/* Whether the pages held after start segment k may be unmapped as soon as segment k + 1 is
+ * built: PyTorch (and sympool under its rules) grows a segment at the lowest unmapped address
+ * that holds the request, so the later growths of the rebuild (the whole-range requests of the
+ * segment's later large ranges, the pages held after them) must not fit there. The free space
+ * around (at most 1 MiB at either end of a range is left unheld) counts; the small pool's
+ * pages, taken 1 MiB at a time, stay held to the end. */
+static bool gap_unmaps_early(const tr_device_t *td, size_t k) {
+    const uint64_t room = gap_after(td, k) + ((uint64_t)2 << 20);
+    if (td->start[k].is_small)
+        return false;
+    for (size_t j = k + 1; j < td->nstart; j++) {
+        uint64_t g = gap_after(td, j);
+        if ((j >= k + 2 && td->start[j].size <= room) || (g > 0 && g <= room))
+            return false;
+        if (g == 0)
+            break; /* the segment's last range */
+    }
+    return true;
+}
+
+/* Whether the pages between the start's mapped ranges can be held while the state is built
+ * (hold_unmapped): on the emulated device only (a GPU's own memory is not known here), and not
+ * when, with the ranges, they would not fit there (its SYMPOOL_HOST_CAPACITY, under the recorded
+ * memory fraction), where PyTorch had them unmapped: then none are held (a range could not be
+ * rebuilt) and the ranges lie next to each other. */
+static bool unmapped_fit(const tr_device_t *td, double fraction) {
+    uint64_t now = 0, peak = 0, held_before = 0;
+    bool any = false;
+    for (size_t i = 0; i < td->nstart; i++) {
+        now += td->start[i].size;
+        peak = now > peak ? now : peak;
+        if (held_before > 0 && gap_unmaps_early(td, i - 1))
+            now -= held_before;
+        held_before = gap_after(td, i);
+        any = any || held_before > 0;
+        now += held_before;
+        peak = now > peak ? now : peak;
+    }
+    if (!any || strcmp(sp_backend_name(), "host") != 0)
+        return false;
+    sp_x_option_info_t oi;
+    for (int k = 0; sp_x_option_info(k, &oi); k++)
+        if (strcmp(oi.name, "SYMPOOL_HOST_CAPACITY") == 0)
+            return (double)peak <= (double)oi.value_int * (fraction > 0 ? fraction : 1.0);
+    return false;
+}
+
+/* After start segment i of an expandable recording: when the next one is a mapped range of the
+ * same expandable segment further up (gap_after), the pages between them were unmapped (the
+ * trace's window began after they were). Mapped ranges are rebuilt one after the other, so
+ * without these pages the next range would be mapped right after this one: its blocks would lie
+ * lower than they lay, and the free space at this range's end would reach the next range's
+ * blocks instead of unmapped pages, which a growth maps again (PyTorch grows at the lowest
+ * unmapped address that holds the request). The pages are taken by requests here (the small
+ * pool's of 1 MiB each), from ds->unmapped[*first] on, and unmapped once the next range is
+ * built (gap_unmaps_early) or once every start segment is. When the device cannot map them
+ * after all (unmapped_fit counted them), none are held. */
+static bool hold_unmapped(dev_state_t *ds, int dev, const tr_device_t *td, size_t i, size_t *first,
+                          char *err, size_t errlen) {
+    const size_t small_max = (size_t)1 << 20;
+    const tr_sseg_t *a = &td->start[i];
+    *first = ds->nunmapped;
+    sp_stream_t s;
+    if (gap_after(td, i) > 0 && !stream_for(ds, dev, a->stream, &s, err, errlen))
+        return false;
+    for (uint64_t left = gap_after(td, i); left > 0;) {
+        uint64_t n = a->is_small && left > small_max ? small_max : left;
+        void *p = NULL;
+        sp_status_t st = request(ds, dev, a->pool, (size_t)n, s, &p);
+        if (st == SP_ERR_OUT_OF_MEMORY) { /* none held here: the next range lies next to it */
+            for (size_t k = *first; k < ds->nunmapped; k++)
+                (void)sp_free(ds->unmapped[k]);
+            ds->nunmapped = *first;
+            return true;
+        }
+        if (st != SP_SUCCESS) {
+            snprintf(err, errlen, "starting state: %s: %s", sp_status_name(st), sp_last_error());
+            return false;
+        }
+        if (!push_ptr(&ds->unmapped, &ds->nunmapped, &ds->cap_unmapped, p)) {
+            (void)sp_free(p);
+            snprintf(err, errlen, "out of memory");
+            return false;
+        }
+        left -= n;
+    }
+    return true;
+}
+
+/* The pages hold_unmapped took from ds->unmapped[first] on, given back and unmapped: every
+ * other start segment built so far is held whole (blocks and placeholders), so the release
+ * unmaps these pages only. */
+static bool unmap_from(dev_state_t *ds, int dev, size_t first, char *err, size_t errlen) {
+    if (first >= ds->nunmapped)
+        return true;
+    sp_status_t st = SP_SUCCESS;
+    for (size_t i = first; st == SP_SUCCESS && i < ds->nunmapped; i++)
+        st = sp_free(ds->unmapped[i]);
+    ds->nunmapped = first;
+    if (st == SP_SUCCESS)
+        st = sp_x_empty_cache_device(dev);
+    if (st != SP_SUCCESS) {
+        snprintf(err, errlen, "starting state: %s: %s", sp_status_name(st), sp_last_error());
+        return false;
+    }
+    return true;
+}
+
 /* The starting state of one device: its private pools, the segments that existed before
  * recording began (as they were), then the live blocks outside them as requests. With
  * `requested` (the replay's segment kind is not the recorded run's, so that layout cannot exist
  * under it) every live block is requested instead, in address order: the replayed allocator
  * lays them out as it would have, and none of the recorded run's cached free space is kept. */
 static bool build_start(dev_state_t *ds, int d, const tr_device_t *td, bool requested,
-                        frames_src_t *fs, replay_result_t *r, char *err, size_t errlen) {
+                        bool expandable, double fraction, frames_src_t *fs, replay_result_t *r,
+                        char *err, size_t errlen) {
     place_begin(ds, d, td);
     ds->pools = calloc(td->npools ? td->npools : 1, sizeof(*ds->pools));
     if (ds->pools == NULL) {
@@ -662,8 +788,19 @@ static bool build_start(dev_state_t *ds, int d, const tr_device_t *td, bool requ
         }
     }
     bool ok = true;
-    for (size_t i = 0; ok && !requested && i < td->nstart; i++)
+    /* Held pages are unmapped early only while they are the last ones held (unmap_from gives
+     * back everything from an index on): otherwise at the end, with the rest. */
+    expandable = expandable && !requested && unmapped_fit(td, fraction);
+    size_t held_from = 0;
+    for (size_t i = 0; ok && !requested && i < td->nstart; i++) {
         ok = build_segment(ds, d, td, &td->start[i], fs, r, err, errlen);
+        if (ok && expandable && i > 0 && gap_after(td, i - 1) > 0 && gap_unmaps_early(td, i - 1))
+            ok = unmap_from(ds, d, held_from, err, errlen);
+        if (ok && expandable)
+            ok = hold_unmapped(ds, d, td, i, &held_from, err, errlen);
+    }
+    if (ok)
+        ok = unmap_from(ds, d, 0, err, errlen);
     for (size_t i = 0; ok && i < ds->nholes; i++)
         if (sp_free(ds->holes[i]) != SP_SUCCESS) {
             snprintf(err, errlen, "sp_free: %s", sp_last_error());
@@ -1044,7 +1181,8 @@ static bool replay_once(const tr_trace_t *t, const char *snapshot_out, bool last
         r->pytorch_start_reserved += td->start_reserved;
         r->trace_peak_requested += td->peak_requested;
         r->pytorch_end_allocated += td->final_allocated;
-        ok = build_start(&ds[d], d, td, r->start_requested, &fs, r, err, errlen);
+        ok = build_start(&ds[d], d, td, r->start_requested, t->settings.expandable,
+                         t->settings.fraction, &fs, r, err, errlen);
     }
     /* "state" keeps one trace entry (the last of the starting state, as PyTorch's ring of one
      * does); it is not part of the recorded run, so the buffer is cleared (OFF keeps the live

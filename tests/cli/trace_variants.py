@@ -16,6 +16,9 @@ dir):
  - blocks the user freed while other streams used them ("active_pending_free" at the end, no
    entry naming them): freed at the start, not allocated, and not reused while pending;
  - a recording made with expandable segments: replayed with its settings, by PyTorch's rules;
+ - one whose window began after pages between two mapped ranges of a segment were unmapped: the
+   ranges are rebuilt as far apart as they were, so a growth maps those pages again (the hole
+   is the lowest that holds it) instead of new ones at the end;
  - a pickled list of something else than segment dicts: not a memory snapshot."""
 import json
 import os
@@ -244,6 +247,40 @@ r = run("replay", path)
 if r.returncode != 0 or "the snapshot's: 'expandable_segments:True', by PyTorch's rules" \
         not in r.stdout:
     sys.exit(f"replay expandable recorded text: rc {r.returncode}: {r.stdout}{r.stderr}")
+
+# Expandable segments whose window began after pages between mapped ranges were unmapped: at the
+# start, mapped ranges with unmapped pages between them (the segment's end state less the
+# trace's map). The live block at the start is freed, and a request twice its size maps the
+# 20 MiB after it (free block + unmapped pages hold it): 20 MiB more, not a new 40 MiB at the
+# end. With two holes the first one (20 MiB) is unmapped before the second (40 MiB) is laid
+# out. Case: (ranges at the end as (offset, blocks), the trace's map, the peak PyTorch had).
+def xseg(off, blocks):
+    return {"device": 0, "address": SEG + off * MiB, "total_size": sum(blocks) * MiB, "stream": 0,
+            "segment_type": "large", "is_expandable": True,
+            "blocks": [{"size": n * MiB, "state": "active_allocated", "requested_size": n * MiB}
+                       for n in blocks]}
+
+
+for name, segs, peak in (("one hole", [xseg(0, [40, 20])], 60),
+                         ("two holes", [xseg(0, [40, 60]), xseg(140, [40])], 140)):
+    evs = [("free_requested", SEG, 20 * MiB), ("free_completed", SEG, 20 * MiB),
+           ("segment_map", SEG + 20 * MiB, 20 * MiB), ("alloc", SEG, 40 * MiB)]
+    entries = [entry(a, addr, n, t) for t, (a, addr, n) in enumerate(evs)]
+    path = write("expandable_holes.pickle", {"segments": segs, "device_traces": [entries],
+                                             "allocator_settings": conf})
+    out = os.path.join(work, "expandable_holes_out.pickle")
+    r = run("replay", path, "--json", "--snapshot", out)
+    j = json.loads(r.stdout) if r.returncode == 0 else {}
+    got = (j.get("peak_reserved_bytes"), j.get("pytorch_peak_reserved_bytes"))
+    ends = []
+    if r.returncode == 0:
+        with open(out, "rb") as f:
+            ends = sorted((s["address"] - SEG, s["total_size"]) for s in pickle.load(f)["segments"])
+    base = ends[0][0] if ends else 0
+    want_ends = sorted((s["address"] - SEG, s["total_size"]) for s in segs)
+    if got != (peak * MiB, peak * MiB) or [(a - base, n) for a, n in ends] != want_ends:
+        sys.exit(f"replay expandable {name}: rc {r.returncode}: peak {got}, ranges {ends}, "
+                 f"want {want_ends}: {r.stderr}")
 
 # A pickled list of tuples (a tokenizer's merges, say).
 path = write("merges.pickle", [(b"a", b"b"), (b"ab", b"c")])
