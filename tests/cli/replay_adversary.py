@@ -12,31 +12,16 @@ freeing a block twice or losing one (argv: sympool, work dir); found by the whol
    recorded size, then asked again at its request, which is an OOM): the block given back is not
    freed a second time (the replay failed on 'not a pointer sympool returned')."""
 import json
-import os
-import pickle
-import subprocess
 import sys
 
+sys.dont_write_bytecode = True  # the shared helpers leave no cache in the source tree
+from snaptest import entry, runner, writer  # noqa: E402
+
 cli, work = sys.argv[1], sys.argv[2]
-os.makedirs(work, exist_ok=True)
+write, run = writer(work), runner(cli)
 MiB = 1 << 20
 GiB = 1 << 30
 SEG = 0x7F00_0000_0000
-
-
-def write(name, doc):
-    path = os.path.join(work, name)
-    with open(path, "wb") as f:
-        pickle.dump(doc, f, protocol=4)
-    return path
-
-
-def run(*args):
-    return subprocess.run([cli, *args], capture_output=True, text=True)
-
-
-def entry(action, addr, size, t):
-    return {"action": action, "addr": addr, "size": size, "stream": 0, "time_us": t}
 
 
 # One address allocated twice, freed once.

@@ -23,29 +23,16 @@ dir):
 import json
 import os
 import pickle
-import subprocess
 import sys
 
+sys.dont_write_bytecode = True  # the shared helpers leave no cache in the source tree
+from snaptest import entry, runner, writer  # noqa: E402
+
 cli, work = sys.argv[1], sys.argv[2]
-os.makedirs(work, exist_ok=True)
+write, run = writer(work), runner(cli)
 MiB = 1 << 20
 SEG = 0x7F00_0000_0000
 OUT = 0x7E00_0000_0000  # in no recorded segment
-
-
-def write(name, doc):
-    path = os.path.join(work, name)
-    with open(path, "wb") as f:
-        pickle.dump(doc, f, protocol=4)
-    return path
-
-
-def run(*args):
-    return subprocess.run([cli, *args], capture_output=True, text=True)
-
-
-def entry(action, addr, size, t):
-    return {"action": action, "addr": addr, "size": size, "stream": 0, "time_us": t}
 
 
 def segment(addr, size):
