@@ -891,9 +891,10 @@ static bool plan_slots(dev_state_t *ds, const tr_device_t *td) {
      * (the blocks of the starting state and the allocs not yet freed; a free the map misses
      * counts too, so it may be low, and the map then grows past it as it always could). Sized
      * by nalloc instead, a long trace's map would be mostly empty and missed in cache.
-     * deferred: a free is deferred, so free_completed events have work. */
+     * deferred: a free is deferred (or a starting block pending), so free_completed events
+     * have work. */
     size_t nalloc = 0, live = ds->blocks.n, most = live;
-    bool deferred = false;
+    bool deferred = ds->pending.n > 0; /* blocks of the starting state pending their free */
     for (size_t i = 0; i < td->nev; i++) {
         if (td->ev[i].action == TR_ALLOC) {
             nalloc++;
@@ -1419,8 +1420,8 @@ static void print_text(const char *trace, const tr_trace_t *t, const replay_resu
                gib((double)r->pytorch_start_reserved), r->start_blocks, r->seeded_blocks,
                gib((double)r->seeded_bytes));
     if (r->start_pending > 0)
-        printf("  pending at the start %zu blocks freed while other streams used them "
-               "(\"active_pending_free\"), held until the trace completes their free\n",
+        printf("  pending at the start %zu blocks freed before recording began while other streams "
+               "used them, held until the trace completes their free (or to the end)\n",
                r->start_pending);
     printf("  peak requested       %.3f GiB (trace: %.3f GiB)\n", gib((double)r->peak_requested),
            gib((double)r->trace_peak_requested));

@@ -1191,6 +1191,15 @@ static bool analyse(const pk_value_t *segments, const recs_t *recs, const tr_set
         }
     }
     tr_map_free(&live);
+    /* Whether the trace records requests (PyTorch's do), or allocs and completions only (another
+     * tool's, which ends each block at its free_completed). A trace of neither is a few entries
+     * PyTorch's ring kept. */
+    bool requests = false, allocs = false;
+    for (size_t i = 0; i < d->nev && !requests; i++) {
+        requests = d->ev[i].action == TR_FREE_REQUESTED;
+        allocs = allocs || d->ev[i].action == TR_ALLOC;
+    }
+    bool completions_only = !requests && allocs;
     uint64_t last_stream = 0; /* the stream the last event put (0: none yet) */
     for (size_t i = 0; i < d->nev; i++) {
         tr_event_t *e = &d->ev[i];
@@ -1232,9 +1241,22 @@ static bool analyse(const pk_value_t *segments, const recs_t *recs, const tr_set
              * the frees as completions only (written by other tools: MemoryViz's timeline ends a
              * block at its free_completed) ends a block an alloc of the trace made, still live,
              * with one. That is its free, or the block would stay live to the end. A completion
-             * whose block no alloc of the trace made (its request fell off a full ring) is
-             * left as it is. */
+             * of a block no entry before it names was live before recording began: in a trace
+             * that records requests, past the first entry, its free was requested before the
+             * window and waited on other streams' work until here, so it starts pending and
+             * this completes it (as the first entry it is most likely the completion of a free
+             * whose request the ring cut off, and is left as it is, as in a trace of neither
+             * requests nor allocs); in a trace of completions only, this is its free. */
             uintptr_t *v = tr_map_find(&touched, e->addr);
+            if (v == NULL && e->addr != 0 && ((requests && i > 0) || completions_only)) {
+                if (d->seeded_bytes + e->size >= (uint64_t)TR_SUM_LIMIT)
+                    goto too_much;
+                if (!add_seed(d, &cap, e->addr, e->size, 0, e->stream, e->frames, e->pool,
+                              requests) ||
+                    !tr_map_put(&touched, e->addr, requests ? 0 : 1))
+                    goto oom;
+                v = tr_map_find(&touched, e->addr);
+            }
             if (v != NULL && *v == 1) {
                 *v = 0;
                 e->action = TR_FREE_REQUESTED;

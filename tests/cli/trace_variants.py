@@ -16,6 +16,8 @@ dir):
  - blocks the user freed while other streams used them ("active_pending_free" at the end, no
    entry naming them): freed at the start, not allocated, and not reused while pending;
  - a recording made with expandable segments: replayed with its settings, by PyTorch's rules;
+ - a free_completed of a block no entry before it names: pending at the start (or, in a trace
+   of completions only, live until then);
  - one whose window began after pages between two mapped ranges of a segment were unmapped: the
    ranges are rebuilt as far apart as they were, so a growth maps those pages again (the hole
    is the lowest that holds it) instead of new ones at the end;
@@ -198,7 +200,7 @@ for name, entries, segs in (
             (live, live, live, 1 if entries else 0, live + 30 * MiB):
         sys.exit(f"replay {name}: rc {r.returncode}: {r.stdout}{r.stderr}")
     r = run("replay", path)
-    if r.returncode != 0 or "pending at the start 1 blocks freed while other streams used them" \
+    if r.returncode != 0 or "pending at the start 1 blocks freed before recording began while other streams used them" \
             not in r.stdout:
         sys.exit(f"replay {name} text: rc {r.returncode}: {r.stdout}{r.stderr}")
     out = os.path.join(work, "out_" + name)
@@ -268,6 +270,27 @@ for name, segs, peak in (("one hole", [xseg(0, [40, 20])], 60),
     if got != (peak * MiB, peak * MiB) or [(a - base, n) for a, n in ends] != want_ends:
         sys.exit(f"replay expandable {name}: rc {r.returncode}: peak {got}, ranges {ends}, "
                  f"want {want_ends}: {r.stderr}")
+
+# A 20 MiB block at SEG freed before recording began whose free_completed comes at event 3: in a
+# trace that records requests it was pending at the start, so the 30 MiB alloc before that
+# cannot take the segment's 40 MiB and makes a segment of its own, as recorded (70 MiB; 40 MiB
+# when the completion was ignored). In a trace of completions only the same entries say the
+# block was live and freed there: the same 70 MiB.
+seg = segment(SEG, 40 * MiB)
+for name, evs in (
+        ("pending_before_window.pickle",
+         [("segment_alloc", SEG2, 30 * MiB), ("alloc", SEG2, 30 * MiB), ("free_completed", SEG, 20 * MiB),
+          ("free_requested", SEG2, 30 * MiB), ("free_completed", SEG2, 30 * MiB)]),
+        ("live_before_window_completions.pickle",
+         [("segment_alloc", SEG2, 30 * MiB), ("alloc", SEG2, 30 * MiB), ("free_completed", SEG, 20 * MiB),
+          ("free_completed", SEG2, 30 * MiB)])):
+    entries = [entry(a, addr, n, t) for t, (a, addr, n) in enumerate(evs)]
+    path = write(name, {"segments": [seg, segment(SEG2, 30 * MiB)], "device_traces": [entries]})
+    r = run("replay", path, "--json")
+    j = json.loads(r.stdout) if r.returncode == 0 else {}
+    if (j.get("peak_reserved_bytes"), j.get("pytorch_peak_reserved_bytes"),
+            j.get("end_allocated_bytes")) != (70 * MiB, 70 * MiB, 0):
+        sys.exit(f"replay {name}: rc {r.returncode}: {r.stdout}{r.stderr}")
 
 # A pickled list of tuples (a tokenizer's merges, say).
 path = write("merges.pickle", [(b"a", b"b"), (b"ab", b"c")])
