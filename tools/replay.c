@@ -821,11 +821,14 @@ static bool build_start(dev_state_t *ds, int d, const tr_device_t *td, bool requ
         uintptr_t p = 0;
         if (!td->seeds[i].pending || !tr_map_get(&ds->blocks, td->seeds[i].addr, &p) || p == 0)
             continue;
-        (void)tr_map_del(&ds->blocks, td->seeds[i].addr, NULL);
         sp_status_t st = SP_SUCCESS;
         ok = hold_for_side(ds, d, p, td->seeds[i].addr, &st, err, errlen);
         if (ok && st == SP_SUCCESS)
             st = sp_free((void *)p);
+        /* Out of the address map once freed: a block not freed stays there, given back at the
+         * end with the rest. */
+        if (ok && st == SP_SUCCESS)
+            (void)tr_map_del(&ds->blocks, td->seeds[i].addr, NULL);
         if (ok && st != SP_SUCCESS) {
             snprintf(err, errlen, "starting state: sp_free: %s: %s", sp_status_name(st),
                      sp_last_error());
