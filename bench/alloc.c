@@ -11,7 +11,8 @@
  * exists and waits, as an mpirun rank's main thread beside the MPI library's threads; 1 in a
  * thread of its own, the only one that allocates: all three hold the device lock's bias, which
  * goes to its first taker, core/core_lock.h; r as 1 after the main thread took the lock once, so
- * that the thread revokes the bias and takes the CAS path, as 2 threads do).
+ * that the thread revokes the bias and takes the CAS path, as 2 threads do, until a streak of
+ * its CAS takes re-biases the lock to it: the first 512 of its pairs).
  */
 #include <pthread.h>
 #include <stdio.h>

@@ -13,7 +13,8 @@
  *                                                  (a second thread of the process: the process
  *                                                  is multi-threaded, as a training job is, and
  *                                                  the thread is not sp_init's, so the lock's
- *                                                  bias is revoked and it takes the CAS)
+ *                                                  bias is revoked and it takes the CAS until
+ *                                                  a streak re-biases the lock to it)
  *   {"bench":"alloc_scale","case":"threads",...}   two threads on one device: per-thread ns per
  *                                                  pair over one thread's (the rounds alternate)
  *   {"bench":"alloc_scale","case":"thread_cache",...}  the same per-thread figures for 1 and 2

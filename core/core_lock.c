@@ -4,6 +4,7 @@
  */
 #include <linux/futex.h>
 #include <linux/membarrier.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <stdatomic.h>
@@ -50,14 +51,24 @@ static void count(sp_lock_t *l, int delta) {
 
 /* ---- the bias (see sp_lock_t) ---------------------------------------------------------- */
 
-atomic_int sp__lock_bias_gone;
+atomic_int sp__lock_bias_state;
+static atomic_int bias_on; /* sp__lock_bias_begin said yes, and no sp__lock_bias_end since */
 
 static long membarrier(int cmd) {
     return syscall(SYS_membarrier, cmd, 0, 0);
 }
 
-static void bias_is_gone(void) {
-    atomic_store_explicit(&sp__lock_bias_gone, 1, memory_order_relaxed);
+/* A biasable lock leaves its bias (revoked, unbiased) or takes one again (re-biased). */
+static void bias_lost(void) {
+    atomic_fetch_add_explicit(&sp__lock_bias_state, 1, memory_order_relaxed);
+}
+
+static void bias_back(void) {
+    atomic_fetch_sub_explicit(&sp__lock_bias_state, 1, memory_order_relaxed);
+}
+
+static bool bias_gone(void) {
+    return atomic_load_explicit(&sp__lock_bias_state, memory_order_relaxed) & SP_LOCK_GONE;
 }
 
 bool sp__lock_bias_begin(void) {
@@ -65,14 +76,66 @@ bool sp__lock_bias_begin(void) {
     if (registered < 0)
         registered = membarrier(MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED) == 0;
     if (!registered || !sp__option_int(SP_OPT_LOCK_BIAS)) {
-        bias_is_gone();
+        atomic_store_explicit(&sp__lock_bias_state, 1, memory_order_relaxed);
         return false;
     }
+    atomic_store_explicit(&bias_on, 1, memory_order_relaxed);
     return true;
 }
 
 void sp__lock_bias_end(void) {
-    atomic_store_explicit(&sp__lock_bias_gone, 0, memory_order_relaxed);
+    atomic_store_explicit(&bias_on, 0, memory_order_relaxed);
+    atomic_store_explicit(&sp__lock_bias_state, 0, memory_order_relaxed);
+}
+
+/* ---- entry records (see sp_lock_rec_t) --------------------------------------------------- */
+
+/* Enough for every thread that owns a lock at once in any process we know; past them a thread
+ * simply takes no re-bias (the CAS, as before). 64 KiB of zeroes until used. */
+#define RECS 1024
+
+sp_lock_rec_t sp__lock_no_rec;
+static sp_lock_rec_t recs[RECS];
+static __thread sp_lock_rec_t *t_rec; /* the calling thread's, once it took one */
+static pthread_key_t rec_key;         /* its destructor gives the record back */
+static pthread_once_t rec_once = PTHREAD_ONCE_INIT;
+static bool rec_key_made;
+
+/* At the end of a thread that took a record: free it for the next (its `in` is 0: the thread
+ * holds no lock as it ends). A later destructor of the same thread that calls sympool takes a
+ * record again (and so registers this destructor again, for another round). */
+static void rec_give_back(void *p) {
+    sp_lock_rec_t *r = p;
+    t_rec = NULL;
+    atomic_store_explicit(&r->thread, 0, memory_order_release);
+}
+
+static void rec_make_key(void) {
+    rec_key_made = pthread_key_create(&rec_key, rec_give_back) == 0;
+}
+
+/* The calling thread's record, taken now if it has none; NULL when none is free (or the thread
+ * cannot register the destructor that gives it back). Off the hot paths. */
+static sp_lock_rec_t *rec_get(void) {
+    if (t_rec)
+        return t_rec;
+    pthread_once(&rec_once, rec_make_key);
+    if (!rec_key_made)
+        return NULL;
+    uintptr_t me = SP_LOCK_ME();
+    for (int i = 0; i < RECS; i++) {
+        uintptr_t free_mark = 0;
+        if (atomic_load_explicit(&recs[i].thread, memory_order_relaxed) == 0 &&
+            atomic_compare_exchange_strong_explicit(&recs[i].thread, &free_mark, me,
+                                                    memory_order_acquire, memory_order_relaxed)) {
+            if (pthread_setspecific(rec_key, &recs[i]) != 0) {
+                atomic_store_explicit(&recs[i].thread, 0, memory_order_release);
+                return NULL;
+            }
+            return t_rec = &recs[i];
+        }
+    }
+    return NULL;
 }
 
 /* Every thread of the process executes a full barrier before this returns (see sp_lock_t). The
@@ -86,20 +149,46 @@ static void barrier_everywhere(void) {
     abort();
 }
 
-/* Wait until the owner is out (`in` 0): spin, then sleep in bounded naps (the owner's unlock is
- * a plain store that wakes nobody; a revocation happens once per lock). */
-static void wait_owner_out(sp_lock_t *l) {
+/* Is the owner still inside? The first bias's owner says so in the lock's `in`, a re-bias's in
+ * its record, by naming the lock. */
+static bool owner_inside(sp_lock_t *l, sp_lock_rec_t *r) {
+    if (!r)
+        return atomic_load_explicit(&l->in, memory_order_acquire) != 0;
+    return atomic_load_explicit(&r->in, memory_order_acquire) == (uintptr_t)l;
+}
+
+/* Wait until the owner is out: spin, then sleep in bounded naps (the owner's unlock is a plain
+ * store that wakes nobody; a revocation is rare). r: the re-bias owner's record, NULL for the
+ * first bias. */
+static void wait_owner_out(sp_lock_t *l, sp_lock_rec_t *r) {
     for (int spent = 0, wait = 1; spent < SPIN_PAUSES; spent += wait) {
-        if (atomic_load_explicit(&l->in, memory_order_acquire) == 0)
+        if (!owner_inside(l, r))
             return;
         for (int k = 0; k < wait; k++)
             cpu_relax();
         wait = wait < SPIN_WAIT_MAX ? 2 * wait : wait;
     }
-    while (atomic_load_explicit(&l->in, memory_order_acquire) != 0) {
+    while (owner_inside(l, r)) {
         struct timespec bound = {0, SP_LOCK_SLEEP_NS};
-        syscall(SYS_futex, &l->in, FUTEX_WAIT_PRIVATE, 1, &bound, NULL, 0);
+        nanosleep(&bound, NULL);
     }
+}
+
+/* The holder of the word (1) counts its streak from this take on (a revoker's take is its
+ * first). */
+static void streak_begins(sp_lock_t *l) {
+    l->streak_thread = SP_LOCK_STREAK_ME();
+    l->countdown = SP_LOCK_STREAK;
+}
+
+/* The holder of the word (1), with r the calling thread's record and nothing in it: the lock
+ * re-biased to it, entered (the word REBIASED again, as the owner's entry would find it). */
+static void enter_rebiased(sp_lock_t *l, sp_lock_rec_t *r) {
+    __atomic_store_n(&l->rec_owner, r, __ATOMIC_RELAXED);
+    atomic_store_explicit(&r->in, (uintptr_t)l, memory_order_relaxed);
+    (void)atomic_exchange_explicit(&l->v, SP_LOCK_REBIASED, memory_order_seq_cst);
+    if (atomic_load_explicit(&l->sleepers, memory_order_relaxed) != 0)
+        sp__unlock_wake(l);
 }
 
 /* A thread that is not the owner found the word BIASED: take it (1). With no owner yet nobody can
@@ -120,21 +209,43 @@ static bool take_biased_from_other(sp_lock_t *l) {
             sp__unlock_wake(l);
         return true;
     }
-    bias_is_gone();
+    bias_lost();
     barrier_everywhere();
-    wait_owner_out(l);
+    wait_owner_out(l, NULL);
+    streak_begins(l);
     return true;
 }
 
-bool sp__lock_unbias(sp_lock_t *l) {
-    if (!sp__lock_take_biased(l))
+/* The owner of a first bias, not inside (the lock's `in` is 0): the word from BIASED to 1 with
+ * the CAS, no barrier (only the owner enters biased). false: a revoker's CAS came first. */
+static bool cas_from(sp_lock_t *l, int biased) {
+    int c = biased;
+    return atomic_compare_exchange_strong_explicit(&l->v, &c, 1, memory_order_acquire,
+                                                   memory_order_relaxed);
+}
+
+bool sp__lock_owner_take_slow(sp_lock_t *l) {
+    if (bias_gone()) {
+        if (!cas_from(l, SP_LOCK_BIASED))
+            return false;
+        bias_lost(); /* an ordinary lock now, so that the owner's hits may take the CAS */
+        streak_begins(l);
+        return true;
+    }
+    /* The re-bias era: the first bias becomes a re-bias (one set of hits serves every lock),
+     * unless the thread holds a re-biased lock already (its record has room for one). */
+    sp_lock_rec_t *r = rec_get();
+    if (r && atomic_load_explicit(&r->in, memory_order_relaxed) != 0)
+        return sp__lock_take_biased(l);
+    if (!cas_from(l, SP_LOCK_BIASED))
         return false;
-    int c = SP_LOCK_BIASED;
-    bool got = atomic_compare_exchange_strong_explicit(&l->v, &c, 1, memory_order_acquire,
-                                                       memory_order_relaxed);
-    /* Held as an ordinary lock now, or a revoker took the word first and waits for `in`. */
-    sp__unlock_biased(l);
-    return got;
+    if (r) {
+        enter_rebiased(l, r);
+        return true;
+    }
+    bias_lost(); /* no record left: an ordinary lock */
+    streak_begins(l);
+    return true;
 }
 
 /* The word said BIASED in sp__lock_slow: the owner enters (or unbiases); another thread becomes
@@ -143,7 +254,78 @@ static bool take_from_bias(sp_lock_t *l) {
     return sp__lock_mine(l) ? sp__lock_owner_take(l) : take_biased_from_other(l);
 }
 
+/* The word said REBIASED in sp__lock_slow. The owner enters, unless the process's bias is gone
+ * (it unbiases: an ordinary lock from now on) or it holds another re-biased lock (it takes this
+ * one as 1 and gives it back REBIASED at the unlock: shutdown and the fork handler take every
+ * device lock). Another thread revokes: the word to 1, the barrier, a wait for the owner's record
+ * to let go of the lock. false: the word changed first; look again. */
+static bool take_from_rebias(sp_lock_t *l) {
+    sp_lock_rec_t *r = sp__lock_rec_mine(l);
+    if (r && !bias_gone() && atomic_load_explicit(&r->in, memory_order_relaxed) == 0)
+        return sp__lock_take_rebiased(l);
+    if (!cas_from(l, SP_LOCK_REBIASED))
+        return false;
+    if (r) { /* the owner, not inside: no barrier */
+        if (bias_gone()) {
+            bias_lost();
+            streak_begins(l);
+        } else {
+            l->restore = true;
+            l->streak_thread = SP_LOCK_STREAK_ME();
+            l->countdown = 1; /* this take's unlock ends the streak: sp__lock_rebias restores */
+        }
+        return true;
+    }
+    bias_lost();
+    barrier_everywhere();
+    wait_owner_out(l, __atomic_load_n(&l->rec_owner, __ATOMIC_RELAXED));
+    streak_begins(l);
+    return true;
+}
+
+bool sp__lock_rebias(sp_lock_t *l) {
+    l->countdown = SP_LOCK_STREAK;
+    if (l->restore) { /* the owner's nested take ends: REBIASED again, to the same owner */
+        l->restore = false;
+    } else {
+        sp_lock_rec_t *r;
+        if (!atomic_load_explicit(&bias_on, memory_order_relaxed) ||
+            atomic_load_explicit(&l->waiting, memory_order_relaxed) != 0 ||
+            atomic_load_explicit(&l->sleepers, memory_order_relaxed) != 0 || !(r = rec_get()))
+            return false;
+        __atomic_store_n(&l->rec_owner, r, __ATOMIC_RELAXED);
+        atomic_fetch_or_explicit(&sp__lock_bias_state, SP_LOCK_ERA, memory_order_relaxed);
+        bias_back();
+    }
+    atomic_store_explicit(&l->v, SP_LOCK_REBIASED, memory_order_release);
+    atomic_signal_fence(memory_order_seq_cst); /* as sp__unlock_shared: the store, then the look */
+    if (sp__lock_sleepers_seen(l))
+        sp__unlock_wake(l);
+    return true;
+}
+
+bool sp__lock_take_over_alone(sp_lock_t *l) {
+    sp_lock_rec_t *r = rec_get();
+    atomic_store_explicit(&l->v, 1, memory_order_relaxed);
+    if (r && atomic_load_explicit(&r->in, memory_order_relaxed) == 0) {
+        enter_rebiased(l, r);
+        return true;
+    }
+    bias_lost(); /* held as 1; an ordinary lock from now on */
+    streak_begins(l);
+    return true;
+}
+
+static void lock_slow(sp_lock_t *l);
+
+/* Counted in `waiting` while here: a re-bias would only make this thread revoke it. */
 void sp__lock_slow(sp_lock_t *l) {
+    atomic_fetch_add_explicit(&l->waiting, 1, memory_order_relaxed);
+    lock_slow(l);
+    atomic_fetch_sub_explicit(&l->waiting, 1, memory_order_relaxed);
+}
+
+static void lock_slow(sp_lock_t *l) {
     for (;;) {
         /* Between looks, a wait that doubles up to SPIN_WAIT_MAX pauses: a waiter that reads
          * the word without pause takes its line from the holder, whose next store must fetch
@@ -152,6 +334,8 @@ void sp__lock_slow(sp_lock_t *l) {
         for (int spent = 0, wait = 1; spent < SPIN_PAUSES; spent += wait) {
             int c = atomic_load_explicit(&l->v, memory_order_relaxed);
             if (c == SP_LOCK_BIASED && take_from_bias(l))
+                return;
+            if (c == SP_LOCK_REBIASED && take_from_rebias(l))
                 return;
             if (c == 0 && atomic_compare_exchange_weak_explicit(&l->v, &c, 1, memory_order_acquire,
                                                                 memory_order_relaxed))
@@ -166,7 +350,8 @@ void sp__lock_slow(sp_lock_t *l) {
         int c = 0;
         bool got = atomic_compare_exchange_strong_explicit(&l->v, &c, 1, memory_order_acquire,
                                                            memory_order_relaxed);
-        if (!got && c != SP_LOCK_BIASED) /* BIASED: the spin above takes it from the bias */
+        /* BIASED, REBIASED: the spin above takes it from the bias */
+        if (!got && c != SP_LOCK_BIASED && c != SP_LOCK_REBIASED)
             sleep_on(l, c);
         count(l, -SP_LOCK_SLEEPER);
         if (got)

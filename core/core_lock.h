@@ -57,19 +57,68 @@
  * owner's plain store and load safe (the asymmetric form of Dekker's pattern: the owner's side pays
  * a compiler barrier, the rare side a system call): after it, an owner that stored `in` before the
  * barrier is seen inside, and one that checks the word after it sees the revocation and steps back.
- * The bias is never given again to that lock (a second thread that allocated once may do so every
- * iteration: PyTorch's autograd thread). */
+ * That first bias is never given again (a word only its owner writes cannot change hands: an
+ * owner stopped between its look at `owner` and its store of `in` would store it late, over the
+ * next owner's).
+ *
+ * Re-biasing (SP_LOCK_REBIASED): a thread that took a biasable lock with the CAS SP_LOCK_STREAK
+ * times in a row, with nobody asleep on it, gives it back biased to itself (sp__lock_rebias): the
+ * lock follows the thread that now uses it alone (the forward pass's thread, then the backward
+ * pass's), at the price of one revocation each time its user changes, at most once per
+ * SP_LOCK_STREAK takes. Such a bias has an entry word of the owner's own, in its entry record
+ * (sp_lock_rec_t, `rec_owner`): a former owner stopped anywhere in its entry writes only its own
+ * record, and its look at the word (REBIASED) and at `rec_owner` after its store sends it back.
+ * The record is found through the lock, not in thread-local storage (whose model in a shared
+ * library loaded by Python costs a call per access, or static TLS that may be exhausted), and the
+ * entry checks that the record is the calling thread's before it stores. A revocation takes the
+ * word from REBIASED to 1, the barrier, then waits until the owner's record no longer names the
+ * lock. Once the process has re-biased a lock (SP_LOCK_ERA), a first bias that its owner
+ * takes again becomes a re-bias too, so that one set of hit copies serves every lock. */
+typedef struct sp_lock_rec sp_lock_rec_t;
 typedef struct sp_lock {
-    atomic_int v;        /* 0, 1, SP_LOCK_BIASED or SP_LOCK_ALONE as above */
-    atomic_int sleepers; /* SP_LOCK_SLEEPER per thread in sp__lock_slow's sleep or about to
-                            enter it, plus SP_LOCK_WAKING while a wake is on its way */
-    atomic_int in;       /* 1 while the bias's owner holds the lock that way (only it stores) */
-    uintptr_t owner;     /* the owner's thread pointer (SP_LOCK_ME), 0 for none yet; set once,
-                            by the first thread to take the lock, while it holds the word */
+    atomic_int v;           /* 0, 1, SP_LOCK_BIASED, SP_LOCK_ALONE or SP_LOCK_REBIASED as above */
+    atomic_int sleepers;    /* SP_LOCK_SLEEPER per thread in sp__lock_slow's sleep or about to
+                               enter it, plus SP_LOCK_WAKING while a wake is on its way */
+    atomic_int in;          /* 1 while the first bias's owner holds the lock that way (only it
+                               stores) */
+    uint32_t streak_thread; /* the thread whose CAS takes countdown counts (SP_LOCK_STREAK_ME:
+                               two threads alike there are counted as one, which only re-biases
+                               sooner; the holder's) */
+    int16_t countdown;      /* CAS takes by streak_thread left before it re-biases (the holder's) */
+    bool biasable;          /* sp__lock_bias made it so (const after) */
+    bool restore;           /* give it back REBIASED at the unlock (the holder's) */
+    atomic_ushort waiting;  /* threads in sp__lock_slow: no re-bias while one waits (it would
+                               revoke at once) */
+    uintptr_t owner;        /* the first bias's owner's thread pointer (SP_LOCK_ME), 0 for none yet;
+                               set once, by the first thread to take the lock, while it holds the
+                               word */
+    sp_lock_rec_t *rec_owner; /* a re-bias's owner (its entry record; sp__lock_no_rec for none):
+                                 written only while the word is held as 1 */
 } sp_lock_t;
+
+/* A thread's entry record for re-biased locks: the thread (its SP_LOCK_ME, 0 while free) and the
+ * lock it holds re-biased (its address, 0 for none). Only its thread stores `in`; a revoker reads
+ * it. Records are never freed (a revoker may read the record of a thread that has just ended); a
+ * thread's goes back to the pool when the thread ends, for the next thread that becomes an owner,
+ * with whatever biases the old one held (nobody can be inside them). One cache line each: every
+ * re-biased entry and exit stores into it. */
+struct sp_lock_rec {
+    _Alignas(64) atomic_uintptr_t thread;
+    atomic_uintptr_t in;
+};
+
+/* The record no thread has: `rec_owner` of a lock never re-biased. */
+extern sp_lock_rec_t sp__lock_no_rec;
+
+/* CAS takes in a row by one thread after which it takes the bias (see sp_lock_t). A revocation
+ * costs a system call that interrupts every processor running the process's threads (a few
+ * microseconds); 1024 CAS takes cost more than that, so a lock that changes hands at every
+ * chance pays at most about as much again as the CAS it pays anyway. */
+#define SP_LOCK_STREAK 1024
 
 #define SP_LOCK_BIASED 2
 #define SP_LOCK_ALONE 3
+#define SP_LOCK_REBIASED 4
 /* An unlock that sees sleepers wakes one unless a wake is already on its way (WAKING): the
  * woken thread needs a while to run, and the holder may unlock many times meanwhile. Any sleeper
  * that counts itself in or out clears the flag (a wake that found nobody must not keep the next
@@ -84,7 +133,13 @@ static inline void sp__lock_init(sp_lock_t *l) {
     atomic_init(&l->v, 0);
     atomic_init(&l->sleepers, 0);
     atomic_init(&l->in, 0);
+    l->countdown = SP_LOCK_STREAK;
     l->owner = 0;
+    l->rec_owner = &sp__lock_no_rec;
+    l->streak_thread = 0;
+    l->biasable = false;
+    l->restore = false;
+    atomic_init(&l->waiting, 0);
 }
 
 /* The calling thread, as `owner` names it: its thread pointer (one instruction where the
@@ -96,12 +151,18 @@ static inline void sp__lock_init(sp_lock_t *l) {
 #define SP_LOCK_ME() ((uintptr_t)pthread_self())
 #endif
 
-/* Set (for good, until sp__lock_bias_end) once a bias was revoked or biasing is off: then the
- * process's hits take the lock with the CAS (the allocator looks at it on its whole paths). */
-extern atomic_int sp__lock_bias_gone;
+/* The process's biases in one word, so that a whole path asks with one load whether the hits
+ * are the right ones: under SP_LOCK_GONE, how many biasable locks are not biased now (revoked or
+ * unbiased, and not re-biased since), plus one while biasing is off: while that is not 0 the
+ * process's hits take the lock with the CAS (the allocator looks at it on its whole paths), and an
+ * owner turns its biased locks into ordinary ones at their next take, so that its hits may take
+ * the CAS too; SP_LOCK_ERA once a lock was re-biased, until sp__lock_bias_end (see sp_lock_t). */
+extern atomic_int sp__lock_bias_state;
+#define SP_LOCK_ERA (1 << 30)
+#define SP_LOCK_GONE (SP_LOCK_ERA - 1)
 
 /* At allocator init (serialized by its caller): may the locks made now be biased? Yes when the
- * kernel offers the barrier revocation needs; else sp__lock_bias_gone is set. sp__lock_bias_end,
+ * kernel offers the barrier revocation needs; else sp__lock_bias_state says so. sp__lock_bias_end,
  * at shutdown, clears it. */
 bool sp__lock_bias_begin(void);
 void sp__lock_bias_end(void);
@@ -109,6 +170,7 @@ void sp__lock_bias_end(void);
 /* Make a lock nobody holds or waits on biased, to nobody yet (after sp__lock_bias_begin said
  * yes; before another thread can see the lock): its first taker becomes the owner. */
 static inline void sp__lock_bias(sp_lock_t *l) {
+    l->biasable = true;
     __atomic_store_n(&l->owner, 0, __ATOMIC_RELAXED);
     atomic_store_explicit(&l->v, SP_LOCK_BIASED, memory_order_release);
 }
@@ -165,17 +227,104 @@ static inline bool sp__lock_take_biased(sp_lock_t *l) {
     return false;
 }
 
-/* The owner, once the process's bias is gone (sp__lock_bias_gone), on a lock still biased:
- * turns it into an ordinary held lock (1), so that its hits take the CAS path with the rest. */
-bool sp__lock_unbias(sp_lock_t *l);
+/* The owner, once the process's bias is gone (sp__lock_bias_state), on a lock still biased:
+ * turns it into an ordinary held lock (1), so that its hits take the CAS path with the rest; in
+ * the re-bias era, turns it into a re-biased one (or an ordinary one, with no record left). */
+bool sp__lock_owner_take_slow(sp_lock_t *l);
 
 /* sp__lock's first step in the owner: the biased entry if the lock is biased. */
 static inline bool sp__lock_owner_take(sp_lock_t *l) {
     if (atomic_load_explicit(&l->v, memory_order_relaxed) != SP_LOCK_BIASED)
         return false;
-    if (SP_UNLIKELY(atomic_load_explicit(&sp__lock_bias_gone, memory_order_relaxed)))
-        return sp__lock_unbias(l);
+    if (SP_UNLIKELY(atomic_load_explicit(&sp__lock_bias_state, memory_order_relaxed)))
+        return sp__lock_owner_take_slow(l);
     return sp__lock_take_biased(l);
+}
+
+/* ---- re-biased locks (SP_LOCK_REBIASED; see sp_lock_t) ------------------------------------- */
+
+/* The calling thread's record if it is l's re-bias owner's, else NULL. */
+static inline sp_lock_rec_t *sp__lock_rec_mine(const sp_lock_t *l) {
+    sp_lock_rec_t *r = __atomic_load_n(&l->rec_owner, __ATOMIC_RELAXED);
+    return atomic_load_explicit(&r->thread, memory_order_relaxed) == SP_LOCK_ME() ? r : NULL;
+}
+
+/* Does the word say REBIASED, and is r still the owner's record? The word first: a re-biaser
+ * writes the record before the word (release), so a REBIASED read here comes with its owner and
+ * a former owner never pairs its own record with the next owner's bias. On x86-64 (but under
+ * ThreadSanitizer) each is a compare with its own memory operand, in volatile asm that keeps the
+ * two loads in this order for the compiler (the processor does not reorder loads there). */
+static inline bool sp__lock_still_rebiased(sp_lock_t *l, sp_lock_rec_t *r) {
+#if defined(__x86_64__) && defined(__GCC_ASM_FLAG_OUTPUTS__) && !defined(SP_LOCK_TSAN)
+    bool biased, owner;
+    __asm__ volatile("cmpl %2, %1" : "=@cce"(biased) : "m"(l->v), "i"(SP_LOCK_REBIASED));
+    if (!biased)
+        return false;
+    __asm__ volatile("cmpq %2, %1" : "=@cce"(owner) : "m"(l->rec_owner), "r"(r));
+    return owner;
+#else
+    return atomic_load_explicit(&l->v, memory_order_acquire) == SP_LOCK_REBIASED &&
+           __atomic_load_n(&l->rec_owner, __ATOMIC_RELAXED) == r;
+#endif
+}
+
+/* The re-bias owner's entry: only if the owner's record is the calling thread's, its `in` names
+ * l, then the word and the owner are checked again; a revoker has the word (and waits for the
+ * record to change) or another thread owns it now: step back. The compiler barrier keeps the
+ * store first; the processor may let the loads pass it, which the revoker's membarrier rules out
+ * as for the first bias. A thread holding another re-biased lock (its record has room for one)
+ * does not come here: sp__lock_slow takes it otherwise. */
+static inline bool sp__lock_enter_rebiased_as(sp_lock_t *l, sp_lock_rec_t *r) {
+    atomic_store_explicit(&r->in, (uintptr_t)l, memory_order_relaxed);
+    atomic_signal_fence(memory_order_seq_cst);
+    if (SP_LIKELY(sp__lock_still_rebiased(l, r)))
+        return true;
+    atomic_store_explicit(&r->in, 0, memory_order_release);
+    return false;
+}
+
+static inline bool sp__lock_take_rebiased(sp_lock_t *l) {
+    sp_lock_rec_t *r = __atomic_load_n(&l->rec_owner, __ATOMIC_RELAXED); /* never NULL */
+    if (atomic_load_explicit(&r->thread, memory_order_relaxed) != SP_LOCK_ME())
+        return false;
+    /* A thread stopped here while the lock changes owner enters as r: the checks after its store
+     * send it back (sp__lock_enter_rebiased_as is that step alone, for the tests). */
+    return sp__lock_enter_rebiased_as(l, r);
+}
+
+/* The re-bias owner's exit (the owner cannot change while it is inside: a revoker waits). */
+static inline void sp__unlock_rebiased(sp_lock_t *l) {
+    sp_lock_rec_t *r = __atomic_load_n(&l->rec_owner, __ATOMIC_RELAXED);
+    atomic_store_explicit(&r->in, 0, memory_order_release);
+}
+
+/* Does the calling thread hold l re-biased? */
+static inline bool sp__lock_held_rebiased(const sp_lock_t *l) {
+    sp_lock_rec_t *r = sp__lock_rec_mine(l);
+    return r && atomic_load_explicit(&r->in, memory_order_relaxed) == (uintptr_t)l;
+}
+
+/* At the end of a streak (sp__lock_streak_ends), by the holder of the word (1), as its unlock:
+ * gives the lock back re-biased to the calling thread (or as it was, `restore`). false: not done
+ * (the lock is not biasable, biasing is off, a thread waits for it, or no record is left); the
+ * caller unlocks as usual. */
+bool sp__lock_rebias(sp_lock_t *l);
+
+/* The calling thread as the streak counts it: 32 bits of its thread pointer (the lock's size is in
+ * every address of a device's allocator: 40 bytes). */
+#define SP_LOCK_STREAK_ME() ((uint32_t)(SP_LOCK_ME() >> 4))
+
+/* The holder of the word (1), at its unlock: is this the calling thread's SP_LOCK_STREAK-th CAS
+ * take in a row (or a take that must give the bias back, `restore`)? The fields are the
+ * holder's. */
+static inline bool sp__lock_streak_ends(sp_lock_t *l) {
+    uint32_t me = SP_LOCK_STREAK_ME();
+    if (SP_UNLIKELY(l->streak_thread != me)) {
+        l->streak_thread = me;
+        l->countdown = SP_LOCK_STREAK - 1; /* this take is the streak's first */
+        return false;
+    }
+    return SP_UNLIKELY(--l->countdown == 0);
 }
 
 /* In a fork child, before its handler gives back a lock the forking thread took in prepare: the
@@ -189,6 +338,8 @@ static inline void sp__lock_fork_child(sp_lock_t *l) {
 void sp__lock_slow(sp_lock_t *l);
 void sp__unlock_wake(sp_lock_t *l);
 void sp__unlock_born(sp_lock_t *l);
+/* Alone, on a re-biased lock (a fork child's): the only thread enters it as its owner. */
+bool sp__lock_take_over_alone(sp_lock_t *l);
 
 /* True while the process has one thread: then no other thread can hold the lock, wait on it or
  * read what it guards, and the lock word needs no locked instruction. This is glibc's own rule
@@ -232,13 +383,28 @@ static inline bool sp__lock_sleepers_seen(sp_lock_t *l) {
 #endif
 }
 
-static inline void sp__unlock_shared(sp_lock_t *l) {
+/* The unlock of a lock held as 1 that is not biasable (or whose streak goes on). */
+static inline void sp__unlock_plain(sp_lock_t *l) {
     atomic_store_explicit(&l->v, 0, memory_order_release);
     /* The compiler may not read the sleepers before the store (the processor still may: that is
      * the late wake SP_LOCK_SLEEP_NS bounds). */
     atomic_signal_fence(memory_order_seq_cst);
     if (SP_UNLIKELY(sp__lock_sleepers_seen(l)))
         sp__unlock_wake(l);
+}
+
+/* A biasable lock held as 1: the streak counts this take, and its end re-biases. */
+static inline void sp__unlock_counted(sp_lock_t *l) {
+    if (SP_UNLIKELY(sp__lock_streak_ends(l)) && sp__lock_rebias(l))
+        return;
+    sp__unlock_plain(l);
+}
+
+static inline void sp__unlock_shared(sp_lock_t *l) {
+    if (SP_UNLIKELY(l->biasable))
+        sp__unlock_counted(l);
+    else
+        sp__unlock_plain(l);
 }
 
 /* For a path that asked sp__lock_alone and was told yes: alone, the lock is free (its holder
@@ -253,11 +419,14 @@ static inline void sp__lock_take_alone(sp_lock_t *l) {
 /* Alone, a biased lock is not this thread's only when nobody owns it yet or its owner ended
  * (sp__lock asks sp__lock_mine first): the only thread takes it over and enters biased. */
 static inline bool sp__lock_try_alone(sp_lock_t *l) {
-    if (atomic_load_explicit(&l->v, memory_order_relaxed) == SP_LOCK_BIASED) {
+    int c = atomic_load_explicit(&l->v, memory_order_relaxed);
+    if (c == SP_LOCK_BIASED) {
         __atomic_store_n(&l->owner, SP_LOCK_ME(), __ATOMIC_RELAXED);
         atomic_store_explicit(&l->in, 1, memory_order_relaxed);
         return true;
     }
+    if (SP_UNLIKELY(c == SP_LOCK_REBIASED)) /* a fork child of a process that re-biased it */
+        return sp__lock_take_over_alone(l);
     sp__lock_take_alone(l);
     return true;
 }
@@ -301,8 +470,12 @@ static inline void sp__unlock(sp_lock_t *l) {
     }
     if (atomic_load_explicit(&l->v, memory_order_relaxed) == SP_LOCK_ALONE)
         sp__unlock_alone(l);
+    else if (!SP_UNLIKELY(l->biasable))
+        sp__unlock_plain(l);
+    else if (sp__lock_held_rebiased(l))
+        sp__unlock_rebiased(l);
     else
-        sp__unlock_shared(l);
+        sp__unlock_counted(l);
 }
 
 #endif /* SP_CORE_LOCK_H */

@@ -1136,22 +1136,28 @@ static __attribute__((noinline)) sp_status_t malloc_rest(sp_devalloc_t *d, sp_me
     return alloc_locked(d, pool, orig, stream, ptr_p, 0, false);
 }
 
-/* The hit paths' lock, in two copies each (biased is a constant at every call). The copies in
- * malloc_fast and free_fast are the bias owner's (core_lock.h): while the locks are biased,
- * their owner enters with plain stores, and any other thread is sent to the whole path, whose
- * lock takes an unowned lock or revokes the bias. The CAS copies are in malloc_shared and
- * free_shared: sp_malloc and sp_free go to the copies g_hits names (sp__alloc_hits_choose).
- * Out-of-line continuations (malloc_rest, free_rest) give the lock back with sp__unlock, which
- * knows both forms. */
-static inline __attribute__((always_inline)) bool hit_lock(sp_lock_t *l, bool biased) {
-    if (biased)
+/* The hit paths' lock, in three copies each (mode is a constant at every call). The copies in
+ * malloc_fast and free_fast are the first bias owner's (core_lock.h), those in malloc_rebiased and
+ * free_rebiased a re-bias owner's: while the locks are biased, their owner enters with plain
+ * stores, and any other thread is sent to the whole path, whose lock takes an unowned lock or
+ * revokes the bias. The CAS copies are in malloc_shared and free_shared: sp_malloc and sp_free go
+ * to the copies g_hits names (sp__alloc_hits_choose). Out-of-line continuations (malloc_rest,
+ * free_rest) give the lock back with sp__unlock, which knows every form. */
+typedef enum { HIT_CAS, HIT_BIASED, HIT_REBIASED } hit_mode_t;
+
+static inline __attribute__((always_inline)) bool hit_lock(sp_lock_t *l, hit_mode_t mode) {
+    if (mode == HIT_BIASED)
         return SP_LIKELY(sp__lock_mine(l)) && SP_LIKELY(sp__lock_take_biased(l));
+    if (mode == HIT_REBIASED)
+        return SP_LIKELY(sp__lock_take_rebiased(l));
     return SP_LIKELY(sp__lock_try_shared(l));
 }
 
-static inline __attribute__((always_inline)) void hit_unlock(sp_lock_t *l, bool biased) {
-    if (biased)
+static inline __attribute__((always_inline)) void hit_unlock(sp_lock_t *l, hit_mode_t mode) {
+    if (mode == HIT_BIASED)
         sp__unlock_biased(l);
+    else if (mode == HIT_REBIASED)
+        sp__unlock_rebiased(l);
     else
         sp__unlock_shared(l);
 }
@@ -1165,8 +1171,8 @@ static inline __attribute__((always_inline)) void hit_unlock(sp_lock_t *l, bool 
  * was done and malloc_full takes the whole path. */
 static inline __attribute__((always_inline)) bool malloc_hit(sp_devalloc_t *d, size_t orig,
                                                              sp_stream_t stream, void **ptr_p,
-                                                             sp_status_t *s_p, bool biased) {
-    if (!hit_lock(&d->lock, biased))
+                                                             sp_status_t *s_p, hit_mode_t mode) {
+    if (!hit_lock(&d->lock, mode))
         return false;
     sp_mempool_t *pool = d->default_pool;
     size_t size = round_512(orig);
@@ -1179,7 +1185,7 @@ static inline __attribute__((always_inline)) bool malloc_hit(sp_devalloc_t *d, s
                   hit_is_plain(d, bp, b, pred, size, false))) {
         b = hand_out(d, b, true, pred, size, orig, 0, false, HIT_SPLIT);
         *ptr_p = (void *)b->addr;
-        hit_unlock(&d->lock, biased);
+        hit_unlock(&d->lock, mode);
         *s_p = SP_SUCCESS;
         return true;
     }
@@ -1187,18 +1193,20 @@ static inline __attribute__((always_inline)) bool malloc_hit(sp_devalloc_t *d, s
     return true;
 }
 
-/* The hit copies sp_malloc and sp_free call (the biased ones or the CAS ones). One indirect jump
- * instead of a second test of sp__fast_off: either way the call is one instruction, and the
+/* The hit copies sp_malloc and sp_free call (the biased, re-biased or CAS ones). One indirect
+ * jump instead of a second test of sp__fast_off: either way the call is one instruction, and the
  * copies not chosen cost nothing. Any copy is right in any state (a biased copy sends a thread
- * that does not own the lock to the whole path; a CAS fails on a biased word), so a call that
- * read the old choice while it changes is only slower. */
+ * that does not own the lock that way to the whole path; a CAS fails on a biased word), so a call
+ * that read the old choice while it changes is only slower. */
 typedef struct {
     sp_status_t (*malloc_hit)(size_t, int, sp_stream_t, void **);
     sp_status_t (*free_hit)(void *);
 } hits_t;
 static sp_status_t malloc_fast(size_t, int, sp_stream_t, void **);
+static sp_status_t malloc_rebiased(size_t, int, sp_stream_t, void **);
 static sp_status_t malloc_shared(size_t, int, sp_stream_t, void **);
 static sp_status_t free_fast(void *);
+static sp_status_t free_rebiased(void *);
 static sp_status_t free_shared(void *);
 static hits_t g_hits = {malloc_shared, free_shared};
 
@@ -1221,21 +1229,42 @@ static inline sp_status_t (*free_hit_fn(void))(void *) {
 #endif
 }
 
+/* The state of the locks the hits were last chosen for (sp__lock_bias_state's word). */
+static int g_hits_state = -1;
+
+/* The hits the locks' state asks for: CAS while any biasable lock is not biased (or biasing is
+ * off), the re-bias owner's once a lock was re-biased, else the first owner's. */
+static void hits_choose(int state) {
+    bool shared = state & SP_LOCK_GONE, era = state & SP_LOCK_ERA;
+    __atomic_store_n(&g_hits.malloc_hit,
+                     shared ? malloc_shared
+                     : era  ? malloc_rebiased
+                            : malloc_fast,
+                     __ATOMIC_RELAXED);
+    __atomic_store_n(&g_hits.free_hit,
+                     shared ? free_shared
+                     : era  ? free_rebiased
+                            : free_fast,
+                     __ATOMIC_RELAXED);
+    __atomic_store_n(&g_hits_state, state, __ATOMIC_RELAXED);
+}
+
 void sp__alloc_hits_choose(void) {
-    bool biased = !atomic_load_explicit(&sp__lock_bias_gone, memory_order_relaxed);
-    __atomic_store_n(&g_hits.malloc_hit, biased ? malloc_fast : malloc_shared, __ATOMIC_RELAXED);
-    __atomic_store_n(&g_hits.free_hit, biased ? free_fast : free_shared, __ATOMIC_RELAXED);
+    hits_choose(atomic_load_explicit(&sp__lock_bias_state, memory_order_relaxed));
 }
 
 bool sp__alloc_hits_biased(void) {
-    return __atomic_load_n(&g_hits.free_hit, __ATOMIC_RELAXED) == free_fast;
+    return __atomic_load_n(&g_hits.free_hit, __ATOMIC_RELAXED) != free_shared;
 }
 
-/* On a whole path: once a bias is gone, the CAS copies from now on. */
+/* On a whole path: the hits follow the locks (a revocation turns them to the CAS copies, a
+ * re-bias back to a biased pair). One load and a compare while nothing changed. (Two whole paths
+ * that choose at once may leave the older state chosen: the next whole path chooses again, and
+ * every copy is right in every state.) */
 static inline void hits_follow_bias(void) {
-    if (SP_UNLIKELY(sp__alloc_hits_biased()) &&
-        atomic_load_explicit(&sp__lock_bias_gone, memory_order_relaxed))
-        sp__alloc_hits_choose();
+    int state = atomic_load_explicit(&sp__lock_bias_state, memory_order_relaxed);
+    if (SP_UNLIKELY(state != __atomic_load_n(&g_hits_state, __ATOMIC_RELAXED)))
+        hits_choose(state);
 }
 
 /* sp_malloc's whole path: every check in its order, any pool, history, misses. */
@@ -1285,7 +1314,7 @@ static __attribute__((noinline)) sp_status_t malloc_shared(size_t size, int devi
     sp_status_t s;
     if (SP_LIKELY((unsigned)device < (unsigned)sp__g.ndev && ptr_p && size - 1 < SP_ONE_EB - 1 &&
                   !is_pseudo_stream(stream)) &&
-        malloc_hit(&sp__g.devs[device], size, stream, ptr_p, &s, false))
+        malloc_hit(&sp__g.devs[device], size, stream, ptr_p, &s, HIT_CAS))
         return s;
     return malloc_full(size, device, stream, ptr_p);
 }
@@ -1298,7 +1327,18 @@ static __attribute__((noinline)) sp_status_t malloc_fast(size_t size, int device
     sp_status_t s;
     if (SP_LIKELY((unsigned)device < (unsigned)sp__g.ndev && ptr_p && size - 1 < SP_ONE_EB - 1 &&
                   !is_pseudo_stream(stream)) &&
-        malloc_hit(&sp__g.devs[device], size, stream, ptr_p, &s, true))
+        malloc_hit(&sp__g.devs[device], size, stream, ptr_p, &s, HIT_BIASED))
+        return s;
+    return malloc_full(size, device, stream, ptr_p);
+}
+
+/* sp_malloc's hit in a re-bias owner (see malloc_fast). */
+static __attribute__((noinline)) sp_status_t malloc_rebiased(size_t size, int device,
+                                                             sp_stream_t stream, void **ptr_p) {
+    sp_status_t s;
+    if (SP_LIKELY((unsigned)device < (unsigned)sp__g.ndev && ptr_p && size - 1 < SP_ONE_EB - 1 &&
+                  !is_pseudo_stream(stream)) &&
+        malloc_hit(&sp__g.devs[device], size, stream, ptr_p, &s, HIT_REBIASED))
         return s;
     return malloc_full(size, device, stream, ptr_p);
 }
@@ -1397,24 +1437,24 @@ static __attribute__((noinline)) sp_devalloc_t *later_device(uintptr_t a) {
  * whole path's first match too) and the lock was free; the commonest free (free_is_plain) has no
  * call on its way, any other free of a block found goes on in free_rest. false: the lock was
  * busy or the pointer is not there; nothing was done and free_full takes the whole path. */
-static inline __attribute__((always_inline)) bool free_hit(uintptr_t a, bool biased) {
+static inline __attribute__((always_inline)) bool free_hit(uintptr_t a, hit_mode_t mode) {
     /* devs[0] exists even with no device (zeroed: its empty range holds nothing), so the
      * commonest case, device 0, costs no device count or index. */
     sp_devalloc_t *d = sp__g.devs;
     if (SP_UNLIKELY(!in_range(d, a)) && !(d = later_device(a)))
         return false;
-    if (SP_UNLIKELY(!hit_lock(&d->lock, biased)))
+    if (SP_UNLIKELY(!hit_lock(&d->lock, mode)))
         return false;
     sp_block_t *b = NULL;
     sp_ref_t *pp = sp__ptr_map_slot_b(&d->map, a, &b);
     if (SP_UNLIKELY(!pp)) {
-        hit_unlock(&d->lock, biased);
+        hit_unlock(&d->lock, mode);
         return false;
     }
     bool low = false;
     if (SP_LIKELY(free_is_plain(b, &low))) {
         free_locked(d, sp__ptr_map_unlink_b(&d->map, pp, b), low, 0, false, FREE_ONE);
-        hit_unlock(&d->lock, biased);
+        hit_unlock(&d->lock, mode);
     } else {
         free_rest(d, pp);
     }
@@ -1493,14 +1533,21 @@ static __attribute__((noinline)) sp_status_t free_full(void *ptr) {
 
 /* sp_free's hit with the CAS, as malloc_shared's. */
 static __attribute__((noinline)) sp_status_t free_shared(void *ptr) {
-    if (free_hit((uintptr_t)ptr, false))
+    if (free_hit((uintptr_t)ptr, HIT_CAS))
         return SP_SUCCESS;
     return free_full(ptr);
 }
 
 /* sp_free once sp__fast_free_on said yes, in the bias owner (see malloc_fast). */
 static __attribute__((noinline)) sp_status_t free_fast(void *ptr) {
-    if (free_hit((uintptr_t)ptr, true))
+    if (free_hit((uintptr_t)ptr, HIT_BIASED))
+        return SP_SUCCESS;
+    return free_full(ptr);
+}
+
+/* sp_free's hit in a re-bias owner (see malloc_rebiased). */
+static __attribute__((noinline)) sp_status_t free_rebiased(void *ptr) {
+    if (free_hit((uintptr_t)ptr, HIT_REBIASED))
         return SP_SUCCESS;
     return free_full(ptr);
 }

@@ -166,7 +166,7 @@ extern atomic_int sp__ready; /* 1 once sp__g is initialized */
 sp_status_t sp__alloc_init_slow(void);
 
 /* Point sp_malloc's and sp_free's hits at the bias owner's copies or at the CAS ones, as
- * core_lock.h's sp__lock_bias_gone says (init; whole paths once a bias is gone). */
+ * core_lock.h's sp__lock_bias_state says (init; whole paths once it changed). */
 void sp__alloc_hits_choose(void);
 bool sp__alloc_hits_biased(void); /* the owner's copies are chosen (tests) */
 /* The shutdown gate. The cold public calls (statistics, summaries, snapshots, empty_cache,

@@ -74,5 +74,26 @@ int sp_probe_lock_in(void *l) {
 }
 
 int sp_probe_bias_gone(void) {
-    return atomic_load_explicit(&sp__lock_bias_gone, memory_order_acquire);
+    return atomic_load_explicit(&sp__lock_bias_state, memory_order_acquire) & SP_LOCK_GONE;
+}
+
+int sp_probe_lock_rebiased_in(void *l) {
+    sp_lock_rec_t *r = __atomic_load_n(&((sp_lock_t *)l)->rec_owner, __ATOMIC_RELAXED);
+    return atomic_load_explicit(&r->in, memory_order_acquire) == (uintptr_t)l;
+}
+
+int sp_probe_rebias_era(void) {
+    return (atomic_load_explicit(&sp__lock_bias_state, memory_order_acquire) & SP_LOCK_ERA) != 0;
+}
+
+int sp_probe_lock_streak(void) {
+    return SP_LOCK_STREAK;
+}
+
+void *sp_probe_lock_rec_owner(void *l) {
+    return __atomic_load_n(&((sp_lock_t *)l)->rec_owner, __ATOMIC_RELAXED);
+}
+
+int sp_probe_enter_rebiased_as(void *l, void *rec) {
+    return sp__lock_enter_rebiased_as(l, rec);
 }

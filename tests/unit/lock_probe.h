@@ -23,6 +23,14 @@ void sp_probe_bias_nobody(void *l); /* biased, owned by nobody yet */
 void sp_probe_bias(void *l);        /* biased, owned by the calling thread */
 int sp_probe_lock_in(void *l);
 int sp_probe_bias_gone(void);
+/* Re-biasing: the owner's record names the lock (inside), the process has re-biased a lock, the
+ * streak's length, the re-bias owner's record, and a re-biased entry made with a record read
+ * earlier (a thread stopped between its look at the owner and its store). */
+int sp_probe_lock_rebiased_in(void *l);
+int sp_probe_rebias_era(void);
+int sp_probe_lock_streak(void);
+void *sp_probe_lock_rec_owner(void *l);
+int sp_probe_enter_rebiased_as(void *l, void *rec);
 #ifdef __cplusplus
 }
 #endif

@@ -496,3 +496,46 @@ TEST_F(AllocInternal, BiasIsRevokedOnceByASecondThreadAndGivenBackAtShutdown) {
     ASSERT_SP_OK(sp_init());
     EXPECT_FALSE(fast_shared()) << "the owner's next init biases again";
 }
+
+// Re-biasing (core_lock.h): after another thread's call revoked the bias, a thread that then
+// allocates alone gets the lock biased to itself after SP_LOCK_STREAK CAS takes (two a pair), and
+// its hits leave the CAS; the first owner's next call revokes again. The blocks stay the same
+// blocks throughout (best fit does not depend on the lock's form).
+TEST_F(AllocInternal, AThreadThatAllocatesAloneGetsTheBiasBack) {
+    ASSERT_SP_OK(sp_init());
+    if (fast_shared()) {
+        ASSERT_SP_OK(sp_shutdown());
+        GTEST_SKIP() << "no bias here (no membarrier, or another thread of this binary owned it)";
+    }
+    void *p = nullptr;
+    ASSERT_SP_OK(sp_malloc(512, 0, nullptr, &p)); // this thread owns the first bias
+    ASSERT_SP_OK(sp_free(p));
+    void *first = p;
+    bool shared_after_revocation = false, biased_after_streak = false;
+    int moved = 0;
+    std::thread other([&] {
+        void *q = nullptr;
+        ASSERT_SP_OK(sp_malloc(512, 0, nullptr, &q)); // revokes
+        ASSERT_SP_OK(sp_free(q));
+        shared_after_revocation = fast_shared();
+        for (int i = 0; i < 1024; i++) { // 2048 takes: a streak
+            ASSERT_SP_OK(sp_malloc(512, 0, nullptr, &q));
+            moved += q != first;
+            ASSERT_SP_OK(sp_free(q));
+        }
+        biased_after_streak = !fast_shared();
+    });
+    other.join();
+    EXPECT_TRUE(shared_after_revocation);
+    EXPECT_TRUE(biased_after_streak) << "the hits take the re-biased copies";
+    EXPECT_EQ(moved, 0) << "every pair took the same cached block";
+    ASSERT_SP_OK(sp_malloc(512, 0, nullptr, &p)); // revokes the re-bias (its owner ended)
+    EXPECT_EQ(p, first);
+    ASSERT_SP_OK(sp_free(p));
+    EXPECT_TRUE(fast_shared());
+    expect_warnings();
+    EXPECT_EQ(sp_free(p), SP_ERR_INVALID_USAGE) << "a double free is still seen";
+    ASSERT_SP_OK(sp_shutdown());
+    ASSERT_SP_OK(sp_init());
+    EXPECT_FALSE(fast_shared()) << "a new init biases again";
+}

@@ -11,6 +11,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <thread>
+#include <vector>
 
 #include <sys/wait.h>
 #include <unistd.h>
@@ -20,6 +21,8 @@
 namespace {
 
 using Clock = std::chrono::steady_clock;
+
+constexpr int kRebiased = 4; // SP_LOCK_REBIASED
 
 // Waits up to 10 s for pred(); true if it became true.
 template <class Pred> bool wait_for(Pred pred) {
@@ -223,9 +226,14 @@ TEST(LockBias, OwnerAndAnotherThreadExcludeAcrossTheRevocation) {
         work();
         other.join();
         ASSERT_EQ(counter, 2 * per_thread + 1) << "trial " << t;
-        EXPECT_EQ(sp_probe_bias_gone(), 1);
-        EXPECT_EQ(sp_probe_lock_word(l), 0) << "an ordinary lock after the revocation";
+        // An ordinary lock after the revocation, or re-biased to the thread whose last
+        // SP_LOCK_STREAK takes came in a row (the other one had finished); nobody inside.
+        const int word = sp_probe_lock_word(l);
+        EXPECT_TRUE((word == 0 && sp_probe_bias_gone() == 1) ||
+                    (word == kRebiased && sp_probe_bias_gone() == 0))
+            << "word " << word << ", gone " << sp_probe_bias_gone();
         EXPECT_EQ(sp_probe_lock_in(l), 0);
+        EXPECT_EQ(sp_probe_lock_rebiased_in(l), 0);
         std::free(l);
     }
 }
@@ -317,6 +325,236 @@ TEST(LockBias, TheFirstTakerOfANobodysLockOwnsIt) {
     EXPECT_EQ(sp_probe_bias_gone(), 1);
     stage.store(3);
     first.join();
+    std::free(l);
+}
+
+// Re-biasing (core_lock.h): a thread that takes a biasable lock with the CAS SP_LOCK_STREAK
+// times in a row gets it biased to itself (the word REBIASED, its entries plain stores into its
+// own record); the next other thread revokes that bias as it revoked the first.
+TEST(LockRebias, AStreakOfCasTakesRebiasesTheLockToItsThread) {
+    if (!sp_probe_bias_begin())
+        GTEST_SKIP() << "no bias here (no membarrier)";
+    void *l = sp_probe_lock_new();
+    ASSERT_NE(l, nullptr);
+    sp_probe_bias(l); // this thread owns the first bias
+    const int streak = sp_probe_lock_streak();
+    std::atomic<int> step{0};
+    std::thread b([&] {
+        sp_probe_lock(l); // revokes the first bias: the first take of its streak
+        EXPECT_EQ(sp_probe_lock_word(l), 1);
+        sp_probe_unlock(l);
+        EXPECT_EQ(sp_probe_bias_gone(), 1);
+        for (int i = 2; i < streak; i++) {
+            sp_probe_lock(l);
+            sp_probe_unlock(l);
+        }
+        EXPECT_EQ(sp_probe_lock_word(l), 0) << "one take short of the streak: ordinary";
+        EXPECT_EQ(sp_probe_rebias_era(), 0);
+        sp_probe_lock(l);
+        sp_probe_unlock(l);
+        EXPECT_EQ(sp_probe_lock_word(l), kRebiased) << "the streak's last take re-biases";
+        EXPECT_EQ(sp_probe_bias_gone(), 0);
+        EXPECT_EQ(sp_probe_rebias_era(), 1);
+        sp_probe_lock(l);
+        EXPECT_EQ(sp_probe_lock_word(l), kRebiased) << "entered with plain stores";
+        EXPECT_EQ(sp_probe_lock_rebiased_in(l), 1);
+        sp_probe_unlock(l);
+        EXPECT_EQ(sp_probe_lock_rebiased_in(l), 0);
+        step.store(1);
+        while (step.load() != 2) {
+        }
+    });
+    ASSERT_TRUE(wait_for([&] { return step.load() == 1; }));
+    sp_probe_lock(l); // the first owner, now another thread: revokes the re-bias
+    EXPECT_EQ(sp_probe_lock_word(l), 1);
+    EXPECT_EQ(sp_probe_bias_gone(), 1);
+    EXPECT_EQ(sp_probe_lock_rebiased_in(l), 0);
+    sp_probe_unlock(l);
+    EXPECT_EQ(sp_probe_lock_word(l), 0);
+    step.store(2);
+    b.join();
+    std::free(l);
+}
+
+// Makes l re-biased to the calling thread (it must not own it yet): a streak of CAS takes.
+static void rebias_to_me(void *l) {
+    for (int i = 0; i < sp_probe_lock_streak(); i++) {
+        sp_probe_lock(l);
+        sp_probe_unlock(l);
+    }
+}
+
+// A revoker that comes while the re-bias owner is inside takes the word (1) and waits for the
+// owner's record to let go of the lock.
+TEST(LockRebias, TheRevokerWaitsForTheRebiasedOwnerInside) {
+    if (!sp_probe_bias_begin())
+        GTEST_SKIP() << "no bias here (no membarrier)";
+    void *l = sp_probe_lock_new();
+    ASSERT_NE(l, nullptr);
+    sp_probe_bias(l);
+    std::thread([&] { rebias_to_me(l); }).join(); // revokes, then the streak (its thread ended)
+    ASSERT_EQ(sp_probe_lock_word(l), kRebiased);
+    std::thread([&] {
+        sp_probe_lock(l);
+        sp_probe_unlock(l);
+    }).join(); // an ended owner: no wait
+    EXPECT_EQ(sp_probe_lock_word(l), 0);
+    rebias_to_me(l);
+    ASSERT_EQ(sp_probe_lock_word(l), kRebiased);
+    sp_probe_lock(l);
+    EXPECT_EQ(sp_probe_lock_rebiased_in(l), 1);
+    std::atomic<int> entered{0};
+    std::thread revoker([&] {
+        sp_probe_lock(l);
+        entered.store(1);
+        sp_probe_unlock(l);
+    });
+    ASSERT_TRUE(wait_for([&] { return sp_probe_lock_word(l) == 1; }));
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    EXPECT_EQ(entered.load(), 0) << "entered while the owner was inside";
+    sp_probe_unlock(l);
+    ASSERT_TRUE(wait_for([&] { return entered.load() == 1; }));
+    revoker.join();
+    std::free(l);
+}
+
+// A former owner stopped between its look at the owner and its store enters with its own record:
+// its store lands there, the checks after it send it back, and the new owner inside is still
+// seen inside (what an entry word kept in the lock would lose).
+TEST(LockRebias, AFormerOwnerStoppedInItsEntryStepsBack) {
+    if (!sp_probe_bias_begin())
+        GTEST_SKIP() << "no bias here (no membarrier)";
+    void *l = sp_probe_lock_new();
+    ASSERT_NE(l, nullptr);
+    sp_probe_bias(l);
+    std::atomic<void *> a_rec{nullptr};
+    std::atomic<int> step{0};
+    std::thread a([&] {
+        rebias_to_me(l);
+        a_rec.store(sp_probe_lock_rec_owner(l));
+        step.store(1);
+        while (step.load() != 2) {
+        }
+        // What this thread read before it was stopped: its own record as the owner's.
+        EXPECT_EQ(sp_probe_enter_rebiased_as(l, a_rec.load()), 0) << "entered a lock it lost";
+        step.store(3);
+        while (step.load() != 4) {
+        }
+    });
+    ASSERT_TRUE(wait_for([&] { return step.load() == 1; }));
+    rebias_to_me(l); // revokes a's re-bias, then takes it for this thread
+    ASSERT_EQ(sp_probe_lock_word(l), kRebiased);
+    ASSERT_NE(sp_probe_lock_rec_owner(l), a_rec.load());
+    sp_probe_lock(l); // inside
+    step.store(2);
+    ASSERT_TRUE(wait_for([&] { return step.load() == 3; }));
+    EXPECT_EQ(sp_probe_lock_rebiased_in(l), 1) << "the owner inside is still seen inside";
+    EXPECT_EQ(sp_probe_lock_word(l), kRebiased);
+    sp_probe_unlock(l);
+    step.store(4);
+    a.join();
+    std::free(l);
+}
+
+// A thread holding a re-biased lock takes another it owns (the shutdown and the fork handler take
+// every device lock): as an ordinary lock, given back re-biased to it, nothing counted as lost.
+TEST(LockRebias, ANestedTakeGivesTheBiasBack) {
+    if (!sp_probe_bias_begin())
+        GTEST_SKIP() << "no bias here (no membarrier)";
+    void *a = sp_probe_lock_new(), *b = sp_probe_lock_new();
+    ASSERT_NE(a, nullptr);
+    ASSERT_NE(b, nullptr);
+    sp_probe_bias(a);
+    sp_probe_bias(b);
+    std::thread([&] { // another thread's streaks: both locks re-biased to it
+        rebias_to_me(a);
+        rebias_to_me(b);
+        ASSERT_EQ(sp_probe_lock_word(a), kRebiased);
+        ASSERT_EQ(sp_probe_lock_word(b), kRebiased);
+        EXPECT_EQ(sp_probe_bias_gone(), 0);
+        sp_probe_lock(a);
+        sp_probe_lock(b);
+        EXPECT_EQ(sp_probe_lock_word(b), 1) << "the second as an ordinary lock";
+        EXPECT_EQ(sp_probe_lock_rebiased_in(a), 1);
+        sp_probe_unlock(b);
+        EXPECT_EQ(sp_probe_lock_word(b), kRebiased) << "given back re-biased";
+        sp_probe_unlock(a);
+        EXPECT_EQ(sp_probe_bias_gone(), 0);
+        sp_probe_lock(b);
+        EXPECT_EQ(sp_probe_lock_rebiased_in(b), 1) << "its owner enters it biased again";
+        sp_probe_unlock(b);
+    })
+        .join();
+    std::free(a);
+    std::free(b);
+}
+
+// Records are never freed, and a thread's goes back when it ends: more threads than there are
+// records become owners one after another, and each is re-biased to in its turn.
+TEST(LockRebias, TheRecordsOfEndedThreadsAreTakenAgain) {
+    if (!sp_probe_bias_begin())
+        GTEST_SKIP() << "no bias here (no membarrier)";
+    void *l = sp_probe_lock_new();
+    ASSERT_NE(l, nullptr);
+    sp_probe_bias(l);
+    const int threads = 1100; // more than core_lock.c's RECS
+    for (int t = 0; t < threads; t++) {
+        int word = -1;
+        std::thread([&] {
+            rebias_to_me(l);
+            word = sp_probe_lock_word(l);
+        }).join();
+        ASSERT_EQ(word, kRebiased) << "thread " << t;
+    }
+    std::free(l);
+}
+
+// The lock changing hands: three threads take turns (bursts longer than a streak, so the lock is
+// re-biased at every turn and revoked at the next), then hammer it all at once in bursts of
+// random lengths; every increment made under the lock counts.
+TEST(LockRebias, ExcludesWhileTheBiasMovesBetweenThreads) {
+    if (!sp_probe_bias_begin())
+        GTEST_SKIP() << "no bias here (no membarrier)";
+    void *l = sp_probe_lock_new();
+    ASSERT_NE(l, nullptr);
+    sp_probe_bias(l);
+    const int nthreads = 3, turns = 12, burst = sp_probe_lock_streak() + 200;
+    const long free_for_all = 20000;
+    long counter = 0;
+    std::atomic<int> turn{0};
+    auto add = [&] {
+        sp_probe_lock(l);
+        long seen = counter;
+        for (volatile int k = 0; k < 4; k = k + 1) {
+        }
+        counter = seen + 1;
+        sp_probe_unlock(l);
+    };
+    std::vector<std::thread> th;
+    for (int id = 0; id < nthreads; id++)
+        th.emplace_back([&, id] {
+            for (int t = id; t < turns; t += nthreads) {
+                while (turn.load() != t) {
+                }
+                for (int i = 0; i < burst; i++)
+                    add();
+                turn.store(t + 1);
+            }
+            unsigned seed = 12345u + (unsigned)id;
+            for (long done = 0; done < free_for_all;) {
+                seed = seed * 1103515245u + 12345u;
+                long n = (seed >> 16) % 3 == 0 ? 1500 : 1 + (seed >> 16) % 40;
+                for (long i = 0; i < n && done < free_for_all; i++, done++)
+                    add();
+                std::this_thread::yield();
+            }
+        });
+    for (auto &t : th)
+        t.join();
+    EXPECT_EQ(counter, (long)turns * burst + nthreads * free_for_all);
+    EXPECT_EQ(sp_probe_rebias_era(), 1) << "the turns re-biased the lock";
+    EXPECT_EQ(sp_probe_lock_rebiased_in(l), 0);
+    EXPECT_EQ(sp_probe_lock_in(l), 0);
     std::free(l);
 }
 
