@@ -283,9 +283,14 @@ static inline bool sp__lock_enter_rebiased_as(sp_lock_t *l, sp_lock_rec_t *r) {
     return false;
 }
 
+/* Is r the calling thread's record? */
+static inline bool sp__lock_rec_is_mine(sp_lock_rec_t *r) {
+    return atomic_load_explicit(&r->thread, memory_order_relaxed) == SP_LOCK_ME();
+}
+
 static inline bool sp__lock_take_rebiased(sp_lock_t *l) {
     sp_lock_rec_t *r = __atomic_load_n(&l->rec_owner, __ATOMIC_RELAXED); /* never NULL */
-    if (atomic_load_explicit(&r->thread, memory_order_relaxed) != SP_LOCK_ME())
+    if (!sp__lock_rec_is_mine(r))
         return false;
     /* A thread stopped here while the lock changes owner enters as r: the checks after its store
      * send it back (sp__lock_enter_rebiased_as is that step alone, for the tests). */

@@ -1145,19 +1145,25 @@ static __attribute__((noinline)) sp_status_t malloc_rest(sp_devalloc_t *d, sp_me
  * free_rest) give the lock back with sp__unlock, which knows every form. */
 typedef enum { HIT_CAS, HIT_BIASED, HIT_REBIASED } hit_mode_t;
 
-static inline __attribute__((always_inline)) bool hit_lock(sp_lock_t *l, hit_mode_t mode) {
+static inline __attribute__((always_inline)) bool hit_lock(sp_lock_t *l, hit_mode_t mode,
+                                                           sp_lock_rec_t **rec_p) {
     if (mode == HIT_BIASED)
         return SP_LIKELY(sp__lock_mine(l)) && SP_LIKELY(sp__lock_take_biased(l));
-    if (mode == HIT_REBIASED)
-        return SP_LIKELY(sp__lock_take_rebiased(l));
+    if (mode == HIT_REBIASED) {
+        sp_lock_rec_t *r = __atomic_load_n(&l->rec_owner, __ATOMIC_RELAXED);
+        *rec_p = r;
+        return SP_LIKELY(sp__lock_rec_is_mine(r)) && SP_LIKELY(sp__lock_enter_rebiased_as(l, r));
+    }
     return SP_LIKELY(sp__lock_try_shared(l));
 }
 
-static inline __attribute__((always_inline)) void hit_unlock(sp_lock_t *l, hit_mode_t mode) {
+/* rec: what hit_lock gave (the re-bias owner's record, the caller's). */
+static inline __attribute__((always_inline)) void hit_unlock(sp_lock_t *l, hit_mode_t mode,
+                                                             sp_lock_rec_t *rec) {
     if (mode == HIT_BIASED)
         sp__unlock_biased(l);
     else if (mode == HIT_REBIASED)
-        sp__unlock_rebiased(l);
+        atomic_store_explicit(&rec->in, 0, memory_order_release);
     else
         sp__unlock_shared(l);
 }
@@ -1172,7 +1178,8 @@ static inline __attribute__((always_inline)) void hit_unlock(sp_lock_t *l, hit_m
 static inline __attribute__((always_inline)) bool malloc_hit(sp_devalloc_t *d, size_t orig,
                                                              sp_stream_t stream, void **ptr_p,
                                                              sp_status_t *s_p, hit_mode_t mode) {
-    if (!hit_lock(&d->lock, mode))
+    sp_lock_rec_t *rec = NULL;
+    if (!hit_lock(&d->lock, mode, &rec))
         return false;
     sp_mempool_t *pool = d->default_pool;
     size_t size = round_512(orig);
@@ -1185,7 +1192,7 @@ static inline __attribute__((always_inline)) bool malloc_hit(sp_devalloc_t *d, s
                   hit_is_plain(d, bp, b, pred, size, false))) {
         b = hand_out(d, b, true, pred, size, orig, 0, false, HIT_SPLIT);
         *ptr_p = (void *)b->addr;
-        hit_unlock(&d->lock, mode);
+        hit_unlock(&d->lock, mode, rec);
         *s_p = SP_SUCCESS;
         return true;
     }
@@ -1443,18 +1450,19 @@ static inline __attribute__((always_inline)) bool free_hit(uintptr_t a, hit_mode
     sp_devalloc_t *d = sp__g.devs;
     if (SP_UNLIKELY(!in_range(d, a)) && !(d = later_device(a)))
         return false;
-    if (SP_UNLIKELY(!hit_lock(&d->lock, mode)))
+    sp_lock_rec_t *rec = NULL;
+    if (SP_UNLIKELY(!hit_lock(&d->lock, mode, &rec)))
         return false;
     sp_block_t *b = NULL;
     sp_ref_t *pp = sp__ptr_map_slot_b(&d->map, a, &b);
     if (SP_UNLIKELY(!pp)) {
-        hit_unlock(&d->lock, mode);
+        hit_unlock(&d->lock, mode, rec);
         return false;
     }
     bool low = false;
     if (SP_LIKELY(free_is_plain(b, &low))) {
         free_locked(d, sp__ptr_map_unlink_b(&d->map, pp, b), low, 0, false, FREE_ONE);
-        hit_unlock(&d->lock, mode);
+        hit_unlock(&d->lock, mode, rec);
     } else {
         free_rest(d, pp);
     }
