@@ -13,8 +13,13 @@
  * goes to its first taker, core/core_lock.h; r as 1 after the main thread took the lock once, so
  * that the thread revokes the bias and takes the CAS path, as 2 threads do, until a streak of
  * its CAS takes re-biases the lock to it: the first 512 of its pairs).
+ * Phases: bench_alloc PAIRS SIZE p PHASE: two threads take turns, PHASE pairs each (a forward
+ * pass on one thread, the backward pass on another, as PyTorch's autograd engine runs it), PAIRS
+ * pairs in all, the one waiting asleep; one line, ns per pair inside the phases (the handoffs
+ * not timed), glibc's the same way.
  */
 #include <pthread.h>
+#include <semaphore.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <time.h>
@@ -62,6 +67,65 @@ static void *run(void *arg) {
     return NULL;
 }
 
+/* The phases case: the thread whose turn it is does a phase of pairs, timing it, then wakes the
+ * other and sleeps until its next turn (a thread that waits for the other's phase sleeps, as the
+ * main thread does while PyTorch's autograd thread runs the backward pass). The handoffs are not
+ * timed: the figure is the pairs' own cost, revocations and re-biases included. */
+typedef struct phases {
+    size_t size;
+    long phase, phases; /* pairs a phase; phases in all */
+    int use_glibc;
+    sem_t go[2];  /* whose turn it is */
+    double ns[2]; /* each thread's time inside its phases */
+    int failed;
+} phases_t;
+
+typedef struct {
+    phases_t *ph;
+    int id; /* 0 or 1: takes the even or the odd phases */
+} phase_arg_t;
+
+static void *phase_worker(void *arg) {
+    phase_arg_t *a = arg;
+    phases_t *ph = a->ph;
+    for (long t = a->id; t < ph->phases; t += 2) {
+        sem_wait(&ph->go[a->id]);
+        double t0 = bench_now_ns();
+        for (long i = 0; i < ph->phase; i++) {
+            void *p = NULL;
+            if (ph->use_glibc) {
+                p = malloc(ph->size);
+                __asm__ volatile("" : : "r"(p) : "memory");
+                free(p);
+            } else if (sp_malloc(ph->size, 0, NULL, &p) != SP_SUCCESS || sp_free(p) != SP_SUCCESS) {
+                ph->failed = 1;
+            }
+        }
+        ph->ns[a->id] += bench_now_ns() - t0;
+        sem_post(&ph->go[!a->id]);
+    }
+    return NULL;
+}
+
+static double measure_phases(size_t size, long phase, int glibc, int *failed) {
+    phases_t ph = {.size = size, .phase = phase, .phases = g_pairs / phase, .use_glibc = glibc};
+    phase_arg_t args[2] = {{&ph, 0}, {&ph, 1}};
+    pthread_t th[2];
+    void *p = NULL;
+    if (!glibc && (sp_malloc(size, 0, NULL, &p) != SP_SUCCESS || sp_free(p) != SP_SUCCESS))
+        *failed = 1; /* the segment, made before the clock starts */
+    sem_init(&ph.go[0], 0, 1);
+    sem_init(&ph.go[1], 0, 0);
+    for (int i = 0; i < 2; i++)
+        pthread_create(&th[i], NULL, phase_worker, &args[i]);
+    for (int i = 0; i < 2; i++)
+        pthread_join(th[i], NULL);
+    sem_destroy(&ph.go[0]);
+    sem_destroy(&ph.go[1]);
+    *failed |= ph.failed;
+    return (ph.ns[0] + ph.ns[1]) / (double)(ph.phases * phase);
+}
+
 /* The waiting thread of the "m" case: it does nothing until the pipe says so. */
 static int g_park[2];
 static void *parked(void *arg) {
@@ -99,6 +163,24 @@ int main(int argc, char **argv) {
     if (sp_init() != SP_SUCCESS) {
         fprintf(stderr, "bench_alloc: sp_init: %s\n", sp_last_error());
         return 1;
+    }
+    if (argc > 4 && argv[3][0] == 'p') {
+        long phase = atol(argv[4]);
+        size_t size = (size_t)atol(argv[2]);
+        int failed = 0;
+        if (phase <= 0 || phase > g_pairs)
+            phase = g_pairs;
+        double sp = measure_phases(size, phase, 0, &failed);
+        double gl = measure_phases(size, phase, 1, &failed);
+        printf("{\"bench\":\"alloc\",\"backend\":\"%s\",\"size\":%zu,\"threads\":2,"
+               "\"pairs_per_phase\":%ld,\"pairs\":%ld,\"ns_per_pair\":%.1f,"
+               "\"glibc_ns_per_pair\":%.1f,\"ratio_to_glibc\":%.2f}\n",
+               sp_backend_name(), size, phase, g_pairs / phase * phase, sp, gl,
+               gl > 0 ? sp / gl : 0.0);
+        if (failed)
+            fprintf(stderr, "bench_alloc: a call failed: %s\n", sp_last_error());
+        sp_shutdown();
+        return failed ? 1 : 0;
     }
     size_t sizes[] = {512, 64 * 1024, 4 * 1024 * 1024};
     int nsizes = 3, tmin = 1, tmax = 2;

@@ -54,6 +54,29 @@ static void count(sp_lock_t *l, int delta) {
 atomic_int sp__lock_bias_state;
 static atomic_int bias_on; /* sp__lock_bias_begin said yes, and no sp__lock_bias_end since */
 
+/* The streak (see SP_LOCK_STREAK) and what it follows: the recent revocations' barrier time, a
+ * running average (its updates may race: an estimate). pinned: tests fix the streak. */
+atomic_int sp__lock_streak_len = SP_LOCK_STREAK;
+static atomic_long barrier_ns;
+static atomic_int streak_pinned;
+
+void sp__lock_streak_follow(long ns) {
+    long avg = atomic_load_explicit(&barrier_ns, memory_order_relaxed);
+    avg = avg ? (3 * avg + ns) / 4 : ns;
+    atomic_store_explicit(&barrier_ns, avg, memory_order_relaxed);
+    if (atomic_load_explicit(&streak_pinned, memory_order_relaxed))
+        return;
+    long takes = avg * 2 / 5; /* a take saves ~5 ns: the barrier over 2.5 ns */
+    takes = takes < SP_LOCK_STREAK ? SP_LOCK_STREAK : takes > INT16_MAX ? INT16_MAX : takes;
+    atomic_store_explicit(&sp__lock_streak_len, (int)takes, memory_order_relaxed);
+}
+
+void sp__lock_streak_pin(int takes) {
+    atomic_store_explicit(&streak_pinned, takes > 0, memory_order_relaxed);
+    atomic_store_explicit(&sp__lock_streak_len, takes > 0 ? takes : SP_LOCK_STREAK,
+                          memory_order_relaxed);
+}
+
 static long membarrier(int cmd) {
     return syscall(SYS_membarrier, cmd, 0, 0);
 }
@@ -86,6 +109,9 @@ bool sp__lock_bias_begin(void) {
 void sp__lock_bias_end(void) {
     atomic_store_explicit(&bias_on, 0, memory_order_relaxed);
     atomic_store_explicit(&sp__lock_bias_state, 0, memory_order_relaxed);
+    atomic_store_explicit(&barrier_ns, 0, memory_order_relaxed);
+    if (!atomic_load_explicit(&streak_pinned, memory_order_relaxed))
+        atomic_store_explicit(&sp__lock_streak_len, SP_LOCK_STREAK, memory_order_relaxed);
 }
 
 /* ---- entry records (see sp_lock_rec_t) --------------------------------------------------- */
@@ -143,8 +169,12 @@ static sp_lock_rec_t *rec_get(void) {
  * still fail, the global form (every process, slower) is as good, and without either the owner
  * could be inside unseen, which is no state to go on from. */
 static void barrier_everywhere(void) {
-    if (membarrier(MEMBARRIER_CMD_PRIVATE_EXPEDITED) == 0 || membarrier(MEMBARRIER_CMD_GLOBAL) == 0)
+    uint64_t t0 = sp__now_ns();
+    if (membarrier(MEMBARRIER_CMD_PRIVATE_EXPEDITED) == 0 ||
+        membarrier(MEMBARRIER_CMD_GLOBAL) == 0) {
+        sp__lock_streak_follow((long)(sp__now_ns() - t0));
         return;
+    }
     fputs("sympool: membarrier failed while revoking a lock's bias; cannot go on safely\n", stderr);
     abort();
 }
@@ -178,7 +208,7 @@ static void wait_owner_out(sp_lock_t *l, sp_lock_rec_t *r) {
  * first). */
 static void streak_begins(sp_lock_t *l) {
     l->streak_thread = SP_LOCK_STREAK_ME();
-    l->countdown = SP_LOCK_STREAK;
+    l->countdown = (int16_t)atomic_load_explicit(&sp__lock_streak_len, memory_order_relaxed);
 }
 
 /* The holder of the word (1), with r the calling thread's record and nothing in it: the lock
@@ -284,7 +314,7 @@ static bool take_from_rebias(sp_lock_t *l) {
 }
 
 bool sp__lock_rebias(sp_lock_t *l) {
-    l->countdown = SP_LOCK_STREAK;
+    l->countdown = (int16_t)atomic_load_explicit(&sp__lock_streak_len, memory_order_relaxed);
     if (l->restore) { /* the owner's nested take ends: REBIASED again, to the same owner */
         l->restore = false;
     } else {

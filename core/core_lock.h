@@ -61,11 +61,11 @@
  * owner stopped between its look at `owner` and its store of `in` would store it late, over the
  * next owner's).
  *
- * Re-biasing (SP_LOCK_REBIASED): a thread that took a biasable lock with the CAS SP_LOCK_STREAK
- * times in a row, with nobody asleep on it, gives it back biased to itself (sp__lock_rebias): the
- * lock follows the thread that now uses it alone (the forward pass's thread, then the backward
- * pass's), at the price of one revocation each time its user changes, at most once per
- * SP_LOCK_STREAK takes. Such a bias has an entry word of the owner's own, in its entry record
+ * Re-biasing (SP_LOCK_REBIASED): a thread that took a biasable lock with the CAS a streak of
+ * times in a row (SP_LOCK_STREAK or more), with nobody asleep on it, gives it back biased to itself
+ * (sp__lock_rebias): the lock follows the thread that now uses it alone (the forward pass's thread,
+ * then the backward pass's), at the price of one revocation each time its user changes, at most
+ * once per streak. Such a bias has an entry word of the owner's own, in its entry record
  * (sp_lock_rec_t, `rec_owner`): a former owner stopped anywhere in its entry writes only its own
  * record, and its look at the word (REBIASED) and at `rec_owner` after its store sends it back.
  * The record is found through the lock, not in thread-local storage (whose model in a shared
@@ -110,11 +110,20 @@ struct sp_lock_rec {
 /* The record no thread has: `rec_owner` of a lock never re-biased. */
 extern sp_lock_rec_t sp__lock_no_rec;
 
-/* CAS takes in a row by one thread after which it takes the bias (see sp_lock_t). A revocation
- * costs a system call that interrupts every processor running the process's threads (a few
- * microseconds); 1024 CAS takes cost more than that, so a lock that changes hands at every
- * chance pays at most about as much again as the CAS it pays anyway. */
+/* CAS takes in a row by one thread after which it takes the bias (see sp_lock_t): at least
+ * SP_LOCK_STREAK, and more where revocations cost more. A revocation's barrier interrupts every
+ * processor that runs one of the process's threads: 0.1 us on the 2026-11-29 machine when the
+ * other threads sleep, 20 us when one spins on another processor (a virtual machine's
+ * interrupts). A biased take saves about 5 ns over the CAS (bench_alloc: 19 against 29 ns a
+ * pair), so the streak is the revocations' recent cost over 2.5 ns: a lock re-biased at the end of
+ * a streak and revoked at once has cost its thread at most about half again what the streak's CAS
+ * takes cost, and a longer run pays the barrier back (sp__lock_streak_len; at most INT16_MAX). */
 #define SP_LOCK_STREAK 1024
+extern atomic_int sp__lock_streak_len;
+/* A revocation's barrier took ns: the streak follows the running average. */
+void sp__lock_streak_follow(long ns);
+/* Tests: fix the streak at takes (0: follow the barrier again, from SP_LOCK_STREAK). */
+void sp__lock_streak_pin(int takes);
 
 #define SP_LOCK_BIASED 2
 #define SP_LOCK_ALONE 3
@@ -319,14 +328,16 @@ bool sp__lock_rebias(sp_lock_t *l);
  * every address of a device's allocator: 40 bytes). */
 #define SP_LOCK_STREAK_ME() ((uint32_t)(SP_LOCK_ME() >> 4))
 
-/* The holder of the word (1), at its unlock: is this the calling thread's SP_LOCK_STREAK-th CAS
+/* The holder of the word (1), at its unlock: is this the calling thread's streak-th CAS
  * take in a row (or a take that must give the bias back, `restore`)? The fields are the
  * holder's. */
 static inline bool sp__lock_streak_ends(sp_lock_t *l) {
     uint32_t me = SP_LOCK_STREAK_ME();
     if (SP_UNLIKELY(l->streak_thread != me)) {
         l->streak_thread = me;
-        l->countdown = SP_LOCK_STREAK - 1; /* this take is the streak's first */
+        /* this take is the streak's first */
+        l->countdown =
+            (int16_t)(atomic_load_explicit(&sp__lock_streak_len, memory_order_relaxed) - 1);
         return false;
     }
     return SP_UNLIKELY(--l->countdown == 0);

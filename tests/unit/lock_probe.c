@@ -55,6 +55,7 @@ void sp_probe_fork_child(void *l) {
 }
 
 int sp_probe_bias_begin(void) {
+    sp__lock_streak_pin(SP_LOCK_STREAK); /* the tests count takes */
     sp__lock_bias_end();
     return sp__lock_bias_begin();
 }
@@ -87,7 +88,16 @@ int sp_probe_rebias_era(void) {
 }
 
 int sp_probe_lock_streak(void) {
-    return SP_LOCK_STREAK;
+    return atomic_load_explicit(&sp__lock_streak_len, memory_order_relaxed);
+}
+
+int sp_probe_streak_after_barrier(long ns) {
+    sp__lock_streak_follow(ns);
+    return sp_probe_lock_streak();
+}
+
+void sp_probe_streak_pin(int takes) {
+    sp__lock_streak_pin(takes);
 }
 
 void *sp_probe_lock_rec_owner(void *l) {

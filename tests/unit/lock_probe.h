@@ -31,6 +31,10 @@ int sp_probe_rebias_era(void);
 int sp_probe_lock_streak(void);
 void *sp_probe_lock_rec_owner(void *l);
 int sp_probe_enter_rebiased_as(void *l, void *rec);
+/* The streak after a revocation whose barrier took ns (sp__lock_streak_follow), and pinning it
+ * (sp_probe_bias_begin pins it at SP_LOCK_STREAK; 0 lets it follow again). */
+int sp_probe_streak_after_barrier(long ns);
+void sp_probe_streak_pin(int takes);
 #ifdef __cplusplus
 }
 #endif

@@ -558,4 +558,28 @@ TEST(LockRebias, ExcludesWhileTheBiasMovesBetweenThreads) {
     std::free(l);
 }
 
+// The streak follows what revocations cost (the barrier's time, a running average, over 2.5 ns),
+// between SP_LOCK_STREAK and INT16_MAX takes: a lock re-biased and revoked at once has cost at
+// most about half again the streak's CAS takes.
+TEST(LockRebias, TheStreakFollowsTheBarriersCost) {
+    sp_probe_streak_pin(0); // follow; from SP_LOCK_STREAK, no barrier seen yet
+    sp_probe_bias_begin();  // pins again: the start of a test
+    sp_probe_streak_pin(0);
+    EXPECT_EQ(sp_probe_lock_streak(), 1024);
+    EXPECT_EQ(sp_probe_streak_after_barrier(100), 1024) << "a cheap barrier: the floor";
+    EXPECT_EQ(sp_probe_streak_after_barrier(20000), 2030) << "average (3 * 100 + 20000) / 4";
+    for (int i = 0; i < 40; i++)
+        sp_probe_streak_after_barrier(20000);
+    EXPECT_EQ(sp_probe_lock_streak(), 7998) << "20 us barriers: about 8000 takes";
+    for (int i = 0; i < 40; i++)
+        sp_probe_streak_after_barrier(1000000000);
+    EXPECT_EQ(sp_probe_lock_streak(), 32767) << "at most INT16_MAX";
+    for (int i = 0; i < 80; i++)
+        sp_probe_streak_after_barrier(50);
+    EXPECT_EQ(sp_probe_lock_streak(), 1024) << "back to the floor";
+    sp_probe_streak_pin(1024);
+    EXPECT_EQ(sp_probe_streak_after_barrier(20000000), 1024) << "pinned";
+    sp_probe_bias_begin();
+}
+
 } // namespace
