@@ -15,8 +15,8 @@
  * its CAS takes re-biases the lock to it: the first 512 of its pairs).
  * Phases: bench_alloc PAIRS SIZE p PHASE: two threads take turns, PHASE pairs each (a forward
  * pass on one thread, the backward pass on another, as PyTorch's autograd engine runs it), PAIRS
- * pairs in all, the one waiting asleep; one line, ns per pair inside the phases (the handoffs
- * not timed), glibc's the same way.
+ * pairs in all, the one waiting asleep (P: spinning, as a polling thread does); one line, ns per
+ * pair inside the phases (the handoffs not timed), glibc's the same way.
  */
 #include <pthread.h>
 #include <semaphore.h>
@@ -75,8 +75,10 @@ typedef struct phases {
     size_t size;
     long phase, phases; /* pairs a phase; phases in all */
     int use_glibc;
-    sem_t go[2];  /* whose turn it is */
-    double ns[2]; /* each thread's time inside its phases */
+    sem_t go[2];       /* whose turn it is (spin 0) */
+    int spin;          /* the waiting thread spins on turn instead of sleeping */
+    _Atomic long turn; /* the phase under way (spin 1) */
+    double ns[2];      /* each thread's time inside its phases */
     int failed;
 } phases_t;
 
@@ -89,7 +91,11 @@ static void *phase_worker(void *arg) {
     phase_arg_t *a = arg;
     phases_t *ph = a->ph;
     for (long t = a->id; t < ph->phases; t += 2) {
-        sem_wait(&ph->go[a->id]);
+        if (ph->spin)
+            while (ph->turn != t) {
+            }
+        else
+            sem_wait(&ph->go[a->id]);
         double t0 = bench_now_ns();
         for (long i = 0; i < ph->phase; i++) {
             void *p = NULL;
@@ -102,13 +108,17 @@ static void *phase_worker(void *arg) {
             }
         }
         ph->ns[a->id] += bench_now_ns() - t0;
-        sem_post(&ph->go[!a->id]);
+        if (ph->spin)
+            ph->turn = t + 1;
+        else
+            sem_post(&ph->go[!a->id]);
     }
     return NULL;
 }
 
-static double measure_phases(size_t size, long phase, int glibc, int *failed) {
-    phases_t ph = {.size = size, .phase = phase, .phases = g_pairs / phase, .use_glibc = glibc};
+static double measure_phases(size_t size, long phase, int glibc, int spin, int *failed) {
+    phases_t ph = {
+        .size = size, .phase = phase, .phases = g_pairs / phase, .use_glibc = glibc, .spin = spin};
     phase_arg_t args[2] = {{&ph, 0}, {&ph, 1}};
     pthread_t th[2];
     void *p = NULL;
@@ -164,19 +174,20 @@ int main(int argc, char **argv) {
         fprintf(stderr, "bench_alloc: sp_init: %s\n", sp_last_error());
         return 1;
     }
-    if (argc > 4 && argv[3][0] == 'p') {
+    if (argc > 4 && (argv[3][0] == 'p' || argv[3][0] == 'P')) {
+        int spin = argv[3][0] == 'P';
         long phase = atol(argv[4]);
         size_t size = (size_t)atol(argv[2]);
         int failed = 0;
         if (phase <= 0 || phase > g_pairs)
             phase = g_pairs;
-        double sp = measure_phases(size, phase, 0, &failed);
-        double gl = measure_phases(size, phase, 1, &failed);
+        double sp = measure_phases(size, phase, 0, spin, &failed);
+        double gl = measure_phases(size, phase, 1, spin, &failed);
         printf("{\"bench\":\"alloc\",\"backend\":\"%s\",\"size\":%zu,\"threads\":2,"
-               "\"pairs_per_phase\":%ld,\"pairs\":%ld,\"ns_per_pair\":%.1f,"
+               "\"pairs_per_phase\":%ld,\"waiter\":\"%s\",\"pairs\":%ld,\"ns_per_pair\":%.1f,"
                "\"glibc_ns_per_pair\":%.1f,\"ratio_to_glibc\":%.2f}\n",
-               sp_backend_name(), size, phase, g_pairs / phase * phase, sp, gl,
-               gl > 0 ? sp / gl : 0.0);
+               sp_backend_name(), size, phase, spin ? "spins" : "sleeps", g_pairs / phase * phase,
+               sp, gl, gl > 0 ? sp / gl : 0.0);
         if (failed)
             fprintf(stderr, "bench_alloc: a call failed: %s\n", sp_last_error());
         sp_shutdown();
