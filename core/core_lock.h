@@ -480,14 +480,17 @@ static inline void sp__lock(sp_lock_t *l) {
  * for the single-threaded path, not a second look at sp__lock_alone. The owner of the bias looks
  * at `in` first: a revoker may have changed the word while the owner was inside. */
 static inline void sp__unlock(sp_lock_t *l) {
-    if (SP_UNLIKELY(sp__lock_mine(l)) && atomic_load_explicit(&l->in, memory_order_relaxed)) {
-        sp__unlock_biased(l);
+    if (!l->biasable) { /* never biased: a thread cache's lock, or biasing off */
+        if (atomic_load_explicit(&l->v, memory_order_relaxed) == SP_LOCK_ALONE)
+            sp__unlock_alone(l);
+        else
+            sp__unlock_plain(l);
         return;
     }
-    if (atomic_load_explicit(&l->v, memory_order_relaxed) == SP_LOCK_ALONE)
+    if (SP_UNLIKELY(sp__lock_mine(l)) && atomic_load_explicit(&l->in, memory_order_relaxed))
+        sp__unlock_biased(l);
+    else if (atomic_load_explicit(&l->v, memory_order_relaxed) == SP_LOCK_ALONE)
         sp__unlock_alone(l);
-    else if (!SP_UNLIKELY(l->biasable))
-        sp__unlock_plain(l);
     else if (sp__lock_held_rebiased(l))
         sp__unlock_rebiased(l);
     else
