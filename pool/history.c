@@ -97,15 +97,26 @@ static struct {
     bool anchored;                /* anchor taken (g.lock) */
     sp__stream_label_t *labels;   /* streams' labels, unordered (g.lock; a replay has a few) */
     size_t nlabels, labels_alloc; /* (g.lock) */
-    char **meta_text;             /* user metadata texts by id - 1, never changed once added;
-                                     freed by shutdown only (g.lock) */
-    uint32_t nmeta, meta_alloc;   /* texts held / slots (g.lock) */
-    uint32_t *meta_slots;         /* open addressing over the texts: an id, or 0 for empty;
-                                     nmeta_slots a power of 2, at most half full (g.lock) */
+    char **meta_text;             /* user metadata texts by id - 1, never changed while held;
+                                     NULL for a free id (g.lock) */
+    size_t *meta_refs;            /* by id - 1: the devices' texts in force, the ring entries
+                                     and the entries' copies that name it; the text is freed at
+                                     0 (g.lock) */
+    uint32_t nmeta, meta_alloc;   /* ids handed out (the highest) / room (g.lock) */
+    uint32_t *meta_free;          /* freed ids, taken again first (a stack; g.lock) */
+    uint32_t nmeta_free;          /* (g.lock) */
+    uint32_t nmeta_live;          /* texts held (g.lock) */
+    uint32_t *meta_slots;         /* open addressing over the texts: an id, 0 for empty or
+                                     META_GONE for a freed one's; nmeta_slots a power of 2, at
+                                     most half taken, freed ones included (g.lock) */
     uint32_t nmeta_slots;         /* (g.lock) */
+    uint32_t nmeta_gone;          /* META_GONE slots (g.lock) */
     uint32_t *meta_cur;           /* per device: the id new entries get, 0 = "" (g.lock) */
     int nmeta_cur;                /* entries in meta_cur (g.lock) */
 } g = {.lock = PTHREAD_MUTEX_INITIALIZER};
+
+static void meta_ref_locked(uint32_t id);
+static void meta_unref_locked(uint32_t id);
 
 static const char *const action_names[] = {"alloc",         "free_requested", "free_completed",
                                            "segment_alloc", "segment_free",   "segment_map",
@@ -463,8 +474,10 @@ SP_EXPORT void sp_history_set_frames_hook(sp_history_frames_fn fn, void *arg) {
 /* ---- rings ------------------------------------------------------------------------------ */
 
 static void ring_clear_locked(ring_t *r) {
-    for (size_t i = 0; i < r->len; i++)
+    for (size_t i = 0; i < r->len; i++) {
         ctx_unref_locked(r->buf[i].context);
+        meta_unref_locked(r->buf[i].meta);
+    }
     free(r->buf);
     memset(r, 0, sizeof(*r));
 }
@@ -481,9 +494,10 @@ static bool ring_linearize_locked(ring_t *r, size_t keep) {
     }
     for (size_t i = 0; i < r->len; i++) {
         sp__trace_entry_t *e = &r->buf[(r->head + i) % r->len];
-        if (i < drop)
+        if (i < drop) {
             ctx_unref_locked(e->context);
-        else
+            meta_unref_locked(e->meta);
+        } else
             nb[i - drop] = *e;
     }
     free(r->buf);
@@ -527,6 +541,8 @@ void sp__history_record(int device, sp_trace_action_t action, uintptr_t addr, si
     }
     if (g.cap != 0 && r->len == g.cap) {
         ctx_unref_locked(r->buf[r->head].context);
+        meta_unref_locked(r->buf[r->head].meta);
+        meta_ref_locked(meta);
         r->buf[r->head] = e;
         if (++r->head == g.cap) /* a compare, not a division on every recorded call */
             r->head = 0;
@@ -544,6 +560,7 @@ void sp__history_record(int device, sp_trace_action_t action, uintptr_t addr, si
         r->buf = nb;
         r->alloc = n;
     }
+    meta_ref_locked(meta);
     r->buf[r->len++] = e;
 out:
     pthread_mutex_unlock(&g.lock);
@@ -583,6 +600,7 @@ sp_status_t sp__history_copy(int device, sp__trace_entry_t **entries_p, size_t *
             c->refs++;
         else
             out[i].context = 0;
+        meta_ref_locked(out[i].meta);
         out[i].time_us = sp__tick_us(&map, (uint64_t)out[i].time_us);
     }
     pthread_mutex_unlock(&g.lock);
@@ -595,8 +613,10 @@ void sp__history_entries_free(sp__trace_entry_t *entries, size_t n) {
     if (entries == NULL)
         return;
     pthread_mutex_lock(&g.lock);
-    for (size_t i = 0; i < n; i++)
+    for (size_t i = 0; i < n; i++) {
         ctx_unref_locked(entries[i].context);
+        meta_unref_locked(entries[i].meta);
+    }
     pthread_mutex_unlock(&g.lock);
     free(entries);
 }
@@ -768,75 +788,129 @@ bool sp__history_stream_labels(sp__stream_label_t **labels_p, size_t *n_p) {
 /* ---- user metadata (PyTorch's setUserMetadata) ------------------------------------------ */
 
 const char *sp__history_metadata(uint32_t meta) {
-    /* Texts are never changed or freed before shutdown, and the array only grows under g.lock:
-     * read the slot under it, use the text after. */
+    /* A text is not changed or freed while something names it, and the caller's copy of the
+     * entry does (sp__history_copy): read the slot under the lock, use the text after. */
     const char *t = "";
     if (meta == 0)
         return t;
     pthread_mutex_lock(&g.lock);
-    if (meta <= g.nmeta)
+    if (meta <= g.nmeta && g.meta_text[meta - 1] != NULL)
         t = g.meta_text[meta - 1];
     pthread_mutex_unlock(&g.lock);
     return t;
 }
 
 /* The longest user metadata text: PyTorch sets no bound; this one only keeps a runaway caller
- * from holding the host's memory (each distinct text is kept until shutdown). 4096 bytes made
- * replay --snapshot refuse a trace whose entries carried a longer one. */
+ * from holding the host's memory. 4096 bytes made replay --snapshot refuse a trace whose entries
+ * carried a longer one. */
 #define META_MAX (1u << 20)
+
+/* A slot whose text was freed: the probe goes on past it (a text placed after it may follow). */
+#define META_GONE UINT32_MAX
 
 /* Where `text` (hashed to h) is in meta_slots, or the empty slot it would take. */
 static uint32_t *meta_slot_locked(const char *text, uint64_t h) {
     uint32_t mask = g.nmeta_slots - 1;
     for (uint32_t i = (uint32_t)h & mask;; i = (i + 1) & mask) {
         uint32_t id = g.meta_slots[i];
-        if (id == 0 || strcmp(g.meta_text[id - 1], text) == 0)
+        if (id == 0 || (id != META_GONE && strcmp(g.meta_text[id - 1], text) == 0))
             return &g.meta_slots[i];
     }
 }
 
-/* The slots at twice the texts' count or more: every text placed again. */
-static bool meta_grow_slots_locked(void) {
-    uint32_t n = g.nmeta_slots ? g.nmeta_slots * 2 : 16;
+/* Every held text placed again in n slots (n a power of 2 over twice their count): the freed
+ * ones' marks are gone. */
+static bool meta_rehash_locked(uint32_t n) {
     uint32_t *slots = calloc(n, sizeof(*slots));
     if (slots == NULL)
         return false;
     free(g.meta_slots);
     g.meta_slots = slots;
     g.nmeta_slots = n;
+    g.nmeta_gone = 0;
     for (uint32_t id = 1; id <= g.nmeta; id++) {
         const char *t = g.meta_text[id - 1];
-        *meta_slot_locked(t, hash_bytes(0, t, strlen(t))) = id;
+        if (t != NULL)
+            *meta_slot_locked(t, hash_bytes(0, t, strlen(t))) = id;
     }
     return true;
 }
 
-/* The id of `text`, added if new. 0 for "" and when out of host memory. Hashed: a program may
- * set a new text every step, and a replay sets each text a trace's entries carry (a search of
- * every text was quadratic in their number). */
+/* Room for one more id in the arrays kept by id. */
+static bool meta_room_locked(void) {
+    if (g.nmeta < g.meta_alloc)
+        return true;
+    uint32_t n = g.meta_alloc ? g.meta_alloc * 2 : 8;
+    char **nt = realloc(g.meta_text, n * sizeof(*nt));
+    if (nt == NULL)
+        return false;
+    g.meta_text = nt;
+    size_t *nr = realloc(g.meta_refs, n * sizeof(*nr));
+    if (nr == NULL)
+        return false;
+    g.meta_refs = nr;
+    uint32_t *nf = realloc(g.meta_free, n * sizeof(*nf));
+    if (nf == NULL)
+        return false;
+    g.meta_free = nf;
+    g.meta_alloc = n;
+    return true;
+}
+
+/* The id of `text`, added if new (with no reference yet: the caller takes one). 0 for "" and
+ * when out of host memory. Hashed: a program may set a new text every step, and a replay sets
+ * each text a trace's entries carry (a search of every text was quadratic in their number). */
 static uint32_t meta_intern_locked(const char *text) {
     if (*text == '\0')
         return 0;
-    if (2 * (g.nmeta + 1) > g.nmeta_slots && !meta_grow_slots_locked())
-        return 0;
+    if (2 * (g.nmeta_live + g.nmeta_gone + 1) > g.nmeta_slots) {
+        uint32_t n = g.nmeta_slots ? g.nmeta_slots : 16;
+        while (2 * (g.nmeta_live + 1) > n / 2) /* at most a quarter full after */
+            n *= 2;
+        if (!meta_rehash_locked(n))
+            return 0;
+    }
     uint64_t h = hash_bytes(0, text, strlen(text));
     uint32_t *slot = meta_slot_locked(text, h);
     if (*slot != 0)
         return *slot;
-    if (g.nmeta == g.meta_alloc) {
-        uint32_t n = g.meta_alloc ? g.meta_alloc * 2 : 8;
-        char **nt = realloc(g.meta_text, n * sizeof(*nt));
-        if (nt == NULL)
-            return 0;
-        g.meta_text = nt;
-        g.meta_alloc = n;
-    }
+    if (g.nmeta_free == 0 && !meta_room_locked())
+        return 0;
     char *copy = strdup(text);
     if (copy == NULL)
         return 0;
-    g.meta_text[g.nmeta++] = copy;
-    *slot = g.nmeta;
-    return g.nmeta;
+    uint32_t id = g.nmeta_free > 0 ? g.meta_free[--g.nmeta_free] : ++g.nmeta;
+    g.meta_text[id - 1] = copy;
+    g.meta_refs[id - 1] = 0;
+    g.nmeta_live++;
+    *slot = id;
+    return id;
+}
+
+static void meta_ref_locked(uint32_t id) {
+    if (id != 0)
+        g.meta_refs[id - 1]++;
+}
+
+/* One name of the text fewer; the last frees it and its id. */
+static void meta_unref_locked(uint32_t id) {
+    if (id == 0 || --g.meta_refs[id - 1] != 0)
+        return;
+    char *t = g.meta_text[id - 1];
+    uint32_t *slot = meta_slot_locked(t, hash_bytes(0, t, strlen(t)));
+    *slot = META_GONE;
+    g.nmeta_gone++;
+    free(t);
+    g.meta_text[id - 1] = NULL;
+    g.meta_free[g.nmeta_free++] = id;
+    g.nmeta_live--;
+}
+
+size_t sp__history_meta_held(void) {
+    pthread_mutex_lock(&g.lock);
+    size_t n = g.nmeta_live;
+    pthread_mutex_unlock(&g.lock);
+    return n;
 }
 
 SP_EXPORT sp_status_t sp_history_set_user_metadata(int device, const char *metadata) {
@@ -867,6 +941,8 @@ SP_EXPORT sp_status_t sp_history_set_user_metadata(int device, const char *metad
         return sp__error(SP_ERR_SYSTEM, SP_SUB_HISTORY,
                          "out of host memory setting the user metadata");
     }
+    meta_ref_locked(id); /* first: the text in force may be this one */
+    meta_unref_locked(g.meta_cur[device]);
     g.meta_cur[device] = id;
     pthread_mutex_unlock(&g.lock);
     return SP_SUCCESS;
@@ -882,7 +958,7 @@ SP_EXPORT sp_status_t sp_history_get_user_metadata(int device, char *buf, size_t
                  "sp_history_get_user_metadata: buf is NULL with len %zu", len);
     pthread_mutex_lock(&g.lock);
     uint32_t id = device < g.nmeta_cur ? g.meta_cur[device] : 0;
-    const char *t = id != 0 && id <= g.nmeta ? g.meta_text[id - 1] : "";
+    const char *t = id != 0 && id <= g.nmeta && g.meta_text[id - 1] ? g.meta_text[id - 1] : "";
     size_t n = strlen(t);
     if (len > 0) {
         size_t k = n < len - 1 ? n : len - 1;
@@ -900,13 +976,17 @@ void sp__history_shutdown(void) {
     for (uint32_t i = 0; i < g.nmeta; i++)
         free(g.meta_text[i]);
     free(g.meta_text);
+    free(g.meta_refs);
+    free(g.meta_free);
     free(g.meta_slots);
     g.meta_slots = NULL;
-    g.nmeta_slots = 0;
+    g.nmeta_slots = g.nmeta_gone = 0;
     free(g.meta_cur);
     g.meta_text = NULL;
+    g.meta_refs = NULL;
+    g.meta_free = NULL;
     g.meta_cur = NULL;
-    g.nmeta = g.meta_alloc = 0;
+    g.nmeta = g.meta_alloc = g.nmeta_free = g.nmeta_live = 0;
     g.nmeta_cur = 0;
     free(g.labels);
     g.labels = NULL;

@@ -96,9 +96,12 @@ typedef struct sp__trace_entry {
                                  0 = "" */
 } sp__trace_entry_t;
 
-/* The text of a trace entry's meta id: never NULL, "" for 0 or an unknown id. The strings live
- * until sp__history_shutdown, so a snapshot may write them after dropping every lock. */
+/* The text of a trace entry's meta id: never NULL, "" for 0 or an unknown id. A text lives as
+ * long as something names it (a device's text in force, a ring entry, a copy's entry), so a
+ * snapshot may write its copy's texts after dropping every lock, until it frees the copy. */
 const char *sp__history_metadata(uint32_t meta);
+/* Texts held now (tests: a text nothing names any more is freed). */
+size_t sp__history_meta_held(void);
 
 /* PyTorch's action names ("alloc", "free_requested", ..., "oom"); "unknown" when out of range. */
 const char *sp__history_action_name(sp_trace_action_t action);

@@ -329,3 +329,68 @@ TEST_F(ParityHistory, ManyUserMetadataTextsEachTagTheirEntry) {
     sp__history_entries_free(e, ne);
     EXPECT_EQ(got, want);
 }
+
+// A text is held while something names it (the text in force, a ring entry, a copy's entry) and
+// freed after: a program that sets a new text every step keeps only those its ring still holds.
+// A copy taken before the ring moved on still reads its texts (ASan sees a freed one read).
+TEST_F(ParityHistory, UserMetadataTextsNothingNamesAreFreed) {
+    SP_SKIP_UNLESS_HOST();
+    const size_t before = sp__history_meta_held();
+    for (int i = 0; i < 5000; i++) // history off: only the text in force is held
+        ASSERT_SP_OK(sp_history_set_user_metadata(0, ("off " + std::to_string(i)).c_str()));
+    EXPECT_EQ(sp__history_meta_held(), before + 1);
+    sp_history_params_t p;
+    sp_history_params_init(&p);
+    p.max_entries = 100;
+    ASSERT_SP_OK(sp_record_memory_history(&p));
+    auto step = [&](int i) {
+        ASSERT_SP_OK(sp_history_set_user_metadata(0, ("step " + std::to_string(i)).c_str()));
+        void *x = nullptr;
+        ASSERT_SP_OK(sp_malloc(512, 0, nullptr, &x));
+        ASSERT_SP_OK(sp_free(x));
+    };
+    for (int i = 0; i < 5000; i++)
+        ASSERT_NO_FATAL_FAILURE(step(i));
+    // The texts the ring's 100 entries name (three entries a step; the one in force among them).
+    auto ring_texts = [&](sp__trace_entry_t **e_p, size_t *n_p) {
+        std::set<std::string> t;
+        EXPECT_SP_OK(sp__history_copy(0, e_p, n_p));
+        for (size_t i = 0; i < *n_p; i++)
+            t.insert(sp__history_metadata((*e_p)[i].meta));
+        return t;
+    };
+    sp__trace_entry_t *e = nullptr;
+    size_t ne = 0;
+    std::set<std::string> held = ring_texts(&e, &ne);
+    ASSERT_EQ(ne, 100u);
+    EXPECT_GE(held.size(), 25u);
+    EXPECT_LT(held.size(), 100u);
+    EXPECT_EQ(held.count("step 4999"), 1u);
+    EXPECT_EQ(sp__history_meta_held(), before + held.size());
+    const std::string first = sp__history_metadata(e[0].meta);
+    for (int i = 5000; i < 5200; i++) // the ring moves on; the copy's texts stay
+        ASSERT_NO_FATAL_FAILURE(step(i));
+    sp__trace_entry_t *e2 = nullptr;
+    size_t ne2 = 0;
+    std::set<std::string> now = ring_texts(&e2, &ne2);
+    sp__history_entries_free(e2, ne2);
+    EXPECT_EQ(sp__history_meta_held(), before + held.size() + now.size());
+    EXPECT_EQ(sp__history_metadata(e[0].meta), first);
+    EXPECT_STREQ(sp__history_metadata(e[ne - 1].meta), "step 4999");
+    sp__history_entries_free(e, ne);
+    EXPECT_EQ(sp__history_meta_held(), before + now.size());
+    ASSERT_NO_FATAL_FAILURE(step(4950)); // a freed text set again: held again, read back
+    char buf[16];
+    ASSERT_SP_OK(sp_history_get_user_metadata(0, buf, sizeof buf, nullptr));
+    EXPECT_STREQ(buf, "step 4950");
+    ASSERT_SP_OK(sp__history_copy(0, &e, &ne));
+    EXPECT_STREQ(sp__history_metadata(e[ne - 1].meta), "step 4950");
+    sp__history_entries_free(e, ne);
+    sp_history_params_t off;
+    sp_history_params_init(&off);
+    off.enabled = SP_HISTORY_OFF;
+    ASSERT_SP_OK(sp_record_memory_history(&off)); // the ring cleared: the text in force only
+    EXPECT_EQ(sp__history_meta_held(), before + 1);
+    ASSERT_SP_OK(sp_history_set_user_metadata(0, nullptr));
+    EXPECT_EQ(sp__history_meta_held(), before);
+}
