@@ -265,7 +265,8 @@ const char *sp__log_level_name(int level); /* "WARN" */
       "without the device lock; changes best fit (docs/threads.md); 0 = off")                      \
     X(LOCK_BIAS, BOOL, "1", NULL, NULL, 0,                                                         \
       "ours: each device lock is biased to the first thread that takes it (no locked "             \
-      "instruction for it; another thread revokes it with membarrier); 0 = every call's CAS")      \
+      "instruction for it; another thread revokes it with membarrier, and one that then takes "    \
+      "it alone for a streak gets it re-biased); 0 = every call's CAS")                            \
     X(HOST_CAPACITY, SIZE, "80GiB", NULL, check_positive, 0,                                       \
       "memory of each emulated host device")                                                       \
     X(HOST_DEVICES, LONG, "1", NULL, check_devices, 0, "number of emulated host devices (1-64)")   \
