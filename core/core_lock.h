@@ -344,11 +344,13 @@ static inline bool sp__lock_streak_ends(sp_lock_t *l) {
 }
 
 /* In a fork child, before its handler gives back a lock the forking thread took in prepare: the
- * child has that thread alone, so nobody sleeps on the lock; the count of the parent's sleepers
- * copied with it is forgotten (kept, every unlock in the child would go to sp__unlock_wake for
- * good, as no sleeper is left to count itself out). */
+ * child has that thread alone, so nobody sleeps on the lock or waits for it; the counts of the
+ * parent's sleepers and waiters copied with it are forgotten (kept, every unlock in the child
+ * would go to sp__unlock_wake for good, and no streak would re-bias the lock, as no such thread
+ * is left to count itself out). */
 static inline void sp__lock_fork_child(sp_lock_t *l) {
     atomic_store_explicit(&l->sleepers, 0, memory_order_relaxed);
+    atomic_store_explicit(&l->waiting, 0, memory_order_relaxed);
 }
 
 void sp__lock_slow(sp_lock_t *l);

@@ -107,3 +107,7 @@ void *sp_probe_lock_rec_owner(void *l) {
 int sp_probe_enter_rebiased_as(void *l, void *rec) {
     return sp__lock_enter_rebiased_as(l, rec);
 }
+
+int sp_probe_lock_waiting(void *l) {
+    return atomic_load_explicit(&((sp_lock_t *)l)->waiting, memory_order_acquire);
+}

@@ -15,7 +15,8 @@ void sp_probe_wake(void *l); /* frees the lock and wakes one sleeper, whatever i
 /* frees the lock without looking for sleepers: the wake an unlock misses in the store-buffer
  * window (core_lock.h) */
 void sp_probe_release_silently(void *l);
-void sp_probe_fork_child(void *l); /* sp__lock_fork_child */
+void sp_probe_fork_child(void *l);  /* sp__lock_fork_child */
+int sp_probe_lock_waiting(void *l); /* threads in sp__lock_slow */
 /* The bias: a fresh start (sp__lock_bias_end, then sp__lock_bias_begin in the calling thread:
  * 1 if that thread owns the bias now), biasing a lock nobody holds, and what it shows. */
 int sp_probe_bias_begin(void);

@@ -164,19 +164,20 @@ TEST(LockShared, AForkChildForgetsTheParentsSleepers) {
     pid_t pid = fork();
     ASSERT_GE(pid, 0);
     if (pid == 0) {
-        int code = sp_probe_lock_sleepers(l) == 1 ? 0 : 10; // inherited
+        int code = sp_probe_lock_sleepers(l) == 1 && sp_probe_lock_waiting(l) == 1 ? 0 : 10;
         sp_probe_fork_child(l);
         sp_probe_unlock(l);
         sp_probe_lock(l);
         sp_probe_unlock(l);
-        if (code == 0 && (sp_probe_lock_word(l) != 0 || sp_probe_lock_sleepers_word(l) != 0))
+        if (code == 0 && (sp_probe_lock_word(l) != 0 || sp_probe_lock_sleepers_word(l) != 0 ||
+                          sp_probe_lock_waiting(l) != 0))
             code = 11;
         _exit(code);
     }
     int status = 0;
     ASSERT_EQ(waitpid(pid, &status, 0), pid);
     EXPECT_TRUE(WIFEXITED(status));
-    EXPECT_EQ(WEXITSTATUS(status), 0) << "10: no sleeper inherited; 11: one left counted";
+    EXPECT_EQ(WEXITSTATUS(status), 0) << "10: no sleeper or waiter inherited; 11: one left counted";
     sp_probe_unlock(l);
     ASSERT_TRUE(wait_for([&] { return stage.load() == 1; }));
     contender.join();
