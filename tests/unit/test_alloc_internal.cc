@@ -498,6 +498,103 @@ TEST_F(AllocInternal, BiasIsRevokedOnceByASecondThreadAndGivenBackAtShutdown) {
     EXPECT_FALSE(fast_shared()) << "the owner's next init biases again";
 }
 
+// Two threads taking turns, each turn longer than a streak, so the lock's bias moves to the
+// thread whose turn it is and is revoked at the next turn, every turn, and the waiting thread
+// takes a pair now and then in the middle of the other's turn: each thread keeps blocks
+// across turns with its mark written in them, frees some of the other's, and checks every block
+// it frees still holds the mark it was given (a block handed out twice, or a free set changed by
+// two threads at once, shows there); nothing is left allocated at the end.
+TEST_F(AllocInternal, TurnsLongerThanAStreakMoveTheBiasAndKeepEveryBlock) {
+    ASSERT_SP_OK(sp_init());
+    if (fast_shared()) {
+        ASSERT_SP_OK(sp_shutdown());
+        GTEST_SKIP() << "no bias here (no membarrier, or another thread of this binary owned it)";
+    }
+    sp__lock_streak_pin(1024);
+    struct held_t {
+        uint64_t *p;
+        uint64_t mark;
+    };
+    std::vector<held_t> shared_blocks; // handed across turns (the turn's thread alone touches it)
+    std::atomic<int> turn{0}, bad{0}, failed{0};
+    bool biased_in_a_turn = false;
+    const int turns = 24, pairs = 1500;
+    auto worker = [&](int id) {
+        std::vector<held_t> mine;
+        unsigned seed = 977u * (unsigned)(id + 1);
+        for (int t = id; t < turns; t += 2) {
+            // While the other thread has its turn, a pair now and then: a revocation in the
+            // middle of its streak or of its bias, with both threads inside sp_malloc at once.
+            for (int w = 0; turn.load() != t; w++) {
+                if (w % 64 != 63) {
+                    std::this_thread::yield();
+                    continue;
+                }
+                void *q = nullptr;
+                if (sp_malloc(4096, 0, nullptr, &q) != SP_SUCCESS) {
+                    failed.fetch_add(1);
+                    continue;
+                }
+                static_cast<uint64_t *>(q)[0] = ~(uint64_t)id;
+                std::this_thread::yield();
+                if (static_cast<uint64_t *>(q)[0] != ~(uint64_t)id)
+                    bad.fetch_add(1);
+                if (sp_free(q) != SP_SUCCESS)
+                    failed.fetch_add(1);
+            }
+            for (int i = 0; i < pairs; i++) {
+                seed = seed * 1103515245u + 12345u;
+                size_t size = 512u << ((seed >> 16) % 8); // 512 B .. 64 KiB
+                void *q = nullptr;
+                if (sp_malloc(size, 0, nullptr, &q) != SP_SUCCESS) {
+                    failed.fetch_add(1);
+                    continue;
+                }
+                uint64_t mark = ((uint64_t)id << 48) | ((uint64_t)t << 24) | (uint64_t)i;
+                static_cast<uint64_t *>(q)[0] = mark;
+                if (i % 97 == 0) {
+                    mine.push_back({static_cast<uint64_t *>(q), mark});
+                    continue;
+                }
+                if (static_cast<uint64_t *>(q)[0] != mark)
+                    bad.fetch_add(1);
+                if (sp_free(q) != SP_SUCCESS)
+                    failed.fetch_add(1);
+            }
+            if (t >= 2 && !fast_shared())
+                biased_in_a_turn = true;
+            // Free half of what the other thread left, leave half of this thread's for it.
+            for (size_t k = 0; k < shared_blocks.size(); k += 2) {
+                if (shared_blocks[k].p[0] != shared_blocks[k].mark)
+                    bad.fetch_add(1);
+                if (sp_free(shared_blocks[k].p) != SP_SUCCESS)
+                    failed.fetch_add(1);
+            }
+            std::vector<held_t> keep;
+            for (size_t k = 1; k < shared_blocks.size(); k += 2)
+                keep.push_back(shared_blocks[k]);
+            for (size_t k = 0; k < mine.size(); k++)
+                keep.push_back(mine[k]);
+            mine.clear();
+            shared_blocks.swap(keep);
+            turn.store(t + 1);
+        }
+    };
+    std::thread a(worker, 0), b(worker, 1);
+    a.join();
+    b.join();
+    for (auto &h : shared_blocks) {
+        EXPECT_EQ(h.p[0], h.mark);
+        ASSERT_SP_OK(sp_free(h.p));
+    }
+    EXPECT_EQ(bad.load(), 0) << "a block lost its mark";
+    EXPECT_EQ(failed.load(), 0);
+    EXPECT_TRUE(biased_in_a_turn) << "the bias never followed a turn";
+    EXPECT_EQ(sp_memory_allocated(0), 0u);
+    sp__lock_streak_pin(0);
+    ASSERT_SP_OK(sp_shutdown());
+}
+
 // Re-biasing (core_lock.h): after another thread's call revoked the bias, a thread that then
 // allocates alone gets the lock biased to itself after SP_LOCK_STREAK CAS takes (two a pair), and
 // its hits leave the CAS; the first owner's next call revokes again. The blocks stay the same
