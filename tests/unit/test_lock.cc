@@ -184,6 +184,23 @@ TEST(LockShared, AForkChildForgetsTheParentsSleepers) {
     std::free(l);
 }
 
+// With the calling thread inside l biased: another thread that takes l takes the word (1) and
+// waits; it enters only after this thread's unlock (which this gives).
+static void expect_revoker_waits_for_owner(void *l) {
+    std::atomic<int> entered{0};
+    std::thread revoker([&] {
+        sp_probe_lock(l);
+        entered.store(1);
+        sp_probe_unlock(l);
+    });
+    ASSERT_TRUE(wait_for([&] { return sp_probe_lock_word(l) == 1; }));
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    EXPECT_EQ(entered.load(), 0) << "entered while the owner was inside";
+    sp_probe_unlock(l);
+    ASSERT_TRUE(wait_for([&] { return entered.load() == 1; }));
+    revoker.join();
+}
+
 // The bias (core_lock.h): the owner enters with plain stores, another thread revokes the bias
 // (the word from BIASED to 1, a process-wide barrier, a wait for the owner's `in` to be 0). In
 // each of many trials a fresh biased lock is hammered by the owner and by a second thread that
@@ -250,18 +267,7 @@ TEST(LockBias, TheRevokerWaitsForTheOwnerInside) {
     sp_probe_lock(l);
     EXPECT_EQ(sp_probe_lock_word(l), 2) << "held by the owner, biased";
     EXPECT_EQ(sp_probe_lock_in(l), 1);
-    std::atomic<int> entered{0};
-    std::thread revoker([&] {
-        sp_probe_lock(l);
-        entered.store(1);
-        sp_probe_unlock(l);
-    });
-    ASSERT_TRUE(wait_for([&] { return sp_probe_lock_word(l) == 1; }));
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-    EXPECT_EQ(entered.load(), 0) << "entered while the owner was inside";
-    sp_probe_unlock(l);
-    ASSERT_TRUE(wait_for([&] { return entered.load() == 1; }));
-    revoker.join();
+    ASSERT_NO_FATAL_FAILURE(expect_revoker_waits_for_owner(l));
     sp_probe_lock(l);
     EXPECT_EQ(sp_probe_lock_word(l), 1) << "the owner takes it as anyone now";
     EXPECT_EQ(sp_probe_lock_in(l), 0);
@@ -404,18 +410,7 @@ TEST(LockRebias, TheRevokerWaitsForTheRebiasedOwnerInside) {
     ASSERT_EQ(sp_probe_lock_word(l), kRebiased);
     sp_probe_lock(l);
     EXPECT_EQ(sp_probe_lock_rebiased_in(l), 1);
-    std::atomic<int> entered{0};
-    std::thread revoker([&] {
-        sp_probe_lock(l);
-        entered.store(1);
-        sp_probe_unlock(l);
-    });
-    ASSERT_TRUE(wait_for([&] { return sp_probe_lock_word(l) == 1; }));
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-    EXPECT_EQ(entered.load(), 0) << "entered while the owner was inside";
-    sp_probe_unlock(l);
-    ASSERT_TRUE(wait_for([&] { return entered.load() == 1; }));
-    revoker.join();
+    ASSERT_NO_FATAL_FAILURE(expect_revoker_waits_for_owner(l));
     std::free(l);
 }
 
