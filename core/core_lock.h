@@ -62,10 +62,10 @@
  * next owner's).
  *
  * Re-biasing (SP_LOCK_REBIASED): a thread that took a biasable lock with the CAS a streak of
- * times in a row (SP_LOCK_STREAK or more), with nobody asleep on it, gives it back biased to itself
- * (sp__lock_rebias): the lock follows the thread that now uses it alone (the forward pass's thread,
- * then the backward pass's), at the price of one revocation each time its user changes, at most
- * once per streak. Such a bias has an entry word of the owner's own, in its entry record
+ * times in a row (SP_LOCK_STREAK or more), with nobody waiting for it, gives it back biased to
+ * itself (sp__lock_rebias): the lock follows the thread that now uses it alone (the forward pass's
+ * thread, then the backward pass's), at the price of one revocation each time its user changes, at
+ * most once per streak. Such a bias has an entry word of the owner's own, in its entry record
  * (sp_lock_rec_t, `rec_owner`): a former owner stopped anywhere in its entry writes only its own
  * record, and its look at the word (REBIASED) and at `rec_owner` after its store sends it back.
  * The record is found through the lock, not in thread-local storage (whose model in a shared
@@ -112,10 +112,11 @@ extern sp_lock_rec_t sp__lock_no_rec;
 
 /* CAS takes in a row by one thread after which it takes the bias (see sp_lock_t): at least
  * SP_LOCK_STREAK, and more where revocations cost more. A revocation's barrier interrupts every
- * processor that runs one of the process's threads: 0.1 us on the 2026-11-29 machine when the
- * other threads sleep, 20 us when one spins on another processor (a virtual machine's
- * interrupts). A biased take saves about 5 ns over the CAS (bench_alloc: 19 against 29 ns a
- * pair), so the streak is the revocations' recent cost over 2.5 ns: a lock re-biased at the end of
+ * processor that runs one of the process's threads: on the 2026-11-29 machine (a virtual machine
+ * with two processors) 1-5 us on average in bench_alloc's phases with the waiting thread asleep,
+ * 23-34 us with it spinning on the other processor. A biased take saves about 5 ns over the CAS
+ * (bench_alloc: 19 against 29 ns a pair), so the streak is the revocations' recent cost over
+ * 2.5 ns: a lock re-biased at the end of
  * a streak and revoked at once has cost its thread at most about half again what the streak's CAS
  * takes cost, and a longer run pays the barrier back (sp__lock_streak_len; at most INT16_MAX). */
 #define SP_LOCK_STREAK 1024
