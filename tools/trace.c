@@ -1084,8 +1084,9 @@ typedef struct addr_first {
 
 /* a (in event order) by address, events at one address kept in their order (by address, then
  * event index), by a stable radix sort on the address's bits above the lowest address
- * (11 at a time: four passes for a 2^44-byte span), where qsort cost 45 instructions an element a
- * pass for log2 n passes (a fifth of a full step's replay). false when out of memory. */
+ * (11 at a time: four passes for a 2^44-byte span), where qsort cost about 45 instructions an
+ * element a pass for log2 n passes (6% of a full step's whole replay process). false when out of
+ * memory. */
 static bool sort_addr_first(addr_first_t *a, size_t n) {
     if (n < 2)
         return true;
