@@ -253,10 +253,15 @@ static inline bool sp__lock_owner_take(sp_lock_t *l) {
 
 /* ---- re-biased locks (SP_LOCK_REBIASED; see sp_lock_t) ------------------------------------- */
 
+/* Is r the calling thread's record? */
+static inline bool sp__lock_rec_is_mine(sp_lock_rec_t *r) {
+    return atomic_load_explicit(&r->thread, memory_order_relaxed) == SP_LOCK_ME();
+}
+
 /* The calling thread's record if it is l's re-bias owner's, else NULL. */
 static inline sp_lock_rec_t *sp__lock_rec_mine(const sp_lock_t *l) {
     sp_lock_rec_t *r = __atomic_load_n(&l->rec_owner, __ATOMIC_RELAXED);
-    return atomic_load_explicit(&r->thread, memory_order_relaxed) == SP_LOCK_ME() ? r : NULL;
+    return sp__lock_rec_is_mine(r) ? r : NULL;
 }
 
 /* Does the word say REBIASED, and is r still the owner's record? The word first: a re-biaser
@@ -291,11 +296,6 @@ static inline bool sp__lock_enter_rebiased_as(sp_lock_t *l, sp_lock_rec_t *r) {
         return true;
     atomic_store_explicit(&r->in, 0, memory_order_release);
     return false;
-}
-
-/* Is r the calling thread's record? */
-static inline bool sp__lock_rec_is_mine(sp_lock_rec_t *r) {
-    return atomic_load_explicit(&r->thread, memory_order_relaxed) == SP_LOCK_ME();
 }
 
 static inline bool sp__lock_take_rebiased(sp_lock_t *l) {

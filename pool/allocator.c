@@ -1314,40 +1314,36 @@ static __attribute__((noinline)) sp_status_t malloc_full(size_t size, int device
     return s;
 }
 
-/* The hit of a process whose locks are not biased: the same checks and hit as malloc_fast, the
- * lock taken with a CAS. */
+/* sp_malloc once sp__fast_malloc_on said yes: the checks the hit needs, then the hit with the
+ * lock taken as mode says (any thread the mode does not fit goes on to malloc_full). The copies
+ * below are functions of their own so that sp_malloc saves no register before it knows which way
+ * it goes. */
+static inline __attribute__((always_inline)) sp_status_t
+malloc_hit_or_full(size_t size, int device, sp_stream_t stream, void **ptr_p, hit_mode_t mode) {
+    sp_status_t s;
+    if (SP_LIKELY((unsigned)device < (unsigned)sp__g.ndev && ptr_p && size - 1 < SP_ONE_EB - 1 &&
+                  !is_pseudo_stream(stream)) &&
+        malloc_hit(&sp__g.devs[device], size, stream, ptr_p, &s, mode))
+        return s;
+    return malloc_full(size, device, stream, ptr_p);
+}
+
+/* The hit of a process whose locks are not biased: the lock taken with a CAS. */
 static __attribute__((noinline)) sp_status_t malloc_shared(size_t size, int device,
                                                            sp_stream_t stream, void **ptr_p) {
-    sp_status_t s;
-    if (SP_LIKELY((unsigned)device < (unsigned)sp__g.ndev && ptr_p && size - 1 < SP_ONE_EB - 1 &&
-                  !is_pseudo_stream(stream)) &&
-        malloc_hit(&sp__g.devs[device], size, stream, ptr_p, &s, HIT_CAS))
-        return s;
-    return malloc_full(size, device, stream, ptr_p);
+    return malloc_hit_or_full(size, device, stream, ptr_p, HIT_CAS);
 }
 
-/* sp_malloc once sp__fast_malloc_on said yes, in the bias owner (any other thread goes on to
- * malloc_full). A function of its own so that sp_malloc saves no register before it knows which
- * way it goes. */
+/* The first bias owner's hit. */
 static __attribute__((noinline)) sp_status_t malloc_fast(size_t size, int device,
                                                          sp_stream_t stream, void **ptr_p) {
-    sp_status_t s;
-    if (SP_LIKELY((unsigned)device < (unsigned)sp__g.ndev && ptr_p && size - 1 < SP_ONE_EB - 1 &&
-                  !is_pseudo_stream(stream)) &&
-        malloc_hit(&sp__g.devs[device], size, stream, ptr_p, &s, HIT_BIASED))
-        return s;
-    return malloc_full(size, device, stream, ptr_p);
+    return malloc_hit_or_full(size, device, stream, ptr_p, HIT_BIASED);
 }
 
-/* sp_malloc's hit in a re-bias owner (see malloc_fast). */
+/* A re-bias owner's hit. */
 static __attribute__((noinline)) sp_status_t malloc_rebiased(size_t size, int device,
                                                              sp_stream_t stream, void **ptr_p) {
-    sp_status_t s;
-    if (SP_LIKELY((unsigned)device < (unsigned)sp__g.ndev && ptr_p && size - 1 < SP_ONE_EB - 1 &&
-                  !is_pseudo_stream(stream)) &&
-        malloc_hit(&sp__g.devs[device], size, stream, ptr_p, &s, HIT_REBIASED))
-        return s;
-    return malloc_full(size, device, stream, ptr_p);
+    return malloc_hit_or_full(size, device, stream, ptr_p, HIT_REBIASED);
 }
 
 SP_EXPORT sp_status_t sp_malloc(size_t size, int device, sp_stream_t stream, void **ptr_p) {
