@@ -335,15 +335,25 @@ TEST(LockBias, TheFirstTakerOfANobodysLockOwnsIt) {
     std::free(l);
 }
 
+// The re-bias tests: each starts from a fresh bias (sp_probe_bias_begin: pinned streak) and a
+// lock whose first bias the test's thread owns; without membarrier there is no bias to test.
+class LockRebias : public ::testing::Test {
+  protected:
+    void SetUp() override {
+        if (!sp_probe_bias_begin())
+            GTEST_SKIP() << "no bias here (no membarrier)";
+        l = sp_probe_lock_new();
+        ASSERT_NE(l, nullptr);
+        sp_probe_bias(l);
+    }
+    void TearDown() override { std::free(l); }
+    void *l = nullptr;
+};
+
 // Re-biasing (core_lock.h): a thread that takes a biasable lock with the CAS SP_LOCK_STREAK
 // times in a row gets it biased to itself (the word REBIASED, its entries plain stores into its
 // own record); the next other thread revokes that bias as it revoked the first.
-TEST(LockRebias, AStreakOfCasTakesRebiasesTheLockToItsThread) {
-    if (!sp_probe_bias_begin())
-        GTEST_SKIP() << "no bias here (no membarrier)";
-    void *l = sp_probe_lock_new();
-    ASSERT_NE(l, nullptr);
-    sp_probe_bias(l); // this thread owns the first bias
+TEST_F(LockRebias, AStreakOfCasTakesRebiasesTheLockToItsThread) {
     const int streak = sp_probe_lock_streak();
     std::atomic<int> step{0};
     std::thread b([&] {
@@ -380,7 +390,6 @@ TEST(LockRebias, AStreakOfCasTakesRebiasesTheLockToItsThread) {
     EXPECT_EQ(sp_probe_lock_word(l), 0);
     step.store(2);
     b.join();
-    std::free(l);
 }
 
 // Makes l re-biased to the calling thread (it must not own it yet): a streak of CAS takes.
@@ -393,12 +402,7 @@ static void rebias_to_me(void *l) {
 
 // A revoker that comes while the re-bias owner is inside takes the word (1) and waits for the
 // owner's record to let go of the lock.
-TEST(LockRebias, TheRevokerWaitsForTheRebiasedOwnerInside) {
-    if (!sp_probe_bias_begin())
-        GTEST_SKIP() << "no bias here (no membarrier)";
-    void *l = sp_probe_lock_new();
-    ASSERT_NE(l, nullptr);
-    sp_probe_bias(l);
+TEST_F(LockRebias, TheRevokerWaitsForTheRebiasedOwnerInside) {
     std::thread([&] { rebias_to_me(l); }).join(); // revokes, then the streak (its thread ended)
     ASSERT_EQ(sp_probe_lock_word(l), kRebiased);
     std::thread([&] {
@@ -411,18 +415,12 @@ TEST(LockRebias, TheRevokerWaitsForTheRebiasedOwnerInside) {
     sp_probe_lock(l);
     EXPECT_EQ(sp_probe_lock_rebiased_in(l), 1);
     ASSERT_NO_FATAL_FAILURE(expect_revoker_waits_for_owner(l));
-    std::free(l);
 }
 
 // A former owner stopped between its look at the owner and its store enters with its own record:
 // its store lands there, the checks after it send it back, and the new owner inside is still
 // seen inside (what an entry word kept in the lock would lose).
-TEST(LockRebias, AFormerOwnerStoppedInItsEntryStepsBack) {
-    if (!sp_probe_bias_begin())
-        GTEST_SKIP() << "no bias here (no membarrier)";
-    void *l = sp_probe_lock_new();
-    ASSERT_NE(l, nullptr);
-    sp_probe_bias(l);
+TEST_F(LockRebias, AFormerOwnerStoppedInItsEntryStepsBack) {
     std::atomic<void *> a_rec{nullptr};
     std::atomic<int> step{0};
     std::thread a([&] {
@@ -449,18 +447,13 @@ TEST(LockRebias, AFormerOwnerStoppedInItsEntryStepsBack) {
     sp_probe_unlock(l);
     step.store(4);
     a.join();
-    std::free(l);
 }
 
 // A thread holding a re-biased lock takes another it owns (the shutdown and the fork handler take
 // every device lock): as an ordinary lock, given back re-biased to it, nothing counted as lost.
-TEST(LockRebias, ANestedTakeGivesTheBiasBack) {
-    if (!sp_probe_bias_begin())
-        GTEST_SKIP() << "no bias here (no membarrier)";
-    void *a = sp_probe_lock_new(), *b = sp_probe_lock_new();
-    ASSERT_NE(a, nullptr);
+TEST_F(LockRebias, ANestedTakeGivesTheBiasBack) {
+    void *a = l, *b = sp_probe_lock_new();
     ASSERT_NE(b, nullptr);
-    sp_probe_bias(a);
     sp_probe_bias(b);
     std::thread([&] { // another thread's streaks: both locks re-biased to it
         rebias_to_me(a);
@@ -481,18 +474,12 @@ TEST(LockRebias, ANestedTakeGivesTheBiasBack) {
         sp_probe_unlock(b);
     })
         .join();
-    std::free(a);
     std::free(b);
 }
 
 // Records are never freed, and a thread's goes back when it ends: more threads than there are
 // records become owners one after another, and each is re-biased to in its turn.
-TEST(LockRebias, TheRecordsOfEndedThreadsAreTakenAgain) {
-    if (!sp_probe_bias_begin())
-        GTEST_SKIP() << "no bias here (no membarrier)";
-    void *l = sp_probe_lock_new();
-    ASSERT_NE(l, nullptr);
-    sp_probe_bias(l);
+TEST_F(LockRebias, TheRecordsOfEndedThreadsAreTakenAgain) {
     const int threads = 1100; // more than core_lock.c's RECS
     for (int t = 0; t < threads; t++) {
         int word = -1;
@@ -502,18 +489,12 @@ TEST(LockRebias, TheRecordsOfEndedThreadsAreTakenAgain) {
         }).join();
         ASSERT_EQ(word, kRebiased) << "thread " << t;
     }
-    std::free(l);
 }
 
 // The lock changing hands: three threads take turns (bursts longer than a streak, so the lock is
 // re-biased at every turn and revoked at the next), then hammer it all at once in bursts of
 // random lengths; every increment made under the lock counts.
-TEST(LockRebias, ExcludesWhileTheBiasMovesBetweenThreads) {
-    if (!sp_probe_bias_begin())
-        GTEST_SKIP() << "no bias here (no membarrier)";
-    void *l = sp_probe_lock_new();
-    ASSERT_NE(l, nullptr);
-    sp_probe_bias(l);
+TEST_F(LockRebias, ExcludesWhileTheBiasMovesBetweenThreads) {
     const int nthreads = 3, turns = 12, burst = sp_probe_lock_streak() + 200;
     const long free_for_all = 20000;
     long counter = 0;
@@ -551,16 +532,13 @@ TEST(LockRebias, ExcludesWhileTheBiasMovesBetweenThreads) {
     EXPECT_EQ(sp_probe_rebias_era(), 1) << "the turns re-biased the lock";
     EXPECT_EQ(sp_probe_lock_rebiased_in(l), 0);
     EXPECT_EQ(sp_probe_lock_in(l), 0);
-    std::free(l);
 }
 
 // The streak follows what revocations cost (the barrier's time, a running average, over 2.5 ns),
 // between SP_LOCK_STREAK and INT16_MAX takes: a lock re-biased and revoked at once has cost at
 // most about half again the streak's CAS takes.
-TEST(LockRebias, TheStreakFollowsTheBarriersCost) {
-    sp_probe_streak_pin(0); // follow; from SP_LOCK_STREAK, no barrier seen yet
-    sp_probe_bias_begin();  // pins again: the start of a test
-    sp_probe_streak_pin(0);
+TEST_F(LockRebias, TheStreakFollowsTheBarriersCost) {
+    sp_probe_streak_pin(0); // follow, from SP_LOCK_STREAK (SetUp's fresh start saw no barrier)
     EXPECT_EQ(sp_probe_lock_streak(), 1024);
     EXPECT_EQ(sp_probe_streak_after_barrier(100), 1024) << "a cheap barrier: the floor";
     EXPECT_EQ(sp_probe_streak_after_barrier(20000), 2030) << "average (3 * 100 + 20000) / 4";
