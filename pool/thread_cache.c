@@ -404,9 +404,13 @@ size_t sp__tc_drain(sp_devalloc_t *d) {
  * keeps sp_shutdown from freeing the devices meanwhile. */
 static void tc_exit(void *arg) {
     sp_tcache_t *t = arg;
-    /* Only this thread adds entries, and it is exiting: none once none is seen. */
+    /* Only this thread adds entries, and it is exiting: none once none is seen. But a cache
+     * that ever held a block (cap) goes through every device lock even when it is empty now:
+     * another thread's take_back may have emptied it and still be inside its unlock of our lock
+     * (which reads the lock's sleepers after the store that frees it); it holds that device's
+     * lock until it is out, and the registry lock covers the drains. */
     sp__lock(&t->lock);
-    bool any = t->nused != 0;
+    bool any = t->cap != 0;
     sp__unlock(&t->lock);
     pthread_mutex_lock(&sp__g.init_lock);
     if (any && atomic_load_explicit(&sp__ready, memory_order_acquire)) {

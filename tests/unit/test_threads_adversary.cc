@@ -194,6 +194,55 @@ TEST_F(ThreadsAdversary, StatsPeaksAndDumpsWhileSeveralDevicesAllocate) {
         EXPECT_EQ(sp::stat("allocation.all.current", dev), 0);
 }
 
+// A cache emptied by another thread's frees, whose owner exits right after: the last free's
+// unlock of the owner's cache lock reads the lock after the store that releases it, so the
+// exit must not free the cache until that free is out (it was freed at once: a use after free
+// ThreadSanitizer reports here every time, since the threads learn of each other's progress
+// through relaxed atomics, which order nothing, and the owner then took only the cache's lock).
+TEST_F(ThreadsAdversary, ACacheEmptiedByAnotherThreadOutlivesItsLastUnlock) {
+    sp::ScopedEnv env({{"SYMPOOL_THREAD_CACHE", "1MiB"}});
+    sp::Watchdog wd;
+    ASSERT_SP_OK(sp_init());
+    for (int round = 0; round < 8; round++) {
+        std::vector<void *> handed(64);
+        std::atomic<bool> ready{false};
+        std::atomic<int> freed{0};
+        std::atomic<bool> owner_gone{false};
+        std::thread owner([&] {
+            // Every block cached, then handed out from the cache: none is idle.
+            for (auto &p : handed)
+                ASSERT_SP_OK(sp_malloc(4 * KiB, 0, nullptr, &p));
+            for (auto p : handed)
+                ASSERT_SP_OK(sp_free(p));
+            for (auto &p : handed)
+                ASSERT_SP_OK(sp_malloc(4 * KiB, 0, nullptr, &p));
+            ready.store(true);
+            while (freed.load(std::memory_order_relaxed) < (int)handed.size())
+                std::this_thread::yield();
+        });
+        std::thread freer([&] {
+            while (!ready.load())
+                std::this_thread::yield();
+            for (void *p : handed) {
+                EXPECT_EQ(sp_free(p), SP_SUCCESS);
+                freed.fetch_add(1, std::memory_order_relaxed);
+            }
+            // Not to exit before the owner: this thread's own exit takes locks the owner's
+            // then takes, which would order the last free before the owner's exit.
+            while (!owner_gone.load(std::memory_order_relaxed))
+                std::this_thread::yield();
+        });
+        owner.join();
+        owner_gone.store(true, std::memory_order_relaxed);
+        freer.join();
+    }
+    ASSERT_SP_OK(sp_empty_cache());
+    size_t b = 1, n = 1;
+    ASSERT_SP_OK(sp_x_thread_cache_idle(0, &b, &n));
+    EXPECT_EQ(b, 0u);
+    EXPECT_EQ(sp::stat("allocation.all.current"), 0);
+}
+
 // With the thread cache on, owners exit while another thread frees the blocks they handed out
 // and while a third empties the caches: every block ends up back in the pool, nothing idle.
 TEST_F(ThreadsAdversary, CacheOwnersExitWhileOthersFreeTheirBlocks) {
