@@ -121,9 +121,10 @@ typedef struct sp_devalloc {
     sp_mempool_t *pools;         /* user and symmetric pools in creation order (lock) */
     sp_mempool_t *pools_tail;    /* (lock) */
     sp_ptr_map_t map;            /* allocated blocks by start address (lock) */
-    sp_segment_t **segs;         /* all segments sorted by base address (lock) */
-    size_t nsegs;                /* (lock) */
-    size_t cap_segs;             /* (lock) */
+    struct sp_segidx_ent *segs;  /* segments by base address, and tombstones (segment_index.c) */
+    uint32_t nsegs;              /* entries of segs, tombstones included (lock) */
+    uint32_t cap_segs;           /* (lock) */
+    uint32_t dead_segs;          /* tombstones among them (lock) */
     sp_evq_t *evqs;              /* per-stream event FIFOs (lock) */
     size_t pending_events;       /* entries in all evqs (lock) */
     struct sp_block_slab *slabs; /* where every block and segment struct lives (lock) */

@@ -4,10 +4,16 @@
  * and running a function under every device lock. The primitives the symmetric agreement
  * protocol is built on are in sym_primitives.c.
  *
- * The index is a sorted array of segment pointers (binary search; insert and remove shift the
- * array). It is off the hot path: segments are few and change rarely. Every function here either
- * runs with the device lock held (sp__segidx_*) or takes device locks itself, in device order.
+ * The index is an array of {base, segment} sorted by base (binary search over the bases, no
+ * pointer followed). A removal leaves a tombstone (segment NULL, its base kept), so that a
+ * sp_empty_cache that gives back n segments costs O(n), not O(n^2) shifts of the array; the
+ * tombstones are swept out in one pass once they outnumber the segments (amortized O(1) a
+ * removal). One invariant makes a tombstone as good as a gap: none lies inside a live segment's
+ * range (an insert drops those its new segment covers), so the entry at or below an address,
+ * if a tombstone, says that no segment holds the address. Every function here either runs with
+ * the device lock held (sp__segidx_*) or takes device locks itself, in device order.
  */
+#include <assert.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -18,12 +24,20 @@
 
 /* ---- the address index ------------------------------------------------------------------- */
 
-/* First index whose segment base is > addr. */
-static size_t upper(const sp_devalloc_t *d, uintptr_t addr) {
-    size_t lo = 0, hi = d->nsegs;
+struct sp_segidx_ent {
+    uintptr_t base;
+    sp_segment_t *seg; /* NULL: a tombstone */
+};
+
+/* Fewer tombstones than this are never swept (a sweep is a pass over the array). */
+#define SEGIDX_MIN_SWEEP 64
+
+/* First index whose base is > addr. */
+static uint32_t upper(const sp_devalloc_t *d, uintptr_t addr) {
+    uint32_t lo = 0, hi = d->nsegs;
     while (lo < hi) {
-        size_t mid = (lo + hi) / 2;
-        if (d->segs[mid]->base <= addr)
+        uint32_t mid = lo + (hi - lo) / 2;
+        if (d->segs[mid].base <= addr)
             lo = mid + 1;
         else
             hi = mid;
@@ -31,48 +45,92 @@ static size_t upper(const sp_devalloc_t *d, uintptr_t addr) {
     return lo;
 }
 
-sp_status_t sp__segidx_insert(sp_devalloc_t *d, sp_segment_t *seg) {
-    if (d->nsegs == d->cap_segs) {
-        size_t cap = d->cap_segs ? d->cap_segs * 2 : 64;
-        sp_segment_t **n = realloc(d->segs, cap * sizeof(*n));
-        if (!n)
-            return SP_ERR_SYSTEM;
-        d->segs = n;
-        d->cap_segs = cap;
+/* First index whose base is >= addr. */
+static uint32_t lower(const sp_devalloc_t *d, uintptr_t addr) {
+    uint32_t n = d->nsegs;
+    if (n == 0 || d->segs[n - 1].base < addr)
+        return n; /* segments mostly come in address order: the end, without the search */
+    uint32_t lo = 0, hi = n;
+    while (lo < hi) {
+        uint32_t mid = lo + (hi - lo) / 2;
+        if (d->segs[mid].base < addr)
+            lo = mid + 1;
+        else
+            hi = mid;
     }
-    /* Segments mostly come in address order (the host backend carves its range front to back,
-     * and a replay's starting state makes thousands): the end first, without the search. */
-    size_t n = d->nsegs;
-    size_t i = n == 0 || d->segs[n - 1]->base <= seg->base ? n : upper(d, seg->base);
-    if (i < n)
-        memmove(&d->segs[i + 1], &d->segs[i], (n - i) * sizeof(*d->segs));
-    d->segs[i] = seg;
-    d->nsegs++;
+    return lo;
+}
+
+static void sweep(sp_devalloc_t *d) {
+    uint32_t k = 0;
+    for (uint32_t i = 0; i < d->nsegs; i++)
+        if (d->segs[i].seg)
+            d->segs[k++] = d->segs[i];
+    d->nsegs = k;
+    d->dead_segs = 0;
+}
+
+sp_status_t sp__segidx_insert(sp_devalloc_t *d, sp_segment_t *seg) {
+    uint32_t i = lower(d, seg->base), covered = 0;
+    /* Entries from i on with a base inside the new range can only be tombstones (segments do
+     * not overlap): the first is overwritten, the rest dropped. */
+    while (i + covered < d->nsegs && d->segs[i + covered].base - seg->base < seg->size) {
+        assert(d->segs[i + covered].seg == NULL);
+        covered++;
+    }
+    if (covered == 0 && d->nsegs == d->cap_segs) {
+        if (d->dead_segs) {
+            sweep(d); /* room without growing; i moves with the sweep */
+            i = lower(d, seg->base);
+        } else {
+            uint32_t cap = d->cap_segs ? d->cap_segs * 2 : 64;
+            struct sp_segidx_ent *n =
+                cap > d->cap_segs ? realloc(d->segs, (size_t)cap * sizeof(*n)) : NULL;
+            if (!n)
+                return SP_ERR_SYSTEM;
+            d->segs = n;
+            d->cap_segs = cap;
+        }
+    }
+    if (covered == 0) {
+        memmove(&d->segs[i + 1], &d->segs[i], (size_t)(d->nsegs - i) * sizeof(*d->segs));
+        d->nsegs++;
+    } else if (covered > 1) {
+        memmove(&d->segs[i + 1], &d->segs[i + covered],
+                (size_t)(d->nsegs - i - covered) * sizeof(*d->segs));
+        d->nsegs -= covered - 1;
+    }
+    d->dead_segs -= covered;
+    d->segs[i] = (struct sp_segidx_ent){.base = seg->base, .seg = seg};
     return SP_SUCCESS;
 }
 
 void sp__segidx_remove(sp_devalloc_t *d, sp_segment_t *seg) {
-    size_t i = upper(d, seg->base);
-    if (i == 0 || d->segs[i - 1] != seg)
+    uint32_t i = upper(d, seg->base);
+    if (i == 0 || d->segs[i - 1].seg != seg)
         return;
-    i--;
-    memmove(&d->segs[i], &d->segs[i + 1], (d->nsegs - i - 1) * sizeof(*d->segs));
-    d->nsegs--;
+    d->segs[i - 1].seg = NULL;
+    d->dead_segs++;
+    if (d->dead_segs >= SEGIDX_MIN_SWEEP && d->dead_segs > d->nsegs - d->dead_segs)
+        sweep(d);
 }
 
 bool sp__segidx_overlaps(const sp_devalloc_t *d, uintptr_t base, size_t size) {
-    size_t i = upper(d, base); /* segs[i] is the first segment starting after base */
-    if (i > 0 && base < d->segs[i - 1]->base + d->segs[i - 1]->size)
+    uint32_t i = upper(d, base); /* segs[i] is the first entry starting after base */
+    if (i > 0 && d->segs[i - 1].seg && base - d->segs[i - 1].base < d->segs[i - 1].seg->size)
         return true;
-    return i < d->nsegs && d->segs[i]->base - base < size;
+    for (; i < d->nsegs && d->segs[i].base - base < size; i++)
+        if (d->segs[i].seg)
+            return true;
+    return false;
 }
 
 sp_segment_t *sp__segidx_find(const sp_devalloc_t *d, uintptr_t addr) {
-    size_t i = upper(d, addr);
+    uint32_t i = upper(d, addr);
     if (i == 0)
         return NULL;
-    sp_segment_t *s = d->segs[i - 1];
-    return addr < s->base + s->size ? s : NULL;
+    sp_segment_t *s = d->segs[i - 1].seg;
+    return s && addr - s->base < s->size ? s : NULL;
 }
 
 /* Interior-pointer lookup in O(log n): each segment keeps a sorted array of its block starts,
@@ -275,9 +333,9 @@ sp_status_t sp__pool_walk(int device, const sp_mempool_t *pool, sp_segment_visit
         if (device >= 0 && i != device)
             continue;
         sp_devalloc_t *d = &sp__g.devs[i];
-        for (size_t k = 0; k < d->nsegs && s == SP_SUCCESS; k++) {
-            sp_segment_t *seg = d->segs[k];
-            if (pool && seg->bpool->pool != pool)
+        for (uint32_t k = 0; k < d->nsegs && s == SP_SUCCESS; k++) {
+            sp_segment_t *seg = d->segs[k].seg;
+            if (!seg || (pool && seg->bpool->pool != pool))
                 continue;
             s = visit_segment(d, seg, visit, arg, &buf, &cap);
         }
