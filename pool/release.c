@@ -19,6 +19,7 @@
 #include <stdlib.h>
 
 #include "pool/allocator.h"
+#include "pool/block_set.h"
 #include "pool/expandable.h"
 #include "pool/release.h"
 
@@ -167,19 +168,97 @@ void sp__alloc_sync_events(sp_devalloc_t *d, const sp_mempool_t *pool) {
 
 /* ---- releases ---------------------------------------------------------------------------- */
 
+/* What a release of seg's pool gives back of seg: an expandable segment's free pages (the
+ * segment too once it is unmapped end to end), a whole free segment, else nothing. */
+static size_t release_one(sp_devalloc_t *d, sp_segment_t *seg, uint32_t context) {
+    if (seg->expandable)
+        return sp__exp_release(d, seg, context);
+    if (!sp__block_releasable(seg->head))
+        return 0;
+    size_t size = seg->size;
+    sp__alloc_release_segment(d, seg, context);
+    return size;
+}
+
+static int by_seq(const void *a, const void *b) {
+    uint64_t x = (*(sp_segment_t *const *)a)->seq, y = (*(sp_segment_t *const *)b)->seq;
+    return x < y ? -1 : x > y;
+}
+
+typedef struct {
+    sp_segment_t **v;
+    size_t n, cap;
+} seg_list_t;
+
+static bool seg_add(seg_list_t *l, sp_segment_t *seg) {
+    if (l->n == l->cap) {
+        size_t cap = l->cap ? 2 * l->cap : 16;
+        sp_segment_t **v = realloc(l->v, cap * sizeof(*v));
+        if (!v)
+            return false;
+        l->v = v;
+        l->cap = cap;
+    }
+    l->v[l->n++] = seg;
+    return true;
+}
+
+/* The segments of `stream` in bp that a release may give back something of: those of its free
+ * blocks (a whole free segment, or an expandable one) and of its unmapped ones (an expandable
+ * segment unmapped end to end). Both are ordered by stream first: the free set from its first
+ * block of the stream, the unmapped list up to the end of the stream's run. */
+static bool stream_candidates(sp_bpool_t *bp, sp_stream_t stream, seg_list_t *l) {
+    for (sp_block_t *b = sp__bset_lower_bound(&bp->free, stream, 0);
+         b && sp__block_stream(b) == stream; b = sp__bset_succ(&bp->free, b)) {
+        sp_segment_t *seg = sp__bseg(b);
+        if ((seg->expandable || sp__block_releasable(b)) && !seg_add(l, seg))
+            return false;
+    }
+    for (sp_block_t *u = bp->unmapped; u; u = sp__blk0(u->right)) {
+        if ((uintptr_t)sp__block_stream(u) > (uintptr_t)stream)
+            break;
+        if (sp__block_stream(u) == stream && !seg_add(l, sp__bseg(u)))
+            return false;
+    }
+    return true;
+}
+
+/* A release of one stream's segments (sp_stream_destroy: each one would otherwise walk every
+ * segment of the device, O(n) a stream for a program that makes and ends streams as it goes):
+ * the candidates from the free sets and unmapped lists, then each once in the pool's own order
+ * (seq: the segment list's, so the history's segment_free entries come as a walk gives them).
+ * false, having released nothing, without host memory for the list. */
+static bool release_stream(sp_devalloc_t *d, sp_mempool_t *pool, sp_stream_t stream,
+                           uint32_t context, size_t *freed_p) {
+    seg_list_t l = {0};
+    if (!stream_candidates(&pool->small, stream, &l) ||
+        !stream_candidates(&pool->large, stream, &l)) {
+        free(l.v);
+        return false;
+    }
+    if (l.n > 1)
+        qsort(l.v, l.n, sizeof(*l.v), by_seq);
+    size_t freed = 0;
+    for (size_t i = 0; i < l.n; i++)
+        if (i == 0 || l.v[i] != l.v[i - 1]) /* an expandable segment comes once a block */
+            freed += release_one(d, l.v[i], context);
+    free(l.v);
+    *freed_p = freed;
+    return true;
+}
+
+bool sp__release_by_walk;
+
 size_t sp__alloc_release_pool(sp_devalloc_t *d, sp_mempool_t *pool, bool filter_stream,
                               sp_stream_t stream, uint32_t context) {
     size_t freed = 0;
+    if (filter_stream && !sp__release_by_walk && release_stream(d, pool, stream, context, &freed))
+        return freed;
     sp_segment_t *seg = pool->seg_head;
     while (seg) {
         sp_segment_t *nx = seg->pnext;
-        if (seg->expandable) {
-            if (!filter_stream || seg->stream == stream)
-                freed += sp__exp_release(d, seg, context); /* free pages; the segment if empty */
-        } else if (sp__block_releasable(seg->head) && (!filter_stream || seg->stream == stream)) {
-            freed += seg->size;
-            sp__alloc_release_segment(d, seg, context);
-        }
+        if (!filter_stream || seg->stream == stream)
+            freed += release_one(d, seg, context);
         seg = nx;
     }
     return freed;

@@ -16,9 +16,12 @@ void sp__alloc_sync_events(sp_devalloc_t *d, const sp_mempool_t *pool);
 sp_status_t sp__alloc_insert_events(sp_devalloc_t *d, sp_block_t *b);
 /* Every release below takes `context`, the history context of the call that releases (0 if it
  * gathered none), for the segment_free entries (sp__alloc_release_segment). */
-/* Release the fully free segments of one pool (stream filter when filter_stream). */
+/* Release the fully free segments of one pool (stream filter when filter_stream: found through
+ * the pool's free sets, not a walk of every segment, unless sp__release_by_walk). */
 size_t sp__alloc_release_pool(sp_devalloc_t *d, sp_mempool_t *pool, bool filter_stream,
                               sp_stream_t stream, uint32_t context);
+/* Tests: a stream's release walks every segment too, as it did before (the two must agree). */
+extern bool sp__release_by_walk;
 /* PyTorch's release_cached_blocks({0,0}): sync events, free default and freeable pools. */
 void sp__alloc_release_cached(sp_devalloc_t *d, uint32_t context);
 bool sp__alloc_release_available(sp_devalloc_t *d, sp_bpool_t *bp, size_t size, sp_stream_t stream,
