@@ -1,13 +1,18 @@
 /*
- * bench_empty_cache: what sp_empty_cache costs per segment it gives back, as the number of
- * segments grows (a long training run can hold thousands: one per tensor of 10 MiB or more).
- * Each round makes N segments (N allocations of 12 MiB, each its own segment), frees them all
- * (they stay cached) and times one sp_empty_cache; the figure is the median of ROUNDS, in ns a
- * segment. A cost a segment that stays flat as N grows is linear; one that grows with N is not.
- * On the host backend with its arena (no system call a segment), so the figure is the
- * allocator's own bookkeeping. One JSON line per N.
+ * bench_release: what giving cached segments back costs as their number grows, for the two
+ * calls that do it (a long training run can hold thousands of segments: one per tensor of
+ * 10 MiB or more; a program may make a stream per task and end it after).
+ * - empty_cache: each round makes N segments (N allocations of 12 MiB, each its own segment),
+ *   frees them all (they stay cached) and times one sp_empty_cache: ns a segment.
+ * - stream_destroy: each round makes N streams with a block of 4 KiB each (a 2 MiB segment of
+ *   the stream's own), frees the blocks (cached under their streams) and times the N
+ *   sp_stream_destroy calls: ns a stream. Each releases its stream's segment among the others.
+ * The figure is the median of ROUNDS. A cost a segment (a stream) that stays flat as N grows
+ * is linear in all; one that grows with N is not. On the host backend with its arena (no
+ * system call a segment), so the figure is the allocator's own bookkeeping. One JSON line per
+ * case and N.
  *
- * Usage: bench_empty_cache [ROUNDS [N...]]   (default 5 rounds; N = 1000 4000 16000 64000)
+ * Usage: bench_release [ROUNDS [N...]]   (default 5 rounds; N = 1000 4000 16000 64000)
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -40,12 +45,35 @@ static int one_round(size_t n, void **ptrs, double *ns_p) {
     return 0;
 }
 
+static int streams_round(size_t n, void **ptrs, sp_stream_t *streams, double *ns_p) {
+    for (size_t i = 0; i < n; i++)
+        if (sp_stream_create(0, &streams[i]) != SP_SUCCESS ||
+            sp_malloc(4096, 0, streams[i], &ptrs[i]) != SP_SUCCESS) {
+            fprintf(stderr, "stream #%zu: %s\n", i, sp_last_error());
+            return 1;
+        }
+    for (size_t i = 0; i < n; i++)
+        if (sp_free(ptrs[i]) != SP_SUCCESS) {
+            fprintf(stderr, "sp_free: %s\n", sp_last_error());
+            return 1;
+        }
+    double t0 = bench_now_ns();
+    for (size_t i = 0; i < n; i++)
+        if (sp_stream_destroy(streams[i]) != SP_SUCCESS) {
+            fprintf(stderr, "sp_stream_destroy: %s\n", sp_last_error());
+            return 1;
+        }
+    double t1 = bench_now_ns();
+    *ns_p = (t1 - t0) / (double)n;
+    return 0;
+}
+
 int main(int argc, char **argv) {
     int rounds = argc > 1 ? atoi(argv[1]) : 5;
     size_t def[] = {1000, 4000, 16000, 64000};
     size_t nn = argc > 2 ? (size_t)(argc - 2) : sizeof def / sizeof def[0];
     if (rounds < 1 || rounds > 1000) {
-        fprintf(stderr, "usage: bench_empty_cache [ROUNDS (1-1000) [N...]]\n");
+        fprintf(stderr, "usage: bench_release [ROUNDS (1-1000) [N...]]\n");
         return 2;
     }
     /* Address space only: 64000 segments of 12 MiB are 750 GiB of it, never touched. */
@@ -63,12 +91,24 @@ int main(int argc, char **argv) {
             fprintf(stderr, "bad N or out of memory\n");
             return 1;
         }
+        sp_stream_t *streams = malloc(n * sizeof *streams);
+        if (!streams) {
+            fprintf(stderr, "out of memory\n");
+            return 1;
+        }
         for (int r = 0; r < rounds; r++)
             if (one_round(n, ptrs, &ns[r]) != 0)
                 return 1;
-        printf("{\"bench\":\"empty_cache\",\"segments\":%zu,\"rounds\":%d,"
-               "\"ns_per_segment\":%.1f}\n",
+        printf("{\"bench\":\"release\",\"case\":\"empty_cache\",\"segments\":%zu,"
+               "\"rounds\":%d,\"ns_per_segment\":%.1f}\n",
                n, rounds, bench_median(ns, rounds));
+        for (int r = 0; r < rounds; r++)
+            if (streams_round(n, ptrs, streams, &ns[r]) != 0)
+                return 1;
+        printf("{\"bench\":\"release\",\"case\":\"stream_destroy\",\"streams\":%zu,"
+               "\"rounds\":%d,\"ns_per_stream\":%.1f}\n",
+               n, rounds, bench_median(ns, rounds));
+        free(streams);
         free(ptrs);
         free(ns);
     }
