@@ -348,10 +348,21 @@ static inline bool sp__lock_streak_ends(sp_lock_t *l) {
  * child has that thread alone, so nobody sleeps on the lock or waits for it; the counts of the
  * parent's sleepers and waiters copied with it are forgotten (kept, every unlock in the child
  * would go to sp__unlock_wake for good, and no streak would re-bias the lock, as no such thread
- * is left to count itself out). */
+ * is left to count itself out). A lock the forking thread entered biased (its own) whose word is
+ * 1 was being revoked: another thread of the parent took the word and waits for the forking
+ * thread to leave. The child has no such thread, so the forking thread takes the word over and
+ * leaves its biased entry: its unlock then gives the word back, an ordinary lock as the
+ * revocation counted it (given back biased only, the word stayed held and the child's next take
+ * of the lock waited forever; LockBias.AForkChildFreesALockWhoseRevokerItDoesNotHave). */
 static inline void sp__lock_fork_child(sp_lock_t *l) {
     atomic_store_explicit(&l->sleepers, 0, memory_order_relaxed);
     atomic_store_explicit(&l->waiting, 0, memory_order_relaxed);
+    if (atomic_load_explicit(&l->v, memory_order_relaxed) != 1)
+        return;
+    if (sp__lock_mine(l) && atomic_load_explicit(&l->in, memory_order_relaxed))
+        sp__unlock_biased(l);
+    else if (sp__lock_held_rebiased(l))
+        sp__unlock_rebiased(l);
 }
 
 void sp__lock_slow(sp_lock_t *l);

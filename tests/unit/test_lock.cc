@@ -201,6 +201,53 @@ static void expect_revoker_waits_for_owner(void *l) {
     revoker.join();
 }
 
+// The fork handler takes every device lock in its prepare step; the forking thread enters the ones
+// it owns biased. Another thread that wants one meanwhile takes its word (1) and waits for the
+// forking thread to leave: forked then, the child inherits a word held by a revoker it does not
+// have. sp__lock_fork_child (what the child's handler calls before its unlock) gives that word to
+// the forking thread, so that its unlock frees the lock (it gave back only its biased entry, and
+// the child's next take of the lock waited forever). rebias: the forking thread owns a re-bias
+// (its entry in its record), else the first bias.
+static void expect_fork_child_frees_a_lock_a_revoker_waits_for(void *l, bool rebias) {
+    sp_probe_lock(l); // inside, biased
+    ASSERT_EQ(sp_probe_lock_word(l), rebias ? kRebiased : 2);
+    ASSERT_EQ(rebias ? sp_probe_lock_rebiased_in(l) : sp_probe_lock_in(l), 1);
+    std::atomic<int> entered{0};
+    std::thread revoker([&] {
+        sp_probe_lock(l);
+        entered.store(1);
+        sp_probe_unlock(l);
+    });
+    ASSERT_TRUE(wait_for([&] { return sp_probe_lock_word(l) == 1; })) << "no revocation began";
+    pid_t pid = fork();
+    ASSERT_GE(pid, 0);
+    if (pid == 0) { // the handler's steps, then a take and a look (no wait: no thread here)
+        sp_probe_fork_child(l);
+        sp_probe_unlock(l);
+        _exit(sp_probe_lock_word(l) == 0 && sp_probe_lock_in(l) == 0 &&
+                      sp_probe_lock_rebiased_in(l) == 0
+                  ? 0
+                  : 10 + sp_probe_lock_word(l));
+    }
+    int status = 0;
+    ASSERT_EQ(waitpid(pid, &status, 0), pid);
+    EXPECT_TRUE(WIFEXITED(status));
+    EXPECT_EQ(WEXITSTATUS(status), 0) << "the child's lock is held (11: by the parent's revoker)";
+    sp_probe_unlock(l);
+    ASSERT_TRUE(wait_for([&] { return entered.load() == 1; }));
+    revoker.join();
+}
+
+TEST(LockBias, AForkChildFreesALockWhoseRevokerItDoesNotHave) {
+    if (!sp_probe_bias_begin())
+        GTEST_SKIP() << "no bias here (no membarrier, or another thread owned it)";
+    void *l = sp_probe_lock_new();
+    ASSERT_NE(l, nullptr);
+    sp_probe_bias(l);
+    ASSERT_NO_FATAL_FAILURE(expect_fork_child_frees_a_lock_a_revoker_waits_for(l, false));
+    std::free(l);
+}
+
 // The bias (core_lock.h): the owner enters with plain stores, another thread revokes the bias
 // (the word from BIASED to 1, a process-wide barrier, a wait for the owner's `in` to be 0). In
 // each of many trials a fresh biased lock is hammered by the owner and by a second thread that
@@ -475,6 +522,17 @@ TEST_F(LockRebias, ANestedTakeGivesTheBiasBack) {
     })
         .join();
     std::free(b);
+}
+
+// As LockBias.AForkChildFreesALockWhoseRevokerItDoesNotHave, the forking thread inside a re-bias.
+TEST_F(LockRebias, AForkChildFreesALockWhoseRevokerItDoesNotHave) {
+    std::thread([&] {
+        sp_probe_lock(l);
+        sp_probe_unlock(l);
+    }).join(); // revokes the first bias
+    rebias_to_me(l);
+    ASSERT_EQ(sp_probe_lock_word(l), kRebiased);
+    ASSERT_NO_FATAL_FAILURE(expect_fork_child_frees_a_lock_a_revoker_waits_for(l, true));
 }
 
 // Records are never freed, and a thread's goes back when it ends: more threads than there are
