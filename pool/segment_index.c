@@ -32,17 +32,20 @@ struct sp_segidx_ent {
 /* Fewer tombstones than this are never swept (a sweep is a pass over the array). */
 #define SEGIDX_MIN_SWEEP 64
 
-/* First index whose base is > addr. */
+/* First index whose base is > addr. Branch-free: the range halves by a conditional move, so a
+ * search costs no mispredictions (sp_empty_cache's removals look up a first live entry that
+ * moves along the tombstones; a compare and branch guessed wrong at about every level). */
 static uint32_t upper(const sp_devalloc_t *d, uintptr_t addr) {
-    uint32_t lo = 0, hi = d->nsegs;
-    while (lo < hi) {
-        uint32_t mid = lo + (hi - lo) / 2;
-        if (d->segs[mid].base <= addr)
-            lo = mid + 1;
-        else
-            hi = mid;
+    uint32_t n = d->nsegs;
+    if (n == 0)
+        return 0;
+    const struct sp_segidx_ent *b = d->segs; /* the answer is in [b, b + n] */
+    while (n > 1) {
+        uint32_t half = n / 2;
+        b = b[half].base <= addr ? b + half : b;
+        n -= half;
     }
-    return lo;
+    return (uint32_t)(b - d->segs) + (b->base <= addr);
 }
 
 /* First index whose base is >= addr. */
