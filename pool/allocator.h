@@ -125,7 +125,7 @@ typedef struct sp_devalloc {
     uint32_t nsegs;              /* entries of segs, tombstones included (lock) */
     uint32_t cap_segs;           /* (lock) */
     uint32_t dead_segs;          /* tombstones among them (lock) */
-    sp_evq_t *evqs;              /* per-stream event FIFOs (lock) */
+    struct sp_evq_set *evqs;     /* per-stream event FIFOs, and their index (release.c) (lock) */
     size_t pending_events;       /* entries in all evqs (lock) */
     struct sp_block_slab *slabs; /* where every block and segment struct lives (lock) */
     struct sp_block_slab *kept;  /* unused slabs earlier allocators of this device left (lock) */

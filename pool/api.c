@@ -68,6 +68,7 @@ static void dev_fini(sp_devalloc_t *d) {
         sp__mempool_retire(d->default_pool);
     sp__block_slabs_free(d);
     sp__ptr_map_fini(&d->map);
+    sp__alloc_events_fini(d);
     free(d->segs);
 }
 

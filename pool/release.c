@@ -17,6 +17,7 @@
  * ended, as PyTorch defers such events until no capture is underway.
  */
 #include <stdlib.h>
+#include <string.h>
 
 #include "pool/allocator.h"
 #include "pool/block_set.h"
@@ -25,17 +26,103 @@
 
 /* ---- events ------------------------------------------------------------------------------ */
 
+/* The device's queues: a list (the order process_events and sync_events go in: the newest
+ * queue first) and an index by stream, so that a free recorded on many streams finds each
+ * stream's queue in O(1) (a walk of the list was O(streams with frees pending) an event, as
+ * PyTorch's own map of queues is not: a program with thousands of streams paid it for each).
+ * The index is open addressing with linear probing, at most half full, rebuilt from the list
+ * when it grows or a queue is dropped (both already passes over the list); without host memory
+ * for it the list alone serves. */
+struct sp_evq_set {
+    sp_evq_t *head;
+    sp_evq_t **slot; /* [cap], NULL: empty */
+    uint32_t cap;    /* a power of two, or 0: no index */
+    uint32_t n;      /* queues in the list */
+};
+
+static sp_evq_t *evq_head(const sp_devalloc_t *d) {
+    return d->evqs ? d->evqs->head : NULL;
+}
+
+static size_t evq_slot(sp_stream_t s, uint32_t cap) {
+    return (size_t)(((uint64_t)(uintptr_t)s * 0x9E3779B97F4A7C15ull) >> 32) & (cap - 1);
+}
+
+static void index_put(struct sp_evq_set *set, sp_evq_t *q) {
+    size_t i = evq_slot(q->stream, set->cap);
+    while (set->slot[i])
+        i = (i + 1) & (set->cap - 1);
+    set->slot[i] = q;
+}
+
+/* The index again from the list, with room for its queues. */
+static void index_rebuild(struct sp_evq_set *set) {
+    uint32_t cap = 16;
+    while (cap < 2 * (uint64_t)set->n)
+        cap *= 2;
+    if (cap != set->cap) {
+        free(set->slot);
+        set->slot = calloc(cap, sizeof(*set->slot));
+        set->cap = set->slot ? cap : 0;
+        if (!set->slot)
+            return;
+    } else {
+        memset(set->slot, 0, (size_t)cap * sizeof(*set->slot));
+    }
+    for (sp_evq_t *q = set->head; q; q = q->next)
+        index_put(set, q);
+}
+
+static sp_evq_t *queue_find(const struct sp_evq_set *set, sp_stream_t stream) {
+    if (!set->cap) {
+        for (sp_evq_t *q = set->head; q; q = q->next)
+            if (q->stream == stream)
+                return q;
+        return NULL;
+    }
+    for (size_t i = evq_slot(stream, set->cap);; i = (i + 1) & (set->cap - 1))
+        if (!set->slot[i] || set->slot[i]->stream == stream)
+            return set->slot[i];
+}
+
 static sp_evq_t *queue_for(sp_devalloc_t *d, sp_stream_t stream) {
-    for (sp_evq_t *q = d->evqs; q; q = q->next)
-        if (q->stream == stream)
-            return q;
-    sp_evq_t *q = calloc(1, sizeof(*q));
+    struct sp_evq_set *set = d->evqs;
+    if (!set && !(set = d->evqs = calloc(1, sizeof(*set))))
+        return NULL;
+    sp_evq_t *q = queue_find(set, stream);
+    if (q)
+        return q;
+    q = calloc(1, sizeof(*q));
     if (!q)
         return NULL;
     q->stream = stream;
-    q->next = d->evqs;
-    d->evqs = q;
+    q->next = set->head;
+    set->head = q;
+    set->n++;
+    if (2 * (uint64_t)set->n > set->cap)
+        index_rebuild(set);
+    else
+        index_put(set, q);
     return q;
+}
+
+void sp__alloc_events_fini(sp_devalloc_t *d) {
+    struct sp_evq_set *set = d->evqs;
+    if (!set)
+        return;
+    /* Left only by a capture under way at sp_shutdown (sync_events keeps deferred entries):
+     * their events were never made, and their blocks go with the device. */
+    for (sp_evq_t *q = set->head, *nq; q; q = nq) {
+        nq = q->next;
+        for (sp_evq_entry_t *e = q->head, *ne; e; e = ne) {
+            ne = e->next;
+            free(e);
+        }
+        free(q);
+    }
+    free(set->slot);
+    free(set);
+    d->evqs = NULL;
 }
 
 sp_status_t sp__alloc_insert_events(sp_devalloc_t *d, sp_block_t *b) {
@@ -91,15 +178,24 @@ static void entry_done(sp_devalloc_t *d, sp_evq_entry_t *e) {
 }
 
 static void drop_empty_queues(sp_devalloc_t *d) {
-    sp_evq_t **pp = &d->evqs;
+    struct sp_evq_set *set = d->evqs;
+    if (!set)
+        return;
+    uint32_t dropped = 0;
+    sp_evq_t **pp = &set->head;
     while (*pp) {
         sp_evq_t *q = *pp;
         if (!q->head) {
             *pp = q->next;
             free(q);
+            dropped++;
         } else {
             pp = &q->next;
         }
+    }
+    if (dropped) {
+        set->n -= dropped;
+        index_rebuild(set);
     }
 }
 
@@ -120,7 +216,7 @@ static bool record_deferred(sp_devalloc_t *d, sp_stream_t stream, sp_evq_entry_t
 }
 
 void sp__alloc_process_events(sp_devalloc_t *d) {
-    for (sp_evq_t *q = d->evqs; q; q = q->next) {
+    for (sp_evq_t *q = evq_head(d); q; q = q->next) {
         /* FIFO per stream: stop at the first event not done, so a slow stream delays only its
          * own queue. */
         while (q->head) {
@@ -141,7 +237,7 @@ void sp__alloc_process_events(sp_devalloc_t *d) {
 
 void sp__alloc_sync_events(sp_devalloc_t *d, const sp_mempool_t *pool) {
     d->stats.num_sync_all_streams++;
-    for (sp_evq_t *q = d->evqs; q; q = q->next) {
+    for (sp_evq_t *q = evq_head(d); q; q = q->next) {
         sp_evq_entry_t *prev = NULL, *e = q->head;
         while (e) {
             sp_evq_entry_t *nx = e->next;

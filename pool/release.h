@@ -14,6 +14,8 @@ void sp__alloc_process_events(sp_devalloc_t *d);
 /* Synchronize the events of every pending block (pool != NULL: only that pool's). */
 void sp__alloc_sync_events(sp_devalloc_t *d, const sp_mempool_t *pool);
 sp_status_t sp__alloc_insert_events(sp_devalloc_t *d, sp_block_t *b);
+/* The device's event queues freed (dev_fini). */
+void sp__alloc_events_fini(sp_devalloc_t *d);
 /* Every release below takes `context`, the history context of the call that releases (0 if it
  * gathered none), for the segment_free entries (sp__alloc_release_segment). */
 /* Release the fully free segments of one pool (stream filter when filter_stream: found through

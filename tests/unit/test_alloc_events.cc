@@ -216,3 +216,57 @@ TEST_F(AllocEvents, WalkShowsAPendingFreeAndItsEnd) {
     ASSERT_SP_OK(sp_free(r));
     ASSERT_SP_OK(sp_stream_destroy(other));
 }
+
+// Frees recorded on many streams (more than the queues' index starts with, so it grows, and
+// is rebuilt as streams' queues empty and go): each block's free completes exactly when the
+// last of its streams is synchronized, not earlier and not later (an event filed under another
+// stream's queue would wait behind that stream's), and queues made after others were dropped
+// are found again.
+TEST_F(AllocEvents, FreesRecordedOnManyStreamsCompleteWithTheirOwnStreams) {
+    SP_SKIP_ON_GPU("host stream model: on a GPU an idle stream's event completes at once");
+    const int n = 100;
+    std::vector<sp_stream_t> s(n);
+    for (auto &x : s)
+        ASSERT_SP_OK(sp_stream_create(0, &x));
+    // `all` is used on every stream, block i on stream i alone.
+    void *all = nullptr;
+    std::vector<void *> one(n);
+    ASSERT_SP_OK(sp_malloc(8192, 0, nullptr, &all));
+    for (auto &p : one)
+        ASSERT_SP_OK(sp_malloc(4096, 0, nullptr, &p));
+    for (int i = 0; i < n; i++) {
+        ASSERT_SP_OK(sp_record_stream(all, s[i]));
+        ASSERT_SP_OK(sp_record_stream(one[i], s[i]));
+    }
+    ASSERT_SP_OK(sp_free(all));
+    for (auto p : one)
+        ASSERT_SP_OK(sp_free(p));
+    EXPECT_EQ(stat("active.all.current"), n + 1);
+    auto settle = [] { // a malloc completes the frees whose events are done
+        void *x = nullptr;
+        ASSERT_SP_OK(sp_malloc(1 << 16, 0, nullptr, &x));
+        ASSERT_SP_OK(sp_free(x));
+    };
+    // Synchronize the streams in a scrambled order (37 is prime to 100).
+    for (int k = 0; k < n; k++) {
+        int i = (k * 37 + 11) % n;
+        ASSERT_SP_OK(sp_stream_synchronize(s[i]));
+        settle();
+        EXPECT_EQ(stat("active.all.current"), k + 1 < n ? n - k : 0)
+            << "after stream " << i << ", the " << k + 1 << "th synchronized";
+        // Half way, new frees on streams whose queues have emptied and gone.
+        if (k == n / 2) {
+            void *again = nullptr;
+            ASSERT_SP_OK(sp_malloc(4096, 0, nullptr, &again));
+            ASSERT_SP_OK(sp_record_stream(again, s[i]));
+            ASSERT_SP_OK(sp_free(again));
+            settle();
+            EXPECT_EQ(stat("active.all.current"), n - k + 1) << "a new free on stream " << i;
+            ASSERT_SP_OK(sp_stream_synchronize(s[i]));
+            settle();
+            EXPECT_EQ(stat("active.all.current"), n - k);
+        }
+    }
+    for (auto x : s)
+        ASSERT_SP_OK(sp_stream_destroy(x));
+}
