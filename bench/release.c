@@ -7,6 +7,9 @@
  * - stream_destroy: each round makes N streams with a block of 4 KiB each (a 2 MiB segment of
  *   the stream's own), frees the blocks (cached under their streams) and times the N
  *   sp_stream_destroy calls: ns a stream. Each releases its stream's segment among the others.
+ * - pending_frees: each round makes N streams and N blocks, records block i on stream i, and
+ *   times the N frees (each queues an event on its stream: N queues pending by the end): ns a
+ *   free. The streams are then synchronized and destroyed.
  * The figure is the median of ROUNDS. A cost a segment (a stream) that stays flat as N grows
  * is linear in all; one that grows with N is not. On the host backend with its arena (no
  * system call a segment), so the figure is the allocator's own bookkeeping. One JSON line per
@@ -68,6 +71,39 @@ static int streams_round(size_t n, void **ptrs, sp_stream_t *streams, double *ns
     return 0;
 }
 
+static int pending_round(size_t n, void **ptrs, sp_stream_t *streams, double *ns_p) {
+    for (size_t i = 0; i < n; i++)
+        if (sp_stream_create(0, &streams[i]) != SP_SUCCESS ||
+            sp_malloc(4096, 0, NULL, &ptrs[i]) != SP_SUCCESS ||
+            sp_record_stream(ptrs[i], streams[i]) != SP_SUCCESS) {
+            fprintf(stderr, "block #%zu: %s\n", i, sp_last_error());
+            return 1;
+        }
+    double t0 = bench_now_ns();
+    for (size_t i = 0; i < n; i++)
+        if (sp_free(ptrs[i]) != SP_SUCCESS) {
+            fprintf(stderr, "sp_free: %s\n", sp_last_error());
+            return 1;
+        }
+    double t1 = bench_now_ns();
+    for (size_t i = 0; i < n; i++)
+        if (sp_stream_synchronize(streams[i]) != SP_SUCCESS) {
+            fprintf(stderr, "sp_stream_synchronize: %s\n", sp_last_error());
+            return 1;
+        }
+    for (size_t i = 0; i < n; i++)
+        if (sp_stream_destroy(streams[i]) != SP_SUCCESS) {
+            fprintf(stderr, "sp_stream_destroy: %s\n", sp_last_error());
+            return 1;
+        }
+    if (sp_empty_cache() != SP_SUCCESS) {
+        fprintf(stderr, "sp_empty_cache: %s\n", sp_last_error());
+        return 1;
+    }
+    *ns_p = (t1 - t0) / (double)n;
+    return 0;
+}
+
 int main(int argc, char **argv) {
     int rounds = argc > 1 ? atoi(argv[1]) : 5;
     size_t def[] = {1000, 4000, 16000, 64000};
@@ -107,6 +143,12 @@ int main(int argc, char **argv) {
                 return 1;
         printf("{\"bench\":\"release\",\"case\":\"stream_destroy\",\"streams\":%zu,"
                "\"rounds\":%d,\"ns_per_stream\":%.1f}\n",
+               n, rounds, bench_median(ns, rounds));
+        for (int r = 0; r < rounds; r++)
+            if (pending_round(n, ptrs, streams, &ns[r]) != 0)
+                return 1;
+        printf("{\"bench\":\"release\",\"case\":\"pending_frees\",\"streams\":%zu,"
+               "\"rounds\":%d,\"ns_per_free\":%.1f}\n",
                n, rounds, bench_median(ns, rounds));
         free(streams);
         free(ptrs);
