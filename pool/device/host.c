@@ -163,6 +163,7 @@ typedef struct host_stream {
     int device;         /* owner device; immutable */
     uint64_t recorded;  /* events recorded on this stream so far; device lock */
     uint64_t completed; /* records [1, completed] are complete; device lock */
+    size_t events;      /* live events whose last record is on this stream; device lock */
 } host_stream_t;
 
 typedef struct host_event {
@@ -715,15 +716,16 @@ static sp_status_t host_stream_destroy(int device, sp_dev_stream_t stream) {
                          "host device %d: stream_destroy of unknown stream %p", device, stream);
     }
     /* Destroying a stream lets its queued work finish (as cudaStreamDestroy does): events still
-     * pointing at it become complete and forget it, so nothing dangles. */
-    for (size_t i = 0; i < dev->events.cap; i++) {
+     * pointing at it become complete and forget it, so nothing dangles. Only live events can
+     * (a destroyed one forgets its stream), and the stream counts them: most destroys have none
+     * and walk nothing (a walk of every event a destroy was quadratic in streams). */
+    for (size_t i = 0; ((host_stream_t *)stream)->events && i < dev->events.cap; i++) {
         host_event_t *e = (host_event_t *)dev->events.keys[i];
-        if (e && e->stream == (host_stream_t *)stream)
+        if (e && e->stream == (host_stream_t *)stream) {
             e->stream = NULL;
+            ((host_stream_t *)stream)->events--;
+        }
     }
-    for (host_event_t *e = dev->free_events; e; e = e->next)
-        if (e->stream == (host_stream_t *)stream)
-            e->stream = NULL;
     pthread_mutex_unlock(&dev->mu);
     free(stream);
     return SP_SUCCESS;
@@ -815,6 +817,8 @@ static sp_status_t host_event_destroy(int device, sp_dev_event_t event) {
     bool ok = phash_del(&dev->events, (uintptr_t)event);
     if (ok) {
         host_event_t *e = event;
+        if (e->stream)
+            e->stream->events--;
         e->stream = NULL;
         e->next = dev->free_events;
         dev->free_events = e;
@@ -834,7 +838,10 @@ static sp_status_t host_event_record(int device, sp_dev_event_t event, sp_dev_st
     bool known = phash_find(&dev->events, (uintptr_t)event, NULL);
     if (s && known) {
         host_event_t *e = event;
+        if (e->stream)
+            e->stream->events--;
         e->stream = s;
+        s->events++;
         e->seq = ++s->recorded;
     }
     pthread_mutex_unlock(&dev->mu);

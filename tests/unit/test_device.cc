@@ -315,6 +315,64 @@ TEST_F(DeviceTest, EventCompletesOnlyAfterItsStreamIsSynchronized) {
     ASSERT_SP_OK(ops_->stream_destroy(1, b));
 }
 
+// A stream's destroy completes the live events whose last record is on it, and only those: an
+// event recorded again on another stream waits for that one; destroyed (pooled) events and
+// events of other streams are not walked for it (the stream counts its events, so a destroy
+// with none walks nothing), and none is left pointing at the freed stream (ASan would see it).
+TEST_F(DeviceTest, AStreamDestroyCompletesItsOwnEventsOnly) {
+    select_host({});
+    sp_dev_stream_t a = nullptr, c = nullptr;
+    ASSERT_SP_OK(ops_->stream_create(0, &a));
+    ASSERT_SP_OK(ops_->stream_create(0, &c));
+    std::vector<sp_dev_event_t> on_a(20), moved(5);
+    for (auto &e : on_a) {
+        ASSERT_SP_OK(ops_->event_create(0, &e));
+        ASSERT_SP_OK(ops_->event_record(0, e, a));
+        ASSERT_SP_OK(ops_->event_record(0, e, a)); // twice: counted once
+    }
+    for (auto &e : moved) {
+        ASSERT_SP_OK(ops_->event_create(0, &e));
+        ASSERT_SP_OK(ops_->event_record(0, e, a));
+        ASSERT_SP_OK(ops_->event_record(0, e, c)); // now c's
+    }
+    for (size_t i = 0; i < on_a.size(); i += 2) // half destroyed (pooled) before the stream
+        ASSERT_SP_OK(ops_->event_destroy(0, on_a[i]));
+    ASSERT_SP_OK(ops_->stream_destroy(0, a));
+    bool done = false;
+    for (size_t i = 1; i < on_a.size(); i += 2) {
+        ASSERT_SP_OK(ops_->event_query(0, on_a[i], &done));
+        EXPECT_TRUE(done) << "event " << i << " of the destroyed stream";
+    }
+    for (auto e : moved) {
+        ASSERT_SP_OK(ops_->event_query(0, e, &done));
+        EXPECT_FALSE(done) << "recorded on c last";
+    }
+    ASSERT_SP_OK(ops_->stream_sync(0, c));
+    for (auto e : moved) {
+        ASSERT_SP_OK(ops_->event_query(0, e, &done));
+        EXPECT_TRUE(done);
+    }
+    // Pooled events come back unrecorded, and a new stream's destroy completes them again.
+    sp_dev_stream_t d = nullptr;
+    ASSERT_SP_OK(ops_->stream_create(0, &d));
+    std::vector<sp_dev_event_t> again(10);
+    for (auto &e : again) {
+        ASSERT_SP_OK(ops_->event_create(0, &e));
+        ASSERT_SP_OK(ops_->event_record(0, e, d));
+    }
+    ASSERT_SP_OK(ops_->stream_destroy(0, d));
+    for (auto e : again) {
+        ASSERT_SP_OK(ops_->event_query(0, e, &done));
+        EXPECT_TRUE(done);
+        ASSERT_SP_OK(ops_->event_destroy(0, e));
+    }
+    for (size_t i = 1; i < on_a.size(); i += 2)
+        ASSERT_SP_OK(ops_->event_destroy(0, on_a[i]));
+    for (auto e : moved)
+        ASSERT_SP_OK(ops_->event_destroy(0, e));
+    ASSERT_SP_OK(ops_->stream_destroy(0, c));
+}
+
 TEST_F(DeviceTest, EventOnDefaultStream) {
     select_host({});
     sp_dev_event_t e = nullptr;
