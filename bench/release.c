@@ -17,6 +17,7 @@
  *
  * Usage: bench_release [ROUNDS [N...]]   (default 5 rounds; N = 1000 4000 16000 64000)
  */
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -48,59 +49,53 @@ static int one_round(size_t n, void **ptrs, double *ns_p) {
     return 0;
 }
 
-static int streams_round(size_t n, void **ptrs, sp_stream_t *streams, double *ns_p) {
+/* fn on each of the n handles (blocks or streams: both are void *), 1 at the first failure. */
+static int each(const char *what, sp_status_t (*fn)(void *), void **v, size_t n) {
+    for (size_t i = 0; i < n; i++)
+        if (fn(v[i]) != SP_SUCCESS) {
+            fprintf(stderr, "%s: %s\n", what, sp_last_error());
+            return 1;
+        }
+    return 0;
+}
+
+/* n streams with a 4 KiB block each: allocated on its stream, or on the default stream and
+ * recorded on it (`recorded`). */
+static int streams_with_blocks(size_t n, void **ptrs, sp_stream_t *streams, bool recorded) {
     for (size_t i = 0; i < n; i++)
         if (sp_stream_create(0, &streams[i]) != SP_SUCCESS ||
-            sp_malloc(4096, 0, streams[i], &ptrs[i]) != SP_SUCCESS) {
+            sp_malloc(4096, 0, recorded ? NULL : streams[i], &ptrs[i]) != SP_SUCCESS ||
+            (recorded && sp_record_stream(ptrs[i], streams[i]) != SP_SUCCESS)) {
             fprintf(stderr, "stream #%zu: %s\n", i, sp_last_error());
             return 1;
         }
-    for (size_t i = 0; i < n; i++)
-        if (sp_free(ptrs[i]) != SP_SUCCESS) {
-            fprintf(stderr, "sp_free: %s\n", sp_last_error());
-            return 1;
-        }
+    return 0;
+}
+
+static int streams_round(size_t n, void **ptrs, sp_stream_t *streams, double *ns_p) {
+    if (streams_with_blocks(n, ptrs, streams, false) || each("sp_free", sp_free, ptrs, n))
+        return 1;
     double t0 = bench_now_ns();
-    for (size_t i = 0; i < n; i++)
-        if (sp_stream_destroy(streams[i]) != SP_SUCCESS) {
-            fprintf(stderr, "sp_stream_destroy: %s\n", sp_last_error());
-            return 1;
-        }
-    double t1 = bench_now_ns();
-    *ns_p = (t1 - t0) / (double)n;
+    if (each("sp_stream_destroy", sp_stream_destroy, streams, n))
+        return 1;
+    *ns_p = (bench_now_ns() - t0) / (double)n;
     return 0;
 }
 
 static int pending_round(size_t n, void **ptrs, sp_stream_t *streams, double *ns_p) {
-    for (size_t i = 0; i < n; i++)
-        if (sp_stream_create(0, &streams[i]) != SP_SUCCESS ||
-            sp_malloc(4096, 0, NULL, &ptrs[i]) != SP_SUCCESS ||
-            sp_record_stream(ptrs[i], streams[i]) != SP_SUCCESS) {
-            fprintf(stderr, "block #%zu: %s\n", i, sp_last_error());
-            return 1;
-        }
+    if (streams_with_blocks(n, ptrs, streams, true))
+        return 1;
     double t0 = bench_now_ns();
-    for (size_t i = 0; i < n; i++)
-        if (sp_free(ptrs[i]) != SP_SUCCESS) {
-            fprintf(stderr, "sp_free: %s\n", sp_last_error());
-            return 1;
-        }
-    double t1 = bench_now_ns();
-    for (size_t i = 0; i < n; i++)
-        if (sp_stream_synchronize(streams[i]) != SP_SUCCESS) {
-            fprintf(stderr, "sp_stream_synchronize: %s\n", sp_last_error());
-            return 1;
-        }
-    for (size_t i = 0; i < n; i++)
-        if (sp_stream_destroy(streams[i]) != SP_SUCCESS) {
-            fprintf(stderr, "sp_stream_destroy: %s\n", sp_last_error());
-            return 1;
-        }
+    if (each("sp_free", sp_free, ptrs, n))
+        return 1;
+    *ns_p = (bench_now_ns() - t0) / (double)n;
+    if (each("sp_stream_synchronize", sp_stream_synchronize, streams, n) ||
+        each("sp_stream_destroy", sp_stream_destroy, streams, n))
+        return 1;
     if (sp_empty_cache() != SP_SUCCESS) {
         fprintf(stderr, "sp_empty_cache: %s\n", sp_last_error());
         return 1;
     }
-    *ns_p = (t1 - t0) / (double)n;
     return 0;
 }
 
