@@ -53,15 +53,7 @@ static uint32_t lower(const sp_devalloc_t *d, uintptr_t addr) {
     uint32_t n = d->nsegs;
     if (n == 0 || d->segs[n - 1].base < addr)
         return n; /* segments mostly come in address order: the end, without the search */
-    uint32_t lo = 0, hi = n;
-    while (lo < hi) {
-        uint32_t mid = lo + (hi - lo) / 2;
-        if (d->segs[mid].base < addr)
-            lo = mid + 1;
-        else
-            hi = mid;
-    }
-    return lo;
+    return addr == 0 ? 0 : upper(d, addr - 1);
 }
 
 static void sweep(sp_devalloc_t *d) {
