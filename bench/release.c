@@ -27,7 +27,8 @@
 
 #define SEG_BYTES ((size_t)12 << 20)
 
-static int one_round(size_t n, void **ptrs, double *ns_p) {
+static int empty_cache_round(size_t n, void **ptrs, sp_stream_t *streams, double *ns_p) {
+    (void)streams;
     for (size_t i = 0; i < n; i++)
         if (sp_malloc(SEG_BYTES, 0, NULL, &ptrs[i]) != SP_SUCCESS) {
             fprintf(stderr, "sp_malloc #%zu: %s\n", i, sp_last_error());
@@ -99,6 +100,13 @@ static int pending_round(size_t n, void **ptrs, sp_stream_t *streams, double *ns
     return 0;
 }
 
+static const struct {
+    const char *name, *count, *per; /* the JSON line's case, what N counts, its figure */
+    int (*round)(size_t n, void **ptrs, sp_stream_t *streams, double *ns_p);
+} cases[3] = {{"empty_cache", "segments", "ns_per_segment", empty_cache_round},
+              {"stream_destroy", "streams", "ns_per_stream", streams_round},
+              {"pending_frees", "streams", "ns_per_free", pending_round}};
+
 int main(int argc, char **argv) {
     int rounds = argc > 1 ? atoi(argv[1]) : 5;
     size_t def[] = {1000, 4000, 16000, 64000};
@@ -117,34 +125,21 @@ int main(int argc, char **argv) {
     for (size_t k = 0; k < nn; k++) {
         size_t n = argc > 2 ? strtoull(argv[2 + k], NULL, 10) : def[k];
         void **ptrs = n ? malloc(n * sizeof *ptrs) : NULL;
+        sp_stream_t *streams = n ? malloc(n * sizeof *streams) : NULL;
         double *ns = malloc((size_t)rounds * sizeof *ns);
-        if (!n || !ptrs || !ns) {
+        if (!n || !ptrs || !streams || !ns) {
             fprintf(stderr, "bad N or out of memory\n");
             return 1;
         }
-        sp_stream_t *streams = malloc(n * sizeof *streams);
-        if (!streams) {
-            fprintf(stderr, "out of memory\n");
-            return 1;
+        for (int c = 0; c < 3; c++) {
+            for (int r = 0; r < rounds; r++)
+                if (cases[c].round(n, ptrs, streams, &ns[r]) != 0)
+                    return 1;
+            printf("{\"bench\":\"release\",\"case\":\"%s\",\"%s\":%zu,\"rounds\":%d,"
+                   "\"%s\":%.1f}\n",
+                   cases[c].name, cases[c].count, n, rounds, cases[c].per,
+                   bench_median(ns, rounds));
         }
-        for (int r = 0; r < rounds; r++)
-            if (one_round(n, ptrs, &ns[r]) != 0)
-                return 1;
-        printf("{\"bench\":\"release\",\"case\":\"empty_cache\",\"segments\":%zu,"
-               "\"rounds\":%d,\"ns_per_segment\":%.1f}\n",
-               n, rounds, bench_median(ns, rounds));
-        for (int r = 0; r < rounds; r++)
-            if (streams_round(n, ptrs, streams, &ns[r]) != 0)
-                return 1;
-        printf("{\"bench\":\"release\",\"case\":\"stream_destroy\",\"streams\":%zu,"
-               "\"rounds\":%d,\"ns_per_stream\":%.1f}\n",
-               n, rounds, bench_median(ns, rounds));
-        for (int r = 0; r < rounds; r++)
-            if (pending_round(n, ptrs, streams, &ns[r]) != 0)
-                return 1;
-        printf("{\"bench\":\"release\",\"case\":\"pending_frees\",\"streams\":%zu,"
-               "\"rounds\":%d,\"ns_per_free\":%.1f}\n",
-               n, rounds, bench_median(ns, rounds));
         free(streams);
         free(ptrs);
         free(ns);

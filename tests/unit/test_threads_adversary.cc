@@ -194,6 +194,17 @@ TEST_F(ThreadsAdversary, StatsPeaksAndDumpsWhileSeveralDevicesAllocate) {
         EXPECT_EQ(sp::stat("allocation.all.current", dev), 0);
 }
 
+// After the threads of a cache test are gone: emptied, no thread cache holds an idle block and
+// nothing is allocated or requested.
+static void expect_nothing_cached_or_live() {
+    ASSERT_SP_OK(sp_empty_cache());
+    size_t b = 1, n = 1;
+    ASSERT_SP_OK(sp_x_thread_cache_idle(0, &b, &n));
+    EXPECT_EQ(b, 0u);
+    EXPECT_EQ(sp::stat("allocation.all.current"), 0);
+    EXPECT_EQ(sp::stat("requested_bytes.all.current"), 0);
+}
+
 // A cache emptied by another thread's frees, whose owner exits right after: the last free's
 // unlock of the owner's cache lock reads the lock after the store that releases it, so the
 // exit must not free the cache until that free is out (it was freed at once: a use after free
@@ -236,11 +247,7 @@ TEST_F(ThreadsAdversary, ACacheEmptiedByAnotherThreadOutlivesItsLastUnlock) {
         owner_gone.store(true, std::memory_order_relaxed);
         freer.join();
     }
-    ASSERT_SP_OK(sp_empty_cache());
-    size_t b = 1, n = 1;
-    ASSERT_SP_OK(sp_x_thread_cache_idle(0, &b, &n));
-    EXPECT_EQ(b, 0u);
-    EXPECT_EQ(sp::stat("allocation.all.current"), 0);
+    expect_nothing_cached_or_live();
 }
 
 // With the thread cache on, owners exit while another thread frees the blocks they handed out
@@ -287,12 +294,7 @@ TEST_F(ThreadsAdversary, CacheOwnersExitWhileOthersFreeTheirBlocks) {
     }
     stop = true;
     drainer.join();
-    ASSERT_SP_OK(sp_empty_cache());
-    size_t b = 1, n = 1;
-    ASSERT_SP_OK(sp_x_thread_cache_idle(0, &b, &n));
-    EXPECT_EQ(b, 0u);
-    EXPECT_EQ(sp::stat("allocation.all.current"), 0);
-    EXPECT_EQ(sp::stat("requested_bytes.all.current"), 0);
+    expect_nothing_cached_or_live();
 }
 
 // sp_shutdown while live threads keep idle blocks in their caches: the shutdown takes them back,
