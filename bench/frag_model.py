@@ -32,6 +32,8 @@ Policies (which free range a request takes, and at which end):
                 its size were freed within 16 events of their allocation more than twice as often
                 as they outlived 16 events (an online guess of a temporary), else to the first
   split64       the same with 64 events
+  ctx1, ctx2, ctx4  split64, with the guess kept per size and the 1, 2 or 4 sizes requested just
+                before it (the place in the program, as far as the sequence of requests tells)
 
 A policy followed by `+mesh` (e.g. `side+mesh`) prints a bound instead: what the pages would be if
 partly used pages whose live bytes (at 512-byte grain) do not overlap shared one physical page, as
@@ -217,30 +219,38 @@ POLICIES = {
     "size-range": oracle_range,
     "split16": None,
     "split64": None,
+    "ctx1": None,
+    "ctx2": None,
+    "ctx4": None,
 }
 
 
-def run_split(path, window):
-    """Predicted temporaries in a second address space (see split16); peak of both together."""
+def run_split(path, window, context=0):
+    """Predicted temporaries in a second address space (see split16); peak of both together.
+    The guess is kept per size and the `context` sizes requested before it."""
     ev, death = load(path)
     kept, temp = Space(), Space()
     where = {}
     short, long_ = collections.Counter(), collections.Counter()
-    young = collections.deque()  # (alloc index, recorded address, size), oldest first
+    young = collections.deque()  # (alloc index, recorded address, key), oldest first
+    before = collections.deque(maxlen=context)  # the sizes requested last
     peak_mapped = peak_allocated = 0
     for i, (act, addr, n) in enumerate(ev):
         while young and i - young[0][0] > window:
-            born, a, sz = young.popleft()
+            born, a, key = young.popleft()
             if a in where and where[a][2] == born:
-                long_[sz] += 1  # outlived the window
+                long_[key] += 1  # outlived the window
         if act == "a":
-            s = temp if short[n] > 2 * long_[n] else kept
-            where[addr] = (s, s.malloc(n, death[i], side), i, n)
-            young.append((i, addr, n))
+            key = (n,) + tuple(before)
+            if context:
+                before.append(n)
+            s = temp if short[key] > 2 * long_[key] else kept
+            where[addr] = (s, s.malloc(n, death[i], side), i, key)
+            young.append((i, addr, key))
         elif addr in where:
-            s, a, born, n = where.pop(addr)
+            s, a, born, key = where.pop(addr)
             if i - born <= window:
-                short[n] += 1
+                short[key] += 1
             s.release(a)
         peak_mapped = max(peak_mapped, kept.mapped + temp.mapped)
         peak_allocated = max(peak_allocated, kept.allocated + temp.allocated)
@@ -293,6 +303,8 @@ def run(path, policy):
         return run_mesh(path, policy[: -len("+mesh")])
     if policy.startswith("split"):
         return run_split(path, int(policy[5:]))
+    if policy.startswith("ctx"):
+        return run_split(path, 64, int(policy[3:]))
     ev, death = load(path)
     s = Space()
     where = {}
