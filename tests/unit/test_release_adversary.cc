@@ -562,3 +562,39 @@ TEST_F(ReleaseAdversary, TheSegmentIndexAnswersAsAModelThroughTombstonesAndSweep
     }
     munmap(region, span);
 }
+
+// A block recorded on a stream that is destroyed before the block is freed: the destroy finished
+// the stream's work, so the free has nothing to wait for on it. It must not hand the destroyed
+// handle to the backend (a stale cudaStream_t is undefined behaviour; the host backend warns twice
+// and, once a new stream got the same handle, the free waited on that unrelated stream).
+TEST_F(ReleaseAdversary, AFreeAfterItsRecordedStreamWasDestroyedWaitsForNothing) {
+    SP_SKIP_ON_GPU("the host backend's stream model: events complete when their stream syncs");
+    sp_stream_t s = nullptr, other = nullptr;
+    void *p = nullptr, *q = nullptr;
+    ASSERT_SP_OK(sp_stream_create(0, &s));
+    ASSERT_SP_OK(sp_stream_create(0, &other));
+    ASSERT_SP_OK(sp_malloc(4096, 0, nullptr, &p));
+    ASSERT_SP_OK(sp_malloc(8192, 0, nullptr, &q));
+    ASSERT_SP_OK(sp_record_stream(p, s));
+    ASSERT_SP_OK(sp_record_stream(p, other)); // a live stream's use stays
+    ASSERT_SP_OK(sp_record_stream(q, s));
+    ASSERT_SP_OK(sp_stream_destroy(s));
+    // Streams made now may get the destroyed one's handle (the host backend's are malloc'd).
+    std::vector<sp_stream_t> later(4);
+    for (auto &l : later)
+        ASSERT_SP_OK(sp_stream_create(0, &l));
+    ASSERT_SP_OK(sp_free(q));
+    EXPECT_STREQ(sp_last_error(), "");
+    EXPECT_EQ(stat("active_bytes.all.current"), 4096) << "q's free waits for nothing";
+    ASSERT_SP_OK(sp_free(p));
+    EXPECT_EQ(stat("active_bytes.all.current"), 4096) << "p waits for `other`";
+    ASSERT_SP_OK(sp_stream_synchronize(other));
+    void *r = nullptr;
+    ASSERT_SP_OK(sp_malloc(512, 0, nullptr, &r)); // completes the pending free
+    ASSERT_SP_OK(sp_free(r));
+    EXPECT_EQ(stat("active_bytes.all.current"), 0);
+    EXPECT_EQ(warnings(), 0u);
+    for (auto l : later)
+        ASSERT_SP_OK(sp_stream_destroy(l));
+    ASSERT_SP_OK(sp_stream_destroy(other));
+}
