@@ -10,6 +10,7 @@
 #include <sys/mman.h>
 
 #include <algorithm>
+#include <cstring>
 #include <iterator>
 #include <map>
 #include <random>
@@ -296,6 +297,33 @@ Outcome RandomRun::go(int steps) {
     return o;
 }
 
+// Expandable segments reserve 1.125 x the device each: past the arena's room the host backend
+// reserves with mmap, whose addresses differ between runs (under ASan by more than an offset).
+// Their runs are compared without addresses: each layout as a sorted set of segment lines, the
+// history as actions and sizes. So are runs without history, which give no origin to take the
+// addresses from (the arena's base differs between runs).
+void strip_addresses(Outcome &o) {
+    for (auto &l : o.layouts) {
+        std::vector<std::string> lines;
+        size_t at = 0;
+        while (at < l.size()) {
+            size_t nl = l.find('\n', at);
+            std::string line = l.substr(at, nl - at);
+            size_t sp1 = line.find(' '), sp2 = line.find(' ', sp1 + 1);
+            lines.push_back(line.substr(sp2));
+            at = nl + 1;
+        }
+        std::sort(lines.begin(), lines.end());
+        l.clear();
+        for (auto &line : lines)
+            l += line + "\n";
+    }
+    for (auto &t : o.trace) {
+        size_t sp1 = t.find(' '), sp2 = t.find(' ', sp1 + 1);
+        t = t.substr(0, sp1) + t.substr(sp2);
+    }
+}
+
 void compare(const Config &c, int seeds, int steps) {
     sp::ScopedEnv env({{"SYMPOOL_HOST_ARENA", "1"},
                        {"SYMPOOL_ALLOC_CONF", c.conf},
@@ -317,6 +345,11 @@ void compare(const Config &c, int seeds, int steps) {
         ASSERT_FALSE(::testing::Test::HasFatalFailure()) << c.conf << " seed " << seed;
         ASSERT_EQ(sp_shutdown(), SP_SUCCESS);
         ASSERT_EQ(walked.layouts.size(), looked.layouts.size());
+        if (strstr(c.conf, "expandable") || !c.history) { // without history: no origin
+
+            strip_addresses(walked);
+            strip_addresses(looked);
+        }
         EXPECT_GT(walked.ooms, 0) << c.conf << " seed " << seed << ": the device never filled";
         for (size_t i = 0; i < walked.layouts.size(); i++) {
             ASSERT_EQ(walked.layouts[i], looked.layouts[i])
@@ -341,34 +374,34 @@ class ReleaseAdversary : public sp::Test {};
 TEST_F(ReleaseAdversary, FixedSegmentsKeepEveryInvariantAndMatchTheWalk) {
     SP_SKIP_UNLESS_HOST();
     expect_warnings(); // OOMs on the small device
-    compare({"", "512MiB"}, 6, 1500);
+    compare({"", "512MiB"}, 3, 1000);
 }
 
 TEST_F(ReleaseAdversary, ExpandableSegmentsKeepEveryInvariantAndMatchTheWalk) {
     SP_SKIP_UNLESS_HOST();
     expect_warnings();
-    compare({"expandable_segments:True", "512MiB"}, 6, 1500);
+    compare({"expandable_segments:True", "512MiB"}, 3, 1000);
 }
 
 TEST_F(ReleaseAdversary, OversizeBlocksKeepEveryInvariantAndMatchTheWalk) {
     SP_SKIP_UNLESS_HOST();
     expect_warnings();
-    compare({"max_split_size_mb:20", "512MiB"}, 4, 1500);
+    compare({"max_split_size_mb:20", "512MiB"}, 2, 1000);
 }
 
 TEST_F(ReleaseAdversary, PyTorchPagesKeepEveryInvariantAndMatchTheWalk) {
     SP_SKIP_UNLESS_HOST();
     expect_warnings();
-    compare({"expandable_segments:True", "512MiB", "SYMPOOL_EXPANDABLE_PAGE", "0"}, 4, 1500);
-    compare({"expandable_segments:True", "512MiB", "SYMPOOL_EXPANDABLE_RECYCLE", "0"}, 4, 1500);
-    compare({"expandable_segments:True", "512MiB", "SYMPOOL_EXPANDABLE_BORROW", "0"}, 4, 1500);
+    compare({"expandable_segments:True", "512MiB", "SYMPOOL_EXPANDABLE_PAGE", "0"}, 2, 1000);
+    compare({"expandable_segments:True", "512MiB", "SYMPOOL_EXPANDABLE_RECYCLE", "0"}, 2, 1000);
+    compare({"expandable_segments:True", "512MiB", "SYMPOOL_EXPANDABLE_BORROW", "0"}, 2, 1000);
 }
 
 TEST_F(ReleaseAdversary, ThreadCacheKeepsEveryInvariantAndMatchesTheWalk) {
     SP_SKIP_UNLESS_HOST();
     expect_warnings();
-    compare({"", "512MiB", "SYMPOOL_THREAD_CACHE", "8MiB", false}, 4, 1500);
-    compare({"expandable_segments:True", "512MiB", "SYMPOOL_THREAD_CACHE", "8MiB", false}, 4, 1500);
+    compare({"", "512MiB", "SYMPOOL_THREAD_CACHE", "8MiB", false}, 2, 1000);
+    compare({"expandable_segments:True", "512MiB", "SYMPOOL_THREAD_CACHE", "8MiB", false}, 2, 1000);
 }
 
 TEST_F(ReleaseAdversary, StreamsMadeAgainAfterDestroys) {
