@@ -9,6 +9,8 @@
 
 #include <sys/mman.h>
 
+#include <sympool/experimental.h>
+
 #include <algorithm>
 #include <cstring>
 #include <iterator>
@@ -19,6 +21,7 @@
 
 extern "C" {
 #include "pool/history.h"
+
 #include "pool/pool.h"
 extern bool sp__release_by_walk; // pool/release.h (which C++ cannot include: C11 atomics)
 }
@@ -630,4 +633,27 @@ TEST_F(ReleaseAdversary, AFreeAfterItsRecordedStreamWasDestroyedWaitsForNothing)
     for (auto l : later)
         ASSERT_SP_OK(sp_stream_destroy(l));
     ASSERT_SP_OK(sp_stream_destroy(other));
+}
+
+// sp_mempool_free_all_blocks of the default pool releases every cached segment of the stream (or
+// of all streams), as sp_empty_cache and sp_stream_destroy do: blocks idle in thread caches are
+// cached blocks to the caller, so they go back first (they kept their segments reserved).
+TEST_F(ReleaseAdversary, FreeAllBlocksOfTheDefaultPoolTakesBackThreadCachedBlocks) {
+    sp::ScopedEnv env({{"SYMPOOL_THREAD_CACHE", "1MiB"}});
+    sp_stream_t s = nullptr;
+    ASSERT_SP_OK(sp_stream_create(0, &s));
+    for (sp_stream_t which : {s, (sp_stream_t) nullptr}) {
+        void *p = nullptr;
+        ASSERT_SP_OK(sp_malloc(4096, 0, s, &p));
+        ASSERT_SP_OK(sp_free(p)); // idle in this thread's cache
+        size_t bytes = 0, blocks = 0;
+        ASSERT_SP_OK(sp_x_thread_cache_idle(0, &bytes, &blocks));
+        ASSERT_EQ(blocks, 1u);
+        ASSERT_EQ(sp_memory_reserved(0), 2 * MiB);
+        ASSERT_SP_OK(sp_mempool_free_all_blocks(sp_default_mempool(0), which));
+        EXPECT_EQ(sp_memory_reserved(0), 0u) << (which ? "stream s" : "every stream");
+        ASSERT_SP_OK(sp_x_thread_cache_idle(0, &bytes, &blocks));
+        EXPECT_EQ(blocks, 0u);
+    }
+    ASSERT_SP_OK(sp_stream_destroy(s));
 }
