@@ -1679,6 +1679,7 @@ SP_EXPORT sp_status_t sp_record_stream(void *ptr, sp_stream_t stream) {
                 return sp__error(SP_ERR_SYSTEM, SP_SUB_POOL, "out of host memory");
             }
             b->uses = us;
+            d->use_blocks++; /* sp__alloc_forget_stream's reason to look */
         }
         if (us->n == us->cap) {
             uint32_t cap = us->cap ? us->cap * 2 : 4;

@@ -125,6 +125,7 @@ typedef struct sp_devalloc {
     uint32_t nsegs;              /* entries of segs, tombstones included (lock) */
     uint32_t cap_segs;           /* (lock) */
     uint32_t dead_segs;          /* tombstones among them (lock) */
+    uint32_t use_blocks;         /* allocated blocks with a uses list (lock) */
     struct sp_evq_set *evqs;     /* per-stream event FIFOs, and their index (release.c) (lock) */
     size_t pending_events;       /* entries in all evqs (lock) */
     struct sp_block_slab *slabs; /* where every block and segment struct lives (lock) */

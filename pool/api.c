@@ -470,6 +470,10 @@ SP_EXPORT sp_status_t sp_stream_destroy(sp_stream_t stream) {
     sp__lock(&d->lock);
     (void)sp__tc_drain(d); /* thread caches key blocks by stream too */
     sp__alloc_sync_events(d, NULL);
+    /* Live blocks recorded on the stream would record an event on its handle at their free,
+     * after the destroy: a stale handle (undefined on CUDA; on the host backend two warnings,
+     * or a wait on an unrelated stream that got the handle since). */
+    sp__alloc_forget_stream(d, stream);
     sp__alloc_release_pool(d, d->default_pool, true, stream, 0);
     for (sp_mempool_t *p = d->pools; p; p = p->next)
         if (!p->symmetric)

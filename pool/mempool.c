@@ -29,6 +29,7 @@
 #include "pool/handles.h"
 #include "pool/mempool.h"
 #include "pool/release.h"
+#include "pool/thread_cache.h"
 
 #define MAX_ROUTE 32
 
@@ -439,6 +440,11 @@ SP_EXPORT sp_status_t sp_mempool_free_all_blocks(sp_mempool_t *pool, sp_stream_t
     }
     uint32_t ctx = sp__history_capture(true); /* as sp_empty_cache: level "all" only */
     sp__lock(&d->lock);
+    /* Blocks idle in thread caches (default pools only) are cached blocks to the caller, but
+     * allocated to the pool: without this their segments stayed reserved, where sp_empty_cache
+     * and sp_stream_destroy give them back. */
+    if (pool->is_default)
+        (void)sp__tc_drain(d);
     if (d->pending_events)
         sp__alloc_process_events(d);
     sp__alloc_release_pool(d, pool, stream != NULL, stream, ctx);

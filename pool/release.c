@@ -162,7 +162,35 @@ sp_status_t sp__alloc_insert_events(sp_devalloc_t *d, sp_block_t *b) {
     free(b->uses->s);
     free(b->uses);
     b->uses = NULL;
+    d->use_blocks--;
     return SP_SUCCESS;
+}
+
+void sp__alloc_forget_stream(sp_devalloc_t *d, sp_stream_t stream) {
+    if (!d->use_blocks)
+        return; /* the common case: no live block was recorded on any stream */
+    /* The stream's work must be complete before its uses go: a free that no longer waits for it
+     * may hand the block out at once. Without that (a device error, logged there), the uses
+     * stay, as before. */
+    if (sp__g.ops->stream_sync(d->device, stream) != SP_SUCCESS)
+        return;
+    uint32_t seen = 0;
+    for (sp_mempool_t *p = d->default_pool; p && seen < d->use_blocks;
+         p = p == d->default_pool ? d->pools : p->next) {
+        for (sp_segment_t *seg = p->seg_head; seg && seen < d->use_blocks; seg = seg->pnext) {
+            for (sp_block_t *b = seg->head; b; b = sp__block_next(b)) {
+                if (!sp__block_has_uses(b))
+                    continue;
+                seen++;
+                sp_block_uses_t *us = b->uses;
+                uint32_t k = 0;
+                for (uint32_t i = 0; i < us->n; i++)
+                    if (us->s[i] != stream)
+                        us->s[k++] = us->s[i];
+                us->n = k; /* an empty list stays: the free then waits for nothing */
+            }
+        }
+    }
 }
 
 /* One entry done: drop it, and complete the block's free when it was the last. */

@@ -14,6 +14,9 @@ void sp__alloc_process_events(sp_devalloc_t *d);
 /* Synchronize the events of every pending block (pool != NULL: only that pool's). */
 void sp__alloc_sync_events(sp_devalloc_t *d, const sp_mempool_t *pool);
 sp_status_t sp__alloc_insert_events(sp_devalloc_t *d, sp_block_t *b);
+/* sp_stream_destroy: `stream` leaves the uses lists of the device's live blocks (after a
+ * synchronize of it), so that their frees never hand its handle, stale by then, to the backend. */
+void sp__alloc_forget_stream(sp_devalloc_t *d, sp_stream_t stream);
 /* The device's event queues freed (dev_fini). */
 void sp__alloc_events_fini(sp_devalloc_t *d);
 /* Every release below takes `context`, the history context of the call that releases (0 if it
