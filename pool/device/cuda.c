@@ -74,9 +74,18 @@ static struct {
     cu_ctx_state_fn ctx_state;  /* cuDevicePrimaryCtxGetState */
 } g_cuda;
 
-/* Errors after which the context is unusable: every later call returns them again. */
+/* Errors after which the context is unusable: every later call returns them again. The list is
+ * every code whose comment in CUDA 13.0's driver_types.h says "This leaves the process in an
+ * inconsistent state and any further CUDA work will return the same error" or "the process must
+ * be terminated and relaunched" (Contained, TensorMemoryLeak, MpsClientTerminated and
+ * ExternalDevice as well as the kernel faults), plus ECCUncorrectable, kept from before although
+ * the header does not say whether it is sticky (for a GPU run to settle). */
 static bool is_sticky(cudaError_t err) {
     switch (err) {
+    case cudaErrorContained:
+    case cudaErrorTensorMemoryLeak:
+    case cudaErrorMpsClientTerminated:
+    case cudaErrorExternalDevice:
     case cudaErrorIllegalAddress:
     case cudaErrorLaunchFailure:
     case cudaErrorHardwareStackError:

@@ -237,6 +237,22 @@ TEST(CudaDoubleRules, StickyErrorsStay) {
     EXPECT_EQ(cudaFree(p), cudaSuccess);
 }
 
+// Which errors are sticky is driver_types.h's word ("inconsistent state ... any further CUDA work
+// will return the same error"), not a numeric range: 704 (peer access already enabled) is read
+// and gone, 226 (an error contained by the GPU) stays.
+TEST(CudaDoubleRules, OnlyTheDocumentedErrorsAreSticky) {
+    NEED_DOUBLE();
+    void *p = nullptr;
+    inject("cudaMalloc", cudaErrorPeerAccessAlreadyEnabled);
+    EXPECT_EQ(cudaMalloc(&p, 64), cudaErrorPeerAccessAlreadyEnabled);
+    EXPECT_EQ(cudaGetLastError(), cudaErrorPeerAccessAlreadyEnabled);
+    EXPECT_EQ(cudaGetLastError(), cudaSuccess) << "704 is not sticky";
+    inject("cudaMalloc", cudaErrorContained);
+    EXPECT_EQ(cudaMalloc(&p, 64), cudaErrorContained);
+    EXPECT_EQ(cudaGetLastError(), cudaErrorContained);
+    EXPECT_EQ(cudaGetLastError(), cudaErrorContained) << "226 is sticky";
+}
+
 TEST(CudaDoubleRules, VmmOrdersGranularityAndCapacity) {
     NEED_DOUBLE();
     auto gran =
@@ -585,6 +601,24 @@ TEST_F(CudaDoubleSympool, StickyErrorSaysTheProcessMustRestart) {
     sp_status_t s = sp_malloc(1 << 20, 0, nullptr, &p);
     EXPECT_EQ(s, SP_ERR_DEVICE);
     EXPECT_NE(std::string(sp_last_error()).find("sticky"), std::string::npos) << sp_last_error();
+}
+
+// Every code driver_types.h (CUDA 13.0) documents as leaving the process in an inconsistent
+// state, not only the 7xx kernel faults: each is said to need a restart. One per device, since a
+// context's sticky error is its first.
+TEST_F(CudaDoubleSympool, EveryDocumentedStickyErrorSaysSo) {
+    NEED_DOUBLE();
+    expect_warnings();
+    skip_leak_check();
+    ASSERT_EQ(sp_device_count(), 2);
+    const cudaError_t codes[2] = {cudaErrorContained, cudaErrorTensorMemoryLeak};
+    for (int d = 0; d < 2; d++) {
+        hook<void (*)(int, int)>("cuda_double_make_sticky")(d, codes[d]);
+        void *p = nullptr;
+        EXPECT_EQ(sp_malloc(1 << 20, d, nullptr, &p), SP_ERR_DEVICE);
+        EXPECT_NE(std::string(sp_last_error()).find("sticky"), std::string::npos)
+            << sp_last_error();
+    }
 }
 
 TEST_F(CudaDoubleSympool, AllocatingDuringAnotherThreadsGlobalCaptureKeepsItValid) {
