@@ -638,6 +638,41 @@ TEST_F(CudaDoubleSympool, AllocatingDuringAnotherThreadsGlobalCaptureKeepsItVali
     EXPECT_SP_OK(sp_empty_cache());
 }
 
+// The legacy stream (NULL) is the current device's ("Stream synchronization behavior", CUDA
+// Runtime API): whether it counts as capturing must be asked on the device the op works on, not on
+// whatever device the calling thread has current. A capture on device 1 must refuse device 1's
+// default-stream sync and event record (SP_ERR_NOT_SUPPORTED, as the file comment of cuda.c
+// promises), and a capture on the caller's device 0 must not refuse them on device 1.
+TEST_F(CudaDoubleSympool, DefaultStreamCaptureIsAskedOnItsOwnDevice) {
+    NEED_DOUBLE();
+    expect_warnings();
+    ASSERT_STREQ(sp_backend_name(), "cuda");
+    ASSERT_EQ(sp_device_count(), 2);
+    const sp_device_ops_t *ops = sp__device_cuda_ops();
+    sp_dev_event_t ev = nullptr;
+    ASSERT_SP_OK(ops->event_create(1, &ev));
+    cudaStream_t cs[2] = {nullptr, nullptr};
+    for (int capturing_dev = 1; capturing_dev >= 0; capturing_dev--) {
+        SCOPED_TRACE(capturing_dev);
+        ASSERT_EQ(cudaSetDevice(capturing_dev), cudaSuccess);
+        ASSERT_EQ(cudaStreamCreate(&cs[capturing_dev]), cudaSuccess); // a blocking stream
+        ASSERT_EQ(cudaStreamBeginCapture(cs[capturing_dev], cudaStreamCaptureModeRelaxed),
+                  cudaSuccess);
+        ASSERT_EQ(cudaSetDevice(0), cudaSuccess); // the caller's device
+        sp_status_t want = capturing_dev == 1 ? SP_ERR_NOT_SUPPORTED : SP_SUCCESS;
+        EXPECT_EQ(ops->stream_sync(1, nullptr), want) << sp_last_error();
+        EXPECT_EQ(ops->event_record(1, ev, nullptr), want) << sp_last_error();
+        cudaGraph_t g = nullptr;
+        EXPECT_EQ(cudaStreamEndCapture(cs[capturing_dev], &g), cudaSuccess)
+            << "sympool invalidated the capture";
+        cudaGraphDestroy(g);
+        cudaStreamDestroy(cs[capturing_dev]);
+    }
+    EXPECT_SP_OK(ops->stream_sync(1, nullptr));
+    EXPECT_SP_OK(ops->event_destroy(1, ev));
+    (void)cudaGetLastError();
+}
+
 TEST_F(CudaDoubleSympool, ExpandableSegmentsFollowTheVmmRules) {
     NEED_DOUBLE();
     sp::ScopedEnv env({{"SYMPOOL_EXPANDABLE_SEGMENTS", "1"}});
