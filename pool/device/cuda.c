@@ -74,9 +74,18 @@ static struct {
     cu_ctx_state_fn ctx_state;  /* cuDevicePrimaryCtxGetState */
 } g_cuda;
 
-/* Errors after which the context is unusable: every later call returns them again. */
+/* Errors after which the context is unusable: every later call returns them again. The list is
+ * every code whose comment in CUDA 13.0's driver_types.h says "This leaves the process in an
+ * inconsistent state and any further CUDA work will return the same error" or "the process must
+ * be terminated and relaunched" (Contained, TensorMemoryLeak, MpsClientTerminated and
+ * ExternalDevice as well as the kernel faults), plus ECCUncorrectable, kept from before although
+ * the header does not say whether it is sticky (for a GPU run to settle). */
 static bool is_sticky(cudaError_t err) {
     switch (err) {
+    case cudaErrorContained:
+    case cudaErrorTensorMemoryLeak:
+    case cudaErrorMpsClientTerminated:
+    case cudaErrorExternalDevice:
     case cudaErrorIllegalAddress:
     case cudaErrorLaunchFailure:
     case cudaErrorHardwareStackError:
@@ -163,10 +172,15 @@ static sp_status_t cuda_stream_capturing(int device, sp_dev_stream_t stream, boo
 }
 
 /* SP_ERR_NOT_SUPPORTED when `stream` is capturing a graph (see the file comment); quiet when the
- * allocator handles it (event records: it defers the event), logged otherwise. */
-static sp_status_t refuse_if_capturing(sp_dev_stream_t stream, const char *what, bool quiet) {
+ * allocator handles it (event records: it defers the event), logged otherwise. `device` is the
+ * device the caller is about to use the stream on: the legacy stream (NULL) is "the current
+ * device's" (CUDA Runtime API, "Stream synchronization behavior"), so asking about NULL before the
+ * guard would ask about whatever device the calling thread has current, and a capture on that
+ * device would refuse work on another one while a capture on `device` itself went unseen. */
+static sp_status_t refuse_if_capturing(int device, sp_dev_stream_t stream, const char *what,
+                                       bool quiet) {
     bool capturing = false;
-    SP_CHECK(cuda_stream_capturing(-1, stream, &capturing));
+    SP_CHECK(cuda_stream_capturing(device, stream, &capturing));
     if (!capturing)
         return SP_SUCCESS;
     if (quiet)
@@ -446,7 +460,7 @@ static sp_status_t cuda_stream_sync(int device, sp_dev_stream_t stream) {
      * context there to learn that would be the harm item of "every device". */
     if (stream == NULL && !device_active(device))
         return SP_SUCCESS;
-    SP_CHECK(refuse_if_capturing(stream, "stream synchronize", false));
+    SP_CHECK(refuse_if_capturing(device, stream, "stream synchronize", false));
     int prev = -1;
     SP_CHECK(guard_enter(device, &prev));
     sp_status_t res = SP_SUCCESS;
@@ -527,7 +541,7 @@ out:
 }
 
 static sp_status_t cuda_event_record(int device, sp_dev_event_t event, sp_dev_stream_t stream) {
-    SP_CHECK(refuse_if_capturing(stream, "recording the allocator's event", true));
+    SP_CHECK(refuse_if_capturing(device, stream, "recording the allocator's event", true));
     int prev = -1;
     SP_CHECK(guard_enter(device, &prev));
     sp_status_t res = SP_SUCCESS;
@@ -892,7 +906,7 @@ static sp_status_t cuda_vmm_release(int device, void *base, size_t size) {
 static sp_status_t cuda_device_sync(int device) {
     int prev = -1;
     SP_CHECK(guard_enter(device, &prev));
-    sp_status_t res = refuse_if_capturing(NULL, "cudaDeviceSynchronize", true);
+    sp_status_t res = refuse_if_capturing(device, NULL, "cudaDeviceSynchronize", true);
     if (res != SP_SUCCESS)
         goto out;
     CU_TRY_OUT(cudaDeviceSynchronize(), res);

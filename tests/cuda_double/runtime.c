@@ -157,6 +157,12 @@ static int cur_dev(void) {
     X(cudaErrorAssert, "device-side assert triggered")                                             \
     X(cudaErrorLaunchTimeout, "the launch timed out and was terminated")                           \
     X(cudaErrorECCUncorrectable, "uncorrectable ECC error encountered")                            \
+    X(cudaErrorContained, "device-side error contained")                                           \
+    X(cudaErrorLaunchOutOfResources, "too many resources requested for launch")                    \
+    X(cudaErrorPeerAccessAlreadyEnabled, "peer access is already enabled")                         \
+    X(cudaErrorTensorMemoryLeak, "tensor memory not completely freed")                             \
+    X(cudaErrorMpsClientTerminated, "MPS client terminated")                                       \
+    X(cudaErrorExternalDevice, "external device error")                                            \
     X(cudaErrorNotPermitted, "operation not permitted")                                            \
     X(cudaErrorNotSupported, "operation not supported")                                            \
     X(cudaErrorStreamCaptureUnsupported, "operation not permitted when stream is capturing")       \
@@ -212,14 +218,43 @@ static void rt_init(void) {
     }
 }
 
+/* The codes after which a context is unusable, exactly those whose comment in CUDA 13.0's
+ * driver_types.h says "This leaves the process in an inconsistent state and any further CUDA work
+ * will return the same error" or "the process must be terminated and relaunched": 226
+ * cudaErrorContained, 700 IllegalAddress, 702 LaunchTimeout, 710 Assert, 714 HardwareStackError,
+ * 715 IllegalInstruction, 716 MisalignedAddress, 717 InvalidAddressSpace, 718 InvalidPc, 719
+ * LaunchFailure, 721 TensorMemoryLeak, 810 MpsClientTerminated, 911 ExternalDevice. The others
+ * in 700..720 (701 LaunchOutOfResources, 704 PeerAccessAlreadyEnabled, 720
+ * CooperativeLaunchTooLarge, ...) are ordinary errors that reading them resets. */
+static bool sticky_code(int e) {
+    switch (e) {
+    case cudaErrorContained:
+    case cudaErrorIllegalAddress:
+    case cudaErrorLaunchTimeout:
+    case cudaErrorAssert:
+    case cudaErrorHardwareStackError:
+    case cudaErrorIllegalInstruction:
+    case cudaErrorMisalignedAddress:
+    case cudaErrorInvalidAddressSpace:
+    case cudaErrorInvalidPc:
+    case cudaErrorLaunchFailure:
+    case cudaErrorTensorMemoryLeak:
+    case cudaErrorMpsClientTerminated:
+    case cudaErrorExternalDevice:
+        return true;
+    default:
+        return false;
+    }
+}
+
 /* Start of every runtime call: the driver is initialized (implicitly, as the runtime does), and
- * an injected failure comes first. */
+ * an injected failure comes first (a sticky code makes the current device's context sticky). */
 #define RT_ENTER(fn)                                                                               \
     do {                                                                                           \
         pthread_once(&g_init_once, rt_init);                                                       \
         int inj_ = dbl_inject_take(fn);                                                            \
         if (inj_) {                                                                                \
-            if (inj_ >= 700 && inj_ <= 720)                                                        \
+            if (sticky_code(inj_))                                                                 \
                 dbl_set_sticky(cur_dev(), inj_);                                                   \
             return rt_fail(fn, (cudaError_t)inj_, "injected by the test");                         \
         }                                                                                          \

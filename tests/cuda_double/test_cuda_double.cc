@@ -237,6 +237,22 @@ TEST(CudaDoubleRules, StickyErrorsStay) {
     EXPECT_EQ(cudaFree(p), cudaSuccess);
 }
 
+// Which errors are sticky is driver_types.h's word ("inconsistent state ... any further CUDA work
+// will return the same error"), not a numeric range: 704 (peer access already enabled) is read
+// and gone, 226 (an error contained by the GPU) stays.
+TEST(CudaDoubleRules, OnlyTheDocumentedErrorsAreSticky) {
+    NEED_DOUBLE();
+    void *p = nullptr;
+    inject("cudaMalloc", cudaErrorPeerAccessAlreadyEnabled);
+    EXPECT_EQ(cudaMalloc(&p, 64), cudaErrorPeerAccessAlreadyEnabled);
+    EXPECT_EQ(cudaGetLastError(), cudaErrorPeerAccessAlreadyEnabled);
+    EXPECT_EQ(cudaGetLastError(), cudaSuccess) << "704 is not sticky";
+    inject("cudaMalloc", cudaErrorContained);
+    EXPECT_EQ(cudaMalloc(&p, 64), cudaErrorContained);
+    EXPECT_EQ(cudaGetLastError(), cudaErrorContained);
+    EXPECT_EQ(cudaGetLastError(), cudaErrorContained) << "226 is sticky";
+}
+
 TEST(CudaDoubleRules, VmmOrdersGranularityAndCapacity) {
     NEED_DOUBLE();
     auto gran =
@@ -587,6 +603,24 @@ TEST_F(CudaDoubleSympool, StickyErrorSaysTheProcessMustRestart) {
     EXPECT_NE(std::string(sp_last_error()).find("sticky"), std::string::npos) << sp_last_error();
 }
 
+// Every code driver_types.h (CUDA 13.0) documents as leaving the process in an inconsistent
+// state, not only the 7xx kernel faults: each is said to need a restart. One per device, since a
+// context's sticky error is its first.
+TEST_F(CudaDoubleSympool, EveryDocumentedStickyErrorSaysSo) {
+    NEED_DOUBLE();
+    expect_warnings();
+    skip_leak_check();
+    ASSERT_EQ(sp_device_count(), 2);
+    const cudaError_t codes[2] = {cudaErrorContained, cudaErrorTensorMemoryLeak};
+    for (int d = 0; d < 2; d++) {
+        hook<void (*)(int, int)>("cuda_double_make_sticky")(d, codes[d]);
+        void *p = nullptr;
+        EXPECT_EQ(sp_malloc(1 << 20, d, nullptr, &p), SP_ERR_DEVICE);
+        EXPECT_NE(std::string(sp_last_error()).find("sticky"), std::string::npos)
+            << sp_last_error();
+    }
+}
+
 TEST_F(CudaDoubleSympool, AllocatingDuringAnotherThreadsGlobalCaptureKeepsItValid) {
     NEED_DOUBLE();
     cudaStream_t cs;
@@ -602,6 +636,41 @@ TEST_F(CudaDoubleSympool, AllocatingDuringAnotherThreadsGlobalCaptureKeepsItVali
     cudaGraphDestroy(g);
     cudaStreamDestroy(cs);
     EXPECT_SP_OK(sp_empty_cache());
+}
+
+// The legacy stream (NULL) is the current device's ("Stream synchronization behavior", CUDA
+// Runtime API): whether it counts as capturing must be asked on the device the op works on, not on
+// whatever device the calling thread has current. A capture on device 1 must refuse device 1's
+// default-stream sync and event record (SP_ERR_NOT_SUPPORTED, as the file comment of cuda.c
+// promises), and a capture on the caller's device 0 must not refuse them on device 1.
+TEST_F(CudaDoubleSympool, DefaultStreamCaptureIsAskedOnItsOwnDevice) {
+    NEED_DOUBLE();
+    expect_warnings();
+    ASSERT_STREQ(sp_backend_name(), "cuda");
+    ASSERT_EQ(sp_device_count(), 2);
+    const sp_device_ops_t *ops = sp__device_cuda_ops();
+    sp_dev_event_t ev = nullptr;
+    ASSERT_SP_OK(ops->event_create(1, &ev));
+    cudaStream_t cs[2] = {nullptr, nullptr};
+    for (int capturing_dev = 1; capturing_dev >= 0; capturing_dev--) {
+        SCOPED_TRACE(capturing_dev);
+        ASSERT_EQ(cudaSetDevice(capturing_dev), cudaSuccess);
+        ASSERT_EQ(cudaStreamCreate(&cs[capturing_dev]), cudaSuccess); // a blocking stream
+        ASSERT_EQ(cudaStreamBeginCapture(cs[capturing_dev], cudaStreamCaptureModeRelaxed),
+                  cudaSuccess);
+        ASSERT_EQ(cudaSetDevice(0), cudaSuccess); // the caller's device
+        sp_status_t want = capturing_dev == 1 ? SP_ERR_NOT_SUPPORTED : SP_SUCCESS;
+        EXPECT_EQ(ops->stream_sync(1, nullptr), want) << sp_last_error();
+        EXPECT_EQ(ops->event_record(1, ev, nullptr), want) << sp_last_error();
+        cudaGraph_t g = nullptr;
+        EXPECT_EQ(cudaStreamEndCapture(cs[capturing_dev], &g), cudaSuccess)
+            << "sympool invalidated the capture";
+        cudaGraphDestroy(g);
+        cudaStreamDestroy(cs[capturing_dev]);
+    }
+    EXPECT_SP_OK(ops->stream_sync(1, nullptr));
+    EXPECT_SP_OK(ops->event_destroy(1, ev));
+    (void)cudaGetLastError();
 }
 
 TEST_F(CudaDoubleSympool, ExpandableSegmentsFollowTheVmmRules) {
