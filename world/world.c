@@ -319,6 +319,61 @@ static sp_status_t nccl_bootstrap(sp_world_t *w) {
  * of the hostfile); its name is the host name its lowest rank reports. One MPI_Allgather of a
  * fixed record per rank at world creation; afterwards every query is local. Nodes are numbered
  * by their lowest world rank, so the numbering is the same on every rank. */
+/* Whether two ranks of this node would be on one GPU, which NCCL refuses (2.28.9 src/init.cc:
+ * "Duplicate GPU detected" when two ranks have equal host hashes and PCI bus ids). Every rank of
+ * the node takes part (a collective on node_comm); `mine`: this rank names its GPU (cuda with
+ * NCCL, a device chosen).
+ * The GPU is named by its PCI bus id, not its ordinal: ranks started with one GPU each through
+ * CUDA_VISIBLE_DEVICES (SLURM's --gpus-per-task=1) all see device 0, on different GPUs. Where a
+ * bus id cannot be had, the ordinals' count is the rule: more ranks than visible devices. */
+static sp_status_t node_gpus(sp_world_t *w, bool mine, bool *crowded_p, int *gpus_p) {
+    enum { ID = 32 };
+    char id[ID] = {0};
+    int ndev = sp_device_count();
+    (void)mine; /* only a cuda build with NCCL names GPUs */
+#if defined(SP_HAVE_NCCL)
+    if (mine) {
+        cudaError_t pending = cudaPeekAtLastError();
+        if (cudaDeviceGetPCIBusId(id, ID, w->device) != cudaSuccess) {
+            id[0] = '\0';
+            if (pending == cudaSuccess) /* ours only: a caller's pending error stays theirs */
+                (void)cudaGetLastError();
+        }
+    }
+#endif
+    char *all = malloc((size_t)ID * (size_t)w->local_size);
+    if (all == NULL)
+        return sp__error(SP_ERR_SYSTEM, SP_SUB_BOOT, "out of host memory for the GPU table");
+    sp_status_t st =
+        sp__world_mpi_status(MPI_Allgather(id, ID, MPI_CHAR, all, ID, MPI_CHAR, w->node_comm),
+                             "MPI_Allgather of GPU ids");
+    if (st != SP_SUCCESS) {
+        free(all);
+        return st;
+    }
+    int distinct = 0, named = 0;
+    for (int i = 0; i < w->local_size; i++) {
+        const char *a = all + (size_t)i * ID;
+        if (a[0] == '\0')
+            continue;
+        named++;
+        bool seen = false;
+        for (int j = 0; j < i && !seen; j++)
+            seen = strncmp(a, all + (size_t)j * ID, ID) == 0;
+        distinct += !seen;
+    }
+    free(all);
+    /* Decided from the table every rank of the node holds, so the node's ranks agree. */
+    if (named == w->local_size) {
+        *crowded_p = distinct < w->local_size;
+        *gpus_p = distinct;
+    } else {
+        *crowded_p = w->local_size > ndev;
+        *gpus_p = ndev;
+    }
+    return SP_SUCCESS;
+}
+
 static sp_status_t node_table(sp_world_t *w) {
     typedef struct {
         int leader;                    /* world rank of this rank's node's lowest rank */
@@ -449,17 +504,20 @@ static sp_status_t world_create(MPI_Comm comm, bool from_init, sp_world_t **worl
         w->device = w->local_rank % ndev;
     sp__log_set_device(ok ? w->device : -1);
     /* NCCL refuses two ranks of one communicator on one GPU ("Duplicate GPU detected", from
-     * inside ncclCommInitRank, on some ranks only): more ranks on a node than GPUs is refused
-     * here, on every rank, with what to do instead. The host backend and a cuda build without
-     * NCCL share devices fine. */
+     * inside ncclCommInitRank, on some ranks only): two ranks of a node on one GPU (node_gpus)
+     * are refused here, on every rank, with what to do instead. The host backend and a cuda
+     * build without NCCL share devices fine. */
     bool nccl_world = false;
 #if defined(SP_HAVE_NCCL)
     nccl_world = strcmp(sp_backend_name(), "cuda") == 0;
 #endif
-    bool crowded = ok && nccl_world && w->local_size > ndev;
+    int gpus = ndev; /* the distinct GPUs this node's ranks are on, as far as known */
+    bool crowded = false;
+    SP_CHECK_GOTO(node_gpus(w, ok && nccl_world, &crowded, &gpus), st, fail);
+    crowded = crowded && ok && nccl_world;
     /* MAX over the ranks: [0] a rank without a device, [1]/[2] the most crowded node's ranks
      * and devices. */
-    int mine[3] = {!ok, crowded ? w->local_size : 0, crowded ? ndev : 0}, worst[3] = {0, 0, 0};
+    int mine[3] = {!ok, crowded ? w->local_size : 0, crowded ? gpus : 0}, worst[3] = {0, 0, 0};
     SP_CHECK_GOTO(sp__world_mpi_status(MPI_Allreduce(mine, worst, 3, MPI_INT, MPI_MAX, w->comm),
                                        "MPI_Allreduce of the device check"),
                   st, fail);
@@ -479,8 +537,8 @@ static sp_status_t world_create(MPI_Comm comm, bool from_init, sp_world_t **worl
                        worst[2], worst[2]);
         goto fail;
     }
-    if (w->local_size > ndev)
-        SP_INFO(SP_SUB_BOOT, "%d ranks on this node share %d device(s)", w->local_size, ndev);
+    if (w->local_size > gpus)
+        SP_INFO(SP_SUB_BOOT, "%d ranks on this node share %d device(s)", w->local_size, gpus);
 
 #if defined(SP_HAVE_NCCL)
     if (strcmp(sp_backend_name(), "cuda") == 0) {

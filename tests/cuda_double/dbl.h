@@ -20,6 +20,8 @@
 
 /* Devices. */
 int dbl_device_count(void);
+/* The machine's device behind this process's device `dev` (CUDA_VISIBLE_DEVICES), -1 if none. */
+int dbl_physical(int dev);
 size_t dbl_device_memory(void);
 size_t dbl_granularity(void);
 

@@ -6,7 +6,11 @@
  * stderr ("cuda-double: <call>: <code>: <why>").
  *
  * Machine: CUDA_DOUBLE_GPUS devices (default 1), each of CUDA_DOUBLE_MEMORY bytes (default
- * 80 GiB), per process (ranks on different devices never share a capacity).
+ * 80 GiB), per process (ranks on different devices never share a capacity). CUDA_VISIBLE_DEVICES
+ * chooses which of them the process sees, and in which order, as the CUDA Programming Guide's
+ * "CUDA Environment Variables" says: a comma-separated list of device indices, enumeration
+ * stopping at the first index that is not a device; the process's device i is then physical
+ * device list[i] (its PCI bus id, and NCCL's duplicate-GPU check, go by the physical one).
  *
  * Device memory is not host memory. Each allocation (cudaMalloc's, or a VMM mapping) is an
  * address range reserved PROT_NONE, so a host dereference faults as it does on a GPU; its bytes
@@ -41,7 +45,8 @@
 /* ---- the machine ---------------------------------------------------------------------------- */
 
 static pthread_once_t g_once = PTHREAD_ONCE_INIT;
-static int g_ndev = 1;
+static int g_ndev = 1;      /* devices this process sees */
+static int g_phys[MAX_DEV]; /* the machine's device behind each of them */
 static size_t g_mem = (size_t)80 << 30;
 static atomic_bool g_initialized; /* cuInit ran */
 static atomic_int g_ctx_made[MAX_DEV];
@@ -87,10 +92,30 @@ static void machine_init(void) {
         }
     }
     g_mem = parse_size(getenv("CUDA_DOUBLE_MEMORY"), g_mem);
+    for (int i = 0; i < MAX_DEV; i++)
+        g_phys[i] = i;
+    const char *vis = getenv("CUDA_VISIBLE_DEVICES");
+    if (vis) {
+        int machine = g_ndev, n = 0;
+        for (const char *c = vis; *c && n < machine;) {
+            char *end = NULL;
+            long v = strtol(c, &end, 10);
+            if (end == c || (*end != ',' && *end != '\0') || v < 0 || v >= machine)
+                break; /* not a device: the devices before it are the visible ones */
+            g_phys[n++] = (int)v;
+            c = *end == ',' ? end + 1 : end;
+        }
+        g_ndev = n;
+    }
 }
 
 static void machine(void) {
     pthread_once(&g_once, machine_init);
+}
+
+DBL_EXPORT int dbl_physical(int dev) {
+    machine();
+    return dev >= 0 && dev < g_ndev ? g_phys[dev] : -1;
 }
 
 DBL_EXPORT int dbl_device_count(void) {

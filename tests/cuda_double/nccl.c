@@ -333,7 +333,8 @@ ncclResult_t ncclCommInitRank(ncclComm_t *out, int nranks, ncclUniqueId id, int 
     *c = (struct ncclComm){COMM_MAGIC, rank, nranks, dev, h, size};
     size_t own = comm_memory();
     bool own_ok = own == 0 || dbl_mem_alloc(dev, own, &c->own_mem) == 0;
-    h->dev[rank] = dev;
+    h->dev[rank] =
+        dbl_physical(dev); /* the GPU itself: ordinals differ under CUDA_VISIBLE_DEVICES */
     h->host[rank] = host_hash();
     h->arg[rank][0] = own_ok ? nranks : -1; /* -1: this rank could not take its memory */
     atomic_fetch_add(&h->joined, 1);

@@ -422,6 +422,23 @@ DBL_EXPORT cudaError_t cudaGetDeviceCount(int *n) {
     return cudaSuccess;
 }
 
+/* cuda_runtime_api.h: "[domain]:[bus]:[device].[function] where domain, bus, device, and function
+ * are all hexadecimal values", at most len characters with the NUL (13 hold it all); no context is
+ * made (a device's attribute). The bus number names the machine's device behind this process's
+ * `device` (CUDA_VISIBLE_DEVICES), so two processes that see one GPU under different ordinals get
+ * one id, as NCCL's duplicate-GPU check compares them. */
+DBL_EXPORT cudaError_t cudaDeviceGetPCIBusId(char *pciBusId, int len, int device) {
+    RT_ENTER("cudaDeviceGetPCIBusId");
+    if (!pciBusId || len <= 0)
+        return rt_fail("cudaDeviceGetPCIBusId", cudaErrorInvalidValue, "buffer %p of %d bytes",
+                       (void *)pciBusId, len);
+    if (device < 0 || device >= dbl_device_count())
+        return rt_fail("cudaDeviceGetPCIBusId", cudaErrorInvalidDevice, "device %d of %d", device,
+                       dbl_device_count());
+    snprintf(pciBusId, (size_t)len, "0000:%02X:00.0", 0x10 + dbl_physical(device));
+    return cudaSuccess;
+}
+
 DBL_EXPORT cudaError_t cudaGetDevice(int *d) {
     RT_ENTER("cudaGetDevice");
     if (!d)
