@@ -69,6 +69,8 @@ typedef struct call_ctx {
     bool cuda;                           /* the cuda backend (NCCL data path) */
     bool host;                           /* the host backend (MPI data path) */
     sp_mempool_t *send_pool, *recv_pool; /* the buffers' pools, NULL where not looked up */
+    const char *no_sym;                  /* why not symmetric kernels (NULL: they run) */
+    int64_t at[3];                       /* where the buffers lie in their windows (places()) */
 } call_ctx_t;
 
 /* [ptr, ptr+bytes) must lie in one live block of this rank's device (within what the caller
@@ -170,16 +172,47 @@ static bool check_local(call_ctx_t *x, const sp_coll_call_t *c, char *why, size_
     return true;
 }
 
-enum { AG_COUNT_HI, AG_COUNT_LO, AG_DTYPE, AG_OP, AG_ROOT, AG_N };
+enum { AG_COUNT_HI, AG_COUNT_LO, AG_DTYPE, AG_OP, AG_ROOT, AG_SEND_AT, AG_RECV_AT, AG_SEGS, AG_N };
 
 static const int64_t agree_ops[] = {SP_AGREE_ALLREDUCE, SP_AGREE_ALLGATHER, SP_AGREE_REDUCE_SCATTER,
                                     SP_AGREE_BROADCAST};
 
+/* The buffers' places (places()) after a round that found the arguments equal. */
+static sp_status_t agreed_places(const sp_agree_t *a, const call_ctx_t *x, const char *fn) {
+    if (a->lo[AG_SEGS] == 0 && a->hi[AG_SEGS] != 0)
+        return sp__error(SP_ERR_MISMATCH, SP_SUB_COLL,
+                         "%s: the buffers are in registered symmetric segments on some ranks and "
+                         "not on others (this rank: %s); NCCL runs a call on symmetric kernels "
+                         "only with every rank's buffers in its windows",
+                         fn, x->at[2] ? "in them" : "not");
+    if (a->lo[AG_SEGS] != a->hi[AG_SEGS])
+        return sp__error(SP_ERR_MISMATCH, SP_SUB_COLL,
+                         "%s: the buffers are in different symmetric segments on different ranks; "
+                         "pass the same sp_symmetric_malloc blocks on every rank",
+                         fn);
+    for (int i = AG_SEND_AT; i <= AG_RECV_AT; i++) {
+        const char *which = i == AG_SEND_AT ? "send" : "recv";
+        if (a->lo[i] == a->hi[i])
+            continue;
+        if (a->lo[i] == 0)
+            return sp__error(SP_ERR_MISMATCH, SP_SUB_COLL,
+                             "%s: the %s buffer is in place on some ranks and not on others", fn,
+                             which);
+        return sp__error(SP_ERR_MISMATCH, SP_SUB_COLL,
+                         "%s: the %s buffer lies at different offsets of its symmetric segment "
+                         "across ranks (%lld to %lld bytes); NCCL's symmetric kernels read every "
+                         "rank's buffer at the calling rank's offset, so every rank must pass the "
+                         "same place",
+                         fn, which, (long long)a->lo[i] - 1, (long long)a->hi[i] - 1);
+    }
+    return SP_SUCCESS;
+}
+
 /* The agreement: world/agree.c's round (the call, this rank's checks, count, dtype, op, root),
  * bounded by SYMPOOL_SYM_TIMEOUT, on the world's agreement communicator, before any data
  * moves. A rank in another collective call is SP_ERR_MISMATCH naming both. */
-static sp_status_t agree(sp_world_t *w, const sp_coll_call_t *c, bool ok, const char *why,
-                         void *gathered) {
+static sp_status_t agree(sp_world_t *w, const call_ctx_t *x, const sp_coll_call_t *c, bool ok,
+                         const char *why, void *gathered) {
     const char *fn = kind_names[c->kind];
     bool reduces = c->kind == SP_COLL_ALLREDUCE || c->kind == SP_COLL_REDUCE_SCATTER;
     /* The count is split into two 32-bit halves so it fits int64 whatever size_t holds. */
@@ -191,6 +224,9 @@ static sp_status_t agree(sp_world_t *w, const sp_coll_call_t *c, bool ok, const 
                         (int64_t)c->dtype,
                         reduces ? (int64_t)c->op : 0,
                         c->kind == SP_COLL_BROADCAST ? (int64_t)c->root : 0,
+                        x->at[0],
+                        x->at[1],
+                        x->at[2],
                     }};
     if (gathered && ok) { /* only a rank whose arguments passed reads its send buffer */
         a.payload = c->send;
@@ -206,8 +242,8 @@ static sp_status_t agree(sp_world_t *w, const sp_coll_call_t *c, bool ok, const 
                          "%s: %s rejected its arguments (its log says why); no rank "
                          "moved any data",
                          fn, sp__agree_bad_ranks(&a, ranks, sizeof ranks));
-    static const char *const field_names[AG_N] = {"count", "count", "dtype", "op", "root"};
-    for (int i = 0; i < AG_N; i++) {
+    static const char *const field_names[AG_SEND_AT] = {"count", "count", "dtype", "op", "root"};
+    for (int i = 0; i < AG_SEND_AT; i++) {
         int64_t hi = a.hi[i], lo = a.lo[i];
         if (hi == lo)
             continue;
@@ -220,7 +256,7 @@ static sp_status_t agree(sp_world_t *w, const sp_coll_call_t *c, bool ok, const 
                          "%s: ranks passed different %s values (smallest %lld, largest %lld)", fn,
                          field_names[i], (long long)lo, (long long)hi);
     }
-    return SP_SUCCESS;
+    return agreed_places(&a, x, fn);
 }
 
 /* ---- the host (MPI) data path ----------------------------------------------------------- */
@@ -522,12 +558,41 @@ static const char *no_symmetric_reason(const sp_world_t *w, const call_ctx_t *x,
 /* Count the call as eligible or not (symmetric.collectives_eligible/_fallback in the report)
  * and say why not at INFO, so a silent fallback is visible. */
 static void count_symmetric(sp_world_t *w, const call_ctx_t *x, const sp_coll_call_t *c) {
-    const char *why = no_symmetric_reason(w, x, c);
+    const char *why = x->at[2] ? x->no_sym : no_symmetric_reason(w, x, c);
     sp__error_clear(); /* the window probes may have left a last-error text */
     sp__world_count_collective(w, why == NULL);
     if (why != NULL)
         SP_INFO(SP_SUB_COLL, "%s(%zu x %s, %s): not symmetric kernels: %s", kind_names[c->kind],
                 c->count, sp__coll_dtype_name(c->dtype), sp__coll_op_name(c->op), why);
+}
+
+/* Where a call NCCL runs on symmetric kernels finds its buffers, for the agreement: NCCL 2.28's
+ * kernels take each buffer's offset in its window on the calling rank and read every peer's
+ * window at that offset (docs "NCCL_WIN_COLL_SYMMETRIC: ... the offset to the buffer head
+ * address from all ranks must be equal"; /work/shared/reference/nccl-windows.md), so a rank
+ * passing another place gets wrong data or a fault on its peers, not an error. at[0], at[1]: the
+ * send and recv offsets + 1 (0: not compared: an in-place all-gather's send and reduce-scatter's
+ * recv lie at rank-dependent places by definition); at[2]: the two segments' sequence numbers,
+ * 0 when the call does not run on symmetric kernels on this rank. Every value is the same on
+ * every rank of a correct call. */
+static void places(sp_world_t *w, call_ctx_t *x, const sp_coll_call_t *c) {
+    x->no_sym = no_symmetric_reason(w, x, c);
+    x->at[0] = x->at[1] = x->at[2] = 0;
+    sp_window_info_t s, r;
+    if (x->no_sym != NULL || sp_symmetric_window(c->send, &s) != SP_SUCCESS ||
+        sp_symmetric_window(c->recv, &r) != SP_SUCCESS) {
+        sp__error_clear();
+        return;
+    }
+    size_t bytes = c->count * sp__coll_dtype_size(c->dtype);
+    bool gather_in_place = c->kind == SP_COLL_ALLGATHER &&
+                           (const char *)c->send == (const char *)c->recv + (size_t)x->rank * bytes;
+    bool scatter_in_place =
+        c->kind == SP_COLL_REDUCE_SCATTER &&
+        (const char *)c->recv == (const char *)c->send + (size_t)x->rank * bytes;
+    x->at[0] = gather_in_place ? 0 : (int64_t)s.offset + 1;
+    x->at[1] = scatter_in_place ? 0 : (int64_t)r.offset + 1;
+    x->at[2] = (int64_t)(((s.segment_seq & 0x3fffffffu) << 32) | (r.segment_seq & 0xffffffffu)) + 1;
 }
 
 /* ---- dispatch --------------------------------------------------------------------------- */
@@ -629,7 +694,9 @@ static sp_status_t run(sp_world_t *w, const sp_coll_call_t *c) {
     bool ok = check_local(&x, c, why, sizeof why);
     char gathered[SP_AGREE_P2P_MAX_RANKS * SP_AGREE_PAYLOAD_MAX];
     bool fuse = fused(w, &x, c);
-    SP_CHECK(agree(w, c, ok, why, fuse ? gathered : NULL));
+    if (cuda && ok && c->count > 0)
+        places(w, &x, c);
+    SP_CHECK(agree(w, &x, c, ok, why, fuse ? gathered : NULL));
     if (c->count == 0)
         return SP_SUCCESS;
     count_symmetric(w, &x, c);

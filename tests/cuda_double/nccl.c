@@ -60,7 +60,7 @@ typedef struct shm_hdr {
     int nranks;
     int dev[MAX_RANKS];
     uint64_t host[MAX_RANKS];  /* each rank's host hash */
-    int64_t arg[MAX_RANKS][6]; /* each rank's arguments of the current call, compared */
+    int64_t arg[MAX_RANKS][8]; /* each rank's arguments of the current call, compared */
     char data[];               /* nranks slots of SLOT bytes */
 } shm_hdr_t;
 
@@ -938,6 +938,17 @@ static int window_flags(struct ncclComm *c, const void *p) {
     return flags;
 }
 
+/* The offset of `p` in c's window holding it, -1 when none. */
+static int64_t window_offset(struct ncclComm *c, const void *p) {
+    int64_t off = -1;
+    pthread_mutex_lock(&g_mu);
+    for (win_t *w = g_all_wins; w && off < 0; w = w->next)
+        if (w->comm == c && (uintptr_t)p >= w->buff && (uintptr_t)p < w->buff + w->size)
+            off = (int64_t)((uintptr_t)p - w->buff);
+    pthread_mutex_unlock(&g_mu);
+    return off;
+}
+
 /* Whether NCCL 2.28.9 runs this call as a symmetric kernel: the comm has symmetricSupport
  * (src/enqueue.cc), more than one rank (one rank is ncclLaunchOneRank's copy), both buffers in
  * NCCL_WIN_COLL_SYMMETRIC windows and the call one the kernels implement
@@ -1022,6 +1033,21 @@ static ncclResult_t coll(int kind, const void *send, void *recv, size_t count, n
     me[2] = t;
     me[3] = kind == K_ALLREDUCE || kind == K_REDUCESCATTER ? (int64_t)op : -1;
     me[4] = kind == K_BROADCAST ? root : -1;
+    /* A symmetric kernel takes each buffer's offset in its window on the calling rank and reads
+     * every peer's window there: "users need to guarantee the offset to the buffer head address
+     * from all ranks must be equal" (NCCL 2.28 docs, api/flags: NCCL_WIN_COLL_SYMMETRIC). Ranks
+     * that would run such a call at different offsets, or not all on symmetric kernels, get
+     * wrong data or hang on NCCL: the double fails them. An in-place all-gather's send and
+     * reduce-scatter's recv are rank-dependent places by definition and not compared (whether
+     * 2.28.9 runs them right is for a GPU to tell). */
+    bool symk = count > 0 && symmetric_kernel(c, kind, send, recv, count, t, op);
+    size_t bytes = count * es;
+    bool gather_in_place =
+        kind == K_ALLGATHER && (const char *)send == (const char *)recv + (size_t)c->rank * bytes;
+    bool scatter_in_place = kind == K_REDUCESCATTER &&
+                            (const char *)recv == (const char *)send + (size_t)c->rank * bytes;
+    me[5] = !symk ? -2 : gather_in_place ? -1 : window_offset(c, send);
+    me[6] = !symk ? -2 : scatter_in_place ? -1 : window_offset(c, recv);
     ncclResult_t r = barrier(c, fn);
     if (r != ncclSuccess)
         return r;
@@ -1035,6 +1061,14 @@ static ncclResult_t coll(int kind, const void *send, void *recv, size_t count, n
                 (long long)h->arg[i][1], (long long)h->arg[i][2], (long long)h->arg[i][3],
                 (long long)h->arg[i][4], c->rank, fn, count, (int)t, (long long)me[3],
                 (long long)me[4]);
+    for (int i = 0; i < n && r == ncclSuccess; i++)
+        if (h->arg[i][5] != me[5] || h->arg[i][6] != me[6])
+            r = fail(fn, ncclInvalidUsage,
+                     "rank %d's buffers at window offsets %lld/%lld, rank %d's at %lld/%lld (-2: "
+                     "not a symmetric kernel there): NCCL's symmetric kernels would read the "
+                     "wrong memory or hang",
+                     i, (long long)h->arg[i][5], (long long)h->arg[i][6], c->rank, (long long)me[5],
+                     (long long)me[6]);
     ncclResult_t r2 = barrier(c, fn);
     if (r != ncclSuccess)
         return r;
@@ -1042,7 +1076,7 @@ static ncclResult_t coll(int kind, const void *send, void *recv, size_t count, n
         return r2;
     if (count == 0)
         return ncclSuccess;
-    if (symmetric_kernel(c, kind, send, recv, count, t, op))
+    if (symk)
         atomic_fetch_add(&g_symk_calls, 1);
 
     char *mine = h->data + (size_t)c->rank * SLOT;

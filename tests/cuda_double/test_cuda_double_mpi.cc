@@ -232,6 +232,70 @@ TEST_F(CudaDoubleMpi, EligibleCollectivesAreTheOnesNcclRunsAsSymmetricKernels) {
     EXPECT_SP_OK(sp_free(a));
 }
 
+// NCCL's symmetric kernels read every peer's window at the calling rank's offset: a rank passing
+// another place of its segment, another segment, or a buffer off the windows would get wrong data
+// or hang on NCCL (the double fails it, as "wrong memory or hang"). sympool refuses the call on
+// every rank first, moving no data; in-place all-gather and reduce-scatter still run.
+TEST_F(CudaDoubleMpi, SymmetricKernelsGetTheSamePlaceOnEveryRankOrAnErrorEverywhere) {
+    NEED_DOUBLE();
+    SP_SKIP_BELOW_RANKS(2);
+    expect_warnings();
+    make_pool(false, false, "places");
+    if (sp_world_node_count(world_) != 1)
+        GTEST_SKIP() << "NCCL 2.28 has symmetric kernels within one node only";
+    const int n = mpi_size(), r = mpi_rank();
+    const size_t count = 256, bytes = count * 4;
+    void *a = nullptr, *b = nullptr, *c = nullptr, *d = nullptr;
+    ASSERT_SP_OK(sp_symmetric_malloc(pool_, 2 * bytes * n, nullptr, &a));
+    ASSERT_SP_OK(sp_symmetric_malloc(pool_, 2 * bytes * n, nullptr, &b));
+    ASSERT_SP_OK(sp_symmetric_malloc(pool_, size_t(3) << 20, nullptr, &d)); // a segment of its own
+    ASSERT_SP_OK(sp_malloc(bytes * n, sp_world_device(world_), nullptr, &c));
+    put(a, std::vector<float>(2 * count * n, 1.0f));
+    put(b, std::vector<float>(2 * count * n, 0.0f));
+    const long k0 = nccl_symmetric_kernels();
+    // The recv buffer one element further on the last rank.
+    char *shifted = static_cast<char *>(b) + (r == n - 1 ? 4 : 0);
+    sp_status_t s = sp_allreduce(world_, a, shifted, count, SP_FLOAT32, SP_SUM, nullptr);
+    EXPECT_EQ(s, SP_ERR_MISMATCH) << sp_last_error();
+    EXPECT_NE(std::string(sp_last_error()).find("recv buffer lies at different offsets"),
+              std::string::npos)
+        << sp_last_error();
+    EXPECT_EQ(get<float>(b, 1)[0], 0.0f) << "no rank moved any data";
+    // Another segment on rank 0, at the same offset (0).
+    sp_window_info_t wa, wd;
+    ASSERT_SP_OK(sp_symmetric_window(a, &wa));
+    ASSERT_SP_OK(sp_symmetric_window(d, &wd));
+    ASSERT_NE(wa.segment_seq, wd.segment_seq);
+    ASSERT_EQ(wa.offset, wd.offset);
+    s = sp_allreduce(world_, r == 0 ? d : a, b, count, SP_FLOAT32, SP_SUM, nullptr);
+    EXPECT_EQ(s, SP_ERR_MISMATCH) << sp_last_error();
+    EXPECT_NE(std::string(sp_last_error()).find("different symmetric segments"), std::string::npos)
+        << sp_last_error();
+    // Off the windows on rank 0 only.
+    s = sp_allgather(world_, r == 0 ? c : a, b, count, SP_FLOAT32, nullptr);
+    EXPECT_EQ(s, SP_ERR_MISMATCH) << sp_last_error();
+    EXPECT_NE(std::string(sp_last_error()).find("on some ranks and not on others"),
+              std::string::npos)
+        << sp_last_error();
+    EXPECT_EQ(nccl_symmetric_kernels() - k0, 0) << "nothing reached NCCL";
+    // The same places everywhere, in place included: symmetric kernels, right results.
+    ASSERT_SP_OK(sp_allreduce(world_, a, b, count, SP_FLOAT32, SP_SUM, nullptr));
+    EXPECT_EQ(get<float>(b, 1)[0], float(n));
+    put(b, std::vector<float>(count * n, float(r + 1)));
+    ASSERT_SP_OK(
+        sp_allgather(world_, static_cast<char *>(b) + r * bytes, b, count, SP_FLOAT32, nullptr));
+    std::vector<float> g = get<float>(b, count * n);
+    for (int q = 0; q < n; q++)
+        EXPECT_EQ(g[q * count], float(q + 1)) << "in-place all-gather, block of rank " << q;
+    ASSERT_SP_OK(sp_reduce_scatter(world_, a, static_cast<char *>(a) + r * bytes, count, SP_FLOAT32,
+                                   SP_SUM, nullptr));
+    EXPECT_EQ(nccl_symmetric_kernels() - k0, 3);
+    EXPECT_SP_OK(sp_free(d));
+    EXPECT_SP_OK(sp_free(c));
+    EXPECT_SP_OK(sp_free(b));
+    EXPECT_SP_OK(sp_free(a));
+}
+
 // Without symmetric support (NCCL_WIN_ENABLE=0 here; GPUs without P2P on a real node) NCCL 2.28
 // still returns a window, a local registration on which no symmetric kernel runs: sympool counts
 // the calls on it as fallbacks and says why, as NCCL runs them.
