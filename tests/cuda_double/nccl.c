@@ -1000,11 +1000,19 @@ static ncclResult_t coll(int kind, const void *send, void *recv, size_t count, n
         return fail(fn, ncclInvalidArgument, "op %d", (int)op);
     if (kind == K_BROADCAST && (root < 0 || root >= c->nranks))
         return fail(fn, ncclInvalidArgument, "root %d of %d", root, c->nranks);
+    /* NCCL 2.28.9 launches a multi-rank call's kernel with the communicator's device current
+     * (src/group.cc groupLaunch: cudaSetDevice(comm->cudaDev) before ncclLaunchPrepare and
+     * ncclLaunchKernel), so a pseudo-stream (NULL, legacy, per-thread) is that device's stream
+     * whatever device the caller has current. One rank's call is ncclLaunchOneRank's copy, issued
+     * from taskAppend with the caller's device current (src/enqueue.cc ncclEnqueueCheck sets the
+     * comm's device only under NCCL_CHECK_POINTERS=1): the caller's device's stream, which a
+     * copy between the comm device's buffers may use (UVA), so it is not refused either. */
     int sdev = -1;
     bool capturing = false;
-    if (dbl_rt_stream(stream, &sdev, &capturing) != 0)
+    if (dbl_rt_stream(stream, c->nranks > 1 ? c->dev : -1, &sdev, &capturing) != 0)
         return fail(fn, ncclInvalidArgument, "stream %p is not a live stream", (void *)stream);
-    if (sdev != c->dev)
+    bool pseudo = stream == NULL || stream == cudaStreamLegacy || stream == cudaStreamPerThread;
+    if (sdev != c->dev && !pseudo)
         return fail(fn, ncclInvalidArgument, "stream of device %d, communicator on device %d", sdev,
                     c->dev);
     if (capturing)

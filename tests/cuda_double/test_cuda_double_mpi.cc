@@ -296,6 +296,35 @@ TEST_F(CudaDoubleMpi, SymmetricKernelsGetTheSamePlaceOnEveryRankOrAnErrorEverywh
     EXPECT_SP_OK(sp_free(a));
 }
 
+// NCCL 2.28.9 launches a multi-rank collective with the communicator's device current
+// (src/group.cc groupLaunch: cudaSetDevice(comm->cudaDev)), so a NULL stream is that device's
+// stream even when the caller has made another device current; the call runs and the caller's
+// current device is left as it was.
+TEST_F(CudaDoubleMpi, NullStreamIsTheCommunicatorDevicesWhateverDeviceIsCurrent) {
+    NEED_DOUBLE();
+    SP_SKIP_BELOW_RANKS(2);
+    int ndev = 0;
+    ASSERT_EQ(cudaGetDeviceCount(&ndev), cudaSuccess);
+    if (ndev < 2)
+        GTEST_SKIP() << "needs another device to make current";
+    make_pool(false, false, "nullstream");
+    const int n = mpi_size(), r = mpi_rank();
+    const size_t count = 64;
+    void *a = nullptr;
+    ASSERT_SP_OK(sp_symmetric_malloc(pool_, count * 4, nullptr, &a));
+    put(a, std::vector<float>(count, float(r + 1)));
+    const int other = (sp_world_device(world_) + 1) % ndev;
+    ASSERT_EQ(cudaSetDevice(other), cudaSuccess);
+    sp_status_t s = sp_allreduce(world_, a, a, count, SP_FLOAT32, SP_SUM, nullptr);
+    int cur = -1;
+    EXPECT_EQ(cudaGetDevice(&cur), cudaSuccess);
+    EXPECT_EQ(cur, other);
+    ASSERT_EQ(cudaSetDevice(sp_world_device(world_)), cudaSuccess);
+    ASSERT_SP_OK(s);
+    EXPECT_EQ(get<float>(a, 1)[0], float(n * (n + 1) / 2));
+    EXPECT_SP_OK(sp_free(a));
+}
+
 // Only the buffers NCCL 2.28.9's symmetric kernels reach on peers must lie at the same place on
 // every rank: an all-gather reads its send buffer locally (all_gather.cuh input.localPtr()) and a
 // reduce-scatter writes its recv buffer locally (reduce_scatter.cuh output.localPtr()), so those
