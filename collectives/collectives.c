@@ -177,33 +177,34 @@ enum { AG_COUNT_HI, AG_COUNT_LO, AG_DTYPE, AG_OP, AG_ROOT, AG_SEND_AT, AG_RECV_A
 static const int64_t agree_ops[] = {SP_AGREE_ALLREDUCE, SP_AGREE_ALLGATHER, SP_AGREE_REDUCE_SCATTER,
                                     SP_AGREE_BROADCAST};
 
-/* The buffers' places (places()) after a round that found the arguments equal. */
-static sp_status_t agreed_places(const sp_agree_t *a, const call_ctx_t *x, const char *fn) {
+/* The buffers' places (places()) after a round that found the arguments equal (the call, so
+ * which buffers are compared, is the same on every rank). */
+static sp_status_t agreed_places(const sp_agree_t *a, const call_ctx_t *x, const sp_coll_call_t *c,
+                                 const char *fn) {
     if (a->lo[AG_SEGS] == 0 && a->hi[AG_SEGS] != 0)
         return sp__error(SP_ERR_MISMATCH, SP_SUB_COLL,
                          "%s: the buffers are in registered symmetric segments on some ranks and "
                          "not on others (this rank: %s); NCCL runs a call on symmetric kernels "
                          "only with every rank's buffers in its windows",
                          fn, x->at[2] ? "in them" : "not");
+    const char *peer_bufs = c->kind == SP_COLL_ALLGATHER        ? "recv buffer is"
+                            : c->kind == SP_COLL_REDUCE_SCATTER ? "send buffer is"
+                                                                : "buffers are";
     if (a->lo[AG_SEGS] != a->hi[AG_SEGS])
         return sp__error(SP_ERR_MISMATCH, SP_SUB_COLL,
-                         "%s: the buffers are in different symmetric segments on different ranks; "
+                         "%s: the %s in different symmetric segments on different ranks; "
                          "pass the same sp_symmetric_malloc blocks on every rank",
-                         fn);
+                         fn, peer_bufs);
     for (int i = AG_SEND_AT; i <= AG_RECV_AT; i++) {
-        const char *which = i == AG_SEND_AT ? "send" : "recv";
         if (a->lo[i] == a->hi[i])
             continue;
-        if (a->lo[i] == 0)
-            return sp__error(SP_ERR_MISMATCH, SP_SUB_COLL,
-                             "%s: the %s buffer is in place on some ranks and not on others", fn,
-                             which);
         return sp__error(SP_ERR_MISMATCH, SP_SUB_COLL,
                          "%s: the %s buffer lies at different offsets of its symmetric segment "
-                         "across ranks (%lld to %lld bytes); NCCL's symmetric kernels read every "
-                         "rank's buffer at the calling rank's offset, so every rank must pass the "
+                         "across ranks (%lld to %lld bytes); NCCL's symmetric kernels reach it on "
+                         "every rank at the calling rank's offset, so every rank must pass the "
                          "same place",
-                         fn, which, (long long)a->lo[i] - 1, (long long)a->hi[i] - 1);
+                         fn, i == AG_SEND_AT ? "send" : "recv", (long long)a->lo[i] - 1,
+                         (long long)a->hi[i] - 1);
     }
     return SP_SUCCESS;
 }
@@ -256,7 +257,7 @@ static sp_status_t agree(sp_world_t *w, const call_ctx_t *x, const sp_coll_call_
                          "%s: ranks passed different %s values (smallest %lld, largest %lld)", fn,
                          field_names[i], (long long)lo, (long long)hi);
     }
-    return agreed_places(&a, x, fn);
+    return agreed_places(&a, x, c, fn);
 }
 
 /* ---- the host (MPI) data path ----------------------------------------------------------- */
@@ -566,15 +567,25 @@ static void count_symmetric(sp_world_t *w, const call_ctx_t *x, const sp_coll_ca
                 c->count, sp__coll_dtype_name(c->dtype), sp__coll_op_name(c->op), why);
 }
 
-/* Where a call NCCL runs on symmetric kernels finds its buffers, for the agreement: NCCL 2.28's
- * kernels take each buffer's offset in its window on the calling rank and read every peer's
- * window at that offset (docs "NCCL_WIN_COLL_SYMMETRIC: ... the offset to the buffer head
- * address from all ranks must be equal"; /work/shared/reference/nccl-windows.md), so a rank
- * passing another place gets wrong data or a fault on its peers, not an error. at[0], at[1]: the
- * send and recv offsets + 1 (0: not compared: an in-place all-gather's send and reduce-scatter's
- * recv lie at rank-dependent places by definition); at[2]: the two segments' sequence numbers,
- * 0 when the call does not run on symmetric kernels on this rank. Every value is the same on
- * every rank of a correct call. */
+/* Where a call NCCL runs on symmetric kernels finds the buffers its kernels reach on peers, for
+ * the agreement. NCCL 2.28.9 passes each buffer to the kernel as its window and its offset in the
+ * window on the calling rank (src/sym_kernels.cc ncclSymkMakeDevWork: inputOff/outputOff), and a
+ * peer's address is that window's flat base for the peer plus the same offset (ncclSymPtr::lsaPtr,
+ * peerPtr, multimemPtr). Which buffers go through peers depends on the collective
+ * (src/device/symmetric/):
+ *  - all-reduce: both (all_reduce.cuh RSxLD_AGxST reads inpPacks.peerPtr and writes
+ *    outPacks.peerPtr; RSxLDMC_AGxSTMC uses both multimem pointers);
+ *  - all-gather: the recv buffer only (all_gather.cuh: every kernel reads its send buffer through
+ *    input.localPtr() and writes output.lsaPtr(r) or output.multimemPtr at output + rank * count);
+ *    the send buffer may lie anywhere in a symmetric window, in place or not;
+ *  - reduce-scatter: the send buffer only (reduce_scatter.cuh: inpPacks.peerPtr(world, r) at
+ *    input + rank * count, or input.multimemPtr; the result goes to output.localPtr()).
+ * A rank passing another window or offset for a buffer reached on peers makes its peers read or
+ * write the wrong memory, with no error. at[0], at[1]: the send and recv offsets + 1 where they
+ * are reached on peers, 0 where not; at[2]: those buffers' segments' sequence numbers (send in
+ * the high half, recv in the low, 0 for one not reached) + 1, 0 when the call does not run on
+ * symmetric kernels on this rank (NCCL decides that per rank: src/scheduler/symmetric_sched.cc).
+ * Every value is the same on every rank of a correct call. */
 static void places(sp_world_t *w, call_ctx_t *x, const sp_coll_call_t *c) {
     x->no_sym = no_symmetric_reason(w, x, c);
     x->at[0] = x->at[1] = x->at[2] = 0;
@@ -584,15 +595,13 @@ static void places(sp_world_t *w, call_ctx_t *x, const sp_coll_call_t *c) {
         sp__error_clear();
         return;
     }
-    size_t bytes = c->count * sp__coll_dtype_size(c->dtype);
-    bool gather_in_place = c->kind == SP_COLL_ALLGATHER &&
-                           (const char *)c->send == (const char *)c->recv + (size_t)x->rank * bytes;
-    bool scatter_in_place =
-        c->kind == SP_COLL_REDUCE_SCATTER &&
-        (const char *)c->recv == (const char *)c->send + (size_t)x->rank * bytes;
-    x->at[0] = gather_in_place ? 0 : (int64_t)s.offset + 1;
-    x->at[1] = scatter_in_place ? 0 : (int64_t)r.offset + 1;
-    x->at[2] = (int64_t)(((s.segment_seq & 0x3fffffffu) << 32) | (r.segment_seq & 0xffffffffu)) + 1;
+    bool send_on_peers = c->kind != SP_COLL_ALLGATHER;
+    bool recv_on_peers = c->kind != SP_COLL_REDUCE_SCATTER;
+    uint64_t send_seq = send_on_peers ? s.segment_seq & 0x3fffffffu : 0;
+    uint64_t recv_seq = recv_on_peers ? r.segment_seq & 0xffffffffu : 0;
+    x->at[0] = send_on_peers ? (int64_t)s.offset + 1 : 0;
+    x->at[1] = recv_on_peers ? (int64_t)r.offset + 1 : 0;
+    x->at[2] = (int64_t)((send_seq << 32) | recv_seq) + 1;
 }
 
 /* ---- dispatch --------------------------------------------------------------------------- */

@@ -314,11 +314,6 @@ static sp_status_t nccl_bootstrap(sp_world_t *w) {
 }
 #endif
 
-/* The node table: which node every rank is on, and each node's host name. A node is what MPI
- * puts in one MPI_COMM_TYPE_SHARED communicator (Open MPI: the ranks of one daemon, i.e. one host
- * of the hostfile); its name is the host name its lowest rank reports. One MPI_Allgather of a
- * fixed record per rank at world creation; afterwards every query is local. Nodes are numbered
- * by their lowest world rank, so the numbering is the same on every rank. */
 /* Whether two ranks of this node would be on one GPU, which NCCL refuses (2.28.9 src/init.cc:
  * "Duplicate GPU detected" when two ranks have equal host hashes and PCI bus ids). Every rank of
  * the node takes part (a collective on node_comm); `mine`: this rank names its GPU (cuda with
@@ -374,6 +369,11 @@ static sp_status_t node_gpus(sp_world_t *w, bool mine, bool *crowded_p, int *gpu
     return SP_SUCCESS;
 }
 
+/* The node table: which node every rank is on, and each node's host name. A node is what MPI
+ * puts in one MPI_COMM_TYPE_SHARED communicator (Open MPI: the ranks of one daemon, i.e. one host
+ * of the hostfile); its name is the host name its lowest rank reports. One MPI_Allgather of a
+ * fixed record per rank at world creation; afterwards every query is local. Nodes are numbered
+ * by their lowest world rank, so the numbering is the same on every rank. */
 static sp_status_t node_table(sp_world_t *w) {
     typedef struct {
         int leader;                    /* world rank of this rank's node's lowest rank */
@@ -530,9 +530,10 @@ static sp_status_t world_create(MPI_Comm comm, bool from_init, sp_world_t **worl
     if (worst[1]) {
         st = sp__error(SP_ERR_INVALID_USAGE, SP_SUB_BOOT,
                        "%s: %d ranks on one node share %d GPU(s), and NCCL refuses two ranks of "
-                       "one communicator on one GPU. Start at most %d rank(s) per node (mpirun "
-                       "-np %d on one node, or --map-by ppr:%d:node), or run the host backend "
-                       "(SYMPOOL_DEVICE=host)",
+                       "one communicator on one GPU. Give each rank of a node its own GPU (ranks "
+                       "take device local rank %% visible devices; check CUDA_VISIBLE_DEVICES), "
+                       "start at most %d rank(s) per node (mpirun -np %d on one node, or "
+                       "--map-by ppr:%d:node), or run the host backend (SYMPOOL_DEVICE=host)",
                        crowded ? "this node" : "another node", worst[1], worst[2], worst[2],
                        worst[2], worst[2]);
         goto fail;

@@ -70,8 +70,9 @@ typedef enum { SP_SUM, SP_PROD, SP_MIN, SP_MAX, SP_AVG } sp_redop_t;
  *    this rank or is too small, a forbidden overlap; the bad rank's message says which, the
  *    others name that rank), SP_ERR_MISMATCH on every rank when ranks pass different counts,
  *    dtypes, ops, roots or collectives, or, for a call NCCL runs on symmetric kernels, buffers
- *    at different places (another offset or segment, or off the windows on some ranks: the
- *    kernels read every rank's window at the calling rank's offset). Nothing is sent then.
+ *    the kernels reach on peers (all-reduce both, all-gather recv, reduce-scatter send) at
+ *    different places (another offset or segment), or off the windows on some ranks only.
+ *    Nothing is sent then.
  *  - count 0 is a no-op (after the agreement); buffers may then be NULL.
  *  - Completion: on the cuda backend the operation is enqueued on @p stream (NCCL semantics);
  *    on the host backend it has completed when the call returns.

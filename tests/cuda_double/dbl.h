@@ -58,8 +58,9 @@ void *dbl_view(const void *p, size_t n);
 int dbl_vmm_range(const void *p, uintptr_t *base_p, size_t *size_p, int *dev_p);
 
 /* Streams (runtime.c): validate a stream handle (NULL, cudaStreamLegacy, cudaStreamPerThread
- * or a live stream); 0 or a cudaError_t. *dev_p: its device; *capturing_p: it is capturing. */
-int dbl_rt_stream(void *stream, int *dev_p, bool *capturing_p);
+ * or a live stream); 0 or a cudaError_t. The pseudo-streams name device `dev`'s stream, or the
+ * current device's when dev < 0. *dev_p: its device; *capturing_p: it is capturing. */
+int dbl_rt_stream(void *stream, int dev, int *dev_p, bool *capturing_p);
 
 /* Test hooks (exported, unversioned, from libcuda.so.1). */
 int cuda_double_primary_contexts(int dev); /* contexts made on dev so far */

@@ -71,6 +71,8 @@ struct ncclWindow_vidmem {
     uintptr_t buff;
     size_t size;
     int flags;
+    int64_t seq; /* the comm's registrations before it: the same window on every rank (2.28.9
+                  * pairs windows by registration order, src/dev_runtime.cc) */
     win_t *next;
 };
 
@@ -82,6 +84,7 @@ struct ncclComm {
     int nnodes;             /* distinct host hashes among the ranks */
     bool symmetric_support; /* 2.28.9's comm->symmetricSupport */
     void *own_mem;          /* the communicator's own device memory (CUDA_DOUBLE_NCCL_MEMORY) */
+    int64_t wins_made;      /* windows registered so far (win_t.seq) */
 };
 
 static pthread_mutex_t g_mu = PTHREAD_MUTEX_INITIALIZER;
@@ -646,7 +649,7 @@ ncclResult_t ncclCommWindowRegister(ncclComm_t c, void *buff, size_t size, ncclW
     win_t *w = calloc(1, sizeof *w);
     if (!w)
         return fail("ncclCommWindowRegister", ncclSystemError, "host memory");
-    *w = (win_t){WIN_MAGIC, c, (uintptr_t)buff, size, flags, NULL};
+    *w = (win_t){WIN_MAGIC, c, (uintptr_t)buff, size, flags, c->wins_made++, NULL};
     pthread_mutex_lock(&g_mu);
     w->next = g_all_wins;
     g_all_wins = w;
@@ -938,15 +941,17 @@ static int window_flags(struct ncclComm *c, const void *p) {
     return flags;
 }
 
-/* The offset of `p` in c's window holding it, -1 when none. */
-static int64_t window_offset(struct ncclComm *c, const void *p) {
-    int64_t off = -1;
+/* Where `p` lies in c's window holding it: the window's registration number times 2^40 plus
+ * the offset (windows are far below 2^40 bytes), -1 when none. Two ranks' values are equal
+ * exactly when a symmetric kernel's peer pointer from one reaches the other's `p`. */
+static int64_t window_place(struct ncclComm *c, const void *p) {
+    int64_t at = -1;
     pthread_mutex_lock(&g_mu);
-    for (win_t *w = g_all_wins; w && off < 0; w = w->next)
+    for (win_t *w = g_all_wins; w && at < 0; w = w->next)
         if (w->comm == c && (uintptr_t)p >= w->buff && (uintptr_t)p < w->buff + w->size)
-            off = (int64_t)((uintptr_t)p - w->buff);
+            at = (w->seq << 40) + (int64_t)((uintptr_t)p - w->buff);
     pthread_mutex_unlock(&g_mu);
-    return off;
+    return at;
 }
 
 /* Whether NCCL 2.28.9 runs this call as a symmetric kernel: the comm has symmetricSupport
@@ -995,11 +1000,19 @@ static ncclResult_t coll(int kind, const void *send, void *recv, size_t count, n
         return fail(fn, ncclInvalidArgument, "op %d", (int)op);
     if (kind == K_BROADCAST && (root < 0 || root >= c->nranks))
         return fail(fn, ncclInvalidArgument, "root %d of %d", root, c->nranks);
+    /* NCCL 2.28.9 launches a multi-rank call's kernel with the communicator's device current
+     * (src/group.cc groupLaunch: cudaSetDevice(comm->cudaDev) before ncclLaunchPrepare and
+     * ncclLaunchKernel), so a pseudo-stream (NULL, legacy, per-thread) is that device's stream
+     * whatever device the caller has current. One rank's call is ncclLaunchOneRank's copy, issued
+     * from taskAppend with the caller's device current (src/enqueue.cc ncclEnqueueCheck sets the
+     * comm's device only under NCCL_CHECK_POINTERS=1): the caller's device's stream, which a
+     * copy between the comm device's buffers may use (UVA), so it is not refused either. */
     int sdev = -1;
     bool capturing = false;
-    if (dbl_rt_stream(stream, &sdev, &capturing) != 0)
+    if (dbl_rt_stream(stream, c->nranks > 1 ? c->dev : -1, &sdev, &capturing) != 0)
         return fail(fn, ncclInvalidArgument, "stream %p is not a live stream", (void *)stream);
-    if (sdev != c->dev)
+    bool pseudo = stream == NULL || stream == cudaStreamLegacy || stream == cudaStreamPerThread;
+    if (sdev != c->dev && !pseudo)
         return fail(fn, ncclInvalidArgument, "stream of device %d, communicator on device %d", sdev,
                     c->dev);
     if (capturing)
@@ -1033,21 +1046,19 @@ static ncclResult_t coll(int kind, const void *send, void *recv, size_t count, n
     me[2] = t;
     me[3] = kind == K_ALLREDUCE || kind == K_REDUCESCATTER ? (int64_t)op : -1;
     me[4] = kind == K_BROADCAST ? root : -1;
-    /* A symmetric kernel takes each buffer's offset in its window on the calling rank and reads
-     * every peer's window there: "users need to guarantee the offset to the buffer head address
-     * from all ranks must be equal" (NCCL 2.28 docs, api/flags: NCCL_WIN_COLL_SYMMETRIC). Ranks
-     * that would run such a call at different offsets, or not all on symmetric kernels, get
-     * wrong data or hang on NCCL: the double fails them. An in-place all-gather's send and
-     * reduce-scatter's recv are rank-dependent places by definition and not compared (whether
-     * 2.28.9 runs them right is for a GPU to tell). */
+    /* A symmetric kernel gets each buffer as its window and its offset there on the calling
+     * rank (src/sym_kernels.cc ncclSymkMakeDevWork) and reaches a peer's copy at the same window
+     * and offset: "users need to guarantee the offset to the buffer head address from all ranks
+     * must be equal" (NCCL 2.28 docs, api/flags: NCCL_WIN_COLL_SYMMETRIC). Only the buffers a
+     * kernel reaches on peers count (src/device/symmetric/): all-reduce both, all-gather its
+     * recv buffer (the send buffer is read through input.localPtr() only, all_gather.cuh),
+     * reduce-scatter its send buffer (the result is written through output.localPtr() only,
+     * reduce_scatter.cuh). Ranks that would run such a call at different places, or not all on
+     * symmetric kernels (NCCL decides per rank, src/scheduler/symmetric_sched.cc), get wrong
+     * data or hang on NCCL: the double fails them. */
     bool symk = count > 0 && symmetric_kernel(c, kind, send, recv, count, t, op);
-    size_t bytes = count * es;
-    bool gather_in_place =
-        kind == K_ALLGATHER && (const char *)send == (const char *)recv + (size_t)c->rank * bytes;
-    bool scatter_in_place = kind == K_REDUCESCATTER &&
-                            (const char *)recv == (const char *)send + (size_t)c->rank * bytes;
-    me[5] = !symk ? -2 : gather_in_place ? -1 : window_offset(c, send);
-    me[6] = !symk ? -2 : scatter_in_place ? -1 : window_offset(c, recv);
+    me[5] = !symk ? -2 : kind == K_ALLGATHER ? -1 : window_place(c, send);
+    me[6] = !symk ? -2 : kind == K_REDUCESCATTER ? -1 : window_place(c, recv);
     ncclResult_t r = barrier(c, fn);
     if (r != ncclSuccess)
         return r;
@@ -1064,9 +1075,10 @@ static ncclResult_t coll(int kind, const void *send, void *recv, size_t count, n
     for (int i = 0; i < n && r == ncclSuccess; i++)
         if (h->arg[i][5] != me[5] || h->arg[i][6] != me[6])
             r = fail(fn, ncclInvalidUsage,
-                     "rank %d's buffers at window offsets %lld/%lld, rank %d's at %lld/%lld (-2: "
-                     "not a symmetric kernel there): NCCL's symmetric kernels would read the "
-                     "wrong memory or hang",
+                     "rank %d's buffers at window places %lld/%lld, rank %d's at %lld/%lld "
+                     "(window * 2^40 + offset; -1: not reached on peers; -2: not a symmetric "
+                     "kernel there): NCCL's symmetric kernels would reach the wrong memory or "
+                     "hang",
                      i, (long long)h->arg[i][5], (long long)h->arg[i][6], c->rank, (long long)me[5],
                      (long long)me[6]);
     ncclResult_t r2 = barrier(c, fn);

@@ -395,11 +395,15 @@ static void device_sync(int dev) {
             complete(s);
 }
 
-/* For the NCCL double: validate a stream and say where it is. */
-DBL_EXPORT int dbl_rt_stream(void *h, int *dev_p, bool *capturing_p) {
+/* For the NCCL double: validate a stream and say where it is. A pseudo-stream (NULL, legacy,
+ * per-thread) is the one of device `dev` when dev >= 0 (NCCL made it current), else of the
+ * current device. */
+DBL_EXPORT int dbl_rt_stream(void *h, int dev, int *dev_p, bool *capturing_p) {
     pthread_once(&g_init_once, rt_init);
     pthread_mutex_lock(&g_rt);
-    stream_t *s = stream_of((cudaStream_t)h);
+    bool pseudo = h == NULL || h == cudaStreamLegacy || h == cudaStreamPerThread;
+    stream_t *s = pseudo && dev >= 0 && dev < dbl_device_count() ? &g_legacy[dev]
+                                                                 : stream_of((cudaStream_t)h);
     int rc = cudaErrorInvalidResourceHandle;
     if (s) {
         *dev_p = s->dev;

@@ -296,6 +296,89 @@ TEST_F(CudaDoubleMpi, SymmetricKernelsGetTheSamePlaceOnEveryRankOrAnErrorEverywh
     EXPECT_SP_OK(sp_free(a));
 }
 
+// NCCL 2.28.9 launches a multi-rank collective with the communicator's device current
+// (src/group.cc groupLaunch: cudaSetDevice(comm->cudaDev)), so a NULL stream is that device's
+// stream even when the caller has made another device current; the call runs and the caller's
+// current device is left as it was.
+TEST_F(CudaDoubleMpi, NullStreamIsTheCommunicatorDevicesWhateverDeviceIsCurrent) {
+    NEED_DOUBLE();
+    SP_SKIP_BELOW_RANKS(2);
+    int ndev = 0;
+    ASSERT_EQ(cudaGetDeviceCount(&ndev), cudaSuccess);
+    if (ndev < 2)
+        GTEST_SKIP() << "needs another device to make current";
+    make_pool(false, false, "nullstream");
+    const int n = mpi_size(), r = mpi_rank();
+    const size_t count = 64;
+    void *a = nullptr;
+    ASSERT_SP_OK(sp_symmetric_malloc(pool_, count * 4, nullptr, &a));
+    put(a, std::vector<float>(count, float(r + 1)));
+    const int other = (sp_world_device(world_) + 1) % ndev;
+    ASSERT_EQ(cudaSetDevice(other), cudaSuccess);
+    sp_status_t s = sp_allreduce(world_, a, a, count, SP_FLOAT32, SP_SUM, nullptr);
+    int cur = -1;
+    EXPECT_EQ(cudaGetDevice(&cur), cudaSuccess);
+    EXPECT_EQ(cur, other);
+    ASSERT_EQ(cudaSetDevice(sp_world_device(world_)), cudaSuccess);
+    ASSERT_SP_OK(s);
+    EXPECT_EQ(get<float>(a, 1)[0], float(n * (n + 1) / 2));
+    EXPECT_SP_OK(sp_free(a));
+}
+
+// Only the buffers NCCL 2.28.9's symmetric kernels reach on peers must lie at the same place on
+// every rank: an all-gather reads its send buffer locally (all_gather.cuh input.localPtr()) and a
+// reduce-scatter writes its recv buffer locally (reduce_scatter.cuh output.localPtr()), so those
+// may lie anywhere in a window, rank by rank, and the call still runs on symmetric kernels; the
+// other buffer of each must still agree.
+TEST_F(CudaDoubleMpi, SymmetricKernelsCompareOnlyTheBuffersTheyReachOnPeers) {
+    NEED_DOUBLE();
+    SP_SKIP_BELOW_RANKS(2);
+    expect_warnings();
+    make_pool(false, false, "peerbufs");
+    if (sp_world_node_count(world_) != 1)
+        GTEST_SKIP() << "NCCL 2.28 has symmetric kernels within one node only";
+    const int n = mpi_size(), r = mpi_rank();
+    const size_t count = 256, bytes = count * 4;
+    void *a = nullptr, *b = nullptr, *d = nullptr;
+    ASSERT_SP_OK(sp_symmetric_malloc(pool_, 2 * bytes * n, nullptr, &a));
+    ASSERT_SP_OK(sp_symmetric_malloc(pool_, 2 * bytes * n, nullptr, &b));
+    ASSERT_SP_OK(sp_symmetric_malloc(pool_, size_t(3) << 20, nullptr, &d)); // a segment of its own
+    sp_window_info_t wa, wd;
+    ASSERT_SP_OK(sp_symmetric_window(a, &wa));
+    ASSERT_SP_OK(sp_symmetric_window(d, &wd));
+    ASSERT_NE(wa.segment_seq, wd.segment_seq);
+    const long k0 = nccl_symmetric_kernels();
+    // All-gather: each rank's send at its own offset, rank 0's in another segment.
+    char *send = r == 0 ? static_cast<char *>(d) : static_cast<char *>(a) + r * bytes;
+    put(send, std::vector<float>(count, float(r + 1)));
+    ASSERT_SP_OK(sp_allgather(world_, send, b, count, SP_FLOAT32, nullptr));
+    std::vector<float> g = get<float>(b, count * n);
+    for (int q = 0; q < n; q++)
+        EXPECT_EQ(g[q * count], float(q + 1)) << "all-gather, block of rank " << q;
+    // Reduce-scatter: each rank's recv at its own offset, rank 0's in another segment.
+    put(a, std::vector<float>(count * n, 1.0f));
+    char *recv = r == 0 ? static_cast<char *>(d) : static_cast<char *>(b) + r * bytes;
+    ASSERT_SP_OK(sp_reduce_scatter(world_, a, recv, count, SP_FLOAT32, SP_SUM, nullptr));
+    EXPECT_EQ(get<float>(recv, 1)[0], float(n));
+    EXPECT_EQ(nccl_symmetric_kernels() - k0, 2);
+    // The buffer reached on peers still has to agree: all-gather's recv, reduce-scatter's send.
+    char *shifted = static_cast<char *>(b) + (r == n - 1 ? 4 : 0);
+    sp_status_t s = sp_allgather(world_, a, shifted, count, SP_FLOAT32, nullptr);
+    EXPECT_EQ(s, SP_ERR_MISMATCH) << sp_last_error();
+    EXPECT_NE(std::string(sp_last_error()).find("recv buffer lies at different offsets"),
+              std::string::npos)
+        << sp_last_error();
+    s = sp_reduce_scatter(world_, r == 0 ? d : a, b, count, SP_FLOAT32, SP_SUM, nullptr);
+    EXPECT_EQ(s, SP_ERR_MISMATCH) << sp_last_error();
+    EXPECT_NE(std::string(sp_last_error()).find("send buffer is in different symmetric segments"),
+              std::string::npos)
+        << sp_last_error();
+    EXPECT_EQ(nccl_symmetric_kernels() - k0, 2) << "the refused calls reached no NCCL";
+    EXPECT_SP_OK(sp_free(d));
+    EXPECT_SP_OK(sp_free(b));
+    EXPECT_SP_OK(sp_free(a));
+}
+
 // Without symmetric support (NCCL_WIN_ENABLE=0 here; GPUs without P2P on a real node) NCCL 2.28
 // still returns a window, a local registration on which no symmetric kernel runs: sympool counts
 // the calls on it as fallbacks and says why, as NCCL runs them.
