@@ -5,6 +5,7 @@
 
 #include "sp_test.hpp"
 
+#include <cstdint>
 #include <string>
 
 namespace sp {
@@ -24,6 +25,22 @@ inline std::string diff(const sp_stats_t &a, const sp_stats_t &b) {
         if (a.value[i] != b.value[i])
             out += std::string(sp_stats_key(i)) + " ";
     return out;
+}
+
+// A walk's segment lines ("seg ADDR rest\n"...) with each address made an offset from `origin`,
+// so runs whose segments lie elsewhere (the host maps them where it can) compare equal.
+inline std::string rebase_layout(const std::string &layout, uintptr_t origin) {
+    std::string fixed;
+    size_t at = 0;
+    while (at < layout.size()) {
+        size_t nl = layout.find('\n', at);
+        std::string line = layout.substr(at, nl - at);
+        size_t sp1 = line.find(' '), sp2 = line.find(' ', sp1 + 1);
+        uintptr_t addr = std::stoull(line.substr(sp1 + 1, sp2 - sp1 - 1));
+        fixed += "seg " + std::to_string(addr - origin) + line.substr(sp2) + "\n";
+        at = nl + 1;
+    }
+    return fixed;
 }
 
 } // namespace sp

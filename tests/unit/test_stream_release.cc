@@ -123,19 +123,8 @@ Outcome run(uint64_t seed, bool walk) {
                           " s" + std::to_string(stream_index[e[i].stream]));
     sp__history_entries_free(e, n);
     // The layouts again, with offsets from the same origin (the walk gave absolute addresses).
-    for (auto &l : o.layouts) {
-        std::string fixed;
-        size_t at = 0;
-        while (at < l.size()) {
-            size_t nl = l.find('\n', at);
-            std::string line = l.substr(at, nl - at);
-            size_t sp1 = line.find(' '), sp2 = line.find(' ', sp1 + 1);
-            uintptr_t addr = std::stoull(line.substr(sp1 + 1, sp2 - sp1 - 1));
-            fixed += "seg " + std::to_string(addr - origin) + line.substr(sp2) + "\n";
-            at = nl + 1;
-        }
-        l = fixed;
-    }
+    for (auto &l : o.layouts)
+        l = sp::rebase_layout(l, origin);
     for (auto &l : live)
         EXPECT_EQ(sp_free(l.p), SP_SUCCESS);
     for (auto &l : orphans)
