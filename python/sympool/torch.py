@@ -8,8 +8,9 @@ Two modes:
   included, so enable() builds (once, cached) a small C++ shim against the running torch that
   raises torch.OutOfMemoryError when sympool is out of memory; without a C++ compiler and torch's
   headers, enable() refuses with the compiler's message rather than let an OOM become an
-  illegal-address fault. Under enable(), CUDA graph capture and torch.cuda.use_mem_pool raise a
-  RuntimeError when they begin (sympool gives them no private pool);
+  illegal-address fault. Under enable(), CUDA graph capture raises a RuntimeError when it begins
+  (sympool gives it no private pool), and torch.cuda.MemPool() (so mem_pool() too) raises at
+  construction: PyTorch's pluggable allocator has no createOrIncrefPool;
   torch.cuda.set_per_process_memory_fraction sets sympool's cap.
 - mem_pool(**kw): one torch.cuda.MemPool whose segments come from sympool's non-caching segment
   entry points (one device allocation per PyTorch segment, given back at once when PyTorch frees
@@ -210,6 +211,17 @@ def mem_pool(**kw):
                            "torch.cuda.MemPool (needs torch >= 2.5)")
     if "allocator" in kw:
         raise TypeError("mem_pool: the allocator is sympool's; do not pass allocator=")
+    if _enabled:
+        # torch.cuda.MemPool's constructor (aten/src/ATen/cuda/MemPool.cpp, MemPool::MemPool)
+        # calls createOrIncrefPool on the current allocator, which after enable() is the
+        # pluggable one: CUDAPluggableAllocator does not override it
+        # (torch/csrc/cuda/CUDAPluggableAllocator.h @ 011c9ee) and the default in
+        # c10/cuda/CUDACachingAllocator.h throws "pluggable does not yet support
+        # createOrIncrefPool", whatever allocator the pool is given. Say why instead.
+        raise RuntimeError(
+            "sympool.torch.mem_pool(): sympool.torch.enable() made sympool PyTorch's allocator, "
+            "and PyTorch's pluggable allocator cannot hold a torch.cuda.MemPool. Use one or the "
+            "other: sympool.MemPool / sympool.use_mem_pool route allocations under enable()")
     _check_backend()
     return torch.cuda.MemPool(_segment_allocator_for(torch), **kw)
 
@@ -218,8 +230,21 @@ def memory_stats(device=None):
     """The 122 memory_stats keys: sympool's own when enable() made it the allocator (torch's
     memory_stats is not available through a pluggable allocator), else torch's."""
     torch = _torch()
+    if _enabled:
+        return _memory.memory_stats(_device_index(torch, device))
     if device is None:
         device = torch.cuda.current_device() if torch.cuda.is_initialized() else 0
-    if _enabled:
-        return _memory.memory_stats(device)
     return torch.cuda.memory_stats(device)
+
+
+def _device_index(torch, device):
+    """The device index torch.cuda.memory_stats(device) reads: torch/cuda/memory.py
+    (memory_stats_as_nested_dict) takes _get_device_index(device, optional=True), for which
+    None, "cuda" and torch.device("cuda") are the current device (sympool's own as_device
+    reads them as device 0, the C API's default)."""
+    unindexed = device is None or device == "cuda" or (
+        type(device).__name__ == "device" and getattr(device, "type", None) == "cuda"
+        and getattr(device, "index", 0) is None)
+    if unindexed:
+        return torch.cuda.current_device() if torch.cuda.is_initialized() else 0
+    return _lib.as_device(device)
