@@ -95,14 +95,21 @@ def _shim(torch):
         cxx = os.environ.get("CXX", "c++")
         fd, tmp = tempfile.mkstemp(suffix=".so", dir=os.path.dirname(out))
         os.close(fd)
-        cmd = [cxx, "-O2", "-std=c++17", "-shared", "-fPIC", "-D_GLIBCXX_USE_CXX11_ABI=%d" % abi,
-               "-I", os.path.join(tdir, "include"), src, "-o", tmp,
-               "-L", os.path.join(tdir, "lib"), "-lc10", "-Wl,-rpath," + os.path.join(tdir, "lib")]
-        try:
-            r = subprocess.run(cmd, capture_output=True, text=True)
-        except OSError as e:
-            r = None
-            why = str(e)
+        # C++20 first: PyTorch moved c10 and cpp_extension to it (pytorch#177311, #176659), and
+        # newer releases' headers stop an older standard with an #error; C++17 for a compiler
+        # without C++20, which the torch releases before that move accept.
+        for std in ("-std=c++20", "-std=c++17"):
+            cmd = [cxx, "-O2", std, "-shared", "-fPIC", "-D_GLIBCXX_USE_CXX11_ABI=%d" % abi,
+                   "-I", os.path.join(tdir, "include"), src, "-o", tmp, "-L",
+                   os.path.join(tdir, "lib"), "-lc10", "-Wl,-rpath," + os.path.join(tdir, "lib")]
+            try:
+                r = subprocess.run(cmd, capture_output=True, text=True)
+            except OSError as e:
+                r = None
+                why = str(e)
+                break
+            if r.returncode == 0:
+                break
         if r is None or r.returncode != 0:
             if r is not None:
                 why = (r.stderr or r.stdout).strip()[-1500:]

@@ -121,3 +121,35 @@ def test_enable_refuses_after_cuda_init(sptorch):
     with pytest.raises(RuntimeError, match="before the first CUDA tensor"):
         st.enable()
     assert not st.is_enabled()
+
+
+def test_shim_builds_for_a_torch_whose_headers_need_cxx20(sptorch, tmp_path, monkeypatch):
+    # PyTorch moved c10 and cpp_extension to C++20 (pytorch#177311, #176659), and extensions
+    # built with C++17 against newer releases stop at an "#error C++20 or later" (as reported by
+    # mamba#1000, flash-attention#2879): the shim is built with C++20 first. The stand-in torch
+    # tree: the test's stand-in Exception.h behind such a guard, and an empty libc10.
+    import os
+    import shutil
+    import subprocess
+    st, fake = sptorch
+    if shutil.which(os.environ.get("CXX", "c++")) is None:
+        pytest.skip("no C++ compiler")
+    here = os.path.dirname(os.path.abspath(__file__))
+    stand_in = os.path.join(here, "..", "torch_shim", "c10", "util", "Exception.h")
+    tdir = tmp_path / "torch"
+    (tdir / "include" / "c10" / "util").mkdir(parents=True)
+    (tdir / "lib").mkdir()
+    with open(stand_in) as f:
+        header = f.read()
+    (tdir / "include" / "c10" / "util" / "Exception.h").write_text(
+        "#if __cplusplus < 202002L\n#error C++20 or later compatible compiler is required to use "
+        "PyTorch.\n#endif\n" + header)
+    subprocess.run([os.environ.get("CXX", "c++"), "-shared", "-fPIC", "-x", "c++", "/dev/null",
+                    "-o", str(tdir / "lib" / "libc10.so")], check=True)
+    fake.__file__ = str(tdir / "__init__.py")
+    fake.__version__ = "2.99.0+test"
+    fake._C._GLIBCXX_USE_CXX11_ABI = True
+    monkeypatch.setenv("SYMPOOL_CACHE_DIR", str(tmp_path / "cache"))
+    st._shim_lib = None
+    shim = st._shim(fake)
+    assert shim is not None and hasattr(shim, "sympool_shim_init")
