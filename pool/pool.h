@@ -182,6 +182,10 @@ sp_status_t sp__pool_sync_pending(sp_mempool_t *pool);
  * max of them and the total count to *count_p. */
 sp_status_t sp__pool_free_segments(sp_mempool_t *pool, uint64_t *seqs, size_t max, size_t *count_p);
 
+/* Whether a CUDA graph capture is under way on the pool's device: PyTorch releases nothing
+ * cached then (a release's synchronize would break the capture), nor may a symmetric pool. */
+bool sp__pool_capture_underway(const sp_mempool_t *pool);
+
 /* Number of segments the pool holds, and the next sequence number it will give. */
 size_t sp__pool_segment_count(const sp_mempool_t *pool);
 uint64_t sp__pool_next_segment_seq(const sp_mempool_t *pool);

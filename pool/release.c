@@ -391,7 +391,7 @@ size_t sp__alloc_release_pool(sp_devalloc_t *d, sp_mempool_t *pool, bool filter_
 /* Whether a graph capture is under way on the device (its legacy stream counts as capturing while
  * a blocking stream captures; host: never). A capture on a non-blocking stream in relaxed or
  * thread-local mode is not seen this way. */
-static bool capture_underway(sp_devalloc_t *d) {
+bool sp__alloc_capture_underway(sp_devalloc_t *d) {
     bool capturing = false;
     return sp__g.ops->stream_capturing(d->device, NULL, &capturing) == SP_SUCCESS && capturing;
 }
@@ -401,7 +401,7 @@ void sp__alloc_release_cached(sp_devalloc_t *d, uint32_t context) {
      * release_cached_blocks when captures_underway is empty): waiting for events and the device
      * would break the capture, and a captured graph may still use the memory. The OOM retry then
      * fails as an OOM, and empty_cache keeps the cache. */
-    if (capture_underway(d)) {
+    if (sp__alloc_capture_underway(d)) {
         SP_INFO(SP_SUB_POOL,
                 "device %d: a CUDA graph capture is under way; cached segments are "
                 "not released",

@@ -17,6 +17,8 @@ sp_status_t sp__alloc_insert_events(sp_devalloc_t *d, sp_block_t *b);
 /* sp_stream_destroy: `stream` leaves the uses lists of the device's live blocks (after a
  * synchronize of it), so that their frees never hand its handle, stale by then, to the backend. */
 void sp__alloc_forget_stream(sp_devalloc_t *d, sp_stream_t stream);
+/* Whether a graph capture is under way on the device (nothing cached is released then). */
+bool sp__alloc_capture_underway(sp_devalloc_t *d);
 /* The device's event queues freed (dev_fini). */
 void sp__alloc_events_fini(sp_devalloc_t *d);
 /* Every release below takes `context`, the history context of the call that releases (0 if it

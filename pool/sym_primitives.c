@@ -217,6 +217,10 @@ sp_status_t sp__pool_free_segments(sp_mempool_t *pool, uint64_t *seqs, size_t ma
     return SP_SUCCESS;
 }
 
+bool sp__pool_capture_underway(const sp_mempool_t *pool) {
+    return check_pool(pool) == SP_SUCCESS && sp__alloc_capture_underway(pool->dev);
+}
+
 size_t sp__pool_segment_count(const sp_mempool_t *pool) {
     if (!pool)
         return 0;

@@ -77,11 +77,20 @@ sp_status_t sp__sym_release_recs(sp_sym_state_t *st) {
  * the bitmap's length; the second ANDs the bitmaps. */
 static sp_status_t agree_free(sp_sym_state_t *st, int op, bool ok, const char *what,
                               uint64_t **bits_p, uint64_t *nbits_p, sp_agree_t *a) {
-    if (sp__pool_sync_pending(st->pool) != SP_SUCCESS)
-        SP_INFO(SP_SUB_SYM, "%s: completing pending frees failed: %s", what, sp_last_error());
     size_t n = 0;
     uint64_t *seqs = NULL;
-    if (sp__pool_free_segments(st->pool, NULL, 0, &n) == SP_SUCCESS && n > 0) {
+    /* A rank under a graph capture says "nothing free here", so the AND releases nothing on any
+     * rank: the release's synchronize would break the capture (PyTorch's empty_cache releases
+     * nothing then either), and the captured graph may use the memory. */
+    bool capturing = op == SP_AGREE_SYM_EMPTY_CACHE && sp__pool_capture_underway(st->pool);
+    if (capturing)
+        SP_INFO(SP_SUB_SYM,
+                "%s: a CUDA graph capture is under way on device %d; this rank keeps its "
+                "segments, so no rank releases any",
+                what, st->device);
+    else if (sp__pool_sync_pending(st->pool) != SP_SUCCESS)
+        SP_INFO(SP_SUB_SYM, "%s: completing pending frees failed: %s", what, sp_last_error());
+    if (!capturing && sp__pool_free_segments(st->pool, NULL, 0, &n) == SP_SUCCESS && n > 0) {
         seqs = malloc(n * sizeof *seqs);
         if (!seqs || sp__pool_free_segments(st->pool, seqs, n, &n) != SP_SUCCESS)
             n = 0; /* contributes "nothing free here": safe, releases nothing */

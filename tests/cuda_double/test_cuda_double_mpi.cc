@@ -475,6 +475,44 @@ TEST_F(CudaDoubleMpi, SymmetricSegmentsAreTrackedAndOtherMemoryIsNot) {
     EXPECT_SP_OK(sp_free(a));
 }
 
+// A rank under a CUDA graph capture keeps its symmetric segments, so no rank releases any: the
+// release's cudaDeviceSynchronize would break the capture (PyTorch's empty_cache releases nothing
+// while one is under way). After the capture, the same call releases them on every rank.
+TEST_F(CudaDoubleMpi, SymmetricEmptyCacheReleasesNothingWhileARankCaptures) {
+    NEED_DOUBLE();
+    SP_SKIP_BELOW_RANKS(2);
+    make_pool(false, false, "captured");
+    const int dev = sp_world_device(world_);
+    sp_device_usage_t u0, u1, u2;
+    ASSERT_SP_OK(sp_device_usage(dev, &u0));
+    void *a = nullptr;
+    ASSERT_SP_OK(sp_symmetric_malloc(pool_, 3 << 20, nullptr, &a));
+    ASSERT_SP_OK(sp_free(a));
+    ASSERT_SP_OK(sp_device_usage(dev, &u1));
+    ASSERT_GE(u1.reserved, u0.reserved + (3 << 20));
+    ASSERT_EQ(cudaSetDevice(dev), cudaSuccess);
+    cudaStream_t s = nullptr;
+    ASSERT_EQ(cudaStreamCreate(&s), cudaSuccess);
+    const bool captures = mpi_rank() == 0;
+    if (captures) {
+        ASSERT_EQ(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal), cudaSuccess);
+    }
+    EXPECT_SP_OK(sp_symmetric_empty_cache(pool_));
+    ASSERT_SP_OK(sp_device_usage(dev, &u2));
+    EXPECT_EQ(u2.reserved, u1.reserved) << "released while rank 0 captured";
+    if (captures) {
+        cudaGraph_t g = nullptr;
+        EXPECT_EQ(cudaStreamEndCapture(s, &g), cudaSuccess) << "the release broke the capture";
+        if (g)
+            (void)cudaGraphDestroy(g);
+        (void)cudaGetLastError();
+    }
+    ASSERT_EQ(cudaStreamDestroy(s), cudaSuccess);
+    EXPECT_SP_OK(sp_symmetric_empty_cache(pool_));
+    ASSERT_SP_OK(sp_device_usage(dev, &u2));
+    EXPECT_EQ(u2.reserved, u0.reserved) << "not released after the capture";
+}
+
 // NCCL's own device memory (a communicator's buffers, taken at ncclCommInitRank; modelled by
 // CUDA_DOUBLE_NCCL_MEMORY) is what device.untracked_bytes is for: a second world's communicator
 // shows there on every rank, in the aggregate too, and goes with the world.
