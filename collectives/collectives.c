@@ -559,7 +559,9 @@ static const char *no_symmetric_reason(const sp_world_t *w, const call_ctx_t *x,
 /* Count the call as eligible or not (symmetric.collectives_eligible/_fallback in the report)
  * and say why not at INFO, so a silent fallback is visible. */
 static void count_symmetric(sp_world_t *w, const call_ctx_t *x, const sp_coll_call_t *c) {
-    const char *why = x->at[2] ? x->no_sym : no_symmetric_reason(w, x, c);
+    /* On cuda, places() found the reason before the agreement (a call reaching here passed its
+     * checks with a count); the host backend asks now. */
+    const char *why = x->cuda ? x->no_sym : no_symmetric_reason(w, x, c);
     sp__error_clear(); /* the window probes may have left a last-error text */
     sp__world_count_collective(w, why == NULL);
     if (why != NULL)

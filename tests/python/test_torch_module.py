@@ -84,24 +84,15 @@ def test_mem_pool_refuses_allocator_argument(sptorch):
         st.mem_pool(allocator=object())
 
 
-@pytest.mark.parametrize("spec", ["cuda", _Device("cuda"), None])
-def test_memory_stats_unindexed_device_is_the_current_one(sptorch, monkeypatch, spec):
+@pytest.mark.parametrize("spec,current,want", [
+    ("cuda", 1, 1), (_Device("cuda"), 1, 1), (None, 1, 1),
+    (0, 1, 0), ("cuda:1", 0, 1), (_Device("cuda:1"), 0, 1)])
+def test_memory_stats_device(sptorch, monkeypatch, spec, current, want):
     # torch.cuda.memory_stats(device) (torch/cuda/memory.py, memory_stats_as_nested_dict) reads
-    # _get_device_index(device, optional=True): None, "cuda" and torch.device("cuda") all mean
-    # the current device, not device 0.
+    # _get_device_index(device, optional=True): None, "cuda" and torch.device("cuda") mean the
+    # current device, not device 0; an index names its device.
     st, fake = sptorch
-    fake.cuda.current_device = lambda: 1
-    st._enabled = True
-    seen = []
-    monkeypatch.setattr(st._memory, "memory_stats", lambda d: seen.append(d) or {})
-    st.memory_stats(spec)
-    assert seen == [1], seen
-
-
-@pytest.mark.parametrize("spec,want", [(0, 0), ("cuda:1", 1), (_Device("cuda:1"), 1)])
-def test_memory_stats_indexed_device(sptorch, monkeypatch, spec, want):
-    st, fake = sptorch
-    fake.cuda.current_device = lambda: 0
+    fake.cuda.current_device = lambda: current
     st._enabled = True
     seen = []
     monkeypatch.setattr(st._memory, "memory_stats", lambda d: seen.append(d) or {})

@@ -6,6 +6,7 @@
 // with the walk. The same runs with the old walk of every segment (sp__release_by_walk) must end
 // in the same layouts, statistics and history.
 #include "alloc_test_util.hpp"
+#include "history_test_util.hpp"
 
 #include <sys/mman.h>
 
@@ -263,10 +264,7 @@ Outcome RandomRun::go(int steps) {
     sp__trace_entry_t *e = nullptr;
     size_t n = 0;
     EXPECT_EQ(sp__history_copy(0, &e, &n), SP_SUCCESS);
-    uintptr_t origin = UINTPTR_MAX;
-    for (size_t i = 0; i < n; i++)
-        if (e[i].action == SP_TRACE_SEGMENT_ALLOC || e[i].action == SP_TRACE_SEGMENT_MAP)
-            origin = std::min(origin, (uintptr_t)e[i].addr);
+    const uintptr_t origin = sp::segment_origin(e, n);
     for (size_t i = 0; i < n; i++) {
         // An oom entry's address is the device's free bytes, as PyTorch's.
         uintptr_t at = e[i].action == SP_TRACE_OOM ? e[i].addr : e[i].addr - origin;

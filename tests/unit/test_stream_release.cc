@@ -4,6 +4,7 @@
 // streams destroyed with live blocks on them and with free ones of every kind: the lookup must
 // release what the walk released, in the walk's order, to the byte.
 #include "alloc_test_util.hpp"
+#include "history_test_util.hpp"
 
 #include <algorithm>
 #include <map>
@@ -113,10 +114,7 @@ Outcome run(uint64_t seed, bool walk) {
     sp__trace_entry_t *e = nullptr;
     size_t n = 0;
     EXPECT_EQ(sp__history_copy(0, &e, &n), SP_SUCCESS);
-    uintptr_t origin = UINTPTR_MAX;
-    for (size_t i = 0; i < n; i++)
-        if (e[i].action == SP_TRACE_SEGMENT_ALLOC || e[i].action == SP_TRACE_SEGMENT_MAP)
-            origin = e[i].addr < origin ? e[i].addr : origin;
+    const uintptr_t origin = sp::segment_origin(e, n);
     for (size_t i = 0; i < n; i++)
         o.trace.push_back(std::string(sp__history_action_name(e[i].action)) + " " +
                           std::to_string(e[i].addr - origin) + " " + std::to_string(e[i].size) +
