@@ -14,6 +14,9 @@
  *    rank says why; the others name it), SP_ERR_MISMATCH on every rank when the ranks are in
  *    different collective calls (naming both) or passed different counts, dtypes, ops or
  *    roots, SP_ERR_TIMEOUT (naming the call) on every rank that arrived when one did not.
+ *  - The host path's local needs (its scratch, half.c's MPI ops) are met before the agreement
+ *    and feed its ok flag too (host_scratch): a rank short of host memory is SP_ERR_SYSTEM there
+ *    and SP_ERR_INVALID_ARGUMENT naming it on its peers, never a rank missing from MPI.
  *  - A small allreduce (fused()) sends its input inside the agreement round itself, from the
  *    ranks whose own checks passed, and each rank reduces the gathered inputs once the round says
  *    every rank agreed: the deadline then covers the whole call.
@@ -213,7 +216,7 @@ static sp_status_t agreed_places(const sp_agree_t *a, const call_ctx_t *x, const
  * bounded by SYMPOOL_SYM_TIMEOUT, on the world's agreement communicator, before any data
  * moves. A rank in another collective call is SP_ERR_MISMATCH naming both. */
 static sp_status_t agree(sp_world_t *w, const call_ctx_t *x, const sp_coll_call_t *c, bool ok,
-                         const char *why, void *gathered) {
+                         sp_status_t bad, const char *why, void *gathered) {
     const char *fn = kind_names[c->kind];
     bool reduces = c->kind == SP_COLL_ALLREDUCE || c->kind == SP_COLL_REDUCE_SCATTER;
     /* The count is split into two 32-bit halves so it fits int64 whatever size_t holds. */
@@ -236,12 +239,12 @@ static sp_status_t agree(sp_world_t *w, const call_ctx_t *x, const sp_coll_call_
     a.gathered = gathered;
     SP_CHECK(sp__world_agree_live(w, &a, fn));
     if (!ok)
-        return sp__error(SP_ERR_INVALID_ARGUMENT, SP_SUB_COLL, "%s: %s", fn, why);
+        return sp__error(bad, SP_SUB_COLL, "%s: %s", fn, why);
     char ranks[96];
     if (a.nbad)
         return sp__error(SP_ERR_INVALID_ARGUMENT, SP_SUB_COLL,
-                         "%s: %s rejected its arguments (its log says why); no rank "
-                         "moved any data",
+                         "%s: %s rejected its arguments or had no host memory for the call "
+                         "(its log says why); no rank moved any data",
                          fn, sp__agree_bad_ranks(&a, ranks, sizeof ranks));
     static const char *const field_names[AG_SEND_AT] = {"count", "count", "dtype", "op", "root"};
     for (int i = 0; i < AG_SEND_AT; i++) {
@@ -352,18 +355,74 @@ static bool half_arith(const sp_coll_call_t *c) {
     return is_half(c->dtype) && (c->op == SP_SUM || c->op == SP_PROD || c->op == SP_AVG);
 }
 
-static sp_status_t host_allreduce(sp_world_t *w, const sp_coll_call_t *c) {
+/* The host data path's scratch: allocated before the agreement, whose ok flag carries the
+ * outcome, because a rank that found itself short of memory after it would return while its
+ * peers wait in an MPI collective with no deadline. NULL where the call needs none. */
+typedef struct {
+    void *a; /* half allreduce: its floats [chunk]; half reduce-scatter: `in` [chunk x ranks];
+              * other reduce-scatter: the in-place result [count] */
+    void *b; /* half reduce-scatter: `out` [chunk]; float AVG reduce-scatter: send scaled by
+              * 1/n [count x ranks] */
+} scratch_t;
+
+static _Atomic bool s_test_fail_scratch; /* sp__coll_test_fail_scratch */
+
+void sp__coll_test_fail_scratch(bool on) {
+    s_test_fail_scratch = on;
+}
+
+/* Sizes of the scratch host_allreduce and host_reduce_scatter use for c (0: none). */
+static void scratch_sizes(const call_ctx_t *x, const sp_coll_call_t *c, size_t *a_p, size_t *b_p) {
+    size_t size = sp__coll_dtype_size(c->dtype), n = (size_t)x->size;
+    size_t chunk = c->count < HALF_CHUNK ? c->count : HALF_CHUNK;
+    *a_p = *b_p = 0;
+    if (c->kind == SP_COLL_ALLREDUCE && half_arith(c))
+        *a_p = chunk * sizeof(float);
+    if (c->kind != SP_COLL_REDUCE_SCATTER || c->count > MAX_MPI_COUNT)
+        return; /* run() refuses a reduce-scatter past MPI's int count before it moves data */
+    if (half_arith(c)) {
+        *a_p = chunk * n * sizeof(float);
+        *b_p = chunk * sizeof(float);
+        return;
+    }
+    /* In place (recv inside send) needs a separate result buffer: MPI_IN_PLACE would put the
+     * result at the start of send, not at this rank's slot. */
+    if (overlaps(c->send, c->count * size * n, c->recv, c->count * size))
+        *a_p = c->count * size;
+    if (c->op == SP_AVG && is_float(c->dtype))
+        *b_p = c->count * size * n;
+}
+
+/* The host path's local needs, met before the agreement: its scratch and, for half MIN/MAX,
+ * half.c's MPI op. False, with *why, when this rank cannot run the call. */
+static bool host_scratch(const call_ctx_t *x, const sp_coll_call_t *c, scratch_t *sc, char *why,
+                         size_t len) {
+    size_t a, b;
+    scratch_sizes(x, c, &a, &b);
+    sc->a = a ? malloc(a) : NULL;
+    sc->b = b ? malloc(b) : NULL;
+    if ((a && !sc->a) || (b && !sc->b) || ((a || b) && s_test_fail_scratch)) {
+        snprintf(why, len, "out of host memory for %zu bytes of scratch", a + b);
+        return false;
+    }
+    bool needs_op =
+        (c->kind == SP_COLL_ALLREDUCE || c->kind == SP_COLL_REDUCE_SCATTER) && !half_arith(c);
+    if (needs_op && direct_op(c->dtype, c->op) == MPI_OP_NULL) {
+        snprintf(why, len, "MPI_Op_create for %s of %s failed", sp__coll_op_name(c->op),
+                 sp__coll_dtype_name(c->dtype));
+        return false;
+    }
+    return true;
+}
+
+static sp_status_t host_allreduce(sp_world_t *w, const sp_coll_call_t *c, const scratch_t *sc) {
     MPI_Comm comm = sp__world_comm(w);
     int n = sp__world_size(w);
     size_t size = sp__coll_dtype_size(c->dtype);
     if (half_arith(c)) {
         bool bf = c->dtype == SP_BFLOAT16;
         size_t chunk = c->count < HALF_CHUNK ? c->count : HALF_CHUNK;
-        float *tmp = malloc(chunk * sizeof *tmp);
-        if (tmp == NULL)
-            return sp__error(SP_ERR_SYSTEM, SP_SUB_COLL,
-                             "sp_allreduce: cannot allocate %zu bytes of float scratch",
-                             chunk * sizeof *tmp);
+        float *tmp = sc->a;
         MPI_Op op = c->op == SP_PROD ? MPI_PROD : MPI_SUM;
         for (size_t at = 0; at < c->count; at += chunk) {
             size_t k = c->count - at < chunk ? c->count - at : chunk;
@@ -371,18 +430,13 @@ static sp_status_t host_allreduce(sp_world_t *w, const sp_coll_call_t *c) {
             if (c->op == SP_AVG)
                 premultiply_half(tmp, k, bf, (float)avg_scale(c->dtype, n));
             int rc = MPI_Allreduce(MPI_IN_PLACE, tmp, (int)k, MPI_FLOAT, op, comm);
-            if (rc != MPI_SUCCESS) {
-                free(tmp);
+            if (rc != MPI_SUCCESS)
                 return sp__mpi_status(rc, SP_SUB_COLL, "sp_allreduce", "MPI_Allreduce");
-            }
             sp__half_store(tmp, (uint16_t *)c->recv + at, k, bf);
         }
-        free(tmp);
         return SP_SUCCESS;
     }
-    MPI_Op op = direct_op(c->dtype, c->op);
-    if (op == MPI_OP_NULL)
-        return sp__error(SP_ERR_MPI, SP_SUB_COLL, "sp_allreduce: MPI_Op_create failed");
+    MPI_Op op = direct_op(c->dtype, c->op); /* host_scratch checked it */
     /* Floating AVG: pre-multiply into recv (checked: send and recv are equal or disjoint), then
      * sum it in place. */
     bool premul = c->op == SP_AVG && is_float(c->dtype);
@@ -412,7 +466,8 @@ static sp_status_t host_allgather(sp_world_t *w, const sp_coll_call_t *c) {
     return sp__mpi_status(rc, SP_SUB_COLL, "sp_allgather", "MPI_Allgather");
 }
 
-static sp_status_t host_reduce_scatter(sp_world_t *w, const sp_coll_call_t *c) {
+static sp_status_t host_reduce_scatter(sp_world_t *w, const sp_coll_call_t *c,
+                                       const scratch_t *sc) {
     MPI_Comm comm = sp__world_comm(w);
     int n = sp__world_size(w);
     size_t size = sp__coll_dtype_size(c->dtype);
@@ -421,14 +476,7 @@ static sp_status_t host_reduce_scatter(sp_world_t *w, const sp_coll_call_t *c) {
          * one float buffer laid out rank by rank, reduce-scatter floats, round once. */
         bool bf = c->dtype == SP_BFLOAT16;
         size_t chunk = c->count < HALF_CHUNK ? c->count : HALF_CHUNK;
-        float *in = malloc(chunk * (size_t)n * sizeof *in), *out = malloc(chunk * sizeof *out);
-        if (in == NULL || out == NULL) {
-            free(in);
-            free(out);
-            return sp__error(SP_ERR_SYSTEM, SP_SUB_COLL,
-                             "sp_reduce_scatter: cannot allocate %zu bytes of float scratch",
-                             chunk * ((size_t)n + 1) * sizeof(float));
-        }
+        float *in = sc->a, *out = sc->b;
         MPI_Op op = c->op == SP_PROD ? MPI_PROD : MPI_SUM;
         sp_status_t st = SP_SUCCESS;
         for (size_t at = 0; at < c->count; at += chunk) {
@@ -446,44 +494,23 @@ static sp_status_t host_reduce_scatter(sp_world_t *w, const sp_coll_call_t *c) {
             }
             sp__half_store(out, (uint16_t *)c->recv + at, k, bf);
         }
-        free(in);
-        free(out);
         return st;
     }
-    MPI_Op op = direct_op(c->dtype, c->op);
-    if (op == MPI_OP_NULL)
-        return sp__error(SP_ERR_MPI, SP_SUB_COLL, "sp_reduce_scatter: MPI_Op_create failed");
-    /* In place (recv inside send) needs a separate result buffer: MPI_IN_PLACE would put the
-     * result at the start of send, not at this rank's slot. */
-    bool in_place = overlaps(c->send, c->count * size * (size_t)n, c->recv, c->count * size);
-    void *dst = c->recv;
-    if (in_place && (dst = malloc(c->count * size)) == NULL)
-        return sp__error(SP_ERR_SYSTEM, SP_SUB_COLL,
-                         "sp_reduce_scatter: cannot allocate %zu bytes for the in-place result",
-                         c->count * size);
+    MPI_Op op = direct_op(c->dtype, c->op); /* host_scratch checked it */
+    /* In place (recv inside send): the result goes to scratch first (host_scratch). */
+    bool in_place = sc->a != NULL;
+    void *dst = in_place ? sc->a : c->recv;
     /* Floating AVG: the pre-multiplied copy of send is scratch (send itself is the caller's). */
-    bool premul = c->op == SP_AVG && is_float(c->dtype);
     const void *src = c->send;
-    void *scaled = NULL;
+    bool premul = sc->b != NULL;
     if (premul) {
-        scaled = malloc(c->count * size * (size_t)n);
-        if (scaled == NULL) {
-            if (in_place)
-                free(dst);
-            return sp__error(SP_ERR_SYSTEM, SP_SUB_COLL,
-                             "sp_reduce_scatter: cannot allocate %zu bytes for avg's scaling",
-                             c->count * size * (size_t)n);
-        }
-        premultiply(scaled, c->send, c->count * (size_t)n, c->dtype, avg_scale(c->dtype, n));
-        src = scaled;
+        premultiply(sc->b, c->send, c->count * (size_t)n, c->dtype, avg_scale(c->dtype, n));
+        src = sc->b;
     }
     int rc =
         MPI_Reduce_scatter_block(src, dst, (int)c->count, sp__coll_mpi_type(c->dtype), op, comm);
-    free(scaled);
     if (rc == MPI_SUCCESS && in_place)
         memcpy(c->recv, dst, c->count * size);
-    if (in_place)
-        free(dst);
     if (rc != MPI_SUCCESS)
         return sp__mpi_status(rc, SP_SUB_COLL, "sp_reduce_scatter", "MPI_Reduce_scatter_block");
     if (c->op == SP_AVG && !premul)
@@ -691,33 +718,18 @@ static void reduce_gathered(const call_ctx_t *x, const sp_coll_call_t *c, const 
     memcpy(c->recv, acc, bytes);
 }
 
-static sp_status_t run(sp_world_t *w, const sp_coll_call_t *c) {
+/* The data movement of a call every rank agreed on (count > 0). */
+static sp_status_t move(sp_world_t *w, const call_ctx_t *x, const sp_coll_call_t *c,
+                        const char *gathered, const scratch_t *sc) {
     const char *fn = kind_names[c->kind];
-    SP_CHECK(sp__world_check(w, fn));
-    const char *backend = sp_backend_name();
-    call_ctx_t x = {.rank = sp__world_rank(w),
-                    .size = sp__world_size(w),
-                    .device = sp__world_device(w),
-                    .cuda = strcmp(backend, "cuda") == 0,
-                    .host = strcmp(backend, "host") == 0};
-    bool cuda = x.cuda;
-    char why[512];
-    bool ok = check_local(&x, c, why, sizeof why);
-    char gathered[SP_AGREE_P2P_MAX_RANKS * SP_AGREE_PAYLOAD_MAX];
-    bool fuse = fused(w, &x, c);
-    if (cuda && ok && c->count > 0)
-        places(w, &x, c);
-    SP_CHECK(agree(w, &x, c, ok, why, fuse ? gathered : NULL));
-    if (c->count == 0)
-        return SP_SUCCESS;
-    count_symmetric(w, &x, c);
-    if (fuse) {
-        reduce_gathered(&x, c, gathered);
+    count_symmetric(w, x, c);
+    if (gathered) {
+        reduce_gathered(x, c, gathered);
         return SP_SUCCESS;
     }
     /* The path follows the backend, not whether NCCL came up: on cuda the buffers are device
      * memory, which the MPI path would read with the CPU (a segfault). */
-    if (cuda) {
+    if (x->cuda) {
         if (sp__world_nccl_comm(w) == NULL)
             return sp__error(SP_ERR_NOT_SUPPORTED, SP_SUB_COLL,
                              "%s: the cuda backend runs collectives with NCCL, and %s%s%s; "
@@ -740,15 +752,45 @@ static sp_status_t run(sp_world_t *w, const sp_coll_call_t *c) {
                          c->count);
     switch (c->kind) {
     case SP_COLL_ALLREDUCE:
-        return host_allreduce(w, c);
+        return host_allreduce(w, c, sc);
     case SP_COLL_ALLGATHER:
         return host_allgather(w, c);
     case SP_COLL_REDUCE_SCATTER:
-        return host_reduce_scatter(w, c);
+        return host_reduce_scatter(w, c, sc);
     case SP_COLL_BROADCAST:
         return host_broadcast(w, c);
     }
     return sp__error(SP_ERR_INTERNAL, SP_SUB_COLL, "unknown collective %d", (int)c->kind);
+}
+
+static sp_status_t run(sp_world_t *w, const sp_coll_call_t *c) {
+    const char *fn = kind_names[c->kind];
+    SP_CHECK(sp__world_check(w, fn));
+    const char *backend = sp_backend_name();
+    call_ctx_t x = {.rank = sp__world_rank(w),
+                    .size = sp__world_size(w),
+                    .device = sp__world_device(w),
+                    .cuda = strcmp(backend, "cuda") == 0,
+                    .host = strcmp(backend, "host") == 0};
+    bool cuda = x.cuda;
+    char why[512];
+    bool ok = check_local(&x, c, why, sizeof why);
+    sp_status_t bad = SP_ERR_INVALID_ARGUMENT;
+    char gathered[SP_AGREE_P2P_MAX_RANKS * SP_AGREE_PAYLOAD_MAX];
+    bool fuse = fused(w, &x, c);
+    if (cuda && ok && c->count > 0)
+        places(w, &x, c);
+    scratch_t sc = {NULL, NULL};
+    if (!cuda && !fuse && ok && c->count > 0 && !host_scratch(&x, c, &sc, why, sizeof why)) {
+        ok = false;
+        bad = SP_ERR_SYSTEM;
+    }
+    sp_status_t st = agree(w, &x, c, ok, bad, why, fuse ? gathered : NULL);
+    if (st == SP_SUCCESS && c->count > 0)
+        st = move(w, &x, c, fuse ? gathered : NULL, &sc);
+    free(sc.a);
+    free(sc.b);
+    return st;
 }
 
 SP_EXPORT sp_status_t sp_allreduce(sp_world_t *w, const void *send, void *recv, size_t count,

@@ -86,6 +86,9 @@ typedef struct sp_coll_call {
 sp_status_t sp__coll_nccl(sp_world_t *w, const sp_coll_call_t *call);
 /* Whether this build has NCCL (SP_HAVE_NCCL). */
 bool sp__coll_nccl_built(void);
+/* Tests only: this process's host-path collectives treat the scratch they need as not
+ * allocated (on: true), as host malloc refusing it would. */
+void sp__coll_test_fail_scratch(bool on);
 
 #ifdef __cplusplus
 }

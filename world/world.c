@@ -81,6 +81,7 @@ static int s_self_key = MPI_KEYVAL_INVALID; /* s_lock: the MPI_COMM_SELF attribu
 #define MAX_NOTICES 4
 static void (*s_notices[MAX_NOTICES])(void); /* s_lock */
 static int s_nnotices;                       /* s_lock */
+static _Atomic int s_test_fail_table;        /* sp__world_test_fail_host_tables */
 
 static bool is_live_locked(const sp_world_t *w) {
     for (sp_world_t *x = s_live; x; x = x->next_live)
@@ -314,50 +315,112 @@ static sp_status_t nccl_bootstrap(sp_world_t *w) {
 }
 #endif
 
+/* The bytes of a GPU's name in the GPU table: a PCI bus id ("0000:3b:00.0", 13 with the NUL). */
+#define GPU_ID 32
+
+/* The node table's record: one per rank, gathered by node_table. */
+typedef struct {
+    int leader;                    /* world rank of this rank's node's lowest rank; -1: failed */
+    char host[SP_WORLD_NODE_NAME]; /* this rank's host name */
+} node_rec_t;
+
+/* Creation's scratch: the host memory its collectives gather into, freed when it returns. */
+typedef struct {
+    int *ranks;       /* [size]: 0..size-1, for MPI_Group_translate_ranks */
+    node_rec_t *recs; /* [size]: the node table's MPI_Allgather */
+    int *index;       /* [size]: node index of each node's lowest rank, -1 for the others */
+    char *gpu_ids;    /* [size * GPU_ID]: node_gpus's MPI_Allgather (local_size <= size) */
+} scratch_t;
+
+static void scratch_free(scratch_t *s) {
+    free(s->ranks);
+    free(s->recs);
+    free(s->index);
+    free(s->gpu_ids);
+}
+
+/* Every host table world creation needs, allocated before its agreement round, whose ok flag
+ * carries the outcome: a rank that cannot allocate one must not return alone while its peers
+ * wait for it in a collective with no deadline (the node table's MPI_Allgather), so every
+ * collective after the round finds its memory already there. Sized by the world (the GPU table
+ * too: the node's size is known only after the split, which comes after the round); node_name
+ * shrinks to the nodes found once they are known. Returns the name of the first table that could
+ * not be had, NULL when all were. Local. */
+static const char *alloc_tables(sp_world_t *w, scratch_t *s) {
+    size_t n = (size_t)w->size;
+    w->node_rank_of = malloc(n * sizeof *w->node_rank_of);
+    w->node_of = malloc(n * sizeof *w->node_of);
+    w->node_name = malloc(n * sizeof *w->node_name);
+    s->ranks = malloc(n * sizeof *s->ranks);
+    s->recs = malloc(n * sizeof *s->recs);
+    s->index = malloc(n * sizeof *s->index);
+    s->gpu_ids = malloc(n * GPU_ID);
+    int fail = s_test_fail_table;
+    if (!w->node_rank_of || !s->ranks || fail == 1)
+        return "rank table";
+    if (!w->node_of || !s->recs || !s->index || fail == 2)
+        return "node table";
+    if (!w->node_name || fail == 3)
+        return "node names";
+    if (!s->gpu_ids || fail == 4)
+        return "GPU table";
+    return NULL;
+}
+
+/* The outcome of alloc_tables on every rank, after the round that carried it: this rank's own
+ * failure, or the ranks that failed (the round's bad set: nothing else sets ok false there). */
+static sp_status_t tables_status(const sp_world_t *w, const char *short_of, const sp_agree_t *a) {
+    if (short_of)
+        return sp__error(SP_ERR_SYSTEM, SP_SUB_BOOT,
+                         "world creation: out of host memory for the %s (%d ranks), so no rank "
+                         "goes on",
+                         short_of, w->size);
+    if (a->nbad == 0)
+        return SP_SUCCESS;
+    char ranks[96];
+    return sp__error(SP_ERR_SYSTEM, SP_SUB_BOOT,
+                     "world creation: %s could not allocate the world's host tables (out of host "
+                     "memory; its log says which), so no rank goes on",
+                     sp__agree_bad_ranks(a, ranks, sizeof ranks));
+}
+
 /* Whether two ranks of this node would be on one GPU, which NCCL refuses (2.28.9 src/init.cc:
  * "Duplicate GPU detected" when two ranks have equal host hashes and PCI bus ids). Every rank of
- * the node takes part (a collective on node_comm); `mine`: this rank names its GPU (cuda with
- * NCCL, a device chosen).
+ * the node takes part (a collective on node_comm, into s->gpu_ids); `mine`: this rank names its
+ * GPU (cuda with NCCL, a device chosen).
  * The GPU is named by its PCI bus id, not its ordinal: ranks started with one GPU each through
  * CUDA_VISIBLE_DEVICES (SLURM's --gpus-per-task=1) all see device 0, on different GPUs. Where a
  * bus id cannot be had, the ordinals' count is the rule: more ranks than visible devices. */
-static sp_status_t node_gpus(sp_world_t *w, bool mine, bool *crowded_p, int *gpus_p) {
-    enum { ID = 32 };
-    char id[ID] = {0};
+static sp_status_t node_gpus(sp_world_t *w, const scratch_t *s, bool mine, bool *crowded_p,
+                             int *gpus_p) {
+    char id[GPU_ID] = {0};
     int ndev = sp_device_count();
     (void)mine; /* only a cuda build with NCCL names GPUs */
 #if defined(SP_HAVE_NCCL)
     if (mine) {
         cudaError_t pending = cudaPeekAtLastError();
-        if (cudaDeviceGetPCIBusId(id, ID, w->device) != cudaSuccess) {
+        if (cudaDeviceGetPCIBusId(id, GPU_ID, w->device) != cudaSuccess) {
             id[0] = '\0';
             if (pending == cudaSuccess) /* ours only: a caller's pending error stays theirs */
                 (void)cudaGetLastError();
         }
     }
 #endif
-    char *all = malloc((size_t)ID * (size_t)w->local_size);
-    if (all == NULL)
-        return sp__error(SP_ERR_SYSTEM, SP_SUB_BOOT, "out of host memory for the GPU table");
-    sp_status_t st =
-        sp__world_mpi_status(MPI_Allgather(id, ID, MPI_CHAR, all, ID, MPI_CHAR, w->node_comm),
-                             "MPI_Allgather of GPU ids");
-    if (st != SP_SUCCESS) {
-        free(all);
-        return st;
-    }
+    char *all = s->gpu_ids;
+    SP_CHECK(sp__world_mpi_status(
+        MPI_Allgather(id, GPU_ID, MPI_CHAR, all, GPU_ID, MPI_CHAR, w->node_comm),
+        "MPI_Allgather of GPU ids"));
     int distinct = 0, named = 0;
     for (int i = 0; i < w->local_size; i++) {
-        const char *a = all + (size_t)i * ID;
+        const char *a = all + (size_t)i * GPU_ID;
         if (a[0] == '\0')
             continue;
         named++;
         bool seen = false;
         for (int j = 0; j < i && !seen; j++)
-            seen = strncmp(a, all + (size_t)j * ID, ID) == 0;
+            seen = strncmp(a, all + (size_t)j * GPU_ID, GPU_ID) == 0;
         distinct += !seen;
     }
-    free(all);
     /* Decided from the table every rank of the node holds, so the node's ranks agree. */
     if (named == w->local_size) {
         *crowded_p = distinct < w->local_size;
@@ -369,63 +432,82 @@ static sp_status_t node_gpus(sp_world_t *w, bool mine, bool *crowded_p, int *gpu
     return SP_SUCCESS;
 }
 
+/* World rank -> node rank (w->node_rank_of, -1 on other nodes), so peer pointers can name
+ * shared-window ranks. Local MPI calls. */
+static sp_status_t rank_table(sp_world_t *w, const scratch_t *s) {
+    MPI_Group wg, ng;
+    MPI_Comm_group(w->comm, &wg);
+    MPI_Comm_group(w->node_comm, &ng);
+    for (int i = 0; i < w->size; i++)
+        s->ranks[i] = i;
+    int rc = MPI_Group_translate_ranks(wg, w->size, s->ranks, ng, w->node_rank_of);
+    MPI_Group_free(&wg);
+    MPI_Group_free(&ng);
+    SP_CHECK(sp__world_mpi_status(rc, "MPI_Group_translate_ranks"));
+    for (int i = 0; i < w->size; i++)
+        if (w->node_rank_of[i] == MPI_UNDEFINED)
+            w->node_rank_of[i] = -1;
+    return SP_SUCCESS;
+}
+
 /* The node table: which node every rank is on, and each node's host name. A node is what MPI
  * puts in one MPI_COMM_TYPE_SHARED communicator (Open MPI: the ranks of one daemon, i.e. one host
  * of the hostfile); its name is the host name its lowest rank reports. One MPI_Allgather of a
  * fixed record per rank at world creation; afterwards every query is local. Nodes are numbered
- * by their lowest world rank, so the numbering is the same on every rank. */
-static sp_status_t node_table(sp_world_t *w) {
-    typedef struct {
-        int leader;                    /* world rank of this rank's node's lowest rank */
-        char host[SP_WORLD_NODE_NAME]; /* this rank's host name */
-    } node_rec_t;
+ * by their lowest world rank, so the numbering is the same on every rank.
+ * `mine`: this rank's rank table failed (rank_table's status). Such a rank still joins the
+ * gather, with leader -1, so that every rank fails here naming it instead of waiting for it. */
+static sp_status_t node_table(sp_world_t *w, const scratch_t *s, sp_status_t mine) {
     int leader = w->rank;
-    for (int i = 0; i < w->size; i++)
+    for (int i = 0; mine == SP_SUCCESS && i < w->size; i++)
         if (w->node_rank_of[i] >= 0) {
             leader = i; /* the lowest world rank on this node */
             break;
         }
-    node_rec_t mine;
-    memset(&mine, 0, sizeof mine);
-    mine.leader = leader;
-    snprintf(mine.host, sizeof mine.host, "%s", sp__process_host());
-    node_rec_t *all = malloc(sizeof *all * (size_t)w->size);
-    int *index = malloc(sizeof(int) * (size_t)w->size);
-    w->node_of = malloc(sizeof(int) * (size_t)w->size);
-    /* Like the rank table above: a few bytes per rank, which host malloc does not refuse. */
-    sp_status_t st =
-        !all || !index || !w->node_of
-            ? sp__error(SP_ERR_SYSTEM, SP_SUB_BOOT, "out of host memory for the node table")
-            : sp__world_mpi_status(MPI_Allgather(&mine, (int)sizeof mine, MPI_BYTE, all,
-                                                 (int)sizeof mine, MPI_BYTE, w->comm),
-                                   "MPI_Allgather of the node table");
-    if (st == SP_SUCCESS) {
-        w->nnodes = 0;
-        for (int i = 0; i < w->size; i++)
-            index[i] = all[i].leader == i ? w->nnodes++ : -1;
-        w->node_name = calloc((size_t)w->nnodes, sizeof *w->node_name);
-        if (!w->node_name)
-            st = sp__error(SP_ERR_SYSTEM, SP_SUB_BOOT, "out of host memory for the node names");
-    }
-    if (st == SP_SUCCESS) {
-        for (int i = 0; i < w->size; i++) {
-            int l = all[i].leader;
-            w->node_of[i] = l >= 0 && l < w->size ? index[l] : -1;
-            if (l == i) {
-                memcpy(w->node_name[index[i]], all[i].host, SP_WORLD_NODE_NAME);
-                w->node_name[index[i]][SP_WORLD_NODE_NAME - 1] = '\0';
-            }
+    node_rec_t rec;
+    memset(&rec, 0, sizeof rec);
+    rec.leader = mine == SP_SUCCESS ? leader : -1;
+    snprintf(rec.host, sizeof rec.host, "%s", sp__process_host());
+    node_rec_t *all = s->recs;
+    SP_CHECK(sp__world_mpi_status(
+        MPI_Allgather(&rec, (int)sizeof rec, MPI_BYTE, all, (int)sizeof rec, MPI_BYTE, w->comm),
+        "MPI_Allgather of the node table"));
+    if (mine != SP_SUCCESS)
+        return mine;
+    for (int i = 0; i < w->size; i++)
+        if (all[i].leader < 0 || all[i].leader >= w->size)
+            return sp__error(SP_ERR_MPI, SP_SUB_BOOT,
+                             "world creation: rank %d could not make its rank table "
+                             "(MPI_Group_translate_ranks failed; its log says why)",
+                             i);
+    w->nnodes = 0;
+    for (int i = 0; i < w->size; i++)
+        s->index[i] = all[i].leader == i ? w->nnodes++ : -1;
+    for (int i = 0; i < w->size; i++) {
+        int l = all[i].leader;
+        w->node_of[i] = s->index[l];
+        if (l == i) {
+            memcpy(w->node_name[s->index[i]], all[i].host, SP_WORLD_NODE_NAME);
+            w->node_name[s->index[i]][SP_WORLD_NODE_NAME - 1] = '\0';
         }
     }
-    free(all);
-    free(index);
-    return st;
+    /* node_name was sized for a node per rank; keep what the nodes use (a refused shrink keeps
+     * the larger block, which is as good). A rank's own record leads itself or a lower rank, so
+     * rank 0 always leads: nnodes >= 1. */
+    void *names = realloc(w->node_name, (size_t)w->nnodes * sizeof *w->node_name);
+    if (names)
+        w->node_name = names;
+    return SP_SUCCESS;
 }
 
 static _Atomic double s_test_pause_s; /* sp__world_test_pause_between_dups */
 
 void sp__world_test_pause_between_dups(double seconds) {
     s_test_pause_s = seconds;
+}
+
+void sp__world_test_fail_host_tables(int which) {
+    s_test_fail_table = which;
 }
 
 /* Build a world on `comm` (MPI is initialized). Collective over comm. */
@@ -437,6 +519,7 @@ static sp_status_t world_create(MPI_Comm comm, bool from_init, sp_world_t **worl
     w->from_init = from_init;
     pthread_mutex_init(&w->nccl_lock, NULL);
     sp_status_t st;
+    scratch_t s = {0};
     /* The duplicates are the first collective steps: bounded by the deadline, so a rank that
      * never comes (or passes another communicator) is a timeout on the ranks waiting for it, not
      * a hang. A rank that comes after they gave up completes its first duplicate against theirs
@@ -461,9 +544,13 @@ static sp_status_t world_create(MPI_Comm comm, bool from_init, sp_world_t **worl
      * returned, and a peer that posted its own late can still complete it against the one the
      * first abandoned, then went on alone into MPI_Comm_split_type below and waited there for
      * good. One agreement round, whose late rule makes a round completed after any rank's
-     * deadline a timeout on every rank, decides for all of them whether creation goes on. */
-    sp_agree_t agreed = {.op = SP_AGREE_WORLD_CREATE, .ok = true};
+     * deadline a timeout on every rank, decides for all of them whether creation goes on. Its ok
+     * flag says whether this rank has its host tables (alloc_tables), so that a rank short of
+     * host memory fails creation on every rank here instead of leaving its peers in a gather. */
+    const char *short_of = alloc_tables(w, &s);
+    sp_agree_t agreed = {.op = SP_AGREE_WORLD_CREATE, .ok = short_of == NULL};
     SP_CHECK_GOTO(sp__world_agree_live(w, &agreed, what), st, fail);
+    SP_CHECK_GOTO(tables_status(w, short_of, &agreed), st, fail);
     SP_CHECK_GOTO(sp__world_mpi_status(MPI_Comm_split_type(w->comm, MPI_COMM_TYPE_SHARED, w->rank,
                                                            MPI_INFO_NULL, &w->node_comm),
                                        "MPI_Comm_split_type(MPI_COMM_TYPE_SHARED)"),
@@ -472,29 +559,8 @@ static sp_status_t world_create(MPI_Comm comm, bool from_init, sp_world_t **worl
     MPI_Comm_rank(w->node_comm, &w->local_rank);
     MPI_Comm_size(w->node_comm, &w->local_size);
     sp__log_set_rank(w->rank);
-
-    /* World rank -> node rank, so peer pointers can name shared-window ranks (local call). */
-    w->node_rank_of = malloc(sizeof(int) * (size_t)w->size);
-    int *all = malloc(sizeof(int) * (size_t)w->size);
-    if (!w->node_rank_of || !all) {
-        free(all);
-        st = sp__error(SP_ERR_SYSTEM, SP_SUB_BOOT, "out of host memory for the rank table");
-        goto fail;
-    }
-    MPI_Group wg, ng;
-    MPI_Comm_group(w->comm, &wg);
-    MPI_Comm_group(w->node_comm, &ng);
-    for (int i = 0; i < w->size; i++)
-        all[i] = i;
-    int rc = MPI_Group_translate_ranks(wg, w->size, all, ng, w->node_rank_of);
-    MPI_Group_free(&wg);
-    MPI_Group_free(&ng);
-    free(all);
-    SP_CHECK_GOTO(sp__world_mpi_status(rc, "MPI_Group_translate_ranks"), st, fail);
-    for (int i = 0; i < w->size; i++)
-        if (w->node_rank_of[i] == MPI_UNDEFINED)
-            w->node_rank_of[i] = -1;
-    SP_CHECK_GOTO(node_table(w), st, fail);
+    /* A rank whose rank table failed still joins the node table's gather (node_table). */
+    SP_CHECK_GOTO(node_table(w, &s, rank_table(w, &s)), st, fail);
 
     /* Device by local rank. Every rank checks its own count, then all agree, so a rank whose
      * backend failed does not leave the others waiting in the NCCL bootstrap. */
@@ -513,7 +579,7 @@ static sp_status_t world_create(MPI_Comm comm, bool from_init, sp_world_t **worl
 #endif
     int gpus = ndev; /* the distinct GPUs this node's ranks are on, as far as known */
     bool crowded = false;
-    SP_CHECK_GOTO(node_gpus(w, ok && nccl_world, &crowded, &gpus), st, fail);
+    SP_CHECK_GOTO(node_gpus(w, &s, ok && nccl_world, &crowded, &gpus), st, fail);
     crowded = crowded && ok && nccl_world;
     /* MAX over the ranks: [0] a rank without a device, [1]/[2] the most crowded node's ranks
      * and devices. */
@@ -558,10 +624,12 @@ static sp_status_t world_create(MPI_Comm comm, bool from_init, sp_world_t **worl
     s_live = w;
     __atomic_fetch_add(&s_live_gen, 1, __ATOMIC_RELEASE);
     pthread_mutex_unlock(&s_lock);
+    scratch_free(&s);
     *world_p = w;
     return SP_SUCCESS;
 
 fail:
+    scratch_free(&s);
     /* A round abandoned on agree_comm may still be progressed by MPI: left allocated (a small
      * leak) rather than freed under it, as sp_world_finalize does. */
     if (w->agree_comm != MPI_COMM_NULL && !sp__agree_pending(w->agree_comm))

@@ -184,6 +184,11 @@ sp_status_t sp__agree_dup(MPI_Comm comm, MPI_Comm *out, const char *what, bool *
 /* Tests only: world creation waits this long (seconds; 0: not at all, the default) between its
  * two duplicates of the communicator, as a rank descheduled there would. */
 void sp__world_test_pause_between_dups(double seconds);
+/* Tests only: world creation on this process treats its host table `which` (1 the rank table,
+ * 2 the node table, 3 the node names, 4 the GPU table; 0: none, the default) as not allocated,
+ * as host malloc refusing it would. */
+#define SP_WORLD_TEST_TABLES 4
+void sp__world_test_fail_host_tables(int which);
 /* Agreement rounds this process has started (sp__agree and sp__agree_band), for tests. */
 uint64_t sp__agree_rounds(void);
 /* Does comm still carry a request abandoned at a timeout? (Completed ones are reaped.) */

@@ -12,6 +12,7 @@
 
 extern "C" {
 #include <sympool/collectives.h>
+void sp__coll_test_fail_scratch(bool on);
 }
 
 namespace {
@@ -684,6 +685,48 @@ TEST_F(CollectiveArgs, BadStreamOnOneRankFailsEverywhere) {
     ASSERT_SP_OK(sp_stream_create(dev_, &good));
     EXPECT_SP_OK(sp_allreduce(w_, sb.p, rb.p, 8, SP_INT32, SP_SUM, good));
     EXPECT_SP_OK(sp_stream_destroy(good));
+    still_in_step();
+}
+
+// A rank that cannot get the host path's scratch (half-precision arithmetic, an in-place
+// reduce-scatter, a float AVG reduce-scatter) finds out before the agreement, so every rank fails
+// the call: it used to return alone after the agreement while its peers waited in the MPI
+// collective for good.
+TEST_F(CollectiveArgs, ScratchOutOfHostMemoryOnOneRankFailsEverywhere) {
+    const size_t count = 64;
+    Buf sb(count * (size_t)n_ * 8, dev_), rb(count * 8, dev_);
+    memset(sb.p, 0, count * (size_t)n_ * 8);
+    int bad = n_ - 1;
+    for (int kind = 0; kind < 4; kind++) {
+        SCOPED_TRACE("kind " + std::to_string(kind));
+        if (rank_ == bad)
+            sp__coll_test_fail_scratch(true);
+        sp_status_t s = SP_SUCCESS;
+        switch (kind) {
+        case 0:
+            s = sp_allreduce(w_, sb.p, rb.p, count, SP_FLOAT16, SP_SUM, nullptr);
+            break;
+        case 1:
+            s = sp_reduce_scatter(w_, sb.p, rb.p, count, SP_BFLOAT16, SP_SUM, nullptr);
+            break;
+        case 2: // in place: this rank's slot of send
+            s = sp_reduce_scatter(w_, sb.p, sb.c() + (size_t)rank_ * count * 4, count, SP_INT32,
+                                  SP_SUM, nullptr);
+            break;
+        case 3:
+            s = sp_reduce_scatter(w_, sb.p, rb.p, count, SP_FLOAT32, SP_AVG, nullptr);
+            break;
+        }
+        sp__coll_test_fail_scratch(false);
+        std::string msg = sp_last_error();
+        if (rank_ == bad) {
+            EXPECT_EQ(s, SP_ERR_SYSTEM) << sp::describe(s);
+            EXPECT_NE(msg.find("out of host memory"), std::string::npos) << msg;
+        } else {
+            EXPECT_EQ(s, SP_ERR_INVALID_ARGUMENT) << sp::describe(s);
+            EXPECT_NE(msg.find("had no host memory"), std::string::npos) << msg;
+        }
+    }
     still_in_step();
 }
 

@@ -5,6 +5,7 @@
 #include <mpi.h>
 
 #include <cstring>
+#include <string>
 #include <vector>
 
 #include "mpi_util.hpp"
@@ -236,6 +237,45 @@ TEST_F(World, RankPausedBetweenTheDuplicatesTimesOutToo) {
     EXPECT_SP_STATUS(s, SP_ERR_TIMEOUT);
     EXPECT_EQ(w, nullptr);
     MPI_Barrier(MPI_COMM_WORLD);
+}
+
+// A rank that cannot get host memory for one of creation's tables (rank 1 here, each table in
+// turn) fails creation on every rank: itself with SP_ERR_SYSTEM naming the table, its peers with
+// an error naming it. It used to return while its peers waited for it in the next collective
+// (the node table's or the GPU table's MPI_Allgather, the device check), for good. A world
+// created afterwards works.
+TEST_F(World, RankOutOfHostMemoryForCreationTablesFailsEveryRank) {
+    SP_SKIP_BELOW_RANKS(2);
+    expect_warnings();
+    for (int table = 1; table <= SP_WORLD_TEST_TABLES; table++) {
+        SCOPED_TRACE("table " + std::to_string(table));
+        sp_world_t *w = nullptr;
+        if (mpi_rank() == 1)
+            sp__world_test_fail_host_tables(table);
+        sp_status_t s = sp_world_from_comm(MPI_COMM_WORLD, &w);
+        sp__world_test_fail_host_tables(0);
+        EXPECT_SP_STATUS(s, SP_ERR_SYSTEM);
+        EXPECT_EQ(w, nullptr);
+        std::string msg = sp_last_error();
+        if (mpi_rank() == 1) {
+            EXPECT_NE(msg.find("out of host memory for the"), std::string::npos) << msg;
+        } else {
+            EXPECT_NE(msg.find("rank 1 could not"), std::string::npos) << msg;
+            EXPECT_NE(msg.find("out of host memory"), std::string::npos) << msg;
+        }
+        if (w) {
+            sp_world_finalize(w);
+        }
+    }
+    sp_world_t *w = nullptr;
+    ASSERT_SP_OK(sp_world_from_comm(MPI_COMM_WORLD, &w));
+    int one = 1, sum = 0;
+    ASSERT_EQ(MPI_Allreduce(&one, &sum, 1, MPI_INT, MPI_SUM, sp__world_comm(w)), MPI_SUCCESS);
+    EXPECT_EQ(sum, mpi_size());
+    EXPECT_GE(sp_world_node_count(w), 1);
+    EXPECT_GE(sp_world_node(w, mpi_rank()), 0);
+    EXPECT_NE(sp_world_node_name(w, sp_world_node(w, mpi_rank())), nullptr);
+    ASSERT_SP_OK(sp_world_finalize(w));
 }
 
 TEST_F(World, MpiErrorsBecomeSpErrMpiWithMpisText) {
