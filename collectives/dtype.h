@@ -86,6 +86,10 @@ typedef struct sp_coll_call {
 sp_status_t sp__coll_nccl(sp_world_t *w, const sp_coll_call_t *call);
 /* Whether this build has NCCL (SP_HAVE_NCCL). */
 bool sp__coll_nccl_built(void);
+/* Why NCCL would not run call c on symmetric kernels in world w, or NULL when it would: the rule
+ * every call applies (collectives.c), on its own, without checking or running the call; for tests
+ * of sizes no test can allocate. The buffers need not hold count elements. */
+const char *sp__coll_no_symmetric_reason(sp_world_t *w, const sp_coll_call_t *c);
 
 #ifdef __cplusplus
 }
