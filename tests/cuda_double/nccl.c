@@ -251,11 +251,16 @@ static uint64_t host_hash(void) {
     return h;
 }
 
-/* An NCCL parameter that is on unless the environment sets it to 0 (NCCL_WIN_ENABLE defaults to
- * 1; NCCL_CUMEM_ENABLE's auto means on where cuMem works, which it does here). */
-static bool param_on(const char *name) {
+/* An NCCL integer parameter as 2.28.9 reads it (src/misc/param.cc:76-94 ncclLoadParam): unset or
+ * empty is the default; anything else is strtoll's value in base 0 ("false" is 0), and only an
+ * out-of-range number falls back to the default. */
+static long long nccl_param(const char *name, long long dflt) {
     const char *e = getenv(name);
-    return !(e && *e && atoi(e) == 0);
+    if (!e || !*e)
+        return dflt;
+    errno = 0;
+    long long v = strtoll(e, NULL, 0);
+    return errno ? dflt : v;
 }
 
 /* The device memory a communicator takes for itself: NCCL allocates its channels' buffers, FIFOs
@@ -373,7 +378,9 @@ ncclResult_t ncclCommInitRank(ncclComm_t *out, int nranks, ncclUniqueId id, int 
                          j, h->dev[i]);
     /* nNodes counts distinct host hashes. symmetricSupport is isAllCudaP2p (CUDA P2P between
      * every pair of this node's GPUs: distinct devices here always are) && NCCL_WIN_ENABLE &&
-     * cuMem (src/init.cc). */
+     * cuMem (src/init.cc:1376): NCCL_WIN_ENABLE defaults to 1, off at 0 (src/init.cc:58);
+     * ncclCuMemEnable is on at a positive NCCL_CUMEM_ENABLE and at -2, the default, auto (cuMem
+     * works here), off at 0 and any other negative value (src/misc/cudawrap.cc:15, :45-49). */
     int nnodes = 0;
     for (int i = 0; i < nranks; i++) {
         bool seen = false;
@@ -382,7 +389,8 @@ ncclResult_t ncclCommInitRank(ncclComm_t *out, int nranks, ncclUniqueId id, int 
         nnodes += !seen;
     }
     c->nnodes = nnodes;
-    c->symmetric_support = param_on("NCCL_WIN_ENABLE") && param_on("NCCL_CUMEM_ENABLE");
+    long long cumem = nccl_param("NCCL_CUMEM_ENABLE", -2);
+    c->symmetric_support = nccl_param("NCCL_WIN_ENABLE", 1) != 0 && (cumem > 0 || cumem == -2);
     ncclResult_t r2 = barrier(c, "ncclCommInitRank"); /* nobody reuses arg[] before all checked */
     if (r == ncclSuccess)
         r = r2;

@@ -557,6 +557,39 @@ TEST_F(CudaDoubleMpi, WindowsWithoutSymmetricSupportAreNotEligible) {
     EXPECT_SP_OK(sp_free(a));
 }
 
+// NCCL 2.28.9 reads NCCL_WIN_ENABLE and NCCL_CUMEM_ENABLE as integers (src/misc/param.cc:76-94
+// ncclLoadParam: strtoll, base 0, so "false" is 0) and has cuMem off at any negative value but -2,
+// auto (src/misc/cudawrap.cc:45-49): either way no symmetric support (src/init.cc:1376), so no
+// symmetric kernel, and sympool counts no call eligible.
+TEST_F(CudaDoubleMpi, NcclSwitchesAreReadAsNcclReadsThem) {
+    NEED_DOUBLE();
+    SP_SKIP_BELOW_RANKS(2);
+    expect_warnings();
+    const std::pair<const char *, const char *> off[] = {{"NCCL_WIN_ENABLE", "false"},
+                                                         {"NCCL_CUMEM_ENABLE", "-1"}};
+    for (const auto &v : off) {
+        // Before the world: NCCL decides its symmetric support when the communicator is made.
+        sp::ScopedEnv env({v});
+        make_pool(false, false, "switches");
+        void *a = nullptr;
+        ASSERT_SP_OK(sp_symmetric_malloc(pool_, 4096, nullptr, &a));
+        uint64_t e0 = 0, f0 = 0, e1 = 0, f1 = 0;
+        sp__world_collective_counts(world_, &e0, &f0);
+        const long k0 = nccl_symmetric_kernels();
+        ASSERT_SP_OK(sp_allreduce(world_, a, a, 64, SP_FLOAT32, SP_SUM, nullptr));
+        ASSERT_SP_OK(sp_allgather(world_, a, a, 16, SP_FLOAT32, nullptr));
+        sp__world_collective_counts(world_, &e1, &f1);
+        EXPECT_EQ(nccl_symmetric_kernels() - k0, 0) << v.first << "=" << v.second;
+        EXPECT_EQ(e1 - e0, 0u) << v.first << "=" << v.second;
+        EXPECT_EQ(f1 - f0, 2u) << v.first << "=" << v.second;
+        EXPECT_SP_OK(sp_free(a));
+        EXPECT_SP_OK(sp_symmetric_mempool_destroy(pool_));
+        EXPECT_SP_OK(sp_world_finalize(world_));
+        pool_ = nullptr;
+        world_ = nullptr;
+    }
+}
+
 // Peer pointers on the nccl registrar: none from the host in NCCL 2.28, and to a rank on another
 // node none in any release (NCCL maps peers of its own node only): the message names the nodes.
 TEST_F(CudaDoubleMpi, PeerPointersNameTheNodeOrTheNcclRelease) {
