@@ -4,11 +4,12 @@
  *
  * NCCL picks its symmetric kernels by itself when both buffers lie in windows registered with
  * NCCL_WIN_COLL_SYMMETRIC (our symmetric pools' segments) at identical offsets, the op is a sum of
- * fp32/fp16/bf16 (allreduce, reduce-scatter) or any allgather, there is more than one rank and
- * the ranks share a node (reference/nccl-windows.md 1.5). We do not force anything; collectives.c
- * counts every call as eligible or not (symmetric.collectives_eligible/_fallback in the stats
- * report) and says why not at SYMPOOL_DEBUG=INFO (subsystem COLL), so a user who expected the
- * fast path learns what to change.
+ * fp32/fp16/bf16 (allreduce, reduce-scatter) or any allgather, there is more than one rank,
+ * the ranks share a node, the call has under 64 GiB of bus bytes and NCCL_SYM_KERNEL leaves it
+ * a kernel (reference/nccl-windows.md 1.5; collectives.c no_kernel_reason). We do not force
+ * anything; collectives.c counts every call as eligible or not (symmetric.collectives_eligible/
+ * _fallback in the stats report) and says why not at SYMPOOL_DEBUG=INFO (subsystem COLL), so a
+ * user who expected the fast path learns what to change.
  *
  * SP_AVG is ncclAvg, whose semantics collectives.h documents and the host path reproduces:
  * floating types pre-multiply each rank's value by 1/n rounded to the type (PreMulSum), integer

@@ -184,12 +184,18 @@ static const int64_t agree_ops[] = {SP_AGREE_ALLREDUCE, SP_AGREE_ALLGATHER, SP_A
  * which buffers are compared, is the same on every rank). */
 static sp_status_t agreed_places(const sp_agree_t *a, const call_ctx_t *x, const sp_coll_call_t *c,
                                  const char *fn) {
+    /* A rank that runs the call on NCCL's regular kernels while its peers run symmetric ones
+     * waits for them forever: its buffers off the windows, or NCCL_SYM_KERNEL (read by each
+     * process itself) leaving it no kernel. */
     if (a->lo[AG_SEGS] == 0 && a->hi[AG_SEGS] != 0)
         return sp__error(SP_ERR_MISMATCH, SP_SUB_COLL,
-                         "%s: the buffers are in registered symmetric segments on some ranks and "
-                         "not on others (this rank: %s); NCCL runs a call on symmetric kernels "
-                         "only with every rank's buffers in its windows",
-                         fn, x->at[2] ? "in them" : "not");
+                         "%s: NCCL would run the call on symmetric kernels on some ranks and not "
+                         "on others, which would wait for each other (this rank: %s%s); every "
+                         "rank needs its buffers in its windows and the same NCCL_SYM_KERNEL",
+                         fn, x->at[2] ? "symmetric kernels" : "not: ",
+                         x->at[2]    ? ""
+                         : x->no_sym ? x->no_sym
+                                     : "its buffers are not in its windows");
     const char *peer_bufs = c->kind == SP_COLL_ALLGATHER        ? "recv buffer is"
                             : c->kind == SP_COLL_REDUCE_SCATTER ? "send buffer is"
                                                                 : "buffers are";
@@ -549,6 +555,74 @@ static bool in_symmetric_segment(const void *ptr, sp_mempool_t *pool, bool cuda)
     return sp_symmetric_window(ptr, &win) == SP_SUCCESS && (!cuda || win.window != NULL);
 }
 
+/* NCCL 2.28.9's symmetric kernels in its order (src/include/sym_kernels.h:27-44 ncclSymkKernelId,
+ * their names src/sym_kernels.cc:13-27), each with the collective whose mask holds it
+ * (kernelMask_coll, :44-56 and :70-77; AllReduce_RSxNet_ARxMC_AGxNet is in none: -1) and whether
+ * it is an LL kernel (kernelMask_LL, :38-42). The multimem ("MC") kernels also need NVLS
+ * (comm->nvlsSupport, :279-304), which NCCL derives from the hardware and its topology search and
+ * 2.28 does not report: sympool takes them as available, so a call NCCL might run on them still
+ * has its places agreed (the safe side), at the cost of counting it eligible on a node without
+ * NVLS where NCCL_SYM_KERNEL names one. */
+static const struct {
+    const char *name;
+    int kind; /* sp_coll_kind_t; -1: no collective's */
+    bool ll;  /* an LL kernel: 32-bit element counts */
+} symks[] = {
+    {"AllReduce_AGxLL_R", SP_COLL_ALLREDUCE, true},
+    {"AllReduce_AGxLLMC_R", SP_COLL_ALLREDUCE, true},
+    {"AllReduce_RSxLD_AGxST", SP_COLL_ALLREDUCE, false},
+    {"AllReduce_RSxLDMC_AGxSTMC", SP_COLL_ALLREDUCE, false},
+    {"AllReduce_RSxNet_ARxMC_AGxNet", -1, false},
+    {"AllGather_LL", SP_COLL_ALLGATHER, true},
+    {"AllGather_LLMC", SP_COLL_ALLGATHER, true},
+    {"AllGather_ST", SP_COLL_ALLGATHER, false},
+    {"AllGather_STMC", SP_COLL_ALLGATHER, false},
+    {"ReduceScatter_LL", SP_COLL_REDUCE_SCATTER, true},
+    {"ReduceScatter_LD", SP_COLL_REDUCE_SCATTER, false},
+    {"ReduceScatter_LDMC", SP_COLL_REDUCE_SCATTER, false},
+};
+
+enum { SYMK_UNREAD = -3, SYMK_NONE = -2, SYMK_ALL = -1 };
+
+/* The kernel NCCL_SYM_KERNEL leaves NCCL: its index in symks, SYMK_ALL when the variable is unset
+ * or "^", SYMK_NONE for any other value (src/sym_kernels.cc:79-102 kernelMask_user: an exact
+ * name). NCCL reads it once a process and keeps it, so sympool does too; a race between two
+ * first readers is harmless (both read the same environment). */
+static int user_kernel(void) {
+    static int cached = SYMK_UNREAD;
+    int k = __atomic_load_n(&cached, __ATOMIC_ACQUIRE);
+    if (k != SYMK_UNREAD)
+        return k;
+    const char *e = getenv("NCCL_SYM_KERNEL");
+    k = e == NULL || strcmp(e, "^") == 0 ? SYMK_ALL : SYMK_NONE;
+    for (size_t i = 0; k == SYMK_NONE && i < sizeof symks / sizeof symks[0]; i++)
+        if (strcmp(e, symks[i].name) == 0)
+            k = (int)i;
+    __atomic_store_n(&cached, k, __ATOMIC_RELEASE);
+    return k;
+}
+
+/* Why ncclSymkMask (src/sym_kernels.cc:275-317) leaves a call of this kind and these bus bytes
+ * (:306-307: the message's bytes for all-reduce, nRanks times them otherwise) no kernel, NULL when
+ * it leaves one. The caller has checked what ncclSymkImplemented and the node rule (:314) ask. */
+static const char *no_kernel_reason(sp_coll_kind_t kind, size_t bus) {
+    /* Any kernel may count its chunks in 32 bits (:310-312). */
+    if (bus >= (size_t)64 << 30)
+        return "64 GiB or more of bus bytes: NCCL 2.28 has no symmetric kernel that large";
+    int k = user_kernel();
+    if (k == SYMK_ALL)
+        return NULL; /* each collective has a kernel neither LL nor multimem: RSxLD_AGxST,
+                      * AllGather_ST, ReduceScatter_LD */
+    if (k == SYMK_NONE)
+        return "NCCL_SYM_KERNEL names no symmetric kernel of NCCL 2.28";
+    if (symks[k].kind != (int)kind)
+        return "NCCL_SYM_KERNEL names a kernel of another collective";
+    if (symks[k].ll && bus >= (size_t)2 << 30) /* LL kernels count elements in 32 bits (:308-309) */
+        return "NCCL_SYM_KERNEL names an LL kernel, which NCCL 2.28 drops at 2 GiB or more of bus "
+               "bytes";
+    return NULL;
+}
+
 /* Why this call cannot use symmetric kernels, or NULL when it can. The buffers decide on every
  * backend; on cuda the call must also be one NCCL's symmetric kernels take (NCCL 2.28). */
 static const char *no_symmetric_reason(const sp_world_t *w, const call_ctx_t *x,
@@ -573,6 +647,11 @@ static const char *no_symmetric_reason(const sp_world_t *w, const call_ctx_t *x,
             if (c->dtype != SP_FLOAT32 && c->dtype != SP_FLOAT16 && c->dtype != SP_BFLOAT16)
                 return "dtype: symmetric kernels reduce float32, float16 and bfloat16 only";
         }
+        size_t scale = c->kind == SP_COLL_ALLREDUCE ? 1 : (size_t)x->size;
+        const char *no_kernel =
+            no_kernel_reason(c->kind, c->count * sp__coll_dtype_size(c->dtype) * scale);
+        if (no_kernel)
+            return no_kernel;
     }
     if (!in_symmetric_segment(c->send, x->send_pool, cuda))
         return "send buffer is not in a registered symmetric segment (allocate it with "
@@ -581,6 +660,18 @@ static const char *no_symmetric_reason(const sp_world_t *w, const call_ctx_t *x,
         return "recv buffer is not in a registered symmetric segment (allocate it with "
                "sp_symmetric_malloc)";
     return NULL;
+}
+
+const char *sp__coll_no_symmetric_reason(sp_world_t *w, const sp_coll_call_t *c) {
+    const char *backend = sp_backend_name();
+    call_ctx_t x = {.rank = sp__world_rank(w),
+                    .size = sp__world_size(w),
+                    .device = sp__world_device(w),
+                    .cuda = strcmp(backend, "cuda") == 0,
+                    .host = strcmp(backend, "host") == 0};
+    const char *why = no_symmetric_reason(w, &x, c);
+    sp__error_clear(); /* the window probes may have left a last-error text */
+    return why;
 }
 
 /* Count the call as eligible or not (symmetric.collectives_eligible/_fallback in the report)
@@ -613,7 +704,8 @@ static void count_symmetric(sp_world_t *w, const call_ctx_t *x, const sp_coll_ca
  * write the wrong memory, with no error. at[0], at[1]: the send and recv offsets + 1 where they
  * are reached on peers, 0 where not; at[2]: those buffers' segments' sequence numbers (send in
  * the high half, recv in the low, 0 for one not reached) + 1, 0 when the call does not run on
- * symmetric kernels on this rank (NCCL decides that per rank: src/scheduler/symmetric_sched.cc).
+ * symmetric kernels on this rank (NCCL decides that per rank, src/scheduler/symmetric_sched.cc,
+ * from this rank's windows and its own NCCL_SYM_KERNEL).
  * Every value is the same on every rank of a correct call. */
 static void places(sp_world_t *w, call_ctx_t *x, const sp_coll_call_t *c) {
     x->no_sym = no_symmetric_reason(w, x, c);

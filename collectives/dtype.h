@@ -89,6 +89,10 @@ bool sp__coll_nccl_built(void);
 /* Tests only: this process's host-path collectives treat the scratch they need as not
  * allocated (on: true), as host malloc refusing it would. */
 void sp__coll_test_fail_scratch(bool on);
+/* Why NCCL would not run call c on symmetric kernels in world w, or NULL when it would: the rule
+ * every call applies (collectives.c), on its own, without checking or running the call; for tests
+ * of sizes no test can allocate. The buffers need not hold count elements. */
+const char *sp__coll_no_symmetric_reason(sp_world_t *w, const sp_coll_call_t *c);
 
 #ifdef __cplusplus
 }

@@ -33,6 +33,7 @@
  */
 #if defined(SP_HAVE_NCCL)
 
+#include <errno.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -204,6 +205,18 @@ static sp_status_t alloc_everywhere(sp_sym_state_t *st, size_t asize, const char
                      s == SP_SUCCESS ? "allocated" : sp_last_error());
 }
 
+/* An NCCL integer parameter as 2.28.9 reads it (src/misc/param.cc:76-94 ncclLoadParam): unset or
+ * empty is the default; anything else is strtoll's value in base 0, so "false" and "0x0" are 0,
+ * and only an out-of-range number falls back to the default. */
+static long long nccl_param(const char *name, long long dflt) {
+    const char *e = getenv(name);
+    if (e == NULL || *e == '\0')
+        return dflt;
+    errno = 0;
+    long long v = strtoll(e, NULL, 0);
+    return errno ? dflt : v;
+}
+
 /* Whether NCCL gave this world symmetric support, which 2.28 does not let one query: it is on when
  * NCCL_WIN_ENABLE and cuMem are on and every pair of this node's GPUs reaches each other by CUDA
  * P2P (reference/nccl-windows.md 1.3). Without it, 2.28 still returns success and a window that
@@ -211,14 +224,17 @@ static sp_status_t alloc_everywhere(sp_sym_state_t *st, size_t asize, const char
  * the node (one all-gather of the ranks' devices); called where every rank grows the pool. On
  * "no", *why names the reason. */
 static bool symmetric_support(sp_sym_state_t *st, char *why, size_t len) {
-    const char *e = getenv("NCCL_WIN_ENABLE");
-    if (e && strcmp(e, "0") == 0) {
-        snprintf(why, len, "NCCL_WIN_ENABLE=0");
+    /* src/init.cc:58 and :1376: NCCL_WIN_ENABLE, default 1, off at 0. */
+    if (nccl_param("NCCL_WIN_ENABLE", 1) == 0) {
+        snprintf(why, len, "NCCL_WIN_ENABLE=%s", getenv("NCCL_WIN_ENABLE"));
         return false;
     }
-    e = getenv("NCCL_CUMEM_ENABLE");
-    if (e && strcmp(e, "0") == 0) {
-        snprintf(why, len, "NCCL_CUMEM_ENABLE=0");
+    /* src/misc/cudawrap.cc:15 and :45-49: NCCL_CUMEM_ENABLE, default -2 (auto: on where cuMem
+     * works, as it does where this registrar allocates), on at any positive value, off at 0 and
+     * at any other negative one. */
+    long long cumem = nccl_param("NCCL_CUMEM_ENABLE", -2);
+    if (cumem <= 0 && cumem != -2) {
+        snprintf(why, len, "NCCL_CUMEM_ENABLE=%s", getenv("NCCL_CUMEM_ENABLE"));
         return false;
     }
     MPI_Comm node = sp__world_node_comm(st->world);

@@ -96,6 +96,24 @@ if(SP_HAVE_MPI)
   set_tests_properties(cuda_double.mpi.test_cuda_double_mpi.old_nccl.np2 PROPERTIES
     LABELS cuda_double TIMEOUT 120
     ENVIRONMENT "${SP_DBL_ENV_MPI};CUDA_DOUBLE_NCCL_VERSION=22703")
+  # NCCL reads NCCL_SYM_KERNEL once a process (2.28.9 src/sym_kernels.cc kernelMask_user): the
+  # tests of it run in processes of their own, where the variable is set before any collective.
+  foreach(np 2 4)
+    add_test(NAME cuda_double.mpi.test_cuda_double_mpi.sym_kernel.np${np}
+      COMMAND ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} ${np} --oversubscribe
+              ${MPIEXEC_PREFLAGS} $<TARGET_FILE:test_cuda_double_mpi> ${MPIEXEC_POSTFLAGS}
+              --gtest_filter=*NcclSymKernelNamesTheOnlyKernel)
+    set_tests_properties(cuda_double.mpi.test_cuda_double_mpi.sym_kernel.np${np} PROPERTIES
+      LABELS cuda_double TIMEOUT 120
+      ENVIRONMENT "${SP_DBL_ENV_MPI};CUDA_DOUBLE_MEMORY=256MiB;NCCL_SYM_KERNEL=AllGather_LL")
+    add_test(NAME cuda_double.mpi.test_cuda_double_mpi.sym_kernel_rank0.np${np}
+      COMMAND ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} ${np} --oversubscribe
+              ${MPIEXEC_PREFLAGS} $<TARGET_FILE:test_cuda_double_mpi> ${MPIEXEC_POSTFLAGS}
+              --gtest_filter=*NcclSymKernelOnOneRankOnlyFailsEveryRank)
+    set_tests_properties(cuda_double.mpi.test_cuda_double_mpi.sym_kernel_rank0.np${np} PROPERTIES
+      LABELS cuda_double TIMEOUT 120
+      ENVIRONMENT "${SP_DBL_ENV_MPI};CUDA_DOUBLE_MEMORY=256MiB;SYMPOOL_SYM_TIMEOUT=20;SP_TEST_SYM_KERNEL_RANK0=AllGather_ST")
+  endforeach()
 
   foreach(src ${SP_MPI_TESTS})
     get_filename_component(name ${src} NAME_WE)

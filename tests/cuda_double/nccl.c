@@ -251,11 +251,16 @@ static uint64_t host_hash(void) {
     return h;
 }
 
-/* An NCCL parameter that is on unless the environment sets it to 0 (NCCL_WIN_ENABLE defaults to
- * 1; NCCL_CUMEM_ENABLE's auto means on where cuMem works, which it does here). */
-static bool param_on(const char *name) {
+/* An NCCL integer parameter as 2.28.9 reads it (src/misc/param.cc:76-94 ncclLoadParam): unset or
+ * empty is the default; anything else is strtoll's value in base 0 ("false" is 0), and only an
+ * out-of-range number falls back to the default. */
+static long long nccl_param(const char *name, long long dflt) {
     const char *e = getenv(name);
-    return !(e && *e && atoi(e) == 0);
+    if (!e || !*e)
+        return dflt;
+    errno = 0;
+    long long v = strtoll(e, NULL, 0);
+    return errno ? dflt : v;
 }
 
 /* The device memory a communicator takes for itself: NCCL allocates its channels' buffers, FIFOs
@@ -373,7 +378,9 @@ ncclResult_t ncclCommInitRank(ncclComm_t *out, int nranks, ncclUniqueId id, int 
                          j, h->dev[i]);
     /* nNodes counts distinct host hashes. symmetricSupport is isAllCudaP2p (CUDA P2P between
      * every pair of this node's GPUs: distinct devices here always are) && NCCL_WIN_ENABLE &&
-     * cuMem (src/init.cc). */
+     * cuMem (src/init.cc:1376): NCCL_WIN_ENABLE defaults to 1, off at 0 (src/init.cc:58);
+     * ncclCuMemEnable is on at a positive NCCL_CUMEM_ENABLE and at -2, the default, auto (cuMem
+     * works here), off at 0 and any other negative value (src/misc/cudawrap.cc:15, :45-49). */
     int nnodes = 0;
     for (int i = 0; i < nranks; i++) {
         bool seen = false;
@@ -382,7 +389,8 @@ ncclResult_t ncclCommInitRank(ncclComm_t *out, int nranks, ncclUniqueId id, int 
         nnodes += !seen;
     }
     c->nnodes = nnodes;
-    c->symmetric_support = param_on("NCCL_WIN_ENABLE") && param_on("NCCL_CUMEM_ENABLE");
+    long long cumem = nccl_param("NCCL_CUMEM_ENABLE", -2);
+    c->symmetric_support = nccl_param("NCCL_WIN_ENABLE", 1) != 0 && (cumem > 0 || cumem == -2);
     ncclResult_t r2 = barrier(c, "ncclCommInitRank"); /* nobody reuses arg[] before all checked */
     if (r == ncclSuccess)
         r = r2;
@@ -954,13 +962,74 @@ static int64_t window_place(struct ncclComm *c, const void *p) {
     return at;
 }
 
+/* NCCL 2.28.9's symmetric kernels in its order (src/include/sym_kernels.h:27-44, their names
+ * src/sym_kernels.cc:13-27), each with the collective whose mask holds it (kernelMask_coll,
+ * :44-56 and :70-77; AllReduce_RSxNet_ARxMC_AGxNet is in none: -1), whether it is an LL kernel
+ * (kernelMask_LL, :38-42) and whether a multimem one (kernelMask_STMC, :29-36, which holds the
+ * LDMC ones). */
+static const struct {
+    const char *name;
+    int kind;
+    bool ll, mc;
+} symks[] = {
+    {"AllReduce_AGxLL_R", K_ALLREDUCE, true, false},
+    {"AllReduce_AGxLLMC_R", K_ALLREDUCE, true, true},
+    {"AllReduce_RSxLD_AGxST", K_ALLREDUCE, false, false},
+    {"AllReduce_RSxLDMC_AGxSTMC", K_ALLREDUCE, false, true},
+    {"AllReduce_RSxNet_ARxMC_AGxNet", -1, false, false},
+    {"AllGather_LL", K_ALLGATHER, true, false},
+    {"AllGather_LLMC", K_ALLGATHER, true, true},
+    {"AllGather_ST", K_ALLGATHER, false, false},
+    {"AllGather_STMC", K_ALLGATHER, false, true},
+    {"ReduceScatter_LL", K_REDUCESCATTER, true, false},
+    {"ReduceScatter_LD", K_REDUCESCATTER, false, false},
+    {"ReduceScatter_LDMC", K_REDUCESCATTER, false, true},
+};
+#define N_SYMK (sizeof symks / sizeof symks[0])
+
+/* NCCL_SYM_KERNEL as kernelMask_user reads it (src/sym_kernels.cc:79-102): once a process, then
+ * kept; unset or "^" is every kernel, a kernel's exact name that kernel alone, any other value
+ * none. A bit per symks entry. */
+static uint32_t user_kernels(void) {
+    static _Atomic uint32_t cache = UINT32_MAX;
+    uint32_t m = atomic_load(&cache);
+    if (m != UINT32_MAX)
+        return m;
+    const char *e = getenv("NCCL_SYM_KERNEL");
+    m = !e || strcmp(e, "^") == 0 ? (1u << N_SYMK) - 1 : 0;
+    for (size_t i = 0; e && m == 0 && i < N_SYMK; i++)
+        if (strcmp(e, symks[i].name) == 0)
+            m = 1u << i;
+    atomic_store(&cache, m);
+    return m;
+}
+
+/* Whether ncclSymkMask (src/sym_kernels.cc:275-317) leaves a call of this kind and these bus bytes
+ * (:306-307) a kernel: of its collective (:276), allowed by NCCL_SYM_KERNEL (:277), multimem only
+ * with comm->nvlsSupport (:279-304), LL only below 2 GiB of bus bytes (:309), none at all from 64
+ * GiB (:312). The double's GPUs have no NVLS: src/transport/nvls.cc:161-176 takes nvlsSupport
+ * from CU_DEVICE_ATTRIBUTE_MULTICAST_SUPPORTED, which the double's driver does not report, and a
+ * forced NCCL_NVLS_ENABLE=1 finds no NVLS channels (src/init.cc:1190). */
+static bool symk_left(int kind, size_t bus) {
+    uint32_t m = user_kernels();
+    if (bus >= (size_t)64 << 30)
+        return false;
+    for (size_t i = 0; i < N_SYMK; i++)
+        if ((m >> i & 1) && symks[i].kind == kind && !symks[i].mc &&
+            !(symks[i].ll && bus >= (size_t)2 << 30))
+            return true;
+    return false;
+}
+
 /* Whether NCCL 2.28.9 runs this call as a symmetric kernel: the comm has symmetricSupport
- * (src/enqueue.cc), more than one rank (one rank is ncclLaunchOneRank's copy), both buffers in
- * NCCL_WIN_COLL_SYMMETRIC windows and the call one the kernels implement
- * (src/scheduler/symmetric_sched.cc, src/sym_kernels.cc ncclSymkImplemented: all-gather of any
- * type; all-reduce and reduce-scatter of sum only (avg on floats is a pre-multiplied sum, not
- * sum) on floating types but fp64), and ncclSymkMask leaves a kernel: none when nNodes > 1 (the
- * LSA kernels are masked and 2.28 has no network ones) or at >= 64 GiB of bus bytes. */
+ * (src/enqueue.cc:360), more than one rank (one rank is ncclLaunchOneRank's copy, :2569), both
+ * buffers in NCCL_WIN_COLL_SYMMETRIC windows (src/scheduler/symmetric_sched.cc:26-30, windows
+ * found by the buffer's start, src/dev_runtime.cc:952-963 ncclDevrFindWindow) and
+ * ncclSymkAvailable (src/sym_kernels.cc:319-325): the call one the kernels implement
+ * (ncclSymkImplemented, :248-273: all-gather of any type; all-reduce and reduce-scatter of sum
+ * only (avg on floats is a pre-multiplied sum, not sum) on floating types but fp64) and a kernel
+ * left by ncclSymkMask (symk_left), none when nNodes > 1 (the LSA kernels are masked, :314, and
+ * 2.28 has no network ones). */
 static bool symmetric_kernel(struct ncclComm *c, int kind, const void *send, const void *recv,
                              size_t count, ncclDataType_t t, ncclRedOp_t op) {
     if (!c->symmetric_support || c->nranks < 2 || c->nnodes > 1)
@@ -976,11 +1045,18 @@ static bool symmetric_kernel(struct ncclComm *c, int kind, const void *send, con
     default:
         return false;
     }
-    size_t bus = (kind == K_ALLREDUCE ? 1 : (size_t)c->nranks) * count * type_size(t);
-    if (bus >= (size_t)64 << 30)
+    if (!symk_left(kind, (kind == K_ALLREDUCE ? 1 : (size_t)c->nranks) * count * type_size(t)))
         return false;
     int fs = window_flags(c, send), fr = window_flags(c, recv);
     return fs >= 0 && fr >= 0 && (fs & fr & NCCL_WIN_COLL_SYMMETRIC);
+}
+
+/* Test hook: whether NCCL 2.28.9 would run this call on symmetric kernels (symmetric_kernel), the
+ * rule alone without running the call, for sizes no test can allocate. */
+DBL_EXPORT int cuda_double_nccl_symmetric_rule(ncclComm_t c, int kind, const void *send,
+                                               const void *recv, size_t count, int type, int op) {
+    return comm_ok(c) && count > 0 &&
+           symmetric_kernel(c, kind, send, recv, count, (ncclDataType_t)type, (ncclRedOp_t)op);
 }
 
 /* Test hook: collectives of this process that NCCL 2.28.9 would have run as symmetric kernels. */

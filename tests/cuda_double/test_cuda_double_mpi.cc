@@ -8,6 +8,7 @@
 
 #include <dlfcn.h>
 
+#include <cstdlib>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -15,6 +16,7 @@
 #include <cuda_runtime_api.h>
 #include <nccl.h>
 
+#include "collectives/dtype.h"
 extern "C" {
 #include "world/world.h"
 #include <sympool/collectives.h>
@@ -35,6 +37,28 @@ template <typename F> F nccl_hook(const char *name) {
 
 long nccl_symmetric_kernels() {
     return nccl_hook<long (*)()>("cuda_double_nccl_symmetric_kernels")();
+}
+
+// The double's rule for a call, without running it (cuda_double_nccl_symmetric_rule).
+bool nccl_symmetric_rule(sp_world_t *w, sp_coll_kind_t kind, const void *send, const void *recv,
+                         size_t count, ncclDataType_t t) {
+    return nccl_hook<int (*)(void *, int, const void *, const void *, size_t, int, int)>(
+               "cuda_double_nccl_symmetric_rule")(sp__world_nccl_comm(w), int(kind), send, recv,
+                                                  count, int(t), int(ncclSum)) != 0;
+}
+
+// sympool's rule for the same call (NULL: eligible), without running it either.
+const char *sympool_symmetric_rule(sp_world_t *w, sp_coll_kind_t kind, const void *send, void *recv,
+                                   size_t count, sp_dtype_t dtype) {
+    sp_coll_call_t c = {kind, send, recv, count, dtype, SP_SUM, 0, nullptr};
+    return sp__coll_no_symmetric_reason(w, &c);
+}
+
+// The first count whose bus bytes (NCCL 2.28.9 src/sym_kernels.cc:306-307: the message's bytes
+// for all-reduce, nRanks times them otherwise) reach `limit`.
+size_t first_count_at(size_t limit, sp_coll_kind_t kind, size_t elt, size_t nranks) {
+    size_t per = elt * (kind == SP_COLL_ALLREDUCE ? 1 : nranks);
+    return (limit + per - 1) / per;
 }
 
 void inject(const char *fn, int code, int skip = 0) {
@@ -232,6 +256,128 @@ TEST_F(CudaDoubleMpi, EligibleCollectivesAreTheOnesNcclRunsAsSymmetricKernels) {
     EXPECT_SP_OK(sp_free(a));
 }
 
+// NCCL 2.28.9 runs no symmetric kernel at >= 64 GiB of bus bytes (src/sym_kernels.cc:312,
+// ncclSymkMask): sympool's rule and the double's agree with it on both sides of the boundary,
+// checked on the rules alone (no test can allocate such buffers).
+TEST_F(CudaDoubleMpi, SymmetricKernelsEndAt64GiBOfBusBytes) {
+    NEED_DOUBLE();
+    SP_SKIP_BELOW_RANKS(2);
+    make_pool(false, false, "busbytes");
+    if (sp_world_node_count(world_) != 1)
+        GTEST_SKIP() << "NCCL 2.28 has symmetric kernels within one node only";
+    void *a = nullptr, *b = nullptr;
+    ASSERT_SP_OK(sp_symmetric_malloc(pool_, 4096, nullptr, &a));
+    ASSERT_SP_OK(sp_symmetric_malloc(pool_, 4096, nullptr, &b));
+    const size_t n = size_t(mpi_size()), limit = size_t(64) << 30;
+    struct Case {
+        sp_coll_kind_t kind;
+        sp_dtype_t dtype;
+        ncclDataType_t t;
+        size_t elt;
+    } cases[] = {{SP_COLL_ALLREDUCE, SP_FLOAT32, ncclFloat32, 4},
+                 {SP_COLL_ALLREDUCE, SP_BFLOAT16, ncclBfloat16, 2},
+                 {SP_COLL_ALLGATHER, SP_FLOAT32, ncclFloat32, 4},
+                 {SP_COLL_ALLGATHER, SP_INT8, ncclInt8, 1},
+                 {SP_COLL_REDUCE_SCATTER, SP_FLOAT16, ncclFloat16, 2}};
+    for (const Case &k : cases) {
+        const size_t at = first_count_at(limit, k.kind, k.elt, n);
+        for (size_t count : {at - 1, at}) {
+            const bool symk = count < at;
+            const char *why = sympool_symmetric_rule(world_, k.kind, a, b, count, k.dtype);
+            EXPECT_EQ(nccl_symmetric_rule(world_, k.kind, a, b, count, k.t), symk)
+                << "the double, kind " << k.kind << " count " << count;
+            EXPECT_EQ(why == nullptr, symk) << "sympool, kind " << k.kind << " count " << count
+                                            << ": " << (why ? why : "eligible");
+        }
+    }
+    EXPECT_SP_OK(sp_free(b));
+    EXPECT_SP_OK(sp_free(a));
+}
+
+// NCCL_SYM_KERNEL names the one symmetric kernel NCCL 2.28.9 may use (src/sym_kernels.cc:79-102
+// kernelMask_user, ANDed into ncclSymkMask at :277): a call of another collective gets none, and
+// an LL kernel is dropped at >= 2 GiB of bus bytes (:309). NCCL reads the variable once a process,
+// so this test has a process of its own (ctest cuda_double.mpi.test_cuda_double_mpi.sym_kernel)
+// with NCCL_SYM_KERNEL=AllGather_LL on every rank; elsewhere it skips.
+TEST_F(CudaDoubleMpi, NcclSymKernelNamesTheOnlyKernel) {
+    NEED_DOUBLE();
+    SP_SKIP_BELOW_RANKS(2);
+    const char *k = std::getenv("NCCL_SYM_KERNEL");
+    if (!k || std::strcmp(k, "AllGather_LL") != 0)
+        GTEST_SKIP() << "runs with NCCL_SYM_KERNEL=AllGather_LL (its own ctest)";
+    sp::ScopedEnv env({{"SYMPOOL_DEBUG", "INFO"}, {"SYMPOOL_DEBUG_SUBSYS", "COLL"}});
+    make_pool(false, false, "symkernel");
+    if (sp_world_node_count(world_) != 1)
+        GTEST_SKIP() << "NCCL 2.28 has symmetric kernels within one node only";
+    const size_t n = size_t(mpi_size()), count = 256;
+    void *a = nullptr, *b = nullptr;
+    ASSERT_SP_OK(sp_symmetric_malloc(pool_, count * 4 * n, nullptr, &a));
+    ASSERT_SP_OK(sp_symmetric_malloc(pool_, count * 4 * n, nullptr, &b));
+    put(a, std::vector<float>(count * n, 1.0f));
+    uint64_t e0 = 0, f0 = 0, e1 = 0, f1 = 0;
+    sp__world_collective_counts(world_, &e0, &f0);
+    const long k0 = nccl_symmetric_kernels();
+    ASSERT_SP_OK(sp_allreduce(world_, a, b, count, SP_FLOAT32, SP_SUM, nullptr));
+    ASSERT_SP_OK(sp_allgather(world_, a, b, count, SP_FLOAT32, nullptr));
+    ASSERT_SP_OK(sp_reduce_scatter(world_, a, b, count, SP_FLOAT32, SP_SUM, nullptr));
+    sp__world_collective_counts(world_, &e1, &f1);
+    const long kernels = nccl_symmetric_kernels() - k0;
+    EXPECT_EQ(kernels, 1) << "the all-gather only";
+    EXPECT_EQ((long)(e1 - e0), kernels) << "sympool's eligible count against NCCL's rule";
+    EXPECT_EQ(f1 - f0, 2u);
+    EXPECT_EQ(log_.count(SP_LOG_INFO, "NCCL_SYM_KERNEL"), 2u);
+    // The LL kernel ends below 2 GiB of bus bytes, and with it the call's last kernel.
+    const size_t at = first_count_at(size_t(2) << 30, SP_COLL_ALLGATHER, 4, n);
+    for (size_t c : {at - 1, at}) {
+        const char *why = sympool_symmetric_rule(world_, SP_COLL_ALLGATHER, a, b, c, SP_FLOAT32);
+        EXPECT_EQ(nccl_symmetric_rule(world_, SP_COLL_ALLGATHER, a, b, c, ncclFloat32), c < at)
+            << "the double, count " << c;
+        EXPECT_EQ(why == nullptr, c < at) << "sympool, count " << c << ": " << (why ? why : "");
+    }
+    EXPECT_SP_OK(sp_free(b));
+    EXPECT_SP_OK(sp_free(a));
+}
+
+// NCCL_SYM_KERNEL is each process's own: set on one rank only, NCCL 2.28.9 would run a call on
+// symmetric kernels on the other ranks and on its regular kernels on that one, which then wait for
+// each other. sympool's agreement round sees the ranks disagree and fails the call on every rank
+// before NCCL gets it; a call every rank runs on symmetric kernels still runs. Its own process
+// (ctest cuda_double.mpi.test_cuda_double_mpi.sym_kernel_rank0) sets SP_TEST_SYM_KERNEL_RANK0,
+// which rank 0 copies into NCCL_SYM_KERNEL before its first collective; elsewhere it skips.
+TEST_F(CudaDoubleMpi, NcclSymKernelOnOneRankOnlyFailsEveryRank) {
+    NEED_DOUBLE();
+    SP_SKIP_BELOW_RANKS(2);
+    const char *k = std::getenv("SP_TEST_SYM_KERNEL_RANK0");
+    if (!k)
+        GTEST_SKIP() << "runs with SP_TEST_SYM_KERNEL_RANK0=AllGather_ST (its own ctest)";
+    expect_warnings();
+    const int n = mpi_size(), r = mpi_rank();
+    sp::ScopedEnv env({{"NCCL_SYM_KERNEL", r == 0 ? k : nullptr}});
+    make_pool(false, false, "symkernel0");
+    if (sp_world_node_count(world_) != 1)
+        GTEST_SKIP() << "NCCL 2.28 has symmetric kernels within one node only";
+    const size_t count = 256;
+    void *a = nullptr, *b = nullptr;
+    ASSERT_SP_OK(sp_symmetric_malloc(pool_, count * 4 * n, nullptr, &a));
+    ASSERT_SP_OK(sp_symmetric_malloc(pool_, count * 4 * n, nullptr, &b));
+    put(a, std::vector<float>(count * n, 1.0f));
+    put(b, std::vector<float>(count * n, 0.0f));
+    const long k0 = nccl_symmetric_kernels();
+    sp_status_t s = sp_allreduce(world_, a, b, count, SP_FLOAT32, SP_SUM, nullptr);
+    EXPECT_EQ(s, SP_ERR_MISMATCH) << sp_last_error();
+    const std::string m = sp_last_error();
+    EXPECT_NE(m.find("on some ranks and not on others"), std::string::npos) << m;
+    if (r == 0) {
+        EXPECT_NE(m.find("NCCL_SYM_KERNEL"), std::string::npos) << m;
+    }
+    EXPECT_EQ(get<float>(b, 1)[0], 0.0f) << "no rank moved any data";
+    EXPECT_EQ(nccl_symmetric_kernels() - k0, 0) << "nothing reached NCCL";
+    ASSERT_SP_OK(sp_allgather(world_, a, b, count, SP_FLOAT32, nullptr));
+    EXPECT_EQ(nccl_symmetric_kernels() - k0, 1) << "AllGather_ST on rank 0, every kernel elsewhere";
+    EXPECT_SP_OK(sp_free(b));
+    EXPECT_SP_OK(sp_free(a));
+}
+
 // NCCL's symmetric kernels read every peer's window at the calling rank's offset: a rank passing
 // another place of its segment, another segment, or a buffer off the windows would get wrong data
 // or hang on NCCL (the double fails it, as "wrong memory or hang"). sympool refuses the call on
@@ -409,6 +555,39 @@ TEST_F(CudaDoubleMpi, WindowsWithoutSymmetricSupportAreNotEligible) {
                   2u);
     }
     EXPECT_SP_OK(sp_free(a));
+}
+
+// NCCL 2.28.9 reads NCCL_WIN_ENABLE and NCCL_CUMEM_ENABLE as integers (src/misc/param.cc:76-94
+// ncclLoadParam: strtoll, base 0, so "false" is 0) and has cuMem off at any negative value but -2,
+// auto (src/misc/cudawrap.cc:45-49): either way no symmetric support (src/init.cc:1376), so no
+// symmetric kernel, and sympool counts no call eligible.
+TEST_F(CudaDoubleMpi, NcclSwitchesAreReadAsNcclReadsThem) {
+    NEED_DOUBLE();
+    SP_SKIP_BELOW_RANKS(2);
+    expect_warnings();
+    const std::pair<const char *, const char *> off[] = {{"NCCL_WIN_ENABLE", "false"},
+                                                         {"NCCL_CUMEM_ENABLE", "-1"}};
+    for (const auto &v : off) {
+        // Before the world: NCCL decides its symmetric support when the communicator is made.
+        sp::ScopedEnv env({v});
+        make_pool(false, false, "switches");
+        void *a = nullptr;
+        ASSERT_SP_OK(sp_symmetric_malloc(pool_, 4096, nullptr, &a));
+        uint64_t e0 = 0, f0 = 0, e1 = 0, f1 = 0;
+        sp__world_collective_counts(world_, &e0, &f0);
+        const long k0 = nccl_symmetric_kernels();
+        ASSERT_SP_OK(sp_allreduce(world_, a, a, 64, SP_FLOAT32, SP_SUM, nullptr));
+        ASSERT_SP_OK(sp_allgather(world_, a, a, 16, SP_FLOAT32, nullptr));
+        sp__world_collective_counts(world_, &e1, &f1);
+        EXPECT_EQ(nccl_symmetric_kernels() - k0, 0) << v.first << "=" << v.second;
+        EXPECT_EQ(e1 - e0, 0u) << v.first << "=" << v.second;
+        EXPECT_EQ(f1 - f0, 2u) << v.first << "=" << v.second;
+        EXPECT_SP_OK(sp_free(a));
+        EXPECT_SP_OK(sp_symmetric_mempool_destroy(pool_));
+        EXPECT_SP_OK(sp_world_finalize(world_));
+        pool_ = nullptr;
+        world_ = nullptr;
+    }
 }
 
 // Peer pointers on the nccl registrar: none from the host in NCCL 2.28, and to a rank on another
