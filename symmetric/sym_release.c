@@ -11,11 +11,17 @@
  *
  * Destroy: sp_mempool_destroy is not collective, so it cannot release a registered segment.
  * sp_symmetric_mempool_destroy (collective, added to symmetric.h) is the way to destroy a
- * symmetric pool: SP_ERR_BUSY on every rank if any rank still has a live block in it; otherwise
- * every segment is released collectively and the pool destroyed. A symmetric pool left alive at
- * sp_world_finalize has its segments released there (the memory under it is gone; a warning
- * says so), unless a timeout broke it: then a rank may be gone and the collective release could
- * wait forever, so its registrations are left to process exit (a warning says so).
+ * symmetric pool: SP_ERR_BUSY on every rank if any rank still has a live block in it or is
+ * capturing a CUDA graph on its device; otherwise every segment is released collectively and the
+ * pool destroyed. A symmetric pool left alive at sp_world_finalize has its segments released
+ * there (the memory under it is gone; a warning says so), unless a timeout broke it: then a rank
+ * may be gone and the collective release could wait forever, so its registrations are left to
+ * process exit (a warning says so). The same happens, on every rank, while a rank captures.
+ *
+ * Graph capture: nothing is released while a rank's device captures (the nccl registrar
+ * synchronizes the device before a deregistration, which a global-mode capture forbids, and the
+ * graph may use the memory): empty_cache releases nothing, destroy is refused, finalize leaves
+ * the registrations. The ranks learn it in the round each call makes anyway.
  *
  * Locking: each state's lock is held for its calls (sym_round.c's registry has its own). A
  * release detaches each segment under the device lock (one short pool call) and deregisters and
@@ -274,17 +280,27 @@ static bool bit_(const uint64_t *bits, uint64_t i) {
 }
 
 /* Which of this world's pools can be released collectively: one round agrees on the largest
- * creation serial, one MPI_BAND round on two bitmaps over the serials: [0, words) "this rank can
- * release it" (live and not broken), [words, 2 words) "this rank cannot". A pool is released
- * only where the first is set everywhere; where neither is, the ranks disagree. */
+ * creation serial and on "no graph capture under way on any rank's device" (a rank under one
+ * says not ok); then, unless a rank captures, one MPI_BAND round on two bitmaps over the
+ * serials: [0, words) "this rank can release it" (live and not broken), [words, 2 words) "this
+ * rank cannot". A pool is released only where the first is set everywhere; where neither is, the
+ * ranks disagree. While a rank captures, *bits_p is NULL on every rank (nothing is released) and
+ * `capturing` names the ranks. */
 static sp_status_t agree_releasable(sp_world_t *w, sp_sym_state_t **v, size_t n, uint64_t **bits_p,
-                                    uint64_t *nbits_p) {
+                                    uint64_t *nbits_p, char *capturing, size_t len) {
     const char *what = "sp_world_finalize (symmetric pools)";
     int64_t top = 0;
     for (size_t i = 0; i < n; i++)
         top = (int64_t)v[i]->serial > top ? (int64_t)v[i]->serial : top;
-    sp_agree_t a = {.op = SP_AGREE_WORLD_FINALIZE, .ok = true, .f = {top}};
+    /* The world's device, whatever this rank's pools: the release's synchronize would break a
+     * capture there, and every rank must skip the release together (it is collective). */
+    bool capture = sp__pool_device_capturing(sp__world_device(w));
+    sp_agree_t a = {.op = SP_AGREE_WORLD_FINALIZE, .ok = !capture, .f = {top}};
     SP_CHECK(sp__world_agree(w, &a, what));
+    if (a.nbad) {
+        sp__agree_bad_ranks(&a, capturing, len);
+        return SP_SUCCESS;
+    }
     uint64_t nbits = (uint64_t)a.hi[0] + 1;
     size_t words = (size_t)(nbits + 63) / 64;
     uint64_t *bits = calloc(2 * words, sizeof *bits);
@@ -316,8 +332,10 @@ static sp_status_t agree_releasable(sp_world_t *w, sp_sym_state_t **v, size_t n,
  * this world's pools that are still alive (a pool never destroyed collectively), so no window
  * outlives the communicator it was made on; but only the pools every rank can release (a rank
  * whose pool a timeout broke never enters MPI_Win_free, and a peer that did would wait for it
- * forever). The rest are left to process exit; if the ranks disagree about a pool, finalize
- * fails on every rank with SP_ERR_TIMEOUT naming it. */
+ * forever). While a rank captures a CUDA graph, no rank releases any (finalize cannot be refused
+ * as a destroy is, and the release would break the capture): they are left to process exit with
+ * a warning, and finalize succeeds. The rest are left to process exit too; if the ranks disagree
+ * about a pool, finalize fails on every rank with SP_ERR_TIMEOUT naming it. */
 static sp_status_t on_world_finalize(sp_world_t *w, bool in_step) {
     size_t n = 0;
     sp_sym_state_t **v = NULL;
@@ -325,8 +343,9 @@ static sp_status_t on_world_finalize(sp_world_t *w, bool in_step) {
         in_step = false; /* cannot list them: release nothing collectively */
     uint64_t *bits = NULL, nbits = 0;
     sp_status_t s = SP_SUCCESS;
+    char capturing[96] = ""; /* the ranks under a graph capture, if any */
     if (in_step)
-        s = agree_releasable(w, v, n, &bits, &nbits);
+        s = agree_releasable(w, v, n, &bits, &nbits, capturing, sizeof capturing);
     size_t words = (size_t)(nbits + 63) / 64;
     sp_status_t err = s;
     for (size_t i = 0; i < n; i++) {
@@ -341,6 +360,14 @@ static sp_status_t on_world_finalize(sp_world_t *w, bool in_step) {
                     "sp_world_finalize: they are released now; destroy it with "
                     "sp_symmetric_mempool_destroy before finalizing",
                     st->name);
+        else if (st->recs && capturing[0])
+            SP_WARN(SP_SUB_SYM,
+                    "symmetric pool \"%s\": its registered segments are not released at "
+                    "sp_world_finalize, on any rank: a CUDA graph capture is under way on %s "
+                    "(the release would break it, and the graph may use the memory); they go "
+                    "with the process. Destroy the pool with sp_symmetric_mempool_destroy after "
+                    "the capture, before finalizing",
+                    st->name, capturing);
         else if (st->recs)
             SP_WARN(SP_SUB_SYM,
                     "symmetric pool \"%s\"%s: its registered segments are not released at "

@@ -570,6 +570,34 @@ TEST_F(CudaDoubleMpi, SymmetricDestroyIsRefusedOnEveryRankWhileARankCaptures) {
     EXPECT_LT(u1.used, u0.used) << "not released after the capture";
 }
 
+// sp_world_finalize cannot be refused, so while a rank captures a CUDA graph it releases no
+// symmetric pool's registrations on any rank (the release would break the capture, and the graph
+// may use the memory): every rank warns, naming the capturing rank, and leaves them to process
+// exit, as it does for a pool a timeout broke.
+TEST_F(CudaDoubleMpi, WorldFinalizeReleasesNoSymmetricPoolWhileARankCaptures) {
+    NEED_DOUBLE();
+    SP_SKIP_BELOW_RANKS(2);
+    expect_warnings();
+    make_pool(false, false, "capfinal");
+    const int dev = sp_world_device(world_);
+    void *a = nullptr;
+    ASSERT_SP_OK(sp_symmetric_malloc(pool_, 3 << 20, nullptr, &a));
+    ASSERT_SP_OK(sp_free(a));
+    sp_device_usage_t u0, u1;
+    ASSERT_SP_OK(sp_device_usage(dev, &u0));
+    const sp_sym_counters_t c0 = sym_counters();
+    cudaStream_t s = nullptr;
+    begin_capture_on_rank0(dev, &s);
+    EXPECT_SP_OK(sp_world_finalize(world_));
+    world_ = nullptr;
+    pool_ = nullptr; // no longer symmetric: sp_shutdown releases the pool, not the registration
+    EXPECT_EQ(warnings("a CUDA graph capture is under way on rank 0"), 1u);
+    ASSERT_SP_OK(sp_device_usage(dev, &u1));
+    EXPECT_EQ(u1.used, u0.used) << "memory freed while rank 0 captured";
+    EXPECT_EQ(sym_counters().deregistrations, c0.deregistrations);
+    end_capture_on_rank0(s);
+}
+
 // NCCL's own device memory (a communicator's buffers, taken at ncclCommInitRank; modelled by
 // CUDA_DOUBLE_NCCL_MEMORY) is what device.untracked_bytes is for: a second world's communicator
 // shows there on every rank, in the aggregate too, and goes with the world.
