@@ -185,6 +185,10 @@ sp_status_t sp__pool_free_segments(sp_mempool_t *pool, uint64_t *seqs, size_t ma
 /* Whether a CUDA graph capture is under way on the pool's device: PyTorch releases nothing
  * cached then (a release's synchronize would break the capture), nor may a symmetric pool. */
 bool sp__pool_capture_underway(const sp_mempool_t *pool);
+/* The same question about a device, for a caller that may no longer hold a live pool handle (the
+ * world finalize hook: sp_shutdown may have released its pools). False while sympool is not
+ * initialized: it is not started again only to ask. */
+bool sp__pool_device_capturing(int device);
 
 /* Number of segments the pool holds, and the next sequence number it will give. */
 size_t sp__pool_segment_count(const sp_mempool_t *pool);

@@ -221,6 +221,13 @@ bool sp__pool_capture_underway(const sp_mempool_t *pool) {
     return check_pool(pool) == SP_SUCCESS && sp__alloc_capture_underway(pool->dev);
 }
 
+bool sp__pool_device_capturing(int device) {
+    if (!atomic_load_explicit(&sp__ready, memory_order_acquire) || device < 0 ||
+        device >= sp__g.ndev)
+        return false;
+    return sp__alloc_capture_underway(&sp__g.devs[device]);
+}
+
 size_t sp__pool_segment_count(const sp_mempool_t *pool) {
     if (!pool)
         return 0;

@@ -11,11 +11,17 @@
  *
  * Destroy: sp_mempool_destroy is not collective, so it cannot release a registered segment.
  * sp_symmetric_mempool_destroy (collective, added to symmetric.h) is the way to destroy a
- * symmetric pool: SP_ERR_BUSY on every rank if any rank still has a live block in it; otherwise
- * every segment is released collectively and the pool destroyed. A symmetric pool left alive at
- * sp_world_finalize has its segments released there (the memory under it is gone; a warning
- * says so), unless a timeout broke it: then a rank may be gone and the collective release could
- * wait forever, so its registrations are left to process exit (a warning says so).
+ * symmetric pool: SP_ERR_BUSY on every rank if any rank still has a live block in it or is
+ * capturing a CUDA graph on its device; otherwise every segment is released collectively and the
+ * pool destroyed. A symmetric pool left alive at sp_world_finalize has its segments released
+ * there (the memory under it is gone; a warning says so), unless a timeout broke it: then a rank
+ * may be gone and the collective release could wait forever, so its registrations are left to
+ * process exit (a warning says so). The same happens, on every rank, while a rank captures.
+ *
+ * Graph capture: nothing is released while a rank's device captures (the nccl registrar
+ * synchronizes the device before a deregistration, which a global-mode capture forbids, and the
+ * graph may use the memory): empty_cache releases nothing, destroy is refused, finalize leaves
+ * the registrations. The ranks learn it in the round each call makes anyway.
  *
  * Locking: each state's lock is held for its calls (sym_round.c's registry has its own). A
  * release detaches each segment under the device lock (one short pool call) and deregisters and
@@ -72,30 +78,46 @@ sp_status_t sp__sym_release_recs(sp_sym_state_t *st) {
     return first;
 }
 
+/* The fields of the free-segment round: the bitmap's length; the rank itself when it is under
+ * a graph capture, else INT64_MAX (so lo is the lowest capturing rank); 1 when it has live
+ * blocks (destroy). */
+enum { F_NSEQ, F_CAPTURE, F_LIVE };
+
 /* Agree on the pool segments free on every rank: returns a bitmap of nbits (caller frees).
  * The first round has the common shape (operation `op`, this pool's call number) and agrees on
- * the bitmap's length; the second ANDs the bitmaps. */
-static sp_status_t agree_free(sp_sym_state_t *st, int op, bool ok, const char *what,
+ * the bitmap's length; the second ANDs the bitmaps. `live`: this rank has live blocks in the
+ * pool (destroy's refusal; false for empty_cache). A round with a rank not ok (a->nbad) stops
+ * there on every rank; a->lo[F_CAPTURE] and a->hi[F_LIVE] then say why. */
+static sp_status_t agree_free(sp_sym_state_t *st, int op, bool live, const char *what,
                               uint64_t **bits_p, uint64_t *nbits_p, sp_agree_t *a) {
     size_t n = 0;
     uint64_t *seqs = NULL;
-    /* A rank under a graph capture says "nothing free here", so the AND releases nothing on any
-     * rank: the release's synchronize would break the capture (PyTorch's empty_cache releases
-     * nothing then either), and the captured graph may use the memory. */
-    bool capturing = op == SP_AGREE_SYM_EMPTY_CACHE && sp__pool_capture_underway(st->pool);
+    /* Under a graph capture nothing may be released: the release's synchronize would break the
+     * capture (PyTorch's empty_cache releases nothing then either), and the captured graph may
+     * use the memory (PyTorch frees no memory a capture may use). For empty_cache the rank says
+     * "nothing free here", so the AND releases nothing on any rank; a destroy cannot leave
+     * segments behind, so the rank refuses it, and every rank with it. */
+    bool capturing = sp__pool_capture_underway(st->pool);
+    bool refuse = live || (capturing && op == SP_AGREE_SYM_DESTROY);
+    const char *so = op == SP_AGREE_SYM_DESTROY
+                         ? "this rank refuses, so no rank destroys the pool"
+                         : "this rank keeps its segments, so no rank releases any";
     if (capturing)
-        SP_INFO(SP_SUB_SYM,
-                "%s: a CUDA graph capture is under way on device %d; this rank keeps its "
-                "segments, so no rank releases any",
-                what, st->device);
+        SP_INFO(SP_SUB_SYM, "%s: a CUDA graph capture is under way on device %d; %s", what,
+                st->device, so);
     else if (sp__pool_sync_pending(st->pool) != SP_SUCCESS)
         SP_INFO(SP_SUB_SYM, "%s: completing pending frees failed: %s", what, sp_last_error());
-    if (!capturing && sp__pool_free_segments(st->pool, NULL, 0, &n) == SP_SUCCESS && n > 0) {
+    if (!capturing && !refuse && sp__pool_free_segments(st->pool, NULL, 0, &n) == SP_SUCCESS &&
+        n > 0) {
         seqs = malloc(n * sizeof *seqs);
         if (!seqs || sp__pool_free_segments(st->pool, seqs, n, &n) != SP_SUCCESS)
             n = 0; /* contributes "nothing free here": safe, releases nothing */
     }
-    *a = (sp_agree_t){.op = op, .ok = ok, .f = {(int64_t)sp__pool_next_segment_seq(st->pool)}};
+    *a = (sp_agree_t){.op = op,
+                      .ok = !refuse,
+                      .f = {[F_NSEQ] = (int64_t)sp__pool_next_segment_seq(st->pool),
+                            [F_CAPTURE] = capturing ? st->rank : INT64_MAX,
+                            [F_LIVE] = live}};
     sp_status_t s = sp__sym_round(st, a, what);
     if (s != SP_SUCCESS || a->nbad) {
         free(seqs); /* the caller reports bad arguments or live blocks */
@@ -103,7 +125,7 @@ static sp_status_t agree_free(sp_sym_state_t *st, int op, bool ok, const char *w
         *nbits_p = 0;
         return s;
     }
-    uint64_t nbits = (uint64_t)a->hi[0];
+    uint64_t nbits = (uint64_t)a->hi[F_NSEQ];
     size_t words = (size_t)(nbits + 63) / 64 + 1;
     uint64_t *buf = calloc(words, sizeof *buf);
     if (!buf) {
@@ -161,7 +183,7 @@ SP_EXPORT sp_status_t sp_symmetric_empty_cache(sp_mempool_t *pool) {
     uint64_t *bits = NULL, nbits = 0;
     size_t n = 0;
     sp_agree_t a;
-    sp_status_t s = agree_free(st, SP_AGREE_SYM_EMPTY_CACHE, true, what, &bits, &nbits, &a);
+    sp_status_t s = agree_free(st, SP_AGREE_SYM_EMPTY_CACHE, false, what, &bits, &nbits, &a);
     if (s == SP_SUCCESS)
         s = release_agreed(st, what, bits, nbits, &n);
     free(bits);
@@ -186,6 +208,35 @@ static void free_state(sp_sym_state_t *st) {
     free(st);
 }
 
+/* SP_ERR_BUSY on every rank, naming the ranks that refused the destroy (a->nbad > 0) and why:
+ * live blocks, a graph capture under way, or some of each. */
+static sp_status_t destroy_refused(const sp_agree_t *a, const char *what, char *ranks, size_t len) {
+    const char *who = sp__agree_bad_ranks(a, ranks, len);
+    bool capture = a->lo[F_CAPTURE] != INT64_MAX, live = a->hi[F_LIVE] != 0;
+    if (capture && !live)
+        return sp__error(SP_ERR_BUSY, SP_SUB_SYM,
+                         "%s: %s %s capturing a CUDA graph on its device; end the capture first "
+                         "(releasing the pool's memory would break it, and the graph may use "
+                         "that memory; nothing was destroyed)",
+                         what, who, a->nbad == 1 ? "is" : "are");
+    /* Both: one rank refused, so it has both; of several, the round tells only which refused
+     * and the lowest that captures. */
+    if (capture)
+        return sp__error(SP_ERR_BUSY, SP_SUB_SYM,
+                         "%s: %s %s (the lowest capturing rank is %lld); free the blocks on every "
+                         "rank and end the capture first (nothing was destroyed)",
+                         what, who,
+                         a->nbad == 1 ? "still has live blocks in the pool and is capturing a "
+                                        "CUDA graph"
+                                      : "still have live blocks in the pool or are capturing a "
+                                        "CUDA graph",
+                         (long long)a->lo[F_CAPTURE]);
+    return sp__error(SP_ERR_BUSY, SP_SUB_SYM,
+                     "%s: %s still has live blocks in it; free them on every rank "
+                     "first (nothing was destroyed)",
+                     what, who);
+}
+
 SP_EXPORT sp_status_t sp_symmetric_mempool_destroy(sp_mempool_t *pool) {
     sp_sym_state_t *st = NULL;
     SP_CHECK(sp__sym_acquire(pool, "sp_symmetric_mempool_destroy", &st));
@@ -196,14 +247,12 @@ SP_EXPORT sp_status_t sp_symmetric_mempool_destroy(sp_mempool_t *pool) {
     uint64_t *bits = NULL, nbits = 0;
     size_t n = 0;
     sp_agree_t a;
-    /* One round agrees on the call, on "no live block anywhere" and on the free segments. */
-    sp_status_t s = agree_free(st, SP_AGREE_SYM_DESTROY, sp_mempool_used_bytes(pool) == 0, what,
+    /* One round agrees on the call, on "no live block and no graph capture anywhere" and on
+     * the free segments. */
+    sp_status_t s = agree_free(st, SP_AGREE_SYM_DESTROY, sp_mempool_used_bytes(pool) != 0, what,
                                &bits, &nbits, &a);
     if (s == SP_SUCCESS && a.nbad)
-        s = sp__error(SP_ERR_BUSY, SP_SUB_SYM,
-                      "%s: %s still has live blocks in it; free them on every rank "
-                      "first (nothing was destroyed)",
-                      what, sp__agree_bad_ranks(&a, ranks, sizeof ranks));
+        s = destroy_refused(&a, what, ranks, sizeof ranks);
     if (s == SP_SUCCESS)
         s = release_agreed(st, what, bits, nbits, &n);
     free(bits);
@@ -231,17 +280,27 @@ static bool bit_(const uint64_t *bits, uint64_t i) {
 }
 
 /* Which of this world's pools can be released collectively: one round agrees on the largest
- * creation serial, one MPI_BAND round on two bitmaps over the serials: [0, words) "this rank can
- * release it" (live and not broken), [words, 2 words) "this rank cannot". A pool is released
- * only where the first is set everywhere; where neither is, the ranks disagree. */
+ * creation serial and on "no graph capture under way on any rank's device" (a rank under one
+ * says not ok); then, unless a rank captures, one MPI_BAND round on two bitmaps over the
+ * serials: [0, words) "this rank can release it" (live and not broken), [words, 2 words) "this
+ * rank cannot". A pool is released only where the first is set everywhere; where neither is, the
+ * ranks disagree. While a rank captures, *bits_p is NULL on every rank (nothing is released) and
+ * `capturing` names the ranks. */
 static sp_status_t agree_releasable(sp_world_t *w, sp_sym_state_t **v, size_t n, uint64_t **bits_p,
-                                    uint64_t *nbits_p) {
+                                    uint64_t *nbits_p, char *capturing, size_t len) {
     const char *what = "sp_world_finalize (symmetric pools)";
     int64_t top = 0;
     for (size_t i = 0; i < n; i++)
         top = (int64_t)v[i]->serial > top ? (int64_t)v[i]->serial : top;
-    sp_agree_t a = {.op = SP_AGREE_WORLD_FINALIZE, .ok = true, .f = {top}};
+    /* The world's device, whatever this rank's pools: the release's synchronize would break a
+     * capture there, and every rank must skip the release together (it is collective). */
+    bool capture = sp__pool_device_capturing(sp__world_device(w));
+    sp_agree_t a = {.op = SP_AGREE_WORLD_FINALIZE, .ok = !capture, .f = {top}};
     SP_CHECK(sp__world_agree(w, &a, what));
+    if (a.nbad) {
+        sp__agree_bad_ranks(&a, capturing, len);
+        return SP_SUCCESS;
+    }
     uint64_t nbits = (uint64_t)a.hi[0] + 1;
     size_t words = (size_t)(nbits + 63) / 64;
     uint64_t *bits = calloc(2 * words, sizeof *bits);
@@ -273,8 +332,10 @@ static sp_status_t agree_releasable(sp_world_t *w, sp_sym_state_t **v, size_t n,
  * this world's pools that are still alive (a pool never destroyed collectively), so no window
  * outlives the communicator it was made on; but only the pools every rank can release (a rank
  * whose pool a timeout broke never enters MPI_Win_free, and a peer that did would wait for it
- * forever). The rest are left to process exit; if the ranks disagree about a pool, finalize
- * fails on every rank with SP_ERR_TIMEOUT naming it. */
+ * forever). While a rank captures a CUDA graph, no rank releases any (finalize cannot be refused
+ * as a destroy is, and the release would break the capture): they are left to process exit with
+ * a warning, and finalize succeeds. The rest are left to process exit too; if the ranks disagree
+ * about a pool, finalize fails on every rank with SP_ERR_TIMEOUT naming it. */
 static sp_status_t on_world_finalize(sp_world_t *w, bool in_step) {
     size_t n = 0;
     sp_sym_state_t **v = NULL;
@@ -282,8 +343,9 @@ static sp_status_t on_world_finalize(sp_world_t *w, bool in_step) {
         in_step = false; /* cannot list them: release nothing collectively */
     uint64_t *bits = NULL, nbits = 0;
     sp_status_t s = SP_SUCCESS;
+    char capturing[96] = ""; /* the ranks under a graph capture, if any */
     if (in_step)
-        s = agree_releasable(w, v, n, &bits, &nbits);
+        s = agree_releasable(w, v, n, &bits, &nbits, capturing, sizeof capturing);
     size_t words = (size_t)(nbits + 63) / 64;
     sp_status_t err = s;
     for (size_t i = 0; i < n; i++) {
@@ -298,6 +360,14 @@ static sp_status_t on_world_finalize(sp_world_t *w, bool in_step) {
                     "sp_world_finalize: they are released now; destroy it with "
                     "sp_symmetric_mempool_destroy before finalizing",
                     st->name);
+        else if (st->recs && capturing[0])
+            SP_WARN(SP_SUB_SYM,
+                    "symmetric pool \"%s\": its registered segments are not released at "
+                    "sp_world_finalize, on any rank: a CUDA graph capture is under way on %s "
+                    "(the release would break it, and the graph may use the memory); they go "
+                    "with the process. Destroy the pool with sp_symmetric_mempool_destroy after "
+                    "the capture, before finalizing",
+                    st->name, capturing);
         else if (st->recs)
             SP_WARN(SP_SUB_SYM,
                     "symmetric pool \"%s\"%s: its registered segments are not released at "

@@ -63,14 +63,20 @@ sp_status_t sp_symmetric_mempool_create(sp_world_t *w, const sp_mempool_params_t
 sp_status_t sp_symmetric_malloc(sp_mempool_t *pool, size_t size, sp_stream_t stream, void **ptr_p);
 
 /** Collective: release the segments that are free on every rank, in the same order (one
- * agreement round for the whole batch). SP_ERR_MISMATCH, SP_ERR_TIMEOUT as sp_symmetric_malloc. */
+ * agreement round for the whole batch). While a CUDA graph capture is under way on any rank's
+ * device it releases nothing, on every rank (as PyTorch's empty_cache then), and succeeds.
+ * SP_ERR_MISMATCH, SP_ERR_TIMEOUT as sp_symmetric_malloc. */
 sp_status_t sp_symmetric_empty_cache(sp_mempool_t *pool);
 
 /**
  * Collective: destroy a symmetric pool. sp_mempool_destroy is not collective, so it cannot
  * deregister segments; use this instead. Every rank's pending frees are completed first.
+ * Nothing is released while a CUDA graph capture is under way on any rank's device (releasing
+ * synchronizes the device, which breaks a capture, and the graph may use the memory): destroy
+ * the pool after the capture ends.
  * @return SP_SUCCESS; SP_ERR_BUSY on every rank if any rank still has a live block in the pool
- *         (nothing is destroyed; the message names those ranks); SP_ERR_MISMATCH (a rank in
+ *         or is capturing a CUDA graph on its device (nothing is destroyed and the pool stays
+ *         usable; the message names those ranks); SP_ERR_MISMATCH (a rank in
  *         another call on the pool); SP_ERR_INVALID_ARGUMENT (NULL); SP_ERR_INVALID_USAGE (not a
  *         live symmetric pool, or a pool broken by a timeout); SP_ERR_TIMEOUT.
  */

@@ -46,7 +46,11 @@ sp_status_t sp_world_from_comm(MPI_Comm comm, sp_world_t **world_p);
  * Collective: frees the world; finalizes MPI only if sp_world_init initialized it. First it
  * runs what must happen while the world still works (SYMPOOL_REPORT, releasing the segments of
  * symmetric pools still alive). Calling it twice on one world, or on a pointer that is not a
- * world, is refused without touching anything.
+ * world, is refused without touching anything. While a CUDA graph capture is under way on any
+ * rank's device, no rank releases those segments (releasing synchronizes the device, which breaks
+ * a capture, and the graph may use the memory): each rank warns, naming the capturing ranks, and
+ * leaves them to process exit; finalize still succeeds. Destroy symmetric pools with
+ * sp_symmetric_mempool_destroy after the capture instead.
  *
  * Deadlines: every collective sympool call on a world (sp_symmetric_mempool_create, the
  * collectives and the statistics of collectives.h, and the symmetric pool calls) starts with an

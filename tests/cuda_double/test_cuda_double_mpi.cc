@@ -692,6 +692,91 @@ TEST_F(CudaDoubleMpi, SymmetricEmptyCacheReleasesNothingWhileARankCaptures) {
     EXPECT_EQ(u2.reserved, u0.reserved) << "not released after the capture";
 }
 
+// Rank 0 begins a global-mode capture on the world's device (a blocking stream, so sympool sees
+// it through the legacy stream, as cudaStreamIsCapturing reports it); *s_p is the stream.
+void begin_capture_on_rank0(int dev, cudaStream_t *s_p) {
+    ASSERT_EQ(cudaSetDevice(dev), cudaSuccess);
+    ASSERT_EQ(cudaStreamCreate(s_p), cudaSuccess);
+    if (mpi_rank() == 0) {
+        ASSERT_EQ(cudaStreamBeginCapture(*s_p, cudaStreamCaptureModeGlobal), cudaSuccess);
+    }
+}
+
+// Rank 0 ends the capture, which must still be valid, and both ranks destroy the stream.
+void end_capture_on_rank0(cudaStream_t s) {
+    if (mpi_rank() == 0) {
+        cudaGraph_t g = nullptr;
+        EXPECT_EQ(cudaStreamEndCapture(s, &g), cudaSuccess) << "the release broke the capture";
+        if (g)
+            (void)cudaGraphDestroy(g);
+        (void)cudaGetLastError();
+    }
+    ASSERT_EQ(cudaStreamDestroy(s), cudaSuccess);
+}
+
+// A symmetric pool is not destroyed while a rank captures a CUDA graph: its release's
+// cudaDeviceSynchronize would break the capture, and the graph may use the memory (PyTorch frees
+// no memory a capture may use). Every rank refuses with SP_ERR_BUSY naming the capturing rank,
+// nothing is released, and the pool stays usable; after the capture the destroy succeeds.
+TEST_F(CudaDoubleMpi, SymmetricDestroyIsRefusedOnEveryRankWhileARankCaptures) {
+    NEED_DOUBLE();
+    SP_SKIP_BELOW_RANKS(2);
+    expect_warnings(); // the refusal is logged
+    make_pool(false, false, "capdestroy");
+    const int dev = sp_world_device(world_);
+    void *a = nullptr;
+    ASSERT_SP_OK(sp_symmetric_malloc(pool_, 3 << 20, nullptr, &a));
+    ASSERT_SP_OK(sp_free(a));
+    sp_device_usage_t u0, u1;
+    ASSERT_SP_OK(sp_device_usage(dev, &u0));
+    const sp_sym_counters_t c0 = sym_counters();
+    cudaStream_t s = nullptr;
+    begin_capture_on_rank0(dev, &s);
+    EXPECT_SP_STATUS(sp_symmetric_mempool_destroy(pool_), SP_ERR_BUSY);
+    std::string msg = sp_last_error();
+    EXPECT_NE(msg.find("rank 0 is capturing a CUDA graph"), std::string::npos) << msg;
+    ASSERT_SP_OK(sp_device_usage(dev, &u1));
+    EXPECT_EQ(u1.reserved, u0.reserved) << "released while rank 0 captured";
+    EXPECT_EQ(u1.used, u0.used) << "memory freed while rank 0 captured";
+    EXPECT_EQ(sym_counters().deregistrations, c0.deregistrations);
+    end_capture_on_rank0(s);
+    ASSERT_SP_OK(sp_symmetric_malloc(pool_, 3 << 20, nullptr, &a)); // the kept segment, reused
+    ASSERT_SP_OK(sp_free(a));
+    ASSERT_SP_OK(sp_symmetric_mempool_destroy(pool_));
+    pool_ = nullptr;
+    EXPECT_EQ(sym_counters().deregistrations, c0.deregistrations + 1);
+    ASSERT_SP_OK(sp_device_usage(dev, &u1));
+    EXPECT_LT(u1.used, u0.used) << "not released after the capture";
+}
+
+// sp_world_finalize cannot be refused, so while a rank captures a CUDA graph it releases no
+// symmetric pool's registrations on any rank (the release would break the capture, and the graph
+// may use the memory): every rank warns, naming the capturing rank, and leaves them to process
+// exit, as it does for a pool a timeout broke.
+TEST_F(CudaDoubleMpi, WorldFinalizeReleasesNoSymmetricPoolWhileARankCaptures) {
+    NEED_DOUBLE();
+    SP_SKIP_BELOW_RANKS(2);
+    expect_warnings();
+    make_pool(false, false, "capfinal");
+    const int dev = sp_world_device(world_);
+    void *a = nullptr;
+    ASSERT_SP_OK(sp_symmetric_malloc(pool_, 3 << 20, nullptr, &a));
+    ASSERT_SP_OK(sp_free(a));
+    sp_device_usage_t u0, u1;
+    ASSERT_SP_OK(sp_device_usage(dev, &u0));
+    const sp_sym_counters_t c0 = sym_counters();
+    cudaStream_t s = nullptr;
+    begin_capture_on_rank0(dev, &s);
+    EXPECT_SP_OK(sp_world_finalize(world_));
+    world_ = nullptr;
+    pool_ = nullptr; // no longer symmetric: sp_shutdown releases the pool, not the registration
+    EXPECT_EQ(warnings("a CUDA graph capture is under way on rank 0"), 1u);
+    ASSERT_SP_OK(sp_device_usage(dev, &u1));
+    EXPECT_EQ(u1.used, u0.used) << "memory freed while rank 0 captured";
+    EXPECT_EQ(sym_counters().deregistrations, c0.deregistrations);
+    end_capture_on_rank0(s);
+}
+
 // NCCL's own device memory (a communicator's buffers, taken at ncclCommInitRank; modelled by
 // CUDA_DOUBLE_NCCL_MEMORY) is what device.untracked_bytes is for: a second world's communicator
 // shows there on every rank, in the aggregate too, and goes with the world.
