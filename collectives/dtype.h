@@ -89,6 +89,11 @@ bool sp__coll_nccl_built(void);
 /* Tests only: this process's host-path collectives treat the scratch they need as not
  * allocated (on: true), as host malloc refusing it would. */
 void sp__coll_test_fail_scratch(bool on);
+/* Tests only: this process's statistics collectives (stats_report.c) fail their preparation:
+ * SP_STATS_TEST_FAIL_OP as MPI_Op_create refusing the reduction's op, SP_STATS_TEST_FAIL_TABLES
+ * (rank 0 of a report) as host malloc refusing rank 0's tables; 0: nothing fails (the default). */
+enum { SP_STATS_TEST_FAIL_OP = 1, SP_STATS_TEST_FAIL_TABLES = 2 };
+void sp__stats_test_fail_prep(int which);
 
 #ifdef __cplusplus
 }

@@ -143,7 +143,9 @@ sp_status_t sp_stats_aggregate(sp_world_t *w, int device, sp_stats_summary_t *su
  * SYMPOOL_REPORT=table|json|prometheus prints the same at sp_world_finalize, to stdout.
  * @return SP_SUCCESS, SP_ERR_INVALID_ARGUMENT (on every rank: bad format, out NULL on rank 0,
  *         bad device), SP_ERR_MISMATCH (on every rank: ranks passed different formats),
- *         SP_ERR_MPI, SP_ERR_SYSTEM (writing failed, on rank 0).
+ *         SP_ERR_MPI (on every rank when MPI refused one rank the reduction's datatype or op,
+ *         naming it), SP_ERR_SYSTEM (writing failed, on rank 0; on every rank when rank 0 had no
+ *         host memory for its tables, naming it).
  */
 sp_status_t sp_stats_report(sp_world_t *w, int device, FILE *out, sp_report_format_t format);
 
