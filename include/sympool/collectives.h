@@ -76,9 +76,11 @@ typedef enum { SP_SUM, SP_PROD, SP_MIN, SP_MAX, SP_AVG } sp_redop_t;
  *  - count 0 is a no-op (after the agreement); buffers may then be NULL.
  *  - Completion: on the cuda backend the operation is enqueued on @p stream (NCCL semantics);
  *    on the host backend it has completed when the call returns.
- *  - Other statuses: SP_ERR_MPI, SP_ERR_NCCL, SP_ERR_NOT_SUPPORTED (cuda without NCCL; on host,
- *    allgather/reduce_scatter of more than INT_MAX elements per rank), SP_ERR_SYSTEM (host
- *    scratch for fp16/bf16 could not be allocated).
+ *  - Other statuses: SP_ERR_MPI, SP_ERR_NCCL (also on every rank whose peers have no NCCL
+ *    communicator left, naming them), SP_ERR_NOT_SUPPORTED (cuda without NCCL, or with the
+ *    world's communicator aborted after a failure; on host, allgather/reduce_scatter of more than
+ *    INT_MAX elements per rank), SP_ERR_SYSTEM (host scratch for fp16/bf16 could not be
+ *    allocated).
  *  - Thread-safety: calls on one world must not run concurrently from several threads (MPI and
  *    NCCL order collectives per communicator).
  */

@@ -130,6 +130,36 @@ TEST_F(CudaDoubleMpi, CollectiveAfterAnAbortSaysWhy) {
         << "no communicator, no new window";
 }
 
+// The world's NCCL communicator aborted on one rank only (as after a failure there): every rank
+// fails the next collective, the aborted one saying why and its peers naming it, and no rank
+// enters NCCL. The aborted rank used to return alone after the agreement while its peers went
+// into the NCCL collective, where real NCCL waits for it for good (the double's abort flag only
+// makes them fail there instead, with a peer-aborted error that names no rank).
+TEST_F(CudaDoubleMpi, CommunicatorAbortedOnOneRankFailsEveryRankNamingIt) {
+    NEED_DOUBLE();
+    SP_SKIP_BELOW_RANKS(2);
+    expect_warnings();
+    make_pool(false, false, "oneabort");
+    void *a = nullptr;
+    ASSERT_SP_OK(sp_symmetric_malloc(pool_, 4096, nullptr, &a));
+    const int bad = mpi_size() - 1;
+    MPI_Barrier(MPI_COMM_WORLD);
+    if (mpi_rank() == bad)
+        sp__world_nccl_abort(world_, "the test aborted it here");
+    sp_status_t s = sp_allreduce(world_, a, a, 16, SP_FLOAT32, SP_SUM, nullptr);
+    std::string msg = sp_last_error();
+    if (mpi_rank() == bad) {
+        EXPECT_EQ(s, SP_ERR_NOT_SUPPORTED) << msg;
+        EXPECT_NE(msg.find("the test aborted it here"), std::string::npos) << msg;
+    } else {
+        EXPECT_EQ(s, SP_ERR_NCCL) << msg;
+        EXPECT_NE(msg.find("rank " + std::to_string(bad) + " has no NCCL communicator"),
+                  std::string::npos)
+            << msg;
+    }
+    EXPECT_SP_OK(sp_free(a));
+}
+
 TEST_F(CudaDoubleMpi, RegistrationFailureOnEveryRankAbortsAndFrees) {
     NEED_DOUBLE();
     expect_warnings();
