@@ -17,6 +17,9 @@
  *  - The host path's local needs (its scratch, half.c's MPI ops) are met before the agreement
  *    and feed its ok flag too (host_scratch): a rank short of host memory is SP_ERR_SYSTEM there
  *    and SP_ERR_INVALID_ARGUMENT naming it on its peers, never a rank missing from MPI.
+ *  - On cuda, whether this rank has the world's NCCL communicator feeds the ok flag too
+ *    (ready_for_nccl): one aborted on some ranks only is SP_ERR_NOT_SUPPORTED there (saying why)
+ *    and SP_ERR_NCCL naming them on their peers, never a rank missing from NCCL.
  *  - A small allreduce (fused()) sends its input inside the agreement round itself, from the
  *    ranks whose own checks passed, and each rank reduces the gathered inputs once the round says
  *    every rank agreed: the deadline then covers the whole call.
@@ -176,6 +179,9 @@ static bool check_local(call_ctx_t *x, const sp_coll_call_t *c, char *why, size_
 }
 
 enum { AG_COUNT_HI, AG_COUNT_LO, AG_DTYPE, AG_OP, AG_ROOT, AG_SEND_AT, AG_RECV_AT, AG_SEGS, AG_N };
+/* AG_SEND_AT of a rank that has no NCCL communicator on cuda (ready_for_nccl): a place is >= 0,
+ * and a failed rank's fields are never compared, so its peers can tell why it failed. */
+#define AG_NO_NCCL (-1)
 
 static const int64_t agree_ops[] = {SP_AGREE_ALLREDUCE, SP_AGREE_ALLGATHER, SP_AGREE_REDUCE_SCATTER,
                                     SP_AGREE_BROADCAST};
@@ -247,6 +253,11 @@ static sp_status_t agree(sp_world_t *w, const call_ctx_t *x, const sp_coll_call_
     if (!ok)
         return sp__error(bad, SP_SUB_COLL, "%s: %s", fn, why);
     char ranks[96];
+    if (a.nbad && a.lo[AG_SEND_AT] == AG_NO_NCCL)
+        return sp__error(SP_ERR_NCCL, SP_SUB_COLL,
+                         "%s: %s has no NCCL communicator (its log says why) or rejected the "
+                         "call; no rank entered NCCL",
+                         fn, sp__agree_bad_ranks(&a, ranks, sizeof ranks));
     if (a.nbad)
         return sp__error(SP_ERR_INVALID_ARGUMENT, SP_SUB_COLL,
                          "%s: %s rejected its arguments or had no host memory for the call "
@@ -810,6 +821,24 @@ static void reduce_gathered(const call_ctx_t *x, const sp_coll_call_t *c, const 
     memcpy(c->recv, acc, bytes);
 }
 
+/* Whether this rank can enter NCCL on cuda. Checked before the agreement, whose ok flag
+ * carries it (and AG_SEND_AT says why to the peers), because the communicator can be gone on
+ * some ranks only (sp__world_nccl_abort after a failure there): a rank that found that out
+ * after the round would return while its peers wait inside NCCL, which has no deadline. */
+static bool ready_for_nccl(sp_world_t *w, call_ctx_t *x, char *why, size_t len) {
+    if (sp__world_nccl_comm(w) != NULL)
+        return true;
+    snprintf(why, len,
+             "the cuda backend runs collectives with NCCL, and %s%s%s; rebuild with NCCL >= 2.27 "
+             "(found also as libnccl.so.2, e.g. from PyTorch's nvidia-nccl wheel) or use "
+             "SYMPOOL_DEVICE=host",
+             sp__coll_nccl_built() ? "this world has no NCCL communicator ("
+                                   : "this sympool was built without NCCL",
+             sp__coll_nccl_built() ? sp__world_nccl_why(w) : "", sp__coll_nccl_built() ? ")" : "");
+    x->at[0] = AG_NO_NCCL;
+    return false;
+}
+
 /* The data movement of a call every rank agreed on (count > 0). */
 static sp_status_t move(sp_world_t *w, const call_ctx_t *x, const sp_coll_call_t *c,
                         const char *gathered, const scratch_t *sc) {
@@ -821,19 +850,8 @@ static sp_status_t move(sp_world_t *w, const call_ctx_t *x, const sp_coll_call_t
     }
     /* The path follows the backend, not whether NCCL came up: on cuda the buffers are device
      * memory, which the MPI path would read with the CPU (a segfault). */
-    if (x->cuda) {
-        if (sp__world_nccl_comm(w) == NULL)
-            return sp__error(SP_ERR_NOT_SUPPORTED, SP_SUB_COLL,
-                             "%s: the cuda backend runs collectives with NCCL, and %s%s%s; "
-                             "rebuild with NCCL >= 2.27 (found also as libnccl.so.2, e.g. from "
-                             "PyTorch's nvidia-nccl wheel) or use SYMPOOL_DEVICE=host",
-                             fn,
-                             sp__coll_nccl_built() ? "this world has no NCCL communicator ("
-                                                   : "this sympool was built without NCCL",
-                             sp__coll_nccl_built() ? sp__world_nccl_why(w) : "",
-                             sp__coll_nccl_built() ? ")" : "");
+    if (x->cuda) /* every rank has a communicator: ready_for_nccl fed the agreement */
         return sp__coll_nccl(w, c);
-    }
     /* MPI-3 counts are int: allgather and reduce_scatter cannot be split into independent
      * chunks as simply as the element-wise calls, so they refuse what does not fit (the same
      * decision on every rank: the count is agreed). */
@@ -872,6 +890,10 @@ static sp_status_t run(sp_world_t *w, const sp_coll_call_t *c) {
     bool fuse = fused(w, &x, c);
     if (cuda && ok && c->count > 0)
         places(w, &x, c);
+    if (cuda && ok && c->count > 0 && !ready_for_nccl(w, &x, why, sizeof why)) {
+        ok = false;
+        bad = SP_ERR_NOT_SUPPORTED;
+    }
     scratch_t sc = {NULL, NULL};
     if (!cuda && !fuse && ok && c->count > 0 && !host_scratch(&x, c, &sc, why, sizeof why)) {
         ok = false;

@@ -93,6 +93,11 @@ void sp__coll_test_fail_scratch(bool on);
  * every call applies (collectives.c), on its own, without checking or running the call; for tests
  * of sizes no test can allocate. The buffers need not hold count elements. */
 const char *sp__coll_no_symmetric_reason(sp_world_t *w, const sp_coll_call_t *c);
+/* Tests only: this process's statistics collectives (stats_report.c) fail their preparation:
+ * SP_STATS_TEST_FAIL_OP as MPI_Op_create refusing the reduction's op, SP_STATS_TEST_FAIL_TABLES
+ * (rank 0 of a report) as host malloc refusing rank 0's tables; 0: nothing fails (the default). */
+enum { SP_STATS_TEST_FAIL_OP = 1, SP_STATS_TEST_FAIL_TABLES = 2 };
+void sp__stats_test_fail_prep(int which);
 
 #ifdef __cplusplus
 }

@@ -7,10 +7,11 @@
  *
  * The collective is one MPI_Allreduce over an array of records {min, max, sum, min_rank,
  * max_rank} with a user-defined, commutative op (ties go to the lower rank, so the result does
- * not depend on MPI's reduction order). The last record carries an error flag: a rank whose own
- * arguments or stats failed still joins, so every rank learns of the failure and returns an
- * error instead of hanging. Prometheus needs every rank's value, which a min/max summary cannot
- * give: only that format adds a second collective (MPI_Gather to rank 0).
+ * not depend on MPI's reduction order). It follows an agreement round: a rank whose own
+ * arguments or stats failed, or that could not prepare (the MPI datatype and op; on rank 0 of a
+ * report its tables, see prep_t), says so there, so every rank returns an error and none is left
+ * waiting in a collective that has no deadline. Prometheus needs every rank's value, which a
+ * min/max summary cannot give: only that format adds a second collective (MPI_Gather to rank 0).
  *
  * No locks: the MPI datatype and op are created and freed within each call.
  */
@@ -78,6 +79,7 @@ typedef struct gathered {
     const sp_world_t *w;                /* the world (node of each rank: local queries) */
     int nnodes;                         /* sp_world_node_count(w) */
     agg_t *nodes;                       /* rank 0, when asked: [nnodes][nkeys + N_SYM] */
+    int64_t *rows;                      /* rank 0 of Prometheus: [nranks][nkeys + N_SYM] */
     int worst_w;                        /* width of the table's "worst" column */
     agg_t stats[SP_STATS_MAX];          /* per summary key (memory_stats, then device.*) */
     agg_t sym[N_SYM];                   /* per symmetric counter */
@@ -101,17 +103,174 @@ static void combine(void *in_v, void *inout_v, int *len, MPI_Datatype *type) {
     }
 }
 
-/* The one collective. local_ok false (with why) marks this rank's arguments bad: it still joins
- * the reduction and then every rank returns SP_ERR_INVALID_ARGUMENT. `format` (the report's, -1
- * for the aggregate) is agreed too: only a Prometheus report gathers every rank's row after
- * this, so a rank with another format would leave rank 0 alone in that gather. */
-static sp_status_t gather_nodes(sp_world_t *w, const agg_t *rec, size_t nrec, MPI_Datatype type,
-                                MPI_Op op, const char *fn, gathered_t *g);
+/* What gather_all and the report's gathers need before any rank moves data. It is had before
+ * their agreement round, whose ok flag carries the outcome, because a rank that found itself
+ * short after the round would return while its peers wait in MPI_Allreduce, MPI_Gatherv or
+ * MPI_Gather, which have no deadline. Rank 0's tables exist only on rank 0 of a report. */
+typedef struct prep {
+    MPI_Datatype type;    /* agg_t as bytes (MPI_DATATYPE_NULL until made) */
+    MPI_Op op;            /* combine (MPI_OP_NULL until made) */
+    int *counts, *displs; /* rank 0 of a report: gather_nodes' MPI_Gatherv, [nranks] each */
+    agg_t *nodes;         /* rank 0 of a report: the nodes' records, [nnodes][nrec] */
+    int64_t *rows;        /* rank 0 of a Prometheus report: every rank's values, [nranks][nrec-1] */
+} prep_t;
 
+static _Atomic int s_test_fail_prep; /* sp__stats_test_fail_prep */
+
+void sp__stats_test_fail_prep(int which) {
+    s_test_fail_prep = which;
+}
+
+static void prep_free(prep_t *p) {
+    if (p->op != MPI_OP_NULL)
+        MPI_Op_free(&p->op);
+    if (p->type != MPI_DATATYPE_NULL)
+        MPI_Type_free(&p->type);
+    free(p->counts);
+    free(p->displs);
+    free(p->nodes);
+    free(p->rows);
+}
+
+/* Makes *p (every member NULL before) for nrec records; `rank0_tables`: rank 0 of a report.
+ * Returns the first failure's status, logged and in sp_last_error() (which the caller keeps).
+ * Local. */
+static sp_status_t prepare(const gathered_t *g, size_t nrec, bool rank0_tables, int format,
+                           const char *fn, prep_t *p) {
+    int fail = s_test_fail_prep;
+    int rc = MPI_Type_contiguous((int)sizeof(agg_t), MPI_BYTE, &p->type);
+    if (rc != MPI_SUCCESS) {
+        p->type = MPI_DATATYPE_NULL;
+        return sp__mpi_status(rc, SP_SUB_COLL, fn, "MPI_Type_contiguous");
+    }
+    MPI_Type_commit(&p->type);
+    rc = fail == SP_STATS_TEST_FAIL_OP ? MPI_ERR_OP : MPI_Op_create(combine, 1, &p->op);
+    if (rc != MPI_SUCCESS) {
+        p->op = MPI_OP_NULL;
+        return sp__mpi_status(rc, SP_SUB_COLL, fn, "MPI_Op_create");
+    }
+    if (!rank0_tables)
+        return SP_SUCCESS;
+    size_t n = (size_t)g->nranks, nn = (size_t)g->nnodes;
+    bool prom = format == SP_REPORT_PROMETHEUS;
+    p->counts = calloc(n, sizeof *p->counts);
+    p->displs = calloc(n, sizeof *p->displs);
+    p->nodes = malloc(nn * nrec * sizeof *p->nodes);
+    p->rows = prom ? malloc(n * (nrec - 1) * sizeof *p->rows) : NULL;
+    if (!p->counts || !p->displs || !p->nodes || (prom && !p->rows) ||
+        fail == SP_STATS_TEST_FAIL_TABLES)
+        return sp__error(SP_ERR_SYSTEM, SP_SUB_COLL,
+                         "%s: out of host memory for rank 0's tables (%d ranks on %d nodes)", fn,
+                         g->nranks, g->nnodes);
+    return SP_SUCCESS;
+}
+
+/* The outcome of the agreement round on every rank: this rank's own failure (its arguments or
+ * stats: `reason`; its preparation: `mine`, whose text `reason` holds too), or the failed ranks'
+ * (f[2] carries each rank's preparation status, 0 for an argument, so the peers of a rank that
+ * could not prepare return its status). */
+static sp_status_t round_status(const sp_agree_t *a, bool local_ok, sp_status_t mine,
+                                const char *reason, const char *fn) {
+    if (!local_ok)
+        return sp__error(SP_ERR_INVALID_ARGUMENT, SP_SUB_COLL, "%s: %s", fn, reason);
+    if (mine != SP_SUCCESS) /* prepare() logged it: only its text again, after the round */
+        return sp__error_quiet(mine, SP_SUB_COLL, "%s", reason);
+    char ranks[96];
+    if (a->nbad && a->hi[2] != SP_SUCCESS)
+        return sp__error((sp_status_t)a->hi[2], SP_SUB_COLL,
+                         "%s: %s could not prepare the call (out of host memory, or MPI refused "
+                         "a datatype or op; its log says why); no rank moved any data",
+                         fn, sp__agree_bad_ranks(a, ranks, sizeof ranks));
+    if (a->nbad)
+        return sp__error(SP_ERR_INVALID_ARGUMENT, SP_SUB_COLL,
+                         "%s: %s rejected its arguments (its log says why)", fn,
+                         sp__agree_bad_ranks(a, ranks, sizeof ranks));
+    return SP_SUCCESS;
+}
+
+/* Per-node aggregates, for the report: the same reduction within each node (to its lowest rank),
+ * then the node leaders' results to rank 0 (into p's tables, made before the agreement). Two
+ * steps instead of gathering every rank's record at rank 0: rank 0 receives one record set per
+ * node, not per rank. Runs after the agreement and the job-wide reduction, so every rank is known
+ * to be here and to have what it needs. */
+static sp_status_t gather_nodes(sp_world_t *w, const agg_t *rec, size_t nrec, prep_t *p,
+                                const char *fn, gathered_t *g) {
+    int rank = sp_world_rank(w), n = sp_world_size(w);
+    agg_t node_res[SP_STATS_MAX + N_SYM + 1];
+    int rc = MPI_Reduce(rec, node_res, (int)nrec, p->type, p->op, 0, sp__world_node_comm(w));
+    if (rc != MPI_SUCCESS)
+        return sp__mpi_status(rc, SP_SUB_COLL, fn, "MPI_Reduce over the node");
+    int send = sp_world_local_rank(w) == 0 ? (int)nrec : 0;
+    int seen = -1; /* nodes are numbered by their lowest rank: leaders come in node order */
+    for (int r = 0; rank == 0 && r < n; r++)
+        if (sp_world_node(w, r) > seen) {
+            seen = sp_world_node(w, r);
+            p->counts[r] = (int)nrec;
+            p->displs[r] = seen * (int)nrec;
+        }
+    rc = MPI_Gatherv(node_res, send, p->type, p->nodes, p->counts, p->displs, p->type, 0,
+                     sp__world_comm(w));
+    if (rc != MPI_SUCCESS)
+        return sp__mpi_status(rc, SP_SUB_COLL, fn, "MPI_Gatherv of the node aggregates");
+    g->nodes = p->nodes; /* rank 0's; NULL elsewhere */
+    p->nodes = NULL;
+    return SP_SUCCESS;
+}
+
+/* The one collective, after the agreement: the job-wide reduction of rec (nrec records), then a
+ * report's per-node one. */
+static sp_status_t reduce_all(sp_world_t *w, agg_t *rec, size_t nrec, bool per_node, prep_t *p,
+                              const char *fn, gathered_t *g) {
+    int n = g->nranks;
+    agg_t res[SP_STATS_MAX + N_SYM + 1];
+    int rc = MPI_Allreduce(rec, res, (int)nrec, p->type, p->op, sp__world_comm(w));
+    if (rc != MPI_SUCCESS)
+        return sp__mpi_status(rc, SP_SUB_COLL, fn, "MPI_Allreduce");
+    if (per_node)
+        SP_CHECK(gather_nodes(w, rec, nrec, p, fn, g));
+    if (res[nrec - 1].max > 0)
+        return sp__error(SP_ERR_INVALID_ARGUMENT, SP_SUB_COLL,
+                         "%s: rank %d rejected its arguments (its log says why)", fn,
+                         (int)(n - res[nrec - 1].max));
+    memcpy(g->stats, res, g->nkeys * sizeof(agg_t));
+    memcpy(g->sym, res + g->nkeys, N_SYM * sizeof(agg_t));
+    g->rows = p->rows; /* rank 0 of a Prometheus report; sp_stats_report gathers into it */
+    p->rows = NULL;
+    return SP_SUCCESS;
+}
+
+/* This rank's values into g->mine. False, with why, when its device has no statistics. */
+static bool own_values(sp_world_t *w, int device, gathered_t *g, char *why, size_t len) {
+    size_t nmem = mem_keys(), nkeys = g->nkeys;
+    sp_stats_t st;
+    sp_device_usage_t u;
+    if (sp_memory_stats(device, &st) != SP_SUCCESS || sp_device_usage(device, &u) != SP_SUCCESS) {
+        snprintf(why, len, "device %d has no statistics: %s", device, sp_last_error());
+        return false;
+    }
+    for (size_t i = 0; i < nmem; i++)
+        g->mine[i] = st.value[i];
+    g->mine[nmem] = (int64_t)u.used;
+    g->mine[nmem + 1] = (int64_t)u.untracked;
+    sp_sym_counters_t sc;
+    sp__symmetric_counters(device, &sc);
+    uint64_t eligible = 0, fallback = 0;
+    sp__world_collective_counts(w, &eligible, &fallback);
+#define X(e, field, help) sc.field,
+    int64_t cv[N_SYM] = {SP_SYMC_LIST(X)(int64_t) eligible, (int64_t)fallback};
+#undef X
+    memcpy(g->mine + nkeys, cv, sizeof cv);
+    return true;
+}
+
+/* The one collective. local_ok false (with why) marks this rank's arguments bad: it still joins
+ * the agreement round and then every rank returns SP_ERR_INVALID_ARGUMENT. `format` (the
+ * report's, -1 for the aggregate) is agreed too: only a Prometheus report gathers every rank's
+ * row after this, so a rank with another format would leave rank 0 alone in that gather. */
 static sp_status_t gather_all(sp_world_t *w, int device, int format, bool local_ok, const char *why,
                               const char *fn, bool per_node, gathered_t *g) {
     int rank = sp_world_rank(w), n = sp_world_size(w);
-    size_t nmem = mem_keys(), nkeys = nmem + N_DEV;
+    size_t nkeys = mem_keys() + N_DEV, nrec = nkeys + N_SYM + 1;
     char reason[256];
     snprintf(reason, sizeof reason, "%s", why ? why : "");
     memset(g, 0, sizeof *g);
@@ -119,141 +278,35 @@ static sp_status_t gather_all(sp_world_t *w, int device, int format, bool local_
     g->nranks = n;
     g->w = w;
     g->nnodes = sp_world_node_count(w);
-    if (local_ok) {
-        sp_stats_t st;
-        sp_device_usage_t u;
-        if (sp_memory_stats(device, &st) != SP_SUCCESS ||
-            sp_device_usage(device, &u) != SP_SUCCESS) {
-            local_ok = false;
-            snprintf(reason, sizeof reason, "device %d has no statistics: %s", device,
-                     sp_last_error());
-        } else {
-            for (size_t i = 0; i < nmem; i++)
-                g->mine[i] = st.value[i];
-            g->mine[nmem] = (int64_t)u.used;
-            g->mine[nmem + 1] = (int64_t)u.untracked;
-            sp_sym_counters_t sc;
-            sp__symmetric_counters(device, &sc);
-            uint64_t eligible = 0, fallback = 0;
-            sp__world_collective_counts(w, &eligible, &fallback);
-#define X(e, field, help) sc.field,
-            int64_t cv[N_SYM] = {SP_SYMC_LIST(X)(int64_t) eligible, (int64_t)fallback};
-#undef X
-            memcpy(g->mine + nkeys, cv, sizeof cv);
-        }
-    }
+    if (local_ok)
+        local_ok = own_values(w, device, g, reason, sizeof reason);
+    prep_t p = {MPI_DATATYPE_NULL, MPI_OP_NULL, NULL, NULL, NULL, NULL};
+    sp_status_t mine = SP_SUCCESS;
+    if (local_ok && (mine = prepare(g, nrec, per_node && rank == 0, format, fn, &p)) != SP_SUCCESS)
+        snprintf(reason, sizeof reason, "%s", sp_last_error());
     /* The agreement round every collective sympool call starts with (world/agree.c): bounded
      * by SYMPOOL_SYM_TIMEOUT, and a rank in another call is SP_ERR_MISMATCH naming both. After
-     * it the reduction below is the data transfer, MPI's business. */
+     * it the reduction is the data transfer, MPI's business. */
     sp_agree_t a = {.op = strcmp(fn, "sp_stats_report") == 0 ? SP_AGREE_STATS_REPORT
                                                              : SP_AGREE_STATS_AGGREGATE,
-                    .ok = local_ok,
-                    .f = {(int64_t)nkeys, format}};
-    SP_CHECK(sp__world_agree(w, &a, fn));
-    if (!local_ok)
-        return sp__error(SP_ERR_INVALID_ARGUMENT, SP_SUB_COLL, "%s: %s", fn, reason);
-    if (a.nbad) {
-        char ranks[96];
-        return sp__error(SP_ERR_INVALID_ARGUMENT, SP_SUB_COLL,
-                         "%s: %s rejected its arguments (its log says why)", fn,
-                         sp__agree_bad_ranks(&a, ranks, sizeof ranks));
-    }
-    if (a.lo[1] != a.hi[1])
-        return sp__error(SP_ERR_MISMATCH, SP_SUB_COLL,
-                         "%s: ranks passed different formats (this rank: %d); every rank must "
-                         "pass the same format",
-                         fn, format);
-    size_t nrec = nkeys + N_SYM + 1;
-    agg_t rec[SP_STATS_MAX + N_SYM + 1], res[SP_STATS_MAX + N_SYM + 1];
+                    .ok = local_ok && mine == SP_SUCCESS,
+                    .f = {(int64_t)nkeys, format, (int64_t)mine}};
+    sp_status_t st = sp__world_agree(w, &a, fn);
+    if (st == SP_SUCCESS)
+        st = round_status(&a, local_ok, mine, reason, fn);
+    if (st == SP_SUCCESS && a.lo[1] != a.hi[1])
+        st = sp__error(SP_ERR_MISMATCH, SP_SUB_COLL,
+                       "%s: ranks passed different formats (this rank: %d); every rank must "
+                       "pass the same format",
+                       fn, format);
+    agg_t rec[SP_STATS_MAX + N_SYM + 1];
     for (size_t i = 0; i < nkeys + N_SYM; i++)
         rec[i] = (agg_t){g->mine[i], g->mine[i], g->mine[i], rank, rank};
-    /* The error record: max = n - (lowest bad rank), 0 when every rank is fine. */
-    int64_t bad = local_ok ? 0 : (int64_t)(n - rank);
-    rec[nrec - 1] = (agg_t){bad, bad, bad, rank, rank};
-
-    MPI_Datatype type;
-    MPI_Op op;
-    int rc = MPI_Type_contiguous((int)sizeof(agg_t), MPI_BYTE, &type);
-    if (rc != MPI_SUCCESS)
-        return sp__mpi_status(rc, SP_SUB_COLL, fn, "MPI_Type_contiguous");
-    MPI_Type_commit(&type);
-    rc = MPI_Op_create(combine, 1, &op);
-    if (rc != MPI_SUCCESS) {
-        MPI_Type_free(&type);
-        return sp__mpi_status(rc, SP_SUB_COLL, fn, "MPI_Op_create");
-    }
-    rc = MPI_Allreduce(rec, res, (int)nrec, type, op, sp__world_comm(w));
-    sp_status_t nst = SP_SUCCESS;
-    if (rc == MPI_SUCCESS && per_node)
-        nst = gather_nodes(w, rec, nrec, type, op, fn, g);
-    MPI_Op_free(&op);
-    MPI_Type_free(&type);
-    if (rc != MPI_SUCCESS)
-        return sp__mpi_status(rc, SP_SUB_COLL, fn, "MPI_Allreduce");
-    SP_CHECK(nst);
-    if (!local_ok)
-        return sp__error(SP_ERR_INVALID_ARGUMENT, SP_SUB_COLL, "%s: %s", fn, reason);
-    if (res[nrec - 1].max > 0)
-        return sp__error(SP_ERR_INVALID_ARGUMENT, SP_SUB_COLL,
-                         "%s: rank %d rejected its arguments (its log says why)", fn,
-                         (int)(n - res[nrec - 1].max));
-    memcpy(g->stats, res, nkeys * sizeof(agg_t));
-    memcpy(g->sym, res + nkeys, N_SYM * sizeof(agg_t));
-    return SP_SUCCESS;
-}
-
-/* Per-node aggregates, for the report: the same reduction within each node (to its lowest rank),
- * then the node leaders' results to rank 0. Two steps instead of gathering every rank's record
- * at rank 0: rank 0 receives one record set per node, not per rank. Runs after the agreement and
- * the job-wide reduction, so every rank is known to be here. */
-static sp_status_t gather_nodes(sp_world_t *w, const agg_t *rec, size_t nrec, MPI_Datatype type,
-                                MPI_Op op, const char *fn, gathered_t *g) {
-    int rank = sp_world_rank(w), n = sp_world_size(w), nn = sp_world_node_count(w);
-    agg_t node_res[SP_STATS_MAX + N_SYM + 1];
-    int rc = MPI_Reduce(rec, node_res, (int)nrec, type, op, 0, sp__world_node_comm(w));
-    if (rc != MPI_SUCCESS)
-        return sp__mpi_status(rc, SP_SUB_COLL, fn, "MPI_Reduce over the node");
-    int *counts = NULL, *displs = NULL;
-    agg_t *all = NULL;
-    int send = sp_world_local_rank(w) == 0 ? (int)nrec : 0;
-    bool ok = true;
-    if (rank == 0) {
-        counts = calloc((size_t)n, sizeof *counts);
-        displs = calloc((size_t)n, sizeof *displs);
-        all = malloc((size_t)nn * nrec * sizeof *all);
-        ok = counts && displs && all;
-        int seen = -1; /* nodes are numbered by their lowest rank: leaders come in node order */
-        for (int r = 0; ok && r < n; r++)
-            if (sp_world_node(w, r) > seen) {
-                seen = sp_world_node(w, r);
-                counts[r] = (int)nrec;
-                displs[r] = seen * (int)nrec;
-            }
-        if (!ok) {
-            /* Rank 0 still takes part (receiving nothing, if it has the count arrays), so no
-             * leader is left waiting; it then fails alone, like a failed write. */
-            free(all);
-            all = NULL;
-            if (counts)
-                memset(counts, 0, sizeof *counts * (size_t)n);
-            send = 0;
-        }
-    }
-    if (rank != 0 || (counts && displs)) {
-        rc = MPI_Gatherv(node_res, send, type, all, counts, displs, type, 0, sp__world_comm(w));
-        if (rc != MPI_SUCCESS) {
-            free(counts);
-            free(displs);
-            free(all);
-            return sp__mpi_status(rc, SP_SUB_COLL, fn, "MPI_Gatherv of the node aggregates");
-        }
-    }
-    free(counts);
-    free(displs);
-    if (!ok)
-        return sp__error(SP_ERR_SYSTEM, SP_SUB_COLL, "%s: out of host memory for %d nodes", fn, nn);
-    g->nodes = all;
-    return SP_SUCCESS;
+    rec[nrec - 1] = (agg_t){0, 0, 0, rank, rank}; /* the error record: every rank is fine here */
+    if (st == SP_SUCCESS)
+        st = reduce_all(w, rec, nrec, per_node, &p, fn, g);
+    prep_free(&p);
+    return st;
 }
 
 SP_EXPORT sp_status_t sp_stats_aggregate(sp_world_t *w, int device, sp_stats_summary_t *summary_p) {
@@ -781,7 +834,7 @@ SP_EXPORT sp_status_t sp_stats_report(sp_world_t *w, int device, FILE *out,
                                       sp_report_format_t format) {
     static const char fn[] = "sp_stats_report";
     SP_CHECK(sp__world_check(w, fn));
-    int rank = sp_world_rank(w), n = sp_world_size(w);
+    int rank = sp_world_rank(w);
     const char *why = NULL;
     if ((unsigned)format > (unsigned)SP_REPORT_TABLE_ALL)
         why = "format is not an sp_report_format_t";
@@ -791,17 +844,12 @@ SP_EXPORT sp_status_t sp_stats_report(sp_world_t *w, int device, FILE *out,
     if (g == NULL) /* would leave the other ranks waiting; host malloc of ~7 KiB does not fail */
         return sp__error(SP_ERR_SYSTEM, SP_SUB_COLL, "%s: out of host memory", fn);
     sp_status_t st = gather_all(w, device, (int)format, why == NULL, why, fn, true, g);
-    int64_t *all = NULL;
     if (st == SP_SUCCESS && format == SP_REPORT_PROMETHEUS) {
-        size_t stride = g->nkeys + N_SYM;
-        if (rank == 0 && (all = malloc((size_t)n * stride * sizeof *all)) == NULL)
-            st = sp__error(SP_ERR_SYSTEM, SP_SUB_COLL, "%s: out of host memory", fn);
-        /* Rank 0 joins the gather even if its buffer failed (with a scratch of its own row),
-         * so that no rank is left waiting. */
-        int64_t scratch[SP_STATS_MAX + N_SYM];
-        int rc = MPI_Gather(g->mine, (int)stride, MPI_INT64_T, all ? (void *)all : scratch,
-                            (int)stride, MPI_INT64_T, 0, sp__world_comm(w));
-        if (rc != MPI_SUCCESS && st == SP_SUCCESS)
+        /* Rank 0's rows were allocated before the agreement (prepare), so every rank is here. */
+        int stride = (int)(g->nkeys + N_SYM);
+        int rc = MPI_Gather(g->mine, stride, MPI_INT64_T, g->rows, stride, MPI_INT64_T, 0,
+                            sp__world_comm(w));
+        if (rc != MPI_SUCCESS)
             st = sp__mpi_status(rc, SP_SUB_COLL, fn, "MPI_Gather");
     }
     if (st == SP_SUCCESS && rank == 0) {
@@ -813,7 +861,7 @@ SP_EXPORT sp_status_t sp_stats_report(sp_world_t *w, int device, FILE *out,
             write_json(out, g, device);
             break;
         case SP_REPORT_PROMETHEUS:
-            write_prometheus(out, g, all);
+            write_prometheus(out, g, g->rows);
             break;
         case SP_REPORT_TABLE_ALL:
             write_table_all(out, g, device);
@@ -822,7 +870,7 @@ SP_EXPORT sp_status_t sp_stats_report(sp_world_t *w, int device, FILE *out,
         if (fflush(out) != 0 || ferror(out))
             st = sp__error(SP_ERR_SYSTEM, SP_SUB_COLL, "%s: writing the report failed", fn);
     }
-    free(all);
+    free(g->rows);
     free(g->nodes);
     free(g);
     return st;

@@ -221,9 +221,10 @@ static long long nccl_param(const char *name, long long dflt) {
  * NCCL_WIN_ENABLE and cuMem are on and every pair of this node's GPUs reaches each other by CUDA
  * P2P (reference/nccl-windows.md 1.3). Without it, 2.28 still returns success and a window that
  * is only a local buffer registration, on which the symmetric kernels never run. Collective over
- * the node (one all-gather of the ranks' devices); called where every rank grows the pool. On
- * "no", *why names the reason. */
-static bool symmetric_support(sp_sym_state_t *st, char *why, size_t len) {
+ * the node (one all-gather of the ranks' devices into devs, node_devs' table, which every rank
+ * of a node of several has); called where every rank grows the pool. On "no", *why names the
+ * reason. */
+static bool symmetric_support(sp_sym_state_t *st, int *devs, char *why, size_t len) {
     /* src/init.cc:58 and :1376: NCCL_WIN_ENABLE, default 1, off at 0. */
     if (nccl_param("NCCL_WIN_ENABLE", 1) == 0) {
         snprintf(why, len, "NCCL_WIN_ENABLE=%s", getenv("NCCL_WIN_ENABLE"));
@@ -239,12 +240,8 @@ static bool symmetric_support(sp_sym_state_t *st, char *why, size_t len) {
     }
     MPI_Comm node = sp__world_node_comm(st->world);
     int n = sp__world_local_size(st->world);
-    int *devs = n > 1 ? malloc(sizeof(int) * (size_t)n) : NULL;
-    if (n <= 1 || !devs ||
-        MPI_Allgather(&st->device, 1, MPI_INT, devs, 1, MPI_INT, node) != MPI_SUCCESS) {
-        free(devs);
+    if (n <= 1 || MPI_Allgather(&st->device, 1, MPI_INT, devs, 1, MPI_INT, node) != MPI_SUCCESS)
         return true; /* one rank on the node (trivially all P2P), or unknown: NCCL's default */
-    }
     cudaError_t pending = cudaPeekAtLastError();
     bool ok = true;
     for (int i = 0; i < n && ok; i++) {
@@ -257,8 +254,51 @@ static bool symmetric_support(sp_sym_state_t *st, char *why, size_t len) {
         }
     }
     drop_errors_since(pending);
-    free(devs);
     return ok;
+}
+
+static _Atomic bool s_test_fail_devs; /* sp__reg_nccl_test_fail_devs */
+
+void sp__reg_nccl_test_fail_devs(bool on) {
+    s_test_fail_devs = on;
+}
+
+/* symmetric_support's table of the node's devices, allocated before nccl_alloc's first round,
+ * whose ok flag carries the outcome: a rank that could not have it after the round would skip
+ * the all-gather its node peers wait in, with no deadline. True with *devs_p (NULL on a node of
+ * one rank, which gathers nothing); false when host malloc refused it. */
+static bool node_devs(const sp_sym_state_t *st, int **devs_p) {
+    int n = sp__world_local_size(st->world);
+    *devs_p = n > 1 ? malloc(sizeof(int) * (size_t)n) : NULL;
+    if (n > 1 && s_test_fail_devs) {
+        free(*devs_p);
+        *devs_p = NULL;
+    }
+    return n <= 1 || *devs_p != NULL;
+}
+
+/* The first ready round's outcome: every rank's libnccl.so.2 has the window calls and every
+ * rank has node_devs' table (f[1]: 1 on a rank without it), or none registers. */
+static sp_status_t ready_status(const sp_agree_t *api, bool have_devs, const char *what) {
+    char ranks[96];
+    if (!have_devs)
+        return sp__error(SP_ERR_SYSTEM, SP_SUB_SYM,
+                         "%s: out of host memory for the table of this node's devices", what);
+    if (api->nbad && api->hi[1] != 0)
+        return sp__error(SP_ERR_SYSTEM, SP_SUB_SYM,
+                         "%s: %s had no host memory for the table of its node's devices or lacks "
+                         "NCCL's window calls (its log says which); no rank registers",
+                         what, sp__agree_bad_ranks(api, ranks, sizeof ranks));
+    if (api->nbad) {
+        int v = 0;
+        (void)ncclGetVersion(&v);
+        return sp__error(SP_ERR_NOT_SUPPORTED, SP_SUB_SYM,
+                         "%s: the libnccl.so.2 loaded on %s lacks ncclMemAlloc or the window "
+                         "calls (NCCL >= 2.27 needed; loaded here: %d); put a newer NCCL first "
+                         "on LD_LIBRARY_PATH",
+                         what, sp__agree_bad_ranks(api, ranks, sizeof ranks), v);
+    }
+    return SP_SUCCESS;
 }
 
 static sp_status_t nccl_alloc(sp_sym_state_t *st, size_t size, sp_sym_seg_t *seg_p) {
@@ -270,23 +310,24 @@ static sp_status_t nccl_alloc(sp_sym_state_t *st, size_t size, sp_sym_seg_t *seg
     char what[128];
     snprintf(what, sizeof what, "NCCL window of %zu bytes for symmetric pool \"%s\"", asize,
              st->name);
-    /* Every rank's libnccl.so.2 has the window calls, or none registers (one round). */
-    sp_agree_t api = {.op = SP_AGREE_NCCL_READY, .ok = window_api_loaded(), .f = {(int64_t)asize}};
-    SP_CHECK(sp__sym_round(st, &api, what));
-    if (api.nbad) {
-        char ranks[96];
-        int v = 0;
-        (void)ncclGetVersion(&v);
-        return sp__error(SP_ERR_NOT_SUPPORTED, SP_SUB_SYM,
-                         "%s: the libnccl.so.2 loaded on %s lacks ncclMemAlloc or the window "
-                         "calls (NCCL >= 2.27 needed; loaded here: %d); put a newer NCCL first "
-                         "on LD_LIBRARY_PATH",
-                         what, sp__agree_bad_ranks(&api, ranks, sizeof ranks), v);
-    }
+    int *devs = NULL;
+    bool have_devs = node_devs(st, &devs);
+    sp_agree_t api = {.op = SP_AGREE_NCCL_READY,
+                      .ok = window_api_loaded() && have_devs,
+                      .f = {(int64_t)asize, !have_devs}};
+    sp_status_t rs = sp__sym_round(st, &api, what);
+    if (rs == SP_SUCCESS)
+        rs = ready_status(&api, have_devs, what);
     void *base = NULL;
-    SP_CHECK(alloc_everywhere(st, asize, what, &base));
+    if (rs == SP_SUCCESS)
+        rs = alloc_everywhere(st, asize, what, &base);
+    if (rs != SP_SUCCESS) {
+        free(devs);
+        return rs;
+    }
     char no_sym[96] = "";
-    sp__world_set_nccl_symmetric(w, symmetric_support(st, no_sym, sizeof no_sym), no_sym);
+    sp__world_set_nccl_symmetric(w, symmetric_support(st, devs, no_sym, sizeof no_sym), no_sym);
+    free(devs);
     bool symmetric = sp__world_nccl_no_symmetric(w) == NULL;
 
     /* Every rank ready, then the collective registration, under the world's NCCL lock. */
@@ -408,6 +449,10 @@ const sp_registrar_ops_t sp__registrar_nccl = {
 };
 
 #else
-/* Without NCCL this file compiles to nothing; ISO C wants a declaration in every unit. */
-typedef int sp_reg_nccl_unused_t;
+#include "symmetric/registrar.h"
+
+/* Without NCCL there is no table to fail. */
+void sp__reg_nccl_test_fail_devs(bool on) {
+    (void)on;
+}
 #endif

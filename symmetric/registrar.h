@@ -58,6 +58,10 @@ extern const sp_registrar_ops_t sp__registrar_mpi;
 #if defined(SP_HAVE_NCCL)
 extern const sp_registrar_ops_t sp__registrar_nccl;
 #endif
+/* Tests only: the nccl registrar on this process treats the table of its node's devices (which
+ * it allocates at every growth) as not allocated (on: true), as host malloc refusing it would.
+ * A no-op in a build without NCCL. */
+void sp__reg_nccl_test_fail_devs(bool on);
 
 /* The registrar SYMPOOL_SYM_REGISTRAR asks for on this world (auto: nccl on cuda, mpi on host).
  * SP_ERR_NOT_SUPPORTED when the choice cannot run here (nccl without NCCL or GPU, mpi on cuda). */

@@ -77,9 +77,11 @@ typedef enum { SP_SUM, SP_PROD, SP_MIN, SP_MAX, SP_AVG } sp_redop_t;
  *  - count 0 is a no-op (after the agreement); buffers may then be NULL.
  *  - Completion: on the cuda backend the operation is enqueued on @p stream (NCCL semantics);
  *    on the host backend it has completed when the call returns.
- *  - Other statuses: SP_ERR_MPI, SP_ERR_NCCL, SP_ERR_NOT_SUPPORTED (cuda without NCCL; on host,
- *    allgather/reduce_scatter of more than INT_MAX elements per rank), SP_ERR_SYSTEM (host
- *    scratch for fp16/bf16 could not be allocated).
+ *  - Other statuses: SP_ERR_MPI, SP_ERR_NCCL (also on every rank whose peers have no NCCL
+ *    communicator left, naming them), SP_ERR_NOT_SUPPORTED (cuda without NCCL, or with the
+ *    world's communicator aborted after a failure; on host, allgather/reduce_scatter of more than
+ *    INT_MAX elements per rank), SP_ERR_SYSTEM (host scratch for fp16/bf16 could not be
+ *    allocated).
  *  - Thread-safety: calls on one world must not run concurrently from several threads (MPI and
  *    NCCL order collectives per communicator).
  */
@@ -144,7 +146,9 @@ sp_status_t sp_stats_aggregate(sp_world_t *w, int device, sp_stats_summary_t *su
  * SYMPOOL_REPORT=table|json|prometheus prints the same at sp_world_finalize, to stdout.
  * @return SP_SUCCESS, SP_ERR_INVALID_ARGUMENT (on every rank: bad format, out NULL on rank 0,
  *         bad device), SP_ERR_MISMATCH (on every rank: ranks passed different formats),
- *         SP_ERR_MPI, SP_ERR_SYSTEM (writing failed, on rank 0).
+ *         SP_ERR_MPI (on every rank when MPI refused one rank the reduction's datatype or op,
+ *         naming it), SP_ERR_SYSTEM (writing failed, on rank 0; on every rank when rank 0 had no
+ *         host memory for its tables, naming it).
  */
 sp_status_t sp_stats_report(sp_world_t *w, int device, FILE *out, sp_report_format_t format);
 

@@ -20,6 +20,7 @@
 extern "C" {
 #include "world/world.h"
 #include <sympool/collectives.h>
+void sp__reg_nccl_test_fail_devs(bool on);
 }
 
 namespace {
@@ -152,6 +153,70 @@ TEST_F(CudaDoubleMpi, CollectiveAfterAnAbortSaysWhy) {
     void *b = nullptr;
     EXPECT_NE(sp_symmetric_malloc(pool_, 4096, nullptr, &b), SP_SUCCESS)
         << "no communicator, no new window";
+}
+
+// The world's NCCL communicator aborted on one rank only (as after a failure there): every rank
+// fails the next collective, the aborted one saying why and its peers naming it, and no rank
+// enters NCCL. The aborted rank used to return alone after the agreement while its peers went
+// into the NCCL collective, where real NCCL waits for it for good (the double's abort flag only
+// makes them fail there instead, with a peer-aborted error that names no rank).
+TEST_F(CudaDoubleMpi, CommunicatorAbortedOnOneRankFailsEveryRankNamingIt) {
+    NEED_DOUBLE();
+    SP_SKIP_BELOW_RANKS(2);
+    expect_warnings();
+    make_pool(false, false, "oneabort");
+    void *a = nullptr;
+    ASSERT_SP_OK(sp_symmetric_malloc(pool_, 4096, nullptr, &a));
+    const int bad = mpi_size() - 1;
+    MPI_Barrier(MPI_COMM_WORLD);
+    if (mpi_rank() == bad)
+        sp__world_nccl_abort(world_, "the test aborted it here");
+    sp_status_t s = sp_allreduce(world_, a, a, 16, SP_FLOAT32, SP_SUM, nullptr);
+    std::string msg = sp_last_error();
+    if (mpi_rank() == bad) {
+        EXPECT_EQ(s, SP_ERR_NOT_SUPPORTED) << msg;
+        EXPECT_NE(msg.find("the test aborted it here"), std::string::npos) << msg;
+    } else {
+        EXPECT_EQ(s, SP_ERR_NCCL) << msg;
+        EXPECT_NE(msg.find("rank " + std::to_string(bad) + " has no NCCL communicator"),
+                  std::string::npos)
+            << msg;
+    }
+    EXPECT_SP_OK(sp_free(a));
+}
+
+// A rank whose host malloc refuses the table of its node's devices (which a growth gathers over
+// the node to see whether NCCL has symmetric support) fails the growth on every rank, before any
+// rank registers. It used to skip that gather while its node peers waited in it for good. The
+// next growth works.
+TEST_F(CudaDoubleMpi, NodeDeviceTableOutOfHostMemoryOnOneRankFailsEveryRank) {
+    NEED_DOUBLE();
+    SP_SKIP_BELOW_RANKS(2);
+    expect_warnings();
+    make_pool(false, false, "devtable");
+    if (sp__world_local_size(world_) < 2)
+        GTEST_SKIP() << "a rank alone on its node gathers no table";
+    const int bad = mpi_size() - 1;
+    if (mpi_rank() == bad)
+        sp__reg_nccl_test_fail_devs(true);
+    void *a = nullptr;
+    sp_status_t s = sp_symmetric_malloc(pool_, 4096, nullptr, &a);
+    sp__reg_nccl_test_fail_devs(false);
+    std::string msg = sp_last_error();
+    EXPECT_EQ(s, SP_ERR_SYSTEM) << msg;
+    EXPECT_EQ(a, nullptr);
+    if (mpi_rank() == bad) {
+        EXPECT_NE(msg.find("out of host memory for the table of this node's devices"),
+                  std::string::npos)
+            << msg;
+    } else {
+        EXPECT_NE(msg.find("rank " + std::to_string(bad) + " had no host memory"),
+                  std::string::npos)
+            << msg;
+    }
+    EXPECT_EQ(hook<int (*)()>("cuda_double_live_vmm_handles")(), 0) << "nothing was allocated";
+    ASSERT_SP_OK(sp_symmetric_malloc(pool_, 4096, nullptr, &a));
+    EXPECT_SP_OK(sp_free(a));
 }
 
 TEST_F(CudaDoubleMpi, RegistrationFailureOnEveryRankAbortsAndFrees) {

@@ -29,6 +29,7 @@
 #include <vector>
 
 extern "C" {
+#include "collectives/dtype.h"
 #include "pool/device/device.h"
 #include <sympool/collectives.h>
 #include <sympool/summary.h>
@@ -552,6 +553,53 @@ TEST_F(StatsReport, BadArgumentsOnOneRankFailEverywhere) {
     // Still in step.
     ASSERT_SP_OK(sp_stats_aggregate(w_, dev_, &sum));
     EXPECT_EQ(sum.nranks, n_);
+}
+
+// A rank that cannot prepare the statistics' collectives fails the call on every rank, naming
+// it, before any rank moves data, and the ranks stay in step. MPI refusing one rank the
+// reduction's op used to return that rank alone while its peers waited in the MPI_Allreduce for
+// good; rank 0 short of host memory for its node tables used to fail alone (or, with ranks on
+// other nodes, leave their leaders in the MPI_Gatherv).
+TEST_F(StatsReport, PreparationFailureOnOneRankFailsEverywhere) {
+    SP_SKIP_BELOW_RANKS(2);
+    expect_warnings();
+    struct Case {
+        int which, bad;
+        sp_status_t status;
+        const char *mine;
+    } cases[] = {{SP_STATS_TEST_FAIL_OP, n_ - 1, SP_ERR_MPI, "MPI_Op_create"},
+                 {SP_STATS_TEST_FAIL_TABLES, 0, SP_ERR_SYSTEM, "out of host memory for rank 0"}};
+    for (const Case &c : cases) {
+        for (sp_report_format_t fmt : {SP_REPORT_JSON, SP_REPORT_PROMETHEUS}) {
+            SCOPED_TRACE("case " + std::to_string(c.which) + " format " + std::to_string(fmt));
+            if (rank_ == c.bad)
+                sp__stats_test_fail_prep(c.which);
+            std::unique_ptr<FILE, int (*)(FILE *)> f(std::tmpfile(), std::fclose);
+            sp_status_t s = sp_stats_report(w_, dev_, f.get(), fmt);
+            sp__stats_test_fail_prep(0);
+            std::string msg = sp_last_error();
+            EXPECT_SP_STATUS(s, c.status);
+            if (rank_ == c.bad) {
+                EXPECT_NE(msg.find(c.mine), std::string::npos) << msg;
+            } else {
+                EXPECT_NE(msg.find("rank " + std::to_string(c.bad) + " could not prepare"),
+                          std::string::npos)
+                    << msg;
+            }
+        }
+    }
+    // The aggregate prepares its op too; no rank-0 tables.
+    sp_stats_summary_t sum;
+    if (rank_ == n_ - 1)
+        sp__stats_test_fail_prep(SP_STATS_TEST_FAIL_OP);
+    sp_status_t s = sp_stats_aggregate(w_, dev_, &sum);
+    sp__stats_test_fail_prep(0);
+    EXPECT_SP_STATUS(s, SP_ERR_MPI);
+    // Still in step.
+    ASSERT_SP_OK(sp_stats_aggregate(w_, dev_, &sum));
+    EXPECT_EQ(sum.nranks, n_);
+    std::unique_ptr<FILE, int (*)(FILE *)> f(std::tmpfile(), std::fclose);
+    ASSERT_SP_OK(sp_stats_report(w_, dev_, f.get(), SP_REPORT_PROMETHEUS));
 }
 
 TEST_F(StatsReport, SympoolReportPrintsAtFinalize) {
