@@ -225,6 +225,12 @@ static long long nccl_param(const char *name, long long dflt) {
  * of a node of several has); called where every rank grows the pool. On "no", *why names the
  * reason. */
 static bool symmetric_support(sp_sym_state_t *st, int *devs, char *why, size_t len) {
+    /* The all-gather first: every rank of the node is in it whatever its own settings say, or a
+     * rank whose NCCL_WIN_ENABLE differs would leave its node peers waiting there. */
+    MPI_Comm node = sp__world_node_comm(st->world);
+    int n = sp__world_local_size(st->world);
+    bool gathered =
+        n > 1 && MPI_Allgather(&st->device, 1, MPI_INT, devs, 1, MPI_INT, node) == MPI_SUCCESS;
     /* src/init.cc:58 and :1376: NCCL_WIN_ENABLE, default 1, off at 0. */
     if (nccl_param("NCCL_WIN_ENABLE", 1) == 0) {
         snprintf(why, len, "NCCL_WIN_ENABLE=%s", getenv("NCCL_WIN_ENABLE"));
@@ -238,21 +244,22 @@ static bool symmetric_support(sp_sym_state_t *st, int *devs, char *why, size_t l
         snprintf(why, len, "NCCL_CUMEM_ENABLE=%s", getenv("NCCL_CUMEM_ENABLE"));
         return false;
     }
-    MPI_Comm node = sp__world_node_comm(st->world);
-    int n = sp__world_local_size(st->world);
-    if (n <= 1 || MPI_Allgather(&st->device, 1, MPI_INT, devs, 1, MPI_INT, node) != MPI_SUCCESS)
+    if (!gathered)
         return true; /* one rank on the node (trivially all P2P), or unknown: NCCL's default */
+    /* Every pair of the node's GPUs, not only this rank's: NCCL's isAllCudaP2p is one answer
+     * for the node's ranks (src/transport.cc:78-111), and nccl_alloc refuses ranks that differ. */
     cudaError_t pending = cudaPeekAtLastError();
     bool ok = true;
-    for (int i = 0; i < n && ok; i++) {
-        int can = 0;
-        if (devs[i] == st->device)
-            continue;
-        if (cudaDeviceCanAccessPeer(&can, st->device, devs[i]) != cudaSuccess || !can) {
-            snprintf(why, len, "GPU %d cannot reach GPU %d by CUDA P2P", st->device, devs[i]);
-            ok = false;
+    for (int i = 0; i < n && ok; i++)
+        for (int j = i + 1; j < n && ok; j++) {
+            int can = 0;
+            if (devs[i] == devs[j])
+                continue;
+            if (cudaDeviceCanAccessPeer(&can, devs[i], devs[j]) != cudaSuccess || !can) {
+                snprintf(why, len, "GPU %d cannot reach GPU %d by CUDA P2P", devs[i], devs[j]);
+                ok = false;
+            }
         }
-    }
     drop_errors_since(pending);
     return ok;
 }
@@ -301,6 +308,20 @@ static sp_status_t ready_status(const sp_agree_t *api, bool have_devs, const cha
     return SP_SUCCESS;
 }
 
+/* Ranks that differ in NCCL's symmetric support (NCCL_WIN_ENABLE, NCCL_CUMEM_ENABLE, P2P between
+ * the node's GPUs): NCCL 2.28.9's window registration is a local buffer registration where the
+ * support is off (src/dev_runtime.cc:593-597) and ends in a bootstrap barrier over every rank
+ * where it is on (:628-629), so the ranks with support would wait there for good. */
+static sp_status_t support_mismatch(const sp_world_t *w, bool symmetric, const char *what) {
+    const char *mine = symmetric ? "on" : sp__world_nccl_no_symmetric(w);
+    return sp__error(SP_ERR_MISMATCH, SP_SUB_SYM,
+                     "%s: NCCL's symmetric support differs across ranks (this rank: %s); NCCL "
+                     "would make a symmetric window on some ranks and a local registration on "
+                     "the others and wait inside ncclCommWindowRegister: give every rank the "
+                     "same NCCL_WIN_ENABLE and NCCL_CUMEM_ENABLE; nothing was registered",
+                     what, mine ? mine : "off");
+}
+
 static sp_status_t nccl_alloc(sp_sym_state_t *st, size_t size, sp_sym_seg_t *seg_p) {
     sp_world_t *w = st->world;
     size_t gran = vmm_granularity(st->device);
@@ -333,11 +354,17 @@ static sp_status_t nccl_alloc(sp_sym_state_t *st, size_t size, sp_sym_seg_t *seg
     /* Every rank ready, then the collective registration, under the world's NCCL lock. */
     sp__world_nccl_lock(w);
     ncclComm_t nc = (ncclComm_t)sp__world_nccl_comm(w);
-    sp_agree_t a = {.op = SP_AGREE_NCCL_READY, .ok = nc != NULL, .f = {(int64_t)asize}};
+    sp_agree_t a = {.op = SP_AGREE_NCCL_READY, .ok = nc != NULL, .f = {(int64_t)asize, symmetric}};
     sp_status_t s = sp__sym_round(st, &a, what);
     if (s == SP_SUCCESS && a.nbad)
         s = sp__error(SP_ERR_NCCL, SP_SUB_SYM, "%s: a rank has no NCCL communicator (%s)", what,
                       sp__world_nccl_why(w));
+    if (s == SP_SUCCESS && a.lo[1] != a.hi[1]) {
+        /* Agreed on every rank before any enters NCCL, so none needs an abort. */
+        sp__world_nccl_unlock(w);
+        mem_free(st->device, base);
+        return support_mismatch(w, symmetric, what);
+    }
     ncclWindow_t win = NULL; /* 2.28 may return success without writing it */
     bool registered = false;
     if (s == SP_SUCCESS) {

@@ -622,6 +622,31 @@ TEST_F(CudaDoubleMpi, WindowsWithoutSymmetricSupportAreNotEligible) {
     EXPECT_SP_OK(sp_free(a));
 }
 
+// NCCL decides its symmetric support on each rank (2.28.9 src/init.cc:1376), and its window
+// registration is a local one where the support is off (src/dev_runtime.cc:593-597) but ends in a
+// barrier over every rank where it is on (:628-629): ranks that differ would wait there for good.
+// sympool refuses such a growth on every rank before any enters NCCL (before: rank 0 left its node
+// peers in the all-gather of the node's devices).
+TEST_F(CudaDoubleMpi, SymmetricSupportDifferingAcrossRanksFailsEveryRank) {
+    NEED_DOUBLE();
+    SP_SKIP_BELOW_RANKS(2);
+    expect_warnings();
+    // Before the world: NCCL decides its symmetric support when the communicator is made.
+    sp::ScopedEnv env({{"NCCL_WIN_ENABLE", mpi_rank() == 0 ? "0" : "1"}});
+    make_pool(false, false, "mixedsupport");
+    const int dev = sp_world_device(world_);
+    sp_device_usage_t u0, u1;
+    ASSERT_SP_OK(sp_device_usage(dev, &u0));
+    void *a = nullptr;
+    EXPECT_SP_STATUS(sp_symmetric_malloc(pool_, 4096, nullptr, &a), SP_ERR_MISMATCH);
+    EXPECT_NE(std::string(sp_last_error()).find("symmetric support differs across ranks"),
+              std::string::npos)
+        << sp_last_error();
+    EXPECT_EQ(a, nullptr);
+    ASSERT_SP_OK(sp_device_usage(dev, &u1));
+    EXPECT_EQ(u1.reserved, u0.reserved) << "the refused growth kept memory";
+}
+
 // NCCL 2.28.9 reads NCCL_WIN_ENABLE and NCCL_CUMEM_ENABLE as integers (src/misc/param.cc:76-94
 // ncclLoadParam: strtoll, base 0, so "false" is 0) and has cuMem off at any negative value but -2,
 // auto (src/misc/cudawrap.cc:45-49): either way no symmetric support (src/init.cc:1376), so no
