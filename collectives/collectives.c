@@ -673,13 +673,18 @@ static const char *no_symmetric_reason(const sp_world_t *w, const call_ctx_t *x,
     return NULL;
 }
 
-const char *sp__coll_no_symmetric_reason(sp_world_t *w, const sp_coll_call_t *c) {
+/* The call's world and backend, as every path of a call reads them. */
+static call_ctx_t call_ctx(sp_world_t *w) {
     const char *backend = sp_backend_name();
-    call_ctx_t x = {.rank = sp__world_rank(w),
-                    .size = sp__world_size(w),
-                    .device = sp__world_device(w),
-                    .cuda = strcmp(backend, "cuda") == 0,
-                    .host = strcmp(backend, "host") == 0};
+    return (call_ctx_t){.rank = sp__world_rank(w),
+                        .size = sp__world_size(w),
+                        .device = sp__world_device(w),
+                        .cuda = strcmp(backend, "cuda") == 0,
+                        .host = strcmp(backend, "host") == 0};
+}
+
+const char *sp__coll_no_symmetric_reason(sp_world_t *w, const sp_coll_call_t *c) {
+    call_ctx_t x = call_ctx(w);
     const char *why = no_symmetric_reason(w, &x, c);
     sp__error_clear(); /* the window probes may have left a last-error text */
     return why;
@@ -876,12 +881,7 @@ static sp_status_t move(sp_world_t *w, const call_ctx_t *x, const sp_coll_call_t
 static sp_status_t run(sp_world_t *w, const sp_coll_call_t *c) {
     const char *fn = kind_names[c->kind];
     SP_CHECK(sp__world_check(w, fn));
-    const char *backend = sp_backend_name();
-    call_ctx_t x = {.rank = sp__world_rank(w),
-                    .size = sp__world_size(w),
-                    .device = sp__world_device(w),
-                    .cuda = strcmp(backend, "cuda") == 0,
-                    .host = strcmp(backend, "host") == 0};
+    call_ctx_t x = call_ctx(w);
     bool cuda = x.cuda;
     char why[512];
     bool ok = check_local(&x, c, why, sizeof why);
