@@ -72,8 +72,9 @@ typedef enum { SP_SUM, SP_PROD, SP_MIN, SP_MAX, SP_AVG } sp_redop_t;
  *    dtypes, ops, roots or collectives, or, for a call NCCL runs on symmetric kernels, buffers
  *    the kernels reach on peers (all-reduce both, all-gather recv, reduce-scatter send) at
  *    different places (another offset or segment), or off the windows on some ranks only, or
- *    NCCL running it on symmetric kernels on some ranks only (NCCL_SYM_KERNEL, which each
- *    process reads for itself, set differently). Nothing is sent then.
+ *    NCCL running it on symmetric kernels on some ranks only or picking its kernel from
+ *    different kernels on different ranks (NCCL_SYM_KERNEL, which each process reads for
+ *    itself, set differently). Nothing is sent then.
  *  - count 0 is a no-op (after the agreement); buffers may then be NULL.
  *  - Completion: on the cuda backend the operation is enqueued on @p stream (NCCL semantics);
  *    on the host backend it has completed when the call returns.
