@@ -81,8 +81,10 @@ typedef enum { SP_SUM, SP_PROD, SP_MIN, SP_MAX, SP_AVG } sp_redop_t;
  *  - Other statuses: SP_ERR_MPI, SP_ERR_NCCL (also on every rank whose peers have no NCCL
  *    communicator left, naming them), SP_ERR_NOT_SUPPORTED (cuda without NCCL, or with the
  *    world's communicator aborted after a failure; on host, allgather/reduce_scatter of more than
- *    INT_MAX elements per rank), SP_ERR_SYSTEM (host scratch for fp16/bf16 could not be
- *    allocated).
+ *    INT_MAX elements per rank), SP_ERR_SYSTEM (on host, on a rank that could not get the
+ *    call's scratch: fp16/bf16 arithmetic, an in-place or float-avg reduce_scatter, or half
+ *    min/max's MPI op; found before any data moves, so its peers return
+ *    SP_ERR_INVALID_ARGUMENT naming it).
  *  - Thread-safety: calls on one world must not run concurrently from several threads (MPI and
  *    NCCL order collectives per communicator).
  */
