@@ -77,6 +77,7 @@ typedef struct call_ctx {
     sp_mempool_t *send_pool, *recv_pool; /* the buffers' pools, NULL where not looked up */
     const char *no_sym;                  /* why not symmetric kernels (NULL: they run) */
     int64_t at[3];                       /* where the buffers lie in their windows (places()) */
+    int64_t kernels; /* the symmetric kernels NCCL may pick from on this rank (places()) */
 } call_ctx_t;
 
 /* [ptr, ptr+bytes) must lie in one live block of this rank's device (within what the caller
@@ -179,12 +180,19 @@ static bool check_local(call_ctx_t *x, const sp_coll_call_t *c, char *why, size_
 }
 
 enum { AG_COUNT_HI, AG_COUNT_LO, AG_DTYPE, AG_OP, AG_ROOT, AG_SEND_AT, AG_RECV_AT, AG_SEGS, AG_N };
+/* The calls other than broadcast have no root: their AG_ROOT field carries the symmetric kernels
+ * NCCL may pick the call from on the rank (x->kernels, 0 off them). Broadcast never runs on them,
+ * and the collective is agreed (the round's op) before any field is read, so every rank reads
+ * the field the same way. */
+#define AG_KERNELS AG_ROOT
 /* AG_SEND_AT of a rank that has no NCCL communicator on cuda (ready_for_nccl): a place is >= 0,
  * and a failed rank's fields are never compared, so its peers can tell why it failed. */
 #define AG_NO_NCCL (-1)
 
 static const int64_t agree_ops[] = {SP_AGREE_ALLREDUCE, SP_AGREE_ALLGATHER, SP_AGREE_REDUCE_SCATTER,
                                     SP_AGREE_BROADCAST};
+
+static const char *sym_kernel_setting(const char **sep_p);
 
 /* The buffers' places (places()) after a round that found the arguments equal (the call, so
  * which buffers are compared, is the same on every rank). */
@@ -202,6 +210,16 @@ static sp_status_t agreed_places(const sp_agree_t *a, const call_ctx_t *x, const
                          x->at[2]    ? ""
                          : x->no_sym ? x->no_sym
                                      : "its buffers are not in its windows");
+    /* NCCL picks the fastest kernel its mask leaves (src/sym_kernels.cc ncclSymkPickKernel): ranks
+     * whose masks differ can pick different kernels, which wait for each other too. */
+    if (a->lo[AG_KERNELS] != a->hi[AG_KERNELS]) {
+        const char *sep, *setting = sym_kernel_setting(&sep);
+        return sp__error(SP_ERR_MISMATCH, SP_SUB_COLL,
+                         "%s: NCCL would pick the call's kernel from different symmetric kernels "
+                         "on different ranks, which would wait for each other (this rank: "
+                         "NCCL_SYM_KERNEL%s%s); give every rank the same NCCL_SYM_KERNEL",
+                         fn, sep, setting);
+    }
     const char *peer_bufs = c->kind == SP_COLL_ALLGATHER        ? "recv buffer is"
                             : c->kind == SP_COLL_REDUCE_SCATTER ? "send buffer is"
                                                                 : "buffers are";
@@ -239,7 +257,7 @@ static sp_status_t agree(sp_world_t *w, const call_ctx_t *x, const sp_coll_call_
                         (int64_t)(c->count & 0xffffffffu),
                         (int64_t)c->dtype,
                         reduces ? (int64_t)c->op : 0,
-                        c->kind == SP_COLL_BROADCAST ? (int64_t)c->root : 0,
+                        c->kind == SP_COLL_BROADCAST ? (int64_t)c->root : x->kernels,
                         x->at[0],
                         x->at[1],
                         x->at[2],
@@ -266,8 +284,8 @@ static sp_status_t agree(sp_world_t *w, const call_ctx_t *x, const sp_coll_call_
     static const char *const field_names[AG_SEND_AT] = {"count", "count", "dtype", "op", "root"};
     for (int i = 0; i < AG_SEND_AT; i++) {
         int64_t hi = a.hi[i], lo = a.lo[i];
-        if (hi == lo)
-            continue;
+        if (hi == lo || (i == AG_KERNELS && c->kind != SP_COLL_BROADCAST))
+            continue; /* the kernels are compared with the places (agreed_places) */
         if (i == AG_COUNT_HI || i == AG_COUNT_LO)
             return sp__error(SP_ERR_MISMATCH, SP_SUB_COLL,
                              "%s: ranks passed different counts (this rank: %zu); every rank "
@@ -613,25 +631,59 @@ static int user_kernel(void) {
     return k;
 }
 
-/* Why ncclSymkMask (src/sym_kernels.cc:275-317) leaves a call of this kind and these bus bytes
- * (:306-307: the message's bytes for all-reduce, nRanks times them otherwise) no kernel, NULL when
- * it leaves one. The caller has checked what ncclSymkImplemented and the node rule (:314) ask. */
-static const char *no_kernel_reason(sp_coll_kind_t kind, size_t bus) {
+/* This process's NCCL_SYM_KERNEL as sympool read it (user_kernel), for messages: *sep_p and the
+ * result follow "NCCL_SYM_KERNEL": "=" and a kernel's name, or " " and "unset (every kernel)",
+ * "^ (every kernel)" or "naming no kernel". */
+static const char *sym_kernel_setting(const char **sep_p) {
+    int k = user_kernel();
+    *sep_p = k >= 0 ? "=" : " ";
+    if (k == SYMK_ALL)
+        return getenv("NCCL_SYM_KERNEL") ? "^ (every kernel)" : "unset (every kernel)";
+    return k == SYMK_NONE ? "naming no kernel" : symks[k].name;
+}
+
+/* The kernels ncclSymkMask (src/sym_kernels.cc:275-317) leaves a call of this kind and these bus
+ * bytes (:306-307: the message's bytes for all-reduce, nRanks times them otherwise), a bit per
+ * symks entry, multimem ones taken as available (above); 0: none. NCCL picks the call's kernel
+ * among them by its cost model (ncclSymkPickKernel), the same way on every rank of a
+ * communicator, so ranks with the same mask pick the same kernel. The caller has checked what
+ * ncclSymkImplemented and the node rule (:314) ask. */
+static int64_t kernel_mask(sp_coll_kind_t kind, size_t bus) {
     /* Any kernel may count its chunks in 32 bits (:310-312). */
     if (bus >= (size_t)64 << 30)
-        return "64 GiB or more of bus bytes: NCCL 2.28 has no symmetric kernel that large";
+        return 0;
     int k = user_kernel();
-    if (k == SYMK_ALL)
-        return NULL; /* each collective has a kernel neither LL nor multimem: RSxLD_AGxST,
-                      * AllGather_ST, ReduceScatter_LD */
-    if (k == SYMK_NONE)
+    int64_t mask = 0;
+    for (int i = 0; i < (int)(sizeof symks / sizeof symks[0]); i++) {
+        bool user = k == SYMK_ALL || k == i;
+        /* LL kernels count elements in 32 bits (:308-309). */
+        bool fits = !symks[i].ll || bus < (size_t)2 << 30;
+        if (user && fits && symks[i].kind == (int)kind)
+            mask |= (int64_t)1 << i;
+    }
+    return mask;
+}
+
+/* Why kernel_mask leaves a call no kernel, NULL when it leaves one. */
+static const char *no_kernel_reason(sp_coll_kind_t kind, size_t bus) {
+    if (kernel_mask(kind, bus) != 0)
+        return NULL;
+    if (bus >= (size_t)64 << 30)
+        return "64 GiB or more of bus bytes: NCCL 2.28 has no symmetric kernel that large";
+    int k = user_kernel(); /* each collective has a kernel neither LL nor multimem otherwise */
+    if (k < 0)
         return "NCCL_SYM_KERNEL names no symmetric kernel of NCCL 2.28";
     if (symks[k].kind != (int)kind)
         return "NCCL_SYM_KERNEL names a kernel of another collective";
-    if (symks[k].ll && bus >= (size_t)2 << 30) /* LL kernels count elements in 32 bits (:308-309) */
-        return "NCCL_SYM_KERNEL names an LL kernel, which NCCL 2.28 drops at 2 GiB or more of bus "
-               "bytes";
-    return NULL;
+    return "NCCL_SYM_KERNEL names an LL kernel, which NCCL 2.28 drops at 2 GiB or more of bus "
+           "bytes";
+}
+
+/* The call's bus bytes as ncclSymkMask counts them (:306-307). check_local has checked that the
+ * product fits. */
+static size_t bus_bytes(const call_ctx_t *x, const sp_coll_call_t *c) {
+    size_t scale = c->kind == SP_COLL_ALLREDUCE ? 1 : (size_t)x->size;
+    return c->count * sp__coll_dtype_size(c->dtype) * scale;
 }
 
 /* Why this call cannot use symmetric kernels, or NULL when it can. The buffers decide on every
@@ -658,9 +710,7 @@ static const char *no_symmetric_reason(const sp_world_t *w, const call_ctx_t *x,
             if (c->dtype != SP_FLOAT32 && c->dtype != SP_FLOAT16 && c->dtype != SP_BFLOAT16)
                 return "dtype: symmetric kernels reduce float32, float16 and bfloat16 only";
         }
-        size_t scale = c->kind == SP_COLL_ALLREDUCE ? 1 : (size_t)x->size;
-        const char *no_kernel =
-            no_kernel_reason(c->kind, c->count * sp__coll_dtype_size(c->dtype) * scale);
+        const char *no_kernel = no_kernel_reason(c->kind, bus_bytes(x, c));
         if (no_kernel)
             return no_kernel;
     }
@@ -721,11 +771,13 @@ static void count_symmetric(sp_world_t *w, const call_ctx_t *x, const sp_coll_ca
  * are reached on peers, 0 where not; at[2]: those buffers' segments' sequence numbers (send in
  * the high half, recv in the low, 0 for one not reached) + 1, 0 when the call does not run on
  * symmetric kernels on this rank (NCCL decides that per rank, src/scheduler/symmetric_sched.cc,
- * from this rank's windows and its own NCCL_SYM_KERNEL).
+ * from this rank's windows and its own NCCL_SYM_KERNEL); x->kernels: the kernels NCCL may pick
+ * the call from there (kernel_mask), 0 off them.
  * Every value is the same on every rank of a correct call. */
 static void places(sp_world_t *w, call_ctx_t *x, const sp_coll_call_t *c) {
     x->no_sym = no_symmetric_reason(w, x, c);
     x->at[0] = x->at[1] = x->at[2] = 0;
+    x->kernels = 0;
     sp_window_info_t s, r;
     if (x->no_sym != NULL || sp_symmetric_window(c->send, &s) != SP_SUCCESS ||
         sp_symmetric_window(c->recv, &r) != SP_SUCCESS) {
@@ -739,6 +791,7 @@ static void places(sp_world_t *w, call_ctx_t *x, const sp_coll_call_t *c) {
     x->at[0] = send_on_peers ? (int64_t)s.offset + 1 : 0;
     x->at[1] = recv_on_peers ? (int64_t)r.offset + 1 : 0;
     x->at[2] = (int64_t)((send_seq << 32) | recv_seq) + 1;
+    x->kernels = kernel_mask(c->kind, bus_bytes(x, c));
 }
 
 /* ---- dispatch --------------------------------------------------------------------------- */

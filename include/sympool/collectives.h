@@ -72,16 +72,19 @@ typedef enum { SP_SUM, SP_PROD, SP_MIN, SP_MAX, SP_AVG } sp_redop_t;
  *    dtypes, ops, roots or collectives, or, for a call NCCL runs on symmetric kernels, buffers
  *    the kernels reach on peers (all-reduce both, all-gather recv, reduce-scatter send) at
  *    different places (another offset or segment), or off the windows on some ranks only, or
- *    NCCL running it on symmetric kernels on some ranks only (NCCL_SYM_KERNEL, which each
- *    process reads for itself, set differently). Nothing is sent then.
+ *    NCCL running it on symmetric kernels on some ranks only or picking its kernel from
+ *    different kernels on different ranks (NCCL_SYM_KERNEL, which each process reads for
+ *    itself, set differently). Nothing is sent then.
  *  - count 0 is a no-op (after the agreement); buffers may then be NULL.
  *  - Completion: on the cuda backend the operation is enqueued on @p stream (NCCL semantics);
  *    on the host backend it has completed when the call returns.
  *  - Other statuses: SP_ERR_MPI, SP_ERR_NCCL (also on every rank whose peers have no NCCL
  *    communicator left, naming them), SP_ERR_NOT_SUPPORTED (cuda without NCCL, or with the
  *    world's communicator aborted after a failure; on host, allgather/reduce_scatter of more than
- *    INT_MAX elements per rank), SP_ERR_SYSTEM (host scratch for fp16/bf16 could not be
- *    allocated).
+ *    INT_MAX elements per rank), SP_ERR_SYSTEM (on host, on a rank that could not get the
+ *    call's scratch: fp16/bf16 arithmetic, an in-place or float-avg reduce_scatter, or half
+ *    min/max's MPI op; found before any data moves, so its peers return
+ *    SP_ERR_INVALID_ARGUMENT naming it).
  *  - Thread-safety: calls on one world must not run concurrently from several threads (MPI and
  *    NCCL order collectives per communicator).
  */

@@ -55,12 +55,14 @@ sp_status_t sp_symmetric_mempool_create(sp_world_t *w, const sp_mempool_params_t
  * rank that cannot grow -> SP_ERR_OUT_OF_MEMORY everywhere, naming the ranks that could not.
  * On cuda, ranks whose NCCL symmetric support differs (NCCL_WIN_ENABLE or NCCL_CUMEM_ENABLE set
  * differently, on which NCCL's window registration would wait for good) -> SP_ERR_MISMATCH on
- * every rank at the first growth, nothing registered. Growth holds no lock of the allocator while
- * ranks wait for each other: other threads' sp_malloc/sp_free, and other symmetric pools, go on
- * meanwhile. Calls on one pool are serialized on this rank; calls on different pools may run from
- * different threads at once (MPI_THREAD_MULTIPLE), in any order across ranks.
+ * every rank at every growth (NCCL's support is fixed when its communicator is made), nothing
+ * registered. On cuda, a rank short of host memory for the table of its node's devices ->
+ * SP_ERR_SYSTEM on every rank, naming it, nothing registered. Growth holds no lock of the allocator
+ * while ranks wait for each other: other threads' sp_malloc/sp_free, and other symmetric pools, go
+ * on meanwhile. Calls on one pool are serialized on this rank; calls on different pools may run
+ * from different threads at once (MPI_THREAD_MULTIPLE), in any order across ranks.
  * @return SP_SUCCESS, SP_ERR_INVALID_ARGUMENT, SP_ERR_INVALID_USAGE, SP_ERR_MISMATCH,
- *         SP_ERR_OUT_OF_MEMORY, SP_ERR_TIMEOUT, SP_ERR_MPI, SP_ERR_NCCL.
+ *         SP_ERR_OUT_OF_MEMORY, SP_ERR_TIMEOUT, SP_ERR_MPI, SP_ERR_NCCL, SP_ERR_SYSTEM.
  */
 sp_status_t sp_symmetric_malloc(sp_mempool_t *pool, size_t size, sp_stream_t stream, void **ptr_p);
 

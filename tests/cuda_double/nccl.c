@@ -1004,59 +1004,62 @@ static uint32_t user_kernels(void) {
     return m;
 }
 
-/* Whether ncclSymkMask (src/sym_kernels.cc:275-317) leaves a call of this kind and these bus bytes
- * (:306-307) a kernel: of its collective (:276), allowed by NCCL_SYM_KERNEL (:277), multimem only
- * with comm->nvlsSupport (:279-304), LL only below 2 GiB of bus bytes (:309), none at all from 64
- * GiB (:312). The double's GPUs have no NVLS: src/transport/nvls.cc:161-176 takes nvlsSupport
- * from CU_DEVICE_ATTRIBUTE_MULTICAST_SUPPORTED, which the double's driver does not report, and a
- * forced NCCL_NVLS_ENABLE=1 finds no NVLS channels (src/init.cc:1190). */
-static bool symk_left(int kind, size_t bus) {
-    uint32_t m = user_kernels();
+/* The kernels ncclSymkMask (src/sym_kernels.cc:275-317) leaves a call of this kind and these bus
+ * bytes (:306-307), a bit per symks entry (0: none): of its collective (:276), allowed by
+ * NCCL_SYM_KERNEL (:277), multimem only with comm->nvlsSupport (:279-304), LL only below 2 GiB of
+ * bus bytes (:309), none at all from 64 GiB (:312). The double's GPUs have no NVLS:
+ * src/transport/nvls.cc:161-176 takes nvlsSupport from CU_DEVICE_ATTRIBUTE_MULTICAST_SUPPORTED,
+ * which the double's driver does not report, and a forced NCCL_NVLS_ENABLE=1 finds no NVLS channels
+ * (src/init.cc:1190). */
+static uint32_t symk_mask(int kind, size_t bus) {
+    uint32_t m = user_kernels(), left = 0;
     if (bus >= (size_t)64 << 30)
-        return false;
+        return 0;
     for (size_t i = 0; i < N_SYMK; i++)
         if ((m >> i & 1) && symks[i].kind == kind && !symks[i].mc &&
             !(symks[i].ll && bus >= (size_t)2 << 30))
-            return true;
-    return false;
+            left |= 1u << i;
+    return left;
 }
 
-/* Whether NCCL 2.28.9 runs this call as a symmetric kernel: the comm has symmetricSupport
+/* The symmetric kernels NCCL 2.28.9 picks this call's kernel from (0: it runs on its regular
+ * ones): the comm has symmetricSupport
  * (src/enqueue.cc:360), more than one rank (one rank is ncclLaunchOneRank's copy, :2569), both
  * buffers in NCCL_WIN_COLL_SYMMETRIC windows (src/scheduler/symmetric_sched.cc:26-30, windows
  * found by the buffer's start, src/dev_runtime.cc:952-963 ncclDevrFindWindow) and
  * ncclSymkAvailable (src/sym_kernels.cc:319-325): the call one the kernels implement
  * (ncclSymkImplemented, :248-273: all-gather of any type; all-reduce and reduce-scatter of sum
  * only (avg on floats is a pre-multiplied sum, not sum) on floating types but fp64) and a kernel
- * left by ncclSymkMask (symk_left), none when nNodes > 1 (the LSA kernels are masked, :314, and
+ * left by ncclSymkMask (symk_mask), none when nNodes > 1 (the LSA kernels are masked, :314, and
  * 2.28 has no network ones). */
-static bool symmetric_kernel(struct ncclComm *c, int kind, const void *send, const void *recv,
-                             size_t count, ncclDataType_t t, ncclRedOp_t op) {
+static uint32_t symmetric_kernels(struct ncclComm *c, int kind, const void *send, const void *recv,
+                                  size_t count, ncclDataType_t t, ncclRedOp_t op) {
     if (!c->symmetric_support || c->nranks < 2 || c->nnodes > 1)
-        return false;
+        return 0;
     switch (kind) {
     case K_ALLGATHER:
         break;
     case K_ALLREDUCE:
     case K_REDUCESCATTER:
         if (op != ncclSum || (t != ncclFloat32 && t != ncclFloat16 && t != ncclBfloat16))
-            return false;
+            return 0;
         break;
     default:
-        return false;
+        return 0;
     }
-    if (!symk_left(kind, (kind == K_ALLREDUCE ? 1 : (size_t)c->nranks) * count * type_size(t)))
-        return false;
     int fs = window_flags(c, send), fr = window_flags(c, recv);
-    return fs >= 0 && fr >= 0 && (fs & fr & NCCL_WIN_COLL_SYMMETRIC);
+    if (fs < 0 || fr < 0 || !(fs & fr & NCCL_WIN_COLL_SYMMETRIC))
+        return 0;
+    return symk_mask(kind, (kind == K_ALLREDUCE ? 1 : (size_t)c->nranks) * count * type_size(t));
 }
 
-/* Test hook: whether NCCL 2.28.9 would run this call on symmetric kernels (symmetric_kernel), the
- * rule alone without running the call, for sizes no test can allocate. */
+/* Test hook: whether NCCL 2.28.9 would run this call on symmetric kernels (symmetric_kernels),
+ * the rule alone without running the call, for sizes no test can allocate. */
 DBL_EXPORT int cuda_double_nccl_symmetric_rule(ncclComm_t c, int kind, const void *send,
                                                const void *recv, size_t count, int type, int op) {
     return comm_ok(c) && count > 0 &&
-           symmetric_kernel(c, kind, send, recv, count, (ncclDataType_t)type, (ncclRedOp_t)op);
+           symmetric_kernels(c, kind, send, recv, count, (ncclDataType_t)type, (ncclRedOp_t)op) !=
+               0;
 }
 
 /* Test hook: collectives of this process that NCCL 2.28.9 would have run as symmetric kernels. */
@@ -1130,11 +1133,14 @@ static ncclResult_t coll(int kind, const void *send, void *recv, size_t count, n
      * recv buffer (the send buffer is read through input.localPtr() only, all_gather.cuh),
      * reduce-scatter its send buffer (the result is written through output.localPtr() only,
      * reduce_scatter.cuh). Ranks that would run such a call at different places, or not all on
-     * symmetric kernels (NCCL decides per rank, src/scheduler/symmetric_sched.cc), get wrong
-     * data or hang on NCCL: the double fails them. */
-    bool symk = count > 0 && symmetric_kernel(c, kind, send, recv, count, t, op);
+     * symmetric kernels (NCCL decides per rank, src/scheduler/symmetric_sched.cc), or on kernels
+     * picked from different masks (NCCL_SYM_KERNEL differing: ncclSymkPickKernel takes the
+     * fastest kernel of its rank's mask), get wrong data or hang on NCCL: the double fails them. */
+    uint32_t kernels = count > 0 ? symmetric_kernels(c, kind, send, recv, count, t, op) : 0;
+    bool symk = kernels != 0;
     me[5] = !symk ? -2 : kind == K_ALLGATHER ? -1 : window_place(c, send);
     me[6] = !symk ? -2 : kind == K_REDUCESCATTER ? -1 : window_place(c, recv);
+    me[7] = kernels;
     ncclResult_t r = barrier(c, fn);
     if (r != ncclSuccess)
         return r;
@@ -1157,6 +1163,12 @@ static ncclResult_t coll(int kind, const void *send, void *recv, size_t count, n
                      "hang",
                      i, (long long)h->arg[i][5], (long long)h->arg[i][6], c->rank, (long long)me[5],
                      (long long)me[6]);
+    for (int i = 0; i < n && r == ncclSuccess; i++)
+        if (h->arg[i][7] != me[7])
+            r = fail(fn, ncclInvalidUsage,
+                     "rank %d picks its symmetric kernel from mask %#llx, rank %d from %#llx "
+                     "(NCCL_SYM_KERNEL differs): they could run different kernels and hang",
+                     i, (long long)h->arg[i][7], c->rank, (long long)me[7]);
     ncclResult_t r2 = barrier(c, fn);
     if (r != ncclSuccess)
         return r;

@@ -406,7 +406,10 @@ TEST_F(CudaDoubleMpi, NcclSymKernelNamesTheOnlyKernel) {
 // NCCL_SYM_KERNEL is each process's own: set on one rank only, NCCL 2.28.9 would run a call on
 // symmetric kernels on the other ranks and on its regular kernels on that one, which then wait for
 // each other. sympool's agreement round sees the ranks disagree and fails the call on every rank
-// before NCCL gets it; a call every rank runs on symmetric kernels still runs. Its own process
+// before NCCL gets it. A call every rank runs on symmetric kernels, but chosen from different sets
+// (src/sym_kernels.cc ncclSymkPickKernel picks the fastest kernel its mask leaves: AllGather_ST on
+// rank 0, an LL one elsewhere for a small call), would hang as surely: refused too. A call every
+// rank runs on NCCL's regular kernels still runs. Its own process
 // (ctest cuda_double.mpi.test_cuda_double_mpi.sym_kernel_rank0) sets SP_TEST_SYM_KERNEL_RANK0,
 // which rank 0 copies into NCCL_SYM_KERNEL before its first collective; elsewhere it skips.
 TEST_F(CudaDoubleMpi, NcclSymKernelOnOneRankOnlyFailsEveryRank) {
@@ -437,8 +440,20 @@ TEST_F(CudaDoubleMpi, NcclSymKernelOnOneRankOnlyFailsEveryRank) {
     }
     EXPECT_EQ(get<float>(b, 1)[0], 0.0f) << "no rank moved any data";
     EXPECT_EQ(nccl_symmetric_kernels() - k0, 0) << "nothing reached NCCL";
-    ASSERT_SP_OK(sp_allgather(world_, a, b, count, SP_FLOAT32, nullptr));
-    EXPECT_EQ(nccl_symmetric_kernels() - k0, 1) << "AllGather_ST on rank 0, every kernel elsewhere";
+    // AllGather_ST alone on rank 0, every kernel elsewhere: symmetric kernels on every rank, but
+    // not the same ones.
+    s = sp_allgather(world_, a, b, count, SP_FLOAT32, nullptr);
+    EXPECT_EQ(s, SP_ERR_MISMATCH) << sp_last_error();
+    const std::string m2 = sp_last_error();
+    EXPECT_NE(m2.find("different symmetric kernels"), std::string::npos) << m2;
+    EXPECT_NE(m2.find(r == 0 ? "NCCL_SYM_KERNEL=AllGather_ST" : "NCCL_SYM_KERNEL unset"),
+              std::string::npos)
+        << m2;
+    EXPECT_EQ(get<float>(b, 1)[0], 0.0f) << "no rank moved any data";
+    EXPECT_EQ(nccl_symmetric_kernels() - k0, 0) << "nothing reached NCCL";
+    // int32 has no symmetric all-reduce kernel: NCCL's regular kernels on every rank.
+    ASSERT_SP_OK(sp_allreduce(world_, a, b, count, SP_INT32, SP_SUM, nullptr));
+    EXPECT_EQ(nccl_symmetric_kernels() - k0, 0);
     EXPECT_SP_OK(sp_free(b));
     EXPECT_SP_OK(sp_free(a));
 }
