@@ -421,22 +421,28 @@ static sp_status_t nccl_alloc(sp_sym_state_t *st, size_t size, sp_sym_seg_t *seg
                      what, sp__agree_bad_ranks(&c, ranks, sizeof ranks));
 }
 
-static sp_status_t nccl_release(sp_sym_state_t *st, sp_sym_seg_t *seg, void *stream) {
-    sp_world_t *w = st->world;
-    sp_status_t s = SP_SUCCESS;
+/* The whole device, not the segments' streams: sympool lets a user destroy a stream while
+ * blocks allocated on it are cached, and synchronizing a destroyed stream is undefined. A release
+ * is rare (empty_cache, pool destruction), so the wider wait costs little. */
+static sp_status_t device_sync(const sp_sym_state_t *st, const char *why) {
     int prev = -1;
     if (cudaGetDevice(&prev) != cudaSuccess)
         prev = -1;
-    /* The whole device, not the segment's stream: sympool lets a user destroy a stream while
-     * blocks allocated on it are cached, and synchronizing a destroyed stream is undefined. A
-     * release is rare (empty_cache, pool destruction), so the wider wait costs little. */
-    (void)stream;
     cudaError_t ce = cudaSetDevice(st->device);
     if (ce == cudaSuccess)
         ce = cudaDeviceSynchronize();
-    if (ce != cudaSuccess)
-        s = cuda_err(ce, "cudaDeviceSynchronize before deregistering a window");
     sp__cuda_restore_device(st->device, prev);
+    return ce == cudaSuccess ? SP_SUCCESS : cuda_err(ce, why);
+}
+
+static sp_status_t nccl_quiesce(sp_sym_state_t *st) {
+    return device_sync(st, "cudaDeviceSynchronize before releasing symmetric segments");
+}
+
+static sp_status_t nccl_release(sp_sym_state_t *st, sp_sym_seg_t *seg, void *stream) {
+    sp_world_t *w = st->world;
+    (void)stream; /* see device_sync */
+    sp_status_t s = device_sync(st, "cudaDeviceSynchronize before deregistering a window");
     if (seg->window) {
         sp__world_nccl_lock(w);
         ncclComm_t nc = (ncclComm_t)sp__world_nccl_comm(w);
@@ -472,6 +478,7 @@ const sp_registrar_ops_t sp__registrar_nccl = {
     .name = "nccl",
     .alloc = nccl_alloc,
     .release = nccl_release,
+    .quiesce = nccl_quiesce,
     .peer_ptr = nccl_peer_ptr,
 };
 

@@ -49,6 +49,10 @@ typedef struct sp_registrar_ops {
      * stream the segment's blocks were used on (NULL: the default stream), the only work that
      * must be complete before the memory goes. */
     sp_status_t (*release)(struct sp_sym_state *st, sp_sym_seg_t *seg, void *stream);
+    /* Local, optional (NULL: nothing to wait for): wait until no work of this rank can still use
+     * the pool's memory, before the agreement that lets segments go; a failure keeps them on
+     * every rank. */
+    sp_status_t (*quiesce)(struct sp_sym_state *st);
     /* Local: address of the same byte `offset` of this segment on world rank `rank`. */
     sp_status_t (*peer_ptr)(sp_world_t *w, const sp_sym_seg_t *seg, int rank, size_t offset,
                             void **ptr_p);

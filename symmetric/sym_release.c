@@ -147,27 +147,47 @@ static sp_status_t agree_free(sp_sym_state_t *st, int op, bool live, const char 
     return SP_SUCCESS;
 }
 
-/* Release the agreed segments: one agreement round first, so that every rank has stopped using
- * them (peer pointers included) before any goes; then each, in ascending sequence order. */
+/* The release round: every rank has stopped using the agreed segments (peer pointers included)
+ * and its device has finished the work that could use them (the registrar's quiesce), or no rank
+ * releases any: a rank whose wait failed cannot know its kernels are done with the memory, and a
+ * segment kept on one rank only would leave the pool asymmetric. */
+static sp_status_t release_round(sp_sym_state_t *st, const char *what) {
+    sp_status_t mine = st->reg->quiesce ? st->reg->quiesce(st) : SP_SUCCESS;
+    char why[256];
+    snprintf(why, sizeof why, "%s", mine == SP_SUCCESS ? "" : sp_last_error());
+    sp_agree_t a = {.op = SP_AGREE_SYM_RELEASE, .ok = mine == SP_SUCCESS};
+    SP_CHECK(sp__sym_round(st, &a, what));
+    if (mine != SP_SUCCESS)
+        return sp__error(mine, SP_SUB_SYM, "%s: %s; no rank released a segment", what, why);
+    char ranks[96];
+    if (a.nbad)
+        return sp__error(SP_ERR_DEVICE, SP_SUB_SYM,
+                         "%s: %s could not wait for its device's work (its log says why); no "
+                         "rank released a segment",
+                         what, sp__agree_bad_ranks(&a, ranks, sizeof ranks));
+    return SP_SUCCESS;
+}
+
+/* Release the agreed segments: the release round first, then each, in ascending sequence order.
+ * A failure releasing one does not stop the others: every rank lets go of the same segments, so
+ * the pool stays symmetric (the first failure is returned). */
 static sp_status_t release_agreed(sp_sym_state_t *st, const char *what, const uint64_t *bits,
                                   uint64_t nbits, size_t *released_p) {
     size_t released = 0;
-    sp_status_t s = SP_SUCCESS;
     bool any = false;
     for (uint64_t q = 0; q < nbits; q++)
         any = any || (bits[q / 64] >> (q % 64) & 1);
-    if (any) {
-        sp_agree_t a = {.op = SP_AGREE_SYM_RELEASE, .ok = true};
-        s = sp__sym_round(st, &a, what);
-    }
-    for (uint64_t q = 0; s == SP_SUCCESS && q < nbits; q++) {
+    *released_p = 0;
+    if (any)
+        SP_CHECK(release_round(st, what));
+    sp_status_t s = SP_SUCCESS;
+    for (uint64_t q = 0; q < nbits; q++) {
         if (!(bits[q / 64] >> (q % 64) & 1))
             continue;
         sp_status_t r = release_seq(st, q);
-        if (r != SP_SUCCESS)
+        if (r != SP_SUCCESS && s == SP_SUCCESS)
             s = r;
-        else
-            released++;
+        released += r == SP_SUCCESS;
     }
     *released_p = released;
     return s;

@@ -69,7 +69,10 @@ sp_status_t sp_symmetric_malloc(sp_mempool_t *pool, size_t size, sp_stream_t str
 /** Collective: release the segments that are free on every rank, in the same order (one
  * agreement round for the whole batch). While a CUDA graph capture is under way on any rank's
  * device it releases nothing, on every rank (as PyTorch's empty_cache then), and succeeds.
- * SP_ERR_MISMATCH, SP_ERR_TIMEOUT as sp_symmetric_malloc. */
+ * On cuda each rank first waits for its device; if that fails on any rank, no rank releases a
+ * segment (SP_ERR_DEVICE, or the failed wait's status on that rank). A segment whose release
+ * fails on a rank (SP_ERR_NCCL) does not stop the others. SP_ERR_MISMATCH, SP_ERR_TIMEOUT as
+ * sp_symmetric_malloc. */
 sp_status_t sp_symmetric_empty_cache(sp_mempool_t *pool);
 
 /**

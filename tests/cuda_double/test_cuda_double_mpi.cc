@@ -275,6 +275,71 @@ TEST_F(CudaDoubleMpi, ReleaseFailuresAreReportedAndNothingLeaks) {
     EXPECT_NE(sp_symmetric_empty_cache(pool_), SP_SUCCESS);
 }
 
+// A release waits for the device first: a rank whose wait fails cannot know its kernels are done
+// with the segments, so no rank releases one (a segment gone on some ranks only would leave the
+// pool asymmetric), and every rank says so; the next release, the device fine, releases them.
+TEST_F(CudaDoubleMpi, AFailedDeviceWaitOnOneRankReleasesNothingAnywhere) {
+    NEED_DOUBLE();
+    SP_SKIP_BELOW_RANKS(2);
+    expect_warnings();
+    make_pool(false, false, "waitfail");
+    const int dev = sp_world_device(world_);
+    sp_device_usage_t u0, u1, u2;
+    ASSERT_SP_OK(sp_device_usage(dev, &u0));
+    void *a = nullptr;
+    ASSERT_SP_OK(sp_symmetric_malloc(pool_, 3 << 20, nullptr, &a));
+    ASSERT_SP_OK(sp_free(a));
+    ASSERT_SP_OK(sp_device_usage(dev, &u1));
+    ASSERT_GE(u1.reserved, u0.reserved + (3 << 20));
+    if (mpi_rank() == 0) {
+        inject("cudaDeviceSynchronize", cudaErrorUnknown);
+    }
+    EXPECT_NE(sp_symmetric_empty_cache(pool_), SP_SUCCESS);
+    EXPECT_NE(std::string(sp_last_error()).find("no rank released a segment"), std::string::npos)
+        << sp_last_error();
+    ASSERT_SP_OK(sp_device_usage(dev, &u2));
+    EXPECT_EQ(u2.reserved, u1.reserved) << "released after a failed wait";
+    EXPECT_SP_OK(sp_symmetric_empty_cache(pool_));
+    ASSERT_SP_OK(sp_device_usage(dev, &u2));
+    EXPECT_EQ(u2.reserved, u0.reserved);
+}
+
+// A release that fails for one segment on one rank (here its deregistration) goes on with the
+// other agreed segments: every rank lets go of the same ones, so the pool stays symmetric.
+TEST_F(CudaDoubleMpi, AFailedReleaseOfOneSegmentStillReleasesTheOthersEverywhere) {
+    NEED_DOUBLE();
+    SP_SKIP_BELOW_RANKS(2);
+    expect_warnings();
+    make_pool(false, false, "relrest");
+    const int dev = sp_world_device(world_);
+    sp_device_usage_t u0, u1, u2;
+    ASSERT_SP_OK(sp_device_usage(dev, &u0));
+    void *a = nullptr, *b = nullptr;
+    // Over 10 MiB each: a segment of its own (smaller ones share a 20 MiB segment).
+    ASSERT_SP_OK(sp_symmetric_malloc(pool_, 12 << 20, nullptr, &a));
+    ASSERT_SP_OK(sp_symmetric_malloc(pool_, 12 << 20, nullptr, &b));
+    sp_window_info_t wa; // the first segment's, whose release fails on rank 0 (undone below)
+    ASSERT_SP_OK(sp_symmetric_window(a, &wa));
+    ASSERT_SP_OK(sp_free(a));
+    ASSERT_SP_OK(sp_free(b));
+    ASSERT_SP_OK(sp_device_usage(dev, &u1));
+    ASSERT_GE(u1.reserved, u0.reserved + (24 << 20)) << "two segments";
+    if (mpi_rank() == 0) {
+        inject("ncclCommWindowDeregister", ncclInvalidArgument);
+    }
+    const sp_status_t s = sp_symmetric_empty_cache(pool_);
+    if (mpi_rank() == 0) {
+        EXPECT_NE(s, SP_SUCCESS) << "the failed deregistration is reported";
+    }
+    ASSERT_SP_OK(sp_device_usage(dev, &u2));
+    EXPECT_EQ(u2.reserved, u0.reserved) << "a segment kept on rank " << mpi_rank();
+    if (mpi_rank() == 0) { // what the failed release left: the later tests count device memory
+        auto nc = static_cast<ncclComm_t>(sp__world_nccl_comm(world_));
+        EXPECT_EQ(ncclCommWindowDeregister(nc, static_cast<ncclWindow_t>(wa.window)), ncclSuccess);
+        EXPECT_EQ(ncclMemFree(wa.segment_base), ncclSuccess);
+    }
+}
+
 // sympool's symmetric.collectives_eligible counts exactly the calls that NCCL 2.28 runs as
 // symmetric kernels (the double counts them by NCCL's rule): sum of floating types but fp64 and
 // all-gather of any type on buffers in symmetric windows, and on one node only; a world over
