@@ -311,9 +311,9 @@ static sp_status_t gather_all(sp_world_t *w, int device, int format, bool local_
 
 SP_EXPORT sp_status_t sp_stats_aggregate(sp_world_t *w, int device, sp_stats_summary_t *summary_p) {
     SP_CHECK(sp__world_check(w, "sp_stats_aggregate"));
-    gathered_t *g = malloc(sizeof *g);
-    if (g == NULL)
-        return sp__error(SP_ERR_SYSTEM, SP_SUB_COLL, "sp_stats_aggregate: out of host memory");
+    /* On the stack (about 8 KiB): a failed malloc would return before the agreement round and
+     * leave the peers waiting there until its deadline. */
+    gathered_t gathered, *g = &gathered;
     bool ok = summary_p != NULL;
     sp_status_t st =
         gather_all(w, device, -1, ok, "summary_p is NULL", "sp_stats_aggregate", false, g);
@@ -330,7 +330,6 @@ SP_EXPORT sp_status_t sp_stats_aggregate(sp_world_t *w, int device, sp_stats_sum
         s.nranks = g->nranks;
         *summary_p = s;
     }
-    free(g);
     return st;
 }
 
@@ -840,9 +839,7 @@ SP_EXPORT sp_status_t sp_stats_report(sp_world_t *w, int device, FILE *out,
         why = "format is not an sp_report_format_t";
     else if (rank == 0 && out == NULL)
         why = "out is NULL on rank 0 (the rank that writes)";
-    gathered_t *g = malloc(sizeof *g);
-    if (g == NULL) /* would leave the other ranks waiting; host malloc of ~7 KiB does not fail */
-        return sp__error(SP_ERR_SYSTEM, SP_SUB_COLL, "%s: out of host memory", fn);
+    gathered_t gathered, *g = &gathered; /* on the stack, as in sp_stats_aggregate */
     sp_status_t st = gather_all(w, device, (int)format, why == NULL, why, fn, true, g);
     if (st == SP_SUCCESS && format == SP_REPORT_PROMETHEUS) {
         /* Rank 0's rows were allocated before the agreement (prepare), so every rank is here. */
@@ -872,7 +869,6 @@ SP_EXPORT sp_status_t sp_stats_report(sp_world_t *w, int device, FILE *out,
     }
     free(g->rows);
     free(g->nodes);
-    free(g);
     return st;
 }
 
