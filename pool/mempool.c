@@ -271,9 +271,18 @@ sp_status_t sp__mempool_destroy_internal(sp_mempool_t *pool) {
     atomic_fetch_sub(&pool->use_count, 1);
     /* PyTorch's emptyCache(id) on a freeable pool: finish its pending frees, then release every
      * whole free segment through the pool's allocator (for a symmetric pool, its registrar,
-     * which defers what must be collective). */
-    sp__alloc_sync_events(d, pool);
-    sp__alloc_release_pool(d, pool, false, NULL, ctx);
+     * which defers what must be collective). Not while a graph capture is under way on the
+     * device: waiting and freeing would break it, and the graph may use the memory; the segments
+     * go with a later sp_empty_cache, as a destroyed pool's may (sp__alloc_release_cached). */
+    if (!sp__alloc_capture_underway(d)) {
+        sp__alloc_sync_events(d, pool);
+        sp__alloc_release_pool(d, pool, false, NULL, ctx);
+    } else {
+        SP_INFO(SP_SUB_POOL,
+                "device %d: a CUDA graph capture is under way; pool \"%s\"'s cached segments go "
+                "with a later sp_empty_cache",
+                d->device, pname(pool));
+    }
     SP_INFO(SP_SUB_POOL,
             "device %d: destroyed pool \"%s\" {0,%" PRIu64 "} (%zu segments, %zu "
             "bytes still held by live blocks)",

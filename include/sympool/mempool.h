@@ -64,7 +64,9 @@ sp_status_t sp_mempool_create(const sp_mempool_params_t *params, sp_mempool_t **
 
 /**
  * Drop the creator's use and release the pool's free cached segments now. Segments still holding
- * live blocks are released when those blocks are freed and the cache is emptied.
+ * live blocks are released when those blocks are freed and the cache is emptied. While a CUDA
+ * graph capture is under way on the pool's device nothing is released now (that would break
+ * the capture): the free segments go with a later sp_empty_cache too.
  * @return SP_SUCCESS, SP_ERR_INVALID_ARGUMENT (NULL, not a pool handle), SP_ERR_INVALID_USAGE
  *         (the default pool, a pool already destroyed, a pool still routed by sp_mempool_begin,
  *         a handle from before sp_shutdown, a symmetric pool: destroying one is collective, use

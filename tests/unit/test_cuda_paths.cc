@@ -127,6 +127,32 @@ TEST_F(CudaPaths, NothingIsReleasedWhileACaptureIsUnderWay) {
     EXPECT_EQ(stat("reserved_bytes.all.current"), 0);
 }
 
+// Destroying a private pool while a capture is under way releases nothing either (its segments
+// go with a later empty_cache, as a destroyed pool's always may): its release would synchronize
+// and free, which invalidates a global-mode capture, and the graph may use the memory.
+TEST_F(CudaPaths, ADestroyedPoolKeepsItsSegmentsUntilTheCaptureEnds) {
+    sp_mempool_t *pool = nullptr;
+    ASSERT_SP_OK(sp_mempool_create(nullptr, &pool));
+    void *p = nullptr;
+    ASSERT_SP_OK(sp_mempool_malloc(pool, MiB, nullptr, &p));
+    ASSERT_SP_OK(sp_free(p));
+    int64_t reserved = stat("reserved_bytes.all.current");
+    ASSERT_GT(reserved, 0);
+    cudaStream_t s = nullptr;
+    ASSERT_EQ(cudaStreamCreate(&s), cudaSuccess);
+    ASSERT_EQ(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal), cudaSuccess);
+    EXPECT_SP_OK(sp_mempool_destroy(pool));
+    EXPECT_EQ(stat("reserved_bytes.all.current"), reserved);
+    cudaGraph_t g = nullptr;
+    EXPECT_EQ(cudaStreamEndCapture(s, &g), cudaSuccess) << "the destroy broke the capture";
+    if (g)
+        (void)cudaGraphDestroy(g);
+    (void)cudaGetLastError();
+    ASSERT_EQ(cudaStreamDestroy(s), cudaSuccess);
+    ASSERT_SP_OK(sp_empty_cache());
+    EXPECT_EQ(stat("reserved_bytes.all.current"), 0);
+}
+
 // Behind torch.cuda.MemPool, PyTorch caches: sympool's segment entry points take exactly what
 // PyTorch asks from the device and give it back at once (sympool.torch.mem_pool()).
 TEST_F(CudaPaths, TorchSegmentsAreExactAndGivenBackAtOnce) {
