@@ -467,6 +467,14 @@ SP_EXPORT sp_status_t sp_stream_destroy(sp_stream_t stream) {
      * sp_malloc on the destroyed stream succeed. Release those segments now (a segment with a
      * live block on it stays until the block is freed and the cache emptied). */
     sp_devalloc_t *d = &sp__g.devs[dev];
+    /* Releasing the stream's segments waits and frees, which breaks a global-mode capture (and
+     * the graph may use the memory); keeping them would let a later stream with this handle
+     * reuse them unordered. So the destroy waits for the capture to end. */
+    if (sp__alloc_capture_underway(d))
+        return sp__error(SP_ERR_BUSY, SP_SUB_POOL,
+                         "sp_stream_destroy: a CUDA graph capture is under way on device %d; "
+                         "destroy the stream after the capture ends (nothing was destroyed)",
+                         dev);
     sp__lock(&d->lock);
     (void)sp__tc_drain(d); /* thread caches key blocks by stream too */
     sp__alloc_sync_events(d, NULL);

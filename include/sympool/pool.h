@@ -130,7 +130,9 @@ sp_status_t sp_stream_create(int device, sp_stream_t *stream_p);
 
 /** Destroy a stream made by sp_stream_create. NULL (the default stream) is rejected. Waits for
  * the stream's queued work first: a stream created later may get the same handle, which is the
- * cache's key for the blocks freed on this one. */
+ * cache's key for the blocks freed on this one. SP_ERR_BUSY while a CUDA graph capture is under
+ * way on the stream's device (releasing the blocks cached under it would break the capture):
+ * nothing is destroyed. */
 sp_status_t sp_stream_destroy(sp_stream_t stream);
 
 /** Wait until all work queued on @p stream has completed (on host: completes its events).

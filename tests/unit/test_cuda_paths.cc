@@ -153,6 +153,32 @@ TEST_F(CudaPaths, ADestroyedPoolKeepsItsSegmentsUntilTheCaptureEnds) {
     EXPECT_EQ(stat("reserved_bytes.all.current"), 0);
 }
 
+// Destroying a stream releases the segments cached under it (a later stream may get its handle),
+// which would break a capture under way on the device: the destroy is refused until it ends.
+TEST_F(CudaPaths, AStreamIsNotDestroyedWhileACaptureIsUnderWay) {
+    expect_warnings();
+    sp_stream_t other = nullptr;
+    ASSERT_SP_OK(sp_stream_create(0, &other));
+    void *p = nullptr;
+    ASSERT_SP_OK(sp_malloc(MiB, 0, other, &p));
+    ASSERT_SP_OK(sp_free(p));
+    int64_t reserved = stat("reserved_bytes.all.current");
+    ASSERT_GT(reserved, 0);
+    cudaStream_t s = nullptr;
+    ASSERT_EQ(cudaStreamCreate(&s), cudaSuccess);
+    ASSERT_EQ(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal), cudaSuccess);
+    EXPECT_SP_STATUS(sp_stream_destroy(other), SP_ERR_BUSY);
+    EXPECT_EQ(stat("reserved_bytes.all.current"), reserved);
+    cudaGraph_t g = nullptr;
+    EXPECT_EQ(cudaStreamEndCapture(s, &g), cudaSuccess) << "the destroy broke the capture";
+    if (g)
+        (void)cudaGraphDestroy(g);
+    (void)cudaGetLastError();
+    ASSERT_EQ(cudaStreamDestroy(s), cudaSuccess);
+    ASSERT_SP_OK(sp_stream_destroy(other));
+    EXPECT_EQ(stat("reserved_bytes.all.current"), 0);
+}
+
 // Behind torch.cuda.MemPool, PyTorch caches: sympool's segment entry points take exactly what
 // PyTorch asks from the device and give it back at once (sympool.torch.mem_pool()).
 TEST_F(CudaPaths, TorchSegmentsAreExactAndGivenBackAtOnce) {
