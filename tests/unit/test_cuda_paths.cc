@@ -37,6 +37,34 @@ size_t memory_used(int dev) {
     return hook<size_t (*)(int)>("cuda_double_memory_used")(dev);
 }
 
+// A global-mode capture on a new blocking stream of the current device, for the tests of what
+// sympool must not do while one is under way.
+class GlobalCapture {
+  public:
+    GlobalCapture() {
+        began_ = cudaStreamCreate(&s_) == cudaSuccess &&
+                 cudaStreamBeginCapture(s_, cudaStreamCaptureModeGlobal) == cudaSuccess;
+    }
+    ~GlobalCapture() {
+        if (s_)
+            (void)cudaStreamDestroy(s_);
+    }
+    bool began() const { return began_; }
+    // Ends the capture: whether it survived to give a graph.
+    bool end() {
+        cudaGraph_t g = nullptr;
+        bool ok = cudaStreamEndCapture(s_, &g) == cudaSuccess;
+        if (g)
+            (void)cudaGraphDestroy(g);
+        (void)cudaGetLastError();
+        return ok;
+    }
+
+  private:
+    cudaStream_t s_ = nullptr;
+    bool began_ = false;
+};
+
 class CudaPaths : public sp::Test {
   protected:
     void SetUp() override {
@@ -112,17 +140,11 @@ TEST_F(CudaPaths, NothingIsReleasedWhileACaptureIsUnderWay) {
     ASSERT_SP_OK(sp_free(p));
     int64_t reserved = stat("reserved_bytes.all.current");
     ASSERT_GT(reserved, 0);
-    cudaStream_t s = nullptr;
-    ASSERT_EQ(cudaStreamCreate(&s), cudaSuccess);
-    ASSERT_EQ(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal), cudaSuccess);
+    GlobalCapture capture;
+    ASSERT_TRUE(capture.began());
     (void)sp_empty_cache();
     EXPECT_EQ(stat("reserved_bytes.all.current"), reserved);
-    cudaGraph_t g = nullptr;
-    EXPECT_EQ(cudaStreamEndCapture(s, &g), cudaSuccess) << "the release broke the capture";
-    if (g)
-        (void)cudaGraphDestroy(g);
-    (void)cudaGetLastError();
-    ASSERT_EQ(cudaStreamDestroy(s), cudaSuccess);
+    EXPECT_TRUE(capture.end()) << "the release broke the capture";
     ASSERT_SP_OK(sp_empty_cache());
     EXPECT_EQ(stat("reserved_bytes.all.current"), 0);
 }
@@ -138,17 +160,11 @@ TEST_F(CudaPaths, ADestroyedPoolKeepsItsSegmentsUntilTheCaptureEnds) {
     ASSERT_SP_OK(sp_free(p));
     int64_t reserved = stat("reserved_bytes.all.current");
     ASSERT_GT(reserved, 0);
-    cudaStream_t s = nullptr;
-    ASSERT_EQ(cudaStreamCreate(&s), cudaSuccess);
-    ASSERT_EQ(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal), cudaSuccess);
+    GlobalCapture capture;
+    ASSERT_TRUE(capture.began());
     EXPECT_SP_OK(sp_mempool_destroy(pool));
     EXPECT_EQ(stat("reserved_bytes.all.current"), reserved);
-    cudaGraph_t g = nullptr;
-    EXPECT_EQ(cudaStreamEndCapture(s, &g), cudaSuccess) << "the destroy broke the capture";
-    if (g)
-        (void)cudaGraphDestroy(g);
-    (void)cudaGetLastError();
-    ASSERT_EQ(cudaStreamDestroy(s), cudaSuccess);
+    EXPECT_TRUE(capture.end()) << "the destroy broke the capture";
     ASSERT_SP_OK(sp_empty_cache());
     EXPECT_EQ(stat("reserved_bytes.all.current"), 0);
 }
@@ -164,17 +180,11 @@ TEST_F(CudaPaths, AStreamIsNotDestroyedWhileACaptureIsUnderWay) {
     ASSERT_SP_OK(sp_free(p));
     int64_t reserved = stat("reserved_bytes.all.current");
     ASSERT_GT(reserved, 0);
-    cudaStream_t s = nullptr;
-    ASSERT_EQ(cudaStreamCreate(&s), cudaSuccess);
-    ASSERT_EQ(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal), cudaSuccess);
+    GlobalCapture capture;
+    ASSERT_TRUE(capture.began());
     EXPECT_SP_STATUS(sp_stream_destroy(other), SP_ERR_BUSY);
     EXPECT_EQ(stat("reserved_bytes.all.current"), reserved);
-    cudaGraph_t g = nullptr;
-    EXPECT_EQ(cudaStreamEndCapture(s, &g), cudaSuccess) << "the destroy broke the capture";
-    if (g)
-        (void)cudaGraphDestroy(g);
-    (void)cudaGetLastError();
-    ASSERT_EQ(cudaStreamDestroy(s), cudaSuccess);
+    EXPECT_TRUE(capture.end()) << "the destroy broke the capture";
     ASSERT_SP_OK(sp_stream_destroy(other));
     EXPECT_EQ(stat("reserved_bytes.all.current"), 0);
 }
