@@ -269,10 +269,20 @@ static sp_status_t shutdown_locked(void) {
         int64_t live = sp__stat_all_current(&sp__g.devs[i].stats, SP_ST_ALLOCATION);
         if (live && sp__g.devs[i].tc_blocks)
             live -= (int64_t)sp__tc_idle(i, NULL);
-        if (live) {
+        /* Releasing waits and frees, which breaks a graph capture under way on the device (and
+         * the graph may use the memory). Asked only where there is memory to release: asking a
+         * device sympool never used would make it a CUDA context. */
+        bool capturing = !live && sp__stat_all_current(&sp__g.devs[i].stats, SP_ST_SEGMENT) > 0 &&
+                         sp__alloc_capture_underway(&sp__g.devs[i]);
+        if (live || capturing) {
             for (int k = sp__g.ndev - 1; k >= 0; k--)
                 sp__unlock(&sp__g.devs[k].lock);
             pthread_mutex_unlock(&sp__g.init_lock);
+            if (capturing)
+                return sp__error(SP_ERR_BUSY, SP_SUB_POOL,
+                                 "sp_shutdown: a CUDA graph capture is under way on device %d; "
+                                 "end it first (nothing was released)",
+                                 i);
             return sp__error(SP_ERR_BUSY, SP_SUB_POOL,
                              "sp_shutdown: %" PRId64 " block(s) are still allocated on device "
                              "%d; free them first (nothing was released)",

@@ -37,7 +37,8 @@ sp_status_t sp_init(void);
  * All device memory is given back; up to four slabs of block records per device (about 100 KiB
  * of host memory each) are kept for the next initialization, so a process that initializes
  * and shuts down in a loop (replay's --repeat and --compare) does not fault its heap in again.
- * @return SP_SUCCESS; SP_ERR_BUSY if blocks are still allocated (then nothing is released).
+ * @return SP_SUCCESS; SP_ERR_BUSY if blocks are still allocated, or a CUDA graph capture is under
+ *         way on a device holding segments (then nothing is released).
  */
 sp_status_t sp_shutdown(void);
 

@@ -189,6 +189,24 @@ TEST_F(CudaPaths, AStreamIsNotDestroyedWhileACaptureIsUnderWay) {
     EXPECT_EQ(stat("reserved_bytes.all.current"), 0);
 }
 
+// sp_shutdown releases every segment: while a capture is under way it is refused, nothing
+// released, as it is while a block is live.
+TEST_F(CudaPaths, ShutdownIsRefusedWhileACaptureIsUnderWay) {
+    expect_warnings();
+    void *p = nullptr;
+    ASSERT_SP_OK(sp_malloc(MiB, 0, nullptr, &p));
+    ASSERT_SP_OK(sp_free(p));
+    int64_t reserved = stat("reserved_bytes.all.current");
+    ASSERT_GT(reserved, 0);
+    GlobalCapture capture;
+    ASSERT_TRUE(capture.began());
+    EXPECT_SP_STATUS(sp_shutdown(), SP_ERR_BUSY);
+    EXPECT_EQ(stat("reserved_bytes.all.current"), reserved);
+    EXPECT_TRUE(capture.end()) << "the shutdown broke the capture";
+    ASSERT_SP_OK(sp_shutdown());
+    EXPECT_EQ(memory_used(0), 0u) << "the shutdown after the capture released nothing";
+}
+
 // Behind torch.cuda.MemPool, PyTorch caches: sympool's segment entry points take exactly what
 // PyTorch asks from the device and give it back at once (sympool.torch.mem_pool()).
 TEST_F(CudaPaths, TorchSegmentsAreExactAndGivenBackAtOnce) {
