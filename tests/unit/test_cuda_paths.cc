@@ -73,6 +73,17 @@ class CudaPaths : public sp::Test {
         if (!hook<void *>("cuda_double_primary_contexts") || !dev || std::string(dev) != "cuda")
             GTEST_SKIP() << "needs the CUDA/NCCL test doubles (label cuda_double)";
     }
+    // Allocate and free one MiB on device 0 in `pool` (NULL: the default pool) on `stream`, so
+    // that a segment is cached: the bytes reserved then (0 when that failed).
+    int64_t cache_a_block(sp_mempool_t *pool = nullptr, sp_stream_t stream = nullptr) {
+        void *p = nullptr;
+        sp_status_t s =
+            pool ? sp_mempool_malloc(pool, MiB, stream, &p) : sp_malloc(MiB, 0, stream, &p);
+        EXPECT_SP_OK(s);
+        if (s != SP_SUCCESS || sp_free(p) != SP_SUCCESS)
+            return 0;
+        return stat("reserved_bytes.all.current");
+    }
 };
 
 // PyTorch's MaybeExchangeDevice: after work on device 1, a caller that never chose a device (it
@@ -135,10 +146,7 @@ TEST_F(CudaPaths, NoUnmapAfterAFailedDeviceSynchronize) {
 // PyTorch releases no cached block while a capture is under way): synchronizing the device or
 // freeing memory would invalidate the capture.
 TEST_F(CudaPaths, NothingIsReleasedWhileACaptureIsUnderWay) {
-    void *p = nullptr;
-    ASSERT_SP_OK(sp_malloc(MiB, 0, nullptr, &p));
-    ASSERT_SP_OK(sp_free(p));
-    int64_t reserved = stat("reserved_bytes.all.current");
+    int64_t reserved = cache_a_block();
     ASSERT_GT(reserved, 0);
     GlobalCapture capture;
     ASSERT_TRUE(capture.began());
@@ -155,10 +163,7 @@ TEST_F(CudaPaths, NothingIsReleasedWhileACaptureIsUnderWay) {
 TEST_F(CudaPaths, ADestroyedPoolKeepsItsSegmentsUntilTheCaptureEnds) {
     sp_mempool_t *pool = nullptr;
     ASSERT_SP_OK(sp_mempool_create(nullptr, &pool));
-    void *p = nullptr;
-    ASSERT_SP_OK(sp_mempool_malloc(pool, MiB, nullptr, &p));
-    ASSERT_SP_OK(sp_free(p));
-    int64_t reserved = stat("reserved_bytes.all.current");
+    int64_t reserved = cache_a_block(pool);
     ASSERT_GT(reserved, 0);
     GlobalCapture capture;
     ASSERT_TRUE(capture.began());
@@ -175,10 +180,7 @@ TEST_F(CudaPaths, AStreamIsNotDestroyedWhileACaptureIsUnderWay) {
     expect_warnings();
     sp_stream_t other = nullptr;
     ASSERT_SP_OK(sp_stream_create(0, &other));
-    void *p = nullptr;
-    ASSERT_SP_OK(sp_malloc(MiB, 0, other, &p));
-    ASSERT_SP_OK(sp_free(p));
-    int64_t reserved = stat("reserved_bytes.all.current");
+    int64_t reserved = cache_a_block(nullptr, other);
     ASSERT_GT(reserved, 0);
     GlobalCapture capture;
     ASSERT_TRUE(capture.began());
@@ -193,10 +195,7 @@ TEST_F(CudaPaths, AStreamIsNotDestroyedWhileACaptureIsUnderWay) {
 // released, as it is while a block is live.
 TEST_F(CudaPaths, ShutdownIsRefusedWhileACaptureIsUnderWay) {
     expect_warnings();
-    void *p = nullptr;
-    ASSERT_SP_OK(sp_malloc(MiB, 0, nullptr, &p));
-    ASSERT_SP_OK(sp_free(p));
-    int64_t reserved = stat("reserved_bytes.all.current");
+    int64_t reserved = cache_a_block();
     ASSERT_GT(reserved, 0);
     GlobalCapture capture;
     ASSERT_TRUE(capture.began());
