@@ -74,6 +74,15 @@ void inject(const char *fn, int code, int skip = 0) {
 
 class CudaDoubleMpi : public SymPoolTest {};
 
+// A symmetric pool on a world of one node, or the test skips: NCCL 2.28 has symmetric kernels
+// within one node only.
+#define MAKE_ONE_NODE_POOL(name)                                                                   \
+    do {                                                                                           \
+        make_pool(false, false, name);                                                             \
+        if (sp_world_node_count(world_) != 1)                                                      \
+            GTEST_SKIP() << "NCCL 2.28 has symmetric kernels within one node only";                \
+    } while (0)
+
 // Copy a host vector into sympool memory and back (device memory is not host memory).
 template <typename T> void put(void *dst, const std::vector<T> &v) {
     ASSERT_EQ(cudaMemcpy(dst, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice), cudaSuccess);
@@ -392,9 +401,7 @@ TEST_F(CudaDoubleMpi, EligibleCollectivesAreTheOnesNcclRunsAsSymmetricKernels) {
 TEST_F(CudaDoubleMpi, SymmetricKernelsEndAt64GiBOfBusBytes) {
     NEED_DOUBLE();
     SP_SKIP_BELOW_RANKS(2);
-    make_pool(false, false, "busbytes");
-    if (sp_world_node_count(world_) != 1)
-        GTEST_SKIP() << "NCCL 2.28 has symmetric kernels within one node only";
+    MAKE_ONE_NODE_POOL("busbytes");
     void *a = nullptr, *b = nullptr;
     ASSERT_SP_OK(sp_symmetric_malloc(pool_, 4096, nullptr, &a));
     ASSERT_SP_OK(sp_symmetric_malloc(pool_, 4096, nullptr, &b));
@@ -436,9 +443,7 @@ TEST_F(CudaDoubleMpi, NcclSymKernelNamesTheOnlyKernel) {
     if (!k || std::strcmp(k, "AllGather_LL") != 0)
         GTEST_SKIP() << "runs with NCCL_SYM_KERNEL=AllGather_LL (its own ctest)";
     sp::ScopedEnv env({{"SYMPOOL_DEBUG", "INFO"}, {"SYMPOOL_DEBUG_SUBSYS", "COLL"}});
-    make_pool(false, false, "symkernel");
-    if (sp_world_node_count(world_) != 1)
-        GTEST_SKIP() << "NCCL 2.28 has symmetric kernels within one node only";
+    MAKE_ONE_NODE_POOL("symkernel");
     const size_t n = size_t(mpi_size()), count = 256;
     void *a = nullptr, *b = nullptr;
     ASSERT_SP_OK(sp_symmetric_malloc(pool_, count * 4 * n, nullptr, &a));
@@ -486,9 +491,7 @@ TEST_F(CudaDoubleMpi, NcclSymKernelOnOneRankOnlyFailsEveryRank) {
     expect_warnings();
     const int n = mpi_size(), r = mpi_rank();
     sp::ScopedEnv env({{"NCCL_SYM_KERNEL", r == 0 ? k : nullptr}});
-    make_pool(false, false, "symkernel0");
-    if (sp_world_node_count(world_) != 1)
-        GTEST_SKIP() << "NCCL 2.28 has symmetric kernels within one node only";
+    MAKE_ONE_NODE_POOL("symkernel0");
     const size_t count = 256;
     void *a = nullptr, *b = nullptr;
     ASSERT_SP_OK(sp_symmetric_malloc(pool_, count * 4 * n, nullptr, &a));
@@ -531,9 +534,7 @@ TEST_F(CudaDoubleMpi, SymmetricKernelsGetTheSamePlaceOnEveryRankOrAnErrorEverywh
     NEED_DOUBLE();
     SP_SKIP_BELOW_RANKS(2);
     expect_warnings();
-    make_pool(false, false, "places");
-    if (sp_world_node_count(world_) != 1)
-        GTEST_SKIP() << "NCCL 2.28 has symmetric kernels within one node only";
+    MAKE_ONE_NODE_POOL("places");
     const int n = mpi_size(), r = mpi_rank();
     const size_t count = 256, bytes = count * 4;
     void *a = nullptr, *b = nullptr, *c = nullptr, *d = nullptr;
@@ -625,9 +626,7 @@ TEST_F(CudaDoubleMpi, SymmetricKernelsCompareOnlyTheBuffersTheyReachOnPeers) {
     NEED_DOUBLE();
     SP_SKIP_BELOW_RANKS(2);
     expect_warnings();
-    make_pool(false, false, "peerbufs");
-    if (sp_world_node_count(world_) != 1)
-        GTEST_SKIP() << "NCCL 2.28 has symmetric kernels within one node only";
+    MAKE_ONE_NODE_POOL("peerbufs");
     const int n = mpi_size(), r = mpi_rank();
     const size_t count = 256, bytes = count * 4;
     void *a = nullptr, *b = nullptr, *d = nullptr;
