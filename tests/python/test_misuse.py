@@ -431,3 +431,57 @@ def test_interpreter_exit_with_live_objects(sp, mode, tmp_path):
     assert r.returncode == 0, r.stderr
     assert f"exiting {mode}" in r.stdout
     assert "Traceback" not in r.stderr and "Exception ignored" not in r.stderr, r.stderr
+
+
+def test_use_mem_pool_random_exit_order_routes_to_the_innermost_open_context(sp):
+    # A model: the open contexts in the order they were entered; every allocation goes to the
+    # last one still open (torch's captures_underway, searched from the back).
+    import random
+    rng = random.Random(7)
+    pools = [sp.MemPool(name=f"p{i}") for i in range(6)]
+    default = sp.get_default_memory_pool()
+    open_ = []  # (pool, context)
+    blocks = []
+    for _ in range(400):
+        closed = [p for p in pools if all(p is not q for q, _ in open_)]
+        if closed and (not open_ or rng.random() < 0.5):
+            p = rng.choice(closed)
+            cm = sp.use_mem_pool(p)
+            cm.__enter__()
+            open_.append((p, cm))
+        else:
+            _, cm = open_.pop(rng.randrange(len(open_)))
+            cm.__exit__(None, None, None)
+        want = open_[-1][0] if open_ else default
+        before = want.used_bytes()
+        blocks.append(sp.malloc(512))
+        assert want.used_bytes() == before + 512
+        for p in pools:
+            assert p.use_count() == 1 + any(p is q for q, _ in open_)
+    for _, cm in reversed(open_):
+        cm.__exit__(None, None, None)
+    for b in blocks:
+        sp.free(b)
+    for p in pools:
+        p.destroy()
+
+
+def test_use_mem_pool_nesting_limit_leaves_the_stack_intact(sp):
+    pools = [sp.MemPool() for _ in range(40)]
+    cms = []
+    with pytest.raises(sp.SympoolError) as e:
+        for p in pools:
+            cm = sp.use_mem_pool(p)
+            cm.__enter__()
+            cms.append(cm)
+    assert e.value.status == "SP_ERR_INVALID_USAGE" and "nested" in str(e.value)
+    depth = len(cms)
+    p = sp.malloc(512)
+    assert pools[depth - 1].used_bytes() == 512
+    cms[0].__exit__(None, None, None)  # the outermost first, at full depth
+    for cm in reversed(cms[1:]):
+        cm.__exit__(None, None, None)
+    sp.free(p)
+    assert all(p.use_count() == 1 for p in pools)
+    for p in pools:
+        p.destroy()
