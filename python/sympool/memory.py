@@ -193,7 +193,7 @@ class Stream(_lib.Handle):
     def __init__(self, device=0):
         d = as_device(device)
         self.ptr = self.cuda_stream = None
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()  # destroy() runs once (RLock: see MemPool)
         s = ctypes.c_void_p()
         check(lib().sp_stream_create(d, ctypes.byref(s)))
         self.ptr = self.cuda_stream = s.value
@@ -334,7 +334,7 @@ class MemPool(_lib.Handle):
         if name is not None and "\0" in name:
             raise bad_value("name contains a NUL character")
         self._handle = None
-        self._lock = threading.Lock()  # destroy() runs once
+        self._lock = threading.RLock()  # destroy() runs once; RLock: its allocator may call it
         self._symmetric = symmetric
         self._user_allocator = allocator
         self._world = world
@@ -682,7 +682,7 @@ def get_default_memory_pool(device=0):
                                 f"{backend()} backend)")
             pool = MemPool.__new__(MemPool)
             pool._handle, pool._owned, pool._symmetric = handle, False, False
-            pool._lock = threading.Lock()
+            pool._lock = threading.RLock()
             pool._user_allocator = pool._world = pool._name = None
             pool._device = d
             _default_pools[d] = pool

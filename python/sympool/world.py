@@ -84,7 +84,7 @@ class World(_lib.Handle):
     def __init__(self, comm=None, *, _handle=None):
         self._pools = []  # symmetric pools made on this world (released by finalize)
         self._handle = None
-        self._lock = threading.Lock()  # finalize() runs once
+        self._lock = threading.RLock()  # finalize() runs once
         if _handle is not None:
             self._handle = _handle
             return

@@ -182,6 +182,28 @@ def test_allocator_free_that_raises_is_contained(sp):
     pool.destroy()
 
 
+def test_allocator_that_destroys_its_own_pool_is_refused_not_deadlocked(sp):
+    # destroy() holds the pool's lock across sp_mempool_destroy, which gives the segments back
+    # through the allocator: a free that calls destroy() again must reach the library's
+    # refusal (a sympool call from inside a callback), not wait on that lock for ever.
+    segs, seen, holder = HostSegments(), [], {}
+
+    def free(ptr, size, device, stream):
+        segs.free(ptr, size, device, stream)
+        try:
+            holder["pool"].destroy()
+            seen.append("destroyed")
+        except sp.SympoolError as e:
+            seen.append(e.status)
+
+    pool = holder["pool"] = sp.MemPool(allocator=(segs.alloc, free))
+    sp.free(pool.malloc(1000))
+    pool.destroy()
+    assert seen == ["SP_ERR_INVALID_USAGE"] and segs.bufs == {}
+    with pytest.raises(sp.SympoolError):
+        pool.used_bytes()
+
+
 # ---- use_mem_pool contexts that close out of order or on the wrong thread ----------------------
 
 def test_use_mem_pool_closed_out_of_order(sp):
