@@ -9,11 +9,9 @@ wrong answer.
 import asyncio
 import copy
 import ctypes
-import os
 import pickle
 import subprocess
 import sys
-import textwrap
 import threading
 
 import pytest
