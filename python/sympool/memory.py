@@ -6,6 +6,8 @@ and turns a failing status into SympoolError (OutOfMemoryError for SP_ERR_OUT_OF
 
 import collections
 import ctypes
+import math
+import numbers
 import os
 import pickle
 import shutil
@@ -446,15 +448,23 @@ class MemPool(_lib.Handle):
     def set_limit(self, size=None, fraction=None):
         """Cap the pool's total bytes (CuPy's set_limit): size in bytes, or fraction of the
         device's total memory; 0 or neither removes the limit. A request past it raises
-        OutOfMemoryError."""
+        OutOfMemoryError. As CuPy's, size may be a float (set_limit(size=2e9)), truncated."""
         if size is not None and fraction is not None:
             raise bad_value("set_limit takes size or fraction, not both")
         if fraction is not None:
-            if isinstance(fraction, bool) or not isinstance(fraction, (int, float)):
+            if isinstance(fraction, bool) or not isinstance(fraction, numbers.Real):
                 raise TypeError(f"fraction must be a float, not {type(fraction).__name__}")
             if not 0.0 <= fraction <= 1.0:
                 raise bad_value(f"fraction must be in [0, 1], got {fraction}")
             size = int(get_memory_info(self._device)[1] * fraction)
+        elif isinstance(size, numbers.Real) and not isinstance(size, (bool, numbers.Integral)) \
+                and not hasattr(type(size), "__index__"):
+            # CuPy stores the size as a size_t, which takes a float (its own fraction path
+            # passes one): 2e9 is 2000000000 there, so it is here.
+            f = float(size)
+            if not (math.isfinite(f) and f >= 0):
+                raise bad_value(f"size must be a finite number >= 0, got {size!r}")
+            size = int(f)
         check(lib().sp_mempool_set_limit(self._h(), 0 if size is None else as_size(size)))
 
     def get_limit(self):

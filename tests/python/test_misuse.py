@@ -376,8 +376,8 @@ def test_free_inside_a_block_is_refused_and_the_block_survives(sp):
 def test_sizes_of_the_wrong_type(sp, bad, exc):
     pool = sp.MemPool()
     for call in (sp.malloc, pool.malloc, lambda n: pool.set_limit(size=n)):
-        if bad is None and call is not sp.malloc and call is not pool.malloc:
-            continue  # set_limit(size=None) removes the limit
+        if (bad is None or isinstance(bad, float)) and call not in (sp.malloc, pool.malloc):
+            continue  # set_limit(size=None) removes the limit; a float size is CuPy's
         with pytest.raises(exc):
             call(bad)
     pool.destroy()
