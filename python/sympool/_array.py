@@ -16,7 +16,7 @@ from ._lib import as_ptr, bad_value
 # checks the two agree).
 DTYPES = {"int8": 0, "uint8": 1, "int32": 2, "uint32": 3, "int64": 4, "uint64": 5,
           "float16": 6, "bfloat16": 7, "float32": 8, "float64": 9}
-_ITEMSIZE = {"int8": 1, "uint8": 1, "int32": 4, "uint32": 4, "int64": 8, "uint64": 8,
+ITEMSIZE = {"int8": 1, "uint8": 1, "int32": 4, "uint32": 4, "int64": 8, "uint64": 8,
              "float16": 2, "bfloat16": 2, "float32": 4, "float64": 8}
 # C, torch and NumPy spellings of the same types.
 _ALIASES = {"half": "float16", "float": "float32", "single": "float32", "double": "float64",
@@ -122,7 +122,7 @@ def describe(obj, what):
     if cai is not None:
         name = dtype_name(cai["typestr"])
         shape = tuple(cai["shape"])
-        if not _contiguous(shape, cai.get("strides"), _ITEMSIZE[name]):
+        if not _contiguous(shape, cai.get("strides"), ITEMSIZE[name]):
             raise bad_value(f"{what} is not contiguous")
         return as_ptr(cai["data"][0], what), _prod(shape), name
     if hasattr(obj, "__dlpack__"):
@@ -139,7 +139,7 @@ def describe(obj, what):
             raise bad_value(f"{what} is not contiguous")
         fmt = view.format.lstrip("@=<>!")
         name = dtype_name(fmt) if fmt in _FORMATS else None
-        if name is None or _ITEMSIZE[name] != view.itemsize:
+        if name is None or ITEMSIZE[name] != view.itemsize:
             raise bad_value(f"{what}: buffer format {view.format!r} is not a reducible dtype")
         if view.nbytes == 0:
             return None, 0, name

@@ -307,6 +307,19 @@ def bad_value(message):
     return InvalidArgumentError("SP_ERR_INVALID_ARGUMENT", message)
 
 
+class Handle:
+    """Base of the classes whose objects stand for a live sympool object of this process (MemPool,
+    Stream, World). They cannot be pickled or copied, as torch.cuda.MemPool and CuPy's pools
+    cannot: a copy would be a second owner (destroying one would leave the other naming a
+    destroyed pool, or destroy it twice), and the handle means nothing in another process."""
+
+    __slots__ = ()
+
+    def __reduce_ex__(self, protocol):
+        raise TypeError(f"cannot pickle or copy a sympool.{type(self).__name__}: it stands for a "
+                        "live object of this process (share the object itself instead)")
+
+
 # ---- argument conversion: TypeError for a wrong type, ValueError for a wrong value ----------
 
 def as_int(value, what):

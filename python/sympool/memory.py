@@ -5,8 +5,9 @@ and turns a failing status into SympoolError (OutOfMemoryError for SP_ERR_OUT_OF
 """
 
 import collections
-import contextlib
 import ctypes
+import math
+import numbers
 import os
 import pickle
 import shutil
@@ -156,9 +157,13 @@ def malloc(size, device=0, stream=None):
     if stream is not None:
         stream = as_stream(stream)
     p = ctypes.c_void_p()
+    if _py_allocators:  # a routed pool may call a Python allocator
+        _take_callback_error()
     status = c.sp_malloc(size, device, stream, ctypes.byref(p))
     if status:
-        check(status)
+        _raise_alloc_failure(status)
+    if _py_allocators:
+        _after_alloc_success(p.value)
     return p.value or 0
 
 
@@ -182,23 +187,30 @@ def record_stream(ptr, stream):
     check(lib().sp_record_stream(as_ptr(ptr), as_stream(stream)))
 
 
-class Stream:
+class Stream(_lib.Handle):
     """A sympool stream on device (sp_stream_create): a cudaStream_t on cuda, a host stream on
-    host. Pass it (or its .ptr) wherever a stream is taken. destroy() releases it."""
+    host. Pass it (or its .ptr) wherever a stream is taken. destroy() releases it (once, even
+    when several threads call it). Not picklable nor copyable."""
 
     def __init__(self, device=0):
+        d = as_device(device)
+        self.ptr = self.cuda_stream = None
+        self._lock = threading.RLock()  # destroy() runs once (RLock: see MemPool)
         s = ctypes.c_void_p()
-        check(lib().sp_stream_create(as_device(device), ctypes.byref(s)))
+        check(lib().sp_stream_create(d, ctypes.byref(s)))
         self.ptr = self.cuda_stream = s.value
-        self.device = as_device(device)
+        self.device = d
 
     def synchronize(self):
         check(lib().sp_stream_synchronize(self._live()))
 
     def destroy(self):
-        if self.ptr is not None:
-            check(lib().sp_stream_destroy(self.ptr))
-            self.ptr = self.cuda_stream = None
+        # Under the lock: two threads destroying one stream must not both reach
+        # sp_stream_destroy (on cuda a destroyed handle is undefined behaviour).
+        with self._lock:
+            if self.ptr is not None:
+                check(lib().sp_stream_destroy(self.ptr))
+                self.ptr = self.cuda_stream = None
 
     def _live(self):
         if self.ptr is None:
@@ -215,6 +227,58 @@ class Stream:
 # Segment-allocator callbacks a pool may call after the Python MemPool object is gone (segments
 # holding live blocks are handed back when those blocks are freed): kept for the process's life.
 _keepalive = []
+
+# What a Python segment allocator's alloc raised (or returned that is not an address) on this
+# thread, kept for the malloc that called it: an exception cannot cross the library's C frames,
+# so the callback gives the library NULL (out of memory) and the malloc raises after the call,
+# its OutOfMemoryError chained to the cause, or the cause itself for a KeyboardInterrupt or
+# SystemExit. _py_allocators counts the pools with one, so that malloc looks only then.
+_callback = threading.local()
+_py_allocators = 0
+
+
+def _take_callback_error():
+    err = getattr(_callback, "error", None)
+    if err is not None:
+        _callback.error = None
+    return err
+
+
+def _raise_alloc_failure(status):
+    """Raise for a failing malloc status, with what a Python segment allocator raised during
+    the call as the cause."""
+    err = _take_callback_error()
+    if err is None:
+        check(status)
+    if not isinstance(err, Exception):  # KeyboardInterrupt, SystemExit: the caller's to see
+        raise err
+    try:
+        check(status)
+    except _lib.SympoolError as e:
+        raise e from err
+
+
+def _after_alloc_success(ptr):
+    """A malloc succeeded although a Python allocator raised during it (the library's retry
+    found memory): an interrupt still reaches the caller, the block given back first."""
+    err = _take_callback_error()
+    if err is not None and not isinstance(err, Exception):
+        if ptr:
+            lib().sp_free(ptr)
+        raise err
+
+
+def _address_from_allocator(value):
+    """What a Python segment allocator's alloc returned, as an address for the library (None:
+    out of memory). Anything that is not an int in [0, SIZE_MAX] is refused here: ctypes would
+    otherwise hand the library an undefined value, which it would take for a segment."""
+    if value is None:
+        return None
+    v = _lib.as_int(value, "what a segment allocator's alloc returns (an address; 0 or None "
+                    "for out of memory)")
+    if not 0 <= v <= _SIZE_MAX:
+        raise ValueError(f"a segment allocator's alloc returned {v:#x}, which is not an address")
+    return v or None
 
 
 def _segment_allocator(allocator):
@@ -233,10 +297,17 @@ def _segment_allocator(allocator):
                         "free(ptr, size, device, stream), or be an (alloc, free) pair")
 
     def c_alloc(size, device, stream, ctx):
+        pending = getattr(_callback, "error", None)
+        if pending is not None and not isinstance(pending, Exception):
+            return None  # interrupted: no more allocations in this malloc (its retry included)
         try:
-            return alloc_fn(size, device, stream) or None
-        except Exception:  # the pool sees out of memory; an exception cannot cross C frames
+            ptr = _address_from_allocator(alloc_fn(size, device, stream))
+        except BaseException as e:  # the pool sees out of memory; malloc raises after the call
+            _callback.error = e
             return None
+        if pending is not None:
+            _callback.error = None  # a retry succeeded: the earlier failure is no longer news
+        return ptr
 
     def c_free(ptr, size, device, stream, ctx):
         try:
@@ -249,7 +320,7 @@ def _segment_allocator(allocator):
     return a
 
 
-class MemPool:
+class MemPool(_lib.Handle):
     """torch.cuda.MemPool(allocator, use_on_oom, no_split) with CuPy's queries. symmetric=True
     makes a symmetric pool on world's device (collective over world: every rank creates it, and
     every malloc is collective)."""
@@ -265,6 +336,7 @@ class MemPool:
         if name is not None and "\0" in name:
             raise bad_value("name contains a NUL character")
         self._handle = None
+        self._lock = threading.RLock()  # destroy() runs once; RLock: its allocator may call it
         self._symmetric = symmetric
         self._user_allocator = allocator
         self._world = world
@@ -290,6 +362,8 @@ class MemPool:
             if allocator is not None:
                 self._allocator = _segment_allocator(allocator)
                 params.allocator = ctypes.pointer(self._allocator)
+                global _py_allocators
+                _py_allocators += 1  # never decremented: the pool may call it after destroy
             check(lib().sp_mempool_create(ctypes.byref(params), ctypes.byref(handle)))
         self._handle = handle.value
         self._name = name
@@ -338,7 +412,13 @@ class MemPool:
                 raise n
             check(lib().sp_symmetric_malloc(h, n, as_stream(stream), ctypes.byref(p)))
         else:
-            check(lib().sp_mempool_malloc(h, as_size(size), as_stream(stream), ctypes.byref(p)))
+            n, s = as_size(size), as_stream(stream)
+            _take_callback_error()  # nothing from an earlier call may be blamed on this one
+            status = lib().sp_mempool_malloc(h, n, s, ctypes.byref(p))
+            if status:
+                _raise_alloc_failure(status)
+            if _py_allocators:
+                _after_alloc_success(p.value)
         return p.value or 0
 
     def used_bytes(self):
@@ -368,15 +448,23 @@ class MemPool:
     def set_limit(self, size=None, fraction=None):
         """Cap the pool's total bytes (CuPy's set_limit): size in bytes, or fraction of the
         device's total memory; 0 or neither removes the limit. A request past it raises
-        OutOfMemoryError."""
+        OutOfMemoryError. As CuPy's, size may be a float (set_limit(size=2e9)), truncated."""
         if size is not None and fraction is not None:
             raise bad_value("set_limit takes size or fraction, not both")
         if fraction is not None:
-            if isinstance(fraction, bool) or not isinstance(fraction, (int, float)):
+            if isinstance(fraction, bool) or not isinstance(fraction, numbers.Real):
                 raise TypeError(f"fraction must be a float, not {type(fraction).__name__}")
             if not 0.0 <= fraction <= 1.0:
                 raise bad_value(f"fraction must be in [0, 1], got {fraction}")
             size = int(get_memory_info(self._device)[1] * fraction)
+        elif isinstance(size, numbers.Real) and not isinstance(size, (bool, numbers.Integral)) \
+                and not hasattr(type(size), "__index__"):
+            # CuPy stores the size as a size_t, which takes a float (its own fraction path
+            # passes one): 2e9 is 2000000000 there, so it is here.
+            f = float(size)
+            if not (math.isfinite(f) and f >= 0):
+                raise bad_value(f"size must be a finite number >= 0, got {size!r}")
+            size = int(f)
         check(lib().sp_mempool_set_limit(self._h(), 0 if size is None else as_size(size)))
 
     def get_limit(self):
@@ -394,16 +482,20 @@ class MemPool:
 
     def destroy(self):
         """Drop the pool now (collective for a symmetric pool). Blocks still live stay valid and
-        return their segments when freed. A plain pool is also destroyed when collected."""
+        return their segments when freed. A plain pool is also destroyed when collected. A
+        second call (from any thread) does nothing."""
         if self._handle is None:
             return
         if not self._owned:
             raise bad_value("the default pool is never destroyed")
-        if self._symmetric:
-            self._world.destroy_symmetric_pool(self._handle, self)
-        else:
-            check(lib().sp_mempool_destroy(self._handle))
-        self._handle = None
+        with self._lock:
+            if self._handle is None:
+                return
+            if self._symmetric:
+                self._world.destroy_symmetric_pool(self._handle, self)
+            else:
+                check(lib().sp_mempool_destroy(self._handle))
+            self._handle = None
 
     def __del__(self):
         # Symmetric pools are never destroyed here: collection order differs between ranks and
@@ -435,19 +527,77 @@ def _collective_size(size):
         return e
 
 
-@contextlib.contextmanager
-def use_mem_pool(pool, device=None):
-    """Route this thread's allocations on the pool's device into pool (torch.cuda.use_mem_pool)."""
-    if not isinstance(pool, MemPool):
-        raise TypeError(f"use_mem_pool needs a sympool.MemPool, not {type(pool).__name__}")
-    if device is not None and as_device(device) != pool.device:
-        raise bad_value(f"pool is on device {pool.device}, not {as_device(device)}")
-    h = pool._h()
-    check(lib().sp_mempool_begin(h))
-    try:
-        yield pool
-    finally:
+# The pools this thread's use_mem_pool contexts routed, innermost last. The library ends only the
+# innermost routing (sp_mempool_end); torch.cuda.use_mem_pool ends a pool's routing wherever it
+# is (endAllocateToPool finds it by id), so contexts may close out of order: interleaved
+# generators or asyncio tasks on one thread, an ExitStack popped by hand.
+_routes = threading.local()
+
+
+def _route_stack():
+    stack = getattr(_routes, "stack", None)
+    if stack is None:
+        stack = _routes.stack = []
+    return stack
+
+
+def _end_routing(h):
+    stack = _route_stack()
+    if h not in stack:  # ended by other means (sp_shutdown): the library says what it knows
         check(lib().sp_mempool_end(h))
+        return
+    i = len(stack) - 1 - stack[::-1].index(h)
+    above = stack[i + 1:]
+    # Out of order: end the pools entered after this one, this one, then route them again in
+    # the same order, so that the innermost stays innermost.
+    for a in reversed(above):
+        check(lib().sp_mempool_end(a))
+    del stack[i + 1:]
+    check(lib().sp_mempool_end(h))
+    del stack[i]
+    for a in above:
+        check(lib().sp_mempool_begin(a))
+        stack.append(a)
+
+
+class use_mem_pool:  # noqa: N801 (torch's name for a context manager)
+    """Route this thread's allocations on the pool's device into pool (torch.cuda.use_mem_pool).
+    Nested contexts stack (the innermost receives); as in torch, they may also close out of
+    order (interleaved generators or asyncio tasks on one thread), each ending only its pool.
+    Leaving the context on another thread than the one that entered it is refused (routing is
+    per thread), and it stays open for that thread to leave."""
+
+    def __init__(self, pool, device=None):
+        self._pool, self._device = pool, device
+        self._handle = self._thread = None
+        self._used = False
+
+    def __enter__(self):
+        pool = self._pool
+        if not isinstance(pool, MemPool):
+            raise TypeError(f"use_mem_pool needs a sympool.MemPool, not {type(pool).__name__}")
+        if self._device is not None and as_device(self._device) != pool.device:
+            raise bad_value(f"pool is on device {pool.device}, not {as_device(self._device)}")
+        if self._used:
+            raise RuntimeError("this use_mem_pool context was already entered; make a new one")
+        h = pool._h()
+        check(lib().sp_mempool_begin(h))
+        self._used = True
+        _route_stack().append(h)
+        self._handle, self._thread = h, threading.get_ident()
+        return pool
+
+    def __exit__(self, *exc):
+        if self._handle is None:
+            return False  # left already
+        if threading.get_ident() != self._thread:
+            raise _lib.SympoolError(
+                "SP_ERR_INVALID_USAGE", "use_mem_pool: this context was entered on another "
+                "thread; leave it on that thread (routing is per thread: that thread's "
+                "allocations still go to the pool)")
+        h, self._handle = self._handle, None
+        _end_routing(h)
+        return False
 
 
 # ---- snapshots ------------------------------------------------------------------------------
@@ -542,6 +692,7 @@ def get_default_memory_pool(device=0):
                                 f"{backend()} backend)")
             pool = MemPool.__new__(MemPool)
             pool._handle, pool._owned, pool._symmetric = handle, False, False
+            pool._lock = threading.RLock()
             pool._user_allocator = pool._world = pool._name = None
             pool._device = d
             _default_pools[d] = pool

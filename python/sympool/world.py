@@ -11,9 +11,10 @@ TypeError.
 import ctypes
 import io
 import sys
+import threading
 
 from . import _lib
-from ._array import DTYPES, describe, dtype_name
+from ._array import DTYPES, ITEMSIZE, describe, dtype_name
 from ._lib import as_device, as_int, as_size, as_stream, bad_value, check, lib, stats_keys
 
 OPS = {"sum": 0, "prod": 1, "min": 2, "max": 3, "avg": 4}  # sp_redop_t
@@ -37,11 +38,6 @@ def _need(name):
     if not _lib.has(name):
         raise _lib.SympoolError("SP_ERR_NOT_SUPPORTED",
                                 f"{name}: this libsympool.so was built without MPI")
-
-
-def _dtype(dtype):
-    """A dtype name ("float32"), a NumPy or torch dtype or its spelling -> sp_dtype_t."""
-    return DTYPES[dtype_name(dtype)]
 
 
 def _op(op):
@@ -81,12 +77,14 @@ def _comm_handle(comm):
     return ctype, handle
 
 
-class World:
-    """The MPI world: rank, size, local rank and the device this rank uses."""
+class World(_lib.Handle):
+    """The MPI world: rank, size, local rank and the device this rank uses. Not picklable nor
+    copyable (a copy would finalize the world a second time)."""
 
     def __init__(self, comm=None, *, _handle=None):
         self._pools = []  # symmetric pools made on this world (released by finalize)
         self._handle = None
+        self._lock = threading.RLock()  # finalize() runs once
         if _handle is not None:
             self._handle = _handle
             return
@@ -144,19 +142,20 @@ class World:
     def node(self, rank=None):
         """The node of `rank` (this rank by default)."""
         h = self._check_open()
-        r = self.rank if rank is None else int(rank)
-        n = int(lib().sp_world_node(h, r))
+        r = self.rank if rank is None else as_int(rank, "rank")
+        # Checked here, before the C int it becomes: 2**32 would be cut to rank 0.
+        n = int(lib().sp_world_node(h, r)) if 0 <= r < self.size else -1
         if n < 0:
-            raise ValueError(f"rank {r} is outside the world (0..{self.size - 1})")
+            raise bad_value(f"rank {r} is outside the world (0..{self.size - 1})")
         return n
 
     def node_name(self, node=None):
         """The host name of `node` (this rank's node by default)."""
         h = self._check_open()
-        k = self.node() if node is None else int(node)
-        name = lib().sp_world_node_name(h, k)
+        k = self.node() if node is None else as_int(node, "node")
+        name = lib().sp_world_node_name(h, k) if 0 <= k < self.node_count else None
         if name is None:
-            raise ValueError(f"node {k} is outside 0..{self.node_count - 1}")
+            raise bad_value(f"node {k} is outside 0..{self.node_count - 1}")
         return name.decode()
 
     def finalize(self):
@@ -164,11 +163,14 @@ class World:
         World.init initialized it."""
         if self._handle is None:
             return
-        check(lib().sp_world_finalize(self._handle))
-        for pool in self._pools:
-            pool._released()  # released with the world
-        self._pools = []
-        self._handle = None
+        with self._lock:  # two threads finalizing one world: the second does nothing
+            if self._handle is None:
+                return
+            check(lib().sp_world_finalize(self._handle))
+            for pool in self._pools:
+                pool._released()  # released with the world
+            self._pools = []
+            self._handle = None
 
     def create_symmetric_pool(self, params, pool):
         """Collective: sp_symmetric_mempool_create with params (an _lib.MemPoolParams); returns
@@ -214,13 +216,32 @@ class World:
                 rp, r_count, r_dtype = sp, s_count, s_dtype  # in place
             else:
                 rp, r_count, r_dtype = describe(recv, "recv")
+            dt = dtype_name((s_dtype or r_dtype or "float32") if dtype is None else dtype)
+            isz = ITEMSIZE[dt]
+            # The bytes each object holds (None for a bare address): a count or dtype given
+            # with an object must fit in it. The library checks only the sympool allocation,
+            # which may be larger than the object (a view, a tensor in a bigger block): the
+            # collective would write past the object into its neighbours.
+            s_bytes = None if s_count is None else s_count * ITEMSIZE[s_dtype]
+            r_bytes = None if r_count is None else r_count * ITEMSIZE[r_dtype]
             if count is None:
-                count = s_count if count_from == "send" else r_count
-                if count is None:
+                held = s_bytes if count_from == "send" else r_bytes
+                if held is None:
                     raise TypeError(f"count is needed: the {count_from} buffer is an address")
-            if dtype is None:
-                dtype = s_dtype or r_dtype or "float32"
-            args = [sp, rp, as_size(count, "count"), _dtype(dtype)]
+                if held % isz:
+                    raise bad_value(f"the {count_from} buffer's {held} bytes are not a whole "
+                                    f"number of {dt} elements")
+                count = held // isz  # as mpi4py infers it from [buf, datatype]
+            n = as_size(count, "count")
+            if s_bytes is not None or r_bytes is not None:
+                k = self.size
+                need = {"sp_allgather": (n, n * k), "sp_reduce_scatter": (n * k, n)}.get(name,
+                                                                                           (n, n))
+                for what, held, elems in (("send", s_bytes, need[0]), ("recv", r_bytes, need[1])):
+                    if held is not None and elems * isz > held:
+                        raise bad_value(f"{what} buffer holds {held} bytes; {name[3:]} of {n} x "
+                                        f"{dt} needs {elems * isz} there")
+            args = [sp, rp, n, DTYPES[dt]]
             if op is not _NONE:
                 args.append(_op(op))
             if root is not _NONE:

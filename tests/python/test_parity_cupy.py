@@ -283,6 +283,22 @@ def test_set_limit_size(sp, pool):
         pool.set_limit(size=-1)
 
 
+def test_set_limit_float_size(sp, pool):
+    # CuPy keeps the limit as a size_t, which Cython fills from a float too (its own fraction
+    # path hands set_limit(size=fraction * total), a float): set_limit(size=2e9) is a common
+    # spelling, and was a TypeError here.
+    pool.set_limit(size=2e9)
+    assert pool.get_limit() == 2_000_000_000
+    pool.set_limit(size=1.5 * (1 << 20))
+    assert pool.get_limit() == 3 << 19
+    pool.set_limit(size=0.0)
+    assert pool.get_limit() == 0
+    for bad in (-1.0, float("nan"), float("inf")):
+        with pytest.raises(ValueError):
+            pool.set_limit(size=bad)
+    assert pool.get_limit() == 0
+
+
 def test_set_limit_fraction(sp, pool):
     total = sp.get_memory_info()[1]
     pool.set_limit(fraction=0)

@@ -276,3 +276,73 @@ def test_bad_world_arguments(world):
         sympool.MemPool(symmetric=True, world=None)
     with pytest.raises(ValueError):
         world.stats_report("xml")
+
+
+def test_world_handles_refuse_copy_and_bad_node_arguments(world):
+    # A copied World was a second owner: finalizing both reached sp_world_finalize twice, and
+    # the copy's rank read -1 after the first. node() took int(), so 'cut to a C int' answered
+    # node(2**32) with node 0 and node(1.9) with rank 1's node.
+    import copy
+    import pickle
+    import threading
+
+    import sympool
+    for op in (copy.copy, copy.deepcopy, pickle.dumps):
+        with pytest.raises(TypeError, match="cannot pickle or copy a sympool.World"):
+            op(world)
+    pool = sympool.MemPool(symmetric=True, world=world)
+    with pytest.raises(TypeError, match="cannot pickle or copy a sympool.MemPool"):
+        copy.copy(pool)
+    pool.destroy()
+    for bad, exc in ((1 << 32, ValueError), (-1, ValueError), (world.size, ValueError),
+                     (1.9, TypeError), ("0", TypeError), (True, TypeError)):
+        with pytest.raises(exc):
+            world.node(bad)
+        with pytest.raises(exc):
+            world.node_name(bad if bad != world.size else world.node_count)
+    # Two threads finalizing one world: one collective call per rank, no error.
+    sub = sympool.World(MPI.COMM_WORLD)
+    errors = []
+
+    def fin():
+        try:
+            sub.finalize()
+        except Exception as e:
+            errors.append(e)
+
+    threads = [threading.Thread(target=fin) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    with pytest.raises(sympool.SympoolError):
+        sub.rank
+
+
+def test_count_and_dtype_must_fit_the_buffer_objects(world):
+    # The library checks a buffer against its sympool allocation, not against the object that
+    # describes it: a view of 4 floats at the start of a 4 KiB block took count=100 (or, as
+    # allgather's recv, 4 x size floats into room for 2) and the collective wrote past the view
+    # into the rest of the block. As mpi4py's [buf, count, datatype], the object bounds it.
+    import sympool
+    pool = sympool.MemPool(symmetric=True, world=world, name="views")
+    a = pool.malloc(4096)
+    view = floats(a, 4)
+    x = floats(a, 1024)
+    for i in range(1024):
+        x[i] = 1.0
+    for call in (lambda: world.allreduce(view, count=100),
+                 lambda: world.allreduce(view, floats(a + 2048, 2)),
+                 lambda: world.allgather(view, floats(a + 2048, 4 * world.size - 1)),
+                 lambda: world.reduce_scatter(floats(a, 4 * world.size - 1), floats(a + 2048, 4)),
+                 lambda: world.broadcast(view, floats(a + 2048, 3), root=0),
+                 lambda: world.allreduce(floats(a, 3), dtype="float64")):  # 12 bytes: 1.5 doubles
+        with pytest.raises(ValueError):
+            call()
+    assert all(x[i] == 1.0 for i in range(1024)), "nothing was written"
+    # A dtype of another size over the same object: the count is the object's bytes in it.
+    world.allreduce(view, dtype="float64", op="max")  # 2 doubles
+    world.allgather(view, floats(a + 2048, 4 * world.size))
+    sympool.free(a)
+    pool.destroy()
