@@ -32,6 +32,8 @@ static uint64_t now_ns(void) {
 /* An alloc's or free's slot in dev_state_t.ptrs (NO_SLOT: none), and for an alloc the slot that
  * held the same recorded address before it (NO_SLOT: none). */
 #define NO_SLOT UINT32_MAX
+/* The most emulated devices a replay has: SYMPOOL_HOST_DEVICES' range (core/options.c). */
+#define REPLAY_MAX_DEVICES 64
 
 /* The event loop's rare branches, laid out off its straight path. */
 #define LIKELY(x) __builtin_expect(!!(x), 1)
@@ -1969,6 +1971,17 @@ int sp_cli_replay(int argc, char **argv) {
      * Replay never touches the memory: it carves address space from one reservation instead of
      * a mmap/munmap pair per segment (same budget and OOMs), unless SYMPOOL_HOST_ARENA says
      * otherwise (=0 measures the old way). */
+    /* One emulated device per recorded one, and SYMPOOL_HOST_DEVICES allows 64 (core/options.c,
+     * check_devices): a snapshot naming device 64 or above is refused here, saying so, not with
+     * the option's warning and an error that blames a SYMPOOL_HOST_DEVICES nobody set. */
+    if (t.ndev > REPLAY_MAX_DEVICES) {
+        fprintf(stderr,
+                "sympool replay: %s: the snapshot has %d devices (segments or device_traces up to "
+                "device %d); the replay emulates at most %d\n",
+                a.trace, t.ndev, t.ndev - 1, REPLAY_MAX_DEVICES);
+        tr_free(&t);
+        return 1;
+    }
     char ndev[16];
     snprintf(ndev, sizeof(ndev), "%d", t.ndev > 1 ? t.ndev : 1);
     setenv("SYMPOOL_DEVICE", "host", 1);

@@ -81,6 +81,13 @@ if(TARGET sympool_cli)
               ${CMAKE_CURRENT_SOURCE_DIR}/data/real/bolong-expandable-recorded.pickle)
     set_tests_properties(cli.pickle_protocols PROPERTIES LABELS "unit;cli;python" TIMEOUT 300
       PASS_REGULAR_EXPRESSION "^ok")
+    # Snapshots no PyTorch writes (a segment on device 100, ...): refused with one line that
+    # names the trace and what is wrong.
+    add_test(NAME cli.hostile_snapshots
+      COMMAND ${Python3_EXECUTABLE} ${PROJECT_SOURCE_DIR}/tests/cli/hostile_snapshots.py
+              $<TARGET_FILE:sympool_cli> ${SP_CLI_OUT}/hostile_snapshots)
+    set_tests_properties(cli.hostile_snapshots PROPERTIES LABELS "unit;cli;python" TIMEOUT 120
+      PASS_REGULAR_EXPRESSION "^ok")
     # Traces no allocator could have written (found by tests/fuzz/fuzz_replay.c): the replay
     # neither frees a block twice nor loses one (--repeat's sp_shutdown finds nothing left).
     add_test(NAME cli.replay_adversary

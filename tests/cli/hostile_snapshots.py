@@ -1,0 +1,55 @@
+#!/usr/bin/env python3
+"""Snapshots no PyTorch writes, each refused by every command that would misread it with exit 1
+and one line on stderr naming the trace and what is wrong (argv: sympool, work dir):
+ - segments on device 100 (SYMPOOL_HOST_DEVICES allows 64 emulated devices): replay printed the
+   option's warning and an error blaming a SYMPOOL_HOST_DEVICES='101' nobody set; info, summary
+   and plot still read such a snapshot."""
+import os
+import sys
+
+sys.dont_write_bytecode = True  # the shared helpers leave no cache in the source tree
+from snaptest import runner, writer  # noqa: E402
+
+cli, work = sys.argv[1], sys.argv[2]
+write, run = writer(work), runner(cli)
+MiB = 1 << 20
+SEG = 0x7F00_0000_0000
+fails = []
+
+
+def segment(device, state="inactive"):
+    return {"device": device, "address": SEG, "total_size": 2 * MiB, "stream": 0,
+            "segment_type": "small",
+            "blocks": [{"size": 2 * MiB, "state": state, "requested_size": 0}]}
+
+
+def refused(what, args, needle):
+    """args refused: exit 1, one line on stderr holding needle, nothing on stdout."""
+    r = run(*args)
+    lines = r.stderr.splitlines()
+    if r.returncode != 1 or len(lines) != 1 or needle not in lines[0] or r.stdout:
+        fails.append(f"{what}: rc {r.returncode}, stdout {r.stdout!r}, stderr {r.stderr!r}")
+
+
+def accepted(what, args):
+    r = run(*args)
+    if r.returncode != 0:
+        fails.append(f"{what}: rc {r.returncode}: {r.stderr!r}")
+
+
+# Device 100: past the 64 emulated devices a replay has.
+path = write("device100.pickle", {"segments": [segment(100)], "device_traces": [[]]})
+for args in (["replay", path], ["replay", path, "--json"],
+             ["replay", path, "--compare", "", "max_split_size_mb:64"]):
+    refused("replay device 100 " + " ".join(args[2:]), args,
+            path + ": the snapshot has 101 devices")
+accepted("info device 100", ["info", path])
+accepted("summary device 100", ["summary", path])
+accepted("plot device 100", ["plot", path, "-o", os.path.join(work, "device100.svg")])
+# Device 63 (64 devices) is still replayed.
+path = write("device63.pickle", {"segments": [segment(63)], "device_traces": [[]]})
+accepted("replay device 63", ["replay", path, "--json"])
+
+if fails:
+    sys.exit("hostile snapshots:\n  " + "\n  ".join(fails))
+print("ok")
