@@ -1511,6 +1511,16 @@ static bool analyse(const pk_value_t *segments, const recs_t *recs, const tr_set
                 snprintf(err, errlen, "segments[%zu].blocks[%zu]: missing 'size' or 'state'", s, b);
                 goto out;
             }
+            /* PyTorch writes these three states only (torch/csrc/cuda/memory_snapshot.cpp,
+             * _memory_snapshot_pickled; Module.cpp, the Python snapshot); another was taken as
+             * live for the replay's starting state and as not allocated for the recorded run's. */
+            if (!active && !inactive && !pending) {
+                snprintf(err, errlen,
+                         "segments[%zu].blocks[%zu]: 'state' is none of active_allocated, "
+                         "active_pending_free, inactive",
+                         s, b);
+                goto out;
+            }
             /* The blocks before it end inside the segment (checked for each), so the offset
              * is at most total. */
             if ((uint64_t)bsize > (uint64_t)total - (baddr - addr)) {

@@ -3,7 +3,10 @@
 and one line on stderr naming the trace and what is wrong (argv: sympool, work dir):
  - segments on device 100 (SYMPOOL_HOST_DEVICES allows 64 emulated devices): replay printed the
    option's warning and an error blaming a SYMPOOL_HOST_DEVICES='101' nobody set; info, summary
-   and plot still read such a snapshot."""
+   and plot still read such a snapshot;
+ - a block whose state is none of PyTorch's three (active_allocated, active_pending_free,
+   inactive): every command took it as live for the replay's starting state and as not
+   allocated for the recorded run's, and said nothing."""
 import os
 import sys
 
@@ -49,6 +52,18 @@ accepted("plot device 100", ["plot", path, "-o", os.path.join(work, "device100.s
 # Device 63 (64 devices) is still replayed.
 path = write("device63.pickle", {"segments": [segment(63)], "device_traces": [[]]})
 accepted("replay device 63", ["replay", path, "--json"])
+
+# A block state PyTorch never writes.
+path = write("state.pickle", {"segments": [segment(0, "freed")], "device_traces": [[]]})
+for args in (["info", path], ["info", "--json", path], ["summary", path], ["replay", path],
+             ["plot", path, "-o", os.path.join(work, "state.svg")]):
+    refused(args[0] + " block state 'freed'", args,
+            path + ": segments[0].blocks[0]: 'state' is none of active_allocated, "
+            "active_pending_free, inactive")
+for state in ("active_allocated", "active_pending_free", "inactive"):
+    accepted("replay block state " + state,
+             ["replay", write(state + ".pickle", {"segments": [segment(0, state)],
+                                                  "device_traces": [[]]}), "--json"])
 
 if fails:
     sys.exit("hostile snapshots:\n  " + "\n  ".join(fails))
