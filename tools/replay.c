@@ -1266,6 +1266,26 @@ static void log_filter(int level, const char *line, void *arg) {
     fprintf(stderr, "%s\n", line);
 }
 
+/* While the options are set before a replay: an option sympool refuses is logged at WARN as
+ * well, and the command says it once, in its own error line (other lines, such as the INFO
+ * notes on a configuration, pass). quiet_options_begin reads the option table first, so that
+ * the environment's variables still warn (they do at that read). */
+static void drop_warning(int level, const char *line, void *arg) {
+    (void)arg;
+    if (level != SP_X_LOG_WARN)
+        fprintf(stderr, "%s\n", line);
+}
+
+static void quiet_options_begin(void) {
+    sp_x_option_info_t info;
+    (void)sp_x_option_info(0, &info);
+    sp_x_log_set_fn(drop_warning, NULL);
+}
+
+static void quiet_options_end(void) {
+    sp_x_log_set_fn(NULL, NULL);
+}
+
 static double gib(double b);
 static double pct(double ours, double theirs);
 
@@ -1717,6 +1737,7 @@ static int replay_compare(const char *trace, const tr_trace_t *t, const char *us
     int rc = 0;
     /* Every configuration is checked before the first replay: a bad one is refused before
      * anything runs, not after the ones before it have replayed. */
+    quiet_options_begin();
     for (int i = 0; i < n && rc == 0; i++) {
         if (!apply_conf(trace, base, confs[i], capacity,
                         reenacts_pytorch_rules(t, user_conf, confs[i]), eff[i], sizeof(eff[i]), err,
@@ -1726,6 +1747,7 @@ static int replay_compare(const char *trace, const tr_trace_t *t, const char *us
         }
     }
     items_put_back();
+    quiet_options_end();
     if (rc != 0) {
         free(rs);
         free(eff);
@@ -1953,10 +1975,13 @@ int sp_cli_replay(int argc, char **argv) {
         fprintf(stderr, "sympool replay: --conf '%s' is not valid: %s\n", a.conf, why);
         return 2;
     }
+    quiet_options_begin();
     if (a.capacity != NULL && sp_x_option_set("SYMPOOL_HOST_CAPACITY", a.capacity) != SP_SUCCESS) {
+        quiet_options_end();
         fprintf(stderr, "sympool replay: --capacity: %s\n", sp_last_error());
         return 2;
     }
+    quiet_options_end();
     char err[512];
     tr_trace_t t;
     cli_heap_prepare(a.trace);
@@ -1985,10 +2010,13 @@ int sp_cli_replay(int argc, char **argv) {
     char ndev[16];
     snprintf(ndev, sizeof(ndev), "%d", t.ndev > 1 ? t.ndev : 1);
     setenv("SYMPOOL_DEVICE", "host", 1);
-    if (sp_x_option_set("SYMPOOL_DEVICE", "host") != SP_SUCCESS ||
-        (t.ndev > 1 && sp_x_option_set("SYMPOOL_HOST_DEVICES", ndev) != SP_SUCCESS) ||
-        (getenv("SYMPOOL_HOST_ARENA") == NULL &&
-         sp_x_option_set("SYMPOOL_HOST_ARENA", "1") != SP_SUCCESS)) {
+    quiet_options_begin();
+    bool set = sp_x_option_set("SYMPOOL_DEVICE", "host") == SP_SUCCESS &&
+               (t.ndev <= 1 || sp_x_option_set("SYMPOOL_HOST_DEVICES", ndev) == SP_SUCCESS) &&
+               (getenv("SYMPOOL_HOST_ARENA") != NULL ||
+                sp_x_option_set("SYMPOOL_HOST_ARENA", "1") == SP_SUCCESS);
+    quiet_options_end();
+    if (!set) {
         fprintf(stderr, "sympool replay: %s\n", sp_last_error());
         tr_free(&t);
         return 1;
@@ -2016,6 +2044,7 @@ int sp_cli_replay(int argc, char **argv) {
     const char *conf = a.conf;
     if (conf == NULL && t.settings.recorded)
         conf = t.settings.conf;
+    quiet_options_begin(); /* ended before init_capped: its warnings show */
     if (conf != NULL && a.conf == NULL &&
         sp_x_option_set("SYMPOOL_ALLOC_CONF", conf) != SP_SUCCESS) {
         /* Settings PyTorch cannot have: the snapshot is invalid, not the command line. */
@@ -2043,6 +2072,7 @@ int sp_cli_replay(int argc, char **argv) {
         tr_free(&t);
         return 2;
     }
+    quiet_options_end();
     if (!init_capped(t.ndev, conf, a.capacity, err, sizeof(err))) {
         fprintf(stderr, "sympool replay: %s\n", err);
         tr_free(&t);

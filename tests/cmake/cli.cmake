@@ -357,6 +357,17 @@ if(TARGET sympool_cli)
   sp_cli_check(NAME replay_bad_capacity_first RC 2
     REGEX "sympool replay: --capacity: SYMPOOL_HOST_CAPACITY='12parsecs' is malformed"
     ARGS replay ${SP_CLI_OUT}/no-such-trace.pickle --capacity 12parsecs)
+  # ... and said once: sympool's own WARN line of the refused option came first, then the
+  # command's error (also for a configuration of --compare that sympool refuses).
+  sp_cli_check(NAME replay_bad_capacity_one_line RC 2
+    REGEX "^sympool replay: --capacity: SYMPOOL_HOST_CAPACITY='0' is out of range[^\n]*\n"
+    ARGS replay ${SMALL} --capacity 0)
+  sp_cli_check(NAME replay_compare_bad_item_one_line RC 2
+    REGEX "^sympool replay: configuration 'SYMPOOL_HOST_FAIL_AFTER=x': SYMPOOL_HOST_FAIL_AFTER='x' is malformed[^\n]*\n"
+    ARGS replay ${SMALL} --compare SYMPOOL_HOST_FAIL_AFTER=x)
+  sp_cli_check(NAME replay_compare_bad_key_one_line RC 2
+    REGEX "^sympool replay: configuration 'no_such_key:1': SYMPOOL_ALLOC_CONF=[^\n]*unknown key 'no_such_key'[^\n]*\n"
+    ARGS replay ${SMALL} --compare no_such_key:1)
   # An output in a folder that does not exist is refused before the input is read (the replay
   # or the chart was made in full, then the write failed); exit 1, as when the write fails.
   sp_cli_check(NAME replay_snapshot_no_folder RC 1
