@@ -281,7 +281,8 @@ static void label_of(const char *path, char *out, size_t cap) {
     snprintf(out, cap, "%.*s", n > 40 ? 40 : n, base);
 }
 
-/* The device to plot: the one asked for, else the first whose trace has events. */
+/* The device to plot: the one asked for, else the first whose trace has events, else (a
+ * snapshot of state only, such as the legacy segment list) the first holding segments. */
 static bool pick_device(series_t *s, int asked, char *err, size_t errlen) {
     if (asked >= 0) {
         if (asked >= s->t.ndev) {
@@ -291,10 +292,17 @@ static bool pick_device(series_t *s, int asked, char *err, size_t errlen) {
         }
         s->dev = asked;
     } else {
-        s->dev = 0;
-        for (int d = s->t.ndev - 1; d >= 0; d--)
+        s->dev = -1;
+        for (int d = 0; d < s->t.ndev && s->dev < 0; d++)
             if (s->t.dev[d].nev > 0)
                 s->dev = d;
+        /* Device 0 was chosen when no trace had events: an empty chart of a snapshot whose
+         * segments are all on device 1. */
+        for (int d = 0; d < s->t.ndev && s->dev < 0; d++)
+            if (s->t.dev[d].final_reserved > 0)
+                s->dev = d;
+        if (s->dev < 0)
+            s->dev = 0;
         if (s->t.ndev == 0) {
             snprintf(err, errlen, "%s: the snapshot has no device", s->path);
             return false;
@@ -713,7 +721,8 @@ static int usage(FILE *out, int rc) {
             "  snapshots (one per rank, e.g. out/rank*.pickle), every rank's requested curve on\n"
             "  one chart, the ranks with the highest and lowest peak marked.\n"
             "  -o, --output=OUT.svg   the chart (SVG; for PNG: rsvg-convert -o OUT.png OUT.svg)\n"
-            "  -d, --device=N         the device to plot (default: the first with events)\n"
+            "  -d, --device=N         the device to plot (default: the first with events, else\n"
+            "                         the first with segments)\n"
             "  -h, --help             this text\n");
     return rc;
 }

@@ -435,6 +435,12 @@ if(TARGET sympool_cli)
     "'$<TARGET_FILE:sympool_cli>' plot '${SMALL}' '${BIG}' -o '${SP_CLI_OUT}/ranks2.svg' >/dev/null && cat '${SP_CLI_OUT}/ranks2.svg'")
   set_tests_properties(cli.plot_ranks_marked PROPERTIES LABELS "unit;cli" TIMEOUT 60
     PASS_REGULAR_EXPRESSION "Memory timeline: 2 ranks.*cs336-2.7b-ctx128-forward-bf16: peak 22.23 GiB \\(max\\).*trace-small-p4: peak 441.62 MiB \\(min\\)")
+  # A snapshot of state only (no events on any device) is drawn for the first device holding
+  # segments: device 1 of the legacy list, not an empty chart of device 0.
+  sp_cli_check(NAME plot_state_only_device RC 0
+    REGEX "wrote .*state-only.svg \\(device 1: 0 events, peak requested [0-9.]+ GiB, peak reserved [1-9][0-9.]* GiB\\)"
+    ARGS plot ${CMAKE_CURRENT_SOURCE_DIR}/data/real/layoutediting-legacy-list.pickle
+         -o ${SP_CLI_OUT}/state-only.svg)
   # A trace whose requested bytes rise above its reserved ones says it is partial; a whole one not.
   sp_cli_check(NAME plot_partial_trace RC 0 REGEX "note: a partial trace.*wrote .*partial.svg"
     ARGS plot ${SMALL} -o ${SP_CLI_OUT}/partial.svg)
