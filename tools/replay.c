@@ -32,8 +32,6 @@ static uint64_t now_ns(void) {
 /* An alloc's or free's slot in dev_state_t.ptrs (NO_SLOT: none), and for an alloc the slot that
  * held the same recorded address before it (NO_SLOT: none). */
 #define NO_SLOT UINT32_MAX
-/* The most emulated devices a replay has: SYMPOOL_HOST_DEVICES' range (core/options.c). */
-#define REPLAY_MAX_DEVICES 64
 
 /* The event loop's rare branches, laid out off its straight path. */
 #define LIKELY(x) __builtin_expect(!!(x), 1)

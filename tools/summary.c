@@ -319,8 +319,16 @@ int sp_cli_summary(int argc, char **argv) {
                 "sympool summary: note: %s: allocator_settings read as SYMPOOL_ALLOC_CONF='%s' "
                 "are not valid: %s (PyTorch refuses them): the allocated peaks are not replayed\n",
                 path, t.settings.conf, t.settings.invalid);
-    bool replayed =
-        peaks != NULL && any_events && !t.settings.invalid[0] && replay_peaks(&t, peaks);
+    /* Nor does a snapshot of more devices than a replay emulates (replay refuses it): the
+     * option's refusal was logged, and the peaks left unknown without a word. */
+    bool too_many = t.ndev > REPLAY_MAX_DEVICES;
+    if (any_events && too_many && !t.settings.invalid[0])
+        fprintf(stderr,
+                "sympool summary: note: %s: the snapshot has %d devices and a replay emulates at "
+                "most %d: the allocated peaks are not replayed\n",
+                path, t.ndev, REPLAY_MAX_DEVICES);
+    bool replayed = peaks != NULL && any_events && !t.settings.invalid[0] && !too_many &&
+                    replay_peaks(&t, peaks);
     int rc = 0;
     for (int dev = 0; dev < t.ndev && rc == 0; dev++) {
         if (only >= 0 && dev != only)

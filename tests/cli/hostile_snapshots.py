@@ -3,7 +3,8 @@
 and one line on stderr naming the trace and what is wrong (argv: sympool, work dir):
  - segments on device 100 (SYMPOOL_HOST_DEVICES allows 64 emulated devices): replay printed the
    option's warning and an error blaming a SYMPOOL_HOST_DEVICES='101' nobody set; info, summary
-   and plot still read such a snapshot;
+   and plot still read such a snapshot (summary, with events to replay for its allocated peaks,
+   printed the option's warning and left them unknown without a word: it says why instead);
  - a block whose state is none of PyTorch's three (active_allocated, active_pending_free,
    inactive): every command took it as live for the replay's starting state and as not
    allocated for the recorded run's, and said nothing."""
@@ -49,6 +50,14 @@ for args in (["replay", path], ["replay", path, "--json"],
 accepted("info device 100", ["info", path])
 accepted("summary device 100", ["summary", path])
 accepted("plot device 100", ["plot", path, "-o", os.path.join(work, "device100.svg")])
+# ... with events on device 0: summary's allocated peaks are not replayed, and it says why.
+events = [{"action": "alloc", "addr": SEG, "size": 512, "stream": 0, "time_us": 1}]
+path = write("device100_events.pickle", {"segments": [segment(100)], "device_traces": [events]})
+r = run("summary", path, "-d", "0")
+if r.returncode != 0 or r.stderr != (f"sympool summary: note: {path}: the snapshot has 101 devices"
+                                     " and a replay emulates at most 64: the allocated peaks are"
+                                     " not replayed\n"):
+    fails.append(f"summary device 100 with events: rc {r.returncode}, stderr {r.stderr!r}")
 # Device 63 (64 devices) is still replayed.
 path = write("device63.pickle", {"segments": [segment(63)], "device_traces": [[]]})
 accepted("replay device 63", ["replay", path, "--json"])
