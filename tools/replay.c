@@ -1837,6 +1837,24 @@ typedef struct replay_args {
     int repeat;
 } replay_args_t;
 
+/* A word of the command line that is no option: the trace, then (after --compare)
+ * configurations. False (said) when there is no room for it. */
+static bool take_word(replay_args_t *a, bool compare, const char *word) {
+    if (compare) {
+        if (a->ncompare == MAX_COMPARE) {
+            fprintf(stderr, "sympool replay: at most %d configurations\n", MAX_COMPARE);
+            return false;
+        }
+        a->compare[a->ncompare++] = word;
+    } else if (a->trace == NULL) {
+        a->trace = word;
+    } else {
+        fprintf(stderr, "sympool replay: more than one trace given ('%s')\n", word);
+        return false;
+    }
+    return true;
+}
+
 /* Parse the command line; returns -1 to go on, else the exit status. */
 static int parse_args(int argc, char **argv, replay_args_t *a) {
     static const struct option opts[] = {
@@ -1890,23 +1908,18 @@ static int parse_args(int argc, char **argv, replay_args_t *a) {
             a->repeat = (int)n;
             break;
         case 1: /* a word: the trace, then (after --compare) configurations */
-            if (compare) {
-                if (a->ncompare == MAX_COMPARE) {
-                    fprintf(stderr, "sympool replay: at most %d configurations\n", MAX_COMPARE);
-                    return 2;
-                }
-                a->compare[a->ncompare++] = optarg;
-            } else if (a->trace == NULL) {
-                a->trace = optarg;
-            } else {
-                fprintf(stderr, "sympool replay: more than one trace given ('%s')\n", optarg);
+            if (!take_word(a, compare, optarg))
                 return 2;
-            }
             break;
         default:
             return 2;
         }
     }
+    /* The words after "--" (getopt stops there): a trace named like an option, "-t.pickle", and
+     * then configurations. They were dropped, and the trace was "not given". */
+    for (int k = optind; k < argc; k++)
+        if (!take_word(a, compare, argv[k]))
+            return 2;
     if (a->trace == NULL) {
         fprintf(stderr, "sympool replay: no trace given\n");
         return usage(stderr, 2);

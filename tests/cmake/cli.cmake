@@ -201,6 +201,13 @@ if(TARGET sympool_cli)
       REGEX "sympool ${cmd}: unknown option '--no-such-option' \\(see sympool ${cmd} --help\\)"
       ARGS ${cmd} --no-such-option)
   endforeach()
+  # The words after "--" are the trace and the configurations (a file named like an option):
+  # they were dropped, and replay said "no trace given".
+  sp_cli_check(NAME replay_after_double_dash RC 0 REGEX "^\\{\"trace\":\"[^\"]*trace-small-p4.pickle\","
+    ARGS replay --json -- ${SMALL})
+  sp_cli_check(NAME replay_compare_after_double_dash RC 0
+    REGEX "trace-small-p4.pickle: 2 configurations.*\n  max_split_size_mb:64 .*\n  max_split_size_mb:128 "
+    ARGS replay ${SMALL} --compare -- max_split_size_mb:64 max_split_size_mb:128)
   sp_cli_check(NAME replay_missing_value RC 2 REGEX "sympool replay: option '--conf' needs a value"
     ARGS replay ${SMALL} --conf)
   # --opt=value and --opt value mean the same.
