@@ -208,6 +208,11 @@ if(TARGET sympool_cli)
   sp_cli_check(NAME replay_compare_after_double_dash RC 0
     REGEX "trace-small-p4.pickle: 2 configurations.*\n  max_split_size_mb:64 .*\n  max_split_size_mb:128 "
     ARGS replay ${SMALL} --compare -- max_split_size_mb:64 max_split_size_mb:128)
+  # A long option given a value it does not take is named as written, not by its short letter
+  # ("unknown option '-j'" for --json=1).
+  sp_cli_check(NAME replay_flag_with_value RC 2
+    REGEX "^sympool replay: option '--json' takes no value \\('--json=1'\\)"
+    ARGS replay ${SMALL} --json=1)
   sp_cli_check(NAME replay_missing_value RC 2 REGEX "sympool replay: option '--conf' needs a value"
     ARGS replay ${SMALL} --conf)
   # --opt=value and --opt value mean the same.
