@@ -40,7 +40,19 @@ check "debug file is the chart, --output=" "SYMPOOL_DEBUG_FILE" env SYMPOOL_DEBU
 check "debug file is the chart, -oFILE" "SYMPOOL_DEBUG_FILE" env SYMPOOL_DEBUG_FILE="$w/t.svg" "$bin" plot "$trace" -o"$w/t.svg"
 check "debug file is the snapshot, --snapshot=" "SYMPOOL_DEBUG_FILE" env SYMPOOL_DEBUG_FILE="$w/t.pickle" "$bin" replay "$trace" --snapshot="$w/t.pickle"
 check "debug file is the snapshot read" "SYMPOOL_DEBUG_FILE" env SYMPOOL_DEBUG=INFO SYMPOOL_DEBUG_FILE="$w/t.svg" "$bin" summary "$w/t.svg"
-for f in t.pickle t.svg t-0.pickle; do
+# ... also when a file named like an option is given whole: after "--", or as an option's
+# separate value (only the part after "-x" was looked at, and the trace had the log appended).
+cp "$trace" "$w/-d.pickle" && cp "$trace" "$w/-d.svg" || exit 1
+check "debug file is a trace given after --" "SYMPOOL_DEBUG_FILE" sh -c \
+    'cd "$1" && SYMPOOL_DEBUG=INFO SYMPOOL_DEBUG_FILE=-d.pickle exec "$2" replay -- -d.pickle' \
+    sh "$w" "$bin"
+check "debug file is a snapshot given after --" "SYMPOOL_DEBUG_FILE" sh -c \
+    'cd "$1" && SYMPOOL_DEBUG=INFO SYMPOOL_DEBUG_FILE=-d.pickle exec "$2" summary -- -d.pickle' \
+    sh "$w" "$bin"
+check "debug file is the chart given as -o -FILE" "SYMPOOL_DEBUG_FILE" sh -c \
+    'cd "$1" && SYMPOOL_DEBUG=INFO SYMPOOL_DEBUG_FILE=-d.svg exec "$2" plot "$3" -o -d.svg' \
+    sh "$w" "$bin" "$trace"
+for f in t.pickle t.svg t-0.pickle -d.pickle -d.svg; do
     cmp -s "$trace" "$w/$f" || { echo "FAIL $f was changed"; fail=1; }
 done
 [ -L "$w/link.pickle" ] || { echo "FAIL the link was replaced"; fail=1; }
