@@ -301,6 +301,13 @@ int sp_cli_summary(int argc, char **argv) {
         tr_free(&t);
         return 1;
     }
+    /* No device at all (no segments, no device traces): there is no table to print; it exited
+     * 0 having printed nothing (plot says the same). */
+    if (t.ndev == 0) {
+        fprintf(stderr, "sympool summary: %s: the snapshot has no device\n", path);
+        tr_free(&t);
+        return 1;
+    }
     if (only >= t.ndev) {
         fprintf(stderr, "sympool summary: %s has %d device%s; no device %ld\n", path, t.ndev,
                 t.ndev == 1 ? "" : "s", only);

@@ -7,7 +7,9 @@ and one line on stderr naming the trace and what is wrong (argv: sympool, work d
    printed the option's warning and left them unknown without a word: it says why instead);
  - a block whose state is none of PyTorch's three (active_allocated, active_pending_free,
    inactive): every command took it as live for the replay's starting state and as not
-   allocated for the recorded run's, and said nothing."""
+   allocated for the recorded run's, and said nothing;
+ - no device at all (no segments, no device traces): summary printed nothing and exited 0
+   (plot says there is no device)."""
 import os
 import sys
 
@@ -73,6 +75,13 @@ for state in ("active_allocated", "active_pending_free", "inactive"):
     accepted("replay block state " + state,
              ["replay", write(state + ".pickle", {"segments": [segment(0, state)],
                                                   "device_traces": [[]]}), "--json"])
+
+# No device at all.
+path = write("no_device.pickle", {"segments": [], "device_traces": []})
+refused("summary no device", ["summary", path], path + ": the snapshot has no device")
+refused("plot no device", ["plot", path, "-o", os.path.join(work, "no_device.svg")],
+        path + ": the snapshot has no device")
+accepted("info no device", ["info", path])
 
 if fails:
     sys.exit("hostile snapshots:\n  " + "\n  ".join(fails))
