@@ -133,6 +133,13 @@ static void where_of(const pk_value_t *frames, char *out, size_t cap) {
         snprintf(out, cap, "%s %s", name ? name : "?", base ? base + 1 : (file ? file : "?"));
 }
 
+/* Log lines other than WARN pass to stderr (see the chart's write). */
+static void drop_warning(int level, const char *line, void *arg) {
+    (void)arg;
+    if (level != SP_X_LOG_WARN)
+        fprintf(stderr, "%s\n", line);
+}
+
 static void xml_text(FILE *f, const char *s, size_t max) {
     for (size_t i = 0; s[i] && i < max; i++) {
         unsigned char c = (unsigned char)s[i];
@@ -827,9 +834,16 @@ int sp_cli_plot(int argc, char **argv) {
         if (fclose(f) != 0 || r != 0) {
             fprintf(stderr, "sympool plot: rendering %s failed (out of memory)\n", out);
             rc = 1;
-        } else if (sp_x_file_write_atomic(out, svg, svg_len) != SP_SUCCESS) {
-            fprintf(stderr, "sympool plot: %s (%s is unchanged)\n", sp_last_error(), out);
-            rc = 1;
+        } else {
+            /* A chart that cannot be written is said once, in our error line: sympool's WARN
+             * line of the same failure is held back. */
+            sp_x_log_set_fn(drop_warning, NULL);
+            sp_status_t st = sp_x_file_write_atomic(out, svg, svg_len);
+            sp_x_log_set_fn(NULL, NULL);
+            if (st != SP_SUCCESS) {
+                fprintf(stderr, "sympool plot: %s (%s is unchanged)\n", sp_last_error(), out);
+                rc = 1;
+            }
         }
     }
     free(svg);

@@ -1123,6 +1123,7 @@ static bool expandable_rules_ours(void) {
 }
 
 static bool g_user_conf;
+static bool g_hold_warnings; /* while the snapshot is written: its failure is our error line */
 
 void replay_set_user_conf(bool given) {
     g_user_conf = given;
@@ -1218,7 +1219,11 @@ static bool replay_once(const tr_trace_t *t, const char *snapshot_out, bool last
         r->device_frees += stat_of(d, "num_device_free");
     }
     if (ok && snapshot_out != NULL) {
+        /* A snapshot that cannot be written (a read-only or full file system) is said once, in
+         * the command's error line: sympool's WARN line of the same failure is held back. */
+        g_hold_warnings = true;
         sp_status_t st = sp_dump_snapshot(snapshot_out);
+        g_hold_warnings = false;
         if (st != SP_SUCCESS) {
             snprintf(err, errlen, "sp_dump_snapshot(%s): %s", snapshot_out, sp_last_error());
             ok = false;
@@ -1259,6 +1264,8 @@ static int cmp_double(const void *a, const void *b) {
  * explains the state of the device), count the rest, pass every other line through. */
 static void log_filter(int level, const char *line, void *arg) {
     size_t *oom_lines = arg;
+    if (level == SP_X_LOG_WARN && g_hold_warnings)
+        return;
     if (level == SP_X_LOG_WARN && strstr(line, "out of memory") != NULL && (*oom_lines)++ > 0)
         return;
     fprintf(stderr, "%s\n", line);
