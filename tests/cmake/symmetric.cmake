@@ -62,6 +62,13 @@ set_tests_properties(sympoolrun.forwards_only_set_variables PROPERTIES LABELS mp
 add_test(NAME sympoolrun.no_launcher COMMAND ${SP_SYMPOOLRUN} -np 2 true)
 set_tests_properties(sympoolrun.no_launcher PROPERTIES LABELS mpi
   ENVIRONMENT "SYMPOOLRUN_LAUNCHER=/nonexistent/mpirun" WILL_FAIL TRUE)
+# ... saying that, once (it went on with "no MPI launcher found (tried mpirun, mpiexec, srun);
+# set SYMPOOLRUN_LAUNCHER", which it had neither tried nor left unset), and exiting 127.
+add_test(NAME sympoolrun.bad_launcher_one_line COMMAND sh -c "\"$0\" -np 2 true 2>&1; echo rc=$?"
+  ${SP_SYMPOOLRUN})
+set_tests_properties(sympoolrun.bad_launcher_one_line PROPERTIES LABELS mpi
+  ENVIRONMENT "SYMPOOLRUN_LAUNCHER=/nonexistent/mpirun"
+  PASS_REGULAR_EXPRESSION "^sympoolrun: SYMPOOLRUN_LAUNCHER=/nonexistent/mpirun is not an executable\nrc=127\n$")
 
 add_test(NAME sympoolrun.np2_world_init_self
   COMMAND ${SP_SYMPOOLRUN} -np 2 --oversubscribe $<TARGET_FILE:sp_world_init_self>)
