@@ -81,6 +81,13 @@ if(TARGET sympool_cli)
               ${CMAKE_CURRENT_SOURCE_DIR}/data/real/bolong-expandable-recorded.pickle)
     set_tests_properties(cli.pickle_protocols PROPERTIES LABELS "unit;cli;python" TIMEOUT 300
       PASS_REGULAR_EXPRESSION "^ok")
+    # A snapshot emptied while it is read (PyTorch rewrites its file in place): exit 1 and one
+    # line, not SIGBUS.
+    add_test(NAME cli.truncated_while_read
+      COMMAND ${Python3_EXECUTABLE} ${PROJECT_SOURCE_DIR}/tests/cli/truncated_while_read.py
+              $<TARGET_FILE:sympool_cli> ${SP_CLI_OUT}/truncated_while_read)
+    set_tests_properties(cli.truncated_while_read PROPERTIES LABELS "unit;cli;python" TIMEOUT 300
+      PASS_REGULAR_EXPRESSION "^ok")
     # Snapshots no PyTorch writes (a segment on device 100, ...): refused with one line that
     # names the trace and what is wrong.
     add_test(NAME cli.hostile_snapshots
