@@ -122,6 +122,10 @@ typedef struct replay_result {
     int devices;                     /* devices replayed */
 } replay_result_t;
 
+/* The most devices a replay emulates, one per recorded device: SYMPOOL_HOST_DEVICES' range
+ * (core/options.c, check_devices). */
+#define REPLAY_MAX_DEVICES 64
+
 /* Replay t on the current sympool (already configured: host backend, options). The seeds are
  * allocated first, then every event in order. When snapshot_out is set, history is recorded and
  * a snapshot of the replay written there before the blocks are freed. Every block is freed at

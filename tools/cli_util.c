@@ -37,6 +37,11 @@ int cli_getopt(int argc, char **argv, const char *cmd, const char *shortopts,
             fprintf(stderr, "%s: option '%s' needs a value\n", who, word);
         else
             fprintf(stderr, "%s: option '-%c' needs a value\n", who, optopt);
+    } else if (optopt != 0 && strncmp(word, "--", 2) == 0) {
+        /* A known long option given a value it does not take ("--json=1"): getopt names it by
+         * its short letter, and it was called the unknown option '-j'. */
+        fprintf(stderr, "%s: option '%.*s' takes no value ('%s') (see %s --help)\n", who,
+                (int)strcspn(word, "="), word, word, who);
     } else if (optopt != 0) {
         fprintf(stderr, "%s: unknown option '-%c' (see %s --help)\n", who, optopt, who);
     } else {

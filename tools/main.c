@@ -46,12 +46,16 @@ static bool debug_file_is_an_argument(int nsub, char **sub) {
     if (pattern == NULL || pattern[0] == '\0' || !sp_x_path_expand(pattern, path, sizeof path))
         return false;
     for (int i = 1; i < nsub; i++) {
-        /* A word, or an option's value written into it: --output=FILE, -oFILE. */
+        /* A word, or an option's value written into it: --output=FILE, -oFILE. A word that
+         * starts with '-' is also taken whole: a file after "--" (`replay -- -t.pickle`) or an
+         * option's separate value (`-o -t.svg`); only its value was looked at. */
         const char *file = sub[i];
         if (file[0] == '-' && file[1] == '-')
             file = strchr(file, '=') ? strchr(file, '=') + 1 : "";
         else if (file[0] == '-')
             file = file[1] != '\0' ? file + 2 : "";
+        if (file != sub[i] && !(file[0] != '\0' && cli_same_file(file, path)))
+            file = sub[i];
         if (file[0] != '\0' && cli_same_file(file, path)) {
             fprintf(stderr,
                     "sympool: SYMPOOL_DEBUG_FILE=%s names %s, a file this command reads or "

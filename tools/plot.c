@@ -133,6 +133,13 @@ static void where_of(const pk_value_t *frames, char *out, size_t cap) {
         snprintf(out, cap, "%s %s", name ? name : "?", base ? base + 1 : (file ? file : "?"));
 }
 
+/* Log lines other than WARN pass to stderr (see the chart's write). */
+static void drop_warning(int level, const char *line, void *arg) {
+    (void)arg;
+    if (level != SP_X_LOG_WARN)
+        fprintf(stderr, "%s\n", line);
+}
+
 static void xml_text(FILE *f, const char *s, size_t max) {
     for (size_t i = 0; s[i] && i < max; i++) {
         unsigned char c = (unsigned char)s[i];
@@ -281,7 +288,8 @@ static void label_of(const char *path, char *out, size_t cap) {
     snprintf(out, cap, "%.*s", n > 40 ? 40 : n, base);
 }
 
-/* The device to plot: the one asked for, else the first whose trace has events. */
+/* The device to plot: the one asked for, else the first whose trace has events, else (a
+ * snapshot of state only, such as the legacy segment list) the first holding segments. */
 static bool pick_device(series_t *s, int asked, char *err, size_t errlen) {
     if (asked >= 0) {
         if (asked >= s->t.ndev) {
@@ -291,10 +299,17 @@ static bool pick_device(series_t *s, int asked, char *err, size_t errlen) {
         }
         s->dev = asked;
     } else {
-        s->dev = 0;
-        for (int d = s->t.ndev - 1; d >= 0; d--)
+        s->dev = -1;
+        for (int d = 0; d < s->t.ndev && s->dev < 0; d++)
             if (s->t.dev[d].nev > 0)
                 s->dev = d;
+        /* Device 0 was chosen when no trace had events: an empty chart of a snapshot whose
+         * segments are all on device 1. */
+        for (int d = 0; d < s->t.ndev && s->dev < 0; d++)
+            if (s->t.dev[d].final_reserved > 0)
+                s->dev = d;
+        if (s->dev < 0)
+            s->dev = 0;
         if (s->t.ndev == 0) {
             snprintf(err, errlen, "%s: the snapshot has no device", s->path);
             return false;
@@ -713,7 +728,8 @@ static int usage(FILE *out, int rc) {
             "  snapshots (one per rank, e.g. out/rank*.pickle), every rank's requested curve on\n"
             "  one chart, the ranks with the highest and lowest peak marked.\n"
             "  -o, --output=OUT.svg   the chart (SVG; for PNG: rsvg-convert -o OUT.png OUT.svg)\n"
-            "  -d, --device=N         the device to plot (default: the first with events)\n"
+            "  -d, --device=N         the device to plot (default: the first with events, else\n"
+            "                         the first with segments)\n"
             "  -h, --help             this text\n");
     return rc;
 }
@@ -818,9 +834,16 @@ int sp_cli_plot(int argc, char **argv) {
         if (fclose(f) != 0 || r != 0) {
             fprintf(stderr, "sympool plot: rendering %s failed (out of memory)\n", out);
             rc = 1;
-        } else if (sp_x_file_write_atomic(out, svg, svg_len) != SP_SUCCESS) {
-            fprintf(stderr, "sympool plot: %s (%s is unchanged)\n", sp_last_error(), out);
-            rc = 1;
+        } else {
+            /* A chart that cannot be written is said once, in our error line: sympool's WARN
+             * line of the same failure is held back. */
+            sp_x_log_set_fn(drop_warning, NULL);
+            sp_status_t st = sp_x_file_write_atomic(out, svg, svg_len);
+            sp_x_log_set_fn(NULL, NULL);
+            if (st != SP_SUCCESS) {
+                fprintf(stderr, "sympool plot: %s (%s is unchanged)\n", sp_last_error(), out);
+                rc = 1;
+            }
         }
     }
     free(svg);

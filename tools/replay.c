@@ -1123,6 +1123,7 @@ static bool expandable_rules_ours(void) {
 }
 
 static bool g_user_conf;
+static bool g_hold_warnings; /* while the snapshot is written: its failure is our error line */
 
 void replay_set_user_conf(bool given) {
     g_user_conf = given;
@@ -1218,7 +1219,11 @@ static bool replay_once(const tr_trace_t *t, const char *snapshot_out, bool last
         r->device_frees += stat_of(d, "num_device_free");
     }
     if (ok && snapshot_out != NULL) {
+        /* A snapshot that cannot be written (a read-only or full file system) is said once, in
+         * the command's error line: sympool's WARN line of the same failure is held back. */
+        g_hold_warnings = true;
         sp_status_t st = sp_dump_snapshot(snapshot_out);
+        g_hold_warnings = false;
         if (st != SP_SUCCESS) {
             snprintf(err, errlen, "sp_dump_snapshot(%s): %s", snapshot_out, sp_last_error());
             ok = false;
@@ -1259,9 +1264,31 @@ static int cmp_double(const void *a, const void *b) {
  * explains the state of the device), count the rest, pass every other line through. */
 static void log_filter(int level, const char *line, void *arg) {
     size_t *oom_lines = arg;
+    if (level == SP_X_LOG_WARN && g_hold_warnings)
+        return;
     if (level == SP_X_LOG_WARN && strstr(line, "out of memory") != NULL && (*oom_lines)++ > 0)
         return;
     fprintf(stderr, "%s\n", line);
+}
+
+/* While the options are set before a replay: an option sympool refuses is logged at WARN as
+ * well, and the command says it once, in its own error line (other lines, such as the INFO
+ * notes on a configuration, pass). quiet_options_begin reads the option table first, so that
+ * the environment's variables still warn (they do at that read). */
+static void drop_warning(int level, const char *line, void *arg) {
+    (void)arg;
+    if (level != SP_X_LOG_WARN)
+        fprintf(stderr, "%s\n", line);
+}
+
+static void quiet_options_begin(void) {
+    sp_x_option_info_t info;
+    (void)sp_x_option_info(0, &info);
+    sp_x_log_set_fn(drop_warning, NULL);
+}
+
+static void quiet_options_end(void) {
+    sp_x_log_set_fn(NULL, NULL);
 }
 
 static double gib(double b);
@@ -1715,6 +1742,7 @@ static int replay_compare(const char *trace, const tr_trace_t *t, const char *us
     int rc = 0;
     /* Every configuration is checked before the first replay: a bad one is refused before
      * anything runs, not after the ones before it have replayed. */
+    quiet_options_begin();
     for (int i = 0; i < n && rc == 0; i++) {
         if (!apply_conf(trace, base, confs[i], capacity,
                         reenacts_pytorch_rules(t, user_conf, confs[i]), eff[i], sizeof(eff[i]), err,
@@ -1724,6 +1752,7 @@ static int replay_compare(const char *trace, const tr_trace_t *t, const char *us
         }
     }
     items_put_back();
+    quiet_options_end();
     if (rc != 0) {
         free(rs);
         free(eff);
@@ -1815,6 +1844,24 @@ typedef struct replay_args {
     int repeat;
 } replay_args_t;
 
+/* A word of the command line that is no option: the trace, then (after --compare)
+ * configurations. False (said) when there is no room for it. */
+static bool take_word(replay_args_t *a, bool compare, const char *word) {
+    if (compare) {
+        if (a->ncompare == MAX_COMPARE) {
+            fprintf(stderr, "sympool replay: at most %d configurations\n", MAX_COMPARE);
+            return false;
+        }
+        a->compare[a->ncompare++] = word;
+    } else if (a->trace == NULL) {
+        a->trace = word;
+    } else {
+        fprintf(stderr, "sympool replay: more than one trace given ('%s')\n", word);
+        return false;
+    }
+    return true;
+}
+
 /* Parse the command line; returns -1 to go on, else the exit status. */
 static int parse_args(int argc, char **argv, replay_args_t *a) {
     static const struct option opts[] = {
@@ -1868,23 +1915,18 @@ static int parse_args(int argc, char **argv, replay_args_t *a) {
             a->repeat = (int)n;
             break;
         case 1: /* a word: the trace, then (after --compare) configurations */
-            if (compare) {
-                if (a->ncompare == MAX_COMPARE) {
-                    fprintf(stderr, "sympool replay: at most %d configurations\n", MAX_COMPARE);
-                    return 2;
-                }
-                a->compare[a->ncompare++] = optarg;
-            } else if (a->trace == NULL) {
-                a->trace = optarg;
-            } else {
-                fprintf(stderr, "sympool replay: more than one trace given ('%s')\n", optarg);
+            if (!take_word(a, compare, optarg))
                 return 2;
-            }
             break;
         default:
             return 2;
         }
     }
+    /* The words after "--" (getopt stops there): a trace named like an option, "-t.pickle", and
+     * then configurations. They were dropped, and the trace was "not given". */
+    for (int k = optind; k < argc; k++)
+        if (!take_word(a, compare, argv[k]))
+            return 2;
     if (a->trace == NULL) {
         fprintf(stderr, "sympool replay: no trace given\n");
         return usage(stderr, 2);
@@ -1951,10 +1993,13 @@ int sp_cli_replay(int argc, char **argv) {
         fprintf(stderr, "sympool replay: --conf '%s' is not valid: %s\n", a.conf, why);
         return 2;
     }
+    quiet_options_begin();
     if (a.capacity != NULL && sp_x_option_set("SYMPOOL_HOST_CAPACITY", a.capacity) != SP_SUCCESS) {
+        quiet_options_end();
         fprintf(stderr, "sympool replay: --capacity: %s\n", sp_last_error());
         return 2;
     }
+    quiet_options_end();
     char err[512];
     tr_trace_t t;
     cli_heap_prepare(a.trace);
@@ -1969,13 +2014,27 @@ int sp_cli_replay(int argc, char **argv) {
      * Replay never touches the memory: it carves address space from one reservation instead of
      * a mmap/munmap pair per segment (same budget and OOMs), unless SYMPOOL_HOST_ARENA says
      * otherwise (=0 measures the old way). */
+    /* One emulated device per recorded one, and SYMPOOL_HOST_DEVICES allows 64 (core/options.c,
+     * check_devices): a snapshot naming device 64 or above is refused here, saying so, not with
+     * the option's warning and an error that blames a SYMPOOL_HOST_DEVICES nobody set. */
+    if (t.ndev > REPLAY_MAX_DEVICES) {
+        fprintf(stderr,
+                "sympool replay: %s: the snapshot has %d devices (segments or device_traces up to "
+                "device %d); the replay emulates at most %d\n",
+                a.trace, t.ndev, t.ndev - 1, REPLAY_MAX_DEVICES);
+        tr_free(&t);
+        return 1;
+    }
     char ndev[16];
     snprintf(ndev, sizeof(ndev), "%d", t.ndev > 1 ? t.ndev : 1);
     setenv("SYMPOOL_DEVICE", "host", 1);
-    if (sp_x_option_set("SYMPOOL_DEVICE", "host") != SP_SUCCESS ||
-        (t.ndev > 1 && sp_x_option_set("SYMPOOL_HOST_DEVICES", ndev) != SP_SUCCESS) ||
-        (getenv("SYMPOOL_HOST_ARENA") == NULL &&
-         sp_x_option_set("SYMPOOL_HOST_ARENA", "1") != SP_SUCCESS)) {
+    quiet_options_begin();
+    bool set = sp_x_option_set("SYMPOOL_DEVICE", "host") == SP_SUCCESS &&
+               (t.ndev <= 1 || sp_x_option_set("SYMPOOL_HOST_DEVICES", ndev) == SP_SUCCESS) &&
+               (getenv("SYMPOOL_HOST_ARENA") != NULL ||
+                sp_x_option_set("SYMPOOL_HOST_ARENA", "1") == SP_SUCCESS);
+    quiet_options_end();
+    if (!set) {
         fprintf(stderr, "sympool replay: %s\n", sp_last_error());
         tr_free(&t);
         return 1;
@@ -2003,6 +2062,7 @@ int sp_cli_replay(int argc, char **argv) {
     const char *conf = a.conf;
     if (conf == NULL && t.settings.recorded)
         conf = t.settings.conf;
+    quiet_options_begin(); /* ended before init_capped: its warnings show */
     if (conf != NULL && a.conf == NULL &&
         sp_x_option_set("SYMPOOL_ALLOC_CONF", conf) != SP_SUCCESS) {
         /* Settings PyTorch cannot have: the snapshot is invalid, not the command line. */
@@ -2030,6 +2090,7 @@ int sp_cli_replay(int argc, char **argv) {
         tr_free(&t);
         return 2;
     }
+    quiet_options_end();
     if (!init_capped(t.ndev, conf, a.capacity, err, sizeof(err))) {
         fprintf(stderr, "sympool replay: %s\n", err);
         tr_free(&t);

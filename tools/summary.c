@@ -301,6 +301,13 @@ int sp_cli_summary(int argc, char **argv) {
         tr_free(&t);
         return 1;
     }
+    /* No device at all (no segments, no device traces): there is no table to print; it exited
+     * 0 having printed nothing (plot says the same). */
+    if (t.ndev == 0) {
+        fprintf(stderr, "sympool summary: %s: the snapshot has no device\n", path);
+        tr_free(&t);
+        return 1;
+    }
     if (only >= t.ndev) {
         fprintf(stderr, "sympool summary: %s has %d device%s; no device %ld\n", path, t.ndev,
                 t.ndev == 1 ? "" : "s", only);
@@ -319,8 +326,16 @@ int sp_cli_summary(int argc, char **argv) {
                 "sympool summary: note: %s: allocator_settings read as SYMPOOL_ALLOC_CONF='%s' "
                 "are not valid: %s (PyTorch refuses them): the allocated peaks are not replayed\n",
                 path, t.settings.conf, t.settings.invalid);
-    bool replayed =
-        peaks != NULL && any_events && !t.settings.invalid[0] && replay_peaks(&t, peaks);
+    /* Nor does a snapshot of more devices than a replay emulates (replay refuses it): the
+     * option's refusal was logged, and the peaks left unknown without a word. */
+    bool too_many = t.ndev > REPLAY_MAX_DEVICES;
+    if (any_events && too_many && !t.settings.invalid[0])
+        fprintf(stderr,
+                "sympool summary: note: %s: the snapshot has %d devices and a replay emulates at "
+                "most %d: the allocated peaks are not replayed\n",
+                path, t.ndev, REPLAY_MAX_DEVICES);
+    bool replayed = peaks != NULL && any_events && !t.settings.invalid[0] && !too_many &&
+                    replay_peaks(&t, peaks);
     int rc = 0;
     for (int dev = 0; dev < t.ndev && rc == 0; dev++) {
         if (only >= 0 && dev != only)

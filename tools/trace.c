@@ -16,6 +16,7 @@
 #include "sympool/experimental.h"
 
 #include <fcntl.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -1511,6 +1512,16 @@ static bool analyse(const pk_value_t *segments, const recs_t *recs, const tr_set
                 snprintf(err, errlen, "segments[%zu].blocks[%zu]: missing 'size' or 'state'", s, b);
                 goto out;
             }
+            /* PyTorch writes these three states only (torch/csrc/cuda/memory_snapshot.cpp,
+             * _memory_snapshot_pickled; Module.cpp, the Python snapshot); another was taken as
+             * live for the replay's starting state and as not allocated for the recorded run's. */
+            if (!active && !inactive && !pending) {
+                snprintf(err, errlen,
+                         "segments[%zu].blocks[%zu]: 'state' is none of active_allocated, "
+                         "active_pending_free, inactive",
+                         s, b);
+                goto out;
+            }
             /* The blocks before it end inside the segment (checked for each), so the offset
              * is at most total. */
             if ((uint64_t)bsize > (uint64_t)total - (baddr - addr)) {
@@ -1976,6 +1987,34 @@ bool tr_load(const char *path, tr_trace_t *t, char *err, size_t errlen) {
 
 /* The file's bytes: a regular file is mapped (read-only, its pages populated in one call: no
  * copy, no fault per page), anything else read. */
+/* A file read through its mapping that another process truncates meanwhile (PyTorch's
+ * _dump_snapshot rewrites its file in place: open(path, "wb") empties it first) faults on the
+ * pages past its new end: the command died of SIGBUS. While a file is mapped, that fault ends
+ * the command with one line naming the file instead (write and _exit: async-signal-safe). */
+static char g_mapped_path[512];
+static struct sigaction g_old_sigbus;
+
+static void on_sigbus(int sig) {
+    (void)sig;
+    static const char head[] = "sympool: ",
+                      tail[] = ": the file shrank while it was read (another process rewrote "
+                               "it?); read it again once it is whole\n";
+    ssize_t w = write(2, head, sizeof head - 1);
+    w = write(2, g_mapped_path, strlen(g_mapped_path));
+    w = write(2, tail, sizeof tail - 1);
+    (void)w;
+    _exit(1);
+}
+
+static void guard_mapping(const char *path) {
+    snprintf(g_mapped_path, sizeof g_mapped_path, "%s", path);
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_sigbus;
+    sigemptyset(&sa.sa_mask);
+    (void)sigaction(SIGBUS, &sa, &g_old_sigbus);
+}
+
 static bool read_whole(const char *path, unsigned char **buf_p, size_t *len_p, bool *mapped_p,
                        char *err, size_t errlen) {
     *mapped_p = false;
@@ -1986,6 +2025,7 @@ static bool read_whole(const char *path, unsigned char **buf_p, size_t *len_p, b
         void *p = mmap(NULL, (size_t)sb.st_size, PROT_READ, MAP_PRIVATE | MAP_POPULATE, fd, 0);
         if (p != MAP_FAILED) {
             close(fd);
+            guard_mapping(path);
             *buf_p = p;
             *len_p = (size_t)sb.st_size;
             *mapped_p = true;
@@ -1998,10 +2038,12 @@ static bool read_whole(const char *path, unsigned char **buf_p, size_t *len_p, b
 }
 
 static void release(unsigned char *buf, size_t len, bool mapped) {
-    if (mapped)
+    if (mapped) {
         munmap(buf, len);
-    else
+        (void)sigaction(SIGBUS, &g_old_sigbus, NULL);
+    } else {
         free(buf);
+    }
 }
 
 bool tr_load_opts(const char *path, bool frames, tr_trace_t *t, char *err, size_t errlen) {

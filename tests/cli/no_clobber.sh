@@ -40,10 +40,36 @@ check "debug file is the chart, --output=" "SYMPOOL_DEBUG_FILE" env SYMPOOL_DEBU
 check "debug file is the chart, -oFILE" "SYMPOOL_DEBUG_FILE" env SYMPOOL_DEBUG_FILE="$w/t.svg" "$bin" plot "$trace" -o"$w/t.svg"
 check "debug file is the snapshot, --snapshot=" "SYMPOOL_DEBUG_FILE" env SYMPOOL_DEBUG_FILE="$w/t.pickle" "$bin" replay "$trace" --snapshot="$w/t.pickle"
 check "debug file is the snapshot read" "SYMPOOL_DEBUG_FILE" env SYMPOOL_DEBUG=INFO SYMPOOL_DEBUG_FILE="$w/t.svg" "$bin" summary "$w/t.svg"
-for f in t.pickle t.svg t-0.pickle; do
+# ... also when a file named like an option is given whole: after "--", or as an option's
+# separate value (only the part after "-x" was looked at, and the trace had the log appended).
+cp "$trace" "$w/-d.pickle" && cp "$trace" "$w/-d.svg" || exit 1
+check "debug file is a trace given after --" "SYMPOOL_DEBUG_FILE" sh -c \
+    'cd "$1" && SYMPOOL_DEBUG=INFO SYMPOOL_DEBUG_FILE=-d.pickle exec "$2" replay -- -d.pickle' \
+    sh "$w" "$bin"
+check "debug file is a snapshot given after --" "SYMPOOL_DEBUG_FILE" sh -c \
+    'cd "$1" && SYMPOOL_DEBUG=INFO SYMPOOL_DEBUG_FILE=-d.pickle exec "$2" summary -- -d.pickle' \
+    sh "$w" "$bin"
+check "debug file is the chart given as -o -FILE" "SYMPOOL_DEBUG_FILE" sh -c \
+    'cd "$1" && SYMPOOL_DEBUG=INFO SYMPOOL_DEBUG_FILE=-d.svg exec "$2" plot "$3" -o -d.svg' \
+    sh "$w" "$bin" "$trace"
+for f in t.pickle t.svg t-0.pickle -d.pickle -d.svg; do
     cmp -s "$trace" "$w/$f" || { echo "FAIL $f was changed"; fail=1; }
 done
 [ -L "$w/link.pickle" ] || { echo "FAIL the link was replaced"; fail=1; }
+# A snapshot that cannot be written (a full disk: RLIMIT_FSIZE of one block, SIGXFSZ ignored so
+# write() fails with EFBIG) fails the replay, leaves the previous file whole and no temporary,
+# and is said once: sympool's WARN line of the same failure came before the command's error.
+printf 'previous snapshot\n' >"$w/full.pickle"
+(ulimit -f 1 && trap '' XFSZ && exec "$bin" replay "$trace" --snapshot "$w/full.pickle") \
+    >/dev/null 2>"$w/err"
+rc=$?
+if [ $rc -ne 1 ] || [ "$(wc -l <"$w/err")" -ne 1 ] ||
+    ! grep -q '^sympool replay: sp_dump_snapshot(.*full.pickle): ' "$w/err"; then
+    echo "FAIL full disk: rc=$rc: $(cat "$w/err")"
+    fail=1
+fi
+[ "$(cat "$w/full.pickle")" = "previous snapshot" ] || { echo "FAIL full.pickle was changed"; fail=1; }
+ls "$w" | grep -q '\.tmp\.' && { echo "FAIL a temporary file was left behind"; fail=1; }
 # A snapshot elsewhere is still written.
 "$bin" replay "$w/t.pickle" --snapshot "$w/out.pickle" >/dev/null 2>&1 && [ -s "$w/out.pickle" ] ||
     { echo "FAIL no snapshot written elsewhere"; fail=1; }

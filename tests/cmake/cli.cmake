@@ -81,6 +81,20 @@ if(TARGET sympool_cli)
               ${CMAKE_CURRENT_SOURCE_DIR}/data/real/bolong-expandable-recorded.pickle)
     set_tests_properties(cli.pickle_protocols PROPERTIES LABELS "unit;cli;python" TIMEOUT 300
       PASS_REGULAR_EXPRESSION "^ok")
+    # A snapshot emptied while it is read (PyTorch rewrites its file in place): exit 1 and one
+    # line, not SIGBUS.
+    add_test(NAME cli.truncated_while_read
+      COMMAND ${Python3_EXECUTABLE} ${PROJECT_SOURCE_DIR}/tests/cli/truncated_while_read.py
+              $<TARGET_FILE:sympool_cli> ${SP_CLI_OUT}/truncated_while_read)
+    set_tests_properties(cli.truncated_while_read PROPERTIES LABELS "unit;cli;python" TIMEOUT 300
+      PASS_REGULAR_EXPRESSION "^ok")
+    # Snapshots no PyTorch writes (a segment on device 100, ...): refused with one line that
+    # names the trace and what is wrong.
+    add_test(NAME cli.hostile_snapshots
+      COMMAND ${Python3_EXECUTABLE} ${PROJECT_SOURCE_DIR}/tests/cli/hostile_snapshots.py
+              $<TARGET_FILE:sympool_cli> ${SP_CLI_OUT}/hostile_snapshots)
+    set_tests_properties(cli.hostile_snapshots PROPERTIES LABELS "unit;cli;python" TIMEOUT 120
+      PASS_REGULAR_EXPRESSION "^ok")
     # Traces no allocator could have written (found by tests/fuzz/fuzz_replay.c): the replay
     # neither frees a block twice nor loses one (--repeat's sp_shutdown finds nothing left).
     add_test(NAME cli.replay_adversary
@@ -194,6 +208,18 @@ if(TARGET sympool_cli)
       REGEX "sympool ${cmd}: unknown option '--no-such-option' \\(see sympool ${cmd} --help\\)"
       ARGS ${cmd} --no-such-option)
   endforeach()
+  # The words after "--" are the trace and the configurations (a file named like an option):
+  # they were dropped, and replay said "no trace given".
+  sp_cli_check(NAME replay_after_double_dash RC 0 REGEX "^\\{\"trace\":\"[^\"]*trace-small-p4.pickle\","
+    ARGS replay --json -- ${SMALL})
+  sp_cli_check(NAME replay_compare_after_double_dash RC 0
+    REGEX "trace-small-p4.pickle: 2 configurations.*\n  max_split_size_mb:64 .*\n  max_split_size_mb:128 "
+    ARGS replay ${SMALL} --compare -- max_split_size_mb:64 max_split_size_mb:128)
+  # A long option given a value it does not take is named as written, not by its short letter
+  # ("unknown option '-j'" for --json=1).
+  sp_cli_check(NAME replay_flag_with_value RC 2
+    REGEX "^sympool replay: option '--json' takes no value \\('--json=1'\\)"
+    ARGS replay ${SMALL} --json=1)
   sp_cli_check(NAME replay_missing_value RC 2 REGEX "sympool replay: option '--conf' needs a value"
     ARGS replay ${SMALL} --conf)
   # --opt=value and --opt value mean the same.
@@ -350,6 +376,17 @@ if(TARGET sympool_cli)
   sp_cli_check(NAME replay_bad_capacity_first RC 2
     REGEX "sympool replay: --capacity: SYMPOOL_HOST_CAPACITY='12parsecs' is malformed"
     ARGS replay ${SP_CLI_OUT}/no-such-trace.pickle --capacity 12parsecs)
+  # ... and said once: sympool's own WARN line of the refused option came first, then the
+  # command's error (also for a configuration of --compare that sympool refuses).
+  sp_cli_check(NAME replay_bad_capacity_one_line RC 2
+    REGEX "^sympool replay: --capacity: SYMPOOL_HOST_CAPACITY='0' is out of range[^\n]*\n"
+    ARGS replay ${SMALL} --capacity 0)
+  sp_cli_check(NAME replay_compare_bad_item_one_line RC 2
+    REGEX "^sympool replay: configuration 'SYMPOOL_HOST_FAIL_AFTER=x': SYMPOOL_HOST_FAIL_AFTER='x' is malformed[^\n]*\n"
+    ARGS replay ${SMALL} --compare SYMPOOL_HOST_FAIL_AFTER=x)
+  sp_cli_check(NAME replay_compare_bad_key_one_line RC 2
+    REGEX "^sympool replay: configuration 'no_such_key:1': SYMPOOL_ALLOC_CONF=[^\n]*unknown key 'no_such_key'[^\n]*\n"
+    ARGS replay ${SMALL} --compare no_such_key:1)
   # An output in a folder that does not exist is refused before the input is read (the replay
   # or the chart was made in full, then the write failed); exit 1, as when the write fails.
   sp_cli_check(NAME replay_snapshot_no_folder RC 1
@@ -417,6 +454,12 @@ if(TARGET sympool_cli)
     "'$<TARGET_FILE:sympool_cli>' plot '${SMALL}' '${BIG}' -o '${SP_CLI_OUT}/ranks2.svg' >/dev/null && cat '${SP_CLI_OUT}/ranks2.svg'")
   set_tests_properties(cli.plot_ranks_marked PROPERTIES LABELS "unit;cli" TIMEOUT 60
     PASS_REGULAR_EXPRESSION "Memory timeline: 2 ranks.*cs336-2.7b-ctx128-forward-bf16: peak 22.23 GiB \\(max\\).*trace-small-p4: peak 441.62 MiB \\(min\\)")
+  # A snapshot of state only (no events on any device) is drawn for the first device holding
+  # segments: device 1 of the legacy list, not an empty chart of device 0.
+  sp_cli_check(NAME plot_state_only_device RC 0
+    REGEX "wrote .*state-only.svg \\(device 1: 0 events, peak requested [0-9.]+ GiB, peak reserved [1-9][0-9.]* GiB\\)"
+    ARGS plot ${CMAKE_CURRENT_SOURCE_DIR}/data/real/layoutediting-legacy-list.pickle
+         -o ${SP_CLI_OUT}/state-only.svg)
   # A trace whose requested bytes rise above its reserved ones says it is partial; a whole one not.
   sp_cli_check(NAME plot_partial_trace RC 0 REGEX "note: a partial trace.*wrote .*partial.svg"
     ARGS plot ${SMALL} -o ${SP_CLI_OUT}/partial.svg)

@@ -50,9 +50,25 @@ add_test(NAME sympoolrun.forwards_variables
 set_tests_properties(sympoolrun.forwards_variables PROPERTIES LABELS mpi
   PASS_REGULAR_EXPRESSION "fake-mpirun args: -x NCCL_DEBUG -x SYMPOOL_DEBUG -x SYMPOOL_HOST_CAPACITY -np 3 ./prog two words")
 
+# Only variables this environment has: a value holding a newline and then NAME=... (here X's
+# and SYMPOOL_DEBUG's) made `env`'s listing show names that are not set, and each got a -x.
+add_test(NAME sympoolrun.forwards_only_set_variables
+  COMMAND ${SP_CLEAN_ENV} "X=a\nSYMPOOL_EVIL=1" "SYMPOOL_DEBUG=INFO\nNCCL_EVIL=2"
+          ${SP_SYMPOOLRUN} -np 2 ./prog)
+set_tests_properties(sympoolrun.forwards_only_set_variables PROPERTIES LABELS mpi
+  PASS_REGULAR_EXPRESSION "fake-mpirun args: -x SYMPOOL_DEBUG -np 2 ./prog"
+  FAIL_REGULAR_EXPRESSION "EVIL")
+
 add_test(NAME sympoolrun.no_launcher COMMAND ${SP_SYMPOOLRUN} -np 2 true)
 set_tests_properties(sympoolrun.no_launcher PROPERTIES LABELS mpi
   ENVIRONMENT "SYMPOOLRUN_LAUNCHER=/nonexistent/mpirun" WILL_FAIL TRUE)
+# ... saying that, once (it went on with "no MPI launcher found (tried mpirun, mpiexec, srun);
+# set SYMPOOLRUN_LAUNCHER", which it had neither tried nor left unset), and exiting 127.
+add_test(NAME sympoolrun.bad_launcher_one_line COMMAND sh -c "\"$0\" -np 2 true 2>&1; echo rc=$?"
+  ${SP_SYMPOOLRUN})
+set_tests_properties(sympoolrun.bad_launcher_one_line PROPERTIES LABELS mpi
+  ENVIRONMENT "SYMPOOLRUN_LAUNCHER=/nonexistent/mpirun"
+  PASS_REGULAR_EXPRESSION "^sympoolrun: SYMPOOLRUN_LAUNCHER=/nonexistent/mpirun is not an executable\nrc=127\n$")
 
 add_test(NAME sympoolrun.np2_world_init_self
   COMMAND ${SP_SYMPOOLRUN} -np 2 --oversubscribe $<TARGET_FILE:sp_world_init_self>)

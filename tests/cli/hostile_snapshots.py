@@ -1,0 +1,88 @@
+#!/usr/bin/env python3
+"""Snapshots no PyTorch writes, each refused by every command that would misread it with exit 1
+and one line on stderr naming the trace and what is wrong (argv: sympool, work dir):
+ - segments on device 100 (SYMPOOL_HOST_DEVICES allows 64 emulated devices): replay printed the
+   option's warning and an error blaming a SYMPOOL_HOST_DEVICES='101' nobody set; info, summary
+   and plot still read such a snapshot (summary, with events to replay for its allocated peaks,
+   printed the option's warning and left them unknown without a word: it says why instead);
+ - a block whose state is none of PyTorch's three (active_allocated, active_pending_free,
+   inactive): every command took it as live for the replay's starting state and as not
+   allocated for the recorded run's, and said nothing;
+ - no device at all (no segments, no device traces): summary printed nothing and exited 0
+   (plot says there is no device)."""
+import os
+import sys
+
+sys.dont_write_bytecode = True  # the shared helpers leave no cache in the source tree
+from snaptest import runner, writer  # noqa: E402
+
+cli, work = sys.argv[1], sys.argv[2]
+write, run = writer(work), runner(cli)
+MiB = 1 << 20
+SEG = 0x7F00_0000_0000
+fails = []
+
+
+def segment(device, state="inactive"):
+    return {"device": device, "address": SEG, "total_size": 2 * MiB, "stream": 0,
+            "segment_type": "small",
+            "blocks": [{"size": 2 * MiB, "state": state, "requested_size": 0}]}
+
+
+def refused(what, args, needle):
+    """args refused: exit 1, one line on stderr holding needle, nothing on stdout."""
+    r = run(*args)
+    lines = r.stderr.splitlines()
+    if r.returncode != 1 or len(lines) != 1 or needle not in lines[0] or r.stdout:
+        fails.append(f"{what}: rc {r.returncode}, stdout {r.stdout!r}, stderr {r.stderr!r}")
+
+
+def accepted(what, args):
+    r = run(*args)
+    if r.returncode != 0:
+        fails.append(f"{what}: rc {r.returncode}: {r.stderr!r}")
+
+
+# Device 100: past the 64 emulated devices a replay has.
+path = write("device100.pickle", {"segments": [segment(100)], "device_traces": [[]]})
+for args in (["replay", path], ["replay", path, "--json"],
+             ["replay", path, "--compare", "", "max_split_size_mb:64"]):
+    refused("replay device 100 " + " ".join(args[2:]), args,
+            path + ": the snapshot has 101 devices")
+accepted("info device 100", ["info", path])
+accepted("summary device 100", ["summary", path])
+accepted("plot device 100", ["plot", path, "-o", os.path.join(work, "device100.svg")])
+# ... with events on device 0: summary's allocated peaks are not replayed, and it says why.
+events = [{"action": "alloc", "addr": SEG, "size": 512, "stream": 0, "time_us": 1}]
+path = write("device100_events.pickle", {"segments": [segment(100)], "device_traces": [events]})
+r = run("summary", path, "-d", "0")
+if r.returncode != 0 or r.stderr != (f"sympool summary: note: {path}: the snapshot has 101 devices"
+                                     " and a replay emulates at most 64: the allocated peaks are"
+                                     " not replayed\n"):
+    fails.append(f"summary device 100 with events: rc {r.returncode}, stderr {r.stderr!r}")
+# Device 63 (64 devices) is still replayed.
+path = write("device63.pickle", {"segments": [segment(63)], "device_traces": [[]]})
+accepted("replay device 63", ["replay", path, "--json"])
+
+# A block state PyTorch never writes.
+path = write("state.pickle", {"segments": [segment(0, "freed")], "device_traces": [[]]})
+for args in (["info", path], ["info", "--json", path], ["summary", path], ["replay", path],
+             ["plot", path, "-o", os.path.join(work, "state.svg")]):
+    refused(args[0] + " block state 'freed'", args,
+            path + ": segments[0].blocks[0]: 'state' is none of active_allocated, "
+            "active_pending_free, inactive")
+for state in ("active_allocated", "active_pending_free", "inactive"):
+    accepted("replay block state " + state,
+             ["replay", write(state + ".pickle", {"segments": [segment(0, state)],
+                                                  "device_traces": [[]]}), "--json"])
+
+# No device at all.
+path = write("no_device.pickle", {"segments": [], "device_traces": []})
+refused("summary no device", ["summary", path], path + ": the snapshot has no device")
+refused("plot no device", ["plot", path, "-o", os.path.join(work, "no_device.svg")],
+        path + ": the snapshot has no device")
+accepted("info no device", ["info", path])
+
+if fails:
+    sys.exit("hostile snapshots:\n  " + "\n  ".join(fails))
+print("ok")
