@@ -1985,8 +1985,6 @@ bool tr_load(const char *path, tr_trace_t *t, char *err, size_t errlen) {
     return tr_load_opts(path, true, t, err, errlen);
 }
 
-/* The file's bytes: a regular file is mapped (read-only, its pages populated in one call: no
- * copy, no fault per page), anything else read. */
 /* A file read through its mapping that another process truncates meanwhile (PyTorch's
  * _dump_snapshot rewrites its file in place: open(path, "wb") empties it first) faults on the
  * pages past its new end: the command died of SIGBUS. While a file is mapped, that fault ends
@@ -2015,6 +2013,8 @@ static void guard_mapping(const char *path) {
     (void)sigaction(SIGBUS, &sa, &g_old_sigbus);
 }
 
+/* The file's bytes: a regular file is mapped (read-only, its pages populated in one call: no
+ * copy, no fault per page), anything else read. */
 static bool read_whole(const char *path, unsigned char **buf_p, size_t *len_p, bool *mapped_p,
                        char *err, size_t errlen) {
     *mapped_p = false;
