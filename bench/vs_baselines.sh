@@ -27,7 +27,7 @@ done
 if command -v valgrind >/dev/null 2>&1; then
   for work in 512 65536 2097152 mix; do
     for a in sympool sympool_tc glibc mimalloc jemalloc; do
-      n=200000 warm=1
+      n=20000 warm=1
       [ "$work" = mix ] && n=50000 warm=65536 # the mix's warm-up pass runs timed_loop too
       ir=$(valgrind --tool=callgrind --toggle-collect=timed_loop --callgrind-out-file="$tmp" \
              "$build/bench/bench_vs_malloc" one "$a" "$work" "$n" 256 2>&1 >/dev/null |
