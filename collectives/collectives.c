@@ -20,9 +20,10 @@
  *  - On cuda, whether this rank has the world's NCCL communicator feeds the ok flag too
  *    (ready_for_nccl): one aborted on some ranks only is SP_ERR_NOT_SUPPORTED there (saying why)
  *    and SP_ERR_NCCL naming them on their peers, never a rank missing from NCCL.
- *  - A small allreduce (fused()) sends its input inside the agreement round itself, from the
- *    ranks whose own checks passed, and each rank reduces the gathered inputs once the round says
- *    every rank agreed: the deadline then covers the whole call.
+ *  - A small allreduce, all-gather or broadcast (fused()) sends its input inside the agreement
+ *    round itself, from the ranks whose own checks passed, and each rank reduces or copies the
+ *    gathered inputs once the round says every rank agreed: the deadline then covers the whole
+ *    call.
  *  - Otherwise the deadline covers the agreement only. Once every rank has agreed the data
  *    moves through MPI (host) or NCCL (cuda) on the world's data communicator; a rank that dies
  *    during that transfer is MPI's business (it aborts the job by default) or NCCL's (its
@@ -263,7 +264,11 @@ static sp_status_t agree(sp_world_t *w, const call_ctx_t *x, const sp_coll_call_
                         x->at[2],
                     }};
     if (gathered && ok) { /* only a rank whose arguments passed reads its send buffer */
-        a.payload = c->send;
+        /* A broadcast's non-root ranks send bytes nobody reads (their send may be NULL), as
+         * many as the root: every rank copies the same length out of the round. */
+        static const char unread[SP_AGREE_PAYLOAD_MAX];
+        bool sends = c->kind != SP_COLL_BROADCAST || x->rank == c->root;
+        a.payload = sends ? c->send : unread;
         a.payload_bytes = c->count * sp__coll_dtype_size(c->dtype);
     }
     a.gathered = gathered;
@@ -796,14 +801,20 @@ static void places(sp_world_t *w, call_ctx_t *x, const sp_coll_call_t *c) {
 
 /* ---- dispatch --------------------------------------------------------------------------- */
 
-/* A small allreduce on the host backend whose data can travel inside the agreement round: every
- * rank then reduces all ranks' inputs itself, in one fixed order, instead of a second exchange.
- * The same decision on every rank once count, dtype and op agree (the round checks that before
- * the data is used). Half types and AVG keep the MPI path, which owns their rounding rules. */
+/* A small call on the host backend whose data can travel inside the agreement round: each
+ * rank's send (a broadcast: the root's) reaches every rank with the round, so an all-gather or a
+ * broadcast is copied out of it and an allreduce reduced from it, by every rank itself in one
+ * fixed order, instead of a second exchange. The same decision on every rank once count, dtype,
+ * op and root agree (the round checks that before the data is used). Reductions of half types
+ * and AVG keep the MPI path, which owns their rounding rules. */
 static bool fused(sp_world_t *w, const call_ctx_t *x, const sp_coll_call_t *c) {
-    return c->kind == SP_COLL_ALLREDUCE && c->count > 0 && !is_half(c->dtype) && c->op != SP_AVG &&
-           c->count * sp__coll_dtype_size(c->dtype) <= SP_AGREE_PAYLOAD_MAX && x->host &&
-           sp__world_agree_payload(w);
+    if (!x->host || c->count == 0 || c->count > SP_AGREE_PAYLOAD_MAX ||
+        c->count * sp__coll_dtype_size(c->dtype) > SP_AGREE_PAYLOAD_MAX ||
+        !sp__world_agree_payload(w))
+        return false;
+    if (c->kind == SP_COLL_ALLGATHER || c->kind == SP_COLL_BROADCAST)
+        return true;
+    return c->kind == SP_COLL_ALLREDUCE && !is_half(c->dtype) && c->op != SP_AVG;
 }
 
 /* acc[i] = in[i] op acc[i] over n elements, the expression MPI_Reduce_local evaluates for the
@@ -879,6 +890,26 @@ static void reduce_gathered(const call_ctx_t *x, const sp_coll_call_t *c, const 
     memcpy(c->recv, acc, bytes);
 }
 
+/* A fused call's result, from every rank's send as the round gathered it (a slot of
+ * SP_AGREE_PAYLOAD_MAX bytes per rank, rank order). The slots are a copy: recv may hold this
+ * rank's send (in place) without overlap here. */
+static void from_gathered(const call_ctx_t *x, const sp_coll_call_t *c, const char *gathered) {
+    size_t bytes = c->count * sp__coll_dtype_size(c->dtype);
+    switch (c->kind) {
+    case SP_COLL_ALLGATHER:
+        for (int p = 0; p < x->size; p++)
+            memcpy((char *)c->recv + (size_t)p * bytes, gathered + (size_t)p * SP_AGREE_PAYLOAD_MAX,
+                   bytes);
+        return;
+    case SP_COLL_BROADCAST:
+        memcpy(c->recv, gathered + (size_t)c->root * SP_AGREE_PAYLOAD_MAX, bytes);
+        return;
+    default: /* SP_COLL_ALLREDUCE (fused()) */
+        reduce_gathered(x, c, gathered);
+        return;
+    }
+}
+
 /* Whether this rank can enter NCCL on cuda. Checked before the agreement, whose ok flag
  * carries it (and AG_SEND_AT says why to the peers), because the communicator can be gone on
  * some ranks only (sp__world_nccl_abort after a failure there): a rank that found that out
@@ -903,7 +934,7 @@ static sp_status_t move(sp_world_t *w, const call_ctx_t *x, const sp_coll_call_t
     const char *fn = kind_names[c->kind];
     count_symmetric(w, x, c);
     if (gathered) {
-        reduce_gathered(x, c, gathered);
+        from_gathered(x, c, gathered);
         return SP_SUCCESS;
     }
     /* The path follows the backend, not whether NCCL came up: on cuda the buffers are device

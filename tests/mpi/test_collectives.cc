@@ -20,7 +20,9 @@ namespace {
 const sp_dtype_t kAllTypes[] = {SP_INT8,   SP_UINT8,   SP_INT32,    SP_UINT32,  SP_INT64,
                                 SP_UINT64, SP_FLOAT16, SP_BFLOAT16, SP_FLOAT32, SP_FLOAT64};
 const sp_redop_t kAllOps[] = {SP_SUM, SP_PROD, SP_MIN, SP_MAX, SP_AVG};
-const size_t kCounts[] = {1, 7, 1001};
+// 8: 64 bytes of an 8-byte type, the most a call's data travels inside the agreement round
+// (SP_AGREE_PAYLOAD_MAX); 7 of the 8-byte types and 1 of all fit too, 1001 never does.
+const size_t kCounts[] = {1, 7, 8, 1001};
 
 size_t type_size(sp_dtype_t t) {
     switch (t) {
