@@ -293,6 +293,7 @@ sp_status_t sp__mempool_destroy_internal(sp_mempool_t *pool) {
 }
 
 SP_EXPORT sp_mempool_t *sp_default_mempool(int device) {
+    SP_GATE_OR(NULL); /* sp__g.devs goes with a concurrent sp_shutdown */
     if (sp__alloc_ensure() != SP_SUCCESS || device < 0 || device >= sp__g.ndev)
         return NULL;
     return sp__g.devs[device].default_pool;
@@ -313,6 +314,9 @@ SP_EXPORT bool sp_mempool_is_symmetric(const sp_mempool_t *pool) {
 }
 
 SP_EXPORT sp_status_t sp_mempool_begin(sp_mempool_t *pool) {
+    /* It takes the pool's device lock, which lives in sp__g.devs: a concurrent sp_shutdown
+     * frees that, so the call counts itself in first (pool.h's shutdown rule). */
+    SP_GATE("sp_mempool_begin");
     SP_CHECK(sp__mempool_check(pool, "sp_mempool_begin"));
     if (pool->symmetric)
         return sp__error(SP_ERR_INVALID_USAGE, SP_SUB_POOL,
@@ -390,6 +394,7 @@ typedef enum { Q_USED, Q_TOTAL, Q_NFREE, Q_LIMIT } query_t;
 static size_t query(const sp_mempool_t *pool, query_t q) {
     static const char *const names[] = {"sp_mempool_used_bytes", "sp_mempool_total_bytes",
                                         "sp_mempool_n_free_blocks", "sp_mempool_get_limit"};
+    SP_GATE_OR(0); /* the device lock below goes with a concurrent sp_shutdown */
     if (!query_ok(pool, names[q]))
         return 0;
     sp__lock(&pool->dev->lock);
@@ -415,6 +420,7 @@ SP_EXPORT size_t sp_mempool_get_limit(const sp_mempool_t *pool) {
 }
 
 SP_EXPORT size_t sp_mempool_free_bytes(const sp_mempool_t *pool) {
+    SP_GATE_OR(0); /* as query() */
     if (!query_ok(pool, "sp_mempool_free_bytes"))
         return 0;
     sp__lock(&pool->dev->lock);
