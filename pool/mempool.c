@@ -460,9 +460,18 @@ SP_EXPORT sp_status_t sp_mempool_free_all_blocks(sp_mempool_t *pool, sp_stream_t
      * and sp_stream_destroy give them back. */
     if (pool->is_default)
         (void)sp__tc_drain(d);
-    if (d->pending_events)
-        sp__alloc_process_events(d);
-    sp__alloc_release_pool(d, pool, stream != NULL, stream, ctx);
+    /* As sp_empty_cache: no release while a graph capture is under way on the device (waiting
+     * and freeing would break it, and the graph may use the memory). */
+    if (sp__alloc_capture_underway(d)) {
+        SP_INFO(SP_SUB_POOL,
+                "device %d: a CUDA graph capture is under way; pool \"%s\"'s cached segments are "
+                "not released",
+                d->device, pname(pool));
+    } else {
+        if (d->pending_events)
+            sp__alloc_process_events(d);
+        sp__alloc_release_pool(d, pool, stream != NULL, stream, ctx);
+    }
     sp__unlock(&d->lock);
     sp__history_context_release(ctx);
     return SP_SUCCESS;

@@ -246,6 +246,22 @@ TEST_F(CudaPaths, APoolAtItsLimitReleasesNothingDuringACapture) {
     ASSERT_SP_OK(sp_empty_cache());
 }
 
+// sp_mempool_free_all_blocks releases like empty_cache: not while a capture is under way.
+TEST_F(CudaPaths, FreeAllBlocksReleasesNothingDuringACapture) {
+    sp_mempool_t *pool = nullptr;
+    ASSERT_SP_OK(sp_mempool_create(nullptr, &pool));
+    int64_t reserved = cache_a_block(pool);
+    ASSERT_GT(reserved, 0);
+    GlobalCapture capture;
+    ASSERT_TRUE(capture.began());
+    (void)sp_mempool_free_all_blocks(pool, nullptr);
+    EXPECT_EQ(stat("reserved_bytes.all.current"), reserved);
+    EXPECT_TRUE(capture.end()) << "free_all_blocks broke the capture";
+    ASSERT_SP_OK(sp_mempool_free_all_blocks(pool, nullptr));
+    EXPECT_EQ(stat("reserved_bytes.all.current"), 0);
+    ASSERT_SP_OK(sp_mempool_destroy(pool));
+}
+
 // Behind torch.cuda.MemPool, PyTorch caches: sympool's segment entry points take exactly what
 // PyTorch asks from the device and give it back at once (sympool.torch.mem_pool()).
 TEST_F(CudaPaths, TorchSegmentsAreExactAndGivenBackAtOnce) {
