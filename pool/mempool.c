@@ -293,7 +293,8 @@ sp_status_t sp__mempool_destroy_internal(sp_mempool_t *pool) {
 }
 
 SP_EXPORT sp_mempool_t *sp_default_mempool(int device) {
-    SP_GATE_OR(NULL); /* sp__g.devs goes with a concurrent sp_shutdown */
+    /* sp__g.devs goes with a concurrent sp_shutdown */
+    SP_GATE_OR(((void)sp__gate_refused("sp_default_mempool"), (sp_mempool_t *)NULL));
     if (sp__alloc_ensure() != SP_SUCCESS || device < 0 || device >= sp__g.ndev)
         return NULL;
     return sp__g.devs[device].default_pool;
@@ -394,7 +395,9 @@ typedef enum { Q_USED, Q_TOTAL, Q_NFREE, Q_LIMIT } query_t;
 static size_t query(const sp_mempool_t *pool, query_t q) {
     static const char *const names[] = {"sp_mempool_used_bytes", "sp_mempool_total_bytes",
                                         "sp_mempool_n_free_blocks", "sp_mempool_get_limit"};
-    SP_GATE_OR(0); /* the device lock below goes with a concurrent sp_shutdown */
+    /* The device lock below goes with a concurrent sp_shutdown; refused, it says why (as a bad
+     * handle does). */
+    SP_GATE_OR(((void)sp__gate_refused(names[q]), (size_t)0));
     if (!query_ok(pool, names[q]))
         return 0;
     sp__lock(&pool->dev->lock);
@@ -420,7 +423,7 @@ SP_EXPORT size_t sp_mempool_get_limit(const sp_mempool_t *pool) {
 }
 
 SP_EXPORT size_t sp_mempool_free_bytes(const sp_mempool_t *pool) {
-    SP_GATE_OR(0); /* as query() */
+    SP_GATE_OR(((void)sp__gate_refused("sp_mempool_free_bytes"), (size_t)0)); /* as query() */
     if (!query_ok(pool, "sp_mempool_free_bytes"))
         return 0;
     sp__lock(&pool->dev->lock);
