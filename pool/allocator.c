@@ -1657,6 +1657,14 @@ SP_EXPORT sp_status_t sp_record_stream(void *ptr, sp_stream_t stream) {
                              "to device %d",
                              ptr, sdev, i);
         }
+        /* A block idle in a thread cache was freed: not a live block, on any stream. */
+        if (SP_UNLIKELY(sp__g.tc_limit) && sp__tc_idle_block(b)) {
+            sp__unlock(&d->lock);
+            return sp__error(SP_ERR_INVALID_USAGE, SP_SUB_POOL,
+                             "sp_record_stream(%p): the block was freed (it is idle in a thread "
+                             "cache)",
+                             ptr);
+        }
         if (stream == sp__block_stream(b)) {
             sp__unlock(&d->lock);
             return SP_SUCCESS; /* a use on the allocation stream needs no event */
