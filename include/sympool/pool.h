@@ -21,8 +21,11 @@ typedef void *sp_stream_t;
 
 /**
  * Initialize sympool from the environment. Optional: every call initializes lazily.
- * @return SP_SUCCESS, SP_ERR_DEVICE (backend failed to start), SP_ERR_INVALID_ARGUMENT
- *         (SYMPOOL_DEVICE names an unknown backend).
+ * A malformed SYMPOOL_DEVICE (an unknown backend name) warns and selects "auto", as every
+ * malformed SYMPOOL_* value keeps its default.
+ * @return SP_SUCCESS, SP_ERR_DEVICE (backend failed to start), SP_ERR_NOT_SUPPORTED
+ *         (SYMPOOL_DEVICE=cuda in a build without CUDA), SP_ERR_SYSTEM (no host memory or
+ *         address space at initialization).
  */
 sp_status_t sp_init(void);
 
