@@ -976,7 +976,12 @@ alloc_locked(sp_devalloc_t *d, sp_mempool_t *pool, size_t orig, sp_stream_t stre
         if (!b && s == SP_ERR_OUT_OF_MEMORY &&
             sp__alloc_release_available(d, bp, size, stream, ctx))
             s = grow_step(d, bp, size, alloc_size, stream, ctx, &b, &why, &refused);
-        if (!b && s == SP_ERR_OUT_OF_MEMORY && why == SP_GROW_POOL_LIMIT) {
+        /* The releases below and their retry are skipped while a graph capture is under way,
+         * as PyTorch's malloc skips release_cached_blocks and its retry (num_alloc_retries)
+         * unless captures_underway is empty (c10/cuda/CUDACachingAllocator.cpp, malloc):
+         * waiting and freeing would break the capture, and the graph may use the memory. */
+        bool capturing = !b && s == SP_ERR_OUT_OF_MEMORY && sp__alloc_capture_underway(d);
+        if (!b && s == SP_ERR_OUT_OF_MEMORY && why == SP_GROW_POOL_LIMIT && !capturing) {
             /* The pool's own limit, not the device, refused: CuPy's rule is to free the pool's
              * own cached blocks (every stream) and retry once. Other pools' caches cannot help
              * a limit, so they are left alone; the retry counts as PyTorch's does. */
@@ -984,7 +989,7 @@ alloc_locked(sp_devalloc_t *d, sp_mempool_t *pool, size_t orig, sp_stream_t stre
             d->stats.num_alloc_retries++;
             s = grow_step(d, bp, size, alloc_size, stream, ctx, &b, &why, &refused);
         }
-        if (!b && s == SP_ERR_OUT_OF_MEMORY && why != SP_GROW_POOL_LIMIT) {
+        if (!b && s == SP_ERR_OUT_OF_MEMORY && why != SP_GROW_POOL_LIMIT && !capturing) {
             sp__alloc_release_cached(d, ctx);
             d->stats.num_alloc_retries++;
             s = grow_step(d, bp, size, alloc_size, stream, ctx, &b, &why, &refused);
@@ -1651,6 +1656,14 @@ SP_EXPORT sp_status_t sp_record_stream(void *ptr, sp_stream_t stream) {
                              "sp_record_stream(%p): the stream belongs to device %d, the block "
                              "to device %d",
                              ptr, sdev, i);
+        }
+        /* A block idle in a thread cache was freed: not a live block, on any stream. */
+        if (SP_UNLIKELY(sp__g.tc_limit) && sp__tc_idle_block(b)) {
+            sp__unlock(&d->lock);
+            return sp__error(SP_ERR_INVALID_USAGE, SP_SUB_POOL,
+                             "sp_record_stream(%p): the block was freed (it is idle in a thread "
+                             "cache)",
+                             ptr);
         }
         if (stream == sp__block_stream(b)) {
             sp__unlock(&d->lock);

@@ -183,6 +183,10 @@ typedef struct sp_gate {
 sp_gate_t sp__gate_enter(void);
 void sp__gate_leave(sp_gate_t *g);
 sp_status_t sp__gate_refused(const char *fn);
+/* fork() (fork.c): hold the shutdown lock across it; the child keeps only its own thread's
+ * calls counted in. */
+void sp__gate_fork_lock(void);
+void sp__gate_fork_unlock(bool in_child);
 #define SP_GATE_OR(fail_value)                                                                     \
     __attribute__((cleanup(sp__gate_leave))) sp_gate_t sp_gate_ = sp__gate_enter();                \
     if (SP_UNLIKELY(!sp_gate_.in))                                                                 \

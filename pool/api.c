@@ -34,20 +34,39 @@ atomic_int sp__ready;
 static atomic_int s_inside;
 static atomic_int s_closing;
 static pthread_mutex_t s_shutdown_lock = PTHREAD_MUTEX_INITIALIZER; /* one shutdown at a time */
+static _Thread_local int tl_inside; /* this thread's share of s_inside (fork: see below) */
 
 sp_gate_t sp__gate_enter(void) {
     if (sp__in_callback())
         return (sp_gate_t){.in = false};
     atomic_fetch_add(&s_inside, 1);
-    if (SP_LIKELY(!atomic_load(&s_closing)))
+    if (SP_LIKELY(!atomic_load(&s_closing))) {
+        tl_inside++;
         return (sp_gate_t){.in = true};
+    }
     atomic_fetch_sub(&s_inside, 1);
     return (sp_gate_t){.in = false};
 }
 
 void sp__gate_leave(sp_gate_t *g) {
-    if (g->in)
+    if (g->in) {
+        tl_inside--;
         atomic_fetch_sub(&s_inside, 1);
+    }
+}
+
+/* fork(): prepare takes the shutdown lock before init_lock (sp_shutdown's order), so no shutdown
+ * is under way across the fork and the gate is open. The calls other threads had counted in do
+ * not exist in the child: it keeps only the forking thread's own, or its sp_shutdown would wait
+ * for them forever. */
+void sp__gate_fork_lock(void) {
+    pthread_mutex_lock(&s_shutdown_lock);
+}
+
+void sp__gate_fork_unlock(bool in_child) {
+    if (in_child)
+        atomic_store(&s_inside, tl_inside);
+    pthread_mutex_unlock(&s_shutdown_lock);
 }
 
 sp_status_t sp__gate_refused(const char *fn) {

@@ -5,11 +5,12 @@
  * fork() copies only the calling thread; a lock another thread held at that moment stays held in
  * the child forever, and the structure it guarded may be half updated. So the prepare handler
  * takes every lock sympool has, in the global lock order, and waits for the threads inside to
- * leave: sp__g.init_lock, the device allocator locks (device order), the thread caches'
- * registry and locks, the backend selection and the
- * backend's own locks, the history lock, the pool-handle registry lock, then core's option and
- * log locks (leaves). The parent handler and the child handler release them in reverse order, so
- * the child starts with a consistent allocator and every lock free.
+ * leave: sp_shutdown's lock (so no shutdown is under way; the child keeps only its own thread's
+ * calls counted in at the shutdown gate), sp__g.init_lock, the device allocator locks (device
+ * order), the thread caches' registry and locks, the backend selection and the backend's own locks,
+ * the history lock, the pool-handle registry lock, then core's option and log locks (leaves). The
+ * parent handler and the child handler release them in reverse order, so the child starts with a
+ * consistent allocator and every lock free.
  *
  * Host backend: its memory is private anonymous mappings, copied into the child, so the child's
  * allocator is fully usable (its blocks are the parent's, copy-on-write). cuda backend: a CUDA
@@ -35,6 +36,7 @@ static int g_locked_devs;        /* device locks prepare took (init_lock held wh
 static atomic_bool g_cuda_child; /* this process is a fork child of a cuda parent */
 
 static void prepare(void) {
+    sp__gate_fork_lock(); /* before init_lock, as sp_shutdown takes them */
     pthread_mutex_lock(&sp__g.init_lock);
     /* Under init_lock sp__ready and sp__g.devs cannot change. */
     g_locked_devs = atomic_load_explicit(&sp__ready, memory_order_acquire) ? sp__g.ndev : 0;
@@ -65,6 +67,7 @@ static void release(bool in_child) {
 static void parent(void) {
     release(false);
     pthread_mutex_unlock(&sp__g.init_lock);
+    sp__gate_fork_unlock(false);
 }
 
 static void child(void) {
@@ -78,6 +81,7 @@ static void child(void) {
         sp__fast_off_add(SP_FAST_NOT_READY);
     }
     pthread_mutex_unlock(&sp__g.init_lock);
+    sp__gate_fork_unlock(true);
 }
 
 static void do_register(void) {

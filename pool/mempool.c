@@ -293,6 +293,8 @@ sp_status_t sp__mempool_destroy_internal(sp_mempool_t *pool) {
 }
 
 SP_EXPORT sp_mempool_t *sp_default_mempool(int device) {
+    /* sp__g.devs goes with a concurrent sp_shutdown */
+    SP_GATE_OR(((void)sp__gate_refused("sp_default_mempool"), (sp_mempool_t *)NULL));
     if (sp__alloc_ensure() != SP_SUCCESS || device < 0 || device >= sp__g.ndev)
         return NULL;
     return sp__g.devs[device].default_pool;
@@ -313,6 +315,9 @@ SP_EXPORT bool sp_mempool_is_symmetric(const sp_mempool_t *pool) {
 }
 
 SP_EXPORT sp_status_t sp_mempool_begin(sp_mempool_t *pool) {
+    /* It takes the pool's device lock, which lives in sp__g.devs: a concurrent sp_shutdown
+     * frees that, so the call counts itself in first (pool.h's shutdown rule). */
+    SP_GATE("sp_mempool_begin");
     SP_CHECK(sp__mempool_check(pool, "sp_mempool_begin"));
     if (pool->symmetric)
         return sp__error(SP_ERR_INVALID_USAGE, SP_SUB_POOL,
@@ -390,6 +395,9 @@ typedef enum { Q_USED, Q_TOTAL, Q_NFREE, Q_LIMIT } query_t;
 static size_t query(const sp_mempool_t *pool, query_t q) {
     static const char *const names[] = {"sp_mempool_used_bytes", "sp_mempool_total_bytes",
                                         "sp_mempool_n_free_blocks", "sp_mempool_get_limit"};
+    /* The device lock below goes with a concurrent sp_shutdown; refused, it says why (as a bad
+     * handle does). */
+    SP_GATE_OR(((void)sp__gate_refused(names[q]), (size_t)0));
     if (!query_ok(pool, names[q]))
         return 0;
     sp__lock(&pool->dev->lock);
@@ -415,6 +423,7 @@ SP_EXPORT size_t sp_mempool_get_limit(const sp_mempool_t *pool) {
 }
 
 SP_EXPORT size_t sp_mempool_free_bytes(const sp_mempool_t *pool) {
+    SP_GATE_OR(((void)sp__gate_refused("sp_mempool_free_bytes"), (size_t)0)); /* as query() */
     if (!query_ok(pool, "sp_mempool_free_bytes"))
         return 0;
     sp__lock(&pool->dev->lock);
@@ -454,9 +463,18 @@ SP_EXPORT sp_status_t sp_mempool_free_all_blocks(sp_mempool_t *pool, sp_stream_t
      * and sp_stream_destroy give them back. */
     if (pool->is_default)
         (void)sp__tc_drain(d);
-    if (d->pending_events)
-        sp__alloc_process_events(d);
-    sp__alloc_release_pool(d, pool, stream != NULL, stream, ctx);
+    /* As sp_empty_cache: no release while a graph capture is under way on the device (waiting
+     * and freeing would break it, and the graph may use the memory). */
+    if (sp__alloc_capture_underway(d)) {
+        SP_INFO(SP_SUB_POOL,
+                "device %d: a CUDA graph capture is under way; pool \"%s\"'s cached segments are "
+                "not released",
+                d->device, pname(pool));
+    } else {
+        if (d->pending_events)
+            sp__alloc_process_events(d);
+        sp__alloc_release_pool(d, pool, stream != NULL, stream, ctx);
+    }
     sp__unlock(&d->lock);
     sp__history_context_release(ctx);
     return SP_SUCCESS;

@@ -321,6 +321,17 @@ static bool take_back(sp_devalloc_t *d, sp_block_t *b) {
     return true;
 }
 
+bool sp__tc_idle_block(const sp_block_t *b) {
+    if (!sp__tc_registered(b))
+        return false;
+    sp_tcache_t *o = b->tc_owner;
+    sp__lock(&o->lock);
+    int32_t i = find(o, b->addr);
+    bool idle = i >= 0 && o->ent[i].state == E_IDLE;
+    sp__unlock(&o->lock);
+    return idle;
+}
+
 bool sp__tc_unregister(sp_devalloc_t *d, sp_block_t *b) {
     return !sp__tc_registered(b) || take_back(d, b);
 }

@@ -63,6 +63,10 @@ sp_tc_verdict_t sp__tc_on_free(sp_devalloc_t *d, sp_block_t *b, bool hist, size_
  * (freed: no stream may be recorded on it); nothing changed. */
 bool sp__tc_unregister(sp_devalloc_t *d, sp_block_t *b);
 
+/* Whether allocated block b is idle in a thread cache (freed by its caller), without taking it
+ * out (device lock held). */
+bool sp__tc_idle_block(const sp_block_t *b);
+
 /* Give every idle block of device d in every thread cache back to its pool (device lock held).
  * Returns the bytes given back. Before the pool grows, sp_empty_cache, sp_shutdown, a stream's
  * destruction, and a walk (snapshots). */

@@ -111,13 +111,16 @@ size_t sp_mempool_free_bytes(const sp_mempool_t *pool);
 size_t sp_mempool_n_free_blocks(const sp_mempool_t *pool);
 
 /** Release the pool's fully free segments; NULL stream: all streams, else only that stream's.
+ * While a CUDA graph capture is under way on the pool's device nothing is released (as
+ * sp_empty_cache).
  * @return SP_SUCCESS, SP_ERR_INVALID_ARGUMENT (bad handle, a stream sympool did not make or of
  *         another device), SP_ERR_INVALID_USAGE (stale handle, symmetric pool). */
 sp_status_t sp_mempool_free_all_blocks(sp_mempool_t *pool, sp_stream_t stream);
 
 /** Cap the pool's total bytes; 0 = no limit. A request that would pass it first releases the
  * pool's own free cached segments (every stream) and retries once (CuPy's rule; counted in
- * num_alloc_retries); if it would still pass the limit it fails with OOM.
+ * num_alloc_retries); if it would still pass the limit it fails with OOM. While a CUDA graph
+ * capture is under way on the device there is no release and no retry (PyTorch's rule).
  * @return SP_SUCCESS, SP_ERR_INVALID_ARGUMENT (bad handle), SP_ERR_INVALID_USAGE (stale handle, a
  *         pool already destroyed: nothing is changed). */
 sp_status_t sp_mempool_set_limit(sp_mempool_t *pool, size_t bytes);

@@ -21,8 +21,11 @@ typedef void *sp_stream_t;
 
 /**
  * Initialize sympool from the environment. Optional: every call initializes lazily.
- * @return SP_SUCCESS, SP_ERR_DEVICE (backend failed to start), SP_ERR_INVALID_ARGUMENT
- *         (SYMPOOL_DEVICE names an unknown backend).
+ * A malformed SYMPOOL_DEVICE (an unknown backend name) warns and selects "auto", as every
+ * malformed SYMPOOL_* value keeps its default.
+ * @return SP_SUCCESS, SP_ERR_DEVICE (backend failed to start), SP_ERR_NOT_SUPPORTED
+ *         (SYMPOOL_DEVICE=cuda in a build without CUDA), SP_ERR_SYSTEM (no host memory or
+ *         address space at initialization).
  */
 sp_status_t sp_init(void);
 
@@ -53,8 +56,9 @@ int sp_device_count(void);
  * The calling thread's innermost sp_mempool_begin() pool on that device receives the request.
  * A size the device cannot hold is an out-of-memory like any other, after the releases and the
  * one retry (counted in num_alloc_retries and num_ooms; the message says "Tried to allocate
- * <size>", as PyTorch's does); 1 EB or more is PyTorch's "Tried to allocate more than 1EB
- * memory", refused before the allocator runs (not counted).
+ * <size>", as PyTorch's does; while a CUDA graph capture is under way on the device, PyTorch's
+ * final release and retry are skipped, and no retry is counted); 1 EB or more is PyTorch's "Tried
+ * to allocate more than 1EB memory", refused before the allocator runs (not counted).
  * @return SP_SUCCESS, SP_ERR_INVALID_ARGUMENT (NULL ptr_p, unknown device, a stream of another
  *         device, on host a stream sympool did not make (on cuda see sp_stream_synchronize),
  *         a size above SIZE_MAX/2 that no rounding can represent),

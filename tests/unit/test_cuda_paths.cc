@@ -206,6 +206,62 @@ TEST_F(CudaPaths, ShutdownIsRefusedWhileACaptureIsUnderWay) {
     EXPECT_EQ(memory_used(0), 0u) << "the shutdown after the capture released nothing";
 }
 
+// An OOM while a capture is under way: PyTorch's malloc skips its last step (release_cached_blocks
+// and the retry, which counts in num_alloc_retries) when captures_underway is not empty
+// (c10/cuda/CUDACachingAllocator.cpp, malloc), so the OOM comes with no retry counted.
+TEST_F(CudaPaths, AnOomDuringACaptureCountsNoRetry) {
+    expect_warnings();
+    int64_t reserved = cache_a_block();
+    ASSERT_GT(reserved, 0);
+    ASSERT_SP_OK(sp_set_memory_fraction(0.0, 0)); // every growth refused, no device call
+    int64_t retries = stat("num_alloc_retries"), ooms = stat("num_ooms");
+    GlobalCapture capture;
+    ASSERT_TRUE(capture.began());
+    void *p = nullptr;
+    EXPECT_SP_STATUS(sp_malloc(30 * MiB, 0, nullptr, &p), SP_ERR_OUT_OF_MEMORY);
+    EXPECT_EQ(stat("num_alloc_retries"), retries) << "a retry was counted during the capture";
+    EXPECT_EQ(stat("num_ooms"), ooms + 1);
+    EXPECT_EQ(stat("reserved_bytes.all.current"), reserved);
+    EXPECT_TRUE(capture.end()) << "the OOM broke the capture";
+    ASSERT_SP_OK(sp_set_memory_fraction(1.0, 0));
+}
+
+// A pool at its limit releases its own cached segments before its retry (CuPy's rule); while a
+// capture is under way that release (a wait and a cudaFree) would break it, as empty_cache's
+// would: nothing is released, and the request fails as an OOM.
+TEST_F(CudaPaths, APoolAtItsLimitReleasesNothingDuringACapture) {
+    expect_warnings();
+    sp_mempool_t *pool = nullptr;
+    ASSERT_SP_OK(sp_mempool_create(nullptr, &pool));
+    int64_t reserved = cache_a_block(pool);
+    ASSERT_GT(reserved, 0);
+    ASSERT_SP_OK(sp_mempool_set_limit(pool, (size_t)reserved));
+    GlobalCapture capture;
+    ASSERT_TRUE(capture.began());
+    void *p = nullptr;
+    EXPECT_SP_STATUS(sp_mempool_malloc(pool, 4 * MiB, nullptr, &p), SP_ERR_OUT_OF_MEMORY);
+    EXPECT_EQ(stat("reserved_bytes.all.current"), reserved);
+    EXPECT_TRUE(capture.end()) << "the pool's release broke the capture";
+    ASSERT_SP_OK(sp_mempool_destroy(pool));
+    ASSERT_SP_OK(sp_empty_cache());
+}
+
+// sp_mempool_free_all_blocks releases like empty_cache: not while a capture is under way.
+TEST_F(CudaPaths, FreeAllBlocksReleasesNothingDuringACapture) {
+    sp_mempool_t *pool = nullptr;
+    ASSERT_SP_OK(sp_mempool_create(nullptr, &pool));
+    int64_t reserved = cache_a_block(pool);
+    ASSERT_GT(reserved, 0);
+    GlobalCapture capture;
+    ASSERT_TRUE(capture.began());
+    (void)sp_mempool_free_all_blocks(pool, nullptr);
+    EXPECT_EQ(stat("reserved_bytes.all.current"), reserved);
+    EXPECT_TRUE(capture.end()) << "free_all_blocks broke the capture";
+    ASSERT_SP_OK(sp_mempool_free_all_blocks(pool, nullptr));
+    EXPECT_EQ(stat("reserved_bytes.all.current"), 0);
+    ASSERT_SP_OK(sp_mempool_destroy(pool));
+}
+
 // Behind torch.cuda.MemPool, PyTorch caches: sympool's segment entry points take exactly what
 // PyTorch asks from the device and give it back at once (sympool.torch.mem_pool()).
 TEST_F(CudaPaths, TorchSegmentsAreExactAndGivenBackAtOnce) {

@@ -194,3 +194,60 @@ TEST_F(Fork, ChildForkedWhileAThreadLogsBeforeAnyInitNeverHangs) {
     unlink(path);
     EXPECT_EQ(hung, 0) << "children that hung on a lock held at fork; exit codes: " << codes;
 }
+
+// fork() while other threads are inside the shutdown gate (a statistics call, counted in while
+// it waits for a device lock the prepare handler holds) or inside sp_shutdown itself (the gate
+// closed): the child has neither thread, so it must start with the gate open and empty. Before,
+// it inherited their counts: its sp_shutdown waited forever for calls that no longer exist, and
+// its other cold calls were refused as if a shutdown were running.
+TEST_F(Fork, ChildForkedWhileThreadsPassTheShutdownGateNeverHangs) {
+    SP_SKIP_UNLESS_HOST(); // on cuda the child's GPU state is unusable by design
+    expect_warnings();     // the parent's calls refused while its shutdowns run
+    std::atomic<bool> stop{false};
+    std::vector<std::thread> workers;
+    for (int t = 0; t < 2; t++)
+        workers.emplace_back([&] {
+            while (!stop.load(std::memory_order_relaxed)) {
+                sp_stats_t st;
+                (void)sp_memory_stats(0, &st);
+                (void)sp_empty_cache();
+            }
+        });
+    workers.emplace_back([&] {
+        while (!stop.load(std::memory_order_relaxed))
+            (void)sp_shutdown();
+    });
+    int hung = 0, failed = 0;
+    std::string codes;
+    for (int i = 0; i < 30; i++) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(3));
+        pid_t pid = fork();
+        if (pid < 0) {
+            codes += std::string("fork:") + strerror(errno) + " ";
+            failed++;
+            break;
+        }
+        if (pid == 0) {
+            sp_stats_t st;
+            if (sp_memory_stats(0, &st) != SP_SUCCESS)
+                _exit(20);
+            if (sp_shutdown() != SP_SUCCESS)
+                _exit(21);
+            void *p = nullptr;
+            if (sp_malloc(4096, 0, nullptr, &p) != SP_SUCCESS || sp_free(p) != SP_SUCCESS)
+                _exit(22);
+            _exit(sp_empty_cache() == SP_SUCCESS ? 0 : 23);
+        }
+        int rc = wait_bounded(pid, std::chrono::seconds(5));
+        if (rc == -1)
+            hung++;
+        else if (rc != 0)
+            failed++;
+        codes += std::to_string(rc) + " ";
+    }
+    stop = true;
+    for (auto &w : workers)
+        w.join();
+    EXPECT_EQ(hung, 0) << "children that hung (killed at their deadline); exit codes: " << codes;
+    EXPECT_EQ(failed, 0) << "exit codes: " << codes;
+}

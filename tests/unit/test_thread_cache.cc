@@ -312,6 +312,10 @@ TEST_F(ThreadsCache, DoubleFreeIsRefused) {
     sp_stream_t s;
     ASSERT_SP_OK(sp_stream_create(0, &s));
     EXPECT_EQ(sp_record_stream(p, s), SP_ERR_INVALID_USAGE); // a freed block takes no stream
+    // Nor its own stream: that use needs no event, but the block is still not a live one (as
+    // with the cache off, where this is the pool's "not allocated").
+    EXPECT_EQ(sp_record_stream(p, nullptr), SP_ERR_INVALID_USAGE);
+    EXPECT_EQ(sp_record_stream(static_cast<char *>(p) + 256, nullptr), SP_ERR_INVALID_USAGE);
     EXPECT_EQ(idle_blocks(), 1u);
     ASSERT_SP_OK(sp_stream_destroy(s)); // drains the device's caches too
     ASSERT_SP_OK(sp_empty_cache());
