@@ -93,7 +93,9 @@ def record_memory_history(enabled="all", context="all", stacks="python", max_ent
     n = as_int(max_entries, "max_entries")
     if n < 0:
         raise bad_value(f"max_entries must be >= 0, got {n}")
-    n = min(n, _lib.SIZE_MAX)
+    # torch keeps at least one entry (c10's RingBuffer::setMaxEntries takes max(1, size)); the C
+    # API's 0 means no bound, which max_entries=0 must not become here.
+    n = min(max(n, 1), _lib.SIZE_MAX)
     p = _lib.HistoryParams()
     lib().sp_history_params_init(p)
     p.enabled, p.context = _ENABLED[enabled], _CONTEXT[context]

@@ -59,6 +59,17 @@ def test_max_entries_and_stop(sp):
     assert sp.snapshot()["device_traces"][0] == []
 
 
+def test_max_entries_zero_keeps_one_entry_as_torch(sp):
+    # torch's ring keeps max(1, max_entries) entries; the C API's 0 (no bound) must not leak in.
+    sp.record_memory_history(max_entries=0)
+    ps = [sp.malloc(512) for _ in range(10)]
+    for p in ps:
+        sp.free(p)
+    actions = [e["action"] for e in sp.snapshot()["device_traces"][0]]
+    assert 1 <= len(actions) <= 2, actions  # 1 entry (+ this snapshot's marker)
+    sp.record_memory_history(enabled=None)
+
+
 def test_state_keeps_live_block_stacks(sp):
     sp.record_memory_history(enabled="state", context="state")
     p = _alloc_here(sp, 11000)
