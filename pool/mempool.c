@@ -354,6 +354,9 @@ SP_EXPORT sp_status_t sp_mempool_begin(sp_mempool_t *pool) {
 }
 
 SP_EXPORT sp_status_t sp_mempool_end(sp_mempool_t *pool) {
+    /* As sp_mempool_begin: sp_shutdown resets the routing counts (sp__routing_threads), and an
+     * end that read this thread's depth before that reset must not decrement after it. */
+    SP_GATE("sp_mempool_end");
     SP_CHECK(sp__mempool_check(pool, "sp_mempool_end"));
     int n = route_depth();
     if (n == 0 || tl_route[n - 1] != pool)
