@@ -402,15 +402,18 @@ class MemPool(_lib.Handle):
         """Allocate in this pool; collective over the world when the pool is symmetric."""
         h, p = self._h(), ctypes.c_void_p()
         if self._symmetric:
-            n = _collective_size(size)
-            if isinstance(n, Exception):
-                # Join the collective with a size every rank refuses, so that the other ranks
-                # get an error instead of waiting for this one; then raise the local reason.
-                lib().sp_symmetric_malloc(h, _lib.SIZE_MAX, as_stream(stream), ctypes.byref(p))
+            try:
+                n, s = as_size(size), as_stream(stream)
+            except Exception:
+                # Join the collective with a size every rank refuses (and no stream: this one's
+                # may be what failed), so that the other ranks get an error instead of waiting
+                # for this one; then raise the local reason. Any exception: a destroyed Stream
+                # is a SympoolError.
+                lib().sp_symmetric_malloc(h, _lib.SIZE_MAX, None, ctypes.byref(p))
                 if p.value:
                     lib().sp_free(p)
-                raise n
-            check(lib().sp_symmetric_malloc(h, n, as_stream(stream), ctypes.byref(p)))
+                raise
+            check(lib().sp_symmetric_malloc(h, n, s, ctypes.byref(p)))
         else:
             n, s = as_size(size), as_stream(stream)
             _take_callback_error()  # nothing from an earlier call may be blamed on this one
@@ -517,14 +520,6 @@ class MemPool(_lib.Handle):
         kind = "symmetric " if self._symmetric else ""
         return (f"<sympool.MemPool {kind}id={self.id} name={self._name!r} device={self._device} "
                 f"used={self.used_bytes()} total={self.total_bytes()}>")
-
-
-def _collective_size(size):
-    """size as size_t, or the exception to raise after joining the collective call."""
-    try:
-        return as_size(size)
-    except (TypeError, ValueError) as e:
-        return e
 
 
 # The pools this thread's use_mem_pool contexts routed, innermost last. The library ends only the

@@ -250,7 +250,8 @@ class World(_lib.Handle):
                     raise bad_value(f"root {r} is not a rank of this world (size {self.size})")
                 args.append(r)
             args.append(as_stream(stream))
-        except (TypeError, ValueError) as e:
+        except Exception as e:  # any: a destroyed Stream is a SympoolError, a buffer object's
+            # description may raise anything; this rank must join the call all the same
             poison = [None, None, 1, _BAD_DTYPE] + ([0] if op is not _NONE else []) + \
                      ([0] if root is not _NONE else []) + [None]
             getattr(lib(), name)(h, *poison)

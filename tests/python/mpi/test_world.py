@@ -346,3 +346,44 @@ def test_count_and_dtype_must_fit_the_buffer_objects(world):
     world.allgather(view, floats(a + 2048, 4 * world.size))
     sympool.free(a)
     pool.destroy()
+
+
+def test_any_error_in_one_ranks_arguments_fails_every_rank(world):
+    # The calls join the collective with a poisoned one when this rank's Python arguments fail,
+    # so that its peers get an error now. Only TypeError and ValueError were caught: a destroyed
+    # sympool.Stream (SympoolError from as_stream) or a buffer object whose description raised
+    # anything else left this rank out of the call, and its peers waited for it until
+    # SYMPOOL_SYM_TIMEOUT and failed with SP_ERR_TIMEOUT (a symmetric malloc's stream too, even
+    # on the path that poisons a bad size).
+    import sympool
+
+    class Broken:
+        @property
+        def __cuda_array_interface__(self):
+            raise RuntimeError("this object cannot describe itself")
+
+    n = 16
+    a = sympool.malloc(n * 4)
+    dead = sympool.Stream()
+    dead.destroy()
+    pool = sympool.MemPool(symmetric=True, world=world, name="poison")
+    bad_rank = world.size - 1
+    calls = (
+        (lambda bad: world.allreduce(a, a, n, stream=dead if bad else None), sympool.SympoolError),
+        (lambda bad: world.allgather(Broken() if bad else a, a, 1), RuntimeError),
+        (lambda bad: world.broadcast(a, a, n, stream=dead if bad else None), sympool.SympoolError),
+        (lambda bad: pool.malloc(4096, stream=dead if bad else None), sympool.SympoolError),
+        (lambda bad: pool.malloc(-1 if bad else 4096, stream="no stream" if bad else None),
+         ValueError),  # the size's reason (the poison itself raised the stream's TypeError)
+    )
+    for call, exc in calls:
+        bad = world.rank == bad_rank
+        with pytest.raises(exc if bad else sympool.SympoolError) as e:
+            call(bad)
+        if not bad:  # the library's refusal, not a deadline passed waiting for the bad rank
+            assert e.value.status != "SP_ERR_TIMEOUT", str(e.value)
+    # Every rank is still in step: the next call works everywhere.
+    world.allreduce(a, a, n)
+    assert pool.used_bytes() == 0
+    pool.destroy()
+    sympool.free(a)
