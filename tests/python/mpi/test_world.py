@@ -370,7 +370,8 @@ def test_any_error_in_one_ranks_arguments_fails_every_rank(world):
     bad_rank = world.size - 1
     calls = (
         (lambda bad: world.allreduce(a, a, n, stream=dead if bad else None), sympool.SympoolError),
-        (lambda bad: world.allgather(Broken() if bad else a, a, 1), RuntimeError),
+        (lambda bad: world.allgather(Broken() if bad else a + 4 * world.rank, a, 1),
+         RuntimeError),
         (lambda bad: world.broadcast(a, a, n, stream=dead if bad else None), sympool.SympoolError),
         (lambda bad: pool.malloc(4096, stream=dead if bad else None), sympool.SympoolError),
         (lambda bad: pool.malloc(-1 if bad else 4096, stream="no stream" if bad else None),
