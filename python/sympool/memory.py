@@ -5,6 +5,7 @@ and turns a failing status into SympoolError (OutOfMemoryError for SP_ERR_OUT_OF
 """
 
 import collections
+import contextlib
 import ctypes
 import math
 import numbers
@@ -555,17 +556,21 @@ def _end_routing(h):
         stack.append(a)
 
 
-class use_mem_pool:  # noqa: N801 (torch's name for a context manager)
+class use_mem_pool(contextlib.ContextDecorator):  # noqa: N801 (torch's name)
     """Route this thread's allocations on the pool's device into pool (torch.cuda.use_mem_pool).
     Nested contexts stack (the innermost receives); as in torch, they may also close out of
     order (interleaved generators or asyncio tasks on one thread), each ending only its pool.
     Leaving the context on another thread than the one that entered it is refused (routing is
-    per thread), and it stays open for that thread to leave."""
+    per thread), and it stays open for that thread to leave. As torch's (a
+    contextlib.contextmanager), it also decorates a function: each call a context of its own."""
 
     def __init__(self, pool, device=None):
         self._pool, self._device = pool, device
         self._handle = self._thread = None
         self._used = False
+
+    def _recreate_cm(self):  # ContextDecorator: a fresh context for each decorated call
+        return type(self)(self._pool, self._device)
 
     def __enter__(self):
         pool = self._pool

@@ -302,6 +302,26 @@ def test_use_mem_pool_left_on_another_thread_is_refused_and_stays_open(sp):
     pool.destroy()
 
 
+def test_use_mem_pool_decorates_a_function(sp):
+    # torch.cuda.use_mem_pool is a contextlib.contextmanager, which also decorates a function
+    # (a fresh context per call). The class that replaced sympool's generator was not callable:
+    # @sympool.use_mem_pool(pool) raised TypeError.
+    pool = sp.MemPool()
+
+    @sp.use_mem_pool(pool)
+    def alloc(n):
+        assert pool.use_count() == 2
+        return sp.malloc(n)
+
+    blocks = [alloc(512), alloc(512)]  # twice: one use each
+    assert pool.used_bytes() == 1024 and pool.use_count() == 1
+    outside = sp.malloc(512)
+    assert pool.used_bytes() == 1024
+    for b in blocks + [outside]:
+        sp.free(b)
+    pool.destroy()
+
+
 def test_use_mem_pool_exception_in_body_still_unroutes(sp):
     pool = sp.MemPool()
     with pytest.raises(ZeroDivisionError):
