@@ -159,8 +159,9 @@ def malloc(size, device=0, stream=None):
         stream = as_stream(stream)
     p = ctypes.c_void_p()
     if _py_allocators:  # a routed pool may call a Python allocator
-        _take_callback_error()
-    status = c.sp_malloc(size, device, stream, ctypes.byref(p))
+        status = _malloc_call(c.sp_malloc, size, device, stream, ctypes.byref(p))
+    else:
+        status = c.sp_malloc(size, device, stream, ctypes.byref(p))
     if status:
         _raise_alloc_failure(status)
     if _py_allocators:
@@ -234,6 +235,8 @@ _keepalive = []
 # so the callback gives the library NULL (out of memory) and the malloc raises after the call,
 # its OutOfMemoryError chained to the cause, or the cause itself for a KeyboardInterrupt or
 # SystemExit. _py_allocators counts the pools with one, so that malloc looks only then.
+# _callback.calls counts this thread's sympool mallocs in progress (_malloc_call): only under one
+# does an interrupt stop the call's further allocations, since only then is it raised after.
 _callback = threading.local()
 _py_allocators = 0
 
@@ -243,6 +246,16 @@ def _take_callback_error():
     if err is not None:
         _callback.error = None
     return err
+
+
+def _malloc_call(fn, *args):
+    """fn(*args), a sympool malloc whose failure this module raises (_raise_alloc_failure)."""
+    _take_callback_error()  # nothing from an earlier call may be blamed on this one
+    _callback.calls = getattr(_callback, "calls", 0) + 1
+    try:
+        return fn(*args)
+    finally:
+        _callback.calls -= 1
 
 
 def _raise_alloc_failure(status):
@@ -300,7 +313,12 @@ def _segment_allocator(allocator):
     def c_alloc(size, device, stream, ctx):
         pending = getattr(_callback, "error", None)
         if pending is not None and not isinstance(pending, Exception):
-            return None  # interrupted: no more allocations in this malloc (its retry included)
+            if getattr(_callback, "calls", 0):
+                return None  # interrupted: no more allocations in this malloc (its retry included)
+            # Interrupted under a C caller (PyTorch's allocator after sympool.torch.enable()),
+            # which no sympool malloc raises it after: kept, it failed every later allocation
+            # of this thread's routed pools without asking the allocator again.
+            _callback.error = pending = None
         try:
             ptr = _address_from_allocator(alloc_fn(size, device, stream))
         except BaseException as e:  # the pool sees out of memory; malloc raises after the call
@@ -417,8 +435,7 @@ class MemPool(_lib.Handle):
             check(lib().sp_symmetric_malloc(h, n, s, ctypes.byref(p)))
         else:
             n, s = as_size(size), as_stream(stream)
-            _take_callback_error()  # nothing from an earlier call may be blamed on this one
-            status = lib().sp_mempool_malloc(h, n, s, ctypes.byref(p))
+            status = _malloc_call(lib().sp_mempool_malloc, h, n, s, ctypes.byref(p))
             if status:
                 _raise_alloc_failure(status)
             if _py_allocators:
