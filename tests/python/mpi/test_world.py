@@ -388,3 +388,32 @@ def test_any_error_in_one_ranks_arguments_fails_every_rank(world):
     assert pool.used_bytes() == 0
     pool.destroy()
     sympool.free(a)
+
+
+def test_broadcast_reads_send_on_the_root_only(world):
+    # The library reads a broadcast's send on its root only (elsewhere it may be NULL). A
+    # non-root's placeholder send was checked against the count (its ValueError failed every
+    # rank) and gave the count, where recv is what the call fills.
+    import sympool
+    n = 16
+    a, b = sympool.malloc(n * 4), sympool.malloc(n * 4)
+    src, dst = floats(a, n), floats(b, n)
+    for i in range(n):
+        src[i], dst[i] = (7.0 if world.rank == 0 else 0.0), 0.0
+    send = src if world.rank == 0 else floats(a, 1)
+    world.broadcast(send, dst, root=0)  # count: the root's send, the others' recv
+    assert list(dst) == [7.0] * n
+    for i in range(n):
+        dst[i] = 0.0
+    world.broadcast(send, dst, count=n, root=0)
+    assert list(dst) == [7.0] * n
+    for i in range(n):
+        dst[i] = 0.0
+    world.broadcast(src if world.rank == 0 else None, dst, root=0)
+    assert list(dst) == [7.0] * n
+    # recv still bounds the call everywhere, and a non-root in place (recv=None) is its send.
+    with pytest.raises(ValueError):
+        world.broadcast(send, floats(b, n - 1), count=n, root=0)
+    world.broadcast(floats(b, n), root=0)
+    sympool.free(a)
+    sympool.free(b)
