@@ -160,9 +160,14 @@ static bool check_local(call_ctx_t *x, const sp_coll_call_t *c, char *why, size_
         return false;
     if (!check_buffer(x, c->recv, recv_bytes, "recv", &x->recv_pool, why, len))
         return false;
-    if (!uses_send || c->send == c->recv)
-        return true; /* in place (allreduce, broadcast root) or send unused */
+    if (!uses_send)
+        return true; /* a broadcast's non-root: send unused */
     const char *s = c->send, *r = c->recv;
+    if ((c->kind == SP_COLL_ALLREDUCE || c->kind == SP_COLL_BROADCAST) && s == r)
+        return true; /* in place */
+    /* An all-gather or reduce-scatter is in place at this rank's slot only: send == recv is
+     * that on rank 0 alone. Elsewhere it is an overlap (the all-gather's input lies in rank 0's
+     * slot, which MPI and NCCL overwrite while they still read it). */
     if (c->kind == SP_COLL_ALLGATHER && s == r + (size_t)rank * bytes)
         return true; /* in place: this rank's slot of recv */
     if (c->kind == SP_COLL_REDUCE_SCATTER && r == s + (size_t)rank * bytes)
@@ -170,11 +175,11 @@ static bool check_local(call_ctx_t *x, const sp_coll_call_t *c, char *why, size_
     if (overlaps(s, send_bytes, r, recv_bytes)) {
         snprintf(why, len,
                  "send %p (%zu bytes) and recv %p (%zu bytes) overlap without being in place "
-                 "(in place is send == recv%s)",
+                 "(in place is %s)",
                  c->send, send_bytes, c->recv, recv_bytes,
-                 c->kind == SP_COLL_ALLGATHER        ? ", or send == recv + rank*count"
-                 : c->kind == SP_COLL_REDUCE_SCATTER ? ", or recv == send + rank*recv_count"
-                                                     : "");
+                 c->kind == SP_COLL_ALLGATHER        ? "send == recv + rank*count"
+                 : c->kind == SP_COLL_REDUCE_SCATTER ? "recv == send + rank*recv_count"
+                                                     : "send == recv");
         return false;
     }
     return true;

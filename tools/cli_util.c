@@ -18,6 +18,21 @@
 
 #include "tools/cli.h"
 
+/* Whether getopt's error on optopt is `word` ("--name=value", name or a prefix of it) giving a
+ * value to a long option that takes none. Not merely a word that starts with "--": an unknown
+ * short option inside a cluster ("-xj") leaves optind on it, so argv[optind - 1] is then the
+ * word before, which may be any long option ("--json -xj" was "'--json' takes no value"). */
+static bool takes_no_value(const char *word, int optopt, const struct option *longopts) {
+    if (strncmp(word, "--", 2) != 0 || strchr(word, '=') == NULL)
+        return false;
+    size_t len = strcspn(word + 2, "=");
+    for (const struct option *o = longopts; o != NULL && o->name != NULL; o++)
+        if (o->has_arg == no_argument && o->flag == NULL && o->val == optopt &&
+            strncmp(o->name, word + 2, len) == 0)
+            return true;
+    return false;
+}
+
 int cli_getopt(int argc, char **argv, const char *cmd, const char *shortopts,
                const struct option *longopts) {
     /* A leading ':' (after an optional '+' or '-') makes getopt tell a missing value (':') from an
@@ -37,7 +52,7 @@ int cli_getopt(int argc, char **argv, const char *cmd, const char *shortopts,
             fprintf(stderr, "%s: option '%s' needs a value\n", who, word);
         else
             fprintf(stderr, "%s: option '-%c' needs a value\n", who, optopt);
-    } else if (optopt != 0 && strncmp(word, "--", 2) == 0) {
+    } else if (optopt != 0 && takes_no_value(word, optopt, longopts)) {
         /* A known long option given a value it does not take ("--json=1"): getopt names it by
          * its short letter, and it was called the unknown option '-j'. */
         fprintf(stderr, "%s: option '%.*s' takes no value ('%s') (see %s --help)\n", who,

@@ -60,9 +60,9 @@ typedef enum { SP_SUM, SP_PROD, SP_MIN, SP_MAX, SP_AVG } sp_redop_t;
  *  - Buffers are sympool memory of this rank's device (sp_malloc, sp_mempool_malloc or
  *    sp_symmetric_malloc), large enough for the call. Symmetric buffers on the cuda backend get
  *    NCCL's symmetric kernels when NCCL supports the call (SYMPOOL_DEBUG=INFO, subsystem COLL,
- *    says why one cannot). In place: send == recv; for allgather send == recv + rank*count
- *    elements; for reduce_scatter recv == send + rank*recv_count elements. Any other overlap
- *    is refused.
+ *    says why one cannot). In place: for allreduce and broadcast send == recv; for allgather
+ *    send == recv + rank*count elements; for reduce_scatter recv == send + rank*recv_count
+ *    elements (so send == recv is in place there on rank 0 only). Any other overlap is refused.
  *  - Every argument is checked before any data moves, and the ranks agree on the outcome in one
  *    small MPI_Allreduce, so every rank returns the same status: SP_ERR_INVALID_ARGUMENT on
  *    every rank when any rank's arguments are bad (NULL world or buffer, dtype/op/root out of

@@ -5,6 +5,7 @@ and turns a failing status into SympoolError (OutOfMemoryError for SP_ERR_OUT_OF
 """
 
 import collections
+import contextlib
 import ctypes
 import math
 import numbers
@@ -158,8 +159,9 @@ def malloc(size, device=0, stream=None):
         stream = as_stream(stream)
     p = ctypes.c_void_p()
     if _py_allocators:  # a routed pool may call a Python allocator
-        _take_callback_error()
-    status = c.sp_malloc(size, device, stream, ctypes.byref(p))
+        status = _malloc_call(c.sp_malloc, size, device, stream, ctypes.byref(p))
+    else:
+        status = c.sp_malloc(size, device, stream, ctypes.byref(p))
     if status:
         _raise_alloc_failure(status)
     if _py_allocators:
@@ -233,6 +235,8 @@ _keepalive = []
 # so the callback gives the library NULL (out of memory) and the malloc raises after the call,
 # its OutOfMemoryError chained to the cause, or the cause itself for a KeyboardInterrupt or
 # SystemExit. _py_allocators counts the pools with one, so that malloc looks only then.
+# _callback.calls counts this thread's sympool mallocs in progress (_malloc_call): only under one
+# does an interrupt stop the call's further allocations, since only then is it raised after.
 _callback = threading.local()
 _py_allocators = 0
 
@@ -242,6 +246,16 @@ def _take_callback_error():
     if err is not None:
         _callback.error = None
     return err
+
+
+def _malloc_call(fn, *args):
+    """fn(*args), a sympool malloc whose failure this module raises (_raise_alloc_failure)."""
+    _take_callback_error()  # nothing from an earlier call may be blamed on this one
+    _callback.calls = getattr(_callback, "calls", 0) + 1
+    try:
+        return fn(*args)
+    finally:
+        _callback.calls -= 1
 
 
 def _raise_alloc_failure(status):
@@ -299,7 +313,12 @@ def _segment_allocator(allocator):
     def c_alloc(size, device, stream, ctx):
         pending = getattr(_callback, "error", None)
         if pending is not None and not isinstance(pending, Exception):
-            return None  # interrupted: no more allocations in this malloc (its retry included)
+            if getattr(_callback, "calls", 0):
+                return None  # interrupted: no more allocations in this malloc (its retry included)
+            # Interrupted under a C caller (PyTorch's allocator after sympool.torch.enable()),
+            # which no sympool malloc raises it after: kept, it failed every later allocation
+            # of this thread's routed pools without asking the allocator again.
+            _callback.error = pending = None
         try:
             ptr = _address_from_allocator(alloc_fn(size, device, stream))
         except BaseException as e:  # the pool sees out of memory; malloc raises after the call
@@ -402,19 +421,21 @@ class MemPool(_lib.Handle):
         """Allocate in this pool; collective over the world when the pool is symmetric."""
         h, p = self._h(), ctypes.c_void_p()
         if self._symmetric:
-            n = _collective_size(size)
-            if isinstance(n, Exception):
-                # Join the collective with a size every rank refuses, so that the other ranks
-                # get an error instead of waiting for this one; then raise the local reason.
-                lib().sp_symmetric_malloc(h, _lib.SIZE_MAX, as_stream(stream), ctypes.byref(p))
+            try:
+                n, s = as_size(size), as_stream(stream)
+            except Exception:
+                # Join the collective with a size every rank refuses (and no stream: this one's
+                # may be what failed), so that the other ranks get an error instead of waiting
+                # for this one; then raise the local reason. Any exception: a destroyed Stream
+                # is a SympoolError.
+                lib().sp_symmetric_malloc(h, _lib.SIZE_MAX, None, ctypes.byref(p))
                 if p.value:
                     lib().sp_free(p)
-                raise n
-            check(lib().sp_symmetric_malloc(h, n, as_stream(stream), ctypes.byref(p)))
+                raise
+            check(lib().sp_symmetric_malloc(h, n, s, ctypes.byref(p)))
         else:
             n, s = as_size(size), as_stream(stream)
-            _take_callback_error()  # nothing from an earlier call may be blamed on this one
-            status = lib().sp_mempool_malloc(h, n, s, ctypes.byref(p))
+            status = _malloc_call(lib().sp_mempool_malloc, h, n, s, ctypes.byref(p))
             if status:
                 _raise_alloc_failure(status)
             if _py_allocators:
@@ -519,14 +540,6 @@ class MemPool(_lib.Handle):
                 f"used={self.used_bytes()} total={self.total_bytes()}>")
 
 
-def _collective_size(size):
-    """size as size_t, or the exception to raise after joining the collective call."""
-    try:
-        return as_size(size)
-    except (TypeError, ValueError) as e:
-        return e
-
-
 # The pools this thread's use_mem_pool contexts routed, innermost last. The library ends only the
 # innermost routing (sp_mempool_end); torch.cuda.use_mem_pool ends a pool's routing wherever it
 # is (endAllocateToPool finds it by id), so contexts may close out of order: interleaved
@@ -560,17 +573,21 @@ def _end_routing(h):
         stack.append(a)
 
 
-class use_mem_pool:  # noqa: N801 (torch's name for a context manager)
+class use_mem_pool(contextlib.ContextDecorator):  # noqa: N801 (torch's name)
     """Route this thread's allocations on the pool's device into pool (torch.cuda.use_mem_pool).
     Nested contexts stack (the innermost receives); as in torch, they may also close out of
     order (interleaved generators or asyncio tasks on one thread), each ending only its pool.
     Leaving the context on another thread than the one that entered it is refused (routing is
-    per thread), and it stays open for that thread to leave."""
+    per thread), and it stays open for that thread to leave. As torch's (a
+    contextlib.contextmanager), it also decorates a function: each call a context of its own."""
 
     def __init__(self, pool, device=None):
         self._pool, self._device = pool, device
         self._handle = self._thread = None
         self._used = False
+
+    def _recreate_cm(self):  # ContextDecorator: a fresh context for each decorated call
+        return type(self)(self._pool, self._device)
 
     def __enter__(self):
         pool = self._pool

@@ -216,6 +216,15 @@ class World(_lib.Handle):
                 rp, r_count, r_dtype = sp, s_count, s_dtype  # in place
             else:
                 rp, r_count, r_dtype = describe(recv, "recv")
+            if root is not _NONE:
+                r = as_int(root, "root")
+                if not 0 <= r < self.size:
+                    raise bad_value(f"root {r} is not a rank of this world (size {self.size})")
+            # A broadcast reads send on its root only (the library ignores it elsewhere, where it
+            # may be None): off the root, recv alone bounds the call and gives its count.
+            send_unread = root is not _NONE and r != self.rank and recv is not None
+            if send_unread:
+                count_from = "recv"
             dt = dtype_name((s_dtype or r_dtype or "float32") if dtype is None else dtype)
             isz = ITEMSIZE[dt]
             # The bytes each object holds (None for a bare address): a count or dtype given
@@ -238,6 +247,8 @@ class World(_lib.Handle):
                 need = {"sp_allgather": (n, n * k), "sp_reduce_scatter": (n * k, n)}.get(name,
                                                                                            (n, n))
                 for what, held, elems in (("send", s_bytes, need[0]), ("recv", r_bytes, need[1])):
+                    if what == "send" and send_unread:
+                        continue
                     if held is not None and elems * isz > held:
                         raise bad_value(f"{what} buffer holds {held} bytes; {name[3:]} of {n} x "
                                         f"{dt} needs {elems * isz} there")
@@ -245,12 +256,10 @@ class World(_lib.Handle):
             if op is not _NONE:
                 args.append(_op(op))
             if root is not _NONE:
-                r = as_int(root, "root")
-                if not 0 <= r < self.size:
-                    raise bad_value(f"root {r} is not a rank of this world (size {self.size})")
                 args.append(r)
             args.append(as_stream(stream))
-        except (TypeError, ValueError) as e:
+        except Exception as e:  # any: a destroyed Stream is a SympoolError, a buffer object's
+            # description may raise anything; this rank must join the call all the same
             poison = [None, None, 1, _BAD_DTYPE] + ([0] if op is not _NONE else []) + \
                      ([0] if root is not _NONE else []) + [None]
             getattr(lib(), name)(h, *poison)
@@ -276,7 +285,8 @@ class World(_lib.Handle):
                          stream=stream)
 
     def broadcast(self, send, recv=None, count=None, dtype=None, root=0, stream=None):
-        """Root's send to every rank's recv."""
+        """Root's send to every rank's recv. Off the root send is not read (it may be None):
+        recv gives the count there, and recv=None makes send the recv (in place)."""
         self._collective("sp_broadcast", send, recv, count, dtype, "send", root=root,
                          stream=stream)
 

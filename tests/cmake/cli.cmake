@@ -220,6 +220,14 @@ if(TARGET sympool_cli)
   sp_cli_check(NAME replay_flag_with_value RC 2
     REGEX "^sympool replay: option '--json' takes no value \\('--json=1'\\)"
     ARGS replay ${SMALL} --json=1)
+  # ... and only then: an unknown short option in a cluster after a long option is itself
+  # ("'--json' takes no value ('--json')" named the word before it).
+  sp_cli_check(NAME replay_unknown_short_after_long RC 2
+    REGEX "^sympool replay: unknown option '-x' \\(see sympool replay --help\\)\n"
+    ARGS replay ${SMALL} --json -xj)
+  sp_cli_check(NAME replay_unknown_short_after_long_value RC 2
+    REGEX "^sympool replay: unknown option '-x' \\(see sympool replay --help\\)\n"
+    ARGS replay ${SMALL} --conf=max_split_size_mb:64 -xj)
   sp_cli_check(NAME replay_missing_value RC 2 REGEX "sympool replay: option '--conf' needs a value"
     ARGS replay ${SMALL} --conf)
   # --opt=value and --opt value mean the same.

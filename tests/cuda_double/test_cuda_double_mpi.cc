@@ -689,7 +689,9 @@ TEST_F(CudaDoubleMpi, WindowsWithoutSymmetricSupportAreNotEligible) {
     sp__world_collective_counts(world_, &e0, &f0);
     const long k0 = nccl_symmetric_kernels();
     ASSERT_SP_OK(sp_allreduce(world_, a, a, 64, SP_FLOAT32, SP_SUM, nullptr));
-    ASSERT_SP_OK(sp_allgather(world_, a, a, 16, SP_FLOAT32, nullptr));
+    // In place: send at this rank's slot of recv (send == recv is that on rank 0 only).
+    ASSERT_SP_OK(sp_allgather(world_, static_cast<char *>(a) + (size_t)mpi_rank() * 64, a, 16,
+                              SP_FLOAT32, nullptr));
     sp__world_collective_counts(world_, &e1, &f1);
     EXPECT_EQ(nccl_symmetric_kernels() - k0, 0);
     EXPECT_EQ(e1 - e0, 0u);
@@ -746,7 +748,8 @@ TEST_F(CudaDoubleMpi, NcclSwitchesAreReadAsNcclReadsThem) {
         sp__world_collective_counts(world_, &e0, &f0);
         const long k0 = nccl_symmetric_kernels();
         ASSERT_SP_OK(sp_allreduce(world_, a, a, 64, SP_FLOAT32, SP_SUM, nullptr));
-        ASSERT_SP_OK(sp_allgather(world_, a, a, 16, SP_FLOAT32, nullptr));
+        ASSERT_SP_OK(sp_allgather(world_, static_cast<char *>(a) + (size_t)mpi_rank() * 64, a, 16,
+                                  SP_FLOAT32, nullptr)); // in place at this rank's slot
         sp__world_collective_counts(world_, &e1, &f1);
         EXPECT_EQ(nccl_symmetric_kernels() - k0, 0) << v.first << "=" << v.second;
         EXPECT_EQ(e1 - e0, 0u) << v.first << "=" << v.second;

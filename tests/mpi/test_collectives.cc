@@ -798,6 +798,31 @@ TEST_F(CollectiveArgs, OverlapThatIsNotInPlace) {
     still_in_step();
 }
 
+// send == recv is in place for an all-gather or a reduce-scatter on rank 0 only (this rank's
+// slot): elsewhere the all-gather's input lies in rank 0's slot of recv. It was taken as in
+// place on every rank, and a large all-gather (the MPI path) gave every rank wrong data.
+TEST_F(CollectiveArgs, SendEqualsRecvIsInPlaceOnRankZeroOnly) {
+    SP_SKIP_BELOW_RANKS(2);
+    for (size_t count : {(size_t)4, (size_t)100000}) { // in the agreement round, and not
+        Buf b(count * 4 * (size_t)n_, dev_);
+        EXPECT_SP_STATUS(sp_allgather(w_, b.p, b.p, count, SP_INT32, nullptr),
+                         SP_ERR_INVALID_ARGUMENT);
+        if (rank_ != 0) {
+            EXPECT_NE(std::string(sp_last_error()).find("send == recv + rank*count"),
+                      std::string::npos)
+                << sp_last_error();
+        }
+        EXPECT_SP_STATUS(sp_reduce_scatter(w_, b.p, b.p, count, SP_INT32, SP_SUM, nullptr),
+                         SP_ERR_INVALID_ARGUMENT);
+        if (rank_ != 0) {
+            EXPECT_NE(std::string(sp_last_error()).find("recv == send + rank*recv_count"),
+                      std::string::npos)
+                << sp_last_error();
+        }
+    }
+    still_in_step();
+}
+
 TEST_F(CollectiveArgs, RanksDisagreeOnCountDtypeOpRoot) {
     SP_SKIP_BELOW_RANKS(2);
     Buf b(4096, dev_);

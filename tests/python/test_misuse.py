@@ -166,6 +166,34 @@ def test_interrupt_in_the_allocator_reaches_the_caller(sp, exc):
     pool.destroy()
 
 
+def test_interrupt_under_a_c_caller_does_not_stick(sp):
+    # A C caller of sp_malloc (PyTorch's allocator after sympool.torch.enable(), routed by
+    # use_mem_pool) has no sympool malloc to raise an interrupt after it. The interrupt was kept
+    # all the same, and every later allocation of the thread's Python-allocator pools was out of
+    # memory without the allocator being asked again.
+    segs, calls = HostSegments(), []
+
+    def alloc(size, device, stream):
+        calls.append(size)
+        if len(calls) == 1:
+            raise KeyboardInterrupt()
+        return segs.alloc(size, device, stream)
+
+    pool = sp.MemPool(allocator=(alloc, segs.free))
+    c_malloc = sp._lib.lib().sp_malloc
+    p = ctypes.c_void_p()
+    with sp.use_mem_pool(pool):
+        first = c_malloc(1000, 0, None, ctypes.byref(p))
+        if first != 0:  # the library's retry asks again once the interrupt is known lost
+            assert c_malloc(1000, 0, None, ctypes.byref(p)) == 0
+        assert p.value and pool.used_bytes() == 1024
+        sp.free(p.value)
+        q = sp.malloc(1000)  # and sympool's own malloc is not blamed for it
+    assert len(calls) >= 2
+    sp.free(q)
+    pool.destroy()
+
+
 def test_allocator_free_that_raises_is_contained(sp):
     segs = HostSegments()
 
@@ -299,6 +327,26 @@ def test_use_mem_pool_left_on_another_thread_is_refused_and_stays_open(sp):
     cm.__exit__(None, None, None)  # a second exit does nothing
     with pytest.raises(RuntimeError):
         cm.__enter__()  # one context, one use (as a contextlib generator)
+    pool.destroy()
+
+
+def test_use_mem_pool_decorates_a_function(sp):
+    # torch.cuda.use_mem_pool is a contextlib.contextmanager, which also decorates a function
+    # (a fresh context per call). The class that replaced sympool's generator was not callable:
+    # @sympool.use_mem_pool(pool) raised TypeError.
+    pool = sp.MemPool()
+
+    @sp.use_mem_pool(pool)
+    def alloc(n):
+        assert pool.use_count() == 2
+        return sp.malloc(n)
+
+    blocks = [alloc(512), alloc(512)]  # twice: one use each
+    assert pool.used_bytes() == 1024 and pool.use_count() == 1
+    outside = sp.malloc(512)
+    assert pool.used_bytes() == 1024
+    for b in blocks + [outside]:
+        sp.free(b)
     pool.destroy()
 
 

@@ -346,3 +346,74 @@ def test_count_and_dtype_must_fit_the_buffer_objects(world):
     world.allgather(view, floats(a + 2048, 4 * world.size))
     sympool.free(a)
     pool.destroy()
+
+
+def test_any_error_in_one_ranks_arguments_fails_every_rank(world):
+    # The calls join the collective with a poisoned one when this rank's Python arguments fail,
+    # so that its peers get an error now. Only TypeError and ValueError were caught: a destroyed
+    # sympool.Stream (SympoolError from as_stream) or a buffer object whose description raised
+    # anything else left this rank out of the call, and its peers waited for it until
+    # SYMPOOL_SYM_TIMEOUT and failed with SP_ERR_TIMEOUT (a symmetric malloc's stream too, even
+    # on the path that poisons a bad size).
+    import sympool
+
+    class Broken:
+        @property
+        def __cuda_array_interface__(self):
+            raise RuntimeError("this object cannot describe itself")
+
+    n = 16
+    a = sympool.malloc(n * 4)
+    dead = sympool.Stream()
+    dead.destroy()
+    pool = sympool.MemPool(symmetric=True, world=world, name="poison")
+    bad_rank = world.size - 1
+    calls = (
+        (lambda bad: world.allreduce(a, a, n, stream=dead if bad else None), sympool.SympoolError),
+        (lambda bad: world.allgather(Broken() if bad else a + 4 * world.rank, a, 1),
+         RuntimeError),
+        (lambda bad: world.broadcast(a, a, n, stream=dead if bad else None), sympool.SympoolError),
+        (lambda bad: pool.malloc(4096, stream=dead if bad else None), sympool.SympoolError),
+        (lambda bad: pool.malloc(-1 if bad else 4096, stream="no stream" if bad else None),
+         ValueError),  # the size's reason (the poison itself raised the stream's TypeError)
+    )
+    for call, exc in calls:
+        bad = world.rank == bad_rank
+        with pytest.raises(exc if bad else sympool.SympoolError) as e:
+            call(bad)
+        if not bad:  # the library's refusal, not a deadline passed waiting for the bad rank
+            assert e.value.status != "SP_ERR_TIMEOUT", str(e.value)
+    # Every rank is still in step: the next call works everywhere.
+    world.allreduce(a, a, n)
+    assert pool.used_bytes() == 0
+    pool.destroy()
+    sympool.free(a)
+
+
+def test_broadcast_reads_send_on_the_root_only(world):
+    # The library reads a broadcast's send on its root only (elsewhere it may be NULL). A
+    # non-root's placeholder send was checked against the count (its ValueError failed every
+    # rank) and gave the count, where recv is what the call fills.
+    import sympool
+    n = 16
+    a, b = sympool.malloc(n * 4), sympool.malloc(n * 4)
+    src, dst = floats(a, n), floats(b, n)
+    for i in range(n):
+        src[i], dst[i] = (7.0 if world.rank == 0 else 0.0), 0.0
+    send = src if world.rank == 0 else floats(a, 1)
+    world.broadcast(send, dst, root=0)  # count: the root's send, the others' recv
+    assert list(dst) == [7.0] * n
+    for i in range(n):
+        dst[i] = 0.0
+    world.broadcast(send, dst, count=n, root=0)
+    assert list(dst) == [7.0] * n
+    for i in range(n):
+        dst[i] = 0.0
+    world.broadcast(src if world.rank == 0 else None, dst, root=0)
+    assert list(dst) == [7.0] * n
+    # recv still bounds the call everywhere, and a non-root in place (recv=None) is its send.
+    with pytest.raises(ValueError):
+        world.broadcast(send, floats(b, n - 1), count=n, root=0)
+    world.broadcast(floats(b, n), root=0)
+    sympool.free(a)
+    sympool.free(b)
