@@ -346,36 +346,25 @@ class MemPool(_lib.Handle):
 
     def __init__(self, allocator=None, use_on_oom=False, no_split=False, *, symmetric=False,
                  name=None, device=0, world=None):
-        for flag, what in ((use_on_oom, "use_on_oom"), (symmetric, "symmetric"),
-                           (no_split, "no_split")):
-            if not isinstance(flag, bool):
-                raise TypeError(f"{what} must be a bool, not {type(flag).__name__}")
-        if name is not None and not isinstance(name, str):
-            raise TypeError(f"name must be a str, not {type(name).__name__}")
-        if name is not None and "\0" in name:
-            raise bad_value("name contains a NUL character")
         self._handle = None
         self._lock = threading.RLock()  # destroy() runs once; RLock: its allocator may call it
         self._symmetric = symmetric
         self._user_allocator = allocator
         self._world = world
-        params = _lib.MemPoolParams()
-        lib().sp_mempool_params_init(ctypes.byref(params))
-        params.use_on_oom, params.no_split = use_on_oom, no_split
-        self._name_bytes = name.encode(errors="surrogatepass") if name is not None else None
-        params.name = self._name_bytes
-        self._owned = True
+        try:
+            params = self._params(allocator, use_on_oom, no_split, symmetric, name, world)
+        except Exception:
+            # A symmetric create is collective: a rank whose own arguments are refused still
+            # joins the call (refused there too), so that every rank fails instead of its peers
+            # waiting in the agreement until the timeout.
+            if symmetric and isinstance(world, World):
+                world._join_refused_create()
+            raise
         handle = ctypes.c_void_p()
         if symmetric:
-            if not isinstance(world, World):
-                raise bad_value("MemPool(symmetric=True) needs world=sympool.World(...)")
-            if allocator is not None:
-                raise bad_value("a symmetric pool takes its segments from sympool: no allocator")
             self._device = world.device
             handle.value = world.create_symmetric_pool(params, self)
         else:
-            if world is not None:
-                raise bad_value("world is only for symmetric=True")
             self._device = as_device(device)
             params.device = self._device
             if allocator is not None:
@@ -386,6 +375,30 @@ class MemPool(_lib.Handle):
             check(lib().sp_mempool_create(ctypes.byref(params), ctypes.byref(handle)))
         self._handle = handle.value
         self._name = name
+
+    def _params(self, allocator, use_on_oom, no_split, symmetric, name, world):
+        """The arguments checked (this rank alone) and made into an _lib.MemPoolParams."""
+        for flag, what in ((use_on_oom, "use_on_oom"), (symmetric, "symmetric"),
+                           (no_split, "no_split")):
+            if not isinstance(flag, bool):
+                raise TypeError(f"{what} must be a bool, not {type(flag).__name__}")
+        if name is not None and not isinstance(name, str):
+            raise TypeError(f"name must be a str, not {type(name).__name__}")
+        if name is not None and "\0" in name:
+            raise bad_value("name contains a NUL character")
+        if symmetric and not isinstance(world, World):
+            raise bad_value("MemPool(symmetric=True) needs world=sympool.World(...)")
+        if symmetric and allocator is not None:
+            raise bad_value("a symmetric pool takes its segments from sympool: no allocator")
+        if not symmetric and world is not None:
+            raise bad_value("world is only for symmetric=True")
+        params = _lib.MemPoolParams()
+        lib().sp_mempool_params_init(ctypes.byref(params))
+        params.use_on_oom, params.no_split = use_on_oom, no_split
+        self._name_bytes = name.encode(errors="surrogatepass") if name is not None else None
+        params.name = self._name_bytes
+        self._owned = True
+        return params
 
     def _h(self):
         if self._handle is None:

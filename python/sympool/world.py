@@ -183,6 +183,12 @@ class World(_lib.Handle):
         self._pools.append(pool)
         return handle.value
 
+    def _join_refused_create(self):
+        """Join a symmetric create this rank refused by itself (MemPool's checks): the library
+        refuses a NULL pool_p on this rank and, through the call's agreement, on every rank."""
+        if self._handle is not None and _lib.has("sp_symmetric_mempool_create"):
+            lib().sp_symmetric_mempool_create(self._handle, None, None)
+
     def destroy_symmetric_pool(self, handle, pool):
         """Collective: sp_symmetric_mempool_destroy; forget pool."""
         check(lib().sp_symmetric_mempool_destroy(handle))

@@ -417,3 +417,29 @@ def test_broadcast_reads_send_on_the_root_only(world):
     world.broadcast(floats(b, n), root=0)
     sympool.free(a)
     sympool.free(b)
+
+
+def test_symmetric_pool_arguments_refused_on_one_rank_fail_every_rank(world):
+    # MemPool(symmetric=True) is collective: a rank whose own arguments fail in Python (a NUL in
+    # the name, an allocator, a flag that is no bool) still joins the create, refused there, so
+    # that its peers fail at once instead of waiting until SYMPOOL_SYM_TIMEOUT in the agreement.
+    import sympool
+
+    bad_rank = world.size - 1
+    bad = world.rank == bad_rank
+    cases = (
+        (dict(name="a\0b"), ValueError),
+        (dict(allocator=(lambda *a: 0, lambda *a: None)), ValueError),
+        (dict(no_split=1), TypeError),
+    )
+    for extra, exc in cases:
+        with pytest.raises(exc if bad else sympool.SympoolError) as e:
+            kw = {"name": "ok", **(extra if bad else {})}
+            sympool.MemPool(symmetric=True, world=world, **kw)
+        if not bad:
+            assert e.value.status != "SP_ERR_TIMEOUT", str(e.value)
+    # Every rank is still in step: a symmetric pool can be made and used everywhere.
+    pool = sympool.MemPool(symmetric=True, world=world, name="after")
+    p = pool.malloc(4096)
+    sympool.free(p)
+    pool.destroy()
