@@ -1861,7 +1861,8 @@ static void read_settings(const pk_value_t *as, tr_settings_t *st) {
         snprintf(st->invalid, sizeof st->invalid, "%s", rp_bad);
 }
 
-static bool from_doc(pk_doc_t *doc, recs_t *recs, tr_trace_t *t, char *err, size_t errlen);
+static bool from_doc(pk_doc_t *doc, recs_t *recs, size_t len, tr_trace_t *t, char *err,
+                     size_t errlen);
 
 /* What a value is, in Python's words, for a reason. */
 static const char *kind_of(const pk_value_t *v) {
@@ -1892,10 +1893,32 @@ static const char *kind_of(const pk_value_t *v) {
 }
 
 bool tr_from_doc(pk_doc_t *doc, tr_trace_t *t, char *err, size_t errlen) {
-    return from_doc(doc, NULL, t, err, errlen);
+    return from_doc(doc, NULL, 0, t, err, errlen);
 }
 
-static bool from_doc(pk_doc_t *doc, recs_t *recs, tr_trace_t *t, char *err, size_t errlen) {
+/* One object of a pickle can stand for many (its memo): a trace entry, a block or a whole list
+ * referenced a million times reads as a million, each taking an event, a block record and the
+ * analysis's time, so a few MB of pickle could ask for hundreds of GB (or, with thousands of
+ * device traces, each pass over the segments repeated for every device). PyTorch writes 90-340
+ * bytes per trace entry and no fewer than about 35 per block or segment (stacks removed), so
+ * an input of len bytes holds at most len / 8 of them written out; more, or more passes over
+ * the segments than 64 times that, is refused before anything is allocated for them. len 0:
+ * unknown (a document parsed by the caller), no bound. */
+static bool within_input(size_t len, size_t items, size_t ndev, size_t nsegments, char *err,
+                         size_t errlen) {
+    size_t budget = len / 8;
+    if (len == 0 || (items <= budget && (nsegments == 0 || ndev <= 64 * budget / nsegments)))
+        return true;
+    snprintf(err, errlen,
+             "the snapshot names %zu trace entries, segments and blocks (over %zu device%s) in "
+             "%zu bytes: more than its bytes can hold written out, so one object stands for many "
+             "(a pickle's memo repeats it); refused",
+             items, ndev, ndev == 1 ? "" : "s", len);
+    return false;
+}
+
+static bool from_doc(pk_doc_t *doc, recs_t *recs, size_t len, tr_trace_t *t, char *err,
+                     size_t errlen) {
     memset(t, 0, sizeof(*t));
     t->doc = doc;
     t->root = pk_root(doc);
@@ -1939,6 +1962,7 @@ static bool from_doc(pk_doc_t *doc, recs_t *recs, tr_trace_t *t, char *err, size
     }
     t->nsegments = pk_len(segments);
     int ndev = (int)pk_len(traces);
+    size_t items = t->nsegments; /* within_input's count: segments, blocks, trace entries */
     for (size_t s = 0; s < t->nsegments; s++) {
         int64_t dev = 0;
         const pk_value_t *seg = pk_at(segments, s);
@@ -1962,11 +1986,16 @@ static bool from_doc(pk_doc_t *doc, recs_t *recs, tr_trace_t *t, char *err, size
         }
         if (dev + 1 > ndev)
             ndev = (int)dev + 1;
+        items += pk_len(rg != NULL ? rg->blocks : pk_get(seg, "blocks"));
     }
     if (ndev > 4096) {
         snprintf(err, errlen, "more than 4096 device traces");
         return false;
     }
+    for (int d = 0; d < ndev; d++)
+        items += pk_len(pk_at(traces, (size_t)d));
+    if (!within_input(len, items, (size_t)ndev, t->nsegments, err, errlen))
+        return false;
     t->ndev = ndev;
     t->dev = calloc(ndev > 0 ? (size_t)ndev : 1, sizeof(*t->dev));
     if (t->dev == NULL) {
@@ -2143,7 +2172,7 @@ bool tr_load_opts(const char *path, bool frames, tr_trace_t *t, char *err, size_
         }
     }
     /* A load with frames is a replay's that writes a snapshot (or another command's). */
-    ok = from_doc(doc, &recs, t, why, sizeof(why));
+    ok = from_doc(doc, &recs, len, t, why, sizeof(why));
     t->ev_block = recs.ev; /* the devices' event arrays (tr_free frees it) */
     free(recs.side);
     free(recs.blk);
