@@ -122,6 +122,10 @@ static int self_deleted(MPI_Comm comm, int key, void *value, void *extra) {
     pthread_mutex_unlock(&s_lock);
     for (int i = 0; i < n; i++)
         notices[i]();
+    /* A round or duplicate abandoned at its deadline but matched by every rank completes with a
+     * little progress; left pending, it is erroneous at MPI_Finalize (a crash in Open MPI 4).
+     * One that a peer never matched is given up after a second, as before. */
+    sp__agree_drain(1.0);
     return MPI_SUCCESS;
 }
 
@@ -528,6 +532,11 @@ static sp_status_t world_create(MPI_Comm comm, bool from_init, sp_world_t **worl
                                  : "sp_world_from_comm: duplicating the communicator (every "
                                    "rank of it must call sp_world_from_comm on it)";
     bool abandoned = false;
+    /* Watched before the duplicates: one abandoned here must be drained at MPI_Finalize even
+     * when creation fails (self_deleted). */
+    pthread_mutex_lock(&s_lock);
+    watch_mpi_finalize_locked();
+    pthread_mutex_unlock(&s_lock);
     SP_CHECK_GOTO(sp__agree_dup(comm, &w->comm, what, &abandoned), st, fail);
     MPI_Comm_set_errhandler(w->comm, MPI_ERRORS_RETURN);
     double pause = s_test_pause_s;
