@@ -582,20 +582,31 @@ static sp_status_t world_create(MPI_Comm comm, bool from_init, sp_world_t **worl
      * inside ncclCommInitRank, on some ranks only): two ranks of a node on one GPU (node_gpus)
      * are refused here, on every rank, with what to do instead. The host backend and a cuda
      * build without NCCL share devices fine. */
-    bool nccl_world = false;
+    bool cuda = strcmp(sp_backend_name(), "cuda") == 0, nccl_world = false;
 #if defined(SP_HAVE_NCCL)
-    nccl_world = strcmp(sp_backend_name(), "cuda") == 0;
+    nccl_world = cuda;
 #endif
     int gpus = ndev; /* the distinct GPUs this node's ranks are on, as far as known */
     bool crowded = false;
     SP_CHECK_GOTO(node_gpus(w, &s, ok && nccl_world, &crowded, &gpus), st, fail);
     crowded = crowded && ok && nccl_world;
     /* MAX over the ranks: [0] a rank without a device, [1]/[2] the most crowded node's ranks
-     * and devices. */
-    int mine[3] = {!ok, crowded ? w->local_size : 0, crowded ? gpus : 0}, worst[3] = {0, 0, 0};
-    SP_CHECK_GOTO(sp__world_mpi_status(MPI_Allreduce(mine, worst, 3, MPI_INT, MPI_MAX, w->comm),
+     * and devices, [3]/[4] a rank on the cuda / the host backend. Ranks on different backends
+     * (SYMPOOL_DEVICE, or auto with no GPU visible to some ranks) are refused on every rank: the
+     * cuda ones would wait in the NCCL set-up below, which the host ones skip. */
+    int mine[5] = {!ok, crowded ? w->local_size : 0, crowded ? gpus : 0, cuda, !cuda};
+    int worst[5] = {0, 0, 0, 0, 0};
+    SP_CHECK_GOTO(sp__world_mpi_status(MPI_Allreduce(mine, worst, 5, MPI_INT, MPI_MAX, w->comm),
                                        "MPI_Allreduce of the device check"),
                   st, fail);
+    if (worst[3] && worst[4]) {
+        st = sp__error(SP_ERR_DEVICE, SP_SUB_BOOT,
+                       "ranks run different backends (this rank: %s, another: %s); give every "
+                       "rank the same SYMPOOL_DEVICE, and with auto a GPU on every rank (check "
+                       "CUDA_VISIBLE_DEVICES)",
+                       sp_backend_name(), cuda ? "host" : "cuda");
+        goto fail;
+    }
     if (worst[0]) {
         st = sp__error(SP_ERR_DEVICE, SP_SUB_BOOT,
                        "%s: no usable device (backend %s, %d devices); set SYMPOOL_DEBUG=INFO",
