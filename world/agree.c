@@ -277,6 +277,35 @@ bool sp__agree_pending(MPI_Comm comm) {
     return pending;
 }
 
+/* MPI_Finalize is erroneous while a request is pending (MPI-3.1 8.7), and Open MPI 4 crashes in
+ * it (mca_pml_ob1_del_comm) when an abandoned MPI_Comm_idup completes meanwhile: every rank
+ * posted it, but the deadline (SYMPOOL_SYM_TIMEOUT below the duplicate's few progress rounds)
+ * passed first. Called as MPI_Finalize starts: the graves are tested, which progresses them, for
+ * at most limit_s; what completes is dropped, what a peer never matched stays. */
+void sp__agree_drain(double limit_s) {
+    int64_t until = realtime_ns() + (int64_t)(limit_s * 1e9);
+    pthread_mutex_lock(&s_grave_lock);
+    for (;;) {
+        bool pending = false;
+        for (sp_grave_t **pp = &s_graves; *pp;) {
+            sp_grave_t *g = *pp;
+            int done = 0;
+            if (MPI_Testall(g->nreqs, g->reqs, &done, MPI_STATUSES_IGNORE) == MPI_SUCCESS && done) {
+                *pp = g->next;
+                free(g->buf);
+                free(g);
+                continue;
+            }
+            pending = true;
+            pp = &g->next;
+        }
+        if (!pending || realtime_ns() >= until)
+            break;
+        sched_yield();
+    }
+    pthread_mutex_unlock(&s_grave_lock);
+}
+
 static void pack(const sp_agree_t *a, int rank, int64_t deadline, int64_t *w) {
     memset(w, 0, W_COUNT * sizeof *w);
     w[W_OP_LO] = w[W_OP_HI] = a->op;

@@ -122,6 +122,10 @@ static int self_deleted(MPI_Comm comm, int key, void *value, void *extra) {
     pthread_mutex_unlock(&s_lock);
     for (int i = 0; i < n; i++)
         notices[i]();
+    /* A round or duplicate abandoned at its deadline but matched by every rank completes with a
+     * little progress; left pending, it is erroneous at MPI_Finalize (a crash in Open MPI 4).
+     * One that a peer never matched is given up after a second, as before. */
+    sp__agree_drain(1.0);
     return MPI_SUCCESS;
 }
 
@@ -528,6 +532,11 @@ static sp_status_t world_create(MPI_Comm comm, bool from_init, sp_world_t **worl
                                  : "sp_world_from_comm: duplicating the communicator (every "
                                    "rank of it must call sp_world_from_comm on it)";
     bool abandoned = false;
+    /* Watched before the duplicates: one abandoned here must be drained at MPI_Finalize even
+     * when creation fails (self_deleted). */
+    pthread_mutex_lock(&s_lock);
+    watch_mpi_finalize_locked();
+    pthread_mutex_unlock(&s_lock);
     SP_CHECK_GOTO(sp__agree_dup(comm, &w->comm, what, &abandoned), st, fail);
     MPI_Comm_set_errhandler(w->comm, MPI_ERRORS_RETURN);
     double pause = s_test_pause_s;
@@ -573,20 +582,31 @@ static sp_status_t world_create(MPI_Comm comm, bool from_init, sp_world_t **worl
      * inside ncclCommInitRank, on some ranks only): two ranks of a node on one GPU (node_gpus)
      * are refused here, on every rank, with what to do instead. The host backend and a cuda
      * build without NCCL share devices fine. */
-    bool nccl_world = false;
+    bool cuda = strcmp(sp_backend_name(), "cuda") == 0, nccl_world = false;
 #if defined(SP_HAVE_NCCL)
-    nccl_world = strcmp(sp_backend_name(), "cuda") == 0;
+    nccl_world = cuda;
 #endif
     int gpus = ndev; /* the distinct GPUs this node's ranks are on, as far as known */
     bool crowded = false;
     SP_CHECK_GOTO(node_gpus(w, &s, ok && nccl_world, &crowded, &gpus), st, fail);
     crowded = crowded && ok && nccl_world;
     /* MAX over the ranks: [0] a rank without a device, [1]/[2] the most crowded node's ranks
-     * and devices. */
-    int mine[3] = {!ok, crowded ? w->local_size : 0, crowded ? gpus : 0}, worst[3] = {0, 0, 0};
-    SP_CHECK_GOTO(sp__world_mpi_status(MPI_Allreduce(mine, worst, 3, MPI_INT, MPI_MAX, w->comm),
+     * and devices, [3]/[4] a rank on the cuda / the host backend. Ranks on different backends
+     * (SYMPOOL_DEVICE, or auto with no GPU visible to some ranks) are refused on every rank: the
+     * cuda ones would wait in the NCCL set-up below, which the host ones skip. */
+    int mine[5] = {!ok, crowded ? w->local_size : 0, crowded ? gpus : 0, cuda, !cuda};
+    int worst[5] = {0, 0, 0, 0, 0};
+    SP_CHECK_GOTO(sp__world_mpi_status(MPI_Allreduce(mine, worst, 5, MPI_INT, MPI_MAX, w->comm),
                                        "MPI_Allreduce of the device check"),
                   st, fail);
+    if (worst[3] && worst[4]) {
+        st = sp__error(SP_ERR_DEVICE, SP_SUB_BOOT,
+                       "ranks run different backends (this rank: %s, another: %s); give every "
+                       "rank the same SYMPOOL_DEVICE, and with auto a GPU on every rank (check "
+                       "CUDA_VISIBLE_DEVICES)",
+                       sp_backend_name(), cuda ? "host" : "cuda");
+        goto fail;
+    }
     if (worst[0]) {
         st = sp__error(SP_ERR_DEVICE, SP_SUB_BOOT,
                        "%s: no usable device (backend %s, %d devices); set SYMPOOL_DEBUG=INFO",

@@ -193,6 +193,8 @@ void sp__world_test_fail_host_tables(int which);
 uint64_t sp__agree_rounds(void);
 /* Does comm still carry a request abandoned at a timeout? (Completed ones are reaped.) */
 bool sp__agree_pending(MPI_Comm comm);
+/* Test every abandoned request for at most limit_s; drop those that complete (MPI_Finalize). */
+void sp__agree_drain(double limit_s);
 
 /* A world-level round (create, collectives, statistics) on the world's own agreement
  * communicator, numbered by the world's call counter. SP_ERR_INVALID_USAGE if w is not a live

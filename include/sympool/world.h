@@ -32,6 +32,8 @@ typedef struct sp_world sp_world_t;
  * creates the NCCL communicator from an id rank 0 makes and broadcasts. Bounded by
  * SYMPOOL_SYM_TIMEOUT like every collective call: a rank that never comes (or, for
  * sp_world_from_comm, passes another communicator) is SP_ERR_TIMEOUT on the ranks waiting for it.
+ * Ranks on different backends (SYMPOOL_DEVICE, or auto where some ranks see no GPU) are
+ * SP_ERR_DEVICE on every rank.
  * @return SP_SUCCESS, SP_ERR_INVALID_ARGUMENT, SP_ERR_MPI, SP_ERR_NCCL, SP_ERR_DEVICE,
  * SP_ERR_TIMEOUT.
  */

@@ -140,6 +140,23 @@ if(SP_HAVE_MPI)
       PASS_REGULAR_EXPRESSION "world-init-self: ok rank 0" FAIL_REGULAR_EXPRESSION "FAILED")
   endif()
 
+  # Ranks on different backends (rank 0 on cuda, the others on host): world creation fails on
+  # every rank with SP_ERR_DEVICE, instead of the host ranks returning success while rank 0
+  # waits in the NCCL set-up for good. The verdict is mpirun's status (every rank exits 0 only
+  # when it saw SP_ERR_DEVICE) and no FAIL line.
+  add_executable(world_mixed_backend ${PROJECT_SOURCE_DIR}/tests/mpi/world_mixed_backend.c)
+  target_compile_options(world_mixed_backend PRIVATE ${SP_WARN})
+  target_link_libraries(world_mixed_backend PRIVATE sympool MPI::MPI_C)
+  add_dependencies(world_mixed_backend sp_cuda_double)
+  foreach(np 2 3)
+    add_test(NAME cuda_double.world_mixed_backend.np${np}
+      COMMAND ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} ${np} --oversubscribe
+              $<TARGET_FILE:world_mixed_backend>)
+    set_tests_properties(cuda_double.world_mixed_backend.np${np} PROPERTIES LABELS cuda_double
+      TIMEOUT 60 ENVIRONMENT "${SP_DBL_ENV_MPI};SYMPOOL_SYM_TIMEOUT=5"
+      FAIL_REGULAR_EXPRESSION "world-mixed-backend: FAIL")
+  endforeach()
+
   # More ranks than GPUs on a node: NCCL refuses the duplicate GPU; sp_world_init must fail on
   # every rank with a message instead of hanging.
   if(TARGET sp_world_init_self)

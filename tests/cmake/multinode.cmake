@@ -72,6 +72,15 @@ foreach(shape "2;2" "3;1")
   endforeach()
 endforeach()
 
+# mn-run.sh stopped by SIGTERM while its job runs ends at once and removes its namespaces,
+# files and the job's processes (the job would sleep for an hour: a script that cleans up only
+# after it ends fails by the timeout).
+add_test(NAME multinode.mn_run_sigterm
+  COMMAND ${PROJECT_SOURCE_DIR}/tests/multinode/mn-signal.sh ${SP_MN_RUN})
+set_tests_properties(multinode.mn_run_sigterm PROPERTIES LABELS multinode TIMEOUT 120
+  SKIP_RETURN_CODE 77 RESOURCE_LOCK multinode ENVIRONMENT "${SP_TEST_ENV}"
+  PASS_REGULAR_EXPRESSION "mn-signal: ok" FAIL_REGULAR_EXPRESSION "mn-signal: FAIL")
+
 # The cuda backend and its NCCL path over the nodes, under the CUDA/NCCL doubles (built with
 # -DSYMPOOL_CUDA_DOUBLE=ON; cuda_double.cmake defines the targets and the environment): the world's
 # NCCL communicator over every node (device 0 of two nodes is two GPUs, as NCCL's host hash says),

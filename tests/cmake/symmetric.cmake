@@ -131,6 +131,20 @@ foreach(call create malloc empty_cache destroy allreduce allgather reduce_scatte
     FAIL_REGULAR_EXPRESSION "sym-exit: FAIL")
 endforeach()
 
+# World creation whose deadline passes while its communicator duplicate is in flight on every
+# rank: the same SP_ERR_TIMEOUT everywhere, and the user's MPI_Finalize afterwards completes (the
+# ok line is printed after it).
+add_executable(world_dup_abandoned ${PROJECT_SOURCE_DIR}/tests/mpi/world_dup_abandoned.c)
+target_compile_options(world_dup_abandoned PRIVATE ${SP_WARN})
+target_link_libraries(world_dup_abandoned PRIVATE sympool_static MPI::MPI_C)
+add_test(NAME mpi.world_dup_abandoned.np2
+  COMMAND ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} 2 --oversubscribe
+          $<TARGET_FILE:world_dup_abandoned>)
+set_tests_properties(mpi.world_dup_abandoned.np2 PROPERTIES LABELS mpi TIMEOUT 60
+  ENVIRONMENT "${SP_TEST_ENV};SYMPOOL_SYM_TIMEOUT=1e-9"
+  PASS_REGULAR_EXPRESSION "world-dup-abandoned: ok rank 0.*world-dup-abandoned: ok rank 1|world-dup-abandoned: ok rank 1.*world-dup-abandoned: ok rank 0"
+  FAIL_REGULAR_EXPRESSION "world-dup-abandoned: FAIL")
+
 # The user finalizes MPI while a world and a symmetric pool are live: every later collective
 # call is refused with SP_ERR_INVALID_USAGE instead of entering MPI (an abort), and
 # sp_world_finalize still frees the world.

@@ -176,6 +176,9 @@ chmod 755 "$TMP/agent"
 NP=$((NODES * PPN))
 say "mpirun -np $NP over $NODES nodes"
 # The head's mpirun runs no rank: only hosts in the hostfile are used, and the head is not one.
+# The job runs in the background and the script waits for it: bash runs a trap only once the
+# foreground command has ended, so INT and TERM would wait for the whole job, whereas `wait`
+# returns at once to the trap, whose cleanup kills what runs in the namespaces.
 timeout -k 5 "${MN_TIMEOUT:-120}" ip netns exec "$HEAD" unshare --uts sh -c \
     'hostname "$1" && shift && exec "$@"' sh "$HEAD" \
     "$MPIRUN" -np "$NP" --hostfile "$TMP/hostfile" --oversubscribe \
@@ -183,7 +186,8 @@ timeout -k 5 "${MN_TIMEOUT:-120}" ip netns exec "$HEAD" unshare --uts sh -c \
     --mca orte_tmpdir_base "$TMP" \
     --mca btl tcp,self,vader --mca mpi_yield_when_idle 1 \
     --mca oob_tcp_if_include "$SUBNET.0/24" --mca btl_tcp_if_include "$SUBNET.0/24" \
-    "${MPIRUN_OPTS[@]}" "$@"
+    "${MPIRUN_OPTS[@]}" "$@" <&0 &
+wait $!
 rc=$?
 [ "$rc" = 124 ] && echo "mn-run: the job ran past MN_TIMEOUT=${MN_TIMEOUT:-120} s" >&2
 exit "$rc"
