@@ -671,7 +671,16 @@ def snapshot(device=None, include_traces=True):
                            include_traces)
 
 
-_snapshot = snapshot  # torch.cuda.memory's name
+def _snapshot(device=None, augment_with_fx_traces=False):
+    """torch.cuda.memory._snapshot, with its signature: the second argument is torch's
+    augment_with_fx_traces (newer torch), not snapshot()'s include_traces, so that
+    _snapshot(None, False) keeps the traces as torch's does. sympool records no FX traces to
+    add to the frames, so the flag changes nothing (it is checked to be a bool, as it is used
+    as one there)."""
+    if not isinstance(augment_with_fx_traces, bool):
+        raise TypeError("augment_with_fx_traces must be a bool, not "
+                        f"{type(augment_with_fx_traces).__name__}")
+    return snapshot(device)
 
 
 def memory_snapshot(mempool_id=None, include_traces=True):

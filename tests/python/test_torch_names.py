@@ -90,3 +90,18 @@ def test_default_memory_pool_like_cupy(sp):
         pool.destroy()
     with pytest.raises(ValueError):
         sp.get_default_memory_pool(sp.device_count())
+
+
+def test_snapshot_second_argument_is_torchs_augment_with_fx_traces(sp):
+    # torch.cuda.memory._snapshot(device=None, augment_with_fx_traces=False): passing False
+    # positionally keeps the traces there; it was snapshot()'s include_traces here, which
+    # dropped them.
+    assert list(inspect.signature(sp._snapshot).parameters) == ["device",
+                                                                 "augment_with_fx_traces"]
+    sp._record_memory_history("all")
+    p = sp.malloc(4096)
+    sp.free(p)
+    assert any(e["action"] == "alloc" for t in sp._snapshot(None, False)["device_traces"]
+               for e in t)
+    assert sp._snapshot(None, True)["segments"] == sp._snapshot()["segments"]
+    sp._record_memory_history(None)
