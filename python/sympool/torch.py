@@ -97,7 +97,9 @@ def _shim(torch):
         os.close(fd)
         # C++20 first: PyTorch moved c10 and cpp_extension to it (pytorch#177311, #176659), and
         # newer releases' headers stop an older standard with an #error; C++17 for a compiler
-        # without C++20, which the torch releases before that move accept.
+        # without C++20, which the torch releases before that move accept. When both fail, both
+        # errors are shown: the C++17 one alone is often just that #error, hiding why C++20 failed.
+        failures, r = [], None
         for std in ("-std=c++20", "-std=c++17"):
             cmd = [cxx, "-O2", std, "-shared", "-fPIC", "-D_GLIBCXX_USE_CXX11_ABI=%d" % abi,
                    "-I", os.path.join(tdir, "include"), src, "-o", tmp, "-L",
@@ -105,21 +107,21 @@ def _shim(torch):
             try:
                 r = subprocess.run(cmd, capture_output=True, text=True)
             except OSError as e:
+                failures.append("Command: %s\n%s" % (" ".join(cmd), e))
                 r = None
-                why = str(e)
                 break
             if r.returncode == 0:
                 break
+            failures.append("Command: %s\n%s" % (" ".join(cmd),
+                                                  (r.stderr or r.stdout).strip()[-1500:]))
         if r is None or r.returncode != 0:
-            if r is not None:
-                why = (r.stderr or r.stdout).strip()[-1500:]
             os.unlink(tmp)
             raise RuntimeError(
                 "sympool.torch.enable() needs a small C++ shim built against this torch, so that "
                 "an out-of-memory reaches you as torch.OutOfMemoryError (PyTorch's pluggable "
                 "allocator would otherwise use a NULL pointer and fault on an illegal address); "
                 "building it failed. Install a C++ compiler (or set CXX), or use "
-                "sympool.torch.mem_pool() instead. Command: %s\n%s" % (" ".join(cmd), why))
+                "sympool.torch.mem_pool() instead.\n" + "\n".join(failures))
         os.replace(tmp, out)
     shim = ctypes.CDLL(out)
     shim.sympool_shim_init.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_int]

@@ -278,3 +278,34 @@ def test_enable_refused_by_torch_leaves_it_disabled(sptorch, tmp_path, monkeypat
     with pytest.raises(RuntimeError, match="swap"):
         st.enable()
     assert not st.is_enabled()
+
+
+def test_shim_build_failure_shows_the_cxx20_error(sptorch, tmp_path, monkeypatch):
+    # When both standards fail, the C++17 retry's error is usually "#error C++20 or later
+    # compatible compiler is required" (ATen.h and torch/all.h from PyTorch 2.14 on): shown
+    # alone, it hides why the C++20 build failed. A stand-in compiler that fails differently
+    # under each standard.
+    st, fake = sptorch
+    _stand_in_torch_tree(fake, tmp_path, monkeypatch)
+    cxx = tmp_path / "fake-cxx"
+    cxx.write_text("#!/bin/sh\ncase \"$*\" in\n*-std=c++20*) echo 'the real reason: "
+                   "no such header' >&2 ;;\n*) echo '#error C++20 or later compatible compiler "
+                   "is required' >&2 ;;\nesac\nexit 1\n")
+    cxx.chmod(0o755)
+    monkeypatch.setenv("CXX", str(cxx))
+    st._shim_lib = None
+    with pytest.raises(RuntimeError) as e:
+        st._shim(fake)
+    msg = str(e.value)
+    assert "the real reason: no such header" in msg and "-std=c++20" in msg, msg
+    assert not list((tmp_path / "cache").glob("*.so")), "a failed build left a file behind"
+
+
+def test_shim_build_without_a_compiler_says_so(sptorch, tmp_path, monkeypatch):
+    st, fake = sptorch
+    _stand_in_torch_tree(fake, tmp_path, monkeypatch)
+    monkeypatch.setenv("CXX", str(tmp_path / "no-such-compiler"))
+    st._shim_lib = None
+    with pytest.raises(RuntimeError, match="no-such-compiler"):
+        st._shim(fake)
+    assert not list((tmp_path / "cache").glob("*.so"))
