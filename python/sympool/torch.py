@@ -9,13 +9,22 @@ Two modes:
   raises torch.OutOfMemoryError when sympool is out of memory; without a C++ compiler and torch's
   headers, enable() refuses with the compiler's message rather than let an OOM become an
   illegal-address fault. Under enable(), CUDA graph capture raises a RuntimeError when it begins
-  (sympool gives it no private pool), and torch.cuda.MemPool() (so mem_pool() too) raises at
-  construction: PyTorch's pluggable allocator has no createOrIncrefPool;
-  torch.cuda.set_per_process_memory_fraction sets sympool's cap.
+  (sympool gives it no private pool; `with torch.cuda.graph(g)` then leaves the thread's current
+  stream on the capture stream, as torch/cuda/graphs.py enters its stream context before
+  capture_begin and its __exit__ never runs), and torch.cuda.MemPool() (so mem_pool() too)
+  raises at construction: PyTorch's pluggable allocator has no createOrIncrefPool;
+  torch.cuda.set_per_process_memory_fraction sets sympool's cap. torch.cuda's statistics
+  (memory_stats, memory_allocated, memory_summary, memory_snapshot, reset_peak_memory_stats,
+  _record_memory_history) and get_per_process_memory_fraction raise under any pluggable
+  allocator (CUDAPluggableAllocator.cpp "does not yet support ..."): use this module's
+  memory_stats() and sympool's own functions of the same names.
 - mem_pool(**kw): one torch.cuda.MemPool whose segments come from sympool's non-caching segment
   entry points (one device allocation per PyTorch segment, given back at once when PyTorch frees
-  it: torch.cuda.empty_cache() and the pool's destruction return the memory to the device); the
-  rest of the process stays on PyTorch's allocator. An OOM there is PyTorch's own
+  it); the rest of the process stays on PyTorch's allocator. PyTorch caches inside the pool:
+  torch.cuda.empty_cache() does not free a live pool's cached segments (release_cached_blocks in
+  c10/cuda/CUDACachingAllocator.cpp frees only the default pools and pools no MemPool holds any
+  more); deleting the pool does (~MemPool empties its cache; segments with live tensors follow at
+  the next empty_cache() after those are freed). An OOM there is PyTorch's own
   torch.OutOfMemoryError (its MemPool path checks for NULL).
 memory_stats() reads the right statistics in either mode.
 
