@@ -13,7 +13,9 @@ Two modes:
   stream on the capture stream, as torch/cuda/graphs.py enters its stream context before
   capture_begin and its __exit__ never runs), and torch.cuda.MemPool() (so mem_pool() too)
   raises at construction: PyTorch's pluggable allocator has no createOrIncrefPool;
-  torch.cuda.set_per_process_memory_fraction sets sympool's cap. torch.cuda's statistics
+  torch.cuda.set_per_process_memory_fraction sets sympool's cap. Tensor.record_stream raises
+  where sympool cannot record the use (another device's stream, cudaStreamPerThread), rather
+  than leave the memory reusable under that stream's work. torch.cuda's statistics
   (memory_stats, memory_allocated, memory_summary, memory_snapshot, reset_peak_memory_stats,
   _record_memory_history) and get_per_process_memory_fraction raise under any pluggable
   allocator (CUDAPluggableAllocator.cpp "does not yet support ..."): use this module's
@@ -133,16 +135,17 @@ def _shim(torch):
                 "sympool.torch.mem_pool() instead.\n" + "\n".join(failures))
         os.replace(tmp, out)
     shim = ctypes.CDLL(out)
-    shim.sympool_shim_init.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_int]
+    shim.sympool_shim_init.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int] * 2
     shim.sympool_shim_init(_fn_addr("sp_torch_malloc_status"), _fn_addr("sp_torch_free"),
-                           _fn_addr("sp_last_error"), _oom_status())
+                           _fn_addr("sp_record_stream"), _fn_addr("sp_last_error"),
+                           _status("SP_ERR_OUT_OF_MEMORY"), _status("SP_ERR_INVALID_USAGE"))
     _shim_lib = shim
     return shim
 
 
-def _oom_status():
+def _status(name):
     # The status codes are an enum in sympool/status.h; its names are the stable part.
-    return next(i for i in range(64) if _lib.status_name(i) == "SP_ERR_OUT_OF_MEMORY")
+    return next(i for i in range(64) if _lib.status_name(i) == name)
 
 
 def _shim_addr(shim, name):
@@ -150,10 +153,10 @@ def _shim_addr(shim, name):
 
 
 def _torch_allocator(torch):
-    """torch's allocator object for enable(): the shim's alloc/free (which call the library the
-    sympool package loaded, so sympool's Python functions see the same state), record_stream,
-    empty_cache and memory fraction wired to the library, and the private-pool hooks to the
-    shim, which refuses them."""
+    """torch's allocator object for enable(): the shim's alloc, free and record_stream (which
+    call the library the sympool package loaded, so sympool's Python functions see the same
+    state; record_stream raises where sympool cannot record the use), empty_cache and memory
+    fraction wired to the library, and the private-pool hooks to the shim, which refuses them."""
     global _allocator
     if _allocator is None:
         shim = _shim(torch)
@@ -167,7 +170,7 @@ def _torch_allocator(torch):
                 f"sympool.torch.enable(): torch {torch.__version__}'s pluggable allocator has no "
                 f"{', '.join(missing)}: Tensor.record_stream and CUDA graphs could not be "
                 "handled safely (needs torch >= 2.3); use sympool.torch.mem_pool() instead")
-        alloc.set_record_stream_fn(_fn_addr("sp_torch_record_stream"))
+        alloc.set_record_stream_fn(_shim_addr(shim, "sympool_shim_record_stream"))
         alloc.set_reset_fn(_fn_addr("sp_torch_empty_cache"))
         if hasattr(alloc, "set_memory_fraction_fn"):
             alloc.set_memory_fraction_fn(_fn_addr("sp_torch_set_memory_fraction"))

@@ -249,7 +249,7 @@ def test_enable_wires_each_hook_to_its_entry_point(sptorch, tmp_path, monkeypatc
     assert alloc.hooks == {
         "alloc": addr(shim, "sympool_shim_malloc"),  # void *(size_t, int, cudaStream_t)
         "free": addr(shim, "sympool_shim_free"),  # void (void *, size_t, int, cudaStream_t)
-        "set_record_stream_fn": addr(lib, "sp_torch_record_stream"),  # void (void *, stream)
+        "set_record_stream_fn": addr(shim, "sympool_shim_record_stream"),  # (void *, stream)
         "set_reset_fn": addr(lib, "sp_torch_empty_cache"),  # void ()
         "set_memory_fraction_fn": addr(lib, "sp_torch_set_memory_fraction"),  # (double, int)
         "set_begin_allocate_to_pool": addr(shim, "sympool_shim_begin_allocate_to_pool"),
