@@ -19,7 +19,9 @@ Two modes:
   (memory_stats, memory_allocated, memory_summary, memory_snapshot, reset_peak_memory_stats,
   _record_memory_history) and get_per_process_memory_fraction raise under any pluggable
   allocator (CUDAPluggableAllocator.cpp "does not yet support ..."): use this module's
-  memory_stats() and sympool's own functions of the same names.
+  memory_stats() and sympool's own functions of the same names. So does sending a CUDA tensor
+  to another process (torch.multiprocessing: StorageSharing.cpp asks the allocator's
+  shareIpcHandle, which the pluggable allocator does not have).
 - mem_pool(**kw): one torch.cuda.MemPool whose segments come from sympool's non-caching segment
   entry points (one device allocation per PyTorch segment, given back at once when PyTorch frees
   it); the rest of the process stays on PyTorch's allocator. PyTorch caches inside the pool:
