@@ -27,12 +27,15 @@ using stream_t = CUstream_st *;
 using pool_id_t = std::pair<unsigned long long, unsigned long long>;
 using malloc_status_fn = int (*)(size_t, int, void *, void **);
 using free_fn = void (*)(void *, size_t, int, void *);
+using record_stream_fn = int (*)(void *, void *);
 using last_error_fn = const char *(*)();
 
 malloc_status_fn g_malloc;
 free_fn g_free;
+record_stream_fn g_record_stream;
 last_error_fn g_last_error;
 int g_oom_status = -1;
+int g_usage_status = -1;
 
 std::string last_error() {
     const char *e = g_last_error ? g_last_error() : nullptr;
@@ -44,12 +47,16 @@ std::string last_error() {
 extern "C" {
 
 // The library's entry points (passed from Python, so that the shim uses the very library the
-// sympool package loaded) and its SP_ERR_OUT_OF_MEMORY value.
-void sympool_shim_init(void *malloc_status, void *free, void *last_error_text, int oom_status) {
+// sympool package loaded: sp_torch_malloc_status, sp_torch_free, sp_record_stream, sp_last_error)
+// and its SP_ERR_OUT_OF_MEMORY and SP_ERR_INVALID_USAGE values.
+void sympool_shim_init(void *malloc_status, void *free, void *record_stream, void *last_error_text,
+                       int oom_status, int usage_status) {
     g_malloc = reinterpret_cast<malloc_status_fn>(malloc_status);
     g_free = reinterpret_cast<free_fn>(free);
+    g_record_stream = reinterpret_cast<record_stream_fn>(record_stream);
     g_last_error = reinterpret_cast<last_error_fn>(last_error_text);
     g_oom_status = oom_status;
+    g_usage_status = usage_status;
 }
 
 void *sympool_shim_malloc(size_t size, int device, stream_t stream) {
@@ -71,6 +78,25 @@ void *sympool_shim_malloc(size_t size, int device, stream_t stream) {
 
 void sympool_shim_free(void *ptr, size_t size, int device, stream_t stream) {
     g_free(ptr, size, device, stream);
+}
+
+// Tensor.record_stream (CUDAPluggableAllocator::recordStream hands over the storage's pointer and
+// the stream). A pointer sympool does not hold is skipped, as PyTorch's own allocator skips one it
+// did not allocate (from_blob, IPC); NULL is an empty tensor's storage. Any other refusal (a
+// stream on another device than the block's, cudaStreamPerThread, no host memory) would leave the
+// block reusable while that stream may still use it, which PyTorch's own allocator would not (its
+// insert_events, c10/cuda/CUDACachingAllocator.cpp, records each use's event on that stream's own
+// device): Tensor.record_stream raises instead of returning as if the use were recorded.
+void sympool_shim_record_stream(void *ptr, stream_t stream) {
+    if (ptr == nullptr)
+        return;
+    TORCH_CHECK(g_record_stream != nullptr, "sympool's torch shim was not initialized");
+    int s = g_record_stream(ptr, stream);
+    if (s == 0 || s == g_usage_status)
+        return;
+    TORCH_CHECK(false, "record_stream: sympool cannot keep the block at ", ptr,
+                " from being reused before the work queued on stream ", static_cast<void *>(stream),
+                " completes: ", last_error());
 }
 
 void sympool_shim_begin_allocate_to_pool(int device, pool_id_t id,

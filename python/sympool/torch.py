@@ -9,13 +9,26 @@ Two modes:
   raises torch.OutOfMemoryError when sympool is out of memory; without a C++ compiler and torch's
   headers, enable() refuses with the compiler's message rather than let an OOM become an
   illegal-address fault. Under enable(), CUDA graph capture raises a RuntimeError when it begins
-  (sympool gives it no private pool), and torch.cuda.MemPool() (so mem_pool() too) raises at
-  construction: PyTorch's pluggable allocator has no createOrIncrefPool;
-  torch.cuda.set_per_process_memory_fraction sets sympool's cap.
+  (sympool gives it no private pool; `with torch.cuda.graph(g)` then leaves the thread's current
+  stream on the capture stream, as torch/cuda/graphs.py enters its stream context before
+  capture_begin and its __exit__ never runs), and torch.cuda.MemPool() (so mem_pool() too)
+  raises at construction: PyTorch's pluggable allocator has no createOrIncrefPool;
+  torch.cuda.set_per_process_memory_fraction sets sympool's cap. Tensor.record_stream raises
+  where sympool cannot record the use (another device's stream, cudaStreamPerThread), rather
+  than leave the memory reusable under that stream's work. torch.cuda's statistics
+  (memory_stats, memory_allocated, memory_summary, memory_snapshot, reset_peak_memory_stats,
+  _record_memory_history) and get_per_process_memory_fraction raise under any pluggable
+  allocator (CUDAPluggableAllocator.cpp "does not yet support ..."): use this module's
+  memory_stats() and sympool's own functions of the same names. So does sending a CUDA tensor
+  to another process (torch.multiprocessing: StorageSharing.cpp asks the allocator's
+  shareIpcHandle, which the pluggable allocator does not have).
 - mem_pool(**kw): one torch.cuda.MemPool whose segments come from sympool's non-caching segment
   entry points (one device allocation per PyTorch segment, given back at once when PyTorch frees
-  it: torch.cuda.empty_cache() and the pool's destruction return the memory to the device); the
-  rest of the process stays on PyTorch's allocator. An OOM there is PyTorch's own
+  it); the rest of the process stays on PyTorch's allocator. PyTorch caches inside the pool:
+  torch.cuda.empty_cache() does not free a live pool's cached segments (release_cached_blocks in
+  c10/cuda/CUDACachingAllocator.cpp frees only the default pools and pools no MemPool holds any
+  more); deleting the pool does (~MemPool empties its cache; segments with live tensors follow at
+  the next empty_cache() after those are freed). An OOM there is PyTorch's own
   torch.OutOfMemoryError (its MemPool path checks for NULL).
 memory_stats() reads the right statistics in either mode.
 
@@ -97,7 +110,9 @@ def _shim(torch):
         os.close(fd)
         # C++20 first: PyTorch moved c10 and cpp_extension to it (pytorch#177311, #176659), and
         # newer releases' headers stop an older standard with an #error; C++17 for a compiler
-        # without C++20, which the torch releases before that move accept.
+        # without C++20, which the torch releases before that move accept. When both fail, both
+        # errors are shown: the C++17 one alone is often just that #error, hiding why C++20 failed.
+        failures, r = [], None
         for std in ("-std=c++20", "-std=c++17"):
             cmd = [cxx, "-O2", std, "-shared", "-fPIC", "-D_GLIBCXX_USE_CXX11_ABI=%d" % abi,
                    "-I", os.path.join(tdir, "include"), src, "-o", tmp, "-L",
@@ -105,33 +120,34 @@ def _shim(torch):
             try:
                 r = subprocess.run(cmd, capture_output=True, text=True)
             except OSError as e:
+                failures.append("Command: %s\n%s" % (" ".join(cmd), e))
                 r = None
-                why = str(e)
                 break
             if r.returncode == 0:
                 break
+            failures.append("Command: %s\n%s" % (" ".join(cmd),
+                                                  (r.stderr or r.stdout).strip()[-1500:]))
         if r is None or r.returncode != 0:
-            if r is not None:
-                why = (r.stderr or r.stdout).strip()[-1500:]
             os.unlink(tmp)
             raise RuntimeError(
                 "sympool.torch.enable() needs a small C++ shim built against this torch, so that "
                 "an out-of-memory reaches you as torch.OutOfMemoryError (PyTorch's pluggable "
                 "allocator would otherwise use a NULL pointer and fault on an illegal address); "
                 "building it failed. Install a C++ compiler (or set CXX), or use "
-                "sympool.torch.mem_pool() instead. Command: %s\n%s" % (" ".join(cmd), why))
+                "sympool.torch.mem_pool() instead.\n" + "\n".join(failures))
         os.replace(tmp, out)
     shim = ctypes.CDLL(out)
-    shim.sympool_shim_init.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_int]
+    shim.sympool_shim_init.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int] * 2
     shim.sympool_shim_init(_fn_addr("sp_torch_malloc_status"), _fn_addr("sp_torch_free"),
-                           _fn_addr("sp_last_error"), _oom_status())
+                           _fn_addr("sp_record_stream"), _fn_addr("sp_last_error"),
+                           _status("SP_ERR_OUT_OF_MEMORY"), _status("SP_ERR_INVALID_USAGE"))
     _shim_lib = shim
     return shim
 
 
-def _oom_status():
+def _status(name):
     # The status codes are an enum in sympool/status.h; its names are the stable part.
-    return next(i for i in range(64) if _lib.status_name(i) == "SP_ERR_OUT_OF_MEMORY")
+    return next(i for i in range(64) if _lib.status_name(i) == name)
 
 
 def _shim_addr(shim, name):
@@ -139,10 +155,10 @@ def _shim_addr(shim, name):
 
 
 def _torch_allocator(torch):
-    """torch's allocator object for enable(): the shim's alloc/free (which call the library the
-    sympool package loaded, so sympool's Python functions see the same state), record_stream,
-    empty_cache and memory fraction wired to the library, and the private-pool hooks to the
-    shim, which refuses them."""
+    """torch's allocator object for enable(): the shim's alloc, free and record_stream (which
+    call the library the sympool package loaded, so sympool's Python functions see the same
+    state; record_stream raises where sympool cannot record the use), empty_cache and memory
+    fraction wired to the library, and the private-pool hooks to the shim, which refuses them."""
     global _allocator
     if _allocator is None:
         shim = _shim(torch)
@@ -156,7 +172,7 @@ def _torch_allocator(torch):
                 f"sympool.torch.enable(): torch {torch.__version__}'s pluggable allocator has no "
                 f"{', '.join(missing)}: Tensor.record_stream and CUDA graphs could not be "
                 "handled safely (needs torch >= 2.3); use sympool.torch.mem_pool() instead")
-        alloc.set_record_stream_fn(_fn_addr("sp_torch_record_stream"))
+        alloc.set_record_stream_fn(_shim_addr(shim, "sympool_shim_record_stream"))
         alloc.set_reset_fn(_fn_addr("sp_torch_empty_cache"))
         if hasattr(alloc, "set_memory_fraction_fn"):
             alloc.set_memory_fraction_fn(_fn_addr("sp_torch_set_memory_fraction"))

@@ -8,6 +8,7 @@
 // points' test lift.
 #include "sp_test.hpp"
 
+#include <cstdint>
 #include <functional>
 #include <string>
 #include <utility>
@@ -16,12 +17,15 @@
 
 extern "C" {
 #include "pool/torch.h"
+#include "sympool/pool.h"
 #include "sympool/torch.h"
 
 struct CUstream_st;
-void sympool_shim_init(void *malloc_status, void *free, void *last_error_text, int oom_status);
+void sympool_shim_init(void *malloc_status, void *free, void *record_stream, void *last_error_text,
+                       int oom_status, int usage_status);
 void *sympool_shim_malloc(size_t size, int device, CUstream_st *stream);
 void sympool_shim_free(void *ptr, size_t size, int device, CUstream_st *stream);
+void sympool_shim_record_stream(void *ptr, CUstream_st *stream);
 }
 
 namespace {
@@ -41,7 +45,8 @@ class TorchShim : public sp::Test {
         sp::Test::SetUp();
         sp__torch_allow_host(true);
         sympool_shim_init((void *)&sp_torch_malloc_status, (void *)&sp_torch_free,
-                          (void *)&sp_last_error, SP_ERR_OUT_OF_MEMORY);
+                          (void *)&sp_record_stream, (void *)&sp_last_error, SP_ERR_OUT_OF_MEMORY,
+                          SP_ERR_INVALID_USAGE);
     }
     void TearDown() override {
         sp__torch_allow_host(false);
@@ -49,6 +54,8 @@ class TorchShim : public sp::Test {
     }
     std::function<alloc_fn> alloc_ = sympool_shim_malloc;
     std::function<free_fn> free_ = sympool_shim_free;
+    // CUDAPluggableAllocator's record_stream_fn_: void(void *ptr, cudaStream_t stream).
+    std::function<void(void *, CUstream_st *)> record_stream_ = sympool_shim_record_stream;
 };
 
 TEST_F(TorchShim, RoundTripAndZeroSize) {
@@ -91,6 +98,51 @@ TEST_F(TorchShim, OtherFailuresThrowPlainError) {
     }
     EXPECT_FALSE(oom) << "an unknown device is not an out-of-memory";
     EXPECT_TRUE(error);
+}
+
+// Tensor.record_stream: a use sympool records, or a pointer it does not hold (skipped, as
+// PyTorch's allocator skips what it did not allocate), returns; a use it cannot record would
+// leave the block reusable under that stream's work, and throws instead.
+TEST_F(TorchShim, RecordStreamThrowsWhereTheUseCannotBeRecorded) {
+    expect_warnings();
+    SP_SKIP_UNLESS_HOST();
+    void *p = alloc_(MiB, 0, nullptr);
+    ASSERT_NE(p, nullptr);
+    sp_stream_t s = nullptr;
+    ASSERT_EQ(sp_stream_create(0, &s), SP_SUCCESS);
+    EXPECT_NO_THROW(record_stream_(p, static_cast<CUstream_st *>(s)));
+    EXPECT_NO_THROW(record_stream_(p, nullptr)); // the allocation stream: nothing to record
+    EXPECT_NO_THROW(record_stream_(nullptr, static_cast<CUstream_st *>(s))); // empty storage
+    int foreign = 0;
+    EXPECT_NO_THROW(record_stream_(&foreign, static_cast<CUstream_st *>(s)));
+    // cudaStreamPerThread ((cudaStream_t)0x2): a different stream on every thread.
+    std::string what;
+    try {
+        record_stream_(p, reinterpret_cast<CUstream_st *>(uintptr_t{2}));
+        ADD_FAILURE() << "an unrecordable use returned as if recorded";
+    } catch (const c10::Error &e) {
+        what = e.what();
+    }
+    EXPECT_NE(what.find("cannot keep the block"), std::string::npos) << what;
+    EXPECT_NE(what.find("cudaStreamPerThread"), std::string::npos) << "sympool's reason: " << what;
+    free_(p, MiB, 0, nullptr);
+    EXPECT_EQ(sp_stream_destroy(s), SP_SUCCESS);
+}
+
+// A tensor of device 0 read by a stream of device 1 (a peer copy): PyTorch's own allocator records
+// an event on that stream; sympool refuses a stream of another device, so the shim throws.
+TEST_F(TorchShim, RecordStreamOfAnotherDeviceThrows) {
+    expect_warnings();
+    sp::ScopedEnv env({{"SYMPOOL_HOST_DEVICES", "2"}});
+    SP_SKIP_UNLESS_HOST();
+    ASSERT_EQ(sp_device_count(), 2);
+    void *p = alloc_(MiB, 0, nullptr);
+    ASSERT_NE(p, nullptr);
+    sp_stream_t s1 = nullptr;
+    ASSERT_EQ(sp_stream_create(1, &s1), SP_SUCCESS);
+    EXPECT_THROW(record_stream_(p, static_cast<CUstream_st *>(s1)), c10::Error);
+    free_(p, MiB, 0, nullptr);
+    EXPECT_EQ(sp_stream_destroy(s1), SP_SUCCESS);
 }
 
 TEST_F(TorchShim, BeginningAPrivatePoolThrows) {
