@@ -104,6 +104,8 @@ plan_gpu() {
     # The first enable() builds sympool.torch's C++ shim against torch (cached afterwards).
     plan train_pluggable 35 "python3 bench/gpu/train_check.py pluggable --out \"\$WORK/train_pluggable.json\""
     plan train_mempool 25 "python3 bench/gpu/train_check.py mempool --out \"\$WORK/train_mempool.json\""
+    # sympool.torch's checks only real torch on a GPU decides (the shim is built by now).
+    plan torch_check 15 "python3 tests/torch_shim/gpu_torch_check.py"
     local t n first=
     for t in $(traces); do
         n=$(tname "$t")
