@@ -138,10 +138,12 @@ def _set_memory_metadata(metadata, device=0):
     metadata as its "user_metadata" ("" for none)."""
     if not isinstance(metadata, str):
         raise TypeError(f"metadata must be a str, not {type(metadata).__name__}")
-    if "\0" in metadata:
-        raise bad_value("metadata contains a NUL character")
-    check(lib().sp_history_set_user_metadata(_lib.as_device(device),
-                                             metadata.encode(errors="surrogatepass")))
+    # torch takes any str, NULs included (pybind11 passes its std::string whole, and its pickle
+    # keeps them). The library's text is a C string: U+0000 goes in as 0xC0 0x80, the form
+    # history.h says a snapshot shows as U+0000 (0xC0 is never a byte of UTF-8, so the pair
+    # stands for nothing else).
+    text = metadata.encode(errors="surrogatepass").replace(b"\0", b"\xc0\x80")
+    check(lib().sp_history_set_user_metadata(_lib.as_device(device), text))
 
 
 def _get_memory_metadata(device=0):
@@ -154,6 +156,6 @@ def _get_memory_metadata(device=0):
         buf = ctypes.create_string_buffer(size)
         check(lib().sp_history_get_user_metadata(d, buf, size, ctypes.byref(n)))
         if n.value < size:
-            return buf.value.decode(errors="surrogatepass")
+            return buf.raw[:n.value].replace(b"\xc0\x80", b"\0").decode(errors="surrogatepass")
         size = n.value + 1
 

@@ -138,3 +138,22 @@ def test_frames_from_another_python_thread(sp):
     ev = [e for e in sp.snapshot()["device_traces"][0] if e.get("size") == 15000]
     assert ev[-1]["frames"][0]["name"] == "worker_alloc"
     sp.free(out[0])
+
+
+def test_memory_metadata_keeps_nul_and_odd_characters(sp, tmp_path):
+    # torch.cuda.memory._set_memory_metadata takes any str (pybind11 hands its std::string over
+    # whole, NULs included) and its pickle and _get_memory_metadata give it back unchanged.
+    text = 'a\0b "q" \\ \udcff end\0'
+    try:
+        sp._set_memory_metadata(text)
+        assert sp._get_memory_metadata() == text
+        sp._record_memory_history("all", context=None)
+        sp.free(sp.malloc(1000))
+        trace = sp._snapshot()["device_traces"][0]
+        assert trace and all(e["user_metadata"] == text for e in trace), trace
+        sp.dump_snapshot(str(tmp_path / "m.json"))
+        with open(tmp_path / "m.json", encoding="utf-8", errors="surrogatepass") as f:
+            trace = json.load(f)["device_traces"][0]
+        assert any(e["user_metadata"] == text for e in trace), trace
+    finally:
+        sp._set_memory_metadata("")
