@@ -157,3 +157,18 @@ def test_memory_metadata_keeps_nul_and_odd_characters(sp, tmp_path):
         assert any(e["user_metadata"] == text for e in trace), trace
     finally:
         sp._set_memory_metadata("")
+
+
+def test_c_stacks_start_at_the_caller(sp):
+    # sympool's own frames before the caller's are dropped (pool/history.c): with the library a
+    # shared object, also when its entry point left no frame (sp_free and sp_malloc end in a
+    # tail call to a helper, which showed as the first C frame of every alloc and free).
+    sp.record_memory_history(stacks="all")
+    p = _alloc_here(sp, 13001)
+    sp.free(p)
+    ev = [e for e in sp.snapshot()["device_traces"][0] if e.get("size") == 13001]
+    assert {e["action"] for e in ev} >= {"alloc", "free_requested", "free_completed"}, ev
+    for e in ev:
+        c = [f for f in e["frames"] if f["line"] == 0]  # the C frames, after the Python ones
+        assert c, e
+        assert "libsympool" not in c[0]["filename"], (e["action"], c[:3])
