@@ -172,3 +172,18 @@ def test_c_stacks_start_at_the_caller(sp):
         c = [f for f in e["frames"] if f["line"] == 0]  # the C frames, after the Python ones
         assert c, e
         assert "libsympool" not in c[0]["filename"], (e["action"], c[:3])
+
+
+@pytest.mark.parametrize("name", ["a%%b", "a%pb", "a%rb", "a%hb", "a%"])
+def test_snapshot_with_a_percent_in_the_temporary_directory(sp, tmp_path, monkeypatch, name):
+    # _snapshot() writes through a folder in the temporary directory; a '%' there is part of its
+    # name, not a pattern for the library to expand (it wrote to "a%b" or "a<pid>b" instead).
+    import tempfile
+    d = tmp_path / name
+    d.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(d))
+    p = sp.malloc(4096)
+    try:
+        assert any(s["total_size"] > 0 for s in sp._snapshot()["segments"])
+    finally:
+        sp.free(p)
