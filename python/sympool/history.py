@@ -124,13 +124,40 @@ def record_memory_history(enabled="all", context="all", stacks="python", max_ent
         _install(False)
 
 
-def _record_memory_history(enabled="all", context="all", stacks="all", max_entries=sys.maxsize,
-                           device=None, clear_history=False, compile_context=False,
-                           global_record_annotations=False, skip_actions=None):
-    """torch.cuda.memory._record_memory_history's name, positional order and defaults (stacks
+def _record_memory_history(enabled="all", *args, **kwargs):
+    """torch.cuda.memory._record_memory_history: as torch does, a bool `enabled` takes the legacy
+    arguments (_record_memory_history_legacy), anything else the current ones."""
+    if isinstance(enabled, bool):
+        return _record_memory_history_legacy(enabled, *args, **kwargs)
+    return _record_memory_history_impl(enabled, *args, **kwargs)
+
+
+def _record_memory_history_impl(enabled="all", context="all", stacks="all",
+                                max_entries=sys.maxsize, device=None, clear_history=False,
+                                compile_context=False, global_record_annotations=False,
+                                skip_actions=None):
+    """torch.cuda.memory._record_memory_history_impl's positional order and defaults (stacks
     "all"). compile_context and global_record_annotations are accepted and have no effect."""
     record_memory_history(enabled, context, stacks, max_entries, device, clear_history,
                           skip_actions)
+
+
+def _record_memory_history_legacy(enabled, record_context=True, trace_alloc_max_entries=1,
+                                  trace_alloc_record_context=False, device=None,
+                                  record_context_cpp=False, clear_history=False,
+                                  compile_context=False, global_record_annotations=False,
+                                  skip_actions=None):
+    """torch.cuda.memory._record_memory_history_legacy (torch/csrc/cuda/memory_snapshot.cpp):
+    on, it keeps trace_alloc_max_entries trace entries (1 by default, so _record_memory_history(
+    True) is "state"), stacks on live blocks when record_context, also on trace entries when
+    trace_alloc_record_context, C frames when record_context_cpp. It was taken as "all" with
+    every trace entry, stacks on frees and C frames."""
+    if not enabled:
+        record_memory_history(None, device=device, clear_history=clear_history)
+        return
+    context = "alloc" if trace_alloc_record_context else "state" if record_context else None
+    record_memory_history("all", context, "all" if record_context_cpp else "python",
+                          trace_alloc_max_entries, device, clear_history, skip_actions)
 
 
 def _set_memory_metadata(metadata, device=0):

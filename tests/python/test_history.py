@@ -187,3 +187,32 @@ def test_snapshot_with_a_percent_in_the_temporary_directory(sp, tmp_path, monkey
         assert any(s["total_size"] > 0 for s in sp._snapshot()["segments"])
     finally:
         sp.free(p)
+
+
+def test_record_memory_history_legacy_bool_form(sp):
+    # torch.cuda.memory._record_memory_history(True, ...) is _record_memory_history_legacy
+    # (record_context=True, trace_alloc_max_entries=1, trace_alloc_record_context=False, device,
+    # record_context_cpp=False, ...): one trace entry, stacks on live blocks only, no C frames.
+    # It was taken as "all": every entry kept, stacks on them, and a positional second argument
+    # was refused as a context.
+    try:
+        sp._record_memory_history(True)
+        ps = [_alloc_here(sp, 5000 + i) for i in range(3)]
+        snap = sp._snapshot()
+        trace = snap["device_traces"][0]
+        assert len(trace) == 1 and "frames" not in trace[0], trace
+        live = [b for s in snap["segments"] for b in s["blocks"] if b["state"] == "active_allocated"]
+        assert live and all(b["frames"] and b["frames"][0]["name"] == "_alloc_here" for b in live)
+        for p in ps:
+            sp.free(p)
+        sp._record_memory_history(True, True, 100, True)  # positional, as torch takes them
+        sp.free(_alloc_here(sp, 7001))
+        ev = [e for e in sp._snapshot()["device_traces"][0] if e["size"] == 7001]
+        assert {e["action"] for e in ev} >= {"alloc", "free_requested", "free_completed"}, ev
+        alloc = [e for e in ev if e["action"] == "alloc"][0]
+        assert alloc["frames"][0]["name"] == "_alloc_here"
+        assert all(f["line"] > 0 for f in alloc["frames"]), alloc  # Python frames only
+        sp._record_memory_history(False)
+        assert sp._snapshot()["device_traces"][0] == []
+    finally:
+        sp._record_memory_history(None)
