@@ -695,7 +695,7 @@ def memory_snapshot(mempool_id=None, include_traces=True):
 
 def dump_snapshot(path="dump_snapshot.pickle"):
     """Write the snapshot: ".json" -> JSON, else a pickle PyTorch's memory viewer opens. %r, %p
-    and %h in path become the rank, the pid and the host name."""
+    and %h in path become the rank, the pid and the host name, %% one '%'."""
     check(lib().sp_dump_snapshot(_path_bytes(path)))
 
 
