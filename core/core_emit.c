@@ -847,11 +847,28 @@ void sp__emit_int_text(sp__emit_t *e, const char *s, size_t n) {
 void sp__emit_double(sp__emit_t *e, double v) {
     before_value(e);
     if (e->json) {
+        /* As json.dumps writes a float (float.__repr__): the shortest digits that read back
+         * as v, and always a float's form ("0.0", not "0", which json.load reads as the int 0:
+         * a snapshot's garbage_collection_threshold of 0.0 came back an int). */
         char b[40];
-        if (!isfinite(v))
+        if (!isfinite(v)) {
             snprintf(b, sizeof(b), "null");
-        else
-            snprintf(b, sizeof(b), "%.17g", v);
+        } else {
+            int prec = 0; /* digits after the first */
+            while (prec < 16) {
+                snprintf(b, sizeof(b), "%.*e", prec, v);
+                if (strtod(b, NULL) == v)
+                    break;
+                prec++;
+            }
+            snprintf(b, sizeof(b), "%.*e", prec, v);
+            int exp10 = atoi(strchr(b, 'e') + 1);
+            if (exp10 >= -4 && exp10 < 16) { /* repr's fixed-point range */
+                snprintf(b, sizeof(b), "%.*f", prec > exp10 ? prec - exp10 : 0, v);
+                if (strchr(b, '.') == NULL)
+                    strcat(b, ".0");
+            }
+        }
         puts_(e, b);
         return;
     }

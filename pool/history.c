@@ -23,6 +23,7 @@
  */
 #include <dlfcn.h>
 #include <execinfo.h>
+#include <link.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -233,6 +234,26 @@ static char *dup_or(const char *s, const char *fallback) {
 /* How a C frame relates to sympool itself, to drop the allocator's own frames from a stack. */
 typedef enum { FRAME_USER, FRAME_OURS, FRAME_OURS_ENTRY } frame_kind_t;
 
+/* Whether sympool is a shared object of its own (libsympool.so) rather than linked into the
+ * program: then every frame in its object is sympool's own, named or not. (In the program, an
+ * unnamed frame of that object may be the caller's static function.) */
+static bool g_self_shared;
+static pthread_once_t g_self_once = PTHREAD_ONCE_INIT;
+
+static int first_object(struct dl_phdr_info *info, size_t size, void *arg) {
+    (void)size;
+    *(const void **)arg = info->dlpi_phdr;
+    return 1; /* dl_iterate_phdr(3): the first object visited is the main program */
+}
+
+static void self_shared_init(void) {
+    Dl_info self, prog;
+    const void *phdr = NULL;
+    (void)dl_iterate_phdr(first_object, &phdr);
+    g_self_shared = phdr != NULL && dladdr((void *)(uintptr_t)&sp__history_capture, &self) &&
+                    dladdr(phdr, &prog) && prog.dli_fbase != self.dli_fbase;
+}
+
 /* Symbolize the C frames: dladdr gives the nearest exported symbol and the object file. Source
  * file and line would need DWARF (addr2line); we keep it cheap and report the object path with
  * line 0 and "symbol+0xoff" so a person can run addr2line on it. *kind_p says whether the frame
@@ -288,6 +309,11 @@ static bool ctx_build(context_t *c, void *const *pcs, size_t npcs, const sp_hist
      * stay whole, so interning is unaffected. */
     size_t drop = 0;
     bool leading = true;
+    /* An entry point that ends in a tail call (sp_free jumps to its helper) leaves no frame of
+     * its own: in a shared sympool, its unnamed helpers are dropped all the same (they showed
+     * as the first C frame, "0x18363" in libsympool.so, of every alloc and free). */
+    if (npcs > 0)
+        (void)pthread_once(&g_self_once, self_shared_init);
     for (size_t i = 0; i < npcs; i++) {
         frame_kind_t kind;
         bool ok = symbolize(&c->frames[c->nframes], pcs[i], &kind);
@@ -296,7 +322,7 @@ static bool ctx_build(context_t *c, void *const *pcs, size_t npcs, const sp_hist
             goto fail;
         if (leading && kind == FRAME_USER)
             leading = false;
-        if (leading && kind == FRAME_OURS_ENTRY)
+        if (leading && (kind == FRAME_OURS_ENTRY || (kind == FRAME_OURS && g_self_shared)))
             drop = i + 1;
     }
     if (drop > 0 && drop < npcs) {

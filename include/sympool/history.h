@@ -62,7 +62,8 @@ sp_status_t sp_record_memory_history(const sp_history_params_t *params);
 /**
  * Write the whole process's snapshot: a path ending in ".json" gets JSON, any other pickle
  * protocol 4 using only the opcodes MemoryViz.js reads. "%r", "%p" and "%h" in the path become the
- * rank (from the MPI launcher's environment, 0 without one), the pid and the host name. The file
+ * rank (from the MPI launcher's environment, 0 without one), the pid and the host name, and "%%"
+ * one "%" (so a name with a literal "%p" is written "%%p"); any other "%" stays. The file
  * is written to a temporary next to it, synced and renamed, so readers never see half a file; a
  * new file gets the permissions the umask leaves of 0666, a replaced one keeps its own.
  * An existing target must be a regular file, or a symbolic link to one (the file it names is

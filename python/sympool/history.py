@@ -124,13 +124,40 @@ def record_memory_history(enabled="all", context="all", stacks="python", max_ent
         _install(False)
 
 
-def _record_memory_history(enabled="all", context="all", stacks="all", max_entries=sys.maxsize,
-                           device=None, clear_history=False, compile_context=False,
-                           global_record_annotations=False, skip_actions=None):
-    """torch.cuda.memory._record_memory_history's name, positional order and defaults (stacks
+def _record_memory_history(enabled="all", *args, **kwargs):
+    """torch.cuda.memory._record_memory_history: as torch does, a bool `enabled` takes the legacy
+    arguments (_record_memory_history_legacy), anything else the current ones."""
+    if isinstance(enabled, bool):
+        return _record_memory_history_legacy(enabled, *args, **kwargs)
+    return _record_memory_history_impl(enabled, *args, **kwargs)
+
+
+def _record_memory_history_impl(enabled="all", context="all", stacks="all",
+                                max_entries=sys.maxsize, device=None, clear_history=False,
+                                compile_context=False, global_record_annotations=False,
+                                skip_actions=None):
+    """torch.cuda.memory._record_memory_history_impl's positional order and defaults (stacks
     "all"). compile_context and global_record_annotations are accepted and have no effect."""
     record_memory_history(enabled, context, stacks, max_entries, device, clear_history,
                           skip_actions)
+
+
+def _record_memory_history_legacy(enabled, record_context=True, trace_alloc_max_entries=1,
+                                  trace_alloc_record_context=False, device=None,
+                                  record_context_cpp=False, clear_history=False,
+                                  compile_context=False, global_record_annotations=False,
+                                  skip_actions=None):
+    """torch.cuda.memory._record_memory_history_legacy (torch/csrc/cuda/memory_snapshot.cpp):
+    on, it keeps trace_alloc_max_entries trace entries (1 by default, so _record_memory_history(
+    True) is "state"), stacks on live blocks when record_context, also on trace entries when
+    trace_alloc_record_context, C frames when record_context_cpp. It was taken as "all" with
+    every trace entry, stacks on frees and C frames."""
+    if not enabled:
+        record_memory_history(None, device=device, clear_history=clear_history)
+        return
+    context = "alloc" if trace_alloc_record_context else "state" if record_context else None
+    record_memory_history("all", context, "all" if record_context_cpp else "python",
+                          trace_alloc_max_entries, device, clear_history, skip_actions)
 
 
 def _set_memory_metadata(metadata, device=0):
@@ -138,10 +165,12 @@ def _set_memory_metadata(metadata, device=0):
     metadata as its "user_metadata" ("" for none)."""
     if not isinstance(metadata, str):
         raise TypeError(f"metadata must be a str, not {type(metadata).__name__}")
-    if "\0" in metadata:
-        raise bad_value("metadata contains a NUL character")
-    check(lib().sp_history_set_user_metadata(_lib.as_device(device),
-                                             metadata.encode(errors="surrogatepass")))
+    # torch takes any str, NULs included (pybind11 passes its std::string whole, and its pickle
+    # keeps them). The library's text is a C string: U+0000 goes in as 0xC0 0x80, the form
+    # history.h says a snapshot shows as U+0000 (0xC0 is never a byte of UTF-8, so the pair
+    # stands for nothing else).
+    text = metadata.encode(errors="surrogatepass").replace(b"\0", b"\xc0\x80")
+    check(lib().sp_history_set_user_metadata(_lib.as_device(device), text))
 
 
 def _get_memory_metadata(device=0):
@@ -154,6 +183,6 @@ def _get_memory_metadata(device=0):
         buf = ctypes.create_string_buffer(size)
         check(lib().sp_history_get_user_metadata(d, buf, size, ctypes.byref(n)))
         if n.value < size:
-            return buf.value.decode(errors="surrogatepass")
+            return buf.raw[:n.value].replace(b"\xc0\x80", b"\0").decode(errors="surrogatepass")
         size = n.value + 1
 

@@ -648,7 +648,9 @@ def _snapshot_via(dump):
     folder = tempfile.mkdtemp(prefix="sympool-snapshot-")
     try:
         path = os.path.join(folder, "snapshot.pickle")
-        check(dump(os.fsencode(path)))
+        # The library expands %r, %p, %h and %% in a path (history.h): the folder is the
+        # temporary directory's, which may hold a '%' of its own, so every '%' is written %%.
+        check(dump(os.fsencode(path).replace(b"%", b"%%")))
         with open(path, "rb") as f:
             return pickle.load(f)
     finally:
@@ -702,7 +704,7 @@ def memory_snapshot(mempool_id=None, include_traces=True):
 
 def dump_snapshot(path="dump_snapshot.pickle"):
     """Write the snapshot: ".json" -> JSON, else a pickle PyTorch's memory viewer opens. %r, %p
-    and %h in path become the rank, the pid and the host name."""
+    and %h in path become the rank, the pid and the host name, %% one '%'."""
     check(lib().sp_dump_snapshot(_path_bytes(path)))
 
 

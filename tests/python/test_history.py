@@ -138,3 +138,81 @@ def test_frames_from_another_python_thread(sp):
     ev = [e for e in sp.snapshot()["device_traces"][0] if e.get("size") == 15000]
     assert ev[-1]["frames"][0]["name"] == "worker_alloc"
     sp.free(out[0])
+
+
+def test_memory_metadata_keeps_nul_and_odd_characters(sp, tmp_path):
+    # torch.cuda.memory._set_memory_metadata takes any str (pybind11 hands its std::string over
+    # whole, NULs included) and its pickle and _get_memory_metadata give it back unchanged.
+    text = 'a\0b "q" \\ \udcff end\0'
+    try:
+        sp._set_memory_metadata(text)
+        assert sp._get_memory_metadata() == text
+        sp._record_memory_history("all", context=None)
+        sp.free(sp.malloc(1000))
+        trace = sp._snapshot()["device_traces"][0]
+        assert trace and all(e["user_metadata"] == text for e in trace), trace
+        sp.dump_snapshot(str(tmp_path / "m.json"))
+        with open(tmp_path / "m.json", encoding="utf-8", errors="surrogatepass") as f:
+            trace = json.load(f)["device_traces"][0]
+        assert any(e["user_metadata"] == text for e in trace), trace
+    finally:
+        sp._set_memory_metadata("")
+
+
+def test_c_stacks_start_at_the_caller(sp):
+    # sympool's own frames before the caller's are dropped (pool/history.c): with the library a
+    # shared object, also when its entry point left no frame (sp_free and sp_malloc end in a
+    # tail call to a helper, which showed as the first C frame of every alloc and free).
+    sp.record_memory_history(stacks="all")
+    p = _alloc_here(sp, 13001)
+    sp.free(p)
+    ev = [e for e in sp.snapshot()["device_traces"][0] if e.get("size") == 13001]
+    assert {e["action"] for e in ev} >= {"alloc", "free_requested", "free_completed"}, ev
+    for e in ev:
+        c = [f for f in e["frames"] if f["line"] == 0]  # the C frames, after the Python ones
+        assert c, e
+        assert "libsympool" not in c[0]["filename"], (e["action"], c[:3])
+
+
+@pytest.mark.parametrize("name", ["a%%b", "a%pb", "a%rb", "a%hb", "a%"])
+def test_snapshot_with_a_percent_in_the_temporary_directory(sp, tmp_path, monkeypatch, name):
+    # _snapshot() writes through a folder in the temporary directory; a '%' there is part of its
+    # name, not a pattern for the library to expand (it wrote to "a%b" or "a<pid>b" instead).
+    import tempfile
+    d = tmp_path / name
+    d.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(d))
+    p = sp.malloc(4096)
+    try:
+        assert any(s["total_size"] > 0 for s in sp._snapshot()["segments"])
+    finally:
+        sp.free(p)
+
+
+def test_record_memory_history_legacy_bool_form(sp):
+    # torch.cuda.memory._record_memory_history(True, ...) is _record_memory_history_legacy
+    # (record_context=True, trace_alloc_max_entries=1, trace_alloc_record_context=False, device,
+    # record_context_cpp=False, ...): one trace entry, stacks on live blocks only, no C frames.
+    # It was taken as "all": every entry kept, stacks on them, and a positional second argument
+    # was refused as a context.
+    try:
+        sp._record_memory_history(True)
+        ps = [_alloc_here(sp, 5000 + i) for i in range(3)]
+        snap = sp._snapshot()
+        trace = snap["device_traces"][0]
+        assert len(trace) == 1 and "frames" not in trace[0], trace
+        live = [b for s in snap["segments"] for b in s["blocks"] if b["state"] == "active_allocated"]
+        assert live and all(b["frames"] and b["frames"][0]["name"] == "_alloc_here" for b in live)
+        for p in ps:
+            sp.free(p)
+        sp._record_memory_history(True, True, 100, True)  # positional, as torch takes them
+        sp.free(_alloc_here(sp, 7001))
+        ev = [e for e in sp._snapshot()["device_traces"][0] if e["size"] == 7001]
+        assert {e["action"] for e in ev} >= {"alloc", "free_requested", "free_completed"}, ev
+        alloc = [e for e in ev if e["action"] == "alloc"][0]
+        assert alloc["frames"][0]["name"] == "_alloc_here"
+        assert all(f["line"] > 0 for f in alloc["frames"]), alloc  # Python frames only
+        sp._record_memory_history(False)
+        assert sp._snapshot()["device_traces"][0] == []
+    finally:
+        sp._record_memory_history(None)

@@ -34,7 +34,12 @@ def test_mempool_third_positional_is_no_split(sp):
 
 
 def test_record_memory_history_torch_signature(sp, tmp_path):
+    # torch's own: (enabled="all", *args, **kwargs), a bool enabled taking the legacy form;
+    # _record_memory_history_impl has the named parameters.
     params = list(inspect.signature(sp._record_memory_history).parameters)
+    assert params == ["enabled", "args", "kwargs"]
+    from sympool.history import _record_memory_history_impl
+    params = list(inspect.signature(_record_memory_history_impl).parameters)
     assert params[:6] == ["enabled", "context", "stacks", "max_entries", "device",
                           "clear_history"]
     sp._record_memory_history("all", "all", "python", 1000, None, False)

@@ -357,6 +357,31 @@ TEST(PickleWrite, JsonForm) {
               "\"t\":[0,7],\"empty\":{}}\n");
 }
 
+// A float in JSON is written as json.dumps writes it (Python's float repr): the shortest digits
+// that read back as the value, always in a float's form. "%.17g" wrote 0.0 as "0", which
+// json.load (and sp_x_json_to_pickle) read as the int 0, and 0.8 as 0.80000000000000004.
+TEST(JsonWrite, FloatsReadBackAsTheSameFloat) {
+    const double vals[] = {0.0, -0.0, 0.8, 100.0, 1e15, 1e16, 1e-4, 1e-5, 1.0 / 3, 2.5e-300, 1e22};
+    sp__emit_t e;
+    sp__emit_init(&e, true);
+    sp__emit_list_begin(&e);
+    for (double v : vals)
+        sp__emit_double(&e, v);
+    sp__emit_list_end(&e);
+    std::string text = as_string(finish(&e));
+    EXPECT_EQ(text, "[0.0,-0.0,0.8,100.0,1000000000000000.0,1e+16,0.0001,1e-05,"
+                    "0.3333333333333333,2.5e-300,1e+22]\n");
+    // Each reads back as a float (a '.' or an exponent) equal to what was written.
+    size_t i = 0;
+    for (const char *p = text.c_str() + 1; i < sizeof vals / sizeof vals[0]; i++) {
+        size_t n = strcspn(p, ",]");
+        std::string num(p, n);
+        EXPECT_NE(num.find_first_of(".e"), std::string::npos) << num;
+        EXPECT_EQ(strtod(num.c_str(), nullptr), vals[i]) << num;
+        p += n + 1;
+    }
+}
+
 // A Python str in the emitter's C-string form (0xC0 0x80 for U+0000, a surrogate's 3 bytes for a
 // lone surrogate) is written as that str: pickle as CPython's pickler writes it (a 0 byte, the
 // 'surrogatepass' bytes, the length counting them), JSON as json.dumps escapes it. Both were '?'.
