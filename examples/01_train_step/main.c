@@ -3,9 +3,10 @@
  *
  *   mpirun -np 4 build/examples/01_train_step [--steps N] [--scale S] [--fp32] [--out DIR]
  *
- * Every rank holds a replica of a GPT-style transformer shaped like the 2.7B model of the traces
- * in shared/traces (d_model 2560, 32 layers, vocabulary 50257, context 128), with d_model divided
- * by --scale (default 16) so that four ranks fit a small machine and finish in seconds.
+ * Every rank holds a replica of a GPT-style transformer shaped like the 2.7B model of the trace
+ * tests/data/cs336-2.7b-ctx128-forward-bf16.pickle (d_model 2560, 32 layers, vocabulary 50257,
+ * context 128), with d_model divided by --scale (default 16) so that four ranks fit a small
+ * machine and finish in seconds.
  *  - Gradients live in buckets (as PyTorch DDP groups them, in reverse layer order) allocated
  *    once from a symmetric pool: every rank gets its buckets at the same offsets.
  *  - Each step "runs" forward (activations from the default caching allocator, a MemPool with

@@ -21,6 +21,10 @@ if PKG_DIR not in sys.path:
 os.environ["PYTHONPATH"] = os.pathsep.join(
     [PKG_DIR] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p])
 os.environ.setdefault("SYMPOOL_DEVICE", "host")
+# The package takes a relative SYMPOOL_LIBRARY from the folder Python starts in, and some tests
+# start Python elsewhere: the by-hand command above (build/libsympool.so) failed there.
+if os.environ.get("SYMPOOL_LIBRARY") and not os.path.isabs(os.environ["SYMPOOL_LIBRARY"]):
+    os.environ["SYMPOOL_LIBRARY"] = os.path.abspath(os.environ["SYMPOOL_LIBRARY"])
 
 _passed = [0]
 
