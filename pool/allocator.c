@@ -307,8 +307,10 @@ static inline bool should_split(const sp_bpool_t *bp, const sp_block_t *b, size_
         return false;
     size_t remaining = b->size - size;
     /* With expandable segments PyTorch splits large blocks down to 512 bytes too: the rest of
-     * a page can always be unmapped, so slack is not kept in the block. */
-    if (bp->is_small || sp__exp_pool(bp->pool))
+     * a page can always be unmapped, so slack is not kept in the block. PyTorch's should_split
+     * asks the option (CUDAAllocatorConfig::expandable_segments()), not the block's segment, so
+     * the rule holds in the pools that keep fixed segments too (a pluggable allocator's). */
+    if (bp->is_small || sp__g.exp_on)
         return remaining >= SP_MIN_BLOCK_SIZE;
     return size < sp__g.conf.max_split_size && remaining > SP_SMALL_SIZE;
 }

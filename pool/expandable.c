@@ -323,14 +323,20 @@ static bool recycle_stream(recycler_t *r, sp_bpool_t *bp, sp_stream_t s) {
             return true;
         /* cuMemUnmap does not wait for the GPU: the work queued on the blocks' stream must be
          * done. The growing stream is alive (it is in use); another stream may have been
-         * destroyed since its blocks were freed, so those wait for the whole device, once. */
+         * destroyed since its blocks were freed, so those wait for the whole device, once.
+         * When the wait fails (an error, or the cuda backend's refusal while a graph capture is
+         * under way) nothing is unmapped, as in sp__exp_release: the GPU may still use the
+         * pages. */
+        sp_status_t st = SP_SUCCESS;
         if (s == r->stream && !r->synced_own && !r->synced_all) {
-            (void)sp__g.ops->stream_sync(r->d->device, s);
-            r->synced_own = true;
+            st = sp__g.ops->stream_sync(r->d->device, s);
+            r->synced_own = st == SP_SUCCESS;
         } else if (s != r->stream && !r->synced_all) {
-            (void)sp__g.ops->device_sync(r->d->device);
-            r->synced_all = true;
+            st = sp__g.ops->device_sync(r->d->device);
+            r->synced_all = st == SP_SUCCESS;
         }
+        if (st != SP_SUCCESS)
+            return false;
         size_t round = 0;
         for (int k = 0; k < n; k++)
             round += unmap_block(r->d, cand[k], 0);

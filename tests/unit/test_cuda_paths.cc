@@ -274,3 +274,55 @@ TEST_F(CudaPaths, TorchSegmentsAreExactAndGivenBackAtOnce) {
 }
 
 } // namespace
+
+// SYMPOOL_EXPANDABLE_RECYCLE (ours) unmaps another stream's free pages before a growth, after
+// synchronizing the device. While a blocking stream captures a graph (global mode) that
+// synchronize is prohibited and invalidates the capture, and PyTorch never waits there (it
+// unmaps only in release_cached_blocks, which malloc skips while captures_underway is not
+// empty): a growth on a stream that is not capturing maps new pages and leaves the capture and
+// the other stream's pages alone.
+TEST_F(CudaPaths, RecycleLeavesAGraphCaptureAlone) {
+    sp::ScopedEnv env({{"SYMPOOL_ALLOC_CONF", "expandable_segments:True"}});
+    sp_stream_t s1 = nullptr, s2 = nullptr;
+    ASSERT_SP_OK(sp_stream_create(0, &s1));
+    ASSERT_SP_OK(sp_stream_create(0, &s2));
+    void *a = nullptr, *b = nullptr;
+    ASSERT_SP_OK(sp_malloc(4 * MiB, 0, s1, &a));
+    ASSERT_SP_OK(sp_free(a)); // s1's pages, free and mapped
+    int64_t frees = stat("num_device_free");
+    {
+        GlobalCapture capture;
+        ASSERT_TRUE(capture.began());
+        sp_status_t s = sp_malloc(4 * MiB, 0, s2, &b);
+        EXPECT_EQ(stat("num_device_free"), frees) << "s1's pages were unmapped during a capture";
+        EXPECT_TRUE(capture.end()) << "the growth broke the capture";
+        if (s == SP_SUCCESS)
+            EXPECT_SP_OK(sp_free(b));
+    }
+    ASSERT_SP_OK(sp_empty_cache());
+    EXPECT_EQ(stat("reserved_bytes.all.current"), 0);
+    ASSERT_SP_OK(sp_stream_destroy(s1));
+    ASSERT_SP_OK(sp_stream_destroy(s2));
+}
+
+// The same when the synchronize fails outright: RECYCLE unmaps nothing after a failed wait
+// (cuMemUnmap does not wait for the GPU), and the growth maps new pages instead.
+TEST_F(CudaPaths, RecycleUnmapsNothingAfterAFailedDeviceSynchronize) {
+    expect_warnings();
+    sp::ScopedEnv env({{"SYMPOOL_ALLOC_CONF", "expandable_segments:True"}});
+    sp_stream_t s1 = nullptr, s2 = nullptr;
+    ASSERT_SP_OK(sp_stream_create(0, &s1));
+    ASSERT_SP_OK(sp_stream_create(0, &s2));
+    void *a = nullptr, *b = nullptr;
+    ASSERT_SP_OK(sp_malloc(4 * MiB, 0, s1, &a));
+    ASSERT_SP_OK(sp_free(a)); // s1's pages, free and mapped
+    int64_t frees = stat("num_device_free");
+    inject("cudaDeviceSynchronize", (int)cudaErrorUnknown, 0);
+    ASSERT_SP_OK(sp_malloc(4 * MiB, 0, s2, &b));
+    EXPECT_EQ(stat("num_device_free"), frees) << "pages were unmapped after a failed synchronize";
+    ASSERT_SP_OK(sp_free(b));
+    ASSERT_SP_OK(sp_empty_cache());
+    EXPECT_EQ(stat("reserved_bytes.all.current"), 0);
+    ASSERT_SP_OK(sp_stream_destroy(s1));
+    ASSERT_SP_OK(sp_stream_destroy(s2));
+}

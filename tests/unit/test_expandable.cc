@@ -338,6 +338,50 @@ TEST_F(Expandable, PluggablePoolsKeepFixedSegmentsAndSaySo) {
     EXPECT_EQ(sp__host_live_allocations(0), 0u);
 }
 
+// PyTorch's should_split asks the option, not the block's segment
+// (c10/cuda/CUDACachingAllocator.cpp: `block->pool->is_small ||
+// CUDAAllocatorConfig::expandable_segments()`), so with expandable_segments:True a pluggable
+// pool's fixed segments split large blocks down to 512 bytes too: a 19.5 MiB request in a
+// fixed 20 MiB segment leaves a 512 KiB free block (without the option it takes the segment).
+static void pluggable_split(bool expandable) {
+    sp::ScopedEnv env(
+        {{"SYMPOOL_ALLOC_CONF", expandable ? "expandable_segments:True" : ""}, PYTORCH_PAGES});
+    SP_SKIP_UNLESS_HOST();
+    sp_allocator_t al;
+    al.alloc = [](size_t size, int, sp_stream_t, void *) -> void * {
+        return aligned_alloc(4096, size);
+    };
+    al.free = [](void *p, size_t, int, sp_stream_t, void *) { free(p); };
+    al.ctx = nullptr;
+    sp_mempool_params_t pp;
+    sp_mempool_params_init(&pp);
+    pp.allocator = &al;
+    sp_mempool_t *custom = nullptr;
+    ASSERT_SP_OK(sp_mempool_create(&pp, &custom));
+    void *a;
+    ASSERT_SP_OK(sp_mempool_malloc(custom, 19 * MiB + 512 * KiB, nullptr, &a));
+    auto r = walk(custom);
+    ASSERT_EQ(r.size(), 1u);
+    EXPECT_FALSE(r[0].expandable);
+    EXPECT_EQ(r[0].total, 20 * MiB);
+    EXPECT_EQ(r[0].allocated, expandable ? 19 * MiB + 512 * KiB : 20 * MiB);
+    EXPECT_EQ(r[0].nblocks, expandable ? 2u : 1u);
+    EXPECT_EQ(stat("inactive_split.all.current"), expandable ? 1 : 0);
+    EXPECT_EQ(stat("inactive_split_bytes.all.current"), expandable ? (int64_t)(512 * KiB) : 0);
+    ASSERT_SP_OK(sp_free(a));
+    EXPECT_EQ(stat("inactive_split.all.current"), 0);
+    ASSERT_SP_OK(sp_mempool_destroy(custom));
+    ASSERT_SP_OK(sp_empty_cache());
+}
+
+TEST_F(Expandable, PluggablePoolsSplitByTheExpandableRule) {
+    pluggable_split(true);
+}
+
+TEST_F(Expandable, PluggablePoolsWithoutTheOptionKeepTheSlack) {
+    pluggable_split(false);
+}
+
 TEST_F(Expandable, HostVmmOpsValidateAndCount) {
     expect_warnings();
     sp::ScopedEnv env({{"SYMPOOL_HOST_CAPACITY", "8MiB"}});
