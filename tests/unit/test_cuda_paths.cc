@@ -84,6 +84,23 @@ class CudaPaths : public sp::Test {
             return 0;
         return stat("reserved_bytes.all.current");
     }
+    // Two streams on device 0, with 4 MiB of expandable pages free and mapped on s1 (what
+    // RECYCLE may unmap when s2 grows); *frees_p: the device frees counted so far.
+    void free_pages_on_one_of_two_streams(sp_stream_t *s1, sp_stream_t *s2, int64_t *frees_p) {
+        ASSERT_SP_OK(sp_stream_create(0, s1));
+        ASSERT_SP_OK(sp_stream_create(0, s2));
+        void *a = nullptr;
+        ASSERT_SP_OK(sp_malloc(4 * MiB, 0, *s1, &a));
+        ASSERT_SP_OK(sp_free(a));
+        *frees_p = stat("num_device_free");
+    }
+    // Everything given back, then both streams destroyed.
+    void release_two_streams(sp_stream_t s1, sp_stream_t s2) {
+        ASSERT_SP_OK(sp_empty_cache());
+        EXPECT_EQ(stat("reserved_bytes.all.current"), 0);
+        ASSERT_SP_OK(sp_stream_destroy(s1));
+        ASSERT_SP_OK(sp_stream_destroy(s2));
+    }
 };
 
 // PyTorch's MaybeExchangeDevice: after work on device 1, a caller that never chose a device (it
@@ -284,12 +301,9 @@ TEST_F(CudaPaths, TorchSegmentsAreExactAndGivenBackAtOnce) {
 TEST_F(CudaPaths, RecycleLeavesAGraphCaptureAlone) {
     sp::ScopedEnv env({{"SYMPOOL_ALLOC_CONF", "expandable_segments:True"}});
     sp_stream_t s1 = nullptr, s2 = nullptr;
-    ASSERT_SP_OK(sp_stream_create(0, &s1));
-    ASSERT_SP_OK(sp_stream_create(0, &s2));
-    void *a = nullptr, *b = nullptr;
-    ASSERT_SP_OK(sp_malloc(4 * MiB, 0, s1, &a));
-    ASSERT_SP_OK(sp_free(a)); // s1's pages, free and mapped
-    int64_t frees = stat("num_device_free");
+    int64_t frees = 0;
+    ASSERT_NO_FATAL_FAILURE(free_pages_on_one_of_two_streams(&s1, &s2, &frees));
+    void *b = nullptr;
     {
         GlobalCapture capture;
         ASSERT_TRUE(capture.began());
@@ -299,10 +313,7 @@ TEST_F(CudaPaths, RecycleLeavesAGraphCaptureAlone) {
         if (s == SP_SUCCESS)
             EXPECT_SP_OK(sp_free(b));
     }
-    ASSERT_SP_OK(sp_empty_cache());
-    EXPECT_EQ(stat("reserved_bytes.all.current"), 0);
-    ASSERT_SP_OK(sp_stream_destroy(s1));
-    ASSERT_SP_OK(sp_stream_destroy(s2));
+    release_two_streams(s1, s2);
 }
 
 // The same when the synchronize fails outright: RECYCLE unmaps nothing after a failed wait
@@ -311,18 +322,12 @@ TEST_F(CudaPaths, RecycleUnmapsNothingAfterAFailedDeviceSynchronize) {
     expect_warnings();
     sp::ScopedEnv env({{"SYMPOOL_ALLOC_CONF", "expandable_segments:True"}});
     sp_stream_t s1 = nullptr, s2 = nullptr;
-    ASSERT_SP_OK(sp_stream_create(0, &s1));
-    ASSERT_SP_OK(sp_stream_create(0, &s2));
-    void *a = nullptr, *b = nullptr;
-    ASSERT_SP_OK(sp_malloc(4 * MiB, 0, s1, &a));
-    ASSERT_SP_OK(sp_free(a)); // s1's pages, free and mapped
-    int64_t frees = stat("num_device_free");
+    int64_t frees = 0;
+    ASSERT_NO_FATAL_FAILURE(free_pages_on_one_of_two_streams(&s1, &s2, &frees));
+    void *b = nullptr;
     inject("cudaDeviceSynchronize", (int)cudaErrorUnknown, 0);
     ASSERT_SP_OK(sp_malloc(4 * MiB, 0, s2, &b));
     EXPECT_EQ(stat("num_device_free"), frees) << "pages were unmapped after a failed synchronize";
     ASSERT_SP_OK(sp_free(b));
-    ASSERT_SP_OK(sp_empty_cache());
-    EXPECT_EQ(stat("reserved_bytes.all.current"), 0);
-    ASSERT_SP_OK(sp_stream_destroy(s1));
-    ASSERT_SP_OK(sp_stream_destroy(s2));
+    release_two_streams(s1, s2);
 }
