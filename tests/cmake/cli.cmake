@@ -522,6 +522,13 @@ if(TARGET sympool_cli)
     COMMAND $<TARGET_FILE:sympool_cli> replay ${SP_DATA}/real/layoutediting-legacy-list.pickle)
   set_tests_properties(cli.replay_legacy_list PROPERTIES LABELS "unit;cli" TIMEOUT 60
     PASS_REGULAR_EXPRESSION "settings +defaults \\(the snapshot records none\\).*peak reserved +3.398 GiB +recorded run: 3.398 GiB \\(\\+0.00%\\)")
+  # torch 2.11's own snapshot (bench/gpu/probe.py on an H200): a private MemPool's blocks go to
+  # its pool by their segments' segment_pool_id (2.11 writes no pool id on trace entries), the
+  # second stream's 1000 bytes to a segment of its own: PyTorch's 44 MiB to the byte.
+  add_test(NAME cli.replay_torch_2_11
+    COMMAND $<TARGET_FILE:sympool_cli> replay ${SP_DATA}/real/torch-2.11-probe.pickle --json)
+  set_tests_properties(cli.replay_torch_2_11 PROPERTIES LABELS "unit;cli" TIMEOUT 60
+    PASS_REGULAR_EXPRESSION "\"peak_reserved_bytes\":46137344,\"pytorch_peak_reserved_bytes\":46137344,.*\"num_device_alloc\":4,")
   # --compare starts every configuration from the snapshot's settings: this trace records
   # expandable segments, where the 40 MiB request reuses the two freed 30 MiB blocks' pages, and
   # a configuration's items are added to them. The recorded settings alone re-enact PyTorch's
