@@ -8,7 +8,8 @@
  *
  * Contexts: a call that needs the device makes its primary context (CUDA 12+: cudaSetDevice
  * does, "this function will also immediately initialize the runtime state on the primary
- * context", https://docs.nvidia.com/cuda/cuda-runtime-api/group__CUDART__DEVICE.html); queries
+ * context", https://docs.nvidia.com/cuda/cuda-runtime-api/group__CUDART__DEVICE.html), and so
+ * does cudaStreamIsCapturing on the legacy stream (measured on an H200, see that function); queries
  * (cudaGetDeviceCount, cudaGetDevice, cudaStreamGetDevice, cudaGetLastError, entry points) make
  * none.
  *
@@ -854,6 +855,12 @@ DBL_EXPORT cudaError_t cudaStreamIsCapturing(cudaStream_t h, enum cudaStreamCapt
     RT_ENTER("cudaStreamIsCapturing");
     if (!st)
         return rt_fail("cudaStreamIsCapturing", cudaErrorInvalidValue, "NULL");
+    /* Asking about the legacy stream makes the current device's primary context: on an H200
+     * (driver 580.159.04, CUDA 13.0) cuDevicePrimaryCtxGetState said inactive before
+     * cudaStreamIsCapturing(NULL) and active after it, in a fresh process (bench/gpu/probe.py,
+     * bench/results/2026-11-29-s21-gpu-probe.json, "context"). A named stream already has one. */
+    if (h == NULL || h == cudaStreamLegacy || h == cudaStreamPerThread)
+        CTX("cudaStreamIsCapturing", cur_dev());
     pthread_mutex_lock(&g_rt);
     stream_t *s = stream_of(h);
     cudaError_t e = cudaSuccess;

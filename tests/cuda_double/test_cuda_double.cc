@@ -102,6 +102,16 @@ TEST(CudaDoubleRules, ContextsOnlyFromCallsThatMakeThem) {
     EXPECT_EQ(active, 1);
 }
 
+TEST(CudaDoubleRules, AskingTheLegacyStreamAboutCaptureMakesAContext) {
+    NEED_DOUBLE();
+    ASSERT_EQ(contexts(0), 0);
+    enum cudaStreamCaptureStatus st = cudaStreamCaptureStatusActive;
+    ASSERT_EQ(cudaStreamIsCapturing(nullptr, &st), cudaSuccess);
+    EXPECT_EQ(st, cudaStreamCaptureStatusNone);
+    EXPECT_EQ(contexts(0), 1) << "as on an H200 (bench/results/2026-11-29-s21-gpu-probe.json)";
+    EXPECT_EQ(contexts(1), 0) << "only the current device's";
+}
+
 TEST(CudaDoubleRules, CurrentDeviceIsPerThread) {
     NEED_DOUBLE();
     ASSERT_EQ(cudaSetDevice(1), cudaSuccess);
