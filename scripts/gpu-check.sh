@@ -6,6 +6,8 @@
 #
 #     scripts/gpu-check.sh [--out DIR]          (default DIR: bench/results)
 #     scripts/gpu-check.sh --plan               (the steps and their budgets; no GPU needed)
+#     scripts/gpu-check.sh --steps REGEX        (only the steps whose names match, with the build;
+#                                                 for a rerun of what broke, or the extra steps)
 #     scripts/gpu-check.sh --prepare-deps       (see below)
 #
 # Steps (--plan prints them with their budgets): build with CUDA and NCCL (NCCL from PyTorch's
@@ -15,7 +17,10 @@
 # times in processes of their own (PyTorch's allocator, sympool.torch.enable(),
 # sympool.torch.mem_pool()), losses and parameters compared; the traces in tests/data replayed
 # through PyTorch's allocator and sympool's (and once with expandable segments); the cached
-# malloc+free pair timed against c10, cudaMallocAsync and CuPy.
+# malloc+free pair timed against c10, cudaMallocAsync and CuPy; bench/gpu/probe.py (what only a
+# GPU decides, and history's cost beside PyTorch's). Extra steps, run only when --steps names
+# them: replay_real (bench/gpu/replay_traces.py over tests/data/real: PyTorch's allocator and
+# sympool's on the GPU, its JSON lines in the logs folder as replay_real.jsonl).
 #
 # The report is DIR/gpu-check-<date>-<gpu>.json and .md (two files), rewritten after every step,
 # so a run that is cut off still leaves a current one; each failed step's last log lines are
@@ -40,7 +45,7 @@ OUTDIR=bench/results
 DEBS=$ROOT/.debs
 DEPS_ROOT=${SYMPOOL_DEPS_ROOT:-/tmp/sympool-deps}
 JOBS=$(nproc 2>/dev/null || echo 4)
-DEADLINE_S=${SYMPOOL_GPU_CHECK_DEADLINE:-530}
+DEADLINE_S=${SYMPOOL_GPU_CHECK_DEADLINE:-540}
 [ "$DEADLINE_S" -gt 540 ] 2>/dev/null && DEADLINE_S=540
 # The build folder and extra CMake arguments for both configure steps (tests point these at a
 # scratch folder and at a failing configure).
@@ -63,12 +68,14 @@ prepare_deps() {
 }
 
 MODE=run
+STEPS_RE=
 while [ $# -gt 0 ]; do
     case $1 in
     --out) OUTDIR=${2:?--out needs a folder}; shift 2 ;;
     --plan) MODE=plan; shift ;;
+    --steps) STEPS_RE=${2:?--steps needs a regular expression}; shift 2 ;;
     --prepare-deps) prepare_deps; exit $? ;;
-    *) echo "usage: scripts/gpu-check.sh [--out DIR] | --plan | --prepare-deps"; exit 2 ;;
+    *) echo "usage: scripts/gpu-check.sh [--out DIR] [--steps REGEX] | --plan | --prepare-deps"; exit 2 ;;
     esac
 done
 
@@ -86,7 +93,7 @@ tname() { echo "$1" | tr -c 'A-Za-z0-9_\n' '_'; }
 
 plan_gpu() {
     plan scripts_parse 5 check_scripts_parse
-    plan build 110 "cmake -S . -B $B -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSYMPOOL_WITH_CUDA=ON \
+    plan build 100 "cmake -S . -B $B -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSYMPOOL_WITH_CUDA=ON \
 -DSYMPOOL_WITH_NCCL=ON -DSYMPOOL_NCCL_ROOT=\"\$NCCL_ROOT\" -DSYMPOOL_BUILD_TESTS=ON -DSYMPOOL_BUILD_BENCH=OFF \$CMAKE_DEPS_STR \
 \$SYMPOOL_GPU_CHECK_CMAKE_ARGS \
 && cmake --build $B -j$JOBS"
@@ -102,7 +109,7 @@ plan_gpu() {
     plan example_mempool 15 "python3 examples/python/mempool.py \"\$SYMPOOL_LIBRARY\""
     plan train_native 25 "python3 bench/gpu/train_check.py native --out \"\$WORK/train_native.json\""
     # The first enable() builds sympool.torch's C++ shim against torch (cached afterwards).
-    plan train_pluggable 35 "python3 bench/gpu/train_check.py pluggable --out \"\$WORK/train_pluggable.json\""
+    plan train_pluggable 25 "python3 bench/gpu/train_check.py pluggable --out \"\$WORK/train_pluggable.json\""
     plan train_mempool 25 "python3 bench/gpu/train_check.py mempool --out \"\$WORK/train_mempool.json\""
     # sympool.torch's checks only real torch on a GPU decides (the shim is built by now).
     plan torch_check 15 "python3 tests/torch_shim/gpu_torch_check.py"
@@ -120,6 +127,27 @@ bench/gpu/replay.py sympool tests/data/$first.pickle --out \"\$WORK/replay_sympo
     fi
     # Building its C++ extension takes most of it: 34 to 40 s in all on an H100.
     plan hit_cost 65 "python3 bench/gpu/hit_cost.py --out \"\$WORK/hit_cost.json\""
+    # Facts only a GPU decides and history's cost beside PyTorch's: 25 s on an H200 (2026-11-29).
+    plan probe 30 "python3 bench/gpu/probe.py --out \"\$WORK/probe.json\""
+    # Extra (only when --steps names it): 5 processes a trace, torch's import in each.
+    if [ -n "$STEPS_RE" ]; then
+        plan replay_real 400 "python3 bench/gpu/replay_traces.py tests/data/real --out \"\$WORK/replay_real.jsonl\""
+    fi
+    select_steps
+}
+
+# --steps: keep the steps whose names match (scripts_parse and build always: every other step
+# needs the build).
+select_steps() {
+    [ -n "$STEPS_RE" ] || return 0
+    local i names=() budgets=() cmds=()
+    for i in "${!PLAN_NAMES[@]}"; do
+        case ${PLAN_NAMES[$i]} in scripts_parse | build) ;; *)
+            echo "${PLAN_NAMES[$i]}" | grep -Eq -- "$STEPS_RE" || continue ;;
+        esac
+        names+=("${PLAN_NAMES[$i]}") budgets+=("${PLAN_BUDGETS[$i]}") cmds+=("${PLAN_CMDS[$i]}")
+    done
+    PLAN_NAMES=("${names[@]}") PLAN_BUDGETS=("${budgets[@]}") PLAN_CMDS=("${cmds[@]}")
 }
 
 plan_no_gpu() {
