@@ -593,6 +593,18 @@ enum {
      RK_BIT(RK_ADDRESS) | RK_BIT(RK_TOTAL) | RK_BIT(RK_SEG_OTHER) | RK_BIT(RK_REQ) |               \
      RK_BIT(RK_SEG_TYPE) | RK_BIT(RK_EXPANDABLE) | RK_BIT(RK_SEG_POOL))
 #define RK_CACHE 256 /* slots of recs_t's caches (a power of two) */
+/* Pairs of the longest dict whose keys take_entry keeps as the next one's shape. */
+#define REC_SHAPE_MAX 16
+
+/* The keys of the last dict take_entry read key by key, in order, with their ids: a trace's
+ * entries (and a final state's blocks) have the same keys in the same order, each the one str
+ * the pickler memoized, so the next dict's keys are known by address, one comparison each. */
+typedef struct rec_shape {
+    const pk_value_t *keys[REC_SHAPE_MAX];
+    uint8_t ids[REC_SHAPE_MAX];
+    size_t n;             /* pairs (0: no shape known) */
+    uint32_t seen, twice; /* take_entry's key bits for that dict */
+} rec_shape_t;
 
 typedef struct recs {
     tr_event_t *ev;   /* the entries (what read_pairs found) */
@@ -611,6 +623,11 @@ typedef struct recs {
         const pk_value_t *s;
         int id;
     } keys[RK_CACHE], acts[RK_CACHE];
+    rec_shape_t shape;
+    /* The value of each key of the dict take_entry reads, NULL where it has none. Between calls
+     * only the slots of the shape's keys hold anything (each call sets them all again, or
+     * clears the whole array and reads the dict key by key). */
+    const pk_value_t *v[RK_COUNT];
 } recs_t;
 
 static bool grow_array(void **arr, size_t *cap, size_t elem);
@@ -793,14 +810,34 @@ static inline tr_action_t action_id(recs_t *rs, const pk_value_t *act) {
     return (tr_action_t)rs->acts[h].id;
 }
 
-/* pk_parse_records' hook: every dict with an action string is a trace entry (the segments'
- * dicts and the settings have none); a final state's block or segment is taken too
- * (take_block, take_segment). Its keys are read in one pass, each known by its address. */
-static int take_entry(void *arg, pk_value_t *const *pairs, size_t n, uint64_t *id_p) {
-    recs_t *rs = arg;
-    const pk_value_t *v[RK_COUNT] = {NULL};
-    uint32_t seen = 0, twice = 0; /* the keys met, and those met again */
+/* Whether the n pairs have the keys of rs->shape, in its order: then their values are in rs->v
+ * (the shape's slots, the others NULL already) and *seen_p, *twice_p are the shape's. */
+static inline bool same_shape(recs_t *rs, pk_value_t *const *pairs, size_t n, uint32_t *seen_p,
+                              uint32_t *twice_p) {
+    const rec_shape_t *sh = &rs->shape;
+    if (sh->n == 0 || n != 2 * sh->n)
+        return false;
+    for (size_t k = 0; k < sh->n; k++) {
+        if (pairs[2 * k] != sh->keys[k])
+            return false; /* rs->v is cleared by read_keys */
+        rs->v[sh->ids[k]] = pairs[2 * k + 1];
+    }
+    *seen_p = sh->seen;
+    *twice_p = sh->twice;
+    return true;
+}
+
+/* The pairs' values into rs->v by key, in one pass, each key known by its address (key_id); the
+ * keys met in *seen_p, those met again in *twice_p. They become rs->shape when every key is a
+ * str (one that is not has no slot: it would not be compared). false when a key is no str. */
+static bool read_keys(recs_t *rs, pk_value_t *const *pairs, size_t n, uint32_t *seen_p,
+                      uint32_t *twice_p) {
+    rec_shape_t *sh = &rs->shape;
+    memset(rs->v, 0, sizeof(rs->v));
+    sh->n = 0;
+    uint32_t seen = 0, twice = 0;
     bool all_str = true;
+    size_t np = 0;
     for (size_t k = 0; k + 1 < n; k += 2) {
         const pk_value_t *key = pairs[k];
         if (key->type != PK_STR) {
@@ -810,8 +847,33 @@ static int take_entry(void *arg, pk_value_t *const *pairs, size_t n, uint64_t *i
         int id = key_id(rs, key);
         twice |= seen & RK_BIT(id);
         seen |= RK_BIT(id);
-        v[id] = pairs[k + 1];
+        rs->v[id] = pairs[k + 1];
+        if (np < REC_SHAPE_MAX) {
+            sh->keys[np] = key;
+            sh->ids[np] = (uint8_t)id;
+        }
+        np++;
     }
+    if (all_str && n % 2 == 0 && np <= REC_SHAPE_MAX) {
+        sh->n = np;
+        sh->seen = seen;
+        sh->twice = twice;
+    }
+    *seen_p = seen;
+    *twice_p = twice;
+    return all_str;
+}
+
+/* pk_parse_records' hook: every dict with an action string is a trace entry (the segments'
+ * dicts and the settings have none); a final state's block or segment is taken too
+ * (take_block, take_segment). Its keys are read in one pass, each known by its address, or all
+ * at once when they are the last dict's (same_shape). */
+static int take_entry(void *arg, pk_value_t *const *pairs, size_t n, uint64_t *id_p) {
+    recs_t *rs = arg;
+    uint32_t seen = 0, twice = 0; /* the keys met, and those met again */
+    bool all_str =
+        same_shape(rs, pairs, n, &seen, &twice) || read_keys(rs, pairs, n, &seen, &twice);
+    const pk_value_t *const *v = rs->v;
     const pk_value_t *action = v[RK_ACTION];
     if (action == NULL || action->type != PK_STR) {
         if (!all_str)

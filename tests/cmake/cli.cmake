@@ -69,6 +69,13 @@ if(TARGET sympool_cli)
               $<TARGET_FILE:sympool_cli> ${SP_CLI_OUT}/trace_variants)
     set_tests_properties(cli.trace_variants PROPERTIES LABELS "unit;cli;python" TIMEOUT 120
       PASS_REGULAR_EXPRESSION "^ok")
+    # Trace entries whose keys change from one to the next (order, a key for another, a key
+    # twice): each read as itself, by the entry hook as when read whole.
+    add_test(NAME cli.entry_shapes
+      COMMAND ${Python3_EXECUTABLE} ${PROJECT_SOURCE_DIR}/tests/cli/entry_shapes.py
+              $<TARGET_FILE:sympool_cli> ${SP_CLI_OUT}/entry_shapes)
+    set_tests_properties(cli.entry_shapes PROPERTIES LABELS "unit;cli;python" TIMEOUT 120
+      PASS_REGULAR_EXPRESSION "^ok")
     # Real snapshots re-pickled with protocols 0-3 read as their protocol-4 originals (replay
     # --json, info, summary the same), and malformed text opcodes are refused saying what.
     add_test(NAME cli.pickle_protocols
