@@ -156,3 +156,40 @@ def test_same_call_site_gives_one_stack_again_and_again(sp):
     finally:
         for p in ptrs:
             sp.free(p)
+
+
+def test_threads_record_while_the_hook_comes_and_goes(sp):
+    # Four threads allocate with stacks while the main thread turns recording (and with it the
+    # hook) off and on: every stack recorded names the thread's own function first, none fails.
+    import threading
+    _native()
+    stop = threading.Event()
+    errors = []
+
+    def worker(size):
+        try:
+            while not stop.is_set():
+                sp.free(sp.malloc(size))
+        except Exception as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=worker, args=(7600 + i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    try:
+        for i in range(100):
+            sp.record_memory_history(context="all" if i % 2 == 0 else None, max_entries=1000)
+            if i % 2:
+                sp.record_memory_history(enabled=None)
+        sp.record_memory_history(max_entries=1000)
+        for _ in range(100_000):  # until a worker records (bounded: a hang fails, not waits)
+            if any(e["action"] == "alloc" for e in sp.snapshot()["device_traces"][0]):
+                break
+    finally:
+        stop.set()
+        for t in threads:
+            t.join()
+    assert not errors, errors
+    allocs = [e for e in sp.snapshot()["device_traces"][0] if e["action"] == "alloc"]
+    assert allocs
+    assert all(e["frames"][0]["name"] == "worker" for e in allocs if e["size"] >= 7600), allocs[:2]
