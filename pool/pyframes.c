@@ -107,15 +107,21 @@ static void api_init(void) {
     api = a;
 }
 
-/* The attribute names, made once under the GIL (which orders every access to them). */
+/* The attribute names, interned on first use (the GIL held). Atomic: a free-threaded Python
+ * has no GIL to order them; two threads that both make one store the same interned str (each
+ * keeps its reference: never dropped, so the names outlive every walk). */
 static void *attr_co_name, *attr_co_filename;
 
+static void *attr_name(void **slot, const char *text) {
+    void *name = __atomic_load_n(slot, __ATOMIC_ACQUIRE);
+    if (name == NULL && (name = api.intern(text)) != NULL)
+        __atomic_store_n(slot, name, __ATOMIC_RELEASE);
+    return name;
+}
+
 static bool names_made(void) {
-    if (attr_co_name == NULL)
-        attr_co_name = api.intern("co_name");
-    if (attr_co_filename == NULL)
-        attr_co_filename = api.intern("co_filename");
-    if (attr_co_name != NULL && attr_co_filename != NULL)
+    if (attr_name(&attr_co_name, "co_name") != NULL &&
+        attr_name(&attr_co_filename, "co_filename") != NULL)
         return true;
     api.err_clear();
     return false;
@@ -159,8 +165,8 @@ typedef struct code_info {
 
 /* The slow way, through the code object's attributes. */
 static void code_read(void *code, const sp_history_python_frames_arg_t *a, code_info_t *out) {
-    void *filename = api.getattr(code, attr_co_filename);
-    void *name = api.getattr(code, attr_co_name);
+    void *filename = api.getattr(code, __atomic_load_n(&attr_co_filename, __ATOMIC_ACQUIRE));
+    void *name = api.getattr(code, __atomic_load_n(&attr_co_name, __ATOMIC_ACQUIRE));
     out->filename = filename != NULL ? text_of(filename, a->encoded) : NULL;
     out->name = name != NULL ? text_of(name, a->encoded) : NULL;
     if (filename == NULL || name == NULL)
