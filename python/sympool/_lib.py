@@ -106,6 +106,7 @@ class PythonFramesArg(ctypes.Structure):
     (str -> bytes) that keeps the 'surrogatepass' form of names CPython cannot give as UTF-8."""
     _fields_ = [("skip_prefix", ctypes.c_char_p), ("encoded", ctypes.py_object)]
 
+
 _st, _sz, _i = ctypes.c_int, ctypes.c_size_t, ctypes.c_int
 _vp, _cp = ctypes.c_void_p, ctypes.c_char_p
 _P = ctypes.POINTER

@@ -7,8 +7,8 @@ frames (a C++ thread of torch) it gives none.
 
 The hook is the library's own sp_history_python_frames, which reads the frames through CPython's
 C API, where the library can reach that API (sp_history_python_frames_supported: CPython 3.9+);
-elsewhere it is _frames below, a ctypes callback that gives the same frames at some ten times
-the cost (the trampoline, and two ctypes fields set a frame).
+elsewhere it is _frames below, a ctypes callback that gives the same frames at over ten times
+the cost (bench/python_history.py: the trampoline, two ctypes fields set a frame, f_lineno).
 """
 
 import ctypes
