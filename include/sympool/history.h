@@ -114,6 +114,36 @@ typedef size_t (*sp_history_frames_fn)(sp_history_frame_t *frames, size_t max_fr
  */
 void sp_history_set_frames_hook(sp_history_frames_fn fn, void *arg);
 
+/** (sympool addition) sp_history_python_frames' argument. */
+typedef struct sp_history_python_frames_arg {
+    /** UTF-8 ('surrogatepass'); frames whose file name starts with it are left out (a binding's
+     * own frames); NULL or "" leaves none out */
+    const char *skip_prefix;
+    /** a Python dict (PyObject *, str -> bytes) that keeps the 'surrogatepass' form of names
+     * CPython cannot give as UTF-8 (a lone surrogate); NULL: such names read as "??" */
+    void *encoded;
+} sp_history_python_frames_arg_t;
+
+/**
+ * (sympool addition) A frames hook for sp_history_set_frames_hook that gives the calling thread's
+ * CPython frames, innermost first: each code object's co_name and co_filename (UTF-8, lone
+ * surrogates in their 'surrogatepass' form) and the frame's f_lineno (0 when None). @p arg is an
+ * sp_history_python_frames_arg_t * (NULL: no frame left out) that must outlive every call. It
+ * takes the GIL for the walk when the caller does not hold it (PyGILState_Ensure), gives no
+ * frames on a thread Python never ran, while Python finalizes, or where
+ * sp_history_python_frames_supported() is false. The strings stay valid until the allocating
+ * call returns (the frames' code objects hold them), which is as long as the library reads them.
+ */
+size_t sp_history_python_frames(sp_history_frame_t *frames, size_t max_frames, void *arg);
+
+/**
+ * (sympool addition) Whether sp_history_python_frames can read frames in this process: a CPython
+ * 3.9 or later whose C API is among the process's global symbols (a python executable, or a
+ * libpython loaded RTLD_GLOBAL). The library does not link against Python; it looks the
+ * functions up once. Thread-safe.
+ */
+bool sp_history_python_frames_supported(void);
+
 /**
  * (PyTorch's _set_memory_metadata / setUserMetadata) The text every later trace entry of
  * @p device carries as its "user_metadata" ("" or NULL: none, the default). It outlives

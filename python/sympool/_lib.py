@@ -100,6 +100,13 @@ class HistoryFrame(ctypes.Structure):
 FRAMES_FN = ctypes.CFUNCTYPE(ctypes.c_size_t, ctypes.POINTER(HistoryFrame), ctypes.c_size_t,
                              ctypes.c_void_p)
 
+
+class PythonFramesArg(ctypes.Structure):
+    """sp_history_python_frames_arg_t: the UTF-8 prefix of file names left out, and the dict
+    (str -> bytes) that keeps the 'surrogatepass' form of names CPython cannot give as UTF-8."""
+    _fields_ = [("skip_prefix", ctypes.c_char_p), ("encoded", ctypes.py_object)]
+
+
 _st, _sz, _i = ctypes.c_int, ctypes.c_size_t, ctypes.c_int
 _vp, _cp = ctypes.c_void_p, ctypes.c_char_p
 _P = ctypes.POINTER
@@ -150,6 +157,8 @@ _PROTOS = {
     "sp_dump_snapshot": (_st, [_cp]),
     "sp_mempool_dump_snapshot": (_st, [_vp, _cp]),
     "sp_history_set_frames_hook": (None, [FRAMES_FN, _vp]),
+    "sp_history_python_frames": (_sz, [_P(HistoryFrame), _sz, _vp]),
+    "sp_history_python_frames_supported": (ctypes.c_bool, []),
     "sp_history_set_user_metadata": (_st, [_i, _cp]),
     "sp_history_get_user_metadata": (_st, [_i, _cp, _sz, _P(_sz)]),
     "sp_stream_create": (_st, [_i, _P(_vp)]),

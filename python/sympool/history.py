@@ -4,8 +4,14 @@ While recording asks for stacks, a frames hook (sp_history_set_frames_hook) give
 allocating thread's Python frames, innermost first, skipping this package's own frames. The hook
 runs on the allocating thread before the library takes any lock; on a thread with no Python
 frames (a C++ thread of torch) it gives none.
+
+The hook is the library's own sp_history_python_frames, which reads the frames through CPython's
+C API, where the library can reach that API (sp_history_python_frames_supported: CPython 3.9+);
+elsewhere it is _frames below, a ctypes callback that gives the same frames at over ten times
+the cost (bench/python_history.py: the trampoline, two ctypes fields set a frame, f_lineno).
 """
 
+import ctypes
 import os
 import sys
 import threading
@@ -20,7 +26,8 @@ _PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
 
 _hook_lock = threading.Lock()
 _hook = None  # the installed FRAMES_FN (kept alive while installed, and after: see _install)
-_encoded = {}  # str -> bytes for names and file names (the library copies them per context)
+_encoded = {}  # str -> bytes for names and file names (the library copies them per context); the
+# native hook keeps here only the strs CPython cannot give as UTF-8 (a lone surrogate)
 
 
 def _frames(frames, max_frames, arg):
@@ -53,12 +60,33 @@ def _frames(frames, max_frames, arg):
         return 0
 
 
+# sp_history_python_frames' argument: the library reads it on every capture, so it lives as long
+# as the process (a hook being replaced may still be running on another thread).
+_native_arg = None
+
+
+def _native_hook():
+    """(hook, arg address) for sp_history_python_frames, or None where it cannot read frames."""
+    global _native_arg
+    L = lib()
+    if not L.sp_history_python_frames_supported():
+        return None
+    if _native_arg is None:
+        _native_arg = _lib.PythonFramesArg(_PACKAGE_DIR.encode(errors="surrogatepass"), _encoded)
+    fn = ctypes.cast(L.sp_history_python_frames, ctypes.c_void_p).value
+    return _lib.FRAMES_FN(fn), ctypes.addressof(_native_arg)
+
+
 def _install(on):
     global _hook
     with _hook_lock:
         if on and _hook is None:
-            _hook = _lib.FRAMES_FN(_frames)
-            lib().sp_history_set_frames_hook(_hook, None)
+            native = _native_hook()
+            if native is not None:
+                _hook, arg = native
+            else:
+                _hook, arg = _lib.FRAMES_FN(_frames), None
+            lib().sp_history_set_frames_hook(_hook, arg)
         elif not on and _hook is not None:
             lib().sp_history_set_frames_hook(_lib.FRAMES_FN(), None)
             # Another thread may be inside the old hook right now: never free it.
@@ -175,7 +203,6 @@ def _set_memory_metadata(metadata, device=0):
 
 def _get_memory_metadata(device=0):
     """torch.cuda.memory._get_memory_metadata: the text _set_memory_metadata last set."""
-    import ctypes
     d = _lib.as_device(device)
     n = ctypes.c_size_t()
     size = 256

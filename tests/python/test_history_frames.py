@@ -1,0 +1,195 @@
+"""The library's own Python frames hook (sp_history_python_frames, pool/pyframes.c) against the
+package's ctypes hook (history._frames) it replaced: the same frames, names, files and lines, the
+same cut at 256 frames, the package's own frames left out, and no stale frame from its caches."""
+
+import ctypes
+
+import pytest
+
+from sympool import _lib, history
+
+
+def _native():
+    if not _lib.lib().sp_history_python_frames_supported():
+        pytest.skip("sp_history_python_frames cannot reach CPython's C API in this process")
+
+
+def _arg():
+    return _lib.PythonFramesArg(history._PACKAGE_DIR.encode(errors="surrogatepass"),
+                                history._encoded)
+
+
+def _read(frames, n):
+    return [(frames[i].name, frames[i].filename, frames[i].line) for i in range(n)]
+
+
+def _both_here():
+    """Both hooks called from one line (so their innermost frames' lines agree)."""
+    a, b = (_lib.HistoryFrame * 256)(), (_lib.HistoryFrame * 256)()
+    arg = _arg()
+    pa, pb = (ctypes.cast(x, ctypes.POINTER(_lib.HistoryFrame)) for x in (a, b))
+    native, python = _lib.lib().sp_history_python_frames, history._frames
+    where = ctypes.addressof(arg)
+    na, nb = native(pa, 256, where), python(pb, 256, None)
+    return _read(a, na), _read(b, nb)
+
+
+def _nest(depth, fn):
+    return fn() if depth == 0 else _nest(depth - 1, fn)
+
+
+@pytest.mark.parametrize("depth", [0, 40, 300])
+def test_native_hook_reads_the_frames_the_python_hook_read(sp, depth):
+    _native()
+    native, python = _nest(depth, _both_here)
+    assert native == python
+    assert native[0][0] == b"_both_here"
+    assert [f[0] for f in native[1:depth + 1]] == [b"_nest"] * min(depth, 255)
+    if depth == 300:
+        assert len(native) == 256  # the library's bound (MAX_HOOK), innermost kept
+
+
+def test_recording_installs_the_native_hook(sp):
+    _native()
+    sp.record_memory_history()
+    want = ctypes.cast(_lib.lib().sp_history_python_frames, ctypes.c_void_p).value
+    assert ctypes.cast(history._hook, ctypes.c_void_p).value == want
+
+
+def _alloc_at(sp, n):
+    return sp.malloc(n)  # the innermost frame the trace must name
+
+
+def _frames_of(sp, size):
+    ev = [e for e in sp.snapshot()["device_traces"][0]
+          if e["action"] == "alloc" and e["size"] == size]
+    assert ev, size
+    return ev[-1]["frames"]
+
+
+@pytest.mark.parametrize("depth", [0, 300])
+def test_recorded_frames_equal_through_both_hooks(sp, depth):
+    # One call site, first with the native hook (recording installs it), then with the ctypes
+    # hook installed by hand: the snapshot's frames must be the same list.
+    _native()
+    sp.record_memory_history()
+    native_hook = history._hook
+    old = _lib.FRAMES_FN(history._frames)
+    history._lib_keep.append(old)
+    ptrs = []
+    try:
+        for size in (7301, 7302):
+            if size == 7302:
+                _lib.lib().sp_history_set_frames_hook(old, None)
+            ptrs.append(_nest(depth, lambda: _alloc_at(sp, size)))
+        native, python = _frames_of(sp, 7301), _frames_of(sp, 7302)
+    finally:
+        _lib.lib().sp_history_set_frames_hook(native_hook, ctypes.addressof(history._native_arg))
+        for p in ptrs:
+            sp.free(p)
+    assert native == python
+    assert native[0]["name"] == "_alloc_at"
+    assert native[0]["filename"].endswith("test_history_frames.py")
+    assert len(native) == (256 if depth else len(python))
+
+
+def test_package_frames_left_out(sp):
+    # MemPool.malloc calls memory.malloc: two frames of the package before the caller's.
+    _native()
+    sp.record_memory_history()
+    pool = sp.MemPool()
+    try:
+        p = pool.malloc(7401)
+        frames = _frames_of(sp, 7401)
+        assert frames[0]["name"] == "test_package_frames_left_out", frames[:3]
+        assert not any(f["filename"].startswith(history._PACKAGE_DIR) for f in frames)
+        sp.free(p)
+    finally:
+        pool.destroy()
+
+
+def test_a_lone_surrogate_through_the_native_hook(sp):
+    _native()
+    code = compile("def both():\n    return _both_here()\n", "odd\udcff\udc80.py", "exec")
+    scope = {"_both_here": _both_here}
+    exec(code, scope)
+    native, python = scope["both"]()
+    assert native == python
+    assert native[1][1] == "odd\udcff\udc80.py".encode(errors="surrogatepass")
+
+
+def test_many_code_objects_keep_their_own_lines(sp):
+    # More call sites than the hook's frame cache has slots (1024), each in a code object freed
+    # right after its allocation: no frame may take the name or line of another that held its
+    # address or slot before (the cache holds its code objects; a key is never given twice).
+    _native()
+    sp.record_memory_history()
+    ptrs = []
+    try:
+        for k in range(1500):
+            src = "\n" * (k % 37) + f"def f{k}(sp, n):\n    return sp.malloc(n)\n"
+            scope = {}
+            exec(compile(src, f"gen{k % 3}.py", "exec"), scope)
+            ptrs.append(scope[f"f{k}"](sp, 20000 + k))
+            del scope
+        trace = sp.snapshot()["device_traces"][0]
+        first = {e["size"]: e["frames"][0] for e in trace if e["action"] == "alloc"}
+        for k in range(1500):
+            want = {"name": f"f{k}", "filename": f"gen{k % 3}.py", "line": k % 37 + 2}
+            assert {x: first[20000 + k][x] for x in want} == want, k
+    finally:
+        for p in ptrs:
+            sp.free(p)
+
+
+def test_same_call_site_gives_one_stack_again_and_again(sp):
+    # The keyed path (pool/history.c) returns the context the texts found: every allocation
+    # from one line reads the same frames, the first (texts hashed) as the later (keys).
+    _native()
+    sp.record_memory_history()
+    ptrs = [_alloc_at(sp, 7500 + i) for i in range(50)]
+    try:
+        trace = sp.snapshot()["device_traces"][0]
+        stacks = [e["frames"] for e in trace if e["action"] == "alloc" and e["size"] >= 7500]
+        assert len(stacks) == 50 and all(s == stacks[0] for s in stacks)
+        assert stacks[0][0]["name"] == "_alloc_at"
+    finally:
+        for p in ptrs:
+            sp.free(p)
+
+
+def test_threads_record_while_the_hook_comes_and_goes(sp):
+    # Four threads allocate with stacks while the main thread turns recording (and with it the
+    # hook) off and on: every stack recorded names the thread's own function first, none fails.
+    import threading
+    _native()
+    stop = threading.Event()
+    errors = []
+
+    def worker(size):
+        try:
+            while not stop.is_set():
+                sp.free(sp.malloc(size))
+        except Exception as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=worker, args=(7600 + i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    try:
+        for i in range(100):
+            sp.record_memory_history(context="all" if i % 2 == 0 else None, max_entries=1000)
+            if i % 2:
+                sp.record_memory_history(enabled=None)
+        sp.record_memory_history(max_entries=1000)
+        for _ in range(100_000):  # until a worker records (bounded: a hang fails, not waits)
+            if any(e["action"] == "alloc" for e in sp.snapshot()["device_traces"][0]):
+                break
+    finally:
+        stop.set()
+        for t in threads:
+            t.join()
+    assert not errors, errors
+    allocs = [e for e in sp.snapshot()["device_traces"][0] if e["action"] == "alloc"]
+    assert allocs
+    assert all(e["frames"][0]["name"] == "worker" for e in allocs if e["size"] >= 7600), allocs[:2]
