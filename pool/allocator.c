@@ -1211,10 +1211,14 @@ static inline __attribute__((always_inline)) bool malloc_hit(sp_devalloc_t *d, s
  * jump instead of a second test of sp__fast_off: either way the call is one instruction, and the
  * copies not chosen cost nothing. Any copy is right in any state (a biased copy sends a thread
  * that does not own the lock that way to the whole path; a CAS fails on a biased word), so a call
- * that read the old choice while it changes is only slower. */
+ * that read the old choice while it changes is only slower. The tc_ pair is the same three
+ * copies with the thread cache in front (sp_malloc/sp_free call them when the cache's setting is
+ * the only reason against the hits: see there). */
 typedef struct {
     sp_status_t (*malloc_hit)(size_t, int, sp_stream_t, void **);
     sp_status_t (*free_hit)(void *);
+    sp_status_t (*tc_malloc_hit)(size_t, int, sp_stream_t, void **);
+    sp_status_t (*tc_free_hit)(void *);
 } hits_t;
 static sp_status_t malloc_fast(size_t, int, sp_stream_t, void **);
 static sp_status_t malloc_rebiased(size_t, int, sp_stream_t, void **);
@@ -1222,7 +1226,13 @@ static sp_status_t malloc_shared(size_t, int, sp_stream_t, void **);
 static sp_status_t free_fast(void *);
 static sp_status_t free_rebiased(void *);
 static sp_status_t free_shared(void *);
-static hits_t g_hits = {malloc_shared, free_shared};
+static sp_status_t tc_malloc_fast(size_t, int, sp_stream_t, void **);
+static sp_status_t tc_malloc_rebiased(size_t, int, sp_stream_t, void **);
+static sp_status_t tc_malloc_shared(size_t, int, sp_stream_t, void **);
+static sp_status_t tc_free_fast(void *);
+static sp_status_t tc_free_rebiased(void *);
+static sp_status_t tc_free_shared(void *);
+static hits_t g_hits = {malloc_shared, free_shared, tc_malloc_shared, tc_free_shared};
 
 /* A plain read outside ThreadSanitizer builds: the pointers are whole aligned words written
  * while other threads may call; a relaxed atomic load would cost the call an instruction (the
@@ -1243,6 +1253,22 @@ static inline sp_status_t (*free_hit_fn(void))(void *) {
 #endif
 }
 
+static inline sp_status_t (*tc_malloc_hit_fn(void))(size_t, int, sp_stream_t, void **) {
+#ifdef SP_LOCK_TSAN
+    return __atomic_load_n(&g_hits.tc_malloc_hit, __ATOMIC_RELAXED);
+#else
+    return g_hits.tc_malloc_hit;
+#endif
+}
+
+static inline sp_status_t (*tc_free_hit_fn(void))(void *) {
+#ifdef SP_LOCK_TSAN
+    return __atomic_load_n(&g_hits.tc_free_hit, __ATOMIC_RELAXED);
+#else
+    return g_hits.tc_free_hit;
+#endif
+}
+
 /* The state of the locks the hits were last chosen for (sp__lock_bias_state's word). */
 static int g_hits_state = -1;
 
@@ -1259,6 +1285,16 @@ static void hits_choose(int state) {
                      shared ? free_shared
                      : era  ? free_rebiased
                             : free_fast,
+                     __ATOMIC_RELAXED);
+    __atomic_store_n(&g_hits.tc_malloc_hit,
+                     shared ? tc_malloc_shared
+                     : era  ? tc_malloc_rebiased
+                            : tc_malloc_fast,
+                     __ATOMIC_RELAXED);
+    __atomic_store_n(&g_hits.tc_free_hit,
+                     shared ? tc_free_shared
+                     : era  ? tc_free_rebiased
+                            : tc_free_fast,
                      __ATOMIC_RELAXED);
     __atomic_store_n(&g_hits_state, state, __ATOMIC_RELAXED);
 }
@@ -1324,33 +1360,67 @@ static __attribute__((noinline)) sp_status_t malloc_full(size_t size, int device
 /* sp_malloc once sp__fast_malloc_on said yes: the checks the hit needs, then the hit with the
  * lock taken as mode says (any thread the mode does not fit goes on to malloc_full). The copies
  * below are functions of their own so that sp_malloc saves no register before it knows which way
- * it goes. */
+ * it goes. tc (a constant): the thread cache is on and its setting was the only reason against
+ * the hit (sp_malloc), so what the whole path would do next is the cache's sp__tc_malloc, then
+ * the ordinary malloc: a size the cache serves asks it first, a larger one (the cache never holds
+ * it: sp__tc_malloc would say no without looking) goes straight to the hit. */
 static inline __attribute__((always_inline)) sp_status_t
-malloc_hit_or_full(size_t size, int device, sp_stream_t stream, void **ptr_p, hit_mode_t mode) {
+malloc_hit_or_full(size_t size, int device, sp_stream_t stream, void **ptr_p, hit_mode_t mode,
+                   bool tc) {
     sp_status_t s;
     if (SP_LIKELY((unsigned)device < (unsigned)sp__g.ndev && ptr_p && size - 1 < SP_ONE_EB - 1 &&
-                  !is_pseudo_stream(stream)) &&
-        malloc_hit(&sp__g.devs[device], size, stream, ptr_p, &s, mode))
-        return s;
+                  !is_pseudo_stream(stream))) {
+        if (tc && size <= SP_TC_MAX_BLOCK && sp__tc_malloc(size, device, stream, ptr_p))
+            return SP_SUCCESS;
+        if (malloc_hit(&sp__g.devs[device], size, stream, ptr_p, &s, mode))
+            return s;
+    }
     return malloc_full(size, device, stream, ptr_p);
 }
 
 /* The hit of a process whose locks are not biased: the lock taken with a CAS. */
 static __attribute__((noinline)) sp_status_t malloc_shared(size_t size, int device,
                                                            sp_stream_t stream, void **ptr_p) {
-    return malloc_hit_or_full(size, device, stream, ptr_p, HIT_CAS);
+    return malloc_hit_or_full(size, device, stream, ptr_p, HIT_CAS, false);
 }
 
 /* The first bias owner's hit. */
 static __attribute__((noinline)) sp_status_t malloc_fast(size_t size, int device,
                                                          sp_stream_t stream, void **ptr_p) {
-    return malloc_hit_or_full(size, device, stream, ptr_p, HIT_BIASED);
+    return malloc_hit_or_full(size, device, stream, ptr_p, HIT_BIASED, false);
 }
 
 /* A re-bias owner's hit. */
 static __attribute__((noinline)) sp_status_t malloc_rebiased(size_t size, int device,
                                                              sp_stream_t stream, void **ptr_p) {
-    return malloc_hit_or_full(size, device, stream, ptr_p, HIT_REBIASED);
+    return malloc_hit_or_full(size, device, stream, ptr_p, HIT_REBIASED, false);
+}
+
+/* The three copies again with the thread cache in front (see malloc_hit_or_full). */
+static __attribute__((noinline)) sp_status_t tc_malloc_shared(size_t size, int device,
+                                                              sp_stream_t stream, void **ptr_p) {
+    return malloc_hit_or_full(size, device, stream, ptr_p, HIT_CAS, true);
+}
+
+static __attribute__((noinline)) sp_status_t tc_malloc_fast(size_t size, int device,
+                                                            sp_stream_t stream, void **ptr_p) {
+    return malloc_hit_or_full(size, device, stream, ptr_p, HIT_BIASED, true);
+}
+
+static __attribute__((noinline)) sp_status_t tc_malloc_rebiased(size_t size, int device,
+                                                                sp_stream_t stream, void **ptr_p) {
+    return malloc_hit_or_full(size, device, stream, ptr_p, HIT_REBIASED, true);
+}
+
+/* Is the thread cache's setting the only reason against the hits, off being sp__fast_off? Its
+ * share is SP_FAST_TC_REST (api.c's fast_rest with the cache on), and off equals that share alone
+ * only while sympool is ready with no other reason in force: a reason's share is SP_FAST_REASON,
+ * and while not ready off is SP_FAST_NOT_READY plus such shares, never that odd share. Other
+ * settings may make the same share with a reason in force (SP_FAST_NO_HIT and history), hence
+ * tc_limit too, which is read only once off says ready: the init wrote it before it released
+ * off's share. */
+static inline bool only_tc_off(int off) {
+    return off == SP_FAST_TC_REST && sp__g.tc_limit;
 }
 
 SP_EXPORT sp_status_t sp_malloc(size_t size, int device, sp_stream_t stream, void **ptr_p) {
@@ -1361,6 +1431,10 @@ SP_EXPORT sp_status_t sp_malloc(size_t size, int device, sp_stream_t stream, voi
     int off = __atomic_load_n(&sp__fast_off, __ATOMIC_ACQUIRE);
     if (SP_LIKELY(off == 0))
         return malloc_hit_fn()(size, device, stream, ptr_p);
+    /* With the thread cache on, the same call goes through the cache and then the hit (the
+     * whole path's order, without its checks the gate has made). */
+    if (only_tc_off(off))
+        return tc_malloc_hit_fn()(size, device, stream, ptr_p);
     return malloc_full(size, device, stream, ptr_p);
 }
 
@@ -1446,8 +1520,11 @@ static __attribute__((noinline)) sp_devalloc_t *later_device(uintptr_t a) {
 /* sp_free with history off: the block is in the first device whose address range holds ptr (the
  * whole path's first match too) and the lock was free; the commonest free (free_is_plain) has no
  * call on its way, any other free of a block found goes on in free_rest. false: the lock was
- * busy or the pointer is not there; nothing was done and free_full takes the whole path. */
-static inline __attribute__((always_inline)) bool free_hit(uintptr_t a, hit_mode_t mode) {
+ * busy or the pointer is not there; nothing was done and free_full takes the whole path.
+ * tc (a constant): the thread cache is on (tc_free_hit): a block the cache may hold or keep (no
+ * larger than SP_TC_MAX_BLOCK) is left to the whole path and its hook; a larger one the cache
+ * never holds (sp__tc_on_free would only read its requested size) is freed here. */
+static inline __attribute__((always_inline)) bool free_hit(uintptr_t a, hit_mode_t mode, bool tc) {
     /* devs[0] exists even with no device (zeroed: its empty range holds nothing), so the
      * commonest case, device 0, costs no device count or index. */
     sp_devalloc_t *d = sp__g.devs;
@@ -1458,7 +1535,7 @@ static inline __attribute__((always_inline)) bool free_hit(uintptr_t a, hit_mode
         return false;
     sp_block_t *b = NULL;
     sp_ref_t *pp = sp__ptr_map_slot_b(&d->map, a, &b);
-    if (SP_UNLIKELY(!pp)) {
+    if (SP_UNLIKELY(!pp) || (tc && b->size <= SP_TC_MAX_BLOCK)) {
         hit_unlock(&d->lock, mode, rec);
         return false;
     }
@@ -1544,23 +1621,46 @@ static __attribute__((noinline)) sp_status_t free_full(void *ptr) {
 
 /* sp_free's hit with the CAS, as malloc_shared's. */
 static __attribute__((noinline)) sp_status_t free_shared(void *ptr) {
-    if (free_hit((uintptr_t)ptr, HIT_CAS))
+    if (free_hit((uintptr_t)ptr, HIT_CAS, false))
         return SP_SUCCESS;
     return free_full(ptr);
 }
 
 /* sp_free once sp__fast_free_on said yes, in the bias owner (see malloc_fast). */
 static __attribute__((noinline)) sp_status_t free_fast(void *ptr) {
-    if (free_hit((uintptr_t)ptr, HIT_BIASED))
+    if (free_hit((uintptr_t)ptr, HIT_BIASED, false))
         return SP_SUCCESS;
     return free_full(ptr);
 }
 
 /* sp_free's hit in a re-bias owner (see malloc_rebiased). */
 static __attribute__((noinline)) sp_status_t free_rebiased(void *ptr) {
-    if (free_hit((uintptr_t)ptr, HIT_REBIASED))
+    if (free_hit((uintptr_t)ptr, HIT_REBIASED, false))
         return SP_SUCCESS;
     return free_full(ptr);
+}
+
+/* sp_free's hit with the thread cache on, when its setting was the only reason against the hit
+ * (sp_free): the whole path's next steps are the cache's sp__tc_free (here sp__tc_free_out: the
+ * same answer, and none at once for a thread with no block out), then the ordinary free, which
+ * free_hit's tc form does for a block the cache never holds. NULL is the whole path's (it asks
+ * no cache). */
+static inline __attribute__((always_inline)) sp_status_t tc_free_hit(void *ptr, hit_mode_t mode) {
+    if (ptr && (sp__tc_free_out((uintptr_t)ptr) || free_hit((uintptr_t)ptr, mode, true)))
+        return SP_SUCCESS;
+    return free_full(ptr);
+}
+
+static __attribute__((noinline)) sp_status_t tc_free_shared(void *ptr) {
+    return tc_free_hit(ptr, HIT_CAS);
+}
+
+static __attribute__((noinline)) sp_status_t tc_free_fast(void *ptr) {
+    return tc_free_hit(ptr, HIT_BIASED);
+}
+
+static __attribute__((noinline)) sp_status_t tc_free_rebiased(void *ptr) {
+    return tc_free_hit(ptr, HIT_REBIASED);
 }
 
 SP_EXPORT sp_status_t sp_free(void *ptr) {
@@ -1570,6 +1670,8 @@ SP_EXPORT sp_status_t sp_free(void *ptr) {
     int off = __atomic_load_n(&sp__fast_off, __ATOMIC_ACQUIRE);
     if (SP_LIKELY(off < SP_FAST_REASON))
         return free_hit_fn()(ptr);
+    if (only_tc_off(off)) /* see sp_malloc */
+        return tc_free_hit_fn()(ptr);
     return free_full(ptr);
 }
 

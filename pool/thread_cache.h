@@ -46,6 +46,13 @@ bool sp__tc_malloc(size_t size, int device, sp_stream_t stream, void **ptr_p);
  * room): the ordinary path runs, and its hook (sp__tc_on_free) decides. Takes no device lock. */
 bool sp__tc_free(uintptr_t addr, size_t *req_p, int *device_p);
 
+/* sp__tc_free for sp_free's hit (allocator.c): the same answer, but a thread whose cache has no
+ * block out (handed out to it and not yet freed: none can come back) or that has no cache yet
+ * hears no at once, without the cache's lock, and no cache is made. The whole path's
+ * sp__tc_free makes one, which sp__tc_on_free then lets keep the block; sp_free's hit leaves
+ * every block the cache could keep to that path. */
+bool sp__tc_free_out(uintptr_t addr);
+
 typedef enum sp_tc_verdict {
     SP_TC_FREE = 0, /* free the block to its pool as usual (it is unregistered now) */
     SP_TC_KEPT = 1, /* the calling thread's cache keeps it: the free is done */
