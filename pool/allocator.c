@@ -1360,56 +1360,62 @@ static __attribute__((noinline)) sp_status_t malloc_full(size_t size, int device
 /* sp_malloc once sp__fast_malloc_on said yes: the checks the hit needs, then the hit with the
  * lock taken as mode says (any thread the mode does not fit goes on to malloc_full). The copies
  * below are functions of their own so that sp_malloc saves no register before it knows which way
- * it goes. tc (a constant): the thread cache is on and its setting was the only reason against
- * the hit (sp_malloc), so what the whole path would do next is the cache's sp__tc_malloc, then
- * the ordinary malloc: a size the cache serves asks it first, a larger one (the cache never holds
- * it: sp__tc_malloc would say no without looking) goes straight to the hit. */
+ * it goes. */
 static inline __attribute__((always_inline)) sp_status_t
-malloc_hit_or_full(size_t size, int device, sp_stream_t stream, void **ptr_p, hit_mode_t mode,
-                   bool tc) {
+malloc_hit_or_full(size_t size, int device, sp_stream_t stream, void **ptr_p, hit_mode_t mode) {
     sp_status_t s;
     if (SP_LIKELY((unsigned)device < (unsigned)sp__g.ndev && ptr_p && size - 1 < SP_ONE_EB - 1 &&
-                  !is_pseudo_stream(stream))) {
-        if (tc && size <= SP_TC_MAX_BLOCK && sp__tc_malloc(size, device, stream, ptr_p))
-            return SP_SUCCESS;
-        if (malloc_hit(&sp__g.devs[device], size, stream, ptr_p, &s, mode))
-            return s;
-    }
+                  !is_pseudo_stream(stream)) &&
+        malloc_hit(&sp__g.devs[device], size, stream, ptr_p, &s, mode))
+        return s;
     return malloc_full(size, device, stream, ptr_p);
 }
 
 /* The hit of a process whose locks are not biased: the lock taken with a CAS. */
 static __attribute__((noinline)) sp_status_t malloc_shared(size_t size, int device,
                                                            sp_stream_t stream, void **ptr_p) {
-    return malloc_hit_or_full(size, device, stream, ptr_p, HIT_CAS, false);
+    return malloc_hit_or_full(size, device, stream, ptr_p, HIT_CAS);
 }
 
 /* The first bias owner's hit. */
 static __attribute__((noinline)) sp_status_t malloc_fast(size_t size, int device,
                                                          sp_stream_t stream, void **ptr_p) {
-    return malloc_hit_or_full(size, device, stream, ptr_p, HIT_BIASED, false);
+    return malloc_hit_or_full(size, device, stream, ptr_p, HIT_BIASED);
 }
 
 /* A re-bias owner's hit. */
 static __attribute__((noinline)) sp_status_t malloc_rebiased(size_t size, int device,
                                                              sp_stream_t stream, void **ptr_p) {
-    return malloc_hit_or_full(size, device, stream, ptr_p, HIT_REBIASED, false);
+    return malloc_hit_or_full(size, device, stream, ptr_p, HIT_REBIASED);
 }
 
-/* The three copies again with the thread cache in front (see malloc_hit_or_full). */
+/* sp_malloc with the thread cache on, when its setting was the only reason against the hit
+ * (sp_malloc): what the whole path would do next is the cache's sp__tc_malloc, then the ordinary
+ * malloc, which the hit copy `hit` does. A request the cache may serve (1 B to 1 MiB, with
+ * arguments the whole path would not refuse first) asks it; any other (a larger one: the cache
+ * never holds it, sp__tc_malloc would say no without looking) goes to the hit at once. Every way
+ * on is a tail call, so the copies below save no register. */
+static inline __attribute__((always_inline)) sp_status_t
+tc_malloc_then(size_t size, int device, sp_stream_t stream, void **ptr_p, sp_malloc_fn_t hit) {
+    if (size - 1 < SP_TC_MAX_BLOCK && ptr_p && (unsigned)device < (unsigned)sp__g.ndev &&
+        !is_pseudo_stream(stream))
+        return sp__tc_malloc_or(size, device, stream, ptr_p, hit);
+    return hit(size, device, stream, ptr_p);
+}
+
 static __attribute__((noinline)) sp_status_t tc_malloc_shared(size_t size, int device,
                                                               sp_stream_t stream, void **ptr_p) {
-    return malloc_hit_or_full(size, device, stream, ptr_p, HIT_CAS, true);
+    return tc_malloc_then(size, device, stream, ptr_p, malloc_shared);
 }
 
 static __attribute__((noinline)) sp_status_t tc_malloc_fast(size_t size, int device,
                                                             sp_stream_t stream, void **ptr_p) {
-    return malloc_hit_or_full(size, device, stream, ptr_p, HIT_BIASED, true);
+    return tc_malloc_then(size, device, stream, ptr_p, malloc_fast);
 }
 
 static __attribute__((noinline)) sp_status_t tc_malloc_rebiased(size_t size, int device,
                                                                 sp_stream_t stream, void **ptr_p) {
-    return malloc_hit_or_full(size, device, stream, ptr_p, HIT_REBIASED, true);
+    return tc_malloc_then(size, device, stream, ptr_p, malloc_rebiased);
 }
 
 /* Is the thread cache's setting the only reason against the hits, off being sp__fast_off? Its
@@ -1640,27 +1646,40 @@ static __attribute__((noinline)) sp_status_t free_rebiased(void *ptr) {
     return free_full(ptr);
 }
 
-/* sp_free's hit with the thread cache on, when its setting was the only reason against the hit
- * (sp_free): the whole path's next steps are the cache's sp__tc_free (here sp__tc_free_out: the
+/* sp_free with the thread cache on, when its setting was the only reason against the hit
+ * (sp_free): the whole path's next steps are the cache's sp__tc_free (here sp__tc_free_or: the
  * same answer, and none at once for a thread with no block out), then the ordinary free, which
- * free_hit's tc form does for a block the cache never holds. NULL is the whole path's (it asks
- * no cache). */
-static inline __attribute__((always_inline)) sp_status_t tc_free_hit(void *ptr, hit_mode_t mode) {
-    if (ptr && (sp__tc_free_out((uintptr_t)ptr) || free_hit((uintptr_t)ptr, mode, true)))
+ * the tc_free_rest_ copies do with free_hit's tc form for a block the cache never holds (any
+ * other goes the whole path, whose hook may keep it). NULL is the whole path's (it asks no
+ * cache). The ways on are tail calls, as in tc_malloc_then. */
+static inline __attribute__((always_inline)) sp_status_t tc_free_rest(void *ptr, hit_mode_t mode) {
+    if (free_hit((uintptr_t)ptr, mode, true))
         return SP_SUCCESS;
     return free_full(ptr);
 }
 
+static __attribute__((noinline)) sp_status_t tc_free_rest_shared(void *ptr) {
+    return tc_free_rest(ptr, HIT_CAS);
+}
+
+static __attribute__((noinline)) sp_status_t tc_free_rest_fast(void *ptr) {
+    return tc_free_rest(ptr, HIT_BIASED);
+}
+
+static __attribute__((noinline)) sp_status_t tc_free_rest_rebiased(void *ptr) {
+    return tc_free_rest(ptr, HIT_REBIASED);
+}
+
 static __attribute__((noinline)) sp_status_t tc_free_shared(void *ptr) {
-    return tc_free_hit(ptr, HIT_CAS);
+    return ptr ? sp__tc_free_or(ptr, tc_free_rest_shared) : free_full(ptr);
 }
 
 static __attribute__((noinline)) sp_status_t tc_free_fast(void *ptr) {
-    return tc_free_hit(ptr, HIT_BIASED);
+    return ptr ? sp__tc_free_or(ptr, tc_free_rest_fast) : free_full(ptr);
 }
 
 static __attribute__((noinline)) sp_status_t tc_free_rebiased(void *ptr) {
-    return tc_free_hit(ptr, HIT_REBIASED);
+    return ptr ? sp__tc_free_or(ptr, tc_free_rest_rebiased) : free_full(ptr);
 }
 
 SP_EXPORT sp_status_t sp_free(void *ptr) {

@@ -298,21 +298,30 @@ bool sp__tc_free(uintptr_t addr, size_t *req_p, int *device_p) {
     return t && tc_free_in(t, addr, req_p, device_p);
 }
 
-/* sp__tc_free_out's call of tc_free_in, out of line: inlined there, it made that function save
- * registers before its first test, where most calls of it end; a copy of its own keeps the
- * constant NULLs folded (a shared out-of-line tc_free_in cost the cached 512 B pair 16
- * instructions). */
-static __attribute__((noinline)) bool tc_free_mine(sp_tcache_t *t, uintptr_t addr) {
-    return tc_free_in(t, addr, NULL, NULL);
+/* sp__tc_free_or's look in t, out of line: inlined there, it made that function save registers
+ * before its first test, where most of its calls end; a copy of its own keeps the constant NULLs
+ * folded (a shared out-of-line tc_free_in cost the cached 512 B pair 16 instructions). */
+static __attribute__((noinline)) sp_status_t tc_free_mine_or(sp_tcache_t *t, void *ptr,
+                                                             sp_free_fn_t next) {
+    if (tc_free_in(t, (uintptr_t)ptr, NULL, NULL))
+        return SP_SUCCESS;
+    return next(ptr);
 }
 
-bool sp__tc_free_out(uintptr_t addr) {
+sp_status_t sp__tc_free_or(void *ptr, sp_free_fn_t next) {
     sp_tcache_t *t = tl_tc;
     /* Only this thread hands its cache's entries out, so none out now stays none during the call:
      * sp__tc_free could only say no. */
     if (!t || !__atomic_load_n(&t->nout, __ATOMIC_RELAXED))
-        return false;
-    return tc_free_mine(t, addr);
+        return next(ptr);
+    return tc_free_mine_or(t, ptr, next);
+}
+
+sp_status_t sp__tc_malloc_or(size_t size, int device, sp_stream_t stream, void **ptr_p,
+                             sp_malloc_fn_t next) {
+    if (sp__tc_malloc(size, device, stream, ptr_p))
+        return SP_SUCCESS;
+    return next(size, device, stream, ptr_p);
 }
 
 /* ---- under the device lock --------------------------------------------------------------- */
