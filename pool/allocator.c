@@ -343,6 +343,10 @@ hand_out(sp_devalloc_t *d, sp_block_t *b, bool in_set, sp_block_t *pred, size_t 
     sp_dev_stats_t *st = &d->stats;
     sp_stat_t *row = bp->tstat;
     bool already_split = b->prev || b->next;
+    /* b's address and size, read before any store: the stores to the new struct below may
+     * alias b's fields for the compiler (same type), which would read them again. */
+    uintptr_t b_addr = b->addr;
+    size_t b_size = b->size;
     /* The struct a split needs; without one (out of host memory) the block goes out whole. */
     sp_ref_t nr = split ? d->spare : 0; /* the new struct's ref, where the fast form knows it */
     sp_block_t *nb = split                       ? spare_pop(d)
@@ -355,7 +359,7 @@ hand_out(sp_devalloc_t *d, sp_block_t *b, bool in_set, sp_block_t *pred, size_t 
             /* Every field of the new struct is set here (links and balance only matter in a set,
              * hnext is set by the pointer map below). */
             sp_block_t *a = nb;
-            a->addr = b->addr;
+            a->addr = b_addr;
             a->size = size;
             a->seg = b->seg;
             a->in_set = false;
@@ -364,8 +368,8 @@ hand_out(sp_devalloc_t *d, sp_block_t *b, bool in_set, sp_block_t *pred, size_t 
                 sp__block_link_before_ref(a, nr, b, seg);
             else
                 sp__block_link_before(a, b);
-            b->addr += size;
-            b->size -= size;
+            b->addr = b_addr + size;
+            b->size = b_size - size;
             b->gc_count = bp->gfb_count;
             if (!fast && pred && !sp__bset_less(&bp->free, pred, b))
                 sp__bset_move(&bp->free, b);
@@ -375,8 +379,8 @@ hand_out(sp_devalloc_t *d, sp_block_t *b, bool in_set, sp_block_t *pred, size_t 
             /* The allocation keeps the low addresses; the remainder moves up and stays cached.
              * Every field is set here or by the set (links, balance, in_set) below. */
             rem = nb;
-            rem->addr = b->addr + size;
-            rem->size = b->size - size;
+            rem->addr = b_addr + size;
+            rem->size = b_size - size;
             rem->seg = b->seg;
             rem->hnext = 0;
             rem->gc_count = bp->gfb_count;
@@ -393,14 +397,14 @@ hand_out(sp_devalloc_t *d, sp_block_t *b, bool in_set, sp_block_t *pred, size_t 
         } else if (already_split) {
             sp__stat_t_dec(st, row, SP_ST_INACTIVE_SPLIT_BYTES, (int64_t)size); /* b's size */
         } else {
-            sp__stat_t_inc(st, row, SP_ST_INACTIVE_SPLIT_BYTES, (int64_t)rem->size);
+            sp__stat_t_inc(st, row, SP_ST_INACTIVE_SPLIT_BYTES, (int64_t)(b_size - size));
             sp__stat_t_inc(st, row, SP_ST_INACTIVE_SPLIT, 1);
         }
     } else {
         if (in_set)
             sp__bset_remove(&bp->free, b);
         if (already_split && (fast || !seg->expandable)) {
-            sp__stat_t_dec(st, row, SP_ST_INACTIVE_SPLIT_BYTES, (int64_t)b->size);
+            sp__stat_t_dec(st, row, SP_ST_INACTIVE_SPLIT_BYTES, (int64_t)b_size);
             sp__stat_t_dec(st, row, SP_ST_INACTIVE_SPLIT, 1);
         }
     }
@@ -414,7 +418,8 @@ hand_out(sp_devalloc_t *d, sp_block_t *b, bool in_set, sp_block_t *pred, size_t 
         sp__ptr_map_insert_room(&d->map, b);
     else
         sp__ptr_map_insert(&d->map, b);
-    size_t got = b->size; /* one load: the stats' stores may alias it for the compiler */
+    /* What b holds now: `size` after a split (no load), else the whole block. */
+    size_t got = split || nb ? size : b_size;
     bp->pool->used += got;
     sp__stat_t_inc(st, row, SP_ST_ALLOCATION, 1);
     sp__stat_t_inc(st, row, SP_ST_ALLOCATED_BYTES, (int64_t)got);
@@ -773,22 +778,39 @@ void sp__alloc_free_block(sp_devalloc_t *d, sp_block_t *b, uint32_t free_ctx) {
     free_block(d, b, false, free_ctx, sp__history_on(), FREE_ANY);
 }
 
-static inline __attribute__((always_inline)) void
-free_locked(sp_devalloc_t *d, sp_block_t *b, bool low, uint32_t context, bool hist, int form) {
-    bool fast = form != FREE_ANY;
-    sp_bpool_t *bp = sp__bseg(b)->bpool;
-    sp_dev_stats_t *st = &d->stats;
+/* The allocation's own figures of a free of `size` bytes in bp: the pool's used bytes,
+ * allocation, allocated_bytes and oversize_allocations. */
+static inline __attribute__((always_inline)) void allocation_down(sp_dev_stats_t *st,
+                                                                  sp_bpool_t *bp, size_t size) {
     sp_stat_t *row = bp->tstat;
-    size_t size = b->size; /* one load: the stats' stores may alias it for the compiler */
-    bool uses = !fast && sp__block_has_uses(b); /* before allocated drops */
-    b->allocated = false;
-    if (SP_UNLIKELY(uses))
-        sp__stats_untie(st); /* the free may wait for events: active stays up meanwhile */
     bp->pool->used -= size;
     sp__stat_t_dec(st, row, SP_ST_ALLOCATION, 1);
     sp__stat_t_dec(st, row, SP_ST_ALLOCATED_BYTES, (int64_t)size);
     if (size >= sp__g.conf.max_split_size)
         sp__stat_add(&st->oversize_allocations, -1);
+}
+
+static inline __attribute__((always_inline)) void
+free_locked(sp_devalloc_t *d, sp_block_t *b, bool low, uint32_t context, bool hist, int form) {
+    bool fast = form != FREE_ANY;
+    sp_bpool_t *bp = sp__bseg(b)->bpool;
+    sp_dev_stats_t *st = &d->stats;
+    size_t size = b->size; /* one load: the stats' stores may alias it for the compiler */
+    if (fast) {
+        b->allocated = false;
+        /* The fast forms (history off, no events) free the block first: free_block then reads
+         * b's fields before any store to a statistic, which the compiler would otherwise
+         * take for a possible store to them and read them again. The two touch different
+         * figures, so the order changes nothing seen after the lock. */
+        free_block(d, b, low, context, hist, form);
+        allocation_down(st, bp, size);
+        return;
+    }
+    bool uses = sp__block_has_uses(b); /* before allocated drops */
+    b->allocated = false;
+    if (SP_UNLIKELY(uses))
+        sp__stats_untie(st); /* the free may wait for events: active stays up meanwhile */
+    allocation_down(st, bp, size);
     if (SP_UNLIKELY(hist))
         sp__history_record(d->device, SP_TRACE_FREE_REQUESTED, b->addr, b->requested,
                            (uintptr_t)sp__block_stream(b), bp->pool->id,
@@ -1547,7 +1569,8 @@ static inline __attribute__((always_inline)) bool free_hit(uintptr_t a, hit_mode
     }
     bool low = false;
     if (SP_LIKELY(free_is_plain(b, &low))) {
-        free_locked(d, sp__ptr_map_unlink_b(&d->map, pp, b), low, 0, false, FREE_ONE);
+        /* b's struct goes to the idle list, which sets its hnext: no clearing first. */
+        free_locked(d, sp__ptr_map_unlink_reused(&d->map, pp, b), low, 0, false, FREE_ONE);
         hit_unlock(&d->lock, mode, rec);
     } else {
         free_rest(d, pp);
