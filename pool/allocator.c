@@ -1549,9 +1549,10 @@ static __attribute__((noinline)) sp_devalloc_t *later_device(uintptr_t a) {
  * whole path's first match too) and the lock was free; the commonest free (free_is_plain) has no
  * call on its way, any other free of a block found goes on in free_rest. false: the lock was
  * busy or the pointer is not there; nothing was done and free_full takes the whole path.
- * tc (a constant): the thread cache is on (tc_free_hit): a block the cache may hold or keep (no
- * larger than SP_TC_MAX_BLOCK) is left to the whole path and its hook; a larger one the cache
- * never holds (sp__tc_on_free would only read its requested size) is freed here. */
+ * tc (a constant): the thread cache is on and the calling thread's table was asked first
+ * (tc_free_rest): a block the cache may hold or keep (no larger than SP_TC_MAX_BLOCK) meets the
+ * whole path's hook here, under the lock already held; a larger one the cache never holds
+ * (sp__tc_on_free would only read its requested size) goes straight on. */
 static inline __attribute__((always_inline)) bool free_hit(uintptr_t a, hit_mode_t mode, bool tc) {
     /* devs[0] exists even with no device (zeroed: its empty range holds nothing), so the
      * commonest case, device 0, costs no device count or index. */
@@ -1563,9 +1564,19 @@ static inline __attribute__((always_inline)) bool free_hit(uintptr_t a, hit_mode
         return false;
     sp_block_t *b = NULL;
     sp_ref_t *pp = sp__ptr_map_slot_b(&d->map, a, &b);
-    if (SP_UNLIKELY(!pp) || (tc && b->size <= SP_TC_MAX_BLOCK)) {
+    if (SP_UNLIKELY(!pp)) {
         hit_unlock(&d->lock, mode, rec);
         return false;
+    }
+    if (tc && b->size <= SP_TC_MAX_BLOCK) {
+        size_t req_unused;
+        sp_tc_verdict_t v = sp__tc_on_free(d, b, false, &req_unused);
+        if (v != SP_TC_FREE) {
+            /* Kept by this thread's cache: done. Idle in a cache already: a double free, which
+             * the whole path finds again and reports. */
+            hit_unlock(&d->lock, mode, rec);
+            return v == SP_TC_KEPT;
+        }
     }
     bool low = false;
     if (SP_LIKELY(free_is_plain(b, &low))) {
@@ -1671,10 +1682,9 @@ static __attribute__((noinline)) sp_status_t free_rebiased(void *ptr) {
 
 /* sp_free with the thread cache on, when its setting was the only reason against the hit
  * (sp_free): the whole path's next steps are the cache's sp__tc_free (here sp__tc_free_or: the
- * same answer, and none at once for a thread with no block out), then the ordinary free, which
- * the tc_free_rest_ copies do with free_hit's tc form for a block the cache never holds (any
- * other goes the whole path, whose hook may keep it). NULL is the whole path's (it asks no
- * cache). The ways on are tail calls, as in tc_malloc_then. */
+ * same answer, and none at once for a thread with no block out), then the ordinary free with its
+ * hook, which the tc_free_rest_ copies do with free_hit's tc form. NULL is the whole path's (it
+ * asks no cache). The ways on are tail calls, as in tc_malloc_then. */
 static inline __attribute__((always_inline)) sp_status_t tc_free_rest(void *ptr, hit_mode_t mode) {
     if (free_hit((uintptr_t)ptr, mode, true))
         return SP_SUCCESS;

@@ -310,9 +310,13 @@ static __attribute__((noinline)) sp_status_t tc_free_mine_or(sp_tcache_t *t, voi
 
 sp_status_t sp__tc_free_or(void *ptr, sp_free_fn_t next) {
     sp_tcache_t *t = tl_tc;
+    /* A thread's first free makes its cache, as sp__tc_free does: the hook after it keeps blocks
+     * only in a cache that exists. */
+    if (SP_UNLIKELY(!t) && !(t = tc_mine()))
+        return next(ptr);
     /* Only this thread hands its cache's entries out, so none out now stays none during the call:
      * sp__tc_free could only say no. */
-    if (!t || !__atomic_load_n(&t->nout, __ATOMIC_RELAXED))
+    if (!__atomic_load_n(&t->nout, __ATOMIC_RELAXED))
         return next(ptr);
     return tc_free_mine_or(t, ptr, next);
 }

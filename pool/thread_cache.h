@@ -58,11 +58,9 @@ sp_status_t sp__tc_malloc_or(size_t size, int device, sp_stream_t stream, void *
                              sp_malloc_fn_t next);
 
 /* sp__tc_free for sp_free's hit copies (allocator.c), with ptr not NULL: the block back into the
- * cache, or else next(ptr) (a tail call). A thread whose cache has no block out (handed out to
- * it and not yet freed: none can come back) or that has no cache yet goes to next at once, without
- * the cache's lock, and no cache is made: the whole path's sp__tc_free makes one, which
- * sp__tc_on_free then lets keep the block, and next leaves every block a cache could keep to
- * that path. */
+ * cache, or else next(ptr) (a tail call). It makes the thread's cache as sp__tc_free does; a
+ * thread whose cache has no block out (handed out to it and not yet freed: none can come back)
+ * goes to next at once, without the cache's lock. */
 sp_status_t sp__tc_free_or(void *ptr, sp_free_fn_t next);
 
 typedef enum sp_tc_verdict {
