@@ -343,6 +343,10 @@ hand_out(sp_devalloc_t *d, sp_block_t *b, bool in_set, sp_block_t *pred, size_t 
     sp_dev_stats_t *st = &d->stats;
     sp_stat_t *row = bp->tstat;
     bool already_split = b->prev || b->next;
+    /* b's address and size, read before any store: the stores to the new struct below may
+     * alias b's fields for the compiler (same type), which would read them again. */
+    uintptr_t b_addr = b->addr;
+    size_t b_size = b->size;
     /* The struct a split needs; without one (out of host memory) the block goes out whole. */
     sp_ref_t nr = split ? d->spare : 0; /* the new struct's ref, where the fast form knows it */
     sp_block_t *nb = split                       ? spare_pop(d)
@@ -355,7 +359,7 @@ hand_out(sp_devalloc_t *d, sp_block_t *b, bool in_set, sp_block_t *pred, size_t 
             /* Every field of the new struct is set here (links and balance only matter in a set,
              * hnext is set by the pointer map below). */
             sp_block_t *a = nb;
-            a->addr = b->addr;
+            a->addr = b_addr;
             a->size = size;
             a->seg = b->seg;
             a->in_set = false;
@@ -364,8 +368,8 @@ hand_out(sp_devalloc_t *d, sp_block_t *b, bool in_set, sp_block_t *pred, size_t 
                 sp__block_link_before_ref(a, nr, b, seg);
             else
                 sp__block_link_before(a, b);
-            b->addr += size;
-            b->size -= size;
+            b->addr = b_addr + size;
+            b->size = b_size - size;
             b->gc_count = bp->gfb_count;
             if (!fast && pred && !sp__bset_less(&bp->free, pred, b))
                 sp__bset_move(&bp->free, b);
@@ -375,8 +379,8 @@ hand_out(sp_devalloc_t *d, sp_block_t *b, bool in_set, sp_block_t *pred, size_t 
             /* The allocation keeps the low addresses; the remainder moves up and stays cached.
              * Every field is set here or by the set (links, balance, in_set) below. */
             rem = nb;
-            rem->addr = b->addr + size;
-            rem->size = b->size - size;
+            rem->addr = b_addr + size;
+            rem->size = b_size - size;
             rem->seg = b->seg;
             rem->hnext = 0;
             rem->gc_count = bp->gfb_count;
@@ -393,14 +397,14 @@ hand_out(sp_devalloc_t *d, sp_block_t *b, bool in_set, sp_block_t *pred, size_t 
         } else if (already_split) {
             sp__stat_t_dec(st, row, SP_ST_INACTIVE_SPLIT_BYTES, (int64_t)size); /* b's size */
         } else {
-            sp__stat_t_inc(st, row, SP_ST_INACTIVE_SPLIT_BYTES, (int64_t)rem->size);
+            sp__stat_t_inc(st, row, SP_ST_INACTIVE_SPLIT_BYTES, (int64_t)(b_size - size));
             sp__stat_t_inc(st, row, SP_ST_INACTIVE_SPLIT, 1);
         }
     } else {
         if (in_set)
             sp__bset_remove(&bp->free, b);
         if (already_split && (fast || !seg->expandable)) {
-            sp__stat_t_dec(st, row, SP_ST_INACTIVE_SPLIT_BYTES, (int64_t)b->size);
+            sp__stat_t_dec(st, row, SP_ST_INACTIVE_SPLIT_BYTES, (int64_t)b_size);
             sp__stat_t_dec(st, row, SP_ST_INACTIVE_SPLIT, 1);
         }
     }
@@ -414,7 +418,8 @@ hand_out(sp_devalloc_t *d, sp_block_t *b, bool in_set, sp_block_t *pred, size_t 
         sp__ptr_map_insert_room(&d->map, b);
     else
         sp__ptr_map_insert(&d->map, b);
-    size_t got = b->size; /* one load: the stats' stores may alias it for the compiler */
+    /* What b holds now: `size` after a split (no load), else the whole block. */
+    size_t got = split || nb ? size : b_size;
     bp->pool->used += got;
     sp__stat_t_inc(st, row, SP_ST_ALLOCATION, 1);
     sp__stat_t_inc(st, row, SP_ST_ALLOCATED_BYTES, (int64_t)got);
@@ -773,22 +778,39 @@ void sp__alloc_free_block(sp_devalloc_t *d, sp_block_t *b, uint32_t free_ctx) {
     free_block(d, b, false, free_ctx, sp__history_on(), FREE_ANY);
 }
 
-static inline __attribute__((always_inline)) void
-free_locked(sp_devalloc_t *d, sp_block_t *b, bool low, uint32_t context, bool hist, int form) {
-    bool fast = form != FREE_ANY;
-    sp_bpool_t *bp = sp__bseg(b)->bpool;
-    sp_dev_stats_t *st = &d->stats;
+/* The allocation's own figures of a free of `size` bytes in bp: the pool's used bytes,
+ * allocation, allocated_bytes and oversize_allocations. */
+static inline __attribute__((always_inline)) void allocation_down(sp_dev_stats_t *st,
+                                                                  sp_bpool_t *bp, size_t size) {
     sp_stat_t *row = bp->tstat;
-    size_t size = b->size; /* one load: the stats' stores may alias it for the compiler */
-    bool uses = !fast && sp__block_has_uses(b); /* before allocated drops */
-    b->allocated = false;
-    if (SP_UNLIKELY(uses))
-        sp__stats_untie(st); /* the free may wait for events: active stays up meanwhile */
     bp->pool->used -= size;
     sp__stat_t_dec(st, row, SP_ST_ALLOCATION, 1);
     sp__stat_t_dec(st, row, SP_ST_ALLOCATED_BYTES, (int64_t)size);
     if (size >= sp__g.conf.max_split_size)
         sp__stat_add(&st->oversize_allocations, -1);
+}
+
+static inline __attribute__((always_inline)) void
+free_locked(sp_devalloc_t *d, sp_block_t *b, bool low, uint32_t context, bool hist, int form) {
+    bool fast = form != FREE_ANY;
+    sp_bpool_t *bp = sp__bseg(b)->bpool;
+    sp_dev_stats_t *st = &d->stats;
+    size_t size = b->size; /* one load: the stats' stores may alias it for the compiler */
+    if (fast) {
+        b->allocated = false;
+        /* The fast forms (history off, no events) free the block first: free_block then reads
+         * b's fields before any store to a statistic, which the compiler would otherwise
+         * take for a possible store to them and read them again. The two touch different
+         * figures, so the order changes nothing seen after the lock. */
+        free_block(d, b, low, context, hist, form);
+        allocation_down(st, bp, size);
+        return;
+    }
+    bool uses = sp__block_has_uses(b); /* before allocated drops */
+    b->allocated = false;
+    if (SP_UNLIKELY(uses))
+        sp__stats_untie(st); /* the free may wait for events: active stays up meanwhile */
+    allocation_down(st, bp, size);
     if (SP_UNLIKELY(hist))
         sp__history_record(d->device, SP_TRACE_FREE_REQUESTED, b->addr, b->requested,
                            (uintptr_t)sp__block_stream(b), bp->pool->id,
@@ -1211,10 +1233,14 @@ static inline __attribute__((always_inline)) bool malloc_hit(sp_devalloc_t *d, s
  * jump instead of a second test of sp__fast_off: either way the call is one instruction, and the
  * copies not chosen cost nothing. Any copy is right in any state (a biased copy sends a thread
  * that does not own the lock that way to the whole path; a CAS fails on a biased word), so a call
- * that read the old choice while it changes is only slower. */
+ * that read the old choice while it changes is only slower. The tc_ pair is the same three
+ * copies with the thread cache in front (sp_malloc/sp_free call them when the cache's setting is
+ * the only reason against the hits: see there). */
 typedef struct {
     sp_status_t (*malloc_hit)(size_t, int, sp_stream_t, void **);
     sp_status_t (*free_hit)(void *);
+    sp_status_t (*tc_malloc_hit)(size_t, int, sp_stream_t, void **);
+    sp_status_t (*tc_free_hit)(void *);
 } hits_t;
 static sp_status_t malloc_fast(size_t, int, sp_stream_t, void **);
 static sp_status_t malloc_rebiased(size_t, int, sp_stream_t, void **);
@@ -1222,7 +1248,13 @@ static sp_status_t malloc_shared(size_t, int, sp_stream_t, void **);
 static sp_status_t free_fast(void *);
 static sp_status_t free_rebiased(void *);
 static sp_status_t free_shared(void *);
-static hits_t g_hits = {malloc_shared, free_shared};
+static sp_status_t tc_malloc_fast(size_t, int, sp_stream_t, void **);
+static sp_status_t tc_malloc_rebiased(size_t, int, sp_stream_t, void **);
+static sp_status_t tc_malloc_shared(size_t, int, sp_stream_t, void **);
+static sp_status_t tc_free_fast(void *);
+static sp_status_t tc_free_rebiased(void *);
+static sp_status_t tc_free_shared(void *);
+static hits_t g_hits = {malloc_shared, free_shared, tc_malloc_shared, tc_free_shared};
 
 /* A plain read outside ThreadSanitizer builds: the pointers are whole aligned words written
  * while other threads may call; a relaxed atomic load would cost the call an instruction (the
@@ -1243,6 +1275,22 @@ static inline sp_status_t (*free_hit_fn(void))(void *) {
 #endif
 }
 
+static inline sp_status_t (*tc_malloc_hit_fn(void))(size_t, int, sp_stream_t, void **) {
+#ifdef SP_LOCK_TSAN
+    return __atomic_load_n(&g_hits.tc_malloc_hit, __ATOMIC_RELAXED);
+#else
+    return g_hits.tc_malloc_hit;
+#endif
+}
+
+static inline sp_status_t (*tc_free_hit_fn(void))(void *) {
+#ifdef SP_LOCK_TSAN
+    return __atomic_load_n(&g_hits.tc_free_hit, __ATOMIC_RELAXED);
+#else
+    return g_hits.tc_free_hit;
+#endif
+}
+
 /* The state of the locks the hits were last chosen for (sp__lock_bias_state's word). */
 static int g_hits_state = -1;
 
@@ -1259,6 +1307,16 @@ static void hits_choose(int state) {
                      shared ? free_shared
                      : era  ? free_rebiased
                             : free_fast,
+                     __ATOMIC_RELAXED);
+    __atomic_store_n(&g_hits.tc_malloc_hit,
+                     shared ? tc_malloc_shared
+                     : era  ? tc_malloc_rebiased
+                            : tc_malloc_fast,
+                     __ATOMIC_RELAXED);
+    __atomic_store_n(&g_hits.tc_free_hit,
+                     shared ? tc_free_shared
+                     : era  ? tc_free_rebiased
+                            : tc_free_fast,
                      __ATOMIC_RELAXED);
     __atomic_store_n(&g_hits_state, state, __ATOMIC_RELAXED);
 }
@@ -1353,6 +1411,46 @@ static __attribute__((noinline)) sp_status_t malloc_rebiased(size_t size, int de
     return malloc_hit_or_full(size, device, stream, ptr_p, HIT_REBIASED);
 }
 
+/* sp_malloc with the thread cache on, when its setting was the only reason against the hit
+ * (sp_malloc): what the whole path would do next is the cache's sp__tc_malloc, then the ordinary
+ * malloc, which the hit copy `hit` does. A request the cache may serve (1 B to 1 MiB, with
+ * arguments the whole path would not refuse first) asks it; any other (a larger one: the cache
+ * never holds it, sp__tc_malloc would say no without looking) goes to the hit at once. Every way
+ * on is a tail call, so the copies below save no register. */
+static inline __attribute__((always_inline)) sp_status_t
+tc_malloc_then(size_t size, int device, sp_stream_t stream, void **ptr_p, sp_malloc_fn_t hit) {
+    if (size - 1 < SP_TC_MAX_BLOCK && ptr_p && (unsigned)device < (unsigned)sp__g.ndev &&
+        !is_pseudo_stream(stream))
+        return sp__tc_malloc_or(size, device, stream, ptr_p, hit);
+    return hit(size, device, stream, ptr_p);
+}
+
+static __attribute__((noinline)) sp_status_t tc_malloc_shared(size_t size, int device,
+                                                              sp_stream_t stream, void **ptr_p) {
+    return tc_malloc_then(size, device, stream, ptr_p, malloc_shared);
+}
+
+static __attribute__((noinline)) sp_status_t tc_malloc_fast(size_t size, int device,
+                                                            sp_stream_t stream, void **ptr_p) {
+    return tc_malloc_then(size, device, stream, ptr_p, malloc_fast);
+}
+
+static __attribute__((noinline)) sp_status_t tc_malloc_rebiased(size_t size, int device,
+                                                                sp_stream_t stream, void **ptr_p) {
+    return tc_malloc_then(size, device, stream, ptr_p, malloc_rebiased);
+}
+
+/* Is the thread cache's setting the only reason against the hits, off being sp__fast_off? Its
+ * share is SP_FAST_TC_REST (api.c's fast_rest with the cache on), and off equals that share alone
+ * only while sympool is ready with no other reason in force: a reason's share is SP_FAST_REASON,
+ * and while not ready off is SP_FAST_NOT_READY plus such shares, never that odd share. Other
+ * settings may make the same share with a reason in force (SP_FAST_NO_HIT and history), hence
+ * tc_limit too, which is read only once off says ready: the init wrote it before it released
+ * off's share. */
+static inline bool only_tc_off(int off) {
+    return off == SP_FAST_TC_REST && sp__g.tc_limit;
+}
+
 SP_EXPORT sp_status_t sp_malloc(size_t size, int device, sp_stream_t stream, void **ptr_p) {
     /* The commonest call (sympool ready, no callback running, no pool routing, no history, the
      * plain hit's settings: sp__fast_malloc_on; a valid device and size, a real stream) tries the
@@ -1361,6 +1459,10 @@ SP_EXPORT sp_status_t sp_malloc(size_t size, int device, sp_stream_t stream, voi
     int off = __atomic_load_n(&sp__fast_off, __ATOMIC_ACQUIRE);
     if (SP_LIKELY(off == 0))
         return malloc_hit_fn()(size, device, stream, ptr_p);
+    /* With the thread cache on, the same call goes through the cache and then the hit (the
+     * whole path's order, without its checks the gate has made). */
+    if (only_tc_off(off))
+        return tc_malloc_hit_fn()(size, device, stream, ptr_p);
     return malloc_full(size, device, stream, ptr_p);
 }
 
@@ -1446,8 +1548,12 @@ static __attribute__((noinline)) sp_devalloc_t *later_device(uintptr_t a) {
 /* sp_free with history off: the block is in the first device whose address range holds ptr (the
  * whole path's first match too) and the lock was free; the commonest free (free_is_plain) has no
  * call on its way, any other free of a block found goes on in free_rest. false: the lock was
- * busy or the pointer is not there; nothing was done and free_full takes the whole path. */
-static inline __attribute__((always_inline)) bool free_hit(uintptr_t a, hit_mode_t mode) {
+ * busy or the pointer is not there; nothing was done and free_full takes the whole path.
+ * tc (a constant): the thread cache is on and the calling thread's table was asked first
+ * (tc_free_rest): a block the cache may hold or keep (no larger than SP_TC_MAX_BLOCK) meets the
+ * whole path's hook here, under the lock already held; a larger one the cache never holds
+ * (sp__tc_on_free would only read its requested size) goes straight on. */
+static inline __attribute__((always_inline)) bool free_hit(uintptr_t a, hit_mode_t mode, bool tc) {
     /* devs[0] exists even with no device (zeroed: its empty range holds nothing), so the
      * commonest case, device 0, costs no device count or index. */
     sp_devalloc_t *d = sp__g.devs;
@@ -1462,9 +1568,20 @@ static inline __attribute__((always_inline)) bool free_hit(uintptr_t a, hit_mode
         hit_unlock(&d->lock, mode, rec);
         return false;
     }
+    if (tc && b->size <= SP_TC_MAX_BLOCK) {
+        size_t req_unused;
+        sp_tc_verdict_t v = sp__tc_on_free(d, b, false, &req_unused);
+        if (v != SP_TC_FREE) {
+            /* Kept by this thread's cache: done. Idle in a cache already: a double free, which
+             * the whole path finds again and reports. */
+            hit_unlock(&d->lock, mode, rec);
+            return v == SP_TC_KEPT;
+        }
+    }
     bool low = false;
     if (SP_LIKELY(free_is_plain(b, &low))) {
-        free_locked(d, sp__ptr_map_unlink_b(&d->map, pp, b), low, 0, false, FREE_ONE);
+        /* b's struct goes to the idle list, which sets its hnext: no clearing first. */
+        free_locked(d, sp__ptr_map_unlink_reused(&d->map, pp, b), low, 0, false, FREE_ONE);
         hit_unlock(&d->lock, mode, rec);
     } else {
         free_rest(d, pp);
@@ -1544,23 +1661,58 @@ static __attribute__((noinline)) sp_status_t free_full(void *ptr) {
 
 /* sp_free's hit with the CAS, as malloc_shared's. */
 static __attribute__((noinline)) sp_status_t free_shared(void *ptr) {
-    if (free_hit((uintptr_t)ptr, HIT_CAS))
+    if (free_hit((uintptr_t)ptr, HIT_CAS, false))
         return SP_SUCCESS;
     return free_full(ptr);
 }
 
 /* sp_free once sp__fast_free_on said yes, in the bias owner (see malloc_fast). */
 static __attribute__((noinline)) sp_status_t free_fast(void *ptr) {
-    if (free_hit((uintptr_t)ptr, HIT_BIASED))
+    if (free_hit((uintptr_t)ptr, HIT_BIASED, false))
         return SP_SUCCESS;
     return free_full(ptr);
 }
 
 /* sp_free's hit in a re-bias owner (see malloc_rebiased). */
 static __attribute__((noinline)) sp_status_t free_rebiased(void *ptr) {
-    if (free_hit((uintptr_t)ptr, HIT_REBIASED))
+    if (free_hit((uintptr_t)ptr, HIT_REBIASED, false))
         return SP_SUCCESS;
     return free_full(ptr);
+}
+
+/* sp_free with the thread cache on, when its setting was the only reason against the hit
+ * (sp_free): the whole path's next steps are the cache's sp__tc_free (here sp__tc_free_or: the
+ * same answer, and none at once for a thread with no block out), then the ordinary free with its
+ * hook, which the tc_free_rest_ copies do with free_hit's tc form. NULL is the whole path's (it
+ * asks no cache). The ways on are tail calls, as in tc_malloc_then. */
+static inline __attribute__((always_inline)) sp_status_t tc_free_rest(void *ptr, hit_mode_t mode) {
+    if (free_hit((uintptr_t)ptr, mode, true))
+        return SP_SUCCESS;
+    return free_full(ptr);
+}
+
+static __attribute__((noinline)) sp_status_t tc_free_rest_shared(void *ptr) {
+    return tc_free_rest(ptr, HIT_CAS);
+}
+
+static __attribute__((noinline)) sp_status_t tc_free_rest_fast(void *ptr) {
+    return tc_free_rest(ptr, HIT_BIASED);
+}
+
+static __attribute__((noinline)) sp_status_t tc_free_rest_rebiased(void *ptr) {
+    return tc_free_rest(ptr, HIT_REBIASED);
+}
+
+static __attribute__((noinline)) sp_status_t tc_free_shared(void *ptr) {
+    return ptr ? sp__tc_free_or(ptr, tc_free_rest_shared) : free_full(ptr);
+}
+
+static __attribute__((noinline)) sp_status_t tc_free_fast(void *ptr) {
+    return ptr ? sp__tc_free_or(ptr, tc_free_rest_fast) : free_full(ptr);
+}
+
+static __attribute__((noinline)) sp_status_t tc_free_rebiased(void *ptr) {
+    return ptr ? sp__tc_free_or(ptr, tc_free_rest_rebiased) : free_full(ptr);
 }
 
 SP_EXPORT sp_status_t sp_free(void *ptr) {
@@ -1570,6 +1722,8 @@ SP_EXPORT sp_status_t sp_free(void *ptr) {
     int off = __atomic_load_n(&sp__fast_off, __ATOMIC_ACQUIRE);
     if (SP_LIKELY(off < SP_FAST_REASON))
         return free_hit_fn()(ptr);
+    if (only_tc_off(off)) /* see sp_malloc */
+        return tc_free_hit_fn()(ptr);
     return free_full(ptr);
 }
 

@@ -160,6 +160,11 @@ typedef struct sp_alloc_global {
     sp_devalloc_t *devs;        /* [ndev] */
 } sp_alloc_global_t;
 
+/* sp__fast_off's share of the settings while ready with the thread cache on (sp__g.fast_rest):
+ * the plain hit gives way to the cache (SP_FAST_NO_HIT) and so does the plain free
+ * (SP_FAST_REASON); sp_malloc and sp_free then call the hits' copies with the cache in front. */
+enum { SP_FAST_TC_REST = SP_FAST_NO_HIT + SP_FAST_REASON };
+
 /* Hidden, so that the fast paths read it straight (no indirection through the GOT of the shared
  * library); it is defined with the library's default hidden visibility anyway. */
 extern __attribute__((visibility("hidden"))) sp_alloc_global_t sp__g;

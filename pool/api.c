@@ -9,6 +9,7 @@
  * take device locks after it, in device order. Shutdown first closes the gate (below) and waits
  * for the cold calls inside; the allocation path is the caller's to stop (pool.h).
  */
+#include <assert.h>
 #include <inttypes.h>
 #include <sched.h>
 #include <stdio.h>
@@ -152,7 +153,8 @@ sp_status_t sp__alloc_init_slow(void) {
                    sp__g.ops->vmm_release;
     sp__g.hit_fast = sp__g.hit_plain && !sp__g.exp_on;
     /* The thread cache serves 512-byte-rounded sizes from fixed segments only; with it on,
-     * sp_malloc's call-free hit (which takes the device lock) gives way to it. */
+     * sp_malloc's plain call-free hit (which takes the device lock) gives way to it: a copy of
+     * the hit with the cache in front runs instead (allocator.c's only_tc_off). */
     size_t tc = (size_t)sp__option_int(SP_OPT_THREAD_CACHE);
     sp__g.tc_limit = sp__g.hit_fast ? tc : 0;
     if (tc && !sp__g.tc_limit)
@@ -217,10 +219,12 @@ sp_status_t sp__alloc_init_slow(void) {
             "no_caching %d, expandable_segments %d, thread_cache %zu",
             sp__g.ops->name, n, mss, (int)sp__g.conf.no_caching, (int)sp__g.exp_on, sp__g.tc_limit);
     atomic_store_explicit(&sp__ready, 1, memory_order_release);
-    /* The thread cache's frees look in the thread's own table first (free_full), so with it on
-     * sp_free's call-free form steps aside like for caching off. */
+    /* The thread cache's frees look in the thread's own table first, so with it on sp_free's
+     * plain call-free form steps aside as for caching off (its copy with the cache in front runs
+     * instead: SP_FAST_TC_REST). */
     sp__g.fast_rest = (sp__g.hit_fast ? 0 : SP_FAST_NO_HIT) +
                       ((sp__g.conf.no_caching || sp__g.tc_limit) ? SP_FAST_REASON : 0);
+    assert(!sp__g.tc_limit || sp__g.fast_rest == SP_FAST_TC_REST); /* sp_malloc's test */
     sp__fast_off_add(sp__g.fast_rest - SP_FAST_NOT_READY);
     pthread_mutex_unlock(&sp__g.init_lock);
     return SP_SUCCESS;

@@ -92,6 +92,14 @@ static inline sp_block_t *sp__ptr_map_unlink_b(sp_ptr_map_t *m, sp_ref_t *pp, sp
     return b;
 }
 
+/* sp__ptr_map_unlink_b for a block whose struct the caller reuses at once: its hnext is left as
+ * it is. */
+static inline sp_block_t *sp__ptr_map_unlink_reused(sp_ptr_map_t *m, sp_ref_t *pp, sp_block_t *b) {
+    *pp = b->hnext;
+    m->count--;
+    return b;
+}
+
 static inline sp_block_t *sp__ptr_map_unlink(sp_ptr_map_t *m, sp_ref_t *pp) {
     sp_block_t *b = sp__blk(*pp);
     *pp = b->hnext;

@@ -46,6 +46,23 @@ bool sp__tc_malloc(size_t size, int device, sp_stream_t stream, void **ptr_p);
  * room): the ordinary path runs, and its hook (sp__tc_on_free) decides. Takes no device lock. */
 bool sp__tc_free(uintptr_t addr, size_t *req_p, int *device_p);
 
+/* sp_malloc's and sp_free's signatures: what the two calls below go on to when the cache does not
+ * serve the call. */
+typedef sp_status_t (*sp_malloc_fn_t)(size_t, int, sp_stream_t, void **);
+typedef sp_status_t (*sp_free_fn_t)(void *);
+
+/* sp__tc_malloc for sp_malloc's hit copies (allocator.c): the block from the cache, or else
+ * next(size, device, stream, ptr_p) (a tail call: the caller saves no register around the cache's
+ * look). */
+sp_status_t sp__tc_malloc_or(size_t size, int device, sp_stream_t stream, void **ptr_p,
+                             sp_malloc_fn_t next);
+
+/* sp__tc_free for sp_free's hit copies (allocator.c), with ptr not NULL: the block back into the
+ * cache, or else next(ptr) (a tail call). It makes the thread's cache as sp__tc_free does; a
+ * thread whose cache has no block out (handed out to it and not yet freed: none can come back)
+ * goes to next at once, without the cache's lock. */
+sp_status_t sp__tc_free_or(void *ptr, sp_free_fn_t next);
+
 typedef enum sp_tc_verdict {
     SP_TC_FREE = 0, /* free the block to its pool as usual (it is unregistered now) */
     SP_TC_KEPT = 1, /* the calling thread's cache keeps it: the free is done */

@@ -6,6 +6,7 @@
 #include "alloc_test_util.hpp"
 
 extern "C" {
+#include "pool/pool.h"
 #include "pool/torch.h"
 #include "sympool/experimental.h"
 #include "sympool/torch.h"
@@ -15,10 +16,12 @@ extern "C" {
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <future>
+#include <random>
 #include <set>
 #include <string>
 #include <thread>
@@ -298,6 +301,90 @@ TEST_F(ThreadsCache, BoundsAreKeptForSizeAndClasses) {
     EXPECT_EQ(idle_blocks(), 16u);
     EXPECT_EQ(stat("allocation.all.current"), 16);
     ASSERT_SP_OK(sp_empty_cache());
+}
+
+namespace {
+
+// A random run of mallocs (all above 1 MiB, on two streams) and frees on the calling thread: the
+// blocks (segment, offset, size), every statistic every 100 calls, and what a second free of a
+// freed block answers.
+struct LargeRun {
+    std::vector<std::array<uint64_t, 3>> blocks;
+    std::vector<int64_t> stats;
+    sp_status_t twice = SP_SUCCESS;
+};
+
+void add_all_stats(LargeRun *r) {
+    sp_stats_t st;
+    EXPECT_EQ(sp_memory_stats(0, &st), SP_SUCCESS);
+    for (size_t i = 0; i < sp_stats_count(); i++)
+        r->stats.push_back(sp_stats_value(&st, i));
+}
+
+LargeRun large_run(uint64_t seed) {
+    sp_stream_t s2;
+    EXPECT_EQ(sp_stream_create(0, &s2), SP_SUCCESS);
+    std::mt19937_64 rng(seed);
+    const size_t sizes[] = {MiB + 1, MiB + 512, 3 * MiB / 2, 2 * MiB, 3 * MiB, 12 * MiB, 24 * MiB};
+    std::vector<void *> live;
+    LargeRun r;
+    for (int i = 0; i < 2000; i++) {
+        if (i % 100 == 0)
+            add_all_stats(&r);
+        if (live.empty() || rng() % 100 < 55) {
+            size_t size = sizes[rng() % (sizeof sizes / sizeof sizes[0])] + rng() % 3 * 512;
+            void *p = nullptr;
+            EXPECT_EQ(sp_malloc(size, 0, rng() % 4 == 0 ? s2 : nullptr, &p), SP_SUCCESS);
+            sp_block_info_t bi;
+            EXPECT_EQ(sp__pool_lookup(p, &bi), SP_SUCCESS);
+            r.blocks.push_back({bi.segment_seq | (uint64_t)bi.segment_size << 20,
+                                (uint64_t)((char *)p - (char *)bi.segment_base), bi.block_size});
+            live.push_back(p);
+        } else {
+            size_t k = rng() % live.size();
+            EXPECT_EQ(sp_free(live[k]), SP_SUCCESS);
+            live[k] = live.back();
+            live.pop_back();
+        }
+    }
+    void *last = live.back();
+    for (void *p : live)
+        EXPECT_EQ(sp_free(p), SP_SUCCESS);
+    r.twice = sp_free(last);
+    add_all_stats(&r);
+    EXPECT_EQ(sp_stream_destroy(s2), SP_SUCCESS);
+    return r;
+}
+
+} // namespace
+
+// Blocks above 1 MiB never enter a thread cache, so with the cache on their mallocs and frees
+// (which take the call-free hits then) end exactly as with it off: the same blocks, every
+// statistic, and a double free refused.
+TEST_F(ThreadsCache, LargeBlocksEndAsWithTheCacheOff) {
+    expect_warnings(); // the double frees
+    for (uint64_t seed = 1; seed <= 3; seed++) {
+        LargeRun on, off;
+        {
+            sp::ScopedEnv env({{"SYMPOOL_THREAD_CACHE", "64MiB"}});
+            on = large_run(seed);
+            ASSERT_SP_OK(sp_shutdown());
+        }
+        {
+            sp::ScopedEnv env({{"SYMPOOL_THREAD_CACHE", nullptr}});
+            off = large_run(seed);
+            ASSERT_SP_OK(sp_shutdown());
+        }
+        EXPECT_EQ(on.twice, SP_ERR_INVALID_USAGE);
+        EXPECT_EQ(off.twice, SP_ERR_INVALID_USAGE);
+        ASSERT_EQ(on.blocks.size(), off.blocks.size());
+        for (size_t i = 0; i < on.blocks.size(); i++)
+            ASSERT_EQ(on.blocks[i], off.blocks[i]) << "seed " << seed << ", malloc " << i;
+        for (size_t i = 0; i < on.stats.size(); i++)
+            ASSERT_EQ(on.stats[i], off.stats[i])
+                << "seed " << seed << ", " << sp_stats_key(i % sp_stats_count()) << " (check "
+                << i / sp_stats_count() << ")";
+    }
 }
 
 // Freeing a block that sits idle in a cache is a double free, refused like the pool's.
