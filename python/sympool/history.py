@@ -24,10 +24,15 @@ _CONTEXT = {None: 0, "state": 1, "alloc": 2, "all": 3}
 _STACKS = ("python", "all")
 _PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
 
-_hook_lock = threading.Lock()
-_hook = None  # the installed FRAMES_FN (kept alive while installed, and after: see _install)
-_encoded = {}  # str -> bytes for names and file names (the library copies them per context); the
-# native hook keeps here only the strs CPython cannot give as UTF-8 (a lone surrogate)
+# The state below outlives importlib.reload (which runs this file again in the same namespace):
+# the library may hold the installed hook and its argument, which a fresh `= None` here freed
+# (the next capture read freed memory). Each is made once, on first import.
+_hook_lock = globals().get("_hook_lock") or threading.Lock()
+# the installed FRAMES_FN (kept alive while installed, and after: see _install)
+_hook = globals().get("_hook")
+# str -> bytes for names and file names (the library copies them per context); the native hook
+# keeps here only the strs CPython cannot give as UTF-8 (a lone surrogate)
+_encoded = globals().get("_encoded", {})
 
 
 def _frames(frames, max_frames, arg):
@@ -61,8 +66,8 @@ def _frames(frames, max_frames, arg):
 
 
 # sp_history_python_frames' argument: the library reads it on every capture, so it lives as long
-# as the process (a hook being replaced may still be running on another thread).
-_native_arg = None
+# as the process (a hook being replaced may still be running on another thread), reloads included.
+_native_arg = globals().get("_native_arg")
 
 
 def _native_hook():
@@ -94,7 +99,7 @@ def _install(on):
             _hook = None
 
 
-_lib_keep = []
+_lib_keep = globals().get("_lib_keep", [])  # hooks replaced, never freed (reloads included)
 
 
 def record_memory_history(enabled="all", context="all", stacks="python", max_entries=sys.maxsize,
