@@ -35,6 +35,18 @@ _hook = globals().get("_hook")
 _encoded = globals().get("_encoded", {})
 
 
+def _after_fork_in_child():
+    """A fork taken while another thread held _hook_lock (inside _install) gave the child a lock
+    held by a thread the child does not have: its first record_memory_history waited for ever."""
+    global _hook_lock
+    _hook_lock = threading.Lock()
+
+
+if "_forks_handled" not in globals():  # once, reloads included
+    _forks_handled = True
+    os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
 def _frames(frames, max_frames, arg):
     """sp_history_frames_fn: fill frames with this thread's Python stack, innermost first."""
     try:

@@ -36,3 +36,40 @@ def test_reload_keeps_the_installed_hook_argument():
         print(ev[-1].get("frames", [{}])[0].get("name"))
     """)
     assert out.split() == ["fresh"]
+
+
+def test_a_fork_while_another_thread_installs_the_hook():
+    # A thread inside _install (here: holding its lock) while another forks: the child's copy of
+    # the lock stayed held by a thread the child does not have, and the child's first
+    # record_memory_history waited on it for ever. The child's alarm ends a hung child.
+    out = _run("""
+        import os, signal, threading
+        import sympool
+        from sympool import history
+        held, done = threading.Event(), threading.Event()
+
+        def holder():
+            with history._hook_lock:
+                held.set()
+                done.wait()
+
+        t = threading.Thread(target=holder)
+        t.start()
+        held.wait()
+        pid = os.fork()
+        if pid == 0:
+            signal.alarm(20)
+            sympool.record_memory_history()
+
+            def child_site():
+                return sympool.malloc(5555)
+
+            sympool.free(child_site())
+            ev = [e for e in sympool.snapshot()["device_traces"][0]
+                  if e["action"] == "alloc" and e["size"] == 5555]
+            os._exit(0 if ev[-1]["frames"][0]["name"] == "child_site" else 3)
+        done.set()
+        t.join()
+        print(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]))
+    """)
+    assert out.split() == ["0"]
