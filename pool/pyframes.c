@@ -28,6 +28,7 @@
 #include <dlfcn.h>
 #include <pthread.h>
 #include <stdbool.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/types.h>
 
@@ -217,7 +218,7 @@ static int line_read(void *frame) {
 typedef struct code_entry {
     void *code;       /* a reference on the code object; NULL: empty slot (cache_lock) */
     uint64_t serial;  /* this filling's number (cache_lock) */
-    const void *arg;  /* the hook argument the info was made with (cache_lock) */
+    uint64_t arg_gen; /* made_for.gen of the hook argument the info was made with (cache_lock) */
     code_info_t info; /* (cache_lock) */
 } code_entry_t;
 
@@ -230,6 +231,18 @@ typedef struct line_entry {
 static code_entry_t codes[CODE_SLOTS];
 static line_entry_t lines[LINE_SLOTS];
 static uint64_t last_serial; /* the last serial handed out (cache_lock) */
+
+/* The hook argument the entries are made for now, as it read then. Not its address alone: an
+ * argument freed and another made at that address (a test's, a binding's made again) read the
+ * first one's entries, its skip prefix's choices and texts from its freed dict. An argument that
+ * differs in address, prefix text or dict gets a new gen, and the entries of older gens are
+ * filled again. The dict is held (a reference), so that no other dict takes its address. */
+static struct {
+    const void *arg; /* its address (cache_lock) */
+    char *prefix;    /* a copy of its skip_prefix; NULL for none (cache_lock) */
+    void *encoded;   /* its dict, a reference held; NULL for none (cache_lock) */
+    uint64_t gen;    /* its number, never given to another; 0: none yet (cache_lock) */
+} made_for;
 static pthread_mutex_t cache_lock = PTHREAD_MUTEX_INITIALIZER;
 
 typedef struct walk {
@@ -237,11 +250,37 @@ typedef struct walk {
     bool cached;          /* cache_lock held: the caches may be read and filled */
     void *dead[DEAD_MAX]; /* references slots dropped, released after cache_lock */
     size_t ndead;
+    void *old_encoded; /* made_for's dict this walk replaced, released after cache_lock */
 } walk_t;
 
 static size_t slot_of(uint64_t h, size_t slots) {
     h *= 0x9e3779b97f4a7c15ull;
     return (size_t)(h ^ (h >> 32)) & (slots - 1);
+}
+
+static bool same_text(const char *a, const char *b) {
+    return a == NULL || b == NULL ? a == b : strcmp(a, b) == 0;
+}
+
+/* Make made_for stand for the walk's argument (cache_lock held). False: out of host memory for
+ * the prefix's copy; the walk then reads every frame the slow way. */
+static bool arg_current(walk_t *w) {
+    const sp_history_python_frames_arg_t *a = w->arg;
+    if (made_for.gen != 0 && made_for.arg == a && made_for.encoded == a->encoded &&
+        same_text(made_for.prefix, a->skip_prefix))
+        return true;
+    char *copy = NULL;
+    if (a->skip_prefix != NULL && (copy = strdup(a->skip_prefix)) == NULL)
+        return false;
+    free(made_for.prefix);
+    if (a->encoded != NULL)
+        api.incref(a->encoded);
+    w->old_encoded = made_for.encoded; /* may free a dict: dropped after cache_lock */
+    made_for.arg = a;
+    made_for.prefix = copy;
+    made_for.encoded = a->encoded;
+    made_for.gen = ++last_serial; /* from the serials' count: never one an entry had */
+    return true;
 }
 
 /* The code's entry, filled if it was not there; NULL when it cannot be (walk not cached, or
@@ -250,7 +289,7 @@ static const code_entry_t *code_entry(walk_t *w, void *code) {
     if (!w->cached)
         return NULL;
     code_entry_t *e = &codes[slot_of((uintptr_t)code >> 4, CODE_SLOTS)];
-    if (e->code == code && e->arg == w->arg)
+    if (e->code == code && e->arg_gen == made_for.gen)
         return e;
     if (e->code != NULL) {
         if (w->ndead == DEAD_MAX)
@@ -262,7 +301,7 @@ static const code_entry_t *code_entry(walk_t *w, void *code) {
     api.incref(code);
     e->code = code;
     e->serial = ++last_serial;
-    e->arg = w->arg;
+    e->arg_gen = made_for.gen;
     return e;
 }
 
@@ -312,9 +351,13 @@ size_t sp__python_frames_keyed(sp_history_frame_t *frames, uint64_t *keys, size_
      * While Python finalizes, taking the GIL could stop this thread for good. */
     if (api.this_thread_state() == NULL || (api.finalizing != NULL && api.finalizing()))
         return 0;
-    walk_t w = {.arg = arg != NULL ? arg : &none, .ndead = 0};
+    walk_t w = {.arg = arg != NULL ? arg : &none, .ndead = 0, .old_encoded = NULL};
     int gil = api.gil_ensure();
     w.cached = pthread_mutex_trylock(&cache_lock) == 0;
+    if (w.cached && !arg_current(&w)) {
+        pthread_mutex_unlock(&cache_lock);
+        w.cached = false;
+    }
     void *f = names_made() ? api.thread_frame(api.this_thread_state()) : NULL;
     size_t n = 0;
     while (f != NULL && n < max_frames) {
@@ -336,6 +379,8 @@ size_t sp__python_frames_keyed(sp_history_frame_t *frames, uint64_t *keys, size_
         api.decref(f);
     for (size_t i = 0; i < w.ndead; i++)
         api.decref(w.dead[i]); /* may free a code object: no lock of ours is held */
+    if (w.old_encoded != NULL)
+        api.decref(w.old_encoded);
     api.gil_release(gil);
     return n;
 }

@@ -120,7 +120,8 @@ typedef struct sp_history_python_frames_arg {
      * own frames); NULL or "" leaves none out */
     const char *skip_prefix;
     /** a Python dict (PyObject *, str -> bytes) that keeps the 'surrogatepass' form of names
-     * CPython cannot give as UTF-8 (a lone surrogate); NULL: such names read as "??" */
+     * CPython cannot give as UTF-8 (a lone surrogate); NULL: such names read as "??". The
+     * library holds a reference on the dict of the argument it last read frames with. */
     void *encoded;
 } sp_history_python_frames_arg_t;
 

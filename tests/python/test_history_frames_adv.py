@@ -73,3 +73,37 @@ def test_a_fork_while_another_thread_installs_the_hook():
         print(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]))
     """)
     assert out.split() == ["0"]
+
+
+def test_an_argument_made_where_a_freed_one_was():
+    # The frame cache (pool/pyframes.c) kept what it read of a code object by the argument's
+    # address: an argument freed and a new one made at its address, with another skip prefix,
+    # read the first one's choice (a frame of the package's directory kept).
+    out = _run("""
+        import ctypes
+        from sympool import _lib, history
+        native = _lib.lib().sp_history_python_frames
+        if not _lib.lib().sp_history_python_frames_supported():
+            raise SystemExit("unsupported")
+        scope = {}
+        exec(compile("def inside(call):\\n    return call()\\n",
+                     history._PACKAGE_DIR + "/inside.py", "exec"), scope)
+
+        def names(arg):
+            frames = (_lib.HistoryFrame * 256)()
+            call = lambda: native(frames, 256, ctypes.addressof(arg))  # noqa: E731
+            n = scope["inside"](call)
+            return [frames[i].name.decode() for i in range(n)][:3]
+
+        first = _lib.PythonFramesArg(None, None)  # leaves no frame out
+        print(*names(first))
+        where = ctypes.addressof(first)
+        del first
+        prefix = history._PACKAGE_DIR.encode(errors="surrogatepass")
+        made = [_lib.PythonFramesArg(prefix, history._encoded) for _ in range(1000)]
+        again = [a for a in made if ctypes.addressof(a) == where] or made  # (pymalloc reuses it)
+        print(*names(again[0]))
+    """)
+    first, again = out.splitlines()
+    assert first.split()[:2] == ["<lambda>", "inside"]
+    assert again.split()[:2] == ["<lambda>", "names"]
