@@ -28,7 +28,6 @@
 #include <dlfcn.h>
 #include <pthread.h>
 #include <stdbool.h>
-#include <stdlib.h>
 #include <string.h>
 #include <sys/types.h>
 
@@ -235,13 +234,15 @@ static uint64_t last_serial; /* the last serial handed out (cache_lock) */
 /* The hook argument the entries are made for now, as it read then. Not its address alone: an
  * argument freed and another made at that address (a test's, a binding's made again) read the
  * first one's entries, its skip prefix's choices and texts from its freed dict. An argument that
- * differs in address, prefix text or dict gets a new gen, and the entries of older gens are
- * filled again. The dict is held (a reference), so that no other dict takes its address. */
+ * differs in address, prefix pointer or dict gets a new gen, and the entries of older gens are
+ * filled again. The dict is held (a reference), so that no other dict takes its address; the
+ * prefix is known by its address (the header: its text must not change while in use), which
+ * spares every walk a compare of the text. */
 static struct {
-    const void *arg; /* its address (cache_lock) */
-    char *prefix;    /* a copy of its skip_prefix; NULL for none (cache_lock) */
-    void *encoded;   /* its dict, a reference held; NULL for none (cache_lock) */
-    uint64_t gen;    /* its number, never given to another; 0: none yet (cache_lock) */
+    const void *arg;    /* its address (cache_lock) */
+    const char *prefix; /* its skip_prefix (cache_lock) */
+    void *encoded;      /* its dict, a reference held; NULL for none (cache_lock) */
+    uint64_t gen;       /* its number, never given to another; 0: none yet (cache_lock) */
 } made_for;
 static pthread_mutex_t cache_lock = PTHREAD_MUTEX_INITIALIZER;
 
@@ -258,29 +259,19 @@ static size_t slot_of(uint64_t h, size_t slots) {
     return (size_t)(h ^ (h >> 32)) & (slots - 1);
 }
 
-static bool same_text(const char *a, const char *b) {
-    return a == NULL || b == NULL ? a == b : strcmp(a, b) == 0;
-}
-
-/* Make made_for stand for the walk's argument (cache_lock held). False: out of host memory for
- * the prefix's copy; the walk then reads every frame the slow way. */
-static bool arg_current(walk_t *w) {
+/* Make made_for stand for the walk's argument (cache_lock held). */
+static void arg_current(walk_t *w) {
     const sp_history_python_frames_arg_t *a = w->arg;
-    if (made_for.gen != 0 && made_for.arg == a && made_for.encoded == a->encoded &&
-        same_text(made_for.prefix, a->skip_prefix))
-        return true;
-    char *copy = NULL;
-    if (a->skip_prefix != NULL && (copy = strdup(a->skip_prefix)) == NULL)
-        return false;
-    free(made_for.prefix);
+    if (made_for.gen != 0 && made_for.arg == a && made_for.prefix == a->skip_prefix &&
+        made_for.encoded == a->encoded)
+        return;
     if (a->encoded != NULL)
         api.incref(a->encoded);
     w->old_encoded = made_for.encoded; /* may free a dict: dropped after cache_lock */
     made_for.arg = a;
-    made_for.prefix = copy;
+    made_for.prefix = a->skip_prefix;
     made_for.encoded = a->encoded;
     made_for.gen = ++last_serial; /* from the serials' count: never one an entry had */
-    return true;
 }
 
 /* The code's entry, filled if it was not there; NULL when it cannot be (walk not cached, or
@@ -354,10 +345,8 @@ size_t sp__python_frames_keyed(sp_history_frame_t *frames, uint64_t *keys, size_
     walk_t w = {.arg = arg != NULL ? arg : &none, .ndead = 0, .old_encoded = NULL};
     int gil = api.gil_ensure();
     w.cached = pthread_mutex_trylock(&cache_lock) == 0;
-    if (w.cached && !arg_current(&w)) {
-        pthread_mutex_unlock(&cache_lock);
-        w.cached = false;
-    }
+    if (w.cached)
+        arg_current(&w);
     void *f = names_made() ? api.thread_frame(api.this_thread_state()) : NULL;
     size_t n = 0;
     while (f != NULL && n < max_frames) {
