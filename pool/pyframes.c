@@ -56,7 +56,9 @@ typedef struct py_api {
     void (*err_clear)(void);                           /* PyErr_Clear */
     int (*finalizing)(void);         /* Py_IsFinalizing (3.13) or _Py_IsFinalizing; may be NULL */
     int (*frame_lasti)(void *frame); /* PyFrame_GetLasti (3.11); NULL: no frame cache */
-    bool ready; /* every function above but the last two was found (written once: api_once) */
+    int (*gc_disable)(void);         /* PyGC_Disable (3.10); NULL with gc_enable */
+    int (*gc_enable)(void);          /* PyGC_Enable (3.10) */
+    bool ready; /* every function above but the last four was found (written once: api_once) */
 } py_api_t;
 
 static py_api_t api;
@@ -103,6 +105,10 @@ static void api_init(void) {
     if (a.finalizing == NULL)
         *(void **)&a.finalizing = sym("_Py_IsFinalizing");
     *(void **)&a.frame_lasti = sym("PyFrame_GetLasti");
+    *(void **)&a.gc_disable = sym("PyGC_Disable");
+    *(void **)&a.gc_enable = sym("PyGC_Enable");
+    if (a.gc_disable == NULL || a.gc_enable == NULL)
+        a.gc_disable = a.gc_enable = NULL;
     a.ready = true;
     api = a;
 }
@@ -344,6 +350,11 @@ size_t sp__python_frames_keyed(sp_history_frame_t *frames, uint64_t *keys, size_
         return 0;
     walk_t w = {.arg = arg != NULL ? arg : &none, .ndead = 0, .old_encoded = NULL};
     int gil = api.gil_ensure();
+    /* The walk makes frame objects (PyFrame_GetBack), and one can start a collection, whose
+     * finalizers would run inside this hook, where sympool refuses them (a __del__ that frees
+     * a block leaked it). Collections wait until the walk is over instead: no Python code runs
+     * in it, so no other thread can take the GIL and change gc's switch meanwhile. */
+    int gc_was_on = api.gc_disable != NULL ? api.gc_disable() : 0;
     w.cached = pthread_mutex_trylock(&cache_lock) == 0;
     if (w.cached)
         arg_current(&w);
@@ -362,10 +373,12 @@ size_t sp__python_frames_keyed(sp_history_frame_t *frames, uint64_t *keys, size_
         api.decref(f);
         f = back;
     }
-    if (w.cached)
-        pthread_mutex_unlock(&cache_lock);
     if (f != NULL)
         api.decref(f);
+    if (gc_was_on)
+        api.gc_enable(); /* before the releases below, which may run Python code */
+    if (w.cached)
+        pthread_mutex_unlock(&cache_lock);
     for (size_t i = 0; i < w.ndead; i++)
         api.decref(w.dead[i]); /* may free a code object: no lock of ours is held */
     if (w.old_encoded != NULL)

@@ -107,3 +107,44 @@ def test_an_argument_made_where_a_freed_one_was():
     first, again = out.splitlines()
     assert first.split()[:2] == ["<lambda>", "inside"]
     assert again.split()[:2] == ["<lambda>", "names"]
+
+
+def test_a_collection_the_walk_would_start_runs_after_it():
+    # The walk makes frame objects (PyFrame_GetBack), which can start a collection inside the
+    # hook: a finalizer there that frees sympool memory was refused (a callback may not call
+    # sympool) and the block leaked. Each threshold below puts that collection at another of
+    # the allocations around the walk, one of them inside it.
+    out = _run("""
+        import gc
+        import sympool
+        if not sympool._lib.lib().sp_history_python_frames_supported():
+            raise SystemExit("unsupported")
+        sympool.record_memory_history()
+        refused = []
+
+        class Holder:
+            def __init__(self):
+                self.p = sympool.malloc(1000)
+                self.me = self  # a cycle: only a collection frees it
+
+            def __del__(self):
+                try:
+                    sympool.free(self.p)
+                except sympool.SympoolError as e:
+                    refused.append(e)
+
+        def nest(k):
+            return sympool.malloc(2000) if k == 0 else nest(k - 1)
+
+        for t in range(1, 200):
+            gc.collect()
+            gc.disable()
+            Holder()
+            gc.set_threshold(t)
+            gc.enable()
+            sympool.free(nest(20))
+            gc.set_threshold(700)
+        gc.collect()
+        print(len(refused), sympool.memory_allocated())
+    """)
+    assert out.split() == ["0", "0"]
