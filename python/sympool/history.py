@@ -30,16 +30,22 @@ _PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
 _hook_lock = globals().get("_hook_lock") or threading.Lock()
 # the installed FRAMES_FN (kept alive while installed, and after: see _install)
 _hook = globals().get("_hook")
+_hook_arg = globals().get("_hook_arg")  # its argument (the native hook's, else None)
 # str -> bytes for names and file names (the library copies them per context); the native hook
 # keeps here only the strs CPython cannot give as UTF-8 (a lone surrogate)
 _encoded = globals().get("_encoded", {})
 
 
 def _after_fork_in_child():
-    """A fork taken while another thread held _hook_lock (inside _install) gave the child a lock
-    held by a thread the child does not have: its first record_memory_history waited for ever."""
+    """A fork taken while another thread was inside _install gave the child a _hook_lock held by
+    a thread the child does not have (its first record_memory_history waited for ever), and
+    maybe a library whose hook is not _hook (the fork fell between naming the hook and handing
+    it over, or taking it back: the child's records had no frames). The child's library gets
+    _hook again."""
     global _hook_lock
     _hook_lock = threading.Lock()
+    if _hook is not None:
+        lib().sp_history_set_frames_hook(_hook, _hook_arg)
 
 
 if "_forks_handled" not in globals():  # once, reloads included
@@ -95,15 +101,15 @@ def _native_hook():
 
 
 def _install(on):
-    global _hook
+    global _hook, _hook_arg
     with _hook_lock:
         if on and _hook is None:
             native = _native_hook()
             if native is not None:
-                _hook, arg = native
+                _hook, _hook_arg = native
             else:
-                _hook, arg = _lib.FRAMES_FN(_frames), None
-            lib().sp_history_set_frames_hook(_hook, arg)
+                _hook, _hook_arg = _lib.FRAMES_FN(_frames), None
+            lib().sp_history_set_frames_hook(_hook, _hook_arg)
         elif not on and _hook is not None:
             lib().sp_history_set_frames_hook(_lib.FRAMES_FN(), None)
             # Another thread may be inside the old hook right now: never free it.

@@ -148,3 +148,46 @@ def test_a_collection_the_walk_would_start_runs_after_it():
         print(len(refused), sympool.memory_allocated())
     """)
     assert out.split() == ["0", "0"]
+
+
+def test_a_fork_inside_install_leaves_the_child_a_hook():
+    # A fork while another thread was inside _install, between naming the hook (_hook) and
+    # handing it to the library: the child's library had no hook, its _hook said installed, so
+    # its recording (context on) recorded no frames. The thread is held there by a stand-in for
+    # the library's sp_history_set_frames_hook; the child's alarm ends a hung child.
+    out = _run("""
+        import os, signal, threading
+        import sympool
+        from sympool import _lib
+        L = _lib.lib()
+        real = L.sp_history_set_frames_hook
+        parent = os.getpid()
+        inside, done = threading.Event(), threading.Event()
+
+        def held(fn, arg):
+            if os.getpid() == parent and fn:
+                inside.set()
+                done.wait()
+            return real(fn, arg)
+
+        L.sp_history_set_frames_hook = held
+        t = threading.Thread(target=sympool.record_memory_history)
+        t.start()
+        inside.wait()
+        pid = os.fork()
+        if pid == 0:
+            signal.alarm(20)
+            sympool.record_memory_history()
+
+            def child_site():
+                return sympool.malloc(5555)
+
+            sympool.free(child_site())
+            ev = [e for e in sympool.snapshot()["device_traces"][0]
+                  if e["action"] == "alloc" and e["size"] == 5555]
+            os._exit(0 if ev[-1].get("frames", [{}])[0].get("name") == "child_site" else 3)
+        done.set()
+        t.join()
+        print(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]))
+    """)
+    assert out.split() == ["0"]
