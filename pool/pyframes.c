@@ -213,7 +213,8 @@ static int line_read(void *frame) {
  *
  * Both direct mapped. The walk takes cache_lock with a try: it never waits while it holds the
  * GIL; a walk that finds it taken (another thread in a free-threaded Python, or a finalizer run
- * inside a walk) reads every frame the slow way.
+ * inside a walk before CPython 3.10, which cannot hold collections off) reads every frame the
+ * slow way.
  */
 #define CODE_SLOTS 1024 /* power of two; 40 KiB */
 #define LINE_SLOTS 4096 /* power of two; 64 KiB */
