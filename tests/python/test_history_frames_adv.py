@@ -1,6 +1,8 @@
 """The library's Python frames hook (pool/pyframes.c) and the package around it under use that
-its first tests left out: the package reloaded while recording, ... Each case runs in its own
-interpreter (a subprocess with a timeout) where it changes process-wide state."""
+its first tests left out: the package reloaded while recording, a fork while another thread is
+inside _install, a hook argument made where a freed one was, a collection the walk would start.
+Each case runs in its own interpreter (a subprocess with a timeout): each changes process-wide
+state."""
 
 import subprocess
 import sys
