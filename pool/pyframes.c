@@ -56,7 +56,9 @@ typedef struct py_api {
     void (*err_clear)(void);                           /* PyErr_Clear */
     int (*finalizing)(void);         /* Py_IsFinalizing (3.13) or _Py_IsFinalizing; may be NULL */
     int (*frame_lasti)(void *frame); /* PyFrame_GetLasti (3.11); NULL: no frame cache */
-    bool ready; /* every function above but the last two was found (written once: api_once) */
+    int (*gc_disable)(void);         /* PyGC_Disable (3.10); NULL with gc_enable */
+    int (*gc_enable)(void);          /* PyGC_Enable (3.10) */
+    bool ready; /* every function above but the last four was found (written once: api_once) */
 } py_api_t;
 
 static py_api_t api;
@@ -103,6 +105,10 @@ static void api_init(void) {
     if (a.finalizing == NULL)
         *(void **)&a.finalizing = sym("_Py_IsFinalizing");
     *(void **)&a.frame_lasti = sym("PyFrame_GetLasti");
+    *(void **)&a.gc_disable = sym("PyGC_Disable");
+    *(void **)&a.gc_enable = sym("PyGC_Enable");
+    if (a.gc_disable == NULL || a.gc_enable == NULL)
+        a.gc_disable = a.gc_enable = NULL;
     a.ready = true;
     api = a;
 }
@@ -207,7 +213,8 @@ static int line_read(void *frame) {
  *
  * Both direct mapped. The walk takes cache_lock with a try: it never waits while it holds the
  * GIL; a walk that finds it taken (another thread in a free-threaded Python, or a finalizer run
- * inside a walk) reads every frame the slow way.
+ * inside a walk before CPython 3.10, which cannot hold collections off) reads every frame the
+ * slow way.
  */
 #define CODE_SLOTS 1024 /* power of two; 40 KiB */
 #define LINE_SLOTS 4096 /* power of two; 64 KiB */
@@ -217,7 +224,7 @@ static int line_read(void *frame) {
 typedef struct code_entry {
     void *code;       /* a reference on the code object; NULL: empty slot (cache_lock) */
     uint64_t serial;  /* this filling's number (cache_lock) */
-    const void *arg;  /* the hook argument the info was made with (cache_lock) */
+    uint64_t arg_gen; /* made_for.gen of the hook argument the info was made with (cache_lock) */
     code_info_t info; /* (cache_lock) */
 } code_entry_t;
 
@@ -230,6 +237,20 @@ typedef struct line_entry {
 static code_entry_t codes[CODE_SLOTS];
 static line_entry_t lines[LINE_SLOTS];
 static uint64_t last_serial; /* the last serial handed out (cache_lock) */
+
+/* The hook argument the entries are made for now, as it read then. Not its address alone: an
+ * argument freed and another made at that address (a test's, a binding's made again) read the
+ * first one's entries, its skip prefix's choices and texts from its freed dict. An argument that
+ * differs in address, prefix pointer or dict gets a new gen, and the entries of older gens are
+ * filled again. The dict is held (a reference), so that no other dict takes its address; the
+ * prefix is known by its address (the header: its text must not change while in use), which
+ * spares every walk a compare of the text. */
+static struct {
+    const void *arg;    /* its address (cache_lock) */
+    const char *prefix; /* its skip_prefix (cache_lock) */
+    void *encoded;      /* its dict, a reference held; NULL for none (cache_lock) */
+    uint64_t gen;       /* its number, never given to another; 0: none yet (cache_lock) */
+} made_for;
 static pthread_mutex_t cache_lock = PTHREAD_MUTEX_INITIALIZER;
 
 typedef struct walk {
@@ -237,11 +258,27 @@ typedef struct walk {
     bool cached;          /* cache_lock held: the caches may be read and filled */
     void *dead[DEAD_MAX]; /* references slots dropped, released after cache_lock */
     size_t ndead;
+    void *old_encoded; /* made_for's dict this walk replaced, released after cache_lock */
 } walk_t;
 
 static size_t slot_of(uint64_t h, size_t slots) {
     h *= 0x9e3779b97f4a7c15ull;
     return (size_t)(h ^ (h >> 32)) & (slots - 1);
+}
+
+/* Make made_for stand for the walk's argument (cache_lock held). */
+static void arg_current(walk_t *w) {
+    const sp_history_python_frames_arg_t *a = w->arg;
+    if (made_for.gen != 0 && made_for.arg == a && made_for.prefix == a->skip_prefix &&
+        made_for.encoded == a->encoded)
+        return;
+    if (a->encoded != NULL)
+        api.incref(a->encoded);
+    w->old_encoded = made_for.encoded; /* may free a dict: dropped after cache_lock */
+    made_for.arg = a;
+    made_for.prefix = a->skip_prefix;
+    made_for.encoded = a->encoded;
+    made_for.gen = ++last_serial; /* from the serials' count: never one an entry had */
 }
 
 /* The code's entry, filled if it was not there; NULL when it cannot be (walk not cached, or
@@ -250,7 +287,7 @@ static const code_entry_t *code_entry(walk_t *w, void *code) {
     if (!w->cached)
         return NULL;
     code_entry_t *e = &codes[slot_of((uintptr_t)code >> 4, CODE_SLOTS)];
-    if (e->code == code && e->arg == w->arg)
+    if (e->code == code && e->arg_gen == made_for.gen)
         return e;
     if (e->code != NULL) {
         if (w->ndead == DEAD_MAX)
@@ -262,7 +299,7 @@ static const code_entry_t *code_entry(walk_t *w, void *code) {
     api.incref(code);
     e->code = code;
     e->serial = ++last_serial;
-    e->arg = w->arg;
+    e->arg_gen = made_for.gen;
     return e;
 }
 
@@ -312,9 +349,16 @@ size_t sp__python_frames_keyed(sp_history_frame_t *frames, uint64_t *keys, size_
      * While Python finalizes, taking the GIL could stop this thread for good. */
     if (api.this_thread_state() == NULL || (api.finalizing != NULL && api.finalizing()))
         return 0;
-    walk_t w = {.arg = arg != NULL ? arg : &none, .ndead = 0};
+    walk_t w = {.arg = arg != NULL ? arg : &none, .ndead = 0, .old_encoded = NULL};
     int gil = api.gil_ensure();
+    /* The walk makes frame objects (PyFrame_GetBack), and one can start a collection, whose
+     * finalizers would run inside this hook, where sympool refuses them (a __del__ that frees
+     * a block leaked it). Collections wait until the walk is over instead: no Python code runs
+     * in it, so no other thread can take the GIL and change gc's switch meanwhile. */
+    int gc_was_on = api.gc_disable != NULL ? api.gc_disable() : 0;
     w.cached = pthread_mutex_trylock(&cache_lock) == 0;
+    if (w.cached)
+        arg_current(&w);
     void *f = names_made() ? api.thread_frame(api.this_thread_state()) : NULL;
     size_t n = 0;
     while (f != NULL && n < max_frames) {
@@ -330,12 +374,16 @@ size_t sp__python_frames_keyed(sp_history_frame_t *frames, uint64_t *keys, size_
         api.decref(f);
         f = back;
     }
-    if (w.cached)
-        pthread_mutex_unlock(&cache_lock);
     if (f != NULL)
         api.decref(f);
+    if (gc_was_on)
+        api.gc_enable(); /* before the releases below, which may run Python code */
+    if (w.cached)
+        pthread_mutex_unlock(&cache_lock);
     for (size_t i = 0; i < w.ndead; i++)
         api.decref(w.dead[i]); /* may free a code object: no lock of ours is held */
+    if (w.old_encoded != NULL)
+        api.decref(w.old_encoded);
     api.gil_release(gil);
     return n;
 }

@@ -120,7 +120,8 @@ typedef struct sp_history_python_frames_arg {
      * own frames); NULL or "" leaves none out */
     const char *skip_prefix;
     /** a Python dict (PyObject *, str -> bytes) that keeps the 'surrogatepass' form of names
-     * CPython cannot give as UTF-8 (a lone surrogate); NULL: such names read as "??" */
+     * CPython cannot give as UTF-8 (a lone surrogate); NULL: such names read as "??". The
+     * library holds a reference on the dict of the argument it last read frames with. */
     void *encoded;
 } sp_history_python_frames_arg_t;
 
@@ -128,8 +129,10 @@ typedef struct sp_history_python_frames_arg {
  * (sympool addition) A frames hook for sp_history_set_frames_hook that gives the calling thread's
  * CPython frames, innermost first: each code object's co_name and co_filename (UTF-8, lone
  * surrogates in their 'surrogatepass' form) and the frame's f_lineno (0 when None). @p arg is an
- * sp_history_python_frames_arg_t * (NULL: no frame left out) that must outlive every call. It
- * takes the GIL for the walk when the caller does not hold it (PyGILState_Ensure), gives no
+ * sp_history_python_frames_arg_t * (NULL: no frame left out) that must outlive every call, its
+ * fields and its prefix's text unchanged (the library's caches tell arguments apart by their
+ * address, their prefix's address and their dict). It takes the GIL for the walk when the caller
+ * does not hold it (PyGILState_Ensure), and holds collections off during it; it gives no
  * frames on a thread Python never ran, while Python finalizes, or where
  * sp_history_python_frames_supported() is false. The strings stay valid until the allocating
  * call returns (the frames' code objects hold them), which is as long as the library reads them.

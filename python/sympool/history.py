@@ -24,10 +24,33 @@ _CONTEXT = {None: 0, "state": 1, "alloc": 2, "all": 3}
 _STACKS = ("python", "all")
 _PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
 
-_hook_lock = threading.Lock()
-_hook = None  # the installed FRAMES_FN (kept alive while installed, and after: see _install)
-_encoded = {}  # str -> bytes for names and file names (the library copies them per context); the
-# native hook keeps here only the strs CPython cannot give as UTF-8 (a lone surrogate)
+# The state below outlives importlib.reload (which runs this file again in the same namespace):
+# the library may hold the installed hook and its argument, which a fresh `= None` here freed
+# (the next capture read freed memory). Each is made once, on first import.
+_hook_lock = globals().get("_hook_lock") or threading.Lock()
+# the installed FRAMES_FN (kept alive while installed, and after: see _install)
+_hook = globals().get("_hook")
+_hook_arg = globals().get("_hook_arg")  # its argument (the native hook's, else None)
+# str -> bytes for names and file names (the library copies them per context); the native hook
+# keeps here only the strs CPython cannot give as UTF-8 (a lone surrogate)
+_encoded = globals().get("_encoded", {})
+
+
+def _after_fork_in_child():
+    """A fork taken while another thread was inside _install gave the child a _hook_lock held by
+    a thread the child does not have (its first record_memory_history waited for ever), and
+    maybe a library whose hook is not _hook (the fork fell between naming the hook and handing
+    it over, or taking it back: the child's records had no frames). The child's library gets
+    _hook again."""
+    global _hook_lock
+    _hook_lock = threading.Lock()
+    if _hook is not None:
+        lib().sp_history_set_frames_hook(_hook, _hook_arg)
+
+
+if "_forks_handled" not in globals():  # once, reloads included
+    _forks_handled = True
+    os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def _frames(frames, max_frames, arg):
@@ -61,8 +84,8 @@ def _frames(frames, max_frames, arg):
 
 
 # sp_history_python_frames' argument: the library reads it on every capture, so it lives as long
-# as the process (a hook being replaced may still be running on another thread).
-_native_arg = None
+# as the process (a hook being replaced may still be running on another thread), reloads included.
+_native_arg = globals().get("_native_arg")
 
 
 def _native_hook():
@@ -78,15 +101,15 @@ def _native_hook():
 
 
 def _install(on):
-    global _hook
+    global _hook, _hook_arg
     with _hook_lock:
         if on and _hook is None:
             native = _native_hook()
             if native is not None:
-                _hook, arg = native
+                _hook, _hook_arg = native
             else:
-                _hook, arg = _lib.FRAMES_FN(_frames), None
-            lib().sp_history_set_frames_hook(_hook, arg)
+                _hook, _hook_arg = _lib.FRAMES_FN(_frames), None
+            lib().sp_history_set_frames_hook(_hook, _hook_arg)
         elif not on and _hook is not None:
             lib().sp_history_set_frames_hook(_lib.FRAMES_FN(), None)
             # Another thread may be inside the old hook right now: never free it.
@@ -94,7 +117,7 @@ def _install(on):
             _hook = None
 
 
-_lib_keep = []
+_lib_keep = globals().get("_lib_keep", [])  # hooks replaced, never freed (reloads included)
 
 
 def record_memory_history(enabled="all", context="all", stacks="python", max_entries=sys.maxsize,

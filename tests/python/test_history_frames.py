@@ -191,5 +191,10 @@ def test_threads_record_while_the_hook_comes_and_goes(sp):
             t.join()
     assert not errors, errors
     allocs = [e for e in sp.snapshot()["device_traces"][0] if e["action"] == "alloc"]
-    assert allocs
-    assert all(e["frames"][0]["name"] == "worker" for e in allocs if e["size"] >= 7600), allocs[:2]
+    framed = [e for e in allocs if "frames" in e]
+    # A worker's allocation whose stack was to be taken while recording was still off, and which
+    # was recorded just after it came on, has no frames (as in torch, which gathers the context
+    # before it checks whether it records): one a worker at most.
+    assert len(allocs) - len(framed) <= len(threads), allocs[:2]
+    assert framed
+    assert all(e["frames"][0]["name"] == "worker" for e in framed if e["size"] >= 7600), framed[:2]

@@ -1,0 +1,195 @@
+"""The library's Python frames hook (pool/pyframes.c) and the package around it under use that
+its first tests left out: the package reloaded while recording, a fork while another thread is
+inside _install, a hook argument made where a freed one was, a collection the walk would start.
+Each case runs in its own interpreter (a subprocess with a timeout): each changes process-wide
+state."""
+
+import subprocess
+import sys
+import textwrap
+
+
+def _run(src):
+    """Run src in a fresh interpreter; its stdout (a failure shows its stderr)."""
+    r = subprocess.run([sys.executable, "-c", textwrap.dedent(src)], capture_output=True,
+                       text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    return r.stdout
+
+
+def test_reload_keeps_the_installed_hook_argument():
+    # importlib.reload runs history.py again in its own namespace: a fresh `_native_arg = None`
+    # freed the argument the library still held, so the next capture read freed memory (here
+    # taken by arguments that leave out every absolute file name: the allocation had no frames).
+    out = _run("""
+        import gc, importlib
+        import sympool
+        from sympool import _lib, history
+        sympool.record_memory_history()
+        importlib.reload(history)
+        gc.collect()
+        fill = [_lib.PythonFramesArg(b"/", None) for _ in range(20000)]
+        scope = {"sympool": sympool}
+        exec(compile("def fresh(n):\\n    return sympool.malloc(n)\\n", "/fresh.py", "exec"),
+             scope)
+        sympool.free(scope["fresh"](8192))
+        ev = [e for e in sympool.snapshot()["device_traces"][0]
+              if e["action"] == "alloc" and e["size"] == 8192]
+        print(ev[-1].get("frames", [{}])[0].get("name"))
+    """)
+    assert out.split() == ["fresh"]
+
+
+def test_a_fork_while_another_thread_installs_the_hook():
+    # A thread inside _install (here: holding its lock) while another forks: the child's copy of
+    # the lock stayed held by a thread the child does not have, and the child's first
+    # record_memory_history waited on it for ever. The child's alarm ends a hung child.
+    out = _run("""
+        import os, signal, threading
+        import sympool
+        from sympool import history
+        held, done = threading.Event(), threading.Event()
+
+        def holder():
+            with history._hook_lock:
+                held.set()
+                done.wait()
+
+        t = threading.Thread(target=holder)
+        t.start()
+        held.wait()
+        pid = os.fork()
+        if pid == 0:
+            signal.alarm(20)
+            sympool.record_memory_history()
+
+            def child_site():
+                return sympool.malloc(5555)
+
+            sympool.free(child_site())
+            ev = [e for e in sympool.snapshot()["device_traces"][0]
+                  if e["action"] == "alloc" and e["size"] == 5555]
+            os._exit(0 if ev[-1]["frames"][0]["name"] == "child_site" else 3)
+        done.set()
+        t.join()
+        print(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]))
+    """)
+    assert out.split() == ["0"]
+
+
+def test_an_argument_made_where_a_freed_one_was():
+    # The frame cache (pool/pyframes.c) kept what it read of a code object by the argument's
+    # address: an argument freed and a new one made at its address, with another skip prefix,
+    # read the first one's choice (a frame of the package's directory kept).
+    out = _run("""
+        import ctypes
+        from sympool import _lib, history
+        native = _lib.lib().sp_history_python_frames
+        if not _lib.lib().sp_history_python_frames_supported():
+            raise SystemExit("unsupported")
+        scope = {}
+        exec(compile("def inside(call):\\n    return call()\\n",
+                     history._PACKAGE_DIR + "/inside.py", "exec"), scope)
+
+        def names(arg):
+            frames = (_lib.HistoryFrame * 256)()
+            call = lambda: native(frames, 256, ctypes.addressof(arg))  # noqa: E731
+            n = scope["inside"](call)
+            return [frames[i].name.decode() for i in range(n)][:3]
+
+        first = _lib.PythonFramesArg(None, None)  # leaves no frame out
+        print(*names(first))
+        where = ctypes.addressof(first)
+        del first
+        prefix = history._PACKAGE_DIR.encode(errors="surrogatepass")
+        made = [_lib.PythonFramesArg(prefix, history._encoded) for _ in range(1000)]
+        again = [a for a in made if ctypes.addressof(a) == where] or made  # (pymalloc reuses it)
+        print(*names(again[0]))
+    """)
+    first, again = out.splitlines()
+    assert first.split()[:2] == ["<lambda>", "inside"]
+    assert again.split()[:2] == ["<lambda>", "names"]
+
+
+def test_a_collection_the_walk_would_start_runs_after_it():
+    # The walk makes frame objects (PyFrame_GetBack), which can start a collection inside the
+    # hook: a finalizer there that frees sympool memory was refused (a callback may not call
+    # sympool) and the block leaked. Each threshold below puts that collection at another of
+    # the allocations around the walk, one of them inside it.
+    out = _run("""
+        import gc
+        import sympool
+        if not sympool._lib.lib().sp_history_python_frames_supported():
+            raise SystemExit("unsupported")
+        sympool.record_memory_history()
+        refused = []
+
+        class Holder:
+            def __init__(self):
+                self.p = sympool.malloc(1000)
+                self.me = self  # a cycle: only a collection frees it
+
+            def __del__(self):
+                try:
+                    sympool.free(self.p)
+                except sympool.SympoolError as e:
+                    refused.append(e)
+
+        def nest(k):
+            return sympool.malloc(2000) if k == 0 else nest(k - 1)
+
+        for t in range(1, 200):
+            gc.collect()
+            gc.disable()
+            Holder()
+            gc.set_threshold(t)
+            gc.enable()
+            sympool.free(nest(20))
+            gc.set_threshold(700)
+        gc.collect()
+        print(len(refused), sympool.memory_allocated())
+    """)
+    assert out.split() == ["0", "0"]
+
+
+def test_a_fork_inside_install_leaves_the_child_a_hook():
+    # A fork while another thread was inside _install, between naming the hook (_hook) and
+    # handing it to the library: the child's library had no hook, its _hook said installed, so
+    # its recording (context on) recorded no frames. The thread is held there by a stand-in for
+    # the library's sp_history_set_frames_hook; the child's alarm ends a hung child.
+    out = _run("""
+        import os, signal, threading
+        import sympool
+        from sympool import _lib
+        L = _lib.lib()
+        real = L.sp_history_set_frames_hook
+        parent = os.getpid()
+        inside, done = threading.Event(), threading.Event()
+
+        def held(fn, arg):
+            if os.getpid() == parent and fn:
+                inside.set()
+                done.wait()
+            return real(fn, arg)
+
+        L.sp_history_set_frames_hook = held
+        t = threading.Thread(target=sympool.record_memory_history)
+        t.start()
+        inside.wait()
+        pid = os.fork()
+        if pid == 0:
+            signal.alarm(20)
+            sympool.record_memory_history()
+
+            def child_site():
+                return sympool.malloc(5555)
+
+            sympool.free(child_site())
+            ev = [e for e in sympool.snapshot()["device_traces"][0]
+                  if e["action"] == "alloc" and e["size"] == 5555]
+            os._exit(0 if ev[-1].get("frames", [{}])[0].get("name") == "child_site" else 3)
+        done.set()
+        t.join()
+        print(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]))
+    """)
+    assert out.split() == ["0"]
