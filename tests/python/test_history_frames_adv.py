@@ -10,11 +10,36 @@ import textwrap
 
 
 def _run(src):
-    """Run src in a fresh interpreter; its stdout (a failure shows its stderr)."""
-    r = subprocess.run([sys.executable, "-c", textwrap.dedent(src)], capture_output=True,
-                       text=True, timeout=120)
+    """Run src (with the child's part where it is named) in a fresh interpreter; its stdout (a
+    failure shows its stderr)."""
+    code = textwrap.dedent(_with_child(src))
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     return r.stdout
+
+
+# The forked child's part in the two fork cases (in place of the line CHILD_RECORDS_ITS_FRAME, at
+# its indentation): it records, and exits 0 when its allocation's innermost frame is its own
+# function; its alarm ends a child that hangs.
+_CHILD_RECORDS_ITS_FRAME = """\
+signal.alarm(20)
+sympool.record_memory_history()
+
+def child_site():
+    return sympool.malloc(5555)
+
+sympool.free(child_site())
+ev = [e for e in sympool.snapshot()["device_traces"][0]
+      if e["action"] == "alloc" and e["size"] == 5555]
+os._exit(0 if ev[-1].get("frames", [{}])[0].get("name") == "child_site" else 3)
+"""
+
+
+def _with_child(src):
+    """src with the child's part (_CHILD_RECORDS_ITS_FRAME) in place of its marker line."""
+    indent = " " * 12
+    part = textwrap.indent(_CHILD_RECORDS_ITS_FRAME, indent)
+    return src.replace(indent + "CHILD_RECORDS_ITS_FRAME\n", part)
 
 
 def test_reload_keeps_the_installed_hook_argument():
@@ -60,16 +85,7 @@ def test_a_fork_while_another_thread_installs_the_hook():
         held.wait()
         pid = os.fork()
         if pid == 0:
-            signal.alarm(20)
-            sympool.record_memory_history()
-
-            def child_site():
-                return sympool.malloc(5555)
-
-            sympool.free(child_site())
-            ev = [e for e in sympool.snapshot()["device_traces"][0]
-                  if e["action"] == "alloc" and e["size"] == 5555]
-            os._exit(0 if ev[-1]["frames"][0]["name"] == "child_site" else 3)
+            CHILD_RECORDS_ITS_FRAME
         done.set()
         t.join()
         print(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]))
@@ -178,16 +194,7 @@ def test_a_fork_inside_install_leaves_the_child_a_hook():
         inside.wait()
         pid = os.fork()
         if pid == 0:
-            signal.alarm(20)
-            sympool.record_memory_history()
-
-            def child_site():
-                return sympool.malloc(5555)
-
-            sympool.free(child_site())
-            ev = [e for e in sympool.snapshot()["device_traces"][0]
-                  if e["action"] == "alloc" and e["size"] == 5555]
-            os._exit(0 if ev[-1].get("frames", [{}])[0].get("name") == "child_site" else 3)
+            CHILD_RECORDS_ITS_FRAME
         done.set()
         t.join()
         print(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]))
