@@ -43,6 +43,21 @@ for re in '(' 'no_such_step'; do
   grep -q -- "--steps" "$work/steps_bad.txt" || { cat "$work/steps_bad.txt"; echo "FAIL: no reason"; exit 1; }
 done
 
+# bench/gpu/probe.py, a step of the GPU plan: where its parts cannot run (no GPU here) it must
+# fail, with every part's error in its output (it exited 0 and the step passed).
+if ! { command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L 2>/dev/null | grep -q '^GPU'; }; then
+  if python3 "$src/bench/gpu/probe.py" --out "$work/probe.json" >"$work/probe.log" 2>&1; then
+    echo "FAIL: probe.py passed with no part run"; exit 1
+  fi
+  python3 - "$work/probe.json" <<'PY'
+import json, sys
+r = json.load(open(sys.argv[1]))
+for part in ("context", "bus_id", "reserve", "torch", "history"):
+    assert "error" in r[part], (part, r[part])
+print("probe failure ok")
+PY
+fi
+
 bash "$gc" --out "$work/ok" >"$work/ok.log" 2>&1 || { cat "$work/ok.log"; echo "FAIL: no-GPU run failed"; exit 1; }
 n=$(ls "$work/ok" | wc -l)
 [ "$n" = 2 ] || { ls "$work/ok"; echo "FAIL: $n report files, expected 2"; exit 1; }
