@@ -54,6 +54,8 @@ typedef struct py_api {
     void *(*dict_get)(void *dict, void *key);          /* PyDict_GetItemWithError (borrowed) */
     int (*dict_set)(void *dict, void *key, void *val); /* PyDict_SetItem */
     void (*err_clear)(void);                           /* PyErr_Clear */
+    void (*err_fetch)(void **type, void **value, void **tb); /* PyErr_Fetch */
+    void (*err_restore)(void *type, void *value, void *tb);  /* PyErr_Restore */
     int (*finalizing)(void);         /* Py_IsFinalizing (3.13) or _Py_IsFinalizing; may be NULL */
     int (*frame_lasti)(void *frame); /* PyFrame_GetLasti (3.11); NULL: no frame cache */
     int (*gc_disable)(void);         /* PyGC_Disable (3.10); NULL with gc_enable */
@@ -95,6 +97,8 @@ static void api_init(void) {
         {(void **)&a.dict_get, "PyDict_GetItemWithError"},
         {(void **)&a.dict_set, "PyDict_SetItem"},
         {(void **)&a.err_clear, "PyErr_Clear"},
+        {(void **)&a.err_fetch, "PyErr_Fetch"},
+        {(void **)&a.err_restore, "PyErr_Restore"},
     };
     for (size_t i = 0; i < sizeof(want) / sizeof(want[0]); i++) {
         *want[i].slot = sym(want[i].name);
@@ -351,6 +355,11 @@ size_t sp__python_frames_keyed(sp_history_frame_t *frames, uint64_t *keys, size_
         return 0;
     walk_t w = {.arg = arg != NULL ? arg : &none, .ndead = 0, .old_encoded = NULL};
     int gil = api.gil_ensure();
+    /* The caller's pending error, if any (C code may free a block on its way to return NULL), is
+     * set aside for the walk: the errors the walk clears are then its own only, and the caller's
+     * is back as it was after it (one the walk left, out of memory, goes with the restore). */
+    void *err_type, *err_value, *err_tb;
+    api.err_fetch(&err_type, &err_value, &err_tb);
     /* The walk makes frame objects (PyFrame_GetBack), and one can start a collection, whose
      * finalizers would run inside this hook, where sympool refuses them (a __del__ that frees
      * a block leaked it). Collections wait until the walk is over instead: no Python code runs
@@ -384,6 +393,7 @@ size_t sp__python_frames_keyed(sp_history_frame_t *frames, uint64_t *keys, size_
         api.decref(w.dead[i]); /* may free a code object: no lock of ours is held */
     if (w.old_encoded != NULL)
         api.decref(w.old_encoded);
+    api.err_restore(err_type, err_value, err_tb);
     api.gil_release(gil);
     return n;
 }

@@ -59,7 +59,7 @@ struct sp_tcache {
     size_t idle_bytes;           /* bytes of idle entries, <= sp__g.tc_limit */
     uint32_t nidle;              /* idle entries */
     uint32_t nused;              /* idle and out entries */
-    uint32_t nout;               /* out entries; read by the owner without the lock (tc_out) */
+    uint32_t nout;               /* out entries; read unlocked by the owner (sp__tc_free_or) */
     uint32_t cap;                /* entries allocated (0 or a power of two) */
     int32_t free_head;           /* unused entries */
     tc_entry_t *ent;             /* [cap] */

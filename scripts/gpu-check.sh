@@ -73,7 +73,12 @@ while [ $# -gt 0 ]; do
     case $1 in
     --out) OUTDIR=${2:?--out needs a folder}; shift 2 ;;
     --plan) MODE=plan; shift ;;
-    --steps) STEPS_RE=${2:?--steps needs a regular expression}; shift 2 ;;
+    --steps)
+        STEPS_RE=${2:?--steps needs a regular expression}
+        # A pattern grep cannot read matched no step, and the run built and passed.
+        echo | grep -Eq -- "$STEPS_RE" 2>/dev/null
+        [ $? -ne 2 ] || { echo "gpu-check: --steps '$STEPS_RE' is no extended regular expression" >&2; exit 2; }
+        shift 2 ;;
     --prepare-deps) prepare_deps; exit $? ;;
     *) echo "usage: scripts/gpu-check.sh [--out DIR] [--steps REGEX] | --plan | --prepare-deps"; exit 2 ;;
     esac
@@ -147,6 +152,10 @@ select_steps() {
         esac
         names+=("${PLAN_NAMES[$i]}") budgets+=("${PLAN_BUDGETS[$i]}") cmds+=("${PLAN_CMDS[$i]}")
     done
+    if [ "${#names[@]}" -le 2 ]; then
+        echo "gpu-check: --steps '$STEPS_RE' names no step (--plan lists them)" >&2
+        exit 2
+    fi
     PLAN_NAMES=("${names[@]}") PLAN_BUDGETS=("${budgets[@]}") PLAN_CMDS=("${cmds[@]}")
 }
 

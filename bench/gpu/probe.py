@@ -17,7 +17,8 @@ PyTorch and in sympool measured in the same process:
                and a 512-byte allocate+free pair from Python with history off, on without
                contexts and on with Python stacks (medians; the two libraries alternated)
 
-Every part runs even if another failed; a failure is recorded as its error text."""
+Every part runs even if another failed; a failure is recorded as its error text, and the exit
+status is 1 when any part failed (the GPU check's step then fails)."""
 
 import ctypes
 import json
@@ -286,6 +287,10 @@ def main():
     if OUT:
         with open(OUT, "w") as f:
             f.write(text + "\n")
+    failed = [k for k, v in result.items() if isinstance(v, dict) and "error" in v]
+    if failed:
+        print(f"probe: failed: {' '.join(failed)}", file=sys.stderr)
+        sys.exit(1)
 
 
 if __name__ == "__main__":

@@ -132,10 +132,11 @@ typedef struct sp_history_python_frames_arg {
  * sp_history_python_frames_arg_t * (NULL: no frame left out) that must outlive every call, its
  * fields and its prefix's text unchanged (the library's caches tell arguments apart by their
  * address, their prefix's address and their dict). It takes the GIL for the walk when the caller
- * does not hold it (PyGILState_Ensure), and holds collections off during it; it gives no
- * frames on a thread Python never ran, while Python finalizes, or where
- * sp_history_python_frames_supported() is false. The strings stay valid until the allocating
- * call returns (the frames' code objects hold them), which is as long as the library reads them.
+ * does not hold it (PyGILState_Ensure), holds collections off during it, and leaves a Python
+ * error the caller has pending as it was; it gives no frames on a thread Python never ran,
+ * while Python finalizes, or where sp_history_python_frames_supported() is false. The strings
+ * stay valid until the allocating call returns (the frames' code objects hold them), which is as
+ * long as the library reads them.
  */
 size_t sp_history_python_frames(sp_history_frame_t *frames, size_t max_frames, void *arg);
 

@@ -29,6 +29,35 @@ assert any(n.startswith("replay_sympool_expandable_") for n in names), names
 print(f"plan ok: {len(steps)} steps, {total} s of budgets, deadline {deadline} s")
 PY
 
+# --steps: the GPU plan keeps the build and the steps named; a regular expression grep cannot
+# read, or one that names no step, is refused (it left the build alone to run, and pass).
+bash "$gc" --plan --steps '^hit_cost$' >"$work/plan_steps.txt"
+kept=$(awk '/without a GPU/ { exit } $1 ~ /^[a-z]/ && $2 ~ /^[0-9]+$/ { printf "%s ", $1 }' \
+  "$work/plan_steps.txt")
+[ "$kept" = "scripts_parse build hit_cost " ] ||
+  { cat "$work/plan_steps.txt"; echo "FAIL: --steps kept other steps"; exit 1; }
+for re in '(' 'no_such_step'; do
+  if bash "$gc" --plan --steps "$re" >"$work/steps_bad.txt" 2>&1; then
+    cat "$work/steps_bad.txt"; echo "FAIL: --steps '$re' was taken"; exit 1
+  fi
+  grep -q -- "--steps" "$work/steps_bad.txt" || { cat "$work/steps_bad.txt"; echo "FAIL: no reason"; exit 1; }
+done
+
+# bench/gpu/probe.py, a step of the GPU plan: where its parts cannot run (no GPU here) it must
+# fail, with every part's error in its output (it exited 0 and the step passed).
+if ! { command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L 2>/dev/null | grep -q '^GPU'; }; then
+  if python3 "$src/bench/gpu/probe.py" --out "$work/probe.json" >"$work/probe.log" 2>&1; then
+    echo "FAIL: probe.py passed with no part run"; exit 1
+  fi
+  python3 - "$work/probe.json" <<'PY'
+import json, sys
+r = json.load(open(sys.argv[1]))
+for part in ("context", "bus_id", "reserve", "torch", "history"):
+    assert "error" in r[part], (part, r[part])
+print("probe failure ok")
+PY
+fi
+
 bash "$gc" --out "$work/ok" >"$work/ok.log" 2>&1 || { cat "$work/ok.log"; echo "FAIL: no-GPU run failed"; exit 1; }
 n=$(ls "$work/ok" | wc -l)
 [ "$n" = 2 ] || { ls "$work/ok"; echo "FAIL: $n report files, expected 2"; exit 1; }
