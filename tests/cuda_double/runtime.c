@@ -858,7 +858,9 @@ DBL_EXPORT cudaError_t cudaStreamIsCapturing(cudaStream_t h, enum cudaStreamCapt
     /* Asking about the legacy stream makes the current device's primary context: on an H200
      * (driver 580.159.04, CUDA 13.0) cuDevicePrimaryCtxGetState said inactive before
      * cudaStreamIsCapturing(NULL) and active after it, in a fresh process (bench/gpu/probe.py,
-     * bench/results/2026-11-29-s21-gpu-probe.json, "context"). A named stream already has one. */
+     * bench/results/2026-11-29-s21-gpu-probe.json, "context"). cudaStreamPerThread is taken to
+     * behave alike (it too is the current device's, in its primary context); only NULL was
+     * measured. A named stream already has one. */
     if (h == NULL || h == cudaStreamLegacy || h == cudaStreamPerThread)
         CTX("cudaStreamIsCapturing", cur_dev());
     pthread_mutex_lock(&g_rt);
