@@ -1217,6 +1217,16 @@ static bool replay_once(const tr_trace_t *t, const char *snapshot_out, bool last
         r->end_inactive_split += stat_of(d, "inactive_split_bytes.all.current");
         r->device_allocs += stat_of(d, "num_device_alloc");
         r->device_frees += stat_of(d, "num_device_free");
+        sp_x_vmm_counters_t v;
+        if (sp_x_vmm_counters(d, &v) == SP_SUCCESS) {
+            r->vmm.pages_mapped += v.pages_mapped;
+            r->vmm.pages_unmapped += v.pages_unmapped;
+            r->vmm.bytes_mapped += v.bytes_mapped;
+            r->vmm.bytes_unmapped += v.bytes_unmapped;
+            r->vmm.map_calls += v.map_calls;
+            r->vmm.unmap_calls += v.unmap_calls;
+            r->vmm.recycle_syncs += v.recycle_syncs;
+        }
     }
     if (ok && snapshot_out != NULL) {
         /* A snapshot that cannot be written (a read-only or full file system) is said once, in
@@ -1387,6 +1397,14 @@ static void print_json(const char *trace, const replay_result_t *r, const char *
            (long long)r->device_frees, r->start_segments, (unsigned long long)r->start_bytes,
            (unsigned long long)r->pytorch_start_reserved, r->empty_caches, r->deferred_frees);
     cj_write_string(stdout, conf);
+    /* Added after the first keys (readers look keys up by name): the expandable pages' device
+     * work, what a GPU's time in the driver follows (one cuMemCreate + cuMemMap per page mapped,
+     * one cuMemUnmap + cuMemRelease per page unmapped). */
+    printf(",\"vmm_pages_mapped\":%lld,\"vmm_pages_unmapped\":%lld,\"vmm_bytes_mapped\":%lld,"
+           "\"vmm_bytes_unmapped\":%lld,\"vmm_recycle_syncs\":%lld",
+           (long long)r->vmm.pages_mapped, (long long)r->vmm.pages_unmapped,
+           (long long)r->vmm.bytes_mapped, (long long)r->vmm.bytes_unmapped,
+           (long long)r->vmm.recycle_syncs);
     printf(",\"settings\":");
     cj_write_string(stdout, settings);
     printf(",\"capacity\":");
