@@ -1401,10 +1401,12 @@ static void print_json(const char *trace, const replay_result_t *r, const char *
      * work, what a GPU's time in the driver follows (one cuMemCreate + cuMemMap per page mapped,
      * one cuMemUnmap + cuMemRelease per page unmapped). */
     printf(",\"vmm_pages_mapped\":%lld,\"vmm_pages_unmapped\":%lld,\"vmm_bytes_mapped\":%lld,"
-           "\"vmm_bytes_unmapped\":%lld,\"vmm_recycle_syncs\":%lld",
+           "\"vmm_bytes_unmapped\":%lld,\"vmm_recycle_syncs\":%lld,\"vmm_map_calls\":%lld,"
+           "\"vmm_unmap_calls\":%lld",
            (long long)r->vmm.pages_mapped, (long long)r->vmm.pages_unmapped,
            (long long)r->vmm.bytes_mapped, (long long)r->vmm.bytes_unmapped,
-           (long long)r->vmm.recycle_syncs);
+           (long long)r->vmm.recycle_syncs, (long long)r->vmm.map_calls,
+           (long long)r->vmm.unmap_calls);
     printf(",\"settings\":");
     cj_write_string(stdout, settings);
     printf(",\"capacity\":");
