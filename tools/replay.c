@@ -1397,16 +1397,6 @@ static void print_json(const char *trace, const replay_result_t *r, const char *
            (long long)r->device_frees, r->start_segments, (unsigned long long)r->start_bytes,
            (unsigned long long)r->pytorch_start_reserved, r->empty_caches, r->deferred_frees);
     cj_write_string(stdout, conf);
-    /* Added after the first keys (readers look keys up by name): the expandable pages' device
-     * work, what a GPU's time in the driver follows (one cuMemCreate + cuMemMap per page mapped,
-     * one cuMemUnmap + cuMemRelease per page unmapped). */
-    printf(",\"vmm_pages_mapped\":%lld,\"vmm_pages_unmapped\":%lld,\"vmm_bytes_mapped\":%lld,"
-           "\"vmm_bytes_unmapped\":%lld,\"vmm_recycle_syncs\":%lld,\"vmm_map_calls\":%lld,"
-           "\"vmm_unmap_calls\":%lld",
-           (long long)r->vmm.pages_mapped, (long long)r->vmm.pages_unmapped,
-           (long long)r->vmm.bytes_mapped, (long long)r->vmm.bytes_unmapped,
-           (long long)r->vmm.recycle_syncs, (long long)r->vmm.map_calls,
-           (long long)r->vmm.unmap_calls);
     printf(",\"settings\":");
     cj_write_string(stdout, settings);
     printf(",\"capacity\":");
@@ -1417,6 +1407,16 @@ static void print_json(const char *trace, const replay_result_t *r, const char *
         printf(",\"differs_because\":");
         cj_write_string(stdout, why + (why[0] == ' '));
     }
+    /* Added last (older readers and the tests' patterns see the keys before as they were): the
+     * expandable pages' device work, what a GPU's time in the driver follows (one cuMemCreate +
+     * cuMemMap per page mapped, one cuMemUnmap + cuMemRelease per page unmapped). */
+    printf(",\"vmm_pages_mapped\":%lld,\"vmm_pages_unmapped\":%lld,\"vmm_bytes_mapped\":%lld,"
+           "\"vmm_bytes_unmapped\":%lld,\"vmm_recycle_syncs\":%lld,\"vmm_map_calls\":%lld,"
+           "\"vmm_unmap_calls\":%lld",
+           (long long)r->vmm.pages_mapped, (long long)r->vmm.pages_unmapped,
+           (long long)r->vmm.bytes_mapped, (long long)r->vmm.bytes_unmapped,
+           (long long)r->vmm.recycle_syncs, (long long)r->vmm.map_calls,
+           (long long)r->vmm.unmap_calls);
     printf("}\n");
 }
 

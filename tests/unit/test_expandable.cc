@@ -1184,3 +1184,38 @@ TEST_F(Expandable, PagesRecycledElsewhereAreUnmappedBeforeTheGrowthMaps) {
     ASSERT_SP_OK(sp_empty_cache());
     EXPECT_EQ(sp__host_live_bytes(0), 0u);
 }
+
+// More unmaps in one growth than the held-back list holds (64 ranges): the rest are made on the
+// device at once. 80 blocks of 4 MiB + 4 KiB (not whole pages: they pack with the rest), each
+// after a live 64 KiB one, so each holds a whole page or more; all freed, then 256 MiB: RECYCLE
+// unmaps the pages of all 80, and the device ends with exactly the books' bytes: what the books
+// unmapped and the device did not is what the growth mapped again (kept), no more.
+TEST_F(Expandable, MoreRecycledRangesThanTheListHoldsAreAllUnmapped) {
+    sp::ScopedEnv env({{"SYMPOOL_ALLOC_CONF", "expandable_segments:True"}});
+    SP_SKIP_UNLESS_HOST();
+    std::vector<void *> keep, gone;
+    for (int i = 0; i < 80; i++) {
+        void *k, *g;
+        ASSERT_SP_OK(sp_malloc(64 * 1024, 0, nullptr, &k));
+        ASSERT_SP_OK(sp_malloc(4 * MiB + 4096, 0, nullptr, &g));
+        keep.push_back(k);
+        gone.push_back(g);
+    }
+    for (void *g : gone)
+        ASSERT_SP_OK(sp_free(g));
+    ASSERT_SP_OK(sp_reset_accumulated_memory_stats(0));
+    void *big;
+    ASSERT_SP_OK(sp_malloc(256 * MiB, 0, nullptr, &big));
+    sp_x_vmm_counters_t v;
+    ASSERT_SP_OK(sp_x_vmm_counters(0, &v));
+    EXPECT_GT(v.unmap_calls, 64);
+    const int64_t kept = stat("reserved_bytes.all.freed") - v.bytes_unmapped;
+    EXPECT_GE(kept, 0);
+    EXPECT_EQ(stat("reserved_bytes.all.allocated") - v.bytes_mapped, kept);
+    EXPECT_EQ(sp__host_live_bytes(0), (size_t)stat("reserved_bytes.all.current"));
+    ASSERT_SP_OK(sp_free(big));
+    for (void *k : keep)
+        ASSERT_SP_OK(sp_free(k));
+    ASSERT_SP_OK(sp_empty_cache());
+    EXPECT_EQ(sp__host_live_bytes(0), 0u);
+}
