@@ -182,7 +182,7 @@ static sp_status_t dev_map(sp_devalloc_t *d, uintptr_t addr, size_t len, size_t 
     return s;
 }
 
-/* Unmap on the device the pending ranges outside [lo, hi) (all of them when lo == hi). The
+/* Unmap on the device the pending ranges outside [lo, hi) (all of them with lo = hi = 0). The
  * caller synchronized before putting them there. An unmap the device refuses (a driver
  * failure; the backend logs it) leaves those pages mapped where the books say unmapped: a
  * later map there fails and the growth reports it. */
