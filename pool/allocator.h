@@ -134,6 +134,13 @@ typedef struct sp_devalloc {
     size_t slab_left;            /* never-used structs from slab_next on (lock) */
     atomic_uintptr_t lo;         /* lowest segment address ever (free's device guess) */
     atomic_uintptr_t hi;         /* highest segment end ever */
+    /* Expandable segments' device work since the last sp_reset_accumulated_memory_stats
+     * (sp_x_vmm_counters; lock). Pages, not calls: the cuda backend creates and maps (and
+     * unmaps and releases) each page on its own, so its time follows the pages. */
+    int64_t exp_pages_mapped, exp_pages_unmapped;
+    int64_t exp_bytes_mapped, exp_bytes_unmapped;
+    int64_t exp_map_calls, exp_unmap_calls;
+    int64_t exp_recycle_syncs; /* stream and device synchronizations RECYCLE asked for */
 } sp_devalloc_t;
 
 typedef struct sp_alloc_global {

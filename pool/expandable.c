@@ -141,7 +141,128 @@ static void release_segment(sp_devalloc_t *d, sp_segment_t *seg) {
     sp__alloc_segment_delete(d, seg);
 }
 
-static size_t unmap_block(sp_devalloc_t *d, sp_block_t *b, uint32_t context);
+/* ---- the device's side of maps and unmaps ------------------------------------------------ */
+
+/* Unmaps that RECYCLE made in the allocator's books for a growth, not yet made on the device.
+ * The growth maps its pages right after, often at the same place (find_room takes the lowest
+ * address with room, and the holes RECYCLE just unmapped are often it): pages both unmapped
+ * and mapped again in one growth stay mapped on the device instead, the same physical page at
+ * the same address, and only the rest is unmapped, before the growth maps anything new (so the
+ * device never holds more than the books say, which SYMPOOL_HOST_CAPACITY and a GPU's memory
+ * need). The books, stats and trace entries are the same as with every call made: the device
+ * work is what changes (on a GPU each page is its own cuMemUnmap + cuMemRelease and cuMemCreate +
+ * cuMemMap). */
+#define SP_EXP_PEND 64
+typedef struct exp_pend {
+    int n;
+    uintptr_t lo, hi; /* the growth's range: pending pages there wait for its maps */
+    struct {
+        uintptr_t addr;
+        size_t len, page;
+    } r[SP_EXP_PEND];
+} exp_pend_t;
+
+static sp_status_t dev_unmap(sp_devalloc_t *d, uintptr_t addr, size_t len, size_t page) {
+    sp_status_t s = sp__g.ops->vmm_unmap(d->device, (void *)addr, len);
+    if (s == SP_SUCCESS) {
+        d->exp_pages_unmapped += (int64_t)(len / page);
+        d->exp_bytes_unmapped += (int64_t)len;
+        d->exp_unmap_calls++;
+    }
+    return s;
+}
+
+static sp_status_t dev_map(sp_devalloc_t *d, uintptr_t addr, size_t len, size_t page) {
+    sp_status_t s = sp__g.ops->vmm_map(d->device, (void *)addr, len);
+    if (s == SP_SUCCESS) {
+        d->exp_pages_mapped += (int64_t)(len / page);
+        d->exp_bytes_mapped += (int64_t)len;
+        d->exp_map_calls++;
+    }
+    return s;
+}
+
+/* Unmap on the device the pending ranges outside [lo, hi) (all of them with lo = hi = 0). The
+ * caller synchronized before putting them there. An unmap the device refuses (a driver
+ * failure; the backend logs it) leaves those pages mapped where the books say unmapped: a
+ * later map there fails and the growth reports it. */
+static void pend_flush(sp_devalloc_t *d, exp_pend_t *pd, uintptr_t lo, uintptr_t hi) {
+    int k = 0;
+    for (int i = 0; i < pd->n; i++) {
+        if (pd->r[i].addr < hi && pd->r[i].addr + pd->r[i].len > lo)
+            pd->r[k++] = pd->r[i];
+        else
+            (void)dev_unmap(d, pd->r[i].addr, pd->r[i].len, pd->r[i].page);
+    }
+    pd->n = k;
+}
+
+/* Take the pending pages inside [addr, end) off the list (they stay mapped: a range may lose its
+ * middle, which splits it, or is unmapped now when the list has no room for the second part). */
+static void pend_take(sp_devalloc_t *d, exp_pend_t *pd, uintptr_t addr, uintptr_t end) {
+    for (int i = 0; i < pd->n; i++) {
+        uintptr_t a = pd->r[i].addr, e = a + pd->r[i].len;
+        if (a >= end || e <= addr)
+            continue;
+        if (a < addr && e > end) {
+            if (pd->n < SP_EXP_PEND) {
+                pd->r[pd->n] = pd->r[i];
+                pd->r[pd->n].addr = end;
+                pd->r[pd->n].len = e - end;
+                pd->n++;
+            } else {
+                (void)dev_unmap(d, end, e - end, pd->r[i].page);
+            }
+            pd->r[i].len = addr - a;
+        } else if (a < addr) {
+            pd->r[i].len = addr - a;
+        } else if (e > end) {
+            pd->r[i].addr = end;
+            pd->r[i].len = e - end;
+        } else {
+            pd->r[i--] = pd->r[--pd->n];
+        }
+    }
+}
+
+/* Map [addr, addr + len) on the device, taking over the pending pages inside it (still mapped
+ * there): only the gaps between them are mapped. All or nothing, as vmm_map. */
+static sp_status_t pend_map(sp_devalloc_t *d, exp_pend_t *pd, uintptr_t addr, size_t len,
+                            size_t page) {
+    if (!pd || pd->n == 0)
+        return dev_map(d, addr, len, page);
+    pend_flush(d, pd, pd->lo, pd->hi);
+    uintptr_t end = addr + len, gap[SP_EXP_PEND + 1][2];
+    int ng = 0;
+    for (uintptr_t at = addr; at < end;) {
+        /* The pending range holding `at`, else the first one after it. */
+        uintptr_t next = end, skip = 0;
+        for (int i = 0; i < pd->n; i++) {
+            uintptr_t a = pd->r[i].addr, e = a + pd->r[i].len;
+            if (a <= at && e > at)
+                skip = e < end ? e : end;
+            else if (a > at && a < next)
+                next = a;
+        }
+        if (skip) {
+            at = skip;
+            continue;
+        }
+        sp_status_t s = dev_map(d, at, next - at, page);
+        if (s != SP_SUCCESS) {
+            for (int g = 0; g < ng; g++) /* nothing mapped after all */
+                (void)dev_unmap(d, gap[g][0], gap[g][1] - gap[g][0], page);
+            return s;
+        }
+        gap[ng][0] = at;
+        gap[ng++][1] = next;
+        at = next;
+    }
+    pend_take(d, pd, addr, end);
+    return SP_SUCCESS;
+}
+
+static size_t unmap_block(sp_devalloc_t *d, sp_block_t *b, uint32_t context, exp_pend_t *pd);
 
 /* ---- map --------------------------------------------------------------------------------- */
 
@@ -177,7 +298,7 @@ static void absorb(sp_devalloc_t *d, sp_block_t *b, sp_block_t *n) {
  * m is the block holding the new memory. *why_p = SP_GROW_POOL_LIMIT when the pool's limit
  * refused it. */
 static sp_status_t map_block(sp_devalloc_t *d, sp_block_t *m, size_t size, uint32_t ctx,
-                             sp_grow_refusal_t *why_p) {
+                             exp_pend_t *pd, sp_grow_refusal_t *why_p) {
     sp_segment_t *seg = sp__bseg(m);
     sp_bpool_t *bp = seg->bpool;
     sp_mempool_t *pool = bp->pool;
@@ -188,7 +309,7 @@ static sp_status_t map_block(sp_devalloc_t *d, sp_block_t *m, size_t size, uint3
         *why_p = SP_GROW_POOL_LIMIT;
         return SP_ERR_OUT_OF_MEMORY; /* the caller reports the pool limit */
     }
-    sp_status_t s = sp__g.ops->vmm_map(d->device, (void *)m->addr, len);
+    sp_status_t s = pend_map(d, pd, m->addr, len, seg->page);
     if (s != SP_SUCCESS)
         return s;
     uintptr_t at = m->addr;
@@ -207,7 +328,7 @@ static sp_status_t map_block(sp_devalloc_t *d, sp_block_t *m, size_t size, uint3
         } else {
             /* No struct for the remainder (structs come from the arena alone, never from the
              * heap): give the pages back rather than corrupt the tiling. */
-            (void)sp__g.ops->vmm_unmap(d->device, (void *)m->addr, len);
+            (void)dev_unmap(d, m->addr, len, seg->page);
             m->unmapped = true;
             ulist_insert(bp, m);
             return sp__error(SP_ERR_SYSTEM, SP_SUB_POOL,
@@ -299,6 +420,7 @@ typedef struct recycler {
     sp_stream_t stream; /* the growing stream */
     size_t need, got;
     bool synced_own, synced_all;
+    exp_pend_t *pd; /* the unmaps, made on the device once the growth has mapped */
 } recycler_t;
 
 /* Unmap whole free pages of stream s's blocks in bp, smallest blocks first (large free blocks are
@@ -331,15 +453,17 @@ static bool recycle_stream(recycler_t *r, sp_bpool_t *bp, sp_stream_t s) {
         if (s == r->stream && !r->synced_own && !r->synced_all) {
             st = sp__g.ops->stream_sync(r->d->device, s);
             r->synced_own = st == SP_SUCCESS;
+            r->d->exp_recycle_syncs++;
         } else if (s != r->stream && !r->synced_all) {
             st = sp__g.ops->device_sync(r->d->device);
             r->synced_all = st == SP_SUCCESS;
+            r->d->exp_recycle_syncs++;
         }
         if (st != SP_SUCCESS)
             return false;
         size_t round = 0;
         for (int k = 0; k < n; k++)
-            round += unmap_block(r->d, cand[k], 0);
+            round += unmap_block(r->d, cand[k], 0, r->pd);
         if (round == 0)
             return false;
         r->got += round;
@@ -347,7 +471,8 @@ static bool recycle_stream(recycler_t *r, sp_bpool_t *bp, sp_stream_t s) {
     return true;
 }
 
-static void recycle(sp_devalloc_t *d, sp_bpool_t *bp, sp_stream_t stream, size_t need) {
+static void recycle(sp_devalloc_t *d, sp_bpool_t *bp, sp_stream_t stream, size_t need,
+                    exp_pend_t *pd) {
     /* Only the default pool: PyTorch never unmaps a live MemPool's free memory behind its back
      * (a CUDA graph's pool keeps the memory its replays use), and synchronizing a capturing
      * stream would break the capture. */
@@ -357,7 +482,7 @@ static void recycle(sp_devalloc_t *d, sp_bpool_t *bp, sp_stream_t stream, size_t
     if (stream &&
         (sp__g.ops->stream_capturing(d->device, stream, &capturing) != SP_SUCCESS || capturing))
         return;
-    recycler_t r = {.d = d, .stream = stream, .need = need};
+    recycler_t r = {.d = d, .stream = stream, .need = need, .pd = pd};
     sp_mempool_t *pool = bp->pool;
     sp_bpool_t *order[2] = {bp, bp == &pool->small ? &pool->large : &pool->small};
     /* The growing stream's own pages first (no device-wide wait), then every other stream's. */
@@ -450,24 +575,28 @@ static sp_block_t *align_start(sp_devalloc_t *d, sp_bpool_t *bp, sp_block_t *c, 
     return c;
 }
 
-sp_status_t sp__exp_alloc(sp_devalloc_t *d, sp_bpool_t *bp, size_t size, sp_stream_t stream,
-                          uint32_t ctx, sp_block_t **block_p, sp_grow_refusal_t *why_p) {
-    *why_p = SP_GROW_DEVICE;
-    if (sp__g.exp_borrow && (*block_p = borrow_large(bp, size, stream)) != NULL)
-        return SP_SUCCESS;
+/* The growth itself (sp__exp_alloc): RECYCLE's unmaps go to *pd, which the caller flushes. */
+static sp_status_t grow(sp_devalloc_t *d, sp_bpool_t *bp, size_t size, sp_stream_t stream,
+                        uint32_t ctx, exp_pend_t *pd, sp_block_t **block_p,
+                        sp_grow_refusal_t *why_p) {
     if (sp__g.exp_recycle)
-        recycle(d, bp, stream, size);
+        recycle(d, bp, stream, size, pd);
     sp_block_t *c = NULL;
     SP_CHECK(find_room(d, bp, size, stream, &c));
+    /* The pages this growth maps are the unmapped ones under [c, c + size): pending unmaps
+     * there wait for its maps (all of them are mapped again), the others are made first. */
+    const sp_segment_t *seg = sp__bseg(c);
+    pd->lo = c->addr;
+    pd->hi = seg->base + (c->addr + size - seg->base + seg->page - 1) / seg->page * seg->page;
     /* c is an unmapped block, or a free mapped block followed by an unmapped one. */
     if (c->unmapped)
-        SP_CHECK(map_block(d, c, c->size < size ? c->size : size, ctx, why_p));
+        SP_CHECK(map_block(d, c, c->size < size ? c->size : size, ctx, pd, why_p));
     while (c->size < size) {
         /* Invariant: c is free and mapped, and its next block is unmapped: map what is still
          * missing there, which merges into c's successor-to-be. */
         sp_block_t *nc = sp__block_next(c);
         size_t missing = size - c->size;
-        SP_CHECK(map_block(d, nc, missing < nc->size ? missing : nc->size, ctx, why_p));
+        SP_CHECK(map_block(d, nc, missing < nc->size ? missing : nc->size, ctx, pd, why_p));
         c = nc;
     }
     if (want_align(bp, c, size))
@@ -475,6 +604,19 @@ sp_status_t sp__exp_alloc(sp_devalloc_t *d, sp_bpool_t *bp, size_t size, sp_stre
     sp__bset_remove(&bp->free, c);
     *block_p = c;
     return SP_SUCCESS;
+}
+
+sp_status_t sp__exp_alloc(sp_devalloc_t *d, sp_bpool_t *bp, size_t size, sp_stream_t stream,
+                          uint32_t ctx, sp_block_t **block_p, sp_grow_refusal_t *why_p) {
+    *why_p = SP_GROW_DEVICE;
+    if (sp__g.exp_borrow && (*block_p = borrow_large(bp, size, stream)) != NULL)
+        return SP_SUCCESS;
+    exp_pend_t pd;
+    pd.n = 0;
+    pd.lo = pd.hi = 0;
+    sp_status_t s = grow(d, bp, size, stream, ctx, &pd, block_p, why_p);
+    pend_flush(d, &pd, 0, 0); /* what the growth did not map again, and on failure all */
+    return s;
 }
 
 /* ---- best fit ----------------------------------------------------------------------------- */
@@ -578,7 +720,7 @@ sp_block_t *sp__exp_fit_end(sp_devalloc_t *d, sp_bpool_t *bp, sp_block_t *b, siz
  * Returns the bytes unmapped. The trace entry carries context (the releasing call's stack), else,
  * as PyTorch's unmap_block falls back to block->context_when_segment_allocated, which only the
  * segment's first block holds, the segment's mapping stack when b starts the segment. */
-static size_t unmap_block(sp_devalloc_t *d, sp_block_t *b, uint32_t context) {
+static size_t unmap_block(sp_devalloc_t *d, sp_block_t *b, uint32_t context, exp_pend_t *pd) {
     sp_segment_t *seg = sp__bseg(b);
     sp_bpool_t *bp = seg->bpool;
     uint32_t ctx = context ? context : b->prev ? 0 : seg->context;
@@ -595,7 +737,13 @@ static size_t unmap_block(sp_devalloc_t *d, sp_block_t *b, uint32_t context) {
             sp__block_recycle(d, after);
         return 0; /* out of host memory: keep the pages */
     }
-    if (sp__g.ops->vmm_unmap(d->device, (void *)begin, end - begin) != SP_SUCCESS) {
+    if (pd && pd->n < SP_EXP_PEND) {
+        /* Deferred: the growth that asked may map these pages again (pend_map). */
+        pd->r[pd->n].addr = begin;
+        pd->r[pd->n].len = end - begin;
+        pd->r[pd->n].page = seg->page;
+        pd->n++;
+    } else if (dev_unmap(d, begin, end - begin, seg->page) != SP_SUCCESS) {
         if (before)
             sp__block_recycle(d, before);
         if (after)
@@ -671,7 +819,7 @@ size_t sp__exp_release(sp_devalloc_t *d, sp_segment_t *seg, uint32_t context) {
      * the walk can go on from b's next block. */
     for (sp_block_t *b = seg->head; b; b = sp__block_next(b))
         if (free_mapped(b))
-            freed += unmap_block(d, b, context);
+            freed += unmap_block(d, b, context, NULL);
     if (seg->head->unmapped && !seg->head->next)
         release_segment(d, seg);
     return freed;

@@ -13,6 +13,7 @@
 
 #include "pool/allocator.h"
 #include "pool/stats.h"
+#include "sympool/experimental.h"
 #include "sympool/stats.h"
 
 #define NKEYS 122
@@ -201,6 +202,9 @@ SP_EXPORT sp_status_t sp_reset_accumulated_memory_stats(int device) {
     d->stats.num_sync_all_streams = 0;
     d->stats.num_device_alloc = 0;
     d->stats.num_device_free = 0;
+    d->exp_pages_mapped = d->exp_pages_unmapped = 0;
+    d->exp_bytes_mapped = d->exp_bytes_unmapped = 0;
+    d->exp_map_calls = d->exp_unmap_calls = d->exp_recycle_syncs = 0;
     sp__stats_try_tie(&d->stats);
     sp__unlock(&d->lock);
     return SP_SUCCESS;
@@ -230,4 +234,23 @@ SP_EXPORT size_t sp_memory_reserved(int device) {
 }
 SP_EXPORT size_t sp_max_memory_reserved(int device) {
     return (size_t)read_stat(device, SP_ST_RESERVED_BYTES, true);
+}
+
+SP_EXPORT sp_status_t sp_x_vmm_counters(int device, sp_x_vmm_counters_t *counters_p) {
+    SP_GATE("sp_x_vmm_counters");
+    if (!counters_p)
+        return sp__error(SP_ERR_INVALID_ARGUMENT, SP_SUB_POOL,
+                         "sp_x_vmm_counters: counters_p is NULL");
+    sp_devalloc_t *d = NULL;
+    SP_CHECK(sp__alloc_device(device, &d));
+    sp__lock(&d->lock);
+    counters_p->pages_mapped = d->exp_pages_mapped;
+    counters_p->pages_unmapped = d->exp_pages_unmapped;
+    counters_p->bytes_mapped = d->exp_bytes_mapped;
+    counters_p->bytes_unmapped = d->exp_bytes_unmapped;
+    counters_p->map_calls = d->exp_map_calls;
+    counters_p->unmap_calls = d->exp_unmap_calls;
+    counters_p->recycle_syncs = d->exp_recycle_syncs;
+    sp__unlock(&d->lock);
+    return SP_SUCCESS;
 }

@@ -13,6 +13,7 @@
 
 #include <getopt.h>
 
+#include "sympool/experimental.h"
 #include "tools/trace.h"
 
 #ifdef __cplusplus
@@ -105,6 +106,7 @@ typedef struct replay_result {
     uint64_t trace_peak_requested;   /* seeds + allocs - frees, over the trace */
     int64_t device_allocs;           /* ours: num_device_alloc (segments and page maps) */
     int64_t device_frees;            /* ours: num_device_free (segment frees and unmaps) */
+    sp_x_vmm_counters_t vmm;         /* ours: pages mapped/unmapped (sp_x_vmm_counters) */
     size_t start_segments;           /* segments rebuilt as they were before the trace */
     uint64_t start_bytes;            /* their bytes */
     size_t start_blocks;             /* their live blocks */

@@ -114,6 +114,24 @@ typedef struct sp_x_symmetric_counters {
 /** Fill *counters_p (every field 0 when the build has no symmetric pools). */
 void sp_x_symmetric_counters(int device, sp_x_symmetric_counters_t *counters_p);
 
+/** Expandable segments' device work on `device` since the allocator started or
+ *  sp_reset_accumulated_memory_stats: the cuda backend creates and maps each page with its own
+ *  driver calls (cuMemCreate, cuMemMap) and unmaps and releases each on its own, so a GPU's time
+ *  in them follows the pages. */
+typedef struct sp_x_vmm_counters {
+    int64_t pages_mapped;   /**< pages mapped (num_device_alloc counts calls, not pages) */
+    int64_t pages_unmapped; /**< pages unmapped */
+    int64_t bytes_mapped;   /**< bytes mapped */
+    int64_t bytes_unmapped; /**< bytes unmapped */
+    int64_t map_calls;      /**< vmm_map calls (each also one cuMemSetAccess on a GPU) */
+    int64_t unmap_calls;    /**< vmm_unmap calls */
+    int64_t recycle_syncs;  /**< stream or device synchronizations before RECYCLE's unmaps */
+} sp_x_vmm_counters_t;
+
+/** Fill *counters_p. SP_ERR_INVALID_ARGUMENT when counters_p is NULL; the device's own errors
+ *  (not initialized, out of range) as sp_memory_stats gives them. */
+sp_status_t sp_x_vmm_counters(int device, sp_x_vmm_counters_t *counters_p);
+
 /** A figure sp_x_memory_summary_format shows as "-": one its source cannot give (a snapshot
  * records no peak of rounded allocated bytes, for example). */
 #define SP_X_SUMMARY_UNKNOWN INT64_MIN

@@ -700,6 +700,42 @@ TEST_F(CudaDoubleSympool, ExpandableSegmentsFollowTheVmmRules) {
     EXPECT_EQ(hook<int (*)()>("cuda_double_live_vmm_handles")(), 0);
 }
 
+// RECYCLE's unmaps that the growth asking for them maps again stay mapped on the device (issue
+// 25): 4 MiB at 0 and at 4 MiB, the second freed; 6 MiB maps [4, 10) MiB, whose first two pages
+// RECYCLE unmapped in the books. Made call by call that is two cuMemUnmap + cuMemRelease and three
+// cuMemCreate + cuMemMap; kept, one cuMemCreate, so a failure injected into the second
+// cuMemCreate from there is never reached (no OOM retry), and the five pages are five handles.
+TEST_F(CudaDoubleSympool, RecycledPagesMappedAgainKeepTheirHandles) {
+    NEED_DOUBLE();
+    sp::ScopedEnv env({{"SYMPOOL_EXPANDABLE_SEGMENTS", "1"}});
+    void *a = nullptr, *b = nullptr, *c = nullptr;
+    ASSERT_SP_OK(sp_malloc(4 << 20, 0, nullptr, &a));
+    ASSERT_SP_OK(sp_malloc(4 << 20, 0, nullptr, &b));
+    ASSERT_EQ((uintptr_t)b, (uintptr_t)a + (4 << 20));
+    ASSERT_SP_OK(sp_free(b));
+    auto handles = hook<int (*)()>("cuda_double_live_vmm_handles");
+    EXPECT_EQ(handles(), 4);
+    sp_stats_t st;
+    ASSERT_SP_OK(sp_memory_stats(0, &st));
+    int64_t retries = -1, after = -1;
+    ASSERT_SP_OK(sp_stats_get(&st, "num_alloc_retries", &retries));
+    inject("cuMemCreate", CUDA_ERROR_OUT_OF_MEMORY, 1);
+    sp_status_t s = sp_malloc(6 << 20, 0, nullptr, &c);
+    inject("cuMemCreate", 0);
+    ASSERT_SP_OK(s);
+    EXPECT_EQ((uintptr_t)c, (uintptr_t)a + (4 << 20));
+    ASSERT_SP_OK(sp_memory_stats(0, &st));
+    ASSERT_SP_OK(sp_stats_get(&st, "num_alloc_retries", &after));
+    EXPECT_EQ(after, retries) << "a page was created again";
+    EXPECT_EQ(handles(), 5);
+    EXPECT_EQ(used(0), size_t(10) << 20);
+    ASSERT_SP_OK(sp_free(a));
+    ASSERT_SP_OK(sp_free(c));
+    ASSERT_SP_OK(sp_empty_cache());
+    EXPECT_EQ(handles(), 0);
+    EXPECT_EQ(used(0), 0u);
+}
+
 TEST_F(CudaDoubleSympool, ExpandableSegmentsWithoutShareableHandles) {
     NEED_DOUBLE();
     // Containers without the capability refuse POSIX-FD handles; pages are made without them.

@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <cstring>
 #include <fstream>
 #include <sstream>
 #include <string>
@@ -20,6 +21,7 @@ extern "C" {
 #include "pool/history.h"
 #include "pool/block.h"
 #include "pool/pool.h"
+#include "sympool/experimental.h"
 }
 
 using namespace sp;
@@ -1101,4 +1103,119 @@ TEST_F(Expandable, NoStructForTheRemainderOfAGrowthFailsAndSaysWhy) {
     for (void *p : ps)
         ASSERT_SP_OK(sp_free(p));
     ASSERT_SP_OK(sp_free(first));
+}
+
+// RECYCLE's unmaps and the growth that asked for them (issue 25's churn): pages unmapped in the
+// books and mapped again by the same growth stay mapped on the device (the same physical page
+// at the same address), so a GPU makes no cuMemUnmap + cuMemRelease + cuMemCreate + cuMemMap for
+// them. 4 MiB at 0 and 4 MiB at 4 MiB, the second freed: 6 MiB does not fit it, RECYCLE unmaps its
+// two pages, and the growth maps [4, 10) MiB, those two pages and one more. The books (reserved,
+// num_device_alloc/free) are as if every call were made; the device maps one page, unmaps none,
+// and the bytes the freed block held are still there (the host backend drops an unmapped page's
+// contents). Under a capacity that holds exactly the books' 10 MiB.
+TEST_F(Expandable, PagesRecycledAndMappedAgainInOneGrowthStayMapped) {
+    sp::ScopedEnv env(
+        {{"SYMPOOL_ALLOC_CONF", "expandable_segments:True"}, {"SYMPOOL_HOST_CAPACITY", "10MiB"}});
+    SP_SKIP_UNLESS_HOST();
+    void *a, *b, *c;
+    ASSERT_SP_OK(sp_malloc(4 * MiB, 0, nullptr, &a));
+    ASSERT_SP_OK(sp_malloc(4 * MiB, 0, nullptr, &b));
+    ASSERT_EQ((uintptr_t)b, (uintptr_t)a + 4 * MiB);
+    memset(b, 0x5a, 4 * MiB);
+    ASSERT_SP_OK(sp_free(b));
+    ASSERT_SP_OK(sp_malloc(6 * MiB, 0, nullptr, &c));
+    ASSERT_EQ((uintptr_t)c, (uintptr_t)a + 4 * MiB);
+    EXPECT_EQ(stat("reserved_bytes.all.current"), 10 * (int64_t)MiB);
+    EXPECT_EQ(stat("num_device_alloc"), 3); // the books: b's pages unmapped, three mapped
+    EXPECT_EQ(stat("num_device_free"), 1);
+    EXPECT_EQ(sp__host_live_bytes(0), 10 * MiB);
+    const unsigned char *p = static_cast<const unsigned char *>(c);
+    size_t kept = 0;
+    for (size_t i = 0; i < 4 * MiB; i += 4096)
+        kept += p[i] == 0x5a;
+    EXPECT_EQ(kept, 4 * MiB / 4096) << "b's pages were unmapped and mapped again";
+    sp_x_vmm_counters_t v;
+    ASSERT_SP_OK(sp_x_vmm_counters(0, &v));
+    EXPECT_EQ(v.pages_mapped, 2 + 2 + 1);
+    EXPECT_EQ(v.pages_unmapped, 0);
+    EXPECT_EQ(v.bytes_mapped, 10 * (int64_t)MiB);
+    EXPECT_EQ(v.map_calls, 3);
+    EXPECT_EQ(v.unmap_calls, 0);
+    EXPECT_EQ(v.recycle_syncs, 1);
+    ASSERT_SP_OK(sp_free(a));
+    ASSERT_SP_OK(sp_free(c));
+    ASSERT_SP_OK(sp_empty_cache());
+    ASSERT_SP_OK(sp_x_vmm_counters(0, &v));
+    EXPECT_EQ(v.pages_unmapped, 5); // empty_cache unmaps on the device at once
+    EXPECT_EQ(sp__host_live_bytes(0), 0u);
+    ASSERT_SP_OK(sp_reset_accumulated_memory_stats(0));
+    ASSERT_SP_OK(sp_x_vmm_counters(0, &v));
+    EXPECT_EQ(v.pages_mapped + v.pages_unmapped + v.map_calls + v.recycle_syncs, 0);
+    expect_warnings();
+    EXPECT_SP_STATUS(sp_x_vmm_counters(0, nullptr), SP_ERR_INVALID_ARGUMENT);
+}
+
+// Pages RECYCLE unmaps where the growth does not map are unmapped on the device before the growth
+// maps, so the device never holds more than the books say: 4 MiB blocks at 0, 4 and 8 MiB, the
+// middle one freed; 6 MiB does not fit the 4 MiB hole and grows elsewhere (in a second segment:
+// the first reserves 1.125 x the 14 MiB device, 16 MiB), after the hole's two pages are unmapped.
+// 14 MiB of capacity holds it only in that order.
+TEST_F(Expandable, PagesRecycledElsewhereAreUnmappedBeforeTheGrowthMaps) {
+    sp::ScopedEnv env(
+        {{"SYMPOOL_ALLOC_CONF", "expandable_segments:True"}, {"SYMPOOL_HOST_CAPACITY", "14MiB"}});
+    SP_SKIP_UNLESS_HOST();
+    void *a, *h, *b, *c;
+    ASSERT_SP_OK(sp_malloc(4 * MiB, 0, nullptr, &a));
+    ASSERT_SP_OK(sp_malloc(4 * MiB, 0, nullptr, &h));
+    ASSERT_SP_OK(sp_malloc(4 * MiB, 0, nullptr, &b));
+    ASSERT_SP_OK(sp_free(h));
+    ASSERT_SP_OK(sp_malloc(6 * MiB, 0, nullptr, &c));
+    EXPECT_NE((uintptr_t)c, (uintptr_t)a + 4 * MiB);
+    EXPECT_EQ(stat("reserved_bytes.all.current"), 14 * (int64_t)MiB);
+    EXPECT_EQ(stat("num_alloc_retries"), 0);
+    EXPECT_EQ(sp__host_live_bytes(0), 14 * MiB);
+    sp_x_vmm_counters_t v;
+    ASSERT_SP_OK(sp_x_vmm_counters(0, &v));
+    EXPECT_EQ(v.pages_mapped, 2 + 2 + 2 + 3);
+    EXPECT_EQ(v.pages_unmapped, 2);
+    ASSERT_SP_OK(sp_free(a));
+    ASSERT_SP_OK(sp_free(b));
+    ASSERT_SP_OK(sp_free(c));
+    ASSERT_SP_OK(sp_empty_cache());
+    EXPECT_EQ(sp__host_live_bytes(0), 0u);
+}
+
+// More unmaps in one growth than the held-back list holds (64 ranges): the rest are made on the
+// device at once. 80 blocks of 4 MiB + 4 KiB (not whole pages: they pack with the rest), each
+// after a live 64 KiB one, so each holds a whole page or more; all freed, then 256 MiB: RECYCLE
+// unmaps the pages of all 80, and the device ends with exactly the books' bytes: what the books
+// unmapped and the device did not is what the growth mapped again (kept), no more.
+TEST_F(Expandable, MoreRecycledRangesThanTheListHoldsAreAllUnmapped) {
+    sp::ScopedEnv env({{"SYMPOOL_ALLOC_CONF", "expandable_segments:True"}});
+    SP_SKIP_UNLESS_HOST();
+    std::vector<void *> keep, gone;
+    for (int i = 0; i < 80; i++) {
+        void *k, *g;
+        ASSERT_SP_OK(sp_malloc(64 * 1024, 0, nullptr, &k));
+        ASSERT_SP_OK(sp_malloc(4 * MiB + 4096, 0, nullptr, &g));
+        keep.push_back(k);
+        gone.push_back(g);
+    }
+    for (void *g : gone)
+        ASSERT_SP_OK(sp_free(g));
+    ASSERT_SP_OK(sp_reset_accumulated_memory_stats(0));
+    void *big;
+    ASSERT_SP_OK(sp_malloc(256 * MiB, 0, nullptr, &big));
+    sp_x_vmm_counters_t v;
+    ASSERT_SP_OK(sp_x_vmm_counters(0, &v));
+    EXPECT_GT(v.unmap_calls, 64);
+    const int64_t kept = stat("reserved_bytes.all.freed") - v.bytes_unmapped;
+    EXPECT_GE(kept, 0);
+    EXPECT_EQ(stat("reserved_bytes.all.allocated") - v.bytes_mapped, kept);
+    EXPECT_EQ(sp__host_live_bytes(0), (size_t)stat("reserved_bytes.all.current"));
+    ASSERT_SP_OK(sp_free(big));
+    for (void *k : keep)
+        ASSERT_SP_OK(sp_free(k));
+    ASSERT_SP_OK(sp_empty_cache());
+    EXPECT_EQ(sp__host_live_bytes(0), 0u);
 }
