@@ -80,18 +80,62 @@ sp_status_t sp__sym_release_recs(sp_sym_state_t *st) {
 
 /* The fields of the free-segment round: the bitmap's length; the rank itself when it is under
  * a graph capture, else INT64_MAX (so lo is the lowest capturing rank); 1 when it has live
- * blocks (destroy). */
-enum { F_NSEQ, F_CAPTURE, F_LIVE };
+ * blocks (destroy); the status of a rank that could not prepare its part (0 when it could). */
+enum { F_NSEQ, F_CAPTURE, F_LIVE, F_FAILED };
+
+_Thread_local bool sp__sym_test_fail_bitmap;
+
+void sp__sym_test_fail_bitmap_alloc(bool on) {
+    sp__sym_test_fail_bitmap = on;
+}
+
+/* This rank's part of the bitmap round, made before the first round: buf (2 * words words, the
+ * input half filled) for the segments free here, words covering this rank's `nseq` segments.
+ * Under a graph capture or a refusal it says "nothing free here". A failed allocation leaves
+ * *buf_p NULL: the rank then says so in the first round, so every rank stops there. */
+static void prepare_bits(sp_sym_state_t *st, bool nothing, uint64_t nseq, uint64_t **buf_p) {
+    size_t words = (size_t)(nseq + 63) / 64 + 1, n = 0;
+    uint64_t *buf = sp__sym_test_fail_bitmap ? NULL : calloc(2 * words, sizeof *buf);
+    uint64_t *seqs = NULL;
+    *buf_p = buf;
+    if (!buf || nothing || sp__pool_free_segments(st->pool, NULL, 0, &n) != SP_SUCCESS || !n)
+        return;
+    seqs = malloc(n * sizeof *seqs);
+    if (!seqs || sp__pool_free_segments(st->pool, seqs, n, &n) != SP_SUCCESS)
+        n = 0; /* contributes "nothing free here": safe, releases nothing */
+    for (size_t i = 0; i < n; i++)
+        if (seqs[i] < nseq)
+            buf[seqs[i] / 64] |= 1ull << (seqs[i] % 64);
+    free(seqs);
+}
+
+/* The peers of a rank that could not prepare its part get its status too, naming it. */
+static sp_status_t failed_round(const sp_agree_t *a, bool mine, const char *what) {
+    char ranks[96];
+    if (mine)
+        return sp__error(SP_ERR_SYSTEM, SP_SUB_SYM,
+                         "%s: out of host memory for the free-segment bitmap; no rank released "
+                         "a segment",
+                         what);
+    return sp__error((sp_status_t)a->hi[F_FAILED], SP_SUB_SYM,
+                     "%s: %s could not prepare the call (out of host memory; its log says why); "
+                     "no rank released a segment",
+                     what, sp__agree_bad_ranks(a, ranks, sizeof ranks));
+}
 
 /* Agree on the pool segments free on every rank: returns a bitmap of nbits (caller frees).
  * The first round has the common shape (operation `op`, this pool's call number) and agrees on
  * the bitmap's length; the second ANDs the bitmaps. `live`: this rank has live blocks in the
  * pool (destroy's refusal; false for empty_cache). A round with a rank not ok (a->nbad) stops
- * there on every rank; a->lo[F_CAPTURE] and a->hi[F_LIVE] then say why. */
+ * there on every rank; a->lo[F_CAPTURE] and a->hi[F_LIVE] then say why, unless a rank could not
+ * prepare its bitmap (a->hi[F_FAILED]): then every rank fails the call with its status.
+ *
+ * The length is the smallest segment count of any rank: a segment only some ranks have is free
+ * on no rank there, so the AND would clear its bit anyway. So each rank's buffer, made for its
+ * own count before the first round, is long enough, and no allocation follows the first round:
+ * a rank that cannot get its buffer says so there, and no peer waits for it in the second. */
 static sp_status_t agree_free(sp_sym_state_t *st, int op, bool live, const char *what,
                               uint64_t **bits_p, uint64_t *nbits_p, sp_agree_t *a) {
-    size_t n = 0;
-    uint64_t *seqs = NULL;
     /* Under a graph capture nothing may be released: the release's synchronize would break the
      * capture (PyTorch's empty_cache releases nothing then either), and the captured graph may
      * use the memory (PyTorch frees no memory a capture may use). For empty_cache the rank says
@@ -107,41 +151,30 @@ static sp_status_t agree_free(sp_sym_state_t *st, int op, bool live, const char 
                 st->device, so);
     else if (sp__pool_sync_pending(st->pool) != SP_SUCCESS)
         SP_INFO(SP_SUB_SYM, "%s: completing pending frees failed: %s", what, sp_last_error());
-    if (!capturing && !refuse && sp__pool_free_segments(st->pool, NULL, 0, &n) == SP_SUCCESS &&
-        n > 0) {
-        seqs = malloc(n * sizeof *seqs);
-        if (!seqs || sp__pool_free_segments(st->pool, seqs, n, &n) != SP_SUCCESS)
-            n = 0; /* contributes "nothing free here": safe, releases nothing */
-    }
+    uint64_t nseq = sp__pool_next_segment_seq(st->pool), *buf = NULL;
+    prepare_bits(st, capturing || refuse, nseq, &buf);
+    if (!buf)
+        SP_WARN(SP_SUB_SYM, "%s: out of host memory for the free-segment bitmap (%llu segments)",
+                what, (unsigned long long)nseq);
+    *bits_p = NULL;
+    *nbits_p = 0;
     *a = (sp_agree_t){.op = op,
-                      .ok = !refuse,
-                      .f = {[F_NSEQ] = (int64_t)sp__pool_next_segment_seq(st->pool),
+                      .ok = !refuse && buf,
+                      .f = {[F_NSEQ] = (int64_t)nseq,
                             [F_CAPTURE] = capturing ? st->rank : INT64_MAX,
-                            [F_LIVE] = live}};
+                            [F_LIVE] = live,
+                            [F_FAILED] = buf ? SP_SUCCESS : SP_ERR_SYSTEM}};
     sp_status_t s = sp__sym_round(st, a, what);
+    if (s == SP_SUCCESS && a->hi[F_FAILED] != SP_SUCCESS)
+        s = failed_round(a, !buf, what);
     if (s != SP_SUCCESS || a->nbad) {
-        free(seqs); /* the caller reports bad arguments or live blocks */
-        *bits_p = NULL;
-        *nbits_p = 0;
+        free(buf); /* the caller reports live blocks or a capture */
         return s;
     }
-    uint64_t nbits = (uint64_t)a->hi[F_NSEQ];
-    size_t words = (size_t)(nbits + 63) / 64 + 1;
-    uint64_t *buf = calloc(words, sizeof *buf);
-    if (!buf) {
-        free(seqs);
-        /* The peers wait in the bitmap round until their deadline: this rank cannot join. */
-        return sp__error(SP_ERR_SYSTEM, SP_SUB_SYM, "%s: out of host memory", what);
-    }
-    for (size_t i = 0; i < n; i++)
-        if (seqs[i] < nbits)
-            buf[seqs[i] / 64] |= 1ull << (seqs[i] % 64);
-    free(seqs);
-    s = sp__sym_band(st, buf, words, what);
-    if (s != SP_SUCCESS) {
-        free(buf);
-        return s;
-    }
+    uint64_t nbits = (uint64_t)a->lo[F_NSEQ];
+    size_t words = (size_t)(nbits + 63) / 64 + 1; /* <= this rank's: nbits <= nseq */
+    SP_CHECK(sp__sym_band(st, buf, words, what)); /* on failure buf is gone */
+    memmove(buf, buf + words, words * sizeof *buf);
     *bits_p = buf;
     *nbits_p = nbits;
     return SP_SUCCESS;

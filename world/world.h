@@ -176,6 +176,13 @@ double sp__agree_timeout_s(void);
  * of an operation whose first round already agreed on its length (the free-segment bitmap). */
 sp_status_t sp__agree_band(MPI_Comm comm, uint64_t *bits, size_t words, const char *what,
                            bool *abandoned_p);
+/* sp__agree_band on a buffer the caller allocated before its first round (so that a rank that
+ * cannot allocate says so in that round, instead of leaving its peers to time out in this one):
+ * buf holds 2 * words words, the input in the first half; the result lands in the second.
+ * *abandoned_p: buf went to the graveyard with the pending request; the caller must not free
+ * it. Otherwise the caller frees it. */
+sp_status_t sp__agree_band_buf(MPI_Comm comm, uint64_t *buf, size_t words, const char *what,
+                               bool *abandoned_p);
 /* A deadline-bounded MPI_Comm_idup of comm into *out (MPI_COMM_NULL unless SP_SUCCESS):
  * collective over comm, so a rank that never makes the call, or makes it on another
  * communicator, is SP_ERR_TIMEOUT on the ranks that wait for it (*abandoned_p: the duplicate
