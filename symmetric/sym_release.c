@@ -83,10 +83,10 @@ sp_status_t sp__sym_release_recs(sp_sym_state_t *st) {
  * blocks (destroy); the status of a rank that could not prepare its part (0 when it could). */
 enum { F_NSEQ, F_CAPTURE, F_LIVE, F_FAILED };
 
-_Thread_local bool sp__sym_test_fail_bitmap;
+_Thread_local bool sp__sym_test_no_host;
 
-void sp__sym_test_fail_bitmap_alloc(bool on) {
-    sp__sym_test_fail_bitmap = on;
+void sp__sym_test_fail_host(bool on) {
+    sp__sym_test_no_host = on;
 }
 
 /* This rank's part of the bitmap round, made before the first round: buf (2 * words words, the
@@ -95,7 +95,7 @@ void sp__sym_test_fail_bitmap_alloc(bool on) {
  * *buf_p NULL: the rank then says so in the first round, so every rank stops there. */
 static void prepare_bits(sp_sym_state_t *st, bool nothing, uint64_t nseq, uint64_t **buf_p) {
     size_t words = (size_t)(nseq + 63) / 64 + 1, n = 0;
-    uint64_t *buf = sp__sym_test_fail_bitmap ? NULL : calloc(2 * words, sizeof *buf);
+    uint64_t *buf = sp__sym_test_no_host ? NULL : calloc(2 * words, sizeof *buf);
     uint64_t *seqs = NULL;
     *buf_p = buf;
     if (!buf || nothing || sp__pool_free_segments(st->pool, NULL, 0, &n) != SP_SUCCESS || !n)

@@ -75,9 +75,9 @@ bool sp__sym_of_world(const sp_world_t *w, sp_sym_state_t ***v_p, size_t *n_p);
 /* Test hook: seconds the calling thread sleeps at the start of each growth, before its first
  * round (0: none), so a test can make one rank late inside a growth. Thread-local. */
 extern _Thread_local double sp__sym_test_grow_delay_s;
-/* Test hook: the calling thread's next free-segment rounds (sp_symmetric_empty_cache,
- * sp_symmetric_mempool_destroy) find no host memory for their bitmap. Thread-local. */
-extern _Thread_local bool sp__sym_test_fail_bitmap;
+/* Test hook (sp__sym_test_fail_host): the calling thread's symmetric calls find no host memory
+ * for their own state (create's pool state, the free-segment rounds' bitmap). Thread-local. */
+extern _Thread_local bool sp__sym_test_no_host;
 
 /* One agreement round on the pool's communicator, numbered with the pool's current call
  * (sp__agree + sp__agree_check). A timeout breaks the pool (later collective calls are refused

@@ -16,7 +16,7 @@
 extern "C" {
 #include "world/world.h"
 #include <sympool/collectives.h>
-void sp__sym_test_fail_bitmap_alloc(bool on);
+void sp__sym_test_fail_host(bool on);
 }
 
 namespace {
@@ -424,10 +424,10 @@ TEST_F(SymFaults, BitmapOutOfHostMemoryOnOneRankFailsEveryRankInTheRound) {
         size_t held = sp_mempool_total_bytes(pool_);
         ASSERT_GT(held, 0u);
         if (rank_ == bad)
-            sp__sym_test_fail_bitmap_alloc(true);
+            sp__sym_test_fail_host(true);
         sp_status_t s =
             destroy ? sp_symmetric_mempool_destroy(pool_) : sp_symmetric_empty_cache(pool_);
-        sp__sym_test_fail_bitmap_alloc(false);
+        sp__sym_test_fail_host(false);
         std::string msg = sp_last_error();
         EXPECT_EQ(s, SP_ERR_SYSTEM) << sp::describe(s);
         EXPECT_TRUE(has(msg, rank_ == bad ? "out of host memory" : "could not prepare")) << msg;
@@ -439,6 +439,31 @@ TEST_F(SymFaults, BitmapOutOfHostMemoryOnOneRankFailsEveryRankInTheRound) {
     // In step, and the pool not broken: the calls work on every rank.
     ASSERT_SP_OK(sp_symmetric_empty_cache(pool_));
     EXPECT_EQ(sp_mempool_total_bytes(pool_), 0u);
+    ASSERT_SP_OK(sp_symmetric_malloc(pool_, 4096, nullptr, &p));
+    ASSERT_SP_OK(sp_free(p));
+}
+
+// A rank with no host memory for a new pool's state still takes part in the create's round, as a
+// rank that failed: every rank fails the create at once (the peers used to wait for it until
+// their deadline, SP_ERR_TIMEOUT), no rank has the pool, and the next create is in step.
+TEST_F(SymFaults, CreateOutOfHostMemoryOnOneRankFailsEveryRankInTheRound) {
+    const int bad = n_ - 1;
+    sp_mempool_t *q = nullptr;
+    if (rank_ == bad)
+        sp__sym_test_fail_host(true);
+    sp_status_t s = sp_symmetric_mempool_create(w_, nullptr, &q);
+    sp__sym_test_fail_host(false);
+    std::string msg = sp_last_error();
+    EXPECT_EQ(q, nullptr);
+    if (rank_ == bad) {
+        EXPECT_EQ(s, SP_ERR_SYSTEM) << sp::describe(s);
+        EXPECT_TRUE(has(msg, "out of host memory")) << msg;
+    } else {
+        EXPECT_EQ(s, SP_ERR_INVALID_USAGE) << sp::describe(s);
+        EXPECT_TRUE(has(msg, "rank " + std::to_string(bad) + " could not create the pool")) << msg;
+    }
+    ASSERT_NO_FATAL_FAILURE(make_pool());
+    void *p = nullptr;
     ASSERT_SP_OK(sp_symmetric_malloc(pool_, 4096, nullptr, &p));
     ASSERT_SP_OK(sp_free(p));
 }
