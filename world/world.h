@@ -208,8 +208,11 @@ void sp__agree_drain(double limit_s);
  * world. Then sp__agree_check. */
 sp_status_t sp__world_agree(sp_world_t *w, sp_agree_t *a, const char *what);
 /* A deadline-bounded MPI_BAND round of `words` words on the world's agreement communicator
- * (sp__agree_band), after a world round that agreed on the length. */
-sp_status_t sp__world_band(sp_world_t *w, uint64_t *bits, size_t words, const char *what);
+ * (sp__agree_band_buf), after a world round that agreed on the length: buf (heap, 2 * words
+ * words, allocated before that round) holds the input in its first half and, on SP_SUCCESS, the
+ * result in its second (the caller frees it); on failure buf is gone (freed, or kept with an
+ * abandoned request). */
+sp_status_t sp__world_band(sp_world_t *w, uint64_t *buf, size_t words, const char *what);
 /* Do w's agreement rounds carry a payload (sp__agree_carries_payload)? w is live. */
 bool sp__world_agree_payload(const sp_world_t *w);
 /* sp__world_agree for a world the caller has just checked live (sp__world_check), so that a

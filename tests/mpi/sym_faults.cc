@@ -468,4 +468,28 @@ TEST_F(SymFaults, CreateOutOfHostMemoryOnOneRankFailsEveryRankInTheRound) {
     ASSERT_SP_OK(sp_free(p));
 }
 
+// A rank with no host memory for finalize's release round says so in the round's first part:
+// every rank fails the finalize at once with its status and releases nothing collectively (the
+// rank used to return alone after that part while its peers waited in the bitmap part until
+// their deadline). The world is finalized on every rank all the same.
+TEST_F(SymFaults, FinalizeOutOfHostMemoryOnOneRankFailsEveryRankInTheRound) {
+    make_pool();
+    void *p = nullptr;
+    ASSERT_SP_OK(sp_symmetric_malloc(pool_, 4096, nullptr, &p)); // a registered segment
+    ASSERT_SP_OK(sp_free(p));
+    const int bad = n_ - 1;
+    sp_sym_counters_t c0 = sym_counters();
+    if (rank_ == bad)
+        sp__sym_test_fail_host(true);
+    sp_status_t s = sp_world_finalize(w_);
+    sp__sym_test_fail_host(false);
+    std::string msg = sp_last_error();
+    EXPECT_EQ(s, SP_ERR_SYSTEM) << sp::describe(s);
+    EXPECT_TRUE(has(msg, "rank " + std::to_string(bad) + " had no host memory")) << msg;
+    EXPECT_EQ(sym_counters().deregistrations - c0.deregistrations, 0);
+    EXPECT_SP_STATUS(sp_world_finalize(w_), SP_ERR_INVALID_USAGE); // finalized all the same
+    w_ = nullptr;
+    pool_ = nullptr; // its registration goes with the process
+}
+
 } // namespace
