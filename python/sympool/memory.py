@@ -567,6 +567,11 @@ class MemPool(_lib.Handle):
         if getattr(self, "_handle", None) is not None and not self._symmetric and self._owned:
             try:
                 if lib().sp_mempool_destroy(self._handle) == 0:
+                    # Marked only: the next destroy or empty_cache drops its allocator. No lock
+                    # and no sweep here: a collection can run this inside either, on this thread.
+                    entry = _keepalive.get(self._handle)
+                    if entry is not None:
+                        entry[1] = True
                     self._handle = None
             except Exception:
                 pass

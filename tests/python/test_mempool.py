@@ -133,6 +133,16 @@ def test_segment_allocator_is_released_once_its_pool_can_no_longer_call_it(sp):
             assert freed == [2 << 20, 2 << 20]  # released through the allocator
             gc.collect()
         assert gone() is None, keep_block
+    # A pool collected without destroy(): its allocator goes at the next empty_cache.
+    segs = Segments()
+    gone = weakref.ref(segs)
+    pool = sp.MemPool(segs)
+    sp.free(pool.malloc(1000))
+    del segs, pool
+    gc.collect()
+    sp.empty_cache()
+    gc.collect()
+    assert gone() is None
 
 
 def test_segment_allocator_calling_sympool_is_refused_not_deadlocked(sp):
