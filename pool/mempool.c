@@ -96,12 +96,18 @@ static void make_route_key(void) {
     g_route_key_made = pthread_key_create(&g_route_key, route_exit) == 0;
 }
 
-/* Arm route_exit for this thread (its first routing). Without a key (none left) a thread that
- * exits routing keeps its pools' uses, as before. */
+/* Arm route_exit for this thread, once (its first routing; the key's value stays set until the
+ * thread exits, and route_exit does nothing for a thread that routes nothing then): a begin
+ * after that pays one thread-local test. Without a key (none left) a thread that exits routing
+ * keeps its pools' uses, as before. */
+static _Thread_local bool tl_route_armed;
+
 static void arm_route_exit(void) {
+    if (SP_LIKELY(tl_route_armed))
+        return;
     (void)pthread_once(&g_route_once, make_route_key);
     if (g_route_key_made)
-        (void)pthread_setspecific(g_route_key, (void *)1);
+        tl_route_armed = pthread_setspecific(g_route_key, (void *)1) == 0;
 }
 
 /* A handle of this session: known to the registry and of the current generation. Reads the
