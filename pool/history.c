@@ -1067,6 +1067,11 @@ SP_EXPORT sp_status_t sp_history_get_user_metadata(int device, char *buf, size_t
 
 void sp__history_shutdown(void) {
     pthread_mutex_lock(&g.lock);
+    /* The rings first: clearing them drops their entries' references to metadata texts, which
+     * needs the metadata tables (freed below; a ring entry with a text used to write through
+     * their NULL). */
+    for (int d = 0; d < g.nrings; d++)
+        ring_clear_locked(&g.rings[d]);
     for (uint32_t i = 0; i < g.nmeta; i++)
         free(g.meta_text[i]);
     free(g.meta_text);
@@ -1087,8 +1092,6 @@ void sp__history_shutdown(void) {
     g.nlabels = g.labels_alloc = 0;
     set_active(0);
     __atomic_store_n(&g_keep_actions, 0, __ATOMIC_RELAXED);
-    for (int d = 0; d < g.nrings; d++)
-        ring_clear_locked(&g.rings[d]);
     free(g.rings);
     g.rings = NULL;
     g.nrings = 0;

@@ -21,6 +21,7 @@
  * use_count (atomic) and the const fields.
  */
 #include <inttypes.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -67,6 +68,46 @@ void sp__mempool_routing_reset(void) {
 
 static const char *pname(const sp_mempool_t *p) {
     return p->name ? p->name : "";
+}
+
+/* A thread that exits inside sp_mempool_begin can never call sp_mempool_end: its routings would
+ * keep their pools' use counts up for good (so sp_mempool_destroy refused them forever) and the
+ * routing count up (the allocation fast path off for every thread). This key's destructor, run
+ * at the thread's exit, ends them for it, innermost first, with a warning: nothing can be routed
+ * by a thread that is gone. */
+static pthread_key_t g_route_key;
+static bool g_route_key_made;
+static pthread_once_t g_route_once = PTHREAD_ONCE_INIT;
+
+static void route_exit(void *unused) {
+    (void)unused;
+    for (int n = route_depth(); n > 0; n = route_depth()) {
+        sp_mempool_t *pool = tl_route[n - 1];
+        SP_WARN(SP_SUB_POOL,
+                "a thread exited inside sp_mempool_begin of pool \"%s\" {0,%" PRIu64
+                "}: its routing is ended for it (call sp_mempool_end before a thread exits)",
+                pname(pool), pool->id.second);
+        if (sp_mempool_end(pool) != SP_SUCCESS)
+            break; /* sympool is shutting down: that resets every routing itself */
+    }
+}
+
+static void make_route_key(void) {
+    g_route_key_made = pthread_key_create(&g_route_key, route_exit) == 0;
+}
+
+/* Arm route_exit for this thread, once (its first routing; the key's value stays set until the
+ * thread exits, and route_exit does nothing for a thread that routes nothing then): a begin
+ * after that pays one thread-local test. Without a key (none left) a thread that exits routing
+ * keeps its pools' uses, as before. */
+static _Thread_local bool tl_route_armed;
+
+static void arm_route_exit(void) {
+    if (SP_LIKELY(tl_route_armed))
+        return;
+    (void)pthread_once(&g_route_once, make_route_key);
+    if (g_route_key_made)
+        tl_route_armed = pthread_setspecific(g_route_key, (void *)1) == 0;
 }
 
 /* A handle of this session: known to the registry and of the current generation. Reads the
@@ -347,6 +388,7 @@ SP_EXPORT sp_status_t sp_mempool_begin(sp_mempool_t *pool) {
     if (n == 0) {
         atomic_fetch_add(&sp__routing_threads, 1);
         sp__fast_off_add(SP_FAST_REASON);
+        arm_route_exit();
     }
     tl_route[n] = pool;
     tl_depth = n + 1;

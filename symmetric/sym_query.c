@@ -83,7 +83,15 @@ SP_EXPORT sp_status_t sp_symmetric_peer_ptr(const void *ptr, int rank, void **pe
     SP_CHECK(locate(ptr, "sp_symmetric_peer_ptr", false, &bi, &st, &rec));
     sp_status_t s;
     int size = sp_world_size(st->world);
-    if (rank < 0 || rank >= size)
+    size_t at = (size_t)((const char *)ptr - (const char *)bi.block_base);
+    /* The block's rounding slack (past the requested size, inside the rounded block) is not the
+     * caller's: a pointer there is out of range, as anywhere outside the buffer. */
+    if (at >= bi.requested_size)
+        s = sp__error(SP_ERR_INVALID_ARGUMENT, SP_SUB_SYM,
+                      "sp_symmetric_peer_ptr(%p): %zu bytes into a buffer of %zu requested bytes "
+                      "(the rest of its %zu-byte block is rounding, not the buffer's)",
+                      ptr, at, bi.requested_size, bi.block_size);
+    else if (rank < 0 || rank >= size)
         s = sp__error(SP_ERR_INVALID_ARGUMENT, SP_SUB_SYM,
                       "sp_symmetric_peer_ptr: rank %d is outside the world (0..%d)", rank,
                       size - 1);

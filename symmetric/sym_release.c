@@ -80,18 +80,62 @@ sp_status_t sp__sym_release_recs(sp_sym_state_t *st) {
 
 /* The fields of the free-segment round: the bitmap's length; the rank itself when it is under
  * a graph capture, else INT64_MAX (so lo is the lowest capturing rank); 1 when it has live
- * blocks (destroy). */
-enum { F_NSEQ, F_CAPTURE, F_LIVE };
+ * blocks (destroy); the status of a rank that could not prepare its part (0 when it could). */
+enum { F_NSEQ, F_CAPTURE, F_LIVE, F_FAILED };
+
+_Thread_local bool sp__sym_test_no_host;
+
+void sp__sym_test_fail_host(bool on) {
+    sp__sym_test_no_host = on;
+}
+
+/* This rank's part of the bitmap round, made before the first round: buf (2 * words words, the
+ * input half filled) for the segments free here, words covering this rank's `nseq` segments.
+ * Under a graph capture or a refusal it says "nothing free here". A failed allocation leaves
+ * *buf_p NULL: the rank then says so in the first round, so every rank stops there. */
+static void prepare_bits(sp_sym_state_t *st, bool nothing, uint64_t nseq, uint64_t **buf_p) {
+    size_t words = (size_t)(nseq + 63) / 64 + 1, n = 0;
+    uint64_t *buf = sp__sym_test_no_host ? NULL : calloc(2 * words, sizeof *buf);
+    uint64_t *seqs = NULL;
+    *buf_p = buf;
+    if (!buf || nothing || sp__pool_free_segments(st->pool, NULL, 0, &n) != SP_SUCCESS || !n)
+        return;
+    seqs = malloc(n * sizeof *seqs);
+    if (!seqs || sp__pool_free_segments(st->pool, seqs, n, &n) != SP_SUCCESS)
+        n = 0; /* contributes "nothing free here": safe, releases nothing */
+    for (size_t i = 0; i < n; i++)
+        if (seqs[i] < nseq)
+            buf[seqs[i] / 64] |= 1ull << (seqs[i] % 64);
+    free(seqs);
+}
+
+/* The peers of a rank that could not prepare its part get its status too, naming it. */
+static sp_status_t failed_round(const sp_agree_t *a, bool mine, const char *what) {
+    char ranks[96];
+    if (mine)
+        return sp__error(SP_ERR_SYSTEM, SP_SUB_SYM,
+                         "%s: out of host memory for the free-segment bitmap; no rank released "
+                         "a segment",
+                         what);
+    return sp__error((sp_status_t)a->hi[F_FAILED], SP_SUB_SYM,
+                     "%s: %s could not prepare the call (out of host memory; its log says why); "
+                     "no rank released a segment",
+                     what, sp__agree_bad_ranks(a, ranks, sizeof ranks));
+}
 
 /* Agree on the pool segments free on every rank: returns a bitmap of nbits (caller frees).
  * The first round has the common shape (operation `op`, this pool's call number) and agrees on
  * the bitmap's length; the second ANDs the bitmaps. `live`: this rank has live blocks in the
  * pool (destroy's refusal; false for empty_cache). A round with a rank not ok (a->nbad) stops
- * there on every rank; a->lo[F_CAPTURE] and a->hi[F_LIVE] then say why. */
+ * there on every rank; a->lo[F_CAPTURE] and a->hi[F_LIVE] then say why, unless a rank could not
+ * prepare its bitmap (a->hi[F_FAILED]): then every rank fails the call with its status.
+ *
+ * The length is the smallest segment count of any rank: a segment only some ranks have is free
+ * on no rank there, so the AND would clear its bit anyway. So each rank's buffer, made for its
+ * own count before the first round, is long enough, and no allocation follows the first round:
+ * a rank that cannot get its buffer says so there, and no peer waits for it in the second. */
 static sp_status_t agree_free(sp_sym_state_t *st, int op, bool live, const char *what,
                               uint64_t **bits_p, uint64_t *nbits_p, sp_agree_t *a) {
-    size_t n = 0;
-    uint64_t *seqs = NULL;
     /* Under a graph capture nothing may be released: the release's synchronize would break the
      * capture (PyTorch's empty_cache releases nothing then either), and the captured graph may
      * use the memory (PyTorch frees no memory a capture may use). For empty_cache the rank says
@@ -107,41 +151,30 @@ static sp_status_t agree_free(sp_sym_state_t *st, int op, bool live, const char 
                 st->device, so);
     else if (sp__pool_sync_pending(st->pool) != SP_SUCCESS)
         SP_INFO(SP_SUB_SYM, "%s: completing pending frees failed: %s", what, sp_last_error());
-    if (!capturing && !refuse && sp__pool_free_segments(st->pool, NULL, 0, &n) == SP_SUCCESS &&
-        n > 0) {
-        seqs = malloc(n * sizeof *seqs);
-        if (!seqs || sp__pool_free_segments(st->pool, seqs, n, &n) != SP_SUCCESS)
-            n = 0; /* contributes "nothing free here": safe, releases nothing */
-    }
+    uint64_t nseq = sp__pool_next_segment_seq(st->pool), *buf = NULL;
+    prepare_bits(st, capturing || refuse, nseq, &buf);
+    if (!buf)
+        SP_WARN(SP_SUB_SYM, "%s: out of host memory for the free-segment bitmap (%llu segments)",
+                what, (unsigned long long)nseq);
+    *bits_p = NULL;
+    *nbits_p = 0;
     *a = (sp_agree_t){.op = op,
-                      .ok = !refuse,
-                      .f = {[F_NSEQ] = (int64_t)sp__pool_next_segment_seq(st->pool),
+                      .ok = !refuse && buf,
+                      .f = {[F_NSEQ] = (int64_t)nseq,
                             [F_CAPTURE] = capturing ? st->rank : INT64_MAX,
-                            [F_LIVE] = live}};
+                            [F_LIVE] = live,
+                            [F_FAILED] = buf ? SP_SUCCESS : SP_ERR_SYSTEM}};
     sp_status_t s = sp__sym_round(st, a, what);
+    if (s == SP_SUCCESS && a->hi[F_FAILED] != SP_SUCCESS)
+        s = failed_round(a, !buf, what);
     if (s != SP_SUCCESS || a->nbad) {
-        free(seqs); /* the caller reports bad arguments or live blocks */
-        *bits_p = NULL;
-        *nbits_p = 0;
+        free(buf); /* the caller reports live blocks or a capture */
         return s;
     }
-    uint64_t nbits = (uint64_t)a->hi[F_NSEQ];
-    size_t words = (size_t)(nbits + 63) / 64 + 1;
-    uint64_t *buf = calloc(words, sizeof *buf);
-    if (!buf) {
-        free(seqs);
-        /* The peers wait in the bitmap round until their deadline: this rank cannot join. */
-        return sp__error(SP_ERR_SYSTEM, SP_SUB_SYM, "%s: out of host memory", what);
-    }
-    for (size_t i = 0; i < n; i++)
-        if (seqs[i] < nbits)
-            buf[seqs[i] / 64] |= 1ull << (seqs[i] % 64);
-    free(seqs);
-    s = sp__sym_band(st, buf, words, what);
-    if (s != SP_SUCCESS) {
-        free(buf);
-        return s;
-    }
+    uint64_t nbits = (uint64_t)a->lo[F_NSEQ];
+    size_t words = (size_t)(nbits + 63) / 64 + 1; /* <= this rank's: nbits <= nseq */
+    SP_CHECK(sp__sym_band(st, buf, words, what)); /* on failure buf is gone */
+    memmove(buf, buf + words, words * sizeof *buf);
     *bits_p = buf;
     *nbits_p = nbits;
     return SP_SUCCESS;
@@ -299,34 +332,21 @@ static bool bit_(const uint64_t *bits, uint64_t i) {
     return bits[i / 64] >> (i % 64) & 1;
 }
 
-/* Which of this world's pools can be released collectively: one round agrees on the largest
- * creation serial and on "no graph capture under way on any rank's device" (a rank under one
- * says not ok); then, unless a rank captures, one MPI_BAND round on two bitmaps over the
- * serials: [0, words) "this rank can release it" (live and not broken), [words, 2 words) "this
- * rank cannot". A pool is released only where the first is set everywhere; where neither is, the
- * ranks disagree. While a rank captures, *bits_p is NULL on every rank (nothing is released) and
- * `capturing` names the ranks. */
-static sp_status_t agree_releasable(sp_world_t *w, sp_sym_state_t **v, size_t n, uint64_t **bits_p,
-                                    uint64_t *nbits_p, char *capturing, size_t len) {
-    const char *what = "sp_world_finalize (symmetric pools)";
-    int64_t top = 0;
-    for (size_t i = 0; i < n; i++)
-        top = (int64_t)v[i]->serial > top ? (int64_t)v[i]->serial : top;
-    /* The world's device, whatever this rank's pools: the release's synchronize would break a
-     * capture there, and every rank must skip the release together (it is collective). */
-    bool capture = sp__pool_device_capturing(sp__world_device(w));
-    sp_agree_t a = {.op = SP_AGREE_WORLD_FINALIZE, .ok = !capture, .f = {top}};
-    SP_CHECK(sp__world_agree(w, &a, what));
-    if (a.nbad) {
-        sp__agree_bad_ranks(&a, capturing, len);
-        return SP_SUCCESS;
-    }
-    uint64_t nbits = (uint64_t)a.hi[0] + 1;
-    size_t words = (size_t)(nbits + 63) / 64;
-    uint64_t *bits = calloc(2 * words, sizeof *bits);
-    if (!bits) /* the peers time out in the bitmap round: this rank cannot join it */
-        return sp__error(SP_ERR_SYSTEM, SP_SUB_SYM, "%s: out of host memory", what);
-    for (uint64_t q = 0; q < nbits; q++)
+/* The fields of finalize's round: the largest creation serial of this rank's live pools; the
+ * status of a rank that could not prepare its part (0 when it could); 1 when a graph capture is
+ * under way on this rank's device. */
+enum { FF_TOP, FF_FAILED, FF_CAPTURE };
+
+/* This rank's part of finalize's bitmap round, made before the first round: buf (4 * words words,
+ * words covering serials [0, top]) with the two input halves of `words` words each filled as
+ * agree_releasable says; NULL when host memory is short. */
+static uint64_t *prepare_releasable(sp_sym_state_t **v, size_t n, uint64_t top, size_t *words_p) {
+    size_t words = (size_t)(top + 1 + 63) / 64;
+    uint64_t *bits = sp__sym_test_no_host ? NULL : calloc(4 * words, sizeof *bits);
+    *words_p = words;
+    if (!bits)
+        return NULL;
+    for (uint64_t q = 0; q <= top; q++)
         bits[words + q / 64] |= 1ull << (q % 64); /* absent here: cannot */
     for (size_t i = 0; i < n; i++) {
         uint64_t q = v[i]->serial;
@@ -338,11 +358,59 @@ static sp_status_t agree_releasable(sp_world_t *w, sp_sym_state_t **v, size_t n,
             bits[words + q / 64] &= ~(1ull << (q % 64));
         }
     }
-    sp_status_t s = sp__world_band(w, bits, 2 * words, what);
-    if (s != SP_SUCCESS) {
+    return bits;
+}
+
+/* Which of this world's pools can be released collectively: one round agrees on the creation
+ * serials, on "no graph capture under way on any rank's device" and on "every rank could
+ * prepare its part" (a rank under a capture, or short of host memory, says not ok); then, unless
+ * a rank said not ok, one MPI_BAND round on two bitmaps over the serials up to the smallest
+ * rank's largest: [0, words) "this rank can release it" (live and not broken), [words, 2 words)
+ * "this rank cannot". A pool is released only where the first is set everywhere; where neither
+ * is, the ranks disagree. A pool past the bitmap is absent from some rank, so released nowhere;
+ * the caller judges it from this rank's side. Each rank's buffer, made for its own largest
+ * serial before the first round, is long enough: no allocation follows that round, so no rank
+ * leaves its peers waiting in the second. While a rank captures, *bits_p is NULL on every rank
+ * (nothing is released) and `capturing` names the ranks. `listed`: this rank could list its
+ * pools (v). */
+static sp_status_t agree_releasable(sp_world_t *w, sp_sym_state_t **v, size_t n, bool listed,
+                                    uint64_t **bits_p, uint64_t *nbits_p, char *capturing,
+                                    size_t len) {
+    const char *what = "sp_world_finalize (symmetric pools)";
+    uint64_t top = 0;
+    for (size_t i = 0; i < n; i++)
+        top = v[i]->serial > top ? v[i]->serial : top;
+    size_t own = 0;
+    uint64_t *bits = listed ? prepare_releasable(v, n, top, &own) : NULL;
+    /* The world's device, whatever this rank's pools: the release's synchronize would break a
+     * capture there, and every rank must skip the release together (it is collective). */
+    bool capture = sp__pool_device_capturing(sp__world_device(w));
+    sp_agree_t a = {.op = SP_AGREE_WORLD_FINALIZE,
+                    .ok = !capture && bits,
+                    .f = {[FF_TOP] = (int64_t)top,
+                          [FF_FAILED] = bits ? SP_SUCCESS : SP_ERR_SYSTEM,
+                          [FF_CAPTURE] = capture}};
+    if (!bits)
+        SP_WARN(SP_SUB_SYM, "%s: out of host memory for the release round", what);
+    sp_status_t s = sp__world_agree(w, &a, what);
+    char ranks[96];
+    if (s == SP_SUCCESS && a.hi[FF_FAILED] != SP_SUCCESS)
+        s = sp__error((sp_status_t)a.hi[FF_FAILED], SP_SUB_SYM,
+                      "%s: %s had no host memory for the release round; no rank released a "
+                      "pool's registrations (they go with the process)",
+                      what, sp__agree_bad_ranks(&a, ranks, sizeof ranks));
+    if (s != SP_SUCCESS || a.nbad) {
+        if (s == SP_SUCCESS)
+            sp__agree_bad_ranks(&a, capturing, len);
         free(bits);
         return s;
     }
+    uint64_t nbits = (uint64_t)a.lo[FF_TOP] + 1;
+    size_t words = (size_t)(nbits + 63) / 64; /* <= own: nbits <= top + 1 */
+    if (words < own) /* the second input half starts right after the first */
+        memmove(bits + words, bits + own, words * sizeof *bits);
+    SP_CHECK(sp__world_band(w, bits, 2 * words, what)); /* on failure bits is gone */
+    memmove(bits, bits + 2 * words, 2 * words * sizeof *bits);
     *bits_p = bits;
     *nbits_p = nbits;
     return SP_SUCCESS;
@@ -359,13 +427,13 @@ static sp_status_t agree_releasable(sp_world_t *w, sp_sym_state_t **v, size_t n,
 static sp_status_t on_world_finalize(sp_world_t *w, bool in_step) {
     size_t n = 0;
     sp_sym_state_t **v = NULL;
-    if (!sp__sym_of_world(w, &v, &n))
-        in_step = false; /* cannot list them: release nothing collectively */
+    /* A rank that cannot list them still takes part in the round, as a failed rank. */
+    bool listed = sp__sym_of_world(w, &v, &n);
     uint64_t *bits = NULL, nbits = 0;
     sp_status_t s = SP_SUCCESS;
     char capturing[96] = ""; /* the ranks under a graph capture, if any */
     if (in_step)
-        s = agree_releasable(w, v, n, &bits, &nbits, capturing, sizeof capturing);
+        s = agree_releasable(w, v, n, listed, &bits, &nbits, capturing, sizeof capturing);
     size_t words = (size_t)(nbits + 63) / 64;
     sp_status_t err = s;
     for (size_t i = 0; i < n; i++) {
@@ -373,7 +441,9 @@ static sp_status_t on_world_finalize(sp_world_t *w, bool in_step) {
         pthread_mutex_lock(&st->lock);
         bool known = bits && st->serial < nbits;
         bool release = known && bit_(bits, st->serial);
-        bool split = known && !release && !bit_(bits + words, st->serial);
+        /* Past the bitmap the pool is absent from some rank: if it is whole here, the ranks
+         * disagree about it (as the bitmap would have said). */
+        bool split = known ? !release && !bit_(bits + words, st->serial) : bits && !st->broken;
         if (release && st->recs)
             SP_WARN(SP_SUB_SYM,
                     "symmetric pool \"%s\" still holds registered segments at "

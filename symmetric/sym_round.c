@@ -212,10 +212,12 @@ sp_status_t sp__sym_round(sp_sym_state_t *st, sp_agree_t *a, const char *what) {
     return s;
 }
 
-sp_status_t sp__sym_band(sp_sym_state_t *st, uint64_t *bits, size_t words, const char *what) {
+sp_status_t sp__sym_band(sp_sym_state_t *st, uint64_t *buf, size_t words, const char *what) {
     bool abandoned = false;
-    sp_status_t s = sp__agree_band(st->comm, bits, words, what, &abandoned);
+    sp_status_t s = sp__agree_band_buf(st->comm, buf, words, what, &abandoned);
     if (s == SP_ERR_TIMEOUT)
         break_pool(st, abandoned, what);
+    if (s != SP_SUCCESS && !abandoned)
+        free(buf); /* an abandoned round's buffer stays with its pending request */
     return s;
 }

@@ -75,14 +75,20 @@ bool sp__sym_of_world(const sp_world_t *w, sp_sym_state_t ***v_p, size_t *n_p);
 /* Test hook: seconds the calling thread sleeps at the start of each growth, before its first
  * round (0: none), so a test can make one rank late inside a growth. Thread-local. */
 extern _Thread_local double sp__sym_test_grow_delay_s;
+/* Test hook (sp__sym_test_fail_host): the calling thread's symmetric calls find no host memory
+ * for their own state (create's pool state, the free-segment rounds' bitmap). Thread-local. */
+extern _Thread_local bool sp__sym_test_no_host;
 
 /* One agreement round on the pool's communicator, numbered with the pool's current call
  * (sp__agree + sp__agree_check). A timeout breaks the pool (later collective calls are refused
  * with the saved reason); a mismatch resynchronizes the call number to the largest, so the pool
  * stays usable. */
 sp_status_t sp__sym_round(sp_sym_state_t *st, sp_agree_t *a, const char *what);
-/* The free-segment bitmap's follow-up round (sp__agree_band), with the same timeout rule. */
-sp_status_t sp__sym_band(sp_sym_state_t *st, uint64_t *bits, size_t words, const char *what);
+/* The free-segment bitmap's follow-up round (sp__agree_band_buf), with the same timeout rule:
+ * buf (heap, 2 * words words, allocated before the first round) holds the input in its first
+ * half and, on SP_SUCCESS, the result in its second (the caller frees it); on failure buf is
+ * gone (freed, or kept with an abandoned request). */
+sp_status_t sp__sym_band(sp_sym_state_t *st, uint64_t *buf, size_t words, const char *what);
 
 /* Release every registered segment still recorded, in creation order (collective). */
 sp_status_t sp__sym_release_recs(sp_sym_state_t *st);

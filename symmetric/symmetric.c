@@ -87,6 +87,38 @@ static sp_status_t make_comms(sp_world_t *w, sp_sym_state_t *st) {
     return SP_SUCCESS;
 }
 
+/* The create's one world round: this rank's creation number `serial` and flags, `ok` false when
+ * its local work failed. The creation numbers stay in step whatever the outcome: a round that
+ * failed (a rank in another call, a timeout) counted as a creation on no rank, and after numbers
+ * that differ every rank continues from the largest, so one mistake is one error, not an error
+ * at every later create. */
+static sp_status_t create_round(sp_world_t *w, uint64_t serial, const sp_mempool_params_t *p,
+                                bool ok, const char *what, sp_agree_t *a) {
+    *a = (sp_agree_t){
+        .op = SP_AGREE_POOL_CREATE, .ok = ok, .f = {(int64_t)serial, p->use_on_oom, p->no_split}};
+    sp_status_t s = sp__world_agree(w, a, what);
+    if (s != SP_SUCCESS)
+        sp__world_set_pool_serial(w, serial - 1);
+    else if (a->lo[0] != a->hi[0])
+        sp__world_set_pool_serial(w, (uint64_t)a->hi[0]);
+    return s;
+}
+
+/* A rank with no host memory for the pool's state still takes part in the create's round, as a
+ * rank that failed: its peers learn it there and fail too, instead of waiting for it until their
+ * deadline. */
+static sp_status_t create_without_state(sp_world_t *w, const sp_mempool_params_t *p,
+                                        const char *fn) {
+    uint64_t serial = sp__world_next_pool_serial(w);
+    char what[96];
+    snprintf(what, sizeof what, "%s #%llu", fn, (unsigned long long)serial);
+    SP_WARN(SP_SUB_SYM, "%s: out of host memory for the pool's state", what);
+    sp_agree_t a;
+    SP_CHECK(create_round(w, serial, p, false, what, &a));
+    return sp__error(SP_ERR_SYSTEM, SP_SUB_SYM,
+                     "%s: out of host memory for the pool's state; no rank has the pool", what);
+}
+
 SP_EXPORT sp_status_t sp_symmetric_mempool_create(sp_world_t *w, const sp_mempool_params_t *params,
                                                   sp_mempool_t **pool_p) {
     static const char fn[] = "sp_symmetric_mempool_create";
@@ -95,9 +127,9 @@ SP_EXPORT sp_status_t sp_symmetric_mempool_create(sp_world_t *w, const sp_mempoo
     sp_mempool_params_init(&p);
     if (params)
         p = *params;
-    sp_sym_state_t *st = calloc(1, sizeof *st);
-    if (!st) /* the peers time out: this rank cannot even take part */
-        return sp__error(SP_ERR_SYSTEM, SP_SUB_SYM, "%s: out of host memory", fn);
+    sp_sym_state_t *st = sp__sym_test_no_host ? NULL : calloc(1, sizeof *st);
+    if (!st)
+        return create_without_state(w, &p, fn);
     pthread_mutex_init(&st->lock, NULL);
     st->world = w;
     st->comm = st->node_comm = MPI_COMM_NULL;
@@ -136,18 +168,8 @@ SP_EXPORT sp_status_t sp_symmetric_mempool_create(sp_world_t *w, const sp_mempoo
     char what[96], why[200];
     snprintf(what, sizeof what, "%s #%llu", fn, (unsigned long long)st->serial);
     snprintf(why, sizeof why, "%s", ls == SP_SUCCESS ? "" : sp_last_error());
-    sp_agree_t a = {.op = SP_AGREE_POOL_CREATE,
-                    .ok = ls == SP_SUCCESS,
-                    .f = {(int64_t)st->serial, p.use_on_oom, p.no_split}};
-    sp_status_t s = sp__world_agree(w, &a, what);
-    /* The creation numbers stay in step whatever the outcome: a round that failed (a rank in
-     * another call, a timeout) counted as a creation on no rank, and after numbers that differ
-     * every rank continues from the largest, so one mistake is one error, not an error at every
-     * later create. */
-    if (s != SP_SUCCESS)
-        sp__world_set_pool_serial(w, st->serial - 1);
-    else if (a.lo[0] != a.hi[0])
-        sp__world_set_pool_serial(w, (uint64_t)a.hi[0]);
+    sp_agree_t a;
+    sp_status_t s = create_round(w, st->serial, &p, ls == SP_SUCCESS, what, &a);
     if (s == SP_SUCCESS && a.lo[0] != a.hi[0])
         s = sp__error(SP_ERR_MISMATCH, SP_SUB_SYM,
                       "%s: ranks are at different symmetric pool creations (#%lld..#%lld): "

@@ -47,6 +47,10 @@ void sp__symc_add(int device, sp_symc_t which, int64_t delta);
  * the growth's first agreement round (0: none), so a test can make one rank late inside a
  * growth. Thread-local; never set by the library itself. */
 void sp__sym_test_set_grow_delay(double seconds);
+/* Tests only: while on, the calling thread's sp_symmetric_mempool_create finds no host memory
+ * for the pool's state, and its sp_symmetric_empty_cache and sp_symmetric_mempool_destroy none
+ * for their free-segment bitmap (as host malloc refusing them would). */
+void sp__sym_test_fail_host(bool on);
 
 #ifdef __cplusplus
 }

@@ -188,10 +188,14 @@ sp_status_t sp__world_agree_live(sp_world_t *w, sp_agree_t *a, const char *what)
     return s;
 }
 
-sp_status_t sp__world_band(sp_world_t *w, uint64_t *bits, size_t words, const char *what) {
-    SP_CHECK(sp__world_check(w, what));
+sp_status_t sp__world_band(sp_world_t *w, uint64_t *buf, size_t words, const char *what) {
+    sp_status_t s = sp__world_check(w, what);
     bool abandoned = false;
-    return sp__agree_band(w->agree_comm, bits, words, what, &abandoned);
+    if (s == SP_SUCCESS)
+        s = sp__agree_band_buf(w->agree_comm, buf, words, what, &abandoned);
+    if (s != SP_SUCCESS && !abandoned)
+        free(buf); /* an abandoned round's buffer stays with its pending request */
+    return s;
 }
 
 bool sp__world_agree_payload(const sp_world_t *w) {

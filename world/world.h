@@ -176,6 +176,13 @@ double sp__agree_timeout_s(void);
  * of an operation whose first round already agreed on its length (the free-segment bitmap). */
 sp_status_t sp__agree_band(MPI_Comm comm, uint64_t *bits, size_t words, const char *what,
                            bool *abandoned_p);
+/* sp__agree_band on a buffer the caller allocated before its first round (so that a rank that
+ * cannot allocate says so in that round, instead of leaving its peers to time out in this one):
+ * buf holds 2 * words words, the input in the first half; the result lands in the second.
+ * *abandoned_p: buf went to the graveyard with the pending request; the caller must not free
+ * it. Otherwise the caller frees it. */
+sp_status_t sp__agree_band_buf(MPI_Comm comm, uint64_t *buf, size_t words, const char *what,
+                               bool *abandoned_p);
 /* A deadline-bounded MPI_Comm_idup of comm into *out (MPI_COMM_NULL unless SP_SUCCESS):
  * collective over comm, so a rank that never makes the call, or makes it on another
  * communicator, is SP_ERR_TIMEOUT on the ranks that wait for it (*abandoned_p: the duplicate
@@ -201,8 +208,11 @@ void sp__agree_drain(double limit_s);
  * world. Then sp__agree_check. */
 sp_status_t sp__world_agree(sp_world_t *w, sp_agree_t *a, const char *what);
 /* A deadline-bounded MPI_BAND round of `words` words on the world's agreement communicator
- * (sp__agree_band), after a world round that agreed on the length. */
-sp_status_t sp__world_band(sp_world_t *w, uint64_t *bits, size_t words, const char *what);
+ * (sp__agree_band_buf), after a world round that agreed on the length: buf (heap, 2 * words
+ * words, allocated before that round) holds the input in its first half and, on SP_SUCCESS, the
+ * result in its second (the caller frees it); on failure buf is gone (freed, or kept with an
+ * abandoned request). */
+sp_status_t sp__world_band(sp_world_t *w, uint64_t *buf, size_t words, const char *what);
 /* Do w's agreement rounds carry a payload (sp__agree_carries_payload)? w is live. */
 bool sp__world_agree_payload(const sp_world_t *w);
 /* sp__world_agree for a world the caller has just checked live (sp__world_check), so that a

@@ -88,7 +88,9 @@ bool sp_mempool_is_symmetric(const sp_mempool_t *pool);
 
 /**
  * Route this thread's sp_malloc on the pool's device into @p pool until sp_mempool_end.
- * Nested begin/end on different pools works as a stack. Increments the use count.
+ * Nested begin/end on different pools works as a stack. Increments the use count. A thread that
+ * exits with routings active has them ended at its exit (with a warning), so their pools' use
+ * counts drop and the pools can be destroyed.
  * @return SP_SUCCESS, SP_ERR_INVALID_ARGUMENT (NULL), SP_ERR_INVALID_USAGE (pool already
  *         routed on this thread, destroyed, or symmetric).
  */

@@ -102,7 +102,8 @@ sp_status_t sp_symmetric_window(const void *ptr, sp_window_info_t *info_p);
  * @return SP_SUCCESS; SP_ERR_NOT_SUPPORTED when @p rank is on another node (the message names
  *         both nodes by index and host name) or the registrar has no host peer pointers (nccl);
  *         SP_ERR_INVALID_ARGUMENT (NULL, a rank outside the world, @p ptr not in a symmetric
- *         pool); SP_ERR_INVALID_USAGE (the `mpi` registrar after the user's MPI_Finalize).
+ *         pool, @p ptr past the requested size of its buffer: the block's rounding slack is not
+ *         the buffer's); SP_ERR_INVALID_USAGE (the `mpi` registrar after the user's MPI_Finalize).
  */
 sp_status_t sp_symmetric_peer_ptr(const void *ptr, int rank, void **peer_ptr_p);
 

@@ -62,6 +62,8 @@ mem_get_info = get_memory_info  # torch.cuda's name
 def empty_cache():
     """Release every fully free cached segment of every device (not symmetric pools')."""
     check(lib().sp_empty_cache())
+    if _keepalive:
+        _release_allocators()  # a destroyed pool's last segments may have gone now
 
 
 def set_per_process_memory_fraction(fraction, device=0):
@@ -227,8 +229,25 @@ class Stream(_lib.Handle):
 # ---- MemPools -------------------------------------------------------------------------------
 
 # Segment-allocator callbacks a pool may call after the Python MemPool object is gone (segments
-# holding live blocks are handed back when those blocks are freed): kept for the process's life.
-_keepalive = []
+# holding live blocks are handed back when those blocks are freed): kept, by pool handle, until
+# the pool is destroyed and holds no segment (a destroyed pool takes no new one, so the library
+# can never call them again); _release_allocators drops those. The C allocator calls them under
+# its device lock, which sp_mempool_total_bytes takes too: a 0 read there is after the last call
+# returned. Each value: [the _lib.Allocator, destroyed?].
+_keepalive = {}
+_keepalive_lock = threading.Lock()
+
+
+def _release_allocators():
+    """Drop the callbacks of destroyed pools that hold no segment any more (after a destroy, an
+    empty_cache: the calls that release a destroyed pool's last segments)."""
+    global _py_allocators
+    with _keepalive_lock:
+        dead = [h for h, (_, destroyed) in _keepalive.items()
+                if destroyed and lib().sp_mempool_total_bytes(h) == 0]
+        for h in dead:
+            del _keepalive[h]
+        _py_allocators -= len(dead)
 
 # What a Python segment allocator's alloc raised (or returned that is not an address) on this
 # thread, kept for the malloc that called it: an exception cannot cross the library's C frames,
@@ -299,7 +318,6 @@ def _segment_allocator(allocator):
     """An sp_allocator_t from a Python allocator: an object with alloc(size, device, stream) ->
     int and free(ptr, size, device, stream), or an (alloc, free) pair of callables."""
     if isinstance(allocator, _lib.Allocator):
-        _keepalive.append(allocator)
         return allocator
     if isinstance(allocator, tuple) and len(allocator) == 2:
         alloc_fn, free_fn = allocator
@@ -334,9 +352,7 @@ def _segment_allocator(allocator):
         except Exception:
             pass
 
-    a = _lib.Allocator(_lib.ALLOC_FN(c_alloc), _lib.FREE_FN(c_free), None)
-    _keepalive.append(a)
-    return a
+    return _lib.Allocator(_lib.ALLOC_FN(c_alloc), _lib.FREE_FN(c_free), None)
 
 
 class MemPool(_lib.Handle):
@@ -371,8 +387,16 @@ class MemPool(_lib.Handle):
                 self._allocator = _segment_allocator(allocator)
                 params.allocator = ctypes.pointer(self._allocator)
                 global _py_allocators
-                _py_allocators += 1  # never decremented: the pool may call it after destroy
-            check(lib().sp_mempool_create(ctypes.byref(params), ctypes.byref(handle)))
+                with _keepalive_lock:
+                    _py_allocators += 1  # before the create: the pool may call it right away
+            status = lib().sp_mempool_create(ctypes.byref(params), ctypes.byref(handle))
+            if allocator is not None:
+                with _keepalive_lock:
+                    if status == 0:  # kept until the pool is destroyed and holds no segment
+                        _keepalive[handle.value] = [self._allocator, False]
+                    else:  # no pool: nothing will ever call it
+                        _py_allocators -= 1
+            check(status)
         self._handle = handle.value
         self._name = name
 
@@ -529,7 +553,13 @@ class MemPool(_lib.Handle):
                 self._world.destroy_symmetric_pool(self._handle, self)
             else:
                 check(lib().sp_mempool_destroy(self._handle))
-            self._handle = None
+            h, self._handle = self._handle, None
+            with _keepalive_lock:
+                entry = _keepalive.get(h)
+                if entry is not None:
+                    entry[1] = True
+            if entry is not None:
+                _release_allocators()
 
     def __del__(self):
         # Symmetric pools are never destroyed here: collection order differs between ranks and
@@ -537,6 +567,11 @@ class MemPool(_lib.Handle):
         if getattr(self, "_handle", None) is not None and not self._symmetric and self._owned:
             try:
                 if lib().sp_mempool_destroy(self._handle) == 0:
+                    # Marked only: the next destroy or empty_cache drops its allocator. No lock
+                    # and no sweep here: a collection can run this inside either, on this thread.
+                    entry = _keepalive.get(self._handle)
+                    if entry is not None:
+                        entry[1] = True
                     self._handle = None
             except Exception:
                 pass

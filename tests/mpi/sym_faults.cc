@@ -16,6 +16,7 @@
 extern "C" {
 #include "world/world.h"
 #include <sympool/collectives.h>
+void sp__sym_test_fail_host(bool on);
 }
 
 namespace {
@@ -406,6 +407,89 @@ TEST_F(SymFaults, StatsReportFormatsThatDifferAreAMismatch) {
     EXPECT_TRUE(has(sp_last_error(), "format")) << sp_last_error();
     ASSERT_SP_OK(sp_stats_report(w_, dev, out, SP_REPORT_PROMETHEUS));
     std::fclose(out);
+}
+
+// A rank that finds no host memory for its free-segment bitmap (empty cache, destroy) says so in
+// the call's first round: every rank fails the call at once, the peers naming it, and nothing is
+// released anywhere (the rank used to return alone after that round while its peers waited in
+// the bitmap round for their deadline: SP_ERR_TIMEOUT, and the pool broken). Then in step.
+TEST_F(SymFaults, BitmapOutOfHostMemoryOnOneRankFailsEveryRankInTheRound) {
+    make_pool();
+    const int bad = n_ - 1;
+    void *p = nullptr;
+    for (int destroy = 0; destroy < 2; destroy++) {
+        SCOPED_TRACE(destroy ? "destroy" : "empty cache");
+        ASSERT_SP_OK(sp_symmetric_malloc(pool_, 1 << 20, nullptr, &p));
+        ASSERT_SP_OK(sp_free(p)); // a segment free on every rank: the round would release it
+        size_t held = sp_mempool_total_bytes(pool_);
+        ASSERT_GT(held, 0u);
+        if (rank_ == bad)
+            sp__sym_test_fail_host(true);
+        sp_status_t s =
+            destroy ? sp_symmetric_mempool_destroy(pool_) : sp_symmetric_empty_cache(pool_);
+        sp__sym_test_fail_host(false);
+        std::string msg = sp_last_error();
+        EXPECT_EQ(s, SP_ERR_SYSTEM) << sp::describe(s);
+        EXPECT_TRUE(has(msg, rank_ == bad ? "out of host memory" : "could not prepare")) << msg;
+        if (rank_ != bad) {
+            EXPECT_TRUE(has(msg, "rank " + std::to_string(bad))) << msg;
+        }
+        EXPECT_EQ(sp_mempool_total_bytes(pool_), held); // nothing released, nothing destroyed
+    }
+    // In step, and the pool not broken: the calls work on every rank.
+    ASSERT_SP_OK(sp_symmetric_empty_cache(pool_));
+    EXPECT_EQ(sp_mempool_total_bytes(pool_), 0u);
+    ASSERT_SP_OK(sp_symmetric_malloc(pool_, 4096, nullptr, &p));
+    ASSERT_SP_OK(sp_free(p));
+}
+
+// A rank with no host memory for a new pool's state still takes part in the create's round, as a
+// rank that failed: every rank fails the create at once (the peers used to wait for it until
+// their deadline, SP_ERR_TIMEOUT), no rank has the pool, and the next create is in step.
+TEST_F(SymFaults, CreateOutOfHostMemoryOnOneRankFailsEveryRankInTheRound) {
+    const int bad = n_ - 1;
+    sp_mempool_t *q = nullptr;
+    if (rank_ == bad)
+        sp__sym_test_fail_host(true);
+    sp_status_t s = sp_symmetric_mempool_create(w_, nullptr, &q);
+    sp__sym_test_fail_host(false);
+    std::string msg = sp_last_error();
+    EXPECT_EQ(q, nullptr);
+    if (rank_ == bad) {
+        EXPECT_EQ(s, SP_ERR_SYSTEM) << sp::describe(s);
+        EXPECT_TRUE(has(msg, "out of host memory")) << msg;
+    } else {
+        EXPECT_EQ(s, SP_ERR_INVALID_USAGE) << sp::describe(s);
+        EXPECT_TRUE(has(msg, "rank " + std::to_string(bad) + " could not create the pool")) << msg;
+    }
+    ASSERT_NO_FATAL_FAILURE(make_pool());
+    void *p = nullptr;
+    ASSERT_SP_OK(sp_symmetric_malloc(pool_, 4096, nullptr, &p));
+    ASSERT_SP_OK(sp_free(p));
+}
+
+// A rank with no host memory for finalize's release round says so in the round's first part:
+// every rank fails the finalize at once with its status and releases nothing collectively (the
+// rank used to return alone after that part while its peers waited in the bitmap part until
+// their deadline). The world is finalized on every rank all the same.
+TEST_F(SymFaults, FinalizeOutOfHostMemoryOnOneRankFailsEveryRankInTheRound) {
+    make_pool();
+    void *p = nullptr;
+    ASSERT_SP_OK(sp_symmetric_malloc(pool_, 4096, nullptr, &p)); // a registered segment
+    ASSERT_SP_OK(sp_free(p));
+    const int bad = n_ - 1;
+    sp_sym_counters_t c0 = sym_counters();
+    if (rank_ == bad)
+        sp__sym_test_fail_host(true);
+    sp_status_t s = sp_world_finalize(w_);
+    sp__sym_test_fail_host(false);
+    std::string msg = sp_last_error();
+    EXPECT_EQ(s, SP_ERR_SYSTEM) << sp::describe(s);
+    EXPECT_TRUE(has(msg, "rank " + std::to_string(bad) + " had no host memory")) << msg;
+    EXPECT_EQ(sym_counters().deregistrations - c0.deregistrations, 0);
+    EXPECT_SP_STATUS(sp_world_finalize(w_), SP_ERR_INVALID_USAGE); // finalized all the same
+    w_ = nullptr;
+    pool_ = nullptr; // its registration goes with the process
 }
 
 } // namespace

@@ -113,6 +113,35 @@ TEST_F(Symmetric, MixedSizesIdenticalOffsetsWithRankOrderedFrees) {
     EXPECT_EQ(after.registrations - before.registrations, after.growths - before.growths);
 }
 
+// A peer pointer is for the buffer's bytes only: an address in the block's rounding slack (past
+// the requested 1000 bytes, inside the 1024-byte block) is out of range, on every rank, this
+// one included (it used to be answered, as if those bytes were the caller's), and nothing is
+// written to the out-parameter.
+TEST_F(Symmetric, PeerPointerInTheRoundingSlackIsOutOfRange) {
+    make();
+    char *buf = nullptr;
+    ASSERT_SP_OK(sp_symmetric_malloc(pool_, 1000, nullptr, (void **)&buf));
+    for (int r = 0; r < mpi_size(); r++) {
+        if (sp_world_node(world_, r) != sp_world_node(world_, mpi_rank()))
+            continue;
+        void *peer = nullptr;
+        expect_warnings();
+        for (size_t at : {size_t(1000), size_t(1023)}) {
+            void *sentinel = &peer;
+            peer = sentinel;
+            EXPECT_SP_STATUS(sp_symmetric_peer_ptr(buf + at, r, &peer), SP_ERR_INVALID_ARGUMENT);
+            EXPECT_NE(std::string(sp_last_error()).find("1000 requested bytes"), std::string::npos)
+                << sp_last_error();
+            EXPECT_EQ(peer, sentinel);
+        }
+        if (r == mpi_rank()) { // the last byte of the buffer still has one, on any registrar
+            ASSERT_SP_OK(sp_symmetric_peer_ptr(buf + 999, r, &peer));
+            EXPECT_EQ(peer, (void *)(buf + 999));
+        }
+    }
+    ASSERT_SP_OK(sp_free(buf));
+}
+
 // Peer pointers reach every rank of this node and no rank of another node (one node under a
 // plain mpirun; several under tests/multinode/mn-run.sh, where this test runs too). Host loads
 // and stores through the mpi registrar's shared segments; on a GPU the nccl registrar refuses

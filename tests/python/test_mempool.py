@@ -93,6 +93,58 @@ def test_python_segment_allocator(sp):
     assert e.value.status == "SP_ERR_INVALID_USAGE"
 
 
+def test_segment_allocator_is_released_once_its_pool_can_no_longer_call_it(sp):
+    # A Python segment allocator used to be kept for the process's life, with all it refers to.
+    # Now it goes once its pool is destroyed and holds no segment: at the destroy, or at the
+    # empty_cache that releases the last segment a live block kept. Until then it is still
+    # called (the block's segment is handed back through it after the MemPool object is gone).
+    import weakref
+    libc = ctypes.CDLL(None)
+    libc.aligned_alloc.restype = ctypes.c_void_p
+    libc.aligned_alloc.argtypes = [ctypes.c_size_t, ctypes.c_size_t]
+    libc.free.argtypes = [ctypes.c_void_p]
+    freed = []
+
+    class Segments:
+        def alloc(self, size, device, stream):
+            return libc.aligned_alloc(4096, size)
+
+        def free(self, ptr, size, device, stream):
+            freed.append(size)
+            libc.free(ptr)
+
+    for keep_block in (False, True):
+        segs = Segments()
+        gone = weakref.ref(segs)
+        pool = sp.MemPool(segs)
+        p = pool.malloc(1000)
+        if not keep_block:
+            sp.free(p)
+        del segs
+        pool.destroy()
+        del pool
+        gc.collect()
+        if keep_block:
+            assert gone() is not None and freed == [2 << 20]  # the block's segment still needs it
+            sp.free(p)
+            gc.collect()
+            assert gone() is not None  # freed, not yet released: the pool may still call it
+            sp.empty_cache()
+            assert freed == [2 << 20, 2 << 20]  # released through the allocator
+            gc.collect()
+        assert gone() is None, keep_block
+    # A pool collected without destroy(): its allocator goes at the next empty_cache.
+    segs = Segments()
+    gone = weakref.ref(segs)
+    pool = sp.MemPool(segs)
+    sp.free(pool.malloc(1000))
+    del segs, pool
+    gc.collect()
+    sp.empty_cache()
+    gc.collect()
+    assert gone() is None
+
+
 def test_segment_allocator_calling_sympool_is_refused_not_deadlocked(sp):
     # The allocator runs under the device's allocator lock: a sympool call from it used to
     # deadlock the process; it raises now, and the pool's own allocation goes on.

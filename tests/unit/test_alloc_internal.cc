@@ -351,6 +351,42 @@ static bool fast_shared() {
     return !sp__alloc_hits_biased();
 }
 
+// A thread that exits inside sp_mempool_begin (two nested pools) never calls sp_mempool_end: its
+// exit ends the routings for it, with a warning. They used to stay: the pools' use counts at 2
+// for good, so sp_mempool_destroy refused them forever, and the fast paths off for every thread.
+TEST_F(AllocInternal, ThreadExitingInsideMempoolBeginEndsItsRoutings) {
+    expect_warnings();
+    ASSERT_SP_OK(sp_init());
+    const int rest = fast_off();
+    sp_mempool_t *outer = nullptr, *inner = nullptr;
+    ASSERT_SP_OK(sp_mempool_create(nullptr, &outer));
+    ASSERT_SP_OK(sp_mempool_create(nullptr, &inner));
+    sp_status_t s1 = SP_ERR_INTERNAL, s2 = SP_ERR_INTERNAL;
+    void *p = nullptr;
+    std::thread t([&] {
+        s1 = sp_mempool_begin(outer);
+        s2 = sp_mempool_begin(inner);
+        (void)sp_malloc(1000, 0, nullptr, &p); // routed into inner
+    });
+    t.join();
+    ASSERT_SP_OK(s1);
+    ASSERT_SP_OK(s2);
+    EXPECT_EQ(sp_mempool_use_count(outer), 1);
+    EXPECT_EQ(sp_mempool_use_count(inner), 1);
+    EXPECT_EQ(fast_off(), rest);
+    EXPECT_EQ(warnings("a thread exited inside sp_mempool_begin"), 2u);
+    ASSERT_NE(p, nullptr);
+    ASSERT_SP_OK(sp_free(p));
+    EXPECT_SP_OK(sp_mempool_destroy(inner));
+    EXPECT_SP_OK(sp_mempool_destroy(outer));
+    // The thread's routing is gone: this thread's allocations stay in the default pool.
+    ASSERT_SP_OK(sp_malloc(1000, 0, nullptr, &p));
+    sp_block_info_t bi;
+    ASSERT_SP_OK(sp__pool_lookup(p, &bi));
+    EXPECT_EQ(bi.pool, sp_default_mempool(0));
+    ASSERT_SP_OK(sp_free(p));
+}
+
 TEST_F(AllocInternal, FastPathGateCountsEveryReasonAndReturnsToRest) {
     EXPECT_EQ(fast_off(), SP_FAST_NOT_READY);
     ASSERT_SP_OK(sp_init());

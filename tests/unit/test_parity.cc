@@ -297,6 +297,33 @@ TEST_F(ParityHistory, UserMetadataTagsLaterEntries) {
                      SP_ERR_INVALID_ARGUMENT);
 }
 
+// sp_shutdown with history still recording entries that carry user metadata: the shutdown used
+// to free the metadata tables before clearing the rings, whose entries then dropped their texts'
+// references through a NULL table (a segfault). Shut down cleanly, and a new session records.
+TEST_F(ParityHistory, ShutdownWhileRecordingEntriesWithMetadata) {
+    sp_history_params_t p;
+    sp_history_params_init(&p);
+    ASSERT_SP_OK(sp_record_memory_history(&p));
+    ASSERT_SP_OK(sp_history_set_user_metadata(0, "phase 1"));
+    void *x = nullptr;
+    ASSERT_SP_OK(sp_malloc(1000, 0, nullptr, &x));
+    ASSERT_SP_OK(sp_free(x));
+    ASSERT_SP_OK(sp_shutdown());
+    ASSERT_SP_OK(sp_record_memory_history(&p));
+    ASSERT_SP_OK(sp_history_set_user_metadata(0, "phase 2"));
+    ASSERT_SP_OK(sp_malloc(1000, 0, nullptr, &x));
+    ASSERT_SP_OK(sp_free(x));
+    sp__trace_entry_t *e = nullptr;
+    size_t ne = 0;
+    ASSERT_SP_OK(sp__history_copy(0, &e, &ne));
+    std::vector<std::string> got;
+    for (size_t i = 0; i < ne; i++)
+        if (e[i].action == SP_TRACE_ALLOC)
+            got.push_back(sp__history_metadata(e[i].meta));
+    sp__history_entries_free(e, ne);
+    EXPECT_EQ(got, (std::vector<std::string>{"phase 2"}));
+}
+
 // Many distinct texts, each its own entry's, then the early ones again: every entry reads back
 // the text that was in force (the texts are looked up by hash; a slot taken for another text, or
 // an id handed out twice, shows here).
