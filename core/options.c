@@ -314,6 +314,10 @@ static bool parse_long(const char *text, int64_t *v_p) {
 }
 
 static bool parse_double(const char *text, double *v_p) {
+    /* strtod also reads C's hexadecimal forms (0x10 is 16); whole numbers and sizes are decimal
+     * only, so a decimal option is too: one syntax for every number a user writes. */
+    if (strpbrk(text, "xX") != NULL)
+        return false;
     char *end;
     errno = 0;
     double v = strtod(text, &end);

@@ -310,6 +310,8 @@ TEST_F(CoreTest, MalformedValueWarnsOnceAndKeepsDefault) {
         {"SYMPOOL_SYM_TIMEOUT", "-1"},
         {"SYMPOOL_SYM_TIMEOUT", "-inf"},
         {"SYMPOOL_SYM_TIMEOUT", "nan"},
+        {"SYMPOOL_SYM_TIMEOUT", "0x10"}, // strtod reads hex; whole numbers and sizes do not
+        {"SYMPOOL_GC_THRESHOLD", "0x1p-1"},
         {"SYMPOOL_GC_THRESHOLD", "1"},
         {"SYMPOOL_GC_THRESHOLD", "-0.1"},
         {"SYMPOOL_MAX_SPLIT_SIZE", "19MiB"},
