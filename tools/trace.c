@@ -135,10 +135,10 @@ void tr_map_free(tr_map_t *m) {
 /* ---- loading ---------------------------------------------------------------------------- */
 
 /* PyTorch's names of the actions, by tr_action_t. */
-static const char *const action_names[] = {"alloc",         "free_requested", "free_completed",
-                                           "segment_alloc", "segment_free",   "segment_map",
-                                           "segment_unmap", "snapshot",       "oom"};
-static const size_t action_lens[] = {5, 14, 14, 13, 12, 11, 13, 8, 3};
+static const char *const action_names[] = {
+    "alloc",       "free_requested", "free_completed", "segment_alloc", "segment_free",
+    "segment_map", "segment_unmap",  "snapshot",       "oom",           "user_defined"};
+static const size_t action_lens[] = {5, 14, 14, 13, 12, 11, 13, 8, 3, 12};
 
 /* The action named by s (len bytes, NUL-terminated): the one name its first letters can be,
  * then compared whole, length included (a str holding a 0 byte after "alloc" is another str,
@@ -151,6 +151,9 @@ static tr_action_t action_of(const char *s, size_t len) {
         break;
     case 'o':
         a = TR_OOM;
+        break;
+    case 'u':
+        a = TR_ANNOTATION;
         break;
     case 'f':
         /* "free": a free_requested and its free_completed in one entry, as MemoryViz writes the

@@ -27,6 +27,10 @@ typedef enum {
     TR_SEGMENT_UNMAP,
     TR_SNAPSHOT,
     TR_OOM,
+    /* "user_defined": an annotation (a record_function scope's name as its frames) that some
+     * PyTorch versions wrote among the allocator's entries, before they moved to the snapshot's
+     * external_annotations; it allocates nothing: ignored, but not an unknown action */
+    TR_ANNOTATION,
     TR_OTHER /* an action this version does not know: kept, ignored */
 } tr_action_t;
 

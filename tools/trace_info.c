@@ -13,9 +13,10 @@ static double gib(uint64_t b) {
     return (double)b / (1024.0 * 1024.0 * 1024.0);
 }
 
-static const char *const action_names[] = {
-    "alloc",       "free_requested", "free_completed", "segment_alloc", "segment_free",
-    "segment_map", "segment_unmap",  "snapshot",       "oom",           "other"};
+static const char *const action_names[] = {"alloc",         "free_requested", "free_completed",
+                                           "segment_alloc", "segment_free",   "segment_map",
+                                           "segment_unmap", "snapshot",       "oom",
+                                           "user_defined",  "other"};
 
 static bool has_data(const tr_device_t *dv) {
     return dv->nev > 0 || dv->final_reserved > 0;

@@ -1519,7 +1519,8 @@ TEST_F(Replay, ActionNamesAreReadWholly) {
         {"segment_unmap", TR_SEGMENT_UNMAP},
         {"snapshot", TR_SNAPSHOT},
         {"oom", TR_OOM},
-        {"free", TR_FREE_REQUESTED}, // a request and its completion in one entry (MemoryViz's)
+        {"user_defined", TR_ANNOTATION}, // an annotation (record_function's), as some torch wrote
+        {"free", TR_FREE_REQUESTED},     // a request and its completion in one entry (MemoryViz's)
         {"fre", TR_OTHER},
         {"freed", TR_OTHER},
         {"free_", TR_OTHER},
@@ -1534,6 +1535,9 @@ TEST_F(Replay, ActionNamesAreReadWholly) {
         {"snap", TR_OTHER},
         {"s", TR_OTHER},
         {"oo", TR_OTHER},
+        {"user_define", TR_OTHER},
+        {"user_definedx", TR_OTHER},
+        {"u", TR_OTHER},
         {"", TR_OTHER},
         {"resize", TR_OTHER}};
     sp__emit_t e;
