@@ -24,6 +24,7 @@
 
 #include "core/core.h"
 #include "core/core_lock.h"
+#include "core/gap_array.h"
 #include "pool/block.h"
 #include "pool/block_set.h"
 #include "pool/device/device.h"
@@ -116,18 +117,16 @@ typedef struct sp_devalloc {
     /* Blocks registered in thread caches (thread_cache.h; at most 16384 a thread) (lock). In
      * the padding after gc_enabled: the struct's size is in every &sp__g.devs[i]. */
     uint32_t tc_blocks;
-    sp_dev_stats_t stats;        /* (lock) */
-    sp_mempool_t *default_pool;  /* {0,0} (const) */
-    sp_mempool_t *pools;         /* user and symmetric pools in creation order (lock) */
-    sp_mempool_t *pools_tail;    /* (lock) */
-    sp_ptr_map_t map;            /* allocated blocks by start address (lock) */
-    struct sp_segidx_ent *segs;  /* segments by base address, and tombstones (segment_index.c) */
-    uint32_t nsegs;              /* entries of segs, tombstones included (lock) */
-    uint32_t cap_segs;           /* (lock) */
-    uint32_t dead_segs;          /* tombstones among them (lock) */
-    uint32_t use_blocks;         /* allocated blocks with a uses list (lock) */
-    struct sp_evq_set *evqs;     /* per-stream event FIFOs, and their index (release.c) (lock) */
-    size_t pending_events;       /* entries in all evqs (lock) */
+    sp_dev_stats_t stats;       /* (lock) */
+    sp_mempool_t *default_pool; /* {0,0} (const) */
+    sp_mempool_t *pools;        /* user and symmetric pools in creation order (lock) */
+    sp_mempool_t *pools_tail;   /* (lock) */
+    sp_ptr_map_t map;           /* allocated blocks by start address (lock) */
+    sp_gap_array_t segs;     /* {base, segment} by base, and tombstones (segment_index.c) (lock) */
+    uint32_t dead_segs;      /* tombstones among them (lock) */
+    uint32_t use_blocks;     /* allocated blocks with a uses list (lock) */
+    struct sp_evq_set *evqs; /* per-stream event FIFOs, and their index (release.c) (lock) */
+    size_t pending_events;   /* entries in all evqs (lock) */
     struct sp_block_slab *slabs; /* where every block and segment struct lives (lock) */
     struct sp_block_slab *kept;  /* unused slabs earlier allocators of this device left (lock) */
     sp_block_t *slab_next;       /* the newest slab's first never-used struct (lock) */
