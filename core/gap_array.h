@@ -37,6 +37,11 @@ typedef struct sp_gap_array {
     uint32_t n;      /* entries */
     uint32_t cap;    /* room at e */
     uint32_t gap;    /* the logical index the free room sits before (0..n) */
+    /* Entries whose val is 0 (an owner's tombstones), as the owner counts them; 0 after
+     * sp__gap_drop_zero_vals. Here rather than beside the array in the owner's struct: this
+     * struct's padding would take the word anyway (a device allocator's struct keeps its size,
+     * which every &sp__g.devs[i] multiplies by). */
+    uint32_t zeros;
 } sp_gap_array_t;
 
 /* Logical entry i (i < n). */
@@ -128,6 +133,7 @@ static inline void sp__gap_drop_zero_vals(sp_gap_array_t *a) {
             a->e[k++] = a->e[i];
     a->n = k;
     a->gap = k;
+    a->zeros = 0;
 }
 
 static inline void sp__gap_free(sp_gap_array_t *a) {

@@ -51,7 +51,6 @@ static uint32_t lower(const sp_devalloc_t *d, uintptr_t addr) {
 
 static void sweep(sp_devalloc_t *d) {
     sp__gap_drop_zero_vals(&d->segs);
-    d->dead_segs = 0;
 }
 
 sp_status_t sp__segidx_insert(sp_devalloc_t *d, sp_segment_t *seg) {
@@ -64,7 +63,7 @@ sp_status_t sp__segidx_insert(sp_devalloc_t *d, sp_segment_t *seg) {
         covered++;
     }
     if (covered == 0) {
-        if (d->segs.n == d->segs.cap && d->dead_segs) {
+        if (d->segs.n == d->segs.cap && d->segs.zeros) {
             sweep(d); /* room without growing; i moves with the sweep */
             i = lower(d, seg->base);
         }
@@ -74,7 +73,7 @@ sp_status_t sp__segidx_insert(sp_devalloc_t *d, sp_segment_t *seg) {
     }
     if (covered > 1)
         sp__gap_remove(&d->segs, i + 1, covered - 1);
-    d->dead_segs -= covered;
+    d->segs.zeros -= covered;
     sp_gap_ent_t *e = sp__gap_at(&d->segs, i);
     e->key = seg->base;
     e->val = (uintptr_t)seg;
@@ -86,8 +85,8 @@ void sp__segidx_remove(sp_devalloc_t *d, sp_segment_t *seg) {
     if (i == 0 || seg_at(d, i - 1) != seg)
         return;
     sp__gap_at(&d->segs, i - 1)->val = 0;
-    d->dead_segs++;
-    if (d->dead_segs >= SEGIDX_MIN_SWEEP && d->dead_segs > d->segs.n - d->dead_segs)
+    d->segs.zeros++;
+    if (d->segs.zeros >= SEGIDX_MIN_SWEEP && d->segs.zeros > d->segs.n - d->segs.zeros)
         sweep(d);
 }
 
