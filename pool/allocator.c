@@ -332,12 +332,14 @@ static inline bool should_split(const sp_bpool_t *bp, const sp_block_t *b, size_
  * other two are sp_malloc's malloc_hit (hist false, in_set true), whose caller checked that
  * nothing they leave out applies, so the branches that call out (a new slab, a tree re-insert,
  * pointer-map growth) and those that cannot apply (expandable, oversize) are left out at compile
- * time: HIT_SPLIT (hit_is_plain) splits b, HIT_WHOLE (hit_is_whole) hands b out whole. */
-enum { HIT_ANY, HIT_SPLIT, HIT_WHOLE };
+ * time: HIT_SPLIT (hit_is_plain) splits b, HIT_WHOLE (hit_is_whole) hands b out whole, HIT_MOVE
+ * (hit_splits) splits b as HIT_SPLIT does and then moves the remainder where it sorts when it
+ * fell below its predecessor (the whole body's test and move, without the rest of it). */
+enum { HIT_ANY, HIT_SPLIT, HIT_WHOLE, HIT_MOVE };
 static inline __attribute__((always_inline)) sp_block_t *
 hand_out(sp_devalloc_t *d, sp_block_t *b, bool in_set, sp_block_t *pred, size_t size, size_t orig,
          uint32_t context, bool hist, int form) {
-    bool fast = form != HIT_ANY, split = form == HIT_SPLIT;
+    bool fast = form != HIT_ANY, split = form == HIT_SPLIT || form == HIT_MOVE;
     sp_segment_t *seg = sp__bseg(b);
     sp_bpool_t *bp = seg->bpool;
     sp_dev_stats_t *st = &d->stats;
@@ -371,7 +373,7 @@ hand_out(sp_devalloc_t *d, sp_block_t *b, bool in_set, sp_block_t *pred, size_t 
             b->addr = b_addr + size;
             b->size = b_size - size;
             b->gc_count = bp->gfb_count;
-            if (!fast && pred && !sp__bset_less(&bp->free, pred, b))
+            if ((!fast || form == HIT_MOVE) && pred && !sp__bset_less(&bp->free, pred, b))
                 sp__bset_move(&bp->free, b);
             rem = b;
             b = a;
@@ -671,8 +673,10 @@ static inline bool mergeable(sp_ref_t r) {
  * branches that call out (tree remove, context release, SYMPOOL_NO_CACHING's release) are left
  * out at compile time: FREE_ONE (free_is_plain) merges with exactly one free neighbour, the lower
  * one when `low`, which keeps its tree node; FREE_ALONE (free_is_alone) has no free neighbour,
- * so b itself enters the set (the one call left, which the whole path makes too). */
-enum { FREE_ANY, FREE_ONE, FREE_ALONE };
+ * so b itself enters the set (the one call left, which the whole path makes too); FREE_MERGE
+ * (free_merges) merges with one free neighbour or both, with the whole body's tree work (the
+ * higher neighbour's removal, the kept block's move) and without the rest of it. */
+enum { FREE_ANY, FREE_ONE, FREE_ALONE, FREE_MERGE };
 static inline __attribute__((always_inline)) void
 free_block(sp_devalloc_t *d, sp_block_t *b, bool low, uint32_t free_ctx, bool hist, int form) {
     bool fast = form != FREE_ANY;
@@ -698,7 +702,7 @@ free_block(sp_devalloc_t *d, sp_block_t *b, bool low, uint32_t free_ctx, bool hi
         net_bytes -= (int64_t)p->size;
         p->size += orig_size;
         sp_ref_t after = nr;
-        if (!fast && mn) {
+        if ((!fast || form == FREE_MERGE) && mn) {
             sp__bset_remove(set, n);
             net_n--;
             net_bytes -= (int64_t)n->size;
@@ -749,7 +753,7 @@ free_block(sp_devalloc_t *d, sp_block_t *b, bool low, uint32_t free_ctx, bool hi
     } else if (!fast && keep == b) {
         b->context = 0; /* a free block holds no context; ctx is released below */
         sp__bset_insert(set, b);
-    } else if (!fast) {
+    } else if (!fast || form == FREE_MERGE) {
         sp_block_t *succ = sp__bset_succ(set, keep);
         if (succ && !sp__bset_less(set, keep, succ))
             sp__bset_move(set, keep);
@@ -758,8 +762,10 @@ free_block(sp_devalloc_t *d, sp_block_t *b, bool low, uint32_t free_ctx, bool hi
     if (SP_UNLIKELY(hist))
         sp__history_record(d->device, SP_TRACE_FREE_COMPLETED, orig_addr, req,
                            (uintptr_t)sp__block_stream(b), bp->pool->id, free_ctx ? free_ctx : ctx);
-    if (form == FREE_ONE)
-        spare_push(d, b); /* no context (free_is_plain) */
+    if (form == FREE_MERGE && mp && mn)
+        spare_push(d, n); /* the whole path's recycle order: n, then b */
+    if (form == FREE_ONE || form == FREE_MERGE)
+        spare_push(d, b); /* no context (free_is_plain, free_merges) */
     if (fast)
         return;
     if (mp && mn)
@@ -1114,6 +1120,19 @@ static inline bool hit_is_plain(const sp_devalloc_t *d, const sp_bpool_t *bp, co
            (!pred || sp__block_stream(pred) != sp__block_stream(b) || pred->size < rest);
 }
 
+/* Can a cache hit on b that is neither plain nor whole take hand_out's HIT_MOVE form? Those are
+ * hit_is_plain's conditions but the remainder's place and the idle struct: an ordinary block
+ * that splits, with room in the pointer map. A miss path's hits are mostly these: a large block
+ * cut for a request well below it leaves a remainder smaller than the blocks below it. */
+static inline bool hit_splits(const sp_devalloc_t *d, const sp_bpool_t *bp, const sp_block_t *b,
+                              size_t size) {
+    assert(!bp->pool->no_split && !sp__bseg(b)->expandable && !sp__exp_pool(bp->pool));
+    size_t rest = b->size - size;
+    return (bp->is_small ? rest >= SP_MIN_BLOCK_SIZE
+                         : b->size < sp__g.conf.max_split_size && rest > SP_SMALL_SIZE) &&
+           sp__ptr_map_room(&d->map);
+}
+
 /* Can a cache hit on b that is not plain take hand_out's HIT_WHOLE form? That form is the
  * commonest hit after the plain one: an ordinary block (not oversize: hit_is_plain's reasoning)
  * too close to the size to split, so should_split says no and b leaves the set whole, with room
@@ -1150,13 +1169,16 @@ static __attribute__((noinline)) sp_status_t malloc_rest(sp_devalloc_t *d, sp_me
             sp__unlock(&d->lock);
             return SP_SUCCESS;
         }
-        /* A plain split but for the idle struct: the whole path's block_take would take the
-         * slab's next one (a fresh allocator has none idle, so this is every split until frees
-         * give some back). Taken here onto the idle list, it is the one HIT_SPLIT pops. */
-        if (sp__block_stream(b) == stream && !d->spare && d->slab_left &&
-            hit_is_plain(d, bp, b, pred, size, true)) {
-            spare_push(d, slab_take(d));
-            b = hand_out(d, b, true, pred, size, orig, 0, false, HIT_SPLIT);
+        /* A split that is not plain: its remainder sorts below its predecessor (the whole
+         * path's move, without that path's second lookup of b), or there is no idle struct.
+         * Then the whole path's block_take would take the slab's next one (a fresh allocator
+         * has none idle, so this is every split until frees give some back). Taken here onto the
+         * idle list, it is the one HIT_MOVE pops. */
+        if (sp__block_stream(b) == stream && (d->spare || d->slab_left) &&
+            hit_splits(d, bp, b, size)) {
+            if (!d->spare)
+                spare_push(d, slab_take(d));
+            b = hand_out(d, b, true, pred, size, orig, 0, false, HIT_MOVE);
             *ptr_p = (void *)b->addr;
             sp__unlock(&d->lock);
             return SP_SUCCESS;
@@ -1518,6 +1540,14 @@ static inline bool free_is_alone(const sp_block_t *b) {
     return !b->uses && !b->context && !mergeable(b->prev) && !mergeable(b->next);
 }
 
+/* Can the free of allocated block b, which free_is_plain and free_is_alone refused, take
+ * free_block's FREE_MERGE form? No recorded streams and no history context: what is left is a
+ * merge with both neighbours, or with one when the merged block no longer sorts below its
+ * successor (a move). */
+static inline bool free_merges(const sp_block_t *b) {
+    return !b->uses && !b->context;
+}
+
 /* free_locked for free_hit's blocks that are not plain: the lock is held and history is off.
  * The next commonest free (free_is_alone) takes its form here, out of line: tried inline in
  * free_hit beside the plain free, a second call there made the compiler save more registers
@@ -1526,6 +1556,8 @@ static __attribute__((noinline)) void free_rest(sp_devalloc_t *d, sp_ref_t *pp) 
     sp_block_t *b = sp__blk(*pp);
     if (free_is_alone(b))
         free_locked(d, sp__ptr_map_unlink_b(&d->map, pp, b), false, 0, false, FREE_ALONE);
+    else if (free_merges(b)) /* b's struct goes to the idle list, which sets its hnext */
+        free_locked(d, sp__ptr_map_unlink_reused(&d->map, pp, b), false, 0, false, FREE_MERGE);
     else
         free_locked(d, sp__ptr_map_unlink_b(&d->map, pp, b), false, 0, false, FREE_ANY);
     sp__unlock(&d->lock);

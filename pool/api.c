@@ -89,7 +89,7 @@ static void dev_fini(sp_devalloc_t *d) {
     sp__block_slabs_free(d);
     sp__ptr_map_fini(&d->map);
     sp__alloc_events_fini(d);
-    free(d->segs);
+    sp__gap_free(&d->segs);
 }
 
 /* The cap of a fraction in [0, 1] of the device (d->lock, or d not yet shared): one place for

@@ -5,13 +5,15 @@
  * protocol is built on are in sym_primitives.c.
  *
  * The index is an array of {base, segment} sorted by base (binary search over the bases, no
- * pointer followed). A removal leaves a tombstone (segment NULL, its base kept), so that a
- * sp_empty_cache that gives back n segments costs O(n), not O(n^2) shifts of the array; the
- * tombstones are swept out in one pass once they outnumber the segments (amortized O(1) a
- * removal). One invariant makes a tombstone as good as a gap: none lies inside a live segment's
- * range (an insert drops those its new segment covers), so the entry at or below an address,
- * if a tombstone, says that no segment holds the address. Every function here either runs with
- * the device lock held (sp__segidx_*) or takes device locks itself, in device order.
+ * pointer followed), kept with its free room where the last change was (core/gap_array.h: new
+ * segments mostly sort beside the last new one, so an insert moves few entries or none). A
+ * removal leaves a tombstone (segment 0, its base kept), so that a sp_empty_cache that gives
+ * back n segments costs O(n), not O(n^2) shifts of the array; the tombstones are swept out in
+ * one pass once they outnumber the segments (amortized O(1) a removal). One invariant makes a
+ * tombstone as good as a gap: none lies inside a live segment's range (an insert drops those
+ * its new segment covers), so the entry at or below an address, if a tombstone, says that no
+ * segment holds the address. Every function here either runs with the device lock held
+ * (sp__segidx_*) or takes device locks itself, in device order.
  */
 #include <assert.h>
 #include <stdlib.h>
@@ -24,98 +26,79 @@
 
 /* ---- the address index ------------------------------------------------------------------- */
 
-struct sp_segidx_ent {
-    uintptr_t base;
-    sp_segment_t *seg; /* NULL: a tombstone */
-};
-
 /* Fewer tombstones than this are never swept (a sweep is a pass over the array). */
 #define SEGIDX_MIN_SWEEP 64
 
-/* First index whose base is > addr. Branch-free: the range halves by a conditional move, so a
- * search costs no mispredictions (sp_empty_cache's removals look up a first live entry that
- * moves along the tombstones; a compare and branch guessed wrong at about every level). */
+/* Entry i's segment, NULL for a tombstone. */
+static inline sp_segment_t *seg_at(const sp_devalloc_t *d, uint32_t i) {
+    return (sp_segment_t *)(uintptr_t)sp__gap_at(&d->segs, i)->val;
+}
+
+/* First index whose base is > addr (branch-free in each run: sp_empty_cache's removals look up
+ * a first live entry that moves along the tombstones, where a compare and branch guessed wrong at
+ * about every level). */
 static uint32_t upper(const sp_devalloc_t *d, uintptr_t addr) {
-    uint32_t n = d->nsegs;
-    if (n == 0)
-        return 0;
-    const struct sp_segidx_ent *b = d->segs; /* the answer is in [b, b + n] */
-    while (n > 1) {
-        uint32_t half = n / 2;
-        b = b[half].base <= addr ? b + half : b;
-        n -= half;
-    }
-    return (uint32_t)(b - d->segs) + (b->base <= addr);
+    return sp__gap_upper(&d->segs, addr);
 }
 
 /* First index whose base is >= addr. */
 static uint32_t lower(const sp_devalloc_t *d, uintptr_t addr) {
-    uint32_t n = d->nsegs;
-    if (n == 0 || d->segs[n - 1].base < addr)
-        return n; /* segments mostly come in address order: the end, without the search */
-    return addr == 0 ? 0 : upper(d, addr - 1);
+    uint32_t n = d->segs.n;
+    if (n == 0 || sp__gap_at(&d->segs, n - 1)->key < addr)
+        return n; /* segments often come in address order: the end, without the search */
+    return sp__gap_lower(&d->segs, addr);
 }
 
 static void sweep(sp_devalloc_t *d) {
-    uint32_t k = 0;
-    for (uint32_t i = 0; i < d->nsegs; i++)
-        if (d->segs[i].seg)
-            d->segs[k++] = d->segs[i];
-    d->nsegs = k;
-    d->dead_segs = 0;
+    sp__gap_drop_zero_vals(&d->segs);
 }
 
 sp_status_t sp__segidx_insert(sp_devalloc_t *d, sp_segment_t *seg) {
     uint32_t i = lower(d, seg->base), covered = 0;
     /* Entries from i on with a base inside the new range can only be tombstones (segments do
      * not overlap): the first is overwritten, the rest dropped. */
-    while (i + covered < d->nsegs && d->segs[i + covered].base - seg->base < seg->size) {
-        assert(d->segs[i + covered].seg == NULL);
+    while (i + covered < d->segs.n &&
+           sp__gap_at(&d->segs, i + covered)->key - seg->base < seg->size) {
+        assert(seg_at(d, i + covered) == NULL);
         covered++;
     }
-    if (covered == 0 && d->nsegs == d->cap_segs) {
-        if (d->dead_segs) {
+    if (covered == 0) {
+        if (d->segs.n == d->segs.cap && d->segs.zeros) {
             sweep(d); /* room without growing; i moves with the sweep */
             i = lower(d, seg->base);
-        } else {
-            uint32_t cap = d->cap_segs ? d->cap_segs * 2 : 64;
-            struct sp_segidx_ent *n =
-                cap > d->cap_segs ? realloc(d->segs, (size_t)cap * sizeof(*n)) : NULL;
-            if (!n)
-                return SP_ERR_SYSTEM;
-            d->segs = n;
-            d->cap_segs = cap;
         }
+        if (!sp__gap_insert(&d->segs, i, seg->base, (uintptr_t)seg))
+            return SP_ERR_SYSTEM;
+        return SP_SUCCESS;
     }
-    if (covered == 0) {
-        memmove(&d->segs[i + 1], &d->segs[i], (size_t)(d->nsegs - i) * sizeof(*d->segs));
-        d->nsegs++;
-    } else if (covered > 1) {
-        memmove(&d->segs[i + 1], &d->segs[i + covered],
-                (size_t)(d->nsegs - i - covered) * sizeof(*d->segs));
-        d->nsegs -= covered - 1;
-    }
-    d->dead_segs -= covered;
-    d->segs[i] = (struct sp_segidx_ent){.base = seg->base, .seg = seg};
+    if (covered > 1)
+        sp__gap_remove(&d->segs, i + 1, covered - 1);
+    d->segs.zeros -= covered;
+    sp_gap_ent_t *e = sp__gap_at(&d->segs, i);
+    e->key = seg->base;
+    e->val = (uintptr_t)seg;
     return SP_SUCCESS;
 }
 
 void sp__segidx_remove(sp_devalloc_t *d, sp_segment_t *seg) {
     uint32_t i = upper(d, seg->base);
-    if (i == 0 || d->segs[i - 1].seg != seg)
+    if (i == 0 || seg_at(d, i - 1) != seg)
         return;
-    d->segs[i - 1].seg = NULL;
-    d->dead_segs++;
-    if (d->dead_segs >= SEGIDX_MIN_SWEEP && d->dead_segs > d->nsegs - d->dead_segs)
+    sp__gap_at(&d->segs, i - 1)->val = 0;
+    d->segs.zeros++;
+    if (d->segs.zeros >= SEGIDX_MIN_SWEEP && d->segs.zeros > d->segs.n - d->segs.zeros)
         sweep(d);
 }
 
 bool sp__segidx_overlaps(const sp_devalloc_t *d, uintptr_t base, size_t size) {
-    uint32_t i = upper(d, base); /* segs[i] is the first entry starting after base */
-    if (i > 0 && d->segs[i - 1].seg && base - d->segs[i - 1].base < d->segs[i - 1].seg->size)
-        return true;
-    for (; i < d->nsegs && d->segs[i].base - base < size; i++)
-        if (d->segs[i].seg)
+    uint32_t i = upper(d, base); /* entry i is the first starting after base */
+    if (i > 0) {
+        const sp_segment_t *s = seg_at(d, i - 1);
+        if (s && base - s->base < s->size)
+            return true;
+    }
+    for (; i < d->segs.n && sp__gap_at(&d->segs, i)->key - base < size; i++)
+        if (seg_at(d, i))
             return true;
     return false;
 }
@@ -124,7 +107,7 @@ sp_segment_t *sp__segidx_find(const sp_devalloc_t *d, uintptr_t addr) {
     uint32_t i = upper(d, addr);
     if (i == 0)
         return NULL;
-    sp_segment_t *s = d->segs[i - 1].seg;
+    sp_segment_t *s = seg_at(d, i - 1);
     return s && addr - s->base < s->size ? s : NULL;
 }
 
@@ -328,8 +311,8 @@ sp_status_t sp__pool_walk(int device, const sp_mempool_t *pool, sp_segment_visit
         if (device >= 0 && i != device)
             continue;
         sp_devalloc_t *d = &sp__g.devs[i];
-        for (uint32_t k = 0; k < d->nsegs && s == SP_SUCCESS; k++) {
-            sp_segment_t *seg = d->segs[k].seg;
+        for (uint32_t k = 0; k < d->segs.n && s == SP_SUCCESS; k++) {
+            sp_segment_t *seg = seg_at(d, k);
             if (!seg || (pool && seg->bpool->pool != pool))
                 continue;
             s = visit_segment(d, seg, visit, arg, &buf, &cap);

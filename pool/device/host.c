@@ -53,6 +53,7 @@
 #include <unistd.h>
 
 #include "core/core.h"
+#include "core/gap_array.h"
 #include "pool/device/device.h"
 
 /* Placements that may wait at once on a device (one event made at most a few segments). */
@@ -198,10 +199,11 @@ typedef struct host_arena {
         size_t size;
         uint64_t offset;
     } wait[SP_HOST_PLACE_WAIT];
-    int nwait;                  /* mu */
-    uintptr_t *pstart;          /* live placed ranges' starts, ascending; mu */
-    size_t *psize;              /* their sizes; mu */
-    size_t nplaced, cap_placed; /* mu */
+    int nwait; /* mu */
+    /* Live placed ranges: {start, size} by start, kept with their free room where the last
+     * change was (core/gap_array.h: a replay's new segments mostly sort beside the last new
+     * one); mu */
+    sp_gap_array_t placed;
 } host_arena_t;
 
 typedef struct host_dev {
@@ -347,8 +349,7 @@ static void arena_fini(host_arena_t *a) {
     phash_free(&a->free_top);
     free(a->naddr);
     free(a->nnext);
-    free(a->pstart);
-    free(a->psize);
+    sp__gap_free(&a->placed);
     memset(a, 0, sizeof(*a));
 }
 
@@ -364,16 +365,8 @@ static bool place_owns(const host_arena_t *a, uintptr_t p) {
 }
 
 /* The index of the first live placed range that starts at or after p. */
-static size_t placed_lower(const host_arena_t *a, uintptr_t p) {
-    size_t lo = 0, hi = a->nplaced;
-    while (lo < hi) {
-        size_t mid = lo + (hi - lo) / 2;
-        if (a->pstart[mid] < p)
-            lo = mid + 1;
-        else
-            hi = mid;
-    }
-    return lo;
+static uint32_t placed_lower(const host_arena_t *a, uintptr_t p) {
+    return sp__gap_lower(&a->placed, p);
 }
 
 /* The oldest placement waiting for `size` bytes, taken off the queue: its address, now a live
@@ -392,38 +385,22 @@ static uintptr_t place_take(host_arena_t *a, size_t size) {
     if (off > end - lo || size > end - lo - off)
         return 0;
     uintptr_t p = lo + (uintptr_t)off;
-    size_t k = placed_lower(a, p);
-    if ((k < a->nplaced && a->pstart[k] - p < size) ||
-        (k > 0 && a->pstart[k - 1] + a->psize[k - 1] > p))
+    uint32_t k = placed_lower(a, p);
+    const sp_gap_array_t *pl = &a->placed;
+    if ((k < pl->n && sp__gap_at(pl, k)->key - p < size) ||
+        (k > 0 && sp__gap_at(pl, k - 1)->key + sp__gap_at(pl, k - 1)->val > p))
         return 0;
-    if (a->nplaced == a->cap_placed) {
-        size_t ncap = a->cap_placed ? a->cap_placed * 2 : 64;
-        uintptr_t *ns = realloc(a->pstart, ncap * sizeof(*ns));
-        if (ns != NULL)
-            a->pstart = ns;
-        size_t *nz = ns != NULL ? realloc(a->psize, ncap * sizeof(*nz)) : NULL;
-        if (nz != NULL)
-            a->psize = nz;
-        if (ns == NULL || nz == NULL)
-            return 0; /* no room to remember it: carved as before */
-        a->cap_placed = ncap;
-    }
-    memmove(&a->pstart[k + 1], &a->pstart[k], (a->nplaced - k) * sizeof(a->pstart[0]));
-    memmove(&a->psize[k + 1], &a->psize[k], (a->nplaced - k) * sizeof(a->psize[0]));
-    a->pstart[k] = p;
-    a->psize[k] = size;
-    a->nplaced++;
+    if (!sp__gap_insert(&a->placed, k, p, size))
+        return 0; /* no room to remember it: carved as before */
     return p;
 }
 
 /* A live placed range is freed (dev->mu held). */
 static void place_drop(host_arena_t *a, uintptr_t p) {
-    size_t k = placed_lower(a, p);
-    if (k == a->nplaced || a->pstart[k] != p)
+    uint32_t k = placed_lower(a, p);
+    if (k == a->placed.n || sp__gap_at(&a->placed, k)->key != p)
         return;
-    memmove(&a->pstart[k], &a->pstart[k + 1], (a->nplaced - k - 1) * sizeof(a->pstart[0]));
-    memmove(&a->psize[k], &a->psize[k + 1], (a->nplaced - k - 1) * sizeof(a->psize[0]));
-    a->nplaced--;
+    sp__gap_remove(&a->placed, k, 1);
 }
 
 /* A range the arena handed out comes back (dev->mu held). */
