@@ -57,6 +57,17 @@ static void set_active(int on) {
 }
 /* 1 while trace entries are kept (enabled=ALL); atomic stores under g.lock, relaxed loads. */
 static int g_keep_actions = 0;
+/* sp_x_history_stamp's time for new entries, < 0 for the clock: relaxed atomic stores and loads
+ * (a replay sets it before each event; the load is under g.lock, so each entry takes one value). */
+static int64_t g_stamp = -1;
+
+/* One annotation as held (sp__annotation_t's, its time a tick unless stamped). */
+typedef struct annot {
+    int device;
+    bool stamped; /* time is microseconds (sp_x_history_stamp), not a tick */
+    uint64_t time;
+    char *stage, *name; /* owned */
+} annot_t;
 
 typedef struct ring {
     sp__trace_entry_t *buf; /* entries; `len` valid (g.lock) */
@@ -121,10 +132,15 @@ static struct {
     uint32_t nmeta_gone;          /* META_GONE slots (g.lock) */
     uint32_t *meta_cur;           /* per device: the id new entries get, 0 = "" (g.lock) */
     int nmeta_cur;                /* entries in meta_cur (g.lock) */
+    annot_t *annots;              /* external annotations: a ring of capacity cap as the trace
+                                     rings, one for all devices as PyTorch's (g.lock) */
+    size_t nannots, annots_alloc; /* held / slots allocated (g.lock) */
+    size_t annot_head;            /* the oldest's slot once full; 0 before (g.lock) */
 } g = {.lock = PTHREAD_MUTEX_INITIALIZER};
 
 static void meta_ref_locked(uint32_t id);
 static void meta_unref_locked(uint32_t id);
+static void annots_clear_locked(void);
 
 static const char *const action_names[] = {"alloc",         "free_requested", "free_completed",
                                            "segment_alloc", "segment_free",   "segment_map",
@@ -624,7 +640,19 @@ void sp__history_record(int device, sp_trace_action_t action, uintptr_t addr, si
         now = r->last_ticks;
     r->last_ticks = now;
     uint32_t meta = device < g.nmeta_cur ? g.meta_cur[device] : 0;
-    sp__trace_entry_t e = {action, addr, size, stream, pool, (int64_t)now, 0, meta};
+    sp__trace_entry_t e = {.action = action,
+                           .addr = addr,
+                           .size = size,
+                           .stream = stream,
+                           .pool = pool,
+                           .time_us = (int64_t)now,
+                           .meta = meta};
+    /* A given time is the entry's as it is (a replay's recorded times: its own order). */
+    int64_t stamp = __atomic_load_n(&g_stamp, __ATOMIC_RELAXED);
+    if (stamp >= 0) {
+        e.time_us = stamp;
+        e.stamped = true;
+    }
     /* PyTorch keeps frames on trace entries only from context "alloc" up. */
     if (context != 0 && g.context >= SP_CONTEXT_ALLOC) {
         context_t *c = ctx_get(context);
@@ -695,7 +723,8 @@ sp_status_t sp__history_copy(int device, sp__trace_entry_t **entries_p, size_t *
         else
             out[i].context = 0;
         meta_ref_locked(out[i].meta);
-        out[i].time_us = sp__tick_us(&map, (uint64_t)out[i].time_us);
+        if (!out[i].stamped)
+            out[i].time_us = sp__tick_us(&map, (uint64_t)out[i].time_us);
     }
     pthread_mutex_unlock(&g.lock);
     *entries_p = out;
@@ -791,6 +820,7 @@ SP_EXPORT sp_status_t sp_record_memory_history(const sp_history_params_t *params
         __atomic_store_n(&g_keep_actions, 0, __ATOMIC_RELAXED);
         for (int d = 0; d < g.nrings; d++)
             ring_clear_locked(&g.rings[d]);
+        annots_clear_locked();
         g.enabled = SP_HISTORY_OFF;
         __atomic_store_n(&g.context, SP_CONTEXT_NONE, __ATOMIC_RELAXED);
         pthread_mutex_unlock(&g.lock);
@@ -821,6 +851,9 @@ SP_EXPORT sp_status_t sp_record_memory_history(const sp_history_params_t *params
         }
     }
     g.cap = cap;
+    /* PyTorch's recordHistory clears its annotations on every call (after setting their
+     * bound): on, again with other settings, or for clear_history. */
+    annots_clear_locked();
     g.skip = skip;
     g.enabled = params->enabled;
     g.c_stacks = params->c_stacks;
@@ -1065,6 +1098,143 @@ SP_EXPORT sp_status_t sp_history_get_user_metadata(int device, char *buf, size_t
     return SP_SUCCESS;
 }
 
+/* ---- external annotations (PyTorch's recordAnnotation) ---------------------------------- */
+
+/* Drop every annotation (PyTorch's recordHistory clears its annotation buffer on each call). */
+static void annots_clear_locked(void) {
+    for (size_t i = 0; i < g.nannots; i++) {
+        free(g.annots[i].stage);
+        free(g.annots[i].name);
+    }
+    free(g.annots);
+    g.annots = NULL;
+    g.nannots = g.annots_alloc = g.annot_head = 0;
+}
+
+/* Room for one more annotation while the buffer is not full (g.cap 0: unbounded). */
+static bool annots_room_locked(void) {
+    if (g.nannots < g.annots_alloc)
+        return true;
+    size_t n = g.annots_alloc ? 2 * g.annots_alloc : 64;
+    if (g.cap != 0 && n > g.cap)
+        n = g.cap;
+    annot_t *na = realloc(g.annots, n * sizeof(*na));
+    if (na == NULL)
+        return false;
+    g.annots = na;
+    g.annots_alloc = n;
+    return true;
+}
+
+/* Keep a (its strings taken over): appended, or over the oldest once cap are held. */
+static bool annots_put_locked(annot_t a) {
+    if (g.cap != 0 && g.nannots == g.cap) {
+        annot_t *old = &g.annots[g.annot_head];
+        free(old->stage);
+        free(old->name);
+        *old = a;
+        if (++g.annot_head == g.cap)
+            g.annot_head = 0;
+        return true;
+    }
+    if (!annots_room_locked())
+        return false;
+    g.annots[g.nannots++] = a;
+    return true;
+}
+
+SP_EXPORT sp_status_t sp_history_record_annotation(int device, const char *stage,
+                                                   const char *name) {
+    SP_GATE("sp_history_record_annotation");
+    sp__fork_register(); /* before g.lock: see pool/fork.h */
+    SP_ARG_CHECK(device >= 0 && device < sp_device_count(), SP_SUB_HISTORY,
+                 "sp_history_record_annotation: device %d does not exist (%d device(s))", device,
+                 sp_device_count());
+    SP_ARG_CHECK(stage != NULL && name != NULL, SP_SUB_HISTORY,
+                 "sp_history_record_annotation: stage or name is NULL");
+    SP_ARG_CHECK(strlen(stage) <= META_MAX && strlen(name) <= META_MAX, SP_SUB_HISTORY,
+                 "sp_history_record_annotation: a text over %u bytes", META_MAX);
+    /* PyTorch records annotations only while history is recorded; off, the call is silent. */
+    if (!sp__history_on())
+        return SP_SUCCESS;
+    uint64_t now = sp__ticks(); /* mapped to microseconds by sp__history_annotations */
+    annot_t a = {.device = device, .time = now};
+    int64_t stamp = __atomic_load_n(&g_stamp, __ATOMIC_RELAXED);
+    if (stamp >= 0) {
+        a.time = (uint64_t)stamp;
+        a.stamped = true;
+    }
+    /* Copied before the lock: nothing the allocator waits on is held while allocating. */
+    a.stage = strdup(stage);
+    a.name = strdup(name);
+    bool ok = a.stage != NULL && a.name != NULL;
+    if (ok) {
+        pthread_mutex_lock(&g.lock);
+        /* Recording may have stopped meanwhile: then, as PyTorch, nothing is kept. */
+        ok = g.enabled == SP_HISTORY_OFF || annots_put_locked(a);
+        if (g.enabled == SP_HISTORY_OFF) {
+            free(a.stage);
+            free(a.name);
+        }
+        pthread_mutex_unlock(&g.lock);
+        if (ok)
+            return SP_SUCCESS;
+    }
+    free(a.stage);
+    free(a.name);
+    return sp__error(SP_ERR_SYSTEM, SP_SUB_HISTORY, "out of host memory recording an annotation");
+}
+
+void sp__history_annotations_free(sp__annotation_t *annots, size_t n) {
+    if (annots == NULL)
+        return;
+    for (size_t i = 0; i < n; i++) {
+        free(annots[i].stage);
+        free(annots[i].name);
+    }
+    free(annots);
+}
+
+sp_status_t sp__history_annotations(sp__annotation_t **annots_p, size_t *n_p) {
+    pthread_mutex_lock(&g.lock);
+    size_t n = g.nannots;
+    sp__annotation_t *out = calloc(n ? n : 1, sizeof(*out));
+    bool ok = out != NULL;
+    sp_tick_anchor_t now;
+    sp_tick_map_t map;
+    sp__tick_anchor(&now);
+    sp__tick_map(&g.anchor, &now, &map);
+    /* Oldest first: from the head once the ring is full, else from slot 0 (head is 0). */
+    for (size_t i = 0; ok && i < n; i++) {
+        const annot_t *a = &g.annots[(g.annot_head + i) % n];
+        out[i].device = a->device;
+        out[i].time_us = a->stamped ? (int64_t)a->time : sp__tick_us(&map, a->time);
+        out[i].stage = strdup(a->stage);
+        out[i].name = strdup(a->name);
+        ok = out[i].stage != NULL && out[i].name != NULL;
+    }
+    pthread_mutex_unlock(&g.lock);
+    if (!ok) {
+        sp__history_annotations_free(out, n);
+        return sp__error(SP_ERR_SYSTEM, SP_SUB_HISTORY,
+                         "out of host memory copying %zu annotations", n);
+    }
+    *annots_p = out;
+    *n_p = n;
+    return SP_SUCCESS;
+}
+
+size_t sp__history_annotations_held(void) {
+    pthread_mutex_lock(&g.lock);
+    size_t n = g.nannots;
+    pthread_mutex_unlock(&g.lock);
+    return n;
+}
+
+SP_EXPORT void sp_x_history_stamp(int64_t time_us) {
+    __atomic_store_n(&g_stamp, time_us < 0 ? -1 : time_us, __ATOMIC_RELAXED);
+}
+
 void sp__history_shutdown(void) {
     pthread_mutex_lock(&g.lock);
     /* The rings first: clearing them drops their entries' references to metadata texts, which
@@ -1072,6 +1242,8 @@ void sp__history_shutdown(void) {
      * their NULL). */
     for (int d = 0; d < g.nrings; d++)
         ring_clear_locked(&g.rings[d]);
+    annots_clear_locked();
+    __atomic_store_n(&g_stamp, -1, __ATOMIC_RELAXED);
     for (uint32_t i = 0; i < g.nmeta; i++)
         free(g.meta_text[i]);
     free(g.meta_text);

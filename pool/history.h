@@ -85,6 +85,8 @@ void sp__history_context_frames(uint32_t context, const sp__history_frame_t **fr
 /* One trace entry as stored (PyTorch's TraceEntry). */
 typedef struct sp__trace_entry {
     sp_trace_action_t action; /* what happened */
+    bool stamped;             /* time_us was given (sp_x_history_stamp): microseconds already,
+                                 not a tick for sp__history_copy to map */
     uintptr_t addr;           /* block/segment address; device free bytes for SP_TRACE_OOM */
     size_t size;              /* bytes, per the table above sp__history_record */
     uintptr_t stream;         /* the stream handle as an integer; 0 = default stream */
@@ -115,6 +117,22 @@ int sp__history_device_count(void);
  * segment walk see one state). SP_ERR_SYSTEM when out of host memory. */
 sp_status_t sp__history_copy(int device, sp__trace_entry_t **entries_p, size_t *n_p);
 void sp__history_entries_free(sp__trace_entry_t *entries, size_t n);
+
+/* One external annotation (PyTorch's AnnotationEntry: a record_function scope's start or end),
+ * as a snapshot shows it. Its strings belong to the copy. */
+typedef struct sp__annotation {
+    int device;      /* the device it was recorded for */
+    int64_t time_us; /* microseconds since the Unix epoch */
+    char *stage;     /* "START", "END", ... */
+    char *name;      /* the scope's name */
+} sp__annotation_t;
+
+/* Copy the annotations recorded so far, oldest first, times mapped to microseconds (free with
+ * sp__history_annotations_free). SP_ERR_SYSTEM when out of host memory (nothing to free). */
+sp_status_t sp__history_annotations(sp__annotation_t **annots_p, size_t *n_p);
+void sp__history_annotations_free(sp__annotation_t *annots, size_t n);
+/* Annotations held now (tests: bounded by max_entries, cleared by sp_record_memory_history). */
+size_t sp__history_annotations_held(void);
 
 /* fork() (pool/fork.c): hold history's lock across fork(); release it in the parent and child. */
 void sp__history_fork_lock(void);

@@ -53,6 +53,8 @@ typedef struct collect {
     sp_status_t status;           /* the first failure */
     sp__stream_label_t *labels;   /* streams shown by another value (sp_x_stream_label) */
     size_t nlabels;               /* entries in labels */
+    sp__annotation_t *annots;     /* external annotations, oldest first */
+    size_t nannots;               /* entries in annots */
 } collect_t;
 
 /* The value the snapshot shows for a stream: its label, or its handle. */
@@ -131,6 +133,7 @@ static void collect_free(collect_t *c) {
     free(c->blocks);
     free(c->traces);
     free(c->labels);
+    sp__history_annotations_free(c->annots, c->nannots);
 }
 
 /* ---- writing ---------------------------------------------------------------------------- */
@@ -327,6 +330,17 @@ static void emit_snapshot(sp__emit_t *e, const collect_t *c) {
     emit_settings(e);
     sp__emit_key_static(e, "external_annotations");
     sp__emit_list_begin(e);
+    /* PyTorch writes an annotation's metadata (stage and name, in the order its snapshots show)
+     * and then its device and time. A pool's snapshot has them all, as PyTorch's does. */
+    for (size_t i = 0; i < c->nannots; i++) {
+        const sp__annotation_t *a = &c->annots[i];
+        sp__emit_dict_begin(e);
+        kv_str(e, "stage", a->stage);
+        kv_str(e, "name", a->name);
+        kv_int(e, "device", a->device);
+        kv_int(e, "time_us", a->time_us);
+        sp__emit_dict_end(e);
+    }
     sp__emit_list_end(e);
     sp__emit_dict_end(e);
 }
@@ -377,6 +391,10 @@ static sp_status_t dump_to(const sp_mempool_t *pool, const char *path, sp__atomi
     for (int d = 0; d < c.ndev && !c.failed; d++)
         copy_trace(&c, d);
     if (!c.failed && !sp__history_stream_labels(&c.labels, &c.nlabels)) {
+        c.failed = true;
+        c.status = sp__error(SP_ERR_SYSTEM, SP_SUB_HISTORY, "out of host memory for a snapshot");
+    }
+    if (!c.failed && sp__history_annotations(&c.annots, &c.nannots) != SP_SUCCESS) {
         c.failed = true;
         c.status = sp__error(SP_ERR_SYSTEM, SP_SUB_HISTORY, "out of host memory for a snapshot");
     }

@@ -1001,6 +1001,37 @@ static bool set_meta(int d, const char *text, char *err, size_t errlen) {
     return false;
 }
 
+/* The trace's external annotations into the replay's history, each with its recorded device and
+ * time (sp_x_history_stamp), so that our snapshot lists what the original does. One that is not
+ * PyTorch's {"stage": str, "name": str, "device": int, "time_us": int} on a device of the replay
+ * is left out (said once on stderr): the replay itself never depends on them. */
+static bool record_annotations(const tr_trace_t *t, char *err, size_t errlen) {
+    size_t n = pk_len(t->annotations), skipped = 0;
+    bool ok = true;
+    for (size_t i = 0; ok && i < n; i++) {
+        const pk_value_t *a = pk_at(t->annotations, i);
+        const char *stage = pk_get_str(a, "stage"), *name = pk_get_str(a, "name");
+        int64_t dev = -1, us = -1;
+        if (stage == NULL || name == NULL || !pk_get_int(a, "device", &dev) || dev < 0 ||
+            dev >= t->ndev || !pk_get_int(a, "time_us", &us) || us < 0) {
+            skipped++;
+            continue;
+        }
+        sp_x_history_stamp(us);
+        if (sp_history_record_annotation((int)dev, stage, name) != SP_SUCCESS) {
+            snprintf(err, errlen, "external_annotations[%zu]: %s", i, sp_last_error());
+            ok = false;
+        }
+    }
+    sp_x_history_stamp(-1);
+    if (skipped > 0)
+        fprintf(stderr,
+                "sympool replay: %zu of %zu external_annotations are not PyTorch's {stage, name, "
+                "device, time_us} on a device of the trace: left out of the snapshot\n",
+                skipped, n);
+    return ok;
+}
+
 /* Every step of one device in order. Out of line (and, under GCC, kept whole: no clone under
  * another name) so that the timed loop is a function of its own for profilers:
  * `valgrind --tool=callgrind --toggle-collect=replay_device` counts it alone.
@@ -1021,6 +1052,8 @@ static LOOP_FN bool replay_device(dev_state_t *ds, int d, const tr_device_t *td,
     for (const op_t *o = ds->ops, *oend = ds->ops + ds->nops; ok && o < oend; o++) {
         if (UNLIKELY(with_frames)) {
             fs->frames = ev[o->ev].frames;
+            /* our entries carry the recorded time (0: the trace has none, history's clock) */
+            sp_x_history_stamp(ev[o->ev].time_us > 0 ? ev[o->ev].time_us : -1);
             if (UNLIKELY(o->flags & OPF_META) && !set_meta(d, *meta++, err, errlen)) {
                 ok = false;
                 break;
@@ -1193,7 +1226,8 @@ static bool replay_once(const tr_trace_t *t, const char *snapshot_out, bool last
      * does); it is not part of the recorded run, so the buffer is cleared (OFF keeps the live
      * blocks' stacks) before the trace is recorded. */
     if (ok && snapshot_out != NULL)
-        ok = history(SP_HISTORY_OFF, err, errlen) && history(SP_HISTORY_ALL, err, errlen);
+        ok = history(SP_HISTORY_OFF, err, errlen) && history(SP_HISTORY_ALL, err, errlen) &&
+             record_annotations(t, err, errlen);
     /* The address map's work is done before the clock starts (plan_slots): it is setup, not
      * the cost of an event. */
     for (int d = 0; ok && d < t->ndev; d++)
@@ -1206,6 +1240,8 @@ static bool replay_once(const tr_trace_t *t, const char *snapshot_out, bool last
         ok = replay_device(&ds[d], d, &t->dev[d], &fs, snapshot_out != NULL, r, err, errlen);
     uint64_t t1 = now_ns();
     fs.frames = NULL;
+    if (snapshot_out != NULL)
+        sp_x_history_stamp(-1); /* the snapshot's own entry, and what comes next, take the clock */
     r->events = r->allocs + r->frees;
     r->ns_per_event = r->events ? (double)(t1 - t0) / (double)r->events : 0.0;
     for (int d = 0; d < t->ndev; d++) {

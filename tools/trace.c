@@ -1982,6 +1982,13 @@ static bool within_input(size_t len, size_t items, size_t ndev, size_t nsegments
     return false;
 }
 
+/* The snapshot's external_annotations, kept as the document has them for a replay's snapshot
+ * (read nowhere else: whatever they hold, the trace loads as before). */
+static void read_annotations(const pk_value_t *root, tr_trace_t *t) {
+    const pk_value_t *a = pk_get(root, "external_annotations");
+    t->annotations = a != NULL && a->type == PK_LIST ? a : NULL;
+}
+
 static bool from_doc(pk_doc_t *doc, recs_t *recs, size_t len, tr_trace_t *t, char *err,
                      size_t errlen) {
     memset(t, 0, sizeof(*t));
@@ -2009,6 +2016,7 @@ static bool from_doc(pk_doc_t *doc, recs_t *recs, size_t len, tr_trace_t *t, cha
             return false;
         }
         read_settings(as, &t->settings);
+        read_annotations(t->root, t);
         if (dict_record(recs, as))
             t->settings.recorded = true;
         t->format = t->settings.recorded ? "snapshot with allocator_settings"

@@ -153,6 +153,11 @@ typedef struct tr_trace {
     tr_device_t *dev;       /* per device */
     size_t nsegments;       /* segments in the snapshot */
     tr_event_t *ev_block;   /* the entries the reader handed over (devices' ev point into it) */
+    /* The snapshot's external_annotations list (record_function scopes' starts and ends, each a
+     * dict {"stage", "name", "device", "time_us"}) as the document holds it, unchecked: only a
+     * replay's own snapshot copies it (a load without stacks may hand its dicts over as
+     * records). NULL when absent or not a list. */
+    const pk_value_t *annotations;
 } tr_trace_t;
 
 /* Load a snapshot file (pickle). Fills t; on failure writes a one-line reason and returns

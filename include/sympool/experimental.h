@@ -101,6 +101,14 @@ sp_status_t sp_x_empty_cache_device(int device);
  *  stream that is not the backend's. */
 sp_status_t sp_x_stream_label(sp_stream_t stream, uint64_t label);
 
+/** The time (microseconds since the Unix epoch) that history stamps on every trace entry and
+ *  annotation recorded from now on, on every thread, instead of its clock's; time_us < 0 gives
+ *  the clock back (the default; sp_shutdown resets it). Entries so stamped keep the time given,
+ *  even when it is earlier than the entry before them. `sympool replay --snapshot` stamps each
+ *  replayed event's entries with the recorded event's time, so that its snapshot lines up in time
+ *  with the one it replayed. One relaxed atomic store; costs recording nothing while unset. */
+void sp_x_history_stamp(int64_t time_us);
+
 /** Totals over this process's symmetric pools on `device` (device < 0: all devices). */
 typedef struct sp_x_symmetric_counters {
     int64_t registrations;    /**< segments registered since process start */

@@ -6,8 +6,9 @@
  * (alloc: the request; free_requested/free_completed: the block's requested size;
  * segment_alloc/segment_free: the segment size; oom: the rounded request with the device's free
  * bytes). Snapshots have PyTorch's structure (segments, device_traces, allocator_settings,
- * external_annotations) and open in pytorch.org/memory_viz and torch/cuda/_memory_viz.py.
- * All functions are thread-safe. Recording off costs the allocator one relaxed load per call.
+ * external_annotations: sp_history_record_annotation's) and open in pytorch.org/memory_viz and
+ * torch/cuda/_memory_viz.py. All functions are thread-safe. Recording off costs the allocator one
+ * relaxed load per call.
  */
 #ifndef SYMPOOL_HISTORY_H
 #define SYMPOOL_HISTORY_H
@@ -164,6 +165,23 @@ sp_status_t sp_history_set_user_metadata(int device, const char *metadata);
  * @return SP_SUCCESS, SP_ERR_INVALID_ARGUMENT (no such device; buf NULL with len > 0).
  */
 sp_status_t sp_history_get_user_metadata(int device, char *buf, size_t len, size_t *len_p);
+
+/**
+ * (PyTorch's recordAnnotation, which torch.profiler.record_function's user scopes call at their
+ * start and end while history is recorded) Record one external annotation: @p stage ("START",
+ * "END" or any text) and @p name (the scope's) for @p device, stamped with history's clock (or
+ * the time sp_x_history_stamp set). Snapshots list them, oldest first, in "external_annotations",
+ * each a dict {"stage": str, "name": str, "device": int, "time_us": int} in that key order (the
+ * order PyTorch's own snapshots show). As PyTorch's, annotations are kept only while recording
+ * (STATE or ALL; OFF records nothing and returns SP_SUCCESS), in one buffer for all devices that
+ * holds max_entries of them (STATE: 1; 0: unbounded; the oldest overwritten first), and every
+ * sp_record_memory_history call (on, off, clear_history or a new max_entries) clears them.
+ * skip_actions does not apply to them. Both texts are UTF-8 as in sp_history_frame_t (0xC0 0x80
+ * for U+0000). Thread-safe.
+ * @return SP_SUCCESS, SP_ERR_INVALID_ARGUMENT (no such device; stage or name NULL or over 1 MiB;
+ *         nothing recorded), SP_ERR_SYSTEM (out of host memory; nothing recorded).
+ */
+sp_status_t sp_history_record_annotation(int device, const char *stage, const char *name);
 
 #ifdef __cplusplus
 }

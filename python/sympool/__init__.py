@@ -15,7 +15,8 @@ mpi4py (imported by World(comm) when needed).
 from ._lib import InvalidArgumentError, OutOfMemoryError, SympoolError
 from ._lib import path as library_path
 from .history import (
-    _get_memory_metadata, _record_memory_history, _set_memory_metadata, record_memory_history)
+    _get_memory_metadata, _record_annotation, _record_memory_history, _set_memory_metadata,
+    record_function, record_memory_history)
 from .memory import (
     MemPool, Stream, _dump_snapshot, _snapshot, backend, caching_allocator_alloc,
     caching_allocator_delete, device_count, device_usage, dump_snapshot, empty_cache, free,
@@ -45,7 +46,7 @@ __all__ = [
     "library_path", "malloc",
     "max_memory_allocated", "max_memory_reserved", "mem_get_info", "memory_allocated",
     "memory_reserved", "memory_snapshot", "memory_stats", "memory_summary",
-    "record_memory_history", "record_stream", "reset_accumulated_memory_stats",
+    "record_function", "record_memory_history", "record_stream", "reset_accumulated_memory_stats",
     "reset_peak_memory_stats", "set_per_process_memory_fraction", "snapshot", "stats_keys",
     "use_mem_pool",
 ]

@@ -160,6 +160,7 @@ _PROTOS = {
     "sp_history_python_frames": (_sz, [_P(HistoryFrame), _sz, _vp]),
     "sp_history_python_frames_supported": (ctypes.c_bool, []),
     "sp_history_set_user_metadata": (_st, [_i, _cp]),
+    "sp_history_record_annotation": (_st, [_i, _cp, _cp]),
     "sp_history_get_user_metadata": (_st, [_i, _cp, _sz, _P(_sz)]),
     "sp_stream_create": (_st, [_i, _P(_vp)]),
     "sp_stream_destroy": (_st, [_vp]),

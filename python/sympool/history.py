@@ -121,7 +121,8 @@ _lib_keep = globals().get("_lib_keep", [])  # hooks replaced, never freed (reloa
 
 
 def record_memory_history(enabled="all", context="all", stacks="python", max_entries=sys.maxsize,
-                          device=None, clear_history=False, skip_actions=None):
+                          device=None, clear_history=False, skip_actions=None,
+                          global_record_annotations=False):
     """Start, change or stop recording (torch.cuda.memory._record_memory_history).
 
     enabled: "all" keeps up to max_entries trace entries; "state" keeps what live blocks need and
@@ -130,6 +131,9 @@ def record_memory_history(enabled="all", context="all", stacks="python", max_ent
     frames) or "all" (Python and C frames). device is accepted for torch's signature (recording
     covers every device). clear_history=True drops the trace entries recorded so far.
     skip_actions: action names ("alloc", "free_requested", "segment_free", ...) never stored.
+    Each call clears the external annotations (torch's recordHistory does); while recording,
+    record_function scopes are kept as annotations: every thread's with
+    global_record_annotations=True, else only those of the thread that turned recording on.
     """
     if enabled is True:
         enabled = "all"  # torch's legacy boolean form
@@ -173,6 +177,79 @@ def record_memory_history(enabled="all", context="all", stacks="python", max_ent
     check(lib().sp_record_memory_history(p))
     if not want_hook:
         _install(False)
+    _annotations_follow(enabled, global_record_annotations)
+
+
+# Which threads' record_function scopes are recorded (torch: a record_function callback added when
+# history is turned on, global with global_record_annotations, else the turning-on thread's only,
+# kept until history is turned off): None for every thread, else that thread's ident.
+_annot_lock = threading.Lock()
+_annot_on = False
+_annot_thread = None
+
+
+def _annotations_follow(enabled, global_record_annotations):
+    """torch's setRecordFunctionCallbacks: the first call that turns history on picks the scope
+    (a later one, history still on, keeps it); turning it off drops it."""
+    global _annot_on, _annot_thread
+    with _annot_lock:
+        if enabled is None:
+            _annot_on, _annot_thread = False, None
+        elif not _annot_on:
+            _annot_on = True
+            _annot_thread = None if global_record_annotations else threading.get_ident()
+
+
+def _record_annotation(stage, name, device=None):
+    """torch's recordAnnotation ({"name": name, "stage": stage}): kept in the snapshot's
+    external_annotations with device and time_us while history is recorded (nothing while it is
+    off). Any thread may call it; record_function calls it at a scope's start and end."""
+    if not isinstance(stage, str) or not isinstance(name, str):
+        raise TypeError("stage and name must be str")
+    def enc(t):  # a C string: U+0000 as 0xC0 0x80, as _set_memory_metadata sends it
+        return t.encode(errors="surrogatepass").replace(b"\0", b"\xc0\x80")
+    check(lib().sp_history_record_annotation(_lib.as_device(device), enc(stage), enc(name)))
+
+
+class record_function:
+    """torch.profiler.record_function's user scope, for memory history without torch: entering
+    records {"stage": "START", "name": name}, leaving {"stage": "END", "name": name} as external
+    annotations of device (0 by default), when history is recorded and this thread's scopes are
+    (all threads' when it was turned on with global_record_annotations=True, else only the thread
+    that turned it on, as torch's thread-local callback). With torch, torch's record_function
+    does not reach sympool: use this one. Usable as a decorator too."""
+
+    def __init__(self, name, args=None, device=None):
+        if not isinstance(name, str):
+            raise TypeError(f"name must be a str, not {type(name).__name__}")
+        self.name, self.args, self.device = name, args, device
+        self._recorded = False
+
+    def _wanted(self):
+        return _annot_on and (_annot_thread is None or _annot_thread == threading.get_ident())
+
+    def __enter__(self):
+        self._recorded = self._wanted()
+        if self._recorded:
+            _record_annotation("START", self.name, self.device)
+        return self
+
+    def __exit__(self, *exc):
+        # The END of a scope whose START was recorded (history may have stopped in between: the
+        # library then keeps nothing, as torch's removed callback records nothing).
+        if self._recorded:
+            self._recorded = False
+            _record_annotation("END", self.name, self.device)
+        return False
+
+    def __call__(self, fn):
+        import functools
+
+        @functools.wraps(fn)
+        def wrapped(*a, **kw):
+            with record_function(self.name, self.args, self.device):
+                return fn(*a, **kw)
+        return wrapped
 
 
 def _record_memory_history(enabled="all", *args, **kwargs):
@@ -188,9 +265,11 @@ def _record_memory_history_impl(enabled="all", context="all", stacks="all",
                                 compile_context=False, global_record_annotations=False,
                                 skip_actions=None):
     """torch.cuda.memory._record_memory_history_impl's positional order and defaults (stacks
-    "all"). compile_context and global_record_annotations are accepted and have no effect."""
+    "all"). compile_context is accepted and has no effect; global_record_annotations says which
+    threads' record_function scopes (sympool.history.record_function) are recorded: every
+    thread's, or only this one's (the default, as torch's thread-local callback)."""
     record_memory_history(enabled, context, stacks, max_entries, device, clear_history,
-                          skip_actions)
+                          skip_actions, global_record_annotations)
 
 
 def _record_memory_history_legacy(enabled, record_context=True, trace_alloc_max_entries=1,
@@ -208,7 +287,8 @@ def _record_memory_history_legacy(enabled, record_context=True, trace_alloc_max_
         return
     context = "alloc" if trace_alloc_record_context else "state" if record_context else None
     record_memory_history("all", context, "all" if record_context_cpp else "python",
-                          trace_alloc_max_entries, device, clear_history, skip_actions)
+                          trace_alloc_max_entries, device, clear_history, skip_actions,
+                          global_record_annotations)
 
 
 def _set_memory_metadata(metadata, device=0):

@@ -18,7 +18,8 @@ import threading
 from . import _lib
 from ._lib import as_device, as_ptr, as_size, as_stream, bad_value, c, check, lib
 from ._lib import stats_keys  # noqa: F401  (sympool.stats_keys; world.py uses it too)
-from .history import _record_memory_history, record_memory_history  # noqa: F401 (torch's place)
+from .history import (  # noqa: F401 (torch's place)
+    _record_annotation, _record_memory_history, record_function, record_memory_history)
 from .world import World
 
 _SIZE_MAX = _lib.SIZE_MAX

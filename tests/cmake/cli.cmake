@@ -660,6 +660,12 @@ if(TARGET sympool_cli)
               $<TARGET_FILE:sympool_cli> ${SP_DATA} ${SP_CLI_OUT})
     set_tests_properties(cli.replay_layout PROPERTIES LABELS "unit;cli;python" TIMEOUT 120
       PASS_REGULAR_EXPRESSION "replay-layout: ok")
+    # The replay's snapshot keeps the trace's external_annotations and the recorded times.
+    add_test(NAME cli.replay_annotations
+      COMMAND ${Python3_EXECUTABLE} ${CMAKE_CURRENT_SOURCE_DIR}/cli/replay_annotations.py
+              $<TARGET_FILE:sympool_cli> ${SP_DATA} ${SP_CLI_OUT})
+    set_tests_properties(cli.replay_annotations PROPERTIES LABELS "unit;cli;python" TIMEOUT 120
+      PASS_REGULAR_EXPRESSION "replay-annotations: ok")
   endif()
   add_test(NAME cli.info_trace_missing
     COMMAND $<TARGET_FILE:sympool_cli> info ${SP_DATA}/does-not-exist.pickle)

@@ -216,3 +216,62 @@ def test_record_memory_history_legacy_bool_form(sp):
         assert sp._snapshot()["device_traces"][0] == []
     finally:
         sp._record_memory_history(None)
+
+
+def test_record_function_scopes_are_external_annotations(sp):
+    # torch.profiler.record_function's user scopes, as torch's snapshots list them: stage, name,
+    # device, time_us (the trace entries' clock), oldest first; nothing while recording is off.
+    with sp.record_function("before"):
+        pass
+    sp._record_memory_history("all")
+    with sp.record_function("Optimizer.step"):
+        p = sp.malloc(4096)
+    snap = sp._snapshot()
+    ann = snap["external_annotations"]
+    assert [(a["stage"], a["name"], a["device"]) for a in ann] == [
+        ("START", "Optimizer.step", 0), ("END", "Optimizer.step", 0)]
+    assert all(list(a) == ["stage", "name", "device", "time_us"] for a in ann)
+    alloc = [e for e in snap["device_traces"][0] if e["action"] == "alloc" and e["size"] == 4096]
+    assert ann[0]["time_us"] <= alloc[-1]["time_us"] <= ann[1]["time_us"]
+    sp.free(p)
+    sp._record_memory_history(None)  # off clears them, as torch's recordHistory does
+    assert sp._snapshot()["external_annotations"] == []
+
+
+def test_global_record_annotations_says_which_threads_scopes_count(sp):
+    import threading
+
+    def scope_on_another_thread():
+        def run():
+            with sp.record_function("worker"):
+                pass
+        t = threading.Thread(target=run)
+        t.start()
+        t.join()
+
+    # False (torch's default: a thread-local callback): only the thread that turned it on
+    sp._record_memory_history("all")
+    scope_on_another_thread()
+    with sp.record_function("main"):
+        pass
+    assert [a["name"] for a in sp._snapshot()["external_annotations"]] == ["main", "main"]
+    sp._record_memory_history(None)
+    sp._record_memory_history("all", global_record_annotations=True)
+    scope_on_another_thread()
+    assert [a["name"] for a in sp._snapshot()["external_annotations"]] == ["worker", "worker"]
+
+
+def test_annotations_bounded_by_max_entries_and_decorator(sp):
+    sp._record_memory_history("all", max_entries=3)
+
+    @sp.record_function("step")
+    def step(i):
+        return i
+
+    assert [step(i) for i in range(3)] == [0, 1, 2]
+    ann = sp._snapshot()["external_annotations"]
+    assert [a["stage"] for a in ann] == ["END", "START", "END"]  # the newest 3 of 6
+    with pytest.raises(TypeError):
+        sp.record_function(3)
+    with pytest.raises(sp.InvalidArgumentError):
+        sp.history._record_annotation("START", "x", device=sp.device_count())
