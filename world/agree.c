@@ -45,7 +45,13 @@
  * op, W_* layout below) for the count and the set of failed ranks; every rank sees the same
  * short result, so every rank takes the second round or none does.
  *
- * Locking: s_grave_lock guards the graveyard; the MPI op is created once under s_op_lock.
+ * Host memory: a round never needs the heap to take part. A thread's round buffer (made at its
+ * first round) or a duplicate's cell that malloc refuses is replaced, for that round, by one of
+ * a few static spares, so a rank short of memory still sends its record (its caller's ok flag
+ * then says what failed) instead of leaving its peers to time out.
+ *
+ * Locking: s_grave_lock guards the graveyard; the MPI op is created once under s_op_lock; a
+ * spare is taken and given back with one atomic exchange/store each.
  */
 #include <pthread.h>
 #include <limits.h>

@@ -12,6 +12,10 @@
  * agreement rounds (agree.c) that start every collective call. A round abandoned at a timeout
  * stays pending on agree_comm, so the data path never matches a stale round, and finalize never
  * frees a communicator that still carries one (MPI would progress it on a freed communicator).
+ * A world is broken (sp__world_break) when a collective step on `comm` itself was abandoned at
+ * its deadline (a symmetric pool's MPI_Comm_idup of it that not every rank joined in time): its
+ * collectives are then out of step with the peers' for good, so every later world-level call
+ * (sp__world_check) refuses at once, and sp_world_finalize frees this rank's part without a round.
  *
  * Locking: s_lock guards the hook table, the live-world list and the init bookkeeping;
  * nccl_lock serializes this process's NCCL calls on the world's communicator (NCCL forbids

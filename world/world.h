@@ -232,9 +232,11 @@ int sp__world_device(const sp_world_t *w);
 sp_status_t sp__world_check(const sp_world_t *w, const char *fn);
 /* Marks w broken, `why` saying what happened: a collective step on the world's own communicator
  * was abandoned at its deadline (an MPI_Comm_idup of it that not every rank joined), so its
- * collectives are out of step with the peers' for good. Every later collective call on w then
- * fails at once with SP_ERR_INVALID_USAGE and the reason; sp_world_finalize only frees this
- * rank's part (no round, no collective release) and returns that error. */
+ * collectives are out of step with the peers' for good. Every later world-level call on w
+ * (sp__world_check: pool creation, collectives, statistics) then fails at once with
+ * SP_ERR_INVALID_USAGE and the reason (existing pools keep their own communicators);
+ * sp_world_finalize only frees this rank's part (no round, no collective release) and returns that
+ * error. */
 void sp__world_break(sp_world_t *w, const char *why);
 
 #ifdef __cplusplus
