@@ -436,11 +436,17 @@ static spare_t *spare_take(int64_t deadline) {
     }
 }
 
-/* Frees a round buffer or cell: a spare goes back to the spares, heap memory to the heap. */
+/* Gives a spare back (p is one). */
+static void spare_put(const void *p) {
+    __atomic_store_n(&s_spare_used[spare_index(p)], false, __ATOMIC_RELEASE);
+}
+
+/* Frees a graveyard's buffer or cell: a spare goes back to the spares, heap memory to the heap.
+ * (Callers that know which one they hold call spare_put or free: inlined here, a spare's known
+ * origin makes GCC warn about the free branch.) */
 static void buf_free(void *p) {
-    int i = spare_index(p);
-    if (i >= 0)
-        __atomic_store_n(&s_spare_used[i], false, __ATOMIC_RELEASE);
+    if (spare_index(p) >= 0)
+        spare_put(p);
     else
         free(p);
 }
@@ -540,7 +546,8 @@ static sp_status_t check_late(sp_agree_t *a, int64_t earliest, const char *what)
 /* The outputs of a small world's round from every rank's record (buf + p * P2P_WORDS, rank
  * order): the same computation on every rank. The earliest deadline goes to *earliest_p; its
  * rank, the lowest on ties (strict <, ranks in order), to a->late_rank. */
-static void outputs_p2p(const int64_t *buf, int size, sp_agree_t *a, int64_t *earliest_p) {
+static inline __attribute__((always_inline)) void outputs_p2p(const int64_t *buf, int size,
+                                                              sp_agree_t *a, int64_t *earliest_p) {
     int64_t lo[R_CMP], hi[R_CMP];
     memcpy(lo, buf, sizeof lo);
     memcpy(hi, buf, sizeof hi);
@@ -579,8 +586,9 @@ static void outputs_p2p(const int64_t *buf, int size, sp_agree_t *a, int64_t *ea
 
 /* A small world's round: this rank's record to every peer, theirs received, the outputs
  * computed locally (top of the file). Record p (and its payload) lives at buf + p * P2P_WORDS. */
-static sp_status_t agree_p2p(MPI_Comm comm, sp_agree_t *a, int rank, int size, int64_t deadline,
-                             double limit, int64_t *buf, const char *what, bool *abandoned_p) {
+static inline __attribute__((always_inline)) sp_status_t
+agree_p2p(MPI_Comm comm, sp_agree_t *a, int rank, int size, int64_t deadline, double limit,
+          int64_t *buf, const char *what, bool *abandoned_p) {
     int64_t *mine = buf + (size_t)rank * P2P_WORDS;
     mine[R_OP] = a->op;
     mine[R_CALL] = (int64_t)a->callno;
@@ -644,8 +652,10 @@ sp_status_t sp__agree(MPI_Comm comm, sp_agree_t *a, const char *what, bool *aban
 }
 
 /* One round in buf (the thread's buffer or a spare); the inputs and outputs as sp__agree_ranked. */
-static sp_status_t agree_in(MPI_Comm comm, int rank, int size, sp_agree_t *a, const char *what,
-                            int64_t *buf, int64_t deadline, double limit, bool *abandoned_p) {
+static inline __attribute__((always_inline)) sp_status_t agree_in(MPI_Comm comm, int rank, int size,
+                                                                  sp_agree_t *a, const char *what,
+                                                                  int64_t *buf, int64_t deadline,
+                                                                  double limit, bool *abandoned_p) {
     char wbuf[160];
     if (size <= P2P_MAX_RANKS)
         return agree_p2p(comm, a, rank, size, deadline, limit, buf, what, abandoned_p);
@@ -678,13 +688,12 @@ static sp_status_t agree_in(MPI_Comm comm, int rank, int size, sp_agree_t *a, co
     return SP_SUCCESS;
 }
 
-sp_status_t sp__agree_ranked(MPI_Comm comm, int rank, int size, sp_agree_t *a, const char *what,
-                             bool *abandoned_p) {
-    *abandoned_p = false;
-    a->payload_gathered = false;
-    a->late = false;
-    double limit = sp__agree_timeout_s();
-    int64_t deadline = deadline_ns(limit);
+/* A round of a thread with no buffer yet: it makes one, or takes a spare (given back after the
+ * round unless the round was abandoned: then the grave gives it back). */
+static __attribute__((noinline)) sp_status_t agree_new_buf(MPI_Comm comm, int rank, int size,
+                                                           sp_agree_t *a, const char *what,
+                                                           int64_t deadline, double limit,
+                                                           bool *abandoned_p) {
     bool spare = false;
     int64_t *buf = round_buf(deadline, &spare);
     if (!buf) {
@@ -698,8 +707,21 @@ sp_status_t sp__agree_ranked(MPI_Comm comm, int rank, int size, sp_agree_t *a, c
     }
     sp_status_t s = agree_in(comm, rank, size, a, what, buf, deadline, limit, abandoned_p);
     if (spare && !*abandoned_p) /* else the graveyard gives it back when the grave is dropped */
-        buf_free(buf);
+        spare_put(buf);
     return s;
+}
+
+sp_status_t sp__agree_ranked(MPI_Comm comm, int rank, int size, sp_agree_t *a, const char *what,
+                             bool *abandoned_p) {
+    *abandoned_p = false;
+    a->payload_gathered = false;
+    a->late = false;
+    double limit = sp__agree_timeout_s();
+    int64_t deadline = deadline_ns(limit);
+    int64_t *buf = t_buf;
+    if (SP_LIKELY(buf != NULL)) /* every round but a thread's first, or its first after a timeout */
+        return agree_in(comm, rank, size, a, what, buf, deadline, limit, abandoned_p);
+    return agree_new_buf(comm, rank, size, a, what, deadline, limit, abandoned_p);
 }
 
 /* "rank 1", "ranks 1, 3 and 4"; "5 ranks (the lowest 2)" when they do not all fit. */
@@ -747,7 +769,8 @@ sp_status_t sp__agree_dup(MPI_Comm comm, MPI_Comm *out, const char *what, bool *
     double limit = sp__agree_timeout_s();
     int64_t deadline = deadline_ns(limit);
     dup_cell_t *cell = t_test_no_host ? NULL : calloc(1, sizeof *cell);
-    if (!cell) { /* a rank short of memory still duplicates, in a spare cell */
+    bool spared = cell == NULL;
+    if (spared) { /* a rank short of memory still duplicates, in a spare cell */
         spare_t *spare = spare_take(deadline);
         if (!spare) /* nothing posted: the peers time out, as for a missing rank */
             return sp__error(SP_ERR_SYSTEM, SP_SUB_BOOT,
@@ -761,13 +784,13 @@ sp_status_t sp__agree_dup(MPI_Comm comm, MPI_Comm *out, const char *what, bool *
     MPI_Request req;
     int rc = MPI_Comm_idup(comm, &cell->comm, &req);
     if (rc != MPI_SUCCESS) {
-        buf_free(cell);
+        spared ? spare_put(cell) : free(cell);
         return sp__world_mpi_status(rc, what);
     }
     SP_CHECK(
         wait_round(1, &req, comm, cell->words, deadline, limit, false, NULL, what, abandoned_p));
     *out = cell->comm;
-    buf_free(cell);
+    spared ? spare_put(cell) : free(cell);
     return SP_SUCCESS;
 }
 

@@ -149,7 +149,8 @@ static void watch_mpi_finalize_locked(void) {
 }
 
 /* sp__world_check; a broken world passes when allow_broken (sp_world_finalize). */
-static sp_status_t check_world(const sp_world_t *w, const char *fn, bool allow_broken) {
+static inline __attribute__((always_inline)) sp_status_t
+check_world(const sp_world_t *w, const char *fn, bool allow_broken) {
     if (sp__in_callback())
         return sp__callback_refused(fn);
     if (!w)
