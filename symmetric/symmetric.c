@@ -34,6 +34,7 @@
  * call, across its rounds; it is the pool's own, so other pools, and every sp_malloc/sp_free
  * (the device lock, taken only inside pool/'s short calls), go on meanwhile; see sym_state.h.
  */
+#include <errno.h>
 #include <sched.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -70,13 +71,62 @@ static void free_new_state(sp_sym_state_t *st, sp_mempool_t *pool) {
     free(st);
 }
 
-/* The pool's own communicators (collective over the world; every rank has agreed to create). */
-static sp_status_t make_comms(sp_world_t *w, sp_sym_state_t *st) {
-    SP_CHECK(sp__world_mpi_status(MPI_Comm_dup(sp__world_comm(w), &st->comm),
-                                  "MPI_Comm_dup for a symmetric pool"));
+static _Atomic double s_test_pause_comms_s; /* sp__sym_test_pause_before_comms */
+
+void sp__sym_test_pause_before_comms(double seconds) {
+    s_test_pause_comms_s = seconds;
+}
+
+/* A timeout (or MPI failure) while the pool's communicator was being made: the world's
+ * communicator may carry an abandoned duplicate, or this rank's peers may have abandoned theirs,
+ * so its collectives are out of step for good. The world is broken (sp__world_break) and the
+ * error says so. */
+static sp_status_t comms_failed(sp_world_t *w, sp_status_t s, const char *what) {
+    char msg[512];
+    snprintf(msg, sizeof msg, "%s", sp_last_error());
+    char why[320];
+    snprintf(why, sizeof why,
+             "%s did not complete on every rank in time: check that every rank makes the same "
+             "sp_symmetric_mempool_create calls and none is stopped or gone",
+             what);
+    sp__world_break(w, why);
+    return sp__error(s, SP_SUB_SYM,
+                     "%s; the world is broken: every later collective call on it fails, "
+                     "finalize it",
+                     msg);
+}
+
+/* The pool's own communicators (collective over the world; every rank has agreed to create):
+ * a duplicate of the world's communicator bounded by the deadline (a rank that never comes is a
+ * timeout on the others, not a hang), then one round on it whose late rule makes a duplicate
+ * completed after a rank's deadline a timeout on every rank that has it, before the node split
+ * below blocks with no deadline. `what` names the create call. */
+static sp_status_t make_comms(sp_world_t *w, sp_sym_state_t *st, const char *create_what) {
+    double pause = s_test_pause_comms_s;
+    if (pause > 0) {
+        struct timespec ts = {(time_t)pause, (long)((pause - (double)(time_t)pause) * 1e9)};
+        while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
+        }
+    }
+    char what[160];
+    snprintf(what, sizeof what, "%s: duplicating the world's communicator for the pool",
+             create_what);
+    bool abandoned = false;
+    sp_status_t s = sp__agree_dup(sp__world_comm(w), &st->comm, what, &abandoned);
+    if (s != SP_SUCCESS)
+        return abandoned ? comms_failed(w, s, what) : s;
     MPI_Comm_set_errhandler(st->comm, MPI_ERRORS_RETURN);
-    sp_status_t s =
-        sp__world_mpi_status(MPI_Comm_split_type(st->comm, MPI_COMM_TYPE_SHARED, st->rank,
+    sp_agree_t a = {.op = SP_AGREE_POOL_COMMS, .ok = true};
+    s = sp__agree_ranked(st->comm, st->rank, sp__world_size(w), &a, what, &abandoned);
+    if (s == SP_SUCCESS)
+        s = sp__agree_check(&a, what);
+    if (s != SP_SUCCESS) {
+        s = comms_failed(w, s, what);
+        if (!sp__agree_pending(st->comm)) /* else MPI may still progress a round on it */
+            MPI_Comm_free(&st->comm);
+        return s;
+    }
+    s = sp__world_mpi_status(MPI_Comm_split_type(st->comm, MPI_COMM_TYPE_SHARED, st->rank,
                                                  MPI_INFO_NULL, &st->node_comm),
                              "MPI_Comm_split_type for a symmetric pool");
     if (s != SP_SUCCESS) {
@@ -187,7 +237,7 @@ SP_EXPORT sp_status_t sp_symmetric_mempool_create(sp_world_t *w, const sp_mempoo
                                          what, sp__agree_bad_ranks(&a, ranks, sizeof ranks));
     }
     if (s == SP_SUCCESS)
-        s = make_comms(w, st);
+        s = make_comms(w, st, what);
     if (s != SP_SUCCESS) {
         free_new_state(st, pool);
         return s;

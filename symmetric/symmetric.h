@@ -51,6 +51,10 @@ void sp__sym_test_set_grow_delay(double seconds);
  * for the pool's state, and its sp_symmetric_empty_cache and sp_symmetric_mempool_destroy none
  * for their free-segment bitmap (as host malloc refusing them would). */
 void sp__sym_test_fail_host(bool on);
+/* Tests only: this process's sp_symmetric_mempool_create waits this long (seconds; 0: not at
+ * all, the default) after its round and before duplicating the world's communicator, as a rank
+ * stopped there would. */
+void sp__sym_test_pause_before_comms(double seconds);
 
 #ifdef __cplusplus
 }

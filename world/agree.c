@@ -45,7 +45,13 @@
  * op, W_* layout below) for the count and the set of failed ranks; every rank sees the same
  * short result, so every rank takes the second round or none does.
  *
- * Locking: s_grave_lock guards the graveyard; the MPI op is created once under s_op_lock.
+ * Host memory: a round never needs the heap to take part. A thread's round buffer (made at its
+ * first round) or a duplicate's cell that malloc refuses is replaced, for that round, by one of
+ * a few static spares, so a rank short of memory still sends its record (its caller's ok flag
+ * then says what failed) instead of leaving its peers to time out.
+ *
+ * Locking: s_grave_lock guards the graveyard; the MPI op is created once under s_op_lock; a
+ * spare is taken and given back with one atomic exchange/store each.
  */
 #include <pthread.h>
 #include <limits.h>
@@ -123,6 +129,8 @@ typedef struct sp_grave {
     struct sp_grave *next; /* s_grave_lock */
 } sp_grave_t;
 
+static void buf_free(void *p);
+
 static pthread_mutex_t s_grave_lock = PTHREAD_MUTEX_INITIALIZER;
 static sp_grave_t *s_graves; /* s_grave_lock */
 static pthread_mutex_t s_op_lock = PTHREAD_MUTEX_INITIALIZER;
@@ -153,6 +161,7 @@ static const char *const op_names[SP_AGREE_OP_COUNT] = {
     "sp_world_finalize",
     "SYMPOOL_REPORT at sp_world_finalize",
     "world creation (every rank's duplicates in time)",
+    "sp_symmetric_mempool_create (the pool's communicator in time)",
 };
 
 const char *sp__agree_op_name(int64_t op) {
@@ -266,7 +275,7 @@ bool sp__agree_pending(MPI_Comm comm) {
         if (g->comm == comm &&
             MPI_Testall(g->nreqs, g->reqs, &done, MPI_STATUSES_IGNORE) == MPI_SUCCESS && done) {
             *pp = g->next; /* a late rank completed it: nothing is left to protect */
-            free(g->buf);
+            buf_free(g->buf);
             free(g);
             continue;
         }
@@ -292,7 +301,7 @@ void sp__agree_drain(double limit_s) {
             int done = 0;
             if (MPI_Testall(g->nreqs, g->reqs, &done, MPI_STATUSES_IGNORE) == MPI_SUCCESS && done) {
                 *pp = g->next;
-                free(g->buf);
+                buf_free(g->buf);
                 free(g);
                 continue;
             }
@@ -378,21 +387,88 @@ static void unpack_short(const int64_t *w, sp_agree_t *a, int64_t *earliest_p) {
 static pthread_key_t s_buf_key;
 static pthread_once_t s_buf_once = PTHREAD_ONCE_INIT;
 static _Thread_local int64_t *t_buf;
+static _Thread_local bool t_test_no_host; /* sp__agree_test_fail_host */
+
+void sp__agree_test_fail_host(bool on) {
+    t_test_no_host = on;
+}
 
 static void make_buf_key(void) {
     (void)pthread_key_create(&s_buf_key, free);
 }
 
-static int64_t *round_buf(void) {
+/* The handle MPI_Comm_idup writes when it completes: its own cell (heap or a spare), because an
+ * abandoned duplicate may complete after the caller has returned (the graveyard keeps the cell). */
+typedef union {
+    MPI_Comm comm;
+    int64_t words[(sizeof(MPI_Comm) + 7) / 8];
+} dup_cell_t;
+
+/* Spares: static buffers for a round (or a duplicate's cell) whose heap allocation failed, so
+ * that a rank short of host memory still takes part in the round instead of leaving its peers to
+ * wait for it until their deadline. A spare is taken for one round and given back after it; one
+ * abandoned goes to the graveyard like a heap buffer and comes back when its grave is dropped. */
+#define SPARES 4
+typedef union {
+    int64_t words[BUF_WORDS];
+    dup_cell_t cell;
+} spare_t;
+static spare_t s_spares[SPARES];
+static bool s_spare_used[SPARES]; /* atomic */
+
+static int spare_index(const void *p) {
+    uintptr_t a = (uintptr_t)p, lo = (uintptr_t)s_spares;
+    if (a < lo || a >= lo + sizeof s_spares)
+        return -1;
+    return (int)((a - lo) / sizeof s_spares[0]);
+}
+
+/* A free spare, waiting until `deadline` while other threads' rounds hold them all (a round
+ * gives its spare back by its own deadline); NULL when none came back in time. */
+static spare_t *spare_take(int64_t deadline) {
+    for (;;) {
+        for (int i = 0; i < SPARES; i++)
+            if (!__atomic_exchange_n(&s_spare_used[i], true, __ATOMIC_ACQUIRE))
+                return &s_spares[i];
+        if (realtime_ns() >= deadline)
+            return NULL;
+        sched_yield();
+    }
+}
+
+/* Gives a spare back (p is one). */
+static void spare_put(const void *p) {
+    __atomic_store_n(&s_spare_used[spare_index(p)], false, __ATOMIC_RELEASE);
+}
+
+/* Frees a graveyard's buffer or cell: a spare goes back to the spares, heap memory to the heap.
+ * (Callers that know which one they hold call spare_put or free: inlined here, a spare's known
+ * origin makes GCC warn about the free branch.) */
+static void buf_free(void *p) {
+    if (spare_index(p) >= 0)
+        spare_put(p);
+    else
+        free(p);
+}
+
+/* The thread's round buffer; a spare (*spare_p) when the heap has none for it, which the caller
+ * gives back after the round unless the round was abandoned; NULL only when no spare came back
+ * before `deadline` either. */
+static int64_t *round_buf(int64_t deadline, bool *spare_p) {
+    *spare_p = false;
     if (SP_LIKELY(t_buf != NULL))
         return t_buf;
     pthread_once(&s_buf_once, make_buf_key);
-    int64_t *buf = malloc(BUF_WORDS * sizeof *buf);
+    int64_t *buf = t_test_no_host ? NULL : malloc(BUF_WORDS * sizeof *buf);
     if (buf && pthread_setspecific(s_buf_key, buf) != 0) {
         free(buf);
         buf = NULL;
     }
-    return t_buf = buf;
+    if (SP_LIKELY(buf != NULL))
+        return t_buf = buf;
+    spare_t *spare = spare_take(deadline);
+    *spare_p = spare != NULL;
+    return spare ? spare->words : NULL;
 }
 
 /* The buffer is now the graveyard's: the thread's next round makes a new one. */
@@ -470,7 +546,8 @@ static sp_status_t check_late(sp_agree_t *a, int64_t earliest, const char *what)
 /* The outputs of a small world's round from every rank's record (buf + p * P2P_WORDS, rank
  * order): the same computation on every rank. The earliest deadline goes to *earliest_p; its
  * rank, the lowest on ties (strict <, ranks in order), to a->late_rank. */
-static void outputs_p2p(const int64_t *buf, int size, sp_agree_t *a, int64_t *earliest_p) {
+static inline __attribute__((always_inline)) void outputs_p2p(const int64_t *buf, int size,
+                                                              sp_agree_t *a, int64_t *earliest_p) {
     int64_t lo[R_CMP], hi[R_CMP];
     memcpy(lo, buf, sizeof lo);
     memcpy(hi, buf, sizeof hi);
@@ -509,8 +586,9 @@ static void outputs_p2p(const int64_t *buf, int size, sp_agree_t *a, int64_t *ea
 
 /* A small world's round: this rank's record to every peer, theirs received, the outputs
  * computed locally (top of the file). Record p (and its payload) lives at buf + p * P2P_WORDS. */
-static sp_status_t agree_p2p(MPI_Comm comm, sp_agree_t *a, int rank, int size, int64_t deadline,
-                             double limit, int64_t *buf, const char *what, bool *abandoned_p) {
+static inline __attribute__((always_inline)) sp_status_t
+agree_p2p(MPI_Comm comm, sp_agree_t *a, int rank, int size, int64_t deadline, double limit,
+          int64_t *buf, const char *what, bool *abandoned_p) {
     int64_t *mine = buf + (size_t)rank * P2P_WORDS;
     mine[R_OP] = a->op;
     mine[R_CALL] = (int64_t)a->callno;
@@ -573,19 +651,12 @@ sp_status_t sp__agree(MPI_Comm comm, sp_agree_t *a, const char *what, bool *aban
     return sp__agree_ranked(comm, rank, size, a, what, abandoned_p);
 }
 
-sp_status_t sp__agree_ranked(MPI_Comm comm, int rank, int size, sp_agree_t *a, const char *what,
-                             bool *abandoned_p) {
-    *abandoned_p = false;
-    a->payload_gathered = false;
-    a->late = false;
+/* One round in buf (the thread's buffer or a spare); the inputs and outputs as sp__agree_ranked. */
+static inline __attribute__((always_inline)) sp_status_t agree_in(MPI_Comm comm, int rank, int size,
+                                                                  sp_agree_t *a, const char *what,
+                                                                  int64_t *buf, int64_t deadline,
+                                                                  double limit, bool *abandoned_p) {
     char wbuf[160];
-    double limit = sp__agree_timeout_s();
-    int64_t deadline = deadline_ns(limit);
-    int64_t *buf = round_buf();
-    if (!buf)
-        /* Nothing was sent: the peers will time out, which is what a missing rank looks like. */
-        return sp__error(SP_ERR_SYSTEM, SP_SUB_BOOT, "%s: out of host memory for the agreement",
-                         WHAT(a, what));
     if (size <= P2P_MAX_RANKS)
         return agree_p2p(comm, a, rank, size, deadline, limit, buf, what, abandoned_p);
     pack_short(a, rank, deadline, buf);
@@ -615,6 +686,42 @@ sp_status_t sp__agree_ranked(MPI_Comm comm, int rank, int size, sp_agree_t *a, c
     SP_CHECK(wait_round(1, &req, comm, buf, deadline, limit, true, a, what, abandoned_p));
     unpack(buf + W_COUNT, a);
     return SP_SUCCESS;
+}
+
+/* A round of a thread with no buffer yet: it makes one, or takes a spare (given back after the
+ * round unless the round was abandoned: then the grave gives it back). */
+static __attribute__((noinline)) sp_status_t agree_new_buf(MPI_Comm comm, int rank, int size,
+                                                           sp_agree_t *a, const char *what,
+                                                           int64_t deadline, double limit,
+                                                           bool *abandoned_p) {
+    bool spare = false;
+    int64_t *buf = round_buf(deadline, &spare);
+    if (!buf) {
+        /* No heap memory, and every spare held by other threads' rounds until this deadline:
+         * nothing was sent, so the peers time out, which is what a missing rank looks like. */
+        char wbuf[160];
+        return sp__error(SP_ERR_SYSTEM, SP_SUB_BOOT,
+                         "%s: out of host memory for the agreement round, and its %d spare "
+                         "buffers stayed in use by other threads' rounds until the deadline",
+                         WHAT(a, what), SPARES);
+    }
+    sp_status_t s = agree_in(comm, rank, size, a, what, buf, deadline, limit, abandoned_p);
+    if (spare && !*abandoned_p) /* else the graveyard gives it back when the grave is dropped */
+        spare_put(buf);
+    return s;
+}
+
+sp_status_t sp__agree_ranked(MPI_Comm comm, int rank, int size, sp_agree_t *a, const char *what,
+                             bool *abandoned_p) {
+    *abandoned_p = false;
+    a->payload_gathered = false;
+    a->late = false;
+    double limit = sp__agree_timeout_s();
+    int64_t deadline = deadline_ns(limit);
+    int64_t *buf = t_buf;
+    if (SP_LIKELY(buf != NULL)) /* every round but a thread's first, or its first after a timeout */
+        return agree_in(comm, rank, size, a, what, buf, deadline, limit, abandoned_p);
+    return agree_new_buf(comm, rank, size, a, what, deadline, limit, abandoned_p);
 }
 
 /* "rank 1", "ranks 1, 3 and 4"; "5 ranks (the lowest 2)" when they do not all fit. */
@@ -656,33 +763,34 @@ sp_status_t sp__agree_check(const sp_agree_t *a, const char *what_in) {
     return SP_SUCCESS;
 }
 
-/* The handle MPI_Comm_idup writes when it completes: its own heap cell, because an abandoned
- * duplicate may complete after the caller has returned (the graveyard keeps the cell). */
-typedef union {
-    MPI_Comm comm;
-    int64_t words[(sizeof(MPI_Comm) + 7) / 8];
-} dup_cell_t;
-
 sp_status_t sp__agree_dup(MPI_Comm comm, MPI_Comm *out, const char *what, bool *abandoned_p) {
     *abandoned_p = false;
     *out = MPI_COMM_NULL;
     double limit = sp__agree_timeout_s();
     int64_t deadline = deadline_ns(limit);
-    dup_cell_t *cell = calloc(1, sizeof *cell);
-    if (!cell) /* nothing posted: the peers time out, as for a missing rank */
-        return sp__error(SP_ERR_SYSTEM, SP_SUB_BOOT, "%s: out of host memory", what);
+    dup_cell_t *cell = t_test_no_host ? NULL : calloc(1, sizeof *cell);
+    bool spared = cell == NULL;
+    if (spared) { /* a rank short of memory still duplicates, in a spare cell */
+        spare_t *spare = spare_take(deadline);
+        if (!spare) /* nothing posted: the peers time out, as for a missing rank */
+            return sp__error(SP_ERR_SYSTEM, SP_SUB_BOOT,
+                             "%s: out of host memory, and every spare cell stayed in use by "
+                             "other threads' rounds until the deadline",
+                             what);
+        cell = &spare->cell;
+    }
     cell->comm = MPI_COMM_NULL;
     __atomic_fetch_add(&s_rounds, 1, __ATOMIC_RELAXED);
     MPI_Request req;
     int rc = MPI_Comm_idup(comm, &cell->comm, &req);
     if (rc != MPI_SUCCESS) {
-        free(cell);
+        spared ? spare_put(cell) : free(cell);
         return sp__world_mpi_status(rc, what);
     }
     SP_CHECK(
         wait_round(1, &req, comm, cell->words, deadline, limit, false, NULL, what, abandoned_p));
     *out = cell->comm;
-    free(cell);
+    spared ? spare_put(cell) : free(cell);
     return SP_SUCCESS;
 }
 

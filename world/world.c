@@ -12,6 +12,10 @@
  * agreement rounds (agree.c) that start every collective call. A round abandoned at a timeout
  * stays pending on agree_comm, so the data path never matches a stale round, and finalize never
  * frees a communicator that still carries one (MPI would progress it on a freed communicator).
+ * A world is broken (sp__world_break) when a collective step on `comm` itself was abandoned at
+ * its deadline (a symmetric pool's MPI_Comm_idup of it that not every rank joined in time): its
+ * collectives are then out of step with the peers' for good, so every later world-level call
+ * (sp__world_check) refuses at once, and sp_world_finalize frees this rank's part without a round.
  *
  * Locking: s_lock guards the hook table, the live-world list and the init bookkeeping;
  * nccl_lock serializes this process's NCCL calls on the world's communicator (NCCL forbids
@@ -61,6 +65,7 @@ struct sp_world {
     uint64_t coll_fallback; /* collectives that could not (atomic) */
     int nccl_sym;           /* NCCL symmetric support: 0 not known yet, 1 on, 2 off (atomic) */
     char nccl_sym_why[160]; /* why it is off; written once, before nccl_sym says 2 */
+    char broken_why[320];   /* s_lock: why the world is broken (sp__world_break); "" if not */
 };
 
 static pthread_mutex_t s_lock = PTHREAD_MUTEX_INITIALIZER;
@@ -143,7 +148,9 @@ static void watch_mpi_finalize_locked(void) {
     s_self_key = key;
 }
 
-sp_status_t sp__world_check(const sp_world_t *w, const char *fn) {
+/* sp__world_check; a broken world passes when allow_broken (sp_world_finalize). */
+static inline __attribute__((always_inline)) sp_status_t
+check_world(const sp_world_t *w, const char *fn, bool allow_broken) {
     if (sp__in_callback())
         return sp__callback_refused(fn);
     if (!w)
@@ -153,11 +160,19 @@ sp_status_t sp__world_check(const sp_world_t *w, const char *fn) {
     pthread_mutex_lock(&s_lock);
     bool live = is_live_locked(w);
     bool gone = live && sp__world_mpi_gone();
-    if (live && !gone) {
+    char why[sizeof w->broken_why] = "";
+    if (live && !gone && w->broken_why[0])
+        memcpy(why, w->broken_why, sizeof why);
+    else if (live && !gone) { /* a broken world is never cached: every call sees it */
         t_world = w;
         t_world_gen = __atomic_load_n(&s_live_gen, __ATOMIC_RELAXED);
     }
     pthread_mutex_unlock(&s_lock);
+    if (why[0] && !allow_broken)
+        return sp__error(SP_ERR_INVALID_USAGE, SP_SUB_BOOT,
+                         "%s: the world is broken (%s); no collective call can run on it any "
+                         "more: finalize it",
+                         fn, why);
     if (gone)
         return sp__error(SP_ERR_INVALID_USAGE, SP_SUB_BOOT,
                          "%s: MPI was finalized while world %p was live, so no collective call "
@@ -169,6 +184,19 @@ sp_status_t sp__world_check(const sp_world_t *w, const char *fn) {
                          "sp_world_init/sp_world_from_comm)",
                          fn, (const void *)w);
     return SP_SUCCESS;
+}
+
+sp_status_t sp__world_check(const sp_world_t *w, const char *fn) {
+    return check_world(w, fn, false);
+}
+
+void sp__world_break(sp_world_t *w, const char *why) {
+    pthread_mutex_lock(&s_lock);
+    if (!w->broken_why[0])
+        snprintf(w->broken_why, sizeof w->broken_why, "%s", why[0] ? why : "a timeout");
+    /* Every thread's cached liveness check misses from now on: the slow path refuses. */
+    __atomic_fetch_add(&s_live_gen, 1, __ATOMIC_RELEASE);
+    pthread_mutex_unlock(&s_lock);
 }
 
 sp_status_t sp__world_agree(sp_world_t *w, sp_agree_t *a, const char *what) {
@@ -772,7 +800,11 @@ SP_EXPORT sp_status_t sp_world_finalize(sp_world_t *w) {
                          "sp_world_finalize before MPI_Finalize");
     }
     /* Run the hooks while the world is still live (they make collective calls on it). */
-    SP_CHECK(sp__world_check(w, "sp_world_finalize"));
+    SP_CHECK(check_world(w, "sp_world_finalize", true));
+    pthread_mutex_lock(&s_lock);
+    char broken[sizeof w->broken_why];
+    memcpy(broken, w->broken_why, sizeof broken);
+    pthread_mutex_unlock(&s_lock);
     pthread_mutex_lock(&s_lock);
     int n = s_nhooks;
     sp_world_finalize_hook_t hooks[MAX_HOOKS];
@@ -783,7 +815,11 @@ SP_EXPORT sp_status_t sp_world_finalize(sp_world_t *w) {
      * must be known before any of it starts. Without that round a healthy rank waited forever
      * in MPI_Win_free for a peer that had left its broken pool to process exit. */
     sp_agree_t a = {.op = SP_AGREE_WORLD_FINALIZE, .ok = true};
-    sp_status_t st = sp__world_agree(w, &a, "sp_world_finalize");
+    /* A broken world runs no round (its peers may be out of step on its communicators): it is
+     * finalized locally, as a world out of step is, and says why. */
+    sp_status_t st = broken[0] ? sp__error(SP_ERR_INVALID_USAGE, SP_SUB_BOOT,
+                                           "sp_world_finalize: the world is broken (%s)", broken)
+                               : sp__world_agree(w, &a, "sp_world_finalize");
     bool in_step = st == SP_SUCCESS;
     char first_msg[512] = "";
     if (!in_step)
@@ -818,7 +854,11 @@ SP_EXPORT sp_status_t sp_world_finalize(sp_world_t *w) {
     s2 = sp__world_mpi_status(MPI_Comm_free(&w->node_comm), "MPI_Comm_free(node)");
     if (st == SP_SUCCESS)
         st = s2;
-    s2 = sp__world_mpi_status(MPI_Comm_free(&w->comm), "MPI_Comm_free");
+    /* A duplicate abandoned on comm (sp__world_break) may still be progressed by MPI: comm is
+     * left allocated then, as agree_comm below. */
+    s2 = sp__agree_pending(w->comm)
+             ? SP_SUCCESS
+             : sp__world_mpi_status(MPI_Comm_free(&w->comm), "MPI_Comm_free");
     if (st == SP_SUCCESS)
         st = s2;
     /* A round abandoned at a timeout that no late rank completed: MPI may still progress it,

@@ -111,6 +111,7 @@ typedef enum sp_agree_op {
     SP_AGREE_WORLD_FINALIZE,
     SP_AGREE_FINALIZE_REPORT,
     SP_AGREE_WORLD_CREATE,
+    SP_AGREE_POOL_COMMS,
     SP_AGREE_OP_COUNT
 } sp_agree_op_t;
 
@@ -188,6 +189,9 @@ sp_status_t sp__agree_band_buf(MPI_Comm comm, uint64_t *buf, size_t words, const
  * communicator, is SP_ERR_TIMEOUT on the ranks that wait for it (*abandoned_p: the duplicate
  * stays pending on comm). */
 sp_status_t sp__agree_dup(MPI_Comm comm, MPI_Comm *out, const char *what, bool *abandoned_p);
+/* Tests only: the calling thread's agreement rounds find no host memory for a new round buffer
+ * or duplicate cell (as malloc refusing it would), so they use a spare. */
+void sp__agree_test_fail_host(bool on);
 /* Tests only: world creation waits this long (seconds; 0: not at all, the default) between its
  * two duplicates of the communicator, as a rank descheduled there would. */
 void sp__world_test_pause_between_dups(double seconds);
@@ -223,8 +227,17 @@ sp_status_t sp__world_agree_live(sp_world_t *w, sp_agree_t *a, const char *what)
 int sp__world_rank(const sp_world_t *w);
 int sp__world_size(const sp_world_t *w);
 int sp__world_device(const sp_world_t *w);
-/* SP_ERR_INVALID_USAGE (naming fn) unless w is a live world (not NULL, not finalized). */
+/* SP_ERR_INVALID_USAGE (naming fn) unless w is a live world (not NULL, not finalized, not
+ * broken). */
 sp_status_t sp__world_check(const sp_world_t *w, const char *fn);
+/* Marks w broken, `why` saying what happened: a collective step on the world's own communicator
+ * was abandoned at its deadline (an MPI_Comm_idup of it that not every rank joined), so its
+ * collectives are out of step with the peers' for good. Every later world-level call on w
+ * (sp__world_check: pool creation, collectives, statistics) then fails at once with
+ * SP_ERR_INVALID_USAGE and the reason (existing pools keep their own communicators);
+ * sp_world_finalize only frees this rank's part (no round, no collective release) and returns that
+ * error. */
+void sp__world_break(sp_world_t *w, const char *why);
 
 #ifdef __cplusplus
 }

@@ -17,6 +17,7 @@ extern "C" {
 #include "world/world.h"
 #include <sympool/collectives.h>
 void sp__sym_test_fail_host(bool on);
+void sp__sym_test_pause_before_comms(double seconds);
 }
 
 namespace {
@@ -490,6 +491,77 @@ TEST_F(SymFaults, FinalizeOutOfHostMemoryOnOneRankFailsEveryRankInTheRound) {
     EXPECT_SP_STATUS(sp_world_finalize(w_), SP_ERR_INVALID_USAGE); // finalized all the same
     w_ = nullptr;
     pool_ = nullptr; // its registration goes with the process
+}
+
+// A thread short of host memory for its agreement round buffer (made at its first round) and for
+// the cell a communicator duplicate completes into still takes part in the rounds, through a
+// static spare: the calls succeed on every rank. It used to return SP_ERR_SYSTEM without sending
+// anything, and its peers waited for it until their deadline (SP_ERR_TIMEOUT).
+TEST_F(SymFaults, RoundBufferOutOfHostMemoryStillJoinsTheRound) {
+    const int bad = n_ - 1;
+    sp_status_t s[4] = {SP_SUCCESS, SP_SUCCESS, SP_SUCCESS, SP_SUCCESS};
+    std::string msg;
+    // A new thread: its first round allocates its buffer (this thread's exists already).
+    std::thread t([&] {
+        if (rank_ == bad)
+            sp__agree_test_fail_host(true);
+        sp_world_t *w2 = nullptr;
+        s[0] = sp_world_from_comm(MPI_COMM_WORLD, &w2); // two duplicates, two rounds
+        sp_mempool_t *q = nullptr;
+        if (s[0] == SP_SUCCESS)
+            s[1] = sp_symmetric_mempool_create(w2, nullptr, &q); // rounds and a duplicate
+        if (q)
+            s[2] = sp_symmetric_mempool_destroy(q);
+        if (w2)
+            s[3] = sp_world_finalize(w2);
+        msg = sp_last_error();
+        sp__agree_test_fail_host(false);
+    });
+    t.join();
+    for (int i = 0; i < 4; i++)
+        EXPECT_EQ(s[i], SP_SUCCESS) << "step " << i << ": " << sp::describe(s[i]) << ": " << msg;
+    // The spares come back after each round: more new threads than there are spares (4), one
+    // after the other, each short of memory on the bad rank, all in step.
+    for (int i = 0; i < 6; i++) {
+        std::thread t2([&] {
+            if (rank_ == bad)
+                sp__agree_test_fail_host(true);
+            sp_stats_summary_t sum;
+            s[0] = sp_stats_aggregate(w_, sp_world_device(w_), &sum);
+            msg = sp_last_error();
+            sp__agree_test_fail_host(false);
+        });
+        t2.join();
+        EXPECT_EQ(s[0], SP_SUCCESS) << "thread " << i << ": " << sp::describe(s[0]) << ": " << msg;
+    }
+}
+
+// A rank that stops between the create's round and the duplicate of the world's communicator for
+// the pool: the duplicate has a deadline, so every rank fails the create with SP_ERR_TIMEOUT (the
+// others used to wait in MPI_Comm_dup for as long as the rank stayed away, for ever if it never
+// came) and no rank has the pool. The duplicate left pending breaks the world: every later
+// collective call fails at once, and finalize frees this rank's part and says why.
+TEST_F(SymFaults, PoolCommunicatorDuplicateHasADeadline) {
+    const int bad = n_ - 1;
+    if (rank_ == bad)
+        sp__sym_test_pause_before_comms(3.0); // three times SYMPOOL_SYM_TIMEOUT
+    sp_mempool_t *q = nullptr;
+    sp_status_t s = sp_symmetric_mempool_create(w_, nullptr, &q);
+    sp__sym_test_pause_before_comms(0);
+    std::string msg = sp_last_error();
+    EXPECT_EQ(s, SP_ERR_TIMEOUT) << sp::describe(s) << ": " << msg;
+    EXPECT_EQ(q, nullptr);
+    EXPECT_TRUE(has(msg, "duplicating the world's communicator")) << msg;
+    EXPECT_TRUE(has(msg, "the world is broken")) << msg;
+    s = sp_symmetric_mempool_create(w_, nullptr, &q);
+    EXPECT_EQ(s, SP_ERR_INVALID_USAGE) << sp::describe(s);
+    EXPECT_TRUE(has(sp_last_error(), "the world is broken")) << sp_last_error();
+    EXPECT_EQ(q, nullptr);
+    s = sp_world_finalize(w_);
+    EXPECT_EQ(s, SP_ERR_INVALID_USAGE) << sp::describe(s);
+    EXPECT_TRUE(has(sp_last_error(), "the world is broken")) << sp_last_error();
+    EXPECT_SP_STATUS(sp_world_finalize(w_), SP_ERR_INVALID_USAGE); // finalized all the same
+    w_ = nullptr;
 }
 
 } // namespace
