@@ -810,21 +810,3 @@ sp_status_t sp__agree_band_buf(MPI_Comm comm, uint64_t *buf, size_t words, const
     return wait_round(1, &req, comm, (int64_t *)buf, deadline, limit, false, NULL, what,
                       abandoned_p);
 }
-
-sp_status_t sp__agree_band(MPI_Comm comm, uint64_t *bits, size_t words, const char *what,
-                           bool *abandoned_p) {
-    *abandoned_p = false;
-    if (words > (size_t)INT_MAX / 2)
-        return sp__error(SP_ERR_INVALID_ARGUMENT, SP_SUB_BOOT, "%s: %zu words is too many", what,
-                         words);
-    uint64_t *buf = malloc(2 * words * sizeof *buf);
-    if (!buf)
-        return sp__error(SP_ERR_SYSTEM, SP_SUB_BOOT, "%s: out of host memory", what);
-    memcpy(buf, bits, words * sizeof *buf);
-    sp_status_t s = sp__agree_band_buf(comm, buf, words, what, abandoned_p);
-    if (s == SP_SUCCESS)
-        memcpy(bits, buf + words, words * sizeof *buf);
-    if (!*abandoned_p) /* else the graveyard keeps it with the pending request */
-        free(buf);
-    return s;
-}

@@ -174,11 +174,9 @@ const char *sp__agree_op_name(int64_t op);
 /* SYMPOOL_SYM_TIMEOUT in seconds; 0 when there is no deadline. */
 double sp__agree_timeout_s(void);
 /* A deadline-bounded in-place MPI_BAND allreduce of `words` 64-bit words: the follow-up round
- * of an operation whose first round already agreed on its length (the free-segment bitmap). */
-sp_status_t sp__agree_band(MPI_Comm comm, uint64_t *bits, size_t words, const char *what,
-                           bool *abandoned_p);
-/* sp__agree_band on a buffer the caller allocated before its first round (so that a rank that
- * cannot allocate says so in that round, instead of leaving its peers to time out in this one):
+ * of an operation whose first round already agreed on its length (the free-segment bitmap),
+ * on a buffer the caller allocated before its first round (so that a rank that cannot allocate
+ * says so in that round, instead of leaving its peers to time out in this one):
  * buf holds 2 * words words, the input in the first half; the result lands in the second.
  * *abandoned_p: buf went to the graveyard with the pending request; the caller must not free
  * it. Otherwise the caller frees it. */
@@ -200,7 +198,7 @@ void sp__world_test_pause_between_dups(double seconds);
  * as host malloc refusing it would. */
 #define SP_WORLD_TEST_TABLES 4
 void sp__world_test_fail_host_tables(int which);
-/* Agreement rounds this process has started (sp__agree and sp__agree_band), for tests. */
+/* Agreement rounds this process has started (sp__agree and sp__agree_band_buf), for tests. */
 uint64_t sp__agree_rounds(void);
 /* Does comm still carry a request abandoned at a timeout? (Completed ones are reaped.) */
 bool sp__agree_pending(MPI_Comm comm);
