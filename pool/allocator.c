@@ -950,8 +950,9 @@ sp_status_t sp__stream_check(sp_stream_t stream, int device, const char *fn) {
     return SP_SUCCESS;
 }
 
-static sp_status_t check_stream(const sp_devalloc_t *d, sp_stream_t stream) {
-    return sp__stream_check(stream, d->device, "sp_malloc");
+/* fn: the public call, for the message (sp_malloc, or sp_mempool_malloc through the twin). */
+static sp_status_t check_stream(const sp_devalloc_t *d, sp_stream_t stream, const char *fn) {
+    return sp__stream_check(stream, d->device, fn);
 }
 
 /* Hot/cold pair: alloc_malloc is the HOT form, forced inline into sp_malloc so the cache-hit
@@ -960,7 +961,7 @@ static sp_status_t check_stream(const sp_devalloc_t *d, sp_stream_t stream) {
  * inlined copy of the whole path. */
 static inline __attribute__((always_inline)) sp_status_t
 alloc_locked(sp_devalloc_t *d, sp_mempool_t *pool, size_t orig, sp_stream_t stream, void **ptr_p,
-             uint32_t ctx, bool hist) {
+             uint32_t ctx, bool hist, const char *fn) {
     if (SP_UNLIKELY(pool->destroyed)) {
         sp__unlock(&d->lock);
         if (ctx)
@@ -991,7 +992,7 @@ alloc_locked(sp_devalloc_t *d, sp_mempool_t *pool, size_t orig, sp_stream_t stre
         size_t alloc_size = nocache ? size : sp__allocation_size(size);
         unsigned refused = 0; /* bits 1 << sp_grow_refusal_t met on the way */
         sp_grow_refusal_t why = SP_GROW_DEVICE;
-        sp_status_t s = check_stream(d, stream);
+        sp_status_t s = check_stream(d, stream, fn);
         if (SP_UNLIKELY(s != SP_SUCCESS)) {
             sp__unlock(&d->lock);
             if (ctx)
@@ -1044,18 +1045,19 @@ alloc_locked(sp_devalloc_t *d, sp_mempool_t *pool, size_t orig, sp_stream_t stre
 }
 
 static inline __attribute__((always_inline)) sp_status_t
-alloc_malloc(sp_devalloc_t *d, sp_mempool_t *pool, size_t orig, sp_stream_t stream, void **ptr_p) {
+alloc_malloc(sp_devalloc_t *d, sp_mempool_t *pool, size_t orig, sp_stream_t stream, void **ptr_p,
+             const char *fn) {
     /* One read of the history switch per call: its hooks then agree with each other. */
     bool hist = SP_UNLIKELY(sp__history_on());
     uint32_t ctx = hist ? sp__history_capture(false) : 0;
     sp__lock(&d->lock);
-    return alloc_locked(d, pool, orig, stream, ptr_p, ctx, hist);
+    return alloc_locked(d, pool, orig, stream, ptr_p, ctx, hist, fn);
 }
 
 /* Out-of-line twin of alloc_malloc (see there), for sp_mempool_malloc. */
 sp_status_t sp__alloc_malloc(sp_devalloc_t *d, sp_mempool_t *pool, size_t orig, sp_stream_t stream,
                              void **ptr_p) {
-    return alloc_malloc(d, pool, orig, stream, ptr_p);
+    return alloc_malloc(d, pool, orig, stream, ptr_p, "sp_mempool_malloc");
 }
 
 /* ---- public entry points ----------------------------------------------------------------- */
@@ -1184,7 +1186,7 @@ static __attribute__((noinline)) sp_status_t malloc_rest(sp_devalloc_t *d, sp_me
             return SP_SUCCESS;
         }
     }
-    return alloc_locked(d, pool, orig, stream, ptr_p, 0, false);
+    return alloc_locked(d, pool, orig, stream, ptr_p, 0, false, "sp_malloc");
 }
 
 /* The hit paths' lock, in three copies each (mode is a constant at every call). The copies in
@@ -1389,7 +1391,7 @@ static sp_status_t malloc_whole(size_t size, int device, sp_stream_t stream, voi
             : NULL;
     if (sp__g.tc_limit && !pool && !sp__history_on() && sp__tc_malloc(size, device, stream, ptr_p))
         return SP_SUCCESS;
-    return alloc_malloc(d, pool ? pool : d->default_pool, size, stream, ptr_p);
+    return alloc_malloc(d, pool ? pool : d->default_pool, size, stream, ptr_p, "sp_malloc");
 }
 
 /* The whole path, then a look at the bias: a call that revoked one (or found it revoked) turns

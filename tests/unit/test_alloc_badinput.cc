@@ -93,6 +93,17 @@ TEST_F(AllocBadInput, ForeignStreamOrStreamOfAnotherDevice) {
         << sp_last_error();
     EXPECT_EQ(p, (void *)&p) << "the output is written only on success";
     EXPECT_EQ(diff(before, snap()), "") << "no segment, no stat change";
+    EXPECT_EQ(std::string(sp_last_error()).rfind("sp_malloc: ", 0), 0u) << sp_last_error();
+    // A MemPool's allocation names its own call (it shares sp_malloc's path).
+    sp_mempool_params_t params;
+    sp_mempool_params_init(&params);
+    sp_mempool_t *pool = nullptr;
+    ASSERT_SP_OK(sp_mempool_create(&params, &pool));
+    EXPECT_SP_STATUS(sp_mempool_malloc(pool, 4096, other_dev, &p), SP_ERR_INVALID_ARGUMENT);
+    EXPECT_EQ(std::string(sp_last_error()).rfind("sp_mempool_malloc: stream ", 0), 0u)
+        << sp_last_error();
+    EXPECT_EQ(p, (void *)&p) << "the output is written only on success";
+    ASSERT_SP_OK(sp_mempool_destroy(pool));
     // The same stream on its own device is fine.
     ASSERT_SP_OK(sp_malloc(4096, 1, other_dev, &p));
     ASSERT_SP_OK(sp_free(p));
