@@ -43,7 +43,15 @@ def pytest_sessionfinish(session, exitstatus):
 @pytest.fixture
 def sp():
     """The sympool module, with recording off and the cache emptied after each test."""
+    import gc
+
     import sympool
     yield sympool
     sympool.record_memory_history(enabled=None)
+    # A MemPool a test dropped without destroy() goes at its collection (__del__), and a cycle
+    # (a pytest.raises record holds the test's frame, which holds the record) keeps it until the
+    # collector runs: collect now, so that no test finds an earlier test's pool, and its cached
+    # segment, still there (the whole folder in one pytest process did, depending on when the
+    # collector last ran).
+    gc.collect()
     sympool.empty_cache()
