@@ -631,8 +631,8 @@ typedef struct recs {
         int id;
     } keys[RK_CACHE], acts[RK_CACHE];
     rec_shape_t shapes[REC_SHAPES]; /* the shapes met lately (n 0: none) */
-    size_t shape;                    /* the one whose keys' slots rs->v holds */
-    size_t shape_next;               /* the one read_keys replaces next */
+    size_t shape;                   /* the one whose keys' slots rs->v holds */
+    size_t shape_next;              /* the one read_keys replaces next */
     /* The value of each key of the dict take_entry reads, NULL where it has none. Between calls
      * only the slots of the shape's keys hold anything (each call sets them all again, or
      * clears the whole array and reads the dict key by key). */
@@ -821,8 +821,8 @@ static inline tr_action_t action_id(recs_t *rs, const pk_value_t *act) {
 
 /* Whether the n pairs have the keys of shape sh, in its order: then their values are in rs->v
  * (the shape's slots; the others are NULL) and *seen_p, *twice_p are the shape's. */
-static inline bool shape_fits(recs_t *rs, const rec_shape_t *sh, pk_value_t *const *pairs,
-                              size_t n, uint32_t *seen_p, uint32_t *twice_p) {
+static inline bool shape_fits(recs_t *rs, const rec_shape_t *sh, pk_value_t *const *pairs, size_t n,
+                              uint32_t *seen_p, uint32_t *twice_p) {
     if (sh->n == 0 || n != 2 * sh->n)
         return false;
     for (size_t k = 0; k < sh->n; k++)
