@@ -235,10 +235,6 @@ static char *new_bytes(parser_t *ps, const unsigned char *src, size_t n) {
     return s;
 }
 
-static bool is_container(const pk_value_t *v) {
-    return v->type == PK_LIST || v->type == PK_TUPLE || v->type == PK_DICT;
-}
-
 static void free_chunks(schunk_t *c) {
     for (schunk_t *n; c != NULL; c = n) {
         n = c->next;
@@ -2515,18 +2511,6 @@ const pk_value_t *pk_get(const pk_value_t *dict, const char *key) {
             return dict->u.seq.items[i - 1];
     }
     return NULL;
-}
-
-size_t pk_len(const pk_value_t *seq) {
-    if (seq == NULL || !is_container(seq))
-        return 0;
-    return seq->type == PK_DICT ? seq->u.seq.n / 2 : seq->u.seq.n;
-}
-
-const pk_value_t *pk_at(const pk_value_t *seq, size_t i) {
-    if (seq == NULL || (seq->type != PK_LIST && seq->type != PK_TUPLE) || i >= seq->u.seq.n)
-        return NULL;
-    return seq->u.seq.items[i];
 }
 
 bool pk_num(const pk_value_t *v, double *out) {

@@ -148,11 +148,23 @@ void pk_free(pk_doc_t *doc);
 
 /* Accessors; all accept NULL and return NULL / false on a type mismatch. */
 const pk_value_t *pk_get(const pk_value_t *dict, const char *key); /* last value for a str key */
-size_t pk_len(const pk_value_t *seq);                              /* list/tuple/dict entries */
-const pk_value_t *pk_at(const pk_value_t *seq, size_t i);          /* list or tuple item */
 bool pk_num(const pk_value_t *v, double *out); /* int (not BIGINT), bool or float */
 
-/* The scalar accessors are inline: loading a trace reads five of them per entry. */
+/* The accessors below are inline: loading a trace reads five scalars per entry, and its analysis
+ * walks every segment's blocks and every device's entries by index (a call each cost more than
+ * the access). */
+static inline size_t pk_len(const pk_value_t *seq) { /* list/tuple/dict entries */
+    if (seq == NULL || (seq->type != PK_LIST && seq->type != PK_TUPLE && seq->type != PK_DICT))
+        return 0;
+    return seq->type == PK_DICT ? seq->u.seq.n / 2 : seq->u.seq.n;
+}
+
+static inline const pk_value_t *pk_at(const pk_value_t *seq, size_t i) { /* list or tuple item */
+    if (seq == NULL || (seq->type != PK_LIST && seq->type != PK_TUPLE) || i >= seq->u.seq.n)
+        return NULL;
+    return seq->u.seq.items[i];
+}
+
 static inline bool pk_int(const pk_value_t *v, int64_t *out) { /* int or bool that fits int64_t */
     if (v == NULL)
         return false;

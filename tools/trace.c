@@ -598,6 +598,10 @@ enum {
 #define RK_CACHE 256 /* slots of recs_t's caches (a power of two) */
 /* Pairs of the longest dict whose keys take_entry keeps as the next one's shape. */
 #define REC_SHAPE_MAX 16
+/* Shapes take_entry keeps: a final state's segments and their blocks come in turns (a segment's
+ * blocks, then the segment), each kind with its own keys; with one shape, each turn read the
+ * dict key by key again. */
+#define REC_SHAPES 4
 
 /* The keys of the last dict take_entry read key by key, in order, with their ids: a trace's
  * entries (and a final state's blocks) have the same keys in the same order, each the one str
@@ -626,7 +630,9 @@ typedef struct recs {
         const pk_value_t *s;
         int id;
     } keys[RK_CACHE], acts[RK_CACHE];
-    rec_shape_t shape;
+    rec_shape_t shapes[REC_SHAPES]; /* the shapes met lately (n 0: none) */
+    size_t shape;                   /* the one whose keys' slots rs->v holds */
+    size_t shape_next;              /* the one read_keys replaces next */
     /* The value of each key of the dict take_entry reads, NULL where it has none. Between calls
      * only the slots of the shape's keys hold anything (each call sets them all again, or
      * clears the whole array and reads the dict key by key). */
@@ -813,21 +819,56 @@ static inline tr_action_t action_id(recs_t *rs, const pk_value_t *act) {
     return (tr_action_t)rs->acts[h].id;
 }
 
-/* Whether the n pairs have the keys of rs->shape, in its order: then their values are in rs->v
- * (the shape's slots, the others NULL already) and *seen_p, *twice_p are the shape's. */
-static inline bool same_shape(recs_t *rs, pk_value_t *const *pairs, size_t n, uint32_t *seen_p,
-                              uint32_t *twice_p) {
-    const rec_shape_t *sh = &rs->shape;
+/* Whether the n pairs have the keys of shape sh, in its order: then their values are in rs->v
+ * (the shape's slots; the others are NULL) and *seen_p, *twice_p are the shape's. */
+static inline bool shape_fits(recs_t *rs, const rec_shape_t *sh, pk_value_t *const *pairs, size_t n,
+                              uint32_t *seen_p, uint32_t *twice_p) {
     if (sh->n == 0 || n != 2 * sh->n)
         return false;
-    for (size_t k = 0; k < sh->n; k++) {
+    for (size_t k = 0; k < sh->n; k++)
         if (pairs[2 * k] != sh->keys[k])
-            return false; /* rs->v is cleared by read_keys */
+            return false;
+    for (size_t k = 0; k < sh->n; k++)
         rs->v[sh->ids[k]] = pairs[2 * k + 1];
-    }
     *seen_p = sh->seen;
     *twice_p = sh->twice;
     return true;
+}
+
+/* Whether the n pairs have the keys of one of rs->shapes, in its order (the last one met
+ * first): then their values are in rs->v, as shape_fits has them. Between calls only the slots
+ * of rs->shape's keys hold anything: another shape's are set once those are cleared. */
+static inline bool same_shape(recs_t *rs, pk_value_t *const *pairs, size_t n, uint32_t *seen_p,
+                              uint32_t *twice_p) {
+    const rec_shape_t *cur = &rs->shapes[rs->shape];
+    if (cur->n != 0 && n == 2 * cur->n) {
+        /* The last dict's shape (every entry of a trace has it), compared and written in one
+         * pass: a slot written before a key differs is one of its own, cleared below. */
+        size_t k = 0;
+        for (; k < cur->n && pairs[2 * k] == cur->keys[k]; k++)
+            rs->v[cur->ids[k]] = pairs[2 * k + 1];
+        if (k == cur->n) {
+            *seen_p = cur->seen;
+            *twice_p = cur->twice;
+            return true;
+        }
+    }
+    bool cleared = false;
+    for (size_t j = 0; j < REC_SHAPES; j++) {
+        const rec_shape_t *sh = &rs->shapes[j];
+        if (j == rs->shape || sh->n == 0 || n != 2 * sh->n || pairs[0] != sh->keys[0])
+            continue;
+        if (!cleared && cur->n == 0) /* the last dict had no shape: rs->v holds its values */
+            memset(rs->v, 0, sizeof(rs->v));
+        for (size_t k = 0; !cleared && k < cur->n; k++)
+            rs->v[cur->ids[k]] = NULL;
+        cleared = true; /* shape_fits writes nothing where it fails */
+        if (shape_fits(rs, sh, pairs, n, seen_p, twice_p)) {
+            rs->shape = j;
+            return true;
+        }
+    }
+    return false; /* read_keys clears rs->v */
 }
 
 /* The pairs' values into rs->v by key, in one pass, each key known by its address (key_id); the
@@ -835,7 +876,9 @@ static inline bool same_shape(recs_t *rs, pk_value_t *const *pairs, size_t n, ui
  * str (one that is not has no slot: it would not be compared). false when a key is no str. */
 static bool read_keys(recs_t *rs, pk_value_t *const *pairs, size_t n, uint32_t *seen_p,
                       uint32_t *twice_p) {
-    rec_shape_t *sh = &rs->shape;
+    /* The new shape replaces the one made longest ago (same_shape found none with its keys). */
+    rs->shape = rs->shape_next;
+    rec_shape_t *sh = &rs->shapes[rs->shape];
     memset(rs->v, 0, sizeof(rs->v));
     sh->n = 0;
     uint32_t seen = 0, twice = 0;
@@ -861,6 +904,7 @@ static bool read_keys(recs_t *rs, pk_value_t *const *pairs, size_t n, uint32_t *
         sh->n = np;
         sh->seen = seen;
         sh->twice = twice;
+        rs->shape_next = (rs->shape_next + 1) % REC_SHAPES;
     }
     *seen_p = seen;
     *twice_p = twice;

@@ -76,6 +76,13 @@ if(TARGET sympool_cli)
               $<TARGET_FILE:sympool_cli> ${SP_CLI_OUT}/entry_shapes)
     set_tests_properties(cli.entry_shapes PROPERTIES LABELS "unit;cli;python" TIMEOUT 120
       PASS_REGULAR_EXPRESSION "^ok")
+    # Dicts of a few key lists in turns (entries with and without a stream, a final state's
+    # segments and their blocks): none reads a value of a key only the dict before it had.
+    add_test(NAME cli.entry_shape_turns
+      COMMAND ${Python3_EXECUTABLE} ${PROJECT_SOURCE_DIR}/tests/cli/entry_shape_turns.py
+              $<TARGET_FILE:sympool_cli> ${SP_CLI_OUT}/entry_shape_turns)
+    set_tests_properties(cli.entry_shape_turns PROPERTIES LABELS "unit;cli;python" TIMEOUT 120
+      PASS_REGULAR_EXPRESSION "^ok")
     # Real snapshots re-pickled with protocols 0-3 read as their protocol-4 originals (replay
     # --json, info, summary the same), and malformed text opcodes are refused saying what.
     add_test(NAME cli.pickle_protocols
