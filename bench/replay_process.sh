@@ -18,23 +18,29 @@ cpu_ms() { # BIN TRACE: one run's CPU milliseconds
   fi
 }
 median() { sort -n | awk '{v[NR] = $1} END {print v[int((NR + 1) / 2)]}'; }
+# Per-binary files and start-up figures go by the binary's place in BINS, not its name: a
+# baseline and a candidate are often both called `sympool`.
 for trace in "$startup" "$@"; do
-  for bin in $bins; do : > "/tmp/sp_rp_$$_$(basename "$bin")"; done
+  k=0
+  for bin in $bins; do k=$((k + 1)); : > "/tmp/sp_rp_$$_$k"; done
   i=0
   while [ "$i" -lt "$repeat" ]; do
-    for bin in $bins; do cpu_ms "$bin" "$trace" >> "/tmp/sp_rp_$$_$(basename "$bin")"; done
+    k=0
+    for bin in $bins; do k=$((k + 1)); cpu_ms "$bin" "$trace" >> "/tmp/sp_rp_$$_$k"; done
     i=$((i + 1))
   done
+  k=0
   for bin in $bins; do
-    f="/tmp/sp_rp_$$_$(basename "$bin")"
+    k=$((k + 1))
+    f="/tmp/sp_rp_$$_$k"
     ms=$(median < "$f")
     rm -f "$f"
     entries=$("$bin" replay "$trace" --json 2>/dev/null | sed -n 's/.*"trace_entries":\([0-9]*\).*/\1/p')
     if [ "$trace" = "$startup" ]; then
-      eval "start_$(basename "$bin" | tr -c 'a-zA-Z0-9\n' '_')=$ms"
+      eval "start_$k=$ms"
       printf '{"bench":"replay_process","binary":"%s","trace":"%s","startup_ms":%s}\n' "$bin" "$(basename "$trace")" "$ms"
     else
-      st=$(eval "echo \$start_$(basename "$bin" | tr -c 'a-zA-Z0-9\n' '_')")
+      st=$(eval "echo \$start_$k")
       printf '{"bench":"replay_process","binary":"%s","trace":"%s","entries":%s,"ms":%s,"ns_per_entry_beyond_startup":%s}\n' \
         "$bin" "$(basename "$trace")" "${entries:-0}" "$ms" \
         "$(awk -v m="$ms" -v s="$st" -v n="${entries:-1}" 'BEGIN {printf "%.0f", (m - s) * 1e6 / n}')"
