@@ -1251,7 +1251,7 @@ TEST_F(Expandable, PartOfARecycledRangeOutsideTheGrowthIsUnmappedBeforeItMaps) {
     EXPECT_EQ(sp__host_live_bytes(0), 10 * MiB);
     sp_x_vmm_counters_t v;
     ASSERT_SP_OK(sp_x_vmm_counters(0, &v));
-    EXPECT_EQ(v.pages_mapped, 3); // [0,6)
+    EXPECT_EQ(v.pages_mapped, 3);   // [0,6)
     EXPECT_EQ(v.pages_unmapped, 1); // [8,10)
     ASSERT_SP_OK(sp_free(c));
     ASSERT_SP_OK(sp_free(z));
