@@ -96,6 +96,16 @@ static void make_route_key(void) {
     g_route_key_made = pthread_key_create(&g_route_key, route_exit) == 0;
 }
 
+/* At the library's unload (dlclose; exit() too): a thread that routed keeps the key's value set
+ * for its life, and one that outlives the library would otherwise have glibc call route_exit at
+ * an address no longer mapped as it exits (a deleted key's destructor is never called). Its
+ * routings then end with the library, as every pool's do. */
+__attribute__((destructor)) static void delete_route_key(void) {
+    if (g_route_key_made)
+        (void)pthread_key_delete(g_route_key);
+    g_route_key_made = false;
+}
+
 /* Arm route_exit for this thread, once (its first routing; the key's value stays set until the
  * thread exits, and route_exit does nothing for a thread that routes nothing then): a begin
  * after that pays one thread-local test. Without a key (none left) a thread that exits routing
