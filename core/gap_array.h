@@ -67,6 +67,9 @@ static inline uint32_t sp__gap_run_upper(const sp_gap_ent_t *r, uint32_t n, uint
 static inline uint32_t sp__gap_upper(const sp_gap_array_t *a, uint64_t k) {
     if (a->gap > 0 && a->e[a->gap - 1].key > k)
         return sp__gap_run_upper(a->e, a->gap, k);
+    /* No run after the gap (always so while e is NULL: C has no NULL + 0, clang's UBSan says). */
+    if (a->gap == a->n)
+        return a->gap;
     return a->gap + sp__gap_run_upper(a->e + a->gap + (a->cap - a->n), a->n - a->gap, k);
 }
 

@@ -182,17 +182,34 @@ static sp_status_t dev_map(sp_devalloc_t *d, uintptr_t addr, size_t len, size_t 
     return s;
 }
 
-/* Unmap on the device the pending ranges outside [lo, hi) (all of them with lo = hi = 0). The
- * caller synchronized before putting them there. An unmap the device refuses (a driver
- * failure; the backend logs it) leaves those pages mapped where the books say unmapped: a
- * later map there fails and the growth reports it. */
+/* Unmap on the device the pending pages outside [lo, hi) (all of them with lo = hi = 0): a
+ * range that straddles lo or hi keeps only its part inside, since its parts outside are not
+ * mapped again by the growth and, left mapped while the growth maps, would have the device hold
+ * more than the books (a device at its capacity then refused the growth's map: an OOM retry).
+ * lo and hi are page bounds of the growth's segment (lo an unmapped block's start where a range
+ * straddles it). The caller synchronized before putting them there. An unmap the device refuses
+ * (a driver failure; the backend logs it) leaves those pages mapped where the books say unmapped:
+ * a later map there fails and the growth reports it. */
 static void pend_flush(sp_devalloc_t *d, exp_pend_t *pd, uintptr_t lo, uintptr_t hi) {
     int k = 0;
     for (int i = 0; i < pd->n; i++) {
-        if (pd->r[i].addr < hi && pd->r[i].addr + pd->r[i].len > lo)
-            pd->r[k++] = pd->r[i];
-        else
-            (void)dev_unmap(d, pd->r[i].addr, pd->r[i].len, pd->r[i].page);
+        uintptr_t a = pd->r[i].addr, e = a + pd->r[i].len;
+        size_t page = pd->r[i].page;
+        if (a >= hi || e <= lo) {
+            (void)dev_unmap(d, a, e - a, page);
+            continue;
+        }
+        if (a < lo) {
+            (void)dev_unmap(d, a, lo - a, page);
+            a = lo;
+        }
+        if (e > hi) {
+            (void)dev_unmap(d, hi, e - hi, page);
+            e = hi;
+        }
+        pd->r[k] = pd->r[i];
+        pd->r[k].addr = a;
+        pd->r[k++].len = e - a;
     }
     pd->n = k;
 }

@@ -79,8 +79,11 @@ static pthread_key_t g_route_key;
 static bool g_route_key_made;
 static pthread_once_t g_route_once = PTHREAD_ONCE_INIT;
 
-static void route_exit(void *unused) {
-    (void)unused;
+/* route_exit's body, inside the shutdown gate: the warning reads the pool's name, which a
+ * concurrent sp_shutdown frees (the gate makes it wait, or refuses this once it has begun: it
+ * resets every routing itself). */
+static sp_status_t route_exit_gated(void) {
+    SP_GATE("sp_mempool_end (at a thread's exit)");
     for (int n = route_depth(); n > 0; n = route_depth()) {
         sp_mempool_t *pool = tl_route[n - 1];
         SP_WARN(SP_SUB_POOL,
@@ -90,10 +93,27 @@ static void route_exit(void *unused) {
         if (sp_mempool_end(pool) != SP_SUCCESS)
             break; /* sympool is shutting down: that resets every routing itself */
     }
+    return SP_SUCCESS;
+}
+
+static void route_exit(void *unused) {
+    (void)unused;
+    if (route_depth() > 0) /* else nothing to end, and no gate to pass (a refusal's message) */
+        (void)route_exit_gated();
 }
 
 static void make_route_key(void) {
     g_route_key_made = pthread_key_create(&g_route_key, route_exit) == 0;
+}
+
+/* At the library's unload (dlclose; exit() too): a thread that routed keeps the key's value set
+ * for its life, and one that outlives the library would otherwise have glibc call route_exit at
+ * an address no longer mapped as it exits (a deleted key's destructor is never called). Its
+ * routings then end with the library, as every pool's do. */
+__attribute__((destructor)) static void delete_route_key(void) {
+    if (g_route_key_made)
+        (void)pthread_key_delete(g_route_key);
+    g_route_key_made = false;
 }
 
 /* Arm route_exit for this thread, once (its first routing; the key's value stays set until the

@@ -5,6 +5,7 @@
 
 #include <sys/single_threaded.h>
 
+#include <atomic>
 #include <cstdlib>
 #include <string>
 #include <mutex>
@@ -384,6 +385,35 @@ TEST_F(AllocInternal, ThreadExitingInsideMempoolBeginEndsItsRoutings) {
     sp_block_info_t bi;
     ASSERT_SP_OK(sp__pool_lookup(p, &bi));
     EXPECT_EQ(bi.pool, sp_default_mempool(0));
+    ASSERT_SP_OK(sp_free(p));
+}
+
+// A thread that exits inside sp_mempool_begin while another thread runs sp_shutdown: its
+// routing's end (the key's destructor) reads the pool's name for its warning, which the shutdown
+// frees; it must pass the shutdown gate first, as every call does (ThreadSanitizer reported the
+// read racing the free when it did not; without TSan, no crash and sympool starts again).
+TEST_F(AllocInternal, ThreadExitingInsideMempoolBeginWhileShutdownRuns) {
+    expect_warnings();
+    ASSERT_SP_OK(sp_init());
+    for (int round = 0; round < 20; round++) {
+        ASSERT_SP_OK(sp_init());
+        sp_mempool_t *pool = nullptr;
+        ASSERT_SP_OK(sp_mempool_create(nullptr, &pool));
+        std::atomic<bool> routed{false};
+        sp_status_t s = SP_ERR_INTERNAL;
+        std::thread t([&] {
+            s = sp_mempool_begin(pool);
+            routed.store(true);
+        });
+        while (!routed.load())
+            std::this_thread::yield();
+        ASSERT_SP_OK(sp_shutdown()); // the thread's exit runs its key's destructor meanwhile
+        t.join();
+        ASSERT_SP_OK(s);
+    }
+    ASSERT_SP_OK(sp_init());
+    void *p = nullptr;
+    ASSERT_SP_OK(sp_malloc(1000, 0, nullptr, &p));
     ASSERT_SP_OK(sp_free(p));
 }
 

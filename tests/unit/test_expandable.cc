@@ -1219,3 +1219,43 @@ TEST_F(Expandable, MoreRecycledRangesThanTheListHoldsAreAllUnmapped) {
     ASSERT_SP_OK(sp_empty_cache());
     EXPECT_EQ(sp__host_live_bytes(0), 0u);
 }
+
+// A recycled range the growth maps only part of: its other part must be unmapped on the device
+// before the growth maps new pages, or the device holds more than the books say. 10 MiB device:
+// x [0,6) and d [6,10) of a 12 MiB segment, x freed and unmapped (empty_cache), then z, 1 MiB in
+// the small pool (a 2 MiB page), and d freed. 8 MiB fits no free block (d grows to 6 MiB at most):
+// RECYCLE unmaps d, and the growth maps [0,8): [0,6) new, [6,8) kept. The books end at z's 2 +
+// 8 = 10 MiB, the capacity; with [8,10) still mapped while [0,6) is, the device would need 12, its
+// map fail, and the malloc go through an OOM retry (num_alloc_retries) that every unmap made first
+// never needs.
+TEST_F(Expandable, PartOfARecycledRangeOutsideTheGrowthIsUnmappedBeforeItMaps) {
+    sp::ScopedEnv env(
+        {{"SYMPOOL_ALLOC_CONF", "expandable_segments:True"}, {"SYMPOOL_HOST_CAPACITY", "10MiB"}});
+    SP_SKIP_UNLESS_HOST();
+    void *x, *d, *z, *c;
+    ASSERT_SP_OK(sp_malloc(6 * MiB, 0, nullptr, &x));
+    ASSERT_SP_OK(sp_malloc(4 * MiB, 0, nullptr, &d));
+    ASSERT_EQ((uintptr_t)d, (uintptr_t)x + 6 * MiB);
+    ASSERT_SP_OK(sp_free(x));
+    ASSERT_SP_OK(sp_empty_cache()); // [0,6) unmapped
+    sp_stream_t s1;
+    ASSERT_SP_OK(sp_stream_create(0, &s1));
+    ASSERT_SP_OK(sp_malloc(2 * MiB, 0, s1, &z));
+    ASSERT_SP_OK(sp_free(d));
+    ASSERT_EQ(sp__host_live_bytes(0), 6 * MiB);
+    ASSERT_SP_OK(sp_reset_accumulated_memory_stats(0));
+    ASSERT_SP_OK(sp_malloc(8 * MiB, 0, nullptr, &c));
+    EXPECT_EQ((uintptr_t)c, (uintptr_t)x);
+    EXPECT_EQ(stat("num_alloc_retries"), 0);
+    EXPECT_EQ(stat("reserved_bytes.all.current"), 10 * (int64_t)MiB);
+    EXPECT_EQ(sp__host_live_bytes(0), 10 * MiB);
+    sp_x_vmm_counters_t v;
+    ASSERT_SP_OK(sp_x_vmm_counters(0, &v));
+    EXPECT_EQ(v.pages_mapped, 3);   // [0,6)
+    EXPECT_EQ(v.pages_unmapped, 1); // [8,10)
+    ASSERT_SP_OK(sp_free(c));
+    ASSERT_SP_OK(sp_free(z));
+    ASSERT_SP_OK(sp_empty_cache());
+    EXPECT_EQ(sp__host_live_bytes(0), 0u);
+    ASSERT_SP_OK(sp_stream_destroy(s1));
+}

@@ -12,6 +12,7 @@
 
 extern "C" {
 #include "core/gap_array.h"
+#include "tests/unit/gap_array_probe.h"
 }
 
 namespace {
@@ -118,3 +119,15 @@ TEST(GapArray, RandomChangesMatchASortedVector) {
 }
 
 } // namespace
+
+// An empty array (e NULL, nothing allocated yet: a device's segment index before its first
+// segment, looked up by sp_free of a foreign pointer) answers 0 everywhere, compiled as C, where
+// the run after the gap at NULL + 0 is undefined (clang -fsanitize=undefined stopped there).
+TEST(GapArray, EmptyArrayLookupsFromC) {
+    uint32_t out[4] = {9, 9, 9, 9};
+    sp_test_gap_probe_empty(out);
+    EXPECT_EQ(out[0], 0u);
+    EXPECT_EQ(out[1], 0u);
+    EXPECT_EQ(out[2], 0u);
+    EXPECT_EQ(out[3], 0u);
+}
