@@ -51,6 +51,10 @@ void sp__history_record(int device, sp_trace_action_t action, uintptr_t addr, si
 
 /* ---- for snapshot.c and tests (history.c owns these too) --------------------------------- */
 
+/* Tests only (snapshot.c): fn runs in every dump right after the segment walk, once its locks are
+ * released (NULL: nothing, the default), as a thread allocating then would. */
+void sp__snapshot_test_after_walk(void (*fn)(void));
+
 /* Stop recording, drop every ring and the context table (sp_shutdown calls it once no block is
  * live, so that the next initialization starts with no history). */
 void sp__history_shutdown(void);

@@ -95,6 +95,10 @@ typedef void (*sp_segment_visit_fn)(const sp_segment_view_t *segment, void *arg)
  * restricts the walk to that pool's segments. The visitor must not call back into sympool. */
 sp_status_t sp__pool_walk(int device, const sp_mempool_t *pool, sp_segment_visit_fn visit,
                           void *arg);
+/* sp__pool_walk that first calls start(arg) under the same locks, before any segment and whether
+ * or not one follows (a snapshot copies its traces there, in the state the segments show). */
+sp_status_t sp__pool_walk_from(int device, const sp_mempool_t *pool, void (*start)(void *),
+                               sp_segment_visit_fn visit, void *arg);
 
 /* Run fn(arg) while holding every device allocator's lock: the history module uses it to copy
  * the trace buffers in the same consistent state as a walk. */

@@ -294,6 +294,11 @@ static sp_status_t visit_segment(sp_devalloc_t *d, sp_segment_t *seg, sp_segment
 
 sp_status_t sp__pool_walk(int device, const sp_mempool_t *pool, sp_segment_visit_fn visit,
                           void *arg) {
+    return sp__pool_walk_from(device, pool, NULL, visit, arg);
+}
+
+sp_status_t sp__pool_walk_from(int device, const sp_mempool_t *pool, void (*start)(void *),
+                               sp_segment_visit_fn visit, void *arg) {
     SP_CHECK(sp__alloc_ensure());
     if (device >= sp__g.ndev)
         return sp__error(SP_ERR_INVALID_ARGUMENT, SP_SUB_POOL, "walk: device %d does not exist",
@@ -307,6 +312,8 @@ sp_status_t sp__pool_walk(int device, const sp_mempool_t *pool, sp_segment_visit
     for (int i = 0; i < sp__g.ndev; i++)
         if ((device < 0 || i == device) && (!pool || pool->is_default))
             (void)sp__tc_drain(&sp__g.devs[i]);
+    if (start)
+        start(arg);
     for (int i = 0; i < sp__g.ndev && s == SP_SUCCESS; i++) {
         if (device >= 0 && i != device)
             continue;

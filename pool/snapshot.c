@@ -4,12 +4,11 @@
  * protocol 4 or JSON (".json" path) through core/core_emit.c, atomically.
  *
  * Consistency: the segments come from sp__pool_walk, which holds every device's allocator lock
- * for the whole walk (pool/segment_index.c); the traces are copied from inside the visitor at its
- * first call, so under those same locks. Segments, blocks and traces therefore describe one
- * instant, and the trace replays backwards to the segment state, which is what MemoryViz.js's
- * "Allocator State History" needs. (sp__pool_locked cannot be used around the walk: the locks
- * are not recursive.) When there is no segment at all the traces are copied after the walk; an
- * allocation racing with that dump may then show a segment_alloc without its segment.
+ * for the whole walk (pool/segment_index.c); the traces are copied at the walk's start
+ * (sp__pool_walk_from, called whether or not a segment follows), so under those same locks.
+ * Segments, blocks and traces therefore describe one instant, and the trace replays backwards to
+ * the segment state, which is what MemoryViz.js's "Allocator State History" needs. (sp__pool_locked
+ * cannot be used around the walk: the locks are not recursive.)
  *
  * Every dump appends a `snapshot` entry (addr 0, size = active bytes) to each device's trace, as
  * PyTorch does, and shows it in the file it writes. No lock of its own; the collection is local.
@@ -92,15 +91,20 @@ static void copy_trace(collect_t *c, int device) {
     t->copied = true;
 }
 
+/* The walk's start, under every device's allocator lock, which the walk holds for its whole
+ * duration: every trace copied in the state the segments show (also when there are none: copied
+ * after the walk, a racing allocation's entries would have no block). */
+static void copy_traces(void *arg) {
+    collect_t *c = arg;
+    for (int d = 0; d < c->ndev && !c->failed; d++)
+        copy_trace(c, d);
+}
+
 /* Runs under the device's allocator lock: copy, take context references, nothing else. */
 static void visit(const sp_segment_view_t *seg, void *arg) {
     collect_t *c = arg;
     if (c->failed)
         return;
-    /* The walk holds every device's lock for its whole duration, so the first visit is the
-     * moment to copy every trace in the same state as the segments. */
-    for (int d = 0; d < c->ndev; d++)
-        copy_trace(c, d);
     if (!grow((void **)&c->segs, &c->segs_alloc, c->nsegs + 1, sizeof(*c->segs)) ||
         !grow((void **)&c->blocks, &c->blocks_alloc, c->nblocks + seg->nblocks,
               sizeof(*c->blocks))) {
@@ -360,6 +364,12 @@ static sp_status_t expand_path(const char *pattern, char *out, size_t cap) {
     return SP_SUCCESS;
 }
 
+static void (*_Atomic s_test_after_walk)(void); /* sp__snapshot_test_after_walk */
+
+void sp__snapshot_test_after_walk(void (*fn)(void)) {
+    s_test_after_walk = fn;
+}
+
 /* dump's collection and writing into the opened file, which it commits; aborting it on failure is
  * the caller's. */
 static sp_status_t dump_to(const sp_mempool_t *pool, const char *path, sp__atomic_file_t *file) {
@@ -379,7 +389,11 @@ static sp_status_t dump_to(const sp_mempool_t *pool, const char *path, sp__atomi
     if (c.traces == NULL)
         return sp__error(SP_ERR_SYSTEM, SP_SUB_HISTORY, "out of host memory for a snapshot");
 
-    sp_status_t s = sp__pool_walk(pool != NULL ? sp__mempool_device(pool) : -1, pool, visit, &c);
+    sp_status_t s = sp__pool_walk_from(pool != NULL ? sp__mempool_device(pool) : -1, pool,
+                                       copy_traces, visit, &c);
+    void (*after_walk)(void) = s_test_after_walk;
+    if (after_walk)
+        after_walk();
     if (s == SP_SUCCESS && c.failed)
         s = c.status == SP_ERR_SYSTEM
                 ? sp__error(SP_ERR_SYSTEM, SP_SUB_HISTORY, "out of host memory for a snapshot")
@@ -388,8 +402,6 @@ static sp_status_t dump_to(const sp_mempool_t *pool, const char *path, sp__atomi
         collect_free(&c);
         return s;
     }
-    for (int d = 0; d < c.ndev && !c.failed; d++)
-        copy_trace(&c, d);
     if (!c.failed && !sp__history_stream_labels(&c.labels, &c.nlabels)) {
         c.failed = true;
         c.status = sp__error(SP_ERR_SYSTEM, SP_SUB_HISTORY, "out of host memory for a snapshot");

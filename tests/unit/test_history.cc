@@ -947,6 +947,36 @@ TEST_F(History, SnapshotIsConsistentAndReadable) {
         ASSERT_SP_OK(sp_free(ptrs[i]));
 }
 
+// With no segment at all the walk visits nothing; the traces were then copied after it, once its
+// locks were released, so an allocation made just then (another thread's) was in the trace and
+// its segment and block were not: the trace did not replay backwards to the snapshot's state
+// (History.ConcurrentDumpsStayConsistent failed so, rarely, under load). The traces are copied at
+// the walk's start now, under its locks.
+std::atomic<void *> g_after_walk{nullptr};
+
+TEST_F(History, AnAllocationRightAfterAWalkOfNoSegmentIsNotInTheTrace) {
+    ASSERT_SP_OK(record(SP_HISTORY_ALL));
+    ASSERT_SP_OK(sp_empty_cache());
+    sp__snapshot_test_after_walk([] {
+        void *p = nullptr;
+        if (sp_malloc(4096, 0, nullptr, &p) == SP_SUCCESS)
+            g_after_walk = p;
+    });
+    std::string dir = tempdir();
+    std::string path = dir + "/empty.pickle";
+    EXPECT_SP_OK(sp_dump_snapshot(path.c_str()));
+    sp__snapshot_test_after_walk(nullptr);
+    ASSERT_NE(g_after_walk.load(), nullptr) << "the hook did not run";
+    {
+        Doc d(path);
+        ASSERT_NE(d.root(), nullptr);
+        EXPECT_EQ(pk_len(pk_get(d.root(), "segments")), 0u);
+        expect_replays_backwards(d.root());
+    }
+    ASSERT_SP_OK(sp_free(g_after_walk.exchange(nullptr)));
+    remove_tree(dir);
+}
+
 // Allocating threads, a frames hook and repeated dumps at once: every snapshot still replays
 // backwards to its own segments (the walk and the trace copy see one state).
 TEST_F(History, ConcurrentDumpsStayConsistent) {
