@@ -1032,6 +1032,48 @@ static bool record_annotations(const tr_trace_t *t, char *err, size_t errlen) {
     return ok;
 }
 
+/* Whether event j is the completion PyTorch recorded right after its free_requested (a free no
+ * other stream's work held): the free's own, recorded at the free's op. */
+static bool immediate_completion(const tr_event_t *ev, size_t j) {
+    return j > 0 && ev[j].action == TR_FREE_COMPLETED && ev[j - 1].action == TR_FREE_REQUESTED &&
+           ev[j - 1].addr == ev[j].addr;
+}
+
+/* Our snapshot's times for what the allocator does around op o (its event i): every event of
+ * the trace that asks nothing of sympool is the allocator's own doing, recorded by PyTorch with
+ * its own time, and belongs to an op: an immediate free_completed to the free before it (it comes
+ * right after i), an empty_cache's run of segment frees to its first (right after i), anything
+ * else (a segment_alloc or segment_map, the segment frees of a release inside malloc, a deferred
+ * free's free_completed, which our allocator too records at the next malloc) to the op after it
+ * (*cursor: the first event not handed out). Each one's time is queued for the next entry of its
+ * action (sp_x_history_stamp_next): our entries take the recorded times in the recorded order,
+ * and an entry the recorded run did not make takes the op's own (sp_x_history_stamp). */
+static bool stamp_around(const tr_event_t *ev, size_t nev, const op_t *o, size_t *cursor, char *err,
+                         size_t errlen) {
+    size_t i = o->ev, j = *cursor;
+    if (o->kind == OP_FREE_COMPLETED)
+        return true; /* no entry of ours: an immediate one was the free's, a deferred one waits */
+    sp_status_t st = sp_x_history_stamp_next(-1, -1); /* what the op before did not take */
+    for (; st == SP_SUCCESS && j <= i; j++) /* the op's own event last: an empty_cache's first */
+        if ((j == i || !immediate_completion(ev, j)) && ev[j].time_us > 0 && ev[j].action <= TR_OOM)
+            st = sp_x_history_stamp_next((int)ev[j].action, ev[j].time_us);
+    j = i + 1;
+    bool run = o->kind == OP_EMPTY_CACHE;
+    for (; st == SP_SUCCESS && j < nev &&
+           (immediate_completion(ev, j) ||
+            (run && (ev[j].action == TR_SEGMENT_FREE || ev[j].action == TR_SEGMENT_UNMAP)));
+         j++)
+        if (ev[j].time_us > 0)
+            st = sp_x_history_stamp_next((int)ev[j].action, ev[j].time_us);
+    *cursor = j;
+    if (st != SP_SUCCESS) {
+        snprintf(err, errlen, "sp_x_history_stamp_next: %s", sp_last_error());
+        return false;
+    }
+    sp_x_history_stamp(ev[i].time_us > 0 ? ev[i].time_us : -1);
+    return true;
+}
+
 /* Every step of one device in order. Out of line (and, under GCC, kept whole: no clone under
  * another name) so that the timed loop is a function of its own for profilers:
  * `valgrind --tool=callgrind --toggle-collect=replay_device` counts it alone.
@@ -1047,13 +1089,16 @@ static LOOP_FN bool replay_device(dev_state_t *ds, int d, const tr_device_t *td,
     bool ok = true;
     size_t allocs = 0, frees = 0;
     const char *const *meta = ds->meta;
-    size_t placed = 0; /* ds->place's cursor */
+    size_t placed = 0, stamped = 0; /* ds->place's cursor; stamp_around's */
     const tr_event_t *ev = td->ev, *end = td->ev + td->nev;
     for (const op_t *o = ds->ops, *oend = ds->ops + ds->nops; ok && o < oend; o++) {
         if (UNLIKELY(with_frames)) {
             fs->frames = ev[o->ev].frames;
-            /* our entries carry the recorded time (0: the trace has none, history's clock) */
-            sp_x_history_stamp(ev[o->ev].time_us > 0 ? ev[o->ev].time_us : -1);
+            /* our entries carry the recorded times (0: the trace has none, history's clock) */
+            if (!stamp_around(ev, td->nev, o, &stamped, err, errlen)) {
+                ok = false;
+                break;
+            }
             if (UNLIKELY(o->flags & OPF_META) && !set_meta(d, *meta++, err, errlen)) {
                 ok = false;
                 break;
@@ -1240,8 +1285,11 @@ static bool replay_once(const tr_trace_t *t, const char *snapshot_out, bool last
         ok = replay_device(&ds[d], d, &t->dev[d], &fs, snapshot_out != NULL, r, err, errlen);
     uint64_t t1 = now_ns();
     fs.frames = NULL;
-    if (snapshot_out != NULL)
-        sp_x_history_stamp(-1); /* the snapshot's own entry, and what comes next, take the clock */
+    if (snapshot_out != NULL) {
+        /* the snapshot's own entry, and what comes next, take the clock */
+        sp_x_history_stamp(-1);
+        (void)sp_x_history_stamp_next(-1, -1);
+    }
     r->events = r->allocs + r->frees;
     r->ns_per_event = r->events ? (double)(t1 - t0) / (double)r->events : 0.0;
     for (int d = 0; d < t->ndev; d++) {
