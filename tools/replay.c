@@ -1054,9 +1054,15 @@ static bool stamp_around(const tr_event_t *ev, size_t nev, const op_t *o, size_t
     if (o->kind == OP_FREE_COMPLETED)
         return true; /* no entry of ours: an immediate one was the free's, a deferred one waits */
     sp_status_t st = sp_x_history_stamp_next(-1, -1); /* what the op before did not take */
-    for (; st == SP_SUCCESS && j <= i; j++) /* the op's own event last: an empty_cache's first */
-        if ((j == i || !immediate_completion(ev, j)) && ev[j].time_us > 0 && ev[j].action <= TR_OOM)
+    /* A free makes no completion but its own: one recorded before it (of a request the ring cut
+     * off, or a deferred one no malloc saw done) is not its. */
+    bool completes = o->kind != OP_FREE;
+    for (; st == SP_SUCCESS && j <= i; j++) { /* the op's own event last: an empty_cache's first */
+        bool mine = j == i || (ev[j].action != TR_FREE_COMPLETED ||
+                               (completes && !immediate_completion(ev, j)));
+        if (mine && ev[j].time_us > 0 && ev[j].action <= TR_OOM)
             st = sp_x_history_stamp_next((int)ev[j].action, ev[j].time_us);
+    }
     j = i + 1;
     bool run = o->kind == OP_EMPTY_CACHE;
     for (; st == SP_SUCCESS && j < nev &&
