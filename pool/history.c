@@ -1298,6 +1298,17 @@ SP_EXPORT sp_status_t sp_x_history_stamp_next(int action, int64_t time_us) {
     return SP_SUCCESS;
 }
 
+SP_EXPORT sp_status_t sp_x_history_record_snapshot(int device, size_t active_bytes) {
+    SP_GATE("sp_x_history_record_snapshot");
+    SP_ARG_CHECK(device >= 0 && device < sp_device_count(), SP_SUB_HISTORY,
+                 "sp_x_history_record_snapshot: device %d does not exist (%d device(s))", device,
+                 sp_device_count());
+    /* The marker a dump appends (snapshot.c), for the default pool as PyTorch's; nothing
+     * while actions are not recorded (sp__history_record's own check). */
+    sp__history_record(device, SP_TRACE_SNAPSHOT, 0, active_bytes, 0, (sp_mempool_id_t){0, 0}, 0);
+    return SP_SUCCESS;
+}
+
 void sp__history_shutdown(void) {
     pthread_mutex_lock(&g.lock);
     stamp_next_clear_locked(false);

@@ -1039,6 +1039,13 @@ static bool immediate_completion(const tr_event_t *ev, size_t j) {
            ev[j - 1].addr == ev[j].addr;
 }
 
+/* The recorded run's own snapshot (its `snapshot` entry, where the user took one while
+ * recording): our history gets the entry a snapshot would append, with our active bytes then
+ * (the trace's size is PyTorch's), at its time (queued by the caller). */
+static sp_status_t snapshot_marker(int d) {
+    return sp_x_history_record_snapshot(d, (size_t)stat_of(d, "active_bytes.all.current"));
+}
+
 /* Our snapshot's times for what the allocator does around op o (its event i): every event of
  * the trace that asks nothing of sympool is the allocator's own doing, recorded by PyTorch with
  * its own time, and belongs to an op: an immediate free_completed to the free before it (it comes
@@ -1048,8 +1055,8 @@ static bool immediate_completion(const tr_event_t *ev, size_t j) {
  * (*cursor: the first event not handed out). Each one's time is queued for the next entry of its
  * action (sp_x_history_stamp_next): our entries take the recorded times in the recorded order,
  * and an entry the recorded run did not make takes the op's own (sp_x_history_stamp). */
-static bool stamp_around(const tr_event_t *ev, size_t nev, const op_t *o, size_t *cursor, char *err,
-                         size_t errlen) {
+static bool stamp_around(int d, const tr_event_t *ev, size_t nev, const op_t *o, size_t *cursor,
+                         char *err, size_t errlen) {
     size_t i = o->ev, j = *cursor;
     if (o->kind == OP_FREE_COMPLETED)
         return true; /* no entry of ours: an immediate one was the free's, a deferred one waits */
@@ -1062,6 +1069,8 @@ static bool stamp_around(const tr_event_t *ev, size_t nev, const op_t *o, size_t
                                (completes && !immediate_completion(ev, j)));
         if (mine && ev[j].time_us > 0 && ev[j].action <= TR_OOM)
             st = sp_x_history_stamp_next((int)ev[j].action, ev[j].time_us);
+        if (ev[j].action == TR_SNAPSHOT && st == SP_SUCCESS)
+            st = snapshot_marker(d);
     }
     j = i + 1;
     bool run = o->kind == OP_EMPTY_CACHE;
@@ -1078,6 +1087,20 @@ static bool stamp_around(const tr_event_t *ev, size_t nev, const op_t *o, size_t
     }
     sp_x_history_stamp(ev[i].time_us > 0 ? ev[i].time_us : -1);
     return true;
+}
+
+/* The recorded run's snapshots after its last replayed event (from `cursor` on). */
+static bool snapshots_after(int d, const tr_event_t *ev, size_t nev, size_t cursor, char *err,
+                            size_t errlen) {
+    sp_status_t st = sp_x_history_stamp_next(-1, -1);
+    for (size_t j = cursor; st == SP_SUCCESS && j < nev; j++)
+        if (ev[j].action == TR_SNAPSHOT) {
+            sp_x_history_stamp(ev[j].time_us > 0 ? ev[j].time_us : -1);
+            st = snapshot_marker(d);
+        }
+    if (st != SP_SUCCESS)
+        snprintf(err, errlen, "a snapshot entry: %s", sp_last_error());
+    return st == SP_SUCCESS;
 }
 
 /* Every step of one device in order. Out of line (and, under GCC, kept whole: no clone under
@@ -1101,7 +1124,7 @@ static LOOP_FN bool replay_device(dev_state_t *ds, int d, const tr_device_t *td,
         if (UNLIKELY(with_frames)) {
             fs->frames = ev[o->ev].frames;
             /* our entries carry the recorded times (0: the trace has none, history's clock) */
-            if (!stamp_around(ev, td->nev, o, &stamped, err, errlen)) {
+            if (!stamp_around(d, ev, td->nev, o, &stamped, err, errlen)) {
                 ok = false;
                 break;
             }
@@ -1134,6 +1157,8 @@ static LOOP_FN bool replay_device(dev_state_t *ds, int d, const tr_device_t *td,
             break;
         }
     }
+    if (UNLIKELY(with_frames) && ok)
+        ok = snapshots_after(d, ev, td->nev, stamped, err, errlen);
     r->allocs += allocs;
     r->frees += frees;
     return ok;

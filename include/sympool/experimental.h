@@ -121,6 +121,13 @@ void sp_x_history_stamp(int64_t time_us);
  *  when out of host memory. */
 sp_status_t sp_x_history_stamp_next(int action, int64_t time_us);
 
+/** Records on `device` the `snapshot` trace entry that a snapshot appends to each device's history
+ *  (size: active_bytes, what a snapshot puts there: the device's active bytes), without taking a
+ *  snapshot. `sympool replay --snapshot` re-enacts the recorded run's own snapshots where its
+ *  trace has their entries, so that its snapshot lists them where the original does. Nothing
+ *  while actions are not recorded. SP_ERR_INVALID_ARGUMENT for a device that does not exist. */
+sp_status_t sp_x_history_record_snapshot(int device, size_t active_bytes);
+
 /** Totals over this process's symmetric pools on `device` (device < 0: all devices). */
 typedef struct sp_x_symmetric_counters {
     int64_t registrations;    /**< segments registered since process start */

@@ -7,7 +7,7 @@ at a later malloc), an empty_cache's segment frees each their own, in PyTorch's 
 pool's by size, then the small pool's). trace-times-tiny.json has each of them; on it our entries
 equal the recorded ones in action, size and time, one for one. On real traces: every
 free_completed and segment_alloc time, and (an empty_cache of 287 segments) every segment_free's
-time, size and relative address.
+time, size and relative address; and the recorded run's own snapshots' `snapshot` entries.
 
 usage: replay_times.py SYMPOOL DATA_DIR OUT_DIR
 """
@@ -81,6 +81,17 @@ frees = [[(e["size"], e["addr"]) for e in doc["device_traces"][0] if e["action"]
 rel = [[(s, a - f[0][1]) for s, a in f] for f in frees]
 if rel[0] != rel[1]:
     failures.append("sqattn: segment_free sizes/addresses differ from entry %d" % first_diff(*rel))
+
+# The recorded run's own snapshots (9 `snapshot` entries, the user's mid-run snapshots): ours has
+# them at the same places, with their times and the active bytes then.
+path = os.path.join(DATA, "real/eor-nn-small-peak.pickle")
+rec = load(path)
+ours = replay(path, os.path.join(OUT, "times-eor.pickle"))
+keys = ("action", "size", "time_us")
+marks = [[(i, e["size"], e["time_us"]) for i, e in enumerate(doc["device_traces"][0])
+          if e["action"] == "snapshot"] for doc in (ours, rec)]
+if marks[0] != marks[1] or len(marks[1]) != 9:
+    failures.append("eor: snapshot entries %r, recorded %r" % (marks[0][:2], marks[1][:2]))
 
 if failures:
     sys.exit("replay-times: " + "\n".join(failures))

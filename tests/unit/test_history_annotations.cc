@@ -239,3 +239,25 @@ TEST_F(HistoryAnnotations, StampNextGivesEachActionItsQueuedTime) {
         {SP_TRACE_FREE_COMPLETED, t0 + 10}};
     EXPECT_EQ(got, want);
 }
+
+// sp_x_history_record_snapshot: the `snapshot` entry a dump appends, alone, with the size given;
+// nothing while actions are not recorded; a device that does not exist is refused.
+TEST_F(HistoryAnnotations, RecordSnapshotAppendsTheMarkerOnly) {
+    expect_warnings(); // the refusal says why
+    EXPECT_EQ(sp_x_history_record_snapshot(-1, 0), SP_ERR_INVALID_ARGUMENT);
+    EXPECT_EQ(sp_x_history_record_snapshot(sp_device_count(), 0), SP_ERR_INVALID_ARGUMENT);
+    ASSERT_SP_OK(sp_x_history_record_snapshot(0, 4096)); // not recording: nothing
+    ASSERT_SP_OK(record(SP_HISTORY_ALL));
+    sp_x_history_stamp(1783874495854988);
+    ASSERT_SP_OK(sp_x_history_record_snapshot(0, 48760832));
+    sp_x_history_stamp(-1);
+    sp__trace_entry_t *e = nullptr;
+    size_t n = 0;
+    ASSERT_SP_OK(sp__history_copy(0, &e, &n));
+    ASSERT_EQ(n, 1u);
+    EXPECT_EQ(e[0].action, SP_TRACE_SNAPSHOT);
+    EXPECT_EQ(e[0].size, 48760832u);
+    EXPECT_EQ(e[0].addr, 0u);
+    EXPECT_EQ(e[0].time_us, 1783874495854988);
+    sp__history_entries_free(e, n);
+}
