@@ -1089,9 +1089,15 @@ static bool stamp_around(int d, const tr_event_t *ev, size_t nev, const op_t *o,
     return true;
 }
 
-/* The recorded run's snapshots after its last replayed event (from `cursor` on). */
-static bool snapshots_after(int d, const tr_event_t *ev, size_t nev, size_t cursor, char *err,
+/* The recorded run's snapshots after device d's last replayed event (stamp_around recorded
+ * those before it). Outside the timed loop: its code stays as it was without --snapshot. */
+static bool snapshots_after(int d, const dev_state_t *ds, const tr_device_t *td, char *err,
                             size_t errlen) {
+    const tr_event_t *ev = td->ev;
+    size_t nev = td->nev, k = ds->nops;
+    while (k > 0 && ds->ops[k - 1].kind == OP_FREE_COMPLETED)
+        k--; /* stamp_around left their windows to the op after them: there is none */
+    size_t cursor = k > 0 ? ds->ops[k - 1].ev + 1 : 0;
     sp_status_t st = sp_x_history_stamp_next(-1, -1);
     for (size_t j = cursor; st == SP_SUCCESS && j < nev; j++)
         if (ev[j].action == TR_SNAPSHOT) {
@@ -1157,8 +1163,6 @@ static LOOP_FN bool replay_device(dev_state_t *ds, int d, const tr_device_t *td,
             break;
         }
     }
-    if (UNLIKELY(with_frames) && ok)
-        ok = snapshots_after(d, ev, td->nev, stamped, err, errlen);
     r->allocs += allocs;
     r->frees += frees;
     return ok;
@@ -1315,6 +1319,8 @@ static bool replay_once(const tr_trace_t *t, const char *snapshot_out, bool last
     for (int d = 0; ok && d < t->ndev; d++)
         ok = replay_device(&ds[d], d, &t->dev[d], &fs, snapshot_out != NULL, r, err, errlen);
     uint64_t t1 = now_ns();
+    for (int d = 0; ok && snapshot_out != NULL && d < t->ndev; d++)
+        ok = snapshots_after(d, &ds[d], &t->dev[d], err, errlen);
     fs.frames = NULL;
     if (snapshot_out != NULL) {
         /* the snapshot's own entry, and what comes next, take the clock */
