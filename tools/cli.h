@@ -96,6 +96,8 @@ typedef struct replay_result {
     size_t recorded_ooms;            /* oom events in the recorded trace */
     int64_t peak_requested;          /* ours: requested_bytes.all.peak */
     int64_t peak_allocated;          /* ours: allocated_bytes.all.peak */
+    int64_t peak_active;             /* ours: active_bytes.all.peak (allocated, or freed and
+                                      * pending until other streams' work completes) */
     int64_t peak_reserved;           /* ours: reserved_bytes.all.peak */
     int64_t end_reserved;            /* ours after the last event: reserved_bytes.all.current */
     int64_t end_allocated;           /* ours: allocated_bytes.all.current */

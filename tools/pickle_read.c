@@ -1685,7 +1685,12 @@ static bool record_fast(parser_t *ps) {
         case 'h':
         case 'j':
             val = rec_ref(ps, pos, &n);
-            if (val == NULL || val == &ps->reserved)
+            /* A skipped value read again under another key than the skipped one is what the
+             * general loop reads whole (memo_get): it is the one to say so. */
+            if (val == NULL || val == &ps->reserved ||
+                (is_skipped(ps, val) && key != ps->skip_str &&
+                 (ps->skip_key == NULL || key->u.str.len != ps->skip_len ||
+                  memcmp(key->u.str.s, ps->skip_key, ps->skip_len) != 0)))
                 goto undo;
             pos += 1 + n;
             break;

@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cstring>
 #include <fstream>
+#include <functional>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -2213,6 +2214,49 @@ TEST(PickleRead, WholeRecordsReadAsThePlainReaderReadsThem) {
         c[at + 1] = 0xfe;
         agree(c, "BINGET at " + std::to_string(at));
     }
+}
+
+// A value the skipping readers skipped, read again under another key than the skipped one, is
+// what they cannot read (the whole document is to be read): the record reader says so too
+// where it reads a trace entry in one pass (it handed the skipped value to the hook as the
+// entry's addr).
+TEST(PickleRead, SkippedValueUnderAnotherKeyIsReadWholeByTheRecordReaderToo) {
+    Bytes b = {0x80, 4, ']', 0x94, '('};
+    auto str = [&](const char *s) {
+        b.push_back(0x8c);
+        b.push_back((unsigned char)strlen(s));
+        b.insert(b.end(), s, s + strlen(s));
+        b.push_back(0x94);
+    };
+    // Entry 0 (memo 1): action (2) alloc (3) addr (4) 16 frames (5) [] (6, skipped).
+    b.insert(b.end(), {'}', 0x94, '('});
+    str("action");
+    str("alloc");
+    str("addr");
+    b.insert(b.end(), {'K', 16});
+    str("frames");
+    b.insert(b.end(), {']', 0x94, 'u'});
+    // Entries 1-9 (the common shape, read in one pass), then one whose addr is the stack.
+    for (int i = 0; i < 10; i++) {
+        b.insert(b.end(), {'}', 0x94, '(', 'h', 2, 'h', 3, 'h', 4});
+        if (i < 9)
+            b.insert(b.end(), {'K', (unsigned char)(32 + i)});
+        else
+            b.insert(b.end(), {'h', 6});
+        b.insert(b.end(), {'h', 5, 'h', 6, 'u'});
+    }
+    b.insert(b.end(), {'e', '.'});
+    auto count = [](void *arg, pk_value_t *const *pairs, size_t n, uint64_t *id_p) {
+        if (n < 2 || pk_str(pairs[0]) == nullptr || strcmp(pk_str(pairs[0]), "action") != 0)
+            return 0;
+        *id_p = (*(uint64_t *)arg)++;
+        return 1;
+    };
+    TwoReads r = read_skip_and_records(b, count);
+    EXPECT_FALSE(r.skip_ok);
+    EXPECT_TRUE(pk_err_whole(r.skip_err.c_str())) << r.skip_err;
+    EXPECT_FALSE(r.rec_ok);
+    EXPECT_EQ(r.rec_err, r.skip_err);
 }
 
 // Short strings in whole records come from the string cache only when it holds that very string:
