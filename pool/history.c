@@ -61,6 +61,17 @@ static int g_keep_actions = 0;
  * (a replay sets it before each event; the load is under g.lock, so each entry takes one value). */
 static int64_t g_stamp = -1;
 
+/* sp_x_history_stamp_next's times, one FIFO per action (g.lock): an entry of that action takes
+ * the oldest queued one before g_stamp or the clock. g_queued counts them all, so that recording
+ * with none queued (everything but a replay's snapshot) pays one compare. */
+#define NACTIONS (SP_TRACE_OOM + 1)
+static struct stamp_fifo {
+    int64_t *t;       /* times, [head, len) pending */
+    size_t head, len; /* next to take / end */
+    size_t cap;       /* slots in t */
+} g_next[NACTIONS];
+static size_t g_queued;
+
 /* One annotation as held (sp__annotation_t's, its time a tick unless stamped). */
 typedef struct annot {
     int device;
@@ -647,8 +658,13 @@ void sp__history_record(int device, sp_trace_action_t action, uintptr_t addr, si
                            .pool = pool,
                            .time_us = (int64_t)now,
                            .meta = meta};
-    /* A given time is the entry's as it is (a replay's recorded times: its own order). */
+    /* A given time is the entry's as it is (a replay's recorded times: its own order): one
+     * queued for this action first, else the one for every entry. */
     int64_t stamp = __atomic_load_n(&g_stamp, __ATOMIC_RELAXED);
+    if (g_queued > 0 && g_next[action].head < g_next[action].len) {
+        stamp = g_next[action].t[g_next[action].head++];
+        g_queued--;
+    }
     if (stamp >= 0) {
         e.time_us = stamp;
         e.stamped = true;
@@ -1235,8 +1251,67 @@ SP_EXPORT void sp_x_history_stamp(int64_t time_us) {
     __atomic_store_n(&g_stamp, time_us < 0 ? -1 : time_us, __ATOMIC_RELAXED);
 }
 
+/* Every queued time of sp_x_history_stamp_next dropped (g.lock); keep: their room stays for the
+ * next ones (a replay queues a few per event), else it is freed. */
+static void stamp_next_clear_locked(bool keep) {
+    for (int a = 0; a < NACTIONS; a++) {
+        g_next[a].head = g_next[a].len = 0;
+        if (!keep) {
+            free(g_next[a].t);
+            g_next[a].t = NULL;
+            g_next[a].cap = 0;
+        }
+    }
+    g_queued = 0;
+}
+
+SP_EXPORT sp_status_t sp_x_history_stamp_next(int action, int64_t time_us) {
+    if (time_us < 0) {
+        pthread_mutex_lock(&g.lock);
+        stamp_next_clear_locked(true);
+        pthread_mutex_unlock(&g.lock);
+        return SP_SUCCESS;
+    }
+    if (action < 0 || action >= NACTIONS)
+        return sp__error(SP_ERR_INVALID_ARGUMENT, SP_SUB_HISTORY,
+                         "sp_x_history_stamp_next: action %d is none of PyTorch's trace actions "
+                         "(0 alloc .. 8 oom)",
+                         action);
+    pthread_mutex_lock(&g.lock);
+    struct stamp_fifo *q = &g_next[action];
+    if (q->head == q->len) /* all taken: start over at the front (no growth on a long replay) */
+        q->head = q->len = 0;
+    if (q->len == q->cap) {
+        size_t nc = q->cap ? 2 * q->cap : 16;
+        int64_t *nt = realloc(q->t, nc * sizeof(*nt));
+        if (nt == NULL) {
+            pthread_mutex_unlock(&g.lock);
+            return sp__error(SP_ERR_SYSTEM, SP_SUB_HISTORY,
+                             "out of host memory queueing a trace entry's time");
+        }
+        q->t = nt;
+        q->cap = nc;
+    }
+    q->t[q->len++] = time_us;
+    g_queued++;
+    pthread_mutex_unlock(&g.lock);
+    return SP_SUCCESS;
+}
+
+SP_EXPORT sp_status_t sp_x_history_record_snapshot(int device, size_t active_bytes) {
+    SP_GATE("sp_x_history_record_snapshot");
+    SP_ARG_CHECK(device >= 0 && device < sp_device_count(), SP_SUB_HISTORY,
+                 "sp_x_history_record_snapshot: device %d does not exist (%d device(s))", device,
+                 sp_device_count());
+    /* The marker a dump appends (snapshot.c), for the default pool as PyTorch's; nothing
+     * while actions are not recorded (sp__history_record's own check). */
+    sp__history_record(device, SP_TRACE_SNAPSHOT, 0, active_bytes, 0, (sp_mempool_id_t){0, 0}, 0);
+    return SP_SUCCESS;
+}
+
 void sp__history_shutdown(void) {
     pthread_mutex_lock(&g.lock);
+    stamp_next_clear_locked(false);
     /* The rings first: clearing them drops their entries' references to metadata texts, which
      * needs the metadata tables (freed below; a ring entry with a text used to write through
      * their NULL). */

@@ -373,10 +373,64 @@ static bool release_stream(sp_devalloc_t *d, sp_mempool_t *pool, sp_stream_t str
 
 bool sp__release_by_walk;
 
+/* PyTorch's release_blocks order: each block pool's in its free set's order (stream, size,
+ * address); the default MemPool's large pool first, then its small pool, a private pool's small
+ * pool first (release_cached_blocks releases them in those orders). */
+static int by_stream_size_address(const sp_segment_t *x, const sp_segment_t *y) {
+    if (x->stream != y->stream)
+        return (uintptr_t)x->stream < (uintptr_t)y->stream ? -1 : 1;
+    if (x->size != y->size)
+        return x->size < y->size ? -1 : 1;
+    return x->base < y->base ? -1 : x->base > y->base;
+}
+static int large_first(const void *a, const void *b) {
+    const sp_segment_t *x = *(sp_segment_t *const *)a, *y = *(sp_segment_t *const *)b;
+    if (x->bpool->is_small != y->bpool->is_small)
+        return x->bpool->is_small ? 1 : -1;
+    return by_stream_size_address(x, y);
+}
+static int small_first(const void *a, const void *b) {
+    const sp_segment_t *x = *(sp_segment_t *const *)a, *y = *(sp_segment_t *const *)b;
+    if (x->bpool->is_small != y->bpool->is_small)
+        return x->bpool->is_small ? -1 : 1;
+    return by_stream_size_address(x, y);
+}
+
+/* A release of a whole pool without expandable segments (empty_cache, the OOM retry's release of
+ * the cache, a MemPool's release): its whole free segments in PyTorch's order
+ * (large_first, small_first), so that the history's segment_free entries come in the order
+ * PyTorch's trace has them (a replay's snapshot, a viewer's state history). false, having released
+ * nothing, when the pool has an expandable segment (its pages are unmapped in the walk's order)
+ * or no host memory for the list. */
+static bool release_sorted(sp_devalloc_t *d, sp_mempool_t *pool, uint32_t context,
+                           size_t *freed_p) {
+    seg_list_t l = {0};
+    for (sp_segment_t *seg = pool->seg_head; seg; seg = seg->pnext) {
+        if (seg->expandable) {
+            free(l.v);
+            return false;
+        }
+        if (sp__block_releasable(seg->head) && !seg_add(&l, seg)) {
+            free(l.v);
+            return false;
+        }
+    }
+    if (l.n > 1)
+        qsort(l.v, l.n, sizeof(*l.v), pool == d->default_pool ? large_first : small_first);
+    size_t freed = 0;
+    for (size_t i = 0; i < l.n; i++)
+        freed += release_one(d, l.v[i], context);
+    free(l.v);
+    *freed_p = freed;
+    return true;
+}
+
 size_t sp__alloc_release_pool(sp_devalloc_t *d, sp_mempool_t *pool, bool filter_stream,
                               sp_stream_t stream, uint32_t context) {
     size_t freed = 0;
     if (filter_stream && !sp__release_by_walk && release_stream(d, pool, stream, context, &freed))
+        return freed;
+    if (!filter_stream && release_sorted(d, pool, context, &freed))
         return freed;
     sp_segment_t *seg = pool->seg_head;
     while (seg) {

@@ -1032,6 +1032,83 @@ static bool record_annotations(const tr_trace_t *t, char *err, size_t errlen) {
     return ok;
 }
 
+/* Whether event j is the completion PyTorch recorded right after its free_requested (a free no
+ * other stream's work held): the free's own, recorded at the free's op. */
+static bool immediate_completion(const tr_event_t *ev, size_t j) {
+    return j > 0 && ev[j].action == TR_FREE_COMPLETED && ev[j - 1].action == TR_FREE_REQUESTED &&
+           ev[j - 1].addr == ev[j].addr;
+}
+
+/* The recorded run's own snapshot (its `snapshot` entry, where the user took one while
+ * recording): our history gets the entry a snapshot would append, with our active bytes then
+ * (the trace's size is PyTorch's), at its time (queued by the caller). */
+static sp_status_t snapshot_marker(int d) {
+    return sp_x_history_record_snapshot(d, (size_t)stat_of(d, "active_bytes.all.current"));
+}
+
+/* Our snapshot's times for what the allocator does around op o (its event i): every event of
+ * the trace that asks nothing of sympool is the allocator's own doing, recorded by PyTorch with
+ * its own time, and belongs to an op: an immediate free_completed to the free before it (it comes
+ * right after i), an empty_cache's run of segment frees to its first (right after i), anything
+ * else (a segment_alloc or segment_map, the segment frees of a release inside malloc, a deferred
+ * free's free_completed, which our allocator too records at the next malloc) to the op after it
+ * (*cursor: the first event not handed out). Each one's time is queued for the next entry of its
+ * action (sp_x_history_stamp_next): our entries take the recorded times in the recorded order,
+ * and an entry the recorded run did not make takes the op's own (sp_x_history_stamp). */
+static bool stamp_around(int d, const tr_event_t *ev, size_t nev, const op_t *o, size_t *cursor,
+                         char *err, size_t errlen) {
+    size_t i = o->ev, j = *cursor;
+    if (o->kind == OP_FREE_COMPLETED)
+        return true; /* no entry of ours: an immediate one was the free's, a deferred one waits */
+    sp_status_t st = sp_x_history_stamp_next(-1, -1); /* what the op before did not take */
+    /* A free makes no completion but its own: one recorded before it (of a request the ring cut
+     * off, or a deferred one no malloc saw done) is not its. */
+    bool completes = o->kind != OP_FREE;
+    for (; st == SP_SUCCESS && j <= i; j++) { /* the op's own event last: an empty_cache's first */
+        bool mine = j == i || (ev[j].action != TR_FREE_COMPLETED ||
+                               (completes && !immediate_completion(ev, j)));
+        if (mine && ev[j].time_us > 0 && ev[j].action <= TR_OOM)
+            st = sp_x_history_stamp_next((int)ev[j].action, ev[j].time_us);
+        if (ev[j].action == TR_SNAPSHOT && st == SP_SUCCESS)
+            st = snapshot_marker(d);
+    }
+    j = i + 1;
+    bool run = o->kind == OP_EMPTY_CACHE;
+    for (; st == SP_SUCCESS && j < nev &&
+           (immediate_completion(ev, j) ||
+            (run && (ev[j].action == TR_SEGMENT_FREE || ev[j].action == TR_SEGMENT_UNMAP)));
+         j++)
+        if (ev[j].time_us > 0)
+            st = sp_x_history_stamp_next((int)ev[j].action, ev[j].time_us);
+    *cursor = j;
+    if (st != SP_SUCCESS) {
+        snprintf(err, errlen, "sp_x_history_stamp_next: %s", sp_last_error());
+        return false;
+    }
+    sp_x_history_stamp(ev[i].time_us > 0 ? ev[i].time_us : -1);
+    return true;
+}
+
+/* The recorded run's snapshots after device d's last replayed event (stamp_around recorded
+ * those before it). Outside the timed loop: its code stays as it was without --snapshot. */
+static bool snapshots_after(int d, const dev_state_t *ds, const tr_device_t *td, char *err,
+                            size_t errlen) {
+    const tr_event_t *ev = td->ev;
+    size_t nev = td->nev, k = ds->nops;
+    while (k > 0 && ds->ops[k - 1].kind == OP_FREE_COMPLETED)
+        k--; /* stamp_around left their windows to the op after them: there is none */
+    size_t cursor = k > 0 ? ds->ops[k - 1].ev + 1 : 0;
+    sp_status_t st = sp_x_history_stamp_next(-1, -1);
+    for (size_t j = cursor; st == SP_SUCCESS && j < nev; j++)
+        if (ev[j].action == TR_SNAPSHOT) {
+            sp_x_history_stamp(ev[j].time_us > 0 ? ev[j].time_us : -1);
+            st = snapshot_marker(d);
+        }
+    if (st != SP_SUCCESS)
+        snprintf(err, errlen, "a snapshot entry: %s", sp_last_error());
+    return st == SP_SUCCESS;
+}
+
 /* Every step of one device in order. Out of line (and, under GCC, kept whole: no clone under
  * another name) so that the timed loop is a function of its own for profilers:
  * `valgrind --tool=callgrind --toggle-collect=replay_device` counts it alone.
@@ -1047,13 +1124,16 @@ static LOOP_FN bool replay_device(dev_state_t *ds, int d, const tr_device_t *td,
     bool ok = true;
     size_t allocs = 0, frees = 0;
     const char *const *meta = ds->meta;
-    size_t placed = 0; /* ds->place's cursor */
+    size_t placed = 0, stamped = 0; /* ds->place's cursor; stamp_around's */
     const tr_event_t *ev = td->ev, *end = td->ev + td->nev;
     for (const op_t *o = ds->ops, *oend = ds->ops + ds->nops; ok && o < oend; o++) {
         if (UNLIKELY(with_frames)) {
             fs->frames = ev[o->ev].frames;
-            /* our entries carry the recorded time (0: the trace has none, history's clock) */
-            sp_x_history_stamp(ev[o->ev].time_us > 0 ? ev[o->ev].time_us : -1);
+            /* our entries carry the recorded times (0: the trace has none, history's clock) */
+            if (!stamp_around(d, ev, td->nev, o, &stamped, err, errlen)) {
+                ok = false;
+                break;
+            }
             if (UNLIKELY(o->flags & OPF_META) && !set_meta(d, *meta++, err, errlen)) {
                 ok = false;
                 break;
@@ -1239,9 +1319,14 @@ static bool replay_once(const tr_trace_t *t, const char *snapshot_out, bool last
     for (int d = 0; ok && d < t->ndev; d++)
         ok = replay_device(&ds[d], d, &t->dev[d], &fs, snapshot_out != NULL, r, err, errlen);
     uint64_t t1 = now_ns();
+    for (int d = 0; ok && snapshot_out != NULL && d < t->ndev; d++)
+        ok = snapshots_after(d, &ds[d], &t->dev[d], err, errlen);
     fs.frames = NULL;
-    if (snapshot_out != NULL)
-        sp_x_history_stamp(-1); /* the snapshot's own entry, and what comes next, take the clock */
+    if (snapshot_out != NULL) {
+        /* the snapshot's own entry, and what comes next, take the clock */
+        sp_x_history_stamp(-1);
+        (void)sp_x_history_stamp_next(-1, -1);
+    }
     r->events = r->allocs + r->frees;
     r->ns_per_event = r->events ? (double)(t1 - t0) / (double)r->events : 0.0;
     for (int d = 0; d < t->ndev; d++) {

@@ -673,6 +673,12 @@ if(TARGET sympool_cli)
               $<TARGET_FILE:sympool_cli> ${SP_DATA} ${SP_CLI_OUT})
     set_tests_properties(cli.replay_annotations PROPERTIES LABELS "unit;cli;python" TIMEOUT 120
       PASS_REGULAR_EXPRESSION "replay-annotations: ok")
+    # ... and every entry of the allocator's own (segments, completions) its recorded time.
+    add_test(NAME cli.replay_times
+      COMMAND ${Python3_EXECUTABLE} ${CMAKE_CURRENT_SOURCE_DIR}/cli/replay_times.py
+              $<TARGET_FILE:sympool_cli> ${SP_DATA} ${SP_CLI_OUT})
+    set_tests_properties(cli.replay_times PROPERTIES LABELS "unit;cli;python" TIMEOUT 120
+      PASS_REGULAR_EXPRESSION "replay-times: ok")
   endif()
   add_test(NAME cli.info_trace_missing
     COMMAND $<TARGET_FILE:sympool_cli> info ${SP_DATA}/does-not-exist.pickle)

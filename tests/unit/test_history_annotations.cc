@@ -203,3 +203,61 @@ TEST_F(HistoryAnnotations, StampGivesEntriesAndAnnotationsTheirTime) {
     ASSERT_EQ(a.size(), 1u);
     EXPECT_EQ(a[0].time_us, t0);
 }
+
+// sp_x_history_stamp_next: a time queued for an action goes to the next entry of that action
+// (oldest first), before sp_x_history_stamp's; an entry of another action keeps the stamp; -1
+// drops what is left; an action PyTorch does not have is refused and queues nothing.
+TEST_F(HistoryAnnotations, StampNextGivesEachActionItsQueuedTime) {
+    ASSERT_SP_OK(record(SP_HISTORY_ALL));
+    const int64_t t0 = 1783874495854988;
+    expect_warnings(); // the refusals below say why
+    EXPECT_EQ(sp_x_history_stamp_next(9, t0), SP_ERR_INVALID_ARGUMENT);
+    EXPECT_EQ(sp_x_history_stamp_next(-2, t0), SP_ERR_INVALID_ARGUMENT);
+    sp_x_history_stamp(t0 + 3);                        // the alloc's own
+    ASSERT_SP_OK(sp_x_history_stamp_next(3, t0));      // its segment_alloc, 3 us earlier
+    ASSERT_SP_OK(sp_x_history_stamp_next(2, t0 + 40)); // the free's completion
+    ASSERT_SP_OK(sp_x_history_stamp_next(2, t0 + 50)); // one no entry takes
+    void *p = nullptr;
+    ASSERT_SP_OK(sp_malloc(1 << 20, 0, nullptr, &p));
+    sp_x_history_stamp(t0 + 10);
+    ASSERT_SP_OK(sp_free(p));
+    ASSERT_SP_OK(sp_x_history_stamp_next(-1, -1)); // t0 + 50 dropped
+    ASSERT_SP_OK(sp_malloc(1 << 20, 0, nullptr, &p));
+    ASSERT_SP_OK(sp_free(p));
+    sp_x_history_stamp(-1);
+    sp__trace_entry_t *e = nullptr;
+    size_t n = 0;
+    ASSERT_SP_OK(sp__history_copy(0, &e, &n));
+    std::vector<std::pair<sp_trace_action_t, int64_t>> got;
+    for (size_t i = 0; i < n; i++)
+        got.push_back({e[i].action, e[i].time_us});
+    sp__history_entries_free(e, n);
+    std::vector<std::pair<sp_trace_action_t, int64_t>> want = {
+        {SP_TRACE_SEGMENT_ALLOC, t0},       {SP_TRACE_ALLOC, t0 + 3},
+        {SP_TRACE_FREE_REQUESTED, t0 + 10}, {SP_TRACE_FREE_COMPLETED, t0 + 40},
+        {SP_TRACE_ALLOC, t0 + 10},          {SP_TRACE_FREE_REQUESTED, t0 + 10},
+        {SP_TRACE_FREE_COMPLETED, t0 + 10}};
+    EXPECT_EQ(got, want);
+}
+
+// sp_x_history_record_snapshot: the `snapshot` entry a dump appends, alone, with the size given;
+// nothing while actions are not recorded; a device that does not exist is refused.
+TEST_F(HistoryAnnotations, RecordSnapshotAppendsTheMarkerOnly) {
+    expect_warnings(); // the refusal says why
+    EXPECT_EQ(sp_x_history_record_snapshot(-1, 0), SP_ERR_INVALID_ARGUMENT);
+    EXPECT_EQ(sp_x_history_record_snapshot(sp_device_count(), 0), SP_ERR_INVALID_ARGUMENT);
+    ASSERT_SP_OK(sp_x_history_record_snapshot(0, 4096)); // not recording: nothing
+    ASSERT_SP_OK(record(SP_HISTORY_ALL));
+    sp_x_history_stamp(1783874495854988);
+    ASSERT_SP_OK(sp_x_history_record_snapshot(0, 48760832));
+    sp_x_history_stamp(-1);
+    sp__trace_entry_t *e = nullptr;
+    size_t n = 0;
+    ASSERT_SP_OK(sp__history_copy(0, &e, &n));
+    ASSERT_EQ(n, 1u);
+    EXPECT_EQ(e[0].action, SP_TRACE_SNAPSHOT);
+    EXPECT_EQ(e[0].size, 48760832u);
+    EXPECT_EQ(e[0].addr, 0u);
+    EXPECT_EQ(e[0].time_us, 1783874495854988);
+    sp__history_entries_free(e, n);
+}
