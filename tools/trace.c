@@ -218,6 +218,20 @@ static bool grow_array(void **arr, size_t *cap, size_t elem) {
     return true;
 }
 
+/* Room for n elements of *arr at once (cap: what it has), where growing it by doubling copied
+ * it each time: a large trace's starting state, a few thousand segments and blocks, cost ~30
+ * instructions an entry of realloc's copies. */
+static bool reserve_array(void **arr, size_t *cap, size_t n, size_t elem) {
+    if (n <= *cap)
+        return true;
+    void *na = realloc(*arr, n * elem);
+    if (na == NULL)
+        return false;
+    *arr = na;
+    *cap = n;
+    return true;
+}
+
 /* qsort, but with `skip_sorted` not when base is in order already (a snapshot lists its
  * segments by address, and most seeds come from them): glibc's qsort is a merge sort that keeps
  * equal elements in order, so the result is the same, and the check is a comparison an element
@@ -229,6 +243,31 @@ static void sort_by(void *base, size_t n, size_t size, int (*cmp)(const void *, 
         i++;
     if (i < n)
         qsort(base, n, size, cmp);
+}
+
+/* seeds[0..n) by address, seeds at one address in their order (what sort_by gives): the first na
+ * (the events', in event order) and the rest (the final state's, by address in PyTorch's
+ * snapshots, which list their segments by address) sorted apart and merged, where one qsort of
+ * all cost ~240 instructions a seed (nhf: 1745 seeds, 418k instructions). A merge that takes
+ * the first run's seed at equal addresses keeps them in order, as the stable sort of the whole.
+ * Without memory for the merge, the whole is sorted in place (the same order). */
+static void sort_seeds(tr_seed_t *seeds, size_t n, size_t na) {
+    sort_by(seeds, na, sizeof(*seeds), cmp_seed);
+    sort_by(seeds + na, n - na, sizeof(*seeds), cmp_seed);
+    if (na == 0 || na == n || seeds[na - 1].addr <= seeds[na].addr)
+        return;
+    tr_seed_t *a = malloc(na * sizeof(*a));
+    if (a == NULL) {
+        qsort(seeds, n, sizeof(*seeds), cmp_seed);
+        return;
+    }
+    memcpy(a, seeds, na * sizeof(*a));
+    size_t i = 0, j = na, k = 0;
+    while (i < na && j < n)
+        seeds[k++] = a[i].addr <= seeds[j].addr ? a[i++] : seeds[j++];
+    while (i < na) /* what is left of the second run is in place */
+        seeds[k++] = a[i++];
+    free(a);
 }
 
 /* A final segment's addresses and its index in the list, to find two that overlap. */
@@ -1042,7 +1081,22 @@ static bool load_events(const pk_value_t *list, recs_t *recs, int dev, tr_device
         snprintf(err, errlen, "device_traces[%d] is not a list", dev);
         return false;
     }
-    if (is_next_run(list, recs, n)) {
+    /* A run of handed-over entries in order (their events in place): an entry with no side
+     * record (no action string, pool or metadata to read) and no flag to check, of an action with
+     * a block or segment address, needs only its address and size checked below, not read_event
+     * (nhf: ~70 instructions an entry). side: the first side record at or after the entry. */
+    bool borrowed = is_next_run(list, recs, n);
+    size_t side = 0;
+    uint64_t first_id = borrowed ? recs->taken : 0;
+    if (borrowed) {
+        size_t hi = recs->nside;
+        while (side < hi) {
+            size_t mid = side + (hi - side) / 2;
+            if (recs->side[mid].id < first_id)
+                side = mid + 1;
+            else
+                hi = mid;
+        }
         d->ev = recs->ev + recs->taken;
         d->ev_borrowed = true;
         recs->taken += n;
@@ -1057,6 +1111,17 @@ static bool load_events(const pk_value_t *list, recs_t *recs, int dev, tr_device
     tr_map_t known = {0}; /* pool_index's map of d->pools */
     for (size_t i = 0; i < n; i++) {
         tr_event_t *ev = &d->ev[i];
+        if (borrowed) {
+            while (side < recs->nside && recs->side[side].id < first_id + i)
+                side++;
+            /* what the checks below pass (an addr 0 is refused for most of these actions) */
+            if ((side == recs->nside || recs->side[side].id != first_id + i) &&
+                (ev->flags & RF_ALL) == 0 && ev->action <= TR_SEGMENT_UNMAP && ev->addr != 0 &&
+                ev->size < TR_SIZE_LIMIT && ev->addr + ev->size >= ev->addr) {
+                d->nev++;
+                continue;
+            }
+        }
         const char *act = NULL, *meta = NULL;
         const pk_value_t *pool_id = NULL;
         bool have_addr = false, have_size = false, bad_time = false, bad_stream = false;
@@ -1186,141 +1251,100 @@ static void get_keys(const pk_value_t *dict, const char *const *keys, const size
     }
 }
 
-/* The first alloc at each address, by address (first_allocs). */
-typedef struct addr_first {
-    uint64_t addr;
-    size_t ev; /* index of the first alloc event at addr */
-} addr_first_t;
+/* A starting block that may have kept a remainder (kept_remainders): its place in d->sblocks,
+ * its address, and the addresses [lo, hi] where an alloc while it is live shows that it did. */
+typedef struct remainder_ask {
+    size_t sblock;
+    uint64_t addr, lo, hi;
+    size_t first;        /* 1 + index of the first alloc in [lo, hi]; 0 while none */
+    uint64_t first_addr; /* that alloc's address */
+} remainder_ask_t;
 
-/* a (in event order) by address, events at one address kept in their order (by address, then
- * event index), by a stable radix sort on the address's bits above the lowest address
- * (11 at a time: four passes for a 2^44-byte span), where qsort cost about 45 instructions an
- * element a pass for log2 n passes (6% of a full step's whole replay process). false when out of
- * memory. */
-static bool sort_addr_first(addr_first_t *a, size_t n) {
-    if (n < 2)
-        return true;
-    uint64_t lo = a[0].addr, hi = a[0].addr;
-    for (size_t i = 1; i < n; i++) {
-        lo = a[i].addr < lo ? a[i].addr : lo;
-        hi = a[i].addr > hi ? a[i].addr : hi;
-    }
-    addr_first_t *tmp = malloc(n * sizeof(*tmp));
-    size_t *count = malloc(((size_t)1 << 11) * sizeof(*count));
-    if (tmp == NULL || count == NULL) {
-        free(tmp);
-        free(count);
-        return false;
-    }
-    addr_first_t *from = a, *to = tmp;
-    for (unsigned shift = 0; shift < 64 && ((hi - lo) >> shift) != 0; shift += 11) {
-        memset(count, 0, ((size_t)1 << 11) * sizeof(*count));
-        for (size_t i = 0; i < n; i++)
-            count[((from[i].addr - lo) >> shift) & 2047]++;
-        for (size_t k = 0, at = 0; k < 2048; k++) {
-            size_t c = count[k];
-            count[k] = at;
-            at += c;
+/* One of the asks whose [lo, hi] meets a 1 MiB bucket of addresses (a chain per bucket). */
+typedef struct ask_node {
+    size_t ask, next; /* next: 1 + the chain's next node, 0 at its end */
+} ask_node_t;
+
+/* A block live at the start of the trace that the trace frees, its request rounded, with
+ * nothing else known of it up to the next live block or its segment's end: was it larger?
+ * PyTorch does not split a remainder of 1 MiB or less off a large-pool block, and it allocates at
+ * the start of a free block. So an alloc, while the block is still live, at an address A a little
+ * past its rounded end lo (lo < A <= lo + 1 MiB, below that end), with no earlier alloc between lo
+ * and A, shows that [lo, A) was the block's: nothing free starts there (it would have merged with
+ * the free block at A). For each ask: when the first alloc or free at its address is a free and
+ * the trace's first alloc in [lo, hi] comes before it at an address past lo, the block's size
+ * becomes that address less its own. One pass over the events, where sorting every alloc by
+ * address and mapping every address's first event cost ~1.3M instructions on a trace of 9k
+ * entries with 1745 starting blocks (nhf); the asks' windows are at most 1 MiB + 1 long, so each
+ * meets at most two 1 MiB buckets, and an alloc looks up its own. false when out of memory. */
+static bool kept_remainders(tr_device_t *d, remainder_ask_t *asks, size_t nasks) {
+    tr_map_t firstev = {0}; /* an ask's address -> 1 + index of its first alloc or free (0: none) */
+    tr_map_t buckets = {0}; /* (address >> 20) + 1 -> 1 + the chain's first node */
+    ask_node_t *nodes = NULL;
+    size_t nnodes = 0, cap_nodes = 0;
+    bool ok = false;
+    if (!tr_map_reserve(&firstev, nasks) || !tr_map_reserve(&buckets, 2 * nasks))
+        goto out;
+    for (size_t q = 0; q < nasks; q++) {
+        if (!tr_map_put(&firstev, asks[q].addr, 0))
+            goto out;
+        for (uint64_t b = asks[q].lo >> 20; b <= asks[q].hi >> 20; b++) {
+            if (!GROW(nodes, nnodes, cap_nodes))
+                goto out;
+            uintptr_t *head = tr_map_find(&buckets, b + 1);
+            nodes[nnodes] = (ask_node_t){q, head != NULL ? *head : 0};
+            nnodes++;
+            if (head != NULL)
+                *head = nnodes;
+            else if (!tr_map_put(&buckets, b + 1, nnodes))
+                goto out;
         }
-        for (size_t i = 0; i < n; i++)
-            to[count[((from[i].addr - lo) >> shift) & 2047]++] = from[i];
-        addr_first_t *t = from;
-        from = to;
-        to = t;
     }
-    if (from != a)
-        memcpy(a, from, n * sizeof(*a));
-    free(tmp);
-    free(count);
-    return true;
-}
-
-/* d's alloc events as (address, first event index), one per address, by address; *n_p of them.
- * NULL with *n_p 0 when there are none; NULL with *n_p 1 when out of memory. */
-static addr_first_t *first_allocs(const tr_device_t *d, size_t *n_p) {
-    size_t n = 0;
-    for (size_t i = 0; i < d->nev; i++)
-        n += d->ev[i].action == TR_ALLOC;
-    *n_p = 0;
-    if (n == 0)
-        return NULL;
-    addr_first_t *a = malloc(n * sizeof(*a));
-    if (a == NULL) {
-        *n_p = 1;
-        return NULL;
+    /* An ask is answered at the first event at its address: an alloc after it changes nothing.
+     * The pass ends when every ask is (the asks' addresses are all named by some event), and an
+     * event outside every ask's addresses is passed by two comparisons (most traces ask about a
+     * few blocks: nhf one, where the maps' look-ups cost ~45 instructions an entry). */
+    uint64_t lo = UINT64_MAX, hi = 0;
+    for (size_t q = 0; q < nasks; q++) {
+        lo = asks[q].addr < lo ? asks[q].addr : lo;
+        hi = asks[q].hi > hi ? asks[q].hi : hi;
     }
-    n = 0;
-    for (size_t i = 0; i < d->nev; i++)
-        if (d->ev[i].action == TR_ALLOC)
-            a[n++] = (addr_first_t){d->ev[i].addr, i};
-    if (!sort_addr_first(a, n)) {
-        free(a);
-        *n_p = 1;
-        return NULL;
-    }
-    size_t k = 0;
-    for (size_t i = 0; i < n; i++)
-        if (k == 0 || a[k - 1].addr != a[i].addr)
-            a[k++] = a[i];
-    *n_p = k;
-    return a;
-}
-
-/* A block live at the start of the trace that the trace frees at event `freed`, its request
- * rounded to `bs` bytes, with nothing else known of it up to `end`: was it larger? PyTorch does
- * not split a remainder of 1 MiB or less off a large-pool block, and it allocates at the start of
- * a free block. So an alloc, while the block is still live, at an address A a little past its
- * rounded end (lo < A <= lo + 1 MiB, below `end`), with no earlier alloc between lo and A, shows
- * that [lo, A) was the block's: nothing free starts there (it would have merged with the free
- * block at A). Returns the block's size so inferred (bs when nothing shows more). */
-static uint64_t kept_remainder(const addr_first_t *al, size_t nal, uint64_t addr, uint64_t bs,
-                               uint64_t end, size_t freed) {
-    uint64_t lo = addr + bs, hi = end - 1;
-    if (lo >= end)
-        return bs;
-    if (hi > lo + ((uint64_t)1 << 20))
-        hi = lo + ((uint64_t)1 << 20);
-    size_t a = 0, b = nal;
-    while (a < b) { /* the first address >= lo */
-        size_t mid = a + (b - a) / 2;
-        if (al[mid].addr < lo)
-            a = mid + 1;
-        else
-            b = mid;
-    }
-    size_t best = SIZE_MAX;
-    for (size_t i = a; i < nal && al[i].addr <= hi; i++)
-        if (best == SIZE_MAX || al[i].ev < al[best].ev)
-            best = i;
-    if (best == SIZE_MAX || al[best].addr == lo || al[best].ev > freed)
-        return bs;
-    return al[best].addr - addr;
-}
-
-/* What kept_remainder asks about d's events: the first alloc at each address, by address
- * (*al_p, *nal_p: NULL and 0 when there are none), and each address's first alloc or free
- * (*firstev: 1 + its index). false when out of memory (nothing kept). */
-static bool first_events(const tr_device_t *d, addr_first_t **al_p, size_t *nal_p,
-                         tr_map_t *firstev) {
-    *al_p = first_allocs(d, nal_p);
-    if (*al_p == NULL) {
-        bool oom = *nal_p == 1;
-        *nal_p = 0;
-        return !oom;
-    }
-    for (size_t i = 0; i < d->nev; i++) {
+    size_t open = firstev.n;
+    for (size_t i = 0; i < d->nev && open > 0; i++) {
         const tr_event_t *e = &d->ev[i];
-        uintptr_t v = 0;
-        if ((e->action == TR_ALLOC || e->action == TR_FREE_REQUESTED) && e->addr != 0 &&
-            !tr_map_get(firstev, e->addr, &v) && !tr_map_put(firstev, e->addr, i + 1)) {
-            free(*al_p);
-            *al_p = NULL;
-            *nal_p = 0;
-            tr_map_free(firstev);
-            return false;
+        if ((e->action != TR_ALLOC && e->action != TR_FREE_REQUESTED) || e->addr < lo ||
+            e->addr > hi)
+            continue;
+        uintptr_t *f = tr_map_find(&firstev, e->addr);
+        if (f != NULL && *f == 0) {
+            *f = i + 1;
+            open--;
+        }
+        uintptr_t n = 0;
+        if (e->action != TR_ALLOC || !tr_map_get(&buckets, (e->addr >> 20) + 1, &n))
+            continue;
+        for (; n != 0; n = nodes[n - 1].next) {
+            remainder_ask_t *a = &asks[nodes[n - 1].ask];
+            if (a->first == 0 && e->addr >= a->lo && e->addr <= a->hi) {
+                a->first = i + 1;
+                a->first_addr = e->addr;
+            }
         }
     }
-    return true;
+    for (size_t q = 0; q < nasks; q++) {
+        const remainder_ask_t *a = &asks[q];
+        uintptr_t freed = 0;
+        if (tr_map_get(&firstev, a->addr, &freed) && freed != 0 &&
+            d->ev[freed - 1].action == TR_FREE_REQUESTED && a->first != 0 && a->first < freed &&
+            a->first_addr != a->lo)
+            d->sblocks[a->sblock].size = a->first_addr - a->addr;
+    }
+    ok = true;
+out:
+    tr_map_free(&firstev);
+    tr_map_free(&buckets);
+    free(nodes);
+    return ok;
 }
 
 /* One device's analysis. The forward pass keeps one map of the addresses the events name (an
@@ -1339,13 +1363,9 @@ static bool analyse(const pk_value_t *segments, const recs_t *recs, const tr_set
     size_t nranges = 0, cap_ranges = 0;
     span_t *spans = NULL; /* the device's final segments */
     size_t nspans = 0, cap_spans = 0;
-    tr_map_t known = {0}; /* pool_index's map of d->pools */
-    /* kept_remainder's view of the events, built at the first starting block that asks (most
-     * traces have none: it sorts every alloc) */
-    addr_first_t *al = NULL;
-    size_t nal = 0;
-    bool al_built = false;
-    tr_map_t firstev = {0}; /* address -> 1 + index of its first alloc or free event */
+    tr_map_t known = {0};         /* pool_index's map of d->pools */
+    remainder_ask_t *asks = NULL; /* the starting blocks kept_remainders asks about */
+    size_t nasks = 0, cap_asks = 0;
     bool ok = false;
     if (!tr_map_put(&streams, ~(uint64_t)0, 1) || /* the default stream, as a non-zero key */
         !pools_known(d, &known))
@@ -1457,6 +1477,11 @@ static bool analyse(const pk_value_t *segments, const recs_t *recs, const tr_set
             break;
         }
     }
+    size_t event_seeds = d->nseeds; /* the seeds the events made; the final state's follow */
+    /* the segments' list bounds the device's (all devices' segments are in it) */
+    if (!reserve_array((void **)&spans, &cap_spans, pk_len(segments), sizeof(*spans)) ||
+        !reserve_array((void **)&d->start, &cap_start, pk_len(segments), sizeof(*d->start)))
+        goto oom;
     const pk_value_t *seg_seen[8] = {0}, *blk_seen[4] = {0};
     for (size_t s = 0; s < pk_len(segments); s++) {
         const pk_value_t *seg = pk_at(segments, s);
@@ -1715,10 +1740,14 @@ static bool analyse(const pk_value_t *segments, const recs_t *recs, const tr_set
     if (d->nstart > 1)
         sort_by(d->start, d->nstart, sizeof(*d->start), cmp_sseg);
     if (d->nseeds > 1)
-        sort_by(d->seeds, d->nseeds, sizeof(*d->seeds), cmp_seed);
+        sort_seeds(d->seeds, d->nseeds, event_seeds);
     /* Seeds inside a start segment become its blocks too. A large-pool seed that the final
      * state does not show may have kept a remainder (kept_remainder): the first event at its
      * address is its free, when it tells. */
+    /* each seed is at most one starting block and one ask */
+    if (!reserve_array((void **)&d->sblocks, &cap_sb, d->nseeds, sizeof(*d->sblocks)) ||
+        !reserve_array((void **)&asks, &cap_asks, d->nseeds, sizeof(*asks)))
+        goto oom;
     for (size_t i = 0, k = 0; i < d->nseeds; i++) {
         tr_seed_t *sd = &d->seeds[i];
         while (k < d->nstart && d->start[k].addr + d->start[k].size <= sd->addr)
@@ -1738,16 +1767,18 @@ static bool analyse(const pk_value_t *segments, const recs_t *recs, const tr_set
             if (!sd->bsize && !sg->is_small && !set->expandable && bs > ((uint64_t)1 << 20) &&
                 end - (sd->addr + bs) <= ((uint64_t)1 << 20))
                 bs = end - sd->addr;
-            uintptr_t first = 0;
-            bool asks = !set->expandable && !sd->bsize && !sg->is_small && bs > ((uint64_t)1 << 20);
-            if (asks && !al_built) {
-                al_built = true;
-                if (!first_events(d, &al, &nal, &firstev))
+            /* A large-pool block that may have kept more, up to 1 MiB past its rounded end
+             * (below end), if an alloc or free names its address (touched holds every address
+             * one names, and not 0: the final state's own seeds are not asked about). */
+            if (!set->expandable && !sd->bsize && !sg->is_small && bs > ((uint64_t)1 << 20) &&
+                sd->addr + bs < end && tr_map_get(&touched, sd->addr, NULL)) {
+                if (!GROW(asks, nasks, cap_asks))
                     goto oom;
+                uint64_t lo = sd->addr + bs, hi = end - 1;
+                if (hi - lo > ((uint64_t)1 << 20))
+                    hi = lo + ((uint64_t)1 << 20);
+                asks[nasks++] = (remainder_ask_t){d->nsblocks, sd->addr, lo, hi, 0, 0};
             }
-            if (asks && al != NULL && tr_map_get(&firstev, sd->addr, &first) &&
-                d->ev[first - 1].action == TR_FREE_REQUESTED)
-                bs = kept_remainder(al, nal, sd->addr, bs, end, first - 1);
             sd->in_start = true;
             if (bs == 0)
                 continue;
@@ -1762,6 +1793,8 @@ static bool analyse(const pk_value_t *segments, const recs_t *recs, const tr_set
             d->loose_bytes += sd->size;
         }
     }
+    if (nasks > 0 && !kept_remainders(d, asks, nasks))
+        goto oom;
     for (size_t i = 0; i < d->nstart; i++)
         d->start_bytes += d->start[i].size;
     /* Runs of segment frees: the user's empty_cache, unless the allocator released inside a
@@ -1844,8 +1877,7 @@ out:
     free(ranges);
     free(spans);
     tr_map_free(&known);
-    free(al);
-    tr_map_free(&firstev);
+    free(asks);
     return ok;
 }
 

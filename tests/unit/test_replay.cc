@@ -1126,6 +1126,53 @@ TEST_F(Replay, StartBlocksKeepTheRemainderPyTorchKept) {
     tr_free(&t);
 }
 
+// Blocks live at the start that the trace frees, each rebuilt at the size the trace shows: an
+// alloc while the block is live, 1 MiB or less past its rounded request and first in that
+// stretch, shows the block held up to it. Four blocks, four cases: the alloc across a 1 MiB
+// boundary from the rounded end (the block grows to it), the alloc after the block's free (no
+// sign), an alloc exactly at the rounded end (nothing kept), and one inside the same 1 MiB (the
+// block grows). Pinned as the kept-remainder pass answers them when it looks allocs up by 1 MiB
+// bucket rather than in a sorted list of every alloc.
+TEST_F(Replay, StartBlocksKeptRemaindersFromLaterAllocs) {
+    const uint64_t B1 = X, B2 = X + 8 * MiB, B3 = X + 16 * MiB, B4 = X + 24 * MiB;
+    const uint64_t A1 = B1 + 4 * MiB + 256 * 1024, A2 = B2 + 2 * MiB + 512 + 4096,
+                   A3 = B3 + 2 * MiB, A4 = B4 + 2 * MiB + 512 * 1024;
+    const std::vector<SSeg> segs = {{X, 64 * MiB, 0, 0, "large", {{64 * MiB, 0, "inactive"}}}};
+    const std::vector<SEv> evs = {{"free_requested", B2, 2 * MiB + 100, 0},
+                                  {"free_completed", B2, 2 * MiB + 100, 0},
+                                  {"alloc", A1, MiB, 0},
+                                  {"alloc", A3, MiB, 0},
+                                  {"alloc", A4, MiB, 0},
+                                  {"alloc", A2, MiB, 0},
+                                  {"free_requested", B1, 3 * MiB + MiB / 2, 0},
+                                  {"free_completed", B1, 3 * MiB + MiB / 2, 0},
+                                  {"free_requested", B3, 2 * MiB, 0},
+                                  {"free_completed", B3, 2 * MiB, 0},
+                                  {"free_requested", B4, 2 * MiB, 0},
+                                  {"free_completed", B4, 2 * MiB, 0},
+                                  {"free_requested", A1, MiB, 0},
+                                  {"free_completed", A1, MiB, 0},
+                                  {"free_requested", A2, MiB, 0},
+                                  {"free_completed", A2, MiB, 0},
+                                  {"free_requested", A3, MiB, 0},
+                                  {"free_completed", A3, MiB, 0},
+                                  {"free_requested", A4, MiB, 0},
+                                  {"free_completed", A4, MiB, 0}};
+    tr_trace_t t;
+    std::string err;
+    ASSERT_TRUE(load(snapshot_of(segs, evs, "", false), &t, &err)) << err;
+    const tr_device_t &d = t.dev[0];
+    ASSERT_EQ(d.nstart, 1u);
+    ASSERT_EQ(d.nsblocks, 4u);
+    EXPECT_EQ(d.sblocks[0].addr, B1);
+    EXPECT_EQ(d.sblocks[0].size, A1 - B1);       // 4.25 MiB: the alloc past the 1 MiB boundary
+    EXPECT_EQ(d.sblocks[1].size, 2 * MiB + 512); // the alloc came after its free
+    EXPECT_EQ(d.sblocks[2].size, 2 * MiB);       // the alloc at its rounded end
+    EXPECT_EQ(d.sblocks[3].size, A4 - B4);       // 2.5 MiB
+    EXPECT_EQ(d.sblocks[1].req, 2 * MiB + 100);
+    tr_free(&t);
+}
+
 // A private pool's segment existed before the trace; allocations at its addresses go to a pool
 // of ours (not the default pool's cached segment of the same size).
 TEST_F(Replay, PrivatePoolsAreRoutedByAddress) {
