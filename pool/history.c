@@ -1302,6 +1302,8 @@ SP_EXPORT sp_status_t sp_x_history_stamp_next(int action, int64_t time_us) {
 
 SP_EXPORT sp_status_t sp_x_history_record_snapshot(int device, size_t active_bytes) {
     SP_GATE("sp_x_history_record_snapshot");
+    /* A library that cannot start says why (sp_device_count's 0 read as "no device 0"). */
+    SP_CHECK(sp__alloc_ensure());
     SP_ARG_CHECK(device >= 0 && device < sp_device_count(), SP_SUB_HISTORY,
                  "sp_x_history_record_snapshot: device %d does not exist (%d device(s))", device,
                  sp_device_count());

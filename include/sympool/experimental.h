@@ -125,7 +125,8 @@ sp_status_t sp_x_history_stamp_next(int action, int64_t time_us);
  *  (size: active_bytes, what a snapshot puts there: the device's active bytes), without taking a
  *  snapshot. `sympool replay --snapshot` re-enacts the recorded run's own snapshots where its
  *  trace has their entries, so that its snapshot lists them where the original does. Nothing
- *  while actions are not recorded. SP_ERR_INVALID_ARGUMENT for a device that does not exist. */
+ *  while actions are not recorded. SP_ERR_INVALID_ARGUMENT for a device that does not exist; where
+ *  the library cannot start, the start's status (as sp_malloc's). */
 sp_status_t sp_x_history_record_snapshot(int device, size_t active_bytes);
 
 /** Totals over this process's symmetric pools on `device` (device < 0: all devices). */

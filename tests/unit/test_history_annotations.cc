@@ -19,6 +19,7 @@
 #include <vector>
 
 extern "C" {
+#include "pool/device/device.h"
 #include "pool/history.h"
 #include "sympool/experimental.h"
 }
@@ -292,4 +293,22 @@ TEST_F(HistoryAnnotations, StampNextRefusesABadActionWithoutDroppingTheQueue) {
     ASSERT_EQ(got.size(), 2u);
     EXPECT_EQ(got[0], std::make_pair(SP_TRACE_ALLOC, t0)) << "the bad calls dropped its time";
     EXPECT_NE(got[1].second, t0 + 1) << "-1, -1 drops what is queued";
+}
+
+// sp_x_history_record_snapshot where the library cannot start (CUDA asked for, no GPU): the
+// start's status and message, as sp_malloc's, not "device 0 does not exist (0 device(s))".
+TEST_F(HistoryAnnotations, RecordSnapshotSaysWhyTheLibraryCannotStart) {
+    if (sp__device_cuda_available())
+        GTEST_SKIP() << "a GPU answers here";
+    expect_warnings(); // the failed start says why
+    sp::ScopedEnv env({{"SYMPOOL_DEVICE", "cuda"}});
+    sp__device_reset();
+    void *p = nullptr;
+    sp_status_t want = sp_malloc(4096, 0, nullptr, &p);
+    ASSERT_NE(want, SP_SUCCESS);
+    std::string why = sp_last_error();
+    sp__error_clear();
+    EXPECT_EQ(sp_x_history_record_snapshot(0, 4096), want) << sp_last_error();
+    EXPECT_EQ(std::string(sp_last_error()), why);
+    sp__device_reset();
 }
