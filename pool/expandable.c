@@ -822,6 +822,41 @@ static bool has_free_page(const sp_segment_t *seg) {
     return false;
 }
 
+/* Does free block b hold a whole page? */
+static bool holds_page(const sp_block_t *b) {
+    const sp_segment_t *seg = sp__bseg(b);
+    uintptr_t off = b->addr - seg->base;
+    return (off + seg->page - 1) / seg->page < (off + b->size) / seg->page;
+}
+
+size_t sp__exp_release_blocks(sp_devalloc_t *d, sp_block_t *const *v, size_t n, uint32_t context) {
+    bool any = false;
+    for (size_t i = 0; i < n && !any; i++)
+        any = holds_page(v[i]);
+    /* One sync for them all, before the first unmap (sp__exp_release's reason); none when
+     * nothing would be unmapped, and nothing unmapped when the device cannot be synchronized. */
+    if (!any || sp__g.ops->device_sync(d->device) != SP_SUCCESS)
+        return 0;
+    size_t freed = 0;
+    for (size_t i = 0; i < n; i++) {
+        /* v[i] is still a free mapped block: an unmap makes new blocks of the slivers around
+         * its pages and absorbs unmapped neighbours only, and a segment goes only once it is
+         * one unmapped block, which holds none of the blocks still to come. */
+        sp_segment_t *seg = sp__bseg(v[i]);
+        freed += unmap_block(d, v[i], context, NULL);
+        if (seg->head->unmapped && !seg->head->next)
+            release_segment(d, seg);
+    }
+    return freed;
+}
+
+size_t sp__exp_release_unmapped(sp_devalloc_t *d, sp_segment_t *seg) {
+    if (!seg->head->unmapped || seg->head->next)
+        return 0;
+    release_segment(d, seg);
+    return 0; /* its pages were counted as they were unmapped */
+}
+
 size_t sp__exp_release(sp_devalloc_t *d, sp_segment_t *seg, uint32_t context) {
     size_t freed = 0;
     /* cuMemUnmap does not wait for the GPU, so the work that used the pages must be done first.

@@ -33,5 +33,12 @@ void sp__exp_share_small(sp_mempool_t *pool);
  * segment when nothing is mapped any more. Returns the bytes unmapped. context: the releasing
  * call's stack for the segment_unmap entries (0: none gathered). */
 size_t sp__exp_release(sp_devalloc_t *d, sp_segment_t *seg, uint32_t context);
+/* Release seg if nothing of it is mapped (a growth's RECYCLE may unmap one end to end); 0. */
+size_t sp__exp_release_unmapped(sp_devalloc_t *d, sp_segment_t *seg);
+/* PyTorch's release_blocks for expandable blocks: unmap the free pages of each of v[0..n) (free
+ * mapped blocks of expandable segments, gathered before any unmap) in that order, after one
+ * device sync, releasing each segment once nothing of it is mapped. Returns the bytes unmapped
+ * (0, nothing done, when the device cannot be synchronized). */
+size_t sp__exp_release_blocks(sp_devalloc_t *d, sp_block_t *const *v, size_t n, uint32_t context);
 
 #endif /* SP_POOL_EXPANDABLE_H */

@@ -1266,17 +1266,19 @@ static void stamp_next_clear_locked(bool keep) {
 }
 
 SP_EXPORT sp_status_t sp_x_history_stamp_next(int action, int64_t time_us) {
+    /* The action first, whatever the time: a bad one changes nothing (it used to drop every
+     * queued time when the time was negative). -1 names every action, for the drop only. */
+    if (action < (time_us < 0 ? -1 : 0) || action >= NACTIONS)
+        return sp__error(SP_ERR_INVALID_ARGUMENT, SP_SUB_HISTORY,
+                         "sp_x_history_stamp_next: action %d is none of PyTorch's trace actions "
+                         "(0 alloc .. 8 oom; -1: all of them, with a negative time only)",
+                         action);
     if (time_us < 0) {
         pthread_mutex_lock(&g.lock);
         stamp_next_clear_locked(true);
         pthread_mutex_unlock(&g.lock);
         return SP_SUCCESS;
     }
-    if (action < 0 || action >= NACTIONS)
-        return sp__error(SP_ERR_INVALID_ARGUMENT, SP_SUB_HISTORY,
-                         "sp_x_history_stamp_next: action %d is none of PyTorch's trace actions "
-                         "(0 alloc .. 8 oom)",
-                         action);
     pthread_mutex_lock(&g.lock);
     struct stamp_fifo *q = &g_next[action];
     if (q->head == q->len) /* all taken: start over at the front (no growth on a long replay) */
@@ -1300,6 +1302,8 @@ SP_EXPORT sp_status_t sp_x_history_stamp_next(int action, int64_t time_us) {
 
 SP_EXPORT sp_status_t sp_x_history_record_snapshot(int device, size_t active_bytes) {
     SP_GATE("sp_x_history_record_snapshot");
+    /* A library that cannot start says why (sp_device_count's 0 read as "no device 0"). */
+    SP_CHECK(sp__alloc_ensure());
     SP_ARG_CHECK(device >= 0 && device < sp_device_count(), SP_SUB_HISTORY,
                  "sp_x_history_record_snapshot: device %d does not exist (%d device(s))", device,
                  sp_device_count());

@@ -396,19 +396,79 @@ static int small_first(const void *a, const void *b) {
     return by_stream_size_address(x, y);
 }
 
-/* A release of a whole pool without expandable segments (empty_cache, the OOM retry's release of
- * the cache, a MemPool's release): its whole free segments in PyTorch's order
- * (large_first, small_first), so that the history's segment_free entries come in the order
- * PyTorch's trace has them (a replay's snapshot, a viewer's state history). false, having released
- * nothing, when the pool has an expandable segment (its pages are unmapped in the walk's order)
- * or no host memory for the list. */
+typedef struct {
+    sp_block_t **v;
+    size_t n, cap;
+} blk_list_t;
+
+static bool blk_add(blk_list_t *l, sp_block_t *b) {
+    if (l->n == l->cap) {
+        size_t cap = l->cap ? 2 * l->cap : 16;
+        sp_block_t **v = realloc(l->v, cap * sizeof(*v));
+        if (!v)
+            return false;
+        l->v = v;
+        l->cap = cap;
+    }
+    l->v[l->n++] = b;
+    return true;
+}
+
+/* release_sorted for a pool with expandable segments, as PyTorch's release_blocks goes through a
+ * block pool's free set (the default pool's large one first, a private pool's small one): whole
+ * fixed segments given back as met, expandable blocks gathered, then their pages unmapped in
+ * that order (sp__exp_release_blocks), not segment by segment in address order. Then what the
+ * walk gives back besides: a segment unmapped end to end before (a growth's RECYCLE), not a
+ * second try at pages whose device sync failed (the GPU may still use them). false, having
+ * released nothing, without host memory for the lists. */
+static bool release_in_set_order(sp_devalloc_t *d, sp_mempool_t *pool, uint32_t context,
+                                 size_t *freed_p) {
+    bool dflt = pool == d->default_pool;
+    sp_bpool_t *bps[2] = {dflt ? &pool->large : &pool->small, dflt ? &pool->small : &pool->large};
+    seg_list_t whole[2] = {{0}, {0}};
+    blk_list_t exp[2] = {{0}, {0}};
+    bool ok = true;
+    for (int k = 0; ok && k < 2; k++)
+        for (sp_block_t *b = bps[k]->free.min; ok && b; b = sp__bset_succ(&bps[k]->free, b)) {
+            sp_segment_t *seg = sp__bseg(b);
+            if (seg->expandable)
+                ok = blk_add(&exp[k], b);
+            else if (sp__block_releasable(b))
+                ok = seg_add(&whole[k], seg);
+        }
+    size_t freed = 0;
+    for (int k = 0; ok && k < 2; k++) {
+        for (size_t i = 0; i < whole[k].n; i++)
+            freed += release_one(d, whole[k].v[i], context);
+        freed += sp__exp_release_blocks(d, exp[k].v, exp[k].n, context);
+    }
+    for (int k = 0; k < 2; k++) {
+        free(whole[k].v);
+        free(exp[k].v);
+    }
+    if (!ok)
+        return false;
+    for (sp_segment_t *seg = pool->seg_head, *nx; seg; seg = nx) {
+        nx = seg->pnext; /* seg may go */
+        if (seg->expandable)
+            freed += sp__exp_release_unmapped(d, seg);
+    }
+    *freed_p = freed;
+    return true;
+}
+
+/* A release of a whole pool (empty_cache, the OOM retry's release of the cache, a MemPool's
+ * release): its whole free segments in PyTorch's order (large_first, small_first), so that the
+ * history's segment_free entries come in the order PyTorch's trace has them (a replay's
+ * snapshot, a viewer's state history); a pool with an expandable segment in its free sets' order
+ * (release_in_set_order). false, having released nothing, without host memory for the list. */
 static bool release_sorted(sp_devalloc_t *d, sp_mempool_t *pool, uint32_t context,
                            size_t *freed_p) {
     seg_list_t l = {0};
     for (sp_segment_t *seg = pool->seg_head; seg; seg = seg->pnext) {
         if (seg->expandable) {
             free(l.v);
-            return false;
+            return release_in_set_order(d, pool, context, freed_p);
         }
         if (sp__block_releasable(seg->head) && !seg_add(&l, seg)) {
             free(l.v);

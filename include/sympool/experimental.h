@@ -113,19 +113,20 @@ void sp_x_history_stamp(int64_t time_us);
  *  (PyTorch's TraceEntry order: 0 alloc, 1 free_requested, 2 free_completed, 3 segment_alloc,
  *  4 segment_free, 5 segment_map, 6 segment_unmap, 7 snapshot, 8 oom), on any thread: each entry
  *  of that action takes the oldest time queued for it, before sp_x_history_stamp's time or the
- *  clock. time_us < 0 drops every queued time (sp_shutdown does too). `sympool replay
- *  --snapshot` queues, per replayed event, the recorded times of what the allocator did around
- *  it (the segment_alloc before an alloc, an immediate free's free_completed after its
- *  free_requested, an empty_cache's segment frees), so that those entries carry their own
- *  recorded times. SP_ERR_INVALID_ARGUMENT for another action (nothing queued), SP_ERR_SYSTEM
- *  when out of host memory. */
+ *  clock. time_us < 0 drops every queued time, given any action or -1 (sp_shutdown does too).
+ *  `sympool replay --snapshot` queues, per replayed event, the recorded times of what the
+ *  allocator did around it (the segment_alloc before an alloc, an immediate free's
+ *  free_completed after its free_requested, an empty_cache's segment frees), so that those
+ *  entries carry their own recorded times. SP_ERR_INVALID_ARGUMENT for another action,
+ *  whatever the time (nothing queued or dropped), SP_ERR_SYSTEM when out of host memory. */
 sp_status_t sp_x_history_stamp_next(int action, int64_t time_us);
 
 /** Records on `device` the `snapshot` trace entry that a snapshot appends to each device's history
  *  (size: active_bytes, what a snapshot puts there: the device's active bytes), without taking a
  *  snapshot. `sympool replay --snapshot` re-enacts the recorded run's own snapshots where its
  *  trace has their entries, so that its snapshot lists them where the original does. Nothing
- *  while actions are not recorded. SP_ERR_INVALID_ARGUMENT for a device that does not exist. */
+ *  while actions are not recorded. SP_ERR_INVALID_ARGUMENT for a device that does not exist; where
+ *  the library cannot start, the start's status (as sp_malloc's). */
 sp_status_t sp_x_history_record_snapshot(int device, size_t active_bytes);
 
 /** Totals over this process's symmetric pools on `device` (device < 0: all devices). */

@@ -185,6 +185,35 @@ TEST_F(Expandable, EmptyCacheUnmapsFreePagesOnly) {
     EXPECT_GE(count(t, SP_TRACE_SEGMENT_MAP), 1u);
 }
 
+// empty_cache unmaps an expandable segment's free blocks in PyTorch's release_blocks order: the
+// pool's free set's (stream, size, address), as it releases whole segments, not by address.
+// Free blocks of 40 MiB at [0,40) and 20 MiB at [60,80): the 20 MiB one is unmapped first.
+TEST_F(Expandable, EmptyCacheUnmapsInFreeSetOrder) {
+    sp::ScopedEnv env({{"SYMPOOL_ALLOC_CONF", "expandable_segments:True"}, PYTORCH_PAGES});
+    SP_SKIP_UNLESS_HOST();
+    void *a, *b, *c, *d;
+    ASSERT_SP_OK(sp_malloc(40 * MiB, 0, nullptr, &a));
+    ASSERT_SP_OK(sp_malloc(20 * MiB, 0, nullptr, &b));
+    ASSERT_SP_OK(sp_malloc(20 * MiB, 0, nullptr, &c));
+    ASSERT_SP_OK(sp_malloc(20 * MiB, 0, nullptr, &d)); // [0,40) [40,60) [60,80) [80,100)
+    ASSERT_EQ((uintptr_t)c, (uintptr_t)a + 60 * MiB);
+    record_all();
+    ASSERT_SP_OK(sp_free(a));
+    ASSERT_SP_OK(sp_free(c));
+    ASSERT_SP_OK(sp_empty_cache());
+    std::vector<std::pair<uintptr_t, size_t>> unmaps;
+    for (auto &e : trace())
+        if (e.action == SP_TRACE_SEGMENT_UNMAP)
+            unmaps.push_back({e.addr - (uintptr_t)a, e.size});
+    EXPECT_EQ(unmaps,
+              (std::vector<std::pair<uintptr_t, size_t>>{{60 * MiB, 20 * MiB}, {0, 40 * MiB}}));
+    EXPECT_EQ(stat("reserved_bytes.all.current"), (int64_t)(40 * MiB));
+    ASSERT_SP_OK(sp_free(b));
+    ASSERT_SP_OK(sp_free(d));
+    ASSERT_SP_OK(sp_empty_cache());
+    EXPECT_EQ(stat("reserved_bytes.all.current"), 0);
+}
+
 TEST_F(Expandable, OneSegmentPerStreamAndPoolKind) {
     sp::ScopedEnv env({{"SYMPOOL_ALLOC_CONF", "expandable_segments:True"}, PYTORCH_PAGES});
     SP_SKIP_UNLESS_HOST();

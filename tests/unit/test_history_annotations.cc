@@ -19,6 +19,7 @@
 #include <vector>
 
 extern "C" {
+#include "pool/device/device.h"
 #include "pool/history.h"
 #include "sympool/experimental.h"
 }
@@ -260,4 +261,54 @@ TEST_F(HistoryAnnotations, RecordSnapshotAppendsTheMarkerOnly) {
     EXPECT_EQ(e[0].addr, 0u);
     EXPECT_EQ(e[0].time_us, 1783874495854988);
     sp__history_entries_free(e, n);
+}
+
+// An action PyTorch does not have is refused with a negative time too, and changes nothing:
+// the queued times stay (it dropped them all and said it succeeded). -1 with a negative time
+// (every action) still drops them; -1 with a time names no action to queue it for.
+TEST_F(HistoryAnnotations, StampNextRefusesABadActionWithoutDroppingTheQueue) {
+    ASSERT_SP_OK(record(SP_HISTORY_ALL));
+    const int64_t t0 = 1783874495854988;
+    ASSERT_SP_OK(sp_x_history_stamp_next(0, t0)); // the alloc's
+    ASSERT_SP_OK(sp_x_history_stamp_next(1, t0 + 1));
+    expect_warnings(); // the refusals below say why
+    for (int bad : {9, 42, -2}) {
+        EXPECT_EQ(sp_x_history_stamp_next(bad, -1), SP_ERR_INVALID_ARGUMENT) << bad;
+        EXPECT_NE(std::string(sp_last_error()).find("action"), std::string::npos)
+            << sp_last_error();
+    }
+    EXPECT_EQ(sp_x_history_stamp_next(-1, t0 + 2), SP_ERR_INVALID_ARGUMENT);
+    void *p = nullptr;
+    ASSERT_SP_OK(sp_malloc(4096, 0, nullptr, &p));
+    ASSERT_SP_OK(sp_x_history_stamp_next(-1, -1)); // t0 + 1 dropped
+    ASSERT_SP_OK(sp_free(p));
+    sp__trace_entry_t *e = nullptr;
+    size_t n = 0;
+    ASSERT_SP_OK(sp__history_copy(0, &e, &n));
+    std::vector<std::pair<sp_trace_action_t, int64_t>> got;
+    for (size_t i = 0; i < n; i++)
+        if (e[i].action == SP_TRACE_ALLOC || e[i].action == SP_TRACE_FREE_REQUESTED)
+            got.push_back({e[i].action, e[i].time_us});
+    sp__history_entries_free(e, n);
+    ASSERT_EQ(got.size(), 2u);
+    EXPECT_EQ(got[0], std::make_pair(SP_TRACE_ALLOC, t0)) << "the bad calls dropped its time";
+    EXPECT_NE(got[1].second, t0 + 1) << "-1, -1 drops what is queued";
+}
+
+// sp_x_history_record_snapshot where the library cannot start (CUDA asked for, no GPU): the
+// start's status and message, as sp_malloc's, not "device 0 does not exist (0 device(s))".
+TEST_F(HistoryAnnotations, RecordSnapshotSaysWhyTheLibraryCannotStart) {
+    if (sp__device_cuda_available())
+        GTEST_SKIP() << "a GPU answers here";
+    expect_warnings(); // the failed start says why
+    sp::ScopedEnv env({{"SYMPOOL_DEVICE", "cuda"}});
+    sp__device_reset();
+    void *p = nullptr;
+    sp_status_t want = sp_malloc(4096, 0, nullptr, &p);
+    ASSERT_NE(want, SP_SUCCESS);
+    std::string why = sp_last_error();
+    sp__error_clear();
+    EXPECT_EQ(sp_x_history_record_snapshot(0, 4096), want) << sp_last_error();
+    EXPECT_EQ(std::string(sp_last_error()), why);
+    sp__device_reset();
 }
