@@ -473,7 +473,12 @@ static bool build_segment(dev_state_t *ds, int dev, const tr_device_t *td, const
     sp_status_t st = SP_SUCCESS;
     place_one(ds, dev, sg->addr, sg->size); /* taken by this segment's first request */
     if (!sg->is_small) {
+        /* The request that makes the segment gives it its recorded stack (a snapshot of the
+         * replay shows it while the segment is never split, as the original's does; its first
+         * split drops it). A small segment's never shows one: its first request splits it. */
+        fs->frames = sg->frames;
         st = request(ds, dev, sg->pool, (size_t)sg->size, s, &p);
+        fs->frames = NULL;
         if (st == SP_SUCCESS)
             st = sp_free(p);
     }
