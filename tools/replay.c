@@ -10,6 +10,7 @@
  * that fails with OUT_OF_MEMORY (with --capacity) is counted and its later free skipped.
  * No globals, no lock: one replay at a time per process.
  */
+#include <limits.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -143,6 +144,21 @@ static const char *frame_str(const pk_value_t *f, const char *key, char **at, si
     return out;
 }
 
+/* A frame's line as the history takes it. PyTorch's line is an unsigned 64-bit number: a line
+ * it could not tell (-1 where it was read) is written as 2^64-1, which no int64 holds and was
+ * read as 0; it is the negative int it was (the snapshot writer writes a negative line back in
+ * that form). A line no int holds reads as unknown (0). */
+static int frame_line(const pk_value_t *f) {
+    const pk_value_t *v = pk_get(f, "line");
+    int64_t i = 0;
+    uint64_t u = 0;
+    if (pk_int(v, &i))
+        return i >= INT_MIN && i <= INT_MAX ? (int)i : 0;
+    if (pk_uint(v, &u) && u >= (uint64_t)(int64_t)INT_MIN)
+        return (int)(int64_t)u;
+    return 0;
+}
+
 static size_t frames_hook(sp_history_frame_t *out, size_t max, void *arg) {
     frames_src_t *fs = arg;
     size_t n = pk_len(fs->frames), k = 0, need = 0;
@@ -161,11 +177,9 @@ static size_t frames_hook(sp_history_frame_t *out, size_t max, void *arg) {
     at = need > 0 && need <= fs->cap ? fs->buf : NULL; /* else (out of memory) cut at the 0 */
     for (size_t i = 0; i < n && k < max; i++) {
         const pk_value_t *f = pk_at(fs->frames, i);
-        int64_t line = 0;
-        (void)pk_get_int(f, "line", &line);
         const char *name = frame_str(f, "name", &at, &need);
         const char *file = frame_str(f, "filename", &at, &need);
-        out[k++] = (sp_history_frame_t){name, file, (int)line};
+        out[k++] = (sp_history_frame_t){name, file, frame_line(f)};
     }
     return k;
 }
