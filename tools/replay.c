@@ -147,14 +147,14 @@ static const char *frame_str(const pk_value_t *f, const char *key, char **at, si
 /* A frame's line as the history takes it. PyTorch's line is an unsigned 64-bit number: a line
  * it could not tell (-1 where it was read) is written as 2^64-1, which no int64 holds and was
  * read as 0; it is the negative int it was (the snapshot writer writes a negative line back in
- * that form). A line no int holds reads as unknown (0). */
+ * that form). pk_get_int first, its result taken as before (the replay loop with --snapshot
+ * reads a line for every frame it records); the second lookup only for a line no int64 holds. */
 static int frame_line(const pk_value_t *f) {
-    const pk_value_t *v = pk_get(f, "line");
     int64_t i = 0;
     uint64_t u = 0;
-    if (pk_int(v, &i))
-        return i >= INT_MIN && i <= INT_MAX ? (int)i : 0;
-    if (pk_uint(v, &u) && u >= (uint64_t)(int64_t)INT_MIN)
+    if (pk_get_int(f, "line", &i))
+        return (int)i;
+    if (pk_get_uint(f, "line", &u) && u >= (uint64_t)(int64_t)INT_MIN)
         return (int)(int64_t)u;
     return 0;
 }
