@@ -197,7 +197,12 @@ static void emit_frames(sp__emit_t *e, uint32_t context) {
     for (size_t i = 0; i < n; i++) {
         sp__emit_dict_begin(e);
         kv_str(e, "filename", f[i].filename);
-        kv_int(e, "line", f[i].line);
+        /* PyTorch's line is unsigned 64-bit: a negative one is written in that form, as
+         * PyTorch writes the -1 of a line it could not tell (2^64-1). */
+        if (f[i].line < 0)
+            kv_uint(e, "line", (uint64_t)(int64_t)f[i].line);
+        else
+            kv_int(e, "line", f[i].line);
         kv_str(e, "name", f[i].name);
         sp__emit_dict_end(e);
     }

@@ -10,6 +10,7 @@
  * that fails with OUT_OF_MEMORY (with --capacity) is counted and its later free skipped.
  * No globals, no lock: one replay at a time per process.
  */
+#include <limits.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -143,6 +144,21 @@ static const char *frame_str(const pk_value_t *f, const char *key, char **at, si
     return out;
 }
 
+/* A frame's line as the history takes it. PyTorch's line is an unsigned 64-bit number: a line
+ * it could not tell (-1 where it was read) is written as 2^64-1, which no int64 holds and was
+ * read as 0; it is the negative int it was (the snapshot writer writes a negative line back in
+ * that form). pk_get_int first, its result taken as before (the replay loop with --snapshot
+ * reads a line for every frame it records); the second lookup only for a line no int64 holds. */
+static int frame_line(const pk_value_t *f) {
+    int64_t i = 0;
+    uint64_t u = 0;
+    if (pk_get_int(f, "line", &i))
+        return (int)i;
+    if (pk_get_uint(f, "line", &u) && u >= (uint64_t)(int64_t)INT_MIN)
+        return (int)(int64_t)u;
+    return 0;
+}
+
 static size_t frames_hook(sp_history_frame_t *out, size_t max, void *arg) {
     frames_src_t *fs = arg;
     size_t n = pk_len(fs->frames), k = 0, need = 0;
@@ -161,11 +177,9 @@ static size_t frames_hook(sp_history_frame_t *out, size_t max, void *arg) {
     at = need > 0 && need <= fs->cap ? fs->buf : NULL; /* else (out of memory) cut at the 0 */
     for (size_t i = 0; i < n && k < max; i++) {
         const pk_value_t *f = pk_at(fs->frames, i);
-        int64_t line = 0;
-        (void)pk_get_int(f, "line", &line);
         const char *name = frame_str(f, "name", &at, &need);
         const char *file = frame_str(f, "filename", &at, &need);
-        out[k++] = (sp_history_frame_t){name, file, (int)line};
+        out[k++] = (sp_history_frame_t){name, file, frame_line(f)};
     }
     return k;
 }
@@ -473,7 +487,12 @@ static bool build_segment(dev_state_t *ds, int dev, const tr_device_t *td, const
     sp_status_t st = SP_SUCCESS;
     place_one(ds, dev, sg->addr, sg->size); /* taken by this segment's first request */
     if (!sg->is_small) {
+        /* The request that makes the segment gives it its recorded stack (a snapshot of the
+         * replay shows it while the segment is never split, as the original's does; its first
+         * split drops it). A small segment's never shows one: its first request splits it. */
+        fs->frames = sg->frames;
         st = request(ds, dev, sg->pool, (size_t)sg->size, s, &p);
+        fs->frames = NULL;
         if (st == SP_SUCCESS)
             st = sp_free(p);
     }

@@ -1482,13 +1482,13 @@ static bool analyse(const pk_value_t *segments, const recs_t *recs, const tr_set
     if (!reserve_array((void **)&spans, &cap_spans, pk_len(segments), sizeof(*spans)) ||
         !reserve_array((void **)&d->start, &cap_start, pk_len(segments), sizeof(*d->start)))
         goto oom;
-    const pk_value_t *seg_seen[8] = {0}, *blk_seen[4] = {0};
+    const pk_value_t *seg_seen[9] = {0}, *blk_seen[4] = {0};
     for (size_t s = 0; s < pk_len(segments); s++) {
         const pk_value_t *seg = pk_at(segments, s);
         int64_t sdev = 0, total = 0, stream = 0;
         uint64_t addr = 0, ustream = 0;
         bool have_total, have_addr, expandable, bad_stream, bad_blocks;
-        const pk_value_t *pool_id, *blocks;
+        const pk_value_t *pool_id, *blocks, *sframes;
         const pk_value_t *stype;
         const rec_seg_t *rg = seg_of(recs, seg);
         if (entry_record(recs, seg)) {
@@ -1508,13 +1508,15 @@ static bool analyse(const pk_value_t *segments, const recs_t *recs, const tr_set
             pool_id = rg->pool;
             blocks = rg->blocks;
             stype = rg->type;
+            /* Entries are handed over only while stacks are skipped (tr_load_opts): none. */
+            sframes = NULL;
         } else {
             static const char *const skeys[] = {"device",       "total_size",      "address",
                                                 "stream",       "segment_pool_id", "is_expandable",
-                                                "segment_type", "blocks"};
-            static const size_t slens[] = {6, 10, 7, 6, 15, 13, 12, 6};
-            const pk_value_t *sv[8];
-            get_keys(seg, skeys, slens, 8, seg_seen, sv);
+                                                "segment_type", "blocks",          "frames"};
+            static const size_t slens[] = {6, 10, 7, 6, 15, 13, 12, 6, 6};
+            const pk_value_t *sv[9];
+            get_keys(seg, skeys, slens, 9, seg_seen, sv);
             (void)pk_int(sv[0], &sdev);
             have_total = pk_int(sv[1], &total);
             have_addr = pk_uint(sv[2], &addr);
@@ -1532,6 +1534,7 @@ static bool analyse(const pk_value_t *segments, const recs_t *recs, const tr_set
             pool_id = sv[4];
             blocks = sv[7];
             stype = sv[6] != NULL && sv[6]->type == PK_STR ? sv[6] : NULL;
+            sframes = sv[8] != NULL && sv[8]->type == PK_LIST ? sv[8] : NULL;
         }
         if (sdev != dev)
             continue;
@@ -1592,8 +1595,8 @@ static bool analyse(const pk_value_t *segments, const recs_t *recs, const tr_set
         if (in_start) {
             if (!GROW(d->start, d->nstart, cap_start))
                 goto oom;
-            d->start[d->nstart++] =
-                (tr_sseg_t){addr, (uint64_t)total, ustream, (uint16_t)pool, is_small, 0, 0};
+            d->start[d->nstart++] = (tr_sseg_t){
+                addr, (uint64_t)total, ustream, (uint16_t)pool, is_small, 0, 0, sframes};
         }
         d->final_reserved += (uint64_t)total;
         /* Block addresses are the segment's plus the sizes before them (MemoryViz does the
@@ -1717,7 +1720,7 @@ static bool analyse(const pk_value_t *segments, const recs_t *recs, const tr_set
         if (!GROW(d->start, d->nstart, cap_start))
             goto oom;
         d->start[d->nstart++] = (tr_sseg_t){
-            xr[i].addr, xr[i].end - xr[i].addr, xr[i].stream, xr[i].pool, xr[i].small, 0, 0};
+            xr[i].addr, xr[i].end - xr[i].addr, xr[i].stream, xr[i].pool, xr[i].small, 0, 0, NULL};
     }
     /* Segments the trace frees before allocating them existed at the start too. */
     for (size_t i = 0; i < d->nev; i++) {
@@ -1735,7 +1738,8 @@ static bool analyse(const pk_value_t *segments, const recs_t *recs, const tr_set
                         (e->flags & TR_F_POOL_ID) ? e->pool : pool_at(ranges, nranges, e->addr),
                         e->size == (2 << 20),
                         0,
-                        0};
+                        0,
+                        NULL};
     }
     if (d->nstart > 1)
         sort_by(d->start, d->nstart, sizeof(*d->start), cmp_sseg);

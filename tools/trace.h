@@ -81,6 +81,11 @@ typedef struct tr_sseg {
     uint16_t pool;               /* 1 + index into the device's pools, 0 = default pool */
     bool is_small;               /* small pool (segment_type "small") */
     size_t first, n;             /* its live blocks: sblocks[first .. first+n), by address */
+    /* The stack it was allocated with, as the final state shows it (its dict's "frames" list;
+     * PyTorch shows one only on a segment never split), else NULL: NULL too when loaded without
+     * stacks, and for segments the final state does not show (expandable ranges, segments the
+     * trace frees first). */
+    const pk_value_t *frames;
 } tr_sseg_t;
 
 /* An event whose entry carries a user_metadata text other than "" (PyTorch's

@@ -97,7 +97,9 @@ sp_status_t sp_mempool_dump_snapshot(const sp_mempool_t *pool, const char *path)
 typedef struct sp_history_frame {
     const char *name;     /**< function name */
     const char *filename; /**< source file */
-    int line;             /**< line number, 0 if unknown */
+    int line;             /**< line number, 0 if unknown; a negative one is written to snapshots
+                           * in PyTorch's unsigned 64-bit form (-1: 2^64-1, as PyTorch writes a
+                           * line it could not tell) */
 } sp_history_frame_t;
 
 /**

@@ -679,6 +679,18 @@ if(TARGET sympool_cli)
               $<TARGET_FILE:sympool_cli> ${SP_DATA} ${SP_CLI_OUT})
     set_tests_properties(cli.replay_times PROPERTIES LABELS "unit;cli;python" TIMEOUT 120
       PASS_REGULAR_EXPRESSION "replay-times: ok")
+    # ... and the starting segments' own stacks (a segment never split shows its stack).
+    add_test(NAME cli.replay_start_frames
+      COMMAND ${Python3_EXECUTABLE} ${CMAKE_CURRENT_SOURCE_DIR}/cli/replay_start_frames.py
+              $<TARGET_FILE:sympool_cli> ${SP_DATA} ${SP_CLI_OUT})
+    set_tests_properties(cli.replay_start_frames PROPERTIES LABELS "unit;cli;python" TIMEOUT 120
+      PASS_REGULAR_EXPRESSION "replay-start-frames: ok")
+    # ... and a frame's line PyTorch could not tell (2^64-1) as it is.
+    add_test(NAME cli.replay_frame_lines
+      COMMAND ${Python3_EXECUTABLE} ${CMAKE_CURRENT_SOURCE_DIR}/cli/replay_frame_lines.py
+              $<TARGET_FILE:sympool_cli> ${SP_DATA} ${SP_CLI_OUT})
+    set_tests_properties(cli.replay_frame_lines PROPERTIES LABELS "unit;cli;python" TIMEOUT 120
+      PASS_REGULAR_EXPRESSION "replay-frame-lines: ok")
   endif()
   add_test(NAME cli.info_trace_missing
     COMMAND $<TARGET_FILE:sympool_cli> info ${SP_DATA}/does-not-exist.pickle)

@@ -273,6 +273,46 @@ TEST_F(Callbacks, FramesHookClaimingTooManyFramesDoesNotCrash) {
     EXPECT_NE(next.find(R"(},{"filename":"??","line":0,"name":"??"})"), std::string::npos) << next;
 }
 
+size_t hook_unknown_line(sp_history_frame_t *frames, size_t max, void *) {
+    if (max < 2)
+        return 0;
+    frames[0] = sp_history_frame_t{"unknown", "u.py", -1};
+    frames[1] = sp_history_frame_t{"known", "u.py", 3};
+    return 2;
+}
+
+// A frame line of -1 (a line PyTorch could not tell) is written as PyTorch writes it, its
+// unsigned 64-bit form 2^64-1 (PyTorch's line is a uint64_t): it was written as -1, which a
+// snapshot of PyTorch's never has. A line of 0 or more is written as it is.
+TEST_F(Callbacks, NegativeFrameLineIsWrittenInPyTorchsUnsignedForm) {
+    sp_history_set_frames_hook(hook_unknown_line, nullptr);
+    sp_history_params_t hp;
+    sp_history_params_init(&hp);
+    ASSERT_SP_OK(sp_record_memory_history(&hp));
+    void *p = nullptr;
+    EXPECT_SP_OK(sp_malloc(4096, 0, nullptr, &p));
+    std::string path = "/tmp/sp_cb_lines_" + std::to_string(getpid()) + ".json";
+    EXPECT_SP_OK(sp_dump_snapshot(path.c_str()));
+    EXPECT_SP_OK(sp_free(p));
+    sp_history_set_frames_hook(nullptr, nullptr);
+    hp.enabled = SP_HISTORY_OFF;
+    EXPECT_SP_OK(sp_record_memory_history(&hp));
+    FILE *f = fopen(path.c_str(), "r");
+    ASSERT_NE(f, nullptr);
+    std::string text;
+    char buf[4096];
+    size_t n;
+    while ((n = fread(buf, 1, sizeof buf, f)) > 0)
+        text.append(buf, n);
+    fclose(f);
+    unlink(path.c_str());
+    EXPECT_NE(text.find(R"({"filename":"u.py","line":18446744073709551615,"name":"unknown"},)"
+                        R"({"filename":"u.py","line":3,"name":"known"})"),
+              std::string::npos)
+        << text.substr(0, 600);
+    EXPECT_EQ(text.find(R"("line":-1)"), std::string::npos);
+}
+
 int g_log_lines;
 void log_calling_free(int, const char *, void *) {
     g_log_lines++;
