@@ -97,6 +97,24 @@ struct sp_block_slab {
     sp_block_t blocks[SLAB_BLOCKS];
 };
 
+/* The pages of a device's second and later slabs, faulted in by one call as the slab is taken: a
+ * device that filled a slab fills the next one too (front to back), and one madvise costs less
+ * than the page faults it saves (rebuilding a replay's starting state takes a fresh segment struct
+ * per segment: bench/results/2026-11-30-s23-start.jsonl). A device's first slab still faults in
+ * page by page, as a short-lived allocator touches a few of its pages only (see above). Only a
+ * hint: a kernel without MADV_POPULATE_WRITE (before 5.14) refuses it, and the pages fault in as
+ * before. Out of line: slab_take, which slab_new is inlined into, stays small enough to be
+ * inlined into its callers (callgrind). */
+static __attribute__((noinline, cold)) void slab_populate(const struct sp_block_slab *s) {
+#ifdef MADV_POPULATE_WRITE
+    size_t page = (size_t)sysconf(_SC_PAGESIZE);
+    uintptr_t lo = (uintptr_t)s / page * page;
+    (void)madvise((void *)lo, (uintptr_t)s + sizeof(*s) - lo, MADV_POPULATE_WRITE);
+#else
+    (void)s;
+#endif
+}
+
 /* A new slab for d: a kept one first (its structs are cleared as they are handed out), else one
  * from the arena. */
 static bool slab_new(sp_devalloc_t *d) {
@@ -105,6 +123,8 @@ static bool slab_new(sp_devalloc_t *d) {
         d->kept = s->next;
     else if (!(s = sp__arena_take(sizeof(*s))))
         return false;
+    if (d->slabs)
+        slab_populate(s);
     s->next = d->slabs;
     d->slabs = s;
     d->slab_next = s->blocks;

@@ -3,7 +3,9 @@
 // number, find/take/grow, free segment lists and release); plus several emulated devices.
 #include "alloc_test_util.hpp"
 
+#include <sys/mman.h>
 #include <sys/single_threaded.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <cstdlib>
@@ -216,6 +218,45 @@ TEST_F(AllocInternal, BlockStructsComeFromTheSlabOneAtATime) {
     EXPECT_EQ(st.spare, 1u) << "the merged remainder's struct";
     expect_warnings();
     EXPECT_EQ(sp__pool_block_structs(1, &st), SP_ERR_INVALID_ARGUMENT);
+}
+
+// A device's second slab is faulted in whole when it is taken (one madvise instead of a fault per
+// page as its structs are handed out); its last pages are then resident before any struct there
+// is used. The first slab is not (BlockStructsComeFromTheSlabOneAtATime).
+TEST_F(AllocInternal, ASecondSlabIsFaultedInWhenTaken) {
+#ifndef MADV_POPULATE_WRITE
+    GTEST_SKIP() << "built without MADV_POPULATE_WRITE (glibc before 2.35)";
+#else
+    const size_t page = (size_t)sysconf(_SC_PAGESIZE);
+    void *probe = mmap(nullptr, page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    ASSERT_NE(probe, MAP_FAILED);
+    const bool can = madvise(probe, page, MADV_POPULATE_WRITE) == 0;
+    munmap(probe, page);
+    if (!can)
+        GTEST_SKIP() << "the kernel has no MADV_POPULATE_WRITE (before 5.14)";
+    std::vector<void *> ps;
+    sp_block_structs_t st;
+    ASSERT_SP_OK(sp__pool_block_structs(0, &st));
+    const size_t slabs = st.slabs;
+    while (ps.size() < 5000 && st.slabs < slabs + 2) {
+        void *p;
+        ASSERT_SP_OK(sp_malloc(512, 0, nullptr, &p));
+        ps.push_back(p);
+        ASSERT_SP_OK(sp__pool_block_structs(0, &st));
+    }
+    ASSERT_EQ(st.slabs, slabs + 2) << "a second slab was taken";
+    EXPECT_GE(st.untouched, 1000u) << "few of its structs handed out";
+    // The newest slab ends at the arena's top (nothing else takes struct storage here): the page
+    // below the one holding its end lies inside it, among structs not yet handed out.
+    const uintptr_t top = (uintptr_t)sp__arena_take(0);
+    ASSERT_NE(top, 0u);
+    const uintptr_t last = (top - 1) / page * page - page;
+    unsigned char in = 0;
+    ASSERT_EQ(mincore((void *)last, page, &in), 0);
+    EXPECT_TRUE(in & 1) << "the slab's pages were faulted in when it was taken";
+    for (void *p : ps)
+        ASSERT_SP_OK(sp_free(p));
+#endif
 }
 
 // sp_shutdown keeps every slab for the next allocator of the device (struct arena memory is never
