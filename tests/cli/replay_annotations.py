@@ -7,27 +7,18 @@ PyTorch's {stage, name, device, time_us} is left out, said on stderr, and the re
 
 usage: replay_annotations.py SYMPOOL DATA_DIR OUT_DIR
 """
-import json
 import os
 import pickle
-import subprocess
 import sys
 
+from snaptest import replay_snapshot
+
 SYMPOOL, DATA, OUT = sys.argv[1:4]
-ENV = dict(os.environ, SYMPOOL_DEVICE="host")
 failures = []
 
 
 def replay(trace, out):
-    if os.path.exists(out):
-        os.unlink(out)
-    r = subprocess.run([SYMPOOL, "replay", trace, "--snapshot", out], capture_output=True,
-                       text=True, env=ENV)
-    if r.returncode != 0:
-        sys.exit("sympool replay %s: exit %d: %s" % (trace, r.returncode, r.stderr))
-    with open(out, "rb") as f:
-        doc = json.load(f) if out.endswith(".json") else pickle.load(f)
-    return doc, r.stderr
+    return replay_snapshot(SYMPOOL, trace, out)
 
 
 def times(trace, action):

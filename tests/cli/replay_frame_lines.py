@@ -8,26 +8,16 @@ the k-th entry of each action against the k-th recorded one.
 usage: replay_frame_lines.py SYMPOOL DATA_DIR OUT_DIR
 """
 import os
-import pickle
-import subprocess
 import sys
 
+from snaptest import load, replay_snapshot
+
 SYMPOOL, DATA, OUT = sys.argv[1:4]
-ENV = dict(os.environ, SYMPOOL_DEVICE="host")
 UNKNOWN = 2**64 - 1
 
 trace = os.path.join(DATA, "trace-small-u64.pickle")
-out = os.path.join(OUT, "frame-lines-ours.pickle")
-if os.path.exists(out):
-    os.unlink(out)
-r = subprocess.run([SYMPOOL, "replay", trace, "--snapshot", out], capture_output=True, text=True,
-                   env=ENV)
-if r.returncode != 0:
-    sys.exit("sympool replay %s: exit %d: %s" % (trace, r.returncode, r.stderr))
-docs = []
-for path in (out, trace):
-    with open(path, "rb") as f:
-        docs.append(pickle.load(f))
+docs = [replay_snapshot(SYMPOOL, trace, os.path.join(OUT, "frame-lines-ours.pickle"))[0],
+        load(trace)]
 
 
 def stacks(doc, action):

@@ -12,11 +12,11 @@ usage: replay_start_frames.py SYMPOOL DATA_DIR OUT_DIR
 import json
 import os
 import pickle
-import subprocess
 import sys
 
+from snaptest import replay_snapshot
+
 SYMPOOL, DATA, OUT = sys.argv[1:4]
-ENV = dict(os.environ, SYMPOOL_DEVICE="host")
 failures = []
 
 
@@ -43,15 +43,7 @@ want = stacks(rec)
 if sum(1 for s in want if s[2]) != 2:
     sys.exit("replay-start-frames: the trace should have two segments with a stack")
 for trace in (src, pickled):
-    out = os.path.join(OUT, "start-frames-ours.pickle")
-    if os.path.exists(out):
-        os.unlink(out)
-    r = subprocess.run([SYMPOOL, "replay", trace, "--snapshot", out], capture_output=True,
-                       text=True, env=ENV)
-    if r.returncode != 0:
-        sys.exit("sympool replay %s: exit %d: %s" % (trace, r.returncode, r.stderr))
-    with open(out, "rb") as f:
-        got = stacks(pickle.load(f))
+    got = stacks(replay_snapshot(SYMPOOL, trace, os.path.join(OUT, "start-frames-ours.pickle"))[0])
     for g, w in zip(got, want):
         if g != w:
             failures.append("%s: segment at +%d (%d bytes): ours %r, recorded %r" % (

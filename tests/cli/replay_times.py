@@ -11,30 +11,17 @@ time, size and relative address; and the recorded run's own snapshots' `snapshot
 
 usage: replay_times.py SYMPOOL DATA_DIR OUT_DIR
 """
-import json
 import os
-import pickle
-import subprocess
 import sys
 
+from snaptest import load, replay_snapshot
+
 SYMPOOL, DATA, OUT = sys.argv[1:4]
-ENV = dict(os.environ, SYMPOOL_DEVICE="host")
 failures = []
 
 
-def load(path):
-    with open(path, "rb") as f:
-        return json.load(f) if path.endswith(".json") else pickle.load(f)
-
-
 def replay(trace, out):
-    if os.path.exists(out):
-        os.unlink(out)
-    r = subprocess.run([SYMPOOL, "replay", trace, "--snapshot", out], capture_output=True,
-                       text=True, env=ENV)
-    if r.returncode != 0:
-        sys.exit("sympool replay %s: exit %d: %s" % (trace, r.returncode, r.stderr))
-    return load(out)
+    return replay_snapshot(SYMPOOL, trace, out)[0]
 
 
 def entries(doc, keys):

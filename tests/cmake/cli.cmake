@@ -667,30 +667,19 @@ if(TARGET sympool_cli)
               $<TARGET_FILE:sympool_cli> ${SP_DATA} ${SP_CLI_OUT})
     set_tests_properties(cli.replay_layout PROPERTIES LABELS "unit;cli;python" TIMEOUT 120
       PASS_REGULAR_EXPRESSION "replay-layout: ok")
-    # The replay's snapshot keeps the trace's external_annotations and the recorded times.
-    add_test(NAME cli.replay_annotations
-      COMMAND ${Python3_EXECUTABLE} ${CMAKE_CURRENT_SOURCE_DIR}/cli/replay_annotations.py
-              $<TARGET_FILE:sympool_cli> ${SP_DATA} ${SP_CLI_OUT})
-    set_tests_properties(cli.replay_annotations PROPERTIES LABELS "unit;cli;python" TIMEOUT 120
-      PASS_REGULAR_EXPRESSION "replay-annotations: ok")
-    # ... and every entry of the allocator's own (segments, completions) its recorded time.
-    add_test(NAME cli.replay_times
-      COMMAND ${Python3_EXECUTABLE} ${CMAKE_CURRENT_SOURCE_DIR}/cli/replay_times.py
-              $<TARGET_FILE:sympool_cli> ${SP_DATA} ${SP_CLI_OUT})
-    set_tests_properties(cli.replay_times PROPERTIES LABELS "unit;cli;python" TIMEOUT 120
-      PASS_REGULAR_EXPRESSION "replay-times: ok")
-    # ... and the starting segments' own stacks (a segment never split shows its stack).
-    add_test(NAME cli.replay_start_frames
-      COMMAND ${Python3_EXECUTABLE} ${CMAKE_CURRENT_SOURCE_DIR}/cli/replay_start_frames.py
-              $<TARGET_FILE:sympool_cli> ${SP_DATA} ${SP_CLI_OUT})
-    set_tests_properties(cli.replay_start_frames PROPERTIES LABELS "unit;cli;python" TIMEOUT 120
-      PASS_REGULAR_EXPRESSION "replay-start-frames: ok")
-    # ... and a frame's line PyTorch could not tell (2^64-1) as it is.
-    add_test(NAME cli.replay_frame_lines
-      COMMAND ${Python3_EXECUTABLE} ${CMAKE_CURRENT_SOURCE_DIR}/cli/replay_frame_lines.py
-              $<TARGET_FILE:sympool_cli> ${SP_DATA} ${SP_CLI_OUT})
-    set_tests_properties(cli.replay_frame_lines PROPERTIES LABELS "unit;cli;python" TIMEOUT 120
-      PASS_REGULAR_EXPRESSION "replay-frame-lines: ok")
+    # A replay's own snapshot against the trace it replayed: the trace's external_annotations
+    # and recorded times (annotations), every entry of the allocator's own (segments,
+    # completions) its recorded time (times), the starting segments' own stacks (start_frames),
+    # a frame's line PyTorch could not tell, 2^64-1, as it is (frame_lines). Each script prints
+    # "replay-<name with dashes>: ok".
+    foreach(name annotations times start_frames frame_lines)
+      string(REPLACE "_" "-" tag "replay-${name}")
+      add_test(NAME cli.replay_${name}
+        COMMAND ${Python3_EXECUTABLE} ${CMAKE_CURRENT_SOURCE_DIR}/cli/replay_${name}.py
+                $<TARGET_FILE:sympool_cli> ${SP_DATA} ${SP_CLI_OUT})
+      set_tests_properties(cli.replay_${name} PROPERTIES LABELS "unit;cli;python" TIMEOUT 120
+        PASS_REGULAR_EXPRESSION "${tag}: ok")
+    endforeach()
   endif()
   add_test(NAME cli.info_trace_missing
     COMMAND $<TARGET_FILE:sympool_cli> info ${SP_DATA}/does-not-exist.pickle)
