@@ -14,8 +14,9 @@
  *
  * The frames and names are those the package's Python hook gives (python/sympool/history.py):
  * innermost first, from the frame that called into sympool; frames whose file name starts with
- * the skip prefix left out; line 0 where Python's f_lineno is None; a str CPython cannot give as
- * UTF-8 (one with a lone surrogate) in its 'surrogatepass' form, kept in the caller's dict.
+ * the skip prefix left out; line -1 (written 2^64-1, as PyTorch writes it) where Python's
+ * f_lineno is None; a str CPython cannot give as UTF-8 (one with a lone surrogate) in its
+ * 'surrogatepass' form, kept in the caller's dict.
  *
  * The strings handed back are CPython's own UTF-8 copies, cached inside the str objects, which
  * the code objects of the frames on this thread's stack keep alive: the library reads them
@@ -191,10 +192,12 @@ static void code_read(void *code, const sp_history_python_frames_arg_t *a, code_
         api.decref(name);
 }
 
-/* The slow way, through the line table: Python's f_lineno, 0 for None (-1). */
+/* The slow way, through the line table: Python's f_lineno, -1 for None. PyTorch writes the line
+ * table's answer as it comes, cast to its unsigned 64-bit line: a frame whose instruction has no
+ * line is 2^64-1 in its snapshots, and so in ours (a negative line is written so, history.h). */
 static int line_read(void *frame) {
     int line = api.frame_line(frame);
-    return line > 0 ? line : 0;
+    return line >= 0 ? line : -1;
 }
 
 /*
@@ -333,7 +336,7 @@ static bool frame_get(walk_t *w, void *frame, void *code, sp_history_frame_t *ou
     out->name = info->name;
     out->filename = info->filename;
     out->line = e != NULL ? line_of(e, frame) : line_read(frame);
-    *key_p = e != NULL && out->line < (1 << LINE_BITS)
+    *key_p = e != NULL && out->line >= 0 && out->line < (1 << LINE_BITS)
                  ? e->serial << LINE_BITS | (uint64_t)out->line
                  : 0;
     return true;

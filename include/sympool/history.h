@@ -131,15 +131,15 @@ typedef struct sp_history_python_frames_arg {
 /**
  * (sympool addition) A frames hook for sp_history_set_frames_hook that gives the calling thread's
  * CPython frames, innermost first: each code object's co_name and co_filename (UTF-8, lone
- * surrogates in their 'surrogatepass' form) and the frame's f_lineno (0 when None). @p arg is an
- * sp_history_python_frames_arg_t * (NULL: no frame left out) that must outlive every call, its
- * fields and its prefix's text unchanged (the library's caches tell arguments apart by their
- * address, their prefix's address and their dict). It takes the GIL for the walk when the caller
- * does not hold it (PyGILState_Ensure), holds collections off during it, and leaves a Python
- * error the caller has pending as it was; it gives no frames on a thread Python never ran,
- * while Python finalizes, or where sp_history_python_frames_supported() is false. The strings
- * stay valid until the allocating call returns (the frames' code objects hold them), which is as
- * long as the library reads them.
+ * surrogates in their 'surrogatepass' form) and the frame's f_lineno (-1 when None, which a
+ * snapshot holds as 2^64-1, as PyTorch's does). @p arg is an sp_history_python_frames_arg_t *
+ * (NULL: no frame left out) that must outlive every call, its fields and its prefix's text
+ * unchanged (the library's caches tell arguments apart by their address, their prefix's address and
+ * their dict). It takes the GIL for the walk when the caller does not hold it (PyGILState_Ensure),
+ * holds collections off during it, and leaves a Python error the caller has pending as it was; it
+ * gives no frames on a thread Python never ran, while Python finalizes, or where
+ * sp_history_python_frames_supported() is false. The strings stay valid until the allocating call
+ * returns (the frames' code objects hold them), which is as long as the library reads them.
  */
 size_t sp_history_python_frames(sp_history_frame_t *frames, size_t max_frames, void *arg);
 

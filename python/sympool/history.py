@@ -75,7 +75,8 @@ def _frames(frames, max_frames, arg):
                 keep.append((name, fname))
                 frames[n].name = name
                 frames[n].filename = fname
-                frames[n].line = f.f_lineno or 0
+                line = f.f_lineno
+                frames[n].line = -1 if line is None else line  # None: 2^64-1, as torch writes it
                 n += 1
             f = f.f_back
         return n

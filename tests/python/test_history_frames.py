@@ -198,3 +198,44 @@ def test_threads_record_while_the_hook_comes_and_goes(sp):
     assert len(allocs) - len(framed) <= len(threads), allocs[:2]
     assert framed
     assert all(e["frames"][0]["name"] == "worker" for e in framed if e["size"] >= 7600), framed[:2]
+
+
+def _lineless(fn_text, name, scope):
+    """fn_text's function `name` with an empty line table: its frames' f_lineno is None."""
+    exec(compile(fn_text, "lineless.py", "exec"), scope)
+    fn = scope[name]
+    fn.__code__ = fn.__code__.replace(co_linetable=b"")
+    return fn
+
+
+def test_a_frame_without_a_line_is_written_as_pytorch_writes_it(sp):
+    # PyTorch writes the line table's answer (PyCode_Addr2Line) cast to its unsigned 64-bit line:
+    # an instruction without a line (f_lineno None) is 2^64-1 in its snapshots. Both of our hooks
+    # gave 0 there, the line of a C frame.
+    _native()
+    probe = _lineless("def probe():\n    import sys\n    return sys._getframe(0).f_lineno\n",
+                      "probe", {})
+    if probe() is not None:
+        pytest.skip("this Python gives a line to a code object with an empty line table")
+    caller = _lineless("def caller(sp, size):\n    return _alloc_at(sp, size)\n", "caller",
+                       {"_alloc_at": _alloc_at})
+    sp.record_memory_history()
+    native_hook = history._hook
+    old = _lib.FRAMES_FN(history._frames)
+    history._lib_keep.append(old)
+    ptrs = []
+    try:
+        for size in (7501, 7502):
+            if size == 7502:
+                _lib.lib().sp_history_set_frames_hook(old, None)
+            ptrs.append(caller(sp, size))
+        native, python = _frames_of(sp, 7501), _frames_of(sp, 7502)
+    finally:
+        _lib.lib().sp_history_set_frames_hook(native_hook, ctypes.addressof(history._native_arg))
+        for p in ptrs:
+            sp.free(p)
+    for frames in (native, python):
+        assert [f["name"] for f in frames[:2]] == ["_alloc_at", "caller"], frames[:3]
+        assert frames[0]["line"] > 0
+        assert frames[1]["line"] == 2**64 - 1, frames[1]
+    assert native == python
