@@ -219,7 +219,12 @@ sp_status_t sp__pool_free_set_requested(void *ptr, size_t requested) {
             a >= atomic_load_explicit(&d->hi, memory_order_relaxed))
             continue;
         sp__lock(&d->lock);
-        sp_block_t *b = sp__segidx_block(d, a);
+        /* A walk of the segment's blocks, not its lookup index: that index is built on demand
+         * and kept, and a call made once per block of a replay's starting state needs none. */
+        sp_segment_t *seg = sp__segidx_find(d, a);
+        sp_block_t *b = seg ? seg->head : NULL;
+        while (b && b->addr + b->size <= a)
+            b = sp__block_next(b);
         /* Free and cached (in its free set): no statistic counts an inactive block's requested
          * size, so nothing else changes. */
         bool ok = b && b->addr == a && b->in_set;
