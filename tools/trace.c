@@ -1394,7 +1394,7 @@ static void untouched_sfree(tr_device_t *d) {
 /* One device's analysis. The forward pass keeps one map of the addresses the events name (an
  * address's value: 1 while it is live), and an array already in order is not sorted again. */
 static bool analyse(const pk_value_t *segments, const recs_t *recs, const tr_settings_t *set,
-                    int dev, tr_device_t *d, char *err, size_t errlen) {
+                    bool want_sfree, int dev, tr_device_t *d, char *err, size_t errlen) {
     tr_map_t live = {0};     /* the backward pass: addresses whose free completes later */
     tr_map_t touched = {0};  /* addresses any alloc/free event names: 1 while live, else 0 */
     tr_map_t segfirst = {0}; /* segment address -> 1 first allocated, 2 first freed in the trace */
@@ -1714,7 +1714,7 @@ static bool analyse(const pk_value_t *segments, const recs_t *recs, const tr_set
                 goto out;
             }
             /* A free block of a start segment: kept while no event touches it (below). */
-            if (inactive && in_start && have_req && req >= 0 && bsize > 0) {
+            if (want_sfree && inactive && in_start && have_req && req >= 0 && bsize > 0) {
                 if (!GROW(d->sfree, d->nsfree, cap_sfree))
                     goto oom;
                 d->sfree[d->nsfree++] = (tr_sfree_t){baddr, (uint64_t)bsize, (uint64_t)req};
@@ -2208,7 +2208,7 @@ static bool from_doc(pk_doc_t *doc, recs_t *recs, size_t len, tr_trace_t *t, cha
     }
     for (int d = 0; d < ndev; d++) {
         if (!load_events(pk_at(traces, (size_t)d), recs, d, &t->dev[d], err, errlen) ||
-            !analyse(segments, recs, &t->settings, d, &t->dev[d], err, errlen))
+            !analyse(segments, recs, &t->settings, t->want_sfree, d, &t->dev[d], err, errlen))
             return false;
     }
     return true;
@@ -2281,6 +2281,7 @@ static void release(unsigned char *buf, size_t len, bool mapped) {
 
 bool tr_load_opts(const char *path, bool frames, tr_trace_t *t, char *err, size_t errlen) {
     memset(t, 0, sizeof(*t));
+    t->want_sfree = frames; /* a load for a replay's own snapshot */
     unsigned char *buf = NULL;
     size_t len = 0;
     bool mapped = false;

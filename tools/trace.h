@@ -173,6 +173,10 @@ typedef struct tr_trace {
      * replay's own snapshot copies it (a load without stacks may hand its dicts over as
      * records). NULL when absent or not a list. */
     const pk_value_t *annotations;
+    /* The start segments' untouched free blocks are kept (tr_device_t.sfree): a load for a
+     * replay's own snapshot (tr_load_opts with frames), the only reader of their requested
+     * sizes; the pass over the events that finds them costs ~150 instructions an entry. */
+    bool want_sfree;
 } tr_trace_t;
 
 /* Load a snapshot file (pickle). Fills t; on failure writes a one-line reason and returns
