@@ -2089,6 +2089,7 @@ static const char *kind_of(const pk_value_t *v) {
 }
 
 bool tr_from_doc(pk_doc_t *doc, tr_trace_t *t, char *err, size_t errlen) {
+    t->want_sfree = false; /* t may hold anything: from_doc keeps only this of it */
     return from_doc(doc, NULL, 0, t, err, errlen);
 }
 
@@ -2122,7 +2123,9 @@ static void read_annotations(const pk_value_t *root, tr_trace_t *t) {
 
 static bool from_doc(pk_doc_t *doc, recs_t *recs, size_t len, tr_trace_t *t, char *err,
                      size_t errlen) {
+    bool want_sfree = t->want_sfree; /* the caller's choice (tr_load_opts) */
     memset(t, 0, sizeof(*t));
+    t->want_sfree = want_sfree;
     t->doc = doc;
     t->root = pk_root(doc);
     const pk_value_t *segments = NULL, *traces = NULL;
