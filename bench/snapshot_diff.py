@@ -113,7 +113,7 @@ def diff_trace(ours, theirs, out, examples):
     return delta
 
 
-def diff_segment_pairs(o_s, t_s, out, examples):
+def diff_segment_pairs(o_s, t_s, out, examples, tally):
     pairs = list(zip(o_s, t_s))
     delta = common_delta(pairs, "address")
     for o, t in pairs:
@@ -131,6 +131,12 @@ def diff_segment_pairs(o_s, t_s, out, examples):
         for x, y in zip(ob, tb):
             if y["address"] - x["address"] != t["address"] - o["address"]:
                 out["block.address"] += 1
+            if x.get("state") == y.get("state") == "inactive" and x["size"] == y["size"]:
+                # agreements too, not only differences: how often PyTorch's rule held
+                tally["compared"] += 1
+                xr, yr = x.get("requested_size"), y.get("requested_size")
+                tally["equal" if xr == yr else "theirs_0" if yr == 0 else
+                      "ours_0" if xr == 0 else "both_nonzero_differ"] += 1
             for f in BLOCK_FIELDS:
                 if value(x, f) != value(y, f):
                     out["block." + f] += 1
@@ -139,7 +145,7 @@ def diff_segment_pairs(o_s, t_s, out, examples):
                                                                                 y.get(f)))
 
 
-def diff_segments(ours, theirs, out, examples):
+def diff_segments(ours, theirs, out, examples, tally):
     """Segments paired in address order; where that pairs unlike segments (a layout other than
     the recorded one), paired by (device, pool, size, address) instead, and each segment whose
     place in the address order differs counted once as segment.layout."""
@@ -151,11 +157,12 @@ def diff_segments(ours, theirs, out, examples):
                          s.get("segment_type"), s["total_size"], s["address"])
     best = None
     for key in (by_addr, by_kind):
-        c, ex = collections.Counter(), {}
-        diff_segment_pairs(sorted(ours, key=key), sorted(theirs, key=key), c, ex)
+        c, ex, ta = collections.Counter(), {}, collections.Counter()
+        diff_segment_pairs(sorted(ours, key=key), sorted(theirs, key=key), c, ex, ta)
         if best is None or sum(c.values()) < sum(best[0].values()):
-            best = (c, ex, key)
-    c, ex, key = best
+            best = (c, ex, key, ta)
+    c, ex, key, ta = best
+    tally.update(ta)
     if key is by_kind:
         # which segments sit elsewhere in the address order than their counterparts
         o_kinds = [by_kind(s)[:4] for s in sorted(ours, key=by_addr)]
@@ -185,10 +192,13 @@ def compare(orig, ours_path):
         examples.setdefault(kind, "ours %d lists, theirs %d" % (len(ot), len(tt)))
     for o, t in zip(ot, tt):
         diff_trace(o, t, out, examples)
-    diff_segments(ours.get("segments", []), theirs.get("segments", []), out, examples)
+    tally = collections.Counter()
+    diff_segments(ours.get("segments", []), theirs.get("segments", []), out, examples, tally)
     entries = sum(len(x) for x in tt)
+    # inactive blocks paired with an inactive block of the same size: how many show the same
+    # requested_size, and of those that do not, which side wrote 0
     return {"trace": orig, "entries": entries, "differences": dict(sorted(out.items())),
-            "examples": examples}
+            "inactive_requested": dict(sorted(tally.items())), "examples": examples}
 
 
 def replay(sympool, trace, out):

@@ -392,20 +392,23 @@ hand_out(sp_devalloc_t *d, sp_block_t *b, bool in_set, sp_block_t *pred, size_t 
                 sp__block_link_before(a, b);
             b->addr = b_addr + size;
             b->size = b_size - size;
-            b->gc_count = bp->gfb_count;
+            /* The remainder is b's struct, as PyTorch's is the found block's object: it keeps
+             * b's requested size. It is split: the segment's GC clock is not its (block.h). */
             if ((!fast || form == HIT_MOVE) && pred && !sp__bset_less(&bp->free, pred, b))
                 sp__bset_move(&bp->free, b);
             rem = b;
             b = a;
         } else {
             /* The allocation keeps the low addresses; the remainder moves up and stays cached.
-             * Every field is set here or by the set (links, balance, in_set) below. */
+             * Every field is set here or by the set (links, balance, in_set) below. The
+             * remainder is PyTorch's found object, so it keeps b's requested size (0 for a new
+             * segment's block), read before b's is set below. */
             rem = nb;
             rem->addr = b_addr + size;
             rem->size = b_size - size;
             rem->seg = b->seg;
             rem->hnext = 0;
-            rem->gc_count = bp->gfb_count;
+            rem->requested = b->requested; /* split: no GC clock (block.h) */
             rem->context = 0;
             rem->allocated = false;
             rem->unmapped = false;
@@ -761,6 +764,8 @@ free_block(sp_devalloc_t *d, sp_block_t *b, bool low, uint32_t free_ctx, bool hi
     if (keep_split) {
         net_n++;
         net_bytes += (int64_t)keep->size;
+    } else {
+        seg->gc_clock = bp->gfb_count; /* a whole free segment: its GC age starts (block.h) */
     }
     if (SP_UNLIKELY(seg->expandable))
         net_n = net_bytes = 0; /* PyTorch leaves expandable segments out of inactive_split */
@@ -779,7 +784,10 @@ free_block(sp_devalloc_t *d, sp_block_t *b, bool low, uint32_t free_ctx, bool hi
         sp__stat_t_dec(st, row, SP_ST_ACTIVE_BYTES, (int64_t)orig_size);
     }
     sp__stat_t_dec(st, row, SP_ST_REQUESTED_BYTES, (int64_t)req);
-    keep->gc_count = bp->gfb_count; /* shares requested's storage: req above keeps the value */
+    /* PyTorch's merge keeps the freed block's object, and with it its requested size; the struct
+     * kept here may be a neighbour's (b's own holds it already). */
+    if (form != FREE_ALONE)
+        keep->requested = req;
     if (form == FREE_ALONE) {
         sp__bset_insert(set, b); /* b holds no context (free_is_alone) */
     } else if (!fast && keep == b) {

@@ -360,6 +360,12 @@ SP_EXPORT sp_status_t sp_x_host_place(int device, size_t size, uint64_t offset) 
     return sp__host_place(device, size, offset);
 }
 
+SP_EXPORT sp_status_t sp_x_free_block_set_requested(void *ptr, size_t requested) {
+    SP_GATE("sp_x_free_block_set_requested");
+    SP_CHECK(sp__alloc_ensure());
+    return sp__pool_free_set_requested(ptr, requested);
+}
+
 SP_EXPORT int sp_device_count(void) {
     SP_GATE_OR(0);
     if (sp__alloc_ensure() != SP_SUCCESS)

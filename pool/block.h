@@ -79,7 +79,7 @@ static inline sp_ref_t sp__bref0(const struct sp_block *b) {
  * events), free (in its block pool's set) or unmapped (expandable address space, on its bpool's
  * unmapped list), or idle on the device's spare list. Fields used in disjoint states share
  * storage, which keeps a block at 56 bytes: the pointer-map chain, the tree's parent link and
- * a pending free's event count; the caller's size and the GC age; the recorded streams (or the
+ * a pending free's event count; the recorded streams (or the
  * owner thread cache: a block in a thread cache has none) and the tree's (or unmapped list's)
  * two child links. The word of the parent link is zero whenever a block is in none of those
  * states (a set removal and a pointer-map removal clear it, new structs are zeroed), so outside
@@ -87,10 +87,13 @@ static inline sp_ref_t sp__bref0(const struct sp_block *b) {
 typedef struct sp_block {
     uintptr_t addr; /* start address (lock) */
     size_t size;    /* bytes, a multiple of 512 (lock) */
-    union {
-        size_t requested;  /* caller's size while allocated or pending (lock) */
-        uint64_t gc_count; /* while in_set: bpool's get_free_block count when inserted (GC age) */
-    };
+    /* The caller's size while allocated or pending. Free or unmapped, what PyTorch's Block
+     * object keeps there (its snapshot shows it for inactive blocks): the size last requested
+     * through this block, which a free keeps on the merged block whichever struct holds it, a
+     * split's remainder keeps from the block it was cut from, and a struct made for new space
+     * (a new segment, an unmapped rest, the free pieces around an unmap) starts at 0 (lock).
+     * The GC clock lives in the segment (gc_clock), so this field is never shared. */
+    size_t requested;
     union {
         struct {
             sp_ref_t left;  /* free-set tree links while in_set; the unmapped list's (lock) */
@@ -154,6 +157,13 @@ typedef struct sp_segment {
     size_t bidx_cap;            /* capacity of both arrays (lock) */
     struct sp_segment *pprev;   /* pool's segment list, in seq order (lock) */
     struct sp_segment *pnext;   /* (lock) */
+    /* The GC clock (PyTorch's gc_count_base, kept on its block): its bpool's get_free_block
+     * count when the segment last became one whole free block. GC reads it only for a whole
+     * free segment, which becomes one only as a block covering it all enters the free set (a
+     * free, merging or not; an expandable map), which sets it: the value PyTorch's block then
+     * holds. A split's free remainder needs none (never whole). Kept here, a free block's
+     * struct has room for its requested size (lock). */
+    uint64_t gc_clock;
 } sp_segment_t;
 
 /* A segment struct takes this many block structs' room in a slab (allocator.c). */

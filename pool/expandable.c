@@ -362,8 +362,8 @@ static sp_status_t map_block(sp_devalloc_t *d, sp_block_t *m, size_t size, uint3
         sp__bset_remove(&bp->free, n);
         absorb(d, m, n);
     }
-    m->gc_count = bp->gfb_count;
-    sp__bset_insert(&bp->free, m);
+    seg->gc_clock = bp->gfb_count;
+    sp__bset_insert(&bp->free, m); /* m keeps its requested size (PyTorch's map_block) */
     d->total_reserved += len;
     pool->reserved += len;
     sp__exp_share_small(pool);
@@ -584,7 +584,7 @@ static sp_block_t *align_start(sp_devalloc_t *d, sp_bpool_t *bp, sp_block_t *c, 
     h->size = head;
     h->seg = sp__ptr_ref(seg);
     sp__block_link_before(h, c);
-    h->gc_count = c->gc_count;
+    /* h is new (requested size 0); the segment's GC clock stays (a split, no insert of note). */
     c->addr += head;
     c->size -= head;
     sp__bset_insert(&bp->free, h);
@@ -721,7 +721,7 @@ sp_block_t *sp__exp_fit_end(sp_devalloc_t *d, sp_bpool_t *bp, sp_block_t *b, siz
     h->size = lead;
     h->seg = b->seg;
     sp__block_link_before(h, b);
-    h->gc_count = b->gc_count;
+    /* h is new (requested size 0); the segment's GC clock stays. */
     b->addr += lead;
     b->size = size;
     sp__bset_insert(&bp->free, h);
@@ -773,16 +773,14 @@ static size_t unmap_block(sp_devalloc_t *d, sp_block_t *b, uint32_t context, exp
         before->size = begin - b->addr;
         before->seg = sp__ptr_ref(seg);
         sp__block_link_before(before, b);
-        before->gc_count = bp->gfb_count;
-        sp__bset_insert(&bp->free, before);
+        sp__bset_insert(&bp->free, before); /* new: requested 0; split: no GC clock */
     }
     if (after) {
         after->addr = end;
         after->size = b->addr + b->size - end;
         after->seg = sp__ptr_ref(seg);
         sp__block_link_after(after, b);
-        after->gc_count = bp->gfb_count;
-        sp__bset_insert(&bp->free, after);
+        sp__bset_insert(&bp->free, after); /* new: requested 0; split: no GC clock */
     }
     b->addr = begin;
     b->size = end - begin;

@@ -40,6 +40,10 @@ typedef struct sp_block_info {
  * SP_ERR_INVALID_USAGE (quiet) when ptr is in no live block of any device. */
 sp_status_t sp__pool_lookup(const void *ptr, sp_block_info_t *info_p);
 
+/* sp_x_free_block_set_requested (sympool/experimental.h): the free block that starts at ptr
+ * shows `requested` as its requested size in snapshots. */
+sp_status_t sp__pool_free_set_requested(void *ptr, size_t requested);
+
 /* Tests only: put `ops` (a struct sp_device_ops *, e.g. the host backend's with one op wrapped)
  * in place of the initialized backend's table and return the previous one; put that back before
  * sp_shutdown. No other thread may be inside sympool meanwhile. */
@@ -65,7 +69,7 @@ typedef enum {
 typedef struct sp_block_view {
     uintptr_t address;
     size_t size;
-    size_t requested_size; /* 0 for inactive blocks */
+    size_t requested_size; /* inactive blocks: PyTorch's kept value (block.h's requested) */
     sp_block_state_t state;
     uint32_t context; /* history context id of the block's allocation, 0 if none */
 } sp_block_view_t;

@@ -573,7 +573,7 @@ void sp__alloc_gc(sp_devalloc_t *d, uint32_t context) {
     uint64_t total_age = 0, n = 0;
     for (sp_segment_t *s = d->default_pool->seg_head; s; s = s->pnext) {
         if (s->bpool == bp && sp__block_releasable(s->head)) {
-            total_age += bp->gfb_count - s->head->gc_count;
+            total_age += bp->gfb_count - s->gc_clock;
             n++;
         }
     }
@@ -584,7 +584,7 @@ void sp__alloc_gc(sp_devalloc_t *d, uint32_t context) {
         sp_segment_t *s = d->default_pool->seg_head;
         while (s) {
             sp_segment_t *nx = s->pnext;
-            uint64_t age = s->head ? bp->gfb_count - s->head->gc_count : 0;
+            uint64_t age = bp->gfb_count - s->gc_clock;
             if (s->bpool == bp && sp__block_releasable(s->head) && (double)age >= avg) {
                 freed += s->size;
                 total_age -= age;

@@ -211,6 +211,36 @@ sp_status_t sp__pool_lookup(const void *ptr, sp_block_info_t *info_p) {
                            ptr);
 }
 
+sp_status_t sp__pool_free_set_requested(void *ptr, size_t requested) {
+    uintptr_t a = (uintptr_t)ptr;
+    for (int i = 0; ptr && i < sp__g.ndev; i++) {
+        sp_devalloc_t *d = &sp__g.devs[i];
+        if (a < atomic_load_explicit(&d->lo, memory_order_relaxed) ||
+            a >= atomic_load_explicit(&d->hi, memory_order_relaxed))
+            continue;
+        sp__lock(&d->lock);
+        /* A walk of the segment's blocks, not its lookup index: that index is built on demand
+         * and kept, and a call made once per block of a replay's starting state needs none. */
+        sp_segment_t *seg = sp__segidx_find(d, a);
+        sp_block_t *b = seg ? seg->head : NULL;
+        while (b && b->addr + b->size <= a)
+            b = sp__block_next(b);
+        /* Free and cached (in its free set): no statistic counts an inactive block's requested
+         * size, so nothing else changes. */
+        bool ok = b && b->addr == a && b->in_set;
+        if (ok)
+            b->requested = requested;
+        sp__unlock(&d->lock);
+        if (ok)
+            return SP_SUCCESS;
+        break;
+    }
+    /* quiet, as sp__pool_lookup: asking is how a caller finds out */
+    return sp__error_quiet(SP_ERR_INVALID_USAGE, SP_SUB_POOL,
+                           "sp_x_free_block_set_requested(%p): no free cached block starts there",
+                           ptr);
+}
+
 static void lock_all(void) {
     for (int i = 0; i < sp__g.ndev; i++)
         sp__lock(&sp__g.devs[i].lock);
@@ -261,20 +291,23 @@ static sp_status_t visit_run(sp_devalloc_t *d, sp_segment_t *seg, sp_block_t *fi
         sp_block_view_t *bv = &(*buf)[i];
         bv->address = b->addr;
         bv->size = b->size;
-        bv->requested_size = b->allocated || sp__block_pending(b) ? b->requested : 0;
+        /* An inactive block shows what PyTorch's snapshot shows: the requested size its struct
+         * keeps (block.h); the segment's sum counts active blocks only, as PyTorch's does. */
+        bv->requested_size = b->requested;
         bv->context = b->context;
         v.total_size += b->size;
         if (b->allocated) {
             bv->state = SP_BLOCK_ACTIVE_ALLOCATED;
             v.allocated_size += b->size;
             v.active_size += b->size;
+            v.requested_size += b->requested;
         } else if (sp__block_pending(b)) {
             bv->state = SP_BLOCK_ACTIVE_PENDING_FREE;
             v.active_size += b->size;
+            v.requested_size += b->requested;
         } else {
             bv->state = SP_BLOCK_INACTIVE;
         }
-        v.requested_size += bv->requested_size;
     }
     v.nblocks = n;
     v.blocks = *buf;

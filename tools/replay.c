@@ -75,6 +75,13 @@ typedef struct dev_state {
     size_t npools;
     void **holes; /* placeholders of the starting state's free space */
     size_t nholes, cap_holes;
+    /* free space of the starting state whose requested size the original shows (the address of
+     * its first placeholder, the size), set once the placeholders are given back */
+    struct carry {
+        void *at;
+        uint64_t req;
+    } * carry;
+    size_t ncarry, cap_carry;
     void **unmapped; /* blocks over the unmapped pages between two mapped ranges of one
                       * expandable segment at the start, unmapped once the state is built */
     size_t nunmapped, cap_unmapped;
@@ -477,6 +484,34 @@ static void place_for_op(const dev_state_t *ds, int d, size_t op, size_t *cursor
     *cursor = c;
 }
 
+/* The recorded run's free block [lo, hi) of a start segment, which no event touches, showed a
+ * requested size (PyTorch keeps the freed block's on it, which a split's remainder keeps too:
+ * it may exceed the block's size): once the placeholders of that free space are given back, the
+ * free block they leave at `first` (the first one's address) is to show it (build_start). */
+static bool carry_requested(dev_state_t *ds, const tr_device_t *td, uint64_t lo, uint64_t hi,
+                            void *first) {
+    size_t a = 0, b = td->nsfree;
+    while (a < b) {
+        size_t m = a + (b - a) / 2;
+        if (td->sfree[m].addr < lo)
+            a = m + 1;
+        else
+            b = m;
+    }
+    if (a == td->nsfree || td->sfree[a].addr != lo || td->sfree[a].size != hi - lo)
+        return true;
+    if (ds->ncarry == ds->cap_carry) {
+        size_t nc = ds->cap_carry ? ds->cap_carry * 2 : 16;
+        struct carry *na = realloc(ds->carry, nc * sizeof(*na));
+        if (na == NULL)
+            return false;
+        ds->carry = na;
+        ds->cap_carry = nc;
+    }
+    ds->carry[ds->ncarry++] = (struct carry){first, td->sfree[a].req};
+    return true;
+}
+
 static bool build_segment(dev_state_t *ds, int dev, const tr_device_t *td, const tr_sseg_t *sg,
                           frames_src_t *fs, replay_result_t *r, char *err, size_t errlen) {
     const size_t small_max = (size_t)1 << 20;
@@ -499,7 +534,8 @@ static bool build_segment(dev_state_t *ds, int dev, const tr_device_t *td, const
     uint64_t at = sg->addr, end = sg->addr + sg->size;
     for (size_t i = 0; st == SP_SUCCESS && i <= sg->n; i++) {
         const tr_sblock_t *b = i < sg->n ? &td->sblocks[sg->first + i] : NULL;
-        uint64_t gap_end = b ? b->addr : end;
+        uint64_t gap_end = b ? b->addr : end, gap_at = at;
+        void *first = NULL; /* the free space's first placeholder */
         /* Free space before the block (or at the segment's end): placeholders the pool of
          * this segment accepts (the small pool takes requests up to 1 MiB). */
         while (st == SP_SUCCESS && at < gap_end) {
@@ -515,7 +551,14 @@ static bool build_segment(dev_state_t *ds, int dev, const tr_device_t *td, const
                 snprintf(err, errlen, "out of memory");
                 return false;
             }
+            if (first == NULL && st == SP_SUCCESS)
+                first = p;
             at += n;
+        }
+        if (st == SP_SUCCESS && first != NULL && at == gap_end && td->nsfree > 0 &&
+            !carry_requested(ds, td, gap_at, gap_end, first)) {
+            snprintf(err, errlen, "out of memory");
+            return false;
         }
         if (b == NULL || st != SP_SUCCESS)
             break;
@@ -633,6 +676,7 @@ static void free_all(dev_state_t *ds, bool release) {
     free(ds->all_side);
     free(ds->pools);
     free(ds->holes);
+    free(ds->carry);
     free(ds->unmapped);
     free(ds->whole);
     free(ds->kept);
@@ -826,6 +870,11 @@ static bool build_start(dev_state_t *ds, int d, const tr_device_t *td, bool requ
             ok = false;
         }
     ds->nholes = 0;
+    /* The free blocks the placeholders left show the original's requested sizes (an inactive
+     * block's own value, which only snapshots show: nothing else reads it). */
+    for (size_t i = 0; ok && i < ds->ncarry; i++)
+        (void)sp_x_free_block_set_requested(ds->carry[i].at, (size_t)ds->carry[i].req);
+    ds->ncarry = 0;
     for (size_t i = 0; ok && i < td->nseeds; i++) {
         if (td->seeds[i].in_start && !requested)
             continue;

@@ -1347,10 +1347,54 @@ out:
     return ok;
 }
 
+static int cmp_sfree(const void *a, const void *b) {
+    const tr_sfree_t *x = a, *y = b;
+    return x->addr < y->addr ? -1 : x->addr > y->addr;
+}
+
+/* Keep the start segments' free blocks that no event touches: an alloc or free whose block
+ * (its size rounded to 512) lies in one or ends or starts right at one (a split or a merge
+ * there changed it, or may have), a segment event whose range meets one. One pass over the
+ * events, a binary search each (the blocks do not overlap: their ends are in order too). */
+static void untouched_sfree(tr_device_t *d) {
+    size_t n = d->nsfree;
+    if (n == 0)
+        return;
+    if (n > 1)
+        sort_by(d->sfree, n, sizeof(*d->sfree), cmp_sfree);
+    for (size_t i = 0; i < d->nev; i++) {
+        const tr_event_t *e = &d->ev[i];
+        uint64_t lo = e->addr, len;
+        if (e->action == TR_ALLOC || e->action == TR_FREE_REQUESTED ||
+            e->action == TR_FREE_COMPLETED)
+            len = round512(e->size);
+        else if (e->action >= TR_SEGMENT_ALLOC && e->action <= TR_SEGMENT_UNMAP)
+            len = e->size;
+        else
+            continue;
+        uint64_t hi = lo + len < lo ? UINT64_MAX : lo + len;
+        size_t a = 0, b = n; /* the first block whose end reaches lo */
+        while (a < b) {
+            size_t m = a + (b - a) / 2;
+            if (d->sfree[m].addr + d->sfree[m].size < lo)
+                a = m + 1;
+            else
+                b = m;
+        }
+        for (; a < n && d->sfree[a].addr <= hi; a++)
+            d->sfree[a].size = 0; /* touched */
+    }
+    size_t k = 0;
+    for (size_t i = 0; i < n; i++)
+        if (d->sfree[i].size != 0)
+            d->sfree[k++] = d->sfree[i];
+    d->nsfree = k;
+}
+
 /* One device's analysis. The forward pass keeps one map of the addresses the events name (an
  * address's value: 1 while it is live), and an array already in order is not sorted again. */
 static bool analyse(const pk_value_t *segments, const recs_t *recs, const tr_settings_t *set,
-                    int dev, tr_device_t *d, char *err, size_t errlen) {
+                    bool want_sfree, int dev, tr_device_t *d, char *err, size_t errlen) {
     tr_map_t live = {0};     /* the backward pass: addresses whose free completes later */
     tr_map_t touched = {0};  /* addresses any alloc/free event names: 1 while live, else 0 */
     tr_map_t segfirst = {0}; /* segment address -> 1 first allocated, 2 first freed in the trace */
@@ -1358,7 +1402,7 @@ static bool analyse(const pk_value_t *segments, const recs_t *recs, const tr_set
     xrange_t *xr = NULL; /* expandable segments' mapped ranges */
     size_t nxr = 0, cap_xr = 0;
     /* d->pools may hold the pools the entries named (their array holds at least npools) */
-    size_t cap = 0, cap_start = 0, cap_pools = d->npools, cap_sb = 0;
+    size_t cap = 0, cap_start = 0, cap_pools = d->npools, cap_sb = 0, cap_sfree = 0;
     pool_range_t *ranges = NULL;
     size_t nranges = 0, cap_ranges = 0;
     span_t *spans = NULL; /* the device's final segments */
@@ -1669,6 +1713,12 @@ static bool analyse(const pk_value_t *segments, const recs_t *recs, const tr_set
                          (long long)total);
                 goto out;
             }
+            /* A free block of a start segment: kept while no event touches it (below). */
+            if (want_sfree && inactive && in_start && have_req && req >= 0 && bsize > 0) {
+                if (!GROW(d->sfree, d->nsfree, cap_sfree))
+                    goto oom;
+                d->sfree[d->nsfree++] = (tr_sfree_t){baddr, (uint64_t)bsize, (uint64_t)req};
+            }
             if (!have_req || req <= 0 || req > bsize)
                 req = bsize;
             if (active)
@@ -1743,6 +1793,7 @@ static bool analyse(const pk_value_t *segments, const recs_t *recs, const tr_set
     }
     if (d->nstart > 1)
         sort_by(d->start, d->nstart, sizeof(*d->start), cmp_sseg);
+    untouched_sfree(d);
     if (d->nseeds > 1)
         sort_seeds(d->seeds, d->nseeds, event_seeds);
     /* Seeds inside a start segment become its blocks too. A large-pool seed that the final
@@ -2038,6 +2089,7 @@ static const char *kind_of(const pk_value_t *v) {
 }
 
 bool tr_from_doc(pk_doc_t *doc, tr_trace_t *t, char *err, size_t errlen) {
+    t->want_sfree = false; /* t may hold anything: from_doc keeps only this of it */
     return from_doc(doc, NULL, 0, t, err, errlen);
 }
 
@@ -2071,7 +2123,9 @@ static void read_annotations(const pk_value_t *root, tr_trace_t *t) {
 
 static bool from_doc(pk_doc_t *doc, recs_t *recs, size_t len, tr_trace_t *t, char *err,
                      size_t errlen) {
+    bool want_sfree = t->want_sfree; /* the caller's choice (tr_load_opts) */
     memset(t, 0, sizeof(*t));
+    t->want_sfree = want_sfree;
     t->doc = doc;
     t->root = pk_root(doc);
     const pk_value_t *segments = NULL, *traces = NULL;
@@ -2157,7 +2211,7 @@ static bool from_doc(pk_doc_t *doc, recs_t *recs, size_t len, tr_trace_t *t, cha
     }
     for (int d = 0; d < ndev; d++) {
         if (!load_events(pk_at(traces, (size_t)d), recs, d, &t->dev[d], err, errlen) ||
-            !analyse(segments, recs, &t->settings, d, &t->dev[d], err, errlen))
+            !analyse(segments, recs, &t->settings, t->want_sfree, d, &t->dev[d], err, errlen))
             return false;
     }
     return true;
@@ -2230,6 +2284,7 @@ static void release(unsigned char *buf, size_t len, bool mapped) {
 
 bool tr_load_opts(const char *path, bool frames, tr_trace_t *t, char *err, size_t errlen) {
     memset(t, 0, sizeof(*t));
+    t->want_sfree = frames; /* a load for a replay's own snapshot */
     unsigned char *buf = NULL;
     size_t len = 0;
     bool mapped = false;
@@ -2359,6 +2414,7 @@ void tr_free(tr_trace_t *t) {
             free(t->dev[d].seeds);
             free(t->dev[d].start);
             free(t->dev[d].sblocks);
+            free(t->dev[d].sfree);
             free(t->dev[d].pools);
             free(t->dev[d].meta);
         }

@@ -75,6 +75,14 @@ typedef struct tr_sblock {
     const pk_value_t *frames; /* its stack, or NULL */
 } tr_sblock_t;
 
+/* A free block of a segment that existed before recording began, as the final state shows it,
+ * that no event of the trace touches (names an address in it or next to it): so it was there,
+ * as it is, before recording began, with the requested size it shows (PyTorch keeps the last
+ * one on a free block: docs/API.md). */
+typedef struct tr_sfree {
+    uint64_t addr, size, req; /* recorded address, bytes (> 0), requested_size */
+} tr_sfree_t;
+
 /* A segment that existed before recording began: the starting state, rebuilt as it was. */
 typedef struct tr_sseg {
     uint64_t addr, size, stream; /* recorded address, bytes, stream */
@@ -107,6 +115,8 @@ typedef struct tr_device {
     size_t nstart;            /* entries in start */
     tr_sblock_t *sblocks;     /* their live blocks */
     size_t nsblocks;          /* entries in sblocks */
+    tr_sfree_t *sfree;        /* their free blocks untouched by the trace, by address */
+    size_t nsfree;            /* entries in sfree */
     uint64_t start_bytes;     /* bytes of the start segments */
     tr_pool_id_t *pools;      /* private pools (segment_pool_id other than (0,0)) */
     size_t npools;            /* entries in pools */
@@ -163,6 +173,10 @@ typedef struct tr_trace {
      * replay's own snapshot copies it (a load without stacks may hand its dicts over as
      * records). NULL when absent or not a list. */
     const pk_value_t *annotations;
+    /* The start segments' untouched free blocks are kept (tr_device_t.sfree): a load for a
+     * replay's own snapshot (tr_load_opts with frames), the only reader of their requested
+     * sizes; the pass over the events that finds them costs ~150 instructions an entry. */
+    bool want_sfree;
 } tr_trace_t;
 
 /* Load a snapshot file (pickle). Fills t; on failure writes a one-line reason and returns

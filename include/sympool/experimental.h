@@ -43,6 +43,14 @@ sp_status_t sp_x_thread_cache_idle(int device, size_t *bytes_p, size_t *blocks_p
  * offset that is not a multiple of 512 (then nothing changes). */
 sp_status_t sp_x_host_place(int device, size_t size, uint64_t offset);
 
+/** Replay: the free (cached) block that starts at `ptr` shows `requested` as its requested_size
+ * in snapshots, the value PyTorch keeps on an inactive block (docs/API.md; it may exceed the
+ * block's size: a split's remainder keeps the found block's). A replay's starting state gives
+ * its free space the value the recorded run's snapshot shows. Nothing else reads it: no
+ * statistic, no later allocation (which sets its own). @return SP_SUCCESS;
+ * SP_ERR_INVALID_USAGE (nothing changed) when no free cached block starts at ptr. */
+sp_status_t sp_x_free_block_set_requested(void *ptr, size_t requested);
+
 /** Bytes of host memory made usable so far in this process for block and segment structs: they
  * live in one reserved address range outside malloc (so malloc's statistics do not see them),
  * made usable a step at a time and never given back while the process runs. The benchmarks add

@@ -670,9 +670,10 @@ if(TARGET sympool_cli)
     # A replay's own snapshot against the trace it replayed: the trace's external_annotations
     # and recorded times (annotations), every entry of the allocator's own (segments,
     # completions) its recorded time (times), the starting segments' own stacks (start_frames),
-    # a frame's line PyTorch could not tell, 2^64-1, as it is (frame_lines). Each script prints
+    # a frame's line PyTorch could not tell, 2^64-1, as it is (frame_lines), inactive blocks'
+    # requested sizes, the starting state's too (requested). Each script prints
     # "replay-<name with dashes>: ok".
-    foreach(name annotations times start_frames frame_lines)
+    foreach(name annotations times start_frames frame_lines requested)
       string(REPLACE "_" "-" tag "replay-${name}")
       add_test(NAME cli.replay_${name}
         COMMAND ${Python3_EXECUTABLE} ${CMAKE_CURRENT_SOURCE_DIR}/cli/replay_${name}.py

@@ -161,8 +161,9 @@ TEST_F(AllocEvents, ActiveFollowsAllocationExceptWhileAFreeWaits) {
 }
 
 // The segment walk (snapshots) names each block's state: a free that waits for another stream is
-// "pending" with its requested size while its neighbours are inactive, and inactive with no
-// requested size once the wait is over; blocks that were free before and after read inactive.
+// "pending" with its requested size while its neighbours are inactive, and inactive once the
+// wait is over; blocks that were free before and after read inactive, with PyTorch's requested
+// size for them (the freed block's, kept by the block it merged into).
 namespace {
 struct BlockSeen {
     uintptr_t address;
@@ -195,7 +196,7 @@ TEST_F(AllocEvents, WalkShowsAPendingFreeAndItsEnd) {
     auto v = walk();
     ASSERT_EQ(v.size(), 4u); // p, q, r, the rest of the segment
     EXPECT_EQ(v[0].state, SP_BLOCK_INACTIVE);
-    EXPECT_EQ(v[0].requested, 0u);
+    EXPECT_EQ(v[0].requested, 1000u);
     EXPECT_EQ(v[1].address, (uintptr_t)q);
     EXPECT_EQ(v[1].state, SP_BLOCK_ACTIVE_PENDING_FREE);
     EXPECT_EQ(v[1].requested, 3000u);
@@ -209,10 +210,11 @@ TEST_F(AllocEvents, WalkShowsAPendingFreeAndItsEnd) {
     v = walk();
     ASSERT_EQ(v.size(), 3u) << "p and q merged once q's free completed";
     EXPECT_EQ(v[0].state, SP_BLOCK_INACTIVE);
-    EXPECT_EQ(v[0].requested, 0u);
+    EXPECT_EQ(v[0].requested, 3000u) << "q's free merged into p's block";
     EXPECT_EQ(v[1].address, (uintptr_t)r);
     EXPECT_EQ(v[1].state, SP_BLOCK_ACTIVE_ALLOCATED);
     EXPECT_EQ(v[2].state, SP_BLOCK_INACTIVE);
+    EXPECT_EQ(v[2].requested, 100u << 10) << "s's free merged into the rest";
     ASSERT_SP_OK(sp_free(r));
     ASSERT_SP_OK(sp_stream_destroy(other));
 }

@@ -947,6 +947,109 @@ TEST_F(History, SnapshotIsConsistentAndReadable) {
         ASSERT_SP_OK(sp_free(ptrs[i]));
 }
 
+// An inactive block's requested_size in a snapshot is PyTorch's: what its Block object keeps
+// (c10/cuda/CUDACachingAllocator.cpp: free_block merges into the freed object, alloc_found_block
+// makes the found object the split's remainder and a new object the allocation, a new segment's
+// object starts at 0), not 0. Sizes in one 2 MiB small segment, in address order.
+namespace {
+struct SnapBlock {
+    int64_t size, requested;
+    std::string state;
+};
+// The first segment's blocks and its requested_size, from a dumped snapshot.
+std::vector<SnapBlock> snapshot_blocks(const std::string &path, int64_t *seg_requested) {
+    Doc d(path);
+    const pk_value_t *seg = pk_at(pk_get(d.root(), "segments"), 0);
+    *seg_requested = geti(seg, "requested_size");
+    std::vector<SnapBlock> out;
+    const pk_value_t *blocks = pk_get(seg, "blocks");
+    for (size_t i = 0; i < pk_len(blocks); i++) {
+        const pk_value_t *b = pk_at(blocks, i);
+        out.push_back({geti(b, "size"), geti(b, "requested_size"), pk_get_str(b, "state")});
+    }
+    return out;
+}
+} // namespace
+
+TEST_F(History, SnapshotRequestedSizeOfInactiveBlocksIsPyTorchs) {
+    void *a, *b, *c, *d, *e;
+    ASSERT_SP_OK(sp_malloc(1000, 0, nullptr, &a)); // [0, 1024): a new segment, remainder 0
+    ASSERT_SP_OK(sp_malloc(3000, 0, nullptr, &b)); // [1024, 4096)
+    ASSERT_SP_OK(sp_malloc(5000, 0, nullptr, &c)); // [4096, 9216)
+    ASSERT_SP_OK(sp_malloc(700, 0, nullptr, &d));  // [9216, 9728)
+    std::string dir = tempdir();
+    int64_t segreq = 0;
+    ASSERT_SP_OK(sp_free(b)); // freed alone: keeps its own request
+    ASSERT_SP_OK(sp_dump_snapshot((dir + "/1.pickle").c_str()));
+    auto v = snapshot_blocks(dir + "/1.pickle", &segreq);
+    ASSERT_EQ(v.size(), 5u);
+    EXPECT_EQ(v[1].state, "inactive");
+    EXPECT_EQ(v[1].requested, 3000) << "a freed block keeps its last request";
+    EXPECT_EQ(v[4].requested, 0) << "a new segment's remainder";
+    EXPECT_EQ(segreq, 1000 + 5000 + 700) << "a segment sums its active blocks only";
+    ASSERT_SP_OK(sp_free(c)); // merges into the free block below it: c's request
+    ASSERT_SP_OK(sp_dump_snapshot((dir + "/2.pickle").c_str()));
+    v = snapshot_blocks(dir + "/2.pickle", &segreq);
+    ASSERT_EQ(v.size(), 4u);
+    EXPECT_EQ(v[1].size, 3072 + 5120);
+    EXPECT_EQ(v[1].requested, 5000) << "a merge keeps the freed block's request (lower kept)";
+    ASSERT_SP_OK(sp_free(a)); // merges into the free block above it: a's request
+    ASSERT_SP_OK(sp_dump_snapshot((dir + "/3.pickle").c_str()));
+    v = snapshot_blocks(dir + "/3.pickle", &segreq);
+    ASSERT_EQ(v.size(), 3u);
+    EXPECT_EQ(v[0].size, 9216);
+    EXPECT_EQ(v[0].requested, 1000) << "a merge keeps the freed block's request (higher kept)";
+    ASSERT_SP_OK(sp_malloc(2000, 0, nullptr, &e)); // best fit: the 9216 block, split
+    ASSERT_SP_OK(sp_dump_snapshot((dir + "/4.pickle").c_str()));
+    v = snapshot_blocks(dir + "/4.pickle", &segreq);
+    ASSERT_EQ(v.size(), 4u);
+    EXPECT_EQ(v[0].requested, 2000);
+    EXPECT_EQ(v[1].size, 9216 - 2048);
+    EXPECT_EQ(v[1].state, "inactive");
+    EXPECT_EQ(v[1].requested, 1000) << "a split's remainder keeps the found block's request";
+    EXPECT_EQ(v[3].requested, 0);
+    ASSERT_SP_OK(sp_free(d)); // merges with free blocks on both sides
+    ASSERT_SP_OK(sp_dump_snapshot((dir + "/5.pickle").c_str()));
+    v = snapshot_blocks(dir + "/5.pickle", &segreq);
+    ASSERT_EQ(v.size(), 2u);
+    EXPECT_EQ(v[1].requested, 700) << "a merge on both sides keeps the freed block's request";
+    EXPECT_EQ(segreq, 2000);
+    ASSERT_SP_OK(sp_free(e)); // the whole segment free again: e's request
+    ASSERT_SP_OK(sp_dump_snapshot((dir + "/6.pickle").c_str()));
+    v = snapshot_blocks(dir + "/6.pickle", &segreq);
+    ASSERT_EQ(v.size(), 1u);
+    EXPECT_EQ(v[0].requested, 2000);
+    EXPECT_EQ(segreq, 0);
+    remove_tree(dir);
+}
+
+// sp_x_free_block_set_requested (the replay's starting state): a free cached block shows the
+// value given; an allocated block's start, an address inside a free block and one outside every
+// segment are refused and change nothing.
+TEST_F(History, FreeBlockSetRequestedSetsOnlyAFreeBlocksStart) {
+    void *a, *b;
+    ASSERT_SP_OK(sp_malloc(1000, 0, nullptr, &a)); // [0, 1024)
+    ASSERT_SP_OK(sp_malloc(3000, 0, nullptr, &b)); // [1024, 4096), the rest free after it
+    char *rest = (char *)b + 3072;
+    EXPECT_EQ(sp_x_free_block_set_requested(a, 5), SP_ERR_INVALID_USAGE);
+    EXPECT_EQ(sp_x_free_block_set_requested(rest + 512, 5), SP_ERR_INVALID_USAGE);
+    EXPECT_EQ(sp_x_free_block_set_requested(nullptr, 5), SP_ERR_INVALID_USAGE);
+    int x;
+    EXPECT_EQ(sp_x_free_block_set_requested(&x, 5), SP_ERR_INVALID_USAGE);
+    ASSERT_SP_OK(sp_x_free_block_set_requested(rest, 4 << 20)); // more than its size: allowed
+    std::string dir = tempdir();
+    int64_t segreq = 0;
+    ASSERT_SP_OK(sp_dump_snapshot((dir + "/s.pickle").c_str()));
+    auto v = snapshot_blocks(dir + "/s.pickle", &segreq);
+    ASSERT_EQ(v.size(), 3u);
+    EXPECT_EQ(v[0].requested, 1000) << "a refused call changed nothing";
+    EXPECT_EQ(v[2].requested, 4 << 20);
+    EXPECT_EQ(segreq, 4000);
+    remove_tree(dir);
+    ASSERT_SP_OK(sp_free(a));
+    ASSERT_SP_OK(sp_free(b));
+}
+
 // With no segment at all the walk visits nothing; the traces were then copied after it, once its
 // locks were released, so an allocation made just then (another thread's) was in the trace and
 // its segment and block were not: the trace did not replay backwards to the snapshot's state
