@@ -138,7 +138,8 @@ void cli_heap_prepare(const char *path) {
      * size (a state-only snapshot's 172 KB took 950 KB, another's 212 KB 260 KB), so the line
      * is where every trace measured below it was faster without (process CPU, 21 runs
      * alternated, 2026-11-30-s24-proc): 70-126 KB files, 200-600 KB of heap, 0.07-0.16 ms
-     * faster on 4 KiB pages; from 172 KB up most were faster on huge ones (to 0.5 ms). */
+     * faster on 4 KiB pages; from 172 KB up 5 of 9 were faster on huge ones (0.19-0.82 ms)
+     * and 4 slower (0.05-0.10 ms). */
     const size_t huge = (size_t)2 << 20; /* up to 128 MB files: 4 * want fits mallopt's int */
     struct stat sb;
     if (path == NULL || stat(path, &sb) != 0 || !S_ISREG(sb.st_mode) || sb.st_size < (1 << 17) ||
