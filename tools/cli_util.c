@@ -132,12 +132,17 @@ void cli_heap_prepare(const char *path) {
      * offered for huge pages; the large arrays (memo, event arrays, address maps) are kept on
      * the heap instead of mmaps of their own, and nothing is trimmed back. Only a hint: without
      * THP, or if the heap is not where glibc's sbrk put it, nothing changes but the tunables.
-     * It pays from traces of a few hundred KB up (a huge page is zeroed whole, about what a
-     * hundred 4 KiB faults cost, and those traces touch more), and is about even at 64 KiB,
-     * where a trace is only a few hundred entries. */
+     * It pays where the load touches more than about a quarter of a huge page: a huge page is
+     * zeroed whole on its first touch (~0.2 ms in a fresh process on this VM, ~0.04 ms in a
+     * warm one), which is what ~130 4 KiB faults cost. How much heap a trace needs is not its
+     * size (a state-only snapshot's 172 KB took 950 KB, another's 212 KB 260 KB), so the line
+     * is where every trace measured below it was faster without (process CPU, 21 runs
+     * alternated, 2026-11-30-s24-proc): 70-126 KB files, 200-600 KB of heap, 0.07-0.16 ms
+     * faster on 4 KiB pages; from 172 KB up 5 of 9 were faster on huge ones (0.19-0.82 ms)
+     * and 4 slower (0.05-0.10 ms). */
     const size_t huge = (size_t)2 << 20; /* up to 128 MB files: 4 * want fits mallopt's int */
     struct stat sb;
-    if (path == NULL || stat(path, &sb) != 0 || !S_ISREG(sb.st_mode) || sb.st_size < (1 << 16) ||
+    if (path == NULL || stat(path, &sb) != 0 || !S_ISREG(sb.st_mode) || sb.st_size < (1 << 17) ||
         (uint64_t)sb.st_size > ((uint64_t)1 << 27))
         return;
     size_t want = ((size_t)sb.st_size * 2 + 4 * huge + huge - 1) & ~(huge - 1);

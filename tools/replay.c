@@ -2223,6 +2223,7 @@ int sp_cli_replay(int argc, char **argv) {
     char err[512];
     tr_trace_t t;
     cli_heap_prepare(a.trace);
+    tr_keep_file_mapped(true); /* one load, and the process exits after the replay */
     if (!tr_load_opts(a.trace, a.snapshot != NULL, &t, err, sizeof(err))) {
         fprintf(stderr, "sympool replay: %s\n", err);
         tr_free(&t);

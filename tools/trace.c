@@ -2273,9 +2273,18 @@ static bool read_whole(const char *path, unsigned char **buf_p, size_t *len_p, b
     return pk_read_file(path, (size_t)4 << 30, buf_p, len_p, err, errlen);
 }
 
+static bool g_keep_mapped; /* tr_keep_file_mapped */
+
+void tr_keep_file_mapped(bool keep) {
+    g_keep_mapped = keep;
+}
+
 static void release(unsigned char *buf, size_t len, bool mapped) {
     if (mapped) {
-        munmap(buf, len);
+        /* Left to the process's exit where the command says it ends soon (the mapping is not
+         * malloc's, so LeakSanitizer does not count it; nothing reads it again). */
+        if (!g_keep_mapped)
+            munmap(buf, len);
         (void)sigaction(SIGBUS, &g_old_sigbus, NULL);
     } else {
         free(buf);

@@ -182,6 +182,7 @@ static void json(const char *path, const tr_trace_t *t) {
 int cli_trace_info(const char *path, bool as_json) {
     char err[512];
     tr_trace_t t;
+    tr_keep_file_mapped(true); /* one load, and the process exits after it */
     if (!tr_load_opts(path, false, &t, err, sizeof(err))) {
         fprintf(stderr, "sympool info: %s\n", err);
         tr_free(&t);
