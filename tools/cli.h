@@ -98,6 +98,9 @@ typedef struct replay_result {
     int64_t peak_allocated;          /* ours: allocated_bytes.all.peak */
     int64_t peak_active;             /* ours: active_bytes.all.peak (allocated, or freed and
                                       * pending until other streams' work completes) */
+    int64_t page_floor;              /* each device's peak active rounded up to 2 MiB pages,
+                                      * summed: what no allocator on 2 MiB pages reserves less
+                                      * than at its peak */
     int64_t peak_reserved;           /* ours: reserved_bytes.all.peak */
     int64_t end_reserved;            /* ours after the last event: reserved_bytes.all.current */
     int64_t end_allocated;           /* ours: allocated_bytes.all.current */

@@ -223,7 +223,9 @@ for name, entries, segs in (
         sys.exit(f"replay {name}: rc {r.returncode}: {r.stdout}{r.stderr}")
     # The pending block is held through the peak: active, the floor of the peak reserved, given
     # as the last key (older readers see the keys before it as they were).
-    if j.get("peak_active_bytes") != live + 20 * MiB or list(j)[-1] != "peak_active_bytes":
+    if j.get("peak_active_bytes") != live + 20 * MiB or \
+            list(j)[-2:] != ["peak_active_bytes", "page_floor_bytes"] or \
+            j.get("page_floor_bytes") != live + 20 * MiB:  # whole pages already
         sys.exit(f"replay {name} peak_active_bytes: {r.stdout}")
     r = run("replay", path)
     if r.returncode != 0 or "pending at the start 1 blocks freed before recording began while other streams used them" \
@@ -317,6 +319,27 @@ for name, evs in (
     if (j.get("peak_reserved_bytes"), j.get("pytorch_peak_reserved_bytes"),
             j.get("end_allocated_bytes")) != (70 * MiB, 70 * MiB, 0):
         sys.exit(f"replay {name}: rc {r.returncode}: {r.stdout}{r.stderr}")
+
+# A peak that is not whole 2 MiB pages: a GPU maps memory in pages of its granularity (2 MiB), so
+# no allocator reserves less than the peak rounded up to them; the replay gives that floor
+# (page_floor_bytes, last) and, where it alone is past 1.01 x the peak allocated, says so. Sizes
+# of whole pages have no floor line.
+for name, size, floor in (("small_peak.pickle", 3 * MiB + 512, 4 * MiB),
+                          ("whole_pages.pickle", 4 * MiB, 4 * MiB)):
+    evs = [("segment_alloc", SEG, 20 * MiB), ("alloc", SEG, size), ("free_requested", SEG, size),
+           ("free_completed", SEG, size)]
+    entries = [entry(a, addr, n, t) for t, (a, addr, n) in enumerate(evs)]
+    path = write(name, {"segments": [segment(SEG, 20 * MiB)], "device_traces": [entries]})
+    r = run("replay", path, "--json", "--conf", "expandable_segments:True")
+    j = json.loads(r.stdout) if r.returncode == 0 else {}
+    if (j.get("peak_allocated_bytes"), j.get("page_floor_bytes"), list(j)[-1:]) != \
+            (size, floor, ["page_floor_bytes"]):
+        sys.exit(f"replay {name}: rc {r.returncode}: {r.stdout}{r.stderr}")
+    r = run("replay", path, "--conf", "expandable_segments:True")
+    line = "  page floor           0.004 GiB (%.4f x the peak allocated)" % (floor / size)
+    if r.returncode != 0 or (line in r.stdout) != (floor > 1.01 * size) or \
+            ("page floor" in r.stdout) != (floor > 1.01 * size):
+        sys.exit(f"replay {name} text: rc {r.returncode}: {r.stdout}{r.stderr}")
 
 # A pickled list of tuples (a tokenizer's merges, say).
 path = write("merges.pickle", [(b"a", b"b"), (b"ab", b"c")])
