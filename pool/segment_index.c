@@ -233,7 +233,8 @@ sp_status_t sp__pool_free_set_requested(void *ptr, size_t requested) {
         sp__unlock(&d->lock);
         if (ok)
             return SP_SUCCESS;
-        break;
+        /* Devices' address ranges may interleave (segments go where the backend maps them):
+         * the next device's range may hold it, as sp__pool_lookup looks. */
     }
     /* quiet, as sp__pool_lookup: asking is how a caller finds out */
     return sp__error_quiet(SP_ERR_INVALID_USAGE, SP_SUB_POOL,

@@ -3,7 +3,11 @@
 // has passed the free (host: until it is synchronized); the check runs at the next malloc.
 // empty_cache and the OOM retry synchronize pending events.
 #include "alloc_test_util.hpp"
+#include "sympool/experimental.h"
 
+#include <algorithm>
+#include <cstdint>
+#include <string>
 #include <vector>
 
 extern "C" {
@@ -271,4 +275,133 @@ TEST_F(AllocEvents, FreesRecordedOnManyStreamsCompleteWithTheirOwnStreams) {
     }
     for (auto x : s)
         ASSERT_SP_OK(sp_stream_destroy(x));
+}
+
+// sp_x_free_block_set_requested is for a free cached block's start only: every other address
+// (NULL, one outside every segment, inside a free block, an allocated block, a free that still
+// waits for another stream, the unmapped rest of an expandable segment) gets
+// SP_ERR_INVALID_USAGE with a message naming the call, and no block's requested size changes.
+namespace {
+void expect_refused(void *p) {
+    EXPECT_SP_STATUS(sp_x_free_block_set_requested(p, 77), SP_ERR_INVALID_USAGE);
+    std::string msg = sp_last_error();
+    EXPECT_EQ(msg.rfind("sp_x_free_block_set_requested(", 0), 0u) << msg;
+    EXPECT_NE(msg.find("no free cached block starts there"), std::string::npos) << msg;
+}
+bool same_blocks(const std::vector<BlockSeen> &a, const std::vector<BlockSeen> &b) {
+    if (a.size() != b.size())
+        return false;
+    for (size_t i = 0; i < a.size(); i++)
+        if (a[i].address != b[i].address || a[i].requested != b[i].requested ||
+            a[i].state != b[i].state)
+            return false;
+    return true;
+}
+} // namespace
+
+TEST_F(AllocEvents, FreeBlockSetRequestedRefusesAllButAFreeCachedBlocksStart) {
+    SP_SKIP_ON_GPU("host stream model: on a GPU an idle stream's event completes at once");
+    sp_stream_t other;
+    ASSERT_SP_OK(sp_stream_create(0, &other));
+    void *a, *q;
+    ASSERT_SP_OK(sp_malloc(1000, 0, nullptr, &a)); // [0, 1024)
+    ASSERT_SP_OK(sp_malloc(3000, 0, nullptr, &q)); // [1024, 4096), the rest free after it
+    ASSERT_SP_OK(sp_record_stream(q, other));
+    ASSERT_SP_OK(sp_free(q)); // pending until `other` is synchronized
+    char *rest = (char *)q + 3072;
+    auto before = walk();
+    ASSERT_EQ(before.size(), 3u);
+    ASSERT_EQ(before[1].state, SP_BLOCK_ACTIVE_PENDING_FREE);
+    int x = 0;
+    expect_refused(nullptr);
+    expect_refused(&x);
+    expect_refused(rest + 512);
+    expect_refused(a);
+    expect_refused(q);
+    EXPECT_TRUE(same_blocks(before, walk())) << "a refused call changed a block";
+    ASSERT_SP_OK(sp_x_free_block_set_requested(rest, 77)); // the free block's start: taken
+    auto after = walk();
+    ASSERT_EQ(after.size(), 3u);
+    EXPECT_EQ(after[2].requested, 77u);
+    ASSERT_SP_OK(sp_stream_synchronize(other));
+    ASSERT_SP_OK(sp_free(a));
+    ASSERT_SP_OK(sp_stream_destroy(other));
+}
+
+TEST_F(AllocEvents, FreeBlockSetRequestedRefusesAnUnmappedRange) {
+    sp::ScopedEnv env({{"SYMPOOL_ALLOC_CONF", "expandable_segments:True"},
+                       {"SYMPOOL_EXPANDABLE_PAGE", "0"},
+                       {"SYMPOOL_EXPANDABLE_RECYCLE", "0"},
+                       {"SYMPOOL_EXPANDABLE_BORROW", "0"}});
+    SP_SKIP_UNLESS_HOST();
+    const size_t MiB = (size_t)1 << 20;
+    void *a;
+    ASSERT_SP_OK(sp_malloc(30 * MiB, 0, nullptr, &a)); // maps 2 pages of 20 MiB, the rest not
+    auto before = walk();
+    expect_refused((char *)a + 40 * MiB); // the start of the unmapped rest
+    EXPECT_TRUE(same_blocks(before, walk()));
+    ASSERT_SP_OK(sp_x_free_block_set_requested((char *)a + 30 * MiB, 5)); // the mapped free end
+    ASSERT_SP_OK(sp_free(a));
+}
+
+// Before the first call and after sp_shutdown the call initializes as every call does, and
+// refuses an address it has no block for with the same status and message.
+TEST_F(AllocEvents, FreeBlockSetRequestedBeforeInitAndAfterShutdown) {
+    ASSERT_SP_OK(sp_shutdown());
+    int x = 0;
+    expect_refused(&x);
+    void *p;
+    ASSERT_SP_OK(sp_malloc(1000, 0, nullptr, &p));
+    ASSERT_SP_OK(sp_free(p));
+    ASSERT_SP_OK(sp_shutdown());
+    expect_refused(p); // its segment went with the shutdown
+}
+
+// Devices' address ranges may interleave (the host backend without an arena maps each segment
+// where mmap puts it; CUDA's virtual address reservations too): a free block of device 1 whose
+// address lies inside device 0's range is found as sp_lookup finds it, not refused.
+TEST_F(AllocEvents, FreeBlockSetRequestedFindsABlockInsideAnotherDevicesRange) {
+    sp::ScopedEnv env({{"SYMPOOL_HOST_DEVICES", "2"}, {"SYMPOOL_HOST_ARENA", "0"}});
+    SP_SKIP_UNLESS_HOST();
+    // Full 2 MiB segments (two 1 MiB blocks each) on devices 0, 1, 0, 1, ...: mmap places
+    // them next to each other, so one of device 1's lies between two of device 0's.
+    std::vector<void *> d0, d1;
+    size_t inside = SIZE_MAX;
+    for (int i = 0; i < 8 && inside == SIZE_MAX; i++) {
+        void *p;
+        for (int k = 0; k < 2; k++) {
+            ASSERT_SP_OK(sp_malloc(1 << 20, 0, nullptr, &p));
+            d0.push_back(p);
+        }
+        for (int k = 0; k < 2; k++) {
+            ASSERT_SP_OK(sp_malloc(1 << 20, 1, nullptr, &p));
+            d1.push_back(p);
+        }
+        uintptr_t lo = UINTPTR_MAX, hi = 0;
+        for (void *b : d0) {
+            lo = std::min(lo, (uintptr_t)b);
+            hi = std::max(hi, (uintptr_t)b);
+        }
+        for (size_t j = 0; j < d1.size(); j++)
+            if ((uintptr_t)d1[j] > lo && (uintptr_t)d1[j] < hi)
+                inside = j;
+    }
+    ASSERT_NE(inside, SIZE_MAX) << "no segment of device 1 between two of device 0's";
+    char *rest = (char *)d1[inside];
+    ASSERT_SP_OK(sp_free(rest)); // a free block of device 1, with an allocated neighbour
+    d1.erase(d1.begin() + (ptrdiff_t)inside);
+    EXPECT_EQ(sp_x_free_block_set_requested(rest, 77), SP_SUCCESS) << sp_last_error();
+    std::vector<BlockSeen> v;
+    ASSERT_SP_OK(sp__pool_walk(1, nullptr, collect, &v));
+    bool seen = false;
+    for (auto &b : v)
+        if (b.address == (uintptr_t)rest) {
+            seen = true;
+            EXPECT_EQ(b.requested, 77u);
+        }
+    EXPECT_TRUE(seen);
+    for (void *b : d0)
+        ASSERT_SP_OK(sp_free(b));
+    for (void *b : d1)
+        ASSERT_SP_OK(sp_free(b));
 }

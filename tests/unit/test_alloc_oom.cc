@@ -131,6 +131,62 @@ TEST_F(AllocOom, GarbageCollectionFreesTheOlderBlocks) {
         ASSERT_SP_OK(sp_stream_destroy(s));
 }
 
+// A segment's GC age starts when it last became one whole free block (PyTorch's gc_count_base,
+// set as the block covering it enters the free set), also when that happens by a merge (the
+// block kept is then the freed one's neighbour here) or when a pending free completes after its
+// stream passed it. B is cached first and left alone; A becomes whole again later by such a
+// merge and C by a hit's free: only B is at least as old as the average and is collected.
+static void gc_age_after_merge(bool pending) {
+    sp::ScopedEnv env({{"SYMPOOL_HOST_CAPACITY", "4GiB"},
+                       {"SYMPOOL_ALLOC_CONF", "garbage_collection_threshold:0.2"}});
+    if (pending)
+        SP_SKIP_ON_GPU("host stream model: on a GPU an idle stream's event completes at once");
+    ASSERT_SP_OK(sp_set_memory_fraction(0.5, 0)); // GC from 0.2 x 2 GiB = 409.6 MiB reserved
+    sp_stream_t s1, s2, s3, s4, s5;
+    for (auto *s : {&s1, &s2, &s3, &s4, &s5})
+        ASSERT_SP_OK(sp_stream_create(0, s));
+    void *a, *b, *c, *x, *y, *d;
+    ASSERT_SP_OK(sp_malloc(150 * MiB, 0, s1, &a)); // segment A
+    ASSERT_SP_OK(sp_malloc(150 * MiB, 0, s2, &b)); // segment B
+    ASSERT_SP_OK(sp_malloc(150 * MiB, 0, s3, &c)); // segment C: 450 MiB reserved, no GC yet
+    ASSERT_SP_OK(sp_free(b));                      // B whole and free: its age starts
+    ASSERT_SP_OK(sp_free(a));                      // A too, for now
+    ASSERT_SP_OK(sp_malloc(100 * MiB, 0, s1, &x)); // A split: x and a free 50 MiB rest
+    ASSERT_SP_OK(sp_malloc(50 * MiB, 0, s1, &y));  // the rest: A has no free block
+    EXPECT_EQ(x, a);
+    for (int i = 0; i < 4; i++) { // C cached and hit: the clock moves on
+        ASSERT_SP_OK(sp_free(c));
+        ASSERT_SP_OK(sp_malloc(150 * MiB, 0, s3, &c));
+    }
+    ASSERT_SP_OK(sp_free(c));
+    ASSERT_SP_OK(sp_free(x)); // alone: A still split
+    if (pending) {
+        ASSERT_SP_OK(sp_record_stream(y, s5));
+        ASSERT_SP_OK(sp_free(y));                // waits for s5
+        ASSERT_SP_OK(sp_stream_synchronize(s5)); // the next malloc completes it: A whole
+    } else {
+        ASSERT_SP_OK(sp_free(y)); // merges into x's free block: A whole
+    }
+    EXPECT_EQ(stat("num_device_alloc"), 3);
+    ASSERT_SP_OK(sp_malloc(150 * MiB, 0, s4, &d)); // a miss over the threshold: GC
+    EXPECT_EQ(stat("num_device_free"), 1) << "only B, the oldest, was collected";
+    void *a2;
+    ASSERT_SP_OK(sp_malloc(150 * MiB, 0, s1, &a2));
+    EXPECT_EQ(a2, a) << "A, whole again by the merge, was young and survived";
+    ASSERT_SP_OK(sp_free(a2));
+    ASSERT_SP_OK(sp_free(d));
+    for (auto s : {s1, s2, s3, s4, s5})
+        ASSERT_SP_OK(sp_stream_destroy(s));
+}
+
+TEST_F(AllocOom, GarbageCollectionAgeStartsWhenAMergeMakesTheSegmentWhole) {
+    gc_age_after_merge(false);
+}
+
+TEST_F(AllocOom, GarbageCollectionAgeStartsWhenAPendingFreeMakesTheSegmentWhole) {
+    gc_age_after_merge(true);
+}
+
 TEST_F(AllocOom, NoGarbageCollectionWithoutFraction) {
     sp::ScopedEnv env({{"SYMPOOL_HOST_CAPACITY", "1GiB"},
                        {"SYMPOOL_ALLOC_CONF", "garbage_collection_threshold:0.5"}});
