@@ -250,6 +250,10 @@ const char *sp__log_level_name(int level); /* "WARN" */
     X(EXPANDABLE_ALIGN_SKIP, DOUBLE, "0.25", NULL, check_align_skip, 0,                            \
       "ours, with EXPANDABLE_ALIGN on: the most a growth skips to start on a page boundary, as a " \
       "fraction of a page in [0, 0.5] (0.5: the rule before this option)")                         \
+    X(EXPANDABLE_ALIGN_SMALL, BOOL, "1", NULL, NULL, 0,                                            \
+      "ours, with EXPANDABLE_ALIGN on: under EXPANDABLE_SHARED too, once the pool has unmapped, "  \
+      "a growth for whole pages starts on a page boundary when that maps no more (any skip); "     \
+      "0 = off (packed there)")                                                                    \
     X(EXPANDABLE_FIT_END, BOOL, "1", NULL, NULL, 0,                                                \
       "ours, with EXPANDABLE_ALIGN on and under its conditions: a request of whole pages cut "     \
       "from a larger cached block that starts inside a page and ends on one takes its end; "       \

@@ -160,6 +160,7 @@ typedef struct sp_alloc_global {
     bool exp_borrow;            /* SYMPOOL_EXPANDABLE_BORROW (const) */
     size_t exp_shared;          /* SYMPOOL_EXPANDABLE_SHARED with BORROW on, else 0 (const) */
     bool exp_align;             /* SYMPOOL_EXPANDABLE_ALIGN with RECYCLE on (const) */
+    bool exp_align_small;       /* SYMPOOL_EXPANDABLE_ALIGN_SMALL with ALIGN on (const) */
     bool exp_fit_end;           /* SYMPOOL_EXPANDABLE_FIT_END with ALIGN on (const) */
     bool exp_whole;             /* SYMPOOL_EXPANDABLE_WHOLE with ALIGN on (const) */
     double exp_align_skip;      /* SYMPOOL_EXPANDABLE_ALIGN_SKIP: pages ALIGN may skip (const) */

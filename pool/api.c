@@ -168,6 +168,7 @@ sp_status_t sp__alloc_init_slow(void) {
     sp__g.exp_borrow = sp__option_int(SP_OPT_EXPANDABLE_BORROW) != 0;
     sp__g.exp_shared = sp__g.exp_borrow ? (size_t)sp__option_int(SP_OPT_EXPANDABLE_SHARED) : 0;
     sp__g.exp_align = sp__g.exp_recycle && sp__option_int(SP_OPT_EXPANDABLE_ALIGN) != 0;
+    sp__g.exp_align_small = sp__g.exp_align && sp__option_int(SP_OPT_EXPANDABLE_ALIGN_SMALL) != 0;
     sp__g.exp_fit_end = sp__g.exp_align && sp__option_int(SP_OPT_EXPANDABLE_FIT_END) != 0;
     sp__g.exp_whole = sp__g.exp_align && sp__option_int(SP_OPT_EXPANDABLE_WHOLE) != 0;
     sp__g.exp_align_skip = sp__option_double(SP_OPT_EXPANDABLE_ALIGN_SKIP);

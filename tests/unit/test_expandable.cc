@@ -776,6 +776,62 @@ TEST_F(Expandable, ALargeRequestSkipsAtMostHalfAPage) {
     large_after_odd_block(5 * MiB / 2, 4 * MiB, true, false);
 }
 
+// SYMPOOL_EXPANDABLE_ALIGN_SMALL (default): under SHARED's bound (here 8 MiB reserved, the
+// default 256 MiB bound), once the pool has unmapped, a growth for whole pages starts on a page
+// boundary too, however far it is: 2.5 MiB first, 4 MiB after it starts at 4 MiB (1.5 MiB
+// skipped, more than ALIGN_SKIP allows past the bound), and once the first block is freed its
+// pages go whole: 4 MiB reserved, not 6 (main before this option packed it). Odd sizes still
+// pack (3.5 MiB after 3.5 MiB); with the option at 0 whole pages pack too.
+TEST_F(Expandable, UnderTheSharedBoundWholePagesStartOnAPage) {
+    sp::ScopedEnv env({{"SYMPOOL_ALLOC_CONF", "expandable_segments:True"}});
+    SP_SKIP_UNLESS_HOST();
+    large_after_odd_block(5 * MiB / 2, 4 * MiB, true, true);
+    large_after_odd_block(3 * MiB, 4 * MiB, true, true);
+    large_after_odd_block(7 * MiB / 2, 7 * MiB / 2, true, false);
+}
+
+TEST_F(Expandable, AlignSmallOffPacksWholePagesUnderTheSharedBound) {
+    sp::ScopedEnv env({{"SYMPOOL_ALLOC_CONF", "expandable_segments:True"},
+                       {"SYMPOOL_EXPANDABLE_ALIGN_SMALL", "0"}});
+    SP_SKIP_UNLESS_HOST();
+    large_after_odd_block(5 * MiB / 2, 4 * MiB, true, false);
+}
+
+// ALIGN_SMALL on a cache hit: a cached 8 MiB range at 2.5 MiB (behind a live 2.5 MiB block)
+// serves a 4 MiB request from its first page boundary, 4 MiB, not from its start; once the
+// 2.5 MiB block and the rest are freed and unmapped, the 4 MiB block holds two pages, not three.
+static void whole_pages_cut_from_a_cached_range(bool aligned) {
+    void *u, *p, *r, *q;
+    ASSERT_SP_OK(sp_malloc(4 * MiB, 0, nullptr, &u));
+    ASSERT_SP_OK(sp_free(u));
+    ASSERT_SP_OK(sp_empty_cache()); // the pool has unmapped
+    ASSERT_SP_OK(sp_malloc(5 * MiB / 2, 0, nullptr, &p));
+    ASSERT_SP_OK(sp_malloc(15 * MiB / 2, 0, nullptr, &r)); // packed at 2.5 MiB (odd size)
+    EXPECT_EQ((uintptr_t)r - (uintptr_t)p, 5 * MiB / 2);
+    ASSERT_SP_OK(sp_free(r)); // cached: [2.5, 10) MiB, mapped
+    ASSERT_SP_OK(sp_malloc(4 * MiB, 0, nullptr, &q));
+    EXPECT_EQ((uintptr_t)q - (uintptr_t)p, aligned ? 4 * MiB : 5 * MiB / 2);
+    ASSERT_SP_OK(sp_free(p));
+    ASSERT_SP_OK(sp_empty_cache());
+    EXPECT_EQ(stat("reserved_bytes.all.current"), (aligned ? 4 : 6) * (int64_t)MiB);
+    ASSERT_SP_OK(sp_free(q));
+    ASSERT_SP_OK(sp_empty_cache());
+    EXPECT_EQ(stat("reserved_bytes.all.current"), 0);
+}
+
+TEST_F(Expandable, UnderTheSharedBoundAHitForWholePagesStartsOnAPage) {
+    sp::ScopedEnv env({{"SYMPOOL_ALLOC_CONF", "expandable_segments:True"}});
+    SP_SKIP_UNLESS_HOST();
+    whole_pages_cut_from_a_cached_range(true);
+}
+
+TEST_F(Expandable, AlignSmallOffCutsAHitFromTheRangesStart) {
+    sp::ScopedEnv env({{"SYMPOOL_ALLOC_CONF", "expandable_segments:True"},
+                       {"SYMPOOL_EXPANDABLE_ALIGN_SMALL", "0"}});
+    SP_SKIP_UNLESS_HOST();
+    whole_pages_cut_from_a_cached_range(false);
+}
+
 // ALIGN's own gate: without WHOLE (below), a pool that only grew packs large requests.
 TEST_F(Expandable, APoolThatOnlyGrewPacksLargeRequests) {
     sp::ScopedEnv env({{"SYMPOOL_ALLOC_CONF", "expandable_segments:True"},
@@ -870,9 +926,11 @@ TEST_F(Expandable, AlignNeedsRecycle) {
     large_after_odd_block(3 * MiB, 4 * MiB, true, false);
 }
 
-// Under SHARED's bound (default 256MiB) blocks stay packed: there a page is most of the 1% budget.
+// Under SHARED's bound (default 256MiB) blocks stay packed: there a page is most of the 1% budget
+// (requests of whole pages too, with ALIGN_SMALL off; with it on they start on a page: below).
 TEST_F(Expandable, UnderTheSharedBoundLargeRequestsArePacked) {
-    sp::ScopedEnv env({{"SYMPOOL_ALLOC_CONF", "expandable_segments:True"}});
+    sp::ScopedEnv env({{"SYMPOOL_ALLOC_CONF", "expandable_segments:True"},
+                       {"SYMPOOL_EXPANDABLE_ALIGN_SMALL", "0"}});
     SP_SKIP_UNLESS_HOST();
     large_after_odd_block(3 * MiB, 4 * MiB, true, false);
 }
@@ -959,10 +1017,19 @@ TEST_F(Expandable, FitEndNeedsAlign) {
     whole_pages_from_a_cached_range(4 * MiB, true, false);
 }
 
+// Under SHARED's bound FIT_END stays out: with ALIGN_SMALL off, PyTorch's cut from the start;
+// with it on (the default) the range's first page boundary, here its end too.
 TEST_F(Expandable, UnderTheSharedBoundCachedRangesAreCutFromTheStart) {
-    sp::ScopedEnv env({{"SYMPOOL_ALLOC_CONF", "expandable_segments:True"}});
+    sp::ScopedEnv env({{"SYMPOOL_ALLOC_CONF", "expandable_segments:True"},
+                       {"SYMPOOL_EXPANDABLE_ALIGN_SMALL", "0"}});
     SP_SKIP_UNLESS_HOST();
     whole_pages_from_a_cached_range(4 * MiB, true, false);
+}
+
+TEST_F(Expandable, UnderTheSharedBoundWholePagesAreCutFromAPageBoundary) {
+    sp::ScopedEnv env({{"SYMPOOL_ALLOC_CONF", "expandable_segments:True"}});
+    SP_SKIP_UNLESS_HOST();
+    whole_pages_from_a_cached_range(4 * MiB, true, true);
 }
 
 // SYMPOOL_EXPANDABLE_SIDE (default, with RECYCLE): 3 MiB at 0, 4.5 MiB packed after it at
