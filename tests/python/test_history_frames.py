@@ -67,26 +67,32 @@ def _frames_of(sp, size):
     return ev[-1]["frames"]
 
 
-@pytest.mark.parametrize("depth", [0, 300])
-def test_recorded_frames_equal_through_both_hooks(sp, depth):
-    # One call site, first with the native hook (recording installs it), then with the ctypes
-    # hook installed by hand: the snapshot's frames must be the same list.
-    _native()
+def _through_both_hooks(sp, alloc, size):
+    """alloc(size) recorded with the native hook (recording installs it), then alloc(size + 1)
+    with the ctypes hook installed by hand: the two allocs' frames (native, python)."""
     sp.record_memory_history()
     native_hook = history._hook
     old = _lib.FRAMES_FN(history._frames)
     history._lib_keep.append(old)
     ptrs = []
     try:
-        for size in (7301, 7302):
-            if size == 7302:
+        for n in (size, size + 1):  # one call site: the frames must not differ by its line
+            if n == size + 1:
                 _lib.lib().sp_history_set_frames_hook(old, None)
-            ptrs.append(_nest(depth, lambda: _alloc_at(sp, size)))
-        native, python = _frames_of(sp, 7301), _frames_of(sp, 7302)
+            ptrs.append(alloc(n))
+        return _frames_of(sp, size), _frames_of(sp, size + 1)
     finally:
         _lib.lib().sp_history_set_frames_hook(native_hook, ctypes.addressof(history._native_arg))
         for p in ptrs:
             sp.free(p)
+
+
+@pytest.mark.parametrize("depth", [0, 300])
+def test_recorded_frames_equal_through_both_hooks(sp, depth):
+    # One call site, through both hooks: the snapshot's frames must be the same list.
+    _native()
+    native, python = _through_both_hooks(sp, lambda n: _nest(depth, lambda: _alloc_at(sp, n)),
+                                         7301)
     assert native == python
     assert native[0]["name"] == "_alloc_at"
     assert native[0]["filename"].endswith("test_history_frames.py")
@@ -219,21 +225,7 @@ def test_a_frame_without_a_line_is_written_as_pytorch_writes_it(sp):
         pytest.skip("this Python gives a line to a code object with an empty line table")
     caller = _lineless("def caller(sp, size):\n    return _alloc_at(sp, size)\n", "caller",
                        {"_alloc_at": _alloc_at})
-    sp.record_memory_history()
-    native_hook = history._hook
-    old = _lib.FRAMES_FN(history._frames)
-    history._lib_keep.append(old)
-    ptrs = []
-    try:
-        for size in (7501, 7502):
-            if size == 7502:
-                _lib.lib().sp_history_set_frames_hook(old, None)
-            ptrs.append(caller(sp, size))
-        native, python = _frames_of(sp, 7501), _frames_of(sp, 7502)
-    finally:
-        _lib.lib().sp_history_set_frames_hook(native_hook, ctypes.addressof(history._native_arg))
-        for p in ptrs:
-            sp.free(p)
+    native, python = _through_both_hooks(sp, lambda n: caller(sp, n), 7501)
     for frames in (native, python):
         assert [f["name"] for f in frames[:2]] == ["_alloc_at", "caller"], frames[:3]
         assert frames[0]["line"] > 0
