@@ -490,15 +490,8 @@ static void place_for_op(const dev_state_t *ds, int d, size_t op, size_t *cursor
  * free block they leave at `first` (the first one's address) is to show it (build_start). */
 static bool carry_requested(dev_state_t *ds, const tr_device_t *td, uint64_t lo, uint64_t hi,
                             void *first) {
-    size_t a = 0, b = td->nsfree;
-    while (a < b) {
-        size_t m = a + (b - a) / 2;
-        if (td->sfree[m].addr < lo)
-            a = m + 1;
-        else
-            b = m;
-    }
-    if (a == td->nsfree || td->sfree[a].addr != lo || td->sfree[a].size != hi - lo)
+    const tr_sfree_t *f = tr_sfree_at(td, lo);
+    if (f == NULL || f->size != hi - lo)
         return true;
     if (ds->ncarry == ds->cap_carry) {
         size_t nc = ds->cap_carry ? ds->cap_carry * 2 : 16;
@@ -508,7 +501,7 @@ static bool carry_requested(dev_state_t *ds, const tr_device_t *td, uint64_t lo,
         ds->carry = na;
         ds->cap_carry = nc;
     }
-    ds->carry[ds->ncarry++] = (struct carry){first, td->sfree[a].req};
+    ds->carry[ds->ncarry++] = (struct carry){first, f->req};
     return true;
 }
 

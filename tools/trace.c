@@ -1391,6 +1391,18 @@ static void untouched_sfree(tr_device_t *d) {
     d->nsfree = k;
 }
 
+const tr_sfree_t *tr_sfree_at(const tr_device_t *d, uint64_t addr) {
+    size_t a = 0, b = d->nsfree; /* the first block at or above addr (sfree is by address) */
+    while (a < b) {
+        size_t m = a + (b - a) / 2;
+        if (d->sfree[m].addr < addr)
+            a = m + 1;
+        else
+            b = m;
+    }
+    return a < d->nsfree && d->sfree[a].addr == addr ? &d->sfree[a] : NULL;
+}
+
 /* One device's analysis. The forward pass keeps one map of the addresses the events name (an
  * address's value: 1 while it is live), and an array already in order is not sorted again. */
 static bool analyse(const pk_value_t *segments, const recs_t *recs, const tr_settings_t *set,
@@ -2057,8 +2069,11 @@ static void read_settings(const pk_value_t *as, tr_settings_t *st) {
         snprintf(st->invalid, sizeof st->invalid, "%s", rp_bad);
 }
 
-static bool from_doc(pk_doc_t *doc, recs_t *recs, size_t len, tr_trace_t *t, char *err,
-                     size_t errlen);
+/* want_sfree: keep the start segments' untouched free blocks (tr_device_t.sfree), which only a
+ * replay's own snapshot reads (their requested sizes); finding them costs a pass over the events,
+ * ~150 instructions an entry, so only a load with frames asks for them. */
+static bool from_doc(pk_doc_t *doc, recs_t *recs, size_t len, bool want_sfree, tr_trace_t *t,
+                     char *err, size_t errlen);
 
 /* What a value is, in Python's words, for a reason. */
 static const char *kind_of(const pk_value_t *v) {
@@ -2089,8 +2104,7 @@ static const char *kind_of(const pk_value_t *v) {
 }
 
 bool tr_from_doc(pk_doc_t *doc, tr_trace_t *t, char *err, size_t errlen) {
-    t->want_sfree = false; /* t may hold anything: from_doc keeps only this of it */
-    return from_doc(doc, NULL, 0, t, err, errlen);
+    return from_doc(doc, NULL, 0, false, t, err, errlen);
 }
 
 /* One object of a pickle can stand for many (its memo): a trace entry, a block or a whole list
@@ -2121,11 +2135,9 @@ static void read_annotations(const pk_value_t *root, tr_trace_t *t) {
     t->annotations = a != NULL && a->type == PK_LIST ? a : NULL;
 }
 
-static bool from_doc(pk_doc_t *doc, recs_t *recs, size_t len, tr_trace_t *t, char *err,
-                     size_t errlen) {
-    bool want_sfree = t->want_sfree; /* the caller's choice (tr_load_opts) */
+static bool from_doc(pk_doc_t *doc, recs_t *recs, size_t len, bool want_sfree, tr_trace_t *t,
+                     char *err, size_t errlen) {
     memset(t, 0, sizeof(*t));
-    t->want_sfree = want_sfree;
     t->doc = doc;
     t->root = pk_root(doc);
     const pk_value_t *segments = NULL, *traces = NULL;
@@ -2211,7 +2223,7 @@ static bool from_doc(pk_doc_t *doc, recs_t *recs, size_t len, tr_trace_t *t, cha
     }
     for (int d = 0; d < ndev; d++) {
         if (!load_events(pk_at(traces, (size_t)d), recs, d, &t->dev[d], err, errlen) ||
-            !analyse(segments, recs, &t->settings, t->want_sfree, d, &t->dev[d], err, errlen))
+            !analyse(segments, recs, &t->settings, want_sfree, d, &t->dev[d], err, errlen))
             return false;
     }
     return true;
@@ -2293,7 +2305,6 @@ static void release(unsigned char *buf, size_t len, bool mapped) {
 
 bool tr_load_opts(const char *path, bool frames, tr_trace_t *t, char *err, size_t errlen) {
     memset(t, 0, sizeof(*t));
-    t->want_sfree = frames; /* a load for a replay's own snapshot */
     unsigned char *buf = NULL;
     size_t len = 0;
     bool mapped = false;
@@ -2389,7 +2400,7 @@ bool tr_load_opts(const char *path, bool frames, tr_trace_t *t, char *err, size_
         }
     }
     /* A load with frames is a replay's that writes a snapshot (or another command's). */
-    ok = from_doc(doc, &recs, len, t, why, sizeof(why));
+    ok = from_doc(doc, &recs, len, frames, t, why, sizeof(why));
     t->ev_block = recs.ev; /* the devices' event arrays (tr_free frees it) */
     free(recs.side);
     free(recs.blk);

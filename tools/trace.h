@@ -115,7 +115,8 @@ typedef struct tr_device {
     size_t nstart;            /* entries in start */
     tr_sblock_t *sblocks;     /* their live blocks */
     size_t nsblocks;          /* entries in sblocks */
-    tr_sfree_t *sfree;        /* their free blocks untouched by the trace, by address */
+    tr_sfree_t *sfree;        /* their free blocks untouched by the trace, by address (kept
+                               * by a load with frames only: tr_load_opts) */
     size_t nsfree;            /* entries in sfree */
     uint64_t start_bytes;     /* bytes of the start segments */
     tr_pool_id_t *pools;      /* private pools (segment_pool_id other than (0,0)) */
@@ -173,10 +174,6 @@ typedef struct tr_trace {
      * replay's own snapshot copies it (a load without stacks may hand its dicts over as
      * records). NULL when absent or not a list. */
     const pk_value_t *annotations;
-    /* The start segments' untouched free blocks are kept (tr_device_t.sfree): a load for a
-     * replay's own snapshot (tr_load_opts with frames), the only reader of their requested
-     * sizes; the pass over the events that finds them costs ~150 instructions an entry. */
-    bool want_sfree;
 } tr_trace_t;
 
 /* Load a snapshot file (pickle). Fills t; on failure writes a one-line reason and returns
@@ -193,6 +190,8 @@ bool tr_load_opts(const char *path, bool frames, tr_trace_t *t, char *err, size_
  * ms replay process). Nothing else changes; the default (false) unmaps as soon as the file is
  * read, as a long-lived or repeated caller needs. */
 void tr_keep_file_mapped(bool keep);
+/* d's untouched start free block at addr (tr_device_t.sfree), or NULL. */
+const tr_sfree_t *tr_sfree_at(const tr_device_t *d, uint64_t addr);
 /* Same from a parsed document (t takes ownership of doc, even on failure; call tr_free). */
 bool tr_from_doc(pk_doc_t *doc, tr_trace_t *t, char *err, size_t errlen);
 void tr_free(tr_trace_t *t);
