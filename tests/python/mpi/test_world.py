@@ -320,6 +320,39 @@ def test_world_handles_refuse_copy_and_bad_node_arguments(world):
         sub.rank
 
 
+def test_other_byte_order_and_python_number_types(world):
+    # A big-endian buffer (ctypes' __ctype_be__, NumPy's ">f4" typestr) was reduced as native
+    # numbers: 1.0 summed over ranks came back as garbage, silently. And dtype=float (Python's
+    # float, 64 bits in NumPy and torch) was taken as float32: a float64 buffer reduced as twice
+    # as many float32 halves.
+    import sympool
+    pool = sympool.MemPool(symmetric=True, world=world, name="order")
+    n = 8
+    a = pool.malloc(n * 8)
+    be = (ctypes.c_float.__ctype_be__ * n).from_address(a)
+    for i in range(n):
+        be[i] = 1.0
+    for call in (lambda: world.allreduce(be),
+                 lambda: world.allreduce(CudaArray(a, n, ">f4")),
+                 lambda: world.allreduce(a, a, n, dtype=">f4")):
+        with pytest.raises(ValueError, match="byte order"):
+            call()
+    assert list(be) == [1.0] * n, "nothing was reduced"
+    world.allreduce(CudaArray(a, n, ">u1"), op="max")  # one byte: no order to get wrong
+    x = (ctypes.c_double * n).from_address(a)
+    for i in range(n):
+        x[i] = 0.5 + world.rank
+    world.allreduce(a, a, n, dtype=float)
+    assert list(x) == [sum(0.5 + r for r in range(world.size))] * n
+    y = (ctypes.c_int64 * n).from_address(a)
+    for i in range(n):
+        y[i] = (1 << 40) + world.rank
+    world.allreduce(a, a, n, dtype=int, op="max")
+    assert list(y) == [(1 << 40) + world.size - 1] * n
+    sympool.free(a)
+    pool.destroy()
+
+
 def test_count_and_dtype_must_fit_the_buffer_objects(world):
     # The library checks a buffer against its sympool allocation, not against the object that
     # describes it: a view of 4 floats at the start of a 4 KiB block took count=100 (or, as
