@@ -178,6 +178,23 @@ def test_collective_dtype_names_and_ops(world):
     pool.destroy()
 
 
+def test_stats_report_to_binary_streams(world, tmp_path):
+    # io.BytesIO has no .mode and gzip.GzipFile's is an int: rank 0 wrote a str into them and
+    # raised TypeError after the collective, the report lost.
+    import gzip
+    buf = io.BytesIO()
+    text = world.stats_report("json", file=buf)
+    with gzip.open(tmp_path / f"r{world.rank}.json.gz", "wb") as gz:
+        world.stats_report("json", file=gz)
+    with gzip.open(tmp_path / f"r{world.rank}.json.gz", "rb") as gz:
+        zipped = gz.read()
+    if world.rank == 0:
+        assert buf.getvalue() == text.encode() and json.loads(text)["nranks"] == world.size
+        assert json.loads(zipped)["nranks"] == world.size
+    else:
+        assert text is None and buf.getvalue() == b"" and zipped == b""
+
+
 @pytest.mark.parametrize("fmt", ["table", "json", "prometheus", "table_all"])
 def test_stats_report(world, fmt):
     buf = io.StringIO()
