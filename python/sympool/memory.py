@@ -24,13 +24,26 @@ from .world import World
 
 _SIZE_MAX = _lib.SIZE_MAX
 
+def _answered(value):
+    """value, a getter's answer (an int, a name), unless it is the stand-in (0, "none", NULL)
+    the library gives when it refuses to answer on this thread: inside a callback it runs (a
+    segment allocator's alloc or free), where those getters set no status. The library's own
+    refusal (sp_init's, SP_ERR_INVALID_USAGE) is raised then, rather than a 0 taken for an answer
+    (no device, a pool with nothing in it, pool id (0, 0))."""
+    if not value or value == b"none":
+        status = c.sp_init()
+        if status and _lib.status_name(status) == "SP_ERR_INVALID_USAGE":
+            check(status)
+    return value
+
+
 def backend():
     """The device backend: "cuda" or "host" ("none" if it failed to start)."""
-    return lib().sp_backend_name().decode()
+    return _answered(lib().sp_backend_name()).decode()
 
 
 def device_count():
-    return int(lib().sp_device_count())
+    return int(_answered(lib().sp_device_count()))
 
 
 def init():
@@ -433,6 +446,8 @@ class MemPool(_lib.Handle):
     @property
     def id(self):
         pid = lib().sp_mempool_id(self._h())
+        if self._owned:  # {0,0} is the default pool's, or the library's "cannot answer here"
+            _answered(pid.second)
         return (int(pid.first), int(pid.second))
 
     @property
@@ -442,7 +457,7 @@ class MemPool(_lib.Handle):
 
     @property
     def is_symmetric(self):
-        return bool(lib().sp_mempool_is_symmetric(self._h()))
+        return bool(_answered(lib().sp_mempool_is_symmetric(self._h())))
 
     @property
     def device(self):
@@ -453,7 +468,7 @@ class MemPool(_lib.Handle):
         return self._name
 
     def use_count(self):
-        return int(lib().sp_mempool_use_count(self._h()))
+        return int(_answered(lib().sp_mempool_use_count(self._h())))
 
     def malloc(self, size, stream=None):
         """Allocate in this pool; collective over the world when the pool is symmetric."""
@@ -481,16 +496,16 @@ class MemPool(_lib.Handle):
         return p.value or 0
 
     def used_bytes(self):
-        return int(lib().sp_mempool_used_bytes(self._h()))
+        return int(_answered(lib().sp_mempool_used_bytes(self._h())))
 
     def total_bytes(self):
-        return int(lib().sp_mempool_total_bytes(self._h()))
+        return int(_answered(lib().sp_mempool_total_bytes(self._h())))
 
     def free_bytes(self):
-        return int(lib().sp_mempool_free_bytes(self._h()))
+        return int(_answered(lib().sp_mempool_free_bytes(self._h())))
 
     def n_free_blocks(self):
-        return int(lib().sp_mempool_n_free_blocks(self._h()))
+        return int(_answered(lib().sp_mempool_n_free_blocks(self._h())))
 
     def free_all_blocks(self, stream=None):
         """Release the pool's fully free segments (only stream's if given). Collective
@@ -527,7 +542,7 @@ class MemPool(_lib.Handle):
         check(lib().sp_mempool_set_limit(self._h(), 0 if size is None else as_size(size)))
 
     def get_limit(self):
-        return int(lib().sp_mempool_get_limit(self._h()))
+        return int(_answered(lib().sp_mempool_get_limit(self._h())))
 
     def snapshot(self, include_traces=True):
         """This pool's snapshot as a dict with PyTorch's structure (its segments, and the traces
@@ -585,8 +600,12 @@ class MemPool(_lib.Handle):
         if self._handle is None:
             return "<sympool.MemPool destroyed>"
         kind = "symmetric " if self._symmetric else ""
-        return (f"<sympool.MemPool {kind}id={self.id} name={self._name!r} device={self._device} "
-                f"used={self.used_bytes()} total={self.total_bytes()}>")
+        try:
+            figures = (f"id={self.id} name={self._name!r} device={self._device} "
+                       f"used={self.used_bytes()} total={self.total_bytes()}")
+        except _lib.SympoolError:  # inside a segment allocator: the library does not answer
+            figures = f"name={self._name!r} device={self._device}"
+        return f"<sympool.MemPool {kind}{figures}>"
 
 
 # The pools this thread's use_mem_pool contexts routed, innermost last. The library ends only the
@@ -763,7 +782,7 @@ def get_default_memory_pool(device=0):
     with _default_lock:
         pool = _default_pools.get(d)
         if pool is None or pool._handle is None:
-            handle = lib().sp_default_mempool(d)
+            handle = _answered(lib().sp_default_mempool(d))
             if not handle:
                 raise bad_value(f"device {d} does not exist ({device_count()} device(s) on the "
                                 f"{backend()} backend)")

@@ -170,6 +170,44 @@ def test_segment_allocator_calling_sympool_is_refused_not_deadlocked(sp):
     pool.destroy()
 
 
+def test_getters_inside_a_segment_allocator_raise_instead_of_answering_zero(sp):
+    # Inside the allocator the library refuses every call, but its int getters set no status:
+    # device_count() was 0, backend() "none", pool.used_bytes() 0, pool.id (0, 0), and
+    # memory_allocated() blamed a device that "does not exist". They raise the refusal now.
+    bufs, seen = {}, {}
+    getters = {"device_count": lambda: sp.device_count(), "backend": lambda: sp.backend(),
+               "memory_allocated": lambda: sp.memory_allocated(),
+               "used_bytes": lambda: pool.used_bytes(), "total_bytes": lambda: pool.total_bytes(),
+               "free_bytes": lambda: pool.free_bytes(),
+               "n_free_blocks": lambda: pool.n_free_blocks(),
+               "get_limit": lambda: pool.get_limit(), "id": lambda: pool.id,
+               "use_count": lambda: pool.use_count(), "is_symmetric": lambda: pool.is_symmetric}
+
+    def alloc(size, device, stream):
+        for name, get in getters.items():
+            try:
+                seen[name] = get()
+            except sp.SympoolError as e:
+                seen[name] = (e.status, "inside a callback" in str(e))
+        seen["repr"] = repr(pool)  # still a repr, without the figures
+        b = ctypes.create_string_buffer(size + 4096)
+        a = (ctypes.addressof(b) + 4095) & ~4095
+        bufs[a] = b
+        return a
+
+    pool = sp.MemPool((alloc, lambda ptr, *a: bufs.pop(ptr)), name="asks")
+    p = pool.malloc(1 << 20)
+    assert {k: v for k, v in seen.items() if k != "repr"} == \
+        {name: ("SP_ERR_INVALID_USAGE", True) for name in getters}
+    assert seen["repr"] == "<sympool.MemPool name='asks' device=0>"
+    # Outside it, the same getters answer.
+    assert sp.device_count() == 1 and sp.backend() == "host" and pool.id[1] > 0
+    assert pool.used_bytes() > 0 and not pool.is_symmetric
+    sp.free(p)
+    pool.free_all_blocks()
+    pool.destroy()
+
+
 def test_allocator_that_fails_gives_oom(sp):
     pool = sp.MemPool((lambda size, dev, stream: 0, lambda *a: None), name="empty")
     with pytest.raises(sp.OutOfMemoryError):
