@@ -248,8 +248,11 @@ class Stream(_lib.Handle):
 # can never call them again); _release_allocators drops those. The C allocator calls them under
 # its device lock, which sp_mempool_total_bytes takes too: a 0 read there is after the last call
 # returned. Each value: [the _lib.Allocator, destroyed?].
-_keepalive = {}
-_keepalive_lock = threading.Lock()
+# These and the other module state below outlive importlib.reload (Jupyter's autoreload runs
+# this file again in the same namespace): a fresh {} here dropped the only reference to a
+# destroyed pool's callbacks, and the library's next call into them ran freed memory.
+_keepalive = globals().get("_keepalive", {})
+_keepalive_lock = globals().get("_keepalive_lock") or threading.Lock()
 
 
 def _release_allocators():
@@ -270,8 +273,8 @@ def _release_allocators():
 # SystemExit. _py_allocators counts the pools with one, so that malloc looks only then.
 # _callback.calls counts this thread's sympool mallocs in progress (_malloc_call): only under one
 # does an interrupt stop the call's further allocations, since only then is it raised after.
-_callback = threading.local()
-_py_allocators = 0
+_callback = globals().get("_callback") or threading.local()
+_py_allocators = globals().get("_py_allocators", 0)
 
 
 def _take_callback_error():
@@ -612,7 +615,7 @@ class MemPool(_lib.Handle):
 # innermost routing (sp_mempool_end); torch.cuda.use_mem_pool ends a pool's routing wherever it
 # is (endAllocateToPool finds it by id), so contexts may close out of order: interleaved
 # generators or asyncio tasks on one thread, an ExitStack popped by hand.
-_routes = threading.local()
+_routes = globals().get("_routes") or threading.local()  # kept across a reload, as _keepalive
 
 
 def _route_stack():
@@ -770,8 +773,8 @@ def _dump_snapshot(filename="dump_snapshot.pickle"):
 
 # ---- the default pool (CuPy's get_default_memory_pool) ---------------------------------------
 
-_default_pools = {}
-_default_lock = threading.Lock()
+_default_pools = globals().get("_default_pools", {})  # kept across a reload, as _keepalive
+_default_lock = globals().get("_default_lock") or threading.Lock()
 
 
 def get_default_memory_pool(device=0):
