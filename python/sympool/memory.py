@@ -75,6 +75,7 @@ mem_get_info = get_memory_info  # torch.cuda's name
 
 def empty_cache():
     """Release every fully free cached segment of every device (not symmetric pools')."""
+    _destroy_orphans()  # collected pools whose destroy was refused then: their segments go now
     check(lib().sp_empty_cache())
     if _keepalive:
         _release_allocators()  # a destroyed pool's last segments may have gone now
@@ -253,6 +254,39 @@ class Stream(_lib.Handle):
 # destroyed pool's callbacks, and the library's next call into them ran freed memory.
 _keepalive = globals().get("_keepalive", {})
 _keepalive_lock = globals().get("_keepalive_lock") or threading.Lock()
+
+
+# Handles of pools collected (MemPool.__del__) when the library refused to destroy them: the
+# collection ran inside a callback it was running (a Python segment allocator allocates, and
+# any allocation may start a collection), or while the pool was still routed (a suspended
+# generator inside use_mem_pool, collected in the same cycle, closes after the pool goes). No
+# Python object is left to destroy them later, and their cached segments stayed reserved until
+# the process ended: the next empty_cache() or destroy() destroys them (_destroy_orphans).
+_orphans = globals().get("_orphans", [])
+
+
+def _destroy_orphans():
+    """Destroy the pools MemPool.__del__ could not, where the library now lets us: not inside a
+    callback (sp_init refuses there too, and the attempt waits for a later call). One still
+    routed (its use count above the creator's 1) stays for a later call; one refused for another
+    reason (destroyed meanwhile) is dropped."""
+    if not _orphans or c.sp_init() != 0:
+        return
+    later = []
+    while True:
+        try:
+            h = _orphans.pop()  # atomic: a collection may append while we walk
+        except IndexError:
+            break
+        if c.sp_mempool_destroy(h) == 0:
+            entry = _keepalive.get(h)
+            if entry is not None:
+                entry[1] = True  # its allocator goes once its last segment has
+        elif c.sp_mempool_use_count(h) > 1:
+            later.append(h)
+    _orphans.extend(later)
+    if _keepalive:
+        _release_allocators()
 
 
 def _release_allocators():
@@ -579,6 +613,7 @@ class MemPool(_lib.Handle):
                     entry[1] = True
             if entry is not None:
                 _release_allocators()
+        _destroy_orphans()
 
     def __del__(self):
         # Symmetric pools are never destroyed here: collection order differs between ranks and
@@ -591,7 +626,9 @@ class MemPool(_lib.Handle):
                     entry = _keepalive.get(self._handle)
                     if entry is not None:
                         entry[1] = True
-                    self._handle = None
+                else:  # refused for now: the next empty_cache or destroy tries again
+                    _orphans.append(self._handle)
+                self._handle = None
             except Exception:
                 pass
 

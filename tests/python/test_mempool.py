@@ -236,6 +236,68 @@ def test_collected_pool_is_destroyed(sp):
     assert sp.memory_reserved() == 0
 
 
+def _private_segments(sp):
+    return [s for s in sp.snapshot()["segments"] if s["segment_pool_id"][1] > 0]
+
+
+def test_pool_collected_inside_a_segment_allocator_is_destroyed_later(sp):
+    # A collection that runs inside a Python allocator (any allocation there may start one)
+    # collected another pool; the library refused its destroy there (inside a callback) and
+    # nothing could destroy it after: its cached segment stayed reserved until the process ended.
+    bufs = {}
+
+    def alloc(size, device, stream):
+        gc.collect()
+        b = ctypes.create_string_buffer(size)
+        bufs[ctypes.addressof(b)] = b
+        return ctypes.addressof(b)
+
+    gc.disable()
+    try:
+        lost = sp.MemPool(name="lost")
+        sp.free(lost.malloc(1 << 20))  # a cached 2 MiB segment
+        cycle = [lost]
+        cycle.append(cycle)
+        del lost, cycle  # only the collector frees it
+        pool = sp.MemPool((alloc, lambda ptr, *a: bufs.pop(ptr)), name="collects")
+        sp.free(pool.malloc(100))
+        pool.destroy()
+    finally:
+        gc.enable()
+    sp.empty_cache()
+    assert sp.memory_reserved() == 0 and not _private_segments(sp) and not bufs
+
+
+def test_pool_collected_while_a_suspended_generator_routes_it_is_destroyed_later(sp):
+    # The pool and a generator suspended inside `with use_mem_pool(pool)` in one cycle: the
+    # pool's __del__ ran first, its destroy was refused (still routed), and the generator's close
+    # then ended the routing of a pool nothing could destroy any more.
+    class Holder:
+        pass
+
+    def routed(h):
+        with sp.use_mem_pool(h.pool):
+            yield
+
+    gc.disable()
+    try:
+        h = Holder()
+        h.pool = sp.MemPool(name="cycle")
+        h.gen = routed(h)
+        next(h.gen)
+        sp.free(sp.malloc(1 << 20))  # into the routed pool: a cached 2 MiB segment
+        h.me = h
+        del h
+        gc.collect()
+    finally:
+        gc.enable()
+    sp.empty_cache()
+    assert sp.memory_reserved() == 0 and not _private_segments(sp)
+    p = sp.malloc(512)  # the routing ended with the generator
+    assert sp.get_default_memory_pool().used_bytes() == 512
+    sp.free(p)
+
+
 @pytest.mark.parametrize("kw,exc", [
     (dict(symmetric=True), ValueError),           # no world
     (dict(use_on_oom=1), TypeError),
