@@ -248,7 +248,11 @@ class Stream(_lib.Handle):
 # the pool is destroyed and holds no segment (a destroyed pool takes no new one, so the library
 # can never call them again); _release_allocators drops those. The C allocator calls them under
 # its device lock, which sp_mempool_total_bytes takes too: a 0 read there is after the last call
-# returned. Each value: [the _lib.Allocator, destroyed?].
+# returned. Each value: [the _lib.Allocator, destroyed?]. The allocator goes in only when the
+# MemPool object lets go of it (destroy(), or its collection): while the object lives it holds
+# the allocator itself, and a table entry made at creation kept alive, through the callbacks'
+# closures, an allocator object that refers to its own pool (MemPool(self) in its __init__), so
+# neither was ever collected, and the pool never destroyed.
 # These and the other module state below outlive importlib.reload (Jupyter's autoreload runs
 # this file again in the same namespace): a fresh {} here dropped the only reference to a
 # destroyed pool's callbacks, and the library's next call into them ran freed memory.
@@ -444,7 +448,7 @@ class MemPool(_lib.Handle):
             if allocator is not None:
                 with _keepalive_lock:
                     if status == 0:  # kept until the pool is destroyed and holds no segment
-                        _keepalive[handle.value] = [self._allocator, False]
+                        _keepalive[handle.value] = [None, False]
                     else:  # no pool: nothing will ever call it
                         _py_allocators -= 1
             check(status)
@@ -610,7 +614,7 @@ class MemPool(_lib.Handle):
             with _keepalive_lock:
                 entry = _keepalive.get(h)
                 if entry is not None:
-                    entry[1] = True
+                    entry[0], entry[1] = self._allocator, True
             if entry is not None:
                 _release_allocators()
         _destroy_orphans()
@@ -619,11 +623,15 @@ class MemPool(_lib.Handle):
         # Symmetric pools are never destroyed here: collection order differs between ranks and
         # destroy is collective. World.finalize releases them.
         if getattr(self, "_handle", None) is not None and not self._symmetric and self._owned:
+            # First of all (nothing below may fail before it): this object is going, so the
+            # table keeps the callbacks the pool may still call.
+            entry = _keepalive.get(self._handle)
+            if entry is not None:
+                entry[0] = self._allocator
             try:
                 if lib().sp_mempool_destroy(self._handle) == 0:
                     # Marked only: the next destroy or empty_cache drops its allocator. No lock
                     # and no sweep here: a collection can run this inside either, on this thread.
-                    entry = _keepalive.get(self._handle)
                     if entry is not None:
                         entry[1] = True
                 else:  # refused for now: the next empty_cache or destroy tries again

@@ -298,6 +298,46 @@ def test_pool_collected_while_a_suspended_generator_routes_it_is_destroyed_later
     sp.free(p)
 
 
+class _PoolOwningAllocator:
+    """A segment allocator that keeps its own pool (and may query it), as CuPy-style wrappers do."""
+
+    def __init__(self, sp):
+        self.bufs, self.freed = {}, []
+        self.pool = sp.MemPool(self, name="owned")
+
+    def alloc(self, size, device, stream):
+        b = ctypes.create_string_buffer(size)
+        self.bufs[ctypes.addressof(b)] = b
+        return ctypes.addressof(b)
+
+    def free(self, ptr, size, device, stream):
+        self.freed.append(size)
+        self.bufs.pop(ptr)
+
+
+def test_allocator_that_keeps_its_pool_is_collected_with_it(sp):
+    # The table that keeps a pool's callbacks alive held them from the pool's creation: through
+    # the callbacks' closures it kept the allocator, which keeps the pool, so neither was ever
+    # collected: the pool was never destroyed and its cached segment stayed reserved.
+    a = _PoolOwningAllocator(sp)
+    sp.free(a.pool.malloc(1000))
+    del a
+    gc.collect()
+    sp.empty_cache()
+    assert sp.memory_reserved() == 0 and not sp.memory._keepalive
+    # With a block still live at the collection: the callbacks stay until its segment goes.
+    a = _PoolOwningAllocator(sp)
+    p = a.pool.malloc(1000)
+    freed = a.freed
+    del a
+    gc.collect()
+    sp.empty_cache()  # the pool is destroyed, but its segment holds p
+    assert sp.memory_reserved() == 2 << 20 and len(sp.memory._keepalive) == 1 and freed == []
+    sp.free(p)
+    sp.empty_cache()  # through the kept callbacks
+    assert freed == [2 << 20] and sp.memory_reserved() == 0 and not sp.memory._keepalive
+
+
 @pytest.mark.parametrize("kw,exc", [
     (dict(symmetric=True), ValueError),           # no world
     (dict(use_on_oom=1), TypeError),
