@@ -8,7 +8,9 @@ that on every rank and refuses other memory); the object must be contiguous.
 """
 
 import ctypes
+import operator
 import re
+import sys
 
 from ._lib import as_ptr, bad_value
 
@@ -31,9 +33,27 @@ _FORMATS = {"b": "int8", "B": "uint8", "i": "int32", "I": "uint32", "l": "int64"
             "c": "int8"}
 
 
+# The byte-order marks (NumPy's typestr, struct's format) that say "not this machine's order":
+# the library reduces native numbers, and byte-swapped ones would come out as other numbers.
+_FOREIGN_ORDER = ">!" if sys.byteorder == "little" else "<"
+# Python's own number types as a dtype mean what NumPy and torch make of them (np.dtype(float),
+# torch.zeros(1, dtype=float)): 64 bits, not the C "float" and "int" their names spell.
+_BUILTIN = {float: "float64", int: "int64"}
+
+
+def _native_order(order, name, what):
+    """Refuse a multi-byte type marked with the other byte order."""
+    if order and order in _FOREIGN_ORDER and ITEMSIZE[name] > 1:
+        raise bad_value(f"{what} is {name} in the other byte order ({order!r}): sympool reduces "
+                        f"{sys.byteorder}-endian numbers only")
+
+
 def dtype_name(dtype):
     """A dtype ("float32", "f4", "<f4", "double", np.float32, np.dtype, torch.float32, ...) ->
-    one of DTYPES' names; ValueError (InvalidArgumentError) for a type sympool cannot reduce."""
+    one of DTYPES' names; ValueError (InvalidArgumentError) for a type sympool cannot reduce
+    (or one in the other byte order, ">f4" on a little-endian machine)."""
+    if isinstance(dtype, type) and dtype in _BUILTIN:
+        return _BUILTIN[dtype]
     if isinstance(dtype, str):
         name = dtype
     elif isinstance(getattr(dtype, "name", None), str):  # numpy.dtype
@@ -47,12 +67,17 @@ def dtype_name(dtype):
         name = _FORMATS[name]
     name = name.lower()
     name = _ALIASES.get(name, name)
-    m = re.fullmatch(r"[<>|=]?([fiu])([1248])", name)  # NumPy's typestr: "<f4", "u1"
+    m = re.fullmatch(r"([<>|=]?)([fiu])([1248])", name)  # NumPy's typestr: "<f4", "u1"
     if m:
-        name = f"{_KIND[m.group(1)]}{8 * int(m.group(2))}"
+        name = f"{_KIND[m.group(2)]}{8 * int(m.group(3))}"
     if name not in DTYPES:
         raise bad_value(f"dtype {dtype!r} is not one of {', '.join(DTYPES)} (or a NumPy/torch "
                         "spelling of one)")
+    # The order a typestr spells, or a numpy.dtype's .byteorder (its .name has none: '>f4' is
+    # "float32" there).
+    order = m.group(1) if m else getattr(dtype, "byteorder", None)
+    if isinstance(order, str):
+        _native_order(order, name, f"dtype {dtype!r}")
     return name
 
 
@@ -110,6 +135,25 @@ def _from_dlpack(obj):
     return (t.data or 0) + t.byte_offset, _prod(shape), name
 
 
+def _from_cai(cai, what):
+    """(address, count, dtype) from a __cuda_array_interface__ dict (version 0 to 3), checked:
+    a malformed one (no "data", a negative or non-integer extent) is a ValueError, not a
+    KeyError, nor a count made of two negative extents."""
+    try:
+        typestr, shape, data = cai["typestr"], tuple(cai["shape"]), cai["data"]
+        shape = tuple(operator.index(n) for n in shape)
+        addr = data[0]
+    except (KeyError, TypeError, IndexError) as e:
+        raise bad_value(f"{what}: malformed __cuda_array_interface__ ({type(e).__name__}: "
+                        f"{e})") from None
+    if any(n < 0 for n in shape):
+        raise bad_value(f"{what}: __cuda_array_interface__'s shape {shape} has a negative extent")
+    name = dtype_name(typestr)
+    if not _contiguous(shape, cai.get("strides"), ITEMSIZE[name]):
+        raise bad_value(f"{what} is not contiguous")
+    return as_ptr(addr, what), _prod(shape), name
+
+
 def describe(obj, what):
     """(address or None, element count or None, dtype name or None) of a buffer object."""
     if obj is None or isinstance(obj, (int, ctypes.c_void_p)):
@@ -120,11 +164,7 @@ def describe(obj, what):
         return as_ptr(obj.data_ptr(), what), int(obj.numel()), dtype_name(obj.dtype)
     cai = getattr(obj, "__cuda_array_interface__", None)
     if cai is not None:
-        name = dtype_name(cai["typestr"])
-        shape = tuple(cai["shape"])
-        if not _contiguous(shape, cai.get("strides"), ITEMSIZE[name]):
-            raise bad_value(f"{what} is not contiguous")
-        return as_ptr(cai["data"][0], what), _prod(shape), name
+        return _from_cai(cai, what)
     if hasattr(obj, "__dlpack__"):
         ptr, count, name = _from_dlpack(obj)
         return as_ptr(ptr, what), count, dtype_name(name)
@@ -141,6 +181,7 @@ def describe(obj, what):
         name = dtype_name(fmt) if fmt in _FORMATS else None
         if name is None or ITEMSIZE[name] != view.itemsize:
             raise bad_value(f"{what}: buffer format {view.format!r} is not a reducible dtype")
+        _native_order(view.format[:1], name, f"{what} (buffer format {view.format!r})")
         if view.nbytes == 0:
             return None, 0, name
         if view.readonly:

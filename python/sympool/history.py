@@ -157,7 +157,15 @@ def record_memory_history(enabled="all", context="all", stacks="python", max_ent
     p.enabled, p.context = _ENABLED[enabled], _CONTEXT[context]
     p.max_entries, p.c_stacks = n, stacks == "all"
     if skip_actions is not None:
-        if isinstance(skip_actions, str) or not all(isinstance(a, str) for a in skip_actions):
+        if isinstance(skip_actions, (str, bytes)):
+            raise TypeError("skip_actions must be a list of action names")
+        # A list of our own: the checks below and the join each walk it, and an iterator (a
+        # generator) walked by the first would leave the join nothing, every action recorded.
+        try:
+            skip_actions = list(skip_actions)
+        except TypeError:
+            raise TypeError("skip_actions must be a list of action names") from None
+        if not all(isinstance(a, str) for a in skip_actions):
             raise TypeError("skip_actions must be a list of action names")
         if any(a == "" or "," in a or "\0" in a for a in skip_actions):
             raise bad_value(f"skip_actions holds a malformed name: {skip_actions!r}")
@@ -167,15 +175,19 @@ def record_memory_history(enabled="all", context="all", stacks="python", max_ent
         raise TypeError(f"clear_history must be a bool, not {type(clear_history).__name__}")
     if device is not None:
         _lib.as_device(device)
-    if clear_history and enabled is not None:
-        off = _lib.HistoryParams()
-        lib().sp_history_params_init(off)
-        off.enabled = _ENABLED[None]  # OFF clears the buffer; recording restarts below
-        check(lib().sp_record_memory_history(off))
     want_hook = enabled is not None and context is not None
     if want_hook:
         _install(True)  # before recording starts, so the first records have frames
+    # The library is the judge of what Python cannot check (skip_actions' names): the settings
+    # go in first, so that a refused call has cleared nothing; only then does clear_history
+    # stop recording (OFF clears the buffer) and start it again with them.
     check(lib().sp_record_memory_history(p))
+    if clear_history and enabled is not None:
+        off = _lib.HistoryParams()
+        lib().sp_history_params_init(off)
+        off.enabled = _ENABLED[None]
+        check(lib().sp_record_memory_history(off))
+        check(lib().sp_record_memory_history(p))
     if not want_hook:
         _install(False)
     _annotations_follow(enabled, global_record_annotations)

@@ -24,13 +24,26 @@ from .world import World
 
 _SIZE_MAX = _lib.SIZE_MAX
 
+def _answered(value):
+    """value, a getter's answer (an int, a name), unless it is the stand-in (0, "none", NULL)
+    the library gives when it refuses to answer on this thread: inside a callback it runs (a
+    segment allocator's alloc or free), where those getters set no status. The library's own
+    refusal (sp_init's, SP_ERR_INVALID_USAGE) is raised then, rather than a 0 taken for an answer
+    (no device, a pool with nothing in it, pool id (0, 0))."""
+    if not value or value == b"none":
+        status = c.sp_init()
+        if status and _lib.status_name(status) == "SP_ERR_INVALID_USAGE":
+            check(status)
+    return value
+
+
 def backend():
     """The device backend: "cuda" or "host" ("none" if it failed to start)."""
-    return lib().sp_backend_name().decode()
+    return _answered(lib().sp_backend_name()).decode()
 
 
 def device_count():
-    return int(lib().sp_device_count())
+    return int(_answered(lib().sp_device_count()))
 
 
 def init():
@@ -62,6 +75,7 @@ mem_get_info = get_memory_info  # torch.cuda's name
 
 def empty_cache():
     """Release every fully free cached segment of every device (not symmetric pools')."""
+    _destroy_orphans()  # collected pools whose destroy was refused then: their segments go now
     check(lib().sp_empty_cache())
     if _keepalive:
         _release_allocators()  # a destroyed pool's last segments may have gone now
@@ -234,9 +248,49 @@ class Stream(_lib.Handle):
 # the pool is destroyed and holds no segment (a destroyed pool takes no new one, so the library
 # can never call them again); _release_allocators drops those. The C allocator calls them under
 # its device lock, which sp_mempool_total_bytes takes too: a 0 read there is after the last call
-# returned. Each value: [the _lib.Allocator, destroyed?].
-_keepalive = {}
-_keepalive_lock = threading.Lock()
+# returned. Each value: [the _lib.Allocator, destroyed?]. The allocator goes in only when the
+# MemPool object lets go of it (destroy(), or its collection): while the object lives it holds
+# the allocator itself, and a table entry made at creation kept alive, through the callbacks'
+# closures, an allocator object that refers to its own pool (MemPool(self) in its __init__), so
+# neither was ever collected, and the pool never destroyed.
+# These and the other module state below outlive importlib.reload (Jupyter's autoreload runs
+# this file again in the same namespace): a fresh {} here dropped the only reference to a
+# destroyed pool's callbacks, and the library's next call into them ran freed memory.
+_keepalive = globals().get("_keepalive", {})
+_keepalive_lock = globals().get("_keepalive_lock") or threading.Lock()
+
+
+# Handles of pools collected (MemPool.__del__) when the library refused to destroy them: the
+# collection ran inside a callback it was running (a Python segment allocator allocates, and
+# any allocation may start a collection), or while the pool was still routed (a suspended
+# generator inside use_mem_pool, collected in the same cycle, closes after the pool goes). No
+# Python object is left to destroy them later, and their cached segments stayed reserved until
+# the process ended: the next empty_cache() or destroy() destroys them (_destroy_orphans).
+_orphans = globals().get("_orphans", [])
+
+
+def _destroy_orphans():
+    """Destroy the pools MemPool.__del__ could not, where the library now lets us: not inside a
+    callback (sp_init refuses there too, and the attempt waits for a later call). One still
+    routed (its use count above the creator's 1) stays for a later call; one refused for another
+    reason (destroyed meanwhile) is dropped."""
+    if not _orphans or c.sp_init() != 0:
+        return
+    later = []
+    while True:
+        try:
+            h = _orphans.pop()  # atomic: a collection may append while we walk
+        except IndexError:
+            break
+        if c.sp_mempool_destroy(h) == 0:
+            entry = _keepalive.get(h)
+            if entry is not None:
+                entry[1] = True  # its allocator goes once its last segment has
+        elif c.sp_mempool_use_count(h) > 1:
+            later.append(h)
+    _orphans.extend(later)
+    if _keepalive:
+        _release_allocators()
 
 
 def _release_allocators():
@@ -257,8 +311,8 @@ def _release_allocators():
 # SystemExit. _py_allocators counts the pools with one, so that malloc looks only then.
 # _callback.calls counts this thread's sympool mallocs in progress (_malloc_call): only under one
 # does an interrupt stop the call's further allocations, since only then is it raised after.
-_callback = threading.local()
-_py_allocators = 0
+_callback = globals().get("_callback") or threading.local()
+_py_allocators = globals().get("_py_allocators", 0)
 
 
 def _take_callback_error():
@@ -394,7 +448,7 @@ class MemPool(_lib.Handle):
             if allocator is not None:
                 with _keepalive_lock:
                     if status == 0:  # kept until the pool is destroyed and holds no segment
-                        _keepalive[handle.value] = [self._allocator, False]
+                        _keepalive[handle.value] = [None, False]
                     else:  # no pool: nothing will ever call it
                         _py_allocators -= 1
             check(status)
@@ -433,6 +487,8 @@ class MemPool(_lib.Handle):
     @property
     def id(self):
         pid = lib().sp_mempool_id(self._h())
+        if self._owned:  # {0,0} is the default pool's, or the library's "cannot answer here"
+            _answered(pid.second)
         return (int(pid.first), int(pid.second))
 
     @property
@@ -442,7 +498,7 @@ class MemPool(_lib.Handle):
 
     @property
     def is_symmetric(self):
-        return bool(lib().sp_mempool_is_symmetric(self._h()))
+        return bool(_answered(lib().sp_mempool_is_symmetric(self._h())))
 
     @property
     def device(self):
@@ -453,7 +509,7 @@ class MemPool(_lib.Handle):
         return self._name
 
     def use_count(self):
-        return int(lib().sp_mempool_use_count(self._h()))
+        return int(_answered(lib().sp_mempool_use_count(self._h())))
 
     def malloc(self, size, stream=None):
         """Allocate in this pool; collective over the world when the pool is symmetric."""
@@ -481,16 +537,16 @@ class MemPool(_lib.Handle):
         return p.value or 0
 
     def used_bytes(self):
-        return int(lib().sp_mempool_used_bytes(self._h()))
+        return int(_answered(lib().sp_mempool_used_bytes(self._h())))
 
     def total_bytes(self):
-        return int(lib().sp_mempool_total_bytes(self._h()))
+        return int(_answered(lib().sp_mempool_total_bytes(self._h())))
 
     def free_bytes(self):
-        return int(lib().sp_mempool_free_bytes(self._h()))
+        return int(_answered(lib().sp_mempool_free_bytes(self._h())))
 
     def n_free_blocks(self):
-        return int(lib().sp_mempool_n_free_blocks(self._h()))
+        return int(_answered(lib().sp_mempool_n_free_blocks(self._h())))
 
     def free_all_blocks(self, stream=None):
         """Release the pool's fully free segments (only stream's if given). Collective
@@ -527,7 +583,7 @@ class MemPool(_lib.Handle):
         check(lib().sp_mempool_set_limit(self._h(), 0 if size is None else as_size(size)))
 
     def get_limit(self):
-        return int(lib().sp_mempool_get_limit(self._h()))
+        return int(_answered(lib().sp_mempool_get_limit(self._h())))
 
     def snapshot(self, include_traces=True):
         """This pool's snapshot as a dict with PyTorch's structure (its segments, and the traces
@@ -558,22 +614,29 @@ class MemPool(_lib.Handle):
             with _keepalive_lock:
                 entry = _keepalive.get(h)
                 if entry is not None:
-                    entry[1] = True
+                    entry[0], entry[1] = self._allocator, True
             if entry is not None:
                 _release_allocators()
+        _destroy_orphans()
 
     def __del__(self):
         # Symmetric pools are never destroyed here: collection order differs between ranks and
         # destroy is collective. World.finalize releases them.
         if getattr(self, "_handle", None) is not None and not self._symmetric and self._owned:
+            # First of all (nothing below may fail before it): this object is going, so the
+            # table keeps the callbacks the pool may still call.
+            entry = _keepalive.get(self._handle)
+            if entry is not None:
+                entry[0] = self._allocator
             try:
                 if lib().sp_mempool_destroy(self._handle) == 0:
                     # Marked only: the next destroy or empty_cache drops its allocator. No lock
                     # and no sweep here: a collection can run this inside either, on this thread.
-                    entry = _keepalive.get(self._handle)
                     if entry is not None:
                         entry[1] = True
-                    self._handle = None
+                else:  # refused for now: the next empty_cache or destroy tries again
+                    _orphans.append(self._handle)
+                self._handle = None
             except Exception:
                 pass
 
@@ -585,15 +648,19 @@ class MemPool(_lib.Handle):
         if self._handle is None:
             return "<sympool.MemPool destroyed>"
         kind = "symmetric " if self._symmetric else ""
-        return (f"<sympool.MemPool {kind}id={self.id} name={self._name!r} device={self._device} "
-                f"used={self.used_bytes()} total={self.total_bytes()}>")
+        try:
+            figures = (f"id={self.id} name={self._name!r} device={self._device} "
+                       f"used={self.used_bytes()} total={self.total_bytes()}")
+        except _lib.SympoolError:  # inside a segment allocator: the library does not answer
+            figures = f"name={self._name!r} device={self._device}"
+        return f"<sympool.MemPool {kind}{figures}>"
 
 
 # The pools this thread's use_mem_pool contexts routed, innermost last. The library ends only the
 # innermost routing (sp_mempool_end); torch.cuda.use_mem_pool ends a pool's routing wherever it
 # is (endAllocateToPool finds it by id), so contexts may close out of order: interleaved
 # generators or asyncio tasks on one thread, an ExitStack popped by hand.
-_routes = threading.local()
+_routes = globals().get("_routes") or threading.local()  # kept across a reload, as _keepalive
 
 
 def _route_stack():
@@ -751,8 +818,8 @@ def _dump_snapshot(filename="dump_snapshot.pickle"):
 
 # ---- the default pool (CuPy's get_default_memory_pool) ---------------------------------------
 
-_default_pools = {}
-_default_lock = threading.Lock()
+_default_pools = globals().get("_default_pools", {})  # kept across a reload, as _keepalive
+_default_lock = globals().get("_default_lock") or threading.Lock()
 
 
 def get_default_memory_pool(device=0):
@@ -763,7 +830,7 @@ def get_default_memory_pool(device=0):
     with _default_lock:
         pool = _default_pools.get(d)
         if pool is None or pool._handle is None:
-            handle = lib().sp_default_mempool(d)
+            handle = _answered(lib().sp_default_mempool(d))
             if not handle:
                 raise bad_value(f"device {d} does not exist ({device_count()} device(s) on the "
                                 f"{backend()} backend)")

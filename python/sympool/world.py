@@ -339,13 +339,24 @@ class World(_lib.Handle):
         if text is None:
             return None
         out = sys.stdout if file is None else file
-        if isinstance(out, io.TextIOBase) or not hasattr(out, "mode") or "b" not in out.mode:
-            out.write(text)
-        else:
+        if _binary(out):
             out.write(text.encode())
+        else:
+            out.write(text)
         if hasattr(out, "flush"):
             out.flush()
         return text
+
+
+def _binary(out):
+    """Whether out takes bytes: a binary stream (io.BytesIO and gzip.GzipFile have no str .mode:
+    none at all, an int), or a file-like object whose .mode says "b"."""
+    if isinstance(out, io.TextIOBase):
+        return False
+    if isinstance(out, (io.RawIOBase, io.BufferedIOBase)):
+        return True
+    mode = getattr(out, "mode", None)
+    return isinstance(mode, str) and "b" in mode
 
 
 def _libc():

@@ -114,6 +114,38 @@ def test_bad_history_arguments(sp, kw, exc):
         sp.record_memory_history(**kw)
 
 
+def _actions(sp):
+    return [e["action"] for e in sp.snapshot()["device_traces"][0]]
+
+
+def test_skip_actions_from_an_iterator_are_skipped(sp):
+    # A generator was walked by the type check and then joined empty: every action recorded.
+    sp.record_memory_history("all", skip_actions=(a for a in ["alloc", "free_requested"]))
+    sp.free(sp.malloc(4096))
+    actions = _actions(sp)
+    assert "free_completed" in actions
+    assert "alloc" not in actions and "free_requested" not in actions
+
+
+def test_refused_skip_actions_with_clear_history_clear_nothing(sp):
+    # clear_history stopped recording (clearing it) before the library refused the unknown name:
+    # a call that raised had dropped the history and left recording off.
+    sp.record_memory_history("all")
+    sp.free(sp.malloc(4096))
+    before = _actions(sp)
+    assert "alloc" in before
+    with pytest.raises(ValueError, match="not an action"):
+        sp.record_memory_history("all", clear_history=True, skip_actions=["alloc", "nosuch"])
+    assert _actions(sp)[:len(before)] == before
+    n = _actions(sp).count("alloc")
+    sp.free(sp.malloc(4096))  # still recording
+    assert _actions(sp).count("alloc") == n + 1
+    # A good call still clears: only what comes after it is kept.
+    sp.record_memory_history("all", clear_history=True, skip_actions=["free_requested"])
+    sp.free(sp.malloc(4096))
+    assert "free_requested" not in _actions(sp) and _actions(sp).count("alloc") == 1
+
+
 def test_bad_snapshot_path(sp):
     with pytest.raises(TypeError):
         sp.dump_snapshot(5)

@@ -170,6 +170,44 @@ def test_segment_allocator_calling_sympool_is_refused_not_deadlocked(sp):
     pool.destroy()
 
 
+def test_getters_inside_a_segment_allocator_raise_instead_of_answering_zero(sp):
+    # Inside the allocator the library refuses every call, but its int getters set no status:
+    # device_count() was 0, backend() "none", pool.used_bytes() 0, pool.id (0, 0), and
+    # memory_allocated() blamed a device that "does not exist". They raise the refusal now.
+    bufs, seen = {}, {}
+    getters = {"device_count": lambda: sp.device_count(), "backend": lambda: sp.backend(),
+               "memory_allocated": lambda: sp.memory_allocated(),
+               "used_bytes": lambda: pool.used_bytes(), "total_bytes": lambda: pool.total_bytes(),
+               "free_bytes": lambda: pool.free_bytes(),
+               "n_free_blocks": lambda: pool.n_free_blocks(),
+               "get_limit": lambda: pool.get_limit(), "id": lambda: pool.id,
+               "use_count": lambda: pool.use_count(), "is_symmetric": lambda: pool.is_symmetric}
+
+    def alloc(size, device, stream):
+        for name, get in getters.items():
+            try:
+                seen[name] = get()
+            except sp.SympoolError as e:
+                seen[name] = (e.status, "inside a callback" in str(e))
+        seen["repr"] = repr(pool)  # still a repr, without the figures
+        b = ctypes.create_string_buffer(size + 4096)
+        a = (ctypes.addressof(b) + 4095) & ~4095
+        bufs[a] = b
+        return a
+
+    pool = sp.MemPool((alloc, lambda ptr, *a: bufs.pop(ptr)), name="asks")
+    p = pool.malloc(1 << 20)
+    assert {k: v for k, v in seen.items() if k != "repr"} == \
+        {name: ("SP_ERR_INVALID_USAGE", True) for name in getters}
+    assert seen["repr"] == "<sympool.MemPool name='asks' device=0>"
+    # Outside it, the same getters answer.
+    assert sp.device_count() == 1 and sp.backend() == "host" and pool.id[1] > 0
+    assert pool.used_bytes() > 0 and not pool.is_symmetric
+    sp.free(p)
+    pool.free_all_blocks()
+    pool.destroy()
+
+
 def test_allocator_that_fails_gives_oom(sp):
     pool = sp.MemPool((lambda size, dev, stream: 0, lambda *a: None), name="empty")
     with pytest.raises(sp.OutOfMemoryError):
@@ -196,6 +234,108 @@ def test_collected_pool_is_destroyed(sp):
     gc.collect()
     sp.empty_cache()
     assert sp.memory_reserved() == 0
+
+
+def _private_segments(sp):
+    return [s for s in sp.snapshot()["segments"] if s["segment_pool_id"][1] > 0]
+
+
+def test_pool_collected_inside_a_segment_allocator_is_destroyed_later(sp):
+    # A collection that runs inside a Python allocator (any allocation there may start one)
+    # collected another pool; the library refused its destroy there (inside a callback) and
+    # nothing could destroy it after: its cached segment stayed reserved until the process ended.
+    bufs = {}
+
+    def alloc(size, device, stream):
+        gc.collect()
+        b = ctypes.create_string_buffer(size)
+        bufs[ctypes.addressof(b)] = b
+        return ctypes.addressof(b)
+
+    gc.disable()
+    try:
+        lost = sp.MemPool(name="lost")
+        sp.free(lost.malloc(1 << 20))  # a cached 2 MiB segment
+        cycle = [lost]
+        cycle.append(cycle)
+        del lost, cycle  # only the collector frees it
+        pool = sp.MemPool((alloc, lambda ptr, *a: bufs.pop(ptr)), name="collects")
+        sp.free(pool.malloc(100))
+        pool.destroy()
+    finally:
+        gc.enable()
+    sp.empty_cache()
+    assert sp.memory_reserved() == 0 and not _private_segments(sp) and not bufs
+
+
+def test_pool_collected_while_a_suspended_generator_routes_it_is_destroyed_later(sp):
+    # The pool and a generator suspended inside `with use_mem_pool(pool)` in one cycle: the
+    # pool's __del__ ran first, its destroy was refused (still routed), and the generator's close
+    # then ended the routing of a pool nothing could destroy any more.
+    class Holder:
+        pass
+
+    def routed(h):
+        with sp.use_mem_pool(h.pool):
+            yield
+
+    gc.disable()
+    try:
+        h = Holder()
+        h.pool = sp.MemPool(name="cycle")
+        h.gen = routed(h)
+        next(h.gen)
+        sp.free(sp.malloc(1 << 20))  # into the routed pool: a cached 2 MiB segment
+        h.me = h
+        del h
+        gc.collect()
+    finally:
+        gc.enable()
+    sp.empty_cache()
+    assert sp.memory_reserved() == 0 and not _private_segments(sp)
+    p = sp.malloc(512)  # the routing ended with the generator
+    assert sp.get_default_memory_pool().used_bytes() == 512
+    sp.free(p)
+
+
+class _PoolOwningAllocator:
+    """A segment allocator that keeps its own pool (and may query it), as CuPy-style wrappers do."""
+
+    def __init__(self, sp):
+        self.bufs, self.freed = {}, []
+        self.pool = sp.MemPool(self, name="owned")
+
+    def alloc(self, size, device, stream):
+        b = ctypes.create_string_buffer(size)
+        self.bufs[ctypes.addressof(b)] = b
+        return ctypes.addressof(b)
+
+    def free(self, ptr, size, device, stream):
+        self.freed.append(size)
+        self.bufs.pop(ptr)
+
+
+def test_allocator_that_keeps_its_pool_is_collected_with_it(sp):
+    # The table that keeps a pool's callbacks alive held them from the pool's creation: through
+    # the callbacks' closures it kept the allocator, which keeps the pool, so neither was ever
+    # collected: the pool was never destroyed and its cached segment stayed reserved.
+    a = _PoolOwningAllocator(sp)
+    sp.free(a.pool.malloc(1000))
+    del a
+    gc.collect()
+    sp.empty_cache()
+    assert sp.memory_reserved() == 0 and not sp.memory._keepalive
+    # With a block still live at the collection: the callbacks stay until its segment goes.
+    a = _PoolOwningAllocator(sp)
+    p = a.pool.malloc(1000)
+    freed = a.freed
+    del a
+    gc.collect()
+    sp.empty_cache()  # the pool is destroyed, but its segment holds p
+    assert sp.memory_reserved() == 2 << 20 and len(sp.memory._keepalive) == 1 and freed == []
+    sp.free(p)
+    sp.empty_cache()  # through the kept callbacks
+    assert freed == [2 << 20] and sp.memory_reserved() == 0 and not sp.memory._keepalive
 
 
 @pytest.mark.parametrize("kw,exc", [

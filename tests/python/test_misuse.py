@@ -553,3 +553,48 @@ def test_use_mem_pool_nesting_limit_leaves_the_stack_intact(sp):
     assert all(p.use_count() == 1 for p in pools)
     for p in pools:
         p.destroy()
+
+
+RELOAD_SCRIPT = r'''
+import ctypes, gc, importlib
+import sympool
+import sympool.memory
+bufs = {}
+def alloc(size, device, stream):
+    b = ctypes.create_string_buffer(size); bufs[ctypes.addressof(b)] = b
+    return ctypes.addressof(b)
+def free(ptr, size, device, stream):
+    bufs.pop(ptr, None)
+pool = sympool.MemPool((alloc, free), name="reloaded")
+x = pool.malloc(1000)
+pool.destroy()
+del pool
+outer, inner = sympool.MemPool(name="outer"), sympool.MemPool(name="inner")
+a, b = sympool.use_mem_pool(outer), sympool.use_mem_pool(inner)
+a.__enter__(); b.__enter__()
+importlib.reload(sympool.memory)  # what Jupyter's autoreload does
+gc.collect()
+junk = [ctypes.CFUNCTYPE(None)(lambda: None) for _ in range(1000)]  # takes freed callbacks' room
+print("kept", len(sympool.memory._keepalive))
+a.__exit__(None, None, None)  # out of order: the stack of routed pools must have survived too
+y = sympool.malloc(100)
+print("routed", inner.used_bytes() > 0, outer.used_bytes() == 0)
+b.__exit__(None, None, None)
+sympool.free(y)
+sympool.free(x)
+sympool.empty_cache()  # the destroyed pool's last segment goes back through its own free
+print("returned", not bufs)
+'''
+
+
+def test_reload_keeps_the_allocators_and_routes_the_library_still_uses(tmp_path):
+    # importlib.reload(sympool.memory) ran `_keepalive = {}` again: the only reference to a
+    # destroyed pool's callbacks went, and the library's next call into them ran freed memory
+    # (another Python function, or a crash); the thread's stack of routed pools went too, so
+    # closing contexts out of order failed.
+    script = tmp_path / "reload.py"
+    script.write_text(RELOAD_SCRIPT)
+    r = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split("\n")[:3] == ["kept 1", "routed True True", "returned True"], \
+        (r.stdout, r.stderr)

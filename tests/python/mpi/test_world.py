@@ -178,6 +178,23 @@ def test_collective_dtype_names_and_ops(world):
     pool.destroy()
 
 
+def test_stats_report_to_binary_streams(world, tmp_path):
+    # io.BytesIO has no .mode and gzip.GzipFile's is an int: rank 0 wrote a str into them and
+    # raised TypeError after the collective, the report lost.
+    import gzip
+    buf = io.BytesIO()
+    text = world.stats_report("json", file=buf)
+    with gzip.open(tmp_path / f"r{world.rank}.json.gz", "wb") as gz:
+        world.stats_report("json", file=gz)
+    with gzip.open(tmp_path / f"r{world.rank}.json.gz", "rb") as gz:
+        zipped = gz.read()
+    if world.rank == 0:
+        assert buf.getvalue() == text.encode() and json.loads(text)["nranks"] == world.size
+        assert json.loads(zipped)["nranks"] == world.size
+    else:
+        assert text is None and buf.getvalue() == b"" and zipped == b""
+
+
 @pytest.mark.parametrize("fmt", ["table", "json", "prometheus", "table_all"])
 def test_stats_report(world, fmt):
     buf = io.StringIO()
@@ -318,6 +335,39 @@ def test_world_handles_refuse_copy_and_bad_node_arguments(world):
     assert errors == []
     with pytest.raises(sympool.SympoolError):
         sub.rank
+
+
+def test_other_byte_order_and_python_number_types(world):
+    # A big-endian buffer (ctypes' __ctype_be__, NumPy's ">f4" typestr) was reduced as native
+    # numbers: 1.0 summed over ranks came back as garbage, silently. And dtype=float (Python's
+    # float, 64 bits in NumPy and torch) was taken as float32: a float64 buffer reduced as twice
+    # as many float32 halves.
+    import sympool
+    pool = sympool.MemPool(symmetric=True, world=world, name="order")
+    n = 8
+    a = pool.malloc(n * 8)
+    be = (ctypes.c_float.__ctype_be__ * n).from_address(a)
+    for i in range(n):
+        be[i] = 1.0
+    for call in (lambda: world.allreduce(be),
+                 lambda: world.allreduce(CudaArray(a, n, ">f4")),
+                 lambda: world.allreduce(a, a, n, dtype=">f4")):
+        with pytest.raises(ValueError, match="byte order"):
+            call()
+    assert list(be) == [1.0] * n, "nothing was reduced"
+    world.allreduce(CudaArray(a, n, ">u1"), op="max")  # one byte: no order to get wrong
+    x = (ctypes.c_double * n).from_address(a)
+    for i in range(n):
+        x[i] = 0.5 + world.rank
+    world.allreduce(a, a, n, dtype=float)
+    assert list(x) == [sum(0.5 + r for r in range(world.size))] * n
+    y = (ctypes.c_int64 * n).from_address(a)
+    for i in range(n):
+        y[i] = (1 << 40) + world.rank
+    world.allreduce(a, a, n, dtype=int, op="max")
+    assert list(y) == [(1 << 40) + world.size - 1] * n
+    sympool.free(a)
+    pool.destroy()
 
 
 def test_count_and_dtype_must_fit_the_buffer_objects(world):
