@@ -1141,6 +1141,10 @@ static sp_status_t map_pseudo_stream(const char *what, sp_stream_t *stream_p) {
                      what);
 }
 
+sp_status_t sp__alloc_map_stream(const char *what, sp_stream_t *stream_p) {
+    return is_pseudo_stream(*stream_p) ? map_pseudo_stream(what, stream_p) : SP_SUCCESS;
+}
+
 /* Can the cache hit on b (found for `size` with in-order predecessor pred) take hand_out's fast
  * form? That form is the commonest hit: an ordinary (not expandable, not oversize) block that
  * splits, with an idle struct for the allocated part, room in the pointer map, and a remainder
