@@ -495,11 +495,27 @@ static sp_status_t stream_dev(const char *what, sp_stream_t stream, int *device_
     return SP_SUCCESS;
 }
 
+/* NULL and CUDA's pseudo handles, which no sp_stream_create makes: cudaStreamLegacy (1) is the
+ * default stream (sp_malloc keys its blocks as NULL's), cudaStreamPerThread (2) a different
+ * stream on every thread. CUDA answers for both, so the backend's stream check passes them; the
+ * calls that act on one stream (destroy, label) refuse them first, before they change anything.
+ * SP_SUCCESS for any other handle (the backend's check follows). */
+static sp_status_t refuse_default_or_pseudo(const char *what, sp_stream_t stream) {
+    if ((uintptr_t)stream > 2u)
+        return SP_SUCCESS;
+    if (stream == (sp_stream_t)(uintptr_t)2)
+        return sp__error(SP_ERR_INVALID_ARGUMENT, SP_SUB_POOL,
+                         "%s: cudaStreamPerThread is a different stream on every thread, not a "
+                         "stream sp_stream_create made",
+                         what);
+    return sp__error(SP_ERR_INVALID_ARGUMENT, SP_SUB_POOL,
+                     "%s: the default stream (%s) is not a stream sp_stream_create made", what,
+                     stream ? "cudaStreamLegacy" : "NULL");
+}
+
 SP_EXPORT sp_status_t sp_stream_destroy(sp_stream_t stream) {
     SP_GATE("sp_stream_destroy");
-    if (!stream)
-        return sp__error(SP_ERR_INVALID_ARGUMENT, SP_SUB_POOL,
-                         "sp_stream_destroy: the default stream (NULL) cannot be destroyed");
+    SP_CHECK(refuse_default_or_pseudo("sp_stream_destroy", stream));
     int dev = -1;
     SP_CHECK(stream_dev("sp_stream_destroy", stream, &dev));
     /* Cached blocks are keyed by their stream, and a cache hit never asks the backend whether
@@ -537,6 +553,7 @@ SP_EXPORT sp_status_t sp_x_stream_label(sp_stream_t stream, uint64_t label) {
         return sp__error(SP_ERR_INVALID_ARGUMENT, SP_SUB_POOL,
                          "sp_x_stream_label: the default stream (NULL) is shown as 0 and takes "
                          "no label");
+    SP_CHECK(refuse_default_or_pseudo("sp_x_stream_label", stream));
     int dev = -1;
     SP_CHECK(stream_dev("sp_x_stream_label", stream, &dev));
     return sp__history_stream_label((uintptr_t)stream, label);
