@@ -333,6 +333,7 @@ static sp_status_t shutdown_locked(void) {
     sp__fast_off_add(SP_FAST_NOT_READY - sp__g.fast_rest);
     sp__lock_bias_end();
     sp__mempool_routing_reset();
+    sp__alloc_orphans_reset();
     sp__handles_next_generation(); /* every pool handle of this session is stale from here */
     sp__history_shutdown();
     sp__device_reset();
@@ -542,6 +543,10 @@ SP_EXPORT sp_status_t sp_stream_destroy(sp_stream_t stream) {
     for (sp_mempool_t *p = d->pools; p; p = p->next)
         if (!p->symmetric)
             sp__alloc_release_pool(d, p, true, stream, 0);
+    /* A segment with a live block stays, and its free blocks stay cached under this handle:
+     * from here on a malloc on the dead handle (or on a stream of another device that gets the
+     * handle) would hit them without the miss path's stream check. */
+    sp__alloc_orphan_stream(d, stream);
     sp__unlock(&d->lock);
     SP_CHECK(sp__g.ops->stream_destroy(dev, stream));
     return sp__history_stream_label((uintptr_t)stream, 0); /* a later stream may get its handle */

@@ -453,6 +453,7 @@ SP_EXPORT sp_status_t sp_mempool_malloc(sp_mempool_t *pool, size_t size, sp_stre
      * sp_malloc's mapping, or cudaStreamPerThread would key blocks that every thread's stream
      * then shares unordered, and cudaStreamLegacy's would be kept apart from NULL's. */
     SP_CHECK(sp__alloc_map_stream("sp_mempool_malloc", &stream));
+    SP_CHECK(sp__alloc_orphan_check(d, stream, "sp_mempool_malloc"));
     SP_CHECK(sp__alloc_check_size("sp_mempool_malloc", d->device, size));
     return sp__alloc_malloc(d, pool, size, stream, ptr_p);
 }

@@ -136,3 +136,45 @@ TEST_F(ApiAdversary, StreamLabelOfAPseudoStreamIsRefused) {
     EXPECT_NE(std::string(sp_last_error()).find("cudaStreamPerThread"), std::string::npos)
         << sp_last_error();
 }
+
+// sp_stream_destroy releases the stream's free segments, so that a malloc on the dead handle
+// misses and the miss path's stream check refuses it (AllocBadInput.
+// DestroyedStreamIsRefusedAlsoOnACacheHit). A segment that still held a live block stayed, and
+// its free remainder stayed cached under the dead handle: sp_malloc on that handle hit it and
+// succeeded, and so would a stream of another device that got the handle. While such segments
+// exist, every malloc checks its stream; once they are gone, the hits go back to checking none.
+TEST_F(ApiAdversary, DestroyedStreamIsRefusedWhileASegmentOfItHoldsALiveBlock) {
+    SP_SKIP_UNLESS_HOST(); // a host stream's pointer is invalid once destroyed; CUDA's may be
+                           // reused (a stale CUDA handle is undefined behaviour)
+    for (bool tc : {false, true}) {
+        SCOPED_TRACE(tc ? "with the thread cache" : "without the thread cache");
+        sp::ScopedEnv env({{"SYMPOOL_THREAD_CACHE", tc ? "1MiB" : "0"}});
+        sp_stream_t s;
+        ASSERT_SP_OK(sp_stream_create(0, &s));
+        void *live = nullptr, *big = nullptr;
+        ASSERT_SP_OK(sp_malloc(4096, 0, s, &live));   // a small segment, mostly free
+        ASSERT_SP_OK(sp_malloc(3 * MiB, 0, s, &big)); // a large one, mostly free
+        ASSERT_SP_OK(sp_stream_destroy(s));
+        sp_stats_t before = snap();
+        void *r = &r;
+        EXPECT_SP_STATUS(sp_malloc(4096, 0, s, &r), SP_ERR_INVALID_ARGUMENT);
+        EXPECT_SP_STATUS(sp_malloc(3 * MiB, 0, s, &r), SP_ERR_INVALID_ARGUMENT);
+        EXPECT_SP_STATUS(sp_mempool_malloc(sp_default_mempool(0), 4096, s, &r),
+                         SP_ERR_INVALID_ARGUMENT);
+        EXPECT_EQ(r, (void *)&r) << "output untouched";
+        EXPECT_EQ(diff(before, snap()), "") << "refusals change nothing";
+        ASSERT_SP_OK(sp_free(live)); // freed onto the dead handle's cache (or a thread cache)
+        before = snap();
+        EXPECT_SP_STATUS(sp_malloc(4096, 0, s, &r), SP_ERR_INVALID_ARGUMENT);
+        EXPECT_EQ(r, (void *)&r);
+        EXPECT_EQ(diff(before, snap()), "");
+        // The default stream and live streams keep working meanwhile.
+        void *q = nullptr;
+        ASSERT_SP_OK(sp_malloc(4096, 0, nullptr, &q));
+        ASSERT_SP_OK(sp_free(q));
+        ASSERT_SP_OK(sp_free(big));
+        ASSERT_SP_OK(sp_empty_cache()); // the dead handle's segments go
+        EXPECT_EQ(sp_memory_reserved(0), 0u);
+        ASSERT_SP_OK(sp_shutdown());
+    }
+}
