@@ -9,7 +9,9 @@
 #include <string>
 
 extern "C" {
+#include "pool/device/device.h"
 #include "pool/pool.h"
+#include "pool/torch.h"
 }
 
 using namespace sp;
@@ -177,4 +179,39 @@ TEST_F(ApiAdversary, DestroyedStreamIsRefusedWhileASegmentOfItHoldsALiveBlock) {
         EXPECT_EQ(sp_memory_reserved(0), 0u);
         ASSERT_SP_OK(sp_shutdown());
     }
+}
+
+// sp_torch_segment_free (torch.cuda.MemPool's free) handed any pointer to the device's free, with
+// the size the caller gave: a block of sp_torch_malloc or sp_malloc (which lies in a segment
+// sympool still holds) was given back under sympool, which later used and freed that memory again
+// (on host the next touch crashed: the segment was unmapped); a segment freed twice was freed
+// twice. Only a live segment of sp_torch_segment_malloc is freed now, with its recorded size;
+// anything else is logged and ignored.
+TEST_F(ApiAdversary, TorchSegmentFreeFreesOnlyItsOwnLiveSegments) {
+    SP_SKIP_UNLESS_HOST(); // the host backend's own view of its live memory
+    ASSERT_SP_OK(sp_init());
+    size_t live0 = sp__host_live_bytes(0);
+    void *block = nullptr;
+    ASSERT_SP_OK(sp_malloc(30 * MiB, 0, nullptr, &block)); // a segment of sympool's cache
+    size_t held = sp__host_live_bytes(0);
+    sp_torch_segment_free(block, 30 * MiB, 0, nullptr);
+    EXPECT_EQ(sp__host_live_bytes(0), held) << "sympool's segment is not PyTorch's to free";
+    EXPECT_GE(warnings("not a live segment"), 1u);
+    touch(block, 30 * MiB); // still mapped
+    ASSERT_SP_OK(sp_free(block));
+    ASSERT_SP_OK(sp_empty_cache());
+    EXPECT_EQ(sp__host_live_bytes(0), live0);
+
+    sp__torch_allow_host(true);
+    void *seg = sp_torch_segment_malloc(2 * MiB, 0, nullptr);
+    sp__torch_allow_host(false);
+    ASSERT_NE(seg, nullptr) << sp_last_error();
+    sp_torch_segment_free(static_cast<char *>(seg) + 512, 2 * MiB, 0, nullptr); // inside it
+    sp_torch_segment_free(seg, 1 * MiB, 0, nullptr); // a wrong size: freed as it was made
+    EXPECT_EQ(sp__host_live_bytes(0), live0) << "the whole segment went back";
+    EXPECT_EQ(sp__torch_live_segments(), 0);
+    size_t before = warnings("not a live segment");
+    sp_torch_segment_free(seg, 2 * MiB, 0, nullptr); // twice
+    EXPECT_EQ(warnings("not a live segment"), before + 1);
+    EXPECT_EQ(sp__host_live_bytes(0), live0);
 }
