@@ -240,12 +240,6 @@ sp_status_t sp__alloc_malloc(sp_devalloc_t *d, sp_mempool_t *pool, size_t size, 
  * ("Tried to allocate more than 1EB memory", not counted, as PyTorch's allocate()), or
  * SP_ERR_INVALID_ARGUMENT above SP_MAX_ROUNDABLE. SP_SUCCESS below 1 EB. */
 sp_status_t sp__alloc_check_size(const char *what, int device, size_t size);
-/* CUDA's pseudo stream handles as sp_malloc takes them, for the other calls that key the cache by
- * stream (sp_mempool_malloc, sp_mempool_free_all_blocks): cudaStreamLegacy becomes NULL (the
- * default stream, whose blocks it shares), cudaStreamPerThread is SP_ERR_INVALID_ARGUMENT (one
- * handle for a different stream on every thread cannot key the cache); any other handle is left
- * as it is, for the caller's own check. `what` names the public call in the message. */
-sp_status_t sp__alloc_map_stream(const char *what, sp_stream_t *stream_p);
 /* Segments whose stream sp_stream_destroy destroyed while they still held allocated blocks, on
  * every device (atomic; changed under the segment's device lock). Their free blocks stay cached
  * under the dead handle until the segment goes, so a hit no longer implies an earlier checked
