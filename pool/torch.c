@@ -209,6 +209,14 @@ SP_EXPORT void sp_torch_segment_free(void *ptr, size_t size, int device, void *s
     (void)sp__g.ops->mem_free(seg.device, ptr, seg.size); /* logged there */
 }
 
+void sp__torch_fork_lock(void) {
+    pthread_mutex_lock(&g_seg_lock);
+}
+
+void sp__torch_fork_unlock(void) {
+    pthread_mutex_unlock(&g_seg_lock);
+}
+
 long sp__torch_live_segments(void) {
     pthread_mutex_lock(&g_seg_lock);
     long n = (long)g_nsegs;
