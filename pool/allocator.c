@@ -547,8 +547,38 @@ sp_status_t sp__alloc_segment(sp_devalloc_t *d, sp_bpool_t *bp, size_t alloc_siz
  * block recycled, its metadata freed. The memory itself and the byte/stat accounting are the
  * caller's.
  * Under the device lock. */
+atomic_uint sp__orphan_segs;
+
+/* One fast-path reason while any orphan exists (the 0 <-> 1 steps of the count). */
+static void orphans_add(int n) {
+    unsigned old = atomic_fetch_add(&sp__orphan_segs, (unsigned)n);
+    if (old == 0 && n > 0)
+        sp__fast_off_add(SP_FAST_REASON);
+    else if (old == (unsigned)-n && n < 0)
+        sp__fast_off_add(-SP_FAST_REASON);
+}
+
+void sp__alloc_orphan_stream(sp_devalloc_t *d, sp_stream_t stream) {
+    int n = 0;
+    for (sp_mempool_t *p = d->default_pool; p; p = p == d->default_pool ? d->pools : p->next)
+        for (sp_segment_t *seg = p->seg_head; seg; seg = seg->pnext)
+            if (seg->stream == stream && !seg->orphan) {
+                seg->orphan = true;
+                n++;
+            }
+    if (n)
+        orphans_add(n);
+}
+
+void sp__alloc_orphans_reset(void) {
+    if (atomic_exchange(&sp__orphan_segs, 0) != 0)
+        sp__fast_off_add(-SP_FAST_REASON);
+}
+
 void sp__alloc_segment_delete(sp_devalloc_t *d, sp_segment_t *seg) {
     sp_mempool_t *pool = seg->bpool->pool;
+    if (SP_UNLIKELY(seg->orphan))
+        orphans_add(-1);
     sp__segidx_remove(d, seg);
     if (seg->pprev)
         seg->pprev->pnext = seg->pnext;
@@ -975,7 +1005,9 @@ static sp_status_t grow_step(sp_devalloc_t *d, sp_bpool_t *bp, size_t size, size
 }
 
 /* A stream is checked on the miss path only: a cache hit implies an earlier miss on the same
- * stream (blocks are keyed by stream), so the hit path stays free of backend calls. */
+ * stream (blocks are keyed by stream), so the hit path stays free of backend calls. The one
+ * exception, a segment left under a destroyed stream's handle, makes the malloc entry points
+ * check first while it lasts (sp__alloc_orphan_check). */
 sp_status_t sp__stream_check(sp_stream_t stream, int device, const char *fn) {
     if (!stream)
         return SP_SUCCESS;
@@ -1139,6 +1171,10 @@ static sp_status_t map_pseudo_stream(const char *what, sp_stream_t *stream_p) {
                      "key the cache; pass the thread's real stream (or NULL for the default "
                      "stream)",
                      what);
+}
+
+sp_status_t sp__alloc_map_stream(const char *what, sp_stream_t *stream_p) {
+    return is_pseudo_stream(*stream_p) ? map_pseudo_stream(what, stream_p) : SP_SUCCESS;
 }
 
 /* Can the cache hit on b (found for `size` with in-order predecessor pred) take hand_out's fast
@@ -1425,6 +1461,7 @@ static sp_status_t malloc_whole(size_t size, int device, sp_stream_t stream, voi
     }
     if (SP_UNLIKELY(is_pseudo_stream(stream)))
         SP_CHECK(map_pseudo_stream("sp_malloc", &stream));
+    SP_CHECK(sp__alloc_orphan_check(d, stream, "sp_malloc"));
     sp_mempool_t *pool =
         SP_UNLIKELY(atomic_load_explicit(&sp__routing_threads, memory_order_relaxed))
             ? sp__mempool_routed(device)

@@ -240,6 +240,25 @@ sp_status_t sp__alloc_malloc(sp_devalloc_t *d, sp_mempool_t *pool, size_t size, 
  * ("Tried to allocate more than 1EB memory", not counted, as PyTorch's allocate()), or
  * SP_ERR_INVALID_ARGUMENT above SP_MAX_ROUNDABLE. SP_SUCCESS below 1 EB. */
 sp_status_t sp__alloc_check_size(const char *what, int device, size_t size);
+/* Segments whose stream sp_stream_destroy destroyed while they still held allocated blocks, on
+ * every device (atomic; changed under the segment's device lock). Their free blocks stay cached
+ * under the dead handle until the segment goes, so a hit no longer implies an earlier checked
+ * miss on a live stream (sp__stream_check's premise): while any exists, the malloc entry points
+ * check every stream first (the fast paths give way: one SP_FAST_REASON while it is not 0). */
+extern atomic_uint sp__orphan_segs;
+/* sp_stream_destroy, after its releases (d->lock): every segment of any pool on `stream` that
+ * is left becomes an orphan. */
+void sp__alloc_orphan_stream(sp_devalloc_t *d, sp_stream_t stream);
+/* sp_shutdown, once every segment is gone: no orphan is left (and no fast-path reason). */
+void sp__alloc_orphans_reset(void);
+/* The malloc entry points' check while orphans exist: `stream` (mapped, not a pseudo handle)
+ * must be a live stream of d's device, as sp__stream_check says. SP_SUCCESS while none. */
+static inline sp_status_t sp__alloc_orphan_check(const sp_devalloc_t *d, sp_stream_t stream,
+                                                 const char *fn) {
+    if (SP_LIKELY(!atomic_load_explicit(&sp__orphan_segs, memory_order_relaxed)))
+        return SP_SUCCESS;
+    return sp__stream_check(stream, d->device, fn);
+}
 /* sp_torch_free's free: the block that starts at ptr, looked for on `device` first, freed under
  * one lock. *size_p and *device_p get the block's requested size and device (for the caller's
  * check of what PyTorch passed). SP_ERR_INVALID_USAGE (explained, WARN) for a pointer that is

@@ -333,6 +333,7 @@ static sp_status_t shutdown_locked(void) {
     sp__fast_off_add(SP_FAST_NOT_READY - sp__g.fast_rest);
     sp__lock_bias_end();
     sp__mempool_routing_reset();
+    sp__alloc_orphans_reset();
     sp__handles_next_generation(); /* every pool handle of this session is stale from here */
     sp__history_shutdown();
     sp__device_reset();
@@ -495,11 +496,27 @@ static sp_status_t stream_dev(const char *what, sp_stream_t stream, int *device_
     return SP_SUCCESS;
 }
 
+/* NULL and CUDA's pseudo handles, which no sp_stream_create makes: cudaStreamLegacy (1) is the
+ * default stream (sp_malloc keys its blocks as NULL's), cudaStreamPerThread (2) a different
+ * stream on every thread. CUDA answers for both, so the backend's stream check passes them; the
+ * calls that act on one stream (destroy, label) refuse them first, before they change anything.
+ * SP_SUCCESS for any other handle (the backend's check follows). */
+static sp_status_t refuse_default_or_pseudo(const char *what, sp_stream_t stream) {
+    if ((uintptr_t)stream > 2u)
+        return SP_SUCCESS;
+    if (stream == (sp_stream_t)(uintptr_t)2)
+        return sp__error(SP_ERR_INVALID_ARGUMENT, SP_SUB_POOL,
+                         "%s: cudaStreamPerThread is a different stream on every thread, not a "
+                         "stream sp_stream_create made",
+                         what);
+    return sp__error(SP_ERR_INVALID_ARGUMENT, SP_SUB_POOL,
+                     "%s: the default stream (%s) is not a stream sp_stream_create made", what,
+                     stream ? "cudaStreamLegacy" : "NULL");
+}
+
 SP_EXPORT sp_status_t sp_stream_destroy(sp_stream_t stream) {
     SP_GATE("sp_stream_destroy");
-    if (!stream)
-        return sp__error(SP_ERR_INVALID_ARGUMENT, SP_SUB_POOL,
-                         "sp_stream_destroy: the default stream (NULL) cannot be destroyed");
+    SP_CHECK(refuse_default_or_pseudo("sp_stream_destroy", stream));
     int dev = -1;
     SP_CHECK(stream_dev("sp_stream_destroy", stream, &dev));
     /* Cached blocks are keyed by their stream, and a cache hit never asks the backend whether
@@ -526,6 +543,10 @@ SP_EXPORT sp_status_t sp_stream_destroy(sp_stream_t stream) {
     for (sp_mempool_t *p = d->pools; p; p = p->next)
         if (!p->symmetric)
             sp__alloc_release_pool(d, p, true, stream, 0);
+    /* A segment with a live block stays, and its free blocks stay cached under this handle:
+     * from here on a malloc on the dead handle (or on a stream of another device that gets the
+     * handle) would hit them without the miss path's stream check. */
+    sp__alloc_orphan_stream(d, stream);
     sp__unlock(&d->lock);
     SP_CHECK(sp__g.ops->stream_destroy(dev, stream));
     return sp__history_stream_label((uintptr_t)stream, 0); /* a later stream may get its handle */
@@ -537,6 +558,7 @@ SP_EXPORT sp_status_t sp_x_stream_label(sp_stream_t stream, uint64_t label) {
         return sp__error(SP_ERR_INVALID_ARGUMENT, SP_SUB_POOL,
                          "sp_x_stream_label: the default stream (NULL) is shown as 0 and takes "
                          "no label");
+    SP_CHECK(refuse_default_or_pseudo("sp_x_stream_label", stream));
     int dev = -1;
     SP_CHECK(stream_dev("sp_x_stream_label", stream, &dev));
     return sp__history_stream_label((uintptr_t)stream, label);

@@ -8,9 +8,9 @@
  * leave: sp_shutdown's lock (so no shutdown is under way; the child keeps only its own thread's
  * calls counted in at the shutdown gate), sp__g.init_lock, the device allocator locks (device
  * order), the thread caches' registry and locks, the backend selection and the backend's own locks,
- * the history lock, the pool-handle registry lock, then core's option and log locks (leaves). The
- * parent handler and the child handler release them in reverse order, so the child starts with a
- * consistent allocator and every lock free.
+ * the history lock, the pool-handle registry lock, the PyTorch segment registry's lock, then core's
+ * option and log locks (leaves). The parent handler and the child handler release them in reverse
+ * order, so the child starts with a consistent allocator and every lock free.
  *
  * Host backend: its memory is private anonymous mappings, copied into the child, so the child's
  * allocator is fully usable (its blocks are the parent's, copy-on-write). cuda backend: a CUDA
@@ -30,6 +30,7 @@
 #include "pool/handles.h"
 #include "pool/history.h"
 #include "pool/thread_cache.h"
+#include "pool/torch.h"
 
 static pthread_once_t g_once = PTHREAD_ONCE_INIT;
 static int g_locked_devs;        /* device locks prepare took (init_lock held while set) */
@@ -46,6 +47,7 @@ static void prepare(void) {
     sp__device_fork_lock();
     sp__history_fork_lock();
     sp__handles_fork_lock();
+    sp__torch_fork_lock();
     sp__options_fork_lock();
     sp__log_fork_lock();
 }
@@ -53,6 +55,7 @@ static void prepare(void) {
 static void release(bool in_child) {
     sp__log_fork_unlock();
     sp__options_fork_unlock();
+    sp__torch_fork_unlock();
     sp__handles_fork_unlock();
     sp__history_fork_unlock();
     sp__device_fork_unlock();

@@ -449,6 +449,11 @@ SP_EXPORT sp_status_t sp_mempool_malloc(sp_mempool_t *pool, size_t size, sp_stre
         *ptr_p = NULL;
         return SP_SUCCESS;
     }
+    /* sp_malloc's order: size 0, the stream, the size rule. The pseudo handles go through
+     * sp_malloc's mapping, or cudaStreamPerThread would key blocks that every thread's stream
+     * then shares unordered, and cudaStreamLegacy's would be kept apart from NULL's. */
+    SP_CHECK(sp__alloc_map_stream("sp_mempool_malloc", &stream));
+    SP_CHECK(sp__alloc_orphan_check(d, stream, "sp_mempool_malloc"));
     SP_CHECK(sp__alloc_check_size("sp_mempool_malloc", d->device, size));
     return sp__alloc_malloc(d, pool, size, stream, ptr_p);
 }
@@ -506,6 +511,10 @@ SP_EXPORT sp_status_t sp_mempool_free_all_blocks(sp_mempool_t *pool, sp_stream_t
                          "segments is collective: use sp_symmetric_empty_cache",
                          pname(pool));
     sp_devalloc_t *d = pool->dev;
+    /* A stream argument means "only that stream's segments"; the legacy stream's blocks are
+     * cached as the default stream's (sp_malloc maps it to NULL), so it releases those. */
+    bool by_stream = stream != NULL;
+    SP_CHECK(sp__alloc_map_stream("sp_mempool_free_all_blocks", &stream));
     if (stream) {
         /* As every other call: a stream sympool did not make, or one of another device, is a
          * bad argument (it could never match a cached block, so "success" would hide a bug). */
@@ -538,7 +547,7 @@ SP_EXPORT sp_status_t sp_mempool_free_all_blocks(sp_mempool_t *pool, sp_stream_t
     } else {
         if (d->pending_events)
             sp__alloc_process_events(d);
-        sp__alloc_release_pool(d, pool, stream != NULL, stream, ctx);
+        sp__alloc_release_pool(d, pool, by_stream, stream, ctx);
     }
     sp__unlock(&d->lock);
     sp__history_context_release(ctx);

@@ -180,6 +180,14 @@ size_t sp__pool_empty_device_cache(int device);
  * backend knows: sp_malloc's rule, the one every call taking a stream applies. */
 sp_status_t sp__stream_check(sp_stream_t stream, int device, const char *fn);
 
+/* CUDA's pseudo stream handles as sp_malloc takes them, for the other calls that key the cache by
+ * stream (sp_mempool_malloc, sp_mempool_free_all_blocks, sp_symmetric_malloc): cudaStreamLegacy
+ * becomes NULL (the default stream, whose blocks it shares), cudaStreamPerThread is
+ * SP_ERR_INVALID_ARGUMENT (one handle for a different stream on every thread cannot key the
+ * cache); any other handle is left as it is, for the caller's own check. `what` names the public
+ * call in the message. */
+sp_status_t sp__alloc_map_stream(const char *what, sp_stream_t *stream_p);
+
 /* sp__stream_check on the pool's device, for callers that must check before agreeing. */
 sp_status_t sp__pool_check_stream(const sp_mempool_t *pool, sp_stream_t stream, const char *fn);
 

@@ -21,10 +21,13 @@
  * set_reset_fn): without the first, a tensor used on a side stream could be reused by the
  * allocating stream while the side stream still reads it.
  *
- * No lock of its own: the allocator's locks cover everything; g_allow_host is a test switch.
+ * One lock of its own, g_seg_lock, for the registry of sp_torch_segment_malloc's live segments
+ * (the allocator's locks cover everything else); g_allow_host is a test switch.
  */
+#include <pthread.h>
 #include <stdatomic.h>
 #include <stddef.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "core/core.h"
@@ -35,7 +38,53 @@
 #include "sympool/torch.h"
 
 static atomic_bool g_allow_host; /* tests only (sp__torch_allow_host) */
-static atomic_long g_segments;   /* live sp_torch_segment_malloc segments (tests) */
+
+/* The live segments of sp_torch_segment_malloc, as it made them. sp_torch_segment_free gives
+ * the device back only what is here, with the size and device recorded here: any other pointer
+ * (a block of sp_torch_malloc, which lies in a segment sympool still holds; one freed already;
+ * another allocator's) would free memory that is not PyTorch's to free, and a size other than
+ * the recorded one would free part of a segment (the host backend's munmap). A short array:
+ * each entry is a device allocation of PyTorch's MemPool (2 MiB and up). */
+typedef struct {
+    void *ptr;
+    size_t size;
+    int device;
+} torch_seg_t;
+static pthread_mutex_t g_seg_lock = PTHREAD_MUTEX_INITIALIZER;
+static torch_seg_t *g_segs; /* [g_nsegs] of g_segcap (g_seg_lock) */
+static size_t g_nsegs, g_segcap;
+
+static bool seg_add(void *ptr, size_t size, int device) {
+    bool ok = true;
+    pthread_mutex_lock(&g_seg_lock);
+    if (g_nsegs == g_segcap) {
+        size_t cap = g_segcap ? g_segcap * 2 : 16;
+        torch_seg_t *n = realloc(g_segs, cap * sizeof(*n));
+        ok = n != NULL;
+        if (ok) {
+            g_segs = n;
+            g_segcap = cap;
+        }
+    }
+    if (ok)
+        g_segs[g_nsegs++] = (torch_seg_t){ptr, size, device};
+    pthread_mutex_unlock(&g_seg_lock);
+    return ok;
+}
+
+/* Take ptr's entry out into *seg_p; false when ptr is no live segment. */
+static bool seg_take(void *ptr, torch_seg_t *seg_p) {
+    bool found = false;
+    pthread_mutex_lock(&g_seg_lock);
+    for (size_t i = 0; i < g_nsegs && !found; i++)
+        if (g_segs[i].ptr == ptr) {
+            *seg_p = g_segs[i];
+            g_segs[i] = g_segs[--g_nsegs];
+            found = true;
+        }
+    pthread_mutex_unlock(&g_seg_lock);
+    return found;
+}
 
 void sp__torch_allow_host(bool allow) {
     atomic_store(&g_allow_host, allow);
@@ -129,29 +178,50 @@ SP_EXPORT void *sp_torch_segment_malloc(size_t size, int device, void *stream) {
     }
     if (s != SP_SUCCESS)
         return NULL; /* the backend reported it */
-    atomic_fetch_add(&g_segments, 1);
+    if (!seg_add(ptr, size, device)) {
+        (void)sp__g.ops->mem_free(device, ptr, size);
+        (void)sp__error(SP_ERR_SYSTEM, SP_SUB_API,
+                        "sp_torch_segment_malloc: no host memory to record the segment");
+        return NULL;
+    }
     return ptr;
 }
 
 SP_EXPORT void sp_torch_segment_free(void *ptr, size_t size, int device, void *stream) {
     if (ptr == NULL)
         return;
-    if (!atomic_load_explicit(&sp__ready, memory_order_acquire) || device < 0 ||
-        device >= sp__g.ndev) {
+    torch_seg_t seg;
+    if (!atomic_load_explicit(&sp__ready, memory_order_acquire) || !seg_take(ptr, &seg)) {
         SP_WARN(SP_SUB_API,
-                "sp_torch_segment_free(%p, size=%zu, device=%d): not a segment of "
-                "sp_torch_segment_malloc; ignored",
+                "sp_torch_segment_free(%p, size=%zu, device=%d): not a live segment of "
+                "sp_torch_segment_malloc (a block of sp_torch_malloc, one freed already, or "
+                "another allocator's); ignored",
                 ptr, size, device);
         return;
     }
+    if (seg.size != size || seg.device != device)
+        SP_WARN(SP_SUB_API,
+                "sp_torch_segment_free(%p): PyTorch says size %zu on device %d, but the segment "
+                "was made with size %zu on device %d; freed as it was made",
+                ptr, size, device, seg.size, seg.device);
     /* PyTorch synchronized the pool's streams (its release_cached_blocks) before handing the
      * segment back, as it does before cudaFree. */
-    if (sp__g.ops->mem_free(device, ptr, size) == SP_SUCCESS)
-        atomic_fetch_sub(&g_segments, 1);
+    (void)sp__g.ops->mem_free(seg.device, ptr, seg.size); /* logged there */
+}
+
+void sp__torch_fork_lock(void) {
+    pthread_mutex_lock(&g_seg_lock);
+}
+
+void sp__torch_fork_unlock(void) {
+    pthread_mutex_unlock(&g_seg_lock);
 }
 
 long sp__torch_live_segments(void) {
-    return atomic_load(&g_segments);
+    pthread_mutex_lock(&g_seg_lock);
+    long n = (long)g_nsegs;
+    pthread_mutex_unlock(&g_seg_lock);
+    return n;
 }
 
 SP_EXPORT void sp_torch_free(void *ptr, size_t size, int device, void *stream) {

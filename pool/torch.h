@@ -16,6 +16,10 @@ extern "C" {
 void sp__torch_allow_host(bool allow);
 /* Tests: segments from sp_torch_segment_malloc not yet freed. */
 long sp__torch_live_segments(void);
+/* fork.c's prepare and release: the segment registry's lock (a leaf), so that a child forked
+ * while another thread is inside the segment entry points does not inherit it held. */
+void sp__torch_fork_lock(void);
+void sp__torch_fork_unlock(void);
 
 #ifdef __cplusplus
 }

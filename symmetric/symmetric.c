@@ -432,16 +432,24 @@ static sp_status_t grow(sp_sym_state_t *st, size_t rounded, size_t size, sp_stre
 
 /* This rank's own argument checks (the one size check and rounding of the call included), made
  * before the first round so a bad argument on one rank is an error on every rank
- * (SP_ERR_INVALID_ARGUMENT) instead of a rank missing from it. */
-static bool check_args(sp_sym_state_t *st, size_t size, sp_stream_t stream, void **ptr_p,
+ * (SP_ERR_INVALID_ARGUMENT) instead of a rank missing from it. *stream_p: the caller's stream,
+ * CUDA's pseudo handles mapped as sp_malloc maps them (the legacy stream's blocks are the default
+ * stream's; cudaStreamPerThread, a different stream on every thread, cannot key them). */
+static bool check_args(sp_sym_state_t *st, size_t size, sp_stream_t *stream_p, void **ptr_p,
                        size_t *rounded_p, char *why, size_t len) {
     sp_status_t s = SP_SUCCESS;
     char what[128];
     if (!ptr_p)
         s = sp__error(SP_ERR_INVALID_ARGUMENT, SP_SUB_SYM, "%s: ptr_p is NULL",
                       describe(st, NULL, what, sizeof what));
-    else if ((s = sp__pool_sym_size(st->pool, size, rounded_p)) == SP_SUCCESS && size > 0 && stream)
-        s = sp__pool_check_stream(st->pool, stream, describe(st, NULL, what, sizeof what));
+    else
+        s = sp__pool_sym_size(st->pool, size, rounded_p);
+    if (s == SP_SUCCESS && size > 0 && *stream_p) {
+        describe(st, NULL, what, sizeof what);
+        s = sp__alloc_map_stream(what, stream_p);
+        if (s == SP_SUCCESS && *stream_p)
+            s = sp__pool_check_stream(st->pool, *stream_p, what);
+    }
     if (s == SP_SUCCESS)
         return true;
     snprintf(why, len, "%s", sp_last_error());
@@ -458,7 +466,7 @@ SP_EXPORT sp_status_t sp_symmetric_malloc(sp_mempool_t *pool, size_t size, sp_st
     what[0] = '\0'; /* not the whole array: a cache hit never formats it */
 #define WHAT (what[0] ? what : describe(st, NULL, what, sizeof what))
     size_t rounded = 0;
-    bool ok = check_args(st, size, stream, ptr_p, &rounded, why, sizeof why);
+    bool ok = check_args(st, size, &stream, ptr_p, &rounded, why, sizeof why);
     sp_agree_t a;
     void *p = NULL;
     sp_status_t s;

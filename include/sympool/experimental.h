@@ -105,8 +105,9 @@ sp_status_t sp_x_empty_cache_device(int device);
 /** The value snapshots (sp_dump_snapshot, sp_mempool_dump_snapshot) show for `stream` in its
  *  segments' and trace entries' "stream", instead of the handle: `sympool replay` shows the
  *  stream the recording had. label 0 shows the handle again; sp_stream_destroy and sp_shutdown
- *  forget the label. SP_ERR_INVALID_ARGUMENT for the default stream (NULL, shown as 0) or a
- *  stream that is not the backend's. */
+ *  forget the label. SP_ERR_INVALID_ARGUMENT for the default stream (NULL, shown as 0; or
+ *  cudaStreamLegacy, whose blocks are the default stream's), cudaStreamPerThread, or a stream that
+ *  is not the backend's. */
 sp_status_t sp_x_stream_label(sp_stream_t stream, uint64_t label);
 
 /** The time (microseconds since the Unix epoch) that history stamps on every trace entry and

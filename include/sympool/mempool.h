@@ -112,9 +112,10 @@ size_t sp_mempool_free_bytes(const sp_mempool_t *pool);
 /** Number of free cached blocks. */
 size_t sp_mempool_n_free_blocks(const sp_mempool_t *pool);
 
-/** Release the pool's fully free segments; NULL stream: all streams, else only that stream's.
- * While a CUDA graph capture is under way on the pool's device nothing is released (as
- * sp_empty_cache).
+/** Release the pool's fully free segments; NULL stream: all streams, else only that stream's
+ * (cudaStreamLegacy: the default stream's, as sp_malloc caches its blocks; cudaStreamPerThread is
+ * SP_ERR_INVALID_ARGUMENT, as in sp_malloc). While a CUDA graph capture is under way on the pool's
+ * device nothing is released (as sp_empty_cache).
  * @return SP_SUCCESS, SP_ERR_INVALID_ARGUMENT (bad handle, a stream sympool did not make or of
  *         another device), SP_ERR_INVALID_USAGE (stale handle, symmetric pool). */
 sp_status_t sp_mempool_free_all_blocks(sp_mempool_t *pool, sp_stream_t stream);

@@ -133,11 +133,14 @@ sp_status_t sp_device_usage(int device, sp_device_usage_t *usage_p);
 /** Create a stream on @p device. @return SP_SUCCESS, SP_ERR_INVALID_ARGUMENT, SP_ERR_DEVICE. */
 sp_status_t sp_stream_create(int device, sp_stream_t *stream_p);
 
-/** Destroy a stream made by sp_stream_create. NULL (the default stream) is rejected. Waits for
+/** Destroy a stream made by sp_stream_create. The default stream (NULL, or cudaStreamLegacy) and
+ * cudaStreamPerThread are rejected (SP_ERR_INVALID_ARGUMENT, nothing done). Waits for
  * the stream's queued work first: a stream created later may get the same handle, which is the
- * cache's key for the blocks freed on this one. SP_ERR_BUSY while a CUDA graph capture is under
- * way on the stream's device (releasing the blocks cached under it would break the capture):
- * nothing is destroyed. */
+ * cache's key for the blocks freed on this one. Its free cached segments are released; one that
+ * still holds a live block stays (its blocks go back to it when freed) until the cache is emptied,
+ * and meanwhile every malloc checks its stream, so the destroyed handle is refused (host).
+ * SP_ERR_BUSY while a CUDA graph capture is under way on the stream's device (releasing the blocks
+ * cached under it would break the capture): nothing is destroyed. */
 sp_status_t sp_stream_destroy(sp_stream_t stream);
 
 /** Wait until all work queued on @p stream has completed (on host: completes its events).

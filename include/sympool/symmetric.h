@@ -46,7 +46,8 @@ sp_status_t sp_symmetric_mempool_create(sp_world_t *w, const sp_mempool_params_t
  * the same segment and offset. Mismatch (sizes, or a rank in another call on this pool such as
  * sp_symmetric_empty_cache) -> SP_ERR_MISMATCH on every rank naming both, nothing allocated. A
  * bad argument on one rank (NULL ptr_p, a size the device cannot hold, a handle that is not a
- * stream of the pool's device) -> SP_ERR_INVALID_ARGUMENT on every rank. A rank that does not
+ * stream of the pool's device, cudaStreamPerThread) -> SP_ERR_INVALID_ARGUMENT on every rank
+ * (cudaStreamLegacy is the default stream, as in sp_malloc). A rank that does not
  * arrive within SYMPOOL_SYM_TIMEOUT -> SP_ERR_TIMEOUT (naming the call); the pool is then broken
  * on the ranks that timed out, and on a late rank when it arrives (it fails at once): its live
  * blocks stay valid and may be freed, further collective calls on it return

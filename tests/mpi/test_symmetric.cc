@@ -280,3 +280,41 @@ TEST_F(Symmetric, SkippedCallNamesBothCallNumbers) {
     ASSERT_SP_OK(sp_free(p));
 }
 } // namespace
+
+namespace {
+
+bool has_text(const std::string &s, const char *needle) {
+    return s.find(needle) != std::string::npos;
+}
+
+} // namespace
+
+// sp_symmetric_malloc keys blocks by stream as sp_malloc does, and so takes CUDA's pseudo handles
+// as sp_malloc does: cudaStreamPerThread (a different stream on every thread, which one cache key
+// would let another thread take unordered) is a bad argument on every rank, and cudaStreamLegacy
+// is the default stream, whose blocks it shares. On cuda both handles passed the stream check
+// (CUDA answers for them) and keyed blocks of their own; on host both were refused as foreign.
+TEST_F(Symmetric, CudaPseudoStreamsAreTakenAsSpMallocTakesThem) {
+    expect_warnings();
+    make();
+    void *const legacy = reinterpret_cast<void *>(uintptr_t(1));
+    void *const per_thread = reinterpret_cast<void *>(uintptr_t(2));
+    int bad = mpi_size() - 1;
+    void *p = nullptr;
+    EXPECT_SP_STATUS(sp_symmetric_malloc(pool_, 4096, mpi_rank() == bad ? per_thread : nullptr, &p),
+                     SP_ERR_INVALID_ARGUMENT);
+    std::string msg = sp_last_error();
+    EXPECT_TRUE(mpi_rank() == bad ? has_text(msg, "cudaStreamPerThread")
+                                  : has_text(msg, "rejected"))
+        << msg;
+    EXPECT_EQ(p, nullptr);
+    ASSERT_SP_OK(sp_symmetric_malloc(pool_, 4096, legacy, &p));
+    sp_block_info_t info;
+    ASSERT_SP_OK(sp__pool_lookup(p, &info));
+    EXPECT_EQ(info.stream, nullptr) << "cudaStreamLegacy keys the cache as NULL does";
+    ASSERT_SP_OK(sp_free(p));
+    void *q = nullptr;
+    ASSERT_SP_OK(sp_symmetric_malloc(pool_, 4096, nullptr, &q));
+    EXPECT_EQ(q, p) << "the legacy stream's block is reused on NULL";
+    ASSERT_SP_OK(sp_free(q));
+}

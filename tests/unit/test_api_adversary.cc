@@ -1,0 +1,217 @@
+// test_api_adversary.cc: reproducers from an adversary of the public C API, each a defect that was
+// fixed: the call must give the documented status and message, and change nothing it should not.
+// They run on every backend (host, and the cuda doubles), unless a test says otherwise.
+#include "alloc_test_util.hpp"
+
+#include <sympool/experimental.h>
+
+#include <cstdint>
+#include <string>
+
+extern "C" {
+#include "pool/device/device.h"
+#include "pool/pool.h"
+#include "pool/torch.h"
+}
+
+using namespace sp;
+
+namespace {
+
+class ApiAdversary : public sp::Test {
+  protected:
+    void SetUp() override {
+        sp::Test::SetUp();
+        expect_warnings();
+    }
+};
+
+void *const legacy = reinterpret_cast<void *>(uintptr_t(1));     // cudaStreamLegacy
+void *const per_thread = reinterpret_cast<void *>(uintptr_t(2)); // cudaStreamPerThread
+
+sp_mempool_t *make_pool() {
+    sp_mempool_params_t params;
+    sp_mempool_params_init(&params);
+    sp_mempool_t *pool = nullptr;
+    EXPECT_EQ(sp_mempool_create(&params, &pool), SP_SUCCESS) << sp_last_error();
+    return pool;
+}
+
+} // namespace
+
+// sp_mempool_malloc returns "as sp_malloc", which keys cudaStreamPerThread's blocks nowhere (one
+// handle for a different stream on every thread would let one thread take another's block
+// unordered) and cudaStreamLegacy's as the default stream's. sp_mempool_malloc skipped that
+// mapping: on cuda it cached blocks under the handle 2 (the hazard sp_malloc refuses) and under 1
+// apart from NULL's; on host it refused the legacy stream that sp_malloc takes.
+TEST_F(ApiAdversary, MempoolMallocTakesCudaPseudoStreamsAsSpMallocDoes) {
+    sp_mempool_t *pool = make_pool();
+    ASSERT_NE(pool, nullptr);
+    sp_stats_t before = snap();
+    void *p = reinterpret_cast<void *>(uintptr_t(0xdead));
+    EXPECT_SP_STATUS(sp_mempool_malloc(pool, 4096, per_thread, &p), SP_ERR_INVALID_ARGUMENT);
+    EXPECT_NE(std::string(sp_last_error()).find("cudaStreamPerThread"), std::string::npos)
+        << sp_last_error();
+    EXPECT_EQ(p, reinterpret_cast<void *>(uintptr_t(0xdead))) << "output untouched on failure";
+    EXPECT_EQ(diff(before, snap()), "") << "a refused request changes no statistic";
+    EXPECT_EQ(sp_mempool_total_bytes(pool), 0u) << "nor the pool";
+
+    ASSERT_SP_OK(sp_mempool_malloc(pool, 1 * MiB, legacy, &p));
+    sp_block_info_t info;
+    ASSERT_SP_OK(sp__pool_lookup(p, &info));
+    EXPECT_EQ(info.stream, nullptr) << "cudaStreamLegacy keys the cache as NULL does";
+    ASSERT_SP_OK(sp_free(p));
+    void *q = nullptr;
+    ASSERT_SP_OK(sp_mempool_malloc(pool, 1 * MiB, nullptr, &q));
+    EXPECT_EQ(q, p) << "a block freed on cudaStreamLegacy is reused on NULL";
+    ASSERT_SP_OK(sp_free(q));
+    ASSERT_SP_OK(sp_mempool_destroy(pool));
+}
+
+// sp_mempool_free_all_blocks with a stream releases that stream's cached segments. The legacy
+// stream's blocks are cached as the default stream's, so the legacy handle must release those
+// (and only those); the per-thread handle names no one stream and is a bad argument.
+TEST_F(ApiAdversary, MempoolFreeAllBlocksTakesCudaPseudoStreamsAsTheCacheKeysThem) {
+    sp_mempool_t *pool = make_pool();
+    ASSERT_NE(pool, nullptr);
+    sp_stream_t side;
+    ASSERT_SP_OK(sp_stream_create(0, &side));
+    void *a = nullptr, *b = nullptr;
+    ASSERT_SP_OK(sp_mempool_malloc(pool, 1 * MiB, nullptr, &a));
+    ASSERT_SP_OK(sp_mempool_malloc(pool, 1 * MiB, side, &b));
+    ASSERT_SP_OK(sp_free(a));
+    ASSERT_SP_OK(sp_free(b));
+    size_t both = sp_mempool_total_bytes(pool);
+    ASSERT_GT(both, 0u);
+
+    sp_stats_t before = snap();
+    EXPECT_SP_STATUS(sp_mempool_free_all_blocks(pool, per_thread), SP_ERR_INVALID_ARGUMENT);
+    EXPECT_NE(std::string(sp_last_error()).find("cudaStreamPerThread"), std::string::npos)
+        << sp_last_error();
+    EXPECT_EQ(diff(before, snap()), "") << "nothing released";
+    EXPECT_EQ(sp_mempool_total_bytes(pool), both);
+
+    ASSERT_SP_OK(sp_mempool_free_all_blocks(pool, legacy));
+    EXPECT_EQ(sp_mempool_total_bytes(pool), both / 2) << "the default stream's segment went";
+    ASSERT_SP_OK(sp_mempool_malloc(pool, 1 * MiB, side, &b));
+    EXPECT_EQ(sp_mempool_total_bytes(pool), both / 2) << "the side stream's segment stayed";
+    ASSERT_SP_OK(sp_free(b));
+    ASSERT_SP_OK(sp_mempool_destroy(pool));
+    ASSERT_SP_OK(sp_stream_destroy(side));
+}
+
+// sp_stream_destroy refuses the default stream, and cudaStreamLegacy is that stream (sp_malloc
+// keys its blocks as NULL's). On cuda the pseudo handles passed the stream check (CUDA answers
+// for them), so the destroy drained every thread's cache, waited for the pending frees, and
+// only then failed in cudaStreamDestroy with SP_ERR_DEVICE: a refused call that changed the
+// statistics. Both pseudo handles are bad arguments before anything is done.
+TEST_F(ApiAdversary, StreamDestroyOfAPseudoStreamIsRefusedBeforeItChangesAnything) {
+    sp::ScopedEnv env({{"SYMPOOL_THREAD_CACHE", "1MiB"}});
+    void *p = nullptr;
+    ASSERT_SP_OK(sp_malloc(4096, 0, nullptr, &p));
+    ASSERT_SP_OK(sp_free(p)); // idle in this thread's cache: still counted as allocated
+    sp_stats_t before = snap();
+    EXPECT_SP_STATUS(sp_stream_destroy(legacy), SP_ERR_INVALID_ARGUMENT);
+    EXPECT_NE(std::string(sp_last_error()).find("default stream"), std::string::npos)
+        << sp_last_error();
+    EXPECT_EQ(diff(before, snap()), "") << "the thread cache was left alone";
+    EXPECT_SP_STATUS(sp_stream_destroy(per_thread), SP_ERR_INVALID_ARGUMENT);
+    EXPECT_NE(std::string(sp_last_error()).find("cudaStreamPerThread"), std::string::npos)
+        << sp_last_error();
+    EXPECT_EQ(diff(before, snap()), "");
+    void *q = nullptr;
+    ASSERT_SP_OK(sp_malloc(4096, 0, nullptr, &q));
+    EXPECT_EQ(q, p) << "the cached block is still this thread's";
+    ASSERT_SP_OK(sp_free(q));
+    ASSERT_SP_OK(sp_empty_cache()); // the cached block back to the pool (the leak check)
+}
+
+// sp_x_stream_label refuses the default stream (shown as 0); cudaStreamLegacy's blocks are the
+// default stream's, so a label on handle 1 named a stream no snapshot shows. Both pseudo handles
+// are refused, as sp_malloc refuses cudaStreamPerThread.
+TEST_F(ApiAdversary, StreamLabelOfAPseudoStreamIsRefused) {
+    ASSERT_SP_OK(sp_init());
+    EXPECT_SP_STATUS(sp_x_stream_label(legacy, 7), SP_ERR_INVALID_ARGUMENT);
+    EXPECT_NE(std::string(sp_last_error()).find("default stream"), std::string::npos)
+        << sp_last_error();
+    EXPECT_SP_STATUS(sp_x_stream_label(per_thread, 7), SP_ERR_INVALID_ARGUMENT);
+    EXPECT_NE(std::string(sp_last_error()).find("cudaStreamPerThread"), std::string::npos)
+        << sp_last_error();
+}
+
+// sp_stream_destroy releases the stream's free segments, so that a malloc on the dead handle
+// misses and the miss path's stream check refuses it (AllocBadInput.
+// DestroyedStreamIsRefusedAlsoOnACacheHit). A segment that still held a live block stayed, and
+// its free remainder stayed cached under the dead handle: sp_malloc on that handle hit it and
+// succeeded, and so would a stream of another device that got the handle. While such segments
+// exist, every malloc checks its stream; once they are gone, the hits go back to checking none.
+TEST_F(ApiAdversary, DestroyedStreamIsRefusedWhileASegmentOfItHoldsALiveBlock) {
+    SP_SKIP_UNLESS_HOST(); // a host stream's pointer is invalid once destroyed; CUDA's may be
+                           // reused (a stale CUDA handle is undefined behaviour)
+    for (bool tc : {false, true}) {
+        SCOPED_TRACE(tc ? "with the thread cache" : "without the thread cache");
+        sp::ScopedEnv env({{"SYMPOOL_THREAD_CACHE", tc ? "1MiB" : "0"}});
+        sp_stream_t s;
+        ASSERT_SP_OK(sp_stream_create(0, &s));
+        void *live = nullptr, *big = nullptr;
+        ASSERT_SP_OK(sp_malloc(4096, 0, s, &live));   // a small segment, mostly free
+        ASSERT_SP_OK(sp_malloc(3 * MiB, 0, s, &big)); // a large one, mostly free
+        ASSERT_SP_OK(sp_stream_destroy(s));
+        sp_stats_t before = snap();
+        void *r = &r;
+        EXPECT_SP_STATUS(sp_malloc(4096, 0, s, &r), SP_ERR_INVALID_ARGUMENT);
+        EXPECT_SP_STATUS(sp_malloc(3 * MiB, 0, s, &r), SP_ERR_INVALID_ARGUMENT);
+        EXPECT_SP_STATUS(sp_mempool_malloc(sp_default_mempool(0), 4096, s, &r),
+                         SP_ERR_INVALID_ARGUMENT);
+        EXPECT_EQ(r, (void *)&r) << "output untouched";
+        EXPECT_EQ(diff(before, snap()), "") << "refusals change nothing";
+        ASSERT_SP_OK(sp_free(live)); // freed onto the dead handle's cache (or a thread cache)
+        before = snap();
+        EXPECT_SP_STATUS(sp_malloc(4096, 0, s, &r), SP_ERR_INVALID_ARGUMENT);
+        EXPECT_EQ(r, (void *)&r);
+        EXPECT_EQ(diff(before, snap()), "");
+        // The default stream and live streams keep working meanwhile.
+        void *q = nullptr;
+        ASSERT_SP_OK(sp_malloc(4096, 0, nullptr, &q));
+        ASSERT_SP_OK(sp_free(q));
+        ASSERT_SP_OK(sp_free(big));
+        ASSERT_SP_OK(sp_empty_cache()); // the dead handle's segments go
+        EXPECT_EQ(sp_memory_reserved(0), 0u);
+        ASSERT_SP_OK(sp_shutdown());
+    }
+}
+
+// sp_torch_segment_free (torch.cuda.MemPool's free) handed any pointer to the device's free, with
+// the size the caller gave: a block of sp_torch_malloc or sp_malloc (which lies in a segment
+// sympool still holds) was given back under sympool, which later used and freed that memory again
+// (on host the next touch crashed: the segment was unmapped); a segment freed twice was freed
+// twice. Only a live segment of sp_torch_segment_malloc is freed now, with its recorded size;
+// anything else is logged and ignored.
+TEST_F(ApiAdversary, TorchSegmentFreeFreesOnlyItsOwnLiveSegments) {
+    SP_SKIP_UNLESS_HOST(); // the host backend's own view of its live memory
+    ASSERT_SP_OK(sp_init());
+    size_t live0 = sp__host_live_bytes(0);
+    void *block = nullptr;
+    ASSERT_SP_OK(sp_malloc(30 * MiB, 0, nullptr, &block)); // a segment of sympool's cache
+    size_t held = sp__host_live_bytes(0);
+    sp_torch_segment_free(block, 30 * MiB, 0, nullptr);
+    EXPECT_EQ(sp__host_live_bytes(0), held) << "sympool's segment is not PyTorch's to free";
+    EXPECT_GE(warnings("not a live segment"), 1u);
+    touch(block, 30 * MiB); // still mapped
+    ASSERT_SP_OK(sp_free(block));
+    ASSERT_SP_OK(sp_empty_cache());
+    EXPECT_EQ(sp__host_live_bytes(0), live0);
+
+    sp__torch_allow_host(true);
+    void *seg = sp_torch_segment_malloc(2 * MiB, 0, nullptr);
+    sp__torch_allow_host(false);
+    ASSERT_NE(seg, nullptr) << sp_last_error();
+    sp_torch_segment_free(static_cast<char *>(seg) + 512, 2 * MiB, 0, nullptr); // inside it
+    sp_torch_segment_free(seg, 1 * MiB, 0, nullptr); // a wrong size: freed as it was made
+    EXPECT_EQ(sp__host_live_bytes(0), live0) << "the whole segment went back";
+    EXPECT_EQ(sp__torch_live_segments(), 0);
+    size_t before = warnings("not a live segment");
+    sp_torch_segment_free(seg, 2 * MiB, 0, nullptr); // twice
+    EXPECT_EQ(warnings("not a live segment"), before + 1);
+    EXPECT_EQ(sp__host_live_bytes(0), live0);
+}
