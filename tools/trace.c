@@ -79,6 +79,23 @@ bool tr_map_put(tr_map_t *m, uint64_t key, uintptr_t val) {
     return true;
 }
 
+uintptr_t *tr_map_upsert(tr_map_t *m, uint64_t key, bool *added_p) {
+    /* grown as tr_map_put grows, before the key is looked for, so that the two leave the map
+     * alike */
+    if (key == 0 || ((m->n + 1) * 2 > m->cap && !map_grow(m)))
+        return NULL;
+    size_t s = slot_of(key, m->cap);
+    while (m->slots[s].key != 0 && m->slots[s].key != key)
+        s = (s + 1) & (m->cap - 1);
+    *added_p = m->slots[s].key == 0;
+    if (*added_p) {
+        m->n++;
+        m->slots[s].key = key;
+        m->slots[s].val = 0;
+    }
+    return &m->slots[s].val;
+}
+
 bool tr_map_get(const tr_map_t *m, uint64_t key, uintptr_t *val_p) {
     if (m->cap == 0 || key == 0)
         return false;
