@@ -974,20 +974,32 @@ static bool plan_slots(dev_state_t *ds, const tr_device_t *td) {
      * have work. */
     size_t nalloc = 0, live = ds->blocks.n, most = live;
     bool deferred = ds->pending.n > 0; /* blocks of the starting state pending their free */
+    /* nother: the ops that are neither allocs nor completions (frees, empty_cache runs);
+     * ncompleted: free_completed events, ops where a free is deferred. The ops' array is
+     * allocated as large as it gets: sized by the events, a third of it or more was never
+     * written, and malloc's header after it then touched a page past the heap's used end
+     * (nhfull: into a third huge page, 2 MB zeroed for it). */
+    size_t nother = 0, ncompleted = 0;
     for (size_t i = 0; i < td->nev; i++) {
-        if (td->ev[i].action == TR_ALLOC) {
+        const tr_event_t *e = &td->ev[i];
+        if (e->action == TR_ALLOC) {
             nalloc++;
             most = ++live > most ? live : most;
-        } else if (td->ev[i].action == TR_FREE_REQUESTED) {
+        } else if (e->action == TR_FREE_REQUESTED) {
+            nother++;
             live -= live > 0;
-            deferred = deferred || (td->ev[i].flags & TR_F_DEFERRED);
+            deferred = deferred || (e->flags & TR_F_DEFERRED);
+        } else if (e->action == TR_FREE_COMPLETED) {
+            ncompleted++;
+        } else if (e->action == TR_SEGMENT_FREE || e->action == TR_SEGMENT_UNMAP) {
+            nother += (e->flags & TR_F_EMPTY_CACHE) != 0;
         }
     }
-    size_t n = ds->blocks.n + nalloc;
+    size_t n = ds->blocks.n + nalloc, nmost = nalloc + nother + (deferred ? ncompleted : 0);
     if (n >= NO_SLOT || td->nev >= UINT32_MAX)
         return false;
     ds->ptrs = calloc(n ? n : 1, sizeof(*ds->ptrs));
-    ds->ops = malloc((td->nev ? td->nev : 1) * sizeof(*ds->ops));
+    ds->ops = malloc((nmost ? nmost : 1) * sizeof(*ds->ops));
     tr_map_t last = {0};    /* recorded address -> 1 + its slot */
     tr_map_t streams = {0}; /* recorded stream -> its index */
     size_t nstreams = 1, cap_streams = 8;
@@ -1060,6 +1072,10 @@ static bool plan_slots(dev_state_t *ds, const tr_device_t *td) {
             continue;
         } else {
             continue; /* nothing asked of sympool */
+        }
+        if (nops == nmost) { /* counted above by the same rules: never (kept memory-safe) */
+            ok = false;
+            break;
         }
         ds->ops[nops++] = o;
     }
