@@ -269,10 +269,12 @@ static bool alloc_request(dev_state_t *ds, int dev, uint64_t size, uint64_t stre
  * addr before (two starting blocks at one address: an inconsistent trace) stays allocated, as
  * the map's overwrite left it, and is given back at the end with the others (free_all). */
 static bool put_block(dev_state_t *ds, uint64_t addr, void *p) {
-    uintptr_t *old = tr_map_find(&ds->blocks, addr);
-    if (old != NULL && *old != 0 && !push_ptr(&ds->kept, &ds->nkept, &ds->cap_kept, (void *)*old))
+    bool added = false;
+    uintptr_t *at = tr_map_upsert(&ds->blocks, addr, &added);
+    if (at == NULL || (*at != 0 && !push_ptr(&ds->kept, &ds->nkept, &ds->cap_kept, (void *)*at)))
         return false;
-    return tr_map_put(&ds->blocks, addr, (uintptr_t)p);
+    *at = (uintptr_t)p;
+    return true;
 }
 
 /* One allocation of the starting state, kept in the address map. */
@@ -836,7 +838,13 @@ static bool build_start(dev_state_t *ds, int d, const tr_device_t *td, bool requ
                         char *err, size_t errlen) {
     place_begin(ds, d, td);
     ds->pools = calloc(td->npools ? td->npools : 1, sizeof(*ds->pools));
-    if (ds->pools == NULL) {
+    /* The address map sized once for the blocks put below (each starting block, each seed
+     * requested on its own), instead of growing to it: on nhf's 1,745 starting blocks it was
+     * allocated, zeroed and rehashed three times. Where fewer keys end up in it (an OOM, an
+     * address put twice) it may be larger than growing made it: plan_slots then numbers the
+     * slots in another order, which changes no request (the ops name slots by event). */
+    size_t nput = requested ? td->nseeds : td->nsblocks + td->nloose;
+    if (ds->pools == NULL || (nput > 0 && !tr_map_reserve(&ds->blocks, nput))) {
         snprintf(err, errlen, "out of memory");
         return false;
     }
@@ -966,20 +974,32 @@ static bool plan_slots(dev_state_t *ds, const tr_device_t *td) {
      * have work. */
     size_t nalloc = 0, live = ds->blocks.n, most = live;
     bool deferred = ds->pending.n > 0; /* blocks of the starting state pending their free */
+    /* nother: the ops that are neither allocs nor completions (frees, empty_cache runs);
+     * ncompleted: free_completed events, ops where a free is deferred. The ops' array is
+     * allocated as large as it gets: sized by the events, a third of it or more was never
+     * written, and malloc's header after it then touched a page past the heap's used end
+     * (nhfull: into a third huge page, 2 MB zeroed for it). */
+    size_t nother = 0, ncompleted = 0;
     for (size_t i = 0; i < td->nev; i++) {
-        if (td->ev[i].action == TR_ALLOC) {
+        const tr_event_t *e = &td->ev[i];
+        if (e->action == TR_ALLOC) {
             nalloc++;
             most = ++live > most ? live : most;
-        } else if (td->ev[i].action == TR_FREE_REQUESTED) {
+        } else if (e->action == TR_FREE_REQUESTED) {
+            nother++;
             live -= live > 0;
-            deferred = deferred || (td->ev[i].flags & TR_F_DEFERRED);
+            deferred = deferred || (e->flags & TR_F_DEFERRED);
+        } else if (e->action == TR_FREE_COMPLETED) {
+            ncompleted++;
+        } else if (e->action == TR_SEGMENT_FREE || e->action == TR_SEGMENT_UNMAP) {
+            nother += (e->flags & TR_F_EMPTY_CACHE) != 0;
         }
     }
-    size_t n = ds->blocks.n + nalloc;
+    size_t n = ds->blocks.n + nalloc, nmost = nalloc + nother + (deferred ? ncompleted : 0);
     if (n >= NO_SLOT || td->nev >= UINT32_MAX)
         return false;
     ds->ptrs = calloc(n ? n : 1, sizeof(*ds->ptrs));
-    ds->ops = malloc((td->nev ? td->nev : 1) * sizeof(*ds->ops));
+    ds->ops = malloc((nmost ? nmost : 1) * sizeof(*ds->ops));
     tr_map_t last = {0};    /* recorded address -> 1 + its slot */
     tr_map_t streams = {0}; /* recorded stream -> its index */
     size_t nstreams = 1, cap_streams = 8;
@@ -1003,10 +1023,15 @@ static bool plan_slots(dev_state_t *ds, const tr_device_t *td) {
             o.kind = OP_ALLOC;
             o.size = e->size;
             if (e->addr != 0) {
-                if (tr_map_get(&last, e->addr, &v))
-                    o.at.prev = (uint32_t)(v - 1);
+                /* the address's last slot replaced, in one probe of the map */
+                bool added = false;
+                uintptr_t *at = tr_map_upsert(&last, e->addr, &added);
+                ok = at != NULL;
+                if (ok && !added)
+                    o.at.prev = (uint32_t)(*at - 1);
                 o.at.slot = (uint32_t)k;
-                ok = tr_map_put(&last, e->addr, ++k);
+                if (ok)
+                    *at = ++k;
             } else {
                 k++; /* address 0: its slot stays unused (the map refused the key) */
             }
@@ -1047,6 +1072,10 @@ static bool plan_slots(dev_state_t *ds, const tr_device_t *td) {
             continue;
         } else {
             continue; /* nothing asked of sympool */
+        }
+        if (nops == nmost) { /* counted above by the same rules: never (kept memory-safe) */
+            ok = false;
+            break;
         }
         ds->ops[nops++] = o;
     }

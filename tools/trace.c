@@ -79,6 +79,23 @@ bool tr_map_put(tr_map_t *m, uint64_t key, uintptr_t val) {
     return true;
 }
 
+uintptr_t *tr_map_upsert(tr_map_t *m, uint64_t key, bool *added_p) {
+    /* grown as tr_map_put grows, before the key is looked for, so that the two leave the map
+     * alike */
+    if (key == 0 || ((m->n + 1) * 2 > m->cap && !map_grow(m)))
+        return NULL;
+    size_t s = slot_of(key, m->cap);
+    while (m->slots[s].key != 0 && m->slots[s].key != key)
+        s = (s + 1) & (m->cap - 1);
+    *added_p = m->slots[s].key == 0;
+    if (*added_p) {
+        m->n++;
+        m->slots[s].key = key;
+        m->slots[s].val = 0;
+    }
+    return &m->slots[s].val;
+}
+
 bool tr_map_get(const tr_map_t *m, uint64_t key, uintptr_t *val_p) {
     if (m->cap == 0 || key == 0)
         return false;
@@ -652,6 +669,44 @@ typedef struct rec_shape {
     uint32_t seen, twice; /* take_entry's key bits for that dict */
 } rec_shape_t;
 
+/* A growable array whose elements never move: chunk c holds REC_BASE << c of them (element i
+ * is in chunk msb(i + REC_BASE) - REC_BASE_LOG), each allocated when the first of its elements
+ * is added. The final state's blocks and segments were arrays doubled by realloc, whose copies
+ * (nhf: 16 reallocs, ~0.38 M instructions, the most of the entry hook but its key reads) grew
+ * with the final state; here nothing is copied and the same memory is allocated. */
+#define REC_BASE_LOG 5
+#define REC_BASE ((size_t)1 << REC_BASE_LOG)
+#define REC_CHUNKS (64 - REC_BASE_LOG)
+
+typedef struct rec_chunks {
+    void *chunk[REC_CHUNKS];
+    size_t n; /* elements */
+} rec_chunks_t;
+
+/* Where element i (< c->n) of elem bytes lies. */
+static inline void *chunk_at(const rec_chunks_t *c, size_t i, size_t elem) {
+    size_t k = i + REC_BASE;
+    int top = 63 - __builtin_clzll((unsigned long long)k);
+    return (char *)c->chunk[top - REC_BASE_LOG] + (k - ((size_t)1 << top)) * elem;
+}
+
+/* Room for element c->n, counted (NULL on OOM, c unchanged): where to write it. */
+static void *chunk_push(rec_chunks_t *c, size_t elem) {
+    size_t k = c->n + REC_BASE;
+    int top = 63 - __builtin_clzll((unsigned long long)k);
+    void **ch = &c->chunk[top - REC_BASE_LOG];
+    if (*ch == NULL && (*ch = malloc(((size_t)1 << top) * elem)) == NULL)
+        return NULL;
+    c->n++;
+    return chunk_at(c, c->n - 1, elem);
+}
+
+static void chunks_free(rec_chunks_t *c) {
+    for (size_t j = 0; j < REC_CHUNKS; j++)
+        free(c->chunk[j]);
+    memset(c, 0, sizeof(*c));
+}
+
 typedef struct recs {
     tr_event_t *ev;   /* the entries (what read_pairs found) */
     size_t n, cap;    /* entries / allocated */
@@ -659,10 +714,8 @@ typedef struct recs {
     rec_side_t *side; /* side records, by id */
     size_t nside, cap_side;
     size_t next_side; /* where the next lookup starts (entries are read in order) */
-    rec_block_t *blk; /* handed-over blocks of the final state, by id without RB_ID */
-    size_t nblk, cap_blk;
-    rec_seg_t *seg; /* handed-over segments of the final state, by id without RS_ID */
-    size_t nseg, cap_seg;
+    rec_chunks_t blk; /* handed-over blocks of the final state (rec_block_t), by id without RB_ID */
+    rec_chunks_t seg; /* handed-over segments of the final state (rec_seg_t), by id without RS_ID */
     /* The keys and action strings met lately, by address (a pickler memoizes them: every
      * entry's "addr" is one value), with what they are (key_id, action_id). */
     struct {
@@ -703,10 +756,11 @@ static int take_block(recs_t *rs, const pk_value_t *const *v, uint32_t seen, siz
     /* A skipped stack is the reader's one PK_NONE: it reads as no frames either way. */
     const pk_value_t *fr = v[RK_FRAMES];
     b.frames = fr != NULL && fr->type == PK_LIST ? fr : NULL;
-    if (rs->nblk == rs->cap_blk && !grow_array((void **)&rs->blk, &rs->cap_blk, sizeof(*rs->blk)))
+    rec_block_t *at = chunk_push(&rs->blk, sizeof(*at));
+    if (at == NULL)
         return -1;
-    rs->blk[rs->nblk] = b;
-    *id_p = RB_ID | rs->nblk++;
+    *at = b;
+    *id_p = RB_ID | (rs->blk.n - 1);
     return 1;
 }
 
@@ -748,27 +802,28 @@ static int take_segment(recs_t *rs, const pk_value_t *const *v, uint32_t seen, u
     const pk_value_t *exp = v[RK_EXPANDABLE];
     if (exp != NULL && exp->type == PK_BOOL && exp->u.b)
         g.flags |= RS_EXPANDABLE;
-    if (rs->nseg == rs->cap_seg && !grow_array((void **)&rs->seg, &rs->cap_seg, sizeof(*rs->seg)))
+    rec_seg_t *at = chunk_push(&rs->seg, sizeof(*at));
+    if (at == NULL)
         return -1;
-    rs->seg[rs->nseg] = g;
-    *id_p = RS_ID | rs->nseg++;
+    *at = g;
+    *id_p = RS_ID | (rs->seg.n - 1);
     return 1;
 }
 
 /* The handed-over segment v is, or NULL. */
 static const rec_seg_t *seg_of(const recs_t *rs, const pk_value_t *v) {
     if (rs == NULL || v == NULL || v->type != PK_RECORD || (v->u.u & RB_ID) || !(v->u.u & RS_ID) ||
-        (v->u.u & ~RS_ID) >= rs->nseg)
+        (v->u.u & ~RS_ID) >= rs->seg.n)
         return NULL;
-    return &rs->seg[v->u.u & ~RS_ID];
+    return chunk_at(&rs->seg, v->u.u & ~RS_ID, sizeof(rec_seg_t));
 }
 
 /* The handed-over block v is, or NULL. */
 static const rec_block_t *block_of(const recs_t *rs, const pk_value_t *v) {
     if (rs == NULL || v == NULL || v->type != PK_RECORD || !(v->u.u & RB_ID) ||
-        (v->u.u & ~RB_ID) >= rs->nblk)
+        (v->u.u & ~RB_ID) >= rs->blk.n)
         return NULL;
-    return &rs->blk[v->u.u & ~RB_ID];
+    return chunk_at(&rs->blk, v->u.u & ~RB_ID, sizeof(rec_block_t));
 }
 
 /* Whether v is a handed-over block or segment: a dict, to every reader but analyse. */
@@ -2375,8 +2430,8 @@ bool tr_load_opts(const char *path, bool frames, tr_trace_t *t, char *err, size_
          * reads the file alike. Valid snapshots never come here. */
         free(recs.ev);
         free(recs.side);
-        free(recs.blk);
-        free(recs.seg);
+        chunks_free(&recs.blk);
+        chunks_free(&recs.seg);
         memset(&recs, 0, sizeof(recs));
         ok = pk_parse_skip(buf, len, NULL, NULL, &doc, why, sizeof(why));
     }
@@ -2384,8 +2439,8 @@ bool tr_load_opts(const char *path, bool frames, tr_trace_t *t, char *err, size_
     if (!ok) {
         free(recs.ev);
         free(recs.side);
-        free(recs.blk);
-        free(recs.seg);
+        chunks_free(&recs.blk);
+        chunks_free(&recs.seg);
         snprintf(err, errlen, "%s: %s", path, why);
         return false;
     }
@@ -2403,8 +2458,8 @@ bool tr_load_opts(const char *path, bool frames, tr_trace_t *t, char *err, size_
     ok = from_doc(doc, &recs, len, frames, t, why, sizeof(why));
     t->ev_block = recs.ev; /* the devices' event arrays (tr_free frees it) */
     free(recs.side);
-    free(recs.blk);
-    free(recs.seg);
+    chunks_free(&recs.blk);
+    chunks_free(&recs.seg);
     if (!ok && !frames && pk_err_whole(why)) {
         /* A handed-over entry is also a dict read elsewhere (from_doc's whole_needed): the
          * file read again whole, as the commands with stacks read it. Its bytes are gone by

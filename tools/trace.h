@@ -215,6 +215,10 @@ bool tr_map_del(tr_map_t *m, uint64_t key, uintptr_t *val_p); /* false when abse
 /* Where key's value is held (changed in place), or NULL when key is absent; valid until the next
  * put or del. */
 uintptr_t *tr_map_find(tr_map_t *m, uint64_t key);
+/* Where key's value is held, the key put first (its value 0, *added_p true) when absent: a put
+ * that needs the value it replaces, in one probe instead of a lookup and a put. NULL for key 0
+ * and on OOM (m unchanged). Valid until the next put or del. */
+uintptr_t *tr_map_upsert(tr_map_t *m, uint64_t key, bool *added_p);
 /* Room for n keys: no put grows the map until it holds more. false on OOM (m unchanged). */
 bool tr_map_reserve(tr_map_t *m, size_t n);
 void tr_map_free(tr_map_t *m);

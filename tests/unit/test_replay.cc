@@ -1437,6 +1437,34 @@ TEST_F(Replay, AddressMapFindsInPlaceAndReservesRoom) {
     tr_map_free(&m);
 }
 
+// The address map's upsert: a new key is put with value 0 and said to be new, an old one keeps
+// its value for the caller to read and replace; the map grows exactly as puts grow it (so that
+// a map filled either way numbers its slots alike); key 0 is refused, as put refuses it.
+TEST_F(Replay, AddressMapUpsertPutsOnceAndGrowsAsPut) {
+    tr_map_t a = {}, b = {};
+    bool added = false;
+    EXPECT_EQ(tr_map_upsert(&a, 0, &added), nullptr);
+    EXPECT_EQ(a.n, 0u);
+    for (uint64_t k = 1; k <= 3000; k++) {
+        uint64_t key = (k % 1500 + 1) << 9; // every key twice
+        uintptr_t *v = tr_map_upsert(&a, key, &added);
+        ASSERT_NE(v, nullptr);
+        EXPECT_EQ(added, k <= 1500) << k;
+        EXPECT_EQ(*v, added ? 0u : k - 1500) << k;
+        *v = k;
+        ASSERT_TRUE(tr_map_put(&b, key, k));
+        ASSERT_EQ(a.cap, b.cap) << k;
+        ASSERT_EQ(a.n, b.n) << k;
+    }
+    EXPECT_EQ(a.n, 1500u);
+    for (size_t i = 0; i < a.cap; i++) {
+        EXPECT_EQ(a.slots[i].key, b.slots[i].key) << i;
+        EXPECT_EQ(a.slots[i].val, b.slots[i].val) << i;
+    }
+    tr_map_free(&a);
+    tr_map_free(&b);
+}
+
 } // namespace
 
 namespace {
