@@ -242,6 +242,11 @@ if(TARGET sympool_cli)
   sp_cli_check(NAME replay_unknown_short_after_long_value RC 2
     REGEX "^sympool replay: unknown option '-x' \\(see sympool replay --help\\)\n"
     ARGS replay ${SMALL} --conf=max_split_size_mb:64 -xj)
+  # A prefix of several long options is ambiguous, not unknown: each option it abbreviates is
+  # named ("--co" was an "unknown option '--co'", though --conf and --compare are known).
+  sp_cli_check(NAME replay_ambiguous_option RC 2
+    REGEX "^sympool replay: option '--co' is ambiguous: --conf --compare \\(see sympool replay --help\\)\n"
+    ARGS replay ${SMALL} --co=x)
   sp_cli_check(NAME replay_missing_value RC 2 REGEX "sympool replay: option '--conf' needs a value"
     ARGS replay ${SMALL} --conf)
   # --opt=value and --opt value mean the same.
