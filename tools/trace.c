@@ -1595,7 +1595,7 @@ static bool analyse(const pk_value_t *segments, const recs_t *recs, const tr_set
         if (sdev != dev)
             continue;
         if (!have_total || total < 0 || !have_addr) {
-            snprintf(err, errlen, "segments[%zu]: missing 'address' or 'total_size'", s);
+            snprintf(err, errlen, "segments[%zu]: missing or bad 'address' or 'total_size'", s);
             goto out;
         }
         /* A stream that is no integer names none, and blocks that are no list hold none: read
@@ -1665,7 +1665,7 @@ static bool analyse(const pk_value_t *segments, const recs_t *recs, const tr_set
         if (dict_record(recs, blocks)) {
             /* A block's or a segment's dict where the list belongs: as a dict, its first item
              * is no block. */
-            snprintf(err, errlen, "segments[%zu].blocks[0]: missing 'size' or 'state'", s);
+            snprintf(err, errlen, "segments[%zu].blocks[0]: missing or bad 'size' or 'state'", s);
             goto out;
         }
         for (size_t b = 0; b < pk_len(blocks); b++) {
@@ -1702,7 +1702,8 @@ static bool analyse(const pk_value_t *segments, const recs_t *recs, const tr_set
                 frames = bv[3] != NULL && bv[3]->type == PK_LIST ? bv[3] : NULL;
             }
             if (!have_size || bsize < 0 || !have_state) {
-                snprintf(err, errlen, "segments[%zu].blocks[%zu]: missing 'size' or 'state'", s, b);
+                snprintf(err, errlen, "segments[%zu].blocks[%zu]: missing or bad 'size' or 'state'",
+                         s, b);
                 goto out;
             }
             /* PyTorch writes these three states only (torch/csrc/cuda/memory_snapshot.cpp,

@@ -11,7 +11,9 @@ and one line on stderr naming the trace and what is wrong (argv: sympool, work d
  - no device at all (no segments, no device traces): summary printed nothing and exited 0
    (plot says there is no device);
  - one trace entry or segment referenced many times through the pickle's memo (a small file
-   standing for millions of entries, or passes over the segments per device trace)."""
+   standing for millions of entries, or passes over the segments per device trace);
+ - a segment's total_size or a block's size present but negative: "missing or bad", not
+   "missing" (the key is there)."""
 import os
 import sys
 
@@ -104,6 +106,18 @@ refused("info one segment referenced 100000 times over 4096 devices", ["info", p
 spread = [dict(entry, addr=SEG + 512 * i, time_us=i) for i in range(2000)]
 accepted("info 2000 entries written out", ["info", write("spread.pickle", {
     "segments": [segment(0)], "device_traces": [spread]})])
+
+# A value present but not one PyTorch writes (a negative total_size or block size) is bad, not
+# missing: every command said "missing 'address' or 'total_size'" of a segment that has both.
+bad_total = dict(segment(0), total_size=-2 * MiB)
+bad_block = dict(segment(0), blocks=[{"size": -512, "state": "inactive", "requested_size": 0}])
+for name, seg, needle in (("bad_total", bad_total, "segments[0]: missing or bad 'address' or "
+                           "'total_size'"),
+                          ("bad_block", bad_block, "segments[0].blocks[0]: missing or bad 'size' "
+                           "or 'state'")):
+    path = write(name + ".pickle", {"segments": [seg], "device_traces": [[]]})
+    for args in (["info", path], ["replay", path], ["summary", path]):
+        refused(f"{args[0]} {name}", args, needle)
 
 if fails:
     sys.exit("hostile snapshots:\n  " + "\n  ".join(fails))
