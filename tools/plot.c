@@ -799,7 +799,9 @@ int sp_cli_plot(int argc, char **argv) {
         series_t *x = &s[loaded];
         x->path = argv[optind + (int)loaded];
         label_of(x->path, x->label, sizeof x->label);
-        if (!tr_load(x->path, &x->t, err, sizeof(err)) || !pick_device(x, dev, err, sizeof(err))) {
+        if (!tr_load(x->path, &x->t, err, sizeof(err)) ||
+            !tr_stacks_within_input(&x->t, x->path, err, sizeof(err)) ||
+            !pick_device(x, dev, err, sizeof(err))) {
             fprintf(stderr, "sympool plot: %s\n", err);
             rc = 1;
         }

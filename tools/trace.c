@@ -2230,6 +2230,60 @@ static bool from_doc(pk_doc_t *doc, recs_t *recs, size_t len, bool want_sfree, t
     return true;
 }
 
+/* Stacks, like entries, can stand for many through the pickle's memo: one list of frames (or one
+ * long file name) shared by every entry of a 173 KB file read as 40 GB of frame text, and
+ * `replay --snapshot OUT.json` (which writes each stack out whole) grew to 16 GB before it was
+ * killed, leaving its temporary; plot took 20 s. PyTorch's snapshots hold 20-40 bytes of frame
+ * text (file and function names, 32 more per frame for the rest of it) per byte of file (a
+ * stack is shared by an allocation's few entries, a name by its frames); more than
+ * TR_STACK_RATIO times the input is refused, counted until the budget is spent (so in time
+ * bounded by the input's size, whatever the memo repeats). The commands that use the stacks ask
+ * (tr_stacks_within_input); the load itself reads a file with and without stacks alike. */
+#define TR_STACK_RATIO 1024
+
+static size_t str_bytes(const pk_value_t *v) {
+    return v != NULL && v->type == PK_STR ? v->u.str.len : 0;
+}
+
+/* Take one stack's text from *left; false when it does not fit. */
+static bool stack_fits(const pk_value_t *frames, uint64_t *left) {
+    for (size_t i = 0; frames != NULL && i < pk_len(frames); i++) {
+        const pk_value_t *f = pk_at(frames, i);
+        uint64_t cost = 32 + (uint64_t)str_bytes(pk_get(f, "filename")) +
+                        (uint64_t)str_bytes(pk_get(f, "name"));
+        if (cost > *left)
+            return false;
+        *left -= cost;
+    }
+    return true;
+}
+
+bool tr_stacks_within_input(const tr_trace_t *t, const char *path, char *err, size_t errlen) {
+    size_t len = t->input_bytes;
+    uint64_t left = (uint64_t)len * TR_STACK_RATIO;
+    if (len == 0)
+        return true; /* a document parsed by the caller: no bound */
+    bool ok = true;
+    for (int d = 0; ok && d < t->ndev; d++) {
+        const tr_device_t *dv = &t->dev[d];
+        for (size_t i = 0; ok && i < dv->nev; i++)
+            ok = stack_fits(dv->ev[i].frames, &left);
+        for (size_t i = 0; ok && i < dv->nseeds; i++)
+            ok = stack_fits(dv->seeds[i].frames, &left);
+        for (size_t i = 0; ok && i < dv->nsblocks; i++)
+            ok = stack_fits(dv->sblocks[i].frames, &left);
+        for (size_t i = 0; ok && i < dv->nstart; i++)
+            ok = stack_fits(dv->start[i].frames, &left);
+    }
+    if (!ok)
+        snprintf(err, errlen,
+                 "%s: its stacks repeat to more than %d x its %zu bytes in frame text through "
+                 "the pickle's memo, which no PyTorch snapshot does (replay without --snapshot "
+                 "reads no stacks)",
+                 path, TR_STACK_RATIO, len);
+    return ok;
+}
+
 bool tr_load(const char *path, tr_trace_t *t, char *err, size_t errlen) {
     return tr_load_opts(path, true, t, err, errlen);
 }
@@ -2402,6 +2456,7 @@ bool tr_load_opts(const char *path, bool frames, tr_trace_t *t, char *err, size_
     }
     /* A load with frames is a replay's that writes a snapshot (or another command's). */
     ok = from_doc(doc, &recs, len, frames, t, why, sizeof(why));
+    t->input_bytes = len;
     t->ev_block = recs.ev; /* the devices' event arrays (tr_free frees it) */
     free(recs.side);
     free(recs.blk);

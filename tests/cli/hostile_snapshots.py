@@ -13,7 +13,8 @@ and one line on stderr naming the trace and what is wrong (argv: sympool, work d
  - one trace entry or segment referenced many times through the pickle's memo (a small file
    standing for millions of entries, or passes over the segments per device trace);
  - a segment's total_size or a block's size present but negative: "missing or bad", not
-   "missing" (the key is there)."""
+   "missing" (the key is there);
+ - one stack referenced many times through the memo (100 MB of frame text from 46 KB)."""
 import os
 import sys
 
@@ -118,6 +119,23 @@ for name, seg, needle in (("bad_total", bad_total, "segments[0]: missing or bad 
     path = write(name + ".pickle", {"segments": [seg], "device_traces": [[]]})
     for args in (["info", path], ["replay", path], ["summary", path]):
         refused(f"{args[0]} {name}", args, needle)
+
+# One stack standing for many (the pickle's memo again): ten frames of one 10 KB file name shared
+# by 1000 entries read as 100 MB of frame text from a 46 KB file (at a larger scale, 173 KB took
+# `replay --snapshot OUT.json` to 16 GB, plot to 20 s). The commands that use the stacks refuse
+# it at once; replay without --snapshot and summary do not use them and run.
+fname = "f" * 10000  # one str: the pickle holds it once
+stack = [{"filename": fname, "line": i, "name": "g"} for i in range(10)]
+bomb = [dict(entry, addr=SEG + 512 * i, time_us=i, frames=stack) for i in range(1000)]
+path = write("stack_bomb.pickle", {"segments": [], "device_traces": [bomb]})
+for args in (["replay", path, "--snapshot", os.path.join(work, "stack_bomb.json")],
+             ["plot", path, "-o", os.path.join(work, "stack_bomb.svg")]):
+    refused(args[0] + " one stack referenced 1000 times", args,
+            path + ": its stacks repeat to more than 1024 x its ")
+accepted("replay one stack referenced 1000 times, without stacks", ["replay", path, "--json"])
+accepted("summary one stack referenced 1000 times (it shows no stacks)", ["summary", path])
+if os.path.exists(os.path.join(work, "stack_bomb.json")):
+    fails.append("stack bomb: a snapshot was written")
 
 if fails:
     sys.exit("hostile snapshots:\n  " + "\n  ".join(fails))
