@@ -4,6 +4,7 @@
  * number in range is refused, never read as 0), and the heap made ready for loading a large
  * trace (cli_heap_prepare).
  */
+#include <ctype.h>
 #include <errno.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -123,7 +124,10 @@ bool cli_output_ok(const char *cmd, const char *opt, const char *path) {
 }
 
 bool cli_parse_long(const char *s, long lo, long hi, long *out) {
-    if (s == NULL || *s == '\0')
+    /* strtol skips leading white space and takes a '+': "--repeat ' 3'" and "-d +1" were read
+     * as numbers. Only digits, after an optional '-', are one. */
+    if (s == NULL ||
+        !(isdigit((unsigned char)s[0]) || (s[0] == '-' && isdigit((unsigned char)s[1]))))
         return false;
     char *end = NULL;
     errno = 0;
