@@ -2358,6 +2358,38 @@ static void release(unsigned char *buf, size_t len, bool mapped) {
     }
 }
 
+/* A snapshot a user compressed, or saved with torch.save (a zip archive), is no pickle: read as
+ * one, a zip began with PERSID ("opcode PERSID at offset 0 not allowed"), bzip2's "BZh" with a
+ * BINBYTES of 825 MB ("truncated string") and zstd's magic with MARK ("unknown opcode 0xb5").
+ * No snapshot starts with these bytes (each has a byte no pickle opcode is, or an opcode the
+ * reader refuses, where a snapshot has its first ones). What the file is, and what to do; NULL
+ * for anything else. */
+static const char *packed_as(const unsigned char *b, size_t n) {
+    static const struct {
+        const char *magic;
+        size_t len;
+        const char *say;
+    } kinds[] = {
+        {"\x1f\x8b", 2, "a gzip-compressed file, not a snapshot: decompress it first (gunzip -k)"},
+        {"BZh", 3, "a bzip2-compressed file, not a snapshot: decompress it first (bunzip2 -k)"},
+        {"\xfd"
+         "7zXZ\0",
+         6, "an xz-compressed file, not a snapshot: decompress it first (unxz -k)"},
+        {"\x28\xb5\x2f\xfd", 4,
+         "a zstd-compressed file, not a snapshot: decompress it first (unzstd)"},
+        {"\x04\x22\x4d\x18", 4,
+         "an lz4-compressed file, not a snapshot: decompress it first (unlz4)"},
+        {"PK\x03\x04", 4,
+         "a zip archive (what torch.save writes), not a snapshot: write the snapshot with "
+         "torch.cuda.memory._dump_snapshot(path), or pickle.dump of "
+         "torch.cuda.memory._snapshot()"},
+    };
+    for (size_t k = 0; k < sizeof kinds / sizeof kinds[0]; k++)
+        if (n >= kinds[k].len && memcmp(b, kinds[k].magic, kinds[k].len) == 0)
+            return kinds[k].say;
+    return NULL;
+}
+
 bool tr_load_opts(const char *path, bool frames, tr_trace_t *t, char *err, size_t errlen) {
     memset(t, 0, sizeof(*t));
     unsigned char *buf = NULL;
@@ -2366,6 +2398,12 @@ bool tr_load_opts(const char *path, bool frames, tr_trace_t *t, char *err, size_
     char why[256];
     if (!read_whole(path, &buf, &len, &mapped, why, sizeof(why))) {
         snprintf(err, errlen, "%s", why);
+        return false;
+    }
+    const char *packed = packed_as(buf, len);
+    if (packed != NULL) {
+        snprintf(err, errlen, "%s: %s", path, packed);
+        release(buf, len, mapped);
         return false;
     }
     /* A JSON snapshot (ours, or one a viewer saved) starts with '{' or '[': translate it. */

@@ -14,9 +14,17 @@ and one line on stderr naming the trace and what is wrong (argv: sympool, work d
    standing for millions of entries, or passes over the segments per device trace);
  - a segment's total_size or a block's size present but negative: "missing or bad", not
    "missing" (the key is there);
- - one stack referenced many times through the memo (100 MB of frame text from 46 KB)."""
+ - one stack referenced many times through the memo (100 MB of frame text from 46 KB);
+ - a snapshot compressed (gzip, bzip2, xz, zstd) or saved with torch.save (a zip archive): said
+   so, not read as a pickle that fails at some opcode."""
+import bz2
+import gzip
+import io
+import lzma
 import os
+import pickle
 import sys
+import zipfile
 
 sys.dont_write_bytecode = True  # the shared helpers leave no cache in the source tree
 from snaptest import runner, writer  # noqa: E402
@@ -136,6 +144,26 @@ accepted("replay one stack referenced 1000 times, without stacks", ["replay", pa
 accepted("summary one stack referenced 1000 times (it shows no stacks)", ["summary", path])
 if os.path.exists(os.path.join(work, "stack_bomb.json")):
     fails.append("stack bomb: a snapshot was written")
+
+# A snapshot compressed, or saved with torch.save (a zip archive), is named for what it is: read
+# as a pickle, the zip was "opcode PERSID at offset 0 not allowed", a bzip2 file a "truncated
+# string (needs 825845850 bytes ...)" and a zstd one an "unknown opcode 0xb5".
+raw = pickle.dumps({"segments": [segment(0)], "device_traces": [[]]}, protocol=4)
+zbuf = io.BytesIO()
+with zipfile.ZipFile(zbuf, "w") as z:  # torch.save's layout: archive/data.pkl and others
+    z.writestr("archive/data.pkl", raw)
+for name, data, needle in (
+        ("gz.pickle.gz", gzip.compress(raw), "a gzip-compressed file, not a snapshot"),
+        ("bz2.pickle.bz2", bz2.compress(raw), "a bzip2-compressed file, not a snapshot"),
+        ("xz.pickle.xz", lzma.compress(raw), "an xz-compressed file, not a snapshot"),
+        ("zstd.pickle.zst", b"\x28\xb5\x2f\xfd" + raw, "a zstd-compressed file, not a snapshot"),
+        ("saved.pt", zbuf.getvalue(), "a zip archive (what torch.save writes), not a snapshot")):
+    path = os.path.join(work, name)
+    with open(path, "wb") as f:
+        f.write(data)
+    for args in (["info", path], ["replay", path], ["summary", path],
+                 ["plot", path, "-o", os.path.join(work, name + ".svg")]):
+        refused(f"{args[0]} {name}", args, path + ": " + needle)
 
 if fails:
     sys.exit("hostile snapshots:\n  " + "\n  ".join(fails))
