@@ -2245,16 +2245,32 @@ static size_t str_bytes(const pk_value_t *v) {
     return v != NULL && v->type == PK_STR ? v->u.str.len : 0;
 }
 
-/* Take one stack's text from *left; false when it does not fit. */
-static bool stack_fits(const pk_value_t *frames, uint64_t *left) {
-    for (size_t i = 0; frames != NULL && i < pk_len(frames); i++) {
+/* One stack's text, counted up to cap (past it: cap + 1, so that a long one costs no more than
+ * the budget left). */
+static uint64_t stack_text(const pk_value_t *frames, uint64_t cap) {
+    uint64_t sum = 0;
+    for (size_t i = 0; i < pk_len(frames) && sum <= cap; i++) {
         const pk_value_t *f = pk_at(frames, i);
-        uint64_t cost = 32 + (uint64_t)str_bytes(pk_get(f, "filename")) +
-                        (uint64_t)str_bytes(pk_get(f, "name"));
-        if (cost > *left)
-            return false;
-        *left -= cost;
+        sum += 32 + (uint64_t)str_bytes(pk_get(f, "filename")) +
+               (uint64_t)str_bytes(pk_get(f, "name"));
     }
+    return sum <= cap ? sum : cap + 1;
+}
+
+/* Take one stack's text from *left; false when it does not fit. A stack shared by several
+ * entries (an allocation's alloc, free_requested and free_completed, and its block at the end)
+ * is counted once and then taken from seen (a map from the list to its text). */
+static bool stack_fits(const pk_value_t *frames, tr_map_t *seen, uint64_t *left) {
+    if (frames == NULL || pk_len(frames) == 0)
+        return true;
+    uintptr_t cost;
+    if (!tr_map_get(seen, (uint64_t)(uintptr_t)frames, &cost)) {
+        cost = (uintptr_t)stack_text(frames, *left);
+        (void)tr_map_put(seen, (uint64_t)(uintptr_t)frames, cost); /* out of memory: recounted */
+    }
+    if (cost > *left)
+        return false;
+    *left -= cost;
     return true;
 }
 
@@ -2263,18 +2279,20 @@ bool tr_stacks_within_input(const tr_trace_t *t, const char *path, char *err, si
     uint64_t left = (uint64_t)len * TR_STACK_RATIO;
     if (len == 0)
         return true; /* a document parsed by the caller: no bound */
+    tr_map_t seen = {0};
     bool ok = true;
     for (int d = 0; ok && d < t->ndev; d++) {
         const tr_device_t *dv = &t->dev[d];
         for (size_t i = 0; ok && i < dv->nev; i++)
-            ok = stack_fits(dv->ev[i].frames, &left);
+            ok = stack_fits(dv->ev[i].frames, &seen, &left);
         for (size_t i = 0; ok && i < dv->nseeds; i++)
-            ok = stack_fits(dv->seeds[i].frames, &left);
+            ok = stack_fits(dv->seeds[i].frames, &seen, &left);
         for (size_t i = 0; ok && i < dv->nsblocks; i++)
-            ok = stack_fits(dv->sblocks[i].frames, &left);
+            ok = stack_fits(dv->sblocks[i].frames, &seen, &left);
         for (size_t i = 0; ok && i < dv->nstart; i++)
-            ok = stack_fits(dv->start[i].frames, &left);
+            ok = stack_fits(dv->start[i].frames, &seen, &left);
     }
+    tr_map_free(&seen);
     if (!ok)
         snprintf(err, errlen,
                  "%s: its stacks repeat to more than %d x its %zu bytes in frame text through "
