@@ -2238,7 +2238,8 @@ static bool from_doc(pk_doc_t *doc, recs_t *recs, size_t len, bool want_sfree, t
  * stack is shared by an allocation's few entries, a name by its frames); more than
  * TR_STACK_RATIO times the input is refused, counted until the budget is spent (so in time
  * bounded by the input's size, whatever the memo repeats). The commands that use the stacks ask
- * (tr_stacks_within_input); the load itself reads a file with and without stacks alike. */
+ * (tr_stacks_within_input, or tr_stacks_fit for the stacks they use: plot's blocks at the peak);
+ * the load itself reads a file with and without stacks alike. */
 #define TR_STACK_RATIO 1024
 
 static size_t str_bytes(const pk_value_t *v) {
@@ -2274,14 +2275,17 @@ static bool stack_fits(const pk_value_t *frames, tr_map_t *seen, uint64_t *left)
     return true;
 }
 
-bool tr_stacks_within_input(const tr_trace_t *t, const char *path, char *err, size_t errlen) {
+bool tr_stacks_fit(const tr_trace_t *t, const pk_value_t *const *stacks, size_t n, const char *path,
+                   char *err, size_t errlen) {
     size_t len = t->input_bytes;
     uint64_t left = (uint64_t)len * TR_STACK_RATIO;
     if (len == 0)
         return true; /* a document parsed by the caller: no bound */
     tr_map_t seen = {0};
     bool ok = true;
-    for (int d = 0; ok && d < t->ndev; d++) {
+    for (size_t i = 0; ok && stacks != NULL && i < n; i++)
+        ok = stack_fits(stacks[i], &seen, &left);
+    for (int d = 0; ok && stacks == NULL && d < t->ndev; d++) {
         const tr_device_t *dv = &t->dev[d];
         for (size_t i = 0; ok && i < dv->nev; i++)
             ok = stack_fits(dv->ev[i].frames, &seen, &left);
@@ -2300,6 +2304,10 @@ bool tr_stacks_within_input(const tr_trace_t *t, const char *path, char *err, si
                  "reads no stacks)",
                  path, TR_STACK_RATIO, len);
     return ok;
+}
+
+bool tr_stacks_within_input(const tr_trace_t *t, const char *path, char *err, size_t errlen) {
+    return tr_stacks_fit(t, NULL, 0, path, err, errlen);
 }
 
 bool tr_load(const char *path, tr_trace_t *t, char *err, size_t errlen) {

@@ -196,6 +196,9 @@ void tr_keep_file_mapped(bool keep);
  * the file has. False (a reason naming path in err) past 1024 x the file's bytes, which no
  * PyTorch snapshot comes near; the commands that use the stacks ask before they do. */
 bool tr_stacks_within_input(const tr_trace_t *t, const char *path, char *err, size_t errlen);
+/* The same for n of t's stacks only (stacks NULL: all of them). */
+bool tr_stacks_fit(const tr_trace_t *t, const pk_value_t *const *stacks, size_t n, const char *path,
+                   char *err, size_t errlen);
 /* d's untouched start free block at addr (tr_device_t.sfree), or NULL. */
 const tr_sfree_t *tr_sfree_at(const tr_device_t *d, uint64_t addr);
 /* Same from a parsed document (t takes ownership of doc, even on failure; call tr_free). */

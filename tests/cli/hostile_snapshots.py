@@ -131,7 +131,8 @@ for name, seg, needle in (("bad_total", bad_total, "segments[0]: missing or bad 
 # One stack standing for many (the pickle's memo again): ten frames of one 10 KB file name shared
 # by 1000 entries read as 100 MB of frame text from a 46 KB file (at a larger scale, 173 KB took
 # `replay --snapshot OUT.json` to 16 GB, plot to 20 s). The commands that use the stacks refuse
-# it at once; replay without --snapshot and summary do not use them and run.
+# it at once (plot of one snapshot reads the stacks of its blocks at the peak); replay without
+# --snapshot, summary and plot of several snapshots do not use them and run.
 fname = "f" * 10000  # one str: the pickle holds it once
 stack = [{"filename": fname, "line": i, "name": "g"} for i in range(10)]
 bomb = [dict(entry, addr=SEG + 512 * i, time_us=i, frames=stack) for i in range(1000)]
@@ -142,6 +143,9 @@ for args in (["replay", path, "--snapshot", os.path.join(work, "stack_bomb.json"
             path + ": its stacks repeat to more than 1024 x its ")
 accepted("replay one stack referenced 1000 times, without stacks", ["replay", path, "--json"])
 accepted("summary one stack referenced 1000 times (it shows no stacks)", ["summary", path])
+accepted("plot of two snapshots, one of them the stack bomb (the ranks' chart shows no stacks)",
+         ["plot", path, write("one_entry.pickle", {"segments": [], "device_traces": [[entry]]}),
+          "-o", os.path.join(work, "two.svg")])
 if os.path.exists(os.path.join(work, "stack_bomb.json")):
     fails.append("stack bomb: a snapshot was written")
 
