@@ -18,6 +18,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -1088,6 +1089,14 @@ sp_status_t sp__file_atomic_open(sp__atomic_file_t *f, const char *target) {
     int n = snprintf(f->tmp, sizeof(f->tmp), "%.*s%.*s.tmp.XXXXXX", (int)dirlen, path, (int)baselen,
                      path + dirlen);
     SP_ARG_CHECK(n > 0 && (size_t)n < sizeof(f->tmp), SP_SUB_HISTORY, "path too long: %s", path);
+    /* A write past RLIMIT_FSIZE (ulimit -f, a batch job's limit) raises SIGXFSZ, which kills the
+     * process by default: the temporary would be left behind, half written. The limit is read
+     * here so that sp__file_atomic_write fails before such a write (see there). */
+    struct rlimit rl;
+    f->written = 0;
+    f->fsize_max = getrlimit(RLIMIT_FSIZE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY
+                       ? (uint64_t)rl.rlim_cur
+                       : UINT64_MAX;
     f->fd = make_temp(f->tmp);
     if (f->fd < 0)
         return sp__error(SP_ERR_SYSTEM, SP_SUB_HISTORY,
@@ -1106,6 +1115,16 @@ void sp__file_atomic_abort(sp__atomic_file_t *f) {
 sp_status_t sp__file_atomic_write(sp__atomic_file_t *f, const void *buf, size_t len) {
     const char *p = buf;
     size_t left = len;
+    if (len > f->fsize_max - f->written) {
+        /* The file would grow past the process's file size limit: the write would raise SIGXFSZ
+         * (death, by default) or fail with EFBIG. Refused without writing: the temporary is
+         * removed and the target left as it was, as for a full disk. */
+        sp__file_atomic_abort(f);
+        return sp__error(SP_ERR_SYSTEM, SP_SUB_HISTORY,
+                         "cannot write %s: %s (the file size limit, ulimit -f, is %llu bytes)",
+                         f->tmp, strerror(EFBIG), (unsigned long long)f->fsize_max);
+    }
+    f->written += len;
     while (left > 0) {
         ssize_t w = write(f->fd, p, left);
         if (w < 0 && errno == EINTR)

@@ -34,6 +34,8 @@ typedef struct sp__atomic_file {
     char path[PATH_MAX]; /* the target (a link resolved) */
     char tmp[PATH_MAX];  /* the temporary */
     int mode;            /* permission bits of the file replaced at the commit; -1: a new file */
+    uint64_t written;    /* bytes written to the temporary so far */
+    uint64_t fsize_max;  /* the process's file size limit (RLIMIT_FSIZE), UINT64_MAX if none */
 } sp__atomic_file_t;
 
 /* An open container of the emitter. */

@@ -4,6 +4,7 @@
  * number in range is refused, never read as 0), and the heap made ready for loading a large
  * trace (cli_heap_prepare).
  */
+#include <ctype.h>
 #include <errno.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -33,6 +34,17 @@ static bool takes_no_value(const char *word, int optopt, const struct option *lo
     return false;
 }
 
+/* Whether word ("--name" or "--name=value") abbreviates more than one of longopts, which getopt
+ * refuses (it cannot tell which was meant) with the '?' of an unknown option. */
+static bool ambiguous(const char *word, const struct option *longopts) {
+    if (strncmp(word, "--", 2) != 0 || word[2] == '\0' || longopts == NULL)
+        return false;
+    size_t len = strcspn(word + 2, "="), n = 0;
+    for (const struct option *o = longopts; o->name != NULL; o++)
+        n += strncmp(o->name, word + 2, len) == 0;
+    return n > 1;
+}
+
 int cli_getopt(int argc, char **argv, const char *cmd, const char *shortopts,
                const struct option *longopts) {
     /* A leading ':' (after an optional '+' or '-') makes getopt tell a missing value (':') from an
@@ -59,6 +71,15 @@ int cli_getopt(int argc, char **argv, const char *cmd, const char *shortopts,
                 (int)strcspn(word, "="), word, word, who);
     } else if (optopt != 0) {
         fprintf(stderr, "%s: unknown option '-%c' (see %s --help)\n", who, optopt, who);
+    } else if (ambiguous(word, longopts)) {
+        /* getopt_long refuses a prefix of several options ("--co": --conf, --compare) as it
+         * refuses an unknown one; it was called unknown, though each option it abbreviates is
+         * known. */
+        fprintf(stderr, "%s: option '%.*s' is ambiguous:", who, (int)strcspn(word, "="), word);
+        for (const struct option *o = longopts; o->name != NULL; o++)
+            if (strncmp(o->name, word + 2, strcspn(word + 2, "=")) == 0)
+                fprintf(stderr, " --%s", o->name);
+        fprintf(stderr, " (see %s --help)\n", who);
     } else {
         fprintf(stderr, "%s: unknown option '%s' (see %s --help)\n", who, word, who);
     }
@@ -103,7 +124,10 @@ bool cli_output_ok(const char *cmd, const char *opt, const char *path) {
 }
 
 bool cli_parse_long(const char *s, long lo, long hi, long *out) {
-    if (s == NULL || *s == '\0')
+    /* strtol skips leading white space and takes a '+': "--repeat ' 3'" and "-d +1" were read
+     * as numbers. Only digits, after an optional '-', are one. */
+    if (s == NULL ||
+        !(isdigit((unsigned char)s[0]) || (s[0] == '-' && isdigit((unsigned char)s[1]))))
         return false;
     char *end = NULL;
     errno = 0;

@@ -502,6 +502,23 @@ static int render_single(FILE *f, series_t *s) {
     live_block_t *live = live_at_peak(s, &m, &nseed, &seed_bytes);
     if (live == NULL)
         return -1;
+    /* The blocks' stacks are what the chart reads (group_blocks): one the pickle's memo repeats
+     * past what the file could hold (a 173 KB file took 20 s here) is refused (1: said). */
+    const pk_value_t **stacks = calloc(m ? m : 1, sizeof(*stacks));
+    char why[512];
+    if (stacks == NULL) {
+        free(live);
+        return -1;
+    }
+    for (size_t i = 0; i < m; i++)
+        stacks[i] = live[i].frames;
+    bool fit = tr_stacks_fit(&s->t, stacks, m, s->path, why, sizeof why);
+    free(stacks);
+    if (!fit) {
+        fprintf(stderr, "sympool plot: %s\n", why);
+        free(live);
+        return 1;
+    }
     live_group_t groups[MAX_GROUPS];
     int *group_of = calloc(m ? m : 1, sizeof(*group_of));
     if (group_of == NULL) {
@@ -831,7 +848,10 @@ int sp_cli_plot(int argc, char **argv) {
     if (f != NULL) {
         int r =
             nin == 1 ? render_single(f, &s[0]) : render_multi(f, s, nin, hi, lo, time_axis, gspan);
-        if (fclose(f) != 0 || r != 0) {
+        bool closed = fclose(f) == 0;
+        if (r > 0) {
+            rc = 1; /* said (render_single) */
+        } else if (!closed || r != 0) {
             fprintf(stderr, "sympool plot: rendering %s failed (out of memory)\n", out);
             rc = 1;
         } else {

@@ -2264,7 +2264,10 @@ int sp_cli_replay(int argc, char **argv) {
     tr_trace_t t;
     cli_heap_prepare(a.trace);
     tr_keep_file_mapped(true); /* one load, and the process exits after the replay */
-    if (!tr_load_opts(a.trace, a.snapshot != NULL, &t, err, sizeof(err))) {
+    /* With --snapshot, the stacks are written out whole: a file whose memo repeats them past
+     * what it could hold is refused before the replay (tr_stacks_within_input). */
+    if (!tr_load_opts(a.trace, a.snapshot != NULL, &t, err, sizeof(err)) ||
+        (a.snapshot != NULL && !tr_stacks_within_input(&t, a.trace, err, sizeof(err)))) {
         fprintf(stderr, "sympool replay: %s\n", err);
         tr_free(&t);
         return 1;

@@ -95,7 +95,8 @@ static bool read_segments(const pk_value_t *segments, int dev, dev_figs_t *d, ch
             int64_t size = 0, req = 0;
             const char *state = pk_get_str(blk, "state");
             if (!pk_get_int(blk, "size", &size) || size < 0 || state == NULL) {
-                snprintf(err, errlen, "segments[%zu].blocks[%zu]: missing 'size' or 'state'", s, b);
+                snprintf(err, errlen, "segments[%zu].blocks[%zu]: missing or bad 'size' or 'state'",
+                         s, b);
                 return false;
             }
             if (!pk_get_int(blk, "requested_size", &req) || req < 0)

@@ -1650,7 +1650,7 @@ static bool analyse(const pk_value_t *segments, const recs_t *recs, const tr_set
         if (sdev != dev)
             continue;
         if (!have_total || total < 0 || !have_addr) {
-            snprintf(err, errlen, "segments[%zu]: missing 'address' or 'total_size'", s);
+            snprintf(err, errlen, "segments[%zu]: missing or bad 'address' or 'total_size'", s);
             goto out;
         }
         /* A stream that is no integer names none, and blocks that are no list hold none: read
@@ -1720,7 +1720,7 @@ static bool analyse(const pk_value_t *segments, const recs_t *recs, const tr_set
         if (dict_record(recs, blocks)) {
             /* A block's or a segment's dict where the list belongs: as a dict, its first item
              * is no block. */
-            snprintf(err, errlen, "segments[%zu].blocks[0]: missing 'size' or 'state'", s);
+            snprintf(err, errlen, "segments[%zu].blocks[0]: missing or bad 'size' or 'state'", s);
             goto out;
         }
         for (size_t b = 0; b < pk_len(blocks); b++) {
@@ -1757,7 +1757,8 @@ static bool analyse(const pk_value_t *segments, const recs_t *recs, const tr_set
                 frames = bv[3] != NULL && bv[3]->type == PK_LIST ? bv[3] : NULL;
             }
             if (!have_size || bsize < 0 || !have_state) {
-                snprintf(err, errlen, "segments[%zu].blocks[%zu]: missing 'size' or 'state'", s, b);
+                snprintf(err, errlen, "segments[%zu].blocks[%zu]: missing or bad 'size' or 'state'",
+                         s, b);
                 goto out;
             }
             /* PyTorch writes these three states only (torch/csrc/cuda/memory_snapshot.cpp,
@@ -2284,6 +2285,86 @@ static bool from_doc(pk_doc_t *doc, recs_t *recs, size_t len, bool want_sfree, t
     return true;
 }
 
+/* Stacks, like entries, can stand for many through the pickle's memo: one list of frames (or one
+ * long file name) shared by every entry of a 173 KB file read as 40 GB of frame text, and
+ * `replay --snapshot OUT.json` (which writes each stack out whole) grew to 16 GB before it was
+ * killed, leaving its temporary; plot took 20 s. PyTorch's snapshots hold 20-40 bytes of frame
+ * text (file and function names, 32 more per frame for the rest of it) per byte of file (a
+ * stack is shared by an allocation's few entries, a name by its frames); more than
+ * TR_STACK_RATIO times the input is refused, counted until the budget is spent (so in time
+ * bounded by the input's size, whatever the memo repeats). The commands that use the stacks ask
+ * (tr_stacks_within_input, or tr_stacks_fit for the stacks they use: plot's blocks at the peak);
+ * the load itself reads a file with and without stacks alike. */
+#define TR_STACK_RATIO 1024
+
+static size_t str_bytes(const pk_value_t *v) {
+    return v != NULL && v->type == PK_STR ? v->u.str.len : 0;
+}
+
+/* One stack's text, counted up to cap (past it: cap + 1, so that a long one costs no more than
+ * the budget left). */
+static uint64_t stack_text(const pk_value_t *frames, uint64_t cap) {
+    uint64_t sum = 0;
+    for (size_t i = 0; i < pk_len(frames) && sum <= cap; i++) {
+        const pk_value_t *f = pk_at(frames, i);
+        sum += 32 + (uint64_t)str_bytes(pk_get(f, "filename")) +
+               (uint64_t)str_bytes(pk_get(f, "name"));
+    }
+    return sum <= cap ? sum : cap + 1;
+}
+
+/* Take one stack's text from *left; false when it does not fit. A stack shared by several
+ * entries (an allocation's alloc, free_requested and free_completed, and its block at the end)
+ * is counted once and then taken from seen (a map from the list to its text). */
+static bool stack_fits(const pk_value_t *frames, tr_map_t *seen, uint64_t *left) {
+    if (frames == NULL || pk_len(frames) == 0)
+        return true;
+    uintptr_t cost;
+    if (!tr_map_get(seen, (uint64_t)(uintptr_t)frames, &cost)) {
+        cost = (uintptr_t)stack_text(frames, *left);
+        (void)tr_map_put(seen, (uint64_t)(uintptr_t)frames, cost); /* out of memory: recounted */
+    }
+    if (cost > *left)
+        return false;
+    *left -= cost;
+    return true;
+}
+
+bool tr_stacks_fit(const tr_trace_t *t, const pk_value_t *const *stacks, size_t n, const char *path,
+                   char *err, size_t errlen) {
+    size_t len = t->input_bytes;
+    uint64_t left = (uint64_t)len * TR_STACK_RATIO;
+    if (len == 0)
+        return true; /* a document parsed by the caller: no bound */
+    tr_map_t seen = {0};
+    bool ok = true;
+    for (size_t i = 0; ok && stacks != NULL && i < n; i++)
+        ok = stack_fits(stacks[i], &seen, &left);
+    for (int d = 0; ok && stacks == NULL && d < t->ndev; d++) {
+        const tr_device_t *dv = &t->dev[d];
+        for (size_t i = 0; ok && i < dv->nev; i++)
+            ok = stack_fits(dv->ev[i].frames, &seen, &left);
+        for (size_t i = 0; ok && i < dv->nseeds; i++)
+            ok = stack_fits(dv->seeds[i].frames, &seen, &left);
+        for (size_t i = 0; ok && i < dv->nsblocks; i++)
+            ok = stack_fits(dv->sblocks[i].frames, &seen, &left);
+        for (size_t i = 0; ok && i < dv->nstart; i++)
+            ok = stack_fits(dv->start[i].frames, &seen, &left);
+    }
+    tr_map_free(&seen);
+    if (!ok)
+        snprintf(err, errlen,
+                 "%s: its stacks repeat to more than %d x its %zu bytes in frame text through "
+                 "the pickle's memo, which no PyTorch snapshot does (replay without --snapshot "
+                 "reads no stacks)",
+                 path, TR_STACK_RATIO, len);
+    return ok;
+}
+
+bool tr_stacks_within_input(const tr_trace_t *t, const char *path, char *err, size_t errlen) {
+    return tr_stacks_fit(t, NULL, 0, path, err, errlen);
+}
+
 bool tr_load(const char *path, tr_trace_t *t, char *err, size_t errlen) {
     return tr_load_opts(path, true, t, err, errlen);
 }
@@ -2358,6 +2439,38 @@ static void release(unsigned char *buf, size_t len, bool mapped) {
     }
 }
 
+/* A snapshot a user compressed, or saved with torch.save (a zip archive), is no pickle: read as
+ * one, a zip began with PERSID ("opcode PERSID at offset 0 not allowed"), bzip2's "BZh" with a
+ * BINBYTES of 825 MB ("truncated string") and zstd's magic with MARK ("unknown opcode 0xb5").
+ * No snapshot starts with these bytes (each has a byte no pickle opcode is, or an opcode the
+ * reader refuses, where a snapshot has its first ones). What the file is, and what to do; NULL
+ * for anything else. */
+static const char *packed_as(const unsigned char *b, size_t n) {
+    static const struct {
+        const char *magic;
+        size_t len;
+        const char *say;
+    } kinds[] = {
+        {"\x1f\x8b", 2, "a gzip-compressed file, not a snapshot: decompress it first (gunzip -k)"},
+        {"BZh", 3, "a bzip2-compressed file, not a snapshot: decompress it first (bunzip2 -k)"},
+        {"\xfd"
+         "7zXZ\0",
+         6, "an xz-compressed file, not a snapshot: decompress it first (unxz -k)"},
+        {"\x28\xb5\x2f\xfd", 4,
+         "a zstd-compressed file, not a snapshot: decompress it first (unzstd)"},
+        {"\x04\x22\x4d\x18", 4,
+         "an lz4-compressed file, not a snapshot: decompress it first (unlz4)"},
+        {"PK\x03\x04", 4,
+         "a zip archive (what torch.save writes), not a snapshot: write the snapshot with "
+         "torch.cuda.memory._dump_snapshot(path), or pickle.dump of "
+         "torch.cuda.memory._snapshot()"},
+    };
+    for (size_t k = 0; k < sizeof kinds / sizeof kinds[0]; k++)
+        if (n >= kinds[k].len && memcmp(b, kinds[k].magic, kinds[k].len) == 0)
+            return kinds[k].say;
+    return NULL;
+}
+
 bool tr_load_opts(const char *path, bool frames, tr_trace_t *t, char *err, size_t errlen) {
     memset(t, 0, sizeof(*t));
     unsigned char *buf = NULL;
@@ -2366,6 +2479,12 @@ bool tr_load_opts(const char *path, bool frames, tr_trace_t *t, char *err, size_
     char why[256];
     if (!read_whole(path, &buf, &len, &mapped, why, sizeof(why))) {
         snprintf(err, errlen, "%s", why);
+        return false;
+    }
+    const char *packed = packed_as(buf, len);
+    if (packed != NULL) {
+        snprintf(err, errlen, "%s: %s", path, packed);
+        release(buf, len, mapped);
         return false;
     }
     /* A JSON snapshot (ours, or one a viewer saved) starts with '{' or '[': translate it. */
@@ -2456,6 +2575,7 @@ bool tr_load_opts(const char *path, bool frames, tr_trace_t *t, char *err, size_
     }
     /* A load with frames is a replay's that writes a snapshot (or another command's). */
     ok = from_doc(doc, &recs, len, frames, t, why, sizeof(why));
+    t->input_bytes = len;
     t->ev_block = recs.ev; /* the devices' event arrays (tr_free frees it) */
     free(recs.side);
     chunks_free(&recs.blk);

@@ -174,6 +174,7 @@ typedef struct tr_trace {
      * replay's own snapshot copies it (a load without stacks may hand its dicts over as
      * records). NULL when absent or not a list. */
     const pk_value_t *annotations;
+    size_t input_bytes; /* the pickle read (a JSON snapshot's translation); 0: tr_from_doc's */
 } tr_trace_t;
 
 /* Load a snapshot file (pickle). Fills t; on failure writes a one-line reason and returns
@@ -190,6 +191,14 @@ bool tr_load_opts(const char *path, bool frames, tr_trace_t *t, char *err, size_
  * ms replay process). Nothing else changes; the default (false) unmaps as soon as the file is
  * read, as a long-lived or repeated caller needs. */
 void tr_keep_file_mapped(bool keep);
+/* Whether t's stacks (loaded by tr_load) stay within what its file can hold written out: one
+ * stack referenced by every entry through the pickle's memo reads as far more frame text than
+ * the file has. False (a reason naming path in err) past 1024 x the file's bytes, which no
+ * PyTorch snapshot comes near; the commands that use the stacks ask before they do. */
+bool tr_stacks_within_input(const tr_trace_t *t, const char *path, char *err, size_t errlen);
+/* The same for n of t's stacks only (stacks NULL: all of them). */
+bool tr_stacks_fit(const tr_trace_t *t, const pk_value_t *const *stacks, size_t n, const char *path,
+                   char *err, size_t errlen);
 /* d's untouched start free block at addr (tr_device_t.sfree), or NULL. */
 const tr_sfree_t *tr_sfree_at(const tr_device_t *d, uint64_t addr);
 /* Same from a parsed document (t takes ownership of doc, even on failure; call tr_free). */

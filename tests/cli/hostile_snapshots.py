@@ -11,9 +11,20 @@ and one line on stderr naming the trace and what is wrong (argv: sympool, work d
  - no device at all (no segments, no device traces): summary printed nothing and exited 0
    (plot says there is no device);
  - one trace entry or segment referenced many times through the pickle's memo (a small file
-   standing for millions of entries, or passes over the segments per device trace)."""
+   standing for millions of entries, or passes over the segments per device trace);
+ - a segment's total_size or a block's size present but negative: "missing or bad", not
+   "missing" (the key is there);
+ - one stack referenced many times through the memo (100 MB of frame text from 46 KB);
+ - a snapshot compressed (gzip, bzip2, xz, zstd) or saved with torch.save (a zip archive): said
+   so, not read as a pickle that fails at some opcode."""
+import bz2
+import gzip
+import io
+import lzma
 import os
+import pickle
 import sys
+import zipfile
 
 sys.dont_write_bytecode = True  # the shared helpers leave no cache in the source tree
 from snaptest import runner, writer  # noqa: E402
@@ -104,6 +115,59 @@ refused("info one segment referenced 100000 times over 4096 devices", ["info", p
 spread = [dict(entry, addr=SEG + 512 * i, time_us=i) for i in range(2000)]
 accepted("info 2000 entries written out", ["info", write("spread.pickle", {
     "segments": [segment(0)], "device_traces": [spread]})])
+
+# A value present but not one PyTorch writes (a negative total_size or block size) is bad, not
+# missing: every command said "missing 'address' or 'total_size'" of a segment that has both.
+bad_total = dict(segment(0), total_size=-2 * MiB)
+bad_block = dict(segment(0), blocks=[{"size": -512, "state": "inactive", "requested_size": 0}])
+for name, seg, needle in (("bad_total", bad_total, "segments[0]: missing or bad 'address' or "
+                           "'total_size'"),
+                          ("bad_block", bad_block, "segments[0].blocks[0]: missing or bad 'size' "
+                           "or 'state'")):
+    path = write(name + ".pickle", {"segments": [seg], "device_traces": [[]]})
+    for args in (["info", path], ["replay", path], ["summary", path]):
+        refused(f"{args[0]} {name}", args, needle)
+
+# One stack standing for many (the pickle's memo again): ten frames of one 10 KB file name shared
+# by 1000 entries read as 100 MB of frame text from a 46 KB file (at a larger scale, 173 KB took
+# `replay --snapshot OUT.json` to 16 GB, plot to 20 s). The commands that use the stacks refuse
+# it at once (plot of one snapshot reads the stacks of its blocks at the peak); replay without
+# --snapshot, summary and plot of several snapshots do not use them and run.
+fname = "f" * 10000  # one str: the pickle holds it once
+stack = [{"filename": fname, "line": i, "name": "g"} for i in range(10)]
+bomb = [dict(entry, addr=SEG + 512 * i, time_us=i, frames=stack) for i in range(1000)]
+path = write("stack_bomb.pickle", {"segments": [], "device_traces": [bomb]})
+for args in (["replay", path, "--snapshot", os.path.join(work, "stack_bomb.json")],
+             ["plot", path, "-o", os.path.join(work, "stack_bomb.svg")]):
+    refused(args[0] + " one stack referenced 1000 times", args,
+            path + ": its stacks repeat to more than 1024 x its ")
+accepted("replay one stack referenced 1000 times, without stacks", ["replay", path, "--json"])
+accepted("summary one stack referenced 1000 times (it shows no stacks)", ["summary", path])
+accepted("plot of two snapshots, one of them the stack bomb (the ranks' chart shows no stacks)",
+         ["plot", path, write("one_entry.pickle", {"segments": [], "device_traces": [[entry]]}),
+          "-o", os.path.join(work, "two.svg")])
+if os.path.exists(os.path.join(work, "stack_bomb.json")):
+    fails.append("stack bomb: a snapshot was written")
+
+# A snapshot compressed, or saved with torch.save (a zip archive), is named for what it is: read
+# as a pickle, the zip was "opcode PERSID at offset 0 not allowed", a bzip2 file a "truncated
+# string (needs 825845850 bytes ...)" and a zstd one an "unknown opcode 0xb5".
+raw = pickle.dumps({"segments": [segment(0)], "device_traces": [[]]}, protocol=4)
+zbuf = io.BytesIO()
+with zipfile.ZipFile(zbuf, "w") as z:  # torch.save's layout: archive/data.pkl and others
+    z.writestr("archive/data.pkl", raw)
+for name, data, needle in (
+        ("gz.pickle.gz", gzip.compress(raw), "a gzip-compressed file, not a snapshot"),
+        ("bz2.pickle.bz2", bz2.compress(raw), "a bzip2-compressed file, not a snapshot"),
+        ("xz.pickle.xz", lzma.compress(raw), "an xz-compressed file, not a snapshot"),
+        ("zstd.pickle.zst", b"\x28\xb5\x2f\xfd" + raw, "a zstd-compressed file, not a snapshot"),
+        ("saved.pt", zbuf.getvalue(), "a zip archive (what torch.save writes), not a snapshot")):
+    path = os.path.join(work, name)
+    with open(path, "wb") as f:
+        f.write(data)
+    for args in (["info", path], ["replay", path], ["summary", path],
+                 ["plot", path, "-o", os.path.join(work, name + ".svg")]):
+        refused(f"{args[0]} {name}", args, path + ": " + needle)
 
 if fails:
     sys.exit("hostile snapshots:\n  " + "\n  ".join(fails))

@@ -70,6 +70,23 @@ if [ $rc -ne 1 ] || [ "$(wc -l <"$w/err")" -ne 1 ] ||
 fi
 [ "$(cat "$w/full.pickle")" = "previous snapshot" ] || { echo "FAIL full.pickle was changed"; fail=1; }
 ls "$w" | grep -q '\.tmp\.' && { echo "FAIL a temporary file was left behind"; fail=1; }
+# ... also with SIGXFSZ left as it is (ulimit -f in a shell or a batch job; the default action
+# ends the process): the write past the limit killed the replay, and the half-written temporary
+# was left next to the snapshot. The writer fails before that write; the chart's writer as well.
+rm -f "$w/err"
+for cmd in "replay $trace --snapshot $w/full.pickle" "plot $trace -o $w/full.svg"; do
+    printf 'previous\n' >"$w/full.pickle" && printf 'previous\n' >"$w/full.svg" || exit 1
+    # shellcheck disable=SC2086 # cmd is split into words on purpose (no spaces in the paths)
+    (ulimit -f 1 && exec "$bin" $cmd) >/dev/null 2>"$w/err"
+    rc=$?
+    if [ $rc -ne 1 ] || [ "$(wc -l <"$w/err")" -ne 1 ] || ! grep -q 'ulimit -f' "$w/err"; then
+        echo "FAIL file size limit ($cmd): rc=$rc: $(cat "$w/err")"
+        fail=1
+    fi
+    [ "$(cat "$w/full.pickle")" = previous ] && [ "$(cat "$w/full.svg")" = previous ] ||
+        { echo "FAIL file size limit ($cmd): the previous file was changed"; fail=1; }
+    ls "$w" | grep -q '\.tmp\.' && { echo "FAIL file size limit ($cmd): a temporary was left"; fail=1; }
+done
 # A snapshot elsewhere is still written.
 "$bin" replay "$w/t.pickle" --snapshot "$w/out.pickle" >/dev/null 2>&1 && [ -s "$w/out.pickle" ] ||
     { echo "FAIL no snapshot written elsewhere"; fail=1; }

@@ -242,6 +242,11 @@ if(TARGET sympool_cli)
   sp_cli_check(NAME replay_unknown_short_after_long_value RC 2
     REGEX "^sympool replay: unknown option '-x' \\(see sympool replay --help\\)\n"
     ARGS replay ${SMALL} --conf=max_split_size_mb:64 -xj)
+  # A prefix of several long options is ambiguous, not unknown: each option it abbreviates is
+  # named ("--co" was an "unknown option '--co'", though --conf and --compare are known).
+  sp_cli_check(NAME replay_ambiguous_option RC 2
+    REGEX "^sympool replay: option '--co' is ambiguous: --conf --compare \\(see sympool replay --help\\)\n"
+    ARGS replay ${SMALL} --co=x)
   sp_cli_check(NAME replay_missing_value RC 2 REGEX "sympool replay: option '--conf' needs a value"
     ARGS replay ${SMALL} --conf)
   # --opt=value and --opt value mean the same.
@@ -307,6 +312,12 @@ if(TARGET sympool_cli)
     ARGS info ${CMAKE_CURRENT_SOURCE_DIR}/data/trace-settings-roundup-many.json)
   sp_cli_check(NAME replay_repeat_garbage RC 2 REGEX "--repeat takes 1 to 64, not '3x'"
     ARGS replay ${SMALL} --repeat=3x)
+  # Only digits are a number: strtol's leading white space and '+' were taken (--repeat ' 3' ran
+  # three times, -d +0 was device 0).
+  sp_cli_check(NAME replay_repeat_space RC 2 REGEX "--repeat takes 1 to 64, not ' 3'"
+    ARGS replay ${SMALL} "--repeat= 3")
+  sp_cli_check(NAME summary_device_plus RC 2 REGEX "--device takes 0 to 4095, not '\\+0'"
+    ARGS summary ${SMALL} -d +0)
   # A file that is not a pickle says so, not "memo key 105 is not defined".
   sp_cli_check(NAME replay_not_a_pickle RC 1 REGEX "CMakeLists.txt: not a pickle"
     ARGS replay ${PROJECT_SOURCE_DIR}/CMakeLists.txt)

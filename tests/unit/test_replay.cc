@@ -1884,8 +1884,8 @@ TEST_F(Replay, HandedOverBlocksReadLikeTheirDicts) {
             block(e, bad == 4 ? "active_allocated" : "inactive", MiB, -1, true);
         });
     };
-    const char *want[] = {"", "segments[0].blocks[2]: missing 'size' or 'state'",
-                          "segments[0].blocks[0]: missing 'size' or 'state'", "",
+    const char *want[] = {"", "segments[0].blocks[2]: missing or bad 'size' or 'state'",
+                          "segments[0].blocks[0]: missing or bad 'size' or 'state'", "",
                           "not a memory snapshot (no 'segments' list)"};
     expect_loaders_agree(trace, want, "blocks", [](const tr_device_t &f, const tr_device_t &d) {
         EXPECT_EQ(f.final_allocated, 4 * MiB);
@@ -1953,7 +1953,7 @@ TEST_F(Replay, HandedOverSegmentsReadLikeTheirDicts) {
                               [&](sp__emit_t *e) { segment(e, 0, bad == 4 ? 0 : 1); });
     };
     const char *want[] = {"", "segments[1]: missing or bad 'device'",
-                          "segments[2]: missing 'address' or 'total_size'", "",
+                          "segments[2]: missing or bad 'address' or 'total_size'", "",
                           "not a memory snapshot (no 'segments' list)"};
     expect_loaders_agree(trace, want, "segments", [](const tr_device_t &f, const tr_device_t &d) {
         EXPECT_EQ(f.final_reserved, 62 * MiB);
