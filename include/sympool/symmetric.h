@@ -94,7 +94,8 @@ sp_status_t sp_symmetric_mempool_destroy(sp_mempool_t *pool);
 sp_status_t sp_symmetric_window(const void *ptr, sp_window_info_t *info_p);
 
 /**
- * A load/store pointer to the same offset on @p rank. Local (not collective), thread-safe.
+ * A load/store pointer to the same offset on @p rank. Local (not collective), thread-safe, and
+ * never waits for a collective call on the pool in another thread (nor does sp_symmetric_window).
  * Peer pointers exist within a node only: with the `mpi` registrar a segment is an MPI shared
  * window on the pool's own node communicator, so every rank of sp_world_node(w, rank) == this
  * rank's node is reachable and no other is. NCCL windows are registered on the whole job's
