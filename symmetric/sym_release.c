@@ -270,10 +270,8 @@ static void free_state(sp_sym_state_t *st) {
     if (st->comm != MPI_COMM_NULL)
         MPI_Comm_free(&st->comm);
     if (st->broken)
-        return; /* on s_broken; the late rank completed its round, but keep it simple */
-    pthread_mutex_destroy(&st->lock);
-    pthread_mutex_destroy(&st->recs_lock);
-    free(st);
+        return;         /* on s_broken; the late rank completed its round, but keep it simple */
+    sp__sym_retire(st); /* freed at its world's finalize (sp__sym_free_retired) */
 }
 
 /* SP_ERR_BUSY on every rank, naming the ranks that refused the destroy (a->nbad > 0) and why:
@@ -500,6 +498,7 @@ static sp_status_t on_world_finalize(sp_world_t *w, bool in_step) {
         pthread_mutex_unlock(&st->lock);
         free_state(st);
     }
+    sp__sym_free_retired(w);
     free(bits);
     free(v);
     return err;

@@ -87,6 +87,12 @@ extern _Thread_local double sp__sym_test_grow_delay_s;
  * for their own state (create's pool state, the free-segment rounds' bitmap). Thread-local. */
 extern _Thread_local bool sp__sym_test_no_host;
 
+/* A destroyed pool's state, kept (its memory and locks) until its world is finalized, when
+ * sp__sym_free_retired(world) frees it: another thread may have found it just before the
+ * destroy and still be waiting for its lock. */
+void sp__sym_retire(sp_sym_state_t *st);
+void sp__sym_free_retired(const sp_world_t *w);
+
 /* One agreement round on the pool's communicator, numbered with the pool's current call
  * (sp__agree + sp__agree_check). A timeout breaks the pool (later collective calls are refused
  * with the saved reason); a mismatch resynchronizes the call number to the largest, so the pool

@@ -206,4 +206,39 @@ TEST_F(SymThreads, CollectiveOnThePoolsBuffersRunsWhileACallOnThePoolWaits) {
     EXPECT_SP_OK(sp_free(buf));
 }
 
+// "Calls on one pool are serialized on this rank": an sp_symmetric_malloc that another thread
+// makes while this rank's destroy of the pool waits for a late rank comes after the destroy, so
+// it is refused (SP_ERR_INVALID_USAGE), as it is on a rank that makes the two calls in order.
+// It waited for the pool's state, which the destroy freed: a use after free (ASan), then a
+// call on a freed communicator. The late rank comes 300 ms after the call started waiting; the
+// pause only makes the waiting likely, and every order of the two calls must give the refusal.
+TEST_F(SymThreads, MallocWaitingForADestroyInAnotherThreadIsRefused) {
+    sp::ScopedEnv env({{"SYMPOOL_SYM_TIMEOUT", "20"}});
+    expect_warnings(); // the refusals
+    sp_mempool_t *pool = pool_[0];
+    pool_[0] = nullptr; // destroyed here
+    void *p = nullptr;
+    int token = 0;
+    if (mpi_rank() == 0) {
+        uint64_t r0 = sp__agree_rounds();
+        sp_status_t got = SP_ERR_INTERNAL;
+        std::thread late([&] {
+            while (sp__agree_rounds() == r0) // the destroy's round started: it holds the pool
+                std::this_thread::yield();
+            std::thread a([&] { got = sp_symmetric_malloc(pool, 4096, nullptr, &p); });
+            std::this_thread::sleep_for(std::chrono::milliseconds(300));
+            MPI_Send(&token, 1, MPI_INT, 1, 78, MPI_COMM_WORLD); // now rank 1 may destroy
+            a.join();
+        });
+        EXPECT_SP_OK(sp_symmetric_mempool_destroy(pool));
+        late.join();
+        EXPECT_EQ(got, SP_ERR_INVALID_USAGE) << sp_status_name(got);
+    } else if (mpi_rank() == 1) {
+        MPI_Recv(&token, 1, MPI_INT, 0, 78, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+        EXPECT_SP_OK(sp_symmetric_mempool_destroy(pool));
+        EXPECT_SP_STATUS(sp_symmetric_malloc(pool, 4096, nullptr, &p), SP_ERR_INVALID_USAGE);
+    }
+    EXPECT_EQ(p, nullptr);
+}
+
 } // namespace
