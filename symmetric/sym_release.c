@@ -298,9 +298,9 @@ static sp_status_t destroy_refused(const sp_agree_t *a, const char *what, char *
                                         "CUDA graph",
                          (long long)a->lo[F_CAPTURE]);
     return sp__error(SP_ERR_BUSY, SP_SUB_SYM,
-                     "%s: %s still has live blocks in it; free them on every rank "
+                     "%s: %s still %s live blocks in it; free them on every rank "
                      "first (nothing was destroyed)",
-                     what, who);
+                     what, who, a->nbad == 1 ? "has" : "have");
 }
 
 SP_EXPORT sp_status_t sp_symmetric_mempool_destroy(sp_mempool_t *pool) {

@@ -87,6 +87,10 @@ sp_status_t sp_symmetric_empty_cache(sp_mempool_t *pool);
  *         usable; the message names those ranks); SP_ERR_MISMATCH (a rank in
  *         another call on the pool); SP_ERR_INVALID_ARGUMENT (NULL); SP_ERR_INVALID_USAGE (not a
  *         live symmetric pool, or a pool broken by a timeout); SP_ERR_TIMEOUT.
+ * A call on the pool that another thread of this rank makes meanwhile waits for the destroy (calls
+ * on one pool are serialized) and, if the pool was destroyed, is refused with
+ * SP_ERR_INVALID_USAGE. A destroyed pool's few hundred bytes of state are kept until its world is
+ * finalized (such a call may still hold a pointer to it).
  */
 sp_status_t sp_symmetric_mempool_destroy(sp_mempool_t *pool);
 
