@@ -248,6 +248,12 @@ static sp_status_t agreed_places(const sp_agree_t *a, const call_ctx_t *x, const
     return SP_SUCCESS;
 }
 
+/* A dtype's or op's name for a mismatch message (AG_DTYPE, AG_OP: agreed values of checked
+ * arguments, so always in range). */
+static const char *value_name(int field, int64_t v) {
+    return field == AG_DTYPE ? sp__coll_dtype_name((sp_dtype_t)v) : sp__coll_op_name((sp_redop_t)v);
+}
+
 /* The agreement: world/agree.c's round (the call, this rank's checks, count, dtype, op, root),
  * bounded by SYMPOOL_SYM_TIMEOUT, on the world's agreement communicator, before any data
  * moves. A rank in another collective call is SP_ERR_MISMATCH naming both. */
@@ -301,9 +307,17 @@ static sp_status_t agree(sp_world_t *w, const call_ctx_t *x, const sp_coll_call_
                              "%s: ranks passed different counts (this rank: %zu); every rank "
                              "must pass the same count",
                              fn, c->count);
+        if (i == AG_DTYPE || i == AG_OP) /* by name: the enum's numbers mean nothing to a user */
+            return sp__error(SP_ERR_MISMATCH, SP_SUB_COLL,
+                             "%s: ranks passed different %ss (%s to %s; this rank: %s); every rank "
+                             "must pass the same %s",
+                             fn, field_names[i], value_name(i, lo), value_name(i, hi),
+                             value_name(i, i == AG_DTYPE ? (int64_t)c->dtype : (int64_t)c->op),
+                             field_names[i]);
         return sp__error(SP_ERR_MISMATCH, SP_SUB_COLL,
-                         "%s: ranks passed different %s values (smallest %lld, largest %lld)", fn,
-                         field_names[i], (long long)lo, (long long)hi);
+                         "%s: ranks passed different %s values (smallest %lld, largest %lld; this "
+                         "rank: %d)",
+                         fn, field_names[i], (long long)lo, (long long)hi, c->root);
     }
     return agreed_places(&a, x, c, fn);
 }

@@ -81,6 +81,7 @@ typedef struct gathered {
     agg_t *nodes;                       /* rank 0, when asked: [nnodes][nkeys + N_SYM] */
     int64_t *rows;                      /* rank 0 of Prometheus: [nranks][nkeys + N_SYM] */
     int worst_w;                        /* width of the table's "worst" column */
+    int dev_lo, dev_hi;                 /* the smallest and largest device the ranks reported */
     agg_t stats[SP_STATS_MAX];          /* per summary key (memory_stats, then device.*) */
     agg_t sym[N_SYM];                   /* per symmetric counter */
     int64_t mine[SP_STATS_MAX + N_SYM]; /* this rank's values: stats then counters */
@@ -290,8 +291,11 @@ static sp_status_t gather_all(sp_world_t *w, int device, int format, bool local_
     sp_agree_t a = {.op = strcmp(fn, "sp_stats_report") == 0 ? SP_AGREE_STATS_REPORT
                                                              : SP_AGREE_STATS_AGGREGATE,
                     .ok = local_ok && mine == SP_SUCCESS,
-                    .f = {(int64_t)nkeys, format, (int64_t)mine}};
+                    .f = {(int64_t)nkeys, format, (int64_t)mine, device}};
     sp_status_t st = sp__world_agree(w, &a, fn);
+    /* Each rank reports its own device (on cuda its local rank's): the report names them all. */
+    g->dev_lo = (int)a.lo[3];
+    g->dev_hi = (int)a.hi[3];
     if (st == SP_SUCCESS)
         st = round_status(&a, local_ok, mine, reason, fn);
     if (st == SP_SUCCESS && a.lo[1] != a.hi[1])
@@ -411,7 +415,7 @@ static double imbalance(const agg_t *a, int n) {
     return mean > 0 ? (double)a->max / mean : 0;
 }
 
-static void table_head(FILE *out, gathered_t *g, int device) {
+static void table_head(FILE *out, gathered_t *g) {
     /* The "worst" column fits the longest rank@node. */
     g->worst_w = 6;
     for (int k = 0; k < g->nnodes; k++) {
@@ -420,8 +424,14 @@ static void table_head(FILE *out, gathered_t *g, int device) {
         if (len > g->worst_w)
             g->worst_w = len;
     }
-    fprintf(out, "sympool memory statistics: %d rank(s) on %d node(s), device %d, backend %s\n",
-            g->nranks, g->nnodes, device, sp_backend_name());
+    if (g->dev_lo == g->dev_hi)
+        fprintf(out, "sympool memory statistics: %d rank(s) on %d node(s), device %d, backend %s\n",
+                g->nranks, g->nnodes, g->dev_lo, sp_backend_name());
+    else /* the root's device alone would pass for every rank's */
+        fprintf(out,
+                "sympool memory statistics: %d rank(s) on %d node(s), devices %d to %d (each "
+                "rank its own), backend %s\n",
+                g->nranks, g->nnodes, g->dev_lo, g->dev_hi, sp_backend_name());
     fprintf(out, "%-42s %12s %12s %12s %*s  %s\n", "key", "min", "mean", "max", g->worst_w, "worst",
             "max/mean");
     fprintf(out, "-- key figures\n");
@@ -501,9 +511,9 @@ static void table_legend(FILE *out) {
 
 /* The default table: the key figures, then the keys where one rank stands out (most imbalanced
  * first), the symmetric counters if any pool exists, and one line saying how to see the rest. */
-static void write_table(FILE *out, gathered_t *g, int device) {
+static void write_table(FILE *out, gathered_t *g) {
     int n = g->nranks;
-    table_head(out, g, device);
+    table_head(out, g);
     size_t order[SP_STATS_MAX], m = 0, nonzero = 0;
     for (size_t i = 0; i < g->nkeys; i++) {
         nonzero += !all_zero(&g->stats[i]);
@@ -543,8 +553,8 @@ static void write_table(FILE *out, gathered_t *g, int device) {
 
 /* The full table: the key figures, every key that is not zero everywhere, the symmetric
  * counters, and the names of the keys that are zero on every rank. */
-static void write_table_all(FILE *out, gathered_t *g, int device) {
-    table_head(out, g, device);
+static void write_table_all(FILE *out, gathered_t *g) {
+    table_head(out, g);
     size_t zeros = 0;
     for (size_t i = 0; i < g->nkeys; i++)
         zeros += all_zero(&g->stats[i]);
@@ -628,9 +638,9 @@ static void json_nodes(FILE *out, const gathered_t *g) {
 
 static void write_json(FILE *out, const gathered_t *g, int device) {
     fprintf(out,
-            "{\n  \"nranks\": %d,\n  \"nnodes\": %d,\n  \"device\": %d,\n  \"backend\": "
-            "\"%s\",\n  \"stats\": {",
-            g->nranks, g->nnodes, device, sp_backend_name());
+            "{\n  \"nranks\": %d,\n  \"nnodes\": %d,\n  \"device\": %d,\n  \"device_min\": "
+            "%d,\n  \"device_max\": %d,\n  \"backend\": \"%s\",\n  \"stats\": {",
+            g->nranks, g->nnodes, device, g->dev_lo, g->dev_hi, sp_backend_name());
     for (size_t i = 0; i < g->nkeys; i++)
         json_record(out, g, skey(i), &g->stats[i], g->nranks, i == 0, "    ");
     fprintf(out, "\n  },\n  \"symmetric\": {");
@@ -852,7 +862,7 @@ SP_EXPORT sp_status_t sp_stats_report(sp_world_t *w, int device, FILE *out,
     if (st == SP_SUCCESS && rank == 0) {
         switch (format) {
         case SP_REPORT_TABLE:
-            write_table(out, g, device);
+            write_table(out, g);
             break;
         case SP_REPORT_JSON:
             write_json(out, g, device);
@@ -861,7 +871,7 @@ SP_EXPORT sp_status_t sp_stats_report(sp_world_t *w, int device, FILE *out,
             write_prometheus(out, g, g->rows);
             break;
         case SP_REPORT_TABLE_ALL:
-            write_table_all(out, g, device);
+            write_table_all(out, g);
             break;
         }
         if (fflush(out) != 0 || ferror(out))

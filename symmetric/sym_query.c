@@ -1,7 +1,9 @@
 /*
  * sym_query.c: the local questions about symmetric buffers: sp_symmetric_window (which window
  * and offset a pointer lies in) and sp_symmetric_peer_ptr (the same byte on another rank). No
- * round: each answer comes from this rank's registry, under the pool state's lock.
+ * round: each answer comes from this rank's registry, under the lock of the pool's segment list
+ * (recs_lock), never the lock a call on the pool holds while it waits for the other ranks
+ * (sym_state.h), so a query answers while such a call waits.
  */
 #include "core/core.h"
 #include "pool/pool.h"
@@ -29,18 +31,18 @@ static sp_status_t locate(const void *ptr, const char *fn, bool quiet, sp_block_
     if (!st)
         return sp__error(SP_ERR_INVALID_USAGE, SP_SUB_SYM,
                          "%s(%p): its symmetric pool's world was finalized", fn, ptr);
-    pthread_mutex_lock(&st->lock);
+    pthread_mutex_lock(&st->recs_lock);
     sp_sym_rec_t *rec = st->recs;
     while (rec && rec->seg.base != bi->segment_base)
         rec = rec->next;
     if (!rec) {
-        pthread_mutex_unlock(&st->lock);
+        pthread_mutex_unlock(&st->recs_lock);
         return sp__error(SP_ERR_INTERNAL, SP_SUB_SYM, "%s(%p): segment %p has no registration", fn,
                          ptr, bi->segment_base);
     }
     *st_p = st;
     *rec_p = rec;
-    return SP_SUCCESS; /* with st->lock held */
+    return SP_SUCCESS; /* with st->recs_lock held */
 }
 
 SP_EXPORT sp_status_t sp_symmetric_window(const void *ptr, sp_window_info_t *info_p) {
@@ -56,7 +58,7 @@ SP_EXPORT sp_status_t sp_symmetric_window(const void *ptr, sp_window_info_t *inf
         .segment_size = bi.segment_size,
         .segment_seq = bi.segment_seq,
     };
-    pthread_mutex_unlock(&st->lock);
+    pthread_mutex_unlock(&st->recs_lock);
     *info_p = info;
     return SP_SUCCESS;
 }
@@ -106,6 +108,6 @@ SP_EXPORT sp_status_t sp_symmetric_peer_ptr(const void *ptr, int rank, void **pe
         s = st->reg->peer_ptr(st->world, &rec->seg, rank,
                               (size_t)((const char *)ptr - (const char *)bi.segment_base),
                               peer_ptr_p);
-    pthread_mutex_unlock(&st->lock);
+    pthread_mutex_unlock(&st->recs_lock);
     return s;
 }

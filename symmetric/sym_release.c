@@ -50,28 +50,42 @@ static sp_status_t release_seq(sp_sym_state_t *st, uint64_t seq) {
     sp_status_t s = sp__pool_sym_detach(st->pool, seq, &base, &size, &stream);
     if (s != SP_SUCCESS)
         return s; /* cannot happen for an agreed segment; the registration stays recorded */
+    /* Unlinked first, under recs_lock (queries walk the list); released with no lock but the
+     * pool's own (the registrar's release may synchronize the node). */
+    pthread_mutex_lock(&st->recs_lock);
     sp_sym_rec_t **pp = &st->recs;
     while (*pp && (*pp)->seg.base != base)
         pp = &(*pp)->next;
     sp_sym_rec_t *rec = *pp;
+    if (rec)
+        *pp = rec->next;
+    pthread_mutex_unlock(&st->recs_lock);
     if (!rec)
         return sp__error(SP_ERR_INTERNAL, SP_SUB_SYM, "segment %llu at %p has no registration",
                          (unsigned long long)seq, base);
     s = st->reg->release(st, &rec->seg, stream);
-    *pp = rec->next;
     free(rec);
     sp__symc_add(st->device, SP_SYMC_DEREGISTRATIONS, 1);
     return s;
 }
 
+/* The head of the list, unlinked under recs_lock (a query may be walking it); NULL when empty. */
+static sp_sym_rec_t *pop_rec(sp_sym_state_t *st) {
+    pthread_mutex_lock(&st->recs_lock);
+    sp_sym_rec_t *r = st->recs;
+    if (r)
+        st->recs = r->next;
+    pthread_mutex_unlock(&st->recs_lock);
+    return r;
+}
+
 sp_status_t sp__sym_release_recs(sp_sym_state_t *st) {
     sp_status_t first = SP_SUCCESS;
-    while (st->recs) {
-        sp_sym_rec_t *r = st->recs;
+    sp_sym_rec_t *r;
+    while ((r = pop_rec(st)) != NULL) {
         sp_status_t s = st->reg->release(st, &r->seg, NULL);
         if (s != SP_SUCCESS && first == SP_SUCCESS)
             first = s;
-        st->recs = r->next;
         free(r);
         sp__symc_add(st->device, SP_SYMC_DEREGISTRATIONS, 1);
     }
@@ -256,9 +270,8 @@ static void free_state(sp_sym_state_t *st) {
     if (st->comm != MPI_COMM_NULL)
         MPI_Comm_free(&st->comm);
     if (st->broken)
-        return; /* on s_broken; the late rank completed its round, but keep it simple */
-    pthread_mutex_destroy(&st->lock);
-    free(st);
+        return;         /* on s_broken; the late rank completed its round, but keep it simple */
+    sp__sym_retire(st); /* freed at its world's finalize (sp__sym_free_retired) */
 }
 
 /* SP_ERR_BUSY on every rank, naming the ranks that refused the destroy (a->nbad > 0) and why:
@@ -285,9 +298,9 @@ static sp_status_t destroy_refused(const sp_agree_t *a, const char *what, char *
                                         "CUDA graph",
                          (long long)a->lo[F_CAPTURE]);
     return sp__error(SP_ERR_BUSY, SP_SUB_SYM,
-                     "%s: %s still has live blocks in it; free them on every rank "
+                     "%s: %s still %s live blocks in it; free them on every rank "
                      "first (nothing was destroyed)",
-                     what, who);
+                     what, who, a->nbad == 1 ? "has" : "have");
 }
 
 SP_EXPORT sp_status_t sp_symmetric_mempool_destroy(sp_mempool_t *pool) {
@@ -480,14 +493,12 @@ static sp_status_t on_world_finalize(sp_world_t *w, bool in_step) {
         if (release)
             sp__sym_release_recs(st);
         else if (!st->broken)
-            while (st->recs) { /* the records only; the registrations stay */
-                sp_sym_rec_t *r = st->recs;
-                st->recs = r->next;
-                free(r);
-            }
+            for (sp_sym_rec_t *r; (r = pop_rec(st)) != NULL;)
+                free(r); /* the records only; the registrations stay */
         pthread_mutex_unlock(&st->lock);
         free_state(st);
     }
+    sp__sym_free_retired(w);
     free(bits);
     free(v);
     return err;

@@ -160,6 +160,15 @@ sp_status_t sp__sym_acquire(const sp_mempool_t *pool, const char *fn, sp_sym_sta
                          "finalized)",
                          fn);
     pthread_mutex_lock(&st->lock);
+    /* Another thread's sp_symmetric_mempool_destroy may have held the lock meanwhile: it
+     * clears st->pool under it, and the state stays readable (retired, sp__sym_retire). */
+    if (st->pool != pool) {
+        pthread_mutex_unlock(&st->lock);
+        return sp__error(SP_ERR_INVALID_USAGE, SP_SUB_SYM,
+                         "%s: not a live symmetric pool (another thread destroyed it while this "
+                         "call waited for it)",
+                         fn);
+    }
     if (st->broken) {
         sp_status_t s = sp__error(SP_ERR_INVALID_USAGE, SP_SUB_SYM,
                                   "%s: pool broken by timeout (%s)", fn, st->broken_why);
@@ -168,6 +177,41 @@ sp_status_t sp__sym_acquire(const sp_mempool_t *pool, const char *fn, sp_sym_sta
     }
     *st_p = st;
     return SP_SUCCESS;
+}
+
+/* States of destroyed pools, by world (s_reg_lock): a thread that found a state just before
+ * its pool's destroy unregistered it may still be waiting for its lock, or about to take it, so
+ * the memory (and the lock) must outlive the destroy. They are freed with their world. */
+static sp_sym_state_t *s_retired;
+
+void sp__sym_retire(sp_sym_state_t *st) {
+    pthread_mutex_lock(&s_reg_lock);
+    st->next = s_retired;
+    s_retired = st;
+    pthread_mutex_unlock(&s_reg_lock);
+}
+
+void sp__sym_free_retired(const sp_world_t *w) {
+    sp_sym_state_t *mine = NULL;
+    pthread_mutex_lock(&s_reg_lock);
+    for (sp_sym_state_t **pp = &s_retired; *pp;) {
+        sp_sym_state_t *st = *pp;
+        if (st->world != w) {
+            pp = &st->next;
+            continue;
+        }
+        *pp = st->next;
+        st->next = mine;
+        mine = st;
+    }
+    pthread_mutex_unlock(&s_reg_lock);
+    while (mine) {
+        sp_sym_state_t *st = mine;
+        mine = st->next;
+        pthread_mutex_destroy(&st->lock);
+        pthread_mutex_destroy(&st->recs_lock);
+        free(st);
+    }
 }
 
 void sp__sym_release_state(sp_sym_state_t *st) {

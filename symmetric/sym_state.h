@@ -13,8 +13,14 @@
  * made in the same order on every rank) and is held across their agreement rounds and the
  * registrar's work; it is this pool's alone, so no other pool and no sp_malloc/sp_free waits
  * for it. No pool or device lock is ever held while ranks wait for each other: growth and
- * release call pool/ only for short locked steps (plan, adopt, detach). The allocator callbacks
- * (only the orphan notice, sp__sym_seg_free) run under the device lock and touch `recs` only.
+ * release call pool/ only for short locked steps (plan, adopt, detach). `recs_lock` guards the
+ * list of registered segments alone and is held for short steps only (link, unlink, a lookup):
+ * the local queries (sp_symmetric_window, sp_symmetric_peer_ptr, and the window probe of every
+ * collective) take it and never `lock`, so they answer while a call on the pool waits for a late
+ * rank (with `lock` they waited for it, and a collective whose peers had already gone on to the
+ * data transfer left that call to time out). Order: `lock`, then the device lock, then
+ * `recs_lock`; nothing is taken under `recs_lock`. The allocator callbacks (only the orphan
+ * notice, sp__sym_seg_free) run under the device lock and touch `recs` only.
  */
 #ifndef SP_SYM_STATE_H
 #define SP_SYM_STATE_H
@@ -50,7 +56,9 @@ typedef struct sp_sym_state {
     char name[64];                 /* for messages ("" if unnamed) */
     pthread_mutex_t lock;          /* serializes this rank's calls on the pool */
     uint64_t callno;               /* collective calls on this pool on this rank (lock) */
-    sp_sym_rec_t *recs;            /* registered segments, creation order (lock) */
+    pthread_mutex_t recs_lock;     /* guards recs' links (short steps only, see above) */
+    sp_sym_rec_t *recs;            /* registered segments, creation order (changed under lock
+                                      and recs_lock both; read under either) */
     bool broken;                   /* a collective timed out: no further collective calls */
     bool abandoned;                /* a round of ours is still pending on comm: never free it */
     char broken_why[256];          /* what timed out, repeated to later callers */
@@ -78,6 +86,12 @@ extern _Thread_local double sp__sym_test_grow_delay_s;
 /* Test hook (sp__sym_test_fail_host): the calling thread's symmetric calls find no host memory
  * for their own state (create's pool state, the free-segment rounds' bitmap). Thread-local. */
 extern _Thread_local bool sp__sym_test_no_host;
+
+/* A destroyed pool's state, kept (its memory and locks) until its world is finalized, when
+ * sp__sym_free_retired(world) frees it: another thread may have found it just before the
+ * destroy and still be waiting for its lock. */
+void sp__sym_retire(sp_sym_state_t *st);
+void sp__sym_free_retired(const sp_world_t *w);
 
 /* One agreement round on the pool's communicator, numbered with the pool's current call
  * (sp__agree + sp__agree_check). A timeout breaks the pool (later collective calls are refused

@@ -68,6 +68,7 @@ static void free_new_state(sp_sym_state_t *st, sp_mempool_t *pool) {
     if (pool)
         sp__mempool_destroy_internal(pool);
     pthread_mutex_destroy(&st->lock);
+    pthread_mutex_destroy(&st->recs_lock);
     free(st);
 }
 
@@ -181,6 +182,7 @@ SP_EXPORT sp_status_t sp_symmetric_mempool_create(sp_world_t *w, const sp_mempoo
     if (!st)
         return create_without_state(w, &p, fn);
     pthread_mutex_init(&st->lock, NULL);
+    pthread_mutex_init(&st->recs_lock, NULL);
     st->world = w;
     st->comm = st->node_comm = MPI_COMM_NULL;
     st->device = sp_world_device(w);
@@ -276,6 +278,7 @@ void sp__sym_seg_free(void *ptr, size_t size, int device, void *stream, void *ct
     sp_sym_state_t *st = ctx;
     if (!sp__sym_is_live(st))
         return; /* the world was finalized: the registrar already released it */
+    pthread_mutex_lock(&st->recs_lock);
     for (sp_sym_rec_t *rec = st->recs; rec; rec = rec->next)
         if (rec->seg.base == ptr) {
             rec->orphan = true;
@@ -284,6 +287,7 @@ void sp__sym_seg_free(void *ptr, size_t size, int device, void *stream, void *ct
                     "dropped at the next collective release",
                     st->name, ptr);
         }
+    pthread_mutex_unlock(&st->recs_lock);
 }
 
 /* ---- malloc ------------------------------------------------------------------------------ */
@@ -327,10 +331,12 @@ static sp_status_t take(sp_sym_state_t *st, size_t rounded, size_t size, sp_stre
 }
 
 static void append_rec(sp_sym_state_t *st, sp_sym_rec_t *rec) {
+    pthread_mutex_lock(&st->recs_lock); /* a query may be walking the list */
     sp_sym_rec_t **tail = &st->recs;
     while (*tail)
         tail = &(*tail)->next;
     *tail = rec;
+    pthread_mutex_unlock(&st->recs_lock);
     sp__symc_add(st->device, SP_SYMC_REGISTRATIONS, 1);
 }
 

@@ -146,6 +146,9 @@ sp_status_t sp_stats_aggregate(sp_world_t *w, int device, sp_stats_summary_t *su
  * every record; "nodes": every node's name, ranks and reduced keys), PROMETHEUS is text
  * exposition with a sample per rank (rank and node labels, so `sum by (node)` aggregates per
  * node; one more collective, an MPI_Gather).
+ * Each rank reports its own @p device (on cuda, sp_world_device: its local rank's): the table's
+ * header names that device when every rank passed the same one, else "devices LO to HI (each
+ * rank its own)"; JSON has "device" (rank 0's), "device_min" and "device_max".
  * SYMPOOL_REPORT=table|json|prometheus prints the same at sp_world_finalize, to stdout.
  * @return SP_SUCCESS, SP_ERR_INVALID_ARGUMENT (on every rank: bad format, out NULL on rank 0,
  *         bad device), SP_ERR_MISMATCH (on every rank: ranks passed different formats),

@@ -87,6 +87,10 @@ sp_status_t sp_symmetric_empty_cache(sp_mempool_t *pool);
  *         usable; the message names those ranks); SP_ERR_MISMATCH (a rank in
  *         another call on the pool); SP_ERR_INVALID_ARGUMENT (NULL); SP_ERR_INVALID_USAGE (not a
  *         live symmetric pool, or a pool broken by a timeout); SP_ERR_TIMEOUT.
+ * A call on the pool that another thread of this rank makes meanwhile waits for the destroy (calls
+ * on one pool are serialized) and, if the pool was destroyed, is refused with
+ * SP_ERR_INVALID_USAGE. A destroyed pool's few hundred bytes of state are kept until its world is
+ * finalized (such a call may still hold a pointer to it).
  */
 sp_status_t sp_symmetric_mempool_destroy(sp_mempool_t *pool);
 
@@ -94,7 +98,8 @@ sp_status_t sp_symmetric_mempool_destroy(sp_mempool_t *pool);
 sp_status_t sp_symmetric_window(const void *ptr, sp_window_info_t *info_p);
 
 /**
- * A load/store pointer to the same offset on @p rank. Local (not collective), thread-safe.
+ * A load/store pointer to the same offset on @p rank. Local (not collective), thread-safe, and
+ * never waits for a collective call on the pool in another thread (nor does sp_symmetric_window).
  * Peer pointers exist within a node only: with the `mpi` registrar a segment is an MPI shared
  * window on the pool's own node communicator, so every rank of sp_world_node(w, rank) == this
  * rank's node is reachable and no other is. NCCL windows are registered on the whole job's

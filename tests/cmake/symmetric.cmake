@@ -3,7 +3,9 @@
 #    under mpirun;
 #  - the sympoolrun launcher: --help, the forwarding flags (with a fake Open MPI launcher that
 #    prints its arguments), and a real job whose ranks check SYMPOOL_DEBUG arrived;
-#  - the timeout test with SYMPOOL_SYM_TIMEOUT=1 in its environment.
+#  - the timeout test with SYMPOOL_SYM_TIMEOUT=1 in its environment;
+#  - the C programs for what a GoogleTest process cannot set up (an exiting rank, MPI finalized
+#    by the user, two host devices for a report whose ranks are on different devices).
 if(NOT SP_HAVE_MPI)
   return()
 endif()
@@ -158,3 +160,16 @@ set_tests_properties(mpi.sym_mpi_gone.np2 PROPERTIES LABELS mpi TIMEOUT 60
   ENVIRONMENT "${SP_TEST_ENV};SYMPOOL_SYM_TIMEOUT=5"
   PASS_REGULAR_EXPRESSION "sym-mpi-gone: ok rank 0.*sym-mpi-gone: ok rank 1|sym-mpi-gone: ok rank 1.*sym-mpi-gone: ok rank 0"
   FAIL_REGULAR_EXPRESSION "sym-mpi-gone: FAIL")
+
+# Ranks that report different devices (each its own, as on a cuda node): the report's header
+# and JSON name them all, not the root's alone. Two host devices, rank r on device r.
+add_executable(stats_devices ${PROJECT_SOURCE_DIR}/tests/mpi/stats_devices.c)
+target_compile_options(stats_devices PRIVATE ${SP_WARN})
+target_link_libraries(stats_devices PRIVATE sympool_static MPI::MPI_C)
+add_test(NAME mpi.stats_devices.np2
+  COMMAND ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} 2 --oversubscribe
+          $<TARGET_FILE:stats_devices>)
+set_tests_properties(mpi.stats_devices.np2 PROPERTIES LABELS mpi TIMEOUT 60
+  ENVIRONMENT "${SP_TEST_ENV};SYMPOOL_HOST_DEVICES=2;SYMPOOL_SYM_TIMEOUT=20"
+  PASS_REGULAR_EXPRESSION "stats-devices: ok rank 0.*stats-devices: ok rank 1|stats-devices: ok rank 1.*stats-devices: ok rank 0"
+  FAIL_REGULAR_EXPRESSION "stats-devices: FAIL")

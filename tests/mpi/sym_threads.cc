@@ -5,17 +5,25 @@
 // waits for the lock: a deadlock until the deadline). And an sp_malloc from a third thread
 // completes while a growth waits for a late rank. The lateness is placed inside the growth
 // (after the call's first rounds) with symmetric/'s test hook sp__sym_test_set_grow_delay.
+// And the local queries on a pool's buffers (and a collective on them) answer while another
+// thread's call on that pool waits for a late rank.
 // Run at 2 ranks with MPI_THREAD_MULTIPLE (registered in tests/cmake/symmetric.cmake; not part
 // of the tests/mpi/test_*.cc glob).
 #include <mpi.h>
 
 #include <atomic>
 #include <chrono>
+#include <string>
 #include <thread>
 
 #include "mpi_util.hpp"
 
+extern "C" {
+#include <sympool/collectives.h>
+}
+
 extern "C" void sp__sym_test_set_grow_delay(double seconds);
+extern "C" uint64_t sp__agree_rounds(void);
 
 namespace {
 
@@ -124,6 +132,113 @@ TEST_F(SymThreads, MallocFromAnotherThreadCompletesWhileAGrowthWaits) {
                     malloc_done, growth_done);
     }
     ASSERT_SP_OK(sp_free(sym));
+}
+
+// The local queries on a symmetric buffer (sp_symmetric_window, sp_symmetric_peer_ptr, and the
+// window probe every host collective makes before it moves data) answer while another thread's
+// call on the same pool waits for a late rank. Rank 1 makes its matching sp_symmetric_malloc
+// only after rank 0's queries have answered, so a query that waited for the pool's call (its
+// lock was held across the agreement round) would leave that call to time out: no timing here,
+// the order of events decides.
+TEST_F(SymThreads, QueriesAnswerWhileACallOnThePoolWaitsForALateRank) {
+    sp::ScopedEnv env({{"SYMPOOL_SYM_TIMEOUT", "10"}});
+    void *buf = nullptr, *next = nullptr;
+    ASSERT_SP_OK(sp_symmetric_malloc(pool_[0], 4096, nullptr, &buf));
+    // A peer's pointer on the host backend (the mpi registrar maps peers); on cuda NCCL 2.28 maps
+    // none, so the query asks for this rank's own byte (the same lookup, under the same lock).
+    const bool host = std::string(sp_backend_name()) == "host";
+    const int peer = host ? (mpi_rank() + 1) % 2 : mpi_rank();
+    MPI_Barrier(MPI_COMM_WORLD);
+    int token = 0;
+    if (mpi_rank() == 0) {
+        uint64_t r0 = sp__agree_rounds();
+        sp_status_t got = SP_ERR_INTERNAL;
+        std::thread a([&] { got = sp_symmetric_malloc(pool_[0], 4096, nullptr, &next); });
+        while (sp__agree_rounds() == r0) // a's round started: its call is on the pool now
+            std::this_thread::yield();
+        sp_window_info_t wi{};
+        void *pp = nullptr;
+        EXPECT_SP_OK(sp_symmetric_window(buf, &wi));
+        EXPECT_SP_OK(sp_symmetric_peer_ptr(buf, peer, &pp));
+        EXPECT_NE(pp, nullptr);
+        MPI_Send(&token, 1, MPI_INT, 1, 77, MPI_COMM_WORLD);
+        a.join();
+        EXPECT_EQ(got, SP_SUCCESS) << sp_status_name(got);
+    } else if (mpi_rank() == 1) {
+        MPI_Recv(&token, 1, MPI_INT, 0, 77, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+        EXPECT_SP_OK(sp_symmetric_malloc(pool_[0], 4096, nullptr, &next));
+    }
+    if (next)
+        EXPECT_SP_OK(sp_free(next));
+    EXPECT_SP_OK(sp_free(buf));
+}
+
+// The same for a collective on the pool's buffers: a host all-reduce asks whether its buffers
+// are in windows after the ranks agreed, while rank 1 is already moving the data; it must not
+// wait for rank 0's other thread, whose call waits for rank 1's next one.
+TEST_F(SymThreads, CollectiveOnThePoolsBuffersRunsWhileACallOnThePoolWaits) {
+    if (std::string(sp_backend_name()) != "host")
+        GTEST_SKIP() << "the test reads and writes its buffers with the CPU (host backend)";
+    sp::ScopedEnv env({{"SYMPOOL_SYM_TIMEOUT", "10"}});
+    const size_t kCount = 4096; // far above what the agreement round carries itself
+    float *buf = nullptr;
+    void *next = nullptr;
+    ASSERT_SP_OK(sp_symmetric_malloc(pool_[0], kCount * sizeof(float), nullptr, (void **)&buf));
+    for (size_t i = 0; i < kCount; i++)
+        buf[i] = 1.0f;
+    MPI_Barrier(MPI_COMM_WORLD);
+    if (mpi_rank() == 0) {
+        uint64_t r0 = sp__agree_rounds();
+        sp_status_t got = SP_ERR_INTERNAL;
+        std::thread a([&] { got = sp_symmetric_malloc(pool_[0], 4096, nullptr, &next); });
+        while (sp__agree_rounds() == r0) // a's round started: its call is on the pool now
+            std::this_thread::yield();
+        EXPECT_SP_OK(sp_allreduce(w_, buf, buf, kCount, SP_FLOAT32, SP_SUM, nullptr));
+        a.join();
+        EXPECT_EQ(got, SP_SUCCESS) << sp_status_name(got);
+    } else if (mpi_rank() == 1) {
+        EXPECT_SP_OK(sp_allreduce(w_, buf, buf, kCount, SP_FLOAT32, SP_SUM, nullptr));
+        EXPECT_SP_OK(sp_symmetric_malloc(pool_[0], 4096, nullptr, &next));
+    }
+    EXPECT_EQ(buf[kCount - 1], 2.0f);
+    if (next)
+        EXPECT_SP_OK(sp_free(next));
+    EXPECT_SP_OK(sp_free(buf));
+}
+
+// "Calls on one pool are serialized on this rank": an sp_symmetric_malloc that another thread
+// makes while this rank's destroy of the pool waits for a late rank comes after the destroy, so
+// it is refused (SP_ERR_INVALID_USAGE), as it is on a rank that makes the two calls in order.
+// It waited for the pool's state, which the destroy freed: a use after free (ASan), then a
+// call on a freed communicator. The late rank comes 300 ms after the call started waiting; the
+// pause only makes the waiting likely, and every order of the two calls must give the refusal.
+TEST_F(SymThreads, MallocWaitingForADestroyInAnotherThreadIsRefused) {
+    sp::ScopedEnv env({{"SYMPOOL_SYM_TIMEOUT", "20"}});
+    expect_warnings(); // the refusals
+    sp_mempool_t *pool = pool_[0];
+    pool_[0] = nullptr; // destroyed here
+    void *p = nullptr;
+    int token = 0;
+    if (mpi_rank() == 0) {
+        uint64_t r0 = sp__agree_rounds();
+        sp_status_t got = SP_ERR_INTERNAL;
+        std::thread late([&] {
+            while (sp__agree_rounds() == r0) // the destroy's round started: it holds the pool
+                std::this_thread::yield();
+            std::thread a([&] { got = sp_symmetric_malloc(pool, 4096, nullptr, &p); });
+            std::this_thread::sleep_for(std::chrono::milliseconds(300));
+            MPI_Send(&token, 1, MPI_INT, 1, 78, MPI_COMM_WORLD); // now rank 1 may destroy
+            a.join();
+        });
+        EXPECT_SP_OK(sp_symmetric_mempool_destroy(pool));
+        late.join();
+        EXPECT_EQ(got, SP_ERR_INVALID_USAGE) << sp_status_name(got);
+    } else if (mpi_rank() == 1) {
+        MPI_Recv(&token, 1, MPI_INT, 0, 78, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+        EXPECT_SP_OK(sp_symmetric_mempool_destroy(pool));
+        EXPECT_SP_STATUS(sp_symmetric_malloc(pool, 4096, nullptr, &p), SP_ERR_INVALID_USAGE);
+    }
+    EXPECT_EQ(p, nullptr);
 }
 
 } // namespace

@@ -832,8 +832,16 @@ TEST_F(CollectiveArgs, RanksDisagreeOnCountDtypeOpRoot) {
     EXPECT_SP_STATUS(
         sp_allreduce(w_, b.p, b.p, 8, rank_ == 0 ? SP_FLOAT32 : SP_INT32, SP_SUM, nullptr),
         SP_ERR_MISMATCH);
+    // Dtypes and ops by name (the message gave the enum's numbers: "smallest 2, largest 8").
+    std::string msg = sp_last_error();
+    EXPECT_NE(msg.find("int32 to float32"), std::string::npos) << msg;
+    EXPECT_NE(msg.find(rank_ == 0 ? "this rank: float32" : "this rank: int32"), std::string::npos)
+        << msg;
     EXPECT_SP_STATUS(sp_allreduce(w_, b.p, b.p, 8, SP_INT32, rank_ == 0 ? SP_MAX : SP_SUM, nullptr),
                      SP_ERR_MISMATCH);
+    msg = sp_last_error();
+    EXPECT_NE(msg.find("sum to max"), std::string::npos) << msg;
+    EXPECT_NE(msg.find(rank_ == 0 ? "this rank: max" : "this rank: sum"), std::string::npos) << msg;
     EXPECT_SP_STATUS(sp_broadcast(w_, b.p, b.p, 8, SP_INT32, rank_ == 0 ? 1 : 0, nullptr),
                      SP_ERR_MISMATCH);
     // A small allreduce's agreement record carries its input (up to 64 bytes) and a larger

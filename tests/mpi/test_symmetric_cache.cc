@@ -195,7 +195,17 @@ TEST_F(SymmetricCache, DestroyIsCollectiveAndRefusesLiveBlocks) {
         ASSERT_SP_OK(sp_free(p));
     }
     EXPECT_SP_STATUS(sp_symmetric_mempool_destroy(pool_), SP_ERR_BUSY);
+    EXPECT_NE(std::string(sp_last_error()).find("rank 0 still has live blocks"), std::string::npos)
+        << sp_last_error();
     if (mpi_rank() == 0) {
+        ASSERT_SP_OK(sp_free(p));
+    }
+    // Several ranks holding blocks: the message's verb agrees ("ranks 0 and 1 still has" before).
+    if (mpi_size() > 1) {
+        ASSERT_SP_OK(sp_symmetric_malloc(pool_, 4096, nullptr, &p));
+        EXPECT_SP_STATUS(sp_symmetric_mempool_destroy(pool_), SP_ERR_BUSY);
+        EXPECT_NE(std::string(sp_last_error()).find("still have live blocks"), std::string::npos)
+            << sp_last_error();
         ASSERT_SP_OK(sp_free(p));
     }
     sp_sym_counters_t before = sym_counters();
