@@ -25,6 +25,7 @@
 #include "pool/release.h"
 #include "pool/mempool.h"
 #include "pool/thread_cache.h"
+#include "pool/torch.h"
 
 sp_alloc_global_t sp__g = {.init_lock = PTHREAD_MUTEX_INITIALIZER};
 atomic_int sp__ready;
@@ -336,6 +337,7 @@ static sp_status_t shutdown_locked(void) {
     sp__alloc_orphans_reset();
     sp__handles_next_generation(); /* every pool handle of this session is stale from here */
     sp__history_shutdown();
+    sp__torch_session_end(sp__g.caps.is_emulated); /* the host backend's fini unmaps its segments */
     sp__device_reset();
     sp__g.ops = NULL;
     /* A new first call reads the SYMPOOL_* variables again, as the first one did. */

@@ -209,6 +209,14 @@ SP_EXPORT void sp_torch_segment_free(void *ptr, size_t size, int device, void *s
     (void)sp__g.ops->mem_free(seg.device, ptr, seg.size); /* logged there */
 }
 
+void sp__torch_session_end(bool memory_released) {
+    if (!memory_released)
+        return; /* still allocated: a later sp_torch_segment_free gives it back */
+    pthread_mutex_lock(&g_seg_lock);
+    g_nsegs = 0; /* their addresses are the next session's to hand out again */
+    pthread_mutex_unlock(&g_seg_lock);
+}
+
 void sp__torch_fork_lock(void) {
     pthread_mutex_lock(&g_seg_lock);
 }

@@ -34,7 +34,8 @@ void sp_torch_set_memory_fraction(double fraction, int device);
  * them. NULL when out of memory (PyTorch's MemPool path turns that into its OOM handling).
  * sp_torch_segment_free frees only a live segment of sp_torch_segment_malloc, with the size it was
  * made with (a mismatch is logged); any other pointer (a block of sp_torch_malloc, a segment freed
- * already) is logged and ignored. */
+ * already, one made before an sp_shutdown of the host backend, whose end unmapped it) is logged
+ * and ignored. */
 void *sp_torch_segment_malloc(size_t size, int device, void *stream);
 void sp_torch_segment_free(void *ptr, size_t size, int device, void *stream);
 

@@ -137,19 +137,28 @@ def _from_dlpack(obj):
 
 def _from_cai(cai, what):
     """(address, count, dtype) from a __cuda_array_interface__ dict (version 0 to 3), checked:
-    a malformed one (no "data", a negative or non-integer extent) is a ValueError, not a
-    KeyError, nor a count made of two negative extents."""
+    a malformed one (no "data", a negative or non-integer extent, strides that are not one
+    integer per extent) is a ValueError, not a KeyError, nor a count made of two negative
+    extents, nor a layout checked on fewer dimensions than it has."""
     try:
         typestr, shape, data = cai["typestr"], tuple(cai["shape"]), cai["data"]
         shape = tuple(operator.index(n) for n in shape)
         addr = data[0]
+        strides = cai.get("strides")
+        if strides is not None:
+            strides = tuple(operator.index(n) for n in strides)
     except (KeyError, TypeError, IndexError) as e:
         raise bad_value(f"{what}: malformed __cuda_array_interface__ ({type(e).__name__}: "
                         f"{e})") from None
     if any(n < 0 for n in shape):
         raise bad_value(f"{what}: __cuda_array_interface__'s shape {shape} has a negative extent")
+    # _contiguous pairs strides with extents from the last: a shorter tuple would leave the
+    # outer dimensions unchecked (the protocol gives one stride per extent).
+    if strides is not None and len(strides) != len(shape):
+        raise bad_value(f"{what}: malformed __cuda_array_interface__ (strides {strides} for "
+                        f"shape {shape})")
     name = dtype_name(typestr)
-    if not _contiguous(shape, cai.get("strides"), ITEMSIZE[name]):
+    if not _contiguous(shape, strides, ITEMSIZE[name]):
         raise bad_value(f"{what} is not contiguous")
     return as_ptr(addr, what), _prod(shape), name
 

@@ -26,7 +26,14 @@ def _cai(**kw):
     _cai(shape=(-4,)),
     _cai(shape=(2.5,)),           # a float extent cut to 2
     _cai(data=None),              # a TypeError from subscripting None
-], ids=["no-data", "no-shape", "two-negative", "negative", "float", "data-none"])
+    _cai(strides=4),              # not a tuple: a TypeError from reversed()
+    _cai(strides=("4",)),         # not an integer: read as "not contiguous"
+    # fewer strides than extents: the row stride went unchecked, so a (2, 3) array whose rows
+    # lie apart read as 6 contiguous elements
+    _cai(shape=(2, 3), strides=(4,)),
+    _cai(strides=(4, 4)),         # more strides than extents
+], ids=["no-data", "no-shape", "two-negative", "negative", "float", "data-none", "strides-int",
+        "strides-str", "strides-short", "strides-long"])
 def test_a_malformed_cuda_array_interface_is_a_value_error(cai):
     with pytest.raises(ValueError, match="__cuda_array_interface__"):
         _array.describe(CudaArray(cai), "send")

@@ -215,3 +215,34 @@ TEST_F(ApiAdversary, TorchSegmentFreeFreesOnlyItsOwnLiveSegments) {
     EXPECT_EQ(warnings("not a live segment"), before + 1);
     EXPECT_EQ(sp__host_live_bytes(0), live0);
 }
+
+// sp_shutdown ends the host backend, whose fini unmaps every allocation still live, the segments
+// of sp_torch_segment_malloc included. The segment registry kept them as live: after the next
+// sp_init the addresses are the new session's to hand out again (sympool's own segments among
+// them), and a late sp_torch_segment_free of the old segment, found in the registry, freed
+// whatever the new session had put there. The ended session's segments are forgotten with it.
+TEST_F(ApiAdversary, TorchSegmentOfAnEndedHostSessionIsForgotten) {
+    SP_SKIP_UNLESS_HOST(); // the host backend's fini unmaps what is left; CUDA's frees nothing
+    ASSERT_SP_OK(sp_init());
+    sp__torch_allow_host(true);
+    void *old_seg = sp_torch_segment_malloc(2 * MiB, 0, nullptr);
+    sp__torch_allow_host(false);
+    ASSERT_NE(old_seg, nullptr) << sp_last_error();
+    ASSERT_SP_OK(sp_shutdown()); // the host backend unmaps it
+    ASSERT_SP_OK(sp_init());
+    EXPECT_EQ(sp__torch_live_segments(), 0) << "the ended session's segment is not live";
+    // The new session's own memory, at the old segment's address where the kernel gives it
+    // again (a 2 MiB segment of sympool's, as the old one).
+    size_t live0 = sp__host_live_bytes(0);
+    void *block = nullptr;
+    ASSERT_SP_OK(sp_malloc(4096, 0, nullptr, &block));
+    size_t held = sp__host_live_bytes(0);
+    ASSERT_EQ(held - live0, 2 * MiB);
+    sp_torch_segment_free(old_seg, 2 * MiB, 0, nullptr); // PyTorch's late free of the old one
+    EXPECT_GE(warnings("not a live segment"), 1u);
+    EXPECT_EQ(sp__host_live_bytes(0), held) << "nothing of the new session was freed";
+    touch(block, 4096);
+    ASSERT_SP_OK(sp_free(block));
+    ASSERT_SP_OK(sp_empty_cache());
+    EXPECT_EQ(sp__host_live_bytes(0), live0);
+}
