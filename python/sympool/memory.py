@@ -439,6 +439,12 @@ class MemPool(_lib.Handle):
             self._device = as_device(device)
             params.device = self._device
             if allocator is not None:
+                # Inside a callback the library runs (a segment allocator's alloc or free) it
+                # holds its device lock and refuses the create: refused here before the table's
+                # lock is taken, since _release_allocators holds that lock while it calls into
+                # the library (which takes the device lock): in the other order, this thread and
+                # one releasing allocators would wait on each other for good.
+                _answered(0)
                 self._allocator = _segment_allocator(allocator)
                 params.allocator = ctypes.pointer(self._allocator)
                 global _py_allocators

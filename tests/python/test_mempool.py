@@ -208,6 +208,40 @@ def test_getters_inside_a_segment_allocator_raise_instead_of_answering_zero(sp):
     pool.destroy()
 
 
+def test_pool_with_an_allocator_made_inside_a_segment_allocator_is_refused_before_any_lock(sp):
+    # The library refuses the create inside its callback (it holds the device lock there). The
+    # package took its allocator table's lock first, which a thread releasing allocators holds
+    # while it calls into the library: held here by this test's main thread, the callback waited
+    # on it for good (on main: the malloc below never returned). Now it is refused first.
+    import sympool.memory as mem
+    bufs, seen = {}, []
+
+    def alloc(size, device, stream):
+        try:
+            sp.MemPool((lambda *a: 0, lambda *a: None), name="inner")
+            seen.append("made")
+        except sp.SympoolError as e:
+            seen.append(e.status)
+        b = ctypes.create_string_buffer(size + 4096)
+        a = (ctypes.addressof(b) + 4095) & ~4095
+        bufs[a] = b
+        return a
+
+    pool = sp.MemPool((alloc, lambda ptr, *a: bufs.pop(ptr)), name="outer")
+    got = []
+    worker = threading.Thread(target=lambda: got.append(pool.malloc(1 << 20)), daemon=True)
+    with mem._keepalive_lock:
+        worker.start()
+        worker.join(10)
+        done = not worker.is_alive()
+    worker.join()  # with the lock released, a blocked callback goes on
+    assert done, "the malloc waited on the allocator table's lock inside the callback"
+    assert seen == ["SP_ERR_INVALID_USAGE"] and got and got[0]
+    sp.free(got[0])
+    pool.free_all_blocks()
+    pool.destroy()
+
+
 def test_allocator_that_fails_gives_oom(sp):
     pool = sp.MemPool((lambda size, dev, stream: 0, lambda *a: None), name="empty")
     with pytest.raises(sp.OutOfMemoryError):
