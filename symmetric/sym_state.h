@@ -27,6 +27,7 @@
 
 #include <pthread.h>
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 
 #include "world/world.h"
@@ -72,6 +73,9 @@ void sp__sym_release_state(sp_sym_state_t *st);
 /* Registry (sym_round.c). */
 void sp__sym_register(sp_sym_state_t *st);
 void sp__sym_unregister(sp_sym_state_t *st);
+/* Clear st->pool (under the state's lock, at its destroy): under the registry's lock too, as
+ * sp__sym_find reads it under that lock alone. */
+void sp__sym_forget_pool(sp_sym_state_t *st);
 /* Is `st` a live state? Caller holds nothing; answer valid while the state's owner runs. */
 bool sp__sym_is_live(const sp_sym_state_t *st);
 /* The live state of `pool`, or NULL; the caller locks it before use. */
@@ -87,11 +91,17 @@ extern _Thread_local double sp__sym_test_grow_delay_s;
  * for their own state (create's pool state, the free-segment rounds' bitmap). Thread-local. */
 extern _Thread_local bool sp__sym_test_no_host;
 
-/* A destroyed pool's state, kept (its memory and locks) until its world is finalized, when
- * sp__sym_free_retired(world) frees it: another thread may have found it just before the
- * destroy and still be waiting for its lock. */
+/* A destroyed pool's state, kept (its memory and locks) while a call may still hold it:
+ * another thread may have found it just before the destroy and still be waiting for its lock.
+ * Such a call is counted from before its lookup (sp__sym_enter) until it has checked the state
+ * under its lock, or let go of recs_lock (sp__sym_leave); sp__sym_retire frees every retired
+ * state when none is, and sp__sym_free_retired(world) the world's rest at its finalize. */
+void sp__sym_enter(void);
+void sp__sym_leave(void);
 void sp__sym_retire(sp_sym_state_t *st);
 void sp__sym_free_retired(const sp_world_t *w);
+/* How many retired states are kept (tests). */
+size_t sp__sym_retired_count(void);
 
 /* One agreement round on the pool's communicator, numbered with the pool's current call
  * (sp__agree + sp__agree_check). A timeout breaks the pool (later collective calls are refused
