@@ -4,7 +4,8 @@
  * (sym_release.c) and the queries (sym_query.c). Internal to symmetric/.
  *
  * Lifetime: a state is created by sp_symmetric_mempool_create and lives in a process-wide
- * registry until sp_symmetric_mempool_destroy or the world's finalize hook frees it. Because
+ * registry until sp_symmetric_mempool_destroy or the world's finalize hook retires it; a retired
+ * state's memory stays while a call that found it may still hold it (sp__sym_retire). Because
  * the pool may outlive it (a pool never destroyed collectively, released by sp_shutdown after
  * sp_world_finalize), every entry point finds its state through the registry (sp__sym_acquire)
  * instead of trusting the pointer the pool holds.
@@ -19,8 +20,11 @@
  * collective) take it and never `lock`, so they answer while a call on the pool waits for a late
  * rank (with `lock` they waited for it, and a collective whose peers had already gone on to the
  * data transfer left that call to time out). Order: `lock`, then the device lock, then
- * `recs_lock`; nothing is taken under `recs_lock`. The allocator callbacks (only the orphan
- * notice, sp__sym_seg_free) run under the device lock and touch `recs` only.
+ * `recs_lock`; under `recs_lock` only leaf locks are taken (sp_symmetric_peer_ptr's answer asks the
+ * world's live list, as every sp_world_* accessor does, logs, and makes MPI's local
+ * MPI_Win_shared_query), never `lock`, a device lock or the world's NCCL lock (a registrar's
+ * release runs after the record is unlinked). The allocator callbacks (only the orphan notice,
+ * sp__sym_seg_free) run under the device lock and touch `recs` only.
  */
 #ifndef SP_SYM_STATE_H
 #define SP_SYM_STATE_H
