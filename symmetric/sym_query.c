@@ -11,6 +11,12 @@
 
 /* ---- queries -------------------------------------------------------------------------------- */
 
+/* Let go of what locate holds on success. */
+static void unlock_query(sp_sym_state_t *st) {
+    pthread_mutex_unlock(&st->recs_lock);
+    sp__sym_leave();
+}
+
 /* The live block holding ptr, its symmetric state and its registered segment. */
 /* `quiet`: sp_symmetric_window is also a question ("is this buffer in a window?", asked by the
  * collectives on every call), so "no" is logged at INFO, not WARN. */
@@ -27,22 +33,27 @@ static sp_status_t locate(const void *ptr, const char *fn, bool quiet, sp_block_
                                        "%s(%p): the block is not in a symmetric pool", fn, ptr)
                      : sp__error(SP_ERR_INVALID_USAGE, SP_SUB_SYM,
                                  "%s(%p): the block is not in a symmetric pool", fn, ptr);
+    /* Counted until the caller lets go of recs_lock (unlock_query): a destroy in another
+     * thread leaves the state's memory to it (sp__sym_retire). */
+    sp__sym_enter();
     sp_sym_state_t *st = sp__sym_find(bi->pool);
-    if (!st)
+    if (!st) {
+        sp__sym_leave();
         return sp__error(SP_ERR_INVALID_USAGE, SP_SUB_SYM,
                          "%s(%p): its symmetric pool's world was finalized", fn, ptr);
+    }
     pthread_mutex_lock(&st->recs_lock);
     sp_sym_rec_t *rec = st->recs;
     while (rec && rec->seg.base != bi->segment_base)
         rec = rec->next;
     if (!rec) {
-        pthread_mutex_unlock(&st->recs_lock);
+        unlock_query(st);
         return sp__error(SP_ERR_INTERNAL, SP_SUB_SYM, "%s(%p): segment %p has no registration", fn,
                          ptr, bi->segment_base);
     }
     *st_p = st;
     *rec_p = rec;
-    return SP_SUCCESS; /* with st->recs_lock held */
+    return SP_SUCCESS; /* with st->recs_lock held and counted: unlock_query */
 }
 
 SP_EXPORT sp_status_t sp_symmetric_window(const void *ptr, sp_window_info_t *info_p) {
@@ -58,7 +69,7 @@ SP_EXPORT sp_status_t sp_symmetric_window(const void *ptr, sp_window_info_t *inf
         .segment_size = bi.segment_size,
         .segment_seq = bi.segment_seq,
     };
-    pthread_mutex_unlock(&st->recs_lock);
+    unlock_query(st);
     *info_p = info;
     return SP_SUCCESS;
 }
@@ -108,6 +119,6 @@ SP_EXPORT sp_status_t sp_symmetric_peer_ptr(const void *ptr, int rank, void **pe
         s = st->reg->peer_ptr(st->world, &rec->seg, rank,
                               (size_t)((const char *)ptr - (const char *)bi.segment_base),
                               peer_ptr_p);
-    pthread_mutex_unlock(&st->recs_lock);
+    unlock_query(st);
     return s;
 }

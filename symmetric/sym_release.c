@@ -271,7 +271,7 @@ static void free_state(sp_sym_state_t *st) {
         MPI_Comm_free(&st->comm);
     if (st->broken)
         return;         /* on s_broken; the late rank completed its round, but keep it simple */
-    sp__sym_retire(st); /* freed at its world's finalize (sp__sym_free_retired) */
+    sp__sym_retire(st); /* freed when no call holds it (sp__sym_retire) */
 }
 
 /* SP_ERR_BUSY on every rank, naming the ranks that refused the destroy (a->nbad > 0) and why:
@@ -333,7 +333,7 @@ SP_EXPORT sp_status_t sp_symmetric_mempool_destroy(sp_mempool_t *pool) {
     sp_status_t r = sp__sym_release_recs(st);
     if (left)
         SP_INFO(SP_SUB_SYM, "%s: %zu segment(s) were not free everywhere", what, left);
-    st->pool = NULL;
+    sp__sym_forget_pool(st);
     sp__sym_release_state(st);
     free_state(st);
     return d != SP_SUCCESS ? d : r;

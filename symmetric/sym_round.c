@@ -64,7 +64,7 @@ void sp__sym_register(sp_sym_state_t *st) {
     pthread_mutex_lock(&s_reg_lock);
     st->next = s_states;
     s_states = st;
-    __atomic_fetch_add(&s_reg_gen, 1, __ATOMIC_RELEASE);
+    __atomic_fetch_add(&s_reg_gen, 1, __ATOMIC_SEQ_CST);
     pthread_mutex_unlock(&s_reg_lock);
 }
 
@@ -79,7 +79,13 @@ void sp__sym_unregister(sp_sym_state_t *st) {
         st->next = s_broken;
         s_broken = st;
     }
-    __atomic_fetch_add(&s_reg_gen, 1, __ATOMIC_RELEASE);
+    __atomic_fetch_add(&s_reg_gen, 1, __ATOMIC_SEQ_CST);
+    pthread_mutex_unlock(&s_reg_lock);
+}
+
+void sp__sym_forget_pool(sp_sym_state_t *st) {
+    pthread_mutex_lock(&s_reg_lock);
+    st->pool = NULL;
     pthread_mutex_unlock(&s_reg_lock);
 }
 
@@ -140,14 +146,19 @@ sp_status_t sp__sym_acquire(const sp_mempool_t *pool, const char *fn, sp_sym_sta
     /* NULL or garbage: SP_ERR_INVALID_ARGUMENT; a handle from before sp_shutdown:
      * SP_ERR_INVALID_USAGE; neither is read through (pool/handles.c). */
     SP_CHECK(sp__mempool_check(pool, fn));
-    /* The generation is read before the walk: a change during it makes the next call walk. */
-    uint64_t gen = __atomic_load_n(&s_reg_gen, __ATOMIC_ACQUIRE);
+    /* Counted while it holds a state pointer not yet checked under the state's lock (a retired
+     * state is freed only when no call is: sp__sym_retire). Entered before the generation is
+     * read, which is read before the walk: a change during it makes the next call walk. */
+    sp__sym_enter();
+    uint64_t gen = __atomic_load_n(&s_reg_gen, __ATOMIC_SEQ_CST);
     sp_sym_state_t *st = pool == t_pool && gen == t_gen ? t_state : find_usable(pool);
     if (st) {
         t_pool = pool;
         t_state = st;
         t_gen = gen;
     }
+    if (!st)
+        sp__sym_leave(); /* nothing held */
     if (!st && sp__world_mpi_gone())
         return sp__error(SP_ERR_INVALID_USAGE, SP_SUB_SYM,
                          "%s: MPI was finalized while this symmetric pool was live, so no "
@@ -161,9 +172,13 @@ sp_status_t sp__sym_acquire(const sp_mempool_t *pool, const char *fn, sp_sym_sta
                          fn);
     pthread_mutex_lock(&st->lock);
     /* Another thread's sp_symmetric_mempool_destroy may have held the lock meanwhile: it
-     * clears st->pool under it, and the state stays readable (retired, sp__sym_retire). */
-    if (st->pool != pool) {
+     * clears st->pool under it, and the state stays readable (retired, sp__sym_retire) until
+     * this call leaves it. */
+    bool mine = st->pool == pool;
+    if (!mine)
         pthread_mutex_unlock(&st->lock);
+    sp__sym_leave(); /* a live state stays live while its lock is held (destroy takes it) */
+    if (!mine) {
         return sp__error(SP_ERR_INVALID_USAGE, SP_SUB_SYM,
                          "%s: not a live symmetric pool (another thread destroyed it while this "
                          "call waited for it)",
@@ -179,16 +194,58 @@ sp_status_t sp__sym_acquire(const sp_mempool_t *pool, const char *fn, sp_sym_sta
     return SP_SUCCESS;
 }
 
-/* States of destroyed pools, by world (s_reg_lock): a thread that found a state just before
- * its pool's destroy unregistered it may still be waiting for its lock, or about to take it, so
- * the memory (and the lock) must outlive the destroy. They are freed with their world. */
+/* States of destroyed pools (s_reg_lock): a thread that found a state just before its pool's
+ * destroy unregistered it may still be waiting for its lock, or about to take it, so the memory
+ * (and the locks) must outlive the destroy. Such a thread is counted in s_users from before it
+ * reads the registry's generation until it has checked the state under its lock (or, for a
+ * query, until it lets go of recs_lock): a state retired while s_users is 0 can be reached by no
+ * call (one that enters later reads the new generation, and the walk no longer finds it), so
+ * every retired state is freed the first time a retire sees no call in flight; the rest go with
+ * their world's finalize. They were all kept until then: a world that created and destroyed
+ * pools in a loop grew by one state each time. The counter and the generation are sequentially
+ * consistent: a call's enter and a retire's look at s_users are ordered one way or the other,
+ * and in the second case the call's read of the generation follows the unregister's change. */
 static sp_sym_state_t *s_retired;
+static uint64_t s_users; /* calls holding a state pointer not yet checked (atomic) */
+
+void sp__sym_enter(void) {
+    __atomic_fetch_add(&s_users, 1, __ATOMIC_SEQ_CST);
+}
+
+void sp__sym_leave(void) {
+    __atomic_fetch_sub(&s_users, 1, __ATOMIC_SEQ_CST);
+}
+
+static void free_states(sp_sym_state_t *list) {
+    while (list) {
+        sp_sym_state_t *st = list;
+        list = st->next;
+        pthread_mutex_destroy(&st->lock);
+        pthread_mutex_destroy(&st->recs_lock);
+        free(st);
+    }
+}
 
 void sp__sym_retire(sp_sym_state_t *st) {
     pthread_mutex_lock(&s_reg_lock);
     st->next = s_retired;
     s_retired = st;
+    sp_sym_state_t *all = NULL;
+    if (__atomic_load_n(&s_users, __ATOMIC_SEQ_CST) == 0) {
+        all = s_retired; /* each was unregistered before this look */
+        s_retired = NULL;
+    }
     pthread_mutex_unlock(&s_reg_lock);
+    free_states(all);
+}
+
+size_t sp__sym_retired_count(void) {
+    size_t n = 0;
+    pthread_mutex_lock(&s_reg_lock);
+    for (sp_sym_state_t *s = s_retired; s; s = s->next)
+        n++;
+    pthread_mutex_unlock(&s_reg_lock);
+    return n;
 }
 
 void sp__sym_free_retired(const sp_world_t *w) {
@@ -205,13 +262,7 @@ void sp__sym_free_retired(const sp_world_t *w) {
         mine = st;
     }
     pthread_mutex_unlock(&s_reg_lock);
-    while (mine) {
-        sp_sym_state_t *st = mine;
-        mine = st->next;
-        pthread_mutex_destroy(&st->lock);
-        pthread_mutex_destroy(&st->recs_lock);
-        free(st);
-    }
+    free_states(mine);
 }
 
 void sp__sym_release_state(sp_sym_state_t *st) {
@@ -222,7 +273,7 @@ void sp__sym_release_state(sp_sym_state_t *st) {
  * cache and refuses. */
 static void mpi_gone(void) {
     pthread_mutex_lock(&s_reg_lock);
-    __atomic_fetch_add(&s_reg_gen, 1, __ATOMIC_RELEASE);
+    __atomic_fetch_add(&s_reg_gen, 1, __ATOMIC_SEQ_CST);
     pthread_mutex_unlock(&s_reg_lock);
 }
 

@@ -4,7 +4,8 @@
  * (sym_release.c) and the queries (sym_query.c). Internal to symmetric/.
  *
  * Lifetime: a state is created by sp_symmetric_mempool_create and lives in a process-wide
- * registry until sp_symmetric_mempool_destroy or the world's finalize hook frees it. Because
+ * registry until sp_symmetric_mempool_destroy or the world's finalize hook retires it; a retired
+ * state's memory stays while a call that found it may still hold it (sp__sym_retire). Because
  * the pool may outlive it (a pool never destroyed collectively, released by sp_shutdown after
  * sp_world_finalize), every entry point finds its state through the registry (sp__sym_acquire)
  * instead of trusting the pointer the pool holds.
@@ -19,14 +20,18 @@
  * collective) take it and never `lock`, so they answer while a call on the pool waits for a late
  * rank (with `lock` they waited for it, and a collective whose peers had already gone on to the
  * data transfer left that call to time out). Order: `lock`, then the device lock, then
- * `recs_lock`; nothing is taken under `recs_lock`. The allocator callbacks (only the orphan
- * notice, sp__sym_seg_free) run under the device lock and touch `recs` only.
+ * `recs_lock`; under `recs_lock` only leaf locks are taken (sp_symmetric_peer_ptr's answer asks the
+ * world's live list, as every sp_world_* accessor does, logs, and makes MPI's local
+ * MPI_Win_shared_query), never `lock`, a device lock or the world's NCCL lock (a registrar's
+ * release runs after the record is unlinked). The allocator callbacks (only the orphan notice,
+ * sp__sym_seg_free) run under the device lock and touch `recs` only.
  */
 #ifndef SP_SYM_STATE_H
 #define SP_SYM_STATE_H
 
 #include <pthread.h>
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 
 #include "world/world.h"
@@ -72,6 +77,9 @@ void sp__sym_release_state(sp_sym_state_t *st);
 /* Registry (sym_round.c). */
 void sp__sym_register(sp_sym_state_t *st);
 void sp__sym_unregister(sp_sym_state_t *st);
+/* Clear st->pool (under the state's lock, at its destroy): under the registry's lock too, as
+ * sp__sym_find reads it under that lock alone. */
+void sp__sym_forget_pool(sp_sym_state_t *st);
 /* Is `st` a live state? Caller holds nothing; answer valid while the state's owner runs. */
 bool sp__sym_is_live(const sp_sym_state_t *st);
 /* The live state of `pool`, or NULL; the caller locks it before use. */
@@ -87,11 +95,17 @@ extern _Thread_local double sp__sym_test_grow_delay_s;
  * for their own state (create's pool state, the free-segment rounds' bitmap). Thread-local. */
 extern _Thread_local bool sp__sym_test_no_host;
 
-/* A destroyed pool's state, kept (its memory and locks) until its world is finalized, when
- * sp__sym_free_retired(world) frees it: another thread may have found it just before the
- * destroy and still be waiting for its lock. */
+/* A destroyed pool's state, kept (its memory and locks) while a call may still hold it:
+ * another thread may have found it just before the destroy and still be waiting for its lock.
+ * Such a call is counted from before its lookup (sp__sym_enter) until it has checked the state
+ * under its lock, or let go of recs_lock (sp__sym_leave); sp__sym_retire frees every retired
+ * state when none is, and sp__sym_free_retired(world) the world's rest at its finalize. */
+void sp__sym_enter(void);
+void sp__sym_leave(void);
 void sp__sym_retire(sp_sym_state_t *st);
 void sp__sym_free_retired(const sp_world_t *w);
+/* How many retired states are kept (tests). */
+size_t sp__sym_retired_count(void);
 
 /* One agreement round on the pool's communicator, numbered with the pool's current call
  * (sp__agree + sp__agree_check). A timeout breaks the pool (later collective calls are refused

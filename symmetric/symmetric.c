@@ -276,8 +276,11 @@ void sp__sym_seg_free(void *ptr, size_t size, int device, void *stream, void *ct
     (void)device;
     (void)stream;
     sp_sym_state_t *st = ctx;
-    if (!sp__sym_is_live(st))
+    sp__sym_enter(); /* a live state's memory stays until sp__sym_leave (sp__sym_retire) */
+    if (!sp__sym_is_live(st)) {
+        sp__sym_leave();
         return; /* the world was finalized: the registrar already released it */
+    }
     pthread_mutex_lock(&st->recs_lock);
     for (sp_sym_rec_t *rec = st->recs; rec; rec = rec->next)
         if (rec->seg.base == ptr) {
@@ -288,6 +291,7 @@ void sp__sym_seg_free(void *ptr, size_t size, int device, void *stream, void *ct
                     st->name, ptr);
         }
     pthread_mutex_unlock(&st->recs_lock);
+    sp__sym_leave();
 }
 
 /* ---- malloc ------------------------------------------------------------------------------ */

@@ -89,8 +89,8 @@ sp_status_t sp_symmetric_empty_cache(sp_mempool_t *pool);
  *         live symmetric pool, or a pool broken by a timeout); SP_ERR_TIMEOUT.
  * A call on the pool that another thread of this rank makes meanwhile waits for the destroy (calls
  * on one pool are serialized) and, if the pool was destroyed, is refused with
- * SP_ERR_INVALID_USAGE. A destroyed pool's few hundred bytes of state are kept until its world is
- * finalized (such a call may still hold a pointer to it).
+ * SP_ERR_INVALID_USAGE. A destroyed pool's few hundred bytes of state are kept only while such a
+ * call may still hold a pointer to it (at the latest until its world is finalized).
  */
 sp_status_t sp_symmetric_mempool_destroy(sp_mempool_t *pool);
 
