@@ -503,10 +503,13 @@ size_t sp__alloc_release_pool(sp_devalloc_t *d, sp_mempool_t *pool, bool filter_
 }
 
 /* Whether a graph capture is under way on the device (its legacy stream counts as capturing while
- * a blocking stream captures; host: never). A capture on a non-blocking stream in relaxed or
- * thread-local mode is not seen this way. */
+ * a blocking stream captures, and so does a capture on a stream sp_stream_create made; host:
+ * never). A capture on a non-blocking stream the application made itself is not seen: CUDA has
+ * no per-device query. */
 bool sp__alloc_capture_underway(sp_devalloc_t *d) {
     bool capturing = false;
+    if (sp__g.ops->device_capturing)
+        return sp__g.ops->device_capturing(d->device, &capturing) == SP_SUCCESS && capturing;
     return sp__g.ops->stream_capturing(d->device, NULL, &capturing) == SP_SUCCESS && capturing;
 }
 
