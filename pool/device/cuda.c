@@ -493,7 +493,8 @@ static sp_status_t cuda_stream_destroy(int device, sp_dev_stream_t stream) {
      * the same handle, which is the allocator's cache key: blocks freed on the old stream would
      * then be handed to the new one unordered with that work. Wait for it first. */
     CU_TRY_OUT(cudaStreamSynchronize((cudaStream_t)stream), res);
-    CU_TRY_OUT(cudaStreamDestroy((cudaStream_t)stream), res);
+    /* Out of the registry before the handle dies: cuda_device_capturing asks every stream in it,
+     * and asking a destroyed stream is undefined. */
     cuda_dev_t *dev = &g_cuda.devs[device];
     pthread_mutex_lock(&dev->mu);
     for (size_t i = 0; i < dev->nown; i++)
@@ -502,6 +503,7 @@ static sp_status_t cuda_stream_destroy(int device, sp_dev_stream_t stream) {
             break;
         }
     pthread_mutex_unlock(&dev->mu);
+    CU_TRY_OUT(cudaStreamDestroy((cudaStream_t)stream), res);
 out:
     guard_exit(device, prev);
     return res;
