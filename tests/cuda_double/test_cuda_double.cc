@@ -690,6 +690,35 @@ TEST_F(CudaDoubleSympool, ExpandableEmptyCacheDuringACaptureOnASympoolStreamRele
     empty_cache_during_capture_on_a_sympool_stream();
 }
 
+// A free of a block recorded on a side stream makes an event there; when no event can be made
+// (cudaEventCreateWithFlags fails) and waiting for the stream fails too, the block used to go
+// back to the cache at once, and the next malloc handed it out while the side stream's work on
+// it was still queued. It must stay pending until that work is known done.
+TEST_F(CudaDoubleSympool, AFreeWhoseEventAndWaitBothFailStaysPending) {
+    NEED_DOUBLE();
+    expect_warnings();
+    sp_stream_t s = nullptr;
+    ASSERT_SP_OK(sp_stream_create(0, &s));
+    void *p = nullptr;
+    ASSERT_SP_OK(sp_malloc(1 << 20, 0, nullptr, &p));
+    ASSERT_EQ(cudaMemsetAsync(p, 0, 1 << 20, (cudaStream_t)s), cudaSuccess); // queued on s
+    ASSERT_SP_OK(sp_record_stream(p, s));
+    inject("cudaEventCreateWithFlags", cudaErrorMemoryAllocation);
+    inject("cudaStreamSynchronize", cudaErrorLaunchOutOfResources);
+    ASSERT_SP_OK(sp_free(p));
+    (void)cudaGetLastError();
+    void *q = nullptr;
+    ASSERT_SP_OK(sp_malloc(1 << 20, 0, nullptr, &q));
+    EXPECT_NE(q, p) << "handed out again while the side stream's work may still use it";
+    ASSERT_EQ(cudaStreamSynchronize((cudaStream_t)s), cudaSuccess);
+    void *r = nullptr;
+    ASSERT_SP_OK(sp_malloc(1 << 20, 0, nullptr, &r));
+    EXPECT_EQ(r, p) << "once the side stream is done, the block is reused";
+    ASSERT_SP_OK(sp_free(q));
+    ASSERT_SP_OK(sp_free(r));
+    ASSERT_SP_OK(sp_stream_destroy(s));
+}
+
 // The legacy stream (NULL) is the current device's ("Stream synchronization behavior", CUDA
 // Runtime API): whether it counts as capturing must be asked on the device the op works on, not on
 // whatever device the calling thread has current. A capture on device 1 must refuse device 1's
