@@ -14,7 +14,9 @@
  * a stream that is capturing, and synchronizing such a stream would break the capture. So a free
  * of a block used on a capturing stream queues an entry without an event ("deferred"): the
  * block stays pending, and the event is recorded by the first process_events after the capture
- * ended, as PyTorch defers such events until no capture is underway.
+ * ended, as PyTorch defers such events until no capture is underway. A free whose event cannot be
+ * made or recorded for another reason, and whose stream cannot be waited for either, is deferred
+ * the same way (never handed out with the stream's work maybe still queued on it).
  */
 #include <stdlib.h>
 #include <string.h>
@@ -132,21 +134,28 @@ sp_status_t sp__alloc_insert_events(sp_devalloc_t *d, sp_block_t *b) {
         sp_evq_entry_t *e = calloc(1, sizeof(*e));
         sp_evq_t *q = e ? queue_for(d, s) : NULL;
         sp_dev_event_t ev = NULL;
-        if (!q || ops->event_create(d->device, &ev) != SP_SUCCESS) {
-            /* Without an event the only safe choice is to wait for the stream now. */
+        if (!q) {
+            /* No host memory for an entry: the only safe choice is to wait for the stream now. */
             free(e);
             (void)ops->stream_sync(d->device, s);
             continue;
         }
-        sp_status_t rs = ops->event_record(d->device, ev, s);
-        if (rs != SP_SUCCESS) {
-            (void)ops->event_destroy(d->device, ev);
-            ev = NULL; /* capturing (SP_ERR_NOT_SUPPORTED): a deferred entry, recorded later */
-            if (rs != SP_ERR_NOT_SUPPORTED) {
-                free(e);
-                (void)ops->stream_sync(d->device, s);
-                continue;
+        sp_status_t rs = ops->event_create(d->device, &ev);
+        if (rs == SP_SUCCESS) {
+            rs = ops->event_record(d->device, ev, s);
+            if (rs != SP_SUCCESS) {
+                (void)ops->event_destroy(d->device, ev);
+                ev = NULL;
             }
+        }
+        /* No event: capturing (SP_ERR_NOT_SUPPORTED) makes a deferred entry, recorded later.
+         * After another failure, wait for the stream now; if that wait fails too (a capture, a
+         * device error), the block must not be handed out with the stream's work maybe still
+         * running on it, so it waits as a deferred entry (record_deferred tries again). */
+        if (rs != SP_SUCCESS && rs != SP_ERR_NOT_SUPPORTED &&
+            ops->stream_sync(d->device, s) == SP_SUCCESS) {
+            free(e);
+            continue;
         }
         e->event = ev;
         e->block = b;
@@ -503,10 +512,13 @@ size_t sp__alloc_release_pool(sp_devalloc_t *d, sp_mempool_t *pool, bool filter_
 }
 
 /* Whether a graph capture is under way on the device (its legacy stream counts as capturing while
- * a blocking stream captures; host: never). A capture on a non-blocking stream in relaxed or
- * thread-local mode is not seen this way. */
+ * a blocking stream captures, and so does a capture on a stream sp_stream_create made; host:
+ * never). A capture on a non-blocking stream the application made itself is not seen: CUDA has
+ * no per-device query. */
 bool sp__alloc_capture_underway(sp_devalloc_t *d) {
     bool capturing = false;
+    if (sp__g.ops->device_capturing)
+        return sp__g.ops->device_capturing(d->device, &capturing) == SP_SUCCESS && capturing;
     return sp__g.ops->stream_capturing(d->device, NULL, &capturing) == SP_SUCCESS && capturing;
 }
 

@@ -130,7 +130,14 @@ typedef struct sp_device_usage {
  */
 sp_status_t sp_device_usage(int device, sp_device_usage_t *usage_p);
 
-/** Create a stream on @p device. @return SP_SUCCESS, SP_ERR_INVALID_ARGUMENT, SP_ERR_DEVICE. */
+/**
+ * Create a stream on @p device (cuda: non-blocking). "A CUDA graph capture under way on the
+ * device", which stops releases and device-wide waits, is a capture on a stream made here or on a
+ * blocking stream of the device (the legacy stream then captures too); a capture on a
+ * non-blocking stream the application made itself cannot be seen (CUDA has no per-device query),
+ * so keep sp_empty_cache and the other releases out of it.
+ * @return SP_SUCCESS, SP_ERR_INVALID_ARGUMENT, SP_ERR_DEVICE.
+ */
 sp_status_t sp_stream_create(int device, sp_stream_t *stream_p);
 
 /** Destroy a stream made by sp_stream_create. The default stream (NULL, or cudaStreamLegacy) and

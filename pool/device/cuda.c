@@ -28,7 +28,9 @@
  * cudaMalloc; so another thread's capture is not invalidated by an allocator refill. Recording an
  * allocator event or synchronizing a stream that is itself capturing is refused with
  * SP_ERR_NOT_SUPPORTED (it would become a node of the graph, or break the capture); the
- * allocator then defers the event of such a free until the capture ended (release.c). Memory a
+ * allocator then defers the event of such a free until the capture ended (release.c). "A capture
+ * under way on the device" (no release, no cudaDeviceSynchronize) is the legacy stream counting as
+ * capturing or a capture on a stream cuda_stream_create made (cuda_device_capturing). Memory a
  * graph uses must outlive the graph: allocate it from a MemPool kept for the graph's life, as
  * torch.cuda.graph(pool=...) does.
  *
@@ -52,11 +54,13 @@
 #include <cuda_runtime.h>
 
 typedef struct cuda_dev {
-    atomic_bool used;   /* sympool made this device current once (it has a context now) */
-    pthread_mutex_t mu; /* guards the pool below */
-    cudaEvent_t *pool;  /* pooled events, [0, npool); mu */
-    size_t npool;       /* pooled events; mu */
-    size_t pool_cap;    /* capacity of `pool` in entries; mu */
+    atomic_bool used;     /* sympool made this device current once (it has a context now) */
+    pthread_mutex_t mu;   /* guards the pool below */
+    cudaEvent_t *pool;    /* pooled events, [0, npool); mu */
+    size_t npool;         /* pooled events; mu */
+    size_t pool_cap;      /* capacity of `pool` in entries; mu */
+    cudaStream_t *own;    /* live streams cuda_stream_create made, [0, nown); mu */
+    size_t nown, own_cap; /* mu */
 } cuda_dev_t;
 
 /* Driver entry points (NULL when the driver did not hand one out). */
@@ -169,6 +173,28 @@ static sp_status_t cuda_stream_capturing(int device, sp_dev_stream_t stream, boo
         return cuda_fail(err, __FILE__, __LINE__, "cudaStreamIsCapturing");
     *capturing_p = st != cudaStreamCaptureStatusNone;
     return SP_SUCCESS;
+}
+
+/* Whether a capture is under way on `device`, as far as CUDA lets one ask: the legacy stream counts
+ * as capturing (a blocking stream captures), or a stream sympool made captures. sympool's streams
+ * are non-blocking, so a capture on one leaves the legacy stream alone, yet cudaDeviceSynchronize
+ * during it is invalid and invalidates it ("invalid to ... synchronize a broader handle which
+ * encompasses an active stream capture, such as a device", CUDA Programming Guide, "Prohibited and
+ * Unhandled Operations"), and releasing memory the graph may use is what PyTorch never does during
+ * a capture. A non-blocking stream of the application's own is not seen: CUDA has no per-device
+ * query (PyTorch too only knows the captures begun through its graph API). */
+static sp_status_t cuda_device_capturing(int device, bool *capturing_p) {
+    SP_CHECK(cuda_stream_capturing(device, NULL, capturing_p));
+    if (*capturing_p || device < 0 || device >= g_cuda.count)
+        return SP_SUCCESS;
+    cuda_dev_t *dev = &g_cuda.devs[device];
+    sp_status_t res = SP_SUCCESS;
+    /* cudaStreamIsCapturing does not wait, so holding mu across it blocks nobody for long. */
+    pthread_mutex_lock(&dev->mu);
+    for (size_t i = 0; i < dev->nown && !*capturing_p && res == SP_SUCCESS; i++)
+        res = cuda_stream_capturing(device, (sp_dev_stream_t)dev->own[i], capturing_p);
+    pthread_mutex_unlock(&dev->mu);
+    return res;
 }
 
 /* SP_ERR_NOT_SUPPORTED when `stream` is capturing a graph (see the file comment); quiet when the
@@ -354,6 +380,7 @@ static void cuda_fini(void) {
                 guard_exit(d, prev);
         }
         free(dev->pool);
+        free(dev->own);
         pthread_mutex_destroy(&dev->mu);
     }
     free(g_cuda.devs);
@@ -432,6 +459,26 @@ static sp_status_t cuda_stream_create(int device, sp_dev_stream_t *stream_p) {
     sp_status_t res = SP_SUCCESS;
     cudaStream_t s = NULL;
     CU_TRY_OUT(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), res);
+    /* Remembered for cuda_device_capturing. */
+    cuda_dev_t *dev = &g_cuda.devs[device];
+    pthread_mutex_lock(&dev->mu);
+    if (dev->nown == dev->own_cap) {
+        size_t ncap = dev->own_cap ? dev->own_cap * 2 : 16;
+        cudaStream_t *no = realloc(dev->own, ncap * sizeof(*no));
+        if (no) {
+            dev->own = no;
+            dev->own_cap = ncap;
+        }
+    }
+    bool kept = dev->nown < dev->own_cap;
+    if (kept)
+        dev->own[dev->nown++] = s;
+    pthread_mutex_unlock(&dev->mu);
+    if (!kept) {
+        (void)cudaStreamDestroy(s); /* a fresh stream: nothing queued */
+        res = sp__error(SP_ERR_SYSTEM, SP_SUB_DEVICE, "cannot record a new stream");
+        goto out;
+    }
     *stream_p = (sp_dev_stream_t)s;
 out:
     guard_exit(device, prev);
@@ -446,6 +493,16 @@ static sp_status_t cuda_stream_destroy(int device, sp_dev_stream_t stream) {
      * the same handle, which is the allocator's cache key: blocks freed on the old stream would
      * then be handed to the new one unordered with that work. Wait for it first. */
     CU_TRY_OUT(cudaStreamSynchronize((cudaStream_t)stream), res);
+    /* Out of the registry before the handle dies: cuda_device_capturing asks every stream in it,
+     * and asking a destroyed stream is undefined. */
+    cuda_dev_t *dev = &g_cuda.devs[device];
+    pthread_mutex_lock(&dev->mu);
+    for (size_t i = 0; i < dev->nown; i++)
+        if (dev->own[i] == (cudaStream_t)stream) {
+            dev->own[i] = dev->own[--dev->nown];
+            break;
+        }
+    pthread_mutex_unlock(&dev->mu);
     CU_TRY_OUT(cudaStreamDestroy((cudaStream_t)stream), res);
 out:
     guard_exit(device, prev);
@@ -906,7 +963,13 @@ static sp_status_t cuda_vmm_release(int device, void *base, size_t size) {
 static sp_status_t cuda_device_sync(int device) {
     int prev = -1;
     SP_CHECK(guard_enter(device, &prev));
-    sp_status_t res = refuse_if_capturing(device, NULL, "cudaDeviceSynchronize", true);
+    bool capturing = false;
+    sp_status_t res = cuda_device_capturing(device, &capturing);
+    if (res == SP_SUCCESS && capturing)
+        res = sp__error_quiet(SP_ERR_NOT_SUPPORTED, SP_SUB_DEVICE,
+                              "cudaDeviceSynchronize on device %d: a stream of it is capturing a "
+                              "CUDA graph",
+                              device);
     if (res != SP_SUCCESS)
         goto out;
     CU_TRY_OUT(cudaDeviceSynchronize(), res);
@@ -928,6 +991,7 @@ static const sp_device_ops_t cuda_ops = {
     .stream_sync = cuda_stream_sync,
     .stream_capturing = cuda_stream_capturing,
     .stream_device = cuda_stream_device,
+    .device_capturing = cuda_device_capturing,
     .device_sync = cuda_device_sync,
     .event_create = cuda_event_create,
     .event_destroy = cuda_event_destroy,

@@ -71,6 +71,10 @@ typedef struct sp_device_ops {
     /* Which device a stream belongs to (host: recorded at creation); SP_ERR_INVALID_ARGUMENT for
      * a handle the backend did not make. NULL (default stream) is not asked. */
     sp_status_t (*stream_device)(sp_dev_stream_t stream, int *device_p);
+    /* Whether a CUDA graph capture is under way on the device as far as the backend can tell
+     * (cuda: the legacy stream counts as capturing, or a stream stream_create made captures).
+     * Optional (host: NULL, nothing captures); NULL means ask stream_capturing about NULL. */
+    sp_status_t (*device_capturing)(int device, bool *capturing_p);
     /* Wait for everything queued on every stream of the device (cudaDeviceSynchronize; host:
      * completes every stream's recorded events). */
     sp_status_t (*device_sync)(int device);

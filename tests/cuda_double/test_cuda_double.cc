@@ -648,6 +648,77 @@ TEST_F(CudaDoubleSympool, AllocatingDuringAnotherThreadsGlobalCaptureKeepsItVali
     EXPECT_SP_OK(sp_empty_cache());
 }
 
+// sympool's own streams are non-blocking (cuda_stream_create), so a global-mode capture on one
+// does not make the legacy stream count as capturing, yet cudaDeviceSynchronize during it is
+// invalid and breaks it ("invalid to ... synchronize a broader handle which encompasses an active
+// stream capture, such as a device", Programming Guide, Prohibited and Unhandled Operations).
+// sp_empty_cache promises to release nothing while a capture is under way on the device: with
+// expandable segments it used to unmap after a cudaDeviceSynchronize (the capture invalidated),
+// without them it cudaFree'd the cached segment the graph may use; sp_stream_destroy synchronized
+// the capturing stream (invalid: the capture invalidated) instead of answering SP_ERR_BUSY.
+void empty_cache_during_capture_on_a_sympool_stream() {
+    sp_stream_t s = nullptr;
+    ASSERT_SP_OK(sp_stream_create(0, &s));
+    void *p = nullptr;
+    ASSERT_SP_OK(sp_malloc(5 << 20, 0, s, &p));
+    ASSERT_SP_OK(sp_free(p));
+    size_t reserved = sp_memory_reserved(0);
+    ASSERT_GT(reserved, 0u);
+    ASSERT_EQ(cudaStreamBeginCapture((cudaStream_t)s, cudaStreamCaptureModeGlobal), cudaSuccess);
+    EXPECT_SP_OK(sp_empty_cache());
+    EXPECT_EQ(sp_memory_reserved(0), reserved) << "released during a capture";
+    EXPECT_EQ(sp_stream_destroy(s), SP_ERR_BUSY) << "destroyed (synchronized) during a capture";
+    cudaGraph_t g = nullptr;
+    EXPECT_EQ(cudaStreamEndCapture((cudaStream_t)s, &g), cudaSuccess)
+        << "sympool invalidated the capture";
+    cudaGraphDestroy(g);
+    ASSERT_SP_OK(sp_empty_cache());
+    EXPECT_EQ(sp_memory_reserved(0), 0u);
+    ASSERT_SP_OK(sp_stream_destroy(s));
+}
+
+TEST_F(CudaDoubleSympool, EmptyCacheDuringACaptureOnASympoolStreamReleasesNothing) {
+    NEED_DOUBLE();
+    expect_warnings();
+    empty_cache_during_capture_on_a_sympool_stream();
+}
+
+TEST_F(CudaDoubleSympool, ExpandableEmptyCacheDuringACaptureOnASympoolStreamReleasesNothing) {
+    NEED_DOUBLE();
+    expect_warnings();
+    sp::ScopedEnv env({{"SYMPOOL_EXPANDABLE_SEGMENTS", "1"}});
+    empty_cache_during_capture_on_a_sympool_stream();
+}
+
+// A free of a block recorded on a side stream makes an event there; when no event can be made
+// (cudaEventCreateWithFlags fails) and waiting for the stream fails too, the block used to go
+// back to the cache at once, and the next malloc handed it out while the side stream's work on
+// it was still queued. It must stay pending until that work is known done.
+TEST_F(CudaDoubleSympool, AFreeWhoseEventAndWaitBothFailStaysPending) {
+    NEED_DOUBLE();
+    expect_warnings();
+    sp_stream_t s = nullptr;
+    ASSERT_SP_OK(sp_stream_create(0, &s));
+    void *p = nullptr;
+    ASSERT_SP_OK(sp_malloc(1 << 20, 0, nullptr, &p));
+    ASSERT_EQ(cudaMemsetAsync(p, 0, 1 << 20, (cudaStream_t)s), cudaSuccess); // queued on s
+    ASSERT_SP_OK(sp_record_stream(p, s));
+    inject("cudaEventCreateWithFlags", cudaErrorMemoryAllocation);
+    inject("cudaStreamSynchronize", cudaErrorLaunchOutOfResources);
+    ASSERT_SP_OK(sp_free(p));
+    (void)cudaGetLastError();
+    void *q = nullptr;
+    ASSERT_SP_OK(sp_malloc(1 << 20, 0, nullptr, &q));
+    EXPECT_NE(q, p) << "handed out again while the side stream's work may still use it";
+    ASSERT_EQ(cudaStreamSynchronize((cudaStream_t)s), cudaSuccess);
+    void *r = nullptr;
+    ASSERT_SP_OK(sp_malloc(1 << 20, 0, nullptr, &r));
+    EXPECT_EQ(r, p) << "once the side stream is done, the block is reused";
+    ASSERT_SP_OK(sp_free(q));
+    ASSERT_SP_OK(sp_free(r));
+    ASSERT_SP_OK(sp_stream_destroy(s));
+}
+
 // The legacy stream (NULL) is the current device's ("Stream synchronization behavior", CUDA
 // Runtime API): whether it counts as capturing must be asked on the device the op works on, not on
 // whatever device the calling thread has current. A capture on device 1 must refuse device 1's
