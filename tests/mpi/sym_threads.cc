@@ -42,6 +42,16 @@ class SymThreads : public sp::Test {
         ASSERT_SP_OK(sym_pool_create(w_, "a", false, &pool_[0]));
         ASSERT_SP_OK(sym_pool_create(w_, "b", false, &pool_[1]));
     }
+    // Rank 0's second thread: a symmetric malloc of 4 KiB on pool "a", returned once its
+    // agreement round has started (its call holds the pool until rank 1's next call on it).
+    std::thread malloc_holding_the_pool(void **out, sp_status_t *got) {
+        uint64_t r0 = sp__agree_rounds();
+        std::thread t(
+            [this, out, got] { *got = sp_symmetric_malloc(pool_[0], 4096, nullptr, out); });
+        while (sp__agree_rounds() == r0)
+            std::this_thread::yield();
+        return t;
+    }
     void TearDown() override {
         for (auto &p : pool_)
             if (p)
@@ -152,11 +162,8 @@ TEST_F(SymThreads, QueriesAnswerWhileACallOnThePoolWaitsForALateRank) {
     MPI_Barrier(MPI_COMM_WORLD);
     int token = 0;
     if (mpi_rank() == 0) {
-        uint64_t r0 = sp__agree_rounds();
         sp_status_t got = SP_ERR_INTERNAL;
-        std::thread a([&] { got = sp_symmetric_malloc(pool_[0], 4096, nullptr, &next); });
-        while (sp__agree_rounds() == r0) // a's round started: its call is on the pool now
-            std::this_thread::yield();
+        std::thread a = malloc_holding_the_pool(&next, &got);
         sp_window_info_t wi{};
         void *pp = nullptr;
         EXPECT_SP_OK(sp_symmetric_window(buf, &wi));
@@ -189,11 +196,8 @@ TEST_F(SymThreads, CollectiveOnThePoolsBuffersRunsWhileACallOnThePoolWaits) {
         buf[i] = 1.0f;
     MPI_Barrier(MPI_COMM_WORLD);
     if (mpi_rank() == 0) {
-        uint64_t r0 = sp__agree_rounds();
         sp_status_t got = SP_ERR_INTERNAL;
-        std::thread a([&] { got = sp_symmetric_malloc(pool_[0], 4096, nullptr, &next); });
-        while (sp__agree_rounds() == r0) // a's round started: its call is on the pool now
-            std::this_thread::yield();
+        std::thread a = malloc_holding_the_pool(&next, &got);
         EXPECT_SP_OK(sp_allreduce(w_, buf, buf, kCount, SP_FLOAT32, SP_SUM, nullptr));
         a.join();
         EXPECT_EQ(got, SP_SUCCESS) << sp_status_name(got);

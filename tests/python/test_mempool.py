@@ -7,6 +7,15 @@ import threading
 import pytest
 
 
+def _host_segment(bufs, size):
+    """A page-aligned host range of size bytes for a Python segment allocator, kept in bufs (by
+    its address) until the pool frees it."""
+    b = ctypes.create_string_buffer(size + 4096)
+    a = (ctypes.addressof(b) + 4095) & ~4095
+    bufs[a] = b
+    return a
+
+
 def test_ids_use_count_and_queries(sp):
     a, b = sp.MemPool(name="a"), sp.MemPool()
     assert isinstance(a.id, tuple) and len(a.id) == 2
@@ -156,10 +165,7 @@ def test_segment_allocator_calling_sympool_is_refused_not_deadlocked(sp):
             seen.append("allowed")
         except sp.SympoolError as e:
             seen.append(str(e))
-        b = ctypes.create_string_buffer(size + 4096)
-        a = (ctypes.addressof(b) + 4095) & ~4095
-        bufs[a] = b
-        return a
+        return _host_segment(bufs, size)
 
     pool = sp.MemPool((alloc, lambda ptr, *a: bufs.pop(ptr)), name="reentrant")
     p = pool.malloc(1 << 20)
@@ -190,10 +196,7 @@ def test_getters_inside_a_segment_allocator_raise_instead_of_answering_zero(sp):
             except sp.SympoolError as e:
                 seen[name] = (e.status, "inside a callback" in str(e))
         seen["repr"] = repr(pool)  # still a repr, without the figures
-        b = ctypes.create_string_buffer(size + 4096)
-        a = (ctypes.addressof(b) + 4095) & ~4095
-        bufs[a] = b
-        return a
+        return _host_segment(bufs, size)
 
     pool = sp.MemPool((alloc, lambda ptr, *a: bufs.pop(ptr)), name="asks")
     p = pool.malloc(1 << 20)
@@ -222,10 +225,7 @@ def test_pool_with_an_allocator_made_inside_a_segment_allocator_is_refused_befor
             seen.append("made")
         except sp.SympoolError as e:
             seen.append(e.status)
-        b = ctypes.create_string_buffer(size + 4096)
-        a = (ctypes.addressof(b) + 4095) & ~4095
-        bufs[a] = b
-        return a
+        return _host_segment(bufs, size)
 
     pool = sp.MemPool((alloc, lambda ptr, *a: bufs.pop(ptr)), name="outer")
     got = []

@@ -457,17 +457,21 @@ def test_devices_of_the_wrong_type(sp, bad, exc):
 
 # ---- interpreter exit with everything still alive ----------------------------------------------
 
-EXIT_SCRIPT = r'''
-import ctypes, sys, threading, time
-import sympool
-mode = sys.argv[1]
+# A Python segment allocator on ctypes buffers, for the scripts run in their own interpreter.
+SCRIPT_ALLOCATOR = r'''
 bufs = {}
 def alloc(size, device, stream):
     b = ctypes.create_string_buffer(size); bufs[ctypes.addressof(b)] = b
     return ctypes.addressof(b)
 def free(ptr, size, device, stream):
     bufs.pop(ptr, None)
-sympool.record_memory_history("all", stacks="python")
+'''
+
+EXIT_SCRIPT = r'''
+import ctypes, sys, threading, time
+import sympool
+mode = sys.argv[1]
+''' + SCRIPT_ALLOCATOR + r'''sympool.record_memory_history("all", stacks="python")
 pool = sympool.MemPool(allocator=(alloc, free), name="at-exit")
 live = [pool.malloc(100), pool.malloc(5 << 20), sympool.malloc(1000)]
 stream = sympool.Stream()
@@ -559,13 +563,7 @@ RELOAD_SCRIPT = r'''
 import ctypes, gc, importlib
 import sympool
 import sympool.memory
-bufs = {}
-def alloc(size, device, stream):
-    b = ctypes.create_string_buffer(size); bufs[ctypes.addressof(b)] = b
-    return ctypes.addressof(b)
-def free(ptr, size, device, stream):
-    bufs.pop(ptr, None)
-pool = sympool.MemPool((alloc, free), name="reloaded")
+''' + SCRIPT_ALLOCATOR + r'''pool = sympool.MemPool((alloc, free), name="reloaded")
 x = pool.malloc(1000)
 pool.destroy()
 del pool
