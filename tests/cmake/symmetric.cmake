@@ -133,43 +133,30 @@ foreach(call create malloc empty_cache destroy allreduce allgather reduce_scatte
     FAIL_REGULAR_EXPRESSION "sym-exit: FAIL")
 endforeach()
 
+# A C program of tests/mpi run on 2 ranks: each rank prints "TAG: ok rank R" (both must) or
+# "TAG: FAIL"; ENV is added to the test's environment.
+function(sp_mpi_c_test_np2 exe tag env)
+  add_executable(${exe} ${PROJECT_SOURCE_DIR}/tests/mpi/${exe}.c)
+  target_compile_options(${exe} PRIVATE ${SP_WARN})
+  target_link_libraries(${exe} PRIVATE sympool_static MPI::MPI_C)
+  add_test(NAME mpi.${exe}.np2
+    COMMAND ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} 2 --oversubscribe $<TARGET_FILE:${exe}>)
+  set_tests_properties(mpi.${exe}.np2 PROPERTIES LABELS mpi TIMEOUT 60
+    ENVIRONMENT "${SP_TEST_ENV};${env}"
+    PASS_REGULAR_EXPRESSION "${tag}: ok rank 0.*${tag}: ok rank 1|${tag}: ok rank 1.*${tag}: ok rank 0"
+    FAIL_REGULAR_EXPRESSION "${tag}: FAIL")
+endfunction()
+
 # World creation whose deadline passes while its communicator duplicate is in flight on every
 # rank: the same SP_ERR_TIMEOUT everywhere, and the user's MPI_Finalize afterwards completes (the
 # ok line is printed after it).
-add_executable(world_dup_abandoned ${PROJECT_SOURCE_DIR}/tests/mpi/world_dup_abandoned.c)
-target_compile_options(world_dup_abandoned PRIVATE ${SP_WARN})
-target_link_libraries(world_dup_abandoned PRIVATE sympool_static MPI::MPI_C)
-add_test(NAME mpi.world_dup_abandoned.np2
-  COMMAND ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} 2 --oversubscribe
-          $<TARGET_FILE:world_dup_abandoned>)
-set_tests_properties(mpi.world_dup_abandoned.np2 PROPERTIES LABELS mpi TIMEOUT 60
-  ENVIRONMENT "${SP_TEST_ENV};SYMPOOL_SYM_TIMEOUT=1e-9"
-  PASS_REGULAR_EXPRESSION "world-dup-abandoned: ok rank 0.*world-dup-abandoned: ok rank 1|world-dup-abandoned: ok rank 1.*world-dup-abandoned: ok rank 0"
-  FAIL_REGULAR_EXPRESSION "world-dup-abandoned: FAIL")
+sp_mpi_c_test_np2(world_dup_abandoned world-dup-abandoned "SYMPOOL_SYM_TIMEOUT=1e-9")
 
 # The user finalizes MPI while a world and a symmetric pool are live: every later collective
 # call is refused with SP_ERR_INVALID_USAGE instead of entering MPI (an abort), and
 # sp_world_finalize still frees the world.
-add_executable(sym_mpi_gone ${PROJECT_SOURCE_DIR}/tests/mpi/sym_mpi_gone.c)
-target_compile_options(sym_mpi_gone PRIVATE ${SP_WARN})
-target_link_libraries(sym_mpi_gone PRIVATE sympool_static MPI::MPI_C)
-add_test(NAME mpi.sym_mpi_gone.np2
-  COMMAND ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} 2 --oversubscribe
-          $<TARGET_FILE:sym_mpi_gone>)
-set_tests_properties(mpi.sym_mpi_gone.np2 PROPERTIES LABELS mpi TIMEOUT 60
-  ENVIRONMENT "${SP_TEST_ENV};SYMPOOL_SYM_TIMEOUT=5"
-  PASS_REGULAR_EXPRESSION "sym-mpi-gone: ok rank 0.*sym-mpi-gone: ok rank 1|sym-mpi-gone: ok rank 1.*sym-mpi-gone: ok rank 0"
-  FAIL_REGULAR_EXPRESSION "sym-mpi-gone: FAIL")
+sp_mpi_c_test_np2(sym_mpi_gone sym-mpi-gone "SYMPOOL_SYM_TIMEOUT=5")
 
 # Ranks that report different devices (each its own, as on a cuda node): the report's header
 # and JSON name them all, not the root's alone. Two host devices, rank r on device r.
-add_executable(stats_devices ${PROJECT_SOURCE_DIR}/tests/mpi/stats_devices.c)
-target_compile_options(stats_devices PRIVATE ${SP_WARN})
-target_link_libraries(stats_devices PRIVATE sympool_static MPI::MPI_C)
-add_test(NAME mpi.stats_devices.np2
-  COMMAND ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} 2 --oversubscribe
-          $<TARGET_FILE:stats_devices>)
-set_tests_properties(mpi.stats_devices.np2 PROPERTIES LABELS mpi TIMEOUT 60
-  ENVIRONMENT "${SP_TEST_ENV};SYMPOOL_HOST_DEVICES=2;SYMPOOL_SYM_TIMEOUT=20"
-  PASS_REGULAR_EXPRESSION "stats-devices: ok rank 0.*stats-devices: ok rank 1|stats-devices: ok rank 1.*stats-devices: ok rank 0"
-  FAIL_REGULAR_EXPRESSION "stats-devices: FAIL")
+sp_mpi_c_test_np2(stats_devices stats-devices "SYMPOOL_HOST_DEVICES=2;SYMPOOL_SYM_TIMEOUT=20")
