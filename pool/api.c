@@ -474,6 +474,15 @@ SP_EXPORT sp_status_t sp_x_empty_cache_device(int device) {
 
 /* ---- streams ----------------------------------------------------------------------------- */
 
+/* Streams sp_stream_create made less those sp_stream_destroy destroyed (sp_x_stream_count).
+ * Signed: on cuda sp_stream_destroy takes any CUDA stream, one made elsewhere too. */
+static atomic_long s_streams;
+
+SP_EXPORT size_t sp_x_stream_count(void) {
+    long n = atomic_load_explicit(&s_streams, memory_order_relaxed);
+    return n > 0 ? (size_t)n : 0;
+}
+
 SP_EXPORT sp_status_t sp_stream_create(int device, sp_stream_t *stream_p) {
     SP_GATE("sp_stream_create");
     if (!stream_p)
@@ -482,6 +491,7 @@ SP_EXPORT sp_status_t sp_stream_create(int device, sp_stream_t *stream_p) {
     SP_CHECK(sp__alloc_device(device, &d));
     sp_dev_stream_t s = NULL;
     SP_CHECK(sp__g.ops->stream_create(device, &s));
+    atomic_fetch_add_explicit(&s_streams, 1, memory_order_relaxed);
     *stream_p = s;
     return SP_SUCCESS;
 }
@@ -551,6 +561,7 @@ SP_EXPORT sp_status_t sp_stream_destroy(sp_stream_t stream) {
     sp__alloc_orphan_stream(d, stream);
     sp__unlock(&d->lock);
     SP_CHECK(sp__g.ops->stream_destroy(dev, stream));
+    atomic_fetch_sub_explicit(&s_streams, 1, memory_order_relaxed);
     return sp__history_stream_label((uintptr_t)stream, 0); /* a later stream may get its handle */
 }
 

@@ -21,7 +21,9 @@
 #include <stdatomic.h>
 #include <stdlib.h>
 
+#include "core/core.h"
 #include "pool/handles.h"
+#include "sympool/experimental.h"
 
 typedef struct table {
     size_t mask;               /* slots - 1 (a power of two minus one) */
@@ -114,4 +116,15 @@ void sp__handles_fork_lock(void) {
 
 void sp__handles_fork_unlock(void) {
     pthread_mutex_unlock(&g_lock);
+}
+
+SP_EXPORT size_t sp_x_mempool_structs(void) {
+    pthread_mutex_lock(&g_lock);
+    size_t n = g_count;
+    pthread_mutex_unlock(&g_lock);
+    return n;
+}
+
+SP_EXPORT uint64_t sp_x_session(void) {
+    return sp__handles_generation();
 }

@@ -165,6 +165,8 @@ _PROTOS = {
     "sp_stream_create": (_st, [_i, _P(_vp)]),
     "sp_stream_destroy": (_st, [_vp]),
     "sp_stream_synchronize": (_st, [_vp]),
+    "sp_x_stream_count": (_sz, []),
+    "sp_x_session": (ctypes.c_uint64, []),
     "sp_torch_malloc": (_vp, [_sz, _i, _vp]),
     "sp_torch_free": (None, [_vp, _sz, _i, _vp]),
 }
