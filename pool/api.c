@@ -51,10 +51,22 @@ sp_gate_t sp__gate_enter(void) {
 }
 
 void sp__gate_leave(sp_gate_t *g) {
-    if (g->in) {
-        tl_inside--;
+    if (!g->in)
+        return;
+    tl_inside--;
+    if (SP_LIKELY(atomic_load_explicit(&sp__handles_npending, memory_order_relaxed) == 0) ||
+        tl_inside > 0) {
         atomic_fetch_sub(&s_inside, 1);
+        return;
     }
+    /* Released pools wait (handles.c): take them before counting out. Were we the last call
+     * inside, every call that could have read one unmarked (it entered before the mark, so
+     * before the take) has left, and a call entering from now on sees the mark. */
+    void *list = sp__handles_take_pending();
+    if (atomic_fetch_sub(&s_inside, 1) == 1)
+        sp__handles_release(list);
+    else
+        sp__handles_put_back(list);
 }
 
 /* fork(): prepare takes the shutdown lock before init_lock (sp_shutdown's order), so no shutdown
@@ -336,6 +348,8 @@ static sp_status_t shutdown_locked(void) {
     sp__mempool_routing_reset();
     sp__alloc_orphans_reset();
     sp__handles_next_generation(); /* every pool handle of this session is stale from here */
+    /* No call is inside the gate (closed, waited for): released pools go now. */
+    sp__handles_release(sp__handles_take_pending());
     sp__history_shutdown();
     sp__torch_session_end(sp__g.caps.is_emulated); /* the host backend's fini unmaps its segments */
     sp__device_reset();
