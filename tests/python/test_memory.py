@@ -232,6 +232,33 @@ def test_stream_collected_inside_a_callback_is_destroyed_later(sp):
     assert _streams(sp) == before and not bufs
 
 
+def test_stream_from_before_a_shutdown_is_left_alone_when_collected():
+    # After sp_shutdown the host backend's streams are gone and a new stream may get the same
+    # handle: a collected Stream of the old session must not destroy the new one. (The package
+    # never calls sp_shutdown; a C caller in the process may.)
+    code = """if True:
+        import gc, sympool
+        from sympool import _lib
+        lib = _lib.lib()
+        old = [sympool.Stream() for _ in range(50)]
+        assert lib.sp_shutdown() == 0, _lib.last_error()
+        new = [sympool.Stream() for _ in range(50)]  # some at old handles (22 of 50 here)
+        n = lib.sp_x_stream_count()
+        del old
+        gc.collect()
+        assert lib.sp_x_stream_count() == n
+        for s in new:
+            assert lib.sp_stream_synchronize(s.ptr) == 0, _lib.last_error()
+        del new, s  # s: the loop left the last one bound
+        gc.collect()
+        assert lib.sp_x_stream_count() == n - 50
+        print("ok")
+    """
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=60)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr
+
+
 def test_memory_summary(sp):
     p = sp.malloc(3 << 20)
     text = sp.memory_summary()
