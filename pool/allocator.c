@@ -595,6 +595,8 @@ void sp__alloc_segment_delete(sp_devalloc_t *d, sp_segment_t *seg) {
     free(seg->bidx_addr);
     free(seg->bidx_blk);
     segment_give_back(d, seg);
+    if (SP_UNLIKELY(pool->destroyed) && pool->nsegments == 0)
+        sp__mempool_drop(d, pool); /* a destroyed pool's last segment: the pool goes too */
 }
 
 /* A new segment [base, base + size) of bp's pool: its metadata, one block covering it (not yet in

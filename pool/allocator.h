@@ -83,8 +83,11 @@ struct sp_mempool {
     sp_segment_t *seg_head;   /* segments in seq order (lock) */
     sp_segment_t *seg_tail;   /* (lock) */
     struct sp_mempool *next;  /* the device's pool list in creation order (lock) */
+    struct sp_mempool *prev;  /* (lock) */
     struct sp_devalloc *dev;  /* its device allocator (const; freed at sp_shutdown) */
-    uint64_t generation;      /* sp__handles_generation() when made; older = stale (const) */
+    /* sp__handles_generation() when made; older = stale, 0 = released (handles.c): set at
+     * create, to 0 once (device lock), read before the lock by the handle checks. */
+    _Atomic uint64_t generation;
 };
 
 /* ---- events ------------------------------------------------------------------------------ */

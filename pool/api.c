@@ -51,10 +51,22 @@ sp_gate_t sp__gate_enter(void) {
 }
 
 void sp__gate_leave(sp_gate_t *g) {
-    if (g->in) {
-        tl_inside--;
+    if (!g->in)
+        return;
+    tl_inside--;
+    if (SP_LIKELY(atomic_load_explicit(&sp__handles_npending, memory_order_relaxed) == 0) ||
+        tl_inside > 0) {
         atomic_fetch_sub(&s_inside, 1);
+        return;
     }
+    /* Released pools wait (handles.c): take them before counting out. Were we the last call
+     * inside, every call that could have read one unmarked (it entered before the mark, so
+     * before the take) has left, and a call entering from now on sees the mark. */
+    void *list = sp__handles_take_pending();
+    if (atomic_fetch_sub(&s_inside, 1) == 1)
+        sp__handles_release(list);
+    else
+        sp__handles_put_back(list);
 }
 
 /* fork(): prepare takes the shutdown lock before init_lock (sp_shutdown's order), so no shutdown
@@ -336,6 +348,8 @@ static sp_status_t shutdown_locked(void) {
     sp__mempool_routing_reset();
     sp__alloc_orphans_reset();
     sp__handles_next_generation(); /* every pool handle of this session is stale from here */
+    /* No call is inside the gate (closed, waited for): released pools go now. */
+    sp__handles_release(sp__handles_take_pending());
     sp__history_shutdown();
     sp__torch_session_end(sp__g.caps.is_emulated); /* the host backend's fini unmaps its segments */
     sp__device_reset();
@@ -474,6 +488,15 @@ SP_EXPORT sp_status_t sp_x_empty_cache_device(int device) {
 
 /* ---- streams ----------------------------------------------------------------------------- */
 
+/* Streams sp_stream_create made less those sp_stream_destroy destroyed (sp_x_stream_count).
+ * Signed: on cuda sp_stream_destroy takes any CUDA stream, one made elsewhere too. */
+static atomic_long s_streams;
+
+SP_EXPORT size_t sp_x_stream_count(void) {
+    long n = atomic_load_explicit(&s_streams, memory_order_relaxed);
+    return n > 0 ? (size_t)n : 0;
+}
+
 SP_EXPORT sp_status_t sp_stream_create(int device, sp_stream_t *stream_p) {
     SP_GATE("sp_stream_create");
     if (!stream_p)
@@ -482,6 +505,7 @@ SP_EXPORT sp_status_t sp_stream_create(int device, sp_stream_t *stream_p) {
     SP_CHECK(sp__alloc_device(device, &d));
     sp_dev_stream_t s = NULL;
     SP_CHECK(sp__g.ops->stream_create(device, &s));
+    atomic_fetch_add_explicit(&s_streams, 1, memory_order_relaxed);
     *stream_p = s;
     return SP_SUCCESS;
 }
@@ -551,6 +575,7 @@ SP_EXPORT sp_status_t sp_stream_destroy(sp_stream_t stream) {
     sp__alloc_orphan_stream(d, stream);
     sp__unlock(&d->lock);
     SP_CHECK(sp__g.ops->stream_destroy(dev, stream));
+    atomic_fetch_sub_explicit(&s_streams, 1, memory_order_relaxed);
     return sp__history_stream_label((uintptr_t)stream, 0); /* a later stream may get its handle */
 }
 

@@ -1,103 +1,179 @@
 /*
- * handles.c: the registry of every MemPool handle sympool has given out, for the checks at the
- * top of every public call that takes a pool.
+ * handles.c: where MemPool structs live, so that a handle (the struct's address) can be checked
+ * before it is read, and a destroyed pool's struct can go without its handle ever naming another
+ * pool.
  *
- * A handle is the address of its pool struct. Pool structs are never freed, only retired (at
- * sp_shutdown), so an address in the registry always points at a readable struct, and a stale
- * handle can never alias a newer pool. Each struct records the generation it was made in;
- * sp_shutdown starts a new generation, so "known but of an older generation" is a stale handle
- * (SP_ERR_INVALID_USAGE) and "not known" a garbage one (SP_ERR_INVALID_ARGUMENT), told apart
- * without reading through the handle. The cost is one retired struct (a few hundred bytes) per
- * pool a process ever makes.
+ * Every pool struct takes one SLOT-byte slot of one address range, reserved once per process
+ * (PROT_NONE, MAP_NORESERVE: address space, no memory), made usable front to back and handed out
+ * in order, never twice. So "was this address given out as a handle" is a range and alignment
+ * test, without a lock and without reading the address; and a handle never aliases a newer pool,
+ * since no slot is reused. Each struct records the generation it was made in; sp_shutdown starts
+ * a new one (a handle of an older generation is stale: SP_ERR_INVALID_USAGE). Generation 0 is a
+ * released slot: a destroyed pool whose last segment went (mempool.c) is marked so under its
+ * device lock, and the checks refuse it from then on.
  *
- * The registry is an open-addressing hash set of addresses that only grows. Lookups take no lock:
- * they load the current table (acquire) and probe it; slots are written once (release). Growth
- * builds a larger table under g_lock and publishes it; older tables are kept (never freed), so a
- * lookup still probing one stays valid. They total less than the newest table. A lookup for a
- * pool made before the caller got its handle always finds it, because the handle reached the
- * caller after the insert and the publish that preceded it.
+ * Releasing a slot (freeing the name it owns, giving its page back to the kernel) waits until no
+ * call can still be reading it: a public call that takes a pool checks the handle inside the
+ * shutdown gate (api.c) and reads the struct only while there. Marked slots wait on a pending
+ * list; the gate's last call to leave takes the list before it counts itself out, and releases
+ * it if nobody else was inside then (every call that could have seen the slot unmarked entered
+ * before the mark, hence before the take, and has left). A page is given back (MADV_DONTNEED)
+ * once all its slots are released: it reads as zeros from then on, generation 0, "released",
+ * and costs no memory. A process holds the structs of its live pools, of destroyed pools still
+ * holding segments, and of the pools sp_shutdown retired (handles of an ended session stay
+ * recognizably stale); the rest cost a page-table entry at most.
  */
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdlib.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
+#include "core/core.h"
 #include "pool/handles.h"
+#include "sympool/experimental.h"
 
-typedef struct table {
-    size_t mask;               /* slots - 1 (a power of two minus one) */
-    _Atomic(uintptr_t) *slots; /* 0 = empty; each written once (g_lock), read without it */
-    struct table *older;       /* the table this one replaced; kept for readers */
-} table_t;
+/* The reservation: 16 million slots where the address space allows, less under RLIMIT_AS. */
+#define RESERVE_MAX ((size_t)1 << 33)
+#define RESERVE_MIN ((size_t)1 << 22)
+/* Pages are made usable this many bytes at a time (fewer mprotect calls). */
+#define COMMIT_STEP ((size_t)64 << 10)
+/* Where a slot waiting for release keeps its link: its last word, past any pool struct. */
+#define LINK_AT (SP_HANDLE_SLOT - sizeof(void *))
 
 static pthread_mutex_t g_lock = PTHREAD_MUTEX_INITIALIZER;
-static _Atomic(table_t *) g_table; /* newest table (writes under g_lock) */
-static size_t g_count;             /* addresses recorded (g_lock) */
+static char *g_res;              /* the reservation's start (const once set) */
+static size_t g_reserved;        /* its bytes (const once set) */
+static size_t g_page;            /* the page size (const once set) */
+static atomic_size_t g_top;      /* bytes handed out from g_res (grows under g_lock) */
+static size_t g_committed;       /* bytes from g_res made read-write (g_lock) */
+static uint16_t *g_released;     /* per page: its slots released (g_lock) */
+static size_t g_released_cap;    /* entries of g_released (g_lock) */
+static atomic_size_t g_held;     /* slots handed out and not released */
+static void *g_pending;          /* marked slots waiting for release, by LINK_AT (g_lock) */
+atomic_int sp__handles_npending; /* entries of g_pending: the gate's cheap test */
 static atomic_uint_fast64_t g_generation = 1;
+static pthread_once_t g_once = PTHREAD_ONCE_INIT;
 
-static size_t hash(uintptr_t a) {
-    uint64_t x = (uint64_t)a >> 4;
-    x *= 0x9E3779B97F4A7C15ull;
-    return (size_t)(x >> 20);
+static void reserve(void) {
+    g_page = (size_t)sysconf(_SC_PAGESIZE);
+    for (size_t n = RESERVE_MAX; n >= RESERVE_MIN; n /= 2) {
+        void *p = mmap(NULL, n, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+        if (p != MAP_FAILED) {
+            /* Its first page stays PROT_NONE, below the slots: the kernel places later mappings
+             * (the host backend's segments) just under the lowest one, and one next to usable
+             * slots would merge with them into one area that each munmap must split (0.9 us more
+             * an sp_empty_cache's release, bench_pool_gc at 0 cycles). */
+            g_res = (char *)p + g_page;
+            g_reserved = n - g_page;
+            return;
+        }
+    }
 }
 
-static void put(table_t *t, uintptr_t a) {
-    size_t i = hash(a) & t->mask;
-    while (atomic_load_explicit(&t->slots[i], memory_order_relaxed) != 0)
-        i = (i + 1) & t->mask;
-    atomic_store_explicit(&t->slots[i], a, memory_order_release);
+static void **link_of(void *slot) {
+    return (void **)((char *)slot + LINK_AT);
 }
 
-/* A table of `slots` slots holding everything in `old`. g_lock held. */
-static table_t *grow(table_t *old, size_t slots) {
-    table_t *t = calloc(1, sizeof(*t));
-    _Atomic(uintptr_t) *s = t ? calloc(slots, sizeof(*s)) : NULL;
-    if (!s) {
-        free(t);
+void *sp__handles_new(void) {
+    _Static_assert(SP_HANDLE_SLOT % 64 == 0 && 4096 % SP_HANDLE_SLOT == 0,
+                   "slots fill pages exactly");
+    pthread_once(&g_once, reserve);
+    if (!g_res)
         return NULL;
-    }
-    t->mask = slots - 1;
-    t->slots = s;
-    t->older = old;
-    if (old)
-        for (size_t i = 0; i <= old->mask; i++) {
-            uintptr_t a = atomic_load_explicit(&old->slots[i], memory_order_relaxed);
-            if (a)
-                put(t, a);
-        }
-    return t;
-}
-
-bool sp__handles_add(const void *pool) {
     pthread_mutex_lock(&g_lock);
-    table_t *t = atomic_load_explicit(&g_table, memory_order_relaxed);
-    if (!t || (g_count + 1) * 2 > t->mask + 1) {
-        table_t *nt = grow(t, t ? (t->mask + 1) * 2 : 64);
-        if (!nt) {
-            pthread_mutex_unlock(&g_lock);
-            return false;
-        }
-        atomic_store_explicit(&g_table, nt, memory_order_release);
-        t = nt;
+    size_t top = atomic_load_explicit(&g_top, memory_order_relaxed);
+    size_t pages = (top + SP_HANDLE_SLOT) / g_page + 1;
+    if (top + SP_HANDLE_SLOT > g_reserved) {
+        pthread_mutex_unlock(&g_lock);
+        return NULL; /* sp_mempool_create says: out of host memory */
     }
-    put(t, (uintptr_t)pool);
-    g_count++;
+    if (top + SP_HANDLE_SLOT > g_committed) {
+        size_t to = g_committed + COMMIT_STEP;
+        if (to > g_reserved)
+            to = g_reserved;
+        if (mprotect(g_res + g_committed, to - g_committed, PROT_READ | PROT_WRITE) != 0) {
+            pthread_mutex_unlock(&g_lock);
+            return NULL;
+        }
+        g_committed = to;
+    }
+    if (pages > g_released_cap) { /* one counter per page ever used: 2 bytes a page of slots */
+        size_t cap = g_released_cap ? g_released_cap * 2 : 64;
+        while (cap < pages)
+            cap *= 2;
+        uint16_t *r = realloc(g_released, cap * sizeof(*r));
+        if (!r) {
+            pthread_mutex_unlock(&g_lock);
+            return NULL;
+        }
+        for (size_t i = g_released_cap; i < cap; i++)
+            r[i] = 0;
+        g_released = r;
+        g_released_cap = cap;
+    }
+    void *slot = g_res + top; /* never used before: zeros */
+    /* Release: a lock-free sp__handles_known that sees the new top sees a handed-out slot. */
+    atomic_store_explicit(&g_top, top + SP_HANDLE_SLOT, memory_order_release);
+    atomic_fetch_add_explicit(&g_held, 1, memory_order_relaxed);
     pthread_mutex_unlock(&g_lock);
-    return true;
+    return slot;
 }
 
 bool sp__handles_known(const void *pool) {
-    uintptr_t a = (uintptr_t)pool;
-    table_t *t = atomic_load_explicit(&g_table, memory_order_acquire);
-    if (!t || a == 0)
-        return false;
-    /* At most half full, so the probe ends at an empty slot. */
-    for (size_t i = hash(a) & t->mask;; i = (i + 1) & t->mask) {
-        uintptr_t s = atomic_load_explicit(&t->slots[i], memory_order_acquire);
-        if (s == a)
-            return true;
-        if (s == 0)
-            return false;
+    uintptr_t a = (uintptr_t)pool, base = (uintptr_t)g_res;
+    size_t top = atomic_load_explicit(&g_top, memory_order_acquire);
+    /* g_res is set before the first slot is handed out (top > 0 implies it is). */
+    return top && a >= base && a - base < top && (a - base) % SP_HANDLE_SLOT == 0;
+}
+
+void sp__handles_release_later(void *slot) {
+    pthread_mutex_lock(&g_lock);
+    *link_of(slot) = g_pending;
+    g_pending = slot;
+    atomic_fetch_add_explicit(&sp__handles_npending, 1, memory_order_relaxed);
+    pthread_mutex_unlock(&g_lock);
+}
+
+void *sp__handles_take_pending(void) {
+    pthread_mutex_lock(&g_lock);
+    void *list = g_pending;
+    g_pending = NULL;
+    atomic_store_explicit(&sp__handles_npending, 0, memory_order_relaxed);
+    pthread_mutex_unlock(&g_lock);
+    return list;
+}
+
+void sp__handles_put_back(void *list) {
+    if (!list)
+        return;
+    pthread_mutex_lock(&g_lock);
+    int n = 0;
+    void *last = list;
+    for (void *s = list; s; s = *link_of(s)) {
+        last = s;
+        n++;
     }
+    *link_of(last) = g_pending;
+    g_pending = list;
+    atomic_fetch_add_explicit(&sp__handles_npending, n, memory_order_relaxed);
+    pthread_mutex_unlock(&g_lock);
+}
+
+void sp__handles_release(void *list) {
+    if (!list)
+        return;
+    pthread_mutex_lock(&g_lock);
+    while (list) {
+        void *slot = list;
+        list = *link_of(slot);
+        sp__mempool_slot_free(slot); /* what the struct owns (its name) */
+        size_t page = (size_t)((char *)slot - g_res) / g_page;
+        atomic_fetch_sub_explicit(&g_held, 1, memory_order_relaxed);
+        if (++g_released[page] == g_page / SP_HANDLE_SLOT) /* every slot of it released */
+            (void)madvise(g_res + page * g_page, g_page, MADV_DONTNEED);
+    }
+    pthread_mutex_unlock(&g_lock);
 }
 
 uint64_t sp__handles_generation(void) {
@@ -114,4 +190,12 @@ void sp__handles_fork_lock(void) {
 
 void sp__handles_fork_unlock(void) {
     pthread_mutex_unlock(&g_lock);
+}
+
+SP_EXPORT size_t sp_x_mempool_structs(void) {
+    return atomic_load_explicit(&g_held, memory_order_relaxed);
+}
+
+SP_EXPORT uint64_t sp_x_session(void) {
+    return sp__handles_generation();
 }

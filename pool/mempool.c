@@ -6,15 +6,19 @@
  * default pool, made at init and never destroyed. The use count is 1 at create, +1 per active
  * sp_mempool_begin; destroy drops the creator's use (to 0: the pool becomes "freeable") and
  * releases its whole free segments now; segments that still hold live blocks are released by a
- * later sp_empty_cache (or the OOM retry) once their blocks are freed. A destroyed pool's struct
- * stays in its device's pool list, marked destroyed, until sp_shutdown, so that a second destroy
- * or a late free is recognized without a use-after-free.
+ * later sp_empty_cache (or the OOM retry) once their blocks are freed. A destroyed pool stays in
+ * its device's pool list, marked destroyed, while it holds a segment (a late free finds it);
+ * when its last segment goes (or at the destroy, if it holds none) it leaves the list and its
+ * struct is released (sp__mempool_drop), as PyTorch erases a freeable private pool at emptyCache
+ * once its cudaMalloc count is 0. Symmetric pools stay until sp_shutdown: their state
+ * (symmetric/) keeps its own lifetime, collective, and reads the pool through it.
  *
  * Handles: every public call checks its pool handle (sp__mempool_check) before reading through
- * it: a handle sympool never gave out is SP_ERR_INVALID_ARGUMENT, one from before sp_shutdown is
- * SP_ERR_INVALID_USAGE (handles.c keeps the registry; pool structs are retired at shutdown, never
- * freed). The queries that cannot return a status answer 0 for a bad handle and leave the reason
- * in sp_last_error(); NULL stays a quiet 0 there.
+ * it, inside the shutdown gate: a handle sympool never gave out is SP_ERR_INVALID_ARGUMENT, one
+ * from before sp_shutdown or of a released pool is SP_ERR_INVALID_USAGE (handles.c: slots are
+ * never reused, a released one is freed only once no call is inside the gate; pool structs
+ * sp_shutdown retires stay). The queries that cannot return a status answer 0 for a bad handle
+ * and leave the reason in sp_last_error(); NULL stays a quiet 0 there.
  *
  * Routing is a per-thread stack of pools; a generation number bumped by sp_shutdown invalidates
  * every thread's stack at once. Pool fields are guarded by the device allocator lock, except
@@ -130,10 +134,20 @@ static void arm_route_exit(void) {
         tl_route_armed = pthread_setspecific(g_route_key, (void *)1) == 0;
 }
 
-/* A handle of this session: known to the registry and of the current generation. Reads the
- * struct only once the registry says it is one. */
+_Static_assert(sizeof(sp_mempool_t) <= SP_HANDLE_SLOT - sizeof(void *),
+               "a pool struct fits its slot, with the slot's link after it (handles.c)");
+
+/* The struct's generation: 0 once released. Sequentially consistent, as the gate's count
+ * (handles.c's reason a slot may be released: a call that counted itself in after the mark
+ * reads 0 here). */
+static uint64_t gen_of(const sp_mempool_t *pool) {
+    return atomic_load(&((sp_mempool_t *)pool)->generation);
+}
+
+/* A handle of this session: a slot handed out and of the current generation. Reads the struct
+ * only once handles.c says it is one. */
 static bool handle_live(const sp_mempool_t *pool) {
-    return pool && sp__handles_known(pool) && pool->generation == sp__handles_generation() &&
+    return pool && sp__handles_known(pool) && gen_of(pool) == sp__handles_generation() &&
            atomic_load_explicit(&sp__ready, memory_order_acquire);
 }
 
@@ -147,7 +161,13 @@ sp_status_t sp__mempool_check(const sp_mempool_t *pool, const char *what) {
                          "%s: %p is not a pool handle sympool gave out (sp_mempool_create, "
                          "sp_default_mempool)",
                          what, (const void *)pool);
-    if (SP_UNLIKELY(pool->generation != sp__handles_generation() ||
+    uint64_t gen = gen_of(pool);
+    if (SP_UNLIKELY(gen == 0))
+        return sp__error(SP_ERR_INVALID_USAGE, SP_SUB_POOL,
+                         "%s: pool handle %p names a pool that was destroyed and released (its "
+                         "last segment went); a handle is never reused",
+                         what, (const void *)pool);
+    if (SP_UNLIKELY(gen != sp__handles_generation() ||
                     !atomic_load_explicit(&sp__ready, memory_order_acquire)))
         return sp__error(SP_ERR_INVALID_USAGE, SP_SUB_POOL,
                          "%s: pool handle %p is stale: its pool {%" PRIu64 ",%" PRIu64
@@ -164,16 +184,18 @@ static bool query_ok(const sp_mempool_t *pool, const char *what) {
 
 sp_mempool_t *sp__mempool_new(sp_devalloc_t *d, const sp_mempool_params_t *params, bool is_default,
                               bool symmetric) {
-    sp_mempool_t *p = calloc(1, sizeof(*p));
-    if (!p)
-        return NULL;
+    char *name = NULL;
     if (params && params->name) {
-        p->name = strdup(params->name);
-        if (!p->name) {
-            free(p);
+        name = strdup(params->name);
+        if (!name)
             return NULL;
-        }
     }
+    sp_mempool_t *p = sp__handles_new(); /* zeroed */
+    if (!p) {
+        free(name);
+        return NULL;
+    }
+    p->name = name;
     p->device = d->device;
     p->dev = d;
     p->is_default = is_default;
@@ -207,20 +229,38 @@ sp_mempool_t *sp__mempool_new(sp_devalloc_t *d, const sp_mempool_params_t *param
                 symmetric ? "an NCCL window cannot cover memory mapped after it is registered, so "
                             "a symmetric pool grows one window-registered segment at a time"
                           : "its pluggable segment allocator cannot map pages (as in PyTorch)");
-    p->generation = sp__handles_generation();
-    if (!sp__handles_add(p)) {
-        free(p->name);
-        free(p);
-        return NULL;
-    }
+    atomic_store(&p->generation, sp__handles_generation());
     return p;
+}
+
+void sp__mempool_slot_free(void *slot) {
+    sp_mempool_t *p = slot;
+    free(p->name);
+    p->name = NULL;
+}
+
+void sp__mempool_drop(sp_devalloc_t *d, sp_mempool_t *pool) {
+    if (!pool->destroyed || pool->symmetric || pool->nsegments || gen_of(pool) == 0)
+        return;
+    /* Out of the list; its own `next` stays, so that a walk standing on it (a release loop
+     * whose release emptied it) goes on. */
+    if (pool->prev)
+        pool->prev->next = pool->next;
+    else
+        d->pools = pool->next;
+    if (pool->next)
+        pool->next->prev = pool->prev;
+    else
+        d->pools_tail = pool->prev;
+    atomic_store(&pool->generation, 0); /* every check refuses it from here on */
+    sp__handles_release_later(pool);
 }
 
 void sp__mempool_retire(sp_mempool_t *pool) {
     /* The struct stays (see handles.c): only what it owns goes, and nothing may follow `dev`. */
     free(pool->name);
     pool->name = NULL;
-    pool->next = NULL;
+    pool->next = pool->prev = NULL;
     pool->seg_head = pool->seg_tail = NULL;
     pool->sym_state = NULL;
     pool->destroyed = true;
@@ -248,6 +288,7 @@ static sp_status_t create(const sp_mempool_params_t *params, bool symmetric, voi
         return sp__error(SP_ERR_SYSTEM, SP_SUB_POOL, "sp_mempool_create: out of host memory");
     p->sym_state = sym_state;
     sp__lock(&d->lock);
+    p->prev = d->pools_tail;
     if (d->pools_tail)
         d->pools_tail->next = p;
     else
@@ -348,6 +389,7 @@ sp_status_t sp__mempool_destroy_internal(sp_mempool_t *pool) {
             "device %d: destroyed pool \"%s\" {0,%" PRIu64 "} (%zu segments, %zu "
             "bytes still held by live blocks)",
             d->device, pname(pool), pool->id.second, pool->nsegments, pool->reserved);
+    sp__mempool_drop(d, pool); /* holding no segment, it goes now (released when calls left) */
     sp__unlock(&d->lock);
     sp__history_context_release(ctx);
     return SP_SUCCESS;
@@ -361,17 +403,22 @@ SP_EXPORT sp_mempool_t *sp_default_mempool(int device) {
     return sp__g.devs[device].default_pool;
 }
 
+/* The three queries below and sp_mempool_malloc pass the gate as every other call that takes
+ * a pool: a released pool's struct is freed only once no call is inside it (handles.c). */
 SP_EXPORT sp_mempool_id_t sp_mempool_id(const sp_mempool_t *pool) {
     sp_mempool_id_t none = {0, 0};
+    SP_GATE_OR(((void)sp__gate_refused("sp_mempool_id"), none));
     return query_ok(pool, "sp_mempool_id") ? pool->id : none;
 }
 
 SP_EXPORT int sp_mempool_use_count(const sp_mempool_t *pool) {
+    SP_GATE_OR(((void)sp__gate_refused("sp_mempool_use_count"), 0));
     return query_ok(pool, "sp_mempool_use_count") ? atomic_load(&((sp_mempool_t *)pool)->use_count)
                                                   : 0;
 }
 
 SP_EXPORT bool sp_mempool_is_symmetric(const sp_mempool_t *pool) {
+    SP_GATE_OR(((void)sp__gate_refused("sp_mempool_is_symmetric"), false));
     return query_ok(pool, "sp_mempool_is_symmetric") && pool->symmetric;
 }
 
@@ -436,6 +483,7 @@ SP_EXPORT sp_status_t sp_mempool_end(sp_mempool_t *pool) {
 
 SP_EXPORT sp_status_t sp_mempool_malloc(sp_mempool_t *pool, size_t size, sp_stream_t stream,
                                         void **ptr_p) {
+    SP_GATE("sp_mempool_malloc");
     SP_CHECK(sp__mempool_check(pool, "sp_mempool_malloc"));
     if (!ptr_p)
         return sp__error(SP_ERR_INVALID_ARGUMENT, SP_SUB_POOL, "sp_mempool_malloc: NULL ptr_p");

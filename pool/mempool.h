@@ -15,6 +15,10 @@ sp_mempool_t *sp__mempool_new(sp_devalloc_t *d, const sp_mempool_params_t *param
 /* sp_shutdown: free what the pool owns but keep the struct, so that its handle stays readable
  * and recognizably stale (handles.c). */
 void sp__mempool_retire(sp_mempool_t *pool);
+/* A destroyed pool that holds no segment any more (not symmetric): out of its device's list,
+ * its handle refused from now on, its struct released once no call is inside the gate
+ * (handles.c). Nothing for any other pool. Under d->lock. */
+void sp__mempool_drop(sp_devalloc_t *d, sp_mempool_t *pool);
 /* Threads with a non-empty routing stack (mempool.c): sp_malloc calls sp__mempool_routed
  * only when it is not 0. */
 extern atomic_int sp__routing_threads;

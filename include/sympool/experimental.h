@@ -102,6 +102,23 @@ void sp_x_log_set_fn(sp_x_log_fn fn, void *arg);
  * whose use count is 0. `sympool replay` replays one device's trace at a time. */
 sp_status_t sp_x_empty_cache_device(int device);
 
+/** Pool structs sympool holds in this process: every device's default pool and every pool
+ * sp_mempool_create made that is not yet released (a destroyed pool is released once it holds no
+ * segment and no call is inside sympool; pools of a session sp_shutdown ended stay). Tests and
+ * benchmarks check with it that destroyed pools go. Takes no lock. */
+size_t sp_x_mempool_structs(void);
+
+/** Streams sp_stream_create made in this process that sp_stream_destroy has not destroyed (on
+ * either backend; sp_shutdown does not change it). Tests check with it that the Python Stream
+ * objects release their streams when collected. Takes no lock. */
+size_t sp_x_stream_count(void);
+
+/** The session number: 1 in a fresh process, one more after each sp_shutdown. An object that
+ * holds a sympool handle (a stream, a pool) records it at creation, and a finalizer releases the
+ * handle only while it is unchanged: after an sp_shutdown the handle may name something else.
+ * Takes no lock. */
+uint64_t sp_x_session(void);
+
 /** The value snapshots (sp_dump_snapshot, sp_mempool_dump_snapshot) show for `stream` in its
  *  segments' and trace entries' "stream", instead of the handle: `sympool replay` shows the
  *  stream the recording had. label 0 shows the handle again; sp_stream_destroy and sp_shutdown

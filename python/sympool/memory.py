@@ -209,7 +209,8 @@ def record_stream(ptr, stream):
 class Stream(_lib.Handle):
     """A sympool stream on device (sp_stream_create): a cudaStream_t on cuda, a host stream on
     host. Pass it (or its .ptr) wherever a stream is taken. destroy() releases it (once, even
-    when several threads call it). Not picklable nor copyable."""
+    when several threads call it); so does the object's collection. Not picklable nor
+    copyable."""
 
     def __init__(self, device=0):
         d = as_device(device)
@@ -219,6 +220,29 @@ class Stream(_lib.Handle):
         check(lib().sp_stream_create(d, ctypes.byref(s)))
         self.ptr = self.cuda_stream = s.value
         self.device = d
+        # The library's session (sp_x_session): after an sp_shutdown the host backend's streams
+        # are gone and a later stream may get this handle, so a collection then leaves it be.
+        self._session = lib().sp_x_session()
+
+    def __del__(self):
+        # As MemPool.__del__: a collected Stream releases its stream (the host backend's struct,
+        # a cudaStream_t), or every Stream never destroyed explicitly leaked one. No lock: an
+        # object being collected is unreachable, so no destroy() can run on it. Never raises.
+        # Blocks still live on the stream stay valid, as after destroy(): the library keeps their
+        # segments (apart from the stream's cache) until they are freed.
+        ptr = getattr(self, "ptr", None)
+        if ptr is None:
+            return
+        try:
+            if c.sp_x_session() == self._session:
+                status = c.sp_stream_destroy(ptr)
+                if status != 0 and _lib.status_name(status) in _STREAM_RETRY:
+                    # Refused for now (inside a callback the library runs, during a graph
+                    # capture): the next empty_cache or MemPool destroy tries again.
+                    _orphan_streams.append((ptr, self._session))
+            self.ptr = self.cuda_stream = None
+        except Exception:
+            pass  # interpreter shutdown (module globals gone) or a refusal: nothing to raise to
 
     def synchronize(self):
         check(lib().sp_stream_synchronize(self._live()))
@@ -269,12 +293,40 @@ _keepalive_lock = globals().get("_keepalive_lock") or threading.Lock()
 _orphans = globals().get("_orphans", [])
 
 
+# Streams Stream.__del__ could not destroy, as (handle, session): the library refused for now
+# (a collection inside a callback it runs; a graph capture under way). _destroy_orphans retries.
+_orphan_streams = globals().get("_orphan_streams", [])
+# The refusals that may pass: a callback's (the gate's SP_ERR_INVALID_USAGE) and a capture's.
+_STREAM_RETRY = ("SP_ERR_INVALID_USAGE", "SP_ERR_BUSY")
+
+
+def _destroy_orphan_streams():
+    """Destroy the streams Stream.__del__ could not. Called outside any callback (sp_init
+    answered), so only a capture still under way (SP_ERR_BUSY) keeps one for later; one from
+    before an sp_shutdown, or refused otherwise (destroyed meanwhile), is dropped."""
+    later = []
+    while True:
+        try:
+            ptr, session = _orphan_streams.pop()  # atomic: a collection may append meanwhile
+        except IndexError:
+            break
+        if session == c.sp_x_session():
+            status = c.sp_stream_destroy(ptr)
+            if status != 0 and _lib.status_name(status) == "SP_ERR_BUSY":
+                later.append((ptr, session))
+    _orphan_streams.extend(later)
+
+
 def _destroy_orphans():
     """Destroy the pools MemPool.__del__ could not, where the library now lets us: not inside a
     callback (sp_init refuses there too, and the attempt waits for a later call). One still
     routed (its use count above the creator's 1) stays for a later call; one refused for another
-    reason (destroyed meanwhile) is dropped."""
-    if not _orphans or c.sp_init() != 0:
+    reason (destroyed meanwhile) is dropped. The streams Stream.__del__ could not destroy too."""
+    if not (_orphans or _orphan_streams) or c.sp_init() != 0:
+        return
+    if _orphan_streams:
+        _destroy_orphan_streams()
+    if not _orphans:
         return
     later = []
     while True:

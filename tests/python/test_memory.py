@@ -1,6 +1,7 @@
 """The allocator and its statistics through the Python package (torch.cuda's names)."""
 
 import collections
+import ctypes
 import os
 import subprocess
 import sys
@@ -160,6 +161,102 @@ def test_destroyed_stream_as_an_argument(sp):
         with pytest.raises(sp.SympoolError, match="destroyed") as e:
             call()
         assert e.value.status == "SP_ERR_INVALID_USAGE"
+
+
+def _streams(sp):
+    """Streams the library made and has not destroyed (sp_x_stream_count)."""
+    return sp._lib.lib().sp_x_stream_count()
+
+
+def test_collected_streams_are_destroyed(sp):
+    # A Stream dropped without destroy() kept its stream for the process's life (the host
+    # backend's struct, a cudaStream_t on cuda): 200 dropped Streams left 200 streams.
+    import gc
+    before = _streams(sp)
+    streams = [sp.Stream() for _ in range(200)]
+    assert _streams(sp) == before + 200
+    cycle = [streams[0]]
+    cycle.append(cycle)  # one only the collector frees
+    del streams, cycle
+    gc.collect()
+    assert _streams(sp) == before
+    # Explicitly destroyed ones are not destroyed a second time at their collection.
+    s = sp.Stream()
+    s.destroy()
+    del s
+    gc.collect()
+    assert _streams(sp) == before
+
+
+def test_collected_stream_with_a_live_block_keeps_the_block(sp):
+    # As destroy(): the block stays valid and returns its segment when freed.
+    import gc
+    before = _streams(sp)
+    s = sp.Stream()
+    p = sp.malloc(4096, 0, s)
+    del s
+    gc.collect()
+    assert _streams(sp) == before
+    assert sp.memory_allocated() == 4096
+    sp.free(p)
+    sp.empty_cache()
+    assert sp.memory_reserved() == 0
+
+
+def test_stream_collected_inside_a_callback_is_destroyed_later(sp):
+    # A collection inside a Python segment allocator's callback: the library refuses every call
+    # there, so the stream waits for the next empty_cache rather than leaking.
+    import gc
+    bufs = {}
+
+    def alloc(size, device, stream):
+        gc.collect()
+        b = ctypes.create_string_buffer(size + 4096)
+        a = (ctypes.addressof(b) + 4095) & ~4095
+        bufs[a] = b
+        return a
+
+    before = _streams(sp)
+    gc.disable()
+    try:
+        lost = [sp.Stream()]
+        lost.append(lost)
+        del lost  # only the collector frees it: inside alloc below
+        pool = sp.MemPool((alloc, lambda ptr, *a: bufs.pop(ptr)), name="collects")
+        sp.free(pool.malloc(100))
+        assert _streams(sp) == before + 1  # refused inside the callback
+        pool.destroy()
+    finally:
+        gc.enable()
+    sp.empty_cache()
+    assert _streams(sp) == before and not bufs
+
+
+def test_stream_from_before_a_shutdown_is_left_alone_when_collected():
+    # After sp_shutdown the host backend's streams are gone and a new stream may get the same
+    # handle: a collected Stream of the old session must not destroy the new one. (The package
+    # never calls sp_shutdown; a C caller in the process may.)
+    code = """if True:
+        import gc, sympool
+        from sympool import _lib
+        lib = _lib.lib()
+        old = [sympool.Stream() for _ in range(50)]
+        assert lib.sp_shutdown() == 0, _lib.last_error()
+        new = [sympool.Stream() for _ in range(50)]  # some at old handles (22 of 50 here)
+        n = lib.sp_x_stream_count()
+        del old
+        gc.collect()
+        assert lib.sp_x_stream_count() == n
+        for s in new:
+            assert lib.sp_stream_synchronize(s.ptr) == 0, _lib.last_error()
+        del new, s  # s: the loop left the last one bound
+        gc.collect()
+        assert lib.sp_x_stream_count() == n - 50
+        print("ok")
+    """
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=60)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr
 
 
 def test_memory_summary(sp):
