@@ -510,6 +510,15 @@ if(TARGET sympool_cli)
     $<TARGET_FILE:sympool_cli> ${SMALL} ${SP_CLI_OUT}/no_clobber)
   set_tests_properties(cli.output_is_not_the_input PROPERTIES LABELS "unit;cli" TIMEOUT 120
     PASS_REGULAR_EXPRESSION "no clobber ok")
+  # Killed (SIGINT, SIGTERM, SIGHUP) while writing a snapshot or chart: no temporary left, the
+  # previous file whole, death by the same signal. kill_at.c, preloaded, sends the signal at a
+  # fixed point of the write.
+  add_library(sp_kill_at MODULE ${CMAKE_CURRENT_SOURCE_DIR}/cli/kill_at.c)
+  target_link_libraries(sp_kill_at PRIVATE ${CMAKE_DL_LIBS})
+  add_test(NAME cli.killed_while_writing COMMAND sh ${CMAKE_CURRENT_SOURCE_DIR}/cli/killed_while_writing.sh
+    $<TARGET_FILE:sympool_cli> $<TARGET_FILE:sp_kill_at> ${SP_CLI_TRACE} ${SP_CLI_OUT}/killed)
+  set_tests_properties(cli.killed_while_writing PROPERTIES LABELS "unit;cli" TIMEOUT 120
+    PASS_REGULAR_EXPRESSION "killed while writing ok")
   sp_cli_check(NAME plot_png_refused RC 2 REGEX "writes SVG only, not '.*x.png'"
     ARGS plot ${SMALL} -o ${SP_CLI_OUT}/x.png)
   sp_cli_check(NAME plot_no_output RC 2 REGEX "no -o OUT.svg given" ARGS plot ${SMALL})
