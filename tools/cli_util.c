@@ -98,7 +98,23 @@ bool cli_once(const char *cmd, const char *opt, const char **seen, const char *v
 
 bool cli_output_ok(const char *cmd, const char *opt, const char *path) {
     struct stat sb;
-    if (stat(path, &sb) == 0 && !S_ISREG(sb.st_mode)) {
+    int rs = stat(path, &sb), err = errno;
+    /* What the writer refuses only at the end, after the whole run: a name longer than the file
+     * system takes (whose message, the path written twice, was cut before its reason), a loop of
+     * links, a link to nothing. Refused here, before any input is read. A missing name or folder
+     * (ENOENT, ENOTDIR) is the usual case and the folder's check below. */
+    if (rs != 0 && err != ENOENT && err != ENOTDIR) {
+        fprintf(stderr, "sympool %s: %s %s: %s\n", cmd, opt, path, strerror(err));
+        return false;
+    }
+    if (rs != 0 && lstat(path, &sb) == 0 && S_ISLNK(sb.st_mode)) {
+        fprintf(stderr,
+                "sympool %s: %s %s is a symbolic link to nothing that exists; files are written "
+                "through a link only to an existing regular file\n",
+                cmd, opt, path);
+        return false;
+    }
+    if (rs == 0 && !S_ISREG(sb.st_mode)) {
         fprintf(stderr, "sympool %s: %s %s is %s, not a regular file; refusing to replace it\n",
                 cmd, opt, path,
                 S_ISDIR(sb.st_mode)    ? "a directory"
@@ -115,9 +131,14 @@ bool cli_output_ok(const char *cmd, const char *opt, const char *path) {
         return true; /* left to the writer, which names the failure */
     memcpy(dir, path, n);
     dir[n] = '\0';
-    if (stat(dir, &sb) != 0 || !S_ISDIR(sb.st_mode)) {
+    rs = stat(dir, &sb);
+    err = errno;
+    if (rs != 0 || !S_ISDIR(sb.st_mode)) {
+        /* errno only where stat failed: after a success it is whatever came before. */
         fprintf(stderr, "sympool %s: %s %s: its folder %s %s\n", cmd, opt, path, dir,
-                errno == ENOENT ? "does not exist" : "is not a folder");
+                rs == 0 || err == ENOTDIR ? "is not a folder"
+                : err == ENOENT           ? "does not exist"
+                                          : strerror(err));
         return false;
     }
     return true;

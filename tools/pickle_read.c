@@ -2444,8 +2444,16 @@ bool pk_read_file(const char *path, size_t max_bytes, unsigned char **buf_p, siz
      * allocation, no copies while growing. */
     size_t cap = 1 << 20, len = 0;
     struct stat sb;
-    if (fstat(fileno(f), &sb) == 0 && S_ISREG(sb.st_mode) && sb.st_size >= 0 &&
-        (uint64_t)sb.st_size < max_bytes)
+    if (fstat(fileno(f), &sb) == 0 && S_ISREG(sb.st_mode) && (uint64_t)sb.st_size >= max_bytes) {
+        /* Refused from its size: reading max_bytes of it first took that much memory and tens
+         * of seconds (a sparse 20 GiB file: 4 GiB resident, 20 s) before the same refusal, or
+         * ended as "out of memory" under a memory limit. */
+        snprintf(err, errlen, "%s is larger than %zu bytes (%llu bytes): too large to be read",
+                 path, max_bytes, (unsigned long long)sb.st_size);
+        fclose(f);
+        return false;
+    }
+    if (fstat(fileno(f), &sb) == 0 && S_ISREG(sb.st_mode) && sb.st_size >= 0)
         cap = (size_t)sb.st_size + 1;
     unsigned char *buf = malloc(cap);
     bool ok = buf != NULL;
