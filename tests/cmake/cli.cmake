@@ -392,6 +392,11 @@ if(TARGET sympool_cli)
     ARGS replay ${SMALL} --snapshot ${SP_CLI_OUT}/a.pickle -s ${SP_CLI_OUT}/b.json)
   sp_cli_check(NAME replay_conf_twice RC 2 REGEX "--conf given twice"
     ARGS replay ${SMALL} --conf max_split_size_mb:64 --conf=expandable_segments:True)
+  # A capacity whose expandable segments (1.125 x it each) this process's address space cannot
+  # hold fails saying so; it was counted as OOMs on a device with all of its memory free.
+  sp_cli_check(NAME replay_capacity_beyond_address_space RC 1
+    REGEX "sympool replay: sp_malloc\\([0-9]+\\): SP_ERR_SYSTEM: host device 0: cannot reserve [0-9]+ bytes of address space"
+    ARGS replay ${SMALL} --capacity 1PiB --conf expandable_segments:True)
   sp_cli_check(NAME replay_capacity_twice RC 2 REGEX "--capacity given twice"
     ARGS replay ${SMALL} --capacity 1GiB --capacity 2GiB)
   sp_cli_check(NAME replay_repeat_twice RC 2 REGEX "--repeat given twice" ARGS replay ${SMALL} -r 2 -r 3)
