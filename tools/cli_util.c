@@ -6,6 +6,7 @@
  */
 #include <ctype.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -122,15 +123,22 @@ bool cli_output_ok(const char *cmd, const char *opt, const char *path) {
                                        : "a special file");
         return false;
     }
+    /* A file this process may not replace (mode 0444, another user's), as the writer refuses
+     * it: after the whole run. */
+    if (rs == 0 && faccessat(AT_FDCWD, path, W_OK, AT_EACCESS) != 0 && errno == EACCES) {
+        fprintf(stderr, "sympool %s: %s %s: %s (it is not writable)\n", cmd, opt, path,
+                strerror(EACCES));
+        return false;
+    }
     const char *slash = strrchr(path, '/');
-    if (slash == NULL)
-        return true; /* the current folder */
-    char dir[4096];
-    size_t n = slash == path ? 1 : (size_t)(slash - path);
+    char dir[4096] = ".";
+    size_t n = slash == NULL ? 0 : slash == path ? 1 : (size_t)(slash - path);
     if (n >= sizeof dir)
         return true; /* left to the writer, which names the failure */
-    memcpy(dir, path, n);
-    dir[n] = '\0';
+    if (slash != NULL) {
+        memcpy(dir, path, n);
+        dir[n] = '\0';
+    }
     rs = stat(dir, &sb);
     err = errno;
     if (rs != 0 || !S_ISDIR(sb.st_mode)) {
@@ -139,6 +147,16 @@ bool cli_output_ok(const char *cmd, const char *opt, const char *path) {
                 rs == 0 || err == ENOTDIR ? "is not a folder"
                 : err == ENOENT           ? "does not exist"
                                           : strerror(err));
+        return false;
+    }
+    /* The temporary is created in the folder: one this process may not write in (read-only,
+     * another user's, a read-only file system) failed only after the whole run. (Through a link,
+     * the writer works in the folder of the file it names, not this one.) */
+    bool link = lstat(path, &sb) == 0 && S_ISLNK(sb.st_mode);
+    if (!link && faccessat(AT_FDCWD, dir, W_OK | X_OK, AT_EACCESS) != 0 &&
+        (errno == EACCES || errno == EROFS)) {
+        fprintf(stderr, "sympool %s: %s %s: cannot create files in its folder %s: %s\n", cmd, opt,
+                path, dir, strerror(errno));
         return false;
     }
     return true;

@@ -3,7 +3,7 @@
 # refused before any input is read, with its reason: a name longer than the file system takes
 # (the whole replay ran first, then its message, the path written twice, was cut before the
 # reason), a symbolic link to nothing (the replay ran first), a folder that is a loop of links
-# (said to be "not a folder"). An input the command cannot give the missing.pickle shows the
+# (said to be "not a folder"), a folder or file this user may not write. An input the command cannot give the missing.pickle shows the
 # order: the output's error comes first. And an input larger than the reader's 4 GiB limit is
 # refused from its size, not after reading 4 GiB of it (tens of seconds, 4 GiB resident, or
 # "out of memory" under a memory limit).
@@ -40,6 +40,23 @@ check "replay, a folder that loops" 1 "Too many levels of symbolic links" \
 check "replay, a folder that is a file" 1 "its folder .* is not a folder" \
     "$bin" replay "$trace" --snapshot "$trace/x.pickle"
 ls "$w" | grep -q '\.tmp\.' && { echo "FAIL a temporary was left behind"; fail=1; }
+# A folder this user may not write in, a file it may not replace: refused before the input too
+# (they failed after the whole run). Root writes anywhere: as root the commands run as nobody.
+mkdir -m 555 "$w/ro" && mkdir -m 777 "$w/rw" && printf 'previous\n' >"$w/rw/mine.pickle" &&
+    chmod 444 "$w/rw/mine.pickle" || exit 1
+as_user=""
+if [ "$(id -u)" -eq 0 ]; then
+    command -v setpriv >/dev/null && as_user="setpriv --reuid=65534 --regid=65534 --clear-groups"
+fi
+if [ "$(id -u)" -ne 0 ] || [ -n "$as_user" ]; then
+    check "replay, a read-only folder, before the input" 1 "cannot create files in its folder .*/ro: Permission denied" \
+        $as_user "$bin" replay "$w/missing.pickle" --snapshot "$w/ro/x.pickle"
+    check "plot, a read-only folder, before the input" 1 "cannot create files in its folder .*/ro: Permission denied" \
+        $as_user "$bin" plot "$w/missing.pickle" -o "$w/ro/x.svg"
+    check "replay, a file it may not replace, before the input" 1 "mine.pickle: Permission denied" \
+        $as_user "$bin" replay "$w/missing.pickle" --snapshot "$w/rw/mine.pickle"
+    [ "$(cat "$w/rw/mine.pickle")" = previous ] || { echo "FAIL mine.pickle was changed"; fail=1; }
+fi
 # A sparse 6 GiB file that starts as the trace does.
 cp "$trace" "$w/huge.pickle" && truncate -s 6G "$w/huge.pickle" || exit 1
 for cmd in info summary; do
