@@ -64,7 +64,7 @@ for cmd in info summary; do
 done
 # ... also under a memory limit (where reading it first ended as "out of memory"); skipped for a
 # build that cannot start under one (AddressSanitizer reserves terabytes of address space).
-if (ulimit -v 2000000 && "$bin" --version) >/dev/null 2>&1; then
+if sh -c 'ulimit -v 2000000 && "$0" --version; exit $?' "$bin" >/dev/null 2>&1; then
     check "info of a 6 GiB file, ulimit -v" 1 "huge.pickle is larger than 4294967296 bytes" \
         sh -c 'ulimit -v 2000000 && exec "$0" info "$1"' "$bin" "$w/huge.pickle"
 fi
