@@ -397,6 +397,18 @@ if(TARGET sympool_cli)
   sp_cli_check(NAME replay_capacity_beyond_address_space RC 1
     REGEX "sympool replay: sp_malloc\\([0-9]+\\): SP_ERR_SYSTEM: host device 0: cannot reserve [0-9]+ bytes of address space"
     ARGS replay ${SMALL} --capacity 1PiB --conf expandable_segments:True)
+  # --capacity caps the process at the capacity only where a GC threshold is in force: the
+  # environment's SYMPOOL_GC_THRESHOLD=0 (off) capped it too and changed the result; a --compare
+  # item SYMPOOL_GC_THRESHOLD=0.7 did not, unlike the same value from the environment.
+  sp_cli_check(NAME replay_capacity_gc_off RC 0 ENV SYMPOOL_GC_THRESHOLD=0
+    REGEX "\"peak_reserved_bytes\":314572800,.*\"ooms\":61,"
+    ARGS replay ${SMALL} --capacity 300MiB --json)
+  sp_cli_check(NAME replay_capacity_gc_env RC 0 ENV SYMPOOL_GC_THRESHOLD=0.7
+    REGEX "\"peak_reserved_bytes\":306184192,.*\"ooms\":41,"
+    ARGS replay ${SMALL} --capacity 300MiB --json)
+  sp_cli_check(NAME replay_capacity_gc_compare_item RC 0
+    REGEX "\"peak_reserved_bytes\":306184192,.*\"ooms\":41,"
+    ARGS replay ${SMALL} --capacity 300MiB --json --compare SYMPOOL_GC_THRESHOLD=0.7)
   sp_cli_check(NAME replay_capacity_twice RC 2 REGEX "--capacity given twice"
     ARGS replay ${SMALL} --capacity 1GiB --capacity 2GiB)
   sp_cli_check(NAME replay_repeat_twice RC 2 REGEX "--repeat given twice" ARGS replay ${SMALL} -r 2 -r 3)
