@@ -2422,12 +2422,15 @@ bool pk_parse_records(const void *buf, size_t len, const pk_limits_t *lim, const
 }
 
 /* Whether buf[0..len) may start a snapshot: its first byte is a pickle opcode (PROTO, 0x80, for
- * protocols 2-5; any for 0 and 1), or its first byte that is not white space (if any) is a JSON
- * document's '{' or '['. */
+ * protocols 2-5; any for 0 and 1), or its first byte that is not white space (if any, after a
+ * byte order mark) is a JSON document's '{' or '['. */
 static bool may_be_snapshot(const unsigned char *buf, size_t len) {
     if (len > 0 && opcode_names[buf[0]] != NULL)
         return true;
-    size_t i = 0;
+    /* A UTF-8 byte order mark before a JSON document (tr_load_opts skips it). */
+    size_t i = len >= 3 && memcmp(buf, "\xEF\xBB\xBF", 3) == 0 ? 3 : 0;
+    if (i == 0 && len < 3 && memcmp(buf, "\xEF\xBB\xBF", len) == 0)
+        return true; /* too few bytes yet to tell */
     while (i < len && (buf[i] == ' ' || buf[i] == '\n' || buf[i] == '\r' || buf[i] == '\t'))
         i++;
     return i == len || buf[i] == 0x80 || buf[i] == '{' || buf[i] == '[';

@@ -541,6 +541,15 @@ if(TARGET sympool_cli)
     $<TARGET_FILE:sympool_cli> ${SMALL} ${SP_CLI_OUT}/output_paths)
   set_tests_properties(cli.output_paths PROPERTIES LABELS "unit;cli" TIMEOUT 120
     PASS_REGULAR_EXPRESSION "output paths ok")
+  # A JSON snapshot saved with a UTF-8 byte order mark (some editors; the memory viewer's
+  # browser drops it) is read, from a file and from a stream: it was "not a pickle (nor a JSON
+  # snapshot)".
+  sp_cli_check(NAME info_json_bom RC 0 REGEX "format: JSON, snapshot"
+    ARGS info ${CMAKE_CURRENT_SOURCE_DIR}/data/trace-gc-tiny-bom.json)
+  add_test(NAME cli.summary_json_bom_stream COMMAND sh -c
+    "'$<TARGET_FILE:sympool_cli>' summary /dev/stdin < '${CMAKE_CURRENT_SOURCE_DIR}/data/trace-gc-tiny-bom.json'; echo rc=$?")
+  set_tests_properties(cli.summary_json_bom_stream PROPERTIES LABELS "unit;cli" TIMEOUT 60
+    PASS_REGULAR_EXPRESSION "snapshot stdin, device 0.*rc=0")
   sp_cli_check(NAME plot_png_refused RC 2 REGEX "writes SVG only, not '.*x.png'"
     ARGS plot ${SMALL} -o ${SP_CLI_OUT}/x.png)
   sp_cli_check(NAME plot_no_output RC 2 REGEX "no -o OUT.svg given" ARGS plot ${SMALL})
