@@ -43,6 +43,10 @@ for sig in $INT $TERM $HUP; do
     killed $sig write:2 previous "$w/s.pickle" "$bin" replay "$trace" --snapshot "$w/s.pickle"
     killed $sig write:1 previous "$w/c.svg" "$bin" plot "$trace" -o "$w/c.svg"
 done
+# The kernel's limits: SIGXCPU (RLIMIT_CPU), SIGXFSZ (a file size limit the writer could not
+# foresee); numbered as on x86 and ARM Linux.
+killed 24 write:2 previous "$w/s.pickle" "$bin" replay "$trace" --snapshot "$w/s.pickle"
+killed 25 write:1 previous "$w/c.svg" "$bin" plot "$trace" -o "$w/c.svg"
 # Between creating the temporary and its name being known to the handler; at the rename.
 killed $TERM open previous "$w/s.pickle" "$bin" replay "$trace" --snapshot "$w/s.pickle"
 killed $INT open previous "$w/c.svg" "$bin" plot "$trace" -o "$w/c.svg"
