@@ -18,7 +18,7 @@ killed() {
     sig=$1 at=$2 expect=$3 out=$4
     shift 4
     printf 'previous\n' >"$out" || exit 1
-    LD_PRELOAD=$shim SP_KILL_SIG=$sig SP_KILL_AT=$at ASAN_OPTIONS=verify_asan_link_order=0 \
+    LD_PRELOAD=$shim SP_KILL_SIG=$sig SP_KILL_AT=$at ASAN_OPTIONS="${ASAN_OPTIONS:+$ASAN_OPTIONS:}verify_asan_link_order=0" \
         "$@" >/dev/null 2>"$w/err"
     rc=$?
     what="signal $sig at $at: $*"
@@ -55,7 +55,7 @@ killed $HUP rename new "$w/c.svg" "$bin" plot "$trace" -o "$w/c.svg"
 # A signal the caller ignores (nohup's SIGHUP) stays ignored: the chart is written, status 0.
 printf 'previous\n' >"$w/c.svg"
 (trap '' HUP && LD_PRELOAD=$shim SP_KILL_SIG=$HUP SP_KILL_AT=write:1 SP_KILL_KEEP_IGNORED=1 \
-    ASAN_OPTIONS=verify_asan_link_order=0 exec "$bin" plot "$trace" -o "$w/c.svg") >/dev/null 2>&1 ||
+    ASAN_OPTIONS="${ASAN_OPTIONS:+$ASAN_OPTIONS:}verify_asan_link_order=0" exec "$bin" plot "$trace" -o "$w/c.svg") >/dev/null 2>&1 ||
     { echo "FAIL an ignored SIGHUP stopped the chart"; fail=1; }
 tail -c 7 "$w/c.svg" | grep -q '</svg>' || { echo "FAIL an ignored SIGHUP: no chart"; fail=1; }
 [ $fail -eq 0 ] && echo "killed while writing ok"
