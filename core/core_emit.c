@@ -24,6 +24,7 @@
 
 #include "core/core.h"
 #include "core/core_emit.h"
+#include "sympool/experimental.h" /* SP_X_TEMP_*: the temporaries observer's events */
 
 #if defined(__SSE2__)
 #include <emmintrin.h>
@@ -1050,6 +1051,36 @@ static sp_status_t resolve_target(const char *path, char *out, size_t cap, int *
                      "%s is %s, not a regular file; refusing to replace it", path, kind);
 }
 
+/* The observer of the temporaries (sp_x_temp_set_fn): a program that removes them when it is
+ * killed. The library calls it and nothing else: it installs no signal handler. */
+static void (*_Atomic g_temp_fn)(int event, const char *path, void *arg);
+static void *_Atomic g_temp_arg;
+
+void sp__file_temp_set_fn(void (*fn)(int event, const char *path, void *arg), void *arg) {
+    atomic_store(&g_temp_arg, arg);
+    atomic_store(&g_temp_fn, fn);
+}
+
+static void temp_event(int event, const char *path) {
+    void (*fn)(int, const char *, void *) = atomic_load(&g_temp_fn);
+    if (fn != NULL)
+        fn(event, path, atomic_load(&g_temp_arg));
+}
+
+/* Remove f's temporary: renamed over the target (commit) or unlinked. The observer hears of it
+ * before and after, so that a signal in between finds the name either still its to remove or
+ * already gone, never a renamed file's name it would unlink. errno: rename's on failure. */
+static int temp_end(sp__atomic_file_t *f, bool commit) {
+    temp_event(SP_X_TEMP_REMOVE_BEGIN, f->tmp);
+    int rc = commit ? rename(f->tmp, f->path) : unlink(f->tmp);
+    int err = errno;
+    if (commit && rc != 0)
+        unlink(f->tmp);
+    temp_event(SP_X_TEMP_REMOVE_END, f->tmp);
+    errno = err;
+    return rc;
+}
+
 /* Create the temporary `tmpl` (ending in XXXXXX, replaced) like mkstemp, but with mode 0666 so
  * that the umask applies as it does to any file a program creates (mkstemp's 0600 would make
  * every snapshot private, and opening it up afterwards would ignore a umask such as 077). */
@@ -1097,7 +1128,11 @@ sp_status_t sp__file_atomic_open(sp__atomic_file_t *f, const char *target) {
     f->fsize_max = getrlimit(RLIMIT_FSIZE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY
                        ? (uint64_t)rl.rlim_cur
                        : UINT64_MAX;
+    temp_event(SP_X_TEMP_CREATE_BEGIN, NULL);
     f->fd = make_temp(f->tmp);
+    int err = errno;
+    temp_event(SP_X_TEMP_CREATE_END, f->fd >= 0 ? f->tmp : NULL);
+    errno = err;
     if (f->fd < 0)
         return sp__error(SP_ERR_SYSTEM, SP_SUB_HISTORY,
                          "cannot create a temporary file next to %s: %s", path, strerror(errno));
@@ -1108,7 +1143,7 @@ void sp__file_atomic_abort(sp__atomic_file_t *f) {
     if (f->fd < 0)
         return;
     close(f->fd);
-    unlink(f->tmp);
+    (void)temp_end(f, false);
     f->fd = -1;
 }
 
@@ -1153,13 +1188,12 @@ sp_status_t sp__file_atomic_commit(sp__atomic_file_t *f) {
     }
     f->fd = -1;
     if (rs != 0) {
-        unlink(f->tmp);
+        (void)temp_end(f, false);
         return sp__error(SP_ERR_SYSTEM, SP_SUB_HISTORY, "cannot flush %s: %s", f->tmp,
                          strerror(err));
     }
-    if (rename(f->tmp, f->path) != 0) {
+    if (temp_end(f, true) != 0) {
         err = errno;
-        unlink(f->tmp);
         return sp__error(SP_ERR_SYSTEM, SP_SUB_HISTORY, "cannot rename %s to %s: %s", f->tmp,
                          f->path, strerror(err));
     }

@@ -157,6 +157,9 @@ sp_status_t sp__file_atomic_open(sp__atomic_file_t *f, const char *path);
 sp_status_t sp__file_atomic_write(sp__atomic_file_t *f, const void *buf, size_t len);
 sp_status_t sp__file_atomic_commit(sp__atomic_file_t *f);
 void sp__file_atomic_abort(sp__atomic_file_t *f);
+/* The temporaries' observer (sp_x_temp_set_fn, experimental.h): told before and after each
+ * temporary is created and before and after it is renamed or unlinked. */
+void sp__file_temp_set_fn(void (*fn)(int event, const char *path, void *arg), void *arg);
 
 /* Host allocations of the snapshot writer (the emitter's buffer, snapshot.c's collection): realloc
  * with a fault hook. sp__emit_fault_after(n) makes the n-th allocation from now fail (and every

@@ -105,3 +105,7 @@ SP_EXPORT sp_status_t sp_x_file_write_atomic(const char *path, const void *buf, 
     SP_ARG_CHECK(buf != NULL || len == 0, SP_SUB_HISTORY, "sp_x_file_write_atomic: buf is NULL");
     return sp__file_write_atomic(path, buf, len);
 }
+
+SP_EXPORT void sp_x_temp_set_fn(sp_x_temp_fn fn, void *arg) {
+    sp__file_temp_set_fn(fn, arg);
+}

@@ -60,6 +60,10 @@ bool cli_same_file(const char *in, const char *out);
  * allocate (fewer, cheaper page faults). A hint; does nothing for small or unreadable files. */
 void cli_heap_prepare(const char *path);
 
+/* Remove the atomic writer's temporary file when the command is killed (SIGINT, SIGTERM,
+ * SIGHUP, ...), then die by the same signal (cli_temp.c). Called once, first thing in main. */
+void cli_temp_cleanup_install(void);
+
 /* ---- the JSON writer of --json outputs (cli_json.c) --------------------------------------- */
 
 #define CLI_JSON_DEPTH 16 /* deeper documents reuse the counts (the CLI writes 4 levels) */

@@ -6,6 +6,7 @@
  */
 #include <ctype.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -98,7 +99,23 @@ bool cli_once(const char *cmd, const char *opt, const char **seen, const char *v
 
 bool cli_output_ok(const char *cmd, const char *opt, const char *path) {
     struct stat sb;
-    if (stat(path, &sb) == 0 && !S_ISREG(sb.st_mode)) {
+    int rs = stat(path, &sb), err = errno;
+    /* What the writer refuses only at the end, after the whole run: a name longer than the file
+     * system takes (whose message, the path written twice, was cut before its reason), a loop of
+     * links, a link to nothing. Refused here, before any input is read. A missing name or folder
+     * (ENOENT, ENOTDIR) is the usual case and the folder's check below. */
+    if (rs != 0 && err != ENOENT && err != ENOTDIR) {
+        fprintf(stderr, "sympool %s: %s %s: %s\n", cmd, opt, path, strerror(err));
+        return false;
+    }
+    if (rs != 0 && lstat(path, &sb) == 0 && S_ISLNK(sb.st_mode)) {
+        fprintf(stderr,
+                "sympool %s: %s %s is a symbolic link to nothing that exists; files are written "
+                "through a link only to an existing regular file\n",
+                cmd, opt, path);
+        return false;
+    }
+    if (rs == 0 && !S_ISREG(sb.st_mode)) {
         fprintf(stderr, "sympool %s: %s %s is %s, not a regular file; refusing to replace it\n",
                 cmd, opt, path,
                 S_ISDIR(sb.st_mode)    ? "a directory"
@@ -106,18 +123,40 @@ bool cli_output_ok(const char *cmd, const char *opt, const char *path) {
                                        : "a special file");
         return false;
     }
+    /* A file this process may not replace (mode 0444, another user's), as the writer refuses
+     * it: after the whole run. */
+    if (rs == 0 && faccessat(AT_FDCWD, path, W_OK, AT_EACCESS) != 0 && errno == EACCES) {
+        fprintf(stderr, "sympool %s: %s %s: %s (it is not writable)\n", cmd, opt, path,
+                strerror(EACCES));
+        return false;
+    }
     const char *slash = strrchr(path, '/');
-    if (slash == NULL)
-        return true; /* the current folder */
-    char dir[4096];
-    size_t n = slash == path ? 1 : (size_t)(slash - path);
+    char dir[4096] = ".";
+    size_t n = slash == NULL ? 0 : slash == path ? 1 : (size_t)(slash - path);
     if (n >= sizeof dir)
         return true; /* left to the writer, which names the failure */
-    memcpy(dir, path, n);
-    dir[n] = '\0';
-    if (stat(dir, &sb) != 0 || !S_ISDIR(sb.st_mode)) {
+    if (slash != NULL) {
+        memcpy(dir, path, n);
+        dir[n] = '\0';
+    }
+    rs = stat(dir, &sb);
+    err = errno;
+    if (rs != 0 || !S_ISDIR(sb.st_mode)) {
+        /* errno only where stat failed: after a success it is whatever came before. */
         fprintf(stderr, "sympool %s: %s %s: its folder %s %s\n", cmd, opt, path, dir,
-                errno == ENOENT ? "does not exist" : "is not a folder");
+                rs == 0 || err == ENOTDIR ? "is not a folder"
+                : err == ENOENT           ? "does not exist"
+                                          : strerror(err));
+        return false;
+    }
+    /* The temporary is created in the folder: one this process may not write in (read-only,
+     * another user's, a read-only file system) failed only after the whole run. (Through a link,
+     * the writer works in the folder of the file it names, not this one.) */
+    bool link = lstat(path, &sb) == 0 && S_ISLNK(sb.st_mode);
+    if (!link && faccessat(AT_FDCWD, dir, W_OK | X_OK, AT_EACCESS) != 0 &&
+        (errno == EACCES || errno == EROFS)) {
+        fprintf(stderr, "sympool %s: %s %s: cannot create files in its folder %s: %s\n", cmd, opt,
+                path, dir, strerror(errno));
         return false;
     }
     return true;

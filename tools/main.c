@@ -95,6 +95,8 @@ int main(int argc, char **argv) {
     for (int fd = 0; fd <= 2; fd++)
         if (fcntl(fd, F_GETFD) < 0 && errno == EBADF && open("/dev/null", O_RDONLY) != fd)
             return 1;
+    /* Ctrl-C or a kill while a snapshot or chart is written leaves no temporary behind. */
+    cli_temp_cleanup_install();
     return finish(run(argc, argv));
 }
 

@@ -2422,12 +2422,15 @@ bool pk_parse_records(const void *buf, size_t len, const pk_limits_t *lim, const
 }
 
 /* Whether buf[0..len) may start a snapshot: its first byte is a pickle opcode (PROTO, 0x80, for
- * protocols 2-5; any for 0 and 1), or its first byte that is not white space (if any) is a JSON
- * document's '{' or '['. */
+ * protocols 2-5; any for 0 and 1), or its first byte that is not white space (if any, after a
+ * byte order mark) is a JSON document's '{' or '['. */
 static bool may_be_snapshot(const unsigned char *buf, size_t len) {
     if (len > 0 && opcode_names[buf[0]] != NULL)
         return true;
-    size_t i = 0;
+    /* A UTF-8 byte order mark before a JSON document (tr_load_opts skips it). */
+    size_t i = len >= 3 && memcmp(buf, "\xEF\xBB\xBF", 3) == 0 ? 3 : 0;
+    if (i == 0 && len < 3 && memcmp(buf, "\xEF\xBB\xBF", len) == 0)
+        return true; /* too few bytes yet to tell */
     while (i < len && (buf[i] == ' ' || buf[i] == '\n' || buf[i] == '\r' || buf[i] == '\t'))
         i++;
     return i == len || buf[i] == 0x80 || buf[i] == '{' || buf[i] == '[';
@@ -2444,8 +2447,16 @@ bool pk_read_file(const char *path, size_t max_bytes, unsigned char **buf_p, siz
      * allocation, no copies while growing. */
     size_t cap = 1 << 20, len = 0;
     struct stat sb;
-    if (fstat(fileno(f), &sb) == 0 && S_ISREG(sb.st_mode) && sb.st_size >= 0 &&
-        (uint64_t)sb.st_size < max_bytes)
+    if (fstat(fileno(f), &sb) == 0 && S_ISREG(sb.st_mode) && (uint64_t)sb.st_size >= max_bytes) {
+        /* Refused from its size: reading max_bytes of it first took that much memory and tens
+         * of seconds (a sparse 20 GiB file: 4 GiB resident, 20 s) before the same refusal, or
+         * ended as "out of memory" under a memory limit. */
+        snprintf(err, errlen, "%s is larger than %zu bytes (%llu bytes): too large to be read",
+                 path, max_bytes, (unsigned long long)sb.st_size);
+        fclose(f);
+        return false;
+    }
+    if (fstat(fileno(f), &sb) == 0 && S_ISREG(sb.st_mode) && sb.st_size >= 0)
         cap = (size_t)sb.st_size + 1;
     unsigned char *buf = malloc(cap);
     bool ok = buf != NULL;

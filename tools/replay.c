@@ -1266,30 +1266,26 @@ static LOOP_FN bool replay_device(dev_state_t *ds, int d, const tr_device_t *td,
 }
 
 /* PyTorch's garbage_collection_threshold acts only under a memory fraction (a fraction of 1
- * clears it). With --capacity and a threshold configured, replay caps the process at the
+ * clears it). With --capacity and a threshold in force, replay caps the process at the
  * capacity with the largest fraction below 1 (a byte under the emulated device), so the
  * threshold has the limit to act on that it has on a GPU; without one the fraction stays unset
- * and nothing else changes. */
-static bool gc_configured(const char *conf) {
-    const char *gc = getenv("SYMPOOL_GC_THRESHOLD");
-    if (gc != NULL && gc[0] != '\0')
-        return true;
-    const char *text[] = {conf, getenv("SYMPOOL_ALLOC_CONF"), getenv("PYTORCH_ALLOC_CONF"),
-                          getenv("PYTORCH_CUDA_ALLOC_CONF")};
-    for (size_t i = 0; i < sizeof(text) / sizeof(text[0]); i++)
-        if (text[i] != NULL && (strstr(text[i], "garbage_collection_threshold") != NULL ||
-                                strstr(text[i], "SYMPOOL_GC_THRESHOLD") != NULL))
-            return true;
+ * and nothing else changes. The threshold in force, not the words that might set one: the
+ * environment's SYMPOOL_GC_THRESHOLD=0 (off) or a SYMPOOL_ALLOC_CONF with a threshold that the
+ * snapshot's own settings replace set the fraction, and changed the replay's peaks and OOMs. */
+static bool gc_in_force(void) {
+    sp_x_option_info_t info;
+    for (int i = 0; sp_x_option_info(i, &info); i++)
+        if (strcmp(info.name, "SYMPOOL_GC_THRESHOLD") == 0)
+            return info.value_double > 0;
     return false;
 }
 
-static bool init_capped(int ndev, const char *conf, const char *capacity, char *err,
-                        size_t errlen) {
+static bool init_capped(int ndev, const char *capacity, char *err, size_t errlen) {
     if (sp_init() != SP_SUCCESS) {
         snprintf(err, errlen, "sp_init: %s", sp_last_error());
         return false;
     }
-    if (capacity == NULL || !gc_configured(conf))
+    if (capacity == NULL || !gc_in_force())
         return true;
     for (int d = 0; d < ndev; d++) {
         if (sp_set_memory_fraction(nextafter(1.0, 0.0), d) != SP_SUCCESS) {
@@ -1302,14 +1298,14 @@ static bool init_capped(int ndev, const char *conf, const char *capacity, char *
 
 /* A fresh allocator for the next replay of --repeat: the last one's shut down (it gave back
  * everything it held, so a refusal is named, not left as an empty reason), a new one made. */
-static bool restart(int ndev, const char *conf, const char *capacity, char *err, size_t errlen) {
+static bool restart(int ndev, const char *capacity, char *err, size_t errlen) {
     sp_status_t st = sp_shutdown();
     if (st != SP_SUCCESS) {
         snprintf(err, errlen, "sp_shutdown before the next replay: %s: %s", sp_status_name(st),
                  sp_last_error());
         return false;
     }
-    return init_capped(ndev, conf, capacity, err, errlen);
+    return init_capped(ndev, capacity, err, errlen);
 }
 
 /* Whether the configuration in force uses expandable segments. */
@@ -1912,14 +1908,13 @@ static bool replay_median(const tr_trace_t *t, const char *snapshot, int repeat,
                           const char *capacity, replay_result_t *r, char *err, size_t errlen) {
     double ns[64];
     int nrep = repeat < 64 ? repeat : 64;
-    bool ok = init_capped(t->ndev, conf, capacity, err, errlen) &&
-              replay_trace(t, snapshot, r, err, errlen);
+    bool ok =
+        init_capped(t->ndev, capacity, err, errlen) && replay_trace(t, snapshot, r, err, errlen);
     ns[0] = r->ns_per_event;
     for (int k = 1; ok && k < nrep; k++) {
         replay_result_t again;
         memset(&again, 0, sizeof(again));
-        ok = restart(t->ndev, conf, capacity, err, errlen) &&
-             replay_trace(t, NULL, &again, err, errlen);
+        ok = restart(t->ndev, capacity, err, errlen) && replay_trace(t, NULL, &again, err, errlen);
         ns[k] = again.ns_per_event;
     }
     if (ok && nrep > 1) {
@@ -2355,7 +2350,7 @@ int sp_cli_replay(int argc, char **argv) {
         return 2;
     }
     quiet_options_end();
-    if (!init_capped(t.ndev, conf, a.capacity, err, sizeof(err))) {
+    if (!init_capped(t.ndev, a.capacity, err, sizeof(err))) {
         fprintf(stderr, "sympool replay: %s\n", err);
         tr_free(&t);
         return 1;
@@ -2373,7 +2368,7 @@ int sp_cli_replay(int argc, char **argv) {
     for (int k = 1; ok && k < nrep; k++) {
         replay_result_t again;
         memset(&again, 0, sizeof(again));
-        ok = restart(t.ndev, conf, a.capacity, err, sizeof(err)) &&
+        ok = restart(t.ndev, a.capacity, err, sizeof(err)) &&
              replay_trace(&t, NULL, &again, err, sizeof(err));
         ns[k] = again.ns_per_event;
     }

@@ -2487,9 +2487,12 @@ bool tr_load_opts(const char *path, bool frames, tr_trace_t *t, char *err, size_
         release(buf, len, mapped);
         return false;
     }
-    /* A JSON snapshot (ours, or one a viewer saved) starts with '{' or '[': translate it. */
+    /* A JSON snapshot (ours, or one a viewer saved) starts with '{' or '[': translate it. A
+     * UTF-8 byte order mark before it (what some editors save; the memory viewer's browser drops
+     * it) is skipped: the file was refused as "not a pickle (nor a JSON snapshot)". */
     bool json = false;
-    size_t i = 0;
+    size_t bom = len >= 3 && memcmp(buf, "\xEF\xBB\xBF", 3) == 0 ? 3 : 0;
+    size_t i = bom;
     while (i < len && (buf[i] == ' ' || buf[i] == '\n' || buf[i] == '\r' || buf[i] == '\t'))
         i++;
     /* A pickle starts with an opcode (PROTO, 0x80, from protocol 2 on; any other for 0 and 1). */
@@ -2507,8 +2510,9 @@ bool tr_load_opts(const char *path, bool frames, tr_trace_t *t, char *err, size_
         size_t plen = 0;
         /* Without stacks, the stacks are checked and left out of the translation (the pickle
          * reader would skip them anyway: reading them twice was most of a JSON trace's load). */
-        bool ok = sp_x_json_to_pickle_skip((const char *)buf, len, frames ? NULL : "frames",
-                                           &pickle, &plen, why, sizeof(why));
+        bool ok =
+            sp_x_json_to_pickle_skip((const char *)buf + bom, len - bom, frames ? NULL : "frames",
+                                     &pickle, &plen, why, sizeof(why));
         release(buf, len, mapped);
         if (!ok) {
             snprintf(err, errlen, "%s: %s", path, why);

@@ -230,6 +230,27 @@ bool sp_x_path_expand(const char *pattern, char *out, size_t cap);
  * path and the reason in sp_last_error()). */
 sp_status_t sp_x_file_write_atomic(const char *path, const void *buf, size_t len);
 
+/** What happens to a temporary file of the atomic writer (sp_x_file_write_atomic,
+ * sp_dump_snapshot and every other file sympool writes whole), as told to an sp_x_temp_fn. */
+enum {
+    SP_X_TEMP_CREATE_BEGIN = 1, /* a temporary is about to be created (path: NULL) */
+    SP_X_TEMP_CREATE_END = 2,   /* path: the temporary now exists; NULL: none was created */
+    SP_X_TEMP_REMOVE_BEGIN = 3, /* path is about to be renamed over its target or unlinked */
+    SP_X_TEMP_REMOVE_END = 4    /* path no longer exists under that name */
+};
+
+/** Receives the events above, in pairs: CREATE_BEGIN then CREATE_END, REMOVE_BEGIN then
+ * REMOVE_END, on the writing thread. */
+typedef void (*sp_x_temp_fn)(int event, const char *path, void *arg);
+
+/** Tell fn (NULL: nobody) where the atomic writer's temporary files are while they exist, so
+ * that a program can remove them when it is killed: sympool installs no signal handler of its
+ * own, as a library inside someone else's process must not. The `sympool` command's handler of
+ * SIGINT, SIGTERM and the like unlinks the one in flight and dies by the same signal; it blocks
+ * those signals from each BEGIN to its END, so a temporary is never created or renamed unseen.
+ * Set it before any file is written; not thread-safe against a write in flight. */
+void sp_x_temp_set_fn(sp_x_temp_fn fn, void *arg);
+
 #ifdef __cplusplus
 }
 #endif

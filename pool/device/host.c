@@ -905,7 +905,11 @@ static sp_status_t host_vmm_reserve(int device, size_t size, size_t page, void *
                          device, size, page, g_host.page);
     uint8_t *bits = calloc(size / page, 1);
     if (!bits)
-        return sp__error(SP_ERR_SYSTEM, SP_SUB_DEVICE, "cannot allocate a page table");
+        return sp__error(SP_ERR_SYSTEM, SP_SUB_DEVICE,
+                         "host device %d: cannot allocate the page table of a reservation of %zu "
+                         "bytes (%zu pages): %s; an expandable segment reserves 1.125 x the "
+                         "emulated capacity (SYMPOOL_HOST_CAPACITY, --capacity): use a smaller one",
+                         device, size, size / page, strerror(ENOMEM));
     /* One guard page after each reservation: two reservations are never adjacent, so a
      * viewer that merges touching ranges of a stream never joins two segments. */
     size_t span = size + g_host.page;
@@ -916,11 +920,19 @@ static sp_status_t host_vmm_reserve(int device, size_t size, size_t page, void *
                   ? (void *)carved
                   : mmap(NULL, span, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
     if (p == MAP_FAILED) {
+        /* Not the emulated device's memory running out (a reservation costs none of it): this
+         * process's address space (128 TiB on x86-64) cannot hold the reservations of a huge
+         * emulated capacity. Said as such: counted as an out-of-memory, a replay with
+         * `--capacity 64TiB` and expandable segments reported OOMs on a device with all of its
+         * 64 TiB free. */
         int err = errno;
         free(bits);
-        return sp__error_quiet(SP_ERR_OUT_OF_MEMORY, SP_SUB_DEVICE,
-                               "host device %d: cannot reserve %zu bytes of address space: %s",
-                               device, size, strerror(err));
+        return sp__error(SP_ERR_SYSTEM, SP_SUB_DEVICE,
+                         "host device %d: cannot reserve %zu bytes of address space: %s; an "
+                         "expandable segment reserves 1.125 x the emulated capacity "
+                         "(SYMPOOL_HOST_CAPACITY, --capacity), more than this process's address "
+                         "space holds: use a smaller one",
+                         device, size, strerror(err));
     }
     pthread_mutex_lock(&dev->mu);
     bool ok = true;

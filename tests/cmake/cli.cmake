@@ -392,6 +392,23 @@ if(TARGET sympool_cli)
     ARGS replay ${SMALL} --snapshot ${SP_CLI_OUT}/a.pickle -s ${SP_CLI_OUT}/b.json)
   sp_cli_check(NAME replay_conf_twice RC 2 REGEX "--conf given twice"
     ARGS replay ${SMALL} --conf max_split_size_mb:64 --conf=expandable_segments:True)
+  # A capacity whose expandable segments (1.125 x it each) this process's address space cannot
+  # hold fails saying so; it was counted as OOMs on a device with all of its memory free.
+  sp_cli_check(NAME replay_capacity_beyond_address_space RC 1
+    REGEX "sympool replay: sp_malloc\\([0-9]+\\): SP_ERR_SYSTEM: host device 0: cannot reserve [0-9]+ bytes of address space"
+    ARGS replay ${SMALL} --capacity 1PiB --conf expandable_segments:True)
+  # --capacity caps the process at the capacity only where a GC threshold is in force: the
+  # environment's SYMPOOL_GC_THRESHOLD=0 (off) capped it too and changed the result; a --compare
+  # item SYMPOOL_GC_THRESHOLD=0.7 did not, unlike the same value from the environment.
+  sp_cli_check(NAME replay_capacity_gc_off RC 0 ENV SYMPOOL_GC_THRESHOLD=0
+    REGEX "\"peak_reserved_bytes\":314572800,.*\"ooms\":61,"
+    ARGS replay ${SMALL} --capacity 300MiB --json)
+  sp_cli_check(NAME replay_capacity_gc_env RC 0 ENV SYMPOOL_GC_THRESHOLD=0.7
+    REGEX "\"peak_reserved_bytes\":306184192,.*\"ooms\":41,"
+    ARGS replay ${SMALL} --capacity 300MiB --json)
+  sp_cli_check(NAME replay_capacity_gc_compare_item RC 0
+    REGEX "\"peak_reserved_bytes\":306184192,.*\"ooms\":41,"
+    ARGS replay ${SMALL} --capacity 300MiB --json --compare SYMPOOL_GC_THRESHOLD=0.7)
   sp_cli_check(NAME replay_capacity_twice RC 2 REGEX "--capacity given twice"
     ARGS replay ${SMALL} --capacity 1GiB --capacity 2GiB)
   sp_cli_check(NAME replay_repeat_twice RC 2 REGEX "--repeat given twice" ARGS replay ${SMALL} -r 2 -r 3)
@@ -510,6 +527,29 @@ if(TARGET sympool_cli)
     $<TARGET_FILE:sympool_cli> ${SMALL} ${SP_CLI_OUT}/no_clobber)
   set_tests_properties(cli.output_is_not_the_input PROPERTIES LABELS "unit;cli" TIMEOUT 120
     PASS_REGULAR_EXPRESSION "no clobber ok")
+  # Killed (SIGINT, SIGTERM, SIGHUP) while writing a snapshot or chart: no temporary left, the
+  # previous file whole, death by the same signal. kill_at.c, preloaded, sends the signal at a
+  # fixed point of the write.
+  add_library(sp_kill_at MODULE ${CMAKE_CURRENT_SOURCE_DIR}/cli/kill_at.c)
+  target_link_libraries(sp_kill_at PRIVATE ${CMAKE_DL_LIBS})
+  add_test(NAME cli.killed_while_writing COMMAND sh ${CMAKE_CURRENT_SOURCE_DIR}/cli/killed_while_writing.sh
+    $<TARGET_FILE:sympool_cli> $<TARGET_FILE:sp_kill_at> ${SP_CLI_TRACE} ${SP_CLI_OUT}/killed)
+  set_tests_properties(cli.killed_while_writing PROPERTIES LABELS "unit;cli" TIMEOUT 120
+    PASS_REGULAR_EXPRESSION "killed while writing ok")
+  # Output paths refused up front with their reason; an input over 4 GiB refused from its size.
+  add_test(NAME cli.output_paths COMMAND sh ${CMAKE_CURRENT_SOURCE_DIR}/cli/output_paths.sh
+    $<TARGET_FILE:sympool_cli> ${SMALL} ${SP_CLI_OUT}/output_paths)
+  set_tests_properties(cli.output_paths PROPERTIES LABELS "unit;cli" TIMEOUT 120
+    PASS_REGULAR_EXPRESSION "output paths ok")
+  # A JSON snapshot saved with a UTF-8 byte order mark (some editors; the memory viewer's
+  # browser drops it) is read, from a file and from a stream: it was "not a pickle (nor a JSON
+  # snapshot)".
+  sp_cli_check(NAME info_json_bom RC 0 REGEX "format: JSON, snapshot"
+    ARGS info ${CMAKE_CURRENT_SOURCE_DIR}/data/trace-gc-tiny-bom.json)
+  add_test(NAME cli.summary_json_bom_stream COMMAND sh -c
+    "'$<TARGET_FILE:sympool_cli>' summary /dev/stdin < '${CMAKE_CURRENT_SOURCE_DIR}/data/trace-gc-tiny-bom.json'; echo rc=$?")
+  set_tests_properties(cli.summary_json_bom_stream PROPERTIES LABELS "unit;cli" TIMEOUT 60
+    PASS_REGULAR_EXPRESSION "snapshot stdin, device 0.*rc=0")
   sp_cli_check(NAME plot_png_refused RC 2 REGEX "writes SVG only, not '.*x.png'"
     ARGS plot ${SMALL} -o ${SP_CLI_OUT}/x.png)
   sp_cli_check(NAME plot_no_output RC 2 REGEX "no -o OUT.svg given" ARGS plot ${SMALL})
