@@ -394,9 +394,8 @@ hand_out(sp_devalloc_t *d, sp_block_t *b, bool in_set, sp_block_t *pred, size_t 
             b->size = b_size - size;
             /* The remainder is b's struct, as PyTorch's is the found block's object: it keeps
              * b's requested size. It is split: the segment's GC clock is not its (block.h). */
-            /* The set holds a copy of b's key (the block_set prototype): tell it. */
-            (void)pred;
-            sp__bset_rekey(&bp->free, b, b_size, b_addr);
+            if ((!fast || form == HIT_MOVE) && pred && !sp__bset_less(&bp->free, pred, b))
+                sp__bset_move(&bp->free, b);
             rem = b;
             b = a;
         } else {
@@ -764,13 +763,8 @@ free_block(sp_devalloc_t *d, sp_block_t *b, bool low, uint32_t free_ctx, bool hi
     sp_block_t *keep = b; /* the free block that results */
     /* Is keep split? From the links in hand, not read back right after their stores. */
     bool keep_split = pr || nr;
-    /* The kept block's key before the merge (the set holds a copy of it). */
-    size_t keep_old_size = 0;
-    uintptr_t keep_old_addr = 0;
     if (mp) {
         keep = p;
-        keep_old_size = p->size;
-        keep_old_addr = p->addr;
         net_n--;
         net_bytes -= (int64_t)p->size;
         p->size += orig_size;
@@ -788,8 +782,6 @@ free_block(sp_devalloc_t *d, sp_block_t *b, bool low, uint32_t free_ctx, bool hi
         keep_split = p->prev || after;
     } else if (form == FREE_ONE || mn) {
         keep = n;
-        keep_old_size = n->size;
-        keep_old_addr = n->addr;
         net_n--;
         net_bytes -= (int64_t)n->size;
         n->addr = orig_addr;
@@ -833,8 +825,10 @@ free_block(sp_devalloc_t *d, sp_block_t *b, bool low, uint32_t free_ctx, bool hi
     } else if (!fast && keep == b) {
         b->context = 0; /* a free block holds no context; ctx is released below */
         sp__bset_insert(set, b);
-    } else {
-        sp__bset_rekey(set, keep, keep_old_size, keep_old_addr);
+    } else if (!fast || form == FREE_MERGE) {
+        sp_block_t *succ = sp__bset_succ(set, keep);
+        if (succ && !sp__bset_less(set, keep, succ))
+            sp__bset_move(set, keep);
     }
     sp__bset_check(set);
     if (SP_UNLIKELY(hist))

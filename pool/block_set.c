@@ -1,245 +1,407 @@
 /*
- * block_set.c: the free set of a block pool. PROTOTYPE (s26-bset, a measured attempt): a B+-tree
- * of height two over copied keys (block_set.h). Order: (stream, size, address), or for
- * symmetric pools (stream, size, segment seq, offset): lower_bound on (stream, size) is
- * PyTorch's best fit. Keys are unique. The caller holds the device allocator lock.
+ * block_set.c: the free set of a block pool, an intrusive AVL tree of free blocks with parent
+ * links.
  *
- * Not production: the top arrays are flat (a leaf's split or emptying moves up to n/8 of their
- * entries), underfull leaves are not merged, and running out of host memory aborts (the set's
- * interface cannot fail).
+ * Order: (stream, size, address) for ordinary pools, which makes lower_bound on (stream, size)
+ * PyTorch's best fit: the smallest free block of the same stream that is large enough, the lowest
+ * address among equals. Symmetric pools order ties by (segment seq, offset) instead, so that
+ * every rank holding the same cache picks the same block whatever its virtual addresses.
+ * Keys are unique (no two blocks share an address). The caller holds the device allocator lock.
+ *
+ * Insert and remove are iterative and allocate nothing. Parent links let a removal unlink its
+ * block where it is (no search from the root) and let the rebalancing walk up only as far as
+ * a subtree's height changes, which is O(1) amortized for the traffic a cache sees. An insert
+ * next to the hint (block_set.h) starts there: the block sorts just below the hint and above
+ * the hint's predecessor, or just above the hint and below its successor, so it is linked
+ * beside them without a root walk; any other insert walks down from the root, O(log n).
+ *
+ * The set counts the blocks of its first block's stream (`lead`, block_set.h): while that is all
+ * of them and a walk's key has that stream, the walk orders by size and address alone, without
+ * each node's segment read for its stream.
+ *
+ * The cache-hit path avoids a remove + insert pair where it can: a split remainder keeps its
+ * node with a smaller key, and a merged block keeps a free neighbour's node with a larger one,
+ * when the new key still sorts strictly between the node's in-order neighbours (allocator.c
+ * checks that); order and AVL balance are then unchanged. When it does not, sp__bset_move
+ * unlinks the node and links it where it sorts: the tree a removal and an insert would leave,
+ * without their counting (the block keeps its stream) or the insert's look beside the hint.
  */
 #include <assert.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
 
 #include "pool/block_set.h"
 
-static void fill(const sp_block_set_t *set, sp_bset_ent_t *e, sp_block_t *b) {
-    e->k.stream = (uintptr_t)sp__block_stream(b);
-    e->k.size = b->size;
-    assert(!set->by_seq || (b->addr - sp__bseg(b)->base) < ((uint64_t)1 << 40));
-    e->k.tie = sp__bset_tie(set, b, b->addr);
-    e->b = b;
+/* The tree's links are refs (block.h); the tree code reads and writes them as pointers. */
+static inline sp_block_t *L(const sp_block_t *b) {
+    return sp__blk0(b->left);
 }
 
-static void *must(void *p) {
-    if (!p) {
-        fprintf(stderr, "sympool: block_set prototype: out of host memory\n");
-        abort();
+static inline sp_block_t *R(const sp_block_t *b) {
+    return sp__blk0(b->right);
+}
+
+static inline sp_block_t *P(const sp_block_t *b) {
+    return sp__blk0(b->parent);
+}
+
+static inline void set_left(sp_block_t *b, const sp_block_t *c) {
+    b->left = sp__bref0(c);
+}
+
+static inline void set_right(sp_block_t *b, const sp_block_t *c) {
+    b->right = sp__bref0(c);
+}
+
+static inline void set_parent(sp_block_t *b, const sp_block_t *p) {
+    b->parent = sp__bref0(p);
+}
+
+/* A node's balance: the height of its right subtree less that of its left, -1, 0 or +1 between
+ * changes (block.h's `bal`). Keeping the balance rather than the height lets the rebalancing
+ * walk read only the nodes on its path: with heights, every step read the sibling's too, a
+ * node off the path and often out of cache. */
+#define BAL(b) ((b)->bal)
+
+/* Make nb (may be NULL) the child of p that old was, or the root when p is NULL. */
+static void relink(sp_block_set_t *set, sp_block_t *p, const sp_block_t *old, sp_block_t *nb) {
+    if (!p)
+        set->root = nb;
+    else if (p->left == sp__bref(old))
+        set_left(p, nb);
+    else
+        set_right(p, nb);
+    if (nb)
+        set_parent(nb, p);
+}
+
+/* Rotations only relink (x: y's left child, or its right one); the callers set the balances,
+ * which the cases they come from decide. */
+static void rot_right(sp_block_set_t *set, sp_block_t *y, sp_block_t *x) {
+    sp_block_t *p = P(y);
+    y->left = x->right;
+    if (y->left)
+        set_parent(sp__blk(y->left), y);
+    set_right(x, y);
+    set_parent(y, x);
+    relink(set, p, y, x);
+}
+
+static void rot_left(sp_block_set_t *set, sp_block_t *x, sp_block_t *y) {
+    sp_block_t *p = P(x);
+    x->right = y->left;
+    if (x->right)
+        set_parent(sp__blk(x->right), x);
+    set_left(y, x);
+    set_parent(x, y);
+    relink(set, p, x, y);
+}
+
+/* n leans two to the left (its left child x's subtree is two taller): rotate x, or x's right
+ * child, up into n's place. Returns the subtree's new root and in *same_p whether the subtree
+ * kept the height it had before the change that unbalanced it (a single rotation about a
+ * balanced x, which only a removal can meet). */
+static sp_block_t *fix_left(sp_block_set_t *set, sp_block_t *n, bool *same_p) {
+    sp_block_t *x = L(n);
+    if (BAL(x) <= 0) {
+        rot_right(set, n, x);
+        *same_p = BAL(x) == 0;
+        BAL(n) = (int8_t)(BAL(x) == 0 ? -1 : 0);
+        BAL(x) = (int8_t)(BAL(x) == 0 ? 1 : 0);
+        return x;
     }
-    return p;
+    sp_block_t *y = R(x);
+    rot_left(set, x, y);
+    rot_right(set, n, y);
+    BAL(n) = (int8_t)(BAL(y) < 0 ? 1 : 0);
+    BAL(x) = (int8_t)(BAL(y) > 0 ? -1 : 0);
+    BAL(y) = 0;
+    *same_p = false;
+    return y;
 }
 
-/* Make room for leaf j (the leaves from j on move up one). */
-static void open_leaf(sp_block_set_t *set, uint32_t j) {
-    if (set->nleaf == set->cap) {
-        uint32_t cap = set->cap ? set->cap * 2 : 8;
-        set->leaf = must(realloc(set->leaf, cap * sizeof(*set->leaf)));
-        set->sep = must(realloc(set->sep, cap * sizeof(*set->sep)));
-        set->cap = cap;
+/* The mirror of fix_left: n leans two to the right. */
+static sp_block_t *fix_right(sp_block_set_t *set, sp_block_t *n, bool *same_p) {
+    sp_block_t *x = R(n);
+    if (BAL(x) >= 0) {
+        rot_left(set, n, x);
+        *same_p = BAL(x) == 0;
+        BAL(n) = (int8_t)(BAL(x) == 0 ? 1 : 0);
+        BAL(x) = (int8_t)(BAL(x) == 0 ? -1 : 0);
+        return x;
     }
-    uint32_t m = set->nleaf - j;
-    memmove(&set->leaf[j + 1], &set->leaf[j], m * sizeof(*set->leaf));
-    memmove(&set->sep[j + 1], &set->sep[j], m * sizeof(*set->sep));
-    set->leaf[j] = must(malloc(sizeof(sp_bset_leaf_t)));
-    set->leaf[j]->n = 0;
-    set->nleaf++;
+    sp_block_t *y = L(x);
+    rot_right(set, x, y);
+    rot_left(set, n, y);
+    BAL(n) = (int8_t)(BAL(y) > 0 ? -1 : 0);
+    BAL(x) = (int8_t)(BAL(y) < 0 ? 1 : 0);
+    BAL(y) = 0;
+    *same_p = false;
+    return y;
 }
 
-static void close_leaf(sp_block_set_t *set, uint32_t j) {
-    free(set->leaf[j]);
-    uint32_t m = set->nleaf - j - 1;
-    memmove(&set->leaf[j], &set->leaf[j + 1], m * sizeof(*set->leaf));
-    memmove(&set->sep[j], &set->sep[j + 1], m * sizeof(*set->sep));
-    set->nleaf--;
-    if (!set->nleaf) {
-        /* An empty set holds no memory: a pool whose cache is empty owns nothing here. */
-        free(set->leaf);
-        free(set->sep);
-        set->leaf = NULL;
-        set->sep = NULL;
-        set->cap = 0;
-    }
-}
-
-static void fix_min(sp_block_set_t *set) {
-    set->min = set->nleaf ? set->leaf[0]->e[0].b : NULL;
-}
-
-/* Put entry k at place (j, i). */
-static void put_at(sp_block_set_t *set, uint32_t j, uint32_t i, const sp_bset_ent_t *k) {
-    if (!set->nleaf) {
-        open_leaf(set, 0);
-        j = i = 0;
-    }
-    sp_bset_leaf_t *l = set->leaf[j];
-    if (l->n == SP_BSET_LEAF) {
-        /* Split: the upper half goes to a new leaf after it. */
-        open_leaf(set, j + 1);
-        sp_bset_leaf_t *r = set->leaf[j + 1];
-        uint32_t h = SP_BSET_LEAF / 2;
-        memcpy(r->e, &l->e[h], (SP_BSET_LEAF - h) * sizeof(l->e[0]));
-        r->n = SP_BSET_LEAF - h;
-        l->n = h;
-        set->sep[j + 1] = r->e[0].k;
-        if (i > h) {
-            j++;
-            i -= h;
-            l = r;
+/* After an insert: n's subtree on the `left` side grew by one. Walks up while a subtree grows;
+ * one rotation ends it (an insert's rotation restores the height the subtree had). */
+static void grew(sp_block_set_t *set, sp_block_t *n, bool left) {
+    for (;;) {
+        int bal = BAL(n) + (left ? -1 : 1);
+        if (bal == 0) {
+            BAL(n) = 0;
+            return;
         }
+        if (bal == -2 || bal == 2) {
+            bool same;
+            (void)(bal < 0 ? fix_left(set, n, &same) : fix_right(set, n, &same));
+            return;
+        }
+        BAL(n) = (int8_t)bal;
+        sp_block_t *p = P(n);
+        if (!p)
+            return;
+        left = p->left == sp__bref(n);
+        n = p;
     }
-    memmove(&l->e[i + 1], &l->e[i], (l->n - i) * sizeof(l->e[0]));
-    l->e[i] = *k;
-    l->n++;
-    if (!i)
-        set->sep[j] = k->k;
-    set->count++;
-    set->pj = j;
-    set->pi = i;
-    fix_min(set);
 }
 
-static void take_at(sp_block_set_t *set, uint32_t j, uint32_t i) {
-    sp_bset_leaf_t *l = set->leaf[j];
-    l->n--;
-    memmove(&l->e[i], &l->e[i + 1], (l->n - i) * sizeof(l->e[0]));
-    set->count--;
-    if (!l->n) {
-        close_leaf(set, j);
-        i = 0; /* the block after it: leaf j's first now */
-    } else {
-        if (!i)
-            set->sep[j] = l->e[0].k;
-        if (i == l->n && j + 1 < set->nleaf) {
-            j++;
-            i = 0;
+/* After a removal: n's subtree on the `left` side shrank by one. Walks up while a subtree
+ * shrinks. */
+static void shrank(sp_block_set_t *set, sp_block_t *n, bool left) {
+    for (;;) {
+        int bal = BAL(n) + (left ? 1 : -1);
+        if (bal == 1 || bal == -1) {
+            BAL(n) = (int8_t)bal; /* it was balanced: its height stays */
+            return;
         }
+        if (bal == 0) {
+            BAL(n) = 0;
+        } else {
+            bool same;
+            n = bal < 0 ? fix_left(set, n, &same) : fix_right(set, n, &same);
+            if (same)
+                return;
+        }
+        sp_block_t *p = P(n);
+        if (!p)
+            return;
+        left = p->left == sp__bref(n);
+        n = p;
     }
-    /* The block after the one taken: the next candidate of the query that found it. */
-    set->pj = j;
-    set->pi = i;
-    fix_min(set);
 }
+
+/* a < b in the set's order, where `one` says that both have the set's one stream and the set is
+ * ordered by address (not symmetric): then size and address alone decide. */
+static inline bool less_in(const sp_block_set_t *set, bool one, const sp_block_t *a,
+                           const sp_block_t *b) {
+    /* Without a branch on the sizes (a walk's turns are a coin toss). */
+#ifdef __SIZEOF_INT128__
+    /* (size, address) as one 128-bit number: a compare and a subtract with borrow, where the
+     * two compares and their combination took seven instructions a level of an insert's walk. */
+    if (one)
+        return ((unsigned __int128)a->size << 64 | a->addr) <
+               ((unsigned __int128)b->size << 64 | b->addr);
+#else
+    if (one)
+        return (a->size < b->size) | ((a->size == b->size) & (a->addr < b->addr));
+#endif
+    return sp__bset_less(set, a, b);
+}
+
+static void link_node(sp_block_set_t *set, sp_block_t *b, bool one, bool probe);
 
 void sp__bset_insert(sp_block_set_t *set, sp_block_t *b) {
-    sp_bset_ent_t k;
-    fill(set, &k, b);
     b->in_set = true;
-    uint32_t j = 0, i = set->count ? sp__bset_place(set, &k.k, &j) : 0;
-    put_at(set, j, i, &k);
+    uintptr_t bs = (uintptr_t)sp__block_stream(b);
+    uintptr_t ms = set->min ? (uintptr_t)sp__block_stream(set->min) : 0;
+    if (!set->min || bs < ms)
+        set->lead = 1; /* b's stream is the smallest now, b its one block */
+    else if (bs == ms && set->lead)
+        set->lead++;
+    set->count++;
+    link_node(set, b, !set->by_seq && set->lead == set->count, true);
 }
 
-/* Find b's place by the key k its entry holds; false when it is not there. */
-static bool find_by(sp_block_set_t *set, const sp_block_t *b, const sp_bset_key_t *k) {
-    uint32_t j, i = sp__bset_place(set, k, &j);
-    if (i < set->leaf[j]->n && set->leaf[j]->e[i].b == b) {
-        set->pj = j;
-        set->pi = i;
-        return true;
-    }
-    return false;
-}
-
-void sp__bset_locate_slow(sp_block_set_t *set, const sp_block_t *b) {
-    sp_bset_key_t k = {(uintptr_t)sp__block_stream(b), b->size, sp__bset_tie(set, b, b->addr)};
-    if (find_by(set, b, &k))
-        return;
-    /* Its entry's key is not its own (a key changed in place, told to sp__bset_move only):
-     * look for it. */
-    for (uint32_t j = 0; j < set->nleaf; j++)
-        for (uint32_t i = 0; i < set->leaf[j]->n; i++)
-            if (set->leaf[j]->e[i].b == b) {
-                set->pj = j;
-                set->pi = i;
-                return;
+/* Link b (in no tree, in_set set, counted) where its key sorts, and make it the hint. `one`: b's
+ * stream is every block's (less_in). `probe`: try the places beside the hint before the root
+ * walk. */
+static void link_node(sp_block_set_t *set, sp_block_t *b, bool one, bool probe) {
+    b->left = b->right = 0;
+    BAL(b) = 0;
+    sp_block_t *parent = NULL;
+    bool left = false;
+    sp_block_t *h = probe ? set->hint : NULL;
+    if (h && less_in(set, one, b, h)) {
+        /* Between the hint's predecessor and the hint: the hint's left link is free when the
+         * predecessor is an ancestor, else the predecessor (rightmost below the hint's left
+         * child) has a free right link. */
+        sp_block_t *p = sp__bset_pred(set, h);
+        if (!p || less_in(set, one, p, b)) {
+            if (!h->left) {
+                parent = h;
+                left = true;
+            } else {
+                parent = p;
             }
-    assert(!"block not in its set");
+        }
+    } else if (h) {
+        /* Between the hint and its successor, the mirror case: frees of equal-sized blocks in
+         * rising address order (a layer's tensors freed in the order they were made) each sort
+         * just above the block inserted before, which is the hint. The hint's right link is
+         * free when the successor is an ancestor, else the successor (leftmost below the hint's
+         * right child) has a free left link. Either way it is the leaf the root walk reaches:
+         * a new key has one place among the leaves. */
+        sp_block_t *sc = sp__bset_succ(set, h);
+        if (!sc || less_in(set, one, b, sc)) {
+            if (!h->right) {
+                parent = h;
+            } else {
+                parent = sc;
+                left = true;
+            }
+        }
+    }
+    if (!parent) {
+        sp_block_t *n = set->root;
+        if (!n) {
+            b->parent = 0;
+            set->root = set->min = set->hint = b;
+            return;
+        }
+        for (;;) {
+            left = less_in(set, one, b, n);
+            sp_ref_t next = left ? n->left : n->right;
+            if (!next)
+                break;
+            n = sp__blk(next);
+        }
+        parent = n;
+    }
+    set_parent(b, parent);
+    if (left) {
+        set_left(parent, b);
+        if (parent == set->min)
+            set->min = b;
+    } else {
+        set_right(parent, b);
+    }
+    set->hint = b;
+    grew(set, parent, left);
 }
+
+static void unlink_node(sp_block_set_t *set, sp_block_t *b);
 
 void sp__bset_remove(sp_block_set_t *set, sp_block_t *b) {
     if (!b->in_set)
         return;
-    sp__bset_locate(set, b);
-    take_at(set, set->pj, set->pi);
+    if (set->lead && (uintptr_t)sp__block_stream(b) == (uintptr_t)sp__block_stream(set->min))
+        set->lead--; /* 0 with blocks left: min's stream is another one, its count not known */
+    if (set->hint == b || set->min == b) {
+        /* The block after b is the next candidate for the query that found b. */
+        sp_block_t *s = sp__bset_succ(set, b);
+        if (set->hint == b)
+            set->hint = s;
+        if (set->min == b)
+            set->min = s;
+    }
+    unlink_node(set, b);
     b->in_set = false;
+    b->left = b->right = b->parent = 0;
+    BAL(b) = 0; /* a balance of -1 would read as a thread cache's mark once b is handed out */
+    set->count--;
 }
 
-/* The entry at (pj, pi), whose block's key is now k: store it in place, or move it where it
- * sorts. */
-static void settle(sp_block_set_t *set, const sp_bset_ent_t *k) {
-    uint32_t j = set->pj, i = set->pi;
-    bool after_pred = true, before_succ = true;
-    if (i)
-        after_pred = sp__bset_key_below(&set->leaf[j]->e[i - 1].k, &k->k);
-    else if (j)
-        after_pred = sp__bset_key_below(&set->leaf[j - 1]->e[set->leaf[j - 1]->n - 1].k, &k->k);
-    if (i + 1 < set->leaf[j]->n)
-        before_succ = sp__bset_key_below(&k->k, &set->leaf[j]->e[i + 1].k);
-    else if (j + 1 < set->nleaf)
-        before_succ = sp__bset_key_below(&k->k, &set->leaf[j + 1]->e[0].k);
-    if (after_pred && before_succ) {
-        set->leaf[j]->e[i] = *k;
-        if (!i)
-            set->sep[j] = k->k;
-        return;
+/* Take b out of the tree (its neighbours, min and the hint already seen to) and rebalance. */
+static void unlink_node(sp_block_set_t *set, sp_block_t *b) {
+    sp_block_t *l = L(b), *r = R(b), *p = P(b), *start;
+    bool left; /* the side of start whose subtree shrank */
+    if (!l || !r) {
+        left = p && p->left == sp__bref(b);
+        relink(set, p, b, l ? l : r);
+        start = p;
+    } else {
+        /* Two children: b's successor m (leftmost of r) takes b's place. */
+        sp_block_t *m = r;
+        while (m->left)
+            m = sp__blk(m->left);
+        if (m == r) {
+            start = m; /* its right subtree is r's less r */
+            left = false;
+        } else {
+            start = P(m); /* its left subtree was m's, now m's right one */
+            left = true;
+            start->left = m->right;
+            if (m->right)
+                set_parent(sp__blk(m->right), start);
+            set_right(m, r);
+            set_parent(r, m);
+        }
+        set_left(m, l);
+        set_parent(l, m);
+        BAL(m) = BAL(b); /* the balance at b's place before the removal */
+        relink(set, p, b, m);
     }
-    take_at(set, j, i);
-    uint32_t nj = 0, ni = set->count ? sp__bset_place(set, &k->k, &nj) : 0;
-    put_at(set, nj, ni, k);
-}
-
-void sp__bset_rekey_slow(sp_block_set_t *set, sp_block_t *b, size_t old_size, uintptr_t old_addr) {
-    uint32_t j = set->pj, i = set->pi;
-    if (!(j < set->nleaf && i < set->leaf[j]->n && set->leaf[j]->e[i].b == b)) {
-        /* Its entry still holds the old key: found by it. */
-        sp_bset_key_t k = {(uintptr_t)sp__block_stream(b), old_size,
-                           sp__bset_tie(set, b, old_addr)};
-        bool found = find_by(set, b, &k);
-        assert(found);
-        (void)found;
-    }
-    sp_bset_ent_t k;
-    fill(set, &k, b);
-    settle(set, &k);
+    if (start)
+        shrank(set, start, left);
 }
 
 void sp__bset_move(sp_block_set_t *set, sp_block_t *b) {
     assert(b->in_set);
-    sp__bset_locate(set, b);
-    sp_bset_ent_t k;
-    fill(set, &k, b);
-    settle(set, &k);
+    /* b keeps its stream, so the counts stay; the hint would be b after the insert, and the
+     * place beside the old hint is not where a key that left its neighbours goes. */
+    if (set->min == b)
+        set->min = sp__bset_succ(set, b);
+    unlink_node(set, b);
+    link_node(set, b, !set->by_seq && set->lead == set->count, false);
 }
 
 sp_block_t *sp__bset_lower_bound(const sp_block_set_t *set, sp_stream_t stream, size_t size) {
-    if (!set->count)
-        return NULL;
-    sp_bset_key_t q = {(uintptr_t)stream, size, 0};
-    uint32_t j, i = sp__bset_place(set, &q, &j);
-    return i < set->leaf[j]->n ? set->leaf[j]->e[i].b : NULL;
+    uintptr_t s = (uintptr_t)stream;
+    sp_block_t *n = set->root, *best = NULL;
+    bool one = sp__bset_one_stream(set, s); /* then below the query means smaller */
+    while (n) {
+        if (one ? n->size < size : sp__bset_below(n, s, size)) {
+            n = R(n);
+        } else {
+            best = n;
+            n = L(n);
+        }
+    }
+    return best;
 }
 
 #ifndef NDEBUG
+/* Walk subtree n: in-order keys strictly increasing after *last, parent links and AVL balances
+ * right, every node marked in_set; *hint_seen when the hint is among them. Returns
+ * the subtree height; counts nodes into *count. */
+static int check(const sp_block_set_t *set, const sp_block_t *n, const sp_block_t *parent,
+                 const sp_block_t **last, size_t *count, size_t *lead, bool *hint_seen) {
+    if (!n)
+        return 0;
+    if (sp__block_stream(n) == sp__block_stream(set->min))
+        (*lead)++;
+    assert(n->parent == sp__bref0(parent));
+    int hl = check(set, L(n), n, last, count, lead, hint_seen);
+    assert(n->in_set);
+    assert(!*last || sp__bset_cmp(set->by_seq, *last, n) < 0);
+    if (!*last)
+        assert(set->min == n);
+    *last = n;
+    (*count)++;
+    if (n == set->hint)
+        *hint_seen = true;
+    int hr = check(set, R(n), n, last, count, lead, hint_seen);
+    assert(hl - hr <= 1 && hr - hl <= 1);
+    assert(BAL(n) == hr - hl);
+    return (hl > hr ? hl : hr) + 1;
+}
+
 void sp__bset_check(const sp_block_set_t *set) {
     if (set->count > 1024)
         return; /* debug builds only, and O(n): keep big caches usable */
-    const sp_bset_ent_t *last = NULL;
-    uint32_t count = 0;
-    for (uint32_t j = 0; j < set->nleaf; j++) {
-        const sp_bset_leaf_t *l = set->leaf[j];
-        assert(l->n > 0 && l->n <= SP_BSET_LEAF);
-        assert(!memcmp(&set->sep[j], &l->e[0].k, sizeof(sp_bset_key_t)));
-        for (uint32_t i = 0; i < l->n; i++, count++) {
-            const sp_bset_ent_t *e = &l->e[i];
-            assert(e->b->in_set);
-            assert(e->k.stream == (uintptr_t)sp__block_stream(e->b) && e->k.size == e->b->size &&
-                   e->k.tie == sp__bset_tie(set, e->b, e->b->addr));
-            assert(!last || sp__bset_cmp(set->by_seq, last->b, e->b) < 0);
-            last = e;
-        }
-    }
+    const sp_block_t *last = NULL;
+    size_t count = 0, lead = 0;
+    bool hint_seen = false;
+    (void)check(set, set->root, NULL, &last, &count, &lead, &hint_seen);
     assert(count == set->count);
-    assert(set->min == (set->count ? set->leaf[0]->e[0].b : NULL));
+    assert(set->lead == 0 || set->lead == lead);
+    assert(set->root || !set->min);
+    assert(!set->hint || hint_seen);
 }
 #endif

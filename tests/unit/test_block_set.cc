@@ -1,8 +1,7 @@
-// test_block_set.cc: the free set (pool/block_set.h; on this branch the s26-bset prototype, a
-// two-level B+-tree of copied keys) against a sorted reference: every lookup gives the
-// reference's lower_bound and predecessor whether the last place answers or the search does,
-// and after every change (in-place key changes included) the set's walk from `min` is the
-// reference's order and its entries hold their blocks' keys (sp__bset_check, debug builds).
+// test_block_set.cc: the free set (pool/block_set.h) against a sorted reference: every lookup
+// gives the reference's lower_bound and predecessor whether the hint answers or the root walk
+// does, and after every change the tree is a balanced search tree with right parent links whose
+// first block is `min`, its in-order walk the reference's order.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -79,10 +78,27 @@ struct Fixture {
         return v;
     }
 
+    int check_tree(const sp_block_t *n, const sp_block_t *parent) {
+        if (!n)
+            return 0;
+        EXPECT_EQ(sp__blk0(n->parent), parent);
+        EXPECT_TRUE(n->in_set);
+        int hl = check_tree(sp__blk0(n->left), n), hr = check_tree(sp__blk0(n->right), n);
+        EXPECT_LE(std::abs(hl - hr), 1);
+        EXPECT_EQ(n->bal, hr - hl); // the balance kept in the node
+        return std::max(hl, hr) + 1;
+    }
+
     void check() {
         std::vector<sp_block_t *> ref = sorted();
         ASSERT_EQ(set.count, ref.size());
-        sp__bset_check(&set);
+        size_t lead = 0; // blocks with the first block's stream: set.lead, where it is known
+        for (sp_block_t *b : ref)
+            lead += sp__block_stream(b) == sp__block_stream(ref.front());
+        if (set.lead != 0) {
+            ASSERT_EQ(set.lead, lead);
+        }
+        check_tree(set.root, nullptr);
         ASSERT_EQ(set.min, ref.empty() ? nullptr : ref.front());
         size_t i = 0;
         for (sp_block_t *b = set.min; b; b = sp__bset_succ(&set, b), i++) {
@@ -91,6 +107,9 @@ struct Fixture {
             ASSERT_EQ(sp__bset_pred(&set, b), i ? ref[i - 1] : nullptr);
         }
         ASSERT_EQ(i, ref.size());
+        if (set.hint) {
+            ASSERT_TRUE(set.hint->in_set);
+        }
     }
 
     void lookup(uintptr_t stream, size_t size) {
@@ -129,24 +148,18 @@ void churn(bool by_seq, uint32_t seed, unsigned streams = 3, uintptr_t base = 0x
             // The allocator's in-place key changes (a split remainder's smaller size, a merged
             // block's larger one): a block in the set gets another size, and sp__bset_move puts
             // it where it sorts now (whether or not it left its neighbours). Half the time the
-            // block was told by its old key (sp__bset_rekey, the allocator's form), half the
-            // time found by the set alone (sp__bset_move).
+            // block is the hint, as the split remainder of a lookup's answer is.
             sp_block_t *b = f.set.min;
             for (unsigned k = rng() % f.set.count; k > 0; k--)
                 b = sp__bset_succ(&f.set, b);
-            size_t old_size = b->size;
+            if (f.set.hint && rng() % 2)
+                b = f.set.hint;
             b->size = 512 * (1 + rng() % 8);
-            if (rng() % 2)
-                sp__bset_rekey(&f.set, b, old_size, b->addr);
-            else
-                sp__bset_move(&f.set, b);
-        } else if (op < 6 && f.set.count) {
-            // The allocator's pattern: take the best fit, give it back (the last place's cases).
-            sp_block_t *pred = nullptr;
-            sp_block_t *h = sp__bset_find_fit(&f.set, (sp_stream_t)(uintptr_t)(0x10 * (rng() % 3)),
-                                              512 * (rng() % 8), &pred);
-            if (!h)
-                continue;
+            sp__bset_move(&f.set, b);
+            ASSERT_EQ(f.set.hint, b);
+        } else if (op < 6 && f.set.hint) {
+            // The allocator's pattern: take the best fit, give it back (the hint's cases).
+            sp_block_t *h = f.set.hint;
             sp__bset_remove(&f.set, h);
             ASSERT_NO_FATAL_FAILURE(f.check());
             sp__bset_insert(&f.set, h);
@@ -162,8 +175,9 @@ void churn(bool by_seq, uint32_t seed, unsigned streams = 3, uintptr_t base = 0x
             ASSERT_NO_FATAL_FAILURE(f.check());
         }
     }
-    EXPECT_EQ(f.set.count, 0u);
+    EXPECT_EQ(f.set.root, nullptr);
     EXPECT_EQ(f.set.min, nullptr);
+    EXPECT_EQ(f.set.lead, 0u);
     for (auto &b : f.blocks)
         EXPECT_EQ(b.bal, 0); // a block out of the set never keeps a balance (-1 is a mark)
 }
@@ -196,7 +210,7 @@ TEST(BlockSet, SymmetricOrderMatchesASortedReference) {
 }
 
 // Every block on one stream: inserts, removals and lookups take the walks that compare sizes
-// and addresses alone; the order must be the same.
+// and addresses alone (block_set.h's sp__bset_one_stream); the order must be the same.
 TEST(BlockSet, OneStreamWalksMatchASortedReference) {
     for (uint32_t seed = 1; seed <= kSeeds; seed++) {
         ASSERT_NO_FATAL_FAILURE(churn(false, seed, 1));
@@ -204,4 +218,72 @@ TEST(BlockSet, OneStreamWalksMatchASortedReference) {
         // Device-like addresses: the walks' keys carry the address's high bits too.
         ASSERT_NO_FATAL_FAILURE(churn(false, seed, 1, (uintptr_t)0x7f3a00000000ull));
     }
+}
+
+// A set that holds one stream's blocks, then a second stream's, then the first's alone again:
+// the walks step off the one-stream form while another stream is in the set and back on once
+// it has left; a stream below every other one leads from its first block; the last block of the
+// leading stream leaving others behind leaves the count unknown (0). Every lookup and insert
+// keeps the reference's order throughout.
+TEST(BlockSet, OneStreamFormFollowsTheStreamsInTheSet) {
+    Fixture f(400, false, 9, 2); // even segments stream 0, odd ones stream 0x10
+    auto low = [&](sp_block_t &b) { return (uintptr_t)sp__block_stream(&b) == 0; };
+    uint32_t nlow = 0;
+    for (auto &b : f.blocks)
+        if (low(b)) {
+            sp__bset_insert(&f.set, &b);
+            nlow++;
+        }
+    ASSERT_NO_FATAL_FAILURE(f.check());
+    EXPECT_EQ(f.set.lead, nlow);
+    EXPECT_TRUE(sp__bset_one_stream(&f.set, 0));
+    EXPECT_FALSE(sp__bset_one_stream(&f.set, 0x10));
+    for (auto &b : f.blocks)
+        if (!low(b)) {
+            sp__bset_insert(&f.set, &b);
+            ASSERT_NO_FATAL_FAILURE(f.lookup(0, 512 * (b.addr % 7)));
+            ASSERT_NO_FATAL_FAILURE(f.lookup(0x10, 512 * (b.addr % 5)));
+        }
+    ASSERT_NO_FATAL_FAILURE(f.check());
+    EXPECT_EQ(f.set.lead, nlow);
+    EXPECT_FALSE(sp__bset_one_stream(&f.set, 0));
+    for (auto &b : f.blocks)
+        if (!low(b))
+            sp__bset_remove(&f.set, &b);
+    ASSERT_NO_FATAL_FAILURE(f.check());
+    EXPECT_TRUE(sp__bset_one_stream(&f.set, 0));
+    for (size_t i = 0; i < 8; i++)
+        ASSERT_NO_FATAL_FAILURE(f.lookup(0, 512 * i));
+    // Now the other way round: the leading stream's blocks leave while 0x10's stay, and the
+    // count is not known (one-stream walks stay off) until the set is empty again.
+    for (auto &b : f.blocks)
+        if (!low(b))
+            sp__bset_insert(&f.set, &b);
+    for (auto &b : f.blocks)
+        if (low(b))
+            sp__bset_remove(&f.set, &b);
+    ASSERT_NO_FATAL_FAILURE(f.check());
+    EXPECT_EQ(f.set.lead, 0u);
+    EXPECT_FALSE(sp__bset_one_stream(&f.set, 0x10));
+    ASSERT_NO_FATAL_FAILURE(f.lookup(0x10, 1024));
+    sp_block_t *first_low = nullptr; // a block of the smaller stream leads again
+    for (auto &b : f.blocks)
+        if (low(b)) {
+            first_low = &b;
+            break;
+        }
+    ASSERT_NE(first_low, nullptr);
+    sp__bset_insert(&f.set, first_low);
+    EXPECT_EQ(f.set.lead, 1u);
+    ASSERT_NO_FATAL_FAILURE(f.check());
+    sp__bset_remove(&f.set, first_low);
+    for (auto &b : f.blocks)
+        if (b.in_set)
+            sp__bset_remove(&f.set, &b);
+    EXPECT_EQ(f.set.count, 0u);
+    for (auto &b : f.blocks)
+        if (!low(b))
+            sp__bset_insert(&f.set, &b);
+    EXPECT_TRUE(sp__bset_one_stream(&f.set, 0x10)); // known again from the empty set
+    ASSERT_NO_FATAL_FAILURE(f.check());
 }
