@@ -75,10 +75,13 @@ mem_get_info = get_memory_info  # torch.cuda's name
 
 def empty_cache():
     """Release every fully free cached segment of every device (not symmetric pools')."""
-    _destroy_orphans()  # collected pools whose destroy was refused then: their segments go now
-    check(lib().sp_empty_cache())
-    if _keepalive:
-        _release_allocators()  # a destroyed pool's last segments may have gone now
+    try:
+        _destroy_orphans()  # collected pools whose destroy was refused then: their segments go
+        check(lib().sp_empty_cache())
+        if _keepalive:
+            _release_allocators()  # a destroyed pool's last segments may have gone now
+    finally:
+        _raise_free_interrupt()  # not gated on _py_allocators: the sweep may have zeroed it
 
 
 def set_per_process_memory_fraction(fraction, device=0):
@@ -194,6 +197,8 @@ def free(ptr):
     if type(ptr) is not int or not 0 < ptr <= _SIZE_MAX:
         ptr = as_ptr(ptr)
     status = c.sp_free(ptr)
+    if _py_allocators:  # a destroyed pool's last block gives its segment back here
+        _raise_free_interrupt()
     if status:
         check(status)
 
@@ -374,6 +379,23 @@ def _take_callback_error():
     return err
 
 
+def _keep_interrupt(err):
+    """Keep err (not an Exception) for this thread's sympool call to raise after the library
+    returns; an interrupt already kept stays (the first one is the user's)."""
+    pending = getattr(_callback, "error", None)
+    if pending is None or isinstance(pending, Exception):
+        _callback.error = err
+
+
+def _raise_free_interrupt():
+    """Raise the interrupt a Python segment allocator's free raised during the call that just
+    returned (empty_cache, free_all_blocks, destroy, free), if any."""
+    err = getattr(_callback, "error", None)
+    if err is not None and not isinstance(err, Exception):
+        _callback.error = None
+        raise err
+
+
 def _malloc_call(fn, *args):
     """fn(*args), a sympool malloc whose failure this module raises (_raise_alloc_failure)."""
     _take_callback_error()  # nothing from an earlier call may be blamed on this one
@@ -458,6 +480,12 @@ def _segment_allocator(allocator):
             free_fn(ptr, size, device, stream)
         except Exception:
             pass
+        except BaseException as e:
+            # A KeyboardInterrupt (Ctrl-C during a long release) or SystemExit: ctypes would
+            # print it and drop it, and the program went on as if nobody had asked it to stop.
+            # Kept instead for the sympool call that released the segment to raise once the
+            # library has returned (_raise_free_interrupt; a malloc raises it as its own).
+            _keep_interrupt(e)
 
     return _lib.Allocator(_lib.ALLOC_FN(c_alloc), _lib.FREE_FN(c_free), None)
 
@@ -616,7 +644,10 @@ class MemPool(_lib.Handle):
                                 "pass stream=None")
             check(status)
             return
-        check(lib().sp_mempool_free_all_blocks(self._h(), as_stream(stream)))
+        try:
+            check(lib().sp_mempool_free_all_blocks(self._h(), as_stream(stream)))
+        finally:
+            _raise_free_interrupt()
 
     def set_limit(self, size=None, fraction=None):
         """Cap the pool's total bytes (CuPy's set_limit): size in bytes, or fraction of the
@@ -661,6 +692,12 @@ class MemPool(_lib.Handle):
             return
         if not self._owned:
             raise bad_value("the default pool is never destroyed")
+        try:
+            self._destroy()
+        finally:
+            _raise_free_interrupt()  # the segments given back ran the allocator's free
+
+    def _destroy(self):
         with self._lock:
             if self._handle is None:
                 return

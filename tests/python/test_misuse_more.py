@@ -1,0 +1,59 @@
+"""More misuse of the Python package (session 26's adversary pass): interrupts raised in a
+segment allocator's free, read-only buffers given to the collectives' argument reading."""
+
+import ctypes
+
+import pytest
+
+from sympool import _array
+
+
+class HostSegments:
+    """A Python segment allocator over ctypes buffers (the host backend's memory is host
+    memory); free raises `interrupt` (once) after giving the segment back."""
+
+    def __init__(self, interrupt=None):
+        self.bufs, self.frees, self.interrupt = {}, 0, interrupt
+
+    def alloc(self, size, device, stream):
+        b = ctypes.create_string_buffer(size + 4096)
+        addr = (ctypes.addressof(b) + 4095) & ~4095
+        self.bufs[addr] = b
+        return addr
+
+    def free(self, ptr, size, device, stream):
+        self.frees += 1
+        self.bufs.pop(ptr)
+        if self.interrupt is not None:
+            exc, self.interrupt = self.interrupt, None
+            raise exc()
+
+
+# ---- an interrupt in a segment allocator's free reaches the caller --------------------------
+
+@pytest.mark.parametrize("exc", [KeyboardInterrupt, SystemExit])
+@pytest.mark.parametrize("how", ["free_all_blocks", "destroy", "empty_cache"])
+def test_interrupt_in_the_allocators_free_reaches_the_caller(sp, how, exc):
+    # ctypes cannot carry an exception out of a callback: it printed "Exception ignored on
+    # calling ctypes callback function" and dropped it, so a Ctrl-C during a release (a long
+    # free_all_blocks, destroy or empty_cache over many segments) was swallowed and the program
+    # went on. The exception is the caller's, raised once the library has returned.
+    segs = HostSegments(interrupt=exc)
+    pool = sp.MemPool(allocator=(segs.alloc, segs.free))
+    p = pool.malloc(1000)
+    if how == "empty_cache":
+        pool.destroy()  # the block stays valid; once freed, empty_cache gives its segment back
+        sp.free(p)
+        assert segs.frees == 0
+        with pytest.raises(exc):
+            sp.empty_cache()
+    else:
+        sp.free(p)
+        with pytest.raises(exc):
+            pool.free_all_blocks() if how == "free_all_blocks" else pool.destroy()
+    assert segs.frees == 1 and segs.bufs == {}
+    # raised once: nothing is left for a later call to raise
+    sp.empty_cache()
+    sp.free(sp.malloc(100))
+    if how == "free_all_blocks":
+        pool.destroy()
