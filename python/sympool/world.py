@@ -217,7 +217,8 @@ class World(_lib.Handle):
         h = self._check_open()
         _need(name)
         try:
-            sp, s_count, s_dtype = describe(send, "send")
+            # send is written only in place (recv None); recv always is.
+            sp, s_count, s_dtype = describe(send, "send", writable=recv is None)
             if recv is None:
                 rp, r_count, r_dtype = sp, s_count, s_dtype  # in place
             else:

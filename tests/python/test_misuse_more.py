@@ -57,3 +57,29 @@ def test_interrupt_in_the_allocators_free_reaches_the_caller(sp, how, exc):
     sp.free(sp.malloc(100))
     if how == "free_all_blocks":
         pool.destroy()
+
+
+# ---- read-only buffer objects: refused where a collective writes, taken where it reads ------
+
+class CudaArray:
+    def __init__(self, addr, readonly):
+        self.__cuda_array_interface__ = {"shape": (4,), "typestr": "<f4",
+                                         "data": (addr, readonly), "version": 3}
+
+
+def test_read_only_cuda_array_interface_is_refused_as_recv():
+    # The collective writes recv (and send in place): data marked read-only was written.
+    with pytest.raises(ValueError, match="read-only"):
+        _array.describe(CudaArray(4096, True), "recv")
+    assert _array.describe(CudaArray(4096, False), "recv") == (4096, 4, "float32")
+
+
+def test_read_only_buffer_is_taken_as_send():
+    # A send buffer that is only read may be read-only (a memoryview.toreadonly(), bytes): it
+    # was refused, and its address could not be read (ctypes' from_buffer wants a writable one).
+    arr = (ctypes.c_float * 4)()
+    view = memoryview(arr).toreadonly()
+    assert _array.describe(view, "send", writable=False) == (ctypes.addressof(arr), 4,
+                                                               "float32")
+    with pytest.raises(ValueError, match="read-only"):
+        _array.describe(view, "recv")
