@@ -83,3 +83,31 @@ def test_read_only_buffer_is_taken_as_send():
                                                                "float32")
     with pytest.raises(ValueError, match="read-only"):
         _array.describe(view, "recv")
+
+
+# ---- turning memory history on and off in a loop holds no more memory -------------------------
+
+def test_recording_on_and_off_in_a_loop_does_not_grow(sp):
+    # Each turning-on made a new hook object (FRAMES_FN) and each turning-off kept the old one
+    # for good (another thread may still be inside it): about 200 bytes per cycle, without
+    # bound, for a program that records a window of every step. The hooks are made once now.
+    import tracemalloc
+
+    from sympool import history
+
+    def cycles(n):
+        for _ in range(n):
+            sp.record_memory_history()
+            sp.record_memory_history(None)
+
+    cycles(10)
+    tracemalloc.start()
+    try:
+        before = tracemalloc.take_snapshot()
+        cycles(2000)
+        after = tracemalloc.take_snapshot()
+    finally:
+        tracemalloc.stop()
+    grown = sum(d.size_diff for d in after.compare_to(before, "filename")
+                if d.traceback[0].filename == history.__file__)
+    assert grown < 2000 * 16, f"{grown} bytes kept by history.py over 2000 on/off cycles"
