@@ -254,6 +254,19 @@ def _declare(handle, path):
             fn.restype, fn.argtypes = restype, argtypes
 
 
+def _after_fork_in_child():
+    """A fork while another thread was loading the library (declaring its functions under
+    _lock, where the GIL may switch threads) gave the child a _lock no thread of it releases:
+    its first sympool call waited for ever. The child, one thread now, starts with it free."""
+    global _lock
+    _lock = threading.Lock()
+
+
+if "_forks_handled" not in globals():  # once, reloads included
+    _forks_handled = True
+    os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
 def lib():
     """The loaded library (loaded and declared on first use)."""
     global _lib, _path

@@ -42,8 +42,9 @@ def _after_fork_in_child():
     maybe a library whose hook is not _hook (the fork fell between naming the hook and handing
     it over, or taking it back: the child's records had no frames). The child's library gets
     _hook again."""
-    global _hook_lock
+    global _hook_lock, _annot_lock
     _hook_lock = threading.Lock()
+    _annot_lock = threading.Lock()  # _annotations_follow's: the same, for the same reason
     if _hook is not None:
         lib().sp_history_set_frames_hook(_hook, _hook_arg)
 

@@ -14,6 +14,7 @@ import pickle
 import shutil
 import tempfile
 import threading
+import weakref
 
 from . import _lib
 from ._lib import as_device, as_ptr, as_size, as_stream, bad_value, c, check, lib
@@ -499,6 +500,7 @@ class MemPool(_lib.Handle):
                  name=None, device=0, world=None):
         self._handle = None
         self._lock = threading.RLock()  # destroy() runs once; RLock: its allocator may call it
+        _pools[id(self)] = self  # its lock is made anew in a fork's child (_after_fork_in_child)
         self._symmetric = symmetric
         self._user_allocator = allocator
         self._world = world
@@ -826,6 +828,33 @@ class use_mem_pool(contextlib.ContextDecorator):  # noqa: N801 (torch's name)
         h, self._handle = self._handle, None
         _end_routing(h)
         return False
+
+
+# ---- fork ------------------------------------------------------------------------------------
+
+# The MemPool objects alive, for their locks (weak: a pool goes when nothing else holds it).
+_pools = globals().get("_pools") or weakref.WeakValueDictionary()
+
+
+def _after_fork_in_child():
+    """A fork taken while another thread held one of this module's locks (sweeping the table of
+    allocators in empty_cache or destroy, making the default pool, destroying a pool: each
+    around a library call, during which that thread lets go of the GIL) gave the child a lock
+    held by a thread the child does not have: its next MemPool(allocator=...), destroy() or
+    empty_cache() waited for ever. The child, one thread now, starts with every lock free. What
+    such a lock guarded is consistent in the child (the library's own fork handlers wait for
+    its calls), or off in the safe direction (an allocator counted a sweep too late: malloc
+    looks for a Python allocator's error when it need not)."""
+    global _keepalive_lock, _default_lock
+    _keepalive_lock = threading.Lock()
+    _default_lock = threading.Lock()
+    for pool in list(_pools.values()):
+        pool._lock = threading.RLock()
+
+
+if "_memory_forks_handled" not in globals():  # once, reloads included
+    _memory_forks_handled = True
+    os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 # ---- snapshots ------------------------------------------------------------------------------

@@ -2,6 +2,9 @@
 segment allocator's free, read-only buffers given to the collectives' argument reading."""
 
 import ctypes
+import subprocess
+import sys
+import textwrap
 
 import pytest
 
@@ -111,3 +114,70 @@ def test_recording_on_and_off_in_a_loop_does_not_grow(sp):
     grown = sum(d.size_diff for d in after.compare_to(before, "filename")
                 if d.traceback[0].filename == history.__file__)
     assert grown < 2000 * 16, f"{grown} bytes kept by history.py over 2000 on/off cycles"
+
+
+# ---- a fork while another thread holds one of the package's locks ------------------------------
+
+# (the lock another thread holds while the main thread forks, what the child then calls)
+_FORK_CASES = {
+    # empty_cache and destroy sweep the allocators' table under _keepalive_lock, calling the
+    # library once per entry (the GIL let go): a fork then was likely with many entries kept
+    "allocators_table": ("memory._keepalive_lock",
+                         "sympool.MemPool(allocator=(segs.alloc, segs.free)).destroy()"),
+    "default_pool": ("memory._default_lock", "sympool.get_default_memory_pool(0)"),
+    "pool": ("pool._lock", "pool.destroy()"),  # held across sp_mempool_destroy
+    "library_load": ("_lib._lock", "sympool.free(sympool.malloc(10))"),  # the first sympool call
+    "annotations": ("history._annot_lock", "sympool.record_memory_history()"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(_FORK_CASES))
+def test_fork_while_another_thread_holds_a_package_lock(case):
+    # fork() copies only the calling thread: a threading lock another thread held stays held in
+    # the child, which waited for ever on its next call that takes it (a thread can hold these
+    # in a library call, where it lets go of the GIL, or be switched away from inside them).
+    # The child's alarm ends a hung child: it must exit 0.
+    lock, child_call = _FORK_CASES[case]
+    code = textwrap.dedent(f"""
+        import ctypes, os, signal, threading
+        import sympool
+        from sympool import _lib, history, memory
+
+        class Segs:
+            def __init__(self):
+                self.bufs = {{}}
+
+            def alloc(self, size, device, stream):
+                b = ctypes.create_string_buffer(size + 4096)
+                a = (ctypes.addressof(b) + 4095) & ~4095
+                self.bufs[a] = b
+                return a
+
+            def free(self, ptr, size, device, stream):
+                self.bufs.pop(ptr)
+
+        segs = Segs()
+        pool = sympool.MemPool(allocator=(segs.alloc, segs.free)) if {case != "library_load"} \
+            else None
+        held, done = threading.Event(), threading.Event()
+
+        def holder():
+            with {lock}:
+                held.set()
+                done.wait()
+
+        t = threading.Thread(target=holder)
+        t.start()
+        held.wait()
+        pid = os.fork()
+        if pid == 0:
+            signal.alarm(20)
+            {child_call}
+            os._exit(0)
+        done.set()
+        t.join()
+        print(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]))
+    """)
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["0"], f"the child hung on {lock}: {r.stdout} {r.stderr[-2000:]}"
