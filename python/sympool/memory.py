@@ -204,7 +204,10 @@ def free(ptr):
         check(status)
 
 
-caching_allocator_delete = free
+def caching_allocator_delete(mem_ptr):
+    """torch.cuda.caching_allocator_delete, with its argument's name (mem_ptr): free(mem_ptr).
+    As an alias of free, caching_allocator_delete(mem_ptr=p) was a TypeError."""
+    free(mem_ptr)
 
 
 def record_stream(ptr, stream):

@@ -181,3 +181,22 @@ def test_fork_while_another_thread_holds_a_package_lock(case):
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     assert r.stdout.split() == ["0"], f"the child hung on {lock}: {r.stdout} {r.stderr[-2000:]}"
+
+
+# ---- torch's names take torch's keywords --------------------------------------------------------
+
+def test_caching_allocator_calls_take_torchs_keywords(sp):
+    # torch.cuda.caching_allocator_alloc(size, device=None, stream=None) and
+    # caching_allocator_delete(mem_ptr): the delete was an alias of free(ptr), so code that
+    # names torch's argument failed with a TypeError.
+    import inspect
+    assert list(inspect.signature(sp.caching_allocator_delete).parameters) == ["mem_ptr"]
+    assert list(inspect.signature(sp.caching_allocator_alloc).parameters) == \
+        ["size", "device", "stream"]
+    before = sp.memory_allocated()
+    p = sp.caching_allocator_alloc(size=1000, device=None, stream=None)
+    assert sp.memory_allocated() == before + 1024
+    sp.caching_allocator_delete(mem_ptr=p)
+    assert sp.memory_allocated() == before
+    with pytest.raises(sp.SympoolError):
+        sp.caching_allocator_delete(p)  # a double free is refused, as free's
