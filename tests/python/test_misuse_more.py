@@ -200,3 +200,40 @@ def test_caching_allocator_calls_take_torchs_keywords(sp):
     assert sp.memory_allocated() == before
     with pytest.raises(sp.SympoolError):
         sp.caching_allocator_delete(p)  # a double free is refused, as free's
+
+
+def test_fork_child_can_destroy_a_pool_another_thread_routes():
+    # A thread inside use_mem_pool(pool) while the main thread forks: the child has no such
+    # thread, and nothing there would ever end its routing, so the child's pool.destroy() was
+    # refused for good ("still routed", use count 2) and the pool's segments stayed reserved.
+    code = textwrap.dedent("""
+        import os, signal, threading
+        import sympool
+
+        pool = sympool.MemPool(name="routed")
+        routed, done = threading.Event(), threading.Event()
+
+        def router():
+            with sympool.use_mem_pool(pool):
+                sympool.free(sympool.malloc(100))
+                routed.set()
+                done.wait()
+
+        t = threading.Thread(target=router)
+        t.start()
+        routed.wait()
+        pid = os.fork()
+        if pid == 0:
+            signal.alarm(20)
+            ok = pool.use_count() == 1
+            pool.destroy()
+            sympool.empty_cache()
+            os._exit(0 if ok and sympool.memory_reserved() == 0 else 3)
+        done.set()
+        t.join()
+        print(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]), pool.use_count())
+        pool.destroy()
+    """)
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["0", "1"], r.stdout + r.stderr[-2000:]
