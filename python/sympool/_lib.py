@@ -49,6 +49,13 @@ class InvalidArgumentError(SympoolError, ValueError):
     Both a SympoolError and a ValueError, so either kind of handler catches it."""
 
 
+# importlib.reload runs this file again: new classes would no longer be the ones the package
+# exports (sympool.SympoolError, bound at the first import), so `except sympool.SympoolError`
+# missed every error raised after the reload. The first import's classes stay.
+if "_error_classes" in globals():
+    SympoolError, OutOfMemoryError, InvalidArgumentError = globals()["_error_classes"]
+_error_classes = (SympoolError, OutOfMemoryError, InvalidArgumentError)
+
 _ERROR_CLASSES = {"SP_ERR_OUT_OF_MEMORY": OutOfMemoryError,
                   "SP_ERR_INVALID_ARGUMENT": InvalidArgumentError}
 

@@ -237,3 +237,32 @@ def test_fork_child_can_destroy_a_pool_another_thread_routes():
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     assert r.stdout.split() == ["0", "1"], r.stdout + r.stderr[-2000:]
+
+
+def test_reload_of_the_library_module_keeps_the_error_classes():
+    # importlib.reload(sympool._lib) made new error classes, which the package's names
+    # (sympool.SympoolError, sympool.OutOfMemoryError) were not: `except sympool.SympoolError`
+    # no longer caught a double free, and an OOM was no sympool.OutOfMemoryError.
+    code = textwrap.dedent("""
+        import importlib
+        import sympool
+        from sympool import _lib
+        importlib.reload(_lib)
+        p = sympool.malloc(100)
+        sympool.free(p)
+        try:
+            sympool.free(p)
+        except sympool.SympoolError as e:
+            print("caught", e.status)
+        try:
+            sympool.malloc(1 << 62)
+        except sympool.OutOfMemoryError:
+            print("oom")
+        try:
+            sympool.malloc(-1)
+        except sympool.InvalidArgumentError:
+            print("invalid")
+    """)
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["caught", "SP_ERR_INVALID_USAGE", "oom", "invalid"], r.stdout
