@@ -276,6 +276,8 @@ class World(_lib.Handle):
     # Buffers: sympool memory of this rank's device, as an int address or an object that
     # describes itself (a torch or CuPy tensor, anything with __cuda_array_interface__, __dlpack__
     # or the buffer protocol); count and dtype then default to the object's. recv=None: in place.
+    # A read-only object (memoryview.toreadonly(), __cuda_array_interface__ data (ptr, True)) is
+    # taken where the call only reads it (send, with a recv) and refused where it writes.
     # op: "sum", "prod", "min", "max", "avg", or mpi4py's MPI.SUM-style ops.
 
     def allreduce(self, send, recv=None, count=None, dtype=None, op="sum", stream=None):
