@@ -1,5 +1,7 @@
 """More misuse of the Python package (session 26's adversary pass): interrupts raised in a
-segment allocator's free, read-only buffers given to the collectives' argument reading."""
+segment allocator's free, read-only buffers given to the collectives, memory history turned on
+and off in a loop, forks while other threads hold the package's locks or route a pool, torch's
+keyword names, importlib.reload of the library module."""
 
 import ctypes
 import subprocess
