@@ -18,6 +18,10 @@
  * initialize or use it fails with SP_ERR_DEVICE and a message saying why (a clear error, never a
  * hang); blocks inherited from the parent are not freed (their memory belongs to the parent).
  *
+ * MemPool routings (sp_mempool_begin) belong to threads: the child keeps its own thread's and
+ * drops the others' from the pools' use counts (sp__mempool_fork_child), since no exit of those
+ * threads will ever end them there.
+ *
  * Thread that forks from inside a sympool callback (a frames hook, a pluggable allocator) while
  * it holds a sympool lock would wait on itself in prepare: that is not supported.
  */
@@ -29,6 +33,7 @@
 #include "pool/fork.h"
 #include "pool/handles.h"
 #include "pool/history.h"
+#include "pool/mempool.h"
 #include "pool/thread_cache.h"
 #include "pool/torch.h"
 
@@ -75,6 +80,8 @@ static void parent(void) {
 
 static void child(void) {
     bool cuda = g_locked_devs > 0 && sp__g.ops != NULL && !sp__g.caps.is_emulated;
+    if (g_locked_devs > 0 && !cuda)
+        sp__mempool_fork_child(); /* under the device locks prepare took */
     release(true);
     if (cuda) {
         /* Every entry point now goes to sp__alloc_init_slow (or checks sp__ready) and fails

@@ -70,6 +70,35 @@ void sp__mempool_routing_reset(void) {
     tl_depth = 0;
 }
 
+/* A pool's use count in a fork child: the creator's use (none once destroyed) and this
+ * thread's routings of it (the other threads' went with them). Symmetric pools are never
+ * routed. */
+static void fork_recount(sp_mempool_t *p, int depth) {
+    if (p->symmetric)
+        return;
+    int uses = p->destroyed ? 0 : 1;
+    for (int i = 0; i < depth; i++)
+        uses += tl_route[i] == p;
+    atomic_store(&p->use_count, uses);
+}
+
+/* fork() copies only the calling thread: the routings of the parent's other threads stayed in
+ * the child's use counts, and no thread exit would ever end them (route_exit runs in the thread
+ * that routed), so the child's sp_mempool_destroy refused those pools for good, sp_empty_cache
+ * kept their segments, and the routing count kept every allocation off the fast path. Run by
+ * the child handler with every device lock held (pools lists), before any other thread exists. */
+void sp__mempool_fork_child(void) {
+    int depth = route_depth();
+    for (int i = 0; i < sp__g.ndev; i++) {
+        sp_devalloc_t *d = &sp__g.devs[i];
+        fork_recount(d->default_pool, depth);
+        for (sp_mempool_t *p = d->pools; p; p = p->next)
+            fork_recount(p, depth);
+    }
+    int had = atomic_exchange(&sp__routing_threads, depth > 0);
+    sp__fast_off_add(SP_FAST_REASON * ((depth > 0) - had));
+}
+
 static const char *pname(const sp_mempool_t *p) {
     return p->name ? p->name : "";
 }

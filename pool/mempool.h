@@ -26,5 +26,8 @@ extern atomic_int sp__routing_threads;
 sp_mempool_t *sp__mempool_routed(int device);
 /* Forget the calling thread's routing (sp_shutdown). */
 void sp__mempool_routing_reset(void);
+/* fork() child (fork.c), device locks held: drop the routings of the threads fork did not copy
+ * from the use counts and the routing count. */
+void sp__mempool_fork_child(void);
 
 #endif /* SP_POOL_MEMPOOL_H */

@@ -135,15 +135,16 @@ def _from_dlpack(obj):
     return (t.data or 0) + t.byte_offset, _prod(shape), name
 
 
-def _from_cai(cai, what):
+def _from_cai(cai, what, writable):
     """(address, count, dtype) from a __cuda_array_interface__ dict (version 0 to 3), checked:
     a malformed one (no "data", a negative or non-integer extent, strides that are not one
     integer per extent) is a ValueError, not a KeyError, nor a count made of two negative
-    extents, nor a layout checked on fewer dimensions than it has."""
+    extents, nor a layout checked on fewer dimensions than it has. One whose data is marked
+    read-only ("data": (ptr, True)) is refused where the collective writes (writable)."""
     try:
         typestr, shape, data = cai["typestr"], tuple(cai["shape"]), cai["data"]
         shape = tuple(operator.index(n) for n in shape)
-        addr = data[0]
+        addr, readonly = data[0], data[1]
         strides = cai.get("strides")
         if strides is not None:
             strides = tuple(operator.index(n) for n in strides)
@@ -160,11 +161,41 @@ def _from_cai(cai, what):
     name = dtype_name(typestr)
     if not _contiguous(shape, strides, ITEMSIZE[name]):
         raise bad_value(f"{what} is not contiguous")
+    if writable and readonly:
+        raise bad_value(f"{what} is read-only (its __cuda_array_interface__ says so), and the "
+                        "collective writes it")
     return as_ptr(addr, what), _prod(shape), name
 
 
-def describe(obj, what):
-    """(address or None, element count or None, dtype name or None) of a buffer object."""
+class _PyBuffer(ctypes.Structure):
+    """CPython's Py_buffer (the buffer protocol's view; its layout is part of the stable ABI)."""
+    _fields_ = [("buf", ctypes.c_void_p), ("obj", ctypes.c_void_p), ("len", ctypes.c_ssize_t),
+                ("itemsize", ctypes.c_ssize_t), ("readonly", ctypes.c_int),
+                ("ndim", ctypes.c_int), ("format", ctypes.c_char_p),
+                ("shape", ctypes.c_void_p), ("strides", ctypes.c_void_p),
+                ("suboffsets", ctypes.c_void_p), ("internal", ctypes.c_void_p)]
+
+
+def _buffer_address(view):
+    """The first byte of a contiguous memoryview, read-only ones included (ctypes' from_buffer
+    takes writable buffers only, and a collective's send buffer is only read)."""
+    api = ctypes.pythonapi
+    get, release = api.PyObject_GetBuffer, api.PyBuffer_Release
+    get.restype, get.argtypes = ctypes.c_int, [ctypes.py_object, ctypes.POINTER(_PyBuffer),
+                                               ctypes.c_int]
+    release.restype, release.argtypes = None, [ctypes.POINTER(_PyBuffer)]
+    b = _PyBuffer()
+    get(view, ctypes.byref(b), 0)  # PyBUF_SIMPLE; pythonapi raises the error it sets, if any
+    try:
+        return b.buf
+    finally:
+        release(ctypes.byref(b))
+
+
+def describe(obj, what, writable=True):
+    """(address or None, element count or None, dtype name or None) of a buffer object.
+    writable: the collective writes it (recv, or send in place), so a read-only object is
+    refused; a buffer only read may be read-only."""
     if obj is None or isinstance(obj, (int, ctypes.c_void_p)):
         return as_ptr(obj, what), None, None
     if hasattr(obj, "data_ptr") and hasattr(obj, "numel") and hasattr(obj, "dtype"):  # torch
@@ -173,7 +204,7 @@ def describe(obj, what):
         return as_ptr(obj.data_ptr(), what), int(obj.numel()), dtype_name(obj.dtype)
     cai = getattr(obj, "__cuda_array_interface__", None)
     if cai is not None:
-        return _from_cai(cai, what)
+        return _from_cai(cai, what, writable)
     if hasattr(obj, "__dlpack__"):
         ptr, count, name = _from_dlpack(obj)
         return as_ptr(ptr, what), count, dtype_name(name)
@@ -193,7 +224,6 @@ def describe(obj, what):
         _native_order(view.format[:1], name, f"{what} (buffer format {view.format!r})")
         if view.nbytes == 0:
             return None, 0, name
-        if view.readonly:
-            raise bad_value(f"{what} is a read-only buffer")
-        addr = ctypes.addressof(ctypes.c_char.from_buffer(view))
-        return addr, view.nbytes // view.itemsize, name
+        if view.readonly and writable:
+            raise bad_value(f"{what} is a read-only buffer, and the collective writes it")
+        return _buffer_address(view), view.nbytes // view.itemsize, name

@@ -49,6 +49,13 @@ class InvalidArgumentError(SympoolError, ValueError):
     Both a SympoolError and a ValueError, so either kind of handler catches it."""
 
 
+# importlib.reload runs this file again: new classes would no longer be the ones the package
+# exports (sympool.SympoolError, bound at the first import), so `except sympool.SympoolError`
+# missed every error raised after the reload. The first import's classes stay.
+if "_error_classes" in globals():
+    SympoolError, OutOfMemoryError, InvalidArgumentError = globals()["_error_classes"]
+_error_classes = (SympoolError, OutOfMemoryError, InvalidArgumentError)
+
 _ERROR_CLASSES = {"SP_ERR_OUT_OF_MEMORY": OutOfMemoryError,
                   "SP_ERR_INVALID_ARGUMENT": InvalidArgumentError}
 
@@ -252,6 +259,19 @@ def _declare(handle, path):
         fn = getattr(handle, name, None)
         if fn is not None:
             fn.restype, fn.argtypes = restype, argtypes
+
+
+def _after_fork_in_child():
+    """A fork while another thread was loading the library (declaring its functions under
+    _lock, where the GIL may switch threads) gave the child a _lock no thread of it releases:
+    its first sympool call waited for ever. The child, one thread now, starts with it free."""
+    global _lock
+    _lock = threading.Lock()
+
+
+if "_forks_handled" not in globals():  # once, reloads included
+    _forks_handled = True
+    os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def lib():

@@ -42,8 +42,9 @@ def _after_fork_in_child():
     maybe a library whose hook is not _hook (the fork fell between naming the hook and handing
     it over, or taking it back: the child's records had no frames). The child's library gets
     _hook again."""
-    global _hook_lock
+    global _hook_lock, _annot_lock
     _hook_lock = threading.Lock()
+    _annot_lock = threading.Lock()  # _annotations_follow's: the same, for the same reason
     if _hook is not None:
         lib().sp_history_set_frames_hook(_hook, _hook_arg)
 
@@ -89,6 +90,20 @@ def _frames(frames, max_frames, arg):
 _native_arg = globals().get("_native_arg")
 
 
+# The hook objects (FRAMES_FN), each made once and kept for the process, reloads included: the
+# library may still be running one on another thread after it is replaced, so none is ever
+# freed, and none is made again. One made per turning-on, each kept for good, grew the process
+# by about 200 bytes for every record_memory_history on/off cycle, without bound.
+_hooks_made = globals().get("_hooks_made", {})
+
+
+def _made(key, make):
+    hook = _hooks_made.get(key)
+    if hook is None:
+        hook = _hooks_made[key] = make()
+    return hook
+
+
 def _native_hook():
     """(hook, arg address) for sp_history_python_frames, or None where it cannot read frames."""
     global _native_arg
@@ -98,7 +113,7 @@ def _native_hook():
     if _native_arg is None:
         _native_arg = _lib.PythonFramesArg(_PACKAGE_DIR.encode(errors="surrogatepass"), _encoded)
     fn = ctypes.cast(L.sp_history_python_frames, ctypes.c_void_p).value
-    return _lib.FRAMES_FN(fn), ctypes.addressof(_native_arg)
+    return _made("native", lambda: _lib.FRAMES_FN(fn)), ctypes.addressof(_native_arg)
 
 
 def _install(on):
@@ -109,16 +124,15 @@ def _install(on):
             if native is not None:
                 _hook, _hook_arg = native
             else:
-                _hook, _hook_arg = _lib.FRAMES_FN(_frames), None
+                _hook, _hook_arg = _made("python", lambda: _lib.FRAMES_FN(_frames)), None
             lib().sp_history_set_frames_hook(_hook, _hook_arg)
         elif not on and _hook is not None:
-            lib().sp_history_set_frames_hook(_lib.FRAMES_FN(), None)
-            # Another thread may be inside the old hook right now: never free it.
-            _lib_keep.append(_hook)
-            _hook = None
+            lib().sp_history_set_frames_hook(_made("none", _lib.FRAMES_FN), None)
+            _hook = None  # still in _hooks_made: another thread may be inside it right now
 
 
-_lib_keep = globals().get("_lib_keep", [])  # hooks replaced, never freed (reloads included)
+# Other hook objects the library may hold (a hook installed by hand), never freed.
+_lib_keep = globals().get("_lib_keep", [])
 
 
 def record_memory_history(enabled="all", context="all", stacks="python", max_entries=sys.maxsize,

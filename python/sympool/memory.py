@@ -14,6 +14,7 @@ import pickle
 import shutil
 import tempfile
 import threading
+import weakref
 
 from . import _lib
 from ._lib import as_device, as_ptr, as_size, as_stream, bad_value, c, check, lib
@@ -75,10 +76,13 @@ mem_get_info = get_memory_info  # torch.cuda's name
 
 def empty_cache():
     """Release every fully free cached segment of every device (not symmetric pools')."""
-    _destroy_orphans()  # collected pools whose destroy was refused then: their segments go now
-    check(lib().sp_empty_cache())
-    if _keepalive:
-        _release_allocators()  # a destroyed pool's last segments may have gone now
+    try:
+        _destroy_orphans()  # collected pools whose destroy was refused then: their segments go
+        check(lib().sp_empty_cache())
+        if _keepalive:
+            _release_allocators()  # a destroyed pool's last segments may have gone now
+    finally:
+        _raise_free_interrupt()  # not gated on _py_allocators: the sweep may have zeroed it
 
 
 def set_per_process_memory_fraction(fraction, device=0):
@@ -194,11 +198,16 @@ def free(ptr):
     if type(ptr) is not int or not 0 < ptr <= _SIZE_MAX:
         ptr = as_ptr(ptr)
     status = c.sp_free(ptr)
+    if _py_allocators:  # a destroyed pool's last block gives its segment back here
+        _raise_free_interrupt()
     if status:
         check(status)
 
 
-caching_allocator_delete = free
+def caching_allocator_delete(mem_ptr):
+    """torch.cuda.caching_allocator_delete, with its argument's name (mem_ptr): free(mem_ptr).
+    As an alias of free, caching_allocator_delete(mem_ptr=p) was a TypeError."""
+    free(mem_ptr)
 
 
 def record_stream(ptr, stream):
@@ -374,6 +383,23 @@ def _take_callback_error():
     return err
 
 
+def _keep_interrupt(err):
+    """Keep err (not an Exception) for this thread's sympool call to raise after the library
+    returns; an interrupt already kept stays (the first one is the user's)."""
+    pending = getattr(_callback, "error", None)
+    if pending is None or isinstance(pending, Exception):
+        _callback.error = err
+
+
+def _raise_free_interrupt():
+    """Raise the interrupt a Python segment allocator's free raised during the call that just
+    returned (empty_cache, free_all_blocks, destroy, free), if any."""
+    err = getattr(_callback, "error", None)
+    if err is not None and not isinstance(err, Exception):
+        _callback.error = None
+        raise err
+
+
 def _malloc_call(fn, *args):
     """fn(*args), a sympool malloc whose failure this module raises (_raise_alloc_failure)."""
     _take_callback_error()  # nothing from an earlier call may be blamed on this one
@@ -458,6 +484,12 @@ def _segment_allocator(allocator):
             free_fn(ptr, size, device, stream)
         except Exception:
             pass
+        except BaseException as e:
+            # A KeyboardInterrupt (Ctrl-C during a long release) or SystemExit: ctypes would
+            # print it and drop it, and the program went on as if nobody had asked it to stop.
+            # Kept instead for the sympool call that released the segment to raise once the
+            # library has returned (_raise_free_interrupt; a malloc raises it as its own).
+            _keep_interrupt(e)
 
     return _lib.Allocator(_lib.ALLOC_FN(c_alloc), _lib.FREE_FN(c_free), None)
 
@@ -471,6 +503,7 @@ class MemPool(_lib.Handle):
                  name=None, device=0, world=None):
         self._handle = None
         self._lock = threading.RLock()  # destroy() runs once; RLock: its allocator may call it
+        _pools[id(self)] = self  # its lock is made anew in a fork's child (_after_fork_in_child)
         self._symmetric = symmetric
         self._user_allocator = allocator
         self._world = world
@@ -616,7 +649,10 @@ class MemPool(_lib.Handle):
                                 "pass stream=None")
             check(status)
             return
-        check(lib().sp_mempool_free_all_blocks(self._h(), as_stream(stream)))
+        try:
+            check(lib().sp_mempool_free_all_blocks(self._h(), as_stream(stream)))
+        finally:
+            _raise_free_interrupt()
 
     def set_limit(self, size=None, fraction=None):
         """Cap the pool's total bytes (CuPy's set_limit): size in bytes, or fraction of the
@@ -661,6 +697,12 @@ class MemPool(_lib.Handle):
             return
         if not self._owned:
             raise bad_value("the default pool is never destroyed")
+        try:
+            self._destroy()
+        finally:
+            _raise_free_interrupt()  # the segments given back ran the allocator's free
+
+    def _destroy(self):
         with self._lock:
             if self._handle is None:
                 return
@@ -789,6 +831,33 @@ class use_mem_pool(contextlib.ContextDecorator):  # noqa: N801 (torch's name)
         h, self._handle = self._handle, None
         _end_routing(h)
         return False
+
+
+# ---- fork ------------------------------------------------------------------------------------
+
+# The MemPool objects alive, for their locks (weak: a pool goes when nothing else holds it).
+_pools = globals().get("_pools") or weakref.WeakValueDictionary()
+
+
+def _after_fork_in_child():
+    """A fork taken while another thread held one of this module's locks (sweeping the table of
+    allocators in empty_cache or destroy, making the default pool, destroying a pool: each
+    around a library call, during which that thread lets go of the GIL) gave the child a lock
+    held by a thread the child does not have: its next MemPool(allocator=...), destroy() or
+    empty_cache() waited for ever. The child, one thread now, starts with every lock free. What
+    such a lock guarded is consistent in the child (the library's own fork handlers wait for
+    its calls), or off in the safe direction (an allocator counted a sweep too late: malloc
+    looks for a Python allocator's error when it need not)."""
+    global _keepalive_lock, _default_lock
+    _keepalive_lock = threading.Lock()
+    _default_lock = threading.Lock()
+    for pool in list(_pools.values()):
+        pool._lock = threading.RLock()
+
+
+if "_memory_forks_handled" not in globals():  # once, reloads included
+    _memory_forks_handled = True
+    os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 # ---- snapshots ------------------------------------------------------------------------------

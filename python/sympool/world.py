@@ -217,7 +217,8 @@ class World(_lib.Handle):
         h = self._check_open()
         _need(name)
         try:
-            sp, s_count, s_dtype = describe(send, "send")
+            # send is written only in place (recv None); recv always is.
+            sp, s_count, s_dtype = describe(send, "send", writable=recv is None)
             if recv is None:
                 rp, r_count, r_dtype = sp, s_count, s_dtype  # in place
             else:
@@ -275,6 +276,8 @@ class World(_lib.Handle):
     # Buffers: sympool memory of this rank's device, as an int address or an object that
     # describes itself (a torch or CuPy tensor, anything with __cuda_array_interface__, __dlpack__
     # or the buffer protocol); count and dtype then default to the object's. recv=None: in place.
+    # A read-only object (memoryview.toreadonly(), __cuda_array_interface__ data (ptr, True)) is
+    # taken where the call only reads it (send, with a recv) and refused where it writes.
     # op: "sum", "prod", "min", "max", "avg", or mpi4py's MPI.SUM-style ops.
 
     def allreduce(self, send, recv=None, count=None, dtype=None, op="sum", stream=None):

@@ -251,3 +251,54 @@ TEST_F(Fork, ChildForkedWhileThreadsPassTheShutdownGateNeverHangs) {
     EXPECT_EQ(hung, 0) << "children that hung (killed at their deadline); exit codes: " << codes;
     EXPECT_EQ(failed, 0) << "exit codes: " << codes;
 }
+
+// fork() while another thread routes a pool (sp_mempool_begin) and the forking thread routes
+// another: the child has only the forking thread, and no exit hook will ever end the other
+// thread's routing there. Its use was kept, so the child's sp_mempool_destroy refused that pool
+// for good ("still routed", use count 2) and its cached segment was never released. The child
+// keeps its own thread's routing (the pool it routes still receives its sp_malloc).
+TEST_F(Fork, ChildDropsTheRoutingsOfThreadsForkDidNotCopy) {
+    SP_SKIP_UNLESS_HOST();
+    sp_mempool_params_t params;
+    sp_mempool_params_init(&params);
+    sp_mempool_t *theirs = nullptr, *mine = nullptr;
+    ASSERT_SP_OK(sp_mempool_create(&params, &theirs));
+    ASSERT_SP_OK(sp_mempool_create(&params, &mine));
+    std::atomic<bool> routed{false}, done{false};
+    std::thread router([&] {
+        if (sp_mempool_begin(theirs) != SP_SUCCESS)
+            return;
+        routed = true;
+        while (!done)
+            std::this_thread::sleep_for(std::chrono::milliseconds(1));
+        (void)sp_mempool_end(theirs);
+    });
+    while (!routed)
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    ASSERT_SP_OK(sp_mempool_begin(mine));
+    ASSERT_EQ(sp_mempool_use_count(theirs), 2);
+    pid_t pid = fork();
+    ASSERT_GE(pid, 0);
+    if (pid == 0) {
+        int rc = 0;
+        void *p = nullptr;
+        if (sp_mempool_use_count(theirs) != 1)
+            rc = 20;
+        else if (sp_mempool_use_count(mine) != 2)
+            rc = 21;
+        else if (sp_malloc(4096, 0, nullptr, &p) != SP_SUCCESS || sp_mempool_used_bytes(mine) == 0)
+            rc = 22; // this thread's routing is still in force
+        else if (sp_free(p) != SP_SUCCESS || sp_mempool_destroy(theirs) != SP_SUCCESS)
+            rc = 23;
+        else if (sp_mempool_end(mine) != SP_SUCCESS || sp_mempool_destroy(mine) != SP_SUCCESS)
+            rc = 24;
+        _exit(rc);
+    }
+    EXPECT_EQ(wait_bounded(pid, std::chrono::seconds(20)), 0);
+    done = true;
+    router.join();
+    ASSERT_SP_OK(sp_mempool_end(mine));
+    EXPECT_EQ(sp_mempool_use_count(theirs), 1); // the parent's own counts are untouched
+    ASSERT_SP_OK(sp_mempool_destroy(theirs));
+    ASSERT_SP_OK(sp_mempool_destroy(mine));
+}

@@ -493,3 +493,39 @@ def test_symmetric_pool_arguments_refused_on_one_rank_fail_every_rank(world):
     p = pool.malloc(4096)
     sympool.free(p)
     pool.destroy()
+
+
+def test_read_only_buffers_are_refused_only_where_written(world):
+    # A collective reads send and writes recv. A read-only send was refused ("send is a
+    # read-only buffer") although nothing writes it, as mpi4py takes one; and a
+    # __cuda_array_interface__ whose data is marked read-only ("data": (ptr, True)) was
+    # written all the same, as recv or as send in place.
+    import sympool
+    n = 8
+    a, b = sympool.malloc(n * 4), sympool.malloc(n * 4)
+    src, dst = floats(a, n), floats(b, n)
+    for i in range(n):
+        src[i], dst[i] = world.rank + 1.0, 0.0
+    world.allreduce(memoryview(src).toreadonly(), dst)
+    assert list(dst) == [world.size * (world.size + 1) / 2] * n
+    world.broadcast(memoryview(src).toreadonly(), dst, root=0)
+    assert list(dst) == [1.0] * n
+
+    def read_only(addr):
+        arr = CudaArray(addr, n)
+        arr.__cuda_array_interface__["data"] = (addr, True)
+        return arr
+
+    for i in range(n):
+        dst[i] = 0.0
+    with pytest.raises(ValueError, match="read-only"):
+        world.allreduce(CudaArray(a, n), read_only(b))
+    with pytest.raises(ValueError, match="read-only"):
+        world.allreduce(read_only(b))  # in place: send is written
+    with pytest.raises(ValueError, match="read-only"):
+        world.allgather(CudaArray(a, 1), read_only(b))
+    assert list(dst) == [0.0] * n
+    world.allreduce(read_only(a), CudaArray(b, n))  # only read: taken
+    assert list(dst) == [world.size * (world.size + 1) / 2] * n
+    sympool.free(a)
+    sympool.free(b)
