@@ -246,3 +246,30 @@ TEST_F(ApiAdversary, TorchSegmentOfAnEndedHostSessionIsForgotten) {
     ASSERT_SP_OK(sp_empty_cache());
     EXPECT_EQ(sp__host_live_bytes(0), live0);
 }
+
+// sp_history_set_user_metadata, sp_history_get_user_metadata and sp_history_record_annotation
+// where the library cannot start (CUDA asked for, no GPU): they checked the device against
+// sp_device_count(), which reads 0 then, and answered "device 0 does not exist (0 device(s))"
+// (SP_ERR_INVALID_ARGUMENT) instead of why sympool cannot start. They give the start's status
+// and message now, as sp_malloc and sp_x_history_record_snapshot do.
+TEST_F(ApiAdversary, HistoryMetadataAndAnnotationsSayWhyTheLibraryCannotStart) {
+    if (sp__device_cuda_available())
+        GTEST_SKIP() << "a GPU answers here";
+    sp::ScopedEnv env({{"SYMPOOL_DEVICE", "cuda"}});
+    sp__device_reset();
+    void *p = nullptr;
+    sp_status_t want = sp_malloc(4096, 0, nullptr, &p);
+    ASSERT_NE(want, SP_SUCCESS);
+    ASSERT_NE(want, SP_ERR_INVALID_ARGUMENT);
+    std::string why = sp_last_error();
+    char buf[8];
+    size_t len = 99;
+    EXPECT_EQ(sp_history_set_user_metadata(0, "m"), want) << sp_last_error();
+    EXPECT_EQ(std::string(sp_last_error()), why);
+    EXPECT_EQ(sp_history_get_user_metadata(0, buf, sizeof buf, &len), want) << sp_last_error();
+    EXPECT_EQ(std::string(sp_last_error()), why);
+    EXPECT_EQ(len, 99u) << "output untouched";
+    EXPECT_EQ(sp_history_record_annotation(0, "START", "scope"), want) << sp_last_error();
+    EXPECT_EQ(std::string(sp_last_error()), why);
+    sp__device_reset();
+}
