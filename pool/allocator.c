@@ -1578,6 +1578,9 @@ static sp_status_t explain_bad_pointer(const char *what, const void *ptr) {
         sp_block_t *b = sp__segidx_block(d, a);
         if (b) {
             bool start = b->addr == a, live = b->allocated;
+            /* A block idle in a thread cache is allocated to its pool but was freed by its
+             * caller: "inside the allocated block" would tell the caller it is still theirs. */
+            bool idle = live && sp__g.tc_limit && sp__tc_idle_block(b);
             uintptr_t base = b->addr;
             sp__unlock(&d->lock);
             if (start && !live)
@@ -1586,7 +1589,11 @@ static sp_status_t explain_bad_pointer(const char *what, const void *ptr) {
             return sp__error(SP_ERR_INVALID_USAGE, SP_SUB_POOL,
                              "%s(%p): points %zu bytes inside the %s block at %#" PRIxPTR
                              ", not at its start",
-                             what, ptr, (size_t)(a - base), live ? "allocated" : "free", base);
+                             what, ptr, (size_t)(a - base),
+                             idle   ? "freed (idle in a thread cache)"
+                             : live ? "allocated"
+                                    : "free",
+                             base);
         }
         sp__unlock(&d->lock);
     }

@@ -273,3 +273,27 @@ TEST_F(ApiAdversary, HistoryMetadataAndAnnotationsSayWhyTheLibraryCannotStart) {
     EXPECT_EQ(std::string(sp_last_error()), why);
     sp__device_reset();
 }
+
+// With the thread cache on, a freed small block stays allocated to its pool, idle in the
+// thread's cache. A free of a pointer inside it said "points 512 bytes inside the allocated
+// block at ...": the caller, who freed that block, was told it was still allocated. The message
+// says it was freed now; nothing changes either way.
+TEST_F(ApiAdversary, InteriorFreeOfABlockIdleInAThreadCacheSaysItWasFreed) {
+    sp::ScopedEnv env({{"SYMPOOL_THREAD_CACHE", "1MiB"}});
+    void *p = nullptr;
+    ASSERT_SP_OK(sp_malloc(4096, 0, nullptr, &p));
+    ASSERT_SP_OK(sp_free(p)); // idle in this thread's cache
+    sp_stats_t before = snap();
+    EXPECT_SP_STATUS(sp_free(static_cast<char *>(p) + 512), SP_ERR_INVALID_USAGE);
+    std::string why = sp_last_error();
+    EXPECT_NE(why.find("512 bytes inside the freed (idle in a thread cache) block"),
+              std::string::npos)
+        << why;
+    EXPECT_EQ(why.find("allocated block"), std::string::npos) << why;
+    EXPECT_EQ(diff(before, snap()), "");
+    void *q = nullptr;
+    ASSERT_SP_OK(sp_malloc(4096, 0, nullptr, &q));
+    EXPECT_EQ(q, p) << "the idle block is still this thread's to reuse";
+    ASSERT_SP_OK(sp_free(q));
+    ASSERT_SP_OK(sp_empty_cache());
+}
