@@ -300,9 +300,11 @@ find_fit(sp_devalloc_t *d, sp_bpool_t *bp, size_t size, sp_stream_t stream, sp_b
         b = sp__exp_best_fit(bp, b, stream, pred_p);
     size_t mss = sp__g.conf.max_split_size;
     /* Oversize rules: small requests never take oversize blocks, and an oversize request takes
-     * an oversize block only if it wastes less than max_non_split_rounding. */
+     * an oversize block only if it wastes less than max_non_split_rounding. The waste is
+     * b->size - size (b fits: b->size >= size): PyTorch's size + rounding wraps around for a
+     * max_non_split_rounding_mb near its bound (2^44 - 1), which then refused every block. */
     if (SP_UNLIKELY(b->size >= mss) &&
-        (size < mss || b->size >= size + sp__g.conf.max_non_split_rounding))
+        (size < mss || b->size - size >= sp__g.conf.max_non_split_rounding))
         return NULL;
     /* Where in a larger cached block a large request goes (SYMPOOL_EXPANDABLE_SIDE, FIT_END):
      * tested here, after the oversize rule, exact fits first (no test of the size for them).

@@ -297,3 +297,24 @@ TEST_F(ApiAdversary, InteriorFreeOfABlockIdleInAThreadCacheSaysItWasFreed) {
     ASSERT_SP_OK(sp_free(q));
     ASSERT_SP_OK(sp_empty_cache());
 }
+
+// max_non_split_rounding_mb takes values up to SIZE_MAX / 1 MiB (2^44 - 1): the largest means
+// "an oversize request takes any oversize block that fits, whatever it wastes". The oversize
+// rule compared the block with size + max_non_split_rounding, which wrapped around there, so
+// every oversize block was refused and each request grew a new segment beside the cached one.
+TEST_F(ApiAdversary, HugestMaxNonSplitRoundingTakesAnyOversizeBlock) {
+    for (const char *mb : {"1048576", "17592186044415"}) {
+        SCOPED_TRACE(mb);
+        std::string conf = std::string("max_split_size_mb:20,max_non_split_rounding_mb:") + mb;
+        sp::ScopedEnv env({{"SYMPOOL_ALLOC_CONF", conf.c_str()}});
+        void *big = nullptr, *p = nullptr;
+        ASSERT_SP_OK(sp_malloc(100 * MiB, 0, nullptr, &big));
+        ASSERT_SP_OK(sp_free(big)); // one oversize block of 100 MiB cached
+        ASSERT_SP_OK(sp_malloc(40 * MiB, 0, nullptr, &p));
+        EXPECT_EQ(p, big) << "the cached oversize block was not taken";
+        EXPECT_EQ(sp_memory_reserved(0), 100 * MiB);
+        EXPECT_EQ(stat("num_device_alloc"), 1);
+        ASSERT_SP_OK(sp_free(p));
+        ASSERT_SP_OK(sp_shutdown());
+    }
+}
