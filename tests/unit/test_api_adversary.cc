@@ -318,3 +318,24 @@ TEST_F(ApiAdversary, HugestMaxNonSplitRoundingTakesAnyOversizeBlock) {
         ASSERT_SP_OK(sp_shutdown());
     }
 }
+
+// cudaStreamLegacy is the default stream: sp_malloc and sp_record_stream take it as NULL on every
+// backend, and pool.h says sp_stream_synchronize does too. The host backend refused it there
+// ("0x1 is not a valid stream of the host backend", SP_ERR_INVALID_ARGUMENT): a program that
+// waits for the legacy stream before reusing memory worked on cuda only. Now it completes the
+// default stream's work (on host, every device's, as NULL does).
+TEST_F(ApiAdversary, StreamSynchronizeTakesTheLegacyStreamAsTheDefaultStream) {
+    sp_stream_t side;
+    ASSERT_SP_OK(sp_stream_create(0, &side));
+    void *p = nullptr;
+    ASSERT_SP_OK(sp_malloc(4096, 0, side, &p));
+    ASSERT_SP_OK(sp_record_stream(p, legacy)); // a use on the default stream
+    ASSERT_SP_OK(sp_free(p));                  // reusable once the default stream passes it
+    EXPECT_SP_OK(sp_stream_synchronize(legacy));
+    void *q = nullptr;
+    ASSERT_SP_OK(sp_malloc(4096, 0, side, &q));
+    EXPECT_EQ(q, p) << "the legacy stream's synchronize completed the default stream's use";
+    ASSERT_SP_OK(sp_free(q));
+    ASSERT_SP_OK(sp_stream_destroy(side));
+    ASSERT_SP_OK(sp_empty_cache());
+}
