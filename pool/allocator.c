@@ -1906,9 +1906,12 @@ sp_status_t sp__alloc_free_sized(void *ptr, int device, size_t *size_p, int *dev
 SP_EXPORT sp_status_t sp_record_stream(void *ptr, sp_stream_t stream) {
     if (sp__in_callback())
         return sp__callback_refused("sp_record_stream");
-    if (SP_UNLIKELY(!atomic_load_explicit(&sp__ready, memory_order_acquire)) || !ptr)
+    if (SP_UNLIKELY(!atomic_load_explicit(&sp__ready, memory_order_acquire)) || !ptr) {
+        if (sp__fork_cuda_child()) /* as sp_free: the fork turned sympool off (fork.c) */
+            return sp__fork_error("sp_record_stream");
         return sp__error(SP_ERR_INVALID_USAGE, SP_SUB_POOL,
                          "sp_record_stream(%p): not a live sympool block", ptr);
+    }
     if (SP_UNLIKELY(is_pseudo_stream(stream)))
         SP_CHECK(map_pseudo_stream("sp_record_stream", &stream));
     int sdev = -1;
