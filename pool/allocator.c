@@ -1585,9 +1585,13 @@ static sp_status_t explain_bad_pointer(const char *what, const void *ptr) {
             bool idle = live && sp__g.tc_limit && sp__tc_idle_block(b);
             uintptr_t base = b->addr;
             sp__unlock(&d->lock);
+            /* "double free?" is a free's likely mistake; a stream recorded on the block is a use
+             * after its free. */
             if (start && !live)
                 return sp__error(SP_ERR_INVALID_USAGE, SP_SUB_POOL,
-                                 "%s(%p): the block is not allocated (double free?)", what, ptr);
+                                 "%s(%p): the block is not allocated (%s)", what, ptr,
+                                 strcmp(what, "sp_record_stream") == 0 ? "used after its free?"
+                                                                       : "double free?");
             return sp__error(SP_ERR_INVALID_USAGE, SP_SUB_POOL,
                              "%s(%p): points %zu bytes inside the %s block at %#" PRIxPTR
                              ", not at its start",

@@ -345,3 +345,29 @@ TEST_F(ApiAdversary, StreamSynchronizeTakesTheLegacyStreamAsTheDefaultStream) {
     ASSERT_SP_OK(sp_stream_destroy(side));
     ASSERT_SP_OK(sp_empty_cache());
 }
+
+// sp_record_stream on a block that was freed is refused, but its message asked "(double free?)",
+// a free's mistake: the caller freed once and then used the block. It says so now; nothing is
+// recorded either way (the block's later reuse does not wait for the stream).
+TEST_F(ApiAdversary, RecordStreamOnAFreedBlockIsNotCalledADoubleFree) {
+    sp_stream_t side;
+    ASSERT_SP_OK(sp_stream_create(0, &side));
+    void *p = nullptr;
+    ASSERT_SP_OK(sp_malloc(3 * MiB, 0, nullptr, &p)); // large: no thread cache holds it
+    ASSERT_SP_OK(sp_free(p));
+    sp_stats_t before = snap();
+    EXPECT_SP_STATUS(sp_record_stream(p, side), SP_ERR_INVALID_USAGE);
+    std::string why = sp_last_error();
+    EXPECT_EQ(why.find("double free"), std::string::npos) << why;
+    EXPECT_NE(why.find("not allocated (used after its free?)"), std::string::npos) << why;
+    EXPECT_EQ(diff(before, snap()), "");
+    void *q = nullptr;
+    ASSERT_SP_OK(sp_malloc(3 * MiB, 0, nullptr, &q));
+    EXPECT_EQ(q, p) << "reused at once: no use was recorded";
+    ASSERT_SP_OK(sp_free(q));
+    EXPECT_SP_STATUS(sp_free(q), SP_ERR_INVALID_USAGE);
+    EXPECT_NE(std::string(sp_last_error()).find("double free?"), std::string::npos)
+        << "a free's message is unchanged";
+    ASSERT_SP_OK(sp_stream_destroy(side));
+    ASSERT_SP_OK(sp_empty_cache());
+}
