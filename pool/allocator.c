@@ -300,9 +300,11 @@ find_fit(sp_devalloc_t *d, sp_bpool_t *bp, size_t size, sp_stream_t stream, sp_b
         b = sp__exp_best_fit(bp, b, stream, pred_p);
     size_t mss = sp__g.conf.max_split_size;
     /* Oversize rules: small requests never take oversize blocks, and an oversize request takes
-     * an oversize block only if it wastes less than max_non_split_rounding. */
+     * an oversize block only if it wastes less than max_non_split_rounding. The waste is
+     * b->size - size (b fits: b->size >= size): PyTorch's size + rounding wraps around for a
+     * max_non_split_rounding_mb near its bound (2^44 - 1), which then refused every block. */
     if (SP_UNLIKELY(b->size >= mss) &&
-        (size < mss || b->size >= size + sp__g.conf.max_non_split_rounding))
+        (size < mss || b->size - size >= sp__g.conf.max_non_split_rounding))
         return NULL;
     /* Where in a larger cached block a large request goes (SYMPOOL_EXPANDABLE_SIDE, FIT_END):
      * tested here, after the oversize rule, exact fits first (no test of the size for them).
@@ -1578,15 +1580,26 @@ static sp_status_t explain_bad_pointer(const char *what, const void *ptr) {
         sp_block_t *b = sp__segidx_block(d, a);
         if (b) {
             bool start = b->addr == a, live = b->allocated;
+            /* A block idle in a thread cache is allocated to its pool but was freed by its
+             * caller: "inside the allocated block" would tell the caller it is still theirs. */
+            bool idle = live && sp__g.tc_limit && sp__tc_idle_block(b);
             uintptr_t base = b->addr;
             sp__unlock(&d->lock);
+            /* "double free?" is a free's likely mistake; a stream recorded on the block is a use
+             * after its free. */
             if (start && !live)
                 return sp__error(SP_ERR_INVALID_USAGE, SP_SUB_POOL,
-                                 "%s(%p): the block is not allocated (double free?)", what, ptr);
+                                 "%s(%p): the block is not allocated (%s)", what, ptr,
+                                 strcmp(what, "sp_record_stream") == 0 ? "used after its free?"
+                                                                       : "double free?");
             return sp__error(SP_ERR_INVALID_USAGE, SP_SUB_POOL,
                              "%s(%p): points %zu bytes inside the %s block at %#" PRIxPTR
                              ", not at its start",
-                             what, ptr, (size_t)(a - base), live ? "allocated" : "free", base);
+                             what, ptr, (size_t)(a - base),
+                             idle   ? "freed (idle in a thread cache)"
+                             : live ? "allocated"
+                                    : "free",
+                             base);
         }
         sp__unlock(&d->lock);
     }
@@ -1897,9 +1910,12 @@ sp_status_t sp__alloc_free_sized(void *ptr, int device, size_t *size_p, int *dev
 SP_EXPORT sp_status_t sp_record_stream(void *ptr, sp_stream_t stream) {
     if (sp__in_callback())
         return sp__callback_refused("sp_record_stream");
-    if (SP_UNLIKELY(!atomic_load_explicit(&sp__ready, memory_order_acquire)) || !ptr)
+    if (SP_UNLIKELY(!atomic_load_explicit(&sp__ready, memory_order_acquire)) || !ptr) {
+        if (sp__fork_cuda_child()) /* as sp_free: the fork turned sympool off (fork.c) */
+            return sp__fork_error("sp_record_stream");
         return sp__error(SP_ERR_INVALID_USAGE, SP_SUB_POOL,
                          "sp_record_stream(%p): not a live sympool block", ptr);
+    }
     if (SP_UNLIKELY(is_pseudo_stream(stream)))
         SP_CHECK(map_pseudo_stream("sp_record_stream", &stream));
     int sdev = -1;

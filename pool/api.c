@@ -594,6 +594,11 @@ SP_EXPORT sp_status_t sp_x_stream_label(sp_stream_t stream, uint64_t label) {
 SP_EXPORT sp_status_t sp_stream_synchronize(sp_stream_t stream) {
     SP_GATE("sp_stream_synchronize");
     SP_CHECK(sp__alloc_ensure());
+    /* cudaStreamLegacy is the default stream (sp_malloc and sp_record_stream take it as NULL).
+     * CUDA answers for the handle itself (the current device's legacy stream); the host backend
+     * has no such handle and refused it, so there it is NULL: every device's default stream. */
+    if (stream == (sp_stream_t)(uintptr_t)1 && sp__g.caps.is_emulated)
+        stream = NULL;
     if (!stream) {
         /* The default stream of every device. */
         for (int i = 0; i < sp__g.ndev; i++)

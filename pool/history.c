@@ -1059,6 +1059,8 @@ size_t sp__history_meta_held(void) {
 SP_EXPORT sp_status_t sp_history_set_user_metadata(int device, const char *metadata) {
     SP_GATE("sp_history_set_user_metadata");
     sp__fork_register(); /* before g.lock: see pool/fork.h */
+    /* A library that cannot start says why, not "device 0 does not exist (0 device(s))". */
+    SP_CHECK(sp__alloc_ensure());
     SP_ARG_CHECK(device >= 0 && device < sp_device_count(), SP_SUB_HISTORY,
                  "sp_history_set_user_metadata: device %d does not exist (%d device(s))", device,
                  sp_device_count());
@@ -1094,6 +1096,8 @@ SP_EXPORT sp_status_t sp_history_set_user_metadata(int device, const char *metad
 SP_EXPORT sp_status_t sp_history_get_user_metadata(int device, char *buf, size_t len,
                                                    size_t *len_p) {
     SP_GATE("sp_history_get_user_metadata");
+    /* A library that cannot start says why, not "device 0 does not exist (0 device(s))". */
+    SP_CHECK(sp__alloc_ensure());
     SP_ARG_CHECK(device >= 0 && device < sp_device_count(), SP_SUB_HISTORY,
                  "sp_history_get_user_metadata: device %d does not exist (%d device(s))", device,
                  sp_device_count());
@@ -1163,6 +1167,8 @@ SP_EXPORT sp_status_t sp_history_record_annotation(int device, const char *stage
                                                    const char *name) {
     SP_GATE("sp_history_record_annotation");
     sp__fork_register(); /* before g.lock: see pool/fork.h */
+    /* A library that cannot start says why, not "device 0 does not exist (0 device(s))". */
+    SP_CHECK(sp__alloc_ensure());
     SP_ARG_CHECK(device >= 0 && device < sp_device_count(), SP_SUB_HISTORY,
                  "sp_history_record_annotation: device %d does not exist (%d device(s))", device,
                  sp_device_count());

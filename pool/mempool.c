@@ -31,6 +31,7 @@
 
 #include "pool/allocator.h"
 #include "pool/expandable.h"
+#include "pool/fork.h"
 #include "pool/handles.h"
 #include "pool/mempool.h"
 #include "pool/release.h"
@@ -197,12 +198,17 @@ sp_status_t sp__mempool_check(const sp_mempool_t *pool, const char *what) {
                          "last segment went); a handle is never reused",
                          what, (const void *)pool);
     if (SP_UNLIKELY(gen != sp__handles_generation() ||
-                    !atomic_load_explicit(&sp__ready, memory_order_acquire)))
+                    !atomic_load_explicit(&sp__ready, memory_order_acquire))) {
+        /* A fork child of a cuda parent has sympool turned off (fork.c): no sp_shutdown
+         * released the pool, the fork did; every other call there says so. */
+        if (sp__fork_cuda_child())
+            return sp__fork_error(what);
         return sp__error(SP_ERR_INVALID_USAGE, SP_SUB_POOL,
                          "%s: pool handle %p is stale: its pool {%" PRIu64 ",%" PRIu64
                          "} was released by sp_shutdown, and handles do not outlive it; create "
                          "the pool again",
                          what, (const void *)pool, pool->id.first, pool->id.second);
+    }
     return SP_SUCCESS;
 }
 

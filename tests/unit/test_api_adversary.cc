@@ -246,3 +246,128 @@ TEST_F(ApiAdversary, TorchSegmentOfAnEndedHostSessionIsForgotten) {
     ASSERT_SP_OK(sp_empty_cache());
     EXPECT_EQ(sp__host_live_bytes(0), live0);
 }
+
+// sp_history_set_user_metadata, sp_history_get_user_metadata and sp_history_record_annotation
+// where the library cannot start (CUDA asked for, no GPU): they checked the device against
+// sp_device_count(), which reads 0 then, and answered "device 0 does not exist (0 device(s))"
+// (SP_ERR_INVALID_ARGUMENT) instead of why sympool cannot start. They give the start's status
+// and message now, as sp_malloc and sp_x_history_record_snapshot do.
+TEST_F(ApiAdversary, HistoryMetadataAndAnnotationsSayWhyTheLibraryCannotStart) {
+    if (sp__device_cuda_available())
+        GTEST_SKIP() << "a GPU answers here";
+    sp::ScopedEnv env({{"SYMPOOL_DEVICE", "cuda"}});
+    sp__device_reset();
+    void *p = nullptr;
+    sp_status_t want = sp_malloc(4096, 0, nullptr, &p);
+    ASSERT_NE(want, SP_SUCCESS);
+    ASSERT_NE(want, SP_ERR_INVALID_ARGUMENT);
+    std::string why = sp_last_error();
+    char buf[8];
+    size_t len = 99;
+    EXPECT_EQ(sp_history_set_user_metadata(0, "m"), want) << sp_last_error();
+    EXPECT_EQ(std::string(sp_last_error()), why);
+    EXPECT_EQ(sp_history_get_user_metadata(0, buf, sizeof buf, &len), want) << sp_last_error();
+    EXPECT_EQ(std::string(sp_last_error()), why);
+    EXPECT_EQ(len, 99u) << "output untouched";
+    EXPECT_EQ(sp_history_record_annotation(0, "START", "scope"), want) << sp_last_error();
+    EXPECT_EQ(std::string(sp_last_error()), why);
+    sp__device_reset();
+}
+
+// With the thread cache on, a freed small block stays allocated to its pool, idle in the
+// thread's cache. A free of a pointer inside it said "points 512 bytes inside the allocated
+// block at ...": the caller, who freed that block, was told it was still allocated. The message
+// says it was freed now; nothing changes either way.
+TEST_F(ApiAdversary, InteriorFreeOfABlockIdleInAThreadCacheSaysItWasFreed) {
+    sp::ScopedEnv env({{"SYMPOOL_THREAD_CACHE", "1MiB"}});
+    void *p = nullptr;
+    ASSERT_SP_OK(sp_malloc(4096, 0, nullptr, &p));
+    ASSERT_SP_OK(sp_free(p)); // idle in this thread's cache
+    size_t idle_bytes = 0, idle_blocks = 0;
+    ASSERT_SP_OK(sp_x_thread_cache_idle(0, &idle_bytes, &idle_blocks));
+    if (idle_blocks != 1) {
+        ASSERT_SP_OK(sp_empty_cache());
+        GTEST_SKIP() << "the thread cache is off under these settings (SYMPOOL_ALLOC_CONF)";
+    }
+    sp_stats_t before = snap();
+    EXPECT_SP_STATUS(sp_free(static_cast<char *>(p) + 512), SP_ERR_INVALID_USAGE);
+    std::string why = sp_last_error();
+    EXPECT_NE(why.find("512 bytes inside the freed (idle in a thread cache) block"),
+              std::string::npos)
+        << why;
+    EXPECT_EQ(why.find("allocated block"), std::string::npos) << why;
+    EXPECT_EQ(diff(before, snap()), "");
+    void *q = nullptr;
+    ASSERT_SP_OK(sp_malloc(4096, 0, nullptr, &q));
+    EXPECT_EQ(q, p) << "the idle block is still this thread's to reuse";
+    ASSERT_SP_OK(sp_free(q));
+    ASSERT_SP_OK(sp_empty_cache());
+}
+
+// max_non_split_rounding_mb takes values up to SIZE_MAX / 1 MiB (2^44 - 1): the largest means
+// "an oversize request takes any oversize block that fits, whatever it wastes". The oversize
+// rule compared the block with size + max_non_split_rounding, which wrapped around there, so
+// every oversize block was refused and each request grew a new segment beside the cached one.
+TEST_F(ApiAdversary, HugestMaxNonSplitRoundingTakesAnyOversizeBlock) {
+    for (const char *mb : {"1048576", "17592186044415"}) {
+        SCOPED_TRACE(mb);
+        std::string conf = std::string("max_split_size_mb:20,max_non_split_rounding_mb:") + mb;
+        sp::ScopedEnv env({{"SYMPOOL_ALLOC_CONF", conf.c_str()}});
+        void *big = nullptr, *p = nullptr;
+        ASSERT_SP_OK(sp_malloc(100 * MiB, 0, nullptr, &big));
+        ASSERT_SP_OK(sp_free(big)); // one oversize block of 100 MiB cached
+        ASSERT_SP_OK(sp_malloc(40 * MiB, 0, nullptr, &p));
+        EXPECT_EQ(p, big) << "the cached oversize block was not taken";
+        EXPECT_EQ(sp_memory_reserved(0), 100 * MiB);
+        EXPECT_EQ(stat("num_device_alloc"), 1);
+        ASSERT_SP_OK(sp_free(p));
+        ASSERT_SP_OK(sp_shutdown());
+    }
+}
+
+// cudaStreamLegacy is the default stream: sp_malloc and sp_record_stream take it as NULL on every
+// backend, and pool.h says sp_stream_synchronize does too. The host backend refused it there
+// ("0x1 is not a valid stream of the host backend", SP_ERR_INVALID_ARGUMENT): a program that
+// waits for the legacy stream before reusing memory worked on cuda only. Now it completes the
+// default stream's work (on host, every device's, as NULL does).
+TEST_F(ApiAdversary, StreamSynchronizeTakesTheLegacyStreamAsTheDefaultStream) {
+    sp_stream_t side;
+    ASSERT_SP_OK(sp_stream_create(0, &side));
+    void *p = nullptr;
+    ASSERT_SP_OK(sp_malloc(4096, 0, side, &p));
+    ASSERT_SP_OK(sp_record_stream(p, legacy)); // a use on the default stream
+    ASSERT_SP_OK(sp_free(p));                  // reusable once the default stream passes it
+    EXPECT_SP_OK(sp_stream_synchronize(legacy));
+    void *q = nullptr;
+    ASSERT_SP_OK(sp_malloc(4096, 0, side, &q));
+    EXPECT_EQ(q, p) << "the legacy stream's synchronize completed the default stream's use";
+    ASSERT_SP_OK(sp_free(q));
+    ASSERT_SP_OK(sp_stream_destroy(side));
+    ASSERT_SP_OK(sp_empty_cache());
+}
+
+// sp_record_stream on a block that was freed is refused, but its message asked "(double free?)",
+// a free's mistake: the caller freed once and then used the block. It says so now; nothing is
+// recorded either way (the block's later reuse does not wait for the stream).
+TEST_F(ApiAdversary, RecordStreamOnAFreedBlockIsNotCalledADoubleFree) {
+    sp_stream_t side;
+    ASSERT_SP_OK(sp_stream_create(0, &side));
+    void *p = nullptr;
+    ASSERT_SP_OK(sp_malloc(3 * MiB, 0, nullptr, &p)); // large: no thread cache holds it
+    ASSERT_SP_OK(sp_free(p));
+    sp_stats_t before = snap();
+    EXPECT_SP_STATUS(sp_record_stream(p, side), SP_ERR_INVALID_USAGE);
+    std::string why = sp_last_error();
+    EXPECT_EQ(why.find("double free"), std::string::npos) << why;
+    EXPECT_NE(why.find("not allocated (used after its free?)"), std::string::npos) << why;
+    EXPECT_EQ(diff(before, snap()), "");
+    void *q = nullptr;
+    ASSERT_SP_OK(sp_malloc(3 * MiB, 0, nullptr, &q));
+    EXPECT_EQ(q, p) << "reused at once: no use was recorded";
+    ASSERT_SP_OK(sp_free(q));
+    EXPECT_SP_STATUS(sp_free(q), SP_ERR_INVALID_USAGE);
+    EXPECT_NE(std::string(sp_last_error()).find("double free?"), std::string::npos)
+        << "a free's message is unchanged";
+    ASSERT_SP_OK(sp_stream_destroy(side));
+    ASSERT_SP_OK(sp_empty_cache());
+}

@@ -6,6 +6,8 @@
 #include "sp_test.hpp"
 
 #include <dlfcn.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <cuda_runtime.h>
 
@@ -331,3 +333,47 @@ TEST_F(CudaPaths, RecycleUnmapsNothingAfterAFailedDeviceSynchronize) {
     ASSERT_SP_OK(sp_free(b));
     release_two_streams(s1, s2);
 }
+
+namespace {
+
+// A fork child of a process whose sympool uses CUDA has sympool turned off (a CUDA context does
+// not survive fork()): every call fails with SP_ERR_DEVICE and says so. The pool calls said
+// instead that the handle "is stale: its pool was released by sp_shutdown" (SP_ERR_INVALID_USAGE)
+// and sp_record_stream that the block was "not a live sympool block": no shutdown happened, and
+// the block is live in the parent.
+TEST_F(CudaPaths, AForkChildOfACudaParentSaysWhyEveryCallFails) {
+    expect_warnings();
+    sp_mempool_t *pool = nullptr;
+    ASSERT_SP_OK(sp_mempool_create(nullptr, &pool));
+    void *p = nullptr;
+    ASSERT_SP_OK(sp_malloc(4096, 0, nullptr, &p));
+    fflush(nullptr);
+    pid_t pid = fork();
+    ASSERT_GE(pid, 0);
+    if (pid == 0) {
+        // Exit status: a bit per call that did not say why it failed.
+        int bad = 0;
+        auto said_fork = [](sp_status_t s) {
+            return s == SP_ERR_DEVICE &&
+                   std::string(sp_last_error()).find("forked") != std::string::npos;
+        };
+        void *q = nullptr;
+        bad |= said_fork(sp_malloc(4096, 0, nullptr, &q)) ? 0 : 1;
+        bad |= said_fork(sp_mempool_malloc(pool, 4096, nullptr, &q)) ? 0 : 2;
+        bad |= said_fork(sp_mempool_begin(pool)) ? 0 : 4;
+        bad |= said_fork(sp_mempool_destroy(pool)) ? 0 : 8;
+        bad |= said_fork(sp_record_stream(p, nullptr)) ? 0 : 16;
+        bad |= said_fork(sp_free(p)) ? 0 : 32;
+        _exit(bad);
+    }
+    int st = 0;
+    ASSERT_EQ(waitpid(pid, &st, 0), pid);
+    ASSERT_TRUE(WIFEXITED(st));
+    EXPECT_EQ(WEXITSTATUS(st), 0) << "bits: 1 sp_malloc, 2 sp_mempool_malloc, 4 begin, "
+                                     "8 destroy, 16 sp_record_stream, 32 sp_free";
+    ASSERT_SP_OK(sp_free(p));
+    ASSERT_SP_OK(sp_mempool_destroy(pool));
+    ASSERT_SP_OK(sp_empty_cache());
+}
+
+} // namespace
