@@ -264,7 +264,14 @@ static bool symmetric_support(sp_sym_state_t *st, int *devs, char *why, size_t l
     return ok;
 }
 
-static _Atomic bool s_test_fail_devs; /* sp__reg_nccl_test_fail_devs */
+static _Atomic bool s_test_fail_devs;                     /* sp__reg_nccl_test_fail_devs */
+static void (*_Atomic s_test_at_ready)(const char *pool); /* sp__reg_nccl_test_at_ready */
+
+/* Tests: `hook` runs on the growing thread right before the round that readies every rank for
+ * the registration (NULL: none), with the pool's name, so a test can hold that round open. */
+void sp__reg_nccl_test_at_ready(void (*hook)(const char *pool)) {
+    s_test_at_ready = hook;
+}
 
 void sp__reg_nccl_test_fail_devs(bool on) {
     s_test_fail_devs = on;
@@ -353,6 +360,9 @@ static sp_status_t nccl_alloc(sp_sym_state_t *st, size_t size, sp_sym_seg_t *seg
 
     /* Every rank ready, then the collective registration, under the world's NCCL lock. */
     sp__world_nccl_lock(w);
+    void (*at_ready)(const char *) = s_test_at_ready;
+    if (at_ready)
+        at_ready(st->name);
     ncclComm_t nc = (ncclComm_t)sp__world_nccl_comm(w);
     sp_agree_t a = {.op = SP_AGREE_NCCL_READY, .ok = nc != NULL, .f = {(int64_t)asize, symmetric}};
     sp_status_t s = sp__sym_round(st, &a, what);
@@ -485,8 +495,11 @@ const sp_registrar_ops_t sp__registrar_nccl = {
 #else
 #include "symmetric/registrar.h"
 
-/* Without NCCL there is no table to fail. */
+/* Without NCCL there is no table to fail and no registration to hold. */
 void sp__reg_nccl_test_fail_devs(bool on) {
     (void)on;
+}
+void sp__reg_nccl_test_at_ready(void (*hook)(const char *pool)) {
+    (void)hook;
 }
 #endif
