@@ -8,9 +8,11 @@
 
 #include <dlfcn.h>
 
+#include <chrono>
 #include <condition_variable>
 #include <cstdlib>
 #include <cstring>
+#include <map>
 #include <mutex>
 #include <set>
 #include <string>
@@ -233,30 +235,38 @@ TEST_F(CudaDoubleMpi, NodeDeviceTableOutOfHostMemoryOnOneRankFailsEveryRank) {
     EXPECT_SP_OK(sp_free(a));
 }
 
-// The pools whose growth on this rank has reached the round that readies every rank for the
-// window registration (sp__reg_nccl_test_at_ready's hook), or has returned: a test starts another
-// thread's work only once a growth is there.
-struct AtReady {
+// Events of this rank's threads, for the tests that hold a registration's ready round open:
+// sp__reg_nccl_test_at_ready's hook, called on a growing thread right before that round, first
+// waits for the event the test named for its pool (if any), then notes "<pool> at ready". The
+// wait is bounded by three SYMPOOL_SYM_TIMEOUTs only so that a lock held across the hook (the
+// defect these tests catch) ends in the growth's timeout instead of a hang: no assertion is
+// about time.
+struct Events {
     std::mutex mu;
     std::condition_variable cv;
     std::set<std::string> seen;
-    void note(const char *pool) {
+    std::map<std::string, std::string> before; // pool -> the event its ready round waits for
+    void note(const std::string &e) {
         std::lock_guard<std::mutex> l(mu);
-        seen.insert(pool);
+        seen.insert(e);
         cv.notify_all();
     }
-    void wait(const char *pool) {
+    void wait(const std::string &e) {
         std::unique_lock<std::mutex> l(mu);
-        cv.wait(l, [&] { return seen.count(pool) != 0; });
+        cv.wait_for(l, std::chrono::duration<double>(3 * sp__agree_timeout_s() + 1),
+                    [&] { return seen.count(e) != 0; });
     }
 };
-AtReady *g_at_ready;
-void note_at_ready(const char *pool) {
-    g_at_ready->note(pool);
+Events *g_events;
+void at_ready(const char *pool) {
+    auto it = g_events->before.find(pool);
+    if (it != g_events->before.end())
+        g_events->wait(it->second);
+    g_events->note(std::string(pool) + " at ready");
 }
 
-// One growth of `pool` by `size` bytes, its status and message kept; it says it has returned
-// (AtReady::note), so that no waiter waits for a growth that failed before the round.
+// One growth of `pool` by `size` bytes, its status and message kept. It notes "<pool> at ready"
+// when it returns too, so that nothing waits for a growth that failed before the round.
 struct Growth {
     sp_status_t s = SP_ERR_INTERNAL;
     std::string msg;
@@ -264,59 +274,54 @@ struct Growth {
     void run(sp_mempool_t *pool, const char *name, size_t size) {
         s = sp_symmetric_malloc(pool, size, nullptr, &p);
         msg = s == SP_SUCCESS ? "" : sp_last_error();
-        g_at_ready->note(name);
+        g_events->note(std::string(name) + " at ready");
     }
 };
 
-// Two symmetric pools grown at once from two threads, each rank reaching them in the opposite
-// order to its neighbour's (even ranks "ord_a" first, odd ranks "ord_b"): both windows register
-// on every rank. With the world's NCCL lock held across the registration's ready round, each
-// rank's first pool held it while waiting there for the peers' same pool, whose thread waited
-// for the lock held by the other pool: both growths failed with SYMPOOL_SYM_TIMEOUT. The sizes
-// differ, so two registrations issued in different orders on two ranks fail in the double (2.28
-// needs equal sizes on every rank) instead of passing unseen.
+// Two symmetric pools grown at once from two threads, reaching their registrations in opposite
+// orders on neighbouring ranks (even ranks "ord_a" first, odd ranks "ord_b" first: the other
+// pool's ready round waits for it): both windows register on every rank. With the world's NCCL
+// lock held across the ready round, each rank's first pool held it while waiting there for the
+// peers' same pool, whose thread waited for the lock held by the other pool: both growths failed
+// with SYMPOOL_SYM_TIMEOUT. The sizes differ, so two registrations issued in different orders on
+// two ranks fail in the double (2.28 needs equal sizes on every rank) instead of passing unseen.
 TEST_F(CudaDoubleMpi, TwoPoolsGrowingInOppositeOrdersOnTwoThreadsBothRegister) {
     NEED_DOUBLE();
     SP_SKIP_BELOW_RANKS(2);
     make_pool(false, false, "ord_a");
     sp_mempool_t *b = nullptr;
     ASSERT_SP_OK(sym_pool_create(world_, "ord_b", false, &b));
-    AtReady at;
-    g_at_ready = &at;
-    sp__reg_nccl_test_at_ready(note_at_ready);
     const bool even = mpi_rank() % 2 == 0;
-    const char *first = even ? "ord_a" : "ord_b", *second = even ? "ord_b" : "ord_a";
-    sp_mempool_t *pf = even ? pool_ : b, *ps = even ? b : pool_;
-    const size_t size_a = 6u << 20, size_b = 10u << 20;
-    Growth gf, gs;
-    std::thread t1([&] { gf.run(pf, first, even ? size_a : size_b); });
-    std::thread t2([&] {
-        at.wait(first); // the first pool's round is open (or about to be) on this rank
-        gs.run(ps, second, even ? size_b : size_a);
-    });
-    t1.join();
-    t2.join();
+    Events ev;
+    ev.before[even ? "ord_b" : "ord_a"] = even ? "ord_a at ready" : "ord_b at ready";
+    g_events = &ev;
+    sp__reg_nccl_test_at_ready(at_ready);
+    Growth ga, gb;
+    std::thread ta([&] { ga.run(pool_, "ord_a", 6u << 20); });
+    std::thread tb([&] { gb.run(b, "ord_b", 10u << 20); });
+    ta.join();
+    tb.join();
     sp__reg_nccl_test_at_ready(nullptr);
-    EXPECT_EQ(gf.s, SP_SUCCESS) << first << ": " << gf.msg;
-    EXPECT_EQ(gs.s, SP_SUCCESS) << second << ": " << gs.msg;
-    // Both windows are usable: a collective on each pool's memory runs everywhere.
-    if (gf.p && gs.p) {
-        void *pa = even ? gf.p : gs.p, *pb = even ? gs.p : gf.p;
-        EXPECT_SP_OK(sp_allreduce(world_, pa, pa, 1024, SP_FLOAT32, SP_SUM, nullptr));
-        EXPECT_SP_OK(sp_allreduce(world_, pb, pb, 1024, SP_FLOAT32, SP_SUM, nullptr));
+    EXPECT_EQ(ga.s, SP_SUCCESS) << ga.msg;
+    EXPECT_EQ(gb.s, SP_SUCCESS) << gb.msg;
+    // Both windows work: a collective on each pool's memory runs on every rank.
+    if (ga.p && gb.p) {
+        EXPECT_SP_OK(sp_allreduce(world_, ga.p, ga.p, 1024, SP_FLOAT32, SP_SUM, nullptr));
+        EXPECT_SP_OK(sp_allreduce(world_, gb.p, gb.p, 1024, SP_FLOAT32, SP_SUM, nullptr));
     }
-    if (gf.p)
-        EXPECT_SP_OK(sp_free(gf.p));
-    if (gs.p)
-        EXPECT_SP_OK(sp_free(gs.p));
+    if (ga.p)
+        EXPECT_SP_OK(sp_free(ga.p));
+    if (gb.p)
+        EXPECT_SP_OK(sp_free(gb.p));
     EXPECT_SP_OK(sp_symmetric_mempool_destroy(b));
 }
 
-// A collective on another thread while a growth waits in its registration's ready round: rank
-// 0's growth reaches the round first, and the other ranks start theirs only after their
-// collective returned, which needs rank 0's collective: the round stays open as long as the
-// collective runs, with no timing involved. With the world's NCCL lock held across that round,
-// rank 0's collective waited for the lock, and the growth failed at SYMPOOL_SYM_TIMEOUT.
+// A collective on another thread while a growth waits in its registration's ready round: on
+// every rank but 0 the growth's ready round waits until this rank's collective has returned,
+// and rank 0 starts its collective only once its growth is at that round; the round cannot
+// complete before the collectives do, with no timing involved. With the world's NCCL lock held
+// across that round, rank 0's collective waited for the lock, and the growth failed at
+// SYMPOOL_SYM_TIMEOUT.
 TEST_F(CudaDoubleMpi, ACollectiveRunsWhileAGrowthWaitsInItsReadyRound) {
     NEED_DOUBLE();
     SP_SKIP_BELOW_RANKS(2);
@@ -324,22 +329,21 @@ TEST_F(CudaDoubleMpi, ACollectiveRunsWhileAGrowthWaitsInItsReadyRound) {
     void *c = nullptr;
     ASSERT_SP_OK(sp_malloc(4096, sp_world_device(world_), nullptr, &c));
     put(c, std::vector<int32_t>(16, 1));
-    AtReady at;
-    g_at_ready = &at;
-    sp__reg_nccl_test_at_ready(note_at_ready);
+    Events ev;
+    if (mpi_rank() != 0)
+        ev.before["held"] = "collective done";
+    g_events = &ev;
+    sp__reg_nccl_test_at_ready(at_ready);
     Growth g;
-    sp_status_t sc;
-    if (mpi_rank() == 0) {
-        std::thread t([&] { g.run(pool_, "held", 6u << 20); });
-        at.wait("held");
-        sc = sp_allreduce(world_, c, c, 16, SP_INT32, SP_SUM, nullptr);
-        t.join();
-    } else {
-        sc = sp_allreduce(world_, c, c, 16, SP_INT32, SP_SUM, nullptr);
-        g.run(pool_, "held", 6u << 20);
-    }
+    std::thread t([&] { g.run(pool_, "held", 6u << 20); });
+    if (mpi_rank() == 0)
+        ev.wait("held at ready");
+    sp_status_t sc = sp_allreduce(world_, c, c, 16, SP_INT32, SP_SUM, nullptr);
+    std::string msg = sc == SP_SUCCESS ? "" : sp_last_error();
+    ev.note("collective done");
+    t.join();
     sp__reg_nccl_test_at_ready(nullptr);
-    EXPECT_EQ(sc, SP_SUCCESS) << sp_last_error();
+    EXPECT_EQ(sc, SP_SUCCESS) << msg;
     EXPECT_EQ(g.s, SP_SUCCESS) << g.msg;
     EXPECT_EQ(get<int32_t>(c, 1)[0], mpi_size());
     if (g.p)
