@@ -14,12 +14,17 @@
  * failure there is treated as out of memory: every rank that failed releases its device's
  * non-symmetric free cache and retries once, and the ranks agree again; then
  * SP_ERR_OUT_OF_MEMORY naming the ranks, with PyTorch-style figures. ncclCommWindowRegister is
- * collective and blocks inside NCCL where no deadline reaches, so the ranks agree that every
- * rank is ready right before it, with the world's NCCL lock held (NCCL forbids concurrent use
- * of one communicator; two pools growing at once in different orders then time out in the
- * ready round instead of deadlocking inside NCCL). A registration that fails on a rank may
- * leave its peers blocked inside NCCL: every rank then aborts the world's NCCL communicator
- * (ncclCommAbort), so they get an error instead of waiting forever.
+ * collective (every rank, in the same order on the communicator) and blocks inside NCCL where no
+ * deadline reaches, so the ranks agree that every rank is ready right before it, and that round
+ * also carries the registration's place in the world's order: a ticket world rank 0 hands out
+ * once every rank has reached the growth. Every rank then registers in ticket order, holding the
+ * world's NCCL lock (NCCL forbids two threads in one communicator) for the NCCL call alone, never
+ * across a round: two pools growing at once from two threads, reaching their registrations in
+ * different orders on different ranks, both register, and another thread's collective is not
+ * held up by a round waiting for a late rank (world/world.h, sp__world_nccl_ticket). A
+ * registration that fails on a rank may leave its peers blocked inside NCCL: every rank then
+ * aborts the world's NCCL communicator (ncclCommAbort), so they get an error instead of waiting
+ * forever; the abort also ends every wait for a turn.
  *
  * Release: the caller agrees once per batch (no barrier here); this synchronizes the device (the
  * segment's stream may have been destroyed by then), deregisters (local in NCCL) under the NCCL
@@ -227,7 +232,9 @@ static long long nccl_param(const char *name, long long dflt) {
 static bool symmetric_support(sp_sym_state_t *st, int *devs, char *why, size_t len) {
     /* The all-gather first: every rank of the node is in it whatever its own settings say, or a
      * rank whose NCCL_WIN_ENABLE differs would leave its node peers waiting there. */
-    MPI_Comm node = sp__world_node_comm(st->world);
+    /* The pool's own node communicator: two pools growing at once on two threads must not
+     * interleave collectives on one communicator (MPI matches them in call order). */
+    MPI_Comm node = st->node_comm;
     int n = sp__world_local_size(st->world);
     bool gathered =
         n > 1 && MPI_Allgather(&st->device, 1, MPI_INT, devs, 1, MPI_INT, node) == MPI_SUCCESS;
@@ -329,6 +336,50 @@ static sp_status_t support_mismatch(const sp_world_t *w, bool symmetric, const c
                      what, mine ? mine : "off");
 }
 
+/* Whether the world still has its NCCL communicator (read under the lock an abort takes). */
+static bool world_has_nccl(sp_world_t *w) {
+    sp__world_nccl_lock(w);
+    bool have = sp__world_nccl_comm(w) != NULL;
+    sp__world_nccl_unlock(w);
+    return have;
+}
+
+/* After the ready round `a` succeeded: the registration in its agreed turn (a->hi[2], rank 0's
+ * ticket), under the world's NCCL lock for the NCCL call alone. NCCL needs its collective calls
+ * on one communicator in the same order on every rank and no two threads in it at once; taking
+ * turns in the order agreed in the round gives both without holding a lock while ranks wait
+ * for each other's rounds (reference/nccl-windows.md 1.4; a turn waits only for registrations
+ * that every rank has already reached). A turn agreed away (a rank without a communicator,
+ * symmetric support differing: *mismatch) is taken and passed on without the NCCL call. */
+static sp_status_t register_in_turn(sp_sym_state_t *st, const sp_agree_t *a, void *base,
+                                    size_t asize, bool *mismatch, ncclWindow_t *win,
+                                    bool *registered, const char *what) {
+    sp_world_t *w = st->world;
+    uint64_t ticket = (uint64_t)a->hi[2];
+    SP_CHECK(sp__world_nccl_wait_turn(w, ticket, what));
+    sp_status_t s = SP_SUCCESS;
+    if (a->nbad)
+        s = sp__error(SP_ERR_NCCL, SP_SUB_SYM, "%s: a rank has no NCCL communicator (%s)", what,
+                      sp__world_nccl_why(w));
+    else if (a->lo[1] != a->hi[1])
+        *mismatch = true;
+    else {
+        sp__world_nccl_lock(w);
+        ncclComm_t nc = (ncclComm_t)sp__world_nccl_comm(w);
+        ncclResult_t r = nc ? ncclCommWindowRegister(nc, base, asize, win, NCCL_WIN_COLL_SYMMETRIC)
+                            : ncclInvalidUsage;
+        *registered = r == ncclSuccess;
+        /* The error text under the lock: an abort may free the communicator once it is let go. */
+        if (!nc)
+            s = sp__error(SP_ERR_NCCL, SP_SUB_SYM, "%s: %s", what, sp__world_nccl_why(w));
+        else if (!*registered)
+            s = nccl_err(r, nc, "ncclCommWindowRegister");
+        sp__world_nccl_unlock(w);
+    }
+    sp__world_nccl_end_turn(w, ticket);
+    return s;
+}
+
 static sp_status_t nccl_alloc(sp_sym_state_t *st, size_t size, sp_sym_seg_t *seg_p) {
     sp_world_t *w = st->world;
     size_t gran = vmm_granularity(st->device);
@@ -358,32 +409,26 @@ static sp_status_t nccl_alloc(sp_sym_state_t *st, size_t size, sp_sym_seg_t *seg
     free(devs);
     bool symmetric = sp__world_nccl_no_symmetric(w) == NULL;
 
-    /* Every rank ready, then the collective registration, under the world's NCCL lock. */
-    sp__world_nccl_lock(w);
+    /* Every rank ready, and the registration's place in the world's order (rank 0's ticket,
+     * handed out now that every rank has reached this growth); no lock held across the round. */
     void (*at_ready)(const char *) = s_test_at_ready;
     if (at_ready)
         at_ready(st->name);
-    ncclComm_t nc = (ncclComm_t)sp__world_nccl_comm(w);
-    sp_agree_t a = {.op = SP_AGREE_NCCL_READY, .ok = nc != NULL, .f = {(int64_t)asize, symmetric}};
+    int64_t ticket = st->rank == 0 ? (int64_t)sp__world_nccl_ticket(w) : -1;
+    sp_agree_t a = {.op = SP_AGREE_NCCL_READY,
+                    .ok = world_has_nccl(w),
+                    .f = {(int64_t)asize, symmetric, ticket}};
     sp_status_t s = sp__sym_round(st, &a, what);
-    if (s == SP_SUCCESS && a.nbad)
-        s = sp__error(SP_ERR_NCCL, SP_SUB_SYM, "%s: a rank has no NCCL communicator (%s)", what,
-                      sp__world_nccl_why(w));
-    if (s == SP_SUCCESS && a.lo[1] != a.hi[1]) {
+    bool mismatch = false;
+    ncclWindow_t win = NULL; /* 2.28 may return success without writing it */
+    bool registered = false;
+    if (s == SP_SUCCESS)
+        s = register_in_turn(st, &a, base, asize, &mismatch, &win, &registered, what);
+    if (mismatch) {
         /* Agreed on every rank before any enters NCCL, so none needs an abort. */
-        sp__world_nccl_unlock(w);
         mem_free(st->device, base);
         return support_mismatch(w, symmetric, what);
     }
-    ncclWindow_t win = NULL; /* 2.28 may return success without writing it */
-    bool registered = false;
-    if (s == SP_SUCCESS) {
-        ncclResult_t r = ncclCommWindowRegister(nc, base, asize, &win, NCCL_WIN_COLL_SYMMETRIC);
-        registered = r == ncclSuccess;
-        if (!registered)
-            s = nccl_err(r, nc, "ncclCommWindowRegister");
-    }
-    sp__world_nccl_unlock(w);
     sp_agree_t c = {.op = SP_AGREE_SYM_REGISTER, .ok = registered, .f = {(int64_t)asize}};
     sp_status_t cs = st->broken ? SP_ERR_TIMEOUT : sp__sym_round(st, &c, what);
     if (cs == SP_SUCCESS && !c.nbad) {
