@@ -855,6 +855,45 @@ TEST_F(CudaDoubleMpi, SymmetricSupportDifferingAcrossRanksFailsEveryRank) {
 // ncclLoadParam: strtoll, base 0, so "false" is 0) and has cuMem off at any negative value but -2,
 // auto (src/misc/cudawrap.cc:45-49): either way no symmetric support (src/init.cc:1376), so no
 // symmetric kernel, and sympool counts no call eligible.
+// Ranks started with different CUDA_VISIBLE_DEVICES, where one ordinal names different GPUs (or
+// none) in different processes (its own ctests, cuda_double.mpi.test_cuda_double_mpi.visible_*,
+// give each rank its list and SP_TEST_VISIBLE_CASE): whether the node's GPUs reach each other by
+// P2P goes by their bus ids, as NCCL's own decision does, so every rank gives NCCL's answer and
+// the growth works. Judged by the ranks' ordinals, "hidden" (rank 0 sees GPU 0 alone, rank 1 sees
+// GPUs 1 and 2 and is on 2, its ordinal 1) had rank 0 ask CUDA about an ordinal it has no device
+// of, and "reordered" (rank 0 sees 0,1 and is on 0; rank 1 sees 2,1,0 and is on 1; GPUs 0 and 1
+// have no P2P) had rank 1 ask about GPUs 2 and 1: either way the ranks' answers differed, and every
+// growth failed as a symmetric support mismatch.
+TEST_F(CudaDoubleMpi, SymmetricSupportGoesByTheGpusBusIdsNotTheRanksOrdinals) {
+    NEED_DOUBLE();
+    const char *c = std::getenv("SP_TEST_VISIBLE_CASE");
+    if (!c)
+        GTEST_SKIP() << "runs with per-rank CUDA_VISIBLE_DEVICES (its own ctests)";
+    SP_SKIP_BELOW_RANKS(2);
+    const bool reordered = std::strcmp(c, "reordered") == 0;
+    if (reordered)
+        expect_warnings(); // "NCCL has no symmetric support in this world"
+    MAKE_ONE_NODE_POOL("visible");
+    void *a = nullptr;
+    ASSERT_EQ(sp_symmetric_malloc(pool_, 4096, nullptr, &a), SP_SUCCESS) << sp_last_error();
+    const char *off = sp__world_nccl_no_symmetric(world_);
+    if (reordered) {
+        ASSERT_NE(off, nullptr);
+        EXPECT_NE(std::string(off).find("cannot reach GPU"), std::string::npos) << off;
+    } else {
+        EXPECT_EQ(off, nullptr) << off;
+    }
+    // sympool's answer is NCCL's: a collective it counts eligible is one NCCL runs symmetric.
+    uint64_t e0 = 0, f0 = 0, e1 = 0, f1 = 0;
+    sp__world_collective_counts(world_, &e0, &f0);
+    const long k0 = nccl_symmetric_kernels();
+    ASSERT_SP_OK(sp_allreduce(world_, a, a, 64, SP_FLOAT32, SP_SUM, nullptr));
+    sp__world_collective_counts(world_, &e1, &f1);
+    EXPECT_EQ((long)(e1 - e0), nccl_symmetric_kernels() - k0);
+    EXPECT_EQ(e1 - e0, reordered ? 0u : 1u);
+    EXPECT_SP_OK(sp_free(a));
+}
+
 TEST_F(CudaDoubleMpi, NcclSwitchesAreReadAsNcclReadsThem) {
     NEED_DOUBLE();
     SP_SKIP_BELOW_RANKS(2);
