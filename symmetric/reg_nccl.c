@@ -222,22 +222,61 @@ static long long nccl_param(const char *name, long long dflt) {
     return errno ? dflt : v;
 }
 
+/* A GPU's identity in the node's table: its PCI bus id ("0000:3b:00.0" and the NUL), the name
+ * NCCL 2.28.9 knows a rank's GPU by (its peer info's busId; two ranks with equal host hashes and
+ * bus ids are its "Duplicate GPU detected", src/init.cc). An ordinal names nothing outside its
+ * process: ranks started with CUDA_VISIBLE_DEVICES=<their GPU> all call theirs device 0. */
+#define BUS_ID 16
+
+/* This process's ordinal of the GPU named `id`, -1 when it is hidden here (CUDA_VISIBLE_DEVICES)
+ * or its id is unknown. */
+static int local_ordinal(const char *id) {
+    int d = -1;
+    if (!id[0] || cudaDeviceGetByPCIBusId(&d, id) != cudaSuccess)
+        return -1;
+    return d;
+}
+
+/* Whether the GPUs named a and b reach each other by CUDA P2P, as NCCL 2.28.9's p2pCanConnect
+ * (src/transport/p2p.cc) decides it past its topology check: one GPU needs no P2P (NCCL refuses
+ * two ranks on one GPU when the communicator is made); two GPUs this process sees are asked by
+ * cudaDeviceCanAccessPeer on this process's ordinals of them; a GPU hidden here counts as
+ * reachable ("CUDA 10.1 and later can use P2P with invisible devices"), NCCL then going by its
+ * topology alone, which sympool cannot see. */
+static bool p2p_pair(const char *a, const char *b, char *why, size_t len) {
+    if (a[0] && strncmp(a, b, BUS_ID) == 0)
+        return true;
+    int da = local_ordinal(a), db = local_ordinal(b);
+    if (da < 0 || db < 0)
+        return true;
+    int can = 0;
+    if (cudaDeviceCanAccessPeer(&can, da, db) == cudaSuccess && can)
+        return true;
+    snprintf(why, len, "GPU %s cannot reach GPU %s by CUDA P2P", a, b);
+    return false;
+}
+
 /* Whether NCCL gave this world symmetric support, which 2.28 does not let one query: it is on when
  * NCCL_WIN_ENABLE and cuMem are on and every pair of this node's GPUs reaches each other by CUDA
  * P2P (reference/nccl-windows.md 1.3). Without it, 2.28 still returns success and a window that
  * is only a local buffer registration, on which the symmetric kernels never run. Collective over
- * the node (one all-gather of the ranks' devices into devs, node_devs' table, which every rank
+ * the node (one all-gather of the ranks' GPU bus ids into ids, node_devs' table, which every rank
  * of a node of several has); called where every rank grows the pool. On "no", *why names the
  * reason. */
-static bool symmetric_support(sp_sym_state_t *st, int *devs, char *why, size_t len) {
+static bool symmetric_support(sp_sym_state_t *st, char *ids, char *why, size_t len) {
     /* The all-gather first: every rank of the node is in it whatever its own settings say, or a
-     * rank whose NCCL_WIN_ENABLE differs would leave its node peers waiting there. */
-    /* The pool's own node communicator: two pools growing at once on two threads must not
-     * interleave collectives on one communicator (MPI matches them in call order). */
+     * rank whose NCCL_WIN_ENABLE differs would leave its node peers waiting there. The pool's
+     * own node communicator: two pools growing at once on two threads must not interleave
+     * collectives on one communicator (MPI matches them in call order). */
     MPI_Comm node = st->node_comm;
     int n = sp__world_local_size(st->world);
+    cudaError_t pending = cudaPeekAtLastError();
+    char mine[BUS_ID] = "";
+    if (n > 1 && cudaDeviceGetPCIBusId(mine, BUS_ID, st->device) != cudaSuccess)
+        mine[0] = '\0'; /* unknown: counted as hidden (p2p_pair) */
+    drop_errors_since(pending);
     bool gathered =
-        n > 1 && MPI_Allgather(&st->device, 1, MPI_INT, devs, 1, MPI_INT, node) == MPI_SUCCESS;
+        n > 1 && MPI_Allgather(mine, BUS_ID, MPI_CHAR, ids, BUS_ID, MPI_CHAR, node) == MPI_SUCCESS;
     /* src/init.cc:58 and :1376: NCCL_WIN_ENABLE, default 1, off at 0. */
     if (nccl_param("NCCL_WIN_ENABLE", 1) == 0) {
         snprintf(why, len, "NCCL_WIN_ENABLE=%s", getenv("NCCL_WIN_ENABLE"));
@@ -254,19 +293,12 @@ static bool symmetric_support(sp_sym_state_t *st, int *devs, char *why, size_t l
     if (!gathered)
         return true; /* one rank on the node (trivially all P2P), or unknown: NCCL's default */
     /* Every pair of the node's GPUs, not only this rank's: NCCL's isAllCudaP2p is one answer
-     * for the node's ranks (src/transport.cc:78-111), and nccl_alloc refuses ranks that differ. */
-    cudaError_t pending = cudaPeekAtLastError();
+     * for the node's ranks (src/transport.cc:78-111), and nccl_alloc refuses ranks that differ.
+     * By bus id, never by the ranks' ordinals, which name other GPUs (or none) here. */
     bool ok = true;
     for (int i = 0; i < n && ok; i++)
-        for (int j = i + 1; j < n && ok; j++) {
-            int can = 0;
-            if (devs[i] == devs[j])
-                continue;
-            if (cudaDeviceCanAccessPeer(&can, devs[i], devs[j]) != cudaSuccess || !can) {
-                snprintf(why, len, "GPU %d cannot reach GPU %d by CUDA P2P", devs[i], devs[j]);
-                ok = false;
-            }
-        }
+        for (int j = i + 1; j < n && ok; j++)
+            ok = p2p_pair(ids + (size_t)i * BUS_ID, ids + (size_t)j * BUS_ID, why, len);
     drop_errors_since(pending);
     return ok;
 }
@@ -288,9 +320,9 @@ void sp__reg_nccl_test_fail_devs(bool on) {
  * whose ok flag carries the outcome: a rank that could not have it after the round would skip
  * the all-gather its node peers wait in, with no deadline. True with *devs_p (NULL on a node of
  * one rank, which gathers nothing); false when host malloc refused it. */
-static bool node_devs(const sp_sym_state_t *st, int **devs_p) {
+static bool node_devs(const sp_sym_state_t *st, char **devs_p) {
     int n = sp__world_local_size(st->world);
-    *devs_p = n > 1 ? malloc(sizeof(int) * (size_t)n) : NULL;
+    *devs_p = n > 1 ? malloc((size_t)BUS_ID * (size_t)n) : NULL;
     if (n > 1 && s_test_fail_devs) {
         free(*devs_p);
         *devs_p = NULL;
@@ -389,7 +421,7 @@ static sp_status_t nccl_alloc(sp_sym_state_t *st, size_t size, sp_sym_seg_t *seg
     char what[128];
     snprintf(what, sizeof what, "NCCL window of %zu bytes for symmetric pool \"%s\"", asize,
              st->name);
-    int *devs = NULL;
+    char *devs = NULL;
     bool have_devs = node_devs(st, &devs);
     sp_agree_t api = {.op = SP_AGREE_NCCL_READY,
                       .ok = window_api_loaded() && have_devs,
