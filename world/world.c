@@ -19,8 +19,10 @@
  *
  * Locking: s_lock guards the hook table, the live-world list and the init bookkeeping;
  * nccl_lock serializes this process's NCCL calls on the world's communicator (NCCL forbids
- * concurrent use of one communicator). A world itself is used by the thread(s) of its rank
- * under MPI's own rules for collectives (the caller orders them).
+ * concurrent use of one communicator), held across one NCCL call at a time and never across an
+ * MPI round; order_lock (a leaf) guards the window registrations' tickets and turn
+ * (sp__world_nccl_ticket), and an abort takes it after nccl_lock is let go. A world itself is used
+ * by the thread(s) of its rank under MPI's own rules for collectives (the caller orders them).
  */
 #include <errno.h>
 #include <pthread.h>
