@@ -26,6 +26,7 @@
  */
 #include <errno.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -1055,8 +1056,14 @@ void sp__world_set_nccl_symmetric(sp_world_t *w, bool on, const char *why) {
      * is written before the state that publishes it, by the one caller that claimed it. */
     int unknown = 0, claimed = 3;
     if (!__atomic_compare_exchange_n(&w->nccl_sym, &unknown, claimed, false, __ATOMIC_ACQ_REL,
-                                     __ATOMIC_ACQUIRE))
+                                     __ATOMIC_ACQUIRE)) {
+        /* Another thread's growth claimed it: wait the few instructions until it publishes, so
+         * that this caller's sp__world_nccl_no_symmetric reads the answer that stands, not "on"
+         * while the claimer is about to say "off" (two pools growing at once). */
+        while (__atomic_load_n(&w->nccl_sym, __ATOMIC_ACQUIRE) == claimed)
+            sched_yield();
         return;
+    }
     if (!on)
         snprintf(w->nccl_sym_why, sizeof w->nccl_sym_why,
                  "NCCL has no symmetric support in this world (%s): its windows are local "
