@@ -236,8 +236,9 @@ TEST_F(CudaDoubleMpi, NodeDeviceTableOutOfHostMemoryOnOneRankFailsEveryRank) {
 }
 
 // Events of this rank's threads, for the tests that hold a registration's ready round open:
-// sp__reg_nccl_test_at_ready's hook, called on a growing thread right before that round, first
-// waits for the event the test named for its pool (if any), then notes "<pool> at ready". The
+// sp__reg_nccl_test_at_ready's hook, called on a growing thread right before that round, notes
+// "<pool> entered", waits for the event the test named for its pool (if any), then notes
+// "<pool> at ready". The
 // wait is bounded by three SYMPOOL_SYM_TIMEOUTs only so that a lock held across the hook (the
 // defect these tests catch) ends in the growth's timeout instead of a hang: no assertion is
 // about time.
@@ -259,14 +260,15 @@ struct Events {
 };
 Events *g_events;
 void at_ready(const char *pool) {
+    g_events->note(std::string(pool) + " entered");
     auto it = g_events->before.find(pool);
     if (it != g_events->before.end())
         g_events->wait(it->second);
     g_events->note(std::string(pool) + " at ready");
 }
 
-// One growth of `pool` by `size` bytes, its status and message kept. It notes "<pool> at ready"
-// when it returns too, so that nothing waits for a growth that failed before the round.
+// One growth of `pool` by `size` bytes, its status and message kept. It notes both events when
+// it returns too, so that nothing waits for a growth that failed before the round.
 struct Growth {
     sp_status_t s = SP_ERR_INTERNAL;
     std::string msg;
@@ -274,6 +276,7 @@ struct Growth {
     void run(sp_mempool_t *pool, const char *name, size_t size) {
         s = sp_symmetric_malloc(pool, size, nullptr, &p);
         msg = s == SP_SUCCESS ? "" : sp_last_error();
+        g_events->note(std::string(name) + " entered");
         g_events->note(std::string(name) + " at ready");
     }
 };
@@ -319,9 +322,10 @@ TEST_F(CudaDoubleMpi, TwoPoolsGrowingInOppositeOrdersOnTwoThreadsBothRegister) {
 // A collective on another thread while a growth waits in its registration's ready round: on
 // every rank but 0 the growth's ready round waits until this rank's collective has returned,
 // and rank 0 starts its collective only once its growth is at that round; the round cannot
-// complete before the collectives do, with no timing involved. With the world's NCCL lock held
-// across that round, rank 0's collective waited for the lock, and the growth failed at
-// SYMPOOL_SYM_TIMEOUT.
+// complete before the collectives do, with no timing involved. (The other ranks start theirs
+// once their growth is there too, so that no rank's collective waits out a whole growth.) With the
+// world's NCCL lock held across that round, rank 0's collective waited for the lock, and the growth
+// failed at SYMPOOL_SYM_TIMEOUT.
 TEST_F(CudaDoubleMpi, ACollectiveRunsWhileAGrowthWaitsInItsReadyRound) {
     NEED_DOUBLE();
     SP_SKIP_BELOW_RANKS(2);
@@ -336,8 +340,7 @@ TEST_F(CudaDoubleMpi, ACollectiveRunsWhileAGrowthWaitsInItsReadyRound) {
     sp__reg_nccl_test_at_ready(at_ready);
     Growth g;
     std::thread t([&] { g.run(pool_, "held", 6u << 20); });
-    if (mpi_rank() == 0)
-        ev.wait("held at ready");
+    ev.wait(mpi_rank() == 0 ? "held at ready" : "held entered");
     sp_status_t sc = sp_allreduce(world_, c, c, 16, SP_INT32, SP_SUM, nullptr);
     std::string msg = sc == SP_SUCCESS ? "" : sp_last_error();
     ev.note("collective done");
