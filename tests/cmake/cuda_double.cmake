@@ -70,10 +70,13 @@ set_tests_properties(cuda_double.torch_harness.host_backend PROPERTIES LABELS cu
   PASS_REGULAR_EXPRESSION "torch-harness: ok" FAIL_REGULAR_EXPRESSION "torch-harness: FAIL")
 
 if(SP_HAVE_MPI)
-  # sympool's NCCL paths with failures injected into the doubles (tests/cuda_double/).
+  # sympool's NCCL paths with failures injected into the doubles (tests/cuda_double/). Some of
+  # its tests grow pools and run collectives from several threads at once: MPI_THREAD_MULTIPLE
+  # (mpi_main.cc compiled in, as sym_threads does).
   add_executable(test_cuda_double_mpi ${PROJECT_SOURCE_DIR}/tests/cuda_double/test_cuda_double_mpi.cc
-    $<TARGET_OBJECTS:sp_test_mpi_main>)
+    ${PROJECT_SOURCE_DIR}/tests/mpi/mpi_main.cc)
   target_compile_options(test_cuda_double_mpi PRIVATE ${SP_WARN_CXX})
+  target_compile_definitions(test_cuda_double_mpi PRIVATE SP_MPI_THREAD_MULTIPLE=1)
   target_include_directories(test_cuda_double_mpi PRIVATE ${CMAKE_CURRENT_SOURCE_DIR}/mpi)
   target_include_directories(test_cuda_double_mpi SYSTEM PRIVATE ${CUDAToolkit_INCLUDE_DIRS}
     ${NCCL_INCLUDE_DIR})
