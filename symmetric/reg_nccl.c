@@ -388,7 +388,11 @@ static sp_status_t register_in_turn(sp_sym_state_t *st, const sp_agree_t *a, voi
                                     bool *registered, const char *what) {
     sp_world_t *w = st->world;
     uint64_t ticket = (uint64_t)a->hi[2];
-    SP_CHECK(sp__world_nccl_wait_turn(w, ticket, what));
+    sp_status_t t = sp__world_nccl_wait_turn(w, ticket, what);
+    if (t == SP_ERR_TIMEOUT) /* an earlier turn never ended: neither will the ones after it */
+        sp__world_nccl_order_break(w, "a registration waited out SYMPOOL_SYM_TIMEOUT for its turn");
+    if (t != SP_SUCCESS)
+        return t;
     sp_status_t s = SP_SUCCESS;
     if (a->nbad)
         s = sp__error(SP_ERR_NCCL, SP_SUB_SYM, "%s: a rank has no NCCL communicator (%s)", what,
@@ -451,6 +455,16 @@ static sp_status_t nccl_alloc(sp_sym_state_t *st, size_t size, sp_sym_seg_t *seg
                     .ok = world_has_nccl(w),
                     .f = {(int64_t)asize, symmetric, ticket}};
     sp_status_t s = sp__sym_round(st, &a, what);
+    if (s != SP_SUCCESS) {
+        /* Rank 0 handed out this registration's ticket, and no rank will take its turn (a rank
+         * that timed out or was in another call may not even know it): every later ticket would
+         * wait for it until SYMPOOL_SYM_TIMEOUT. The world's registrations stop here, each
+         * later one refused with the reason at once, on every rank the round failed on. */
+        char why[160];
+        snprintf(why, sizeof why, "the ready round of an earlier registration failed (%s)",
+                 sp_status_name(s));
+        sp__world_nccl_order_break(w, why);
+    }
     bool mismatch = false;
     ncclWindow_t win = NULL; /* 2.28 may return success without writing it */
     bool registered = false;
