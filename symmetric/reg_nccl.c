@@ -14,12 +14,17 @@
  * failure there is treated as out of memory: every rank that failed releases its device's
  * non-symmetric free cache and retries once, and the ranks agree again; then
  * SP_ERR_OUT_OF_MEMORY naming the ranks, with PyTorch-style figures. ncclCommWindowRegister is
- * collective and blocks inside NCCL where no deadline reaches, so the ranks agree that every
- * rank is ready right before it, with the world's NCCL lock held (NCCL forbids concurrent use
- * of one communicator; two pools growing at once in different orders then time out in the
- * ready round instead of deadlocking inside NCCL). A registration that fails on a rank may
- * leave its peers blocked inside NCCL: every rank then aborts the world's NCCL communicator
- * (ncclCommAbort), so they get an error instead of waiting forever.
+ * collective (every rank, in the same order on the communicator) and blocks inside NCCL where no
+ * deadline reaches, so the ranks agree that every rank is ready right before it, and that round
+ * also carries the registration's place in the world's order: a ticket world rank 0 hands out
+ * once every rank has reached the growth. Every rank then registers in ticket order, holding the
+ * world's NCCL lock (NCCL forbids two threads in one communicator) for the NCCL call alone, never
+ * across a round: two pools growing at once from two threads, reaching their registrations in
+ * different orders on different ranks, both register, and another thread's collective is not
+ * held up by a round waiting for a late rank (world/world.h, sp__world_nccl_ticket). A
+ * registration that fails on a rank may leave its peers blocked inside NCCL: every rank then
+ * aborts the world's NCCL communicator (ncclCommAbort), so they get an error instead of waiting
+ * forever; the abort also ends every wait for a turn.
  *
  * Release: the caller agrees once per batch (no barrier here); this synchronizes the device (the
  * segment's stream may have been destroyed by then), deregisters (local in NCCL) under the NCCL
@@ -217,20 +222,61 @@ static long long nccl_param(const char *name, long long dflt) {
     return errno ? dflt : v;
 }
 
+/* A GPU's identity in the node's table: its PCI bus id ("0000:3b:00.0" and the NUL), the name
+ * NCCL 2.28.9 knows a rank's GPU by (its peer info's busId; two ranks with equal host hashes and
+ * bus ids are its "Duplicate GPU detected", src/init.cc). An ordinal names nothing outside its
+ * process: ranks started with CUDA_VISIBLE_DEVICES=<their GPU> all call theirs device 0. */
+#define BUS_ID 16
+
+/* This process's ordinal of the GPU named `id`, -1 when it is hidden here (CUDA_VISIBLE_DEVICES)
+ * or its id is unknown. */
+static int local_ordinal(const char *id) {
+    int d = -1;
+    if (!id[0] || cudaDeviceGetByPCIBusId(&d, id) != cudaSuccess)
+        return -1;
+    return d;
+}
+
+/* Whether the GPUs named a and b reach each other by CUDA P2P, as NCCL 2.28.9's p2pCanConnect
+ * (src/transport/p2p.cc) decides it past its topology check: one GPU needs no P2P (NCCL refuses
+ * two ranks on one GPU when the communicator is made); two GPUs this process sees are asked by
+ * cudaDeviceCanAccessPeer on this process's ordinals of them; a GPU hidden here counts as
+ * reachable ("CUDA 10.1 and later can use P2P with invisible devices"), NCCL then going by its
+ * topology alone, which sympool cannot see. */
+static bool p2p_pair(const char *a, const char *b, char *why, size_t len) {
+    if (a[0] && strncmp(a, b, BUS_ID) == 0)
+        return true;
+    int da = local_ordinal(a), db = local_ordinal(b);
+    if (da < 0 || db < 0)
+        return true;
+    int can = 0;
+    if (cudaDeviceCanAccessPeer(&can, da, db) == cudaSuccess && can)
+        return true;
+    snprintf(why, len, "GPU %s cannot reach GPU %s by CUDA P2P", a, b);
+    return false;
+}
+
 /* Whether NCCL gave this world symmetric support, which 2.28 does not let one query: it is on when
  * NCCL_WIN_ENABLE and cuMem are on and every pair of this node's GPUs reaches each other by CUDA
  * P2P (reference/nccl-windows.md 1.3). Without it, 2.28 still returns success and a window that
  * is only a local buffer registration, on which the symmetric kernels never run. Collective over
- * the node (one all-gather of the ranks' devices into devs, node_devs' table, which every rank
+ * the node (one all-gather of the ranks' GPU bus ids into ids, node_devs' table, which every rank
  * of a node of several has); called where every rank grows the pool. On "no", *why names the
  * reason. */
-static bool symmetric_support(sp_sym_state_t *st, int *devs, char *why, size_t len) {
+static bool symmetric_support(sp_sym_state_t *st, char *ids, char *why, size_t len) {
     /* The all-gather first: every rank of the node is in it whatever its own settings say, or a
-     * rank whose NCCL_WIN_ENABLE differs would leave its node peers waiting there. */
-    MPI_Comm node = sp__world_node_comm(st->world);
+     * rank whose NCCL_WIN_ENABLE differs would leave its node peers waiting there. The pool's
+     * own node communicator: two pools growing at once on two threads must not interleave
+     * collectives on one communicator (MPI matches them in call order). */
+    MPI_Comm node = st->node_comm;
     int n = sp__world_local_size(st->world);
+    cudaError_t pending = cudaPeekAtLastError();
+    char mine[BUS_ID] = "";
+    if (n > 1 && cudaDeviceGetPCIBusId(mine, BUS_ID, st->device) != cudaSuccess)
+        mine[0] = '\0'; /* unknown: counted as hidden (p2p_pair) */
+    drop_errors_since(pending);
     bool gathered =
-        n > 1 && MPI_Allgather(&st->device, 1, MPI_INT, devs, 1, MPI_INT, node) == MPI_SUCCESS;
+        n > 1 && MPI_Allgather(mine, BUS_ID, MPI_CHAR, ids, BUS_ID, MPI_CHAR, node) == MPI_SUCCESS;
     /* src/init.cc:58 and :1376: NCCL_WIN_ENABLE, default 1, off at 0. */
     if (nccl_param("NCCL_WIN_ENABLE", 1) == 0) {
         snprintf(why, len, "NCCL_WIN_ENABLE=%s", getenv("NCCL_WIN_ENABLE"));
@@ -247,24 +293,24 @@ static bool symmetric_support(sp_sym_state_t *st, int *devs, char *why, size_t l
     if (!gathered)
         return true; /* one rank on the node (trivially all P2P), or unknown: NCCL's default */
     /* Every pair of the node's GPUs, not only this rank's: NCCL's isAllCudaP2p is one answer
-     * for the node's ranks (src/transport.cc:78-111), and nccl_alloc refuses ranks that differ. */
-    cudaError_t pending = cudaPeekAtLastError();
+     * for the node's ranks (src/transport.cc:78-111), and nccl_alloc refuses ranks that differ.
+     * By bus id, never by the ranks' ordinals, which name other GPUs (or none) here. */
     bool ok = true;
     for (int i = 0; i < n && ok; i++)
-        for (int j = i + 1; j < n && ok; j++) {
-            int can = 0;
-            if (devs[i] == devs[j])
-                continue;
-            if (cudaDeviceCanAccessPeer(&can, devs[i], devs[j]) != cudaSuccess || !can) {
-                snprintf(why, len, "GPU %d cannot reach GPU %d by CUDA P2P", devs[i], devs[j]);
-                ok = false;
-            }
-        }
+        for (int j = i + 1; j < n && ok; j++)
+            ok = p2p_pair(ids + (size_t)i * BUS_ID, ids + (size_t)j * BUS_ID, why, len);
     drop_errors_since(pending);
     return ok;
 }
 
-static _Atomic bool s_test_fail_devs; /* sp__reg_nccl_test_fail_devs */
+static _Atomic bool s_test_fail_devs;                     /* sp__reg_nccl_test_fail_devs */
+static void (*_Atomic s_test_at_ready)(const char *pool); /* sp__reg_nccl_test_at_ready */
+
+/* Tests: `hook` runs on the growing thread right before the round that readies every rank for
+ * the registration (NULL: none), with the pool's name, so a test can hold that round open. */
+void sp__reg_nccl_test_at_ready(void (*hook)(const char *pool)) {
+    s_test_at_ready = hook;
+}
 
 void sp__reg_nccl_test_fail_devs(bool on) {
     s_test_fail_devs = on;
@@ -274,9 +320,9 @@ void sp__reg_nccl_test_fail_devs(bool on) {
  * whose ok flag carries the outcome: a rank that could not have it after the round would skip
  * the all-gather its node peers wait in, with no deadline. True with *devs_p (NULL on a node of
  * one rank, which gathers nothing); false when host malloc refused it. */
-static bool node_devs(const sp_sym_state_t *st, int **devs_p) {
+static bool node_devs(const sp_sym_state_t *st, char **devs_p) {
     int n = sp__world_local_size(st->world);
-    *devs_p = n > 1 ? malloc(sizeof(int) * (size_t)n) : NULL;
+    *devs_p = n > 1 ? malloc((size_t)BUS_ID * (size_t)n) : NULL;
     if (n > 1 && s_test_fail_devs) {
         free(*devs_p);
         *devs_p = NULL;
@@ -322,6 +368,54 @@ static sp_status_t support_mismatch(const sp_world_t *w, bool symmetric, const c
                      what, mine ? mine : "off");
 }
 
+/* Whether the world still has its NCCL communicator (read under the lock an abort takes). */
+static bool world_has_nccl(sp_world_t *w) {
+    sp__world_nccl_lock(w);
+    bool have = sp__world_nccl_comm(w) != NULL;
+    sp__world_nccl_unlock(w);
+    return have;
+}
+
+/* After the ready round `a` succeeded: the registration in its agreed turn (a->hi[2], rank 0's
+ * ticket), under the world's NCCL lock for the NCCL call alone. NCCL needs its collective calls
+ * on one communicator in the same order on every rank and no two threads in it at once; taking
+ * turns in the order agreed in the round gives both without holding a lock while ranks wait
+ * for each other's rounds (reference/nccl-windows.md 1.4; a turn waits only for registrations
+ * that every rank has already reached). A turn agreed away (a rank without a communicator,
+ * symmetric support differing: *mismatch) is taken and passed on without the NCCL call. */
+static sp_status_t register_in_turn(sp_sym_state_t *st, const sp_agree_t *a, void *base,
+                                    size_t asize, bool *mismatch, ncclWindow_t *win,
+                                    bool *registered, const char *what) {
+    sp_world_t *w = st->world;
+    uint64_t ticket = (uint64_t)a->hi[2];
+    sp_status_t t = sp__world_nccl_wait_turn(w, ticket, what);
+    if (t == SP_ERR_TIMEOUT) /* an earlier turn never ended: neither will the ones after it */
+        sp__world_nccl_order_break(w, "a registration waited out SYMPOOL_SYM_TIMEOUT for its turn");
+    if (t != SP_SUCCESS)
+        return t;
+    sp_status_t s = SP_SUCCESS;
+    if (a->nbad)
+        s = sp__error(SP_ERR_NCCL, SP_SUB_SYM, "%s: a rank has no NCCL communicator (%s)", what,
+                      sp__world_nccl_why(w));
+    else if (a->lo[1] != a->hi[1])
+        *mismatch = true;
+    else {
+        sp__world_nccl_lock(w);
+        ncclComm_t nc = (ncclComm_t)sp__world_nccl_comm(w);
+        ncclResult_t r = nc ? ncclCommWindowRegister(nc, base, asize, win, NCCL_WIN_COLL_SYMMETRIC)
+                            : ncclInvalidUsage;
+        *registered = r == ncclSuccess;
+        /* The error text under the lock: an abort may free the communicator once it is let go. */
+        if (!nc)
+            s = sp__error(SP_ERR_NCCL, SP_SUB_SYM, "%s: %s", what, sp__world_nccl_why(w));
+        else if (!*registered)
+            s = nccl_err(r, nc, "ncclCommWindowRegister");
+        sp__world_nccl_unlock(w);
+    }
+    sp__world_nccl_end_turn(w, ticket);
+    return s;
+}
+
 static sp_status_t nccl_alloc(sp_sym_state_t *st, size_t size, sp_sym_seg_t *seg_p) {
     sp_world_t *w = st->world;
     size_t gran = vmm_granularity(st->device);
@@ -331,7 +425,7 @@ static sp_status_t nccl_alloc(sp_sym_state_t *st, size_t size, sp_sym_seg_t *seg
     char what[128];
     snprintf(what, sizeof what, "NCCL window of %zu bytes for symmetric pool \"%s\"", asize,
              st->name);
-    int *devs = NULL;
+    char *devs = NULL;
     bool have_devs = node_devs(st, &devs);
     sp_agree_t api = {.op = SP_AGREE_NCCL_READY,
                       .ok = window_api_loaded() && have_devs,
@@ -351,29 +445,36 @@ static sp_status_t nccl_alloc(sp_sym_state_t *st, size_t size, sp_sym_seg_t *seg
     free(devs);
     bool symmetric = sp__world_nccl_no_symmetric(w) == NULL;
 
-    /* Every rank ready, then the collective registration, under the world's NCCL lock. */
-    sp__world_nccl_lock(w);
-    ncclComm_t nc = (ncclComm_t)sp__world_nccl_comm(w);
-    sp_agree_t a = {.op = SP_AGREE_NCCL_READY, .ok = nc != NULL, .f = {(int64_t)asize, symmetric}};
+    /* Every rank ready, and the registration's place in the world's order (rank 0's ticket,
+     * handed out now that every rank has reached this growth); no lock held across the round. */
+    void (*at_ready)(const char *) = s_test_at_ready;
+    if (at_ready)
+        at_ready(st->name);
+    int64_t ticket = st->rank == 0 ? (int64_t)sp__world_nccl_ticket(w) : -1;
+    sp_agree_t a = {.op = SP_AGREE_NCCL_READY,
+                    .ok = world_has_nccl(w),
+                    .f = {(int64_t)asize, symmetric, ticket}};
     sp_status_t s = sp__sym_round(st, &a, what);
-    if (s == SP_SUCCESS && a.nbad)
-        s = sp__error(SP_ERR_NCCL, SP_SUB_SYM, "%s: a rank has no NCCL communicator (%s)", what,
-                      sp__world_nccl_why(w));
-    if (s == SP_SUCCESS && a.lo[1] != a.hi[1]) {
+    if (s != SP_SUCCESS) {
+        /* Rank 0 handed out this registration's ticket, and no rank will take its turn (a rank
+         * that timed out or was in another call may not even know it): every later ticket would
+         * wait for it until SYMPOOL_SYM_TIMEOUT. The world's registrations stop here, each
+         * later one refused with the reason at once, on every rank the round failed on. */
+        char why[160];
+        snprintf(why, sizeof why, "the ready round of an earlier registration failed (%s)",
+                 sp_status_name(s));
+        sp__world_nccl_order_break(w, why);
+    }
+    bool mismatch = false;
+    ncclWindow_t win = NULL; /* 2.28 may return success without writing it */
+    bool registered = false;
+    if (s == SP_SUCCESS)
+        s = register_in_turn(st, &a, base, asize, &mismatch, &win, &registered, what);
+    if (mismatch) {
         /* Agreed on every rank before any enters NCCL, so none needs an abort. */
-        sp__world_nccl_unlock(w);
         mem_free(st->device, base);
         return support_mismatch(w, symmetric, what);
     }
-    ncclWindow_t win = NULL; /* 2.28 may return success without writing it */
-    bool registered = false;
-    if (s == SP_SUCCESS) {
-        ncclResult_t r = ncclCommWindowRegister(nc, base, asize, &win, NCCL_WIN_COLL_SYMMETRIC);
-        registered = r == ncclSuccess;
-        if (!registered)
-            s = nccl_err(r, nc, "ncclCommWindowRegister");
-    }
-    sp__world_nccl_unlock(w);
     sp_agree_t c = {.op = SP_AGREE_SYM_REGISTER, .ok = registered, .f = {(int64_t)asize}};
     sp_status_t cs = st->broken ? SP_ERR_TIMEOUT : sp__sym_round(st, &c, what);
     if (cs == SP_SUCCESS && !c.nbad) {
@@ -485,8 +586,11 @@ const sp_registrar_ops_t sp__registrar_nccl = {
 #else
 #include "symmetric/registrar.h"
 
-/* Without NCCL there is no table to fail. */
+/* Without NCCL there is no table to fail and no registration to hold. */
 void sp__reg_nccl_test_fail_devs(bool on) {
     (void)on;
+}
+void sp__reg_nccl_test_at_ready(void (*hook)(const char *pool)) {
+    (void)hook;
 }
 #endif

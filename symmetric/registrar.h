@@ -66,6 +66,10 @@ extern const sp_registrar_ops_t sp__registrar_nccl;
  * it allocates at every growth) as not allocated (on: true), as host malloc refusing it would.
  * A no-op in a build without NCCL. */
 void sp__reg_nccl_test_fail_devs(bool on);
+/* Tests only: `hook` (NULL: none) runs on a growing thread right before the round that readies
+ * every rank for the window registration, with the pool's name, so that a test can hold that
+ * round open on some ranks. A no-op in a build without NCCL. */
+void sp__reg_nccl_test_at_ready(void (*hook)(const char *pool));
 
 /* The registrar SYMPOOL_SYM_REGISTRAR asks for on this world (auto: nccl on cuda, mpi on host).
  * SP_ERR_NOT_SUPPORTED when the choice cannot run here (nccl without NCCL or GPU, mpi on cuda). */

@@ -19,11 +19,14 @@
  *
  * Locking: s_lock guards the hook table, the live-world list and the init bookkeeping;
  * nccl_lock serializes this process's NCCL calls on the world's communicator (NCCL forbids
- * concurrent use of one communicator). A world itself is used by the thread(s) of its rank
- * under MPI's own rules for collectives (the caller orders them).
+ * concurrent use of one communicator), held across one NCCL call at a time and never across an
+ * MPI round; order_lock (a leaf) guards the window registrations' tickets and turn
+ * (sp__world_nccl_ticket), and an abort takes it after nccl_lock is let go. A world itself is used
+ * by the thread(s) of its rank under MPI's own rules for collectives (the caller orders them).
  */
 #include <errno.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -46,6 +49,12 @@ struct sp_world {
     uint64_t callno;            /* world-level collective calls on this rank (atomic) */
     struct sp_world *next_live; /* live-world list (s_lock) */
     pthread_mutex_t nccl_lock;  /* serializes NCCL calls on nccl_comm */
+    /* The order of window registrations (sp__world_nccl_ticket): */
+    pthread_mutex_t order_lock; /* guards the three below; a leaf lock, held for short steps */
+    pthread_cond_t order_cv;    /* signalled when order_turn moves or the order is broken */
+    uint64_t order_next;        /* rank 0: the next ticket to hand out */
+    uint64_t order_turn;        /* the ticket whose registration may run now on this rank */
+    char order_broken[200];     /* why no turn comes any more ("" while it does) */
     MPI_Comm node_comm;         /* ranks of comm that share memory with this one */
     int rank;                   /* rank in comm */
     int size;                   /* ranks in comm */
@@ -251,10 +260,75 @@ void sp__world_nccl_abort(sp_world_t *w, const char *why) {
         w->nccl_comm = NULL;
         snprintf(w->nccl_why, sizeof w->nccl_why, "aborted after: %s", why);
     }
-#else
-    (void)why;
 #endif
     pthread_mutex_unlock(&w->nccl_lock);
+    /* No registration runs on an aborted communicator: whoever waits for a turn fails now. */
+    sp__world_nccl_order_break(w, why);
+}
+
+uint64_t sp__world_nccl_ticket(sp_world_t *w) {
+    pthread_mutex_lock(&w->order_lock);
+    uint64_t t = w->order_next++;
+    pthread_mutex_unlock(&w->order_lock);
+    return t;
+}
+
+/* An absolute CLOCK_REALTIME time `s` seconds from now (pthread_cond_timedwait's clock). */
+static struct timespec realtime_in(double s) {
+    struct timespec t;
+    clock_gettime(CLOCK_REALTIME, &t);
+    time_t whole = (time_t)s;
+    t.tv_sec += whole;
+    t.tv_nsec += (long)((s - (double)whole) * 1e9);
+    if (t.tv_nsec >= 1000000000L) {
+        t.tv_sec++;
+        t.tv_nsec -= 1000000000L;
+    }
+    return t;
+}
+
+sp_status_t sp__world_nccl_wait_turn(sp_world_t *w, uint64_t ticket, const char *what) {
+    double limit = sp__agree_timeout_s();
+    struct timespec until = realtime_in(limit);
+    int rc = 0;
+    pthread_mutex_lock(&w->order_lock);
+    /* Every rank reached this registration's round before the ticket was handed out, and every
+     * earlier ticket's likewise: the wait is for registrations already under way, never for a
+     * call a user has yet to make. The deadline still bounds it (a peer may die meanwhile). */
+    while (w->order_turn != ticket && !w->order_broken[0] && rc != ETIMEDOUT)
+        rc = limit > 0.0 ? pthread_cond_timedwait(&w->order_cv, &w->order_lock, &until)
+                         : pthread_cond_wait(&w->order_cv, &w->order_lock);
+    bool turn = w->order_turn == ticket && !w->order_broken[0];
+    char why[sizeof w->order_broken];
+    snprintf(why, sizeof why, "%s", w->order_broken);
+    uint64_t at = w->order_turn;
+    pthread_mutex_unlock(&w->order_lock);
+    if (turn)
+        return SP_SUCCESS;
+    if (why[0])
+        return sp__error(SP_ERR_NCCL, SP_SUB_SYM,
+                         "%s: no NCCL window registration can run on this world any more: %s", what,
+                         why);
+    return sp__error(SP_ERR_TIMEOUT, SP_SUB_SYM,
+                     "%s: timed out after %g s (SYMPOOL_SYM_TIMEOUT) waiting for its turn to "
+                     "register (turn %llu; registration %llu still runs on this rank)",
+                     what, limit, (unsigned long long)ticket, (unsigned long long)at);
+}
+
+void sp__world_nccl_end_turn(sp_world_t *w, uint64_t ticket) {
+    pthread_mutex_lock(&w->order_lock);
+    if (w->order_turn == ticket)
+        w->order_turn = ticket + 1;
+    pthread_cond_broadcast(&w->order_cv);
+    pthread_mutex_unlock(&w->order_lock);
+}
+
+void sp__world_nccl_order_break(sp_world_t *w, const char *why) {
+    pthread_mutex_lock(&w->order_lock);
+    if (!w->order_broken[0])
+        snprintf(w->order_broken, sizeof w->order_broken, "%s", why && *why ? why : "unknown");
+    pthread_cond_broadcast(&w->order_cv);
+    pthread_mutex_unlock(&w->order_lock);
 }
 
 const char *sp__world_nccl_why(const sp_world_t *w) {
@@ -554,6 +628,8 @@ static sp_status_t world_create(MPI_Comm comm, bool from_init, sp_world_t **worl
     w->comm = w->node_comm = w->agree_comm = MPI_COMM_NULL;
     w->from_init = from_init;
     pthread_mutex_init(&w->nccl_lock, NULL);
+    pthread_mutex_init(&w->order_lock, NULL);
+    pthread_cond_init(&w->order_cv, NULL);
     sp_status_t st;
     scratch_t s = {0};
     /* The duplicates are the first collective steps: bounded by the deadline, so a rank that
@@ -694,6 +770,8 @@ fail:
     free(w->node_of);
     free(w->node_name);
     pthread_mutex_destroy(&w->nccl_lock);
+    pthread_mutex_destroy(&w->order_lock);
+    pthread_cond_destroy(&w->order_cv);
     free(w);
     return st;
 }
@@ -780,6 +858,8 @@ static bool take_live(sp_world_t *w) {
 
 static void free_world(sp_world_t *w) {
     pthread_mutex_destroy(&w->nccl_lock);
+    pthread_mutex_destroy(&w->order_lock);
+    pthread_cond_destroy(&w->order_cv);
     free(w->node_rank_of);
     free(w->node_of);
     free(w->node_name);
@@ -976,8 +1056,14 @@ void sp__world_set_nccl_symmetric(sp_world_t *w, bool on, const char *why) {
      * is written before the state that publishes it, by the one caller that claimed it. */
     int unknown = 0, claimed = 3;
     if (!__atomic_compare_exchange_n(&w->nccl_sym, &unknown, claimed, false, __ATOMIC_ACQ_REL,
-                                     __ATOMIC_ACQUIRE))
+                                     __ATOMIC_ACQUIRE)) {
+        /* Another thread's growth claimed it: wait the few instructions until it publishes, so
+         * that this caller's sp__world_nccl_no_symmetric reads the answer that stands, not "on"
+         * while the claimer is about to say "off" (two pools growing at once). */
+        while (__atomic_load_n(&w->nccl_sym, __ATOMIC_ACQUIRE) == claimed)
+            sched_yield();
         return;
+    }
     if (!on)
         snprintf(w->nccl_sym_why, sizeof w->nccl_sym_why,
                  "NCCL has no symmetric support in this world (%s): its windows are local "

@@ -31,6 +31,20 @@ void sp__world_nccl_unlock(sp_world_t *w);
 /* Abort the world's NCCL communicator (ncclCommAbort, never ncclCommDestroy on an error path:
  * it could wait for peers); later NCCL calls on the world fail with `why`. Takes nccl_lock. */
 void sp__world_nccl_abort(sp_world_t *w, const char *why);
+/* The order of NCCL window registrations on the world's communicator. ncclCommWindowRegister
+ * is collective (every rank, in the same order) and waits inside NCCL for the peers, so the
+ * order is agreed before any rank holds a lock: world rank 0 hands out tickets (0, 1, 2, ...:
+ * sp__world_nccl_ticket, rank 0 only) once every rank has reached the registration, the
+ * registration's agreement round carries the ticket to every rank, and every rank issues the
+ * registrations in ticket order (sp__world_nccl_wait_turn, then the NCCL call under
+ * nccl_lock, then sp__world_nccl_end_turn, also for a registration agreed away). A turn that
+ * never comes is SYMPOOL_SYM_TIMEOUT's error; after sp__world_nccl_order_break (an abort, or a
+ * ticket this rank could not learn) every wait fails at once with the reason. order_lock is a
+ * leaf lock held for short steps only. */
+uint64_t sp__world_nccl_ticket(sp_world_t *w);
+sp_status_t sp__world_nccl_wait_turn(sp_world_t *w, uint64_t ticket, const char *what);
+void sp__world_nccl_end_turn(sp_world_t *w, uint64_t ticket);
+void sp__world_nccl_order_break(sp_world_t *w, const char *why);
 /* Why the world has no NCCL communicator ("aborted after: ..."). */
 const char *sp__world_nccl_why(const sp_world_t *w);
 

@@ -70,10 +70,13 @@ set_tests_properties(cuda_double.torch_harness.host_backend PROPERTIES LABELS cu
   PASS_REGULAR_EXPRESSION "torch-harness: ok" FAIL_REGULAR_EXPRESSION "torch-harness: FAIL")
 
 if(SP_HAVE_MPI)
-  # sympool's NCCL paths with failures injected into the doubles (tests/cuda_double/).
+  # sympool's NCCL paths with failures injected into the doubles (tests/cuda_double/). Some of
+  # its tests grow pools and run collectives from several threads at once: MPI_THREAD_MULTIPLE
+  # (mpi_main.cc compiled in, as sym_threads does).
   add_executable(test_cuda_double_mpi ${PROJECT_SOURCE_DIR}/tests/cuda_double/test_cuda_double_mpi.cc
-    $<TARGET_OBJECTS:sp_test_mpi_main>)
+    ${PROJECT_SOURCE_DIR}/tests/mpi/mpi_main.cc)
   target_compile_options(test_cuda_double_mpi PRIVATE ${SP_WARN_CXX})
+  target_compile_definitions(test_cuda_double_mpi PRIVATE SP_MPI_THREAD_MULTIPLE=1)
   target_include_directories(test_cuda_double_mpi PRIVATE ${CMAKE_CURRENT_SOURCE_DIR}/mpi)
   target_include_directories(test_cuda_double_mpi SYSTEM PRIVATE ${CUDAToolkit_INCLUDE_DIRS}
     ${NCCL_INCLUDE_DIR})
@@ -96,6 +99,30 @@ if(SP_HAVE_MPI)
   set_tests_properties(cuda_double.mpi.test_cuda_double_mpi.old_nccl.np2 PROPERTIES
     LABELS cuda_double TIMEOUT 120
     ENVIRONMENT "${SP_DBL_ENV_MPI};CUDA_DOUBLE_NCCL_VERSION=22703")
+  # Ranks with their own CUDA_VISIBLE_DEVICES (MPMD: one list a rank), where an ordinal names
+  # different GPUs in different processes: "hidden" (rank 0 sees GPU 0, rank 1 GPUs 1,2 and is
+  # on 2) and "reordered" (rank 0 sees 0,1; rank 1 sees 2,1,0 and is on 1; GPUs 0 and 1 have no
+  # P2P).
+  foreach(case hidden reordered)
+    if(case STREQUAL "hidden")
+      set(vis0 0)
+      set(vis1 1,2)
+      set(extra "")
+    else()
+      set(vis0 0,1)
+      set(vis1 2,1,0)
+      set(extra ";CUDA_DOUBLE_NO_P2P=0:1")
+    endif()
+    add_test(NAME cuda_double.mpi.test_cuda_double_mpi.visible_${case}.np2
+      COMMAND ${MPIEXEC_EXECUTABLE} --oversubscribe
+              ${MPIEXEC_NUMPROC_FLAG} 1 -x CUDA_VISIBLE_DEVICES=${vis0}
+              $<TARGET_FILE:test_cuda_double_mpi> --gtest_filter=*GpusBusIdsNotTheRanksOrdinals :
+              ${MPIEXEC_NUMPROC_FLAG} 1 -x CUDA_VISIBLE_DEVICES=${vis1}
+              $<TARGET_FILE:test_cuda_double_mpi> --gtest_filter=*GpusBusIdsNotTheRanksOrdinals)
+    set_tests_properties(cuda_double.mpi.test_cuda_double_mpi.visible_${case}.np2 PROPERTIES
+      LABELS cuda_double TIMEOUT 120
+      ENVIRONMENT "${SP_DBL_ENV_MPI};CUDA_DOUBLE_MEMORY=256MiB;SYMPOOL_SYM_TIMEOUT=20;SP_TEST_VISIBLE_CASE=${case}${extra}")
+  endforeach()
   # NCCL reads NCCL_SYM_KERNEL once a process (2.28.9 src/sym_kernels.cc kernelMask_user): the
   # tests of it run in processes of their own, where the variable is set before any collective.
   foreach(np 2 4)

@@ -22,6 +22,8 @@
 int dbl_device_count(void);
 /* The machine's device behind this process's device `dev` (CUDA_VISIBLE_DEVICES), -1 if none. */
 int dbl_physical(int dev);
+/* Whether two distinct physical devices reach each other by CUDA P2P (CUDA_DOUBLE_NO_P2P). */
+bool dbl_p2p(int phys_a, int phys_b);
 size_t dbl_device_memory(void);
 size_t dbl_granularity(void);
 

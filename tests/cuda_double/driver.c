@@ -11,6 +11,9 @@
  * "CUDA Environment Variables" says: a comma-separated list of device indices, enumeration
  * stopping at the first index that is not a device; the process's device i is then physical
  * device list[i] (its PCI bus id, and NCCL's duplicate-GPU check, go by the physical one).
+ * Every two distinct devices reach each other by CUDA P2P except the pairs of physical devices
+ * CUDA_DOUBLE_NO_P2P lists ("0:1,2:3"), as on a machine whose GPUs sit under different PCIe root
+ * complexes (cudaDeviceCanAccessPeer answers 0 for them, and NCCL's isAllCudaP2p is false).
  *
  * Device memory is not host memory. Each allocation (cudaMalloc's, or a VMM mapping) is an
  * address range reserved PROT_NONE, so a host dereference faults as it does on a GPU; its bytes
@@ -82,6 +85,28 @@ static size_t parse_size(const char *s, size_t dflt) {
     return v ? (size_t)v : dflt;
 }
 
+/* CUDA_DOUBLE_NO_P2P's pairs of physical devices, as a symmetric matrix. */
+static bool g_no_p2p[MAX_DEV][MAX_DEV];
+
+static void no_p2p_init(void) {
+    const char *e = getenv("CUDA_DOUBLE_NO_P2P");
+    for (const char *c = e; c && *c;) {
+        char *end = NULL;
+        long a = strtol(c, &end, 10), b = -1;
+        if (end != c && *end == ':') {
+            c = end + 1;
+            b = strtol(c, &end, 10);
+        }
+        if (end == c || a < 0 || a >= MAX_DEV || b < 0 || b >= MAX_DEV) {
+            fprintf(stderr, "cuda-double: CUDA_DOUBLE_NO_P2P=%s: pairs a:b of devices below %d\n",
+                    e, MAX_DEV);
+            return;
+        }
+        g_no_p2p[a][b] = g_no_p2p[b][a] = true;
+        c = *end == ',' ? end + 1 : end;
+    }
+}
+
 static void machine_init(void) {
     const char *n = getenv("CUDA_DOUBLE_GPUS");
     if (n && *n) {
@@ -92,6 +117,7 @@ static void machine_init(void) {
         }
     }
     g_mem = parse_size(getenv("CUDA_DOUBLE_MEMORY"), g_mem);
+    no_p2p_init();
     for (int i = 0; i < MAX_DEV; i++)
         g_phys[i] = i;
     const char *vis = getenv("CUDA_VISIBLE_DEVICES");
@@ -116,6 +142,12 @@ static void machine(void) {
 DBL_EXPORT int dbl_physical(int dev) {
     machine();
     return dev >= 0 && dev < g_ndev ? g_phys[dev] : -1;
+}
+
+DBL_EXPORT bool dbl_p2p(int phys_a, int phys_b) {
+    machine();
+    return phys_a != phys_b && phys_a >= 0 && phys_a < MAX_DEV && phys_b >= 0 && phys_b < MAX_DEV &&
+           !g_no_p2p[phys_a][phys_b];
 }
 
 DBL_EXPORT int dbl_device_count(void) {

@@ -377,7 +377,10 @@ ncclResult_t ncclCommInitRank(ncclComm_t *out, int nranks, ncclUniqueId id, int 
                          "Duplicate GPU detected : rank %d and rank %d both on CUDA device %d", i,
                          j, h->dev[i]);
     /* nNodes counts distinct host hashes. symmetricSupport is isAllCudaP2p (CUDA P2P between
-     * every pair of this node's GPUs: distinct devices here always are) && NCCL_WIN_ENABLE &&
+     * every pair of this node's GPUs, by their bus ids, whichever this process sees: 2.28.9
+     * src/transport.cc ncclTransportCheckP2pType over the node's ranks, src/transport/p2p.cc
+     * p2pCanConnect, which asks cudaDeviceCanAccessPeer for devices visible here and goes by the
+     * topology for the others; the double's topology is CUDA_DOUBLE_NO_P2P) && NCCL_WIN_ENABLE &&
      * cuMem (src/init.cc:1376): NCCL_WIN_ENABLE defaults to 1, off at 0 (src/init.cc:58);
      * ncclCuMemEnable is on at a positive NCCL_CUMEM_ENABLE and at -2, the default, auto (cuMem
      * works here), off at 0 and any other negative value (src/misc/cudawrap.cc:15, :45-49). */
@@ -389,8 +392,15 @@ ncclResult_t ncclCommInitRank(ncclComm_t *out, int nranks, ncclUniqueId id, int 
         nnodes += !seen;
     }
     c->nnodes = nnodes;
+    bool all_p2p = true;
+    for (int i = 0; i < nranks; i++)
+        for (int j = i + 1; j < nranks; j++)
+            if (h->host[i] == h->host[j] && h->dev[i] != h->dev[j] &&
+                !dbl_p2p(h->dev[i], h->dev[j]))
+                all_p2p = false;
     long long cumem = nccl_param("NCCL_CUMEM_ENABLE", -2);
-    c->symmetric_support = nccl_param("NCCL_WIN_ENABLE", 1) != 0 && (cumem > 0 || cumem == -2);
+    c->symmetric_support =
+        all_p2p && nccl_param("NCCL_WIN_ENABLE", 1) != 0 && (cumem > 0 || cumem == -2);
     ncclResult_t r2 = barrier(c, "ncclCommInitRank"); /* nobody reuses arg[] before all checked */
     if (r == ncclSuccess)
         r = r2;

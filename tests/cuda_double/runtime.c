@@ -483,14 +483,44 @@ DBL_EXPORT cudaError_t cudaDeviceSynchronize(void) {
     return cudaSuccess;
 }
 
+/* cuda_runtime_api.h: "Returns in *canAccessPeer a value of 1 if device device is capable of
+ * directly accessing memory from peerDevice and 0 otherwise"; both are this process's ordinals
+ * (cudaErrorInvalidDevice otherwise). The answer goes by the physical devices behind them. */
 DBL_EXPORT cudaError_t cudaDeviceCanAccessPeer(int *can, int dev, int peer) {
     RT_ENTER("cudaDeviceCanAccessPeer");
     int n = dbl_device_count();
     if (!can || dev < 0 || dev >= n || peer < 0 || peer >= n)
         return rt_fail("cudaDeviceCanAccessPeer", cudaErrorInvalidDevice, "devices %d, %d of %d",
                        dev, peer, n);
-    *can = dev != peer;
+    *can = dev != peer && dbl_p2p(dbl_physical(dev), dbl_physical(peer));
     return cudaSuccess;
+}
+
+/* cuda_runtime_api.h: "Returns in *device a device ordinal given a PCI bus ID string", in the
+ * forms [domain]:[bus]:[device].[function], [domain]:[bus]:[device] or [bus]:[device].[function]
+ * (hexadecimal); a bus id no visible device has is cudaErrorInvalidDevice (a device hidden by
+ * CUDA_VISIBLE_DEVICES has no ordinal here). The doubles' devices are domain 0, device 0,
+ * function 0, on bus 0x10 + the physical device (cudaDeviceGetPCIBusId). */
+DBL_EXPORT cudaError_t cudaDeviceGetByPCIBusId(int *device, const char *pciBusId) {
+    RT_ENTER("cudaDeviceGetByPCIBusId");
+    if (!device || !pciBusId)
+        return rt_fail("cudaDeviceGetByPCIBusId", cudaErrorInvalidValue, "NULL");
+    unsigned dom = 0, bus = 0, dv = 0, fn = 0;
+    char tail = 0;
+    int k = sscanf(pciBusId, "%x:%x:%x.%x%c", &dom, &bus, &dv, &fn, &tail);
+    if (k != 3 && k != 4) { /* else [domain]:[bus]:[device] or with .[function] */
+        dom = fn = 0;
+        tail = 0;
+        if (sscanf(pciBusId, "%x:%x.%x%c", &bus, &dv, &fn, &tail) != 3)
+            return rt_fail("cudaDeviceGetByPCIBusId", cudaErrorInvalidValue, "\"%s\"", pciBusId);
+    }
+    for (int d = 0; d < dbl_device_count(); d++)
+        if (dom == 0 && dv == 0 && fn == 0 && bus == 0x10u + (unsigned)dbl_physical(d)) {
+            *device = d;
+            return cudaSuccess;
+        }
+    return rt_fail("cudaDeviceGetByPCIBusId", cudaErrorInvalidDevice, "no visible device at %s",
+                   pciBusId);
 }
 
 DBL_EXPORT cudaError_t cudaRuntimeGetVersion(int *v) {

@@ -8,9 +8,15 @@
 
 #include <dlfcn.h>
 
+#include <chrono>
+#include <condition_variable>
 #include <cstdlib>
 #include <cstring>
+#include <map>
+#include <mutex>
+#include <set>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <cuda_runtime_api.h>
@@ -21,6 +27,7 @@ extern "C" {
 #include "world/world.h"
 #include <sympool/collectives.h>
 void sp__reg_nccl_test_fail_devs(bool on);
+void sp__reg_nccl_test_at_ready(void (*hook)(const char *pool));
 }
 
 namespace {
@@ -226,6 +233,125 @@ TEST_F(CudaDoubleMpi, NodeDeviceTableOutOfHostMemoryOnOneRankFailsEveryRank) {
     EXPECT_EQ(hook<int (*)()>("cuda_double_live_vmm_handles")(), 0) << "nothing was allocated";
     ASSERT_SP_OK(sp_symmetric_malloc(pool_, 4096, nullptr, &a));
     EXPECT_SP_OK(sp_free(a));
+}
+
+// Events of this rank's threads, for the tests that hold a registration's ready round open:
+// sp__reg_nccl_test_at_ready's hook, called on a growing thread right before that round, notes
+// "<pool> entered", waits for the event the test named for its pool (if any), then notes
+// "<pool> at ready". The
+// wait is bounded by three SYMPOOL_SYM_TIMEOUTs only so that a lock held across the hook (the
+// defect these tests catch) ends in the growth's timeout instead of a hang: no assertion is
+// about time.
+struct Events {
+    std::mutex mu;
+    std::condition_variable cv;
+    std::set<std::string> seen;
+    std::map<std::string, std::string> before; // pool -> the event its ready round waits for
+    void note(const std::string &e) {
+        std::lock_guard<std::mutex> l(mu);
+        seen.insert(e);
+        cv.notify_all();
+    }
+    void wait(const std::string &e) {
+        std::unique_lock<std::mutex> l(mu);
+        cv.wait_for(l, std::chrono::duration<double>(3 * sp__agree_timeout_s() + 1),
+                    [&] { return seen.count(e) != 0; });
+    }
+};
+Events *g_events;
+void at_ready(const char *pool) {
+    g_events->note(std::string(pool) + " entered");
+    auto it = g_events->before.find(pool);
+    if (it != g_events->before.end())
+        g_events->wait(it->second);
+    g_events->note(std::string(pool) + " at ready");
+}
+
+// One growth of `pool` by `size` bytes, its status and message kept. It notes both events when
+// it returns too, so that nothing waits for a growth that failed before the round.
+struct Growth {
+    sp_status_t s = SP_ERR_INTERNAL;
+    std::string msg;
+    void *p = nullptr;
+    void run(sp_mempool_t *pool, const char *name, size_t size) {
+        s = sp_symmetric_malloc(pool, size, nullptr, &p);
+        msg = s == SP_SUCCESS ? "" : sp_last_error();
+        g_events->note(std::string(name) + " entered");
+        g_events->note(std::string(name) + " at ready");
+    }
+};
+
+// Two symmetric pools grown at once from two threads, reaching their registrations in opposite
+// orders on neighbouring ranks (even ranks "ord_a" first, odd ranks "ord_b" first: the other
+// pool's ready round waits for it): both windows register on every rank. With the world's NCCL
+// lock held across the ready round, each rank's first pool held it while waiting there for the
+// peers' same pool, whose thread waited for the lock held by the other pool: both growths failed
+// with SYMPOOL_SYM_TIMEOUT. The sizes differ, so two registrations issued in different orders on
+// two ranks fail in the double (2.28 needs equal sizes on every rank) instead of passing unseen.
+TEST_F(CudaDoubleMpi, TwoPoolsGrowingInOppositeOrdersOnTwoThreadsBothRegister) {
+    NEED_DOUBLE();
+    SP_SKIP_BELOW_RANKS(2);
+    make_pool(false, false, "ord_a");
+    sp_mempool_t *b = nullptr;
+    ASSERT_SP_OK(sym_pool_create(world_, "ord_b", false, &b));
+    const bool even = mpi_rank() % 2 == 0;
+    Events ev;
+    ev.before[even ? "ord_b" : "ord_a"] = even ? "ord_a at ready" : "ord_b at ready";
+    g_events = &ev;
+    sp__reg_nccl_test_at_ready(at_ready);
+    Growth ga, gb;
+    std::thread ta([&] { ga.run(pool_, "ord_a", 6u << 20); });
+    std::thread tb([&] { gb.run(b, "ord_b", 10u << 20); });
+    ta.join();
+    tb.join();
+    sp__reg_nccl_test_at_ready(nullptr);
+    EXPECT_EQ(ga.s, SP_SUCCESS) << ga.msg;
+    EXPECT_EQ(gb.s, SP_SUCCESS) << gb.msg;
+    // Both windows work: a collective on each pool's memory runs on every rank.
+    if (ga.p && gb.p) {
+        EXPECT_SP_OK(sp_allreduce(world_, ga.p, ga.p, 1024, SP_FLOAT32, SP_SUM, nullptr));
+        EXPECT_SP_OK(sp_allreduce(world_, gb.p, gb.p, 1024, SP_FLOAT32, SP_SUM, nullptr));
+    }
+    if (ga.p)
+        EXPECT_SP_OK(sp_free(ga.p));
+    if (gb.p)
+        EXPECT_SP_OK(sp_free(gb.p));
+    EXPECT_SP_OK(sp_symmetric_mempool_destroy(b));
+}
+
+// A collective on another thread while a growth waits in its registration's ready round: on
+// every rank but 0 the growth's ready round waits until this rank's collective has returned,
+// and rank 0 starts its collective only once its growth is at that round; the round cannot
+// complete before the collectives do, with no timing involved. (The other ranks start theirs
+// once their growth is there too, so that no rank's collective waits out a whole growth.) With the
+// world's NCCL lock held across that round, rank 0's collective waited for the lock, and the growth
+// failed at SYMPOOL_SYM_TIMEOUT.
+TEST_F(CudaDoubleMpi, ACollectiveRunsWhileAGrowthWaitsInItsReadyRound) {
+    NEED_DOUBLE();
+    SP_SKIP_BELOW_RANKS(2);
+    make_pool(false, false, "held");
+    void *c = nullptr;
+    ASSERT_SP_OK(sp_malloc(4096, sp_world_device(world_), nullptr, &c));
+    put(c, std::vector<int32_t>(16, 1));
+    Events ev;
+    if (mpi_rank() != 0)
+        ev.before["held"] = "collective done";
+    g_events = &ev;
+    sp__reg_nccl_test_at_ready(at_ready);
+    Growth g;
+    std::thread t([&] { g.run(pool_, "held", 6u << 20); });
+    ev.wait(mpi_rank() == 0 ? "held at ready" : "held entered");
+    sp_status_t sc = sp_allreduce(world_, c, c, 16, SP_INT32, SP_SUM, nullptr);
+    std::string msg = sc == SP_SUCCESS ? "" : sp_last_error();
+    ev.note("collective done");
+    t.join();
+    sp__reg_nccl_test_at_ready(nullptr);
+    EXPECT_EQ(sc, SP_SUCCESS) << msg;
+    EXPECT_EQ(g.s, SP_SUCCESS) << g.msg;
+    EXPECT_EQ(get<int32_t>(c, 1)[0], mpi_size());
+    if (g.p)
+        EXPECT_SP_OK(sp_free(g.p));
+    EXPECT_SP_OK(sp_free(c));
 }
 
 TEST_F(CudaDoubleMpi, RegistrationFailureOnEveryRankAbortsAndFrees) {
@@ -732,6 +858,45 @@ TEST_F(CudaDoubleMpi, SymmetricSupportDifferingAcrossRanksFailsEveryRank) {
 // ncclLoadParam: strtoll, base 0, so "false" is 0) and has cuMem off at any negative value but -2,
 // auto (src/misc/cudawrap.cc:45-49): either way no symmetric support (src/init.cc:1376), so no
 // symmetric kernel, and sympool counts no call eligible.
+// Ranks started with different CUDA_VISIBLE_DEVICES, where one ordinal names different GPUs (or
+// none) in different processes (its own ctests, cuda_double.mpi.test_cuda_double_mpi.visible_*,
+// give each rank its list and SP_TEST_VISIBLE_CASE): whether the node's GPUs reach each other by
+// P2P goes by their bus ids, as NCCL's own decision does, so every rank gives NCCL's answer and
+// the growth works. Judged by the ranks' ordinals, "hidden" (rank 0 sees GPU 0 alone, rank 1 sees
+// GPUs 1 and 2 and is on 2, its ordinal 1) had rank 0 ask CUDA about an ordinal it has no device
+// of, and "reordered" (rank 0 sees 0,1 and is on 0; rank 1 sees 2,1,0 and is on 1; GPUs 0 and 1
+// have no P2P) had rank 1 ask about GPUs 2 and 1: either way the ranks' answers differed, and every
+// growth failed as a symmetric support mismatch.
+TEST_F(CudaDoubleMpi, SymmetricSupportGoesByTheGpusBusIdsNotTheRanksOrdinals) {
+    NEED_DOUBLE();
+    const char *c = std::getenv("SP_TEST_VISIBLE_CASE");
+    if (!c)
+        GTEST_SKIP() << "runs with per-rank CUDA_VISIBLE_DEVICES (its own ctests)";
+    SP_SKIP_BELOW_RANKS(2);
+    const bool reordered = std::strcmp(c, "reordered") == 0;
+    if (reordered)
+        expect_warnings(); // "NCCL has no symmetric support in this world"
+    MAKE_ONE_NODE_POOL("visible");
+    void *a = nullptr;
+    ASSERT_EQ(sp_symmetric_malloc(pool_, 4096, nullptr, &a), SP_SUCCESS) << sp_last_error();
+    const char *off = sp__world_nccl_no_symmetric(world_);
+    if (reordered) {
+        ASSERT_NE(off, nullptr);
+        EXPECT_NE(std::string(off).find("cannot reach GPU"), std::string::npos) << off;
+    } else {
+        EXPECT_EQ(off, nullptr) << off;
+    }
+    // sympool's answer is NCCL's: a collective it counts eligible is one NCCL runs symmetric.
+    uint64_t e0 = 0, f0 = 0, e1 = 0, f1 = 0;
+    sp__world_collective_counts(world_, &e0, &f0);
+    const long k0 = nccl_symmetric_kernels();
+    ASSERT_SP_OK(sp_allreduce(world_, a, a, 64, SP_FLOAT32, SP_SUM, nullptr));
+    sp__world_collective_counts(world_, &e1, &f1);
+    EXPECT_EQ((long)(e1 - e0), nccl_symmetric_kernels() - k0);
+    EXPECT_EQ(e1 - e0, reordered ? 0u : 1u);
+    EXPECT_SP_OK(sp_free(a));
+}
+
 TEST_F(CudaDoubleMpi, NcclSwitchesAreReadAsNcclReadsThem) {
     NEED_DOUBLE();
     SP_SKIP_BELOW_RANKS(2);
