@@ -1233,6 +1233,14 @@ static inline __attribute__((always_inline)) size_t ref_run(const parser_t *ps,
                 t = ~(unsigned)_mm_movemask_epi8(_mm_cmpeq_epi8(v, _mm_set1_epi8('h')));
                 t &= 0x5555u;
                 k = t ? (unsigned)__builtin_ctz(t) >> 1 : 8;
+                /* Eight in a row (a stack's frames, in runs of dozens): the next sixteen
+                 * bytes in the same step, while they are eight more. */
+                for (size_t more = k; more == 8 && len - pos - 2 * k >= 16; k += more) {
+                    __m128i w = _mm_loadu_si128((const __m128i *)(const void *)(p + pos + 2 * k));
+                    t = ~(unsigned)_mm_movemask_epi8(_mm_cmpeq_epi8(w, _mm_set1_epi8('h')));
+                    t &= 0x5555u;
+                    more = t ? (unsigned)__builtin_ctz(t) >> 1 : 8;
+                }
                 ok = refs_defined(ps, p + pos, k, 2, 1, below);
                 pos += 2 * ok;
             } else if (p[pos] == 'j') {
