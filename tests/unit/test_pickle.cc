@@ -2827,3 +2827,60 @@ TEST(PickleRead, LongRunsOfBingetsInSkippedStacksReadAsWhole) {
         }
     }
 }
+
+// Every dict the record hook takes is a value of the document, counted against max_values as
+// any other (record_fast makes it inline): a trace of one more entry needs one more value, and
+// one value short of what it needs fails at the value that is one too many.
+TEST(PickleRead, TakenDictsCountAgainstTheValueLimit) {
+    // As PyTorch's pickler writes a trace: every dict memoized, the keys and the action memo
+    // references from the second entry on (the record hook's one-pass path takes those).
+    auto trace = [](int entries) {
+        Bytes b = {0x80, 4, ']', 0x94, '('}; // memo 0: the list
+        auto str = [&](const char *x) {
+            b.insert(b.end(), {0x8c, (unsigned char)strlen(x)});
+            b.insert(b.end(), x, x + strlen(x));
+            b.push_back(0x94);
+        };
+        b.insert(b.end(), {'}', 0x94, '('}); // memo 1; "action" 2, "alloc" 3, "addr" 4, "size" 5
+        str("action");
+        str("alloc");
+        str("addr");
+        b.insert(b.end(), {'K', 0});
+        str("size");
+        b.insert(b.end(), {'K', 1, 'u'});
+        for (int i = 1; i < entries; i++) {
+            b.insert(b.end(), {'}', 0x94, '(', 'h', 2, 'h', 3, 'h', 4, 'J', (unsigned char)i,
+                               (unsigned char)(i >> 8), 0, 0, 'h', 5, 'K', 1, 'u'});
+        }
+        b.insert(b.end(), {'e', '.'});
+        return b;
+    };
+    auto take = [](void *, pk_value_t *const *, size_t, uint64_t *id_p) {
+        *id_p = 0;
+        return 1;
+    };
+    // The fewest values each loads with.
+    auto fewest = [&](const Bytes &b, std::string *short_err) {
+        for (size_t m = 1; m < 1000; m++) {
+            pk_limits_t lim;
+            pk_limits_default(&lim);
+            lim.max_values = m;
+            char err[256] = "";
+            pk_doc_t *d = nullptr;
+            bool ok = pk_parse_records(b.data(), b.size(), &lim, "frames", take, nullptr, &d, err,
+                                       sizeof err);
+            pk_free(d);
+            if (ok)
+                return m;
+            *short_err = err;
+        }
+        return (size_t)0;
+    };
+    std::string e50, e51;
+    size_t m50 = fewest(trace(50), &e50), m51 = fewest(trace(51), &e51);
+    ASSERT_GT(m50, 50u);
+    EXPECT_EQ(m51, m50 + 1);
+    EXPECT_EQ(e51.rfind("pickle: more than " + std::to_string(m51 - 1) + " values at offset ", 0),
+              0u)
+        << e51;
+}
