@@ -1162,22 +1162,22 @@ static bool end_of_skip(const parser_t *ps, unsigned op, const unsigned char *a)
 
 /* How many of the k memo references at b (stride bytes apart, each an opcode and an n-byte key)
  * in a row name a key that is set: a skipped value's references are not followed, but one to a
- * key never set is refused there as anywhere (the general loop reports it). Without holes, the
- * keys below memoused are the ones set, known without a look at the memo (every BINGET's, once
- * 256 slots are). */
-static inline __attribute__((always_inline)) size_t
-refs_defined(const parser_t *ps, const unsigned char *b, size_t k, size_t stride, size_t n) {
-    if (!ps->memo_holes) {
-        if (n == 1 && ps->memoused >= 256)
-            return k;
-        size_t top = 0; /* the largest key, compared once */
-        for (size_t i = 0; i < k; i++) {
-            size_t idx = (size_t)le_uint(b + i * stride + 1, n);
-            top = idx > top ? idx : top;
-        }
-        if (top < ps->memoused)
-            return k;
+ * key never set is refused there as anywhere (the general loop reports it). The keys below
+ * set_below are set, known without a look at the memo (memoused without holes, else 0: see
+ * memo_set_below()); every BINGET's is once 256 slots are. */
+static inline __attribute__((always_inline)) size_t refs_defined(const parser_t *ps,
+                                                                 const unsigned char *b, size_t k,
+                                                                 size_t stride, size_t n,
+                                                                 size_t set_below) {
+    if (n == 1 && set_below >= 256)
+        return k;
+    size_t top = 0; /* the largest key, compared once */
+    for (size_t i = 0; i < k; i++) {
+        size_t idx = (size_t)le_uint(b + i * stride + 1, n);
+        top = idx > top ? idx : top;
     }
+    if (top < set_below)
+        return k;
     for (size_t i = 0; i < k; i++) {
         size_t idx = (size_t)le_uint(b + i * stride + 1, n);
         if (idx >= ps->memocap || ps->memo[idx] == NULL)
@@ -1188,21 +1188,25 @@ refs_defined(const parser_t *ps, const unsigned char *b, size_t k, size_t stride
 
 /* refs_defined of four LONG_BINGETs in a row (a step of skip_fast's), their keys read as words:
  * the commonest case, once a snapshot's memo has 256 slots. */
-static inline __attribute__((always_inline)) size_t four_refs_defined(const parser_t *ps,
-                                                                      const unsigned char *b) {
-    if (!ps->memo_holes) {
-        uint32_t x[4];
-        for (int i = 0; i < 4; i++) {
-            memcpy(&x[i], b + 5 * i + 1, sizeof(x[i]));
+static inline __attribute__((always_inline)) size_t
+four_refs_defined(const parser_t *ps, const unsigned char *b, size_t set_below) {
+    uint32_t x[4];
+    for (int i = 0; i < 4; i++) {
+        memcpy(&x[i], b + 5 * i + 1, sizeof(x[i]));
 #if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
-            x[i] = __builtin_bswap32(x[i]);
+        x[i] = __builtin_bswap32(x[i]);
 #endif
-        }
-        uint32_t a = x[0] > x[1] ? x[0] : x[1], c = x[2] > x[3] ? x[2] : x[3];
-        if ((a > c ? a : c) < ps->memoused)
-            return 4;
     }
-    return refs_defined(ps, b, 4, 5, 4);
+    uint32_t a = x[0] > x[1] ? x[0] : x[1], c = x[2] > x[3] ? x[2] : x[3];
+    if ((a > c ? a : c) < set_below)
+        return 4;
+    return refs_defined(ps, b, 4, 5, 4, set_below);
+}
+
+/* The memo keys below which every key is set (refs_defined): memoused, or 0 once a put left a
+ * hole below it. Read once per run of references: nothing a run does sets a slot. */
+static inline __attribute__((always_inline)) size_t memo_set_below(const parser_t *ps) {
+    return ps->memo_holes ? 0 : ps->memoused;
 }
 
 /* A run of whole memo references (BINGET, LONG_BINGET) from pos, each to a key that is set:
@@ -1212,6 +1216,10 @@ static inline __attribute__((always_inline)) size_t ref_run(const parser_t *ps,
                                                             const unsigned char *p, size_t len,
                                                             size_t pos, size_t *count_p,
                                                             bool *undefined_p) {
+    /* In locals, not through the pointers: a store to *count_p could be one to ps->memoused for
+     * all the compiler knows, and then every step read the memo's state again. */
+    const size_t below = memo_set_below(ps);
+    size_t count = 0;
     for (;;) {
 #if defined(__SSE2__)
         if (len - pos >= 20) {
@@ -1225,7 +1233,15 @@ static inline __attribute__((always_inline)) size_t ref_run(const parser_t *ps,
                 t = ~(unsigned)_mm_movemask_epi8(_mm_cmpeq_epi8(v, _mm_set1_epi8('h')));
                 t &= 0x5555u;
                 k = t ? (unsigned)__builtin_ctz(t) >> 1 : 8;
-                ok = refs_defined(ps, p + pos, k, 2, 1);
+                /* Eight in a row (a stack's frames, in runs of dozens): the next sixteen
+                 * bytes in the same step, while they are eight more. */
+                for (size_t more = k; more == 8 && len - pos - 2 * k >= 16; k += more) {
+                    __m128i w = _mm_loadu_si128((const __m128i *)(const void *)(p + pos + 2 * k));
+                    t = ~(unsigned)_mm_movemask_epi8(_mm_cmpeq_epi8(w, _mm_set1_epi8('h')));
+                    t &= 0x5555u;
+                    more = t ? (unsigned)__builtin_ctz(t) >> 1 : 8;
+                }
+                ok = refs_defined(ps, p + pos, k, 2, 1, below);
                 pos += 2 * ok;
             } else if (p[pos] == 'j') {
                 t = ~(unsigned)_mm_movemask_epi8(_mm_cmpeq_epi8(v, _mm_set1_epi8('j')));
@@ -1233,12 +1249,13 @@ static inline __attribute__((always_inline)) size_t ref_run(const parser_t *ps,
                 /* ctz / 5 for ctz in {0, 5, 10, 15}, as a multiply: written as a division, it
                  * became a div instruction where record_fast inlines this loop */
                 k = t ? (unsigned)__builtin_ctz(t) * 205u >> 10 : 4;
-                ok = k == 4 ? four_refs_defined(ps, p + pos) : refs_defined(ps, p + pos, k, 5, 4);
+                ok = k == 4 ? four_refs_defined(ps, p + pos, below)
+                            : refs_defined(ps, p + pos, k, 5, 4, below);
                 pos += 5 * ok;
             } else {
                 break;
             }
-            *count_p += ok;
+            count += ok;
             if (ok < k) {
                 *undefined_p = true;
                 break;
@@ -1257,8 +1274,8 @@ static inline __attribute__((always_inline)) size_t ref_run(const parser_t *ps,
             uint64_t x = w ^ 0x6868686868686868ull; /* 'h' bytes: 0 */
             uint64_t hi = (((x & lo7) + lo7) | x) & 0x0080008000800080ull;
             size_t k = hi ? (size_t)__builtin_ctzll(hi) >> 4 : 4;
-            size_t ok = refs_defined(ps, p + pos, k, 2, 1);
-            *count_p += ok;
+            size_t ok = refs_defined(ps, p + pos, k, 2, 1, below);
+            count += ok;
             pos += 2 * ok;
             if (ok < k) {
                 *undefined_p = true;
@@ -1272,13 +1289,14 @@ static inline __attribute__((always_inline)) size_t ref_run(const parser_t *ps,
                                                       : 0;
         if (n1 == 0)
             break;
-        if (refs_defined(ps, p + pos, 1, 0, n1) == 0) {
+        if (refs_defined(ps, p + pos, 1, 0, n1, below) == 0) {
             *undefined_p = true;
             break;
         }
         pos += 1 + n1;
-        (*count_p)++;
+        count++;
     }
+    *count_p += count;
     return pos;
 }
 
@@ -1789,9 +1807,21 @@ static bool record_fast(parser_t *ps) {
     /* SETITEMS at p[pos]: the dict is made (as the general loop makes it at its EMPTY_DICT) and
      * offered to the hook. */
     ps->op = ps->pos - 1;
-    pk_value_t *v = new_value(ps, PK_DICT);
-    if (v == NULL)
+    /* The dict's value, as new_value makes it: inline, as a call it cost some 37 instructions
+     * a trace entry */
+    pk_doc_t *d = ps->doc;
+    pk_value_t *v;
+    if (d->values != NULL && d->values->used < VALUES_PER_CHUNK &&
+        d->nvalues < ps->lim.max_values) {
+        v = &d->values->v[d->values->used++];
+        d->nvalues++;
+        /* What new_value makes of it, but u.u, set below, and padding */
+        v->type = PK_DICT;
+        v->unhashable = false;
+        v->u.seq.n = v->u.seq.cap = 0;
+    } else if ((v = new_value(ps, PK_DICT)) == NULL) {
         goto undo; /* the general loop fails there the same */
+    }
     uint64_t id = 0;
     if (ps->rec_fn(ps->rec_arg, pairs, 2 * np, &id) <= 0) {
         /* Left a dict (or out of memory): the general loop offers it again and decides. v was

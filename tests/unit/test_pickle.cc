@@ -2730,3 +2730,157 @@ TEST(PickleRead, RecordsPathPutPastTheNextIndexLeavesAHole) {
 }
 
 } // namespace
+
+// Skipped stacks of one long run of BINGETs (the readers take up to eight at once, then sixteen
+// more bytes at a time while they are eight more), of every length around those steps and in
+// both memo states (under 256 slots set, where every key is compared with the count, and over,
+// where a BINGET's key is set without a look): the three readers read the same entries; every
+// cut, and a key never set at every place of every run, fail alike (under ASan: no read past
+// the cut).
+TEST(PickleRead, LongRunsOfBingetsInSkippedStacksReadAsWhole) {
+    const int lens[] = {1, 7, 8, 9, 15, 16, 17, 23, 24, 25, 31, 32, 33, 40, 64};
+    for (int ints : {100, 300}) {
+        SCOPED_TRACE("memoized ints " + std::to_string(ints));
+        // Memo 0: the root list, 1..3: "action", "alloc", "frames", 4.. the ints (in the first
+        // entry's stack).
+        Bytes b = {0x80, 4, ']', 0x94, '('};
+        auto str = [&](const char *s) {
+            b.push_back(0x8c);
+            b.push_back((unsigned char)strlen(s));
+            b.insert(b.end(), s, s + strlen(s));
+            b.push_back(0x94);
+        };
+        b.insert(b.end(), {'}', '('});
+        str("action");
+        str("alloc");
+        str("frames");
+        b.insert(b.end(), {']', '('});
+        for (int i = 0; i < ints; i++)
+            b.insert(b.end(), {'M', (unsigned char)i, (unsigned char)(i >> 8), 0x94});
+        b.insert(b.end(), {'e', 'u'});
+        std::vector<size_t> refs; // every BINGET's offset in the runs
+        for (int len : lens) {
+            b.insert(b.end(), {'}', '(', 'h', 1, 'h', 2, 'h', 3, ']', '('});
+            for (int i = 0; i < len; i++) {
+                refs.push_back(b.size());
+                b.insert(b.end(), {'h', (unsigned char)(4 + (i * 7) % 96)});
+            }
+            b.insert(b.end(), {'e', 'u'});
+        }
+        b.insert(b.end(), {'e', '.'});
+        auto take = [](void *arg, pk_value_t *const *, size_t, uint64_t *id_p) {
+            *id_p = (*(uint64_t *)arg)++;
+            return 1;
+        };
+        char err[256] = "";
+        pk_doc_t *plain = nullptr;
+        ASSERT_TRUE(pk_parse(b.data(), b.size(), nullptr, &plain, err, sizeof err)) << err;
+        const size_t n = sizeof lens / sizeof lens[0];
+        ASSERT_EQ(pk_len(pk_root(plain)), n + 1);
+        for (size_t k = 0; k < n; k++)
+            EXPECT_EQ(pk_len(pk_get(pk_at(pk_root(plain), k + 1), "frames")), (size_t)lens[k]);
+        pk_free(plain);
+        // The readers that skip the stacks: every entry, each its own dict.
+        pk_doc_t *skip = nullptr, *recs = nullptr;
+        ASSERT_TRUE(pk_parse_skip(b.data(), b.size(), nullptr, "frames", &skip, err, sizeof err))
+            << err;
+        uint64_t taken = 0;
+        ASSERT_TRUE(pk_parse_records(b.data(), b.size(), nullptr, "frames", take, &taken, &recs,
+                                     err, sizeof err))
+            << err;
+        EXPECT_EQ(pk_len(pk_root(skip)), n + 1);
+        for (size_t k = 0; k <= n; k++)
+            EXPECT_STREQ(pk_get_str(pk_at(pk_root(skip), k), "action"), "alloc");
+        EXPECT_EQ(pk_len(pk_root(recs)), n + 1);
+        EXPECT_EQ(taken, n + 1);
+        pk_free(skip);
+        pk_free(recs);
+        auto plain_err = [](const Bytes &c) {
+            char e[256] = "";
+            pk_doc_t *d = nullptr;
+            EXPECT_FALSE(pk_parse(c.data(), c.size(), nullptr, &d, e, sizeof e));
+            pk_free(d);
+            return std::string(e);
+        };
+        for (size_t cut = refs.front(); cut < b.size(); cut++) {
+            Bytes c(b.begin(), b.begin() + (long)cut);
+            TwoReads r = read_skip_and_records(c, take);
+            std::string want = plain_err(c);
+            EXPECT_EQ(r.skip_err, want) << "cut at " << cut;
+            EXPECT_EQ(r.rec_err, want) << "cut at " << cut;
+        }
+        // Key 250: never set (under 256 slots), or set (over), at every place of every run.
+        for (size_t at : refs) {
+            Bytes c = b;
+            c[at + 1] = 250;
+            TwoReads r = read_skip_and_records(c, take);
+            if (ints < 250) {
+                std::string want =
+                    "pickle: memo key 250 is not defined at offset " + std::to_string(at);
+                EXPECT_EQ(plain_err(c), want);
+                EXPECT_EQ(r.skip_err, want);
+                EXPECT_EQ(r.rec_err, want);
+            } else {
+                EXPECT_TRUE(r.skip_ok) << r.skip_err;
+                EXPECT_TRUE(r.rec_ok) << r.rec_err;
+            }
+        }
+    }
+}
+
+// Every dict the record hook takes is a value of the document, counted against max_values as
+// any other (record_fast makes it inline): a trace of one more entry needs one more value, and
+// one value short of what it needs fails at the value that is one too many.
+TEST(PickleRead, TakenDictsCountAgainstTheValueLimit) {
+    // As PyTorch's pickler writes a trace: every dict memoized, the keys and the action memo
+    // references from the second entry on (the record hook's one-pass path takes those).
+    auto trace = [](int entries) {
+        Bytes b = {0x80, 4, ']', 0x94, '('}; // memo 0: the list
+        auto str = [&](const char *x) {
+            b.insert(b.end(), {0x8c, (unsigned char)strlen(x)});
+            b.insert(b.end(), x, x + strlen(x));
+            b.push_back(0x94);
+        };
+        b.insert(b.end(), {'}', 0x94, '('}); // memo 1; "action" 2, "alloc" 3, "addr" 4, "size" 5
+        str("action");
+        str("alloc");
+        str("addr");
+        b.insert(b.end(), {'K', 0});
+        str("size");
+        b.insert(b.end(), {'K', 1, 'u'});
+        for (int i = 1; i < entries; i++) {
+            b.insert(b.end(), {'}', 0x94, '(', 'h', 2, 'h', 3, 'h', 4, 'J', (unsigned char)i,
+                               (unsigned char)(i >> 8), 0, 0, 'h', 5, 'K', 1, 'u'});
+        }
+        b.insert(b.end(), {'e', '.'});
+        return b;
+    };
+    auto take = [](void *, pk_value_t *const *, size_t, uint64_t *id_p) {
+        *id_p = 0;
+        return 1;
+    };
+    // The fewest values each loads with.
+    auto fewest = [&](const Bytes &b, std::string *short_err) {
+        for (size_t m = 1; m < 1000; m++) {
+            pk_limits_t lim;
+            pk_limits_default(&lim);
+            lim.max_values = m;
+            char err[256] = "";
+            pk_doc_t *d = nullptr;
+            bool ok = pk_parse_records(b.data(), b.size(), &lim, "frames", take, nullptr, &d, err,
+                                       sizeof err);
+            pk_free(d);
+            if (ok)
+                return m;
+            *short_err = err;
+        }
+        return (size_t)0;
+    };
+    std::string e50, e51;
+    size_t m50 = fewest(trace(50), &e50), m51 = fewest(trace(51), &e51);
+    ASSERT_GT(m50, 50u);
+    EXPECT_EQ(m51, m50 + 1);
+    EXPECT_EQ(e51.rfind("pickle: more than " + std::to_string(m51 - 1) + " values at offset ", 0),
+              0u)
+        << e51;
+}

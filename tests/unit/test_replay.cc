@@ -2905,3 +2905,190 @@ TEST_F(Replay, ReplaySnapshotCarriesTheTracesUserMetadata) {
     }
     rmdir(dir);
 }
+
+namespace {
+
+// A frame dict {name, filename, line} opened and closed (no MEMOIZE: the caller adds one).
+Pk &frame_dict(Pk &p, const char *name, unsigned char line) {
+    p.op({'}', 0x94, '('}).str("name").str(name).str("filename").str("a.py");
+    return p.str("line").op({'K', line, 'u'});
+}
+
+// Both file loaders of a pickle: without stacks (`replay`, `info`: the reader skips every
+// "frames" value) in t[0], with them (`replay --snapshot`, `plot`) in t[1]; their messages, the
+// path taken off, in err[0] and err[1].
+struct TwoLoads {
+    bool ok[2];
+    std::string err[2];
+    tr_trace_t t[2];
+    explicit TwoLoads(const std::vector<unsigned char> &b) {
+        std::string path = "two_loads_" + std::to_string(getpid()) + ".pickle";
+        std::ofstream(path, std::ios::binary)
+            .write((const char *)b.data(), (std::streamsize)b.size());
+        for (int k = 0; k < 2; k++) {
+            memset(&t[k], 0, sizeof t[k]);
+            char why[512] = "";
+            ok[k] = tr_load_opts(path.c_str(), k == 1, &t[k], why, sizeof why);
+            std::string w = why;
+            err[k] = w.rfind(path + ": ", 0) == 0 ? w.substr(path.size() + 2) : w;
+        }
+        unlink(path.c_str());
+    }
+    ~TwoLoads() {
+        tr_free(&t[0]);
+        tr_free(&t[1]);
+    }
+};
+
+} // namespace
+
+// What skipping a "frames" value must keep for the rest of the document (the memo): a dict
+// memoized inside one entry's frames list and fetched outside any (here it is the trace's third
+// entry) is the entry it is, in the loader that skips stacks too (it reads such a file whole);
+// a skipped list fetched again as another entry's "frames", and frame dicts fetched inside
+// another frames list, are skipped again without reading the file whole, and read as one list
+// and the same dicts with stacks.
+TEST_F(Loaders, FramesSkippedKeepWhatTheMemoFetchesLater) {
+    // Memo: 0 entry 1, 1 its frames list, 2 frame f, 3 the dict e inside that list, 4 frame g.
+    Pk a;
+    a.front();
+    a.op({'}', 0x94, '('}).str("action").str("alloc").str("addr").u64(ADDR);
+    a.str("size").i32(512).str("frames").op({']', 0x94, '('});
+    frame_dict(a, "f", 3);
+    a.op({'}', 0x94, '('}).str("action").str("alloc").str("addr").u64(ADDR + 4096);
+    a.str("size").i32(1024).op({'u'});
+    frame_dict(a, "g", 4);
+    a.op({'e', 'u'});
+    // Entry 2 frees entry 1's block with entry 1's stack, fetched by the memo.
+    a.op({'}', '('}).str("action").str("free_requested").str("addr").u64(ADDR);
+    a.str("size").i32(512).str("frames").op({'h', 1, 'u'});
+    // Entry 4 with a stack of the frame dicts f and g, fetched by the memo.
+    a.op({'}', '('}).str("action").str("free_requested").str("addr").u64(ADDR);
+    a.str("size").i32(512).str("frames").op({']', '(', 'h', 2, 'h', 4, 'e', 'u'});
+    std::vector<unsigned char> shared = Pk(a).back();
+    // The same with the dict e, made inside entry 1's frames, as the third entry.
+    std::vector<unsigned char> fetched = a.op({'h', 3}).back();
+
+    {
+        TwoLoads l(shared);
+        for (int k = 0; k < 2; k++) {
+            SCOPED_TRACE("shared, frames " + std::to_string(k));
+            ASSERT_TRUE(l.ok[k]) << l.err[k];
+            ASSERT_EQ(l.t[k].ndev, 1);
+            ASSERT_EQ(l.t[k].dev[0].nev, 3u);
+            EXPECT_EQ(l.t[k].dev[0].ev[0].action, TR_ALLOC);
+            EXPECT_EQ(l.t[k].dev[0].ev[1].action, TR_FREE_REQUESTED);
+            EXPECT_EQ(l.t[k].dev[0].ev[2].addr, ADDR);
+        }
+        // Without stacks none is kept; with them entry 2's is entry 1's list, entry 3's its own
+        // list of the same frames.
+        const tr_event_t *ev0 = l.t[0].dev[0].ev, *ev = l.t[1].dev[0].ev;
+        EXPECT_EQ(ev0[0].frames, nullptr);
+        EXPECT_EQ(ev0[1].frames, nullptr);
+        EXPECT_EQ(ev0[2].frames, nullptr);
+        ASSERT_EQ(pk_len(ev[0].frames), 3u);
+        EXPECT_EQ(ev[1].frames, ev[0].frames);
+        ASSERT_EQ(pk_len(ev[2].frames), 2u);
+        EXPECT_EQ(pk_at(ev[2].frames, 0), pk_at(ev[0].frames, 0));
+        EXPECT_EQ(pk_at(ev[2].frames, 1), pk_at(ev[0].frames, 2));
+        EXPECT_STREQ(pk_get_str(pk_at(ev[2].frames, 1), "name"), "g");
+    }
+    {
+        TwoLoads l(fetched);
+        for (int k = 0; k < 2; k++) {
+            SCOPED_TRACE("fetched, frames " + std::to_string(k));
+            ASSERT_TRUE(l.ok[k]) << l.err[k];
+            ASSERT_EQ(l.t[k].ndev, 1);
+            ASSERT_EQ(l.t[k].dev[0].nev, 4u);
+            const tr_event_t &e = l.t[k].dev[0].ev[3];
+            EXPECT_EQ(e.action, TR_ALLOC);
+            EXPECT_EQ(e.addr, ADDR + 4096);
+            EXPECT_EQ(e.size, 1024u);
+        }
+    }
+}
+
+// Whatever is wrong inside a skipped "frames" value is refused by the loader that skips it with
+// the message of the one that reads it (what pickle.load refuses): every cut of the file, a
+// memo key never set among a stack's references (one of a run of BINGETs, of LONG_BINGETs, and
+// after a MEMOIZE that left a hole), a frame's name that is not UTF-8, a frame dict with an odd
+// SETITEMS.
+TEST_F(Loaders, WhatIsWrongInsideASkippedStackIsRefusedAsWhenReadWhole) {
+    // Memo 0..199: ints; 200: entry 2's list, 201 its frame dict: a stack of eight BINGETs,
+    // four LONG_BINGETs, a frame dict, and a run of both again.
+    Pk p;
+    p.front();
+    p.op({'}', '('}).str("action").str("alloc").str("addr").u64(ADDR).str("size").i32(512);
+    p.str("frames").op({']', '('});
+    for (int i = 0; i < 200; i++)
+        p.op({'M', (unsigned char)i, (unsigned char)(i >> 8), 0x94});
+    p.op({'e'});
+    p.op({'u'});
+    p.op({'}', '('}).str("action").str("alloc").str("addr").u64(ADDR + 512).str("size").i32(512);
+    p.str("frames").op({']', 0x94, '('});
+    const size_t run_h = p.b.size();
+    for (int i = 0; i < 8; i++)
+        p.op({'h', (unsigned char)(10 + i)});
+    const size_t run_j = p.b.size();
+    for (int i = 0; i < 4; i++)
+        p.op({'j', (unsigned char)(100 + i), 0, 0, 0});
+    const size_t frame = p.b.size();
+    frame_dict(p, "f", 7);
+    const size_t mixed = p.b.size();
+    p.op({'h', 20, 'j', 2, 0, 0, 0, 'h', 21, 'j', 1, 0, 0, 0, 'h', 22, 'e', 'u'});
+    std::vector<unsigned char> good = p.back();
+    {
+        TwoLoads l(good);
+        ASSERT_TRUE(l.ok[0]) << l.err[0];
+        ASSERT_TRUE(l.ok[1]) << l.err[1];
+        EXPECT_EQ(l.t[0].dev[0].nev, 2u);
+        EXPECT_EQ(pk_len(l.t[1].dev[0].ev[1].frames), 8u + 4u + 1u + 5u);
+    }
+    auto refused_alike = [](const std::vector<unsigned char> &b, const std::string &what) {
+        TwoLoads l(b);
+        SCOPED_TRACE(what);
+        EXPECT_FALSE(l.ok[0]);
+        EXPECT_FALSE(l.ok[1]);
+        EXPECT_EQ(l.err[0], l.err[1]);
+        return l.err[0];
+    };
+    for (size_t cut = run_h - 4; cut < good.size() - 4; cut++)
+        refused_alike(std::vector<unsigned char>(good.begin(), good.begin() + (long)cut),
+                      "cut at " + std::to_string(cut));
+    std::vector<unsigned char> b = good;
+    b[run_h + 2 * 5 + 1] = 0xfe; // the sixth BINGET: key 254, never set
+    EXPECT_EQ(refused_alike(b, "BINGET"),
+              "pickle: memo key 254 is not defined at offset " + std::to_string(run_h + 10));
+    b = good;
+    b[run_j + 5 * 2 + 2] = 0x7f; // the third LONG_BINGET: key 0x7f66
+    EXPECT_EQ(refused_alike(b, "LONG_BINGET"), "pickle: memo key " + std::to_string(0x7f66) +
+                                                   " is not defined at offset " +
+                                                   std::to_string(run_j + 10));
+    b = good;
+    b[mixed + 4] = 1; // the mixed run's first LONG_BINGET: key 0x102 (258), never set
+    EXPECT_EQ(refused_alike(b, "mixed run"),
+              "pickle: memo key 258 is not defined at offset " + std::to_string(mixed + 2));
+    // A put past the next slot leaves a hole below it: a reference into the hole is refused.
+    b = good;
+    b.insert(b.begin() + (long)mixed, {'N', 'r', 0x10, 0x27, 0, 0, '0'}); // memo 10000 = None
+    {
+        TwoLoads l(b); // the mixed run's keys, below the hole: set
+        EXPECT_TRUE(l.ok[0]) << l.err[0];
+        EXPECT_TRUE(l.ok[1]) << l.err[1];
+    }
+    // Slots 0..201 and 10000 are set: 203 of them, so that key 202 lies below that count and
+    // is still no key set (the count alone cannot tell a hole).
+    b[mixed + 7 + 3] = 202; // the mixed run's first LONG_BINGET
+    EXPECT_EQ(refused_alike(b, "hole"),
+              "pickle: memo key 202 is not defined at offset " + std::to_string(mixed + 7 + 2));
+    b = good;
+    const size_t name = frame + 3 + 2 + 4 + 2; // the frame's name "f"
+    ASSERT_EQ(b[name], 'f');
+    b[name] = 0xff;
+    EXPECT_NE(refused_alike(b, "name").find("is not UTF-8"), std::string::npos);
+    b = good;
+    b.insert(b.begin() + (long)(mixed - 1), {'K', 1}); // a seventh item before the SETITEMS
+    EXPECT_EQ(refused_alike(b, "odd SETITEMS"),
+              "pickle: SETITEMS with an odd number of items at offset " +
+                  std::to_string(mixed + 1));
+}
