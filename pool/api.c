@@ -69,10 +69,16 @@ void sp__gate_leave(sp_gate_t *g) {
      * such lock once, before counting out, waits for that: later holders cannot reach a
      * dropped pool. No lock is held here (gated calls take none into a nested gate). */
     sp__handles_wait_droppers(list);
-    if (atomic_fetch_sub(&s_inside, 1) == 1)
+    /* Last inside: count out and release. Else put the list back while still counted in: put
+     * back after counting out, it could miss the take of an sp_shutdown that saw the count at 0
+     * and freed the devices, and wait into the next session with stale `dev` pointers. */
+    int last = 1;
+    if (atomic_compare_exchange_strong(&s_inside, &last, 0)) {
         sp__handles_release(list);
-    else
-        sp__handles_put_back(list);
+        return;
+    }
+    sp__handles_put_back(list);
+    atomic_fetch_sub(&s_inside, 1);
 }
 
 /* fork(): prepare takes the shutdown lock before init_lock (sp_shutdown's order), so no shutdown
