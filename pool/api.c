@@ -63,10 +63,22 @@ void sp__gate_leave(sp_gate_t *g) {
      * inside, every call that could have read one unmarked (it entered before the mark, so
      * before the take) has left, and a call entering from now on sees the mark. */
     void *list = sp__handles_take_pending();
-    if (atomic_fetch_sub(&s_inside, 1) == 1)
+    /* The malloc and free paths are outside the gate: one that dropped a pool under its device
+     * lock (a release of its last segment: the OOM retry, SYMPOOL_NO_CACHING's free) reads the
+     * struct until it unlocks (the walk's `next`, the segment allocator's free). Taking each
+     * such lock once, before counting out, waits for that: later holders cannot reach a
+     * dropped pool. No lock is held here (gated calls take none into a nested gate). */
+    sp__handles_wait_droppers(list);
+    /* Last inside: count out and release. Else put the list back while still counted in: put
+     * back after counting out, it could miss the take of an sp_shutdown that saw the count at 0
+     * and freed the devices, and wait into the next session with stale `dev` pointers. */
+    int last = 1;
+    if (atomic_compare_exchange_strong(&s_inside, &last, 0)) {
         sp__handles_release(list);
-    else
-        sp__handles_put_back(list);
+        return;
+    }
+    sp__handles_put_back(list);
+    atomic_fetch_sub(&s_inside, 1);
 }
 
 /* fork(): prepare takes the shutdown lock before init_lock (sp_shutdown's order), so no shutdown

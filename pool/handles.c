@@ -17,7 +17,10 @@
  * shutdown gate (api.c) and reads the struct only while there. Marked slots wait on a pending
  * list; the gate's last call to leave takes the list before it counts itself out, and releases
  * it if nobody else was inside then (every call that could have seen the slot unmarked entered
- * before the mark, hence before the take, and has left). A page is given back (MADV_DONTNEED)
+ * before the mark, hence before the take, and has left). The malloc and free paths run outside
+ * the gate, and one of them may drop a pool itself (the OOM retry's release, a free under
+ * SYMPOOL_NO_CACHING) and read it until it lets go of the device lock: the leaving call takes
+ * each dropped pool's device lock once before it counts out. A page is given back (MADV_DONTNEED)
  * once all its slots are released: it reads as zeros from then on, generation 0, "released",
  * and costs no memory. A process holds the structs of its live pools, of destroyed pools still
  * holding segments, and of the pools sp_shutdown retired (handles of an ended session stay
@@ -142,6 +145,13 @@ void *sp__handles_take_pending(void) {
     atomic_store_explicit(&sp__handles_npending, 0, memory_order_relaxed);
     pthread_mutex_unlock(&g_lock);
     return list;
+}
+
+void sp__handles_wait_droppers(void *list) {
+    /* Without g_lock: a dropper takes g_lock under its device lock (sp__handles_release_later),
+     * and the taken list is this caller's own. */
+    for (void *s = list; s; s = *link_of(s))
+        sp__mempool_slot_wait(s);
 }
 
 void sp__handles_put_back(void *list) {

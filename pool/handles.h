@@ -27,6 +27,11 @@ void sp__handles_release_later(void *slot);
 extern atomic_int sp__handles_npending;
 /* Take the waiting slots (the caller then releases them, or puts them back). */
 void *sp__handles_take_pending(void);
+/* Wait until no thread holds the device lock a taken list's pools were dropped under (the
+ * ungated malloc/free paths read a pool they dropped until they unlock): before a release. */
+void sp__handles_wait_droppers(void *list);
+/* mempool.c: take and give back the slot's pool's device lock. */
+void sp__mempool_slot_wait(void *slot);
 void sp__handles_put_back(void *list);
 /* Release a taken list: each slot's owned memory (sp__mempool_slot_free), then every page whose
  * slots are all released goes back to the kernel. */

@@ -274,6 +274,12 @@ void sp__mempool_slot_free(void *slot) {
     p->name = NULL;
 }
 
+void sp__mempool_slot_wait(void *slot) {
+    sp_devalloc_t *d = ((sp_mempool_t *)slot)->dev; /* not released yet: readable */
+    sp__lock(&d->lock);
+    sp__unlock(&d->lock);
+}
+
 void sp__mempool_drop(sp_devalloc_t *d, sp_mempool_t *pool) {
     if (!pool->destroyed || pool->symmetric || pool->nsegments || gen_of(pool) == 0)
         return;

@@ -225,6 +225,7 @@ class Stream(_lib.Handle):
         d = as_device(device)
         self.ptr = self.cuda_stream = None
         self._lock = threading.RLock()  # destroy() runs once (RLock: see MemPool)
+        _pools[id(self)] = self  # its lock too is made anew in a fork's child
         s = ctypes.c_void_p()
         check(lib().sp_stream_create(d, ctypes.byref(s)))
         self.ptr = self.cuda_stream = s.value
@@ -835,7 +836,8 @@ class use_mem_pool(contextlib.ContextDecorator):  # noqa: N801 (torch's name)
 
 # ---- fork ------------------------------------------------------------------------------------
 
-# The MemPool objects alive, for their locks (weak: a pool goes when nothing else holds it).
+# The MemPool and Stream objects alive, for their locks (weak: one goes when nothing else holds
+# it). A Stream's destroy() holds its lock across sp_stream_destroy too.
 _pools = globals().get("_pools") or weakref.WeakValueDictionary()
 
 

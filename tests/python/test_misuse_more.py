@@ -130,6 +130,7 @@ _FORK_CASES = {
     "pool": ("pool._lock", "pool.destroy()"),  # held across sp_mempool_destroy
     "library_load": ("_lib._lock", "sympool.free(sympool.malloc(10))"),  # the first sympool call
     "annotations": ("history._annot_lock", "sympool.record_memory_history()"),
+    "stream": ("stream._lock", "stream.destroy()"),  # held across sp_stream_destroy
 }
 
 
@@ -161,6 +162,7 @@ def test_fork_while_another_thread_holds_a_package_lock(case):
         segs = Segs()
         pool = sympool.MemPool(allocator=(segs.alloc, segs.free)) if {case != "library_load"} \
             else None
+        stream = sympool.Stream() if {case == "stream"} else None
         held, done = threading.Event(), threading.Event()
 
         def holder():

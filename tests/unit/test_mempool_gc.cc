@@ -9,10 +9,14 @@
 #include "sympool/experimental.h"
 
 #include <atomic>
+#include <chrono>
 #include <cstdint>
+#include <cstdlib>
+#include <memory>
 #include <set>
 #include <string>
 #include <thread>
+#include <unistd.h>
 #include <vector>
 
 using sp::MiB;
@@ -199,4 +203,92 @@ TEST_F(MempoolGc, ConcurrentCallsOnHandlesBeingReleased) {
     ASSERT_SP_OK(sp_empty_cache());
     EXPECT_EQ(sp_x_mempool_structs(), base);
     EXPECT_EQ(sp_memory_reserved(0), 0u);
+}
+
+namespace {
+
+// ReleaseWaitsForAnAllocationStandingOnTheDroppedPool's segment allocator: its free, when armed,
+// has another thread make one gated call (whose leaving releases the waiting slots) and waits
+// for it, at most a while: with the fix that call waits for the device lock this free runs under.
+std::atomic<bool> g_arm_other{false};
+std::thread g_other;
+
+void *plug_alloc(size_t size, int, sp_stream_t, void *) {
+    return aligned_alloc(4096, (size + 4095) / 4096 * 4096);
+}
+
+void plug_free(void *ptr, size_t, int, sp_stream_t, void *) {
+    free(ptr);
+    if (!g_arm_other.exchange(false))
+        return;
+    auto done = std::make_shared<std::atomic<bool>>(false);
+    g_other = std::thread([done] {
+        (void)sp_mempool_use_count(nullptr); // in and out of the gate: nothing else
+        done->store(true);
+    });
+    for (int i = 0; i < 500 && !done->load(); i++)
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+}
+
+} // namespace
+
+TEST_F(MempoolGc, ReleaseWaitsForAnAllocationStandingOnTheDroppedPool) {
+    // sp_malloc is outside the shutdown gate. Its OOM retry releases the cache of every freeable
+    // pool under the device lock; releasing a destroyed pool's last segment drops the pool, and
+    // the walk then reads the dropped struct for its `next`. A gated call that another thread
+    // leaves meanwhile (here, from inside that segment's free) must not release the slot under
+    // the walk: released with its page's other slots, the page reads as zeros, the walk ended
+    // there, the next pool's cache stayed, and the allocation failed with OOM.
+    sp::ScopedEnv env({{"SYMPOOL_HOST_CAPACITY", "100MiB"}});
+    ASSERT_NE(sp_default_mempool(0), nullptr);
+    size_t base = sp_x_mempool_structs();
+    static const sp_allocator_t al = {plug_alloc, plug_free, nullptr};
+    sp_mempool_params_t params;
+    sp_mempool_params_init(&params);
+    params.allocator = &al;
+    const uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
+    const size_t per = page / 512; // slots of a page (handles.c: SP_HANDLE_SLOT)
+    // The first pool of a page, then the rest of that page, in order.
+    std::vector<sp_mempool_t *> row;
+    for (size_t i = 0; i < per && row.empty(); i++) {
+        sp_mempool_t *pool = nullptr;
+        ASSERT_SP_OK(sp_mempool_create(&params, &pool));
+        if ((uintptr_t)pool % page == 0)
+            row.push_back(pool);
+        else
+            ASSERT_SP_OK(sp_mempool_destroy(pool));
+    }
+    ASSERT_EQ(row.size(), 1u) << "no pool began a page";
+    while (row.size() < per) {
+        sp_mempool_t *pool = nullptr;
+        ASSERT_SP_OK(sp_mempool_create(&params, &pool));
+        ASSERT_EQ((uintptr_t)pool, (uintptr_t)row[0] + 512 * row.size()) << "slots in order";
+        row.push_back(pool);
+    }
+    for (size_t i = 0; i + 1 < per; i++)
+        ASSERT_SP_OK(sp_mempool_destroy(row[i])); // empty: released at once
+    // The page's last pool: destroyed under a live block, whose free leaves its segment cached.
+    sp_mempool_t *last = row.back();
+    void *p = nullptr;
+    ASSERT_SP_OK(sp_mempool_malloc(last, 4096, nullptr, &p));
+    ASSERT_SP_OK(sp_mempool_destroy(last));
+    ASSERT_SP_OK(sp_free(p));
+    // The pool after it in the device's list: 40 MiB cached, of 100.
+    sp_mempool_t *after = make_pool("after");
+    ASSERT_NE(after, nullptr);
+    ASSERT_SP_OK(sp_mempool_malloc(after, 40 * MiB, nullptr, &p));
+    ASSERT_SP_OK(sp_mempool_destroy(after));
+    ASSERT_SP_OK(sp_free(p));
+    ASSERT_EQ(sp_memory_reserved(0), 40 * MiB + 2 * MiB);
+    // 70 MiB fits only once `after`'s cache is released, which the walk reaches through `last`.
+    g_arm_other.store(true);
+    void *q = nullptr;
+    sp_status_t s = sp_malloc(70 * MiB, 0, nullptr, &q);
+    if (g_other.joinable())
+        g_other.join();
+    EXPECT_FALSE(g_arm_other.load()) << "the walk never released `last`'s segment";
+    ASSERT_SP_OK(s);
+    ASSERT_SP_OK(sp_free(q));
+    ASSERT_SP_OK(sp_empty_cache());
+    EXPECT_EQ(sp_x_mempool_structs(), base);
 }
