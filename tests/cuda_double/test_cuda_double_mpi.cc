@@ -203,9 +203,10 @@ TEST_F(CudaDoubleMpi, CommunicatorAbortedOnOneRankFailsEveryRankNamingIt) {
 
 // A growth after the world's NCCL communicator was aborted on one rank: every rank fails it
 // before any enters NCCL, the aborted rank saying its communicator was aborted and why, its
-// peers naming the rank without one. The peers used to say "a rank has no NCCL communicator ()"
-// (their own communicator's reason, empty), and the aborted rank only the abort's text (the
-// registration's description at a real abort), not that the communicator was aborted.
+// peers naming the rank without one. The peers used to say "a rank has no NCCL communicator (no
+// NCCL communicator in this world)", their own world's reason, untrue of theirs and naming no
+// rank, and the aborted rank only the abort's text (at a real abort the failed registration's
+// description), not that its communicator was aborted.
 TEST_F(CudaDoubleMpi, GrowthAfterAnAbortOnOneRankFailsEveryRankNamingIt) {
     NEED_DOUBLE();
     SP_SKIP_BELOW_RANKS(2);
