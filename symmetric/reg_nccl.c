@@ -394,10 +394,15 @@ static sp_status_t register_in_turn(sp_sym_state_t *st, const sp_agree_t *a, voi
     if (t != SP_SUCCESS)
         return t;
     sp_status_t s = SP_SUCCESS;
-    if (a->nbad)
-        s = sp__error(SP_ERR_NCCL, SP_SUB_SYM, "%s: a rank has no NCCL communicator (%s)", what,
-                      sp__world_nccl_why(w));
-    else if (a->lo[1] != a->hi[1])
+    if (a->nbad) {
+        /* The ranks the round names: this one has its communicator (an abort here broke the
+         * order, and its wait said so), so its own reason would be an empty or wrong one. */
+        char ranks[96];
+        s = sp__error(SP_ERR_NCCL, SP_SUB_SYM,
+                      "%s: %s has no NCCL communicator (aborted there: its log says why); "
+                      "nothing was registered",
+                      what, sp__agree_bad_ranks(a, ranks, sizeof ranks));
+    } else if (a->lo[1] != a->hi[1])
         *mismatch = true;
     else {
         sp__world_nccl_lock(w);

@@ -2497,6 +2497,16 @@ bool tr_load_opts(const char *path, bool frames, tr_trace_t *t, char *err, size_
         i++;
     /* A pickle starts with an opcode (PROTO, 0x80, from protocol 2 on; any other for 0 and 1). */
     bool opcode = len > 0 && pk_opcode_name(buf[0]) != NULL;
+    if (bom && (i == len || (buf[i] != '{' && buf[i] != '['))) {
+        /* Said as such: the byte after the mark may be a pickle's 0x80, which the message below
+         * would call "no pickle opcode". */
+        snprintf(err, errlen,
+                 "%s: not a pickle (nor a JSON snapshot): it starts with a UTF-8 byte order mark "
+                 "(ef bb bf), which no pickle has, and no JSON document follows it",
+                 path);
+        release(buf, len, mapped);
+        return false;
+    }
     if (i < len && !opcode && buf[i] != '{' && buf[i] != '[') {
         snprintf(err, errlen,
                  "%s: not a pickle (nor a JSON snapshot): it starts with byte 0x%02x, which is no "

@@ -262,8 +262,13 @@ void sp__world_nccl_abort(sp_world_t *w, const char *why) {
     }
 #endif
     pthread_mutex_unlock(&w->nccl_lock);
-    /* No registration runs on an aborted communicator: whoever waits for a turn fails now. */
-    sp__world_nccl_order_break(w, why);
+    /* No registration runs on an aborted communicator: whoever waits for a turn fails now, told
+     * that the communicator is gone (`why` alone is often the description of the registration
+     * that failed, which reads as if that pool were the reason). */
+    char broken[sizeof w->order_broken];
+    snprintf(broken, sizeof broken, "its NCCL communicator was aborted after: %.150s",
+             why && *why ? why : "unknown");
+    sp__world_nccl_order_break(w, broken);
 }
 
 uint64_t sp__world_nccl_ticket(sp_world_t *w) {

@@ -86,7 +86,10 @@ typedef enum { SP_SUM, SP_PROD, SP_MIN, SP_MAX, SP_AVG } sp_redop_t;
  *    min/max's MPI op; found before any data moves, so its peers return
  *    SP_ERR_INVALID_ARGUMENT naming it).
  *  - Thread-safety: calls on one world must not run concurrently from several threads (MPI and
- *    NCCL order collectives per communicator).
+ *    NCCL order collectives per communicator). On cuda, a symmetric pool's growth registers an
+ *    NCCL window on the world's communicator too: a collective that overlaps another thread's
+ *    sp_symmetric_malloc must come before or after it in the same order on every rank
+ *    (docs/multinode.md).
  */
 
 /** Reduce @p count elements of every rank's @p send into every rank's @p recv. */

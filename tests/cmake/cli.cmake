@@ -550,6 +550,13 @@ if(TARGET sympool_cli)
     "'$<TARGET_FILE:sympool_cli>' summary /dev/stdin < '${CMAKE_CURRENT_SOURCE_DIR}/data/trace-gc-tiny-bom.json'; echo rc=$?")
   set_tests_properties(cli.summary_json_bom_stream PROPERTIES LABELS "unit;cli" TIMEOUT 60
     PASS_REGULAR_EXPRESSION "snapshot stdin, device 0.*rc=0")
+  # A pickle behind a byte order mark is refused naming the mark, not as "byte 0x80, which is
+  # no pickle opcode (a pickle of protocol 2-5 starts with 0x80)".
+  add_test(NAME cli.info_pickle_bom COMMAND sh -c
+    "(printf '\\357\\273\\277'; cat '${SMALL}') > '${SP_CLI_OUT}/bom.pickle' && '$<TARGET_FILE:sympool_cli>' info '${SP_CLI_OUT}/bom.pickle' 2>&1; echo rc=$?")
+  set_tests_properties(cli.info_pickle_bom PROPERTIES LABELS "unit;cli" TIMEOUT 60
+    PASS_REGULAR_EXPRESSION "starts with a UTF-8 byte order mark.*rc=1"
+    FAIL_REGULAR_EXPRESSION "byte 0x80, which is no pickle opcode")
   sp_cli_check(NAME plot_png_refused RC 2 REGEX "writes SVG only, not '.*x.png'"
     ARGS plot ${SMALL} -o ${SP_CLI_OUT}/x.png)
   sp_cli_check(NAME plot_no_output RC 2 REGEX "no -o OUT.svg given" ARGS plot ${SMALL})

@@ -201,6 +201,37 @@ TEST_F(CudaDoubleMpi, CommunicatorAbortedOnOneRankFailsEveryRankNamingIt) {
     EXPECT_SP_OK(sp_free(a));
 }
 
+// A growth after the world's NCCL communicator was aborted on one rank: every rank fails it
+// before any enters NCCL, the aborted rank saying its communicator was aborted and why, its
+// peers naming the rank without one. The peers used to say "a rank has no NCCL communicator (no
+// NCCL communicator in this world)", their own world's reason, untrue of theirs and naming no
+// rank, and the aborted rank only the abort's text (at a real abort the failed registration's
+// description), not that its communicator was aborted.
+TEST_F(CudaDoubleMpi, GrowthAfterAnAbortOnOneRankFailsEveryRankNamingIt) {
+    NEED_DOUBLE();
+    SP_SKIP_BELOW_RANKS(2);
+    expect_warnings();
+    make_pool(false, false, "growabort");
+    const int bad = mpi_size() - 1;
+    MPI_Barrier(MPI_COMM_WORLD);
+    if (mpi_rank() == bad)
+        sp__world_nccl_abort(world_, "the test aborted it here");
+    void *a = nullptr;
+    sp_status_t s = sp_symmetric_malloc(pool_, 4096, nullptr, &a);
+    std::string msg = s == SP_SUCCESS ? "" : sp_last_error();
+    EXPECT_EQ(s, SP_ERR_NCCL) << msg;
+    if (mpi_rank() == bad) {
+        EXPECT_NE(msg.find("communicator was aborted"), std::string::npos) << msg;
+        EXPECT_NE(msg.find("the test aborted it here"), std::string::npos) << msg;
+    } else {
+        EXPECT_NE(msg.find("rank " + std::to_string(bad) + " has no NCCL communicator"),
+                  std::string::npos)
+            << msg;
+    }
+    if (a)
+        EXPECT_SP_OK(sp_free(a));
+}
+
 // A rank whose host malloc refuses the table of its node's devices (which a growth gathers over
 // the node to see whether NCCL has symmetric support) fails the growth on every rank, before any
 // rank registers. It used to skip that gather while its node peers waited in it for good. The
