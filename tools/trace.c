@@ -476,6 +476,24 @@ static inline __attribute__((always_inline)) void fill_event(const entry_vals_t 
                                                              bool *have_addr_p, bool *have_size_p,
                                                              bool *bad_time_p, bool *bad_stream_p) {
     ev->action = action;
+    ev->frames = x->fr != NULL && x->fr->type == PK_LIST ? x->fr : NULL;
+    const pk_value_t *av = action == TR_OOM ? x->dfree : x->addr;
+    if (av != NULL && x->size != NULL && x->stream != NULL && x->t != NULL &&
+        ((av->type ^ PK_INT) | (x->size->type ^ PK_INT) | (x->stream->type ^ PK_INT) |
+         (x->t->type ^ PK_INT)) == 0) {
+        /* Four ints that fit int64_t (an entry as PyTorch writes it): what the general
+         * reading below makes of them, without its tests of each value's kind */
+        int64_t ai = av->u.i, si = x->size->u.i, ti = x->t->u.i;
+        *have_addr_p = ai >= 0;
+        ev->addr = ai >= 0 ? (uint64_t)ai : 0;
+        *have_size_p = si >= 0;
+        ev->size = si >= 0 ? (uint64_t)si : 0;
+        ev->stream = (uint64_t)x->stream->u.i; /* a negative handle as its two's complement */
+        *bad_stream_p = false;
+        ev->time_us = ti;
+        *bad_time_p = ti < 0 || ti > TR_TIME_LIMIT;
+        return;
+    }
     uint64_t u = 0;
     int64_t i = 0;
     *have_addr_p = pk_uint(ev->action == TR_OOM ? x->dfree : x->addr, &u);
@@ -496,7 +514,6 @@ static inline __attribute__((always_inline)) void fill_event(const entry_vals_t 
     if (pk_int(x->t, &i))
         ev->time_us = i;
     *bad_time_p = x->t != NULL && (!pk_int(x->t, &i) || i < 0 || i > TR_TIME_LIMIT);
-    ev->frames = x->fr != NULL && x->fr->type == PK_LIST ? x->fr : NULL;
 }
 
 /* An entry's user_metadata as replay sets it: its str when one other than "", else NULL (absent,
@@ -667,7 +684,16 @@ typedef struct rec_shape {
     uint8_t ids[REC_SHAPE_MAX];
     size_t n;             /* pairs (0: no shape known) */
     uint32_t seen, twice; /* take_entry's key bits for that dict */
+    /* By key id, the pair that holds its value (the last one with that key, as rs->v has it),
+     * REC_ABSENT where none does: a trace entry of this shape is read from its pairs in place
+     * (take_entry), without the values going through rs->v. */
+    uint8_t at[RK_COUNT];
+    /* A trace entry's keys as PyTorch writes them: action, addr, size, stream, time_us and
+     * frames, maybe user_metadata, none other that take_entry reads (no pool_id or
+     * device_free): its values are read from their pairs at once. */
+    bool plain;
 } rec_shape_t;
+#define REC_ABSENT 0xffu
 
 /* A growable array whose elements never move: chunk c holds REC_BASE << c of them (element i
  * is in chunk msb(i + REC_BASE) - REC_BASE_LOG), each allocated when the first of its elements
@@ -975,6 +1001,8 @@ static bool read_keys(recs_t *rs, pk_value_t *const *pairs, size_t n, uint32_t *
     rec_shape_t *sh = &rs->shapes[rs->shape];
     memset(rs->v, 0, sizeof(rs->v));
     sh->n = 0;
+    sh->plain = false;
+    memset(sh->at, REC_ABSENT, sizeof(sh->at));
     uint32_t seen = 0, twice = 0;
     bool all_str = true;
     size_t np = 0;
@@ -991,6 +1019,7 @@ static bool read_keys(recs_t *rs, pk_value_t *const *pairs, size_t n, uint32_t *
         if (np < REC_SHAPE_MAX) {
             sh->keys[np] = key;
             sh->ids[np] = (uint8_t)id;
+            sh->at[id] = (uint8_t)np;
         }
         np++;
     }
@@ -998,6 +1027,10 @@ static bool read_keys(recs_t *rs, pk_value_t *const *pairs, size_t n, uint32_t *
         sh->n = np;
         sh->seen = seen;
         sh->twice = twice;
+        const uint32_t plain_keys = RK_BIT(RK_ACTION) | RK_BIT(RK_ADDR) | RK_BIT(RK_SIZE) |
+                                    RK_BIT(RK_STREAM) | RK_BIT(RK_TIME) | RK_BIT(RK_FRAMES);
+        sh->plain = (seen & plain_keys) == plain_keys &&
+                    (seen & (RK_BIT(RK_POOL_ID) | RK_BIT(RK_DFREE))) == 0;
         rs->shape_next = (rs->shape_next + 1) % REC_SHAPES;
     }
     *seen_p = seen;
@@ -1005,23 +1038,11 @@ static bool read_keys(recs_t *rs, pk_value_t *const *pairs, size_t n, uint32_t *
     return all_str;
 }
 
-/* pk_parse_records' hook: every dict with an action string is a trace entry (the segments'
- * dicts and the settings have none); a final state's block or segment is taken too
- * (take_block, take_segment). Its keys are read in one pass, each known by its address, or all
- * at once when they are the last dict's (same_shape). */
-static int take_entry(void *arg, pk_value_t *const *pairs, size_t n, uint64_t *id_p) {
-    recs_t *rs = arg;
-    uint32_t seen = 0, twice = 0; /* the keys met, and those met again */
-    bool all_str =
-        same_shape(rs, pairs, n, &seen, &twice) || read_keys(rs, pairs, n, &seen, &twice);
-    const pk_value_t *const *v = rs->v;
-    const pk_value_t *action = v[RK_ACTION];
-    if (action == NULL || action->type != PK_STR) {
-        if (!all_str)
-            return 0;
-        int took = take_block(rs, v, seen, (twice & RK_BIT(RK_FRAMES)) ? 2 : 1, id_p);
-        return took != 0 ? took : take_segment(rs, v, seen, id_p);
-    }
+/* The trace entry whose action is the str action, its other values in x (pool_id in x->pid)
+ * and mv (user_metadata; NULL where absent), as an event of rs: 1, or -1 when out of memory. */
+static inline __attribute__((always_inline)) int take_event(recs_t *rs, const pk_value_t *action,
+                                                            const entry_vals_t *x,
+                                                            const pk_value_t *mv, uint64_t *id_p) {
     if (rs->n == rs->cap) {
         size_t cap = rs->cap ? rs->cap + rs->cap / 2 : 1024; /* by half: see tr_load_opts */
         tr_event_t *ne = realloc(rs->ev, cap * sizeof(*ne));
@@ -1031,10 +1052,9 @@ static int take_entry(void *arg, pk_value_t *const *pairs, size_t n, uint64_t *i
         rs->cap = cap;
     }
     const char *act = action->u.str.s;
-    const pk_value_t *pool_id = v[RK_POOL_ID];
+    const pk_value_t *pool_id = x->pid;
     tr_action_t a = action_id(rs, action);
     /* user_metadata: absent from older PyTorch's entries, "" on newer ones' (almost always) */
-    const pk_value_t *mv = v[RK_META];
     const char *meta = NULL;
     /* (a "free" entry keeps its name: load_events counts those) */
     if (pool_id != NULL || a == TR_OTHER || (a == TR_FREE_REQUESTED && action->u.str.len == 4) ||
@@ -1053,13 +1073,66 @@ static int take_entry(void *arg, pk_value_t *const *pairs, size_t n, uint64_t *i
     tr_event_t *ev = &rs->ev[rs->n];
     memset(ev, 0, sizeof(*ev));
     bool have_addr = false, have_size = false, bad_time = false, bad_stream = false;
-    entry_vals_t x = {v[RK_ADDR], v[RK_DFREE],  v[RK_SIZE], v[RK_STREAM],
-                      v[RK_TIME], v[RK_FRAMES], pool_id};
-    fill_event(&x, a, ev, &have_addr, &have_size, &bad_time, &bad_stream);
+    fill_event(x, a, ev, &have_addr, &have_size, &bad_time, &bad_stream);
     ev->flags = (uint8_t)((have_addr ? 0u : RF_NO_ADDR) | (have_size ? 0u : RF_NO_SIZE) |
                           (bad_time ? RF_BAD_TIME : 0u) | (bad_stream ? RF_BAD_STREAM : 0u));
     *id_p = rs->n++;
     return 1;
+}
+
+/* Whether the n pairs have the keys of shape sh, in its order (compared only). */
+static inline bool keys_are(const rec_shape_t *sh, pk_value_t *const *pairs, size_t n) {
+    if (sh->n == 0 || n != 2 * sh->n)
+        return false;
+    for (size_t k = 0; k < sh->n; k++)
+        if (pairs[2 * k] != sh->keys[k])
+            return false;
+    return true;
+}
+
+/* The value of key id among pairs of shape sh (keys_are), NULL where it has none. */
+static inline const pk_value_t *at_val(const rec_shape_t *sh, pk_value_t *const *pairs, int id) {
+    return sh->at[id] != REC_ABSENT ? pairs[2 * (size_t)sh->at[id] + 1] : NULL;
+}
+
+/* pk_parse_records' hook: every dict with an action string is a trace entry (the segments'
+ * dicts and the settings have none); a final state's block or segment is taken too
+ * (take_block, take_segment). A trace entry with the last dict's keys (almost every one) is
+ * read from its pairs in place (the shape's `at`), instead of its values copied to rs->v by key
+ * and read back from there (with fill_event's four ints read at once: nhf 3629 -> 3605
+ * instructions an entry beyond start-up). Any other dict's keys are read in one
+ * pass, each known by its address, or all at once when they are a recent dict's (same_shape). */
+static int take_entry(void *arg, pk_value_t *const *pairs, size_t n, uint64_t *id_p) {
+    recs_t *rs = arg;
+    const rec_shape_t *cur = &rs->shapes[rs->shape];
+    /* rs->v is left as it is: only the slots of cur's keys hold anything, as between calls */
+    if (cur->plain && keys_are(cur, pairs, n)) {
+        const pk_value_t *action = pairs[2 * (size_t)cur->at[RK_ACTION] + 1];
+        if (action->type == PK_STR) {
+            entry_vals_t x = {pairs[2 * (size_t)cur->at[RK_ADDR] + 1],
+                              NULL,
+                              pairs[2 * (size_t)cur->at[RK_SIZE] + 1],
+                              pairs[2 * (size_t)cur->at[RK_STREAM] + 1],
+                              pairs[2 * (size_t)cur->at[RK_TIME] + 1],
+                              pairs[2 * (size_t)cur->at[RK_FRAMES] + 1],
+                              NULL};
+            return take_event(rs, action, &x, at_val(cur, pairs, RK_META), id_p);
+        }
+    }
+    uint32_t seen = 0, twice = 0; /* the keys met, and those met again */
+    bool all_str =
+        same_shape(rs, pairs, n, &seen, &twice) || read_keys(rs, pairs, n, &seen, &twice);
+    const pk_value_t *const *v = rs->v;
+    const pk_value_t *action = v[RK_ACTION];
+    if (action == NULL || action->type != PK_STR) {
+        if (!all_str)
+            return 0;
+        int took = take_block(rs, v, seen, (twice & RK_BIT(RK_FRAMES)) ? 2 : 1, id_p);
+        return took != 0 ? took : take_segment(rs, v, seen, id_p);
+    }
+    entry_vals_t x = {v[RK_ADDR], v[RK_DFREE],  v[RK_SIZE],   v[RK_STREAM],
+                      v[RK_TIME], v[RK_FRAMES], v[RK_POOL_ID]};
+    return take_event(rs, action, &x, v[RK_META], id_p);
 }
 
 /* The side record of handed-over entry id, or NULL. */

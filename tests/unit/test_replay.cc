@@ -2942,6 +2942,87 @@ struct TwoLoads {
 
 } // namespace
 
+// Entries with the keys of the one before, in its order (a trace's entries, as PyTorch writes
+// them), are read by the hook from their pairs in place, their four ints at once: each value
+// must still read as it says, whatever its kind (a negative stream, one past 2^63, time_us at
+// its bound), and a bad addr or time_us is refused as when read whole.
+TEST_F(Loaders, EntriesOfTheLastOnesKeysReadAsEachSays) {
+    struct E {
+        const char *action;
+        int64_t addr;    // BININT when it fits 32 bits, else LONG1
+        uint64_t size;   // BININT
+        bool stream_big; // stream 2^63 + 5 (LONG1, beyond int64_t) instead of stream_small
+        int32_t stream_small;
+        uint64_t time; // LONG1
+    };
+    auto entry = [](Pk &p, const E &e) {
+        p.op({'}', '('}).str("action").str(e.action).str("addr");
+        if (e.addr >= INT32_MIN && e.addr <= INT32_MAX)
+            p.i32((int32_t)e.addr);
+        else
+            p.u64((uint64_t)e.addr);
+        p.str("size").i32((int32_t)e.size).str("stream");
+        if (e.stream_big)
+            p.u64(((uint64_t)1 << 63) + 5);
+        else
+            p.i32(e.stream_small);
+        p.str("time_us").u64(e.time).str("frames").op({']', 'u'});
+    };
+    const uint64_t t_max = (uint64_t)1 << 53;
+    const E good[] = {{"alloc", (int64_t)ADDR, 512, false, 7, 100},
+                      {"alloc", (int64_t)ADDR + 4096, 1024, false, -1, 200},
+                      {"free_requested", (int64_t)ADDR, 512, true, 0, 300},
+                      {"free_completed", (int64_t)ADDR, 512, false, 7, t_max}};
+    Pk a;
+    a.front();
+    for (const E &e : good)
+        entry(a, e);
+    std::vector<unsigned char> b = a.back();
+    TwoLoads l(b);
+    tr_trace_t whole;
+    std::string err;
+    ASSERT_TRUE(load(b, &whole, &err)) << err;
+    const tr_trace_t *ts[3] = {&l.t[0], &l.t[1], &whole};
+    for (int k = 0; k < 3; k++) {
+        SCOPED_TRACE("loader " + std::to_string(k));
+        ASSERT_TRUE(k == 2 || l.ok[k]) << l.err[k];
+        ASSERT_EQ(ts[k]->ndev, 1);
+        ASSERT_EQ(ts[k]->dev[0].nev, 4u);
+        const tr_event_t *ev = ts[k]->dev[0].ev;
+        for (size_t i = 0; i < 4; i++) {
+            SCOPED_TRACE("entry " + std::to_string(i));
+            EXPECT_EQ(ev[i].addr, (uint64_t)good[i].addr);
+            EXPECT_EQ(ev[i].size, good[i].size);
+            EXPECT_EQ(ev[i].stream, good[i].stream_big ? ((uint64_t)1 << 63) + 5
+                                                       : (uint64_t)(int64_t)good[i].stream_small);
+            EXPECT_EQ(ev[i].time_us, (int64_t)good[i].time);
+        }
+        EXPECT_EQ(ev[0].action, TR_ALLOC);
+        EXPECT_EQ(ev[2].action, TR_FREE_REQUESTED);
+        EXPECT_EQ(ev[3].action, TR_FREE_COMPLETED);
+    }
+    tr_free(&whole);
+    // The third entry (of the first two's keys) with a negative addr, or time_us past 2^53.
+    struct Bad {
+        E e;
+        const char *want;
+    };
+    const Bad bad[] = {
+        {{"alloc", -4096, 512, false, 7, 300},
+         "device_traces[0][2] (alloc): missing or bad 'addr' or 'size'"},
+        {{"alloc", (int64_t)ADDR + 8192, 512, false, 7, t_max + 1},
+         "device_traces[0][2] (alloc): time_us is not a time in [0, 2^53] microseconds"},
+    };
+    for (const Bad &x : bad) {
+        Pk p;
+        p.front();
+        entry(p, good[0]);
+        entry(p, good[1]);
+        entry(p, x.e);
+        expect_all(p.back(), x.want, 0, x.want);
+    }
+}
+
 // What skipping a "frames" value must keep for the rest of the document (the memo): a dict
 // memoized inside one entry's frames list and fetched outside any (here it is the trace's third
 // entry) is the entry it is, in the loader that skips stacks too (it reads such a file whole);
