@@ -48,6 +48,11 @@ bool cli_once(const char *cmd, const char *opt, const char **seen, const char *v
  * as when the write itself fails): checked before any input is read, so that a typo in the
  * folder does not cost the whole run first. */
 bool cli_output_ok(const char *cmd, const char *opt, const char *path);
+/* The file an output option's OUT names: %h, %p, %r and %% expanded as sp_dump_snapshot expands
+ * a snapshot's path (include/sympool/history.h), a %r with the rank unknown (no launcher) as 0.
+ * Every file the command writes (replay --snapshot, plot -o) is named so. Into out (cap bytes);
+ * OUT itself if it cannot be (too long). */
+void cli_output_path(const char *pattern, char *out, size_t cap);
 /* A whole decimal integer in [lo, hi]. */
 bool cli_parse_long(const char *s, long lo, long hi, long *out);
 /* True when path ends with suffix, e.g. ".json" (case-sensitive, as sp_dump_snapshot decides). */

@@ -177,6 +177,31 @@ bool cli_parse_long(const char *s, long lo, long hi, long *out) {
     return true;
 }
 
+/* replay --snapshot hands OUT to sp_dump_snapshot, which expands it so: the file named here is
+ * the one it writes. plot -o expands the same way, so that one pattern names both outputs. */
+void cli_output_path(const char *pattern, char *out, size_t cap) {
+    if (sp_x_path_expand(pattern, out, cap))
+        return;
+    char p0[4096]; /* pattern with %r as 0, the rest for sp_x_path_expand */
+    size_t k = 0;
+    for (const char *c = pattern; *c != '\0' && k + 2 < sizeof p0; c++) {
+        if (c[0] == '%' && (c[1] == '%' || c[1] == 'r')) {
+            if (c[1] == 'r') {
+                p0[k++] = '0';
+            } else {
+                p0[k++] = '%';
+                p0[k++] = '%';
+            }
+            c++;
+        } else {
+            p0[k++] = *c;
+        }
+    }
+    p0[k] = '\0';
+    if (!sp_x_path_expand(p0, out, cap))
+        snprintf(out, cap, "%s", pattern);
+}
+
 bool cli_same_file(const char *in, const char *out) {
     struct stat a, b;
     return stat(in, &a) == 0 && stat(out, &b) == 0 && a.st_dev == b.st_dev && a.st_ino == b.st_ino;

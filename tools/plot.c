@@ -739,15 +739,19 @@ static int render_multi(FILE *f, series_t *s, size_t n, size_t hi, size_t lo, bo
 #define MAX_SNAPSHOTS 1024
 
 static int usage(FILE *out, int rc) {
-    fprintf(out,
-            "usage: sympool plot SNAPSHOT... -o OUT.svg [-d DEVICE]\n"
-            "  The memory timeline of a snapshot (.pickle or .json) as an SVG. With several\n"
-            "  snapshots (one per rank, e.g. out/rank*.pickle), every rank's requested curve on\n"
-            "  one chart, the ranks with the highest and lowest peak marked.\n"
-            "  -o, --output=OUT.svg   the chart (SVG; for PNG: rsvg-convert -o OUT.png OUT.svg)\n"
-            "  -d, --device=N         the device to plot (default: the first with events, else\n"
-            "                         the first with segments)\n"
-            "  -h, --help             this text\n");
+    fprintf(
+        out,
+        "usage: sympool plot SNAPSHOT... -o OUT.svg [-d DEVICE]\n"
+        "  The memory timeline of a snapshot (.pickle or .json) as an SVG. With several\n"
+        "  snapshots (one per rank, e.g. out/rank*.pickle), every rank's requested curve on\n"
+        "  one chart, the ranks with the highest and lowest peak marked.\n"
+        "  -o, --output=OUT.svg   the chart (SVG; for PNG: rsvg-convert -o OUT.png OUT.svg);\n"
+        "                         %%h, %%p, %%r in OUT are the host, pid and rank (0 outside a\n"
+        "                         launcher), %%%% a %%, as replay --snapshot and the library\n"
+        "                         expand them\n"
+        "  -d, --device=N         the device to plot (default: the first with events, else\n"
+        "                         the first with segments)\n"
+        "  -h, --help             this text\n");
     return rc;
 }
 
@@ -790,6 +794,11 @@ int sp_cli_plot(int argc, char **argv) {
                 out);
         return 2;
     }
+    /* The file OUT names, %h, %p, %r expanded as replay --snapshot expands its OUT: from here on,
+     * out is that file (checked, compared with the inputs, written, reported). */
+    char out_file[4096];
+    cli_output_path(out, out_file, sizeof out_file);
+    out = out_file;
     if (!cli_output_ok("plot", "-o", out))
         return 1;
     for (int i = optind; i < argc; i++)

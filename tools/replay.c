@@ -2075,7 +2075,9 @@ static int usage(FILE *out, int rc) {
         "  -c, --conf=KEY:VALUE,...   allocator options (PYTORCH_CUDA_ALLOC_CONF syntax)\n"
         "      --capacity=SIZE        emulated device size (e.g. 80GiB); OOMs are counted\n"
         "  -s, --snapshot=OUT         write our snapshot of the replay (OUT.pickle or "
-        "OUT.json)\n"
+        "OUT.json;\n"
+        "                             %%h, %%p, %%r in OUT: host, pid, rank, 0 outside a "
+        "launcher)\n"
         "  -j, --json                 one JSON object on stdout (one line per configuration)\n"
         "      --compare CONF [CONF...]  replay once per configuration on a fresh allocator, one\n"
         "                             table; each starts from the snapshot's settings (or\n"
@@ -2197,31 +2199,6 @@ static int parse_args(int argc, char **argv, replay_args_t *a) {
     return -1;
 }
 
-/* The file --snapshot OUT names: sp_dump_snapshot expands %h, %p, %r and %% in OUT, a %r with
- * the rank unknown (no launcher) as 0. Into out (cap bytes); OUT itself if it cannot be. */
-static void snapshot_file(const char *pattern, char *out, size_t cap) {
-    if (sp_x_path_expand(pattern, out, cap))
-        return;
-    char p0[4096]; /* pattern with %r as 0, the rest for sp_x_path_expand */
-    size_t k = 0;
-    for (const char *c = pattern; *c != '\0' && k + 2 < sizeof p0; c++) {
-        if (c[0] == '%' && (c[1] == '%' || c[1] == 'r')) {
-            if (c[1] == 'r') {
-                p0[k++] = '0';
-            } else {
-                p0[k++] = '%';
-                p0[k++] = '%';
-            }
-            c++;
-        } else {
-            p0[k++] = *c;
-        }
-    }
-    p0[k] = '\0';
-    if (!sp_x_path_expand(p0, out, cap))
-        snprintf(out, cap, "%s", pattern);
-}
-
 int sp_cli_replay(int argc, char **argv) {
     replay_args_t a;
     int rc = parse_args(argc, argv, &a);
@@ -2229,7 +2206,7 @@ int sp_cli_replay(int argc, char **argv) {
         return rc;
     char snap_file[4096] = "";
     if (a.snapshot != NULL)
-        snapshot_file(a.snapshot, snap_file, sizeof snap_file);
+        cli_output_path(a.snapshot, snap_file, sizeof snap_file);
     if (a.snapshot != NULL && cli_same_file(a.trace, snap_file)) {
         /* The recorded trace would be replaced by the replay's snapshot: refused before
          * anything is read or written. */

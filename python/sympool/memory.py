@@ -246,9 +246,11 @@ class Stream(_lib.Handle):
         try:
             if c.sp_x_session() == self._session:
                 status = c.sp_stream_destroy(ptr)
-                if status != 0 and _lib.status_name(status) in _STREAM_RETRY:
+                if status != 0 and _lib.status_name(status) in _STREAM_RETRY and \
+                        not _stream_holds(ptr, self._session, but=self):
                     # Refused for now (inside a callback the library runs, during a graph
-                    # capture): the next empty_cache or MemPool destroy tries again.
+                    # capture): the next empty_cache or MemPool destroy tries again. Not when
+                    # another Stream holds the handle: see _stream_holds.
                     _orphan_streams.append((ptr, self._session))
             self.ptr = self.cuda_stream = None
         except Exception:
@@ -310,17 +312,32 @@ _orphan_streams = globals().get("_orphan_streams", [])
 _STREAM_RETRY = ("SP_ERR_INVALID_USAGE", "SP_ERR_BUSY")
 
 
+def _stream_holds(ptr, session, but=None):
+    """Whether a live Stream other than but holds handle ptr of this library session. Then the
+    library made a stream at ptr again, so the stream a queued destroy of ptr meant is gone: its
+    handle was destroyed by other means (sp_stream_destroy through ctypes) before the refused
+    destroy, or since. The refusal itself cannot tell: the callback gate refuses before it looks
+    at the handle. Retrying then destroyed the other Stream's stream. Only the queue asks (rare),
+    so collections pay nothing; a stream made at ptr outside this package cannot be seen here."""
+    for o in list(_pools.values()):
+        if isinstance(o, Stream) and o is not but and o.ptr == ptr and \
+                getattr(o, "_session", None) == session:
+            return True
+    return False
+
+
 def _destroy_orphan_streams():
     """Destroy the streams Stream.__del__ could not. Called outside any callback (sp_init
     answered), so only a capture still under way (SP_ERR_BUSY) keeps one for later; one from
-    before an sp_shutdown, or refused otherwise (destroyed meanwhile), is dropped."""
+    before an sp_shutdown, one whose handle a live Stream holds now (_stream_holds), or one
+    refused otherwise (destroyed meanwhile), is dropped."""
     later = []
     while True:
         try:
             ptr, session = _orphan_streams.pop()  # atomic: a collection may append meanwhile
         except IndexError:
             break
-        if session == c.sp_x_session():
+        if session == c.sp_x_session() and not _stream_holds(ptr, session):
             status = c.sp_stream_destroy(ptr)
             if status != 0 and _lib.status_name(status) == "SP_ERR_BUSY":
                 later.append((ptr, session))

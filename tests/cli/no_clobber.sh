@@ -32,6 +32,9 @@ check "replay onto itself through %r" "is the trace being replayed" "$bin" repla
 check "replay onto a hard link" "is the trace being replayed" "$bin" replay "$w/hard.pickle" --snapshot "$w/t.pickle"
 check "plot onto its snapshot" "is the snapshot" "$bin" plot "$w/t.svg" -o "$w/t.svg"
 check "plot onto one of its snapshots" "is the snapshot" "$bin" plot "$trace" "$w/t.svg" -o "$w/t.svg"
+# ... also through %r, which plot -o expands as replay --snapshot does.
+cp "$trace" "$w/t-0.svg" || exit 1
+check "plot onto its snapshot through %r" "is the snapshot" "$bin" plot "$w/t-0.svg" -o "$w/t-%r.svg"
 # SYMPOOL_DEBUG_FILE naming the trace (or the snapshot to write): log lines would be appended.
 check "debug file is the trace" "SYMPOOL_DEBUG_FILE" env SYMPOOL_DEBUG=INFO SYMPOOL_DEBUG_FILE="$w/t.pickle" "$bin" replay "$w/t.pickle"
 check "debug file is a link to the trace" "SYMPOOL_DEBUG_FILE" env SYMPOOL_DEBUG=INFO SYMPOOL_DEBUG_FILE="$w/link.pickle" "$bin" info "$w/t.pickle"
@@ -52,7 +55,7 @@ check "debug file is a snapshot given after --" "SYMPOOL_DEBUG_FILE" sh -c \
 check "debug file is the chart given as -o -FILE" "SYMPOOL_DEBUG_FILE" sh -c \
     'cd "$1" && SYMPOOL_DEBUG=INFO SYMPOOL_DEBUG_FILE=-d.svg exec "$2" plot "$3" -o -d.svg' \
     sh "$w" "$bin" "$trace"
-for f in t.pickle t.svg t-0.pickle -d.pickle -d.svg; do
+for f in t.pickle t.svg t-0.pickle t-0.svg -d.pickle -d.svg; do
     cmp -s "$trace" "$w/$f" || { echo "FAIL $f was changed"; fail=1; }
 done
 [ -L "$w/link.pickle" ] || { echo "FAIL the link was replaced"; fail=1; }

@@ -448,6 +448,13 @@ if(TARGET sympool_cli)
     "rm -rf '${SP_CLI_OUT}/expanded' && mkdir -p '${SP_CLI_OUT}/expanded/0' && '$<TARGET_FILE:sympool_cli>' replay '${SMALL}' --snapshot '${SP_CLI_OUT}/expanded/%r/x.pickle' >/dev/null && ls '${SP_CLI_OUT}/expanded/0'")
   set_tests_properties(cli.replay_snapshot_folder_expanded PROPERTIES LABELS "unit;cli"
     TIMEOUT 120 ENVIRONMENT "SYMPOOL_DEVICE=host" PASS_REGULAR_EXPRESSION "^x.pickle\n$")
+  # plot -o expands OUT as replay --snapshot does (%h, %p, %r; %% a '%'): it took OUT literally,
+  # so one pattern named a per-rank snapshot and a chart in a folder named '%r'.
+  add_test(NAME cli.plot_output_expanded COMMAND sh -c
+    "rm -rf '${SP_CLI_OUT}/plot-expanded' && mkdir -p '${SP_CLI_OUT}/plot-expanded/0' && '$<TARGET_FILE:sympool_cli>' plot '${SMALL}' -o '${SP_CLI_OUT}/plot-expanded/%r/a%%b-%p.svg' && ls '${SP_CLI_OUT}/plot-expanded/0'")
+  set_tests_properties(cli.plot_output_expanded PROPERTIES LABELS "unit;cli"
+    TIMEOUT 120 ENVIRONMENT "SYMPOOL_DEVICE=host"
+    PASS_REGULAR_EXPRESSION "wrote [^\n]*/plot-expanded/0/a%b-[0-9]+\\.svg [^\n]*\na%b-[0-9]+\\.svg\n$")
   sp_cli_check(NAME plot_output_no_folder RC 1
     REGEX "sympool plot: -o .*/no-such-dir/x.svg: its folder .*/no-such-dir does not exist"
     ARGS plot ${SP_CLI_OUT}/no-such-trace.pickle -o ${SP_CLI_OUT}/no-such-dir/x.svg)

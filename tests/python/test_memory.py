@@ -232,6 +232,53 @@ def test_stream_collected_inside_a_callback_is_destroyed_later(sp):
     assert _streams(sp) == before and not bufs
 
 
+def _collect_inside_a_callback(sp, bufs):
+    """A MemPool whose Python segment allocator runs a collection inside the library's callback
+    (where the library refuses every call)."""
+    import gc
+
+    def alloc(size, device, stream):
+        gc.collect()
+        b = ctypes.create_string_buffer(size + 4096)
+        a = (ctypes.addressof(b) + 4095) & ~4095
+        bufs[a] = b
+        return a
+
+    return sp.MemPool((alloc, lambda ptr, *a: bufs.pop(ptr)), name="collects")
+
+
+def test_stream_destroyed_by_hand_then_collected_in_a_callback_spares_a_new_stream(sp):
+    # A Stream whose handle was destroyed by other means (sp_stream_destroy through ctypes), then
+    # collected inside a callback: the refusal was queued, and the next empty_cache destroyed
+    # whatever stream had got that handle since, a live Stream of someone else.
+    import gc
+    lib = sp._lib.lib()
+    bufs = {}
+    before = _streams(sp)
+    gc.disable()
+    try:
+        lost = [sp.Stream() for _ in range(50)]
+        handles = {s.ptr for s in lost}
+        for h in handles:
+            assert lib.sp_stream_destroy(h) == 0, sp._lib.last_error()
+        lost.append(lost)
+        del lost  # only the collector frees them: inside alloc below
+        pool = _collect_inside_a_callback(sp, bufs)
+        sp.free(pool.malloc(100))
+        new = [sp.Stream() for _ in range(50)]  # some at the old handles (the host backend's
+        if not handles & {s.ptr for s in new}:  # structs freed and made again)
+            pytest.skip("no new stream got an old handle")
+        pool.destroy()
+    finally:
+        gc.enable()
+    sp.empty_cache()
+    assert _streams(sp) == before + len(new)
+    for s in new:
+        assert lib.sp_stream_synchronize(s.ptr) == 0, sp._lib.last_error()
+        s.destroy()
+    assert _streams(sp) == before and not bufs
+
+
 def test_stream_from_before_a_shutdown_is_left_alone_when_collected():
     # After sp_shutdown the host backend's streams are gone and a new stream may get the same
     # handle: a collected Stream of the old session must not destroy the new one. (The package

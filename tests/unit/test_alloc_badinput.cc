@@ -111,22 +111,36 @@ TEST_F(AllocBadInput, ForeignStreamOrStreamOfAnotherDevice) {
 }
 
 // A destroyed stream is refused even when a cached block keyed by it exists: the hit path never
-// asks the backend about the stream, so destroying one releases its free cached segments.
+// asks the backend about the stream, so destroying one releases its free cached segments. Fixed
+// and expandable segments both: the setting is pinned for each run, so that a
+// SYMPOOL_ALLOC_CONF in the environment (the suite run with expandable segments) decides neither.
 TEST_F(AllocBadInput, DestroyedStreamIsRefusedAlsoOnACacheHit) {
     SP_SKIP_UNLESS_HOST(); // a host stream's pointer is invalid once destroyed; CUDA's may be
                            // reused
-    sp_stream_t s;
-    ASSERT_SP_OK(sp_stream_create(0, &s));
-    void *p = nullptr, *q = nullptr;
-    ASSERT_SP_OK(sp_malloc(4096, 0, s, &p));
-    ASSERT_SP_OK(sp_malloc(3 * sp::MiB, 0, s, &q));
-    ASSERT_SP_OK(sp_free(p)); // both cached under s
-    ASSERT_SP_OK(sp_free(q));
-    EXPECT_EQ(stat("reserved_bytes.all.current"), (int64_t)(2 * sp::MiB + 20 * sp::MiB));
-    ASSERT_SP_OK(sp_stream_destroy(s));
-    EXPECT_EQ(stat("reserved_bytes.all.current"), 0) << "its free segments went with it";
-    void *r = &r;
-    EXPECT_SP_STATUS(sp_malloc(4096, 0, s, &r), SP_ERR_INVALID_ARGUMENT);
-    EXPECT_SP_STATUS(sp_malloc(3 * sp::MiB, 0, s, &r), SP_ERR_INVALID_ARGUMENT);
-    EXPECT_EQ(r, (void *)&r);
+    for (const char *conf : {(const char *)nullptr, "expandable_segments:True"}) {
+        SCOPED_TRACE(conf ? conf : "default settings");
+        ASSERT_SP_OK(sp_shutdown()); // the setting is read when the allocator starts
+        sp::ScopedEnv env({{"SYMPOOL_ALLOC_CONF", conf}});
+        sp_stream_t s;
+        ASSERT_SP_OK(sp_stream_create(0, &s));
+        void *p = nullptr, *q = nullptr;
+        ASSERT_SP_OK(sp_malloc(4096, 0, s, &p));
+        ASSERT_SP_OK(sp_malloc(3 * sp::MiB, 0, s, &q));
+        const int64_t reserved = stat("reserved_bytes.all.current");
+        ASSERT_SP_OK(sp_free(p)); // both cached under s
+        ASSERT_SP_OK(sp_free(q));
+        EXPECT_EQ(stat("allocated_bytes.all.current"), 0);
+        EXPECT_GT(reserved, 0);
+        EXPECT_EQ(stat("reserved_bytes.all.current"), reserved) << "the frees kept them cached";
+        if (conf == nullptr) { // PyTorch's figures: a 2 MiB small segment and a 20 MiB large one
+            EXPECT_EQ(reserved, (int64_t)(2 * sp::MiB + 20 * sp::MiB));
+        }
+        ASSERT_SP_OK(sp_stream_destroy(s));
+        EXPECT_EQ(stat("reserved_bytes.all.current"), 0) << "its free segments went with it";
+        void *r = &r;
+        EXPECT_SP_STATUS(sp_malloc(4096, 0, s, &r), SP_ERR_INVALID_ARGUMENT);
+        EXPECT_SP_STATUS(sp_malloc(3 * sp::MiB, 0, s, &r), SP_ERR_INVALID_ARGUMENT);
+        EXPECT_EQ(r, (void *)&r);
+        ASSERT_SP_OK(sp_shutdown()); // the allocator does not outlive the setting
+    }
 }
