@@ -84,7 +84,7 @@ void sp__fmt_size(size_t bytes, char *buf, size_t len) {
  * the cache-hit path costs no host malloc, and a block costs its struct and no allocator header
  * (a million live blocks are a million structs). Slabs are taken from the struct arena (arena.c),
  * where links between structs are 32-bit refs; a segment struct takes SP_SEG_SLOTS structs' room
- * in a slab and gives them back to the spare list when it goes.
+ * in a slab and gives it back, whole, to a segment spare list when it goes.
  *
  * A slab is handed out front to back, one struct at a time, never threaded whole onto the spare
  * list: a device that needs a few dozen blocks touches a few pages of its slab, not all 14. An
@@ -198,6 +198,7 @@ void sp__block_slabs_free(sp_devalloc_t *d) {
     d->slab_next = NULL;
     d->slab_left = 0;
     d->spare = 0;
+    d->seg_spare = NULL; /* in the slabs just kept, whose structs are cleared as handed out */
 }
 
 sp_status_t sp__pool_block_structs(int device, sp_block_structs_t *out) {
@@ -214,6 +215,8 @@ sp_status_t sp__pool_block_structs(int device, sp_block_structs_t *out) {
     out->untouched = d->slab_left;
     for (sp_ref_t r = d->spare; r; r = sp__blk(r)->hnext)
         out->spare++;
+    for (const sp_segment_t *g = d->seg_spare; g; g = g->pnext)
+        out->seg_spare++;
     sp__unlock(&d->lock);
     return SP_SUCCESS;
 }
@@ -258,9 +261,16 @@ void sp__block_recycle(sp_devalloc_t *d, sp_block_t *b) {
     spare_push(d, b);
 }
 
-/* A zeroed segment struct: SP_SEG_SLOTS consecutive structs of the newest slab (a slab with
- * fewer left gives those to the spare list first). NULL: out of struct storage. */
+/* A zeroed segment struct: one a released segment left (segment_give_back), else SP_SEG_SLOTS
+ * consecutive structs of the newest slab (a slab with fewer left gives those to the spare list
+ * first). NULL: out of struct storage. */
 static sp_segment_t *segment_take(sp_devalloc_t *d) {
+    sp_segment_t *idle = d->seg_spare;
+    if (idle) {
+        d->seg_spare = idle->pnext;
+        memset(idle, 0, SP_SEG_SLOTS * sizeof(sp_block_t));
+        return idle;
+    }
     if (d->slab_left < SP_SEG_SLOTS) {
         while (d->slab_left) {
             sp_block_t *b = slab_take(d);
@@ -276,13 +286,16 @@ static sp_segment_t *segment_take(sp_devalloc_t *d) {
     return seg;
 }
 
-/* A segment struct's room back to the spare list as block structs, cleared (a recycled struct on
- * the fast paths is filled field by field, and a stale thread-cache mark must not appear). */
+/* A segment struct's room back to the segment spare list, whole, for the next segment: only
+ * segment_take can use SP_SEG_SLOTS consecutive structs, and it takes them from a slab's
+ * never-used end otherwise, so room handed to the block spare list was lost to segments for good
+ * (and the block spare list grew by it with every segment made and released). Cleared but for
+ * the link: nothing reads a released segment (the segment index dropped it, and its blocks' structs
+ * were recycled with seg = 0). */
 static void segment_give_back(sp_devalloc_t *d, sp_segment_t *seg) {
-    sp_block_t *b = (sp_block_t *)seg;
-    memset(b, 0, SP_SEG_SLOTS * sizeof(sp_block_t));
-    for (size_t i = 0; i < SP_SEG_SLOTS; i++)
-        spare_push(d, &b[i]);
+    memset(seg, 0, SP_SEG_SLOTS * sizeof(sp_block_t));
+    seg->pnext = d->seg_spare;
+    d->seg_spare = seg;
 }
 
 /* ---- finding and handing out blocks ------------------------------------------------------ */

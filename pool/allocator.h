@@ -147,6 +147,12 @@ typedef struct sp_devalloc {
     int64_t exp_bytes_mapped, exp_bytes_unmapped;
     int64_t exp_map_calls, exp_unmap_calls;
     int64_t exp_recycle_syncs; /* stream and device synchronizations RECYCLE asked for */
+    /* Idle segment structs, chained by pnext (lock). A segment's room (SP_SEG_SLOTS consecutive
+     * structs) stays a segment's: given to the block spare list, it could never be a segment
+     * again, so every segment made and released took fresh slab room for good (168 bytes a
+     * segment, unbounded: bench/results/2026-11-30-s26-leak.jsonl). Last, as the cold paths
+     * (segment create and release) are its only users. */
+    struct sp_segment *seg_spare;
 } sp_devalloc_t;
 
 typedef struct sp_alloc_global {

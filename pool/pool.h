@@ -55,6 +55,7 @@ typedef struct sp_block_structs {
     size_t kept;      /* slabs earlier allocators of the device left, not yet used again */
     size_t untouched; /* structs of the newest slab never handed out */
     size_t spare;     /* structs back on the spare list */
+    size_t seg_spare; /* segment structs back on the segment spare list */
 } sp_block_structs_t;
 sp_status_t sp__pool_block_structs(int device, sp_block_structs_t *out);
 

@@ -287,6 +287,53 @@ TEST_F(AllocInternal, ShutdownKeepsItsSlabsForTheNextAllocator) {
     ASSERT_SP_OK(sp_free(p));
 }
 
+// A segment's struct room, when the segment is released, waits whole for the next segment: a
+// segment needs SP_SEG_SLOTS consecutive structs, so room given to the block spare list could not
+// be one again, and every segment made and released took 168 bytes of fresh struct storage for
+// good (sp_malloc, sp_free, sp_empty_cache in a loop grew the struct arena, and RSS, without
+// bound). After the first round, rounds take no never-used struct and commit no struct memory.
+TEST_F(AllocInternal, ReleasedSegmentStructsAreReusedBySegments) {
+    auto round = [] {
+        void *p;
+        ASSERT_SP_OK(sp_malloc(1 << 20, 0, nullptr, &p));
+        ASSERT_SP_OK(sp_free(p));
+        ASSERT_SP_OK(sp_empty_cache());
+    };
+    round();
+    sp_block_structs_t st0, st;
+    ASSERT_SP_OK(sp__pool_block_structs(0, &st0));
+    EXPECT_EQ(st0.seg_spare, 1u) << "the released segment's struct waits for the next";
+    const size_t bytes = sp_x_struct_bytes();
+    const int rounds = 6000; // past a slab (1023 structs) and a 256 KiB commit step at 168 B each
+    for (int i = 0; i < rounds; i++) {
+        round();
+        if (HasFatalFailure())
+            return;
+    }
+    ASSERT_SP_OK(sp__pool_block_structs(0, &st));
+    EXPECT_EQ(st.slabs, st0.slabs) << "no new slab";
+    EXPECT_EQ(st.untouched, st0.untouched) << "no never-used struct taken";
+    EXPECT_EQ(st.spare, st0.spare) << "the block spare list does not grow";
+    EXPECT_EQ(st.seg_spare, 1u);
+    EXPECT_EQ(sp_x_struct_bytes(), bytes) << "no struct memory committed";
+    // Several segments released at once wait together and are all taken again (12 MiB: a
+    // segment each).
+    std::vector<void *> ps(5);
+    for (auto &p : ps)
+        ASSERT_SP_OK(sp_malloc(12 * MiB, 0, nullptr, &p));
+    for (void *p : ps)
+        ASSERT_SP_OK(sp_free(p));
+    ASSERT_SP_OK(sp_empty_cache());
+    ASSERT_SP_OK(sp__pool_block_structs(0, &st));
+    EXPECT_EQ(st.seg_spare, 5u);
+    for (auto &p : ps)
+        ASSERT_SP_OK(sp_malloc(12 * MiB, 0, nullptr, &p));
+    ASSERT_SP_OK(sp__pool_block_structs(0, &st));
+    EXPECT_EQ(st.seg_spare, 0u);
+    for (void *p : ps)
+        ASSERT_SP_OK(sp_free(p));
+}
+
 // A live block costs its 56-byte struct in the struct arena (segments' structs and the arena's
 // commit steps add little over many blocks), which sp_x_struct_bytes reports for the metadata
 // benchmark; the structs live outside malloc, so malloc's statistics no longer count them.
