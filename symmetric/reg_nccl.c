@@ -304,6 +304,7 @@ static bool symmetric_support(sp_sym_state_t *st, char *ids, char *why, size_t l
 }
 
 static _Atomic bool s_test_fail_devs;                     /* sp__reg_nccl_test_fail_devs */
+static _Atomic bool s_test_skip_gather;                   /* sp__reg_nccl_test_skip_gather */
 static void (*_Atomic s_test_at_ready)(const char *pool); /* sp__reg_nccl_test_at_ready */
 
 /* Tests: `hook` runs on the growing thread right before the round that readies every rank for
@@ -314,6 +315,23 @@ void sp__reg_nccl_test_at_ready(void (*hook)(const char *pool)) {
 
 void sp__reg_nccl_test_fail_devs(bool on) {
     s_test_fail_devs = on;
+}
+
+/* Tests: this rank's next growths stop right before the gather of the node's GPU table, as a
+ * rank whose round before it timed out (its outcome differs between ranks only near the
+ * deadline) does: SP_ERR_TIMEOUT and the pool broken here, the gather never joined. */
+void sp__reg_nccl_test_skip_gather(bool on) {
+    s_test_skip_gather = on;
+}
+
+/* sp__reg_nccl_test_skip_gather's stop: what a rank whose last round timed out does. */
+static sp_status_t skipped_gather(sp_sym_state_t *st, void *base, char *devs, const char *what) {
+    mem_free(st->device, base);
+    free(devs);
+    st->broken = true;
+    snprintf(st->broken_why, sizeof st->broken_why, "%s timed out (test: the gather skipped)",
+             what);
+    return sp__error(SP_ERR_TIMEOUT, SP_SUB_SYM, "%s: timed out (test: the gather skipped)", what);
 }
 
 /* symmetric_support's table of the node's devices, allocated before nccl_alloc's first round,
@@ -445,6 +463,8 @@ static sp_status_t nccl_alloc(sp_sym_state_t *st, size_t size, sp_sym_seg_t *seg
         free(devs);
         return rs;
     }
+    if (s_test_skip_gather)
+        return skipped_gather(st, base, devs, what);
     char no_sym[96] = "";
     sp__world_set_nccl_symmetric(w, symmetric_support(st, devs, no_sym, sizeof no_sym), no_sym);
     free(devs);
@@ -591,8 +611,11 @@ const sp_registrar_ops_t sp__registrar_nccl = {
 #else
 #include "symmetric/registrar.h"
 
-/* Without NCCL there is no table to fail and no registration to hold. */
+/* Without NCCL there is no table to fail, no gather to skip and no registration to hold. */
 void sp__reg_nccl_test_fail_devs(bool on) {
+    (void)on;
+}
+void sp__reg_nccl_test_skip_gather(bool on) {
     (void)on;
 }
 void sp__reg_nccl_test_at_ready(void (*hook)(const char *pool)) {
