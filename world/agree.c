@@ -810,3 +810,23 @@ sp_status_t sp__agree_band_buf(MPI_Comm comm, uint64_t *buf, size_t words, const
     return wait_round(1, &req, comm, (int64_t *)buf, deadline, limit, false, NULL, what,
                       abandoned_p);
 }
+
+sp_status_t sp__agree_gather_buf(MPI_Comm comm, char *buf, size_t bytes, const char *what,
+                                 bool *abandoned_p) {
+    *abandoned_p = false;
+    if (bytes > (size_t)INT_MAX)
+        return sp__error(SP_ERR_INVALID_ARGUMENT, SP_SUB_BOOT, "%s: %zu bytes is too many", what,
+                         bytes);
+    double limit = sp__agree_timeout_s();
+    int64_t deadline = deadline_ns(limit);
+    __atomic_fetch_add(&s_rounds, 1, __ATOMIC_RELAXED);
+    MPI_Request req;
+    int rc =
+        MPI_Iallgather(buf, (int)bytes, MPI_CHAR, buf + bytes, (int)bytes, MPI_CHAR, comm, &req);
+    if (rc != MPI_SUCCESS)
+        return sp__world_mpi_status(rc, what);
+    /* A peer that never posts its part (it failed the round before, late at its deadline) is a
+     * timeout here, never a wait for good: buf then stays with the request in the graveyard. */
+    return wait_round(1, &req, comm, (int64_t *)(void *)buf, deadline, limit, false, NULL, what,
+                      abandoned_p);
+}
