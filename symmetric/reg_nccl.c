@@ -33,6 +33,9 @@
  * Symmetric support: NCCL 2.28 answers a window registration with success even when the world
  * has no symmetric support, and the "window" is then a local buffer registration. It offers no
  * query, so symmetric_support() infers it from NCCL's own rule and the log says which it is.
+ * That needs the node's GPUs' bus ids, gathered (node_gather) with SYMPOOL_SYM_TIMEOUT's deadline
+ * like a round: a node peer whose previous round timed out never joins, and the ranks waiting
+ * for it get SP_ERR_TIMEOUT and a broken pool, not a wait for good.
  * ncclMemAlloc and ncclMemFree use and may change the current device: the caller's is restored.
  * No pool or device lock is held by the callers (symmetric/ owns growth and release).
  */

@@ -21,6 +21,11 @@
  * round completes within MPI's progress latency of that deadline. Real time, not monotonic
  * time: the deadline is compared across ranks (same clock on one node; NTP-close across nodes,
  * far below any useful deadline).
+ * The same deadline and graveyard bound the steps that are not rounds: the free-segment bitmap's
+ * MPI_BAND (sp__agree_band_buf), the communicator duplicates (sp__agree_dup) and the nccl
+ * registrar's gather of the node's GPU table (sp__agree_gather_buf). They carry no deadlines, so
+ * the late rule does not apply to them: a rank late to one learns that its peers gave up at its
+ * next round, which they never join.
  *
  * Small worlds (at most P2P_MAX_RANKS ranks) exchange their records point to point: every rank
  * sends its own inputs (R_* layout below: op, call number, fields, ok, deadline, then any payload)
