@@ -475,6 +475,9 @@ static sp_status_t nccl_alloc(sp_sym_state_t *st, size_t size, sp_sym_seg_t *seg
     }
     if (s_test_skip_gather)
         return skipped_gather(st, base, devs, what);
+    /* The gather before any rank looks at its own NCCL settings: every rank of the node is in
+     * it whatever they say, or a rank whose NCCL_WIN_ENABLE differs would leave its node peers
+     * waiting there until their deadline. */
     if (devs && (rs = node_gather(st, devs, what)) != SP_SUCCESS) {
         /* No rank has registered or taken a ticket yet: this growth's memory is all to undo. */
         mem_free(st->device, base);
