@@ -33,6 +33,9 @@
  * Symmetric support: NCCL 2.28 answers a window registration with success even when the world
  * has no symmetric support, and the "window" is then a local buffer registration. It offers no
  * query, so symmetric_support() infers it from NCCL's own rule and the log says which it is.
+ * That needs the node's GPUs' bus ids, gathered (node_gather) with SYMPOOL_SYM_TIMEOUT's deadline
+ * like a round: a node peer whose previous round timed out never joins, and the ranks waiting
+ * for it get SP_ERR_TIMEOUT and a broken pool, not a wait for good.
  * ncclMemAlloc and ncclMemFree use and may change the current device: the caller's is restored.
  * No pool or device lock is held by the callers (symmetric/ owns growth and release).
  */
@@ -256,27 +259,31 @@ static bool p2p_pair(const char *a, const char *b, char *why, size_t len) {
     return false;
 }
 
+/* The node's GPU table: every rank of the node's PCI bus id, gathered over the pool's own node
+ * communicator (two pools growing at once on two threads must not interleave collectives on one
+ * communicator: MPI matches them in call order) into devs + BUS_ID, node rank order (devs:
+ * node_devs' buffer; this rank's id goes in its first BUS_ID bytes). Bounded by
+ * SYMPOOL_SYM_TIMEOUT like a round: the rounds before it can end differently on a rank that hit
+ * its deadline, which then never joins, and its node peers must get an error, not wait for good.
+ * On failure devs is gone (freed, or kept with the abandoned request) and the pool is broken on
+ * a timeout. */
+static sp_status_t node_gather(sp_sym_state_t *st, char *devs, const char *what) {
+    cudaError_t pending = cudaPeekAtLastError();
+    memset(devs, 0, BUS_ID);
+    if (cudaDeviceGetPCIBusId(devs, BUS_ID, st->device) != cudaSuccess)
+        devs[0] = '\0'; /* unknown: counted as hidden (p2p_pair) */
+    drop_errors_since(pending);
+    char gwhat[192];
+    snprintf(gwhat, sizeof gwhat, "%s: the node's GPU table (every node rank's PCI bus id)", what);
+    return sp__sym_node_gather(st, devs, BUS_ID, gwhat);
+}
+
 /* Whether NCCL gave this world symmetric support, which 2.28 does not let one query: it is on when
  * NCCL_WIN_ENABLE and cuMem are on and every pair of this node's GPUs reaches each other by CUDA
  * P2P (reference/nccl-windows.md 1.3). Without it, 2.28 still returns success and a window that
- * is only a local buffer registration, on which the symmetric kernels never run. Collective over
- * the node (one all-gather of the ranks' GPU bus ids into ids, node_devs' table, which every rank
- * of a node of several has); called where every rank grows the pool. On "no", *why names the
- * reason. */
-static bool symmetric_support(sp_sym_state_t *st, char *ids, char *why, size_t len) {
-    /* The all-gather first: every rank of the node is in it whatever its own settings say, or a
-     * rank whose NCCL_WIN_ENABLE differs would leave its node peers waiting there. The pool's
-     * own node communicator: two pools growing at once on two threads must not interleave
-     * collectives on one communicator (MPI matches them in call order). */
-    MPI_Comm node = st->node_comm;
-    int n = sp__world_local_size(st->world);
-    cudaError_t pending = cudaPeekAtLastError();
-    char mine[BUS_ID] = "";
-    if (n > 1 && cudaDeviceGetPCIBusId(mine, BUS_ID, st->device) != cudaSuccess)
-        mine[0] = '\0'; /* unknown: counted as hidden (p2p_pair) */
-    drop_errors_since(pending);
-    bool gathered =
-        n > 1 && MPI_Allgather(mine, BUS_ID, MPI_CHAR, ids, BUS_ID, MPI_CHAR, node) == MPI_SUCCESS;
+ * is only a local buffer registration, on which the symmetric kernels never run. ids: the node's
+ * GPU table (node_gather), NULL on a node of one rank. On "no", *why names the reason. */
+static bool symmetric_support(const sp_sym_state_t *st, const char *ids, char *why, size_t len) {
     /* src/init.cc:58 and :1376: NCCL_WIN_ENABLE, default 1, off at 0. */
     if (nccl_param("NCCL_WIN_ENABLE", 1) == 0) {
         snprintf(why, len, "NCCL_WIN_ENABLE=%s", getenv("NCCL_WIN_ENABLE"));
@@ -290,11 +297,13 @@ static bool symmetric_support(sp_sym_state_t *st, char *ids, char *why, size_t l
         snprintf(why, len, "NCCL_CUMEM_ENABLE=%s", getenv("NCCL_CUMEM_ENABLE"));
         return false;
     }
-    if (!gathered)
-        return true; /* one rank on the node (trivially all P2P), or unknown: NCCL's default */
+    if (!ids)
+        return true; /* one rank on the node: trivially all P2P */
     /* Every pair of the node's GPUs, not only this rank's: NCCL's isAllCudaP2p is one answer
      * for the node's ranks (src/transport.cc:78-111), and nccl_alloc refuses ranks that differ.
      * By bus id, never by the ranks' ordinals, which name other GPUs (or none) here. */
+    int n = sp__world_local_size(st->world);
+    cudaError_t pending = cudaPeekAtLastError();
     bool ok = true;
     for (int i = 0; i < n && ok; i++)
         for (int j = i + 1; j < n && ok; j++)
@@ -304,6 +313,7 @@ static bool symmetric_support(sp_sym_state_t *st, char *ids, char *why, size_t l
 }
 
 static _Atomic bool s_test_fail_devs;                     /* sp__reg_nccl_test_fail_devs */
+static _Atomic bool s_test_skip_gather;                   /* sp__reg_nccl_test_skip_gather */
 static void (*_Atomic s_test_at_ready)(const char *pool); /* sp__reg_nccl_test_at_ready */
 
 /* Tests: `hook` runs on the growing thread right before the round that readies every rank for
@@ -316,13 +326,31 @@ void sp__reg_nccl_test_fail_devs(bool on) {
     s_test_fail_devs = on;
 }
 
-/* symmetric_support's table of the node's devices, allocated before nccl_alloc's first round,
- * whose ok flag carries the outcome: a rank that could not have it after the round would skip
- * the all-gather its node peers wait in, with no deadline. True with *devs_p (NULL on a node of
- * one rank, which gathers nothing); false when host malloc refused it. */
+/* Tests: this rank's next growths stop right before the gather of the node's GPU table, as a
+ * rank whose round before it timed out (its outcome differs between ranks only near the
+ * deadline) does: SP_ERR_TIMEOUT and the pool broken here, the gather never joined. */
+void sp__reg_nccl_test_skip_gather(bool on) {
+    s_test_skip_gather = on;
+}
+
+/* sp__reg_nccl_test_skip_gather's stop: what a rank whose last round timed out does. */
+static sp_status_t skipped_gather(sp_sym_state_t *st, void *base, char *devs, const char *what) {
+    mem_free(st->device, base);
+    free(devs);
+    st->broken = true;
+    snprintf(st->broken_why, sizeof st->broken_why, "%s timed out (test: the gather skipped)",
+             what);
+    return sp__error(SP_ERR_TIMEOUT, SP_SUB_SYM, "%s: timed out (test: the gather skipped)", what);
+}
+
+/* node_gather's buffer (this rank's bus id, then the node's table), allocated before
+ * nccl_alloc's first round, whose ok flag carries the outcome: a rank that could not have it
+ * after the round would skip the gather, and its node peers would wait there until their
+ * deadline. True with *devs_p (NULL on a node of one rank, which gathers nothing); false when
+ * host malloc refused it. */
 static bool node_devs(const sp_sym_state_t *st, char **devs_p) {
     int n = sp__world_local_size(st->world);
-    *devs_p = n > 1 ? malloc((size_t)BUS_ID * (size_t)n) : NULL;
+    *devs_p = n > 1 ? malloc((size_t)BUS_ID * ((size_t)n + 1)) : NULL;
     if (n > 1 && s_test_fail_devs) {
         free(*devs_p);
         *devs_p = NULL;
@@ -445,8 +473,19 @@ static sp_status_t nccl_alloc(sp_sym_state_t *st, size_t size, sp_sym_seg_t *seg
         free(devs);
         return rs;
     }
+    if (s_test_skip_gather)
+        return skipped_gather(st, base, devs, what);
+    /* The gather before any rank looks at its own NCCL settings: every rank of the node is in
+     * it whatever they say, or a rank whose NCCL_WIN_ENABLE differs would leave its node peers
+     * waiting there until their deadline. */
+    if (devs && (rs = node_gather(st, devs, what)) != SP_SUCCESS) {
+        /* No rank has registered or taken a ticket yet: this growth's memory is all to undo. */
+        mem_free(st->device, base);
+        return rs;
+    }
     char no_sym[96] = "";
-    sp__world_set_nccl_symmetric(w, symmetric_support(st, devs, no_sym, sizeof no_sym), no_sym);
+    bool sym = symmetric_support(st, devs ? devs + BUS_ID : NULL, no_sym, sizeof no_sym);
+    sp__world_set_nccl_symmetric(w, sym, no_sym);
     free(devs);
     bool symmetric = sp__world_nccl_no_symmetric(w) == NULL;
 
@@ -591,8 +630,11 @@ const sp_registrar_ops_t sp__registrar_nccl = {
 #else
 #include "symmetric/registrar.h"
 
-/* Without NCCL there is no table to fail and no registration to hold. */
+/* Without NCCL there is no table to fail, no gather to skip and no registration to hold. */
 void sp__reg_nccl_test_fail_devs(bool on) {
+    (void)on;
+}
+void sp__reg_nccl_test_skip_gather(bool on) {
     (void)on;
 }
 void sp__reg_nccl_test_at_ready(void (*hook)(const char *pool)) {

@@ -66,6 +66,10 @@ extern const sp_registrar_ops_t sp__registrar_nccl;
  * it allocates at every growth) as not allocated (on: true), as host malloc refusing it would.
  * A no-op in a build without NCCL. */
 void sp__reg_nccl_test_fail_devs(bool on);
+/* Tests only: this process's growths on the nccl registrar stop right before the gather of the
+ * node's GPU table, as a rank whose round before it timed out does (SP_ERR_TIMEOUT, its pool
+ * broken), so its node peers wait for it there. A no-op in a build without NCCL. */
+void sp__reg_nccl_test_skip_gather(bool on);
 /* Tests only: `hook` (NULL: none) runs on a growing thread right before the round that readies
  * every rank for the window registration, with the pool's name, so that a test can hold that
  * round open on some ranks. A no-op in a build without NCCL. */

@@ -263,7 +263,8 @@ SP_EXPORT sp_status_t sp_symmetric_empty_cache(sp_mempool_t *pool) {
 static void free_state(sp_sym_state_t *st) {
     sp__sym_unregister(st);
     sp__symc_add(st->device, SP_SYMC_POOLS, -1);
-    if (st->node_comm != MPI_COMM_NULL)
+    /* The node's GPU table (sp__sym_node_gather) may have been abandoned on node_comm. */
+    if (st->node_comm != MPI_COMM_NULL && !(st->abandoned && sp__agree_pending(st->node_comm)))
         MPI_Comm_free(&st->node_comm);
     if (st->abandoned && sp__agree_pending(st->comm))
         return; /* kept on s_broken: a round abandoned at a timeout is pending on its comm */

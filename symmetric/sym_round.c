@@ -307,6 +307,16 @@ sp_status_t sp__sym_round(sp_sym_state_t *st, sp_agree_t *a, const char *what) {
     return s;
 }
 
+sp_status_t sp__sym_node_gather(sp_sym_state_t *st, char *buf, size_t bytes, const char *what) {
+    bool abandoned = false;
+    sp_status_t s = sp__agree_gather_buf(st->node_comm, buf, bytes, what, &abandoned);
+    if (s == SP_ERR_TIMEOUT)
+        break_pool(st, abandoned, what); /* free_state then keeps node_comm while it is pending */
+    if (s != SP_SUCCESS && !abandoned)
+        free(buf); /* an abandoned gather's buffer stays with its pending request */
+    return s;
+}
+
 sp_status_t sp__sym_band(sp_sym_state_t *st, uint64_t *buf, size_t words, const char *what) {
     bool abandoned = false;
     sp_status_t s = sp__agree_band_buf(st->comm, buf, words, what, &abandoned);

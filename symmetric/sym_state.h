@@ -118,6 +118,13 @@ sp_status_t sp__sym_round(sp_sym_state_t *st, sp_agree_t *a, const char *what);
  * gone (freed, or kept with an abandoned request). */
 sp_status_t sp__sym_band(sp_sym_state_t *st, uint64_t *buf, size_t words, const char *what);
 
+/* A deadline-bounded all-gather of `bytes` bytes per rank over the pool's node communicator
+ * (sp__agree_gather_buf), with the same timeout rule as a round (a peer that never arrives breaks
+ * the pool): buf (heap, (node ranks + 1) * bytes, allocated before the round that precedes it)
+ * holds the input in its first `bytes` and, on SP_SUCCESS, the node's ranks' after it (the caller
+ * frees it); on failure buf is gone (freed, or kept with an abandoned request). */
+sp_status_t sp__sym_node_gather(sp_sym_state_t *st, char *buf, size_t bytes, const char *what);
+
 /* Release every registered segment still recorded, in creation order (collective). */
 sp_status_t sp__sym_release_recs(sp_sym_state_t *st);
 

@@ -21,6 +21,11 @@
  * round completes within MPI's progress latency of that deadline. Real time, not monotonic
  * time: the deadline is compared across ranks (same clock on one node; NTP-close across nodes,
  * far below any useful deadline).
+ * The same deadline and graveyard bound the steps that are not rounds: the free-segment bitmap's
+ * MPI_BAND (sp__agree_band_buf), the communicator duplicates (sp__agree_dup) and the nccl
+ * registrar's gather of the node's GPU table (sp__agree_gather_buf). They carry no deadlines, so
+ * the late rule does not apply to them: a rank late to one learns that its peers gave up at its
+ * next round, which they never join.
  *
  * Small worlds (at most P2P_MAX_RANKS ranks) exchange their records point to point: every rank
  * sends its own inputs (R_* layout below: op, call number, fields, ok, deadline, then any payload)
@@ -808,5 +813,25 @@ sp_status_t sp__agree_band_buf(MPI_Comm comm, uint64_t *buf, size_t words, const
     if (rc != MPI_SUCCESS)
         return sp__world_mpi_status(rc, what);
     return wait_round(1, &req, comm, (int64_t *)buf, deadline, limit, false, NULL, what,
+                      abandoned_p);
+}
+
+sp_status_t sp__agree_gather_buf(MPI_Comm comm, char *buf, size_t bytes, const char *what,
+                                 bool *abandoned_p) {
+    *abandoned_p = false;
+    if (bytes > (size_t)INT_MAX)
+        return sp__error(SP_ERR_INVALID_ARGUMENT, SP_SUB_BOOT, "%s: %zu bytes is too many", what,
+                         bytes);
+    double limit = sp__agree_timeout_s();
+    int64_t deadline = deadline_ns(limit);
+    __atomic_fetch_add(&s_rounds, 1, __ATOMIC_RELAXED);
+    MPI_Request req;
+    int rc =
+        MPI_Iallgather(buf, (int)bytes, MPI_CHAR, buf + bytes, (int)bytes, MPI_CHAR, comm, &req);
+    if (rc != MPI_SUCCESS)
+        return sp__world_mpi_status(rc, what);
+    /* A peer that never posts its part (it failed the round before, late at its deadline) is a
+     * timeout here, never a wait for good: buf then stays with the request in the graveyard. */
+    return wait_round(1, &req, comm, (int64_t *)(void *)buf, deadline, limit, false, NULL, what,
                       abandoned_p);
 }

@@ -196,6 +196,16 @@ double sp__agree_timeout_s(void);
  * it. Otherwise the caller frees it. */
 sp_status_t sp__agree_band_buf(MPI_Comm comm, uint64_t *buf, size_t words, const char *what,
                                bool *abandoned_p);
+/* A deadline-bounded MPI_Allgather of `bytes` bytes from every rank of comm, for a step that
+ * follows rounds whose outcome can differ between ranks near the deadline (a rank that failed
+ * the round before never posts its part): buf (heap, allocated before that round, so that a
+ * rank without it says so in the round) holds this rank's input in its first `bytes` and, on
+ * SP_SUCCESS, every rank's in rank order after it (buf + bytes + r * bytes). A peer that never
+ * arrives is SP_ERR_TIMEOUT. *abandoned_p: buf went to the graveyard with the pending request
+ * (comm must then never be freed while sp__agree_pending says so); the caller must not free
+ * it. Otherwise the caller frees it. */
+sp_status_t sp__agree_gather_buf(MPI_Comm comm, char *buf, size_t bytes, const char *what,
+                                 bool *abandoned_p);
 /* A deadline-bounded MPI_Comm_idup of comm into *out (MPI_COMM_NULL unless SP_SUCCESS):
  * collective over comm, so a rank that never makes the call, or makes it on another
  * communicator, is SP_ERR_TIMEOUT on the ranks that wait for it (*abandoned_p: the duplicate

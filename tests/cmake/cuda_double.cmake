@@ -92,6 +92,15 @@ if(SP_HAVE_MPI)
       LABELS cuda_double TIMEOUT 300
       ENVIRONMENT "${SP_DBL_ENV_MPI};CUDA_DOUBLE_MEMORY=256MiB;SYMPOOL_SYM_TIMEOUT=20")
   endforeach()
+  # A rank that never joins the gather of the node's GPU table: its peers time out there (they
+  # used to wait for good). Its own run with a short deadline, so the wait costs CI 2 s.
+  add_test(NAME cuda_double.mpi.test_cuda_double_mpi.skip_gather.np2
+    COMMAND ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} 2 --oversubscribe
+            ${MPIEXEC_PREFLAGS} $<TARGET_FILE:test_cuda_double_mpi> ${MPIEXEC_POSTFLAGS}
+            --gtest_filter=*APeerThatNeverJoinsTheNodeGpuTableIsATimeoutNotAHang)
+  set_tests_properties(cuda_double.mpi.test_cuda_double_mpi.skip_gather.np2 PROPERTIES
+    LABELS cuda_double TIMEOUT 60
+    ENVIRONMENT "${SP_DBL_ENV_MPI};CUDA_DOUBLE_MEMORY=256MiB;SYMPOOL_SYM_TIMEOUT=2")
   add_test(NAME cuda_double.mpi.test_cuda_double_mpi.old_nccl.np2
     COMMAND ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} 2 --oversubscribe
             ${MPIEXEC_PREFLAGS} $<TARGET_FILE:test_cuda_double_mpi> ${MPIEXEC_POSTFLAGS}

@@ -27,6 +27,7 @@ extern "C" {
 #include "world/world.h"
 #include <sympool/collectives.h>
 void sp__reg_nccl_test_fail_devs(bool on);
+void sp__reg_nccl_test_skip_gather(bool on);
 void sp__reg_nccl_test_at_ready(void (*hook)(const char *pool));
 }
 
@@ -264,6 +265,46 @@ TEST_F(CudaDoubleMpi, NodeDeviceTableOutOfHostMemoryOnOneRankFailsEveryRank) {
     EXPECT_EQ(hook<int (*)()>("cuda_double_live_vmm_handles")(), 0) << "nothing was allocated";
     ASSERT_SP_OK(sp_symmetric_malloc(pool_, 4096, nullptr, &a));
     EXPECT_SP_OK(sp_free(a));
+}
+
+// A rank whose round before the gather of the node's GPU table timed out (a round's outcome can
+// differ between ranks near SYMPOOL_SYM_TIMEOUT) never joins that gather. Its node peers used to
+// wait in it for good (a blocking MPI_Allgather); now they time out there too, naming it, and
+// their pool breaks as at any round's timeout, with nothing left allocated. Runs in its own ctest
+// (cuda_double.mpi.test_cuda_double_mpi.skip_gather) with a short SYMPOOL_SYM_TIMEOUT.
+TEST_F(CudaDoubleMpi, APeerThatNeverJoinsTheNodeGpuTableIsATimeoutNotAHang) {
+    NEED_DOUBLE();
+    SP_SKIP_BELOW_RANKS(2);
+    const double limit = sp__agree_timeout_s();
+    if (limit <= 0.0 || limit > 5.0)
+        GTEST_SKIP() << "runs with a short SYMPOOL_SYM_TIMEOUT (its own ctest)";
+    expect_warnings();
+    MAKE_ONE_NODE_POOL("skipgather");
+    if (sp__world_local_size(world_) < 2)
+        GTEST_SKIP() << "a rank alone on its node gathers no table";
+    const int bad = mpi_size() - 1;
+    if (mpi_rank() == bad)
+        sp__reg_nccl_test_skip_gather(true);
+    void *a = nullptr;
+    sp_status_t s = sp_symmetric_malloc(pool_, 4096, nullptr, &a);
+    sp__reg_nccl_test_skip_gather(false);
+    std::string msg = sp_last_error();
+    // In step again (the skipping rank returned at once, its peers at their deadline), so that
+    // the world's finalize round is not late on one rank.
+    MPI_Barrier(MPI_COMM_WORLD);
+    EXPECT_EQ(s, SP_ERR_TIMEOUT) << msg;
+    EXPECT_EQ(a, nullptr);
+    if (mpi_rank() != bad) {
+        EXPECT_NE(msg.find("GPU table"), std::string::npos) << msg;
+        EXPECT_NE(msg.find("not every rank arrived"), std::string::npos) << msg;
+    }
+    EXPECT_EQ(hook<int (*)()>("cuda_double_live_vmm_handles")(), 0) << "the growth's memory freed";
+    // Broken on every rank: later calls are refused at once with the saved reason.
+    EXPECT_EQ(sp_symmetric_malloc(pool_, 4096, nullptr, &a), SP_ERR_INVALID_USAGE);
+    msg = sp_last_error();
+    EXPECT_NE(msg.find("pool broken by timeout"), std::string::npos) << msg;
+    EXPECT_EQ(sp_symmetric_mempool_destroy(pool_), SP_ERR_INVALID_USAGE);
+    pool_ = nullptr; // released at sp_world_finalize
 }
 
 // Events of this rank's threads, for the tests that hold a registration's ready round open:
