@@ -2,11 +2,14 @@
 
 import collections
 import ctypes
+import gc
 import os
 import subprocess
 import sys
 
 import pytest
+
+from _hostmem import host_segment
 
 
 def test_import_loads_neither_torch_nor_mpi4py():
@@ -171,7 +174,6 @@ def _streams(sp):
 def test_collected_streams_are_destroyed(sp):
     # A Stream dropped without destroy() kept its stream for the process's life (the host
     # backend's struct, a cudaStream_t on cuda): 200 dropped Streams left 200 streams.
-    import gc
     before = _streams(sp)
     streams = [sp.Stream() for _ in range(200)]
     assert _streams(sp) == before + 200
@@ -190,7 +192,6 @@ def test_collected_streams_are_destroyed(sp):
 
 def test_collected_stream_with_a_live_block_keeps_the_block(sp):
     # As destroy(): the block stays valid and returns its segment when freed.
-    import gc
     before = _streams(sp)
     s = sp.Stream()
     p = sp.malloc(4096, 0, s)
@@ -206,23 +207,14 @@ def test_collected_stream_with_a_live_block_keeps_the_block(sp):
 def test_stream_collected_inside_a_callback_is_destroyed_later(sp):
     # A collection inside a Python segment allocator's callback: the library refuses every call
     # there, so the stream waits for the next empty_cache rather than leaking.
-    import gc
     bufs = {}
-
-    def alloc(size, device, stream):
-        gc.collect()
-        b = ctypes.create_string_buffer(size + 4096)
-        a = (ctypes.addressof(b) + 4095) & ~4095
-        bufs[a] = b
-        return a
-
     before = _streams(sp)
     gc.disable()
     try:
         lost = [sp.Stream()]
         lost.append(lost)
         del lost  # only the collector frees it: inside alloc below
-        pool = sp.MemPool((alloc, lambda ptr, *a: bufs.pop(ptr)), name="collects")
+        pool = _collect_inside_a_callback(sp, bufs)
         sp.free(pool.malloc(100))
         assert _streams(sp) == before + 1  # refused inside the callback
         pool.destroy()
@@ -235,14 +227,10 @@ def test_stream_collected_inside_a_callback_is_destroyed_later(sp):
 def _collect_inside_a_callback(sp, bufs):
     """A MemPool whose Python segment allocator runs a collection inside the library's callback
     (where the library refuses every call)."""
-    import gc
 
     def alloc(size, device, stream):
         gc.collect()
-        b = ctypes.create_string_buffer(size + 4096)
-        a = (ctypes.addressof(b) + 4095) & ~4095
-        bufs[a] = b
-        return a
+        return host_segment(bufs, size)
 
     return sp.MemPool((alloc, lambda ptr, *a: bufs.pop(ptr)), name="collects")
 
@@ -251,7 +239,6 @@ def test_stream_destroyed_by_hand_then_collected_in_a_callback_spares_a_new_stre
     # A Stream whose handle was destroyed by other means (sp_stream_destroy through ctypes), then
     # collected inside a callback: the refusal was queued, and the next empty_cache destroyed
     # whatever stream had got that handle since, a live Stream of someone else.
-    import gc
     lib = sp._lib.lib()
     bufs = {}
     before = _streams(sp)

@@ -6,14 +6,7 @@ import threading
 
 import pytest
 
-
-def _host_segment(bufs, size):
-    """A page-aligned host range of size bytes for a Python segment allocator, kept in bufs (by
-    its address) until the pool frees it."""
-    b = ctypes.create_string_buffer(size + 4096)
-    a = (ctypes.addressof(b) + 4095) & ~4095
-    bufs[a] = b
-    return a
+from _hostmem import host_segment as _host_segment
 
 
 def test_ids_use_count_and_queries(sp):

@@ -16,6 +16,8 @@ import threading
 
 import pytest
 
+from _hostmem import host_segment
+
 
 class Index:
     """An int-like that is not an int (numpy.int64 and friends take this path)."""
@@ -36,10 +38,7 @@ class HostSegments:
 
     def alloc(self, size, device, stream):
         self.allocs += 1
-        b = ctypes.create_string_buffer(size + 4096)
-        addr = (ctypes.addressof(b) + 4095) & ~4095
-        self.bufs[addr] = b
-        return addr
+        return host_segment(self.bufs, size)
 
     def free(self, ptr, size, device, stream):
         self.frees += 1

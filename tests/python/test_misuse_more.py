@@ -10,6 +10,7 @@ import textwrap
 
 import pytest
 
+from _hostmem import host_segment
 from sympool import _array
 
 
@@ -21,10 +22,7 @@ class HostSegments:
         self.bufs, self.frees, self.interrupt = {}, 0, interrupt
 
     def alloc(self, size, device, stream):
-        b = ctypes.create_string_buffer(size + 4096)
-        addr = (ctypes.addressof(b) + 4095) & ~4095
-        self.bufs[addr] = b
-        return addr
+        return host_segment(self.bufs, size)
 
     def free(self, ptr, size, device, stream):
         self.frees += 1

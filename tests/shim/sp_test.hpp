@@ -33,6 +33,18 @@ inline std::string describe(sp_status_t s) {
     return std::string(sp_status_name(s)) + ": " + sp_last_error();
 }
 
+// A MemPool named `name` with the default parameters; a refused create is a test failure and
+// gives nullptr.
+inline sp_mempool_t *make_named_pool(const char *name) {
+    sp_mempool_params_t params;
+    sp_mempool_params_init(&params);
+    params.name = name;
+    sp_mempool_t *pool = nullptr;
+    sp_status_t s = sp_mempool_create(&params, &pool);
+    EXPECT_EQ(s, SP_SUCCESS) << describe(s);
+    return pool;
+}
+
 } // namespace sp
 
 #define ASSERT_SP_OK(expr)                                                                         \

@@ -23,16 +23,6 @@ using sp::MiB;
 
 namespace {
 
-sp_mempool_t *make_pool(const char *name) {
-    sp_mempool_params_t params;
-    sp_mempool_params_init(&params);
-    params.name = name;
-    sp_mempool_t *pool = nullptr;
-    sp_status_t s = sp_mempool_create(&params, &pool);
-    EXPECT_EQ(s, SP_SUCCESS) << sp::describe(s);
-    return pool;
-}
-
 // Every call that takes a pool refuses a released one as a destroyed one, and reads nothing.
 void expect_released(sp_mempool_t *pool) {
     void *p = &p;
@@ -64,7 +54,7 @@ TEST_F(MempoolGc, DestroyedEmptyPoolsAreReleased) {
     size_t base = sp_x_mempool_structs();
     std::vector<sp_mempool_t *> gone;
     for (int i = 0; i < 2000; i++) {
-        sp_mempool_t *pool = make_pool(i % 2 ? "cached" : "empty");
+        sp_mempool_t *pool = sp::make_named_pool(i % 2 ? "cached" : "empty");
         ASSERT_NE(pool, nullptr);
         if (i % 2) { // one cached free segment, which the destroy releases
             void *p = nullptr;
@@ -83,7 +73,7 @@ TEST_F(MempoolGc, DestroyedEmptyPoolsAreReleased) {
     std::set<sp_mempool_t *> old(gone.begin(), gone.end());
     std::vector<sp_mempool_t *> fresh;
     for (int i = 0; i < 64; i++) {
-        fresh.push_back(make_pool("fresh"));
+        fresh.push_back(sp::make_named_pool("fresh"));
         ASSERT_NE(fresh.back(), nullptr);
         EXPECT_EQ(old.count(fresh.back()), 0u) << "a new pool got a released pool's handle";
     }
@@ -96,7 +86,7 @@ TEST_F(MempoolGc, DestroyedEmptyPoolsAreReleased) {
 TEST_F(MempoolGc, PoolWithALiveBlockStaysUntilTheBlockIsFreedAndItsSegmentReleased) {
     ASSERT_NE(sp_default_mempool(0), nullptr);
     size_t base = sp_x_mempool_structs();
-    sp_mempool_t *pool = make_pool("held");
+    sp_mempool_t *pool = sp::make_named_pool("held");
     ASSERT_NE(pool, nullptr);
     void *p = nullptr;
     ASSERT_SP_OK(sp_mempool_malloc(pool, 4096, nullptr, &p));
@@ -122,14 +112,14 @@ TEST_F(MempoolGc, ReleasedPoolsAreNotWalkedByLaterCalls) {
     // free_all_blocks), and the released ones are not: their segments are gone with them.
     ASSERT_NE(sp_default_mempool(0), nullptr);
     size_t base = sp_x_mempool_structs();
-    sp_mempool_t *keep = make_pool("keep");
+    sp_mempool_t *keep = sp::make_named_pool("keep");
     ASSERT_NE(keep, nullptr);
     for (int i = 0; i < 500; i++) {
-        sp_mempool_t *pool = make_pool("gone");
+        sp_mempool_t *pool = sp::make_named_pool("gone");
         ASSERT_NE(pool, nullptr);
         ASSERT_SP_OK(sp_mempool_destroy(pool));
     }
-    sp_mempool_t *last = make_pool("last");
+    sp_mempool_t *last = sp::make_named_pool("last");
     ASSERT_NE(last, nullptr);
     void *a = nullptr, *b = nullptr;
     ASSERT_SP_OK(sp_mempool_malloc(keep, 4096, nullptr, &a));
@@ -177,7 +167,7 @@ TEST_F(MempoolGc, ConcurrentCallsOnHandlesBeingReleased) {
     });
     std::vector<void *> live;
     for (int i = 0; i < kPools; i++) {
-        sp_mempool_t *pool = make_pool("raced");
+        sp_mempool_t *pool = sp::make_named_pool("raced");
         ASSERT_NE(pool, nullptr);
         void *p = nullptr;
         ASSERT_SP_OK(sp_mempool_malloc(pool, 4096, nullptr, &p));
@@ -274,7 +264,7 @@ TEST_F(MempoolGc, ReleaseWaitsForAnAllocationStandingOnTheDroppedPool) {
     ASSERT_SP_OK(sp_mempool_destroy(last));
     ASSERT_SP_OK(sp_free(p));
     // The pool after it in the device's list: 40 MiB cached, of 100.
-    sp_mempool_t *after = make_pool("after");
+    sp_mempool_t *after = sp::make_named_pool("after");
     ASSERT_NE(after, nullptr);
     ASSERT_SP_OK(sp_mempool_malloc(after, 40 * MiB, nullptr, &p));
     ASSERT_SP_OK(sp_mempool_destroy(after));

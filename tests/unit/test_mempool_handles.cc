@@ -12,16 +12,6 @@ using sp::MiB;
 
 namespace {
 
-sp_mempool_t *make_pool(const char *name) {
-    sp_mempool_params_t params;
-    sp_mempool_params_init(&params);
-    params.name = name;
-    sp_mempool_t *pool = nullptr;
-    sp_status_t s = sp_mempool_create(&params, &pool);
-    EXPECT_EQ(s, SP_SUCCESS) << sp::describe(s);
-    return pool;
-}
-
 // Every call that takes a pool, with the status each must give for `pool`.
 void expect_every_call(sp_mempool_t *pool, sp_status_t want) {
     void *p = &p;
@@ -64,7 +54,7 @@ TEST_F(MempoolHandles, GarbageHandlesAreInvalidArguments) {
     expect_every_call(reinterpret_cast<sp_mempool_t *>(junk), SP_ERR_INVALID_ARGUMENT);
     expect_every_call(reinterpret_cast<sp_mempool_t *>((uintptr_t)0x1000), SP_ERR_INVALID_ARGUMENT);
     // A pointer into a real pool's neighbourhood is still not a handle.
-    sp_mempool_t *pool = make_pool("real");
+    sp_mempool_t *pool = sp::make_named_pool("real");
     ASSERT_NE(pool, nullptr);
     expect_every_call(reinterpret_cast<sp_mempool_t *>(reinterpret_cast<char *>(pool) + 8),
                       SP_ERR_INVALID_ARGUMENT);
@@ -76,7 +66,7 @@ TEST_F(MempoolHandles, NullStaysAnInvalidArgument) {
 }
 
 TEST_F(MempoolHandles, HandleUsedAfterShutdownIsStale) {
-    sp_mempool_t *pool = make_pool("gone");
+    sp_mempool_t *pool = sp::make_named_pool("gone");
     ASSERT_NE(pool, nullptr);
     sp_mempool_t *dflt = sp_default_mempool(0);
     ASSERT_NE(dflt, nullptr);
@@ -88,7 +78,7 @@ TEST_F(MempoolHandles, HandleUsedAfterShutdownIsStale) {
     // A new session, with new pools: the old handles stay stale and never alias the new ones.
     sp_mempool_t *fresh[8];
     for (auto &f : fresh) {
-        f = make_pool("fresh");
+        f = sp::make_named_pool("fresh");
         ASSERT_NE(f, nullptr);
     }
     expect_every_call(pool, SP_ERR_INVALID_USAGE);
@@ -100,7 +90,7 @@ TEST_F(MempoolHandles, HandleUsedAfterShutdownIsStale) {
 }
 
 TEST_F(MempoolHandles, DestroyedPoolIsInvalidUsageNotACrash) {
-    sp_mempool_t *pool = make_pool("once");
+    sp_mempool_t *pool = sp::make_named_pool("once");
     ASSERT_NE(pool, nullptr);
     ASSERT_SP_OK(sp_mempool_destroy(pool));
     EXPECT_SP_STATUS(sp_mempool_destroy(pool), SP_ERR_INVALID_USAGE);
@@ -118,7 +108,7 @@ TEST_F(MempoolHandles, DestroyedPoolIsInvalidUsageNotACrash) {
 }
 
 TEST_F(MempoolHandles, ValidHandlesStillWork) {
-    sp_mempool_t *pool = make_pool("ok");
+    sp_mempool_t *pool = sp::make_named_pool("ok");
     ASSERT_NE(pool, nullptr);
     void *p = nullptr;
     ASSERT_SP_OK(sp_mempool_malloc(pool, 4096, nullptr, &p));

@@ -19,16 +19,6 @@ namespace {
 
 constexpr size_t kOneEB = (size_t)1 << 60;
 
-sp_mempool_t *make_pool(const char *name) {
-    sp_mempool_params_t params;
-    sp_mempool_params_init(&params);
-    params.name = name;
-    sp_mempool_t *pool = nullptr;
-    sp_status_t s = sp_mempool_create(&params, &pool);
-    EXPECT_EQ(s, SP_SUCCESS) << describe(s);
-    return pool;
-}
-
 bool has(const std::string &hay, const char *needle) {
     return hay.find(needle) != std::string::npos;
 }
@@ -97,7 +87,7 @@ TEST_F(OomSemantics, AboveTheDeviceWithMaxSplitSize) {
 }
 
 TEST_F(OomSemantics, AboveTheDeviceThroughMempoolMallocAndRouting) {
-    sp_mempool_t *pool = make_pool("big");
+    sp_mempool_t *pool = sp::make_named_pool("big");
     ASSERT_NE(pool, nullptr);
     void *p = &p;
     EXPECT_SP_STATUS(sp_mempool_malloc(pool, (size_t)800000000 * GiB, nullptr, &p),
@@ -126,8 +116,8 @@ TEST_F(OomSemantics, TorchEntryPointAnswersNullForAboveTheDevice) {
 
 // CuPy: a pool at its limit frees its own free blocks and retries before failing.
 TEST_F(OomSemantics, PoolAtItsLimitReleasesItsOwnCacheAndRetries) {
-    sp_mempool_t *pool = make_pool("limited");
-    sp_mempool_t *other = make_pool("other");
+    sp_mempool_t *pool = sp::make_named_pool("limited");
+    sp_mempool_t *other = sp::make_named_pool("other");
     ASSERT_NE(pool, nullptr);
     ASSERT_NE(other, nullptr);
     ASSERT_SP_OK(sp_mempool_set_limit(pool, 50 * MiB));
@@ -156,7 +146,7 @@ TEST_F(OomSemantics, PoolAtItsLimitReleasesItsOwnCacheAndRetries) {
 }
 
 TEST_F(OomSemantics, PoolLimitRetryReleasesBlocksOfEveryStream) {
-    sp_mempool_t *pool = make_pool("limited");
+    sp_mempool_t *pool = sp::make_named_pool("limited");
     ASSERT_NE(pool, nullptr);
     sp_stream_t s1;
     ASSERT_SP_OK(sp_stream_create(0, &s1));
@@ -173,7 +163,7 @@ TEST_F(OomSemantics, PoolLimitRetryReleasesBlocksOfEveryStream) {
 }
 
 TEST_F(OomSemantics, FreeAllBlocksRejectsUnknownStreams) {
-    sp_mempool_t *pool = make_pool("p");
+    sp_mempool_t *pool = sp::make_named_pool("p");
     ASSERT_NE(pool, nullptr);
     void *a = nullptr;
     ASSERT_SP_OK(sp_mempool_malloc(pool, 4 * MiB, nullptr, &a));
@@ -197,7 +187,7 @@ TEST_F(OomSemantics, FreeAllBlocksRejectsUnknownStreams) {
 TEST_F(OomSemantics, FreeAllBlocksRejectsAStreamOfAnotherDevice) {
     sp::ScopedEnv env({{"SYMPOOL_HOST_DEVICES", "2"}});
     SP_SKIP_UNLESS_HOST();
-    sp_mempool_t *pool = make_pool("p");
+    sp_mempool_t *pool = sp::make_named_pool("p");
     ASSERT_NE(pool, nullptr);
     sp_stream_t s1;
     ASSERT_SP_OK(sp_stream_create(1, &s1));
