@@ -12,7 +12,13 @@
 
 #include "pool/ptr_map.h"
 
-#define INITIAL_BUCKETS 1024
+/* 8192 buckets (32 KiB): a training process holds thousands of live blocks (the real traces
+ * replayed in bench/: 2,000 to 8,000), so a table that started at 1024 was rehashed two or three
+ * times as the allocations grew, each doubling a pass over every live block at random addresses;
+ * on a 3,000 to 13,000-event replay that was 2-4% of its event loop's time
+ * (bench/results/2026-11-30-s27-loopcut.jsonl). A smaller table was slower there, and a process
+ * with few blocks pays 28 KiB more. */
+#define INITIAL_BUCKETS 8192
 
 sp_status_t sp__ptr_map_init(sp_ptr_map_t *m) {
     m->buckets = calloc(INITIAL_BUCKETS, sizeof(*m->buckets));

@@ -68,6 +68,7 @@ typedef struct phash {
     uint64_t *vals;  /* value per key; device lock */
     size_t cap;      /* slots, a power of two (0 before first insert); device lock */
     size_t count;    /* occupied slots; device lock */
+    size_t first;    /* slots of the first table, 0 for 64 (const) */
 } phash_t;
 
 static size_t phash_slot(const phash_t *h, uintptr_t key) {
@@ -105,7 +106,7 @@ static void phash_put_raw(phash_t *h, uintptr_t key, uint64_t val) {
 /* Insert or overwrite; false only when growing the table fails (nothing changed then). */
 static bool phash_put(phash_t *h, uintptr_t key, uint64_t val) {
     if ((h->count + 1) * 2 > h->cap) {
-        size_t ncap = h->cap ? h->cap * 2 : 64;
+        size_t ncap = h->cap ? h->cap * 2 : h->first ? h->first : 64;
         uintptr_t *nk = calloc(ncap, sizeof(*nk));
         uint64_t *nv = calloc(ncap, sizeof(*nv));
         if (!nk || !nv) {
@@ -155,7 +156,9 @@ static bool phash_del(phash_t *h, uintptr_t key) {
 static void phash_free(phash_t *h) {
     free(h->keys);
     free(h->vals);
+    size_t first = h->first;
     memset(h, 0, sizeof(*h));
+    h->first = first;
 }
 
 /* ---- state -------------------------------------------------------------------------------- */
@@ -470,6 +473,12 @@ static sp_status_t host_init(sp_device_caps_t *caps_p) {
         pthread_mutex_init(&devs[d].mu, NULL);
         devs[d].capacity = (size_t)cap;
         devs[d].default_stream.device = d;
+        /* A replay's device holds hundreds to a few thousand segments (the real traces in
+         * bench/: up to ~1,500 at once): a table of 64 slots doubled five or six times, each a
+         * rehash, inside every replay's event loop (sp_shutdown ends the backend, so each
+         * --repeat grows it again). 4096 slots (64 KiB, at a device's first allocation) hold
+         * 2048 at the load that grows it. */
+        devs[d].maps.first = 4096;
     }
     long pg = sysconf(_SC_PAGESIZE);
     g_host.page = pg > 0 ? (size_t)pg : 4096;
