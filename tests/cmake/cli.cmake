@@ -102,6 +102,13 @@ if(TARGET sympool_cli)
               $<TARGET_FILE:sympool_cli> ${SP_CLI_OUT}/truncated_while_read)
     set_tests_properties(cli.truncated_while_read PROPERTIES LABELS "unit;cli;python" TIMEOUT 300
       PASS_REGULAR_EXPRESSION "^ok")
+    # A stream of junk (a pipe, /dev/zero) is refused from its first bytes, as the same bytes
+    # in a regular file are: not read to the 4 GiB cap first, nor waited on for more.
+    add_test(NAME cli.stream_junk
+      COMMAND ${Python3_EXECUTABLE} ${PROJECT_SOURCE_DIR}/tests/cli/stream_junk.py
+              $<TARGET_FILE:sympool_cli> ${SP_CLI_OUT}/stream_junk)
+    set_tests_properties(cli.stream_junk PROPERTIES LABELS "unit;cli;python" TIMEOUT 300
+      PASS_REGULAR_EXPRESSION "^ok")
     # Snapshots no PyTorch writes (a segment on device 100, ...): refused with one line that
     # names the trace and what is wrong.
     add_test(NAME cli.hostile_snapshots
