@@ -55,6 +55,13 @@ bool cli_output_ok(const char *cmd, const char *opt, const char *path);
 void cli_output_path(const char *pattern, char *out, size_t cap);
 /* A whole decimal integer in [lo, hi]. */
 bool cli_parse_long(const char *s, long lo, long hi, long *out);
+/* True when a and b name one file: the same existing file (through any link or other name of
+ * it), or, neither existing, the same name in the same folder (the file both would create). */
+bool cli_same_target(const char *a, const char *b);
+/* Whether output option opt's file (already expanded: cli_output_path) is not where
+ * SYMPOOL_DEBUG_FILE, expanded, sends the library's log lines: else false after saying so (the
+ * lines would be appended to the written file). */
+bool cli_output_not_log(const char *cmd, const char *opt, const char *file);
 /* True when path ends with suffix, e.g. ".json" (case-sensitive, as sp_dump_snapshot decides). */
 bool cli_has_suffix(const char *path, const char *suffix);
 /* True when out names a file that exists and is the file in names (through any link or other

@@ -207,6 +207,50 @@ bool cli_same_file(const char *in, const char *out) {
     return stat(in, &a) == 0 && stat(out, &b) == 0 && a.st_dev == b.st_dev && a.st_ino == b.st_ino;
 }
 
+/* The folder part of path (".", "/" or what comes before its last '/') into dir, and its last
+ * component; false when the folder does not fit. */
+static bool split_path(const char *path, char *dir, size_t cap, const char **base) {
+    const char *slash = strrchr(path, '/');
+    size_t n = slash == NULL ? 0 : slash == path ? 1 : (size_t)(slash - path);
+    *base = slash == NULL ? path : slash + 1;
+    if (slash == NULL)
+        return snprintf(dir, cap, ".") < (int)cap;
+    if (n >= cap)
+        return false;
+    memcpy(dir, path, n);
+    dir[n] = '\0';
+    return true;
+}
+
+bool cli_same_target(const char *a, const char *b) {
+    struct stat sa, sb;
+    int ra = stat(a, &sa), rb = stat(b, &sb);
+    if (ra == 0 || rb == 0)
+        return ra == 0 && rb == 0 && sa.st_dev == sb.st_dev && sa.st_ino == sb.st_ino;
+    /* Neither exists yet: the same name in the same folder (through any other name of it) is
+     * the file both would create. */
+    char da[4096], db[4096];
+    const char *ba, *bb;
+    return split_path(a, da, sizeof da, &ba) && split_path(b, db, sizeof db, &bb) &&
+           ba[0] != '\0' && strcmp(ba, bb) == 0 && stat(da, &sa) == 0 && stat(db, &sb) == 0 &&
+           sa.st_dev == sb.st_dev && sa.st_ino == sb.st_ino;
+}
+
+bool cli_output_not_log(const char *cmd, const char *opt, const char *file) {
+    const char *pattern = getenv("SYMPOOL_DEBUG_FILE");
+    char log[4096];
+    /* Compared as the log and the writer name their files: both patterns expanded (the output's
+     * already is). */
+    if (pattern == NULL || pattern[0] == '\0' || !sp_x_path_expand(pattern, log, sizeof log) ||
+        !cli_same_target(file, log))
+        return true;
+    fprintf(stderr,
+            "sympool %s: SYMPOOL_DEBUG_FILE=%s names %s, the file %s writes: its log lines "
+            "would be appended to it; log elsewhere\n",
+            cmd, pattern, file, opt);
+    return false;
+}
+
 bool cli_has_suffix(const char *path, const char *suffix) {
     size_t n = strlen(path), k = strlen(suffix);
     return n >= k && strcmp(path + n - k, suffix) == 0;

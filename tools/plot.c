@@ -799,6 +799,8 @@ int sp_cli_plot(int argc, char **argv) {
     char out_file[4096];
     cli_output_path(out, out_file, sizeof out_file);
     out = out_file;
+    if (!cli_output_not_log("plot", "-o", out))
+        return 2;
     if (!cli_output_ok("plot", "-o", out))
         return 1;
     for (int i = optind; i < argc; i++)

@@ -2216,6 +2216,8 @@ int sp_cli_replay(int argc, char **argv) {
                 a.snapshot, a.trace);
         return 2;
     }
+    if (a.snapshot != NULL && !cli_output_not_log("replay", "--snapshot", snap_file))
+        return 2;
     if (a.snapshot != NULL && !cli_output_ok("replay", "--snapshot", snap_file))
         return 1;
     /* --conf and --capacity are checked before the trace is read (a large one takes a while):

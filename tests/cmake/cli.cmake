@@ -555,6 +555,12 @@ if(TARGET sympool_cli)
     $<TARGET_FILE:sympool_cli> ${SMALL} ${SP_CLI_OUT}/output_paths)
   set_tests_properties(cli.output_paths PROPERTIES LABELS "unit;cli" TIMEOUT 120
     PASS_REGULAR_EXPRESSION "output paths ok")
+  # SYMPOOL_DEBUG_FILE naming what --snapshot or -o writes, compared after %h/%p expansion and
+  # before the file exists: refused (the log lines were appended to the written file).
+  add_test(NAME cli.debug_file_output COMMAND sh ${CMAKE_CURRENT_SOURCE_DIR}/cli/debug_file_output.sh
+    $<TARGET_FILE:sympool_cli> ${SMALL} ${SP_CLI_OUT}/debug_file_output)
+  set_tests_properties(cli.debug_file_output PROPERTIES LABELS "unit;cli" TIMEOUT 120
+    PASS_REGULAR_EXPRESSION "debug file output ok")
   # A JSON snapshot saved with a UTF-8 byte order mark (some editors; the memory viewer's
   # browser drops it) is read, from a file and from a stream: it was "not a pickle (nor a JSON
   # snapshot)".
