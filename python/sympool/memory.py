@@ -233,6 +233,19 @@ class Stream(_lib.Handle):
         # The library's session (sp_x_session): after an sp_shutdown the host backend's streams
         # are gone and a later stream may get this handle, so a collection then leaves it be.
         self._session = lib().sp_x_session()
+        # The newest Stream made at this handle: see _stream_owner.
+        _stream_owner[(self._session, self.ptr)] = id(self)
+
+    def _owns_handle(self):
+        """Whether no Stream made after this one got its handle: else the stream this one made
+        was destroyed by other means (sp_stream_destroy through ctypes) and the library made
+        another at the same handle, which a destroy here would take from its Stream."""
+        return _stream_owner.get((self._session, self.ptr)) == id(self)
+
+    def _forget_handle(self):
+        key = (self._session, self.ptr)
+        if _stream_owner.get(key) == id(self):
+            _stream_owner.pop(key, None)
 
     def __del__(self):
         # As MemPool.__del__: a collected Stream releases its stream (the host backend's struct,
@@ -244,7 +257,7 @@ class Stream(_lib.Handle):
         if ptr is None:
             return
         try:
-            if c.sp_x_session() == self._session:
+            if c.sp_x_session() == self._session and self._owns_handle():
                 status = c.sp_stream_destroy(ptr)
                 if status != 0 and _lib.status_name(status) in _STREAM_RETRY and \
                         not _stream_holds(ptr, self._session, but=self):
@@ -252,6 +265,7 @@ class Stream(_lib.Handle):
                     # capture): the next empty_cache or MemPool destroy tries again. Not when
                     # another Stream holds the handle: see _stream_holds.
                     _orphan_streams.append((ptr, self._session))
+            self._forget_handle()
             self.ptr = self.cuda_stream = None
         except Exception:
             pass  # interpreter shutdown (module globals gone) or a refusal: nothing to raise to
@@ -264,7 +278,11 @@ class Stream(_lib.Handle):
         # sp_stream_destroy (on cuda a destroyed handle is undefined behaviour).
         with self._lock:
             if self.ptr is not None:
-                check(lib().sp_stream_destroy(self.ptr))
+                # A handle another Stream was made at since (this one's stream destroyed by
+                # other means) is that Stream's: this one's stream is gone already.
+                if lib().sp_x_session() == self._session and self._owns_handle():
+                    check(lib().sp_stream_destroy(self.ptr))
+                self._forget_handle()
                 self.ptr = self.cuda_stream = None
 
     def _live(self):
@@ -308,6 +326,13 @@ _orphans = globals().get("_orphans", [])
 # Streams Stream.__del__ could not destroy, as (handle, session): the library refused for now
 # (a collection inside a callback it runs; a graph capture under way). _destroy_orphans retries.
 _orphan_streams = globals().get("_orphan_streams", [])
+# The newest live Stream made at each handle, as {(session, handle): id(Stream)}: one made at a
+# handle that another Stream still holds means the library destroyed that one's stream by other
+# means (sp_stream_destroy through ctypes) and reused its handle; the older Stream's collection
+# or destroy() then destroyed the newer one's stream. Single dict operations (atomic under the
+# GIL): a collection may run this anywhere, and takes no lock. A stream made at the handle
+# outside this package cannot be seen here.
+_stream_owner = globals().get("_stream_owner", {})
 # The refusals that may pass: a callback's (the gate's SP_ERR_INVALID_USAGE) and a capture's.
 _STREAM_RETRY = ("SP_ERR_INVALID_USAGE", "SP_ERR_BUSY")
 
@@ -975,6 +1000,14 @@ def get_default_memory_pool(device=0):
     d = as_device(device)
     with _default_lock:
         pool = _default_pools.get(d)
+        session = lib().sp_x_session()
+        if pool is not None and pool._handle is not None and \
+                getattr(pool, "_session", None) != session:
+            # An sp_shutdown (through ctypes, or another user of the library) released the
+            # pool the handle named: the same object, with the new session's default pool.
+            handle = _answered(lib().sp_default_mempool(d))
+            if handle:
+                pool._handle, pool._session = handle, session
         if pool is None or pool._handle is None:
             handle = _answered(lib().sp_default_mempool(d))
             if not handle:
@@ -985,5 +1018,6 @@ def get_default_memory_pool(device=0):
             pool._lock = threading.RLock()
             pool._user_allocator = pool._world = pool._name = None
             pool._device = d
+            pool._session = session
             _default_pools[d] = pool
         return pool
