@@ -2586,6 +2586,21 @@ static void opscan(opscan_t *s, const unsigned char *buf, size_t len, size_t max
     }
 }
 
+/* Whether a JSON stream's bytes so far hold one that no JSON document the loader reads has
+ * anywhere (inside a string or out): a control character other than the white space, or one
+ * that is never UTF-8 (0xc0, 0xc1, 0xf5-0xff). Its reader (core/json_read.c) goes from the
+ * start and refuses at that byte or before it, as it would on the whole input; s->pos is where
+ * the walk goes on. */
+static bool json_refused(opscan_t *s, const unsigned char *buf, size_t len) {
+    for (; s->pos < len; s->pos++) {
+        unsigned char b = buf[s->pos];
+        if ((b < 0x20 && b != ' ' && b != '\t' && b != '\n' && b != '\r') || b == 0xc0 ||
+            b == 0xc1 || b >= 0xf5)
+            return true;
+    }
+    return false;
+}
+
 /* Where err (a parser's refusal) says it stopped: the offset after its last "offset ", or
  * SIZE_MAX when it names none. */
 static size_t err_offset(const char *err) {
@@ -2614,7 +2629,7 @@ static bool stream_refused(opscan_t *s, const unsigned char *buf, size_t len, si
     if (!may_be_snapshot(buf, len))
         return true;
     if (opcode_names[buf[0]] == NULL)
-        return false; /* JSON, or not yet told */
+        return json_refused(s, buf, len);
     opscan(s, buf, len, max_bytes);
     if (s->refused)
         return len >= s->need;
