@@ -12,10 +12,10 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 #if defined(__GLIBC__)
 #include <malloc.h>
 #include <sys/mman.h>
-#include <unistd.h>
 #endif
 
 #include "tools/cli.h"
@@ -249,6 +249,33 @@ bool cli_output_not_log(const char *cmd, const char *opt, const char *file) {
             "would be appended to it; log elsewhere\n",
             cmd, pattern, file, opt);
     return false;
+}
+
+/* Where the CLI's log filters put the lines they pass (cli_log_line): SYMPOOL_DEBUG_FILE's
+ * file, opened as the library opens it (appended to, a regular file only), else stderr. Set by
+ * cli_log_open before any filter runs: inside a filter no sympool call may be made. */
+static FILE *g_log;
+
+void cli_log_open(void) {
+    const char *pattern = getenv("SYMPOOL_DEBUG_FILE");
+    char path[4096];
+    if (g_log != NULL || pattern == NULL || pattern[0] == '\0' ||
+        !sp_x_path_expand(pattern, path, sizeof path))
+        return;
+    /* O_NONBLOCK: a FIFO without a reader is not waited on (and not taken: not regular). */
+    int fd = open(path, O_WRONLY | O_APPEND | O_CREAT | O_NONBLOCK | O_CLOEXEC, 0644);
+    struct stat sb;
+    if (fd >= 0 && fstat(fd, &sb) == 0 && S_ISREG(sb.st_mode) &&
+        fcntl(fd, F_SETFL, O_WRONLY | O_APPEND) == 0 && (g_log = fdopen(fd, "a")) != NULL)
+        return;
+    if (fd >= 0)
+        close(fd);
+}
+
+void cli_log_line(const char *line) {
+    FILE *f = g_log != NULL ? g_log : stderr;
+    fprintf(f, "%s\n", line);
+    fflush(f); /* as the library's lines: each whole in the file before the next is written */
 }
 
 bool cli_has_suffix(const char *path, const char *suffix) {

@@ -137,7 +137,7 @@ static void where_of(const pk_value_t *frames, char *out, size_t cap) {
 static void drop_warning(int level, const char *line, void *arg) {
     (void)arg;
     if (level != SP_X_LOG_WARN)
-        fprintf(stderr, "%s\n", line);
+        cli_log_line(line);
 }
 
 static void xml_text(FILE *f, const char *s, size_t max) {
@@ -868,6 +868,7 @@ int sp_cli_plot(int argc, char **argv) {
         } else {
             /* A chart that cannot be written is said once, in our error line: sympool's WARN
              * line of the same failure is held back. */
+            cli_log_open();
             sp_x_log_set_fn(drop_warning, NULL);
             sp_status_t st = sp_x_file_write_atomic(out, svg, svg_len);
             sp_x_log_set_fn(NULL, NULL);

@@ -1495,7 +1495,7 @@ static void log_filter(int level, const char *line, void *arg) {
         return;
     if (level == SP_X_LOG_WARN && strstr(line, "out of memory") != NULL && (*oom_lines)++ > 0)
         return;
-    fprintf(stderr, "%s\n", line);
+    cli_log_line(line);
 }
 
 /* While the options are set before a replay: an option sympool refuses is logged at WARN as
@@ -1505,12 +1505,13 @@ static void log_filter(int level, const char *line, void *arg) {
 static void drop_warning(int level, const char *line, void *arg) {
     (void)arg;
     if (level != SP_X_LOG_WARN)
-        fprintf(stderr, "%s\n", line);
+        cli_log_line(line);
 }
 
 static void quiet_options_begin(void) {
     sp_x_option_info_t info;
     (void)sp_x_option_info(0, &info);
+    cli_log_open();
     sp_x_log_set_fn(drop_warning, NULL);
 }
 
@@ -2013,6 +2014,7 @@ static int replay_compare(const char *trace, const tr_trace_t *t, const char *us
         free(eff);
         return rc;
     }
+    cli_log_open();
     sp_x_log_set_fn(log_filter, &oom_lines);
     for (int i = 0; i < n && rc == 0; i++) {
         err[0] = '\0';
@@ -2336,6 +2338,7 @@ int sp_cli_replay(int argc, char **argv) {
     }
     replay_result_t r;
     size_t oom_lines = 0;
+    cli_log_open();
     sp_x_log_set_fn(log_filter, &oom_lines);
     /* --repeat: replay again on a fresh allocator each time and report the median time per event
      * (the peaks are the same every time: the replay is deterministic). A single replay is the

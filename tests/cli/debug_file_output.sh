@@ -3,7 +3,8 @@
 # writes (replay --snapshot, plot -o) is refused before anything is read or written, compared as
 # the log and the writer name their files: both patterns expanded (%h, %p), and a file neither
 # has created yet. The log lines were appended to the finished snapshot (after its STOP, or
-# after a JSON document's end), and a chart written over the log.
+# after a JSON document's end), and a chart written over the log. And the lines the replay's
+# log filter passes go to SYMPOOL_DEBUG_FILE, as the library's own do (they went to stderr).
 set -u
 bin=$1 trace=$2 w=$3
 rm -rf "$w" && mkdir -p "$w/sub" || exit 1
@@ -41,7 +42,10 @@ check "plot, %h in the log only" "$w/c2-%h.svg" 2 "the file -o writes" \
 check "replay, another file" "$w/log-%h.txt" 0 "" "$bin" replay "$trace" --snapshot "$w/s5.json"
 python3 -c "import json,sys; json.load(open(sys.argv[1]))" "$w/s5.json" ||
     { echo "FAIL $w/s5.json is no JSON document"; fail=1; }
-grep -q "SYMPOOL INFO" "$w/log-$host.txt" || { echo "FAIL no log lines in $w/log-$host.txt"; fail=1; }
+# Every line in the log, none on stderr: the replay's log filter wrote what it passed to stderr.
+grep -q "SYMPOOL INFO snapshot.c.*wrote snapshot $w/s5.json" "$w/log-$host.txt" ||
+    { echo "FAIL the replay's lines are not in $w/log-$host.txt"; fail=1; }
+grep -q "SYMPOOL" "$w/err" && { echo "FAIL log lines on stderr: $(cat "$w/err")"; fail=1; }
 check "plot, another file" "$w/c3.svg.log" 0 "" "$bin" plot "$trace" -o "$w/c3.svg"
 [ $fail -eq 0 ] && echo "debug file output ok"
 exit $fail
