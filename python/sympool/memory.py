@@ -588,6 +588,9 @@ class MemPool(_lib.Handle):
             check(status)
         self._handle = handle.value
         self._name = name
+        # The library's session: an sp_shutdown (a C caller's, ctypes') releases every pool, so
+        # a collection after one has nothing to destroy (see __del__).
+        self._session = lib().sp_x_session()
 
     def _params(self, allocator, use_on_oom, no_split, symmetric, name, world):
         """The arguments checked (this rank alone) and made into an _lib.MemPoolParams."""
@@ -772,7 +775,12 @@ class MemPool(_lib.Handle):
             if entry is not None:
                 entry[0] = self._allocator
             try:
-                if lib().sp_mempool_destroy(self._handle) == 0:
+                if getattr(self, "_session", None) not in (None, lib().sp_x_session()):
+                    # Released by an sp_shutdown since: its destroy was refused (a stale
+                    # handle, said on stderr), queued, and refused again at every empty_cache.
+                    if entry is not None:
+                        entry[1] = True
+                elif lib().sp_mempool_destroy(self._handle) == 0:
                     # Marked only: the next destroy or empty_cache drops its allocator. No lock
                     # and no sweep here: a collection can run this inside either, on this thread.
                     if entry is not None:

@@ -351,6 +351,35 @@ def test_default_pool_after_a_shutdown_through_ctypes_is_the_new_sessions():
     assert "stale" not in out.stderr, out.stderr[-2000:]
 
 
+def test_pool_from_before_a_shutdown_through_ctypes_is_left_alone_when_collected():
+    # A MemPool collected after an sp_shutdown through the raw library: its pool was released,
+    # and the collection asked the library to destroy the stale handle (a warning), queued it,
+    # and asked again at the next empty_cache (two more).
+    code = """if True:
+        import gc, sympool
+        from sympool import _lib
+        lib = _lib.lib()
+        pool = sympool.MemPool()
+        with sympool.use_mem_pool(pool):
+            p = sympool.malloc(1 << 20)
+        sympool.free(p)
+        assert lib.sp_shutdown() == 0, _lib.last_error()
+        del pool
+        gc.collect()
+        sympool.empty_cache()
+        q = sympool.MemPool()
+        with sympool.use_mem_pool(q):
+            p = sympool.malloc(1 << 20)
+        sympool.free(p)
+        q.destroy()
+        print("ok")
+    """
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=60)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-2000:]
+    assert "stale" not in out.stderr, out.stderr[-2000:]
+
+
 def test_memory_summary(sp):
     p = sp.malloc(3 << 20)
     text = sp.memory_summary()
