@@ -2616,8 +2616,10 @@ static size_t err_offset(const char *err) {
 }
 
 /* Streams are parsed whole at doublings of what has arrived up to this many bytes: junk is
- * refused in its first bytes, and a valid stream is parsed at most twice more in all. */
-#define STREAM_CHECK_MAX ((size_t)16 << 20)
+ * refused in its first bytes (every junk stream of tests/cli/stream_junk.py in its first
+ * 64 KiB read), and a valid stream is parsed at most 2 MiB more in all (the walk of opcodes
+ * goes on to the end). */
+#define STREAM_CHECK_MAX ((size_t)1 << 20)
 
 /* Whether a stream's bytes so far, buf[0..len), show the input refused whatever follows, read
  * as the loaders read it (a pickle from byte 0; a JSON document after white space): what the
