@@ -108,6 +108,31 @@ for cmd in ("info", "replay"):
     p.stdin.close()
     assert rc == 1 and "unknown opcode 0x00 at offset 1" in err, (rc, err)
 
+# A pipe that holds a MB of junk before the command's first read (its buffer grown with
+# F_SETPIPE_SZ; the writer keeps it open): that first read is more than the bytes looked at,
+# and their refusal is still not left for the rest.
+r, w = os.pipe()
+try:
+    import fcntl
+    fcntl.fcntl(w, 1031, 1 << 20)  # F_SETPIPE_SZ
+    big = True
+except (ImportError, OSError):
+    big = False
+if big:
+    os.write(w, b"(" + bytes((1 << 20) - 1))
+    p = subprocess.Popen([CLI, "info", "/dev/stdin"], stdin=r, stdout=subprocess.DEVNULL,
+                         stderr=subprocess.PIPE)
+    os.close(r)
+    try:
+        rc = p.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        p.kill()
+        p.wait()
+        raise AssertionError("a first read past the bytes looked at: still reading")
+    os.close(w)
+    err = p.stderr.read().decode()
+    assert rc == 1 and "unknown opcode 0x00 at offset 1" in err, (rc, err)
+
 # Valid snapshots through a pipe still load (read to the end: what arrives is parsed as it
 # comes, and a pickle cut short is no refusal), as their files do.
 data_dir = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "data")
