@@ -150,4 +150,31 @@ for name in ("cs336-2.7b-ctx128-forward-bf16.pickle", "trace-small-p4.pickle",
         strip = re.compile(rb'"ns_per_event":[0-9.e+-]+')
         assert strip.sub(b"", out.replace(b"/dev/stdin", b"X")) == \
             strip.sub(b"", q.stdout.replace(trace.encode(), b"X")), (name, cmd)
+# A valid snapshot cut, or one byte changed, at random in its first 64 KiB (what the stream's
+# first bytes are judged by), junk after the cut: through a pipe the command says what it says
+# of the same bytes in a file, to the byte (refused or not).
+for name in ("trace-small-p4.pickle", "trace-gc-tiny.json"):
+    with open(os.path.join(data_dir, name), "rb") as f:
+        whole = f.read()
+    for it in range(20):
+        k = rng.randrange(1, min(len(whole), 70000))
+        junk = bytes(rng.getrandbits(8) for _ in range(rng.randrange(1, 64)))
+        if it % 2 == 0:
+            data = whole[:k] + junk + whole[k:k + 100000]
+        else:
+            b = bytearray(whole[:k + 100000])
+            b[k] = rng.getrandbits(8)
+            data = bytes(b)
+        path = os.path.join(WORK, "cut.bin")
+        with open(path, "wb") as f:
+            f.write(data)
+        a = subprocess.run([CLI, "info", path], capture_output=True, timeout=120)
+        p = subprocess.Popen([CLI, "info", "/dev/stdin"], stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        out, err = p.communicate(data, timeout=120)
+        assert (a.returncode, a.stdout.replace(path.encode(), b"X"),
+                a.stderr.replace(path.encode(), b"X")) == \
+            (p.returncode, out.replace(b"/dev/stdin", b"X"), err.replace(b"/dev/stdin", b"X")), \
+            (name, it, k, a.stderr[-200:], err[-200:])
+        checked += 1
 print("ok", checked)
