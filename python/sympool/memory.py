@@ -1001,6 +1001,31 @@ _default_pools = globals().get("_default_pools", {})  # kept across a reload, as
 _default_lock = globals().get("_default_lock") or threading.Lock()
 
 
+class _DefaultMemPool(MemPool):
+    """A device's default pool (get_default_memory_pool). An sp_shutdown (a C caller's, one
+    through ctypes) releases every pool, the default ones too, and the library's next call
+    makes them anew: the handle is looked up again then, so that the object (one per device,
+    kept) never hands the released pool's handle to the library. It did: used_bytes() and the
+    rest said 0, with a "stale handle" warning, while the new session's pool held blocks."""
+
+    @property
+    def _handle(self):
+        h = self.__dict__.get("_default_handle")
+        try:
+            if h is not None and self.__dict__.get("_session") != c.sp_x_session():
+                new = c.sp_default_mempool(self._device)
+                if new:
+                    self.__dict__["_default_handle"] = h = new
+                    self.__dict__["_session"] = c.sp_x_session()
+        except Exception:
+            pass  # interpreter shutdown (module globals gone): the handle as it was
+        return h
+
+    @_handle.setter
+    def _handle(self, value):
+        self.__dict__["_default_handle"] = value
+
+
 def get_default_memory_pool(device=0):
     """The device's default pool as a MemPool (CuPy's cupy.get_default_memory_pool()): the pool
     sympool.malloc uses outside use_mem_pool, with used_bytes(), total_bytes(), free_bytes(),
@@ -1008,20 +1033,13 @@ def get_default_memory_pool(device=0):
     d = as_device(device)
     with _default_lock:
         pool = _default_pools.get(d)
-        session = lib().sp_x_session()
-        if pool is not None and pool._handle is not None and \
-                getattr(pool, "_session", None) != session:
-            # An sp_shutdown (through ctypes, or another user of the library) released the
-            # pool the handle named: the same object, with the new session's default pool.
-            handle = _answered(lib().sp_default_mempool(d))
-            if handle:
-                pool._handle, pool._session = handle, session
         if pool is None or pool._handle is None:
+            session = lib().sp_x_session()
             handle = _answered(lib().sp_default_mempool(d))
             if not handle:
                 raise bad_value(f"device {d} does not exist ({device_count()} device(s) on the "
                                 f"{backend()} backend)")
-            pool = MemPool.__new__(MemPool)
+            pool = _DefaultMemPool.__new__(_DefaultMemPool)
             pool._handle, pool._owned, pool._symmetric = handle, False, False
             pool._lock = threading.RLock()
             pool._user_allocator = pool._world = pool._name = None

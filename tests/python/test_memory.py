@@ -327,8 +327,9 @@ def test_stream_destroyed_through_ctypes_leaves_its_reused_handle_alone():
 
 def test_default_pool_after_a_shutdown_through_ctypes_is_the_new_sessions():
     # get_default_memory_pool cached the pool object with its handle: after an sp_shutdown
-    # through the raw library it handed back the released pool's handle, whose queries then
-    # said 0 (with a "stale handle" warning) while the new session's pool held blocks.
+    # through the raw library it (and the object kept from before) handed the library the
+    # released pool's handle, whose queries then said 0 (with a "stale handle" warning) while
+    # the new session's pool held blocks.
     code = """if True:
         import sympool
         from sympool import _lib
@@ -338,11 +339,15 @@ def test_default_pool_after_a_shutdown_through_ctypes_is_the_new_sessions():
         sympool.free(p)
         assert lib.sp_shutdown() == 0, _lib.last_error()
         p = sympool.malloc(3 << 20)
+        # The object kept from before, and the one asked for again: the same, the new pool's.
+        assert pool.used_bytes() == 3 << 20, pool.used_bytes()
         again = sympool.get_default_memory_pool(0)
         assert again is pool
         assert again.used_bytes() == 3 << 20, again.used_bytes()
         assert pool.total_bytes() >= 3 << 20, pool.total_bytes()
         sympool.free(p)
+        assert lib.sp_shutdown() == 0, _lib.last_error()
+        assert pool.used_bytes() == 0 and pool.total_bytes() == 0
         print("ok")
     """
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
