@@ -63,9 +63,10 @@ bool cli_same_target(const char *a, const char *b);
  * lines would be appended to the written file). */
 bool cli_output_not_log(const char *cmd, const char *opt, const char *file);
 /* The lines a command's log filter (sp_x_log_set_fn) passes go where the library's own would:
- * to SYMPOOL_DEBUG_FILE's file (%h, %p expanded; appended to; a regular file), else stderr. They
- * all went to stderr. cli_log_open, once, before the first filter is set (a filter may make no
- * sympool call); cli_log_line writes one line. */
+ * to the file SYMPOOL_DEBUG_FILE names (its value in force: the environment's, or a replay
+ * --compare configuration's item; %h, %p expanded; appended to; a regular file), else stderr.
+ * They all went to stderr. cli_log_open before a filter is set and after the option changes
+ * (a filter may make no sympool call); cli_log_line writes one line. */
 void cli_log_open(void);
 void cli_log_line(const char *line);
 /* True when path ends with suffix, e.g. ".json" (case-sensitive, as sp_dump_snapshot decides). */

@@ -253,14 +253,34 @@ bool cli_output_not_log(const char *cmd, const char *opt, const char *file) {
 
 /* Where the CLI's log filters put the lines they pass (cli_log_line): SYMPOOL_DEBUG_FILE's
  * file, opened as the library opens it (appended to, a regular file only), else stderr. Set by
- * cli_log_open before any filter runs: inside a filter no sympool call may be made. */
+ * cli_log_open outside any filter: inside one no sympool call may be made. */
 static FILE *g_log;
+static char g_log_path[4096]; /* g_log's file */
+
+/* The value SYMPOOL_DEBUG_FILE has in force (the environment's, or a replay --compare
+ * configuration's item): into out, "" when unset. */
+static void debug_file_option(char *out, size_t cap) {
+    sp_x_option_info_t info;
+    out[0] = '\0';
+    for (int i = 0; sp_x_option_info(i, &info); i++)
+        if (strcmp(info.name, "SYMPOOL_DEBUG_FILE") == 0) {
+            snprintf(out, cap, "%s", info.value);
+            return;
+        }
+}
 
 void cli_log_open(void) {
-    const char *pattern = getenv("SYMPOOL_DEBUG_FILE");
-    char path[4096];
-    if (g_log != NULL || pattern == NULL || pattern[0] == '\0' ||
-        !sp_x_path_expand(pattern, path, sizeof path))
+    char pattern[600], path[4096] = "";
+    debug_file_option(pattern, sizeof pattern);
+    if (pattern[0] != '\0' && !sp_x_path_expand(pattern, path, sizeof path))
+        path[0] = '\0'; /* %r with no rank, or too long: stderr, as the library does */
+    if (g_log != NULL && strcmp(path, g_log_path) == 0)
+        return;
+    if (g_log != NULL)
+        fclose(g_log);
+    g_log = NULL;
+    snprintf(g_log_path, sizeof g_log_path, "%s", path);
+    if (path[0] == '\0')
         return;
     /* O_NONBLOCK: a FIFO without a reader is not waited on (and not taken: not regular). */
     int fd = open(path, O_WRONLY | O_APPEND | O_CREAT | O_NONBLOCK | O_CLOEXEC, 0644);

@@ -2018,10 +2018,14 @@ static int replay_compare(const char *trace, const tr_trace_t *t, const char *us
     sp_x_log_set_fn(log_filter, &oom_lines);
     for (int i = 0; i < n && rc == 0; i++) {
         err[0] = '\0';
-        if (sp_shutdown() != SP_SUCCESS ||
-            !apply_conf(trace, base, confs[i], capacity,
-                        reenacts_pytorch_rules(t, user_conf, confs[i]), eff[i], sizeof(eff[i]), err,
-                        sizeof(err)) ||
+        bool applied = sp_shutdown() == SP_SUCCESS &&
+                       apply_conf(trace, base, confs[i], capacity,
+                                  reenacts_pytorch_rules(t, user_conf, confs[i]), eff[i],
+                                  sizeof(eff[i]), err, sizeof(err));
+        /* A configuration's SYMPOOL_DEBUG_FILE item is where its lines go, as the library's. */
+        if (applied)
+            cli_log_open();
+        if (!applied ||
             !replay_median(t, NULL, repeat, eff[i], capacity, &rs[i], err, sizeof(err))) {
             fprintf(stderr, "sympool replay: configuration '%s': %s\n", confs[i], err);
             rc = confs[i][0] ? 2 : 1;

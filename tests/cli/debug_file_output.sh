@@ -47,5 +47,12 @@ grep -q "SYMPOOL INFO snapshot.c.*wrote snapshot $w/s5.json" "$w/log-$host.txt" 
     { echo "FAIL the replay's lines are not in $w/log-$host.txt"; fail=1; }
 grep -q "SYMPOOL" "$w/err" && { echo "FAIL log lines on stderr: $(cat "$w/err")"; fail=1; }
 check "plot, another file" "$w/c3.svg.log" 0 "" "$bin" plot "$trace" -o "$w/c3.svg"
+# replay --compare: each configuration's SYMPOOL_DEBUG_FILE item is where its lines go.
+check "compare, one log per configuration" "" 0 "" "$bin" replay "$trace" --compare \
+    "SYMPOOL_DEBUG_FILE=$w/cmp-a.log" "SYMPOOL_DEBUG_FILE=$w/cmp-b.log"
+for x in a b; do
+    grep -q "SYMPOOL INFO api.c.*allocator ready" "$w/cmp-$x.log" 2>/dev/null ||
+        { echo "FAIL no lines of configuration $x in $w/cmp-$x.log"; fail=1; }
+done
 [ $fail -eq 0 ] && echo "debug file output ok"
 exit $fail
