@@ -55,6 +55,20 @@ bool cli_output_ok(const char *cmd, const char *opt, const char *path);
 void cli_output_path(const char *pattern, char *out, size_t cap);
 /* A whole decimal integer in [lo, hi]. */
 bool cli_parse_long(const char *s, long lo, long hi, long *out);
+/* True when a and b name one file: the same existing file (through any link or other name of
+ * it), or, neither existing, the same name in the same folder (the file both would create). */
+bool cli_same_target(const char *a, const char *b);
+/* Whether output option opt's file (already expanded: cli_output_path) is not where
+ * SYMPOOL_DEBUG_FILE, expanded, sends the library's log lines: else false after saying so (the
+ * lines would be appended to the written file). */
+bool cli_output_not_log(const char *cmd, const char *opt, const char *file);
+/* The lines a command's log filter (sp_x_log_set_fn) passes go where the library's own would:
+ * to the file SYMPOOL_DEBUG_FILE names (its value in force: the environment's, or a replay
+ * --compare configuration's item; %h, %p expanded; appended to; a regular file), else stderr.
+ * They all went to stderr. cli_log_open before a filter is set and after the option changes
+ * (a filter may make no sympool call); cli_log_line writes one line. */
+void cli_log_open(void);
+void cli_log_line(const char *line);
 /* True when path ends with suffix, e.g. ".json" (case-sensitive, as sp_dump_snapshot decides). */
 bool cli_has_suffix(const char *path, const char *suffix);
 /* True when out names a file that exists and is the file in names (through any link or other

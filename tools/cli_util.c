@@ -12,10 +12,10 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 #if defined(__GLIBC__)
 #include <malloc.h>
 #include <sys/mman.h>
-#include <unistd.h>
 #endif
 
 #include "tools/cli.h"
@@ -205,6 +205,97 @@ void cli_output_path(const char *pattern, char *out, size_t cap) {
 bool cli_same_file(const char *in, const char *out) {
     struct stat a, b;
     return stat(in, &a) == 0 && stat(out, &b) == 0 && a.st_dev == b.st_dev && a.st_ino == b.st_ino;
+}
+
+/* The folder part of path (".", "/" or what comes before its last '/') into dir, and its last
+ * component; false when the folder does not fit. */
+static bool split_path(const char *path, char *dir, size_t cap, const char **base) {
+    const char *slash = strrchr(path, '/');
+    size_t n = slash == NULL ? 0 : slash == path ? 1 : (size_t)(slash - path);
+    *base = slash == NULL ? path : slash + 1;
+    if (slash == NULL)
+        return snprintf(dir, cap, ".") < (int)cap;
+    if (n >= cap)
+        return false;
+    memcpy(dir, path, n);
+    dir[n] = '\0';
+    return true;
+}
+
+bool cli_same_target(const char *a, const char *b) {
+    struct stat sa, sb;
+    int ra = stat(a, &sa), rb = stat(b, &sb);
+    if (ra == 0 || rb == 0)
+        return ra == 0 && rb == 0 && sa.st_dev == sb.st_dev && sa.st_ino == sb.st_ino;
+    /* Neither exists yet: the same name in the same folder (through any other name of it) is
+     * the file both would create. */
+    char da[4096], db[4096];
+    const char *ba, *bb;
+    return split_path(a, da, sizeof da, &ba) && split_path(b, db, sizeof db, &bb) &&
+           ba[0] != '\0' && strcmp(ba, bb) == 0 && stat(da, &sa) == 0 && stat(db, &sb) == 0 &&
+           sa.st_dev == sb.st_dev && sa.st_ino == sb.st_ino;
+}
+
+bool cli_output_not_log(const char *cmd, const char *opt, const char *file) {
+    const char *pattern = getenv("SYMPOOL_DEBUG_FILE");
+    char log[4096];
+    /* Compared as the log and the writer name their files: both patterns expanded (the output's
+     * already is). */
+    if (pattern == NULL || pattern[0] == '\0' || !sp_x_path_expand(pattern, log, sizeof log) ||
+        !cli_same_target(file, log))
+        return true;
+    fprintf(stderr,
+            "sympool %s: SYMPOOL_DEBUG_FILE=%s names %s, the file %s writes: its log lines "
+            "would be appended to it; log elsewhere\n",
+            cmd, pattern, file, opt);
+    return false;
+}
+
+/* Where the CLI's log filters put the lines they pass (cli_log_line): SYMPOOL_DEBUG_FILE's
+ * file, opened as the library opens it (appended to, a regular file only), else stderr. Set by
+ * cli_log_open outside any filter: inside one no sympool call may be made. */
+static FILE *g_log;
+static char g_log_path[4096]; /* g_log's file */
+
+/* The value SYMPOOL_DEBUG_FILE has in force (the environment's, or a replay --compare
+ * configuration's item): into out, "" when unset. */
+static void debug_file_option(char *out, size_t cap) {
+    sp_x_option_info_t info;
+    out[0] = '\0';
+    for (int i = 0; sp_x_option_info(i, &info); i++)
+        if (strcmp(info.name, "SYMPOOL_DEBUG_FILE") == 0) {
+            snprintf(out, cap, "%s", info.value);
+            return;
+        }
+}
+
+void cli_log_open(void) {
+    char pattern[600], path[4096] = "";
+    debug_file_option(pattern, sizeof pattern);
+    if (pattern[0] != '\0' && !sp_x_path_expand(pattern, path, sizeof path))
+        path[0] = '\0'; /* %r with no rank, or too long: stderr, as the library does */
+    if (g_log != NULL && strcmp(path, g_log_path) == 0)
+        return;
+    if (g_log != NULL)
+        fclose(g_log);
+    g_log = NULL;
+    snprintf(g_log_path, sizeof g_log_path, "%s", path);
+    if (path[0] == '\0')
+        return;
+    /* O_NONBLOCK: a FIFO without a reader is not waited on (and not taken: not regular). */
+    int fd = open(path, O_WRONLY | O_APPEND | O_CREAT | O_NONBLOCK | O_CLOEXEC, 0644);
+    struct stat sb;
+    if (fd >= 0 && fstat(fd, &sb) == 0 && S_ISREG(sb.st_mode) &&
+        fcntl(fd, F_SETFL, O_WRONLY | O_APPEND) == 0 && (g_log = fdopen(fd, "a")) != NULL)
+        return;
+    if (fd >= 0)
+        close(fd);
+}
+
+void cli_log_line(const char *line) {
+    FILE *f = g_log != NULL ? g_log : stderr;
+    fprintf(f, "%s\n", line);
+    fflush(f); /* as the library's lines: each whole in the file before the next is written */
 }
 
 bool cli_has_suffix(const char *path, const char *suffix) {

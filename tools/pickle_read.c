@@ -16,11 +16,13 @@
 #include "tools/pickle_text.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 #if defined(__SSE2__)
 #include <emmintrin.h>
 #endif
@@ -2453,7 +2455,8 @@ bool pk_parse_records(const void *buf, size_t len, const pk_limits_t *lim, const
 
 /* Whether buf[0..len) may start a snapshot: its first byte is a pickle opcode (PROTO, 0x80, for
  * protocols 2-5; any for 0 and 1), or its first byte that is not white space (if any, after a
- * byte order mark) is a JSON document's '{' or '['. */
+ * byte order mark) is a JSON document's '{' or '['. (White space or a mark before a 0x80 is no
+ * pickle: the loader refuses a pickle that does not start at byte 0.) */
 static bool may_be_snapshot(const unsigned char *buf, size_t len) {
     if (len > 0 && opcode_names[buf[0]] != NULL)
         return true;
@@ -2463,13 +2466,205 @@ static bool may_be_snapshot(const unsigned char *buf, size_t len) {
         return true; /* too few bytes yet to tell */
     while (i < len && (buf[i] == ' ' || buf[i] == '\n' || buf[i] == '\r' || buf[i] == '\t'))
         i++;
-    return i == len || buf[i] == 0x80 || buf[i] == '{' || buf[i] == '[';
+    return i == len || buf[i] == '{' || buf[i] == '[';
+}
+
+/* How a stream's pickle is read so far (pk_read_file): the opcodes are walked as they arrive,
+ * only far enough to see where the parser will refuse the input whatever follows. */
+typedef struct opscan {
+    size_t pos;        /* the next opcode's offset */
+    size_t need;       /* bytes the parser looks at before that refusal: the frames' ends */
+    bool refused;      /* an opcode at or before pos is refused, whatever bytes follow */
+    bool stopped;      /* STOP met: the parser reads no further */
+    size_t next_check; /* when to parse what arrived (stream_refused) */
+    bool stop_checked; /* parsed up to the STOP */
+    bool done;         /* the first STREAM_CHECK_MAX bytes were looked at */
+} opscan_t;
+
+/* The bytes of opcode op's argument at a (avail of them there): its fixed part plus the length
+ * it gives, SIZE_MAX when more bytes are needed to tell, or 0 for none. Lines (the text opcodes'
+ * arguments) end at a '\n'. */
+static uint64_t op_arg_bytes(unsigned op, const unsigned char *a, size_t avail) {
+    int fixed = 0, count = 0, lines = 0; /* count: bytes of a length that follows fixed ones */
+    switch (op) {
+    case 0x80:
+    case 'K':
+    case 'h':
+    case 'q':
+        fixed = 1;
+        break;
+    case 'M':
+        fixed = 2;
+        break;
+    case 'J':
+    case 'j':
+    case 'r':
+        fixed = 4;
+        break;
+    case 'G':
+    case 0x95:
+        fixed = 8;
+        break;
+    case 'U':
+    case 'C':
+    case 0x8c:
+    case 0x8a:
+        count = 1;
+        break;
+    case 'T':
+    case 'X':
+    case 'B':
+    case 0x8b:
+        count = 4;
+        break;
+    case 0x8d:
+    case 0x8e:
+    case 0x96:
+        count = 8;
+        break;
+    case 'I':
+    case 'L':
+    case 'F':
+    case 'S':
+    case 'V':
+    case 'p':
+    case 'g':
+        lines = 1;
+        break;
+    default:
+        return 0;
+    }
+    if (lines > 0) {
+        const unsigned char *nl = memchr(a, '\n', avail);
+        return nl == NULL ? SIZE_MAX : (uint64_t)(nl - a) + 1;
+    }
+    if (count == 0)
+        return avail >= (size_t)fixed ? (uint64_t)fixed : SIZE_MAX;
+    if (avail < (size_t)count)
+        return SIZE_MAX;
+    uint64_t n = le_uint(a, (size_t)count);
+    return n > UINT64_MAX - 8 ? UINT64_MAX - 1 : n + (uint64_t)count;
+}
+
+/* Whether the parser reads opcode op at all (the rest it refuses where it meets them: an
+ * unknown byte, or one that builds objects or calls code). Its own switch and text_name. */
+static bool op_read(unsigned op) {
+    static const char ops[] = ".(012NJKMGCUXBT}])dltsuaeqrhjILFSVpg";
+    return (op >= 0x80 && op <= 0x96 && forbidden_name(op) == NULL) ||
+           (op != 0 && strchr(ops, (int)op) != NULL); /* strchr finds the terminator's 0 */
+}
+
+/* Walk the opcodes of buf[s->pos..len) (a prefix of the input, max_bytes at most in all). */
+static void opscan(opscan_t *s, const unsigned char *buf, size_t len, size_t max_bytes) {
+    while (!s->refused && !s->stopped && s->pos < len) {
+        unsigned op = buf[s->pos];
+        if (!op_read(op)) {
+            s->refused = true;
+            return;
+        }
+        uint64_t n = op_arg_bytes(op, buf + s->pos + 1, len - s->pos - 1);
+        if (n == SIZE_MAX)
+            return; /* its argument is not all here yet */
+        if (op == 0x80 && buf[s->pos + 1] > 5) {
+            s->refused = true; /* a protocol pickle.load does not read */
+            return;
+        }
+        if (op == 0x95) {
+            /* The parser checks that a frame's bytes are there: the input must reach its end
+             * before a later refusal reads alike; one that ends past max_bytes is refused. */
+            uint64_t end = le_uint(buf + s->pos + 1, 8);
+            end = end > max_bytes ? UINT64_MAX : end + s->pos + 9;
+            if (end > max_bytes) {
+                s->refused = true;
+                return;
+            }
+            s->need = s->need > end ? s->need : (size_t)end;
+        }
+        if (n > len - s->pos - 1)
+            return; /* a string that has not all arrived: read on */
+        s->stopped = op == '.';
+        s->pos += 1 + (size_t)n;
+    }
+}
+
+/* Whether a JSON stream's bytes so far hold one that no JSON document the loader reads has
+ * anywhere (inside a string or out): a control character other than the white space, or one
+ * that is never UTF-8 (0xc0, 0xc1, 0xf5-0xff). Its reader (core/json_read.c) goes from the
+ * start and refuses at that byte or before it, as it would on the whole input; s->pos is where
+ * the walk goes on. */
+static bool json_refused(opscan_t *s, const unsigned char *buf, size_t len) {
+    for (; s->pos < len; s->pos++) {
+        unsigned char b = buf[s->pos];
+        if ((b < 0x20 && b != ' ' && b != '\t' && b != '\n' && b != '\r') || b == 0xc0 ||
+            b == 0xc1 || b >= 0xf5)
+            return true;
+    }
+    return false;
+}
+
+/* Where err (a parser's refusal) says it stopped: the offset after its last "offset ", or
+ * SIZE_MAX when it names none. */
+static size_t err_offset(const char *err) {
+    const char *at = NULL;
+    for (const char *p = strstr(err, "offset "); p != NULL; p = strstr(p + 1, "offset "))
+        at = p + strlen("offset ");
+    if (at == NULL || *at < '0' || *at > '9')
+        return SIZE_MAX;
+    size_t v = 0;
+    for (; *at >= '0' && *at <= '9' && v < SIZE_MAX / 16; at++)
+        v = v * 10 + (size_t)(*at - '0');
+    return v;
+}
+
+/* A stream's bytes are walked, and parsed whole at doublings of what has arrived, up to this
+ * many: junk is refused in its first bytes (every junk stream of tests/cli/stream_junk.py in
+ * its first read), and a valid stream costs little more than its file (walked and parsed to
+ * 1 MiB, a 1 MB trace through a pipe took 2.3x the instructions of `info` on its file;
+ * bench/results/2026-11-30-s27-stream-junk.jsonl). */
+#define STREAM_CHECK_MAX ((size_t)64 << 10)
+
+/* Whether a stream's bytes so far, buf[0..len), show the input refused whatever follows, read
+ * as the loaders read it (a pickle from byte 0; a JSON document after white space): what the
+ * parser then says of these bytes is what it says of the whole. The opcodes are walked as they
+ * arrive (opscan); a refusal the walk cannot see (a value the stack does not have, a memo key
+ * never put) is the parser's own, on what has arrived: one at an opcode whose arguments all
+ * arrived, before the frames' ends, reads alike on the whole input. */
+static bool stream_refused(opscan_t *s, const unsigned char *buf, size_t len, size_t max_bytes) {
+    if (!may_be_snapshot(buf, len))
+        return true;
+    if (s->refused)
+        return len >= s->need;
+    /* Only the first bytes are looked at; past them a stream is read on to its end, as a file
+     * is: the walk and the parses cost a valid one more than its load (a full parse at its STOP
+     * was 4x the instructions of `info` on it). */
+    if (s->done)
+        return false;
+    size_t n = len < STREAM_CHECK_MAX ? len : STREAM_CHECK_MAX;
+    s->done = n == STREAM_CHECK_MAX;
+    if (opcode_names[buf[0]] == NULL)
+        return s->refused = json_refused(s, buf, n);
+    opscan(s, buf, n, max_bytes);
+    if (s->refused)
+        return len >= s->need;
+    /* Past a STOP the parser reads nothing more: what it says of these bytes is final, and it
+     * is asked once; the last look parses what it has. */
+    if (n < s->need || s->stop_checked || (!s->stopped && !s->done && n < s->next_check))
+        return false;
+    s->next_check = n * 2;
+    s->stop_checked = s->stopped;
+    char err[256] = "";
+    pk_doc_t *doc = NULL;
+    if (pk_parse(buf, n, NULL, &doc, err, sizeof err)) {
+        pk_free(doc);
+        return false;
+    }
+    return s->refused = !pk_err_whole(err) && err_offset(err) < s->pos;
 }
 
 bool pk_read_file(const char *path, size_t max_bytes, unsigned char **buf_p, size_t *len_p,
                   char *err, size_t errlen) {
-    FILE *f = fopen(path, "rb");
-    if (f == NULL) {
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) {
         snprintf(err, errlen, "cannot open %s: %s", path, strerror(errno));
         return false;
     }
@@ -2477,21 +2672,23 @@ bool pk_read_file(const char *path, size_t max_bytes, unsigned char **buf_p, siz
      * allocation, no copies while growing. */
     size_t cap = 1 << 20, len = 0;
     struct stat sb;
-    if (fstat(fileno(f), &sb) == 0 && S_ISREG(sb.st_mode) && (uint64_t)sb.st_size >= max_bytes) {
+    bool regular = fstat(fd, &sb) == 0 && S_ISREG(sb.st_mode);
+    if (regular && (uint64_t)sb.st_size >= max_bytes) {
         /* Refused from its size: reading max_bytes of it first took that much memory and tens
          * of seconds (a sparse 20 GiB file: 4 GiB resident, 20 s) before the same refusal, or
          * ended as "out of memory" under a memory limit. */
         snprintf(err, errlen, "%s is larger than %zu bytes (%llu bytes): too large to be read",
                  path, max_bytes, (unsigned long long)sb.st_size);
-        fclose(f);
+        close(fd);
         return false;
     }
-    if (fstat(fileno(f), &sb) == 0 && S_ISREG(sb.st_mode) && sb.st_size >= 0)
+    if (regular && sb.st_size >= 0)
         cap = (size_t)sb.st_size + 1;
     unsigned char *buf = malloc(cap);
     bool ok = buf != NULL;
     if (!ok)
         snprintf(err, errlen, "out of memory reading %s", path);
+    opscan_t scan = {0};
     while (ok) {
         if (len == cap) {
             if (cap >= max_bytes) {
@@ -2508,19 +2705,26 @@ bool pk_read_file(const char *path, size_t max_bytes, unsigned char **buf_p, siz
             }
             buf = nb;
         }
-        size_t n = fread(buf + len, 1, cap - len, f);
-        len += n;
-        if (n > 0 && !may_be_snapshot(buf, len))
-            break; /* the caller refuses it from these bytes: no more of a stream is read */
-        if (n == 0) {
-            if (ferror(f)) {
-                snprintf(err, errlen, "cannot read %s: %s", path, strerror(errno));
-                ok = false;
-            }
+        /* read, not fread: a pipe's bytes are looked at as they come (fread waited for its
+         * whole buffer, a MB, from a writer that may send no more). */
+        ssize_t n = read(fd, buf + len, cap - len);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n < 0) {
+            snprintf(err, errlen, "cannot read %s: %s", path, strerror(errno));
+            ok = false;
             break;
         }
+        if (n == 0)
+            break;
+        len += (size_t)n;
+        /* A stream (/dev/zero, /dev/urandom, a pipe) whose first bytes are refused is not read
+         * to max_bytes first: the caller refuses it from these bytes. A regular file is read
+         * whole (its size is known, and the parser walks it anyway). */
+        if (!regular ? stream_refused(&scan, buf, len, max_bytes) : !may_be_snapshot(buf, len))
+            break;
     }
-    fclose(f);
+    close(fd);
     if (!ok) {
         free(buf);
         return false;

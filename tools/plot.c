@@ -137,7 +137,7 @@ static void where_of(const pk_value_t *frames, char *out, size_t cap) {
 static void drop_warning(int level, const char *line, void *arg) {
     (void)arg;
     if (level != SP_X_LOG_WARN)
-        fprintf(stderr, "%s\n", line);
+        cli_log_line(line);
 }
 
 static void xml_text(FILE *f, const char *s, size_t max) {
@@ -799,6 +799,8 @@ int sp_cli_plot(int argc, char **argv) {
     char out_file[4096];
     cli_output_path(out, out_file, sizeof out_file);
     out = out_file;
+    if (!cli_output_not_log("plot", "-o", out))
+        return 2;
     if (!cli_output_ok("plot", "-o", out))
         return 1;
     for (int i = optind; i < argc; i++)
@@ -866,6 +868,7 @@ int sp_cli_plot(int argc, char **argv) {
         } else {
             /* A chart that cannot be written is said once, in our error line: sympool's WARN
              * line of the same failure is held back. */
+            cli_log_open();
             sp_x_log_set_fn(drop_warning, NULL);
             sp_status_t st = sp_x_file_write_atomic(out, svg, svg_len);
             sp_x_log_set_fn(NULL, NULL);

@@ -1495,7 +1495,7 @@ static void log_filter(int level, const char *line, void *arg) {
         return;
     if (level == SP_X_LOG_WARN && strstr(line, "out of memory") != NULL && (*oom_lines)++ > 0)
         return;
-    fprintf(stderr, "%s\n", line);
+    cli_log_line(line);
 }
 
 /* While the options are set before a replay: an option sympool refuses is logged at WARN as
@@ -1505,12 +1505,13 @@ static void log_filter(int level, const char *line, void *arg) {
 static void drop_warning(int level, const char *line, void *arg) {
     (void)arg;
     if (level != SP_X_LOG_WARN)
-        fprintf(stderr, "%s\n", line);
+        cli_log_line(line);
 }
 
 static void quiet_options_begin(void) {
     sp_x_option_info_t info;
     (void)sp_x_option_info(0, &info);
+    cli_log_open();
     sp_x_log_set_fn(drop_warning, NULL);
 }
 
@@ -2013,13 +2014,18 @@ static int replay_compare(const char *trace, const tr_trace_t *t, const char *us
         free(eff);
         return rc;
     }
+    cli_log_open();
     sp_x_log_set_fn(log_filter, &oom_lines);
     for (int i = 0; i < n && rc == 0; i++) {
         err[0] = '\0';
-        if (sp_shutdown() != SP_SUCCESS ||
-            !apply_conf(trace, base, confs[i], capacity,
-                        reenacts_pytorch_rules(t, user_conf, confs[i]), eff[i], sizeof(eff[i]), err,
-                        sizeof(err)) ||
+        bool applied = sp_shutdown() == SP_SUCCESS &&
+                       apply_conf(trace, base, confs[i], capacity,
+                                  reenacts_pytorch_rules(t, user_conf, confs[i]), eff[i],
+                                  sizeof(eff[i]), err, sizeof(err));
+        /* A configuration's SYMPOOL_DEBUG_FILE item is where its lines go, as the library's. */
+        if (applied)
+            cli_log_open();
+        if (!applied ||
             !replay_median(t, NULL, repeat, eff[i], capacity, &rs[i], err, sizeof(err))) {
             fprintf(stderr, "sympool replay: configuration '%s': %s\n", confs[i], err);
             rc = confs[i][0] ? 2 : 1;
@@ -2216,6 +2222,8 @@ int sp_cli_replay(int argc, char **argv) {
                 a.snapshot, a.trace);
         return 2;
     }
+    if (a.snapshot != NULL && !cli_output_not_log("replay", "--snapshot", snap_file))
+        return 2;
     if (a.snapshot != NULL && !cli_output_ok("replay", "--snapshot", snap_file))
         return 1;
     /* --conf and --capacity are checked before the trace is read (a large one takes a while):
@@ -2334,6 +2342,7 @@ int sp_cli_replay(int argc, char **argv) {
     }
     replay_result_t r;
     size_t oom_lines = 0;
+    cli_log_open();
     sp_x_log_set_fn(log_filter, &oom_lines);
     /* --repeat: replay again on a fresh allocator each time and report the median time per event
      * (the peaks are the same every time: the replay is deterministic). A single replay is the

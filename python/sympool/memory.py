@@ -233,6 +233,19 @@ class Stream(_lib.Handle):
         # The library's session (sp_x_session): after an sp_shutdown the host backend's streams
         # are gone and a later stream may get this handle, so a collection then leaves it be.
         self._session = lib().sp_x_session()
+        # The newest Stream made at this handle: see _stream_owner.
+        _stream_owner[(self._session, self.ptr)] = id(self)
+
+    def _owns_handle(self):
+        """Whether no Stream made after this one got its handle: else the stream this one made
+        was destroyed by other means (sp_stream_destroy through ctypes) and the library made
+        another at the same handle, which a destroy here would take from its Stream."""
+        return _stream_owner.get((self._session, self.ptr)) == id(self)
+
+    def _forget_handle(self):
+        key = (self._session, self.ptr)
+        if _stream_owner.get(key) == id(self):
+            _stream_owner.pop(key, None)
 
     def __del__(self):
         # As MemPool.__del__: a collected Stream releases its stream (the host backend's struct,
@@ -244,7 +257,7 @@ class Stream(_lib.Handle):
         if ptr is None:
             return
         try:
-            if c.sp_x_session() == self._session:
+            if c.sp_x_session() == self._session and self._owns_handle():
                 status = c.sp_stream_destroy(ptr)
                 if status != 0 and _lib.status_name(status) in _STREAM_RETRY and \
                         not _stream_holds(ptr, self._session, but=self):
@@ -252,6 +265,7 @@ class Stream(_lib.Handle):
                     # capture): the next empty_cache or MemPool destroy tries again. Not when
                     # another Stream holds the handle: see _stream_holds.
                     _orphan_streams.append((ptr, self._session))
+            self._forget_handle()
             self.ptr = self.cuda_stream = None
         except Exception:
             pass  # interpreter shutdown (module globals gone) or a refusal: nothing to raise to
@@ -264,7 +278,11 @@ class Stream(_lib.Handle):
         # sp_stream_destroy (on cuda a destroyed handle is undefined behaviour).
         with self._lock:
             if self.ptr is not None:
-                check(lib().sp_stream_destroy(self.ptr))
+                # A handle another Stream was made at since (this one's stream destroyed by
+                # other means) is that Stream's: this one's stream is gone already.
+                if lib().sp_x_session() == self._session and self._owns_handle():
+                    check(lib().sp_stream_destroy(self.ptr))
+                self._forget_handle()
                 self.ptr = self.cuda_stream = None
 
     def _live(self):
@@ -308,6 +326,13 @@ _orphans = globals().get("_orphans", [])
 # Streams Stream.__del__ could not destroy, as (handle, session): the library refused for now
 # (a collection inside a callback it runs; a graph capture under way). _destroy_orphans retries.
 _orphan_streams = globals().get("_orphan_streams", [])
+# The newest live Stream made at each handle, as {(session, handle): id(Stream)}: one made at a
+# handle that another Stream still holds means the library destroyed that one's stream by other
+# means (sp_stream_destroy through ctypes) and reused its handle; the older Stream's collection
+# or destroy() then destroyed the newer one's stream. Single dict operations (atomic under the
+# GIL): a collection may run this anywhere, and takes no lock. A stream made at the handle
+# outside this package cannot be seen here.
+_stream_owner = globals().get("_stream_owner", {})
 # The refusals that may pass: a callback's (the gate's SP_ERR_INVALID_USAGE) and a capture's.
 _STREAM_RETRY = ("SP_ERR_INVALID_USAGE", "SP_ERR_BUSY")
 
@@ -563,6 +588,9 @@ class MemPool(_lib.Handle):
             check(status)
         self._handle = handle.value
         self._name = name
+        # The library's session: an sp_shutdown (a C caller's, ctypes') releases every pool, so
+        # a collection after one has nothing to destroy (see __del__).
+        self._session = lib().sp_x_session()
 
     def _params(self, allocator, use_on_oom, no_split, symmetric, name, world):
         """The arguments checked (this rank alone) and made into an _lib.MemPoolParams."""
@@ -747,7 +775,12 @@ class MemPool(_lib.Handle):
             if entry is not None:
                 entry[0] = self._allocator
             try:
-                if lib().sp_mempool_destroy(self._handle) == 0:
+                if getattr(self, "_session", None) not in (None, lib().sp_x_session()):
+                    # Released by an sp_shutdown since: its destroy was refused (a stale
+                    # handle, said on stderr), queued, and refused again at every empty_cache.
+                    if entry is not None:
+                        entry[1] = True
+                elif lib().sp_mempool_destroy(self._handle) == 0:
                     # Marked only: the next destroy or empty_cache drops its allocator. No lock
                     # and no sweep here: a collection can run this inside either, on this thread.
                     if entry is not None:
@@ -968,6 +1001,31 @@ _default_pools = globals().get("_default_pools", {})  # kept across a reload, as
 _default_lock = globals().get("_default_lock") or threading.Lock()
 
 
+class _DefaultMemPool(MemPool):
+    """A device's default pool (get_default_memory_pool). An sp_shutdown (a C caller's, one
+    through ctypes) releases every pool, the default ones too, and the library's next call
+    makes them anew: the handle is looked up again then, so that the object (one per device,
+    kept) never hands the released pool's handle to the library. It did: used_bytes() and the
+    rest said 0, with a "stale handle" warning, while the new session's pool held blocks."""
+
+    @property
+    def _handle(self):
+        h = self.__dict__.get("_default_handle")
+        try:
+            if h is not None and self.__dict__.get("_session") != c.sp_x_session():
+                new = c.sp_default_mempool(self._device)
+                if new:
+                    self.__dict__["_default_handle"] = h = new
+                    self.__dict__["_session"] = c.sp_x_session()
+        except Exception:
+            pass  # interpreter shutdown (module globals gone): the handle as it was
+        return h
+
+    @_handle.setter
+    def _handle(self, value):
+        self.__dict__["_default_handle"] = value
+
+
 def get_default_memory_pool(device=0):
     """The device's default pool as a MemPool (CuPy's cupy.get_default_memory_pool()): the pool
     sympool.malloc uses outside use_mem_pool, with used_bytes(), total_bytes(), free_bytes(),
@@ -976,14 +1034,16 @@ def get_default_memory_pool(device=0):
     with _default_lock:
         pool = _default_pools.get(d)
         if pool is None or pool._handle is None:
+            session = lib().sp_x_session()
             handle = _answered(lib().sp_default_mempool(d))
             if not handle:
                 raise bad_value(f"device {d} does not exist ({device_count()} device(s) on the "
                                 f"{backend()} backend)")
-            pool = MemPool.__new__(MemPool)
+            pool = _DefaultMemPool.__new__(_DefaultMemPool)
             pool._handle, pool._owned, pool._symmetric = handle, False, False
             pool._lock = threading.RLock()
             pool._user_allocator = pool._world = pool._name = None
             pool._device = d
+            pool._session = session
             _default_pools[d] = pool
         return pool

@@ -102,6 +102,13 @@ if(TARGET sympool_cli)
               $<TARGET_FILE:sympool_cli> ${SP_CLI_OUT}/truncated_while_read)
     set_tests_properties(cli.truncated_while_read PROPERTIES LABELS "unit;cli;python" TIMEOUT 300
       PASS_REGULAR_EXPRESSION "^ok")
+    # A stream of junk (a pipe, /dev/zero) is refused from its first bytes, as the same bytes
+    # in a regular file are: not read to the 4 GiB cap first, nor waited on for more.
+    add_test(NAME cli.stream_junk
+      COMMAND ${Python3_EXECUTABLE} ${PROJECT_SOURCE_DIR}/tests/cli/stream_junk.py
+              $<TARGET_FILE:sympool_cli> ${SP_CLI_OUT}/stream_junk)
+    set_tests_properties(cli.stream_junk PROPERTIES LABELS "unit;cli;python" TIMEOUT 300
+      PASS_REGULAR_EXPRESSION "^ok")
     # Snapshots no PyTorch writes (a segment on device 100, ...): refused with one line that
     # names the trace and what is wrong.
     add_test(NAME cli.hostile_snapshots
@@ -548,6 +555,12 @@ if(TARGET sympool_cli)
     $<TARGET_FILE:sympool_cli> ${SMALL} ${SP_CLI_OUT}/output_paths)
   set_tests_properties(cli.output_paths PROPERTIES LABELS "unit;cli" TIMEOUT 120
     PASS_REGULAR_EXPRESSION "output paths ok")
+  # SYMPOOL_DEBUG_FILE naming what --snapshot or -o writes, compared after %h/%p expansion and
+  # before the file exists: refused (the log lines were appended to the written file).
+  add_test(NAME cli.debug_file_output COMMAND sh ${CMAKE_CURRENT_SOURCE_DIR}/cli/debug_file_output.sh
+    $<TARGET_FILE:sympool_cli> ${SMALL} ${SP_CLI_OUT}/debug_file_output)
+  set_tests_properties(cli.debug_file_output PROPERTIES LABELS "unit;cli" TIMEOUT 120
+    PASS_REGULAR_EXPRESSION "debug file output ok")
   # A JSON snapshot saved with a UTF-8 byte order mark (some editors; the memory viewer's
   # browser drops it) is read, from a file and from a stream: it was "not a pickle (nor a JSON
   # snapshot)".

@@ -293,6 +293,98 @@ def test_stream_from_before_a_shutdown_is_left_alone_when_collected():
     assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr
 
 
+def test_stream_destroyed_through_ctypes_leaves_its_reused_handle_alone():
+    # A Stream whose stream was destroyed through the raw library (sp_stream_destroy by ctypes),
+    # its handle then given to a new Stream: neither the old one's collection nor its destroy()
+    # may destroy the new one's stream (both did: the same session, the same handle).
+    code = """if True:
+        import gc, ctypes, sympool
+        from sympool import _lib
+        lib = _lib.lib()
+        old = [sympool.Stream() for _ in range(50)]
+        for s in old:
+            assert lib.sp_stream_destroy(ctypes.c_void_p(s.ptr)) == 0, _lib.last_error()
+        new = [sympool.Stream() for _ in range(50)]  # some at old handles (the structs reused)
+        reused = {s.ptr for s in old} & {s.ptr for s in new}
+        assert reused, "no new stream got an old handle"
+        n = lib.sp_x_stream_count()
+        for s in [s for s in old if s.ptr in reused]:  # destroy()ed, the rest collected
+            s.destroy()
+        del old, s
+        gc.collect()
+        assert lib.sp_x_stream_count() == n, (lib.sp_x_stream_count(), n)
+        for s in new:
+            assert lib.sp_stream_synchronize(s.ptr) == 0, _lib.last_error()
+        del new, s
+        gc.collect()
+        assert lib.sp_x_stream_count() == n - 50
+        print("ok", len(reused))
+    """
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=60)
+    assert out.returncode == 0 and out.stdout.startswith("ok"), out.stderr[-2000:]
+
+
+def test_default_pool_after_a_shutdown_through_ctypes_is_the_new_sessions():
+    # get_default_memory_pool cached the pool object with its handle: after an sp_shutdown
+    # through the raw library it (and the object kept from before) handed the library the
+    # released pool's handle, whose queries then said 0 (with a "stale handle" warning) while
+    # the new session's pool held blocks.
+    code = """if True:
+        import sympool
+        from sympool import _lib
+        lib = _lib.lib()
+        pool = sympool.get_default_memory_pool(0)
+        p = sympool.malloc(1 << 20)
+        sympool.free(p)
+        assert lib.sp_shutdown() == 0, _lib.last_error()
+        p = sympool.malloc(3 << 20)
+        # The object kept from before, and the one asked for again: the same, the new pool's.
+        assert pool.used_bytes() == 3 << 20, pool.used_bytes()
+        again = sympool.get_default_memory_pool(0)
+        assert again is pool
+        assert again.used_bytes() == 3 << 20, again.used_bytes()
+        assert pool.total_bytes() >= 3 << 20, pool.total_bytes()
+        sympool.free(p)
+        assert lib.sp_shutdown() == 0, _lib.last_error()
+        assert pool.used_bytes() == 0 and pool.total_bytes() == 0
+        print("ok")
+    """
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=60)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-2000:]
+    assert "stale" not in out.stderr, out.stderr[-2000:]
+
+
+def test_pool_from_before_a_shutdown_through_ctypes_is_left_alone_when_collected():
+    # A MemPool collected after an sp_shutdown through the raw library: its pool was released,
+    # and the collection asked the library to destroy the stale handle (a warning), queued it,
+    # and asked again at the next empty_cache (two more).
+    code = """if True:
+        import gc, sympool
+        from sympool import _lib
+        lib = _lib.lib()
+        pool = sympool.MemPool()
+        with sympool.use_mem_pool(pool):
+            p = sympool.malloc(1 << 20)
+        sympool.free(p)
+        assert lib.sp_shutdown() == 0, _lib.last_error()
+        del pool
+        gc.collect()
+        sympool.empty_cache()
+        q = sympool.MemPool()
+        with sympool.use_mem_pool(q):
+            p = sympool.malloc(1 << 20)
+        sympool.free(p)
+        q.destroy()
+        print("ok")
+    """
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=60)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-2000:]
+    assert "stale" not in out.stderr, out.stderr[-2000:]
+
+
 def test_memory_summary(sp):
     p = sp.malloc(3 << 20)
     text = sp.memory_summary()
