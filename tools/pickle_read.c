@@ -1598,7 +1598,8 @@ typedef struct rec_try {
 /* The PUT opcode at p[pos] (MEMOIZE, BINPUT, LONG_BINPUT) stores v: its length, 0 when p[pos] is
  * no PUT, -1 when its slot is not a free one inside the memo (memo_put grows the memo or
  * replaces a value: the general loop's business). */
-static inline long rec_put(parser_t *ps, rec_try_t *t, size_t pos, pk_value_t *v) {
+static inline __attribute__((always_inline)) long rec_put(parser_t *ps, rec_try_t *t, size_t pos,
+                                                          pk_value_t *v) {
     const unsigned char *p = ps->p;
     size_t left = ps->len - pos, idx, n;
     if (p[pos] == 0x94) {
@@ -1952,7 +1953,8 @@ static inline bool is_skip_key(parser_t *ps, const pk_value_t *key) {
  * blocks through record_fast, the hook at SETITEMS). Only the common shape is taken: the dict
  * memoized and opened at once, keys that are memo references to strings; values that are memo
  * references, ints of 64 bits, True and False once made, one tuple of two ints (TUPLE2,
- * optionally memoized), or the skipped key's list (as record_fast reads it). Anything else
+ * optionally memoized), or the skipped key's list, empty or of one item (a segment's own frames:
+ * a stack of them, MARK ... APPENDS, is the general loop's to skip). Anything else
  * undoes the memo slots it set and returns 0 with ps untouched (what it wrote above the stack's
  * and the scratch's tops is nothing the general loop reads), for the general loop to read the
  * dict from its EMPTY_DICT on. Returns 1 when handed over, -1 when making a value failed (as it
@@ -2067,9 +2069,9 @@ static __attribute__((noinline)) int segment_fast(parser_t *ps) {
         case ']': /* EMPTY_LIST */
             if (!is_skip_key(ps, key))
                 goto hand_over; /* a list the general loop reads: its key pushed */
-            /* The skipped list, as record_fast reads it (memoized, empty, one APPEND or one
-             * MARK ... APPENDS of memo references), but for what may follow it here: the next
-             * key (a reference to a string ends the list, as in the general loop). */
+            /* The skipped list, as record_fast reads it (memoized, empty or one APPEND of a
+             * memo reference), but for what may follow it here: the next key (a reference to a
+             * string ends the list, as in the general loop). */
             val = ps->skipv + SK_LIST;
             pos++;
             if (pos < len && (k = rec_put(ps, &t, pos, val)) != 0) {
@@ -2093,12 +2095,13 @@ static __attribute__((noinline)) int segment_fast(parser_t *ps) {
                     break; /* the next key: the list is empty */
                 if (first == NULL || first->type == PK_STR)
                     goto undo;
+                /* A stack of frames (MARK ... APPENDS) is the general loop's to skip: a run of
+                 * references read here too (ref_run) made record_fast's own copy of it slower
+                 * in the general loop. */
+                if (mark)
+                    goto undo;
                 pos += 1 + n;
-                size_t items = 1;
-                bool undefined = false;
-                if (mark) /* the rest are passed over, not read, as skip_fast does */
-                    pos = ref_run(ps, p, len, pos, &items, &undefined);
-                if (undefined || pos >= len || p[pos] != (mark ? 'e' : 'a'))
+                if (pos >= len || p[pos] != 'a')
                     goto undo;
                 pos++;
             } else if (mark) {
@@ -2181,38 +2184,6 @@ pass:
         ps->memo[t.puts[i]] = NULL;
     ps->memoused = t.memoused;
     return 0;
-}
-
-/* The general loop's EMPTY_DICT once record_fast has refused the dict: segment_fast's try, else
- * the dict pushed (a skipped one's kind while skipping), memoized and opened. Out of line: the
- * general loop's own code (record_fast, ref_run and the rest inlined there) stays as it was. */
-static __attribute__((noinline)) bool open_dict(parser_t *ps) {
-    if (ps->rec_fn != NULL) {
-        int seg = segment_fast(ps);
-        if (seg < 0)
-            return false;
-        if (seg > 0)
-            return true;
-    }
-    if (!push(ps, ps->skipping ? ps->skipv + SK_DICT : new_value(ps, PK_DICT)))
-        return false;
-    /* A dict is memoized and opened at once (every trace entry, block and segment):
-     * the MEMOIZE and MARK after it here, as their own passes through the loop would
-     * take them (outside a skipped value neither looks ahead). */
-    if (!ps->skipping && ps->len - ps->pos >= 2 && ps->p[ps->pos] == 0x94 &&
-        ps->p[ps->pos + 1] == '(') {
-        ps->op = ps->pos;
-        if (!memoize(ps))
-            return false;
-        ps->op = ++ps->pos;
-        if (ps->nmarks == ps->markcap && !grow_marks(ps))
-            return false;
-        if (ps->mark_scratch != NULL)
-            ps->mark_scratch[ps->nmarks] = ps->scratch_used;
-        ps->marks[ps->nmarks++] = ps->sp;
-        ps->pos++;
-    }
-    return true;
 }
 
 /* ---- text opcodes --------------------------------------------------------------------- */
@@ -2534,8 +2505,31 @@ static bool run(parser_t *ps) {
         case '}': /* EMPTY_DICT */
             if (ps->rec_fn != NULL && record_fast(ps))
                 break;
-            if (!open_dict(ps))
+            if (ps->rec_fn != NULL) { /* a segment: read up to its blocks and handed back */
+                int seg = segment_fast(ps);
+                if (seg < 0)
+                    return false;
+                if (seg > 0)
+                    break;
+            }
+            if (!push(ps, ps->skipping ? ps->skipv + SK_DICT : new_value(ps, PK_DICT)))
                 return false;
+            /* A dict is memoized and opened at once (every trace entry, block and segment):
+             * the MEMOIZE and MARK after it here, as their own passes through the loop would
+             * take them (outside a skipped value neither looks ahead). */
+            if (!ps->skipping && ps->len - ps->pos >= 2 && ps->p[ps->pos] == 0x94 &&
+                ps->p[ps->pos + 1] == '(') {
+                ps->op = ps->pos;
+                if (!memoize(ps))
+                    return false;
+                ps->op = ++ps->pos;
+                if (ps->nmarks == ps->markcap && !grow_marks(ps))
+                    return false;
+                if (ps->mark_scratch != NULL)
+                    ps->mark_scratch[ps->nmarks] = ps->scratch_used;
+                ps->marks[ps->nmarks++] = ps->sp;
+                ps->pos++;
+            }
             break;
         case ']': /* EMPTY_LIST */
             if (!ps->skipping && ps->skip_key != NULL && starts_skip(ps)) {
