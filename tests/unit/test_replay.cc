@@ -3316,6 +3316,7 @@ TEST_F(Loaders, SegmentsOfOneShapeReadAsWhole) {
     SegPk s;
     std::vector<unsigned char> b = s.snapshot(12);
     tr_trace_t whole;
+    memset(&whole, 0, sizeof whole);
     std::string err;
     ASSERT_TRUE(load(b, &whole, &err)) << err;
     std::string want = final_state(whole);
@@ -3346,11 +3347,11 @@ TEST_F(Loaders, SegmentsCutOrChangedAreReadAsWhole) {
     ASSERT_NE(from, 0u);
     auto same = [&](const std::vector<unsigned char> &c, const std::string &what) {
         tr_trace_t whole;
+        memset(&whole, 0, sizeof whole);
         std::string err;
         bool ok = load(c, &whole, &err);
         std::string want = ok ? final_state(whole) : err;
-        if (ok)
-            tr_free(&whole);
+        tr_free(&whole); // what a refused load made too
         TwoLoads l(c);
         SCOPED_TRACE(what);
         ASSERT_EQ(l.ok[0], ok) << l.err[0] << " / " << err;
