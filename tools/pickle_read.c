@@ -128,6 +128,9 @@ typedef struct parser {
     const pk_value_t *rf_fail_key; /* the first key of the dicts record_fast gave up on last */
     unsigned rf_fails;             /* how many in a row (at most REC_GIVE_UP) */
     unsigned rf_skips;             /* dicts passed to the general loop at once, counted */
+    const pk_value_t *sf_fail_key; /* segment_fast's rf_fail_key, rf_fails and rf_skips */
+    unsigned sf_fails;
+    unsigned sf_skips;
 } parser_t;
 
 /* Whether v is one of the skipped values. */
@@ -1597,7 +1600,8 @@ typedef struct rec_try {
 /* The PUT opcode at p[pos] (MEMOIZE, BINPUT, LONG_BINPUT) stores v: its length, 0 when p[pos] is
  * no PUT, -1 when its slot is not a free one inside the memo (memo_put grows the memo or
  * replaces a value: the general loop's business). */
-static inline long rec_put(parser_t *ps, rec_try_t *t, size_t pos, pk_value_t *v) {
+static inline __attribute__((always_inline)) long rec_put(parser_t *ps, rec_try_t *t, size_t pos,
+                                                          pk_value_t *v) {
     const unsigned char *p = ps->p;
     size_t left = ps->len - pos, idx, n;
     if (p[pos] == 0x94) {
@@ -1855,6 +1859,333 @@ pass:
         ps->memo[t.puts[i]] = NULL;
     ps->memoused = t.memoused;
     return false;
+}
+
+/* The int opcode (BININT1, BININT2, BININT, or a LONG1 that fits int64_t) at p[pos] of the len
+ * bytes at p: its length, its value in *iv_p; 0 when p[pos] is none of those, cut, or a LONG1 past
+ * int64_t. */
+static inline __attribute__((always_inline)) size_t int_at(const unsigned char *p, size_t len,
+                                                           size_t pos, int64_t *iv_p) {
+    size_t left = len - pos - 1;
+    switch (p[pos]) {
+    case 'K':
+        if (left < 1)
+            return 0;
+        *iv_p = p[pos + 1];
+        return 2;
+    case 'M':
+        if (left < 2)
+            return 0;
+        *iv_p = (int64_t)le_uint(p + pos + 1, 2);
+        return 3;
+    case 'J':
+        if (left < 4)
+            return 0;
+        *iv_p = (int64_t)(int32_t)(uint32_t)le_uint(p + pos + 1, 4);
+        return 5;
+    case 0x8a: {
+        uint64_t uv;
+        if (left < 1 || left - 1 < p[pos + 1] ||
+            le_long_fast(p + pos + 2, p[pos + 1], len - pos - 2, iv_p, &uv) != PK_INT)
+            return 0;
+        return 2 + (size_t)p[pos + 1];
+    }
+    default:
+        return 0;
+    }
+}
+
+/* rec_ref on what the caller holds in locals: the memo value a BINGET or LONG_BINGET at p[pos]
+ * names (its length in *n_p), or NULL. segment_fast writes through pointers that might be ps's
+ * fields for all the compiler knows: read through ps, each reference loaded them again. */
+static inline __attribute__((always_inline)) pk_value_t *ref_at(const unsigned char *p, size_t len,
+                                                                pk_value_t *const *memo,
+                                                                size_t memocap, size_t pos,
+                                                                size_t *n_p) {
+    size_t left = len - pos - 1, idx;
+    if (p[pos] == 'h') {
+        if (left < 1)
+            return NULL;
+        idx = p[pos + 1];
+        *n_p = 1;
+    } else if (p[pos] == 'j') {
+        if (left < 4)
+            return NULL;
+        idx = (size_t)le_uint(p + pos + 1, 4);
+        *n_p = 4;
+    } else {
+        return NULL;
+    }
+    return idx < memocap ? memo[idx] : NULL;
+}
+
+/* A new value of the document's, made as new_value makes it: inline when its chunk has room. */
+static inline __attribute__((always_inline)) pk_value_t *value_of(parser_t *ps, pk_type_t type) {
+    pk_doc_t *d = ps->doc;
+    if (d->values == NULL || d->values->used == VALUES_PER_CHUNK ||
+        d->nvalues >= ps->lim.max_values)
+        return new_value(ps, type);
+    pk_value_t *v = &d->values->v[d->values->used++];
+    d->nvalues++;
+    memset(v, 0, sizeof(*v));
+    v->type = type;
+    return v;
+}
+
+/* Whether key (a str) is skip_key; the last one found to be is known by its address (a value
+ * never changes). */
+static inline bool is_skip_key(parser_t *ps, const pk_value_t *key) {
+    if (key == ps->skip_str)
+        return true;
+    /* The first bytes at once: a segment's "blocks" is as long as "frames" */
+    if (ps->skip_key == NULL || key->u.str.len != ps->skip_len || ps->skip_len == 0 ||
+        key->u.str.s[0] != ps->skip_key[0] || memcmp(key->u.str.s, ps->skip_key, ps->skip_len) != 0)
+        return false;
+    ps->skip_str = key;
+    return true;
+}
+
+/* Pairs segment_fast reads before the list it hands over (a final state's segment has 11). */
+#define SEG_PAIRS 24
+
+/* A dict record_fast refused, read as the general loop would read it up to its first list that is
+ * not skipped (a final state's segment: a dozen pairs, its pool id a tuple of two ints, then its
+ * blocks), and then handed over there: the stack, the MARK, the scratch and the memo made as the
+ * general loop makes them, ps->pos at that list's EMPTY_LIST, the general loop reading on (the
+ * blocks through record_fast, the hook at SETITEMS). Only the common shape is taken: the dict
+ * memoized and opened at once, keys that are memo references to strings; values that are memo
+ * references, ints of 64 bits, True and False once made, one tuple of two ints (TUPLE2,
+ * optionally memoized), or the skipped key's list, empty or of one item (a segment's own frames:
+ * a stack of them, MARK ... APPENDS, is the general loop's to skip). Anything else
+ * undoes the memo slots it set and returns 0 with ps untouched (what it wrote above the stack's
+ * and the scratch's tops is nothing the general loop reads), for the general loop to read the
+ * dict from its EMPTY_DICT on. Returns 1 when handed over, -1 when making a value failed (as it
+ * fails in the general loop: same message, same offset). It saves the general loop's pass per
+ * opcode, the scratch moves and the collapse of the pool id: most of what a segment cost outside
+ * its blocks. ps->pos is just after the EMPTY_DICT. */
+static __attribute__((noinline)) int segment_fast(parser_t *ps) {
+    const unsigned char *const p = ps->p;
+    const size_t len = ps->len;
+    pk_value_t *const *const memo = ps->memo;
+    const size_t memocap = ps->memocap;
+    size_t pos = ps->pos;
+    /* The pairs go straight to where the general loop would push them (above the dict and its
+     * MARK), the ints to scratch above what is in use: both are written, not yet counted. */
+    if (ps->skipping || ps->scratch == NULL || ps->mark_scratch == NULL ||
+        ps->nmarks == ps->markcap || pos >= len || ps->scap - ps->sp < 2 * SEG_PAIRS + 2 ||
+        SCRATCH_VALUES - ps->scratch_used < SEG_PAIRS)
+        return 0;
+    pk_value_t **const out = ps->stack + ps->sp + 1;
+    pk_value_t *const ints = ps->scratch + ps->scratch_used;
+    rec_try_t t;
+    t.nputs = 0;
+    t.memoused = ps->memoused;
+    size_t tup_at = 0, tup_op = 0, tup_slot = SIZE_MAX; /* the tuple's index in out (0: none),
+                                                         * TUPLE2's offset, memo slot */
+    int64_t tup_a = 0, tup_b = 0;
+    size_t np = 0, nints = 0;
+    const pk_value_t *first_key = NULL; /* the dict's first key (NULL: none read) */
+    /* The dict's slot, and the tuple's until it is made, hold `reserved`: a reference to
+     * either inside the dict is left to the general loop. */
+    long k = rec_put(ps, &t, pos, &ps->reserved);
+    if (k <= 0)
+        goto undo;
+    const size_t dict_slot = t.puts[0];
+    pos += (size_t)k;
+    if (pos >= len || p[pos] != '(')
+        goto undo;
+    pos++;
+    for (;; np++) {
+        size_t n = 0;
+        if (pos >= len || np == SEG_PAIRS)
+            goto undo;
+        pk_value_t *key = ref_at(p, len, memo, memocap, pos, &n), *val;
+        if (key == NULL || key->type != PK_STR)
+            goto undo;
+        if (np == 0) {
+            /* Dicts that open with a key whose dicts this path gave up on again and again (trace
+             * entries record_fast refused: they hold no list to hand over at) go to the general
+             * loop at once, but one in 64 (they may change). */
+            first_key = key;
+            if (key == ps->sf_fail_key && ps->sf_fails >= REC_GIVE_UP && (++ps->sf_skips & 63) != 0)
+                goto pass;
+        }
+        pos += 1 + n;
+        out[2 * np] = key;
+        if (pos >= len)
+            goto undo;
+        switch (p[pos]) {
+        case 'h':
+        case 'j':
+            val = ref_at(p, len, memo, memocap, pos, &n);
+            /* A skipped value under another key than the skipped one (a segment's frames are
+             * often the first segment's empty list, memoized), or a value of this dict's: the
+             * general loop's. */
+            if (val == NULL || val == &ps->reserved ||
+                (is_skipped(ps, val) && !is_skip_key(ps, key)))
+                goto undo;
+            pos += 1 + n;
+            break;
+        case 'K':
+        case 'M':
+        case 'J':
+        case 0x8a: {
+            int64_t a, b;
+            size_t m = int_at(p, len, pos, &a), m2;
+            if (m == 0)
+                goto undo;
+            pos += m;
+            if (pos >= len || (m2 = int_at(p, len, pos, &b)) == 0) {
+                /* In scratch, as entry_fast puts a taken dict's ints (scratch values are
+                 * never read for more than their type and value) */
+                val = &ints[nints++];
+                val->type = PK_INT;
+                val->unhashable = false;
+                val->u.i = a;
+                break;
+            }
+            /* Two ints and TUPLE2: a segment's pool id, made when handed over. */
+            if (m2 >= len - pos || p[pos + m2] != 0x86 || tup_at != 0)
+                goto undo;
+            tup_at = 2 * np + 1;
+            tup_op = pos + m2;
+            tup_a = a;
+            tup_b = b;
+            pos += m2 + 1;
+            if (pos < len && (k = rec_put(ps, &t, pos, &ps->reserved)) != 0) {
+                if (k < 0)
+                    goto undo;
+                tup_slot = t.puts[t.nputs - 1];
+                pos += (size_t)k;
+            }
+            val = NULL; /* made when handed over */
+            break;
+        }
+        case 0x88: /* NEWTRUE */
+        case 0x89: /* NEWFALSE */
+            val = ps->bools[p[pos] == 0x88];
+            if (val == NULL)
+                goto undo; /* made once by the general loop */
+            pos++;
+            break;
+        case ']': /* EMPTY_LIST */
+            if (!is_skip_key(ps, key))
+                goto hand_over; /* a list the general loop reads: its key pushed */
+            /* The skipped list, as record_fast reads it (memoized, empty or one APPEND of a
+             * memo reference), but for what may follow it here: the next key (a reference to a
+             * string ends the list, as in the general loop). */
+            val = ps->skipv + SK_LIST;
+            pos++;
+            if (pos < len && (k = rec_put(ps, &t, pos, val)) != 0) {
+                if (k < 0)
+                    goto undo;
+                pos += (size_t)k;
+            }
+            if (pos >= len)
+                goto undo;
+            bool mark = p[pos] == '(';
+            if (mark) {
+                pos++;
+                if (pos < len && p[pos] == 'e')
+                    goto undo;
+            }
+            if (pos < len && (p[pos] == 'h' || p[pos] == 'j')) {
+                /* The first item, right above the list: the general loop reads the memo for
+                 * it (a string there ends the skip), and fails on an undefined one. */
+                pk_value_t *first = ref_at(p, len, memo, memocap, pos, &n);
+                if (first != NULL && first->type == PK_STR && !mark)
+                    break; /* the next key: the list is empty */
+                if (first == NULL || first->type == PK_STR)
+                    goto undo;
+                /* A stack of frames (MARK ... APPENDS) is the general loop's to skip: a run of
+                 * references read here too (ref_run) made record_fast's own copy of it slower
+                 * in the general loop. */
+                if (mark)
+                    goto undo;
+                pos += 1 + n;
+                if (pos >= len || p[pos] != 'a')
+                    goto undo;
+                pos++;
+            } else if (mark) {
+                goto undo;
+            }
+            break;
+        default:
+            goto undo;
+        }
+        out[2 * np + 1] = val;
+    }
+hand_over : {
+    /* Values made in the general loop's order, each failing as it fails there (at its
+     * opcode's offset): the dict at its EMPTY_DICT, the tuple's ints and the tuple at its
+     * TUPLE2. */
+    ps->op = ps->pos - 1;
+    pk_value_t *d = value_of(ps, PK_DICT);
+    if (d == NULL)
+        return -1;
+    if (tup_at != 0) {
+        ps->op = tup_op;
+        pk_value_t *a = shared_int(ps, tup_a);
+        pk_value_t *b = a != NULL ? shared_int(ps, tup_b) : NULL;
+        pk_value_t *tv = b != NULL ? value_of(ps, PK_TUPLE) : NULL;
+        pk_value_t **items = tv != NULL ? new_items(ps, 2) : NULL;
+        if (items == NULL)
+            return -1;
+        items[0] = a;
+        items[1] = b;
+        tv->u.seq.items = items;
+        tv->u.seq.n = tv->u.seq.cap = 2;
+        out[tup_at] = tv;
+        if (tup_slot != SIZE_MAX)
+            ps->memo[tup_slot] = tv;
+    }
+    ps->memo[dict_slot] = d;
+    ps->stack[ps->sp] = d;
+    ps->mark_scratch[ps->nmarks] = ps->scratch_used;
+    ps->marks[ps->nmarks++] = ps->sp + 1;
+    ps->sp += 2 * np + 2; /* the dict, its pairs, the list's key */
+    ps->scratch_used += nints;
+    ps->skipped_at = 0; /* as push does */
+    ps->pos = pos;
+    /* The list (EMPTY_LIST at pos) made, memoized and opened as the general loop does: a
+     * segment's blocks, the dicts in it record_fast's. Room for it was checked above. */
+    ps->op = pos;
+    pk_value_t *l = value_of(ps, PK_LIST);
+    if (l == NULL)
+        return -1;
+    ps->stack[ps->sp++] = l;
+    ps->pos = ++pos;
+    if (pos < len && p[pos] == 0x94) { /* MEMOIZE */
+        ps->op = pos;
+        if (!memoize(ps))
+            return -1;
+        ps->pos = ++pos;
+    }
+    if (pos < len && p[pos] == '(') { /* MARK: more than one block */
+        ps->op = pos;
+        if (ps->nmarks == ps->markcap && !grow_marks(ps))
+            return -1;
+        ps->mark_scratch[ps->nmarks] = ps->scratch_used;
+        ps->marks[ps->nmarks++] = ps->sp;
+        ps->pos = ++pos;
+    }
+    if (first_key == ps->sf_fail_key)
+        ps->sf_fails = 0;
+    return 1;
+}
+undo:
+    if (first_key == ps->sf_fail_key) {
+        if (ps->sf_fails < REC_GIVE_UP)
+            ps->sf_fails++;
+    } else if (first_key != NULL) {
+        ps->sf_fail_key = first_key;
+        ps->sf_fails = 1;
+    }
+pass:
+    for (size_t i = 0; i < t.nputs; i++)
+        ps->memo[t.puts[i]] = NULL;
+    ps->memoused = t.memoused;
+    return 0;
 }
 
 /* ---- text opcodes --------------------------------------------------------------------- */
@@ -2176,6 +2507,13 @@ static bool run(parser_t *ps) {
         case '}': /* EMPTY_DICT */
             if (ps->rec_fn != NULL && record_fast(ps))
                 break;
+            if (ps->rec_fn != NULL) { /* a segment: read up to its blocks and handed back */
+                int seg = segment_fast(ps);
+                if (seg < 0)
+                    return false;
+                if (seg > 0)
+                    break;
+            }
             if (!push(ps, ps->skipping ? ps->skipv + SK_DICT : new_value(ps, PK_DICT)))
                 return false;
             /* A dict is memoized and opened at once (every trace entry, block and segment):

@@ -12,6 +12,8 @@
 #include <fstream>
 #include <functional>
 #include <iterator>
+#include <map>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -3172,4 +3174,202 @@ TEST_F(Loaders, WhatIsWrongInsideASkippedStackIsRefusedAsWhenReadWhole) {
     EXPECT_EQ(refused_alike(b, "odd SETITEMS"),
               "pickle: SETITEMS with an odd number of items at offset " +
                   std::to_string(mixed + 1));
+}
+
+namespace {
+
+// A final state's segments as PyTorch pickles them (protocol 4, MEMOIZE): the first writes its
+// keys and its "large" and memoizes them, the rest refer to them (the reader's segment path
+// takes those: keys that are references, ints of every width, the pool id a TUPLE2, False,
+// "frames" the first segment's list again or a fresh one, then the blocks, one (APPEND) or more
+// (MARK ... APPENDS)). Segment i: address ADDR + i * 2^24, 2 MiB + i * 4096 bytes, stream i % 3
+// (a LONG1 for 2), pool (0, 0) or (1, 7) or (2^40, 3) (LONG1 in the tuple), blocks of 4096
+// bytes, the first active.
+struct SegPk {
+    Pk p;
+    std::map<std::string, unsigned char> memo; // what was memoized, by key
+    unsigned next = 0;                         // the next MEMOIZE's index
+    unsigned char put() {
+        p.op({0x94});
+        return (unsigned char)next++;
+    }
+    void key(const char *k) {
+        auto it = memo.find(k);
+        if (it != memo.end()) {
+            p.op({'h', it->second});
+        } else {
+            p.str(k);
+            memo[k] = put();
+        }
+    }
+    void block(uint64_t addr, bool active) {
+        p.op({'}'});
+        put();
+        p.op({'('});
+        key("address");
+        p.u64(addr);
+        key("size");
+        p.i32(4096);
+        key("requested_size");
+        p.i32(4000);
+        key("state");
+        key(active ? "active_allocated" : "inactive");
+        key("frames");
+        p.op({']'});
+        put();
+        p.op({'u'});
+    }
+    void segment(unsigned i, unsigned nblocks) {
+        uint64_t addr = ADDR + ((uint64_t)i << 24), size = (2u << 20) + i * 4096u;
+        p.op({'}'});
+        put();
+        p.op({'('});
+        key("device");
+        p.op({'K', 0});
+        key("address");
+        p.u64(addr);
+        key("total_size");
+        p.i32((int32_t)size);
+        key("allocated_size");
+        p.op({'M', 0, 0x10}); // 4096, a BININT2
+        key("active_size");
+        p.op({'K', 0});
+        key("requested_size");
+        p.op({'K', 0});
+        key("stream");
+        if (i % 3 == 2)
+            p.op({0x8a, 1, 2});
+        else
+            p.op({'K', (unsigned char)(i % 3)});
+        key("segment_type");
+        key("large");
+        key("segment_pool_id");
+        if (i % 4 == 1)
+            p.op({'K', 1, 'K', 7, 0x86});
+        else if (i % 4 == 3)
+            p.op({0x8a, 6, 0, 0, 0, 0, 0, 1, 'K', 3, 0x86});
+        else
+            p.op({'K', 0, 'K', 0, 0x86});
+        put();
+        key("is_expandable");
+        p.op({0x89});
+        key("frames");
+        if (i % 2 == 0 && memo.count("frames list") != 0) {
+            p.op({'h', memo["frames list"]});
+        } else {
+            p.op({']'});
+            memo["frames list"] = put();
+        }
+        key("blocks");
+        p.op({']'});
+        put();
+        if (nblocks > 1)
+            p.op({'('});
+        for (unsigned b = 0; b < nblocks; b++)
+            block(addr + 4096u * b, b == 0);
+        p.op({nblocks > 1 ? (unsigned char)'e' : (unsigned char)'a', 'u'});
+    }
+    // {"segments": [segments 0 .. n), "device_traces": [[]]}
+    std::vector<unsigned char> snapshot(unsigned n) {
+        p.op({'}', '('});
+        p.str("segments").op({']', '('});
+        for (unsigned i = 0; i < n; i++)
+            segment(i, 1 + i % 3);
+        p.op({'e'});
+        p.str("device_traces").op({']', ']', '('});
+        return p.back();
+    }
+};
+
+// What a loader made of a final state, to compare loaders by (but the free blocks only the
+// loader with stacks keeps).
+std::string final_state(const tr_trace_t &t) {
+    std::ostringstream o;
+    o << "segments " << t.nsegments << " ndev " << t.ndev;
+    for (int d = 0; d < t.ndev; d++) {
+        const tr_device_t &v = t.dev[d];
+        o << "\ndev " << d << " reserved " << v.final_reserved << " allocated " << v.final_allocated
+          << " start_bytes " << v.start_bytes << " streams " << v.nstreams;
+        for (size_t k = 0; k < v.npools; k++)
+            o << "\n pool " << v.pools[k].first << "," << v.pools[k].second;
+        for (size_t k = 0; k < v.nstart; k++)
+            o << "\n seg " << v.start[k].addr << " " << v.start[k].size << " " << v.start[k].stream
+              << " pool " << v.start[k].pool << " small " << v.start[k].is_small << " blocks "
+              << v.start[k].n;
+        for (size_t k = 0; k < v.nsblocks; k++)
+            o << "\n block " << v.sblocks[k].addr << " " << v.sblocks[k].size << " "
+              << v.sblocks[k].req;
+        for (size_t k = 0; k < v.nseeds; k++)
+            o << "\n seed " << v.seeds[k].addr << " " << v.seeds[k].size << " " << v.seeds[k].bsize
+              << " " << v.seeds[k].stream << " pool " << v.seeds[k].pool;
+    }
+    return o.str();
+}
+
+} // namespace
+
+// The final state's segments, read in place by the loader without stacks (segment after segment
+// of one shape: the reader's segment path), are what the whole document says: every segment,
+// its pool id, stream and blocks, as the reader of the whole document and the loader with stacks
+// read them.
+TEST_F(Loaders, SegmentsOfOneShapeReadAsWhole) {
+    SegPk s;
+    std::vector<unsigned char> b = s.snapshot(12);
+    tr_trace_t whole;
+    memset(&whole, 0, sizeof whole);
+    std::string err;
+    ASSERT_TRUE(load(b, &whole, &err)) << err;
+    std::string want = final_state(whole);
+    EXPECT_EQ(whole.nsegments, 12u);
+    ASSERT_EQ(whole.ndev, 1);
+    EXPECT_EQ(whole.dev[0].nstart, 12u);
+    EXPECT_EQ(whole.dev[0].npools, 2u); // (1, 7) and (2^40, 3)
+    tr_free(&whole);
+    TwoLoads l(b);
+    for (int k = 0; k < 2; k++) {
+        SCOPED_TRACE("loader " + std::to_string(k));
+        ASSERT_TRUE(l.ok[k]) << l.err[k];
+        EXPECT_EQ(final_state(l.t[k]), want);
+    }
+}
+
+// A final state cut anywhere inside its segments, or with a byte of them changed, is refused or
+// read by the loader without stacks as by the reader of the whole document: what the segment
+// path cannot take goes to the general loop, which says what is wrong where.
+TEST_F(Loaders, SegmentsCutOrChangedAreReadAsWhole) {
+    SegPk s;
+    std::vector<unsigned char> b = s.snapshot(6);
+    // From the second segment on (the first one memoizes the keys) to the end.
+    size_t from = 0;
+    for (size_t i = 40; i + 1 < b.size() && from == 0; i++)
+        if (b[i] == '}' && b[i + 1] == 0x94 && b[i + 2] == '(' && b[i + 3] == 'h')
+            from = i;
+    ASSERT_NE(from, 0u);
+    auto same = [&](const std::vector<unsigned char> &c, const std::string &what) {
+        tr_trace_t whole;
+        memset(&whole, 0, sizeof whole);
+        std::string err;
+        bool ok = load(c, &whole, &err);
+        std::string want = ok ? final_state(whole) : err;
+        tr_free(&whole); // what a refused load made too
+        TwoLoads l(c);
+        SCOPED_TRACE(what);
+        ASSERT_EQ(l.ok[0], ok) << l.err[0] << " / " << err;
+        EXPECT_EQ(ok ? final_state(l.t[0]) : l.err[0], want);
+    };
+    for (size_t cut = from; cut < b.size(); cut++) {
+        std::vector<unsigned char> c(b.begin(), b.begin() + (long)cut);
+        c.push_back('.');
+        same(c, "cut at " + std::to_string(cut));
+    }
+    const unsigned char repl[] = {'h', 'j', 'K', 'M', 'J', 0x8a, 0x86, 0x85, 0x87, 0x88, 0x89, ']',
+                                  '}', '(', 'e', 'a', 'u', 's',  0x94, 'q',  '0',  'N',  0xff};
+    for (size_t i = from; i < b.size() - 1; i++)
+        for (unsigned char r : repl) {
+            if (b[i] == r)
+                continue;
+            std::vector<unsigned char> c = b;
+            c[i] = r;
+            same(c, "byte " + std::to_string(i) + " = " + std::to_string(r));
+        }
 }
