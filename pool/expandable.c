@@ -841,15 +841,31 @@ static size_t unmap_block(sp_devalloc_t *d, sp_block_t *b, uint32_t context, exp
     b->addr = begin;
     b->size = end - begin;
     b->unmapped = true;
+    /* An unmapped neighbour b absorbs leaves its place in the list to b (the same stream, and
+     * nothing of the list between them): b goes between its list neighbours. */
+    sp_block_t *pl = NULL, *pr = NULL;
+    bool placed = false;
     if (b->prev && sp__blk(b->prev)->unmapped) {
-        ulist_remove(bp, sp__blk(b->prev));
-        absorb(d, b, sp__blk(b->prev));
+        sp_block_t *p = sp__blk(b->prev);
+        pl = sp__blk0(p->left);
+        pr = sp__blk0(p->right);
+        placed = true;
+        ulist_remove(bp, p);
+        absorb(d, b, p);
     }
     if (b->next && sp__blk(b->next)->unmapped) {
-        ulist_remove(bp, sp__blk(b->next));
-        absorb(d, b, sp__blk(b->next));
+        sp_block_t *n = sp__blk(b->next);
+        if (!placed)
+            pl = sp__blk0(n->left);
+        pr = sp__blk0(n->right); /* n was the previous one's right neighbour, if there was one */
+        placed = true;
+        ulist_remove(bp, n);
+        absorb(d, b, n);
     }
-    ulist_insert(bp, b);
+    if (placed)
+        ulist_link(bp, b, pl, pr);
+    else
+        ulist_insert(bp, b);
     size_t len = end - begin;
     sp_mempool_t *pool = bp->pool;
     d->total_reserved -= len;
