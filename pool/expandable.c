@@ -42,12 +42,8 @@ static bool ulist_before(const sp_block_t *a, const sp_block_t *b) {
     return a->addr < b->addr;
 }
 
-static void ulist_insert(sp_bpool_t *bp, sp_block_t *b) {
-    sp_block_t *prev = NULL, *cur = bp->unmapped;
-    while (cur && ulist_before(cur, b)) {
-        prev = cur;
-        cur = sp__blk0(cur->right);
-    }
+/* b goes between prev and cur (either may be NULL: the list's ends). */
+static void ulist_link(sp_bpool_t *bp, sp_block_t *b, sp_block_t *prev, sp_block_t *cur) {
     b->left = sp__bref0(prev);
     b->right = sp__bref0(cur);
     if (cur)
@@ -56,6 +52,39 @@ static void ulist_insert(sp_bpool_t *bp, sp_block_t *b) {
         prev->right = sp__bref(b);
     else
         bp->unmapped = b;
+}
+
+/* The list's place of b, found from its segment's blocks instead of a walk from the list's head
+ * (one step per unmapped block of every stream and segment before it). In one segment the
+ * nearest unmapped block before b is b's predecessor in the list (every address between them is
+ * the segment's, and none is unmapped), and the nearest after it b's successor. Looks at most
+ * SP_ULIST_NEAR blocks each way (a segment may hold thousands); false: not found so near. */
+#define SP_ULIST_NEAR 16
+static bool ulist_near(sp_bpool_t *bp, sp_block_t *b) {
+    sp_block_t *x = sp__block_prev(b);
+    for (int i = 0; x && i < SP_ULIST_NEAR; i++, x = sp__block_prev(x))
+        if (x->unmapped) {
+            ulist_link(bp, b, x, sp__blk0(x->right));
+            return true;
+        }
+    x = sp__block_next(b);
+    for (int i = 0; x && i < SP_ULIST_NEAR; i++, x = sp__block_next(x))
+        if (x->unmapped) {
+            ulist_link(bp, b, sp__blk0(x->left), x);
+            return true;
+        }
+    return false;
+}
+
+static void ulist_insert(sp_bpool_t *bp, sp_block_t *b) {
+    if (ulist_near(bp, b))
+        return;
+    sp_block_t *prev = NULL, *cur = bp->unmapped;
+    while (cur && ulist_before(cur, b)) {
+        prev = cur;
+        cur = sp__blk0(cur->right);
+    }
+    ulist_link(bp, b, prev, cur);
 }
 
 static void ulist_remove(sp_bpool_t *bp, sp_block_t *b) {
@@ -330,6 +359,8 @@ static sp_status_t map_block(sp_devalloc_t *d, sp_block_t *m, size_t size, uint3
     if (s != SP_SUCCESS)
         return s;
     uintptr_t at = m->addr;
+    /* m's neighbours in the list: the unmapped rest (same stream, inside m) goes between them */
+    sp_block_t *ml = sp__blk0(m->left), *mr = sp__blk0(m->right);
     ulist_remove(bp, m);
     m->unmapped = false;
     if (len < m->size) {
@@ -341,7 +372,7 @@ static sp_status_t map_block(sp_devalloc_t *d, sp_block_t *m, size_t size, uint3
             rem->unmapped = true;
             sp__block_link_after(rem, m);
             m->size = len;
-            ulist_insert(bp, rem);
+            ulist_link(bp, rem, ml, mr);
         } else {
             /* No struct for the remainder (structs come from the arena alone, never from the
              * heap): give the pages back rather than corrupt the tiling. */
@@ -810,15 +841,31 @@ static size_t unmap_block(sp_devalloc_t *d, sp_block_t *b, uint32_t context, exp
     b->addr = begin;
     b->size = end - begin;
     b->unmapped = true;
+    /* An unmapped neighbour b absorbs leaves its place in the list to b (the same stream, and
+     * nothing of the list between them): b goes between its list neighbours. */
+    sp_block_t *pl = NULL, *pr = NULL;
+    bool placed = false;
     if (b->prev && sp__blk(b->prev)->unmapped) {
-        ulist_remove(bp, sp__blk(b->prev));
-        absorb(d, b, sp__blk(b->prev));
+        sp_block_t *p = sp__blk(b->prev);
+        pl = sp__blk0(p->left);
+        pr = sp__blk0(p->right);
+        placed = true;
+        ulist_remove(bp, p);
+        absorb(d, b, p);
     }
     if (b->next && sp__blk(b->next)->unmapped) {
-        ulist_remove(bp, sp__blk(b->next));
-        absorb(d, b, sp__blk(b->next));
+        sp_block_t *n = sp__blk(b->next);
+        if (!placed)
+            pl = sp__blk0(n->left);
+        pr = sp__blk0(n->right); /* n was the previous one's right neighbour, if there was one */
+        placed = true;
+        ulist_remove(bp, n);
+        absorb(d, b, n);
     }
-    ulist_insert(bp, b);
+    if (placed)
+        ulist_link(bp, b, pl, pr);
+    else
+        ulist_insert(bp, b);
     size_t len = end - begin;
     sp_mempool_t *pool = bp->pool;
     d->total_reserved -= len;

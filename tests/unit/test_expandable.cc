@@ -22,6 +22,7 @@ extern "C" {
 #include "pool/block.h"
 #include "pool/pool.h"
 #include "sympool/experimental.h"
+#include "tests/unit/expandable_probe.h"
 }
 
 using namespace sp;
@@ -534,6 +535,68 @@ TEST_P(ExpandableModel, WalkAgreesWithStatsAndDevice) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Options, ExpandableModel, ::testing::Values(0, 1, 2));
+
+// find_room grows at the first block of the unmapped list, in (stream, address) order, that has
+// room: the list's order is the lowest-address rule. A random mix on three streams (RECYCLE's
+// unmaps leave holes all over the segments, maps cut unmapped blocks, empty_cache merges them)
+// keeps each block pool's list exactly its unmapped blocks, in order, after every step; with
+// 2 MiB large pages and with PyTorch's 20 MiB ones (fewer, larger holes).
+class ExpandableUnmappedList : public sp::Test, public ::testing::WithParamInterface<int> {};
+
+TEST_P(ExpandableUnmappedList, StaysInStreamAndAddressOrder) {
+    expect_warnings(); // OOMs at capacity are part of the mix
+    sp::ScopedEnv env({{"SYMPOOL_ALLOC_CONF", "expandable_segments:True"},
+                       {"SYMPOOL_HOST_CAPACITY", "2GiB"},
+                       {"SYMPOOL_EXPANDABLE_PAGE", GetParam() ? "2MiB" : "0"}});
+    SP_SKIP_UNLESS_HOST();
+    sp_stream_t st[3];
+    for (auto &s : st)
+        ASSERT_SP_OK(sp_stream_create(0, &s));
+    std::vector<void *> live;
+    uint64_t x = 0x2545F4914F6CDD1Dull + (uint64_t)GetParam();
+    auto rnd = [&x]() {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        return x;
+    };
+    char msg[256] = "";
+    long most = 0;
+    for (int step = 0; step < 4000; step++) {
+        uint64_t r = rnd() % 1000;
+        if (r < 520 || live.empty()) {
+            size_t kind = rnd() % 4;
+            size_t size = kind == 0   ? 1 + rnd() % (1 * MiB)
+                          : kind == 1 ? 1 * MiB + rnd() % (7 * MiB)
+                          : kind == 2 ? (1 + rnd() % 6) * 2 * MiB
+                                      : 8 * MiB + rnd() % (40 * MiB);
+            void *p = nullptr;
+            sp_status_t s = sp_malloc(size, 0, st[rnd() % 3], &p);
+            ASSERT_TRUE(s == SP_SUCCESS || s == SP_ERR_OUT_OF_MEMORY) << describe(s);
+            if (s == SP_SUCCESS)
+                live.push_back(p);
+        } else if (r < 997) {
+            size_t i = rnd() % live.size();
+            ASSERT_SP_OK(sp_free(live[i]));
+            live[i] = live.back();
+            live.pop_back();
+        } else {
+            ASSERT_SP_OK(sp_empty_cache());
+        }
+        long n = sp_test_exp_check_unmapped(0, msg, sizeof msg);
+        ASSERT_GE(n, 0) << "step " << step << ": " << msg;
+        most = n > most ? n : most;
+    }
+    EXPECT_GT(most, 20); // the holes the mix is about
+    for (void *p : live)
+        ASSERT_SP_OK(sp_free(p));
+    ASSERT_SP_OK(sp_empty_cache());
+    EXPECT_EQ(sp_test_exp_check_unmapped(0, msg, sizeof msg), 0) << msg;
+    for (auto &s : st)
+        ASSERT_SP_OK(sp_stream_destroy(s));
+}
+
+INSTANTIATE_TEST_SUITE_P(Pages, ExpandableUnmappedList, ::testing::Values(0, 1));
 
 TEST_F(Expandable, PoolLimitCountsMappedPages) {
     expect_warnings();
