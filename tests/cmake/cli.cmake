@@ -19,9 +19,16 @@ if(TARGET test_fuzz_repro)
   target_compile_definitions(test_fuzz_repro PRIVATE
     SP_FUZZ_REPRO_DIR="${PROJECT_SOURCE_DIR}/tests/fuzz/repro")
 endif()
+# Compiled once for the five suites (it was once per suite: 24 of a build's C compiles, in each of
+# CI's three builds), with what a suite's own compile gave them: its warnings, includes and
+# _GNU_SOURCE (the suites' data-folder define is for their C++ files only).
+add_library(sp_test_tools OBJECT ${SP_CLI_TOOL_SOURCES})
+target_compile_options(sp_test_tools PRIVATE ${SP_WARN_CXX})
+target_compile_definitions(sp_test_tools PRIVATE _GNU_SOURCE)
+target_link_libraries(sp_test_tools PRIVATE sp_test_shim)
 foreach(t test_pickle test_pickle_text test_replay test_history test_fuzz_repro)
   if(TARGET ${t})
-    target_sources(${t} PRIVATE ${SP_CLI_TOOL_SOURCES})
+    target_link_libraries(${t} PRIVATE sp_test_tools)
     # The data folder also as a compile-time default: the suites must find tests/data even when
     # SP_TEST_DATA_DIR does not reach them through the test environment.
     target_compile_definitions(${t} PRIVATE _GNU_SOURCE
