@@ -7,6 +7,7 @@
 #      tests are left out: Open MPI is not instrumented, so TSan cannot see its synchronization.
 # Between 1 and 2, libFuzzer runs on the snapshot readers for a bounded time (tests/fuzz/run.sh,
 # about a minute with its build); skipped with a message where clang's fuzzer runtime is missing.
+# The TSan build builds only what the unit tests run (target sp_unit_tests).
 # Set SYMPOOL_TEST_DEVICE=cuda on a GPU machine to run the suites on the cuda backend: MPI tests
 # then run at one rank (SYMPOOL_TEST_NP=1,2 to choose), and what needs the host backend skips
 # with a reason. scripts/gpu-check.sh is the whole GPU validation.
@@ -22,11 +23,14 @@ if command -v clang-format >/dev/null; then
   git ls-files '*.c' '*.h' '*.cc' '*.hpp' | xargs clang-format --dry-run -Werror
 fi
 
+# SP_TARGETS (else all): what run_build builds.
 run_build() { # name, cmake args...
   local dir=$1; shift
   echo "== build $dir ($*)"
   cmake -S . -B "$dir" "$@" >/dev/null
-  if ! cmake --build "$dir" -j"$jobs" >"$dir/build.log" 2>&1; then
+  local targets=()
+  [ -z "${SP_TARGETS:-}" ] || targets=(--target $SP_TARGETS)
+  if ! cmake --build "$dir" -j"$jobs" "${targets[@]}" >"$dir/build.log" 2>&1; then
     grep -v '^\[' "$dir/build.log" | tail -60
     echo "build $dir failed (full log: $dir/build.log)"
     return 1
@@ -82,7 +86,8 @@ echo "== tests: AddressSanitizer + UndefinedBehaviorSanitizer"
 ctest --test-dir build-asan -j"$jobs" --timeout 600 --no-tests=error -LE multinode -E '[.]np8$'
 
 export TSAN_OPTIONS="halt_on_error=1"
-run_build build-tsan -DCMAKE_BUILD_TYPE=Debug -DSYMPOOL_SANITIZE=thread -DSYMPOOL_BUILD_TESTS=ON \
+# Only what the unit tests run (sp_unit_tests): the MPI suites and programs are not run here.
+SP_TARGETS=sp_unit_tests run_build build-tsan -DCMAKE_BUILD_TYPE=Debug -DSYMPOOL_SANITIZE=thread -DSYMPOOL_BUILD_TESTS=ON \
   -DSYMPOOL_BUILD_BENCH=OFF -DSYMPOOL_BUILD_EXAMPLES=OFF
 echo "== tests: ThreadSanitizer (unit and CLI tests)"
 ctest --test-dir build-tsan -j"$jobs" --timeout 600 -L unit --no-tests=error
