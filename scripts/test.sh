@@ -6,8 +6,8 @@
 #   3. ThreadSanitizer: every unit and CLI test (the threaded suites are named Threads*); the MPI
 #      tests are left out: Open MPI is not instrumented, so TSan cannot see its synchronization.
 # Between 1 and 2, libFuzzer runs on the snapshot readers for a bounded time (tests/fuzz/run.sh,
-# about a minute with its build); skipped with a message where clang's fuzzer runtime is missing.
-# The TSan build builds only what the unit tests run (target sp_unit_tests).
+# 20 s a fuzzer, one per core at a time); skipped with a message where clang's fuzzer runtime is
+# missing. The TSan build builds only what the unit tests run (target sp_unit_tests).
 # Set SYMPOOL_TEST_DEVICE=cuda on a GPU machine to run the suites on the cuda backend: MPI tests
 # then run at one rank (SYMPOOL_TEST_NP=1,2 to choose), and what needs the host backend skips
 # with a reason. scripts/gpu-check.sh is the whole GPU validation.
