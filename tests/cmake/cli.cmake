@@ -19,9 +19,16 @@ if(TARGET test_fuzz_repro)
   target_compile_definitions(test_fuzz_repro PRIVATE
     SP_FUZZ_REPRO_DIR="${PROJECT_SOURCE_DIR}/tests/fuzz/repro")
 endif()
+# Compiled once for the five suites (it was once per suite: 24 of a build's C compiles, in each of
+# CI's three builds), with what a suite's own compile gave them: its warnings, includes and
+# _GNU_SOURCE (the suites' data-folder define is for their C++ files only).
+add_library(sp_test_tools OBJECT ${SP_CLI_TOOL_SOURCES})
+target_compile_options(sp_test_tools PRIVATE ${SP_WARN_CXX})
+target_compile_definitions(sp_test_tools PRIVATE _GNU_SOURCE)
+target_link_libraries(sp_test_tools PRIVATE sp_test_shim)
 foreach(t test_pickle test_pickle_text test_replay test_history test_fuzz_repro)
   if(TARGET ${t})
-    target_sources(${t} PRIVATE ${SP_CLI_TOOL_SOURCES})
+    target_link_libraries(${t} PRIVATE sp_test_tools)
     # The data folder also as a compile-time default: the suites must find tests/data even when
     # SP_TEST_DATA_DIR does not reach them through the test environment.
     target_compile_definitions(${t} PRIVATE _GNU_SOURCE
@@ -30,6 +37,7 @@ foreach(t test_pickle test_pickle_text test_replay test_history test_fuzz_repro)
 endforeach()
 
 if(TARGET sympool_cli)
+  sp_unit_target(sympool_cli)
   set(SP_CLI_TRACE ${CMAKE_CURRENT_SOURCE_DIR}/data/cs336-2.7b-ctx128-forward-bf16.pickle)
   set(SP_CLI_OUT ${CMAKE_CURRENT_BINARY_DIR}/cli_out)
   file(MAKE_DIRECTORY ${SP_CLI_OUT})
@@ -212,6 +220,7 @@ if(TARGET sympool_cli)
   set(SMALL ${CMAKE_CURRENT_SOURCE_DIR}/data/trace-small-p4.pickle)
 
   if(SP_HELP2MAN)
+    sp_unit_target(sympool_man)
     # The page has the commands' own --help texts (cmake/man_include.cmake).
     add_test(NAME cli.man_page COMMAND sh -c "cat '${PROJECT_BINARY_DIR}/sympool.1'")
     set_tests_properties(cli.man_page PROPERTIES LABELS "unit;cli" TIMEOUT 30
@@ -546,6 +555,7 @@ if(TARGET sympool_cli)
   # fixed point of the write.
   add_library(sp_kill_at MODULE ${CMAKE_CURRENT_SOURCE_DIR}/cli/kill_at.c)
   target_link_libraries(sp_kill_at PRIVATE ${CMAKE_DL_LIBS})
+  sp_unit_target(sp_kill_at)
   add_test(NAME cli.killed_while_writing COMMAND sh ${CMAKE_CURRENT_SOURCE_DIR}/cli/killed_while_writing.sh
     $<TARGET_FILE:sympool_cli> $<TARGET_FILE:sp_kill_at> ${SP_CLI_TRACE} ${SP_CLI_OUT}/killed)
   set_tests_properties(cli.killed_while_writing PROPERTIES LABELS "unit;cli" TIMEOUT 120

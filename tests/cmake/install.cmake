@@ -1,4 +1,9 @@
 # The newcomer's path: what README promises a user outside this tree.
+# The tests that install or rebuild this build tree (install.consumers, python.install,
+# python.pip_install: `cmake --install` writes install_manifest.txt into it, pip's build runs
+# `cmake --build` on it) hold the lock sp_build_tree_install, one at a time; the others work in
+# folders of their own and run beside any test (they were RUN_SERIAL: 40 s at the end of the plain
+# stage with one core idle).
 #  - install.consumers: `cmake --install --prefix`, then programs built against the installed
 #    package with pkg-config (shared, C and C++; static after moving the prefix) and with
 #    find_package (a C project and a C++-only one).
@@ -21,7 +26,7 @@ if(SP_PKG_CONFIG)
             ${CMAKE_CXX_COMPILER} ${SP_INSTALL_MPI} "${SP_INSTALL_EXTRA_CFLAGS}")
   set_tests_properties(install.consumers PROPERTIES LABELS "install" TIMEOUT 300
     PASS_REGULAR_EXPRESSION "consumer ok.*consumer ok.*consumer ok.*consumer ok.*consumer ok.*install ok"
-    ENVIRONMENT "${SP_TEST_ENV}" RUN_SERIAL TRUE)
+    ENVIRONMENT "${SP_TEST_ENV}" RESOURCE_LOCK sp_build_tree_install)
 endif()
 
 # A build/ that run-main.sh configured with tests off, then configured the way test.sh does:
@@ -30,7 +35,7 @@ add_test(NAME scripts.test_sh_after_run_main
   COMMAND ${CMAKE_CURRENT_SOURCE_DIR}/install/scripts_check.sh ${PROJECT_SOURCE_DIR}
           ${CMAKE_CURRENT_BINARY_DIR}/scripts_check)
 set_tests_properties(scripts.test_sh_after_run_main PROPERTIES LABELS "install" TIMEOUT 300
-  PASS_REGULAR_EXPRESSION "scripts ok" RUN_SERIAL TRUE)
+  PASS_REGULAR_EXPRESSION "scripts ok")
 
 # SYMPOOL_REPORT_FILE: the report in its own file, read by jq and promtool.
 find_program(SP_JQ jq)
@@ -52,7 +57,7 @@ if(SP_HAVE_NCCL AND SP_PKG_CONFIG AND NOT SYMPOOL_SANITIZE)
             ${CMAKE_CURRENT_BINARY_DIR}/nccl_wheel_check ${NCCL_INCLUDE_DIR} ${NCCL_LIBRARY}
             ${CMAKE_INSTALL_LIBDIR} ${CMAKE_C_COMPILER} ${CMAKE_CXX_COMPILER} ${SP_INSTALL_MPI})
   set_tests_properties(install.nccl_wheel_layout PROPERTIES LABELS "install" TIMEOUT 600
-    PASS_REGULAR_EXPRESSION "wheel layout ok" ENVIRONMENT "${SP_TEST_ENV}" RUN_SERIAL TRUE)
+    PASS_REGULAR_EXPRESSION "wheel layout ok" ENVIRONMENT "${SP_TEST_ENV}")
 endif()
 
 # scripts/gpu-check.sh without a GPU: --plan fits one device call, the no-GPU run writes its

@@ -82,7 +82,8 @@ if(Python3_Interpreter_FOUND OR SP_TEST_PY)
     COMMAND sh -c "rm -rf '${SP_PREFIX}' && '${CMAKE_COMMAND}' --install '${PROJECT_BINARY_DIR}' --prefix '${SP_PREFIX}' >/dev/null && cd / && env -u SYMPOOL_LIBRARY ${SP_PY_PRELOAD} PYTHONPATH='${SP_PREFIX}/${SYMPOOL_PYTHON_SITEDIR}' '${SP_INSTALL_PY}' -c 'import sympool, os, importlib.metadata as m; assert m.version(\"sympool\") == sympool.__version__, sympool.__version__; p = sympool.library_path(); assert p.startswith(\"${SP_PREFIX}\"), p; p = sympool.malloc(100); sympool.free(p); print(\"python.install: OK\", sympool.library_path(), sympool.backend())'")
   # Only python gets the ASan runtime (SP_PY_PRELOAD), not cmake and sh.
   set_tests_properties(python.install PROPERTIES LABELS "unit;python" TIMEOUT 120
-    ENVIRONMENT "${SP_PY_ENV_MPI}" PASS_REGULAR_EXPRESSION "python.install: OK")
+    ENVIRONMENT "${SP_PY_ENV_MPI}" PASS_REGULAR_EXPRESSION "python.install: OK"
+    RESOURCE_LOCK sp_build_tree_install)
 endif()
 
 # README's pip path: pip install --no-build-isolation --no-index . in a fresh venv (offline, with
@@ -96,7 +97,8 @@ if(SP_TEST_PY)
     COMMAND ${CMAKE_CURRENT_SOURCE_DIR}/install/pip_check.sh ${SP_TEST_PY} ${PROJECT_SOURCE_DIR}
             ${PROJECT_BINARY_DIR} ${CMAKE_CURRENT_BINARY_DIR}/pip_check "${SP_PIP_PRELOAD}")
   set_tests_properties(python.pip_install PROPERTIES LABELS "install;python" TIMEOUT 300
-    PASS_REGULAR_EXPRESSION "pip ok" ENVIRONMENT "${SP_PY_ENV_MPI}" RUN_SERIAL TRUE)
+    PASS_REGULAR_EXPRESSION "pip ok" ENVIRONMENT "${SP_PY_ENV_MPI}"
+    RESOURCE_LOCK sp_build_tree_install) # see install.cmake
 endif()
 
 if(NOT SP_TEST_PY)

@@ -4,6 +4,7 @@ add_executable(sp_unload_probe ${PROJECT_SOURCE_DIR}/tests/unload/unload_probe.c
 target_compile_options(sp_unload_probe PRIVATE ${SP_WARN})
 target_link_libraries(sp_unload_probe PRIVATE Threads::Threads ${CMAKE_DL_LIBS})
 add_dependencies(sp_unload_probe sympool)
+sp_unit_target(sp_unload_probe sympool)
 add_test(NAME unit.unload_thread_exit
   COMMAND $<TARGET_FILE:sp_unload_probe> $<TARGET_FILE:sympool>)
 set_tests_properties(unit.unload_thread_exit PROPERTIES LABELS unit TIMEOUT 60
