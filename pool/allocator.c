@@ -409,8 +409,9 @@ hand_out(sp_devalloc_t *d, sp_block_t *b, bool in_set, sp_block_t *pred, size_t 
             b->size = b_size - size;
             /* The remainder is b's struct, as PyTorch's is the found block's object: it keeps
              * b's requested size. It is split: the segment's GC clock is not its (block.h). */
-            if ((!fast || form == HIT_MOVE) && pred && !sp__bset_less(&bp->free, pred, b))
-                sp__bset_move(&bp->free, b);
+            if ((!fast || form == HIT_MOVE) && ((pred && !sp__bset_less(&bp->free, pred, b)) ||
+                                                !sp__bset_same_class(&bp->free, b_size, b->size)))
+                sp__bset_move(&bp->free, b, b_size);
             rem = b;
             b = a;
         } else {
@@ -776,10 +777,12 @@ free_block(sp_devalloc_t *d, sp_block_t *b, bool low, uint32_t free_ctx, bool hi
     bool mn = form == FREE_ONE ? !low : form == FREE_ALONE ? false : mergeable(nr);
     sp_block_t *p = mp ? sp__blk(pr) : sp__blk0(pr), *n = mn ? sp__blk(nr) : sp__blk0(nr);
     sp_block_t *keep = b; /* the free block that results */
+    size_t keep_old = 0;  /* keep's size before the merge, when it is a neighbour (in the set) */
     /* Is keep split? From the links in hand, not read back right after their stores. */
     bool keep_split = pr || nr;
     if (mp) {
         keep = p;
+        keep_old = p->size;
         net_n--;
         net_bytes -= (int64_t)p->size;
         p->size += orig_size;
@@ -797,6 +800,7 @@ free_block(sp_devalloc_t *d, sp_block_t *b, bool low, uint32_t free_ctx, bool hi
         keep_split = p->prev || after;
     } else if (form == FREE_ONE || mn) {
         keep = n;
+        keep_old = n->size;
         net_n--;
         net_bytes -= (int64_t)n->size;
         n->addr = orig_addr;
@@ -841,9 +845,12 @@ free_block(sp_devalloc_t *d, sp_block_t *b, bool low, uint32_t free_ctx, bool hi
         b->context = 0; /* a free block holds no context; ctx is released below */
         sp__bset_insert(set, b);
     } else if (!fast || form == FREE_MERGE) {
-        sp_block_t *succ = sp__bset_succ(set, keep);
-        if (succ && !sp__bset_less(set, keep, succ))
-            sp__bset_move(set, keep);
+        /* Out of its class the node moves whatever its successor (which the class of its old
+         * size would not find). */
+        sp_block_t *succ;
+        if (!sp__bset_same_class(set, keep_old, keep->size) ||
+            ((succ = sp__bset_succ(set, keep)) && !sp__bset_less(set, keep, succ)))
+            sp__bset_move(set, keep, keep_old);
     }
     sp__bset_check(set);
     if (SP_UNLIKELY(hist))
@@ -1212,6 +1219,7 @@ static inline bool hit_is_plain(const sp_devalloc_t *d, const sp_bpool_t *bp, co
     return (bp->is_small ? rest >= SP_MIN_BLOCK_SIZE
                          : b->size < sp__g.conf.max_split_size && rest > SP_SMALL_SIZE) &&
            (has_struct || d->spare) && sp__ptr_map_room(&d->map) &&
+           sp__bset_same_class(&bp->free, b->size, rest) &&
            (!pred || sp__block_stream(pred) != sp__block_stream(b) || pred->size < rest);
 }
 
@@ -1635,7 +1643,10 @@ static inline bool free_is_plain(const sp_block_t *b, bool *low_p) {
         return false;
     *low_p = mp;
     const sp_block_t *keep = sp__blk(mp ? pr : nr);
-    const sp_block_t *succ = sp__bset_succ(&sp__bseg(keep)->bpool->free, keep);
+    const sp_block_set_t *set = &sp__bseg(keep)->bpool->free;
+    if (!sp__bset_same_class(set, keep->size, keep->size + b->size))
+        return false;
+    const sp_block_t *succ = sp__bset_succ(set, keep);
     return !succ || sp__block_stream(succ) != sp__block_stream(keep) ||
            succ->size > keep->size + b->size;
 }

@@ -1,7 +1,8 @@
 /*
- * block_set.h: private to pool/: the free set of a block pool, an AVL tree with parent links
- * (block_set.c holds insert, remove and the debug check; the lookups and neighbour steps on the
- * malloc and free paths are inline).
+ * block_set.h: private to pool/: the free set of a block pool, AVL trees with parent links: one
+ * per size class for a pool's one-stream set, or one for the whole set (block_set.c holds
+ * insert, remove and the debug check; the lookups and neighbour steps on the malloc and free
+ * paths are inline).
  */
 #ifndef SP_POOL_BLOCK_SET_H
 #define SP_POOL_BLOCK_SET_H
@@ -13,8 +14,8 @@
 #include "core/core.h"
 #include "pool/block.h"
 
-/* The free set: an AVL tree ordered by (stream, size, address), or for symmetric pools by
- * (stream, size, segment seq, offset) so that best fit is rank-independent.
+/* The free set: ordered by (stream, size, address), or for symmetric pools by (stream, size,
+ * segment seq, offset) so that best fit is rank-independent.
  *
  * Two cached positions keep the common case off the root path: `min`, the first block (so the
  * predecessor of the first block is known without walking up the left spine), and `hint`, the
@@ -22,14 +23,107 @@
  * sizes again: the block just freed is the next best fit, the block after the one just taken
  * is the next candidate. Both are only starting points: a lookup checks the hint against its
  * in-order predecessor before trusting it, so every answer is the one the root walk gives. */
+/* Size classes. A set whose blocks all have one stream (nearly every pool's, nearly always) and
+ * that is ordered by address (not symmetric) keeps one AVL tree per size class instead of one
+ * for all: its order is then the classes' order, each tree's in turn, since the class is a
+ * monotone function of the size. A walk decides only among its class's blocks (a few, where
+ * the one tree had hundreds: each level a data-dependent turn, a mispredicted branch half the
+ * time), and a bitmap over the classes finds the next non-empty one with a ctz or two. Classes
+ * are log-linear in size / 512: exact below 16 units (8 KiB), then 16 a power of two (a class
+ * spans 1/16 to 1/8 of its sizes), 640 in all (the last one takes every size from 2^49 up).
+ * Within a class the tree orders by (size, address) as the one tree does: best fit is exact.
+ * A block of a second stream turns the set into one tree (every block linked again, in order)
+ * until it is empty again. The table (2.6 KB) is the pool's own (sp__bset_init_classes at
+ * its creation; without it, one tree: the same order). SP_BSET_SUB_BITS: log2 of the classes
+ * a power of two, for measurements (3 to 6). */
+#ifndef SP_BSET_SUB_BITS
+#define SP_BSET_SUB_BITS 4
+#endif
+#define SP_BSET_CLASSES (40 << SP_BSET_SUB_BITS)
+#define SP_BSET_WORDS (SP_BSET_CLASSES / 64)
+typedef struct sp_bset_classes {
+    uint64_t top;                   /* bit w: bits[w] != 0 (lock) */
+    uint64_t bits[SP_BSET_WORDS];   /* bit c: class c's tree is not empty (lock) */
+    sp_ref_t root[SP_BSET_CLASSES]; /* each class's tree (lock) */
+} sp_bset_classes_t;
+
 typedef struct sp_block_set {
-    sp_block_t *root; /* (lock) */
-    sp_block_t *min;  /* the first block in order, NULL when empty (lock) */
-    sp_block_t *hint; /* a block in the set, or NULL (lock) */
-    uint32_t count;   /* blocks in the set (at most the struct arena's 76 million) (lock) */
-    uint32_t lead;    /* blocks in the set with min's stream, or 0: not known (lock) */
-    bool by_seq;      /* symmetric ordering (const) */
+    sp_ref_t root;          /* the one tree, when not `classes` (lock) */
+    uint32_t lead;          /* blocks in the set with min's stream, or 0: not known (lock) */
+    sp_bset_classes_t *cls; /* the class trees' table, or NULL: one tree always (owned) */
+    sp_block_t *min;        /* the first block in order, NULL when empty (lock) */
+    sp_block_t *hint;       /* a block in the set, or NULL (lock) */
+    uint32_t count;         /* blocks in the set (lock) */
+    bool by_seq;            /* symmetric ordering (const) */
+    bool classes;           /* one tree per class in cls (decided at each insert into an empty
+                             * set: not symmetric, cls there; left at the first block of a
+                             * second stream) (lock) */
 } sp_block_set_t;
+
+/* The class of a block size (a multiple of 512), monotone in the size. */
+static inline unsigned sp__bset_class(size_t size) {
+    size_t u = size >> 9;
+    const unsigned k = SP_BSET_SUB_BITS;
+    unsigned m = 63u - (unsigned)__builtin_clzll((unsigned long long)(u | (1u << k)));
+    size_t c = ((size_t)(m - k) << k) + (u >> (m - k));
+    return c < SP_BSET_CLASSES ? (unsigned)c : SP_BSET_CLASSES - 1;
+}
+
+/* In-place key changes (allocator.c) keep a block's node only within its class. */
+static inline bool sp__bset_same_class(const sp_block_set_t *set, size_t a, size_t b) {
+    return !set->classes || sp__bset_class(a) == sp__bset_class(b);
+}
+
+/* The first non-empty class >= c, or -1. */
+static inline int sp__bset_next_class(const sp_bset_classes_t *t, unsigned c) {
+    if (c >= SP_BSET_CLASSES)
+        return -1;
+    unsigned w = c >> 6;
+    uint64_t m = t->bits[w] & (~0ull << (c & 63));
+    if (m)
+        return (int)(w * 64 + (unsigned)__builtin_ctzll(m));
+    uint64_t up = t->top & (~0ull << (w + 1));
+    if (!up)
+        return -1;
+    w = (unsigned)__builtin_ctzll(up);
+    return (int)(w * 64 + (unsigned)__builtin_ctzll(t->bits[w]));
+}
+
+/* The last non-empty class < c, or -1. */
+static inline int sp__bset_prev_class(const sp_bset_classes_t *t, unsigned c) {
+    if (c == 0)
+        return -1;
+    c--;
+    unsigned w = c >> 6;
+    uint64_t m = t->bits[w] & (~0ull >> (63 - (c & 63)));
+    if (m)
+        return (int)(w * 64 + 63 - (unsigned)__builtin_clzll(m));
+    uint64_t down = t->top & ((1ull << w) - 1);
+    if (!down)
+        return -1;
+    w = 63 - (unsigned)__builtin_clzll(down);
+    return (int)(w * 64 + 63 - (unsigned)__builtin_clzll(t->bits[w]));
+}
+
+static inline sp_block_t *sp__bset_tree_min(sp_ref_t r) {
+    sp_block_t *n = sp__blk0(r);
+    if (n)
+        while (n->left)
+            n = sp__blk(n->left);
+    return n;
+}
+
+static inline sp_block_t *sp__bset_tree_max(sp_ref_t r) {
+    sp_block_t *n = sp__blk0(r);
+    if (n)
+        while (n->right)
+            n = sp__blk(n->right);
+    return n;
+}
+
+/* Give a set its class table (a new pool); false: out of memory (the set keeps one tree). */
+bool sp__bset_init_classes(sp_block_set_t *set);
+void sp__bset_free_classes(sp_block_set_t *set);
 
 /* A set whose blocks all have one stream (nearly every pool: one stream does the work) orders
  * them by (size, address), or (size, seq, offset), alone. Walks that know it compare without
@@ -49,8 +143,9 @@ void sp__bset_remove(sp_block_set_t *set, sp_block_t *b);
 /* b (in the set) had its key changed in place (the same stream, another size or address) and no
  * longer sorts between its neighbours: put it where it sorts now. The set ends as a removal and
  * an insert of b leave it (b the hint), without their bookkeeping (the counts stay: b keeps its
- * stream) and without the insert's look beside the hint (a moved key has left it). */
-void sp__bset_move(sp_block_set_t *set, sp_block_t *b);
+ * stream) and without the insert's look beside the hint (a moved key has left it). old_size:
+ * b's size while it sorted where it is (its class's tree holds it). */
+void sp__bset_move(sp_block_set_t *set, sp_block_t *b, size_t old_size);
 /* The smallest block with key >= (stream, size, -inf), or NULL. */
 sp_block_t *sp__bset_lower_bound(const sp_block_set_t *set, sp_stream_t stream, size_t size);
 /* The set's order: <0, 0, >0. Within a segment, offset order equals address order. */
@@ -74,18 +169,11 @@ static inline bool sp__bset_less(const sp_block_set_t *set, const sp_block_t *a,
     return sp__bset_cmp(set->by_seq, a, b) < 0;
 }
 
-/* b's in-order neighbours in the set (b in the set), NULL at either end. Expected O(1): most
- * nodes sit near the leaves, and the first block, whose predecessor would need the whole left
- * spine, is known. */
-static inline sp_block_t *sp__bset_pred(const sp_block_set_t *set, const sp_block_t *b) {
-    if (b == set->min)
-        return NULL;
-    if (b->left) {
-        sp_block_t *n = sp__blk(b->left);
-        while (n->right)
-            n = sp__blk(n->right);
-        return n;
-    }
+/* b's in-order neighbours in its tree, NULL at either end. Expected O(1): most nodes sit near
+ * the leaves. */
+static inline sp_block_t *sp__bset_tpred(const sp_block_t *b) {
+    if (b->left)
+        return sp__bset_tree_max(b->left);
     sp_ref_t up = b->parent;
     if (!up)
         return NULL;
@@ -101,14 +189,9 @@ static inline sp_block_t *sp__bset_pred(const sp_block_set_t *set, const sp_bloc
     }
 }
 
-static inline sp_block_t *sp__bset_succ(const sp_block_set_t *set, const sp_block_t *b) {
-    (void)set;
-    if (b->right) {
-        sp_block_t *n = sp__blk(b->right);
-        while (n->left)
-            n = sp__blk(n->left);
-        return n;
-    }
+static inline sp_block_t *sp__bset_tsucc(const sp_block_t *b) {
+    if (b->right)
+        return sp__bset_tree_min(b->right);
     /* Up while b is its parent's right child; b's ref only once there is a parent. */
     sp_ref_t up = b->parent;
     if (!up)
@@ -125,6 +208,33 @@ static inline sp_block_t *sp__bset_succ(const sp_block_set_t *set, const sp_bloc
     }
 }
 
+/* b's in-order neighbours in the set (b in the set, its size its class's), NULL at either
+ * end: in its tree, else the last (first) block of the class before (after) b's. The first
+ * block, whose predecessor would need the whole left spine, is known. */
+static inline sp_block_t *sp__bset_pred(const sp_block_set_t *set, const sp_block_t *b) {
+    if (b == set->min)
+        return NULL;
+    sp_block_t *p = sp__bset_tpred(b);
+    if (p || !set->classes)
+        return p;
+    int c = sp__bset_prev_class(set->cls, sp__bset_class(b->size));
+    return c < 0 ? NULL : sp__bset_tree_max(set->cls->root[c]);
+}
+
+/* The successor of b, whose tree is class c's (b's size may have left c: a move's). */
+static inline sp_block_t *sp__bset_succ_in(const sp_block_set_t *set, const sp_block_t *b,
+                                           unsigned c) {
+    sp_block_t *s = sp__bset_tsucc(b);
+    if (s || !set->classes)
+        return s;
+    int n = sp__bset_next_class(set->cls, c + 1);
+    return n < 0 ? NULL : sp__bset_tree_min(set->cls->root[n]);
+}
+
+static inline sp_block_t *sp__bset_succ(const sp_block_set_t *set, const sp_block_t *b) {
+    return sp__bset_succ_in(set, b, set->classes ? sp__bset_class(b->size) : 0);
+}
+
 /* Is block n's key below the query (stream, size, -inf)? */
 static inline bool sp__bset_below(const sp_block_t *n, uintptr_t s, size_t size) {
     uintptr_t ns = (uintptr_t)sp__block_stream(n);
@@ -132,13 +242,53 @@ static inline bool sp__bset_below(const sp_block_t *n, uintptr_t s, size_t size)
 }
 
 /* lower_bound (stream, size) for the malloc path, with the result's in-order predecessor in
- * *pred_p (NULL if none), which the split checks its remainder against. The hint answers when it is
- * at least the query and its predecessor is below it; otherwise the root walk does, and becomes the
- * hint. */
+ * *pred_p, which the split checks its remainder against: NULL if none, or (classes) when it lies
+ * in a class below the result's (a remainder that keeps the result's class sorts above it). The
+ * hint answers when it is at least the query and its predecessor is below it; otherwise the walk
+ * does (the root's, or the query's class's tree and then the next non-empty class), and
+ * becomes the hint. */
 static inline __attribute__((always_inline)) sp_block_t *
 sp__bset_find_fit(sp_block_set_t *set, sp_stream_t stream, size_t size, sp_block_t **pred_p) {
     uintptr_t s = (uintptr_t)stream;
     sp_block_t *h = set->hint;
+    if (set->classes) {
+        /* Every block has min's stream: another stream's query is answered at the ends. */
+        if (SP_UNLIKELY(!h || (uintptr_t)sp__block_stream(h) != s)) {
+            *pred_p = NULL;
+            if (!set->min)
+                return NULL;
+            uintptr_t ms = (uintptr_t)sp__block_stream(set->min);
+            if (ms != s)
+                return s < ms ? set->min : NULL;
+        }
+        unsigned c = sp__bset_class(size);
+        if (SP_LIKELY(h) && h->size >= size) {
+            sp_block_t *p = sp__bset_tpred(h);
+            if (p ? p->size < size : (h == set->min || sp__bset_class(h->size) == c)) {
+                *pred_p = p;
+                return h;
+            }
+        }
+        sp_block_t *best = NULL, *pred = NULL;
+        for (sp_block_t *n = sp__blk0(set->cls->root[c]); n;) {
+            if (n->size < size) {
+                pred = n;
+                n = sp__blk0(n->right);
+            } else {
+                best = n;
+                n = sp__blk0(n->left);
+            }
+        }
+        if (!best) {
+            int nc = sp__bset_next_class(set->cls, c + 1);
+            if (nc >= 0)
+                best = sp__bset_tree_min(set->cls->root[nc]);
+        }
+        if (best)
+            set->hint = best;
+        *pred_p = pred;
+        return best;
+    }
     if (SP_LIKELY(h) && !sp__bset_below(h, s, size)) {
         sp_block_t *p = sp__bset_pred(set, h);
         if (!p || sp__bset_below(p, s, size)) {
@@ -149,7 +299,7 @@ sp__bset_find_fit(sp_block_set_t *set, sp_stream_t stream, size_t size, sp_block
     sp_block_t *best = NULL, *pred = NULL;
     if (sp__bset_one_stream(set, s)) {
         /* Every block has the query's stream: below it means smaller (the same walk). */
-        for (sp_block_t *n = set->root; n;) {
+        for (sp_block_t *n = sp__blk0(set->root); n;) {
             if (n->size < size) {
                 pred = n;
                 n = sp__blk0(n->right);
@@ -159,7 +309,7 @@ sp__bset_find_fit(sp_block_set_t *set, sp_stream_t stream, size_t size, sp_block
             }
         }
     } else {
-        for (sp_block_t *n = set->root; n;) {
+        for (sp_block_t *n = sp__blk0(set->root); n;) {
             if (sp__bset_below(n, s, size)) {
                 pred = n; /* the last node we pass on the right is the largest key below */
                 n = sp__blk0(n->right);
