@@ -11,6 +11,8 @@
 # The replay's figures other than its time are compared too ("same": the two --json outputs equal
 # with ns_per_event taken out; both with the trace's own settings).
 # Usage: bench/replay_loop_builds.sh BEFORE_BIN AFTER_BIN RUNS REPEAT TRACE... > results.jsonl
+# REPLAY_CONF=...: every replay (times, counts, figures) with `--conf REPLAY_CONF` (e.g.
+# expandable_segments:True; no spaces), recorded as "conf" in each line ("" without it).
 # Needs valgrind for the instruction counts (skipped without it).
 set -eu
 before=$1
@@ -19,18 +21,21 @@ runs=$3
 repeat=$4
 shift 4
 date=$(date -u +%Y-%m-%dT%H:%M:%SZ)
+conf=${REPLAY_CONF:-}
+cargs="" # split on purpose (unquoted below): nothing, or --conf and the value
+[ -n "$conf" ] && cargs="--conf $conf"
 tmp=$(mktemp)
 trap 'rm -f "$tmp"' EXIT
 ns() { # ns BIN TRACE: the replay's ns_per_event
-  "$1" replay "$2" --repeat "$repeat" --json 2>/dev/null |
+  "$1" replay "$2" $cargs --repeat "$repeat" --json 2>/dev/null |
     sed -n 's/.*"ns_per_event":\([0-9.]*\).*/\1/p'
 }
-figures() { "$1" replay "$2" --json 2>&1 | sed 's/"ns_per_event":[0-9.e+-]*,//'; }
+figures() { "$1" replay "$2" $cargs --json 2>&1 | sed 's/"ns_per_event":[0-9.e+-]*,//'; }
 median() { tr ' ' '\n' | grep . | sort -g | awk '{a[NR] = $1} END {
   if (NR % 2) print a[(NR + 1) / 2]; else printf "%.2f\n", (a[NR / 2] + a[NR / 2 + 1]) / 2 }'; }
 for trace in "$@"; do
   t=$(basename "$trace")
-  events=$("$after" replay "$trace" --json 2>/dev/null | sed -n 's/.*"events":\([0-9]*\).*/\1/p')
+  events=$("$after" replay "$trace" $cargs --json 2>/dev/null | sed -n 's/.*"events":\([0-9]*\).*/\1/p')
   same=false
   [ "$(figures "$before" "$trace")" = "$(figures "$after" "$trace")" ] && same=true
   vb="" va=""
@@ -42,26 +47,26 @@ for trace in "$@"; do
       bin=$before
       [ "$which" = after ] && bin=$after
       v=$(ns "$bin" "$trace")
-      printf '{"bench":"replay_loop_time","date":"%s","trace":"%s","build":"%s","run":%d,"repeat":%s,"ns_per_event":%s}\n' \
-        "$date" "$t" "$which" "$i" "$repeat" "${v:-null}"
+      printf '{"bench":"replay_loop_time","date":"%s","trace":"%s","conf":"%s","build":"%s","run":%d,"repeat":%s,"ns_per_event":%s}\n' \
+        "$date" "$t" "$conf" "$which" "$i" "$repeat" "${v:-null}"
       if [ "$which" = before ]; then vb="$vb $v"; else va="$va $v"; fi
     done
     i=$((i + 1))
   done
   mb=$(echo "$vb" | median)
   ma=$(echo "$va" | median)
-  printf '{"bench":"replay_loop_median","date":"%s","trace":"%s","events":%s,"runs":%s,"repeat":%s,"before_ns":%s,"after_ns":%s,"ratio":%s,"same_figures":%s}\n' \
-    "$date" "$t" "${events:-null}" "$runs" "$repeat" "$mb" "$ma" \
+  printf '{"bench":"replay_loop_median","date":"%s","trace":"%s","conf":"%s","events":%s,"runs":%s,"repeat":%s,"before_ns":%s,"after_ns":%s,"ratio":%s,"same_figures":%s}\n' \
+    "$date" "$t" "$conf" "${events:-null}" "$runs" "$repeat" "$mb" "$ma" \
     "$(awk -v a="$ma" -v b="$mb" 'BEGIN {printf "%.3f", a / b}')" "$same"
   if command -v valgrind >/dev/null 2>&1; then
     for which in before after; do
       bin=$before
       [ "$which" = after ] && bin=$after
       ir=$(valgrind --tool=callgrind --toggle-collect=replay_device --callgrind-out-file="$tmp" \
-             "$bin" replay "$trace" --json 2>&1 >/dev/null |
+             "$bin" replay "$trace" $cargs --json 2>&1 >/dev/null |
            sed -n 's/.*Collected : \([0-9]*\).*/\1/p')
-      printf '{"bench":"replay_loop_instructions","date":"%s","trace":"%s","build":"%s","events":%s,"ir":%s,"ir_per_event":%s}\n' \
-        "$date" "$t" "$which" "${events:-0}" "${ir:-0}" \
+      printf '{"bench":"replay_loop_instructions","date":"%s","trace":"%s","conf":"%s","build":"%s","events":%s,"ir":%s,"ir_per_event":%s}\n' \
+        "$date" "$t" "$conf" "$which" "${events:-0}" "${ir:-0}" \
         "$(awk -v i="${ir:-0}" -v e="${events:-1}" 'BEGIN {printf "%.1f", i / e}')"
     done
   fi

@@ -1644,9 +1644,13 @@ static inline bool free_is_plain(const sp_block_t *b, bool *low_p) {
     *low_p = mp;
     const sp_block_t *keep = sp__blk(mp ? pr : nr);
     const sp_block_set_t *set = &sp__bseg(keep)->bpool->free;
-    if (!sp__bset_same_class(set, keep->size, keep->size + b->size))
-        return false;
-    const sp_block_t *succ = sp__bset_succ(set, keep);
+    unsigned c = 0; /* keep's class, which the merge must keep */
+    if (set->classes) {
+        c = sp__bset_class(keep->size);
+        if (c != sp__bset_class(keep->size + b->size))
+            return false;
+    }
+    const sp_block_t *succ = sp__bset_succ_in(set, keep, c);
     return !succ || sp__block_stream(succ) != sp__block_stream(keep) ||
            succ->size > keep->size + b->size;
 }

@@ -29,18 +29,19 @@
  * monotone function of the size. A walk decides only among its class's blocks (a few, where
  * the one tree had hundreds: each level a data-dependent turn, a mispredicted branch half the
  * time), and a bitmap over the classes finds the next non-empty one with a ctz or two. Classes
- * are log-linear in size / 512: exact below 16 units (8 KiB), then 16 a power of two (a class
- * spans 1/16 to 1/8 of its sizes), 640 in all (the last one takes every size from 2^49 up).
+ * are log-linear in size / 512 + 16: exact below 16 units (8 KiB), then 16 a power of two (a
+ * class spans 1/16 to 1/8 of its sizes), 832 in all (every size_t).
  * Within a class the tree orders by (size, address) as the one tree does: best fit is exact.
  * A block of a second stream turns the set into one tree (every block linked again, in order)
- * until it is empty again. The table (2.6 KB) is the pool's own (sp__bset_init_classes at
+ * until it is empty again. The table (3.4 KB) is the pool's own (sp__bset_init_classes at
  * its creation; without it, one tree: the same order). SP_BSET_SUB_BITS: log2 of the classes
  * a power of two, for measurements (3 to 6). */
 #ifndef SP_BSET_SUB_BITS
 #define SP_BSET_SUB_BITS 4
 #endif
-#define SP_BSET_CLASSES (40 << SP_BSET_SUB_BITS)
-#define SP_BSET_WORDS (SP_BSET_CLASSES / 64)
+/* Every size: size / 512 + 2^k < 2^56 (class_of below). */
+#define SP_BSET_CLASSES ((56 - SP_BSET_SUB_BITS) << SP_BSET_SUB_BITS)
+#define SP_BSET_WORDS ((SP_BSET_CLASSES + 63) / 64)
 typedef struct sp_bset_classes {
     uint64_t top;                   /* bit w: bits[w] != 0 (lock) */
     uint64_t bits[SP_BSET_WORDS];   /* bit c: class c's tree is not empty (lock) */
@@ -60,13 +61,17 @@ typedef struct sp_block_set {
                              * second stream) (lock) */
 } sp_block_set_t;
 
-/* The class of a block size (a multiple of 512), monotone in the size. */
+/* The class of a block size (a multiple of 512), monotone in the size: the exponent and the
+ * top k bits of the mantissa of u + 2^k as a double (u = size / 512), which are its bits from
+ * bit 52 - k up, less those of 2^k. Exact (u itself) for u < 2^k; a conversion, a move and a
+ * shift, where the integer form's two variable shifts and a count of leading zeros were a
+ * tenth of the replay loop's instructions. Rounding above 2^53 is monotone too. */
 static inline unsigned sp__bset_class(size_t size) {
-    size_t u = size >> 9;
     const unsigned k = SP_BSET_SUB_BITS;
-    unsigned m = 63u - (unsigned)__builtin_clzll((unsigned long long)(u | (1u << k)));
-    size_t c = ((size_t)(m - k) << k) + (u >> (m - k));
-    return c < SP_BSET_CLASSES ? (unsigned)c : SP_BSET_CLASSES - 1;
+    double d = (double)(int64_t)((size >> 9) + ((size_t)1 << k)); /* < 2^56: no sign */
+    uint64_t bits;
+    __builtin_memcpy(&bits, &d, sizeof bits);
+    return (unsigned)(bits >> (52 - k)) - ((1023u + k) << k);
 }
 
 /* In-place key changes (allocator.c) keep a block's node only within its class. */
@@ -261,14 +266,15 @@ sp__bset_find_fit(sp_block_set_t *set, sp_stream_t stream, size_t size, sp_block
             if (ms != s)
                 return s < ms ? set->min : NULL;
         }
-        unsigned c = sp__bset_class(size);
         if (SP_LIKELY(h) && h->size >= size) {
             sp_block_t *p = sp__bset_tpred(h);
-            if (p ? p->size < size : (h == set->min || sp__bset_class(h->size) == c)) {
+            if (p ? p->size < size
+                  : (h == set->min || sp__bset_class(h->size) == sp__bset_class(size))) {
                 *pred_p = p;
                 return h;
             }
         }
+        unsigned c = sp__bset_class(size);
         sp_block_t *best = NULL, *pred = NULL;
         for (sp_block_t *n = sp__blk0(set->cls->root[c]); n;) {
             if (n->size < size) {
