@@ -409,8 +409,11 @@ hand_out(sp_devalloc_t *d, sp_block_t *b, bool in_set, sp_block_t *pred, size_t 
             b->size = b_size - size;
             /* The remainder is b's struct, as PyTorch's is the found block's object: it keeps
              * b's requested size. It is split: the segment's GC clock is not its (block.h). */
-            if ((!fast || form == HIT_MOVE) && ((pred && !sp__bset_less(&bp->free, pred, b)) ||
-                                                !sp__bset_same_class(&bp->free, b_size, b->size)))
+            /* A remainder that left its size class moves in every form (hit_is_plain lets it
+             * through: the move is one call, where the whole path cost more); one that kept it
+             * moves only when it fell below its predecessor. */
+            if (!sp__bset_same_class(&bp->free, b_size, b->size) ||
+                ((!fast || form == HIT_MOVE) && pred && !sp__bset_less(&bp->free, pred, b)))
                 sp__bset_move(&bp->free, b, b_size);
             rem = b;
             b = a;
@@ -844,6 +847,9 @@ free_block(sp_devalloc_t *d, sp_block_t *b, bool low, uint32_t free_ctx, bool hi
     } else if (!fast && keep == b) {
         b->context = 0; /* a free block holds no context; ctx is released below */
         sp__bset_insert(set, b);
+    } else if (form == FREE_ONE) {
+        if (!sp__bset_same_class(set, keep_old, keep->size))
+            sp__bset_move(set, keep, keep_old); /* free_is_plain let a class change through */
     } else if (!fast || form == FREE_MERGE) {
         /* Out of its class the node moves whatever its successor (which the class of its old
          * size would not find). */
@@ -1205,7 +1211,9 @@ sp_status_t sp__alloc_map_stream(const char *what, sp_stream_t *stream_p) {
  * form? That form is the commonest hit: an ordinary (not expandable, not oversize) block that
  * splits, with an idle struct for the allocated part, room in the pointer map, and a remainder
  * that keeps b's tree node (a predecessor of the same stream sorts by size first, so one smaller
- * than the remainder stays below it). Everything it skips needs a call or cannot apply then.
+ * than the remainder stays below it) or leaves b's size class (block_set.h), which its one call,
+ * the move to the remainder's class, handles whatever the predecessor. Everything else it skips
+ * needs a call or cannot apply then.
  * has_struct: leave the idle struct out of the question (a constant at each call). */
 static inline bool hit_is_plain(const sp_devalloc_t *d, const sp_bpool_t *bp, const sp_block_t *b,
                                 const sp_block_t *pred, size_t size, bool has_struct) {
@@ -1219,8 +1227,8 @@ static inline bool hit_is_plain(const sp_devalloc_t *d, const sp_bpool_t *bp, co
     return (bp->is_small ? rest >= SP_MIN_BLOCK_SIZE
                          : b->size < sp__g.conf.max_split_size && rest > SP_SMALL_SIZE) &&
            (has_struct || d->spare) && sp__ptr_map_room(&d->map) &&
-           sp__bset_same_class(&bp->free, b->size, rest) &&
-           (!pred || sp__block_stream(pred) != sp__block_stream(b) || pred->size < rest);
+           (!sp__bset_same_class(&bp->free, b->size, rest) || !pred ||
+            sp__block_stream(pred) != sp__block_stream(b) || pred->size < rest);
 }
 
 /* Can a cache hit on b that is neither plain nor whole take hand_out's HIT_MOVE form? Those are
@@ -1634,8 +1642,9 @@ static sp_status_t explain_bad_pointer(const char *what, const void *ptr) {
  * free: no recorded streams, no history context (caching is on: sp__fast_free_on), and exactly
  * one free neighbour,
  * whose struct keeps its tree node (its key grows; a successor of the same stream sorts by size
- * first, so one larger than the merged block stays above it). Everything it skips needs a call
- * or cannot apply then. */
+ * first, so one larger than the merged block stays above it) or leaves its size class
+ * (block_set.h: then FREE_ONE's one call moves it). Everything else it skips needs a call or
+ * cannot apply then. */
 static inline bool free_is_plain(const sp_block_t *b, bool *low_p) {
     sp_ref_t pr = b->prev, nr = b->next;
     bool mp = mergeable(pr), mn = mergeable(nr);
@@ -1644,11 +1653,11 @@ static inline bool free_is_plain(const sp_block_t *b, bool *low_p) {
     *low_p = mp;
     const sp_block_t *keep = sp__blk(mp ? pr : nr);
     const sp_block_set_t *set = &sp__bseg(keep)->bpool->free;
-    unsigned c = 0; /* keep's class, which the merge must keep */
+    unsigned c = 0; /* keep's class: a merge that leaves it moves keep (free_block) */
     if (set->classes) {
         c = sp__bset_class(keep->size);
         if (c != sp__bset_class(keep->size + b->size))
-            return false;
+            return true;
     }
     const sp_block_t *succ = sp__bset_succ_in(set, keep, c);
     return !succ || sp__block_stream(succ) != sp__block_stream(keep) ||
