@@ -410,11 +410,19 @@ hand_out(sp_devalloc_t *d, sp_block_t *b, bool in_set, sp_block_t *pred, size_t 
             /* The remainder is b's struct, as PyTorch's is the found block's object: it keeps
              * b's requested size. It is split: the segment's GC clock is not its (block.h). */
             /* A remainder that left its size class moves in every form (hit_is_plain lets it
-             * through: the move is one call, where the whole path cost more); one that kept it
-             * moves only when it fell below its predecessor. */
-            if (!sp__bset_same_class(&bp->free, b_size, b->size) ||
-                ((!fast || form == HIT_MOVE) && pred && !sp__bset_less(&bp->free, pred, b)))
-                sp__bset_move(&bp->free, b, b_size);
+             * through: the move is O(1) when b is alone in its class, block_set.h); one that
+             * kept it moves only when it fell below its predecessor. Each class once. */
+            unsigned c = 0;
+            if (bp->free.classes) {
+                c = sp__bset_class(b_size);
+                unsigned nc = sp__bset_class(b->size);
+                if (nc != c) {
+                    sp__bset_reclass(&bp->free, b, c, nc);
+                    pred = NULL; /* moved: no second move below */
+                }
+            }
+            if ((!fast || form == HIT_MOVE) && pred && !sp__bset_less(&bp->free, pred, b))
+                sp__bset_move_from(&bp->free, b, c);
             rem = b;
             b = a;
         } else {
@@ -847,16 +855,23 @@ free_block(sp_devalloc_t *d, sp_block_t *b, bool low, uint32_t free_ctx, bool hi
     } else if (!fast && keep == b) {
         b->context = 0; /* a free block holds no context; ctx is released below */
         sp__bset_insert(set, b);
-    } else if (form == FREE_ONE) {
-        if (!sp__bset_same_class(set, keep_old, keep->size))
-            sp__bset_move(set, keep, keep_old); /* free_is_plain let a class change through */
-    } else if (!fast || form == FREE_MERGE) {
-        /* Out of its class the node moves whatever its successor (which the class of its old
-         * size would not find). */
+    } else if (set->classes) {
+        /* keep grew in place (every form: free_is_plain lets a set with classes through). Out
+         * of its class the node moves whatever its successor (which the class of its old size
+         * would not find); within it, when it passed its successor in its tree (one in a later
+         * class is larger than any size of this one). One stream: size and address decide. */
+        unsigned c = sp__bset_class(keep_old), nc = sp__bset_class(keep->size);
         sp_block_t *succ;
-        if (!sp__bset_same_class(set, keep_old, keep->size) ||
-            ((succ = sp__bset_succ(set, keep)) && !sp__bset_less(set, keep, succ)))
-            sp__bset_move(set, keep, keep_old);
+        if (nc != c)
+            sp__bset_reclass(set, keep, c, nc);
+        else if ((succ = sp__bset_tsucc(keep)) &&
+                 (succ->size < keep->size ||
+                  (succ->size == keep->size && succ->addr < keep->addr)))
+            sp__bset_move_from(set, keep, c);
+    } else if (!fast || form == FREE_MERGE) {
+        sp_block_t *succ = sp__bset_succ(set, keep);
+        if (succ && !sp__bset_less(set, keep, succ))
+            sp__bset_move_from(set, keep, 0);
     }
     sp__bset_check(set);
     if (SP_UNLIKELY(hist))
@@ -1227,8 +1242,8 @@ static inline bool hit_is_plain(const sp_devalloc_t *d, const sp_bpool_t *bp, co
     return (bp->is_small ? rest >= SP_MIN_BLOCK_SIZE
                          : b->size < sp__g.conf.max_split_size && rest > SP_SMALL_SIZE) &&
            (has_struct || d->spare) && sp__ptr_map_room(&d->map) &&
-           (!sp__bset_same_class(&bp->free, b->size, rest) || !pred ||
-            sp__block_stream(pred) != sp__block_stream(b) || pred->size < rest);
+           (!pred || sp__block_stream(pred) != sp__block_stream(b) || pred->size < rest ||
+            sp__bset_class(b->size) != sp__bset_class(rest));
 }
 
 /* Can a cache hit on b that is neither plain nor whole take hand_out's HIT_MOVE form? Those are
@@ -1642,8 +1657,9 @@ static sp_status_t explain_bad_pointer(const char *what, const void *ptr) {
  * free: no recorded streams, no history context (caching is on: sp__fast_free_on), and exactly
  * one free neighbour,
  * whose struct keeps its tree node (its key grows; a successor of the same stream sorts by size
- * first, so one larger than the merged block stays above it) or leaves its size class
- * (block_set.h: then FREE_ONE's one call moves it). Everything else it skips needs a call or
+ * first, so one larger than the merged block stays above it), or lies in a set with size classes
+ * (block_set.h: then FREE_ONE moves it where it sorts, O(1) when it is alone in its class, and
+ * its old and new classes are computed there once). Everything else it skips needs a call or
  * cannot apply then. */
 static inline bool free_is_plain(const sp_block_t *b, bool *low_p) {
     sp_ref_t pr = b->prev, nr = b->next;
@@ -1653,13 +1669,9 @@ static inline bool free_is_plain(const sp_block_t *b, bool *low_p) {
     *low_p = mp;
     const sp_block_t *keep = sp__blk(mp ? pr : nr);
     const sp_block_set_t *set = &sp__bseg(keep)->bpool->free;
-    unsigned c = 0; /* keep's class: a merge that leaves it moves keep (free_block) */
-    if (set->classes) {
-        c = sp__bset_class(keep->size);
-        if (c != sp__bset_class(keep->size + b->size))
-            return true;
-    }
-    const sp_block_t *succ = sp__bset_succ_in(set, keep, c);
+    if (set->classes)
+        return true; /* FREE_ONE moves keep where it sorts (free_block) */
+    const sp_block_t *succ = sp__bset_succ(set, keep);
     return !succ || sp__block_stream(succ) != sp__block_stream(keep) ||
            succ->size > keep->size + b->size;
 }

@@ -229,18 +229,6 @@ static inline sp_ref_t *slot(sp_block_set_t *set, unsigned c) {
     return set->classes ? &set->cls->root[c] : &set->root;
 }
 
-static inline void mark(sp_block_set_t *set, unsigned c) {
-    set->cls->bits[c >> 6] |= 1ull << (c & 63);
-    set->cls->top |= 1ull << (c >> 6);
-}
-
-/* Class c's tree emptied: its bit goes. */
-static inline void unmark(sp_block_set_t *set, unsigned c) {
-    uint64_t w = set->cls->bits[c >> 6] &= ~(1ull << (c & 63));
-    if (!w)
-        set->cls->top &= ~(1ull << (c >> 6));
-}
-
 static void link_node(sp_block_set_t *set, sp_block_t *b, bool one, bool probe);
 static void to_one_tree(sp_block_set_t *set);
 
@@ -312,7 +300,7 @@ static void link_node(sp_block_set_t *set, sp_block_t *b, bool one, bool probe) 
             *root = sp__bref(b);
             set->hint = b;
             if (set->classes) {
-                mark(set, c);
+                sp__bset_mark(set->cls, c);
                 if (!set->min || less_in(set, one, b, set->min))
                     set->min = b;
             } else {
@@ -390,7 +378,7 @@ void sp__bset_remove(sp_block_set_t *set, sp_block_t *b) {
     sp_ref_t *root = slot(set, c);
     unlink_node(root, b);
     if (set->classes && !*root)
-        unmark(set, c);
+        sp__bset_unmark(set->cls, c);
     b->in_set = false;
     b->left = b->right = b->parent = 0;
     BAL(b) = 0; /* a balance of -1 would read as a thread cache's mark once b is handed out */
@@ -432,16 +420,19 @@ static void unlink_node(sp_ref_t *set, sp_block_t *b) {
 }
 
 void sp__bset_move(sp_block_set_t *set, sp_block_t *b, size_t old_size) {
+    sp__bset_move_from(set, b, class_of(set, old_size));
+}
+
+void sp__bset_move_from(sp_block_set_t *set, sp_block_t *b, unsigned c) {
     assert(b->in_set);
     /* b keeps its stream, so the counts stay; the hint would be b after the insert, and the
      * place beside the old hint is not where a key that left its neighbours goes. */
-    unsigned c = class_of(set, old_size);
     if (set->min == b)
         set->min = sp__bset_succ_in(set, b, c);
     sp_ref_t *root = slot(set, c);
     unlink_node(root, b);
     if (set->classes && !*root)
-        unmark(set, c);
+        sp__bset_unmark(set->cls, c);
     link_node(set, b, !set->by_seq && set->lead == set->count, false);
 }
 

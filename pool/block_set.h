@@ -74,9 +74,17 @@ static inline unsigned sp__bset_class(size_t size) {
     return (unsigned)(bits >> (52 - k)) - ((1023u + k) << k);
 }
 
-/* In-place key changes (allocator.c) keep a block's node only within its class. */
-static inline bool sp__bset_same_class(const sp_block_set_t *set, size_t a, size_t b) {
-    return !set->classes || sp__bset_class(a) == sp__bset_class(b);
+/* Class c's tree got its first node: its bit (and its word's) set. */
+static inline void sp__bset_mark(sp_bset_classes_t *t, unsigned c) {
+    t->bits[c >> 6] |= 1ull << (c & 63);
+    t->top |= 1ull << (c >> 6);
+}
+
+/* Class c's tree emptied: its bit goes (and its word's, when the last). */
+static inline void sp__bset_unmark(sp_bset_classes_t *t, unsigned c) {
+    uint64_t w = t->bits[c >> 6] &= ~(1ull << (c & 63));
+    if (!w)
+        t->top &= ~(1ull << (c >> 6));
 }
 
 /* The first non-empty class >= c, or -1. */
@@ -151,6 +159,29 @@ void sp__bset_remove(sp_block_set_t *set, sp_block_t *b);
  * stream) and without the insert's look beside the hint (a moved key has left it). old_size:
  * b's size while it sorted where it is (its class's tree holds it). */
 void sp__bset_move(sp_block_set_t *set, sp_block_t *b, size_t old_size);
+/* The same, from the class c whose tree holds b (0 without classes). */
+void sp__bset_move_from(sp_block_set_t *set, sp_block_t *b, unsigned c);
+
+/* b (in a set with classes, class c's tree) changed its size in place to one of class nc != c:
+ * the move to nc's tree, as sp__bset_move. A cached pair of one size on a pool with one free
+ * block (its segment's remainder) makes this move on each call when the remainder's class is
+ * not the whole block's (a 4 MiB request from a 20 MiB block, and back): there b is alone in
+ * its tree and nc's is empty, and the move is the two roots and their bits, without a walk or
+ * a rotation. The first block changes only when b was it and goes up, or goes down past it. */
+static inline void sp__bset_reclass(sp_block_set_t *set, sp_block_t *b, unsigned c, unsigned nc) {
+    sp_bset_classes_t *t = set->cls;
+    if (SP_LIKELY(!(b->left | b->right | b->parent) && !t->root[nc])) {
+        t->root[nc] = t->root[c]; /* b's ref: b is c's root */
+        t->root[c] = 0;
+        sp__bset_unmark(t, c);
+        sp__bset_mark(t, nc);
+        if (set->count > 1 && (set->min == b ? nc > c : nc < c))
+            set->min = sp__bset_tree_min(t->root[sp__bset_next_class(t, 0)]);
+        set->hint = b;
+        return;
+    }
+    sp__bset_move_from(set, b, c);
+}
 /* The smallest block with key >= (stream, size, -inf), or NULL. */
 sp_block_t *sp__bset_lower_bound(const sp_block_set_t *set, sp_stream_t stream, size_t size);
 /* The set's order: <0, 0, >0. Within a segment, offset order equals address order. */
@@ -267,7 +298,8 @@ sp__bset_find_fit(sp_block_set_t *set, sp_stream_t stream, size_t size, sp_block
                 return s < ms ? set->min : NULL;
         }
         if (SP_LIKELY(h) && h->size >= size) {
-            sp_block_t *p = sp__bset_tpred(h);
+            /* The first block (a pool's one free block, often) has no predecessor: no walk. */
+            sp_block_t *p = h == set->min ? NULL : sp__bset_tpred(h);
             if (p ? p->size < size
                   : (h == set->min || sp__bset_class(h->size) == sp__bset_class(size))) {
                 *pred_p = p;
