@@ -413,7 +413,7 @@ hand_out(sp_devalloc_t *d, sp_block_t *b, bool in_set, sp_block_t *pred, size_t 
              * through: the move is O(1) when b is alone in its class, block_set.h); one that
              * kept it moves only when it fell below its predecessor. Each class once. */
             unsigned c = 0;
-            if (bp->free.classes) {
+            if (bp->free.moves) { /* classes, more than one block (block_set.h) */
                 c = sp__bset_class(b_size);
                 unsigned nc = sp__bset_class(b->size);
                 if (nc != c) {
@@ -855,7 +855,7 @@ free_block(sp_devalloc_t *d, sp_block_t *b, bool low, uint32_t free_ctx, bool hi
     } else if (!fast && keep == b) {
         b->context = 0; /* a free block holds no context; ctx is released below */
         sp__bset_insert(set, b);
-    } else if (set->classes) {
+    } else if (set->moves) {
         /* keep grew in place (every form: free_is_plain lets a set with classes through). Out
          * of its class the node moves whatever its successor (which the class of its old size
          * would not find); within it, when it passed its successor in its tree (one in a later
@@ -867,7 +867,8 @@ free_block(sp_devalloc_t *d, sp_block_t *b, bool low, uint32_t free_ctx, bool hi
         else if ((succ = sp__bset_tsucc(keep)) &&
                  (succ->size < keep->size || (succ->size == keep->size && succ->addr < keep->addr)))
             sp__bset_move_from(set, keep, c);
-    } else if (!fast || form == FREE_MERGE) {
+    } else if ((!fast || form == FREE_MERGE) && !set->classes) {
+        /* One tree (the one block of a set with classes is in none: block_set.h). */
         sp_block_t *succ = sp__bset_succ(set, keep);
         if (succ && !sp__bset_less(set, keep, succ))
             sp__bset_move_from(set, keep, 0);
@@ -1241,8 +1242,9 @@ static inline bool hit_is_plain(const sp_devalloc_t *d, const sp_bpool_t *bp, co
     return (bp->is_small ? rest >= SP_MIN_BLOCK_SIZE
                          : b->size < sp__g.conf.max_split_size && rest > SP_SMALL_SIZE) &&
            (has_struct || d->spare) && sp__ptr_map_room(&d->map) &&
-           (!pred || sp__block_stream(pred) != sp__block_stream(b) || pred->size < rest ||
-            sp__bset_class(b->size) != sp__bset_class(rest));
+           (SP_LIKELY(!pred) || sp__block_stream(pred) != sp__block_stream(b) ||
+            pred->size < rest ||
+            (bp->free.moves && sp__bset_class(b->size) != sp__bset_class(rest)));
 }
 
 /* Can a cache hit on b that is neither plain nor whole take hand_out's HIT_MOVE form? Those are

@@ -218,6 +218,7 @@ void sp__bset_free_classes(sp_block_set_t *set) {
     free(set->cls);
     set->cls = NULL;
     set->classes = false;
+    set->moves = false;
 }
 
 /* The class whose tree holds a block of `size` (0: the one tree), and that tree's root. */
@@ -232,6 +233,28 @@ static inline sp_ref_t *slot(sp_block_set_t *set, unsigned c) {
 static void link_node(sp_block_set_t *set, sp_block_t *b, bool one, bool probe);
 static void to_one_tree(sp_block_set_t *set);
 
+/* A set with classes and one block (block_set.h: min and the hint, in no tree) gets a second:
+ * the first goes into its class's tree (its links and balance are 0 already). */
+static void unsingle(sp_block_set_t *set) {
+    sp_block_t *m = set->min;
+    unsigned c = sp__bset_class(m->size);
+    set->cls->root[c] = sp__bref(m);
+    sp__bset_mark(set->cls, c);
+}
+
+/* A set with classes is down to one block, alone in its class's tree: out of it. The class from
+ * the bitmap, not the size: a merge may have grown the block before the removal that leaves it
+ * alone (free_block). */
+static void single(sp_block_set_t *set) {
+    sp_block_t *m = set->min;
+    unsigned c = (unsigned)sp__bset_next_class(set->cls, 0);
+    assert(set->cls->root[c] == sp__bref(m) && !m->left && !m->right && !m->parent);
+    set->cls->root[c] = 0;
+    sp__bset_unmark(set->cls, c);
+    BAL(m) = 0;
+    set->hint = m;
+}
+
 void sp__bset_insert(sp_block_set_t *set, sp_block_t *b) {
     b->in_set = true;
     uintptr_t bs = (uintptr_t)sp__block_stream(b);
@@ -239,14 +262,25 @@ void sp__bset_insert(sp_block_set_t *set, sp_block_t *b) {
     if (!set->min) {
         /* An empty set picks its form again: classes unless symmetric or without a table. */
         set->classes = !set->by_seq && set->cls;
-    } else if (set->classes && bs != ms) {
-        to_one_tree(set); /* a second stream: the classes' order is not the set's */
+    } else if (set->classes) {
+        if (set->count == 1)
+            unsingle(set);
+        if (bs != ms)
+            to_one_tree(set); /* a second stream: the classes' order is not the set's */
     }
     if (!set->min || bs < ms)
         set->lead = 1; /* b's stream is the smallest now, b its one block */
     else if (bs == ms && set->lead)
         set->lead++;
     set->count++;
+    set->moves = set->classes && set->count > 1;
+    if (set->classes && set->count == 1) {
+        /* The one block of a set with classes is in no tree (block_set.h). */
+        b->left = b->right = b->parent = 0;
+        BAL(b) = 0;
+        set->min = set->hint = b;
+        return;
+    }
     link_node(set, b, !set->by_seq && set->lead == set->count, true);
 }
 
@@ -345,6 +379,7 @@ static void to_one_tree(sp_block_set_t *set) {
     sp_block_t *hint = set->hint;
     sp_bset_classes_t *t = set->cls;
     set->classes = false;
+    set->moves = false;
     set->root = 0;
     set->hint = NULL;
     for (int c = sp__bset_next_class(t, 0); c >= 0; c = sp__bset_next_class(t, (unsigned)c + 1)) {
@@ -366,23 +401,30 @@ void sp__bset_remove(sp_block_set_t *set, sp_block_t *b) {
         return;
     if (set->lead && (uintptr_t)sp__block_stream(b) == (uintptr_t)sp__block_stream(set->min))
         set->lead--; /* 0 with blocks left: min's stream is another one, its count not known */
-    unsigned c = class_of(set, b->size);
-    if (set->hint == b || set->min == b) {
-        /* The block after b is the next candidate for the query that found b. */
-        sp_block_t *s = sp__bset_succ_in(set, b, c);
-        if (set->hint == b)
-            set->hint = s;
-        if (set->min == b)
-            set->min = s;
+    if (set->classes && set->count == 1) {
+        set->min = set->hint = NULL; /* the one block, in no tree */
+    } else {
+        unsigned c = class_of(set, b->size);
+        if (set->hint == b || set->min == b) {
+            /* The block after b is the next candidate for the query that found b. */
+            sp_block_t *s = sp__bset_succ_in(set, b, c);
+            if (set->hint == b)
+                set->hint = s;
+            if (set->min == b)
+                set->min = s;
+        }
+        sp_ref_t *root = slot(set, c);
+        unlink_node(root, b);
+        if (set->classes && !*root)
+            sp__bset_unmark(set->cls, c);
+        if (set->classes && set->count == 2)
+            single(set);
     }
-    sp_ref_t *root = slot(set, c);
-    unlink_node(root, b);
-    if (set->classes && !*root)
-        sp__bset_unmark(set->cls, c);
     b->in_set = false;
     b->left = b->right = b->parent = 0;
     BAL(b) = 0; /* a balance of -1 would read as a thread cache's mark once b is handed out */
     set->count--;
+    set->moves = set->classes && set->count > 1;
 }
 
 /* Take b out of its tree (its neighbours, min and the hint already seen to) and rebalance. */
@@ -425,6 +467,10 @@ void sp__bset_move(sp_block_set_t *set, sp_block_t *b, size_t old_size) {
 
 void sp__bset_move_from(sp_block_set_t *set, sp_block_t *b, unsigned c) {
     assert(b->in_set);
+    if (set->classes && set->count == 1) {
+        set->hint = b; /* the one block, in no tree: its order is every order */
+        return;
+    }
     /* b keeps its stream, so the counts stay; the hint would be b after the insert, and the
      * place beside the old hint is not where a key that left its neighbours goes. */
     if (set->min == b)
@@ -444,6 +490,8 @@ sp_block_t *sp__bset_lower_bound(const sp_block_set_t *set, sp_stream_t stream, 
         uintptr_t ms = (uintptr_t)sp__block_stream(set->min);
         if (ms != s)
             return s < ms ? set->min : NULL;
+        if (set->count == 1)
+            return set->min->size >= size ? set->min : NULL; /* in no tree */
         unsigned c = sp__bset_class(size);
         sp_block_t *n = sp__blk0(set->cls->root[c]), *best = NULL;
         while (n) {
@@ -507,6 +555,16 @@ void sp__bset_check(const sp_block_set_t *set) {
     const sp_block_t *last = NULL;
     size_t count = 0, lead = 0;
     bool hint_seen = false;
+    assert(set->moves == (set->classes && set->count > 1));
+    if (set->classes && set->count == 1) {
+        /* The one block: min and the hint, in no tree, every class empty. */
+        const sp_block_t *m = set->min;
+        assert(!set->root && m && m->in_set && set->hint == m);
+        assert(!m->left && !m->right && !m->parent && BAL(m) == 0 && !set->cls->top);
+        assert(set->lead == 0 || set->lead == 1);
+        (void)m;
+        return;
+    }
     if (set->classes) {
         assert(!set->root);
         for (unsigned c = 0; c < SP_BSET_CLASSES; c++) {

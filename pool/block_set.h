@@ -33,9 +33,13 @@
  * class spans 1/16 to 1/8 of its sizes), 832 in all (every size_t).
  * Within a class the tree orders by (size, address) as the one tree does: best fit is exact.
  * A block of a second stream turns the set into one tree (every block linked again, in order)
- * until it is empty again. The table (3.4 KB) is the pool's own (sp__bset_init_classes at
- * its creation; without it, one tree: the same order). SP_BSET_SUB_BITS: log2 of the classes
- * a power of two, for measurements (3 to 6). */
+ * until it is empty again. A set with classes that holds one block keeps it in no tree: it is
+ * min and the hint (with links 0, every class empty), so that its key changes cost nothing (a
+ * cached pair on a pool whose one free block is its segment's remainder changes the class of
+ * that block on every call, 4 MiB from a 20 MiB block); the second insert puts it in its tree,
+ * the removal that leaves one takes the last out. The table (3.4 KB) is the pool's own
+ * (sp__bset_init_classes at its creation; without it, one tree: the same order). SP_BSET_SUB_BITS:
+ * log2 of the classes a power of two, for measurements (3 to 6). */
 #ifndef SP_BSET_SUB_BITS
 #define SP_BSET_SUB_BITS 4
 #endif
@@ -59,6 +63,9 @@ typedef struct sp_block_set {
     bool classes;           /* one tree per class in cls (decided at each insert into an empty
                              * set: not symmetric, cls there; left at the first block of a
                              * second stream) (lock) */
+    bool moves;             /* classes and count > 1: a key change that leaves its class moves
+                             * its node (one block is in no tree); one test on the cached pair's
+                             * path, in the struct's padding (lock) */
 } sp_block_set_t;
 
 /* The class of a block size (a multiple of 512), monotone in the size: the exponent and the
@@ -170,6 +177,10 @@ void sp__bset_move_from(sp_block_set_t *set, sp_block_t *b, unsigned c);
  * a rotation. The first block changes only when b was it and goes up, or goes down past it. */
 static inline void sp__bset_reclass(sp_block_set_t *set, sp_block_t *b, unsigned c, unsigned nc) {
     sp_bset_classes_t *t = set->cls;
+    if (set->count == 1) {
+        set->hint = b; /* the one block, in no tree (below) */
+        return;
+    }
     if (SP_LIKELY(!(b->left | b->right | b->parent) && !t->root[nc])) {
         t->root[nc] = t->root[c]; /* b's ref: b is c's root */
         t->root[c] = 0;
@@ -287,6 +298,12 @@ static inline __attribute__((always_inline)) sp_block_t *
 sp__bset_find_fit(sp_block_set_t *set, sp_stream_t stream, size_t size, sp_block_t **pred_p) {
     uintptr_t s = (uintptr_t)stream;
     sp_block_t *h = set->hint;
+    if (h == set->min && SP_LIKELY(h) && !sp__bset_below(h, s, size)) {
+        /* The hint is the first block and answers (a pool whose one free block is its
+         * segment's remainder: the cached pair's case): in either form, no predecessor. */
+        *pred_p = NULL;
+        return h;
+    }
     if (set->classes) {
         /* Every block has min's stream: another stream's query is answered at the ends. */
         if (SP_UNLIKELY(!h || (uintptr_t)sp__block_stream(h) != s)) {
