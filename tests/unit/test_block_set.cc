@@ -209,7 +209,13 @@ void churn(bool by_seq, uint32_t seed, unsigned streams = 3, uintptr_t base = 0x
                 b = f.set.hint;
             size_t old = b->size;
             b->size = f.next_size();
-            sp__bset_move(&f.set, b, old);
+            // Across classes, half the time the allocator's form (O(1) for a node alone in its
+            // class into an empty one, else the move).
+            unsigned c = sp__bset_class(old), nc = sp__bset_class(b->size);
+            if (f.set.moves && c != nc && rng() % 2)
+                sp__bset_reclass(&f.set, b, c, nc);
+            else
+                sp__bset_move(&f.set, b, old);
             ASSERT_EQ(f.set.hint, b);
         } else if (op < 6 && f.set.hint) {
             // The allocator's pattern: take the best fit, give it back (the hint's cases).
@@ -409,6 +415,82 @@ TEST(BlockSet, ClassBestFitIsTheSmallestSizeThenTheLowestAddress) {
     EXPECT_EQ(sp__bset_succ(&f.set, far), small_high);
     EXPECT_EQ(sp__bset_pred(&f.set, far), big_low);
     EXPECT_EQ(fit(f, 0, (1 << 20) + 512), nullptr);
+}
+
+// A set with classes and one block keeps it in no tree (min and the hint): the cached pair's
+// key changes (a segment's one free block, 4 MiB cut from 20 MiB and merged back, another class
+// each way) touch no tree and no class bit, and lookups, neighbours and changes answer as for a
+// tree. A second block puts the first in its class's tree; the removal that leaves one takes
+// the last out by the bitmap, even when a merge grew it first (free_block's order).
+TEST(BlockSet, ClassesKeepTheirOneBlockInNoTree) {
+    Fixture f(8, false, 1, 1, 0x100000, true);
+    const size_t mib = 1 << 20;
+    sp_block_t *r = make(f, 0, 20 * mib, 0x10000000);
+    sp__bset_insert(&f.set, r);
+    ASSERT_NO_FATAL_FAILURE(f.check());
+    EXPECT_EQ(f.set.cls->top, 0u);
+    EXPECT_FALSE(f.set.moves);
+    ASSERT_NE(sp__bset_class(20 * mib), sp__bset_class(16 * mib));
+    for (int i = 0; i < 3; i++) {
+        size_t old = r->size;
+        r->size = 16 * mib; // the remainder of a 4 MiB split
+        r->addr += 4 * mib;
+        sp__bset_move(&f.set, r, old);
+        ASSERT_NO_FATAL_FAILURE(f.check());
+        EXPECT_EQ(f.set.cls->top, 0u);
+        EXPECT_EQ(fit(f, 0, 16 * mib), r);
+        EXPECT_EQ(fit(f, 0, 16 * mib + 512), nullptr);
+        EXPECT_EQ(sp__bset_lower_bound(&f.set, 0, 512), r);
+        EXPECT_EQ(sp__bset_lower_bound(&f.set, 0, 16 * mib + 512), nullptr);
+        old = r->size;
+        r->size = 20 * mib; // the merge back
+        r->addr -= 4 * mib;
+        sp__bset_reclass(&f.set, r, sp__bset_class(old), sp__bset_class(r->size));
+        ASSERT_NO_FATAL_FAILURE(f.check());
+        EXPECT_EQ(f.set.cls->top, 0u);
+        EXPECT_EQ(fit(f, 0, 20 * mib), r);
+        EXPECT_EQ(sp__bset_succ(&f.set, r), nullptr);
+        EXPECT_EQ(sp__bset_pred(&f.set, r), nullptr);
+    }
+    sp_block_t *s = make(f, 1, 4096, 0x200000);
+    sp__bset_insert(&f.set, s);
+    ASSERT_NO_FATAL_FAILURE(f.check());
+    EXPECT_TRUE(f.set.moves);
+    EXPECT_EQ(fit(f, 0, 512), s);
+    EXPECT_EQ(fit(f, 0, 8192), r);
+    // Two classes, each node alone: the O(1) move up, past s (r stays above it), and down
+    // below s (r becomes the first block).
+    size_t old = r->size;
+    r->size = 40 * mib;
+    sp__bset_reclass(&f.set, r, sp__bset_class(old), sp__bset_class(r->size));
+    ASSERT_NO_FATAL_FAILURE(f.check());
+    EXPECT_EQ(fit(f, 0, 20 * mib + 512), r);
+    old = r->size;
+    r->size = 2048;
+    sp__bset_reclass(&f.set, r, sp__bset_class(old), sp__bset_class(r->size));
+    ASSERT_NO_FATAL_FAILURE(f.check());
+    EXPECT_EQ(f.set.min, r);
+    EXPECT_EQ(fit(f, 0, 2048), r);
+    EXPECT_EQ(fit(f, 0, 2560), s);
+    old = r->size;
+    r->size = 20 * mib;
+    sp__bset_reclass(&f.set, r, sp__bset_class(old), sp__bset_class(r->size));
+    ASSERT_NO_FATAL_FAILURE(f.check());
+    EXPECT_EQ(f.set.min, s);
+    // r grows in place, then s leaves (a merge with both neighbours): r is the one block.
+    r->size = 24 * mib;
+    sp__bset_remove(&f.set, s);
+    ASSERT_NO_FATAL_FAILURE(f.check());
+    EXPECT_EQ(f.set.cls->top, 0u);
+    EXPECT_FALSE(f.set.moves);
+    EXPECT_EQ(f.set.hint, r);
+    EXPECT_EQ(fit(f, 0, 24 * mib), r);
+    EXPECT_EQ(fit(f, 0, 24 * mib + 512), nullptr);
+    sp__bset_remove(&f.set, r);
+    ASSERT_NO_FATAL_FAILURE(f.check());
+    EXPECT_EQ(f.set.min, nullptr);
+    EXPECT_EQ(f.set.hint, nullptr);
+    EXPECT_EQ(fit(f, 0, 512), nullptr);
 }
 
 // Streams stay apart: a second stream's block turns a class set into one tree ordered by
