@@ -12,7 +12,8 @@
 # with ns_per_event taken out; both with the trace's own settings).
 # Usage: bench/replay_loop_builds.sh BEFORE_BIN AFTER_BIN RUNS REPEAT TRACE... > results.jsonl
 # REPLAY_ARGS (environment, optional): more arguments for every replay, e.g.
-# REPLAY_ARGS="--conf expandable_segments:True"; each line's "args" says which.
+# REPLAY_ARGS="--conf expandable_segments:True"; each line's "args" says which. REPLAY_CONF=X
+# (no spaces) is the same as REPLAY_ARGS="--conf X" added.
 # Needs valgrind for the instruction counts (skipped without it).
 set -eu
 before=$1
@@ -20,7 +21,7 @@ after=$2
 runs=$3
 repeat=$4
 shift 4
-args=${REPLAY_ARGS:-}
+args="${REPLAY_ARGS:-}${REPLAY_CONF:+ --conf $REPLAY_CONF}"
 date=$(date -u +%Y-%m-%dT%H:%M:%SZ)
 tmp=$(mktemp)
 trap 'rm -f "$tmp"' EXIT

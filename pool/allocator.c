@@ -409,8 +409,20 @@ hand_out(sp_devalloc_t *d, sp_block_t *b, bool in_set, sp_block_t *pred, size_t 
             b->size = b_size - size;
             /* The remainder is b's struct, as PyTorch's is the found block's object: it keeps
              * b's requested size. It is split: the segment's GC clock is not its (block.h). */
+            /* A remainder that left its size class moves in every form (hit_is_plain lets it
+             * through: the move is O(1) when b is alone in its class, block_set.h); one that
+             * kept it moves only when it fell below its predecessor. Each class once. */
+            unsigned c = 0;
+            if (bp->free.moves) { /* classes, more than one block (block_set.h) */
+                c = sp__bset_class(b_size);
+                unsigned nc = sp__bset_class(b->size);
+                if (nc != c) {
+                    sp__bset_reclass(&bp->free, b, c, nc);
+                    pred = NULL; /* moved: no second move below */
+                }
+            }
             if ((!fast || form == HIT_MOVE) && pred && !sp__bset_less(&bp->free, pred, b))
-                sp__bset_move(&bp->free, b);
+                sp__bset_move_from(&bp->free, b, c);
             rem = b;
             b = a;
         } else {
@@ -776,10 +788,12 @@ free_block(sp_devalloc_t *d, sp_block_t *b, bool low, uint32_t free_ctx, bool hi
     bool mn = form == FREE_ONE ? !low : form == FREE_ALONE ? false : mergeable(nr);
     sp_block_t *p = mp ? sp__blk(pr) : sp__blk0(pr), *n = mn ? sp__blk(nr) : sp__blk0(nr);
     sp_block_t *keep = b; /* the free block that results */
+    size_t keep_old = 0;  /* keep's size before the merge, when it is a neighbour (in the set) */
     /* Is keep split? From the links in hand, not read back right after their stores. */
     bool keep_split = pr || nr;
     if (mp) {
         keep = p;
+        keep_old = p->size;
         net_n--;
         net_bytes -= (int64_t)p->size;
         p->size += orig_size;
@@ -797,6 +811,7 @@ free_block(sp_devalloc_t *d, sp_block_t *b, bool low, uint32_t free_ctx, bool hi
         keep_split = p->prev || after;
     } else if (form == FREE_ONE || mn) {
         keep = n;
+        keep_old = n->size;
         net_n--;
         net_bytes -= (int64_t)n->size;
         n->addr = orig_addr;
@@ -840,10 +855,23 @@ free_block(sp_devalloc_t *d, sp_block_t *b, bool low, uint32_t free_ctx, bool hi
     } else if (!fast && keep == b) {
         b->context = 0; /* a free block holds no context; ctx is released below */
         sp__bset_insert(set, b);
-    } else if (!fast || form == FREE_MERGE) {
+    } else if (set->moves) {
+        /* keep grew in place (every form: free_is_plain lets a set with classes through). Out
+         * of its class the node moves whatever its successor (which the class of its old size
+         * would not find); within it, when it passed its successor in its tree (one in a later
+         * class is larger than any size of this one). One stream: size and address decide. */
+        unsigned c = sp__bset_class(keep_old), nc = sp__bset_class(keep->size);
+        sp_block_t *succ;
+        if (nc != c)
+            sp__bset_reclass(set, keep, c, nc);
+        else if ((succ = sp__bset_tsucc(keep)) &&
+                 (succ->size < keep->size || (succ->size == keep->size && succ->addr < keep->addr)))
+            sp__bset_move_from(set, keep, c);
+    } else if ((!fast || form == FREE_MERGE) && !set->classes) {
+        /* One tree (the one block of a set with classes is in none: block_set.h). */
         sp_block_t *succ = sp__bset_succ(set, keep);
         if (succ && !sp__bset_less(set, keep, succ))
-            sp__bset_move(set, keep);
+            sp__bset_move_from(set, keep, 0);
     }
     sp__bset_check(set);
     if (SP_UNLIKELY(hist))
@@ -1198,7 +1226,9 @@ sp_status_t sp__alloc_map_stream(const char *what, sp_stream_t *stream_p) {
  * form? That form is the commonest hit: an ordinary (not expandable, not oversize) block that
  * splits, with an idle struct for the allocated part, room in the pointer map, and a remainder
  * that keeps b's tree node (a predecessor of the same stream sorts by size first, so one smaller
- * than the remainder stays below it). Everything it skips needs a call or cannot apply then.
+ * than the remainder stays below it) or leaves b's size class (block_set.h), which its one call,
+ * the move to the remainder's class, handles whatever the predecessor. Everything else it skips
+ * needs a call or cannot apply then.
  * has_struct: leave the idle struct out of the question (a constant at each call). */
 static inline bool hit_is_plain(const sp_devalloc_t *d, const sp_bpool_t *bp, const sp_block_t *b,
                                 const sp_block_t *pred, size_t size, bool has_struct) {
@@ -1212,7 +1242,9 @@ static inline bool hit_is_plain(const sp_devalloc_t *d, const sp_bpool_t *bp, co
     return (bp->is_small ? rest >= SP_MIN_BLOCK_SIZE
                          : b->size < sp__g.conf.max_split_size && rest > SP_SMALL_SIZE) &&
            (has_struct || d->spare) && sp__ptr_map_room(&d->map) &&
-           (!pred || sp__block_stream(pred) != sp__block_stream(b) || pred->size < rest);
+           (SP_LIKELY(!pred) || sp__block_stream(pred) != sp__block_stream(b) ||
+            pred->size < rest ||
+            (bp->free.moves && sp__bset_class(b->size) != sp__bset_class(rest)));
 }
 
 /* Can a cache hit on b that is neither plain nor whole take hand_out's HIT_MOVE form? Those are
@@ -1626,8 +1658,10 @@ static sp_status_t explain_bad_pointer(const char *what, const void *ptr) {
  * free: no recorded streams, no history context (caching is on: sp__fast_free_on), and exactly
  * one free neighbour,
  * whose struct keeps its tree node (its key grows; a successor of the same stream sorts by size
- * first, so one larger than the merged block stays above it). Everything it skips needs a call
- * or cannot apply then. */
+ * first, so one larger than the merged block stays above it), or lies in a set with size classes
+ * (block_set.h: then FREE_ONE moves it where it sorts, O(1) when it is alone in its class, and
+ * its old and new classes are computed there once). Everything else it skips needs a call or
+ * cannot apply then. */
 static inline bool free_is_plain(const sp_block_t *b, bool *low_p) {
     sp_ref_t pr = b->prev, nr = b->next;
     bool mp = mergeable(pr), mn = mergeable(nr);
@@ -1635,7 +1669,10 @@ static inline bool free_is_plain(const sp_block_t *b, bool *low_p) {
         return false;
     *low_p = mp;
     const sp_block_t *keep = sp__blk(mp ? pr : nr);
-    const sp_block_t *succ = sp__bset_succ(&sp__bseg(keep)->bpool->free, keep);
+    const sp_block_set_t *set = &sp__bseg(keep)->bpool->free;
+    if (set->classes)
+        return true; /* FREE_ONE moves keep where it sorts (free_block) */
+    const sp_block_t *succ = sp__bset_succ(set, keep);
     return !succ || sp__block_stream(succ) != sp__block_stream(keep) ||
            succ->size > keep->size + b->size;
 }

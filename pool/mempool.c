@@ -254,6 +254,11 @@ sp_mempool_t *sp__mempool_new(sp_devalloc_t *d, const sp_mempool_params_t *param
     p->large.tstat = sp__stat_type_row(&d->stats, false);
     p->large.pool = p;
     p->large.free.by_seq = symmetric;
+    /* Without the class tables (out of memory) the sets keep one tree each: the same order. */
+    if (!symmetric) {
+        (void)sp__bset_init_classes(&p->small.free);
+        (void)sp__bset_init_classes(&p->large.free);
+    }
     p->small_max = SP_SMALL_SIZE;
     sp__exp_share_small(p); /* nothing reserved yet */
     if (sp__g.exp_on && !sp__exp_pool(p))
@@ -272,6 +277,8 @@ void sp__mempool_slot_free(void *slot) {
     sp_mempool_t *p = slot;
     free(p->name);
     p->name = NULL;
+    sp__bset_free_classes(&p->small.free);
+    sp__bset_free_classes(&p->large.free);
 }
 
 void sp__mempool_slot_wait(void *slot) {
@@ -301,6 +308,8 @@ void sp__mempool_retire(sp_mempool_t *pool) {
     /* The struct stays (see handles.c): only what it owns goes, and nothing may follow `dev`. */
     free(pool->name);
     pool->name = NULL;
+    sp__bset_free_classes(&pool->small.free); /* its blocks go with the slabs (dev_fini) */
+    sp__bset_free_classes(&pool->large.free);
     pool->next = pool->prev = NULL;
     pool->seg_head = pool->seg_tail = NULL;
     pool->sym_state = NULL;

@@ -1,7 +1,8 @@
 // test_block_set.cc: the free set (pool/block_set.h) against a sorted reference: every lookup
 // gives the reference's lower_bound and predecessor whether the hint answers or the root walk
-// does, and after every change the tree is a balanced search tree with right parent links whose
-// first block is `min`, its in-order walk the reference's order.
+// does, and after every change the tree (or each size class's tree, every block in the tree of
+// its class) is a balanced search tree with right parent links whose first block is `min`, its
+// in-order walk the reference's order.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -44,13 +45,19 @@ struct Fixture {
     ArenaArray<sp_segment_t> segs;
     ArenaArray<sp_block_t> blocks;
     sp_block_set_t set{};
+    bool wide; // sizes over many classes, several sizes a class (else 512 B to 3 KiB: exact ones)
+    std::mt19937 size_rng;
 
     // streams: how many streams the segments spread over (1: the set's one-stream walks).
     // base: the first block's address (addresses above 4 GiB exercise the high half of the
-    // one-stream walks' (size, address) keys).
-    Fixture(size_t n, bool by_seq, uint32_t seed, unsigned streams = 3, uintptr_t base = 0x100000)
-        : segs(24), blocks(n) {
+    // one-stream walks' (size, address) keys). classes: the set gets its class table (a pool's
+    // set does), which a one-stream, non-symmetric set uses.
+    Fixture(size_t n, bool by_seq, uint32_t seed, unsigned streams = 3, uintptr_t base = 0x100000,
+            bool classes = false, bool wide_sizes = false)
+        : segs(24), blocks(n), wide(wide_sizes), size_rng(seed + 99) {
         set.by_seq = by_seq;
+        if (classes && !sp__bset_init_classes(&set))
+            std::abort();
         std::mt19937 rng(seed);
         for (size_t i = 0; i < segs.size(); i++) {
             segs[i].seq = (i * 5) % segs.size(); // seq order differs from address order
@@ -58,11 +65,23 @@ struct Fixture {
         }
         for (size_t i = 0; i < n; i++) {
             sp_block_t &b = blocks[i];
-            b.addr = base + i * 512;
-            b.size = 512 * (1 + rng() % 6); // few sizes: many equal keys up to the tie-break
+            b.addr = base + i * (wide ? 1ull << 30 : 512); // room for the wide sizes
+            b.size = draw_size(rng);
             b.seg = sp__ptr_ref(&segs[rng() % segs.size()]);
         }
     }
+    ~Fixture() { sp__bset_free_classes(&set); }
+
+    // Few sizes, many equal keys up to the tie-break; wide: 512 B to 64 MiB, log-spread, from a
+    // few dozen values so that equal sizes (ties by address) are common in every class too.
+    size_t draw_size(std::mt19937 &rng) {
+        if (!wide)
+            return 512 * (1 + rng() % 6);
+        unsigned bits = rng() % 17; // up to 2^17 units of 512 B
+        size_t u = (1ull << bits) + (rng() % 3) * (((1ull << bits) >> 4) + 1); // same class often
+        return 512 * u;
+    }
+    size_t next_size() { return wide ? draw_size(size_rng) : 512 * (1 + size_rng() % 8); }
 
     bool less(const sp_block_t *a, const sp_block_t *b) const {
         return sp__bset_cmp(set.by_seq, a, b) < 0;
@@ -89,6 +108,32 @@ struct Fixture {
         return std::max(hl, hr) + 1;
     }
 
+    // Each tree valid, each block in its class's tree (classes), the bitmap right.
+    void check_trees() {
+        if (!set.classes) {
+            check_tree(sp__blk0(set.root), nullptr);
+            return;
+        }
+        EXPECT_EQ(set.root, 0u);
+        for (unsigned c = 0; c < SP_BSET_CLASSES; c++) {
+            sp_block_t *r = sp__blk0(set.cls->root[c]);
+            EXPECT_EQ((set.cls->bits[c / 64] >> (c % 64)) & 1, r ? 1u : 0u) << "class " << c;
+            check_tree(r, nullptr);
+            std::vector<const sp_block_t *> st{r};
+            while (!st.empty()) {
+                const sp_block_t *n = st.back();
+                st.pop_back();
+                if (!n)
+                    continue;
+                EXPECT_EQ(sp__bset_class(n->size), c);
+                st.push_back(sp__blk0(n->left));
+                st.push_back(sp__blk0(n->right));
+            }
+        }
+        for (unsigned w = 0; w < SP_BSET_WORDS; w++)
+            EXPECT_EQ((set.cls->top >> w) & 1, set.cls->bits[w] ? 1u : 0u);
+    }
+
     void check() {
         std::vector<sp_block_t *> ref = sorted();
         ASSERT_EQ(set.count, ref.size());
@@ -98,7 +143,7 @@ struct Fixture {
         if (set.lead != 0) {
             ASSERT_EQ(set.lead, lead);
         }
-        check_tree(set.root, nullptr);
+        check_trees();
         ASSERT_EQ(set.min, ref.empty() ? nullptr : ref.front());
         size_t i = 0;
         for (sp_block_t *b = set.min; b; b = sp__bset_succ(&set, b), i++) {
@@ -128,13 +173,21 @@ struct Fixture {
         sp_block_t *pred = (sp_block_t *)1;
         sp_block_t *got = sp__bset_find_fit(&set, (sp_stream_t)stream, size, &pred);
         ASSERT_EQ(got, want) << "stream " << stream << " size " << size;
-        ASSERT_EQ(pred, want_pred);
+        // With classes the predecessor may be left out (NULL) when it lies in a class below the
+        // answer's (a remainder that keeps the answer's class sorts above it anyway), or when
+        // there is no answer.
+        bool left_out = pred == nullptr && set.classes && want_pred &&
+                        (!want || sp__bset_class(want_pred->size) < sp__bset_class(want->size));
+        if (!left_out) {
+            ASSERT_EQ(pred, want_pred);
+        }
         ASSERT_EQ(sp__bset_lower_bound(&set, (sp_stream_t)stream, size), want);
     }
 };
 
-void churn(bool by_seq, uint32_t seed, unsigned streams = 3, uintptr_t base = 0x100000) {
-    Fixture f(600, by_seq, seed, streams, base);
+void churn(bool by_seq, uint32_t seed, unsigned streams = 3, uintptr_t base = 0x100000,
+           bool classes = false, bool wide = false) {
+    Fixture f(600, by_seq, seed, streams, base, classes, wide);
     std::mt19937 rng(seed * 7 + 1);
     for (int step = 0; step < 6000; step++) {
         unsigned op = rng() % 10;
@@ -154,8 +207,15 @@ void churn(bool by_seq, uint32_t seed, unsigned streams = 3, uintptr_t base = 0x
                 b = sp__bset_succ(&f.set, b);
             if (f.set.hint && rng() % 2)
                 b = f.set.hint;
-            b->size = 512 * (1 + rng() % 8);
-            sp__bset_move(&f.set, b);
+            size_t old = b->size;
+            b->size = f.next_size();
+            // Across classes, half the time the allocator's form (O(1) for a node alone in its
+            // class into an empty one, else the move).
+            unsigned c = sp__bset_class(old), nc = sp__bset_class(b->size);
+            if (f.set.moves && c != nc && rng() % 2)
+                sp__bset_reclass(&f.set, b, c, nc);
+            else
+                sp__bset_move(&f.set, b, old);
             ASSERT_EQ(f.set.hint, b);
         } else if (op < 6 && f.set.hint) {
             // The allocator's pattern: take the best fit, give it back (the hint's cases).
@@ -164,7 +224,8 @@ void churn(bool by_seq, uint32_t seed, unsigned streams = 3, uintptr_t base = 0x
             ASSERT_NO_FATAL_FAILURE(f.check());
             sp__bset_insert(&f.set, h);
         } else {
-            ASSERT_NO_FATAL_FAILURE(f.lookup(0x10 * (rng() % 4), 512 * (rng() % 8)));
+            ASSERT_NO_FATAL_FAILURE(f.lookup(
+                0x10 * (rng() % 4), f.wide && rng() % 2 ? f.next_size() : 512 * (rng() % 8)));
         }
         ASSERT_NO_FATAL_FAILURE(f.check()) << "step " << step;
     }
@@ -175,7 +236,7 @@ void churn(bool by_seq, uint32_t seed, unsigned streams = 3, uintptr_t base = 0x
             ASSERT_NO_FATAL_FAILURE(f.check());
         }
     }
-    EXPECT_EQ(f.set.root, nullptr);
+    EXPECT_EQ(f.set.root, 0u);
     EXPECT_EQ(f.set.min, nullptr);
     EXPECT_EQ(f.set.lead, 0u);
     for (auto &b : f.blocks)
@@ -285,5 +346,179 @@ TEST(BlockSet, OneStreamFormFollowsTheStreamsInTheSet) {
         if (!low(b))
             sp__bset_insert(&f.set, &b);
     EXPECT_TRUE(sp__bset_one_stream(&f.set, 0x10)); // known again from the empty set
+    ASSERT_NO_FATAL_FAILURE(f.check());
+}
+
+// A one-stream set of a pool (class table given) keeps a tree per size class: inserts, removals
+// of arbitrary members, in-place size changes moved between classes, and lookups within a class
+// and across empty ones all keep the reference's order; sizes from 512 B to 64 MiB put several
+// sizes, and many equal ones (ties by address), in each class. A second stream turns the set
+// into one tree (the three-stream churns), and a symmetric set never uses its table.
+TEST(BlockSet, ClassesMatchASortedReference) {
+    for (uint32_t seed = 1; seed <= kSeeds; seed++) {
+        ASSERT_NO_FATAL_FAILURE(churn(false, seed, 1, 0x100000, true, false));
+        ASSERT_NO_FATAL_FAILURE(churn(false, seed, 1, (uintptr_t)0x7f3a00000000ull, true, true));
+        ASSERT_NO_FATAL_FAILURE(churn(false, seed, 3, 0x100000, true, true));
+        ASSERT_NO_FATAL_FAILURE(churn(true, seed, 1, 0x100000, true, true));
+    }
+}
+
+namespace {
+// Block i of fixture f with the given size, address and stream's segment (0: stream 0).
+sp_block_t *make(Fixture &f, size_t i, size_t size, uintptr_t addr, size_t seg = 0) {
+    sp_block_t *b = &f.blocks[i];
+    b->size = size;
+    b->addr = addr;
+    b->seg = sp__ptr_ref(&f.segs[seg]);
+    return b;
+}
+
+sp_block_t *fit(Fixture &f, uintptr_t stream, size_t size) {
+    sp_block_t *pred = nullptr;
+    return sp__bset_find_fit(&f.set, (sp_stream_t)stream, size, &pred);
+}
+} // namespace
+
+// Within one class the order is still PyTorch's (size, then address): 16 KiB and 16.5 KiB share
+// a class (two 512 B units a step there); the smaller size wins though the larger one has the
+// lower address, equal sizes go by address whatever the insert order, and a size above the
+// class's blocks finds the next non-empty class's first block across empty ones.
+TEST(BlockSet, ClassBestFitIsTheSmallestSizeThenTheLowestAddress) {
+    Fixture f(8, false, 1, 1, 0x100000, true);
+    ASSERT_EQ(sp__bset_class(16384), sp__bset_class(16896));
+    ASSERT_LT(sp__bset_class(16896), sp__bset_class(1 << 20));
+    sp_block_t *big_low = make(f, 0, 16896, 0x1000000);
+    sp_block_t *small_high = make(f, 1, 16384, 0x9000000);
+    sp_block_t *small_mid = make(f, 2, 16384, 0x5000000);
+    sp_block_t *far = make(f, 3, 1 << 20, 0x2000000);
+    for (sp_block_t *b : {big_low, small_high, far, small_mid})
+        sp__bset_insert(&f.set, b);
+    ASSERT_TRUE(f.set.classes);
+    ASSERT_NO_FATAL_FAILURE(f.check());
+    EXPECT_EQ(fit(f, 0, 16384), small_mid);
+    EXPECT_EQ(fit(f, 0, 512), small_mid);
+    EXPECT_EQ(fit(f, 0, 16385), big_low);
+    EXPECT_EQ(fit(f, 0, 16896), big_low);
+    EXPECT_EQ(fit(f, 0, 16897), far);
+    EXPECT_EQ(sp__bset_lower_bound(&f.set, 0, 16384), small_mid);
+    sp__bset_remove(&f.set, small_mid); // an arbitrary member, the hint
+    ASSERT_NO_FATAL_FAILURE(f.check());
+    EXPECT_EQ(fit(f, 0, 16384), small_high);
+    // small_high grows in place to 1 MiB at a higher address than `far`: it moves to far's class
+    // and sorts after it; a lookup for 16 KiB now takes big_low.
+    size_t old = small_high->size;
+    small_high->size = 1 << 20;
+    sp__bset_move(&f.set, small_high, old);
+    ASSERT_NO_FATAL_FAILURE(f.check());
+    EXPECT_EQ(fit(f, 0, 16384), big_low);
+    EXPECT_EQ(fit(f, 0, 16897), far);
+    EXPECT_EQ(sp__bset_succ(&f.set, far), small_high);
+    EXPECT_EQ(sp__bset_pred(&f.set, far), big_low);
+    EXPECT_EQ(fit(f, 0, (1 << 20) + 512), nullptr);
+}
+
+// A set with classes and one block keeps it in no tree (min and the hint): the cached pair's
+// key changes (a segment's one free block, 4 MiB cut from 20 MiB and merged back, another class
+// each way) touch no tree and no class bit, and lookups, neighbours and changes answer as for a
+// tree. A second block puts the first in its class's tree; the removal that leaves one takes
+// the last out by the bitmap, even when a merge grew it first (free_block's order).
+TEST(BlockSet, ClassesKeepTheirOneBlockInNoTree) {
+    Fixture f(8, false, 1, 1, 0x100000, true);
+    const size_t mib = 1 << 20;
+    sp_block_t *r = make(f, 0, 20 * mib, 0x10000000);
+    sp__bset_insert(&f.set, r);
+    ASSERT_NO_FATAL_FAILURE(f.check());
+    EXPECT_EQ(f.set.cls->top, 0u);
+    EXPECT_FALSE(f.set.moves);
+    ASSERT_NE(sp__bset_class(20 * mib), sp__bset_class(16 * mib));
+    for (int i = 0; i < 3; i++) {
+        size_t old = r->size;
+        r->size = 16 * mib; // the remainder of a 4 MiB split
+        r->addr += 4 * mib;
+        sp__bset_move(&f.set, r, old);
+        ASSERT_NO_FATAL_FAILURE(f.check());
+        EXPECT_EQ(f.set.cls->top, 0u);
+        EXPECT_EQ(fit(f, 0, 16 * mib), r);
+        EXPECT_EQ(fit(f, 0, 16 * mib + 512), nullptr);
+        EXPECT_EQ(sp__bset_lower_bound(&f.set, 0, 512), r);
+        EXPECT_EQ(sp__bset_lower_bound(&f.set, 0, 16 * mib + 512), nullptr);
+        old = r->size;
+        r->size = 20 * mib; // the merge back
+        r->addr -= 4 * mib;
+        sp__bset_reclass(&f.set, r, sp__bset_class(old), sp__bset_class(r->size));
+        ASSERT_NO_FATAL_FAILURE(f.check());
+        EXPECT_EQ(f.set.cls->top, 0u);
+        EXPECT_EQ(fit(f, 0, 20 * mib), r);
+        EXPECT_EQ(sp__bset_succ(&f.set, r), nullptr);
+        EXPECT_EQ(sp__bset_pred(&f.set, r), nullptr);
+    }
+    sp_block_t *s = make(f, 1, 4096, 0x200000);
+    sp__bset_insert(&f.set, s);
+    ASSERT_NO_FATAL_FAILURE(f.check());
+    EXPECT_TRUE(f.set.moves);
+    EXPECT_EQ(fit(f, 0, 512), s);
+    EXPECT_EQ(fit(f, 0, 8192), r);
+    // Two classes, each node alone: the O(1) move up, past s (r stays above it), and down
+    // below s (r becomes the first block).
+    size_t old = r->size;
+    r->size = 40 * mib;
+    sp__bset_reclass(&f.set, r, sp__bset_class(old), sp__bset_class(r->size));
+    ASSERT_NO_FATAL_FAILURE(f.check());
+    EXPECT_EQ(fit(f, 0, 20 * mib + 512), r);
+    old = r->size;
+    r->size = 2048;
+    sp__bset_reclass(&f.set, r, sp__bset_class(old), sp__bset_class(r->size));
+    ASSERT_NO_FATAL_FAILURE(f.check());
+    EXPECT_EQ(f.set.min, r);
+    EXPECT_EQ(fit(f, 0, 2048), r);
+    EXPECT_EQ(fit(f, 0, 2560), s);
+    old = r->size;
+    r->size = 20 * mib;
+    sp__bset_reclass(&f.set, r, sp__bset_class(old), sp__bset_class(r->size));
+    ASSERT_NO_FATAL_FAILURE(f.check());
+    EXPECT_EQ(f.set.min, s);
+    // r grows in place, then s leaves (a merge with both neighbours): r is the one block.
+    r->size = 24 * mib;
+    sp__bset_remove(&f.set, s);
+    ASSERT_NO_FATAL_FAILURE(f.check());
+    EXPECT_EQ(f.set.cls->top, 0u);
+    EXPECT_FALSE(f.set.moves);
+    EXPECT_EQ(f.set.hint, r);
+    EXPECT_EQ(fit(f, 0, 24 * mib), r);
+    EXPECT_EQ(fit(f, 0, 24 * mib + 512), nullptr);
+    sp__bset_remove(&f.set, r);
+    ASSERT_NO_FATAL_FAILURE(f.check());
+    EXPECT_EQ(f.set.min, nullptr);
+    EXPECT_EQ(f.set.hint, nullptr);
+    EXPECT_EQ(fit(f, 0, 512), nullptr);
+}
+
+// Streams stay apart: a second stream's block turns a class set into one tree ordered by
+// stream first, each stream's lookups find only its own blocks, and the set goes back to
+// classes once empty.
+TEST(BlockSet, ClassesGiveWayToOneTreeForASecondStream) {
+    Fixture f(8, false, 1, 2, 0x100000, true); // segs[0]: stream 0, segs[1]: stream 0x10
+    sp_block_t *a = make(f, 0, 4096, 0x300000, 0);
+    sp_block_t *b = make(f, 1, 8192, 0x100000, 0);
+    sp_block_t *c = make(f, 2, 4096, 0x200000, 1);
+    sp_block_t *d = make(f, 3, 1024, 0x400000, 1);
+    sp__bset_insert(&f.set, a);
+    sp__bset_insert(&f.set, b);
+    EXPECT_TRUE(f.set.classes);
+    EXPECT_EQ(fit(f, 0x10, 512), nullptr); // a stream above every block's
+    sp__bset_insert(&f.set, c);
+    EXPECT_FALSE(f.set.classes);
+    sp__bset_insert(&f.set, d);
+    ASSERT_NO_FATAL_FAILURE(f.check());
+    EXPECT_EQ(fit(f, 0, 4096), a);
+    EXPECT_EQ(fit(f, 0, 4097), b);
+    EXPECT_EQ(fit(f, 0x10, 512), d);
+    EXPECT_EQ(fit(f, 0x10, 2048), c);
+    EXPECT_EQ(sp__bset_succ(&f.set, b), d); // stream 0's last, then stream 0x10's first
+    for (sp_block_t *x : {a, c, b, d})
+        sp__bset_remove(&f.set, x);
+    sp__bset_insert(&f.set, c);
+    EXPECT_TRUE(f.set.classes);
+    EXPECT_EQ(fit(f, 0, 512), c); // a stream below every block's: the first block
     ASSERT_NO_FATAL_FAILURE(f.check());
 }
