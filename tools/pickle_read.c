@@ -2907,6 +2907,12 @@ static void opscan(opscan_t *s, const unsigned char *buf, size_t len, size_t max
             s->refused = true; /* a protocol pickle.load does not read */
             return;
         }
+        if ((op == 'T' || op == 0x8b) && (buf[s->pos + 4] & 0x80) != 0) {
+            /* A negative length (BINSTRING's, LONG4's), refused whatever follows: the string
+             * it would wait for was read to the 4 GiB cap first (/dev/urandom: GBs). */
+            s->refused = true;
+            return;
+        }
         if (op == 0x95) {
             /* The parser checks that a frame's bytes are there: the input must reach its end
              * before a later refusal reads alike; one that ends past max_bytes is refused. */

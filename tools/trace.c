@@ -2580,6 +2580,16 @@ bool tr_load_opts(const char *path, bool frames, tr_trace_t *t, char *err, size_
         release(buf, len, mapped);
         return false;
     }
+    if (i > 0 && i < len && !opcode && buf[i] != '{' && buf[i] != '[') {
+        /* White space, then no JSON document: said as such, as the mark is above (the byte after
+         * it may be a pickle's 0x80, which the message below called "no pickle opcode"). */
+        snprintf(err, errlen,
+                 "%s: not a pickle (nor a JSON snapshot): it starts with white space, which no "
+                 "pickle does, and then byte 0x%02x (at offset %zu), which starts no JSON document",
+                 path, buf[i], i);
+        release(buf, len, mapped);
+        return false;
+    }
     if (i < len && !opcode && buf[i] != '{' && buf[i] != '[') {
         snprintf(err, errlen,
                  "%s: not a pickle (nor a JSON snapshot): it starts with byte 0x%02x, which is no "

@@ -66,6 +66,8 @@ cases = [
     b"\xef\xbb\xbf\x80\x02" + zeros,  # a byte order mark before a pickle
     b"(X\x03\x00\x00\x00abc\x81" + zeros,  # NEWOBJ, refused where it is
     b"(I12\n\x00" + zeros,           # a text opcode's line, then junk
+    b"\x80\x02T\xf0\xff\xff\xff" + zeros,  # BINSTRING with a negative length
+    b"\x80\x02(\x8b\x00\x00\x00\x80" + zeros,  # LONG4 with a negative length
     b'{"a": "x' + zeros,              # JSON: a control character (in a string or out)
     b"\xef\xbb\xbf  [1, 2" + zeros,
     b'{"segments": [], "k": "\xff"' + zeros,  # a byte that is never UTF-8

@@ -587,6 +587,13 @@ if(TARGET sympool_cli)
   set_tests_properties(cli.info_pickle_bom PROPERTIES LABELS "unit;cli" TIMEOUT 60
     PASS_REGULAR_EXPRESSION "starts with a UTF-8 byte order mark.*rc=1"
     FAIL_REGULAR_EXPRESSION "byte 0x80, which is no pickle opcode")
+  # So is one behind white space, from a file and from a stream alike: it was "it starts with
+  # byte 0x80, which is no pickle opcode".
+  add_test(NAME cli.info_pickle_white_space COMMAND sh -c
+    "(printf ' \\n'; cat '${SMALL}') > '${SP_CLI_OUT}/ws.pickle' && '$<TARGET_FILE:sympool_cli>' info '${SP_CLI_OUT}/ws.pickle' 2>&1; echo rc=$?; cat '${SP_CLI_OUT}/ws.pickle' | '$<TARGET_FILE:sympool_cli>' info /dev/stdin 2>&1; echo rc=$?")
+  set_tests_properties(cli.info_pickle_white_space PROPERTIES LABELS "unit;cli" TIMEOUT 60
+    PASS_REGULAR_EXPRESSION "ws.pickle: not a pickle \\(nor a JSON snapshot\\): it starts with white space, which no pickle does, and then byte 0x80 \\(at offset 2\\), which starts no JSON document\nrc=1\n.*stdin: not a pickle \\(nor a JSON snapshot\\): it starts with white space, which no pickle does, and then byte 0x80 \\(at offset 2\\), which starts no JSON document\nrc=1"
+    FAIL_REGULAR_EXPRESSION "which is no pickle opcode")
   sp_cli_check(NAME plot_png_refused RC 2 REGEX "writes SVG only, not '.*x.png'"
     ARGS plot ${SMALL} -o ${SP_CLI_OUT}/x.png)
   sp_cli_check(NAME plot_no_output RC 2 REGEX "no -o OUT.svg given" ARGS plot ${SMALL})
