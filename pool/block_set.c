@@ -210,6 +210,7 @@ static inline bool less_in(const sp_block_set_t *set, bool one, const sp_block_t
 #include <stdlib.h>
 
 bool sp__bset_init_classes(sp_block_set_t *set) {
+    set->min_classes = SP_BSET_MIN_CLASSES;
     set->cls = calloc(1, sizeof(*set->cls));
     return set->cls != NULL;
 }
@@ -232,6 +233,7 @@ static inline sp_ref_t *slot(sp_block_set_t *set, unsigned c) {
 
 static void link_node(sp_block_set_t *set, sp_block_t *b, bool one, bool probe);
 static void to_one_tree(sp_block_set_t *set);
+static void to_classes(sp_block_set_t *set);
 
 /* A set with classes and one block (block_set.h: min and the hint, in no tree) gets a second:
  * the first goes into its class's tree (its links and balance are 0 already). */
@@ -260,8 +262,12 @@ void sp__bset_insert(sp_block_set_t *set, sp_block_t *b) {
     uintptr_t bs = (uintptr_t)sp__block_stream(b);
     uintptr_t ms = set->min ? (uintptr_t)sp__block_stream(set->min) : 0;
     if (!set->min) {
-        /* An empty set picks its form again: classes unless symmetric or without a table. */
+        /* An empty set picks its form again: classes unless symmetric or without a table (its
+         * one block in no tree), one tree from the second block until min_classes (below). */
         set->classes = !set->by_seq && set->cls;
+    } else if (set->classes && set->count == 1 && set->min_classes > 2) {
+        set->classes = false; /* the one block is the one tree's root (its links are 0) */
+        set->root = sp__bref(set->min);
     } else if (set->classes) {
         if (set->count == 1)
             unsingle(set);
@@ -273,6 +279,11 @@ void sp__bset_insert(sp_block_set_t *set, sp_block_t *b) {
     else if (bs == ms && set->lead)
         set->lead++;
     set->count++;
+    /* One stream, ordered by address, a table and min_classes blocks: the classes' form (the
+     * blocks already in the one tree relinked, b then linked in its class's tree). */
+    if (!set->classes && set->cls && !set->by_seq && set->lead == set->count &&
+        set->count >= set->min_classes)
+        to_classes(set);
     set->moves = set->classes && set->count > 1;
     if (set->classes && set->count == 1) {
         /* The one block of a set with classes is in no tree (block_set.h). */
@@ -394,6 +405,26 @@ static void to_one_tree(sp_block_set_t *set) {
     set->hint = hint;
 }
 
+/* One tree to classes (every block has one stream; count already counts a block not linked
+ * yet, which the caller links next). */
+static void to_classes(sp_block_set_t *set) {
+    sp_block_t *hint = set->hint, *r = sp__blk0(set->root);
+    set->classes = true;
+    set->root = 0;
+    set->hint = NULL;
+    relink_all(set, r);
+    set->hint = hint;
+}
+
+/* One tree down to one block (a leaf root): the classes' form, that block in no tree. */
+static void to_single(sp_block_set_t *set) {
+    sp_block_t *m = set->min;
+    assert(set->root == sp__bref(m) && !m->left && !m->right && !m->parent && BAL(m) == 0);
+    set->root = 0;
+    set->classes = true;
+    set->hint = m;
+}
+
 static void unlink_node(sp_ref_t *root, sp_block_t *b);
 
 void sp__bset_remove(sp_block_set_t *set, sp_block_t *b) {
@@ -424,6 +455,11 @@ void sp__bset_remove(sp_block_set_t *set, sp_block_t *b) {
     b->left = b->right = b->parent = 0;
     BAL(b) = 0; /* a balance of -1 would read as a thread cache's mark once b is handed out */
     set->count--;
+    /* Below half of min_classes blocks: one tree again (sp_block_set_t's min_classes). */
+    if (set->classes && set->count > 1 && set->count < set->min_classes / 2u)
+        to_one_tree(set);
+    else if (!set->classes && set->count == 1 && set->cls && !set->by_seq)
+        to_single(set);
     set->moves = set->classes && set->count > 1;
 }
 

@@ -33,7 +33,8 @@
  * class spans 1/16 to 1/8 of its sizes), 832 in all (every size_t).
  * Within a class the tree orders by (size, address) as the one tree does: best fit is exact.
  * A block of a second stream turns the set into one tree (every block linked again, in order)
- * until it is empty again. A set with classes that holds one block keeps it in no tree: it is
+ * until it is empty again (or down to one block). A set of 2 to SP_BSET_MIN_CLASSES - 1 blocks
+ * keeps one tree too (below). A set with classes that holds one block keeps it in no tree: it is
  * min and the hint (with links 0, every class empty), so that its key changes cost nothing (a
  * cached pair on a pool whose one free block is its segment's remainder changes the class of
  * that block on every call, 4 MiB from a 20 MiB block); the second insert puts it in its tree,
@@ -45,6 +46,15 @@
 #endif
 /* Every size: size / 512 + 2^k < 2^56 (class_of below). */
 #define SP_BSET_CLASSES ((56 - SP_BSET_SUB_BITS) << SP_BSET_SUB_BITS)
+/* A set of a few blocks keeps one tree: its walks are short either way, and a block alone in
+ * its class (a segment's remainder that a pool's traffic splits and merges back) changes class
+ * on most calls, each a move of its node and two bitmap updates where the one tree changed the
+ * key in place (kkaitlyn__memory_small_forward, 4 to 7 free blocks a set: a third more
+ * instructions an event). From this many blocks the classes' form, and one tree again below half
+ * of it (hysteresis: no relinking back and forth at one size). */
+#ifndef SP_BSET_MIN_CLASSES
+#define SP_BSET_MIN_CLASSES 16
+#endif
 #define SP_BSET_WORDS ((SP_BSET_CLASSES + 63) / 64)
 typedef struct sp_bset_classes {
     uint64_t top;                   /* bit w: bits[w] != 0 (lock) */
@@ -66,6 +76,9 @@ typedef struct sp_block_set {
     bool moves;             /* classes and count > 1: a key change that leaves its class moves
                              * its node (one block is in no tree); one test on the cached pair's
                              * path, in the struct's padding (lock) */
+    uint8_t min_classes;    /* classes from this many blocks, one tree again below half of it
+                             * (SP_BSET_MIN_CLASSES; a test sets 1: classes from the first block,
+                             * until empty) (lock) */
 } sp_block_set_t;
 
 /* The class of a block size (a multiple of 512), monotone in the size: the exponent and the

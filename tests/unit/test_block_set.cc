@@ -51,13 +51,16 @@ struct Fixture {
     // streams: how many streams the segments spread over (1: the set's one-stream walks).
     // base: the first block's address (addresses above 4 GiB exercise the high half of the
     // one-stream walks' (size, address) keys). classes: the set gets its class table (a pool's
-    // set does), which a one-stream, non-symmetric set uses.
+    // set does), which a one-stream, non-symmetric set uses. min_classes: the set's (1: classes
+    // from the first block, the form most of these tests look at; 0: a pool's, the default).
     Fixture(size_t n, bool by_seq, uint32_t seed, unsigned streams = 3, uintptr_t base = 0x100000,
-            bool classes = false, bool wide_sizes = false)
+            bool classes = false, bool wide_sizes = false, uint8_t min_classes = 1)
         : segs(24), blocks(n), wide(wide_sizes), size_rng(seed + 99) {
         set.by_seq = by_seq;
         if (classes && !sp__bset_init_classes(&set))
             std::abort();
+        if (min_classes)
+            set.min_classes = min_classes;
         std::mt19937 rng(seed);
         for (size_t i = 0; i < segs.size(); i++) {
             segs[i].seq = (i * 5) % segs.size(); // seq order differs from address order
@@ -186,8 +189,8 @@ struct Fixture {
 };
 
 void churn(bool by_seq, uint32_t seed, unsigned streams = 3, uintptr_t base = 0x100000,
-           bool classes = false, bool wide = false) {
-    Fixture f(600, by_seq, seed, streams, base, classes, wide);
+           bool classes = false, bool wide = false, size_t n = 600, uint8_t min_classes = 1) {
+    Fixture f(n, by_seq, seed, streams, base, classes, wide, min_classes);
     std::mt19937 rng(seed * 7 + 1);
     for (int step = 0; step < 6000; step++) {
         unsigned op = rng() % 10;
@@ -360,6 +363,9 @@ TEST(BlockSet, ClassesMatchASortedReference) {
         ASSERT_NO_FATAL_FAILURE(churn(false, seed, 1, (uintptr_t)0x7f3a00000000ull, true, true));
         ASSERT_NO_FATAL_FAILURE(churn(false, seed, 3, 0x100000, true, true));
         ASSERT_NO_FATAL_FAILURE(churn(true, seed, 1, 0x100000, true, true));
+        // A pool's threshold on a set of about 12 of 24 blocks: it takes the classes' form at 16
+        // and leaves it below 8 again and again.
+        ASSERT_NO_FATAL_FAILURE(churn(false, seed, 1, 0x100000, true, true, 24, 0));
     }
 }
 
@@ -521,4 +527,26 @@ TEST(BlockSet, ClassesGiveWayToOneTreeForASecondStream) {
     EXPECT_TRUE(f.set.classes);
     EXPECT_EQ(fit(f, 0, 512), c); // a stream below every block's: the first block
     ASSERT_NO_FATAL_FAILURE(f.check());
+}
+
+// A pool's set (its default min_classes) keeps one tree while it holds a few blocks (a block
+// alone in its class would move between classes on most key changes), takes the classes' form
+// at SP_BSET_MIN_CLASSES blocks and gives it up below half of that; lookups agree throughout.
+TEST(BlockSet, FewBlocksKeepOneTree) {
+    Fixture f(SP_BSET_MIN_CLASSES, false, 1, 1, 0x100000, true, true, 0);
+    std::vector<sp_block_t *> in;
+    for (size_t i = 0; i < SP_BSET_MIN_CLASSES; i++) {
+        sp_block_t *b = make(f, i, 512 * (1 + i * 37), 0x100000 + 0x1000000 * i);
+        sp__bset_insert(&f.set, b);
+        in.push_back(b);
+        ASSERT_NO_FATAL_FAILURE(f.check());
+        EXPECT_EQ(f.set.classes, i == 0 || i + 1 == SP_BSET_MIN_CLASSES) << i; // one: no tree
+        EXPECT_EQ(fit(f, 0, 512 * 37), in.size() > 1 ? in[1] : nullptr);
+    }
+    for (size_t i = SP_BSET_MIN_CLASSES; i-- > 0;) {
+        sp__bset_remove(&f.set, in[i]);
+        ASSERT_NO_FATAL_FAILURE(f.check());
+        EXPECT_EQ(f.set.classes, i >= SP_BSET_MIN_CLASSES / 2 || i <= 1) << i;
+        EXPECT_EQ(fit(f, 0, 512 * 37), i > 1 ? in[1] : nullptr);
+    }
 }
