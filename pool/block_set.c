@@ -261,7 +261,11 @@ void sp__bset_insert(sp_block_set_t *set, sp_block_t *b) {
     uintptr_t ms = set->min ? (uintptr_t)sp__block_stream(set->min) : 0;
     if (!set->min) {
         /* An empty set picks its form again: classes unless symmetric or without a table. */
+#ifdef SP_BSET_ONE_TREE
+        set->classes = false; /* scripts/replay_diff's reference: one tree, the same heap use */
+#else
         set->classes = !set->by_seq && set->cls;
+#endif
     } else if (set->classes) {
         if (set->count == 1)
             unsingle(set);
