@@ -40,7 +40,8 @@
  * that block on every call, 4 MiB from a 20 MiB block); the second insert puts it in its tree,
  * the removal that leaves one takes the last out. The table (3.4 KB) is the pool's own
  * (sp__bset_init_classes at its creation; without it, one tree: the same order). SP_BSET_SUB_BITS:
- * log2 of the classes a power of two, for measurements (3 to 6). */
+ * log2 of the classes a power of two, for measurements (3 to 6). SP_BSET_ONE_TREE: never use the
+ * table (none is made; one tree always): the reference build of scripts/replay_diff. */
 #ifndef SP_BSET_SUB_BITS
 #define SP_BSET_SUB_BITS 4
 #endif
