@@ -81,6 +81,13 @@ enum {
  * smaller batch is sure to be a dict's last. */
 #define SETITEMS_BATCH 1000
 
+/* The dicts a fast path (record_fast, segment_fast) gave up on, by their first key. */
+typedef struct fast_fails {
+    const pk_value_t *key; /* the first key of the dicts it gave up on last */
+    unsigned fails;        /* how many in a row (at most REC_GIVE_UP) */
+    unsigned skips;        /* dicts passed to the general loop at once, counted */
+} fast_fails_t;
+
 typedef struct parser {
     const unsigned char *p;     /* input */
     size_t len, pos;            /* input size and cursor */
@@ -125,12 +132,8 @@ typedef struct parser {
     size_t moved_min;     /* no scratch value below scratch_used has moved below this index */
     size_t *mark_scratch; /* scratch_used when each open MARK was pushed */
     pk_value_t reserved;  /* what record_fast's dict's memo slot holds until the dict is made */
-    const pk_value_t *rf_fail_key; /* the first key of the dicts record_fast gave up on last */
-    unsigned rf_fails;             /* how many in a row (at most REC_GIVE_UP) */
-    unsigned rf_skips;             /* dicts passed to the general loop at once, counted */
-    const pk_value_t *sf_fail_key; /* segment_fast's rf_fail_key, rf_fails and rf_skips */
-    unsigned sf_fails;
-    unsigned sf_skips;
+    fast_fails_t rf;      /* the dicts record_fast gave up on */
+    fast_fails_t sf;      /* the dicts segment_fast gave up on */
 } parser_t;
 
 /* Whether v is one of the skipped values. */
@@ -1625,6 +1628,25 @@ static inline __attribute__((always_inline)) long rec_put(parser_t *ps, rec_try_
     return (long)n;
 }
 
+/* Undo what a fast path did (t) before the general loop reads the dict. */
+static inline __attribute__((always_inline)) void rec_undo(parser_t *ps, const rec_try_t *t) {
+    for (size_t i = 0; i < t->nputs; i++)
+        ps->memo[t->puts[i]] = NULL;
+    ps->memoused = t->memoused;
+}
+
+/* A fast path gave up on a dict opening with first_key (NULL: none read). */
+static inline __attribute__((always_inline)) void fast_failed(fast_fails_t *f,
+                                                              const pk_value_t *first_key) {
+    if (first_key == f->key) {
+        if (f->fails < REC_GIVE_UP)
+            f->fails++;
+    } else if (first_key != NULL) {
+        f->key = first_key;
+        f->fails = 1;
+    }
+}
+
 /* The memo value a BINGET or LONG_BINGET at p[pos] names (its length in *n_p), or NULL. */
 static inline pk_value_t *rec_ref(const parser_t *ps, size_t pos, size_t *n_p) {
     const unsigned char *p = ps->p;
@@ -1697,7 +1719,7 @@ static bool record_fast(parser_t *ps) {
              * final state's segments: their pool id tuple and their blocks are the general
              * loop's) go to the general loop at once, but one in 64 (they may change). */
             first_key = key;
-            if (key == ps->rf_fail_key && ps->rf_fails >= REC_GIVE_UP && (++ps->rf_skips & 63) != 0)
+            if (key == ps->rf.key && ps->rf.fails >= REC_GIVE_UP && (++ps->rf.skips & 63) != 0)
                 goto pass;
         }
         pos += 1 + n;
@@ -1839,25 +1861,17 @@ static bool record_fast(parser_t *ps) {
     }
     v->type = PK_RECORD;
     v->u.u = id;
-    if (first_key == ps->rf_fail_key)
-        ps->rf_fails = 0;
+    if (first_key == ps->rf.key)
+        ps->rf.fails = 0;
     ps->memo[dict_slot] = v;
     ps->stack[ps->sp++] = v;
     ps->skipped_at = 0; /* as push does */
     ps->pos = pos + 1;
     return true;
 undo:
-    if (first_key == ps->rf_fail_key) {
-        if (ps->rf_fails < REC_GIVE_UP)
-            ps->rf_fails++;
-    } else if (first_key != NULL) {
-        ps->rf_fail_key = first_key;
-        ps->rf_fails = 1;
-    }
+    fast_failed(&ps->rf, first_key);
 pass:
-    for (size_t i = 0; i < t.nputs; i++)
-        ps->memo[t.puts[i]] = NULL;
-    ps->memoused = t.memoused;
+    rec_undo(ps, &t);
     return false;
 }
 
@@ -2007,7 +2021,7 @@ static __attribute__((noinline)) int segment_fast(parser_t *ps) {
              * entries record_fast refused: they hold no list to hand over at) go to the general
              * loop at once, but one in 64 (they may change). */
             first_key = key;
-            if (key == ps->sf_fail_key && ps->sf_fails >= REC_GIVE_UP && (++ps->sf_skips & 63) != 0)
+            if (key == ps->sf.key && ps->sf.fails >= REC_GIVE_UP && (++ps->sf.skips & 63) != 0)
                 goto pass;
         }
         pos += 1 + n;
@@ -2169,22 +2183,14 @@ hand_over : {
         ps->marks[ps->nmarks++] = ps->sp;
         ps->pos = ++pos;
     }
-    if (first_key == ps->sf_fail_key)
-        ps->sf_fails = 0;
+    if (first_key == ps->sf.key)
+        ps->sf.fails = 0;
     return 1;
 }
 undo:
-    if (first_key == ps->sf_fail_key) {
-        if (ps->sf_fails < REC_GIVE_UP)
-            ps->sf_fails++;
-    } else if (first_key != NULL) {
-        ps->sf_fail_key = first_key;
-        ps->sf_fails = 1;
-    }
+    fast_failed(&ps->sf, first_key);
 pass:
-    for (size_t i = 0; i < t.nputs; i++)
-        ps->memo[t.puts[i]] = NULL;
-    ps->memoused = t.memoused;
+    rec_undo(ps, &t);
     return 0;
 }
 
