@@ -2122,6 +2122,7 @@ static void read_settings(const pk_value_t *as, tr_settings_t *st) {
     else if (rp != NULL && rp->type == PK_DICT) {
         char list[256];
         size_t lu = 0;
+        bool any = false; /* an interval rounds: the list is written only then (else defaults) */
         pk_value_t *const *it = rp->u.seq.items;
         for (size_t k = 0; k + 1 < rp->u.seq.n; k += 2) {
             int64_t v = 0;
@@ -2150,11 +2151,15 @@ static void read_settings(const pk_value_t *as, tr_settings_t *st) {
                 seen = seen || j < k;
                 last = j > last ? j : last;
             }
-            if (!seen && pk_int(it[last + 1], &v) && v > 0 && lu < sizeof(list))
+            /* Its 0s too: the list's first boundary also fills the intervals below it, so a 0
+             * left out there ("[>:4]" is {"1": 0, "2": 4, ...}) became the next key's value. */
+            if (!seen && pk_int(it[last + 1], &v) && v >= 0 && lu < sizeof(list)) {
                 lu += (size_t)snprintf(list + lu, sizeof(list) - lu, "%s%s:%lld", lu ? "," : "",
                                        key, (long long)v);
+                any = any || v > 0;
+            }
         }
-        if (lu > 0 && lu < sizeof(list))
+        if (any && lu < sizeof(list))
             ADD("roundup_power2_divisions:[%s]", list);
     }
     /* Items of the string the structured keys do not carry. */
