@@ -2103,7 +2103,13 @@ static void read_settings(const pk_value_t *as, tr_settings_t *st) {
     }
     double gc = 0; /* PyTorch records 0 when it is not set; anything else is checked below */
     if (pk_num(pk_get(as, "garbage_collection_threshold"), &gc) && gc != 0) {
-        ADD("garbage_collection_threshold:%g", gc);
+        /* "%g" keeps 6 digits (0.123456789 was replayed as 0.123457): the shorter of it and
+         * "%.17g" that reads back as the recorded value. */
+        char num[32];
+        snprintf(num, sizeof num, "%g", gc);
+        if (strtod(num, NULL) != gc)
+            snprintf(num, sizeof num, "%.17g", gc);
+        ADD("garbage_collection_threshold:%s", num);
         st->gc_or_split = true;
     }
     const pk_value_t *ex = pk_get(as, "expandable_segments");

@@ -27,6 +27,7 @@ dir):
 import json
 import os
 import pickle
+import re
 import sys
 
 sys.dont_write_bytecode = True  # the shared helpers leave no cache in the source tree
@@ -361,6 +362,18 @@ r = run("replay", path, "--json")
 j = json.loads(r.stdout) if r.returncode == 0 else {}
 if j.get("peak_allocated_bytes") != 1363456:
     sys.exit(f"replay roundup [>:4]: rc {r.returncode}: {r.stdout}{r.stderr}")
+
+# A recorded garbage_collection_threshold is read back whole: "%g" kept 6 digits, and
+# 0.123456789 was replayed as 0.123457.
+conf = {"garbage_collection_threshold": 0.123456789, "max_split_size": -1,
+        "expandable_segments": False}
+path = write("gc_digits.pickle", {"segments": [segment(SEG, 20 * MiB)],
+                                  "device_traces": [entries], "allocator_settings": conf})
+r = run("info", path)
+got = [float(v) for v in re.findall(r"settings: '.*garbage_collection_threshold:([0-9.eE+-]+)",
+                                    r.stdout)]
+if r.returncode != 0 or got != [0.123456789]:
+    sys.exit(f"info gc threshold digits: rc {r.returncode}: {got}: {r.stdout}{r.stderr}")
 
 # A pickled list of tuples (a tokenizer's merges, say).
 path = write("merges.pickle", [(b"a", b"b"), (b"ab", b"c")])
