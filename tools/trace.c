@@ -2103,7 +2103,13 @@ static void read_settings(const pk_value_t *as, tr_settings_t *st) {
     }
     double gc = 0; /* PyTorch records 0 when it is not set; anything else is checked below */
     if (pk_num(pk_get(as, "garbage_collection_threshold"), &gc) && gc != 0) {
-        ADD("garbage_collection_threshold:%g", gc);
+        /* "%g" keeps 6 digits (0.123456789 was replayed as 0.123457): the shorter of it and
+         * "%.17g" that reads back as the recorded value. */
+        char num[32];
+        snprintf(num, sizeof num, "%g", gc);
+        if (strtod(num, NULL) != gc)
+            snprintf(num, sizeof num, "%.17g", gc);
+        ADD("garbage_collection_threshold:%s", num);
         st->gc_or_split = true;
     }
     const pk_value_t *ex = pk_get(as, "expandable_segments");
@@ -2122,6 +2128,7 @@ static void read_settings(const pk_value_t *as, tr_settings_t *st) {
     else if (rp != NULL && rp->type == PK_DICT) {
         char list[256];
         size_t lu = 0;
+        bool any = false; /* an interval rounds: the list is written only then (else defaults) */
         pk_value_t *const *it = rp->u.seq.items;
         for (size_t k = 0; k + 1 < rp->u.seq.n; k += 2) {
             int64_t v = 0;
@@ -2150,11 +2157,15 @@ static void read_settings(const pk_value_t *as, tr_settings_t *st) {
                 seen = seen || j < k;
                 last = j > last ? j : last;
             }
-            if (!seen && pk_int(it[last + 1], &v) && v > 0 && lu < sizeof(list))
+            /* Its 0s too: the list's first boundary also fills the intervals below it, so a 0
+             * left out there ("[>:4]" is {"1": 0, "2": 4, ...}) became the next key's value. */
+            if (!seen && pk_int(it[last + 1], &v) && v >= 0 && lu < sizeof(list)) {
                 lu += (size_t)snprintf(list + lu, sizeof(list) - lu, "%s%s:%lld", lu ? "," : "",
                                        key, (long long)v);
+                any = any || v > 0;
+            }
         }
-        if (lu > 0 && lu < sizeof(list))
+        if (any && lu < sizeof(list))
             ADD("roundup_power2_divisions:[%s]", list);
     }
     /* Items of the string the structured keys do not carry. */

@@ -621,11 +621,24 @@ class MemPool(_lib.Handle):
             raise _lib.SympoolError("SP_ERR_INVALID_USAGE", "this MemPool was destroyed")
         return self._handle
 
+    def _answer(self, value):
+        """value, a query's answer, as _answered gives it, unless it is the library's stand-in
+        for a stale handle: an sp_shutdown (a C caller's, one through ctypes) released the pool,
+        and the library answers its handle's queries with 0 (id (0, 0), the default pool's).
+        Raised then, as for a destroyed pool. Looked at only for a 0, so answers cost nothing
+        more; the default pool's object follows the session itself (_DefaultMemPool)."""
+        value = _answered(value)
+        if not value and self._owned and self._session != c.sp_x_session():
+            raise _lib.SympoolError(
+                "SP_ERR_INVALID_USAGE", "this MemPool's pool was released by an sp_shutdown "
+                "(its handle is stale); create the pool again")
+        return value
+
     @property
     def id(self):
         pid = lib().sp_mempool_id(self._h())
         if self._owned:  # {0,0} is the default pool's, or the library's "cannot answer here"
-            _answered(pid.second)
+            self._answer(pid.second)
         return (int(pid.first), int(pid.second))
 
     @property
@@ -635,7 +648,7 @@ class MemPool(_lib.Handle):
 
     @property
     def is_symmetric(self):
-        return bool(_answered(lib().sp_mempool_is_symmetric(self._h())))
+        return bool(self._answer(lib().sp_mempool_is_symmetric(self._h())))
 
     @property
     def device(self):
@@ -646,7 +659,7 @@ class MemPool(_lib.Handle):
         return self._name
 
     def use_count(self):
-        return int(_answered(lib().sp_mempool_use_count(self._h())))
+        return int(self._answer(lib().sp_mempool_use_count(self._h())))
 
     def malloc(self, size, stream=None):
         """Allocate in this pool; collective over the world when the pool is symmetric."""
@@ -674,16 +687,16 @@ class MemPool(_lib.Handle):
         return p.value or 0
 
     def used_bytes(self):
-        return int(_answered(lib().sp_mempool_used_bytes(self._h())))
+        return int(self._answer(lib().sp_mempool_used_bytes(self._h())))
 
     def total_bytes(self):
-        return int(_answered(lib().sp_mempool_total_bytes(self._h())))
+        return int(self._answer(lib().sp_mempool_total_bytes(self._h())))
 
     def free_bytes(self):
-        return int(_answered(lib().sp_mempool_free_bytes(self._h())))
+        return int(self._answer(lib().sp_mempool_free_bytes(self._h())))
 
     def n_free_blocks(self):
-        return int(_answered(lib().sp_mempool_n_free_blocks(self._h())))
+        return int(self._answer(lib().sp_mempool_n_free_blocks(self._h())))
 
     def free_all_blocks(self, stream=None):
         """Release the pool's fully free segments (only stream's if given). Collective
@@ -723,7 +736,7 @@ class MemPool(_lib.Handle):
         check(lib().sp_mempool_set_limit(self._h(), 0 if size is None else as_size(size)))
 
     def get_limit(self):
-        return int(_answered(lib().sp_mempool_get_limit(self._h())))
+        return int(self._answer(lib().sp_mempool_get_limit(self._h())))
 
     def snapshot(self, include_traces=True):
         """This pool's snapshot as a dict with PyTorch's structure (its segments, and the traces

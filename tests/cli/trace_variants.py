@@ -27,6 +27,7 @@ dir):
 import json
 import os
 import pickle
+import re
 import sys
 
 sys.dont_write_bytecode = True  # the shared helpers leave no cache in the source tree
@@ -340,6 +341,39 @@ for name, size, floor in (("small_peak.pickle", 3 * MiB + 512, 4 * MiB),
     if r.returncode != 0 or (line in r.stdout) != (floor > 1.01 * size) or \
             ("page floor" in r.stdout) != (floor > 1.01 * size):
         sys.exit(f"replay {name} text: rc {r.returncode}: {r.stdout}{r.stderr}")
+
+# Recorded with roundup_power2_divisions:[>:4] (PyTorch: interval 0, sizes below 2 MiB, keeps 0,
+# no rounding; every later one 4), as the settings' dict writes it, one key per interval. Its 0
+# was left out of the list the replay rebuilt ("[2:4,4:4,...]"), whose first boundary then
+# filled interval 0 with 4 too: a 1363000-byte request became a 1.5 MiB block, not PyTorch's
+# 1363456 (the next multiple of 512).
+size = 1363000
+rp = {str(1 << i): (0 if i == 0 else 4) for i in range(16)}
+conf = {"PYTORCH_CUDA_ALLOC_CONF": "roundup_power2_divisions:[>:4]", "max_split_size": -1,
+        "garbage_collection_threshold": 0.0, "expandable_segments": False,
+        "roundup_power2_divisions": rp}
+evs = [("segment_alloc", SEG, 20 * MiB), ("alloc", SEG, size), ("free_requested", SEG, size),
+       ("free_completed", SEG, size)]
+entries = [entry(a, addr, n, t) for t, (a, addr, n) in enumerate(evs)]
+path = write("roundup_zero_first.pickle", {"segments": [segment(SEG, 20 * MiB)],
+                                          "device_traces": [entries],
+                                          "allocator_settings": conf})
+r = run("replay", path, "--json")
+j = json.loads(r.stdout) if r.returncode == 0 else {}
+if j.get("peak_allocated_bytes") != 1363456:
+    sys.exit(f"replay roundup [>:4]: rc {r.returncode}: {r.stdout}{r.stderr}")
+
+# A recorded garbage_collection_threshold is read back whole: "%g" kept 6 digits, and
+# 0.123456789 was replayed as 0.123457.
+conf = {"garbage_collection_threshold": 0.123456789, "max_split_size": -1,
+        "expandable_segments": False}
+path = write("gc_digits.pickle", {"segments": [segment(SEG, 20 * MiB)],
+                                  "device_traces": [entries], "allocator_settings": conf})
+r = run("info", path)
+got = [float(v) for v in re.findall(r"settings: '.*garbage_collection_threshold:([0-9.eE+-]+)",
+                                    r.stdout)]
+if r.returncode != 0 or got != [0.123456789]:
+    sys.exit(f"info gc threshold digits: rc {r.returncode}: {got}: {r.stdout}{r.stderr}")
 
 # A pickled list of tuples (a tokenizer's merges, say).
 path = write("merges.pickle", [(b"a", b"b"), (b"ab", b"c")])

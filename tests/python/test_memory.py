@@ -391,6 +391,41 @@ def test_pool_from_before_a_shutdown_through_ctypes_is_left_alone_when_collected
     assert "stale" not in out.stderr, out.stderr[-2000:]
 
 
+def test_pool_queries_after_a_shutdown_through_ctypes_raise():
+    # A MemPool's queries after an sp_shutdown through the raw library answered the library's
+    # stand-in for a stale handle as if it were the pool's: use_count() 0, used_bytes() 0, and
+    # id (0, 0), the default pool's, so memory_snapshot(pool) listed the default pool's segments.
+    # A destroyed pool's queries raise; a released one's must too.
+    code = """if True:
+        import sympool
+        from sympool import _lib
+        lib = _lib.lib()
+        pool = sympool.MemPool(name="gone")
+        p = pool.malloc(1 << 20)
+        sympool.free(p)
+        assert lib.sp_shutdown() == 0, _lib.last_error()
+        keep = sympool.malloc(3 << 20)  # the new session's default pool holds a segment
+        queries = {"id": lambda: pool.id, "is_symmetric": lambda: pool.is_symmetric,
+                   "use_count": pool.use_count, "used_bytes": pool.used_bytes,
+                   "total_bytes": pool.total_bytes, "free_bytes": pool.free_bytes,
+                   "n_free_blocks": pool.n_free_blocks, "get_limit": pool.get_limit,
+                   "memory_snapshot": lambda: sympool.memory_snapshot(pool)}
+        for name, query in queries.items():
+            try:
+                got = query()
+            except sympool.SympoolError as e:
+                assert e.status == "SP_ERR_INVALID_USAGE", (name, e)
+                assert "sp_shutdown" in str(e), (name, e)
+            else:
+                raise AssertionError(f"{name} answered {got!r} for a released pool")
+        sympool.free(keep)
+        print("ok")
+    """
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=60)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", (out.stdout + out.stderr)[-2000:]
+
+
 def test_memory_summary(sp):
     p = sp.malloc(3 << 20)
     text = sp.memory_summary()
