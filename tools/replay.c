@@ -225,8 +225,8 @@ static bool stream_for(dev_state_t *ds, int dev, uint64_t recorded, sp_stream_t 
         snprintf(err, errlen, "out of memory");
         return false;
     }
-    /* Our snapshot shows the recorded stream, not our handle (which only says where the
-     * allocator's heap put it). */
+    /* Our snapshot shows the recorded stream, not our handle (which only says in which order
+     * the replay made it). */
     st = sp_x_stream_label(s, recorded);
     if (st != SP_SUCCESS) {
         snprintf(err, errlen, "sp_x_stream_label: %s: %s", sp_status_name(st), sp_last_error());
