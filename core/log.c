@@ -25,6 +25,7 @@
 #include <ctype.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -144,7 +145,7 @@ static bool same_file_or_name(const char *a, const char *b) {
     const char *ba = strrchr(a, '/'), *bb = strrchr(b, '/');
     if (strcmp(ba ? ba + 1 : a, bb ? bb + 1 : b) != 0)
         return false;
-    char da[LOG_PATTERN_MAX + 128], db[LOG_PATTERN_MAX + 128];
+    char da[PATH_MAX], db[PATH_MAX];
     snprintf(da, sizeof da, "%.*s", ba ? (int)(ba - a) + 1 : 1, ba ? a : ".");
     snprintf(db, sizeof db, "%.*s", bb ? (int)(bb - b) + 1 : 1, bb ? b : ".");
     return stat(da, &sa) == 0 && stat(db, &sb) == 0 && sa.st_dev == sb.st_dev &&

@@ -41,9 +41,9 @@
  * so an unknown handle is rejected without being dereferenced. Events are pooled per device.
  *
  * Stream handles. The free set orders blocks by (stream, size, address) with the stream compared
- * by handle, as PyTorch compares cudaStream_t values. A handle that were a heap address would
- * order streams by where malloc put their structs, so that one build or run picked another
- * block than the next (`sympool replay` of a trace with several streams). A handle is therefore
+ * by handle, as PyTorch compares cudaStream_t values. Handles that were heap addresses ordered
+ * streams by where malloc put their structs, so that one build or run picked another block than
+ * the next (`sympool replay` of a trace with several streams). A handle is therefore
  * a token, never dereferenced: (id << 14) | (device << 4), id the lowest number free on the device
  * (1, 2, ...; a destroyed stream's id is free again, as CUDA may give a destroyed stream's handle
  * to the next one). Streams made while none is destroyed compare in the order they were made,
