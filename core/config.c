@@ -84,9 +84,17 @@ bool sp__log_wanted(sp_log_level_t level, unsigned subsys) {
            (__atomic_load_n(&sp__log_mask, __ATOMIC_RELAXED) & subsys) != 0;
 }
 
+static _Thread_local bool errors_quiet; /* sp__errors_quiet: this thread's WARNs are INFOs */
+
+void sp__errors_quiet(bool on) {
+    errors_quiet = on;
+}
+
 static sp_status_t error_v(sp_log_level_t level, sp_status_t status, unsigned subsys,
                            const char *file, int line, const char *fmt, va_list ap) {
     sp__error_vset(fmt, ap);
+    if (errors_quiet && level == SP_LOG_WARN)
+        level = SP_LOG_INFO;
     if (SP_LOG_ENABLED(level, subsys))
         sp__log_at(level, subsys, file, line, "%s (%s)", sp_last_error(), sp_status_name(status));
     return status;

@@ -46,6 +46,11 @@ sp_status_t sp__error_quiet_at(sp_status_t status, unsigned subsys, const char *
 #define sp__error_quiet(status, subsys, ...)                                                       \
     sp__error_quiet_at((status), (subsys), __FILE__, __LINE__, __VA_ARGS__)
 
+/* While on, the errors this thread sets log at INFO instead of WARN: for a query whose "no" is
+ * an answer, not a failure (sp_x_stream_live asks the backend about a handle that may be gone),
+ * made through calls that report it as an error. Off again before returning to the caller. */
+void sp__errors_quiet(bool on);
+
 /* Clears this thread's last-error text (tests and retry paths use it). */
 void sp__error_clear(void);
 /* Sets this thread's last-error text, nothing else (status.c; sp__error_at builds on it). */
@@ -190,6 +195,12 @@ sp_expand_t sp__path_expand(const char *pattern, int unknown_rank, char *out, si
  * log file while it is set; NULL restores the file. Not thread-safe against concurrent logging. */
 typedef void (*sp_log_fn_t)(sp_log_level_t level, const char *line, void *arg);
 void sp__log_set_fn(sp_log_fn_t fn, void *arg);
+
+/* Whether `path` is the library's log file (SYMPOOL_DEBUG_FILE): the one open now, or the one
+ * the next line would open (by name too, when neither exists yet); the pattern
+ * in force into pattern (cap bytes). A file written there (a snapshot) would take the log's
+ * later lines, or leave the log writing to the replaced file. Reads the options first. */
+bool sp__log_is_file(const char *path, char *pattern, size_t cap);
 
 /* Internal to core/ (config.c drives log.c): apply SYMPOOL_DEBUG / _SUBSYS / _FILE. */
 void sp__log_configure(int level, unsigned mask, const char *file_pattern);

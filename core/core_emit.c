@@ -1110,6 +1110,15 @@ sp_status_t sp__file_atomic_open(sp__atomic_file_t *f, const char *target) {
     SP_ARG_CHECK(target != NULL && target[0] != '\0', SP_SUB_HISTORY, "path is NULL or empty");
     SP_CHECK(resolve_target(target, f->path, sizeof(f->path), &f->mode));
     const char *path = f->path;
+    /* The log's file replaced by a rename, the log would go on writing to the old (unlinked)
+     * one; not yet open, its next line would be appended to what was written here. */
+    char pattern[600];
+    if (sp__log_is_file(path, pattern, sizeof pattern))
+        return sp__error(SP_ERR_INVALID_ARGUMENT, SP_SUB_HISTORY,
+                         "%s is the library's log file (SYMPOOL_DEBUG_FILE=%s): its later lines "
+                         "would be lost or land in what is written there; write elsewhere or "
+                         "log elsewhere (nothing was written)",
+                         path, pattern);
     /* The temporary's name is the target's plus a suffix; a target name near NAME_MAX would make
      * it too long for the directory, so only as much of the name as fits is kept. */
     const char *slash = strrchr(path, '/');

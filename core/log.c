@@ -25,6 +25,7 @@
 #include <ctype.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -132,6 +133,40 @@ void sp__log_configure(int level, unsigned mask, const char *file_pattern) {
         snprintf(log_pattern, sizeof log_pattern, "%s", file_pattern);
     }
     pthread_mutex_unlock(&log_lock);
+}
+
+/* Whether a and b name one file: the same inode when both exist, the same name in the same
+ * folder (through any name of it) when neither does; false when only one exists. */
+static bool same_file_or_name(const char *a, const char *b) {
+    struct stat sa, sb;
+    int ra = stat(a, &sa), rb = stat(b, &sb);
+    if (ra == 0 || rb == 0)
+        return ra == 0 && rb == 0 && sa.st_dev == sb.st_dev && sa.st_ino == sb.st_ino;
+    const char *ba = strrchr(a, '/'), *bb = strrchr(b, '/');
+    if (strcmp(ba ? ba + 1 : a, bb ? bb + 1 : b) != 0)
+        return false;
+    char da[PATH_MAX], db[PATH_MAX];
+    snprintf(da, sizeof da, "%.*s", ba ? (int)(ba - a) + 1 : 1, ba ? a : ".");
+    snprintf(db, sizeof db, "%.*s", bb ? (int)(bb - b) + 1 : 1, bb ? b : ".");
+    return stat(da, &sa) == 0 && stat(db, &sb) == 0 && sa.st_dev == sb.st_dev &&
+           sa.st_ino == sb.st_ino;
+}
+
+bool sp__log_is_file(const char *path, char *pattern, size_t cap) {
+    sp__options_ensure(); /* SYMPOOL_DEBUG_FILE is read with the other options */
+    pthread_mutex_lock(&log_lock);
+    snprintf(pattern, cap, "%s", log_pattern);
+    struct stat open_st, st;
+    /* The file open now (its name may have been replaced since), then the one the next line
+     * would open. */
+    bool named = log_file != NULL && fstat(fileno(log_file), &open_st) == 0 &&
+                 stat(path, &st) == 0 && st.st_dev == open_st.st_dev && st.st_ino == open_st.st_ino;
+    char log_path[LOG_PATTERN_MAX + 128];
+    if (!named && log_pattern[0] != '\0' &&
+        sp__path_expand(log_pattern, -1, log_path, sizeof log_path) == SP_EXPAND_OK)
+        named = same_file_or_name(path, log_path);
+    pthread_mutex_unlock(&log_lock);
+    return named;
 }
 
 void sp__log_set_rank(int rank) {

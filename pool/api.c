@@ -591,6 +591,19 @@ SP_EXPORT sp_status_t sp_stream_destroy(sp_stream_t stream) {
     return sp__history_stream_label((uintptr_t)stream, 0); /* a later stream may get its handle */
 }
 
+SP_EXPORT int sp_x_stream_live(sp_stream_t stream) {
+    SP_GATE_OR(-1); /* inside a callback, or during sp_shutdown: cannot tell now */
+    /* Not initialized: no stream of this session exists yet (and asking would initialize). */
+    if ((uintptr_t)stream <= 2u || !atomic_load_explicit(&sp__ready, memory_order_acquire))
+        return 0;
+    /* The backend's check reports an unknown handle as an error: here that is the answer. */
+    int dev = -1;
+    sp__errors_quiet(true);
+    sp_status_t st = sp__g.ops->stream_device(stream, &dev);
+    sp__errors_quiet(false);
+    return st == SP_SUCCESS;
+}
+
 SP_EXPORT sp_status_t sp_x_stream_label(sp_stream_t stream, uint64_t label) {
     SP_GATE("sp_x_stream_label");
     if (!stream)

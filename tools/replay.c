@@ -225,8 +225,8 @@ static bool stream_for(dev_state_t *ds, int dev, uint64_t recorded, sp_stream_t 
         snprintf(err, errlen, "out of memory");
         return false;
     }
-    /* Our snapshot shows the recorded stream, not our handle (which only says where the
-     * allocator's heap put it). */
+    /* Our snapshot shows the recorded stream, not our handle (which only says in which order
+     * the replay made it). */
     st = sp_x_stream_label(s, recorded);
     if (st != SP_SUCCESS) {
         snprintf(err, errlen, "sp_x_stream_label: %s: %s", sp_status_name(st), sp_last_error());
@@ -828,6 +828,62 @@ static bool unmap_from(dev_state_t *ds, int dev, size_t first, char *err, size_t
     return true;
 }
 
+static int cmp_u64(const void *a, const void *b) {
+    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* One recorded stream into `seen` and `vals` (once each); false on OOM. */
+static bool note_stream(tr_map_t *seen, uint64_t **vals, size_t *n, size_t *cap, uint64_t stream) {
+    bool added = false;
+    if (stream == 0)
+        return true;
+    if (tr_map_upsert(seen, stream, &added) == NULL)
+        return false;
+    if (!added)
+        return true;
+    if (*n == *cap) {
+        size_t nc = *cap ? *cap * 2 : 8;
+        uint64_t *grown = realloc(*vals, nc * sizeof(*grown));
+        if (grown == NULL)
+            return false;
+        *vals = grown;
+        *cap = nc;
+    }
+    (*vals)[(*n)++] = stream;
+    return true;
+}
+
+/* Every stream the replay of device d uses, made before anything else, in ascending order of
+ * the recorded cudaStream_t values. The free set orders blocks by (stream, size, address) with
+ * the stream compared by handle, as PyTorch's compared those values; the host backend's handles
+ * compare in the order they were made, so ours sort as the recording's did (which decides the
+ * order empty_cache and garbage collection release segments in, and so where later segments
+ * land). Made where each was first needed, they sorted in the order of first use instead. */
+static bool make_streams(dev_state_t *ds, int d, const tr_device_t *td, char *err, size_t errlen) {
+    tr_map_t seen = {0};
+    uint64_t *vals = NULL;
+    size_t n = 0, cap = 0;
+    bool ok = true;
+    for (size_t i = 0; ok && i < td->nstart; i++)
+        ok = note_stream(&seen, &vals, &n, &cap, td->start[i].stream);
+    for (size_t i = 0; ok && i < td->nseeds; i++)
+        ok = note_stream(&seen, &vals, &n, &cap, td->seeds[i].stream);
+    for (size_t i = 0; ok && i < td->nev; i++)
+        if (td->ev[i].action == TR_ALLOC)
+            ok = note_stream(&seen, &vals, &n, &cap, td->ev[i].stream);
+    if (!ok)
+        snprintf(err, errlen, "out of memory");
+    if (ok && n > 1)
+        qsort(vals, n, sizeof(*vals), cmp_u64);
+    sp_stream_t s;
+    for (size_t i = 0; ok && i < n; i++)
+        ok = stream_for(ds, d, vals[i], &s, err, errlen);
+    tr_map_free(&seen);
+    free(vals);
+    return ok;
+}
+
 /* The starting state of one device: its private pools, the segments that existed before
  * recording began (as they were), then the live blocks outside them as requests. With
  * `requested` (the replay's segment kind is not the recorded run's, so that layout cannot exist
@@ -836,6 +892,8 @@ static bool unmap_from(dev_state_t *ds, int dev, size_t first, char *err, size_t
 static bool build_start(dev_state_t *ds, int d, const tr_device_t *td, bool requested,
                         bool expandable, double fraction, frames_src_t *fs, replay_result_t *r,
                         char *err, size_t errlen) {
+    if (!make_streams(ds, d, td, err, errlen))
+        return false;
     place_begin(ds, d, td);
     ds->pools = calloc(td->npools ? td->npools : 1, sizeof(*ds->pools));
     /* The address map sized once for the blocks put below (each starting block, each seed

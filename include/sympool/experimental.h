@@ -119,6 +119,15 @@ size_t sp_x_stream_count(void);
  * Takes no lock. */
 uint64_t sp_x_session(void);
 
+/** 1 when `stream` is a stream of the backend now (host: one sp_stream_create made in this
+ *  session and sp_stream_destroy has not destroyed; cuda: one CUDA answers for, which a
+ *  destroyed handle may still be), else 0 (NULL and CUDA's pseudo handles too; the thread's
+ *  last error then says why), without a warning; -1 when it cannot tell now (inside a callback
+ *  sympool runs, during sp_shutdown: sp_stream_destroy would be refused too). An object holding
+ *  a stream asks before destroying it, in case the stream was destroyed by other means (the
+ *  Python Stream's collection). */
+int sp_x_stream_live(sp_stream_t stream);
+
 /** The value snapshots (sp_dump_snapshot, sp_mempool_dump_snapshot) show for `stream` in its
  *  segments' and trace entries' "stream", instead of the handle: `sympool replay` shows the
  *  stream the recording had. label 0 shows the handle again; sp_stream_destroy and sp_shutdown

@@ -40,6 +40,15 @@
  * number and is done once completed >= seq. Every handle is registered in a per-device hash,
  * so an unknown handle is rejected without being dereferenced. Events are pooled per device.
  *
+ * Stream handles. The free set orders blocks by (stream, size, address) with the stream compared
+ * by handle, as PyTorch compares cudaStream_t values. Handles that were heap addresses ordered
+ * streams by where malloc put their structs, so that one build or run picked another block than
+ * the next (`sympool replay` of a trace with several streams). A handle is therefore
+ * a token, never dereferenced: (id << 14) | (device << 4), id the lowest number free on the device
+ * (1, 2, ...; a destroyed stream's id is free again, as CUDA may give a destroyed stream's handle
+ * to the next one). Streams made while none is destroyed compare in the order they were made,
+ * whatever the heap: replay makes its streams in the order of the recorded cudaStream_t values.
+ *
  * Lock: one mutex per device guards everything of that device (budget, mapping hash, streams,
  * events). mmap/munmap run outside it. `g_host` itself is written only by init/fini, which
  * sp__device_select serializes.
@@ -163,6 +172,11 @@ static void phash_free(phash_t *h) {
 
 /* ---- state -------------------------------------------------------------------------------- */
 
+/* A stream handle: its id above the device (SYMPOOL_HOST_DEVICES <= 1024: 10 bits), and the low
+ * four bits clear as in an aligned pointer; never 0, 1 or 2 (NULL and CUDA's pseudo handles). */
+#define HOST_STREAM_ID_SHIFT 14
+#define HOST_STREAM_DEV_SHIFT 4
+
 typedef struct host_stream {
     int device;         /* owner device; immutable */
     uint64_t recorded;  /* events recorded on this stream so far; device lock */
@@ -219,7 +233,10 @@ typedef struct host_dev {
     size_t live_bytes;            /* bytes handed out (incl. reservations in flight); mu */
     size_t live_count;            /* live mappings; mu */
     phash_t maps;                 /* live mapping pointer -> size; mu */
-    phash_t streams;              /* live host_stream_t * (value unused); mu */
+    phash_t streams;              /* live stream handle -> its host_stream_t *; mu */
+    uint64_t *stream_ids;         /* bit i set: id i + 1 names a live stream; mu */
+    size_t stream_id_words;       /* words in stream_ids; mu */
+    size_t stream_id_full;        /* words below this one have every bit set; mu */
     phash_t events;               /* live (handed out) host_event_t *; mu */
     host_stream_t default_stream; /* the NULL stream of this device; mu */
     host_event_t *free_events;    /* pooled events; mu */
@@ -248,7 +265,37 @@ static sp_status_t get_dev(int device, host_dev_t **dev_p) {
 static host_stream_t *lookup_stream(host_dev_t *dev, sp_dev_stream_t stream) {
     if (stream == NULL)
         return &dev->default_stream;
-    return phash_find(&dev->streams, (uintptr_t)stream, NULL) ? (host_stream_t *)stream : NULL;
+    uint64_t v = 0;
+    return phash_find(&dev->streams, (uintptr_t)stream, &v) ? (host_stream_t *)(uintptr_t)v : NULL;
+}
+
+/* The lowest stream id free on dev, marked taken; 0 when its bitmap cannot grow. dev->mu held.
+ * A scan from the first word with a free bit: streams are made seldom, and ids stay dense. */
+static uint64_t stream_id_take(host_dev_t *dev) {
+    size_t w = dev->stream_id_full;
+    while (w < dev->stream_id_words && dev->stream_ids[w] == UINT64_MAX)
+        w++;
+    dev->stream_id_full = w;
+    if (w == dev->stream_id_words) {
+        size_t nw = w ? w * 2 : 1;
+        uint64_t *grown = realloc(dev->stream_ids, nw * sizeof(*grown));
+        if (grown == NULL)
+            return 0;
+        memset(grown + w, 0, (nw - w) * sizeof(*grown));
+        dev->stream_ids = grown;
+        dev->stream_id_words = nw;
+    }
+    int bit = __builtin_ctzll(~dev->stream_ids[w]);
+    dev->stream_ids[w] |= (uint64_t)1 << bit;
+    return (uint64_t)w * 64 + (uint64_t)bit + 1;
+}
+
+/* Gives a destroyed stream's id back (the next stream made may get it). dev->mu held. */
+static void stream_id_give(host_dev_t *dev, uint64_t id) {
+    size_t w = (size_t)((id - 1) / 64);
+    dev->stream_ids[w] &= ~((uint64_t)1 << ((id - 1) % 64));
+    if (w < dev->stream_id_full)
+        dev->stream_id_full = w;
 }
 
 /* ---- the arena (SYMPOOL_HOST_ARENA) -------------------------------------------------------- */
@@ -525,7 +572,8 @@ static void host_fini(void) {
         arena_fini(&dev->arena);
         for (size_t i = 0; i < dev->streams.cap; i++)
             if (dev->streams.keys[i] != 0)
-                free((void *)dev->streams.keys[i]);
+                free((void *)(uintptr_t)dev->streams.vals[i]);
+        free(dev->stream_ids);
         for (size_t i = 0; i < dev->events.cap; i++)
             if (dev->events.keys[i] != 0)
                 free((void *)dev->events.keys[i]);
@@ -695,13 +743,18 @@ static sp_status_t host_stream_create(int device, sp_dev_stream_t *stream_p) {
         return sp__error(SP_ERR_SYSTEM, SP_SUB_DEVICE, "cannot allocate a host stream");
     s->device = device;
     pthread_mutex_lock(&dev->mu);
-    bool ok = phash_put(&dev->streams, (uintptr_t)s, 1);
+    uint64_t id = stream_id_take(dev);
+    uintptr_t handle =
+        (uintptr_t)(id << HOST_STREAM_ID_SHIFT) | ((uintptr_t)device << HOST_STREAM_DEV_SHIFT);
+    bool ok = id != 0 && phash_put(&dev->streams, handle, (uint64_t)(uintptr_t)s);
+    if (!ok && id != 0)
+        stream_id_give(dev, id);
     pthread_mutex_unlock(&dev->mu);
     if (!ok) {
         free(s);
         return sp__error(SP_ERR_SYSTEM, SP_SUB_DEVICE, "cannot register a host stream");
     }
-    *stream_p = s;
+    *stream_p = (sp_dev_stream_t)handle;
     return SP_SUCCESS;
 }
 
@@ -709,24 +762,27 @@ static sp_status_t host_stream_destroy(int device, sp_dev_stream_t stream) {
     host_dev_t *dev = NULL;
     SP_CHECK(get_dev(device, &dev));
     pthread_mutex_lock(&dev->mu);
-    if (stream == NULL || !phash_del(&dev->streams, (uintptr_t)stream)) {
+    host_stream_t *s = stream != NULL ? lookup_stream(dev, stream) : NULL;
+    if (s == NULL) {
         pthread_mutex_unlock(&dev->mu);
         return sp__error(SP_ERR_INVALID_ARGUMENT, SP_SUB_DEVICE,
                          "host device %d: stream_destroy of unknown stream %p", device, stream);
     }
+    (void)phash_del(&dev->streams, (uintptr_t)stream);
+    stream_id_give(dev, (uint64_t)(uintptr_t)stream >> HOST_STREAM_ID_SHIFT);
     /* Destroying a stream lets its queued work finish (as cudaStreamDestroy does): events still
      * pointing at it become complete and forget it, so nothing dangles. Only live events can
      * (a destroyed one forgets its stream), and the stream counts them: most destroys have none
      * and walk nothing (a walk of every event a destroy was quadratic in streams). */
-    for (size_t i = 0; ((host_stream_t *)stream)->events && i < dev->events.cap; i++) {
+    for (size_t i = 0; s->events && i < dev->events.cap; i++) {
         host_event_t *e = (host_event_t *)dev->events.keys[i];
-        if (e && e->stream == (host_stream_t *)stream) {
+        if (e && e->stream == s) {
             e->stream = NULL;
-            ((host_stream_t *)stream)->events--;
+            s->events--;
         }
     }
     pthread_mutex_unlock(&dev->mu);
-    free(stream);
+    free(s);
     return SP_SUCCESS;
 }
 
@@ -758,8 +814,8 @@ static sp_status_t host_device_sync(int device) {
     pthread_mutex_lock(&dev->mu);
     dev->default_stream.completed = dev->default_stream.recorded;
     for (size_t i = 0; i < dev->streams.cap; i++) {
-        host_stream_t *st = (host_stream_t *)dev->streams.keys[i];
-        if (st)
+        host_stream_t *st = (host_stream_t *)(uintptr_t)dev->streams.vals[i];
+        if (dev->streams.keys[i] != 0)
             st->completed = st->recorded;
     }
     pthread_mutex_unlock(&dev->mu);

@@ -180,6 +180,7 @@ _PROTOS = {
 _EXPERIMENTAL = {
     "sp_x_session": (ctypes.c_uint64, []),  # Stream.__del__: a handle of this session only
     "sp_x_stream_count": (_sz, []),  # tests: streams made and not destroyed
+    "sp_x_stream_live": (_i, [_vp]),  # Stream.__del__: destroyed by other means?
 }
 # Present only in some builds or versions: declared when exported.
 _OPTIONAL = {

@@ -257,7 +257,11 @@ class Stream(_lib.Handle):
         if ptr is None:
             return
         try:
-            if c.sp_x_session() == self._session and self._owns_handle():
+            # Not live: destroyed by other means (sp_stream_destroy through ctypes), its handle
+            # not made again: the destroy would be refused, with a warning. -1 (inside a
+            # callback): the destroy below is refused and queued, and the retry asks again.
+            if c.sp_x_session() == self._session and self._owns_handle() and \
+                    c.sp_x_stream_live(ptr) != 0:
                 status = c.sp_stream_destroy(ptr)
                 if status != 0 and _lib.status_name(status) in _STREAM_RETRY and \
                         not _stream_holds(ptr, self._session, but=self):
@@ -279,8 +283,10 @@ class Stream(_lib.Handle):
         with self._lock:
             if self.ptr is not None:
                 # A handle another Stream was made at since (this one's stream destroyed by
-                # other means) is that Stream's: this one's stream is gone already.
-                if lib().sp_x_session() == self._session and self._owns_handle():
+                # other means) is that Stream's, and one no longer live (destroyed by other
+                # means, not made again) is no stream: this one's stream is gone already.
+                if lib().sp_x_session() == self._session and self._owns_handle() and \
+                        lib().sp_x_stream_live(self.ptr) != 0:
                     check(lib().sp_stream_destroy(self.ptr))
                 self._forget_handle()
                 self.ptr = self.cuda_stream = None
@@ -362,7 +368,8 @@ def _destroy_orphan_streams():
             ptr, session = _orphan_streams.pop()  # atomic: a collection may append meanwhile
         except IndexError:
             break
-        if session == c.sp_x_session() and not _stream_holds(ptr, session):
+        if session == c.sp_x_session() and not _stream_holds(ptr, session) and \
+                c.sp_x_stream_live(ptr) != 0:
             status = c.sp_stream_destroy(ptr)
             if status != 0 and _lib.status_name(status) == "SP_ERR_BUSY":
                 later.append((ptr, session))

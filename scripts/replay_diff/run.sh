@@ -3,9 +3,9 @@
 # `replay --json` (less the timing) and `replay --snapshot` (norm_snapshot.py) must agree.
 # usage: run.sh REF_CLI NEW_CLI FIRST_SEED LAST_SEED [MODE] [EVENTS]
 # REF_CLI: e.g. a build of the same tree with -DCMAKE_C_FLAGS=-DSP_BSET_ONE_TREE (the free set's
-# one tree always, the same heap use). Against an older tree's CLI, traces with several
-# streams may differ where nothing is wrong: the free set orders streams by handle, a host
-# stream's handle is a heap address, and another heap use orders them otherwise.
+# one tree always, the same heap use). Against a CLI from before s28-streams, traces with
+# several streams may differ where nothing is wrong: the free set orders streams by handle, a
+# host stream's handle was then a heap address, and another heap use ordered them otherwise.
 # A CLI built with assertions (Debug) also checks the free set after every change
 # (sp__bset_check). Prints one line per seed; exit 1 when any differed.
 set -u

@@ -69,6 +69,14 @@ if(TARGET sympool_cli)
               $<TARGET_FILE:sympool_cli> ${SP_CLI_OUT}/replay_streams)
     set_tests_properties(cli.replay_streams PROPERTIES LABELS "unit;cli;python" TIMEOUT 120
       PASS_REGULAR_EXPRESSION "^ok")
+    # replay orders the trace's streams by their recorded values, whatever the heap: the
+    # segments empty_cache frees go in the recorded order, and another heap layout changes
+    # nothing.
+    add_test(NAME cli.replay_stream_order
+      COMMAND ${Python3_EXECUTABLE} ${PROJECT_SOURCE_DIR}/tests/cli/replay_stream_order.py
+              $<TARGET_FILE:sympool_cli> ${SP_CLI_OUT}/replay_stream_order)
+    set_tests_properties(cli.replay_stream_order PROPERTIES LABELS "unit;cli;python" TIMEOUT 300
+      PASS_REGULAR_EXPRESSION "^ok")
     # Snapshot forms found in public repositories: frees recorded as free_completed only, a
     # trace that requests more than the recorded run reserved (the reason said), a pickled list
     # that is no snapshot.

@@ -373,6 +373,55 @@ TEST_F(DeviceTest, AStreamDestroyCompletesItsOwnEventsOnly) {
     ASSERT_SP_OK(ops_->stream_destroy(0, c));
 }
 
+// The free set orders blocks by (stream, size, address) with the stream compared by handle, so
+// streams made in turn must compare in that order whatever the heap holds: a handle that was the
+// stream's heap struct followed malloc, which hands freed chunks of its size out last freed first
+// (the churn below: every stream then sorted below the one made before it, and `sympool replay`
+// of a trace with several streams picked other blocks from one build or run to the next). A
+// destroyed stream's handle goes to the next stream made, the lowest free first.
+TEST_F(DeviceTest, StreamHandlesCompareInTheOrderMadeWhateverTheHeap) {
+    select_host({{"SYMPOOL_HOST_DEVICES", "2"}});
+    std::vector<void *> churn;
+    for (size_t size : {24, 32, 40, 48})
+        for (int i = 0; i < 8; i++)
+            churn.push_back(malloc(size));
+    for (void *p : churn)
+        free(p); // freed chunks of every small size, given back newest first
+    std::vector<sp_dev_stream_t> s(12);
+    for (auto &h : s)
+        ASSERT_SP_OK(ops_->stream_create(0, &h));
+    for (size_t i = 1; i < s.size(); i++)
+        EXPECT_GT((uintptr_t)s[i], (uintptr_t)s[i - 1]) << "stream " << i;
+    EXPECT_GT((uintptr_t)s[0], 2u); // neither NULL nor one of CUDA's pseudo handles
+    // Destroyed, the handles are free again: the next streams get the lowest first.
+    ASSERT_SP_OK(ops_->stream_destroy(0, s[7]));
+    ASSERT_SP_OK(ops_->stream_destroy(0, s[3]));
+    sp_dev_stream_t a = nullptr, b = nullptr, c = nullptr;
+    ASSERT_SP_OK(ops_->stream_create(0, &a));
+    ASSERT_SP_OK(ops_->stream_create(0, &b));
+    ASSERT_SP_OK(ops_->stream_create(0, &c));
+    EXPECT_EQ(a, s[3]);
+    EXPECT_EQ(b, s[7]);
+    EXPECT_GT((uintptr_t)c, (uintptr_t)s.back());
+    s[3] = a;
+    s[7] = b;
+    s.push_back(c);
+    // Another device's streams are told apart from these by their handles alone.
+    sp_dev_stream_t other = nullptr;
+    ASSERT_SP_OK(ops_->stream_create(1, &other));
+    int dev = -1;
+    ASSERT_SP_OK(ops_->stream_device(other, &dev));
+    EXPECT_EQ(dev, 1);
+    for (auto h : s) {
+        EXPECT_NE(h, other);
+        ASSERT_SP_OK(ops_->stream_device(h, &dev));
+        EXPECT_EQ(dev, 0);
+    }
+    ASSERT_SP_OK(ops_->stream_destroy(1, other));
+    for (auto h : s)
+        ASSERT_SP_OK(ops_->stream_destroy(0, h));
+}
+
 TEST_F(DeviceTest, EventOnDefaultStream) {
     select_host({});
     sp_dev_event_t e = nullptr;

@@ -21,6 +21,8 @@
 #include <cstring>
 #include <fstream>
 #include <iterator>
+#include <mutex>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -71,6 +73,13 @@ mode_t kind_of(const std::string &path) {
 std::string read_all(const std::string &path) {
     std::ifstream f(path, std::ios::binary);
     return std::string((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+}
+
+// Puts log lines into the fixture's capture again after a test sent them to a file.
+void capture(sp_log_level_t level, const char *line, void *arg) {
+    auto *cap = static_cast<sp::LogCapture *>(arg);
+    std::lock_guard<std::mutex> g(cap->mu);
+    cap->lines.emplace_back(level, line);
 }
 
 } // namespace
@@ -183,6 +192,47 @@ TEST_F(SnapshotTarget, NewAndRegularTargetsStillWork) {
     EXPECT_EQ(kind_of(p), (mode_t)S_IFREG);
     ASSERT_SP_OK(sp_dump_snapshot(p.c_str())); // replaced whole
     EXPECT_EQ(list_dir(dir_).size(), 1u);
+}
+
+// The library's own log file (SYMPOOL_DEBUG_FILE) is refused as a target, by any name of it, and
+// left as the log wrote it: replaced by the rename, the log went on writing to the old, unlinked
+// file, so every later line was lost; not yet open, the log's next line was appended to the
+// snapshot.
+TEST_F(SnapshotTarget, TheLogFileIsRefusedAndKept) {
+    std::string log = dir_ + "/sympool.log", other = dir_ + "/./sympool.log";
+    std::string link = dir_ + "/link.pickle";
+    {
+        sp::ScopedEnv env({{"SYMPOOL_DEBUG_FILE", log.c_str()}});
+        sp__log_set_fn(nullptr, nullptr); // to the file, not the capture
+        // Not open yet, not there yet: the name alone is the log's.
+        EXPECT_SP_STATUS(sp_dump_snapshot(other.c_str()), SP_ERR_INVALID_ARGUMENT);
+        std::string why = sp_last_error();
+        SP_WARN(SP_SUB_POOL, "first line");
+        ASSERT_EQ(symlink(log.c_str(), link.c_str()), 0);
+        // Open, by its name, another name and a link to it; the pool's dump too.
+        EXPECT_SP_STATUS(sp_dump_snapshot(log.c_str()), SP_ERR_INVALID_ARGUMENT);
+        EXPECT_SP_STATUS(sp_dump_snapshot(other.c_str()), SP_ERR_INVALID_ARGUMENT);
+        EXPECT_SP_STATUS(sp_dump_snapshot(link.c_str()), SP_ERR_INVALID_ARGUMENT);
+        EXPECT_SP_STATUS(sp_mempool_dump_snapshot(sp_default_mempool(0), log.c_str()),
+                         SP_ERR_INVALID_ARGUMENT);
+        SP_WARN(SP_SUB_POOL, "last line");
+        sp__log_set_fn(capture, &log_);
+        EXPECT_NE(why.find("SYMPOOL_DEBUG_FILE"), std::string::npos) << why;
+        EXPECT_NE(why.find("nothing was written"), std::string::npos) << why;
+        // Another file is still written, while the log is open.
+        ASSERT_SP_OK(sp_dump_snapshot((dir_ + "/snap.pickle").c_str()));
+    }
+    std::string text = read_all(log);
+    EXPECT_NE(text.find("first line"), std::string::npos) << text;
+    EXPECT_NE(text.find("last line"), std::string::npos) << "the log lost its later lines:\n"
+                                                         << text;
+    std::istringstream in(text);
+    size_t lines = 0;
+    for (std::string l; std::getline(in, l); lines++)
+        EXPECT_NE(l.find(" SYMPOOL "), std::string::npos) << "not a log line: " << l;
+    EXPECT_GE(lines, 2u);
+    EXPECT_EQ(kind_of(link), (mode_t)S_IFLNK);
+    EXPECT_EQ(list_dir(dir_).size(), 3u) << "a temporary file was left behind";
 }
 
 // The file gets the permissions any other way of writing it would give: a new one 0666 less the
