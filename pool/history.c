@@ -512,8 +512,10 @@ uint32_t sp__history_capture(bool is_free) {
     }
     void **stack = pcs + skip;
     npcs -= skip;
-    if (npcs == 0 && nhook == 0)
-        return 0;
+    /* No frames (a hook on a thread Python never ran, a replayed entry recorded with none) are
+     * a stack all the same, interned as one context of no frames: PyTorch gathers a context
+     * that is empty there, not none, so a free shows no frames and does not take its
+     * allocation's stack (the fallback is for a level that gathers nothing for frees). */
     uint64_t khash = 0;
     keyed = keyed && npcs == 0 && keys_hash(keys, nhook, &khash);
     if (keyed) {
