@@ -41,6 +41,9 @@
  * here have Python stacks of 72 to 212 frames, which 64 cut (a replay's snapshot then showed
  * shorter stacks than the trace it replayed). */
 #define MAX_HOOK 256
+/* A hook that fills all MAX_HOOK may have cut a deeper stack (real traces have Python stacks of
+ * 263 and 303 frames): it is asked again with room for 4 x as many, up to this many. */
+#define MAX_DEEP 4096
 #define INITIAL_BUCKETS 1024
 /* Slots of the index from a Python stack's frame keys to its context (a power of two). */
 #define KEY_SLOTS 4096
@@ -466,6 +469,23 @@ static void key_remember_locked(uint32_t id, uint64_t khash, const uint64_t *key
     g.keyed[khash & (KEY_SLOTS - 1)] = id;
 }
 
+/* The hook's frames into hf (keys: the library's Python hook's frame keys), at most max. */
+static size_t hook_frames(sp_history_frames_fn hook, void *hook_arg, bool keyed,
+                          sp_history_frame_t *hf, uint64_t *keys, size_t max) {
+    /* Zeroed first: a hook that returns more than it wrote (more than max) leaves the rest
+     * NULL, which reads as "??", instead of garbage read as strings. The library's own Python
+     * hook writes every frame it counts: it needs no zeroing. */
+    if (!keyed)
+        memset(hf, 0, max * sizeof(*hf));
+    sp__callback_enter();
+    size_t n = keyed ? sp__python_frames_keyed(hf, keys, max, hook_arg) : hook(hf, max, hook_arg);
+    sp__callback_leave();
+    return n > max ? max : n;
+}
+
+static uint32_t intern_stack(void *const *stack, size_t npcs, const sp_history_frame_t *hf,
+                             const uint64_t *keys, size_t nhook, bool keyed);
+
 uint32_t sp__history_capture(bool is_free) {
     if (__atomic_load_n(&sp__history_active, __ATOMIC_RELAXED) == 0)
         return 0;
@@ -484,24 +504,22 @@ uint32_t sp__history_capture(bool is_free) {
     if (hook == NULL && !c_stacks)
         return 0;
 
-    sp_history_frame_t hf[MAX_HOOK];
-    uint64_t keys[MAX_HOOK];
+    sp_history_frame_t hf_room[MAX_HOOK], *hf = hf_room;
+    uint64_t keys_room[MAX_HOOK], *keys = keys_room;
+    void *deep = NULL; /* hf and keys on the heap, for a stack deeper than MAX_HOOK */
     bool keyed = hook == sp_history_python_frames;
     size_t nhook = 0;
     if (hook != NULL) {
-        /* Zeroed first: a hook that returns more than it wrote (more than MAX_HOOK) leaves the
-         * rest NULL, which reads as "??", instead of stack garbage read as strings. The library's
-         * own Python hook writes every frame it counts: its 6 KiB need no zeroing. */
-        if (!keyed)
-            memset(hf, 0, sizeof(hf));
-        sp__callback_enter();
-        if (keyed)
-            nhook = sp__python_frames_keyed(hf, keys, MAX_HOOK, hook_arg);
-        else
-            nhook = hook(hf, MAX_HOOK, hook_arg);
-        sp__callback_leave();
-        if (nhook > MAX_HOOK)
-            nhook = MAX_HOOK;
+        nhook = hook_frames(hook, hook_arg, keyed, hf, keys, MAX_HOOK);
+        for (size_t room = 4 * MAX_HOOK; nhook >= room / 4 && room <= MAX_DEEP; room *= 4) {
+            void *more = realloc(deep, room * (sizeof(*hf) + sizeof(*keys)));
+            if (more == NULL)
+                break; /* out of host memory: the stack stays cut */
+            deep = more;
+            hf = deep;
+            keys = (uint64_t *)(hf + room);
+            nhook = hook_frames(hook, hook_arg, keyed, hf, keys, room);
+        }
     }
     void *pcs[MAX_PCS + 2];
     size_t npcs = 0, skip = 0;
@@ -512,8 +530,19 @@ uint32_t sp__history_capture(bool is_free) {
     }
     void **stack = pcs + skip;
     npcs -= skip;
-    if (npcs == 0 && nhook == 0)
-        return 0;
+    uint32_t id = intern_stack(stack, npcs, hf, keys, nhook, keyed);
+    free(deep);
+    return id;
+}
+
+/* The context of one stack (C frames, then hook frames; keys: the Python hook's frame keys when
+ * keyed), found or made. */
+static uint32_t intern_stack(void *const *stack, size_t npcs, const sp_history_frame_t *hf,
+                             const uint64_t *keys, size_t nhook, bool keyed) {
+    /* No frames (a hook on a thread Python never ran, a replayed entry recorded with none) are
+     * a stack all the same, interned as one context of no frames: PyTorch gathers a context
+     * that is empty there, not none, so a free shows no frames and does not take its
+     * allocation's stack (the fallback is for a level that gathers nothing for frees). */
     uint64_t khash = 0;
     keyed = keyed && npcs == 0 && keys_hash(keys, nhook, &khash);
     if (keyed) {

@@ -113,7 +113,9 @@ typedef size_t (*sp_history_frames_fn)(sp_history_frame_t *frames, size_t max_fr
  * Install (or with NULL remove) the frames hook. Its frames come first in a context, followed
  * by C frames when sp_history_params_t.c_stacks is set. Thread-safe; takes effect for the next
  * capture. A sympool call from inside the hook returns SP_ERR_INVALID_USAGE; frames it counts but
- * did not fill (a return above max_frames is taken as max_frames) read as "??".
+ * did not fill (a return above max_frames is taken as max_frames) read as "??". A hook that
+ * returns 0 (with no C frames) gives a stack of no frames, as PyTorch's context gathered on a
+ * thread without Python frames: a free recorded so shows no frames, not its allocation's.
  */
 void sp_history_set_frames_hook(sp_history_frames_fn fn, void *arg);
 

@@ -774,9 +774,11 @@ if(TARGET sympool_cli)
     # and recorded times (annotations), every entry of the allocator's own (segments,
     # completions) its recorded time (times), the starting segments' own stacks (start_frames),
     # a frame's line PyTorch could not tell, 2^64-1, as it is (frame_lines), inactive blocks'
-    # requested sizes, the starting state's too (requested). Each script prints
+    # requested sizes, the starting state's too (requested), a free recorded with no frames
+    # with none, not its allocation's (free_frames), stacks deeper than 256 frames whole
+    # (deep_stacks). Each script prints
     # "replay-<name with dashes>: ok".
-    foreach(name annotations times start_frames frame_lines requested)
+    foreach(name annotations times start_frames frame_lines requested free_frames deep_stacks)
       string(REPLACE "_" "-" tag "replay-${name}")
       add_test(NAME cli.replay_${name}
         COMMAND ${Python3_EXECUTABLE} ${CMAKE_CURRENT_SOURCE_DIR}/cli/replay_${name}.py
