@@ -275,6 +275,11 @@ const char *sp__log_level_name(int level); /* "WARN" */
     X(EXPANDABLE_SIDE, BOOL, "1", NULL, NULL, 0,                                                   \
       "ours, with EXPANDABLE_RECYCLE on: a request over 1 MiB cut from a larger cached block of "  \
       "the default pool takes the block's end when that maps fewer pages than its start; 0 = off") \
+    X(EXPANDABLE_PIN, BOOL, "1", NULL, NULL, 0,                                                    \
+      "ours, with EXPANDABLE_RECYCLE on: a request of 1 MiB or less that best fit would cut from " \
+      "a cached block of the default pool holding a page more than it needs, where it would "      \
+      "touch a page no live block holds, takes the next larger cached block whose start lies in "  \
+      "a page its live neighbour keeps mapped, if one of the next 8 is; 0 = off")                  \
     X(THREAD_CACHE, SIZE, "0", NULL, NULL, 0,                                                      \
       "ours: bytes of freed blocks (<= 1 MiB each) each thread keeps for its own next mallocs, "   \
       "without the device lock; changes best fit (docs/threads.md); 0 = off")                      \

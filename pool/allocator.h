@@ -174,6 +174,7 @@ typedef struct sp_alloc_global {
     bool exp_whole;             /* SYMPOOL_EXPANDABLE_WHOLE with ALIGN on (const) */
     double exp_align_skip;      /* SYMPOOL_EXPANDABLE_ALIGN_SKIP: pages ALIGN may skip (const) */
     bool exp_side;              /* SYMPOOL_EXPANDABLE_SIDE with RECYCLE on (const) */
+    bool exp_pin;               /* SYMPOOL_EXPANDABLE_PIN with RECYCLE on (const) */
     size_t exp_page;            /* SYMPOOL_EXPANDABLE_PAGE for the large pool, 0 = PyTorch's */
     size_t tc_limit;            /* SYMPOOL_THREAD_CACHE: idle bytes per thread, 0 = off (const) */
     int ndev;                   /* devices */

@@ -198,6 +198,7 @@ sp_status_t sp__alloc_init_slow(void) {
     sp__g.exp_whole = sp__g.exp_align && sp__option_int(SP_OPT_EXPANDABLE_WHOLE) != 0;
     sp__g.exp_align_skip = sp__option_double(SP_OPT_EXPANDABLE_ALIGN_SKIP);
     sp__g.exp_side = sp__g.exp_recycle && sp__option_int(SP_OPT_EXPANDABLE_SIDE) != 0;
+    sp__g.exp_pin = sp__g.exp_recycle && sp__option_int(SP_OPT_EXPANDABLE_PIN) != 0;
     sp__g.exp_page = (size_t)sp__option_int(SP_OPT_EXPANDABLE_PAGE);
     if (sp__g.exp_page && sp__g.caps.vmm_granularity)
         sp__g.exp_page = (sp__g.exp_page + sp__g.caps.vmm_granularity - 1) /

@@ -786,6 +786,50 @@ sp_block_t *sp__exp_fit_end(sp_devalloc_t *d, sp_bpool_t *bp, sp_block_t *b, siz
     return b;
 }
 
+/* SYMPOOL_EXPANDABLE_PIN (ours, with RECYCLE). Best fit cuts a small request from the start of
+ * the smallest cached block that holds it. When that start lies on a page no live block holds
+ * (the block starts on a page boundary, or after a free or unmapped piece), the request pins a
+ * page that RECYCLE could otherwise give back, while a slightly larger cached block may start
+ * inside a page its live left neighbour keeps mapped anyway, with room for the request there:
+ * placed there it needs no page of its own. Under SHARED's bound small requests are cut from
+ * the large pool's holes, and a training step's small tensors (1 MiB activations beside 32 MiB
+ * ones, sungdk0822's attention runs) each pinned a page of a different hole at the peak, one
+ * page over the page floor. So when best fit's block b needs a new page, the next larger cached
+ * blocks of the stream (set order, at most PIN_LOOK of them: a bounded walk) are tried for one
+ * whose start shares a live neighbour's page and holds the request there; the first found is
+ * taken, else b. Only blocks holding a page more than the request reach here (allocator.c's
+ * find_fit): taking another block can only free b's first page when b holds it whole, and the
+ * test keeps the walk off the cached 512 B pair. Only the default pool (RECYCLE unmaps only
+ * there, so elsewhere which pages a block touches changes nothing). */
+enum { PIN_LOOK = 8 };
+
+/* Does a request of `size` bytes at the start of free block b lie in a page that b's live left
+ * neighbour holds (so it maps nothing of its own)? */
+static bool start_pinned(const sp_block_t *b, size_t size) {
+    const sp_segment_t *seg = sp__bseg(b);
+    size_t page = seg->page, off = (b->addr - seg->base) % page;
+    const sp_block_t *pv = sp__block_prev(b);
+    return off != 0 && pv && pv->allocated && page - off >= size;
+}
+
+sp_block_t *sp__exp_pin_small(sp_bpool_t *bp, sp_block_t *b, size_t size, sp_stream_t stream,
+                              sp_block_t **pred_p) {
+    if (!sp__g.exp_pin || !bp->pool->is_default || b->size - size < sp__bseg(b)->page ||
+        start_pinned(b, size))
+        return b;
+    sp_block_t *c = b;
+    for (int k = 0; k < PIN_LOOK; k++) {
+        c = sp__bset_succ(&bp->free, c);
+        if (!c || sp__block_stream(c) != stream || c->size >= sp__g.conf.max_split_size)
+            return b; /* (small requests never take oversize blocks; larger ones follow) */
+        if (sp__bseg(c)->expandable && start_pinned(c, size)) {
+            *pred_p = sp__bset_pred(&bp->free, c);
+            return c;
+        }
+    }
+    return b;
+}
+
 /* ---- unmap ------------------------------------------------------------------------------- */
 
 /* Unmap the whole pages inside free mapped block b; the block that stays at b is the unmapped

@@ -19,10 +19,14 @@ size_t sp__exp_page(const sp_bpool_t *bp);
  * is SP_GROW_POOL_LIMIT when the pool's limit refused. */
 sp_status_t sp__exp_alloc(sp_devalloc_t *d, sp_bpool_t *bp, size_t size, sp_stream_t stream,
                           uint32_t ctx, sp_block_t **block_p, sp_grow_refusal_t *why_p);
-/* Best fit among expandable blocks: from set block b on, the block that can expand least;
- * when it is not b, *pred_p becomes its in-order predecessor. */
+/* SYMPOOL_EXPANDABLE_PIN: where a small request goes instead of best fit's b (expandable.c). */
+sp_block_t *sp__exp_pin_small(sp_bpool_t *bp, sp_block_t *b, size_t size, sp_stream_t stream,
+                              sp_block_t **pred_p);
+/* SYMPOOL_EXPANDABLE_SIDE, FIT_END, ALIGN_SMALL: where in best fit's b a large request goes. */
 sp_block_t *sp__exp_fit_end(sp_devalloc_t *d, sp_bpool_t *bp, sp_block_t *b, size_t size,
                             sp_block_t **pred_p);
+/* Best fit among expandable blocks: from set block b on, the block that can expand least;
+ * when it is not b, *pred_p becomes its in-order predecessor. */
 sp_block_t *sp__exp_best_fit(sp_bpool_t *bp, sp_block_t *b, sp_stream_t stream,
                              sp_block_t **pred_p);
 /* SYMPOOL_EXPANDABLE_SHARED: route pool's small requests to its large pool while the pool

@@ -1158,6 +1158,70 @@ TEST_F(Expandable, SideNeedsRecycle) {
     cut_between_live_blocks(5 * MiB / 4, false, 10 * (int64_t)MiB);
 }
 
+// SYMPOOL_EXPANDABLE_PIN (default, with RECYCLE), in a pool under SHARED's bound (small requests
+// cut from the large pool's blocks): 4 MiB at 0, 4 MiB at 4, 1 MiB at 8, 6 MiB at 9, 1 MiB at 15
+// (pages [0, 16) MiB mapped). Freeing the two middle blocks leaves [4, 8) and [9, 15) cached
+// between live blocks; best fit cuts 1 MiB from the smaller, at 4, on page [4, 6) that no live
+// block holds. [9, 15) starts in page [8, 10), which the 1 MiB block at 8 keeps mapped, with
+// room for 1 MiB: placed at 9 the request needs no page of its own, and empty_cache gives back
+// [4, 8) and [10, 14) (8 MiB stay mapped) instead of [6, 8) and [10, 14) (10 MiB).
+static void small_cut_beside_a_live_page(bool pinned) {
+    void *a, *h, *s1, *t, *z, *r;
+    ASSERT_SP_OK(sp_malloc(4 * MiB, 0, nullptr, &a));
+    ASSERT_SP_OK(sp_malloc(4 * MiB, 0, nullptr, &h));
+    ASSERT_SP_OK(sp_malloc(1 * MiB, 0, nullptr, &s1));
+    ASSERT_SP_OK(sp_malloc(6 * MiB, 0, nullptr, &t));
+    ASSERT_SP_OK(sp_malloc(1 * MiB, 0, nullptr, &z));
+    uintptr_t base = (uintptr_t)a;
+    EXPECT_EQ((uintptr_t)s1 - base, 8 * MiB);
+    EXPECT_EQ((uintptr_t)t - base, 9 * MiB);
+    EXPECT_EQ((uintptr_t)z - base, 15 * MiB);
+    EXPECT_EQ(stat("reserved_bytes.all.current"), 16 * (int64_t)MiB);
+    ASSERT_SP_OK(sp_free(h));
+    ASSERT_SP_OK(sp_free(t));
+    ASSERT_SP_OK(sp_malloc(1 * MiB, 0, nullptr, &r));
+    EXPECT_EQ(stat("reserved_bytes.all.current"), 16 * (int64_t)MiB); /* a cache hit */
+    EXPECT_EQ((uintptr_t)r - base, pinned ? 9 * MiB : 4 * MiB);
+    ASSERT_SP_OK(sp_empty_cache());
+    EXPECT_EQ(stat("reserved_bytes.all.current"), (pinned ? 8 : 10) * (int64_t)MiB);
+    for (void *p : {a, s1, z, r})
+        ASSERT_SP_OK(sp_free(p));
+    ASSERT_SP_OK(sp_empty_cache());
+    EXPECT_EQ(stat("reserved_bytes.all.current"), 0);
+}
+
+TEST_F(Expandable, ASmallCutTakesABlockThatStartsInALivePage) {
+    sp::ScopedEnv env({{"SYMPOOL_ALLOC_CONF", "expandable_segments:True"}});
+    SP_SKIP_UNLESS_HOST();
+    small_cut_beside_a_live_page(true);
+}
+
+TEST_F(Expandable, WithoutPinSmallCutsKeepBestFit) {
+    sp::ScopedEnv env(
+        {{"SYMPOOL_ALLOC_CONF", "expandable_segments:True"}, {"SYMPOOL_EXPANDABLE_PIN", "0"}});
+    SP_SKIP_UNLESS_HOST();
+    small_cut_beside_a_live_page(false);
+}
+
+TEST_F(Expandable, PinNeedsRecycle) {
+    sp::ScopedEnv env(
+        {{"SYMPOOL_ALLOC_CONF", "expandable_segments:True"}, {"SYMPOOL_EXPANDABLE_RECYCLE", "0"}});
+    SP_SKIP_UNLESS_HOST();
+    void *a, *h, *s1, *t, *z, *r;
+    ASSERT_SP_OK(sp_malloc(4 * MiB, 0, nullptr, &a));
+    ASSERT_SP_OK(sp_malloc(4 * MiB, 0, nullptr, &h));
+    ASSERT_SP_OK(sp_malloc(1 * MiB, 0, nullptr, &s1));
+    ASSERT_SP_OK(sp_malloc(6 * MiB, 0, nullptr, &t));
+    ASSERT_SP_OK(sp_malloc(1 * MiB, 0, nullptr, &z));
+    ASSERT_SP_OK(sp_free(h));
+    ASSERT_SP_OK(sp_free(t));
+    ASSERT_SP_OK(sp_malloc(1 * MiB, 0, nullptr, &r));
+    EXPECT_EQ((uintptr_t)r - (uintptr_t)a, 4 * MiB); /* best fit's block */
+    for (void *p : {a, s1, z, r})
+        ASSERT_SP_OK(sp_free(p));
+    ASSERT_SP_OK(sp_empty_cache());
+}
+
 // A MemPool's free pages are not recycled: it cuts from the start, as PyTorch does.
 TEST_F(Expandable, MemPoolsCutFromTheStart) {
     sp::ScopedEnv env({{"SYMPOOL_ALLOC_CONF", "expandable_segments:True"}});
