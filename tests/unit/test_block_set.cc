@@ -227,11 +227,14 @@ void churn(bool by_seq, uint32_t seed, unsigned streams = 3, uintptr_t base = 0x
                 b = f.set.hint;
             size_t old = b->size;
             b->size = f.next_size();
-            // Across classes, half the time the allocator's form (O(1) for a node alone in its
-            // class into an empty one, else the move).
+            // With classes, half the time the allocator's forms: across classes sp__bset_reclass
+            // (O(1) for a node alone in its class into an empty one, else the class move),
+            // within one the class move itself (a merged block past its successor).
             unsigned c = sp__bset_class(old), nc = sp__bset_class(b->size);
             if (f.set.moves && c != nc && rng() % 2)
                 sp__bset_reclass(&f.set, b, c, nc);
+            else if (f.set.moves && rng() % 2)
+                sp__bset_reclass_move(&f.set, b, c, nc);
             else
                 sp__bset_move(&f.set, b, old);
             ASSERT_EQ(f.set.hint, b);
