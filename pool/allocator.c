@@ -876,7 +876,7 @@ free_block(sp_devalloc_t *d, sp_block_t *b, bool low, uint32_t free_ctx, bool hi
             sp__bset_reclass(set, keep, c, nc);
         else if ((succ = sp__bset_tsucc(keep)) &&
                  (succ->size < keep->size || (succ->size == keep->size && succ->addr < keep->addr)))
-            sp__bset_move_from(set, keep, c);
+            sp__bset_reclass_move(set, keep, c, c);
     } else if ((!fast || form == FREE_MERGE) && !set->classes) {
         /* One tree (the one block of a set with classes is in none: block_set.h). */
         sp_block_t *succ = sp__bset_succ(set, keep);

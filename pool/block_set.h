@@ -183,6 +183,12 @@ void sp__bset_move(sp_block_set_t *set, sp_block_t *b, size_t old_size);
 /* The same, from the class c whose tree holds b (0 without classes). */
 void sp__bset_move_from(sp_block_set_t *set, sp_block_t *b, unsigned c);
 
+/* sp__bset_move_from(set, b, c) for a set with classes and more than one block (`moves`), b's
+ * new size of class nc (c itself when b grew past its successor in c's tree): the same trees,
+ * the work a class move needs only (block_set.c). sp__bset_reclass's general case (b not alone
+ * in c's tree, or nc's tree not empty). */
+void sp__bset_reclass_move(sp_block_set_t *set, sp_block_t *b, unsigned c, unsigned nc);
+
 /* b (in a set with classes, class c's tree) changed its size in place to one of class nc != c:
  * the move to nc's tree, as sp__bset_move. A cached pair of one size on a pool with one free
  * block (its segment's remainder) makes this move on each call when the remainder's class is
@@ -205,7 +211,7 @@ static inline void sp__bset_reclass(sp_block_set_t *set, sp_block_t *b, unsigned
         set->hint = b;
         return;
     }
-    sp__bset_move_from(set, b, c);
+    sp__bset_reclass_move(set, b, c, nc);
 }
 /* The smallest block with key >= (stream, size, -inf), or NULL. */
 sp_block_t *sp__bset_lower_bound(const sp_block_set_t *set, sp_stream_t stream, size_t size);

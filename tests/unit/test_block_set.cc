@@ -227,11 +227,14 @@ void churn(bool by_seq, uint32_t seed, unsigned streams = 3, uintptr_t base = 0x
                 b = f.set.hint;
             size_t old = b->size;
             b->size = f.next_size();
-            // Across classes, half the time the allocator's form (O(1) for a node alone in its
-            // class into an empty one, else the move).
+            // With classes, half the time the allocator's forms: across classes sp__bset_reclass
+            // (O(1) for a node alone in its class into an empty one, else the class move),
+            // within one the class move itself (a merged block past its successor).
             unsigned c = sp__bset_class(old), nc = sp__bset_class(b->size);
             if (f.set.moves && c != nc && rng() % 2)
                 sp__bset_reclass(&f.set, b, c, nc);
+            else if (f.set.moves && rng() % 2)
+                sp__bset_reclass_move(&f.set, b, c, nc);
             else
                 sp__bset_move(&f.set, b, old);
             ASSERT_EQ(f.set.hint, b);
@@ -436,6 +439,65 @@ TEST(BlockSet, ClassBestFitIsTheSmallestSizeThenTheLowestAddress) {
     EXPECT_EQ(sp__bset_succ(&f.set, far), small_high);
     EXPECT_EQ(sp__bset_pred(&f.set, far), big_low);
     EXPECT_EQ(fit(f, 0, (1 << 20) + 512), nullptr);
+}
+
+// The class move (sp__bset_reclass_move: a split's remainder or a merged block that leaves its
+// class, or a merged block that passes its successor in its class) keeps `min` without the
+// successor step the general move takes: the first block grown past the next one in its own
+// class, the first block moved up into a later class, a block moved down below the first one
+// (from another class and from the first one's), and a block moved between two classes that
+// each hold several blocks (walk, rebalance and bitmap; every tree checked by f.check()).
+TEST(BlockSet, ClassMovesKeepTheFirstBlock) {
+    Fixture f(16, false, 1, 1, 0x100000, true);
+    const size_t kib = 1024;
+    ASSERT_EQ(sp__bset_class(16 * kib), sp__bset_class(16 * kib + 512));
+    ASSERT_LT(sp__bset_class(16 * kib + 512), sp__bset_class(64 * kib));
+    sp_block_t *a = make(f, 0, 16 * kib, 0x1000000);       // the first block
+    sp_block_t *b = make(f, 1, 16 * kib, 0x2000000);       // a's successor in its class
+    sp_block_t *c = make(f, 2, 16 * kib + 512, 0x3000000); // the class's last
+    sp_block_t *d = make(f, 3, 64 * kib, 0x4000000);
+    sp_block_t *e = make(f, 4, 64 * kib, 0x5000000);
+    sp_block_t *g = make(f, 5, 64 * kib + 2 * kib, 0x6000000);
+    sp_block_t *h = make(f, 6, 1 << 20, 0x7000000);
+    for (sp_block_t *x : {a, b, c, d, e, g, h})
+        sp__bset_insert(&f.set, x);
+    ASSERT_TRUE(f.set.moves);
+    ASSERT_NO_FATAL_FAILURE(f.check());
+    ASSERT_EQ(f.set.min, a);
+    // a grows within its class past b (a merge): b is first now.
+    unsigned ca = sp__bset_class(a->size);
+    a->size = 16 * kib + 512;
+    sp__bset_reclass_move(&f.set, a, ca, sp__bset_class(a->size));
+    ASSERT_NO_FATAL_FAILURE(f.check());
+    EXPECT_EQ(f.set.min, b);
+    EXPECT_EQ(f.set.hint, a);
+    // b, the first block, goes up into d's class (above d and e): a is first.
+    unsigned cb = sp__bset_class(b->size);
+    b->size = 64 * kib + kib;
+    sp__bset_reclass(&f.set, b, cb, sp__bset_class(b->size));
+    ASSERT_NO_FATAL_FAILURE(f.check());
+    EXPECT_EQ(f.set.min, a);
+    EXPECT_EQ(sp__bset_succ(&f.set, e), b);
+    // g goes down below every block (a split's remainder into a class below all): g is first.
+    unsigned cg = sp__bset_class(g->size);
+    g->size = 4 * kib;
+    sp__bset_reclass(&f.set, g, cg, sp__bset_class(g->size));
+    ASSERT_NO_FATAL_FAILURE(f.check());
+    EXPECT_EQ(f.set.min, g);
+    // h comes down into the first block's class below it: h is first.
+    unsigned ch = sp__bset_class(h->size);
+    h->size = 4 * kib;
+    h->addr = 0x800000;
+    sp__bset_reclass(&f.set, h, ch, sp__bset_class(h->size));
+    ASSERT_NO_FATAL_FAILURE(f.check());
+    EXPECT_EQ(f.set.min, h);
+    // d (not first) moves down into a's class, which holds a and c: the first stays.
+    unsigned cd = sp__bset_class(d->size);
+    d->size = 16 * kib;
+    sp__bset_reclass(&f.set, d, cd, sp__bset_class(d->size));
+    ASSERT_NO_FATAL_FAILURE(f.check());
+    EXPECT_EQ(f.set.min, h);
+    EXPECT_EQ(fit(f, 0, 16 * kib), d);
 }
 
 // A set with classes and one block keeps it in no tree (min and the hint): the cached pair's
