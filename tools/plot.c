@@ -207,7 +207,7 @@ static double xfrac(const series_t *s, size_t i, double gspan, bool time_axis) {
     if (s->d->nev == 0)
         return 0;
     if (time_axis)
-        return gspan > 0 ? (double)(s->d->ev[i].time_us - s->d->ev[0].time_us) / gspan : 0;
+        return gspan > 0 ? (double)(tr_time_us(s->d, i) - tr_time_us(s->d, 0)) / gspan : 0;
     return s->d->nev > 1 ? (double)i / (double)(s->d->nev - 1) : 0;
 }
 
@@ -318,8 +318,8 @@ static bool pick_device(series_t *s, int asked, char *err, size_t errlen) {
     s->d = &s->t.dev[s->dev];
     const tr_device_t *d = s->d;
     s->use_time =
-        d->nev > 0 && d->ev[0].time_us != 0 && d->ev[d->nev - 1].time_us > d->ev[0].time_us;
-    s->span = s->use_time ? (double)(d->ev[d->nev - 1].time_us - d->ev[0].time_us)
+        d->nev > 0 && tr_time_us(d, 0) != 0 && tr_time_us(d, d->nev - 1) > tr_time_us(d, 0);
+    s->span = s->use_time ? (double)(tr_time_us(d, d->nev - 1) - tr_time_us(d, 0))
                           : (double)(d->nev > 1 ? d->nev - 1 : 1);
     return true;
 }
@@ -443,7 +443,7 @@ static live_block_t *live_at_peak(const series_t *s, size_t *m_p, size_t *nseed_
         const tr_event_t *e = &d->ev[i];
         uintptr_t k;
         if (e->action == TR_ALLOC) {
-            live[nlive] = (live_block_t){e->addr, e->size, i, nev, e->frames};
+            live[nlive] = (live_block_t){e->addr, e->size, i, nev, tr_frames(d, i)};
             (void)tr_map_put(&where, e->addr, nlive + 1);
             nlive++;
         } else if (e->action == TR_FREE_REQUESTED && tr_map_del(&where, e->addr, &k)) {

@@ -1210,8 +1210,10 @@ static sp_status_t snapshot_marker(int d) {
  * (*cursor: the first event not handed out). Each one's time is queued for the next entry of its
  * action (sp_x_history_stamp_next): our entries take the recorded times in the recorded order,
  * and an entry the recorded run did not make takes the op's own (sp_x_history_stamp). */
-static bool stamp_around(int d, const tr_event_t *ev, size_t nev, const op_t *o, size_t *cursor,
-                         char *err, size_t errlen) {
+static bool stamp_around(int d, const tr_device_t *td, const op_t *o, size_t *cursor, char *err,
+                         size_t errlen) {
+    const tr_event_t *ev = td->ev;
+    size_t nev = td->nev;
     size_t i = o->ev, j = *cursor;
     if (o->kind == OP_FREE_COMPLETED)
         return true; /* no entry of ours: an immediate one was the free's, a deferred one waits */
@@ -1222,8 +1224,8 @@ static bool stamp_around(int d, const tr_event_t *ev, size_t nev, const op_t *o,
     for (; st == SP_SUCCESS && j <= i; j++) { /* the op's own event last: an empty_cache's first */
         bool mine = j == i || (ev[j].action != TR_FREE_COMPLETED ||
                                (completes && !immediate_completion(ev, j)));
-        if (mine && ev[j].time_us > 0 && ev[j].action <= TR_OOM)
-            st = sp_x_history_stamp_next((int)ev[j].action, ev[j].time_us);
+        if (mine && tr_time_us(td, j) > 0 && ev[j].action <= TR_OOM)
+            st = sp_x_history_stamp_next((int)ev[j].action, tr_time_us(td, j));
         if (ev[j].action == TR_SNAPSHOT && st == SP_SUCCESS)
             st = snapshot_marker(d);
     }
@@ -1233,14 +1235,14 @@ static bool stamp_around(int d, const tr_event_t *ev, size_t nev, const op_t *o,
            (immediate_completion(ev, j) ||
             (run && (ev[j].action == TR_SEGMENT_FREE || ev[j].action == TR_SEGMENT_UNMAP)));
          j++)
-        if (ev[j].time_us > 0)
-            st = sp_x_history_stamp_next((int)ev[j].action, ev[j].time_us);
+        if (tr_time_us(td, j) > 0)
+            st = sp_x_history_stamp_next((int)ev[j].action, tr_time_us(td, j));
     *cursor = j;
     if (st != SP_SUCCESS) {
         snprintf(err, errlen, "sp_x_history_stamp_next: %s", sp_last_error());
         return false;
     }
-    sp_x_history_stamp(ev[i].time_us > 0 ? ev[i].time_us : -1);
+    sp_x_history_stamp(tr_time_us(td, i) > 0 ? tr_time_us(td, i) : -1);
     return true;
 }
 
@@ -1256,7 +1258,7 @@ static bool snapshots_after(int d, const dev_state_t *ds, const tr_device_t *td,
     sp_status_t st = sp_x_history_stamp_next(-1, -1);
     for (size_t j = cursor; st == SP_SUCCESS && j < nev; j++)
         if (ev[j].action == TR_SNAPSHOT) {
-            sp_x_history_stamp(ev[j].time_us > 0 ? ev[j].time_us : -1);
+            sp_x_history_stamp(tr_time_us(td, j) > 0 ? tr_time_us(td, j) : -1);
             st = snapshot_marker(d);
         }
     if (st != SP_SUCCESS)
@@ -1283,9 +1285,9 @@ static LOOP_FN bool replay_device(dev_state_t *ds, int d, const tr_device_t *td,
     const tr_event_t *ev = td->ev, *end = td->ev + td->nev;
     for (const op_t *o = ds->ops, *oend = ds->ops + ds->nops; ok && o < oend; o++) {
         if (UNLIKELY(with_frames)) {
-            fs->frames = ev[o->ev].frames;
+            fs->frames = tr_frames(td, o->ev);
             /* our entries carry the recorded times (0: the trace has none, history's clock) */
-            if (!stamp_around(d, ev, td->nev, o, &stamped, err, errlen)) {
+            if (!stamp_around(d, td, o, &stamped, err, errlen)) {
                 ok = false;
                 break;
             }

@@ -465,18 +465,24 @@ static uint64_t round512(uint64_t n) {
 #define TR_SUM_LIMIT ((int64_t)1 << 62)
 #define TR_TIME_LIMIT ((int64_t)1 << 53)
 
+/* A replay without stacks walks the events' array several times and first touches it as it
+ * is filled: 32 bytes an event (the time and stack kept apart, tr_event_at_t), not 48. */
+_Static_assert(sizeof(tr_event_t) == 32, "tr_event_t grew past 32 bytes");
+
 /* What an entry's event is from the values of its keys (NULL where absent; the last pair with a
  * key wins), its action already known. */
 typedef struct entry_vals {
     const pk_value_t *addr, *dfree, *size, *stream, *t, *fr, *pid;
 } entry_vals_t;
 
-static inline __attribute__((always_inline)) void fill_event(const entry_vals_t *x,
-                                                             tr_action_t action, tr_event_t *ev,
-                                                             bool *have_addr_p, bool *have_size_p,
-                                                             bool *bad_time_p, bool *bad_stream_p) {
+/* at: where its time and stack go, NULL when they are not kept (the time is checked all the
+ * same). */
+static inline __attribute__((always_inline)) void
+fill_event(const entry_vals_t *x, tr_action_t action, tr_event_t *ev, tr_event_at_t *at,
+           bool *have_addr_p, bool *have_size_p, bool *bad_time_p, bool *bad_stream_p) {
     ev->action = action;
-    ev->frames = x->fr != NULL && x->fr->type == PK_LIST ? x->fr : NULL;
+    if (at != NULL)
+        at->frames = x->fr != NULL && x->fr->type == PK_LIST ? x->fr : NULL;
     const pk_value_t *av = action == TR_OOM ? x->dfree : x->addr;
     if (av != NULL && x->size != NULL && x->stream != NULL && x->t != NULL &&
         ((av->type ^ PK_INT) | (x->size->type ^ PK_INT) | (x->stream->type ^ PK_INT) |
@@ -490,7 +496,8 @@ static inline __attribute__((always_inline)) void fill_event(const entry_vals_t 
         ev->size = si >= 0 ? (uint64_t)si : 0;
         ev->stream = (uint64_t)x->stream->u.i; /* a negative handle as its two's complement */
         *bad_stream_p = false;
-        ev->time_us = ti;
+        if (at != NULL)
+            at->time_us = ti;
         *bad_time_p = ti < 0 || ti > TR_TIME_LIMIT;
         return;
     }
@@ -511,8 +518,8 @@ static inline __attribute__((always_inline)) void fill_event(const entry_vals_t 
         ev->stream = (uint64_t)i;
     else
         *bad_stream_p = x->stream != NULL;
-    if (pk_int(x->t, &i))
-        ev->time_us = i;
+    if (at != NULL && pk_int(x->t, &i))
+        at->time_us = i;
     *bad_time_p = x->t != NULL && (!pk_int(x->t, &i) || i < 0 || i > TR_TIME_LIMIT);
 }
 
@@ -523,9 +530,9 @@ static inline const char *meta_text(const pk_value_t *v) {
 }
 
 /* What a trace entry's pairs (key0, val0, ...) say: *act_p NULL when it has no action string. */
-static void read_pairs(pk_value_t *const *it, size_t n, tr_event_t *ev, const char **act_p,
-                       bool *have_addr_p, bool *have_size_p, bool *bad_time_p, bool *bad_stream_p,
-                       const pk_value_t **pool_id_p, const char **meta_p) {
+static void read_pairs(pk_value_t *const *it, size_t n, tr_event_t *ev, tr_event_at_t *at,
+                       const char **act_p, bool *have_addr_p, bool *have_size_p, bool *bad_time_p,
+                       bool *bad_stream_p, const pk_value_t **pool_id_p, const char **meta_p) {
     const char *act = NULL;
     size_t act_len = 0;
     entry_vals_t x = {NULL, NULL, NULL, NULL, NULL, NULL, NULL};
@@ -574,7 +581,8 @@ static void read_pairs(pk_value_t *const *it, size_t n, tr_event_t *ev, const ch
     *meta_p = meta_text(meta);
     if (act == NULL)
         return;
-    fill_event(&x, action_of(act, act_len), ev, have_addr_p, have_size_p, bad_time_p, bad_stream_p);
+    fill_event(&x, action_of(act, act_len), ev, at, have_addr_p, have_size_p, bad_time_p,
+               bad_stream_p);
 }
 
 /* A trace entry the reader handed over as it parsed it (pk_parse_records): what read_pairs
@@ -1073,7 +1081,8 @@ static inline __attribute__((always_inline)) int take_event(recs_t *rs, const pk
     tr_event_t *ev = &rs->ev[rs->n];
     memset(ev, 0, sizeof(*ev));
     bool have_addr = false, have_size = false, bad_time = false, bad_stream = false;
-    fill_event(x, a, ev, &have_addr, &have_size, &bad_time, &bad_stream);
+    /* (a load that hands entries over keeps no stacks, so no times either) */
+    fill_event(x, a, ev, NULL, &have_addr, &have_size, &bad_time, &bad_stream);
     ev->flags = (uint8_t)((have_addr ? 0u : RF_NO_ADDR) | (have_size ? 0u : RF_NO_SIZE) |
                           (bad_time ? RF_BAD_TIME : 0u) | (bad_stream ? RF_BAD_STREAM : 0u));
     *id_p = rs->n++;
@@ -1155,9 +1164,9 @@ static const rec_side_t *side_of(recs_t *rs, uint64_t id) {
     return &rs->side[k];
 }
 
-static bool read_event(const pk_value_t *e, recs_t *recs, tr_event_t *ev, const char **act_p,
-                       bool *have_addr_p, bool *have_size_p, bool *bad_time_p, bool *bad_stream_p,
-                       const pk_value_t **pool_id_p, const char **meta_p) {
+static bool read_event(const pk_value_t *e, recs_t *recs, tr_event_t *ev, tr_event_at_t *at,
+                       const char **act_p, bool *have_addr_p, bool *have_size_p, bool *bad_time_p,
+                       bool *bad_stream_p, const pk_value_t **pool_id_p, const char **meta_p) {
     if (e != NULL && e->type == PK_RECORD && recs != NULL && e->u.u < recs->n) {
         if (ev != &recs->ev[e->u.u]) {
             /* A copy (the entry is in another list too): as the hook read it, without what
@@ -1182,7 +1191,7 @@ static bool read_event(const pk_value_t *e, recs_t *recs, tr_event_t *ev, const 
     }
     if (e == NULL || e->type != PK_DICT)
         return false;
-    read_pairs(e->u.seq.items, e->u.seq.n, ev, act_p, have_addr_p, have_size_p, bad_time_p,
+    read_pairs(e->u.seq.items, e->u.seq.n, ev, at, act_p, have_addr_p, have_size_p, bad_time_p,
                bad_stream_p, pool_id_p, meta_p);
     return true;
 }
@@ -1202,8 +1211,9 @@ static bool is_next_run(const pk_value_t *list, const recs_t *recs, size_t n) {
 
 static int pool_index(tr_device_t *d, size_t *cap, tr_map_t *known, const pk_value_t *id);
 
-static bool load_events(const pk_value_t *list, recs_t *recs, int dev, tr_device_t *d, char *err,
-                        size_t errlen) {
+/* with_at: keep each event's time and stack (d->at). */
+static bool load_events(const pk_value_t *list, recs_t *recs, bool with_at, int dev, tr_device_t *d,
+                        char *err, size_t errlen) {
     size_t n = pk_len(list);
     if (list != NULL && list->type != PK_LIST) {
         snprintf(err, errlen, "device_traces[%d] is not a list", dev);
@@ -1231,7 +1241,9 @@ static bool load_events(const pk_value_t *list, recs_t *recs, int dev, tr_device
     } else {
         d->ev = calloc(n ? n : 1, sizeof(*d->ev));
     }
-    if (d->ev == NULL) {
+    if (with_at)
+        d->at = calloc(n ? n : 1, sizeof(*d->at));
+    if (d->ev == NULL || (with_at && d->at == NULL)) {
         snprintf(err, errlen, "out of memory");
         return false;
     }
@@ -1253,8 +1265,8 @@ static bool load_events(const pk_value_t *list, recs_t *recs, int dev, tr_device
         const char *act = NULL, *meta = NULL;
         const pk_value_t *pool_id = NULL;
         bool have_addr = false, have_size = false, bad_time = false, bad_stream = false;
-        if (!read_event(list->u.seq.items[i], recs, ev, &act, &have_addr, &have_size, &bad_time,
-                        &bad_stream, &pool_id, &meta) ||
+        if (!read_event(list->u.seq.items[i], recs, ev, d->at != NULL ? &d->at[i] : NULL, &act,
+                        &have_addr, &have_size, &bad_time, &bad_stream, &pool_id, &meta) ||
             act == NULL) {
             snprintf(err, errlen, "device_traces[%d][%zu]: no 'action' string", dev, i);
             goto fail;
@@ -1604,7 +1616,8 @@ static bool analyse(const pk_value_t *segments, const recs_t *recs, const tr_set
             if (v == NULL || *v == 0) {
                 if (d->seeded_bytes + e->size >= (uint64_t)TR_SUM_LIMIT)
                     goto too_much;
-                if (!add_seed(d, &cap, e->addr, e->size, 0, e->stream, e->frames, e->pool, false))
+                if (!add_seed(d, &cap, e->addr, e->size, 0, e->stream,
+                              d->at != NULL ? d->at[i].frames : NULL, e->pool, false))
                     goto oom;
             }
             if (v != NULL)
@@ -1637,8 +1650,8 @@ static bool analyse(const pk_value_t *segments, const recs_t *recs, const tr_set
             if (v == NULL && e->addr != 0 && ((requests && i > 0) || completions_only)) {
                 if (d->seeded_bytes + e->size >= (uint64_t)TR_SUM_LIMIT)
                     goto too_much;
-                if (!add_seed(d, &cap, e->addr, e->size, 0, e->stream, e->frames, e->pool,
-                              requests) ||
+                if (!add_seed(d, &cap, e->addr, e->size, 0, e->stream,
+                              d->at != NULL ? d->at[i].frames : NULL, e->pool, requests) ||
                     !tr_map_put(&touched, e->addr, requests ? 0 : 1))
                     goto oom;
                 v = tr_map_find(&touched, e->addr);
@@ -2362,7 +2375,10 @@ static bool from_doc(pk_doc_t *doc, recs_t *recs, size_t len, bool want_sfree, t
         return false;
     }
     for (int d = 0; d < ndev; d++) {
-        if (!load_events(pk_at(traces, (size_t)d), recs, d, &t->dev[d], err, errlen) ||
+        /* times and stacks: a load with stacks keeps them (want_sfree), as does a document
+         * parsed by the caller (no recs) */
+        if (!load_events(pk_at(traces, (size_t)d), recs, recs == NULL || want_sfree, d, &t->dev[d],
+                         err, errlen) ||
             !analyse(segments, recs, &t->settings, want_sfree, d, &t->dev[d], err, errlen))
             return false;
     }
@@ -2427,7 +2443,7 @@ bool tr_stacks_fit(const tr_trace_t *t, const pk_value_t *const *stacks, size_t 
     for (int d = 0; ok && stacks == NULL && d < t->ndev; d++) {
         const tr_device_t *dv = &t->dev[d];
         for (size_t i = 0; ok && i < dv->nev; i++)
-            ok = stack_fits(dv->ev[i].frames, &seen, &left);
+            ok = stack_fits(dv->at != NULL ? dv->at[i].frames : NULL, &seen, &left);
         for (size_t i = 0; ok && i < dv->nseeds; i++)
             ok = stack_fits(dv->seeds[i].frames, &seen, &left);
         for (size_t i = 0; ok && i < dv->nsblocks; i++)
@@ -2714,6 +2730,7 @@ void tr_free(tr_trace_t *t) {
         for (int d = 0; d < t->ndev; d++) {
             if (!t->dev[d].ev_borrowed)
                 free(t->dev[d].ev);
+            free(t->dev[d].at);
             free(t->dev[d].seeds);
             free(t->dev[d].start);
             free(t->dev[d].sblocks);

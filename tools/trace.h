@@ -44,16 +44,22 @@ typedef enum {
         * TR_FREE_REQUESTED) */
 
 typedef struct tr_event {
-    tr_action_t action;       /* what happened */
-    uint8_t flags;            /* TR_F_* */
-    uint16_t pool;            /* 1 + index into the device's pools, 0 = default pool (alloc,
-                               * segment frees) */
-    uint64_t addr;            /* block/segment address; device free bytes for oom */
-    uint64_t size;            /* bytes (alloc: requested; free_*: requested_size; segment_*) */
-    uint64_t stream;          /* recorded stream handle, 0 = default */
+    tr_action_t action; /* what happened */
+    uint8_t flags;      /* TR_F_* */
+    uint16_t pool;      /* 1 + index into the device's pools, 0 = default pool (alloc,
+                         * segment frees) */
+    uint64_t addr;      /* block/segment address; device free bytes for oom */
+    uint64_t size;      /* bytes (alloc: requested; free_*: requested_size; segment_*) */
+    uint64_t stream;    /* recorded stream handle, 0 = default */
+} tr_event_t;
+
+/* When and where an event happened: what only the commands that keep stacks read (a replay's
+ * own snapshot, plot, summary), kept apart from tr_event_t so that a replay without them walks
+ * and first touches 32 bytes an event instead of 48 (tr_device_t.at). */
+typedef struct tr_event_at {
     int64_t time_us;          /* 0 when absent */
     const pk_value_t *frames; /* list of frame dicts, or NULL */
-} tr_event_t;
+} tr_event_at_t;
 
 typedef struct tr_seed {
     uint64_t addr;            /* address of the block in the recorded run */
@@ -111,6 +117,8 @@ typedef struct tr_device {
     tr_event_t *ev;           /* events in order */
     size_t nev;               /* entries in ev */
     bool ev_borrowed;         /* ev lies in the trace's ev_block (not freed on its own) */
+    tr_event_at_t *at;        /* by event: its time and stack; NULL when loaded without stacks
+                               * (tr_load_opts' frames false), where no command reads them */
     tr_sseg_t *start;         /* segments before recording began (not expandable), by address */
     size_t nstart;            /* entries in start */
     tr_sblock_t *sblocks;     /* their live blocks */
@@ -144,6 +152,15 @@ typedef struct tr_device {
                                * when none: the usual case) */
     size_t nmeta;             /* entries in meta */
 } tr_device_t;
+
+/* Event i's time (0: absent, or loaded without stacks) and stack (NULL: none, or loaded without
+ * stacks). */
+static inline int64_t tr_time_us(const tr_device_t *d, size_t i) {
+    return d->at != NULL ? d->at[i].time_us : 0;
+}
+static inline const pk_value_t *tr_frames(const tr_device_t *d, size_t i) {
+    return d->at != NULL ? d->at[i].frames : NULL;
+}
 
 /* The allocator settings a snapshot records, translated. */
 typedef struct tr_settings {
@@ -180,7 +197,8 @@ typedef struct tr_trace {
 /* Load a snapshot file (pickle). Fills t; on failure writes a one-line reason and returns
  * false. Call tr_free(t) in both cases. */
 bool tr_load(const char *path, tr_trace_t *t, char *err, size_t errlen);
-/* tr_load; frames false skips every stack while loading (the frames pointers are NULL): what a
+/* tr_load; frames false skips every stack while loading (the frames pointers are NULL, and the
+ * devices' at, the events' times and stacks, too): what a
  * replay without a snapshot of its own needs, at a fraction of the cost. A file that skipping
  * cannot read as tr_load reads it (PK_ERR_WHOLE: no pickler writes one) is read as tr_load
  * does, so that both read every file alike. */

@@ -535,7 +535,7 @@ TEST_F(Replay, SnapshotWithUnsigned64BitIntegersLoads) {
         << err;
     ASSERT_TRUE(tr_load((data_dir() + "/trace-small-p4.pickle").c_str(), &orig, err, sizeof(err)))
         << err;
-    const pk_value_t *f0 = pk_at(t.dev[0].ev[0].frames, 0);
+    const pk_value_t *f0 = pk_at(tr_frames(&t.dev[0], 0), 0);
     ASSERT_NE(f0, nullptr);
     const pk_value_t *line = pk_get(f0, "line");
     ASSERT_NE(line, nullptr);
@@ -565,6 +565,44 @@ TEST_F(Replay, SnapshotWithUnsigned64BitIntegersLoads) {
     EXPECT_EQ(r1.events, r2.events);
     tr_free(&t);
     tr_free(&orig);
+}
+
+// The events' times and stacks (tr_device_t.at) are kept by a load with stacks, as the file
+// has them, and by no other: a load without stacks has the same events, with no times.
+TEST_F(Replay, EventTimesAndStacksKeptOnlyWithStacks) {
+    tr_trace_t with, without, json;
+    char err[256] = "";
+    std::string p = data_dir() + "/trace-small-p4.pickle";
+    ASSERT_TRUE(tr_load_opts(p.c_str(), true, &with, err, sizeof(err))) << err;
+    ASSERT_TRUE(tr_load_opts(p.c_str(), false, &without, err, sizeof(err))) << err;
+    const tr_device_t &a = with.dev[0], &b = without.dev[0];
+    ASSERT_EQ(a.nev, b.nev);
+    ASSERT_NE(a.at, nullptr);
+    EXPECT_EQ(b.at, nullptr);
+    size_t timed = 0, stacked = 0;
+    for (size_t i = 0; i < a.nev; i++) {
+        EXPECT_EQ(a.ev[i].action, b.ev[i].action) << i;
+        EXPECT_EQ(a.ev[i].addr, b.ev[i].addr) << i;
+        EXPECT_EQ(a.ev[i].size, b.ev[i].size) << i;
+        EXPECT_EQ(a.ev[i].stream, b.ev[i].stream) << i;
+        EXPECT_EQ(a.ev[i].flags, b.ev[i].flags) << i;
+        EXPECT_EQ(tr_time_us(&b, i), 0) << i;
+        EXPECT_EQ(tr_frames(&b, i), nullptr) << i;
+        timed += tr_time_us(&a, i) > 0;
+        stacked += tr_frames(&a, i) != nullptr;
+    }
+    EXPECT_EQ(timed, a.nev);
+    EXPECT_GT(stacked, 0u);
+    tr_free(&with);
+    tr_free(&without);
+    // A JSON snapshot's times, each the one its entry holds.
+    ASSERT_TRUE(tr_load((data_dir() + "/trace-times-tiny.json").c_str(), &json, err, sizeof(err)))
+        << err;
+    ASSERT_GE(json.dev[0].nev, 4u);
+    EXPECT_EQ(tr_time_us(&json.dev[0], 0), 1783874495850100);
+    EXPECT_EQ(tr_time_us(&json.dev[0], 1), 1783874495850103);
+    EXPECT_EQ(tr_time_us(&json.dev[0], 3), 1783874495850237);
+    tr_free(&json);
 }
 
 // What json.load accepts in a string escape and Python's str can hold, U+0000 and lone
@@ -1372,10 +1410,10 @@ TEST_F(Replay, SkippingFramesLoadsTheSameTrace) {
                 EXPECT_EQ(x.ev[i].size, y.ev[i].size);
                 EXPECT_EQ(x.ev[i].stream, y.ev[i].stream);
                 EXPECT_EQ(x.ev[i].flags, y.ev[i].flags);
-                EXPECT_EQ(x.ev[i].time_us, y.ev[i].time_us);
                 EXPECT_EQ(x.ev[i].pool, y.ev[i].pool);
-                EXPECT_EQ(y.ev[i].frames, nullptr);
-                with_frames += x.ev[i].frames != nullptr;
+                EXPECT_EQ(tr_time_us(&y, i), 0); // no times without stacks
+                EXPECT_EQ(tr_frames(&y, i), nullptr);
+                with_frames += tr_frames(&x, i) != nullptr;
             }
             EXPECT_EQ(with_frames == 0, x.nev == 0) << name << ": the full load keeps the stacks";
             EXPECT_EQ(x.nstart, y.nstart);
@@ -2997,7 +3035,8 @@ TEST_F(Loaders, EntriesOfTheLastOnesKeysReadAsEachSays) {
             EXPECT_EQ(ev[i].size, good[i].size);
             EXPECT_EQ(ev[i].stream, good[i].stream_big ? ((uint64_t)1 << 63) + 5
                                                        : (uint64_t)(int64_t)good[i].stream_small);
-            EXPECT_EQ(ev[i].time_us, (int64_t)good[i].time);
+            // the load without stacks keeps no times (k 0)
+            EXPECT_EQ(tr_time_us(&ts[k]->dev[0], i), k == 0 ? 0 : (int64_t)good[i].time);
         }
         EXPECT_EQ(ev[0].action, TR_ALLOC);
         EXPECT_EQ(ev[2].action, TR_FREE_REQUESTED);
@@ -3065,16 +3104,16 @@ TEST_F(Loaders, FramesSkippedKeepWhatTheMemoFetchesLater) {
         }
         // Without stacks none is kept; with them entry 2's is entry 1's list, entry 3's its own
         // list of the same frames.
-        const tr_event_t *ev0 = l.t[0].dev[0].ev, *ev = l.t[1].dev[0].ev;
-        EXPECT_EQ(ev0[0].frames, nullptr);
-        EXPECT_EQ(ev0[1].frames, nullptr);
-        EXPECT_EQ(ev0[2].frames, nullptr);
-        ASSERT_EQ(pk_len(ev[0].frames), 3u);
-        EXPECT_EQ(ev[1].frames, ev[0].frames);
-        ASSERT_EQ(pk_len(ev[2].frames), 2u);
-        EXPECT_EQ(pk_at(ev[2].frames, 0), pk_at(ev[0].frames, 0));
-        EXPECT_EQ(pk_at(ev[2].frames, 1), pk_at(ev[0].frames, 2));
-        EXPECT_STREQ(pk_get_str(pk_at(ev[2].frames, 1), "name"), "g");
+        const tr_device_t *d0 = &l.t[0].dev[0], *d = &l.t[1].dev[0];
+        EXPECT_EQ(tr_frames(d0, 0), nullptr);
+        EXPECT_EQ(tr_frames(d0, 1), nullptr);
+        EXPECT_EQ(tr_frames(d0, 2), nullptr);
+        ASSERT_EQ(pk_len(tr_frames(d, 0)), 3u);
+        EXPECT_EQ(tr_frames(d, 1), tr_frames(d, 0));
+        ASSERT_EQ(pk_len(tr_frames(d, 2)), 2u);
+        EXPECT_EQ(pk_at(tr_frames(d, 2), 0), pk_at(tr_frames(d, 0), 0));
+        EXPECT_EQ(pk_at(tr_frames(d, 2), 1), pk_at(tr_frames(d, 0), 2));
+        EXPECT_STREQ(pk_get_str(pk_at(tr_frames(d, 2), 1), "name"), "g");
     }
     {
         TwoLoads l(fetched);
@@ -3125,7 +3164,7 @@ TEST_F(Loaders, WhatIsWrongInsideASkippedStackIsRefusedAsWhenReadWhole) {
         ASSERT_TRUE(l.ok[0]) << l.err[0];
         ASSERT_TRUE(l.ok[1]) << l.err[1];
         EXPECT_EQ(l.t[0].dev[0].nev, 2u);
-        EXPECT_EQ(pk_len(l.t[1].dev[0].ev[1].frames), 8u + 4u + 1u + 5u);
+        EXPECT_EQ(pk_len(tr_frames(&l.t[1].dev[0], 1)), 8u + 4u + 1u + 5u);
     }
     auto refused_alike = [](const std::vector<unsigned char> &b, const std::string &what) {
         TwoLoads l(b);
