@@ -1207,19 +1207,7 @@ TEST_F(Expandable, PinNeedsRecycle) {
     sp::ScopedEnv env(
         {{"SYMPOOL_ALLOC_CONF", "expandable_segments:True"}, {"SYMPOOL_EXPANDABLE_RECYCLE", "0"}});
     SP_SKIP_UNLESS_HOST();
-    void *a, *h, *s1, *t, *z, *r;
-    ASSERT_SP_OK(sp_malloc(4 * MiB, 0, nullptr, &a));
-    ASSERT_SP_OK(sp_malloc(4 * MiB, 0, nullptr, &h));
-    ASSERT_SP_OK(sp_malloc(1 * MiB, 0, nullptr, &s1));
-    ASSERT_SP_OK(sp_malloc(6 * MiB, 0, nullptr, &t));
-    ASSERT_SP_OK(sp_malloc(1 * MiB, 0, nullptr, &z));
-    ASSERT_SP_OK(sp_free(h));
-    ASSERT_SP_OK(sp_free(t));
-    ASSERT_SP_OK(sp_malloc(1 * MiB, 0, nullptr, &r));
-    EXPECT_EQ((uintptr_t)r - (uintptr_t)a, 4 * MiB); /* best fit's block */
-    for (void *p : {a, s1, z, r})
-        ASSERT_SP_OK(sp_free(p));
-    ASSERT_SP_OK(sp_empty_cache());
+    small_cut_beside_a_live_page(false);
 }
 
 // A MemPool's free pages are not recycled: it cuts from the start, as PyTorch does.
