@@ -12,6 +12,14 @@ import pytest
 from _hostmem import host_segment
 
 
+def _run_ok(code):
+    """code run by a fresh interpreter (a session of its own), which must print only "ok"."""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=60)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", (out.stdout + out.stderr)[-2000:]
+    return out
+
+
 def test_import_loads_neither_torch_nor_mpi4py():
     code = ("import sys, sympool; sympool.memory_stats(); "
             "print('torch' in sys.modules, 'mpi4py' in sys.modules)")
@@ -288,9 +296,7 @@ def test_stream_from_before_a_shutdown_is_left_alone_when_collected():
         assert lib.sp_x_stream_count() == n - 50
         print("ok")
     """
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         timeout=60)
-    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr
+    _run_ok(code)
 
 
 def test_stream_destroyed_through_ctypes_leaves_its_reused_handle_alone():
@@ -406,9 +412,7 @@ def test_default_pool_after_a_shutdown_through_ctypes_is_the_new_sessions():
         assert pool.used_bytes() == 0 and pool.total_bytes() == 0
         print("ok")
     """
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         timeout=60)
-    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-2000:]
+    out = _run_ok(code)
     assert "stale" not in out.stderr, out.stderr[-2000:]
 
 
@@ -435,9 +439,7 @@ def test_pool_from_before_a_shutdown_through_ctypes_is_left_alone_when_collected
         q.destroy()
         print("ok")
     """
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         timeout=60)
-    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-2000:]
+    out = _run_ok(code)
     assert "stale" not in out.stderr, out.stderr[-2000:]
 
 
@@ -471,9 +473,7 @@ def test_pool_queries_after_a_shutdown_through_ctypes_raise():
         sympool.free(keep)
         print("ok")
     """
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         timeout=60)
-    assert out.returncode == 0 and out.stdout.strip() == "ok", (out.stdout + out.stderr)[-2000:]
+    _run_ok(code)
 
 
 def test_memory_summary(sp):
