@@ -10,11 +10,13 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
 #include <iterator>
 #include <string>
+#include <tuple>
 #include <vector>
 
 extern "C" {
@@ -291,4 +293,84 @@ TEST_F(HistorySemantics, EmptyCacheReleasesLargeBySizeThenSmall) {
         if (e.action == SP_TRACE_SEGMENT_FREE)
             freed.push_back(e.size);
     EXPECT_EQ(freed, (std::vector<size_t>{20 * MiB, 22 * MiB, 40 * MiB, 2 * MiB}));
+}
+
+// The whole free segments a release gave back (its segment_free entries after `from` trace
+// entries), and whether they came in PyTorch's release_blocks order: one block pool's then the
+// other's (the large one's first when large_first), each by (stream, size, address). A small
+// pool's segment is 2 MiB, a large one's never is.
+struct Released {
+    std::vector<std::tuple<bool, uintptr_t, size_t, uintptr_t>> order;
+    bool in_release_order(bool large_first) const {
+        auto sorted = order;
+        for (auto &k : sorted)
+            std::get<0>(k) = std::get<0>(k) == large_first; // the first pool's key 0
+        auto keyed = sorted;
+        std::sort(sorted.begin(), sorted.end());
+        return keyed == sorted;
+    }
+};
+Released released_since(size_t from, size_t *made_p) {
+    Released r;
+    auto t = trace();
+    *made_p = 0;
+    for (size_t i = from; i < t.size(); i++)
+        if (t[i].action == SP_TRACE_SEGMENT_FREE)
+            r.order.emplace_back(t[i].size == 2 * MiB, t[i].stream, t[i].size, t[i].addr);
+        else if (t[i].action == SP_TRACE_SEGMENT_ALLOC)
+            ++*made_p;
+    return r;
+}
+
+// The release order on a pool whose free sets hold more than whole segments: two streams, equal
+// sizes (address order decides), small and large segments, and free blocks of a segment with a
+// live block between them in the sets' order (a walk of the sets must pass them by and still
+// find every whole segment), made in an order that is none of the release's. Default pool:
+// large first; a private pool's release (sp_mempool_destroy): small first.
+TEST_F(HistorySemantics, ReleasesFollowTheFreeSetsOrderPastSplitBlocks) {
+    ASSERT_SP_OK(record(SP_HISTORY_ALL, SP_CONTEXT_STATE));
+    sp_stream_t other = nullptr;
+    ASSERT_SP_OK(sp_stream_create(0, &other));
+    const size_t sizes[] = {22 * MiB, 1000, 12 * MiB, 22 * MiB, 4 * MiB, 40 * MiB, 12 * MiB, 3000};
+    for (int round = 0; round < 2; round++) {
+        sp_mempool_t *pool = nullptr;
+        if (round == 1) {
+            sp_mempool_params_t mp;
+            sp_mempool_params_init(&mp);
+            ASSERT_SP_OK(sp_mempool_create(&mp, &pool));
+            ASSERT_SP_OK(sp_mempool_begin(pool));
+        }
+        size_t from = trace().size();
+        std::vector<void *> ps;
+        for (sp_stream_t s : {(sp_stream_t) nullptr, other})
+            for (size_t size : sizes) {
+                void *p = nullptr;
+                ASSERT_SP_OK(sp_malloc(size, 0, s, &p));
+                ps.push_back(p);
+            }
+        // Split segments: 6 MiB of a 20 MiB segment stays live (its 14 MiB rest is free, between
+        // the 12 and 22 MiB segments), a 500 KiB block of a small one (its rest among them).
+        void *live_large = nullptr, *live_small = nullptr, *gone = nullptr;
+        ASSERT_SP_OK(sp_malloc(6 * MiB, 0, other, &live_large));
+        ASSERT_SP_OK(sp_malloc(500 * 1024, 0, nullptr, &live_small));
+        ASSERT_SP_OK(sp_malloc(300 * 1024, 0, nullptr, &gone));
+        ASSERT_SP_OK(sp_free(gone));
+        for (size_t i = ps.size(); i-- > 0;)
+            ASSERT_SP_OK(sp_free(ps[i]));
+        if (round == 0) {
+            ASSERT_SP_OK(sp_empty_cache());
+        } else {
+            ASSERT_SP_OK(sp_mempool_end(pool));
+            ASSERT_SP_OK(sp_mempool_destroy(pool));
+        }
+        size_t made = 0;
+        Released r = released_since(from, &made);
+        // every segment the round made went but the two that hold the live blocks
+        EXPECT_EQ(made - r.order.size(), 2u);
+        EXPECT_GE(r.order.size(), 10u);
+        EXPECT_TRUE(r.in_release_order(round == 0));
+        ASSERT_SP_OK(sp_free(live_large));
+        ASSERT_SP_OK(sp_free(live_small));
+    }
+    ASSERT_SP_OK(sp_stream_destroy(other));
 }
