@@ -22,7 +22,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "core/core.h" /* sp_alloc_conf_t and the parser's prototypes only */
+#include "core/core.h"    /* sp_alloc_conf_t and the parser's prototypes only */
+#include "core/options.h" /* sp__conf_number */
 
 #define MiB ((size_t)1 << 20)
 #define MIN_SPLIT_MB 20 /* kLargeBuffer / 1 MiB: PyTorch's floor for the two *_mb limits */
@@ -74,7 +75,8 @@ static bool span_uint(span_t s, uint64_t *v_p) {
     return true;
 }
 
-static bool span_double(span_t s, double *v_p) {
+bool sp__conf_number(const char *text, size_t len, double *v_p) {
+    span_t s = trim(text, len);
     char tmp[64];
     if (s.len == 0 || s.len >= sizeof tmp)
         return false;
@@ -83,10 +85,14 @@ static bool span_double(span_t s, double *v_p) {
     char *end;
     errno = 0;
     double v = strtod(tmp, &end);
-    if (*end != '\0' || errno != 0 || !isfinite(v))
+    if (end == tmp || *end != '\0' || errno != 0 || !isfinite(v))
         return false;
     *v_p = v;
     return true;
+}
+
+static bool span_double(span_t s, double *v_p) {
+    return sp__conf_number(s.p, s.len, v_p);
 }
 
 /* PyTorch spells booleans True/False; we also take the lower-case forms. */

@@ -152,6 +152,30 @@ static bool same_file_or_name(const char *a, const char *b) {
            sa.st_ino == sb.st_ino;
 }
 
+/* A pattern with %r while the rank is unknown: the log writes to stderr for now, and opens the
+ * pattern's file of whatever rank comes (sp__log_set_rank, at sp_world_init). Let through, a file
+ * written to that name before (a snapshot at log.3) took the log's lines once the rank became 3.
+ * So path is the log's when the pattern names it for some rank: each number in path is tried as
+ * the rank (the name the pattern makes holds the rank's digits). log_lock held. */
+static bool some_rank_file_locked(const char *path) {
+    char log_path[LOG_PATTERN_MAX + 128];
+    for (const char *p = path; *p != '\0';) {
+        if (!isdigit((unsigned char)*p)) {
+            p++;
+            continue;
+        }
+        char *end;
+        errno = 0;
+        long rank = strtol(p, &end, 10);
+        if (errno == 0 && rank <= INT_MAX &&
+            sp__path_expand(log_pattern, (int)rank, log_path, sizeof log_path) == SP_EXPAND_OK &&
+            same_file_or_name(path, log_path))
+            return true;
+        p = end;
+    }
+    return false;
+}
+
 bool sp__log_is_file(const char *path, char *pattern, size_t cap) {
     sp__options_ensure(); /* SYMPOOL_DEBUG_FILE is read with the other options */
     pthread_mutex_lock(&log_lock);
@@ -162,9 +186,13 @@ bool sp__log_is_file(const char *path, char *pattern, size_t cap) {
     bool named = log_file != NULL && fstat(fileno(log_file), &open_st) == 0 &&
                  stat(path, &st) == 0 && st.st_dev == open_st.st_dev && st.st_ino == open_st.st_ino;
     char log_path[LOG_PATTERN_MAX + 128];
-    if (!named && log_pattern[0] != '\0' &&
-        sp__path_expand(log_pattern, -1, log_path, sizeof log_path) == SP_EXPAND_OK)
+    sp_expand_t x = SP_EXPAND_TOO_LONG;
+    if (!named && log_pattern[0] != '\0')
+        x = sp__path_expand(log_pattern, -1, log_path, sizeof log_path);
+    if (!named && x == SP_EXPAND_OK)
         named = same_file_or_name(path, log_path);
+    else if (!named && x == SP_EXPAND_NO_RANK)
+        named = some_rank_file_locked(path);
     pthread_mutex_unlock(&log_lock);
     return named;
 }

@@ -315,7 +315,8 @@ static bool parse_long(const char *text, int64_t *v_p) {
 
 static bool parse_double(const char *text, double *v_p) {
     /* strtod also reads C's hexadecimal forms (0x10 is 16); whole numbers and sizes are decimal
-     * only, so a decimal option is too: one syntax for every number a user writes. */
+     * only, so a decimal option of ours is too: one syntax for every number a user writes. (One
+     * that shadows an ALLOC_CONF key reads as the key does: sp__conf_number.) */
     if (strpbrk(text, "xX") != NULL)
         return false;
     char *end;
@@ -362,7 +363,10 @@ bool sp__opt_parse(sp_option_t o, const char *text, bool lenient, opt_notes_t *n
             snprintf(why, why_len, "want a whole number");
         break;
     case K_DOUBLE:
-        ok = parse_double(text, &v.d);
+        /* One that shadows an ALLOC_CONF key (SYMPOOL_GC_THRESHOLD) is the same setting, read
+         * by the key's rule: it refused the hexadecimal forms the key takes, as PyTorch does. */
+        ok =
+            d->conf_key != 0 ? sp__conf_number(text, strlen(text), &v.d) : parse_double(text, &v.d);
         if (!ok)
             snprintf(why, why_len, "want a number");
         break;

@@ -68,4 +68,13 @@ void sp__option_values(sp_option_t o, opt_value_t *cur, opt_value_t *def, sp_opt
  * `sympool info` shows. */
 const char *sp__option_source_name(sp_option_source_t s);
 
+/* A number as PyTorch reads an ALLOC_CONF key's with std::stod (garbage_collection_threshold,
+ * per_process_memory_fraction), and as the SYMPOOL_* variable that sets the same thing
+ * (SYMPOOL_GC_THRESHOLD) reads it too, so that the two spellings of one setting take the same
+ * values: strtod's forms, C's hexadecimal ones included ("0x0.8" is 0.5), blanks around them; a
+ * finite value strtod reads without ERANGE (std::stod throws on an overflow or an underflow such
+ * as 1e-320). Stricter than std::stod in one way: text after the number ("0.5abc", which
+ * std::stod reads as 0.5) is refused, not ignored. The first len bytes of text. */
+bool sp__conf_number(const char *text, size_t len, double *v_p);
+
 #endif /* SP_CORE_OPTIONS_H */

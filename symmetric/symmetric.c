@@ -298,6 +298,22 @@ void sp__sym_seg_free(void *ptr, size_t size, int device, void *stream, void *ct
 
 enum { F_SIZE, F_FOUND, F_SEG, F_OFF };
 
+/* A size as an agreement field and back. The fields are int64 (min and max over ranks), and a
+ * size past INT64_MAX clamped to it made a mismatch name a size no rank asked for (SIZE_MAX as
+ * 9223372036854775807). Shifted by 2^63 instead, every size_t has a field of its own in the same
+ * order, so the smallest and largest fields are the smallest and largest sizes. */
+_Static_assert(sizeof(size_t) <= sizeof(uint64_t), "a size fits an agreement field");
+#define SIZE_SHIFT ((uint64_t)1 << 63)
+
+static int64_t size_field(size_t size) {
+    uint64_t u = (uint64_t)size;
+    return u >= SIZE_SHIFT ? (int64_t)(u - SIZE_SHIFT) : (int64_t)u - INT64_MAX - 1;
+}
+
+static uint64_t field_size(int64_t f) {
+    return f >= 0 ? (uint64_t)f + SIZE_SHIFT : (uint64_t)(f + INT64_MAX + 1);
+}
+
 /* One agreement round on (size, candidate); ok false carries this rank's bad argument. */
 static sp_status_t round_(sp_sym_state_t *st, size_t size, size_t rounded, sp_stream_t stream,
                           bool ok, const char *what, sp_agree_t *a) {
@@ -306,12 +322,12 @@ static sp_status_t round_(sp_sym_state_t *st, size_t size, size_t rounded, sp_st
     size_t off = 0;
     if (ok && rounded > 0)
         (void)sp__pool_sym_find(st->pool, rounded, stream, &found, &seg, &off);
-    *a = (sp_agree_t){.op = SP_AGREE_SYM_MALLOC,
-                      .ok = ok,
-                      .f = {size > (size_t)INT64_MAX ? INT64_MAX : (int64_t)size, found,
-                            found ? (int64_t)seg : -1, found ? (int64_t)off : -1},
-                      .describe = describe_malloc,
-                      .describe_ctx = st};
+    *a = (sp_agree_t){
+        .op = SP_AGREE_SYM_MALLOC,
+        .ok = ok,
+        .f = {size_field(size), found, found ? (int64_t)seg : -1, found ? (int64_t)off : -1},
+        .describe = describe_malloc,
+        .describe_ctx = st};
     sp__symc_add(st->device, SP_SYMC_ROUNDS, 1);
     return sp__sym_round(st, a, what);
 }
@@ -483,10 +499,11 @@ SP_EXPORT sp_status_t sp_symmetric_malloc(sp_mempool_t *pool, size_t size, sp_st
     SP_CHECK_GOTO(round_(st, size, rounded, stream, ok, NULL, &a), s, out);
     if (a.lo[F_SIZE] != a.hi[F_SIZE]) {
         s = sp__error(SP_ERR_MISMATCH, SP_SUB_SYM,
-                      "%s: ranks disagree: sizes from %lld to %lld bytes. Every rank must make "
+                      "%s: ranks disagree: sizes from %llu to %llu bytes. Every rank must make "
                       "the same sp_symmetric_malloc calls in the same order; nothing was "
                       "allocated",
-                      WHAT, (long long)a.lo[F_SIZE], (long long)a.hi[F_SIZE]);
+                      WHAT, (unsigned long long)field_size(a.lo[F_SIZE]),
+                      (unsigned long long)field_size(a.hi[F_SIZE]));
         goto out;
     }
     if (a.nbad) {

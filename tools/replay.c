@@ -1729,6 +1729,10 @@ static void print_text(const char *trace, const tr_trace_t *t, const replay_resu
         printf("  settings             the snapshot's: '%s'\n", conf && *conf ? conf : "defaults");
     else
         printf("  settings             defaults (the snapshot records none)\n");
+    if (user_conf == NULL && t->settings.split_bytes != 0)
+        printf("  max_split_size       %llu bytes, as recorded (no whole MiB: "
+               "SYMPOOL_MAX_SPLIT_SIZE)\n",
+               (unsigned long long)t->settings.split_bytes);
     if (t->settings.fraction > 0)
         printf("  memory fraction      %.3f of the emulated device (set --capacity to the "
                "recorded GPU's)\n",
@@ -1910,8 +1914,9 @@ static const char *const g_our_rules[] = {"SYMPOOL_EXPANDABLE_PAGE", "SYMPOOL_EX
  * SYMPOOL_NAME=VALUE items set that option of ours. Every option starts from the environment
  * again, so one configuration never leaks into the next. The SYMPOOL_ALLOC_CONF it set goes to
  * alloc (len bytes). */
-static bool apply_conf(const char *trace, const char *base, const char *conf, const char *capacity,
-                       bool pytorch_rules, char *alloc, size_t len, char *err, size_t errlen) {
+static bool apply_conf(const char *trace, const char *base, const tr_settings_t *recorded,
+                       const char *conf, const char *capacity, bool pytorch_rules, char *alloc,
+                       size_t len, char *err, size_t errlen) {
     items_put_back(); /* what the previous configuration's items set */
     for (size_t k = 0; pytorch_rules && k < sizeof(g_our_rules) / sizeof(g_our_rules[0]); k++)
         if (!item_remember(g_our_rules[k], err, errlen) ||
@@ -1926,6 +1931,7 @@ static bool apply_conf(const char *trace, const char *base, const char *conf, co
         return false;
     }
     const char *p = conf;
+    bool sets_split = false; /* the configuration's own max_split_size replaces the recorded one */
     while (*p) {
         const char *end = strchr(p, ',');
         size_t n = end ? (size_t)(end - p) : strlen(p);
@@ -1936,6 +1942,9 @@ static bool apply_conf(const char *trace, const char *base, const char *conf, co
         }
         memcpy(item, p, n);
         item[n] = '\0';
+        const char *key = item + strspn(item, " \t");
+        sets_split = sets_split || strncmp(key, "max_split_size_mb", 17) == 0 ||
+                     strncmp(key, "SYMPOOL_MAX_SPLIT_SIZE=", 23) == 0;
         char *eq = strchr(item, '=');
         if (strncmp(item, "SYMPOOL_", 8) == 0 && eq != NULL) {
             *eq = '\0';
@@ -1955,6 +1964,15 @@ static bool apply_conf(const char *trace, const char *base, const char *conf, co
             used += (size_t)snprintf(alloc + used, len - used, "%s%s", used ? "," : "", item);
         }
         p += n + (end ? 1 : 0);
+    }
+    /* A recorded max_split_size of no whole MiB is no item of base (tr_settings_t.split_bytes):
+     * set as its option, remembered to be put back as the items are. */
+    if (recorded != NULL && recorded->split_bytes != 0 && !sets_split &&
+        (!item_remember("SYMPOOL_MAX_SPLIT_SIZE", err, errlen) ||
+         !tr_settings_set_split(recorded))) {
+        if (!err[0])
+            snprintf(err, errlen, "%s", sp_last_error());
+        return false;
     }
     if (sp_x_option_set("SYMPOOL_ALLOC_CONF", alloc) != SP_SUCCESS ||
         (capacity != NULL && sp_x_option_set("SYMPOOL_HOST_CAPACITY", capacity) != SP_SUCCESS)) {
@@ -2060,7 +2078,7 @@ static int replay_compare(const char *trace, const tr_trace_t *t, const char *us
      * anything runs, not after the ones before it have replayed. */
     quiet_options_begin();
     for (int i = 0; i < n && rc == 0; i++) {
-        if (!apply_conf(trace, base, confs[i], capacity,
+        if (!apply_conf(trace, base, user_conf ? NULL : &t->settings, confs[i], capacity,
                         reenacts_pytorch_rules(t, user_conf, confs[i]), eff[i], sizeof(eff[i]), err,
                         sizeof(err))) {
             fprintf(stderr, "sympool replay: configuration '%s': %s\n", confs[i], err);
@@ -2079,7 +2097,7 @@ static int replay_compare(const char *trace, const tr_trace_t *t, const char *us
     for (int i = 0; i < n && rc == 0; i++) {
         err[0] = '\0';
         bool applied = sp_shutdown() == SP_SUCCESS &&
-                       apply_conf(trace, base, confs[i], capacity,
+                       apply_conf(trace, base, user_conf ? NULL : &t->settings, confs[i], capacity,
                                   reenacts_pytorch_rules(t, user_conf, confs[i]), eff[i],
                                   sizeof(eff[i]), err, sizeof(err));
         /* A configuration's SYMPOOL_DEBUG_FILE item is where its lines go, as the library's. */
@@ -2388,6 +2406,7 @@ int sp_cli_replay(int argc, char **argv) {
             return 1;
         }
     if ((conf != NULL && sp_x_option_set("SYMPOOL_ALLOC_CONF", conf) != SP_SUCCESS) ||
+        (a.conf == NULL && !tr_settings_set_split(&t.settings)) ||
         (a.capacity != NULL &&
          sp_x_option_set("SYMPOOL_HOST_CAPACITY", a.capacity) != SP_SUCCESS)) {
         fprintf(stderr, "sympool replay: %s\n", sp_last_error());

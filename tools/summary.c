@@ -215,7 +215,8 @@ static bool replay_peaks(const tr_trace_t *t, int64_t (*peak)[3]) {
         sp_x_option_set("SYMPOOL_HOST_DEVICES", ndev) != SP_SUCCESS ||
         sp_x_option_set("SYMPOOL_HOST_ARENA", "1") != SP_SUCCESS ||
         sp_x_option_set("SYMPOOL_ALLOC_CONF", t->settings.recorded ? t->settings.conf : "") !=
-            SP_SUCCESS)
+            SP_SUCCESS ||
+        !tr_settings_set_split(&t->settings))
         return false;
     sp_x_log_set_fn(quiet, NULL);
     replay_result_t r;

@@ -2111,7 +2111,13 @@ static void read_settings(const pk_value_t *as, tr_settings_t *st) {
     } while (0)
     int64_t mss = -1;
     if (pk_get_int(as, "max_split_size", &mss) && mss > 0 && mss != INT64_MAX) {
-        ADD("max_split_size_mb:%lld", (long long)(mss >> 20));
+        /* PyTorch's values are whole MiB; sympool's SYMPOOL_MAX_SPLIT_SIZE may not be, and
+         * rounded down into max_split_size_mb it replayed another allocator (20.5 MiB as 20).
+         * One under 20 MiB stays in conf, to be refused there as PyTorch would. */
+        if (mss % (1 << 20) != 0 && mss >= 20 << 20)
+            st->split_bytes = (uint64_t)mss;
+        else
+            ADD("max_split_size_mb:%lld", (long long)(mss >> 20));
         st->gc_or_split = true;
     }
     double gc = 0; /* PyTorch records 0 when it is not set; anything else is checked below */
@@ -2220,6 +2226,14 @@ static void read_settings(const pk_value_t *as, tr_settings_t *st) {
         snprintf(st->invalid, sizeof st->invalid, "%s", fraction_bad);
     else if (rp_bad[0] != '\0')
         snprintf(st->invalid, sizeof st->invalid, "%s", rp_bad);
+}
+
+bool tr_settings_set_split(const tr_settings_t *st) {
+    if (st->split_bytes == 0 || getenv("SYMPOOL_MAX_SPLIT_SIZE") != NULL)
+        return true;
+    char bytes[24];
+    snprintf(bytes, sizeof bytes, "%llu", (unsigned long long)st->split_bytes);
+    return sp_x_option_set("SYMPOOL_MAX_SPLIT_SIZE", bytes) == SP_SUCCESS;
 }
 
 /* want_sfree: keep the start segments' untouched free blocks (tr_device_t.sfree), which only a

@@ -173,6 +173,10 @@ typedef struct tr_settings {
                         * replay cannot replay it (--conf replaces it) */
     bool gc_or_split;  /* gc threshold or max_split_size set: releases inside malloc */
     bool expandable;   /* the recorded run used expandable segments (unrecorded: off) */
+    /* The recorded max_split_size when it is no whole MiB (sympool's SYMPOOL_MAX_SPLIT_SIZE
+     * takes bytes; PyTorch's max_split_size_mb, and so conf, only MiB), 0 otherwise: set as
+     * that option beside conf (tr_settings_set_split), not rounded into conf. */
+    uint64_t split_bytes;
 } tr_settings_t;
 
 typedef struct tr_trace {
@@ -193,6 +197,11 @@ typedef struct tr_trace {
     const pk_value_t *annotations;
     size_t input_bytes; /* the pickle read (a JSON snapshot's translation); 0: tr_from_doc's */
 } tr_trace_t;
+
+/* Set the library's SYMPOOL_MAX_SPLIT_SIZE to st's split_bytes, when it has one and the
+ * environment does not set the variable (which wins over a recorded max_split_size_mb too).
+ * False with sp_last_error() when the option refuses it. */
+bool tr_settings_set_split(const tr_settings_t *st);
 
 /* Load a snapshot file (pickle). Fills t; on failure writes a one-line reason and returns
  * false. Call tr_free(t) in both cases. */

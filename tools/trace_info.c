@@ -80,6 +80,9 @@ static void text(const char *path, const tr_trace_t *t) {
     if (t->settings.recorded) {
         printf("settings: '%s'%s\n", t->settings.conf[0] ? t->settings.conf : "defaults",
                t->settings.conf[0] ? " (SYMPOOL_ALLOC_CONF terms)" : "");
+        if (t->settings.split_bytes != 0)
+            printf("  max_split_size %llu bytes (no whole MiB: SYMPOOL_MAX_SPLIT_SIZE)\n",
+                   (unsigned long long)t->settings.split_bytes);
         if (t->settings.fraction > 0)
             printf("  per_process_memory_fraction %.3f\n", t->settings.fraction);
         if (t->settings.dropped[0])

@@ -830,7 +830,11 @@ class MemPool(_lib.Handle):
 # The pools this thread's use_mem_pool contexts routed, innermost last. The library ends only the
 # innermost routing (sp_mempool_end); torch.cuda.use_mem_pool ends a pool's routing wherever it
 # is (endAllocateToPool finds it by id), so contexts may close out of order: interleaved
-# generators or asyncio tasks on one thread, an ExitStack popped by hand.
+# generators or asyncio tasks on one thread, an ExitStack popped by hand. Each entry is
+# (handle, session): an sp_shutdown (a C caller's, one through ctypes) ends every routing in the
+# library, so the entries of an earlier session are dropped on sight, as the library drops its
+# own (route_depth); kept, they stayed for good, and a pool entered after them was ended and
+# routed again around a handle the library refuses.
 _routes = globals().get("_routes") or threading.local()  # kept across a reload, as _keepalive
 
 
@@ -838,26 +842,33 @@ def _route_stack():
     stack = getattr(_routes, "stack", None)
     if stack is None:
         stack = _routes.stack = []
+    elif stack and stack[0][1] != c.sp_x_session():  # the oldest goes first: one look suffices
+        session = c.sp_x_session()
+        stack[:] = [e for e in stack if e[1] == session]
     return stack
 
 
-def _end_routing(h):
+def _end_routing(h, session):
     stack = _route_stack()
-    if h not in stack:  # ended by other means (sp_shutdown): the library says what it knows
+    if session != c.sp_x_session():
+        raise _lib.SympoolError(
+            "SP_ERR_INVALID_USAGE", "use_mem_pool: this pool's routing was ended by an "
+            "sp_shutdown (its handle is stale); nothing is routed to it any more")
+    if (h, session) not in stack:  # ended by other means: the library says what it knows
         check(lib().sp_mempool_end(h))
         return
-    i = len(stack) - 1 - stack[::-1].index(h)
+    i = len(stack) - 1 - stack[::-1].index((h, session))
     above = stack[i + 1:]
     # Out of order: end the pools entered after this one, this one, then route them again in
     # the same order, so that the innermost stays innermost.
-    for a in reversed(above):
+    for a, _ in reversed(above):
         check(lib().sp_mempool_end(a))
     del stack[i + 1:]
     check(lib().sp_mempool_end(h))
     del stack[i]
-    for a in above:
+    for a, s in above:
         check(lib().sp_mempool_begin(a))
-        stack.append(a)
+        stack.append((a, s))
 
 
 class use_mem_pool(contextlib.ContextDecorator):  # noqa: N801 (torch's name)
@@ -887,7 +898,8 @@ class use_mem_pool(contextlib.ContextDecorator):  # noqa: N801 (torch's name)
         h = pool._h()
         check(lib().sp_mempool_begin(h))
         self._used = True
-        _route_stack().append(h)
+        self._session = lib().sp_x_session()
+        _route_stack().append((h, self._session))
         self._handle, self._thread = h, threading.get_ident()
         return pool
 
@@ -900,7 +912,7 @@ class use_mem_pool(contextlib.ContextDecorator):  # noqa: N801 (torch's name)
                 "thread; leave it on that thread (routing is per thread: that thread's "
                 "allocations still go to the pool)")
         h, self._handle = self._handle, None
-        _end_routing(h)
+        _end_routing(h, self._session)
         return False
 
 

@@ -28,10 +28,11 @@ import json
 import os
 import pickle
 import re
+import subprocess
 import sys
 
 sys.dont_write_bytecode = True  # the shared helpers leave no cache in the source tree
-from snaptest import entry, runner, writer  # noqa: E402
+from snaptest import entry, replay_snapshot, runner, writer  # noqa: E402
 
 cli, work = sys.argv[1], sys.argv[2]
 write, run = writer(work), runner(cli)
@@ -374,6 +375,34 @@ got = [float(v) for v in re.findall(r"settings: '.*garbage_collection_threshold:
                                     r.stdout)]
 if r.returncode != 0 or got != [0.123456789]:
     sys.exit(f"info gc threshold digits: rc {r.returncode}: {got}: {r.stdout}{r.stderr}")
+
+# A sympool snapshot recorded with SYMPOOL_MAX_SPLIT_SIZE of no whole MiB (20.5 MiB; PyTorch's
+# are whole MiB): the replay rebuilt it as max_split_size_mb:20 and ran another allocator. It
+# runs with the recorded bytes, which its own snapshot records; a configuration of --compare
+# that sets its own max_split_size_mb replaces them.
+split = 20 * MiB + MiB // 2
+conf = {"PYTORCH_CUDA_ALLOC_CONF": "", "max_split_size": split,
+        "garbage_collection_threshold": 0.0, "expandable_segments": False}
+path = write("split_bytes.pickle", {"segments": [segment(SEG, 20 * MiB)],
+                                    "device_traces": [entries], "allocator_settings": conf})
+ours, _ = replay_snapshot(cli, path, os.path.join(work, "split_bytes_replay.pickle"))
+if ours["allocator_settings"]["max_split_size"] != split:
+    sys.exit(f"replay max_split_size {split}: ran with {ours['allocator_settings']}")
+r = run("info", path)
+if r.returncode != 0 or f"max_split_size {split} bytes" not in r.stdout or \
+        "max_split_size_mb" in r.stdout:
+    sys.exit(f"info max_split_size {split}: rc {r.returncode}: {r.stdout}{r.stderr}")
+ours, _ = replay_snapshot(cli, os.path.join(work, "split_bytes_replay.pickle"),
+                          os.path.join(work, "split_bytes_replay2.pickle"))
+if ours["allocator_settings"]["max_split_size"] != split:  # a replay of the replay: the same
+    sys.exit(f"replay of a replay, max_split_size {split}: {ours['allocator_settings']}")
+# --compare: each configuration starts from the recorded bytes, unless it sets its own; the
+# library says at start-up what it runs with.
+r = subprocess.run([cli, "replay", path, "--compare", "", "max_split_size_mb:40", ""],
+                   capture_output=True, text=True, env=dict(os.environ, SYMPOOL_DEBUG="INFO"))
+got = re.findall(r"allocator ready: .*max_split_size (\d+)", r.stderr)
+if r.returncode != 0 or got != [str(split), str(40 * MiB), str(split)]:
+    sys.exit(f"replay --compare max_split_size {split}: rc {r.returncode}: {got}: {r.stderr}")
 
 # A pickled list of tuples (a tokenizer's merges, say).
 path = write("merges.pickle", [(b"a", b"b"), (b"ab", b"c")])

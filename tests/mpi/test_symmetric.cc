@@ -7,6 +7,7 @@
 #include <mpi.h>
 
 #include <algorithm>
+#include <cstdint>
 #include <cstring>
 #include <random>
 #include <string>
@@ -230,6 +231,34 @@ TEST_F(Symmetric, MismatchedSizeFailsOnEveryRankAndPoolStaysUsable) {
     EXPECT_EQ(sp_mempool_total_bytes(pool_), 0u) << "nothing may be grown on a mismatch";
     ASSERT_SP_OK(sp_symmetric_malloc(pool_, 4096, nullptr, &p));
     expect_identical(p, "after mismatch");
+    ASSERT_SP_OK(sp_free(p));
+}
+
+// SIZE_MAX on one rank: the sizes travel as int64 fields, and SIZE_MAX was clamped to INT64_MAX,
+// so the mismatch said "sizes from 4096 to 9223372036854775807", a size no rank asked for.
+TEST_F(Symmetric, MismatchNamesAHugeSizeAsAsked) {
+    SP_SKIP_BELOW_RANKS(2);
+    expect_warnings();
+    make();
+    void *p = nullptr;
+    size_t size = mpi_rank() == 1 ? SIZE_MAX : 4096;
+    EXPECT_SP_STATUS(sp_symmetric_malloc(pool_, size, nullptr, &p), SP_ERR_MISMATCH);
+    EXPECT_EQ(p, nullptr);
+    std::string msg = sp_last_error();
+    EXPECT_NE(msg.find("sizes from 4096 to " + std::to_string(SIZE_MAX) + " bytes"),
+              std::string::npos)
+        << msg;
+    EXPECT_EQ(msg.find(std::to_string(INT64_MAX)), std::string::npos) << msg;
+    // Two sizes past INT64_MAX keep their order and value too.
+    size = mpi_rank() == 1 ? SIZE_MAX : SIZE_MAX - 1;
+    EXPECT_SP_STATUS(sp_symmetric_malloc(pool_, size, nullptr, &p), SP_ERR_MISMATCH);
+    msg = sp_last_error();
+    EXPECT_NE(msg.find("sizes from " + std::to_string(SIZE_MAX - 1) + " to " +
+                       std::to_string(SIZE_MAX) + " bytes"),
+              std::string::npos)
+        << msg;
+    ASSERT_SP_OK(sp_symmetric_malloc(pool_, 4096, nullptr, &p));
+    expect_identical(p, "after a huge mismatch");
     ASSERT_SP_OK(sp_free(p));
 }
 

@@ -476,6 +476,47 @@ def test_pool_queries_after_a_shutdown_through_ctypes_raise():
     _run_ok(code)
 
 
+def test_use_mem_pool_left_after_a_shutdown_through_ctypes_raises_and_forgets_the_route():
+    # A use_mem_pool context left after an sp_shutdown through the raw library: the exit raised
+    # (the library refuses the stale handle) and left the pool in this thread's route stack for
+    # good, so every later context of the thread worked around a pool no library knows.
+    # It raises as a released pool's queries do, and the stack holds only live routings.
+    code = """if True:
+        import sympool
+        from sympool import _lib, memory
+        lib = _lib.lib()
+        outer, inner = sympool.MemPool(name="outer"), sympool.MemPool(name="inner")
+        c_outer, c_inner = sympool.use_mem_pool(outer), sympool.use_mem_pool(inner)
+        c_outer.__enter__()
+        c_inner.__enter__()
+        assert lib.sp_shutdown() == 0, _lib.last_error()
+        for cm in (c_outer, c_inner):  # the outer first: out of order, as torch allows
+            try:
+                cm.__exit__(None, None, None)
+            except sympool.SympoolError as e:
+                assert e.status == "SP_ERR_INVALID_USAGE", e
+                assert "sp_shutdown" in str(e), e
+            else:
+                raise AssertionError("a context of a released pool was left without a word")
+            assert memory._route_stack() == [], memory._route_stack()
+        # The new session's contexts route, and leave, as if nothing had come before.
+        a, b = sympool.MemPool(name="a"), sympool.MemPool(name="b")
+        c_a, c_b = sympool.use_mem_pool(a), sympool.use_mem_pool(b)
+        c_a.__enter__()
+        c_b.__enter__()
+        c_a.__exit__(None, None, None)
+        p = sympool.malloc(1 << 20)
+        assert b.used_bytes() > 0 and a.used_bytes() == 0
+        sympool.free(p)
+        c_b.__exit__(None, None, None)
+        assert memory._route_stack() == [], memory._route_stack()
+        a.destroy()
+        b.destroy()
+        print("ok")
+    """
+    _run_ok(code)
+
+
 def test_memory_summary(sp):
     p = sp.malloc(3 << 20)
     text = sp.memory_summary()

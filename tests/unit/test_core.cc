@@ -311,7 +311,6 @@ TEST_F(CoreTest, MalformedValueWarnsOnceAndKeepsDefault) {
         {"SYMPOOL_SYM_TIMEOUT", "-inf"},
         {"SYMPOOL_SYM_TIMEOUT", "nan"},
         {"SYMPOOL_SYM_TIMEOUT", "0x10"}, // strtod reads hex; whole numbers and sizes do not
-        {"SYMPOOL_GC_THRESHOLD", "0x1p-1"},
         {"SYMPOOL_GC_THRESHOLD", "1"},
         {"SYMPOOL_GC_THRESHOLD", "-0.1"},
         {"SYMPOOL_MAX_SPLIT_SIZE", "19MiB"},
@@ -334,6 +333,40 @@ TEST_F(CoreTest, MalformedValueWarnsOnceAndKeepsDefault) {
     // After the bad value left, the same bad value warns again (tests reuse values).
     Env again({{"SYMPOOL_HOST_CAPACITY", "-5GiB"}});
     EXPECT_EQ(count(SP_LOG_WARN, "SYMPOOL_HOST_CAPACITY='-5GiB'"), 2u);
+}
+
+// SYMPOOL_GC_THRESHOLD and ALLOC_CONF's garbage_collection_threshold are one setting: the
+// variable refused the hexadecimal forms that the key takes as PyTorch's std::stod does
+// (0x0.8), and took an underflowing 1e-320 that the key refuses (std::stod throws on it). Every
+// value reads the same both ways: both refuse it, or both take it as the same number.
+TEST_F(CoreTest, GcThresholdVariableReadsAsItsAllocConfKey) {
+    expect_warnings();
+    const char *values[] = {"0.6",  "0x0.8",  "0x1p-1", "0X.4",   " 0.25 ", "6e-1",
+                            "+0.5", "1e-320", "0.5abc", "0x",     "inf",    "nan",
+                            "0",    "1",      "-0.5",   "0x1p+0", ".5",     "0x0.8p"};
+    for (const char *v : values) {
+        std::string conf = std::string("garbage_collection_threshold:") + v;
+        char why[256];
+        bool key_ok = sp_x_alloc_conf_check(conf.c_str(), why, sizeof why);
+        double key_value = 0.0;
+        if (key_ok) {
+            sp_alloc_conf_t c;
+            sp__alloc_conf_defaults(&c);
+            ASSERT_SP_OK(sp__alloc_conf_parse(conf.c_str(), &c));
+            key_value = c.gc_threshold;
+        }
+        Env env({{"SYMPOOL_GC_THRESHOLD", v}});
+        // 0 is the variable's "off", which the key cannot say (PyTorch wants (0, 1)).
+        bool var_ok = sp__option_source(SP_OPT_GC_THRESHOLD) != SP_OPT_SRC_DEFAULT;
+        if (strcmp(v, "0") == 0) {
+            EXPECT_TRUE(var_ok && !key_ok) << v;
+            continue;
+        }
+        EXPECT_EQ(var_ok, key_ok) << "'" << v << "': the key says " << (key_ok ? "yes" : why);
+        if (var_ok && key_ok) {
+            EXPECT_EQ(sp__option_double(SP_OPT_GC_THRESHOLD), key_value) << v;
+        }
+    }
 }
 
 // A number outside its option's range is called that, not "malformed": 1e-320 (which strtod

@@ -668,6 +668,15 @@ TEST_F(MemPool, ShutdownEndsEveryRouting) {
     sp_mempool_t *b = make_pool("after-shutdown");
     ASSERT_NE(b, nullptr);
     EXPECT_EQ(sp_mempool_id(b).second, a_id + 1);
+    // The stale routing is gone from this thread's stack: ending it is refused (its handle is
+    // stale), and the new session's pool is the innermost, begun and ended alone.
+    expect_warnings();
+    EXPECT_SP_STATUS(sp_mempool_end(a), SP_ERR_INVALID_USAGE);
+    ASSERT_SP_OK(sp_mempool_begin(b));
+    EXPECT_EQ(sp_mempool_use_count(b), 2);
+    ASSERT_SP_OK(sp_mempool_end(b));
+    EXPECT_EQ(sp_mempool_use_count(b), 1);
+    EXPECT_SP_STATUS(sp_mempool_end(b), SP_ERR_INVALID_USAGE); // nothing routed any more
     ASSERT_SP_OK(sp_mempool_destroy(b));
 }
 

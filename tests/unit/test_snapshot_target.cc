@@ -235,6 +235,39 @@ TEST_F(SnapshotTarget, TheLogFileIsRefusedAndKept) {
     EXPECT_EQ(list_dir(dir_).size(), 3u) << "a temporary file was left behind";
 }
 
+// A SYMPOOL_DEBUG_FILE pattern with %r before the rank is known: the log writes to stderr until
+// then, and the name it will open is not known yet. A snapshot written to what the pattern names
+// for some rank (log.3) was let through, and once the rank became 3 the log appended its lines
+// to the snapshot. Any rank's file of the pattern is refused while the rank is unknown.
+TEST_F(SnapshotTarget, TheLogFileOfARankNotKnownYetIsRefused) {
+    if (sp__process_rank() >= 0)
+        GTEST_SKIP() << "a launcher gave this process its rank";
+    std::string pattern = dir_ + "/log.%r.txt", ranked = dir_ + "/log.3.txt";
+    {
+        sp::ScopedEnv env({{"SYMPOOL_DEBUG_FILE", pattern.c_str()}});
+        sp__log_set_fn(nullptr, nullptr); // to the file, not the capture
+        EXPECT_SP_STATUS(sp_dump_snapshot(ranked.c_str()), SP_ERR_INVALID_ARGUMENT);
+        EXPECT_NE(std::string(sp_last_error()).find("SYMPOOL_DEBUG_FILE"), std::string::npos)
+            << sp_last_error();
+        EXPECT_SP_STATUS(sp_dump_snapshot((dir_ + "/./log.0.txt").c_str()),
+                         SP_ERR_INVALID_ARGUMENT);
+        // Names the pattern cannot make for any rank are written.
+        ASSERT_SP_OK(sp_dump_snapshot((dir_ + "/log.3.txt.pickle").c_str()));
+        ASSERT_SP_OK(sp_dump_snapshot((dir_ + "/log.x.txt").c_str()));
+        ASSERT_SP_OK(sp_dump_snapshot((dir_ + "/log.-3.txt").c_str()));
+        sp__log_set_rank(3);
+        SP_WARN(SP_SUB_POOL, "a line of rank 3");
+        sp__log_set_rank(-1);
+        sp__log_set_fn(capture, &log_);
+    }
+    std::string text = read_all(ranked);
+    EXPECT_NE(text.find("a line of rank 3"), std::string::npos) << text;
+    std::string host = std::string(sp__process_host()) + ":";
+    std::istringstream in(text);
+    for (std::string l; std::getline(in, l);)
+        EXPECT_EQ(l.rfind(host, 0), 0u) << "not a log line: " << l;
+}
+
 // The file gets the permissions any other way of writing it would give: a new one 0666 less the
 // umask (the temporary used to be made 0600 and then opened to 0644, whatever the umask said),
 // and a file that is replaced keeps its own mode (also through a link), rather than becoming
