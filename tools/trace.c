@@ -2095,11 +2095,50 @@ out:
  * (large_segment_size_mb, max_non_split_rounding_mb, per_process_memory_fraction). */
 #define RP_MAX_KEYS 64 /* roundup_power2_divisions keys read (PyTorch writes 16) */
 
+static const char *kind_of(const pk_value_t *v);
+
+/* A setting present with a kind of value PyTorch never records for it (expandable_segments
+ * "True", a max_split_size of 41943040.0, PYTORCH_CUDA_ALLOC_CONF 5): what the run used cannot
+ * be known, and the setting was left out without a word, so that a replay ran the defaults in
+ * its place. The first such key is the snapshot's reason its settings are not valid. */
+static void note_kind(char *why, size_t cap, const pk_value_t *as, const char *key, bool ok,
+                      const char *want) {
+    const pk_value_t *v = pk_get(as, key);
+    if (v == NULL || ok || why[0] != '\0')
+        return;
+    snprintf(why, cap,
+             "allocator_settings['%s'] is %s, not the %s PyTorch records: the setting the run "
+             "used is unknown",
+             key, kind_of(v), want);
+}
+
+/* The kinds PyTorch records: max_split_size an int (-1 or SIZE_MAX for none),
+ * garbage_collection_threshold a float, expandable_segments a bool, roundup_power2_divisions a
+ * dict, PYTORCH_CUDA_ALLOC_CONF a str. */
+static void check_kinds(const pk_value_t *as, char *why, size_t cap) {
+    const pk_value_t *v = pk_get(as, "max_split_size");
+    double num;
+    note_kind(why, cap, as, "max_split_size",
+              v != NULL && (v->type == PK_INT || v->type == PK_UINT || v->type == PK_BIGINT ||
+                            v->type == PK_BOOL),
+              "int");
+    note_kind(why, cap, as, "garbage_collection_threshold",
+              pk_num(pk_get(as, "garbage_collection_threshold"), &num), "float");
+    v = pk_get(as, "expandable_segments");
+    note_kind(why, cap, as, "expandable_segments", v != NULL && v->type == PK_BOOL, "bool");
+    v = pk_get(as, "roundup_power2_divisions");
+    note_kind(why, cap, as, "roundup_power2_divisions", v != NULL && v->type == PK_DICT, "dict");
+    note_kind(why, cap, as, "PYTORCH_CUDA_ALLOC_CONF",
+              pk_get_str(as, "PYTORCH_CUDA_ALLOC_CONF") != NULL, "str");
+}
+
 static void read_settings(const pk_value_t *as, tr_settings_t *st) {
     memset(st, 0, sizeof(*st));
     if (as == NULL || as->type != PK_DICT)
         return;
     st->recorded = true;
+    char kind_bad[200] = ""; /* a setting of a kind PyTorch does not record: why */
+    check_kinds(as, kind_bad, sizeof kind_bad);
     size_t used = 0, dused = 0;
 #define ADD(...)                                                                                   \
     do {                                                                                           \
@@ -2152,8 +2191,13 @@ static void read_settings(const pk_value_t *as, tr_settings_t *st) {
         for (size_t k = 0; k + 1 < rp->u.seq.n; k += 2) {
             int64_t v = 0;
             const char *key = pk_str(it[k]);
-            if (key == NULL)
+            if (key == NULL) {
+                /* PyTorch's keys are strs: another kind was left out without a word. */
+                if (rp_bad[0] == '\0')
+                    snprintf(rp_bad, sizeof rp_bad,
+                             "roundup_power2_divisions: a key is %s, not a str", kind_of(it[k]));
                 continue;
+            }
             /* PyTorch's keys are MB boundaries ("1", "2", ... "32768") or ">": anything else
              * would be written into the list as text, where a ',' or a ']' ends it and what
              * follows reads as settings of their own. */
@@ -2178,6 +2222,12 @@ static void read_settings(const pk_value_t *as, tr_settings_t *st) {
             }
             /* Its 0s too: the list's first boundary also fills the intervals below it, so a 0
              * left out there ("[>:4]" is {"1": 0, "2": 4, ...}) became the next key's value. */
+            /* Its divisions are a count PyTorch records as an int: another kind, or a negative
+             * one, was left out without a word (the interval replayed as not rounded). */
+            if (!seen && !(pk_int(it[last + 1], &v) && v >= 0) && rp_bad[0] == '\0')
+                snprintf(rp_bad, sizeof rp_bad,
+                         "roundup_power2_divisions['%.20s'] is %s, not a count of divisions", key,
+                         it[last + 1]->type == PK_INT ? "negative" : kind_of(it[last + 1]));
             if (!seen && pk_int(it[last + 1], &v) && v >= 0 && lu < sizeof(list)) {
                 lu += (size_t)snprintf(list + lu, sizeof(list) - lu, "%s%s:%lld", lu ? "," : "",
                                        key, (long long)v);
@@ -2220,7 +2270,9 @@ static void read_settings(const pk_value_t *as, tr_settings_t *st) {
     /* Settings PyTorch refuses (a max_split_size under 20 MiB, a threshold outside (0, 1)):
      * said once here, so that every command says the same about them. */
     char why[256];
-    if (st->conf[0] != '\0' && !sp_x_alloc_conf_check(st->conf, why, sizeof why))
+    if (kind_bad[0] != '\0')
+        snprintf(st->invalid, sizeof st->invalid, "%s", kind_bad);
+    else if (st->conf[0] != '\0' && !sp_x_alloc_conf_check(st->conf, why, sizeof why))
         snprintf(st->invalid, sizeof st->invalid, "%s", why);
     else if (fraction_bad[0] != '\0')
         snprintf(st->invalid, sizeof st->invalid, "%s", fraction_bad);
