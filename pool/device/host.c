@@ -50,8 +50,9 @@
  * whatever the heap: replay makes its streams in the order of the recorded cudaStream_t values.
  *
  * Lock: one mutex per device guards everything of that device (budget, mapping hash, streams,
- * events). mmap/munmap run outside it. `g_host` itself is written only by init/fini, which
- * sp__device_select serializes.
+ * events). mmap/munmap run outside it. One atomic flag (the arena's place_idle, a copy of what
+ * the lock guards) lets a placement clear with nothing to clear return without the lock. `g_host`
+ * itself is written only by init/fini, which sp__device_select serializes.
  */
 #include <errno.h>
 #include <pthread.h>
@@ -138,16 +139,23 @@ static bool phash_put(phash_t *h, uintptr_t key, uint64_t val) {
     return true;
 }
 
-static bool phash_del(phash_t *h, uintptr_t key) {
+/* The slot holding key, or SIZE_MAX when it is absent. */
+static size_t phash_index(const phash_t *h, uintptr_t key) {
     if (h->cap == 0)
-        return false;
+        return SIZE_MAX;
     size_t mask = h->cap - 1, i = phash_slot(h, key);
     while (h->keys[i] != key) {
         if (h->keys[i] == 0)
-            return false;
+            return SIZE_MAX;
         i = (i + 1) & mask;
     }
-    /* Backward-shift deletion keeps every probe chain unbroken without tombstones. */
+    return i;
+}
+
+/* Empty the occupied slot i. Backward-shift deletion keeps every probe chain unbroken without
+ * tombstones. */
+static void phash_del_at(phash_t *h, size_t i) {
+    size_t mask = h->cap - 1;
     for (size_t j = (i + 1) & mask; h->keys[j] != 0; j = (j + 1) & mask) {
         size_t home = phash_slot(h, h->keys[j]);
         bool movable = (i <= j) ? (home <= i || home > j) : (home <= i && home > j);
@@ -159,6 +167,13 @@ static bool phash_del(phash_t *h, uintptr_t key) {
     }
     h->keys[i] = 0;
     h->count--;
+}
+
+static bool phash_del(phash_t *h, uintptr_t key) {
+    size_t i = phash_index(h, key);
+    if (i == SIZE_MAX)
+        return false;
+    phash_del_at(h, i);
     return true;
 }
 
@@ -217,6 +232,11 @@ typedef struct host_arena {
         uint64_t offset;
     } wait[SP_HOST_PLACE_WAIT];
     int nwait; /* mu */
+    /* Placement began and nothing waits, so a clear (sp__host_place of size 0) has nothing to
+     * do: replay clears after every allocation that made a segment, and that clear was a lock
+     * pair each. Written under mu after every change of nwait or bump_max (place_note); read
+     * without it. */
+    _Atomic bool place_idle;
     /* Live placed ranges: {start, size} by start, kept with their free room where the last
      * change was (core/gap_array.h: a replay's new segments mostly sort beside the last new
      * one); mu */
@@ -421,6 +441,12 @@ static uint32_t placed_lower(const host_arena_t *a, uintptr_t p) {
     return sp__gap_lower(&a->placed, p);
 }
 
+/* Keep place_idle in step with nwait and bump_max (dev->mu held). */
+static void place_note(host_arena_t *a) {
+    atomic_store_explicit(&a->place_idle, a->bump_max < a->size && a->nwait == 0,
+                          memory_order_release);
+}
+
 /* The oldest placement waiting for `size` bytes, taken off the queue: its address, now a live
  * placed range, if the range lies in the region and overlaps no live one; else 0 (the caller
  * carves as before). dev->mu held. */
@@ -433,6 +459,7 @@ static uintptr_t place_take(host_arena_t *a, size_t size) {
     uint64_t off = a->wait[i].offset;
     memmove(&a->wait[i], &a->wait[i + 1], (size_t)(a->nwait - i - 1) * sizeof(a->wait[0]));
     a->nwait--;
+    place_note(a);
     uintptr_t lo = place_base(a), end = a->base + a->size;
     if (off > end - lo || size > end - lo - off)
         return 0;
@@ -471,8 +498,13 @@ sp_status_t sp__host_place(int device, size_t size, uint64_t offset) {
         return sp__error(SP_ERR_INVALID_ARGUMENT, SP_SUB_DEVICE,
                          "host device %d: placement offset %llu is not a multiple of 512", device,
                          (unsigned long long)offset);
-    pthread_mutex_lock(&dev->mu);
     host_arena_t *a = &dev->arena;
+    /* A clear with nothing to clear answers as the locked path would (an arena, placement
+     * begun): success, nothing changed. A placement another thread queues meanwhile is ordered
+     * after this clear, as it would be had the clear taken the lock first. */
+    if (size == 0 && atomic_load_explicit(&a->place_idle, memory_order_acquire))
+        return SP_SUCCESS;
+    pthread_mutex_lock(&dev->mu);
     sp_status_t st = SP_SUCCESS;
     if (a->base == 0) {
         st = sp__error_quiet(SP_ERR_NOT_SUPPORTED, SP_SUB_DEVICE,
@@ -498,6 +530,7 @@ sp_status_t sp__host_place(int device, size_t size, uint64_t offset) {
         a->wait[a->nwait].offset = offset;
         a->nwait++;
     }
+    place_note(a);
     pthread_mutex_unlock(&dev->mu);
     return st;
 }
@@ -680,14 +713,16 @@ static sp_status_t host_mem_free(int device, void *ptr, size_t size) {
     host_dev_t *dev = NULL;
     SP_CHECK(get_dev(device, &dev));
     pthread_mutex_lock(&dev->mu);
-    uint64_t have;
-    if (!phash_find(&dev->maps, (uintptr_t)ptr, &have)) {
+    /* One probe finds, checks and deletes the mapping. */
+    size_t slot = phash_index(&dev->maps, (uintptr_t)ptr);
+    if (slot == SIZE_MAX) {
         pthread_mutex_unlock(&dev->mu);
         return sp__error(SP_ERR_INVALID_USAGE, SP_SUB_DEVICE,
                          "host device %d: mem_free of %p, which is not a live allocation of this "
                          "device (double free or foreign pointer)",
                          device, ptr);
     }
+    uint64_t have = dev->maps.vals[slot];
     if (have != (uint64_t)size) {
         pthread_mutex_unlock(&dev->mu);
         return sp__error(SP_ERR_INVALID_USAGE, SP_SUB_DEVICE,
@@ -695,7 +730,7 @@ static sp_status_t host_mem_free(int device, void *ptr, size_t size) {
                          "%llu bytes",
                          device, ptr, size, (unsigned long long)have);
     }
-    phash_del(&dev->maps, (uintptr_t)ptr);
+    phash_del_at(&dev->maps, slot);
     dev->live_count--;
     if (arena_owns(&dev->arena, (uintptr_t)ptr)) {
         arena_return(&dev->arena, (uintptr_t)ptr, size);

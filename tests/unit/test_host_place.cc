@@ -7,7 +7,9 @@ extern "C" {
 #include "sympool/experimental.h"
 }
 
+#include <atomic>
 #include <cstdint>
+#include <thread>
 #include <vector>
 
 using sp::MiB;
@@ -72,6 +74,63 @@ TEST_F(HostPlace, OverlapsAndOtherSizesFallBackToCarving) {
     ASSERT_SP_OK(sp_malloc(20 * MiB, 0, nullptr, &a2));
     EXPECT_EQ(a2, a);
     ASSERT_SP_OK(sp_free(a2));
+}
+
+// Replay's pattern: place, allocate (which takes the placement), clear; again and again. A clear
+// with nothing waiting changes nothing, and one after a placement that no allocation took drops
+// it, however many clears with nothing to clear came before.
+TEST_F(HostPlace, ClearsDropOnlyWhatWaits) {
+    sp::ScopedEnv env({{"SYMPOOL_HOST_ARENA", "1"}});
+    SP_SKIP_UNLESS_HOST();
+    ASSERT_SP_OK(sp_init());
+    ASSERT_SP_OK(sp_x_host_place(0, 0, 0));
+    std::vector<void *> segs;
+    for (size_t i = 0; i < 4; i++) {
+        ASSERT_SP_OK(sp_x_host_place(0, 20 * MiB, (400 - 40 * i) * MiB));
+        void *p = nullptr;
+        ASSERT_SP_OK(sp_malloc(20 * MiB, 0, nullptr, &p));
+        ASSERT_SP_OK(sp_x_host_place(0, 0, 0)); // nothing waits: nothing changes
+        ASSERT_SP_OK(sp_x_host_place(0, 0, 0));
+        if (i > 0) {
+            EXPECT_EQ(addr(segs.back()) - addr(p), 40 * MiB) << "segment " << i << " not placed";
+        }
+        segs.push_back(p);
+    }
+    ASSERT_SP_OK(sp_x_host_place(0, 22 * MiB, 500 * MiB)); // no allocation takes it ...
+    ASSERT_SP_OK(sp_x_host_place(0, 0, 0));                // ... and the clear drops it
+    void *q = nullptr;
+    ASSERT_SP_OK(sp_malloc(22 * MiB, 0, nullptr, &q));
+    EXPECT_LT(addr(q), addr(segs.back())) << "a cleared placement was taken";
+    segs.push_back(q);
+    for (void *p : segs)
+        ASSERT_SP_OK(sp_free(p));
+}
+
+// One thread places and clears while another makes and releases segments of the size it places
+// (so that allocations take placements as the clears drop them): every call succeeds, and
+// ThreadSanitizer sees the clear's lock-free test of "nothing waits" race with neither.
+TEST_F(HostPlace, PlacingAndClearingRaceAllocation) {
+    sp::ScopedEnv env({{"SYMPOOL_HOST_ARENA", "1"}});
+    SP_SKIP_UNLESS_HOST();
+    ASSERT_SP_OK(sp_init());
+    ASSERT_SP_OK(sp_x_host_place(0, 0, 0));
+    std::atomic<bool> failed{false};
+    std::thread placer([&] {
+        for (uint64_t i = 0; i < 2000; i++)
+            if (sp_x_host_place(0, 20 * MiB, (i % 8) * 64 * MiB) != SP_SUCCESS ||
+                sp_x_host_place(0, 0, 0) != SP_SUCCESS)
+                failed = true;
+    });
+    for (int i = 0; i < 200; i++) {
+        void *p = nullptr;
+        ASSERT_SP_OK(sp_malloc(20 * MiB, 0, nullptr, &p));
+        ASSERT_SP_OK(sp_free(p));
+        ASSERT_SP_OK(sp_empty_cache()); // the next malloc makes a segment again
+    }
+    placer.join();
+    EXPECT_FALSE(failed.load());
+    EXPECT_EQ(stat("num_device_alloc"), 200);
+    EXPECT_EQ(stat("num_device_free"), 200);
 }
 
 // At most 16 placements wait: a 17th pushes out the oldest, so of 17 placed one after another
