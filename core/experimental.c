@@ -22,6 +22,30 @@ SP_EXPORT sp_status_t sp_x_option_set(const char *name, const char *value) {
                      name);
 }
 
+SP_EXPORT bool sp_x_option_check(const char *name, const char *value, char *why, size_t why_len) {
+    char reason[256] = "";
+    int o = 0;
+    while (o < SP_OPT_COUNT && (name == NULL || strcmp(sp__option_name((sp_option_t)o), name) != 0))
+        o++;
+    opt_value_t v;
+    bool ok = o < SP_OPT_COUNT && value != NULL &&
+              sp__opt_parse((sp_option_t)o, value, false, NULL, &v, reason, sizeof reason);
+    if (ok || why == NULL || why_len == 0)
+        return ok;
+    size_t n = strlen(SP_OPT_OUT_OF_RANGE);
+    bool range = strncmp(reason, SP_OPT_OUT_OF_RANGE, n) == 0;
+    /* The words sp_x_option_set's error has for the same value. */
+    if (o == SP_OPT_COUNT)
+        snprintf(why, why_len, "%s is not a SYMPOOL_* option (sympool info lists them)",
+                 name ? name : "(null)");
+    else if (value == NULL)
+        snprintf(why, why_len, "%s: the value is NULL", name);
+    else
+        snprintf(why, why_len, "%s='%s' is %s: %s", name, value,
+                 range ? "out of range" : "malformed", range ? reason + n : reason);
+    return false;
+}
+
 SP_EXPORT bool sp_x_alloc_conf_check(const char *text, char *why, size_t why_len) {
     char reason[512];
     sp_alloc_conf_t conf;

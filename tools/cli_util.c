@@ -284,12 +284,25 @@ void cli_log_open(void) {
         return;
     /* O_NONBLOCK: a FIFO without a reader is not waited on (and not taken: not regular). */
     int fd = open(path, O_WRONLY | O_APPEND | O_CREAT | O_NONBLOCK | O_CLOEXEC, 0644);
+    int open_errno = errno;
     struct stat sb;
-    if (fd >= 0 && fstat(fd, &sb) == 0 && S_ISREG(sb.st_mode) &&
-        fcntl(fd, F_SETFL, O_WRONLY | O_APPEND) == 0 && (g_log = fdopen(fd, "a")) != NULL)
+    bool regular = fd >= 0 && fstat(fd, &sb) == 0 && S_ISREG(sb.st_mode);
+    if (regular && fcntl(fd, F_SETFL, O_WRONLY | O_APPEND) == 0 &&
+        (g_log = fdopen(fd, "a")) != NULL)
         return;
+    const char *why = fd < 0     ? strerror(open_errno)
+                      : !regular ? "it is not a regular file"
+                                 : strerror(errno);
     if (fd >= 0)
         close(fd);
+    /* The lines go to stderr instead; said once per file, as the library says it of its own
+     * open: without a word, a log asked for in a missing folder was on stderr unexplained. */
+    static char failed_path[sizeof g_log_path];
+    if (strcmp(failed_path, path) == 0)
+        return;
+    snprintf(failed_path, sizeof failed_path, "%s", path);
+    fprintf(stderr, "sympool: cannot open SYMPOOL_DEBUG_FILE '%s': %s; logging to stderr\n", path,
+            why);
 }
 
 void cli_log_line(const char *line) {

@@ -2283,6 +2283,17 @@ static int parse_args(int argc, char **argv, replay_args_t *a) {
     return -1;
 }
 
+/* Takes the allocator configuration's variables out of the environment before the option table
+ * is read, where the replay sets SYMPOOL_ALLOC_CONF itself: a malformed one was warned about
+ * ("that entry is ignored") though the replay never used it. Where the replay runs with the
+ * environment's (no --conf, no --compare, a snapshot without settings) they stay, and warn. */
+static void env_conf_drop(void) {
+    static const char *const names[] = {"SYMPOOL_ALLOC_CONF", "PYTORCH_ALLOC_CONF",
+                                        "PYTORCH_CUDA_ALLOC_CONF"};
+    for (size_t k = 0; k < sizeof(names) / sizeof(names[0]); k++)
+        unsetenv(names[k]);
+}
+
 int sp_cli_replay(int argc, char **argv) {
     replay_args_t a;
     int rc = parse_args(argc, argv, &a);
@@ -2304,20 +2315,19 @@ int sp_cli_replay(int argc, char **argv) {
         return 2;
     if (a.snapshot != NULL && !cli_output_ok("replay", "--snapshot", snap_file))
         return 1;
-    /* --conf and --capacity are checked before the trace is read (a large one takes a while):
-     * a bad value is a usage error, refused before anything is done. */
+    /* --conf and --capacity are checked before the trace is read where they can be (a large one
+     * takes a while): a bad value is a usage error, refused before anything is done. */
     char why[512];
     if (a.conf != NULL && !sp_x_alloc_conf_check(a.conf, why, sizeof why)) {
         fprintf(stderr, "sympool replay: --conf '%s' is not valid: %s\n", a.conf, why);
         return 2;
     }
-    quiet_options_begin();
-    if (a.capacity != NULL && sp_x_option_set("SYMPOOL_HOST_CAPACITY", a.capacity) != SP_SUCCESS) {
-        quiet_options_end();
-        fprintf(stderr, "sympool replay: --capacity: %s\n", sp_last_error());
+    /* Checked without reading the option table: that read waits for the trace (below). */
+    if (a.capacity != NULL &&
+        !sp_x_option_check("SYMPOOL_HOST_CAPACITY", a.capacity, why, sizeof why)) {
+        fprintf(stderr, "sympool replay: --capacity: %s\n", why);
         return 2;
     }
-    quiet_options_end();
     char err[512];
     tr_trace_t t;
     cli_heap_prepare(a.trace);
@@ -2347,6 +2357,10 @@ int sp_cli_replay(int argc, char **argv) {
         tr_free(&t);
         return 1;
     }
+    /* --conf, --compare and the snapshot's settings set SYMPOOL_ALLOC_CONF (below): the
+     * environment's is then unused, and goes before the option table is read. */
+    if (a.conf != NULL || a.ncompare > 0 || t.settings.recorded)
+        env_conf_drop();
     char ndev[16];
     snprintf(ndev, sizeof(ndev), "%d", t.ndev > 1 ? t.ndev : 1);
     setenv("SYMPOOL_DEVICE", "host", 1);

@@ -638,9 +638,11 @@ typedef struct rec_seg {
 #define RS_DEV 0x1u
 #define RS_TOTAL 0x2u
 #define RS_ADDR 0x4u
-#define RS_EXPANDABLE 0x8u  /* is_expandable is True */
-#define RS_BAD_STREAM 0x10u /* stream present and not an integer */
-#define RS_BAD_BLOCKS 0x20u /* blocks present and no container */
+#define RS_EXPANDABLE 0x8u      /* is_expandable is True */
+#define RS_BAD_STREAM 0x10u     /* stream present and not an integer */
+#define RS_BAD_BLOCKS 0x20u     /* blocks present and no container */
+#define RS_BAD_EXPANDABLE 0x40u /* is_expandable present and no bool */
+#define RS_BAD_TYPE 0x80u       /* segment_type present and neither "small" nor "large" */
 /* A handed-over segment's record id. */
 #define RS_ID ((uint64_t)1 << 62)
 
@@ -798,6 +800,14 @@ static int take_block(recs_t *rs, const pk_value_t *const *v, uint32_t seen, siz
     return 1;
 }
 
+/* Whether a segment's segment_type is present and not one PyTorch writes ("small" or "large"):
+ * read as "large", a small segment's blocks went to the large pool. Absent (older snapshots) is
+ * fine: the size tells. */
+static bool seg_type_bad(const pk_value_t *type) {
+    return type != NULL &&
+           (type->type != PK_STR || !(pk_str_is(type, "small") || pk_str_is(type, "large")));
+}
+
 /* A final-state segment's dict, taken as the blocks are: a dict with "device" and "blocks"
  * keys and no key but a segment's; v and seen as for take_block (the last pair wins, as
  * get_keys and pk_get read them). */
@@ -822,6 +832,8 @@ static int take_segment(recs_t *rs, const pk_value_t *const *v, uint32_t seen, u
     }
     const pk_value_t *type = v[RK_SEG_TYPE];
     g.type = type != NULL && type->type == PK_STR ? type : NULL;
+    if (seg_type_bad(type))
+        g.flags |= RS_BAD_TYPE;
     const pk_value_t *pool = v[RK_SEG_POOL], *blocks = v[RK_BLOCKS];
     g.pool = pool != NULL && (pool->type == PK_LIST || pool->type == PK_TUPLE ||
                               pool->type == PK_DICT || pool->type == PK_RECORD)
@@ -836,6 +848,8 @@ static int take_segment(recs_t *rs, const pk_value_t *const *v, uint32_t seen, u
     const pk_value_t *exp = v[RK_EXPANDABLE];
     if (exp != NULL && exp->type == PK_BOOL && exp->u.b)
         g.flags |= RS_EXPANDABLE;
+    if (exp != NULL && exp->type != PK_BOOL)
+        g.flags |= RS_BAD_EXPANDABLE;
     rec_seg_t *at = chunk_push(&rs->seg, sizeof(*at));
     if (at == NULL)
         return -1;
@@ -1684,7 +1698,7 @@ static bool analyse(const pk_value_t *segments, const recs_t *recs, const tr_set
         const pk_value_t *seg = pk_at(segments, s);
         int64_t sdev = 0, total = 0, stream = 0;
         uint64_t addr = 0, ustream = 0;
-        bool have_total, have_addr, expandable, bad_stream, bad_blocks;
+        bool have_total, have_addr, expandable, bad_stream, bad_blocks, bad_exp, bad_type;
         const pk_value_t *pool_id, *blocks, *sframes;
         const pk_value_t *stype;
         const rec_seg_t *rg = seg_of(recs, seg);
@@ -1702,6 +1716,8 @@ static bool analyse(const pk_value_t *segments, const recs_t *recs, const tr_set
             expandable = (rg->flags & RS_EXPANDABLE) != 0;
             bad_stream = (rg->flags & RS_BAD_STREAM) != 0;
             bad_blocks = (rg->flags & RS_BAD_BLOCKS) != 0;
+            bad_exp = (rg->flags & RS_BAD_EXPANDABLE) != 0;
+            bad_type = (rg->flags & RS_BAD_TYPE) != 0;
             pool_id = rg->pool;
             blocks = rg->blocks;
             stype = rg->type;
@@ -1728,6 +1744,8 @@ static bool analyse(const pk_value_t *segments, const recs_t *recs, const tr_set
             bad_blocks = sv[7] != NULL && sv[7]->type != PK_LIST && sv[7]->type != PK_TUPLE &&
                          sv[7]->type != PK_DICT && sv[7]->type != PK_RECORD;
             expandable = sv[5] != NULL && sv[5]->type == PK_BOOL && sv[5]->u.b;
+            bad_exp = sv[5] != NULL && sv[5]->type != PK_BOOL;
+            bad_type = seg_type_bad(sv[6]);
             pool_id = sv[4];
             blocks = sv[7];
             stype = sv[6] != NULL && sv[6]->type == PK_STR ? sv[6] : NULL;
@@ -1745,6 +1763,14 @@ static bool analyse(const pk_value_t *segments, const recs_t *recs, const tr_set
             snprintf(err, errlen, "segments[%zu]: %s", s,
                      bad_stream ? "'stream' is not an integer (a stream handle)"
                                 : "'blocks' is not a list");
+            goto out;
+        }
+        /* Neither is ever of another kind in PyTorch's snapshots: a "True" read as false made an
+         * expandable segment a fixed one, and a type that is no "small" a large segment. */
+        if (bad_exp || bad_type) {
+            snprintf(err, errlen, "segments[%zu]: %s", s,
+                     bad_exp ? "'is_expandable' is not a bool"
+                             : "'segment_type' is neither \"small\" nor \"large\"");
             goto out;
         }
         if (!tr_map_put(&streams, ustream ? ustream : ~(uint64_t)0, 1))

@@ -64,6 +64,12 @@ size_t sp_x_struct_bytes(void);
  * NULL). No log line, no last error, no lock; thread-safe. */
 bool sp_x_alloc_conf_check(const char *text, char *why, size_t why_len);
 
+/** Whether sp_x_option_set(name, value) would accept `value` (not NULL), checked by the same
+ * parser without setting anything and without reading the environment's options: when not,
+ * false with the reason in why (sp_x_option_set's words; why_len bytes, always terminated when
+ * why_len > 0; why may be NULL). No log line, no last error; thread-safe. */
+bool sp_x_option_check(const char *name, const char *value, char *why, size_t why_len);
+
 /** Print every SYMPOOL_* option with its value, default and source to `f` (`sympool info`). */
 void sp_x_options_print(FILE *f);
 

@@ -250,22 +250,26 @@ class record_function:
         if not isinstance(name, str):
             raise TypeError(f"name must be a str, not {type(name).__name__}")
         self.name, self.args, self.device = name, args, device
-        self._recorded = False
+        # One flag per enter not yet left (the object may be entered again before it is left):
+        # whether that scope's START was recorded. A single flag recorded two STARTs and one END.
+        self._recorded = []
 
     def _wanted(self):
         return _annot_on and (_annot_thread is None or _annot_thread == threading.get_ident())
 
     def __enter__(self):
-        self._recorded = self._wanted()
-        if self._recorded:
+        recorded = self._wanted()
+        if recorded:
             _record_annotation("START", self.name, self.device)
+        self._recorded.append(recorded)
         return self
 
     def __exit__(self, *exc):
-        # The END of a scope whose START was recorded (history may have stopped in between: the
-        # library then keeps nothing, as torch's removed callback records nothing).
-        if self._recorded:
-            self._recorded = False
+        # The END of the innermost scope left open, if its START was recorded (history may have
+        # stopped in between: the library then keeps nothing, as torch's removed callback records
+        # nothing). Entered twice, the object records two START/END pairs (torch ends each
+        # scope it started too); left more often than entered, it records no unmatched END.
+        if self._recorded and self._recorded.pop():
             _record_annotation("END", self.name, self.device)
         return False
 

@@ -426,6 +426,23 @@ if(TARGET sympool_cli)
   set_tests_properties(cli.stdout_closed PROPERTIES LABELS "unit;cli" TIMEOUT 120
     ENVIRONMENT "SYMPOOL_DEVICE=host"
     PASS_REGULAR_EXPRESSION "cannot write the output to stdout[^\n]*\nrc=1\n0\n$")
+  # SYMPOOL_DEBUG_FILE in a folder that does not exist: the replay's own log lines (an OOM
+  # warning, at the default level the library logs nothing itself) went to stderr without a
+  # word. Said once, naming the file and why, the lines still on stderr.
+  add_test(NAME cli.replay_debug_file_missing_dir COMMAND sh -c
+    "SYMPOOL_DEBUG_FILE='${SP_CLI_OUT}/no-such-dir/log' '$<TARGET_FILE:sympool_cli>' replay '${CMAKE_CURRENT_SOURCE_DIR}/data/trace-times-tiny.json' --capacity 4MiB 2>&1 >/dev/null | tee '${SP_CLI_OUT}/debug_missing.err'; echo \"notices=$(grep -c 'cannot open SYMPOOL_DEBUG_FILE' '${SP_CLI_OUT}/debug_missing.err')\"")
+  set_tests_properties(cli.replay_debug_file_missing_dir PROPERTIES LABELS "unit;cli" TIMEOUT 120
+    ENVIRONMENT "SYMPOOL_DEVICE=host"
+    PASS_REGULAR_EXPRESSION "^sympool: cannot open SYMPOOL_DEBUG_FILE '[^']*/no-such-dir/log': No such file or directory; logging to stderr\n[^\n]*SYMPOOL WARN [^\n]*out of memory on device 0.*\nnotices=1\n$")
+  # A malformed allocator configuration in the environment was warned about ("that entry is
+  # ignored, the others apply") where replay sets SYMPOOL_ALLOC_CONF itself and never uses it:
+  # the snapshot's settings, --conf, --compare. Still warned about where it is used (a snapshot
+  # without allocator_settings, no --conf).
+  add_test(NAME cli.replay_env_conf_replaced COMMAND sh -c
+    "for a in '' '--conf max_split_size_mb:64' '--compare max_split_size_mb:64' '--capacity 1GiB'; do SYMPOOL_ALLOC_CONF=bogus:1 '$<TARGET_FILE:sympool_cli>' replay '${SMALL}' $a 2>&1 >/dev/null | grep -c 'is malformed'; done; PYTORCH_CUDA_ALLOC_CONF=bogus:1 '$<TARGET_FILE:sympool_cli>' replay '${SMALL}' 2>&1 >/dev/null | grep -c 'is malformed'; SYMPOOL_ALLOC_CONF=bogus:1 '$<TARGET_FILE:sympool_cli>' replay '${CMAKE_CURRENT_SOURCE_DIR}/data/trace-start-frames.json' --capacity 1GiB 2>&1 >/dev/null")
+  set_tests_properties(cli.replay_env_conf_replaced PROPERTIES LABELS "unit;cli" TIMEOUT 120
+    ENVIRONMENT "SYMPOOL_DEVICE=host"
+    PASS_REGULAR_EXPRESSION "^0\n0\n0\n0\n0\n[^\n]*SYMPOOL WARN [^\n]*SYMPOOL_ALLOC_CONF='bogus:1' is malformed in part [^\n]*that entry is ignored, the others apply\n$")
   # An option that takes a value, given twice: the last one was taken without a word (two
   # --snapshot outputs, one written; two -o charts, one drawn). Refused, naming both.
   sp_cli_check(NAME replay_snapshot_twice RC 2

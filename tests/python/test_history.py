@@ -270,6 +270,33 @@ def test_record_function_scopes_are_external_annotations(sp):
     assert sp._snapshot()["external_annotations"] == []
 
 
+def test_record_function_entered_twice_records_balanced_pairs(sp):
+    # One object entered twice before it is left (a reused scope object, a recursive function
+    # under one decorator object's with): each enter's START has its END. A single flag recorded
+    # START, START, END: the outer scope never ended. Leaving it again records no stray END.
+    sp._record_memory_history("all")
+    scope = sp.record_function("layer")
+    with scope:
+        with scope:
+            pass
+    scope.__exit__(None, None, None)
+    ann = sp._snapshot()["external_annotations"]
+    assert [(a["stage"], a["name"]) for a in ann] == [
+        ("START", "layer"), ("START", "layer"), ("END", "layer"), ("END", "layer")]
+    sp._record_memory_history(None)  # clears them
+    # Entered before recording began, then again while recording: only the inner scope's pair
+    # (the outer START was never recorded, so neither is its END).
+    outer = sp.record_function("outer")
+    outer.__enter__()
+    sp._record_memory_history("all")
+    with outer:
+        pass
+    outer.__exit__(None, None, None)
+    ann = sp._snapshot()["external_annotations"]
+    assert [(a["stage"], a["name"]) for a in ann] == [("START", "outer"), ("END", "outer")]
+    sp._record_memory_history(None)
+
+
 def test_global_record_annotations_says_which_threads_scopes_count(sp):
     import threading
 

@@ -614,6 +614,29 @@ TEST_F(CoreTest, PytorchAllocConfIsReadBeforeTheCudaName) {
     }
 }
 
+// sp_x_option_check says what sp_x_option_set would, in its words, and sets nothing (replay
+// checks --capacity with it before the trace is read, without reading the option table).
+TEST_F(CoreTest, OptionCheckSaysWhatSetWouldAndSetsNothing) {
+    Env env({{"SYMPOOL_HOST_CAPACITY", nullptr}});
+    char why[256] = "";
+    EXPECT_TRUE(sp_x_option_check("SYMPOOL_HOST_CAPACITY", "2GiB", why, sizeof why));
+    EXPECT_EQ(sp__option_source(SP_OPT_HOST_CAPACITY), SP_OPT_SRC_DEFAULT);
+    EXPECT_FALSE(sp_x_option_check("SYMPOOL_HOST_CAPACITY", "12parsecs", why, sizeof why));
+    std::string checked = why;
+    {
+        expect_warnings();
+        EXPECT_SP_STATUS(sp_x_option_set("SYMPOOL_HOST_CAPACITY", "12parsecs"),
+                         SP_ERR_INVALID_ARGUMENT);
+    }
+    EXPECT_EQ(checked, sp_last_error());
+    EXPECT_FALSE(sp_x_option_check("SYMPOOL_NO_SUCH", "1", why, sizeof why));
+    EXPECT_NE(std::string(why).find("SYMPOOL_NO_SUCH is not a SYMPOOL_* option"), std::string::npos)
+        << why;
+    EXPECT_FALSE(sp_x_option_check(nullptr, "1", nullptr, 0));
+    EXPECT_FALSE(sp_x_option_check("SYMPOOL_HOST_CAPACITY", nullptr, why, sizeof why));
+    EXPECT_EQ(sp__option_source(SP_OPT_HOST_CAPACITY), SP_OPT_SRC_DEFAULT);
+}
+
 TEST_F(CoreTest, OptionsPrintShowsValueDefaultAndSource) {
     Env env({{"SYMPOOL_HOST_DEVICES", "3"},
              {"SYMPOOL_ALLOC_CONF", "garbage_collection_threshold:0.5"},

@@ -2845,6 +2845,56 @@ TEST_F(Loaders, StreamsAndBlocksOfNoUsableKindAreRefused) {
         EXPECT_TRUE(r.ok[k]) << r.err[k];
 }
 
+// A segment's is_expandable or segment_type of a kind PyTorch never writes (is_expandable is a
+// bool, segment_type the str "small" or "large") was read as not expandable and as large (or
+// guessed from the size) without a word. They are refused now, naming the field; absent (older
+// snapshots) and PyTorch's own values load as before.
+TEST_F(Loaders, SegmentKindAndTypeOfNoUsableKindAreRefused) {
+    auto segment = [](std::function<void(Pk &)> field) {
+        Pk p;
+        p.op({'}', '('}).str("segments").op({']', '(', '}', '('}).str("device").op({'K', 0});
+        p.str("address").u64(ADDR).str("total_size").i32(2 * 1024 * 1024);
+        field(p);
+        p.str("blocks").op({']'});
+        p.op({'u', 'e'}).str("device_traces").op({']', 'u', '.'});
+        return p.b;
+    };
+    const char *exp_err = "segments[0]: 'is_expandable' is not a bool";
+    const char *type_err = "segments[0]: 'segment_type' is neither \"small\" nor \"large\"";
+    struct Case {
+        std::function<void(Pk &)> field;
+        const char *want; // "" when it loads
+        const char *what;
+    };
+    const Case cases[] = {
+        {[](Pk &p) { p.str("is_expandable").str("True"); }, exp_err, "is_expandable 'True'"},
+        {[](Pk &p) {
+             p.str("is_expandable").op({'K', 1});
+         },
+         exp_err, "is_expandable 1"},
+        {[](Pk &p) { p.str("is_expandable").op({'N'}); }, exp_err, "is_expandable None"},
+        {[](Pk &p) {
+             p.str("segment_type").op({'K', 1});
+         },
+         type_err, "segment_type 1"},
+        {[](Pk &p) { p.str("segment_type").op({0x88}); }, type_err, "segment_type True"},
+        {[](Pk &p) { p.str("segment_type").str("Small"); }, type_err, "segment_type 'Small'"},
+        {[](Pk &p) { p.str("is_expandable").op({0x88}); }, "", "is_expandable True"},
+        {[](Pk &p) { p.str("is_expandable").op({0x89}); }, "", "is_expandable False"},
+        {[](Pk &p) { p.str("segment_type").str("small"); }, "", "segment_type 'small'"},
+        {[](Pk &p) { p.str("segment_type").str("large"); }, "", "segment_type 'large'"},
+        {[](Pk &) {}, "", "neither present"},
+    };
+    for (const Case &c : cases) {
+        Loaded r = load_all(segment(c.field));
+        for (int k = 0; k < 3; k++) {
+            SCOPED_TRACE(std::string(c.what) + ", loader " + std::to_string(k));
+            EXPECT_EQ(r.ok[k], c.want[0] == '\0');
+            EXPECT_EQ(r.err[k], c.want);
+        }
+    }
+}
+
 } // namespace
 
 // A trace's own user_metadata (PyTorch's _set_memory_metadata) is what the replay's entries
