@@ -671,6 +671,7 @@ TEST_F(AllocInternal, TurnsLongerThanAStreakMoveTheBiasAndKeepEveryBlock) {
     std::mutex live_lock;
     std::set<void *> live;
     std::atomic<int> turn{0}, bad{0}, failed{0};
+    std::atomic<int> progress{0}; // the pairs done in this turn by the thread whose turn it is
     auto take = [&](size_t size) -> void * {
         void *q = nullptr;
         if (sp_malloc(size, 0, nullptr, &q) != SP_SUCCESS) {
@@ -700,8 +701,11 @@ TEST_F(AllocInternal, TurnsLongerThanAStreakMoveTheBiasAndKeepEveryBlock) {
         for (int t = id; t < turns; t += 2) {
             // While the other thread has its turn, a pair now and then: a revocation in the
             // middle of its streak or of its bias, with both threads inside sp_malloc at once.
+            // Only in the first half of the turn: with an idle core each, yield returns at once
+            // and these pairs would come more often than a streak's takes, so no turn would end
+            // biased; the second half (750 pairs, 1500 takes) is longer than a streak.
             for (int w = 0; turn.load() != t; w++) {
-                if (w % 64 != 63) {
+                if (w % 64 != 63 || progress.load(std::memory_order_relaxed) >= pairs / 2) {
                     std::this_thread::yield();
                     continue;
                 }
@@ -709,6 +713,7 @@ TEST_F(AllocInternal, TurnsLongerThanAStreakMoveTheBiasAndKeepEveryBlock) {
                     give(q);
             }
             for (int i = 0; i < pairs; i++) {
+                progress.store(i, std::memory_order_relaxed);
                 seed = seed * 1103515245u + 12345u;
                 void *q = take(512u << ((seed >> 16) % 8)); // 512 B .. 64 KiB
                 if (q == nullptr)
@@ -731,6 +736,7 @@ TEST_F(AllocInternal, TurnsLongerThanAStreakMoveTheBiasAndKeepEveryBlock) {
             keep.insert(keep.end(), mine.begin(), mine.end());
             mine.clear();
             shared_blocks.swap(keep);
+            progress.store(0, std::memory_order_relaxed);
             turn.store(t + 1);
         }
     };
