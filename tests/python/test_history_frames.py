@@ -190,8 +190,11 @@ def test_threads_record_while_the_hook_comes_and_goes(sp):
             if i % 2:
                 sp.record_memory_history(enabled=None)
         sp.record_memory_history(max_entries=1000)
-        for _ in range(100_000):  # until a worker records (bounded: a hang fails, not waits)
-            if any(e["action"] == "alloc" for e in sp.snapshot()["device_traces"][0]):
+        # Until a worker records with frames (bounded: a hang fails, not waits). An alloc
+        # without frames (see below) does not count: stopping on it could leave none framed.
+        for _ in range(100_000):
+            entries = sp.snapshot()["device_traces"][0]
+            if any(e["action"] == "alloc" and "frames" in e for e in entries):
                 break
     finally:
         stop.set()
