@@ -679,6 +679,8 @@ enum {
      RK_BIT(RK_ADDRESS) | RK_BIT(RK_TOTAL) | RK_BIT(RK_SEG_OTHER) | RK_BIT(RK_REQ) |               \
      RK_BIT(RK_SEG_TYPE) | RK_BIT(RK_EXPANDABLE) | RK_BIT(RK_SEG_POOL))
 #define RK_CACHE 256 /* slots of recs_t's caches (a power of two) */
+/* Slots of its cache of state and type strs (a power of two): a final state has a few. */
+#define LIT_CACHE 16
 /* Pairs of the longest dict whose keys take_entry keeps as the next one's shape. */
 #define REC_SHAPE_MAX 16
 /* Shapes take_entry keeps: a final state's segments and their blocks come in turns (a segment's
@@ -758,6 +760,10 @@ typedef struct recs {
         const pk_value_t *s;
         int id;
     } keys[RK_CACHE], acts[RK_CACHE];
+    struct {
+        const pk_value_t *s;
+        unsigned is;   /* LIT_ bits */
+    } lits[LIT_CACHE]; /* the strs met as a block's state or a segment's type, as lit_of */
     rec_shape_t shapes[REC_SHAPES]; /* the shapes met lately (n 0: none) */
     size_t shape;                   /* the one whose keys' slots rs->v holds */
     size_t shape_next;              /* the one read_keys replaces next */
@@ -769,28 +775,53 @@ typedef struct recs {
 
 static bool grow_array(void **arr, size_t *cap, size_t elem);
 
+/* Which of the final state's strings a str is (a block's state, a segment's type): LIT_ bits. */
+#define LIT_ACTIVE 0x1u   /* "active_allocated" */
+#define LIT_INACTIVE 0x2u /* "inactive" */
+#define LIT_PENDING 0x4u  /* "active_pending_free" */
+#define LIT_SMALL 0x8u    /* "small" */
+#define LIT_LARGE 0x10u   /* "large" */
+static inline unsigned lit_of(recs_t *rs, const pk_value_t *s);
+
+/* A dict's value by key id, for take_block and take_segment: from rs->v (v, when sh is NULL), or
+ * read in place from pairs of shape sh (the pair of the last one with that key, as rs->v has
+ * it). */
+typedef struct key_vals {
+    const pk_value_t *const *v;
+    const rec_shape_t *sh;
+    pk_value_t *const *pairs;
+} key_vals_t;
+
+static inline __attribute__((always_inline)) const pk_value_t *kv(const key_vals_t *x, int id) {
+    if (x->sh == NULL)
+        return x->v[id];
+    return x->sh->at[id] != REC_ABSENT ? x->pairs[2 * (size_t)x->sh->at[id] + 1] : NULL;
+}
+
 /* A final-state block's dict, taken as the entries are (a forward pass's trace has as many
  * blocks as entries, and a dict, its items and its ints each, read again by key, cost more than
- * what analyse reads of them): a dict with a "state" key and no key but a block's. v holds the
+ * what analyse reads of them): a dict with a "state" key and no key but a block's. x gives the
  * value of the last pair with each key (as get_keys reads them), seen which keys it has; a dict
  * with two "frames" is left a dict (its skipped pair, left out of a dict, would not hide the
  * other one there). */
-static int take_block(recs_t *rs, const pk_value_t *const *v, uint32_t seen, size_t nframes,
-                      uint64_t *id_p) {
-    const pk_value_t *state = v[RK_STATE];
+static inline __attribute__((always_inline)) int
+take_block(recs_t *rs, const key_vals_t *x, uint32_t seen, size_t nframes, uint64_t *id_p) {
+    const pk_value_t *state = kv(x, RK_STATE);
     if ((seen & ~(uint32_t)RK_BLOCK_KEYS) != 0 || nframes > 1 || state == NULL)
         return 0;
     rec_block_t b = {0, 0, NULL, 0};
-    if (pk_int(v[RK_SIZE], &b.size))
+    if (pk_int(kv(x, RK_SIZE), &b.size))
         b.flags |= RB_SIZE;
-    if (pk_int(v[RK_REQ], &b.req))
+    if (pk_int(kv(x, RK_REQ), &b.req))
         b.flags |= RB_REQ;
-    if (state->type == PK_STR)
-        b.flags |= RB_STATE | (pk_str_is(state, "active_allocated") ? RB_ACTIVE : 0u) |
-                   (pk_str_is(state, "inactive") ? RB_INACTIVE : 0u) |
-                   (pk_str_is(state, "active_pending_free") ? RB_PENDING : 0u);
+    if (state->type == PK_STR) {
+        unsigned is = lit_of(rs, state);
+        b.flags |= RB_STATE | ((is & LIT_ACTIVE) ? RB_ACTIVE : 0u) |
+                   ((is & LIT_INACTIVE) ? RB_INACTIVE : 0u) |
+                   ((is & LIT_PENDING) ? RB_PENDING : 0u);
+    }
     /* A skipped stack is the reader's one PK_NONE: it reads as no frames either way. */
-    const pk_value_t *fr = v[RK_FRAMES];
+    const pk_value_t *fr = kv(x, RK_FRAMES);
     b.frames = fr != NULL && fr->type == PK_LIST ? fr : NULL;
     rec_block_t *at = chunk_push(&rs->blk, sizeof(*at));
     if (at == NULL)
@@ -809,32 +840,35 @@ static bool seg_type_bad(const pk_value_t *type) {
 }
 
 /* A final-state segment's dict, taken as the blocks are: a dict with "device" and "blocks"
- * keys and no key but a segment's; v and seen as for take_block (the last pair wins, as
+ * keys and no key but a segment's; x and seen as for take_block (the last pair wins, as
  * get_keys and pk_get read them). */
-static int take_segment(recs_t *rs, const pk_value_t *const *v, uint32_t seen, uint64_t *id_p) {
-    if ((seen & ~(uint32_t)RK_SEG_KEYS) != 0 || v[RK_DEVICE] == NULL || v[RK_BLOCKS] == NULL)
+static inline __attribute__((always_inline)) int take_segment(recs_t *rs, const key_vals_t *x,
+                                                              uint32_t seen, uint64_t *id_p) {
+    const pk_value_t *dev = kv(x, RK_DEVICE), *blocks = kv(x, RK_BLOCKS);
+    if ((seen & ~(uint32_t)RK_SEG_KEYS) != 0 || dev == NULL || blocks == NULL)
         return 0;
     rec_seg_t g;
     memset(&g, 0, sizeof(g));
-    if (pk_int(v[RK_DEVICE], &g.dev))
+    if (pk_int(dev, &g.dev))
         g.flags |= RS_DEV;
-    if (pk_int(v[RK_TOTAL], &g.total))
+    if (pk_int(kv(x, RK_TOTAL), &g.total))
         g.flags |= RS_TOTAL;
-    if (pk_uint(v[RK_ADDRESS], &g.addr))
+    if (pk_uint(kv(x, RK_ADDRESS), &g.addr))
         g.flags |= RS_ADDR;
     int64_t stream = 0;
-    const pk_value_t *sv = v[RK_STREAM];
+    const pk_value_t *sv = kv(x, RK_STREAM);
     if (!pk_uint(sv, &g.stream)) {
         if (pk_int(sv, &stream))
             g.stream = (uint64_t)stream;
         else if (sv != NULL)
             g.flags |= RS_BAD_STREAM;
     }
-    const pk_value_t *type = v[RK_SEG_TYPE];
+    const pk_value_t *type = kv(x, RK_SEG_TYPE);
     g.type = type != NULL && type->type == PK_STR ? type : NULL;
-    if (seg_type_bad(type))
+    /* seg_type_bad, its strs known by address */
+    if (type != NULL && (type->type != PK_STR || (lit_of(rs, type) & (LIT_SMALL | LIT_LARGE)) == 0))
         g.flags |= RS_BAD_TYPE;
-    const pk_value_t *pool = v[RK_SEG_POOL], *blocks = v[RK_BLOCKS];
+    const pk_value_t *pool = kv(x, RK_SEG_POOL);
     g.pool = pool != NULL && (pool->type == PK_LIST || pool->type == PK_TUPLE ||
                               pool->type == PK_DICT || pool->type == PK_RECORD)
                  ? pool
@@ -845,7 +879,7 @@ static int take_segment(recs_t *rs, const pk_value_t *const *v, uint32_t seen, u
                    : NULL;
     if (g.blocks == NULL)
         g.flags |= RS_BAD_BLOCKS;
-    const pk_value_t *exp = v[RK_EXPANDABLE];
+    const pk_value_t *exp = kv(x, RK_EXPANDABLE);
     if (exp != NULL && exp->type == PK_BOOL && exp->u.b)
         g.flags |= RS_EXPANDABLE;
     if (exp != NULL && exp->type != PK_BOOL)
@@ -949,6 +983,22 @@ static inline int key_id(recs_t *rs, const pk_value_t *key) {
         rs->keys[h].id = key_of(key->u.str.s, key->u.str.len);
     }
     return rs->keys[h].id;
+}
+
+/* Which LIT_ strs the str s is, through a cache as key_id's (a pickler memoizes a state or type
+ * str: thousands of blocks share a few). Compared once each, instead of three pk_str_is a block:
+ * GCC compiled those (constant lengths) to calls to memcmp in take_entry. */
+static inline unsigned lit_of(recs_t *rs, const pk_value_t *s) {
+    size_t h = rk_slot(s) & (LIT_CACHE - 1);
+    if (rs->lits[h].s != s) {
+        rs->lits[h].s = s;
+        rs->lits[h].is = (pk_str_is(s, "active_allocated") ? LIT_ACTIVE : 0u) |
+                         (pk_str_is(s, "inactive") ? LIT_INACTIVE : 0u) |
+                         (pk_str_is(s, "active_pending_free") ? LIT_PENDING : 0u) |
+                         (pk_str_is(s, "small") ? LIT_SMALL : 0u) |
+                         (pk_str_is(s, "large") ? LIT_LARGE : 0u);
+    }
+    return rs->lits[h].is;
 }
 
 /* action_of of an action str, through a cache as key_id's. */
@@ -1142,6 +1192,19 @@ static int take_entry(void *arg, pk_value_t *const *pairs, size_t n, uint64_t *i
             return take_event(rs, action, &x, at_val(cur, pairs, RK_META), id_p);
         }
     }
+    /* A final state's block or segment with the keys of one met lately (a shape with no action
+     * key): its values read in place, as a plain entry's are. Through same_shape, the turns of
+     * blocks and segments (each changing rs->shape) cleared one shape's slots of rs->v and wrote
+     * the other's each time. */
+    for (size_t j = 0; j < REC_SHAPES; j++) {
+        const rec_shape_t *sh = &rs->shapes[j];
+        if (sh->n == 0 || (sh->seen & RK_BIT(RK_ACTION)) != 0 || n != 2 * sh->n ||
+            pairs[0] != sh->keys[0] || !keys_are(sh, pairs, n))
+            continue;
+        const key_vals_t x = {NULL, sh, pairs};
+        int took = take_block(rs, &x, sh->seen, (sh->twice & RK_BIT(RK_FRAMES)) ? 2 : 1, id_p);
+        return took != 0 ? took : take_segment(rs, &x, sh->seen, id_p);
+    }
     uint32_t seen = 0, twice = 0; /* the keys met, and those met again */
     bool all_str =
         same_shape(rs, pairs, n, &seen, &twice) || read_keys(rs, pairs, n, &seen, &twice);
@@ -1150,8 +1213,9 @@ static int take_entry(void *arg, pk_value_t *const *pairs, size_t n, uint64_t *i
     if (action == NULL || action->type != PK_STR) {
         if (!all_str)
             return 0;
-        int took = take_block(rs, v, seen, (twice & RK_BIT(RK_FRAMES)) ? 2 : 1, id_p);
-        return took != 0 ? took : take_segment(rs, v, seen, id_p);
+        const key_vals_t x = {v, NULL, NULL};
+        int took = take_block(rs, &x, seen, (twice & RK_BIT(RK_FRAMES)) ? 2 : 1, id_p);
+        return took != 0 ? took : take_segment(rs, &x, seen, id_p);
     }
     entry_vals_t x = {v[RK_ADDR], v[RK_DFREE],  v[RK_SIZE],   v[RK_STREAM],
                       v[RK_TIME], v[RK_FRAMES], v[RK_POOL_ID]};

@@ -8,7 +8,10 @@ value of a key only the last one had:
    block freed on the side stream;
  - a final state's blocks without "requested_size" after their segments, which have one: a
    block that read its segment's would seed that many bytes instead of its size;
- - a block with "requested_size" between them.
+ - a block with "requested_size" between them;
+ - blocks of one shape whose states differ ("active_allocated", then "inactive"): the loader
+   knows a state str by its address, and an inactive block read as the active ones before it
+   would count its bytes as live.
 The figures are checked against what the snapshot means, and the replay's JSON against the same
 replay read whole (--snapshot reads every stack, without the entry hook)."""
 import json
@@ -46,8 +49,8 @@ entries = [on_side("alloc", SEG, 1),
            on_default("alloc", SEG + 24 * MiB, 5)]
 
 
-def block(addr, req=None):
-    b = {"address": addr, "size": 4 * MiB, "state": "active_allocated", "frames": frames}
+def block(addr, req=None, state="active_allocated"):
+    b = {"address": addr, "size": 4 * MiB, "state": state, "frames": frames}
     if req is not None:
         b["requested_size"] = req
     return b
@@ -61,11 +64,13 @@ def segment(i, blk):  # requested_size 1 MiB, none of its block's
 
 
 # Blocks without requested_size hold their size (4 MiB) requested, the one with it 3 MiB: 15 MiB
-# live before the first event, not 9 MiB (the segments' 1 MiB in place of each missing one).
+# live before the first event, not 9 MiB (the segments' 1 MiB in place of each missing one); the
+# inactive block's segment holds no live bytes.
 segments = [segment(0, block(OLD)),
             segment(1, block(OLD + 4 * MiB)),
             segment(2, block(OLD + 8 * MiB, req=3 * MiB)),
-            segment(3, block(OLD + 12 * MiB))]
+            segment(3, block(OLD + 12 * MiB)),
+            segment(4, block(OLD + 16 * MiB, state="inactive"))]
 path = write("turns.pickle", {"segments": segments, "device_traces": [entries]})
 
 r = run("info", path, "--json")
