@@ -600,7 +600,8 @@ if(TARGET sympool_cli)
   sp_unit_target(sp_kill_at)
   add_test(NAME cli.killed_while_writing COMMAND sh ${CMAKE_CURRENT_SOURCE_DIR}/cli/killed_while_writing.sh
     $<TARGET_FILE:sympool_cli> $<TARGET_FILE:sp_kill_at> ${SP_CLI_TRACE} ${SP_CLI_OUT}/killed)
-  set_tests_properties(cli.killed_while_writing PROPERTIES LABELS "unit;cli" TIMEOUT 120
+  # TIMEOUT 300 (it overrides ctest --timeout): many CLI runs, slow beside a loaded CI build.
+  set_tests_properties(cli.killed_while_writing PROPERTIES LABELS "unit;cli" TIMEOUT 300
     PASS_REGULAR_EXPRESSION "killed while writing ok")
   # Output paths refused up front with their reason; an input over 4 GiB refused from its size.
   add_test(NAME cli.output_paths COMMAND sh ${CMAKE_CURRENT_SOURCE_DIR}/cli/output_paths.sh

@@ -118,6 +118,9 @@ foreach(src ${SP_PY_TESTS})
   set_tests_properties(python.pytest.${name} PROPERTIES LABELS "unit;python" TIMEOUT 120
     ENVIRONMENT "${SP_PY_ENV}")
 endforeach()
+# The torch ports (PyTorch's own suites, ported) are the longest Python runs: room for a loaded
+# two-core machine. TIMEOUT overrides ctest --timeout.
+set_tests_properties(python.pytest.torch_module python.pytest.parity_torch PROPERTIES TIMEOUT 300)
 
 # test/test_cuda_expandable_segments.py runs test_cuda.py's TestCuda and TestMemPool again with
 # expandable segments on: the torch port runs again so, with PyTorch's exact page rules (our three
@@ -126,7 +129,7 @@ add_test(NAME python.pytest.parity_torch_expandable
   COMMAND ${SP_PYTEST} ${CMAKE_CURRENT_SOURCE_DIR}/python/test_parity_torch.py
   WORKING_DIRECTORY ${CMAKE_CURRENT_BINARY_DIR})
 set_tests_properties(python.pytest.parity_torch_expandable PROPERTIES LABELS "unit;python"
-  TIMEOUT 120 ENVIRONMENT "${SP_PY_ENV};SYMPOOL_ALLOC_CONF=expandable_segments:True;SYMPOOL_EXPANDABLE_PAGE=0;SYMPOOL_EXPANDABLE_RECYCLE=0;SYMPOOL_EXPANDABLE_BORROW=0")
+  TIMEOUT 300 ENVIRONMENT "${SP_PY_ENV};SYMPOOL_ALLOC_CONF=expandable_segments:True;SYMPOOL_EXPANDABLE_PAGE=0;SYMPOOL_EXPANDABLE_RECYCLE=0;SYMPOOL_EXPANDABLE_BORROW=0")
 
 if(SP_HAVE_MPI)
   sp_python_can(${SP_TEST_PY} "mpi4py.MPI" SP_PY_HAS_MPI4PY)
