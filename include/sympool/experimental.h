@@ -23,7 +23,8 @@ extern "C" {
 /** Set the option named `name` (a SYMPOOL_* variable name, e.g. "SYMPOOL_ALLOC_CONF") from code,
  * parsed like the variable and winning over it; value NULL restores the default. Returns
  * SP_ERR_INVALID_ARGUMENT (with sp_last_error()) for an unknown name or a malformed value, and
- * then changes nothing. Thread-safe; takes effect at the next initialization. */
+ * then changes nothing. Thread-safe; takes effect at the next initialization, except
+ * SYMPOOL_SYM_TIMEOUT, which every collective call reads afresh: at the next call. */
 sp_status_t sp_x_option_set(const char *name, const char *value);
 
 /** Bytes and blocks idle in every thread's cache (SYMPOOL_THREAD_CACHE) on `device`: part of
