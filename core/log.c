@@ -156,8 +156,8 @@ static bool same_file_or_name(const char *a, const char *b) {
  * pattern's file of whatever rank comes (sp__log_set_rank, at sp_world_init). Let through, a file
  * written to that name before (a snapshot at log.3) took the log's lines once the rank became 3.
  * So path is the log's when the pattern names it for some rank: each number in path is tried as
- * the rank (the name the pattern makes holds the rank's digits). log_lock held. */
-static bool some_rank_file_locked(const char *path) {
+ * the rank (the name the pattern makes holds the rank's digits). */
+static bool some_rank_file(const char *pattern, const char *path) {
     char log_path[LOG_PATTERN_MAX + 128];
     for (const char *p = path; *p != '\0';) {
         if (!isdigit((unsigned char)*p)) {
@@ -168,12 +168,20 @@ static bool some_rank_file_locked(const char *path) {
         errno = 0;
         long rank = strtol(p, &end, 10);
         if (errno == 0 && rank <= INT_MAX &&
-            sp__path_expand(log_pattern, (int)rank, log_path, sizeof log_path) == SP_EXPAND_OK &&
+            sp__path_expand(pattern, (int)rank, log_path, sizeof log_path) == SP_EXPAND_OK &&
             same_file_or_name(path, log_path))
             return true;
         p = end;
     }
     return false;
+}
+
+bool sp__log_pattern_names(const char *pattern, const char *path) {
+    char log_path[LOG_PATTERN_MAX + 128];
+    sp_expand_t x = sp__path_expand(pattern, -1, log_path, sizeof log_path);
+    if (x == SP_EXPAND_OK)
+        return same_file_or_name(path, log_path);
+    return x == SP_EXPAND_NO_RANK && some_rank_file(pattern, path);
 }
 
 bool sp__log_is_file(const char *path, char *pattern, size_t cap) {
@@ -185,14 +193,8 @@ bool sp__log_is_file(const char *path, char *pattern, size_t cap) {
      * would open. */
     bool named = log_file != NULL && fstat(fileno(log_file), &open_st) == 0 &&
                  stat(path, &st) == 0 && st.st_dev == open_st.st_dev && st.st_ino == open_st.st_ino;
-    char log_path[LOG_PATTERN_MAX + 128];
-    sp_expand_t x = SP_EXPAND_TOO_LONG;
     if (!named && log_pattern[0] != '\0')
-        x = sp__path_expand(log_pattern, -1, log_path, sizeof log_path);
-    if (!named && x == SP_EXPAND_OK)
-        named = same_file_or_name(path, log_path);
-    else if (!named && x == SP_EXPAND_NO_RANK)
-        named = some_rank_file_locked(path);
+        named = sp__log_pattern_names(log_pattern, path);
     pthread_mutex_unlock(&log_lock);
     return named;
 }

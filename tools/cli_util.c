@@ -239,10 +239,22 @@ bool cli_same_target(const char *a, const char *b) {
 bool cli_output_not_log(const char *cmd, const char *opt, const char *file) {
     const char *pattern = getenv("SYMPOOL_DEBUG_FILE");
     char log[4096];
+    if (pattern == NULL || pattern[0] == '\0')
+        return true;
     /* Compared as the log and the writer name their files: both patterns expanded (the output's
      * already is). */
-    if (pattern == NULL || pattern[0] == '\0' || !sp_x_path_expand(pattern, log, sizeof log) ||
-        !cli_same_target(file, log))
+    bool expanded = sp_x_path_expand(pattern, log, sizeof log);
+    if (!expanded && sp_x_path_names(pattern, file)) {
+        /* The library's writers (sp_dump_snapshot, sp_x_file_write_atomic) refuse it, but only
+         * after the whole run. */
+        fprintf(stderr,
+                "sympool %s: SYMPOOL_DEBUG_FILE=%s names %s, the file %s writes, for a rank not "
+                "known yet (the log opens that rank's file once it is, and sympool refuses to "
+                "write any rank's); log elsewhere\n",
+                cmd, pattern, file, opt);
+        return false;
+    }
+    if (!expanded || !cli_same_target(file, log))
         return true;
     fprintf(stderr,
             "sympool %s: SYMPOOL_DEBUG_FILE=%s names %s, the file %s writes: its log lines "

@@ -237,6 +237,13 @@ bool sp_x_json_to_pickle_skip(const char *text, size_t len, const char *skip_key
  * fit, or an argument is NULL. No state, no log. */
 bool sp_x_path_expand(const char *pattern, char *out, size_t cap);
 
+/** Whether a SYMPOOL_DEBUG_FILE pattern names path's file in this process, as sp_dump_snapshot
+ * tells its target from the log's: the file the pattern expands to (the same file, or the same
+ * name in the same folder where neither exists yet); with %r while the rank is not known, the
+ * file of any rank (the log opens that rank's once the rank is known, so sp_dump_snapshot refuses
+ * them all). False for an empty pattern or a NULL argument. No state, no log. */
+bool sp_x_path_names(const char *pattern, const char *path);
+
 /** Write len bytes of buf to path as sp_dump_snapshot writes a snapshot: to a temporary file next
  * to it, synced, then renamed over it, so the old file stays whole when writing fails (a full
  * disk) and readers never see half a file; an existing target that is not a regular file (a FIFO,
