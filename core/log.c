@@ -46,6 +46,10 @@ static pthread_mutex_t log_lock = PTHREAD_MUTEX_INITIALIZER;
 static FILE *log_file;                    /* opened file, NULL = none open (log_lock) */
 static char log_pattern[LOG_PATTERN_MAX]; /* SYMPOOL_DEBUG_FILE, "" = stderr (log_lock) */
 static bool log_open_failed;              /* the pattern could not be opened; stderr (log_lock) */
+/* The file last said not to open (log_lock): a program writing the lines itself to the file the
+ * log would open (sp_x_log_set_fn, sympool's CLI) fails on it as well, and says so here. "" once
+ * the log opens its file. */
+static char log_said_path[LOG_PATTERN_MAX + 128];
 static sp_log_fn_t log_fn;                /* test hook, NULL = file (log_lock) */
 static void *log_fn_arg;                  /* its argument (log_lock) */
 static _Thread_local int log_device = -1; /* this thread's device, -1 = unknown */
@@ -258,6 +262,28 @@ static FILE *open_regular(const char *path, const char **why) {
     return f;
 }
 
+/* Say on stderr that path cannot be opened for the log (why), unless it was the file said last:
+ * one line about one file, whoever opened it first (the log itself, or a program writing the
+ * lines it routes to the same file). log_lock held. */
+static bool cannot_open_locked(const char *path, const char *why) {
+    if (strcmp(path, log_said_path) == 0)
+        return false;
+    snprintf(log_said_path, sizeof log_said_path, "%s", path);
+    fprintf(stderr,
+            "%s:%ld SYMPOOL WARN cannot open SYMPOOL_DEBUG_FILE '%s': %s; logging to stderr\n",
+            sp__process_host(), (long)getpid(), path, why);
+    return true;
+}
+
+bool sp__log_cannot_open(const char *path, const char *why) {
+    if (in_log_fn) /* from the log function itself: this thread holds log_lock already */
+        return cannot_open_locked(path, why);
+    pthread_mutex_lock(&log_lock);
+    bool said = cannot_open_locked(path, why);
+    pthread_mutex_unlock(&log_lock);
+    return said;
+}
+
 /* The stream for the next line: the pattern's file if it can be opened, else stderr. log_lock held.
  */
 static FILE *stream_locked(void) {
@@ -277,11 +303,10 @@ static FILE *stream_locked(void) {
     if (log_file == NULL) {
         /* Say it once, on stderr, then keep logging there: losing the log silently is worse. */
         log_open_failed = true;
-        fprintf(stderr,
-                "%s:%ld SYMPOOL WARN cannot open SYMPOOL_DEBUG_FILE '%s': %s; logging to stderr\n",
-                sp__process_host(), (long)getpid(), path, why);
+        (void)cannot_open_locked(path, why);
         return stderr;
     }
+    log_said_path[0] = '\0'; /* a later failure to open it again is news */
     return log_file;
 }
 

@@ -307,14 +307,11 @@ void cli_log_open(void) {
                                  : strerror(errno);
     if (fd >= 0)
         close(fd);
-    /* The lines go to stderr instead; said once per file, as the library says it of its own
-     * open: without a word, a log asked for in a missing folder was on stderr unexplained. */
-    static char failed_path[sizeof g_log_path];
-    if (strcmp(failed_path, path) == 0)
-        return;
-    snprintf(failed_path, sizeof failed_path, "%s", path);
-    fprintf(stderr, "sympool: cannot open SYMPOOL_DEBUG_FILE '%s': %s; logging to stderr\n", path,
-            why);
+    /* The lines go to stderr instead. Without a word, a log asked for in a missing folder was on
+     * stderr unexplained; said by the library, which says it once per file for both of us (the
+     * library's own lines, logged while no filter is set, fail on the same file: it was said
+     * twice). */
+    (void)sp_x_log_cannot_open(path, why);
 }
 
 void cli_log_line(const char *line) {

@@ -103,6 +103,12 @@ typedef void (*sp_x_log_fn)(int level, const char *line, void *arg);
  * to stderr); the caller's sp_last_error() is kept. */
 void sp_x_log_set_fn(sp_x_log_fn fn, void *arg);
 
+/** For a program that writes the lines fn receives to SYMPOOL_DEBUG_FILE's file itself: say on
+ * stderr, as the library says it of its own log file ("cannot open SYMPOOL_DEBUG_FILE 'path':
+ * why; logging to stderr"), that it cannot open path. Once per file, whichever opened it first:
+ * false (nothing written) when the library or an earlier call said it of path last. */
+bool sp_x_log_cannot_open(const char *path, const char *why);
+
 /** PyTorch's emptyCache for one device only (sp_empty_cache does every device): wait for the
  * pending frees' events, release the default pool's free cached segments and those of pools
  * whose use count is 0. `sympool replay` replays one device's trace at a time. */
