@@ -49,7 +49,7 @@ static bool log_open_failed;              /* the pattern could not be opened; st
 /* The file last said not to open (log_lock): a program writing the lines itself to the file the
  * log would open (sp_x_log_set_fn, sympool's CLI) fails on it as well, and says so here. "" once
  * the log opens its file. */
-static char log_said_path[LOG_PATTERN_MAX + 128];
+static char log_said_path[PATH_MAX];      /* a program's file may be longer than the log's */
 static sp_log_fn_t log_fn;                /* test hook, NULL = file (log_lock) */
 static void *log_fn_arg;                  /* its argument (log_lock) */
 static _Thread_local int log_device = -1; /* this thread's device, -1 = unknown */
