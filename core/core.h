@@ -202,6 +202,15 @@ void sp__log_set_fn(sp_log_fn_t fn, void *arg);
  * later lines, or leave the log writing to the replaced file. Reads the options first. */
 bool sp__log_is_file(const char *path, char *pattern, size_t cap);
 
+/* Whether pattern (SYMPOOL_DEBUG_FILE's syntax) names path's file as the log would open it: the
+ * same file, or the same name in the same folder when neither exists; with %r while the rank is
+ * not known, the file of any rank (the log opens that one once the rank is known). No state. */
+bool sp__log_pattern_names(const char *pattern, const char *path);
+
+/* Say on stderr, as the log says it of its own file, that path cannot be opened for the log
+ * (why), unless that file was the last said so: false then (nothing written). */
+bool sp__log_cannot_open(const char *path, const char *why);
+
 /* Internal to core/ (config.c drives log.c): apply SYMPOOL_DEBUG / _SUBSYS / _FILE. */
 void sp__log_configure(int level, unsigned mask, const char *file_pattern);
 /* "INIT,POOL", "^COLL", "ALL" (any case) -> SP_SUB_* mask; false on an unknown name. */

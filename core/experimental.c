@@ -123,6 +123,15 @@ SP_EXPORT bool sp_x_path_expand(const char *pattern, char *out, size_t cap) {
     return sp__path_expand(pattern, -1, out, cap) == SP_EXPAND_OK;
 }
 
+SP_EXPORT bool sp_x_path_names(const char *pattern, const char *path) {
+    return pattern != NULL && path != NULL && pattern[0] != '\0' &&
+           sp__log_pattern_names(pattern, path);
+}
+
+SP_EXPORT bool sp_x_log_cannot_open(const char *path, const char *why) {
+    return path != NULL && why != NULL && sp__log_cannot_open(path, why);
+}
+
 SP_EXPORT sp_status_t sp_x_file_write_atomic(const char *path, const void *buf, size_t len) {
     SP_ARG_CHECK(path != NULL && path[0] != '\0', SP_SUB_HISTORY,
                  "sp_x_file_write_atomic: path is NULL or empty");

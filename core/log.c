@@ -46,6 +46,10 @@ static pthread_mutex_t log_lock = PTHREAD_MUTEX_INITIALIZER;
 static FILE *log_file;                    /* opened file, NULL = none open (log_lock) */
 static char log_pattern[LOG_PATTERN_MAX]; /* SYMPOOL_DEBUG_FILE, "" = stderr (log_lock) */
 static bool log_open_failed;              /* the pattern could not be opened; stderr (log_lock) */
+/* The file last said not to open (log_lock): a program writing the lines itself to the file the
+ * log would open (sp_x_log_set_fn, sympool's CLI) fails on it as well, and says so here. "" once
+ * the log opens its file. */
+static char log_said_path[PATH_MAX];      /* a program's file may be longer than the log's */
 static sp_log_fn_t log_fn;                /* test hook, NULL = file (log_lock) */
 static void *log_fn_arg;                  /* its argument (log_lock) */
 static _Thread_local int log_device = -1; /* this thread's device, -1 = unknown */
@@ -156,8 +160,8 @@ static bool same_file_or_name(const char *a, const char *b) {
  * pattern's file of whatever rank comes (sp__log_set_rank, at sp_world_init). Let through, a file
  * written to that name before (a snapshot at log.3) took the log's lines once the rank became 3.
  * So path is the log's when the pattern names it for some rank: each number in path is tried as
- * the rank (the name the pattern makes holds the rank's digits). log_lock held. */
-static bool some_rank_file_locked(const char *path) {
+ * the rank (the name the pattern makes holds the rank's digits). */
+static bool some_rank_file(const char *pattern, const char *path) {
     char log_path[LOG_PATTERN_MAX + 128];
     for (const char *p = path; *p != '\0';) {
         if (!isdigit((unsigned char)*p)) {
@@ -168,12 +172,20 @@ static bool some_rank_file_locked(const char *path) {
         errno = 0;
         long rank = strtol(p, &end, 10);
         if (errno == 0 && rank <= INT_MAX &&
-            sp__path_expand(log_pattern, (int)rank, log_path, sizeof log_path) == SP_EXPAND_OK &&
+            sp__path_expand(pattern, (int)rank, log_path, sizeof log_path) == SP_EXPAND_OK &&
             same_file_or_name(path, log_path))
             return true;
         p = end;
     }
     return false;
+}
+
+bool sp__log_pattern_names(const char *pattern, const char *path) {
+    char log_path[LOG_PATTERN_MAX + 128];
+    sp_expand_t x = sp__path_expand(pattern, -1, log_path, sizeof log_path);
+    if (x == SP_EXPAND_OK)
+        return same_file_or_name(path, log_path);
+    return x == SP_EXPAND_NO_RANK && some_rank_file(pattern, path);
 }
 
 bool sp__log_is_file(const char *path, char *pattern, size_t cap) {
@@ -185,14 +197,8 @@ bool sp__log_is_file(const char *path, char *pattern, size_t cap) {
      * would open. */
     bool named = log_file != NULL && fstat(fileno(log_file), &open_st) == 0 &&
                  stat(path, &st) == 0 && st.st_dev == open_st.st_dev && st.st_ino == open_st.st_ino;
-    char log_path[LOG_PATTERN_MAX + 128];
-    sp_expand_t x = SP_EXPAND_TOO_LONG;
     if (!named && log_pattern[0] != '\0')
-        x = sp__path_expand(log_pattern, -1, log_path, sizeof log_path);
-    if (!named && x == SP_EXPAND_OK)
-        named = same_file_or_name(path, log_path);
-    else if (!named && x == SP_EXPAND_NO_RANK)
-        named = some_rank_file_locked(path);
+        named = sp__log_pattern_names(log_pattern, path);
     pthread_mutex_unlock(&log_lock);
     return named;
 }
@@ -256,6 +262,28 @@ static FILE *open_regular(const char *path, const char **why) {
     return f;
 }
 
+/* Say on stderr that path cannot be opened for the log (why), unless it was the file said last:
+ * one line about one file, whoever opened it first (the log itself, or a program writing the
+ * lines it routes to the same file). log_lock held. */
+static bool cannot_open_locked(const char *path, const char *why) {
+    if (strcmp(path, log_said_path) == 0)
+        return false;
+    snprintf(log_said_path, sizeof log_said_path, "%s", path);
+    fprintf(stderr,
+            "%s:%ld SYMPOOL WARN cannot open SYMPOOL_DEBUG_FILE '%s': %s; logging to stderr\n",
+            sp__process_host(), (long)getpid(), path, why);
+    return true;
+}
+
+bool sp__log_cannot_open(const char *path, const char *why) {
+    if (in_log_fn) /* from the log function itself: this thread holds log_lock already */
+        return cannot_open_locked(path, why);
+    pthread_mutex_lock(&log_lock);
+    bool said = cannot_open_locked(path, why);
+    pthread_mutex_unlock(&log_lock);
+    return said;
+}
+
 /* The stream for the next line: the pattern's file if it can be opened, else stderr. log_lock held.
  */
 static FILE *stream_locked(void) {
@@ -275,11 +303,10 @@ static FILE *stream_locked(void) {
     if (log_file == NULL) {
         /* Say it once, on stderr, then keep logging there: losing the log silently is worse. */
         log_open_failed = true;
-        fprintf(stderr,
-                "%s:%ld SYMPOOL WARN cannot open SYMPOOL_DEBUG_FILE '%s': %s; logging to stderr\n",
-                sp__process_host(), (long)getpid(), path, why);
+        (void)cannot_open_locked(path, why);
         return stderr;
     }
+    log_said_path[0] = '\0'; /* a later failure to open it again is news */
     return log_file;
 }
 

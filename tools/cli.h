@@ -60,7 +60,8 @@ bool cli_parse_long(const char *s, long lo, long hi, long *out);
 bool cli_same_target(const char *a, const char *b);
 /* Whether output option opt's file (already expanded: cli_output_path) is not where
  * SYMPOOL_DEBUG_FILE, expanded, sends the library's log lines: else false after saying so (the
- * lines would be appended to the written file). */
+ * lines would be appended to the written file); nor, with %r while the rank is not known, the
+ * file of any rank (sp_x_path_names), which the library's writers refuse. */
 bool cli_output_not_log(const char *cmd, const char *opt, const char *file);
 /* The lines a command's log filter (sp_x_log_set_fn) passes go where the library's own would:
  * to the file SYMPOOL_DEBUG_FILE names (its value in force: the environment's, or a replay

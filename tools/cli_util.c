@@ -239,10 +239,22 @@ bool cli_same_target(const char *a, const char *b) {
 bool cli_output_not_log(const char *cmd, const char *opt, const char *file) {
     const char *pattern = getenv("SYMPOOL_DEBUG_FILE");
     char log[4096];
+    if (pattern == NULL || pattern[0] == '\0')
+        return true;
     /* Compared as the log and the writer name their files: both patterns expanded (the output's
      * already is). */
-    if (pattern == NULL || pattern[0] == '\0' || !sp_x_path_expand(pattern, log, sizeof log) ||
-        !cli_same_target(file, log))
+    bool expanded = sp_x_path_expand(pattern, log, sizeof log);
+    if (!expanded && sp_x_path_names(pattern, file)) {
+        /* The library's writers (sp_dump_snapshot, sp_x_file_write_atomic) refuse it, but only
+         * after the whole run. */
+        fprintf(stderr,
+                "sympool %s: SYMPOOL_DEBUG_FILE=%s names %s, the file %s writes, for a rank not "
+                "known yet (the log opens that rank's file once it is, and sympool refuses to "
+                "write any rank's); log elsewhere\n",
+                cmd, pattern, file, opt);
+        return false;
+    }
+    if (!expanded || !cli_same_target(file, log))
         return true;
     fprintf(stderr,
             "sympool %s: SYMPOOL_DEBUG_FILE=%s names %s, the file %s writes: its log lines "
@@ -295,14 +307,11 @@ void cli_log_open(void) {
                                  : strerror(errno);
     if (fd >= 0)
         close(fd);
-    /* The lines go to stderr instead; said once per file, as the library says it of its own
-     * open: without a word, a log asked for in a missing folder was on stderr unexplained. */
-    static char failed_path[sizeof g_log_path];
-    if (strcmp(failed_path, path) == 0)
-        return;
-    snprintf(failed_path, sizeof failed_path, "%s", path);
-    fprintf(stderr, "sympool: cannot open SYMPOOL_DEBUG_FILE '%s': %s; logging to stderr\n", path,
-            why);
+    /* The lines go to stderr instead. Without a word, a log asked for in a missing folder was on
+     * stderr unexplained; said by the library, which says it once per file for both of us (the
+     * library's own lines, logged while no filter is set, fail on the same file: it was said
+     * twice). */
+    (void)sp_x_log_cannot_open(path, why);
 }
 
 void cli_log_line(const char *line) {

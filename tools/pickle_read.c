@@ -1635,6 +1635,14 @@ static inline __attribute__((always_inline)) void rec_undo(parser_t *ps, const r
     ps->memoused = t->memoused;
 }
 
+/* Whether a fast path passes a dict opening with first_key to the general loop at once: its
+ * dicts of that key were given up on again and again (REC_GIVE_UP in a row), but one in 64 is
+ * still tried (they may change). */
+static inline __attribute__((always_inline)) bool fast_passes(fast_fails_t *f,
+                                                              const pk_value_t *first_key) {
+    return first_key == f->key && f->fails >= REC_GIVE_UP && (++f->skips & 63) != 0;
+}
+
 /* A fast path gave up on a dict opening with first_key (NULL: none read). */
 static inline __attribute__((always_inline)) void fast_failed(fast_fails_t *f,
                                                               const pk_value_t *first_key) {
@@ -1715,11 +1723,10 @@ static bool record_fast(parser_t *ps) {
         if (key == NULL || key->type != PK_STR)
             goto undo;
         if (np == 0) {
-            /* Dicts that open with a key whose dicts this path gave up on again and again (a
-             * final state's segments: their pool id tuple and their blocks are the general
-             * loop's) go to the general loop at once, but one in 64 (they may change). */
+            /* The dicts this path gives up on again and again: a final state's segments (their
+             * pool id tuple and their blocks are the general loop's). */
             first_key = key;
-            if (key == ps->rf.key && ps->rf.fails >= REC_GIVE_UP && (++ps->rf.skips & 63) != 0)
+            if (fast_passes(&ps->rf, key))
                 goto pass;
         }
         pos += 1 + n;
@@ -2017,11 +2024,10 @@ static __attribute__((noinline)) int segment_fast(parser_t *ps) {
         if (key == NULL || key->type != PK_STR)
             goto undo;
         if (np == 0) {
-            /* Dicts that open with a key whose dicts this path gave up on again and again (trace
-             * entries record_fast refused: they hold no list to hand over at) go to the general
-             * loop at once, but one in 64 (they may change). */
+            /* The dicts this path gives up on again and again: trace entries record_fast
+             * refused (they hold no list to hand over at). */
             first_key = key;
-            if (key == ps->sf.key && ps->sf.fails >= REC_GIVE_UP && (++ps->sf.skips & 63) != 0)
+            if (fast_passes(&ps->sf, key))
                 goto pass;
         }
         pos += 1 + n;

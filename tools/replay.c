@@ -1648,6 +1648,19 @@ static bool differs_because(const tr_trace_t *t, const replay_result_t *r, const
     return true;
 }
 
+/* The configuration a replay ran, as --json names it: conf (SYMPOOL_ALLOC_CONF's items), then,
+ * where a recorded max_split_size of no whole MiB was set to the byte (split; 0: none), that
+ * variable as an item of the form --compare takes. conf, whole MiB only, cannot hold it, and
+ * without it said another allocator than the one that ran (the text gives it a line of its
+ * own). out: cap bytes, used only when split is not 0. */
+static const char *conf_ran(const char *conf, uint64_t split, char *out, size_t cap) {
+    if (split == 0)
+        return conf;
+    snprintf(out, cap, "%s%sSYMPOOL_MAX_SPLIT_SIZE=%llu", conf ? conf : "",
+             conf && conf[0] ? "," : "", (unsigned long long)split);
+    return out;
+}
+
 static void print_json(const char *trace, const replay_result_t *r, const char *conf,
                        const char *settings, const char *capacity, const char *why) {
     printf("{\"trace\":");
@@ -1913,10 +1926,11 @@ static const char *const g_our_rules[] = {"SYMPOOL_EXPANDABLE_PAGE", "SYMPOOL_EX
  * configuration changes what the recorded run used rather than starting from our defaults;
  * SYMPOOL_NAME=VALUE items set that option of ours. Every option starts from the environment
  * again, so one configuration never leaks into the next. The SYMPOOL_ALLOC_CONF it set goes to
- * alloc (len bytes). */
+ * alloc (len bytes), the recorded max_split_size it set to the byte to *split_p (0: none). */
 static bool apply_conf(const char *trace, const char *base, const tr_settings_t *recorded,
                        const char *conf, const char *capacity, bool pytorch_rules, char *alloc,
-                       size_t len, char *err, size_t errlen) {
+                       size_t len, uint64_t *split_p, char *err, size_t errlen) {
+    *split_p = 0;
     items_put_back(); /* what the previous configuration's items set */
     for (size_t k = 0; pytorch_rules && k < sizeof(g_our_rules) / sizeof(g_our_rules[0]); k++)
         if (!item_remember(g_our_rules[k], err, errlen) ||
@@ -1974,6 +1988,8 @@ static bool apply_conf(const char *trace, const char *base, const tr_settings_t 
             snprintf(err, errlen, "%s", sp_last_error());
         return false;
     }
+    if (recorded != NULL && !sets_split)
+        *split_p = tr_settings_split_to_set(recorded);
     if (sp_x_option_set("SYMPOOL_ALLOC_CONF", alloc) != SP_SUCCESS ||
         (capacity != NULL && sp_x_option_set("SYMPOOL_HOST_CAPACITY", capacity) != SP_SUCCESS)) {
         snprintf(err, errlen, "%s", sp_last_error());
@@ -2065,6 +2081,7 @@ static int replay_compare(const char *trace, const tr_trace_t *t, const char *us
                                                               : "(recorded)";
     replay_result_t *rs = calloc((size_t)n, sizeof(*rs));
     char(*eff)[1024] = calloc((size_t)n, sizeof(*eff)); /* each one's SYMPOOL_ALLOC_CONF */
+    uint64_t split[MAX_COMPARE]; /* each one's recorded max_split_size set to the byte (0: none) */
     if (rs == NULL || eff == NULL) {
         free(rs);
         free(eff);
@@ -2079,8 +2096,8 @@ static int replay_compare(const char *trace, const tr_trace_t *t, const char *us
     quiet_options_begin();
     for (int i = 0; i < n && rc == 0; i++) {
         if (!apply_conf(trace, base, user_conf ? NULL : &t->settings, confs[i], capacity,
-                        reenacts_pytorch_rules(t, user_conf, confs[i]), eff[i], sizeof(eff[i]), err,
-                        sizeof(err))) {
+                        reenacts_pytorch_rules(t, user_conf, confs[i]), eff[i], sizeof(eff[i]),
+                        &split[i], err, sizeof(err))) {
             fprintf(stderr, "sympool replay: configuration '%s': %s\n", confs[i], err);
             rc = confs[i][0] ? 2 : 1;
         }
@@ -2099,7 +2116,7 @@ static int replay_compare(const char *trace, const tr_trace_t *t, const char *us
         bool applied = sp_shutdown() == SP_SUCCESS &&
                        apply_conf(trace, base, user_conf ? NULL : &t->settings, confs[i], capacity,
                                   reenacts_pytorch_rules(t, user_conf, confs[i]), eff[i],
-                                  sizeof(eff[i]), err, sizeof(err));
+                                  sizeof(eff[i]), &split[i], err, sizeof(err));
         /* A configuration's SYMPOOL_DEBUG_FILE item is where its lines go, as the library's. */
         if (applied)
             cli_log_open();
@@ -2111,8 +2128,10 @@ static int replay_compare(const char *trace, const tr_trace_t *t, const char *us
     }
     sp_x_log_set_fn(NULL, NULL);
     if (rc == 0 && json) {
+        char ran[sizeof(*eff) + 48];
         for (int i = 0; i < n; i++)
-            print_json(trace, &rs[i], confs[i], eff[i], capacity, NULL);
+            print_json(trace, &rs[i], confs[i], conf_ran(eff[i], split[i], ran, sizeof ran),
+                       capacity, NULL);
     } else if (rc == 0) {
         printf("replay of %s: %d configuration%s%s%s\n", trace, n, n == 1 ? "" : "s",
                capacity ? " at capacity " : "", capacity ? capacity : "");
@@ -2466,8 +2485,10 @@ int sp_cli_replay(int argc, char **argv) {
         return 1;
     }
     if (a.json) {
-        char because[1536];
-        print_json(a.trace, &r, conf, conf, a.capacity,
+        char because[1536], ran[sizeof(t.settings.conf) + 48];
+        const char *shown = conf_ran(
+            conf, a.conf == NULL ? tr_settings_split_to_set(&t.settings) : 0, ran, sizeof ran);
+        print_json(a.trace, &r, shown, shown, a.capacity,
                    differs_because(&t, &r, a.conf, because, sizeof because) ? because : NULL);
     } else {
         print_text(a.trace, &t, &r, a.conf, conf);

@@ -2370,11 +2370,16 @@ static void read_settings(const pk_value_t *as, tr_settings_t *st) {
         snprintf(st->invalid, sizeof st->invalid, "%s", rp_bad);
 }
 
+uint64_t tr_settings_split_to_set(const tr_settings_t *st) {
+    return getenv("SYMPOOL_MAX_SPLIT_SIZE") != NULL ? 0 : st->split_bytes;
+}
+
 bool tr_settings_set_split(const tr_settings_t *st) {
-    if (st->split_bytes == 0 || getenv("SYMPOOL_MAX_SPLIT_SIZE") != NULL)
+    uint64_t split = tr_settings_split_to_set(st);
+    if (split == 0)
         return true;
     char bytes[24];
-    snprintf(bytes, sizeof bytes, "%llu", (unsigned long long)st->split_bytes);
+    snprintf(bytes, sizeof bytes, "%llu", (unsigned long long)split);
     return sp_x_option_set("SYMPOOL_MAX_SPLIT_SIZE", bytes) == SP_SUCCESS;
 }
 

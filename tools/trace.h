@@ -203,6 +203,10 @@ typedef struct tr_trace {
  * False with sp_last_error() when the option refuses it. */
 bool tr_settings_set_split(const tr_settings_t *st);
 
+/* The bytes tr_settings_set_split sets SYMPOOL_MAX_SPLIT_SIZE to: st's split_bytes, 0 when it has
+ * none or the environment sets the variable. */
+uint64_t tr_settings_split_to_set(const tr_settings_t *st);
+
 /* Load a snapshot file (pickle). Fills t; on failure writes a one-line reason and returns
  * false. Call tr_free(t) in both cases. */
 bool tr_load(const char *path, tr_trace_t *t, char *err, size_t errlen);

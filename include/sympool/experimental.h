@@ -104,6 +104,12 @@ typedef void (*sp_x_log_fn)(int level, const char *line, void *arg);
  * to stderr); the caller's sp_last_error() is kept. */
 void sp_x_log_set_fn(sp_x_log_fn fn, void *arg);
 
+/** For a program that writes the lines fn receives to SYMPOOL_DEBUG_FILE's file itself: say on
+ * stderr, as the library says it of its own log file ("cannot open SYMPOOL_DEBUG_FILE 'path':
+ * why; logging to stderr"), that it cannot open path. Once per file, whichever opened it first:
+ * false (nothing written) when the library or an earlier call said it of path last. */
+bool sp_x_log_cannot_open(const char *path, const char *why);
+
 /** PyTorch's emptyCache for one device only (sp_empty_cache does every device): wait for the
  * pending frees' events, release the default pool's free cached segments and those of pools
  * whose use count is 0. `sympool replay` replays one device's trace at a time. */
@@ -237,6 +243,13 @@ bool sp_x_json_to_pickle_skip(const char *text, size_t len, const char *skip_key
  * when it names the rank and the rank is not known (the log then goes to stderr), or does not
  * fit, or an argument is NULL. No state, no log. */
 bool sp_x_path_expand(const char *pattern, char *out, size_t cap);
+
+/** Whether a SYMPOOL_DEBUG_FILE pattern names path's file in this process, as sp_dump_snapshot
+ * tells its target from the log's: the file the pattern expands to (the same file, or the same
+ * name in the same folder where neither exists yet); with %r while the rank is not known, the
+ * file of any rank (the log opens that rank's once the rank is known, so sp_dump_snapshot refuses
+ * them all). False for an empty pattern or a NULL argument. No state, no log. */
+bool sp_x_path_names(const char *pattern, const char *path);
 
 /** Write len bytes of buf to path as sp_dump_snapshot writes a snapshot: to a temporary file next
  * to it, synced, then renamed over it, so the old file stays whole when writing fails (a full

@@ -2,7 +2,7 @@
 # debug_file_output.sh SYMPOOL TRACE WORKDIR: SYMPOOL_DEBUG_FILE naming the file an output option
 # writes (replay --snapshot, plot -o) is refused before anything is read or written, compared as
 # the log and the writer name their files: both patterns expanded (%h, %p), and a file neither
-# has created yet. The log lines were appended to the finished snapshot (after its STOP, or
+# has created yet; with %r while the rank is not known, any rank's file. The log lines were appended to the finished snapshot (after its STOP, or
 # after a JSON document's end), and a chart written over the log. And the lines the replay's
 # log filter passes go to SYMPOOL_DEBUG_FILE, as the library's own do (they went to stderr).
 set -u
@@ -38,6 +38,25 @@ check "plot, an existing file, %h in the output only" "$w/c1-$host.svg" 2 \
 [ -s "$w/c1-$host.svg" ] && { echo "FAIL plot wrote $w/c1-$host.svg"; fail=1; }
 check "plot, %h in the log only" "$w/c2-%h.svg" 2 "the file -o writes" \
     "$bin" plot "$trace" -o "$w/c2-$host.svg"
+# %r while the rank is not known (no launcher: their rank variables unset): the log opens the
+# file of whatever rank comes, and sympool refuses to write any rank's file of the pattern, but
+# sp_dump_snapshot did so only after the whole replay (exit 1 at the end). Refused up front as
+# the others: nothing run, nothing written.
+unset OMPI_COMM_WORLD_RANK PMIX_RANK PMI_RANK SLURM_PROCID
+check "replay, a rank's file of %r" "$w/r-%r.pickle" 2 \
+    "^sympool replay: SYMPOOL_DEBUG_FILE=$w/r-%r.pickle names $w/r-3.pickle, the file --snapshot writes, for a rank not known yet" \
+    "$bin" replay "$trace" --snapshot "$w/r-3.pickle"
+[ -e "$w/r-3.pickle" ] && { echo "FAIL replay wrote $w/r-3.pickle"; fail=1; }
+grep -q "allocator ready" "$w/err" && { echo "FAIL the replay ran: $(cat "$w/err")"; fail=1; }
+check "replay, a rank's file of %r, another name of the folder" "$w/sub/../r-%r.json" 2 \
+    "the file --snapshot writes, for a rank not known yet" \
+    "$bin" replay "$trace" --snapshot "$w/r-0.json"
+check "plot, a rank's file of %r" "$w/r-%r.svg" 2 "the file -o writes, for a rank not known yet" \
+    "$bin" plot "$trace" -o "$w/r-12.svg"
+[ -e "$w/r-12.svg" ] && { echo "FAIL plot wrote $w/r-12.svg"; fail=1; }
+# A name the pattern makes for no rank is written.
+check "replay, no rank's file of %r" "$w/r-%r.pickle" 0 "" \
+    "$bin" replay "$trace" --snapshot "$w/r-x.pickle"
 # Another file: written, and the log has its lines.
 check "replay, another file" "$w/log-%h.txt" 0 "" "$bin" replay "$trace" --snapshot "$w/s5.json"
 python3 -c "import json,sys; json.load(open(sys.argv[1]))" "$w/s5.json" ||

@@ -379,7 +379,7 @@ if r.returncode != 0 or got != [0.123456789]:
 # A sympool snapshot recorded with SYMPOOL_MAX_SPLIT_SIZE of no whole MiB (20.5 MiB; PyTorch's
 # are whole MiB): the replay rebuilt it as max_split_size_mb:20 and ran another allocator. It
 # runs with the recorded bytes, which its own snapshot records; a configuration of --compare
-# that sets its own max_split_size_mb replaces them.
+# that sets its own max_split_size_mb replaces them. --json says so.
 split = 20 * MiB + MiB // 2
 conf = {"PYTORCH_CUDA_ALLOC_CONF": "", "max_split_size": split,
         "garbage_collection_threshold": 0.0, "expandable_segments": False}
@@ -403,6 +403,31 @@ r = subprocess.run([cli, "replay", path, "--compare", "", "max_split_size_mb:40"
 got = re.findall(r"allocator ready: .*max_split_size (\d+)", r.stderr)
 if r.returncode != 0 or got != [str(split), str(40 * MiB), str(split)]:
     sys.exit(f"replay --compare max_split_size {split}: rc {r.returncode}: {got}: {r.stderr}")
+# --json names the configuration that ran: the recorded bytes too (its conf string left them out,
+# as if the replay had run without them), as the item --compare takes, SYMPOOL_MAX_SPLIT_SIZE=N;
+# in each --compare configuration's settings that starts from them, not in one that sets its own,
+# and not where the environment's SYMPOOL_MAX_SPLIT_SIZE (which wins) ran instead.
+item = f"SYMPOOL_MAX_SPLIT_SIZE={split}"
+r = run("replay", path, "--json")
+j = json.loads(r.stdout) if r.returncode == 0 else {}
+if (j.get("conf"), j.get("settings")) != (f"expandable_segments:False,{item}",) * 2:
+    sys.exit(f"replay --json max_split_size {split}: rc {r.returncode}: {r.stdout}{r.stderr}")
+r = run("replay", path, "--json", "--compare", "", "max_split_size_mb:40")
+got = [json.loads(line)["settings"] for line in r.stdout.splitlines()] if r.returncode == 0 else []
+if got != [f"expandable_segments:False,{item}", "expandable_segments:False,max_split_size_mb:40"]:
+    sys.exit(f"replay --json --compare max_split_size {split}: rc {r.returncode}: {got}: "
+             f"{r.stdout}{r.stderr}")
+# The string is a configuration --compare takes, and it runs the same allocator.
+r = subprocess.run([cli, "replay", path, "--compare", j["conf"]], capture_output=True, text=True,
+                   env=dict(os.environ, SYMPOOL_DEBUG="INFO"))
+got = re.findall(r"allocator ready: .*max_split_size (\d+)", r.stderr)
+if r.returncode != 0 or got != [str(split)]:
+    sys.exit(f"replay --compare '{j['conf']}': rc {r.returncode}: {got}: {r.stderr}")
+r = subprocess.run([cli, "replay", path, "--json"], capture_output=True, text=True,
+                   env=dict(os.environ, SYMPOOL_MAX_SPLIT_SIZE=str(40 * MiB)))
+j = json.loads(r.stdout) if r.returncode == 0 else {}
+if j.get("conf") != "expandable_segments:False":
+    sys.exit(f"replay --json, SYMPOOL_MAX_SPLIT_SIZE set: rc {r.returncode}: {r.stdout}{r.stderr}")
 
 # A pickled list of tuples (a tokenizer's merges, say).
 path = write("merges.pickle", [(b"a", b"b"), (b"ab", b"c")])

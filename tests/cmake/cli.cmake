@@ -428,12 +428,20 @@ if(TARGET sympool_cli)
     PASS_REGULAR_EXPRESSION "cannot write the output to stdout[^\n]*\nrc=1\n0\n$")
   # SYMPOOL_DEBUG_FILE in a folder that does not exist: the replay's own log lines (an OOM
   # warning, at the default level the library logs nothing itself) went to stderr without a
-  # word. Said once, naming the file and why, the lines still on stderr.
+  # word. Said once, naming the file and why (as the library says it), the lines still on stderr.
   add_test(NAME cli.replay_debug_file_missing_dir COMMAND sh -c
     "SYMPOOL_DEBUG_FILE='${SP_CLI_OUT}/no-such-dir/log' '$<TARGET_FILE:sympool_cli>' replay '${CMAKE_CURRENT_SOURCE_DIR}/data/trace-times-tiny.json' --capacity 4MiB 2>&1 >/dev/null | tee '${SP_CLI_OUT}/debug_missing.err'; echo \"notices=$(grep -c 'cannot open SYMPOOL_DEBUG_FILE' '${SP_CLI_OUT}/debug_missing.err')\"")
   set_tests_properties(cli.replay_debug_file_missing_dir PROPERTIES LABELS "unit;cli" TIMEOUT 120
     ENVIRONMENT "SYMPOOL_DEVICE=host"
-    PASS_REGULAR_EXPRESSION "^sympool: cannot open SYMPOOL_DEBUG_FILE '[^']*/no-such-dir/log': No such file or directory; logging to stderr\n[^\n]*SYMPOOL WARN [^\n]*out of memory on device 0.*\nnotices=1\n$")
+    PASS_REGULAR_EXPRESSION "^[^\n]* SYMPOOL WARN cannot open SYMPOOL_DEBUG_FILE '[^']*/no-such-dir/log': No such file or directory; logging to stderr\n[^\n]*SYMPOOL WARN [^\n]*out of memory on device 0.*\nnotices=1\n$")
+  # The same at SYMPOOL_DEBUG=INFO, where the library logs lines of its own while the replay has
+  # no filter set, and fails on the file too: it was said twice, by the library and the CLI. One
+  # line about the file, in a replay and in a --compare.
+  add_test(NAME cli.replay_debug_file_missing_dir_info COMMAND sh -c
+    "for a in '--capacity 4MiB' '--compare max_split_size_mb:64 max_split_size_mb:128'; do SYMPOOL_DEBUG=INFO SYMPOOL_DEBUG_FILE='${SP_CLI_OUT}/no-such-dir/log' '$<TARGET_FILE:sympool_cli>' replay '${CMAKE_CURRENT_SOURCE_DIR}/data/trace-times-tiny.json' $a 2>&1 >/dev/null | grep 'SYMPOOL_DEBUG_FILE'; echo \"rc=$?\"; done")
+  set_tests_properties(cli.replay_debug_file_missing_dir_info PROPERTIES LABELS "unit;cli" TIMEOUT 120
+    ENVIRONMENT "SYMPOOL_DEVICE=host"
+    PASS_REGULAR_EXPRESSION "^[^\n]* SYMPOOL WARN cannot open SYMPOOL_DEBUG_FILE '[^']*/no-such-dir/log': No such file or directory; logging to stderr\nrc=0\n[^\n]* SYMPOOL WARN cannot open SYMPOOL_DEBUG_FILE '[^']*/no-such-dir/log': No such file or directory; logging to stderr\nrc=0\n$")
   # A malformed allocator configuration in the environment was warned about ("that entry is
   # ignored, the others apply") where replay sets SYMPOOL_ALLOC_CONF itself and never uses it:
   # the snapshot's settings, --conf, --compare. Still warned about where it is used (a snapshot

@@ -1076,6 +1076,63 @@ TEST_F(CoreTest, DebugFileThatIsAFifoIsRefused) {
     rmdir(dir);
 }
 
+// A program that writes the lines it routes (sp_x_log_set_fn) to SYMPOOL_DEBUG_FILE's file itself,
+// as sympool's CLI does, fails on the same file as the log: it was said twice, by each. One
+// notice per file, whoever failed on it first; a file said since is news again.
+TEST_F(CoreTest, DebugFileNotOpenedIsSaidOnceWhoeverFailsFirst) {
+    expect_warnings();
+    char dir[] = "/tmp/sp_core_nologXXXXXX";
+    ASSERT_NE(mkdtemp(dir), nullptr);
+    std::string a = std::string(dir) + "/none/a.log", b = std::string(dir) + "/none/b.log";
+    auto count = [](const std::string &text, const std::string &path) {
+        std::string said = "cannot open SYMPOOL_DEBUG_FILE '" + path + "': ";
+        size_t n = 0;
+        for (size_t at = text.find(said); at != std::string::npos; at = text.find(said, at + 1))
+            n++;
+        return n;
+    };
+    std::string err;
+    bool first, again, other, back;
+    {
+        Env env({{"SYMPOOL_DEBUG_FILE", a.c_str()}});
+        sp__log_set_fn(nullptr, nullptr);
+        testing::internal::CaptureStderr();
+        first = sp_x_log_cannot_open(a.c_str(), "the program's reason"); // the program first
+        SP_WARN(SP_SUB_POOL, "a line of the log");                       // then the log
+        again = sp_x_log_cannot_open(a.c_str(), "the program's reason");
+        other = sp_x_log_cannot_open(b.c_str(), "the program's reason");
+        back = sp_x_log_cannot_open(a.c_str(), "the program's reason");
+        err = testing::internal::GetCapturedStderr();
+        sp__log_set_fn(capture, &log_);
+    }
+    EXPECT_TRUE(first);
+    EXPECT_FALSE(again);
+    EXPECT_TRUE(other);
+    EXPECT_TRUE(back) << "a file said before another is news again";
+    EXPECT_EQ(count(err, a), 2u) << err;
+    EXPECT_EQ(count(err, b), 1u) << err;
+    EXPECT_NE(err.find("'" + a + "': the program's reason; logging to stderr"), std::string::npos)
+        << err;
+    EXPECT_NE(err.find("a line of the log"), std::string::npos) << err;
+    // The log first, then the program: said once.
+    std::string c = std::string(dir) + "/none/c.log";
+    {
+        Env env({{"SYMPOOL_DEBUG_FILE", c.c_str()}});
+        sp__log_set_fn(nullptr, nullptr);
+        testing::internal::CaptureStderr();
+        SP_WARN(SP_SUB_POOL, "a line of the log");
+        again = sp_x_log_cannot_open(c.c_str(), "the program's reason");
+        err = testing::internal::GetCapturedStderr();
+        sp__log_set_fn(capture, &log_);
+    }
+    EXPECT_FALSE(again);
+    EXPECT_EQ(count(err, c), 1u) << err;
+    EXPECT_NE(err.find("'" + c + "': No such file or directory; logging to stderr"),
+              std::string::npos)
+        << err;
+    rmdir(dir);
+}
+
 // ---- time ----------------------------------------------------------------------------------
 
 TEST(CoreTime, ClocksMoveForward) {

@@ -9,6 +9,7 @@
 //  - Running out of host memory while the snapshot is being built is SP_ERR_SYSTEM naming the
 //    cause, not SP_ERR_INTERNAL; tested with the snapshot writer's allocation fault hook.
 #include "sp_test.hpp"
+#include "sympool/experimental.h"
 
 #include <dirent.h>
 #include <limits.h>
@@ -251,6 +252,11 @@ TEST_F(SnapshotTarget, TheLogFileOfARankNotKnownYetIsRefused) {
             << sp_last_error();
         EXPECT_SP_STATUS(sp_dump_snapshot((dir_ + "/./log.0.txt").c_str()),
                          SP_ERR_INVALID_ARGUMENT);
+        // sp_x_path_names tells a program (sympool's CLI) so before it writes anything.
+        EXPECT_TRUE(sp_x_path_names(pattern.c_str(), ranked.c_str()));
+        EXPECT_TRUE(sp_x_path_names(pattern.c_str(), (dir_ + "/./log.0.txt").c_str()));
+        EXPECT_FALSE(sp_x_path_names(pattern.c_str(), (dir_ + "/log.x.txt").c_str()));
+        EXPECT_FALSE(sp_x_path_names("", ranked.c_str()));
         // Names the pattern cannot make for any rank are written.
         ASSERT_SP_OK(sp_dump_snapshot((dir_ + "/log.3.txt.pickle").c_str()));
         ASSERT_SP_OK(sp_dump_snapshot((dir_ + "/log.x.txt").c_str()));
