@@ -427,7 +427,10 @@ hand_out(sp_devalloc_t *d, sp_block_t *b, bool in_set, sp_block_t *pred, size_t 
                 c = sp__bset_class(b_size);
                 unsigned nc = sp__bset_class(b->size);
                 if (nc != c) {
-                    sp__bset_reclass(&bp->free, b, c, nc);
+                    if (form == HIT_SPLIT)
+                        sp__bset_reclass(&bp->free, b, c, nc);
+                    else
+                        sp__bset_reclass_inl(&bp->free, b, c, nc);
                     pred = NULL; /* moved: no second move below */
                 }
             }
@@ -872,8 +875,10 @@ free_block(sp_devalloc_t *d, sp_block_t *b, bool low, uint32_t free_ctx, bool hi
          * class is larger than any size of this one). One stream: size and address decide. */
         unsigned c = sp__bset_class(keep_old), nc = sp__bset_class(keep->size);
         sp_block_t *succ;
-        if (nc != c)
+        if (nc != c && form == FREE_ONE)
             sp__bset_reclass(set, keep, c, nc);
+        else if (nc != c)
+            sp__bset_reclass_inl(set, keep, c, nc);
         else if ((succ = sp__bset_tsucc(keep)) &&
                  (succ->size < keep->size || (succ->size == keep->size && succ->addr < keep->addr)))
             sp__bset_reclass_move(set, keep, c, c);

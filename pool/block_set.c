@@ -442,7 +442,9 @@ static void unlink_node(sp_ref_t *root, sp_block_t *b);
 void sp__bset_remove(sp_block_set_t *set, sp_block_t *b) {
     if (!b->in_set)
         return;
-    if (set->lead && (uintptr_t)sp__block_stream(b) == (uintptr_t)sp__block_stream(set->min))
+    /* With classes every block has min's stream (lead is 0 or count): no stream to read. */
+    if (set->lead &&
+        (set->classes || (uintptr_t)sp__block_stream(b) == (uintptr_t)sp__block_stream(set->min)))
         set->lead--; /* 0 with blocks left: min's stream is another one, its count not known */
     if (set->classes && set->count == 1) {
         set->min = set->hint = NULL; /* the one block, in no tree */
@@ -591,6 +593,10 @@ void sp__bset_reclass_move(sp_block_set_t *set, sp_block_t *b, unsigned c, unsig
     } else if (less_in(set, true, b, set->min)) {
         set->min = b;
     }
+}
+
+void sp__bset_reclass(sp_block_set_t *set, sp_block_t *b, unsigned c, unsigned nc) {
+    sp__bset_reclass_inl(set, b, c, nc);
 }
 
 sp_block_t *sp__bset_lower_bound(const sp_block_set_t *set, sp_stream_t stream, size_t size) {

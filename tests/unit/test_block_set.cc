@@ -146,6 +146,12 @@ struct Fixture {
         if (set.lead != 0) {
             ASSERT_EQ(set.lead, lead);
         }
+        // The classes' form holds one stream, so its count of min's stream is its count or not
+        // known (0: a one-tree set of several streams down to one block takes the form):
+        // sp__bset_remove counts a block out of it without reading a stream.
+        if (set.classes && set.lead != 0) {
+            ASSERT_EQ(set.lead, set.count);
+        }
         check_trees();
         ASSERT_EQ(set.min, ref.empty() ? nullptr : ref.front());
         size_t i = 0;
