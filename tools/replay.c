@@ -1742,10 +1742,18 @@ static void print_text(const char *trace, const tr_trace_t *t, const replay_resu
         printf("  settings             the snapshot's: '%s'\n", conf && *conf ? conf : "defaults");
     else
         printf("  settings             defaults (the snapshot records none)\n");
-    if (user_conf == NULL && t->settings.split_bytes != 0)
-        printf("  max_split_size       %llu bytes, as recorded (no whole MiB: "
-               "SYMPOOL_MAX_SPLIT_SIZE)\n",
-               (unsigned long long)t->settings.split_bytes);
+    if (user_conf == NULL && t->settings.split_bytes != 0) {
+        /* The environment's SYMPOOL_MAX_SPLIT_SIZE wins over the recorded bytes
+         * (tr_settings_split_to_set): the line says which of the two ran. */
+        if (tr_settings_split_to_set(&t->settings) != 0)
+            printf("  max_split_size       %llu bytes, as recorded (no whole MiB: "
+                   "SYMPOOL_MAX_SPLIT_SIZE)\n",
+                   (unsigned long long)t->settings.split_bytes);
+        else
+            printf("  max_split_size       SYMPOOL_MAX_SPLIT_SIZE=%s from the environment, in "
+                   "place of the recorded %llu bytes\n",
+                   getenv("SYMPOOL_MAX_SPLIT_SIZE"), (unsigned long long)t->settings.split_bytes);
+    }
     if (t->settings.fraction > 0)
         printf("  memory fraction      %.3f of the emulated device (set --capacity to the "
                "recorded GPU's)\n",
@@ -2070,6 +2078,35 @@ static void print_answer(const char *const *confs, const char *empty, const repl
 /* `replay TRACE --compare CONF...`: every configuration on a fresh allocator, one table (or one
  * JSON object per configuration), and with --capacity the answer: does the job fit, and with
  * which configuration. */
+/* --compare's text: the recorded max_split_size of no whole MiB, which the settings line (whole
+ * MiB terms) cannot show, with the configurations it ran in (split[i] not 0: those that set no
+ * max_split_size of their own; empty names the "" configuration as the table does). */
+static void print_compare_split(const tr_trace_t *t, const char *const *confs, const char *empty,
+                                const uint64_t *split, int n) {
+    int ran = 0;
+    for (int i = 0; i < n; i++)
+        ran += split[i] != 0;
+    if (ran == 0)
+        return;
+    printf("  max_split_size: %llu bytes, as recorded (no whole MiB: SYMPOOL_MAX_SPLIT_SIZE), in ",
+           (unsigned long long)t->settings.split_bytes);
+    if (ran == n) {
+        printf("every configuration\n");
+        return;
+    }
+    const char *sep = "";
+    for (int i = 0; i < n; i++) {
+        if (split[i] != 0) {
+            if (confs[i][0])
+                printf("%s'%s'", sep, confs[i]);
+            else
+                printf("%s%s", sep, empty);
+            sep = ", ";
+        }
+    }
+    printf("\n");
+}
+
 static int replay_compare(const char *trace, const tr_trace_t *t, const char *user_conf,
                           const char *const *confs, int n, const char *capacity, bool json,
                           int repeat) {
@@ -2143,6 +2180,7 @@ static int replay_compare(const char *trace, const tr_trace_t *t, const char *us
         else
             printf("  settings: defaults (the snapshot records none), each configuration's items "
                    "added\n");
+        print_compare_split(t, confs, empty, split, n);
         printf("  %-44s %12s %9s %10s %6s %9s\n", "configuration", "peak GiB", "/alloc",
                "/recorded", "OOMs", "ns/event");
         for (int i = 0; i < n; i++) {

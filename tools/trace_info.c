@@ -172,6 +172,12 @@ static void json(const char *path, const tr_trace_t *t) {
         cj_str(&j, "alloc_conf", t->settings.conf); /* "" = PyTorch's defaults */
     else
         cj_null(&j, "alloc_conf");
+    /* A recorded max_split_size of no whole MiB, which alloc_conf's max_split_size_mb cannot
+     * say (null when there is none: then alloc_conf holds the whole setting). */
+    if (t->settings.split_bytes != 0)
+        cj_uint(&j, "max_split_size_bytes", t->settings.split_bytes);
+    else
+        cj_null(&j, "max_split_size_bytes");
     if (t->settings.fraction > 0)
         cj_num(&j, "per_process_memory_fraction", t->settings.fraction);
     else

@@ -165,6 +165,8 @@ def check_trace(path):
         check(st["recorded"] and (st["alloc_conf"] or "defaults") == m.group(1), "settings")
     else:
         check(not st["recorded"] and st["alloc_conf"] is None, "settings not recorded")
+    m = re.search(r"^  max_split_size (\d+) bytes", text, re.M)
+    check(st["max_split_size_bytes"] == (int(m.group(1)) if m else None), "max_split_size bytes")
     return doc
 
 

@@ -428,6 +428,46 @@ r = subprocess.run([cli, "replay", path, "--json"], capture_output=True, text=Tr
 j = json.loads(r.stdout) if r.returncode == 0 else {}
 if j.get("conf") != "expandable_segments:False":
     sys.exit(f"replay --json, SYMPOOL_MAX_SPLIT_SIZE set: rc {r.returncode}: {r.stdout}{r.stderr}")
+# The text says which max_split_size ran: the recorded bytes, or the environment's variable,
+# which wins over them (it used to say "as recorded" either way).
+r = run("replay", path)
+if r.returncode != 0 or f"max_split_size       {split} bytes, as recorded" not in r.stdout:
+    sys.exit(f"replay text max_split_size {split}: rc {r.returncode}: {r.stdout}{r.stderr}")
+r = subprocess.run([cli, "replay", path], capture_output=True, text=True,
+                   env=dict(os.environ, SYMPOOL_MAX_SPLIT_SIZE=str(40 * MiB)))
+if r.returncode != 0 or "as recorded" in r.stdout or \
+        f"SYMPOOL_MAX_SPLIT_SIZE={40 * MiB} from the environment, in place of the recorded " \
+        f"{split} bytes" not in r.stdout:
+    sys.exit(f"replay text, SYMPOOL_MAX_SPLIT_SIZE set: rc {r.returncode}: {r.stdout}{r.stderr}")
+# --compare's text names the recorded bytes and the configurations they ran in (its settings
+# line, in whole MiB terms, cannot show them).
+r = run("replay", path, "--compare", "", "max_split_size_mb:40")
+if r.returncode != 0 or f"max_split_size: {split} bytes, as recorded (no whole MiB: " \
+        "SYMPOOL_MAX_SPLIT_SIZE), in (recorded)\n" not in r.stdout:
+    sys.exit(f"replay --compare text max_split_size {split}: rc {r.returncode}: {r.stdout}"
+             f"{r.stderr}")
+r = run("replay", path, "--compare", "", "garbage_collection_threshold:0.5")
+if r.returncode != 0 or f"max_split_size: {split} bytes, as recorded (no whole MiB: " \
+        "SYMPOOL_MAX_SPLIT_SIZE), in every configuration\n" not in r.stdout:
+    sys.exit(f"replay --compare text max_split_size {split}, every configuration: rc "
+             f"{r.returncode}: {r.stdout}{r.stderr}")
+# info --json gives the bytes too (alloc_conf's max_split_size_mb cannot), null where the
+# setting is whole MiB or absent.
+r = run("info", path, "--json")
+got = json.loads(r.stdout)["settings"] if r.returncode == 0 else {}
+if got.get("max_split_size_bytes") != split or "max_split_size_mb" in got.get("alloc_conf", "?"):
+    sys.exit(f"info --json max_split_size {split}: rc {r.returncode}: {r.stdout}{r.stderr}")
+whole = dict(conf, max_split_size=40 * MiB)
+path = write("split_whole.pickle", {"segments": [segment(SEG, 20 * MiB)],
+                                    "device_traces": [entries], "allocator_settings": whole})
+r = run("info", path, "--json")
+got = json.loads(r.stdout)["settings"] if r.returncode == 0 else {}
+if "max_split_size_bytes" not in got or got["max_split_size_bytes"] is not None or \
+        "max_split_size_mb:40" not in got.get("alloc_conf", ""):
+    sys.exit(f"info --json max_split_size 40 MiB: rc {r.returncode}: {r.stdout}{r.stderr}")
+r = run("replay", path, "--compare", "", "max_split_size_mb:60")
+if r.returncode != 0 or "max_split_size:" in r.stdout:
+    sys.exit(f"replay --compare, whole MiB: rc {r.returncode}: {r.stdout}{r.stderr}")
 
 # A pickled list of tuples (a tokenizer's merges, say).
 path = write("merges.pickle", [(b"a", b"b"), (b"ab", b"c")])
