@@ -2075,9 +2075,6 @@ static void print_answer(const char *const *confs, const char *empty, const repl
     printf("\n");
 }
 
-/* `replay TRACE --compare CONF...`: every configuration on a fresh allocator, one table (or one
- * JSON object per configuration), and with --capacity the answer: does the job fit, and with
- * which configuration. */
 /* --compare's text: the recorded max_split_size of no whole MiB, which the settings line (whole
  * MiB terms) cannot show, with the configurations it ran in (split[i] not 0: those that set no
  * max_split_size of their own; empty names the "" configuration as the table does). */
@@ -2107,6 +2104,9 @@ static void print_compare_split(const tr_trace_t *t, const char *const *confs, c
     printf("\n");
 }
 
+/* `replay TRACE --compare CONF...`: every configuration on a fresh allocator, one table (or one
+ * JSON object per configuration), and with --capacity the answer: does the job fit, and with
+ * which configuration. */
 static int replay_compare(const char *trace, const tr_trace_t *t, const char *user_conf,
                           const char *const *confs, int n, const char *capacity, bool json,
                           int repeat) {
