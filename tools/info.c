@@ -15,6 +15,9 @@
 #if defined(SP_HAVE_CUDA)
 #include <cuda_runtime_api.h>
 #endif
+#if defined(SP_HAVE_NCCL) || defined(SP_HAVE_MPI)
+#include <dlfcn.h>
+#endif
 #if defined(SP_HAVE_NCCL)
 #include <nccl.h>
 #endif
@@ -29,18 +32,74 @@ static void human(size_t bytes, char *out, size_t cap) {
 /* The versions of what this build links, each as built against and as loaded at run time. None
  * of these calls needs a GPU or MPI_Init. */
 typedef struct versions {
-    bool cuda;        /* linked */
-    bool have_rt;     /* the runtime answered */
-    int rt, built_rt; /* runtime loaded, built against (1000*major + 10*minor) */
-    bool have_drv;    /* a driver answered */
-    int drv;          /* the CUDA version it supports */
-    bool nccl;        /* linked */
-    bool have_nccl;   /* ncclGetVersion answered */
-    int nv, built_nv; /* loaded, built against (10000*major + 100*minor + patch) */
-    bool mpi;         /* linked */
-    int major, minor; /* the MPI standard */
-    char lib[256];    /* the library's first words, "" when it did not say */
+    bool cuda;              /* linked */
+    bool have_rt;           /* the runtime answered */
+    int rt, built_rt;       /* runtime loaded, built against (1000*major + 10*minor) */
+    bool have_drv;          /* a driver answered */
+    int drv;                /* the CUDA version it supports */
+    bool nccl;              /* linked */
+    bool have_nccl;         /* ncclGetVersion answered */
+    int nv, built_nv;       /* loaded, built against (10000*major + 100*minor + patch) */
+    bool mpi;               /* linked */
+    bool have_mpi;          /* the MPI library was loaded and answered MPI_Get_version */
+    const char *mpi_soname; /* what it is loaded by */
+    int major, minor;       /* the MPI standard */
+    char lib[256];          /* the library's first words, "" when it did not say */
 } versions_t;
+
+#if defined(SP_HAVE_NCCL) || defined(SP_HAVE_MPI)
+/* The function NAME of the library loaded by SONAME (loading it if need be, never unloading it:
+ * NCCL and MPI are not made to be unloaded), or NULL. The CLI links neither (CMakeLists.txt says
+ * why), so `info` finds them as the dynamic linker finds them for libsympool: by soname, along
+ * the CLI's run path, LD_LIBRARY_PATH and the system's. A data pointer turned into a function
+ * pointer is a cast ISO C leaves undefined: the caller copies the bytes (POSIX dlsym's advice). */
+static void *library_symbol(const char *soname, const char *name) {
+    void *lib = dlopen(soname, RTLD_NOW | RTLD_LOCAL);
+    return lib != NULL ? dlsym(lib, name) : NULL;
+}
+#endif
+
+#if defined(SP_HAVE_NCCL)
+static void nccl_version_read(versions_t *v) {
+    ncclResult_t (*get_version)(int *) = NULL;
+    void *sym = library_symbol(SP_NCCL_SONAME, "ncclGetVersion");
+    v->nccl = true;
+    v->built_nv = NCCL_MAJOR * 10000 + NCCL_MINOR * 100 + NCCL_PATCH;
+    if (sym == NULL)
+        return;
+    memcpy(&get_version, &sym, sizeof get_version);
+    v->have_nccl = get_version(&v->nv) == ncclSuccess;
+}
+#endif
+
+#if defined(SP_HAVE_MPI)
+/* The library's first line up to its first comma: Open MPI adds its repository and release
+ * date after them. */
+static void mpi_version_read(versions_t *v) {
+    int (*get_version)(int *, int *) = NULL;
+    int (*get_library_version)(char *, int *) = NULL;
+    void *sym = library_symbol(SP_MPI_SONAME, "MPI_Get_version");
+    void *lib_sym = library_symbol(SP_MPI_SONAME, "MPI_Get_library_version");
+    v->mpi = true;
+    v->mpi_soname = SP_MPI_SONAME;
+    if (sym == NULL)
+        return;
+    memcpy(&get_version, &sym, sizeof get_version);
+    v->have_mpi = get_version(&v->major, &v->minor) == MPI_SUCCESS;
+    if (!v->have_mpi || lib_sym == NULL)
+        return;
+    memcpy(&get_library_version, &lib_sym, sizeof get_library_version);
+    char lib[MPI_MAX_LIBRARY_VERSION_STRING];
+    int len = 0;
+    if (get_library_version(lib, &len) != MPI_SUCCESS)
+        return;
+    lib[len >= 0 && len < MPI_MAX_LIBRARY_VERSION_STRING ? len
+                                                         : MPI_MAX_LIBRARY_VERSION_STRING - 1] =
+        '\0';
+    lib[strcspn(lib, "\n,")] = '\0';
+    snprintf(v->lib, sizeof v->lib, "%s", lib);
+}
+#endif
 
 static void versions_read(versions_t *v) {
     memset(v, 0, sizeof *v);
@@ -51,25 +110,10 @@ static void versions_read(versions_t *v) {
     v->built_rt = CUDART_VERSION;
 #endif
 #if defined(SP_HAVE_NCCL)
-    v->nccl = true;
-    v->have_nccl = ncclGetVersion(&v->nv) == ncclSuccess;
-    v->built_nv = NCCL_MAJOR * 10000 + NCCL_MINOR * 100 + NCCL_PATCH;
+    nccl_version_read(v);
 #endif
 #if defined(SP_HAVE_MPI)
-    char lib[MPI_MAX_LIBRARY_VERSION_STRING];
-    int len = 0;
-    v->mpi = true;
-    (void)MPI_Get_version(&v->major, &v->minor);
-    if (MPI_Get_library_version(lib, &len) == MPI_SUCCESS) {
-        lib[len < MPI_MAX_LIBRARY_VERSION_STRING ? len : MPI_MAX_LIBRARY_VERSION_STRING - 1] = '\0';
-        char *nl = strchr(lib, '\n'); /* Open MPI adds its repository and release date */
-        if (nl != NULL)
-            *nl = '\0';
-        char *comma = strchr(lib, ',');
-        if (comma != NULL)
-            *comma = '\0';
-        snprintf(v->lib, sizeof v->lib, "%s", lib);
-    }
+    mpi_version_read(v);
 #endif
 }
 
@@ -103,10 +147,12 @@ static void versions_text(const versions_t *v) {
         printf("  NCCL version unavailable (built with %s)\n", nccl_ver(v->built_nv, b, 32));
     else
         printf("  NCCL not linked\n");
-    if (v->mpi && v->lib[0])
+    if (v->have_mpi && v->lib[0])
         printf("  MPI %d.%d standard, %s\n", v->major, v->minor, v->lib);
-    else if (v->mpi)
+    else if (v->have_mpi)
         printf("  MPI %d.%d standard\n", v->major, v->minor);
+    else if (v->mpi)
+        printf("  MPI version unavailable (%s did not load or answer)\n", v->mpi_soname);
     else
         printf("  MPI not linked (no symmetric pools or collectives)\n");
 }
@@ -145,7 +191,10 @@ static void versions_json(cli_json_t *j, const versions_t *v) {
     if (v->mpi) {
         cj_object(j, "mpi");
         snprintf(a, sizeof a, "%d.%d", v->major, v->minor);
-        cj_str(j, "standard", a);
+        if (v->have_mpi)
+            cj_str(j, "standard", a);
+        else
+            cj_null(j, "standard");
         if (v->lib[0])
             cj_str(j, "library", v->lib);
         else

@@ -76,6 +76,8 @@ def check_library_info():
     m = re.search(r"^  MPI (\S+) standard(?:, (.*))?$", text, re.M)
     if m:
         check(v["mpi"]["standard"] == m.group(1) and v["mpi"]["library"] == m.group(2), "mpi")
+    elif re.search(r"^  MPI version unavailable \(\S+ did not load or answer\)$", text, re.M):
+        check(v["mpi"] == {"standard": None, "library": None}, "mpi unavailable")
     else:
         check(v["mpi"] is None and "MPI not linked" in text, "mpi not linked")
 

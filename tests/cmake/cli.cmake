@@ -788,6 +788,15 @@ if(TARGET sympool_cli)
     COMMAND $<TARGET_FILE:sympool_cli> info ${SP_DATA}/real/sqattn-empty-cache.pickle)
   set_tests_properties(cli.info_trace PROPERTIES LABELS "unit;cli" TIMEOUT 60
     PASS_REGULAR_EXPRESSION "format: pickle protocol 4, snapshot with allocator_settings.*segment_alloc 420, segment_free 420.*empty_cache calls: 28.*starting state: 4 segments")
+  # The CLI links neither NCCL nor MPI; info gives their versions all the same, and says so where
+  # a library by their soname has none (tests/cli/cli_libraries.sh).
+  add_library(sp_no_symbols MODULE ${CMAKE_CURRENT_SOURCE_DIR}/cli/no_symbols.c)
+  sp_unit_target(sp_no_symbols)
+  add_test(NAME cli.libraries_loaded_by_info COMMAND sh ${CMAKE_CURRENT_SOURCE_DIR}/cli/cli_libraries.sh
+    $<TARGET_FILE:sympool_cli> $<TARGET_FILE:sp_no_symbols> "${SP_NCCL_SONAME}" "${SP_MPI_SONAME}"
+    ${SP_CLI_OUT}/libraries)
+  set_tests_properties(cli.libraries_loaded_by_info PROPERTIES LABELS "unit;cli"
+    TIMEOUT 60 PASS_REGULAR_EXPRESSION "cli libraries ok")
   # info --json: the text's facts, field by field, for the library and five snapshots; failures
   # leave stdout empty.
   find_package(Python3 COMPONENTS Interpreter QUIET)
