@@ -20,7 +20,9 @@
 #include <sympool/sympool.h>
 #include <sympool/world.h>
 
-/* See tests/mpi/test_world.cc: LeakSanitizer needs the slow unwinder to match Open MPI's leaks. */
+/* For a run by hand, as tests/mpi/mpi_main.cc says: LeakSanitizer needs the slow unwinder to
+ * match Open MPI's leaks by scripts/lsan.supp's frames; ctest's runs take the fast one and keep
+ * Open MPI's components loaded instead (tests/CMakeLists.txt, shim/no_dlclose.c). */
 #if defined(__SANITIZE_ADDRESS__)
 const char *__asan_default_options(void);
 const char *__asan_default_options(void) {
