@@ -66,7 +66,7 @@ foreach(shape "2;2" "3;1")
   # node and on the others get SP_ERR_TIMEOUT (see tests/cmake/symmetric.cmake for the verdict).
   foreach(call malloc allreduce)
     sp_multinode_test(rank_dies_${call} ${nodes} ${ppn} TARGET sym_exit ARGS ${call}
-      MPIRUN --mca orte_abort_on_non_zero_status 0 ENV "SYMPOOL_SYM_TIMEOUT=1"
+      MPIRUN --mca orte_abort_on_non_zero_status 0
       PASS "sym-exit: ok rank 0.*sym-exit: ok rank 1|sym-exit: ok rank 1.*sym-exit: ok rank 0"
       FAIL "sym-exit: FAIL")
   endforeach()
@@ -116,7 +116,7 @@ if(SYMPOOL_CUDA_DOUBLE AND TARGET test_cuda_double_mpi)
   foreach(call malloc allreduce)
     sp_multinode_test(rank_dies_${call} 2 2 TARGET sym_exit CUDA_DOUBLE ARGS ${call}
       MPIRUN --mca orte_abort_on_non_zero_status 0
-      ENV "CUDA_DOUBLE_GPUS=2" "SYMPOOL_SYM_TIMEOUT=1"
+      ENV "CUDA_DOUBLE_GPUS=2"
       PASS "sym-exit: ok rank 0.*sym-exit: ok rank 1|sym-exit: ok rank 1.*sym-exit: ok rank 0"
       FAIL "sym-exit: FAIL")
   endforeach()
