@@ -14,8 +14,8 @@ endif()
 
 set(SP_MN_RUN ${PROJECT_SOURCE_DIR}/tests/multinode/mn-run.sh)
 
-# The targets may be defined by a later file (symmetric.cmake): $<TARGET_FILE> resolves them at
-# generation time.
+# This file is read after every other module (tests/CMakeLists.txt), so the targets it runs exist
+# here; $<TARGET_FILE> resolves them at generation time.
 # sp_multinode_test(NAME nodes ppn TARGET target [CUDA_DOUBLE] [ARGS ...] [MPIRUN ...] [ENV ...]
 #                   [PASS regex] [FAIL regex])
 # CUDA_DOUBLE: the cuda backend under the CUDA/NCCL test doubles (cuda_double.cmake's
@@ -102,7 +102,7 @@ if(SYMPOOL_CUDA_DOUBLE AND TARGET test_cuda_double_mpi)
   # Two ranks per node and one GPU per node: the world fails on every rank of both nodes with the
   # reason, before NCCL could refuse the duplicate GPU (3x1 above shows device 0 of several nodes
   # is no duplicate).
-  # (sp_world_init_self comes from symmetric.cmake, read after this file.) Its failure line is
+  # (sp_world_init_self comes from symmetric.cmake, read before this file.) Its failure line is
   # written in three pieces that the four ranks interleave: the status is one piece, the reason
   # is in each rank's WARN line.
   set(refused "sp_world_init -> SP_ERR_INVALID_USAGE")
