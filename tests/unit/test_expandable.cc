@@ -973,6 +973,81 @@ TEST_F(Expandable, UnderTheSharedBoundWholePagesPackWithTheRest) {
     whole_pages_apart(false);
 }
 
+// SYMPOOL_EXPANDABLE_TEMPS: past its bound (2 MiB here, learning from the start), a size whose
+// blocks were freed young more than twice as often as not is a temporary, and grows and is cut
+// only in an expandable segment of its own. A 5 MiB block freed right after its allocation makes
+// 5 MiB one, so the next 5 MiB request leaves the free 5 MiB range beside the 3 MiB block alone
+// and grows another segment (its own address range), where a long-lived request never goes: a
+// 3 MiB one is cut from that free range instead. apart = false: PyTorch's placement, the second
+// 5 MiB block where the first was.
+static void temporaries_apart(bool apart) {
+    void *l, *t, *t2, *l2;
+    ASSERT_SP_OK(sp_malloc(3 * MiB, 0, nullptr, &l));
+    ASSERT_SP_OK(sp_malloc(5 * MiB, 0, nullptr, &t));
+    EXPECT_EQ((uintptr_t)t, (uintptr_t)l + 3 * MiB);
+    ASSERT_SP_OK(sp_free(t));
+    ASSERT_SP_OK(sp_malloc(5 * MiB, 0, nullptr, &t2));
+    uintptr_t lo = (uintptr_t)l, t2a = (uintptr_t)t2;
+    bool in_l_segment = t2a >= lo && t2a < lo + 64 * MiB; // its neighbourhood: 8 MiB mapped
+    EXPECT_EQ(!in_l_segment, apart);
+    if (!apart) {
+        EXPECT_EQ(t2a, lo + 3 * MiB);
+    }
+    ASSERT_SP_OK(sp_malloc(3 * MiB, 0, nullptr, &l2));
+    uintptr_t l2a = (uintptr_t)l2;
+    if (apart) {
+        EXPECT_TRUE(l2a >= lo + 3 * MiB && l2a + 3 * MiB <= lo + 8 * MiB)
+            << "cut from the free range";
+    }
+    for (void *p : {l, t2, l2})
+        ASSERT_SP_OK(sp_free(p));
+    ASSERT_SP_OK(sp_empty_cache());
+    EXPECT_EQ(stat("reserved_bytes.all.current"), 0);
+}
+
+TEST_F(Expandable, GuessedTemporariesGrowASegmentOfTheirOwn) {
+    sp::ScopedEnv env({{"SYMPOOL_ALLOC_CONF", "expandable_segments:True"},
+                       {"SYMPOOL_EXPANDABLE_TEMPS", "2MiB"},
+                       {"SYMPOOL_EXPANDABLE_TEMPS_LEARN", "0"}});
+    SP_SKIP_UNLESS_HOST();
+    temporaries_apart(true);
+}
+
+TEST_F(Expandable, UnderTheTempsBoundTemporariesPackWithTheRest) {
+    sp::ScopedEnv env({{"SYMPOOL_ALLOC_CONF", "expandable_segments:True"},
+                       {"SYMPOOL_EXPANDABLE_TEMPS_LEARN", "0"}});
+    SP_SKIP_UNLESS_HOST();
+    temporaries_apart(false); // the default bound, 4 GiB
+}
+
+TEST_F(Expandable, WithoutTempsTemporariesPackWithTheRest) {
+    sp::ScopedEnv env({{"SYMPOOL_ALLOC_CONF", "expandable_segments:True"},
+                       {"SYMPOOL_EXPANDABLE_TEMPS", "0"},
+                       {"SYMPOOL_EXPANDABLE_TEMPS_LEARN", "0"}});
+    SP_SKIP_UNLESS_HOST();
+    temporaries_apart(false);
+}
+
+// Its stamps and counts go with the pool's tables at shutdown (ASan's leak check), and a pool
+// that falls back under the learning bound drops its stamps: a block stamped before is freed
+// unseen, and the next round learns again.
+TEST_F(Expandable, TempsTablesSurviveTheBoundsBothWays) {
+    sp::ScopedEnv env({{"SYMPOOL_ALLOC_CONF", "expandable_segments:True"},
+                       {"SYMPOOL_EXPANDABLE_TEMPS", "2MiB"},
+                       {"SYMPOOL_EXPANDABLE_TEMPS_LEARN", "2MiB"}});
+    SP_SKIP_UNLESS_HOST();
+    for (int round = 0; round < 3; round++) {
+        void *a, *b;
+        ASSERT_SP_OK(sp_malloc(3 * MiB, 0, nullptr, &a));
+        ASSERT_SP_OK(sp_malloc(5 * MiB, 0, nullptr, &b));
+        ASSERT_SP_OK(sp_free(a));
+        ASSERT_SP_OK(sp_empty_cache()); // under the bound: b's stamp goes
+        ASSERT_SP_OK(sp_free(b));
+        ASSERT_SP_OK(sp_empty_cache());
+        EXPECT_EQ(stat("reserved_bytes.all.current"), 0);
+    }
+}
+
 TEST_F(Expandable, WithoutAlignLargeRequestsArePacked) {
     sp::ScopedEnv env({{"SYMPOOL_ALLOC_CONF", "expandable_segments:True"},
                        NO_SHARED,
