@@ -289,16 +289,6 @@ const char *sp__log_level_name(int level); /* "WARN" */
       "a cached block of the default pool holding a page more than it needs, where it would "      \
       "touch a page no live block holds, takes the next larger cached block whose start lies in "  \
       "a page its live neighbour keeps mapped, if one of the next 8 is; 0 = off")                  \
-    X(EXPANDABLE_TEMPS, SIZE, "4GiB", NULL, NULL, 0,                                               \
-      "ours, with EXPANDABLE_RECYCLE on: while the default pool reserves at least this, a "        \
-      "request over 1 MiB of a size guessed a temporary grows and is cut from expandable "         \
-      "segments of its own, other requests never use those; 0 = off")                              \
-    X(EXPANDABLE_TEMPS_WINDOW, LONG, "32", NULL, check_positive, 0,                                \
-      "ours, with EXPANDABLE_TEMPS: a size is a temporary when its blocks were freed within this " \
-      "many allocations (over 1 MiB) of their own more than twice as often as they lived longer")  \
-    X(EXPANDABLE_TEMPS_LEARN, SIZE, "256MiB", NULL, NULL, 0,                                       \
-      "ours, with EXPANDABLE_TEMPS: its stamps and counts are taken while the default pool "       \
-      "reserves at least this")                                                                    \
     X(THREAD_CACHE, SIZE, "0", NULL, NULL, 0,                                                      \
       "ours: bytes of freed blocks (<= 1 MiB each) each thread keeps for its own next mallocs, "   \
       "without the device lock; changes best fit (docs/threads.md); 0 = off")                      \

@@ -329,10 +329,6 @@ find_fit(sp_devalloc_t *d, sp_bpool_t *bp, size_t size, sp_stream_t stream, sp_b
      * (480.0 and 560.0 before; 483.0 and 561.0 with the old test `b->size > size` first). */
     if (SP_UNLIKELY(sp__bseg(b)->expandable)) {
         if (size >= SP_SMALL_SIZE + 512) {
-            /* SYMPOOL_EXPANDABLE_TEMPS: where it learns, its own best fit and stamp (out of
-             * line: in this branch the cached 512 B pair never pays its test). */
-            if (SP_UNLIKELY(size > bp->temps_min))
-                return sp__exp_temps_take(d, bp, b, size, stream, pred_p);
             if (b->size > size)
                 b = sp__exp_fit_end(d, bp, b, size, pred_p);
         } else if (b->size - size >= SP_SMALL_BUFFER) {
@@ -846,11 +842,8 @@ free_block(sp_devalloc_t *d, sp_block_t *b, bool low, uint32_t free_ctx, bool hi
     } else {
         seg->gc_clock = bp->gfb_count; /* a whole free segment: its GC age starts (block.h) */
     }
-    if (SP_UNLIKELY(seg->expandable)) {
+    if (SP_UNLIKELY(seg->expandable))
         net_n = net_bytes = 0; /* PyTorch leaves expandable segments out of inactive_split */
-        if (SP_UNLIKELY(orig_size > bp->temps_min))
-            sp__exp_temps_free(bp->pool, orig_addr); /* SYMPOOL_EXPANDABLE_TEMPS: young or old */
-    }
     /* A merge lowers both (a decrease touches only current); a split block freed alone raises
      * them. */
     if (net_n < 0)

@@ -53,16 +53,9 @@ typedef struct sp_bpool {
     struct sp_mempool *pool; /* owning MemPool (const) */
     uint64_t gfb_count;      /* get_free_block calls while GC is on: the GC clock (lock) */
     sp_block_t *unmapped;    /* expandable: unmapped blocks by (stream, address) (lock) */
-    /* SYMPOOL_EXPANDABLE_TEMPS: blocks over this size are stamped at their handout and counted
-     * at their free; SIZE_MAX but in the large pool of a default pool that reserves at least
-     * EXPANDABLE_TEMPS_LEARN with the option on (set with small_max, whenever the pool's
-     * `reserved` changes). Here, not in the pool: the cache hit and the free hold bp. (lock) */
-    size_t temps_min;
 } sp_bpool_t;
 
 /* ---- MemPools ---------------------------------------------------------------------------- */
-
-typedef struct sp_exp_temps sp_exp_temps_t; /* expandable.c: SYMPOOL_EXPANDABLE_TEMPS's tables */
 
 struct sp_mempool {
     sp_mempool_id_t id;       /* {0,0} default; {0,n} user (const) */
@@ -95,7 +88,6 @@ struct sp_mempool {
     /* sp__handles_generation() when made; older = stale, 0 = released (handles.c): set at
      * create, to 0 once (device lock), read before the lock by the handle checks. */
     _Atomic uint64_t generation;
-    sp_exp_temps_t *temps; /* its stamps and counts per size, made on first use (lock) */
 };
 
 /* ---- events ------------------------------------------------------------------------------ */
@@ -183,9 +175,6 @@ typedef struct sp_alloc_global {
     double exp_align_skip;      /* SYMPOOL_EXPANDABLE_ALIGN_SKIP: pages ALIGN may skip (const) */
     bool exp_side;              /* SYMPOOL_EXPANDABLE_SIDE with RECYCLE on (const) */
     bool exp_pin;               /* SYMPOOL_EXPANDABLE_PIN with RECYCLE on (const) */
-    size_t exp_temps;           /* SYMPOOL_EXPANDABLE_TEMPS with RECYCLE on, 0 = off (const) */
-    uint64_t exp_temps_window;  /* SYMPOOL_EXPANDABLE_TEMPS_WINDOW (const) */
-    size_t exp_temps_learn;     /* SYMPOOL_EXPANDABLE_TEMPS_LEARN (const) */
     size_t exp_page;            /* SYMPOOL_EXPANDABLE_PAGE for the large pool, 0 = PyTorch's */
     size_t tc_limit;            /* SYMPOOL_THREAD_CACHE: idle bytes per thread, 0 = off (const) */
     int ndev;                   /* devices */

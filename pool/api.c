@@ -199,9 +199,6 @@ sp_status_t sp__alloc_init_slow(void) {
     sp__g.exp_align_skip = sp__option_double(SP_OPT_EXPANDABLE_ALIGN_SKIP);
     sp__g.exp_side = sp__g.exp_recycle && sp__option_int(SP_OPT_EXPANDABLE_SIDE) != 0;
     sp__g.exp_pin = sp__g.exp_recycle && sp__option_int(SP_OPT_EXPANDABLE_PIN) != 0;
-    sp__g.exp_temps = sp__g.exp_recycle ? (size_t)sp__option_int(SP_OPT_EXPANDABLE_TEMPS) : 0;
-    sp__g.exp_temps_window = (uint64_t)sp__option_int(SP_OPT_EXPANDABLE_TEMPS_WINDOW);
-    sp__g.exp_temps_learn = (size_t)sp__option_int(SP_OPT_EXPANDABLE_TEMPS_LEARN);
     sp__g.exp_page = (size_t)sp__option_int(SP_OPT_EXPANDABLE_PAGE);
     if (sp__g.exp_page && sp__g.caps.vmm_granularity)
         sp__g.exp_page = (sp__g.exp_page + sp__g.caps.vmm_granularity - 1) /

@@ -149,7 +149,6 @@ typedef struct sp_segment {
     sp_block_t *head;           /* its lowest block (lock) */
     bool expandable;            /* an expandable segment: size is address space (const) */
     bool whole;                 /* expandable: grows for requests of whole pages only (const) */
-    bool temp;                  /* expandable: grows for guessed temporaries only (const) */
     bool orphan;                /* its stream was destroyed while it held live blocks (lock) */
     size_t page;                /* expandable: bytes per mapped page (const) */
     size_t mapped;              /* expandable: bytes mapped (lock) */

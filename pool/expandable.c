@@ -29,7 +29,6 @@
  */
 #include <inttypes.h>
 #include <stdlib.h>
-#include <string.h>
 
 #include "pool/expandable.h"
 #include "pool/segment_index.h"
@@ -98,214 +97,6 @@ static void ulist_remove(sp_bpool_t *bp, sp_block_t *b) {
     b->left = b->right = 0;
 }
 
-/* ---- guessed temporaries (SYMPOOL_EXPANDABLE_TEMPS) --------------------------------------- */
-
-/* What issue 25's traces still hold over 1.01 x their peak allocated is holes a short-lived
- * block (a temporary) left between two blocks that live through the peak: the hole's ends are
- * slivers of pages its live neighbours keep mapped, so RECYCLE cannot give them back. Growing
- * and cutting guessed temporaries only in expandable segments of their own (their own address
- * range, per stream) keeps them from sitting between long-lived blocks, and when a step's
- * temporaries die their pages are free as a whole, for RECYCLE to move where the pool grows.
- * The guess is per request size, from the sizes' past: each block's allocation is stamped with
- * a clock that counts the pool's handouts over 1 MiB, and at its free the size counts it young
- * (freed within EXPANDABLE_TEMPS_WINDOW ticks) or old; a size is a temporary while young > 2 x
- * old. Only requests over 1 MiB (smaller ones live in the small pool, or share pages under
- * EXPANDABLE_SHARED's bound), and only in the default pool while it reserves at least the
- * option's bound (4 GiB): in a smaller pool the temporaries' own segment (its partly used last
- * page) is a larger part of the 1% the goal allows, and on the traces measured a lower bound
- * harmed more traces than it helped. The guess learns from a lower bound on
- * (EXPANDABLE_TEMPS_LEARN, 256 MiB): learning only past the option's bound put two traces over
- * 1.01, while under 256 MiB the cached pair of a small pool pays one compare a malloc and a
- * free, not a stamp. Measured on 249 real traces: docs/expandable.md, "A separate segment for
- * guessed temporaries". The 56-byte block has no room for a stamp, so stamps live in a table
- * beside the blocks, keyed by address. */
-
-typedef struct temps_stamp {
-    uintptr_t addr; /* the block's start; 0 = empty slot */
-    uint64_t stamp; /* the clock at its handout */
-    size_t size;    /* its request size (rounded) */
-} temps_stamp_t;
-
-typedef struct temps_size {
-    size_t size;         /* 0 = empty slot */
-    uint64_t young, old; /* its blocks freed within the window, and later */
-} temps_size_t;
-
-/* Sizes the table keeps at most: a run with ever new sizes stops learning new ones (their
- * requests are then never guessed temporaries) instead of growing without bound. */
-#define SP_TEMPS_SIZES_MAX 65536
-
-struct sp_exp_temps {
-    temps_stamp_t *slot; /* open addressing, linear probing; capacity a power of two */
-    size_t slot_cap, slot_n;
-    temps_size_t *sz; /* the same */
-    size_t sz_cap, sz_n;
-    uint64_t clock;
-};
-
-static size_t temps_hash(uint64_t key, size_t cap) {
-    return (size_t)((key * 0x9E3779B97F4A7C15ull) >> 17) & (cap - 1);
-}
-
-/* While the pool is under the bound nothing is stamped, and stamps taken before are dropped (a
- * free then would not find them; they would stay in the table for good). The counts per size
- * stay: they are the guess's memory. */
-static void temps_bound(sp_mempool_t *pool) {
-    bool on = sp__g.exp_temps && pool->is_default && sp__exp_pool(pool) &&
-              pool->reserved >= sp__g.exp_temps_learn;
-    pool->small.temps_min = SIZE_MAX;
-    pool->large.temps_min = on ? SP_SMALL_SIZE : SIZE_MAX;
-    sp_exp_temps_t *t = pool->temps;
-    if (!on && t && t->slot_n) {
-        memset(t->slot, 0, t->slot_cap * sizeof(*t->slot));
-        t->slot_n = 0;
-    }
-}
-
-void sp__exp_temps_retire(sp_mempool_t *pool) {
-    sp_exp_temps_t *t = pool->temps;
-    if (!t)
-        return;
-    free(t->slot);
-    free(t->sz);
-    free(t);
-    pool->temps = NULL;
-}
-
-static bool temps_slots_grow(sp_exp_temps_t *t) {
-    size_t cap = t->slot_cap ? t->slot_cap * 2 : 1024;
-    temps_stamp_t *n = calloc(cap, sizeof(*n));
-    if (!n)
-        return false;
-    for (size_t i = 0; i < t->slot_cap; i++) {
-        if (!t->slot[i].addr)
-            continue;
-        size_t j = temps_hash(t->slot[i].addr >> 9, cap);
-        while (n[j].addr)
-            j = (j + 1) & (cap - 1);
-        n[j] = t->slot[i];
-    }
-    free(t->slot);
-    t->slot = n;
-    t->slot_cap = cap;
-    return true;
-}
-
-static bool temps_sizes_grow(sp_exp_temps_t *t) {
-    size_t cap = t->sz_cap ? t->sz_cap * 2 : 256;
-    temps_size_t *n = calloc(cap, sizeof(*n));
-    if (!n)
-        return false;
-    for (size_t i = 0; i < t->sz_cap; i++) {
-        if (!t->sz[i].size)
-            continue;
-        size_t j = temps_hash(t->sz[i].size, cap);
-        while (n[j].size)
-            j = (j + 1) & (cap - 1);
-        n[j] = t->sz[i];
-    }
-    free(t->sz);
-    t->sz = n;
-    t->sz_cap = cap;
-    return true;
-}
-
-/* The counts of `size`; add: make them if new (NULL when full or out of memory). */
-static temps_size_t *temps_size_find(sp_exp_temps_t *t, size_t size, bool add) {
-    if (add && (t->sz_n + 1) * 2 > t->sz_cap &&
-        (t->sz_n >= SP_TEMPS_SIZES_MAX || !temps_sizes_grow(t)))
-        return NULL;
-    if (!t->sz_cap)
-        return NULL;
-    for (size_t j = temps_hash(size, t->sz_cap);; j = (j + 1) & (t->sz_cap - 1)) {
-        if (t->sz[j].size == size)
-            return &t->sz[j];
-        if (!t->sz[j].size) {
-            if (!add)
-                return NULL;
-            t->sz[j].size = size;
-            t->sz_n++;
-            return &t->sz[j];
-        }
-    }
-}
-
-void sp__exp_temps_alloc(sp_mempool_t *pool, uintptr_t addr, size_t size) {
-    sp_exp_temps_t *t = pool->temps;
-    if (!t && !(t = pool->temps = calloc(1, sizeof(*t))))
-        return; /* out of host memory: no guess, PyTorch's placement */
-    t->clock++;
-    if ((t->slot_n + 1) * 2 > t->slot_cap && !temps_slots_grow(t))
-        return;
-    size_t j = temps_hash(addr >> 9, t->slot_cap);
-    while (t->slot[j].addr && t->slot[j].addr != addr)
-        j = (j + 1) & (t->slot_cap - 1);
-    if (!t->slot[j].addr)
-        t->slot_n++;
-    t->slot[j] = (temps_stamp_t){addr, t->clock, size};
-}
-
-void sp__exp_temps_free(sp_mempool_t *pool, uintptr_t addr) {
-    sp_exp_temps_t *t = pool->temps;
-    if (!t || !t->slot_n)
-        return;
-    size_t cap = t->slot_cap, j = temps_hash(addr >> 9, cap);
-    while (t->slot[j].addr != addr) {
-        if (!t->slot[j].addr)
-            return; /* handed out while the pool was under the bound */
-        j = (j + 1) & (cap - 1);
-    }
-    temps_size_t *z = temps_size_find(t, t->slot[j].size, true);
-    if (z && t->clock - t->slot[j].stamp <= sp__g.exp_temps_window)
-        z->young++;
-    else if (z)
-        z->old++;
-    /* Linear probing's deletion: move later entries of the run back into the gap. */
-    t->slot[j].addr = 0;
-    t->slot_n--;
-    for (size_t k = (j + 1) & (cap - 1); t->slot[k].addr; k = (k + 1) & (cap - 1)) {
-        size_t h = temps_hash(t->slot[k].addr >> 9, cap);
-        if ((k > j && (h <= j || h > k)) || (k < j && h <= j && h > k)) {
-            t->slot[j] = t->slot[k];
-            t->slot[k].addr = 0;
-            j = k;
-        }
-    }
-}
-
-/* Is a request of `size` in bp guessed a temporary? */
-static bool temps_guess(const sp_bpool_t *bp, size_t size) {
-    const sp_mempool_t *pool = bp->pool;
-    if (bp->is_small || size <= bp->temps_min || !pool->temps || pool->reserved < sp__g.exp_temps)
-        return false;
-    const temps_size_t *z = temps_size_find(pool->temps, size, false);
-    return z && z->young > 2 * z->old; /* 64-bit counts: no overflow in practice */
-}
-
-sp_block_t *sp__exp_temps_take(sp_devalloc_t *d, sp_bpool_t *bp, sp_block_t *b, size_t size,
-                               sp_stream_t stream, sp_block_t **pred_p) {
-    /* Best fit among the blocks of the request's kind of segment: walk on from best fit's
-     * choice in set order (larger blocks of the stream). */
-    bool temp = temps_guess(bp, size);
-    sp_block_t *cur = b;
-    while (cur && sp__block_stream(cur) == stream && sp__bseg(cur)->temp != temp)
-        cur = sp__bset_succ(&bp->free, cur);
-    if (!cur || sp__block_stream(cur) != stream)
-        return NULL;
-    if (cur != b) {
-        *pred_p = sp__bset_pred(&bp->free, cur);
-        /* find_fit's oversize rule, for the block taken instead */
-        size_t mss = sp__g.conf.max_split_size;
-        if (cur->size >= mss &&
-            (size < mss || cur->size - size >= sp__g.conf.max_non_split_rounding))
-            return NULL;
-    }
-    if (cur->size > size)
-        cur = sp__exp_fit_end(d, bp, cur, size, pred_p);
-    sp__exp_temps_alloc(bp->pool, cur->addr, size);
-    return cur;
-}
-
 /* ---- small requests in the large pool ---------------------------------------------------- */
 
 /* SYMPOOL_EXPANDABLE_SHARED (ours): while a pool is small, its small requests live in the large
@@ -324,7 +115,6 @@ void sp__exp_share_small(sp_mempool_t *pool) {
                  pool->reserved < sp__g.exp_shared &&
                  sp__exp_page(&pool->large) <= sp__exp_page(&pool->small);
     pool->small_max = share ? 0 : SP_SMALL_SIZE;
-    temps_bound(pool);
 }
 
 /* ---- segments ---------------------------------------------------------------------------- */
@@ -650,14 +440,8 @@ static sp_status_t find_room(sp_devalloc_t *d, sp_bpool_t *bp, size_t size, sp_s
     bool apart = sp__g.exp_whole && pool->is_default && !bp->is_small && !pool->exp_unmapped &&
                  pool->reserved >= sp__g.exp_shared;
     bool whole = apart && size % sp__exp_page(bp) == 0;
-    /* SYMPOOL_EXPANDABLE_TEMPS: past its bound, guessed temporaries grow segments of their
-     * own (WHOLE's kinds are for the rest), and the rest never grows those (under it either). */
-    bool temps = sp__g.exp_temps && pool->is_default && !bp->is_small;
-    bool temp = temps && temps_guess(bp, size);
     for (sp_block_t *u = bp->unmapped; u; u = sp__blk0(u->right)) {
-        const sp_segment_t *useg = sp__bseg(u);
-        if (sp__block_stream(u) != stream || (temps && useg->temp != temp) ||
-            (apart && !temp && useg->whole != whole))
+        if (sp__block_stream(u) != stream || (apart && sp__bseg(u)->whole != whole))
             continue;
         sp_block_t *c = free_mapped(sp__block_prev(u)) ? sp__block_prev(u) : u;
         if (has_room(c, size)) {
@@ -665,10 +449,7 @@ static sp_status_t find_room(sp_devalloc_t *d, sp_bpool_t *bp, size_t size, sp_s
             return SP_SUCCESS;
         }
     }
-    sp_status_t s = new_segment(d, bp, stream, whole && !temp, c_p);
-    if (s == SP_SUCCESS)
-        sp__bseg(*c_p)->temp = temp;
-    return s;
+    return new_segment(d, bp, stream, whole, c_p);
 }
 
 /* SYMPOOL_EXPANDABLE_RECYCLE (ours): before the default pool maps, unmap up to `need` bytes of
@@ -892,10 +673,6 @@ sp_status_t sp__exp_alloc(sp_devalloc_t *d, sp_bpool_t *bp, size_t size, sp_stre
     pd.lo = pd.hi = 0;
     sp_status_t s = grow(d, bp, size, stream, ctx, &pd, block_p, why_p);
     pend_flush(d, &pd, 0, 0); /* what the growth did not map again, and on failure all */
-    /* SYMPOOL_EXPANDABLE_TEMPS's stamp for the block the pool grew for (find_fit stamps the
-     * cache hits): the caller hands out its start. */
-    if (s == SP_SUCCESS && size > bp->temps_min)
-        sp__exp_temps_alloc(bp->pool, (*block_p)->addr, size);
     return s;
 }
 

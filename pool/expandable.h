@@ -45,16 +45,4 @@ size_t sp__exp_release_unmapped(sp_devalloc_t *d, sp_segment_t *seg);
  * (0, nothing done, when the device cannot be synchronized). */
 size_t sp__exp_release_blocks(sp_devalloc_t *d, sp_block_t *const *v, size_t n, uint32_t context);
 
-/* SYMPOOL_EXPANDABLE_TEMPS (expandable.c): the default pool's stamps of blocks over 1 MiB
- * (called only for sizes over the large pool's temps_min) and their counts per size.
- * sp__exp_temps_take is find_fit's cache hit there: best fit among the blocks of the kind of
- * segment the request goes to (from best fit's choice b, a block of an expandable segment), FIT_END
- * and SIDE's place in it, and its stamp; in the set, *pred_p its in-order predecessor; NULL: none
- * (the pool grows). */
-void sp__exp_temps_alloc(sp_mempool_t *pool, uintptr_t addr, size_t size); /* handed out */
-void sp__exp_temps_free(sp_mempool_t *pool, uintptr_t addr);               /* being freed */
-sp_block_t *sp__exp_temps_take(sp_devalloc_t *d, sp_bpool_t *bp, sp_block_t *b, size_t size,
-                               sp_stream_t stream, sp_block_t **pred_p);
-void sp__exp_temps_retire(sp_mempool_t *pool); /* free the tables */
-
 #endif /* SP_POOL_EXPANDABLE_H */

@@ -310,7 +310,6 @@ void sp__mempool_retire(sp_mempool_t *pool) {
     pool->name = NULL;
     sp__bset_free_classes(&pool->small.free); /* its blocks go with the slabs (dev_fini) */
     sp__bset_free_classes(&pool->large.free);
-    sp__exp_temps_retire(pool);
     pool->next = pool->prev = NULL;
     pool->seg_head = pool->seg_tail = NULL;
     pool->sym_state = NULL;

@@ -720,19 +720,17 @@ if(TARGET sympool_cli)
   # was measured) the starting state's offsets stay with the blocks cut from its ranges:
   # 7,050,625,024 (1.0053; 7,126,122,496 with ALIGN_SKIP's default quarter page); packed after the
   # odd ones as well (SYMPOOL_EXPANDABLE_ALIGN=0) each of the 67 mapped runs at the peak holds
-  # about a page of slivers: 7,138,705,408 (1.0179). These figures leave TEMPS out (its pool
-  # passes its 4 GiB bound here: 7,027,556,352 with it, 1.0020; docs/expandable.md, session 33).
+  # about a page of slivers: 7,138,705,408 (1.0179).
   add_test(NAME cli.replay_training_aligned_pages
     COMMAND $<TARGET_FILE:sympool_cli> replay ${SP_DATA}/real/wedsonlin-training-aligned-pages.pickle
             --conf expandable_segments:True --json)
   set_tests_properties(cli.replay_training_aligned_pages PROPERTIES LABELS "unit;cli" TIMEOUT 60
-    ENVIRONMENT "SYMPOOL_EXPANDABLE_TEMPS=0"
     PASS_REGULAR_EXPRESSION "\"peak_allocated_bytes\":7013335552,\"peak_reserved_bytes\":7021264896,")
   add_test(NAME cli.replay_training_align_only
     COMMAND $<TARGET_FILE:sympool_cli> replay ${SP_DATA}/real/wedsonlin-training-aligned-pages.pickle
             --conf expandable_segments:True --json)
   set_tests_properties(cli.replay_training_align_only PROPERTIES LABELS "unit;cli" TIMEOUT 60
-    ENVIRONMENT "SYMPOOL_EXPANDABLE_FIT_END=0;SYMPOOL_EXPANDABLE_WHOLE=0;SYMPOOL_EXPANDABLE_ALIGN_SKIP=0.5;SYMPOOL_EXPANDABLE_TEMPS=0"
+    ENVIRONMENT "SYMPOOL_EXPANDABLE_FIT_END=0;SYMPOOL_EXPANDABLE_WHOLE=0;SYMPOOL_EXPANDABLE_ALIGN_SKIP=0.5"
     PASS_REGULAR_EXPRESSION "\"peak_allocated_bytes\":7013335552,\"peak_reserved_bytes\":7050625024,")
   # Replayed with its recorded settings (fixed segments) the training recording keeps PyTorch's
   # 377 starting segments, 1.0297 x the peak allocated before the first event: the replay says
@@ -745,8 +743,7 @@ if(TARGET sympool_cli)
   # mapped for a 39.616 GiB peak allocated (1.0140: freed 20 MiB units PyTorch kept mapped).
   # Without --conf the replay re-enacts the recorded run from those pages; with --conf
   # expandable_segments:True (our rules on) its live blocks are requested, as for a change of
-  # segment kind, and the peak is what our rules reserve: 42,542,825,472 bytes (1.0001; 42,540,728,320
-  # without TEMPS), not
+  # segment kind, and the peak is what our rules reserve: 42,540,728,320 bytes (1.0001), not
   # 43,132,125,184 (PyTorch's pages); with PyTorch's rules (PAGE, RECYCLE, BORROW at 0) the
   # recorded pages are kept.
   add_test(NAME cli.replay_expandable_recorded_own
@@ -757,7 +754,7 @@ if(TARGET sympool_cli)
     COMMAND $<TARGET_FILE:sympool_cli> replay ${SP_DATA}/real/bolong-expandable-recorded.pickle
             --conf expandable_segments:True --json)
   set_tests_properties(cli.replay_expandable_recorded_conf PROPERTIES LABELS "unit;cli" TIMEOUT 60
-    PASS_REGULAR_EXPRESSION "\"peak_allocated_bytes\":42537453568,\"peak_reserved_bytes\":42542825472,.*\"starting_state\":\"requested\"")
+    PASS_REGULAR_EXPRESSION "\"peak_allocated_bytes\":42537453568,\"peak_reserved_bytes\":42540728320,.*\"starting_state\":\"requested\"")
   add_test(NAME cli.replay_expandable_recorded_conf_text
     COMMAND $<TARGET_FILE:sympool_cli> replay ${SP_DATA}/real/bolong-expandable-recorded.pickle
             --conf expandable_segments:True)

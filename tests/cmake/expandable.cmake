@@ -9,21 +9,18 @@ if(TARGET sympool_cli)
   file(MAKE_DIRECTORY ${SP_EXP_OUT})
 
   # PyTorch reserved 22.580 GiB on this trace; expandable segments (with our defaults: 2 MiB large
-  # pages, recycling, large blocks starting on a page boundary, temporaries apart) stay within
-  # 0.03% of allocated (23,880,269,824 bytes; 23,876,075,520 with SYMPOOL_EXPANDABLE_TEMPS=0).
+  # pages, recycling, large blocks starting on a page boundary) stay within 0.03% of allocated.
   add_test(NAME cli.replay_expandable
     COMMAND $<TARGET_FILE:sympool_cli> replay ${SP_EXP_TRACE} --conf expandable_segments:True --json)
   set_tests_properties(cli.replay_expandable PROPERTIES LABELS "unit;cli" TIMEOUT 120
-    PASS_REGULAR_EXPRESSION "\"peak_allocated_bytes\":23873313792,\"peak_reserved_bytes\":23880269824,")
+    PASS_REGULAR_EXPRESSION "\"peak_allocated_bytes\":23873313792,\"peak_reserved_bytes\":23876075520,")
 
   # The device's side (issue 25's churn): pages mapped and unmapped on the device, after the
   # starting state. RECYCLE's unmaps that the same growth maps again stay mapped (main fa69d1e,
   # every call made: 5,337 mapped and 451 unmapped; the books, num_device_alloc/free, unchanged).
-  # Without TEMPS, as measured then (with it: 1,261 / 327 calls, 5,385 / 497 pages).
   add_test(NAME cli.replay_expandable_device_pages
     COMMAND $<TARGET_FILE:sympool_cli> replay ${SP_EXP_TRACE} --conf expandable_segments:True --json)
   set_tests_properties(cli.replay_expandable_device_pages PROPERTIES LABELS "unit;cli" TIMEOUT 120
-    ENVIRONMENT "SYMPOOL_EXPANDABLE_TEMPS=0"
     PASS_REGULAR_EXPRESSION "\"num_device_alloc\":1132,\"num_device_free\":229,.*\"vmm_pages_mapped\":5272,\"vmm_pages_unmapped\":386,\"vmm_bytes_mapped\":11056185344,\"vmm_bytes_unmapped\":809500672,\"vmm_recycle_syncs\":163")
 
   find_package(Python3 COMPONENTS Interpreter QUIET)
