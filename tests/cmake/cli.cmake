@@ -611,6 +611,11 @@ if(TARGET sympool_cli)
   # TIMEOUT 300 (it overrides ctest --timeout): many CLI runs, slow beside a loaded CI build.
   set_tests_properties(cli.killed_while_writing PROPERTIES LABELS "unit;cli" TIMEOUT 300
     PASS_REGULAR_EXPRESSION "killed while writing ok")
+  # "-" is standard input for info, replay, summary and plot: the file's output through a pipe.
+  add_test(NAME cli.stdin_dash COMMAND sh ${CMAKE_CURRENT_SOURCE_DIR}/cli/stdin_dash.sh
+    $<TARGET_FILE:sympool_cli> ${SMALL} ${SP_CLI_OUT}/stdin_dash)
+  set_tests_properties(cli.stdin_dash PROPERTIES LABELS "unit;cli" TIMEOUT 120
+    PASS_REGULAR_EXPRESSION "stdin dash ok")
   # Output paths refused up front with their reason; an input over 4 GiB refused from its size.
   add_test(NAME cli.output_paths COMMAND sh ${CMAKE_CURRENT_SOURCE_DIR}/cli/output_paths.sh
     $<TARGET_FILE:sympool_cli> ${SMALL} ${SP_CLI_OUT}/output_paths)
