@@ -206,7 +206,8 @@ export -f check_scripts_parse
 
 START=$(date +%s)
 END=$((START + DEADLINE_S))
-WORK=$(mktemp -d /tmp/sympool-gpu-check.XXXXXX)
+# Its logs stay for the user to read (the last line names them): under $TMPDIR where set.
+WORK=$(mktemp -d "${TMPDIR:-/tmp}/sympool-gpu-check.XXXXXX")
 STEPS=$WORK/steps.tsv
 : >"$STEPS"
 FAILED=0

@@ -70,6 +70,9 @@ bool cli_output_not_log(const char *cmd, const char *opt, const char *file);
  * (a filter may make no sympool call); cli_log_line writes one line. */
 void cli_log_open(void);
 void cli_log_line(const char *line);
+/* The file an input word names: "-" is standard input (as a pipe or a redirection gives it; the
+ * readers take a stream), anything else the path itself. */
+const char *cli_input(const char *word);
 /* True when path ends with suffix, e.g. ".json" (case-sensitive, as sp_dump_snapshot decides). */
 bool cli_has_suffix(const char *path, const char *suffix);
 /* True when out names a file that exists and is the file in names (through any link or other

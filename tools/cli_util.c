@@ -202,6 +202,10 @@ void cli_output_path(const char *pattern, char *out, size_t cap) {
         snprintf(out, cap, "%s", pattern);
 }
 
+const char *cli_input(const char *word) {
+    return strcmp(word, "-") == 0 ? "/dev/stdin" : word;
+}
+
 bool cli_same_file(const char *in, const char *out) {
     struct stat a, b;
     return stat(in, &a) == 0 && stat(out, &b) == 0 && a.st_dev == b.st_dev && a.st_ino == b.st_ino;

@@ -264,7 +264,7 @@ int sp_cli_info(int argc, char **argv) {
         return 2;
     }
     if (optind + 1 == argc)
-        return cli_trace_info(argv[optind], json);
+        return cli_trace_info(cli_input(argv[optind]), json);
     if (optind < argc) {
         fprintf(stderr, "sympool info: unexpected argument '%s'\n", argv[optind + 1]);
         return 2;

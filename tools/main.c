@@ -31,7 +31,8 @@ static void usage(FILE *out) {
             "  summary SNAPSHOT           the memory summary table of a snapshot's state\n"
             "  help [COMMAND]             this text, or COMMAND's (= sympool COMMAND --help)\n"
             "\n"
-            "Every command takes --help (e.g. sympool replay --help).\n");
+            "Every command takes --help (e.g. sympool replay --help). A TRACE or SNAPSHOT\n"
+            "of - is standard input (gunzip -c t.pickle.gz | sympool replay -).\n");
 }
 
 static void version(void) {

@@ -2985,7 +2985,49 @@ static size_t err_offset(const char *err) {
  * arrive (opscan); a refusal the walk cannot see (a value the stack does not have, a memo key
  * never put) is the parser's own, on what has arrived: one at an opcode whose arguments all
  * arrived, before the frames' ends, reads alike on the whole input. */
+/* A stream that began as a zip archive (what torch.save writes; tr_load_opts reads the snapshot
+ * in it) is read to its end, where the archive's directory is, as long as what arrived is a run
+ * of members: each a local file header (PKWARE's APPNOTE.TXT 4.3.7: signature, sizes, name and
+ * extra field lengths; a ZIP64 size in the extra field's id 1, 4.5.3) and its data, up to the
+ * central directory. Junk after a "PK\3\4" is refused at the first place a header should be,
+ * not read to the 4 GiB limit. A member whose sizes follow its data (flag bit 3) ends the walk:
+ * read on. */
+static bool zip_stream_refused(const unsigned char *b, size_t len) {
+    size_t p = 0;
+    while (len - p >= 4) {
+        if (memcmp(b + p, "PK\1\2", 4) == 0 || memcmp(b + p, "PK\6\6", 4) == 0 ||
+            memcmp(b + p, "PK\5\6", 4) == 0)
+            return false; /* the directory: the end is near */
+        if (memcmp(b + p, "PK\3\4", 4) != 0)
+            return true;
+        if (len - p < 30)
+            return false;
+        const unsigned char *h = b + p;
+        uint64_t flags = le_uint(h + 6, 2), size = le_uint(h + 18, 4), nl = le_uint(h + 26, 2),
+                 xl = le_uint(h + 28, 2);
+        if (flags & 8)
+            return false;
+        if (len - p - 30 < nl + xl)
+            return false;
+        if (size == 0xFFFFFFFFu) { /* the compressed size, after the original one */
+            const unsigned char *x = h + 30 + nl;
+            size_t at = 0;
+            while (at + 4 <= xl && le_uint(x + at, 2) != 1)
+                at += 4 + le_uint(x + at + 2, 2);
+            if (at + 20 > xl || le_uint(x + at + 2, 2) < 16)
+                return true;
+            size = le_uint(x + at + 12, 8);
+        }
+        if (size > len - p - 30 - nl - xl)
+            return false;
+        p += 30 + nl + xl + size;
+    }
+    return false;
+}
+
 static bool stream_refused(opscan_t *s, const unsigned char *buf, size_t len, size_t max_bytes) {
+    if (memcmp(buf, "PK\3\4", len < 4 ? len : 4) == 0)
+        return len >= 4 && zip_stream_refused(buf, len);
     if (!may_be_snapshot(buf, len))
         return true;
     if (s->refused)

@@ -804,6 +804,8 @@ int sp_cli_plot(int argc, char **argv) {
     if (!cli_output_ok("plot", "-o", out))
         return 1;
     for (int i = optind; i < argc; i++)
+        argv[i] = (char *)cli_input(argv[i]); /* the readers never write through it */
+    for (int i = optind; i < argc; i++)
         if (cli_same_file(argv[i], out)) {
             fprintf(stderr,
                     "sympool plot: -o %s is the snapshot %s; it would be replaced: write the "

@@ -2252,7 +2252,7 @@ static bool take_word(replay_args_t *a, bool compare, const char *word) {
         }
         a->compare[a->ncompare++] = word;
     } else if (a->trace == NULL) {
-        a->trace = word;
+        a->trace = cli_input(word);
     } else {
         fprintf(stderr, "sympool replay: more than one trace given ('%s')\n", word);
         return false;

@@ -295,7 +295,7 @@ int sp_cli_summary(int argc, char **argv) {
                 optind == argc ? "no snapshot given" : "give exactly one snapshot");
         return usage(stderr, 2);
     }
-    const char *path = argv[optind];
+    const char *path = cli_input(argv[optind]);
     char err[512];
     tr_trace_t t;
     if (!tr_load(path, &t, err, sizeof(err))) {

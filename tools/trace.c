@@ -2700,11 +2700,147 @@ static void release(unsigned char *buf, size_t len, bool mapped) {
     }
 }
 
-/* A snapshot a user compressed, or saved with torch.save (a zip archive), is no pickle: read as
- * one, a zip began with PERSID ("opcode PERSID at offset 0 not allowed"), bzip2's "BZh" with a
- * BINBYTES of 825 MB ("truncated string") and zstd's magic with MARK ("unknown opcode 0xb5").
- * No snapshot starts with these bytes (each has a byte no pickle opcode is, or an opcode the
- * reader refuses, where a snapshot has its first ones). What the file is, and what to do; NULL
+/* torch.save(obj, path) writes a zip archive (PyTorch's caffe2/serialize/inline_container.cc:
+ * miniz with MZ_ZIP_FLAG_WRITE_ZIP64, so ZIP64 records; members stored, not compressed) whose
+ * NAME/data.pkl is obj pickled (protocol 2 by default) with its tensors as persistent ids. A
+ * memory snapshot holds no tensor, so that member is the snapshot's whole pickle: read in place.
+ * The layout is PKWARE's APPNOTE.TXT (4.3: the end of central directory record, its ZIP64 form
+ * and locator, central directory headers, local file headers; 4.5.3: the ZIP64 extra field). */
+static uint64_t le_at(const unsigned char *b, int bytes) {
+    uint64_t v = 0;
+    for (int i = bytes - 1; i >= 0; i--)
+        v = v << 8 | b[i];
+    return v;
+}
+
+/* The end of central directory record: 22 bytes, then a comment of at most 65535. Its offset,
+ * or SIZE_MAX. */
+static size_t zip_end_record(const unsigned char *b, size_t n) {
+    if (n < 22)
+        return SIZE_MAX;
+    size_t lo = n - 22 > 65535 ? n - 22 - 65535 : 0;
+    for (size_t i = n - 22 + 1; i-- > lo;)
+        if (memcmp(b + i, "PK\5\6", 4) == 0 && le_at(b + i + 20, 2) <= n - 22 - i)
+            return i;
+    return SIZE_MAX;
+}
+
+/* A field the 32-bit header marks 0xFFFFFFFF is in the entry's ZIP64 extra field (id 1), the
+ * marked ones in order: original size, compressed size, local header offset. */
+static bool zip64_fields(const unsigned char *x, size_t xlen, uint64_t *usize, uint64_t *csize,
+                         uint64_t *local) {
+    uint64_t *field[3] = {usize, csize, local};
+    while (xlen >= 4) {
+        size_t id = le_at(x, 2), len = le_at(x + 2, 2);
+        if (len > xlen - 4)
+            return false;
+        if (id == 1) {
+            const unsigned char *q = x + 4;
+            for (int f = 0; f < 3; f++)
+                if (*field[f] == 0xFFFFFFFFu) {
+                    if (q + 8 > x + 4 + len)
+                        return false;
+                    *field[f] = le_at(q, 8);
+                    q += 8;
+                }
+            return true;
+        }
+        x += 4 + len;
+        xlen -= 4 + len;
+    }
+    return *usize != 0xFFFFFFFFu && *csize != 0xFFFFFFFFu && *local != 0xFFFFFFFFu;
+}
+
+/* The bytes of the archive's one NAME/data.pkl member: true with their offset and length (and
+ * the member's name); false with why not. */
+static bool zip_snapshot(const unsigned char *b, size_t n, size_t *off_p, size_t *len_p,
+                         char *member, size_t member_cap, char *why, size_t whylen) {
+    size_t end = zip_end_record(b, n);
+    if (end == SIZE_MAX) {
+        snprintf(why, whylen, "it has no end of central directory record (a truncated archive?)");
+        return false;
+    }
+    uint64_t count = le_at(b + end + 10, 2), cd_size = le_at(b + end + 12, 4),
+             cd_off = le_at(b + end + 16, 4);
+    if (end >= 20 && memcmp(b + end - 20, "PK\6\7", 4) == 0) {
+        uint64_t z = le_at(b + end - 20 + 8, 8);
+        if (n < 56 || z > n - 56 || memcmp(b + z, "PK\6\6", 4) != 0) {
+            snprintf(why, whylen, "its ZIP64 end of central directory record is missing");
+            return false;
+        }
+        count = le_at(b + z + 32, 8);
+        cd_size = le_at(b + z + 40, 8);
+        cd_off = le_at(b + z + 48, 8);
+    }
+    if (cd_off > n || cd_size > n - cd_off) {
+        snprintf(why, whylen, "its central directory lies outside the file (a truncated archive?)");
+        return false;
+    }
+    size_t p = (size_t)cd_off, cd_end = (size_t)(cd_off + cd_size), found = 0;
+    uint64_t method = 0, csize = 0, usize = 0, local = 0;
+    for (uint64_t k = 0; k < count; k++) {
+        if (cd_end - p < 46 || memcmp(b + p, "PK\1\2", 4) != 0) {
+            snprintf(why, whylen, "its central directory entry %llu is malformed",
+                     (unsigned long long)k);
+            return false;
+        }
+        size_t nl = le_at(b + p + 28, 2), xl = le_at(b + p + 30, 2), cl = le_at(b + p + 32, 2);
+        if (46 + nl + xl + cl > cd_end - p) {
+            snprintf(why, whylen, "its central directory entry %llu is malformed",
+                     (unsigned long long)k);
+            return false;
+        }
+        const unsigned char *name = b + p + 46;
+        /* NAME/data.pkl: one folder, as torch.save names it (another data.pkl deeper is some
+         * other archive's). */
+        if (nl > 9 && memcmp(name + nl - 9, "/data.pkl", 9) == 0 &&
+            memchr(name, '/', nl - 9) == NULL) {
+            found++;
+            method = le_at(b + p + 10, 2);
+            csize = le_at(b + p + 20, 4);
+            usize = le_at(b + p + 24, 4);
+            local = le_at(b + p + 42, 4);
+            if (!zip64_fields(name + nl, xl, &usize, &csize, &local)) {
+                snprintf(why, whylen, "the ZIP64 fields of its %.*s are malformed", (int)nl, name);
+                return false;
+            }
+            snprintf(member, member_cap, "%.*s", (int)nl, name);
+        }
+        p += 46 + nl + xl + cl;
+    }
+    if (found != 1) {
+        snprintf(why, whylen,
+                 found == 0 ? "it has no NAME/data.pkl member, so it is no torch.save archive"
+                            : "it has %zu NAME/data.pkl members",
+                 found);
+        return false;
+    }
+    if (method != 0 || csize != usize) {
+        snprintf(why, whylen,
+                 "its %s is compressed (zip method %llu), which torch.save never does: extract "
+                 "it (unzip -p FILE %s > snapshot.pickle)",
+                 member, (unsigned long long)method, member);
+        return false;
+    }
+    if (local > n || n - local < 30 || memcmp(b + local, "PK\3\4", 4) != 0) {
+        snprintf(why, whylen, "the local header of its %s is missing", member);
+        return false;
+    }
+    uint64_t data = local + 30 + le_at(b + local + 26, 2) + le_at(b + local + 28, 2);
+    if (data > n || csize > n - data) {
+        snprintf(why, whylen, "its %s runs past the end of the file", member);
+        return false;
+    }
+    *off_p = (size_t)data;
+    *len_p = (size_t)csize;
+    return true;
+}
+
+/* A snapshot a user compressed is no pickle (one saved with torch.save is read: zip_snapshot):
+ * read as one, a zip began with PERSID ("opcode PERSID at offset 0 not allowed"), bzip2's "BZh"
+ * with a BINBYTES of 825 MB ("truncated string") and zstd's magic with MARK ("unknown opcode
+ * 0xb5"). No snapshot starts with these bytes (each has a byte no pickle opcode is, or an opcode
+ * the reader refuses, where a snapshot has its first ones). What the file is, and what to do; NULL
  * for anything else. */
 static const char *packed_as(const unsigned char *b, size_t n) {
     static const struct {
@@ -2721,10 +2857,6 @@ static const char *packed_as(const unsigned char *b, size_t n) {
          "a zstd-compressed file, not a snapshot: decompress it first (unzstd)"},
         {"\x04\x22\x4d\x18", 4,
          "an lz4-compressed file, not a snapshot: decompress it first (unlz4)"},
-        {"PK\x03\x04", 4,
-         "a zip archive (what torch.save writes), not a snapshot: write the snapshot with "
-         "torch.cuda.memory._dump_snapshot(path), or pickle.dump of "
-         "torch.cuda.memory._snapshot()"},
     };
     for (size_t k = 0; k < sizeof kinds / sizeof kinds[0]; k++)
         if (n >= kinds[k].len && memcmp(b, kinds[k].magic, kinds[k].len) == 0)
@@ -2742,10 +2874,23 @@ bool tr_load_opts(const char *path, bool frames, tr_trace_t *t, char *err, size_
         snprintf(err, errlen, "%s", why);
         return false;
     }
+    unsigned char *held = buf; /* what release() gives back; buf is the document in it */
+    size_t held_len = len;
+    char member[256] = "";
+    if (len >= 4 && memcmp(buf, "PK\3\4", 4) == 0) {
+        size_t off = 0, n = 0;
+        if (!zip_snapshot(buf, len, &off, &n, member, sizeof member, why, sizeof why)) {
+            snprintf(err, errlen, "%s: a zip archive (what torch.save writes), but %s", path, why);
+            release(held, held_len, mapped);
+            return false;
+        }
+        buf += off;
+        len = n;
+    }
     const char *packed = packed_as(buf, len);
     if (packed != NULL) {
         snprintf(err, errlen, "%s: %s", path, packed);
-        release(buf, len, mapped);
+        release(held, held_len, mapped);
         return false;
     }
     /* A JSON snapshot (ours, or one a viewer saved) starts with '{' or '[': translate it. A
@@ -2765,7 +2910,7 @@ bool tr_load_opts(const char *path, bool frames, tr_trace_t *t, char *err, size_
                  "%s: not a pickle (nor a JSON snapshot): it starts with a UTF-8 byte order mark "
                  "(ef bb bf), which no pickle has, and no JSON document follows it",
                  path);
-        release(buf, len, mapped);
+        release(held, held_len, mapped);
         return false;
     }
     if (i > 0 && i < len && !opcode && buf[i] != '{' && buf[i] != '[') {
@@ -2775,7 +2920,7 @@ bool tr_load_opts(const char *path, bool frames, tr_trace_t *t, char *err, size_
                  "%s: not a pickle (nor a JSON snapshot): it starts with white space, which no "
                  "pickle does, and then byte 0x%02x (at offset %zu), which starts no JSON document",
                  path, buf[i], i);
-        release(buf, len, mapped);
+        release(held, held_len, mapped);
         return false;
     }
     if (i < len && !opcode && buf[i] != '{' && buf[i] != '[') {
@@ -2783,7 +2928,7 @@ bool tr_load_opts(const char *path, bool frames, tr_trace_t *t, char *err, size_
                  "%s: not a pickle (nor a JSON snapshot): it starts with byte 0x%02x, which is no "
                  "pickle opcode (a pickle of protocol 2-5 starts with 0x80)",
                  path, buf[i]);
-        release(buf, len, mapped);
+        release(held, held_len, mapped);
         return false;
     }
     if (!opcode && i < len && (buf[i] == '{' || buf[i] == '[')) {
@@ -2794,13 +2939,13 @@ bool tr_load_opts(const char *path, bool frames, tr_trace_t *t, char *err, size_
         bool ok =
             sp_x_json_to_pickle_skip((const char *)buf + bom, len - bom, frames ? NULL : "frames",
                                      &pickle, &plen, why, sizeof(why));
-        release(buf, len, mapped);
+        release(held, held_len, mapped);
         if (!ok) {
             snprintf(err, errlen, "%s: %s", path, why);
             return false;
         }
-        buf = (unsigned char *)pickle;
-        len = plen;
+        buf = held = (unsigned char *)pickle;
+        len = held_len = plen;
         mapped = false; /* the translation is ours, from malloc */
         json = true;
     }
@@ -2839,13 +2984,16 @@ bool tr_load_opts(const char *path, bool frames, tr_trace_t *t, char *err, size_
         memset(&recs, 0, sizeof(recs));
         ok = pk_parse_skip(buf, len, NULL, NULL, &doc, why, sizeof(why));
     }
-    release(buf, len, mapped);
+    release(held, held_len, mapped);
     if (!ok) {
         free(recs.ev);
         free(recs.side);
         chunks_free(&recs.blk);
         chunks_free(&recs.seg);
-        snprintf(err, errlen, "%s: %s", path, why);
+        if (member[0] != '\0')
+            snprintf(err, errlen, "%s: the pickle torch.save wrote (%s): %s", path, member, why);
+        else
+            snprintf(err, errlen, "%s: %s", path, why);
         return false;
     }
     /* What the entries' array did not use goes back before the analysis and the replay
@@ -2882,6 +3030,7 @@ bool tr_load_opts(const char *path, bool frames, tr_trace_t *t, char *err, size_
         return false;
     }
     t->protocol = protocol;
+    snprintf(t->zip_member, sizeof t->zip_member, "%s", member);
     t->pickled = !json;
     return true;
 }

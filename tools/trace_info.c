@@ -31,7 +31,10 @@ static void count_actions(const tr_device_t *dv, size_t count[TR_OTHER + 1]) {
 
 static void text(const char *path, const tr_trace_t *t) {
     printf("trace: %s\n", path);
-    if (t->pickled)
+    if (t->pickled && t->zip_member[0] != '\0')
+        printf("format: pickle protocol %d, %s, the %s of a torch.save zip archive\n", t->protocol,
+               t->format, t->zip_member);
+    else if (t->pickled)
         printf("format: pickle protocol %d, %s\n", t->protocol, t->format);
     else
         printf("format: JSON, %s\n", t->format);
@@ -109,6 +112,10 @@ static void json(const char *path, const tr_trace_t *t) {
     else
         cj_null(&j, "pickle_protocol");
     cj_str(&j, "contents", t->format);
+    if (t->zip_member[0] != '\0')
+        cj_str(&j, "zip_member", t->zip_member);
+    else
+        cj_null(&j, "zip_member");
     cj_end(&j, '}');
     int with_data = 0;
     for (int d = 0; d < t->ndev; d++)

@@ -15,8 +15,9 @@ and one line on stderr naming the trace and what is wrong (argv: sympool, work d
  - a segment's total_size or a block's size present but negative: "missing or bad", not
    "missing" (the key is there);
  - one stack referenced many times through the memo (100 MB of frame text from 46 KB);
- - a snapshot compressed (gzip, bzip2, xz, zstd) or saved with torch.save (a zip archive): said
-   so, not read as a pickle that fails at some opcode."""
+ - a snapshot compressed (gzip, bzip2, xz, zstd), or a zip archive with no NAME/data.pkl in it
+   (torch.save's, which every command reads: torch_save.py): said so, not read as a pickle that
+   fails at some opcode."""
 import bz2
 import gzip
 import io
@@ -149,19 +150,20 @@ accepted("plot of two snapshots, one of them the stack bomb (the ranks' chart sh
 if os.path.exists(os.path.join(work, "stack_bomb.json")):
     fails.append("stack bomb: a snapshot was written")
 
-# A snapshot compressed, or saved with torch.save (a zip archive), is named for what it is: read
-# as a pickle, the zip was "opcode PERSID at offset 0 not allowed", a bzip2 file a "truncated
+# A snapshot compressed, or a zip archive that is no torch.save of one, is named for what it is:
+# read as a pickle, the zip was "opcode PERSID at offset 0 not allowed", a bzip2 file a "truncated
 # string (needs 825845850 bytes ...)" and a zstd one an "unknown opcode 0xb5".
 raw = pickle.dumps({"segments": [segment(0)], "device_traces": [[]]}, protocol=4)
 zbuf = io.BytesIO()
-with zipfile.ZipFile(zbuf, "w") as z:  # torch.save's layout: archive/data.pkl and others
-    z.writestr("archive/data.pkl", raw)
+with zipfile.ZipFile(zbuf, "w") as z:  # torch.save's layout (archive/data.pkl) but no data.pkl
+    z.writestr("archive/snapshot.pickle", raw)
 for name, data, needle in (
         ("gz.pickle.gz", gzip.compress(raw), "a gzip-compressed file, not a snapshot"),
         ("bz2.pickle.bz2", bz2.compress(raw), "a bzip2-compressed file, not a snapshot"),
         ("xz.pickle.xz", lzma.compress(raw), "an xz-compressed file, not a snapshot"),
         ("zstd.pickle.zst", b"\x28\xb5\x2f\xfd" + raw, "a zstd-compressed file, not a snapshot"),
-        ("saved.pt", zbuf.getvalue(), "a zip archive (what torch.save writes), not a snapshot")):
+        ("saved.zip", zbuf.getvalue(),
+         "a zip archive (what torch.save writes), but it has no NAME/data.pkl member")):
     path = os.path.join(work, name)
     with open(path, "wb") as f:
         f.write(data)

@@ -71,6 +71,11 @@ cases = [
     b'{"a": "x' + zeros,              # JSON: a control character (in a string or out)
     b"\xef\xbb\xbf  [1, 2" + zeros,
     b'{"segments": [], "k": "\xff"' + zeros,  # a byte that is never UTF-8
+    # A zip archive (torch.save's) is read to its end, but only while members follow one
+    # another: no header where the next should be is refused there.
+    b"PK\x03\x04" + zeros,
+    b"PK\x03\x04" + bytes([20, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 5, 0, 0, 0, 5, 0, 0, 0,
+                            1, 0, 0, 0]) + b"ahello" + zeros,
 ]
 FIXED = len(cases)  # those above: each stopped at its first bytes
 for seed in range(40):

@@ -132,6 +132,15 @@ if(TARGET sympool_cli)
               $<TARGET_FILE:sympool_cli> ${SP_CLI_OUT}/hostile_snapshots)
     set_tests_properties(cli.hostile_snapshots PROPERTIES LABELS "unit;cli;python" TIMEOUT 120
       PASS_REGULAR_EXPRESSION "^ok")
+    # A snapshot saved with torch.save (a ZIP64 archive as PyTorch's writer lays it out, and
+    # one from Python's zipfile): every command reads its data.pkl as the pickle itself;
+    # archives that are not such a snapshot are refused with what they are.
+    add_test(NAME cli.torch_save
+      COMMAND ${Python3_EXECUTABLE} ${PROJECT_SOURCE_DIR}/tests/cli/torch_save.py
+              $<TARGET_FILE:sympool_cli> ${PROJECT_SOURCE_DIR}/tests/data/trace-small-p4.pickle
+              ${SP_CLI_OUT}/torch_save)
+    set_tests_properties(cli.torch_save PROPERTIES LABELS "unit;cli;python" TIMEOUT 120
+      PASS_REGULAR_EXPRESSION "torch save ok")
     # Traces no allocator could have written (found by tests/fuzz/fuzz_replay.c): the replay
     # neither frees a block twice nor loses one (--repeat's sp_shutdown finds nothing left).
     add_test(NAME cli.replay_adversary
@@ -611,6 +620,11 @@ if(TARGET sympool_cli)
   # TIMEOUT 300 (it overrides ctest --timeout): many CLI runs, slow beside a loaded CI build.
   set_tests_properties(cli.killed_while_writing PROPERTIES LABELS "unit;cli" TIMEOUT 300
     PASS_REGULAR_EXPRESSION "killed while writing ok")
+  # "-" is standard input for info, replay, summary and plot: the file's output through a pipe.
+  add_test(NAME cli.stdin_dash COMMAND sh ${CMAKE_CURRENT_SOURCE_DIR}/cli/stdin_dash.sh
+    $<TARGET_FILE:sympool_cli> ${SMALL} ${SP_CLI_OUT}/stdin_dash)
+  set_tests_properties(cli.stdin_dash PROPERTIES LABELS "unit;cli" TIMEOUT 120
+    PASS_REGULAR_EXPRESSION "stdin dash ok")
   # Output paths refused up front with their reason; an input over 4 GiB refused from its size.
   add_test(NAME cli.output_paths COMMAND sh ${CMAKE_CURRENT_SOURCE_DIR}/cli/output_paths.sh
     $<TARGET_FILE:sympool_cli> ${SMALL} ${SP_CLI_OUT}/output_paths)

@@ -10,6 +10,10 @@ rm -rf "$work"
 mkdir -p "$work"
 gc=$src/scripts/gpu-check.sh
 export SYMPOOL_GPU_CHECK_NO_GPU=1 SYMPOOL_GPU_CHECK_BUILD=$work/build
+# Each run keeps its logs in a folder of its own under $TMPDIR: here, not in /tmp, where every CI
+# run left three.
+export TMPDIR=$work/tmp
+mkdir -p "$TMPDIR"
 
 bash "$gc" --plan >"$work/plan.txt"
 python3 - "$work/plan.txt" <<'PY'
@@ -59,6 +63,8 @@ PY
 fi
 
 bash "$gc" --out "$work/ok" >"$work/ok.log" 2>&1 || { cat "$work/ok.log"; echo "FAIL: no-GPU run failed"; exit 1; }
+compgen -G "$TMPDIR/sympool-gpu-check.*/steps.tsv" >/dev/null ||
+  { echo "FAIL: the run kept its logs outside TMPDIR ($TMPDIR)"; exit 1; }
 n=$(ls "$work/ok" | wc -l)
 [ "$n" = 2 ] || { ls "$work/ok"; echo "FAIL: $n report files, expected 2"; exit 1; }
 python3 - "$work/ok"/*.json <<'PY'

@@ -640,14 +640,37 @@ TEST_F(StatsReport, SympoolReportOnOneRankOnlyIsAWarningOnEveryRank) {
     MPI_Barrier(MPI_COMM_WORLD);
 }
 
+// A folder of this rank's own under /tmp, removed with the files named through it however the
+// test ends (an ASSERT returns early). Every rank makes one: it was rank 0 alone that removed its
+// own, and each run left the others' behind.
+struct RankTempDir {
+    char path[32] = "/tmp/sp_report_XXXXXX";
+    bool made = mkdtemp(path) != nullptr;
+    std::vector<std::string> files;
+    std::string file(const char *name) {
+        files.push_back(std::string(path) + "/" + name);
+        return files.back();
+    }
+    bool remove() { // true if nothing is left
+        for (const std::string &f : files)
+            unlink(f.c_str());
+        files.clear();
+        if (made && rmdir(path) == 0)
+            made = false;
+        struct stat st;
+        return stat(path, &st) != 0 && errno == ENOENT;
+    }
+    ~RankTempDir() { remove(); }
+};
+
 // SYMPOOL_REPORT_FILE is written like a snapshot: a FIFO is refused with a message (opening it
 // for writing blocked rank 0 forever); a write that fails (a full disk; here a file size limit)
 // leaves the previous report whole, and the message names the path and the cause.
 TEST_F(StatsReport, ReportFileIsRegularAndWrittenAtomically) {
     expect_warnings();
-    char dir[] = "/tmp/sp_report_XXXXXX";
-    ASSERT_NE(mkdtemp(dir), nullptr);
-    std::string fifo = std::string(dir) + "/report.fifo", file = std::string(dir) + "/report.json";
+    RankTempDir dir;
+    ASSERT_TRUE(dir.made) << std::strerror(errno);
+    std::string fifo = dir.file("report.fifo"), file = dir.file("report.json");
     ASSERT_EQ(mkfifo(fifo.c_str(), 0600), 0);
     {
         sp::ScopedEnv env({{"SYMPOOL_REPORT", "json"}, {"SYMPOOL_REPORT_FILE", fifo.c_str()}});
@@ -687,11 +710,7 @@ TEST_F(StatsReport, ReportFileIsRegularAndWrittenAtomically) {
         }
     }
     MPI_Barrier(MPI_COMM_WORLD);
-    if (rank_ == 0) {
-        unlink(fifo.c_str());
-        unlink(file.c_str());
-        rmdir(dir);
-    }
+    EXPECT_TRUE(dir.remove()) << dir.path << " is left on rank " << rank_;
 }
 
 // Device memory taken outside the pool (as NCCL or another library would take it) shows as
