@@ -1686,7 +1686,9 @@ static inline bool free_is_plain(const sp_block_t *b, bool *low_p) {
         return false;
     *low_p = mp;
     const sp_block_t *keep = sp__blk(mp ? pr : nr);
-    const sp_block_set_t *set = &sp__bseg(keep)->bpool->free;
+    /* keep's set through b's segment, which is keep's (neighbours share one): free_block reads
+     * the same segment and pool again without a load. */
+    const sp_block_set_t *set = &sp__bseg(b)->bpool->free;
     if (set->classes)
         return true; /* FREE_ONE moves keep where it sorts (free_block) */
     const sp_block_t *succ = sp__bset_succ(set, keep);
@@ -1713,14 +1715,16 @@ static inline bool free_merges(const sp_block_t *b) {
  * The next commonest free (free_is_alone) takes its form here, out of line: tried inline in
  * free_hit beside the plain free, a second call there made the compiler save more registers
  * and cost the plain 512 B free instructions; this path calls the tree insertion anyway. */
-static __attribute__((noinline)) void free_rest(sp_devalloc_t *d, sp_ref_t *pp) {
-    sp_block_t *b = sp__blk(*pp);
-    if (free_is_alone(b))
-        free_locked(d, sp__ptr_map_unlink_b(&d->map, pp, b), false, 0, false, FREE_ALONE);
-    else if (free_merges(b)) /* b's struct goes to the idle list, which sets its hnext */
-        free_locked(d, sp__ptr_map_unlink_reused(&d->map, pp, b), false, 0, false, FREE_MERGE);
-    else
-        free_locked(d, sp__ptr_map_unlink_b(&d->map, pp, b), false, 0, false, FREE_ANY);
+static __attribute__((noinline)) void free_rest(sp_devalloc_t *d, sp_block_t *b) {
+    if (free_is_alone(b)) {
+        b->hnext = 0; /* out of the pointer map (free_hit), into the set */
+        free_locked(d, b, false, 0, false, FREE_ALONE);
+    } else if (free_merges(b)) { /* b's struct goes to the idle list, which sets its hnext */
+        free_locked(d, b, false, 0, false, FREE_MERGE);
+    } else {
+        b->hnext = 0;
+        free_locked(d, b, false, 0, false, FREE_ANY);
+    }
     sp__unlock(&d->lock);
 }
 
@@ -1771,13 +1775,16 @@ static inline __attribute__((always_inline)) bool free_hit(uintptr_t a, hit_mode
             return v == SP_TC_KEPT;
         }
     }
+    /* b leaves the pointer map before the tests of its form read it: the map's stores may alias
+     * b's fields for the compiler, which then read again what the tests had read. Its hnext is
+     * set where its struct goes (the idle list, or cleared in free_rest). */
+    sp__ptr_map_unlink_reused(&d->map, pp, b);
     bool low = false;
     if (SP_LIKELY(free_is_plain(b, &low))) {
-        /* b's struct goes to the idle list, which sets its hnext: no clearing first. */
-        free_locked(d, sp__ptr_map_unlink_reused(&d->map, pp, b), low, 0, false, FREE_ONE);
+        free_locked(d, b, low, 0, false, FREE_ONE);
         hit_unlock(&d->lock, mode, rec);
     } else {
-        free_rest(d, pp);
+        free_rest(d, b);
     }
     return true;
 }
