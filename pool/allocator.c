@@ -844,8 +844,19 @@ free_block(sp_devalloc_t *d, sp_block_t *b, bool low, uint32_t free_ctx, bool hi
     } else {
         seg->gc_clock = bp->gfb_count; /* a whole free segment: its GC age starts (block.h) */
     }
-    if (SP_UNLIKELY(seg->expandable))
+    if (SP_UNLIKELY(seg->expandable)) {
         net_n = net_bytes = 0; /* PyTorch leaves expandable segments out of inactive_split */
+    } else if (form == FREE_ONE) {
+        /* One merge, so the signs are known: a keep still split nets b's bytes (count 0), else
+         * keep left the figures whole (the same updates as below, without the sums' tests). */
+        if (keep_split) {
+            sp__stat_t_inc(st, row, SP_ST_INACTIVE_SPLIT_BYTES, (int64_t)orig_size);
+        } else {
+            sp__stat_t_dec(st, row, SP_ST_INACTIVE_SPLIT, 1);
+            sp__stat_t_dec(st, row, SP_ST_INACTIVE_SPLIT_BYTES, (int64_t)keep_old);
+        }
+        net_n = net_bytes = 0;
+    }
     /* A merge lowers both (a decrease touches only current); a split block freed alone raises
      * them. */
     if (net_n < 0)
