@@ -402,6 +402,17 @@ hand_out(sp_devalloc_t *d, sp_block_t *b, bool in_set, sp_block_t *pred, size_t 
                      : fast                      ? NULL
                      : should_split(bp, b, size) ? block_take(d)
                                                  : NULL;
+    if (split) {
+        /* The split forms (fast: no expandable segment) update inactive_split first, while b's
+         * figures are in registers: the statistics' stores may alias the block's fields for
+         * the compiler, which after the struct stores below kept them on the stack. */
+        if (already_split) {
+            sp__stat_t_dec(st, row, SP_ST_INACTIVE_SPLIT_BYTES, (int64_t)size); /* b's size */
+        } else {
+            sp__stat_t_inc(st, row, SP_ST_INACTIVE_SPLIT_BYTES, (int64_t)(b_size - size));
+            sp__stat_t_inc(st, row, SP_ST_INACTIVE_SPLIT, 1);
+        }
+    }
     if (split || nb) {
         sp_block_t *rem;
         if (in_set) {
@@ -460,7 +471,8 @@ hand_out(sp_devalloc_t *d, sp_block_t *b, bool in_set, sp_block_t *pred, size_t 
         }
         sp__bset_check(&bp->free);
         /* inactive_split leaves expandable segments out (their free pages can be unmapped). */
-        if (!fast && SP_UNLIKELY(seg->expandable)) {
+        if (split || (!fast && SP_UNLIKELY(seg->expandable))) {
+            /* the split forms' figures went up above */
         } else if (already_split) {
             sp__stat_t_dec(st, row, SP_ST_INACTIVE_SPLIT_BYTES, (int64_t)size); /* b's size */
         } else {
