@@ -1408,8 +1408,9 @@ static inline __attribute__((always_inline)) bool malloc_hit(sp_devalloc_t *d, s
         b = sp__bset_find_fit(&bp->free, stream, size, &pred);
     if (SP_LIKELY(b && sp__block_stream(b) == stream &&
                   hit_is_plain(d, bp, b, pred, size, false))) {
-        b = hand_out(d, b, true, pred, size, orig, 0, false, HIT_SPLIT);
+        /* The split's block starts where b did: its address written without reading it back. */
         *ptr_p = (void *)b->addr;
+        (void)hand_out(d, b, true, pred, size, orig, 0, false, HIT_SPLIT);
         hit_unlock(&d->lock, mode, rec);
         *s_p = SP_SUCCESS;
         return true;
