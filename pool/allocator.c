@@ -1140,8 +1140,9 @@ alloc_locked(sp_devalloc_t *d, sp_mempool_t *pool, size_t orig, sp_stream_t stre
     if (SP_UNLIKELY(!b && d->tc_blocks) && sp__tc_drain(d))
         b = find_fit(d, bp, size, stream, &pred);
     if (SP_LIKELY(b)) {
-        b = hand_out(d, b, true, pred, size, orig, ctx, hist, HIT_ANY);
+        /* hand_out's block starts where b does (b itself, or the split's low part). */
         *ptr_p = (void *)b->addr;
+        (void)hand_out(d, b, true, pred, size, orig, ctx, hist, HIT_ANY);
         sp__unlock(&d->lock);
         return SP_SUCCESS;
     }
