@@ -2829,6 +2829,8 @@ typedef struct opscan {
     size_t next_check; /* when to parse what arrived (stream_refused) */
     bool stop_checked; /* parsed up to the STOP */
     bool done;         /* the first STREAM_CHECK_MAX bytes were looked at */
+    size_t zip_pos;    /* a zip archive's: where the next local header starts */
+    bool zip_done;     /* a zip archive's directory (or a member of unknown size) reached */
 } opscan_t;
 
 /* The bytes of opcode op's argument at a (avail of them there): its fixed part plus the length
@@ -2979,12 +2981,6 @@ static size_t err_offset(const char *err) {
  * bench/results/2026-11-30-s27-stream-junk.jsonl). */
 #define STREAM_CHECK_MAX ((size_t)64 << 10)
 
-/* Whether a stream's bytes so far, buf[0..len), show the input refused whatever follows, read
- * as the loaders read it (a pickle from byte 0; a JSON document after white space): what the
- * parser then says of these bytes is what it says of the whole. The opcodes are walked as they
- * arrive (opscan); a refusal the walk cannot see (a value the stack does not have, a memo key
- * never put) is the parser's own, on what has arrived: one at an opcode whose arguments all
- * arrived, before the frames' ends, reads alike on the whole input. */
 /* A stream that began as a zip archive (what torch.save writes; tr_load_opts reads the snapshot
  * in it) is read to its end, where the archive's directory is, as long as what arrived is a run
  * of members: each a local file header (PKWARE's APPNOTE.TXT 4.3.7: signature, sizes, name and
@@ -2992,23 +2988,29 @@ static size_t err_offset(const char *err) {
  * central directory. Junk after a "PK\3\4" is refused at the first place a header should be,
  * not read to the 4 GiB limit. A member whose sizes follow its data (flag bit 3) ends the walk:
  * read on. */
-static bool zip_stream_refused(const unsigned char *b, size_t len) {
-    size_t p = 0;
-    while (len - p >= 4) {
+static bool zip_stream_refused(opscan_t *s, const unsigned char *b, size_t len) {
+    /* Resumed where the last call stopped: a stream of many members is walked once, not from
+     * its start at every read. */
+    size_t p = s->zip_pos;
+    while (!s->zip_done && len - p >= 4) {
         if (memcmp(b + p, "PK\1\2", 4) == 0 || memcmp(b + p, "PK\6\6", 4) == 0 ||
-            memcmp(b + p, "PK\5\6", 4) == 0)
-            return false; /* the directory: the end is near */
+            memcmp(b + p, "PK\5\6", 4) == 0) {
+            s->zip_done = true; /* the directory: the end is near */
+            break;
+        }
         if (memcmp(b + p, "PK\3\4", 4) != 0)
             return true;
         if (len - p < 30)
-            return false;
+            break;
         const unsigned char *h = b + p;
         uint64_t flags = le_uint(h + 6, 2), size = le_uint(h + 18, 4), nl = le_uint(h + 26, 2),
                  xl = le_uint(h + 28, 2);
-        if (flags & 8)
-            return false;
+        if (flags & 8) {
+            s->zip_done = true;
+            break;
+        }
         if (len - p - 30 < nl + xl)
-            return false;
+            break;
         if (size == 0xFFFFFFFFu) { /* the compressed size, after the original one */
             const unsigned char *x = h + 30 + nl;
             size_t at = 0;
@@ -3019,15 +3021,22 @@ static bool zip_stream_refused(const unsigned char *b, size_t len) {
             size = le_uint(x + at + 12, 8);
         }
         if (size > len - p - 30 - nl - xl)
-            return false;
+            break; /* its data still arriving: this header is read again next time */
         p += 30 + nl + xl + size;
     }
+    s->zip_pos = p;
     return false;
 }
 
+/* Whether a stream's bytes so far, buf[0..len), show the input refused whatever follows, read
+ * as the loaders read it (a pickle from byte 0; a JSON document after white space): what the
+ * parser then says of these bytes is what it says of the whole. The opcodes are walked as they
+ * arrive (opscan); a refusal the walk cannot see (a value the stack does not have, a memo key
+ * never put) is the parser's own, on what has arrived: one at an opcode whose arguments all
+ * arrived, before the frames' ends, reads alike on the whole input. */
 static bool stream_refused(opscan_t *s, const unsigned char *buf, size_t len, size_t max_bytes) {
     if (memcmp(buf, "PK\3\4", len < 4 ? len : 4) == 0)
-        return len >= 4 && zip_stream_refused(buf, len);
+        return len >= 4 && zip_stream_refused(s, buf, len);
     if (!may_be_snapshot(buf, len))
         return true;
     if (s->refused)
