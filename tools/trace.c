@@ -2927,17 +2927,21 @@ static int legacy_object(const unsigned char *b, size_t n, size_t *off_p, char *
     return 1;
 }
 
-bool tr_load_opts(const char *path, bool frames, tr_trace_t *t, char *err, size_t errlen) {
+/* Gives buf back where this load owns it (own): the caller's bytes of a stream are kept for a
+ * second read. */
+static void drop(unsigned char *buf, size_t len, bool mapped, bool own) {
+    if (own)
+        release(buf, len, mapped);
+}
+
+/* tr_load_opts on path's bytes buf[0..len) (mapped: a mapping of the file). own: the load gives
+ * them back; else the caller does, and a document that the analysis must read whole is not
+ * read again here but said in *again_p (a stream, whose bytes cannot be read twice). */
+static bool load_bytes(const char *path, unsigned char *buf, size_t len, bool mapped, bool own,
+                       bool frames, tr_trace_t *t, bool *again_p, char *err, size_t errlen) {
     memset(t, 0, sizeof(*t));
-    unsigned char *buf = NULL;
-    size_t len = 0;
-    bool mapped = false;
     char why[256];
-    if (!read_whole(path, &buf, &len, &mapped, why, sizeof(why))) {
-        snprintf(err, errlen, "%s", why);
-        return false;
-    }
-    unsigned char *held = buf; /* what release() gives back; buf is the document in it */
+    unsigned char *held = buf; /* what drop() gives back; buf is the document in it */
     size_t held_len = len;
     char member[256] = "";
     bool legacy = false; /* torch.save's old format (legacy_object) */
@@ -2945,7 +2949,7 @@ bool tr_load_opts(const char *path, bool frames, tr_trace_t *t, char *err, size_
         size_t off = 0, n = 0;
         if (!zip_snapshot(buf, len, &off, &n, member, sizeof member, why, sizeof why)) {
             snprintf(err, errlen, "%s: a zip archive (what torch.save writes), but %s", path, why);
-            release(held, held_len, mapped);
+            drop(held, held_len, mapped, own);
             return false;
         }
         buf += off;
@@ -2956,7 +2960,7 @@ bool tr_load_opts(const char *path, bool frames, tr_trace_t *t, char *err, size_
         if (old < 0) {
             snprintf(err, errlen, "%s: torch.save's old format (before torch 1.6), but %s", path,
                      why);
-            release(held, held_len, mapped);
+            drop(held, held_len, mapped, own);
             return false;
         }
         if (old > 0) {
@@ -2975,7 +2979,7 @@ bool tr_load_opts(const char *path, bool frames, tr_trace_t *t, char *err, size_
     const char *packed = packed_as(buf, len);
     if (packed != NULL) {
         snprintf(err, errlen, "%s: %s", src, packed);
-        release(held, held_len, mapped);
+        drop(held, held_len, mapped, own);
         return false;
     }
     /* A JSON snapshot (ours, or one a viewer saved) starts with '{' or '[': translate it. A
@@ -2995,7 +2999,7 @@ bool tr_load_opts(const char *path, bool frames, tr_trace_t *t, char *err, size_
                  "%s: not a pickle (nor a JSON snapshot): it starts with a UTF-8 byte order mark "
                  "(ef bb bf), which no pickle has, and no JSON document follows it",
                  src);
-        release(held, held_len, mapped);
+        drop(held, held_len, mapped, own);
         return false;
     }
     if (i > 0 && i < len && !opcode && buf[i] != '{' && buf[i] != '[') {
@@ -3005,7 +3009,7 @@ bool tr_load_opts(const char *path, bool frames, tr_trace_t *t, char *err, size_
                  "%s: not a pickle (nor a JSON snapshot): it starts with white space, which no "
                  "pickle does, and then byte 0x%02x (at offset %zu), which starts no JSON document",
                  src, buf[i], i);
-        release(held, held_len, mapped);
+        drop(held, held_len, mapped, own);
         return false;
     }
     if (i < len && !opcode && buf[i] != '{' && buf[i] != '[') {
@@ -3013,7 +3017,7 @@ bool tr_load_opts(const char *path, bool frames, tr_trace_t *t, char *err, size_
                  "%s: not a pickle (nor a JSON snapshot): it starts with byte 0x%02x, which is no "
                  "pickle opcode (a pickle of protocol 2-5 starts with 0x80)",
                  src, buf[i]);
-        release(held, held_len, mapped);
+        drop(held, held_len, mapped, own);
         return false;
     }
     if (!opcode && i < len && (buf[i] == '{' || buf[i] == '[')) {
@@ -3024,7 +3028,7 @@ bool tr_load_opts(const char *path, bool frames, tr_trace_t *t, char *err, size_
         bool ok =
             sp_x_json_to_pickle_skip((const char *)buf + bom, len - bom, frames ? NULL : "frames",
                                      &pickle, &plen, why, sizeof(why));
-        release(held, held_len, mapped);
+        drop(held, held_len, mapped, own);
         if (!ok) {
             snprintf(err, errlen, "%s: %s", src, why);
             return false;
@@ -3032,6 +3036,7 @@ bool tr_load_opts(const char *path, bool frames, tr_trace_t *t, char *err, size_
         buf = held = (unsigned char *)pickle;
         len = held_len = plen;
         mapped = false; /* the translation is ours, from malloc */
+        own = true;
         json = true;
     }
     int protocol = json ? 0 : pk_protocol(buf, len);
@@ -3069,7 +3074,7 @@ bool tr_load_opts(const char *path, bool frames, tr_trace_t *t, char *err, size_
         memset(&recs, 0, sizeof(recs));
         ok = pk_parse_skip(buf, len, NULL, NULL, &doc, why, sizeof(why));
     }
-    release(held, held_len, mapped);
+    drop(held, held_len, mapped, own);
     if (!ok) {
         free(recs.ev);
         free(recs.side);
@@ -3099,13 +3104,12 @@ bool tr_load_opts(const char *path, bool frames, tr_trace_t *t, char *err, size_
         /* A handed-over entry is also a dict read elsewhere (from_doc's whole_needed): the
          * file read again whole, as the commands with stacks read it. Its bytes are gone by
          * now (most of the memory of a load), so only a file can be read again. */
-        struct stat sb;
         tr_free(t);
-        if (stat(path, &sb) == 0 && S_ISREG(sb.st_mode))
-            return tr_load_opts(path, true, t, err, errlen);
-        snprintf(err, errlen, "%s: %s (a stream is read once: load it from a file)", src,
-                 why + strlen(PK_ERR_WHOLE));
-        return false;
+        if (again_p != NULL) {
+            *again_p = true; /* the caller kept the bytes */
+            return false;
+        }
+        return tr_load_opts(path, true, t, err, errlen);
     }
     if (!ok) {
         snprintf(err, errlen, "%s: %s", src, why);
@@ -3116,6 +3120,29 @@ bool tr_load_opts(const char *path, bool frames, tr_trace_t *t, char *err, size_
     t->legacy_save = legacy;
     t->pickled = !json;
     return true;
+}
+
+bool tr_load_opts(const char *path, bool frames, tr_trace_t *t, char *err, size_t errlen) {
+    memset(t, 0, sizeof(*t));
+    unsigned char *buf = NULL;
+    size_t len = 0;
+    bool mapped = false;
+    char why[256];
+    if (!read_whole(path, &buf, &len, &mapped, why, sizeof(why))) {
+        snprintf(err, errlen, "%s", why);
+        return false;
+    }
+    struct stat sb;
+    if (frames || mapped || (stat(path, &sb) == 0 && S_ISREG(sb.st_mode)))
+        return load_bytes(path, buf, len, mapped, true, frames, t, NULL, err, errlen);
+    /* A stream (a pipe, "-") is read once: its bytes are kept through the load, for the rare
+     * document the analysis must read whole (load_bytes), which a file is read again for. */
+    bool again = false;
+    bool ok = load_bytes(path, buf, len, false, false, false, t, &again, err, errlen);
+    if (again)
+        ok = load_bytes(path, buf, len, false, false, true, t, NULL, err, errlen);
+    free(buf);
+    return ok;
 }
 
 void tr_free(tr_trace_t *t) {
