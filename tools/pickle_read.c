@@ -2945,6 +2945,16 @@ static void opscan(opscan_t *s, const unsigned char *buf, size_t len, size_t max
     }
 }
 
+/* Where the pickle at the start of buf[0..len) ends: the offset just past its STOP, or 0 when the
+ * walk meets none there (or an opcode the parser refuses, or an argument past len). What the
+ * values are is the parser's business: this only finds the end, for a file of several pickles one
+ * after another (torch.save's format before torch 1.6). */
+size_t pk_pickle_end(const void *buf, size_t len) {
+    opscan_t s = {0};
+    opscan(&s, buf, len, len);
+    return s.stopped ? s.pos : 0;
+}
+
 /* Whether a JSON stream's bytes so far hold one that no JSON document the loader reads has
  * anywhere (inside a string or out): a control character other than the white space, or one
  * that is never UTF-8 (0xc0, 0xc1, 0xf5-0xff). Its reader (core/json_read.c) goes from the

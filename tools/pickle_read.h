@@ -134,6 +134,9 @@ static inline bool pk_err_whole(const char *err) {
  * PROTO): PROTO's argument, else 1 if an opcode of protocol 1 or later comes before STOP, else
  * 0. For a document pk_parse read. */
 int pk_protocol(const void *buf, size_t len);
+/* Where the pickle at the start of buf[0..len) ends (just past its STOP), found by walking its
+ * opcodes; 0 when there is no STOP to find there (a refused opcode, an argument past len). */
+size_t pk_pickle_end(const void *buf, size_t len);
 /* Read a whole file of at most max_bytes into a new buffer (caller frees). Reading stops early
  * (what was read is returned) once the first byte is no pickle opcode and the first that is not
  * white space is no JSON document's '{' or '[': the caller refuses it from those bytes, and a

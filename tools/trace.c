@@ -2864,33 +2864,122 @@ static const char *packed_as(const unsigned char *b, size_t n) {
     return NULL;
 }
 
-bool tr_load_opts(const char *path, bool frames, tr_trace_t *t, char *err, size_t errlen) {
-    memset(t, 0, sizeof(*t));
-    unsigned char *buf = NULL;
-    size_t len = 0;
-    bool mapped = false;
-    char why[256];
-    if (!read_whole(path, &buf, &len, &mapped, why, sizeof(why))) {
-        snprintf(err, errlen, "%s", why);
+/* Every torch.save before torch 1.6, and torch.save(obj, f, _use_new_zipfile_serialization=False)
+ * since, writes no zip archive but pickles one after another (torch/serialization.py's
+ * _legacy_save and _legacy_load): the format's magic number 0x1950a86a20f9469cfc6c, its version
+ * 1001, a dict of the writer's sizes and byte order (sys_info), the object saved, and the list of
+ * the storages whose bytes follow (none for a snapshot, which holds no tensor). Each is written
+ * with the protocol torch.save was given (2 by default). Whether buf starts with the first of
+ * them: the number alone, after an optional PROTO and (protocols 4-5) FRAME, as LONG1 or, for
+ * protocols 0 and 1, as a LONG line. */
+static bool legacy_magic(const unsigned char *b, size_t n) {
+    static const unsigned char bin[12] = {0x8a, 10,   0x6c, 0xfc, 0x9c, 0x46,
+                                          0xf9, 0x20, 0x6a, 0xa8, 0x50, 0x19};
+    static const char text[] = "L119547037146038801333356L\n"; /* the same number in decimal */
+    size_t i = n >= 2 && b[0] == 0x80 ? 2 : 0;
+    if (n - i >= 9 && b[i] == 0x95)
+        i += 9;
+    if (n - i >= sizeof bin && memcmp(b + i, bin, sizeof bin) == 0)
+        i += sizeof bin;
+    else if (n - i >= sizeof text - 1 && memcmp(b + i, text, sizeof text - 1) == 0)
+        i += sizeof text - 1;
+    else
         return false;
+    return i < n && b[i] == '.';
+}
+
+/* Where the saved object's pickle starts in a file of torch.save's old format (legacy_magic):
+ * 1 with *off_p set; 0 for any other file; -1 with why set for one whose header, after the magic
+ * number, is not the format's (torch.load refuses it too: "Invalid protocol version"). */
+static int legacy_object(const unsigned char *b, size_t n, size_t *off_p, char *why,
+                         size_t whylen) {
+    if (!legacy_magic(b, n))
+        return 0;
+    static const char *const names[2] = {"format version", "sys_info"};
+    size_t at = pk_pickle_end(b, n);
+    for (int k = 0; k < 2; k++) {
+        size_t end = pk_pickle_end(b + at, n - at);
+        pk_doc_t *doc = NULL;
+        char perr[200] = "";
+        if (end == 0 || !pk_parse(b + at, end, NULL, &doc, perr, sizeof perr)) {
+            snprintf(why, whylen, "its %s (pickle %d, at offset %zu) %s%s", names[k], k + 2, at,
+                     end == 0 ? "has no STOP: the file is cut short or is no such file" : "is ",
+                     end == 0 ? "" : perr);
+            return -1;
+        }
+        const pk_value_t *v = pk_root(doc);
+        int64_t version = 0;
+        bool ok = k == 0 ? pk_int(v, &version) && version == 1001 : v->type == PK_DICT;
+        pk_free(doc);
+        if (!ok) {
+            snprintf(why, whylen, "its %s (pickle %d, at offset %zu) is %s", names[k], k + 2, at,
+                     k == 0 ? "not 1001, the only version torch.save writes and torch.load reads"
+                            : "not a dict");
+            return -1;
+        }
+        at += end;
     }
-    unsigned char *held = buf; /* what release() gives back; buf is the document in it */
+    if (at == n) {
+        snprintf(why, whylen, "it ends after its header (at offset %zu): no object follows", at);
+        return -1;
+    }
+    *off_p = at;
+    return 1;
+}
+
+/* Gives buf back where this load owns it (own): the caller's bytes of a stream are kept for a
+ * second read. */
+static void drop(unsigned char *buf, size_t len, bool mapped, bool own) {
+    if (own)
+        release(buf, len, mapped);
+}
+
+/* tr_load_opts on path's bytes buf[0..len) (mapped: a mapping of the file). own: the load gives
+ * them back; else the caller does, and a document that the analysis must read whole is not
+ * read again here but said in *again_p (a stream, whose bytes cannot be read twice). */
+static bool load_bytes(const char *path, unsigned char *buf, size_t len, bool mapped, bool own,
+                       bool frames, tr_trace_t *t, bool *again_p, char *err, size_t errlen) {
+    memset(t, 0, sizeof(*t));
+    char why[256];
+    unsigned char *held = buf; /* what drop() gives back; buf is the document in it */
     size_t held_len = len;
     char member[256] = "";
+    bool legacy = false; /* torch.save's old format (legacy_object) */
     if (len >= 4 && memcmp(buf, "PK\3\4", 4) == 0) {
         size_t off = 0, n = 0;
         if (!zip_snapshot(buf, len, &off, &n, member, sizeof member, why, sizeof why)) {
             snprintf(err, errlen, "%s: a zip archive (what torch.save writes), but %s", path, why);
-            release(held, held_len, mapped);
+            drop(held, held_len, mapped, own);
             return false;
         }
         buf += off;
         len = n;
+    } else {
+        size_t off = 0;
+        int old = legacy_object(buf, len, &off, why, sizeof why);
+        if (old < 0) {
+            snprintf(err, errlen, "%s: torch.save's old format (before torch 1.6), but %s", path,
+                     why);
+            drop(held, held_len, mapped, own);
+            return false;
+        }
+        if (old > 0) {
+            buf += off;
+            len -= off;
+            legacy = true;
+        }
     }
+    /* The messages below name what was read: the file, or the pickle torch.save wrote in it. */
+    char src[4400];
+    if (member[0] != '\0' || legacy)
+        snprintf(src, sizeof src, "%s: the pickle torch.save wrote (%s)", path,
+                 legacy ? "its old format, before torch 1.6" : member);
+    else
+        snprintf(src, sizeof src, "%s", path);
     const char *packed = packed_as(buf, len);
     if (packed != NULL) {
-        snprintf(err, errlen, "%s: %s", path, packed);
-        release(held, held_len, mapped);
+        snprintf(err, errlen, "%s: %s", src, packed);
+        drop(held, held_len, mapped, own);
         return false;
     }
     /* A JSON snapshot (ours, or one a viewer saved) starts with '{' or '[': translate it. A
@@ -2909,8 +2998,8 @@ bool tr_load_opts(const char *path, bool frames, tr_trace_t *t, char *err, size_
         snprintf(err, errlen,
                  "%s: not a pickle (nor a JSON snapshot): it starts with a UTF-8 byte order mark "
                  "(ef bb bf), which no pickle has, and no JSON document follows it",
-                 path);
-        release(held, held_len, mapped);
+                 src);
+        drop(held, held_len, mapped, own);
         return false;
     }
     if (i > 0 && i < len && !opcode && buf[i] != '{' && buf[i] != '[') {
@@ -2919,16 +3008,16 @@ bool tr_load_opts(const char *path, bool frames, tr_trace_t *t, char *err, size_
         snprintf(err, errlen,
                  "%s: not a pickle (nor a JSON snapshot): it starts with white space, which no "
                  "pickle does, and then byte 0x%02x (at offset %zu), which starts no JSON document",
-                 path, buf[i], i);
-        release(held, held_len, mapped);
+                 src, buf[i], i);
+        drop(held, held_len, mapped, own);
         return false;
     }
     if (i < len && !opcode && buf[i] != '{' && buf[i] != '[') {
         snprintf(err, errlen,
                  "%s: not a pickle (nor a JSON snapshot): it starts with byte 0x%02x, which is no "
                  "pickle opcode (a pickle of protocol 2-5 starts with 0x80)",
-                 path, buf[i]);
-        release(held, held_len, mapped);
+                 src, buf[i]);
+        drop(held, held_len, mapped, own);
         return false;
     }
     if (!opcode && i < len && (buf[i] == '{' || buf[i] == '[')) {
@@ -2939,14 +3028,15 @@ bool tr_load_opts(const char *path, bool frames, tr_trace_t *t, char *err, size_
         bool ok =
             sp_x_json_to_pickle_skip((const char *)buf + bom, len - bom, frames ? NULL : "frames",
                                      &pickle, &plen, why, sizeof(why));
-        release(held, held_len, mapped);
+        drop(held, held_len, mapped, own);
         if (!ok) {
-            snprintf(err, errlen, "%s: %s", path, why);
+            snprintf(err, errlen, "%s: %s", src, why);
             return false;
         }
         buf = held = (unsigned char *)pickle;
         len = held_len = plen;
         mapped = false; /* the translation is ours, from malloc */
+        own = true;
         json = true;
     }
     int protocol = json ? 0 : pk_protocol(buf, len);
@@ -2984,16 +3074,13 @@ bool tr_load_opts(const char *path, bool frames, tr_trace_t *t, char *err, size_
         memset(&recs, 0, sizeof(recs));
         ok = pk_parse_skip(buf, len, NULL, NULL, &doc, why, sizeof(why));
     }
-    release(held, held_len, mapped);
+    drop(held, held_len, mapped, own);
     if (!ok) {
         free(recs.ev);
         free(recs.side);
         chunks_free(&recs.blk);
         chunks_free(&recs.seg);
-        if (member[0] != '\0')
-            snprintf(err, errlen, "%s: the pickle torch.save wrote (%s): %s", path, member, why);
-        else
-            snprintf(err, errlen, "%s: %s", path, why);
+        snprintf(err, errlen, "%s: %s", src, why);
         return false;
     }
     /* What the entries' array did not use goes back before the analysis and the replay
@@ -3017,22 +3104,45 @@ bool tr_load_opts(const char *path, bool frames, tr_trace_t *t, char *err, size_
         /* A handed-over entry is also a dict read elsewhere (from_doc's whole_needed): the
          * file read again whole, as the commands with stacks read it. Its bytes are gone by
          * now (most of the memory of a load), so only a file can be read again. */
-        struct stat sb;
         tr_free(t);
-        if (stat(path, &sb) == 0 && S_ISREG(sb.st_mode))
-            return tr_load_opts(path, true, t, err, errlen);
-        snprintf(err, errlen, "%s: %s (a stream is read once: load it from a file)", path,
-                 why + strlen(PK_ERR_WHOLE));
-        return false;
+        if (again_p != NULL) {
+            *again_p = true; /* the caller kept the bytes */
+            return false;
+        }
+        return tr_load_opts(path, true, t, err, errlen);
     }
     if (!ok) {
-        snprintf(err, errlen, "%s: %s", path, why);
+        snprintf(err, errlen, "%s: %s", src, why);
         return false;
     }
     t->protocol = protocol;
     snprintf(t->zip_member, sizeof t->zip_member, "%s", member);
+    t->legacy_save = legacy;
     t->pickled = !json;
     return true;
+}
+
+bool tr_load_opts(const char *path, bool frames, tr_trace_t *t, char *err, size_t errlen) {
+    memset(t, 0, sizeof(*t));
+    unsigned char *buf = NULL;
+    size_t len = 0;
+    bool mapped = false;
+    char why[256];
+    if (!read_whole(path, &buf, &len, &mapped, why, sizeof(why))) {
+        snprintf(err, errlen, "%s", why);
+        return false;
+    }
+    struct stat sb;
+    if (frames || mapped || (stat(path, &sb) == 0 && S_ISREG(sb.st_mode)))
+        return load_bytes(path, buf, len, mapped, true, frames, t, NULL, err, errlen);
+    /* A stream (a pipe, "-") is read once: its bytes are kept through the load, for the rare
+     * document the analysis must read whole (load_bytes), which a file is read again for. */
+    bool again = false;
+    bool ok = load_bytes(path, buf, len, false, false, false, t, &again, err, errlen);
+    if (again)
+        ok = load_bytes(path, buf, len, false, false, true, t, NULL, err, errlen);
+    free(buf);
+    return ok;
 }
 
 void tr_free(tr_trace_t *t) {

@@ -185,6 +185,7 @@ typedef struct tr_trace {
     int protocol;           /* pickle protocol (0-5; pk_protocol's); 0 for a JSON snapshot */
     bool pickled;           /* read from a pickle (false: a JSON snapshot) */
     char zip_member[256];   /* the pickle's member of a torch.save zip archive; "" for none */
+    bool legacy_save;       /* the object of a file in torch.save's old format (before 1.6) */
     tr_settings_t settings; /* what the snapshot records */
     const pk_value_t *root; /* its top-level dict (or segment list) */
     int ndev;               /* device_traces entries (at least every segment's device + 1) */

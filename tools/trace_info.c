@@ -34,6 +34,10 @@ static void text(const char *path, const tr_trace_t *t) {
     if (t->pickled && t->zip_member[0] != '\0')
         printf("format: pickle protocol %d, %s, the %s of a torch.save zip archive\n", t->protocol,
                t->format, t->zip_member);
+    else if (t->pickled && t->legacy_save)
+        printf("format: pickle protocol %d, %s, the object of a file in torch.save's old format "
+               "(before torch 1.6: pickles one after another, no zip)\n",
+               t->protocol, t->format);
     else if (t->pickled)
         printf("format: pickle protocol %d, %s\n", t->protocol, t->format);
     else
@@ -116,6 +120,7 @@ static void json(const char *path, const tr_trace_t *t) {
         cj_str(&j, "zip_member", t->zip_member);
     else
         cj_null(&j, "zip_member");
+    cj_bool(&j, "legacy_torch_save", t->legacy_save);
     cj_end(&j, '}');
     int with_data = 0;
     for (int d = 0; d < t->ndev; d++)

@@ -11,8 +11,10 @@ field as that writer lays it out (PKWARE's APPNOTE.TXT), and Python's zipfile wr
 one (no ZIP64 records, no padding). Every command reads both as it reads the pickle itself: the
 same output once the path is named alike; info names the member. Archives that are not a
 snapshot saved so are refused with one line saying what they are: a data.pkl that is compressed,
-none, two, a truncated archive, and a data.pkl holding a tensor (a checkpoint). An archive
-through a pipe ("-") is read as from its file."""
+none, two, a truncated archive, and a data.pkl holding a tensor (a checkpoint) or no snapshot,
+said of the member. An archive through a pipe ("-") is read as from its file. So is a file in
+torch.save's old format (before torch 1.6: pickles one after another), in every protocol; one
+whose header is not that format's is refused with what is wrong in it."""
 import io
 import json
 import os
@@ -164,6 +166,71 @@ refused("a truncated archive", write("cut.pt", whole[:len(whole) // 2]),
 ckpt = b"\x80\x02}q\x00X\x06\x00\x00\x00weightq\x01X\x01\x00\x00\x000Qs."
 refused("a checkpoint", write("ckpt.pt", torch_zip(torch_members("archive", ckpt))),
         "the pickle torch.save wrote (archive/data.pkl): ")
+# Inside an archive, what is no snapshot is said of its member: no pickle at all, a pickle of
+# something else.
+refused("a data.pkl that is no pickle", write("text.pt", torch_zip(torch_members("archive",
+        b"\x07junk"))), "the pickle torch.save wrote (archive/data.pkl): not a pickle")
+refused("a data.pkl holding a number", write("number.pt", torch_zip(torch_members("archive",
+        pickle.dumps(7, protocol=2)))), "the pickle torch.save wrote (archive/data.pkl): not a "
+        "memory snapshot")
+
+# torch.save's old format (every torch before 1.6; _use_new_zipfile_serialization=False since):
+# no zip, but pickles one after another, each of torch.save's pickle_protocol (torch's
+# serialization.py, _legacy_save): the magic number 0x1950a86a20f9469cfc6c, the format's
+# version 1001, the writer's sys_info, the object, the storage keys (none: no tensor).
+MAGIC = 0x1950A86A20F9469CFC6C
+SYS_INFO = dict(protocol_version=1001, little_endian=True,
+                type_sizes=dict(short=2, int=4, long=8))
+
+
+def legacy(obj, proto, version=1001, sys_info=SYS_INFO):
+    return b"".join(pickle.dumps(v, protocol=proto)
+                    for v in (MAGIC, version, sys_info, obj, []))
+
+
+for proto in range(6):
+    pp = write(f"plain-p{proto}.pickle", pickle.dumps(snapshot, protocol=proto))
+    lp = write(f"legacy-p{proto}.pt", legacy(snapshot, proto))
+    for args in (["info", "--json"], ["replay", "--json"], ["summary"]):
+        a, b = run(*args, pp), run(*args, lp)
+        na, nb = normal(a.stdout, pp), normal(b.stdout, lp)
+        if isinstance(nb, dict):
+            nb.get("format", {}).pop("legacy_torch_save", None)
+            na.get("format", {}).pop("legacy_torch_save", None)
+        if a.returncode != 0 or b.returncode != 0 or na != nb:
+            fails.append(f"old format, protocol {proto}, {' '.join(args)}: rc "
+                         f"{a.returncode}/{b.returncode}: {b.stderr[:300]}")
+    r = run("info", "--json", lp)
+    fmt = json.loads(r.stdout)["format"] if r.returncode == 0 else {}
+    if fmt.get("legacy_torch_save") is not True or fmt.get("pickle_protocol") != proto:
+        fails.append(f"old format, protocol {proto}: info --json's format is {fmt}")
+    if "the object of a file in torch.save's old format" not in run("info", lp).stdout:
+        fails.append(f"old format, protocol {proto}: info does not say what the file is")
+r = run("info", "--json", plain)
+if r.returncode != 0 or json.loads(r.stdout)["format"].get("legacy_torch_save") is not False:
+    fails.append("a plain pickle: info --json's legacy_torch_save is not false")
+with open(os.path.join(work, "legacy-p2.pt"), "rb") as f:
+    piped = subprocess.run([cli, "replay", "--json", "-"], stdin=f, capture_output=True,
+                           text=True, env=dict(os.environ, SYMPOOL_DEVICE="host"))
+if piped.returncode != 0 or normal(piped.stdout, "-") != normal(direct.stdout, plain):
+    fails.append(f"old format through a pipe: rc {piped.returncode}: {piped.stderr}")
+header = legacy(snapshot, 2)
+head_len = len(header) - len(pickle.dumps(snapshot, protocol=2)) - len(pickle.dumps([], 2))
+refused("old format, another version", write("v1000.pt", legacy(snapshot, 2, version=1000)),
+        "torch.save's old format (before torch 1.6), but its format version (pickle 2, at offset "
+        "15) is not 1001")
+refused("old format, sys_info no dict", write("sysinfo.pt", legacy(snapshot, 2, sys_info=[1])),
+        "its sys_info (pickle 3, at offset 21) is not a dict")
+refused("old format, header only", write("head.pt", header[:head_len]),
+        f"it ends after its header (at offset {head_len}): no object follows")
+refused("old format, cut in its header", write("headcut.pt", header[:25]),
+        "its sys_info (pickle 3, at offset 21) has no STOP")
+refused("old format, no snapshot inside", write("list.pt", legacy([1, 2], 2)),
+        "the pickle torch.save wrote (its old format, before torch 1.6): not a memory snapshot")
+# The magic number alone is a pickle of an int, as before: not taken for the old format.
+refused("the magic number alone", write("magic.pickle", pickle.dumps(MAGIC, protocol=2)),
+        "torch.save's old format (before torch 1.6), but its format version (pickle 2, at offset "
+        "15) has no STOP")
 
 if fails:
     sys.exit("torch.save archives:\n  " + "\n  ".join(fails))
