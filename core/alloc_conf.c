@@ -23,7 +23,7 @@
 #include <string.h>
 
 #include "core/core.h"    /* sp_alloc_conf_t and the parser's prototypes only */
-#include "core/options.h" /* sp__conf_number */
+#include "core/options.h" /* sp__conf_number, sp__roundup_parse */
 
 #define MiB ((size_t)1 << 20)
 #define MIN_SPLIT_MB 20 /* kLargeBuffer / 1 MiB: PyTorch's floor for the two *_mb limits */
@@ -189,6 +189,10 @@ static bool parse_roundup(span_t v, uint32_t table[N_INTERVALS], char *why, size
     }
     memcpy(table, out, sizeof out);
     return true;
+}
+
+bool sp__roundup_parse(const char *text, uint32_t table[N_INTERVALS], char *why, size_t why_len) {
+    return parse_roundup(trim(text, strlen(text)), table, why, why_len);
 }
 
 /* One "*_mb" key with a floor, to bytes. */

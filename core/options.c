@@ -64,13 +64,8 @@ static bool check_alloc_conf(opt_value_t *v, bool lenient, opt_notes_t *notes, c
 static bool check_roundup(opt_value_t *v, bool lenient, opt_notes_t *notes, char *why,
                           size_t why_len) {
     (void)lenient, (void)notes; /* only ALLOC_CONF parses leniently */
-    if (v->s[0] == '\0')
-        return true;
-    char text[OPT_TEXT_MAX + 32];
-    snprintf(text, sizeof text, "roundup_power2_divisions:%s", v->s);
     sp__alloc_conf_defaults(&v->conf);
-    return sp__alloc_conf_parse_ex(text, &v->conf, NULL, NULL, 0, false, NULL, NULL, why,
-                                   why_len) == SP_SUCCESS;
+    return v->s[0] == '\0' || sp__roundup_parse(v->s, v->conf.roundup_divisions, why, why_len);
 }
 
 static bool check_split(opt_value_t *v, bool lenient, opt_notes_t *notes, char *why,

@@ -413,6 +413,57 @@ TEST_F(CoreTest, ExpandablePageHasACeiling) {
     }
 }
 
+// SYMPOOL_ROUNDUP_POWER2_DIVISIONS holds one roundup_power2_divisions value. It was read as the
+// ALLOC_CONF "roundup_power2_divisions:TEXT", so a comma in it began other keys: "4,max_split_
+// size_mb:64" set the roundup to 4 without a word while its max_split_size_mb was dropped (and
+// "4," or "[64:8],bogus_key:1" passed too, the latter only because the key is unknown).
+TEST_F(CoreTest, RoundupVariableTakesOneValueOnly) {
+    expect_warnings();
+    for (const char *bad : {"4,max_split_size_mb:64", "[64:8],expandable_segments:True", "4,",
+                            "4,backend:native", "[64:8,>:2],"}) {
+        Env env({{"SYMPOOL_ROUNDUP_POWER2_DIVISIONS", bad},
+                 {"SYMPOOL_MAX_SPLIT_SIZE", nullptr},
+                 {"SYMPOOL_EXPANDABLE_SEGMENTS", nullptr},
+                 {"SYMPOOL_ALLOC_CONF", nullptr},
+                 {"PYTORCH_ALLOC_CONF", nullptr},
+                 {"PYTORCH_CUDA_ALLOC_CONF", nullptr}});
+        EXPECT_EQ(count(SP_LOG_WARN,
+                        std::string("SYMPOOL_ROUNDUP_POWER2_DIVISIONS='") + bad + "' is malformed"),
+                  1u)
+            << bad;
+        EXPECT_EQ(sp__option_source(SP_OPT_ROUNDUP_POWER2_DIVISIONS), SP_OPT_SRC_DEFAULT) << bad;
+        sp_alloc_conf_t g;
+        sp__alloc_conf_get(&g);
+        for (uint32_t d : g.roundup_divisions)
+            EXPECT_EQ(d, 0u) << bad << ": the roundup was taken";
+        EXPECT_EQ(g.max_split_size, SIZE_MAX) << bad;
+        EXPECT_FALSE(g.expandable_segments) << bad;
+        char why[256] = "";
+        EXPECT_FALSE(sp_x_option_check("SYMPOOL_ROUNDUP_POWER2_DIVISIONS", bad, why, sizeof why))
+            << bad;
+        EXPECT_SP_STATUS(sp__option_set(SP_OPT_ROUNDUP_POWER2_DIVISIONS, bad),
+                         SP_ERR_INVALID_ARGUMENT);
+        EXPECT_EQ(sp__option_source(SP_OPT_ROUNDUP_POWER2_DIVISIONS), SP_OPT_SRC_DEFAULT) << bad;
+    }
+    // One value, blanks around it included, still reads as the key does.
+    {
+        Env env({{"SYMPOOL_ROUNDUP_POWER2_DIVISIONS", " [64:8, >:2] "}});
+        sp_alloc_conf_t g;
+        sp__alloc_conf_get(&g);
+        EXPECT_EQ(g.roundup_divisions[0], 8u);
+        EXPECT_EQ(g.roundup_divisions[6], 8u);
+        EXPECT_EQ(g.roundup_divisions[7], 2u);
+        EXPECT_EQ(g.roundup_divisions[15], 2u);
+    }
+    {
+        Env env({{"SYMPOOL_ROUNDUP_POWER2_DIVISIONS", " 4 "}});
+        sp_alloc_conf_t g;
+        sp__alloc_conf_get(&g);
+        for (uint32_t d : g.roundup_divisions)
+            EXPECT_EQ(d, 4u);
+    }
+}
+
 // A whole number too large for its variable is out of range too, whether it overflows 64 bits
 // or only the option's type; the same digits followed by junk stay malformed.
 TEST_F(CoreTest, TooLargeNumberIsOutOfRangeNotMalformed) {
