@@ -848,6 +848,37 @@ TEST_F(AllocConf, RejectsBadValuesAndLeavesConfUnchanged) {
     EXPECT_NE(std::string(sp_last_error()).find("not supported"), std::string::npos);
 }
 
+// Each refused roundup_power2_divisions value is called what it is: 2^32 (past the 32-bit
+// table) and a boundary of 2^64 MB were said to be "not a power of 2", and "4,max_split_size_mb:64"
+// (SYMPOOL_ROUNDUP_POWER2_DIVISIONS' text) "not a power of 2" where it is no number at all.
+TEST_F(AllocConf, RoundupMessagesSayWhatIsWrong) {
+    const struct {
+        const char *text, *says;
+    } cases[] = {
+        {"roundup_power2_divisions:4294967296",
+         "'4294967296' is out of range (at most 2147483648)"},
+        {"roundup_power2_divisions:[64:4294967296]",
+         "value '4294967296' is out of range (at most 2147483648)"},
+        {"roundup_power2_divisions:[18446744073709551616:4]",
+         "boundary '18446744073709551616' is out of range"},
+        {"roundup_power2_divisions:3", "'3' is not a power of 2"},
+        {"roundup_power2_divisions:[64:3]", "value '3' is not a power of 2 or 0"},
+        {"roundup_power2_divisions:[96:4]", "boundary '96' is not a power-of-2 MB size"},
+    };
+    for (const auto &k : cases) {
+        char why[256] = "";
+        EXPECT_FALSE(sp_x_alloc_conf_check(k.text, why, sizeof why)) << k.text;
+        EXPECT_NE(std::string(why).find(k.says), std::string::npos) << k.text << " -> " << why;
+    }
+    char why[256] = "";
+    EXPECT_FALSE(sp_x_option_check("SYMPOOL_ROUNDUP_POWER2_DIVISIONS", "4,max_split_size_mb:64",
+                                   why, sizeof why));
+    EXPECT_NE(std::string(why).find("is neither N (a power of 2) nor [MB:N,...,>:N]"),
+              std::string::npos)
+        << why;
+    EXPECT_EQ(std::string(why).find("not a power of 2"), std::string::npos) << why;
+}
+
 TEST_F(AllocConf, CudaOnlyKeysAreAcceptedAndIgnored) {
     Env env({{"SYMPOOL_DEBUG", "INFO"}});
     ASSERT_SP_OK(sp__alloc_conf_parse(
