@@ -1887,6 +1887,15 @@ static void items_put_back(void) {
     g_nitem_opts = 0;
 }
 
+/* s without the blanks (spaces, tabs) at its ends: the end is cut in place. */
+static char *blanks_cut(char *s) {
+    s += strspn(s, " \t");
+    size_t n = strlen(s);
+    while (n > 0 && (s[n - 1] == ' ' || s[n - 1] == '\t'))
+        s[--n] = '\0';
+    return s;
+}
+
 /* Before an item first sets name: remember what to put back. False (err) only when there is no
  * room, which the option count rules out; a name that is no option is left to sp_x_option_set. */
 static bool item_remember(const char *name, char *err, size_t errlen) {
@@ -1964,17 +1973,21 @@ static bool apply_conf(const char *trace, const char *base, const tr_settings_t 
         }
         memcpy(item, p, n);
         item[n] = '\0';
-        const char *key = item + strspn(item, " \t");
+        char *key = item + strspn(item, " \t");
         sets_split = sets_split || strncmp(key, "max_split_size_mb", 17) == 0 ||
-                     strncmp(key, "SYMPOOL_MAX_SPLIT_SIZE=", 23) == 0;
-        char *eq = strchr(item, '=');
-        if (strncmp(item, "SYMPOOL_", 8) == 0 && eq != NULL) {
+                     strncmp(key, "SYMPOOL_MAX_SPLIT_SIZE", 22) == 0;
+        char *eq = strchr(key, '=');
+        /* Blanks around an item, its name and its value are the writer's layout, as they are
+         * around ALLOC_CONF's keys and values ("max_split_size_mb:64, SYMPOOL_THREAD_CACHE=1MiB"
+         * sent the SYMPOOL_ item to ALLOC_CONF, which refused it as "expected key:value"). */
+        if (strncmp(key, "SYMPOOL_", 8) == 0 && eq != NULL) {
             *eq = '\0';
-            if (!item_allowed(trace, capacity, item, eq + 1, err, errlen))
+            const char *name = blanks_cut(key), *value = blanks_cut(eq + 1);
+            if (!item_allowed(trace, capacity, name, value, err, errlen))
                 return false;
-            if (!item_remember(item, err, errlen))
+            if (!item_remember(name, err, errlen))
                 return false;
-            if (sp_x_option_set(item, eq + 1) != SP_SUCCESS) {
+            if (sp_x_option_set(name, value) != SP_SUCCESS) {
                 snprintf(err, errlen, "%s", sp_last_error());
                 return false;
             }

@@ -10,7 +10,10 @@ freeing a block twice or losing one (argv: sympool, work dir); found by the whol
    the one the address map replaces is given back at the end as well (the same refusal);
  - a starting block that the trace frees with a request larger than its segment (taken at its
    recorded size, then asked again at its request, which is an OOM): the block given back is not
-   freed a second time (the replay failed on 'not a pointer sympool returned')."""
+   freed a second time (the replay failed on 'not a pointer sympool returned');
+ - a --compare configuration with blanks around a SYMPOOL_NAME=VALUE item, its name or its value
+   ("max_split_size_mb:40, SYMPOOL_HOST_CAPACITY = 1MiB"), as ALLOC_CONF's items take them: the
+   item was sent to ALLOC_CONF, which refused the configuration ("expected key:value")."""
 import json
 import sys
 
@@ -69,4 +72,23 @@ if r.returncode != 0:
 j = json.loads(r.stdout)
 if j["ooms"] != 1 or j["skipped_frees"] != 1:
     sys.exit(f"replay whole_oom: {r.stdout}")
+# Blanks around a SYMPOOL_ item of a --compare configuration: the item sets its option (the
+# emulated device of 1 MiB cannot hold the 4 MiB block), and a SYMPOOL_DEBUG_FILE item naming the
+# trace is still refused, the trace left whole.
+path = write("blanks.pickle", {"segments": [], "device_traces": [[
+    entry("alloc", SEG, 4 * MiB, 1), entry("free_requested", SEG, 4 * MiB, 2),
+    entry("free_completed", SEG, 4 * MiB, 3)]]})
+for conf in ("max_split_size_mb:40, SYMPOOL_HOST_CAPACITY = 1MiB", " SYMPOOL_HOST_CAPACITY=1MiB ",
+             "SYMPOOL_HOST_CAPACITY\t=\t1MiB"):
+    r = run("replay", path, "--json", "--compare", "", conf)
+    rows = [json.loads(line) for line in r.stdout.splitlines()] if r.returncode == 0 else []
+    if [row["ooms"] for row in rows] != [0, 1]:
+        sys.exit(f"replay --compare '{conf}': rc {r.returncode}: {r.stdout}{r.stderr}")
+with open(path, "rb") as f:
+    before = f.read()
+r = run("replay", path, "--compare", f" SYMPOOL_DEBUG_FILE = {path} ")
+with open(path, "rb") as f:
+    after = f.read()
+if r.returncode != 2 or "names the trace being replayed" not in r.stderr or after != before:
+    sys.exit(f"replay --compare ' SYMPOOL_DEBUG_FILE = {path} ': rc {r.returncode}: {r.stderr}")
 print("ok")
