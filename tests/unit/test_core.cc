@@ -134,18 +134,24 @@ TEST(CoreParse, SizeTable) {
         {"1.5P", 1536ull * 1024 * GiB},
         {"15EiB", 15ull << 60},
         {"0.5E", 1ull << 59},
+        {"1.0000000000", 1}, // a whole byte, however many zeros
+        {"1.0000000001KiB", 1024},
     };
     for (const auto &g : good) {
         size_t got = 1;
         EXPECT_TRUE(sp__parse_size(g.text, &got)) << g.text;
         EXPECT_EQ(got, g.want) << g.text;
     }
+    // "1.0000000001" and "0.0000000001": a fraction of a byte past the 9 digits kept (they read
+    // as 1 and 0, SYMPOOL_MAX_SPLIT_SIZE's "unlimited").
     const char *bad[] = {"",
                          "-1",
                          "-1G",
                          "abc",
                          "12x",
                          "1.5",
+                         "1.0000000001",
+                         "0.0000000001",
                          "1.",
                          ".5K",
                          "1..5K",
