@@ -1896,6 +1896,21 @@ static char *blanks_cut(char *s) {
     return s;
 }
 
+/* Whether the part of a configuration at p (up to end, NULL: to its end) is a SYMPOOL_NAME=VALUE
+ * item. */
+static bool sympool_item(const char *p, const char *end) {
+    p += strspn(p, " \t");
+    const char *eq = strchr(p, '=');
+    return strncmp(p, "SYMPOOL_", 8) == 0 && eq != NULL && (end == NULL || eq < end);
+}
+
+/* Whether the part at p (up to the next comma) continues the list value of the item before it:
+ * neither blank nor an item of its own (no ':' of KEY:VALUE, no '=' of NAME=VALUE). */
+static bool list_tail(const char *p) {
+    size_t n = strcspn(p, ",");
+    return strspn(p, " \t") < n && memchr(p, ':', n) == NULL && memchr(p, '=', n) == NULL;
+}
+
 /* Before an item first sets name: remember what to put back. False (err) only when there is no
  * room, which the option count rules out; a name that is no option is left to sp_x_option_set. */
 static bool item_remember(const char *name, char *err, size_t errlen) {
@@ -1965,6 +1980,12 @@ static bool apply_conf(const char *trace, const char *base, const tr_settings_t 
     bool sets_split = false; /* the configuration's own max_split_size replaces the recorded one */
     while (*p) {
         const char *end = strchr(p, ',');
+        /* A SYMPOOL_ item's value may be a comma list (SYMPOOL_DEBUG_SUBSYS=INIT,POOL): the
+         * parts after it that are no item (no KEY:VALUE, no NAME=VALUE, not blank) are its own.
+         * They were sent to ALLOC_CONF, which refused "POOL" as "expected key:value". */
+        if (sympool_item(p, end))
+            while (end != NULL && list_tail(end + 1))
+                end = strchr(end + 1, ',');
         size_t n = end ? (size_t)(end - p) : strlen(p);
         char item[256];
         if (n >= sizeof(item)) {

@@ -13,8 +13,12 @@ freeing a block twice or losing one (argv: sympool, work dir); found by the whol
    freed a second time (the replay failed on 'not a pointer sympool returned');
  - a --compare configuration with blanks around a SYMPOOL_NAME=VALUE item, its name or its value
    ("max_split_size_mb:40, SYMPOOL_HOST_CAPACITY = 1MiB"), as ALLOC_CONF's items take them: the
-   item was sent to ALLOC_CONF, which refused the configuration ("expected key:value")."""
+   item was sent to ALLOC_CONF, which refused the configuration ("expected key:value");
+ - a SYMPOOL_ item whose value is a comma list (SYMPOOL_DEBUG_SUBSYS=ENV,INIT): its list was cut
+   at the first comma, and the rest ("INIT") sent to ALLOC_CONF, which refused it."""
 import json
+import os
+import subprocess
 import sys
 
 sys.dont_write_bytecode = True  # the shared helpers leave no cache in the source tree
@@ -91,4 +95,16 @@ with open(path, "rb") as f:
     after = f.read()
 if r.returncode != 2 or "names the trace being replayed" not in r.stderr or after != before:
     sys.exit(f"replay --compare ' SYMPOOL_DEBUG_FILE = {path} ': rc {r.returncode}: {r.stderr}")
+# A SYMPOOL_ item's comma list is the item's: INIT (the "allocator ready" line's subsystem) is
+# logged with ENV,INIT and not with ENV alone; a bad list is refused whole, as the variable's.
+for conf, want in (("SYMPOOL_DEBUG_SUBSYS=ENV,INIT", 1), ("SYMPOOL_DEBUG_SUBSYS=ENV", 0),
+                   ("SYMPOOL_DEBUG_SUBSYS=ENV,INIT,max_split_size_mb:40", 1),
+                   ("max_split_size_mb:40, SYMPOOL_DEBUG_SUBSYS = ENV , INIT ", 1)):
+    r = subprocess.run([cli, "replay", path, "--json", "--compare", conf], capture_output=True,
+                       text=True, env=dict(os.environ, SYMPOOL_DEBUG="INFO"))
+    if r.returncode != 0 or r.stderr.count("allocator ready") != want:
+        sys.exit(f"replay --compare '{conf}': rc {r.returncode}: {r.stderr}")
+r = run("replay", path, "--compare", "SYMPOOL_DEBUG_SUBSYS=ENV,BOGUS")
+if r.returncode != 2 or "SYMPOOL_DEBUG_SUBSYS='ENV,BOGUS' is malformed" not in r.stderr:
+    sys.exit(f"replay --compare 'SYMPOOL_DEBUG_SUBSYS=ENV,BOGUS': rc {r.returncode}: {r.stderr}")
 print("ok")
