@@ -1911,6 +1911,14 @@ static bool list_tail(const char *p) {
     return strspn(p, " \t") < n && memchr(p, ':', n) == NULL && memchr(p, '=', n) == NULL;
 }
 
+/* Whether [p, end) opens more '[' than it closes. */
+static bool bracket_open(const char *p, const char *end) {
+    int depth = 0;
+    for (; p < end; p++)
+        depth += *p == '[' ? 1 : *p == ']' ? -1 : 0;
+    return depth > 0;
+}
+
 /* Before an item first sets name: remember what to put back. False (err) only when there is no
  * room, which the option count rules out; a name that is no option is left to sp_x_option_set. */
 static bool item_remember(const char *name, char *err, size_t errlen) {
@@ -1981,10 +1989,12 @@ static bool apply_conf(const char *trace, const char *base, const tr_settings_t 
     while (*p) {
         const char *end = strchr(p, ',');
         /* A SYMPOOL_ item's value may be a comma list (SYMPOOL_DEBUG_SUBSYS=INIT,POOL): the
-         * parts after it that are no item (no KEY:VALUE, no NAME=VALUE, not blank) are its own.
-         * They were sent to ALLOC_CONF, which refused "POOL" as "expected key:value". */
+         * parts after it that are no item (no KEY:VALUE, no NAME=VALUE, not blank) are its own,
+         * and so is all up to the ']' that closes a '[' in it (SYMPOOL_ROUNDUP_POWER2_DIVISIONS=
+         * [64:8,>:1]). They were sent to ALLOC_CONF, which refused "POOL" as "expected
+         * key:value". */
         if (sympool_item(p, end))
-            while (end != NULL && list_tail(end + 1))
+            while (end != NULL && (list_tail(end + 1) || bracket_open(p, end)))
                 end = strchr(end + 1, ',');
         size_t n = end ? (size_t)(end - p) : strlen(p);
         char item[256];

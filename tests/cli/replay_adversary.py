@@ -15,7 +15,8 @@ freeing a block twice or losing one (argv: sympool, work dir); found by the whol
    ("max_split_size_mb:40, SYMPOOL_HOST_CAPACITY = 1MiB"), as ALLOC_CONF's items take them: the
    item was sent to ALLOC_CONF, which refused the configuration ("expected key:value");
  - a SYMPOOL_ item whose value is a comma list (SYMPOOL_DEBUG_SUBSYS=ENV,INIT): its list was cut
-   at the first comma, and the rest ("INIT") sent to ALLOC_CONF, which refused it."""
+   at the first comma, and the rest ("INIT") sent to ALLOC_CONF, which refused it; so was a
+   list in brackets (SYMPOOL_ROUNDUP_POWER2_DIVISIONS=[1:8,>:8])."""
 import json
 import os
 import subprocess
@@ -107,4 +108,15 @@ for conf, want in (("SYMPOOL_DEBUG_SUBSYS=ENV,INIT", 1), ("SYMPOOL_DEBUG_SUBSYS=
 r = run("replay", path, "--compare", "SYMPOOL_DEBUG_SUBSYS=ENV,BOGUS")
 if r.returncode != 2 or "SYMPOOL_DEBUG_SUBSYS='ENV,BOGUS' is malformed" not in r.stderr:
     sys.exit(f"replay --compare 'SYMPOOL_DEBUG_SUBSYS=ENV,BOGUS': rc {r.returncode}: {r.stderr}")
+# ... and so is a list in brackets: the variable rounds a 1300000-byte block as the key does
+# (to 10 steps of 128 KiB, not to 512 bytes).
+path = write("roundup.pickle", {"segments": [], "device_traces": [[
+    entry("alloc", SEG, 1300000, 1)]]})
+for conf in ("SYMPOOL_ROUNDUP_POWER2_DIVISIONS=[1:8,>:8]",
+             "SYMPOOL_ROUNDUP_POWER2_DIVISIONS=[1:8,>:8],max_split_size_mb:40",
+             "roundup_power2_divisions:[1:8,>:8]"):
+    r = run("replay", path, "--json", "--compare", "", conf)
+    rows = [json.loads(line) for line in r.stdout.splitlines()] if r.returncode == 0 else []
+    if [row["peak_allocated_bytes"] for row in rows] != [1300480, 10 * 128 * 1024]:
+        sys.exit(f"replay --compare '{conf}': rc {r.returncode}: {r.stdout}{r.stderr}")
 print("ok")
