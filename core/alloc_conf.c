@@ -23,7 +23,7 @@
 #include <string.h>
 
 #include "core/core.h"    /* sp_alloc_conf_t and the parser's prototypes only */
-#include "core/options.h" /* sp__conf_number */
+#include "core/options.h" /* sp__conf_number, sp__roundup_parse */
 
 #define MiB ((size_t)1 << 20)
 #define MIN_SPLIT_MB 20 /* kLargeBuffer / 1 MiB: PyTorch's floor for the two *_mb limits */
@@ -122,9 +122,12 @@ static bool parse_roundup(span_t v, uint32_t table[N_INTERVALS], char *why, size
     uint64_t n;
     if (v.len > 0 && v.p[0] != '[') {
         /* PyTorch refuses 0 here (only a list entry may say 0, "no rounding"). */
-        if (!span_uint(v, &n) || n == 0 || !pow2_or_zero(n) || n > UINT32_MAX) {
-            snprintf(why, why_len, "roundup_power2_divisions: '%.*s' is not a power of 2",
-                     (int)v.len, v.p);
+        bool number = span_uint(v, &n);
+        if (!number || n == 0 || !pow2_or_zero(n) || n > UINT32_MAX) {
+            snprintf(why, why_len, "roundup_power2_divisions: '%.*s' %s", (int)v.len, v.p,
+                     !number          ? "is neither N (a power of 2) nor [MB:N,...,>:N]"
+                     : n > UINT32_MAX ? "is out of range (at most 2147483648)"
+                                      : "is not a power of 2");
             return false;
         }
         for (int i = 0; i < N_INTERVALS; i++)
@@ -159,10 +162,11 @@ static bool parse_roundup(span_t v, uint32_t table[N_INTERVALS], char *why, size
         }
         span_t key = trim(entry.p, (size_t)(colon - entry.p));
         span_t val = trim(colon + 1, (size_t)(entry.p + entry.len - colon - 1));
-        if (!span_uint(val, &n) || !pow2_or_zero(n) || n > UINT32_MAX) {
-            snprintf(why, why_len,
-                     "roundup_power2_divisions: value '%.*s' is not a power of 2 or 0",
-                     (int)val.len, val.p);
+        bool number = span_uint(val, &n);
+        if (!number || !pow2_or_zero(n) || n > UINT32_MAX) {
+            snprintf(why, why_len, "roundup_power2_divisions: value '%.*s' %s", (int)val.len, val.p,
+                     number && n > UINT32_MAX ? "is out of range (at most 2147483648)"
+                                              : "is not a power of 2 or 0");
             return false;
         }
         if (span_is(key, ">")) {
@@ -171,10 +175,13 @@ static bool parse_roundup(span_t v, uint32_t table[N_INTERVALS], char *why, size
             continue;
         }
         uint64_t mb;
-        if (!span_uint(key, &mb) || mb == 0 || !pow2_or_zero(mb)) {
-            snprintf(why, why_len,
-                     "roundup_power2_divisions: boundary '%.*s' is not a power-of-2 MB size",
-                     (int)key.len, key.p);
+        number = span_uint(key, &mb);
+        if (!number || mb == 0 || !pow2_or_zero(mb)) {
+            /* span_uint reads any number past 64 bits as UINT64_MAX (2^64 is a power of 2) */
+            snprintf(why, why_len, "roundup_power2_divisions: boundary '%.*s' %s", (int)key.len,
+                     key.p,
+                     number && mb == UINT64_MAX ? "is out of range (at most 9223372036854775808)"
+                                                : "is not a power-of-2 MB size");
             return false;
         }
         int idx = log2_u64(mb); /* interval index from 1 MiB; clamped like PyTorch */
@@ -189,6 +196,10 @@ static bool parse_roundup(span_t v, uint32_t table[N_INTERVALS], char *why, size
     }
     memcpy(table, out, sizeof out);
     return true;
+}
+
+bool sp__roundup_parse(const char *text, uint32_t table[N_INTERVALS], char *why, size_t why_len) {
+    return parse_roundup(trim(text, strlen(text)), table, why, why_len);
 }
 
 /* One "*_mb" key with a floor, to bytes. */

@@ -64,13 +64,8 @@ static bool check_alloc_conf(opt_value_t *v, bool lenient, opt_notes_t *notes, c
 static bool check_roundup(opt_value_t *v, bool lenient, opt_notes_t *notes, char *why,
                           size_t why_len) {
     (void)lenient, (void)notes; /* only ALLOC_CONF parses leniently */
-    if (v->s[0] == '\0')
-        return true;
-    char text[OPT_TEXT_MAX + 32];
-    snprintf(text, sizeof text, "roundup_power2_divisions:%s", v->s);
     sp__alloc_conf_defaults(&v->conf);
-    return sp__alloc_conf_parse_ex(text, &v->conf, NULL, NULL, 0, false, NULL, NULL, why,
-                                   why_len) == SP_SUCCESS;
+    return v->s[0] == '\0' || sp__roundup_parse(v->s, v->conf.roundup_divisions, why, why_len);
 }
 
 static bool check_split(opt_value_t *v, bool lenient, opt_notes_t *notes, char *why,
@@ -226,6 +221,7 @@ bool sp__parse_size(const char *text, size_t *bytes_p) {
             whole = whole * 10 + digit;
     }
     uint64_t frac = 0, denom = 1; /* the fraction as frac/denom, up to 9 digits kept */
+    bool past = false; /* a digit other than 0 after those 9: still a fraction of a byte */
     if (*p == '.') {
         p++;
         if (!isdigit((unsigned char)*p))
@@ -234,6 +230,8 @@ bool sp__parse_size(const char *text, size_t *bytes_p) {
             if (denom < 1000000000ull) {
                 frac = frac * 10 + (uint64_t)(*p - '0');
                 denom *= 10;
+            } else {
+                past = past || *p != '0';
             }
     }
     while (isspace((unsigned char)*p))
@@ -275,8 +273,8 @@ bool sp__parse_size(const char *text, size_t *bytes_p) {
         p++;
     if (*p != '\0')
         return false;
-    if (shift == 0 && frac != 0)
-        return false; /* a fraction of a byte */
+    if (shift == 0 && (frac != 0 || past))
+        return false; /* a fraction of a byte ("1.5", "1.0000000001") */
     uint64_t mult = 1ull << shift;
     if (big || whole > UINT64_MAX / mult) {
         errno = ERANGE; /* a size, but not one a size_t holds: callers say "out of range" */

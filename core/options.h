@@ -77,4 +77,11 @@ const char *sp__option_source_name(sp_option_source_t s);
  * std::stod reads as 0.5) is refused, not ignored. The first len bytes of text. */
 bool sp__conf_number(const char *text, size_t len, double *v_p);
 
+/* One roundup_power2_divisions value ("N" or "[64:8,256:4,>:1]", blanks around it) as the
+ * ALLOC_CONF key reads it, onto table (all 16 intervals) on success; the reason in why on
+ * failure, table unchanged. Only that value: SYMPOOL_ROUNDUP_POWER2_DIVISIONS read its text as
+ * "roundup_power2_divisions:TEXT", a whole ALLOC_CONF, so a comma in it started other keys
+ * ("4,max_split_size_mb:64"), which were then dropped without a word. */
+bool sp__roundup_parse(const char *text, uint32_t table[16], char *why, size_t why_len);
+
 #endif /* SP_CORE_OPTIONS_H */

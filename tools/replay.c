@@ -1887,6 +1887,38 @@ static void items_put_back(void) {
     g_nitem_opts = 0;
 }
 
+/* s without the blanks (spaces, tabs) at its ends: the end is cut in place. */
+static char *blanks_cut(char *s) {
+    s += strspn(s, " \t");
+    size_t n = strlen(s);
+    while (n > 0 && (s[n - 1] == ' ' || s[n - 1] == '\t'))
+        s[--n] = '\0';
+    return s;
+}
+
+/* Whether the part of a configuration at p (up to end, NULL: to its end) is a SYMPOOL_NAME=VALUE
+ * item. */
+static bool sympool_item(const char *p, const char *end) {
+    p += strspn(p, " \t");
+    const char *eq = strchr(p, '=');
+    return strncmp(p, "SYMPOOL_", 8) == 0 && eq != NULL && (end == NULL || eq < end);
+}
+
+/* Whether the part at p (up to the next comma) continues the list value of the item before it:
+ * neither blank nor an item of its own (no ':' of KEY:VALUE, no '=' of NAME=VALUE). */
+static bool list_tail(const char *p) {
+    size_t n = strcspn(p, ",");
+    return strspn(p, " \t") < n && memchr(p, ':', n) == NULL && memchr(p, '=', n) == NULL;
+}
+
+/* Whether [p, end) opens more '[' than it closes. */
+static bool bracket_open(const char *p, const char *end) {
+    int depth = 0;
+    for (; p < end; p++)
+        depth += *p == '[' ? 1 : *p == ']' ? -1 : 0;
+    return depth > 0;
+}
+
 /* Before an item first sets name: remember what to put back. False (err) only when there is no
  * room, which the option count rules out; a name that is no option is left to sp_x_option_set. */
 static bool item_remember(const char *name, char *err, size_t errlen) {
@@ -1956,6 +1988,14 @@ static bool apply_conf(const char *trace, const char *base, const tr_settings_t 
     bool sets_split = false; /* the configuration's own max_split_size replaces the recorded one */
     while (*p) {
         const char *end = strchr(p, ',');
+        /* A SYMPOOL_ item's value may be a comma list (SYMPOOL_DEBUG_SUBSYS=INIT,POOL): the
+         * parts after it that are no item (no KEY:VALUE, no NAME=VALUE, not blank) are its own,
+         * and so is all up to the ']' that closes a '[' in it (SYMPOOL_ROUNDUP_POWER2_DIVISIONS=
+         * [64:8,>:1]). They were sent to ALLOC_CONF, which refused "POOL" as "expected
+         * key:value". */
+        if (sympool_item(p, end))
+            while (end != NULL && (list_tail(end + 1) || bracket_open(p, end)))
+                end = strchr(end + 1, ',');
         size_t n = end ? (size_t)(end - p) : strlen(p);
         char item[256];
         if (n >= sizeof(item)) {
@@ -1964,17 +2004,21 @@ static bool apply_conf(const char *trace, const char *base, const tr_settings_t 
         }
         memcpy(item, p, n);
         item[n] = '\0';
-        const char *key = item + strspn(item, " \t");
+        char *key = item + strspn(item, " \t");
         sets_split = sets_split || strncmp(key, "max_split_size_mb", 17) == 0 ||
-                     strncmp(key, "SYMPOOL_MAX_SPLIT_SIZE=", 23) == 0;
-        char *eq = strchr(item, '=');
-        if (strncmp(item, "SYMPOOL_", 8) == 0 && eq != NULL) {
+                     strncmp(key, "SYMPOOL_MAX_SPLIT_SIZE", 22) == 0;
+        char *eq = strchr(key, '=');
+        /* Blanks around an item, its name and its value are the writer's layout, as they are
+         * around ALLOC_CONF's keys and values ("max_split_size_mb:64, SYMPOOL_THREAD_CACHE=1MiB"
+         * sent the SYMPOOL_ item to ALLOC_CONF, which refused it as "expected key:value"). */
+        if (strncmp(key, "SYMPOOL_", 8) == 0 && eq != NULL) {
             *eq = '\0';
-            if (!item_allowed(trace, capacity, item, eq + 1, err, errlen))
+            const char *name = blanks_cut(key), *value = blanks_cut(eq + 1);
+            if (!item_allowed(trace, capacity, name, value, err, errlen))
                 return false;
-            if (!item_remember(item, err, errlen))
+            if (!item_remember(name, err, errlen))
                 return false;
-            if (sp_x_option_set(item, eq + 1) != SP_SUCCESS) {
+            if (sp_x_option_set(name, value) != SP_SUCCESS) {
                 snprintf(err, errlen, "%s", sp_last_error());
                 return false;
             }

@@ -10,8 +10,16 @@ freeing a block twice or losing one (argv: sympool, work dir); found by the whol
    the one the address map replaces is given back at the end as well (the same refusal);
  - a starting block that the trace frees with a request larger than its segment (taken at its
    recorded size, then asked again at its request, which is an OOM): the block given back is not
-   freed a second time (the replay failed on 'not a pointer sympool returned')."""
+   freed a second time (the replay failed on 'not a pointer sympool returned');
+ - a --compare configuration with blanks around a SYMPOOL_NAME=VALUE item, its name or its value
+   ("max_split_size_mb:40, SYMPOOL_HOST_CAPACITY = 1MiB"), as ALLOC_CONF's items take them: the
+   item was sent to ALLOC_CONF, which refused the configuration ("expected key:value");
+ - a SYMPOOL_ item whose value is a comma list (SYMPOOL_DEBUG_SUBSYS=ENV,INIT): its list was cut
+   at the first comma, and the rest ("INIT") sent to ALLOC_CONF, which refused it; so was a
+   list in brackets (SYMPOOL_ROUNDUP_POWER2_DIVISIONS=[1:8,>:8])."""
 import json
+import os
+import subprocess
 import sys
 
 sys.dont_write_bytecode = True  # the shared helpers leave no cache in the source tree
@@ -69,4 +77,46 @@ if r.returncode != 0:
 j = json.loads(r.stdout)
 if j["ooms"] != 1 or j["skipped_frees"] != 1:
     sys.exit(f"replay whole_oom: {r.stdout}")
+# Blanks around a SYMPOOL_ item of a --compare configuration: the item sets its option (the
+# emulated device of 1 MiB cannot hold the 4 MiB block), and a SYMPOOL_DEBUG_FILE item naming the
+# trace is still refused, the trace left whole.
+path = write("blanks.pickle", {"segments": [], "device_traces": [[
+    entry("alloc", SEG, 4 * MiB, 1), entry("free_requested", SEG, 4 * MiB, 2),
+    entry("free_completed", SEG, 4 * MiB, 3)]]})
+for conf in ("max_split_size_mb:40, SYMPOOL_HOST_CAPACITY = 1MiB", " SYMPOOL_HOST_CAPACITY=1MiB ",
+             "SYMPOOL_HOST_CAPACITY\t=\t1MiB"):
+    r = run("replay", path, "--json", "--compare", "", conf)
+    rows = [json.loads(line) for line in r.stdout.splitlines()] if r.returncode == 0 else []
+    if [row["ooms"] for row in rows] != [0, 1]:
+        sys.exit(f"replay --compare '{conf}': rc {r.returncode}: {r.stdout}{r.stderr}")
+with open(path, "rb") as f:
+    before = f.read()
+r = run("replay", path, "--compare", f" SYMPOOL_DEBUG_FILE = {path} ")
+with open(path, "rb") as f:
+    after = f.read()
+if r.returncode != 2 or "names the trace being replayed" not in r.stderr or after != before:
+    sys.exit(f"replay --compare ' SYMPOOL_DEBUG_FILE = {path} ': rc {r.returncode}: {r.stderr}")
+# A SYMPOOL_ item's comma list is the item's: INIT (the "allocator ready" line's subsystem) is
+# logged with ENV,INIT and not with ENV alone; a bad list is refused whole, as the variable's.
+for conf, want in (("SYMPOOL_DEBUG_SUBSYS=ENV,INIT", 1), ("SYMPOOL_DEBUG_SUBSYS=ENV", 0),
+                   ("SYMPOOL_DEBUG_SUBSYS=ENV,INIT,max_split_size_mb:40", 1),
+                   ("max_split_size_mb:40, SYMPOOL_DEBUG_SUBSYS = ENV , INIT ", 1)):
+    r = subprocess.run([cli, "replay", path, "--json", "--compare", conf], capture_output=True,
+                       text=True, env=dict(os.environ, SYMPOOL_DEBUG="INFO"))
+    if r.returncode != 0 or r.stderr.count("allocator ready") != want:
+        sys.exit(f"replay --compare '{conf}': rc {r.returncode}: {r.stderr}")
+r = run("replay", path, "--compare", "SYMPOOL_DEBUG_SUBSYS=ENV,BOGUS")
+if r.returncode != 2 or "SYMPOOL_DEBUG_SUBSYS='ENV,BOGUS' is malformed" not in r.stderr:
+    sys.exit(f"replay --compare 'SYMPOOL_DEBUG_SUBSYS=ENV,BOGUS': rc {r.returncode}: {r.stderr}")
+# ... and so is a list in brackets: the variable rounds a 1300000-byte block as the key does
+# (to 10 steps of 128 KiB, not to 512 bytes).
+path = write("roundup.pickle", {"segments": [], "device_traces": [[
+    entry("alloc", SEG, 1300000, 1)]]})
+for conf in ("SYMPOOL_ROUNDUP_POWER2_DIVISIONS=[1:8,>:8]",
+             "SYMPOOL_ROUNDUP_POWER2_DIVISIONS=[1:8,>:8],max_split_size_mb:40",
+             "roundup_power2_divisions:[1:8,>:8]"):
+    r = run("replay", path, "--json", "--compare", "", conf)
+    rows = [json.loads(line) for line in r.stdout.splitlines()] if r.returncode == 0 else []
+    if [row["peak_allocated_bytes"] for row in rows] != [1300480, 10 * 128 * 1024]:
+        sys.exit(f"replay --compare '{conf}': rc {r.returncode}: {r.stdout}{r.stderr}")
 print("ok")

@@ -134,18 +134,24 @@ TEST(CoreParse, SizeTable) {
         {"1.5P", 1536ull * 1024 * GiB},
         {"15EiB", 15ull << 60},
         {"0.5E", 1ull << 59},
+        {"1.0000000000", 1}, // a whole byte, however many zeros
+        {"1.0000000001KiB", 1024},
     };
     for (const auto &g : good) {
         size_t got = 1;
         EXPECT_TRUE(sp__parse_size(g.text, &got)) << g.text;
         EXPECT_EQ(got, g.want) << g.text;
     }
+    // "1.0000000001" and "0.0000000001": a fraction of a byte past the 9 digits kept (they read
+    // as 1 and 0, SYMPOOL_MAX_SPLIT_SIZE's "unlimited").
     const char *bad[] = {"",
                          "-1",
                          "-1G",
                          "abc",
                          "12x",
                          "1.5",
+                         "1.0000000001",
+                         "0.0000000001",
                          "1.",
                          ".5K",
                          "1..5K",
@@ -410,6 +416,57 @@ TEST_F(CoreTest, ExpandablePageHasACeiling) {
                   1u)
             << bad;
         EXPECT_EQ(sp__option_int(SP_OPT_EXPANDABLE_PAGE), (int64_t)(2 * MiB)) << bad;
+    }
+}
+
+// SYMPOOL_ROUNDUP_POWER2_DIVISIONS holds one roundup_power2_divisions value. It was read as the
+// ALLOC_CONF "roundup_power2_divisions:TEXT", so a comma in it began other keys: "4,max_split_
+// size_mb:64" set the roundup to 4 without a word while its max_split_size_mb was dropped (and
+// "4," or "[64:8],bogus_key:1" passed too, the latter only because the key is unknown).
+TEST_F(CoreTest, RoundupVariableTakesOneValueOnly) {
+    expect_warnings();
+    for (const char *bad : {"4,max_split_size_mb:64", "[64:8],expandable_segments:True", "4,",
+                            "4,backend:native", "[64:8,>:2],"}) {
+        Env env({{"SYMPOOL_ROUNDUP_POWER2_DIVISIONS", bad},
+                 {"SYMPOOL_MAX_SPLIT_SIZE", nullptr},
+                 {"SYMPOOL_EXPANDABLE_SEGMENTS", nullptr},
+                 {"SYMPOOL_ALLOC_CONF", nullptr},
+                 {"PYTORCH_ALLOC_CONF", nullptr},
+                 {"PYTORCH_CUDA_ALLOC_CONF", nullptr}});
+        EXPECT_EQ(count(SP_LOG_WARN,
+                        std::string("SYMPOOL_ROUNDUP_POWER2_DIVISIONS='") + bad + "' is malformed"),
+                  1u)
+            << bad;
+        EXPECT_EQ(sp__option_source(SP_OPT_ROUNDUP_POWER2_DIVISIONS), SP_OPT_SRC_DEFAULT) << bad;
+        sp_alloc_conf_t g;
+        sp__alloc_conf_get(&g);
+        for (uint32_t d : g.roundup_divisions)
+            EXPECT_EQ(d, 0u) << bad << ": the roundup was taken";
+        EXPECT_EQ(g.max_split_size, SIZE_MAX) << bad;
+        EXPECT_FALSE(g.expandable_segments) << bad;
+        char why[256] = "";
+        EXPECT_FALSE(sp_x_option_check("SYMPOOL_ROUNDUP_POWER2_DIVISIONS", bad, why, sizeof why))
+            << bad;
+        EXPECT_SP_STATUS(sp__option_set(SP_OPT_ROUNDUP_POWER2_DIVISIONS, bad),
+                         SP_ERR_INVALID_ARGUMENT);
+        EXPECT_EQ(sp__option_source(SP_OPT_ROUNDUP_POWER2_DIVISIONS), SP_OPT_SRC_DEFAULT) << bad;
+    }
+    // One value, blanks around it included, still reads as the key does.
+    {
+        Env env({{"SYMPOOL_ROUNDUP_POWER2_DIVISIONS", " [64:8, >:2] "}});
+        sp_alloc_conf_t g;
+        sp__alloc_conf_get(&g);
+        EXPECT_EQ(g.roundup_divisions[0], 8u);
+        EXPECT_EQ(g.roundup_divisions[6], 8u);
+        EXPECT_EQ(g.roundup_divisions[7], 2u);
+        EXPECT_EQ(g.roundup_divisions[15], 2u);
+    }
+    {
+        Env env({{"SYMPOOL_ROUNDUP_POWER2_DIVISIONS", " 4 "}});
+        sp_alloc_conf_t g;
+        sp__alloc_conf_get(&g);
+        for (uint32_t d : g.roundup_divisions)
+            EXPECT_EQ(d, 4u);
     }
 }
 
@@ -795,6 +852,37 @@ TEST_F(AllocConf, RejectsBadValuesAndLeavesConfUnchanged) {
     }
     EXPECT_SP_STATUS(sp__alloc_conf_parse("backend:cudaMallocAsync", &c), SP_ERR_NOT_SUPPORTED);
     EXPECT_NE(std::string(sp_last_error()).find("not supported"), std::string::npos);
+}
+
+// Each refused roundup_power2_divisions value is called what it is: 2^32 (past the 32-bit
+// table) and a boundary of 2^64 MB were said to be "not a power of 2", and "4,max_split_size_mb:64"
+// (SYMPOOL_ROUNDUP_POWER2_DIVISIONS' text) "not a power of 2" where it is no number at all.
+TEST_F(AllocConf, RoundupMessagesSayWhatIsWrong) {
+    const struct {
+        const char *text, *says;
+    } cases[] = {
+        {"roundup_power2_divisions:4294967296",
+         "'4294967296' is out of range (at most 2147483648)"},
+        {"roundup_power2_divisions:[64:4294967296]",
+         "value '4294967296' is out of range (at most 2147483648)"},
+        {"roundup_power2_divisions:[18446744073709551616:4]",
+         "boundary '18446744073709551616' is out of range"},
+        {"roundup_power2_divisions:3", "'3' is not a power of 2"},
+        {"roundup_power2_divisions:[64:3]", "value '3' is not a power of 2 or 0"},
+        {"roundup_power2_divisions:[96:4]", "boundary '96' is not a power-of-2 MB size"},
+    };
+    for (const auto &k : cases) {
+        char why[256] = "";
+        EXPECT_FALSE(sp_x_alloc_conf_check(k.text, why, sizeof why)) << k.text;
+        EXPECT_NE(std::string(why).find(k.says), std::string::npos) << k.text << " -> " << why;
+    }
+    char why[256] = "";
+    EXPECT_FALSE(sp_x_option_check("SYMPOOL_ROUNDUP_POWER2_DIVISIONS", "4,max_split_size_mb:64",
+                                   why, sizeof why));
+    EXPECT_NE(std::string(why).find("is neither N (a power of 2) nor [MB:N,...,>:N]"),
+              std::string::npos)
+        << why;
+    EXPECT_EQ(std::string(why).find("not a power of 2"), std::string::npos) << why;
 }
 
 TEST_F(AllocConf, CudaOnlyKeysAreAcceptedAndIgnored) {
