@@ -3101,9 +3101,10 @@ static bool load_bytes(const char *path, unsigned char *buf, size_t len, bool ma
     chunks_free(&recs.blk);
     chunks_free(&recs.seg);
     if (!ok && !frames && pk_err_whole(why)) {
-        /* A handed-over entry is also a dict read elsewhere (from_doc's whole_needed): the
-         * file read again whole, as the commands with stacks read it. Its bytes are gone by
-         * now (most of the memory of a load), so only a file can be read again. */
+        /* A handed-over entry is also a dict read elsewhere (from_doc's whole_needed): read
+         * again whole, as the commands with stacks read it. A file's bytes are given back by
+         * now (most of the memory of a load): the file is read again; a stream's were kept by
+         * the caller (again_p), which reads them again. */
         tr_free(t);
         if (again_p != NULL) {
             *again_p = true; /* the caller kept the bytes */
