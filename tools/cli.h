@@ -51,8 +51,9 @@ bool cli_output_ok(const char *cmd, const char *opt, const char *path);
 /* The file an output option's OUT names: %h, %p, %r and %% expanded as sp_dump_snapshot expands
  * a snapshot's path (include/sympool/history.h), a %r with the rank unknown (no launcher) as 0.
  * Every file the command writes (replay --snapshot, plot -o) is named so. Into out (cap bytes);
- * OUT itself if it cannot be (too long). */
-void cli_output_path(const char *pattern, char *out, size_t cap);
+ * false when OUT cannot be expanded whole (too long): out then holds OUT, perhaps cut, for a
+ * message only, never a name to write. */
+bool cli_output_path(const char *pattern, char *out, size_t cap);
 /* A whole decimal integer in [lo, hi]. */
 bool cli_parse_long(const char *s, long lo, long hi, long *out);
 /* True when a and b name one file: the same existing file (through any link or other name of

@@ -179,12 +179,19 @@ bool cli_parse_long(const char *s, long lo, long hi, long *out) {
 
 /* replay --snapshot hands OUT to sp_dump_snapshot, which expands it so: the file named here is
  * the one it writes. plot -o expands the same way, so that one pattern names both outputs. */
-void cli_output_path(const char *pattern, char *out, size_t cap) {
+bool cli_output_path(const char *pattern, char *out, size_t cap) {
     if (sp_x_path_expand(pattern, out, cap))
-        return;
-    char p0[4096]; /* pattern with %r as 0, the rest for sp_x_path_expand */
+        return true;
+    /* pattern with %r as 0, the rest for sp_x_path_expand. As long as the pattern may need: cut
+     * at a fixed size, it named another file (a path that fits, "%%" shrinking to "%"), which
+     * plot wrote its chart to, under a name it was never given. */
+    char *p0 = malloc(2 * strlen(pattern) + 1);
     size_t k = 0;
-    for (const char *c = pattern; *c != '\0' && k + 2 < sizeof p0; c++) {
+    if (p0 == NULL) {
+        snprintf(out, cap, "%s", pattern);
+        return false;
+    }
+    for (const char *c = pattern; *c != '\0'; c++) {
         if (c[0] == '%' && (c[1] == '%' || c[1] == 'r')) {
             if (c[1] == 'r') {
                 p0[k++] = '0';
@@ -198,8 +205,11 @@ void cli_output_path(const char *pattern, char *out, size_t cap) {
         }
     }
     p0[k] = '\0';
-    if (!sp_x_path_expand(p0, out, cap))
-        snprintf(out, cap, "%s", pattern);
+    bool ok = sp_x_path_expand(p0, out, cap);
+    free(p0);
+    if (!ok)
+        snprintf(out, cap, "%s", pattern); /* for messages only */
+    return ok;
 }
 
 const char *cli_input(const char *word) {

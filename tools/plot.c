@@ -797,7 +797,11 @@ int sp_cli_plot(int argc, char **argv) {
     /* The file OUT names, %h, %p, %r expanded as replay --snapshot expands its OUT: from here on,
      * out is that file (checked, compared with the inputs, written, reported). */
     char out_file[4096];
-    cli_output_path(out, out_file, sizeof out_file);
+    if (!cli_output_path(out, out_file, sizeof out_file)) {
+        fprintf(stderr, "sympool plot: -o %s: %s (it expands to more than %zu bytes)\n", out,
+                strerror(ENAMETOOLONG), sizeof out_file - 1);
+        return 1;
+    }
     out = out_file;
     if (!cli_output_not_log("plot", "-o", out))
         return 2;

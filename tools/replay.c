@@ -10,6 +10,7 @@
  * that fails with OUT_OF_MEMORY (with --capacity) is counted and its later free skipped.
  * No globals, no lock: one replay at a time per process.
  */
+#include <errno.h>
 #include <limits.h>
 #include <math.h>
 #include <stdarg.h>
@@ -2401,8 +2402,12 @@ int sp_cli_replay(int argc, char **argv) {
     if (rc >= 0)
         return rc;
     char snap_file[4096] = "";
-    if (a.snapshot != NULL)
-        cli_output_path(a.snapshot, snap_file, sizeof snap_file);
+    if (a.snapshot != NULL && !cli_output_path(a.snapshot, snap_file, sizeof snap_file)) {
+        /* The checks below would look at another file than the one sp_dump_snapshot writes. */
+        fprintf(stderr, "sympool replay: --snapshot %s: %s (it expands to more than %zu bytes)\n",
+                a.snapshot, strerror(ENAMETOOLONG), sizeof snap_file - 1);
+        return 1;
+    }
     if (a.snapshot != NULL && cli_same_file(a.trace, snap_file)) {
         /* The recorded trace would be replaced by the replay's snapshot: refused before
          * anything is read or written. */

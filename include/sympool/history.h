@@ -66,7 +66,9 @@ sp_status_t sp_record_memory_history(const sp_history_params_t *params);
  * rank (from the MPI launcher's environment, 0 without one), the pid and the host name, and "%%"
  * one "%" (so a name with a literal "%p" is written "%%p"); any other "%" stays. The file
  * is written to a temporary next to it, synced and renamed, so readers never see half a file; a
- * new file gets the permissions the umask leaves of 0666, a replaced one keeps its own.
+ * new file gets the permissions the umask leaves of 0666, a replaced one keeps its read, write
+ * and execute bits (not set-user-ID, set-group-ID or sticky). The name is replaced, as by
+ * rename(2): another hard link to the old file keeps the old contents.
  * An existing target must be a regular file, or a symbolic link to one (the file it names is
  * replaced, in that file's directory, and the link stays); a FIFO, directory, socket, device node
  * (/dev/null), a link to one of those or a dangling link is refused and left as it is, and so is

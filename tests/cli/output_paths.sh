@@ -40,6 +40,21 @@ check "replay, a folder that loops" 1 "Too many levels of symbolic links" \
 check "replay, a folder that is a file" 1 "its folder .* is not a folder" \
     "$bin" replay "$trace" --snapshot "$trace/x.pickle"
 ls "$w" | grep -q '\.tmp\.' && { echo "FAIL a temporary was left behind"; fail=1; }
+# A pattern longer than 4 KiB whose expansion fits ("%%" is one "%"): the whole pattern names
+# the file. plot cut it at 4 KiB and wrote its chart to what that named (here "abc", a file it
+# was never given), clobbering it. Relative to $w/pct, so that the cut falls where it does
+# whatever $w is.
+case $trace in /*) abs_trace=$trace ;; *) abs_trace=$PWD/$trace ;; esac
+deep="e/$(printf '%%/%.0s' $(seq 1363))"
+mkdir -p "$w/pct/$deep" && printf 'previous\n' >"$w/pct/${deep}abc" || exit 1
+pattern="e/$(printf '%%%%/%.0s' $(seq 1363))abcd%r.svg"
+(cd "$w/pct" && exec "$bin" plot "$abs_trace" -o "$pattern") >"$w/out" 2>"$w/err"
+rc=$?
+if [ $rc -ne 0 ] || [ "$(cat "$w/pct/${deep}abc")" != previous ] || ! [ -s "$w/pct/${deep}abcd0.svg" ]; then
+    echo "FAIL plot, a 4 KiB pattern: rc=$rc, abc: $(head -c 40 "$w/pct/${deep}abc"), $(cat "$w/err")"
+    fail=1
+fi
+rm -rf "$w/pct"
 # A folder this user may not write in, a file it may not replace: refused before the input too
 # (they failed after the whole run). Root writes anywhere: as root the commands run as nobody.
 mkdir -m 555 "$w/ro" && mkdir -m 777 "$w/rw" && printf 'previous\n' >"$w/rw/mine.pickle" &&
