@@ -2903,7 +2903,8 @@ static int legacy_object(const unsigned char *b, size_t n, size_t *off_p, char *
         char perr[200] = "";
         if (end == 0 || !pk_parse(b + at, end, NULL, &doc, perr, sizeof perr)) {
             snprintf(why, whylen, "its %s (pickle %d, at offset %zu) %s%s", names[k], k + 2, at,
-                     end == 0 ? "has no STOP: the file is cut short or is no such file" : "is ",
+                     end == 0 ? "has no STOP: the file is cut short or is no such file"
+                              : "does not read: ",
                      end == 0 ? "" : perr);
             return -1;
         }

@@ -221,6 +221,9 @@ refused("old format, another version", write("v1000.pt", legacy(snapshot, 2, ver
         "15) is not 1001")
 refused("old format, sys_info no dict", write("sysinfo.pt", legacy(snapshot, 2, sys_info=[1])),
         "its sys_info (pickle 3, at offset 21) is not a dict")
+refused("old format, sys_info unreadable", write("sysbad.pt", header[:21] + b"\x80\x02h\x05."
+        + pickle.dumps(snapshot, protocol=2)), "its sys_info (pickle 3, at offset 21) does not "
+        "read: pickle: memo key 5 is not defined")
 refused("old format, header only", write("head.pt", header[:head_len]),
         f"it ends after its header (at offset {head_len}): no object follows")
 refused("old format, cut in its header", write("headcut.pt", header[:25]),
