@@ -1069,6 +1069,28 @@ TEST_F(CoreTest, LevelsAndSubsystemMasks) {
     EXPECT_EQ(sp__log_mask, (unsigned)SP_SUB_ALL);
 }
 
+// The log file is made as fopen(path, "a") makes one, 0666 less the umask (it was 0644, which
+// dropped the group's write bit a umask of 002 grants).
+TEST_F(CoreTest, DebugFileFollowsTheUmask) {
+    expect_warnings();
+    char dir[] = "/tmp/sp_core_logXXXXXX";
+    ASSERT_NE(mkdtemp(dir), nullptr);
+    std::string path = std::string(dir) + "/log.txt";
+    mode_t old = umask(002);
+    {
+        Env env({{"SYMPOOL_DEBUG_FILE", path.c_str()}});
+        sp__log_set_fn(nullptr, nullptr); // to the file, not the capture
+        SP_WARN(SP_SUB_POOL, "a line for the file");
+        sp__log_set_fn(capture, &log_);
+    }
+    umask(old);
+    struct stat st;
+    ASSERT_EQ(stat(path.c_str(), &st), 0) << "no log file was made";
+    EXPECT_EQ(st.st_mode & 07777, 0664u);
+    unlink(path.c_str());
+    rmdir(dir);
+}
+
 TEST_F(CoreTest, DebugFileWithPidAndRank) {
     expect_warnings();
     char dir[] = "/tmp/sp_core_logXXXXXX";
