@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include <array>
+#include <climits>
 #include <atomic>
 #include <chrono>
 #include <cstdio>
@@ -1291,4 +1292,10 @@ TEST(CoreFileWrite, BadInputIsRefusedByName) {
     EXPECT_NE(std::strstr(sp_last_error(), "sp_x_file_write_atomic"), nullptr) << sp_last_error();
     EXPECT_SP_STATUS(sp_x_file_write_atomic("unused-name", nullptr, 1), SP_ERR_INVALID_ARGUMENT);
     EXPECT_NE(access("unused-name", F_OK), 0);
+    // A path past PATH_MAX, or a name past NAME_MAX, is an argument too long, as it is for
+    // sp_dump_snapshot (it was SP_ERR_SYSTEM here, "cannot inspect ...").
+    for (const std::string &p : {std::string(PATH_MAX + 10, 'x'), std::string(NAME_MAX + 1, 'y')}) {
+        EXPECT_SP_STATUS(sp_x_file_write_atomic(p.c_str(), "x", 1), SP_ERR_INVALID_ARGUMENT);
+        EXPECT_NE(std::strstr(sp_last_error(), "too long"), nullptr) << sp_last_error();
+    }
 }
