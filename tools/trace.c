@@ -2229,22 +2229,21 @@ static void check_kinds(const pk_value_t *as, char *why, size_t cap) {
 static void note_split_value(char *why, size_t cap, const pk_value_t *as) {
     const pk_value_t *v = pk_get(as, "max_split_size");
     int64_t mss = 0;
+    char value[48];
     if (v == NULL || why[0] != '\0' || (v->type == PK_UINT && v->u.u == UINT64_MAX))
         return; /* absent, another reason first, or SIZE_MAX written unsigned: no limit */
     if (v->type == PK_BIGINT)
-        snprintf(why, cap,
-                 "allocator_settings['max_split_size'] is an int outside [-2^63, 2^64), not -1 "
-                 "(no limit) or a size PyTorch records: the setting the run used is unknown");
+        snprintf(value, sizeof value, "an int outside [-2^63, 2^64)");
     else if (v->type == PK_UINT)
-        snprintf(why, cap,
-                 "allocator_settings['max_split_size'] is %llu, not -1 (no limit) or a size "
-                 "PyTorch records: the setting the run used is unknown",
-                 (unsigned long long)v->u.u);
+        snprintf(value, sizeof value, "%llu", (unsigned long long)v->u.u);
     else if (pk_int(v, &mss) && mss <= 0 && mss != -1)
-        snprintf(why, cap,
-                 "allocator_settings['max_split_size'] is %lld, not -1 (no limit) or a size "
-                 "PyTorch records: the setting the run used is unknown",
-                 (long long)mss);
+        snprintf(value, sizeof value, "%lld", (long long)mss);
+    else
+        return;
+    snprintf(why, cap,
+             "allocator_settings['max_split_size'] is %s, not -1 (no limit) or a size PyTorch "
+             "records: the setting the run used is unknown",
+             value);
 }
 
 static void read_settings(const pk_value_t *as, tr_settings_t *st) {
