@@ -1012,6 +1012,12 @@ static sp_status_t resolve_target(const char *path, char *out, size_t cap, int *
             snprintf(out, cap, "%s", path);
             return SP_SUCCESS;
         }
+        /* A name past NAME_MAX or a path past PATH_MAX is the caller's argument, as a pattern
+         * that expands past PATH_MAX is (history.h): not a failure of the system. */
+        if (errno == ENAMETOOLONG)
+            return sp__error(SP_ERR_INVALID_ARGUMENT, SP_SUB_HISTORY,
+                             "path too long: %.200s%s (%s; nothing was written)", path,
+                             strlen(path) > 200 ? "..." : "", strerror(ENAMETOOLONG));
         return sp__error(SP_ERR_SYSTEM, SP_SUB_HISTORY, "cannot inspect %s: %s", path,
                          strerror(errno));
     }

@@ -234,7 +234,9 @@ void sp__log_set_fn(sp_log_fn_t fn, void *arg) {
  * for writing would otherwise wait, with log_lock held, until some process opens it for reading
  * (forever, for most); a FIFO, socket, device or directory is refused with *why set. */
 static FILE *open_regular(const char *path, const char **why) {
-    int fd = open(path, O_WRONLY | O_APPEND | O_CREAT | O_NONBLOCK | O_CLOEXEC, 0644);
+    /* 0666 less the umask, as fopen(path, "a") gives (NCCL_DEBUG_FILE's way) and as the snapshot
+     * files get: 0644 took the group's write bit that a umask of 002 grants. */
+    int fd = open(path, O_WRONLY | O_APPEND | O_CREAT | O_NONBLOCK | O_CLOEXEC, 0666);
     if (fd < 0) {
         *why = errno == ENXIO ? "it is a FIFO with no reader, not a regular file" : strerror(errno);
         return NULL;

@@ -2222,6 +2222,30 @@ static void check_kinds(const pk_value_t *as, char *why, size_t cap) {
               pk_get_str(as, "PYTORCH_CUDA_ALLOC_CONF") != NULL, "str");
 }
 
+/* A max_split_size of the int kind that PyTorch still cannot have recorded: it writes
+ * int64(max_split_size), -1 for none (SIZE_MAX), else the configured bytes, at least 20 MiB
+ * (checked later, in conf, as PyTorch checks max_split_size_mb). 0, another negative or an int
+ * past 2^64 was read as no limit without a word (the replay ran the defaults in its place). */
+static void note_split_value(char *why, size_t cap, const pk_value_t *as) {
+    const pk_value_t *v = pk_get(as, "max_split_size");
+    int64_t mss = 0;
+    char value[48];
+    if (v == NULL || why[0] != '\0' || (v->type == PK_UINT && v->u.u == UINT64_MAX))
+        return; /* absent, another reason first, or SIZE_MAX written unsigned: no limit */
+    if (v->type == PK_BIGINT)
+        snprintf(value, sizeof value, "an int outside [-2^63, 2^64)");
+    else if (v->type == PK_UINT)
+        snprintf(value, sizeof value, "%llu", (unsigned long long)v->u.u);
+    else if (pk_int(v, &mss) && mss <= 0 && mss != -1)
+        snprintf(value, sizeof value, "%lld", (long long)mss);
+    else
+        return;
+    snprintf(why, cap,
+             "allocator_settings['max_split_size'] is %s, not -1 (no limit) or a size PyTorch "
+             "records: the setting the run used is unknown",
+             value);
+}
+
 static void read_settings(const pk_value_t *as, tr_settings_t *st) {
     memset(st, 0, sizeof(*st));
     if (as == NULL || as->type != PK_DICT)
@@ -2229,6 +2253,7 @@ static void read_settings(const pk_value_t *as, tr_settings_t *st) {
     st->recorded = true;
     char kind_bad[200] = ""; /* a setting of a kind PyTorch does not record: why */
     check_kinds(as, kind_bad, sizeof kind_bad);
+    note_split_value(kind_bad, sizeof kind_bad, as);
     size_t used = 0, dused = 0;
 #define ADD(...)                                                                                   \
     do {                                                                                           \

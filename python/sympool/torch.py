@@ -91,6 +91,37 @@ def _cache_dir():
     return d
 
 
+def _build_shim(src, tdir, abi, tmp):
+    """Compile the shim into tmp, or raise RuntimeError with each standard's failure."""
+    cxx = os.environ.get("CXX", "c++")
+    # C++20 first: PyTorch moved c10 and cpp_extension to it (pytorch#177311, #176659), and
+    # newer releases' headers stop an older standard with an #error; C++17 for a compiler
+    # without C++20, which the torch releases before that move accept. When both fail, both
+    # errors are shown: the C++17 one alone is often just that #error, hiding why C++20 failed.
+    failures, r = [], None
+    for std in ("-std=c++20", "-std=c++17"):
+        cmd = [cxx, "-O2", std, "-shared", "-fPIC", "-D_GLIBCXX_USE_CXX11_ABI=%d" % abi,
+               "-I", os.path.join(tdir, "include"), src, "-o", tmp, "-L",
+               os.path.join(tdir, "lib"), "-lc10", "-Wl,-rpath," + os.path.join(tdir, "lib")]
+        try:
+            r = subprocess.run(cmd, capture_output=True, text=True)
+        except OSError as e:
+            failures.append("Command: %s\n%s" % (" ".join(cmd), e))
+            r = None
+            break
+        if r.returncode == 0:
+            break
+        failures.append("Command: %s\n%s" % (" ".join(cmd),
+                                              (r.stderr or r.stdout).strip()[-1500:]))
+    if r is None or r.returncode != 0:
+        raise RuntimeError(
+            "sympool.torch.enable() needs a small C++ shim built against this torch, so that "
+            "an out-of-memory reaches you as torch.OutOfMemoryError (PyTorch's pluggable "
+            "allocator would otherwise use a NULL pointer and fault on an illegal address); "
+            "building it failed. Install a C++ compiler (or set CXX), or use "
+            "sympool.torch.mem_pool() instead.\n" + "\n".join(failures))
+
+
 def _shim(torch):
     """The C++ shim (_torch_shim.cpp) built for this torch, loaded and pointed at the library.
     Built once per torch installation into $SYMPOOL_CACHE_DIR (default ~/.cache/sympool); ranks
@@ -105,37 +136,19 @@ def _shim(torch):
         key = hashlib.sha256(f.read() + repr((torch.__version__, tdir, abi)).encode()).hexdigest()
     out = os.path.join(_cache_dir(), "torch_shim-%s.so" % key[:16])
     if not os.path.exists(out):
-        cxx = os.environ.get("CXX", "c++")
         fd, tmp = tempfile.mkstemp(suffix=".so", dir=os.path.dirname(out))
         os.close(fd)
-        # C++20 first: PyTorch moved c10 and cpp_extension to it (pytorch#177311, #176659), and
-        # newer releases' headers stop an older standard with an #error; C++17 for a compiler
-        # without C++20, which the torch releases before that move accept. When both fail, both
-        # errors are shown: the C++17 one alone is often just that #error, hiding why C++20 failed.
-        failures, r = [], None
-        for std in ("-std=c++20", "-std=c++17"):
-            cmd = [cxx, "-O2", std, "-shared", "-fPIC", "-D_GLIBCXX_USE_CXX11_ABI=%d" % abi,
-                   "-I", os.path.join(tdir, "include"), src, "-o", tmp, "-L",
-                   os.path.join(tdir, "lib"), "-lc10", "-Wl,-rpath," + os.path.join(tdir, "lib")]
+        # Whatever ends the build (a failure, Ctrl-C while the compiler runs), the temporary
+        # goes: it used to stay in the cache, one per interrupted run.
+        try:
+            _build_shim(src, tdir, abi, tmp)
+            os.replace(tmp, out)
+        except BaseException:
             try:
-                r = subprocess.run(cmd, capture_output=True, text=True)
-            except OSError as e:
-                failures.append("Command: %s\n%s" % (" ".join(cmd), e))
-                r = None
-                break
-            if r.returncode == 0:
-                break
-            failures.append("Command: %s\n%s" % (" ".join(cmd),
-                                                  (r.stderr or r.stdout).strip()[-1500:]))
-        if r is None or r.returncode != 0:
-            os.unlink(tmp)
-            raise RuntimeError(
-                "sympool.torch.enable() needs a small C++ shim built against this torch, so that "
-                "an out-of-memory reaches you as torch.OutOfMemoryError (PyTorch's pluggable "
-                "allocator would otherwise use a NULL pointer and fault on an illegal address); "
-                "building it failed. Install a C++ compiler (or set CXX), or use "
-                "sympool.torch.mem_pool() instead.\n" + "\n".join(failures))
-        os.replace(tmp, out)
+                os.unlink(tmp)
+            except OSError:
+                pass
+            raise
     shim = ctypes.CDLL(out)
     shim.sympool_shim_init.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int] * 2
     shim.sympool_shim_init(_fn_addr("sp_torch_malloc_status"), _fn_addr("sp_torch_free"),

@@ -360,6 +360,25 @@ if(TARGET sympool_cli)
       REGEX "sympool replay: .*trace-settings-kind-${sp_name}.json: allocator_settings read as .* are not valid: .*${sp_why}"
       ARGS replay ${CMAKE_CURRENT_SOURCE_DIR}/data/trace-settings-kind-${sp_name}.json)
   endforeach()
+  # A max_split_size PyTorch cannot have written (it writes -1 for none, else at least 20 MiB):
+  # 0, another negative or an int past 2^64 read as no limit, and the replay ran the defaults
+  # (rc 0). SIZE_MAX written unsigned is no limit, as -1 is.
+  foreach(sp_split IN ITEMS "zero|is 0, not -1" "negative|is -5, not -1"
+                            "int64-min|is -9223372036854775808, not -1"
+                            "uint|is 9223372036854775808, not -1"
+                            "bigint|is an int outside .-2.63, 2.64., not -1")
+    string(REPLACE "|" ";" sp_split "${sp_split}")
+    list(GET sp_split 0 sp_name)
+    list(GET sp_split 1 sp_why)
+    sp_cli_check(NAME info_recorded_split_${sp_name} RC 0
+      REGEX "\n  not valid: allocator_settings.'max_split_size'. ${sp_why}"
+      ARGS info ${CMAKE_CURRENT_SOURCE_DIR}/data/trace-settings-split-${sp_name}.json)
+    sp_cli_check(NAME replay_recorded_split_${sp_name} RC 1
+      REGEX "trace-settings-split-${sp_name}.json: allocator_settings read as .* are not valid: allocator_settings.'max_split_size'. ${sp_why}"
+      ARGS replay ${CMAKE_CURRENT_SOURCE_DIR}/data/trace-settings-split-${sp_name}.json)
+  endforeach()
+  sp_cli_check(NAME replay_recorded_split_size_max RC 0 REGEX "peak reserved"
+    ARGS replay ${CMAKE_CURRENT_SOURCE_DIR}/data/trace-settings-split-size-max.json)
   sp_cli_check(NAME replay_repeat_garbage RC 2 REGEX "--repeat takes 1 to 64, not '3x'"
     ARGS replay ${SMALL} --repeat=3x)
   # Only digits are a number: strtol's leading white space and '+' were taken (--repeat ' 3' ran

@@ -224,6 +224,30 @@ def test_shim_builds_for_a_torch_whose_headers_need_cxx20(sptorch, tmp_path, mon
     assert shim is not None and hasattr(shim, "sympool_shim_init")
 
 
+def test_shim_build_interrupted_leaves_no_temporary(sptorch, tmp_path, monkeypatch):
+    # Ctrl-C while the compiler runs (or any failure) removes the temporary the shim was being
+    # built into: it stayed in the cache, a stray .so per interrupted run.
+    import os
+    st, fake = sptorch
+    _stand_in_torch_tree(fake, tmp_path, monkeypatch)
+    st._shim_lib = None
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    run = st.subprocess.run
+    monkeypatch.setattr(st.subprocess, "run", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        st._shim(fake)
+    assert os.listdir(tmp_path / "cache") == []
+    monkeypatch.setattr(st.subprocess, "run", run)
+    monkeypatch.setenv("CXX", str(tmp_path / "no-such-compiler"))
+    with pytest.raises(RuntimeError, match="building it failed"):
+        st._shim(fake)
+    assert os.listdir(tmp_path / "cache") == []
+    assert st._shim_lib is None
+
+
 def test_enable_wires_each_hook_to_its_entry_point(sptorch, tmp_path, monkeypatch):
     # enable() against the stand-in's _CUDAPluggableAllocator, whose setters are exactly those
     # of torch/csrc/cuda/Module.cpp (registerCudaPluggableAllocator) and take only addresses:

@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include <array>
+#include <climits>
 #include <atomic>
 #include <chrono>
 #include <cstdio>
@@ -1069,6 +1070,28 @@ TEST_F(CoreTest, LevelsAndSubsystemMasks) {
     EXPECT_EQ(sp__log_mask, (unsigned)SP_SUB_ALL);
 }
 
+// The log file is made as fopen(path, "a") makes one, 0666 less the umask (it was 0644, which
+// dropped the group's write bit a umask of 002 grants).
+TEST_F(CoreTest, DebugFileFollowsTheUmask) {
+    expect_warnings();
+    char dir[] = "/tmp/sp_core_logXXXXXX";
+    ASSERT_NE(mkdtemp(dir), nullptr);
+    std::string path = std::string(dir) + "/log.txt";
+    mode_t old = umask(002);
+    {
+        Env env({{"SYMPOOL_DEBUG_FILE", path.c_str()}});
+        sp__log_set_fn(nullptr, nullptr); // to the file, not the capture
+        SP_WARN(SP_SUB_POOL, "a line for the file");
+        sp__log_set_fn(capture, &log_);
+    }
+    umask(old);
+    struct stat st;
+    ASSERT_EQ(stat(path.c_str(), &st), 0) << "no log file was made";
+    EXPECT_EQ(st.st_mode & 07777, 0664u);
+    unlink(path.c_str());
+    rmdir(dir);
+}
+
 TEST_F(CoreTest, DebugFileWithPidAndRank) {
     expect_warnings();
     char dir[] = "/tmp/sp_core_logXXXXXX";
@@ -1269,4 +1292,10 @@ TEST(CoreFileWrite, BadInputIsRefusedByName) {
     EXPECT_NE(std::strstr(sp_last_error(), "sp_x_file_write_atomic"), nullptr) << sp_last_error();
     EXPECT_SP_STATUS(sp_x_file_write_atomic("unused-name", nullptr, 1), SP_ERR_INVALID_ARGUMENT);
     EXPECT_NE(access("unused-name", F_OK), 0);
+    // A path past PATH_MAX, or a name past NAME_MAX, is an argument too long, as it is for
+    // sp_dump_snapshot (it was SP_ERR_SYSTEM here, "cannot inspect ...").
+    for (const std::string &p : {std::string(PATH_MAX + 10, 'x'), std::string(NAME_MAX + 1, 'y')}) {
+        EXPECT_SP_STATUS(sp_x_file_write_atomic(p.c_str(), "x", 1), SP_ERR_INVALID_ARGUMENT);
+        EXPECT_NE(std::strstr(sp_last_error(), "too long"), nullptr) << sp_last_error();
+    }
 }
