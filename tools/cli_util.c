@@ -185,7 +185,7 @@ bool cli_output_path(const char *pattern, char *out, size_t cap) {
     /* pattern with %r as 0, the rest for sp_x_path_expand. As long as the pattern may need: cut
      * at a fixed size, it named another file (a path that fits, "%%" shrinking to "%"), which
      * plot wrote its chart to, under a name it was never given. */
-    char *p0 = malloc(2 * strlen(pattern) + 1);
+    char *p0 = malloc(strlen(pattern) + 1); /* no part grows: "%r" -> "0", "%%" stays */
     size_t k = 0;
     if (p0 == NULL) {
         snprintf(out, cap, "%s", pattern);
