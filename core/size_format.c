@@ -11,7 +11,9 @@
  *                    that keeps the number below 1024 (up to EiB).
  * Sizes are doubles so that means and sizes near 2^64 format without overflow.
  */
+#include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
 
 #include "core/core.h"
 #include "sympool/experimental.h"
@@ -71,4 +73,15 @@ const char *sp__size_format(double bytes, sp_size_style_t style, char *buf, size
 
 SP_EXPORT const char *sp_x_size_format(double bytes, char *buf, size_t cap) {
     return sp__size_format(bytes, SP_SIZE_HUMAN, buf, cap);
+}
+
+const char *sp__double_format(double v, char *buf, size_t cap) {
+    if (cap == 0)
+        return buf;
+    for (int digits = 1; digits <= 17; digits++) {
+        snprintf(buf, cap, "%.*g", digits, v);
+        if (!isfinite(v) || strtod(buf, NULL) == v)
+            break; /* 17 digits always read back; inf and nan print the same at any */
+    }
+    return buf;
 }

@@ -5,7 +5,10 @@
 
 #include <sympool/experimental.h>
 
+#include <cmath>
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
 #include <string>
 
 extern "C" {
@@ -370,4 +373,27 @@ TEST_F(ApiAdversary, RecordStreamOnAFreedBlockIsNotCalledADoubleFree) {
         << "a free's message is unchanged";
     ASSERT_SP_OK(sp_stream_destroy(side));
     ASSERT_SP_OK(sp_empty_cache());
+}
+
+// sp_set_memory_fraction wrote the fraction it refused with "%g", six significant digits: a value
+// just above 1 (1.0000001, or the next double after 1.0) read "1 is outside [0, 1]", a message that
+// contradicts itself. It now names the value with the digits that tell it apart from 1; the refusal
+// changes nothing (the fraction read back, every statistic).
+TEST_F(ApiAdversary, RefusedMemoryFractionIsNamedWithTheDigitsThatMakeItWrong) {
+    sp_stats_t before = snap();
+    for (double bad : {1.0000001, std::nextafter(1.0, 2.0), -1e-7}) {
+        SCOPED_TRACE(bad);
+        EXPECT_SP_STATUS(sp_set_memory_fraction(bad, 0), SP_ERR_INVALID_ARGUMENT);
+        std::string why = sp_last_error();
+        EXPECT_EQ(why.find(": 1 is outside"), std::string::npos) << why;
+        EXPECT_EQ(why.find(": -0 is outside"), std::string::npos) << why;
+        char text[64];
+        std::snprintf(text, sizeof text, "%.17g", bad);
+        EXPECT_EQ(std::strtod(why.substr(why.find(": ") + 2).c_str(), nullptr), bad)
+            << "the message names the value refused: " << why << " (" << text << ")";
+        double f = 0.0;
+        ASSERT_SP_OK(sp_get_memory_fraction(0, &f));
+        EXPECT_EQ(f, 1.0) << "a refused fraction is not set";
+    }
+    EXPECT_EQ(diff(before, snap()), "");
 }
