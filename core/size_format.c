@@ -14,6 +14,7 @@
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "core/core.h"
 #include "sympool/experimental.h"
@@ -78,10 +79,23 @@ SP_EXPORT const char *sp_x_size_format(double bytes, char *buf, size_t cap) {
 const char *sp__double_format(double v, char *buf, size_t cap) {
     if (cap == 0)
         return buf;
-    for (int digits = 1; digits <= 17; digits++) {
-        snprintf(buf, cap, "%.*g", digits, v);
-        if (!isfinite(v) || strtod(buf, NULL) == v)
-            break; /* 17 digits always read back; inf and nan print the same at any */
+    if (!isfinite(v)) {
+        snprintf(buf, cap, "%g", v);
+        return buf;
     }
+    char e[40];
+    int digits = 1; /* significant digits; 17 always read back */
+    for (; digits < 17; digits++) {
+        snprintf(e, sizeof e, "%.*e", digits - 1, v);
+        if (strtod(e, NULL) == v)
+            break;
+    }
+    snprintf(e, sizeof e, "%.*e", digits - 1, v);
+    /* %g turns to an exponent once the exponent reaches the precision: 60 would be "6e+01".
+     * Enough digits for the integer part keep it "60" (trailing zeros are dropped). */
+    int exp10 = atoi(strchr(e, 'e') + 1);
+    if (exp10 >= digits && exp10 < 17)
+        digits = exp10 + 1;
+    snprintf(buf, cap, "%.*g", digits, v);
     return buf;
 }
