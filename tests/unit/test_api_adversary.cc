@@ -397,3 +397,31 @@ TEST_F(ApiAdversary, RefusedMemoryFractionIsNamedWithTheDigitsThatMakeItWrong) {
     }
     EXPECT_EQ(diff(before, snap()), "");
 }
+
+// sp_record_stream passed the backend's stream check straight through: a handle sp_stream_create
+// did not make (or one destroyed) left "0x4000 is not a stream of the host backend" in
+// sp_last_error() and the WARN line, the one refusal of the pool's calls that did not say which
+// call refused what. It names the call and the block now; the status is unchanged and nothing is
+// recorded (the block is reused at once after its free).
+TEST_F(ApiAdversary, RecordStreamOnABadStreamSaysWhichCallRefusedIt) {
+    SP_SKIP_UNLESS_HOST(); // on cuda a handle that is not a live stream is undefined behaviour
+    sp_stream_t gone;
+    ASSERT_SP_OK(sp_stream_create(0, &gone));
+    ASSERT_SP_OK(sp_stream_destroy(gone));
+    void *p = nullptr;
+    ASSERT_SP_OK(sp_malloc(3 * MiB, 0, nullptr, &p)); // large: no thread cache holds it
+    sp_stats_t before = snap();
+    for (sp_stream_t bad : {gone, reinterpret_cast<sp_stream_t>(uintptr_t(0xdead0))}) {
+        EXPECT_SP_STATUS(sp_record_stream(p, bad), SP_ERR_INVALID_ARGUMENT);
+        std::string why = sp_last_error();
+        EXPECT_EQ(why.rfind("sp_record_stream(", 0), 0u) << why;
+        EXPECT_NE(why.find("is not a stream"), std::string::npos) << why;
+    }
+    EXPECT_EQ(diff(before, snap()), "");
+    ASSERT_SP_OK(sp_free(p));
+    void *q = nullptr;
+    ASSERT_SP_OK(sp_malloc(3 * MiB, 0, nullptr, &q));
+    EXPECT_EQ(q, p) << "reused at once: no use was recorded";
+    ASSERT_SP_OK(sp_free(q));
+    ASSERT_SP_OK(sp_empty_cache());
+}
