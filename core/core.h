@@ -184,6 +184,9 @@ typedef enum {
 } sp_size_style_t;
 /* Format `bytes` in `style` into buf (always terminated); returns buf. */
 const char *sp__size_format(double bytes, sp_size_style_t style, char *buf, size_t cap);
+/* A double as people read it: the fewest significant digits ("%.*g") that read back as exactly
+ * v, so a value just past a bound never prints as the bound ("1.0000001", not %g's "1"). */
+const char *sp__double_format(double v, char *buf, size_t cap);
 
 /* The one expansion of a path pattern: %h short host name, %p pid, %r rank, %% a percent sign;
  * any other %x stays as written. A %r with the rank unknown becomes unknown_rank, or, when that

@@ -426,7 +426,7 @@ void sp__opt_format(sp_option_t o, const opt_value_t *v, char *out, size_t cap) 
         snprintf(out, cap, "%lld", (long long)v->i);
         break;
     case K_DOUBLE:
-        snprintf(out, cap, "%g", v->d);
+        sp__double_format(v->d, out, cap); /* reads back as v->d ("%g" showed 0.9999999 as 1) */
         break;
     case K_SIZE: {
         uint64_t n = (uint64_t)v->i;

@@ -11,7 +11,10 @@
  *                    that keeps the number below 1024 (up to EiB).
  * Sizes are doubles so that means and sizes near 2^64 format without overflow.
  */
+#include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
 
 #include "core/core.h"
 #include "sympool/experimental.h"
@@ -71,4 +74,28 @@ const char *sp__size_format(double bytes, sp_size_style_t style, char *buf, size
 
 SP_EXPORT const char *sp_x_size_format(double bytes, char *buf, size_t cap) {
     return sp__size_format(bytes, SP_SIZE_HUMAN, buf, cap);
+}
+
+const char *sp__double_format(double v, char *buf, size_t cap) {
+    if (cap == 0)
+        return buf;
+    if (!isfinite(v)) {
+        snprintf(buf, cap, "%g", v);
+        return buf;
+    }
+    char e[40];
+    int digits = 1; /* significant digits; 17 always read back */
+    for (; digits < 17; digits++) {
+        snprintf(e, sizeof e, "%.*e", digits - 1, v);
+        if (strtod(e, NULL) == v)
+            break;
+    }
+    snprintf(e, sizeof e, "%.*e", digits - 1, v);
+    /* %g turns to an exponent once the exponent reaches the precision: 60 would be "6e+01".
+     * Enough digits for the integer part keep it "60" (trailing zeros are dropped). */
+    int exp10 = atoi(strchr(e, 'e') + 1);
+    if (exp10 >= digits && exp10 < 17)
+        digits = exp10 + 1;
+    snprintf(buf, cap, "%.*g", digits, v);
+    return buf;
 }

@@ -2019,8 +2019,10 @@ SP_EXPORT sp_status_t sp_record_stream(void *ptr, sp_stream_t stream) {
     if (SP_UNLIKELY(is_pseudo_stream(stream)))
         SP_CHECK(map_pseudo_stream("sp_record_stream", &stream));
     int sdev = -1;
-    if (stream)
-        SP_CHECK(sp__g.ops->stream_device(stream, &sdev));
+    sp_status_t s = stream ? sp__g.ops->stream_device(stream, &sdev) : SP_SUCCESS;
+    if (SP_UNLIKELY(s != SP_SUCCESS)) /* the backend's text does not say which call refused */
+        return sp__error(s, SP_SUB_POOL, "sp_record_stream(%p): %p is not a stream (%s)", ptr,
+                         stream, sp_last_error());
     uintptr_t a = (uintptr_t)ptr;
     for (int i = 0; i < sp__g.ndev; i++) {
         sp_devalloc_t *d = &sp__g.devs[i];

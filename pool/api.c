@@ -446,9 +446,12 @@ SP_EXPORT sp_status_t sp_set_memory_fraction(double fraction, int device) {
     SP_GATE("sp_set_memory_fraction");
     sp_devalloc_t *d = NULL;
     SP_CHECK(sp__alloc_device(device, &d));
-    if (!(fraction >= 0.0 && fraction <= 1.0))
+    if (!(fraction >= 0.0 && fraction <= 1.0)) {
+        char text[32];
         return sp__error(SP_ERR_INVALID_ARGUMENT, SP_SUB_POOL,
-                         "sp_set_memory_fraction: %g is outside [0, 1]", fraction);
+                         "sp_set_memory_fraction: %s is outside [0, 1]",
+                         sp__double_format(fraction, text, sizeof text));
+    }
     sp__lock(&d->lock);
     set_fraction(d, fraction);
     sp__unlock(&d->lock);

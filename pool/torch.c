@@ -146,9 +146,12 @@ SP_EXPORT void *sp_torch_malloc(size_t size, int device, void *stream) {
  * fraction outside [0, 1] is refused by torch before it gets here), so it is logged. */
 SP_EXPORT void sp_torch_set_memory_fraction(double fraction, int device) {
     sp_status_t s = sp_set_memory_fraction(fraction, device);
-    if (s != SP_SUCCESS)
-        SP_WARN(SP_SUB_API, "sp_torch_set_memory_fraction(%g, device=%d) -> %s: %s", fraction,
-                device, sp_status_name(s), sp_last_error());
+    if (s != SP_SUCCESS) {
+        char text[32];
+        SP_WARN(SP_SUB_API, "sp_torch_set_memory_fraction(%s, device=%d) -> %s: %s",
+                sp__double_format(fraction, text, sizeof text), device, sp_status_name(s),
+                sp_last_error());
+    }
 }
 
 /* Segments for torch.cuda.MemPool(allocator): PyTorch splits and caches inside what these return,

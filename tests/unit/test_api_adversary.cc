@@ -5,7 +5,10 @@
 
 #include <sympool/experimental.h>
 
+#include <cmath>
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
 #include <string>
 
 extern "C" {
@@ -369,5 +372,56 @@ TEST_F(ApiAdversary, RecordStreamOnAFreedBlockIsNotCalledADoubleFree) {
     EXPECT_NE(std::string(sp_last_error()).find("double free?"), std::string::npos)
         << "a free's message is unchanged";
     ASSERT_SP_OK(sp_stream_destroy(side));
+    ASSERT_SP_OK(sp_empty_cache());
+}
+
+// sp_set_memory_fraction wrote the fraction it refused with "%g", six significant digits: a value
+// just above 1 (1.0000001, or the next double after 1.0) read "1 is outside [0, 1]", a message that
+// contradicts itself. It now names the value with the digits that tell it apart from 1; the refusal
+// changes nothing (the fraction read back, every statistic).
+TEST_F(ApiAdversary, RefusedMemoryFractionIsNamedWithTheDigitsThatMakeItWrong) {
+    sp_stats_t before = snap();
+    for (double bad : {1.0000001, std::nextafter(1.0, 2.0), -1e-7}) {
+        SCOPED_TRACE(bad);
+        EXPECT_SP_STATUS(sp_set_memory_fraction(bad, 0), SP_ERR_INVALID_ARGUMENT);
+        std::string why = sp_last_error();
+        EXPECT_EQ(why.find(": 1 is outside"), std::string::npos) << why;
+        EXPECT_EQ(why.find(": -0 is outside"), std::string::npos) << why;
+        char text[64];
+        std::snprintf(text, sizeof text, "%.17g", bad);
+        EXPECT_EQ(std::strtod(why.substr(why.find(": ") + 2).c_str(), nullptr), bad)
+            << "the message names the value refused: " << why << " (" << text << ")";
+        double f = 0.0;
+        ASSERT_SP_OK(sp_get_memory_fraction(0, &f));
+        EXPECT_EQ(f, 1.0) << "a refused fraction is not set";
+    }
+    EXPECT_EQ(diff(before, snap()), "");
+}
+
+// sp_record_stream passed the backend's stream check straight through: a handle sp_stream_create
+// did not make (or one destroyed) left "0x4000 is not a stream of the host backend" in
+// sp_last_error() and the WARN line, the one refusal of the pool's calls that did not say which
+// call refused what. It names the call and the block now; the status is unchanged and nothing is
+// recorded (the block is reused at once after its free).
+TEST_F(ApiAdversary, RecordStreamOnABadStreamSaysWhichCallRefusedIt) {
+    SP_SKIP_UNLESS_HOST(); // on cuda a handle that is not a live stream is undefined behaviour
+    sp_stream_t gone;
+    ASSERT_SP_OK(sp_stream_create(0, &gone));
+    ASSERT_SP_OK(sp_stream_destroy(gone));
+    void *p = nullptr;
+    ASSERT_SP_OK(sp_malloc(3 * MiB, 0, nullptr, &p)); // large: no thread cache holds it
+    sp_stats_t before = snap();
+    for (sp_stream_t bad : {gone, reinterpret_cast<sp_stream_t>(uintptr_t(0xdead0))}) {
+        EXPECT_SP_STATUS(sp_record_stream(p, bad), SP_ERR_INVALID_ARGUMENT);
+        std::string why = sp_last_error();
+        EXPECT_EQ(why.rfind("sp_record_stream(", 0), 0u) << why;
+        EXPECT_NE(why.find("is not a stream"), std::string::npos) << why;
+    }
+    EXPECT_EQ(diff(before, snap()), "");
+    ASSERT_SP_OK(sp_free(p));
+    void *q = nullptr;
+    ASSERT_SP_OK(sp_malloc(3 * MiB, 0, nullptr, &q));
+    EXPECT_EQ(q, p) << "reused at once: no use was recorded";
+    ASSERT_SP_OK(sp_free(q));
     ASSERT_SP_OK(sp_empty_cache());
 }

@@ -376,6 +376,38 @@ TEST_F(CoreTest, GcThresholdVariableReadsAsItsAllocConfKey) {
     }
 }
 
+// The option table (sympool info, SYMPOOL_INFO=1, sp_x_option_info) wrote a double option with
+// "%g", six significant digits: SYMPOOL_GC_THRESHOLD=0.9999999 showed as "1", a value the option
+// refuses, and SYMPOOL_EXPANDABLE_ALIGN_SKIP=0.4999999 as "0.5". The text now reads back as the
+// value in force, from the variable and from the ALLOC_CONF key alike.
+TEST_F(CoreTest, OptionTableWritesADoubleThatReadsBackAsItsValue) {
+    auto shown = [](const char *name, sp_x_option_info_t *info) {
+        for (int i = 0; sp_x_option_info(i, info); i++)
+            if (strcmp(info->name, name) == 0)
+                return true;
+        return false;
+    };
+    struct Case {
+        const char *var, *value, *option;
+    } cases[] = {
+        {"SYMPOOL_GC_THRESHOLD", "0.9999999", "SYMPOOL_GC_THRESHOLD"},
+        {"SYMPOOL_ALLOC_CONF", "garbage_collection_threshold:0.9999999", "SYMPOOL_GC_THRESHOLD"},
+        {"SYMPOOL_EXPANDABLE_ALIGN_SKIP", "0.4999999", "SYMPOOL_EXPANDABLE_ALIGN_SKIP"},
+        {"SYMPOOL_GC_THRESHOLD", "0.1", "SYMPOOL_GC_THRESHOLD"},
+    };
+    for (const Case &c : cases) {
+        SCOPED_TRACE(std::string(c.var) + "=" + c.value);
+        Env env({{c.var, c.value}});
+        sp_x_option_info_t info;
+        ASSERT_TRUE(shown(c.option, &info));
+        EXPECT_STRNE(info.source, "default");
+        EXPECT_EQ(std::strtod(info.value, nullptr), info.value_double) << info.value;
+        if (strcmp(c.value, "0.1") == 0) {
+            EXPECT_STREQ(info.value, "0.1") << "no more digits than it takes";
+        }
+    }
+}
+
 // A number outside its option's range is called that, not "malformed": 1e-320 (which strtod
 // reports as an underflow) is a well-formed number below the deadline's 1 ns resolution.
 TEST_F(CoreTest, OutOfRangeIsNotMalformed) {
