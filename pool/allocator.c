@@ -1538,7 +1538,7 @@ static sp_status_t malloc_whole(size_t size, int device, sp_stream_t stream, voi
         return sp__callback_refused("sp_malloc");
     sp_devalloc_t *d = sp__alloc_device_fast(device);
     if (SP_UNLIKELY(!d))
-        SP_CHECK(sp__alloc_device(device, &d));
+        SP_CHECK(sp__alloc_device("sp_malloc", device, &d));
     /* One test for both rare sizes: 0 (wraps around) and 1 EB or more; the checks keep their
      * order (size 0, the stream, the size rule). */
     if (SP_UNLIKELY(size - 1 >= SP_ONE_EB - 1)) {

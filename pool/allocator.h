@@ -224,8 +224,9 @@ static inline sp_status_t sp__alloc_ensure(void) {
         return SP_SUCCESS;
     return sp__alloc_init_slow();
 }
-/* Ensure init and validate a device number (SP_ERR_INVALID_ARGUMENT with a message). */
-sp_status_t sp__alloc_device(int device, sp_devalloc_t **d_p);
+/* Ensure init and validate a device number (SP_ERR_INVALID_ARGUMENT with a message that names
+ * fn, the public call refusing it, as every other refusal does). */
+sp_status_t sp__alloc_device(const char *fn, int device, sp_devalloc_t **d_p);
 /* The hot-path form: the device allocator when initialized and the number valid, else NULL
  * (then sp__alloc_device initializes or explains). */
 static inline sp_devalloc_t *sp__alloc_device_fast(int device) {

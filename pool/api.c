@@ -257,12 +257,12 @@ sp_status_t sp__alloc_init_slow(void) {
     return SP_SUCCESS;
 }
 
-sp_status_t sp__alloc_device(int device, sp_devalloc_t **d_p) {
+sp_status_t sp__alloc_device(const char *fn, int device, sp_devalloc_t **d_p) {
     SP_CHECK(sp__alloc_ensure());
     if (SP_UNLIKELY(device < 0 || device >= sp__g.ndev))
         return sp__error(SP_ERR_INVALID_ARGUMENT, SP_SUB_POOL,
-                         "device %d does not exist (the %s backend has %d device(s))", device,
-                         sp__g.ops->name, sp__g.ndev);
+                         "%s: device %d does not exist (the %s backend has %d device(s))", fn,
+                         device, sp__g.ops->name, sp__g.ndev);
     *d_p = &sp__g.devs[device];
     return SP_SUCCESS;
 }
@@ -410,7 +410,7 @@ SP_EXPORT sp_status_t sp_get_memory_info(int device, size_t *free_p, size_t *tot
         return sp__error(SP_ERR_INVALID_ARGUMENT, SP_SUB_POOL,
                          "sp_get_memory_info: NULL output pointer");
     sp_devalloc_t *d = NULL;
-    SP_CHECK(sp__alloc_device(device, &d));
+    SP_CHECK(sp__alloc_device("sp_get_memory_info", device, &d));
     size_t f = 0, t = 0;
     SP_CHECK(sp__g.ops->mem_get_info(device, &f, &t));
     *free_p = f;
@@ -422,7 +422,7 @@ SP_EXPORT sp_status_t sp_device_usage(int device, sp_device_usage_t *usage_p) {
     SP_GATE("sp_device_usage");
     SP_ARG_CHECK(usage_p, SP_SUB_POOL, "sp_device_usage: usage_p is NULL");
     sp_devalloc_t *d = NULL;
-    SP_CHECK(sp__alloc_device(device, &d));
+    SP_CHECK(sp__alloc_device("sp_device_usage", device, &d));
     size_t f = 0, t = 0;
     SP_CHECK(sp__g.ops->mem_get_info(device, &f, &t));
     sp__lock(&d->lock);
@@ -445,7 +445,7 @@ SP_EXPORT sp_status_t sp_device_usage(int device, sp_device_usage_t *usage_p) {
 SP_EXPORT sp_status_t sp_set_memory_fraction(double fraction, int device) {
     SP_GATE("sp_set_memory_fraction");
     sp_devalloc_t *d = NULL;
-    SP_CHECK(sp__alloc_device(device, &d));
+    SP_CHECK(sp__alloc_device("sp_set_memory_fraction", device, &d));
     if (!(fraction >= 0.0 && fraction <= 1.0)) {
         char text[32];
         return sp__error(SP_ERR_INVALID_ARGUMENT, SP_SUB_POOL,
@@ -464,7 +464,7 @@ SP_EXPORT sp_status_t sp_get_memory_fraction(int device, double *fraction_p) {
         return sp__error(SP_ERR_INVALID_ARGUMENT, SP_SUB_POOL,
                          "sp_get_memory_fraction: fraction_p is NULL");
     sp_devalloc_t *d = NULL;
-    SP_CHECK(sp__alloc_device(device, &d));
+    SP_CHECK(sp__alloc_device("sp_get_memory_fraction", device, &d));
     /* The value as set, not allowed_max / total: a caller that sets f reads f back. */
     sp__lock(&d->lock);
     *fraction_p = d->fraction;
@@ -492,7 +492,7 @@ SP_EXPORT sp_status_t sp_empty_cache(void) {
 SP_EXPORT sp_status_t sp_x_empty_cache_device(int device) {
     SP_GATE("sp_x_empty_cache_device");
     sp_devalloc_t *d = NULL;
-    SP_CHECK(sp__alloc_device(device, &d));
+    SP_CHECK(sp__alloc_device("sp_x_empty_cache_device", device, &d));
     uint32_t ctx = sp__history_capture(true);
     sp__lock(&d->lock);
     (void)sp__tc_drain(d);
@@ -518,7 +518,7 @@ SP_EXPORT sp_status_t sp_stream_create(int device, sp_stream_t *stream_p) {
     if (!stream_p)
         return sp__error(SP_ERR_INVALID_ARGUMENT, SP_SUB_POOL, "sp_stream_create: NULL stream_p");
     sp_devalloc_t *d = NULL;
-    SP_CHECK(sp__alloc_device(device, &d));
+    SP_CHECK(sp__alloc_device("sp_stream_create", device, &d));
     sp_dev_stream_t s = NULL;
     SP_CHECK(sp__g.ops->stream_create(device, &s));
     atomic_fetch_add_explicit(&s_streams, 1, memory_order_relaxed);

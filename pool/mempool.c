@@ -328,11 +328,13 @@ static sp_status_t create(const sp_mempool_params_t *params, bool symmetric, voi
     if (params->allocator && (!params->allocator->alloc || !params->allocator->free))
         return sp__error(SP_ERR_INVALID_ARGUMENT, SP_SUB_POOL,
                          "sp_mempool_create: the allocator needs both alloc and free callbacks");
+    /* Refused before the library starts: a negative device other than -1 (device 0) is no
+     * device whatever the count. */
     if (params->device < -1)
         return sp__error(SP_ERR_INVALID_ARGUMENT, SP_SUB_POOL,
                          "sp_mempool_create: device %d does not exist", params->device);
     sp_devalloc_t *d = NULL;
-    SP_CHECK(sp__alloc_device(params->device < 0 ? 0 : params->device, &d));
+    SP_CHECK(sp__alloc_device("sp_mempool_create", params->device < 0 ? 0 : params->device, &d));
     sp_mempool_t *p = sp__mempool_new(d, params, false, symmetric);
     if (!p)
         return sp__error(SP_ERR_SYSTEM, SP_SUB_POOL, "sp_mempool_create: out of host memory");
@@ -542,7 +544,7 @@ SP_EXPORT sp_status_t sp_mempool_malloc(sp_mempool_t *pool, size_t size, sp_stre
                          "sp_mempool_malloc: pool \"%s\" is symmetric; use sp_symmetric_malloc",
                          pname(pool));
     sp_devalloc_t *d = NULL;
-    SP_CHECK(sp__alloc_device(pool->device, &d));
+    SP_CHECK(sp__alloc_device("sp_mempool_malloc", pool->device, &d));
     if (size == 0) {
         *ptr_p = NULL;
         return SP_SUCCESS;

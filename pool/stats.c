@@ -125,7 +125,7 @@ SP_EXPORT sp_status_t sp_memory_stats(int device, sp_stats_t *stats_p) {
     if (!stats_p)
         return sp__error(SP_ERR_INVALID_ARGUMENT, SP_SUB_POOL, "sp_memory_stats: stats_p is NULL");
     sp_devalloc_t *d = NULL;
-    SP_CHECK(sp__alloc_device(device, &d));
+    SP_CHECK(sp__alloc_device("sp_memory_stats", device, &d));
     ensure_keys();
     sp_dev_stats_t copy;
     sp__lock(&d->lock);
@@ -182,7 +182,7 @@ static void reset_accum(sp_stat_t *s) {
 SP_EXPORT sp_status_t sp_reset_peak_memory_stats(int device) {
     SP_GATE("sp_reset_peak_memory_stats");
     sp_devalloc_t *d = NULL;
-    SP_CHECK(sp__alloc_device(device, &d));
+    SP_CHECK(sp__alloc_device("sp_reset_peak_memory_stats", device, &d));
     sp__lock(&d->lock);
     sp__stats_settle(&d->stats);      /* the aggregates' slacks reset to 0 with the rest */
     each_stat(&d->stats, reset_peak); /* while tied, active's stale copy is reset too: unread */
@@ -194,7 +194,7 @@ SP_EXPORT sp_status_t sp_reset_peak_memory_stats(int device) {
 SP_EXPORT sp_status_t sp_reset_accumulated_memory_stats(int device) {
     SP_GATE("sp_reset_accumulated_memory_stats");
     sp_devalloc_t *d = NULL;
-    SP_CHECK(sp__alloc_device(device, &d));
+    SP_CHECK(sp__alloc_device("sp_reset_accumulated_memory_stats", device, &d));
     sp__lock(&d->lock);
     each_stat(&d->stats, reset_accum); /* the aggregates follow from small and large */
     d->stats.num_alloc_retries = 0;
@@ -242,7 +242,7 @@ SP_EXPORT sp_status_t sp_x_vmm_counters(int device, sp_x_vmm_counters_t *counter
         return sp__error(SP_ERR_INVALID_ARGUMENT, SP_SUB_POOL,
                          "sp_x_vmm_counters: counters_p is NULL");
     sp_devalloc_t *d = NULL;
-    SP_CHECK(sp__alloc_device(device, &d));
+    SP_CHECK(sp__alloc_device("sp_x_vmm_counters", device, &d));
     sp__lock(&d->lock);
     counters_p->pages_mapped = d->exp_pages_mapped;
     counters_p->pages_unmapped = d->exp_pages_unmapped;

@@ -545,7 +545,7 @@ size_t sp__tc_idle(int device, size_t *bytes_p) {
 SP_EXPORT sp_status_t sp_x_thread_cache_idle(int device, size_t *bytes_p, size_t *blocks_p) {
     SP_GATE("sp_x_thread_cache_idle");
     sp_devalloc_t *d = NULL;
-    SP_CHECK(sp__alloc_device(device, &d));
+    SP_CHECK(sp__alloc_device("sp_x_thread_cache_idle", device, &d));
     if (!bytes_p || !blocks_p)
         return sp__error(SP_ERR_INVALID_ARGUMENT, SP_SUB_POOL,
                          "sp_x_thread_cache_idle: NULL output pointer");

@@ -66,7 +66,7 @@ static long check_pool(const sp_mempool_t *pool, char *msg, size_t cap) {
 
 long sp_test_exp_check_unmapped(int device, char *msg, size_t cap) {
     sp_devalloc_t *d = NULL;
-    if (sp__alloc_device(device, &d) != SP_SUCCESS) {
+    if (sp__alloc_device("expandable_probe", device, &d) != SP_SUCCESS) {
         snprintf(msg, cap, "no device %d", device);
         return -1;
     }

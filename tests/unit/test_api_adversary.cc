@@ -425,3 +425,49 @@ TEST_F(ApiAdversary, RecordStreamOnABadStreamSaysWhichCallRefusedIt) {
     ASSERT_SP_OK(sp_free(q));
     ASSERT_SP_OK(sp_empty_cache());
 }
+
+// A device number past the count was refused in the words of the shared check alone ("device 7
+// does not exist (the host backend has 1 device(s))"): the only refusals of the pool's calls that
+// did not say which call refused, while sp_mempool_create named itself for device -2 and not for
+// device 7. Each call that takes a device names itself now; nothing changes.
+TEST_F(ApiAdversary, UnknownDeviceRefusalNamesTheCall) {
+    const int bad = sp_device_count() + 6;
+    sp_stats_t before = snap();
+    auto expect_named = [&](const char *call, sp_status_t s) {
+        SCOPED_TRACE(call);
+        EXPECT_SP_STATUS(s, SP_ERR_INVALID_ARGUMENT);
+        std::string why = sp_last_error();
+        EXPECT_EQ(
+            why.rfind(std::string(call) + ": device " + std::to_string(bad) + " does not exist", 0),
+            0u)
+            << why;
+    };
+    void *p = nullptr;
+    size_t a = 0, b = 0;
+    double f = 0.0;
+    sp_stats_t stats;
+    sp_device_usage_t usage;
+    sp_x_vmm_counters_t vmm;
+    sp_stream_t stream = nullptr;
+    sp_mempool_params_t params;
+    sp_mempool_params_init(&params);
+    params.device = bad;
+    sp_mempool_t *pool = nullptr;
+    expect_named("sp_malloc", sp_malloc(64, bad, nullptr, &p));
+    expect_named("sp_mempool_create", sp_mempool_create(&params, &pool));
+    expect_named("sp_get_memory_info", sp_get_memory_info(bad, &a, &b));
+    expect_named("sp_device_usage", sp_device_usage(bad, &usage));
+    expect_named("sp_set_memory_fraction", sp_set_memory_fraction(0.5, bad));
+    expect_named("sp_get_memory_fraction", sp_get_memory_fraction(bad, &f));
+    expect_named("sp_x_empty_cache_device", sp_x_empty_cache_device(bad));
+    expect_named("sp_stream_create", sp_stream_create(bad, &stream));
+    expect_named("sp_memory_stats", sp_memory_stats(bad, &stats));
+    expect_named("sp_reset_peak_memory_stats", sp_reset_peak_memory_stats(bad));
+    expect_named("sp_reset_accumulated_memory_stats", sp_reset_accumulated_memory_stats(bad));
+    expect_named("sp_x_vmm_counters", sp_x_vmm_counters(bad, &vmm));
+    expect_named("sp_x_thread_cache_idle", sp_x_thread_cache_idle(bad, &a, &b));
+    EXPECT_EQ(p, nullptr);
+    EXPECT_EQ(pool, nullptr);
+    EXPECT_EQ(stream, nullptr);
+    EXPECT_EQ(diff(before, snap()), "");
+}
