@@ -111,6 +111,10 @@ sp_sym_state_t *sp__sym_find(const sp_mempool_t *pool) {
     return found;
 }
 
+bool sp__sym_pool_gone(const sp_mempool_t *pool) {
+    return pool && sp__mempool_sym_state(pool) != NULL && sp__sym_find(pool) == NULL;
+}
+
 static int by_serial(const void *x, const void *y) {
     const sp_sym_state_t *a = *(sp_sym_state_t *const *)x, *b = *(sp_sym_state_t *const *)y;
     return a->serial < b->serial ? -1 : a->serial > b->serial;
