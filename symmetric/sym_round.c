@@ -255,7 +255,10 @@ size_t sp__sym_retired_count(void) {
 void sp__sym_free_retired(const sp_world_t *w) {
     sp_sym_state_t *mine = NULL;
     pthread_mutex_lock(&s_reg_lock);
-    for (sp_sym_state_t **pp = &s_retired; *pp;) {
+    /* A call in flight may still hold one (another thread's call on a pool, waiting for the lock
+     * the world's finalize held): they then go with the next retire that sees none. */
+    bool in_flight = __atomic_load_n(&s_users, __ATOMIC_SEQ_CST) != 0;
+    for (sp_sym_state_t **pp = &s_retired; *pp && !in_flight;) {
         sp_sym_state_t *st = *pp;
         if (st->world != w) {
             pp = &st->next;

@@ -292,6 +292,57 @@ TEST_F(SymThreads, ConcurrentFinalizeOfOneWorldRunsOnce) {
     }
 }
 
+// sp_world_finalize while another thread destroys a symmetric pool of that world: the two calls
+// are serialized on the pool's lock, in either order. Finalize's hook listed the pool, waited for
+// its lock while the destroy ran, then released and freed the state the destroy had just freed
+// ("double free or corruption"); in the other order a destroy that waited for the lock would have
+// run on the state finalize freed. Now whichever comes second finds the pool gone: the destroy is
+// refused (SP_ERR_INVALID_USAGE) or finalize skips the pool. A rank whose threads come in the
+// other order than its peer's meets a deadline instead (SP_ERR_TIMEOUT, bounded here by 10 s).
+TEST_F(SymThreads, FinalizeWhileAnotherThreadDestroysAPool) {
+    expect_warnings(); // a pool finalize releases, a destroy it refuses
+    sp::ScopedEnv deadline({{"SYMPOOL_SYM_TIMEOUT", "10"}});
+    for (int round = 0; round < 20; round++) { // the threads overlap in some rounds, not in all
+        SCOPED_TRACE("round " + std::to_string(round));
+        sp_world_t *w = nullptr;
+        sp_mempool_t *pool = nullptr;
+        ASSERT_SP_OK(sp_world_from_comm(MPI_COMM_WORLD, &w));
+        ASSERT_SP_OK(sym_pool_create(w, "e", false, &pool));
+        void *p = nullptr;
+        ASSERT_SP_OK(sp_symmetric_malloc(pool, 4096, nullptr, &p));
+        ASSERT_SP_OK(sp_free(p));
+        std::atomic<int> ready{0};
+        sp_status_t destroyed = SP_ERR_INTERNAL, finalized = SP_ERR_INTERNAL;
+        std::string why;
+        auto together = [&ready] {
+            ready.fetch_add(1);
+            while (ready.load() < 2)
+                std::this_thread::yield();
+        };
+        std::thread t0([&] {
+            together();
+            destroyed = sp_symmetric_mempool_destroy(pool);
+            why = sp_last_error();
+        });
+        std::thread t1([&] {
+            together();
+            finalized = sp_world_finalize(w);
+        });
+        t0.join();
+        t1.join();
+        EXPECT_TRUE(finalized == SP_SUCCESS || finalized == SP_ERR_TIMEOUT)
+            << sp_status_name(finalized);
+        EXPECT_EQ(sp_world_rank(w), -1) << "the world is finalized in every case";
+        EXPECT_TRUE(destroyed == SP_SUCCESS || destroyed == SP_ERR_INVALID_USAGE ||
+                    destroyed == SP_ERR_TIMEOUT)
+            << sp_status_name(destroyed) << ": " << why;
+        if (destroyed == SP_ERR_INVALID_USAGE) {
+            EXPECT_NE(why.find("not a live symmetric pool"), std::string::npos) << why;
+        }
+        MPI_Barrier(MPI_COMM_WORLD);
+    }
+}
+
 // A destroyed pool's state is kept while another thread's call may still hold it, and no longer:
 // a world that creates and destroys symmetric pools in a loop does not keep one state per pool
 // until it is finalized (it did: 20 here). With no other call in flight, each destroy frees it.
