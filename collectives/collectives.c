@@ -54,6 +54,7 @@
 #include "pool/pool.h"
 #include "sympool/pool.h"
 #include "sympool/symmetric.h"
+#include "symmetric/symmetric.h"
 
 /* Elements per MPI call: MPI-3 counts are int. Half-precision arithmetic goes through a float
  * scratch buffer of at most this many elements (4 MiB), which also bounds its memory. */
@@ -96,6 +97,16 @@ static bool check_buffer(const call_ctx_t *x, const void *ptr, size_t bytes, con
                  "%s buffer %p is not sympool device memory of rank %d (device %d): allocate it "
                  "with sp_malloc or sp_symmetric_malloc",
                  what, ptr, rank, dev);
+        return false;
+    }
+    /* Its world's finalize released the segment under it (sp__sym_pool_gone): the range may be
+     * unmapped, or mapped again for other memory. */
+    if (sp__sym_pool_gone(info.pool)) {
+        snprintf(why, len,
+                 "%s buffer %p is a block of a symmetric pool whose world was finalized (which "
+                 "released the pool's memory, or left it only until the process exits): it is no "
+                 "longer memory to use; free it with sp_free",
+                 what, ptr);
         return false;
     }
     size_t limit = info.requested_size ? info.requested_size : info.block_size;

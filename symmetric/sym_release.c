@@ -441,6 +441,9 @@ static sp_status_t agree_releasable(sp_world_t *w, sp_sym_state_t **v, size_t n,
 static sp_status_t on_world_finalize(sp_world_t *w, bool in_step) {
     size_t n = 0;
     sp_sym_state_t **v = NULL;
+    /* Counted until every listed state is checked under its lock: a pool another thread
+     * destroys meanwhile keeps its state's memory until then (sp__sym_retire). */
+    sp__sym_enter();
     /* A rank that cannot list them still takes part in the round, as a failed rank. */
     bool listed = sp__sym_of_world(w, &v, &n);
     uint64_t *bits = NULL, nbits = 0;
@@ -453,6 +456,12 @@ static sp_status_t on_world_finalize(sp_world_t *w, bool in_step) {
     for (size_t i = 0; i < n; i++) {
         sp_sym_state_t *st = v[i];
         pthread_mutex_lock(&st->lock);
+        if (st->pool == NULL) {
+            /* Another thread's sp_symmetric_mempool_destroy held the lock meanwhile: the pool
+             * and its state went with it, on every rank as its rounds said. */
+            pthread_mutex_unlock(&st->lock);
+            continue;
+        }
         bool known = bits && st->serial < nbits;
         bool release = known && bit_(bits, st->serial);
         /* Past the bitmap the pool is absent from some rank: if it is whole here, the ranks
@@ -496,9 +505,13 @@ static sp_status_t on_world_finalize(sp_world_t *w, bool in_step) {
         else if (!st->broken)
             for (sp_sym_rec_t *r; (r = pop_rec(st)) != NULL;)
                 free(r); /* the records only; the registrations stay */
+        /* A call on the pool that another thread makes meanwhile, waiting for the lock, then
+         * finds the pool gone (sp__sym_acquire) instead of running on a freed communicator. */
+        sp__sym_forget_pool(st);
         pthread_mutex_unlock(&st->lock);
         free_state(st);
     }
+    sp__sym_leave();
     sp__sym_free_retired(w);
     free(bits);
     free(v);

@@ -111,6 +111,10 @@ sp_sym_state_t *sp__sym_find(const sp_mempool_t *pool) {
     return found;
 }
 
+bool sp__sym_pool_gone(const sp_mempool_t *pool) {
+    return pool && sp__mempool_sym_state(pool) != NULL && sp__sym_find(pool) == NULL;
+}
+
 static int by_serial(const void *x, const void *y) {
     const sp_sym_state_t *a = *(sp_sym_state_t *const *)x, *b = *(sp_sym_state_t *const *)y;
     return a->serial < b->serial ? -1 : a->serial > b->serial;
@@ -251,7 +255,10 @@ size_t sp__sym_retired_count(void) {
 void sp__sym_free_retired(const sp_world_t *w) {
     sp_sym_state_t *mine = NULL;
     pthread_mutex_lock(&s_reg_lock);
-    for (sp_sym_state_t **pp = &s_retired; *pp;) {
+    /* A call in flight may still hold one (another thread's call on a pool, waiting for the lock
+     * the world's finalize held): they then go with the next retire that sees none. */
+    bool in_flight = __atomic_load_n(&s_users, __ATOMIC_SEQ_CST) != 0;
+    for (sp_sym_state_t **pp = &s_retired; *pp && !in_flight;) {
         sp_sym_state_t *st = *pp;
         if (st->world != w) {
             pp = &st->next;

@@ -99,7 +99,10 @@ extern _Thread_local bool sp__sym_test_no_host;
  * another thread may have found it just before the destroy and still be waiting for its lock.
  * Such a call is counted from before its lookup (sp__sym_enter) until it has checked the state
  * under its lock, or let go of recs_lock (sp__sym_leave); sp__sym_retire frees every retired
- * state when none is, and sp__sym_free_retired(world) the world's rest at its finalize. */
+ * state when none is, and sp__sym_free_retired(world) the world's rest at its finalize (when
+ * none is either: else the next retire that sees none frees them). The world's finalize hook is
+ * counted too, from its listing of the world's states until it has checked each under its lock,
+ * since another thread's destroy may retire one meanwhile. */
 void sp__sym_enter(void);
 void sp__sym_leave(void);
 void sp__sym_retire(sp_sym_state_t *st);

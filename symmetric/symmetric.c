@@ -468,8 +468,12 @@ static bool check_args(sp_sym_state_t *st, size_t size, sp_stream_t *stream_p, v
     if (!ptr_p)
         s = sp__error(SP_ERR_INVALID_ARGUMENT, SP_SUB_SYM, "%s: ptr_p is NULL",
                       describe(st, NULL, what, sizeof what));
-    else
-        s = sp__pool_sym_size(st->pool, size, rounded_p);
+    else if ((s = sp__pool_sym_size(st->pool, size, rounded_p)) != SP_SUCCESS) {
+        /* pool/'s text names the pool only: the message says which call it refused too. */
+        char m[200];
+        snprintf(m, sizeof m, "%s", sp_last_error());
+        s = sp__error_quiet(s, SP_SUB_SYM, "%s: %s", describe(st, NULL, what, sizeof what), m);
+    }
     if (s == SP_SUCCESS && size > 0 && *stream_p) {
         describe(st, NULL, what, sizeof what);
         s = sp__alloc_map_stream(what, stream_p);

@@ -5,8 +5,10 @@
 #ifndef SP_SYMMETRIC_SYMMETRIC_H
 #define SP_SYMMETRIC_SYMMETRIC_H
 
+#include <stdbool.h>
 #include <stdint.h>
 
+#include "sympool/mempool.h"
 #include "sympool/status.h"
 
 #ifdef __cplusplus
@@ -42,6 +44,13 @@ typedef struct sp_sym_counters {
 
 void sp__symmetric_counters(int device, sp_sym_counters_t *counters_p);
 void sp__symc_add(int device, sp_symc_t which, int64_t delta);
+
+/* Whether `pool` is a symmetric pool whose state is gone: its world was finalized, which
+ * released the pool's segments (or, for a pool a timeout broke, left them to process exit). A
+ * block still live in it is sympool's to free, but no longer memory a call may read or write:
+ * the collectives refuse it. False for NULL, an ordinary pool and a live symmetric pool.
+ * Thread-safe. */
+bool sp__sym_pool_gone(const sp_mempool_t *pool);
 
 /* Test hook: the calling thread sleeps `seconds` at the start of each of its growths, before
  * the growth's first agreement round (0: none), so a test can make one rank late inside a

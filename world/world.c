@@ -75,6 +75,7 @@ struct sp_world {
     int nccl_sym;           /* NCCL symmetric support: 0 not known yet, 1 on, 2 off (atomic) */
     char nccl_sym_why[160]; /* why it is off; written once, before nccl_sym says 2 */
     char broken_why[320];   /* s_lock: why the world is broken (sp__world_break); "" if not */
+    bool finalizing;        /* s_lock: an sp_world_finalize owns it (one per world) */
 };
 
 static pthread_mutex_t s_lock = PTHREAD_MUTEX_INITIALIZER;
@@ -886,10 +887,22 @@ SP_EXPORT sp_status_t sp_world_finalize(sp_world_t *w) {
     }
     /* Run the hooks while the world is still live (they make collective calls on it). */
     SP_CHECK(check_world(w, "sp_world_finalize", true));
+    /* One finalize per world: a second call another thread makes meanwhile passed the check
+     * above too, and running the hooks twice freed the pools' states twice. The claim is made
+     * under s_lock while the world is live, so its memory is still there to read. */
     pthread_mutex_lock(&s_lock);
-    char broken[sizeof w->broken_why];
-    memcpy(broken, w->broken_why, sizeof broken);
+    bool claimed = is_live_locked(w) && !w->finalizing;
+    char broken[sizeof w->broken_why] = "";
+    if (claimed) {
+        w->finalizing = true;
+        memcpy(broken, w->broken_why, sizeof broken);
+    }
     pthread_mutex_unlock(&s_lock);
+    if (!claimed)
+        return sp__error(SP_ERR_INVALID_USAGE, SP_SUB_BOOT,
+                         "sp_world_finalize: %p is not a live world (another call is finalizing "
+                         "it, or did)",
+                         (const void *)w);
     pthread_mutex_lock(&s_lock);
     int n = s_nhooks;
     sp_world_finalize_hook_t hooks[MAX_HOOKS];

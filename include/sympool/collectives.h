@@ -67,7 +67,8 @@ typedef enum { SP_SUM, SP_PROD, SP_MIN, SP_MAX, SP_AVG } sp_redop_t;
  *    small MPI_Allreduce, so every rank returns the same status: SP_ERR_INVALID_ARGUMENT on
  *    every rank when any rank's arguments are bad (NULL world or buffer, dtype/op/root out of
  *    range, count * element size overflowing, a buffer that is not sympool device memory of
- *    this rank or is too small, a forbidden overlap; the bad rank's message says which, the
+ *    this rank or is too small, a block of a symmetric pool whose world was finalized (that
+ *    released the pool's memory), a forbidden overlap; the bad rank's message says which, the
  *    others name that rank), SP_ERR_MISMATCH on every rank when ranks pass different counts,
  *    dtypes, ops, roots or collectives, or, for a call NCCL runs on symmetric kernels, buffers
  *    the kernels reach on peers (all-reduce both, all-gather recv, reduce-scatter send) at

@@ -90,7 +90,8 @@ sp_status_t sp_symmetric_empty_cache(sp_mempool_t *pool);
  * A call on the pool that another thread of this rank makes meanwhile waits for the destroy (calls
  * on one pool are serialized) and, if the pool was destroyed, is refused with
  * SP_ERR_INVALID_USAGE. A destroyed pool's few hundred bytes of state are kept only while such a
- * call may still hold a pointer to it (at the latest until its world is finalized).
+ * call may still hold a pointer to it (at the latest until its world is finalized, unless such a
+ * call is still in flight then: then until a later destroy finds none).
  */
 sp_status_t sp_symmetric_mempool_destroy(sp_mempool_t *pool);
 

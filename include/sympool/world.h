@@ -47,8 +47,9 @@ sp_status_t sp_world_from_comm(MPI_Comm comm, sp_world_t **world_p);
 /**
  * Collective: frees the world; finalizes MPI only if sp_world_init initialized it. First it
  * runs what must happen while the world still works (SYMPOOL_REPORT, releasing the segments of
- * symmetric pools still alive). Calling it twice on one world, or on a pointer that is not a
- * world, is refused without touching anything. While a CUDA graph capture is under way on any
+ * symmetric pools still alive). Calling it twice on one world (also from two threads at once:
+ * one call finalizes, the other is SP_ERR_INVALID_USAGE), or on a pointer that is not a world,
+ * is refused without touching anything. While a CUDA graph capture is under way on any
  * rank's device, no rank releases those segments (releasing synchronizes the device, which breaks
  * a capture, and the graph may use the memory): each rank warns, naming the capturing ranks, and
  * leaves them to process exit; finalize still succeeds. Destroy symmetric pools with

@@ -248,6 +248,101 @@ TEST_F(SymThreads, MallocWaitingForADestroyInAnotherThreadIsRefused) {
 
 } // namespace
 
+// sp_world_finalize is made once per world: a second call, even one another thread makes while
+// the first runs, is refused without touching anything (world.h). Two threads that finalized one
+// world at once both ran its finalize hooks (the release of the symmetric pools, the report's
+// round): the pools' states were freed twice ("double free or corruption"), and the two rounds
+// each thread made met the peers' out of order (SP_ERR_MISMATCH, SP_ERR_TIMEOUT). Exactly one of
+// the two calls succeeds on every rank; the other is SP_ERR_INVALID_USAGE, whichever order the
+// threads come in.
+TEST_F(SymThreads, ConcurrentFinalizeOfOneWorldRunsOnce) {
+    expect_warnings(); // the pools left alive are released at finalize, with a warning
+    for (int round = 0; round < 20; round++) { // the threads overlap in some rounds, not in all
+        SCOPED_TRACE("round " + std::to_string(round));
+        sp_world_t *w = nullptr;
+        sp_mempool_t *pool[2] = {nullptr, nullptr};
+        ASSERT_SP_OK(sp_world_from_comm(MPI_COMM_WORLD, &w));
+        ASSERT_SP_OK(sym_pool_create(w, "c", false, &pool[0]));
+        ASSERT_SP_OK(sym_pool_create(w, "d", false, &pool[1]));
+        void *p = nullptr;
+        ASSERT_SP_OK(sp_symmetric_malloc(pool[0], 4096, nullptr, &p));
+        ASSERT_SP_OK(sp_free(p));
+        std::atomic<int> ready{0};
+        sp_status_t got[2] = {SP_ERR_INTERNAL, SP_ERR_INTERNAL};
+        std::string msg[2];
+        auto finalize = [&](int i) {
+            ready.fetch_add(1);
+            while (ready.load() < 2) // both threads call at once
+                std::this_thread::yield();
+            got[i] = sp_world_finalize(w);
+            msg[i] = sp_last_error();
+        };
+        std::thread t0(finalize, 0), t1(finalize, 1);
+        t0.join();
+        t1.join();
+        int ok = (got[0] == SP_SUCCESS) + (got[1] == SP_SUCCESS);
+        EXPECT_EQ(ok, 1) << sp_status_name(got[0]) << " (" << msg[0] << "), "
+                         << sp_status_name(got[1]) << " (" << msg[1] << ")";
+        for (int i = 0; i < 2; i++) {
+            if (got[i] != SP_SUCCESS) {
+                EXPECT_EQ(got[i], SP_ERR_INVALID_USAGE) << msg[i];
+            }
+        }
+        MPI_Barrier(MPI_COMM_WORLD);
+    }
+}
+
+// sp_world_finalize while another thread destroys a symmetric pool of that world: the two calls
+// are serialized on the pool's lock, in either order. Finalize's hook listed the pool, waited for
+// its lock while the destroy ran, then released and freed the state the destroy had just freed
+// ("double free or corruption"); in the other order a destroy that waited for the lock would have
+// run on the state finalize freed. Now whichever comes second finds the pool gone: the destroy is
+// refused (SP_ERR_INVALID_USAGE) or finalize skips the pool. A rank whose threads come in the
+// other order than its peer's meets a deadline instead (SP_ERR_TIMEOUT, bounded here by 10 s).
+TEST_F(SymThreads, FinalizeWhileAnotherThreadDestroysAPool) {
+    expect_warnings(); // a pool finalize releases, a destroy it refuses
+    sp::ScopedEnv deadline({{"SYMPOOL_SYM_TIMEOUT", "10"}});
+    for (int round = 0; round < 20; round++) { // the threads overlap in some rounds, not in all
+        SCOPED_TRACE("round " + std::to_string(round));
+        sp_world_t *w = nullptr;
+        sp_mempool_t *pool = nullptr;
+        ASSERT_SP_OK(sp_world_from_comm(MPI_COMM_WORLD, &w));
+        ASSERT_SP_OK(sym_pool_create(w, "e", false, &pool));
+        void *p = nullptr;
+        ASSERT_SP_OK(sp_symmetric_malloc(pool, 4096, nullptr, &p));
+        ASSERT_SP_OK(sp_free(p));
+        std::atomic<int> ready{0};
+        sp_status_t destroyed = SP_ERR_INTERNAL, finalized = SP_ERR_INTERNAL;
+        std::string why;
+        auto together = [&ready] {
+            ready.fetch_add(1);
+            while (ready.load() < 2)
+                std::this_thread::yield();
+        };
+        std::thread t0([&] {
+            together();
+            destroyed = sp_symmetric_mempool_destroy(pool);
+            why = sp_last_error();
+        });
+        std::thread t1([&] {
+            together();
+            finalized = sp_world_finalize(w);
+        });
+        t0.join();
+        t1.join();
+        EXPECT_TRUE(finalized == SP_SUCCESS || finalized == SP_ERR_TIMEOUT)
+            << sp_status_name(finalized);
+        EXPECT_EQ(sp_world_rank(w), -1) << "the world is finalized in every case";
+        EXPECT_TRUE(destroyed == SP_SUCCESS || destroyed == SP_ERR_INVALID_USAGE ||
+                    destroyed == SP_ERR_TIMEOUT)
+            << sp_status_name(destroyed) << ": " << why;
+        if (destroyed == SP_ERR_INVALID_USAGE) {
+            EXPECT_NE(why.find("not a live symmetric pool"), std::string::npos) << why;
+        }
+        MPI_Barrier(MPI_COMM_WORLD);
+    }
+}
+
 // A destroyed pool's state is kept while another thread's call may still hold it, and no longer:
 // a world that creates and destroys symmetric pools in a loop does not keep one state per pool
 // until it is finalized (it did: 20 here). With no other call in flight, each destroy frees it.

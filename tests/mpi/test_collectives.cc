@@ -767,6 +767,52 @@ TEST_F(CollectiveArgs, ForeignBufferOnOneRankFailsEverywhere) {
     still_in_step();
 }
 
+// A block of a symmetric pool whose world was finalized while it was live: the finalize released
+// the pool's segments (MPI_Win_free on host), so the block's memory is gone although the block is
+// still sympool's until sp_free. A collective took it for sympool device memory and MPI (or the
+// fused path's copy) read or wrote the unmapped window: a segfault on that rank.
+TEST_F(CollectiveArgs, BlockOfAFinalizedWorldsSymmetricPoolFailsEverywhere) {
+    sp_world_t *w2 = nullptr;
+    ASSERT_SP_OK(sp_world_from_comm(MPI_COMM_WORLD, &w2));
+    sp_mempool_t *pool = nullptr;
+    ASSERT_SP_OK(sym_pool_create(w2, "gone", false, &pool));
+    void *stale = nullptr;
+    ASSERT_SP_OK(sp_symmetric_malloc(pool, 4096, nullptr, &stale));
+    ASSERT_SP_OK(sp_world_finalize(w2)); // warns: it releases the pool's segments under the block
+    Buf sb(4096, dev_), rb(4096, dev_);
+    int bad = n_ - 1;
+    for (size_t count : {(size_t)8, (size_t)1000}) { // inside the agreement round, and not
+        for (int kind = 0; kind < 4; kind++) {
+            void *send = rank_ == bad && kind % 2 == 0 ? stale : sb.p;
+            void *recv = rank_ == bad && kind % 2 == 1 ? stale : rb.p;
+            size_t per_rank = kind >= 2 ? count / (size_t)n_ : count;
+            sp_status_t s = SP_SUCCESS;
+            switch (kind) {
+            case 0:
+                s = sp_allreduce(w_, send, recv, count, SP_INT32, SP_SUM, nullptr);
+                break;
+            case 1:
+                s = sp_broadcast(w_, send, recv, count, SP_INT32, 0, nullptr);
+                break;
+            case 2:
+                s = sp_reduce_scatter(w_, send, recv, per_rank, SP_INT32, SP_SUM, nullptr);
+                break;
+            case 3:
+                s = sp_allgather(w_, send, recv, per_rank, SP_INT32, nullptr);
+                break;
+            }
+            EXPECT_EQ(s, SP_ERR_INVALID_ARGUMENT)
+                << "kind " << kind << " count " << count << ": " << sp::describe(s);
+            std::string msg = sp_last_error();
+            const std::string want =
+                rank_ == bad ? "world was finalized" : "rank " + std::to_string(bad);
+            EXPECT_NE(msg.find(want), std::string::npos) << msg;
+        }
+    }
+    EXPECT_SP_OK(sp_free(stale)); // still sympool's block: freeing it is bookkeeping only
+    still_in_step();
+}
+
 TEST_F(CollectiveArgs, BufferTooSmallForTheCount) {
     SP_SKIP_BELOW_RANKS(2);
     Buf b(40, dev_); // 10 int32

@@ -262,6 +262,25 @@ TEST_F(Symmetric, MismatchNamesAHugeSizeAsAsked) {
     ASSERT_SP_OK(sp_free(p));
 }
 
+// A size the device cannot hold, the same on every rank: every rank refuses it itself, and its
+// message named the pool and the size but not the call ("pool \"sym\": ... bytes is more than
+// device 0 holds"), unlike every other argument sp_symmetric_malloc refuses.
+TEST_F(Symmetric, SizeTheDeviceCannotHoldNamesTheCall) {
+    expect_warnings();
+    make();
+    void *p = nullptr;
+    EXPECT_SP_STATUS(sp_symmetric_malloc(pool_, SIZE_MAX, nullptr, &p), SP_ERR_INVALID_ARGUMENT);
+    EXPECT_EQ(p, nullptr);
+    std::string msg = sp_last_error();
+    EXPECT_NE(msg.find("sp_symmetric_malloc call #1 on pool"), std::string::npos) << msg;
+    EXPECT_NE(msg.find(std::to_string(SIZE_MAX) + " bytes is more than device"), std::string::npos)
+        << msg;
+    EXPECT_EQ(sp_mempool_total_bytes(pool_), 0u);
+    ASSERT_SP_OK(sp_symmetric_malloc(pool_, 4096, nullptr, &p));
+    expect_identical(p, "after a size the device cannot hold");
+    ASSERT_SP_OK(sp_free(p));
+}
+
 TEST_F(Symmetric, SkippedCallFailsOnEveryRank) {
     SP_SKIP_BELOW_RANKS(2);
     expect_warnings();
