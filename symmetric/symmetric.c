@@ -470,7 +470,7 @@ static bool check_args(sp_sym_state_t *st, size_t size, sp_stream_t *stream_p, v
                       describe(st, NULL, what, sizeof what));
     else if ((s = sp__pool_sym_size(st->pool, size, rounded_p)) != SP_SUCCESS) {
         /* pool/'s text names the pool only: the message says which call it refused too. */
-        char m[200];
+        char m[1024]; /* a whole message (SP_LAST_ERROR_MAX): the pool name may be long */
         snprintf(m, sizeof m, "%s", sp_last_error());
         s = sp__error_quiet(s, SP_SUB_SYM, "%s: %s", describe(st, NULL, what, sizeof what), m);
     }
