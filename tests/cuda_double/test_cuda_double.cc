@@ -866,4 +866,26 @@ TEST_F(CudaDoubleSympool, DeviceFailuresBecomeStatuses) {
     ASSERT_SP_OK(sp_empty_cache());
 }
 
+TEST_F(CudaDoubleSympool, RefusedCudaFreeKeepsTheSegment) {
+    NEED_DOUBLE();
+    expect_warnings();
+    // A segment cudaFree refused is still on the device: it stays in the books (reserved, cached)
+    // and the next release gives it back, instead of being forgotten there and leaked.
+    void *p = nullptr;
+    ASSERT_SP_OK(sp_malloc(1 << 20, 0, nullptr, &p));
+    ASSERT_SP_OK(sp_free(p));
+    ASSERT_EQ(used(0), size_t(2) << 20);
+    inject("cudaFree", cudaErrorInvalidValue);
+    (void)sp_empty_cache();
+    EXPECT_EQ(sp::stat("reserved_bytes.all.current"), int64_t(2) << 20);
+    EXPECT_EQ(sp::stat("segment.all.current"), 1);
+    EXPECT_EQ(used(0), size_t(2) << 20);
+    ASSERT_SP_OK(sp_malloc(1 << 20, 0, nullptr, &p)); // the kept segment serves again
+    EXPECT_EQ(used(0), size_t(2) << 20);
+    ASSERT_SP_OK(sp_free(p));
+    ASSERT_SP_OK(sp_empty_cache());
+    EXPECT_EQ(sp::stat("reserved_bytes.all.current"), 0);
+    EXPECT_EQ(used(0), 0u);
+}
+
 } // namespace
