@@ -880,6 +880,16 @@ static sp_status_t vmm_create(cuda_resv_t *r, size_t i0, size_t i1) {
     return SP_SUCCESS;
 }
 
+/* Read and write access for `device` to [a, a + size) (g_vmm.mu held). */
+static CUresult vmm_access(int device, CUdeviceptr a, size_t size) {
+    CUmemAccessDesc desc;
+    memset(&desc, 0, sizeof(desc));
+    desc.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    desc.location.id = device;
+    desc.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+    return g_vmm.access(a, size, &desc, 1);
+}
+
 static sp_status_t cuda_vmm_map(int device, void *addr, size_t size) {
     int prev = -1;
     SP_CHECK(guard_enter(device, &prev));
@@ -898,12 +908,7 @@ static sp_status_t cuda_vmm_map(int device, void *addr, size_t size) {
             done++;
     }
     if (res == SP_SUCCESS) {
-        CUmemAccessDesc desc;
-        memset(&desc, 0, sizeof(desc));
-        desc.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-        desc.location.id = device;
-        desc.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
-        CUresult e = g_vmm.access(a, size, &desc, 1);
+        CUresult e = vmm_access(device, a, size);
         if (e != CUDA_SUCCESS)
             res = cu_fail(e, "cuMemSetAccess", device);
     }
@@ -925,8 +930,33 @@ static sp_status_t cuda_vmm_unmap(int device, void *addr, size_t size) {
     cuda_resv_t *r = NULL;
     pthread_mutex_lock(&g_vmm.mu);
     sp_status_t res = vmm_range(device, a, size, true, "vmm_unmap", &r);
-    if (res == SP_SUCCESS)
-        res = vmm_drop(r, (a - r->base) / r->page, (a - r->base + size) / r->page, true);
+    if (res == SP_SUCCESS) {
+        /* All or nothing, as vmm_map (the allocator keeps the range mapped and cached when this
+         * fails): every page is unmapped before any handle is released, and a refused unmap maps
+         * the pages already unmapped again with the handles still held. */
+        size_t i0 = (a - r->base) / r->page, i1 = (a - r->base + size) / r->page, i = i0;
+        CUresult e = CUDA_SUCCESS;
+        while (i < i1 && (e = g_vmm.unmap(r->base + i * r->page, r->page)) == CUDA_SUCCESS)
+            i++;
+        if (i == i1) {
+            res = vmm_drop(r, i0, i1, false);
+        } else {
+            res = cu_fail(e, "cuMemUnmap", device);
+            size_t j = i0;
+            while (j < i &&
+                   g_vmm.map(r->base + j * r->page, r->page, 0, r->h[j], 0) == CUDA_SUCCESS)
+                j++;
+            if (j < i || (i > i0 && vmm_access(device, a, (i - i0) * r->page) != CUDA_SUCCESS)) {
+                /* The driver refused that too: those pages are gone from the device; forget
+                 * them (the allocator's books still count them: logged). */
+                SP_WARN(SP_SUB_DEVICE,
+                        "device %d: pages unmapped by a refused vmm_unmap of "
+                        "%#llx could not be mapped again",
+                        device, (unsigned long long)a);
+                (void)vmm_drop(r, j, i, false);
+            }
+        }
+    }
     pthread_mutex_unlock(&g_vmm.mu);
     guard_exit(device, prev);
     return res;

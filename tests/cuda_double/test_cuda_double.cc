@@ -891,6 +891,33 @@ TEST_F(CudaDoubleSympool, RefusedCudaFreeKeepsTheSegment) {
     EXPECT_EQ(used(0), 0u);
 }
 
+TEST_F(CudaDoubleSympool, RefusedUnmapKeepsThePagesMapped) {
+    NEED_DOUBLE();
+    expect_warnings();
+    // cuMemUnmap refused on the second page of a release: vmm_unmap is all or nothing, so every
+    // page of the range stays mapped and known (the allocator keeps them cached, as it does when
+    // vmm_unmap fails), and the next release gives them all back.
+    sp::ScopedEnv env({{"SYMPOOL_EXPANDABLE_SEGMENTS", "1"}});
+    auto handles = hook<int (*)()>("cuda_double_live_vmm_handles");
+    void *p = nullptr;
+    ASSERT_SP_OK(sp_malloc(8 << 20, 0, nullptr, &p));
+    ASSERT_SP_OK(sp_free(p));
+    ASSERT_EQ(handles(), 4);
+    inject("cuMemUnmap", CUDA_ERROR_INVALID_VALUE, 1);
+    (void)sp_empty_cache();
+    inject("cuMemUnmap", 0);
+    EXPECT_EQ(sp::stat("reserved_bytes.all.current"), int64_t(used(0)));
+    EXPECT_EQ(used(0), size_t(8) << 20);
+    EXPECT_EQ(handles(), 4);
+    ASSERT_SP_OK(sp_malloc(8 << 20, 0, nullptr, &p)); // the cached pages serve again
+    sp::touch(p, 8 << 20);
+    ASSERT_SP_OK(sp_free(p));
+    ASSERT_SP_OK(sp_empty_cache());
+    EXPECT_EQ(sp::stat("reserved_bytes.all.current"), 0);
+    EXPECT_EQ(used(0), 0u);
+    EXPECT_EQ(handles(), 0);
+}
+
 // ---- a fault-injection sweep of the cuda backend -----------------------------------------------
 
 // Every CUDA runtime and driver entry point sympool's pool reaches, each failed once at its 1st,
@@ -901,8 +928,8 @@ TEST_F(CudaDoubleSympool, RefusedCudaFreeKeepsTheSegment) {
 // == the double's device memory in use, live blocks == what the test holds), and the step done
 // again without the failure succeeds. At the end nothing is left on the device.
 // Not swept: cudaStreamGetDevice (its refusal is "not a valid CUDA stream", which does not name
-// the call); with expandable segments cuMemUnmap and cuMemRelease (a page whose unmap or release
-// the driver refused is forgotten by the backend and stays on the device: not fixed yet).
+// the call); with expandable segments cuMemRelease (a handle whose release the driver refused is
+// forgotten by the backend and stays on the device: not fixed yet).
 const char *const kSweepFns[] = {
     "cudaMalloc",
     "cudaFree",
@@ -943,13 +970,15 @@ struct Sweep {
     size_t steps_failed = 0;
     size_t base = 0; // device bytes an earlier workload left (reported there)
     int base_handles = 0;
+    bool device_may_hold_more = false; // see run_sweep
 
     void note(const std::string &what) { bad.push_back(where + ": " + what); }
     // The books against the device after a step (nothing held: `live` blocks of the test's).
     void check(int live) {
         int64_t reserved = sp::stat("reserved_bytes.all.current");
         int64_t allocs = sp::stat("allocation.all.current");
-        if (reserved != (int64_t)(used(0) - base))
+        if (reserved != (int64_t)(used(0) - base) &&
+            !(device_may_hold_more && reserved < (int64_t)(used(0) - base)))
             note("reserved_bytes " + std::to_string(reserved) + " but the device holds " +
                  std::to_string(used(0) - base));
         if (allocs != live)
@@ -1052,6 +1081,10 @@ void run_sweep(int code, const std::vector<std::string> &skip_fns = {}) {
         for (int k = 0; k < kSweepSkips; k++) {
             if (std::find(skip_fns.begin(), skip_fns.end(), fn) != skip_fns.end())
                 break;
+            // A refused unmap of pages a growth had put off unmapping (expandable.c, pend_flush)
+            // leaves them on the device while the books say unmapped, until the next release:
+            // documented there. The device then holds more than reserved_bytes, never less.
+            w.device_may_hold_more = strcmp(fn, "cuMemUnmap") == 0;
             w.where =
                 std::string(fn) + " code " + std::to_string(code) + " skip " + std::to_string(k);
             inject(fn, code, k);
@@ -1077,8 +1110,8 @@ TEST_F(CudaDoubleSympool, FaultSweepExpandableSegments) {
     expect_warnings();
     sp::Watchdog dog;
     sp::ScopedEnv env({{"SYMPOOL_EXPANDABLE_SEGMENTS", "1"}});
-    run_sweep(1, {"cuMemUnmap", "cuMemRelease"});
-    run_sweep(2, {"cuMemUnmap", "cuMemRelease"});
+    run_sweep(1, {"cuMemRelease"});
+    run_sweep(2, {"cuMemRelease"});
 }
 
 } // namespace
