@@ -729,19 +729,24 @@ sp_status_t sp__alloc_install_segment(sp_devalloc_t *d, sp_bpool_t *bp, void *pt
 
 static void detach_segment(sp_devalloc_t *d, sp_segment_t *seg, uint32_t context);
 
-void sp__alloc_release_segment(sp_devalloc_t *d, sp_segment_t *seg, uint32_t context) {
+bool sp__alloc_release_segment(sp_devalloc_t *d, sp_segment_t *seg, uint32_t context) {
     sp_mempool_t *pool = seg->bpool->pool;
     void *base = (void *)seg->base;
     size_t size = seg->size;
     sp_stream_t stream = seg->stream;
-    detach_segment(d, seg, context);
-    if (pool->has_allocator) {
-        sp__callback_enter();
-        pool->allocator.free(base, size, d->device, stream, pool->allocator.ctx);
-        sp__callback_leave();
-    } else {
-        (void)sp__g.ops->mem_free(d->device, base, size); /* logged there */
+    if (!pool->has_allocator) {
+        /* Freed before it leaves the books: memory the device refused to free (logged there) is
+         * still there, so the segment stays cached and a later release tries again. */
+        if (sp__g.ops->mem_free(d->device, base, size) != SP_SUCCESS)
+            return false;
+        detach_segment(d, seg, context);
+        return true;
     }
+    detach_segment(d, seg, context);
+    sp__callback_enter();
+    pool->allocator.free(base, size, d->device, stream, pool->allocator.ctx);
+    sp__callback_leave();
+    return true;
 }
 
 void sp__alloc_detach_segment(sp_devalloc_t *d, sp_segment_t *seg) {
@@ -931,7 +936,7 @@ free_block(sp_devalloc_t *d, sp_block_t *b, bool low, uint32_t free_ctx, bool hi
         sp__history_context_release(ctx);
     /* SYMPOOL_NO_CACHING: the block is its own segment; give it back at once. */
     if (SP_UNLIKELY(sp__g.conf.no_caching) && !keep->prev && !keep->next && !bp->pool->symmetric)
-        sp__alloc_release_segment(d, seg, free_ctx);
+        (void)sp__alloc_release_segment(d, seg, free_ctx);
 }
 
 /* COLD twin of free_block (see there): completes a free whose events have finished. */

@@ -319,8 +319,9 @@ sp_status_t sp__alloc_install_segment(sp_devalloc_t *d, sp_bpool_t *bp, void *pt
                                       sp_block_t **block_p);
 /* Release a segment whose only block is free (lock held). */
 /* context: the history context of the call that releases it (0: none; the segment_free entry
- * then carries the segment's own allocation stack, as PyTorch's release_block does). */
-void sp__alloc_release_segment(sp_devalloc_t *d, sp_segment_t *seg, uint32_t context);
+ * then carries the segment's own allocation stack, as PyTorch's release_block does). False when
+ * the device refused to free it (logged there): the segment stays, cached, as it was. */
+bool sp__alloc_release_segment(sp_devalloc_t *d, sp_segment_t *seg, uint32_t context);
 /* sp__alloc_release_segment without freeing the memory: the segment leaves the pool, the index
  * and the statistics; the caller (symmetric/, outside the lock) frees its memory. */
 void sp__alloc_detach_segment(sp_devalloc_t *d, sp_segment_t *seg);

@@ -309,8 +309,7 @@ static size_t release_one(sp_devalloc_t *d, sp_segment_t *seg, uint32_t context)
     if (!sp__block_releasable(seg->head))
         return 0;
     size_t size = seg->size;
-    sp__alloc_release_segment(d, seg, context);
-    return size;
+    return sp__alloc_release_segment(d, seg, context) ? size : 0;
 }
 
 static int by_seq(const void *a, const void *b) {
@@ -577,10 +576,8 @@ bool sp__alloc_release_available(sp_devalloc_t *d, sp_bpool_t *bp, size_t size, 
         return false;
     size_t key = size > mss ? size : mss;
     sp_block_t *b = sp__bset_lower_bound(&bp->free, stream, key);
-    if (b && sp__block_stream(b) == stream && sp__block_releasable(b)) {
-        sp__alloc_release_segment(d, sp__bseg(b), context);
-        return true;
-    }
+    if (b && sp__block_stream(b) == stream && sp__block_releasable(b))
+        return sp__alloc_release_segment(d, sp__bseg(b), context);
     /* Otherwise release oversize whole-segment blocks of this stream, largest first, until
      * `key` bytes are freed. */
     size_t freed = 0;
@@ -592,8 +589,10 @@ bool sp__alloc_release_available(sp_devalloc_t *d, sp_bpool_t *bp, size_t size, 
                 best = s;
         if (!best)
             return false;
-        freed += best->size;
-        sp__alloc_release_segment(d, best, context);
+        size_t bytes = best->size;
+        if (!sp__alloc_release_segment(d, best, context))
+            return false; /* it stays releasable: trying it again would loop */
+        freed += bytes;
     }
     return true;
 }
@@ -627,11 +626,13 @@ void sp__alloc_gc(sp_devalloc_t *d, uint32_t context) {
             sp_segment_t *nx = s->pnext;
             uint64_t age = bp->gfb_count - s->gc_clock;
             if (s->bpool == bp && sp__block_releasable(s->head) && (double)age >= avg) {
-                freed += s->size;
+                size_t size = s->size;
                 total_age -= age;
                 n--;
-                sp__alloc_release_segment(d, s, context);
-                any = true;
+                if (sp__alloc_release_segment(d, s, context)) {
+                    freed += size;
+                    any = true;
+                }
             }
             s = nx;
         }

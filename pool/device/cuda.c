@@ -363,7 +363,10 @@ static sp_status_t cuda_init(sp_device_caps_t *caps_p) {
     return SP_SUCCESS;
 }
 
+static void vmm_fini(void);
+
 static void cuda_fini(void) {
+    vmm_fini();
     for (int d = 0; d < g_cuda.count; d++) {
         cuda_dev_t *dev = &g_cuda.devs[d];
         /* Only a device with pooled events is visited: the others need nothing, and visiting
@@ -698,6 +701,10 @@ static struct {
     bool no_fd;              /* POSIX-FD handles refused once: request none from then on */
     cuda_resv_t *resv;       /* live reservations; mu */
     size_t nresv, cap_resv;  /* mu */
+    /* Handles of unmapped pages whose cuMemRelease the driver refused: they still hold the
+     * pages' memory, so they are released again at the next vmm call and at fini; mu. */
+    CUmemGenericAllocationHandle *stale;
+    size_t nstale, cap_stale;
 } g_vmm = {.mu = PTHREAD_MUTEX_INITIALIZER};
 
 /* Look the entry points up once (g_vmm.mu held); false if any is missing. */
@@ -838,6 +845,53 @@ static sp_status_t vmm_range(int device, CUdeviceptr a, size_t size, bool mapped
     return SP_SUCCESS;
 }
 
+/* Release the handle of an unmapped page (g_vmm.mu held): one the driver refuses is kept in
+ * g_vmm.stale (its memory is still held) and released again later; logged. */
+static void vmm_release_handle(int device, CUmemGenericAllocationHandle h) {
+    CUresult e = g_vmm.release(h);
+    if (e == CUDA_SUCCESS)
+        return;
+    const char *name = NULL;
+    if (!g_vmm.err_name || g_vmm.err_name(e, &name) != CUDA_SUCCESS || !name)
+        name = "CUDA_ERROR_?";
+    if (g_vmm.nstale == g_vmm.cap_stale) {
+        size_t ncap = g_vmm.cap_stale ? g_vmm.cap_stale * 2 : 8;
+        CUmemGenericAllocationHandle *n = realloc(g_vmm.stale, ncap * sizeof(*n));
+        if (!n) {
+            SP_WARN(SP_SUB_DEVICE,
+                    "device %d: cuMemRelease: %s (%d); no host memory to try it again: the "
+                    "page's memory stays held",
+                    device, name, (int)e);
+            return;
+        }
+        g_vmm.stale = n;
+        g_vmm.cap_stale = ncap;
+    }
+    g_vmm.stale[g_vmm.nstale++] = h;
+    SP_WARN(SP_SUB_DEVICE, "device %d: cuMemRelease: %s (%d); it is tried again later", device,
+            name, (int)e);
+}
+
+/* Release the handles kept by vmm_release_handle again (g_vmm.mu held); those still refused
+ * stay. */
+static void vmm_retry_stale(void) {
+    size_t k = 0;
+    for (size_t i = 0; i < g_vmm.nstale; i++)
+        if (g_vmm.release(g_vmm.stale[i]) != CUDA_SUCCESS)
+            g_vmm.stale[k++] = g_vmm.stale[i];
+    g_vmm.nstale = k;
+}
+
+/* At fini: the kept handles released again (those still refused stay for the next session). */
+static void vmm_fini(void) {
+    pthread_mutex_lock(&g_vmm.mu);
+    vmm_retry_stale();
+    if (g_vmm.nstale)
+        SP_WARN(SP_SUB_DEVICE, "%zu page handle(s) the driver refused to release stay held",
+                g_vmm.nstale);
+    pthread_mutex_unlock(&g_vmm.mu);
+}
+
 /* Unmap and release pages [i0, i1) of r that hold a handle (g_vmm.mu held); the first error. */
 static sp_status_t vmm_drop(cuda_resv_t *r, size_t i0, size_t i1, bool mapped) {
     sp_status_t res = SP_SUCCESS;
@@ -847,9 +901,7 @@ static sp_status_t vmm_drop(cuda_resv_t *r, size_t i0, size_t i1, bool mapped) {
         CUresult e = mapped ? g_vmm.unmap(r->base + i * r->page, r->page) : CUDA_SUCCESS;
         if (e != CUDA_SUCCESS && res == SP_SUCCESS)
             res = cu_fail(e, "cuMemUnmap", r->device);
-        e = g_vmm.release(r->h[i]);
-        if (e != CUDA_SUCCESS && res == SP_SUCCESS)
-            res = cu_fail(e, "cuMemRelease", r->device);
+        vmm_release_handle(r->device, r->h[i]);
         r->h[i] = 0;
     }
     return res;
@@ -880,12 +932,23 @@ static sp_status_t vmm_create(cuda_resv_t *r, size_t i0, size_t i1) {
     return SP_SUCCESS;
 }
 
+/* Read and write access for `device` to [a, a + size) (g_vmm.mu held). */
+static CUresult vmm_access(int device, CUdeviceptr a, size_t size) {
+    CUmemAccessDesc desc;
+    memset(&desc, 0, sizeof(desc));
+    desc.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    desc.location.id = device;
+    desc.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+    return g_vmm.access(a, size, &desc, 1);
+}
+
 static sp_status_t cuda_vmm_map(int device, void *addr, size_t size) {
     int prev = -1;
     SP_CHECK(guard_enter(device, &prev));
     CUdeviceptr a = (CUdeviceptr)(uintptr_t)addr;
     cuda_resv_t *r = NULL;
     pthread_mutex_lock(&g_vmm.mu);
+    vmm_retry_stale();
     sp_status_t res = vmm_range(device, a, size, false, "vmm_map", &r);
     size_t i0 = r ? (a - r->base) / r->page : 0, i1 = r ? i0 + size / r->page : 0, done = i0;
     if (res == SP_SUCCESS)
@@ -898,12 +961,7 @@ static sp_status_t cuda_vmm_map(int device, void *addr, size_t size) {
             done++;
     }
     if (res == SP_SUCCESS) {
-        CUmemAccessDesc desc;
-        memset(&desc, 0, sizeof(desc));
-        desc.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-        desc.location.id = device;
-        desc.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
-        CUresult e = g_vmm.access(a, size, &desc, 1);
+        CUresult e = vmm_access(device, a, size);
         if (e != CUDA_SUCCESS)
             res = cu_fail(e, "cuMemSetAccess", device);
     }
@@ -924,9 +982,35 @@ static sp_status_t cuda_vmm_unmap(int device, void *addr, size_t size) {
     CUdeviceptr a = (CUdeviceptr)(uintptr_t)addr;
     cuda_resv_t *r = NULL;
     pthread_mutex_lock(&g_vmm.mu);
+    vmm_retry_stale();
     sp_status_t res = vmm_range(device, a, size, true, "vmm_unmap", &r);
-    if (res == SP_SUCCESS)
-        res = vmm_drop(r, (a - r->base) / r->page, (a - r->base + size) / r->page, true);
+    if (res == SP_SUCCESS) {
+        /* All or nothing, as vmm_map (the allocator keeps the range mapped and cached when this
+         * fails): every page is unmapped before any handle is released, and a refused unmap maps
+         * the pages already unmapped again with the handles still held. */
+        size_t i0 = (a - r->base) / r->page, i1 = (a - r->base + size) / r->page, i = i0;
+        CUresult e = CUDA_SUCCESS;
+        while (i < i1 && (e = g_vmm.unmap(r->base + i * r->page, r->page)) == CUDA_SUCCESS)
+            i++;
+        if (i == i1) {
+            (void)vmm_drop(r, i0, i1, false); /* unmapped: a refused release is kept */
+        } else {
+            res = cu_fail(e, "cuMemUnmap", device);
+            size_t j = i0;
+            while (j < i &&
+                   g_vmm.map(r->base + j * r->page, r->page, 0, r->h[j], 0) == CUDA_SUCCESS)
+                j++;
+            if (j < i || (i > i0 && vmm_access(device, a, (i - i0) * r->page) != CUDA_SUCCESS)) {
+                /* The driver refused that too: those pages are gone from the device; forget
+                 * them (the allocator's books still count them: logged). */
+                SP_WARN(SP_SUB_DEVICE,
+                        "device %d: pages unmapped by a refused vmm_unmap of "
+                        "%#llx could not be mapped again",
+                        device, (unsigned long long)a);
+                (void)vmm_drop(r, j, i, false);
+            }
+        }
+    }
     pthread_mutex_unlock(&g_vmm.mu);
     guard_exit(device, prev);
     return res;
@@ -937,6 +1021,7 @@ static sp_status_t cuda_vmm_release(int device, void *base, size_t size) {
     SP_CHECK(guard_enter(device, &prev));
     CUdeviceptr a = (CUdeviceptr)(uintptr_t)base;
     pthread_mutex_lock(&g_vmm.mu);
+    vmm_retry_stale();
     cuda_resv_t *r = vmm_find(device, a);
     sp_status_t res = SP_SUCCESS;
     if (!r || r->base != a || r->size != size) {
