@@ -152,6 +152,28 @@ static const char *frame_str(const pk_value_t *f, const char *key, char **at, si
     return out;
 }
 
+/* A str as the history takes it, in a new C string: each U+0000 as 0xC0 0x80, as frame_str
+ * writes it. NULL: v is no str, or out of memory. */
+static char *c_text(const pk_value_t *v) {
+    const char *s = pk_str(v);
+    if (s == NULL)
+        return NULL;
+    size_t n = v->u.str.len, k = 0;
+    char *out = malloc(2 * n + 1);
+    if (out == NULL)
+        return NULL;
+    for (size_t i = 0; i < n; i++) {
+        if (s[i] == '\0') {
+            out[k++] = (char)0xc0;
+            out[k++] = (char)0x80;
+        } else {
+            out[k++] = s[i];
+        }
+    }
+    out[k] = '\0';
+    return out;
+}
+
 /* A frame's line as the history takes it. PyTorch's line is an unsigned 64-bit number: a line
  * it could not tell (-1 where it was read) is written as 2^64-1, which no int64 holds and was
  * read as 0; it is the negative int it was (the snapshot writer writes a negative line back in
@@ -1166,18 +1188,26 @@ static bool record_annotations(const tr_trace_t *t, char *err, size_t errlen) {
     bool ok = true;
     for (size_t i = 0; ok && i < n; i++) {
         const pk_value_t *a = pk_at(t->annotations, i);
-        const char *stage = pk_get_str(a, "stage"), *name = pk_get_str(a, "name");
+        const pk_value_t *sv = pk_get(a, "stage"), *nv = pk_get(a, "name");
         int64_t dev = -1, us = -1;
-        if (stage == NULL || name == NULL || !pk_get_int(a, "device", &dev) || dev < 0 ||
+        if (pk_str(sv) == NULL || pk_str(nv) == NULL || !pk_get_int(a, "device", &dev) || dev < 0 ||
             dev >= t->ndev || !pk_get_int(a, "time_us", &us) || us < 0) {
             skipped++;
             continue;
         }
+        /* As the history takes them, C strings: a U+0000 as 0xC0 0x80 (frame_str's form), or
+         * the text stopped at it. */
+        char *stage = c_text(sv), *name = c_text(nv);
         sp_x_history_stamp(us);
-        if (sp_history_record_annotation((int)dev, stage, name) != SP_SUCCESS) {
+        if (stage == NULL || name == NULL) {
+            snprintf(err, errlen, "external_annotations[%zu]: out of memory", i);
+            ok = false;
+        } else if (sp_history_record_annotation((int)dev, stage, name) != SP_SUCCESS) {
             snprintf(err, errlen, "external_annotations[%zu]: %s", i, sp_last_error());
             ok = false;
         }
+        free(stage);
+        free(name);
     }
     sp_x_history_stamp(-1);
     if (skipped > 0)

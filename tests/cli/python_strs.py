@@ -3,8 +3,8 @@
 \\ud800, \\udc00 escapes; what pickle.load makes of a 0 byte and 'surrogatepass' bytes). A snapshot
 whose stacks carry them, as JSON and as pickle, is read by every command (the JSON reader refused
 it), and replay --snapshot writes the same str back, as pickle and as JSON (U+0000 cut the pickle
-path's strings short; lone surrogates became '?'). And a str with a U+0000 is not the str before
-it (strcmp read "alloc\\0x" as "alloc"). argv: sympool, work dir."""
+path's strings short; lone surrogates became '?'), external annotations' stage and name too. And
+a str with a U+0000 is not the str before it (strcmp read "alloc\\0x" as "alloc"). argv: sympool, work dir."""
 import json
 import os
 import pickle
@@ -40,7 +40,8 @@ snap = {
          "time_us": 3, "frames": frames("u")},
     ]],
     "allocator_settings": {},
-    "external_annotations": [],
+    "external_annotations": [{"stage": s, "name": "n" + s, "device": 0, "time_us": i + 1}
+                             for i, s in enumerate(ODD)],
 }
 inputs = {"in.json": json.dumps(snap).encode(), "in.pickle": pickle.dumps(snap, protocol=4)}
 fails = []
@@ -74,6 +75,10 @@ for name, data in inputs.items():
             fails.append(f"{name} -> {out}: block frames {ascii(blocks)[:300]}")
         if [e["frames"] for e in events] != [frames("t")]:
             fails.append(f"{name} -> {out}: alloc frames {ascii(events)[:300]}")
+        # The external annotations' stage and name too (U+0000 cut them short there).
+        if got["external_annotations"] != snap["external_annotations"]:
+            fails.append(f"{name} -> {out}: external_annotations "
+                         f"{ascii(got['external_annotations'])[:300]}")
 
 # A str with a U+0000 in it is another str than the one before it: an action "alloc\0x", a state
 # "active_allocated\0", a segment_type "small\0" read as any unknown string does ("allocx",
