@@ -3,8 +3,9 @@
 \\ud800, \\udc00 escapes; what pickle.load makes of a 0 byte and 'surrogatepass' bytes). A snapshot
 whose stacks carry them, as JSON and as pickle, is read by every command (the JSON reader refused
 it), and replay --snapshot writes the same str back, as pickle and as JSON (U+0000 cut the pickle
-path's strings short; lone surrogates became '?'), external annotations' stage and name too. And
-a str with a U+0000 is not the str before it (strcmp read "alloc\\0x" as "alloc"). argv: sympool, work dir."""
+path's strings short; lone surrogates became '?'), external annotations' stage and name too.
+And a str with a U+0000 is not the str before it (strcmp read "alloc\\0x" as "alloc"). argv:
+sympool, work dir."""
 import json
 import os
 import pickle
