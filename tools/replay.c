@@ -102,7 +102,7 @@ typedef struct dev_state {
     uint64_t *srecorded; /* stream index -> the recorded stream */
     /* The user_metadata texts the loop sets, in op order: one per op flagged OPF_META (NULL:
      * ""). None when every entry's is "" (the usual case). */
-    const char **meta;
+    const tr_meta_t **meta;
     size_t nmeta;
     /* Where the recorded run put its segments (sp_x_host_place): `placing` when the host
      * backend places them; offsets from rec_base (the lowest recorded segment address, 2 MiB
@@ -150,6 +150,31 @@ static const char *frame_str(const pk_value_t *f, const char *key, char **at, si
     }
     *(*at)++ = '\0';
     return out;
+}
+
+/* n bytes of a str as the history takes them, in a new C string: each U+0000 (a 0 byte) as
+ * 0xC0 0x80, as frame_str writes it. NULL: out of memory. */
+static char *c_bytes(const char *s, size_t n) {
+    size_t k = 0;
+    char *out = malloc(2 * n + 1);
+    if (out == NULL)
+        return NULL;
+    for (size_t i = 0; i < n; i++) {
+        if (s[i] == '\0') {
+            out[k++] = (char)0xc0;
+            out[k++] = (char)0x80;
+        } else {
+            out[k++] = s[i];
+        }
+    }
+    out[k] = '\0';
+    return out;
+}
+
+/* c_bytes of the str v; NULL: v is no str, or out of memory. */
+static char *c_text(const pk_value_t *v) {
+    const char *s = pk_str(v);
+    return s != NULL ? c_bytes(s, v->u.str.len) : NULL;
 }
 
 /* A frame's line as the history takes it. PyTorch's line is an unsigned 64-bit number: a line
@@ -992,17 +1017,19 @@ static bool build_start(dev_state_t *ds, int d, const tr_device_t *td, bool requ
  * without metadata (almost every one) then does not pay for. */
 static bool plan_meta(dev_state_t *ds, const tr_device_t *td, size_t nops) {
     size_t k = 0, cap = 0;
-    const char *cur = NULL;
+    const tr_meta_t *cur = NULL;
     for (size_t j = 0; j < nops; j++) {
         op_t *o = &ds->ops[j];
         while (k < td->nmeta && td->meta[k].ev < o->ev)
             k++;
-        const char *meta = k < td->nmeta && td->meta[k].ev == o->ev ? td->meta[k].text : NULL;
-        if (meta == cur || (meta != NULL && cur != NULL && strcmp(meta, cur) == 0))
+        const tr_meta_t *meta = k < td->nmeta && td->meta[k].ev == o->ev ? &td->meta[k] : NULL;
+        /* (the whole str: one holding a U+0000 is not the str before it) */
+        if (meta == cur || (meta != NULL && cur != NULL && meta->len == cur->len &&
+                            memcmp(meta->text, cur->text, meta->len) == 0))
             continue;
         if (ds->nmeta == cap) {
             size_t nc = cap ? cap * 2 : 8;
-            const char **nm = realloc(ds->meta, nc * sizeof(*nm));
+            const tr_meta_t **nm = realloc(ds->meta, nc * sizeof(*nm));
             if (nm == NULL)
                 return false;
             ds->meta = nm;
@@ -1149,9 +1176,21 @@ static bool plan_slots(dev_state_t *ds, const tr_device_t *td) {
     return true;
 }
 
-/* Make text ("" for NULL) the user_metadata device d's later trace entries carry. */
-static bool set_meta(int d, const char *text, char *err, size_t errlen) {
-    if (sp_history_set_user_metadata(d, text) == SP_SUCCESS)
+/* Make m's text ("" for NULL) the user_metadata device d's later trace entries carry: a C string
+ * as the history takes it, a U+0000 in it as 0xC0 0x80 (as frame_str writes it; it was cut there).
+ */
+static bool set_meta(int d, const tr_meta_t *m, char *err, size_t errlen) {
+    char *c = NULL;
+    if (m != NULL && memchr(m->text, 0, m->len) != NULL) {
+        c = c_bytes(m->text, m->len);
+        if (c == NULL) {
+            snprintf(err, errlen, "a trace entry's user_metadata: out of memory");
+            return false;
+        }
+    }
+    sp_status_t s = sp_history_set_user_metadata(d, c ? c : m ? m->text : NULL);
+    free(c);
+    if (s == SP_SUCCESS)
         return true;
     snprintf(err, errlen, "a trace entry's user_metadata: %s", sp_last_error());
     return false;
@@ -1166,18 +1205,26 @@ static bool record_annotations(const tr_trace_t *t, char *err, size_t errlen) {
     bool ok = true;
     for (size_t i = 0; ok && i < n; i++) {
         const pk_value_t *a = pk_at(t->annotations, i);
-        const char *stage = pk_get_str(a, "stage"), *name = pk_get_str(a, "name");
+        const pk_value_t *sv = pk_get(a, "stage"), *nv = pk_get(a, "name");
         int64_t dev = -1, us = -1;
-        if (stage == NULL || name == NULL || !pk_get_int(a, "device", &dev) || dev < 0 ||
+        if (pk_str(sv) == NULL || pk_str(nv) == NULL || !pk_get_int(a, "device", &dev) || dev < 0 ||
             dev >= t->ndev || !pk_get_int(a, "time_us", &us) || us < 0) {
             skipped++;
             continue;
         }
+        /* As the history takes them, C strings: a U+0000 as 0xC0 0x80 (frame_str's form), or
+         * the text stopped at it. */
+        char *stage = c_text(sv), *name = c_text(nv);
         sp_x_history_stamp(us);
-        if (sp_history_record_annotation((int)dev, stage, name) != SP_SUCCESS) {
+        if (stage == NULL || name == NULL) {
+            snprintf(err, errlen, "external_annotations[%zu]: out of memory", i);
+            ok = false;
+        } else if (sp_history_record_annotation((int)dev, stage, name) != SP_SUCCESS) {
             snprintf(err, errlen, "external_annotations[%zu]: %s", i, sp_last_error());
             ok = false;
         }
+        free(stage);
+        free(name);
     }
     sp_x_history_stamp(-1);
     if (skipped > 0)
@@ -1281,7 +1328,7 @@ static LOOP_FN bool replay_device(dev_state_t *ds, int d, const tr_device_t *td,
                                   bool with_frames, replay_result_t *r, char *err, size_t errlen) {
     bool ok = true;
     size_t allocs = 0, frees = 0;
-    const char *const *meta = ds->meta;
+    const tr_meta_t *const *meta = ds->meta;
     size_t placed = 0, stamped = 0; /* ds->place's cursor; stamp_around's */
     const tr_event_t *ev = td->ev, *end = td->ev + td->nev;
     for (const op_t *o = ds->ops, *oend = ds->ops + ds->nops; ok && o < oend; o++) {

@@ -525,14 +525,18 @@ fill_event(const entry_vals_t *x, tr_action_t action, tr_event_t *ev, tr_event_a
 
 /* An entry's user_metadata as replay sets it: its str when one other than "", else NULL (absent,
  * "", or no str: PyTorch writes a str, "" by default). */
-static inline const char *meta_text(const pk_value_t *v) {
-    return v != NULL && v->type == PK_STR && v->u.str.len > 0 ? v->u.str.s : NULL;
+static inline const char *meta_text(const pk_value_t *v, size_t *len_p) {
+    if (v == NULL || v->type != PK_STR || v->u.str.len == 0)
+        return NULL;
+    *len_p = v->u.str.len;
+    return v->u.str.s;
 }
 
 /* What a trace entry's pairs (key0, val0, ...) say: *act_p NULL when it has no action string. */
 static void read_pairs(pk_value_t *const *it, size_t n, tr_event_t *ev, tr_event_at_t *at,
                        const char **act_p, bool *have_addr_p, bool *have_size_p, bool *bad_time_p,
-                       bool *bad_stream_p, const pk_value_t **pool_id_p, const char **meta_p) {
+                       bool *bad_stream_p, const pk_value_t **pool_id_p, const char **meta_p,
+                       size_t *meta_len_p) {
     const char *act = NULL;
     size_t act_len = 0;
     entry_vals_t x = {NULL, NULL, NULL, NULL, NULL, NULL, NULL};
@@ -578,7 +582,7 @@ static void read_pairs(pk_value_t *const *it, size_t n, tr_event_t *ev, tr_event
     }
     *act_p = act;
     *pool_id_p = x.pid;
-    *meta_p = meta_text(meta);
+    *meta_p = meta_text(meta, meta_len_p);
     if (act == NULL)
         return;
     fill_event(&x, action_of(act, act_len), ev, at, have_addr_p, have_size_p, bad_time_p,
@@ -592,6 +596,7 @@ typedef struct rec_side {
     const char *act;           /* the action string (the document's) */
     const pk_value_t *pool_id; /* the entry's pool_id, or NULL */
     const char *meta;          /* the entry's user_metadata (meta_text), or NULL */
+    size_t meta_len;           /* its bytes */
 } rec_side_t;
 
 /* What load_events checks about a handed-over entry, in its event's flags until it has (bits the
@@ -1128,9 +1133,10 @@ static inline __attribute__((always_inline)) int take_event(recs_t *rs, const pk
     tr_action_t a = action_id(rs, action);
     /* user_metadata: absent from older PyTorch's entries, "" on newer ones' (almost always) */
     const char *meta = NULL;
+    size_t meta_len = 0;
     /* (a "free" entry keeps its name: load_events counts those) */
     if (pool_id != NULL || a == TR_OTHER || (a == TR_FREE_REQUESTED && action->u.str.len == 4) ||
-        (mv != NULL && (meta = meta_text(mv)) != NULL)) {
+        (mv != NULL && (meta = meta_text(mv, &meta_len)) != NULL)) {
         if (rs->nside == rs->cap_side &&
             !grow_array((void **)&rs->side, &rs->cap_side, sizeof(*rs->side)))
             return -1;
@@ -1140,7 +1146,7 @@ static inline __attribute__((always_inline)) int take_event(recs_t *rs, const pk
         static const pk_value_t no_pair = {.type = PK_NONE};
         if (pool_id != NULL && pool_id->type != PK_LIST && pool_id->type != PK_TUPLE)
             pool_id = &no_pair;
-        rs->side[rs->nside++] = (rec_side_t){rs->n, act, pool_id, meta};
+        rs->side[rs->nside++] = (rec_side_t){rs->n, act, pool_id, meta, meta_len};
     }
     tr_event_t *ev = &rs->ev[rs->n];
     memset(ev, 0, sizeof(*ev));
@@ -1244,7 +1250,8 @@ static const rec_side_t *side_of(recs_t *rs, uint64_t id) {
 
 static bool read_event(const pk_value_t *e, recs_t *recs, tr_event_t *ev, tr_event_at_t *at,
                        const char **act_p, bool *have_addr_p, bool *have_size_p, bool *bad_time_p,
-                       bool *bad_stream_p, const pk_value_t **pool_id_p, const char **meta_p) {
+                       bool *bad_stream_p, const pk_value_t **pool_id_p, const char **meta_p,
+                       size_t *meta_len_p) {
     if (e != NULL && e->type == PK_RECORD && recs != NULL && e->u.u < recs->n) {
         if (ev != &recs->ev[e->u.u]) {
             /* A copy (the entry is in another list too): as the hook read it, without what
@@ -1260,6 +1267,7 @@ static bool read_event(const pk_value_t *e, recs_t *recs, tr_event_t *ev, tr_eve
                                          : "?"; /* an unknown action always has a record */
         *pool_id_p = r != NULL ? r->pool_id : NULL;
         *meta_p = r != NULL ? r->meta : NULL;
+        *meta_len_p = r != NULL ? r->meta_len : 0;
         *have_addr_p = !(ev->flags & RF_NO_ADDR);
         *have_size_p = !(ev->flags & RF_NO_SIZE);
         *bad_time_p = (ev->flags & RF_BAD_TIME) != 0;
@@ -1270,7 +1278,7 @@ static bool read_event(const pk_value_t *e, recs_t *recs, tr_event_t *ev, tr_eve
     if (e == NULL || e->type != PK_DICT)
         return false;
     read_pairs(e->u.seq.items, e->u.seq.n, ev, at, act_p, have_addr_p, have_size_p, bad_time_p,
-               bad_stream_p, pool_id_p, meta_p);
+               bad_stream_p, pool_id_p, meta_p, meta_len_p);
     return true;
 }
 
@@ -1341,10 +1349,12 @@ static bool load_events(const pk_value_t *list, recs_t *recs, bool with_at, int 
             }
         }
         const char *act = NULL, *meta = NULL;
+        size_t meta_len = 0;
         const pk_value_t *pool_id = NULL;
         bool have_addr = false, have_size = false, bad_time = false, bad_stream = false;
         if (!read_event(list->u.seq.items[i], recs, ev, d->at != NULL ? &d->at[i] : NULL, &act,
-                        &have_addr, &have_size, &bad_time, &bad_stream, &pool_id, &meta) ||
+                        &have_addr, &have_size, &bad_time, &bad_stream, &pool_id, &meta,
+                        &meta_len) ||
             act == NULL) {
             snprintf(err, errlen, "device_traces[%d][%zu]: no 'action' string", dev, i);
             goto fail;
@@ -1413,7 +1423,7 @@ static bool load_events(const pk_value_t *list, recs_t *recs, bool with_at, int 
                 snprintf(err, errlen, "out of memory");
                 goto fail;
             }
-            d->meta[d->nmeta++] = (tr_meta_t){i, meta};
+            d->meta[d->nmeta++] = (tr_meta_t){i, meta, meta_len};
         }
         d->nev++;
         if (ev->action == TR_OOM)

@@ -107,6 +107,7 @@ typedef struct tr_sseg {
 typedef struct tr_meta {
     size_t ev;        /* index into the device's events */
     const char *text; /* the text (the document's), never "" */
+    size_t len;       /* its bytes (a 0 byte among them is the str's U+0000) */
 } tr_meta_t;
 
 typedef struct tr_pool_id {

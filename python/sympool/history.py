@@ -252,7 +252,17 @@ class record_function:
         self.name, self.args, self.device = name, args, device
         # One flag per enter not yet left (the object may be entered again before it is left):
         # whether that scope's START was recorded. A single flag recorded two STARTs and one END.
-        self._recorded = []
+        # One list per thread: an object entered on two threads at once had one list, and a
+        # thread's exit popped the other thread's flag (an END lost, or one recorded for a
+        # thread whose scopes are not recorded).
+        self._local = threading.local()
+
+    @property
+    def _recorded(self):
+        stack = getattr(self._local, "stack", None)
+        if stack is None:
+            stack = self._local.stack = []
+        return stack
 
     def _wanted(self):
         return _annot_on and (_annot_thread is None or _annot_thread == threading.get_ident())

@@ -3,8 +3,9 @@
 \\ud800, \\udc00 escapes; what pickle.load makes of a 0 byte and 'surrogatepass' bytes). A snapshot
 whose stacks carry them, as JSON and as pickle, is read by every command (the JSON reader refused
 it), and replay --snapshot writes the same str back, as pickle and as JSON (U+0000 cut the pickle
-path's strings short; lone surrogates became '?'). And a str with a U+0000 is not the str before
-it (strcmp read "alloc\\0x" as "alloc"). argv: sympool, work dir."""
+path's strings short; lone surrogates became '?'), external annotations' stage and name and
+trace entries' user_metadata too. And a str with a U+0000 is not the str before it (strcmp read
+"alloc\\0x" as "alloc"). argv: sympool, work dir."""
 import json
 import os
 import pickle
@@ -33,14 +34,15 @@ snap = {
                     "state": "inactive", "frames": []}]}],
     "device_traces": [[
         {"action": "alloc", "addr": seg + 4096, "size": 100, "stream": 0, "time_us": 1,
-         "frames": frames("t"), "odd\x00key\ud800": "\udc00"},
+         "frames": frames("t"), "odd\x00key\ud800": "\udc00", "user_metadata": "m\x00d\ud800"},
         {"action": "free_requested", "addr": seg + 4096, "size": 100, "stream": 0,
-         "time_us": 2, "frames": frames("u")},
+         "time_us": 2, "frames": frames("u"), "user_metadata": "m\x00e"},
         {"action": "free_completed", "addr": seg + 4096, "size": 100, "stream": 0,
          "time_us": 3, "frames": frames("u")},
     ]],
     "allocator_settings": {},
-    "external_annotations": [],
+    "external_annotations": [{"stage": s, "name": "n" + s, "device": 0, "time_us": i + 1}
+                             for i, s in enumerate(ODD)],
 }
 inputs = {"in.json": json.dumps(snap).encode(), "in.pickle": pickle.dumps(snap, protocol=4)}
 fails = []
@@ -74,6 +76,15 @@ for name, data in inputs.items():
             fails.append(f"{name} -> {out}: block frames {ascii(blocks)[:300]}")
         if [e["frames"] for e in events] != [frames("t")]:
             fails.append(f"{name} -> {out}: alloc frames {ascii(events)[:300]}")
+        # user_metadata whole (U+0000 cut it), and a text that differs from the one before it
+        # only after its U+0000 is a new text (strcmp took it for the same one).
+        metas = [(e["action"], e.get("user_metadata")) for e in got["device_traces"][0]]
+        if metas[:2] != [("alloc", "m\x00d\ud800"), ("free_requested", "m\x00e")]:
+            fails.append(f"{name} -> {out}: user_metadata {ascii(metas)[:300]}")
+        # The external annotations' stage and name too (U+0000 cut them short there).
+        if got["external_annotations"] != snap["external_annotations"]:
+            fails.append(f"{name} -> {out}: external_annotations "
+                         f"{ascii(got['external_annotations'])[:300]}")
 
 # A str with a U+0000 in it is another str than the one before it: an action "alloc\0x", a state
 # "active_allocated\0", a segment_type "small\0" read as any unknown string does ("allocx",

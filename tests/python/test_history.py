@@ -297,6 +297,38 @@ def test_record_function_entered_twice_records_balanced_pairs(sp):
     sp._record_memory_history(None)
 
 
+def test_record_function_shared_by_threads_ends_each_threads_own_scope(sp):
+    # One object entered on two threads at once (a module-level scope object): each thread's
+    # exit ends that thread's scope. The enters were one list for all threads, so the recording
+    # thread's exit took the other thread's (unrecorded) entry and recorded no END, and the other
+    # thread, not recorded, recorded the END when it left.
+    import threading
+
+    sp._record_memory_history("all")  # this thread's scopes only
+    scope = sp.record_function("shared")
+    scope.__enter__()
+    inside, leave = threading.Event(), threading.Event()
+
+    def run():
+        with scope:
+            inside.set()
+            leave.wait()
+
+    t = threading.Thread(target=run)
+    t.start()
+    inside.wait()
+    try:
+        scope.__exit__(None, None, None)
+        ann = sp._snapshot()["external_annotations"]
+        assert [(a["stage"], a["name"]) for a in ann] == [("START", "shared"), ("END", "shared")]
+    finally:
+        leave.set()
+        t.join()
+    ann = sp._snapshot()["external_annotations"]
+    assert [(a["stage"], a["name"]) for a in ann] == [("START", "shared"), ("END", "shared")]
+    sp._record_memory_history(None)
+
+
 def test_global_record_annotations_says_which_threads_scopes_count(sp):
     import threading
 
