@@ -1210,11 +1210,12 @@ alloc_locked(sp_devalloc_t *d, sp_mempool_t *pool, size_t orig, sp_stream_t stre
 static inline __attribute__((always_inline)) sp_status_t
 alloc_malloc(sp_devalloc_t *d, sp_mempool_t *pool, size_t orig, sp_stream_t stream, void **ptr_p,
              const char *fn) {
-    /* One read of the history switch per call: its hooks then agree with each other. */
+    /* The stack is captured before the lock; whether the call is recorded is read again under
+     * it (sp__history_under_lock), and that one value is what its hooks see. */
     bool hist = SP_UNLIKELY(sp__history_on());
     uint32_t ctx = hist ? sp__history_capture(false) : 0;
     sp__lock(&d->lock);
-    return alloc_locked(d, pool, orig, stream, ptr_p, ctx, hist, fn);
+    return alloc_locked(d, pool, orig, stream, ptr_p, ctx, sp__history_under_lock(hist), fn);
 }
 
 /* Out-of-line twin of alloc_malloc (see there), for sp_mempool_malloc. */
@@ -1405,6 +1406,10 @@ static inline __attribute__((always_inline)) bool malloc_hit(sp_devalloc_t *d, s
     sp_lock_rec_t *rec = NULL;
     if (!hit_lock(&d->lock, mode, &rec))
         return false;
+    if (SP_UNLIKELY(sp__history_on())) { /* on since sp_malloc looked: the whole path records */
+        hit_unlock(&d->lock, mode, rec);
+        return false;
+    }
     sp_mempool_t *pool = d->default_pool;
     size_t size = round_512(orig);
     sp_bpool_t *bp = size <= pool->small_max ? &pool->small : &pool->large;
@@ -1790,6 +1795,10 @@ static inline __attribute__((always_inline)) bool free_hit(uintptr_t a, hit_mode
     sp_lock_rec_t *rec = NULL;
     if (SP_UNLIKELY(!hit_lock(&d->lock, mode, &rec)))
         return false;
+    if (SP_UNLIKELY(sp__history_on())) { /* on since sp_free looked: the whole path records */
+        hit_unlock(&d->lock, mode, rec);
+        return false;
+    }
     sp_block_t *b = NULL;
     sp_ref_t *pp = sp__ptr_map_slot_b(&d->map, a, &b);
     if (SP_UNLIKELY(!pp)) {
@@ -1860,6 +1869,7 @@ static sp_status_t free_whole(void *ptr) {
             a >= atomic_load_explicit(&d->hi, memory_order_relaxed))
             continue;
         sp__lock(&d->lock);
+        hist = sp__history_under_lock(hist);
         size_t req = 0;
         sp_tc_verdict_t v = SP_UNLIKELY(sp__g.tc_limit) ? tc_hook(d, a, hist, &req) : SP_TC_FREE;
         if (SP_UNLIKELY(v != SP_TC_FREE)) {
