@@ -1210,11 +1210,12 @@ alloc_locked(sp_devalloc_t *d, sp_mempool_t *pool, size_t orig, sp_stream_t stre
 static inline __attribute__((always_inline)) sp_status_t
 alloc_malloc(sp_devalloc_t *d, sp_mempool_t *pool, size_t orig, sp_stream_t stream, void **ptr_p,
              const char *fn) {
-    /* One read of the history switch per call: its hooks then agree with each other. */
+    /* The stack is captured before the lock; whether the call is recorded is read again under
+     * it (sp__history_under_lock), and that one value is what its hooks see. */
     bool hist = SP_UNLIKELY(sp__history_on());
     uint32_t ctx = hist ? sp__history_capture(false) : 0;
     sp__lock(&d->lock);
-    return alloc_locked(d, pool, orig, stream, ptr_p, ctx, hist, fn);
+    return alloc_locked(d, pool, orig, stream, ptr_p, ctx, sp__history_under_lock(hist), fn);
 }
 
 /* Out-of-line twin of alloc_malloc (see there), for sp_mempool_malloc. */
@@ -1324,7 +1325,9 @@ static inline bool hit_is_whole(const sp_devalloc_t *d, const sp_bpool_t *bp, co
 }
 
 /* alloc_malloc's path from the lock on, for malloc_hit's cases that are not its own: the lock is
- * held, history is off (so no context), and nothing has changed since it was taken. The next
+ * held, no context was captured (history was off when sp_malloc looked; on since, malloc_hit did
+ * not look for a block and the call is recorded without a stack, as alloc_malloc's call that
+ * waited for the lock), and nothing has changed since it was taken. The next
  * commonest hit (hit_is_whole) takes its form here first, out of line: tried inline in
  * malloc_hit beside the plain hit, it made the compiler share code between the two and cost
  * the plain 512 B hit instructions; this path calls the tree removal anyway. b: the block
@@ -1357,7 +1360,7 @@ static __attribute__((noinline)) sp_status_t malloc_rest(sp_devalloc_t *d, sp_me
             return SP_SUCCESS;
         }
     }
-    return alloc_locked(d, pool, orig, stream, ptr_p, 0, false, "sp_malloc");
+    return alloc_locked(d, pool, orig, stream, ptr_p, 0, sp__history_on(), "sp_malloc");
 }
 
 /* The hit paths' lock, in three copies each (mode is a constant at every call). The copies in
@@ -1410,7 +1413,8 @@ static inline __attribute__((always_inline)) bool malloc_hit(sp_devalloc_t *d, s
     sp_bpool_t *bp = size <= pool->small_max ? &pool->small : &pool->large;
     sp_block_t *pred = NULL, *b = NULL;
     assert(!pool->destroyed); /* a default pool never is */
-    if (SP_LIKELY(!d->pending_events && !d->gc_enabled))
+    /* History on since sp_malloc looked: no hit, the rest (malloc_rest) records. */
+    if (SP_LIKELY(!d->pending_events && !d->gc_enabled && !sp__history_on()))
         b = sp__bset_find_fit(&bp->free, stream, size, &pred);
     if (SP_LIKELY(b && sp__block_stream(b) == stream &&
                   hit_is_plain(d, bp, b, pred, size, false))) {
@@ -1790,6 +1794,10 @@ static inline __attribute__((always_inline)) bool free_hit(uintptr_t a, hit_mode
     sp_lock_rec_t *rec = NULL;
     if (SP_UNLIKELY(!hit_lock(&d->lock, mode, &rec)))
         return false;
+    if (SP_UNLIKELY(sp__history_on())) { /* on since sp_free looked: the whole path records */
+        hit_unlock(&d->lock, mode, rec);
+        return false;
+    }
     sp_block_t *b = NULL;
     sp_ref_t *pp = sp__ptr_map_slot_b(&d->map, a, &b);
     if (SP_UNLIKELY(!pp)) {
@@ -1860,6 +1868,7 @@ static sp_status_t free_whole(void *ptr) {
             a >= atomic_load_explicit(&d->hi, memory_order_relaxed))
             continue;
         sp__lock(&d->lock);
+        hist = sp__history_under_lock(hist);
         size_t req = 0;
         sp_tc_verdict_t v = SP_UNLIKELY(sp__g.tc_limit) ? tc_hook(d, a, hist, &req) : SP_TC_FREE;
         if (SP_UNLIKELY(v != SP_TC_FREE)) {

@@ -35,6 +35,16 @@ static inline bool sp__history_on(void) {
     return __atomic_load_n(&sp__history_active, __ATOMIC_RELAXED) != 0;
 }
 
+/* Whether a call records, read again once it holds the device's lock: `before` is what it read
+ * before the lock (to capture a stack outside it). History turned on while the call waited is
+ * on for it, as PyTorch reads its switch under the allocator's mutex: else the call would run
+ * unrecorded after entries other calls made under that lock, and the trace would not lead to the
+ * segments. (Such a call carries no stack: it gathered none.) Turned off meanwhile, the call
+ * still records; the history drops entries while it is off. */
+static inline bool sp__history_under_lock(bool before) {
+    return before || sp__history_on();
+}
+
 /* Capture the calling thread's stack for an allocation (or a free, with is_free), if the context
  * level asks for it. Call BEFORE taking the allocator lock. Returns a context id (0 = none) that
  * the caller passes to sp__history_record and keeps on the block; release it with

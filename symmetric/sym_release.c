@@ -342,6 +342,28 @@ SP_EXPORT sp_status_t sp_symmetric_mempool_destroy(sp_mempool_t *pool) {
 
 /* ---- world finalize --------------------------------------------------------------------- */
 
+/* Before the world's finalize releases a pool's registrations (and the memory under them), its
+ * free segments leave pool/'s books, as a destroy's release_seq takes them: else the segment
+ * index kept ranges the device had given back, and a segment mapped there later (the next
+ * world's window) met a stale one. Segments that hold live blocks stay: their blocks are
+ * sympool's until sp_free (the collectives refuse them). Without host memory for the list, none
+ * is detached (as before: the books keep them). */
+static void detach_free_segments(sp_sym_state_t *st) {
+    size_t n = 0;
+    if (sp__pool_free_segments(st->pool, NULL, 0, &n) != SP_SUCCESS || n == 0)
+        return;
+    uint64_t *seqs = malloc(n * sizeof *seqs);
+    if (seqs == NULL || sp__pool_free_segments(st->pool, seqs, n, &n) != SP_SUCCESS)
+        n = 0;
+    for (size_t i = 0; i < n; i++) {
+        void *base = NULL;
+        size_t size = 0;
+        sp_stream_t stream = NULL;
+        (void)sp__pool_sym_detach(st->pool, seqs[i], &base, &size, &stream);
+    }
+    free(seqs);
+}
+
 static bool bit_(const uint64_t *bits, uint64_t i) {
     return bits[i / 64] >> (i % 64) & 1;
 }
@@ -500,9 +522,10 @@ static sp_status_t on_world_finalize(sp_world_t *w, bool in_step) {
         /* No agreement round per pool: the registrars' release needs none (MPI_Win_free
          * synchronizes the node; NCCL deregistration is local and the nccl registrar
          * synchronizes what it must). */
-        if (release)
+        if (release) {
+            detach_free_segments(st);
             sp__sym_release_recs(st);
-        else if (!st->broken)
+        } else if (!st->broken)
             for (sp_sym_rec_t *r; (r = pop_rec(st)) != NULL;)
                 free(r); /* the records only; the registrations stay */
         /* A call on the pool that another thread makes meanwhile, waiting for the lock, then

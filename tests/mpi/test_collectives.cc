@@ -813,6 +813,26 @@ TEST_F(CollectiveArgs, BlockOfAFinalizedWorldsSymmetricPoolFailsEverywhere) {
     still_in_step();
 }
 
+// sp_world_finalize releases the registrations of a symmetric pool left alive, and with them the
+// memory under its segments, but pool/'s books kept the free ones: the pool still counted their
+// bytes, and the segment index kept their ranges, which a segment mapped later at the same
+// address (the next world's window) met: the index's assertion in a Debug build
+// (SymThreads.ConcurrentFinalizeOfOneWorldRunsOnce, from its second round). The free ones leave
+// the books with their memory now; one holding a live block stays (the test above).
+TEST_F(CollectiveArgs, FinalizeTakesAPoolsFreeSegmentsOffTheBooks) {
+    sp_world_t *w2 = nullptr;
+    ASSERT_SP_OK(sp_world_from_comm(MPI_COMM_WORLD, &w2));
+    sp_mempool_t *pool = nullptr;
+    ASSERT_SP_OK(sym_pool_create(w2, "left", false, &pool));
+    void *p = nullptr;
+    ASSERT_SP_OK(sp_symmetric_malloc(pool, 4096, nullptr, &p));
+    ASSERT_SP_OK(sp_free(p));
+    ASSERT_GT(sp_mempool_total_bytes(pool), 0u);
+    ASSERT_SP_OK(sp_world_finalize(w2)); // warns: it releases the pool's segments
+    EXPECT_EQ(sp_mempool_total_bytes(pool), 0u) << "no segment counted whose memory is gone";
+    still_in_step();
+}
+
 TEST_F(CollectiveArgs, BufferTooSmallForTheCount) {
     SP_SKIP_BELOW_RANKS(2);
     Buf b(40, dev_); // 10 int32

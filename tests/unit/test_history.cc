@@ -25,6 +25,7 @@
 extern "C" {
 #include "pool/history.h"
 #include "sympool/experimental.h"
+#include "tests/unit/device_lock_probe.h"
 #include "tools/pickle_read.h"
 }
 
@@ -315,6 +316,42 @@ TEST_F(History, EachActionAtItsMomentWithPyTorchSizes) {
     for (size_t i = 8; i < 10; i++)
         seen_seg |= t[i].addr == seg;
     EXPECT_TRUE(seen_seg);
+}
+
+// sp_malloc and sp_free read the history switch before they take the device's lock (the stack is
+// captured outside it). A call that read "off", then waited for the lock while history came on,
+// ran unrecorded after the entries other calls made meanwhile: the trace no longer led to the
+// snapshot's segments (a free_requested of an address whose last entry was its free_completed).
+// As in PyTorch, which reads its switch under the allocator's mutex, such a call is recorded, in
+// the lock's order (without a stack: it gathered none).
+TEST_F(History, CallWaitingForTheLockWhenHistoryComesOnIsRecorded) {
+    void *before = nullptr; // allocated while history is off: its free is the second case
+    ASSERT_SP_OK(sp_malloc(4096, 0, nullptr, &before));
+    void *p = nullptr;
+    for (int kind = 0; kind < 2; kind++) {
+        SCOPED_TRACE(kind == 0 ? "sp_malloc" : "sp_free");
+        ASSERT_SP_OK(record(SP_HISTORY_OFF));
+        sp_probe_device_lock(0);
+        std::thread call([&] {
+            if (kind == 0)
+                EXPECT_SP_OK(sp_malloc(1000, 0, nullptr, &p));
+            else
+                EXPECT_SP_OK(sp_free(before));
+        });
+        while (sp_probe_device_lock_waiting(0) == 0) // it read "off" and waits for the lock
+            std::this_thread::yield();
+        EXPECT_SP_OK(record(SP_HISTORY_ALL)); // takes no device lock
+        sp_probe_device_unlock(0);
+        call.join();
+        uintptr_t addr = kind == 0 ? (uintptr_t)p : (uintptr_t)before;
+        sp_trace_action_t want = kind == 0 ? SP_TRACE_ALLOC : SP_TRACE_FREE_REQUESTED;
+        size_t found = 0;
+        for (const sp__trace_entry_t &e : trace())
+            found += e.action == want && e.addr == addr;
+        EXPECT_EQ(found, 1u) << "the call that waited is in the trace";
+    }
+    ASSERT_SP_OK(record(SP_HISTORY_OFF));
+    ASSERT_SP_OK(sp_free(p));
 }
 
 TEST_F(History, OomRecordsDeviceFreeAndRoundedSize) {
