@@ -124,6 +124,22 @@ typedef struct frames_src {
     size_t cap;               /* its bytes */
 } frames_src_t;
 
+/* The n bytes at s into out (room for 2 * n + 1) as the history takes a string: each U+0000 (a 0
+ * byte) as 0xC0 0x80, which the snapshot writer turns back into U+0000; then a terminating 0.
+ * Returns where that 0 is. */
+static char *escape_nul(char *out, const char *s, size_t n) {
+    for (size_t i = 0; i < n; i++) {
+        if (s[i] == '\0') {
+            *out++ = (char)0xc0;
+            *out++ = (char)0x80;
+        } else {
+            *out++ = s[i];
+        }
+    }
+    *out = '\0';
+    return out;
+}
+
 /* A frame's string as the history takes it, a C string: a str holding U+0000 (a 0 byte in the
  * document) has it as 0xC0 0x80 there, which the snapshot writer turns back into U+0000. *at
  * walks fs->buf (NULL: only count the bytes needed into *need). */
@@ -140,34 +156,16 @@ static const char *frame_str(const pk_value_t *f, const char *key, char **at, si
         return s;
     }
     char *out = *at;
-    for (size_t i = 0; i < n; i++) {
-        if (s[i] == '\0') {
-            *(*at)++ = (char)0xc0;
-            *(*at)++ = (char)0x80;
-        } else {
-            *(*at)++ = s[i];
-        }
-    }
-    *(*at)++ = '\0';
+    *at = escape_nul(out, s, n) + 1;
     return out;
 }
 
-/* n bytes of a str as the history takes them, in a new C string: each U+0000 (a 0 byte) as
- * 0xC0 0x80, as frame_str writes it. NULL: out of memory. */
+/* n bytes of a str as the history takes them (escape_nul), in a new C string. NULL: out of
+ * memory. */
 static char *c_bytes(const char *s, size_t n) {
-    size_t k = 0;
     char *out = malloc(2 * n + 1);
-    if (out == NULL)
-        return NULL;
-    for (size_t i = 0; i < n; i++) {
-        if (s[i] == '\0') {
-            out[k++] = (char)0xc0;
-            out[k++] = (char)0x80;
-        } else {
-            out[k++] = s[i];
-        }
-    }
-    out[k] = '\0';
+    if (out != NULL)
+        escape_nul(out, s, n);
     return out;
 }
 
