@@ -170,17 +170,19 @@ static ncclResult_t nccl_mem_free(int device, void *base) {
  * they were made on, and are tried again, locally, at the world's next release or growth (of
  * any pool), and at sp_world_finalize right before the communicator goes. The memory is never
  * freed while its window is registered ("always deregister windows before freeing memory or
- * destroying communicators", NCCL 2.28.9 examples/05_symmetric_memory). A window that still
- * cannot be deregistered goes with the communicator (ncclCommDestroy/ncclCommAbort: commFree ->
- * ncclDevrFinalize, src/init.cc:241-247; after an abort earlier in the world's life it is gone
- * already), and its memory is freed right after that (sp__world_on_nccl_end). NCCL 2.28.9's
- * ncclDevrFinalize (src/dev_runtime.cc:110-143) unmaps the windows' peer mappings but never drops
- * the cuMem reference a registration retained (cuMemRetainAllocationHandle, :613; dropped only in
- * symMemoryDropRef, :418-443, at a deregistration), so there the physical memory of such a
- * window stays until the process exits; 2.29.7 destroys the windows left at ncclDevrFinalize.
- * Every step is local (deregistration is local in NCCL), so a refusal on one rank costs the
- * others nothing: the pool's books already let go of the segment on every rank. s_left_lock is
- * a leaf lock held for list steps only, never across an NCCL or CUDA call. */
+ * destroying communicators", NCCL 2.28.9 examples/05_symmetric_memory/01_allreduce/README.md). A
+ * window that still cannot be deregistered goes with the communicator
+ * (ncclCommDestroy/ncclCommAbort: commFree -> ncclDevrFinalize, src/init.cc:237-247; after an abort
+ * earlier in the world's life it is gone already; without symmetric support a window is a local
+ * registration, which commFree's ncclRegCleanup, :331, cleans up), and its memory is freed right
+ * after that (sp__world_on_nccl_end). NCCL 2.28.9's ncclDevrFinalize (src/dev_runtime.cc:110-143)
+ * unmaps the windows' peer mappings but never drops the cuMem reference a registration retained
+ * (cuMemRetainAllocationHandle, :613; dropped only in symMemoryDropRef, :426-449, at a
+ * deregistration), so there the physical memory of such a window stays until the process
+ * exits; 2.29.7 destroys the windows left at ncclDevrFinalize. Every step is local (deregistration
+ * is local in NCCL), so a refusal on one rank costs the others nothing: the pool's books already
+ * let go of the segment on every rank. s_left_lock is a leaf lock held for list steps only, never
+ * across an NCCL or CUDA call. */
 typedef struct left {
     sp_world_t *world; /* the world whose communicator the window is on */
     void *window;      /* ncclWindow_t still registered, NULL once deregistered */
