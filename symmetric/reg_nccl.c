@@ -28,7 +28,9 @@
  *
  * Release: the caller agrees once per batch (no barrier here); this synchronizes the device (the
  * segment's stream may have been destroyed by then), deregisters (local in NCCL) under the NCCL
- * lock, frees.
+ * lock, frees. A refused deregistration or free is SP_ERR_NCCL naming the call, and what it
+ * refused is kept on a per-world list and tried again later, freed at the latest once the
+ * world's communicator is gone ("what a refused release keeps" below).
  *
  * Symmetric support: NCCL 2.28 answers a window registration with success even when the world
  * has no symmetric support, and the "window" is then a local buffer registration. It offers no
@@ -42,6 +44,7 @@
 #if defined(SP_HAVE_NCCL)
 
 #include <errno.h>
+#include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -147,17 +150,202 @@ static sp_status_t mem_alloc(int device, size_t size, void **base_p) {
     return SP_SUCCESS;
 }
 
-static void mem_free(int device, void *base) {
+/* ncclMemFree on `device`, restoring the caller's current device and last-error slot. */
+static ncclResult_t nccl_mem_free(int device, void *base) {
     cudaError_t pending = cudaPeekAtLastError();
     int prev = -1;
     if (cudaGetDevice(&prev) != cudaSuccess)
         prev = -1;
     (void)cudaSetDevice(device);
     ncclResult_t r = ncclMemFree(base);
-    if (r != ncclSuccess)
-        SP_WARN(SP_SUB_SYM, "ncclMemFree(%p) failed: %s", base, ncclGetErrorString(r));
     sp__cuda_restore_device(device, prev);
     drop_errors_since(pending);
+    return r;
+}
+
+/* ---- what a refused release keeps ----------------------------------------------------------
+ *
+ * A segment whose ncclCommWindowDeregister or ncclMemFree is refused is not forgotten: its
+ * window (while still registered) and its memory wait on this process's list, under the world
+ * they were made on, and are tried again, locally, at the world's next release or growth (of
+ * any pool), and at sp_world_finalize right before the communicator goes. The memory is never
+ * freed while its window is registered ("always deregister windows before freeing memory or
+ * destroying communicators", NCCL 2.28.9 examples/05_symmetric_memory/01_allreduce/README.md). A
+ * window that still cannot be deregistered goes with the communicator
+ * (ncclCommDestroy/ncclCommAbort: commFree -> ncclDevrFinalize, src/init.cc:237-247; after an abort
+ * earlier in the world's life it is gone already; without symmetric support a window is a local
+ * registration, which commFree's ncclRegCleanup, :331, cleans up), and its memory is freed right
+ * after that (sp__world_on_nccl_end). NCCL 2.28.9's ncclDevrFinalize (src/dev_runtime.cc:110-143)
+ * unmaps the windows' peer mappings but never drops the cuMem reference a registration retained
+ * (cuMemRetainAllocationHandle, :613; dropped only in symMemoryDropRef, :426-449, at a
+ * deregistration), so there the physical memory of such a window stays until the process
+ * exits; 2.29.7 destroys the windows left at ncclDevrFinalize. Every step is local (deregistration
+ * is local in NCCL), so a refusal on one rank costs the others nothing: the pool's books already
+ * let go of the segment on every rank. s_left_lock is a leaf lock held for list steps only, never
+ * across an NCCL or CUDA call. */
+typedef struct left {
+    sp_world_t *world; /* the world whose communicator the window is on */
+    void *window;      /* ncclWindow_t still registered, NULL once deregistered */
+    void *base;        /* the ncclMemAlloc memory */
+    size_t size;       /* its bytes (messages) */
+    int device;        /* its device */
+    struct left *next; /* s_left_lock */
+} left_t;
+static pthread_mutex_t s_left_lock = PTHREAD_MUTEX_INITIALIZER;
+static left_t *s_left;         /* s_left_lock */
+static _Atomic size_t s_nleft; /* entries on s_left (read without the lock: none, no walk) */
+
+static void put_left(left_t *e) {
+    pthread_mutex_lock(&s_left_lock);
+    e->next = s_left;
+    s_left = e;
+    atomic_fetch_add(&s_nleft, 1);
+    pthread_mutex_unlock(&s_left_lock);
+}
+
+/* The world's entries, taken off the list (NULL when none). */
+static left_t *take_left(const sp_world_t *w) {
+    if (atomic_load(&s_nleft) == 0)
+        return NULL;
+    left_t *mine = NULL;
+    pthread_mutex_lock(&s_left_lock);
+    for (left_t **pp = &s_left; *pp;) {
+        left_t *e = *pp;
+        if (e->world == w) {
+            *pp = e->next;
+            e->next = mine;
+            mine = e;
+            atomic_fetch_sub(&s_nleft, 1);
+        } else {
+            pp = &e->next;
+        }
+    }
+    pthread_mutex_unlock(&s_left_lock);
+    return mine;
+}
+
+/* A refused NCCL call's text: "<call> failed: <NCCL's string>[: <its last error>]". */
+static void refusal(char *buf, size_t len, const char *call, void *arg, ncclResult_t r,
+                    ncclComm_t comm) {
+    const char *last = ncclGetLastError(comm);
+    snprintf(buf, len, "%s(%p) failed: %s%s%s", call, arg, ncclGetErrorString(r),
+             last && *last ? ": " : "", last ? last : "");
+}
+
+/* Deregister `win` under the world's NCCL lock (for the call alone: deregistration is local and
+ * waits for no rank). After an abort the window went with the communicator: done. On a refusal
+ * `why` says so (read under the lock: once it is let go, another thread may abort and free the
+ * communicator that ncclGetLastError reads). */
+static bool deregister(sp_world_t *w, void *win, char *why, size_t len) {
+    sp__world_nccl_lock(w);
+    ncclComm_t nc = (ncclComm_t)sp__world_nccl_comm(w);
+    ncclResult_t r = nc ? ncclCommWindowDeregister(nc, (ncclWindow_t)win) : ncclSuccess;
+    if (r != ncclSuccess)
+        refusal(why, len, "ncclCommWindowDeregister", win, r, nc);
+    sp__world_nccl_unlock(w);
+    return r == ncclSuccess;
+}
+
+static bool free_mem(int device, void *base, char *why, size_t len) {
+    ncclResult_t r = nccl_mem_free(device, base);
+    if (r != ncclSuccess)
+        refusal(why, len, "ncclMemFree", base, r, NULL);
+    return r == ncclSuccess;
+}
+
+/* Deregister (if `win`) and free a segment's memory; what is refused is kept (put_left), and
+ * SP_ERR_NCCL names the refused call and says so: set as the thread's error when `report`, else
+ * only logged (an error path that returns its own failure). `what` names the release. */
+static sp_status_t let_go(sp_world_t *w, int device, void *win, void *base, size_t size,
+                          bool report, const char *what) {
+    char why[320] = "", msg[640];
+    if (win && deregister(w, win, why, sizeof why))
+        win = NULL;
+    if (!win && base && free_mem(device, base, why, sizeof why))
+        base = NULL;
+    if (!win && !base)
+        return SP_SUCCESS;
+    left_t *e = malloc(sizeof *e);
+    if (e) {
+        *e = (left_t){w, win, base, size, device, NULL};
+        put_left(e);
+        snprintf(msg, sizeof msg,
+                 "%s: %s; the segment's %s (%zu bytes at %p) %s kept and tried again at the "
+                 "world's next release or growth and at sp_world_finalize",
+                 what, why, win ? "window and memory" : "memory", size, base, win ? "are" : "is");
+    } else {
+        snprintf(msg, sizeof msg,
+                 "%s: %s; out of host memory to keep the segment for another try: its %zu "
+                 "bytes at %p stay allocated until the process exits",
+                 what, why, size, base);
+    }
+    if (report)
+        return sp__error(SP_ERR_NCCL, SP_SUB_SYM, "%s", msg);
+    SP_WARN(SP_SUB_SYM, "%s", msg);
+    return SP_ERR_NCCL;
+}
+
+/* Try again what earlier releases on world `w` kept; local. A repeated refusal is logged at
+ * INFO only: each was reported when it first happened. */
+static void retry_left(sp_world_t *w) {
+    for (left_t *e = take_left(w), *next; e; e = next) {
+        next = e->next;
+        char why[320] = "";
+        if (e->window && deregister(w, e->window, why, sizeof why))
+            e->window = NULL;
+        if (!e->window && free_mem(e->device, e->base, why, sizeof why)) {
+            SP_INFO(SP_SUB_SYM, "a kept symmetric segment (%zu bytes at %p) is released now",
+                    e->size, e->base);
+            free(e);
+            continue;
+        }
+        SP_INFO(SP_SUB_SYM, "a kept symmetric segment (%zu bytes at %p) is still kept: %s", e->size,
+                e->base, why);
+        put_left(e);
+    }
+}
+
+/* sp__world_on_nccl_end: before the communicator goes, one more try; after, the memory of what
+ * is left (its windows went with the communicator). A refusal then is final: the memory stays
+ * allocated until the process exits, and finalize says so (SP_ERR_NCCL). */
+static sp_status_t left_at_world_end(sp_world_t *w, bool gone) {
+    if (!gone) {
+        retry_left(w);
+        return SP_SUCCESS;
+    }
+    sp_status_t first = SP_SUCCESS;
+    for (left_t *e = take_left(w), *next; e; e = next) {
+        next = e->next;
+        if (e->window)
+            SP_WARN(SP_SUB_SYM,
+                    "the NCCL window of a segment of %zu bytes at %p could not be deregistered "
+                    "(ncclCommWindowDeregister refused it); it went with the world's "
+                    "communicator (NCCL 2.28 keeps its memory's cuMem reference until the "
+                    "process exits)",
+                    e->size, e->base);
+        char why[320] = "";
+        if (!free_mem(e->device, e->base, why, sizeof why)) {
+            sp_status_t s = sp__error(SP_ERR_NCCL, SP_SUB_SYM,
+                                      "sp_world_finalize: %s; the %zu bytes of a symmetric "
+                                      "segment whose earlier release was refused stay "
+                                      "allocated until the process exits",
+                                      why, e->size);
+            if (first == SP_SUCCESS)
+                first = s;
+        }
+        free(e);
+    }
+    return first;
+}
+
+__attribute__((constructor)) static void register_left_hook(void) {
+    (void)sp__world_on_nccl_end(left_at_world_end);
+}
+
+/* Free memory no window is registered on, on an error path that returns its own failure: a
+ * refusal keeps the memory (let_go) with a warning, and the caller's error text stays. */
+static void mem_free(sp_world_t *w, int device, void *base, size_t size) {
+    (void)let_go(w, device, NULL, base, size, false, "undoing a failed growth");
 }
 
 /* PyTorch-style figures for the out-of-memory message. */
@@ -201,7 +389,7 @@ static sp_status_t alloc_everywhere(sp_sym_state_t *st, size_t asize, const char
         return SP_SUCCESS;
     }
     if (base)
-        mem_free(st->device, base);
+        mem_free(st->world, st->device, base, asize);
     if (as != SP_SUCCESS)
         return as;
     char ranks[96], fig[200];
@@ -334,8 +522,9 @@ void sp__reg_nccl_test_skip_gather(bool on) {
 }
 
 /* sp__reg_nccl_test_skip_gather's stop: what a rank whose last round timed out does. */
-static sp_status_t skipped_gather(sp_sym_state_t *st, void *base, char *devs, const char *what) {
-    mem_free(st->device, base);
+static sp_status_t skipped_gather(sp_sym_state_t *st, void *base, size_t asize, char *devs,
+                                  const char *what) {
+    mem_free(st->world, st->device, base, asize);
     free(devs);
     st->broken = true;
     snprintf(st->broken_why, sizeof st->broken_why, "%s timed out (test: the gather skipped)",
@@ -451,6 +640,9 @@ static sp_status_t register_in_turn(sp_sym_state_t *st, const sp_agree_t *a, voi
 
 static sp_status_t nccl_alloc(sp_sym_state_t *st, size_t size, sp_sym_seg_t *seg_p) {
     sp_world_t *w = st->world;
+    /* A window an earlier release kept registered holds its room in NCCL's symmetric address
+     * space on this rank only: deregistered before this registration if it can be (local). */
+    retry_left(w);
     size_t gran = vmm_granularity(st->device);
     size_t align =
         gran % NCCL_WIN_REQUIRED_ALIGNMENT == 0 ? gran : gran * NCCL_WIN_REQUIRED_ALIGNMENT;
@@ -474,13 +666,13 @@ static sp_status_t nccl_alloc(sp_sym_state_t *st, size_t size, sp_sym_seg_t *seg
         return rs;
     }
     if (s_test_skip_gather)
-        return skipped_gather(st, base, devs, what);
+        return skipped_gather(st, base, asize, devs, what);
     /* The gather before any rank looks at its own NCCL settings: every rank of the node is in
      * it whatever they say, or a rank whose NCCL_WIN_ENABLE differs would leave its node peers
      * waiting there until their deadline. */
     if (devs && (rs = node_gather(st, devs, what)) != SP_SUCCESS) {
         /* No rank has registered or taken a ticket yet: this growth's memory is all to undo. */
-        mem_free(st->device, base);
+        mem_free(st->world, st->device, base, asize);
         return rs;
     }
     char no_sym[96] = "";
@@ -516,7 +708,7 @@ static sp_status_t nccl_alloc(sp_sym_state_t *st, size_t size, sp_sym_seg_t *seg
         s = register_in_turn(st, &a, base, asize, &mismatch, &win, &registered, what);
     if (mismatch) {
         /* Agreed on every rank before any enters NCCL, so none needs an abort. */
-        mem_free(st->device, base);
+        mem_free(st->world, st->device, base, asize);
         return support_mismatch(w, symmetric, what);
     }
     sp_agree_t c = {.op = SP_AGREE_SYM_REGISTER, .ok = registered, .f = {(int64_t)asize}};
@@ -554,7 +746,7 @@ static sp_status_t nccl_alloc(sp_sym_state_t *st, size_t size, sp_sym_seg_t *seg
         sp__world_nccl_unlock(w);
     }
     sp__world_nccl_abort(w, what);
-    mem_free(st->device, base);
+    mem_free(st->world, st->device, base, asize);
     if (s != SP_SUCCESS)
         return s;
     if (cs != SP_SUCCESS)
@@ -586,25 +778,18 @@ static sp_status_t nccl_quiesce(sp_sym_state_t *st) {
 
 static sp_status_t nccl_release(sp_sym_state_t *st, sp_sym_seg_t *seg, void *stream) {
     sp_world_t *w = st->world;
-    (void)stream; /* see device_sync */
+    (void)stream;  /* see device_sync */
+    retry_left(w); /* what earlier releases on the world kept: local calls */
     sp_status_t s = device_sync(st, "cudaDeviceSynchronize before deregistering a window");
-    if (seg->window) {
-        sp__world_nccl_lock(w);
-        ncclComm_t nc = (ncclComm_t)sp__world_nccl_comm(w);
-        /* Deregistration is local in NCCL; after an abort the window went with the comm. */
-        ncclResult_t r = nc ? ncclCommWindowDeregister(nc, (ncclWindow_t)seg->window) : ncclSuccess;
-        /* The error text under the lock: once it is released, another thread may abort (and
-         * free) the communicator that ncclGetLastError reads. */
-        if (r != ncclSuccess && s == SP_SUCCESS)
-            s = nccl_err(r, nc, "ncclCommWindowDeregister");
-        sp__world_nccl_unlock(w);
-        seg->window = NULL;
-    }
-    if (seg->base) {
-        mem_free(st->device, seg->base);
-        seg->base = NULL;
-    }
-    return s;
+    char what[160];
+    snprintf(what, sizeof what, "releasing a segment of symmetric pool \"%s\"", st->name);
+    /* What is refused is kept for another try (let_go), not forgotten: the segment is off the
+     * pool's books on every rank either way, so the ranks stay in step. */
+    sp_status_t r =
+        let_go(w, st->device, seg->window, seg->base, seg->alloc_size, s == SP_SUCCESS, what);
+    seg->window = NULL;
+    seg->base = NULL;
+    return s != SP_SUCCESS ? s : r;
 }
 
 static sp_status_t nccl_peer_ptr(sp_world_t *w, const sp_sym_seg_t *seg, int rank, size_t offset,

@@ -216,28 +216,37 @@ static sp_status_t release_round(sp_sym_state_t *st, const char *what) {
 }
 
 /* Release the agreed segments: the release round first, then each, in ascending sequence order.
- * A failure releasing one does not stop the others: every rank lets go of the same segments, so
- * the pool stays symmetric (the first failure is returned). */
+ * The round's failure is returned (no rank released any). A failure releasing one segment on
+ * this rank (*seg_err_p, the first) does not stop the others: every rank takes the same
+ * segments off the pool's books, so the pool stays symmetric (a registrar keeps what it could
+ * not let go of for another try, reg_nccl.c). */
 static sp_status_t release_agreed(sp_sym_state_t *st, const char *what, const uint64_t *bits,
-                                  uint64_t nbits, size_t *released_p) {
+                                  uint64_t nbits, size_t *released_p, sp_status_t *seg_err_p) {
     size_t released = 0;
     bool any = false;
     for (uint64_t q = 0; q < nbits; q++)
         any = any || (bits[q / 64] >> (q % 64) & 1);
     *released_p = 0;
+    *seg_err_p = SP_SUCCESS;
     if (any)
         SP_CHECK(release_round(st, what));
     sp_status_t s = SP_SUCCESS;
+    char msg[512] = "";
     for (uint64_t q = 0; q < nbits; q++) {
         if (!(bits[q / 64] >> (q % 64) & 1))
             continue;
         sp_status_t r = release_seq(st, q);
-        if (r != SP_SUCCESS && s == SP_SUCCESS)
+        if (r != SP_SUCCESS && s == SP_SUCCESS) {
             s = r;
+            snprintf(msg, sizeof msg, "%s", sp_last_error());
+        }
         released += r == SP_SUCCESS;
     }
     *released_p = released;
-    return s;
+    *seg_err_p = s;
+    if (s != SP_SUCCESS) /* the first failure's text, which later releases may have overwritten */
+        (void)sp__error_quiet(s, SP_SUB_SYM, "%s: %s", what, msg);
+    return SP_SUCCESS;
 }
 
 SP_EXPORT sp_status_t sp_symmetric_empty_cache(sp_mempool_t *pool) {
@@ -251,8 +260,11 @@ SP_EXPORT sp_status_t sp_symmetric_empty_cache(sp_mempool_t *pool) {
     size_t n = 0;
     sp_agree_t a;
     sp_status_t s = agree_free(st, SP_AGREE_SYM_EMPTY_CACHE, false, what, &bits, &nbits, &a);
+    sp_status_t seg_err = SP_SUCCESS;
     if (s == SP_SUCCESS)
-        s = release_agreed(st, what, bits, nbits, &n);
+        s = release_agreed(st, what, bits, nbits, &n, &seg_err);
+    if (s == SP_SUCCESS)
+        s = seg_err;
     free(bits);
     if (s == SP_SUCCESS)
         SP_INFO(SP_SUB_SYM, "%s: released %zu segment(s)", what, n);
@@ -320,13 +332,20 @@ SP_EXPORT sp_status_t sp_symmetric_mempool_destroy(sp_mempool_t *pool) {
                                &bits, &nbits, &a);
     if (s == SP_SUCCESS && a.nbad)
         s = destroy_refused(&a, what, ranks, sizeof ranks);
+    /* A segment whose release failed on this rank (seg_err) does not stop the destroy: every
+     * rank took the agreed segments off the books and goes on to destroy the pool, so this one
+     * does too (kept, its pool would be one the other ranks no longer have), and says so. */
+    sp_status_t seg_err = SP_SUCCESS;
     if (s == SP_SUCCESS)
-        s = release_agreed(st, what, bits, nbits, &n);
+        s = release_agreed(st, what, bits, nbits, &n, &seg_err);
     free(bits);
     if (s != SP_SUCCESS) {
         sp__sym_release_state(st);
         return s;
     }
+    char seg_msg[512] = "";
+    if (seg_err != SP_SUCCESS)
+        snprintf(seg_msg, sizeof seg_msg, "%s", sp_last_error());
     /* Segments the pool kept (none expected) go with the pool's destruction; their
      * registrations, and any orphaned earlier, go here, in creation order on every rank. */
     size_t left = sp__pool_segment_count(pool);
@@ -337,6 +356,8 @@ SP_EXPORT sp_status_t sp_symmetric_mempool_destroy(sp_mempool_t *pool) {
     sp__sym_forget_pool(st);
     sp__sym_release_state(st);
     free_state(st);
+    if (d == SP_SUCCESS && seg_err != SP_SUCCESS)
+        return sp__error_quiet(seg_err, SP_SUB_SYM, "%s (the pool is destroyed)", seg_msg);
     return d != SP_SUCCESS ? d : r;
 }
 

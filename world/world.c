@@ -81,6 +81,7 @@ struct sp_world {
 static pthread_mutex_t s_lock = PTHREAD_MUTEX_INITIALIZER;
 static sp_world_finalize_hook_t s_hooks[MAX_HOOKS]; /* s_lock */
 static int s_nhooks;                                /* s_lock */
+static sp_world_nccl_end_hook_t s_nccl_end;         /* s_lock: sp__world_on_nccl_end's */
 static bool s_we_initialized_mpi;                   /* s_lock: MPI_Init_thread was ours */
 static int s_init_worlds;                           /* s_lock: live worlds from sp_world_init */
 static sp_world_t *s_live;                          /* s_lock: every live world */
@@ -360,6 +361,26 @@ sp_status_t sp__world_on_finalize(sp_world_finalize_hook_t hook) {
         s_hooks[s_nhooks++] = hook;
     pthread_mutex_unlock(&s_lock);
     return st;
+}
+
+sp_status_t sp__world_on_nccl_end(sp_world_nccl_end_hook_t hook) {
+    if (!hook)
+        return sp__error(SP_ERR_INVALID_ARGUMENT, SP_SUB_BOOT, "NCCL end hook is NULL");
+    pthread_mutex_lock(&s_lock);
+    sp_status_t st = SP_SUCCESS;
+    if (s_nccl_end)
+        st = sp__error(SP_ERR_INTERNAL, SP_SUB_BOOT, "a second NCCL end hook");
+    else
+        s_nccl_end = hook;
+    pthread_mutex_unlock(&s_lock);
+    return st;
+}
+
+static sp_world_nccl_end_hook_t nccl_end_hook(void) {
+    pthread_mutex_lock(&s_lock);
+    sp_world_nccl_end_hook_t h = s_nccl_end;
+    pthread_mutex_unlock(&s_lock);
+    return h;
 }
 
 #if defined(SP_HAVE_NCCL)
@@ -880,6 +901,10 @@ SP_EXPORT sp_status_t sp_world_finalize(sp_world_t *w) {
         /* Nothing MPI can be undone any more; free what is ours and say what happened. */
         if (!take_live(w))
             return sp__world_check(w, "sp_world_finalize"); /* not a live world */
+        /* Its communicator is never destroyed now; what was kept on it goes with the world. */
+        sp_world_nccl_end_hook_t end = nccl_end_hook();
+        if (end)
+            (void)end(w, true);
         free_world(w);
         return sp__error(SP_ERR_INVALID_USAGE, SP_SUB_BOOT,
                          "sp_world_finalize: MPI was finalized before the world; call "
@@ -939,6 +964,13 @@ SP_EXPORT sp_status_t sp_world_finalize(sp_world_t *w) {
                          "sp_world_finalize: the world was finalized by another call meanwhile");
 
     sp_status_t s2;
+    /* What a refused release kept (symmetric/): tried once more while the communicator is
+     * there, then, once it is gone with its windows, freed. */
+    sp_world_nccl_end_hook_t end = nccl_end_hook();
+    if (end && (s2 = end(w, false)) != SP_SUCCESS && st == SP_SUCCESS) {
+        st = s2;
+        snprintf(first_msg, sizeof first_msg, "%s", sp_last_error());
+    }
 #if defined(SP_HAVE_NCCL)
     if (w->nccl_comm) {
         /* ncclCommDestroy waits for the peers; a world out of step aborts instead. */
@@ -949,6 +981,10 @@ SP_EXPORT sp_status_t sp_world_finalize(sp_world_t *w) {
         w->nccl_comm = NULL;
     }
 #endif
+    if (end && (s2 = end(w, true)) != SP_SUCCESS && st == SP_SUCCESS) {
+        st = s2;
+        snprintf(first_msg, sizeof first_msg, "%s", sp_last_error());
+    }
     s2 = sp__world_mpi_status(MPI_Comm_free(&w->node_comm), "MPI_Comm_free(node)");
     if (st == SP_SUCCESS)
         st = s2;

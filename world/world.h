@@ -58,6 +58,17 @@ const char *sp__world_nccl_why(const sp_world_t *w);
 typedef sp_status_t (*sp_world_finalize_hook_t)(sp_world_t *w, bool in_step);
 sp_status_t sp__world_on_finalize(sp_world_finalize_hook_t hook);
 
+/* One module above world/ (symmetric/'s nccl registrar: what a refused release kept) may also
+ * run work around the end of the world's NCCL communicator in sp_world_finalize: after the
+ * finalize hooks, right before ncclCommDestroy/ncclCommAbort (`gone` false, the communicator
+ * still there unless an abort took it earlier), and right after it (`gone` true: the
+ * communicator is gone, or on a world finalized after MPI_Finalize will never be destroyed, and
+ * the world's memory goes next). Local work only, no collective call. Its status is finalize's
+ * when nothing failed before. Registered once, from a library constructor; SP_ERR_INTERNAL for
+ * a second. */
+typedef sp_status_t (*sp_world_nccl_end_hook_t)(sp_world_t *w, bool gone);
+sp_status_t sp__world_on_nccl_end(sp_world_nccl_end_hook_t hook);
+
 /* MPI finalized while sympool's worlds were live (the user called MPI_Finalize first): every
  * collective call must then be refused, never enter MPI (Open MPI aborts the process for a call
  * after MPI_Finalize). MPI tells us as its MPI_Finalize starts: the world keeps an attribute on

@@ -72,8 +72,11 @@ sp_status_t sp_symmetric_malloc(sp_mempool_t *pool, size_t size, sp_stream_t str
  * device it releases nothing, on every rank (as PyTorch's empty_cache then), and succeeds.
  * On cuda each rank first waits for its device; if that fails on any rank, no rank releases a
  * segment (SP_ERR_DEVICE, or the failed wait's status on that rank). A segment whose release
- * fails on a rank (SP_ERR_NCCL) does not stop the others. SP_ERR_MISMATCH, SP_ERR_TIMEOUT as
- * sp_symmetric_malloc. */
+ * fails on a rank (SP_ERR_NCCL, on that rank, naming the refused ncclCommWindowDeregister or
+ * ncclMemFree) does not stop the others; the pool lets go of it on every rank, and that rank
+ * keeps what NCCL refused and tries again at the world's next release or growth and at
+ * sp_world_finalize, which frees the memory once the communicator (and the window with it) is
+ * gone. SP_ERR_MISMATCH, SP_ERR_TIMEOUT as sp_symmetric_malloc. */
 sp_status_t sp_symmetric_empty_cache(sp_mempool_t *pool);
 
 /**
@@ -86,7 +89,9 @@ sp_status_t sp_symmetric_empty_cache(sp_mempool_t *pool);
  *         or is capturing a CUDA graph on its device (nothing is destroyed and the pool stays
  *         usable; the message names those ranks); SP_ERR_MISMATCH (a rank in
  *         another call on the pool); SP_ERR_INVALID_ARGUMENT (NULL); SP_ERR_INVALID_USAGE (not a
- *         live symmetric pool, or a pool broken by a timeout); SP_ERR_TIMEOUT.
+ *         live symmetric pool, or a pool broken by a timeout); SP_ERR_TIMEOUT; SP_ERR_NCCL on a
+ *         rank where a segment's release was refused (as sp_symmetric_empty_cache): the pool is
+ *         destroyed all the same, on every rank.
  * A call on the pool that another thread of this rank makes meanwhile waits for the destroy (calls
  * on one pool are serialized) and, if the pool was destroyed, is refused with
  * SP_ERR_INVALID_USAGE. A destroyed pool's few hundred bytes of state are kept only while such a
