@@ -72,6 +72,10 @@ static void word_before(const char *start, const char *end, char *out, size_t ca
     snprintf(out, cap, "%.*s", (int)(end - b), b);
 }
 
+/* Room for a "where": an op and a node name of up to 95 bytes each with " in " between them, so
+ * that no "op in node" is cut (an optimizing build proves that it fits). */
+#define WHERE_CAP 200
+
 /* A short "where" for a block: the first frame in the user's own Python code; else, for stacks
  * without Python (autograd's backward thread), the ATen op and the autograd node
  * ("aten::bmm in BmmBackward0"); else the first Python frame; else the first telling frame. */
@@ -418,9 +422,9 @@ static void polyline(FILE *f, const double *v, const char *color, double width, 
 /* ---- one snapshot --------------------------------------------------------------------------- */
 
 typedef struct live_group {
-    uint64_t size;   /* requested bytes of each block */
-    char where[160]; /* where they were allocated ("" = no stack recorded) */
-    size_t n;        /* blocks */
+    uint64_t size;         /* requested bytes of each block */
+    char where[WHERE_CAP]; /* where they were allocated ("" = no stack recorded) */
+    size_t n;              /* blocks */
 } live_group_t;
 
 /* Blocks live at the allocated peak that were allocated in the trace, largest first; the seeds
@@ -477,7 +481,7 @@ static live_block_t *live_at_peak(const series_t *s, size_t *m_p, size_t *nseed_
 static size_t group_blocks(const live_block_t *live, size_t m, live_group_t *g, int *group_of) {
     size_t ng = 0;
     for (size_t i = 0; i < m; i++) {
-        char w[160];
+        char w[WHERE_CAP];
         where_of(live[i].frames, w, sizeof(w));
         group_of[i] = -1;
         for (size_t k = 0; k < ng && group_of[i] < 0; k++)

@@ -2976,7 +2976,9 @@ static void drop(unsigned char *buf, size_t len, bool mapped, bool own) {
 static bool load_bytes(const char *path, unsigned char *buf, size_t len, bool mapped, bool own,
                        bool frames, tr_trace_t *t, bool *again_p, char *err, size_t errlen) {
     memset(t, 0, sizeof(*t));
-    char why[256];
+    /* The reasons name an archive member (member[], up to 255 bytes) twice, or quote a pickle
+     * reader's 200-byte error: room for all of it. */
+    char why[640];
     unsigned char *held = buf; /* what drop() gives back; buf is the document in it */
     size_t held_len = len;
     char member[256] = "";

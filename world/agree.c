@@ -497,11 +497,40 @@ const char *sp__agree_name(const sp_agree_t *a, const char *what, char *buf, siz
  * call in the message. */
 /* How long a round polls before it starts yielding the CPU between polls. */
 #define SPIN_NS 50000
+/* How long it yields between polls before it sleeps between them instead: a sched_yield with
+ * nothing else runnable returns at once, so a rank waiting seconds for a late peer (a rank in a
+ * checkpoint, the deadline of SYMPOOL_SYM_TIMEOUT) burnt its core the whole time, a core the
+ * late rank, a data loader or, on a shared machine, another job could have used. Past this, each
+ * sleep is a sixteenth of the time waited so far, at most SLEEP_MAX_NS: a peer arriving then is
+ * seen at most about 6% (or 1 ms) later than by polling, and a round whose ranks are all there
+ * never gets here. */
+#define YIELD_NS 2000000
+#define SLEEP_MAX_NS 1000000
+
+static void sleep_ns(int64_t ns) {
+    struct timespec ts = {(time_t)(ns / 1000000000), (long)(ns % 1000000000)};
+    nanosleep(&ts, NULL); /* a signal cutting it short only means an earlier poll */
+}
+
+/* How long to sleep before the next poll, having waited since `start`, with `deadline` ahead;
+ * 0: yield instead. */
+static int64_t backoff_ns(int64_t start, int64_t now, int64_t deadline) {
+    int64_t waited = now - start;
+    if (waited < YIELD_NS)
+        return 0;
+    int64_t ns = waited / 16;
+    if (ns > SLEEP_MAX_NS)
+        ns = SLEEP_MAX_NS;
+    if (deadline != INT64_MAX && deadline - now < ns)
+        ns = deadline - now; /* wake for the deadline, not past it */
+    return ns > 0 ? ns : 0;
+}
 
 static sp_status_t wait_round(int nreqs, MPI_Request *reqs, MPI_Comm comm, int64_t *buf,
                               int64_t deadline, double limit, bool thread_buf, const sp_agree_t *a,
                               const char *what, bool *abandoned_p) {
     int64_t spin_until = 0; /* real time until which this rank polls without yielding */
+    int64_t start = 0;      /* when it began to look at the clock: what backoff_ns measures */
     for (unsigned spins = 0;; spins++) {
         int done = 0;
         int rc = nreqs == 1 ? MPI_Test(reqs, &done, MPI_STATUS_IGNORE)
@@ -509,8 +538,10 @@ static sp_status_t wait_round(int nreqs, MPI_Request *reqs, MPI_Comm comm, int64
         if (SP_LIKELY(done && rc == MPI_SUCCESS))
             return SP_SUCCESS;
         int64_t now = !done && spins >= 64 ? realtime_ns() : 0;
-        if (now && !spin_until)
+        if (now && !spin_until) {
+            start = now;
             spin_until = now + SPIN_NS;
+        }
         bool expired = now && now >= deadline;
         if (rc != MPI_SUCCESS || expired) {
             if (thread_buf)
@@ -528,9 +559,14 @@ static sp_status_t wait_round(int nreqs, MPI_Request *reqs, MPI_Comm comm, int64
         }
         /* Oversubscribed ranks must let the late one run, but a yield on a busy machine gives
          * the CPU away for a whole time slice: poll a while first, as MPI's own blocking calls
-         * do, so that a peer a few microseconds late costs microseconds. */
-        if (now >= spin_until && now)
-            sched_yield();
+         * do, so that a peer a few microseconds late costs microseconds; then sleep (above). */
+        if (now >= spin_until && now) {
+            int64_t ns = backoff_ns(start, now, deadline);
+            if (ns > 0)
+                sleep_ns(ns);
+            else
+                sched_yield();
+        }
     }
 }
 

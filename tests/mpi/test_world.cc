@@ -5,6 +5,7 @@
 #include <mpi.h>
 
 #include <cstring>
+#include <ctime>
 #include <string>
 #include <vector>
 
@@ -346,6 +347,50 @@ TEST_F(World, AgreementGivesExactMinAndMaxAndNamesFailedRanks) {
     EXPECT_EQ(a.call_hi, 4u);
     expect_warnings();
     EXPECT_SP_STATUS(sp__agree_check(&a, "test round"), SP_ERR_MISMATCH);
+    MPI_Comm_free(&comm);
+}
+
+// A rank waiting in a round for a late peer (the last rank, 1.5 s late here) sleeps between its
+// polls once it has waited a while: it used to poll and sched_yield the whole time, which burns
+// its core when nothing else is runnable (SYMPOOL_SYM_TIMEOUT allows a minute). Its thread's CPU
+// time over the wait is asserted below a quarter of the wait: polling took all of it that the
+// scheduler gave, half or more even with every core of a two-core machine busy.
+TEST_F(World, RankWaitingForALatePeerSleepsInsteadOfPolling) {
+    SP_SKIP_BELOW_RANKS(2);
+    MPI_Comm comm;
+    ASSERT_EQ(MPI_Comm_dup(MPI_COMM_WORLD, &comm), MPI_SUCCESS);
+    int rank = 0, size = 0;
+    MPI_Comm_rank(comm, &rank);
+    MPI_Comm_size(comm, &size);
+    sp::ScopedEnv env({{"SYMPOOL_SYM_TIMEOUT", "30"}});
+    MPI_Barrier(comm);
+    if (rank == size - 1) {
+        const struct timespec late = {1, 500000000};
+        nanosleep(&late, nullptr);
+    }
+    sp_agree_t a;
+    std::memset(&a, 0, sizeof a);
+    a.op = SP_AGREE_ALLREDUCE;
+    a.callno = 1;
+    a.ok = true;
+    bool abandoned = true;
+    struct timespec cpu0, cpu1, wall0, wall1;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &cpu0);
+    clock_gettime(CLOCK_MONOTONIC, &wall0);
+    ASSERT_SP_OK(sp__agree(comm, &a, "test round", &abandoned));
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &cpu1);
+    clock_gettime(CLOCK_MONOTONIC, &wall1);
+    EXPECT_FALSE(abandoned);
+    EXPECT_SP_OK(sp__agree_check(&a, "test round"));
+    auto secs = [](const timespec &t0, const timespec &t1) {
+        return double(t1.tv_sec - t0.tv_sec) + double(t1.tv_nsec - t0.tv_nsec) * 1e-9;
+    };
+    double waited = secs(wall0, wall1), cpu = secs(cpu0, cpu1);
+    if (rank != size - 1) {
+        EXPECT_GT(waited, 1.0) << "the late rank was not late";
+        EXPECT_LT(cpu, 0.25 * waited)
+            << "a waiting rank used " << cpu << " s of CPU in " << waited << " s";
+    }
     MPI_Comm_free(&comm);
 }
 
