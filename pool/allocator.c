@@ -737,8 +737,11 @@ bool sp__alloc_release_segment(sp_devalloc_t *d, sp_segment_t *seg, uint32_t con
     if (!pool->has_allocator) {
         /* Freed before it leaves the books: memory the device refused to free (logged there) is
          * still there, so the segment stays cached and a later release tries again. */
-        if (sp__g.ops->mem_free(d->device, base, size) != SP_SUCCESS)
+        sp_status_t s = sp__g.ops->mem_free(d->device, base, size);
+        if (s != SP_SUCCESS) {
+            sp__release_refused(s);
             return false;
+        }
         detach_segment(d, seg, context);
         return true;
     }

@@ -478,6 +478,10 @@ SP_EXPORT sp_status_t sp_empty_cache(void) {
     /* PyTorch's emptyCache gathers its caller's stack only at context "all" (and before taking
      * the lock), for the segment_free entries of what it releases. */
     uint32_t ctx = sp__history_capture(true);
+    /* A segment the device refused to free stays cached (sp__alloc_release_segment) and the
+     * rest is released, every device's; then the refusal is the call's error, as PyTorch's
+     * emptyCache throws one (its release_block checks cudaFree). */
+    sp__release_watch();
     for (int i = 0; i < sp__g.ndev; i++) {
         sp_devalloc_t *d = &sp__g.devs[i];
         sp__lock(&d->lock);
@@ -486,7 +490,7 @@ SP_EXPORT sp_status_t sp_empty_cache(void) {
         sp__unlock(&d->lock);
     }
     sp__history_context_release(ctx);
-    return SP_SUCCESS;
+    return sp__release_report("sp_empty_cache");
 }
 
 SP_EXPORT sp_status_t sp_x_empty_cache_device(int device) {
@@ -494,12 +498,13 @@ SP_EXPORT sp_status_t sp_x_empty_cache_device(int device) {
     sp_devalloc_t *d = NULL;
     SP_CHECK(sp__alloc_device("sp_x_empty_cache_device", device, &d));
     uint32_t ctx = sp__history_capture(true);
+    sp__release_watch(); /* as sp_empty_cache */
     sp__lock(&d->lock);
     (void)sp__tc_drain(d);
     sp__alloc_release_cached(d, ctx);
     sp__unlock(&d->lock);
     sp__history_context_release(ctx);
-    return SP_SUCCESS;
+    return sp__release_report("sp_x_empty_cache_device");
 }
 
 /* ---- streams ----------------------------------------------------------------------------- */

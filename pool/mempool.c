@@ -631,6 +631,7 @@ SP_EXPORT sp_status_t sp_mempool_free_all_blocks(sp_mempool_t *pool, sp_stream_t
                              stream, sdev, pname(pool), pool->device);
     }
     uint32_t ctx = sp__history_capture(true); /* as sp_empty_cache: level "all" only */
+    sp__release_watch();                      /* a device refusal is the error, as there */
     sp__lock(&d->lock);
     /* Blocks idle in thread caches (default pools only) are cached blocks to the caller, but
      * allocated to the pool: without this their segments stayed reserved, where sp_empty_cache
@@ -651,7 +652,7 @@ SP_EXPORT sp_status_t sp_mempool_free_all_blocks(sp_mempool_t *pool, sp_stream_t
     }
     sp__unlock(&d->lock);
     sp__history_context_release(ctx);
-    return SP_SUCCESS;
+    return sp__release_report("sp_mempool_free_all_blocks");
 }
 
 SP_EXPORT sp_status_t sp_mempool_set_limit(sp_mempool_t *pool, size_t bytes) {

@@ -112,7 +112,9 @@ bool sp_x_log_cannot_open(const char *path, const char *why);
 
 /** PyTorch's emptyCache for one device only (sp_empty_cache does every device): wait for the
  * pending frees' events, release the default pool's free cached segments and those of pools
- * whose use count is 0. `sympool replay` replays one device's trace at a time. */
+ * whose use count is 0. `sympool replay` replays one device's trace at a time. Statuses as
+ * sp_empty_cache's (SP_ERR_DEVICE: the device refused to free cached memory, which stays cached),
+ * and SP_ERR_INVALID_ARGUMENT for an unknown device. */
 sp_status_t sp_x_empty_cache_device(int device);
 
 /** Pool structs sympool holds in this process: every device's default pool and every pool

@@ -4,6 +4,8 @@
 // start fresh. The hooks (cuda_double_*) are looked up in the loaded libcuda.so.1.
 #include "sp_test.hpp"
 
+#include <sympool/experimental.h>
+
 #include <dlfcn.h>
 #include <signal.h>
 #include <sys/wait.h>
@@ -878,7 +880,7 @@ TEST_F(CudaDoubleSympool, RefusedCudaFreeKeepsTheSegment) {
     ASSERT_SP_OK(sp_free(p));
     ASSERT_EQ(used(0), size_t(2) << 20);
     inject("cudaFree", cudaErrorInvalidValue);
-    (void)sp_empty_cache();
+    EXPECT_SP_STATUS(sp_empty_cache(), SP_ERR_DEVICE);
     EXPECT_EQ(sp::stat("reserved_bytes.all.current"), int64_t(2) << 20);
     EXPECT_EQ(sp::stat("segment.all.current"), 1);
     EXPECT_EQ(used(0), size_t(2) << 20);
@@ -886,6 +888,50 @@ TEST_F(CudaDoubleSympool, RefusedCudaFreeKeepsTheSegment) {
     EXPECT_EQ(used(0), size_t(2) << 20);
     ASSERT_SP_OK(sp_free(p));
     ASSERT_SP_OK(sp_empty_cache());
+    EXPECT_EQ(sp::stat("reserved_bytes.all.current"), 0);
+    EXPECT_EQ(used(0), 0u);
+}
+
+TEST_F(CudaDoubleSympool, EmptyCacheReportsARefusedCudaFreeAfterReleasingTheRest) {
+    NEED_DOUBLE();
+    expect_warnings();
+    // PyTorch's emptyCache throws when cudaFree fails (release_block's C10_CUDA_CHECK). sympool
+    // releases everything else first, keeps the refused segment cached and on the books, and
+    // then returns the refusal, naming cudaFree; so do the one-device and one-pool releases.
+    void *a = nullptr, *b = nullptr;
+    ASSERT_SP_OK(sp_malloc(3 << 20, 0, nullptr, &a)); // a 20 MiB large segment
+    ASSERT_SP_OK(sp_malloc(512, 0, nullptr, &b));     // a 2 MiB small segment
+    ASSERT_SP_OK(sp_free(a));
+    ASSERT_SP_OK(sp_free(b));
+    ASSERT_EQ(used(0), size_t(22) << 20);
+    inject("cudaFree", cudaErrorInvalidValue); // the first: the large one (large pool first)
+    EXPECT_SP_STATUS(sp_empty_cache(), SP_ERR_DEVICE);
+    EXPECT_NE(std::string(sp_last_error()).find("cudaFree"), std::string::npos) << sp_last_error();
+    EXPECT_NE(std::string(sp_last_error()).find("sp_empty_cache"), std::string::npos)
+        << sp_last_error();
+    EXPECT_EQ(used(0), size_t(20) << 20) << "the small segment was released all the same";
+    EXPECT_EQ(sp::stat("reserved_bytes.all.current"), int64_t(20) << 20);
+    EXPECT_EQ(sp::stat("segment.all.current"), 1);
+    // A refusal the runtime calls out of memory is still a device error here: nothing was asked.
+    inject("cudaFree", cudaErrorMemoryAllocation);
+    EXPECT_SP_STATUS(sp_x_empty_cache_device(0), SP_ERR_DEVICE);
+    EXPECT_NE(std::string(sp_last_error()).find("cudaFree"), std::string::npos) << sp_last_error();
+    EXPECT_EQ(used(0), size_t(20) << 20);
+    // A private pool's release reports it the same way.
+    sp_mempool_params_t params;
+    sp_mempool_params_init(&params);
+    sp_mempool_t *pool = nullptr;
+    ASSERT_SP_OK(sp_mempool_create(&params, &pool));
+    void *c = nullptr;
+    ASSERT_SP_OK(sp_mempool_malloc(pool, 1 << 20, nullptr, &c));
+    ASSERT_SP_OK(sp_free(c));
+    inject("cudaFree", cudaErrorInvalidValue);
+    EXPECT_SP_STATUS(sp_mempool_free_all_blocks(pool, nullptr), SP_ERR_DEVICE);
+    EXPECT_NE(std::string(sp_last_error()).find("cudaFree"), std::string::npos) << sp_last_error();
+    EXPECT_EQ(sp_mempool_total_bytes(pool), size_t(2) << 20);
+    ASSERT_SP_OK(sp_mempool_free_all_blocks(pool, nullptr));
+    ASSERT_SP_OK(sp_mempool_destroy(pool));
+    ASSERT_SP_OK(sp_empty_cache()); // nothing refused now: success, and the device is empty
     EXPECT_EQ(sp::stat("reserved_bytes.all.current"), 0);
     EXPECT_EQ(used(0), 0u);
 }
