@@ -534,11 +534,15 @@ SP_EXPORT sp_status_t sp_stream_create(int device, sp_stream_t *stream_p) {
 static sp_status_t stream_dev(const char *what, sp_stream_t stream, int *device_p) {
     SP_CHECK(sp__alloc_ensure());
     int dev = -1;
-    if (sp__g.ops->stream_device(stream, &dev) != SP_SUCCESS)
-        return sp__error(SP_ERR_INVALID_ARGUMENT, SP_SUB_POOL,
+    sp_status_t s = sp__g.ops->stream_device(stream, &dev);
+    if (s == SP_ERR_INVALID_ARGUMENT)
+        return sp__error(s, SP_SUB_POOL,
                          "%s: %p is not a valid stream of the %s backend (cuda: any CUDA "
-                         "stream; host: one from sp_stream_create)",
-                         what, stream, sp__g.ops->name);
+                         "stream; host: one from sp_stream_create): %s",
+                         what, stream, sp__g.ops->name, sp_last_error());
+    if (s != SP_SUCCESS) /* the device's failure stays one (device.h) */
+        return sp__error(s, SP_SUB_POOL, "%s: cannot tell which device stream %p belongs to: %s",
+                         what, stream, sp_last_error());
     *device_p = dev;
     return SP_SUCCESS;
 }
@@ -610,6 +614,8 @@ SP_EXPORT int sp_x_stream_live(sp_stream_t stream) {
     sp__errors_quiet(true);
     sp_status_t st = sp__g.ops->stream_device(stream, &dev);
     sp__errors_quiet(false);
+    if (st != SP_SUCCESS && st != SP_ERR_INVALID_ARGUMENT)
+        return -1; /* the device could not answer (device.h): cannot tell now */
     return st == SP_SUCCESS;
 }
 

@@ -138,7 +138,8 @@ uint64_t sp_x_session(void);
  *  session and sp_stream_destroy has not destroyed; cuda: one CUDA answers for, which a
  *  destroyed handle may still be), else 0 (NULL and CUDA's pseudo handles too; the thread's
  *  last error then says why), without a warning; -1 when it cannot tell now (inside a callback
- *  sympool runs, during sp_shutdown: sp_stream_destroy would be refused too). An object holding
+ *  sympool runs, during sp_shutdown: sp_stream_destroy would be refused too; or the device could
+ *  not answer: cuda out of memory, a sticky error; the last error says which). An object holding
  *  a stream asks before destroying it, in case the stream was destroyed by other means (the
  *  Python Stream's collection). */
 int sp_x_stream_live(sp_stream_t stream);

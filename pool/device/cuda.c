@@ -535,9 +535,21 @@ static sp_status_t cuda_stream_device(sp_dev_stream_t stream, int *device_p) {
     cudaError_t err = cudaStreamGetDevice((cudaStream_t)stream, &d);
     if (err != cudaSuccess) {
         drop_last_error(err);
-        return sp__error(SP_ERR_INVALID_ARGUMENT, SP_SUB_DEVICE,
-                         "%p is not a valid CUDA stream: %s: %s", stream, cudaGetErrorName(err),
-                         cudaGetErrorString(err));
+        /* The refusals of the handle itself: cudaErrorInvalidValue (cudaStreamGetDevice's
+         * documented return), an invalid handle (a destroyed stream) and a stream whose context
+         * is gone. Anything else (out of memory, a sticky error of an earlier launch, the
+         * runtime unable to start) is the device's failure, not the argument's: a caller told
+         * "not a stream" would look for a bug in its own code. */
+        if (err == cudaErrorInvalidValue || err == cudaErrorInvalidResourceHandle ||
+            err == cudaErrorContextIsDestroyed)
+            return sp__error(SP_ERR_INVALID_ARGUMENT, SP_SUB_DEVICE,
+                             "%p is not a valid CUDA stream: cudaStreamGetDevice: %s: %s", stream,
+                             cudaGetErrorName(err), cudaGetErrorString(err));
+        return sp__error(SP_ERR_DEVICE, SP_SUB_DEVICE, "cudaStreamGetDevice(%p): %s: %s%s", stream,
+                         cudaGetErrorName(err), cudaGetErrorString(err),
+                         is_sticky(err) ? " (a sticky error: this process's CUDA context is "
+                                          "unusable from now on; the process must restart)"
+                                        : "");
     }
     *device_p = d;
     return SP_SUCCESS;

@@ -69,7 +69,9 @@ typedef struct sp_device_ops {
      * stream, which counts as capturing while another blocking stream captures. */
     sp_status_t (*stream_capturing)(int device, sp_dev_stream_t stream, bool *capturing_p);
     /* Which device a stream belongs to (host: recorded at creation); SP_ERR_INVALID_ARGUMENT for
-     * a handle the backend did not make. NULL (default stream) is not asked. */
+     * a handle the backend did not make (or one destroyed), SP_ERR_DEVICE when the device
+     * cannot answer (cuda: out of memory, a sticky error): callers keep that status rather than
+     * call the stream bad. NULL (default stream) is not asked. */
     sp_status_t (*stream_device)(sp_dev_stream_t stream, int *device_p);
     /* Whether a CUDA graph capture is under way on the device as far as the backend can tell
      * (cuda: the legacy stream counts as capturing, or a stream stream_create made captures).

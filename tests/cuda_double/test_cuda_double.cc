@@ -936,6 +936,43 @@ TEST_F(CudaDoubleSympool, EmptyCacheReportsARefusedCudaFreeAfterReleasingTheRest
     EXPECT_EQ(used(0), 0u);
 }
 
+TEST_F(CudaDoubleSympool, AStreamQueryTheDeviceCannotAnswerIsNotABadStream) {
+    NEED_DOUBLE();
+    expect_warnings();
+    // cudaStreamGetDevice refused for a reason that is not the handle's (out of memory here; a
+    // sticky error likewise) was reported as SP_ERR_INVALID_ARGUMENT, "not a valid CUDA stream":
+    // the caller looked for a bug in its own code. Only the handle's refusals (invalid value,
+    // invalid handle, context destroyed) are a bad argument; the rest is the device's failure.
+    sp_stream_t s = nullptr;
+    ASSERT_SP_OK(sp_stream_create(0, &s));
+    void *p = nullptr;
+    inject("cudaStreamGetDevice", cudaErrorMemoryAllocation);
+    EXPECT_SP_STATUS(sp_malloc(1 << 20, 0, s, &p), SP_ERR_DEVICE);
+    std::string msg = sp_last_error();
+    EXPECT_NE(msg.find("cudaStreamGetDevice"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("cudaErrorMemoryAllocation"), std::string::npos) << msg;
+    EXPECT_EQ(msg.find("not a"), std::string::npos) << msg;
+    EXPECT_EQ(cudaGetLastError(), cudaSuccess) << "sympool took its own error out of the slot";
+    inject("cudaStreamGetDevice", cudaErrorMemoryAllocation);
+    EXPECT_SP_STATUS(sp_x_stream_label(s, 7), SP_ERR_DEVICE);
+    msg = sp_last_error();
+    EXPECT_NE(msg.find("cudaStreamGetDevice"), std::string::npos) << msg;
+    inject("cudaStreamGetDevice", cudaErrorMemoryAllocation);
+    EXPECT_EQ(sp_x_stream_live(s), -1) << "the device could not answer: cannot tell";
+    // The handle's own refusals stay a bad argument, naming the call.
+    for (int code : {int(cudaErrorInvalidValue), int(cudaErrorInvalidResourceHandle),
+                     int(cudaErrorContextIsDestroyed)}) {
+        inject("cudaStreamGetDevice", code);
+        EXPECT_SP_STATUS(sp_malloc(1 << 20, 0, s, &p), SP_ERR_INVALID_ARGUMENT);
+        msg = sp_last_error();
+        EXPECT_NE(msg.find("cudaStreamGetDevice"), std::string::npos) << code << ": " << msg;
+    }
+    inject("cudaStreamGetDevice", 0);
+    ASSERT_SP_OK(sp_malloc(1 << 20, 0, s, &p));
+    ASSERT_SP_OK(sp_free(p));
+    ASSERT_SP_OK(sp_stream_destroy(s));
+}
+
 TEST_F(CudaDoubleSympool, RefusedUnmapKeepsThePagesMapped) {
     NEED_DOUBLE();
     expect_warnings();
@@ -1002,8 +1039,6 @@ TEST_F(CudaDoubleSympool, RefusedReleaseOfAPageIsTriedAgain) {
 // call said what failed (a message naming the call), the books match the device (reserved bytes
 // == the double's device memory in use, live blocks == what the test holds), and the step done
 // again without the failure succeeds. At the end nothing is left on the device.
-// Not swept: cudaStreamGetDevice (its refusal is "not a valid CUDA stream", which does not name
-// the call).
 const char *const kSweepFns[] = {
     "cudaMalloc",
     "cudaFree",
@@ -1012,6 +1047,7 @@ const char *const kSweepFns[] = {
     "cudaStreamDestroy",
     "cudaStreamSynchronize",
     "cudaStreamIsCapturing",
+    "cudaStreamGetDevice",
     "cudaEventCreateWithFlags",
     "cudaEventDestroy",
     "cudaEventRecord",
