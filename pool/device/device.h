@@ -116,7 +116,10 @@ typedef struct sp_device_ops {
      * vmm_map: all or nothing: every page of [addr, addr+size) must be unmapped before; out of
      *   memory -> SP_ERR_OUT_OF_MEMORY (quiet) and nothing is mapped.
      * vmm_unmap: every page of the range must be mapped; the caller has synchronized the work
-     *   that used it (unmapping does not wait, as cuMemUnmap does not).
+     *   that used it (unmapping does not wait, as cuMemUnmap does not). All or nothing: on
+     *   SP_SUCCESS every page is unmapped, on an error every page is still mapped (the caller
+     *   keeps the range cached), except an SP_ERR_DEVICE whose text says part of the range is
+     *   lost (cuda: an unmap refused midway that could neither be undone nor finished).
      * vmm_release: frees the reservation; pages still mapped are unmapped first. */
     sp_status_t (*vmm_reserve)(int device, size_t size, size_t page, void **base_p);
     sp_status_t (*vmm_map)(int device, void *addr, size_t size);

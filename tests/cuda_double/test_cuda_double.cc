@@ -1000,6 +1000,38 @@ TEST_F(CudaDoubleSympool, RefusedUnmapKeepsThePagesMapped) {
     EXPECT_EQ(handles(), 0);
 }
 
+TEST_F(CudaDoubleSympool, AnUnmapThatCannotBeUndoneIsFinished) {
+    NEED_DOUBLE();
+    expect_warnings();
+    // cuMemUnmap refused on the second page of a release, and the first page's map back refused
+    // too: that page was gone from the device while vmm_unmap reported "nothing changed", so the
+    // allocator kept counting it (reserved 8 MiB, the device 6 MiB) and would hand it out again.
+    // The backend finishes the unmap instead (every page of the range off the device), and the
+    // books say what the device holds.
+    sp::ScopedEnv env({{"SYMPOOL_EXPANDABLE_SEGMENTS", "1"}});
+    auto handles = hook<int (*)()>("cuda_double_live_vmm_handles");
+    void *p = nullptr;
+    ASSERT_SP_OK(sp_malloc(8 << 20, 0, nullptr, &p));
+    ASSERT_SP_OK(sp_free(p));
+    ASSERT_EQ(handles(), 4);
+    inject("cuMemUnmap", CUDA_ERROR_INVALID_VALUE, 1);
+    inject("cuMemMap", CUDA_ERROR_INVALID_VALUE);
+    (void)sp_empty_cache();
+    inject("cuMemUnmap", 0);
+    inject("cuMemMap", 0);
+    EXPECT_EQ(sp::stat("reserved_bytes.all.current"), int64_t(used(0)))
+        << "the books and the device disagree";
+    EXPECT_EQ(used(0), 0u);
+    EXPECT_EQ(handles(), 0);
+    ASSERT_SP_OK(sp_malloc(8 << 20, 0, nullptr, &p)); // mapped afresh, every page there
+    sp::touch(p, 8 << 20);
+    ASSERT_SP_OK(sp_free(p));
+    ASSERT_SP_OK(sp_empty_cache());
+    EXPECT_EQ(sp::stat("reserved_bytes.all.current"), 0);
+    EXPECT_EQ(used(0), 0u);
+    EXPECT_EQ(handles(), 0);
+}
+
 TEST_F(CudaDoubleSympool, RefusedReleaseOfAPageIsTriedAgain) {
     NEED_DOUBLE();
     expect_warnings();
