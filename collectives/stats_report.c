@@ -839,6 +839,58 @@ static void write_prometheus(FILE *out, const gathered_t *g, const int64_t *all)
     }
 }
 
+/* Rank 0's writing: the report is built in memory, then written to out in one fwrite and
+ * flushed, so that the errno of the write that failed is read right after it (written straight
+ * to out, a write failed inside one of the many fprintf calls' buffer flushes, and its errno was
+ * long gone by the final fflush, which may well succeed; the message then said no why). */
+static sp_status_t write_report(FILE *out, sp_report_format_t format, gathered_t *g, int device,
+                                const char *fn) {
+    char *buf = NULL;
+    size_t len = 0;
+    FILE *mem = open_memstream(&buf, &len);
+    if (mem == NULL)
+        return sp__error(SP_ERR_SYSTEM, SP_SUB_COLL, "%s: no host memory to build the report: %s",
+                         fn, strerror(errno));
+    switch (format) {
+    case SP_REPORT_TABLE:
+        write_table(mem, g);
+        break;
+    case SP_REPORT_JSON:
+        write_json(mem, g, device);
+        break;
+    case SP_REPORT_PROMETHEUS:
+        write_prometheus(mem, g, g->rows);
+        break;
+    case SP_REPORT_TABLE_ALL:
+        write_table_all(mem, g);
+        break;
+    }
+    bool built = !ferror(mem);
+    if (fclose(mem) != 0 || !built) { /* buf and len are final only now */
+        free(buf);
+        return sp__error(SP_ERR_SYSTEM, SP_SUB_COLL, "%s: no host memory to build the report", fn);
+    }
+    int e = 0;
+    bool bad = ferror(out) != 0; /* an error the stream had before: nothing says which */
+    errno = 0;
+    if (fwrite(buf, 1, len, out) != len) {
+        bad = true;
+        e = errno;
+    }
+    errno = 0;
+    if (fflush(out) != 0) {
+        bad = true;
+        if (e == 0)
+            e = errno;
+    }
+    free(buf);
+    if (bad || ferror(out))
+        return sp__error(SP_ERR_SYSTEM, SP_SUB_COLL, "%s: writing the report failed: %s", fn,
+                         e != 0 ? strerror(e)
+                                : "the stream was in error before the report (no error code)");
+    return SP_SUCCESS;
+}
+
 SP_EXPORT sp_status_t sp_stats_report(sp_world_t *w, int device, FILE *out,
                                       sp_report_format_t format) {
     static const char fn[] = "sp_stats_report";
@@ -859,24 +911,8 @@ SP_EXPORT sp_status_t sp_stats_report(sp_world_t *w, int device, FILE *out,
         if (rc != MPI_SUCCESS)
             st = sp__mpi_status(rc, SP_SUB_COLL, fn, "MPI_Gather");
     }
-    if (st == SP_SUCCESS && rank == 0) {
-        switch (format) {
-        case SP_REPORT_TABLE:
-            write_table(out, g);
-            break;
-        case SP_REPORT_JSON:
-            write_json(out, g, device);
-            break;
-        case SP_REPORT_PROMETHEUS:
-            write_prometheus(out, g, g->rows);
-            break;
-        case SP_REPORT_TABLE_ALL:
-            write_table_all(out, g);
-            break;
-        }
-        if (fflush(out) != 0 || ferror(out))
-            st = sp__error(SP_ERR_SYSTEM, SP_SUB_COLL, "%s: writing the report failed", fn);
-    }
+    if (st == SP_SUCCESS && rank == 0)
+        st = write_report(out, format, g, device, fn);
     free(g->rows);
     free(g->nodes);
     return st;

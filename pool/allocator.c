@@ -737,8 +737,11 @@ bool sp__alloc_release_segment(sp_devalloc_t *d, sp_segment_t *seg, uint32_t con
     if (!pool->has_allocator) {
         /* Freed before it leaves the books: memory the device refused to free (logged there) is
          * still there, so the segment stays cached and a later release tries again. */
-        if (sp__g.ops->mem_free(d->device, base, size) != SP_SUCCESS)
+        sp_status_t s = sp__g.ops->mem_free(d->device, base, size);
+        if (s != SP_SUCCESS) {
+            sp__release_refused(s);
             return false;
+        }
         detach_segment(d, seg, context);
         return true;
     }
@@ -1102,9 +1105,13 @@ sp_status_t sp__stream_check(sp_stream_t stream, int device, const char *fn) {
     if (!stream)
         return SP_SUCCESS;
     int sdev = -1;
-    if (sp__g.ops->stream_device(stream, &sdev) != SP_SUCCESS)
-        return sp__error(SP_ERR_INVALID_ARGUMENT, SP_SUB_POOL, "%s: %p is not a stream (%s)", fn,
-                         stream, sp_last_error());
+    sp_status_t s = sp__g.ops->stream_device(stream, &sdev);
+    if (s == SP_ERR_INVALID_ARGUMENT)
+        return sp__error(s, SP_SUB_POOL, "%s: %p is not a stream (%s)", fn, stream,
+                         sp_last_error());
+    if (s != SP_SUCCESS) /* the device's failure stays one (device.h) */
+        return sp__error(s, SP_SUB_POOL, "%s: cannot tell which device stream %p belongs to: %s",
+                         fn, stream, sp_last_error());
     if (SP_UNLIKELY(sdev != device))
         return sp__error(SP_ERR_INVALID_ARGUMENT, SP_SUB_POOL,
                          "%s: stream %p belongs to device %d, not to device %d", fn, stream, sdev,
@@ -2035,8 +2042,12 @@ SP_EXPORT sp_status_t sp_record_stream(void *ptr, sp_stream_t stream) {
     int sdev = -1;
     sp_status_t s = stream ? sp__g.ops->stream_device(stream, &sdev) : SP_SUCCESS;
     if (SP_UNLIKELY(s != SP_SUCCESS)) /* the backend's text does not say which call refused */
-        return sp__error(s, SP_SUB_POOL, "sp_record_stream(%p): %p is not a stream (%s)", ptr,
-                         stream, sp_last_error());
+        return sp__error(s, SP_SUB_POOL,
+                         s == SP_ERR_INVALID_ARGUMENT
+                             ? "sp_record_stream(%p): %p is not a stream (%s)"
+                             : "sp_record_stream(%p): cannot tell which device stream %p belongs "
+                               "to: %s",
+                         ptr, stream, sp_last_error());
     uintptr_t a = (uintptr_t)ptr;
     for (int i = 0; i < sp__g.ndev; i++) {
         sp_devalloc_t *d = &sp__g.devs[i];

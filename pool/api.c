@@ -478,6 +478,10 @@ SP_EXPORT sp_status_t sp_empty_cache(void) {
     /* PyTorch's emptyCache gathers its caller's stack only at context "all" (and before taking
      * the lock), for the segment_free entries of what it releases. */
     uint32_t ctx = sp__history_capture(true);
+    /* A segment the device refused to free stays cached (sp__alloc_release_segment) and the
+     * rest is released, every device's; then the refusal is the call's error, as PyTorch's
+     * emptyCache throws one (its release_block checks cudaFree). */
+    sp__release_watch();
     for (int i = 0; i < sp__g.ndev; i++) {
         sp_devalloc_t *d = &sp__g.devs[i];
         sp__lock(&d->lock);
@@ -486,7 +490,7 @@ SP_EXPORT sp_status_t sp_empty_cache(void) {
         sp__unlock(&d->lock);
     }
     sp__history_context_release(ctx);
-    return SP_SUCCESS;
+    return sp__release_report("sp_empty_cache");
 }
 
 SP_EXPORT sp_status_t sp_x_empty_cache_device(int device) {
@@ -494,12 +498,13 @@ SP_EXPORT sp_status_t sp_x_empty_cache_device(int device) {
     sp_devalloc_t *d = NULL;
     SP_CHECK(sp__alloc_device("sp_x_empty_cache_device", device, &d));
     uint32_t ctx = sp__history_capture(true);
+    sp__release_watch(); /* as sp_empty_cache */
     sp__lock(&d->lock);
     (void)sp__tc_drain(d);
     sp__alloc_release_cached(d, ctx);
     sp__unlock(&d->lock);
     sp__history_context_release(ctx);
-    return SP_SUCCESS;
+    return sp__release_report("sp_x_empty_cache_device");
 }
 
 /* ---- streams ----------------------------------------------------------------------------- */
@@ -529,11 +534,15 @@ SP_EXPORT sp_status_t sp_stream_create(int device, sp_stream_t *stream_p) {
 static sp_status_t stream_dev(const char *what, sp_stream_t stream, int *device_p) {
     SP_CHECK(sp__alloc_ensure());
     int dev = -1;
-    if (sp__g.ops->stream_device(stream, &dev) != SP_SUCCESS)
-        return sp__error(SP_ERR_INVALID_ARGUMENT, SP_SUB_POOL,
+    sp_status_t s = sp__g.ops->stream_device(stream, &dev);
+    if (s == SP_ERR_INVALID_ARGUMENT)
+        return sp__error(s, SP_SUB_POOL,
                          "%s: %p is not a valid stream of the %s backend (cuda: any CUDA "
-                         "stream; host: one from sp_stream_create)",
-                         what, stream, sp__g.ops->name);
+                         "stream; host: one from sp_stream_create): %s",
+                         what, stream, sp__g.ops->name, sp_last_error());
+    if (s != SP_SUCCESS) /* the device's failure stays one (device.h) */
+        return sp__error(s, SP_SUB_POOL, "%s: cannot tell which device stream %p belongs to: %s",
+                         what, stream, sp_last_error());
     *device_p = dev;
     return SP_SUCCESS;
 }
@@ -605,6 +614,8 @@ SP_EXPORT int sp_x_stream_live(sp_stream_t stream) {
     sp__errors_quiet(true);
     sp_status_t st = sp__g.ops->stream_device(stream, &dev);
     sp__errors_quiet(false);
+    if (st != SP_SUCCESS && st != SP_ERR_INVALID_ARGUMENT)
+        return -1; /* the device could not answer (device.h): cannot tell now */
     return st == SP_SUCCESS;
 }
 

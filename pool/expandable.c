@@ -31,6 +31,7 @@
 #include <stdlib.h>
 
 #include "pool/expandable.h"
+#include "pool/release.h"
 #include "pool/segment_index.h"
 
 /* ---- the unmapped list of a block pool ------------------------------------------------- */
@@ -845,6 +846,7 @@ static size_t unmap_block(sp_devalloc_t *d, sp_block_t *b, uint32_t context, exp
     uintptr_t end = seg->base + (b->addr + b->size - seg->base) / seg->page * seg->page;
     if (begin >= end)
         return 0;
+    sp_status_t us = SP_SUCCESS;
     sp_block_t *before = begin > b->addr ? sp__block_new(d) : NULL;
     sp_block_t *after = end < b->addr + b->size ? sp__block_new(d) : NULL;
     if ((begin > b->addr && !before) || (end < b->addr + b->size && !after)) {
@@ -860,7 +862,8 @@ static size_t unmap_block(sp_devalloc_t *d, sp_block_t *b, uint32_t context, exp
         pd->r[pd->n].len = end - begin;
         pd->r[pd->n].page = seg->page;
         pd->n++;
-    } else if (dev_unmap(d, begin, end - begin, seg->page) != SP_SUCCESS) {
+    } else if ((us = dev_unmap(d, begin, end - begin, seg->page)) != SP_SUCCESS) {
+        sp__release_refused(us);
         if (before)
             sp__block_recycle(d, before);
         if (after)
@@ -949,8 +952,13 @@ size_t sp__exp_release_blocks(sp_devalloc_t *d, sp_block_t *const *v, size_t n, 
         any = holds_page(v[i]);
     /* One sync for them all, before the first unmap (sp__exp_release's reason); none when
      * nothing would be unmapped, and nothing unmapped when the device cannot be synchronized. */
-    if (!any || sp__g.ops->device_sync(d->device) != SP_SUCCESS)
+    if (!any)
         return 0;
+    sp_status_t s = sp__g.ops->device_sync(d->device);
+    if (s != SP_SUCCESS) {
+        sp__release_refused(s);
+        return 0;
+    }
     size_t freed = 0;
     for (size_t i = 0; i < n; i++) {
         /* v[i] is still a free mapped block: an unmap makes new blocks of the slivers around
@@ -979,8 +987,13 @@ size_t sp__exp_release(sp_devalloc_t *d, sp_segment_t *seg, uint32_t context) {
     /* If the device cannot be synchronized (an error, logged there, or a graph capture under
      * way), nothing is unmapped: pages still in use by the GPU must stay mapped, so they stay
      * cached for a later release. */
-    if (has_free_page(seg) && sp__g.ops->device_sync(d->device) != SP_SUCCESS)
-        return 0;
+    if (has_free_page(seg)) {
+        sp_status_t s = sp__g.ops->device_sync(d->device);
+        if (s != SP_SUCCESS) {
+            sp__release_refused(s);
+            return 0;
+        }
+    }
     /* unmap_block keeps b as the unmapped survivor and only absorbs unmapped neighbours, so
      * the walk can go on from b's next block. */
     for (sp_block_t *b = seg->head; b; b = sp__block_next(b))

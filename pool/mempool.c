@@ -619,11 +619,17 @@ SP_EXPORT sp_status_t sp_mempool_free_all_blocks(sp_mempool_t *pool, sp_stream_t
         /* As every other call: a stream sympool did not make, or one of another device, is a
          * bad argument (it could never match a cached block, so "success" would hide a bug). */
         int sdev = -1;
-        if (sp__g.ops->stream_device(stream, &sdev) != SP_SUCCESS)
-            return sp__error(SP_ERR_INVALID_ARGUMENT, SP_SUB_POOL,
+        sp_status_t s = sp__g.ops->stream_device(stream, &sdev);
+        if (s == SP_ERR_INVALID_ARGUMENT)
+            return sp__error(s, SP_SUB_POOL,
                              "sp_mempool_free_all_blocks: %p is not a stream made by "
-                             "sp_stream_create",
-                             stream);
+                             "sp_stream_create (%s)",
+                             stream, sp_last_error());
+        if (s != SP_SUCCESS) /* the device's failure stays one (device.h) */
+            return sp__error(s, SP_SUB_POOL,
+                             "sp_mempool_free_all_blocks: cannot tell which device stream %p "
+                             "belongs to: %s",
+                             stream, sp_last_error());
         if (sdev != pool->device)
             return sp__error(SP_ERR_INVALID_ARGUMENT, SP_SUB_POOL,
                              "sp_mempool_free_all_blocks: stream %p belongs to device %d, pool "
@@ -631,6 +637,7 @@ SP_EXPORT sp_status_t sp_mempool_free_all_blocks(sp_mempool_t *pool, sp_stream_t
                              stream, sdev, pname(pool), pool->device);
     }
     uint32_t ctx = sp__history_capture(true); /* as sp_empty_cache: level "all" only */
+    sp__release_watch();                      /* a device refusal is the error, as there */
     sp__lock(&d->lock);
     /* Blocks idle in thread caches (default pools only) are cached blocks to the caller, but
      * allocated to the pool: without this their segments stayed reserved, where sp_empty_cache
@@ -651,7 +658,7 @@ SP_EXPORT sp_status_t sp_mempool_free_all_blocks(sp_mempool_t *pool, sp_stream_t
     }
     sp__unlock(&d->lock);
     sp__history_context_release(ctx);
-    return SP_SUCCESS;
+    return sp__release_report("sp_mempool_free_all_blocks");
 }
 
 SP_EXPORT sp_status_t sp_mempool_set_limit(sp_mempool_t *pool, size_t bytes) {

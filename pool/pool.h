@@ -101,9 +101,11 @@ typedef void (*sp_segment_visit_fn)(const sp_segment_view_t *segment, void *arg)
 sp_status_t sp__pool_walk(int device, const sp_mempool_t *pool, sp_segment_visit_fn visit,
                           void *arg);
 /* sp__pool_walk that first calls start(arg) under the same locks, before any segment and whether
- * or not one follows (a snapshot copies its traces there, in the state the segments show). */
+ * or not one follows (a snapshot copies its traces there, in the state the segments show), and
+ * end(arg) after the last one, still under them, when the walk succeeded (a snapshot's marker
+ * entry goes there: no entry of a later state can come before it). start or end may be NULL. */
 sp_status_t sp__pool_walk_from(int device, const sp_mempool_t *pool, void (*start)(void *),
-                               sp_segment_visit_fn visit, void *arg);
+                               sp_segment_visit_fn visit, void (*end)(void *), void *arg);
 
 /* Run fn(arg) while holding every device allocator's lock: the history module uses it to copy
  * the trace buffers in the same consistent state as a walk. */

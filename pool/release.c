@@ -301,6 +301,44 @@ void sp__alloc_sync_events(sp_devalloc_t *d, const sp_mempool_t *pool) {
 
 /* ---- releases ---------------------------------------------------------------------------- */
 
+/* The watch of sp__release_watch (release.h): off outside the public calls that report. */
+static _Thread_local struct {
+    bool on;            /* watching */
+    sp_status_t status; /* the first refusal's, SP_SUCCESS: none yet */
+    char *text;         /* its last-error text (malloc'd; NULL without host memory) */
+} t_watch;
+
+void sp__release_watch(void) {
+    free(t_watch.text);
+    t_watch.text = NULL;
+    t_watch.status = SP_SUCCESS;
+    t_watch.on = true;
+}
+
+void sp__release_refused(sp_status_t status) {
+    if (!t_watch.on || t_watch.status != SP_SUCCESS || status == SP_SUCCESS)
+        return;
+    t_watch.status = status;
+    t_watch.text = strdup(sp_last_error());
+}
+
+sp_status_t sp__release_report(const char *fn) {
+    sp_status_t s = t_watch.status;
+    char *text = t_watch.text;
+    t_watch.on = false;
+    t_watch.status = SP_SUCCESS;
+    t_watch.text = NULL;
+    if (s == SP_SUCCESS)
+        return SP_SUCCESS;
+    /* Logged at WARN where the device refused: INFO here, the one text the caller reads. */
+    s = sp__error_quiet(s == SP_ERR_OUT_OF_MEMORY ? SP_ERR_DEVICE : s, SP_SUB_POOL,
+                        "%s: device memory the cache held could not be given back; it stays "
+                        "cached and a later release tries again: %s",
+                        fn, text ? text : "(no text: out of host memory)");
+    free(text);
+    return s;
+}
+
 /* What a release of seg's pool gives back of seg: an expandable segment's free pages (the
  * segment too once it is unmapped end to end), a whole free segment, else nothing. */
 static size_t release_one(sp_devalloc_t *d, sp_segment_t *seg, uint32_t context) {

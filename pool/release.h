@@ -31,6 +31,18 @@ size_t sp__alloc_release_pool(sp_devalloc_t *d, sp_mempool_t *pool, bool filter_
 extern bool sp__release_by_walk;
 /* PyTorch's release_cached_blocks({0,0}): sync events, free default and freeable pools. */
 void sp__alloc_release_cached(sp_devalloc_t *d, uint32_t context);
+
+/* A release's device refusals, for the public calls that must report them as PyTorch's
+ * emptyCache does (its release_block's C10_CUDA_CHECK(cudaFree) throws), after releasing all
+ * the rest: sp__release_watch starts watching this thread's releases, sp__release_refused (at
+ * the place a refusal leaves memory on the device: a cudaFree, an unmap, the sync before one)
+ * keeps the first refusal's status and text while watched, and sp__release_report ends the watch
+ * and returns SP_SUCCESS, or the first refusal as fn's error (SP_ERR_DEVICE for a refusal the
+ * backend called out of memory: nothing was asked for). Thread-local: a release runs on its
+ * caller's thread, under the device lock. */
+void sp__release_watch(void);
+void sp__release_refused(sp_status_t status);
+sp_status_t sp__release_report(const char *fn);
 bool sp__alloc_release_available(sp_devalloc_t *d, sp_bpool_t *bp, size_t size, sp_stream_t stream,
                                  uint32_t context);
 void sp__alloc_gc(sp_devalloc_t *d, uint32_t context);

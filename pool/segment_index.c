@@ -328,11 +328,11 @@ static sp_status_t visit_segment(sp_devalloc_t *d, sp_segment_t *seg, sp_segment
 
 sp_status_t sp__pool_walk(int device, const sp_mempool_t *pool, sp_segment_visit_fn visit,
                           void *arg) {
-    return sp__pool_walk_from(device, pool, NULL, visit, arg);
+    return sp__pool_walk_from(device, pool, NULL, visit, NULL, arg);
 }
 
 sp_status_t sp__pool_walk_from(int device, const sp_mempool_t *pool, void (*start)(void *),
-                               sp_segment_visit_fn visit, void *arg) {
+                               sp_segment_visit_fn visit, void (*end)(void *), void *arg) {
     SP_CHECK(sp__alloc_ensure());
     if (device >= sp__g.ndev)
         return sp__error(SP_ERR_INVALID_ARGUMENT, SP_SUB_POOL, "walk: device %d does not exist",
@@ -359,6 +359,8 @@ sp_status_t sp__pool_walk_from(int device, const sp_mempool_t *pool, void (*star
             s = visit_segment(d, seg, visit, arg, &buf, &cap);
         }
     }
+    if (end && s == SP_SUCCESS)
+        end(arg);
     unlock_all();
     free(buf);
     return s;

@@ -11,7 +11,9 @@
  * cannot be used around the walk: the locks are not recursive.)
  *
  * Every dump appends a `snapshot` entry (addr 0, size = active bytes) to each device's trace, as
- * PyTorch does, and shows it in the file it writes. No lock of its own; the collection is local.
+ * PyTorch does (its DeviceCachingAllocator::snapshot records it under the allocator's mutex), at
+ * the walk's end under the walk's locks (mark_snapshot): every entry of a state after the
+ * snapshot's comes after it. No lock of its own; the collection is local.
  */
 #include <limits.h>
 #include <stdio.h>
@@ -98,6 +100,21 @@ static void copy_traces(void *arg) {
     collect_t *c = arg;
     for (int d = 0; d < c->ndev && !c->failed; d++)
         copy_trace(c, d);
+}
+
+/* The walk's end, still under every device's allocator lock: PyTorch appends a `snapshot` entry
+ * to every device's history on each snapshot, after it copied the traces (trace() before each
+ * device's snapshot()), so the marker is in the ring for later dumps, never in this one, whose
+ * last entry is the last action before it. Recorded here, not once the locks are released: an
+ * allocation another thread made in between would come before the marker in the ring, though
+ * the snapshot does not show it (a later dump's state history then put it before this
+ * snapshot). */
+static void mark_snapshot(void *arg) {
+    collect_t *c = arg;
+    if (c->failed || !sp__history_keeps_actions())
+        return; /* failed: no snapshot; not recording: no action history, no marker */
+    for (int d = 0; d < c->ndev; d++)
+        sp__history_record(d, SP_TRACE_SNAPSHOT, 0, c->traces[d].active, 0, c->pool_id, 0);
 }
 
 /* Runs under the device's allocator lock: copy, take context references, nothing else. */
@@ -395,7 +412,7 @@ static sp_status_t dump_to(const sp_mempool_t *pool, const char *path, sp__atomi
         return sp__error(SP_ERR_SYSTEM, SP_SUB_HISTORY, "out of host memory for a snapshot");
 
     sp_status_t s = sp__pool_walk_from(pool != NULL ? sp__mempool_device(pool) : -1, pool,
-                                       copy_traces, visit, &c);
+                                       copy_traces, visit, mark_snapshot, &c);
     void (*after_walk)(void) = s_test_after_walk;
     if (after_walk)
         after_walk();
@@ -420,15 +437,6 @@ static sp_status_t dump_to(const sp_mempool_t *pool, const char *path, sp__atomi
         collect_free(&c);
         return s;
     }
-    /* PyTorch appends a `snapshot` entry to every device's history on each snapshot, after it
-     * copied the traces (trace() before each device's snapshot()): the marker is in the ring for
-     * later dumps, never in this one, whose last entry is the last action before it. */
-    for (int d = 0; d < c.ndev; d++) {
-        if (!sp__history_keeps_actions())
-            break; /* not recording: no action history, no marker */
-        sp__history_record(d, SP_TRACE_SNAPSHOT, 0, c.traces[d].active, 0, c.pool_id, 0);
-    }
-
     sp__emit_t e;
     bool json = ends_with(path, ".json");
     sp__emit_init(&e, json);

@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include <sympool/experimental.h>
 #include <sympool/sympool.h>
@@ -68,16 +69,57 @@ static bool debug_file_is_an_argument(int nsub, char **sub) {
     return false;
 }
 
+/* stdout goes through a stream of ours (out_install) whose writes keep the errno of the first
+ * write(2) that failed: stdio does not keep it, and a write that failed inside one of the many
+ * printf calls' buffer flushes had its errno overwritten long before finish() learned of it
+ * from ferror (`sympool info T > /dev/full` said "cannot write the output" without why). */
+static int out_errno; /* the first failed write's errno, 0: none */
+
+static ssize_t out_write(void *cookie, const char *buf, size_t n) {
+    (void)cookie;
+    size_t done = 0;
+    while (done < n) {
+        ssize_t w = write(STDOUT_FILENO, buf + done, n - done);
+        if (w < 0 && errno == EINTR)
+            continue;
+        if (w <= 0) {
+            if (out_errno == 0)
+                out_errno = w < 0 ? errno : EIO;
+            return done > 0 ? (ssize_t)done : -1;
+        }
+        done += (size_t)w;
+    }
+    return (ssize_t)done;
+}
+
+/* Before anything is written: the same buffering as the C library's stdout (lines to a
+ * terminal, blocks otherwise). Without memory for the stream, stdout stays as it is. */
+static void out_install(void) {
+    cookie_io_functions_t io = {NULL, out_write, NULL, NULL};
+    FILE *f = fopencookie(NULL, "w", io);
+    if (f == NULL)
+        return;
+    if (setvbuf(f, NULL, isatty(STDOUT_FILENO) ? _IOLBF : _IOFBF, BUFSIZ) != 0) {
+        fclose(f);
+        return;
+    }
+    stdout = f;
+}
+
 /* The command's exit status once its output is out: a write to stdout that failed (a full disk,
  * a closed descriptor) fails the command, which would otherwise report success over a
- * truncated or missing output (`sympool replay T --json > out.json` on a full disk). */
+ * truncated or missing output (`sympool replay T --json > out.json` on a full disk). The
+ * reason is the first failed write's (out_errno), else the flush's. */
 static int finish(int rc) {
     bool failed = ferror(stdout) != 0;
     int e = 0;
+    errno = 0;
     if (fflush(stdout) != 0) {
         failed = true;
         e = errno;
     }
+    if (out_errno != 0)
+        e = out_errno;
     if (failed && rc == 0) {
         fprintf(stderr, "sympool: cannot write the output to stdout%s%s\n", e ? ": " : "",
                 e ? strerror(e) : "");
@@ -98,6 +140,7 @@ int main(int argc, char **argv) {
             return 1;
     /* Ctrl-C or a kill while a snapshot or chart is written leaves no temporary behind. */
     cli_temp_cleanup_install();
+    out_install();
     return finish(run(argc, argv));
 }
 

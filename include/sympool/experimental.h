@@ -112,7 +112,9 @@ bool sp_x_log_cannot_open(const char *path, const char *why);
 
 /** PyTorch's emptyCache for one device only (sp_empty_cache does every device): wait for the
  * pending frees' events, release the default pool's free cached segments and those of pools
- * whose use count is 0. `sympool replay` replays one device's trace at a time. */
+ * whose use count is 0. `sympool replay` replays one device's trace at a time. Statuses as
+ * sp_empty_cache's (SP_ERR_DEVICE: the device refused to free cached memory, which stays cached),
+ * and SP_ERR_INVALID_ARGUMENT for an unknown device. */
 sp_status_t sp_x_empty_cache_device(int device);
 
 /** Pool structs sympool holds in this process: every device's default pool and every pool
@@ -136,7 +138,8 @@ uint64_t sp_x_session(void);
  *  session and sp_stream_destroy has not destroyed; cuda: one CUDA answers for, which a
  *  destroyed handle may still be), else 0 (NULL and CUDA's pseudo handles too; the thread's
  *  last error then says why), without a warning; -1 when it cannot tell now (inside a callback
- *  sympool runs, during sp_shutdown: sp_stream_destroy would be refused too). An object holding
+ *  sympool runs, during sp_shutdown: sp_stream_destroy would be refused too; or the device could
+ *  not answer: cuda out of memory, a sticky error; the last error says which). An object holding
  *  a stream asks before destroying it, in case the stream was destroyed by other means (the
  *  Python Stream's collection). */
 int sp_x_stream_live(sp_stream_t stream);

@@ -115,9 +115,11 @@ size_t sp_mempool_n_free_blocks(const sp_mempool_t *pool);
 /** Release the pool's fully free segments; NULL stream: all streams, else only that stream's
  * (cudaStreamLegacy: the default stream's, as sp_malloc caches its blocks; cudaStreamPerThread is
  * SP_ERR_INVALID_ARGUMENT, as in sp_malloc). While a CUDA graph capture is under way on the pool's
- * device nothing is released (as sp_empty_cache).
+ * device nothing is released (as sp_empty_cache). A segment the device refuses to free stays
+ * cached and the rest is released first (as sp_empty_cache).
  * @return SP_SUCCESS, SP_ERR_INVALID_ARGUMENT (bad handle, a stream sympool did not make or of
- *         another device), SP_ERR_INVALID_USAGE (stale handle, symmetric pool). */
+ *         another device), SP_ERR_INVALID_USAGE (stale handle, symmetric pool), SP_ERR_DEVICE
+ *         (the device refused to free cached memory; sp_last_error() names the call). */
 sp_status_t sp_mempool_free_all_blocks(sp_mempool_t *pool, sp_stream_t stream);
 
 /** Cap the pool's total bytes; 0 = no limit. A request that would pass it first releases the

@@ -84,7 +84,14 @@ sp_status_t sp_record_stream(void *ptr, sp_stream_t stream);
 /**
  * Release every fully free cached segment of every device back to the device, after waiting
  * for pending stream uses. Pools whose use count is 0 are released too. Symmetric pools are
- * not touched (see sp_symmetric_empty_cache, which is collective).
+ * not touched (see sp_symmetric_empty_cache, which is collective). A segment (or expandable
+ * pages) the device refuses to free stays cached, counted in the statistics, and a later call
+ * tries it again; everything else is released first. Not while a CUDA graph capture is under
+ * way on a device: that device's cache is kept, and that is no error.
+ * @return SP_SUCCESS, SP_ERR_DEVICE (the device refused to free cached memory: cudaFree, an
+ *         unmap or the synchronize before it; sp_last_error() names the call),
+ *         SP_ERR_INVALID_USAGE (from inside a callback, or while sp_shutdown runs), or an
+ *         initialization error of the first call.
  */
 sp_status_t sp_empty_cache(void);
 

@@ -535,9 +535,21 @@ static sp_status_t cuda_stream_device(sp_dev_stream_t stream, int *device_p) {
     cudaError_t err = cudaStreamGetDevice((cudaStream_t)stream, &d);
     if (err != cudaSuccess) {
         drop_last_error(err);
-        return sp__error(SP_ERR_INVALID_ARGUMENT, SP_SUB_DEVICE,
-                         "%p is not a valid CUDA stream: %s: %s", stream, cudaGetErrorName(err),
-                         cudaGetErrorString(err));
+        /* The refusals of the handle itself: cudaErrorInvalidValue (cudaStreamGetDevice's
+         * documented return), an invalid handle (a destroyed stream) and a stream whose context
+         * is gone. Anything else (out of memory, a sticky error of an earlier launch, the
+         * runtime unable to start) is the device's failure, not the argument's: a caller told
+         * "not a stream" would look for a bug in its own code. */
+        if (err == cudaErrorInvalidValue || err == cudaErrorInvalidResourceHandle ||
+            err == cudaErrorContextIsDestroyed)
+            return sp__error(SP_ERR_INVALID_ARGUMENT, SP_SUB_DEVICE,
+                             "%p is not a valid CUDA stream: cudaStreamGetDevice: %s: %s", stream,
+                             cudaGetErrorName(err), cudaGetErrorString(err));
+        return sp__error(SP_ERR_DEVICE, SP_SUB_DEVICE, "cudaStreamGetDevice(%p): %s: %s%s", stream,
+                         cudaGetErrorName(err), cudaGetErrorString(err),
+                         is_sticky(err) ? " (a sticky error: this process's CUDA context is "
+                                          "unusable from now on; the process must restart)"
+                                        : "");
     }
     *device_p = d;
     return SP_SUCCESS;
@@ -907,6 +919,22 @@ static sp_status_t vmm_drop(cuda_resv_t *r, size_t i0, size_t i1, bool mapped) {
     return res;
 }
 
+/* Unmap the mapped pages [i0, i1) of r one by one and release the handles of those unmapped
+ * (g_vmm.mu held); a page the driver refuses stays mapped with its handle. Returns how many
+ * were refused. */
+static size_t vmm_unmap_each(cuda_resv_t *r, size_t i0, size_t i1) {
+    size_t refused = 0;
+    for (size_t k = i0; k < i1; k++) {
+        if (g_vmm.unmap(r->base + k * r->page, r->page) != CUDA_SUCCESS) {
+            refused++;
+            continue;
+        }
+        vmm_release_handle(r->device, r->h[k]);
+        r->h[k] = 0;
+    }
+    return refused;
+}
+
 /* Create the physical pages [i0, i1) (g_vmm.mu held); all or nothing. */
 static sp_status_t vmm_create(cuda_resv_t *r, size_t i0, size_t i1) {
     for (size_t i = i0; i < i1; i++) {
@@ -1001,13 +1029,31 @@ static sp_status_t cuda_vmm_unmap(int device, void *addr, size_t size) {
                    g_vmm.map(r->base + j * r->page, r->page, 0, r->h[j], 0) == CUDA_SUCCESS)
                 j++;
             if (j < i || (i > i0 && vmm_access(device, a, (i - i0) * r->page) != CUDA_SUCCESS)) {
-                /* The driver refused that too: those pages are gone from the device; forget
-                 * them (the allocator's books still count them: logged). */
-                SP_WARN(SP_SUB_DEVICE,
-                        "device %d: pages unmapped by a refused vmm_unmap of "
-                        "%#llx could not be mapped again",
-                        device, (unsigned long long)a);
+                /* The driver refused that too: pages [j, i) are off the device for good (and
+                 * [i0, j) mapped again without access when only the access failed). Reported
+                 * as "nothing changed", the allocator kept counting them as mapped and cached,
+                 * and handed out memory that is not there. So the unmap is finished instead,
+                 * as asked: the pages mapped again and those from the refused one on; when
+                 * every page is off the device, the range is what the caller asked for and
+                 * the books agree (success, logged). */
                 (void)vmm_drop(r, j, i, false);
+                size_t left = vmm_unmap_each(r, i0, j) + vmm_unmap_each(r, i, i1);
+                if (left == 0) {
+                    SP_WARN(SP_SUB_DEVICE,
+                            "device %d: a refused vmm_unmap of %#llx could not be undone (the "
+                            "pages could not be mapped again); the range was unmapped whole "
+                            "instead",
+                            device, (unsigned long long)a);
+                    res = SP_SUCCESS;
+                } else {
+                    res = sp__error(SP_ERR_DEVICE, SP_SUB_DEVICE,
+                                    "device %d: vmm_unmap of %#llx (%zu bytes): cuMemUnmap was "
+                                    "refused, the pages it had unmapped could not be mapped "
+                                    "again, and %zu page(s) could not be unmapped either: part "
+                                    "of the range is lost (not mapped, though the allocator "
+                                    "counts it)",
+                                    device, (unsigned long long)a, size, left);
+                }
             }
         }
     }

@@ -69,7 +69,9 @@ typedef struct sp_device_ops {
      * stream, which counts as capturing while another blocking stream captures. */
     sp_status_t (*stream_capturing)(int device, sp_dev_stream_t stream, bool *capturing_p);
     /* Which device a stream belongs to (host: recorded at creation); SP_ERR_INVALID_ARGUMENT for
-     * a handle the backend did not make. NULL (default stream) is not asked. */
+     * a handle the backend did not make (or one destroyed), SP_ERR_DEVICE when the device
+     * cannot answer (cuda: out of memory, a sticky error): callers keep that status rather than
+     * call the stream bad. NULL (default stream) is not asked. */
     sp_status_t (*stream_device)(sp_dev_stream_t stream, int *device_p);
     /* Whether a CUDA graph capture is under way on the device as far as the backend can tell
      * (cuda: the legacy stream counts as capturing, or a stream stream_create made captures).
@@ -114,7 +116,10 @@ typedef struct sp_device_ops {
      * vmm_map: all or nothing: every page of [addr, addr+size) must be unmapped before; out of
      *   memory -> SP_ERR_OUT_OF_MEMORY (quiet) and nothing is mapped.
      * vmm_unmap: every page of the range must be mapped; the caller has synchronized the work
-     *   that used it (unmapping does not wait, as cuMemUnmap does not).
+     *   that used it (unmapping does not wait, as cuMemUnmap does not). All or nothing: on
+     *   SP_SUCCESS every page is unmapped, on an error every page is still mapped (the caller
+     *   keeps the range cached), except an SP_ERR_DEVICE whose text says part of the range is
+     *   lost (cuda: an unmap refused midway that could neither be undone nor finished).
      * vmm_release: frees the reservation; pages still mapped are unmapped first. */
     sp_status_t (*vmm_reserve)(int device, size_t size, size_t page, void **base_p);
     sp_status_t (*vmm_map)(int device, void *addr, size_t size);

@@ -4,6 +4,8 @@
 // start fresh. The hooks (cuda_double_*) are looked up in the loaded libcuda.so.1.
 #include "sp_test.hpp"
 
+#include <sympool/experimental.h>
+
 #include <dlfcn.h>
 #include <signal.h>
 #include <sys/wait.h>
@@ -878,7 +880,7 @@ TEST_F(CudaDoubleSympool, RefusedCudaFreeKeepsTheSegment) {
     ASSERT_SP_OK(sp_free(p));
     ASSERT_EQ(used(0), size_t(2) << 20);
     inject("cudaFree", cudaErrorInvalidValue);
-    (void)sp_empty_cache();
+    EXPECT_SP_STATUS(sp_empty_cache(), SP_ERR_DEVICE);
     EXPECT_EQ(sp::stat("reserved_bytes.all.current"), int64_t(2) << 20);
     EXPECT_EQ(sp::stat("segment.all.current"), 1);
     EXPECT_EQ(used(0), size_t(2) << 20);
@@ -888,6 +890,87 @@ TEST_F(CudaDoubleSympool, RefusedCudaFreeKeepsTheSegment) {
     ASSERT_SP_OK(sp_empty_cache());
     EXPECT_EQ(sp::stat("reserved_bytes.all.current"), 0);
     EXPECT_EQ(used(0), 0u);
+}
+
+TEST_F(CudaDoubleSympool, EmptyCacheReportsARefusedCudaFreeAfterReleasingTheRest) {
+    NEED_DOUBLE();
+    expect_warnings();
+    // PyTorch's emptyCache throws when cudaFree fails (release_block's C10_CUDA_CHECK). sympool
+    // releases everything else first, keeps the refused segment cached and on the books, and
+    // then returns the refusal, naming cudaFree; so do the one-device and one-pool releases.
+    void *a = nullptr, *b = nullptr;
+    ASSERT_SP_OK(sp_malloc(3 << 20, 0, nullptr, &a)); // a 20 MiB large segment
+    ASSERT_SP_OK(sp_malloc(512, 0, nullptr, &b));     // a 2 MiB small segment
+    ASSERT_SP_OK(sp_free(a));
+    ASSERT_SP_OK(sp_free(b));
+    ASSERT_EQ(used(0), size_t(22) << 20);
+    inject("cudaFree", cudaErrorInvalidValue); // the first: the large one (large pool first)
+    EXPECT_SP_STATUS(sp_empty_cache(), SP_ERR_DEVICE);
+    EXPECT_NE(std::string(sp_last_error()).find("cudaFree"), std::string::npos) << sp_last_error();
+    EXPECT_NE(std::string(sp_last_error()).find("sp_empty_cache"), std::string::npos)
+        << sp_last_error();
+    EXPECT_EQ(used(0), size_t(20) << 20) << "the small segment was released all the same";
+    EXPECT_EQ(sp::stat("reserved_bytes.all.current"), int64_t(20) << 20);
+    EXPECT_EQ(sp::stat("segment.all.current"), 1);
+    // A refusal the runtime calls out of memory is still a device error here: nothing was asked.
+    inject("cudaFree", cudaErrorMemoryAllocation);
+    EXPECT_SP_STATUS(sp_x_empty_cache_device(0), SP_ERR_DEVICE);
+    EXPECT_NE(std::string(sp_last_error()).find("cudaFree"), std::string::npos) << sp_last_error();
+    EXPECT_EQ(used(0), size_t(20) << 20);
+    // A private pool's release reports it the same way.
+    sp_mempool_params_t params;
+    sp_mempool_params_init(&params);
+    sp_mempool_t *pool = nullptr;
+    ASSERT_SP_OK(sp_mempool_create(&params, &pool));
+    void *c = nullptr;
+    ASSERT_SP_OK(sp_mempool_malloc(pool, 1 << 20, nullptr, &c));
+    ASSERT_SP_OK(sp_free(c));
+    inject("cudaFree", cudaErrorInvalidValue);
+    EXPECT_SP_STATUS(sp_mempool_free_all_blocks(pool, nullptr), SP_ERR_DEVICE);
+    EXPECT_NE(std::string(sp_last_error()).find("cudaFree"), std::string::npos) << sp_last_error();
+    EXPECT_EQ(sp_mempool_total_bytes(pool), size_t(2) << 20);
+    ASSERT_SP_OK(sp_mempool_free_all_blocks(pool, nullptr));
+    ASSERT_SP_OK(sp_mempool_destroy(pool));
+    ASSERT_SP_OK(sp_empty_cache()); // nothing refused now: success, and the device is empty
+    EXPECT_EQ(sp::stat("reserved_bytes.all.current"), 0);
+    EXPECT_EQ(used(0), 0u);
+}
+
+TEST_F(CudaDoubleSympool, AStreamQueryTheDeviceCannotAnswerIsNotABadStream) {
+    NEED_DOUBLE();
+    expect_warnings();
+    // cudaStreamGetDevice refused for a reason that is not the handle's (out of memory here; a
+    // sticky error likewise) was reported as SP_ERR_INVALID_ARGUMENT, "not a valid CUDA stream":
+    // the caller looked for a bug in its own code. Only the handle's refusals (invalid value,
+    // invalid handle, context destroyed) are a bad argument; the rest is the device's failure.
+    sp_stream_t s = nullptr;
+    ASSERT_SP_OK(sp_stream_create(0, &s));
+    void *p = nullptr;
+    inject("cudaStreamGetDevice", cudaErrorMemoryAllocation);
+    EXPECT_SP_STATUS(sp_malloc(1 << 20, 0, s, &p), SP_ERR_DEVICE);
+    std::string msg = sp_last_error();
+    EXPECT_NE(msg.find("cudaStreamGetDevice"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("cudaErrorMemoryAllocation"), std::string::npos) << msg;
+    EXPECT_EQ(msg.find("not a"), std::string::npos) << msg;
+    EXPECT_EQ(cudaGetLastError(), cudaSuccess) << "sympool took its own error out of the slot";
+    inject("cudaStreamGetDevice", cudaErrorMemoryAllocation);
+    EXPECT_SP_STATUS(sp_x_stream_label(s, 7), SP_ERR_DEVICE);
+    msg = sp_last_error();
+    EXPECT_NE(msg.find("cudaStreamGetDevice"), std::string::npos) << msg;
+    inject("cudaStreamGetDevice", cudaErrorMemoryAllocation);
+    EXPECT_EQ(sp_x_stream_live(s), -1) << "the device could not answer: cannot tell";
+    // The handle's own refusals stay a bad argument, naming the call.
+    for (int code : {int(cudaErrorInvalidValue), int(cudaErrorInvalidResourceHandle),
+                     int(cudaErrorContextIsDestroyed)}) {
+        inject("cudaStreamGetDevice", code);
+        EXPECT_SP_STATUS(sp_malloc(1 << 20, 0, s, &p), SP_ERR_INVALID_ARGUMENT);
+        msg = sp_last_error();
+        EXPECT_NE(msg.find("cudaStreamGetDevice"), std::string::npos) << code << ": " << msg;
+    }
+    inject("cudaStreamGetDevice", 0);
+    ASSERT_SP_OK(sp_malloc(1 << 20, 0, s, &p));
+    ASSERT_SP_OK(sp_free(p));
+    ASSERT_SP_OK(sp_stream_destroy(s));
 }
 
 TEST_F(CudaDoubleSympool, RefusedUnmapKeepsThePagesMapped) {
@@ -909,6 +992,38 @@ TEST_F(CudaDoubleSympool, RefusedUnmapKeepsThePagesMapped) {
     EXPECT_EQ(used(0), size_t(8) << 20);
     EXPECT_EQ(handles(), 4);
     ASSERT_SP_OK(sp_malloc(8 << 20, 0, nullptr, &p)); // the cached pages serve again
+    sp::touch(p, 8 << 20);
+    ASSERT_SP_OK(sp_free(p));
+    ASSERT_SP_OK(sp_empty_cache());
+    EXPECT_EQ(sp::stat("reserved_bytes.all.current"), 0);
+    EXPECT_EQ(used(0), 0u);
+    EXPECT_EQ(handles(), 0);
+}
+
+TEST_F(CudaDoubleSympool, AnUnmapThatCannotBeUndoneIsFinished) {
+    NEED_DOUBLE();
+    expect_warnings();
+    // cuMemUnmap refused on the second page of a release, and the first page's map back refused
+    // too: that page was gone from the device while vmm_unmap reported "nothing changed", so the
+    // allocator kept counting it (reserved 8 MiB, the device 6 MiB) and would hand it out again.
+    // The backend finishes the unmap instead (every page of the range off the device), and the
+    // books say what the device holds.
+    sp::ScopedEnv env({{"SYMPOOL_EXPANDABLE_SEGMENTS", "1"}});
+    auto handles = hook<int (*)()>("cuda_double_live_vmm_handles");
+    void *p = nullptr;
+    ASSERT_SP_OK(sp_malloc(8 << 20, 0, nullptr, &p));
+    ASSERT_SP_OK(sp_free(p));
+    ASSERT_EQ(handles(), 4);
+    inject("cuMemUnmap", CUDA_ERROR_INVALID_VALUE, 1);
+    inject("cuMemMap", CUDA_ERROR_INVALID_VALUE);
+    (void)sp_empty_cache();
+    inject("cuMemUnmap", 0);
+    inject("cuMemMap", 0);
+    EXPECT_EQ(sp::stat("reserved_bytes.all.current"), int64_t(used(0)))
+        << "the books and the device disagree";
+    EXPECT_EQ(used(0), 0u);
+    EXPECT_EQ(handles(), 0);
+    ASSERT_SP_OK(sp_malloc(8 << 20, 0, nullptr, &p)); // mapped afresh, every page there
     sp::touch(p, 8 << 20);
     ASSERT_SP_OK(sp_free(p));
     ASSERT_SP_OK(sp_empty_cache());
@@ -956,8 +1071,6 @@ TEST_F(CudaDoubleSympool, RefusedReleaseOfAPageIsTriedAgain) {
 // call said what failed (a message naming the call), the books match the device (reserved bytes
 // == the double's device memory in use, live blocks == what the test holds), and the step done
 // again without the failure succeeds. At the end nothing is left on the device.
-// Not swept: cudaStreamGetDevice (its refusal is "not a valid CUDA stream", which does not name
-// the call).
 const char *const kSweepFns[] = {
     "cudaMalloc",
     "cudaFree",
@@ -966,6 +1079,7 @@ const char *const kSweepFns[] = {
     "cudaStreamDestroy",
     "cudaStreamSynchronize",
     "cudaStreamIsCapturing",
+    "cudaStreamGetDevice",
     "cudaEventCreateWithFlags",
     "cudaEventDestroy",
     "cudaEventRecord",

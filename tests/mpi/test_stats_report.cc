@@ -560,6 +560,30 @@ TEST_F(StatsReport, BadArgumentsOnOneRankFailEverywhere) {
 // reduction's op used to return that rank alone while its peers waited in the MPI_Allreduce for
 // good; rank 0 short of host memory for its node tables used to fail alone (or, with ranks on
 // other nodes, leave their leaders in the MPI_Gatherv).
+// A report that cannot be written (a full disk) is rank 0's SP_ERR_SYSTEM, and the message says
+// why: written straight to the stream, the write failed inside one of the printf calls' buffer
+// flushes (every format is larger than the stream's buffer), whose errno was gone by the final
+// fflush, so the message was "writing the report failed" and nothing more.
+TEST_F(StatsReport, AFailedWriteSaysWhy) {
+    expect_warnings();
+    for (sp_report_format_t fmt :
+         {SP_REPORT_TABLE, SP_REPORT_JSON, SP_REPORT_PROMETHEUS, SP_REPORT_TABLE_ALL}) {
+        SCOPED_TRACE("format " + std::to_string(fmt));
+        std::unique_ptr<FILE, int (*)(FILE *)> f(std::fopen("/dev/full", "w"), std::fclose);
+        ASSERT_NE(f.get(), nullptr);
+        sp_status_t s = sp_stats_report(w_, dev_, f.get(), fmt);
+        if (rank_ == 0) {
+            EXPECT_SP_STATUS(s, SP_ERR_SYSTEM);
+            std::string msg = sp_last_error();
+            EXPECT_NE(msg.find("writing the report failed: " + std::string(strerror(ENOSPC))),
+                      std::string::npos)
+                << msg;
+        } else {
+            EXPECT_SP_OK(s);
+        }
+    }
+}
+
 TEST_F(StatsReport, PreparationFailureOnOneRankFailsEverywhere) {
     SP_SKIP_BELOW_RANKS(2);
     expect_warnings();

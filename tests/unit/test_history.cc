@@ -1117,6 +1117,41 @@ TEST_F(History, AnAllocationRightAfterAWalkOfNoSegmentIsNotInTheTrace) {
     remove_tree(dir);
 }
 
+// The `snapshot` marker was recorded once the walk's locks were released: an allocation made in
+// between (another thread's, here the hook's) came before the marker in the ring, though the
+// snapshot does not show it, so a later dump's state history put it before this snapshot. The
+// marker is recorded at the walk's end now, under its locks, as PyTorch records it under the
+// allocator's mutex: everything recorded after the snapshot's state comes after its marker.
+TEST_F(History, TheSnapshotMarkerPrecedesAnAllocationRightAfterTheWalk) {
+    ASSERT_SP_OK(record(SP_HISTORY_ALL));
+    void *held = nullptr;
+    ASSERT_SP_OK(sp_malloc(4096, 0, nullptr, &held)); // a segment for the walk to visit
+    sp__snapshot_test_after_walk([] {
+        void *p = nullptr;
+        if (sp_malloc(8192, 0, nullptr, &p) == SP_SUCCESS)
+            g_after_walk = p;
+    });
+    std::string dir = tempdir();
+    EXPECT_SP_OK(sp_dump_snapshot((dir + "/s.pickle").c_str()));
+    sp__snapshot_test_after_walk(nullptr);
+    ASSERT_NE(g_after_walk.load(), nullptr) << "the hook did not run";
+    auto t = trace();
+    ptrdiff_t marker = -1, alloc = -1;
+    for (size_t i = 0; i < t.size(); i++) {
+        if (t[i].action == SP_TRACE_SNAPSHOT)
+            marker = (ptrdiff_t)i;
+        if (t[i].action == SP_TRACE_ALLOC && t[i].addr == (uintptr_t)g_after_walk.load())
+            alloc = (ptrdiff_t)i;
+    }
+    ASSERT_GE(marker, 0) << "no snapshot marker";
+    ASSERT_GE(alloc, 0) << "no entry of the hook's allocation";
+    EXPECT_LT(marker, alloc) << "an allocation after the snapshot's state precedes its marker";
+    EXPECT_EQ(t[(size_t)marker].size, 4096u) << "the marker's size: the walked active bytes";
+    ASSERT_SP_OK(sp_free(g_after_walk.exchange(nullptr)));
+    ASSERT_SP_OK(sp_free(held));
+    remove_tree(dir);
+}
+
 // Allocating threads, a frames hook and repeated dumps at once: every snapshot still replays
 // backwards to its own segments (the walk and the trace copy see one state).
 TEST_F(History, ConcurrentDumpsStayConsistent) {
