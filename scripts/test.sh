@@ -1,12 +1,19 @@
 #!/usr/bin/env bash
-# The whole test suite, as CI runs it: install what is missing, then build and test three times:
-#   1. plain (RelWithDebInfo): every unit, MPI (2, 4, 8 ranks), CLI and example test;
-#   2. AddressSanitizer + UndefinedBehaviorSanitizer: the same tests, less the MPI runs at 8
-#      ranks and the emulated nodes;
+# The whole test suite, as CI runs it: install what is missing, then build and test three times,
+# each host-backend test once (the label plain_only, tests/CMakeLists.txt, says where):
+#   1. plain (RelWithDebInfo): the cuda backend under the CUDA/NCCL test doubles (every suite
+#      again), and what no sanitized build runs: the MPI suites at 8 ranks, the emulated nodes,
+#      and the tests of the build and the scripts themselves (label plain_only);
+#   2. AddressSanitizer + UndefinedBehaviorSanitizer: every other unit, MPI (2 and 4 ranks), CLI,
+#      Python and example test;
 #   3. ThreadSanitizer: every unit test (the threaded suites are named Threads*) and the CLI tests
 #      that run its signal handlers; the MPI tests are left out (Open MPI is not instrumented, so
 #      TSan cannot see its synchronization), and so are the CLI's others (label one_thread: the
 #      CLI runs on one thread, where TSan has no race to find).
+# The ASan build compiles the C sources (the library, the CLI, the C test programs) at -O1, as
+# clang's AddressSanitizer documentation advises for speed, and the tests' C++ at -O0: the heavy
+# tests took 14% less CPU, where -O1 everywhere cost more build time than it saved; the TSan
+# build's tests gained nothing from it (bench/results/README.md, s36 and s37).
 # Between 1 and 2, libFuzzer runs on the snapshot readers for a bounded time (tests/fuzz/run.sh,
 # 20 s a fuzzer, one per core at a time); skipped with a message where clang's fuzzer runtime is
 # missing. The TSan build builds only what the unit tests run (target sp_unit_tests).
@@ -45,17 +52,17 @@ run_build() { # name, cmake args...
 all_on=(-DSYMPOOL_BUILD_TESTS=ON -DSYMPOOL_BUILD_EXAMPLES=ON)
 plain_opts=(-DCMAKE_BUILD_TYPE=RelWithDebInfo -DSYMPOOL_BUILD_TESTS=ON -DSYMPOOL_BUILD_EXAMPLES=ON -DSYMPOOL_BUILD_BENCH=ON -DSYMPOOL_SANITIZE= -DSYMPOOL_CUDA_DOUBLE=ON)
 run_build build "${plain_opts[@]}"
-echo "== tests: plain"
-# --no-tests=error: a build that registered no tests is a failure, not a pass.
-ctest --test-dir build -j"$jobs" --timeout 300 --no-tests=error -LE cuda_double
-
-# The cuda backend under the CUDA runtime/driver and NCCL test doubles (tests/cuda_double), in the
-# plain build: the same suites plus the doubles' own rules. Built only where the toolkit's headers
-# and NCCL are (CMake says so when they are not).
+# The cuda backend under the CUDA runtime/driver and NCCL test doubles (tests/cuda_double): the
+# same suites plus the doubles' own rules, built only where the toolkit's headers and NCCL are
+# (CMake says so when they are not). One ctest run with the plain_only tests: neither waits with
+# a core idle for the other's longest test.
 if [ -d build/cuda-double ]; then
-  echo "== tests: cuda backend under the CUDA/NCCL doubles"
-  ctest --test-dir build -j"$jobs" --timeout 300 --no-tests=error -L cuda_double
+  echo "== tests: plain (plain_only) and the cuda backend under the CUDA/NCCL doubles"
+else
+  echo "== tests: plain (plain_only)"
 fi
+# --no-tests=error: a build that registered no tests is a failure, not a pass.
+ctest --test-dir build -j"$jobs" --timeout 300 --no-tests=error -L 'plain_only|cuda_double'
 
 echo "== fuzz: snapshot readers"
 tests/fuzz/run.sh build "${SYMPOOL_FUZZ_SECONDS:-20}"
@@ -82,13 +89,9 @@ if [ "${SYMPOOL_TEST_DEVICE:-host}" = cuda ]; then
 fi
 export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1"
 run_build build-asan -DCMAKE_BUILD_TYPE=Debug -DSYMPOOL_SANITIZE=address,undefined \
-  "${all_on[@]}" -DSYMPOOL_BUILD_BENCH=OFF
+  "${all_on[@]}" -DSYMPOOL_BUILD_BENCH=OFF "-DCMAKE_C_FLAGS_DEBUG=-g -O1"
 echo "== tests: AddressSanitizer + UndefinedBehaviorSanitizer"
-# The multinode label (emulated nodes, ~1 minute) runs in the plain build only: the code it
-# reaches is the MPI tests' code, which this build checks on one node. So do the MPI tests' runs
-# at 8 ranks (102 of the 541 test-seconds of this stage on two cores): the same code as at 2 and
-# 4 ranks, which this build runs; the plain build runs all three.
-ctest --test-dir build-asan -j"$jobs" --timeout 600 --no-tests=error -LE multinode -E '[.]np8$'
+ctest --test-dir build-asan -j"$jobs" --timeout 600 --no-tests=error -LE plain_only
 
 export TSAN_OPTIONS="halt_on_error=1"
 # Only what the unit tests run (sp_unit_tests): the MPI suites and programs are not run here.

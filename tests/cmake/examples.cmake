@@ -30,7 +30,7 @@ if(SP_HAVE_MPI AND Python3_Interpreter_FOUND AND TARGET 03_stats_report AND NOT 
     COMMAND ${Python3_EXECUTABLE} ${PROJECT_SOURCE_DIR}/tests/install/readme_check.py
             ${PROJECT_SOURCE_DIR} ${PROJECT_BINARY_DIR} ${CMAKE_CURRENT_BINARY_DIR}/readme_check
             ${MPIEXEC_EXECUTABLE})
-  set_tests_properties(example.readmes PROPERTIES LABELS example TIMEOUT 300
+  set_tests_properties(example.readmes PROPERTIES LABELS "example;plain_only" TIMEOUT 300
     PASS_REGULAR_EXPRESSION "readmes ok" ENVIRONMENT "${SP_TEST_ENV}")
   list(APPEND SP_MULTIRANK_TESTS example.readmes) # its MPI runs start 2 and 4 ranks
 endif()

@@ -37,7 +37,7 @@ if(NOT SYMPOOL_SANITIZE)
   add_test(NAME scripts.test_sh_after_run_main
     COMMAND ${CMAKE_CURRENT_SOURCE_DIR}/install/scripts_check.sh ${PROJECT_SOURCE_DIR}
             ${CMAKE_CURRENT_BINARY_DIR}/scripts_check)
-  set_tests_properties(scripts.test_sh_after_run_main PROPERTIES LABELS "install" TIMEOUT 300
+  set_tests_properties(scripts.test_sh_after_run_main PROPERTIES LABELS "install;plain_only" TIMEOUT 300
     PASS_REGULAR_EXPRESSION "scripts ok")
 endif()
 
@@ -60,7 +60,7 @@ if(SP_HAVE_NCCL AND SP_PKG_CONFIG AND NOT SYMPOOL_SANITIZE)
     COMMAND ${CMAKE_CURRENT_SOURCE_DIR}/install/nccl_wheel_check.sh ${PROJECT_SOURCE_DIR}
             ${CMAKE_CURRENT_BINARY_DIR}/nccl_wheel_check ${NCCL_INCLUDE_DIR} ${NCCL_LIBRARY}
             ${CMAKE_INSTALL_LIBDIR} ${CMAKE_C_COMPILER} ${CMAKE_CXX_COMPILER} ${SP_INSTALL_MPI})
-  set_tests_properties(install.nccl_wheel_layout PROPERTIES LABELS "install" TIMEOUT 600
+  set_tests_properties(install.nccl_wheel_layout PROPERTIES LABELS "install;plain_only" TIMEOUT 600
     PASS_REGULAR_EXPRESSION "wheel layout ok" ENVIRONMENT "${SP_TEST_ENV}")
 endif()
 
@@ -72,7 +72,7 @@ if(Python3_Interpreter_FOUND AND NOT SYMPOOL_SANITIZE)
   add_test(NAME scripts.gpu_check_no_gpu
     COMMAND ${CMAKE_CURRENT_SOURCE_DIR}/install/gpu_check_check.sh ${PROJECT_SOURCE_DIR}
             ${CMAKE_CURRENT_BINARY_DIR}/gpu_check_check)
-  set_tests_properties(scripts.gpu_check_no_gpu PROPERTIES LABELS "install" TIMEOUT 300
+  set_tests_properties(scripts.gpu_check_no_gpu PROPERTIES LABELS "install;plain_only" TIMEOUT 300
     PASS_REGULAR_EXPRESSION "gpu-check ok")
 endif()
 
@@ -83,6 +83,6 @@ if(NOT SYMPOOL_SANITIZE)
   add_test(NAME install.configure_without_gtest
     COMMAND ${CMAKE_CURRENT_SOURCE_DIR}/install/configure_check.sh ${PROJECT_SOURCE_DIR}
             ${CMAKE_CURRENT_BINARY_DIR}/configure_check)
-  set_tests_properties(install.configure_without_gtest PROPERTIES LABELS "install" TIMEOUT 120
+  set_tests_properties(install.configure_without_gtest PROPERTIES LABELS "install;plain_only" TIMEOUT 120
     PASS_REGULAR_EXPRESSION "configure ok")
 endif()
