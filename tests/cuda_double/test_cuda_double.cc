@@ -973,6 +973,27 @@ TEST_F(CudaDoubleSympool, AStreamQueryTheDeviceCannotAnswerIsNotABadStream) {
     ASSERT_SP_OK(sp_stream_destroy(s));
 }
 
+// The VMM refusal tests' start: an 8 MiB expandable segment, freed, its four 2 MiB pages mapped
+// and cached.
+void cache_four_mapped_pages(int (*handles)()) {
+    void *p = nullptr;
+    ASSERT_SP_OK(sp_malloc(8 << 20, 0, nullptr, &p));
+    ASSERT_SP_OK(sp_free(p));
+    ASSERT_EQ(handles(), 4);
+}
+
+// Their end: 8 MiB serves again, written whole, and every page goes back to the device.
+void serves_then_releases_everything(int (*handles)()) {
+    void *p = nullptr;
+    ASSERT_SP_OK(sp_malloc(8 << 20, 0, nullptr, &p));
+    sp::touch(p, 8 << 20);
+    ASSERT_SP_OK(sp_free(p));
+    ASSERT_SP_OK(sp_empty_cache());
+    EXPECT_EQ(sp::stat("reserved_bytes.all.current"), 0);
+    EXPECT_EQ(used(0), 0u);
+    EXPECT_EQ(handles(), 0);
+}
+
 TEST_F(CudaDoubleSympool, RefusedUnmapKeepsThePagesMapped) {
     NEED_DOUBLE();
     expect_warnings();
@@ -981,23 +1002,15 @@ TEST_F(CudaDoubleSympool, RefusedUnmapKeepsThePagesMapped) {
     // vmm_unmap fails), and the next release gives them all back.
     sp::ScopedEnv env({{"SYMPOOL_EXPANDABLE_SEGMENTS", "1"}});
     auto handles = hook<int (*)()>("cuda_double_live_vmm_handles");
-    void *p = nullptr;
-    ASSERT_SP_OK(sp_malloc(8 << 20, 0, nullptr, &p));
-    ASSERT_SP_OK(sp_free(p));
-    ASSERT_EQ(handles(), 4);
+    ASSERT_NO_FATAL_FAILURE(cache_four_mapped_pages(handles));
     inject("cuMemUnmap", CUDA_ERROR_INVALID_VALUE, 1);
-    (void)sp_empty_cache();
+    // The refusal is the call's error (PyTorch's emptyCache throws on one), the pages kept.
+    EXPECT_SP_STATUS(sp_empty_cache(), SP_ERR_DEVICE);
     inject("cuMemUnmap", 0);
     EXPECT_EQ(sp::stat("reserved_bytes.all.current"), int64_t(used(0)));
     EXPECT_EQ(used(0), size_t(8) << 20);
     EXPECT_EQ(handles(), 4);
-    ASSERT_SP_OK(sp_malloc(8 << 20, 0, nullptr, &p)); // the cached pages serve again
-    sp::touch(p, 8 << 20);
-    ASSERT_SP_OK(sp_free(p));
-    ASSERT_SP_OK(sp_empty_cache());
-    EXPECT_EQ(sp::stat("reserved_bytes.all.current"), 0);
-    EXPECT_EQ(used(0), 0u);
-    EXPECT_EQ(handles(), 0);
+    serves_then_releases_everything(handles); // the cached pages serve again
 }
 
 TEST_F(CudaDoubleSympool, AnUnmapThatCannotBeUndoneIsFinished) {
@@ -1010,26 +1023,18 @@ TEST_F(CudaDoubleSympool, AnUnmapThatCannotBeUndoneIsFinished) {
     // books say what the device holds.
     sp::ScopedEnv env({{"SYMPOOL_EXPANDABLE_SEGMENTS", "1"}});
     auto handles = hook<int (*)()>("cuda_double_live_vmm_handles");
-    void *p = nullptr;
-    ASSERT_SP_OK(sp_malloc(8 << 20, 0, nullptr, &p));
-    ASSERT_SP_OK(sp_free(p));
-    ASSERT_EQ(handles(), 4);
+    ASSERT_NO_FATAL_FAILURE(cache_four_mapped_pages(handles));
     inject("cuMemUnmap", CUDA_ERROR_INVALID_VALUE, 1);
     inject("cuMemMap", CUDA_ERROR_INVALID_VALUE);
-    (void)sp_empty_cache();
+    // Finished, the unmap did what was asked: nothing is left on the device to report.
+    EXPECT_SP_OK(sp_empty_cache());
     inject("cuMemUnmap", 0);
     inject("cuMemMap", 0);
     EXPECT_EQ(sp::stat("reserved_bytes.all.current"), int64_t(used(0)))
         << "the books and the device disagree";
     EXPECT_EQ(used(0), 0u);
     EXPECT_EQ(handles(), 0);
-    ASSERT_SP_OK(sp_malloc(8 << 20, 0, nullptr, &p)); // mapped afresh, every page there
-    sp::touch(p, 8 << 20);
-    ASSERT_SP_OK(sp_free(p));
-    ASSERT_SP_OK(sp_empty_cache());
-    EXPECT_EQ(sp::stat("reserved_bytes.all.current"), 0);
-    EXPECT_EQ(used(0), 0u);
-    EXPECT_EQ(handles(), 0);
+    serves_then_releases_everything(handles); // mapped afresh, every page there
 }
 
 TEST_F(CudaDoubleSympool, RefusedReleaseOfAPageIsTriedAgain) {
