@@ -10,7 +10,6 @@
 # failing test says so: a suite that silently runs no Python tests must not look green. The
 # conftest fails a pytest run in which no test passed (pytest alone exits 5 only when nothing is
 # collected, and 0 when everything is skipped).
-find_package(Python3 COMPONENTS Interpreter QUIET)
 set(SYMPOOL_TEST_PYTHON "" CACHE FILEPATH "Python 3 with pytest (and mpi4py) for the Python tests")
 
 set(SP_PY_ENV "SYMPOOL_DEVICE=host" "SYMPOOL_LIBRARY=$<TARGET_FILE:sympool>"
