@@ -51,24 +51,28 @@ cp tests/fuzz/repro/*.pickle tests/fuzz/repro/*.json tests/data/*.json "$out/see
   2>/dev/null || true
 export ASAN_OPTIONS="${ASAN_OPTIONS:-}:detect_leaks=1"
 export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1"
-fuzz_one() { # target: runs it for $secs, output in $out/$t.log
+fuzz_one() { # target: runs it for $run_secs, output in $out/$t.log
   local t=$1
   mkdir -p "$out/corpus_$t"
   # The first directory collects new inputs; the seeds are read only. -timeout: one input
   # slower than that is a defect (a reader must refuse quickly, not loop).
-  "$out/fuzz_$t" -max_total_time="$secs" -max_len=65536 -timeout=10 -rss_limit_mb=2048 \
+  "$out/fuzz_$t" -max_total_time="$run_secs" -max_len=65536 -timeout=10 -rss_limit_mb=2048 \
     -print_final_stats=1 -artifact_prefix="$out/$t-" "$out/corpus_$t" "$out/seeds_$t" \
     >"$out/$t.log" 2>&1
 }
-# Each fuzzer is one process on one core: as many at once as there are cores (SP_FUZZ_JOBS), so
-# each still gets a core for its whole ${secs} s (on two cores: two, then one).
-par=${SP_FUZZ_JOBS:-$(nproc)}
+# Each fuzzer is one process: all at once (SP_FUZZ_JOBS: fewer), each run long enough to get
+# ${secs} s of a core when there are more of them than cores (three on two cores: 30 s each, where
+# one after two left a core idle for the third's 20 s).
 targets=(pickle json replay)
+par=${SP_FUZZ_JOBS:-${#targets[@]}}
+cores=$(nproc)
+run_secs=$secs
+[ "$par" -le "$cores" ] || run_secs=$(((secs * par + cores - 1) / cores))
 failed=()
 for ((i = 0; i < ${#targets[@]}; i += par)); do
   pids=()
   for t in "${targets[@]:i:par}"; do
-    echo "fuzz: $t, ${secs} s"
+    echo "fuzz: $t, ${run_secs} s"
     fuzz_one "$t" &
     pids+=($!)
   done
