@@ -129,6 +129,13 @@ add_test(NAME python.pytest.parity_torch_expandable
   WORKING_DIRECTORY ${CMAKE_CURRENT_BINARY_DIR})
 set_tests_properties(python.pytest.parity_torch_expandable PROPERTIES LABELS "unit;python"
   TIMEOUT 300 ENVIRONMENT "${SP_PY_ENV};SYMPOOL_ALLOC_CONF=expandable_segments:True;SYMPOOL_EXPANDABLE_PAGE=0;SYMPOOL_EXPANDABLE_RECYCLE=0;SYMPOOL_EXPANDABLE_BORROW=0")
+# CI runs the two torch ports in its plain build only (label plain_only, scripts/test.sh): they
+# check PyTorch's semantics through the package, and the library calls they make are the ones
+# test_parity's C++ port of the same tests (unit.test_parity, unit.test_parity_expandable) makes
+# under ASan+UBSan. Under ASan they were the longest Python runs (21 and 23 s of that stage's
+# test time, a Python interpreter with the ASan runtime preloaded; s38-ci).
+set_property(TEST python.pytest.parity_torch python.pytest.parity_torch_expandable APPEND
+  PROPERTY LABELS plain_only)
 
 if(SP_HAVE_MPI)
   sp_python_can(${SP_TEST_PY} "mpi4py.MPI" SP_PY_HAS_MPI4PY)
