@@ -25,23 +25,54 @@ if ! command -v "$cc" >/dev/null ||
 fi
 flags=(-g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all -D_GNU_SOURCE -I. -Iinclude
   -I"$lib_dir/include")
-srcs=(tests/fuzz/fuzz_main.c tests/fuzz/fuzz_one.c tools/pickle_read.c tools/pickle_text.c tools/trace.c)
 libs=("$lib_dir/libsympool.a" -lpthread -ldl -lm)
 # A library built with CUDA needs cudart (and what else sympool-static.pc names) as well.
 if [ -f "$lib_dir/sympool-static.pc" ]; then
   read -r -a libs <<<"$lib_dir/libsympool.a $(sed -n 's|^Libs: ${libdir}/libsympool.a||p' \
     "$lib_dir/sympool-static.pc")"
 fi
-# The three builds at once (each is one clang process): a third of this stage's time was them, one
-# after another on one core.
-"$cc" "${flags[@]}" -DSP_FUZZ_JSON=0 "${srcs[@]}" "${libs[@]}" -o "$out/fuzz_pickle" &
-p1=$!
-"$cc" "${flags[@]}" -DSP_FUZZ_JSON=1 "${srcs[@]}" "${libs[@]}" -o "$out/fuzz_json" &
-p2=$!
-"$cc" "${flags[@]}" tests/fuzz/fuzz_replay.c tools/replay.c tools/cli_util.c tools/cli_json.c \
-  tools/pickle_read.c tools/pickle_text.c tools/trace.c "${libs[@]}" -o "$out/fuzz_replay" &
-p3=$!
+# Each source compiled once (the readers are in all three fuzzers), as many at once as there are
+# cores, then the three links: the three whole builds at once compiled the readers three times,
+# a third of this stage's time on two cores.
+objs=$out/obj
+mkdir -p "$objs"
+compile_list() { # one line per object: OBJECT SOURCE [DEFINE]
+  local s
+  for s in tests/fuzz/fuzz_one.c tools/pickle_read.c tools/pickle_text.c tools/trace.c \
+           tests/fuzz/fuzz_replay.c tools/replay.c tools/cli_util.c tools/cli_json.c; do
+    echo "$(basename "$s" .c).o $s"
+  done
+  echo "fuzz_main_pickle.o tests/fuzz/fuzz_main.c -DSP_FUZZ_JSON=0"
+  echo "fuzz_main_json.o tests/fuzz/fuzz_main.c -DSP_FUZZ_JSON=1"
+}
+compile() { # OBJECT SOURCE [DEFINE]
+  "$cc" "${flags[@]}" ${3:+"$3"} -c "$2" -o "$objs/$1"
+}
 rc=0
+running=0
+while read -r o s d; do
+  compile "$o" "$s" "$d" &
+  running=$((running + 1))
+  if [ "$running" -ge "$(nproc)" ]; then
+    wait -n || rc=1
+    running=$((running - 1))
+  fi
+done < <(compile_list)
+while [ "$running" -gt 0 ]; do
+  wait -n || rc=1
+  running=$((running - 1))
+done
+[ $rc = 0 ] || { echo "fuzz: a fuzzer failed to build"; exit 1; }
+readers=("$objs/pickle_read.o" "$objs/pickle_text.o" "$objs/trace.o")
+"$cc" "${flags[@]}" "$objs/fuzz_main_pickle.o" "$objs/fuzz_one.o" "${readers[@]}" "${libs[@]}" \
+  -o "$out/fuzz_pickle" &
+p1=$!
+"$cc" "${flags[@]}" "$objs/fuzz_main_json.o" "$objs/fuzz_one.o" "${readers[@]}" "${libs[@]}" \
+  -o "$out/fuzz_json" &
+p2=$!
+"$cc" "${flags[@]}" "$objs/fuzz_replay.o" "$objs/replay.o" "$objs/cli_util.o" "$objs/cli_json.o" \
+  "${readers[@]}" "${libs[@]}" -o "$out/fuzz_replay" &
+p3=$!
 for p in $p1 $p2 $p3; do wait $p || rc=1; done
 [ $rc = 0 ] || { echo "fuzz: a fuzzer failed to build"; exit 1; }
 python3 tests/fuzz/seeds.py tests/data "$out/seeds_pickle" "$out/seeds_json" "$out/seeds_replay"
