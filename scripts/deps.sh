@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
 # Installs what a fresh Debian/Ubuntu machine lacks to build and test sympool: a compiler, CMake,
-# Open MPI, GoogleTest, and pytest, mpi4py, pip, setuptools, wheel and venv for the system
+# Ninja, Open MPI, GoogleTest, and pytest, mpi4py, pip, setuptools, wheel and venv for the system
 # python3, and clang with its libFuzzer runtime for the fuzz stage. Does nothing when they are
 # already there.
 set -euo pipefail
 need=()
 command -v cmake >/dev/null || need+=(cmake)
+# Ninja: the build tool scripts/env.sh picks for a new build folder (Make serves without it).
+command -v ninja >/dev/null || need+=(ninja-build)
 command -v g++ >/dev/null || need+=(g++)
 command -v mpicc >/dev/null || need+=(libopenmpi-dev)
 command -v mpirun >/dev/null || need+=(openmpi-bin)

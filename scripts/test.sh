@@ -15,8 +15,10 @@
 # tests took 14% less CPU, where -O1 everywhere cost more build time than it saved; the TSan
 # build's tests gained nothing from it (bench/results/README.md, s36 and s37).
 # Between 1 and 2, libFuzzer runs on the snapshot readers for a bounded time (tests/fuzz/run.sh,
-# 20 s a fuzzer, one per core at a time); skipped with a message where clang's fuzzer runtime is
-# missing. The TSan build builds only what the unit tests run (target sp_unit_tests).
+# 20 s of a core a fuzzer, all three at once); skipped with a message where clang's fuzzer runtime
+# is missing. The TSan build builds only what the unit tests run (target sp_unit_tests), less the
+# readers' tests that run on one thread with no lock (tests/CMakeLists.txt, SP_TSAN_SKIP_UNIT).
+# Builds use Ninja where it is installed (scripts/env.sh).
 # Set SYMPOOL_TEST_DEVICE=cuda on a GPU machine to run the suites on the cuda backend: MPI tests
 # then run at one rank (SYMPOOL_TEST_NP=1,2 to choose), and what needs the host backend skips
 # with a reason. scripts/gpu-check.sh is the whole GPU validation.

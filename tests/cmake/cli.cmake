@@ -49,7 +49,6 @@ if(TARGET sympool_cli)
   set_tests_properties(cli.replay_json PROPERTIES LABELS "unit;cli" TIMEOUT 120
     PASS_REGULAR_EXPRESSION "\"events\":[0-9]+,.*\"peak_requested_bytes\":[0-9]+,\"peak_allocated_bytes\":[0-9]+,\"peak_reserved_bytes\":[0-9]+,\"pytorch_peak_reserved_bytes\":[0-9]+,.*\"ooms\":0,.*\"ns_per_event\":[0-9.]+")
 
-  find_package(Python3 COMPONENTS Interpreter QUIET)
   if(Python3_EXECUTABLE)
     add_test(NAME cli.replay_json_strings
       COMMAND ${Python3_EXECUTABLE} ${PROJECT_SOURCE_DIR}/tests/cli/replay_json_strings.py
@@ -153,7 +152,6 @@ if(TARGET sympool_cli)
   # Extreme but legal values (sizes near 2^64, time_us at +-2^63 or going backwards, an alloc
   # at address 0, sums past 4 EiB): each command handles the snapshot or refuses it naming the
   # field. The snapshots are written by the script; the same ones are in tests/fuzz/repro.
-  find_package(Python3 COMPONENTS Interpreter QUIET)
   if(Python3_EXECUTABLE)
     add_test(NAME cli.extreme_values
       COMMAND ${Python3_EXECUTABLE} ${PROJECT_SOURCE_DIR}/tests/fuzz/cli_extreme.py
@@ -213,7 +211,6 @@ if(TARGET sympool_cli)
   # PyTorch's own loader: the snapshot of the replay loads with pickle.load, block sizes add up,
   # no dump ends with its own `snapshot` entry (PyTorch copies the traces before recording it),
   # and the JSON form parses.
-  find_package(Python3 COMPONENTS Interpreter QUIET)
   if(Python3_Interpreter_FOUND)
     add_test(NAME cli.snapshot_python_load
       COMMAND ${CMAKE_COMMAND} -E env SYMPOOL_DEVICE=host
@@ -834,7 +831,6 @@ if(TARGET sympool_cli)
     TIMEOUT 60 PASS_REGULAR_EXPRESSION "cli libraries ok")
   # info --json: the text's facts, field by field, for the library and five snapshots; failures
   # leave stdout empty.
-  find_package(Python3 COMPONENTS Interpreter QUIET)
   if(Python3_Interpreter_FOUND)
     add_test(NAME cli.info_json
       COMMAND ${Python3_EXECUTABLE} ${CMAKE_CURRENT_SOURCE_DIR}/cli/info_json.py

@@ -16,12 +16,16 @@ set(SP_DBL_ENV_BASE "SYMPOOL_DEVICE=cuda" "SYMPOOL_TEST_DEVICE=cuda" "LD_LIBRARY
   "OMPI_MCA_rmaps_base_oversubscribe=1" "OMPI_MCA_btl_vader_single_copy_mechanism=none")
 set(SP_DBL_ENV ${SP_DBL_ENV_BASE} "CUDA_DOUBLE_GPUS=1")
 set(SP_DBL_ENV_MPI ${SP_DBL_ENV_BASE} "CUDA_DOUBLE_GPUS=4")
-# Unit tests: the same binaries, each GoogleTest test registered a second time with the doubles'
-# environment when ctest starts (tests/cuda_double/discover.cmake), one GPU each.
+# Unit tests: the same binaries, registered a second time with the doubles' environment when
+# ctest starts (tests/cuda_double/discover.cmake), one GPU each, each binary one test running all
+# of its tests in one process, as a training job runs on one CUDA context: one process a test
+# cost 60 of this build's test-seconds for 674 tests, the binaries whole 21 s one after the other
+# (s38-ci). test_cuda_double's rules are about a fresh process (the first call that makes a
+# context, ...): each of its tests runs alone.
 set(SP_DBL_BINARIES)
 foreach(src ${SP_UNIT_TESTS})
   get_filename_component(name ${src} NAME_WE)
-  list(APPEND SP_DBL_BINARIES "$<TARGET_FILE:${name}>|1")
+  list(APPEND SP_DBL_BINARIES "$<TARGET_FILE:${name}>|1|whole")
 endforeach()
 
 # The doubles' own rules, and sympool's cuda path held to them.
@@ -31,7 +35,7 @@ target_include_directories(test_cuda_double SYSTEM PRIVATE ${CUDAToolkit_INCLUDE
 target_link_libraries(test_cuda_double PRIVATE sp_test_shim GTest::gtest_main ${CMAKE_DL_LIBS})
 sp_test_use_pch(test_cuda_double)
 add_dependencies(test_cuda_double sp_cuda_double)
-list(APPEND SP_DBL_BINARIES "$<TARGET_FILE:test_cuda_double>|2")
+list(APPEND SP_DBL_BINARIES "$<TARGET_FILE:test_cuda_double>|2|each")
 file(GENERATE OUTPUT ${CMAKE_CURRENT_BINARY_DIR}/cuda_double_tests.cmake CONTENT
   "set(SP_DBL_BINARIES [==[${SP_DBL_BINARIES}]==])
 set(SP_DBL_ENV [==[${SP_DBL_ENV_BASE}]==])

@@ -23,7 +23,6 @@ if(TARGET sympool_cli)
   set_tests_properties(cli.replay_expandable_device_pages PROPERTIES LABELS "unit;cli" TIMEOUT 120
     PASS_REGULAR_EXPRESSION "\"num_device_alloc\":1132,\"num_device_free\":229,.*\"vmm_pages_mapped\":5272,\"vmm_pages_unmapped\":386,\"vmm_bytes_mapped\":11056185344,\"vmm_bytes_unmapped\":809500672,\"vmm_recycle_syncs\":163")
 
-  find_package(Python3 COMPONENTS Interpreter QUIET)
   if(Python3_Interpreter_FOUND)
     add_test(NAME cli.snapshot_expandable_viewer
       COMMAND ${CMAKE_COMMAND} -E env SYMPOOL_DEVICE=host

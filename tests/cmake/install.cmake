@@ -67,7 +67,6 @@ endif()
 # scripts/gpu-check.sh without a GPU: --plan fits one device call, the no-GPU run writes its
 # two-file report to --out, a failed step's log is inside it, the deadline cuts late steps.
 # Two CMake configures, no build (15-26 s, mostly waiting); unsanitized build only, as above.
-find_package(Python3 COMPONENTS Interpreter QUIET)
 if(Python3_Interpreter_FOUND AND NOT SYMPOOL_SANITIZE)
   add_test(NAME scripts.gpu_check_no_gpu
     COMMAND ${CMAKE_CURRENT_SOURCE_DIR}/install/gpu_check_check.sh ${PROJECT_SOURCE_DIR}

@@ -10,7 +10,6 @@
 # failing test says so: a suite that silently runs no Python tests must not look green. The
 # conftest fails a pytest run in which no test passed (pytest alone exits 5 only when nothing is
 # collected, and 0 when everything is skipped).
-find_package(Python3 COMPONENTS Interpreter QUIET)
 set(SYMPOOL_TEST_PYTHON "" CACHE FILEPATH "Python 3 with pytest (and mpi4py) for the Python tests")
 
 set(SP_PY_ENV "SYMPOOL_DEVICE=host" "SYMPOOL_LIBRARY=$<TARGET_FILE:sympool>"
@@ -130,6 +129,13 @@ add_test(NAME python.pytest.parity_torch_expandable
   WORKING_DIRECTORY ${CMAKE_CURRENT_BINARY_DIR})
 set_tests_properties(python.pytest.parity_torch_expandable PROPERTIES LABELS "unit;python"
   TIMEOUT 300 ENVIRONMENT "${SP_PY_ENV};SYMPOOL_ALLOC_CONF=expandable_segments:True;SYMPOOL_EXPANDABLE_PAGE=0;SYMPOOL_EXPANDABLE_RECYCLE=0;SYMPOOL_EXPANDABLE_BORROW=0")
+# CI runs the two torch ports in its plain build only (label plain_only, scripts/test.sh): they
+# check PyTorch's semantics through the package, and the library calls they make are the ones
+# test_parity's C++ port of the same tests (unit.test_parity, unit.test_parity_expandable) makes
+# under ASan+UBSan. Under ASan they were the longest Python runs (21 and 23 s of that stage's
+# test time, a Python interpreter with the ASan runtime preloaded; s38-ci).
+set_property(TEST python.pytest.parity_torch python.pytest.parity_torch_expandable APPEND
+  PROPERTY LABELS plain_only)
 
 if(SP_HAVE_MPI)
   sp_python_can(${SP_TEST_PY} "mpi4py.MPI" SP_PY_HAS_MPI4PY)
