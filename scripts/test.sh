@@ -3,17 +3,18 @@
 # each host-backend test once (the label plain_only, tests/CMakeLists.txt, says where):
 #   1. plain (RelWithDebInfo): the cuda backend under the CUDA/NCCL test doubles (every suite
 #      again), and what no sanitized build runs: the MPI suites at 8 ranks, the emulated nodes,
-#      and the tests of the build and the scripts themselves (label plain_only);
+#      the Python torch ports, and the tests of the build and the scripts (label plain_only);
 #   2. AddressSanitizer + UndefinedBehaviorSanitizer: every other unit, MPI (2 and 4 ranks), CLI,
 #      Python and example test;
-#   3. ThreadSanitizer: every unit test (the threaded suites are named Threads*) and the CLI tests
+#   3. ThreadSanitizer: the unit tests (the threaded suites are named Threads*) and the CLI tests
 #      that run its signal handlers; the MPI tests are left out (Open MPI is not instrumented, so
 #      TSan cannot see its synchronization), and so are the CLI's others (label one_thread: the
 #      CLI runs on one thread, where TSan has no race to find).
 # The ASan build compiles the C sources (the library, the CLI, the C test programs) at -O1, as
-# clang's AddressSanitizer documentation advises for speed, and the tests' C++ at -O0: the heavy
-# tests took 14% less CPU, where -O1 everywhere cost more build time than it saved; the TSan
-# build's tests gained nothing from it (bench/results/README.md, s36 and s37).
+# clang's AddressSanitizer documentation advises for speed, and the tests' C++ at -O0, not
+# instrumented (tests/CMakeLists.txt says why): the heavy tests took 14% less CPU, where -O1
+# everywhere cost more build time than it saved; the TSan build's tests gained nothing from it
+# (bench/results/README.md, s36, s37 and s38).
 # Between 1 and 2, libFuzzer runs on the snapshot readers for a bounded time (tests/fuzz/run.sh,
 # 20 s of a core a fuzzer, all three at once); skipped with a message where clang's fuzzer runtime
 # is missing. The TSan build builds only what the unit tests run (target sp_unit_tests), less the
