@@ -793,27 +793,27 @@ static void prom_samples(FILE *out, const gathered_t *g, const char *name, const
     }
 }
 
+/* Each key is classified again for each family it is looked at for (a few hundred string
+ * operations for the whole report): a table of the classified keys was a malloc whose failure
+ * left the report short, with nothing to say so. */
 static void write_prometheus(FILE *out, const gathered_t *g, const int64_t *all) {
     size_t stride = g->nkeys + N_SYM;
-    prom_key_t *keys = malloc(g->nkeys * sizeof *keys);
-    if (keys == NULL)
-        return; /* the caller's fflush/ferror check reports a short report as a failure */
-    for (size_t i = 0; i < g->nkeys; i++)
-        classify(skey(i), &keys[i]);
+    prom_key_t key;
     for (int f = 0; f < F_SCALAR; f++) {
         bool any = false;
         for (size_t i = 0; i < g->nkeys; i++) {
-            if (keys[i].family != f)
+            classify(skey(i), &key);
+            if (key.family != f)
                 continue;
             if (!any)
                 prom_head(out, families[f].name, families[f].help, families[f].type);
             any = true;
-            prom_samples(out, g, families[f].name, keys[i].labels, all, stride, i, g->nranks,
-                         false);
+            prom_samples(out, g, families[f].name, key.labels, all, stride, i, g->nranks, false);
         }
     }
     for (size_t i = 0; i < g->nkeys; i++) {
-        if (keys[i].family < F_SCALAR)
+        classify(skey(i), &key);
+        if (key.family < F_SCALAR)
             continue;
         char help[160];
         if (i >= mem_keys())
@@ -824,11 +824,10 @@ static void write_prometheus(FILE *out, const gathered_t *g, const int64_t *all)
         else
             snprintf(help, sizeof help, "PyTorch memory_stats key \"%s\"%s", skey(i),
                      strcmp(skey(i), "max_split_size") == 0 ? " (+Inf: unlimited)" : "");
-        prom_head(out, keys[i].scalar, help, keys[i].type);
-        prom_samples(out, g, keys[i].scalar, "", all, stride, i, g->nranks,
+        prom_head(out, key.scalar, help, key.type);
+        prom_samples(out, g, key.scalar, "", all, stride, i, g->nranks,
                      strcmp(skey(i), "max_split_size") == 0);
     }
-    free(keys);
     for (int j = 0; j < N_SYM; j++) {
         char name[96];
         bool counter = strcmp(sym_names[j], "pools") != 0; /* the rest only grow */

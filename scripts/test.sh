@@ -19,7 +19,8 @@
 # 20 s of a core a fuzzer, all three at once); skipped with a message where clang's fuzzer runtime
 # is missing. The TSan build builds only what the unit tests run (target sp_unit_tests), less the
 # readers' tests that run on one thread with no lock (tests/CMakeLists.txt, SP_TSAN_SKIP_UNIT).
-# Builds use Ninja where it is installed (scripts/env.sh).
+# Builds use Ninja where it is installed (scripts/env.sh); the two sanitized builds use clang
+# where it is installed, the plain one the system's compiler (below).
 # Set SYMPOOL_TEST_DEVICE=cuda on a GPU machine to run the suites on the cuda backend: MPI tests
 # then run at one rank (SYMPOOL_TEST_NP=1,2 to choose), and what needs the host backend skips
 # with a reason. scripts/gpu-check.sh is the whole GPU validation.
@@ -35,11 +36,35 @@ if command -v clang-format >/dev/null; then
   git ls-files '*.c' '*.h' '*.cc' '*.hpp' | xargs clang-format --dry-run -Werror
 fi
 
+# The Python the tests run is Debian's, which deps.sh equips (pytest, mpi4py, pip, venv): named
+# here, CMake's FindPython does not search PATH for it (1.6-2 s of each configure where PATH has
+# pyenv's shims first), and the tests that run Python scripts do not go through a shim (0.36 s a
+# start here). A configure without it (run-main.sh, a user's) still finds Python the usual way.
+py_opt=()
+[ ! -x /usr/bin/python3 ] || py_opt=(-DPython3_EXECUTABLE=/usr/bin/python3)
+
+# CMake forgets every -D option when a folder's compiler changes (it deletes the cache, then
+# configures with none of them: a sanitized folder comes out plain): such a folder starts afresh.
+fresh_if_compiler_changed() { # dir, cmake args...
+  local dir=$1; shift
+  local cache=$dir/CMakeCache.txt want have
+  [ -f "$cache" ] || return 0
+  want=$(printf '%s\n' "$@" | sed -n 's/^-DCMAKE_C_COMPILER=//p')
+  want=$(command -v "${want:-${CC:-cc}}") || return 0
+  have=$(sed -n 's/^CMAKE_C_COMPILER:[A-Z]*=//p' "$cache")
+  [ "$(readlink -f "$have")" = "$(readlink -f "$want")" ] || rm -rf "$dir"
+}
+
 # SP_TARGETS (else all): what run_build builds.
 run_build() { # name, cmake args...
   local dir=$1; shift
   echo "== build $dir ($*)"
-  cmake -S . -B "$dir" "$@" >/dev/null
+  fresh_if_compiler_changed "$dir" "$@"
+  cmake -S . -B "$dir" "${py_opt[@]}" "$@" >/dev/null
+  local san have_san
+  san=$(printf '%s\n' "$@" | sed -n 's/^-DSYMPOOL_SANITIZE=//p')
+  have_san=$(sed -n 's/^SYMPOOL_SANITIZE:[A-Z]*=//p' "$dir/CMakeCache.txt")
+  [ "$have_san" = "$san" ] || { echo "build $dir: configured with SYMPOOL_SANITIZE='$have_san', not '$san'"; return 1; }
   local targets=()
   [ -z "${SP_TARGETS:-}" ] || targets=(--target $SP_TARGETS)
   if ! cmake --build "$dir" -j"$jobs" "${targets[@]}" >"$dir/build.log" 2>&1; then
@@ -91,14 +116,24 @@ if [ "${SYMPOOL_TEST_DEVICE:-host}" = cuda ]; then
   export ASAN_OPTIONS="$ASAN_OPTIONS:protect_shadow_gap=0"
 fi
 export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1"
-run_build build-asan -DCMAKE_BUILD_TYPE=Debug -DSYMPOOL_SANITIZE=address,undefined \
+# The sanitized builds are compiled by clang where it is installed (the fuzz stage needs it too)
+# and CC and CXX do not name a compiler; the plain build by the system's (cc, as run-main.sh
+# builds it). So CI compiles everything with both, warnings errors under each, and clang's
+# sanitizers are its own reference ones; clang compiles the tests' C++ in about half GCC's time
+# (bench/results/README.md, s39). Each sanitized build's unit.sanitizer_probe.* tests check that
+# its sanitizers report.
+san_cc=()
+if [ -z "${CC:-}${CXX:-}" ] && command -v clang >/dev/null && command -v clang++ >/dev/null; then
+  san_cc=(-DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++)
+fi
+run_build build-asan "${san_cc[@]}" -DCMAKE_BUILD_TYPE=Debug -DSYMPOOL_SANITIZE=address,undefined \
   "${all_on[@]}" -DSYMPOOL_BUILD_BENCH=OFF "-DCMAKE_C_FLAGS_DEBUG=-g -O1"
 echo "== tests: AddressSanitizer + UndefinedBehaviorSanitizer"
 ctest --test-dir build-asan -j"$jobs" --timeout 600 --no-tests=error -LE plain_only
 
 export TSAN_OPTIONS="halt_on_error=1"
 # Only what the unit tests run (sp_unit_tests): the MPI suites and programs are not run here.
-SP_TARGETS=sp_unit_tests run_build build-tsan -DCMAKE_BUILD_TYPE=Debug -DSYMPOOL_SANITIZE=thread -DSYMPOOL_BUILD_TESTS=ON \
+SP_TARGETS=sp_unit_tests run_build build-tsan "${san_cc[@]}" -DCMAKE_BUILD_TYPE=Debug -DSYMPOOL_SANITIZE=thread -DSYMPOOL_BUILD_TESTS=ON \
   -DSYMPOOL_BUILD_BENCH=OFF -DSYMPOOL_BUILD_EXAMPLES=OFF
 echo "== tests: ThreadSanitizer (unit tests, the CLI's signal handlers)"
 ctest --test-dir build-tsan -j"$jobs" --timeout 600 -L unit -LE one_thread --no-tests=error

@@ -20,16 +20,17 @@
 
 #include "tools/cli.h"
 
-/* Whether getopt's error on optopt is `word` ("--name=value", name or a prefix of it) giving a
- * value to a long option that takes none. Not merely a word that starts with "--": an unknown
- * short option inside a cluster ("-xj") leaves optind on it, so argv[optind - 1] is then the
- * word before, which may be any long option ("--json -xj" was "'--json' takes no value"). */
-static bool takes_no_value(const char *word, int optopt, const struct option *longopts) {
+/* Whether getopt's error on `opt_val` (its optopt, renamed: the global is in scope) is `word`
+ * ("--name=value", name or a prefix of it) giving a value to a long option that takes none. Not
+ * merely a word that starts with "--": an unknown short option inside a cluster ("-xj") leaves
+ * optind on it, so argv[optind - 1] is then the word before, which may be any long option
+ * ("--json -xj" was "'--json' takes no value"). */
+static bool takes_no_value(const char *word, int opt_val, const struct option *longopts) {
     if (strncmp(word, "--", 2) != 0 || strchr(word, '=') == NULL)
         return false;
     size_t len = strcspn(word + 2, "=");
     for (const struct option *o = longopts; o != NULL && o->name != NULL; o++)
-        if (o->has_arg == no_argument && o->flag == NULL && o->val == optopt &&
+        if (o->has_arg == no_argument && o->flag == NULL && o->val == opt_val &&
             strncmp(o->name, word + 2, len) == 0)
             return true;
     return false;

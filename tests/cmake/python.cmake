@@ -19,8 +19,14 @@ set(SP_PY_ENV "SYMPOOL_DEVICE=host" "SYMPOOL_LIBRARY=$<TARGET_FILE:sympool>"
 set(SP_PY_MPI_FLAGS)
 # A sanitized .so loaded into an unsanitized python needs the ASan runtime preloaded; the
 # interpreter's own allocations are not ours to leak-check. Under mpirun only the ranks get it.
+# GCC's runtime is libasan.so; clang's shared one (executables link its static one) carries
+# UndefinedBehaviorSanitizer's handlers as well.
 if(SYMPOOL_SANITIZE MATCHES "address")
-  execute_process(COMMAND ${CMAKE_C_COMPILER} -print-file-name=libasan.so
+  set(sp_asan_rt libasan.so)
+  if(CMAKE_C_COMPILER_ID MATCHES "Clang")
+    set(sp_asan_rt libclang_rt.asan-${CMAKE_SYSTEM_PROCESSOR}.so)
+  endif()
+  execute_process(COMMAND ${CMAKE_C_COMPILER} -print-file-name=${sp_asan_rt}
     OUTPUT_VARIABLE SP_LIBASAN OUTPUT_STRIP_TRAILING_WHITESPACE)
   list(APPEND SP_PY_ENV "LD_PRELOAD=${SP_LIBASAN}" "ASAN_OPTIONS=detect_leaks=0")
   set(SP_PY_MPI_FLAGS -x LD_PRELOAD=${SP_LIBASAN} -x ASAN_OPTIONS=detect_leaks=0)

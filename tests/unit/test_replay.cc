@@ -964,8 +964,8 @@ std::vector<unsigned char> snapshot_of(const std::vector<SSeg> &segs, const std:
     return finish(&e);
 }
 
-constexpr uint64_t S1 = 0x1000, S2 = 0x2000; // recorded side streams
-constexpr uint64_t X = 0x7e0000000000ull;    // addresses of segments made in the trace
+constexpr uint64_t S1 = 0x1000;           // a recorded side stream
+constexpr uint64_t X = 0x7e0000000000ull; // addresses of segments made in the trace
 
 // Ten streams, each allocating 30 MiB blocks in its own segments, then the user's empty_cache
 // between two rounds: PyTorch peaked at one round's segments (10 x 30 MiB), because the
@@ -1723,8 +1723,8 @@ TEST_F(Replay, HandedOverEntriesAreCheckedLikeDicts) {
         return finish(&e);
     };
     const char *want[] = {"", "device_traces[0][4] (alloc): missing or bad 'addr' or 'size'",
-                          "device_traces[0][2] (weird_action): time_us is not a time in [0, 2^53] "
-                          "microseconds"};
+                          ("device_traces[0][2] (weird_action): time_us is not a time in [0, 2^53] "
+                           "microseconds")};
     for (int bad = 0; bad < 3; bad++) {
         std::vector<unsigned char> b = trace(bad);
         std::string path = "checked_" + std::to_string(getpid()) + ".pickle";
