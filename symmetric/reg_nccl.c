@@ -168,21 +168,21 @@ static ncclResult_t nccl_mem_free(int device, void *base) {
  * A segment whose ncclCommWindowDeregister or ncclMemFree is refused is not forgotten: its
  * window (while still registered) and its memory wait on this process's list, under the world
  * they were made on, and are tried again, locally, at the world's next release or growth (of
- * any pool), and at sp_world_finalize right before the communicator goes. The memory is never
- * freed while its window is registered ("always deregister windows before freeing memory or
- * destroying communicators", NCCL 2.28.9 examples/05_symmetric_memory/01_allreduce/README.md). A
- * window that still cannot be deregistered goes with the communicator
- * (ncclCommDestroy/ncclCommAbort: commFree -> ncclDevrFinalize, src/init.cc:237-247; after an abort
- * earlier in the world's life it is gone already; without symmetric support a window is a local
- * registration, which commFree's ncclRegCleanup, :331, cleans up), and its memory is freed right
- * after that (sp__world_on_nccl_end). NCCL 2.28.9's ncclDevrFinalize (src/dev_runtime.cc:110-143)
- * unmaps the windows' peer mappings but never drops the cuMem reference a registration retained
- * (cuMemRetainAllocationHandle, :613; dropped only in symMemoryDropRef, :426-449, at a
- * deregistration), so there the physical memory of such a window stays until the process
- * exits; 2.29.7 destroys the windows left at ncclDevrFinalize. Every step is local (deregistration
- * is local in NCCL), so a refusal on one rank costs the others nothing: the pool's books already
- * let go of the segment on every rank. s_left_lock is a leaf lock held for list steps only, never
- * across an NCCL or CUDA call. */
+ * any pool), at an empty_cache or destroy that releases nothing, and at sp_world_finalize right
+ * before the communicator goes. The memory is never freed while its window is registered ("always
+ * deregister windows before freeing memory or destroying communicators", NCCL 2.28.9
+ * examples/05_symmetric_memory/01_allreduce/README.md). A window that still cannot be deregistered
+ * goes with the communicator (ncclCommDestroy/ncclCommAbort: commFree -> ncclDevrFinalize,
+ * src/init.cc:237-247; after an abort earlier in the world's life it is gone already; without
+ * symmetric support a window is a local registration, which commFree's ncclRegCleanup, :331, cleans
+ * up), and its memory is freed right after that (sp__world_on_nccl_end). NCCL 2.28.9's
+ * ncclDevrFinalize (src/dev_runtime.cc:110-143) unmaps the windows' peer mappings but never drops
+ * the cuMem reference a registration retained (cuMemRetainAllocationHandle, :613; dropped only in
+ * symMemoryDropRef, :426-449, at a deregistration), so there the physical memory of such a window
+ * stays until the process exits; 2.29.7 destroys the windows left at ncclDevrFinalize. Every step
+ * is local (deregistration is local in NCCL), so a refusal on one rank costs the others nothing:
+ * the pool's books already let go of the segment on every rank. s_left_lock is a leaf lock held for
+ * list steps only, never across an NCCL or CUDA call. */
 typedef struct left {
     sp_world_t *world; /* the world whose communicator the window is on */
     void *window;      /* ncclWindow_t still registered, NULL once deregistered */
@@ -271,7 +271,7 @@ static sp_status_t let_go(sp_world_t *w, int device, void *win, void *base, size
         put_left(e);
         snprintf(msg, sizeof msg,
                  "%s: %s; the segment's %s (%zu bytes at %p) %s kept and tried again at the "
-                 "world's next release or growth and at sp_world_finalize",
+                 "world's next release, growth or empty_cache and at sp_world_finalize",
                  what, why, win ? "window and memory" : "memory", size, base, win ? "are" : "is");
     } else {
         snprintf(msg, sizeof msg,
@@ -772,6 +772,10 @@ static sp_status_t device_sync(const sp_sym_state_t *st, const char *why) {
     return ce == cudaSuccess ? SP_SUCCESS : cuda_err(ce, why);
 }
 
+static void nccl_retry_kept(sp_sym_state_t *st) {
+    retry_left(st->world);
+}
+
 static sp_status_t nccl_quiesce(sp_sym_state_t *st) {
     return device_sync(st, "cudaDeviceSynchronize before releasing symmetric segments");
 }
@@ -809,6 +813,7 @@ const sp_registrar_ops_t sp__registrar_nccl = {
     .alloc = nccl_alloc,
     .release = nccl_release,
     .quiesce = nccl_quiesce,
+    .retry_kept = nccl_retry_kept,
     .peer_ptr = nccl_peer_ptr,
 };
 

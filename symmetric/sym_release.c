@@ -230,6 +230,8 @@ static sp_status_t release_agreed(sp_sym_state_t *st, const char *what, const ui
     *seg_err_p = SP_SUCCESS;
     if (any)
         SP_CHECK(release_round(st, what));
+    else if (st->reg->retry_kept) /* a release would have tried them (reg_nccl.c) */
+        st->reg->retry_kept(st);
     sp_status_t s = SP_SUCCESS;
     char msg[512] = "";
     for (uint64_t q = 0; q < nbits; q++) {

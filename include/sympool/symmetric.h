@@ -74,9 +74,10 @@ sp_status_t sp_symmetric_malloc(sp_mempool_t *pool, size_t size, sp_stream_t str
  * segment (SP_ERR_DEVICE, or the failed wait's status on that rank). A segment whose release
  * fails on a rank (SP_ERR_NCCL, on that rank, naming the refused ncclCommWindowDeregister or
  * ncclMemFree) does not stop the others; the pool lets go of it on every rank, and that rank
- * keeps what NCCL refused and tries again at the world's next release or growth and at
- * sp_world_finalize, which frees the memory once the communicator (and the window with it) is
- * gone. SP_ERR_MISMATCH, SP_ERR_TIMEOUT as sp_symmetric_malloc. */
+ * keeps what NCCL refused and tries again at the world's next release, growth or
+ * sp_symmetric_empty_cache (of any pool) and at sp_world_finalize, which frees the memory once the
+ * communicator (and the window with it) is gone. SP_ERR_MISMATCH, SP_ERR_TIMEOUT as
+ * sp_symmetric_malloc. */
 sp_status_t sp_symmetric_empty_cache(sp_mempool_t *pool);
 
 /**

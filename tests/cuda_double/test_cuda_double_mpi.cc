@@ -596,10 +596,10 @@ TEST_F(CudaDoubleMpiRefusal, RefusedMemFreeIsAnErrorAndLeaksNothing) {
     refused_release_everywhere("ncclMemFree", ncclUnhandledCudaError);
 }
 
-// A window NCCL never lets go of (its deregistration refused again at finalize, right before the
-// communicator goes) goes with the communicator (ncclCommDestroy, NCCL 2.28.9 src/init.cc
-// commFree -> ncclDevrFinalize), and its memory is freed right after that: a warning says so,
-// finalize succeeds, and the device holds nothing of it.
+// A window NCCL never lets go of (its deregistration refused again by the destroy that releases
+// nothing and at finalize, right before the communicator goes) goes with the communicator
+// (ncclCommDestroy, NCCL 2.28.9 src/init.cc commFree -> ncclDevrFinalize), and its memory is freed
+// right after that: a warning says so, finalize succeeds, and the device holds nothing of it.
 TEST_F(CudaDoubleMpiRefusal, AWindowNeverDeregisteredGoesWithTheCommunicator) {
     NEED_DOUBLE();
     expect_warnings();
@@ -611,6 +611,7 @@ TEST_F(CudaDoubleMpiRefusal, AWindowNeverDeregisteredGoesWithTheCommunicator) {
     ASSERT_SP_OK(sp_free(a));
     inject("ncclCommWindowDeregister", ncclInvalidUsage);
     EXPECT_EQ(sp_symmetric_empty_cache(pool_), SP_ERR_NCCL) << sp_last_error();
+    inject("ncclCommWindowDeregister", ncclInvalidUsage); // the destroy's try (it releases nothing)
     const sp_status_t d = sp_symmetric_mempool_destroy(pool_);
     pool_ = nullptr;
     EXPECT_SP_OK(d);
@@ -650,6 +651,34 @@ TEST_F(CudaDoubleMpi, ARefusedDeregistrationOnOneRankIsFreedByTheNextGrowth) {
     ASSERT_SP_OK(sp_free(a));
     ASSERT_SP_OK(sp_symmetric_empty_cache(pool_));
     EXPECT_EQ(double_used(), u0) << "kept past the next growth and release";
+    EXPECT_EQ(double_handles(), h0);
+}
+
+// What a refused deregistration kept is tried again by the next sp_symmetric_empty_cache even
+// when that call has no segment of its own to release (before, only a release or a growth
+// retried it, so a job that stopped growing kept it until sp_world_finalize).
+TEST_F(CudaDoubleMpi, AnEmptyCacheWithNothingToReleaseRetriesWhatARefusalKept) {
+    NEED_DOUBLE();
+    SP_SKIP_BELOW_RANKS(2);
+    expect_warnings();
+    make_pool(false, false, "retrykept");
+    const size_t u0 = double_used();
+    const int h0 = double_handles();
+    void *a = nullptr;
+    ASSERT_SP_OK(sp_symmetric_malloc(pool_, 12 << 20, nullptr, &a));
+    ASSERT_SP_OK(sp_free(a));
+    if (mpi_rank() == 0) {
+        inject("ncclCommWindowDeregister", ncclInvalidUsage);
+    }
+    const sp_status_t s = sp_symmetric_empty_cache(pool_);
+    if (mpi_rank() == 0) {
+        EXPECT_EQ(s, SP_ERR_NCCL) << sp_last_error();
+        EXPECT_GT(double_used(), u0) << "the refused segment was not kept";
+    } else {
+        EXPECT_SP_OK(s);
+    }
+    ASSERT_SP_OK(sp_symmetric_empty_cache(pool_)); // nothing cached: no segment to release
+    EXPECT_EQ(double_used(), u0) << "still kept on rank " << mpi_rank();
     EXPECT_EQ(double_handles(), h0);
 }
 
