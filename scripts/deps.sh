@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs what a fresh Debian/Ubuntu machine lacks to build and test sympool: a compiler, CMake,
 # Ninja, Open MPI, GoogleTest, and pytest, mpi4py, pip, setuptools, wheel and venv for the system
-# python3, and clang with its libFuzzer runtime for the fuzz stage. Does nothing when they are
+# python3, and clang with its runtimes (libFuzzer for the fuzz stage, the sanitizers' for the
+# sanitized builds, which test.sh compiles with clang where it can). Does nothing when they are
 # already there.
 set -euo pipefail
 need=()
@@ -32,7 +33,8 @@ command -v ip >/dev/null || need+=(iproute2)
 command -v unshare >/dev/null || need+=(util-linux)
 # `man sympool` is generated from the command's --help at build time (200 KB, perl).
 command -v help2man >/dev/null || need+=(help2man)
-# The fuzz stage (tests/fuzz/run.sh) needs clang and its libFuzzer runtime (libclang-rt-dev).
+# The fuzz stage (tests/fuzz/run.sh) needs clang and its libFuzzer runtime, the sanitized builds
+# its ASan, UBSan and TSan runtimes (all in libclang-rt-dev).
 command -v clang >/dev/null || need+=(clang)
 compgen -G '/usr/lib/llvm-*/lib/clang/*/lib/linux/libclang_rt.fuzzer-*.a' >/dev/null ||
   need+=(libclang-rt-dev)

@@ -122,8 +122,19 @@ export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1"
 # sanitizers are its own reference ones; clang compiles the tests' C++ in about half GCC's time
 # (bench/results/README.md, s39). Each sanitized build's unit.sanitizer_probe.* tests check that
 # its sanitizers report.
+# clang without its sanitizer runtimes (libclang-rt-dev) cannot link those builds: GCC then.
+clang_sanitizes() {
+  local t ok=0
+  command -v clang >/dev/null && command -v clang++ >/dev/null || return 1
+  t=$(mktemp -d) || return 1
+  echo 'int main(void) { return 0; }' >"$t/p.c"
+  { clang -fsanitize=address,undefined "$t/p.c" -o "$t/a" && clang -fsanitize=thread "$t/p.c" -o "$t/t"; } \
+    >/dev/null 2>&1 || ok=1
+  rm -rf "$t"
+  return $ok
+}
 san_cc=()
-if [ -z "${CC:-}${CXX:-}" ] && command -v clang >/dev/null && command -v clang++ >/dev/null; then
+if [ -z "${CC:-}${CXX:-}" ] && clang_sanitizes; then
   san_cc=(-DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++)
 fi
 run_build build-asan "${san_cc[@]}" -DCMAKE_BUILD_TYPE=Debug -DSYMPOOL_SANITIZE=address,undefined \
