@@ -625,27 +625,41 @@ TEST_F(CudaDoubleMpiRefusal, AWindowNeverDeregisteredGoesWithTheCommunicator) {
     EXPECT_EQ(double_handles(), h0);
 }
 
+// A pool (named `name`) whose one cached 12 MiB segment an empty_cache could not let go of on
+// rank 0 (its ncclCommWindowDeregister refused): SP_ERR_NCCL there, success elsewhere, and rank 0
+// keeps the window and its memory. *u0 and *h0: the device's bytes and VMM handles before.
+class CudaDoubleMpiKept : public SymPoolTest {
+  protected:
+    void refuse_on_rank0(const char *name, size_t *u0, int *h0) {
+        make_pool(false, false, name);
+        *u0 = double_used();
+        *h0 = double_handles();
+        void *a = nullptr;
+        ASSERT_SP_OK(sp_symmetric_malloc(pool_, 12 << 20, nullptr, &a));
+        ASSERT_SP_OK(sp_free(a));
+        if (mpi_rank() == 0) {
+            inject("ncclCommWindowDeregister", ncclInvalidUsage);
+        }
+        const sp_status_t s = sp_symmetric_empty_cache(pool_);
+        if (mpi_rank() == 0) {
+            EXPECT_EQ(s, SP_ERR_NCCL) << sp_last_error();
+            EXPECT_GT(double_used(), *u0) << "the refused segment was not kept";
+        } else {
+            EXPECT_SP_OK(s);
+        }
+    }
+};
+
 // A refusal on one rank is that rank's error only: no rank waits for it, the next collective
 // calls go on everywhere, and the next growth on the world frees what that rank kept.
-TEST_F(CudaDoubleMpi, ARefusedDeregistrationOnOneRankIsFreedByTheNextGrowth) {
+TEST_F(CudaDoubleMpiKept, ARefusedDeregistrationOnOneRankIsFreedByTheNextGrowth) {
     NEED_DOUBLE();
     SP_SKIP_BELOW_RANKS(2);
     expect_warnings();
-    make_pool(false, false, "onerefusal");
-    const size_t u0 = double_used();
-    const int h0 = double_handles();
+    size_t u0 = 0;
+    int h0 = 0;
+    ASSERT_NO_FATAL_FAILURE(refuse_on_rank0("onerefusal", &u0, &h0));
     void *a = nullptr;
-    ASSERT_SP_OK(sp_symmetric_malloc(pool_, 12 << 20, nullptr, &a));
-    ASSERT_SP_OK(sp_free(a));
-    if (mpi_rank() == 0) {
-        inject("ncclCommWindowDeregister", ncclInvalidUsage);
-    }
-    const sp_status_t s = sp_symmetric_empty_cache(pool_);
-    if (mpi_rank() == 0) {
-        EXPECT_EQ(s, SP_ERR_NCCL) << sp_last_error();
-    } else {
-        EXPECT_SP_OK(s);
-    }
     ASSERT_SP_OK(sp_symmetric_malloc(pool_, 12 << 20, nullptr, &a));
     ASSERT_SP_OK(sp_allreduce(world_, a, a, 1024, SP_FLOAT32, SP_SUM, nullptr));
     ASSERT_SP_OK(sp_free(a));
@@ -657,26 +671,13 @@ TEST_F(CudaDoubleMpi, ARefusedDeregistrationOnOneRankIsFreedByTheNextGrowth) {
 // What a refused deregistration kept is tried again by the next sp_symmetric_empty_cache even
 // when that call has no segment of its own to release (before, only a release or a growth
 // retried it, so a job that stopped growing kept it until sp_world_finalize).
-TEST_F(CudaDoubleMpi, AnEmptyCacheWithNothingToReleaseRetriesWhatARefusalKept) {
+TEST_F(CudaDoubleMpiKept, AnEmptyCacheWithNothingToReleaseRetriesWhatARefusalKept) {
     NEED_DOUBLE();
     SP_SKIP_BELOW_RANKS(2);
     expect_warnings();
-    make_pool(false, false, "retrykept");
-    const size_t u0 = double_used();
-    const int h0 = double_handles();
-    void *a = nullptr;
-    ASSERT_SP_OK(sp_symmetric_malloc(pool_, 12 << 20, nullptr, &a));
-    ASSERT_SP_OK(sp_free(a));
-    if (mpi_rank() == 0) {
-        inject("ncclCommWindowDeregister", ncclInvalidUsage);
-    }
-    const sp_status_t s = sp_symmetric_empty_cache(pool_);
-    if (mpi_rank() == 0) {
-        EXPECT_EQ(s, SP_ERR_NCCL) << sp_last_error();
-        EXPECT_GT(double_used(), u0) << "the refused segment was not kept";
-    } else {
-        EXPECT_SP_OK(s);
-    }
+    size_t u0 = 0;
+    int h0 = 0;
+    ASSERT_NO_FATAL_FAILURE(refuse_on_rank0("retrykept", &u0, &h0));
     ASSERT_SP_OK(sp_symmetric_empty_cache(pool_)); // nothing cached: no segment to release
     EXPECT_EQ(double_used(), u0) << "still kept on rank " << mpi_rank();
     EXPECT_EQ(double_handles(), h0);
