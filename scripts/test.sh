@@ -20,7 +20,8 @@
 # is missing. The TSan build builds only what the unit tests run (target sp_unit_tests), less the
 # readers' tests that run on one thread with no lock (tests/CMakeLists.txt, SP_TSAN_SKIP_UNIT).
 # Builds use Ninja where it is installed (scripts/env.sh); the two sanitized builds use clang
-# where it is installed, the plain one the system's compiler (below).
+# where it is installed, the plain one the system's C compiler and clang++ for the tests' C++
+# (below).
 # Set SYMPOOL_TEST_DEVICE=cuda on a GPU machine to run the suites on the cuda backend: MPI tests
 # then run at one rank (SYMPOOL_TEST_NP=1,2 to choose), and what needs the host backend skips
 # with a reason. scripts/gpu-check.sh is the whole GPU validation.
@@ -47,12 +48,15 @@ py_opt=()
 # configures with none of them: a sanitized folder comes out plain): such a folder starts afresh.
 fresh_if_compiler_changed() { # dir, cmake args...
   local dir=$1; shift
-  local cache=$dir/CMakeCache.txt want have
+  local cache=$dir/CMakeCache.txt spec lang env dflt want have
   [ -f "$cache" ] || return 0
-  want=$(printf '%s\n' "$@" | sed -n 's/^-DCMAKE_C_COMPILER=//p')
-  want=$(command -v "${want:-${CC:-cc}}") || return 0
-  have=$(sed -n 's/^CMAKE_C_COMPILER:[A-Z]*=//p' "$cache")
-  [ "$(readlink -f "$have")" = "$(readlink -f "$want")" ] || rm -rf "$dir"
+  for spec in C:CC:cc CXX:CXX:c++; do
+    IFS=: read -r lang env dflt <<<"$spec"
+    want=$(printf '%s\n' "$@" | sed -n "s/^-DCMAKE_${lang}_COMPILER=//p")
+    want=$(command -v "${want:-${!env:-$dflt}}") || return 0
+    have=$(sed -n "s/^CMAKE_${lang}_COMPILER:[A-Z]*=//p" "$cache")
+    [ "$(readlink -f "$have")" = "$(readlink -f "$want")" ] || { rm -rf "$dir"; return 0; }
+  done
 }
 
 # SP_TARGETS (else all): what run_build builds.
@@ -79,7 +83,15 @@ run_build() { # name, cmake args...
 # (tests/install/scripts_check.sh reads plain_opts: keep it on one line.)
 all_on=(-DSYMPOOL_BUILD_TESTS=ON -DSYMPOOL_BUILD_EXAMPLES=ON)
 plain_opts=(-DCMAKE_BUILD_TYPE=RelWithDebInfo -DSYMPOOL_BUILD_TESTS=ON -DSYMPOOL_BUILD_EXAMPLES=ON -DSYMPOOL_BUILD_BENCH=ON -DSYMPOOL_SANITIZE= -DSYMPOOL_CUDA_DOUBLE=ON)
-run_build build "${plain_opts[@]}"
+# The plain build's C++ is the tests' own (GoogleTest suites, reference models): the library, the
+# CLI, the examples and the benchmarks are C, compiled by the system's cc as run-main.sh compiles
+# them. clang++ compiles that C++ where it is installed and CXX names no compiler, in about half
+# g++'s time (bench/results/README.md, s39).
+plain_cxx=()
+if [ -z "${CXX:-}" ] && command -v clang++ >/dev/null; then
+  plain_cxx=(-DCMAKE_CXX_COMPILER=clang++)
+fi
+run_build build "${plain_cxx[@]}" "${plain_opts[@]}"
 # The cuda backend under the CUDA runtime/driver and NCCL test doubles (tests/cuda_double): the
 # same suites plus the doubles' own rules, built only where the toolkit's headers and NCCL are
 # (CMake says so when they are not). One ctest run with the plain_only tests: neither waits with
