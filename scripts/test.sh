@@ -129,12 +129,12 @@ if [ "${SYMPOOL_TEST_DEVICE:-host}" = cuda ]; then
 fi
 export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1"
 # The sanitized builds are compiled by clang where it is installed (the fuzz stage needs it too)
-# and CC and CXX do not name a compiler; the plain build by the system's (cc, as run-main.sh
-# builds it). So CI compiles everything with both, warnings errors under each, and clang's
-# sanitizers are its own reference ones; clang compiles the tests' C++ in about half GCC's time
-# (bench/results/README.md, s39). Each sanitized build's unit.sanitizer_probe.* tests check that
-# its sanitizers report.
-# clang without its sanitizer runtimes (libclang-rt-dev) cannot link those builds: GCC then.
+# and CC and CXX do not name a compiler; the plain build's C by the system's (cc, as run-main.sh
+# builds it). So CI compiles the library and the CLI with both, warnings errors under each, and
+# clang's sanitizers are its own reference ones; clang compiles the tests' C++ in about half
+# GCC's time (bench/results/README.md, s39). Each sanitized build's unit.sanitizer_probe.* tests
+# check that its sanitizers report. clang without its sanitizer runtimes (libclang-rt-dev)
+# cannot link those builds: GCC then.
 clang_sanitizes() {
   local t ok=0
   command -v clang >/dev/null && command -v clang++ >/dev/null || return 1
