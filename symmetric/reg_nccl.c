@@ -186,6 +186,7 @@ static ncclResult_t nccl_mem_free(int device, void *base) {
 typedef struct left {
     sp_world_t *world; /* the world whose communicator the window is on */
     void *window;      /* ncclWindow_t still registered, NULL once deregistered */
+    uint64_t order;    /* the window's registration ticket (kept_windows), or NO_PLACE */
     void *base;        /* the ncclMemAlloc memory */
     size_t size;       /* its bytes (messages) */
     int device;        /* its device */
@@ -224,6 +225,34 @@ static left_t *take_left(const sp_world_t *w) {
     return mine;
 }
 
+#define NO_PLACE UINT64_MAX /* left_t.order of a local registration: no place in NCCL's space */
+
+/* The windows this rank still holds on world w's communicator after their releases were refused
+ * (local registrations, which take no place, left out): their number, and a sum of their
+ * registration tickets' hashes. NCCL gives each window's allocation a place in the communicator's
+ * big VA space on each rank alone (2.28.9 src/dev_runtime.cc symMemoryObtain -> ncclSpaceAlloc: the
+ * lowest free stretch), and that place must be the same on every rank (the multicast binding and
+ * the symmetric kernels' multimem addresses use it, :211 and :492; 2.30's
+ * NCCL_CHECK_MODE=DEBUG_GLOBAL fails a collective whose windows' places differ). Ranks holding the
+ * same registrations have the same space, so they give a new window the same place; a window kept
+ * on some ranks only would shift it there. */
+static int64_t kept_windows(const sp_world_t *w, int64_t *count_p) {
+    uint64_t sum = 0;
+    int64_t count = 0;
+    pthread_mutex_lock(&s_left_lock);
+    for (const left_t *e = s_left; e; e = e->next)
+        if (e->world == w && e->window && e->order != NO_PLACE) {
+            uint64_t z = e->order + 0x9e3779b97f4a7c15ULL; /* splitmix64's finalizer */
+            z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+            z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+            sum += z ^ (z >> 31);
+            count++;
+        }
+    pthread_mutex_unlock(&s_left_lock);
+    *count_p = count;
+    return (int64_t)sum;
+}
+
 /* A refused NCCL call's text: "<call> failed: <NCCL's string>[: <its last error>]". */
 static void refusal(char *buf, size_t len, const char *call, void *arg, ncclResult_t r,
                     ncclComm_t comm) {
@@ -253,21 +282,26 @@ static bool free_mem(int device, void *base, char *why, size_t len) {
     return r == ncclSuccess;
 }
 
-/* Deregister (if `win`) and free a segment's memory; what is refused is kept (put_left), and
- * SP_ERR_NCCL names the refused call and says so: set as the thread's error when `report`, else
- * only logged (an error path that returns its own failure). `what` names the release. */
-static sp_status_t let_go(sp_world_t *w, int device, void *win, void *base, size_t size,
-                          bool report, const char *what) {
+/* Deregister (if `win`) and free a segment's memory; what is refused is kept (put_left) in
+ * `keep` (a left_t made with the segment; NULL: one is made now), and SP_ERR_NCCL names the
+ * refused call and says so: set as the thread's error when `report`, else only logged (an error
+ * path that returns its own failure). `what` names the release; `order` the window's ticket. */
+static sp_status_t let_go(sp_world_t *w, int device, void *win, uint64_t order, void *base,
+                          size_t size, left_t *keep, bool report, const char *what) {
     char why[320] = "", msg[640];
     if (win && deregister(w, win, why, sizeof why))
         win = NULL;
     if (!win && base && free_mem(device, base, why, sizeof why))
         base = NULL;
-    if (!win && !base)
+    if (!win && !base) {
+        free(keep);
         return SP_SUCCESS;
-    left_t *e = malloc(sizeof *e);
+    }
+    /* A segment with a window always comes with its record (nccl_alloc), so a window is never
+     * lost here: kept_windows must see every one. */
+    left_t *e = keep ? keep : malloc(sizeof *e);
     if (e) {
-        *e = (left_t){w, win, base, size, device, NULL};
+        *e = (left_t){w, win, order, base, size, device, NULL};
         put_left(e);
         snprintf(msg, sizeof msg,
                  "%s: %s; the segment's %s (%zu bytes at %p) %s kept and tried again at the "
@@ -345,7 +379,7 @@ __attribute__((constructor)) static void register_left_hook(void) {
 /* Free memory no window is registered on, on an error path that returns its own failure: a
  * refusal keeps the memory (let_go) with a warning, and the caller's error text stays. */
 static void mem_free(sp_world_t *w, int device, void *base, size_t size) {
-    (void)let_go(w, device, NULL, base, size, false, "undoing a failed growth");
+    (void)let_go(w, device, NULL, 0, base, size, NULL, false, "undoing a failed growth");
 }
 
 /* PyTorch-style figures for the out-of-memory message. */
@@ -547,18 +581,33 @@ static bool node_devs(const sp_sym_state_t *st, char **devs_p) {
     return n <= 1 || *devs_p != NULL;
 }
 
-/* The first ready round's outcome: every rank's libnccl.so.2 has the window calls and every
- * rank has node_devs' table (f[1]: 1 on a rank without it), or none registers. */
-static sp_status_t ready_status(const sp_agree_t *api, bool have_devs, const char *what) {
+/* The first ready round's outcome: every rank's libnccl.so.2 has the window calls, every rank
+ * has node_devs' table and the segment's release record (f[1]: 1 on a rank without them), and
+ * every rank holds the same windows kept from refused releases (f[2], f[3]: kept_windows), or
+ * none registers. */
+static sp_status_t ready_status(const sp_agree_t *api, bool have_devs, int64_t kept,
+                                const char *what) {
     char ranks[96];
     if (!have_devs)
         return sp__error(SP_ERR_SYSTEM, SP_SUB_SYM,
-                         "%s: out of host memory for the table of this node's devices", what);
+                         "%s: out of host memory for the table of this node's devices or for "
+                         "the segment's release record",
+                         what);
     if (api->nbad && api->hi[1] != 0)
         return sp__error(SP_ERR_SYSTEM, SP_SUB_SYM,
-                         "%s: %s had no host memory for the table of its node's devices or lacks "
+                         "%s: %s had no host memory for the table of its node's devices or a "
+                         "release record, or lacks "
                          "NCCL's window calls (its log says which); no rank registers",
                          what, sp__agree_bad_ranks(api, ranks, sizeof ranks));
+    if (!api->nbad && (api->lo[2] != api->hi[2] || api->lo[3] != api->hi[3]))
+        return sp__error(
+            SP_ERR_NCCL, SP_SUB_SYM,
+            "%s: the ranks hold different NCCL windows whose deregistration NCCL refused "
+            "(between %lld and %lld such windows a rank; this rank %lld): NCCL would place a new "
+            "window at different offsets of its symmetric address space on different ranks, "
+            "which its symmetric kernels cannot use, so no rank registers until every rank has "
+            "let go of them (each growth, release and sp_symmetric_empty_cache tries again)",
+            what, (long long)api->lo[3], (long long)api->hi[3], (long long)kept);
     if (api->nbad) {
         int v = 0;
         (void)ncclGetVersion(&v);
@@ -638,11 +687,14 @@ static sp_status_t register_in_turn(sp_sym_state_t *st, const sp_agree_t *a, voi
     return s;
 }
 
-static sp_status_t nccl_alloc(sp_sym_state_t *st, size_t size, sp_sym_seg_t *seg_p) {
+static sp_status_t grow(sp_sym_state_t *st, size_t size, bool have_keep, sp_sym_seg_t *seg_p) {
     sp_world_t *w = st->world;
     /* A window an earlier release kept registered holds its room in NCCL's symmetric address
-     * space on this rank only: deregistered before this registration if it can be (local). */
+     * space on this rank only: deregistered before this registration if it can be (local), and
+     * what is still kept is compared across the ranks in the first round. */
     retry_left(w);
+    int64_t kept = 0;
+    int64_t kept_sum = kept_windows(w, &kept);
     size_t gran = vmm_granularity(st->device);
     size_t align =
         gran % NCCL_WIN_REQUIRED_ALIGNMENT == 0 ? gran : gran * NCCL_WIN_REQUIRED_ALIGNMENT;
@@ -652,12 +704,17 @@ static sp_status_t nccl_alloc(sp_sym_state_t *st, size_t size, sp_sym_seg_t *seg
              st->name);
     char *devs = NULL;
     bool have_devs = node_devs(st, &devs);
+    if (!have_keep) {
+        free(devs);
+        devs = NULL;
+        have_devs = false;
+    }
     sp_agree_t api = {.op = SP_AGREE_NCCL_READY,
                       .ok = window_api_loaded() && have_devs,
-                      .f = {(int64_t)asize, !have_devs}};
+                      .f = {(int64_t)asize, !have_devs, kept_sum, kept}};
     sp_status_t rs = sp__sym_round(st, &api, what);
     if (rs == SP_SUCCESS)
-        rs = ready_status(&api, have_devs, what);
+        rs = ready_status(&api, have_devs, kept, what);
     void *base = NULL;
     if (rs == SP_SUCCESS)
         rs = alloc_everywhere(st, asize, what, &base);
@@ -730,6 +787,8 @@ static sp_status_t nccl_alloc(sp_sym_state_t *st, size_t size, sp_sym_seg_t *seg
         seg_p->alloc_size = asize;
         seg_p->window = win;
         seg_p->mpi_win = MPI_WIN_NULL;
+        /* Without symmetric support NCCL makes a local registration (:593-597): no place. */
+        seg_p->order = symmetric ? (uint64_t)a.hi[2] : NO_PLACE;
         SP_INFO(SP_SUB_SYM, "nccl registrar: %s %p on %zu bytes at %p (granularity %zu)",
                 !win        ? "no window"
                 : symmetric ? "symmetric window"
@@ -756,6 +815,18 @@ static sp_status_t nccl_alloc(sp_sym_state_t *st, size_t size, sp_sym_seg_t *seg
                      "%s: ncclCommWindowRegister failed on %s; the world's NCCL "
                      "communicator was aborted so that no rank waits inside NCCL",
                      what, sp__agree_bad_ranks(&c, ranks, sizeof ranks));
+}
+
+/* A growth, with the record that keeps its segment should its release be refused made first:
+ * a refusal then needs no memory, so no refused window goes unrecorded (kept_windows). */
+static sp_status_t nccl_alloc(sp_sym_state_t *st, size_t size, sp_sym_seg_t *seg_p) {
+    left_t *keep = malloc(sizeof *keep);
+    sp_status_t s = grow(st, size, keep != NULL, seg_p);
+    if (s == SP_SUCCESS)
+        seg_p->keep = keep;
+    else
+        free(keep);
+    return s;
 }
 
 /* The whole device, not the segments' streams: sympool lets a user destroy a stream while
@@ -789,10 +860,11 @@ static sp_status_t nccl_release(sp_sym_state_t *st, sp_sym_seg_t *seg, void *str
     snprintf(what, sizeof what, "releasing a segment of symmetric pool \"%s\"", st->name);
     /* What is refused is kept for another try (let_go), not forgotten: the segment is off the
      * pool's books on every rank either way, so the ranks stay in step. */
-    sp_status_t r =
-        let_go(w, st->device, seg->window, seg->base, seg->alloc_size, s == SP_SUCCESS, what);
+    sp_status_t r = let_go(w, st->device, seg->window, seg->order, seg->base, seg->alloc_size,
+                           seg->keep, s == SP_SUCCESS, what);
     seg->window = NULL;
     seg->base = NULL;
+    seg->keep = NULL;
     return s != SP_SUCCESS ? s : r;
 }
 

@@ -37,6 +37,11 @@ typedef struct sp_sym_seg {
     size_t alloc_size; /* bytes actually allocated and registered (aligned up) */
     void *window;      /* ncclWindow_t (nccl), NULL for mpi or when NCCL gave none */
     MPI_Win mpi_win;   /* shared window (mpi), MPI_WIN_NULL for nccl */
+    uint64_t order;    /* nccl: its registration's place in the world's order (the same ticket
+                        * on every rank; UINT64_MAX for a local registration) */
+    void *keep;        /* nccl: the record that keeps it should its release be refused, made with
+                        * the segment so that a refusal needs no memory (malloc'd: freed by
+                        * `release`, or with the segment's record where it is never released) */
 } sp_sym_seg_t;
 
 struct sp_sym_state;

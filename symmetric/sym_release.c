@@ -549,8 +549,10 @@ static sp_status_t on_world_finalize(sp_world_t *w, bool in_step) {
             detach_free_segments(st);
             sp__sym_release_recs(st);
         } else if (!st->broken)
-            for (sp_sym_rec_t *r; (r = pop_rec(st)) != NULL;)
-                free(r); /* the records only; the registrations stay */
+            for (sp_sym_rec_t *r; (r = pop_rec(st)) != NULL;) {
+                free(r->seg.keep); /* the records only; the registrations stay */
+                free(r);
+            }
         /* A call on the pool that another thread makes meanwhile, waiting for the lock, then
          * finds the pool gone (sp__sym_acquire) instead of running on a freed communicator. */
         sp__sym_forget_pool(st);

@@ -76,8 +76,11 @@ sp_status_t sp_symmetric_malloc(sp_mempool_t *pool, size_t size, sp_stream_t str
  * ncclMemFree) does not stop the others; the pool lets go of it on every rank, and that rank
  * keeps what NCCL refused and tries again at the world's next release, growth or
  * sp_symmetric_empty_cache (of any pool) and at sp_world_finalize, which frees the memory once the
- * communicator (and the window with it) is gone. SP_ERR_MISMATCH, SP_ERR_TIMEOUT as
- * sp_symmetric_malloc. */
+ * communicator (and the window with it) is gone. While the ranks hold different such windows
+ * (a deregistration refused again on some of them), no growth on the world's nccl pools
+ * registers a window: sp_symmetric_malloc fails with SP_ERR_NCCL on every rank, saying so,
+ * because NCCL would place the new window at different offsets of its symmetric address space
+ * there. SP_ERR_MISMATCH, SP_ERR_TIMEOUT as sp_symmetric_malloc. */
 sp_status_t sp_symmetric_empty_cache(sp_mempool_t *pool);
 
 /**

@@ -59,10 +59,22 @@ typedef struct shm_hdr {
     _Atomic uint32_t joined;
     int nranks;
     int dev[MAX_RANKS];
-    uint64_t host[MAX_RANKS];  /* each rank's host hash */
-    int64_t arg[MAX_RANKS][8]; /* each rank's arguments of the current call, compared */
-    char data[];               /* nranks slots of SLOT bytes */
+    uint64_t host[MAX_RANKS];   /* each rank's host hash */
+    int64_t arg[MAX_RANKS][10]; /* each rank's arguments of the current call, compared */
+    char data[];                /* nranks slots of SLOT bytes */
 } shm_hdr_t;
+
+/* NCCL 2.28.9's record of a physical allocation some window of a communicator lies in
+ * (struct ncclDevrMemory, src/dev_runtime.cc symMemoryObtain, :360-386): one per allocation
+ * (found again by its cuMem handle; here by its base), with a place in the communicator's big VA
+ * space carved on this rank alone, and dropped with its last window (symMemoryDropRef). */
+typedef struct bigmem {
+    uintptr_t base; /* the allocation (cuMemGetAddressRange) */
+    int64_t off;    /* its bigOffset */
+    int64_t size;   /* its bytes: what the space holds for it */
+    int refs;       /* windows on it */
+    struct bigmem *next;
+} bigmem_t;
 
 typedef struct ncclWindow_vidmem win_t;
 struct ncclWindow_vidmem {
@@ -71,8 +83,10 @@ struct ncclWindow_vidmem {
     uintptr_t buff;
     size_t size;
     int flags;
-    int64_t seq; /* the comm's registrations before it: the same window on every rank (2.28.9
-                  * pairs windows by registration order, src/dev_runtime.cc) */
+    int64_t seq;   /* the comm's registrations before it: the same window on every rank (2.28.9
+                    * pairs windows by registration order, src/dev_runtime.cc) */
+    int64_t big;   /* its bigOffset in the comm's big VA space, -1 without symmetric support */
+    bigmem_t *mem; /* the allocation it lies in, NULL without symmetric support (g_mu) */
     win_t *next;
 };
 
@@ -85,6 +99,7 @@ struct ncclComm {
     bool symmetric_support; /* 2.28.9's comm->symmetricSupport */
     void *own_mem;          /* the communicator's own device memory (CUDA_DOUBLE_NCCL_MEMORY) */
     int64_t wins_made;      /* windows registered so far (win_t.seq) */
+    bigmem_t *mems;         /* the allocations its windows lie in (g_mu) */
 };
 
 static pthread_mutex_t g_mu = PTHREAD_MUTEX_INITIALIZER;
@@ -429,6 +444,11 @@ static void comm_free(struct ncclComm *c) {
             pp = &w->next;
         }
     }
+    for (bigmem_t *m = c->mems, *next; m; m = next) {
+        next = m->next;
+        free(m);
+    }
+    c->mems = NULL;
     pthread_mutex_unlock(&g_mu);
     c->magic = 0;
     release_own(c);
@@ -607,6 +627,58 @@ ncclResult_t ncclMemFree(void *ptr) {
 /* ---- windows (NCCL 2.28.9 src/dev_runtime.cc; docs api/comms.html; see
  * /work/shared/reference/nccl-windows.md §1) ------------------------------------------------- */
 
+/* NCCL's place for an allocation of `size` bytes in c's big VA space: the lowest offset, aligned
+ * to the VMM granularity (devr->granularity, :87), that overlaps no allocation held there
+ * (ncclSpaceAlloc, src/allocator.cc: the first empty stretch that holds it, from the bottom).
+ * Each rank carves its own: nothing compares the ranks' places when they are taken (2.28.9), so
+ * ranks that hold different allocations there get different places for the same window. */
+static int64_t big_first_fit(const struct ncclComm *c, int64_t size) {
+    const int64_t align = (int64_t)dbl_granularity();
+    /* The candidates: the bottom, and the end of each allocation held there, aligned up. */
+    int64_t best = -1;
+    const bigmem_t *after = NULL;
+    do {
+        int64_t lo = after ? after->off + after->size : 0;
+        lo = (lo + align - 1) / align * align;
+        bool free_here = true;
+        for (const bigmem_t *m = c->mems; m && free_here; m = m->next)
+            free_here = lo + size <= m->off || m->off + m->size <= lo;
+        if (free_here && (best < 0 || lo < best))
+            best = lo;
+        after = after ? after->next : c->mems;
+    } while (after);
+    return best;
+}
+
+/* The record of the allocation at `base` (`size` bytes) in c's big space, taken for one more
+ * window (g_mu held); NULL when out of host memory. */
+static bigmem_t *big_take(struct ncclComm *c, uintptr_t base, size_t size) {
+    for (bigmem_t *m = c->mems; m; m = m->next)
+        if (m->base == base) {
+            m->refs++;
+            return m;
+        }
+    bigmem_t *m = malloc(sizeof *m);
+    if (m) {
+        *m = (bigmem_t){base, big_first_fit(c, (int64_t)size), (int64_t)size, 1, c->mems};
+        c->mems = m;
+    }
+    return m;
+}
+
+/* A window on allocation `gone` goes (g_mu held): its record, and its place in the big
+ * space, go with the last (symMemoryDropRef -> ncclSpaceFree, :426-449). */
+static void big_drop(struct ncclComm *c, bigmem_t *gone) {
+    if (!gone || --gone->refs > 0)
+        return;
+    for (bigmem_t **pp = &c->mems; *pp; pp = &(*pp)->next)
+        if (*pp == gone) {
+            *pp = gone->next;
+            free(gone);
+            return;
+        }
+}
+
 /* Collective; in 2.28 "size by default must be equal" on all ranks; NULL buffer or size 0
  * returns ncclSuccess without writing *win; the memory must be VMM (cuMem/ncclMemAlloc):
  * "any other type of cuda buffers will fail to be registered" (ncclUnhandledCudaError from
@@ -667,11 +739,23 @@ ncclResult_t ncclCommWindowRegister(ncclComm_t c, void *buff, size_t size, ncclW
     win_t *w = calloc(1, sizeof *w);
     if (!w)
         return fail("ncclCommWindowRegister", ncclSystemError, "host memory");
-    *w = (win_t){WIN_MAGIC, c, (uintptr_t)buff, size, flags, c->wins_made++, NULL};
+    *w = (win_t){WIN_MAGIC, c, (uintptr_t)buff, size, flags, c->wins_made++, -1, NULL, NULL};
     pthread_mutex_lock(&g_mu);
-    w->next = g_all_wins;
-    g_all_wins = w;
+    /* Only where the support is on does 2.28.9 make a symmetric window (:593-597). */
+    bigmem_t *m = c->symmetric_support ? big_take(c, base, seg) : NULL;
+    if (m) {
+        w->mem = m;
+        w->big = m->off + (int64_t)((uintptr_t)buff - base); /* symWindowCreate, :477 */
+    }
+    if (m || !c->symmetric_support) {
+        w->next = g_all_wins;
+        g_all_wins = w;
+    }
     pthread_mutex_unlock(&g_mu);
+    if (!m && c->symmetric_support) {
+        free(w);
+        return fail("ncclCommWindowRegister", ncclSystemError, "host memory");
+    }
     *win = w;
     return ncclSuccess;
 }
@@ -687,8 +771,10 @@ ncclResult_t ncclCommWindowDeregister(ncclComm_t c, ncclWindow_t win) {
         pp = &(*pp)->next;
     win_t *w = *pp;
     bool ok = w && w->comm == c;
-    if (ok)
+    if (ok) {
         *pp = w->next;
+        big_drop(c, w->mem);
+    }
     pthread_mutex_unlock(&g_mu);
     if (!ok)
         return fail("ncclCommWindowDeregister", ncclInvalidArgument,
@@ -972,6 +1058,20 @@ static int64_t window_place(struct ncclComm *c, const void *p) {
     return at;
 }
 
+/* Where `p` lies in c's big VA space: its window's bigOffset plus the offset there (a symmetric
+ * kernel's multimem address, mcOffset4K = bigOffset >> 12, src/dev_runtime.cc:492), -1 when no
+ * window with a place holds it. */
+static int64_t window_big(struct ncclComm *c, const void *p) {
+    int64_t at = -1;
+    pthread_mutex_lock(&g_mu);
+    for (win_t *w = g_all_wins; w && at < 0; w = w->next)
+        if (w->comm == c && w->big >= 0 && (uintptr_t)p >= w->buff &&
+            (uintptr_t)p < w->buff + w->size)
+            at = w->big + (int64_t)((uintptr_t)p - w->buff);
+    pthread_mutex_unlock(&g_mu);
+    return at;
+}
+
 /* NCCL 2.28.9's symmetric kernels in its order (src/include/sym_kernels.h:27-44, their names
  * src/sym_kernels.cc:13-27), each with the collective whose mask holds it (kernelMask_coll,
  * :44-56 and :70-77; AllReduce_RSxNet_ARxMC_AGxNet is in none: -1), whether it is an LL kernel
@@ -1151,6 +1251,8 @@ static ncclResult_t coll(int kind, const void *send, void *recv, size_t count, n
     me[5] = !symk ? -2 : kind == K_ALLGATHER ? -1 : window_place(c, send);
     me[6] = !symk ? -2 : kind == K_REDUCESCATTER ? -1 : window_place(c, recv);
     me[7] = kernels;
+    me[8] = !symk ? -2 : kind == K_ALLGATHER ? -1 : window_big(c, send);
+    me[9] = !symk ? -2 : kind == K_REDUCESCATTER ? -1 : window_big(c, recv);
     ncclResult_t r = barrier(c, fn);
     if (r != ncclSuccess)
         return r;
@@ -1173,6 +1275,22 @@ static ncclResult_t coll(int kind, const void *send, void *recv, size_t count, n
                      "hang",
                      i, (long long)h->arg[i][5], (long long)h->arg[i][6], c->rank, (long long)me[5],
                      (long long)me[6]);
+    /* Each rank takes its window's place in the big VA space on its own (ncclSpaceAlloc), so
+     * ranks that held different windows there before get different places for the same one;
+     * NCCL binds the window's memory into the multicast object at that place on each rank
+     * (cuMulticastBindMem at mem->bigOffset, src/dev_runtime.cc:211) and a multimem kernel
+     * reaches the same place on every rank; NCCL's own check (2.30.7, NCCL_CHECK_MODE=
+     * DEBUG_GLOBAL: src/misc/argcheck.cc registrationCheck) fails such a call with
+     * ncclInvalidArgument ("send buffer window ... mismatch with rank 0"). */
+    for (int i = 0; i < n && r == ncclSuccess; i++)
+        if (h->arg[i][8] != me[8] || h->arg[i][9] != me[9])
+            r = fail(fn, ncclInvalidArgument,
+                     "rank %d's buffers lie at %lld/%lld in NCCL's big VA space, rank %d's at "
+                     "%lld/%lld (bigOffset + offset; -1: not reached on peers; -2: not a "
+                     "symmetric kernel there): their windows got different places there, and "
+                     "the kernels' multimem addresses would differ",
+                     i, (long long)h->arg[i][8], (long long)h->arg[i][9], c->rank, (long long)me[8],
+                     (long long)me[9]);
     for (int i = 0; i < n && r == ncclSuccess; i++)
         if (h->arg[i][7] != me[7])
             r = fail(fn, ncclInvalidUsage,

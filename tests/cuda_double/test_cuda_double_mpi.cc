@@ -683,6 +683,68 @@ TEST_F(CudaDoubleMpiKept, AnEmptyCacheWithNothingToReleaseRetriesWhatARefusalKep
     EXPECT_EQ(double_handles(), h0);
 }
 
+// A window NCCL refuses to let go of on one rank twice (at an empty_cache, and again when the next
+// growth tries first) still holds its room in NCCL's big VA space there: NCCL places each new
+// window on each rank alone (the lowest free stretch), so a window registered now would get
+// another place on that rank than on the others, and the symmetric kernels on it would reach the
+// wrong memory (the double fails such a call, as NCCL's check mode does). The growth is refused
+// on every rank instead, naming the cause; once the window goes, the pool grows and its
+// collectives run, and nothing is left behind.
+TEST_F(CudaDoubleMpiKept, NoWindowIsRegisteredWhileTheRanksHoldDifferentRefusedWindows) {
+    NEED_DOUBLE();
+    SP_SKIP_BELOW_RANKS(2);
+    expect_warnings();
+    size_t u0 = 0;
+    int h0 = 0;
+    ASSERT_NO_FATAL_FAILURE(refuse_on_rank0("twicerefused", &u0, &h0));
+    if (mpi_rank() == 0) {
+        inject("ncclCommWindowDeregister", ncclInvalidUsage); // the growth's try
+    }
+    void *a = nullptr;
+    const sp_status_t g = sp_symmetric_malloc(pool_, 12 << 20, nullptr, &a);
+    EXPECT_EQ(g, SP_ERR_NCCL) << "rank " << mpi_rank() << ": " << sp_last_error();
+    EXPECT_NE(std::string(sp_last_error())
+                  .find("hold different NCCL windows whose deregistration "
+                        "NCCL refused (between 0 and 1"),
+              std::string::npos)
+        << sp_last_error();
+    if (g == SP_SUCCESS) { // what registering anyway leads to
+        EXPECT_SP_OK(sp_allreduce(world_, a, a, 1024, SP_FLOAT32, SP_SUM, nullptr));
+        ASSERT_SP_OK(sp_free(a));
+    }
+    EXPECT_EQ(double_handles(), h0 + (mpi_rank() == 0 ? 1 : 0)) << "the refused growth kept memory";
+    // The next growth's try lets go of the window on rank 0: every rank registers, at one place.
+    ASSERT_SP_OK(sp_symmetric_malloc(pool_, 12 << 20, nullptr, &a));
+    ASSERT_SP_OK(sp_allreduce(world_, a, a, 1024, SP_FLOAT32, SP_SUM, nullptr));
+    ASSERT_SP_OK(sp_free(a));
+    ASSERT_SP_OK(sp_symmetric_empty_cache(pool_));
+    EXPECT_EQ(double_used(), u0) << "kept on rank " << mpi_rank();
+    EXPECT_EQ(double_handles(), h0);
+}
+
+// Without symmetric support a "window" is a local registration (NCCL 2.28.9 src/dev_runtime.cc
+// :593-597), which takes no place in NCCL's big VA space: one kept on one rank does not stop a
+// growth.
+TEST_F(CudaDoubleMpiKept, ARefusedLocalRegistrationDoesNotStopAGrowth) {
+    NEED_DOUBLE();
+    SP_SKIP_BELOW_RANKS(2);
+    expect_warnings();
+    sp::ScopedEnv env({{"NCCL_WIN_ENABLE", "0"}}); // before the world: NCCL reads it then
+    size_t u0 = 0;
+    int h0 = 0;
+    ASSERT_NO_FATAL_FAILURE(refuse_on_rank0("localkept", &u0, &h0));
+    if (mpi_rank() == 0) {
+        inject("ncclCommWindowDeregister", ncclInvalidUsage); // the growth's try
+    }
+    void *a = nullptr;
+    ASSERT_SP_OK(sp_symmetric_malloc(pool_, 12 << 20, nullptr, &a));
+    ASSERT_SP_OK(sp_allreduce(world_, a, a, 1024, SP_FLOAT32, SP_SUM, nullptr));
+    ASSERT_SP_OK(sp_free(a));
+    ASSERT_SP_OK(sp_symmetric_empty_cache(pool_));
+    EXPECT_EQ(double_used(), u0) << "kept on rank " << mpi_rank();
+    EXPECT_EQ(double_handles(), h0);
+}
+
 // A refusal inside a destroy, on one rank: the pool is destroyed on every rank all the same
 // (kept on one rank, it would be a pool the others no longer have, and finalize would find the
 // ranks out of step), that rank says SP_ERR_NCCL, and the world's finalize frees what it kept.
