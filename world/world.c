@@ -974,10 +974,20 @@ SP_EXPORT sp_status_t sp_world_finalize(sp_world_t *w) {
 #if defined(SP_HAVE_NCCL)
     if (w->nccl_comm) {
         /* ncclCommDestroy waits for the peers; a world out of step aborts instead. */
-        ncclResult_t r = in_step ? ncclCommDestroy((ncclComm_t)w->nccl_comm)
-                                 : ncclCommAbort((ncclComm_t)w->nccl_comm);
-        if (r != ncclSuccess && st == SP_SUCCESS)
+        ncclComm_t nc = (ncclComm_t)w->nccl_comm;
+        ncclResult_t r = in_step ? ncclCommDestroy(nc) : ncclCommAbort(nc);
+        if (r != ncclSuccess && st == SP_SUCCESS) {
             st = nccl_status(r, NULL, in_step ? "ncclCommDestroy" : "ncclCommAbort");
+            snprintf(first_msg, sizeof first_msg, "%s", sp_last_error());
+        }
+        /* NCCL 2.28.9's ncclCommDestroy fails only before it hands the communicator over to be
+         * freed (src/init.cc: its group start, ncclCommEnsureReady, a calloc and the job's
+         * launch; commReclaim, which frees it, returns success whatever it meets), so a failed
+         * destroy leaves the communicator whole: aborted then, which frees it (its device
+         * memory, proxy thread and sockets) without waiting for any peer. */
+        if (r != ncclSuccess && in_step && ncclCommAbort(nc) != ncclSuccess)
+            SP_WARN(SP_SUB_BOOT, "sp_world_finalize: ncclCommAbort after the failed "
+                                 "ncclCommDestroy failed too; the communicator stays allocated");
         w->nccl_comm = NULL;
     }
 #endif

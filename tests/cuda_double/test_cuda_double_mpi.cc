@@ -1447,6 +1447,27 @@ TEST_F(CudaDoubleMpi, NcclCommunicatorMemoryIsUntracked) {
     EXPECT_EQ(u2.untracked, u0.untracked);
 }
 
+// A refused ncclCommDestroy at finalize is finalize's error, and the communicator does not stay
+// behind: it is aborted, which frees it (here its own device memory) without waiting for peers.
+TEST_F(CudaDoubleMpi, ARefusedCommunicatorDestroyIsAnErrorAndFreesItAnyway) {
+    NEED_DOUBLE();
+    expect_warnings();
+    const size_t u0 = double_used();
+    sp_world_t *w = nullptr;
+    {
+        sp::ScopedEnv env({{"CUDA_DOUBLE_NCCL_MEMORY", "24M"}}); // read by ncclCommInitRank
+        ASSERT_SP_OK(sp_world_from_comm(MPI_COMM_WORLD, &w));
+    }
+    ASSERT_EQ(double_used(), u0 + (size_t(24) << 20)) << "the communicator's own memory";
+    inject("ncclCommDestroy", ncclInvalidUsage);
+    const sp_status_t f = sp_world_finalize(w);
+    inject("ncclCommDestroy", 0);
+    EXPECT_EQ(f, SP_ERR_NCCL) << sp_last_error();
+    EXPECT_NE(std::string(sp_last_error()).find("ncclCommDestroy failed"), std::string::npos)
+        << sp_last_error();
+    EXPECT_EQ(double_used(), u0) << "the communicator stayed allocated";
+}
+
 TEST_F(CudaDoubleMpi, NcclVersionIsLoggedOnce) {
     NEED_DOUBLE();
     // Under CUDA_DOUBLE_NCCL_VERSION (another registration of this binary), the library loaded
