@@ -26,11 +26,13 @@
  * aborts the world's NCCL communicator (ncclCommAbort), so they get an error instead of waiting
  * forever; the abort also ends every wait for a turn.
  *
- * Release: the caller agrees once per batch (no barrier here); this synchronizes the device (the
- * segment's stream may have been destroyed by then), deregisters (local in NCCL) under the NCCL
- * lock, frees. A refused deregistration or free is SP_ERR_NCCL naming the call, and what it
- * refused is kept on a per-world list and tried again later, freed at the latest once the
- * world's communicator is gone ("what a refused release keeps" below).
+ * Release: the caller agrees once per batch; this synchronizes the device (the segment's stream
+ * may have been destroyed by then), takes the deregistration's turn in the world's order (a round
+ * carries rank 0's ticket: NCCL places each window on each rank alone, from what that rank holds
+ * at the time, so every change to the windows comes in one order on every rank), deregisters
+ * (local in NCCL) under the NCCL lock, frees. A refused deregistration or free is SP_ERR_NCCL
+ * naming the call, and what it refused is kept on a per-world list and tried again later, freed at
+ * the latest once the world's communicator is gone ("what a refused release keeps" below).
  *
  * Symmetric support: NCCL 2.28 answers a window registration with success even when the world
  * has no symmetric support, and the "window" is then a local buffer registration. It offers no
@@ -534,14 +536,21 @@ static bool symmetric_support(const sp_sym_state_t *st, const char *ids, char *w
     return ok;
 }
 
-static _Atomic bool s_test_fail_devs;                     /* sp__reg_nccl_test_fail_devs */
-static _Atomic bool s_test_skip_gather;                   /* sp__reg_nccl_test_skip_gather */
-static void (*_Atomic s_test_at_ready)(const char *pool); /* sp__reg_nccl_test_at_ready */
+static _Atomic bool s_test_fail_devs;                       /* sp__reg_nccl_test_fail_devs */
+static _Atomic bool s_test_skip_gather;                     /* sp__reg_nccl_test_skip_gather */
+static void (*_Atomic s_test_at_ready)(const char *pool);   /* sp__reg_nccl_test_at_ready */
+static void (*_Atomic s_test_at_release)(const char *pool); /* sp__reg_nccl_test_at_release */
 
 /* Tests: `hook` runs on the growing thread right before the round that readies every rank for
  * the registration (NULL: none), with the pool's name, so a test can hold that round open. */
 void sp__reg_nccl_test_at_ready(void (*hook)(const char *pool)) {
     s_test_at_ready = hook;
+}
+
+/* Tests: `hook` runs on a releasing thread right before it waits for its turn to deregister the
+ * segment's window (NULL: none), with the pool's name. */
+void sp__reg_nccl_test_at_release(void (*hook)(const char *pool)) {
+    s_test_at_release = hook;
 }
 
 void sp__reg_nccl_test_fail_devs(bool on) {
@@ -581,12 +590,10 @@ static bool node_devs(const sp_sym_state_t *st, char **devs_p) {
     return n <= 1 || *devs_p != NULL;
 }
 
-/* The first ready round's outcome: every rank's libnccl.so.2 has the window calls, every rank
- * has node_devs' table and the segment's release record (f[1]: 1 on a rank without them), and
- * every rank holds the same windows kept from refused releases (f[2], f[3]: kept_windows), or
+/* The first ready round's outcome: every rank's libnccl.so.2 has the window calls and every rank
+ * has node_devs' table and the segment's release record (f[1]: 1 on a rank without them), or
  * none registers. */
-static sp_status_t ready_status(const sp_agree_t *api, bool have_devs, int64_t kept,
-                                const char *what) {
+static sp_status_t ready_status(const sp_agree_t *api, bool have_devs, const char *what) {
     char ranks[96];
     if (!have_devs)
         return sp__error(SP_ERR_SYSTEM, SP_SUB_SYM,
@@ -596,18 +603,9 @@ static sp_status_t ready_status(const sp_agree_t *api, bool have_devs, int64_t k
     if (api->nbad && api->hi[1] != 0)
         return sp__error(SP_ERR_SYSTEM, SP_SUB_SYM,
                          "%s: %s had no host memory for the table of its node's devices or a "
-                         "release record, or lacks "
-                         "NCCL's window calls (its log says which); no rank registers",
+                         "release record, or lacks NCCL's window calls (its log says which); no "
+                         "rank registers",
                          what, sp__agree_bad_ranks(api, ranks, sizeof ranks));
-    if (!api->nbad && (api->lo[2] != api->hi[2] || api->lo[3] != api->hi[3]))
-        return sp__error(
-            SP_ERR_NCCL, SP_SUB_SYM,
-            "%s: the ranks hold different NCCL windows whose deregistration NCCL refused "
-            "(between %lld and %lld such windows a rank; this rank %lld): NCCL would place a new "
-            "window at different offsets of its symmetric address space on different ranks, "
-            "which its symmetric kernels cannot use, so no rank registers until every rank has "
-            "let go of them (each growth, release and sp_symmetric_empty_cache tries again)",
-            what, (long long)api->lo[3], (long long)api->hi[3], (long long)kept);
     if (api->nbad) {
         int v = 0;
         (void)ncclGetVersion(&v);
@@ -642,6 +640,49 @@ static bool world_has_nccl(sp_world_t *w) {
     return have;
 }
 
+/* Every change to the set of windows on a world's communicator (a registration, a deregistration,
+ * a retry of what a refusal kept) is made in a turn of the world's order (world.h), on every rank
+ * in the same order: NCCL gives a new window's allocation the lowest free place in its big VA
+ * space on each rank alone (2.28.9 src/dev_runtime.cc symMemoryObtain -> ncclSpaceAlloc), so a
+ * deregistration that came before a registration on one rank and after it on another, from
+ * two threads working on two pools, would give the new window different places on the two. */
+
+/* This rank's wait for turn `ticket`; SP_SUCCESS when it holds the turn (end it with
+ * sp__world_nccl_end_turn). A wait that timed out breaks the order: an earlier turn never
+ * ended, and neither will the ones after it. */
+static sp_status_t take_turn(sp_world_t *w, uint64_t ticket, const char *what) {
+    sp_status_t t = sp__world_nccl_wait_turn(w, ticket, what);
+    if (t == SP_ERR_TIMEOUT)
+        sp__world_nccl_order_break(w,
+                                   "a window change waited out SYMPOOL_SYM_TIMEOUT for its turn");
+    return t;
+}
+
+/* The ticket of a deregistration or retry (collective: every rank calls it for the same change,
+ * in the same order): rank 0's, carried to every rank by a round on the pool's communicator.
+ * SP_SUCCESS with *ticket_p; otherwise no rank can be sure of the ticket, so the world's order is
+ * broken (its later registrations are refused, with the reason) and the change is made out of
+ * turn, where no later registration can meet it. */
+static sp_status_t change_ticket(sp_sym_state_t *st, const char *what, uint64_t *ticket_p) {
+    sp_world_t *w = st->world;
+    int64_t mine = st->rank == 0 ? (int64_t)sp__world_nccl_ticket(w) : -1;
+    sp_agree_t a = {.op = SP_AGREE_SYM_RELEASE, .ok = true, .f = {mine}};
+    sp_status_t s = st->broken
+                        ? sp__error(SP_ERR_TIMEOUT, SP_SUB_SYM, "%s: %s", what, st->broken_why)
+                        : sp__sym_round(st, &a, what);
+    if (s == SP_SUCCESS && a.hi[0] < 0)
+        s = sp__error(SP_ERR_INTERNAL, SP_SUB_SYM, "%s: no ticket from rank 0", what);
+    if (s != SP_SUCCESS) {
+        char why[200];
+        snprintf(why, sizeof why, "the round that orders a deregistration failed (%s)",
+                 sp_status_name(s));
+        sp__world_nccl_order_break(w, why);
+        return s;
+    }
+    *ticket_p = (uint64_t)a.hi[0];
+    return SP_SUCCESS;
+}
+
 /* After the ready round `a` succeeded: the registration in its agreed turn (a->hi[2], rank 0's
  * ticket), under the world's NCCL lock for the NCCL call alone. NCCL needs its collective calls
  * on one communicator in the same order on every rank and no two threads in it at once; taking
@@ -650,24 +691,53 @@ static bool world_has_nccl(sp_world_t *w) {
  * that every rank has already reached). A turn agreed away (a rank without a communicator,
  * symmetric support differing: *mismatch) is taken and passed on without the NCCL call. */
 static sp_status_t register_in_turn(sp_sym_state_t *st, const sp_agree_t *a, void *base,
-                                    size_t asize, bool *mismatch, ncclWindow_t *win,
+                                    size_t asize, bool *mismatch, bool *declined, ncclWindow_t *win,
                                     bool *registered, const char *what) {
     sp_world_t *w = st->world;
     uint64_t ticket = (uint64_t)a->hi[2];
-    sp_status_t t = sp__world_nccl_wait_turn(w, ticket, what);
-    if (t == SP_ERR_TIMEOUT) /* an earlier turn never ended: neither will the ones after it */
-        sp__world_nccl_order_break(w, "a registration waited out SYMPOOL_SYM_TIMEOUT for its turn");
-    if (t != SP_SUCCESS)
-        return t;
-    sp_status_t s = SP_SUCCESS;
+    sp_status_t t = take_turn(w, ticket, what);
+    bool turn = t == SP_SUCCESS;
+    /* In the turn: what earlier refused releases kept is tried again, and the ranks compare what
+     * is still kept before any enters NCCL (kept_windows); a rank that could not take its turn
+     * says so there, and no rank registers. */
+    int64_t kept = 0, kept_sum = 0;
+    if (turn) {
+        retry_left(w);
+        kept_sum = kept_windows(w, &kept);
+    }
+    sp_agree_t k = {.op = SP_AGREE_NCCL_READY, .ok = turn, .f = {(int64_t)asize, kept_sum, kept}};
+    sp_status_t s = sp__sym_round(st, &k, what);
+    if (s != SP_SUCCESS) { /* the outcome is unknown: grow's last round says what follows */
+        if (turn)
+            sp__world_nccl_end_turn(w, ticket);
+        return s;
+    }
+    char ranks[96];
     if (a->nbad) {
-        /* The ranks the round names: this one has its communicator (an abort here broke the
-         * order, and its wait said so), so its own reason would be an empty or wrong one. */
-        char ranks[96];
-        s = sp__error(SP_ERR_NCCL, SP_SUB_SYM,
-                      "%s: %s has no NCCL communicator (aborted there: its log says why); "
-                      "nothing was registered",
-                      what, sp__agree_bad_ranks(a, ranks, sizeof ranks));
+        /* The ranks the round names; on such a rank the wait for the turn said why (an abort
+         * there broke the order), and here that rank's own reason would be an empty one. */
+        s = turn ? sp__error(SP_ERR_NCCL, SP_SUB_SYM,
+                             "%s: %s has no NCCL communicator (aborted there: its log says "
+                             "why); nothing was registered",
+                             what, sp__agree_bad_ranks(a, ranks, sizeof ranks))
+                 : t;
+    } else if (k.nbad) {
+        *declined = true; /* agreed by every rank before any enters NCCL */
+        s = turn ? sp__error(SP_ERR_NCCL, SP_SUB_SYM,
+                             "%s: %s could not take its turn to register (its log says why); "
+                             "no rank registers",
+                             what, sp__agree_bad_ranks(&k, ranks, sizeof ranks))
+                 : t;
+    } else if (k.lo[1] != k.hi[1] || k.lo[2] != k.hi[2]) {
+        *declined = true;
+        s = sp__error(
+            SP_ERR_NCCL, SP_SUB_SYM,
+            "%s: the ranks hold different NCCL windows whose deregistration NCCL refused "
+            "(between %lld and %lld such windows a rank; this rank %lld): NCCL would place a new "
+            "window at different offsets of its symmetric address space on different ranks, "
+            "which its symmetric kernels cannot use, so no rank registers until every rank has "
+            "let go of them (each growth, release and sp_symmetric_empty_cache tries again)",
+            what, (long long)k.lo[2], (long long)k.hi[2], (long long)kept);
     } else if (a->lo[1] != a->hi[1])
         *mismatch = true;
     else {
@@ -683,18 +753,13 @@ static sp_status_t register_in_turn(sp_sym_state_t *st, const sp_agree_t *a, voi
             s = nccl_err(r, nc, "ncclCommWindowRegister");
         sp__world_nccl_unlock(w);
     }
-    sp__world_nccl_end_turn(w, ticket);
+    if (turn)
+        sp__world_nccl_end_turn(w, ticket);
     return s;
 }
 
 static sp_status_t grow(sp_sym_state_t *st, size_t size, bool have_keep, sp_sym_seg_t *seg_p) {
     sp_world_t *w = st->world;
-    /* A window an earlier release kept registered holds its room in NCCL's symmetric address
-     * space on this rank only: deregistered before this registration if it can be (local), and
-     * what is still kept is compared across the ranks in the first round. */
-    retry_left(w);
-    int64_t kept = 0;
-    int64_t kept_sum = kept_windows(w, &kept);
     size_t gran = vmm_granularity(st->device);
     size_t align =
         gran % NCCL_WIN_REQUIRED_ALIGNMENT == 0 ? gran : gran * NCCL_WIN_REQUIRED_ALIGNMENT;
@@ -711,10 +776,10 @@ static sp_status_t grow(sp_sym_state_t *st, size_t size, bool have_keep, sp_sym_
     }
     sp_agree_t api = {.op = SP_AGREE_NCCL_READY,
                       .ok = window_api_loaded() && have_devs,
-                      .f = {(int64_t)asize, !have_devs, kept_sum, kept}};
+                      .f = {(int64_t)asize, !have_devs}};
     sp_status_t rs = sp__sym_round(st, &api, what);
     if (rs == SP_SUCCESS)
-        rs = ready_status(&api, have_devs, kept, what);
+        rs = ready_status(&api, have_devs, what);
     void *base = NULL;
     if (rs == SP_SUCCESS)
         rs = alloc_everywhere(st, asize, what, &base);
@@ -758,15 +823,19 @@ static sp_status_t grow(sp_sym_state_t *st, size_t size, bool have_keep, sp_sym_
                  sp_status_name(s));
         sp__world_nccl_order_break(w, why);
     }
-    bool mismatch = false;
+    bool mismatch = false, declined = false;
     ncclWindow_t win = NULL; /* 2.28 may return success without writing it */
     bool registered = false;
     if (s == SP_SUCCESS)
-        s = register_in_turn(st, &a, base, asize, &mismatch, &win, &registered, what);
+        s = register_in_turn(st, &a, base, asize, &mismatch, &declined, &win, &registered, what);
     if (mismatch) {
         /* Agreed on every rank before any enters NCCL, so none needs an abort. */
         mem_free(st->world, st->device, base, asize);
         return support_mismatch(w, symmetric, what);
+    }
+    if (declined) { /* likewise, in the turn (register_in_turn's round) */
+        mem_free(st->world, st->device, base, asize);
+        return s;
     }
     sp_agree_t c = {.op = SP_AGREE_SYM_REGISTER, .ok = registered, .f = {(int64_t)asize}};
     sp_status_t cs = st->broken ? SP_ERR_TIMEOUT : sp__sym_round(st, &c, what);
@@ -844,7 +913,15 @@ static sp_status_t device_sync(const sp_sym_state_t *st, const char *why) {
 }
 
 static void nccl_retry_kept(sp_sym_state_t *st) {
+    char what[160];
+    snprintf(what, sizeof what, "retrying what refused releases kept, symmetric pool \"%s\"",
+             st->name);
+    uint64_t ticket = 0;
+    if (change_ticket(st, what, &ticket) != SP_SUCCESS ||
+        take_turn(st->world, ticket, what) != SP_SUCCESS)
+        return; /* tried again at the world's next change, and at sp_world_finalize */
     retry_left(st->world);
+    sp__world_nccl_end_turn(st->world, ticket);
 }
 
 static sp_status_t nccl_quiesce(sp_sym_state_t *st) {
@@ -853,19 +930,39 @@ static sp_status_t nccl_quiesce(sp_sym_state_t *st) {
 
 static sp_status_t nccl_release(sp_sym_state_t *st, sp_sym_seg_t *seg, void *stream) {
     sp_world_t *w = st->world;
-    (void)stream;  /* see device_sync */
-    retry_left(w); /* what earlier releases on the world kept: local calls */
+    (void)stream; /* see device_sync */
     sp_status_t s = device_sync(st, "cudaDeviceSynchronize before deregistering a window");
+    char sync_msg[512];
+    snprintf(sync_msg, sizeof sync_msg, "%s", s == SP_SUCCESS ? "" : sp_last_error());
     char what[160];
     snprintf(what, sizeof what, "releasing a segment of symmetric pool \"%s\"", st->name);
+    /* The deregistration in its turn (above take_turn), with what earlier releases on the world
+     * kept tried again first: local calls, no rank waits for another inside the turn. */
+    uint64_t ticket = 0;
+    sp_status_t o = change_ticket(st, what, &ticket);
+    void (*at_release)(const char *) = s_test_at_release;
+    if (at_release)
+        at_release(st->name);
+    /* A turn that cannot come (the order broken, by an abort or a timeout) refuses every later
+     * registration on this rank: the change is made out of turn then, and it is not the
+     * release's error. */
+    bool turn = o == SP_SUCCESS && take_turn(w, ticket, what) == SP_SUCCESS;
+    if (turn)
+        retry_left(w);
     /* What is refused is kept for another try (let_go), not forgotten: the segment is off the
      * pool's books on every rank either way, so the ranks stay in step. */
     sp_status_t r = let_go(w, st->device, seg->window, seg->order, seg->base, seg->alloc_size,
                            seg->keep, s == SP_SUCCESS, what);
+    if (turn)
+        sp__world_nccl_end_turn(w, ticket);
     seg->window = NULL;
     seg->base = NULL;
     seg->keep = NULL;
-    return s != SP_SUCCESS ? s : r;
+    if (s != SP_SUCCESS)
+        return sp__error_quiet(s, SP_SUB_SYM, "%s", sync_msg);
+    if (r != SP_SUCCESS)
+        return r;
+    return o; /* a failed order round's own status and message */
 }
 
 static sp_status_t nccl_peer_ptr(sp_world_t *w, const sp_sym_seg_t *seg, int rank, size_t offset,
@@ -900,6 +997,9 @@ void sp__reg_nccl_test_skip_gather(bool on) {
     (void)on;
 }
 void sp__reg_nccl_test_at_ready(void (*hook)(const char *pool)) {
+    (void)hook;
+}
+void sp__reg_nccl_test_at_release(void (*hook)(const char *pool)) {
     (void)hook;
 }
 #endif

@@ -83,6 +83,10 @@ void sp__reg_nccl_test_skip_gather(bool on);
  * every rank for the window registration, with the pool's name, so that a test can hold that
  * round open on some ranks. A no-op in a build without NCCL. */
 void sp__reg_nccl_test_at_ready(void (*hook)(const char *pool));
+/* Tests only: `hook` (NULL: none) runs on a releasing thread right before it waits for its turn to
+ * deregister a segment's window, with the pool's name, so that a test can hold a deregistration
+ * back on some ranks. A no-op in a build without NCCL. */
+void sp__reg_nccl_test_at_release(void (*hook)(const char *pool));
 
 /* The registrar SYMPOOL_SYM_REGISTRAR asks for on this world (auto: nccl on cuda, mpi on host).
  * SP_ERR_NOT_SUPPORTED when the choice cannot run here (nccl without NCCL or GPU, mpi on cuda). */

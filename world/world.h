@@ -31,7 +31,8 @@ void sp__world_nccl_unlock(sp_world_t *w);
 /* Abort the world's NCCL communicator (ncclCommAbort, never ncclCommDestroy on an error path:
  * it could wait for peers); later NCCL calls on the world fail with `why`. Takes nccl_lock. */
 void sp__world_nccl_abort(sp_world_t *w, const char *why);
-/* The order of NCCL window registrations on the world's communicator. ncclCommWindowRegister
+/* The order of NCCL window registrations (and of deregistrations, which change where NCCL places
+ * the next window: symmetric/reg_nccl.c) on the world's communicator. ncclCommWindowRegister
  * is collective (every rank, in the same order) and waits inside NCCL for the peers, so the
  * order is agreed before any rank holds a lock: world rank 0 hands out tickets (0, 1, 2, ...:
  * sp__world_nccl_ticket, rank 0 only) once every rank has reached the registration, the

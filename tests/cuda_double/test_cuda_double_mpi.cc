@@ -29,6 +29,7 @@ extern "C" {
 void sp__reg_nccl_test_fail_devs(bool on);
 void sp__reg_nccl_test_skip_gather(bool on);
 void sp__reg_nccl_test_at_ready(void (*hook)(const char *pool));
+void sp__reg_nccl_test_at_release(void (*hook)(const char *pool));
 }
 
 namespace {
@@ -324,10 +325,9 @@ struct Events {
         seen.insert(e);
         cv.notify_all();
     }
-    void wait(const std::string &e) {
+    void wait(const std::string &e, double limit_s = 3 * sp__agree_timeout_s() + 1) {
         std::unique_lock<std::mutex> l(mu);
-        cv.wait_for(l, std::chrono::duration<double>(3 * sp__agree_timeout_s() + 1),
-                    [&] { return seen.count(e) != 0; });
+        cv.wait_for(l, std::chrono::duration<double>(limit_s), [&] { return seen.count(e) != 0; });
     }
 };
 Events *g_events;
@@ -388,6 +388,52 @@ TEST_F(CudaDoubleMpi, TwoPoolsGrowingInOppositeOrdersOnTwoThreadsBothRegister) {
         EXPECT_SP_OK(sp_free(ga.p));
     if (gb.p)
         EXPECT_SP_OK(sp_free(gb.p));
+    EXPECT_SP_OK(sp_symmetric_mempool_destroy(b));
+}
+
+// sp__reg_nccl_test_at_release's hook for DeregistrationsAndRegistrationsTakeTurns: on ranks
+// but 0 the release of pool "turn_a" waits (one second at most) until pool "turn_b" has grown.
+void hold_release_for_b(const char *pool) {
+    if (std::strcmp(pool, "turn_a") == 0 && mpi_rank() != 0)
+        g_events->wait("turn_b grown", 1.0);
+}
+
+// A release on one thread and a growth of another pool on another, on one world: NCCL gives a new
+// window's allocation the lowest free place in its big VA space on each rank alone, so the
+// released window must be gone on every rank or on none when the new one is registered, or the
+// new window gets different places on different ranks (the double fails a symmetric collective
+// there, as NCCL's check mode does; NVLS's multicast binding would pair the wrong memory).
+// Rank 0 releases pool turn_a's segment, then grows turn_b; the other ranks start turn_b's growth
+// at once and hold turn_a's deregistration back until turn_b has grown, or for a second. The
+// world's turns put both in one order on every rank, and turn_b's window works.
+TEST_F(CudaDoubleMpi, DeregistrationsAndRegistrationsTakeTurns) {
+    NEED_DOUBLE();
+    SP_SKIP_BELOW_RANKS(2);
+    MAKE_ONE_NODE_POOL("turn_a");
+    sp_mempool_t *b = nullptr;
+    ASSERT_SP_OK(sym_pool_create(world_, "turn_b", false, &b));
+    void *a = nullptr;
+    ASSERT_SP_OK(sp_symmetric_malloc(pool_, 12 << 20, nullptr, &a)); // a segment of its own
+    ASSERT_SP_OK(sp_free(a));
+    Events ev;
+    g_events = &ev;
+    sp__reg_nccl_test_at_release(hold_release_for_b);
+    sp_status_t se = SP_ERR_INTERNAL;
+    std::thread ta([&] {
+        se = sp_symmetric_empty_cache(pool_);
+        ev.note("turn_a released");
+    });
+    if (mpi_rank() == 0)
+        ev.wait("turn_a released");
+    Growth g;
+    g.run(b, "turn_b", 12 << 20);
+    ev.note("turn_b grown");
+    ta.join();
+    sp__reg_nccl_test_at_release(nullptr);
+    EXPECT_EQ(se, SP_SUCCESS);
+    ASSERT_EQ(g.s, SP_SUCCESS) << g.msg;
+    EXPECT_SP_OK(sp_allreduce(world_, g.p, g.p, 1024, SP_FLOAT32, SP_SUM, nullptr));
+    EXPECT_SP_OK(sp_free(g.p));
     EXPECT_SP_OK(sp_symmetric_mempool_destroy(b));
 }
 
