@@ -20,6 +20,12 @@
  * which has them within one node only. The segment itself is shared memory of this machine
  * however many nodes the ranks are on: the data path stands in for NCCL's network transport.
  *
+ * Windows: windows pair by registration order, and each rank keeps its own model of NCCL's big
+ * VA space (each allocation with a window placed at the lowest free offset, at the VMM
+ * granularity, and freed with its last window), so a symmetric collective whose buffers lie at
+ * different places of that space on different ranks fails with ncclInvalidArgument, as 2.30's
+ * NCCL_CHECK_MODE=DEBUG_GLOBAL fails it (NVLS's multimem kernels would reach the wrong memory).
+ *
  * Every failure returns NCCL's code, says why on stderr and keeps the text for ncclGetLastError.
  */
 #ifndef _GNU_SOURCE
