@@ -694,6 +694,18 @@ class CudaDoubleMpiKept : public SymPoolTest {
             EXPECT_SP_OK(s);
         }
     }
+    // A 12 MiB growth, an all-reduce on it (which the double fails where the ranks' windows lie
+    // at different places of NCCL's space) and its release; then the device holds what it held
+    // before the refusal (u0 bytes, h0 VMM handles).
+    void grow_use_release(size_t u0, int h0) {
+        void *a = nullptr;
+        ASSERT_SP_OK(sp_symmetric_malloc(pool_, 12 << 20, nullptr, &a));
+        ASSERT_SP_OK(sp_allreduce(world_, a, a, 1024, SP_FLOAT32, SP_SUM, nullptr));
+        ASSERT_SP_OK(sp_free(a));
+        ASSERT_SP_OK(sp_symmetric_empty_cache(pool_));
+        EXPECT_EQ(double_used(), u0) << "kept on rank " << mpi_rank();
+        EXPECT_EQ(double_handles(), h0);
+    }
 };
 
 // A refusal on one rank is that rank's error only: no rank waits for it, the next collective
@@ -705,13 +717,7 @@ TEST_F(CudaDoubleMpiKept, ARefusedDeregistrationOnOneRankIsFreedByTheNextGrowth)
     size_t u0 = 0;
     int h0 = 0;
     ASSERT_NO_FATAL_FAILURE(refuse_on_rank0("onerefusal", &u0, &h0));
-    void *a = nullptr;
-    ASSERT_SP_OK(sp_symmetric_malloc(pool_, 12 << 20, nullptr, &a));
-    ASSERT_SP_OK(sp_allreduce(world_, a, a, 1024, SP_FLOAT32, SP_SUM, nullptr));
-    ASSERT_SP_OK(sp_free(a));
-    ASSERT_SP_OK(sp_symmetric_empty_cache(pool_));
-    EXPECT_EQ(double_used(), u0) << "kept past the next growth and release";
-    EXPECT_EQ(double_handles(), h0);
+    grow_use_release(u0, h0); // what rank 0 kept goes at the growth
 }
 
 // What a refused deregistration kept is tried again by the next sp_symmetric_empty_cache even
@@ -760,12 +766,7 @@ TEST_F(CudaDoubleMpiKept, NoWindowIsRegisteredWhileTheRanksHoldDifferentRefusedW
     }
     EXPECT_EQ(double_handles(), h0 + (mpi_rank() == 0 ? 1 : 0)) << "the refused growth kept memory";
     // The next growth's try lets go of the window on rank 0: every rank registers, at one place.
-    ASSERT_SP_OK(sp_symmetric_malloc(pool_, 12 << 20, nullptr, &a));
-    ASSERT_SP_OK(sp_allreduce(world_, a, a, 1024, SP_FLOAT32, SP_SUM, nullptr));
-    ASSERT_SP_OK(sp_free(a));
-    ASSERT_SP_OK(sp_symmetric_empty_cache(pool_));
-    EXPECT_EQ(double_used(), u0) << "kept on rank " << mpi_rank();
-    EXPECT_EQ(double_handles(), h0);
+    grow_use_release(u0, h0);
 }
 
 // Without symmetric support a "window" is a local registration (NCCL 2.28.9 src/dev_runtime.cc
@@ -782,13 +783,7 @@ TEST_F(CudaDoubleMpiKept, ARefusedLocalRegistrationDoesNotStopAGrowth) {
     if (mpi_rank() == 0) {
         inject("ncclCommWindowDeregister", ncclInvalidUsage); // the growth's try
     }
-    void *a = nullptr;
-    ASSERT_SP_OK(sp_symmetric_malloc(pool_, 12 << 20, nullptr, &a));
-    ASSERT_SP_OK(sp_allreduce(world_, a, a, 1024, SP_FLOAT32, SP_SUM, nullptr));
-    ASSERT_SP_OK(sp_free(a));
-    ASSERT_SP_OK(sp_symmetric_empty_cache(pool_));
-    EXPECT_EQ(double_used(), u0) << "kept on rank " << mpi_rank();
-    EXPECT_EQ(double_handles(), h0);
+    grow_use_release(u0, h0); // and the release's try lets go of it
 }
 
 // A refusal inside a destroy, on one rank: the pool is destroyed on every rank all the same
