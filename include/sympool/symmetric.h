@@ -68,7 +68,9 @@ sp_status_t sp_symmetric_mempool_create(sp_world_t *w, const sp_mempool_params_t
 sp_status_t sp_symmetric_malloc(sp_mempool_t *pool, size_t size, sp_stream_t stream, void **ptr_p);
 
 /** Collective: release the segments that are free on every rank, in the same order (one
- * agreement round for the whole batch). While a CUDA graph capture is under way on any rank's
+ * agreement round for the whole batch; on the nccl registrar also one for each released segment,
+ * or one when none is, to put each deregistration, or the retry of what refused ones kept, in the
+ * world's order of window changes). While a CUDA graph capture is under way on any rank's
  * device it releases nothing, on every rank (as PyTorch's empty_cache then), and succeeds.
  * On cuda each rank first waits for its device; if that fails on any rank, no rank releases a
  * segment (SP_ERR_DEVICE, or the failed wait's status on that rank). A segment whose release
