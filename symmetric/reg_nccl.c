@@ -169,22 +169,23 @@ static ncclResult_t nccl_mem_free(int device, void *base) {
  *
  * A segment whose ncclCommWindowDeregister or ncclMemFree is refused is not forgotten: its
  * window (while still registered) and its memory wait on this process's list, under the world
- * they were made on, and are tried again, locally, at the world's next release or growth (of
- * any pool), at an empty_cache or destroy that releases nothing, and at sp_world_finalize right
- * before the communicator goes. The memory is never freed while its window is registered ("always
- * deregister windows before freeing memory or destroying communicators", NCCL 2.28.9
- * examples/05_symmetric_memory/01_allreduce/README.md). A window that still cannot be deregistered
- * goes with the communicator (ncclCommDestroy/ncclCommAbort: commFree -> ncclDevrFinalize,
- * src/init.cc:237-247; after an abort earlier in the world's life it is gone already; without
- * symmetric support a window is a local registration, which commFree's ncclRegCleanup, :331, cleans
- * up), and its memory is freed right after that (sp__world_on_nccl_end). NCCL 2.28.9's
- * ncclDevrFinalize (src/dev_runtime.cc:110-143) unmaps the windows' peer mappings but never drops
- * the cuMem reference a registration retained (cuMemRetainAllocationHandle, :613; dropped only in
- * symMemoryDropRef, :426-449, at a deregistration), so there the physical memory of such a window
- * stays until the process exits; 2.29.7 destroys the windows left at ncclDevrFinalize. Every step
- * is local (deregistration is local in NCCL), so a refusal on one rank costs the others nothing:
- * the pool's books already let go of the segment on every rank. s_left_lock is a leaf lock held for
- * list steps only, never across an NCCL or CUDA call. */
+ * they were made on, and are tried again (local calls, in a turn of the world's order) at the
+ * world's next release or growth (of any pool), at an empty_cache or destroy that releases nothing,
+ * and at sp_world_finalize right before the communicator goes. The memory is never freed while its
+ * window is registered ("always deregister windows before freeing memory or destroying
+ * communicators", NCCL 2.28.9 examples/05_symmetric_memory/01_allreduce/README.md). A window that
+ * still cannot be deregistered goes with the communicator (ncclCommDestroy/ncclCommAbort: commFree
+ * -> ncclDevrFinalize, src/init.cc:237-247; after an abort earlier in the world's life it is gone
+ * already; without symmetric support a window is a local registration, which commFree's
+ * ncclRegCleanup, :331, cleans up), and its memory is freed right after that
+ * (sp__world_on_nccl_end). NCCL 2.28.9's ncclDevrFinalize (src/dev_runtime.cc:110-143) unmaps the
+ * windows' peer mappings but never drops the cuMem reference a registration retained
+ * (cuMemRetainAllocationHandle, :613; dropped only in symMemoryDropRef, :426-449, at a
+ * deregistration), so there the physical memory of such a window stays until the process
+ * exits; 2.29.7 destroys the windows left at ncclDevrFinalize. Every step is local (deregistration
+ * is local in NCCL), so a refusal on one rank costs the others nothing: the pool's books already
+ * let go of the segment on every rank. s_left_lock is a leaf lock held for list steps only, never
+ * across an NCCL or CUDA call. */
 typedef struct left {
     sp_world_t *world; /* the world whose communicator the window is on */
     void *window;      /* ncclWindow_t still registered, NULL once deregistered */
@@ -705,7 +706,7 @@ static sp_status_t register_in_turn(sp_sym_state_t *st, const sp_agree_t *a, voi
         retry_left(w);
         kept_sum = kept_windows(w, &kept);
     }
-    sp_agree_t k = {.op = SP_AGREE_NCCL_READY, .ok = turn, .f = {(int64_t)asize, kept_sum, kept}};
+    sp_agree_t k = {.op = SP_AGREE_NCCL_READY, .ok = turn, .f = {kept_sum, kept}};
     sp_status_t s = sp__sym_round(st, &k, what);
     if (s != SP_SUCCESS) { /* the outcome is unknown: grow's last round says what follows */
         if (turn)
@@ -728,7 +729,7 @@ static sp_status_t register_in_turn(sp_sym_state_t *st, const sp_agree_t *a, voi
                              "no rank registers",
                              what, sp__agree_bad_ranks(&k, ranks, sizeof ranks))
                  : t;
-    } else if (k.lo[1] != k.hi[1] || k.lo[2] != k.hi[2]) {
+    } else if (k.lo[0] != k.hi[0] || k.lo[1] != k.hi[1]) {
         *declined = true;
         s = sp__error(
             SP_ERR_NCCL, SP_SUB_SYM,
@@ -737,7 +738,7 @@ static sp_status_t register_in_turn(sp_sym_state_t *st, const sp_agree_t *a, voi
             "window at different offsets of its symmetric address space on different ranks, "
             "which its symmetric kernels cannot use, so no rank registers until every rank has "
             "let go of them (each growth, release and sp_symmetric_empty_cache tries again)",
-            what, (long long)k.lo[2], (long long)k.hi[2], (long long)kept);
+            what, (long long)k.lo[1], (long long)k.hi[1], (long long)kept);
     } else if (a->lo[1] != a->hi[1])
         *mismatch = true;
     else {

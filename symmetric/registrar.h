@@ -58,9 +58,10 @@ typedef struct sp_registrar_ops {
      * the pool's memory, before the agreement that lets segments go; a failure keeps them on
      * every rank. */
     sp_status_t (*quiesce)(struct sp_sym_state *st);
-    /* Local, optional: try again to let go of what earlier releases on the pool's world could
-     * not (reg_nccl.c keeps a refused window or memory); called by an empty_cache or destroy
-     * that releases no segment (`release` and `alloc` try it themselves). */
+    /* Collective, optional: try again to let go of what earlier releases on the pool's world
+     * could not (reg_nccl.c keeps a refused window or memory); called on every rank by an
+     * empty_cache or destroy whose agreed batch releases no segment (`release` and `alloc` try it
+     * themselves). */
     void (*retry_kept)(struct sp_sym_state *st);
     /* Local: address of the same byte `offset` of this segment on world rank `rank`. */
     sp_status_t (*peer_ptr)(sp_world_t *w, const sp_sym_seg_t *seg, int rank, size_t offset,
