@@ -1656,9 +1656,16 @@ static bool differs_because(const tr_trace_t *t, const replay_result_t *r, const
         add_why(buf, cap, &n, " --conf replaces the recorded settings;");
     if (!t->settings.recorded)
         add_why(buf, cap, &n, " the snapshot records no allocator settings;");
-    if (r->recorded_ooms > 0 || r->ooms > 0)
+    if (r->recorded_ooms > 0)
         add_why(buf, cap, &n,
                 " the recorded run hit OOM (its device's free memory is not in the trace);");
+    /* The replay's own OOMs are the emulated capacity's (--capacity, SYMPOOL_HOST_CAPACITY):
+     * blaming them on the recorded run named one that had none. */
+    if (r->ooms > r->recorded_ooms)
+        add_why(buf, cap, &n,
+                " the replay hit %zu OOM%s at the emulated device's capacity, where the recorded "
+                "run hit %zu (the requests it refused are not in its peaks);",
+                r->ooms, r->ooms == 1 ? "" : "s", r->recorded_ooms);
     if (r->start_requested)
         add_why(buf, cap, &n, " the starting state was requested, not rebuilt (above);");
     else if (r->pytorch_start_reserved != r->start_bytes)
@@ -1774,8 +1781,26 @@ static double pct(double ours, double theirs) {
     return theirs > 0 ? 100.0 * (ours - theirs) / theirs : 0.0;
 }
 
+/* The ALLOC_CONF text the environment put in force (SYMPOOL_ALLOC_CONF, else PyTorch's variable):
+ * a replay with neither --conf nor recorded settings runs with it (env_conf_drop leaves it), and
+ * says so, where it said "defaults" and --json "conf":"" of a run under expandable segments.
+ * The variable's name, or NULL (out "") when none is set or it holds nothing. After init. */
+static const char *env_conf_in_force(char *out, size_t cap) {
+    sp_x_option_info_t info;
+    out[0] = '\0';
+    for (int i = 0; sp_x_option_info(i, &info); i++) {
+        if (strcmp(info.name, "SYMPOOL_ALLOC_CONF") != 0)
+            continue;
+        if (strcmp(info.source, "default") == 0 || info.value[0] == '\0')
+            return NULL;
+        snprintf(out, cap, "%s", info.value);
+        return strcmp(info.source, "env") == 0 ? "SYMPOOL_ALLOC_CONF" : info.source;
+    }
+    return NULL;
+}
+
 static void print_text(const char *trace, const tr_trace_t *t, const replay_result_t *r,
-                       const char *user_conf, const char *conf) {
+                       const char *user_conf, const char *conf, const char *env_var) {
     printf("replay of %s on %s (%d device%s)\n", trace, sp_backend_name(), r->devices,
            r->devices == 1 ? "" : "s");
     if (user_conf != NULL)
@@ -1786,6 +1811,9 @@ static void print_text(const char *trace, const tr_trace_t *t, const replay_resu
                conf && *conf ? conf : "defaults");
     else if (t->settings.recorded)
         printf("  settings             the snapshot's: '%s'\n", conf && *conf ? conf : "defaults");
+    else if (env_var != NULL)
+        printf("  settings             the environment's %s='%s' (the snapshot records none)\n",
+               env_var, conf);
     else
         printf("  settings             defaults (the snapshot records none)\n");
     if (user_conf == NULL && t->settings.split_bytes != 0) {
@@ -2317,7 +2345,7 @@ static int usage(FILE *out, int rc) {
         "                             option (not SYMPOOL_ALLOC_CONF, _DEVICE, _HOST_DEVICES,\n"
         "                             which the replay sets); with --capacity it says which\n"
         "                             configurations fit. The CONFs are the words after it\n"
-        "                             (TRACE first)\n"
+        "                             (TRACE first; --compare=CONF gives the first one)\n"
         "  -r, --repeat=N             replay N times (1-64), report the median time per "
         "event\n"
         "  -h, --help                 this text\n");
@@ -2355,7 +2383,7 @@ static int parse_args(int argc, char **argv, replay_args_t *a) {
     static const struct option opts[] = {
         {"conf", required_argument, NULL, 'c'},     {"capacity", required_argument, NULL, 'C'},
         {"snapshot", required_argument, NULL, 's'}, {"json", no_argument, NULL, 'j'},
-        {"compare", no_argument, NULL, 'K'},        {"repeat", required_argument, NULL, 'r'},
+        {"compare", optional_argument, NULL, 'K'},  {"repeat", required_argument, NULL, 'r'},
         {"help", no_argument, NULL, 'h'},           {0, 0, 0, 0}};
     memset(a, 0, sizeof(*a));
     a->repeat = 1;
@@ -2392,6 +2420,10 @@ static int parse_args(int argc, char **argv, replay_args_t *a) {
             break;
         case 'K':
             compare = true;
+            /* --compare=CONF: the first configuration, as every option takes --opt=value
+             * (it was refused as "takes no value"); the others follow as words. */
+            if (optarg != NULL && !take_word(a, compare, optarg))
+                return 2;
             break;
         case 'r':
             if (!cli_once("replay", "--repeat", &repeat_given, optarg))
@@ -2584,6 +2616,10 @@ int sp_cli_replay(int argc, char **argv) {
         tr_free(&t);
         return 1;
     }
+    char env_conf[sizeof(((sp_x_option_info_t *)0)->value)];
+    const char *env_var = conf == NULL ? env_conf_in_force(env_conf, sizeof env_conf) : NULL;
+    if (env_var != NULL)
+        conf = env_conf;
     replay_result_t r;
     size_t oom_lines = 0;
     cli_log_open();
@@ -2623,7 +2659,7 @@ int sp_cli_replay(int argc, char **argv) {
         print_json(a.trace, &r, shown, shown, a.capacity,
                    differs_because(&t, &r, a.conf, because, sizeof because) ? because : NULL);
     } else {
-        print_text(a.trace, &t, &r, a.conf, conf);
+        print_text(a.trace, &t, &r, a.conf, conf, env_var);
     }
     tr_free(&t);
     if (nrep > 1)

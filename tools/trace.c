@@ -2232,6 +2232,16 @@ static void check_kinds(const pk_value_t *as, char *why, size_t cap) {
               pk_get_str(as, "PYTORCH_CUDA_ALLOC_CONF") != NULL, "str");
 }
 
+/* PyTorch's largest max_split_size: max_split_size_mb past SIZE_MAX / 1 MiB is clamped there
+ * (c10/core/AllocatorConfig.cpp parseMaxSplitSize), and recorded as int64 -2^20, or 2^64 - 2^20
+ * where it was written unsigned. A size, not "no limit" (SIZE_MAX, -1). */
+#define SPLIT_CLAMPED ((uint64_t)UINT64_MAX >> 20 << 20)
+static bool split_clamped(const pk_value_t *v) {
+    int64_t i;
+    return (v->type == PK_UINT && v->u.u == SPLIT_CLAMPED) ||
+           (pk_int(v, &i) && i == -((int64_t)1 << 20));
+}
+
 /* A max_split_size of the int kind that PyTorch still cannot have recorded: it writes
  * int64(max_split_size), -1 for none (SIZE_MAX), else the configured bytes, at least 20 MiB
  * (checked later, in conf, as PyTorch checks max_split_size_mb). 0, another negative or an int
@@ -2240,8 +2250,10 @@ static void note_split_value(char *why, size_t cap, const pk_value_t *as) {
     const pk_value_t *v = pk_get(as, "max_split_size");
     int64_t mss = 0;
     char value[48];
-    if (v == NULL || why[0] != '\0' || (v->type == PK_UINT && v->u.u == UINT64_MAX))
-        return; /* absent, another reason first, or SIZE_MAX written unsigned: no limit */
+    if (v == NULL || why[0] != '\0' || (v->type == PK_UINT && v->u.u == UINT64_MAX) ||
+        split_clamped(v))
+        return; /* absent, another reason first, SIZE_MAX written unsigned (no limit), or the
+                 * clamped largest size */
     if (v->type == PK_BIGINT)
         snprintf(value, sizeof value, "an int outside [-2^63, 2^64)");
     else if (v->type == PK_UINT)
@@ -2274,7 +2286,11 @@ static void read_settings(const pk_value_t *as, tr_settings_t *st) {
             used += (size_t)snprintf(st->conf + used, sizeof(st->conf) - used, __VA_ARGS__);       \
     } while (0)
     int64_t mss = -1;
-    if (pk_get_int(as, "max_split_size", &mss) && mss > 0 && mss != INT64_MAX) {
+    const pk_value_t *split = pk_get(as, "max_split_size");
+    if (split != NULL && split_clamped(split)) {
+        ADD("max_split_size_mb:%llu", (unsigned long long)(SPLIT_CLAMPED >> 20));
+        st->gc_or_split = true;
+    } else if (pk_get_int(as, "max_split_size", &mss) && mss > 0 && mss != INT64_MAX) {
         /* PyTorch's values are whole MiB; sympool's SYMPOOL_MAX_SPLIT_SIZE may not be, and
          * rounded down into max_split_size_mb it replayed another allocator (20.5 MiB as 20).
          * One under 20 MiB stays in conf, to be refused there as PyTorch would. */

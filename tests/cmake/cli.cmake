@@ -242,6 +242,9 @@ if(TARGET sympool_cli)
   endif()
   sp_cli_check(NAME version RC 0 REGEX "^sympool [0-9]+\\.[0-9]+\\.[0-9]+\n" ARGS --version)
   sp_cli_check(NAME help RC 0 REGEX "usage: sympool .*summary SNAPSHOT" ARGS --help)
+  # `help` is a command, and every command takes --help: `help --help` said "unknown command".
+  sp_cli_check(NAME help_help RC 0 REGEX "usage: sympool .*summary SNAPSHOT" ARGS help --help)
+  sp_cli_check(NAME help_h RC 0 REGEX "usage: sympool .*summary SNAPSHOT" ARGS help -h)
   sp_cli_check(NAME no_command RC 2 REGEX "usage: sympool" ARGS)
   sp_cli_check(NAME bad_global_option RC 2 REGEX "sympool: unknown option '--frob'" ARGS --frob)
   foreach(cmd info replay plot summary)
@@ -376,6 +379,13 @@ if(TARGET sympool_cli)
   endforeach()
   sp_cli_check(NAME replay_recorded_split_size_max RC 0 REGEX "peak reserved"
     ARGS replay ${CMAKE_CURRENT_SOURCE_DIR}/data/trace-settings-split-size-max.json)
+  # PyTorch clamps max_split_size_mb to SIZE_MAX / 1 MiB and records that size as int64 -2^20
+  # (2^64 - 2^20 unsigned): a size it can have written, refused as "not valid" before.
+  foreach(sp_name IN ITEMS clamped clamped-uint)
+    sp_cli_check(NAME replay_recorded_split_${sp_name} RC 0
+      REGEX "\"settings\":\"max_split_size_mb:17592186044415\""
+      ARGS replay ${CMAKE_CURRENT_SOURCE_DIR}/data/trace-settings-split-${sp_name}.json --json)
+  endforeach()
   sp_cli_check(NAME replay_repeat_garbage RC 2 REGEX "--repeat takes 1 to 64, not '3x'"
     ARGS replay ${SMALL} --repeat=3x)
   # Only digits are a number: strtol's leading white space and '+' were taken (--repeat ' 3' ran
@@ -714,6 +724,27 @@ if(TARGET sympool_cli)
     COMMAND $<TARGET_FILE:sympool_cli> replay ${SP_DATA}/real/layoutediting-legacy-list.pickle)
   set_tests_properties(cli.replay_legacy_list PROPERTIES LABELS "unit;cli" TIMEOUT 60
     PASS_REGULAR_EXPRESSION "settings +defaults \\(the snapshot records none\\).*peak reserved +3.398 GiB +recorded run: 3.398 GiB \\(\\+0.00%\\)")
+  # A snapshot without settings replays with the environment's allocator settings where it sets
+  # them: the text said "defaults (the snapshot records none)" and --json "conf":"" of a replay
+  # that ran under expandable segments (its starting state requested).
+  add_test(NAME cli.replay_env_conf_reported COMMAND sh -c
+    "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True '$<TARGET_FILE:sympool_cli>' replay '${SP_DATA}/real/layoutediting-legacy-list.pickle' && SYMPOOL_ALLOC_CONF=expandable_segments:True PYTORCH_ALLOC_CONF=max_split_size_mb:64 '$<TARGET_FILE:sympool_cli>' replay '${SP_DATA}/real/layoutediting-legacy-list.pickle' --json")
+  set_tests_properties(cli.replay_env_conf_reported PROPERTIES LABELS "unit;cli" TIMEOUT 60
+    ENVIRONMENT "SYMPOOL_DEVICE=host"
+    PASS_REGULAR_EXPRESSION "settings +the environment's PYTORCH_CUDA_ALLOC_CONF='expandable_segments:True' \\(the snapshot records none\\).*\"conf\":\"expandable_segments:True\",\"settings\":\"expandable_segments:True\",.*\"starting_state\":\"requested\"")
+  # --compare=CONF is the first configuration, as every option takes --opt=value: it was
+  # refused ("option '--compare' takes no value"). Both forms give the same two lines.
+  add_test(NAME cli.replay_compare_equals_form COMMAND sh -c
+    "x=$('$<TARGET_FILE:sympool_cli>' replay '${SMALL}' --compare=expandable_segments:True max_split_size_mb:20 --json) && y=$('$<TARGET_FILE:sympool_cli>' replay '${SMALL}' --compare expandable_segments:True max_split_size_mb:20 --json) && [ \"$(printf '%s' \"$x\" | sed 's/ns_per_event[^,]*//g')\" = \"$(printf '%s' \"$y\" | sed 's/ns_per_event[^,]*//g')\" ] && printf '%s\\n' \"$x\" | grep -c 'conf.:.\\(expandable_segments:True\\|max_split_size_mb:20\\).,'")
+  set_tests_properties(cli.replay_compare_equals_form PROPERTIES LABELS "unit;cli" TIMEOUT 60
+    ENVIRONMENT "SYMPOOL_DEVICE=host" PASS_REGULAR_EXPRESSION "^2\n$")
+  # The replay's own OOMs (at --capacity) were blamed on the recorded run, which had none.
+  add_test(NAME cli.replay_capacity_ooms_are_the_replays
+    COMMAND $<TARGET_FILE:sympool_cli> replay ${SMALL} --capacity 100MiB --json)
+  set_tests_properties(cli.replay_capacity_ooms_are_the_replays PROPERTIES LABELS "unit;cli"
+    TIMEOUT 60 ENVIRONMENT "SYMPOOL_DEVICE=host"
+    PASS_REGULAR_EXPRESSION "\"recorded_ooms\":0,.*\"differs_because\":\"the replay hit 70 OOMs at the emulated device's capacity, where the recorded run hit 0 "
+    FAIL_REGULAR_EXPRESSION "the recorded run hit OOM")
   # torch 2.11's own snapshot (bench/gpu/probe.py on an H200): a private MemPool's blocks go to
   # its pool by their segments' segment_pool_id (2.11 writes no pool id on trace entries), the
   # second stream's 1000 bytes to a segment of its own: PyTorch's 44 MiB to the byte.
