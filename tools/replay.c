@@ -1394,6 +1394,11 @@ static bool init_capped(int ndev, const char *capacity, char *err, size_t errlen
     if (capacity == NULL || !gc_in_force())
         return true;
     for (int d = 0; d < ndev; d++) {
+        /* A fraction the configuration set (per_process_memory_fraction) already caps the
+         * process, lower: it stays (it was replaced by this one, and its OOMs went with it). */
+        double set = 1.0;
+        if (sp_get_memory_fraction(d, &set) == SP_SUCCESS && set < 1.0)
+            continue;
         if (sp_set_memory_fraction(nextafter(1.0, 0.0), d) != SP_SUCCESS) {
             snprintf(err, errlen, "sp_set_memory_fraction: %s", sp_last_error());
             return false;

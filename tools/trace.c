@@ -1648,6 +1648,7 @@ static bool analyse(const pk_value_t *segments, const recs_t *recs, const tr_set
     span_t *spans = NULL; /* the device's final segments */
     size_t nspans = 0, cap_spans = 0;
     tr_map_t known = {0};         /* pool_index's map of d->pools */
+    tr_map_t held = {0};          /* blocks the trace freed that the end state shows pending */
     remainder_ask_t *asks = NULL; /* the starting blocks kept_remainders asks about */
     size_t nasks = 0, cap_asks = 0;
     bool ok = false;
@@ -1668,12 +1669,16 @@ static bool analyse(const pk_value_t *segments, const recs_t *recs, const tr_set
                 (void)tr_map_del(&live, e->addr, NULL);
             i--;
         } else if (e->action == TR_FREE_COMPLETED) {
-            if (!tr_map_put(&live, e->addr, 1))
+            if (!tr_map_put(&live, e->addr, (uintptr_t)i + 1)) /* where its completion is */
                 goto oom;
         } else if (e->action == TR_ALLOC) {
             (void)tr_map_del(&live, e->addr, NULL);
-        } else if (e->action == TR_FREE_REQUESTED && tr_map_del(&live, e->addr, NULL)) {
-            e->flags |= TR_F_DEFERRED;
+        } else if (e->action == TR_FREE_REQUESTED) {
+            uintptr_t at = 0;
+            if (tr_map_del(&live, e->addr, &at)) {
+                e->flags |= TR_F_DEFERRED;
+                d->ev[at - 1].flags |= TR_F_HELD_END;
+            }
         }
     }
     tr_map_free(&live);
@@ -1742,12 +1747,15 @@ static bool analyse(const pk_value_t *segments, const recs_t *recs, const tr_set
                               d->at != NULL ? d->at[i].frames : NULL, e->pool, requests) ||
                     !tr_map_put(&touched, e->addr, requests ? 0 : 1))
                     goto oom;
+                if (requests) /* it started pending: this ends its held free */
+                    e->flags |= TR_F_HELD_END;
                 v = tr_map_find(&touched, e->addr);
             }
             if (v != NULL && *v == 1) {
                 *v = 0;
                 e->action = TR_FREE_REQUESTED;
-                e->flags = (uint8_t)((e->flags | TR_F_COMPLETION) & ~TR_F_DEFERRED);
+                e->flags =
+                    (uint8_t)((e->flags | TR_F_COMPLETION) & ~(TR_F_DEFERRED | TR_F_HELD_END));
                 d->completion_frees++;
             }
             break;
@@ -1977,6 +1985,10 @@ static bool analyse(const pk_value_t *segments, const recs_t *recs, const tr_set
                 req = bsize;
             if (active)
                 d->final_allocated += (uint64_t)bsize;
+            uintptr_t live_now = 1;
+            if (pending && tr_map_get(&touched, baddr, &live_now) && live_now == 0 &&
+                !tr_map_put(&held, baddr, 1))
+                goto oom;
             if (!inactive && !tr_map_get(&touched, baddr, NULL)) {
                 if (d->seeded_bytes + (uint64_t)req >= (uint64_t)TR_SUM_LIMIT)
                     goto too_much;
@@ -1985,6 +1997,21 @@ static bool analyse(const pk_value_t *segments, const recs_t *recs, const tr_set
                     goto oom;
             }
             baddr += (uint64_t)bsize;
+        }
+    }
+    /* A block the trace freed and the end state shows "active_pending_free": its free waits for
+     * other streams' work at the end, so its last free_requested is held, though no
+     * free_completed follows (the trace ended first; replay held it for nothing, freed it at
+     * once and let the next request reuse it, a segment too few). */
+    for (size_t i = d->nev; held.n > 0 && i-- > 0;) {
+        tr_event_t *e = &d->ev[i];
+        bool names = e->action == TR_ALLOC || e->action == TR_FREE_REQUESTED ||
+                     e->action == TR_FREE_COMPLETED;
+        if (!names || !tr_map_del(&held, e->addr, NULL))
+            continue; /* only the last entry naming the block tells */
+        if (e->action == TR_FREE_REQUESTED && !(e->flags & (TR_F_DEFERRED | TR_F_COMPLETION))) {
+            e->flags |= TR_F_DEFERRED;
+            d->deferred_frees++;
         }
     }
     /* One device's segments never share an address: two that do would be counted twice and
@@ -2157,10 +2184,7 @@ static bool analyse(const pk_value_t *segments, const recs_t *recs, const tr_set
 
     int64_t req = (int64_t)d->seeded_bytes, rpeak = req;
     for (size_t i = 0; i < d->nev; i++) {
-        if (d->ev[i].action == TR_ALLOC)
-            req += (int64_t)d->ev[i].size;
-        else if (d->ev[i].action == TR_FREE_REQUESTED)
-            req -= (int64_t)d->ev[i].size;
+        req += tr_requested_delta(d, i);
         if (req > rpeak)
             rpeak = req;
         if (req >= TR_SUM_LIMIT || req <= -TR_SUM_LIMIT) {
@@ -2182,6 +2206,7 @@ out:
     tr_map_free(&touched);
     tr_map_free(&segfirst);
     tr_map_free(&streams);
+    tr_map_free(&held);
     free(xr);
     free(ranges);
     free(spans);

@@ -42,6 +42,9 @@ typedef enum {
     8u /* recorded as a free_completed that no free_requested preceded, of a                       \
         * block an alloc of the trace made: read as its free (the action is                        \
         * TR_FREE_REQUESTED) */
+#define TR_F_HELD_END                                                                              \
+    16u /* free_completed of a held free: a TR_F_DEFERRED free_requested's, or                     \
+         * a block's pending before the first entry */
 
 typedef struct tr_event {
     tr_action_t action; /* what happened */
@@ -153,6 +156,22 @@ typedef struct tr_device {
                                * when none: the usual case) */
     size_t nmeta;             /* entries in meta */
 } tr_device_t;
+
+/* The change event i of d makes to the bytes PyTorch counts as requested (requested_bytes): up
+ * at its alloc, down where the block is freed, which is free_block (CUDACachingAllocator.cpp):
+ * at the free_requested that completes at once, else at the held free's free_completed. A free
+ * whose completion never comes (pending at the end) stays counted. */
+static inline int64_t tr_requested_delta(const tr_device_t *d, size_t i) {
+    const tr_event_t *e = &d->ev[i];
+    int64_t size = e->size > (uint64_t)INT64_MAX ? INT64_MAX : (int64_t)e->size;
+    if (e->action == TR_ALLOC)
+        return size;
+    if (e->action == TR_FREE_REQUESTED && !(e->flags & TR_F_DEFERRED))
+        return -size;
+    if (e->action == TR_FREE_COMPLETED && (e->flags & TR_F_HELD_END))
+        return -size;
+    return 0;
+}
 
 /* Event i's time (0: absent, or loaded without stacks) and stack (NULL: none, or loaded without
  * stacks). */

@@ -738,6 +738,41 @@ if(TARGET sympool_cli)
     "x=$('$<TARGET_FILE:sympool_cli>' replay '${SMALL}' --compare=expandable_segments:True max_split_size_mb:20 --json) && y=$('$<TARGET_FILE:sympool_cli>' replay '${SMALL}' --compare expandable_segments:True max_split_size_mb:20 --json) && [ \"$(printf '%s' \"$x\" | sed 's/ns_per_event[^,]*//g')\" = \"$(printf '%s' \"$y\" | sed 's/ns_per_event[^,]*//g')\" ] && printf '%s\\n' \"$x\" | grep -c 'conf.:.\\(expandable_segments:True\\|max_split_size_mb:20\\).,'")
   set_tests_properties(cli.replay_compare_equals_form PROPERTIES LABELS "unit;cli" TIMEOUT 60
     ENVIRONMENT "SYMPOOL_DEVICE=host" PASS_REGULAR_EXPRESSION "^2\n$")
+  # --capacity with a garbage_collection_threshold caps the process just under the device so
+  # that the threshold acts; a per_process_memory_fraction the configuration sets, lower, is the
+  # cap (80 MiB of 320: the third 30 MiB request is an OOM): it was replaced, and the replay
+  # peaked at 130 MiB with no OOM.
+  add_test(NAME cli.replay_gc_keeps_the_confs_fraction
+    COMMAND $<TARGET_FILE:sympool_cli> replay ${SP_DATA}/trace-gc-tiny.json --json --capacity=320MiB
+            --conf=garbage_collection_threshold:0.5,per_process_memory_fraction:0.25)
+  set_tests_properties(cli.replay_gc_keeps_the_confs_fraction PROPERTIES LABELS "unit;cli"
+    TIMEOUT 60 ENVIRONMENT "SYMPOOL_DEVICE=host"
+    PASS_REGULAR_EXPRESSION "\"peak_reserved_bytes\":62914560,.*\"ooms\":1,")
+  # summary's allocated peaks of a recording made with expandable segments come from a replay by
+  # PyTorch's rules (small requests in the small pool's segments), as replay re-enacts it: with
+  # ours the large pool peaked at 27.1 MiB and the small pool at 0 B below its 2.1 MiB current.
+  add_test(NAME cli.summary_expandable_peaks_by_pytorchs_rules
+    COMMAND $<TARGET_FILE:sympool_cli> summary ${SP_DATA}/trace-expandable-pools.json)
+  set_tests_properties(cli.summary_expandable_peaks_by_pytorchs_rules PROPERTIES
+    LABELS "unit;cli" TIMEOUT 60 ENVIRONMENT "SYMPOOL_DEVICE=host"
+    PASS_REGULAR_EXPRESSION "Allocated memory +\\| +27.1 MiB \\| +27.1 MiB \\|[^\n]*\n[^\n]*from large pool \\| +25.0 MiB \\| +25.0 MiB \\|[^\n]*\n[^\n]*from small pool \\| +2.1 MiB \\| +2.1 MiB \\|")
+  # A free the final state shows pending, with no free_completed after it (the trace ended
+  # first), is held to the end: replay freed it at once, the next 10 MiB request reused it, and
+  # the peak was a segment short of the recorded 20 MiB (its own snapshot's round trip too).
+  add_test(NAME cli.replay_free_held_to_the_end
+    COMMAND $<TARGET_FILE:sympool_cli> replay ${SP_DATA}/trace-held-to-the-end.json --json)
+  set_tests_properties(cli.replay_free_held_to_the_end PROPERTIES LABELS "unit;cli" TIMEOUT 60
+    ENVIRONMENT "SYMPOOL_DEVICE=host"
+    PASS_REGULAR_EXPRESSION "\"peak_reserved_bytes\":20971520,\"pytorch_peak_reserved_bytes\":20971520,.*\"end_reserved_bytes\":20971520,.*\"deferred_frees\":1,")
+  # PyTorch counts a block out of its allocations at the free request and out of its requested
+  # bytes when the free completes (free_block): a pending block at the start counted as an
+  # allocation (peak 3, not 2) and not as requested bytes (26 MiB, not 32), and a held free's
+  # requested bytes were taken off at its request (peak 10 MiB, not 20).
+  add_test(NAME cli.summary_requested_until_the_free_completes COMMAND sh -c
+    "'$<TARGET_FILE:sympool_cli>' summary '${SP_DATA}/trace-pending-at-start.json' && '$<TARGET_FILE:sympool_cli>' summary '${SP_DATA}/trace-held-free.json' && '$<TARGET_FILE:sympool_cli>' info --json '${SP_DATA}/trace-held-free.json'")
+  set_tests_properties(cli.summary_requested_until_the_free_completes PROPERTIES
+    LABELS "unit;cli" TIMEOUT 60 ENVIRONMENT "SYMPOOL_DEVICE=host"
+    PASS_REGULAR_EXPRESSION "Requested memory +\\| +32.0 MiB \\| +32.0 MiB \\| +40.0 MiB \\| +8.0 MiB \\|.*Allocations +\\| +2 \\| +2 \\| +3 \\| +1 \\|.*Requested memory +\\| +0 B +\\| +20.0 MiB \\|.*\"peak_bytes\": 20971520")
   # The replay's own OOMs (at --capacity) were blamed on the recorded run, which had none.
   add_test(NAME cli.replay_capacity_ooms_are_the_replays
     COMMAND $<TARGET_FILE:sympool_cli> replay ${SMALL} --capacity 100MiB --json)
