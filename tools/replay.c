@@ -2280,6 +2280,11 @@ static int replay_compare(const char *trace, const tr_trace_t *t, const char *us
         /* A configuration's SYMPOOL_DEBUG_FILE item is where its lines go, as the library's. */
         if (applied)
             cli_log_open();
+        /* One that adds items asks what sympool would do, as --conf does, starting state
+         * included (replay_once: a recording's expandable pages are PyTorch's rules', not what
+         * ours would hold); it started from the recorded pages, and the same configuration gave
+         * two answers (1.0140 here against 1.0001 with --conf on a recording made so). */
+        replay_set_user_conf(user_conf != NULL || confs[i][0] != '\0');
         if (!applied ||
             !replay_median(t, NULL, repeat, eff[i], capacity, &rs[i], err, sizeof(err))) {
             fprintf(stderr, "sympool replay: configuration '%s': %s\n", confs[i], err);

@@ -773,6 +773,15 @@ if(TARGET sympool_cli)
   set_tests_properties(cli.summary_requested_until_the_free_completes PROPERTIES
     LABELS "unit;cli" TIMEOUT 60 ENVIRONMENT "SYMPOOL_DEVICE=host"
     PASS_REGULAR_EXPRESSION "Requested memory +\\| +32.0 MiB \\| +32.0 MiB \\| +40.0 MiB \\| +8.0 MiB \\|.*Allocations +\\| +2 \\| +2 \\| +3 \\| +1 \\|.*Requested memory +\\| +0 B +\\| +20.0 MiB \\|.*\"peak_bytes\": 20971520")
+  # A --compare configuration that adds items to a recording made with expandable segments asks
+  # what sympool's rules would do, as --conf does, from the same starting state (the live blocks
+  # requested): it started from PyTorch's recorded pages, 43132125184 bytes against --conf's
+  # 42540728320 for the same configuration.
+  add_test(NAME cli.replay_compare_item_starts_as_conf_does COMMAND sh -c
+    "'$<TARGET_FILE:sympool_cli>' replay '${SP_DATA}/real/bolong-expandable-recorded.pickle' --json --compare '' expandable_segments:True && '$<TARGET_FILE:sympool_cli>' replay '${SP_DATA}/real/bolong-expandable-recorded.pickle' --json --conf expandable_segments:True")
+  set_tests_properties(cli.replay_compare_item_starts_as_conf_does PROPERTIES LABELS "unit;cli"
+    TIMEOUT 120 ENVIRONMENT "SYMPOOL_DEVICE=host"
+    PASS_REGULAR_EXPRESSION "^[^\n]*\"peak_reserved_bytes\":43132125184,[^\n]*\"starting_state\":\"recorded_segments\"[^\n]*\n[^\n]*\"peak_reserved_bytes\":42540728320,[^\n]*\"conf\":\"expandable_segments:True\"[^\n]*\"starting_state\":\"requested\"[^\n]*\n[^\n]*\"peak_reserved_bytes\":42540728320,[^\n]*\"starting_state\":\"requested\"")
   # The replay's own OOMs (at --capacity) were blamed on the recorded run, which had none.
   add_test(NAME cli.replay_capacity_ooms_are_the_replays
     COMMAND $<TARGET_FILE:sympool_cli> replay ${SMALL} --capacity 100MiB --json)
