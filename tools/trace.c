@@ -606,6 +606,8 @@ typedef struct rec_side {
 #define RF_BAD_TIME 0x20u   /* time_us out of bounds */
 #define RF_BAD_STREAM 0x10u /* stream not an integer */
 #define RF_ALL (RF_NO_ADDR | RF_NO_SIZE | RF_BAD_TIME | RF_BAD_STREAM)
+_Static_assert(((TR_F_DEFERRED | TR_F_EMPTY_CACHE | TR_F_POOL_ID | TR_F_COMPLETION) & RF_ALL) == 0,
+               "the loader's check bits overlap the TR_F_ flags");
 
 /* The trace entries the reader handed over, in the order it parsed them: a device's entries are
  * one run of them, which becomes that device's event array as it is. An entry's action string
@@ -1259,6 +1261,7 @@ static bool read_event(const pk_value_t *e, recs_t *recs, tr_event_t *ev, tr_eve
              * pool, the TR_F_ flags). */
             *ev = recs->ev[e->u.u];
             ev->flags &= (uint8_t)RF_ALL;
+            ev->held_end = 0;
             ev->pool = 0;
         }
         const rec_side_t *r = side_of(recs, e->u.u);
@@ -1677,7 +1680,7 @@ static bool analyse(const pk_value_t *segments, const recs_t *recs, const tr_set
             uintptr_t at = 0;
             if (tr_map_del(&live, e->addr, &at)) {
                 e->flags |= TR_F_DEFERRED;
-                d->ev[at - 1].flags |= TR_F_HELD_END;
+                d->ev[at - 1].held_end = 1;
             }
         }
     }
@@ -1748,14 +1751,14 @@ static bool analyse(const pk_value_t *segments, const recs_t *recs, const tr_set
                     !tr_map_put(&touched, e->addr, requests ? 0 : 1))
                     goto oom;
                 if (requests) /* it started pending: this ends its held free */
-                    e->flags |= TR_F_HELD_END;
+                    e->held_end = 1;
                 v = tr_map_find(&touched, e->addr);
             }
             if (v != NULL && *v == 1) {
                 *v = 0;
                 e->action = TR_FREE_REQUESTED;
-                e->flags =
-                    (uint8_t)((e->flags | TR_F_COMPLETION) & ~(TR_F_DEFERRED | TR_F_HELD_END));
+                e->flags = (uint8_t)((e->flags | TR_F_COMPLETION) & ~TR_F_DEFERRED);
+                e->held_end = 0;
                 d->completion_frees++;
             }
             break;

@@ -42,18 +42,18 @@ typedef enum {
     8u /* recorded as a free_completed that no free_requested preceded, of a                       \
         * block an alloc of the trace made: read as its free (the action is                        \
         * TR_FREE_REQUESTED) */
-#define TR_F_HELD_END                                                                              \
-    16u /* free_completed of a held free: a TR_F_DEFERRED free_requested's, or                     \
-         * a block's pending before the first entry */
-
 typedef struct tr_event {
     tr_action_t action; /* what happened */
     uint8_t flags;      /* TR_F_* */
-    uint16_t pool;      /* 1 + index into the device's pools, 0 = default pool (alloc,
-                         * segment frees) */
-    uint64_t addr;      /* block/segment address; device free bytes for oom */
-    uint64_t size;      /* bytes (alloc: requested; free_*: requested_size; segment_*) */
-    uint64_t stream;    /* recorded stream handle, 0 = default */
+    /* 1: a free_completed that ends a held free (a TR_F_DEFERRED free_requested's, or a block's
+     * pending before the first entry): requested bytes go down there (tr_requested_delta). Not
+     * one of the flags: the loader keeps its own checks in their free bits meanwhile (RF_*). */
+    uint8_t held_end;
+    uint16_t pool;   /* 1 + index into the device's pools, 0 = default pool (alloc,
+                      * segment frees) */
+    uint64_t addr;   /* block/segment address; device free bytes for oom */
+    uint64_t size;   /* bytes (alloc: requested; free_*: requested_size; segment_*) */
+    uint64_t stream; /* recorded stream handle, 0 = default */
 } tr_event_t;
 
 /* When and where an event happened: what only the commands that keep stacks read (a replay's
@@ -168,7 +168,7 @@ static inline int64_t tr_requested_delta(const tr_device_t *d, size_t i) {
         return size;
     if (e->action == TR_FREE_REQUESTED && !(e->flags & TR_F_DEFERRED))
         return -size;
-    if (e->action == TR_FREE_COMPLETED && (e->flags & TR_F_HELD_END))
+    if (e->action == TR_FREE_COMPLETED && e->held_end)
         return -size;
     return 0;
 }

@@ -732,6 +732,14 @@ if(TARGET sympool_cli)
   set_tests_properties(cli.replay_env_conf_reported PROPERTIES LABELS "unit;cli" TIMEOUT 60
     ENVIRONMENT "SYMPOOL_DEVICE=host"
     PASS_REGULAR_EXPRESSION "settings +the environment's PYTORCH_CUDA_ALLOC_CONF='expandable_segments:True' \\(the snapshot records none\\).*\"conf\":\"expandable_segments:True\",\"settings\":\"expandable_segments:True\",.*\"starting_state\":\"requested\"")
+  # ... and the allocator's own variables the environment sets, which win over ALLOC_CONF's
+  # keys: SYMPOOL_EXPANDABLE_SEGMENTS=1 replayed under expandable segments (the starting state
+  # requested) while the text said "defaults" and --json "settings":"" (--compare too).
+  add_test(NAME cli.replay_env_options_reported COMMAND sh -c
+    "SYMPOOL_EXPANDABLE_SEGMENTS=1 '$<TARGET_FILE:sympool_cli>' replay '${SP_DATA}/real/layoutediting-legacy-list.pickle' && SYMPOOL_EXPANDABLE_SEGMENTS=1 '$<TARGET_FILE:sympool_cli>' replay '${SP_DATA}/real/layoutediting-legacy-list.pickle' --json --compare '' max_split_size_mb:64")
+  set_tests_properties(cli.replay_env_options_reported PROPERTIES LABELS "unit;cli" TIMEOUT 60
+    ENVIRONMENT "SYMPOOL_DEVICE=host"
+    PASS_REGULAR_EXPRESSION "environment +SYMPOOL_EXPANDABLE_SEGMENTS=on \\(each wins over its key in the settings\\).*\"settings\":\"SYMPOOL_EXPANDABLE_SEGMENTS=on\",.*\"starting_state\":\"requested\".*\"settings\":\"max_split_size_mb:64,SYMPOOL_EXPANDABLE_SEGMENTS=on\"")
   # --compare=CONF is the first configuration, as every option takes --opt=value: it was
   # refused ("option '--compare' takes no value"). Both forms give the same two lines.
   add_test(NAME cli.replay_compare_equals_form COMMAND sh -c
@@ -767,12 +775,12 @@ if(TARGET sympool_cli)
   # PyTorch counts a block out of its allocations at the free request and out of its requested
   # bytes when the free completes (free_block): a pending block at the start counted as an
   # allocation (peak 3, not 2) and not as requested bytes (26 MiB, not 32), and a held free's
-  # requested bytes were taken off at its request (peak 10 MiB, not 20).
+  # requested bytes were taken off at its request (peak 10 MiB, not 20; plot's too).
   add_test(NAME cli.summary_requested_until_the_free_completes COMMAND sh -c
-    "'$<TARGET_FILE:sympool_cli>' summary '${SP_DATA}/trace-pending-at-start.json' && '$<TARGET_FILE:sympool_cli>' summary '${SP_DATA}/trace-held-free.json' && '$<TARGET_FILE:sympool_cli>' info --json '${SP_DATA}/trace-held-free.json'")
+    "'$<TARGET_FILE:sympool_cli>' summary '${SP_DATA}/trace-pending-at-start.json' && '$<TARGET_FILE:sympool_cli>' summary '${SP_DATA}/trace-held-free.json' && '$<TARGET_FILE:sympool_cli>' info --json '${SP_DATA}/trace-held-free.json' && '$<TARGET_FILE:sympool_cli>' plot '${SP_DATA}/trace-held-free.json' -o '${SP_CLI_OUT}/held-free.svg'")
   set_tests_properties(cli.summary_requested_until_the_free_completes PROPERTIES
     LABELS "unit;cli" TIMEOUT 60 ENVIRONMENT "SYMPOOL_DEVICE=host"
-    PASS_REGULAR_EXPRESSION "Requested memory +\\| +32.0 MiB \\| +32.0 MiB \\| +40.0 MiB \\| +8.0 MiB \\|.*Allocations +\\| +2 \\| +2 \\| +3 \\| +1 \\|.*Requested memory +\\| +0 B +\\| +20.0 MiB \\|.*\"peak_bytes\": 20971520")
+    PASS_REGULAR_EXPRESSION "Requested memory +\\| +32.0 MiB \\| +32.0 MiB \\| +40.0 MiB \\| +8.0 MiB \\|.*Allocations +\\| +2 \\| +2 \\| +3 \\| +1 \\|.*Requested memory +\\| +0 B +\\| +20.0 MiB \\|.*\"peak_bytes\": 20971520.*peak requested 0.020 GiB")
   # A --compare configuration that adds items to a recording made with expandable segments asks
   # what sympool's rules would do, as --conf does, from the same starting state (the live blocks
   # requested): it started from PyTorch's recorded pages, 43132125184 bytes against --conf's
