@@ -7,6 +7,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <stdbool.h>
+#include <sys/stat.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -53,8 +54,11 @@ static bool debug_file_is_an_argument(int nsub, char **sub) {
          * option's separate value (`-o -t.svg`); only its value was looked at. */
         const char *file = sub[i];
         /* "-" is standard input (cli_input): a log appended to the file it reads from is the
-         * same clobbered input as one named by its path. */
-        if (strcmp(file, "-") == 0 && cli_same_file(cli_input(file), path)) {
+         * same clobbered input as one named by its path. A file only: a terminal or /dev/null
+         * on both sides clobbers nothing. */
+        struct stat in;
+        if (strcmp(file, "-") == 0 && fstat(STDIN_FILENO, &in) == 0 && S_ISREG(in.st_mode) &&
+            cli_same_file(cli_input(file), path)) {
             fprintf(stderr,
                     "sympool: SYMPOOL_DEBUG_FILE=%s names the standard input this command "
                     "reads: its log lines would be appended to it; log elsewhere\n",

@@ -52,7 +52,8 @@ typedef enum { OP_ALLOC, OP_FREE, OP_FREE_COMPLETED, OP_EMPTY_CACHE } op_kind_t;
 #define OPF_META 0x80u
 /* op_t.flags: the recorded run made a segment for this alloc (dev_state_t.place says where). */
 #define OPF_SEG 0x40u
-_Static_assert(((TR_F_DEFERRED | TR_F_EMPTY_CACHE | TR_F_POOL_ID) & (OPF_META | OPF_SEG)) == 0,
+_Static_assert(((TR_F_DEFERRED | TR_F_EMPTY_CACHE | TR_F_POOL_ID | TR_F_COMPLETION) &
+                (OPF_META | OPF_SEG)) == 0,
                "op flags overlap the trace's");
 typedef struct op {
     uint64_t size;   /* alloc: the requested bytes */
@@ -1804,6 +1805,32 @@ static const char *env_conf_in_force(char *out, size_t cap) {
     return NULL;
 }
 
+/* The allocator's own variables the environment sets (SYMPOOL_EXPANDABLE_SEGMENTS=1, ...): each
+ * wins over the same key in SYMPOOL_ALLOC_CONF (the snapshot's, --conf's, the environment's), so
+ * a replay runs with it, and a report of only the ALLOC_CONF text said "defaults" of a run under
+ * expandable segments. As NAME=VALUE items (the form --compare takes), after a comma when `after`
+ * holds any, "" when none. After init (the option table read). */
+static void env_items(const char *after, char *out, size_t cap) {
+    static const char *const keys[] = {
+        "SYMPOOL_EXPANDABLE_SEGMENTS",    "SYMPOOL_MAX_SPLIT_SIZE",
+        "SYMPOOL_MAX_NON_SPLIT_ROUNDING", "SYMPOOL_LARGE_SEGMENT_SIZE",
+        "SYMPOOL_GC_THRESHOLD",           "SYMPOOL_ROUNDUP_POWER2_DIVISIONS"};
+    size_t n = 0;
+    out[0] = '\0';
+    sp_x_option_info_t info;
+    for (int i = 0; sp_x_option_info(i, &info) && n < cap; i++) {
+        bool alloc = strncmp(info.name, "SYMPOOL_EXPANDABLE_", 19) == 0; /* our rules too */
+        for (size_t k = 0; k < sizeof keys / sizeof keys[0] && !alloc; k++)
+            alloc = strcmp(info.name, keys[k]) == 0;
+        if (!alloc || strcmp(info.source, "env") != 0)
+            continue;
+        int w = snprintf(out + n, cap - n, "%s%s=%s",
+                         n > 0 || (after != NULL && after[0] != '\0') ? "," : "", info.name,
+                         info.value);
+        n = w < 0 ? cap : n + (size_t)w;
+    }
+}
+
 static void print_text(const char *trace, const tr_trace_t *t, const replay_result_t *r,
                        const char *user_conf, const char *conf, const char *env_var) {
     printf("replay of %s on %s (%d device%s)\n", trace, sp_backend_name(), r->devices,
@@ -1821,6 +1848,10 @@ static void print_text(const char *trace, const tr_trace_t *t, const replay_resu
                env_var, conf);
     else
         printf("  settings             defaults (the snapshot records none)\n");
+    char items[1024];
+    env_items(NULL, items, sizeof items);
+    if (items[0] != '\0')
+        printf("  environment          %s (each wins over its key in the settings)\n", items);
     if (user_conf == NULL && t->settings.split_bytes != 0) {
         /* The environment's SYMPOOL_MAX_SPLIT_SIZE wins over the recorded bytes
          * (tr_settings_split_to_set): the line says which of the two ran. */
@@ -2240,11 +2271,13 @@ static int replay_compare(const char *trace, const tr_trace_t *t, const char *us
                         : reenacts_pytorch_rules(t, NULL, "") ? "(recorded, PyTorch's rules)"
                                                               : "(recorded)";
     replay_result_t *rs = calloc((size_t)n, sizeof(*rs));
-    char(*eff)[1024] = calloc((size_t)n, sizeof(*eff)); /* each one's SYMPOOL_ALLOC_CONF */
+    char(*eff)[1024] = calloc((size_t)n, sizeof(*eff));  /* each one's SYMPOOL_ALLOC_CONF */
+    char(*envs)[512] = calloc((size_t)n, sizeof(*envs)); /* the environment's items it ran with */
     uint64_t split[MAX_COMPARE]; /* each one's recorded max_split_size set to the byte (0: none) */
-    if (rs == NULL || eff == NULL) {
+    if (rs == NULL || eff == NULL || envs == NULL) {
         free(rs);
         free(eff);
+        free(envs);
         fprintf(stderr, "sympool replay: out of memory\n");
         return 1;
     }
@@ -2267,6 +2300,7 @@ static int replay_compare(const char *trace, const tr_trace_t *t, const char *us
     if (rc != 0) {
         free(rs);
         free(eff);
+        free(envs);
         return rc;
     }
     cli_log_open();
@@ -2285,6 +2319,8 @@ static int replay_compare(const char *trace, const tr_trace_t *t, const char *us
          * ours would hold); it started from the recorded pages, and the same configuration gave
          * two answers (1.0140 here against 1.0001 with --conf on a recording made so). */
         replay_set_user_conf(user_conf != NULL || confs[i][0] != '\0');
+        if (applied)
+            env_items(eff[i], envs[i], sizeof envs[i]);
         if (!applied ||
             !replay_median(t, NULL, repeat, eff[i], capacity, &rs[i], err, sizeof(err))) {
             fprintf(stderr, "sympool replay: configuration '%s': %s\n", confs[i], err);
@@ -2293,10 +2329,11 @@ static int replay_compare(const char *trace, const tr_trace_t *t, const char *us
     }
     sp_x_log_set_fn(NULL, NULL);
     if (rc == 0 && json) {
-        char ran[sizeof(*eff) + 48];
-        for (int i = 0; i < n; i++)
-            print_json(trace, &rs[i], confs[i], conf_ran(eff[i], split[i], ran, sizeof ran),
-                       capacity, NULL);
+        char ran[sizeof(*eff) + 48], all[sizeof ran + sizeof(*envs)];
+        for (int i = 0; i < n; i++) {
+            snprintf(all, sizeof all, "%s%s", conf_ran(eff[i], split[i], ran, sizeof ran), envs[i]);
+            print_json(trace, &rs[i], confs[i], all, capacity, NULL);
+        }
     } else if (rc == 0) {
         printf("replay of %s: %d configuration%s%s%s\n", trace, n, n == 1 ? "" : "s",
                capacity ? " at capacity " : "", capacity ? capacity : "");
@@ -2308,6 +2345,10 @@ static int replay_compare(const char *trace, const tr_trace_t *t, const char *us
         else
             printf("  settings: defaults (the snapshot records none), each configuration's items "
                    "added\n");
+        if (envs[0][0] != '\0')
+            printf("  environment: %s (each wins over its key in the settings, unless a "
+                   "configuration sets its own)\n",
+                   envs[0][0] == ',' ? envs[0] + 1 : envs[0]);
         print_compare_split(t, confs, empty, split, n);
         printf("  %-44s %12s %9s %10s %6s %9s\n", "configuration", "peak GiB", "/alloc",
                "/recorded", "OOMs", "ns/event");
@@ -2332,6 +2373,7 @@ static int replay_compare(const char *trace, const tr_trace_t *t, const char *us
     (void)sp_shutdown();
     free(rs);
     free(eff);
+    free(envs);
     return rc;
 }
 
@@ -2663,9 +2705,15 @@ int sp_cli_replay(int argc, char **argv) {
         return 1;
     }
     if (a.json) {
-        char because[1536], ran[sizeof(t.settings.conf) + 48];
+        char because[1536], ran[sizeof(t.settings.conf) + 48], items[1024];
+        char all[sizeof ran + sizeof items];
         const char *shown = conf_ran(
             conf, a.conf == NULL ? tr_settings_split_to_set(&t.settings) : 0, ran, sizeof ran);
+        env_items(shown, items, sizeof items);
+        if (items[0] != '\0') { /* the environment's own variables, after what they win over */
+            snprintf(all, sizeof all, "%s%s", shown ? shown : "", items);
+            shown = all;
+        }
         print_json(a.trace, &r, shown, shown, a.capacity,
                    differs_because(&t, &r, a.conf, because, sizeof because) ? because : NULL);
     } else {
