@@ -237,7 +237,17 @@ SP_EXPORT sp_status_t sp_symmetric_mempool_create(sp_world_t *w, const sp_mempoo
                       "%s: ranks are at different symmetric pool creations (#%lld..#%lld): "
                       "every rank must create the same pools in the same order",
                       what, (long long)a.lo[0], (long long)a.hi[0]);
-    else if (s == SP_SUCCESS && (a.lo[1] != a.hi[1] || a.lo[2] != a.hi[2]))
+    /* A rank that could not create the pool (its own arguments, its local work) joins with what
+     * it had, perhaps no name and default flags: its peers are told that it failed, not that
+     * the flags or names differ. */
+    else if (s == SP_SUCCESS && a.nbad) {
+        char ranks[96];
+        s = ls != SP_SUCCESS ? sp__error(ls, SP_SUB_SYM, "%s", why)
+                             : sp__error(SP_ERR_INVALID_USAGE, SP_SUB_SYM,
+                                         "%s: %s could not create the pool (its log "
+                                         "says why); no rank has it",
+                                         what, sp__agree_bad_ranks(&a, ranks, sizeof ranks));
+    } else if (s == SP_SUCCESS && (a.lo[1] != a.hi[1] || a.lo[2] != a.hi[2]))
         s = sp__error(SP_ERR_MISMATCH, SP_SUB_SYM,
                       "%s: ranks pass different use_on_oom/no_split flags", what);
     else if (s == SP_SUCCESS && a.lo[3] != a.hi[3])
@@ -247,14 +257,6 @@ SP_EXPORT sp_status_t sp_symmetric_mempool_create(sp_world_t *w, const sp_mempoo
                       "%s: ranks create pools of different names (this rank's \"%s\"): every "
                       "rank must create the same pools, named alike, in the same order",
                       what, st->name);
-    else if (s == SP_SUCCESS && a.nbad) {
-        char ranks[96];
-        s = ls != SP_SUCCESS ? sp__error(ls, SP_SUB_SYM, "%s", why)
-                             : sp__error(SP_ERR_INVALID_USAGE, SP_SUB_SYM,
-                                         "%s: %s could not create the pool (its log "
-                                         "say why); no rank has it",
-                                         what, sp__agree_bad_ranks(&a, ranks, sizeof ranks));
-    }
     if (s == SP_SUCCESS)
         s = make_comms(w, st, what);
     if (s != SP_SUCCESS) {
