@@ -7,7 +7,9 @@
 #include "sympool/experimental.h"
 
 #include <fcntl.h>
+#include <sched.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <array>
@@ -505,6 +507,40 @@ TEST_F(CoreTest, RoundupVariableTakesOneValueOnly) {
 
 // A whole number too large for its variable is out of range too, whether it overflows 64 bits
 // or only the option's type; the same digits followed by junk stay malformed.
+// A host name of 64 characters (Linux's longest): gethostname() into 64 bytes refused it, and the
+// host was "unknown" on every such node (log prefixes, %h, the world's node names), though the
+// short name of a long FQDN fits. Read in a child in a UTS namespace of its own (it goes with the
+// child; root only, skipped elsewhere): the short name, and a long name without a dot cut to the
+// 63 characters kept. No allocation in the child (it is a fork of a process with threads).
+TEST_F(CoreTest, TheLongestHostNamesAreReadNotUnknown) {
+    pid_t pid = fork();
+    ASSERT_GE(pid, 0);
+    if (pid == 0) {
+        if (unshare(CLONE_NEWUTS) != 0)
+            _exit(77);
+        static char name[65], out[64], want[64];
+        memcpy(name, "gpu01.", 6);
+        memset(name + 6, 'x', 58); // 64 characters
+        if (sethostname(name, 64) != 0)
+            _exit(77);
+        sp__process_host_read(out, sizeof out);
+        if (strcmp(out, "gpu01") != 0)
+            _exit(1);
+        memset(name, 'a', 64);
+        memset(want, 'a', 63);
+        if (sethostname(name, 64) != 0)
+            _exit(77);
+        sp__process_host_read(out, sizeof out);
+        _exit(strcmp(out, want) == 0 ? 0 : 2);
+    }
+    int status = 0;
+    ASSERT_EQ(waitpid(pid, &status, 0), pid);
+    ASSERT_TRUE(WIFEXITED(status));
+    if (WEXITSTATUS(status) == 77)
+        GTEST_SKIP() << "no UTS namespace of its own here (not root?)";
+    EXPECT_EQ(WEXITSTATUS(status), 0) << "1: not the short name of a long FQDN; 2: not cut";
+}
+
 TEST_F(CoreTest, TooLargeNumberIsOutOfRangeNotMalformed) {
     expect_warnings();
     const struct {
