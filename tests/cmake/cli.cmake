@@ -794,7 +794,7 @@ if(TARGET sympool_cli)
   # holds the same entry dict (the pickle memo) as device 0's, whose analysis marked it, and a
   # mark in the loader's stream bit read as "'stream' is not an integer" there.
   sp_cli_check(NAME info_shared_held_entry RC 0 REGEX "devices: 2 with data"
-    ARGS info ${SP_DATA}/trace-shared-held-entry.pickle)
+    ARGS info ${SP_DATA}/memo/trace-shared-held-entry.pickle)
   # The replay's own OOMs (at --capacity) were blamed on the recorded run, which had none.
   add_test(NAME cli.replay_capacity_ooms_are_the_replays
     COMMAND $<TARGET_FILE:sympool_cli> replay ${SMALL} --capacity 100MiB --json)
