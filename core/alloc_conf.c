@@ -75,6 +75,16 @@ static bool span_uint(span_t s, uint64_t *v_p) {
     return true;
 }
 
+/* Whether the digits of s are a number past UINT64_MAX (which span_uint reads as UINT64_MAX). */
+static bool span_past_u64(span_t s) {
+    static const char max[] = "18446744073709551615";
+    while (s.len > 1 && s.p[0] == '0') {
+        s.p++;
+        s.len--;
+    }
+    return s.len > sizeof max - 1 || (s.len == sizeof max - 1 && memcmp(s.p, max, s.len) > 0);
+}
+
 bool sp__conf_number(const char *text, size_t len, double *v_p) {
     span_t s = trim(text, len);
     char tmp[64];
@@ -95,13 +105,15 @@ static bool span_double(span_t s, double *v_p) {
     return sp__conf_number(s.p, s.len, v_p);
 }
 
-/* PyTorch spells booleans True/False; we also take the lower-case forms. */
+/* True or False, as PyTorch spells them and nothing else: its ConfigTokenizer::toBool
+ * (c10/core/AllocatorConfig.h) refuses "true", so a setting taken here but refused by PyTorch
+ * would pass with sympool and stop the same job under torch. */
 static bool span_bool(span_t s, bool *v_p) {
-    if (span_is(s, "True") || span_is(s, "true")) {
+    if (span_is(s, "True")) {
         *v_p = true;
         return true;
     }
-    if (span_is(s, "False") || span_is(s, "false")) {
+    if (span_is(s, "False")) {
         *v_p = false;
         return true;
     }
@@ -202,8 +214,10 @@ bool sp__roundup_parse(const char *text, uint32_t table[N_INTERVALS], char *why,
     return parse_roundup(trim(text, strlen(text)), table, why, why_len);
 }
 
-/* One "*_mb" key with a floor, to bytes. */
-static bool parse_mb(span_t key, span_t v, uint64_t min_mb, size_t *bytes_p, char *why,
+/* One "*_mb" key with a floor, to bytes. clamp: a value past what size_t holds in MB is that
+ * most (PyTorch's parseMaxSplitSize and parseMaxNonSplitRoundingSize in c10/core/
+ * AllocatorConfig.cpp take any size_t and clamp it to SIZE_MAX / 1 MiB), else it is refused. */
+static bool parse_mb(span_t key, span_t v, uint64_t min_mb, bool clamp, size_t *bytes_p, char *why,
                      size_t why_len) {
     uint64_t mb;
     if (!span_uint(v, &mb)) {
@@ -211,6 +225,9 @@ static bool parse_mb(span_t key, span_t v, uint64_t min_mb, size_t *bytes_p, cha
                  (int)v.len, v.p);
         return false;
     }
+    /* Only a size_t: past 2^64 - 1 (span_uint's saturated UINT64_MAX) stoull refuses it there. */
+    if (mb > SIZE_MAX / MiB && clamp && !span_past_u64(v))
+        mb = SIZE_MAX / MiB;
     if (mb > SIZE_MAX / MiB) {
         snprintf(why, why_len, "%.*s: %.*s is out of range (at most %llu MB)", (int)key.len, key.p,
                  (int)v.len, v.p, (unsigned long long)(SIZE_MAX / MiB));
@@ -228,7 +245,7 @@ static bool parse_mb(span_t key, span_t v, uint64_t min_mb, size_t *bytes_p, cha
 /* CUDA-only keys: check the value's form, keep it in c for the snapshot's allocator_settings
  * (PyTorch reports them), then say that it has no effect here. */
 static bool parse_ignored(span_t key, span_t v, sp_alloc_conf_t *c, char *why, size_t why_len) {
-    bool b;
+    bool b = false; /* GCC 12 -O2 cannot see that only a parsed value is read */
     uint64_t n;
     if (span_is(key, "backend")) {
         if (span_is(v, "native"))
@@ -292,14 +309,14 @@ static sp_status_t parse_entry(span_t entry, sp_alloc_conf_t *c, unsigned *keys,
     bool ok;
     unsigned bit = 0;
     if (span_is(key, "max_split_size_mb")) {
-        ok = parse_mb(key, v, MIN_SPLIT_MB, &c->max_split_size, why, why_len);
+        ok = parse_mb(key, v, MIN_SPLIT_MB, true, &c->max_split_size, why, why_len);
         bit = SP_CONF_KEY_MAX_SPLIT_SIZE;
     } else if (span_is(key, "max_non_split_rounding_mb")) {
-        ok = parse_mb(key, v, MIN_SPLIT_MB, &c->max_non_split_rounding, why, why_len);
+        ok = parse_mb(key, v, MIN_SPLIT_MB, true, &c->max_non_split_rounding, why, why_len);
         bit = SP_CONF_KEY_MAX_NON_SPLIT_ROUNDING;
     } else if (span_is(key, "large_segment_size_mb")) {
         size_t seg = 0;
-        ok = parse_mb(key, v, SP_LARGE_SEGMENT_MIN / MiB, &seg, why, why_len);
+        ok = parse_mb(key, v, SP_LARGE_SEGMENT_MIN / MiB, false, &seg, why, why_len);
         if (ok && (seg > SP_LARGE_SEGMENT_MAX || seg % SP_LARGE_SEGMENT_STEP != 0)) {
             snprintf(why, why_len, "large_segment_size_mb: %zu is %s (MB)", seg / MiB,
                      seg > SP_LARGE_SEGMENT_MAX ? "above the maximum 1048576" : "not even");
@@ -387,10 +404,19 @@ sp_status_t sp__alloc_conf_parse_ex(const char *text, sp_alloc_conf_t *conf, uns
                  sizeof conf->conf_text - 1);
         return SP_ERR_INVALID_ARGUMENT;
     }
+    /* PyTorch's ConfigTokenizer drops every ' ' wherever it stands ("max_split_size_mb:20 0" is
+     * 200; c10/core/AllocatorConfig.h): the entries are read from the text without them, and
+     * the text itself is kept as given (the snapshot's PYTORCH_CUDA_ALLOC_CONF). */
+    char flat[sizeof conf->conf_text];
+    size_t nflat = 0;
+    for (size_t i = 0; i < total; i++)
+        if (text[i] != ' ')
+            flat[nflat++] = text[i];
+    flat[nflat] = '\0';
     sp_alloc_conf_t c = *conf;
     unsigned keys = 0;
-    const char *p = text;
-    const char *stop = text + total;
+    const char *p = flat;
+    const char *stop = flat + nflat;
     while (p < stop) {
         /* A comma inside [...] belongs to the roundup list, not to the key list. */
         const char *end = p;

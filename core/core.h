@@ -172,6 +172,8 @@ void sp__log_set_device(int device);
 int sp__process_rank(void);
 void sp__process_set_rank(int rank); /* the world's rank, -1 = none (sp__log_set_rank calls it) */
 const char *sp__process_host(void);  /* short host name ("node7", not "node7.cluster") */
+/* The short host name read now into out (cap bytes, cut to fit); what sp__process_host keeps. */
+void sp__process_host_read(char *out, size_t cap);
 
 typedef enum { SP_EXPAND_OK, SP_EXPAND_NO_RANK, SP_EXPAND_TOO_LONG } sp_expand_t;
 

@@ -21,13 +21,28 @@ static int world_rank = -1; /* set by the world, -1 = not set (relaxed atomics) 
 static char host[64];       /* short host name, filled once (host_once) */
 static pthread_once_t host_once = PTHREAD_ONCE_INIT;
 
-static void host_init(void) {
-    if (gethostname(host, sizeof host) != 0)
-        strcpy(host, "unknown");
-    host[sizeof host - 1] = '\0';
-    char *dot = strchr(host, '.'); /* NCCL shows the short name too */
+void sp__process_host_read(char *out, size_t cap) {
+    /* Room for the longest name Linux has (HOST_NAME_MAX, 64) and more: gethostname() into 64
+     * bytes refused a 64-character name (ENAMETOOLONG), and every node was "unknown", though its
+     * short name ("gpu01" of a long FQDN) fits. */
+    char name[256];
+    if (cap == 0)
+        return;
+    if (gethostname(name, sizeof name) != 0) {
+        snprintf(out, cap, "unknown");
+        return;
+    }
+    name[sizeof name - 1] = '\0';
+    char *dot = strchr(name, '.'); /* NCCL shows the short name too */
     if (dot != NULL)
         *dot = '\0';
+    size_t n = strnlen(name, cap - 1); /* cut to what the caller keeps, as world.h says */
+    memcpy(out, name, n);
+    out[n] = '\0';
+}
+
+static void host_init(void) {
+    sp__process_host_read(host, sizeof host);
 }
 
 const char *sp__process_host(void) {

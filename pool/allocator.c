@@ -1234,17 +1234,12 @@ sp_status_t sp__alloc_malloc(sp_devalloc_t *d, sp_mempool_t *pool, size_t orig, 
 /* ---- public entry points ----------------------------------------------------------------- */
 
 /* PyTorch refuses requests of 1 EB and more in allocate(), before its allocator: an OOM, with
- * no retry and no num_ooms. A request above the device but below 1 EB goes the whole malloc path
- * (releases, one retry, num_ooms) like any other OOM. Only a size that cannot even be rounded
- * to a block or segment without overflowing size_t is a bad argument. */
+ * no retry and no num_ooms, up to SIZE_MAX (its check is the first thing allocate() does, so no
+ * size is rounded before it: SIZE_MAX is the same OOM there). A request above the device but
+ * below 1 EB goes the whole malloc path (releases, one retry, num_ooms) like any other OOM. */
 sp_status_t sp__alloc_check_size(const char *what, int device, size_t size) {
     if (size < SP_ONE_EB)
         return SP_SUCCESS;
-    if (size > SP_MAX_ROUNDABLE)
-        return sp__error(SP_ERR_INVALID_ARGUMENT, SP_SUB_POOL,
-                         "%s: %zu bytes cannot be rounded to a block size without overflowing "
-                         "(sizes above %zu are not sizes)",
-                         what, size, (size_t)SP_MAX_ROUNDABLE);
     return sp__error(SP_ERR_OUT_OF_MEMORY, SP_SUB_POOL,
                      "out of memory on device %d. Tried to allocate more than 1EB memory "
                      "(%s of %zu bytes)",
@@ -2031,7 +2026,11 @@ sp_status_t sp__alloc_free_sized(void *ptr, int device, size_t *size_p, int *dev
 SP_EXPORT sp_status_t sp_record_stream(void *ptr, sp_stream_t stream) {
     if (sp__in_callback())
         return sp__callback_refused("sp_record_stream");
-    if (SP_UNLIKELY(!atomic_load_explicit(&sp__ready, memory_order_acquire)) || !ptr) {
+    /* NULL is an empty tensor's storage, as sp_free(NULL) is: PyTorch's recordStream returns
+     * for a null pointer before it looks at anything (no block, nothing to wait for). */
+    if (ptr == NULL)
+        return SP_SUCCESS;
+    if (SP_UNLIKELY(!atomic_load_explicit(&sp__ready, memory_order_acquire))) {
         if (sp__fork_cuda_child()) /* as sp_free: the fork turned sympool off (fork.c) */
             return sp__fork_error("sp_record_stream");
         return sp__error(SP_ERR_INVALID_USAGE, SP_SUB_POOL,

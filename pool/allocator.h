@@ -43,8 +43,6 @@
 #define SP_ROUND_LARGE ((size_t)2 << 20)
 /* PyTorch's cap: a request of 1 EB (2^60 bytes) or more is an OOM before the allocator runs. */
 #define SP_ONE_EB ((size_t)1 << 60)
-/* The largest size the rounding arithmetic handles (power-of-2 division rounding doubles). */
-#define SP_MAX_ROUNDABLE (SIZE_MAX >> 1)
 
 typedef struct sp_bpool {
     sp_block_set_t free;     /* cached free blocks (lock) */
@@ -247,9 +245,9 @@ void sp__fmt_size(size_t bytes, char *buf, size_t len);
  * falls back to use_on_oom pools. */
 sp_status_t sp__alloc_malloc(sp_devalloc_t *d, sp_mempool_t *pool, size_t size, sp_stream_t stream,
                              void **ptr_p);
-/* The size rule of every malloc entry point, for sizes of 1 EB and more: SP_ERR_OUT_OF_MEMORY
- * ("Tried to allocate more than 1EB memory", not counted, as PyTorch's allocate()), or
- * SP_ERR_INVALID_ARGUMENT above SP_MAX_ROUNDABLE. SP_SUCCESS below 1 EB. */
+/* The size rule of every malloc entry point, for sizes of 1 EB and more, SIZE_MAX included:
+ * SP_ERR_OUT_OF_MEMORY ("Tried to allocate more than 1EB memory", not counted, as PyTorch's
+ * allocate()). SP_SUCCESS below 1 EB, which every rounding holds without overflow. */
 sp_status_t sp__alloc_check_size(const char *what, int device, size_t size);
 /* Segments whose stream sp_stream_destroy destroyed while they still held allocated blocks, on
  * every device (atomic; changed under the segment's device lock). Their free blocks stay cached

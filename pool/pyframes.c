@@ -28,6 +28,7 @@
  */
 #include <dlfcn.h>
 #include <pthread.h>
+#include <stdlib.h>
 #include <stdbool.h>
 #include <string.h>
 #include <sys/types.h>
@@ -52,9 +53,11 @@ typedef struct py_api {
     const char *(*utf8)(void *str, ssize_t *len_p); /* PyUnicode_AsUTF8AndSize */
     void *(*encode)(void *str, const char *encoding, const char *errors); /* ...AsEncodedString */
     char *(*bytes_text)(void *bytes);                                     /* PyBytes_AsString */
-    void *(*dict_get)(void *dict, void *key);          /* PyDict_GetItemWithError (borrowed) */
-    int (*dict_set)(void *dict, void *key, void *val); /* PyDict_SetItem */
-    void (*err_clear)(void);                           /* PyErr_Clear */
+    ssize_t (*bytes_size)(void *bytes);                                   /* PyBytes_Size */
+    void *(*bytes_from)(const char *text, ssize_t len); /* PyBytes_FromStringAndSize */
+    void *(*dict_get)(void *dict, void *key);           /* PyDict_GetItemWithError (borrowed) */
+    int (*dict_set)(void *dict, void *key, void *val);  /* PyDict_SetItem */
+    void (*err_clear)(void);                            /* PyErr_Clear */
     void (*err_fetch)(void **type, void **value, void **tb); /* PyErr_Fetch */
     void (*err_restore)(void *type, void *value, void *tb);  /* PyErr_Restore */
     int (*finalizing)(void);         /* Py_IsFinalizing (3.13) or _Py_IsFinalizing; may be NULL */
@@ -95,6 +98,8 @@ static void api_init(void) {
         {(void **)&a.utf8, "PyUnicode_AsUTF8AndSize"},
         {(void **)&a.encode, "PyUnicode_AsEncodedString"},
         {(void **)&a.bytes_text, "PyBytes_AsString"},
+        {(void **)&a.bytes_size, "PyBytes_Size"},
+        {(void **)&a.bytes_from, "PyBytes_FromStringAndSize"},
         {(void **)&a.dict_get, "PyDict_GetItemWithError"},
         {(void **)&a.dict_set, "PyDict_SetItem"},
         {(void **)&a.err_clear, "PyErr_Clear"},
@@ -143,20 +148,59 @@ SP_EXPORT bool sp_history_python_frames_supported(void) {
     return api.ready;
 }
 
+/* s[0..len) as a new bytes object with each U+0000 as 0xC0 0x80, the form history.h gives it in
+ * a C string (a name cut at its NUL lost the rest). NULL when there is no memory. */
+static void *nul_mapped(const char *s, size_t len) {
+    size_t nuls = 0, k = 0;
+    for (size_t i = 0; i < len; i++)
+        nuls += s[i] == '\0';
+    char *buf = malloc(len + nuls + 1);
+    if (buf == NULL)
+        return NULL;
+    for (size_t i = 0; i < len; i++) {
+        if (s[i] == '\0') {
+            buf[k++] = (char)0xC0;
+            buf[k++] = (char)0x80;
+        } else {
+            buf[k++] = s[i];
+        }
+    }
+    void *b = api.bytes_from(buf, (ssize_t)k);
+    free(buf);
+    return b;
+}
+
+/* A str CPython cannot give as UTF-8 (a lone surrogate): its 'surrogatepass' bytes, with any
+ * U+0000 mapped too. A new reference, or NULL. */
+static void *surrogate_bytes(void *str) {
+    void *b = api.encode(str, "utf-8", "surrogatepass");
+    if (b == NULL)
+        return NULL;
+    const char *t = api.bytes_text(b);
+    ssize_t n = api.bytes_size(b);
+    if (t == NULL || n < 0 || memchr(t, '\0', (size_t)n) == NULL)
+        return b;
+    void *m = nul_mapped(t, (size_t)n);
+    api.decref(b);
+    return m;
+}
+
 /* str as UTF-8 that lives as long as str does: CPython's cached copy, or for a str it refuses
- * (a lone surrogate) its 'surrogatepass' bytes, kept in `encoded` (str -> bytes, the package's
- * dict, which also holds the str). NULL when neither works: the frame then reads "??". */
+ * (a lone surrogate) or one holding U+0000 (whose copy a C string would cut) the bytes history.h
+ * says (see surrogate_bytes, nul_mapped), kept in `encoded` (str -> bytes, the package's dict,
+ * which also holds the str). NULL when neither works: the frame then reads "??". */
 static const char *text_of(void *str, void *encoded) {
     ssize_t len;
     const char *s = api.utf8(str, &len);
-    if (s != NULL)
+    if (s != NULL && memchr(s, '\0', (size_t)len) == NULL)
         return s;
-    api.err_clear();
+    if (s == NULL)
+        api.err_clear();
     if (encoded == NULL)
-        return NULL;
+        return s; /* no dict to keep bytes in: a name with U+0000 is cut there, as before */
     void *b = api.dict_get(encoded, str);
     if (b == NULL) {
-        b = api.encode(str, "utf-8", "surrogatepass");
+        b = s != NULL ? nul_mapped(s, (size_t)len) : surrogate_bytes(str);
         if (b == NULL || api.dict_set(encoded, str, b) != 0) {
             if (b != NULL)
                 api.decref(b);

@@ -19,19 +19,20 @@ static void unlock_query(sp_sym_state_t *st) {
 
 /* The live block holding ptr, its symmetric state and its registered segment. */
 /* `quiet`: sp_symmetric_window is also a question ("is this buffer in a window?", asked by the
- * collectives on every call), so "no" is logged at INFO, not WARN. */
-static sp_status_t locate(const void *ptr, const char *fn, bool quiet, sp_block_info_t *bi,
-                          sp_sym_state_t **st_p, sp_sym_rec_t **rec_p) {
+ * collectives on every call), so "no" is logged at INFO, not WARN. `not_ours`: the status of a
+ * ptr in no live block of a symmetric pool (each function's header names its own). */
+static sp_status_t locate(const void *ptr, const char *fn, bool quiet, sp_status_t not_ours,
+                          sp_block_info_t *bi, sp_sym_state_t **st_p, sp_sym_rec_t **rec_p) {
     SP_ARG_CHECK(ptr, SP_SUB_SYM, "%s: ptr is NULL", fn);
     if (sp__pool_lookup(ptr, bi) != SP_SUCCESS)
-        return quiet ? sp__error_quiet(SP_ERR_INVALID_USAGE, SP_SUB_SYM,
+        return quiet ? sp__error_quiet(not_ours, SP_SUB_SYM,
                                        "%s(%p): not inside a live sympool block", fn, ptr)
-                     : sp__error(SP_ERR_INVALID_USAGE, SP_SUB_SYM,
-                                 "%s(%p): not inside a live sympool block", fn, ptr);
+                     : sp__error(not_ours, SP_SUB_SYM, "%s(%p): not inside a live sympool block",
+                                 fn, ptr);
     if (!bi->pool || !sp_mempool_is_symmetric(bi->pool))
-        return quiet ? sp__error_quiet(SP_ERR_INVALID_USAGE, SP_SUB_SYM,
+        return quiet ? sp__error_quiet(not_ours, SP_SUB_SYM,
                                        "%s(%p): the block is not in a symmetric pool", fn, ptr)
-                     : sp__error(SP_ERR_INVALID_USAGE, SP_SUB_SYM,
+                     : sp__error(not_ours, SP_SUB_SYM,
                                  "%s(%p): the block is not in a symmetric pool", fn, ptr);
     /* Counted until the caller lets go of recs_lock (unlock_query): a destroy in another
      * thread leaves the state's memory to it (sp__sym_retire). */
@@ -61,7 +62,7 @@ SP_EXPORT sp_status_t sp_symmetric_window(const void *ptr, sp_window_info_t *inf
     sp_block_info_t bi;
     sp_sym_state_t *st = NULL;
     sp_sym_rec_t *rec = NULL;
-    SP_CHECK(locate(ptr, "sp_symmetric_window", true, &bi, &st, &rec));
+    SP_CHECK(locate(ptr, "sp_symmetric_window", true, SP_ERR_INVALID_USAGE, &bi, &st, &rec));
     sp_window_info_t info = {
         .window = rec->seg.window,
         .segment_base = bi.segment_base,
@@ -93,7 +94,9 @@ SP_EXPORT sp_status_t sp_symmetric_peer_ptr(const void *ptr, int rank, void **pe
     sp_block_info_t bi;
     sp_sym_state_t *st = NULL;
     sp_sym_rec_t *rec = NULL;
-    SP_CHECK(locate(ptr, "sp_symmetric_peer_ptr", false, &bi, &st, &rec));
+    /* INVALID_ARGUMENT, as its header says (it was INVALID_USAGE): a pointer outside the
+     * caller's symmetric buffers is a bad argument here, whatever else it is. */
+    SP_CHECK(locate(ptr, "sp_symmetric_peer_ptr", false, SP_ERR_INVALID_ARGUMENT, &bi, &st, &rec));
     sp_status_t s;
     int size = sp_world_size(st->world);
     size_t at = (size_t)((const char *)ptr - (const char *)bi.block_base);

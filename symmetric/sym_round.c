@@ -171,7 +171,8 @@ sp_status_t sp__sym_acquire(const sp_mempool_t *pool, const char *fn, sp_sym_sta
                          fn);
     if (!st)
         return sp__error(SP_ERR_INVALID_USAGE, SP_SUB_SYM,
-                         "%s: not a live symmetric pool (an ordinary MemPool, or its world was "
+                         "%s: not a live symmetric pool (an ordinary MemPool, one that "
+                         "sp_symmetric_mempool_destroy destroyed, or one whose world was "
                          "finalized)",
                          fn);
     pthread_mutex_lock(&st->lock);

@@ -143,10 +143,20 @@ static sp_status_t make_comms(sp_world_t *w, sp_sym_state_t *st, const char *cre
  * failed (a rank in another call, a timeout) counted as a creation on no rank, and after numbers
  * that differ every rank continues from the largest, so one mistake is one error, not an error
  * at every later create. */
+/* A pool's name as a round's field (FNV-1a): ranks that create two pools in swapped orders have
+ * the same creation numbers and flags, and only the names tell the pools apart. */
+static int64_t name_hash(const char *name) {
+    uint64_t h = 14695981039346656037ull;
+    for (const unsigned char *c = (const unsigned char *)(name ? name : ""); *c; c++)
+        h = (h ^ *c) * 1099511628211ull;
+    return (int64_t)h;
+}
+
 static sp_status_t create_round(sp_world_t *w, uint64_t serial, const sp_mempool_params_t *p,
                                 bool ok, const char *what, sp_agree_t *a) {
-    *a = (sp_agree_t){
-        .op = SP_AGREE_POOL_CREATE, .ok = ok, .f = {(int64_t)serial, p->use_on_oom, p->no_split}};
+    *a = (sp_agree_t){.op = SP_AGREE_POOL_CREATE,
+                      .ok = ok,
+                      .f = {(int64_t)serial, p->use_on_oom, p->no_split, name_hash(p->name)}};
     sp_status_t s = sp__world_agree(w, a, what);
     if (s != SP_SUCCESS)
         sp__world_set_pool_serial(w, serial - 1);
@@ -227,17 +237,26 @@ SP_EXPORT sp_status_t sp_symmetric_mempool_create(sp_world_t *w, const sp_mempoo
                       "%s: ranks are at different symmetric pool creations (#%lld..#%lld): "
                       "every rank must create the same pools in the same order",
                       what, (long long)a.lo[0], (long long)a.hi[0]);
-    else if (s == SP_SUCCESS && (a.lo[1] != a.hi[1] || a.lo[2] != a.hi[2]))
-        s = sp__error(SP_ERR_MISMATCH, SP_SUB_SYM,
-                      "%s: ranks pass different use_on_oom/no_split flags", what);
+    /* A rank that could not create the pool (its own arguments, its local work) joins with what
+     * it had, perhaps no name and default flags: its peers are told that it failed, not that
+     * the flags or names differ. */
     else if (s == SP_SUCCESS && a.nbad) {
         char ranks[96];
         s = ls != SP_SUCCESS ? sp__error(ls, SP_SUB_SYM, "%s", why)
                              : sp__error(SP_ERR_INVALID_USAGE, SP_SUB_SYM,
                                          "%s: %s could not create the pool (its log "
-                                         "say why); no rank has it",
+                                         "says why); no rank has it",
                                          what, sp__agree_bad_ranks(&a, ranks, sizeof ranks));
-    }
+    } else if (s == SP_SUCCESS && (a.lo[1] != a.hi[1] || a.lo[2] != a.hi[2]))
+        s = sp__error(SP_ERR_MISMATCH, SP_SUB_SYM,
+                      "%s: ranks pass different use_on_oom/no_split flags", what);
+    else if (s == SP_SUCCESS && a.lo[3] != a.hi[3])
+        /* Before, two pools created in swapped orders were both made, and each one's first
+         * malloc waited on the other pool's ranks until the timeout broke both. */
+        s = sp__error(SP_ERR_MISMATCH, SP_SUB_SYM,
+                      "%s: ranks create pools of different names (this rank's \"%s\"): every "
+                      "rank must create the same pools, named alike, in the same order",
+                      what, st->name);
     if (s == SP_SUCCESS)
         s = make_comms(w, st, what);
     if (s != SP_SUCCESS) {

@@ -7,6 +7,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <stdbool.h>
+#include <sys/stat.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -52,6 +53,18 @@ static bool debug_file_is_an_argument(int nsub, char **sub) {
          * starts with '-' is also taken whole: a file after "--" (`replay -- -t.pickle`) or an
          * option's separate value (`-o -t.svg`); only its value was looked at. */
         const char *file = sub[i];
+        /* "-" is standard input (cli_input): a log appended to the file it reads from is the
+         * same clobbered input as one named by its path. A file only: a terminal or /dev/null
+         * on both sides clobbers nothing. */
+        struct stat in;
+        if (strcmp(file, "-") == 0 && fstat(STDIN_FILENO, &in) == 0 && S_ISREG(in.st_mode) &&
+            cli_same_file(cli_input(file), path)) {
+            fprintf(stderr,
+                    "sympool: SYMPOOL_DEBUG_FILE=%s names the standard input this command "
+                    "reads: its log lines would be appended to it; log elsewhere\n",
+                    pattern);
+            return true;
+        }
         if (file[0] == '-' && file[1] == '-')
             file = strchr(file, '=') ? strchr(file, '=') + 1 : "";
         else if (file[0] == '-')
@@ -170,9 +183,12 @@ static int run(int argc, char **argv) {
     int nsub = argc - optind;
     const char *cmd = sub[0];
     optind = 0; /* the subcommand's getopt starts afresh */
-    /* `sympool help replay` is `sympool replay --help`, as git and pip read it. */
+    /* `sympool help replay` is `sympool replay --help`, as git and pip read it; `sympool help
+     * --help` (every command takes --help) is the usage, as `sympool help` is. */
     char *help_argv[3] = {NULL, "--help", NULL};
-    if (strcmp(cmd, "help") == 0 && nsub > 1 && strcmp(sub[1], "help") != 0) {
+    bool help_of_help = nsub > 1 && (strcmp(sub[1], "help") == 0 || strcmp(sub[1], "--help") == 0 ||
+                                     strcmp(sub[1], "-h") == 0);
+    if (strcmp(cmd, "help") == 0 && nsub > 1 && !help_of_help) {
         help_argv[0] = sub[1];
         sub = help_argv;
         nsub = 2;

@@ -224,11 +224,10 @@ static void curves(series_t *s, double gspan, bool time_axis) {
     s->rpeak = resv;
     for (size_t i = 0; i < d->nev; i++) {
         const tr_event_t *e = &d->ev[i];
-        if (e->action == TR_ALLOC)
-            alloc += (double)e->size;
-        else if (e->action == TR_FREE_REQUESTED)
-            alloc -= (double)e->size;
-        else if (e->action == TR_SEGMENT_ALLOC || e->action == TR_SEGMENT_MAP)
+        /* requested bytes as info, summary and replay count them (a held free until its
+         * free_completed, as MemoryViz draws it too) */
+        alloc += (double)tr_requested_delta(d, i);
+        if (e->action == TR_SEGMENT_ALLOC || e->action == TR_SEGMENT_MAP)
             resv += (double)e->size;
         else if (e->action == TR_SEGMENT_FREE || e->action == TR_SEGMENT_UNMAP)
             resv -= (double)e->size;
@@ -450,8 +449,8 @@ static live_block_t *live_at_peak(const series_t *s, size_t *m_p, size_t *nseed_
             live[nlive] = (live_block_t){e->addr, e->size, i, nev, tr_frames(d, i)};
             (void)tr_map_put(&where, e->addr, nlive + 1);
             nlive++;
-        } else if (e->action == TR_FREE_REQUESTED && tr_map_del(&where, e->addr, &k)) {
-            live[k - 1].died = i;
+        } else if (tr_requested_delta(d, i) < 0 && tr_map_del(&where, e->addr, &k)) {
+            live[k - 1].died = i; /* its requested bytes go (a held free: at its completion) */
         }
     }
     tr_map_free(&where);

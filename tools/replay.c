@@ -52,7 +52,8 @@ typedef enum { OP_ALLOC, OP_FREE, OP_FREE_COMPLETED, OP_EMPTY_CACHE } op_kind_t;
 #define OPF_META 0x80u
 /* op_t.flags: the recorded run made a segment for this alloc (dev_state_t.place says where). */
 #define OPF_SEG 0x40u
-_Static_assert(((TR_F_DEFERRED | TR_F_EMPTY_CACHE | TR_F_POOL_ID) & (OPF_META | OPF_SEG)) == 0,
+_Static_assert(((TR_F_DEFERRED | TR_F_EMPTY_CACHE | TR_F_POOL_ID | TR_F_COMPLETION) &
+                (OPF_META | OPF_SEG)) == 0,
                "op flags overlap the trace's");
 typedef struct op {
     uint64_t size;   /* alloc: the requested bytes */
@@ -1394,6 +1395,11 @@ static bool init_capped(int ndev, const char *capacity, char *err, size_t errlen
     if (capacity == NULL || !gc_in_force())
         return true;
     for (int d = 0; d < ndev; d++) {
+        /* A fraction the configuration set (per_process_memory_fraction) already caps the
+         * process, lower: it stays (it was replaced by this one, and its OOMs went with it). */
+        double set = 1.0;
+        if (sp_get_memory_fraction(d, &set) == SP_SUCCESS && set < 1.0)
+            continue;
         if (sp_set_memory_fraction(nextafter(1.0, 0.0), d) != SP_SUCCESS) {
             snprintf(err, errlen, "sp_set_memory_fraction: %s", sp_last_error());
             return false;
@@ -1656,9 +1662,16 @@ static bool differs_because(const tr_trace_t *t, const replay_result_t *r, const
         add_why(buf, cap, &n, " --conf replaces the recorded settings;");
     if (!t->settings.recorded)
         add_why(buf, cap, &n, " the snapshot records no allocator settings;");
-    if (r->recorded_ooms > 0 || r->ooms > 0)
+    if (r->recorded_ooms > 0)
         add_why(buf, cap, &n,
                 " the recorded run hit OOM (its device's free memory is not in the trace);");
+    /* The replay's own OOMs are the emulated capacity's (--capacity, SYMPOOL_HOST_CAPACITY):
+     * blaming them on the recorded run named one that had none. */
+    if (r->ooms > r->recorded_ooms)
+        add_why(buf, cap, &n,
+                " the replay hit %zu OOM%s at the emulated device's capacity, where the recorded "
+                "run hit %zu (the requests it refused are not in its peaks);",
+                r->ooms, r->ooms == 1 ? "" : "s", r->recorded_ooms);
     if (r->start_requested)
         add_why(buf, cap, &n, " the starting state was requested, not rebuilt (above);");
     else if (r->pytorch_start_reserved != r->start_bytes)
@@ -1774,8 +1787,52 @@ static double pct(double ours, double theirs) {
     return theirs > 0 ? 100.0 * (ours - theirs) / theirs : 0.0;
 }
 
+/* The ALLOC_CONF text the environment put in force (SYMPOOL_ALLOC_CONF, else PyTorch's variable):
+ * a replay with neither --conf nor recorded settings runs with it (env_conf_drop leaves it), and
+ * says so, where it said "defaults" and --json "conf":"" of a run under expandable segments.
+ * The variable's name, or NULL (out "") when none is set or it holds nothing. After init. */
+static const char *env_conf_in_force(char *out, size_t cap) {
+    sp_x_option_info_t info;
+    out[0] = '\0';
+    for (int i = 0; sp_x_option_info(i, &info); i++) {
+        if (strcmp(info.name, "SYMPOOL_ALLOC_CONF") != 0)
+            continue;
+        if (strcmp(info.source, "default") == 0 || info.value[0] == '\0')
+            return NULL;
+        snprintf(out, cap, "%s", info.value);
+        return strcmp(info.source, "env") == 0 ? "SYMPOOL_ALLOC_CONF" : info.source;
+    }
+    return NULL;
+}
+
+/* The allocator's own variables the environment sets (SYMPOOL_EXPANDABLE_SEGMENTS=1, ...): each
+ * wins over the same key in SYMPOOL_ALLOC_CONF (the snapshot's, --conf's, the environment's), so
+ * a replay runs with it, and a report of only the ALLOC_CONF text said "defaults" of a run under
+ * expandable segments. As NAME=VALUE items (the form --compare takes), after a comma when `after`
+ * holds any, "" when none. After init (the option table read). */
+static void env_items(const char *after, char *out, size_t cap) {
+    static const char *const keys[] = {
+        "SYMPOOL_EXPANDABLE_SEGMENTS",    "SYMPOOL_MAX_SPLIT_SIZE",
+        "SYMPOOL_MAX_NON_SPLIT_ROUNDING", "SYMPOOL_LARGE_SEGMENT_SIZE",
+        "SYMPOOL_GC_THRESHOLD",           "SYMPOOL_ROUNDUP_POWER2_DIVISIONS"};
+    size_t n = 0;
+    out[0] = '\0';
+    sp_x_option_info_t info;
+    for (int i = 0; sp_x_option_info(i, &info) && n < cap; i++) {
+        bool alloc = strncmp(info.name, "SYMPOOL_EXPANDABLE_", 19) == 0; /* our rules too */
+        for (size_t k = 0; k < sizeof keys / sizeof keys[0] && !alloc; k++)
+            alloc = strcmp(info.name, keys[k]) == 0;
+        if (!alloc || strcmp(info.source, "env") != 0)
+            continue;
+        int w = snprintf(out + n, cap - n, "%s%s=%s",
+                         n > 0 || (after != NULL && after[0] != '\0') ? "," : "", info.name,
+                         info.value);
+        n = w < 0 ? cap : n + (size_t)w;
+    }
+}
+
 static void print_text(const char *trace, const tr_trace_t *t, const replay_result_t *r,
-                       const char *user_conf, const char *conf) {
+                       const char *user_conf, const char *conf, const char *env_var) {
     printf("replay of %s on %s (%d device%s)\n", trace, sp_backend_name(), r->devices,
            r->devices == 1 ? "" : "s");
     if (user_conf != NULL)
@@ -1786,8 +1843,15 @@ static void print_text(const char *trace, const tr_trace_t *t, const replay_resu
                conf && *conf ? conf : "defaults");
     else if (t->settings.recorded)
         printf("  settings             the snapshot's: '%s'\n", conf && *conf ? conf : "defaults");
+    else if (env_var != NULL)
+        printf("  settings             the environment's %s='%s' (the snapshot records none)\n",
+               env_var, conf);
     else
         printf("  settings             defaults (the snapshot records none)\n");
+    char items[1024];
+    env_items(NULL, items, sizeof items);
+    if (items[0] != '\0')
+        printf("  environment          %s (each wins over its key in the settings)\n", items);
     if (user_conf == NULL && t->settings.split_bytes != 0) {
         /* The environment's SYMPOOL_MAX_SPLIT_SIZE wins over the recorded bytes
          * (tr_settings_split_to_set): the line says which of the two ran. */
@@ -2207,11 +2271,13 @@ static int replay_compare(const char *trace, const tr_trace_t *t, const char *us
                         : reenacts_pytorch_rules(t, NULL, "") ? "(recorded, PyTorch's rules)"
                                                               : "(recorded)";
     replay_result_t *rs = calloc((size_t)n, sizeof(*rs));
-    char(*eff)[1024] = calloc((size_t)n, sizeof(*eff)); /* each one's SYMPOOL_ALLOC_CONF */
+    char(*eff)[1024] = calloc((size_t)n, sizeof(*eff));  /* each one's SYMPOOL_ALLOC_CONF */
+    char(*envs)[512] = calloc((size_t)n, sizeof(*envs)); /* the environment's items it ran with */
     uint64_t split[MAX_COMPARE]; /* each one's recorded max_split_size set to the byte (0: none) */
-    if (rs == NULL || eff == NULL) {
+    if (rs == NULL || eff == NULL || envs == NULL) {
         free(rs);
         free(eff);
+        free(envs);
         fprintf(stderr, "sympool replay: out of memory\n");
         return 1;
     }
@@ -2234,6 +2300,7 @@ static int replay_compare(const char *trace, const tr_trace_t *t, const char *us
     if (rc != 0) {
         free(rs);
         free(eff);
+        free(envs);
         return rc;
     }
     cli_log_open();
@@ -2247,6 +2314,13 @@ static int replay_compare(const char *trace, const tr_trace_t *t, const char *us
         /* A configuration's SYMPOOL_DEBUG_FILE item is where its lines go, as the library's. */
         if (applied)
             cli_log_open();
+        /* One that adds items asks what sympool would do, as --conf does, starting state
+         * included (replay_once: a recording's expandable pages are PyTorch's rules', not what
+         * ours would hold); it started from the recorded pages, and the same configuration gave
+         * two answers (1.0140 here against 1.0001 with --conf on a recording made so). */
+        replay_set_user_conf(user_conf != NULL || confs[i][0] != '\0');
+        if (applied)
+            env_items(eff[i], envs[i], sizeof envs[i]);
         if (!applied ||
             !replay_median(t, NULL, repeat, eff[i], capacity, &rs[i], err, sizeof(err))) {
             fprintf(stderr, "sympool replay: configuration '%s': %s\n", confs[i], err);
@@ -2255,10 +2329,11 @@ static int replay_compare(const char *trace, const tr_trace_t *t, const char *us
     }
     sp_x_log_set_fn(NULL, NULL);
     if (rc == 0 && json) {
-        char ran[sizeof(*eff) + 48];
-        for (int i = 0; i < n; i++)
-            print_json(trace, &rs[i], confs[i], conf_ran(eff[i], split[i], ran, sizeof ran),
-                       capacity, NULL);
+        char ran[sizeof(*eff) + 48], all[sizeof ran + sizeof(*envs)];
+        for (int i = 0; i < n; i++) {
+            snprintf(all, sizeof all, "%s%s", conf_ran(eff[i], split[i], ran, sizeof ran), envs[i]);
+            print_json(trace, &rs[i], confs[i], all, capacity, NULL);
+        }
     } else if (rc == 0) {
         printf("replay of %s: %d configuration%s%s%s\n", trace, n, n == 1 ? "" : "s",
                capacity ? " at capacity " : "", capacity ? capacity : "");
@@ -2270,6 +2345,10 @@ static int replay_compare(const char *trace, const tr_trace_t *t, const char *us
         else
             printf("  settings: defaults (the snapshot records none), each configuration's items "
                    "added\n");
+        if (envs[0][0] != '\0')
+            printf("  environment: %s (each wins over its key in the settings, unless a "
+                   "configuration sets its own)\n",
+                   envs[0][0] == ',' ? envs[0] + 1 : envs[0]);
         print_compare_split(t, confs, empty, split, n);
         printf("  %-44s %12s %9s %10s %6s %9s\n", "configuration", "peak GiB", "/alloc",
                "/recorded", "OOMs", "ns/event");
@@ -2294,6 +2373,7 @@ static int replay_compare(const char *trace, const tr_trace_t *t, const char *us
     (void)sp_shutdown();
     free(rs);
     free(eff);
+    free(envs);
     return rc;
 }
 
@@ -2317,7 +2397,7 @@ static int usage(FILE *out, int rc) {
         "                             option (not SYMPOOL_ALLOC_CONF, _DEVICE, _HOST_DEVICES,\n"
         "                             which the replay sets); with --capacity it says which\n"
         "                             configurations fit. The CONFs are the words after it\n"
-        "                             (TRACE first)\n"
+        "                             (TRACE first; --compare=CONF gives the first one)\n"
         "  -r, --repeat=N             replay N times (1-64), report the median time per "
         "event\n"
         "  -h, --help                 this text\n");
@@ -2355,7 +2435,7 @@ static int parse_args(int argc, char **argv, replay_args_t *a) {
     static const struct option opts[] = {
         {"conf", required_argument, NULL, 'c'},     {"capacity", required_argument, NULL, 'C'},
         {"snapshot", required_argument, NULL, 's'}, {"json", no_argument, NULL, 'j'},
-        {"compare", no_argument, NULL, 'K'},        {"repeat", required_argument, NULL, 'r'},
+        {"compare", optional_argument, NULL, 'K'},  {"repeat", required_argument, NULL, 'r'},
         {"help", no_argument, NULL, 'h'},           {0, 0, 0, 0}};
     memset(a, 0, sizeof(*a));
     a->repeat = 1;
@@ -2392,6 +2472,10 @@ static int parse_args(int argc, char **argv, replay_args_t *a) {
             break;
         case 'K':
             compare = true;
+            /* --compare=CONF: the first configuration, as every option takes --opt=value
+             * (it was refused as "takes no value"); the others follow as words. */
+            if (optarg != NULL && !take_word(a, compare, optarg))
+                return 2;
             break;
         case 'r':
             if (!cli_once("replay", "--repeat", &repeat_given, optarg))
@@ -2584,6 +2668,10 @@ int sp_cli_replay(int argc, char **argv) {
         tr_free(&t);
         return 1;
     }
+    char env_conf[sizeof(((sp_x_option_info_t *)0)->value)];
+    const char *env_var = conf == NULL ? env_conf_in_force(env_conf, sizeof env_conf) : NULL;
+    if (env_var != NULL)
+        conf = env_conf;
     replay_result_t r;
     size_t oom_lines = 0;
     cli_log_open();
@@ -2617,13 +2705,19 @@ int sp_cli_replay(int argc, char **argv) {
         return 1;
     }
     if (a.json) {
-        char because[1536], ran[sizeof(t.settings.conf) + 48];
+        char because[1536], ran[sizeof(t.settings.conf) + 48], items[1024];
+        char all[sizeof ran + sizeof items];
         const char *shown = conf_ran(
             conf, a.conf == NULL ? tr_settings_split_to_set(&t.settings) : 0, ran, sizeof ran);
+        env_items(shown, items, sizeof items);
+        if (items[0] != '\0') { /* the environment's own variables, after what they win over */
+            snprintf(all, sizeof all, "%s%s", shown ? shown : "", items);
+            shown = all;
+        }
         print_json(a.trace, &r, shown, shown, a.capacity,
                    differs_because(&t, &r, a.conf, because, sizeof because) ? because : NULL);
     } else {
-        print_text(a.trace, &t, &r, a.conf, conf);
+        print_text(a.trace, &t, &r, a.conf, conf, env_var);
     }
     tr_free(&t);
     if (nrep > 1)

@@ -103,7 +103,8 @@ static bool read_segments(const pk_value_t *segments, int dev, dev_figs_t *d, ch
                 req = size;
             const pk_value_t *sv = pk_get(blk, "state");
             bool allocated = pk_str_is(sv, "active_allocated");
-            bool active = allocated || pk_str_is(sv, "active_pending_free");
+            bool pending = pk_str_is(sv, "active_pending_free");
+            bool active = allocated || pending;
             int idx[2] = {0, p};
             for (int k = 0; k < 2; k++) {
                 int q = idx[k];
@@ -117,18 +118,25 @@ static bool read_segments(const pk_value_t *segments, int dev, dev_figs_t *d, ch
                     d->split_n[q]++;
                 }
             }
-            if (allocated) {
+            /* PyTorch counts a block out of its allocations at the free request, out of its
+             * requested bytes in free_block, when the free completes: a pending block is still
+             * requested bytes, no longer an allocation. */
+            if (active)
                 add_end(d, M_REQUESTED, p, req);
+            if (allocated)
                 add_end(d, M_ALLOCATION, p, 1);
-            }
         }
     }
     return true;
 }
 
-/* The change one trace event makes to a metric of one pool; 0 when none. */
-static int64_t delta(const tr_event_t *e, int m, int p) {
-    bool alloc_ev = e->action == TR_ALLOC || e->action == TR_FREE_REQUESTED;
+/* The change trace event i makes to a metric of one pool; 0 when none. Requested bytes go down
+ * where the free completes (tr_requested_delta), allocations at the free request, as PyTorch
+ * counts them (a free held for other streams' work went down at its request). */
+static int64_t delta(const tr_device_t *td, size_t i, int m, int p) {
+    const tr_event_t *e = &td->ev[i];
+    bool alloc_ev =
+        e->action == TR_ALLOC || e->action == TR_FREE_REQUESTED || e->action == TR_FREE_COMPLETED;
     bool seg_ev = e->action == TR_SEGMENT_ALLOC || e->action == TR_SEGMENT_FREE ||
                   e->action == TR_SEGMENT_MAP || e->action == TR_SEGMENT_UNMAP;
     int ep = alloc_ev ? (e->size <= SMALL_SIZE ? 2 : 1) : (e->size == SMALL_SEGMENT ? 2 : 1);
@@ -141,9 +149,9 @@ static int64_t delta(const tr_event_t *e, int m, int p) {
     int64_t size = e->size > (uint64_t)INT64_MAX ? INT64_MAX : (int64_t)e->size;
     switch (m) {
     case M_REQUESTED:
-        return alloc_ev ? sign * size : 0;
+        return tr_requested_delta(td, i);
     case M_ALLOCATION:
-        return alloc_ev ? sign : 0;
+        return e->action == TR_ALLOC ? 1 : e->action == TR_FREE_REQUESTED ? -1 : 0;
     case M_RESERVED:
         return seg_ev ? sign * size : 0;
     default: /* segments: a map/unmap grows or shrinks one, it does not make one */
@@ -163,6 +171,8 @@ static int64_t seeded_start(const tr_device_t *td, int m, int p) {
         uint64_t size = td->seeds[i].size;
         if (p != 0 && p != (size <= SMALL_SIZE ? 2 : 1))
             continue;
+        if (m == M_ALLOCATION && td->seeds[i].pending)
+            continue; /* its free was requested: no longer an allocation, still requested bytes */
         v += m == M_REQUESTED ? (size > (uint64_t)INT64_MAX ? INT64_MAX : (int64_t)size) : 1;
     }
     return v;
@@ -174,7 +184,7 @@ static void walk_trace(const tr_device_t *td, dev_figs_t *d) {
         for (int p = 0; p < 3; p++) {
             fig_t *f = &d->f[m][p];
             for (size_t i = 0; i < td->nev; i++) {
-                int64_t v = delta(&td->ev[i], m, p);
+                int64_t v = delta(td, i, m, p);
                 if (v > 0)
                     f->up += v;
                 else
@@ -190,7 +200,7 @@ static void walk_trace(const tr_device_t *td, dev_figs_t *d) {
             f->peak = f->cur;
             int64_t start = f->cur;
             for (size_t i = 0; i < td->nev; i++) {
-                f->cur += delta(&td->ev[i], m, p);
+                f->cur += delta(td, i, m, p);
                 if (f->cur > f->peak)
                     f->peak = f->cur;
             }
@@ -218,6 +228,14 @@ static bool replay_peaks(const tr_trace_t *t, int64_t (*peak)[3]) {
             SP_SUCCESS ||
         !tr_settings_set_split(&t->settings))
         return false;
+    /* A recording made with expandable segments was made under PyTorch's rules (replay re-enacts
+     * it so too): with ours (pages of 2 MiB, recycling, borrowing) small requests went to the
+     * large pool's segment, and the pools' peaks were not the recorded run's. */
+    static const char *const ours[] = {"SYMPOOL_EXPANDABLE_PAGE", "SYMPOOL_EXPANDABLE_RECYCLE",
+                                       "SYMPOOL_EXPANDABLE_BORROW"};
+    for (size_t k = 0; t->settings.recorded && t->settings.expandable && k < 3; k++)
+        if (sp_x_option_set(ours[k], "0") != SP_SUCCESS)
+            return false;
     sp_x_log_set_fn(quiet, NULL);
     replay_result_t r;
     bool ok = sp_init() == SP_SUCCESS && replay_trace(t, NULL, &r, err, sizeof err) &&

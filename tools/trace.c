@@ -606,6 +606,8 @@ typedef struct rec_side {
 #define RF_BAD_TIME 0x20u   /* time_us out of bounds */
 #define RF_BAD_STREAM 0x10u /* stream not an integer */
 #define RF_ALL (RF_NO_ADDR | RF_NO_SIZE | RF_BAD_TIME | RF_BAD_STREAM)
+_Static_assert(((TR_F_DEFERRED | TR_F_EMPTY_CACHE | TR_F_POOL_ID | TR_F_COMPLETION) & RF_ALL) == 0,
+               "the loader's check bits overlap the TR_F_ flags");
 
 /* The trace entries the reader handed over, in the order it parsed them: a device's entries are
  * one run of them, which becomes that device's event array as it is. An entry's action string
@@ -1259,6 +1261,7 @@ static bool read_event(const pk_value_t *e, recs_t *recs, tr_event_t *ev, tr_eve
              * pool, the TR_F_ flags). */
             *ev = recs->ev[e->u.u];
             ev->flags &= (uint8_t)RF_ALL;
+            ev->held_end = 0;
             ev->pool = 0;
         }
         const rec_side_t *r = side_of(recs, e->u.u);
@@ -1648,6 +1651,7 @@ static bool analyse(const pk_value_t *segments, const recs_t *recs, const tr_set
     span_t *spans = NULL; /* the device's final segments */
     size_t nspans = 0, cap_spans = 0;
     tr_map_t known = {0};         /* pool_index's map of d->pools */
+    tr_map_t held = {0};          /* blocks the trace freed that the end state shows pending */
     remainder_ask_t *asks = NULL; /* the starting blocks kept_remainders asks about */
     size_t nasks = 0, cap_asks = 0;
     bool ok = false;
@@ -1668,12 +1672,16 @@ static bool analyse(const pk_value_t *segments, const recs_t *recs, const tr_set
                 (void)tr_map_del(&live, e->addr, NULL);
             i--;
         } else if (e->action == TR_FREE_COMPLETED) {
-            if (!tr_map_put(&live, e->addr, 1))
+            if (!tr_map_put(&live, e->addr, (uintptr_t)i + 1)) /* where its completion is */
                 goto oom;
         } else if (e->action == TR_ALLOC) {
             (void)tr_map_del(&live, e->addr, NULL);
-        } else if (e->action == TR_FREE_REQUESTED && tr_map_del(&live, e->addr, NULL)) {
-            e->flags |= TR_F_DEFERRED;
+        } else if (e->action == TR_FREE_REQUESTED) {
+            uintptr_t at = 0;
+            if (tr_map_del(&live, e->addr, &at)) {
+                e->flags |= TR_F_DEFERRED;
+                d->ev[at - 1].held_end = 1;
+            }
         }
     }
     tr_map_free(&live);
@@ -1742,12 +1750,15 @@ static bool analyse(const pk_value_t *segments, const recs_t *recs, const tr_set
                               d->at != NULL ? d->at[i].frames : NULL, e->pool, requests) ||
                     !tr_map_put(&touched, e->addr, requests ? 0 : 1))
                     goto oom;
+                if (requests) /* it started pending: this ends its held free */
+                    e->held_end = 1;
                 v = tr_map_find(&touched, e->addr);
             }
             if (v != NULL && *v == 1) {
                 *v = 0;
                 e->action = TR_FREE_REQUESTED;
                 e->flags = (uint8_t)((e->flags | TR_F_COMPLETION) & ~TR_F_DEFERRED);
+                e->held_end = 0;
                 d->completion_frees++;
             }
             break;
@@ -1977,6 +1988,10 @@ static bool analyse(const pk_value_t *segments, const recs_t *recs, const tr_set
                 req = bsize;
             if (active)
                 d->final_allocated += (uint64_t)bsize;
+            uintptr_t live_now = 1;
+            if (pending && tr_map_get(&touched, baddr, &live_now) && live_now == 0 &&
+                !tr_map_put(&held, baddr, 1))
+                goto oom;
             if (!inactive && !tr_map_get(&touched, baddr, NULL)) {
                 if (d->seeded_bytes + (uint64_t)req >= (uint64_t)TR_SUM_LIMIT)
                     goto too_much;
@@ -1985,6 +2000,21 @@ static bool analyse(const pk_value_t *segments, const recs_t *recs, const tr_set
                     goto oom;
             }
             baddr += (uint64_t)bsize;
+        }
+    }
+    /* A block the trace freed and the end state shows "active_pending_free": its free waits for
+     * other streams' work at the end, so its last free_requested is held, though no
+     * free_completed follows (the trace ended first; replay held it for nothing, freed it at
+     * once and let the next request reuse it, a segment too few). */
+    for (size_t i = d->nev; held.n > 0 && i-- > 0;) {
+        tr_event_t *e = &d->ev[i];
+        bool names = e->action == TR_ALLOC || e->action == TR_FREE_REQUESTED ||
+                     e->action == TR_FREE_COMPLETED;
+        if (!names || !tr_map_del(&held, e->addr, NULL))
+            continue; /* only the last entry naming the block tells */
+        if (e->action == TR_FREE_REQUESTED && !(e->flags & (TR_F_DEFERRED | TR_F_COMPLETION))) {
+            e->flags |= TR_F_DEFERRED;
+            d->deferred_frees++;
         }
     }
     /* One device's segments never share an address: two that do would be counted twice and
@@ -2157,10 +2187,7 @@ static bool analyse(const pk_value_t *segments, const recs_t *recs, const tr_set
 
     int64_t req = (int64_t)d->seeded_bytes, rpeak = req;
     for (size_t i = 0; i < d->nev; i++) {
-        if (d->ev[i].action == TR_ALLOC)
-            req += (int64_t)d->ev[i].size;
-        else if (d->ev[i].action == TR_FREE_REQUESTED)
-            req -= (int64_t)d->ev[i].size;
+        req += tr_requested_delta(d, i);
         if (req > rpeak)
             rpeak = req;
         if (req >= TR_SUM_LIMIT || req <= -TR_SUM_LIMIT) {
@@ -2182,6 +2209,7 @@ out:
     tr_map_free(&touched);
     tr_map_free(&segfirst);
     tr_map_free(&streams);
+    tr_map_free(&held);
     free(xr);
     free(ranges);
     free(spans);
@@ -2232,6 +2260,16 @@ static void check_kinds(const pk_value_t *as, char *why, size_t cap) {
               pk_get_str(as, "PYTORCH_CUDA_ALLOC_CONF") != NULL, "str");
 }
 
+/* PyTorch's largest max_split_size: max_split_size_mb past SIZE_MAX / 1 MiB is clamped there
+ * (c10/core/AllocatorConfig.cpp parseMaxSplitSize), and recorded as int64 -2^20, or 2^64 - 2^20
+ * where it was written unsigned. A size, not "no limit" (SIZE_MAX, -1). */
+#define SPLIT_CLAMPED ((uint64_t)UINT64_MAX >> 20 << 20)
+static bool split_clamped(const pk_value_t *v) {
+    int64_t i;
+    return (v->type == PK_UINT && v->u.u == SPLIT_CLAMPED) ||
+           (pk_int(v, &i) && i == -((int64_t)1 << 20));
+}
+
 /* A max_split_size of the int kind that PyTorch still cannot have recorded: it writes
  * int64(max_split_size), -1 for none (SIZE_MAX), else the configured bytes, at least 20 MiB
  * (checked later, in conf, as PyTorch checks max_split_size_mb). 0, another negative or an int
@@ -2240,8 +2278,10 @@ static void note_split_value(char *why, size_t cap, const pk_value_t *as) {
     const pk_value_t *v = pk_get(as, "max_split_size");
     int64_t mss = 0;
     char value[48];
-    if (v == NULL || why[0] != '\0' || (v->type == PK_UINT && v->u.u == UINT64_MAX))
-        return; /* absent, another reason first, or SIZE_MAX written unsigned: no limit */
+    if (v == NULL || why[0] != '\0' || (v->type == PK_UINT && v->u.u == UINT64_MAX) ||
+        split_clamped(v))
+        return; /* absent, another reason first, SIZE_MAX written unsigned (no limit), or the
+                 * clamped largest size */
     if (v->type == PK_BIGINT)
         snprintf(value, sizeof value, "an int outside [-2^63, 2^64)");
     else if (v->type == PK_UINT)
@@ -2274,7 +2314,11 @@ static void read_settings(const pk_value_t *as, tr_settings_t *st) {
             used += (size_t)snprintf(st->conf + used, sizeof(st->conf) - used, __VA_ARGS__);       \
     } while (0)
     int64_t mss = -1;
-    if (pk_get_int(as, "max_split_size", &mss) && mss > 0 && mss != INT64_MAX) {
+    const pk_value_t *split = pk_get(as, "max_split_size");
+    if (split != NULL && split_clamped(split)) {
+        ADD("max_split_size_mb:%llu", (unsigned long long)(SPLIT_CLAMPED >> 20));
+        st->gc_or_split = true;
+    } else if (pk_get_int(as, "max_split_size", &mss) && mss > 0 && mss != INT64_MAX) {
         /* PyTorch's values are whole MiB; sympool's SYMPOOL_MAX_SPLIT_SIZE may not be, and
          * rounded down into max_split_size_mb it replayed another allocator (20.5 MiB as 20).
          * One under 20 MiB stays in conf, to be refused there as PyTorch would. */

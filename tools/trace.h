@@ -42,15 +42,18 @@ typedef enum {
     8u /* recorded as a free_completed that no free_requested preceded, of a                       \
         * block an alloc of the trace made: read as its free (the action is                        \
         * TR_FREE_REQUESTED) */
-
 typedef struct tr_event {
     tr_action_t action; /* what happened */
     uint8_t flags;      /* TR_F_* */
-    uint16_t pool;      /* 1 + index into the device's pools, 0 = default pool (alloc,
-                         * segment frees) */
-    uint64_t addr;      /* block/segment address; device free bytes for oom */
-    uint64_t size;      /* bytes (alloc: requested; free_*: requested_size; segment_*) */
-    uint64_t stream;    /* recorded stream handle, 0 = default */
+    /* 1: a free_completed that ends a held free (a TR_F_DEFERRED free_requested's, or a block's
+     * pending before the first entry): requested bytes go down there (tr_requested_delta). Not
+     * one of the flags: the loader keeps its own checks in their free bits meanwhile (RF_*). */
+    uint8_t held_end;
+    uint16_t pool;   /* 1 + index into the device's pools, 0 = default pool (alloc,
+                      * segment frees) */
+    uint64_t addr;   /* block/segment address; device free bytes for oom */
+    uint64_t size;   /* bytes (alloc: requested; free_*: requested_size; segment_*) */
+    uint64_t stream; /* recorded stream handle, 0 = default */
 } tr_event_t;
 
 /* When and where an event happened: what only the commands that keep stacks read (a replay's
@@ -153,6 +156,22 @@ typedef struct tr_device {
                                * when none: the usual case) */
     size_t nmeta;             /* entries in meta */
 } tr_device_t;
+
+/* The change event i of d makes to the bytes PyTorch counts as requested (requested_bytes): up
+ * at its alloc, down where the block is freed, which is free_block (CUDACachingAllocator.cpp):
+ * at the free_requested that completes at once, else at the held free's free_completed. A free
+ * whose completion never comes (pending at the end) stays counted. */
+static inline int64_t tr_requested_delta(const tr_device_t *d, size_t i) {
+    const tr_event_t *e = &d->ev[i];
+    int64_t size = e->size > (uint64_t)INT64_MAX ? INT64_MAX : (int64_t)e->size;
+    if (e->action == TR_ALLOC)
+        return size;
+    if (e->action == TR_FREE_REQUESTED && !(e->flags & TR_F_DEFERRED))
+        return -size;
+    if (e->action == TR_FREE_COMPLETED && e->held_end)
+        return -size;
+    return 0;
+}
 
 /* Event i's time (0: absent, or loaded without stacks) and stack (NULL: none, or loaded without
  * stacks). */

@@ -60,8 +60,7 @@ int sp_device_count(void);
  * final release and retry are skipped, and no retry is counted); 1 EB or more is PyTorch's "Tried
  * to allocate more than 1EB memory", refused before the allocator runs (not counted).
  * @return SP_SUCCESS, SP_ERR_INVALID_ARGUMENT (NULL ptr_p, unknown device, a stream of another
- *         device, on host a stream sympool did not make (on cuda see sp_stream_synchronize),
- *         a size above SIZE_MAX/2 that no rounding can represent),
+ *         device, on host a stream sympool did not make (on cuda see sp_stream_synchronize)),
  *         SP_ERR_OUT_OF_MEMORY (after freeing the cache and one retry), SP_ERR_DEVICE.
  */
 sp_status_t sp_malloc(size_t size, int device, sp_stream_t stream, void **ptr_p);
@@ -75,7 +74,8 @@ sp_status_t sp_free(void *ptr);
 
 /**
  * Mark the block holding @p ptr as used on @p stream, so that freeing it waits for that stream.
- * A use on the block's own allocation stream is ignored.
+ * A use on the block's own allocation stream is ignored. NULL (an empty tensor's storage) is a
+ * no-op, as in PyTorch's recordStream.
  * @return SP_SUCCESS, SP_ERR_INVALID_USAGE (not a live sympool block), SP_ERR_INVALID_ARGUMENT
  *         (a stream sp_stream_create did not make, or one of another device), SP_ERR_DEVICE.
  */

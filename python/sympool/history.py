@@ -23,6 +23,9 @@ _ENABLED = {None: 0, "state": 1, "all": 2}
 _CONTEXT = {None: 0, "state": 1, "alloc": 2, "all": 3}
 _STACKS = ("python", "all")
 _PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
+# The package's own frames are those under its folder: a file beside it whose name merely starts
+# the same (sympool_utils.py, a sympoolx/ package) is the user's, and its frames were dropped.
+_SKIP_PREFIX = os.path.join(_PACKAGE_DIR, "")
 
 # The state below outlives importlib.reload (which runs this file again in the same namespace):
 # the library may hold the installed hook and its argument, which a fresh `= None` here freed
@@ -54,6 +57,12 @@ if "_forks_handled" not in globals():  # once, reloads included
     os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
+def _c_text(s):
+    """s as history.h's C string: UTF-8 with 'surrogatepass', U+0000 as 0xC0 0x80 (a name holding
+    one was cut there), as pool/pyframes.c keeps it in _encoded."""
+    return s.encode(errors="surrogatepass").replace(b"\0", b"\xc0\x80")
+
+
 def _frames(frames, max_frames, arg):
     """sp_history_frames_fn: fill frames with this thread's Python stack, innermost first."""
     try:
@@ -63,16 +72,15 @@ def _frames(frames, max_frames, arg):
         while f is not None and n < max_frames:
             code = f.f_code
             filename = code.co_filename
-            if not filename.startswith(_PACKAGE_DIR):
+            if not filename.startswith(_SKIP_PREFIX):
                 # 'surrogatepass': a lone surrogate (a file name's undecodable byte, as Python
                 # holds it) in the 3-byte form the library keeps as that str (history.h).
                 name = _encoded.get(code.co_name)
                 if name is None:
-                    name = _encoded.setdefault(code.co_name,
-                                               code.co_name.encode(errors="surrogatepass"))
+                    name = _encoded.setdefault(code.co_name, _c_text(code.co_name))
                 fname = _encoded.get(filename)
                 if fname is None:
-                    fname = _encoded.setdefault(filename, filename.encode(errors="surrogatepass"))
+                    fname = _encoded.setdefault(filename, _c_text(filename))
                 keep.append((name, fname))
                 frames[n].name = name
                 frames[n].filename = fname
@@ -111,7 +119,7 @@ def _native_hook():
     if not L.sp_history_python_frames_supported():
         return None
     if _native_arg is None:
-        _native_arg = _lib.PythonFramesArg(_PACKAGE_DIR.encode(errors="surrogatepass"), _encoded)
+        _native_arg = _lib.PythonFramesArg(_SKIP_PREFIX.encode(errors="surrogatepass"), _encoded)
     fn = ctypes.cast(L.sp_history_python_frames, ctypes.c_void_p).value
     return _made("native", lambda: _lib.FRAMES_FN(fn)), ctypes.addressof(_native_arg)
 

@@ -211,7 +211,8 @@ def caching_allocator_delete(mem_ptr):
 
 
 def record_stream(ptr, stream):
-    """Mark the block at ptr as used on stream: freeing it waits for that stream's work."""
+    """Mark the block at ptr as used on stream: freeing it waits for that stream's work. ptr 0
+    (an empty tensor's storage) is a no-op, as in PyTorch's recordStream."""
     check(lib().sp_record_stream(as_ptr(ptr), as_stream(stream)))
 
 
@@ -1001,7 +1002,9 @@ def _snapshot(device=None, augment_with_fx_traces=False):
 
 def memory_snapshot(mempool_id=None, include_traces=True):
     """torch.cuda.memory_snapshot: the snapshot's segments (a list of dicts); with mempool_id
-    (a MemPool's id tuple, or a MemPool) only that pool's segments."""
+    (a MemPool's id tuple, or a MemPool) only that pool's segments. (0, 0) is no pool, as
+    None is: torch passes None on as (0, 0), and its allocator's snapshot() filters by pool
+    only for another id (CUDACachingAllocator.cpp), so both give every segment."""
     segments = snapshot(include_traces=include_traces)["segments"]
     if mempool_id is None:
         return segments
@@ -1013,6 +1016,8 @@ def memory_snapshot(mempool_id=None, include_traces=True):
     want = tuple(_lib.as_int(v, "mempool_id's item") for v in mempool_id)
     if len(want) != 2 or min(want) < 0:
         raise bad_value(f"mempool_id must be a (int, int) pool id, got {mempool_id!r}")
+    if want == (0, 0):
+        return segments
     return [s for s in segments if tuple(s.get("segment_pool_id", ())) == want]
 
 

@@ -55,7 +55,17 @@ check "debug file is a snapshot given after --" "SYMPOOL_DEBUG_FILE" sh -c \
 check "debug file is the chart given as -o -FILE" "SYMPOOL_DEBUG_FILE" sh -c \
     'cd "$1" && SYMPOOL_DEBUG=INFO SYMPOOL_DEBUG_FILE=-d.svg exec "$2" plot "$3" -o -d.svg' \
     sh "$w" "$bin" "$trace"
-for f in t.pickle t.svg t-0.pickle t-0.svg -d.pickle -d.svg; do
+# ... also when the trace is "-" and standard input is the debug file: the check stat'ed "-",
+# found nothing, and the log lines went to the end of the trace being read.
+cp "$trace" "$w/in.pickle" || exit 1
+for cmd in "replay -" "summary -" "info -" "plot - -o $w/in.svg"; do
+    # shellcheck disable=SC2086 # the command's words
+    check "debug file is standard input, $cmd" "names the standard input this command reads" \
+        sh -c 'SYMPOOL_DEBUG=INFO SYMPOOL_DEBUG_FILE="$1" exec "$2" '"$cmd"' <"$1"' sh \
+        "$w/in.pickle" "$bin"
+done
+[ -e "$w/in.svg" ] && { echo "FAIL plot wrote $w/in.svg"; fail=1; }
+for f in t.pickle t.svg t-0.pickle t-0.svg -d.pickle -d.svg in.pickle; do
     cmp -s "$trace" "$w/$f" || { echo "FAIL $f was changed"; fail=1; }
 done
 [ -L "$w/link.pickle" ] || { echo "FAIL the link was replaced"; fail=1; }

@@ -242,6 +242,9 @@ if(TARGET sympool_cli)
   endif()
   sp_cli_check(NAME version RC 0 REGEX "^sympool [0-9]+\\.[0-9]+\\.[0-9]+\n" ARGS --version)
   sp_cli_check(NAME help RC 0 REGEX "usage: sympool .*summary SNAPSHOT" ARGS --help)
+  # `help` is a command, and every command takes --help: `help --help` said "unknown command".
+  sp_cli_check(NAME help_help RC 0 REGEX "usage: sympool .*summary SNAPSHOT" ARGS help --help)
+  sp_cli_check(NAME help_h RC 0 REGEX "usage: sympool .*summary SNAPSHOT" ARGS help -h)
   sp_cli_check(NAME no_command RC 2 REGEX "usage: sympool" ARGS)
   sp_cli_check(NAME bad_global_option RC 2 REGEX "sympool: unknown option '--frob'" ARGS --frob)
   foreach(cmd info replay plot summary)
@@ -376,6 +379,13 @@ if(TARGET sympool_cli)
   endforeach()
   sp_cli_check(NAME replay_recorded_split_size_max RC 0 REGEX "peak reserved"
     ARGS replay ${CMAKE_CURRENT_SOURCE_DIR}/data/trace-settings-split-size-max.json)
+  # PyTorch clamps max_split_size_mb to SIZE_MAX / 1 MiB and records that size as int64 -2^20
+  # (2^64 - 2^20 unsigned): a size it can have written, refused as "not valid" before.
+  foreach(sp_name IN ITEMS clamped clamped-uint)
+    sp_cli_check(NAME replay_recorded_split_${sp_name} RC 0
+      REGEX "\"settings\":\"max_split_size_mb:17592186044415\""
+      ARGS replay ${CMAKE_CURRENT_SOURCE_DIR}/data/trace-settings-split-${sp_name}.json --json)
+  endforeach()
   sp_cli_check(NAME replay_repeat_garbage RC 2 REGEX "--repeat takes 1 to 64, not '3x'"
     ARGS replay ${SMALL} --repeat=3x)
   # Only digits are a number: strtol's leading white space and '+' were taken (--repeat ' 3' ran
@@ -714,6 +724,84 @@ if(TARGET sympool_cli)
     COMMAND $<TARGET_FILE:sympool_cli> replay ${SP_DATA}/real/layoutediting-legacy-list.pickle)
   set_tests_properties(cli.replay_legacy_list PROPERTIES LABELS "unit;cli" TIMEOUT 60
     PASS_REGULAR_EXPRESSION "settings +defaults \\(the snapshot records none\\).*peak reserved +3.398 GiB +recorded run: 3.398 GiB \\(\\+0.00%\\)")
+  # A snapshot without settings replays with the environment's allocator settings where it sets
+  # them: the text said "defaults (the snapshot records none)" and --json "conf":"" of a replay
+  # that ran under expandable segments (its starting state requested).
+  add_test(NAME cli.replay_env_conf_reported COMMAND sh -c
+    "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True '$<TARGET_FILE:sympool_cli>' replay '${SP_DATA}/real/layoutediting-legacy-list.pickle' && SYMPOOL_ALLOC_CONF=expandable_segments:True PYTORCH_ALLOC_CONF=max_split_size_mb:64 '$<TARGET_FILE:sympool_cli>' replay '${SP_DATA}/real/layoutediting-legacy-list.pickle' --json")
+  set_tests_properties(cli.replay_env_conf_reported PROPERTIES LABELS "unit;cli" TIMEOUT 60
+    ENVIRONMENT "SYMPOOL_DEVICE=host"
+    PASS_REGULAR_EXPRESSION "settings +the environment's PYTORCH_CUDA_ALLOC_CONF='expandable_segments:True' \\(the snapshot records none\\).*\"conf\":\"expandable_segments:True\",\"settings\":\"expandable_segments:True\",.*\"starting_state\":\"requested\"")
+  # ... and the allocator's own variables the environment sets, which win over ALLOC_CONF's
+  # keys: SYMPOOL_EXPANDABLE_SEGMENTS=1 replayed under expandable segments (the starting state
+  # requested) while the text said "defaults" and --json "settings":"" (--compare too).
+  add_test(NAME cli.replay_env_options_reported COMMAND sh -c
+    "SYMPOOL_EXPANDABLE_SEGMENTS=1 '$<TARGET_FILE:sympool_cli>' replay '${SP_DATA}/real/layoutediting-legacy-list.pickle' && SYMPOOL_EXPANDABLE_SEGMENTS=1 '$<TARGET_FILE:sympool_cli>' replay '${SP_DATA}/real/layoutediting-legacy-list.pickle' --json --compare '' max_split_size_mb:64")
+  set_tests_properties(cli.replay_env_options_reported PROPERTIES LABELS "unit;cli" TIMEOUT 60
+    ENVIRONMENT "SYMPOOL_DEVICE=host"
+    PASS_REGULAR_EXPRESSION "environment +SYMPOOL_EXPANDABLE_SEGMENTS=on \\(each wins over its key in the settings\\).*\"settings\":\"SYMPOOL_EXPANDABLE_SEGMENTS=on\",.*\"starting_state\":\"requested\".*\"settings\":\"max_split_size_mb:64,SYMPOOL_EXPANDABLE_SEGMENTS=on\"")
+  # --compare=CONF is the first configuration, as every option takes --opt=value: it was
+  # refused ("option '--compare' takes no value"). Both forms give the same two lines.
+  add_test(NAME cli.replay_compare_equals_form COMMAND sh -c
+    "x=$('$<TARGET_FILE:sympool_cli>' replay '${SMALL}' --compare=expandable_segments:True max_split_size_mb:20 --json) && y=$('$<TARGET_FILE:sympool_cli>' replay '${SMALL}' --compare expandable_segments:True max_split_size_mb:20 --json) && [ \"$(printf '%s' \"$x\" | sed 's/ns_per_event[^,]*//g')\" = \"$(printf '%s' \"$y\" | sed 's/ns_per_event[^,]*//g')\" ] && printf '%s\\n' \"$x\" | grep -c 'conf.:.\\(expandable_segments:True\\|max_split_size_mb:20\\).,'")
+  set_tests_properties(cli.replay_compare_equals_form PROPERTIES LABELS "unit;cli" TIMEOUT 60
+    ENVIRONMENT "SYMPOOL_DEVICE=host" PASS_REGULAR_EXPRESSION "^2\n$")
+  # --capacity with a garbage_collection_threshold caps the process just under the device so
+  # that the threshold acts; a per_process_memory_fraction the configuration sets, lower, is the
+  # cap (80 MiB of 320: the third 30 MiB request is an OOM): it was replaced, and the replay
+  # peaked at 130 MiB with no OOM.
+  add_test(NAME cli.replay_gc_keeps_the_confs_fraction
+    COMMAND $<TARGET_FILE:sympool_cli> replay ${SP_DATA}/trace-gc-tiny.json --json --capacity=320MiB
+            --conf=garbage_collection_threshold:0.5,per_process_memory_fraction:0.25)
+  set_tests_properties(cli.replay_gc_keeps_the_confs_fraction PROPERTIES LABELS "unit;cli"
+    TIMEOUT 60 ENVIRONMENT "SYMPOOL_DEVICE=host"
+    PASS_REGULAR_EXPRESSION "\"peak_reserved_bytes\":62914560,.*\"ooms\":1,")
+  # summary's allocated peaks of a recording made with expandable segments come from a replay by
+  # PyTorch's rules (small requests in the small pool's segments), as replay re-enacts it: with
+  # ours the large pool peaked at 27.1 MiB and the small pool at 0 B below its 2.1 MiB current.
+  add_test(NAME cli.summary_expandable_peaks_by_pytorchs_rules
+    COMMAND $<TARGET_FILE:sympool_cli> summary ${SP_DATA}/trace-expandable-pools.json)
+  set_tests_properties(cli.summary_expandable_peaks_by_pytorchs_rules PROPERTIES
+    LABELS "unit;cli" TIMEOUT 60 ENVIRONMENT "SYMPOOL_DEVICE=host"
+    PASS_REGULAR_EXPRESSION "Allocated memory +\\| +27.1 MiB \\| +27.1 MiB \\|[^\n]*\n[^\n]*from large pool \\| +25.0 MiB \\| +25.0 MiB \\|[^\n]*\n[^\n]*from small pool \\| +2.1 MiB \\| +2.1 MiB \\|")
+  # A free the final state shows pending, with no free_completed after it (the trace ended
+  # first), is held to the end: replay freed it at once, the next 10 MiB request reused it, and
+  # the peak was a segment short of the recorded 20 MiB (its own snapshot's round trip too).
+  add_test(NAME cli.replay_free_held_to_the_end
+    COMMAND $<TARGET_FILE:sympool_cli> replay ${SP_DATA}/trace-held-to-the-end.json --json)
+  set_tests_properties(cli.replay_free_held_to_the_end PROPERTIES LABELS "unit;cli" TIMEOUT 60
+    ENVIRONMENT "SYMPOOL_DEVICE=host"
+    PASS_REGULAR_EXPRESSION "\"peak_reserved_bytes\":20971520,\"pytorch_peak_reserved_bytes\":20971520,.*\"end_reserved_bytes\":20971520,.*\"deferred_frees\":1,")
+  # PyTorch counts a block out of its allocations at the free request and out of its requested
+  # bytes when the free completes (free_block): a pending block at the start counted as an
+  # allocation (peak 3, not 2) and not as requested bytes (26 MiB, not 32), and a held free's
+  # requested bytes were taken off at its request (peak 10 MiB, not 20; plot's too).
+  add_test(NAME cli.summary_requested_until_the_free_completes COMMAND sh -c
+    "'$<TARGET_FILE:sympool_cli>' summary '${SP_DATA}/trace-pending-at-start.json' && '$<TARGET_FILE:sympool_cli>' summary '${SP_DATA}/trace-held-free.json' && '$<TARGET_FILE:sympool_cli>' info --json '${SP_DATA}/trace-held-free.json' && '$<TARGET_FILE:sympool_cli>' plot '${SP_DATA}/trace-held-free.json' -o '${SP_CLI_OUT}/held-free.svg'")
+  set_tests_properties(cli.summary_requested_until_the_free_completes PROPERTIES
+    LABELS "unit;cli" TIMEOUT 60 ENVIRONMENT "SYMPOOL_DEVICE=host"
+    PASS_REGULAR_EXPRESSION "Requested memory +\\| +32.0 MiB \\| +32.0 MiB \\| +40.0 MiB \\| +8.0 MiB \\|.*Allocations +\\| +2 \\| +2 \\| +3 \\| +1 \\|.*Requested memory +\\| +0 B +\\| +20.0 MiB \\|.*\"peak_bytes\": 20971520.*peak requested 0.020 GiB")
+  # A --compare configuration that adds items to a recording made with expandable segments asks
+  # what sympool's rules would do, as --conf does, from the same starting state (the live blocks
+  # requested): it started from PyTorch's recorded pages, 43132125184 bytes against --conf's
+  # 42540728320 for the same configuration.
+  add_test(NAME cli.replay_compare_item_starts_as_conf_does COMMAND sh -c
+    "'$<TARGET_FILE:sympool_cli>' replay '${SP_DATA}/real/bolong-expandable-recorded.pickle' --json --compare '' expandable_segments:True && '$<TARGET_FILE:sympool_cli>' replay '${SP_DATA}/real/bolong-expandable-recorded.pickle' --json --conf expandable_segments:True")
+  set_tests_properties(cli.replay_compare_item_starts_as_conf_does PROPERTIES LABELS "unit;cli"
+    TIMEOUT 120 ENVIRONMENT "SYMPOOL_DEVICE=host"
+    PASS_REGULAR_EXPRESSION "^[^\n]*\"peak_reserved_bytes\":43132125184,[^\n]*\"starting_state\":\"recorded_segments\"[^\n]*\n[^\n]*\"peak_reserved_bytes\":42540728320,[^\n]*\"conf\":\"expandable_segments:True\"[^\n]*\"starting_state\":\"requested\"[^\n]*\n[^\n]*\"peak_reserved_bytes\":42540728320,[^\n]*\"starting_state\":\"requested\"")
+  # The mark of a held free's completion shares no bit with the loader's checks: device 1's list
+  # holds the same entry dict (the pickle memo) as device 0's, whose analysis marked it, and a
+  # mark in the loader's stream bit read as "'stream' is not an integer" there.
+  sp_cli_check(NAME info_shared_held_entry RC 0 REGEX "devices: 2 with data"
+    ARGS info ${SP_DATA}/memo/trace-shared-held-entry.pickle)
+  # The replay's own OOMs (at --capacity) were blamed on the recorded run, which had none.
+  add_test(NAME cli.replay_capacity_ooms_are_the_replays
+    COMMAND $<TARGET_FILE:sympool_cli> replay ${SMALL} --capacity 100MiB --json)
+  set_tests_properties(cli.replay_capacity_ooms_are_the_replays PROPERTIES LABELS "unit;cli"
+    TIMEOUT 60 ENVIRONMENT "SYMPOOL_DEVICE=host"
+    PASS_REGULAR_EXPRESSION "\"recorded_ooms\":0,.*\"differs_because\":\"the replay hit 70 OOMs at the emulated device's capacity, where the recorded run hit 0 "
+    FAIL_REGULAR_EXPRESSION "the recorded run hit OOM")
   # torch 2.11's own snapshot (bench/gpu/probe.py on an H200): a private MemPool's blocks go to
   # its pool by their segments' segment_pool_id (2.11 writes no pool id on trace entries), the
   # second stream's 1000 bytes to a segment of its own: PyTorch's 44 MiB to the byte.

@@ -191,12 +191,19 @@ TEST_F(Symmetric, PeerPointersReadEveryRankOfTheNodeOnly) {
     expect_warnings();
     EXPECT_SP_STATUS(sp_symmetric_peer_ptr(buf, mpi_size(), &peer), SP_ERR_INVALID_ARGUMENT);
     EXPECT_SP_STATUS(sp_symmetric_peer_ptr(buf, -1, &peer), SP_ERR_INVALID_ARGUMENT);
+    // A pointer in no symmetric buffer is a bad argument too, as the header says (these were
+    // SP_ERR_INVALID_USAGE): an ordinary block, and past the end of a symmetric block.
+    void *plain = nullptr;
+    ASSERT_SP_OK(sp_malloc(4096, sp_world_device(world_), nullptr, &plain));
+    EXPECT_SP_STATUS(sp_symmetric_peer_ptr(plain, 0, &peer), SP_ERR_INVALID_ARGUMENT);
+    ASSERT_SP_OK(sp_free(plain));
     sp_window_info_t wi;
     ASSERT_SP_OK(sp_symmetric_window(buf + 1, &wi));
     EXPECT_EQ(wi.window, nullptr); // mpi registrar: no NCCL window
     EXPECT_EQ((char *)wi.segment_base + wi.offset, (char *)(buf + 1));
     ASSERT_SP_OK(sp_free(buf));
     EXPECT_SP_STATUS(sp_symmetric_window(buf, &wi), SP_ERR_INVALID_USAGE);
+    EXPECT_SP_STATUS(sp_symmetric_peer_ptr(buf, 0, &peer), SP_ERR_INVALID_ARGUMENT);
 }
 
 TEST_F(Symmetric, WindowQueryOnOtherMemoryIsAQuietNo) {

@@ -251,6 +251,31 @@ TEST_F(SymmetricCache, CreateWithDifferentFlagsIsAMismatch) {
     ASSERT_SP_OK(sp_symmetric_mempool_create(world_, &p, &pool_));
 }
 
+// Two pools created in swapped orders (rank 0: A then B, the others B then A) have the same
+// creation numbers and flags: both creates succeeded, and each pool's first malloc waited for
+// the ranks that were in the other pool until SYMPOOL_SYM_TIMEOUT broke both. Their names differ:
+// each create is a mismatch on every rank, and no rank keeps either pool.
+TEST_F(SymmetricCache, PoolsCreatedInSwappedOrdersAreAMismatch) {
+    SP_SKIP_BELOW_RANKS(2);
+    expect_warnings();
+    ASSERT_SP_OK(sp_world_from_comm(MPI_COMM_WORLD, &world_));
+    const char *first = mpi_rank() == 0 ? "swap-a" : "swap-b";
+    const char *second = mpi_rank() == 0 ? "swap-b" : "swap-a";
+    sp_mempool_t *q = nullptr;
+    EXPECT_SP_STATUS(sym_pool_create(world_, first, false, &q), SP_ERR_MISMATCH);
+    EXPECT_NE(std::string(sp_last_error()).find(std::string("this rank's \"") + first + "\""),
+              std::string::npos)
+        << sp_last_error();
+    EXPECT_EQ(q, nullptr);
+    EXPECT_SP_STATUS(sym_pool_create(world_, second, false, &q), SP_ERR_MISMATCH);
+    EXPECT_EQ(q, nullptr);
+    // In step again: the same name everywhere creates the pool, and it serves.
+    ASSERT_SP_OK(sym_pool_create(world_, "swap-a", false, &pool_));
+    void *p = nullptr;
+    ASSERT_SP_OK(sp_symmetric_malloc(pool_, 4096, nullptr, &p));
+    ASSERT_SP_OK(sp_free(p));
+}
+
 TEST_F(SymmetricCache, RegistrarChoiceIsCheckedAtCreate) {
     expect_warnings();
     ASSERT_SP_OK(sp_world_from_comm(MPI_COMM_WORLD, &world_));

@@ -16,7 +16,7 @@ def _native():
 
 
 def _arg():
-    return _lib.PythonFramesArg(history._PACKAGE_DIR.encode(errors="surrogatepass"),
+    return _lib.PythonFramesArg(history._SKIP_PREFIX.encode(errors="surrogatepass"),
                                 history._encoded)
 
 
@@ -124,6 +124,43 @@ def test_a_lone_surrogate_through_the_native_hook(sp):
     native, python = scope["both"]()
     assert native == python
     assert native[1][1] == "odd\udcff\udc80.py".encode(errors="surrogatepass")
+
+
+def test_a_nul_in_a_name_through_both_hooks(sp):
+    # U+0000 in a function or file name: the native hook gave CPython's UTF-8 as a C string, cut
+    # at the NUL ("ab"), and the ctypes hook bytes that ctypes cut the same way; both give
+    # history.h's 0xC0 0x80 now, and a snapshot holds the str whole.
+    _native()
+    scope = {"_both_here": _both_here}
+    exec("def both():\n    return _both_here()\n", scope)
+    scope["both"].__code__ = scope["both"].__code__.replace(co_name="ab\x00cd",
+                                                            co_filename="x\x00y.py")
+    native, python = scope["both"]()
+    assert native == python
+    assert native[1][:2] == (b"ab\xc0\x80cd", b"x\xc0\x80y.py")
+    sp.record_memory_history()
+    scope["_both_here"] = lambda: sp.malloc(7702)
+    p = scope["both"]()
+    try:
+        frames = _frames_of(sp, 7702)
+        assert (frames[1]["name"], frames[1]["filename"]) == ("ab\x00cd", "x\x00y.py"), frames[:3]
+    finally:
+        sp.free(p)
+
+
+def test_a_file_beside_the_package_is_the_users(sp):
+    # The package's frames are those under its folder: a module beside it whose path merely
+    # starts the same (sympool_helpers.py, a sympoolx/ package) lost its frames in both hooks.
+    _native()
+    beside = history._PACKAGE_DIR + "_helpers.py"
+    inside = history._SKIP_PREFIX + "x.py"
+    scope = {"_both_here": _both_here}
+    exec(compile("def mine():\n    return _both_here()\n", beside, "exec"), scope)
+    exec(compile("def ours():\n    return mine()\n", inside, "exec"), scope)
+    native, python = scope["ours"]()
+    assert native == python
+    files = [f[1] for f in native]
+    assert beside.encode() in files and inside.encode() not in files, files[:4]
 
 
 def test_many_code_objects_keep_their_own_lines(sp):

@@ -162,6 +162,17 @@ def test_bad_stream_type(sp):
         sp.malloc(16, stream="s")
 
 
+def test_record_stream_of_null_is_a_no_op(sp):
+    # PyTorch's recordStream returns for a null pointer (an empty tensor's storage); it raised
+    # "not a live sympool block".
+    s = sp.Stream()
+    before = sp.memory_stats()
+    sp.record_stream(0, s)
+    sp.record_stream(0, None)
+    assert sp.memory_stats() == before
+    s.destroy()
+
+
 def test_destroyed_stream_as_an_argument(sp):
     # A destroyed Stream (its .ptr None) given as a stream read as "stream must be an int, not
     # NoneType"; it is the usage error Stream.synchronize() raises after destroy().

@@ -424,6 +424,25 @@ def test_memory_snapshot_lists_segments(sp):
     sp.free(p)
 
 
+def test_memory_snapshot_of_pool_id_zero_is_every_segment(sp):
+    # torch passes memory_snapshot(None) on as (0, 0), and its allocator's snapshot() filters by
+    # pool only for another id: (0, 0) lists every segment, private pools' included. It listed
+    # the default pool's alone.
+    pool = sp.MemPool(name="zero-id")
+    d = sp.malloc(1000)
+    with sp.use_mem_pool(pool):
+        p = sp.malloc(1000)
+    every = sp.memory_snapshot(None)
+    assert {tuple(s["segment_pool_id"]) for s in every} == {(0, 0), pool.id}
+    assert sp.memory_snapshot((0, 0)) == every
+    assert sp.memory_snapshot([0, 0]) == every
+    mine = sp.memory_snapshot(pool.id)
+    assert len(mine) == 1 and tuple(mine[0]["segment_pool_id"]) == pool.id
+    sp.free(p)
+    sp.free(d)
+    pool.destroy()
+
+
 @pytest.mark.parametrize("bad, kind", [("ab", TypeError), ((1,), ValueError),
                                        ((0, 0, 0), ValueError), ((1.5, 2), TypeError),
                                        ((0, -1), ValueError)])

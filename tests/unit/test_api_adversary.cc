@@ -349,6 +349,18 @@ TEST_F(ApiAdversary, StreamSynchronizeTakesTheLegacyStreamAsTheDefaultStream) {
     ASSERT_SP_OK(sp_empty_cache());
 }
 
+// NULL is an empty tensor's storage: PyTorch's recordStream returns for it at once, as sp_free
+// does for NULL. It was refused as "not a live sympool block".
+TEST_F(ApiAdversary, RecordStreamOfNullIsANoOp) {
+    sp_stream_t side;
+    ASSERT_SP_OK(sp_stream_create(0, &side));
+    sp_stats_t before = snap();
+    EXPECT_SP_OK(sp_record_stream(nullptr, side));
+    EXPECT_SP_OK(sp_record_stream(nullptr, nullptr));
+    EXPECT_EQ(diff(before, snap()), "");
+    ASSERT_SP_OK(sp_stream_destroy(side));
+}
+
 // sp_record_stream on a block that was freed is refused, but its message asked "(double free?)",
 // a free's mistake: the caller freed once and then used the block. It says so now; nothing is
 // recorded either way (the block's later reuse does not wait for the stream).

@@ -7,7 +7,9 @@
 #include "sympool/experimental.h"
 
 #include <fcntl.h>
+#include <sched.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <array>
@@ -505,6 +507,40 @@ TEST_F(CoreTest, RoundupVariableTakesOneValueOnly) {
 
 // A whole number too large for its variable is out of range too, whether it overflows 64 bits
 // or only the option's type; the same digits followed by junk stay malformed.
+// A host name of 64 characters (Linux's longest): gethostname() into 64 bytes refused it, and the
+// host was "unknown" on every such node (log prefixes, %h, the world's node names), though the
+// short name of a long FQDN fits. Read in a child in a UTS namespace of its own (it goes with the
+// child; root only, skipped elsewhere): the short name, and a long name without a dot cut to the
+// 63 characters kept. No allocation in the child (it is a fork of a process with threads).
+TEST_F(CoreTest, TheLongestHostNamesAreReadNotUnknown) {
+    pid_t pid = fork();
+    ASSERT_GE(pid, 0);
+    if (pid == 0) {
+        if (unshare(CLONE_NEWUTS) != 0)
+            _exit(77);
+        static char name[65], out[64], want[64];
+        memcpy(name, "gpu01.", 6);
+        memset(name + 6, 'x', 58); // 64 characters
+        if (sethostname(name, 64) != 0)
+            _exit(77);
+        sp__process_host_read(out, sizeof out);
+        if (strcmp(out, "gpu01") != 0)
+            _exit(1);
+        memset(name, 'a', 64);
+        memset(want, 'a', 63);
+        if (sethostname(name, 64) != 0)
+            _exit(77);
+        sp__process_host_read(out, sizeof out);
+        _exit(strcmp(out, want) == 0 ? 0 : 2);
+    }
+    int status = 0;
+    ASSERT_EQ(waitpid(pid, &status, 0), pid);
+    ASSERT_TRUE(WIFEXITED(status));
+    if (WEXITSTATUS(status) == 77)
+        GTEST_SKIP() << "no UTS namespace of its own here (not root?)";
+    EXPECT_EQ(WEXITSTATUS(status), 0) << "1: not the short name of a long FQDN; 2: not cut";
+}
+
 TEST_F(CoreTest, TooLargeNumberIsOutOfRangeNotMalformed) {
     expect_warnings();
     const struct {
@@ -536,10 +572,12 @@ TEST_F(CoreTest, TooLargeNumberIsOutOfRangeNotMalformed) {
         EXPECT_EQ(
             count(SP_LOG_WARN, "SYMPOOL_HOST_FAIL_AFTER='99999999999999999999x' is malformed"), 1u);
     }
+    // Past 2^64 - 1 (PyTorch's stoull refuses it), or a key PyTorch does not clamp; the split
+    // sizes up to 2^64 - 1 are clamped as PyTorch clamps them (AllocConf below).
     sp_alloc_conf_t c;
-    for (const char *text :
-         {"max_split_size_mb:17592186044416", "max_split_size_mb:99999999999999999999999",
-          "max_non_split_rounding_mb:18446744073709551615"}) {
+    for (const char *text : {"max_split_size_mb:99999999999999999999999",
+                             "max_non_split_rounding_mb:18446744073709551616",
+                             "large_segment_size_mb:17592186044416"}) {
         sp__error_clear();
         EXPECT_SP_STATUS(sp__alloc_conf_parse(text, &c), SP_ERR_INVALID_ARGUMENT);
         EXPECT_NE(std::string(sp_last_error()).find("is out of range"), std::string::npos)
@@ -779,10 +817,52 @@ TEST_F(AllocConf, EachKey) {
     EXPECT_STREQ(c.conf_text,
                  "max_split_size_mb:128, max_non_split_rounding_mb:40,large_segment_size_mb:64,"
                  "garbage_collection_threshold:0.6,expandable_segments:True");
-    ASSERT_SP_OK(sp__alloc_conf_parse("expandable_segments:false", &c));
+    ASSERT_SP_OK(sp__alloc_conf_parse("expandable_segments:False", &c));
     EXPECT_FALSE(c.expandable_segments);
     EXPECT_EQ(c.max_split_size, (size_t)(128 * MiB)) << "keys not named keep their earlier values";
     ASSERT_SP_OK(sp__alloc_conf_parse("", &c));
+}
+
+// PyTorch takes any size_t for max_split_size_mb and max_non_split_rounding_mb and clamps it to
+// SIZE_MAX / 1 MiB (c10/core/AllocatorConfig.cpp); both were refused past that ("out of range"),
+// so a setting torch runs with was dropped here. Past 2^64 - 1 its stoull refuses it, as we do.
+TEST_F(AllocConf, SplitSizesPastSizeMaxAreClampedAsPyTorchClampsThem) {
+    expect_warnings(); // the refused ones below warn
+    const size_t most = SIZE_MAX / MiB * MiB;
+    for (const char *mb : {"17592186044416", "18446744073709551615", "0018446744073709551615"}) {
+        ASSERT_SP_OK(sp__alloc_conf_parse(
+            (std::string("max_split_size_mb:") + mb + ",max_non_split_rounding_mb:" + mb).c_str(),
+            &c));
+        EXPECT_EQ(c.max_split_size, most) << mb;
+        EXPECT_EQ(c.max_non_split_rounding, most) << mb;
+    }
+    ASSERT_SP_OK(sp__alloc_conf_parse("max_split_size_mb:17592186044415", &c));
+    EXPECT_EQ(c.max_split_size, most);
+    const sp_alloc_conf_t before = c;
+    for (const char *bad : {"max_split_size_mb:18446744073709551616",
+                            "max_non_split_rounding_mb:99999999999999999999",
+                            "large_segment_size_mb:17592186044416"}) {
+        EXPECT_SP_STATUS(sp__alloc_conf_parse(bad, &c), SP_ERR_INVALID_ARGUMENT);
+        EXPECT_EQ(0, std::memcmp(&c, &before, sizeof c)) << bad << " changed the conf";
+    }
+}
+
+// PyTorch's tokenizer drops every ' ', inside keys and values too: "max_split_size_mb:20 0" is
+// 200 MiB there. The entry was refused here (a warning, and the setting not applied).
+TEST_F(AllocConf, SpacesAnywhereAreDroppedAsPyTorchDropsThem) {
+    ASSERT_SP_OK(sp__alloc_conf_parse("max_split_size_mb:20 0, expandable_segments:Tr ue,"
+                                      "garbage_collection_threshold: 0. 5,roundup_power2_"
+                                      "divisions:[ 2 56:4 ,>: 1]",
+                                      &c));
+    EXPECT_EQ(c.max_split_size, (size_t)(200 * MiB));
+    EXPECT_TRUE(c.expandable_segments);
+    EXPECT_DOUBLE_EQ(c.gc_threshold, 0.5);
+    EXPECT_EQ(c.roundup_divisions[8], 4u); // the 256 MB interval
+    EXPECT_EQ(c.roundup_divisions[15], 1u);
+    EXPECT_STREQ(c.conf_text, "max_split_size_mb:20 0, expandable_segments:Tr ue,"
+                              "garbage_collection_threshold: 0. 5,roundup_power2_"
+                              "divisions:[ 2 56:4 ,>: 1]")
+        << "the text is kept as given";
 }
 
 TEST_F(AllocConf, RoundupSingleNumberFillsEveryInterval) {
@@ -871,6 +951,10 @@ TEST_F(AllocConf, RejectsBadValuesAndLeavesConfUnchanged) {
         {"roundup_power2_divisions:[96:4]", "roundup_power2_divisions"},
         {"roundup_power2_divisions:[64:8", "roundup_power2_divisions"},
         {"expandable_segments:yes", "expandable_segments"},
+        // PyTorch's ConfigTokenizer::toBool takes True and False only.
+        {"expandable_segments:true", "is not True or False"},
+        {"expandable_segments:false", "is not True or False"},
+        {"release_lock_on_cudamalloc:true", "release_lock_on_cudamalloc"},
         {"max_split_size_mb:64,no_such_key:1", "no_such_key"},
         {"justakey", "justakey"},
         {"backend:magic", "backend"},

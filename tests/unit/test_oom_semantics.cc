@@ -67,12 +67,18 @@ TEST_F(OomSemantics, AboveOneExabyteIsPyTorchsOneEbOom) {
     EXPECT_EQ(p, (void *)&p);
 }
 
-TEST_F(OomSemantics, OnlySizesThatOverflowTheRoundingAreInvalid) {
+// PyTorch's allocate() checks the 1 EB cap before anything else, so every size_t from there up
+// to SIZE_MAX is the same uncounted OOM (these were SP_ERR_INVALID_ARGUMENT from 2^63 up, where
+// a caller catching PyTorch's OOM missed them).
+TEST_F(OomSemantics, EverySizeUpToSizeMaxIsTheOneEbOom) {
     void *p = &p;
     sp_stats_t before = snap();
-    EXPECT_SP_STATUS(sp_malloc(SIZE_MAX, 0, nullptr, &p), SP_ERR_INVALID_ARGUMENT);
-    EXPECT_SP_STATUS(sp_malloc(SIZE_MAX - 4096, 0, nullptr, &p), SP_ERR_INVALID_ARGUMENT);
-    EXPECT_SP_STATUS(sp_malloc(((size_t)1 << 63) + 1, 0, nullptr, &p), SP_ERR_INVALID_ARGUMENT);
+    for (size_t size : {SIZE_MAX, SIZE_MAX - 4096, ((size_t)1 << 63) + 1, (size_t)1 << 63}) {
+        sp__error_clear();
+        EXPECT_SP_STATUS(sp_malloc(size, 0, nullptr, &p), SP_ERR_OUT_OF_MEMORY);
+        EXPECT_TRUE(has(sp_last_error(), "Tried to allocate more than 1EB memory"))
+            << sp_last_error();
+    }
     EXPECT_EQ(diff(before, snap()), "");
     EXPECT_EQ(p, (void *)&p);
 }
@@ -98,7 +104,8 @@ TEST_F(OomSemantics, AboveTheDeviceThroughMempoolMallocAndRouting) {
     EXPECT_SP_STATUS(sp_mempool_malloc(pool, (size_t)8000000000 * GiB, nullptr, &p),
                      SP_ERR_OUT_OF_MEMORY);
     EXPECT_TRUE(has(sp_last_error(), "more than 1EB")) << sp_last_error();
-    EXPECT_SP_STATUS(sp_mempool_malloc(pool, SIZE_MAX, nullptr, &p), SP_ERR_INVALID_ARGUMENT);
+    EXPECT_SP_STATUS(sp_mempool_malloc(pool, SIZE_MAX, nullptr, &p), SP_ERR_OUT_OF_MEMORY);
+    EXPECT_TRUE(has(sp_last_error(), "more than 1EB")) << sp_last_error();
     ASSERT_SP_OK(sp_mempool_begin(pool));
     EXPECT_SP_STATUS(sp_malloc((size_t)800000000 * GiB, 0, nullptr, &p), SP_ERR_OUT_OF_MEMORY);
     ASSERT_SP_OK(sp_mempool_end(pool));
