@@ -29,10 +29,9 @@ typedef struct sp_window_info {
  * Collective: create a symmetric pool on the world's device (params->device is ignored). Every
  * rank checks its own arguments and creates its local pool, then the ranks agree (one round,
  * bounded by SYMPOOL_SYM_TIMEOUT): any failure or difference (flags, params->name, creation
- * order) is an error on every rank and no rank keeps a pool. A timeout (a rank late or absent) leaves the world
- * usable (world.h).
- * params->use_on_oom must be false: a symmetric pool's blocks are never lent to other
- * allocations (a loan on one rank would make the ranks' caches differ).
+ * order) is an error on every rank and no rank keeps a pool. A timeout (a rank late or absent)
+ * leaves the world usable (world.h). params->use_on_oom must be false: a symmetric pool's blocks
+ * are never lent to other allocations (a loan on one rank would make the ranks' caches differ).
  * @return SP_SUCCESS, SP_ERR_INVALID_ARGUMENT (NULL pool_p, params->allocator set,
  *         params->use_on_oom set),
  *         SP_ERR_INVALID_USAGE (not a live world, or another rank failed), SP_ERR_MISMATCH,
