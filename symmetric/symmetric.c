@@ -138,11 +138,6 @@ static sp_status_t make_comms(sp_world_t *w, sp_sym_state_t *st, const char *cre
     return SP_SUCCESS;
 }
 
-/* The create's one world round: this rank's creation number `serial` and flags, `ok` false when
- * its local work failed. The creation numbers stay in step whatever the outcome: a round that
- * failed (a rank in another call, a timeout) counted as a creation on no rank, and after numbers
- * that differ every rank continues from the largest, so one mistake is one error, not an error
- * at every later create. */
 /* A pool's name as a round's field (FNV-1a): ranks that create two pools in swapped orders have
  * the same creation numbers and flags, and only the names tell the pools apart. */
 static int64_t name_hash(const char *name) {
@@ -152,6 +147,11 @@ static int64_t name_hash(const char *name) {
     return (int64_t)h;
 }
 
+/* The create's one world round: this rank's creation number `serial`, flags and name's hash, `ok`
+ * false when its local work failed. The creation numbers stay in step whatever the outcome: a round
+ * that failed (a rank in another call, a timeout) counted as a creation on no rank, and after
+ * numbers that differ every rank continues from the largest, so one mistake is one error, not an
+ * error at every later create. */
 static sp_status_t create_round(sp_world_t *w, uint64_t serial, const sp_mempool_params_t *p,
                                 bool ok, const char *what, sp_agree_t *a) {
     *a = (sp_agree_t){.op = SP_AGREE_POOL_CREATE,

@@ -176,6 +176,10 @@ bool replay_trace(const tr_trace_t *t, const char *snapshot_out, replay_result_t
  * not what the configuration asked about would hold. Without --conf the replay re-enacts the
  * recorded run and keeps them. Default false. */
 void replay_set_user_conf(bool given);
+/* Expandable segments by PyTorch's rules: SYMPOOL_EXPANDABLE_PAGE, _RECYCLE and _BORROW at 0
+ * (sp_x_option_set), as a recording made with them re-enacts them; false (the last error says
+ * why) when the library refuses. */
+bool replay_pytorch_rules(void);
 
 #ifdef __cplusplus
 }

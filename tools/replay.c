@@ -2071,6 +2071,13 @@ static bool reenacts_pytorch_rules(const tr_trace_t *t, const char *user_conf, c
 static const char *const g_our_rules[] = {"SYMPOOL_EXPANDABLE_PAGE", "SYMPOOL_EXPANDABLE_RECYCLE",
                                           "SYMPOOL_EXPANDABLE_BORROW"};
 
+bool replay_pytorch_rules(void) {
+    for (size_t k = 0; k < sizeof(g_our_rules) / sizeof(g_our_rules[0]); k++)
+        if (sp_x_option_set(g_our_rules[k], "0") != SP_SUCCESS)
+            return false;
+    return true;
+}
+
 /* Configure the library for one configuration: PyTorch's KEY:VALUE items go to
  * SYMPOOL_ALLOC_CONF after the base settings (the snapshot's, or --conf: a later key wins), so a
  * configuration changes what the recorded run used rather than starting from our defaults;
@@ -2646,14 +2653,11 @@ int sp_cli_replay(int argc, char **argv) {
     }
     /* A recording made with expandable segments re-enacted by PyTorch's rules (--conf asks what
      * sympool would do, and keeps ours). */
-    for (size_t k = 0;
-         reenacts_pytorch_rules(&t, a.conf, "") && k < sizeof(g_our_rules) / sizeof(g_our_rules[0]);
-         k++)
-        if (sp_x_option_set(g_our_rules[k], "0") != SP_SUCCESS) {
-            fprintf(stderr, "sympool replay: %s\n", sp_last_error());
-            tr_free(&t);
-            return 1;
-        }
+    if (reenacts_pytorch_rules(&t, a.conf, "") && !replay_pytorch_rules()) {
+        fprintf(stderr, "sympool replay: %s\n", sp_last_error());
+        tr_free(&t);
+        return 1;
+    }
     if ((conf != NULL && sp_x_option_set("SYMPOOL_ALLOC_CONF", conf) != SP_SUCCESS) ||
         (a.conf == NULL && !tr_settings_set_split(&t.settings)) ||
         (a.capacity != NULL &&

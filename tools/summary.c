@@ -231,11 +231,8 @@ static bool replay_peaks(const tr_trace_t *t, int64_t (*peak)[3]) {
     /* A recording made with expandable segments was made under PyTorch's rules (replay re-enacts
      * it so too): with ours (pages of 2 MiB, recycling, borrowing) small requests went to the
      * large pool's segment, and the pools' peaks were not the recorded run's. */
-    static const char *const ours[] = {"SYMPOOL_EXPANDABLE_PAGE", "SYMPOOL_EXPANDABLE_RECYCLE",
-                                       "SYMPOOL_EXPANDABLE_BORROW"};
-    for (size_t k = 0; t->settings.recorded && t->settings.expandable && k < 3; k++)
-        if (sp_x_option_set(ours[k], "0") != SP_SUCCESS)
-            return false;
+    if (t->settings.recorded && t->settings.expandable && !replay_pytorch_rules())
+        return false;
     sp_x_log_set_fn(quiet, NULL);
     replay_result_t r;
     bool ok = sp_init() == SP_SUCCESS && replay_trace(t, NULL, &r, err, sizeof err) &&

@@ -42,6 +42,7 @@ typedef enum {
     8u /* recorded as a free_completed that no free_requested preceded, of a                       \
         * block an alloc of the trace made: read as its free (the action is                        \
         * TR_FREE_REQUESTED) */
+
 typedef struct tr_event {
     tr_action_t action; /* what happened */
     uint8_t flags;      /* TR_F_* */
