@@ -1016,11 +1016,25 @@ static sp_block_t *mempool_fallback(sp_devalloc_t *d, size_t size, sp_stream_t s
     return NULL;
 }
 
+/* Whether the pool's limit refuses this growth whatever the pool releases: the bytes it must
+ * reserve for the block alone are past the limit (a fixed segment of alloc_size; the pages under
+ * an expandable block of size, at least that size in whole pages). CuPy's _try_block_total_bytes
+ * raises at once when the size alone is past the limit, before free_all_blocks. */
+static bool past_limit_alone(const sp_mempool_t *pool, const sp_bpool_t *bp, size_t size,
+                             size_t alloc_size) {
+    if (!pool->limit)
+        return false;
+    if (!sp__exp_pool(bp->pool))
+        return alloc_size > pool->limit;
+    size_t page = sp__exp_page(bp);
+    return size / page + (size % page != 0) > pool->limit / page;
+}
+
 /* alloc_size: what the device was asked for, which PyTorch's text names ("Tried to allocate
  * 20.00 MiB" for a 3 MiB request: its malloc reports get_allocation_size of the rounded size). */
-static sp_status_t report_oom(sp_devalloc_t *d, sp_mempool_t *pool, size_t alloc_size, size_t size,
-                              sp_stream_t stream, bool limit_hit, bool fraction_hit,
-                              uint32_t context) {
+static sp_status_t report_oom(sp_devalloc_t *d, sp_mempool_t *pool, const sp_bpool_t *bp,
+                              size_t alloc_size, size_t size, sp_stream_t stream, bool limit_hit,
+                              bool fraction_hit, uint32_t context) {
     size_t dfree = 0, dtotal = d->total_mem;
     (void)sp__g.ops->mem_get_info(d->device, &dfree, &dtotal);
     d->stats.num_ooms++;
@@ -1043,7 +1057,12 @@ static sp_status_t report_oom(sp_devalloc_t *d, sp_mempool_t *pool, size_t alloc
     if (d->allowed_max != SIZE_MAX)
         snprintf(allowed, sizeof(allowed), "%s allowed; ", cap);
     char extra[256] = "";
-    if (limit_hit)
+    if (limit_hit && past_limit_alone(pool, bp, size, alloc_size))
+        snprintf(extra, sizeof(extra),
+                 "; pool \"%s\" {%" PRIu64 ",%" PRIu64 "} has a limit of %s, which this request "
+                 "alone is past (%s reserved); raise it with sp_mempool_set_limit",
+                 pool->name ? pool->name : "", pool->id.first, pool->id.second, lim, res);
+    else if (limit_hit)
         snprintf(extra, sizeof(extra),
                  "; pool \"%s\" {%" PRIu64 ",%" PRIu64 "} is at its limit "
                  "of %s (%s reserved); raise it with sp_mempool_set_limit",
@@ -1182,7 +1201,8 @@ alloc_locked(sp_devalloc_t *d, sp_mempool_t *pool, size_t orig, sp_stream_t stre
          * unless captures_underway is empty (c10/cuda/CUDACachingAllocator.cpp, malloc):
          * waiting and freeing would break the capture, and the graph may use the memory. */
         bool capturing = !b && s == SP_ERR_OUT_OF_MEMORY && sp__alloc_capture_underway(d);
-        if (!b && s == SP_ERR_OUT_OF_MEMORY && why == SP_GROW_POOL_LIMIT && !capturing) {
+        if (!b && s == SP_ERR_OUT_OF_MEMORY && why == SP_GROW_POOL_LIMIT && !capturing &&
+            !past_limit_alone(pool, bp, size, alloc_size)) {
             /* The pool's own limit, not the device, refused: CuPy's rule is to free the pool's
              * own cached blocks (every stream) and retry once. Other pools' caches cannot help
              * a limit, so they are left alone; the retry counts as PyTorch's does. */
@@ -1196,9 +1216,10 @@ alloc_locked(sp_devalloc_t *d, sp_mempool_t *pool, size_t orig, sp_stream_t stre
             s = grow_step(d, bp, size, alloc_size, stream, ctx, &b, &why, &refused);
         }
         if (!b) {
+            /* The limit is named only when it refused the last step: a limit met first, whose
+             * release made room the device then refused, is not what raising it would fix. */
             if (s == SP_ERR_OUT_OF_MEMORY)
-                s = report_oom(d, pool, alloc_size, size, stream,
-                               refused & (1u << SP_GROW_POOL_LIMIT),
+                s = report_oom(d, pool, bp, alloc_size, size, stream, why == SP_GROW_POOL_LIMIT,
                                refused & (1u << SP_GROW_FRACTION), ctx);
             sp__unlock(&d->lock);
             if (ctx)
