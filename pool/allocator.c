@@ -352,10 +352,12 @@ static inline bool should_split(const sp_bpool_t *bp, const sp_block_t *b, size_
         return false;
     size_t remaining = b->size - size;
     /* With expandable segments PyTorch splits large blocks down to 512 bytes too: the rest of
-     * a page can always be unmapped, so slack is not kept in the block. PyTorch's should_split
-     * asks the option (CUDAAllocatorConfig::expandable_segments()), not the block's segment, so
-     * the rule holds in the pools that keep fixed segments too (a pluggable allocator's). */
-    if (bp->is_small || sp__g.exp_on)
+     * a page can always be unmapped, so slack is not kept in the block. Its should_split asks
+     * the request's is_expandable_segments_active (malloc: the option and no pool with an
+     * allocator of its own; try_mempool_fallback: false), so a pool that keeps fixed segments
+     * (a pluggable allocator's, a symmetric one) splits by the fixed rule, as does a block lent
+     * on OOM (mempool_fallback lends only such blocks). */
+    if (bp->is_small || sp__exp_pool(bp->pool))
         return remaining >= SP_MIN_BLOCK_SIZE;
     return size < sp__g.conf.max_split_size && remaining > SP_SMALL_SIZE;
 }
@@ -1001,7 +1003,9 @@ void sp__alloc_free_held(sp_devalloc_t *d, sp_block_t *b) {
  * would make the ranks' caches diverge. */
 static sp_block_t *mempool_fallback(sp_devalloc_t *d, size_t size, sp_stream_t stream) {
     for (sp_mempool_t *p = d->pools; p; p = p->next) {
-        if (!p->use_on_oom || p->destroyed || p->symmetric)
+        /* PyTorch's try_mempool_fallback searches with expandable segments inactive, and its
+         * get_free_block then passes over expandable blocks: a pool made of them lends none. */
+        if (!p->use_on_oom || p->destroyed || p->symmetric || sp__exp_pool(p))
             continue;
         sp_bpool_t *bp = size <= p->small_max ? &p->small : &p->large;
         sp_block_t *b = sp__alloc_get_free_block(d, bp, size, stream);
@@ -1030,6 +1034,18 @@ static bool past_limit_alone(const sp_mempool_t *pool, const sp_bpool_t *bp, siz
     return size / page + (size % page != 0) > pool->limit / page;
 }
 
+/* The bytes of the free blocks of every MemPool of the device (not the default pool): PyTorch's
+ * allocated_in_private_pools, which its OOM text counts as allocated (the sum over graph_pools
+ * of their free sets, blocks waiting for events and unmapped address space not included). */
+static size_t private_pools_free_bytes(const sp_devalloc_t *d) {
+    size_t n = 0;
+    for (const sp_mempool_t *p = d->pools; p; p = p->next)
+        for (const sp_segment_t *seg = p->seg_head; seg; seg = seg->pnext)
+            for (const sp_block_t *b = seg->head; b; b = sp__block_next(b))
+                n += b->in_set ? b->size : 0;
+    return n;
+}
+
 /* alloc_size: what the device was asked for, which PyTorch's text names ("Tried to allocate
  * 20.00 MiB" for a 3 MiB request: its malloc reports get_allocation_size of the rounded size). */
 static sp_status_t report_oom(sp_devalloc_t *d, sp_mempool_t *pool, const sp_bpool_t *bp,
@@ -1041,14 +1057,21 @@ static sp_status_t report_oom(sp_devalloc_t *d, sp_mempool_t *pool, const sp_bpo
     if (SP_UNLIKELY(sp__history_on()))
         sp__history_record(d->device, SP_TRACE_OOM, (uintptr_t)dfree, size, (uintptr_t)stream,
                            pool->id, context);
-    char req[32], tot[32], fre[32], alc[32], unal[32], lim[32], res[32], cap[32];
+    char req[32], tot[32], fre[32], alc[32], unal[32], lim[32], res[32], cap[32], priv[32];
     int64_t allocated = sp__stat_all_current(&d->stats, SP_ST_ALLOCATED_BYTES);
     int64_t reserved = sp__stat_all_current(&d->stats, SP_ST_RESERVED_BYTES);
+    int64_t in_private = (int64_t)private_pools_free_bytes(d);
     sp__fmt_size(alloc_size, req, sizeof(req));
     sp__fmt_size(dtotal, tot, sizeof(tot));
     sp__fmt_size(dfree, fre, sizeof(fre));
-    sp__fmt_size((size_t)allocated, alc, sizeof(alc));
-    sp__fmt_size((size_t)(reserved - allocated), unal, sizeof(unal));
+    sp__fmt_size((size_t)(allocated + in_private), alc, sizeof(alc));
+    sp__fmt_size((size_t)(reserved - allocated - in_private), unal, sizeof(unal));
+    sp__fmt_size((size_t)in_private, priv, sizeof(priv));
+    /* PyTorch's private_pool_msg, said only when some private pool holds free blocks. */
+    char private_msg[96] = "";
+    if (in_private > 0)
+        snprintf(private_msg, sizeof(private_msg),
+                 "with %s allocated in private pools (e.g., CUDA Graphs), ", priv);
     sp__fmt_size(pool->limit, lim, sizeof(lim));
     sp__fmt_size(pool->reserved, res, sizeof(res));
     sp__fmt_size(d->allowed_max == SIZE_MAX ? 0 : d->allowed_max, cap, sizeof(cap));
@@ -1083,10 +1106,10 @@ static sp_status_t report_oom(sp_devalloc_t *d, sp_mempool_t *pool, const sp_bpo
     return sp__error(SP_ERR_OUT_OF_MEMORY, SP_SUB_POOL,
                      "out of memory on device %d. Tried to allocate %s. GPU %d has a total "
                      "capacity of %s of which %s is free. %sOf the allocated memory %s is "
-                     "allocated by sympool, and %s is reserved by sympool but unallocated%s. "
+                     "allocated by sympool, %sand %s is reserved by sympool but unallocated%s. "
                      "If reserved but unallocated memory is large, try SYMPOOL_ALLOC_CONF=%s to "
                      "reduce fragmentation",
-                     d->device, req, d->device, tot, fre, allowed, alc, unal, extra,
+                     d->device, req, d->device, tot, fre, allowed, alc, private_msg, unal, extra,
                      sp__g.exp_on ? "max_split_size_mb:N" : "expandable_segments:True");
 }
 
