@@ -850,6 +850,7 @@ static sp_status_t write_report(FILE *out, sp_report_format_t format, gathered_t
     if (mem == NULL)
         return sp__error(SP_ERR_SYSTEM, SP_SUB_COLL, "%s: no host memory to build the report: %s",
                          fn, strerror(errno));
+    void *old = sp__c_numeric_begin(); /* JSON's and the table's decimal point */
     switch (format) {
     case SP_REPORT_TABLE:
         write_table(mem, g);
@@ -864,6 +865,7 @@ static sp_status_t write_report(FILE *out, sp_report_format_t format, gathered_t
         write_table_all(mem, g);
         break;
     }
+    sp__c_numeric_end(old);
     bool built = !ferror(mem);
     if (fclose(mem) != 0 || !built) { /* buf and len are final only now */
         free(buf);

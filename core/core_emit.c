@@ -853,6 +853,7 @@ void sp__emit_double(sp__emit_t *e, double v) {
          * as v, and always a float's form ("0.0", not "0", which json.load reads as the int 0:
          * a snapshot's garbage_collection_threshold of 0.0 came back an int). */
         char b[40];
+        void *old = sp__c_numeric_begin(); /* a decimal point whatever the program's locale */
         if (!isfinite(v)) {
             snprintf(b, sizeof(b), "null");
         } else {
@@ -871,6 +872,7 @@ void sp__emit_double(sp__emit_t *e, double v) {
                     strcat(b, ".0");
             }
         }
+        sp__c_numeric_end(old);
         puts_(e, b);
         return;
     }

@@ -366,6 +366,32 @@ std::pair<std::string, std::string> prom_series(const std::string &key) {
     return {"sympool_" + key, ""};
 }
 
+// A program that set a locale with a decimal comma (setlocale(LC_ALL, "de_DE.UTF-8")) got a JSON
+// report with "mean": 1,000, which no JSON reader takes, and a table of "1,50 MiB". The report
+// is written in the C locale. Only rank 0 writes, so only rank 0 switches.
+TEST_F(StatsReport, NumbersKeepTheirDecimalPointUnderACommaLocale) {
+    allocate_skewed();
+    std::unique_ptr<sp::CommaLocale> comma;
+    int active = 0;
+    if (rank_ == 0) {
+        comma.reset(new sp::CommaLocale);
+        active = comma->active();
+    }
+    MPI_Bcast(&active, 1, MPI_INT, 0, MPI_COMM_WORLD);
+    if (!active)
+        GTEST_SKIP() << "no de_DE locale can be made here (localedef, the locales package)";
+    std::string json = report(SP_REPORT_JSON);
+    std::string table = report(SP_REPORT_TABLE);
+    comma.reset(); // the test's own parser reads in the C locale
+    if (rank_ != 0)
+        return;
+    Json j;
+    EXPECT_TRUE(parse_json(json, &j)) << json.substr(0, 400);
+    EXPECT_TRUE(std::regex_search(json, std::regex("\"mean\": [0-9]+\\.[0-9]{3}"))) << json;
+    EXPECT_FALSE(std::regex_search(table, std::regex("[0-9],[0-9]"))) << table;
+    EXPECT_TRUE(std::regex_search(table, std::regex("[0-9]\\.[0-9]{2} MiB"))) << table;
+}
+
 TEST_F(StatsReport, PrometheusHasEveryKeyForEveryRankAsLabelledFamilies) {
     allocate_skewed();
     auto by_rank = gather_by_hand();
