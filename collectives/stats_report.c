@@ -585,16 +585,30 @@ static void write_table_all(FILE *out, gathered_t *g) {
     table_legend(out);
 }
 
-/* A JSON string: host names are plain, but nothing in them may break the document. */
+/* Writes the UTF-8 character at *p_p and steps past it; a byte that starts none (a host name
+ * is bytes: sethostname takes any) is U+FFFD, written as `bad` says, and one byte is stepped. */
+static void utf8_char(FILE *out, const unsigned char **p_p, const char *bad) {
+    size_t k = sp__utf8_len(*p_p);
+    if (k == 0) {
+        fputs(bad, out);
+        k = 1;
+    } else {
+        fwrite(*p_p, 1, k, out);
+    }
+    *p_p += k;
+}
+
+/* A JSON string: host names are plain, but nothing in them may break the document (RFC 8259
+ * wants UTF-8). */
 static void json_string(FILE *out, const char *str) {
     fputc('"', out);
-    for (const unsigned char *p = (const unsigned char *)(str ? str : "?"); *p; p++) {
+    for (const unsigned char *p = (const unsigned char *)(str ? str : "?"); *p;) {
         if (*p == '"' || *p == '\\')
-            fprintf(out, "\\%c", *p);
+            fprintf(out, "\\%c", *p++);
         else if (*p < 0x20)
-            fprintf(out, "\\u%04x", *p);
+            fprintf(out, "\\u%04x", *p++);
         else
-            fputc(*p, out);
+            utf8_char(out, &p, "\\ufffd");
     }
     fputc('"', out);
 }
@@ -766,13 +780,14 @@ static void prom_head(FILE *out, const char *name, const char *help, fam_type_t 
 /* One sample per rank. max_split_size's -1 ("unlimited") is +Inf. */
 /* A label value: backslash, double quote and newline escaped as the exposition format says. */
 static void prom_label_value(FILE *out, const char *v) {
-    for (const char *p = v ? v : "?"; *p; p++) {
+    for (const unsigned char *p = (const unsigned char *)(v ? v : "?"); *p;) {
         if (*p == '\\' || *p == '"')
-            fprintf(out, "\\%c", *p);
-        else if (*p == '\n')
+            fprintf(out, "\\%c", *p++);
+        else if (*p == '\n') {
             fputs("\\n", out);
-        else
-            fputc(*p, out);
+            p++;
+        } else
+            utf8_char(out, &p, "\xef\xbf\xbd"); /* the exposition format is UTF-8 */
     }
 }
 
