@@ -2212,18 +2212,30 @@ static void print_answer(const char *const *confs, const char *empty, const repl
             order[k] = order[k - 1];
             order[k - 1] = tmp;
         }
+    /* Without --capacity a configuration can still run out of memory (SYMPOOL_HOST_CAPACITY in
+     * the environment or as an item): its peak is then no need, and it is named by its OOMs. */
+    bool any_oom = false;
     for (int i = 0; i < n; i++)
-        fits += capacity == NULL || rs[i].ooms == 0;
+        any_oom |= rs[i].ooms > 0;
+    bool limited = capacity != NULL || any_oom;
+    for (int i = 0; i < n; i++)
+        fits += !limited || rs[i].ooms == 0;
     if (capacity && fits == 0)
         printf("  does not fit in %s with any of the %d configurations:", capacity, n);
     else if (capacity)
         printf("  fits in %s with %d of %d configurations:", capacity, fits, n);
+    else if (fits == 0)
+        printf("  runs out of memory with each of the %d configurations (a capacity in force):", n);
+    else if (any_oom)
+        printf("  runs without OOM with %d of %d configurations (a capacity in force), least peak "
+               "reserved first:",
+               fits, n);
     else
         printf("  peak reserved (the memory the job needs), least first:");
     for (int j = 0; j < n; j++) {
         int i = order[j];
         const char *name = confs[i][0] ? confs[i] : empty;
-        if (capacity && rs[i].ooms > 0)
+        if (limited && rs[i].ooms > 0)
             printf("%s '%s' (%zu OOMs)",
                    j == 0      ? ""
                    : j == fits ? "; not with"
