@@ -181,14 +181,17 @@ static char *c_text(const pk_value_t *v) {
  * read as 0; it is the negative int it was (the snapshot writer writes a negative line back in
  * that form). pk_get_int first, its result taken as before (the replay loop with --snapshot
  * reads a line for every frame it records); the second lookup only for a line no int64 holds. */
+/* A frame's line as sp_history_frame_t holds it (an int; a negative one is written back in
+ * PyTorch's unsigned form). A line no int holds is PyTorch's "could not tell" (2^64-1): cast, 2^31
+ * came back as 2^64-2^31 and 2^32 as 0. */
 static int frame_line(const pk_value_t *f) {
     int64_t i = 0;
     uint64_t u = 0;
     if (pk_get_int(f, "line", &i))
-        return (int)i;
+        return i >= INT_MIN && i <= INT_MAX ? (int)i : -1;
     if (pk_get_uint(f, "line", &u) && u >= (uint64_t)(int64_t)INT_MIN)
         return (int)(int64_t)u;
-    return 0;
+    return u > INT_MAX ? -1 : 0;
 }
 
 static size_t frames_hook(sp_history_frame_t *out, size_t max, void *arg) {

@@ -551,6 +551,13 @@ if(TARGET sympool_cli)
     "rm -rf '${SP_CLI_OUT}/expanded' && mkdir -p '${SP_CLI_OUT}/expanded/0' && '$<TARGET_FILE:sympool_cli>' replay '${SMALL}' --snapshot '${SP_CLI_OUT}/expanded/%r/x.pickle' >/dev/null && ls '${SP_CLI_OUT}/expanded/0'")
   set_tests_properties(cli.replay_snapshot_folder_expanded PROPERTIES LABELS "unit;cli"
     TIMEOUT 120 ENVIRONMENT "SYMPOOL_DEVICE=host" PASS_REGULAR_EXPRESSION "^x.pickle\n$")
+  # A frame's line that no int holds is PyTorch's "could not tell" (2^64-1) in the replay's own
+  # snapshot: cast, 2^31 came back as 2^64-2^31 and 2^32 as 0. 7 and 2^64-1 keep their value.
+  add_test(NAME cli.replay_snapshot_frame_lines COMMAND sh -c
+    "'$<TARGET_FILE:sympool_cli>' replay '${CMAKE_CURRENT_SOURCE_DIR}/data/trace-frame-lines.json' --snapshot '${SP_CLI_OUT}/frame-lines.json' >/dev/null && tr -d ' \\n' < '${SP_CLI_OUT}/frame-lines.json' | grep -o 'line.:[0-9]*' | head -4 | cut -d: -f2 | tr '\\n' ' '")
+  set_tests_properties(cli.replay_snapshot_frame_lines PROPERTIES LABELS "unit;cli"
+    TIMEOUT 60 ENVIRONMENT "SYMPOOL_DEVICE=host"
+    PASS_REGULAR_EXPRESSION "(^|[^0-9])18446744073709551615 18446744073709551615 7 18446744073709551615 ")
   # plot -o expands OUT as replay --snapshot does (%h, %p, %r; %% a '%'): it took OUT literally,
   # so one pattern named a per-rank snapshot and a chart in a folder named '%r'.
   add_test(NAME cli.plot_output_expanded COMMAND sh -c
