@@ -131,6 +131,11 @@ size_t sp_x_mempool_structs(void);
  * their segment allocators, where the queries would warn about a released handle). No lock. */
 int sp_x_mempool_released(const sp_mempool_t *pool);
 
+/** Drop every device's trace entries and annotations recorded so far; recording, its settings
+ * and the stacks of live blocks stay (PyTorch's clear_history=True). The Python package's
+ * record_memory_history(clear_history=True) calls it. */
+sp_status_t sp_x_history_clear(void);
+
 /** Streams sp_stream_create made in this process that sp_stream_destroy has not destroyed (on
  * either backend; sp_shutdown does not change it). Tests check with it that the Python Stream
  * objects release their streams when collected. Takes no lock. */

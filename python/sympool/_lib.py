@@ -181,6 +181,7 @@ _EXPERIMENTAL = {
     "sp_x_session": (ctypes.c_uint64, []),  # Stream.__del__: a handle of this session only
     "sp_x_stream_count": (_sz, []),  # tests: streams made and not destroyed
     "sp_x_stream_live": (_i, [_vp]),  # Stream.__del__: destroyed by other means?
+    "sp_x_history_clear": (_st, []),  # record_memory_history(clear_history=True)
     "sp_x_mempool_released": (_i, [_vp]),  # _release_allocators: a destroyed pool's last segment
 }
 # Present only in some builds or versions: declared when exported.

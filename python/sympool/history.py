@@ -201,15 +201,11 @@ def record_memory_history(enabled="all", context="all", stacks="python", max_ent
     if want_hook:
         _install(True)  # before recording starts, so the first records have frames
     # The library is the judge of what Python cannot check (skip_actions' names): the settings
-    # go in first, so that a refused call has cleared nothing; only then does clear_history
-    # stop recording (OFF clears the buffer) and start it again with them.
+    # go in first, so that a refused call has cleared nothing; only then does clear_history drop
+    # the entries, recording going on (an OFF and ON instead lost other threads' records).
     check(lib().sp_record_memory_history(p))
     if clear_history and enabled is not None:
-        off = _lib.HistoryParams()
-        lib().sp_history_params_init(off)
-        off.enabled = _ENABLED[None]
-        check(lib().sp_record_memory_history(off))
-        check(lib().sp_record_memory_history(p))
+        check(lib().sp_x_history_clear())
     if not want_hook:
         _install(False)
     _annotations_follow(enabled, global_record_annotations)

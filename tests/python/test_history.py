@@ -146,6 +146,41 @@ def test_refused_skip_actions_with_clear_history_clear_nothing(sp):
     assert "free_requested" not in _actions(sp) and _actions(sp).count("alloc") == 1
 
 
+def test_clear_history_never_stops_recording(sp):
+    # clear_history turned recording off and on again (OFF clears): another thread's allocations
+    # in between kept no stack and no trace entry (369 of 20,001 live blocks without frames in a
+    # thread race). torch's clear_history empties the trace while it records. Every call the
+    # package makes into the library is watched here: none may turn recording off.
+    from sympool import _lib
+    lib = _lib.lib()
+    real = lib.sp_record_memory_history
+    seen = []
+
+    def watch(p):
+        seen.append(p.enabled)
+        return real(p)
+
+    sp.record_memory_history("all")
+    sp.free(sp.malloc(4096))
+    keep = sp.malloc(4096)
+    lib.sp_record_memory_history = watch
+    try:
+        sp.record_memory_history("all", clear_history=True)
+    finally:
+        lib.sp_record_memory_history = real
+    assert seen and 0 not in seen, seen  # 0: SP_HISTORY_OFF
+    assert _actions(sp) == []  # cleared
+    sp.free(sp.malloc(4096))
+    try:  # the snapshots that read the actions add their own "snapshot" entries
+        assert [a for a in _actions(sp) if a != "snapshot"] == [
+            "alloc", "free_requested", "free_completed"]
+        live = [b for s in sp.memory_snapshot() for b in s["blocks"]
+                if b["state"] == "active_allocated"]
+        assert live and all(b["frames"] for b in live)  # the live block kept its stack
+    finally:
+        sp.free(keep)
+
+
 def test_bad_snapshot_path(sp):
     with pytest.raises(TypeError):
         sp.dump_snapshot(5)
