@@ -2074,6 +2074,29 @@ static bool reenacts_pytorch_rules(const tr_trace_t *t, const char *user_conf, c
 static const char *const g_our_rules[] = {"SYMPOOL_EXPANDABLE_PAGE", "SYMPOOL_EXPANDABLE_RECYCLE",
                                           "SYMPOOL_EXPANDABLE_BORROW"};
 
+bool replay_fit_capacity(const tr_trace_t *t) {
+    sp_x_option_info_t oi;
+    int k = 0;
+    while (sp_x_option_info(k, &oi) && strcmp(oi.name, "SYMPOOL_HOST_CAPACITY") != 0)
+        k++;
+    if (strcmp(oi.name, "SYMPOOL_HOST_CAPACITY") != 0 || strcmp(oi.source, "default") != 0)
+        return true; /* the user's (the environment's, or set by name) */
+    uint64_t most = 0;
+    for (int d = 0; d < t->ndev; d++) {
+        const tr_device_t *td = &t->dev[d];
+        uint64_t held =
+            td->peak_reserved > td->peak_requested ? td->peak_reserved : td->peak_requested;
+        most = held > most ? held : most;
+    }
+    const uint64_t gib = (uint64_t)1 << 30, cap = (uint64_t)64 << 40;
+    uint64_t need = most > cap / 2 ? cap : (2 * most + gib - 1) / gib * gib;
+    if (need <= (uint64_t)oi.value_int)
+        return true;
+    char v[32];
+    snprintf(v, sizeof v, "%llu", (unsigned long long)need);
+    return sp_x_option_set("SYMPOOL_HOST_CAPACITY", v) == SP_SUCCESS;
+}
+
 bool replay_pytorch_rules(void) {
     for (size_t k = 0; k < sizeof(g_our_rules) / sizeof(g_our_rules[0]); k++)
         if (sp_x_option_set(g_our_rules[k], "0") != SP_SUCCESS)
@@ -2625,7 +2648,8 @@ int sp_cli_replay(int argc, char **argv) {
     bool set = sp_x_option_set("SYMPOOL_DEVICE", "host") == SP_SUCCESS &&
                (t.ndev <= 1 || sp_x_option_set("SYMPOOL_HOST_DEVICES", ndev) == SP_SUCCESS) &&
                (getenv("SYMPOOL_HOST_ARENA") != NULL ||
-                sp_x_option_set("SYMPOOL_HOST_ARENA", "1") == SP_SUCCESS);
+                sp_x_option_set("SYMPOOL_HOST_ARENA", "1") == SP_SUCCESS) &&
+               (a.capacity != NULL || replay_fit_capacity(&t));
     quiet_options_end();
     if (!set) {
         fprintf(stderr, "sympool replay: %s\n", sp_last_error());

@@ -218,6 +218,27 @@ static void quiet(int level, const char *line, void *arg) {
     (void)level, (void)line, (void)arg;
 }
 
+/* The allocator's own variables set in the environment (SYMPOOL_ROUNDUP_POWER2_DIVISIONS,
+ * SYMPOOL_THREAD_CACHE, SYMPOOL_HOST_CAPACITY, ...) back to their defaults for the summary's
+ * replay: its peaks are the recorded run's, under the snapshot's settings alone, as the
+ * environment's SYMPOOL_ALLOC_CONF is left out (a 5 MiB block peaked at 6 MiB under
+ * SYMPOOL_ROUNDUP_POWER2_DIVISIONS=2, and a capacity or a thread cache made the peak "-"). */
+static bool reset_allocator_options(void) {
+    static const char *const keep[] = {
+        "SYMPOOL_DEVICE", "SYMPOOL_DEBUG",      "SYMPOOL_DEBUG_SUBSYS", "SYMPOOL_DEBUG_FILE",
+        "SYMPOOL_INFO",   "SYMPOOL_ALLOC_CONF", "SYMPOOL_HOST_DEVICES", "SYMPOOL_HOST_ARENA"};
+    sp_x_option_info_t oi;
+    for (int k = 0; sp_x_option_info(k, &oi); k++) {
+        bool kept = strcmp(oi.source, "env") != 0 || strncmp(oi.name, "SYMPOOL_SYM_", 12) == 0 ||
+                    strncmp(oi.name, "SYMPOOL_REPORT", 14) == 0;
+        for (size_t i = 0; !kept && i < sizeof keep / sizeof keep[0]; i++)
+            kept = strcmp(oi.name, keep[i]) == 0;
+        if (!kept && sp_x_option_set(oi.name, NULL) != SP_SUCCESS)
+            return false;
+    }
+    return true;
+}
+
 static bool replay_peaks(const tr_trace_t *t, int64_t (*peak)[3]) {
     char ndev[16], err[512];
     snprintf(ndev, sizeof ndev, "%d", t->ndev > 1 ? t->ndev : 1);
@@ -226,6 +247,7 @@ static bool replay_peaks(const tr_trace_t *t, int64_t (*peak)[3]) {
         sp_x_option_set("SYMPOOL_HOST_ARENA", "1") != SP_SUCCESS ||
         sp_x_option_set("SYMPOOL_ALLOC_CONF", t->settings.recorded ? t->settings.conf : "") !=
             SP_SUCCESS ||
+        !reset_allocator_options() || !replay_fit_capacity(t) ||
         !tr_settings_set_split(&t->settings))
         return false;
     /* A recording made with expandable segments was made under PyTorch's rules (replay re-enacts

@@ -392,6 +392,25 @@ if(TARGET sympool_cli)
   # three times, -d +0 was device 0).
   sp_cli_check(NAME replay_repeat_space RC 2 REGEX "--repeat takes 1 to 64, not ' 3'"
     ARGS replay ${SMALL} "--repeat= 3")
+  # A recorded run that held more than SYMPOOL_HOST_CAPACITY's default (80 GiB: an H200's,
+  # a B200's): without --capacity the emulated device holds it (twice its peak), so replay and
+  # summary give its peaks; on 80 GiB the replay ran out of memory at once (peak 0, summary "-").
+  sp_cli_check(NAME replay_past_80gib RC 0
+    REGEX "peak reserved +90.000 GiB +recorded run: 90.000 GiB \\(\\+0.00%\\).*OOMs +0 "
+    ARGS replay ${CMAKE_CURRENT_SOURCE_DIR}/data/trace-90gib.json)
+  sp_cli_check(NAME summary_past_80gib RC 0 REGEX "Allocated memory +\\| +0 B +\\| +90.0 GiB "
+    ARGS summary ${CMAKE_CURRENT_SOURCE_DIR}/data/trace-90gib.json)
+  # The capacity the user gives is the one replay uses.
+  sp_cli_check(NAME replay_past_80gib_env_capacity RC 0 REGEX "OOMs +1 "
+    ARGS replay ${CMAKE_CURRENT_SOURCE_DIR}/data/trace-90gib.json ENV SYMPOOL_HOST_CAPACITY=85GiB)
+  # summary's allocated peak is the recorded run's, under the snapshot's settings alone: the
+  # allocator's own variables in the environment do not reach its replay (a 5 MiB block in a
+  # 20 MiB segment peaked at 6 MiB under SYMPOOL_ROUNDUP_POWER2_DIVISIONS=2; a thread cache or a
+  # small capacity made the peak "-").
+  sp_cli_check(NAME summary_peak_ignores_allocator_env RC 0
+    REGEX "Allocated memory +\\| +30.3 MiB +\\| +3.0 GiB "
+    ARGS summary ${CMAKE_CURRENT_SOURCE_DIR}/data/real/silmont-small.pickle
+    ENV SYMPOOL_ROUNDUP_POWER2_DIVISIONS=2 SYMPOOL_THREAD_CACHE=64KiB SYMPOOL_HOST_CAPACITY=1GiB)
   sp_cli_check(NAME summary_device_plus RC 2 REGEX "--device takes 0 to 4095, not '\\+0'"
     ARGS summary ${SMALL} -d +0)
   # A file that is not a pickle says so, not "memo key 105 is not defined".
