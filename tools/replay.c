@@ -2082,12 +2082,8 @@ bool replay_fit_capacity(const tr_trace_t *t) {
     if (strcmp(oi.name, "SYMPOOL_HOST_CAPACITY") != 0 || strcmp(oi.source, "default") != 0)
         return true; /* the user's (the environment's, or set by name) */
     uint64_t most = 0;
-    for (int d = 0; d < t->ndev; d++) {
-        const tr_device_t *td = &t->dev[d];
-        uint64_t held =
-            td->peak_reserved > td->peak_requested ? td->peak_reserved : td->peak_requested;
-        most = held > most ? held : most;
-    }
+    for (int d = 0; d < t->ndev; d++) /* reserved: a trace that requests more is inconsistent */
+        most = t->dev[d].peak_reserved > most ? t->dev[d].peak_reserved : most;
     const uint64_t gib = (uint64_t)1 << 30, cap = (uint64_t)64 << 40;
     uint64_t need = most > cap / 2 ? cap : (2 * most + gib - 1) / gib * gib;
     if (need <= (uint64_t)oi.value_int)
@@ -2429,7 +2425,9 @@ static int usage(FILE *out, int rc) {
         "  Replay a PyTorch memory snapshot's trace (.pickle or .json) through sympool on the\n"
         "  emulated host device and compare the peaks with what PyTorch reserved.\n"
         "  -c, --conf=KEY:VALUE,...   allocator options (PYTORCH_CUDA_ALLOC_CONF syntax)\n"
-        "      --capacity=SIZE        emulated device size (e.g. 80GiB); OOMs are counted\n"
+        "      --capacity=SIZE        emulated device size (e.g. 80GiB); OOMs are counted;\n"
+        "                             without it SYMPOOL_HOST_CAPACITY, else 80 GiB or twice\n"
+        "                             the recorded peak of the largest device if more\n"
         "  -s, --snapshot=OUT         write our snapshot of the replay (OUT.pickle or "
         "OUT.json;\n"
         "                             %%h, %%p, %%r in OUT: host, pid, rank, 0 outside a "
