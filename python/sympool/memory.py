@@ -1029,8 +1029,12 @@ def dump_snapshot(path="dump_snapshot.pickle"):
     check(lib().sp_dump_snapshot(_path_bytes(path)))
 
 
-def _dump_snapshot(filename="dump_snapshot.pickle"):
-    """torch.cuda.memory._dump_snapshot's name and default file."""
+def _dump_snapshot(filename="dump_snapshot.pickle", augment_with_fx_traces=False):
+    """torch.cuda.memory._dump_snapshot's name, default file and signature (newer torch's
+    augment_with_fx_traces, checked and without effect as in _snapshot)."""
+    if not isinstance(augment_with_fx_traces, bool):
+        raise TypeError("augment_with_fx_traces must be a bool, not "
+                        f"{type(augment_with_fx_traces).__name__}")
     dump_snapshot(filename)
 
 

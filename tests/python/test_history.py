@@ -401,3 +401,57 @@ def test_annotations_bounded_by_max_entries_and_decorator(sp):
         sp.record_function(3)
     with pytest.raises(sp.InvalidArgumentError):
         sp.history._record_annotation("START", "x", device=sp.device_count())
+
+
+def test_history_turned_on_and_off_by_two_threads_at_once_keeps_its_hook(sp):
+    # The frames hook, the library's recording and the annotations changed in three steps: an
+    # "on" and a None from two threads could interleave so that recording stayed on without
+    # the hook (its trace entries without frames until the next "on"; 8 runs in 300).
+    import threading
+    for i in range(200):
+        sp.record_memory_history(None)
+        gate = threading.Barrier(2)
+
+        def turn(enabled):
+            gate.wait()
+            sp.record_memory_history(enabled)
+
+        threads = [threading.Thread(target=turn, args=(e,)) for e in ("all", None)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        p = sp.malloc(4096)
+        try:
+            allocs = [e for e in sp._snapshot()["device_traces"][0] if e["action"] == "alloc"]
+            if allocs:  # recording is on: the entry has the caller's frames
+                assert allocs[-1]["frames"], f"round {i}: recording on without the frames hook"
+        finally:
+            sp.free(p)
+    sp.record_memory_history(None)
+
+
+def test_reload_keeps_the_annotation_scope_of_recording_in_progress(sp):
+    # importlib.reload (Jupyter's autoreload) ran the module's state again: the scope of the
+    # record_function annotations went back to "off" while history was still on, and no scope
+    # opened after it was recorded. The module's other state was already kept.
+    import importlib
+    import sympool.history as h
+    sp.record_memory_history("all")
+    try:
+        importlib.reload(h)
+        with sp.record_function("after-reload"):
+            pass
+        names = [a.get("name") for a in sp._snapshot().get("external_annotations", [])]
+        assert "after-reload" in names, names
+    finally:
+        sp.record_memory_history(None)
+
+
+def test_dump_snapshot_takes_torchs_augment_flag(sp, tmp_path):
+    out = tmp_path / "s.pickle"
+    sp._dump_snapshot(str(out), False)
+    assert out.stat().st_size > 0
+    sp._dump_snapshot(str(out), augment_with_fx_traces=True)
+    with pytest.raises(TypeError):
+        sp._dump_snapshot(str(out), "yes")
