@@ -631,6 +631,18 @@ if(TARGET sympool_cli)
   set_tests_properties(cli.plot_small_in_mib PROPERTIES LABELS "unit;cli" TIMEOUT 60
     PASS_REGULAR_EXPRESSION ">450 MiB</text>.*peak requested 441.62 MiB</text>.*4 blocks of 12.50 MiB</text>.*forward transformer.py:22</text>.*>12.50 MiB</text>\n<text [^>]*>x4</text>"
     FAIL_REGULAR_EXPRESSION "GiB</text>;from event [0-9]")
+  # A requested peak before the first event (a block live at the start, freed by it): the panel
+  # of what is live at the peak counts that block, from before the trace (it counted nothing
+  # there, and the whole peak as 0 blocks allocated in the trace).
+  add_test(NAME cli.plot_peak_at_start COMMAND sh -c
+    "'$<TARGET_FILE:sympool_cli>' plot '${CMAKE_CURRENT_SOURCE_DIR}/data/trace-plot-peak-at-start.json' -o '${SP_CLI_OUT}/peak-at-start.svg' >/dev/null && cat '${SP_CLI_OUT}/peak-at-start.svg'")
+  set_tests_properties(cli.plot_peak_at_start PROPERTIES LABELS "unit;cli" TIMEOUT 60
+    PASS_REGULAR_EXPRESSION "4.00 MiB in 1 blocks from before the trace.*0 B in 0 blocks allocated in the trace")
+  # plot -d N: the subtitle counts device N's segments (it counted every device's: 4 for 3).
+  add_test(NAME cli.plot_device_segments COMMAND sh -c
+    "'$<TARGET_FILE:sympool_cli>' plot '${CMAKE_CURRENT_SOURCE_DIR}/data/trace-two-devices.json' -d 1 -o '${SP_CLI_OUT}/two-devices.svg' >/dev/null && cat '${SP_CLI_OUT}/two-devices.svg'")
+  set_tests_properties(cli.plot_device_segments PROPERTIES LABELS "unit;cli" TIMEOUT 60
+    PASS_REGULAR_EXPRESSION "8 events, 3 segments at the end")
   # Several snapshots on one chart: the highest and lowest peak marked.
   sp_cli_check(NAME plot_ranks RC 0
     REGEX "wrote .*ranks.svg \\(3 snapshots; highest peak requested: cs336-2.7b-ctx128-forward-bf16 22.234 GiB, lowest: trace-small-p4 0.431 GiB\\)"
