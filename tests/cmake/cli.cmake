@@ -411,6 +411,12 @@ if(TARGET sympool_cli)
     REGEX "Allocated memory +\\| +30.3 MiB +\\| +3.0 GiB "
     ARGS summary ${CMAKE_CURRENT_SOURCE_DIR}/data/real/silmont-small.pickle
     ENV SYMPOOL_ROUNDUP_POWER2_DIVISIONS=2 SYMPOOL_THREAD_CACHE=64KiB SYMPOOL_HOST_CAPACITY=1GiB)
+  # An unmap of two small-pool pages at once (PyTorch unmaps a merged free block of an expandable
+  # segment whole): the small pool's, as the maps that made them; by its size (not one 2 MiB
+  # page) it was counted in the large pool.
+  sp_cli_check(NAME summary_small_pool_unmap RC 0
+    REGEX "from large pool +\\| +0 B +\\| +0 B +\\| +0 B +\\| +0 B +\\|\n\\| +from small pool +\\| +0 B +\\| +4.0 MiB +\\| +4.0 MiB +\\| +4.0 MiB"
+    ARGS summary ${CMAKE_CURRENT_SOURCE_DIR}/data/trace-small-unmap.json)
   sp_cli_check(NAME summary_device_plus RC 2 REGEX "--device takes 0 to 4095, not '\\+0'"
     ARGS summary ${SMALL} -d +0)
   # A file that is not a pickle says so, not "memo key 105 is not defined".
