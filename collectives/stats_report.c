@@ -264,6 +264,13 @@ static bool own_values(sp_world_t *w, int device, gathered_t *g, char *why, size
     return true;
 }
 
+/* A format's name in messages (the enum's, as sympool.h spells it). */
+static const char *format_name(int format) {
+    static const char *const names[] = {"SP_REPORT_TABLE", "SP_REPORT_JSON", "SP_REPORT_PROMETHEUS",
+                                        "SP_REPORT_TABLE_ALL"};
+    return format >= 0 && format < (int)(sizeof names / sizeof names[0]) ? names[format] : "?";
+}
+
 /* The one collective. local_ok false (with why) marks this rank's arguments bad: it still joins
  * the agreement round and then every rank returns SP_ERR_INVALID_ARGUMENT. `format` (the
  * report's, -1 for the aggregate) is agreed too: only a Prometheus report gathers every rank's
@@ -300,9 +307,9 @@ static sp_status_t gather_all(sp_world_t *w, int device, int format, bool local_
         st = round_status(&a, local_ok, mine, reason, fn);
     if (st == SP_SUCCESS && a.lo[1] != a.hi[1])
         st = sp__error(SP_ERR_MISMATCH, SP_SUB_COLL,
-                       "%s: ranks passed different formats (this rank: %d); every rank must "
+                       "%s: ranks passed different formats (this rank: %s); every rank must "
                        "pass the same format",
-                       fn, format);
+                       fn, format_name(format));
     agg_t rec[SP_STATS_MAX + N_SYM + 1];
     for (size_t i = 0; i < nkeys + N_SYM; i++)
         rec[i] = (agg_t){g->mine[i], g->mine[i], g->mine[i], rank, rank};

@@ -576,6 +576,16 @@ TEST_F(StatsReport, BadArgumentsOnOneRankFailEverywhere) {
     EXPECT_SP_STATUS(sp_stats_report(w_, dev_, nullptr, SP_REPORT_TABLE), SP_ERR_INVALID_ARGUMENT);
     EXPECT_SP_STATUS(sp_stats_report(w_, dev_, stdout, (sp_report_format_t)7),
                      SP_ERR_INVALID_ARGUMENT);
+    // Ranks that pass different formats: the message names this rank's by its name.
+    std::unique_ptr<FILE, int (*)(FILE *)> f(std::tmpfile(), std::fclose);
+    EXPECT_SP_STATUS(
+        sp_stats_report(w_, dev_, f.get(), rank_ == 0 ? SP_REPORT_JSON : SP_REPORT_PROMETHEUS),
+        SP_ERR_MISMATCH);
+    EXPECT_NE(
+        std::string(sp_last_error())
+            .find(rank_ == 0 ? "(this rank: SP_REPORT_JSON)" : "(this rank: SP_REPORT_PROMETHEUS)"),
+        std::string::npos)
+        << sp_last_error();
     // Still in step.
     ASSERT_SP_OK(sp_stats_aggregate(w_, dev_, &sum));
     EXPECT_EQ(sum.nranks, n_);
