@@ -14,10 +14,10 @@
  * Deadline (SYMPOOL_SYM_TIMEOUT): a rank polls its request until CLOCK_REALTIME passes its own
  * deadline, then abandons it (MPI cannot cancel a collective): the request and its buffer go to
  * the graveyard, are never freed while pending, and the communicator they are on must never be
- * freed (sp__agree_pending). A round that completes after the earliest contributor's deadline
- * is a timeout on the rank that sees it too: that is how a rank that arrives late (after its
- * peers gave up) learns it, instead of going on alone into a data transfer nobody else joins.
- * Every rank decides it from the round's data alone, the same on every rank: each record carries
+ * freed (sp__agree_pending). A round that a rank entered too late is a timeout on the ranks that
+ * see it complete too: that is how a rank that arrives late (after its peers gave up) learns it,
+ * instead of going on alone into a data transfer nobody else joins. The late rule is decided
+ * from the round's data alone, the same on every rank: each record carries
  * its rank's entry time, and the round is late when the latest entry comes within a margin of the
  * earliest deadline (a tenth of the shortest timeout, at most LATE_MARGIN_NS). A rank gives up
  * only at its own deadline, and a round whose last record was sent a margin before it reaches
@@ -233,8 +233,6 @@ double sp__agree_timeout_s(void) {
     return t > 0.0 && t <= 31536000.0 ? t : 0.0; /* the option's check bounds it; 0 = none */
 }
 
-/* This rank's deadline in ns since the epoch; INT64_MAX when there is none. The option is at
- * most one year, so the sum cannot overflow. */
 /* How close to the earliest deadline the latest entry may come (the late rule, top of the
  * file): a tenth of the shortest timeout, and at most this. */
 #define LATE_MARGIN_NS ((int64_t)250 * 1000000)
@@ -244,6 +242,8 @@ static int64_t span_of(int64_t post, int64_t deadline) {
     return deadline == INT64_MAX ? INT64_MAX : deadline - post;
 }
 
+/* This rank's deadline in ns since the epoch; INT64_MAX when there is none. The option is at
+ * most one year, so the sum cannot overflow. */
 static int64_t deadline_ns(double limit) {
     return limit > 0.0 ? realtime_ns() + (int64_t)(limit * 1e9) : INT64_MAX;
 }
