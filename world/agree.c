@@ -17,9 +17,9 @@
  * freed (sp__agree_pending). A round that a rank entered too late is a timeout on the ranks that
  * see it complete too: that is how a rank that arrives late (after its peers gave up) learns it,
  * instead of going on alone into a data transfer nobody else joins. The late rule is decided
- * from the round's data alone, the same on every rank: each record carries
- * its rank's entry time, and the round is late when the latest entry comes within a margin of the
- * earliest deadline (a tenth of the shortest timeout, at most LATE_MARGIN_NS). A rank gives up
+ * from the round's data alone, the same on every rank: each record carries its rank's entry
+ * time, and the round is late when the latest entry comes within a margin of the earliest
+ * deadline (a tenth of the shortest timeout, at most LATE_MARGIN_NS). A rank gives up
  * only at its own deadline, and a round whose last record was sent a margin before it reaches
  * every rank first unless MPI or the scheduler stalls it for longer. (Deciding by each rank's own
  * clock when it saw the round complete split the ranks: one at its deadline timed out while a
