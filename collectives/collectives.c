@@ -342,46 +342,6 @@ static MPI_Op direct_op(sp_dtype_t dtype, sp_redop_t op) {
     return sp__coll_mpi_op(op);
 }
 
-/* Divide n elements by the number of ranks (AVG after SUM). */
-static void divide(void *buf, size_t n, sp_dtype_t dtype, int nranks) {
-#define SP_DIV(T)                                                                                  \
-    do {                                                                                           \
-        T *p = buf;                                                                                \
-        for (size_t i = 0; i < n; i++)                                                             \
-            p[i] = (T)(p[i] / (T)nranks);                                                          \
-    } while (0)
-    switch (dtype) {
-    case SP_INT8:
-        SP_DIV(int8_t);
-        break;
-    case SP_UINT8:
-        SP_DIV(uint8_t);
-        break;
-    case SP_INT32:
-        SP_DIV(int32_t);
-        break;
-    case SP_UINT32:
-        SP_DIV(uint32_t);
-        break;
-    case SP_INT64:
-        SP_DIV(int64_t);
-        break;
-    case SP_UINT64:
-        SP_DIV(uint64_t);
-        break;
-    case SP_FLOAT32:
-        SP_DIV(float);
-        break;
-    case SP_FLOAT64:
-        SP_DIV(double);
-        break;
-    case SP_FLOAT16:
-    case SP_BFLOAT16:
-        break; /* divided in float before rounding */
-    }
-#undef SP_DIV
-}
-
 /* 1/n rounded to the element type, as ncclAvg's pre-multiplier (in float for the half types,
  * whose rounding half.c does). */
 static double avg_scale(sp_dtype_t dtype, int nranks) {
@@ -522,7 +482,7 @@ static sp_status_t host_allreduce(sp_world_t *w, const sp_coll_call_t *c, const 
             return sp__mpi_status(rc, SP_SUB_COLL, "sp_allreduce", "MPI_Allreduce");
     }
     if (c->op == SP_AVG && !premul)
-        divide(c->recv, c->count, c->dtype, n);
+        sp__coll_avg_divide(c->recv, c->count, c->dtype, n);
     return SP_SUCCESS;
 }
 
@@ -584,7 +544,7 @@ static sp_status_t host_reduce_scatter(sp_world_t *w, const sp_coll_call_t *c,
     if (rc != MPI_SUCCESS)
         return sp__mpi_status(rc, SP_SUB_COLL, "sp_reduce_scatter", "MPI_Reduce_scatter_block");
     if (c->op == SP_AVG && !premul)
-        divide(c->recv, c->count, c->dtype, n);
+        sp__coll_avg_divide(c->recv, c->count, c->dtype, n);
     return SP_SUCCESS;
 }
 

@@ -113,3 +113,46 @@ int sp__coll_nccl_op(sp_redop_t op) {
     return -1;
 }
 #endif
+
+/* The integers are divided by the rank count itself, in a type that holds it, truncating as
+ * NCCL's FuncSumPostDiv does (the quotient of the element's absolute value, negated back): the
+ * count cast to the element type first was 0 at 256 ranks for an 8-bit type (a division by
+ * zero, SIGFPE) and negative from 128 ranks for int8. */
+void sp__coll_avg_divide(void *buf, size_t n, sp_dtype_t dtype, int nranks) {
+#define SP_DIV(T, W)                                                                               \
+    do {                                                                                           \
+        T *p = buf;                                                                                \
+        for (size_t i = 0; i < n; i++)                                                             \
+            p[i] = (T)((W)p[i] / (W)nranks);                                                       \
+    } while (0)
+    switch (dtype) {
+    case SP_INT8:
+        SP_DIV(int8_t, int64_t);
+        break;
+    case SP_UINT8:
+        SP_DIV(uint8_t, uint64_t);
+        break;
+    case SP_INT32:
+        SP_DIV(int32_t, int64_t);
+        break;
+    case SP_UINT32:
+        SP_DIV(uint32_t, uint64_t);
+        break;
+    case SP_INT64:
+        SP_DIV(int64_t, int64_t);
+        break;
+    case SP_UINT64:
+        SP_DIV(uint64_t, uint64_t);
+        break;
+    case SP_FLOAT32:
+        SP_DIV(float, float);
+        break;
+    case SP_FLOAT64:
+        SP_DIV(double, double);
+        break;
+    case SP_FLOAT16:
+    case SP_BFLOAT16:
+        break; /* divided in float before rounding */
+    }
+#undef SP_DIV
+}

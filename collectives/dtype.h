@@ -36,6 +36,10 @@ const char *sp__coll_op_name(sp_redop_t op);
 MPI_Datatype sp__coll_mpi_type(sp_dtype_t dtype);
 /* MPI's built-in op for op (SP_AVG: MPI_SUM, scaled by the caller); MPI_OP_NULL outside it. */
 MPI_Op sp__coll_mpi_op(sp_redop_t op);
+/* Divide n elements of dtype in place by the rank count (SP_AVG after the SUM, as NCCL's
+ * ncclAvg: integers truncate toward zero); fp16/bf16 are left as they are (divided in float
+ * before their rounding). */
+void sp__coll_avg_divide(void *buf, size_t n, sp_dtype_t dtype, int nranks);
 #ifdef SP_HAVE_NCCL
 /* ncclDataType_t / ncclRedOp_t values, as int so that nccl.h stays out of this header;
  * -1 outside the enums (dtype.c). */

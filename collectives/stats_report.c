@@ -264,6 +264,13 @@ static bool own_values(sp_world_t *w, int device, gathered_t *g, char *why, size
     return true;
 }
 
+/* A format's name in messages (the enum's, as sympool.h spells it). */
+static const char *format_name(int format) {
+    static const char *const names[] = {"SP_REPORT_TABLE", "SP_REPORT_JSON", "SP_REPORT_PROMETHEUS",
+                                        "SP_REPORT_TABLE_ALL"};
+    return format >= 0 && format < (int)(sizeof names / sizeof names[0]) ? names[format] : "?";
+}
+
 /* The one collective. local_ok false (with why) marks this rank's arguments bad: it still joins
  * the agreement round and then every rank returns SP_ERR_INVALID_ARGUMENT. `format` (the
  * report's, -1 for the aggregate) is agreed too: only a Prometheus report gathers every rank's
@@ -300,9 +307,9 @@ static sp_status_t gather_all(sp_world_t *w, int device, int format, bool local_
         st = round_status(&a, local_ok, mine, reason, fn);
     if (st == SP_SUCCESS && a.lo[1] != a.hi[1])
         st = sp__error(SP_ERR_MISMATCH, SP_SUB_COLL,
-                       "%s: ranks passed different formats (this rank: %d); every rank must "
+                       "%s: ranks passed different formats (this rank: %s); every rank must "
                        "pass the same format",
-                       fn, format);
+                       fn, format_name(format));
     agg_t rec[SP_STATS_MAX + N_SYM + 1];
     for (size_t i = 0; i < nkeys + N_SYM; i++)
         rec[i] = (agg_t){g->mine[i], g->mine[i], g->mine[i], rank, rank};
@@ -585,16 +592,30 @@ static void write_table_all(FILE *out, gathered_t *g) {
     table_legend(out);
 }
 
-/* A JSON string: host names are plain, but nothing in them may break the document. */
+/* Writes the UTF-8 character at *p_p and steps past it; a byte that starts none (a host name
+ * is bytes: sethostname takes any) is U+FFFD, written as `bad` says, and one byte is stepped. */
+static void utf8_char(FILE *out, const unsigned char **p_p, const char *bad) {
+    size_t k = sp__utf8_len(*p_p);
+    if (k == 0) {
+        fputs(bad, out);
+        k = 1;
+    } else {
+        fwrite(*p_p, 1, k, out);
+    }
+    *p_p += k;
+}
+
+/* A JSON string: host names are plain, but nothing in them may break the document (RFC 8259
+ * wants UTF-8). */
 static void json_string(FILE *out, const char *str) {
     fputc('"', out);
-    for (const unsigned char *p = (const unsigned char *)(str ? str : "?"); *p; p++) {
+    for (const unsigned char *p = (const unsigned char *)(str ? str : "?"); *p;) {
         if (*p == '"' || *p == '\\')
-            fprintf(out, "\\%c", *p);
+            fprintf(out, "\\%c", *p++);
         else if (*p < 0x20)
-            fprintf(out, "\\u%04x", *p);
+            fprintf(out, "\\u%04x", *p++);
         else
-            fputc(*p, out);
+            utf8_char(out, &p, "\\ufffd");
     }
     fputc('"', out);
 }
@@ -766,13 +787,14 @@ static void prom_head(FILE *out, const char *name, const char *help, fam_type_t 
 /* One sample per rank. max_split_size's -1 ("unlimited") is +Inf. */
 /* A label value: backslash, double quote and newline escaped as the exposition format says. */
 static void prom_label_value(FILE *out, const char *v) {
-    for (const char *p = v ? v : "?"; *p; p++) {
+    for (const unsigned char *p = (const unsigned char *)(v ? v : "?"); *p;) {
         if (*p == '\\' || *p == '"')
-            fprintf(out, "\\%c", *p);
-        else if (*p == '\n')
+            fprintf(out, "\\%c", *p++);
+        else if (*p == '\n') {
             fputs("\\n", out);
-        else
-            fputc(*p, out);
+            p++;
+        } else
+            utf8_char(out, &p, "\xef\xbf\xbd"); /* the exposition format is UTF-8 */
     }
 }
 
@@ -850,6 +872,7 @@ static sp_status_t write_report(FILE *out, sp_report_format_t format, gathered_t
     if (mem == NULL)
         return sp__error(SP_ERR_SYSTEM, SP_SUB_COLL, "%s: no host memory to build the report: %s",
                          fn, strerror(errno));
+    void *old = sp__c_numeric_begin(); /* JSON's and the table's decimal point */
     switch (format) {
     case SP_REPORT_TABLE:
         write_table(mem, g);
@@ -864,6 +887,7 @@ static sp_status_t write_report(FILE *out, sp_report_format_t format, gathered_t
         write_table_all(mem, g);
         break;
     }
+    sp__c_numeric_end(old);
     bool built = !ferror(mem);
     if (fclose(mem) != 0 || !built) { /* buf and len are final only now */
         free(buf);

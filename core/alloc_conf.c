@@ -94,7 +94,7 @@ bool sp__conf_number(const char *text, size_t len, double *v_p) {
     tmp[s.len] = '\0';
     char *end;
     errno = 0;
-    double v = strtod(tmp, &end);
+    double v = sp__strtod_c(tmp, &end);
     if (end == tmp || *end != '\0' || errno != 0 || !isfinite(v))
         return false;
     *v_p = v;

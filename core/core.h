@@ -177,6 +177,21 @@ void sp__process_host_read(char *out, size_t cap);
 
 typedef enum { SP_EXPAND_OK, SP_EXPAND_NO_RANK, SP_EXPAND_TOO_LONG } sp_expand_t;
 
+/* Length of the valid UTF-8 sequence at s (1-4), or 0 when s starts an invalid one (a stray
+ * byte, an overlong form, a surrogate, a sequence a NUL cuts short: reads no byte past one). */
+size_t sp__utf8_len(const unsigned char *s);
+
+/* ---- numbers in the C locale (size_format.c) --------------------------------------------- */
+
+/* A program's setlocale (a decimal comma: de_DE, fr_FR) never reaches sympool's numbers: they
+ * are read and written in the C locale, so settings read the same everywhere and reports, JSON
+ * and messages keep a decimal point. sp__c_numeric_begin switches this thread's formatting to
+ * the C locale and returns what sp__c_numeric_end(old) restores (NULL: nothing was switched). */
+void *sp__c_numeric_begin(void);
+void sp__c_numeric_end(void *old);
+/* strtod in the C locale. */
+double sp__strtod_c(const char *s, char **end);
+
 /* ---- sizes for people (size_format.c) ---------------------------------------------------- */
 
 typedef enum {

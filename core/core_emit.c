@@ -406,10 +406,9 @@ void sp__emit_list_end(sp__emit_t *e) {
     close_container(e, 'l');
 }
 
-/* Length of the valid UTF-8 sequence at s (1-4), or 0 when s starts an invalid one. The two
- * forms a Python str needs beyond UTF-8 (see core_emit.h: 0xC0 0x80 for U+0000, a surrogate's
- * 3-byte form) are invalid here: the callers look for them first. */
-static size_t utf8_len(const unsigned char *s) {
+/* sp__utf8_len (core.h). The two forms a Python str needs beyond UTF-8 (see core_emit.h: 0xC0
+ * 0x80 for U+0000, a surrogate's 3-byte form) are invalid here: the callers look for them first. */
+size_t sp__utf8_len(const unsigned char *s) {
     unsigned c = s[0];
     if (c < 0x80)
         return 1;
@@ -489,7 +488,7 @@ static void put_str_pickle(sp__emit_t *e, const char *s) {
             i += run;
             continue;
         }
-        size_t k = utf8_len(p + i);
+        size_t k = sp__utf8_len(p + i);
         if (k == 0 && i + 1 < n && is_nul2(p + i)) {
             put1(e, 0);
             i += 2;
@@ -529,7 +528,7 @@ static void put_str_json(sp__emit_t *e, const char *s) {
             continue;
         }
         unsigned c = *p;
-        size_t k = utf8_len(p);
+        size_t k = sp__utf8_len(p);
         unsigned sur = k == 0 ? surrogate_at(p) : 0;
         if (c == '"' || c == '\\') {
             put1(e, '\\');
@@ -853,6 +852,7 @@ void sp__emit_double(sp__emit_t *e, double v) {
          * as v, and always a float's form ("0.0", not "0", which json.load reads as the int 0:
          * a snapshot's garbage_collection_threshold of 0.0 came back an int). */
         char b[40];
+        void *old = sp__c_numeric_begin(); /* a decimal point whatever the program's locale */
         if (!isfinite(v)) {
             snprintf(b, sizeof(b), "null");
         } else {
@@ -871,6 +871,7 @@ void sp__emit_double(sp__emit_t *e, double v) {
                     strcat(b, ".0");
             }
         }
+        sp__c_numeric_end(old);
         puts_(e, b);
         return;
     }

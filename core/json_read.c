@@ -391,7 +391,7 @@ static bool number(jp_t *j) {
     unsigned long long u = is_float || neg ? 0 : strtoull(buf, &end, 10);
     if (!muted(j)) { /* a skipped value is read and checked above, written nowhere */
         if (is_float)
-            sp__emit_double(j->e, strtod(buf, &end));
+            sp__emit_double(j->e, sp__strtod_c(buf, &end));
         else if (!neg && errno == 0)
             sp__emit_uint(j->e, u); /* 20 digits below 2^64 */
         else

@@ -319,7 +319,7 @@ static bool parse_double(const char *text, double *v_p) {
         return false;
     char *end;
     errno = 0;
-    double v = strtod(text, &end);
+    double v = sp__strtod_c(text, &end);
     /* "inf" is a value (each option's check decides whether it accepts it); an overflowing
      * literal such as 1e999 (ERANGE) and NaN are not. An underflowing one (1e-320: ERANGE with a
      * tiny result) is a well-formed number; its option's check judges its range. */

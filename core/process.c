@@ -37,8 +37,18 @@ void sp__process_host_read(char *out, size_t cap) {
     if (dot != NULL)
         *dot = '\0';
     size_t n = strnlen(name, cap - 1); /* cut to what the caller keeps, as world.h says */
-    memcpy(out, name, n);
-    out[n] = '\0';
+    /* ...at a character's boundary: a cut through one left a lone lead byte, which made the
+     * reports' JSON and Prometheus text invalid UTF-8 (a stray byte stays one byte). */
+    size_t keep = 0;
+    while (keep < n) {
+        size_t k = sp__utf8_len((const unsigned char *)name + keep);
+        k = k ? k : 1;
+        if (keep + k > n)
+            break;
+        keep += k;
+    }
+    memcpy(out, name, keep);
+    out[keep] = '\0';
 }
 
 static void host_init(void) {

@@ -11,13 +11,43 @@
  *                    that keeps the number below 1024 (up to EiB).
  * Sizes are doubles so that means and sizes near 2^64 format without overflow.
  */
+#include <locale.h>
 #include <math.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "core/core.h"
 #include "sympool/experimental.h"
+
+/* The C locale, made once (newlocale) and kept for the process. */
+static locale_t g_c_locale;
+static pthread_once_t g_c_once = PTHREAD_ONCE_INIT;
+
+static void make_c_locale(void) {
+    g_c_locale = newlocale(LC_ALL_MASK, "C", (locale_t)0);
+}
+
+static locale_t c_locale(void) {
+    (void)pthread_once(&g_c_once, make_c_locale);
+    return g_c_locale;
+}
+
+void *sp__c_numeric_begin(void) {
+    locale_t c = c_locale();
+    return c ? (void *)uselocale(c) : NULL; /* uselocale: the thread's locale before */
+}
+
+void sp__c_numeric_end(void *old) {
+    if (old)
+        (void)uselocale((locale_t)old);
+}
+
+double sp__strtod_c(const char *s, char **end) {
+    locale_t c = c_locale();
+    return c ? strtod_l(s, end, c) : strtod(s, end);
+}
 
 static const char *const k_units[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"};
 
@@ -58,6 +88,7 @@ static void human(double v, char *buf, size_t cap) {
 const char *sp__size_format(double bytes, sp_size_style_t style, char *buf, size_t cap) {
     if (!buf || cap == 0)
         return "";
+    void *old = sp__c_numeric_begin();
     switch (style) {
     case SP_SIZE_PYTORCH:
         pytorch(bytes, buf, cap);
@@ -69,6 +100,7 @@ const char *sp__size_format(double bytes, sp_size_style_t style, char *buf, size
         human(bytes, buf, cap);
         break;
     }
+    sp__c_numeric_end(old);
     return buf;
 }
 
@@ -76,13 +108,7 @@ SP_EXPORT const char *sp_x_size_format(double bytes, char *buf, size_t cap) {
     return sp__size_format(bytes, SP_SIZE_HUMAN, buf, cap);
 }
 
-const char *sp__double_format(double v, char *buf, size_t cap) {
-    if (cap == 0)
-        return buf;
-    if (!isfinite(v)) {
-        snprintf(buf, cap, "%g", v);
-        return buf;
-    }
+static void shortest(double v, char *buf, size_t cap) {
     char e[40];
     int digits = 1; /* significant digits; 17 always read back */
     for (; digits < 17; digits++) {
@@ -97,5 +123,16 @@ const char *sp__double_format(double v, char *buf, size_t cap) {
     if (exp10 >= digits && exp10 < 17)
         digits = exp10 + 1;
     snprintf(buf, cap, "%.*g", digits, v);
+}
+
+const char *sp__double_format(double v, char *buf, size_t cap) {
+    if (cap == 0)
+        return buf;
+    void *old = sp__c_numeric_begin();
+    if (!isfinite(v))
+        snprintf(buf, cap, "%g", v);
+    else
+        shortest(v, buf, cap);
+    sp__c_numeric_end(old);
     return buf;
 }

@@ -352,10 +352,12 @@ static inline bool should_split(const sp_bpool_t *bp, const sp_block_t *b, size_
         return false;
     size_t remaining = b->size - size;
     /* With expandable segments PyTorch splits large blocks down to 512 bytes too: the rest of
-     * a page can always be unmapped, so slack is not kept in the block. PyTorch's should_split
-     * asks the option (CUDAAllocatorConfig::expandable_segments()), not the block's segment, so
-     * the rule holds in the pools that keep fixed segments too (a pluggable allocator's). */
-    if (bp->is_small || sp__g.exp_on)
+     * a page can always be unmapped, so slack is not kept in the block. Its should_split asks
+     * the request's is_expandable_segments_active (malloc: the option and no pool with an
+     * allocator of its own; try_mempool_fallback: false), so a pool that keeps fixed segments
+     * (a pluggable allocator's, a symmetric one) splits by the fixed rule, as does a block lent
+     * on OOM (mempool_fallback lends only such blocks). */
+    if (bp->is_small || sp__exp_pool(bp->pool))
         return remaining >= SP_MIN_BLOCK_SIZE;
     return size < sp__g.conf.max_split_size && remaining > SP_SMALL_SIZE;
 }
@@ -1001,7 +1003,9 @@ void sp__alloc_free_held(sp_devalloc_t *d, sp_block_t *b) {
  * would make the ranks' caches diverge. */
 static sp_block_t *mempool_fallback(sp_devalloc_t *d, size_t size, sp_stream_t stream) {
     for (sp_mempool_t *p = d->pools; p; p = p->next) {
-        if (!p->use_on_oom || p->destroyed || p->symmetric)
+        /* PyTorch's try_mempool_fallback searches with expandable segments inactive, and its
+         * get_free_block then passes over expandable blocks: a pool made of them lends none. */
+        if (!p->use_on_oom || p->destroyed || p->symmetric || sp__exp_pool(p))
             continue;
         sp_bpool_t *bp = size <= p->small_max ? &p->small : &p->large;
         sp_block_t *b = sp__alloc_get_free_block(d, bp, size, stream);
@@ -1016,25 +1020,58 @@ static sp_block_t *mempool_fallback(sp_devalloc_t *d, size_t size, sp_stream_t s
     return NULL;
 }
 
+/* Whether the pool's limit refuses this growth whatever the pool releases: the bytes it must
+ * reserve for the block alone are past the limit (a fixed segment of alloc_size; the pages under
+ * an expandable block of size, at least that size in whole pages). CuPy's _try_block_total_bytes
+ * raises at once when the size alone is past the limit, before free_all_blocks. */
+static bool past_limit_alone(const sp_mempool_t *pool, const sp_bpool_t *bp, size_t size,
+                             size_t alloc_size) {
+    if (!pool->limit)
+        return false;
+    if (!sp__exp_pool(bp->pool))
+        return alloc_size > pool->limit;
+    size_t page = sp__exp_page(bp);
+    return size / page + (size % page != 0) > pool->limit / page;
+}
+
+/* The bytes of the free blocks of every MemPool of the device (not the default pool): PyTorch's
+ * allocated_in_private_pools, which its OOM text counts as allocated (the sum over graph_pools
+ * of their free sets, blocks waiting for events and unmapped address space not included). */
+static size_t private_pools_free_bytes(const sp_devalloc_t *d) {
+    size_t n = 0;
+    for (const sp_mempool_t *p = d->pools; p; p = p->next)
+        for (const sp_segment_t *seg = p->seg_head; seg; seg = seg->pnext)
+            for (const sp_block_t *b = seg->head; b; b = sp__block_next(b))
+                n += b->in_set ? b->size : 0;
+    return n;
+}
+
 /* alloc_size: what the device was asked for, which PyTorch's text names ("Tried to allocate
  * 20.00 MiB" for a 3 MiB request: its malloc reports get_allocation_size of the rounded size). */
-static sp_status_t report_oom(sp_devalloc_t *d, sp_mempool_t *pool, size_t alloc_size, size_t size,
-                              sp_stream_t stream, bool limit_hit, bool fraction_hit,
-                              uint32_t context) {
+static sp_status_t report_oom(sp_devalloc_t *d, sp_mempool_t *pool, const sp_bpool_t *bp,
+                              size_t alloc_size, size_t size, sp_stream_t stream, bool limit_hit,
+                              bool fraction_hit, uint32_t context) {
     size_t dfree = 0, dtotal = d->total_mem;
     (void)sp__g.ops->mem_get_info(d->device, &dfree, &dtotal);
     d->stats.num_ooms++;
     if (SP_UNLIKELY(sp__history_on()))
         sp__history_record(d->device, SP_TRACE_OOM, (uintptr_t)dfree, size, (uintptr_t)stream,
                            pool->id, context);
-    char req[32], tot[32], fre[32], alc[32], unal[32], lim[32], res[32], cap[32];
+    char req[32], tot[32], fre[32], alc[32], unal[32], lim[32], res[32], cap[32], priv[32];
     int64_t allocated = sp__stat_all_current(&d->stats, SP_ST_ALLOCATED_BYTES);
     int64_t reserved = sp__stat_all_current(&d->stats, SP_ST_RESERVED_BYTES);
+    int64_t in_private = (int64_t)private_pools_free_bytes(d);
     sp__fmt_size(alloc_size, req, sizeof(req));
     sp__fmt_size(dtotal, tot, sizeof(tot));
     sp__fmt_size(dfree, fre, sizeof(fre));
-    sp__fmt_size((size_t)allocated, alc, sizeof(alc));
-    sp__fmt_size((size_t)(reserved - allocated), unal, sizeof(unal));
+    sp__fmt_size((size_t)(allocated + in_private), alc, sizeof(alc));
+    sp__fmt_size((size_t)(reserved - allocated - in_private), unal, sizeof(unal));
+    sp__fmt_size((size_t)in_private, priv, sizeof(priv));
+    /* PyTorch's private_pool_msg, said only when some private pool holds free blocks. */
+    char private_msg[96] = "";
+    if (in_private > 0)
+        snprintf(private_msg, sizeof(private_msg),
+                 "with %s allocated in private pools (e.g., CUDA Graphs), ", priv);
     sp__fmt_size(pool->limit, lim, sizeof(lim));
     sp__fmt_size(pool->reserved, res, sizeof(res));
     sp__fmt_size(d->allowed_max == SIZE_MAX ? 0 : d->allowed_max, cap, sizeof(cap));
@@ -1043,7 +1080,12 @@ static sp_status_t report_oom(sp_devalloc_t *d, sp_mempool_t *pool, size_t alloc
     if (d->allowed_max != SIZE_MAX)
         snprintf(allowed, sizeof(allowed), "%s allowed; ", cap);
     char extra[256] = "";
-    if (limit_hit)
+    if (limit_hit && past_limit_alone(pool, bp, size, alloc_size))
+        snprintf(extra, sizeof(extra),
+                 "; pool \"%s\" {%" PRIu64 ",%" PRIu64 "} has a limit of %s, which this request "
+                 "alone is past (%s reserved); raise it with sp_mempool_set_limit",
+                 pool->name ? pool->name : "", pool->id.first, pool->id.second, lim, res);
+    else if (limit_hit)
         snprintf(extra, sizeof(extra),
                  "; pool \"%s\" {%" PRIu64 ",%" PRIu64 "} is at its limit "
                  "of %s (%s reserved); raise it with sp_mempool_set_limit",
@@ -1064,10 +1106,10 @@ static sp_status_t report_oom(sp_devalloc_t *d, sp_mempool_t *pool, size_t alloc
     return sp__error(SP_ERR_OUT_OF_MEMORY, SP_SUB_POOL,
                      "out of memory on device %d. Tried to allocate %s. GPU %d has a total "
                      "capacity of %s of which %s is free. %sOf the allocated memory %s is "
-                     "allocated by sympool, and %s is reserved by sympool but unallocated%s. "
+                     "allocated by sympool, %sand %s is reserved by sympool but unallocated%s. "
                      "If reserved but unallocated memory is large, try SYMPOOL_ALLOC_CONF=%s to "
                      "reduce fragmentation",
-                     d->device, req, d->device, tot, fre, allowed, alc, unal, extra,
+                     d->device, req, d->device, tot, fre, allowed, alc, private_msg, unal, extra,
                      sp__g.exp_on ? "max_split_size_mb:N" : "expandable_segments:True");
 }
 
@@ -1182,7 +1224,8 @@ alloc_locked(sp_devalloc_t *d, sp_mempool_t *pool, size_t orig, sp_stream_t stre
          * unless captures_underway is empty (c10/cuda/CUDACachingAllocator.cpp, malloc):
          * waiting and freeing would break the capture, and the graph may use the memory. */
         bool capturing = !b && s == SP_ERR_OUT_OF_MEMORY && sp__alloc_capture_underway(d);
-        if (!b && s == SP_ERR_OUT_OF_MEMORY && why == SP_GROW_POOL_LIMIT && !capturing) {
+        if (!b && s == SP_ERR_OUT_OF_MEMORY && why == SP_GROW_POOL_LIMIT && !capturing &&
+            !past_limit_alone(pool, bp, size, alloc_size)) {
             /* The pool's own limit, not the device, refused: CuPy's rule is to free the pool's
              * own cached blocks (every stream) and retry once. Other pools' caches cannot help
              * a limit, so they are left alone; the retry counts as PyTorch's does. */
@@ -1196,9 +1239,10 @@ alloc_locked(sp_devalloc_t *d, sp_mempool_t *pool, size_t orig, sp_stream_t stre
             s = grow_step(d, bp, size, alloc_size, stream, ctx, &b, &why, &refused);
         }
         if (!b) {
+            /* The limit is named only when it refused the last step: a limit met first, whose
+             * release made room the device then refused, is not what raising it would fix. */
             if (s == SP_ERR_OUT_OF_MEMORY)
-                s = report_oom(d, pool, alloc_size, size, stream,
-                               refused & (1u << SP_GROW_POOL_LIMIT),
+                s = report_oom(d, pool, bp, alloc_size, size, stream, why == SP_GROW_POOL_LIMIT,
                                refused & (1u << SP_GROW_FRACTION), ctx);
             sp__unlock(&d->lock);
             if (ctx)

@@ -841,6 +841,20 @@ static bool parse_skip(const char *text, uint32_t *mask_p, char *why, size_t why
     return true;
 }
 
+/* PyTorch's recordHistory(clear_history=True) empties its trace ring (alloc_buffer.clear()) and
+ * its annotations while recording goes on: an OFF and ON in its place stopped recording for a
+ * moment, and another thread's allocations in it kept no stack and no trace entry. */
+SP_EXPORT sp_status_t sp_x_history_clear(void) {
+    SP_GATE("sp_x_history_clear");
+    sp__fork_register(); /* before g.lock: see pool/fork.h */
+    pthread_mutex_lock(&g.lock);
+    for (int d = 0; d < g.nrings; d++)
+        ring_clear_locked(&g.rings[d]);
+    annots_clear_locked();
+    pthread_mutex_unlock(&g.lock);
+    return SP_SUCCESS;
+}
+
 SP_EXPORT sp_status_t sp_record_memory_history(const sp_history_params_t *params) {
     SP_GATE("sp_record_memory_history");
     sp__fork_register(); /* before g.lock: see pool/fork.h */

@@ -212,6 +212,15 @@ sp_status_t sp__mempool_check(const sp_mempool_t *pool, const char *what) {
     return SP_SUCCESS;
 }
 
+SP_EXPORT int sp_x_mempool_released(const sp_mempool_t *pool) {
+    if (!pool || !sp__handles_known(pool))
+        return -1;
+    /* gen_of's sequentially consistent load: a 0 read here follows sp__mempool_drop's store,
+     * made under the device lock after the pool's last segment was handed back. */
+    uint64_t gen = gen_of(pool);
+    return gen == 0 ? 1 : gen == sp__handles_generation() ? 0 : -1;
+}
+
 /* For the queries without a status: NULL is a quiet "no", a bad handle says why. */
 static bool query_ok(const sp_mempool_t *pool, const char *what) {
     return pool && sp__mempool_check(pool, what) == SP_SUCCESS;

@@ -191,7 +191,9 @@ sp_status_t sp__pool_lookup(const void *ptr, sp_block_info_t *info_p) {
         sp_block_t *b = sp__ptr_map_find(&d->map, a);
         if (!b)
             b = sp__segidx_block(d, a);
-        if (b && b->allocated) {
+        /* A block idle in a thread cache is still marked allocated, but its caller freed it:
+         * not live (a collective wrote into one, which the next sp_malloc handed out). */
+        if (b && b->allocated && !(sp__g.tc_limit && sp__tc_idle_block(b))) {
             sp_segment_t *seg = sp__bseg(b);
             info_p->device = i;
             info_p->block_base = (void *)b->addr;

@@ -31,6 +31,10 @@ command -v jq >/dev/null || need+=(jq)
 # and unshare(1); without them they skip, so install them rather than test less.
 command -v ip >/dev/null || need+=(iproute2)
 command -v unshare >/dev/null || need+=(util-linux)
+# The locale tests (numbers under a program's decimal-comma locale) compile de_DE with localedef
+# from the locales package's sources; without them they skip, so install them rather than test less.
+{ command -v localedef >/dev/null && [ -f /usr/share/i18n/locales/de_DE ] &&
+  compgen -G '/usr/share/i18n/charmaps/UTF-8*' >/dev/null; } || need+=(locales)
 # `man sympool` is generated from the command's --help at build time (200 KB, perl).
 command -v help2man >/dev/null || need+=(help2man)
 # The fuzz stage (tests/fuzz/run.sh) needs clang and its libFuzzer runtime, the sanitized builds

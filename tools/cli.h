@@ -180,6 +180,12 @@ void replay_set_user_conf(bool given);
  * (sp_x_option_set), as a recording made with them re-enacts them; false (the last error says
  * why) when the library refuses. */
 bool replay_pytorch_rules(void);
+/* Without --capacity and SYMPOOL_HOST_CAPACITY, the emulated device holds twice what the recorded
+ * run reserved at its peak on its largest device, when that is more than the option's default
+ * (80 GiB): an H200's or B200's trace replayed on 80 GiB ran out of memory at once, and its peaks
+ * came out as nothing. At most 64 TiB. After the trace is loaded, before init. false with
+ * sp_last_error() when the option cannot be set. */
+bool replay_fit_capacity(const tr_trace_t *t);
 
 #ifdef __cplusplus
 }

@@ -203,6 +203,7 @@ typedef struct series {
     double rmax[COLS];       /* reserved, the same */
     double apeak, rpeak;     /* the peaks */
     size_t apeak_i, rpeak_i; /* the events where they were reached */
+    bool apeak_at_start;     /* the requested peak is the state before the first event */
 } series_t;
 
 /* Where event i lies on the x axis, 0..1. With times, all series share one time scale (gspan,
@@ -222,6 +223,7 @@ static void curves(series_t *s, double gspan, bool time_axis) {
     double alloc = (double)d->seeded_bytes, resv = (double)d->start_reserved;
     s->apeak = alloc;
     s->rpeak = resv;
+    s->apeak_at_start = true;
     for (size_t i = 0; i < d->nev; i++) {
         const tr_event_t *e = &d->ev[i];
         /* requested bytes as info, summary and replay count them (a held free until its
@@ -238,6 +240,7 @@ static void curves(series_t *s, double gspan, bool time_axis) {
         if (alloc > s->apeak) {
             s->apeak = alloc;
             s->apeak_i = i;
+            s->apeak_at_start = false;
         }
         if (resv > s->rpeak) {
             s->rpeak = resv;
@@ -457,7 +460,9 @@ static live_block_t *live_at_peak(const series_t *s, size_t *m_p, size_t *nseed_
     size_t m = 0, nseed = 0;
     uint64_t seed_bytes = 0;
     for (size_t i = 0; i < nlive; i++) {
-        if (live[i].died <= s->apeak_i)
+        /* At a peak before the first event only the blocks live then were (apeak_i is 0 there,
+         * which read as "after event 0": a block that event freed was left out of the peak). */
+        if (s->apeak_at_start ? live[i].born != SIZE_MAX : live[i].died <= s->apeak_i)
             continue;
         if (live[i].born == SIZE_MAX) {
             nseed++;
@@ -544,7 +549,7 @@ static int render_single(FILE *f, series_t *s) {
     fprintf(f,
             "<text x=\"%d\" y=\"52\" fill=\"#444\">%zu events, %zu segments at the end; "
             "peak requested %s, peak reserved %s</text>\n",
-            PX0, nev, s->t.nsegments, a, r);
+            PX0, nev, s->d->final_segments, a, r);
     if (partial_trace(s))
         fprintf(f,
                 "<text x=\"%d\" y=\"66\" font-size=\"12\" fill=\"#b00\">a partial trace: requested "

@@ -181,14 +181,17 @@ static char *c_text(const pk_value_t *v) {
  * read as 0; it is the negative int it was (the snapshot writer writes a negative line back in
  * that form). pk_get_int first, its result taken as before (the replay loop with --snapshot
  * reads a line for every frame it records); the second lookup only for a line no int64 holds. */
+/* A frame's line as sp_history_frame_t holds it (an int; a negative one is written back in
+ * PyTorch's unsigned form). A line no int holds is PyTorch's "could not tell" (2^64-1): cast, 2^31
+ * came back as 2^64-2^31 and 2^32 as 0. */
 static int frame_line(const pk_value_t *f) {
     int64_t i = 0;
     uint64_t u = 0;
     if (pk_get_int(f, "line", &i))
-        return (int)i;
+        return i >= INT_MIN && i <= INT_MAX ? (int)i : -1;
     if (pk_get_uint(f, "line", &u) && u >= (uint64_t)(int64_t)INT_MIN)
         return (int)(int64_t)u;
-    return 0;
+    return u > INT_MAX ? -1 : 0;
 }
 
 static size_t frames_hook(sp_history_frame_t *out, size_t max, void *arg) {
@@ -2071,6 +2074,25 @@ static bool reenacts_pytorch_rules(const tr_trace_t *t, const char *user_conf, c
 static const char *const g_our_rules[] = {"SYMPOOL_EXPANDABLE_PAGE", "SYMPOOL_EXPANDABLE_RECYCLE",
                                           "SYMPOOL_EXPANDABLE_BORROW"};
 
+bool replay_fit_capacity(const tr_trace_t *t) {
+    sp_x_option_info_t oi;
+    int k = 0;
+    while (sp_x_option_info(k, &oi) && strcmp(oi.name, "SYMPOOL_HOST_CAPACITY") != 0)
+        k++;
+    if (strcmp(oi.name, "SYMPOOL_HOST_CAPACITY") != 0 || strcmp(oi.source, "default") != 0)
+        return true; /* the user's (the environment's, or set by name) */
+    uint64_t most = 0;
+    for (int d = 0; d < t->ndev; d++) /* reserved: a trace that requests more is inconsistent */
+        most = t->dev[d].peak_reserved > most ? t->dev[d].peak_reserved : most;
+    const uint64_t gib = (uint64_t)1 << 30, cap = (uint64_t)64 << 40;
+    uint64_t need = most > cap / 2 ? cap : (2 * most + gib - 1) / gib * gib;
+    if (need <= (uint64_t)oi.value_int)
+        return true;
+    char v[32];
+    snprintf(v, sizeof v, "%llu", (unsigned long long)need);
+    return sp_x_option_set("SYMPOOL_HOST_CAPACITY", v) == SP_SUCCESS;
+}
+
 bool replay_pytorch_rules(void) {
     for (size_t k = 0; k < sizeof(g_our_rules) / sizeof(g_our_rules[0]); k++)
         if (sp_x_option_set(g_our_rules[k], "0") != SP_SUCCESS)
@@ -2212,18 +2234,30 @@ static void print_answer(const char *const *confs, const char *empty, const repl
             order[k] = order[k - 1];
             order[k - 1] = tmp;
         }
+    /* Without --capacity a configuration can still run out of memory (SYMPOOL_HOST_CAPACITY in
+     * the environment or as an item): its peak is then no need, and it is named by its OOMs. */
+    bool any_oom = false;
     for (int i = 0; i < n; i++)
-        fits += capacity == NULL || rs[i].ooms == 0;
+        any_oom |= rs[i].ooms > 0;
+    bool limited = capacity != NULL || any_oom;
+    for (int i = 0; i < n; i++)
+        fits += !limited || rs[i].ooms == 0;
     if (capacity && fits == 0)
         printf("  does not fit in %s with any of the %d configurations:", capacity, n);
     else if (capacity)
         printf("  fits in %s with %d of %d configurations:", capacity, fits, n);
+    else if (fits == 0)
+        printf("  runs out of memory with each of the %d configurations (a capacity in force):", n);
+    else if (any_oom)
+        printf("  runs without OOM with %d of %d configurations (a capacity in force), least peak "
+               "reserved first:",
+               fits, n);
     else
         printf("  peak reserved (the memory the job needs), least first:");
     for (int j = 0; j < n; j++) {
         int i = order[j];
         const char *name = confs[i][0] ? confs[i] : empty;
-        if (capacity && rs[i].ooms > 0)
+        if (limited && rs[i].ooms > 0)
             printf("%s '%s' (%zu OOMs)",
                    j == 0      ? ""
                    : j == fits ? "; not with"
@@ -2391,7 +2425,9 @@ static int usage(FILE *out, int rc) {
         "  Replay a PyTorch memory snapshot's trace (.pickle or .json) through sympool on the\n"
         "  emulated host device and compare the peaks with what PyTorch reserved.\n"
         "  -c, --conf=KEY:VALUE,...   allocator options (PYTORCH_CUDA_ALLOC_CONF syntax)\n"
-        "      --capacity=SIZE        emulated device size (e.g. 80GiB); OOMs are counted\n"
+        "      --capacity=SIZE        emulated device size (e.g. 80GiB); OOMs are counted;\n"
+        "                             without it SYMPOOL_HOST_CAPACITY, else 80 GiB or twice\n"
+        "                             the recorded peak of the largest device if more\n"
         "  -s, --snapshot=OUT         write our snapshot of the replay (OUT.pickle or "
         "OUT.json;\n"
         "                             %%h, %%p, %%r in OUT: host, pid, rank, 0 outside a "
@@ -2610,7 +2646,8 @@ int sp_cli_replay(int argc, char **argv) {
     bool set = sp_x_option_set("SYMPOOL_DEVICE", "host") == SP_SUCCESS &&
                (t.ndev <= 1 || sp_x_option_set("SYMPOOL_HOST_DEVICES", ndev) == SP_SUCCESS) &&
                (getenv("SYMPOOL_HOST_ARENA") != NULL ||
-                sp_x_option_set("SYMPOOL_HOST_ARENA", "1") == SP_SUCCESS);
+                sp_x_option_set("SYMPOOL_HOST_ARENA", "1") == SP_SUCCESS) &&
+               (a.capacity != NULL || replay_fit_capacity(&t));
     quiet_options_end();
     if (!set) {
         fprintf(stderr, "sympool replay: %s\n", sp_last_error());

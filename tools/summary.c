@@ -133,13 +133,34 @@ static bool read_segments(const pk_value_t *segments, int dev, dev_figs_t *d, ch
 /* The change trace event i makes to a metric of one pool; 0 when none. Requested bytes go down
  * where the free completes (tr_requested_delta), allocations at the free request, as PyTorch
  * counts them (a free held for other streams' work went down at its request). */
-static int64_t delta(const tr_device_t *td, size_t i, int m, int p) {
+/* The pool of each event (1 large, 2 small) into pool_of[]: by size (a request up to 1 MiB, a
+ * segment or map of 2 MiB is the small pool's), except an unmap, which PyTorch makes of a whole
+ * free block of an expandable segment: any number of its pages. One that starts at a page an
+ * earlier 2 MiB map of the trace made is the small pool's (by size, an unmap of 4 MiB there
+ * counted in the large pool). false when out of memory. */
+static bool event_pools(const tr_device_t *td, uint8_t *pool_of) {
+    tr_map_t small_pages = {0};
+    bool ok = true;
+    for (size_t i = 0; i < td->nev && ok; i++) {
+        const tr_event_t *e = &td->ev[i];
+        bool alloc_ev = e->action == TR_ALLOC || e->action == TR_FREE_REQUESTED ||
+                        e->action == TR_FREE_COMPLETED;
+        bool small = alloc_ev ? e->size <= SMALL_SIZE : e->size == SMALL_SEGMENT;
+        if (e->action == TR_SEGMENT_MAP && small)
+            ok = tr_map_put(&small_pages, e->addr, 1);
+        else if (e->action == TR_SEGMENT_UNMAP && tr_map_get(&small_pages, e->addr, NULL))
+            small = true;
+        pool_of[i] = small ? 2 : 1;
+    }
+    tr_map_free(&small_pages);
+    return ok;
+}
+
+static int64_t delta(const tr_device_t *td, const uint8_t *pool_of, size_t i, int m, int p) {
     const tr_event_t *e = &td->ev[i];
-    bool alloc_ev =
-        e->action == TR_ALLOC || e->action == TR_FREE_REQUESTED || e->action == TR_FREE_COMPLETED;
     bool seg_ev = e->action == TR_SEGMENT_ALLOC || e->action == TR_SEGMENT_FREE ||
                   e->action == TR_SEGMENT_MAP || e->action == TR_SEGMENT_UNMAP;
-    int ep = alloc_ev ? (e->size <= SMALL_SIZE ? 2 : 1) : (e->size == SMALL_SEGMENT ? 2 : 1);
+    int ep = pool_of[i];
     if (p != 0 && p != ep)
         return 0;
     int sign =
@@ -178,13 +199,18 @@ static int64_t seeded_start(const tr_device_t *td, int m, int p) {
     return v;
 }
 
-static void walk_trace(const tr_device_t *td, dev_figs_t *d) {
+static bool walk_trace(const tr_device_t *td, dev_figs_t *d) {
+    uint8_t *pool_of = malloc(td->nev ? td->nev : 1);
+    if (pool_of == NULL || !event_pools(td, pool_of)) {
+        free(pool_of);
+        return false;
+    }
     d->ooms = (int64_t)td->recorded_ooms;
     for (int m = 0; m < M_TRACED; m++)
         for (int p = 0; p < 3; p++) {
             fig_t *f = &d->f[m][p];
             for (size_t i = 0; i < td->nev; i++) {
-                int64_t v = delta(td, i, m, p);
+                int64_t v = delta(td, pool_of, i, m, p);
                 if (v > 0)
                     f->up += v;
                 else
@@ -200,12 +226,14 @@ static void walk_trace(const tr_device_t *td, dev_figs_t *d) {
             f->peak = f->cur;
             int64_t start = f->cur;
             for (size_t i = 0; i < td->nev; i++) {
-                f->cur += delta(td, i, m, p);
+                f->cur += delta(td, pool_of, i, m, p);
                 if (f->cur > f->peak)
                     f->peak = f->cur;
             }
             f->up += start; /* what was live at the start was allocated before it */
         }
+    free(pool_of);
+    return true;
 }
 
 /* The allocated peak: a trace records requested sizes only, and the block a request got (rounded,
@@ -218,6 +246,27 @@ static void quiet(int level, const char *line, void *arg) {
     (void)level, (void)line, (void)arg;
 }
 
+/* The allocator's own variables set in the environment (SYMPOOL_ROUNDUP_POWER2_DIVISIONS,
+ * SYMPOOL_THREAD_CACHE, SYMPOOL_HOST_CAPACITY, ...) back to their defaults for the summary's
+ * replay: its peaks are the recorded run's, under the snapshot's settings alone, as the
+ * environment's SYMPOOL_ALLOC_CONF is left out (a 5 MiB block peaked at 6 MiB under
+ * SYMPOOL_ROUNDUP_POWER2_DIVISIONS=2, and a capacity or a thread cache made the peak "-"). */
+static bool reset_allocator_options(void) {
+    static const char *const keep[] = {
+        "SYMPOOL_DEVICE", "SYMPOOL_DEBUG",      "SYMPOOL_DEBUG_SUBSYS", "SYMPOOL_DEBUG_FILE",
+        "SYMPOOL_INFO",   "SYMPOOL_ALLOC_CONF", "SYMPOOL_HOST_DEVICES", "SYMPOOL_HOST_ARENA"};
+    sp_x_option_info_t oi;
+    for (int k = 0; sp_x_option_info(k, &oi); k++) {
+        bool kept = strcmp(oi.source, "env") != 0 || strncmp(oi.name, "SYMPOOL_SYM_", 12) == 0 ||
+                    strncmp(oi.name, "SYMPOOL_REPORT", 14) == 0;
+        for (size_t i = 0; !kept && i < sizeof keep / sizeof keep[0]; i++)
+            kept = strcmp(oi.name, keep[i]) == 0;
+        if (!kept && sp_x_option_set(oi.name, NULL) != SP_SUCCESS)
+            return false;
+    }
+    return true;
+}
+
 static bool replay_peaks(const tr_trace_t *t, int64_t (*peak)[3]) {
     char ndev[16], err[512];
     snprintf(ndev, sizeof ndev, "%d", t->ndev > 1 ? t->ndev : 1);
@@ -226,6 +275,7 @@ static bool replay_peaks(const tr_trace_t *t, int64_t (*peak)[3]) {
         sp_x_option_set("SYMPOOL_HOST_ARENA", "1") != SP_SUCCESS ||
         sp_x_option_set("SYMPOOL_ALLOC_CONF", t->settings.recorded ? t->settings.conf : "") !=
             SP_SUCCESS ||
+        !reset_allocator_options() || !replay_fit_capacity(t) ||
         !tr_settings_set_split(&t->settings))
         return false;
     /* A recording made with expandable segments was made under PyTorch's rules (replay re-enacts
@@ -364,7 +414,11 @@ int sp_cli_summary(int argc, char **argv) {
             rc = 1;
             break;
         }
-        walk_trace(&t.dev[dev], &d);
+        if (!walk_trace(&t.dev[dev], &d)) {
+            fprintf(stderr, "sympool summary: %s: out of memory\n", path);
+            rc = 1;
+            break;
+        }
         for (int p = 0; p < 3; p++)
             d.allocated_peak[p] = t.dev[dev].nev == 0 ? d.allocated[p]
                                   : replayed          ? peaks[dev][p]

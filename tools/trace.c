@@ -1907,6 +1907,7 @@ static bool analyse(const pk_value_t *segments, const recs_t *recs, const tr_set
                 addr, (uint64_t)total, ustream, (uint16_t)pool, is_small, 0, 0, sframes};
         }
         d->final_reserved += (uint64_t)total;
+        d->final_segments++;
         /* Block addresses are the segment's plus the sizes before them (MemoryViz does the
          * same; a missing "address" is therefore fine). */
         uint64_t baddr = (uint64_t)addr;

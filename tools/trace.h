@@ -148,6 +148,7 @@ typedef struct tr_device {
     size_t nloose;            /* seeds outside the start segments */
     uint64_t loose_bytes;     /* their sizes */
     uint64_t final_reserved;  /* sum of the final segments' total_size */
+    size_t final_segments;    /* the final segments (the snapshot's segments of this device) */
     uint64_t final_allocated; /* sum of the final active_allocated blocks' sizes */
     uint64_t start_reserved;  /* reserved before the first event (walking back from the end) */
     uint64_t peak_reserved;   /* PyTorch's peak reserved over the trace */

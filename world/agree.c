@@ -14,13 +14,18 @@
  * Deadline (SYMPOOL_SYM_TIMEOUT): a rank polls its request until CLOCK_REALTIME passes its own
  * deadline, then abandons it (MPI cannot cancel a collective): the request and its buffer go to
  * the graveyard, are never freed while pending, and the communicator they are on must never be
- * freed (sp__agree_pending). A round that completes after the earliest contributor's deadline
- * is a timeout on the rank that sees it too: that is how a rank that arrives late (after its
- * peers gave up) learns it, instead of going on alone into a data transfer nobody else joins.
- * Every rank applies the same rule to the same reduced deadline, so they agree except when the
- * round completes within MPI's progress latency of that deadline. Real time, not monotonic
- * time: the deadline is compared across ranks (same clock on one node; NTP-close across nodes,
- * far below any useful deadline).
+ * freed (sp__agree_pending). A round that a rank entered too late is a timeout on the ranks that
+ * see it complete too: that is how a rank that arrives late (after its peers gave up) learns it,
+ * instead of going on alone into a data transfer nobody else joins. The late rule is decided
+ * from the round's data alone, the same on every rank: each record carries its rank's entry
+ * time, and the round is late when the latest entry comes within a margin of the earliest
+ * deadline (a tenth of the shortest timeout, at most LATE_MARGIN_NS). A rank gives up
+ * only at its own deadline, and a round whose last record was sent a margin before it reaches
+ * every rank first unless MPI or the scheduler stalls it for longer. (Deciding by each rank's own
+ * clock when it saw the round complete split the ranks: one at its deadline timed out while a
+ * peer that saw the round complete a moment earlier went on into MPI_Allreduce, and hung.) Real
+ * time, not monotonic time: times are compared across ranks (same clock on one node; NTP-close
+ * across nodes, far below any useful deadline).
  * The same deadline and graveyard bound the steps that are not rounds: the free-segment bitmap's
  * MPI_BAND (sp__agree_band_buf), the communicator duplicates (sp__agree_dup) and the nccl
  * registrar's gather of the node's GPU table (sp__agree_gather_buf). They carry no deadlines, so
@@ -97,6 +102,8 @@ enum {
     S_NOT_BAD_RANK,                    /* ~rank when they failed, else INT64_MIN */
     S_NOT_DEADLINE,                    /* ~deadline in ns (INT64_MAX when none) */
     S_NOT_LATE_KEY,                    /* ~(deadline ms << 21 | rank), INT64_MIN for none */
+    S_POST,                            /* entry time in ns: the max is the latest */
+    S_NOT_SPAN,                        /* ~(deadline - entry), ~INT64_MAX when none */
     S_COUNT
 };
 #define S_RANK_BITS 21
@@ -112,6 +119,7 @@ enum {
     R_CMP = R_F + SP_AGREE_NF, /* words R_OP..R_CMP-1 get a min and a max over the ranks */
     R_OK = R_CMP,              /* 1 when this rank's checks passed */
     R_DEADLINE,                /* deadline in ns (INT64_MAX when none) */
+    R_POST,                    /* entry time in ns */
     R_COUNT                    /* the payload follows, in whole words */
 };
 
@@ -220,35 +228,18 @@ static int64_t realtime_ns(void) {
     return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
 }
 
-/* CLOCK_REALTIME_COARSE is the real time of the last tick: never ahead of CLOCK_REALTIME and
- * behind it by at most a tick, for a fraction of the cost. s_coarse_slack_ns is two ticks
- * (0: no coarse clock here), so coarse + slack is a safe upper bound of the real time. */
-static int64_t s_coarse_slack_ns; /* set once (s_coarse_once) */
-static pthread_once_t s_coarse_once = PTHREAD_ONCE_INIT;
-
-static void init_coarse(void) {
-    struct timespec res, ts;
-    if (clock_getres(CLOCK_REALTIME_COARSE, &res) == 0 &&
-        clock_gettime(CLOCK_REALTIME_COARSE, &ts) == 0 && res.tv_sec == 0)
-        s_coarse_slack_ns = 2 * (int64_t)res.tv_nsec;
-}
-
-/* Is the real time surely before t? Decided by the coarse clock when t is more than two ticks
- * away (every round that completes well before its deadline), by the precise one otherwise. */
-static bool surely_before(int64_t t) {
-    pthread_once(&s_coarse_once, init_coarse);
-    if (s_coarse_slack_ns > 0) {
-        struct timespec ts;
-        clock_gettime(CLOCK_REALTIME_COARSE, &ts);
-        if ((int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec + s_coarse_slack_ns < t)
-            return true;
-    }
-    return realtime_ns() <= t;
-}
-
 double sp__agree_timeout_s(void) {
     double t = sp__option_double(SP_OPT_SYM_TIMEOUT);
     return t > 0.0 && t <= 31536000.0 ? t : 0.0; /* the option's check bounds it; 0 = none */
+}
+
+/* How close to the earliest deadline the latest entry may come (the late rule, top of the
+ * file): a tenth of the shortest timeout, and at most this. */
+#define LATE_MARGIN_NS ((int64_t)250 * 1000000)
+
+/* A round's time span from entry to deadline, INT64_MAX for none. */
+static int64_t span_of(int64_t post, int64_t deadline) {
+    return deadline == INT64_MAX ? INT64_MAX : deadline - post;
 }
 
 /* This rank's deadline in ns since the epoch; INT64_MAX when there is none. The option is at
@@ -365,6 +356,8 @@ static void pack_short(const sp_agree_t *a, int rank, int64_t deadline, int64_t 
     int64_t ms = deadline == INT64_MAX ? S_DEADLINE_MS_MAX : deadline / 1000000;
     int64_t r = rank < (int)S_RANK_MASK ? rank : S_RANK_MASK;
     w[S_NOT_LATE_KEY] = ms >= S_DEADLINE_MS_MAX ? INT64_MIN : ~(ms << S_RANK_BITS | r);
+    w[S_POST] = a->post;
+    w[S_NOT_SPAN] = ~span_of(a->post, deadline);
 }
 
 /* The outputs of a short round; *earliest_p gets the earliest deadline (ns, INT64_MAX: none).
@@ -383,6 +376,8 @@ static void unpack_short(const int64_t *w, sp_agree_t *a, int64_t *earliest_p) {
     memset(a->bad_set, 0, sizeof a->bad_set);
     *earliest_p = ~w[S_NOT_DEADLINE];
     a->late_rank = w[S_NOT_LATE_KEY] == INT64_MIN ? 0 : (int)(~w[S_NOT_LATE_KEY] & S_RANK_MASK);
+    a->latest_post = w[S_POST];
+    a->min_span = ~w[S_NOT_SPAN];
 }
 
 /* Each thread's round buffer, kept between rounds (a cache hit's round must not cost a malloc):
@@ -570,9 +565,11 @@ static sp_status_t wait_round(int nreqs, MPI_Request *reqs, MPI_Comm comm, int64
     }
 }
 
-/* The late rule: a round that completed after the earliest contributor's deadline. */
+/* The late rule (top of the file): the latest entry within the margin of the earliest deadline,
+ * decided from the round's data, so the same on every rank. */
 static sp_status_t check_late(sp_agree_t *a, int64_t earliest, const char *what) {
-    if (earliest == INT64_MAX || surely_before(earliest))
+    int64_t margin = a->min_span / 10 < LATE_MARGIN_NS ? a->min_span / 10 : LATE_MARGIN_NS;
+    if (earliest == INT64_MAX || a->latest_post < earliest - margin)
         return SP_SUCCESS;
     a->late = true;
     char wbuf[160];
@@ -593,7 +590,7 @@ static inline __attribute__((always_inline)) void outputs_p2p(const int64_t *buf
     memcpy(lo, buf, sizeof lo);
     memcpy(hi, buf, sizeof hi);
     int nbad = 0, bad_lo = -1, late_rank = 0;
-    int64_t earliest = INT64_MAX;
+    int64_t earliest = INT64_MAX, latest_post = INT64_MIN, min_span = INT64_MAX;
     memset(a->bad_set, 0, sizeof a->bad_set);
     for (int p = 0; p < size; p++) {
         const int64_t *r = buf + (size_t)p * P2P_WORDS;
@@ -612,6 +609,9 @@ static inline __attribute__((always_inline)) void outputs_p2p(const int64_t *buf
             earliest = r[R_DEADLINE];
             late_rank = p;
         }
+        int64_t span = span_of(r[R_POST], r[R_DEADLINE]);
+        latest_post = r[R_POST] > latest_post ? r[R_POST] : latest_post;
+        min_span = span < min_span ? span : min_span;
     }
     a->op_lo = lo[R_OP];
     a->op_hi = hi[R_OP];
@@ -622,6 +622,8 @@ static inline __attribute__((always_inline)) void outputs_p2p(const int64_t *buf
     a->nbad = nbad;
     a->bad_lo = bad_lo;
     a->late_rank = late_rank;
+    a->latest_post = latest_post;
+    a->min_span = min_span;
     *earliest_p = earliest;
 }
 
@@ -636,6 +638,7 @@ agree_p2p(MPI_Comm comm, sp_agree_t *a, int rank, int size, int64_t deadline, do
     memcpy(mine + R_F, a->f, sizeof a->f);
     mine[R_OK] = a->ok;
     mine[R_DEADLINE] = deadline;
+    mine[R_POST] = a->post;
     int words = R_COUNT;
     if (a->payload_bytes) {
         words += (int)((a->payload_bytes + 7) / 8);
@@ -758,7 +761,8 @@ sp_status_t sp__agree_ranked(MPI_Comm comm, int rank, int size, sp_agree_t *a, c
     a->payload_gathered = false;
     a->late = false;
     double limit = sp__agree_timeout_s();
-    int64_t deadline = deadline_ns(limit);
+    a->post = realtime_ns(); /* also without a deadline: a peer's may be near */
+    int64_t deadline = limit > 0.0 ? a->post + (int64_t)(limit * 1e9) : INT64_MAX;
     int64_t *buf = t_buf;
     if (SP_LIKELY(buf != NULL)) /* every round but a thread's first, or its first after a timeout */
         return agree_in(comm, rank, size, a, what, buf, deadline, limit, abandoned_p);

@@ -12,6 +12,7 @@
 #include <stdint.h>
 #include <stdio.h>
 
+#include "sympool/mempool.h"
 #include "sympool/pool.h"
 #include "sympool/stats.h"
 #include "sympool/status.h"
@@ -122,6 +123,18 @@ sp_status_t sp_x_empty_cache_device(int device);
  * segment and no call is inside sympool; pools of a session sp_shutdown ended stay). Tests and
  * benchmarks check with it that destroyed pools go. Takes no lock. */
 size_t sp_x_mempool_structs(void);
+
+/** Whether pool, a handle sp_mempool_create gave out in this session, names a pool that was
+ * destroyed and released (its last segment went, after its allocator's last call returned): 1;
+ * 0 while it is not released; -1 for anything else (NULL, not a handle, a handle of an earlier
+ * session). Sets no error and logs nothing (the Python package asks it of destroyed pools, to drop
+ * their segment allocators, where the queries would warn about a released handle). No lock. */
+int sp_x_mempool_released(const sp_mempool_t *pool);
+
+/** Drop every device's trace entries and annotations recorded so far; recording, its settings
+ * and the stacks of live blocks stay (PyTorch's clear_history=True). The Python package's
+ * record_memory_history(clear_history=True) calls it. */
+sp_status_t sp_x_history_clear(void);
 
 /** Streams sp_stream_create made in this process that sp_stream_destroy has not destroyed (on
  * either backend; sp_shutdown does not change it). Tests check with it that the Python Stream

@@ -181,6 +181,8 @@ _EXPERIMENTAL = {
     "sp_x_session": (ctypes.c_uint64, []),  # Stream.__del__: a handle of this session only
     "sp_x_stream_count": (_sz, []),  # tests: streams made and not destroyed
     "sp_x_stream_live": (_i, [_vp]),  # Stream.__del__: destroyed by other means?
+    "sp_x_history_clear": (_st, []),  # record_memory_history(clear_history=True)
+    "sp_x_mempool_released": (_i, [_vp]),  # _release_allocators: a destroyed pool's last segment
 }
 # Present only in some builds or versions: declared when exported.
 _OPTIONAL = {
@@ -378,7 +380,8 @@ def as_size(value, what="size"):
 
 
 def as_device(device):
-    """A device index: an int, "cuda" / "cuda:N", or a torch.device; None is device 0."""
+    """A device index: an int, "cuda" / "cuda:N", a torch.device or a torch.cuda.device (torch's
+    _get_device_index takes both); None is device 0."""
     if device is None:
         return 0
     if isinstance(device, str):
@@ -391,6 +394,8 @@ def as_device(device):
         if device.type != "cuda":
             raise bad_value(f"device {device} is not a CUDA device")
         d = device.index if device.index is not None else 0
+    elif type(device).__name__ == "device" and hasattr(device, "idx"):
+        d = as_int(device.idx, "device")  # torch.cuda.device (a context manager): its idx
     else:
         d = as_int(device, "device")
     # The range of the C int it becomes: a larger N would be cut to its low bits (device 0 for

@@ -143,6 +143,9 @@ def _install(on):
 _lib_keep = globals().get("_lib_keep", [])
 
 
+_record_lock = globals().get("_record_lock") or threading.RLock()
+
+
 def record_memory_history(enabled="all", context="all", stacks="python", max_entries=sys.maxsize,
                           device=None, clear_history=False, skip_actions=None,
                           global_record_annotations=False):
@@ -197,19 +200,23 @@ def record_memory_history(enabled="all", context="all", stacks="python", max_ent
         raise TypeError(f"clear_history must be a bool, not {type(clear_history).__name__}")
     if device is not None:
         _lib.as_device(device)
+    # One call at a time from here: the frames hook, the library's recording and the
+    # annotations change together (torch's recordHistory is one step). Interleaved, an "on"
+    # and a None from two threads left recording on without the hook: entries with no frames.
+    with _record_lock:
+        _record_locked(p, enabled, context, clear_history, global_record_annotations)
+
+
+def _record_locked(p, enabled, context, clear_history, global_record_annotations):
     want_hook = enabled is not None and context is not None
     if want_hook:
         _install(True)  # before recording starts, so the first records have frames
     # The library is the judge of what Python cannot check (skip_actions' names): the settings
-    # go in first, so that a refused call has cleared nothing; only then does clear_history
-    # stop recording (OFF clears the buffer) and start it again with them.
+    # go in first, so that a refused call has cleared nothing; only then does clear_history drop
+    # the entries, recording going on (an OFF and ON instead lost other threads' records).
     check(lib().sp_record_memory_history(p))
     if clear_history and enabled is not None:
-        off = _lib.HistoryParams()
-        lib().sp_history_params_init(off)
-        off.enabled = _ENABLED[None]
-        check(lib().sp_record_memory_history(off))
-        check(lib().sp_record_memory_history(p))
+        check(lib().sp_x_history_clear())
     if not want_hook:
         _install(False)
     _annotations_follow(enabled, global_record_annotations)
@@ -218,9 +225,11 @@ def record_memory_history(enabled="all", context="all", stacks="python", max_ent
 # Which threads' record_function scopes are recorded (torch: a record_function callback added when
 # history is turned on, global with global_record_annotations, else the turning-on thread's only,
 # kept until history is turned off): None for every thread, else that thread's ident.
-_annot_lock = threading.Lock()
-_annot_on = False
-_annot_thread = None
+# Kept across importlib.reload, as the module's other state (a reload turned them off while
+# history was still on).
+_annot_lock = globals().get("_annot_lock") or threading.Lock()
+_annot_on = globals().get("_annot_on", False)
+_annot_thread = globals().get("_annot_thread")
 
 
 def _annotations_follow(enabled, global_record_annotations):

@@ -308,12 +308,13 @@ class Stream(_lib.Handle):
 # holding live blocks are handed back when those blocks are freed): kept, by pool handle, until
 # the pool is destroyed and holds no segment (a destroyed pool takes no new one, so the library
 # can never call them again); _release_allocators drops those. The C allocator calls them under
-# its device lock, which sp_mempool_total_bytes takes too: a 0 read there is after the last call
-# returned. Each value: [the _lib.Allocator, destroyed?]. The allocator goes in only when the
-# MemPool object lets go of it (destroy(), or its collection): while the object lives it holds
-# the allocator itself, and a table entry made at creation kept alive, through the callbacks'
-# closures, an allocator object that refers to its own pool (MemPool(self) in its __init__), so
-# neither was ever collected, and the pool never destroyed.
+# its device lock, under which the pool is marked released after its last segment's free: a
+# released answer from sp_x_mempool_released is after the last call returned. Each value: [the
+# _lib.Allocator, destroyed?]. The allocator goes in only when the MemPool object lets go of it
+# (destroy(), or its collection): while the object lives it holds the allocator itself, and a
+# table entry made at creation kept alive, through the callbacks' closures, an allocator object
+# that refers to its own pool (MemPool(self) in its __init__), so neither was ever collected, and
+# the pool never destroyed.
 # These and the other module state below outlive importlib.reload (Jupyter's autoreload runs
 # this file again in the same namespace): a fresh {} here dropped the only reference to a
 # destroyed pool's callbacks, and the library's next call into them ran freed memory.
@@ -410,8 +411,9 @@ def _release_allocators():
     empty_cache: the calls that release a destroyed pool's last segments)."""
     global _py_allocators
     with _keepalive_lock:
+        # Asked quietly: a query (total_bytes) of a released handle warned on stderr.
         dead = [h for h, (_, destroyed) in _keepalive.items()
-                if destroyed and lib().sp_mempool_total_bytes(h) == 0]
+                if destroyed and lib().sp_x_mempool_released(h) != 0]
         for h in dead:
             del _keepalive[h]
         _py_allocators -= len(dead)
@@ -1027,8 +1029,12 @@ def dump_snapshot(path="dump_snapshot.pickle"):
     check(lib().sp_dump_snapshot(_path_bytes(path)))
 
 
-def _dump_snapshot(filename="dump_snapshot.pickle"):
-    """torch.cuda.memory._dump_snapshot's name and default file."""
+def _dump_snapshot(filename="dump_snapshot.pickle", augment_with_fx_traces=False):
+    """torch.cuda.memory._dump_snapshot's name, default file and signature (newer torch's
+    augment_with_fx_traces, checked and without effect as in _snapshot)."""
+    if not isinstance(augment_with_fx_traces, bool):
+        raise TypeError("augment_with_fx_traces must be a bool, not "
+                        f"{type(augment_with_fx_traces).__name__}")
     dump_snapshot(filename)
 
 

@@ -392,6 +392,31 @@ if(TARGET sympool_cli)
   # three times, -d +0 was device 0).
   sp_cli_check(NAME replay_repeat_space RC 2 REGEX "--repeat takes 1 to 64, not ' 3'"
     ARGS replay ${SMALL} "--repeat= 3")
+  # A recorded run that held more than SYMPOOL_HOST_CAPACITY's default (80 GiB: an H200's,
+  # a B200's): without --capacity the emulated device holds it (twice its peak), so replay and
+  # summary give its peaks; on 80 GiB the replay ran out of memory at once (peak 0, summary "-").
+  sp_cli_check(NAME replay_past_80gib RC 0
+    REGEX "peak reserved +90.000 GiB +recorded run: 90.000 GiB \\(\\+0.00%\\).*OOMs +0 "
+    ARGS replay ${CMAKE_CURRENT_SOURCE_DIR}/data/trace-90gib.json)
+  sp_cli_check(NAME summary_past_80gib RC 0 REGEX "Allocated memory +\\| +0 B +\\| +90.0 GiB "
+    ARGS summary ${CMAKE_CURRENT_SOURCE_DIR}/data/trace-90gib.json)
+  # The capacity the user gives is the one replay uses.
+  sp_cli_check(NAME replay_past_80gib_env_capacity RC 0 REGEX "OOMs +1 "
+    ARGS replay ${CMAKE_CURRENT_SOURCE_DIR}/data/trace-90gib.json ENV SYMPOOL_HOST_CAPACITY=85GiB)
+  # summary's allocated peak is the recorded run's, under the snapshot's settings alone: the
+  # allocator's own variables in the environment do not reach its replay (a 5 MiB block in a
+  # 20 MiB segment peaked at 6 MiB under SYMPOOL_ROUNDUP_POWER2_DIVISIONS=2; a thread cache or a
+  # small capacity made the peak "-").
+  sp_cli_check(NAME summary_peak_ignores_allocator_env RC 0
+    REGEX "Allocated memory +\\| +30.3 MiB +\\| +3.0 GiB "
+    ARGS summary ${CMAKE_CURRENT_SOURCE_DIR}/data/real/silmont-small.pickle
+    ENV SYMPOOL_ROUNDUP_POWER2_DIVISIONS=2 SYMPOOL_THREAD_CACHE=64KiB SYMPOOL_HOST_CAPACITY=1GiB)
+  # An unmap of two small-pool pages at once (PyTorch unmaps a merged free block of an expandable
+  # segment whole): the small pool's, as the maps that made them; by its size (not one 2 MiB
+  # page) it was counted in the large pool.
+  sp_cli_check(NAME summary_small_pool_unmap RC 0
+    REGEX "from large pool +\\| +0 B +\\| +0 B +\\| +0 B +\\| +0 B +\\|\n\\| +from small pool +\\| +0 B +\\| +4.0 MiB +\\| +4.0 MiB +\\| +4.0 MiB"
+    ARGS summary ${CMAKE_CURRENT_SOURCE_DIR}/data/trace-small-unmap.json)
   sp_cli_check(NAME summary_device_plus RC 2 REGEX "--device takes 0 to 4095, not '\\+0'"
     ARGS summary ${SMALL} -d +0)
   # A file that is not a pickle says so, not "memo key 105 is not defined".
@@ -551,6 +576,13 @@ if(TARGET sympool_cli)
     "rm -rf '${SP_CLI_OUT}/expanded' && mkdir -p '${SP_CLI_OUT}/expanded/0' && '$<TARGET_FILE:sympool_cli>' replay '${SMALL}' --snapshot '${SP_CLI_OUT}/expanded/%r/x.pickle' >/dev/null && ls '${SP_CLI_OUT}/expanded/0'")
   set_tests_properties(cli.replay_snapshot_folder_expanded PROPERTIES LABELS "unit;cli"
     TIMEOUT 120 ENVIRONMENT "SYMPOOL_DEVICE=host" PASS_REGULAR_EXPRESSION "^x.pickle\n$")
+  # A frame's line that no int holds is PyTorch's "could not tell" (2^64-1) in the replay's own
+  # snapshot: cast, 2^31 came back as 2^64-2^31 and 2^32 as 0. 7 and 2^64-1 keep their value.
+  add_test(NAME cli.replay_snapshot_frame_lines COMMAND sh -c
+    "'$<TARGET_FILE:sympool_cli>' replay '${CMAKE_CURRENT_SOURCE_DIR}/data/trace-frame-lines.json' --snapshot '${SP_CLI_OUT}/frame-lines.json' >/dev/null && tr -d ' \\n' < '${SP_CLI_OUT}/frame-lines.json' | grep -o 'line.:[0-9]*' | head -4 | cut -d: -f2 | tr '\\n' ' '")
+  set_tests_properties(cli.replay_snapshot_frame_lines PROPERTIES LABELS "unit;cli"
+    TIMEOUT 60 ENVIRONMENT "SYMPOOL_DEVICE=host"
+    PASS_REGULAR_EXPRESSION "(^|[^0-9])18446744073709551615 18446744073709551615 7 18446744073709551615 ")
   # plot -o expands OUT as replay --snapshot does (%h, %p, %r; %% a '%'): it took OUT literally,
   # so one pattern named a per-rank snapshot and a chart in a folder named '%r'.
   add_test(NAME cli.plot_output_expanded COMMAND sh -c
@@ -605,6 +637,18 @@ if(TARGET sympool_cli)
   set_tests_properties(cli.plot_small_in_mib PROPERTIES LABELS "unit;cli" TIMEOUT 60
     PASS_REGULAR_EXPRESSION ">450 MiB</text>.*peak requested 441.62 MiB</text>.*4 blocks of 12.50 MiB</text>.*forward transformer.py:22</text>.*>12.50 MiB</text>\n<text [^>]*>x4</text>"
     FAIL_REGULAR_EXPRESSION "GiB</text>;from event [0-9]")
+  # A requested peak before the first event (a block live at the start, freed by it): the panel
+  # of what is live at the peak counts that block, from before the trace (it counted nothing
+  # there, and the whole peak as 0 blocks allocated in the trace).
+  add_test(NAME cli.plot_peak_at_start COMMAND sh -c
+    "'$<TARGET_FILE:sympool_cli>' plot '${CMAKE_CURRENT_SOURCE_DIR}/data/trace-plot-peak-at-start.json' -o '${SP_CLI_OUT}/peak-at-start.svg' >/dev/null && cat '${SP_CLI_OUT}/peak-at-start.svg'")
+  set_tests_properties(cli.plot_peak_at_start PROPERTIES LABELS "unit;cli" TIMEOUT 60
+    PASS_REGULAR_EXPRESSION "4.00 MiB in 1 blocks from before the trace.*0 B in 0 blocks allocated in the trace")
+  # plot -d N: the subtitle counts device N's segments (it counted every device's: 4 for 3).
+  add_test(NAME cli.plot_device_segments COMMAND sh -c
+    "'$<TARGET_FILE:sympool_cli>' plot '${CMAKE_CURRENT_SOURCE_DIR}/data/trace-two-devices.json' -d 1 -o '${SP_CLI_OUT}/two-devices.svg' >/dev/null && cat '${SP_CLI_OUT}/two-devices.svg'")
+  set_tests_properties(cli.plot_device_segments PROPERTIES LABELS "unit;cli" TIMEOUT 60
+    PASS_REGULAR_EXPRESSION "8 events, 3 segments at the end")
   # Several snapshots on one chart: the highest and lowest peak marked.
   sp_cli_check(NAME plot_ranks RC 0
     REGEX "wrote .*ranks.svg \\(3 snapshots; highest peak requested: cs336-2.7b-ctx128-forward-bf16 22.234 GiB, lowest: trace-small-p4 0.431 GiB\\)"

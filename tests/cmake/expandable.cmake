@@ -50,6 +50,13 @@ if(TARGET sympool_cli)
             --compare "" garbage_collection_threshold:0.3 --capacity 256MiB)
   set_tests_properties(cli.replay_gc_capacity PROPERTIES LABELS "unit;cli" TIMEOUT 60
     PASS_REGULAR_EXPRESSION "fits in 256MiB with 2 of 2 configurations: 'garbage_collection_threshold:0.3' at 0.088 GiB peak, '\\(defaults\\)' at 0.127 GiB peak")
+  # A capacity without --capacity (SYMPOOL_HOST_CAPACITY as an item, or in the environment): a
+  # configuration that runs out of memory is named by its OOMs, not by its peak as a need.
+  add_test(NAME cli.replay_compare_capacity_item
+    COMMAND $<TARGET_FILE:sympool_cli> replay ${CMAKE_CURRENT_SOURCE_DIR}/data/trace-gc-tiny.json
+            --compare "" SYMPOOL_HOST_CAPACITY=64MiB)
+  set_tests_properties(cli.replay_compare_capacity_item PROPERTIES LABELS "unit;cli" TIMEOUT 60
+    PASS_REGULAR_EXPRESSION "runs without OOM with 1 of 2 configurations \\(a capacity in force\\), least peak reserved first: '\\(defaults\\)' at 0.127 GiB peak; not with 'SYMPOOL_HOST_CAPACITY=64MiB' \\(1 OOMs\\)")
   add_test(NAME cli.replay_compare_json
     COMMAND ${CMAKE_COMMAND} -E env SYMPOOL_DEVICE=host sh -c "'$<TARGET_FILE:sympool_cli>' replay '${SP_EXP_TRACE}' --compare '' expandable_segments:True --json | grep -c '\"peak_reserved_bytes\"'")
   set_tests_properties(cli.replay_compare_json PROPERTIES LABELS "unit;cli" TIMEOUT 120

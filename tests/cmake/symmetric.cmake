@@ -162,3 +162,6 @@ sp_mpi_c_test_np2(sym_mpi_gone sym-mpi-gone "SYMPOOL_SYM_TIMEOUT=5")
 # Ranks that report different devices (each its own, as on a cuda node): the report's header
 # and JSON name them all, not the root's alone. Two host devices, rank r on device r.
 sp_mpi_c_test_np2(stats_devices stats-devices "SYMPOOL_HOST_DEVICES=2;SYMPOOL_SYM_TIMEOUT=20")
+# Host names that are no UTF-8 (a name cut inside a character, a 0xFF byte): the JSON and
+# Prometheus reports are UTF-8 all the same.
+sp_mpi_c_test_np2(stats_utf8 stats-utf8 "SYMPOOL_SYM_TIMEOUT=20")

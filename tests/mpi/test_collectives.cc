@@ -13,6 +13,7 @@
 extern "C" {
 #include <sympool/collectives.h>
 void sp__coll_test_fail_scratch(bool on);
+void sp__coll_avg_divide(void *buf, size_t n, sp_dtype_t dtype, int nranks);
 }
 
 namespace {
@@ -225,6 +226,42 @@ class Collectives : public WorldTest {
 };
 
 // ---- data -------------------------------------------------------------------------------
+
+// SP_AVG's division of the integer sums, at rank counts a job this test cannot start here: by
+// the count itself, truncating toward zero (NCCL's FuncSumPostDiv). The count cast to the element
+// type made int8's 128 ranks -128 (-128 / -128 = 1, not -1) and uint8's 256 ranks 0 (SIGFPE).
+TEST(CollectivesAvg, IntegersDivideByTheRankCountItself) {
+    int8_t i8[] = {-128, -127, 127, -1};
+    sp__coll_avg_divide(i8, 4, SP_INT8, 128);
+    EXPECT_EQ(i8[0], -1);
+    EXPECT_EQ(i8[1], 0);
+    EXPECT_EQ(i8[2], 0);
+    EXPECT_EQ(i8[3], 0);
+    int8_t i8b[] = {-127, 100};
+    sp__coll_avg_divide(i8b, 2, SP_INT8, 3);
+    EXPECT_EQ(i8b[0], -42); // toward zero
+    EXPECT_EQ(i8b[1], 33);
+    uint8_t u8[] = {255, 200};
+    sp__coll_avg_divide(u8, 2, SP_UINT8, 256);
+    EXPECT_EQ(u8[0], 0);
+    EXPECT_EQ(u8[1], 0);
+    uint8_t u8b[] = {200};
+    sp__coll_avg_divide(u8b, 1, SP_UINT8, 300); // (uint8_t)300 is 44: 200 / 44 = 4
+    EXPECT_EQ(u8b[0], 0);
+    uint32_t u32[] = {4000000000u};
+    sp__coll_avg_divide(u32, 1, SP_UINT32, 3);
+    EXPECT_EQ(u32[0], 1333333333u);
+    int32_t i32[] = {INT32_MIN, -7};
+    sp__coll_avg_divide(i32, 2, SP_INT32, 2);
+    EXPECT_EQ(i32[0], INT32_MIN / 2);
+    EXPECT_EQ(i32[1], -3);
+    int64_t i64[] = {INT64_MIN};
+    sp__coll_avg_divide(i64, 1, SP_INT64, 1000);
+    EXPECT_EQ(i64[0], INT64_MIN / 1000);
+    uint64_t u64[] = {UINT64_MAX};
+    sp__coll_avg_divide(u64, 1, SP_UINT64, 1 << 30);
+    EXPECT_EQ(u64[0], UINT64_MAX / (1u << 30));
+}
 
 TEST_F(Collectives, AllreduceEveryDtypeOpCountInPlace) {
     for (sp_dtype_t t : kAllTypes)

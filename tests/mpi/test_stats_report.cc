@@ -366,6 +366,32 @@ std::pair<std::string, std::string> prom_series(const std::string &key) {
     return {"sympool_" + key, ""};
 }
 
+// A program that set a locale with a decimal comma (setlocale(LC_ALL, "de_DE.UTF-8")) got a JSON
+// report with "mean": 1,000, which no JSON reader takes, and a table of "1,50 MiB". The report
+// is written in the C locale. Only rank 0 writes, so only rank 0 switches.
+TEST_F(StatsReport, NumbersKeepTheirDecimalPointUnderACommaLocale) {
+    allocate_skewed();
+    std::unique_ptr<sp::CommaLocale> comma;
+    int active = 0;
+    if (rank_ == 0) {
+        comma.reset(new sp::CommaLocale);
+        active = comma->active();
+    }
+    MPI_Bcast(&active, 1, MPI_INT, 0, MPI_COMM_WORLD);
+    if (!active)
+        GTEST_SKIP() << "no de_DE locale can be made here (localedef, the locales package)";
+    std::string json = report(SP_REPORT_JSON);
+    std::string table = report(SP_REPORT_TABLE);
+    comma.reset(); // the test's own parser reads in the C locale
+    if (rank_ != 0)
+        return;
+    Json j;
+    EXPECT_TRUE(parse_json(json, &j)) << json.substr(0, 400);
+    EXPECT_TRUE(std::regex_search(json, std::regex("\"mean\": [0-9]+\\.[0-9]{3}"))) << json;
+    EXPECT_FALSE(std::regex_search(table, std::regex("[0-9],[0-9]"))) << table;
+    EXPECT_TRUE(std::regex_search(table, std::regex("[0-9]\\.[0-9]{2} MiB"))) << table;
+}
+
 TEST_F(StatsReport, PrometheusHasEveryKeyForEveryRankAsLabelledFamilies) {
     allocate_skewed();
     auto by_rank = gather_by_hand();
@@ -550,6 +576,16 @@ TEST_F(StatsReport, BadArgumentsOnOneRankFailEverywhere) {
     EXPECT_SP_STATUS(sp_stats_report(w_, dev_, nullptr, SP_REPORT_TABLE), SP_ERR_INVALID_ARGUMENT);
     EXPECT_SP_STATUS(sp_stats_report(w_, dev_, stdout, (sp_report_format_t)7),
                      SP_ERR_INVALID_ARGUMENT);
+    // Ranks that pass different formats: the message names this rank's by its name.
+    std::unique_ptr<FILE, int (*)(FILE *)> f(std::tmpfile(), std::fclose);
+    EXPECT_SP_STATUS(
+        sp_stats_report(w_, dev_, f.get(), rank_ == 0 ? SP_REPORT_JSON : SP_REPORT_PROMETHEUS),
+        SP_ERR_MISMATCH);
+    EXPECT_NE(
+        std::string(sp_last_error())
+            .find(rank_ == 0 ? "(this rank: SP_REPORT_JSON)" : "(this rank: SP_REPORT_PROMETHEUS)"),
+        std::string::npos)
+        << sp_last_error();
     // Still in step.
     ASSERT_SP_OK(sp_stats_aggregate(w_, dev_, &sum));
     EXPECT_EQ(sum.nranks, n_);

@@ -394,4 +394,48 @@ TEST_F(World, RankWaitingForALatePeerSleepsInsteadOfPolling) {
     MPI_Comm_free(&comm);
 }
 
+// The late rule is decided from the round's data, the same on every rank: a rank that enters
+// within the margin (a tenth of the timeout here) of a peer's deadline makes the round a timeout
+// everywhere. By each rank's own clock at completion, the ranks could split when the round
+// completed near that deadline: one timed out at it while a peer that saw the round complete a
+// moment earlier went on into the data transfer, and the job hung (3 runs in 15). Here the last
+// rank enters 1.9 s into a 2 s timeout: the round completes before rank 0's deadline, and every
+// rank still says SP_ERR_TIMEOUT. A next round, entered together, succeeds.
+TEST_F(World, ARankEnteringNearAPeersDeadlineTimesOutEveryRank) {
+    SP_SKIP_BELOW_RANKS(2);
+    expect_warnings();
+    MPI_Comm comm; // never freed: a rank that gave up leaves its request pending on it
+    ASSERT_EQ(MPI_Comm_dup(MPI_COMM_WORLD, &comm), MPI_SUCCESS);
+    int rank = 0, size = 0;
+    MPI_Comm_rank(comm, &rank);
+    MPI_Comm_size(comm, &size);
+    sp::ScopedEnv env({{"SYMPOOL_SYM_TIMEOUT", "2"}});
+    MPI_Barrier(comm);
+    if (rank == size - 1) {
+        const struct timespec late = {1, 900000000};
+        nanosleep(&late, nullptr);
+    }
+    sp_agree_t a;
+    std::memset(&a, 0, sizeof a);
+    a.op = SP_AGREE_ALLREDUCE;
+    a.callno = 1;
+    a.ok = true;
+    bool abandoned = false;
+    sp_status_t s = sp__agree(comm, &a, "test round", &abandoned);
+    EXPECT_EQ(s, SP_ERR_TIMEOUT) << sp::describe(s) << ": " << sp_last_error();
+    int timed_out = s == SP_ERR_TIMEOUT, all = 0;
+    MPI_Allreduce(&timed_out, &all, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+    EXPECT_EQ(all, 1) << "some rank went on";
+    MPI_Barrier(MPI_COMM_WORLD);
+    MPI_Comm next; // a fresh one: comm may hold an abandoned round
+    ASSERT_EQ(MPI_Comm_dup(MPI_COMM_WORLD, &next), MPI_SUCCESS);
+    std::memset(&a, 0, sizeof a);
+    a.op = SP_AGREE_ALLREDUCE;
+    a.callno = 1;
+    a.ok = true;
+    EXPECT_SP_OK(sp__agree(next, &a, "test round", &abandoned));
+    EXPECT_FALSE(a.late);
+    MPI_Comm_free(&next);
+}
+
 } // namespace

@@ -146,6 +146,41 @@ def test_refused_skip_actions_with_clear_history_clear_nothing(sp):
     assert "free_requested" not in _actions(sp) and _actions(sp).count("alloc") == 1
 
 
+def test_clear_history_never_stops_recording(sp):
+    # clear_history turned recording off and on again (OFF clears): another thread's allocations
+    # in between kept no stack and no trace entry (369 of 20,001 live blocks without frames in a
+    # thread race). torch's clear_history empties the trace while it records. Every call the
+    # package makes into the library is watched here: none may turn recording off.
+    from sympool import _lib
+    lib = _lib.lib()
+    real = lib.sp_record_memory_history
+    seen = []
+
+    def watch(p):
+        seen.append(p.enabled)
+        return real(p)
+
+    sp.record_memory_history("all")
+    sp.free(sp.malloc(4096))
+    keep = sp.malloc(4096)
+    lib.sp_record_memory_history = watch
+    try:
+        sp.record_memory_history("all", clear_history=True)
+    finally:
+        lib.sp_record_memory_history = real
+    assert seen and 0 not in seen, seen  # 0: SP_HISTORY_OFF
+    assert _actions(sp) == []  # cleared
+    sp.free(sp.malloc(4096))
+    try:  # the snapshots that read the actions add their own "snapshot" entries
+        assert [a for a in _actions(sp) if a != "snapshot"] == [
+            "alloc", "free_requested", "free_completed"]
+        live = [b for s in sp.memory_snapshot() for b in s["blocks"]
+                if b["state"] == "active_allocated"]
+        assert live and all(b["frames"] for b in live)  # the live block kept its stack
+    finally:
+        sp.free(keep)
+
+
 def test_bad_snapshot_path(sp):
     with pytest.raises(TypeError):
         sp.dump_snapshot(5)
@@ -366,3 +401,57 @@ def test_annotations_bounded_by_max_entries_and_decorator(sp):
         sp.record_function(3)
     with pytest.raises(sp.InvalidArgumentError):
         sp.history._record_annotation("START", "x", device=sp.device_count())
+
+
+def test_history_turned_on_and_off_by_two_threads_at_once_keeps_its_hook(sp):
+    # The frames hook, the library's recording and the annotations changed in three steps: an
+    # "on" and a None from two threads could interleave so that recording stayed on without
+    # the hook (its trace entries without frames until the next "on"; 8 runs in 300).
+    import threading
+    for i in range(200):
+        sp.record_memory_history(None)
+        gate = threading.Barrier(2)
+
+        def turn(enabled):
+            gate.wait()
+            sp.record_memory_history(enabled)
+
+        threads = [threading.Thread(target=turn, args=(e,)) for e in ("all", None)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        p = sp.malloc(4096)
+        try:
+            allocs = [e for e in sp._snapshot()["device_traces"][0] if e["action"] == "alloc"]
+            if allocs:  # recording is on: the entry has the caller's frames
+                assert allocs[-1]["frames"], f"round {i}: recording on without the frames hook"
+        finally:
+            sp.free(p)
+    sp.record_memory_history(None)
+
+
+def test_reload_keeps_the_annotation_scope_of_recording_in_progress(sp):
+    # importlib.reload (Jupyter's autoreload) ran the module's state again: the scope of the
+    # record_function annotations went back to "off" while history was still on, and no scope
+    # opened after it was recorded. The module's other state was already kept.
+    import importlib
+    import sympool.history as h
+    sp.record_memory_history("all")
+    try:
+        importlib.reload(h)
+        with sp.record_function("after-reload"):
+            pass
+        names = [a.get("name") for a in sp._snapshot().get("external_annotations", [])]
+        assert "after-reload" in names, names
+    finally:
+        sp.record_memory_history(None)
+
+
+def test_dump_snapshot_takes_torchs_augment_flag(sp, tmp_path):
+    out = tmp_path / "s.pickle"
+    sp._dump_snapshot(str(out), False)
+    assert out.stat().st_size > 0
+    sp._dump_snapshot(str(out), augment_with_fx_traces=True)
+    with pytest.raises(TypeError):
+        sp._dump_snapshot(str(out), "yes")

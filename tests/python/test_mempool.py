@@ -95,6 +95,42 @@ def test_python_segment_allocator(sp):
     assert e.value.status == "SP_ERR_INVALID_USAGE"
 
 
+def test_destroying_a_pool_with_a_python_allocator_warns_about_nothing(sp, capfd):
+    # The sweep that drops a destroyed pool's allocator asked sp_mempool_total_bytes of a handle
+    # the destroy had just released: the library warned on stderr about a released handle.
+    libc = ctypes.CDLL(None)
+    libc.aligned_alloc.restype = ctypes.c_void_p
+    libc.aligned_alloc.argtypes = [ctypes.c_size_t, ctypes.c_size_t]
+    libc.free.argtypes = [ctypes.c_void_p]
+
+    class Segments:
+        def alloc(self, size, device, stream):
+            return libc.aligned_alloc(4096, size)
+
+        def free(self, ptr, size, device, stream):
+            libc.free(ptr)
+
+    pool = sp.MemPool(Segments())
+    with sp.use_mem_pool(pool):
+        p = sp.malloc(1 << 20)
+    sp.free(p)
+    capfd.readouterr()
+    pool.destroy()  # releases the pool's last segment, then the sweep
+    sp.empty_cache()
+    err = capfd.readouterr().err
+    assert "SYMPOOL WARN" not in err, err
+    # What the sweep asks instead: released (1), not yet (0), not a handle (-1), quietly.
+    lib = sp._lib.lib()
+    q = sp.MemPool()
+    h = q._handle
+    assert lib.sp_x_mempool_released(h) == 0
+    q.destroy()
+    assert lib.sp_x_mempool_released(h) == 1
+    assert lib.sp_x_mempool_released(None) == -1
+    assert lib.sp_x_mempool_released(ctypes.addressof(ctypes.c_int(0))) == -1
+    assert "SYMPOOL WARN" not in capfd.readouterr().err
+
+
 def test_segment_allocator_is_released_once_its_pool_can_no_longer_call_it(sp):
     # A Python segment allocator used to be kept for the process's life, with all it refers to.
     # Now it goes once its pool is destroyed and holds no segment: at the destroy, or at the

@@ -595,3 +595,16 @@ def test_reload_keeps_the_allocators_and_routes_the_library_still_uses(tmp_path)
     assert r.returncode == 0, r.stderr
     assert r.stdout.split("\n")[:3] == ["kept 1", "routed True True", "returned True"], \
         (r.stdout, r.stderr)
+
+
+def test_a_torch_cuda_device_object_names_its_device(sp):
+    # torch's _get_device_index takes a torch.cuda.device (the context manager: idx, no type)
+    # as well as a torch.device; sympool refused it ("device must be an int, not device").
+    class device:  # torch.cuda.device's shape
+        def __init__(self, idx):
+            self.idx = idx
+
+    assert sp.memory_allocated(device(0)) == sp.memory_allocated(0)
+    assert sp._lib.as_device(device(1)) == 1
+    with pytest.raises(ValueError):
+        sp._lib.as_device(device(-1))

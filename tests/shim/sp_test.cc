@@ -1,6 +1,8 @@
 // sp_test.cc: the shim's fixture, environment guard and log capture (see sp_test.hpp).
 #include "sp_test.hpp"
 
+#include <clocale>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <vector>
@@ -51,6 +53,27 @@ ScopedEnv::~ScopedEnv() {
             unsetenv(s.first.c_str());
     }
     sp__options_reload();
+}
+
+CommaLocale::CommaLocale() {
+    char tmpl[] = "/tmp/sp_locale_XXXXXX";
+    if (!mkdtemp(tmpl))
+        return;
+    dir_ = tmpl;
+    std::string cmd = "localedef -i de_DE -f UTF-8 " + dir_ + "/de_DE.UTF-8 >/dev/null 2>&1";
+    if (std::system(cmd.c_str()) != 0)
+        return;
+    setenv("LOCPATH", dir_.c_str(), 1);
+    char probe[16];
+    active_ = setlocale(LC_ALL, "de_DE.UTF-8") != nullptr &&
+              (snprintf(probe, sizeof probe, "%.1f", 1.5), std::strcmp(probe, "1,5") == 0);
+}
+
+CommaLocale::~CommaLocale() {
+    setlocale(LC_ALL, "C");
+    unsetenv("LOCPATH");
+    if (!dir_.empty())
+        (void)std::system(("rm -rf " + dir_).c_str());
 }
 
 size_t LogCapture::count(sp_log_level_t level, const std::string &needle) {

@@ -77,6 +77,23 @@ class ScopedEnv {
     std::vector<std::pair<std::string, std::pair<bool, std::string>>> saved_;
 };
 
+// The process's locale set to one with a decimal comma (de_DE.UTF-8, compiled by localedef into
+// a temporary folder named by LOCPATH) while the object lives, the C locale again after.
+// active() is false where the machine cannot make it (no localedef or no locale sources): the
+// caller skips then.
+class CommaLocale {
+  public:
+    CommaLocale();
+    ~CommaLocale();
+    CommaLocale(const CommaLocale &) = delete;
+    CommaLocale &operator=(const CommaLocale &) = delete;
+    bool active() const { return active_; }
+
+  private:
+    std::string dir_;
+    bool active_ = false;
+};
+
 // Captured log lines (all levels) since the fixture started.
 struct LogCapture {
     std::mutex mu;

@@ -6,6 +6,10 @@
 #include "sp_test.hpp"
 #include "sympool/experimental.h"
 
+extern "C" {
+#include "core/core_emit.h"
+}
+
 #include <fcntl.h>
 #include <sched.h>
 #include <sys/stat.h>
@@ -531,14 +535,26 @@ TEST_F(CoreTest, TheLongestHostNamesAreReadNotUnknown) {
         if (sethostname(name, 64) != 0)
             _exit(77);
         sp__process_host_read(out, sizeof out);
-        _exit(strcmp(out, want) == 0 ? 0 : 2);
+        if (strcmp(out, want) != 0)
+            _exit(2);
+        // 62 x and an e-acute (2 bytes): the cut at 63 bytes keeps the whole character or none
+        // of it (a lone lead byte made the reports' JSON and Prometheus text invalid UTF-8).
+        memset(name, 'x', 62);
+        memcpy(name + 62, "\xc3\xa9", 2);
+        memset(want, 0, sizeof want);
+        memset(want, 'x', 62);
+        if (sethostname(name, 64) != 0)
+            _exit(77);
+        sp__process_host_read(out, sizeof out);
+        _exit(strcmp(out, want) == 0 ? 0 : 3);
     }
     int status = 0;
     ASSERT_EQ(waitpid(pid, &status, 0), pid);
     ASSERT_TRUE(WIFEXITED(status));
     if (WEXITSTATUS(status) == 77)
         GTEST_SKIP() << "no UTS namespace of its own here (not root?)";
-    EXPECT_EQ(WEXITSTATUS(status), 0) << "1: not the short name of a long FQDN; 2: not cut";
+    EXPECT_EQ(WEXITSTATUS(status), 0)
+        << "1: not the short name of a long FQDN; 2: not cut; 3: cut inside a character";
 }
 
 TEST_F(CoreTest, TooLargeNumberIsOutOfRangeNotMalformed) {
@@ -1414,4 +1430,40 @@ TEST(CoreFileWrite, BadInputIsRefusedByName) {
         EXPECT_SP_STATUS(sp_x_file_write_atomic(p.c_str(), "x", 1), SP_ERR_INVALID_ARGUMENT);
         EXPECT_NE(std::strstr(sp_last_error(), "too long"), nullptr) << sp_last_error();
     }
+}
+
+// A program that calls setlocale (a decimal comma: de_DE) changed what sympool read and wrote:
+// strtod stopped at the '.' of "garbage_collection_threshold:0.6" (refused), "%.2f" wrote OOM
+// sizes as "1,50 MiB", and a JSON float as 0,5 (no JSON reader takes it). Numbers are read and
+// written in the C locale whatever the program's.
+TEST(CoreLocale, NumbersKeepTheirDecimalPointUnderACommaLocale) {
+    sp::CommaLocale comma;
+    if (!comma.active())
+        GTEST_SKIP() << "no de_DE locale can be made here (localedef, the locales package)";
+    char buf[64], why[256];
+    EXPECT_STREQ(sp__size_format(1.5 * 1048576, SP_SIZE_PYTORCH, buf, sizeof buf), "1.50 MiB");
+    EXPECT_STREQ(sp__size_format(1.5 * 1048576, SP_SIZE_HUMAN, buf, sizeof buf), "1.50 MiB");
+    EXPECT_STREQ(sp__size_format(1.5 * 1048576, SP_SIZE_CELL, buf, sizeof buf), "   1.5 MiB");
+    EXPECT_STREQ(sp__double_format(0.6, buf, sizeof buf), "0.6");
+    EXPECT_STREQ(sp__double_format(1.0000001, buf, sizeof buf), "1.0000001");
+    char *end = nullptr;
+    const char *text = "0.6,x";
+    EXPECT_EQ(sp__strtod_c(text, &end), 0.6);
+    EXPECT_EQ(end, text + 3);
+    EXPECT_TRUE(sp_x_alloc_conf_check("garbage_collection_threshold:0.6", why, sizeof why)) << why;
+    EXPECT_TRUE(sp_x_option_check("SYMPOOL_SYM_TIMEOUT", "2.5", why, sizeof why)) << why;
+    sp__emit_t e;
+    sp__emit_init(&e, true);
+    sp__emit_list_begin(&e);
+    sp__emit_double(&e, 0.5);
+    sp__emit_double(&e, 1e-5);
+    sp__emit_list_end(&e);
+    char *json = nullptr;
+    size_t len = 0;
+    ASSERT_EQ(sp__emit_finish(&e, &json, &len), SP_SUCCESS);
+    EXPECT_EQ(std::string(json, len), "[0.5,1e-05]\n");
+    free(json);
+    // The program's own formatting is left as it set it.
+    snprintf(buf, sizeof buf, "%.1f", 2.5);
+    EXPECT_STREQ(buf, "2,5");
 }

@@ -255,6 +255,48 @@ TEST_F(MemPoolOom, LivePlainPoolKeepsItsCacheAndTheRequestFails) {
     ASSERT_SP_OK(sp_free(p));
 }
 
+// PyTorch's try_mempool_fallback searches with expandable segments inactive, and get_free_block
+// then passes over expandable blocks: a use_on_oom pool of expandable segments lends nothing, and
+// the request fails (the live pool keeps its cache).
+TEST_F(MemPoolOom, AnExpandablePoolLendsNothing) {
+    expect_warnings();
+    sp::ScopedEnv env(
+        {{"SYMPOOL_HOST_CAPACITY", "64MiB"}, {"SYMPOOL_ALLOC_CONF", "expandable_segments:True"}});
+    SP_SKIP_UNLESS_HOST();
+    sp_mempool_t *lender = make_pool("lender", true);
+    ASSERT_NE(lender, nullptr);
+    cache_in(lender, 40 * MiB);
+    ASSERT_EQ(sp_mempool_total_bytes(lender), 40 * MiB);
+    void *p = nullptr;
+    EXPECT_SP_STATUS(sp_malloc(30 * MiB, 0, nullptr, &p), SP_ERR_OUT_OF_MEMORY);
+    EXPECT_EQ(sp_mempool_used_bytes(lender), 0u) << "nothing lent";
+    if (p) // lent after all: given back, so the pool's destroy below is whole
+        ASSERT_SP_OK(sp_free(p));
+    EXPECT_EQ(sp_mempool_total_bytes(lender), 40 * MiB);
+    EXPECT_EQ(stat("num_ooms"), 1);
+    ASSERT_SP_OK(sp_mempool_destroy(lender));
+}
+
+// With expandable segments on, a pool with an allocator of its own keeps fixed segments, and
+// PyTorch's malloc passes should_split is_expandable_segments_active = false for it: a large block
+// is split only when more than 1 MiB remains (not down to 512 bytes, the expandable rule).
+TEST_F(MemPoolOom, APoolWithAnAllocatorSplitsByTheFixedRule) {
+    sp::ScopedEnv env({{"SYMPOOL_ALLOC_CONF", "expandable_segments:True"}});
+    SP_SKIP_UNLESS_HOST();
+    Counting c;
+    counting_init(c);
+    sp_mempool_t *a = make_pool("plugged", false, &c.ops);
+    ASSERT_NE(a, nullptr);
+    void *p = nullptr;
+    ASSERT_SP_OK(sp_mempool_malloc(a, 20 * MiB - 512 * KiB, nullptr, &p)); // a 20 MiB segment
+    sp_block_info_t info = info_of(p);
+    EXPECT_EQ(info.segment_size, 20 * MiB);
+    EXPECT_EQ(info.block_size, 20 * MiB) << "0.5 MiB left: not split";
+    EXPECT_EQ(stat("inactive_split.all.current"), 0);
+    ASSERT_SP_OK(sp_free(p));
+    ASSERT_SP_OK(sp_mempool_destroy(a));
+}
+
 TEST_F(MemPoolOom, UseOnOomPoolLendsItsCachedBlock) {
     sp::ScopedEnv env({{"SYMPOOL_HOST_CAPACITY", "64MiB"}});
     SP_SKIP_UNLESS_HOST();

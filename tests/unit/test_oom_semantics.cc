@@ -5,7 +5,7 @@
 //    PyTorch's "Tried to allocate more than 1EB memory", and only a size whose rounding would
 //    overflow is SP_ERR_INVALID_ARGUMENT;
 //  - a MemPool at its own limit first releases its own free cached segments and retries once
-//    (CuPy's rule), counted in num_alloc_retries;
+//    (CuPy's rule), counted in num_alloc_retries, unless the request alone is past the limit;
 //  - sp_mempool_free_all_blocks rejects a stream sympool did not make.
 #include "alloc_test_util.hpp"
 #include "pool/torch.h"
@@ -142,14 +142,74 @@ TEST_F(OomSemantics, PoolAtItsLimitReleasesItsOwnCacheAndRetries) {
     EXPECT_EQ(stat("num_ooms"), 0);
     EXPECT_EQ(stat("num_device_free"), 1);
     ASSERT_SP_OK(sp_free(b));
-    // Above the limit even with an empty cache: OOM naming the limit, after one retry.
-    void *c = &c;
-    EXPECT_SP_STATUS(sp_mempool_malloc(pool, 60 * MiB, nullptr, &c), SP_ERR_OUT_OF_MEMORY);
-    EXPECT_TRUE(has(sp_last_error(), "limit")) << sp_last_error();
-    EXPECT_EQ(stat("num_ooms"), 1);
-    EXPECT_EQ(stat("num_alloc_retries"), 2);
     ASSERT_SP_OK(sp_mempool_destroy(pool));
     ASSERT_SP_OK(sp_mempool_destroy(other));
+}
+
+// CuPy's _try_block_total_bytes raises at once when the size alone is past the limit (no
+// free_all_blocks): no release can make such a request fit, so the pool keeps its cache.
+TEST_F(OomSemantics, RequestAlonePastThePoolLimitKeepsTheCache) {
+    sp_mempool_t *pool = sp::make_named_pool("limited");
+    ASSERT_NE(pool, nullptr);
+    ASSERT_SP_OK(sp_mempool_set_limit(pool, 50 * MiB));
+    void *a = nullptr, *c = &c;
+    ASSERT_SP_OK(sp_mempool_malloc(pool, 30 * MiB, nullptr, &a));
+    ASSERT_SP_OK(sp_free(a)); // 30 MiB cached
+    EXPECT_SP_STATUS(sp_mempool_malloc(pool, 60 * MiB, nullptr, &c), SP_ERR_OUT_OF_MEMORY);
+    EXPECT_EQ(c, (void *)&c);
+    std::string msg = sp_last_error();
+    EXPECT_TRUE(has(msg, "which this request alone is past")) << msg;
+    EXPECT_TRUE(has(msg, "(30.00 MiB reserved)")) << msg;
+    EXPECT_EQ(sp_mempool_total_bytes(pool), 30 * MiB) << "the cache is kept";
+    EXPECT_EQ(sp_mempool_n_free_blocks(pool), 1u);
+    EXPECT_EQ(stat("num_ooms"), 1);
+    EXPECT_EQ(stat("num_alloc_retries"), 0);
+    EXPECT_EQ(stat("num_device_free"), 0);
+    // A request that fits the limit alone still releases the cache and retries.
+    void *d = nullptr;
+    ASSERT_SP_OK(sp_mempool_malloc(pool, 40 * MiB, nullptr, &d));
+    EXPECT_EQ(stat("num_alloc_retries"), 1);
+    ASSERT_SP_OK(sp_free(d));
+    ASSERT_SP_OK(sp_mempool_destroy(pool));
+}
+
+// The same with expandable segments: the pages under the block alone (20 MiB pages here, the
+// host backend's) are what the limit is compared with.
+TEST_F(OomSemantics, RequestAlonePastThePoolLimitKeepsTheCacheExpandable) {
+    sp::ScopedEnv exp({{"SYMPOOL_ALLOC_CONF", "expandable_segments:True"}});
+    sp_mempool_t *pool = sp::make_named_pool("limited");
+    ASSERT_NE(pool, nullptr);
+    ASSERT_SP_OK(sp_mempool_set_limit(pool, 50 * MiB));
+    void *a = nullptr, *c = &c;
+    ASSERT_SP_OK(sp_mempool_malloc(pool, 30 * MiB, nullptr, &a));
+    ASSERT_SP_OK(sp_free(a));
+    size_t cached = sp_mempool_total_bytes(pool);
+    EXPECT_GT(cached, 0u);
+    EXPECT_SP_STATUS(sp_mempool_malloc(pool, 60 * MiB, nullptr, &c), SP_ERR_OUT_OF_MEMORY);
+    EXPECT_TRUE(has(sp_last_error(), "which this request alone is past")) << sp_last_error();
+    EXPECT_EQ(sp_mempool_total_bytes(pool), cached) << "the cache is kept";
+    EXPECT_EQ(stat("num_alloc_retries"), 0);
+    ASSERT_SP_OK(sp_mempool_destroy(pool));
+}
+
+// The limit refused first, its release made room, and then the device refused: the message
+// names the device's refusal, not the limit (raising the limit would not help).
+TEST_F(OomSemantics, DeviceRefusalAfterTheLimitsReleaseIsNotBlamedOnTheLimit) {
+    sp::ScopedEnv env({{"SYMPOOL_HOST_CAPACITY", "64MiB"}});
+    sp_mempool_t *pool = sp::make_named_pool("limited");
+    ASSERT_NE(pool, nullptr);
+    ASSERT_SP_OK(sp_mempool_set_limit(pool, 100 * MiB));
+    void *a = nullptr, *keep = nullptr, *c = &c;
+    ASSERT_SP_OK(sp_malloc(30 * MiB, 0, nullptr, &keep)); // the device has 64 MiB
+    ASSERT_SP_OK(sp_mempool_malloc(pool, 30 * MiB, nullptr, &a));
+    ASSERT_SP_OK(sp_free(a)); // 30 MiB cached: 30 + 80 > 100
+    EXPECT_SP_STATUS(sp_mempool_malloc(pool, 80 * MiB, nullptr, &c), SP_ERR_OUT_OF_MEMORY);
+    std::string msg = sp_last_error();
+    EXPECT_FALSE(has(msg, "is at its limit")) << msg;
+    EXPECT_TRUE(has(msg, "the request went to pool \"limited\"")) << msg;
+    EXPECT_EQ(sp_mempool_total_bytes(pool), 0u) << "the limit's release ran";
+    ASSERT_SP_OK(sp_free(keep));
+    ASSERT_SP_OK(sp_mempool_destroy(pool));
 }
 
 TEST_F(OomSemantics, PoolLimitRetryReleasesBlocksOfEveryStream) {

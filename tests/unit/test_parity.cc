@@ -173,6 +173,33 @@ TEST_F(ParityOom, MessageHasPyTorchsSentences) {
         << msg;
 }
 
+// PyTorch's OOM text counts the free blocks of private pools (MemPools; its graph_pools) as
+// allocated and says so: "... is allocated by PyTorch, with <n> allocated in private pools (e.g.,
+// CUDA Graphs), and <reserved - allocated - n> is reserved by PyTorch but unallocated."
+TEST_F(ParityOom, FreeBlocksOfPrivatePoolsCountAsAllocated) {
+    sp::ScopedEnv env({{"SYMPOOL_HOST_CAPACITY", "1GiB"}});
+    SP_SKIP_UNLESS_HOST();
+    expect_warnings(); // the OOMs are logged
+    void *p = nullptr, *q = nullptr;
+    EXPECT_SP_STATUS(sp_malloc(2 * GiB, 0, nullptr, &p), SP_ERR_OUT_OF_MEMORY);
+    EXPECT_EQ(std::string(sp_last_error()).find("private pools"), std::string::npos)
+        << "said only when a private pool holds free blocks: " << sp_last_error();
+    sp_mempool_t *pool = sp::make_named_pool("private");
+    ASSERT_NE(pool, nullptr);
+    ASSERT_SP_OK(sp_mempool_malloc(pool, 1000, nullptr, &q));
+    ASSERT_SP_OK(sp_free(q)); // a free 2 MiB small block, kept by the live pool's cache
+    ASSERT_SP_OK(sp_malloc(20 * MiB, 0, nullptr, &q)); // a whole 20 MiB segment, allocated
+    EXPECT_SP_STATUS(sp_malloc(2 * GiB, 0, nullptr, &p), SP_ERR_OUT_OF_MEMORY);
+    EXPECT_NE(std::string(sp_last_error())
+                  .find("Of the allocated memory 22.00 MiB is allocated by sympool, with 2.00 MiB "
+                        "allocated in private pools (e.g., CUDA Graphs), and 0 bytes is reserved "
+                        "by sympool but unallocated."),
+              std::string::npos)
+        << sp_last_error();
+    ASSERT_SP_OK(sp_free(q));
+    ASSERT_SP_OK(sp_mempool_destroy(pool));
+}
+
 // The size in PyTorch's "Tried to allocate" is alloc_size, what malloc asked the device for
 // (get_allocation_size of the rounded request): a small request reads as its 2 MiB segment, one
 // under 10 MiB as the 20 MiB segment, a larger one rounded up to 2 MiB; hence the familiar

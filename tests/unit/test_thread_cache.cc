@@ -409,6 +409,28 @@ TEST_F(ThreadsCache, DoubleFreeIsRefused) {
     EXPECT_EQ(stat("allocation.all.current"), 0);
 }
 
+// The lookup the collectives and the symmetric queries check buffers with: a block idle in a
+// cache was freed by its caller, so it is no live block (a collective accepted one and wrote
+// into it, and the next sp_malloc handed out the written memory).
+TEST_F(ThreadsCache, AFreedBlockIdleInACacheIsNoLiveBlock) {
+    sp::ScopedEnv env({{"SYMPOOL_THREAD_CACHE", "64KiB"}});
+    void *p = nullptr;
+    sp_block_info_t info;
+    ASSERT_SP_OK(sp_malloc(1024, 0, nullptr, &p));
+    ASSERT_SP_OK(sp__pool_lookup(p, &info));
+    EXPECT_EQ(info.block_base, p);
+    ASSERT_SP_OK(sp_free(p));
+    ASSERT_EQ(idle_blocks(), 1u);
+    EXPECT_EQ(sp__pool_lookup(p, &info), SP_ERR_INVALID_USAGE);
+    EXPECT_EQ(sp__pool_lookup(static_cast<char *>(p) + 100, &info), SP_ERR_INVALID_USAGE);
+    void *q = nullptr;
+    ASSERT_SP_OK(sp_malloc(1024, 0, nullptr, &q)); // the same block, live again
+    ASSERT_EQ(q, p);
+    EXPECT_EQ(sp__pool_lookup(q, &info), SP_SUCCESS);
+    ASSERT_SP_OK(sp_free(q));
+    ASSERT_SP_OK(sp_empty_cache());
+}
+
 // A block with a stream recorded on it leaves the cache: its free waits for the stream as the
 // pool's does, and it is not kept.
 TEST_F(ThreadsCache, RecordedStreamTakesTheBlockOut) {
