@@ -45,9 +45,10 @@ def _after_fork_in_child():
     maybe a library whose hook is not _hook (the fork fell between naming the hook and handing
     it over, or taking it back: the child's records had no frames). The child's library gets
     _hook again."""
-    global _hook_lock, _annot_lock
+    global _hook_lock, _annot_lock, _record_lock
     _hook_lock = threading.Lock()
     _annot_lock = threading.Lock()  # _annotations_follow's: the same, for the same reason
+    _record_lock = threading.RLock()  # record_memory_history's: the same
     if _hook is not None:
         lib().sp_history_set_frames_hook(_hook, _hook_arg)
 

@@ -1090,3 +1090,12 @@ def get_default_memory_pool(device=0):
             pool._session = session
             _default_pools[d] = pool
         return pool
+
+
+# importlib.reload (Jupyter's autoreload) runs this file again: the classes would be made anew,
+# and a MemPool or Stream made before it would fail every isinstance check after it ("use_mem_pool
+# needs a sympool.MemPool, not MemPool"). The first import's classes stay, as _lib.py keeps its
+# error classes; their methods read this module's (reloaded) functions and state.
+_first_classes = globals().get("_first_classes") or (Stream, MemPool, use_mem_pool,
+                                                      _DefaultMemPool)
+Stream, MemPool, use_mem_pool, _DefaultMemPool = _first_classes

@@ -519,3 +519,24 @@ def test_streams_keep_their_own_cache(sp):
     with pytest.raises(sp.SympoolError) as e:
         sp.malloc(512, stream=0xdead0)  # not a stream sympool made
     assert e.value.status == "SP_ERR_INVALID_ARGUMENT"
+
+
+def test_pools_made_before_a_reload_still_serve(sp):
+    # importlib.reload(sympool.memory) made the classes anew: a pool made before it failed every
+    # isinstance check after it (use_mem_pool: "needs a sympool.MemPool, not MemPool").
+    import importlib
+    import sympool.memory as m
+    pool = sp.MemPool()
+    stream = sp.Stream()
+    try:
+        importlib.reload(m)
+        assert isinstance(pool, m.MemPool) and isinstance(stream, m.Stream)
+        with m.use_mem_pool(pool):
+            p = sp.malloc(1000)
+        assert pool.used_bytes() > 0
+        sp.free(p)
+        assert isinstance(m.memory_snapshot(pool), list)
+        assert isinstance(sp.get_default_memory_pool(), m.MemPool)
+    finally:
+        pool.destroy()
+        stream.destroy()
