@@ -17,15 +17,16 @@
  * freed (sp__agree_pending). A round that a rank entered too late is a timeout on the ranks that
  * see it complete too: that is how a rank that arrives late (after its peers gave up) learns it,
  * instead of going on alone into a data transfer nobody else joins. The late rule is decided
- * from the round's data alone, the same on every rank: each record carries its rank's entry
- * time, and the round is late when the latest entry comes within a margin of the earliest
- * deadline (a tenth of the shortest timeout, at most LATE_MARGIN_NS). A rank gives up
- * only at its own deadline, and a round whose last record was sent a margin before it reaches
- * every rank first unless MPI or the scheduler stalls it for longer. (Deciding by each rank's own
- * clock when it saw the round complete split the ranks: one at its deadline timed out while a
- * peer that saw the round complete a moment earlier went on into MPI_Allreduce, and hung.) Real
- * time, not monotonic time: times are compared across ranks (same clock on one node; NTP-close
- * across nodes, far below any useful deadline).
+ * from the round's data alone, the same on every rank: each record carries the time it was sent,
+ * and the round is late when the latest comes within a margin of the earliest deadline (a tenth
+ * of the shortest span from a record's sending to its rank's deadline, at most LATE_MARGIN_NS).
+ * A rank gives up only at its own deadline, and a round whose last record was sent a margin
+ * before it reaches every rank first unless MPI or the scheduler stalls it for longer (a rank
+ * that waited for a buffer sends the time it sent, not the time it entered). Deciding by each
+ * rank's own clock when it saw the round complete split the ranks: one at its deadline timed out
+ * while a peer that saw the round complete a moment earlier went on into MPI_Allreduce, and hung.
+ * Real time, not monotonic time: times are compared across ranks (same clock on one node;
+ * NTP-close across nodes, far below any useful deadline).
  * The same deadline and graveyard bound the steps that are not rounds: the free-segment bitmap's
  * MPI_BAND (sp__agree_band_buf), the communicator duplicates (sp__agree_dup) and the nccl
  * registrar's gather of the node's GPU table (sp__agree_gather_buf). They carry no deadlines, so
@@ -102,8 +103,8 @@ enum {
     S_NOT_BAD_RANK,                    /* ~rank when they failed, else INT64_MIN */
     S_NOT_DEADLINE,                    /* ~deadline in ns (INT64_MAX when none) */
     S_NOT_LATE_KEY,                    /* ~(deadline ms << 21 | rank), INT64_MIN for none */
-    S_POST,                            /* entry time in ns: the max is the latest */
-    S_NOT_SPAN,                        /* ~(deadline - entry), ~INT64_MAX when none */
+    S_POST,                            /* sending time in ns: the max is the latest */
+    S_NOT_SPAN,                        /* ~(deadline - sending), ~INT64_MAX when none */
     S_COUNT
 };
 #define S_RANK_BITS 21
@@ -119,7 +120,7 @@ enum {
     R_CMP = R_F + SP_AGREE_NF, /* words R_OP..R_CMP-1 get a min and a max over the ranks */
     R_OK = R_CMP,              /* 1 when this rank's checks passed */
     R_DEADLINE,                /* deadline in ns (INT64_MAX when none) */
-    R_POST,                    /* entry time in ns */
+    R_POST,                    /* sending time in ns */
     R_COUNT                    /* the payload follows, in whole words */
 };
 
@@ -233,8 +234,8 @@ double sp__agree_timeout_s(void) {
     return t > 0.0 && t <= 31536000.0 ? t : 0.0; /* the option's check bounds it; 0 = none */
 }
 
-/* How close to the earliest deadline the latest entry may come (the late rule, top of the
- * file): a tenth of the shortest timeout, and at most this. */
+/* How close to the earliest deadline the latest record's sending may come (the late rule, top
+ * of the file): a tenth of the shortest span from sending to deadline, and at most this. */
 #define LATE_MARGIN_NS ((int64_t)250 * 1000000)
 
 /* A round's time span from entry to deadline, INT64_MAX for none. */
@@ -568,7 +569,9 @@ static sp_status_t wait_round(int nreqs, MPI_Request *reqs, MPI_Comm comm, int64
 /* The late rule (top of the file): the latest entry within the margin of the earliest deadline,
  * decided from the round's data, so the same on every rank. */
 static sp_status_t check_late(sp_agree_t *a, int64_t earliest, const char *what) {
-    int64_t margin = a->min_span / 10 < LATE_MARGIN_NS ? a->min_span / 10 : LATE_MARGIN_NS;
+    /* A span below 0 (a record sent after its own deadline) is no margin at all. */
+    int64_t tenth = a->min_span > 0 ? a->min_span / 10 : 0;
+    int64_t margin = tenth < LATE_MARGIN_NS ? tenth : LATE_MARGIN_NS;
     if (earliest == INT64_MAX || a->latest_post < earliest - margin)
         return SP_SUCCESS;
     a->late = true;
@@ -701,6 +704,11 @@ static inline __attribute__((always_inline)) sp_status_t agree_in(MPI_Comm comm,
                                                                   int64_t *buf, int64_t deadline,
                                                                   double limit, bool *abandoned_p) {
     char wbuf[160];
+    /* The entry time the late rule compares is taken now, with the buffer in hand and the
+     * record about to go, also without a deadline of ours (a peer's may be near): stamped
+     * before the buffer, a rank that waited for a spare until past a peer's deadline sent a
+     * time that said it was early, and went on where that peer had given up. */
+    a->post = realtime_ns();
     if (size <= P2P_MAX_RANKS)
         return agree_p2p(comm, a, rank, size, deadline, limit, buf, what, abandoned_p);
     pack_short(a, rank, deadline, buf);
@@ -761,8 +769,7 @@ sp_status_t sp__agree_ranked(MPI_Comm comm, int rank, int size, sp_agree_t *a, c
     a->payload_gathered = false;
     a->late = false;
     double limit = sp__agree_timeout_s();
-    a->post = realtime_ns(); /* also without a deadline: a peer's may be near */
-    int64_t deadline = limit > 0.0 ? a->post + (int64_t)(limit * 1e9) : INT64_MAX;
+    int64_t deadline = deadline_ns(limit);
     int64_t *buf = t_buf;
     if (SP_LIKELY(buf != NULL)) /* every round but a thread's first, or its first after a timeout */
         return agree_in(comm, rank, size, a, what, buf, deadline, limit, abandoned_p);

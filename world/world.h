@@ -174,7 +174,7 @@ typedef struct sp_agree {
     int bad_lo;                               /* the lowest of them, -1 if none */
     uint64_t bad_set[SP_AGREE_SET_WORDS];     /* ranks < 256 whose ok was false */
     int late_rank;                            /* the rank with the earliest deadline */
-    int64_t post;        /* this rank's entry into the round (ns of CLOCK_REALTIME; agree.c's) */
+    int64_t post;        /* when this rank's record went out (ns of CLOCK_REALTIME; agree.c's) */
     int64_t latest_post; /* the latest entry over the ranks */
     int64_t min_span;    /* the shortest deadline - entry over the ranks (INT64_MAX: none) */
     bool late;           /* some rank entered too close to the earliest deadline (SP_ERR_TIMEOUT) */
