@@ -2226,12 +2226,9 @@ static void print_answer(const char *const *confs, const char *empty, const repl
         }
     /* Without --capacity a configuration can still run out of memory (SYMPOOL_HOST_CAPACITY in
      * the environment or as an item): its peak is then no need, and it is named by its OOMs. */
-    bool any_oom = false;
     for (int i = 0; i < n; i++)
-        any_oom |= rs[i].ooms > 0;
-    bool limited = capacity != NULL || any_oom;
-    for (int i = 0; i < n; i++)
-        fits += !limited || rs[i].ooms == 0;
+        fits += rs[i].ooms == 0;
+    bool any_oom = fits < n, limited = capacity != NULL || any_oom;
     if (capacity && fits == 0)
         printf("  does not fit in %s with any of the %d configurations:", capacity, n);
     else if (capacity)
