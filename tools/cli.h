@@ -76,6 +76,9 @@ void cli_log_line(const char *line);
 const char *cli_input(const char *word);
 /* True when path ends with suffix, e.g. ".json" (case-sensitive, as sp_dump_snapshot decides). */
 bool cli_has_suffix(const char *path, const char *suffix);
+/* The option named `name` (a SYMPOOL_* variable) as the library has it in force, into *oi;
+ * false when there is none of that name. */
+bool cli_option(const char *name, sp_x_option_info_t *oi);
 /* True when out names a file that exists and is the file in names (through any link or other
  * name of it): writing out would replace the input the command reads. */
 bool cli_same_file(const char *in, const char *out);

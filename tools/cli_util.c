@@ -284,16 +284,20 @@ bool cli_output_not_log(const char *cmd, const char *opt, const char *file) {
 static FILE *g_log;
 static char g_log_path[4096]; /* g_log's file */
 
+bool cli_option(const char *name, sp_x_option_info_t *oi) {
+    for (int i = 0; sp_x_option_info(i, oi); i++)
+        if (strcmp(oi->name, name) == 0)
+            return true;
+    return false;
+}
+
 /* The value SYMPOOL_DEBUG_FILE has in force (the environment's, or a replay --compare
  * configuration's item): into out, "" when unset. */
 static void debug_file_option(char *out, size_t cap) {
     sp_x_option_info_t info;
     out[0] = '\0';
-    for (int i = 0; sp_x_option_info(i, &info); i++)
-        if (strcmp(info.name, "SYMPOOL_DEBUG_FILE") == 0) {
-            snprintf(out, cap, "%s", info.value);
-            return;
-        }
+    if (cli_option("SYMPOOL_DEBUG_FILE", &info))
+        snprintf(out, cap, "%s", info.value);
 }
 
 void cli_log_open(void) {

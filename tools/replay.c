@@ -789,10 +789,8 @@ static bool unmapped_fit(const tr_device_t *td, double fraction) {
     if (!any || strcmp(sp_backend_name(), "host") != 0)
         return false;
     sp_x_option_info_t oi;
-    for (int k = 0; sp_x_option_info(k, &oi); k++)
-        if (strcmp(oi.name, "SYMPOOL_HOST_CAPACITY") == 0)
-            return (double)peak <= (double)oi.value_int * (fraction > 0 ? fraction : 1.0);
-    return false;
+    return cli_option("SYMPOOL_HOST_CAPACITY", &oi) &&
+           (double)peak <= (double)oi.value_int * (fraction > 0 ? fraction : 1.0);
 }
 
 /* After start segment i of an expandable recording: when the next one is a mapped range of the
@@ -1384,10 +1382,7 @@ static LOOP_FN bool replay_device(dev_state_t *ds, int d, const tr_device_t *td,
  * snapshot's own settings replace set the fraction, and changed the replay's peaks and OOMs. */
 static bool gc_in_force(void) {
     sp_x_option_info_t info;
-    for (int i = 0; sp_x_option_info(i, &info); i++)
-        if (strcmp(info.name, "SYMPOOL_GC_THRESHOLD") == 0)
-            return info.value_double > 0;
-    return false;
+    return cli_option("SYMPOOL_GC_THRESHOLD", &info) && info.value_double > 0;
 }
 
 static bool init_capped(int ndev, const char *capacity, char *err, size_t errlen) {
@@ -1423,15 +1418,13 @@ static bool restart(int ndev, const char *capacity, char *err, size_t errlen) {
     return init_capped(ndev, capacity, err, errlen);
 }
 
-/* Whether the configuration in force uses expandable segments. */
+/* An integer option's value in force; 0 for a name there is none of. */
 static int64_t option_int(const char *name) {
     sp_x_option_info_t info;
-    for (int i = 0; sp_x_option_info(i, &info); i++)
-        if (strcmp(info.name, name) == 0)
-            return info.value_int;
-    return 0;
+    return cli_option(name, &info) ? info.value_int : 0;
 }
 
+/* Whether the configuration in force uses expandable segments. */
 static bool effective_expandable(void) {
     return option_int("SYMPOOL_EXPANDABLE_SEGMENTS") != 0;
 }
@@ -2076,10 +2069,7 @@ static const char *const g_our_rules[] = {"SYMPOOL_EXPANDABLE_PAGE", "SYMPOOL_EX
 
 bool replay_fit_capacity(const tr_trace_t *t) {
     sp_x_option_info_t oi;
-    int k = 0;
-    while (sp_x_option_info(k, &oi) && strcmp(oi.name, "SYMPOOL_HOST_CAPACITY") != 0)
-        k++;
-    if (strcmp(oi.name, "SYMPOOL_HOST_CAPACITY") != 0 || strcmp(oi.source, "default") != 0)
+    if (!cli_option("SYMPOOL_HOST_CAPACITY", &oi) || strcmp(oi.source, "default") != 0)
         return true; /* the user's (the environment's, or set by name) */
     uint64_t most = 0;
     for (int d = 0; d < t->ndev; d++) /* reserved: a trace that requests more is inconsistent */
@@ -2236,12 +2226,9 @@ static void print_answer(const char *const *confs, const char *empty, const repl
         }
     /* Without --capacity a configuration can still run out of memory (SYMPOOL_HOST_CAPACITY in
      * the environment or as an item): its peak is then no need, and it is named by its OOMs. */
-    bool any_oom = false;
     for (int i = 0; i < n; i++)
-        any_oom |= rs[i].ooms > 0;
-    bool limited = capacity != NULL || any_oom;
-    for (int i = 0; i < n; i++)
-        fits += !limited || rs[i].ooms == 0;
+        fits += rs[i].ooms == 0;
+    bool any_oom = fits < n, limited = capacity != NULL || any_oom;
     if (capacity && fits == 0)
         printf("  does not fit in %s with any of the %d configurations:", capacity, n);
     else if (capacity)

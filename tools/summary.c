@@ -130,9 +130,6 @@ static bool read_segments(const pk_value_t *segments, int dev, dev_figs_t *d, ch
     return true;
 }
 
-/* The change trace event i makes to a metric of one pool; 0 when none. Requested bytes go down
- * where the free completes (tr_requested_delta), allocations at the free request, as PyTorch
- * counts them (a free held for other streams' work went down at its request). */
 /* The pool of each event (1 large, 2 small) into pool_of[]: by size (a request up to 1 MiB, a
  * segment or map of 2 MiB is the small pool's), except an unmap, which PyTorch makes of a whole
  * free block of an expandable segment: any number of its pages. One that starts at a page an
@@ -156,6 +153,10 @@ static bool event_pools(const tr_device_t *td, uint8_t *pool_of) {
     return ok;
 }
 
+/* The change trace event i (of pool pool_of[i]) makes to a metric of one pool; 0 when none.
+ * Requested bytes go down where the free completes (tr_requested_delta), allocations at the free
+ * request, as PyTorch counts them (a free held for other streams' work went down at its
+ * request). */
 static int64_t delta(const tr_device_t *td, const uint8_t *pool_of, size_t i, int m, int p) {
     const tr_event_t *e = &td->ev[i];
     bool seg_ev = e->action == TR_SEGMENT_ALLOC || e->action == TR_SEGMENT_FREE ||

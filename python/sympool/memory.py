@@ -990,15 +990,19 @@ def snapshot(device=None, include_traces=True):
                            include_traces)
 
 
-def _snapshot(device=None, augment_with_fx_traces=False):
-    """torch.cuda.memory._snapshot, with its signature: the second argument is torch's
-    augment_with_fx_traces (newer torch), not snapshot()'s include_traces, so that
-    _snapshot(None, False) keeps the traces as torch's does. sympool records no FX traces to
-    add to the frames, so the flag changes nothing (it is checked to be a bool, as it is used
-    as one there)."""
+def _check_augment(augment_with_fx_traces):
+    """Newer torch's augment_with_fx_traces: sympool records no FX traces to add to the frames,
+    so the flag changes nothing; it is checked to be a bool, as torch uses it as one."""
     if not isinstance(augment_with_fx_traces, bool):
         raise TypeError("augment_with_fx_traces must be a bool, not "
                         f"{type(augment_with_fx_traces).__name__}")
+
+
+def _snapshot(device=None, augment_with_fx_traces=False):
+    """torch.cuda.memory._snapshot, with its signature: the second argument is torch's
+    augment_with_fx_traces (_check_augment), not snapshot()'s include_traces, so that
+    _snapshot(None, False) keeps the traces as torch's does."""
+    _check_augment(augment_with_fx_traces)
     return snapshot(device)
 
 
@@ -1030,11 +1034,8 @@ def dump_snapshot(path="dump_snapshot.pickle"):
 
 
 def _dump_snapshot(filename="dump_snapshot.pickle", augment_with_fx_traces=False):
-    """torch.cuda.memory._dump_snapshot's name, default file and signature (newer torch's
-    augment_with_fx_traces, checked and without effect as in _snapshot)."""
-    if not isinstance(augment_with_fx_traces, bool):
-        raise TypeError("augment_with_fx_traces must be a bool, not "
-                        f"{type(augment_with_fx_traces).__name__}")
+    """torch.cuda.memory._dump_snapshot's name, default file and signature (_check_augment)."""
+    _check_augment(augment_with_fx_traces)
     dump_snapshot(filename)
 
 

@@ -350,6 +350,20 @@ TEST_F(World, AgreementGivesExactMinAndMaxAndNamesFailedRanks) {
     MPI_Comm_free(&comm);
 }
 
+// A round on comm whose last rank enters `late` after the others (a barrier first): the inputs
+// of an allreduce's first round, ready for sp__agree.
+sp_agree_t last_rank_late(MPI_Comm comm, int rank, int size, struct timespec late) {
+    MPI_Barrier(comm);
+    if (rank == size - 1)
+        nanosleep(&late, nullptr);
+    sp_agree_t a;
+    std::memset(&a, 0, sizeof a);
+    a.op = SP_AGREE_ALLREDUCE;
+    a.callno = 1;
+    a.ok = true;
+    return a;
+}
+
 // A rank waiting in a round for a late peer (the last rank, 1.5 s late here) sleeps between its
 // polls once it has waited a while: it used to poll and sched_yield the whole time, which burns
 // its core when nothing else is runnable (SYMPOOL_SYM_TIMEOUT allows a minute). Its thread's CPU
@@ -363,16 +377,7 @@ TEST_F(World, RankWaitingForALatePeerSleepsInsteadOfPolling) {
     MPI_Comm_rank(comm, &rank);
     MPI_Comm_size(comm, &size);
     sp::ScopedEnv env({{"SYMPOOL_SYM_TIMEOUT", "30"}});
-    MPI_Barrier(comm);
-    if (rank == size - 1) {
-        const struct timespec late = {1, 500000000};
-        nanosleep(&late, nullptr);
-    }
-    sp_agree_t a;
-    std::memset(&a, 0, sizeof a);
-    a.op = SP_AGREE_ALLREDUCE;
-    a.callno = 1;
-    a.ok = true;
+    sp_agree_t a = last_rank_late(comm, rank, size, {1, 500000000});
     bool abandoned = true;
     struct timespec cpu0, cpu1, wall0, wall1;
     clock_gettime(CLOCK_THREAD_CPUTIME_ID, &cpu0);
@@ -410,16 +415,7 @@ TEST_F(World, ARankEnteringNearAPeersDeadlineTimesOutEveryRank) {
     MPI_Comm_rank(comm, &rank);
     MPI_Comm_size(comm, &size);
     sp::ScopedEnv env({{"SYMPOOL_SYM_TIMEOUT", "2"}});
-    MPI_Barrier(comm);
-    if (rank == size - 1) {
-        const struct timespec late = {1, 900000000};
-        nanosleep(&late, nullptr);
-    }
-    sp_agree_t a;
-    std::memset(&a, 0, sizeof a);
-    a.op = SP_AGREE_ALLREDUCE;
-    a.callno = 1;
-    a.ok = true;
+    sp_agree_t a = last_rank_late(comm, rank, size, {1, 900000000});
     bool abandoned = false;
     sp_status_t s = sp__agree(comm, &a, "test round", &abandoned);
     EXPECT_EQ(s, SP_ERR_TIMEOUT) << sp::describe(s) << ": " << sp_last_error();
