@@ -2,13 +2,6 @@
 #  - test_pickle and test_replay (and test_history, which reads its own snapshots back) compile the
 #    CLI's reader and trace code in, since tools/ is not part of the library.
 #  - cli.* run the built `sympool` on the real PyTorch trace in tests/data/ and check its output.
-set(SP_CLI_TOOL_SOURCES
-  ${PROJECT_SOURCE_DIR}/tools/pickle_read.c
-  ${PROJECT_SOURCE_DIR}/tools/pickle_text.c
-  ${PROJECT_SOURCE_DIR}/tools/trace.c
-  ${PROJECT_SOURCE_DIR}/tools/replay.c
-  ${PROJECT_SOURCE_DIR}/tools/cli_util.c
-  ${PROJECT_SOURCE_DIR}/tools/cli_json.c)
 # test_history exports its symbols (-rdynamic) so that dladdr can name the C frames it checks.
 if(TARGET test_history)
   set_target_properties(test_history PROPERTIES ENABLE_EXPORTS ON)
@@ -19,16 +12,11 @@ if(TARGET test_fuzz_repro)
   target_compile_definitions(test_fuzz_repro PRIVATE
     SP_FUZZ_REPRO_DIR="${PROJECT_SOURCE_DIR}/tests/fuzz/repro")
 endif()
-# Compiled once for the five suites (it was once per suite: 24 of a build's C compiles, in each of
-# CI's three builds), with what a suite's own compile gave them: its warnings, includes and
-# _GNU_SOURCE (the suites' data-folder define is for their C++ files only).
-add_library(sp_test_tools OBJECT ${SP_CLI_TOOL_SOURCES})
-target_compile_options(sp_test_tools PRIVATE ${SP_WARN_CXX})
-target_compile_definitions(sp_test_tools PRIVATE _GNU_SOURCE)
-target_link_libraries(sp_test_tools PRIVATE sp_test_shim)
+# The CLI's reader and trace code, compiled once for the CLI and these five suites (the top
+# CMakeLists.txt, sympool_tools_obj).
 foreach(t test_pickle test_pickle_text test_replay test_history test_fuzz_repro)
   if(TARGET ${t})
-    target_link_libraries(${t} PRIVATE sp_test_tools)
+    target_link_libraries(${t} PRIVATE $<TARGET_OBJECTS:sympool_tools_obj>)
     # The data folder also as a compile-time default: the suites must find tests/data even when
     # SP_TEST_DATA_DIR does not reach them through the test environment.
     target_compile_definitions(${t} PRIVATE _GNU_SOURCE
