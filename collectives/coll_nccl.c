@@ -22,11 +22,22 @@
  * Completion follows NCCL: the call is enqueued on the stream and returns; the stream orders it.
  * Locking: the world's NCCL lock is held across the enqueue (NCCL forbids using one communicator
  * from two threads at once, and window (de)registration from another thread uses the same
- * communicator). The enqueue does not wait for peers, so the lock is held only briefly.
+ * communicator). The enqueue can wait for the peers' (NCCL 2.28 makes a communicator's
+ * connections at the first call that uses an algorithm: src/enqueue.cc:453, src/group.cc:149),
+ * and so does a window registration, so a call first passes the world's gate, which puts it in
+ * one order with registrations on every rank (world/world.h, sp__world_nccl_coll_enter).
  */
 #include "collectives/dtype.h"
 #include "core/core.h"
 #include "world/world.h"
+
+static void (*_Atomic s_test_at_nccl)(void); /* sp__coll_test_at_nccl */
+
+/* Tests: `hook` runs on a thread whose collective is about to enter NCCL, before it asks for the
+ * world's NCCL lock (NULL: none). */
+void sp__coll_test_at_nccl(void (*hook)(void)) {
+    s_test_at_nccl = hook;
+}
 
 #ifdef SP_HAVE_NCCL
 
@@ -73,10 +84,15 @@ sp_status_t sp__coll_nccl(sp_world_t *w, const sp_coll_call_t *c) {
     cudaStream_t stream = (cudaStream_t)c->stream;
     ncclDataType_t t = (ncclDataType_t)sp__coll_nccl_type(c->dtype);
     ncclResult_t r = ncclSuccess;
+    void (*at)(void) = s_test_at_nccl;
+    if (at)
+        at();
+    sp__world_nccl_coll_enter(w); /* in one order with registrations (world/world.h) */
     sp__world_nccl_lock(w);
     comm = (ncclComm_t)sp__world_nccl_comm(w); /* re-read: an abort may have happened */
     if (!comm) {
         sp__world_nccl_unlock(w);
+        sp__world_nccl_coll_leave(w);
         return sp__error(SP_ERR_NCCL, SP_SUB_COLL, "%s: %s", fns[c->kind], sp__world_nccl_why(w));
     }
     switch (c->kind) {
@@ -103,6 +119,7 @@ sp_status_t sp__coll_nccl(sp_world_t *w, const sp_coll_call_t *c) {
         snprintf(last, sizeof last, "%s", l ? l : "");
     }
     sp__world_nccl_unlock(w);
+    sp__world_nccl_coll_leave(w);
     if (r != ncclSuccess)
         return sp__error(SP_ERR_NCCL, SP_SUB_COLL, "%s: NCCL failed: %s (%s)", fns[c->kind],
                          ncclGetErrorString(r), last);

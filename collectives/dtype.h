@@ -93,6 +93,8 @@ bool sp__coll_nccl_built(void);
 /* Tests only: this process's host-path collectives treat the scratch they need as not
  * allocated (on: true), as host malloc refusing it would. */
 void sp__coll_test_fail_scratch(bool on);
+/* Tests: a hook run before a collective enters NCCL (coll_nccl.c). */
+void sp__coll_test_at_nccl(void (*hook)(void));
 /* Why NCCL would not run call c on symmetric kernels in world w, or NULL when it would: the rule
  * every call applies (collectives.c), on its own, without checking or running the call; for tests
  * of sizes no test can allocate. The buffers need not hold count elements. */

@@ -21,10 +21,13 @@
  * world's NCCL lock (NCCL forbids two threads in one communicator) for the NCCL call alone, never
  * across a round: two pools growing at once from two threads, reaching their registrations in
  * different orders on different ranks, both register, and another thread's collective is not
- * held up by a round waiting for a late rank (world/world.h, sp__world_nccl_ticket). A
- * registration that fails on a rank may leave its peers blocked inside NCCL: every rank then
- * aborts the world's NCCL communicator (ncclCommAbort), so they get an error instead of waiting
- * forever; the abort also ends every wait for a turn.
+ * held up by a round waiting for a late rank (world/world.h, sp__world_nccl_ticket). The
+ * world's NCCL collectives, which can wait inside NCCL for the peers' too, are put in one order
+ * with the registration on every rank by the world's gate, closed in the turn and opened once
+ * the registration's outcome is known (sp__world_nccl_gate_close). A registration that fails on
+ * a rank may leave its peers blocked inside NCCL: every rank then aborts the world's NCCL
+ * communicator (ncclCommAbort), so they get an error instead of waiting forever; the abort also
+ * ends every wait for a turn.
  *
  * Release: the caller agrees once per batch; this synchronizes the device (the segment's stream
  * may have been destroyed by then), takes the deregistration's turn in the world's order (a round
@@ -633,12 +636,11 @@ static sp_status_t support_mismatch(const sp_world_t *w, bool symmetric, const c
                      what, mine ? mine : "off");
 }
 
-/* Whether the world still has its NCCL communicator (read under the lock an abort takes). */
+/* Whether the world still has its NCCL communicator. Not under the world's NCCL lock: a
+ * collective of this rank may hold it inside NCCL, waiting for a peer's collective that waits at
+ * the peer's gate for this growth (world/world.h). */
 static bool world_has_nccl(sp_world_t *w) {
-    sp__world_nccl_lock(w);
-    bool have = sp__world_nccl_comm(w) != NULL;
-    sp__world_nccl_unlock(w);
-    return have;
+    return sp__world_nccl_comm(w) != NULL;
 }
 
 /* Every change to the set of windows on a world's communicator (a registration, a deregistration,
@@ -689,26 +691,55 @@ static sp_status_t change_ticket(sp_sym_state_t *st, const char *what, uint64_t 
  * on one communicator in the same order on every rank and no two threads in it at once; taking
  * turns in the order agreed in the round gives both without holding a lock while ranks wait
  * for each other's rounds (reference/nccl-windows.md 1.4; a turn waits only for registrations
- * that every rank has already reached). A turn agreed away (a rank without a communicator,
- * symmetric support differing: *mismatch) is taken and passed on without the NCCL call. */
+ * that every rank has already reached). The world's NCCL collectives are put in one order with
+ * it on every rank by the world's gate (world/world.h): closed in the turn (*gated: the caller
+ * opens it once the registration's outcome is known), the ranks agree how many collectives go
+ * first, and each rank waits until those are out of NCCL. A turn agreed away (a rank without a
+ * communicator, symmetric support differing: *mismatch) is taken and passed on without the NCCL
+ * call. */
 static sp_status_t register_in_turn(sp_sym_state_t *st, const sp_agree_t *a, void *base,
-                                    size_t asize, bool *mismatch, bool *declined, ncclWindow_t *win,
-                                    bool *registered, const char *what) {
+                                    size_t asize, bool *mismatch, bool *declined, bool *gated,
+                                    ncclWindow_t *win, bool *registered, const char *what) {
     sp_world_t *w = st->world;
     uint64_t ticket = (uint64_t)a->hi[2];
     sp_status_t t = take_turn(w, ticket, what);
     bool turn = t == SP_SUCCESS;
-    /* In the turn: what earlier refused releases kept is tried again, and the ranks compare what
-     * is still kept before any enters NCCL (kept_windows); a rank that could not take its turn
-     * says so there, and no rank registers. */
+    /* Every rank holds the turn, so every rank is done with the turns before it: no rank closes
+     * its gate while a peer's earlier change to the windows may still wait for that peer's NCCL
+     * lock, held by a collective that waits for the closing rank's. */
+    sp_agree_t g = {.op = SP_AGREE_NCCL_READY, .ok = turn};
+    sp_status_t s = sp__sym_round(st, &g, what);
+    /* Then the gate: this rank's collectives past it so far, and the ranks' largest count. */
+    uint64_t first = 0;
+    if (s == SP_SUCCESS && !g.nbad) {
+        sp_agree_t n = {.op = SP_AGREE_NCCL_READY, .ok = true};
+        n.f[0] = (int64_t)sp__world_nccl_gate_close(w);
+        *gated = true;
+        s = sp__sym_round(st, &n, what);
+        first = (uint64_t)n.hi[0];
+    }
+    if (s != SP_SUCCESS) { /* the outcome is unknown: grow's last round says what follows */
+        if (turn)
+            sp__world_nccl_end_turn(w, ticket);
+        return s;
+    }
+    sp_status_t d = SP_SUCCESS;
+    char drain_why[320] = "";
+    if (!g.nbad && (d = sp__world_nccl_gate_drain(w, first, what)) != SP_SUCCESS)
+        snprintf(drain_why, sizeof drain_why, "%s", sp_last_error());
+    bool ready = turn && d == SP_SUCCESS;
+    /* In the turn, with no collective of this rank in NCCL: what earlier refused releases kept is
+     * tried again, and the ranks compare what is still kept before any enters NCCL
+     * (kept_windows); a rank that could not wait for its collectives says so there, and no rank
+     * registers. */
     int64_t kept = 0, kept_sum = 0;
-    if (turn) {
+    if (ready) {
         retry_left(w);
         kept_sum = kept_windows(w, &kept);
     }
-    sp_agree_t k = {.op = SP_AGREE_NCCL_READY, .ok = turn, .f = {kept_sum, kept}};
-    sp_status_t s = sp__sym_round(st, &k, what);
-    if (s != SP_SUCCESS) { /* the outcome is unknown: grow's last round says what follows */
+    sp_agree_t k = {.op = SP_AGREE_NCCL_READY, .ok = ready, .f = {kept_sum, kept}};
+    s = sp__sym_round(st, &k, what);
+    if (s != SP_SUCCESS) {
         if (turn)
             sp__world_nccl_end_turn(w, ticket);
         return s;
@@ -722,13 +753,20 @@ static sp_status_t register_in_turn(sp_sym_state_t *st, const sp_agree_t *a, voi
                              "why); nothing was registered",
                              what, sp__agree_bad_ranks(a, ranks, sizeof ranks))
                  : t;
-    } else if (k.nbad) {
+    } else if (g.nbad) {
         *declined = true; /* agreed by every rank before any enters NCCL */
         s = turn ? sp__error(SP_ERR_NCCL, SP_SUB_SYM,
                              "%s: %s could not take its turn to register (its log says why); "
                              "no rank registers",
-                             what, sp__agree_bad_ranks(&k, ranks, sizeof ranks))
+                             what, sp__agree_bad_ranks(&g, ranks, sizeof ranks))
                  : t;
+    } else if (k.nbad) {
+        *declined = true; /* likewise */
+        s = d != SP_SUCCESS ? sp__error(d, SP_SUB_SYM, "%s; no rank registers", drain_why)
+                            : sp__error(SP_ERR_TIMEOUT, SP_SUB_SYM,
+                                        "%s: %s could not wait for its collectives already in "
+                                        "NCCL (its log says why); no rank registers",
+                                        what, sp__agree_bad_ranks(&k, ranks, sizeof ranks));
     } else if (k.lo[0] != k.hi[0] || k.lo[1] != k.hi[1]) {
         *declined = true;
         s = sp__error(
@@ -824,23 +862,25 @@ static sp_status_t grow(sp_sym_state_t *st, size_t size, bool have_keep, sp_sym_
                  sp_status_name(s));
         sp__world_nccl_order_break(w, why);
     }
-    bool mismatch = false, declined = false;
+    bool mismatch = false, declined = false, gated = false;
     ncclWindow_t win = NULL; /* 2.28 may return success without writing it */
     bool registered = false;
     if (s == SP_SUCCESS)
-        s = register_in_turn(st, &a, base, asize, &mismatch, &declined, &win, &registered, what);
-    if (mismatch) {
-        /* Agreed on every rank before any enters NCCL, so none needs an abort. */
+        s = register_in_turn(st, &a, base, asize, &mismatch, &declined, &gated, &win, &registered,
+                             what);
+    if (mismatch || declined) {
+        /* Agreed on every rank before any enters NCCL, so none needs an abort (declined: in the
+         * turn, register_in_turn's rounds). */
+        if (gated)
+            sp__world_nccl_gate_open(w);
         mem_free(st->world, st->device, base, asize);
-        return support_mismatch(w, symmetric, what);
-    }
-    if (declined) { /* likewise, in the turn (register_in_turn's round) */
-        mem_free(st->world, st->device, base, asize);
-        return s;
+        return mismatch ? support_mismatch(w, symmetric, what) : s;
     }
     sp_agree_t c = {.op = SP_AGREE_SYM_REGISTER, .ok = registered, .f = {(int64_t)asize}};
     sp_status_t cs = st->broken ? SP_ERR_TIMEOUT : sp__sym_round(st, &c, what);
     if (cs == SP_SUCCESS && !c.nbad) {
+        if (gated) /* the registration's outcome is known: later collectives go on */
+            sp__world_nccl_gate_open(w);
         static atomic_bool warned;
         if (!win)
             SP_INFO(SP_SUB_SYM,
@@ -875,6 +915,10 @@ static sp_status_t grow(sp_sym_state_t *st, size_t size, bool have_keep, sp_sym_
         sp__world_nccl_unlock(w);
     }
     sp__world_nccl_abort(w, what);
+    /* Only now: a collective let into NCCL before the abort could wait there for peers held up
+     * inside the failed registration, holding the lock the abort needs. */
+    if (gated)
+        sp__world_nccl_gate_open(w);
     mem_free(st->world, st->device, base, asize);
     if (s != SP_SUCCESS)
         return s;

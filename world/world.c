@@ -21,8 +21,9 @@
  * nccl_lock serializes this process's NCCL calls on the world's communicator (NCCL forbids
  * concurrent use of one communicator), held across one NCCL call at a time and never across an
  * MPI round; order_lock (a leaf) guards the window registrations' tickets and turn
- * (sp__world_nccl_ticket), and an abort takes it after nccl_lock is let go. A world itself is used
- * by the thread(s) of its rank under MPI's own rules for collectives (the caller orders them).
+ * (sp__world_nccl_ticket) and the gate that orders the world's NCCL collectives with them
+ * (sp__world_nccl_coll_enter), and an abort takes it after nccl_lock is let go. A world itself is
+ * used by the thread(s) of its rank under MPI's own rules for collectives (the caller orders them).
  */
 #include <errno.h>
 #include <pthread.h>
@@ -50,8 +51,9 @@ struct sp_world {
     struct sp_world *next_live; /* live-world list (s_lock) */
     pthread_mutex_t nccl_lock;  /* serializes NCCL calls on nccl_comm */
     /* The order of window registrations (sp__world_nccl_ticket): */
-    pthread_mutex_t order_lock; /* guards the three below; a leaf lock, held for short steps */
-    pthread_cond_t order_cv;    /* signalled when order_turn moves or the order is broken */
+    pthread_mutex_t order_lock; /* guards the three below and coll_*; a leaf lock, short steps */
+    pthread_cond_t order_cv;    /* signalled when order_turn moves, the order is broken or the
+                                 * gate moves */
     uint64_t order_next;        /* rank 0: the next ticket to hand out */
     uint64_t order_turn;        /* the ticket whose registration may run now on this rank */
     char order_broken[200];     /* why no turn comes any more ("" while it does) */
@@ -67,7 +69,7 @@ struct sp_world {
     char (*node_name)[SP_WORLD_NODE_NAME]; /* [nnodes]: host name of each node's lowest rank */
     bool is_cuda;                          /* backend is "cuda" and an NCCL communicator was made */
     bool from_init;         /* made by sp_world_init (counts towards finalizing MPI) */
-    void *nccl_comm;        /* ncclComm_t, NULL on host or after an abort (nccl_lock) */
+    void *nccl_comm;        /* ncclComm_t, NULL on host or after an abort (atomic, nccl_lock) */
     char nccl_why[160];     /* why nccl_comm is NULL on cuda ("" otherwise) (nccl_lock) */
     uint64_t pool_serial;   /* symmetric pool creations on this world (caller's thread) */
     uint64_t coll_eligible; /* collectives whose buffers could use symmetric kernels (atomic) */
@@ -76,6 +78,11 @@ struct sp_world {
     char nccl_sym_why[160]; /* why it is off; written once, before nccl_sym says 2 */
     char broken_why[320];   /* s_lock: why the world is broken (sp__world_break); "" if not */
     bool finalizing;        /* s_lock: an sp_world_finalize owns it (one per world) */
+    /* The gate between the world's NCCL collectives and a registration (sp__world_nccl_gate_*),
+     * under order_lock too: */
+    uint64_t coll_entered; /* NCCL collectives past the gate on this rank so far */
+    uint64_t coll_gate;    /* none passes once coll_entered reaches it (UINT64_MAX: open) */
+    int coll_inside;       /* collectives past the gate still in their NCCL call */
 };
 
 static pthread_mutex_t s_lock = PTHREAD_MUTEX_INITIALIZER;
@@ -259,7 +266,7 @@ void sp__world_nccl_abort(sp_world_t *w, const char *why) {
     if (w->nccl_comm) {
         SP_WARN(SP_SUB_BOOT, "aborting the world's NCCL communicator after: %s", why);
         ncclCommAbort((ncclComm_t)w->nccl_comm);
-        w->nccl_comm = NULL;
+        __atomic_store_n(&w->nccl_comm, NULL, __ATOMIC_RELEASE);
         snprintf(w->nccl_why, sizeof w->nccl_why, "aborted after: %s", why);
     }
 #endif
@@ -334,6 +341,71 @@ void sp__world_nccl_order_break(sp_world_t *w, const char *why) {
     pthread_mutex_lock(&w->order_lock);
     if (!w->order_broken[0])
         snprintf(w->order_broken, sizeof w->order_broken, "%s", why && *why ? why : "unknown");
+    pthread_cond_broadcast(&w->order_cv);
+    pthread_mutex_unlock(&w->order_lock);
+}
+
+static void (*_Atomic s_test_at_drain)(void); /* sp__world_nccl_test_at_drain */
+
+void sp__world_nccl_test_at_drain(void (*hook)(void)) {
+    s_test_at_drain = hook;
+}
+
+void sp__world_nccl_coll_enter(sp_world_t *w) {
+    pthread_mutex_lock(&w->order_lock);
+    /* No deadline: a registration that closed the gate opens it again on every path, once its
+     * outcome is known on this rank (symmetric/reg_nccl.c). */
+    while (w->coll_entered >= w->coll_gate)
+        pthread_cond_wait(&w->order_cv, &w->order_lock);
+    w->coll_entered++;
+    w->coll_inside++;
+    pthread_mutex_unlock(&w->order_lock);
+}
+
+void sp__world_nccl_coll_leave(sp_world_t *w) {
+    pthread_mutex_lock(&w->order_lock);
+    w->coll_inside--;
+    pthread_cond_broadcast(&w->order_cv);
+    pthread_mutex_unlock(&w->order_lock);
+}
+
+uint64_t sp__world_nccl_gate_close(sp_world_t *w) {
+    pthread_mutex_lock(&w->order_lock);
+    w->coll_gate = w->coll_entered;
+    uint64_t n = w->coll_entered;
+    pthread_mutex_unlock(&w->order_lock);
+    return n;
+}
+
+sp_status_t sp__world_nccl_gate_drain(sp_world_t *w, uint64_t n, const char *what) {
+    void (*hook)(void) = s_test_at_drain;
+    if (hook)
+        hook();
+    double limit = sp__agree_timeout_s();
+    struct timespec until = realtime_in(limit);
+    int rc = 0;
+    pthread_mutex_lock(&w->order_lock);
+    w->coll_gate = n;
+    pthread_cond_broadcast(&w->order_cv);
+    /* The collectives up to the n-th have passed their agreement on every rank (a peer took the
+     * n-th into NCCL): this rank's come, and the deadline only bounds a peer that died. */
+    while ((w->coll_entered < n || w->coll_inside > 0) && rc != ETIMEDOUT)
+        rc = limit > 0.0 ? pthread_cond_timedwait(&w->order_cv, &w->order_lock, &until)
+                         : pthread_cond_wait(&w->order_cv, &w->order_lock);
+    bool done = w->coll_entered >= n && w->coll_inside == 0;
+    uint64_t entered = w->coll_entered;
+    pthread_mutex_unlock(&w->order_lock);
+    if (done)
+        return SP_SUCCESS;
+    return sp__error(SP_ERR_TIMEOUT, SP_SUB_SYM,
+                     "%s: timed out after %g s (SYMPOOL_SYM_TIMEOUT) waiting for this rank's NCCL "
+                     "collectives that a peer had already taken into NCCL (%llu of %llu here)",
+                     what, limit, (unsigned long long)entered, (unsigned long long)n);
+}
+
+void sp__world_nccl_gate_open(sp_world_t *w) {
+    pthread_mutex_lock(&w->order_lock);
+    w->coll_gate = UINT64_MAX;
     pthread_cond_broadcast(&w->order_cv);
     pthread_mutex_unlock(&w->order_lock);
 }
@@ -437,7 +509,7 @@ static sp_status_t nccl_bootstrap(sp_world_t *w) {
     sp_status_t mst = sp__world_mpi_status(MPI_Allreduce(&ok, &all, 1, MPI_INT, MPI_MIN, w->comm),
                                            "MPI_Allreduce after NCCL init");
     if (mst == SP_SUCCESS && all)
-        w->nccl_comm = comm;
+        __atomic_store_n(&w->nccl_comm, (void *)comm, __ATOMIC_RELEASE);
     else {
         if (comm)
             ncclCommAbort(comm);
@@ -657,6 +729,7 @@ static sp_status_t world_create(MPI_Comm comm, bool from_init, sp_world_t **worl
     pthread_mutex_init(&w->nccl_lock, NULL);
     pthread_mutex_init(&w->order_lock, NULL);
     pthread_cond_init(&w->order_cv, NULL);
+    w->coll_gate = UINT64_MAX;
     sp_status_t st;
     scratch_t s = {0};
     /* The duplicates are the first collective steps: bounded by the deadline, so a rank that
@@ -988,7 +1061,7 @@ SP_EXPORT sp_status_t sp_world_finalize(sp_world_t *w) {
         if (r != ncclSuccess && in_step && ncclCommAbort(nc) != ncclSuccess)
             SP_WARN(SP_SUB_BOOT, "sp_world_finalize: ncclCommAbort after the failed "
                                  "ncclCommDestroy failed too; the communicator stays allocated");
-        w->nccl_comm = NULL;
+        __atomic_store_n(&w->nccl_comm, NULL, __ATOMIC_RELEASE);
     }
 #endif
     if (end && (s2 = end(w, true)) != SP_SUCCESS && st == SP_SUCCESS) {
@@ -1091,7 +1164,8 @@ int sp__world_local_size(const sp_world_t *w) {
     return w ? w->local_size : 0;
 }
 void *sp__world_nccl_comm(const sp_world_t *w) {
-    return w ? w->nccl_comm : NULL;
+    /* Read without nccl_lock too (whether the world still has it): an abort stores NULL. */
+    return w ? __atomic_load_n(&w->nccl_comm, __ATOMIC_ACQUIRE) : NULL;
 }
 bool sp__world_is_cuda(const sp_world_t *w) {
     return w && w->is_cuda;

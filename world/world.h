@@ -25,7 +25,9 @@ void *sp__world_nccl_comm(const sp_world_t *w);
 bool sp__world_is_cuda(const sp_world_t *w);
 /* Serialize this process's NCCL calls on the world's communicator (NCCL forbids using one
  * communicator from two threads at once). Held across the NCCL call only: never across an MPI
- * agreement, so a rank waiting for its peers never holds it. */
+ * agreement, so a rank waiting for its peers' rounds never holds it. An NCCL call itself can
+ * wait for the peers' inside NCCL; the calls that do come in one order on every rank (the
+ * turns and the gate below). */
 void sp__world_nccl_lock(sp_world_t *w);
 void sp__world_nccl_unlock(sp_world_t *w);
 /* Abort the world's NCCL communicator (ncclCommAbort, never ncclCommDestroy on an error path:
@@ -46,6 +48,28 @@ uint64_t sp__world_nccl_ticket(sp_world_t *w);
 sp_status_t sp__world_nccl_wait_turn(sp_world_t *w, uint64_t ticket, const char *what);
 void sp__world_nccl_end_turn(sp_world_t *w, uint64_t ticket);
 void sp__world_nccl_order_break(sp_world_t *w, const char *why);
+/* The gate that puts the world's NCCL collectives in one order with a registration on every
+ * rank. Both wait inside NCCL for the peers (the registration always, a collective at least when
+ * NCCL 2.28 makes its connections at its first use of an algorithm: src/enqueue.cc:453,
+ * src/group.cc:149), each holding its rank's nccl_lock: ordered by that lock alone, a rank whose
+ * collective took it first and a rank whose registration did wait for each other for good. So a
+ * collective passes the gate (sp__world_nccl_coll_enter; sp__world_nccl_coll_leave once out of
+ * its NCCL call) before it asks for nccl_lock, and the registration, once every rank holds its
+ * turn (so no rank still waits for its lock in an earlier turn), closes the gate
+ * (sp__world_nccl_gate_close: this rank's collectives past it so far), the ranks agree on the
+ * largest such count n, and each lets its collectives through up to the n-th and waits until
+ * they are out of NCCL (sp__world_nccl_gate_drain; SP_ERR_TIMEOUT past SYMPOOL_SYM_TIMEOUT)
+ * before it registers: the first n collectives come before the registration on every rank, the
+ * others after (sp__world_nccl_gate_open, once the registration's outcome is known). The
+ * world's NCCL collectives are one sequence on every rank (the caller orders them), so the n-th
+ * is the same call everywhere. */
+void sp__world_nccl_coll_enter(sp_world_t *w);
+void sp__world_nccl_coll_leave(sp_world_t *w);
+uint64_t sp__world_nccl_gate_close(sp_world_t *w);
+sp_status_t sp__world_nccl_gate_drain(sp_world_t *w, uint64_t n, const char *what);
+void sp__world_nccl_gate_open(sp_world_t *w);
+/* Tests: a hook run by sp__world_nccl_gate_drain before it lets collectives through. */
+void sp__world_nccl_test_at_drain(void (*hook)(void));
 /* Why the world has no NCCL communicator ("aborted after: ..."). */
 const char *sp__world_nccl_why(const sp_world_t *w);
 

@@ -149,8 +149,18 @@ static ncclResult_t fail(const char *fn, ncclResult_t r, const char *fmt, ...) {
     return r;
 }
 
+static void (*_Atomic g_at_enter)(const char *fn); /* cuda_double_nccl_at_enter */
+
+/* Test hook: `hook` runs at the entry of every NCCL call made after it is set (NULL: none). */
+DBL_EXPORT void cuda_double_nccl_at_enter(void (*hook)(const char *fn)) {
+    g_at_enter = hook;
+}
+
 #define ENTER(fn)                                                                                  \
     do {                                                                                           \
+        void (*at_)(const char *) = g_at_enter;                                                    \
+        if (at_)                                                                                   \
+            at_(fn);                                                                               \
         int inj_ = dbl_inject_take(fn);                                                            \
         if (inj_)                                                                                  \
             return fail(fn, (ncclResult_t)inj_, "injected by the test");                           \

@@ -30,6 +30,8 @@ void sp__reg_nccl_test_fail_devs(bool on);
 void sp__reg_nccl_test_skip_gather(bool on);
 void sp__reg_nccl_test_at_ready(void (*hook)(const char *pool));
 void sp__reg_nccl_test_at_release(void (*hook)(const char *pool));
+void sp__coll_test_at_nccl(void (*hook)(void));
+void sp__world_nccl_test_at_drain(void (*hook)(void));
 }
 
 namespace {
@@ -329,6 +331,13 @@ struct Events {
         std::unique_lock<std::mutex> l(mu);
         cv.wait_for(l, std::chrono::duration<double>(limit_s), [&] { return seen.count(e) != 0; });
     }
+    // Until either event (bounded as wait is).
+    void wait_any(const std::string &a, const std::string &b,
+                  double limit_s = 3 * sp__agree_timeout_s() + 1) {
+        std::unique_lock<std::mutex> l(mu);
+        cv.wait_for(l, std::chrono::duration<double>(limit_s),
+                    [&] { return seen.count(a) != 0 || seen.count(b) != 0; });
+    }
 };
 Events *g_events;
 void at_ready(const char *pool) {
@@ -467,6 +476,78 @@ TEST_F(CudaDoubleMpi, ACollectiveRunsWhileAGrowthWaitsInItsReadyRound) {
     EXPECT_EQ(sc, SP_SUCCESS) << msg;
     EXPECT_EQ(g.s, SP_SUCCESS) << g.msg;
     EXPECT_EQ(get<int32_t>(c, 1)[0], mpi_size());
+    if (g.p)
+        EXPECT_SP_OK(sp_free(g.p));
+    EXPECT_SP_OK(sp_free(c));
+}
+
+// The hooks of ACollectiveAndARegistrationReachingNcclInOppositeOrdersBothRun: which NCCL call
+// this rank's threads are inside (the double's entry hook), and a registration waiting for this
+// rank's collectives that a peer has taken into NCCL already (sympool's).
+void note_nccl_entry(const char *fn) {
+    if (std::strcmp(fn, "ncclAllReduce") == 0)
+        g_events->note("coll in nccl");
+    else if (std::strcmp(fn, "ncclCommWindowRegister") == 0)
+        g_events->note("reg in nccl");
+}
+void note_drain() {
+    g_events->note("reg waits for collectives");
+}
+void coll_after_registration() {
+    g_events->wait_any("reg in nccl", "reg waits for collectives");
+}
+
+// A collective on one thread and a growth on another reach NCCL in opposite orders on different
+// ranks: on rank 0 the collective is inside ncclAllReduce before the growth's ready round starts;
+// on the other ranks the collective asks for the world's NCCL lock only once the registration is
+// inside ncclCommWindowRegister (or waits for that collective). Both NCCL calls wait for the
+// peers inside NCCL: the registration always (2.28.9 src/dev_runtime.cc: bootstrapBarrier over
+// every rank), a collective at the first use of an algorithm at least (src/enqueue.cc:453,
+// src/group.cc:149: connections made at run time, NCCL_RUNTIME_CONNECT=1 by default), and the
+// double's always. Ordered by each rank's NCCL lock alone, rank 0's collective held its lock
+// waiting for the peers' collective, whose threads waited for the lock their registration held
+// while it waited for rank 0's registration: a hang in NCCL (the double fails the calls made in
+// different orders, and the growth then aborts the world's communicator). Both must run.
+TEST_F(CudaDoubleMpi, ACollectiveAndARegistrationReachingNcclInOppositeOrdersBothRun) {
+    NEED_DOUBLE();
+    SP_SKIP_BELOW_RANKS(2);
+    make_pool(false, false, "race");
+    void *c = nullptr;
+    ASSERT_SP_OK(sp_malloc(4096, sp_world_device(world_), nullptr, &c));
+    put(c, std::vector<float>(1024, 1.0f));
+    // A failure takes the double's timeout, not its default two minutes.
+    const char *old = getenv("CUDA_DOUBLE_NCCL_TIMEOUT");
+    std::string keep = old ? old : "";
+    setenv("CUDA_DOUBLE_NCCL_TIMEOUT", "10", 1);
+    auto at_enter = nccl_hook<void (*)(void (*)(const char *))>("cuda_double_nccl_at_enter");
+    Events ev;
+    if (mpi_rank() == 0)
+        ev.before["race"] = "coll in nccl";
+    g_events = &ev;
+    sp__reg_nccl_test_at_ready(at_ready);
+    sp__world_nccl_test_at_drain(note_drain);
+    at_enter(note_nccl_entry);
+    if (mpi_rank() != 0)
+        sp__coll_test_at_nccl(coll_after_registration);
+    Growth g;
+    std::thread t([&] { g.run(pool_, "race", 6u << 20); });
+    sp_status_t sc = sp_allreduce(world_, c, c, 1024, SP_FLOAT32, SP_SUM, nullptr);
+    std::string msg = sc == SP_SUCCESS ? "" : sp_last_error();
+    ev.note("coll in nccl");
+    t.join();
+    sp__coll_test_at_nccl(nullptr);
+    at_enter(nullptr);
+    sp__world_nccl_test_at_drain(nullptr);
+    sp__reg_nccl_test_at_ready(nullptr);
+    if (old)
+        setenv("CUDA_DOUBLE_NCCL_TIMEOUT", keep.c_str(), 1);
+    else
+        unsetenv("CUDA_DOUBLE_NCCL_TIMEOUT");
+    EXPECT_EQ(sc, SP_SUCCESS) << msg;
+    EXPECT_EQ(g.s, SP_SUCCESS) << g.msg;
+    EXPECT_EQ(get<float>(c, 1)[0], float(mpi_size()));
+    // The world's communicator is still there: another collective runs.
+    EXPECT_SP_OK(sp_allreduce(world_, c, c, 1024, SP_FLOAT32, SP_SUM, nullptr));
     if (g.p)
         EXPECT_SP_OK(sp_free(g.p));
     EXPECT_SP_OK(sp_free(c));
