@@ -102,7 +102,8 @@ class World(_lib.Handle):
     @classmethod
     def init(cls):
         """sp_world_init: sympool initializes MPI itself if nobody did (and finalize() then
-        finalizes it)."""
+        finalizes it, unless a rank missed its deadline: MPI_Finalize would wait for that rank;
+        a failed init leaves MPI initialized too)."""
         _need("sp_world_init")
         w = ctypes.c_void_p()
         check(lib().sp_world_init(None, None, ctypes.byref(w)))
