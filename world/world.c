@@ -702,7 +702,12 @@ static sp_status_t world_create(MPI_Comm comm, bool from_init, sp_world_t **worl
     MPI_Comm_set_errhandler(w->node_comm, MPI_ERRORS_RETURN);
     MPI_Comm_rank(w->node_comm, &w->local_rank);
     MPI_Comm_size(w->node_comm, &w->local_size);
-    sp__log_set_rank(w->rank);
+    /* The process's rank for log lines and "%r" in file names is its rank in the job (what the
+     * launcher exports, history.h), not in this world: a world on a subset of the job shares
+     * each of its ranks between several processes, whose files would overwrite each other. */
+    int job_rank = -1;
+    if (MPI_Comm_rank(MPI_COMM_WORLD, &job_rank) == MPI_SUCCESS)
+        sp__log_set_rank(job_rank);
     /* A rank whose rank table failed still joins the node table's gather (node_table). */
     SP_CHECK_GOTO(node_table(w, &s, rank_table(w, &s)), st, fail);
 
