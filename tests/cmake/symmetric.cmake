@@ -175,6 +175,10 @@ endforeach()
 # sp_world_finalize still frees the world.
 sp_mpi_c_test_np2(sym_mpi_gone sym-mpi-gone "SYMPOOL_SYM_TIMEOUT=5")
 
+# sp_symmetric_peer_ptr from a worker thread with MPI at MPI_THREAD_FUNNELED: no MPI call off
+# the main thread (the mpi registrar's peer table is filled when the segment is made).
+sp_mpi_c_test_np2(sym_peer_funneled sym-peer-funneled "SYMPOOL_SYM_TIMEOUT=20")
+
 # Ranks that report different devices (each its own, as on a cuda node): the report's header
 # and JSON name them all, not the root's alone. Two host devices, rank r on device r.
 sp_mpi_c_test_np2(stats_devices stats-devices "SYMPOOL_HOST_DEVICES=2;SYMPOOL_SYM_TIMEOUT=20")
