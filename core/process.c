@@ -3,9 +3,11 @@
  * pid, and the one expansion of %h, %p, %r and %% in a path pattern (SYMPOOL_DEBUG_FILE,
  * sp_dump_snapshot's path).
  *
- * One rank source: the rank the world set (sp__log_set_rank, from world/), else the rank the
- * MPI launchers export (mpirun, srun, sympoolrun: so pool/, below launch/, and lines logged before
- * sp_world_init agree with it), else unknown (-1). The rank is process-wide; relaxed atomics.
+ * One rank source: the rank the world set (sp__log_set_rank, from world/: the process's rank in
+ * MPI_COMM_WORLD, whatever communicator the world is on, so that it names one process), else the
+ * rank the MPI launchers export (mpirun, srun, sympoolrun: so pool/, below launch/, and lines
+ * logged before sp_world_init agree with it), else unknown (-1). The rank is process-wide; relaxed
+ * atomics.
  */
 #include <errno.h>
 #include <limits.h>

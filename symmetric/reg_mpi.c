@@ -3,12 +3,17 @@
  * communicator: every rank of the node allocates its own part of the same size with
  * MPI_Win_allocate_shared, so MPI_Win_shared_query gives a real load/store pointer to any
  * node-local peer's segment (sp_symmetric_peer_ptr). It is what runs in CI on the host backend.
+ * Those pointers are asked for once, by the collective call that makes the segment, and kept in
+ * a table (the segment's `keep`): sp_symmetric_peer_ptr is local and thread-safe, so it may run
+ * on any thread, while under MPI_THREAD_FUNNELED only the main thread, and under SERIALIZED only
+ * one thread at a time, may call MPI (MPI-3.1 12.4.3).
  *
  * Invariants: one window per segment, created and freed collectively in the order the agreement
  * protocol dictates. If the world spans several nodes, each node's ranks share one window object
  * per segment and peer pointers exist only within a node. No lock: the caller serializes.
  */
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "core/core.h"
@@ -25,6 +30,11 @@ static void *align_base(void *p) {
 }
 
 static sp_status_t mpi_alloc(sp_sym_state_t *st, size_t size, sp_sym_seg_t *seg_p) {
+    /* The peer table, made before the collective steps: a rank without it still joins them and
+     * says so in the round, so that no rank keeps a segment the others lack. */
+    int nnode = 0;
+    MPI_Comm_size(st->node_comm, &nnode);
+    void **peers = calloc(nnode > 0 ? (size_t)nnode : 1, sizeof *peers);
     MPI_Info info;
     MPI_Info_create(&info);
     /* Each rank's part starts on its own page instead of right after its neighbour's. */
@@ -36,6 +46,12 @@ static sp_status_t mpi_alloc(sp_sym_state_t *st, size_t size, sp_sym_seg_t *seg_
     sp_status_t s = sp__world_mpi_status(rc, "MPI_Win_allocate_shared");
     if (s == SP_SUCCESS)
         MPI_Win_set_errhandler(win, MPI_ERRORS_RETURN);
+    if (s == SP_SUCCESS && !peers)
+        s = sp__error(SP_ERR_SYSTEM, SP_SUB_SYM,
+                      "symmetric pool \"%s\": out of host memory for the table of %d peer "
+                      "pointers of a shared segment; this rank's part is kept until MPI is "
+                      "finalized",
+                      st->name, nnode);
     /* Every rank learns whether all got their part, so none keeps a segment the others lack.
      * A partial failure cannot be undone collectively (MPI_Win_free would need every rank), so
      * the ranks that succeeded keep their window until the world is finalized. */
@@ -43,6 +59,8 @@ static sp_status_t mpi_alloc(sp_sym_state_t *st, size_t size, sp_sym_seg_t *seg_
     snprintf(what, sizeof what, "%zu-byte shared segment of symmetric pool \"%s\"", size, st->name);
     sp_agree_t a = {.op = SP_AGREE_SYM_REGISTER, .ok = s == SP_SUCCESS, .f = {(int64_t)size}};
     sp_status_t as = sp__sym_round(st, &a, what);
+    if (as != SP_SUCCESS || a.nbad)
+        free(peers);
     if (as != SP_SUCCESS)
         return as;
     if (a.nbad) {
@@ -56,7 +74,18 @@ static sp_status_t mpi_alloc(sp_sym_state_t *st, size_t size, sp_sym_seg_t *seg_
         }
         return s;
     }
+    /* Local queries, on the thread of the collective call. A part that cannot be had stays
+     * NULL, and sp_symmetric_peer_ptr says so for that rank. */
+    for (int r = 0; r < nnode; r++) {
+        MPI_Aint part = 0;
+        int disp = 0;
+        void *at = NULL;
+        if (MPI_Win_shared_query(win, r, &part, &disp, &at) == MPI_SUCCESS &&
+            (size_t)part >= size + ALIGN)
+            peers[r] = align_base(at);
+    }
     memset(seg_p, 0, sizeof *seg_p);
+    seg_p->keep = peers;
     seg_p->base = align_base(base);
     seg_p->size = size;
     seg_p->alloc_size = size + ALIGN;
@@ -68,7 +97,9 @@ static sp_status_t mpi_alloc(sp_sym_state_t *st, size_t size, sp_sym_seg_t *seg_
 
 static sp_status_t mpi_release(sp_sym_state_t *st, sp_sym_seg_t *seg, void *stream) {
     (void)st;
-    (void)stream; /* host memory: the host backend's work is complete when its calls return */
+    (void)stream;    /* host memory: the host backend's work is complete when its calls return */
+    free(seg->keep); /* the record goes whatever the release's outcome (sym_release.c) */
+    seg->keep = NULL;
     if (seg->mpi_win == MPI_WIN_NULL)
         return SP_SUCCESS;
     /* MPI_Win_free is collective over the node and synchronizes it: no peer can still be
@@ -81,26 +112,25 @@ static sp_status_t mpi_release(sp_sym_state_t *st, sp_sym_seg_t *seg, void *stre
 
 static sp_status_t mpi_peer_ptr(sp_world_t *w, const sp_sym_seg_t *seg, int rank, size_t offset,
                                 void **ptr_p) {
-    /* A local query, but an MPI call: after the user's MPI_Finalize Open MPI aborts for it. */
+    /* No MPI call here (the table was filled when the segment was made), but after the user's
+     * MPI_Finalize the shared memory is MPI's no more. */
     if (sp__world_mpi_gone())
         return sp__error(SP_ERR_INVALID_USAGE, SP_SUB_SYM,
-                         "sp_symmetric_peer_ptr: MPI was finalized, and the mpi registrar asks MPI "
-                         "for a peer's segment; call sp_world_finalize before MPI_Finalize");
-    /* sp_symmetric_peer_ptr answered ranks of other nodes already. */
+                         "sp_symmetric_peer_ptr: MPI was finalized, and the mpi registrar's "
+                         "segments are MPI shared memory; call sp_world_finalize before "
+                         "MPI_Finalize");
+    /* sp_symmetric_peer_ptr answered ranks of other nodes already. The pool's node communicator
+     * is split from a duplicate of the world's as the world's own, so node ranks are the same. */
     int node_rank = sp__world_node_rank_of(w, rank);
-    if (node_rank < 0)
+    if (node_rank < 0 || node_rank >= sp__world_local_size(w))
         return sp__error(SP_ERR_INTERNAL, SP_SUB_SYM, "rank %d is not on this node", rank);
-    MPI_Aint size = 0;
-    int disp = 0;
-    void *base = NULL;
-    SP_CHECK(
-        sp__world_mpi_status(MPI_Win_shared_query(seg->mpi_win, node_rank, &size, &disp, &base),
-                             "MPI_Win_shared_query"));
-    if ((size_t)size < seg->alloc_size || offset >= seg->size)
+    void *const *peers = seg->keep;
+    if (!peers || !peers[node_rank] || offset >= seg->size)
         return sp__error(SP_ERR_INTERNAL, SP_SUB_SYM,
-                         "rank %d's shared segment has %zu bytes, expected %zu (offset %zu)", rank,
-                         (size_t)size, seg->size, offset);
-    *ptr_p = (char *)align_base(base) + offset;
+                         "rank %d's part of the shared segment (%zu bytes, offset %zu) could not "
+                         "be had from MPI_Win_shared_query when the segment was made",
+                         rank, seg->size, offset);
+    *ptr_p = (char *)peers[node_rank] + offset;
     return SP_SUCCESS;
 }
 

@@ -40,7 +40,8 @@ typedef struct sp_sym_seg {
     uint64_t order;    /* nccl: its registration's place in the world's order (the same ticket
                         * on every rank; UINT64_MAX for a local registration) */
     void *keep;        /* nccl: the record that keeps it should its release be refused, made with
-                        * the segment so that a refusal needs no memory (malloc'd: freed by
+                        * the segment so that a refusal needs no memory; mpi: the node ranks'
+                        * part bases, for peer pointers without an MPI call (malloc'd: freed by
                         * `release`, or with the segment's record where it is never released) */
 } sp_sym_seg_t;
 

@@ -775,7 +775,12 @@ static sp_status_t world_create(MPI_Comm comm, bool from_init, sp_world_t **worl
     MPI_Comm_set_errhandler(w->node_comm, MPI_ERRORS_RETURN);
     MPI_Comm_rank(w->node_comm, &w->local_rank);
     MPI_Comm_size(w->node_comm, &w->local_size);
-    sp__log_set_rank(w->rank);
+    /* The process's rank for log lines and "%r" in file names is its rank in the job (what the
+     * launcher exports, history.h), not in this world: a world on a subset of the job shares
+     * each of its ranks between several processes, whose files would overwrite each other. */
+    int job_rank = -1;
+    if (MPI_Comm_rank(MPI_COMM_WORLD, &job_rank) == MPI_SUCCESS)
+        sp__log_set_rank(job_rank);
     /* A rank whose rank table failed still joins the node table's gather (node_table). */
     SP_CHECK_GOTO(node_table(w, &s, rank_table(w, &s)), st, fail);
 
@@ -906,17 +911,16 @@ SP_EXPORT sp_status_t sp_world_init(int *argc, char ***argv, sp_world_t **world_
     pthread_mutex_unlock(&s_lock);
     sp_world_t *w = NULL;
     sp_status_t st = world_create(MPI_COMM_WORLD, true, &w);
+    /* A failed creation leaves MPI initialized (and ours: a later sp_world_init uses it, and the
+     * finalize of its world finalizes it). MPI_Finalize is collective over the job (Open MPI
+     * 4.1's waits in a PMIx fence for every process), so after a timeout, where a peer may
+     * never come, finalizing here would wait for that peer instead of returning the error. */
+    if (st != SP_SUCCESS)
+        return st;
     pthread_mutex_lock(&s_lock);
-    if (st == SP_SUCCESS)
-        s_init_worlds++;
-    bool finalize_now = st != SP_SUCCESS && s_we_initialized_mpi && s_init_worlds == 0;
-    if (finalize_now)
-        s_we_initialized_mpi = false;
+    s_init_worlds++;
     pthread_mutex_unlock(&s_lock);
-    if (finalize_now)
-        MPI_Finalize(); /* leave the process as we found it */
-    if (st == SP_SUCCESS)
-        *world_p = w;
+    *world_p = w;
     return st;
 }
 
@@ -1085,9 +1089,13 @@ SP_EXPORT sp_status_t sp_world_finalize(sp_world_t *w) {
                              "still pending; its communicator is left allocated");
     else
         MPI_Comm_free(&w->agree_comm);
+    /* MPI is finalized only when every rank agreed in time that it is finalizing: MPI_Finalize
+     * waits for every process of the job (sp_world_init), so after a failed round, where a peer
+     * may never come, it would wait for that peer instead of returning the error. MPI then stays
+     * initialized and ours, for a later world's finalize (or the user) to finalize. */
     bool finalize_mpi = false;
     pthread_mutex_lock(&s_lock);
-    if (w->from_init && --s_init_worlds == 0 && s_we_initialized_mpi) {
+    if (w->from_init && --s_init_worlds == 0 && s_we_initialized_mpi && in_step) {
         s_we_initialized_mpi = false;
         finalize_mpi = true;
     }

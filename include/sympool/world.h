@@ -27,8 +27,10 @@ extern "C" {
 typedef struct sp_world sp_world_t;
 
 /**
- * Collective over MPI_COMM_WORLD. Initializes MPI if nobody did (then finalize will finalize it),
- * duplicates the communicator, finds the local rank, picks the device by local rank and on cuda
+ * Collective over MPI_COMM_WORLD. Initializes MPI if nobody did (then finalize will finalize it;
+ * a failed creation leaves it initialized, for a later sp_world_init to use: MPI_Finalize waits
+ * for every process of the job, which a rank that never came would make a hang), duplicates the
+ * communicator, finds the local rank, picks the device by local rank and on cuda
  * creates the NCCL communicator from an id rank 0 makes and broadcasts. Bounded by
  * SYMPOOL_SYM_TIMEOUT like every collective call: a rank that never comes (or, for
  * sp_world_from_comm, passes another communicator) is SP_ERR_TIMEOUT on the ranks waiting for it.
@@ -45,7 +47,10 @@ sp_status_t sp_world_init(int *argc, char ***argv, sp_world_t **world_p);
 sp_status_t sp_world_from_comm(MPI_Comm comm, sp_world_t **world_p);
 
 /**
- * Collective: frees the world; finalizes MPI only if sp_world_init initialized it. First it
+ * Collective: frees the world; finalizes MPI only if sp_world_init initialized it, this was the
+ * last world from sp_world_init, and every rank came to this call in time (after a timeout MPI
+ * stays initialized: MPI_Finalize would wait for the missing rank; the next world from
+ * sp_world_init, or the caller, finalizes it). First it
  * runs what must happen while the world still works (SYMPOOL_REPORT, releasing the segments of
  * symmetric pools still alive). Calling it twice on one world (also from two threads at once:
  * one call finalizes, the other is SP_ERR_INVALID_USAGE), or on a pointer that is not a world,

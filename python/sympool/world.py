@@ -102,7 +102,8 @@ class World(_lib.Handle):
     @classmethod
     def init(cls):
         """sp_world_init: sympool initializes MPI itself if nobody did (and finalize() then
-        finalizes it)."""
+        finalizes it, unless a rank missed its deadline: MPI_Finalize would wait for that rank;
+        a failed init leaves MPI initialized too)."""
         _need("sp_world_init")
         w = ctypes.c_void_p()
         check(lib().sp_world_init(None, None, ctypes.byref(w)))
@@ -166,11 +167,16 @@ class World(_lib.Handle):
         with self._lock:  # two threads finalizing one world: the second does nothing
             if self._handle is None:
                 return
-            check(lib().sp_world_finalize(self._handle))
-            for pool in self._pools:
-                pool._released()  # released with the world
-            self._pools = []
-            self._handle = None
+            status = lib().sp_world_finalize(self._handle)
+            # A failed finalize frees the world too (a peer late or gone, a broken world, MPI
+            # finalized first) unless it refused before touching it: the handle is then stale,
+            # and a new World may get its address. A live world answers a size of at least 1.
+            if status == 0 or lib().sp_world_size(self._handle) == 0:
+                for pool in self._pools:
+                    pool._released()  # released with the world
+                self._pools = []
+                self._handle = None
+            check(status)
 
     def create_symmetric_pool(self, params, pool):
         """Collective: sp_symmetric_mempool_create with params (an _lib.MemPoolParams); returns

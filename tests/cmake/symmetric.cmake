@@ -154,10 +154,30 @@ endfunction()
 # ok line is printed after it).
 sp_mpi_c_test_np2(world_dup_abandoned world-dup-abandoned "SYMPOOL_SYM_TIMEOUT=1e-9")
 
+# sympool initialized MPI and a peer never comes to sp_world_init (init) or sp_world_finalize
+# (finalize): the waiting rank returns SP_ERR_TIMEOUT at its deadline with MPI still initialized,
+# instead of waiting in MPI_Finalize (collective over the job) until the peer ends.
+add_executable(world_peer_missing ${PROJECT_SOURCE_DIR}/tests/mpi/world_peer_missing.c)
+target_compile_options(world_peer_missing PRIVATE ${SP_WARN})
+target_link_libraries(world_peer_missing PRIVATE sympool_static MPI::MPI_C)
+foreach(mode init finalize)
+  add_test(NAME mpi.world_peer_missing.${mode}.np2
+    COMMAND ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} 2 --oversubscribe
+            $<TARGET_FILE:world_peer_missing> ${mode})
+  set_tests_properties(mpi.world_peer_missing.${mode}.np2 PROPERTIES LABELS mpi TIMEOUT 120
+    ENVIRONMENT "${SP_TEST_ENV};SYMPOOL_SYM_TIMEOUT=1"
+    PASS_REGULAR_EXPRESSION "world-peer-missing: ok rank 0.*world-peer-missing: ok rank 1|world-peer-missing: ok rank 1.*world-peer-missing: ok rank 0"
+    FAIL_REGULAR_EXPRESSION "world-peer-missing: FAIL")
+endforeach()
+
 # The user finalizes MPI while a world and a symmetric pool are live: every later collective
 # call is refused with SP_ERR_INVALID_USAGE instead of entering MPI (an abort), and
 # sp_world_finalize still frees the world.
 sp_mpi_c_test_np2(sym_mpi_gone sym-mpi-gone "SYMPOOL_SYM_TIMEOUT=5")
+
+# sp_symmetric_peer_ptr from a worker thread with MPI at MPI_THREAD_FUNNELED: no MPI call off
+# the main thread (the mpi registrar's peer table is filled when the segment is made).
+sp_mpi_c_test_np2(sym_peer_funneled sym-peer-funneled "SYMPOOL_SYM_TIMEOUT=20")
 
 # Ranks that report different devices (each its own, as on a cuda node): the report's header
 # and JSON name them all, not the root's alone. Two host devices, rank r on device r.

@@ -1,8 +1,9 @@
 /*
  * sym_mpi_gone.c: the user finalizes MPI while a world and a symmetric pool are still live.
- * Every later collective sympool call on them (and sp_symmetric_peer_ptr, which asks MPI for a
- * peer's segment) must return SP_ERR_INVALID_USAGE saying so, never enter MPI (Open MPI aborts the
- * process for a call after MPI_Finalize), and sp_world_finalize must still free what is sympool's.
+ * Every later collective sympool call on them (and sp_symmetric_peer_ptr, whose peer's segment
+ * is MPI shared memory) must return SP_ERR_INVALID_USAGE saying so, never enter MPI (Open MPI
+ * aborts the process for a call after MPI_Finalize), and sp_world_finalize must still free what is
+ * sympool's.
  *
  * The pool's state and cached segment are left behind on purpose (nothing can release a
  * registration once MPI is gone), so LeakSanitizer lists them in sanitizer builds.
@@ -56,7 +57,7 @@ int main(int argc, char **argv) {
     expect(rank, "sp_symmetric_mempool_create", sp_symmetric_mempool_create(w, NULL, &q));
     expect(rank, "sp_symmetric_malloc", sp_symmetric_malloc(pool, 4096, NULL, &blk));
     expect(rank, "sp_symmetric_empty_cache", sp_symmetric_empty_cache(pool));
-    /* Local, but the mpi registrar asks MPI (MPI_Win_shared_query) for a peer's segment. */
+    /* Local, but the mpi registrar's peer segments are MPI shared memory, gone with MPI. */
     expect(rank, "sp_symmetric_peer_ptr", sp_symmetric_peer_ptr(held, (rank + 1) % n, &peer));
     expect(rank, "sp_symmetric_mempool_destroy", sp_symmetric_mempool_destroy(pool));
     expect(rank, "sp_world_finalize", sp_world_finalize(w));

@@ -4,6 +4,12 @@
 // tests/cmake/symmetric_world_init.c, registered by tests/cmake/symmetric.cmake.)
 #include <mpi.h>
 
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <ctime>
 #include <string>
@@ -12,7 +18,9 @@
 #include "mpi_util.hpp"
 
 extern "C" {
+#include "core/core.h"
 #include "world/world.h"
+#include <sympool/history.h>
 }
 
 namespace {
@@ -72,6 +80,36 @@ TEST_F(World, FromCommUsesTheCallersCommunicator) {
     EXPECT_LE(sp_world_local_rank(w), hr);
     ASSERT_SP_OK(sp_world_finalize(w));
     MPI_Comm_free(&half);
+}
+
+// A world on a subset of the job (MPI_Comm_split) ranks its processes within the subset, where
+// two processes share each rank. "%r" in a file name (sp_dump_snapshot, SYMPOOL_DEBUG_FILE,
+// SYMPOOL_REPORT_FILE) is the launcher's rank (history.h), one per process: it stayed the
+// subset world's, so the processes of the two halves wrote each other's snapshot files and logs.
+TEST_F(World, FileRankStaysTheJobRankInASubsetWorld) {
+    char dir[64] = "/tmp/sp_world_rank_XXXXXX";
+    if (mpi_rank() == 0)
+        ASSERT_NE(mkdtemp(dir), nullptr) << std::strerror(errno);
+    MPI_Bcast(dir, sizeof dir, MPI_CHAR, 0, MPI_COMM_WORLD);
+    MPI_Comm half;
+    MPI_Comm_split(MPI_COMM_WORLD, mpi_rank() % 2, mpi_rank(), &half);
+    sp_world_t *w = nullptr;
+    ASSERT_SP_OK(sp_world_from_comm(half, &w));
+    EXPECT_EQ(sp__process_rank(), mpi_rank()) << "world rank " << sp_world_rank(w);
+    std::string pattern = std::string(dir) + "/snap.%r.json";
+    ASSERT_SP_OK(sp_dump_snapshot(pattern.c_str()));
+    MPI_Barrier(MPI_COMM_WORLD); // every rank's file is written
+    std::string mine = std::string(dir) + "/snap." + std::to_string(mpi_rank()) + ".json";
+    struct stat st;
+    EXPECT_EQ(stat(mine.c_str(), &st), 0) << mine << " is missing";
+    ASSERT_SP_OK(sp_world_finalize(w));
+    MPI_Comm_free(&half);
+    MPI_Barrier(MPI_COMM_WORLD); // every rank has looked
+    if (mpi_rank() == 0) {
+        for (int r = 0; r < mpi_size(); r++)
+            std::remove((std::string(dir) + "/snap." + std::to_string(r) + ".json").c_str());
+        EXPECT_EQ(rmdir(dir), 0) << "a file named by another rank is left in " << dir;
+    }
 }
 
 TEST_F(World, TwoWorldsAtOnce) {

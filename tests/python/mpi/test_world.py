@@ -532,3 +532,35 @@ def test_read_only_buffers_are_refused_only_where_written(world):
     assert list(dst) == [world.size * (world.size + 1) / 2] * n
     sympool.free(a)
     sympool.free(b)
+
+
+def test_world_whose_finalize_failed_is_finalized(world):
+    # sp_world_finalize frees the world even when it fails (a peer missed its deadline), but
+    # World kept the handle: rank read -1, a second finalize() raised "not a live world", and
+    # once a new World got the same address (malloc reuses it) finalize() on the old object
+    # finalized the new one. Rank 1 finalizes late, after rank 0's deadline: both calls fail.
+    import sympool
+    from sympool import _lib
+    comm = MPI.COMM_WORLD.Split(world.rank < 2, world.rank)
+    sub = sympool.World(comm)
+    set_opt = _lib.lib().sp_x_option_set
+    set_opt.restype, set_opt.argtypes = ctypes.c_int, [ctypes.c_char_p, ctypes.c_char_p]
+    if world.rank < 2:
+        assert set_opt(b"SYMPOOL_SYM_TIMEOUT", b"1") == 0
+        try:
+            if world.rank == 1:
+                MPI.COMM_WORLD.recv(source=0, tag=7321)  # rank 0's deadline has passed
+            with pytest.raises(sympool.SympoolError) as e:
+                sub.finalize()
+            assert e.value.status == "SP_ERR_TIMEOUT", str(e.value)
+            if world.rank == 0:
+                MPI.COMM_WORLD.send(None, dest=1, tag=7321)
+        finally:
+            set_opt(b"SYMPOOL_SYM_TIMEOUT", None)
+        with pytest.raises(sympool.SympoolError, match="finalized"):
+            sub.rank
+        sub.finalize()  # nothing left to finalize: a no-op, as after a successful one
+    else:
+        sub.finalize()
+    comm.Free()
+    MPI.COMM_WORLD.Barrier()
