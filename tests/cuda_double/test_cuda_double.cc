@@ -694,6 +694,36 @@ TEST_F(CudaDoubleSympool, ExpandableEmptyCacheDuringACaptureOnASympoolStreamRele
     empty_cache_during_capture_on_a_sympool_stream();
 }
 
+// sp_stream_destroy takes any CUDA stream, the application's own too. A non-blocking stream of the
+// application's that captures a graph is not seen by the device-wide check (cuda_device_capturing
+// knows sympool's streams and the legacy stream only), yet here it is the very stream named:
+// synchronizing a capturing stream is invalid and invalidates the capture ("It is invalid to
+// synchronize or query the execution status of a stream which is being captured", Programming
+// Guide, CUDA Graphs, "Prohibited and Unhandled Operations"), and its cached segment may hold
+// memory the graph uses. The destroy used to release that segment, synchronize the stream (the
+// capture invalidated) and fail; it must refuse first and change nothing.
+TEST_F(CudaDoubleSympool, DestroyOfTheApplicationsCapturingStreamChangesNothing) {
+    NEED_DOUBLE();
+    expect_warnings();
+    cudaStream_t cs;
+    ASSERT_EQ(cudaStreamCreateWithFlags(&cs, cudaStreamNonBlocking), cudaSuccess);
+    void *p = nullptr;
+    ASSERT_SP_OK(sp_malloc(5 << 20, 0, (sp_stream_t)cs, &p));
+    ASSERT_SP_OK(sp_free(p));
+    size_t reserved = sp_memory_reserved(0);
+    ASSERT_GT(reserved, 0u);
+    ASSERT_EQ(cudaStreamBeginCapture(cs, cudaStreamCaptureModeGlobal), cudaSuccess);
+    EXPECT_EQ(sp_stream_destroy((sp_stream_t)cs), SP_ERR_BUSY)
+        << "destroyed (synchronized) during its own capture";
+    EXPECT_EQ(sp_memory_reserved(0), reserved) << "its segment was released during the capture";
+    cudaGraph_t g = nullptr;
+    EXPECT_EQ(cudaStreamEndCapture(cs, &g), cudaSuccess) << "sympool invalidated the capture";
+    cudaGraphDestroy(g);
+    ASSERT_SP_OK(sp_stream_destroy((sp_stream_t)cs));
+    ASSERT_SP_OK(sp_empty_cache());
+    EXPECT_EQ(sp_memory_reserved(0), 0u);
+}
+
 // A free of a block recorded on a side stream makes an event there; when no event can be made
 // (cudaEventCreateWithFlags fails) and waiting for the stream fails too, the block used to go
 // back to the cache at once, and the next malloc handed it out while the side stream's work on
