@@ -369,9 +369,9 @@ static void cuda_fini(void) {
     vmm_fini();
     for (int d = 0; d < g_cuda.count; d++) {
         cuda_dev_t *dev = &g_cuda.devs[d];
-        /* Only a device with pooled events is visited: the others need nothing, and visiting
-         * them would make a context there. */
-        if (dev->npool > 0) {
+        /* Only a device with pooled events or live streams is visited: the others need
+         * nothing, and visiting them would make a context there. */
+        if (dev->npool > 0 || dev->nown > 0) {
             int prev = -1;
             bool guarded = guard_enter(d, &prev) == SP_SUCCESS;
             for (size_t i = 0; i < dev->npool; i++) {
@@ -379,6 +379,25 @@ static void cuda_fini(void) {
                 if (err != cudaSuccess)
                     drop_last_error(err);
             }
+            /* The streams cuda_stream_create made and nobody destroyed: forgotten here, they
+             * would leak for the process's life (sp_shutdown releases everything; the host
+             * backend's streams go too). cudaStreamDestroy does not wait: queued work finishes
+             * first. One that captures a graph cannot be destroyed now and stays (logged). */
+            size_t kept = 0;
+            for (size_t i = 0; i < dev->nown; i++) {
+                enum cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
+                cudaError_t err = cudaStreamIsCapturing(dev->own[i], &st);
+                if (err == cudaSuccess && st == cudaStreamCaptureStatusNone)
+                    err = cudaStreamDestroy(dev->own[i]);
+                if (err != cudaSuccess)
+                    drop_last_error(err);
+                kept += err != cudaSuccess || st != cudaStreamCaptureStatusNone;
+            }
+            if (kept)
+                SP_WARN(SP_SUB_DEVICE,
+                        "device %d: %zu stream(s) sympool made could not be destroyed at shutdown "
+                        "(capturing a CUDA graph, or refused); they stay",
+                        d, kept);
             if (guarded)
                 guard_exit(d, prev);
         }

@@ -416,6 +416,18 @@ DBL_EXPORT int dbl_rt_stream(void *h, int dev, int *dev_p, bool *capturing_p) {
     return rc;
 }
 
+/* Test hook: streams of device `dev` that cudaStreamCreate* made and cudaStreamDestroy has not
+ * destroyed (the legacy streams are not counted). Exported from libcudart.so.13. */
+DBL_EXPORT int cuda_double_live_streams(int dev) {
+    pthread_once(&g_init_once, rt_init);
+    int n = 0;
+    pthread_mutex_lock(&g_rt);
+    for (stream_t *s = g_streams; s; s = s->next_all)
+        n += !s->legacy && !s->destroyed && s->dev == dev;
+    pthread_mutex_unlock(&g_rt);
+    return n;
+}
+
 /* ---- devices ----------------------------------------------------------------------------------
  */
 

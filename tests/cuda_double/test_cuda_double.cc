@@ -724,6 +724,40 @@ TEST_F(CudaDoubleSympool, DestroyOfTheApplicationsCapturingStreamChangesNothing)
     EXPECT_EQ(sp_memory_reserved(0), 0u);
 }
 
+// sp_shutdown releases everything (API.md), and the backend's fini releases the streams it made
+// (device.h); the host backend's streams are gone after it, and the Python Stream leaves a stream
+// from before an sp_shutdown alone (docs/API.md). cuda's fini forgot its streams without
+// destroying them: every stream not destroyed before sp_shutdown leaked for the process's life.
+TEST_F(CudaDoubleSympool, ShutdownDestroysTheStreamsSympoolMade) {
+    NEED_DOUBLE();
+    auto live = reinterpret_cast<int (*)(int)>(dlsym(RTLD_DEFAULT, "cuda_double_live_streams"));
+    ASSERT_NE(live, nullptr);
+    cudaStream_t mine;
+    ASSERT_EQ(cudaStreamCreateWithFlags(&mine, cudaStreamNonBlocking), cudaSuccess);
+    sp_stream_t s0 = nullptr, s1 = nullptr;
+    ASSERT_SP_OK(sp_stream_create(0, &s0));
+    ASSERT_SP_OK(sp_stream_create(1, &s1));
+    void *p = nullptr;
+    ASSERT_SP_OK(sp_malloc(1 << 20, 0, s0, &p));
+    ASSERT_SP_OK(sp_free(p));
+    // A stream capturing a graph on a device without segments does not stop the shutdown, and
+    // cannot be destroyed now: it stays, its capture intact.
+    sp_stream_t c1 = nullptr;
+    ASSERT_SP_OK(sp_stream_create(1, &c1));
+    ASSERT_EQ(cudaStreamBeginCapture((cudaStream_t)c1, cudaStreamCaptureModeRelaxed), cudaSuccess);
+    ASSERT_EQ(live(0), 2);
+    ASSERT_EQ(live(1), 2);
+    expect_warnings();
+    ASSERT_SP_OK(sp_shutdown());
+    EXPECT_EQ(live(0), 1) << "sympool's stream on device 0 outlived sp_shutdown";
+    EXPECT_EQ(live(1), 1) << "sympool's stream on device 1 outlived sp_shutdown";
+    cudaGraph_t g = nullptr;
+    EXPECT_EQ(cudaStreamEndCapture((cudaStream_t)c1, &g), cudaSuccess);
+    cudaGraphDestroy(g);
+    EXPECT_EQ(cudaStreamDestroy((cudaStream_t)c1), cudaSuccess);
+    EXPECT_EQ(cudaStreamDestroy(mine), cudaSuccess) << "the application's own stream is its own";
+}
+
 // A free of a block recorded on a side stream makes an event there; when no event can be made
 // (cudaEventCreateWithFlags fails) and waiting for the stream fails too, the block used to go
 // back to the cache at once, and the next malloc handed it out while the side stream's work on
