@@ -617,6 +617,15 @@ SP_EXPORT int sp_x_stream_live(sp_stream_t stream) {
     /* The backend's check reports an unknown handle as an error: here that is the answer. */
     int dev = -1;
     sp__errors_quiet(true);
+    /* A handle the backend destroyed must not reach its check (cuda: undefined behaviour). */
+    if (sp__g.ops->stream_destroyed && sp__g.ops->stream_destroyed(stream)) {
+        (void)sp__error(SP_ERR_INVALID_ARGUMENT, SP_SUB_POOL,
+                        "sp_x_stream_live: %p was destroyed by sp_stream_destroy (or sp_shutdown) "
+                        "and no stream has been made at it since",
+                        stream);
+        sp__errors_quiet(false);
+        return 0;
+    }
     sp_status_t st = sp__g.ops->stream_device(stream, &dev);
     sp__errors_quiet(false);
     if (st != SP_SUCCESS && st != SP_ERR_INVALID_ARGUMENT)

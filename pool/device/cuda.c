@@ -63,6 +63,37 @@ typedef struct cuda_dev {
     size_t nown, own_cap; /* mu */
 } cuda_dev_t;
 
+/* Handles cuda_stream_destroy destroyed that no cuda_stream_create has returned since: asking
+ * CUDA about one is undefined behaviour (cuda_stream_destroyed). */
+static struct {
+    pthread_mutex_t mu;
+    cudaStream_t *h; /* [n]; mu */
+    size_t n, cap;   /* mu */
+} g_dead = {.mu = PTHREAD_MUTEX_INITIALIZER};
+
+/* Add (dead) or remove (!dead) a handle; one that finds no room (no host memory) is not kept. */
+static void dead_mark(cudaStream_t s, bool dead) {
+    pthread_mutex_lock(&g_dead.mu);
+    size_t i = 0;
+    while (i < g_dead.n && g_dead.h[i] != s)
+        i++;
+    if (!dead && i < g_dead.n)
+        g_dead.h[i] = g_dead.h[--g_dead.n];
+    if (dead && i == g_dead.n) {
+        if (g_dead.n == g_dead.cap) {
+            size_t ncap = g_dead.cap ? g_dead.cap * 2 : 16;
+            cudaStream_t *nh = realloc(g_dead.h, ncap * sizeof(*nh));
+            if (nh) {
+                g_dead.h = nh;
+                g_dead.cap = ncap;
+            }
+        }
+        if (g_dead.n < g_dead.cap)
+            g_dead.h[g_dead.n++] = s;
+    }
+    pthread_mutex_unlock(&g_dead.mu);
+}
+
 /* Driver entry points (NULL when the driver did not hand one out). */
 typedef CUresult (*cu_device_get_fn)(CUdevice *, int);
 typedef CUresult (*cu_device_attr_fn)(int *, CUdevice_attribute, CUdevice);
@@ -387,8 +418,9 @@ static void cuda_fini(void) {
             for (size_t i = 0; i < dev->nown; i++) {
                 enum cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
                 cudaError_t err = cudaStreamIsCapturing(dev->own[i], &st);
-                if (err == cudaSuccess && st == cudaStreamCaptureStatusNone)
-                    err = cudaStreamDestroy(dev->own[i]);
+                if (err == cudaSuccess && st == cudaStreamCaptureStatusNone &&
+                    (err = cudaStreamDestroy(dev->own[i])) == cudaSuccess)
+                    dead_mark(dev->own[i], true);
                 if (err != cudaSuccess)
                     drop_last_error(err);
                 kept += err != cudaSuccess || st != cudaStreamCaptureStatusNone;
@@ -501,6 +533,7 @@ static sp_status_t cuda_stream_create(int device, sp_dev_stream_t *stream_p) {
         res = sp__error(SP_ERR_SYSTEM, SP_SUB_DEVICE, "cannot record a new stream");
         goto out;
     }
+    dead_mark(s, false); /* a handle destroyed before, made again */
     *stream_p = (sp_dev_stream_t)s;
 out:
     guard_exit(device, prev);
@@ -525,7 +558,14 @@ static sp_status_t cuda_stream_destroy(int device, sp_dev_stream_t stream) {
             break;
         }
     pthread_mutex_unlock(&dev->mu);
-    CU_TRY_OUT(cudaStreamDestroy((cudaStream_t)stream), res);
+    /* Marked before the destroy: once it returns, another thread's stream_create may get the
+     * handle and unmark it, which a mark made after would undo. */
+    dead_mark((cudaStream_t)stream, true);
+    cudaError_t err = cudaStreamDestroy((cudaStream_t)stream);
+    if (err != cudaSuccess) {
+        dead_mark((cudaStream_t)stream, false); /* still live */
+        res = cuda_fail(err, __FILE__, __LINE__, "cudaStreamDestroy");
+    }
 out:
     guard_exit(device, prev);
     return res;
@@ -572,6 +612,16 @@ static sp_status_t cuda_stream_device(sp_dev_stream_t stream, int *device_p) {
     }
     *device_p = d;
     return SP_SUCCESS;
+}
+
+static bool cuda_stream_destroyed(sp_dev_stream_t stream) {
+    pthread_mutex_lock(&g_dead.mu);
+    size_t i = 0;
+    while (i < g_dead.n && g_dead.h[i] != (cudaStream_t)stream)
+        i++;
+    bool dead = i < g_dead.n;
+    pthread_mutex_unlock(&g_dead.mu);
+    return dead;
 }
 
 /* ---- events ------------------------------------------------------------------------------- */
@@ -1141,6 +1191,7 @@ static const sp_device_ops_t cuda_ops = {
     .stream_sync = cuda_stream_sync,
     .stream_capturing = cuda_stream_capturing,
     .stream_device = cuda_stream_device,
+    .stream_destroyed = cuda_stream_destroyed,
     .device_capturing = cuda_device_capturing,
     .device_sync = cuda_device_sync,
     .event_create = cuda_event_create,

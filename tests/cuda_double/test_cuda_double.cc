@@ -758,6 +758,22 @@ TEST_F(CudaDoubleSympool, ShutdownDestroysTheStreamsSympoolMade) {
     EXPECT_EQ(cudaStreamDestroy(mine), cudaSuccess) << "the application's own stream is its own";
 }
 
+// sp_x_stream_live is what a holder of a stream asks before destroying it, in case the stream was
+// destroyed by other means (the Python Stream after an sp_stream_destroy through ctypes). On cuda
+// it asked cudaStreamGetDevice about the destroyed handle: "Use of the handle after this call is
+// undefined behavior" (cudaStreamDestroy, CUDA Runtime API), and the double stops the process
+// there as a GPU may crash. A handle sympool destroyed answers 0 without asking, until
+// sp_stream_create makes a stream at it again.
+TEST_F(CudaDoubleSympool, AStreamSympoolDestroyedIsNotLiveAndCudaIsNotAsked) {
+    NEED_DOUBLE();
+    sp_stream_t s = nullptr;
+    ASSERT_SP_OK(sp_stream_create(0, &s));
+    EXPECT_EQ(sp_x_stream_live(s), 1);
+    ASSERT_SP_OK(sp_stream_destroy(s));
+    EXPECT_EQ(sp_x_stream_live(s), 0);
+    EXPECT_NE(std::string(sp_last_error()).find("destroyed"), std::string::npos) << sp_last_error();
+}
+
 // A free of a block recorded on a side stream makes an event there; when no event can be made
 // (cudaEventCreateWithFlags fails) and waiting for the stream fails too, the block used to go
 // back to the cache at once, and the next malloc handed it out while the side stream's work on
