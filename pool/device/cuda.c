@@ -14,9 +14,9 @@
  * Every op that names a device runs under a device guard: it makes `device` current and puts the
  * caller's current device back afterwards, so the allocator never changes the application's
  * device behind its back. CUDA errors are translated here, at the one place each call is made:
- * cudaErrorMemoryAllocation becomes SP_ERR_OUT_OF_MEMORY (quiet: the allocator frees its cache
- * and retries), anything else SP_ERR_DEVICE with "cudaErrorX: description". A failed call also
- * leaves its code in the runtime's last-error slot; we take it out (only when the slot holds
+ * cudaMalloc's cudaErrorMemoryAllocation becomes SP_ERR_OUT_OF_MEMORY (quiet: the allocator frees
+ * its cache and retries), anything else SP_ERR_DEVICE with "cudaErrorX: description". A failed call
+ * also leaves its code in the runtime's last-error slot; we take it out (only when the slot holds
  * that same code, so an older pending error of the application stays for it to see) so that it
  * does not resurface in an unrelated later cudaGetLastError. A sticky error (illegal address, a
  * kernel fault) cannot be cleared: every later call in the context fails, and the message says
@@ -143,12 +143,11 @@ static void drop_last_error(cudaError_t err) {
         (void)cudaGetLastError();
 }
 
-/* Translate a CUDA failure at the call site. */
+/* Translate a CUDA failure at the call site. Out of memory too is SP_ERR_DEVICE here: only
+ * cudaMalloc's is the allocator's quiet SP_ERR_OUT_OF_MEMORY (cuda_mem_alloc), which it answers by
+ * freeing its cache and retrying; a stream, an event or a query refused for memory is not. */
 static sp_status_t cuda_fail(cudaError_t err, const char *file, int line, const char *what) {
     drop_last_error(err);
-    if (err == cudaErrorMemoryAllocation)
-        return sp__error_quiet_at(SP_ERR_OUT_OF_MEMORY, SP_SUB_DEVICE, file, line, "%s: %s: %s",
-                                  what, cudaGetErrorName(err), cudaGetErrorString(err));
     return sp__error_at(SP_ERR_DEVICE, SP_SUB_DEVICE, file, line, "%s: %s: %s%s", what,
                         cudaGetErrorName(err), cudaGetErrorString(err),
                         is_sticky(err) ? " (a sticky error: this process's CUDA context is "
@@ -452,6 +451,12 @@ static sp_status_t cuda_mem_alloc(int device, size_t size, void **ptr_p) {
     enum cudaStreamCaptureMode mode = relax_enter();
     cudaError_t err = cudaMalloc(&p, size);
     relax_exit(mode);
+    if (err == cudaErrorMemoryAllocation) {
+        drop_last_error(err);
+        res = sp__error_quiet(SP_ERR_OUT_OF_MEMORY, SP_SUB_DEVICE, "cudaMalloc: %s: %s",
+                              cudaGetErrorName(err), cudaGetErrorString(err));
+        goto out;
+    }
     CU_CHECK_OUT(err, "cudaMalloc", res);
     *ptr_p = p;
 out:

@@ -774,6 +774,34 @@ TEST_F(CudaDoubleSympool, AStreamSympoolDestroyedIsNotLiveAndCudaIsNotAsked) {
     EXPECT_NE(std::string(sp_last_error()).find("destroyed"), std::string::npos) << sp_last_error();
 }
 
+// SP_ERR_OUT_OF_MEMORY means the device was exhausted after the cache was freed and the
+// allocation retried (API.md), and only mem_alloc's out-of-memory is the quiet one the allocator
+// retries (device.h). A call that allocates nothing sympool can free for it (a stream, a memory
+// query) and is refused with cudaErrorMemoryAllocation is a device error, as the release path and
+// cudaStreamGetDevice already report it; it used to come back as a quiet SP_ERR_OUT_OF_MEMORY.
+TEST_F(CudaDoubleSympool, OutOfMemoryOutsideAnAllocationIsADeviceError) {
+    NEED_DOUBLE();
+    expect_warnings();
+    sp_stream_t s = nullptr;
+    inject("cudaStreamCreateWithFlags", cudaErrorMemoryAllocation);
+    EXPECT_SP_STATUS(sp_stream_create(0, &s), SP_ERR_DEVICE);
+    EXPECT_NE(std::string(sp_last_error()).find("cudaStreamCreateWithFlags"), std::string::npos)
+        << sp_last_error();
+    EXPECT_EQ(cudaGetLastError(), cudaSuccess) << "sympool took its own error out of the slot";
+    size_t fr = 0, tot = 0;
+    inject("cudaMemGetInfo", cudaErrorMemoryAllocation);
+    EXPECT_SP_STATUS(sp_get_memory_info(0, &fr, &tot), SP_ERR_DEVICE);
+    ASSERT_SP_OK(sp_stream_create(0, &s));
+    inject("cudaStreamSynchronize", cudaErrorMemoryAllocation);
+    EXPECT_SP_STATUS(sp_stream_synchronize(s), SP_ERR_DEVICE);
+    // cudaMalloc's out of memory stays the allocator's: freed cache, retry, and the OOM report.
+    void *p = nullptr;
+    inject("cudaMalloc", cudaErrorMemoryAllocation);
+    ASSERT_SP_OK(sp_malloc(1 << 20, 0, s, &p));
+    ASSERT_SP_OK(sp_free(p));
+    ASSERT_SP_OK(sp_stream_destroy(s));
+}
+
 // A free of a block recorded on a side stream makes an event there; when no event can be made
 // (cudaEventCreateWithFlags fails) and waiting for the stream fails too, the block used to go
 // back to the cache at once, and the next malloc handed it out while the side stream's work on
