@@ -577,12 +577,17 @@ SP_EXPORT sp_status_t sp_stream_destroy(sp_stream_t stream) {
     sp_devalloc_t *d = &sp__g.devs[dev];
     /* Releasing the stream's segments waits and frees, which breaks a global-mode capture (and
      * the graph may use the memory); keeping them would let a later stream with this handle
-     * reuse them unordered. So the destroy waits for the capture to end. */
-    if (sp__alloc_capture_underway(d))
+     * reuse them unordered. So the destroy waits for the capture to end. The device-wide check
+     * does not see a non-blocking stream of the application's (cuda.c, cuda_device_capturing),
+     * so the stream itself is asked too: destroying it means synchronizing it, which would
+     * invalidate its own capture. */
+    bool self = false;
+    if (sp__alloc_capture_underway(d) ||
+        (sp__g.ops->stream_capturing(dev, stream, &self) == SP_SUCCESS && self))
         return sp__error(SP_ERR_BUSY, SP_SUB_POOL,
-                         "sp_stream_destroy: a CUDA graph capture is under way on device %d; "
+                         "sp_stream_destroy: a CUDA graph capture is under way on %s %d; "
                          "destroy the stream after the capture ends (nothing was destroyed)",
-                         dev);
+                         self ? "this stream, of device" : "device", dev);
     sp__lock(&d->lock);
     (void)sp__tc_drain(d); /* thread caches key blocks by stream too */
     sp__alloc_sync_events(d, NULL);
@@ -612,6 +617,15 @@ SP_EXPORT int sp_x_stream_live(sp_stream_t stream) {
     /* The backend's check reports an unknown handle as an error: here that is the answer. */
     int dev = -1;
     sp__errors_quiet(true);
+    /* A handle the backend destroyed must not reach its check (cuda: undefined behaviour). */
+    if (sp__g.ops->stream_destroyed && sp__g.ops->stream_destroyed(stream)) {
+        (void)sp__error(SP_ERR_INVALID_ARGUMENT, SP_SUB_POOL,
+                        "sp_x_stream_live: %p was destroyed by sp_stream_destroy (or sp_shutdown) "
+                        "and no stream has been made at it since",
+                        stream);
+        sp__errors_quiet(false);
+        return 0;
+    }
     sp_status_t st = sp__g.ops->stream_device(stream, &dev);
     sp__errors_quiet(false);
     if (st != SP_SUCCESS && st != SP_ERR_INVALID_ARGUMENT)

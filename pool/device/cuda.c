@@ -14,9 +14,9 @@
  * Every op that names a device runs under a device guard: it makes `device` current and puts the
  * caller's current device back afterwards, so the allocator never changes the application's
  * device behind its back. CUDA errors are translated here, at the one place each call is made:
- * cudaErrorMemoryAllocation becomes SP_ERR_OUT_OF_MEMORY (quiet: the allocator frees its cache
- * and retries), anything else SP_ERR_DEVICE with "cudaErrorX: description". A failed call also
- * leaves its code in the runtime's last-error slot; we take it out (only when the slot holds
+ * cudaMalloc's cudaErrorMemoryAllocation becomes SP_ERR_OUT_OF_MEMORY (quiet: the allocator frees
+ * its cache and retries), anything else SP_ERR_DEVICE with "cudaErrorX: description". A failed call
+ * also leaves its code in the runtime's last-error slot; we take it out (only when the slot holds
  * that same code, so an older pending error of the application stays for it to see) so that it
  * does not resurface in an unrelated later cudaGetLastError. A sticky error (illegal address, a
  * kernel fault) cannot be cleared: every later call in the context fails, and the message says
@@ -62,6 +62,37 @@ typedef struct cuda_dev {
     cudaStream_t *own;    /* live streams cuda_stream_create made, [0, nown); mu */
     size_t nown, own_cap; /* mu */
 } cuda_dev_t;
+
+/* Handles cuda_stream_destroy destroyed that no cuda_stream_create has returned since: asking
+ * CUDA about one is undefined behaviour (cuda_stream_destroyed). */
+static struct {
+    pthread_mutex_t mu;
+    cudaStream_t *h; /* [n]; mu */
+    size_t n, cap;   /* mu */
+} g_dead = {.mu = PTHREAD_MUTEX_INITIALIZER};
+
+/* Add (dead) or remove (!dead) a handle; one that finds no room (no host memory) is not kept. */
+static void dead_mark(cudaStream_t s, bool dead) {
+    pthread_mutex_lock(&g_dead.mu);
+    size_t i = 0;
+    while (i < g_dead.n && g_dead.h[i] != s)
+        i++;
+    if (!dead && i < g_dead.n)
+        g_dead.h[i] = g_dead.h[--g_dead.n];
+    if (dead && i == g_dead.n) {
+        if (g_dead.n == g_dead.cap) {
+            size_t ncap = g_dead.cap ? g_dead.cap * 2 : 16;
+            cudaStream_t *nh = realloc(g_dead.h, ncap * sizeof(*nh));
+            if (nh) {
+                g_dead.h = nh;
+                g_dead.cap = ncap;
+            }
+        }
+        if (g_dead.n < g_dead.cap)
+            g_dead.h[g_dead.n++] = s;
+    }
+    pthread_mutex_unlock(&g_dead.mu);
+}
 
 /* Driver entry points (NULL when the driver did not hand one out). */
 typedef CUresult (*cu_device_get_fn)(CUdevice *, int);
@@ -112,12 +143,11 @@ static void drop_last_error(cudaError_t err) {
         (void)cudaGetLastError();
 }
 
-/* Translate a CUDA failure at the call site. */
+/* Translate a CUDA failure at the call site. Out of memory too is SP_ERR_DEVICE here: only
+ * cudaMalloc's is the allocator's quiet SP_ERR_OUT_OF_MEMORY (cuda_mem_alloc), which it answers by
+ * freeing its cache and retrying; a stream, an event or a query refused for memory is not. */
 static sp_status_t cuda_fail(cudaError_t err, const char *file, int line, const char *what) {
     drop_last_error(err);
-    if (err == cudaErrorMemoryAllocation)
-        return sp__error_quiet_at(SP_ERR_OUT_OF_MEMORY, SP_SUB_DEVICE, file, line, "%s: %s: %s",
-                                  what, cudaGetErrorName(err), cudaGetErrorString(err));
     return sp__error_at(SP_ERR_DEVICE, SP_SUB_DEVICE, file, line, "%s: %s: %s%s", what,
                         cudaGetErrorName(err), cudaGetErrorString(err),
                         is_sticky(err) ? " (a sticky error: this process's CUDA context is "
@@ -369,9 +399,9 @@ static void cuda_fini(void) {
     vmm_fini();
     for (int d = 0; d < g_cuda.count; d++) {
         cuda_dev_t *dev = &g_cuda.devs[d];
-        /* Only a device with pooled events is visited: the others need nothing, and visiting
-         * them would make a context there. */
-        if (dev->npool > 0) {
+        /* Only a device with pooled events or live streams is visited: the others need
+         * nothing, and visiting them would make a context there. */
+        if (dev->npool > 0 || dev->nown > 0) {
             int prev = -1;
             bool guarded = guard_enter(d, &prev) == SP_SUCCESS;
             for (size_t i = 0; i < dev->npool; i++) {
@@ -379,6 +409,26 @@ static void cuda_fini(void) {
                 if (err != cudaSuccess)
                     drop_last_error(err);
             }
+            /* The streams cuda_stream_create made and nobody destroyed: forgotten here, they
+             * would leak for the process's life (sp_shutdown releases everything; the host
+             * backend's streams go too). cudaStreamDestroy does not wait: queued work finishes
+             * first. One that captures a graph cannot be destroyed now and stays (logged). */
+            size_t kept = 0;
+            for (size_t i = 0; i < dev->nown; i++) {
+                enum cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
+                cudaError_t err = cudaStreamIsCapturing(dev->own[i], &st);
+                if (err == cudaSuccess && st == cudaStreamCaptureStatusNone &&
+                    (err = cudaStreamDestroy(dev->own[i])) == cudaSuccess)
+                    dead_mark(dev->own[i], true);
+                if (err != cudaSuccess)
+                    drop_last_error(err);
+                kept += err != cudaSuccess || st != cudaStreamCaptureStatusNone;
+            }
+            if (kept)
+                SP_WARN(SP_SUB_DEVICE,
+                        "device %d: %zu stream(s) sympool made could not be destroyed at shutdown "
+                        "(capturing a CUDA graph, or refused); they stay",
+                        d, kept);
             if (guarded)
                 guard_exit(d, prev);
         }
@@ -401,6 +451,12 @@ static sp_status_t cuda_mem_alloc(int device, size_t size, void **ptr_p) {
     enum cudaStreamCaptureMode mode = relax_enter();
     cudaError_t err = cudaMalloc(&p, size);
     relax_exit(mode);
+    if (err == cudaErrorMemoryAllocation) {
+        drop_last_error(err);
+        res = sp__error_quiet(SP_ERR_OUT_OF_MEMORY, SP_SUB_DEVICE, "cudaMalloc: %s: %s",
+                              cudaGetErrorName(err), cudaGetErrorString(err));
+        goto out;
+    }
     CU_CHECK_OUT(err, "cudaMalloc", res);
     *ptr_p = p;
 out:
@@ -482,6 +538,7 @@ static sp_status_t cuda_stream_create(int device, sp_dev_stream_t *stream_p) {
         res = sp__error(SP_ERR_SYSTEM, SP_SUB_DEVICE, "cannot record a new stream");
         goto out;
     }
+    dead_mark(s, false); /* a handle destroyed before, made again */
     *stream_p = (sp_dev_stream_t)s;
 out:
     guard_exit(device, prev);
@@ -506,7 +563,14 @@ static sp_status_t cuda_stream_destroy(int device, sp_dev_stream_t stream) {
             break;
         }
     pthread_mutex_unlock(&dev->mu);
-    CU_TRY_OUT(cudaStreamDestroy((cudaStream_t)stream), res);
+    /* Marked before the destroy: once it returns, another thread's stream_create may get the
+     * handle and unmark it, which a mark made after would undo. */
+    dead_mark((cudaStream_t)stream, true);
+    cudaError_t err = cudaStreamDestroy((cudaStream_t)stream);
+    if (err != cudaSuccess) {
+        dead_mark((cudaStream_t)stream, false); /* still live */
+        res = cuda_fail(err, __FILE__, __LINE__, "cudaStreamDestroy");
+    }
 out:
     guard_exit(device, prev);
     return res;
@@ -553,6 +617,16 @@ static sp_status_t cuda_stream_device(sp_dev_stream_t stream, int *device_p) {
     }
     *device_p = d;
     return SP_SUCCESS;
+}
+
+static bool cuda_stream_destroyed(sp_dev_stream_t stream) {
+    pthread_mutex_lock(&g_dead.mu);
+    size_t i = 0;
+    while (i < g_dead.n && g_dead.h[i] != (cudaStream_t)stream)
+        i++;
+    bool dead = i < g_dead.n;
+    pthread_mutex_unlock(&g_dead.mu);
+    return dead;
 }
 
 /* ---- events ------------------------------------------------------------------------------- */
@@ -1122,6 +1196,7 @@ static const sp_device_ops_t cuda_ops = {
     .stream_sync = cuda_stream_sync,
     .stream_capturing = cuda_stream_capturing,
     .stream_device = cuda_stream_device,
+    .stream_destroyed = cuda_stream_destroyed,
     .device_capturing = cuda_device_capturing,
     .device_sync = cuda_device_sync,
     .event_create = cuda_event_create,

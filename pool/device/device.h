@@ -69,10 +69,17 @@ typedef struct sp_device_ops {
      * stream, which counts as capturing while another blocking stream captures. */
     sp_status_t (*stream_capturing)(int device, sp_dev_stream_t stream, bool *capturing_p);
     /* Which device a stream belongs to (host: recorded at creation); SP_ERR_INVALID_ARGUMENT for
-     * a handle the backend did not make (or one destroyed), SP_ERR_DEVICE when the device
+     * a handle the backend did not make (or one destroyed; cuda: a destroyed handle must not be
+     * asked at all, see stream_destroyed), SP_ERR_DEVICE when the device
      * cannot answer (cuda: out of memory, a sticky error): callers keep that status rather than
      * call the stream bad. NULL (default stream) is not asked. */
     sp_status_t (*stream_device)(sp_dev_stream_t stream, int *device_p);
+    /* Whether `stream` is a handle stream_destroy destroyed and no stream_create has returned
+     * since: cuda: asking CUDA about it is undefined behaviour ("Use of the handle after this
+     * call is undefined behavior", cudaStreamDestroy), so a caller that may hold such a handle
+     * asks this first. A handle the application destroyed itself is not known. Optional (host:
+     * NULL, its stream_device refuses a destroyed handle itself). */
+    bool (*stream_destroyed)(sp_dev_stream_t stream);
     /* Whether a CUDA graph capture is under way on the device as far as the backend can tell
      * (cuda: the legacy stream counts as capturing, or a stream stream_create made captures).
      * Optional (host: NULL, nothing captures); NULL means ask stream_capturing about NULL. */

@@ -72,6 +72,8 @@ void cuda_double_inject(const char *fn, int code, int skip);
 size_t cuda_double_memory_used(int dev);
 int cuda_double_live_vmm_handles(void);
 int cuda_double_device_of(const void *p); /* -1: not device memory */
+/* From libcudart.so.13 (runtime.c): live streams of dev made by cudaStreamCreate*. */
+int cuda_double_live_streams(int dev);
 /* From libnccl.so.2 (nccl.c): collectives of this process that NCCL 2.28.9 would have run as
  * symmetric kernels. */
 long cuda_double_nccl_symmetric_kernels(void);

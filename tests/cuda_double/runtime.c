@@ -355,10 +355,11 @@ static bool blocking_capture_on(int dev) {
  * device's legacy stream; cudaStreamPerThread is modelled as the same (it is never used by
  * sympool's device code, which refuses it). NULL when the handle is not a live stream. */
 /* A handle that is not a live stream of this process (never created, or destroyed) is undefined
- * behaviour in CUDA, not an error code: the runtime dereferences it. On an H100 (driver 580.159)
- * cudaStreamGetDevice on the address of an int crashed the process (SIGSEGV), so the double stops
- * the process too, loudly, rather than answer cudaErrorInvalidResourceHandle and let a caller rely
- * on a check that the real thing does not make. */
+ * behaviour in CUDA, not an error code ("Use of the handle after this call is undefined
+ * behavior", cudaStreamDestroy, CUDA Runtime API): the runtime dereferences it. On an H100 (driver
+ * 580.159) cudaStreamGetDevice on the address of an int crashed the process (SIGSEGV), so the
+ * double stops the process too, loudly, rather than answer cudaErrorInvalidResourceHandle and let a
+ * caller rely on a check that the real thing does not make. */
 static stream_t *stream_of(cudaStream_t h) {
     if (h == NULL || h == cudaStreamLegacy || h == cudaStreamPerThread)
         return &g_legacy[cur_dev()];
@@ -414,6 +415,18 @@ DBL_EXPORT int dbl_rt_stream(void *h, int dev, int *dev_p, bool *capturing_p) {
     }
     pthread_mutex_unlock(&g_rt);
     return rc;
+}
+
+/* Test hook: streams of device `dev` that cudaStreamCreate* made and cudaStreamDestroy has not
+ * destroyed (the legacy streams are not counted). Exported from libcudart.so.13. */
+DBL_EXPORT int cuda_double_live_streams(int dev) {
+    pthread_once(&g_init_once, rt_init);
+    int n = 0;
+    pthread_mutex_lock(&g_rt);
+    for (stream_t *s = g_streams; s; s = s->next_all)
+        n += !s->legacy && !s->destroyed && s->dev == dev;
+    pthread_mutex_unlock(&g_rt);
+    return n;
 }
 
 /* ---- devices ----------------------------------------------------------------------------------

@@ -694,6 +694,114 @@ TEST_F(CudaDoubleSympool, ExpandableEmptyCacheDuringACaptureOnASympoolStreamRele
     empty_cache_during_capture_on_a_sympool_stream();
 }
 
+// sp_stream_destroy takes any CUDA stream, the application's own too. A non-blocking stream of the
+// application's that captures a graph is not seen by the device-wide check (cuda_device_capturing
+// knows sympool's streams and the legacy stream only), yet here it is the very stream named:
+// synchronizing a capturing stream is invalid and invalidates the capture ("It is invalid to
+// synchronize or query the execution status of a stream which is being captured", Programming
+// Guide, CUDA Graphs, "Prohibited and Unhandled Operations"), and its cached segment may hold
+// memory the graph uses. The destroy used to release that segment, synchronize the stream (the
+// capture invalidated) and fail; it must refuse first and change nothing.
+TEST_F(CudaDoubleSympool, DestroyOfTheApplicationsCapturingStreamChangesNothing) {
+    NEED_DOUBLE();
+    expect_warnings();
+    cudaStream_t cs;
+    ASSERT_EQ(cudaStreamCreateWithFlags(&cs, cudaStreamNonBlocking), cudaSuccess);
+    void *p = nullptr;
+    ASSERT_SP_OK(sp_malloc(5 << 20, 0, (sp_stream_t)cs, &p));
+    ASSERT_SP_OK(sp_free(p));
+    size_t reserved = sp_memory_reserved(0);
+    ASSERT_GT(reserved, 0u);
+    ASSERT_EQ(cudaStreamBeginCapture(cs, cudaStreamCaptureModeGlobal), cudaSuccess);
+    EXPECT_EQ(sp_stream_destroy((sp_stream_t)cs), SP_ERR_BUSY)
+        << "destroyed (synchronized) during its own capture";
+    EXPECT_EQ(sp_memory_reserved(0), reserved) << "its segment was released during the capture";
+    cudaGraph_t g = nullptr;
+    EXPECT_EQ(cudaStreamEndCapture(cs, &g), cudaSuccess) << "sympool invalidated the capture";
+    cudaGraphDestroy(g);
+    ASSERT_SP_OK(sp_stream_destroy((sp_stream_t)cs));
+    ASSERT_SP_OK(sp_empty_cache());
+    EXPECT_EQ(sp_memory_reserved(0), 0u);
+}
+
+// sp_shutdown releases everything (API.md), and the backend's fini releases the streams it made
+// (device.h); the host backend's streams are gone after it, and the Python Stream leaves a stream
+// from before an sp_shutdown alone (docs/API.md). cuda's fini forgot its streams without
+// destroying them: every stream not destroyed before sp_shutdown leaked for the process's life.
+TEST_F(CudaDoubleSympool, ShutdownDestroysTheStreamsSympoolMade) {
+    NEED_DOUBLE();
+    auto live = reinterpret_cast<int (*)(int)>(dlsym(RTLD_DEFAULT, "cuda_double_live_streams"));
+    ASSERT_NE(live, nullptr);
+    cudaStream_t mine;
+    ASSERT_EQ(cudaStreamCreateWithFlags(&mine, cudaStreamNonBlocking), cudaSuccess);
+    sp_stream_t s0 = nullptr, s1 = nullptr;
+    ASSERT_SP_OK(sp_stream_create(0, &s0));
+    ASSERT_SP_OK(sp_stream_create(1, &s1));
+    void *p = nullptr;
+    ASSERT_SP_OK(sp_malloc(1 << 20, 0, s0, &p));
+    ASSERT_SP_OK(sp_free(p));
+    // A stream capturing a graph on a device without segments does not stop the shutdown, and
+    // cannot be destroyed now: it stays, its capture intact.
+    sp_stream_t c1 = nullptr;
+    ASSERT_SP_OK(sp_stream_create(1, &c1));
+    ASSERT_EQ(cudaStreamBeginCapture((cudaStream_t)c1, cudaStreamCaptureModeRelaxed), cudaSuccess);
+    ASSERT_EQ(live(0), 2);
+    ASSERT_EQ(live(1), 2);
+    expect_warnings();
+    ASSERT_SP_OK(sp_shutdown());
+    EXPECT_EQ(live(0), 1) << "sympool's stream on device 0 outlived sp_shutdown";
+    EXPECT_EQ(live(1), 1) << "sympool's stream on device 1 outlived sp_shutdown";
+    cudaGraph_t g = nullptr;
+    EXPECT_EQ(cudaStreamEndCapture((cudaStream_t)c1, &g), cudaSuccess);
+    cudaGraphDestroy(g);
+    EXPECT_EQ(cudaStreamDestroy((cudaStream_t)c1), cudaSuccess);
+    EXPECT_EQ(cudaStreamDestroy(mine), cudaSuccess) << "the application's own stream is its own";
+}
+
+// sp_x_stream_live is what a holder of a stream asks before destroying it, in case the stream was
+// destroyed by other means (the Python Stream after an sp_stream_destroy through ctypes). On cuda
+// it asked cudaStreamGetDevice about the destroyed handle: "Use of the handle after this call is
+// undefined behavior" (cudaStreamDestroy, CUDA Runtime API), and the double stops the process
+// there as a GPU may crash. A handle sympool destroyed answers 0 without asking, until
+// sp_stream_create makes a stream at it again.
+TEST_F(CudaDoubleSympool, AStreamSympoolDestroyedIsNotLiveAndCudaIsNotAsked) {
+    NEED_DOUBLE();
+    sp_stream_t s = nullptr;
+    ASSERT_SP_OK(sp_stream_create(0, &s));
+    EXPECT_EQ(sp_x_stream_live(s), 1);
+    ASSERT_SP_OK(sp_stream_destroy(s));
+    EXPECT_EQ(sp_x_stream_live(s), 0);
+    EXPECT_NE(std::string(sp_last_error()).find("destroyed"), std::string::npos) << sp_last_error();
+}
+
+// SP_ERR_OUT_OF_MEMORY means the device was exhausted after the cache was freed and the
+// allocation retried (API.md), and only mem_alloc's out-of-memory is the quiet one the allocator
+// retries (device.h). A call that allocates nothing sympool can free for it (a stream, a memory
+// query) and is refused with cudaErrorMemoryAllocation is a device error, as the release path and
+// cudaStreamGetDevice already report it; it used to come back as a quiet SP_ERR_OUT_OF_MEMORY.
+TEST_F(CudaDoubleSympool, OutOfMemoryOutsideAnAllocationIsADeviceError) {
+    NEED_DOUBLE();
+    expect_warnings();
+    sp_stream_t s = nullptr;
+    inject("cudaStreamCreateWithFlags", cudaErrorMemoryAllocation);
+    EXPECT_SP_STATUS(sp_stream_create(0, &s), SP_ERR_DEVICE);
+    EXPECT_NE(std::string(sp_last_error()).find("cudaStreamCreateWithFlags"), std::string::npos)
+        << sp_last_error();
+    EXPECT_EQ(cudaGetLastError(), cudaSuccess) << "sympool took its own error out of the slot";
+    size_t fr = 0, tot = 0;
+    inject("cudaMemGetInfo", cudaErrorMemoryAllocation);
+    EXPECT_SP_STATUS(sp_get_memory_info(0, &fr, &tot), SP_ERR_DEVICE);
+    ASSERT_SP_OK(sp_stream_create(0, &s));
+    inject("cudaStreamSynchronize", cudaErrorMemoryAllocation);
+    EXPECT_SP_STATUS(sp_stream_synchronize(s), SP_ERR_DEVICE);
+    // cudaMalloc's out of memory stays the allocator's: freed cache, retry, and the OOM report.
+    void *p = nullptr;
+    inject("cudaMalloc", cudaErrorMemoryAllocation);
+    ASSERT_SP_OK(sp_malloc(1 << 20, 0, s, &p));
+    ASSERT_SP_OK(sp_free(p));
+    ASSERT_SP_OK(sp_stream_destroy(s));
+}
+
 // A free of a block recorded on a side stream makes an event there; when no event can be made
 // (cudaEventCreateWithFlags fails) and waiting for the stream fails too, the block used to go
 // back to the cache at once, and the next malloc handed it out while the side stream's work on
