@@ -150,7 +150,8 @@ uint64_t sp_x_session(void);
 /** 1 when `stream` is a stream of the backend now (host: one sp_stream_create made in this
  *  session and sp_stream_destroy has not destroyed; cuda: one CUDA answers for, except a handle
  *  sp_stream_destroy or sp_shutdown destroyed and sp_stream_create has not made again, which is
- *  not asked: CUDA calls a destroyed handle's use undefined; one the application destroyed
+ *  not asked (the last 1024 such handles are remembered): CUDA calls a destroyed handle's use
+ *  undefined; one the application destroyed
  *  itself must not be asked about), else 0 (NULL and CUDA's pseudo handles too; the thread's
  *  last error then says why), without a warning; -1 when it cannot tell now (inside a callback
  *  sympool runs, during sp_shutdown: sp_stream_destroy would be refused too; or the device could

@@ -64,32 +64,27 @@ typedef struct cuda_dev {
 } cuda_dev_t;
 
 /* Handles cuda_stream_destroy destroyed that no cuda_stream_create has returned since: asking
- * CUDA about one is undefined behaviour (cuda_stream_destroyed). */
+ * CUDA about one is undefined behaviour (cuda_stream_destroyed). The last DEAD_KEPT only, in a
+ * ring: an application that makes and destroys streams of its own (handles sympool never sees
+ * made again) must not grow the list, nor the scan every create and destroy makes of it. */
+#define DEAD_KEPT 1024
 static struct {
     pthread_mutex_t mu;
-    cudaStream_t *h; /* [n]; mu */
-    size_t n, cap;   /* mu */
+    cudaStream_t h[DEAD_KEPT]; /* mu; NULL: free */
+    size_t next;               /* mu: the slot the next mark takes */
 } g_dead = {.mu = PTHREAD_MUTEX_INITIALIZER};
 
-/* Add (dead) or remove (!dead) a handle; one that finds no room (no host memory) is not kept. */
+/* Mark (dead) or unmark (!dead) a handle; a mark past DEAD_KEPT forgets the oldest. */
 static void dead_mark(cudaStream_t s, bool dead) {
     pthread_mutex_lock(&g_dead.mu);
     size_t i = 0;
-    while (i < g_dead.n && g_dead.h[i] != s)
+    while (i < DEAD_KEPT && g_dead.h[i] != s)
         i++;
-    if (!dead && i < g_dead.n)
-        g_dead.h[i] = g_dead.h[--g_dead.n];
-    if (dead && i == g_dead.n) {
-        if (g_dead.n == g_dead.cap) {
-            size_t ncap = g_dead.cap ? g_dead.cap * 2 : 16;
-            cudaStream_t *nh = realloc(g_dead.h, ncap * sizeof(*nh));
-            if (nh) {
-                g_dead.h = nh;
-                g_dead.cap = ncap;
-            }
-        }
-        if (g_dead.n < g_dead.cap)
-            g_dead.h[g_dead.n++] = s;
+    if (!dead && i < DEAD_KEPT)
+        g_dead.h[i] = NULL;
+    if (dead && i == DEAD_KEPT) {
+        g_dead.h[g_dead.next] = s;
+        g_dead.next = (g_dead.next + 1) % DEAD_KEPT;
     }
     pthread_mutex_unlock(&g_dead.mu);
 }
@@ -620,11 +615,13 @@ static sp_status_t cuda_stream_device(sp_dev_stream_t stream, int *device_p) {
 }
 
 static bool cuda_stream_destroyed(sp_dev_stream_t stream) {
+    if (stream == NULL) /* the legacy stream, never destroyed (and a free slot's mark) */
+        return false;
     pthread_mutex_lock(&g_dead.mu);
     size_t i = 0;
-    while (i < g_dead.n && g_dead.h[i] != (cudaStream_t)stream)
+    while (i < DEAD_KEPT && g_dead.h[i] != (cudaStream_t)stream)
         i++;
-    bool dead = i < g_dead.n;
+    bool dead = i < DEAD_KEPT;
     pthread_mutex_unlock(&g_dead.mu);
     return dead;
 }
