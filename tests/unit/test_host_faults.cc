@@ -87,6 +87,48 @@ class HostFaults : public sp::Test {
     }
 };
 
+// First in the file: the thread cache makes its thread-specific key once per process, so the
+// failure must meet that first making (where an earlier test made it, the test skips).
+// pthread_key_create fails with EAGAIN once a process holds PTHREAD_KEYS_MAX keys. The cache
+// ignored the failure and stored each thread's cache under key 0 (its key variable's zero):
+// another library's key, whose destructor then got the cache at thread exit (GoogleTest's
+// ThreadLocal here: a segmentation fault), and whose value the thread lost. Without its key the
+// cache is off and allocations take the ordinary path.
+TEST_F(HostFaults, ThreadCacheWithoutAKeyLeavesOtherKeysAlone) {
+    sp::ScopedEnv env({{"SYMPOOL_THREAD_CACHE", "1MiB"}});
+    ASSERT_SP_OK(sp_init());
+    fp_arm(FP_PTHREAD_KEY, 1, 0);
+    std::thread th([] {
+        // A new thread's values are all NULL; key 0 is the process's first key (here not ours).
+        if (pthread_getspecific((pthread_key_t)0) != nullptr)
+            return;
+        for (int i = 0; i < 3; i++) {
+            void *p = nullptr;
+            EXPECT_SP_OK(sp_malloc(4096, 0, nullptr, &p));
+            EXPECT_SP_OK(sp_free(p));
+        }
+        // Read and cleared before any assertion: GoogleTest keeps its reporter under key 0.
+        void *seen = pthread_getspecific((pthread_key_t)0);
+        (void)pthread_setspecific((pthread_key_t)0, nullptr); // its destructor must not see it
+        EXPECT_EQ(seen, nullptr) << "the thread cache was stored under another library's key";
+    });
+    th.join();
+    fp_disarm();
+    if (!fp_fired())
+        GTEST_SKIP() << "the thread cache's key was made by an earlier test in this process";
+    EXPECT_EQ(stat("allocation.all.current"), 0);
+    // Later threads still allocate (without a cache).
+    std::thread again([] {
+        void *p = nullptr;
+        EXPECT_SP_OK(sp_malloc(4096, 0, nullptr, &p));
+        EXPECT_SP_OK(sp_free(p));
+        void *seen = pthread_getspecific((pthread_key_t)0);
+        (void)pthread_setspecific((pthread_key_t)0, nullptr);
+        EXPECT_EQ(seen, nullptr);
+    });
+    again.join();
+}
+
 TEST_F(HostFaults, MallocColdStart) {
     void *p = nullptr;
     sweep("sp_malloc cold", FP_ALL,
