@@ -5,6 +5,10 @@
 
 #include <pthread.h>
 
+#include <cstdio>
+#include <functional>
+#include <string>
+
 #include "mpi_util.hpp"
 
 extern "C" {
@@ -58,6 +62,34 @@ TEST_F(HostFaultsMpi, RoundBufferWithoutAKeyLeavesOtherKeysAlone) {
     EXPECT_EQ(sum, want);
     ASSERT_SP_OK(sp_free(buf));
     ASSERT_SP_OK(sp_world_finalize(w));
+}
+
+// One rank without host memory for its world struct: creation fails on every rank at once, with
+// that rank's reason, and the next creation works. The rank returned alone before the
+// communicator's duplicates: its peers timed out in theirs, and its next creation completed their
+// abandoned duplicate, one collective step behind them, so every later creation timed out too.
+TEST_F(HostFaultsMpi, WorldStructShortOfMemoryFailsEveryRankAndTheNextCreationWorks) {
+    SP_SKIP_BELOW_RANKS(2);
+    expect_warnings();
+    sp::ScopedEnv env({{"SYMPOOL_SYM_TIMEOUT", "10"}}); // a regression times out, bounded
+    sp_world_t *w = nullptr;
+    ASSERT_SP_OK(sp_world_from_comm(MPI_COMM_WORLD, &w)); // what creation sets up once, set up
+    ASSERT_SP_OK(sp_world_finalize(w));
+    bool faulty = mpi_rank() == mpi_size() - 1;
+    if (faulty)
+        fp_arm(FP_CALLOC, 1, 0); // the world struct: creation's first calloc
+    sp_status_t s = sp_world_from_comm(MPI_COMM_WORLD, &w);
+    fp_disarm();
+    if (faulty)
+        ASSERT_TRUE(fp_fired());
+    EXPECT_EQ(s, SP_ERR_SYSTEM) << sp::describe(s);
+    EXPECT_NE(std::string(sp_last_error()).find("host memory"), std::string::npos)
+        << sp_last_error();
+    if (s == SP_SUCCESS)
+        EXPECT_SP_OK(sp_world_finalize(w));
+    s = sp_world_from_comm(MPI_COMM_WORLD, &w);
+    ASSERT_EQ(s, SP_SUCCESS) << sp::describe(s);
+    EXPECT_SP_OK(sp_world_finalize(w));
 }
 
 } // namespace
