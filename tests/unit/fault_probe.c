@@ -37,6 +37,7 @@ char *__real_strdup(const char *s);
 void *__real_aligned_alloc(size_t a, size_t n);
 void __real_free(void *p);
 void *__real_mmap(void *a, size_t n, int prot, int flags, int fd, off_t off);
+int __real_munmap(void *a, size_t n);
 int __real_mprotect(void *a, size_t n, int prot);
 int __real_open(const char *path, int flags, ...);
 ssize_t __real_write(int fd, const void *buf, size_t n);
@@ -218,10 +219,32 @@ void __wrap_free(void *p) {
     __real_free(p);
 }
 
+/* Bytes mapped through the wrappers and not unmapped (a MAP_FIXED mapping replaces pages). */
+static atomic_llong g_mapped;
+
+static long long page_round(size_t n) {
+    size_t page = (size_t)sysconf(_SC_PAGESIZE);
+    return (long long)((n + page - 1) / page * page);
+}
+
 void *__wrap_mmap(void *a, size_t n, int prot, int flags, int fd, off_t off) {
     if (fail_now(FP_MMAP, "mmap", ENOMEM))
         return MAP_FAILED;
-    return __real_mmap(a, n, prot, flags, fd, off);
+    void *p = __real_mmap(a, n, prot, flags, fd, off);
+    if (p != MAP_FAILED && !(flags & MAP_FIXED))
+        atomic_fetch_add(&g_mapped, page_round(n));
+    return p;
+}
+
+int __wrap_munmap(void *a, size_t n) {
+    int rc = __real_munmap(a, n);
+    if (rc == 0)
+        atomic_fetch_sub(&g_mapped, page_round(n));
+    return rc;
+}
+
+long long fp_mapped_bytes(void) {
+    return atomic_load(&g_mapped);
 }
 
 int __wrap_mprotect(void *a, size_t n, int prot) {

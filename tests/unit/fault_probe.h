@@ -32,6 +32,8 @@ int fp_fired(void);
 const char *fp_fired_name(void);
 /* Heap blocks handed out through the probe's wrappers and not yet given back to free. */
 long fp_live_blocks(void);
+/* Bytes mapped through the probe's mmap (not MAP_FIXED) and not yet given back to munmap. */
+long long fp_mapped_bytes(void);
 #ifdef __cplusplus
 }
 #endif

@@ -49,6 +49,7 @@ class HostFaults : public sp::Test {
         st.undo(true);
         ASSERT_SP_OK(sp_shutdown());
         long base_live = fp_live_blocks();
+        long long base_mapped = fp_mapped_bytes();
         for (long n = 1; n <= calls + 1; n++) {
             SCOPED_TRACE(std::string(what) + ", failure at call " + std::to_string(n));
             st.prep();
@@ -83,6 +84,8 @@ class HostFaults : public sp::Test {
             ASSERT_EQ(sh, SP_SUCCESS) << "after " << fn << ": " << describe(sh);
             EXPECT_EQ(fp_live_blocks(), base_live)
                 << "heap blocks kept after " << fn << " failed at call " << n;
+            EXPECT_EQ(fp_mapped_bytes(), base_mapped)
+                << "mappings kept after " << fn << " failed at call " << n;
         }
     }
 };
@@ -749,6 +752,7 @@ class HostFaultsWorkload : public HostFaults {
         history_off();
         ASSERT_SP_OK(sp_shutdown());
         long base_live = fp_live_blocks();
+        long long base_mapped = fp_mapped_bytes();
         for (long n = 1; n <= calls; n++) {
             SCOPED_TRACE(std::string(what) + ", failure at call " + std::to_string(n));
             history_on(200);
@@ -763,6 +767,8 @@ class HostFaultsWorkload : public HostFaults {
             ASSERT_EQ(s, SP_SUCCESS) << "after " << fp_fired_name() << ": " << describe(s);
             EXPECT_EQ(fp_live_blocks(), base_live)
                 << "heap blocks kept after " << fp_fired_name() << " failed at call " << n;
+            EXPECT_EQ(fp_mapped_bytes(), base_mapped)
+                << "mappings kept after " << fp_fired_name() << " failed at call " << n;
         }
         unlink(path.c_str());
     }
