@@ -801,3 +801,19 @@ TEST_F(HostFaults, HostArenaMalloc) {
     st.cold = true;
     sweep("arena malloc first", FP_ALL, st);
 }
+
+// A log function is installed (the fixture's capture; the CLI's filters): the failing call's
+// message is kept across it. It was kept in a strdup'd copy, and with no heap for the copy the
+// call returned its status with sp_last_error() empty: under host memory pressure, every failure
+// lost its reason.
+TEST_F(HostFaults, MessageKeptAcrossTheLogFunctionWithoutHeap) {
+    ASSERT_SP_OK(sp_init());
+    int local = 0;
+    // The first heap allocation the call makes fails (there was one: the copy).
+    fp_arm(FP_HEAP, 1, 0);
+    sp_status_t s = sp_free(&local); // not sympool's: refused with a message and a WARN
+    fp_disarm();
+    EXPECT_EQ(s, SP_ERR_INVALID_USAGE) << describe(s);
+    EXPECT_NE(std::string(sp_last_error()), "") << "the message was lost";
+    EXPECT_GE(warnings(), 1u) << "the log function ran";
+}
