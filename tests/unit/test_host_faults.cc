@@ -829,3 +829,83 @@ TEST_F(HostFaults, MessageKeptAcrossTheLogFunctionWithoutHeap) {
     EXPECT_NE(std::string(sp_last_error()), "") << "the message was lost";
     EXPECT_GE(warnings(), 1u) << "the log function ran";
 }
+
+// History with a binding's frames (the frames hook) and C stacks, the heap failing at each call
+// of an allocation and a free in turn: the calls work (a record without its stack at worst) and
+// a snapshot taken afterwards is whole.
+static size_t three_frames(sp_history_frame_t *frames, size_t max, void *) {
+    static const sp_history_frame_t f[3] = {
+        {"forward", "model.py", 12}, {"step", "train.py", 40}, {"<module>", "main.py", -1}};
+    size_t n = max < 3 ? max : 3;
+    for (size_t i = 0; i < n; i++)
+        frames[i] = f[i];
+    return n;
+}
+
+TEST_F(HostFaultsFiles, HistoryWithFramesHook) {
+    void *p = nullptr;
+    std::string path = dir_ + "/after.json";
+    sweep("history with a frames hook", FP_ALL,
+          {[&] {
+               sp_history_set_frames_hook(three_frames, nullptr);
+               history_on();
+           },
+           [&] {
+               sp_status_t s = sp_malloc(4096, 0, nullptr, &p);
+               if (s != SP_SUCCESS)
+                   return s;
+               s = sp_free(p);
+               if (s != SP_SUCCESS)
+                   EXPECT_SP_OK(sp_free(p));
+               return s;
+           },
+           [&](bool) {
+               EXPECT_SP_OK(sp_dump_snapshot(path.c_str()));
+               std::string text = slurp(path);
+               char *pickle = nullptr, err[200] = "";
+               size_t len = 0;
+               EXPECT_TRUE(
+                   sp_x_json_to_pickle(text.data(), text.size(), &pickle, &len, err, sizeof err))
+                   << err;
+               free(pickle);
+               history_off();
+               sp_history_set_frames_hook(nullptr, nullptr);
+           }});
+}
+
+// The JSON snapshot reader (the CLI's, sp_x_json_to_pickle) with the heap failing at each of its
+// allocations: false with a message and nothing written, or the same pickle as without a failure.
+TEST_F(HostFaults, JsonToPickle) {
+    std::string json = "{\"segments\": [{\"address\": 1234, \"total_size\": 2097152, \"blocks\": "
+                       "[{\"size\": 512, \"state\": \"active_allocated\", \"frames\": [{\"name\": "
+                       "\"f\\u00e9\", \"filename\": \"a.py\", \"line\": 3}]}]}], "
+                       "\"device_traces\": [[{\"action\": \"alloc\", \"addr\": 1234, \"size\": "
+                       "512, \"stream\": 0, \"time_us\": 1.5e3, \"frames\": []}]], \"s\": \"";
+    json += std::string(5000, 'x') + "\"}";
+    char *base = nullptr, err[200] = "";
+    size_t base_len = 0;
+    fp_arm(FP_ALL, 0, 0);
+    ASSERT_TRUE(sp_x_json_to_pickle(json.data(), json.size(), &base, &base_len, err, sizeof err))
+        << err;
+    long calls = fp_disarm();
+    long live = fp_live_blocks();
+    for (long n = 1; n <= calls; n++) {
+        SCOPED_TRACE("failure at call " + std::to_string(n));
+        char *pickle = (char *)0x1;
+        size_t len = 7;
+        err[0] = '\0';
+        fp_arm(FP_ALL, n, 0);
+        bool ok = sp_x_json_to_pickle(json.data(), json.size(), &pickle, &len, err, sizeof err);
+        fp_disarm();
+        if (ok) {
+            EXPECT_EQ(std::string(pickle, len), std::string(base, base_len));
+            free(pickle);
+        } else {
+            EXPECT_STRNE(err, "");
+            EXPECT_EQ(pickle, (char *)0x1);
+            EXPECT_EQ(len, 7u);
+        }
+        EXPECT_EQ(fp_live_blocks(), live) << "heap blocks kept after " << fp_fired_name();
+    }
+    free(base);
+}
