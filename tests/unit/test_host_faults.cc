@@ -909,3 +909,32 @@ TEST_F(HostFaults, JsonToPickle) {
     }
     free(base);
 }
+
+// The block structs' arena grows (mprotect) as blocks are made: the failure placed at each of
+// its first growths. The allocation that needed the room fails with a message, the others work,
+// and everything frees.
+TEST_F(HostFaults, StructArenaGrowth) {
+    for (long n = 1; n <= 3; n++) {
+        SCOPED_TRACE("failure at mprotect " + std::to_string(n));
+        ASSERT_SP_OK(sp_shutdown());
+        std::vector<void *> v;
+        int failed = 0;
+        fp_arm(FP_MPROTECT, n, 0);
+        for (int i = 0; i < 200000; i++) {
+            void *p = nullptr;
+            sp_status_t s = sp_malloc(512, 0, nullptr, &p);
+            if (s != SP_SUCCESS) {
+                failed++;
+                EXPECT_STRNE(sp_last_error(), "") << describe(s);
+                EXPECT_NE(s, SP_ERR_INTERNAL) << describe(s);
+                continue;
+            }
+            v.push_back(p);
+        }
+        fp_disarm();
+        EXPECT_LE(failed, 1);
+        for (void *p : v)
+            ASSERT_SP_OK(sp_free(p));
+        EXPECT_EQ(stat("allocation.all.current"), 0);
+    }
+}
