@@ -98,10 +98,14 @@ static inline bool sp__fast_free_on(void) {
 
 /* SP_ERR_INVALID_USAGE naming fn: called from inside a callback sympool is running. */
 sp_status_t sp__callback_refused(const char *fn);
-/* Keep this thread's last-error text across a callback (a copy, or NULL for none; the second
- * call restores it and frees the copy). */
-void sp__error_swap_out(char **saved_p);
-void sp__error_swap_in(char *saved);
+/* The room of a thread's last-error text: long enough for the OOM message with its figures and a
+ * pool name. */
+#define SP_ERROR_TEXT_MAX 1024
+/* Keep this thread's last-error text across a callback: copied into saved (SP_ERROR_TEXT_MAX
+ * bytes, the caller's; not the heap, which may be what the failure was short of) and put back
+ * from it by the second call. */
+void sp__error_swap_out(char *saved);
+void sp__error_swap_in(const char *saved);
 
 /* ---- logging ---------------------------------------------------------------------------- */
 

@@ -356,8 +356,8 @@ void sp__log_at(sp_log_level_t level, unsigned subsys, const char *file, int lin
     }
     pthread_mutex_lock(&log_lock);
     if (log_fn != NULL) {
-        char *saved;
-        sp__error_swap_out(&saved);
+        char saved[SP_ERROR_TEXT_MAX];
+        sp__error_swap_out(saved);
         in_log_fn = true;
         sp__callback_enter();
         log_fn(level, buf, log_fn_arg);

@@ -49,9 +49,7 @@ SP_EXPORT const char *sp_status_string(sp_status_t s) {
 
 /* ---- last error ------------------------------------------------------------------------- */
 
-/* Long enough for the OOM message with its figures and a pool name. */
-#define SP_LAST_ERROR_MAX 1024
-static _Thread_local char last_error[SP_LAST_ERROR_MAX];
+static _Thread_local char last_error[SP_ERROR_TEXT_MAX];
 
 SP_EXPORT const char *sp_last_error(void) {
     return last_error;
@@ -64,7 +62,7 @@ void sp__error_clear(void) {
 void sp__error_vset(const char *fmt, va_list ap) {
     /* Formatted aside first: a message often quotes the previous one (sp_last_error() as an
      * argument), and vsnprintf into the buffer it reads from is undefined (it garbled them). */
-    char text[SP_LAST_ERROR_MAX];
+    char text[SP_ERROR_TEXT_MAX];
     vsnprintf(text, sizeof text, fmt, ap);
     memcpy(last_error, text, sizeof text);
 }
@@ -97,15 +95,10 @@ sp_status_t sp__callback_refused(const char *fn) {
 
 /* The log function runs after sp__error_at set this thread's message: a sympool call it makes
  * (refused) would replace the message its caller is about to read. */
-void sp__error_swap_out(char **saved_p) {
-    *saved_p = last_error[0] ? strdup(last_error) : NULL;
+void sp__error_swap_out(char *saved) {
+    memcpy(saved, last_error, sizeof last_error);
 }
 
-void sp__error_swap_in(char *saved) {
-    if (saved) {
-        snprintf(last_error, sizeof last_error, "%s", saved);
-        free(saved);
-    } else {
-        last_error[0] = '\0';
-    }
+void sp__error_swap_in(const char *saved) {
+    memcpy(last_error, saved, sizeof last_error);
 }

@@ -74,6 +74,10 @@ static pthread_mutex_t g_reg = PTHREAD_MUTEX_INITIALIZER;
 static sp_tcache_t *g_head; /* every thread's cache (g_reg) */
 static pthread_once_t g_key_once = PTHREAD_ONCE_INIT;
 static pthread_key_t g_key;
+/* Whether g_key was made: pthread_key_create fails once the process holds PTHREAD_KEYS_MAX keys,
+ * and g_key is then no key of ours (its zero is the process's first key, another library's),
+ * so no thread gets a cache (its allocations take the pool's path). */
+static bool g_key_made;
 static _Thread_local sp_tcache_t *tl_tc;
 
 /* ---- the table (the cache's lock held) --------------------------------------------------- */
@@ -215,7 +219,7 @@ static inline void push_idle(sp_tcache_t *t, int c, int32_t idx) {
 static void tc_exit(void *arg);
 
 static void make_key(void) {
-    (void)pthread_key_create(&g_key, tc_exit);
+    g_key_made = pthread_key_create(&g_key, tc_exit) == 0;
 }
 
 static sp_tcache_t *tc_mine(void) {
@@ -223,6 +227,8 @@ static sp_tcache_t *tc_mine(void) {
     if (SP_LIKELY(t))
         return t;
     (void)pthread_once(&g_key_once, make_key);
+    if (!g_key_made)
+        return NULL;
     t = aligned_alloc(64, (sizeof(*t) + 63) / 64 * 64);
     if (!t)
         return NULL;

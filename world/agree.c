@@ -387,6 +387,10 @@ static void unpack_short(const int64_t *w, sp_agree_t *a, int64_t *earliest_p) {
  * the key only frees it at thread exit. */
 static pthread_key_t s_buf_key;
 static pthread_once_t s_buf_once = PTHREAD_ONCE_INIT;
+/* Whether s_buf_key was made: pthread_key_create fails once the process holds PTHREAD_KEYS_MAX
+ * keys, and s_buf_key is then no key of ours (its zero is the process's first key, another
+ * library's); rounds then take the spares, as when the heap has no buffer. */
+static bool s_buf_key_made;
 static _Thread_local int64_t *t_buf;
 static _Thread_local bool t_test_no_host; /* sp__agree_test_fail_host */
 
@@ -395,7 +399,7 @@ void sp__agree_test_fail_host(bool on) {
 }
 
 static void make_buf_key(void) {
-    (void)pthread_key_create(&s_buf_key, free);
+    s_buf_key_made = pthread_key_create(&s_buf_key, free) == 0;
 }
 
 /* The handle MPI_Comm_idup writes when it completes: its own cell (heap or a spare), because an
@@ -460,7 +464,7 @@ static int64_t *round_buf(int64_t deadline, bool *spare_p) {
     if (SP_LIKELY(t_buf != NULL))
         return t_buf;
     pthread_once(&s_buf_once, make_buf_key);
-    int64_t *buf = t_test_no_host ? NULL : malloc(BUF_WORDS * sizeof *buf);
+    int64_t *buf = t_test_no_host || !s_buf_key_made ? NULL : malloc(BUF_WORDS * sizeof *buf);
     if (buf && pthread_setspecific(s_buf_key, buf) != 0) {
         free(buf);
         buf = NULL;
