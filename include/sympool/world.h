@@ -74,8 +74,14 @@ sp_status_t sp_world_from_comm(MPI_Comm comm, sp_world_t **world_p);
  * dies during that transfer is MPI's or NCCL's business (MPI aborts the job by default; NCCL
  * waits).
  *
- * @return SP_SUCCESS, SP_ERR_INVALID_ARGUMENT (NULL), SP_ERR_INVALID_USAGE (not a live world,
- *         or MPI already finalized), SP_ERR_MPI, SP_ERR_NCCL.
+ * @return SP_SUCCESS; SP_ERR_INVALID_ARGUMENT (NULL) or SP_ERR_INVALID_USAGE (not a live world,
+ *         or another call is finalizing it), with nothing done. Any other failure comes after the
+ *         world is finalized all the same (its handle is gone; the first failure is returned):
+ *         SP_ERR_INVALID_USAGE (MPI already finalized, or the world broken: finalized locally),
+ *         SP_ERR_TIMEOUT or SP_ERR_MISMATCH (the agreement round: a rank late, gone, or in
+ *         another call; also a symmetric pool out of step), SP_ERR_SYSTEM (a rank without host
+ *         memory to release the symmetric pools' registrations: none releases them), SP_ERR_MPI,
+ *         SP_ERR_NCCL.
  */
 sp_status_t sp_world_finalize(sp_world_t *world);
 

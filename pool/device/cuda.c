@@ -706,8 +706,12 @@ static sp_status_t cuda_event_query(int device, sp_dev_event_t event, bool *done
         return SP_SUCCESS;
     }
     if (err == cudaErrorNotReady) {
-        /* Not an error: the runtime does not keep it as the last error, so nothing to take out
-         * (and wiping the slot here would eat an error the application has yet to read). */
+        /* Not an error. Taken out of the last-error slot in case the runtime keeps it there, as
+         * PyTorch's allocator does after its own event queries (pytorch#18584, #61554): left
+         * there, it is what the application's next cudaGetLastError reads (PyTorch checks that
+         * after every kernel launch). Only a NotReady is taken: an error the application has
+         * yet to read stays. */
+        drop_last_error(err);
         *done_p = false;
         return SP_SUCCESS;
     }

@@ -865,6 +865,17 @@ DBL_EXPORT cudaError_t cudaStreamSynchronize(cudaStream_t h) {
     return cudaSuccess;
 }
 
+/* A query's cudaErrorNotReady: an answer, not kept as the last error, unless
+ * CUDA_DOUBLE_NOT_READY_KEPT=1, which keeps it there as the runtime PyTorch's allocator guards
+ * against does (it clears the slot after every NotReady query: pytorch#18584, #61554), for the
+ * tests that check sympool leaves the application's slot clean either way. */
+static cudaError_t not_ready_answer(void) {
+    const char *kept = getenv("CUDA_DOUBLE_NOT_READY_KEPT");
+    if (kept && strcmp(kept, "1") == 0)
+        t_last = cudaErrorNotReady;
+    return cudaErrorNotReady;
+}
+
 DBL_EXPORT cudaError_t cudaStreamQuery(cudaStream_t h) {
     RT_ENTER("cudaStreamQuery");
     UNSAFE("cudaStreamQuery");
@@ -878,7 +889,7 @@ DBL_EXPORT cudaError_t cudaStreamQuery(cudaStream_t h) {
         s->invalidated = true;
     pthread_mutex_unlock(&g_rt);
     if (e == cudaErrorNotReady)
-        return e;
+        return not_ready_answer();
     return e == cudaSuccess ? e : rt_fail("cudaStreamQuery", e, "stream %p", h);
 }
 
@@ -1074,7 +1085,7 @@ DBL_EXPORT cudaError_t cudaEventRecord(cudaEvent_t h, cudaStream_t stream) {
 }
 
 /* cudaErrorNotReady is an answer, not a failure: not kept as the last error (PyTorch's
- * allocator clears it anyway, pytorch#18584, which came from HIP). */
+ * allocator clears it anyway, pytorch#18584, which came from HIP; not_ready_answer). */
 DBL_EXPORT cudaError_t cudaEventQuery(cudaEvent_t h) {
     RT_ENTER("cudaEventQuery");
     UNSAFE("cudaEventQuery");
@@ -1087,7 +1098,7 @@ DBL_EXPORT cudaError_t cudaEventQuery(cudaEvent_t h) {
     int dev = e ? e->dev : cur_dev();
     pthread_mutex_unlock(&g_rt);
     if (err == cudaErrorNotReady)
-        return err;
+        return not_ready_answer();
     if (err != cudaSuccess)
         return rt_fail("cudaEventQuery", err, "event %p", h);
     return sticky_after("cudaEventQuery", dev);

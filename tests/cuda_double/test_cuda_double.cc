@@ -831,6 +831,32 @@ TEST_F(CudaDoubleSympool, AFreeWhoseEventAndWaitBothFailStaysPending) {
     ASSERT_SP_OK(sp_stream_destroy(s));
 }
 
+// A runtime that keeps a query's cudaErrorNotReady as the last error (the one PyTorch's allocator
+// clears after its event queries: pytorch#18584, #61554) must not see sympool leave it there: the
+// application's next cudaGetLastError (PyTorch's check after every kernel launch) would read
+// "device not ready" for work of sympool's.
+TEST_F(CudaDoubleSympool, AnEventNotReadyIsNotLeftInTheApplicationsErrorSlot) {
+    NEED_DOUBLE();
+    struct Kept { // the double's mode for this test only, whatever assertion ends it
+        Kept() { setenv("CUDA_DOUBLE_NOT_READY_KEPT", "1", 1); }
+        ~Kept() { unsetenv("CUDA_DOUBLE_NOT_READY_KEPT"); }
+    } kept;
+    sp_stream_t s = nullptr;
+    ASSERT_SP_OK(sp_stream_create(0, &s));
+    void *p = nullptr;
+    ASSERT_SP_OK(sp_malloc(1 << 20, 0, nullptr, &p));
+    ASSERT_EQ(cudaMemsetAsync(p, 0, 1 << 20, (cudaStream_t)s), cudaSuccess); // queued on s
+    ASSERT_SP_OK(sp_record_stream(p, s));
+    ASSERT_SP_OK(sp_free(p)); // an event on s, not done while s's work is queued
+    void *q = nullptr;
+    ASSERT_SP_OK(sp_malloc(1 << 20, 0, nullptr, &q)); // asks the event: not ready
+    EXPECT_NE(q, p) << "the block is still in use on s";
+    EXPECT_EQ(cudaGetLastError(), cudaSuccess) << "sympool's query left NotReady in the slot";
+    ASSERT_EQ(cudaStreamSynchronize((cudaStream_t)s), cudaSuccess);
+    ASSERT_SP_OK(sp_free(q));
+    ASSERT_SP_OK(sp_stream_destroy(s));
+}
+
 // The legacy stream (NULL) is the current device's ("Stream synchronization behavior", CUDA
 // Runtime API): whether it counts as capturing must be asked on the device the op works on, not on
 // whatever device the calling thread has current. A capture on device 1 must refuse device 1's
